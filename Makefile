@@ -1,0 +1,108 @@
+# Reel -- top-level build.  `make` builds everything; see README.md.
+#
+#   make            libraries, reelctl, tests (CUDA too when nvcc exists)
+#   make test       install missing deps, build, run every test
+#   make demo       install missing deps, build, run the main job
+#   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0)
+#   make bench      benchmarks (separate from tests)
+#   make CUDA=0     build without CUDA even where nvcc exists
+
+BUILD   ?= build
+CC      ?= cc
+CSTD     = -std=c17
+WARN     = -Wall -Wextra -Werror
+OPT     ?= -O2 -g
+SAN     ?=
+PKGS     = libzmq msgpack jansson sqlite3
+CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP \
+             -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
+             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS_ALL = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lopenblas -lm -pthread
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(wildcard $(NVCC)),1,0)
+endif
+CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -Xcompiler -Wall,-Wextra,-fPIC
+
+# --- sources -------------------------------------------------------------
+LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c worker/model/*.c capture_cache/*.c)
+CUDA_C   = $(wildcard kernels/cuda/*.c)
+CUDA_CU  = $(wildcard kernels/cuda/*.cu)
+ifeq ($(CUDA),1)
+CFLAGS_ALL += -DHAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+LIB_SRC  += $(CUDA_C)
+endif
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+ifeq ($(CUDA),1)
+LIB_OBJ += $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
+endif
+LIB      = $(BUILD)/libreel.a
+
+CTL_SRC  = $(wildcard ctl/*.c)
+CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)
+REELCTL  = $(BUILD)/reelctl
+
+TEST_SRC = $(wildcard tests/test_*.c)
+TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC = $(wildcard bench/bench_*.c)
+BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all deps test demo asan tsan bench clean
+all: $(LIB) $(REELCTL) $(TEST_BIN) $(BENCH_BIN)
+
+# deploy/install-deps.sh is idempotent and fast when nothing is missing.
+deps:
+	@deploy/install-deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(REELCTL): $(CTL_OBJ) $(LIB)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(LIB) $(LDLIBS_ALL)
+
+$(BUILD)/tests/%: tests/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+test: deps
+	$(MAKE) all
+	BUILD=$(BUILD) tests/run_all.sh
+
+demo: deps
+	$(MAKE) all
+	BUILD=$(BUILD) deploy/demo.sh
+
+# Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
+asan: deps
+	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" all
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
+
+bench: deps
+	$(MAKE) all
+	BUILD=$(BUILD) bench/run_all.sh
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,300 @@
+/* backend.c -- the dispatcher over backend vtables, and the recorded graphs
+ * of backends without native ones (the CPU).
+ *
+ * A recorded graph is a flat list of (kernel, argument block) pairs; replay
+ * walks the list and calls each kernel with no lookup, validation or
+ * allocation, so it reads exactly the addresses resolved at capture. */
+#include "backend_impl.h"
+#include "error.h"
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kern_fn_t fn;
+    size_t args_off;       /* into the graph's argument arena */
+} rec_node_t;
+
+struct kern_graph {
+    kern_backend_t *backend;
+    kern_stream_t *origin;  /* stream captured on: pins its arena */
+    size_t replays;
+    size_t nodes;
+    size_t bytes;
+    /* recorded graphs */
+    rec_node_t *node;
+    size_t node_cap;
+    unsigned char *args;
+    size_t args_len, args_cap;
+    bool failed;           /* an allocation failed while recording */
+    /* native graphs */
+    void *native;
+};
+
+struct kern_stream {
+    kern_backend_t *backend;
+    void *impl;
+    bool capturing;
+    kern_graph_t *rec;      /* graph being recorded (CPU); NULL otherwise */
+    kern_graph_t *pending;  /* graph under capture (any backend) */
+    void *arena;
+    size_t arena_size;
+    size_t graphs_alive;    /* graphs captured here that still exist */
+};
+
+const char *kern_backend_kind_name(kern_backend_kind_t k) {
+    return k == KERN_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out) {
+    if (!strcmp(s, "cpu")) *out = KERN_BACKEND_CPU;
+    else if (!strcmp(s, "cuda")) *out = KERN_BACKEND_CUDA;
+    else return kern_fail("unknown backend '%s' (expected cpu or cuda)", s);
+    return 0;
+}
+
+kern_backend_t *kern_backend_cpu_new_impl(void); /* backend_cpu.c */
+
+kern_backend_t *kern_backend_cpu_new(void) { return kern_backend_cpu_new_impl(); }
+
+kern_backend_t *kern_backend_cuda_new(int device) {
+#ifdef HAVE_CUDA
+    kern_backend_t *b = calloc(1, sizeof *b);
+    if (!b) { kern_fail("out of memory"); return NULL; }
+    if (kern_cuda_backend_init(b, device) != 0) { free(b); return NULL; }
+    return b;
+#else
+    (void)device;
+    kern_fail("CUDA backend unavailable: Reel was built without CUDA (CUDA=0)");
+    return NULL;
+#endif
+}
+
+kern_backend_t *kern_backend_new(kern_backend_kind_t kind, int device) {
+    return kind == KERN_BACKEND_CUDA ? kern_backend_cuda_new(device) : kern_backend_cpu_new();
+}
+
+void kern_backend_destroy(kern_backend_t **bp) {
+    if (!bp || !*bp) return;
+    kern_backend_t *b = *bp;
+    if (b->iface->destroy) b->iface->destroy(b);
+    free(b);
+    *bp = NULL;
+}
+
+kern_backend_kind_t kern_backend_kind(const kern_backend_t *b) { return b->kind; }
+const char *kern_backend_device_name(const kern_backend_t *b) { return b->device_name; }
+const char *kern_backend_arch(const kern_backend_t *b) { return b->arch; }
+int kern_backend_device(const kern_backend_t *b) { return b->device; }
+
+void *kern_alloc(kern_backend_t *b, size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    void *p = b->iface->alloc(b, bytes);
+    if (p) b->bytes_in_use += bytes;
+    return p;
+}
+
+void kern_free(kern_backend_t *b, void *p) {
+    if (p) b->bytes_in_use -= b->iface->free(b, p);
+}
+
+size_t kern_bytes_in_use(const kern_backend_t *b) { return b->bytes_in_use; }
+
+kern_tensor_t kern_tensor_alloc(kern_backend_t *b, kern_dtype_t dt, int ndim,
+                                const int64_t *shape) {
+    kern_tensor_t t = kern_tensor_make(NULL, dt, b->device, ndim, shape);
+    t.data = kern_alloc(b, kern_tensor_bytes(&t));
+    return t;
+}
+
+kern_stream_t *kern_stream_new(kern_backend_t *b) {
+    kern_stream_t *s = calloc(1, sizeof *s);
+    if (!s) { kern_fail("out of memory"); return NULL; }
+    s->backend = b;
+    s->impl = b->iface->stream_new(b);
+    if (!s->impl) { free(s); return NULL; }
+    return s;
+}
+
+void kern_stream_destroy(kern_stream_t **sp) {
+    if (!sp || !*sp) return;
+    kern_stream_t *s = *sp;
+    assert(!s->capturing && "stream destroyed while capturing");
+    assert(s->graphs_alive == 0 && "stream destroyed while its graphs live");
+    kern_free(s->backend, s->arena);
+    s->backend->iface->stream_destroy(s->backend, s->impl);
+    free(s);
+    *sp = NULL;
+}
+
+kern_backend_t *kern_stream_backend(const kern_stream_t *s) { return s->backend; }
+void *kern_stream_impl(const kern_stream_t *s) { return s->impl; }
+bool kern_stream_is_capturing(const kern_stream_t *s) { return s->capturing; }
+size_t kern_stream_scratch_size(const kern_stream_t *s) { return s->arena_size; }
+
+int kern_stream_sync(kern_stream_t *s) {
+    if (s->capturing) return kern_fail("stream sync while capturing");
+    return s->backend->iface->stream_sync(s->impl);
+}
+
+/* Appends one node to the graph being recorded. */
+static int record(kern_graph_t *g, kern_fn_t fn, const void *args, size_t size) {
+    if (g->nodes == g->node_cap) {
+        size_t cap = g->node_cap ? g->node_cap * 2 : 64;
+        rec_node_t *n = realloc(g->node, cap * sizeof *n);
+        if (!n) goto oom;
+        g->node = n;
+        g->node_cap = cap;
+    }
+    size_t off = (g->args_len + 15) & ~(size_t)15;
+    if (off + size > g->args_cap) {
+        size_t cap = g->args_cap ? g->args_cap * 2 : 4096;
+        while (cap < off + size) cap *= 2;
+        unsigned char *a = realloc(g->args, cap);
+        if (!a) goto oom;
+        g->args = a;
+        g->args_cap = cap;
+    }
+    memcpy(g->args + off, args, size);
+    g->node[g->nodes].fn = fn;
+    g->node[g->nodes].args_off = off;
+    g->nodes++;
+    g->args_len = off + size;
+    return 0;
+oom:
+    g->failed = true;
+    return kern_fail("out of memory while recording a graph node");
+}
+
+int kern_stream_launch(kern_stream_t *s, kern_fn_t fn, const void *args, size_t args_size) {
+    if (s->rec) return record(s->rec, fn, args, args_size);
+    return s->backend->iface->launch(s->impl, fn, args);
+}
+
+typedef struct { void *dst; const void *src; size_t n; } copy_args_t;
+
+static int copy_kernel(void *ctx, const void *a) {
+    (void)ctx;
+    const copy_args_t *c = a;
+    memmove(c->dst, c->src, c->n);
+    return 0;
+}
+
+static int copy(kern_stream_t *s, void *dst, const void *src, size_t n, int dir) {
+    if (n == 0) return 0;
+    if (s->rec) {
+        copy_args_t a = { dst, src, n };
+        return record(s->rec, copy_kernel, &a, sizeof a);
+    }
+    return s->backend->iface->copy(s->impl, dst, src, n, dir);
+}
+
+int kern_copy_h2d(kern_stream_t *s, void *d, const void *h, size_t n) { return copy(s, d, h, n, 0); }
+int kern_copy_d2h(kern_stream_t *s, void *h, const void *d, size_t n) { return copy(s, h, d, n, 1); }
+int kern_copy_d2d(kern_stream_t *s, void *d, const void *x, size_t n) { return copy(s, d, x, n, 2); }
+
+int kern_stream_reserve(kern_stream_t *s, size_t bytes) {
+    if (bytes <= s->arena_size) return 0;
+    if (s->capturing)
+        return kern_fail("scratch arena too small (%zu < %zu bytes) during capture: "
+                         "reserve it before capturing", s->arena_size, bytes);
+    if (s->graphs_alive)
+        return kern_fail("scratch arena too small (%zu < %zu bytes) while %zu graph(s) "
+                         "captured on this stream hold its address",
+                         s->arena_size, bytes, s->graphs_alive);
+    void *p = kern_alloc(s->backend, bytes);
+    if (!p) return -1;
+    /* The old arena may still be read by queued work: sync before freeing. */
+    if (s->arena && s->backend->iface->stream_sync(s->impl) != 0) {
+        kern_free(s->backend, p);
+        return -1;
+    }
+    kern_free(s->backend, s->arena);
+    s->arena = p;
+    s->arena_size = bytes;
+    return 0;
+}
+
+void *kern_stream_scratch(kern_stream_t *s, size_t bytes) {
+    if (kern_stream_reserve(s, bytes) != 0) return NULL;
+    return s->arena;
+}
+
+int kern_capture_begin(kern_stream_t *s) {
+    if (s->capturing) return kern_fail("stream is already capturing");
+    kern_graph_t *g = calloc(1, sizeof *g);
+    if (!g) return kern_fail("out of memory");
+    g->backend = s->backend;
+    g->origin = s;
+    if (s->backend->iface->capture_begin &&
+        s->backend->iface->capture_begin(s->impl) != 0) {
+        free(g);
+        return -1;
+    }
+    s->pending = g;
+    /* Recorded backends divert launches into g; native ones capture. */
+    s->rec = s->backend->iface->capture_begin ? NULL : g;
+    s->capturing = true;
+    return 0;
+}
+
+static void graph_free(kern_graph_t *g) {
+    if (g->native) g->backend->iface->graph_destroy(g->native);
+    free(g->node);
+    free(g->args);
+    free(g);
+}
+
+int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
+    *out = NULL;
+    if (!s->capturing) return kern_fail("stream is not capturing");
+    kern_graph_t *g = s->pending;
+    s->pending = NULL;
+    s->rec = NULL;
+    s->capturing = false;
+    if (s->backend->iface->capture_end) {
+        size_t nodes = 0, bytes = 0;
+        if (s->backend->iface->capture_end(s->impl, &g->native, &nodes, &bytes) != 0) {
+            graph_free(g);
+            return -1;
+        }
+        g->nodes = nodes;
+        g->bytes = bytes;
+    } else {
+        if (g->failed) {
+            graph_free(g);
+            return kern_fail("graph recording ran out of memory");
+        }
+        g->bytes = g->nodes * sizeof(rec_node_t) + g->args_len;
+    }
+    s->graphs_alive++;
+    *out = g;
+    return 0;
+}
+
+int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
+    if (s->capturing) return kern_fail("graph replay on a capturing stream");
+    if (s->backend != g->backend) return kern_fail("graph replayed on another backend");
+    int rc = 0;
+    if (g->native) {
+        rc = g->backend->iface->graph_launch(g->native, s->impl);
+    } else {
+        for (size_t i = 0; i < g->nodes && rc == 0; i++)
+            rc = g->node[i].fn(NULL, g->args + g->node[i].args_off);
+    }
+    if (rc == 0) g->replays++;
+    return rc;
+}
+
+void kern_graph_destroy(kern_graph_t **gp) {
+    if (!gp || !*gp) return;
+    kern_graph_t *g = *gp;
+    assert(g->origin->graphs_alive > 0);
+    g->origin->graphs_alive--;
+    graph_free(g);
+    *gp = NULL;
+}
+
+size_t kern_graph_nodes(const kern_graph_t *g) { return g->nodes; }
+size_t kern_graph_bytes(const kern_graph_t *g) { return g->bytes; }
+size_t kern_graph_replays(const kern_graph_t *g) { return g->replays; }

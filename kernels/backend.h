@@ -1,0 +1,103 @@
+/* backend.h -- devices, memory, streams and graphs behind one interface.
+ *
+ * A backend is an opaque handle over one device (the CPU, or one CUDA GPU).
+ * Work is launched on streams; a stream can be captured into a graph that is
+ * later replayed with one call. A graph reads the addresses that were live at
+ * capture: keeping them valid is the caller's job (capture_cache does it).
+ *
+ * Convention: functions return 0 on success and -1 on failure with a message
+ * in kern_error(); constructors return NULL on failure. _destroy(&p) accepts
+ * NULL and sets *p = NULL. */
+#ifndef REEL_KERNELS_BACKEND_H
+#define REEL_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdbool.h>
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KERN_BACKEND_CPU = 0, KERN_BACKEND_CUDA = 1, KERN_BACKEND_COUNT } kern_backend_kind_t;
+
+typedef struct kern_backend kern_backend_t;
+typedef struct kern_stream kern_stream_t;
+typedef struct kern_graph kern_graph_t;
+
+/* "cpu" or "cuda". */
+const char *kern_backend_kind_name(kern_backend_kind_t k);
+/* Parses "cpu"/"cuda"; -1 if unknown. */
+int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out);
+
+/* The CPU backend; cannot fail except on out-of-memory (NULL). */
+kern_backend_t *kern_backend_cpu_new(void);
+/* The CUDA backend on GPU `device`. Returns NULL with a one-line reason in
+ * kern_error() when Reel was built without CUDA, no driver or device is
+ * present, or the device is unusable. */
+kern_backend_t *kern_backend_cuda_new(int device);
+/* Either of the above by kind. */
+kern_backend_t *kern_backend_new(kern_backend_kind_t kind, int device);
+/* Frees the backend. Every stream, graph and allocation must be gone. */
+void kern_backend_destroy(kern_backend_t **b);
+
+kern_backend_kind_t kern_backend_kind(const kern_backend_t *b);
+/* "cpu" or "cuda:0" -- stable, for keys and logs. */
+const char *kern_backend_device_name(const kern_backend_t *b);
+/* "cpu-avx2", "cpu-avx512", "cpu-generic", "sm_90" ... */
+const char *kern_backend_arch(const kern_backend_t *b);
+/* KERN_DEVICE_HOST for the CPU, the CUDA ordinal otherwise. */
+int kern_backend_device(const kern_backend_t *b);
+
+/* Device memory. kern_alloc returns NULL (message set) on failure; the
+ * memory is 64-byte aligned and uninitialised. kern_free(NULL) is a no-op. */
+void *kern_alloc(kern_backend_t *b, size_t bytes);
+void kern_free(kern_backend_t *b, void *p);
+/* Bytes currently allocated through kern_alloc on this backend. */
+size_t kern_bytes_in_use(const kern_backend_t *b);
+/* Allocates a contiguous tensor of the given shape; data NULL on failure. */
+kern_tensor_t kern_tensor_alloc(kern_backend_t *b, kern_dtype_t dt, int ndim,
+                                const int64_t *shape);
+
+/* Streams: ordered queues of work. On the CPU, work runs on the calling
+ * thread at launch time (unless the stream is capturing). */
+kern_stream_t *kern_stream_new(kern_backend_t *b);
+void kern_stream_destroy(kern_stream_t **s);
+kern_backend_t *kern_stream_backend(const kern_stream_t *s);
+/* Waits for all work queued on s. */
+int kern_stream_sync(kern_stream_t *s);
+
+/* Copies, ordered on stream s. Host pointers are ordinary memory. On the CPU
+ * backend all three are memcpy (and are recorded when capturing). */
+int kern_copy_h2d(kern_stream_t *s, void *dst, const void *src, size_t n);
+int kern_copy_d2h(kern_stream_t *s, void *dst, const void *src, size_t n);
+int kern_copy_d2d(kern_stream_t *s, void *dst, const void *src, size_t n);
+
+/* Scratch arena of a stream: the only scratch memory kernels use. Reserve it
+ * before capture; it can grow only while no graph captured on the stream is
+ * alive (a live graph baked in its address). Returns the arena base or NULL
+ * (message set) if it cannot provide `bytes`. */
+int kern_stream_reserve(kern_stream_t *s, size_t bytes);
+void *kern_stream_scratch(kern_stream_t *s, size_t bytes);
+size_t kern_stream_scratch_size(const kern_stream_t *s);
+
+/* Graphs. Between begin and end, launches on s are recorded, not run. A
+ * failed end_capture leaves s not capturing and *out NULL. */
+int kern_capture_begin(kern_stream_t *s);
+int kern_capture_end(kern_stream_t *s, kern_graph_t **out);
+bool kern_stream_is_capturing(const kern_stream_t *s);
+/* Replays g on s (g must have been captured on a stream of the same
+ * backend). */
+int kern_graph_replay(kern_graph_t *g, kern_stream_t *s);
+void kern_graph_destroy(kern_graph_t **g);
+/* Kernel launches recorded in g. */
+size_t kern_graph_nodes(const kern_graph_t *g);
+/* Host/device memory g holds (argument blocks, instantiated graph). */
+size_t kern_graph_bytes(const kern_graph_t *g);
+/* Times g has been replayed. */
+size_t kern_graph_replays(const kern_graph_t *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,97 @@
+/* backend_cpu.c -- the CPU backend: host memory, synchronous streams, and
+ * graphs recorded by the dispatcher (backend.c).
+ *
+ * A CPU stream runs each launch on the calling thread at launch time, so
+ * sync is a no-op; capture diverts launches into a recorded list instead. */
+#include "../backend_impl.h"
+#include "../error.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define CPU_ALIGN 64
+
+/* Each block carries its size in a 64-byte header so free can account. */
+static void *cpu_alloc(kern_backend_t *b, size_t bytes) {
+    (void)b;
+    size_t total = CPU_ALIGN + ((bytes + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1));
+    unsigned char *p = aligned_alloc(CPU_ALIGN, total);
+    if (!p) {
+        kern_fail("cpu: out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memcpy(p, &bytes, sizeof bytes);
+    return p + CPU_ALIGN;
+}
+
+static size_t cpu_free(kern_backend_t *b, void *ptr) {
+    (void)b;
+    unsigned char *p = (unsigned char *)ptr - CPU_ALIGN;
+    size_t bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    free(p);
+    return bytes;
+}
+
+static void *cpu_stream_new(kern_backend_t *b) {
+    (void)b;
+    static char token; /* CPU streams carry no state of their own */
+    return &token;
+}
+
+static void cpu_stream_destroy(kern_backend_t *b, void *st) { (void)b; (void)st; }
+
+static int cpu_stream_sync(void *st) { (void)st; return 0; }
+
+static int cpu_copy(void *st, void *dst, const void *src, size_t n, int dir) {
+    (void)st; (void)dir;
+    memmove(dst, src, n);
+    return 0;
+}
+
+static int cpu_launch(void *st, kern_fn_t fn, const void *args) {
+    (void)st;
+    return fn(NULL, args);
+}
+
+static const kern_backend_iface_t cpu_iface = {
+    .kind_name      = "cpu",
+    .destroy        = NULL,               /* no state beyond the handle */
+    .alloc          = cpu_alloc,
+    .free           = cpu_free,
+    .stream_new     = cpu_stream_new,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync    = cpu_stream_sync,
+    .copy           = cpu_copy,
+    .launch         = cpu_launch,
+    .capture_begin  = NULL,               /* NULL: the dispatcher records */
+    .capture_end    = NULL,
+    .graph_launch   = NULL,
+    .graph_destroy  = NULL,
+};
+
+static const char *cpu_arch(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return "cpu-avx512";
+    if (__builtin_cpu_supports("avx2")) return "cpu-avx2";
+    return "cpu-x86";
+#elif defined(__aarch64__)
+    return "cpu-arm64";
+#else
+    return "cpu-generic";
+#endif
+}
+
+kern_backend_t *kern_backend_cpu_new_impl(void) {
+    kern_backend_t *b = calloc(1, sizeof *b);
+    if (!b) {
+        kern_fail("out of memory");
+        return NULL;
+    }
+    b->iface = &cpu_iface;
+    b->kind = KERN_BACKEND_CPU;
+    b->device = KERN_DEVICE_HOST;
+    strcpy(b->device_name, "cpu");
+    strcpy(b->arch, cpu_arch());
+    return b;
+}

@@ -1,0 +1,273 @@
+/* ops.c -- validating wrappers: check every tensor, fill the argument block,
+ * dispatch (see ops.h). Checks happen here, at launch, so a recorded graph
+ * replays with none. */
+#include "ops.h"
+#include "ops_args.h"
+#include "error.h"
+#include <math.h>
+#include <string.h>
+
+/* Fails unless t is contiguous, on s's device, with dtype dt. */
+static int check(kern_stream_t *s, const char *op, const char *name,
+                 const kern_tensor_t *t, kern_dtype_t dt) {
+    char d[96];
+    if (!t || !t->data) return kern_fail("%s: %s is missing", op, name);
+    if (t->dtype != dt)
+        return kern_fail("%s: %s is %s, expected dtype %s", op, name,
+                         kern_tensor_describe(t, d, sizeof d), kern_dtype_name(dt));
+    if (!kern_tensor_is_contiguous(t))
+        return kern_fail("%s: %s (%s) is not contiguous", op, name,
+                         kern_tensor_describe(t, d, sizeof d));
+    if (t->device != kern_backend_device(kern_stream_backend(s)))
+        return kern_fail("%s: %s lives on device %d, stream on %s", op, name,
+                         t->device, kern_backend_device_name(kern_stream_backend(s)));
+    return 0;
+}
+
+/* Last dim of t (1 for a scalar). */
+static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+
+static int shape_fail(const char *op, const char *name, const kern_tensor_t *t, const char *want) {
+    char d[96];
+    return kern_fail("%s: %s is %s, expected %s", op, name, kern_tensor_describe(t, d, sizeof d), want);
+}
+
+int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+              const kern_tensor_t *bias, kern_tensor_t *y) {
+    const char *op = "gemm";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "w", w, dt) || check(s, op, "y", y, dt) ||
+        (bias && check(s, op, "bias", bias, dt)))
+        return -1;
+    if (w->ndim != 2) return shape_fail(op, "w", w, "[N, K]");
+    int64_t K = last_dim(x), N = w->shape[0];
+    if (w->shape[1] != K) return shape_fail(op, "w", w, "[N, K] with K = x's last dim");
+    int64_t M = K ? kern_tensor_numel(x) / K : 0;
+    if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return shape_fail(op, "y", y, "[M, N]");
+    if (bias && kern_tensor_numel(bias) != N) return shape_fail(op, "bias", bias, "[N]");
+    kern_gemm_args_t a = { .x = kern_tensor_ptr(x), .w = kern_tensor_ptr(w),
+                           .bias = bias ? kern_tensor_ptr(bias) : NULL,
+                           .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K };
+    return kern_dispatch(s, KERN_OP_GEMM, dt, &a);
+}
+
+static int norm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
+                const kern_tensor_t *weight, const kern_tensor_t *bias, float eps,
+                kern_tensor_t *y) {
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) ||
+        (weight && check(s, op, "weight", weight, dt)) || (bias && check(s, op, "bias", bias, dt)))
+        return -1;
+    int64_t D = last_dim(x);
+    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
+    if (weight && kern_tensor_numel(weight) != D) return shape_fail(op, "weight", weight, "[D]");
+    if (bias && kern_tensor_numel(bias) != D) return shape_fail(op, "bias", bias, "[D]");
+    if (bias && !weight) return kern_fail("%s: bias without weight", op);
+    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    kern_norm_args_t a = { .x = kern_tensor_ptr(x), .weight = weight ? kern_tensor_ptr(weight) : NULL,
+                           .bias = bias ? kern_tensor_ptr(bias) : NULL, .y = kern_tensor_ptr(y),
+                           .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D, .eps = eps };
+    return kern_dispatch(s, opc, dt, &a);
+}
+
+int kern_layernorm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *weight,
+                   const kern_tensor_t *bias, float eps, kern_tensor_t *y) {
+    return norm(s, KERN_OP_LAYERNORM, "layernorm", x, weight, bias, eps, y);
+}
+
+int kern_rmsnorm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *weight,
+                 float eps, kern_tensor_t *y) {
+    if (!weight) return kern_fail("rmsnorm: weight is missing");
+    return norm(s, KERN_OP_RMSNORM, "rmsnorm", x, weight, NULL, eps, y);
+}
+
+int kern_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
+                  const kern_tensor_t *scale, kern_tensor_t *y) {
+    const char *op = "modulate";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "shift", shift, dt) ||
+        check(s, op, "scale", scale, dt) || check(s, op, "y", y, dt))
+        return -1;
+    int64_t D = last_dim(x);
+    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
+    if (kern_tensor_numel(shift) != D) return shape_fail(op, "shift", shift, "[D]");
+    if (kern_tensor_numel(scale) != D) return shape_fail(op, "scale", scale, "[D]");
+    kern_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
+                               .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
+                               .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D };
+    return kern_dispatch(s, KERN_OP_MODULATE, dt, &a);
+}
+
+int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
+                        const kern_tensor_t *gate) {
+    const char *op = "gated_residual";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) ||
+        (gate && check(s, op, "gate", gate, dt)))
+        return -1;
+    int64_t D = last_dim(x);
+    if (kern_tensor_numel(y) != kern_tensor_numel(x) || last_dim(y) != D)
+        return shape_fail(op, "y", y, "x's shape");
+    if (gate && kern_tensor_numel(gate) != D) return shape_fail(op, "gate", gate, "[D]");
+    kern_residual_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y),
+                               .gate = gate ? kern_tensor_ptr(gate) : NULL,
+                               .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D };
+    return kern_dispatch(s, KERN_OP_GATED_RESIDUAL, dt, &a);
+}
+
+int kern_add(kern_stream_t *s, const kern_tensor_t *a_, const kern_tensor_t *b_, kern_tensor_t *y) {
+    const char *op = "add";
+    kern_dtype_t dt = a_ ? a_->dtype : KERN_F32;
+    if (check(s, op, "a", a_, dt) || check(s, op, "b", b_, dt) || check(s, op, "y", y, dt))
+        return -1;
+    int64_t n = kern_tensor_numel(a_);
+    if (kern_tensor_numel(b_) != n) return shape_fail(op, "b", b_, "a's element count");
+    if (kern_tensor_numel(y) != n) return shape_fail(op, "y", y, "a's element count");
+    kern_binary_args_t a = { .a = kern_tensor_ptr(a_), .b = kern_tensor_ptr(b_),
+                             .y = kern_tensor_ptr(y), .n = n };
+    return kern_dispatch(s, KERN_OP_ADD, dt, &a);
+}
+
+static int unary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
+                 kern_tensor_t *y) {
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt)) return -1;
+    if (kern_tensor_numel(y) != kern_tensor_numel(x)) return shape_fail(op, "y", y, "x's element count");
+    kern_unary_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y), .n = kern_tensor_numel(x) };
+    return kern_dispatch(s, opc, dt, &a);
+}
+
+int kern_gelu_tanh(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) {
+    return unary(s, KERN_OP_GELU_TANH, "gelu_tanh", x, y);
+}
+
+int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) {
+    return unary(s, KERN_OP_SILU, "silu", x, y);
+}
+
+int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                   const kern_tensor_t *v, int64_t heads, kern_tensor_t *o) {
+    const char *op = "attention";
+    kern_dtype_t dt = q ? q->dtype : KERN_F32;
+    if (check(s, op, "q", q, dt) || check(s, op, "k", k, dt) || check(s, op, "v", v, dt) ||
+        check(s, op, "o", o, dt))
+        return -1;
+    if (q->ndim != 2) return shape_fail(op, "q", q, "[Nq, H*d]");
+    int64_t D = q->shape[1];
+    if (heads <= 0 || D % heads) return kern_fail("%s: width %lld not divisible by %lld heads", op,
+                                                 (long long)D, (long long)heads);
+    if (k->ndim != 2 || k->shape[1] != D) return shape_fail(op, "k", k, "[Nk, H*d]");
+    if (!kern_tensor_same_shape(k, v)) return shape_fail(op, "v", v, "k's shape");
+    if (!kern_tensor_same_shape(q, o)) return shape_fail(op, "o", o, "q's shape");
+    if (k->shape[0] < 1) return kern_fail("%s: no keys", op);
+    int64_t d = D / heads;
+    kern_attention_args_t a = { .q = kern_tensor_ptr(q), .k = kern_tensor_ptr(k),
+                                .v = kern_tensor_ptr(v), .o = kern_tensor_ptr(o),
+                                .nq = q->shape[0], .nk = k->shape[0], .heads = heads,
+                                .head_dim = d, .scale = (float)(1.0 / sqrt((double)d)) };
+    return kern_dispatch(s, KERN_OP_ATTENTION, dt, &a);
+}
+
+int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frames,
+                int64_t rows, int64_t cols) {
+    const char *op = "rope3d";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt)) return -1;
+    if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
+        return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
+    if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
+        return kern_fail("%s: head width must be even and divide the row", op);
+    kern_rope3d_args_t a = { .x = kern_tensor_ptr(x), .heads = heads,
+                             .head_dim = x->shape[1] / heads, .frames = frames,
+                             .rows = rows, .cols = cols };
+    return kern_dispatch(s, KERN_OP_ROPE3D, dt, &a);
+}
+
+static int patch(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *latent,
+                 const kern_tensor_t *tokens, const void *src, void *dst) {
+    kern_dtype_t dt = latent ? latent->dtype : KERN_F32;
+    if (check(s, op, "latent", latent, dt) || check(s, op, "tokens", tokens, dt)) return -1;
+    if (latent->ndim != 4 || latent->shape[2] % 2 || latent->shape[3] % 2)
+        return shape_fail(op, "latent", latent, "[C, F, H, W] with H, W even");
+    int64_t C = latent->shape[0], F = latent->shape[1], H = latent->shape[2], W = latent->shape[3];
+    if (tokens->ndim != 2 || tokens->shape[0] != F * (H / 2) * (W / 2) || tokens->shape[1] != 4 * C)
+        return shape_fail(op, "tokens", tokens, "[F*H/2*W/2, 4C]");
+    kern_patch_args_t a = { .src = src, .dst = dst, .C = C, .F = F, .H = H, .W = W };
+    return kern_dispatch(s, opc, dt, &a);
+}
+
+int kern_patchify(kern_stream_t *s, const kern_tensor_t *latent, kern_tensor_t *tokens) {
+    if (!latent || !tokens) return kern_fail("patchify: missing tensor");
+    return patch(s, KERN_OP_PATCHIFY, "patchify", latent, tokens, kern_tensor_ptr(latent),
+                 kern_tensor_ptr(tokens));
+}
+
+int kern_unpatchify(kern_stream_t *s, const kern_tensor_t *tokens, kern_tensor_t *latent) {
+    if (!latent || !tokens) return kern_fail("unpatchify: missing tensor");
+    return patch(s, KERN_OP_UNPATCHIFY, "unpatchify", latent, tokens, kern_tensor_ptr(tokens),
+                 kern_tensor_ptr(latent));
+}
+
+/* Per-step scalars are F32 device tensors with at least `n` elements. */
+static int check_scalars(kern_stream_t *s, const char *op, const char *name,
+                         const kern_tensor_t *t, int64_t n) {
+    if (check(s, op, name, t, KERN_F32)) return -1;
+    if (kern_tensor_numel(t) < n) return kern_fail("%s: %s needs at least %lld F32 values", op, name, (long long)n);
+    return 0;
+}
+
+int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tensor_t *emb) {
+    const char *op = "timestep_embed";
+    kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
+    if (check_scalars(s, op, "sigma", sigma, 1) || check(s, op, "emb", emb, dt)) return -1;
+    int64_t dim = kern_tensor_numel(emb);
+    if (dim < 2 || dim % 2) return shape_fail(op, "emb", emb, "an even width");
+    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(sigma), .emb = kern_tensor_ptr(emb),
+                               .dim = dim, .t_scale = 1000.0f };
+    return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
+}
+
+int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tensor_t *vu,
+                     const kern_tensor_t *g, kern_tensor_t *v) {
+    const char *op = "cfg_combine";
+    kern_dtype_t dt = vc ? vc->dtype : KERN_F32;
+    if (check(s, op, "vc", vc, dt) || check(s, op, "vu", vu, dt) || check(s, op, "v", v, dt) ||
+        check_scalars(s, op, "g", g, 1))
+        return -1;
+    int64_t n = kern_tensor_numel(vc);
+    if (kern_tensor_numel(vu) != n) return shape_fail(op, "vu", vu, "vc's element count");
+    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "vc's element count");
+    kern_cfg_args_t a = { .vc = kern_tensor_ptr(vc), .vu = kern_tensor_ptr(vu),
+                          .g = kern_tensor_ptr(g), .v = kern_tensor_ptr(v), .n = n };
+    return kern_dispatch(s, KERN_OP_CFG_COMBINE, dt, &a);
+}
+
+int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                      const kern_tensor_t *sigmas) {
+    const char *op = "euler";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
+        check_scalars(s, op, "sigmas", sigmas, 2))
+        return -1;
+    int64_t n = kern_tensor_numel(x);
+    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    kern_euler_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
+                            .sigmas = kern_tensor_ptr(sigmas), .n = n };
+    return kern_dispatch(s, KERN_OP_EULER, dt, &a);
+}
+
+int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                    const kern_tensor_t *sigmas, float eta, uint64_t seed, uint32_t step) {
+    const char *op = "sde";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
+        check_scalars(s, op, "sigmas", sigmas, 3))
+        return -1;
+    int64_t n = kern_tensor_numel(x);
+    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    if (!(eta >= 0) || !isfinite(eta)) return kern_fail("%s: eta must be finite and >= 0", op);
+    kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
+                          .sigmas = kern_tensor_ptr(sigmas), .eta = eta, .step = step,
+                          .seed = seed, .n = n };
+    return kern_dispatch(s, KERN_OP_SDE, dt, &a);
+}

@@ -1,0 +1,143 @@
+/* ops_args.h -- the argument block of every op, shared by the validating
+ * wrappers (ops.c), the CPU kernels (cpu/) and the CUDA kernels (cuda/).
+ *
+ * Blocks hold resolved pointers (data + offset) and sizes only, so a recorded
+ * launch is self-contained. All tensors of one op share its dtype, except
+ * the per-step scalars (σ, guidance), which are always F32 in device memory:
+ * a kernel reads them at run time, never a value baked at capture.
+ * Every tensor is contiguous row-major. */
+#ifndef REEL_KERNELS_OPS_ARGS_H
+#define REEL_KERNELS_OPS_ARGS_H
+
+#include <stdint.h>
+#include "registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[M,N] = x[M,K] · w[N,K]ᵀ + bias[N]; bias may be NULL. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *x, *w, *bias;
+    void *y;
+    int64_t M, N, K;
+} kern_gemm_args_t;
+
+/* Row-wise over [rows, dim]. LAYERNORM: (x − mean)/√(var + eps), then
+ * ·weight + bias when weight != NULL (bias may be NULL with a weight).
+ * RMSNORM: x/√(mean(x²) + eps) · weight (weight required). y may equal x. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *x, *weight, *bias;
+    void *y;
+    int64_t rows, dim;
+    float eps;
+} kern_norm_args_t;
+
+/* y[r,i] = x[r,i]·(1 + scale[i]) + shift[i]; y may equal x. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *x, *shift, *scale;
+    void *y;
+    int64_t rows, dim;
+} kern_modulate_args_t;
+
+/* x[r,i] += gate[i]·y[r,i], or x += y when gate is NULL. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *y, *gate;
+    int64_t rows, dim;
+} kern_residual_args_t;
+
+/* ADD: y = a + b over n elements (y may alias a or b). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *a, *b;
+    void *y;
+    int64_t n;
+} kern_binary_args_t;
+
+/* GELU_TANH, SILU: y = f(x) over n elements (y may equal x). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *x;
+    void *y;
+    int64_t n;
+} kern_unary_args_t;
+
+/* o[i, h·d:(h+1)·d] = softmax_j(q_i,h · k_j,hᵀ · scale) · v_j,h for each head
+ * h. q, o: [nq, heads·head_dim]; k, v: [nk, heads·head_dim]. o must not
+ * alias q, k or v. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *q, *k, *v;
+    void *o;
+    int64_t nq, nk, heads, head_dim;
+    float scale;
+} kern_attention_args_t;
+
+/* In place on x [frames·rows·cols, heads·head_dim], tokens in (f, h, w)
+ * order; see TINYDIT.md "3-D RoPE" for the split of head_dim. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    int64_t heads, head_dim, frames, rows, cols;
+} kern_rope3d_args_t;
+
+/* PATCHIFY: latent src [C,F,H,W] -> tokens dst [F·H/2·W/2, 4C], token
+ * vector in (c, ph, pw) order. UNPATCHIFY: tokens src [N, 4C] in
+ * (ph, pw, c) order -> latent dst [C,F,H,W]. Patch (1,2,2); H, W even. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *src;
+    void *dst;
+    int64_t C, F, H, W;
+} kern_patch_args_t;
+
+/* emb[0..dim) = [cos(t·ω_j), sin(t·ω_j)], j < dim/2, ω_j = 10000^(−j/(dim/2)),
+ * t = t_scale·sigma[0]; computed in double, rounded once. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const float *sigma;
+    void *emb;
+    int64_t dim;
+    float t_scale;
+} kern_timestep_args_t;
+
+/* v = vu + g[0]·(vc − vu) over n elements. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *vc, *vu;
+    const float *g;
+    void *v;
+    int64_t n;
+} kern_cfg_args_t;
+
+/* x += (sigmas[1] − sigmas[0])·v over n elements. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *v;
+    const float *sigmas;
+    int64_t n;
+} kern_euler_args_t;
+
+/* Flow-GRPO SDE step (TINYDIT.md) over n elements. sigmas = {σ_i, σ_{i+1},
+ * σ_1}; noise ε for element j is kern_philox_normal(seed, step, j). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *v;
+    const float *sigmas;
+    float eta;
+    uint32_t step;
+    uint64_t seed;
+    int64_t n;
+} kern_sde_args_t;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

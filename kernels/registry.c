@@ -1,0 +1,87 @@
+/* registry.c -- the kernel table (see registry.h). A fixed-size array is
+ * enough: Reel registers tens of kernels, never thousands. */
+#include "registry.h"
+#include "backend_impl.h"
+#include "error.h"
+#include <pthread.h>
+
+#define REGISTRY_MAX 256
+
+static kern_impl_t table[REGISTRY_MAX];
+static size_t table_len;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static const char *op_names[KERN_OP_COUNT] = {
+    "gemm", "layernorm", "rmsnorm", "modulate", "gated_residual", "add",
+    "gelu_tanh", "silu", "attention", "rope3d", "patchify", "unpatchify",
+    "timestep_embed", "cfg_combine", "euler", "sde",
+};
+
+const char *kern_op_name(kern_op_t op) {
+    return (unsigned)op < KERN_OP_COUNT ? op_names[op] : "?";
+}
+
+int kern_registry_register(const kern_impl_t *impl) {
+    int rc = 0;
+    pthread_mutex_lock(&table_lock);
+    size_t i;
+    for (i = 0; i < table_len; i++)
+        if (table[i].op == impl->op && table[i].backend == impl->backend &&
+            table[i].dtype == impl->dtype)
+            break;
+    if (i < table_len) table[i] = *impl;
+    else if (table_len < REGISTRY_MAX) table[table_len++] = *impl;
+    else rc = kern_fail("kernel registry full (%d entries)", REGISTRY_MAX);
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+static void register_builtins(void) {
+    kern_cpu_register_all();
+#ifdef HAVE_CUDA
+    kern_cuda_register_all();
+#endif
+}
+
+void kern_registry_init(void) { pthread_once(&init_once, register_builtins); }
+
+const kern_impl_t *kern_registry_lookup(kern_op_t op, kern_backend_kind_t b, kern_dtype_t dt) {
+    kern_registry_init();
+    const kern_impl_t *found = NULL;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < table_len; i++)
+        if (table[i].op == op && table[i].backend == b && table[i].dtype == dt) {
+            found = &table[i];
+            break;
+        }
+    pthread_mutex_unlock(&table_lock);
+    return found;
+}
+
+size_t kern_registry_list(const kern_impl_t **out, size_t max) {
+    kern_registry_init();
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < table_len && i < max; i++) out[i] = &table[i];
+    size_t n = table_len;
+    pthread_mutex_unlock(&table_lock);
+    return n;
+}
+
+int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args) {
+    kern_backend_kind_t bk = kern_backend_kind(kern_stream_backend(s));
+    const kern_impl_t *impl = kern_registry_lookup(op, bk, dt);
+    if (!impl)
+        return kern_fail("no %s kernel for %s on %s", kern_op_name(op),
+                         kern_dtype_name(dt), kern_backend_kind_name(bk));
+    if (kern_stream_is_capturing(s) && !impl->capturable)
+        return kern_fail("kernel %s is not capturable", impl->name);
+    kern_args_hdr_t *hdr = args;
+    hdr->scratch = NULL;
+    hdr->scratch_bytes = impl->workspace_bytes ? impl->workspace_bytes(args) : 0;
+    if (hdr->scratch_bytes) {
+        hdr->scratch = kern_stream_scratch(s, hdr->scratch_bytes);
+        if (!hdr->scratch) return -1;
+    }
+    return kern_stream_launch(s, impl->fn, args, impl->args_size);
+}

@@ -1,0 +1,86 @@
+/* registry.h -- which kernel implements an op on a backend for a dtype.
+ *
+ * Every kernel is registered once for (op, backend, dtype) with a workspace
+ * contract: workspace_bytes(args) is the only scratch it may use, taken from
+ * the stream's arena (reserved before capture: nothing allocates inside a
+ * capture). Non-capturable kernels refuse to launch on a capturing stream. */
+#ifndef REEL_KERNELS_REGISTRY_H
+#define REEL_KERNELS_REGISTRY_H
+
+#include <stddef.h>
+#include <stdbool.h>
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KERN_OP_GEMM,            /* y = x·wᵀ + b */
+    KERN_OP_LAYERNORM,       /* over the last dim, optional affine */
+    KERN_OP_RMSNORM,         /* over the last dim, weight */
+    KERN_OP_MODULATE,        /* y = x·(1 + scale) + shift */
+    KERN_OP_GATED_RESIDUAL,  /* x += gate·y (gate optional) */
+    KERN_OP_ADD,             /* y = a + b */
+    KERN_OP_GELU_TANH,
+    KERN_OP_SILU,
+    KERN_OP_ATTENTION,       /* multi-head softmax(q·kᵀ/√d)·v */
+    KERN_OP_ROPE3D,          /* in place on q or k */
+    KERN_OP_PATCHIFY,
+    KERN_OP_UNPATCHIFY,
+    KERN_OP_TIMESTEP_EMBED,  /* sinusoid of 1000·σ, σ read from memory */
+    KERN_OP_CFG_COMBINE,     /* v = vu + g·(vc − vu), g read from memory */
+    KERN_OP_EULER,           /* x += (σ₁ − σ₀)·v, σ read from memory */
+    KERN_OP_SDE,             /* Flow-GRPO SDE update with Philox noise */
+    KERN_OP_COUNT
+} kern_op_t;
+
+/* Every argument block starts with this header; the dispatcher fills it. */
+typedef struct {
+    void *scratch;           /* arena base, or NULL when workspace is 0 */
+    size_t scratch_bytes;
+} kern_args_hdr_t;
+
+typedef int (*kern_kernel_fn_t)(void *ctx, const void *args);
+
+typedef struct {
+    kern_op_t op;
+    kern_backend_kind_t backend;
+    kern_dtype_t dtype;
+    const char *name;                            /* e.g. "gemm_openblas" */
+    kern_kernel_fn_t fn;                         /* runs / enqueues the op */
+    size_t args_size;                            /* sizeof its argument block */
+    size_t (*workspace_bytes)(const void *args); /* NULL: needs none */
+    bool capturable;
+} kern_impl_t;
+
+/* "gemm", "layernorm", ...; "?" when out of range. */
+const char *kern_op_name(kern_op_t op);
+
+/* Registers impl (copied). A second registration for the same triple
+ * replaces the first (a tuned kernel overriding the native one). Returns -1
+ * when the table is full. Thread-safe. */
+int kern_registry_register(const kern_impl_t *impl);
+/* Registers every built-in kernel (CPU, and CUDA when built). Idempotent
+ * and thread-safe; lookups call it themselves. */
+void kern_registry_init(void);
+/* The kernel for (op, backend, dtype), or NULL. */
+const kern_impl_t *kern_registry_lookup(kern_op_t op, kern_backend_kind_t b, kern_dtype_t dt);
+/* Up to max entries in registration order; returns how many exist. */
+size_t kern_registry_list(const kern_impl_t **out, size_t max);
+
+/* Built-in registration hooks (one per backend). */
+void kern_cpu_register_all(void);
+#ifdef HAVE_CUDA
+void kern_cuda_register_all(void);
+#endif
+
+/* Launches `impl` on s with the argument block `args` (whose first member is
+ * a kern_args_hdr_t): takes scratch from the arena, refuses non-capturable
+ * kernels while capturing. Returns 0 or -1 with a message. */
+int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
