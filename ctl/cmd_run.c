@@ -1,0 +1,225 @@
+/* cmd_run.c -- `reelctl run`: one denoising loop in this process, no broker.
+ * Inputs and output are safetensors files with tensors `latent` [C,F,H,W]
+ * and `context` [L,T]. */
+#include "ctl.h"
+#include "kernels/error.h"
+#include "worker/model/loop.h"
+#include "worker/model/tinydit.h"
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *weights, *latent, *context, *uncond, *out, *backend, *dtype;
+    tdit_loop_t loop;
+    bool have_cfg, have_seed;
+    int64_t size[3];   /* F, H, W when no --latent */
+} run_opts_t;
+
+static int parse(int argc, char **argv, run_opts_t *r) {
+    enum { O_WEIGHTS = 1, O_LATENT, O_CONTEXT, O_UNCOND, O_STEPS, O_SHIFT, O_CFG, O_SDE, O_ETA,
+           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE };
+    static const struct option opts[] = {
+        { "weights", required_argument, 0, O_WEIGHTS }, { "latent", required_argument, 0, O_LATENT },
+        { "context", required_argument, 0, O_CONTEXT }, { "uncond", required_argument, 0, O_UNCOND },
+        { "steps", required_argument, 0, O_STEPS }, { "shift", required_argument, 0, O_SHIFT },
+        { "cfg", required_argument, 0, O_CFG }, { "sde", no_argument, 0, O_SDE },
+        { "eta", required_argument, 0, O_ETA }, { "seed", required_argument, 0, O_SEED },
+        { "backend", required_argument, 0, O_BACKEND }, { "dtype", required_argument, 0, O_DTYPE },
+        { "out", required_argument, 0, O_OUT }, { "size", required_argument, 0, O_SIZE },
+        { 0, 0, 0, 0 },
+    };
+    memset(r, 0, sizeof *r);
+    r->loop.steps = -1;
+    r->loop.shift = 1.0;
+    r->loop.guidance = 1.0f;
+    r->loop.eta = 0.7f;
+    r->backend = "cpu";
+    r->dtype = "f32";
+    int o;
+    double d;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case O_WEIGHTS: r->weights = optarg; break;
+        case O_LATENT: r->latent = optarg; break;
+        case O_CONTEXT: r->context = optarg; break;
+        case O_UNCOND: r->uncond = optarg; break;
+        case O_OUT: r->out = optarg; break;
+        case O_BACKEND: r->backend = optarg; break;
+        case O_DTYPE: r->dtype = optarg; break;
+        case O_SDE: r->loop.sde = true; break;
+        case O_STEPS:
+            if (ctl_parse_int(optarg, &r->loop.steps)) return ctl_die(CTL_USAGE, "--steps: '%s' is not an integer", optarg);
+            break;
+        case O_SHIFT:
+            if (ctl_parse_double(optarg, &r->loop.shift)) return ctl_die(CTL_USAGE, "--shift: '%s' is not a number", optarg);
+            break;
+        case O_CFG:
+            if (ctl_parse_double(optarg, &d)) return ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", optarg);
+            r->loop.guidance = (float)d;
+            r->have_cfg = true;
+            break;
+        case O_ETA:
+            if (ctl_parse_double(optarg, &d)) return ctl_die(CTL_USAGE, "--eta: '%s' is not a number", optarg);
+            r->loop.eta = (float)d;
+            break;
+        case O_SEED:
+            if (ctl_parse_u64(optarg, &r->loop.seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
+            r->have_seed = true;
+            break;
+        case O_SIZE: {
+            long long f, h, w;
+            char tail;
+            if (sscanf(optarg, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0)
+                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", optarg);
+            r->size[0] = f; r->size[1] = h; r->size[2] = w;
+            break;
+        }
+        default: return ctl_die(CTL_USAGE, "run: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return ctl_die(CTL_USAGE, "run: unexpected argument '%s'", argv[optind]);
+    if (!r->weights || !r->context || !r->out)
+        return ctl_die(CTL_USAGE, "run needs --weights, --context and --out");
+    if (r->loop.steps < 0) return ctl_die(CTL_USAGE, "run needs --steps N");
+    if (!r->latent && !r->size[0])
+        return ctl_die(CTL_USAGE, "run needs --latent FILE, or --size FxHxW with --seed to draw one");
+    if (r->latent && r->size[0]) return ctl_die(CTL_USAGE, "--latent and --size exclude each other");
+    if (r->uncond && !r->have_cfg) return ctl_die(CTL_USAGE, "--uncond needs --cfg G");
+    if (r->have_cfg && !r->uncond) return ctl_die(CTL_USAGE, "--cfg needs --uncond U.safetensors");
+    if (tdit_loop_validate(&r->loop) != 0) return ctl_die(CTL_USAGE, "%s", kern_error());
+    return 0;
+}
+
+/* Reads tensor `name` of file `path` as F32 with rank `ndim`; shape out. */
+static float *read_input(const char *path, const char *name, int ndim, int64_t *shape, int *code) {
+    *code = CTL_USAGE;
+    st_file_t *f = st_open(path);
+    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
+    const st_tensor_t *t = st_find(f, name);
+    float *buf = NULL;
+    char d[96];
+    if (!t) {
+        ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
+    } else if (t->ndim != ndim) {
+        kern_tensor_t k = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
+        ctl_die(CTL_USAGE, "%s: tensor '%s' is %s, expected %d dimensions", path, name,
+                kern_tensor_describe(&k, d, sizeof d), ndim);
+    } else {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
+        buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+        if (!buf) { *code = CTL_FAIL; ctl_die(CTL_FAIL, "out of memory"); }
+        else if (st_read_f32(f, name, ndim, shape, buf) != 0) {
+            ctl_die(CTL_USAGE, "%s: %s", path, kern_error());
+            free(buf);
+            buf = NULL;
+        }
+    }
+    st_close(&f);
+    return buf;
+}
+
+static int write_output(const char *path, const int64_t *shape, const float *x, const run_opts_t *r,
+                        const tdit_config_t *c) {
+    st_writer_t *w = st_writer_new();
+    if (!w) return -1;
+    char v[64];
+    int rc = st_writer_add_f32(w, "latent", 4, shape, x);
+    snprintf(v, sizeof v, "%d", r->loop.steps);
+    rc = rc ? rc : st_writer_meta(w, "steps", v);
+    snprintf(v, sizeof v, "%.9g", r->loop.shift);
+    rc = rc ? rc : st_writer_meta(w, "shift", v);
+    snprintf(v, sizeof v, "%.9g", r->have_cfg ? r->loop.guidance : 0.0);
+    rc = rc ? rc : st_writer_meta(w, "cfg", v);
+    rc = rc ? rc : st_writer_meta(w, "sampler", r->loop.sde ? "sde" : "euler");
+    rc = rc ? rc : st_writer_meta(w, "config", c->name);
+    rc = rc ? rc : st_writer_save(w, path);
+    st_writer_destroy(&w);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_opts_t r;
+    int code = parse(argc, argv, &r);
+    if (code) return code;
+    kern_backend_kind_t kind;
+    if (kern_backend_kind_parse(r.backend, &kind) != 0) return ctl_die(CTL_USAGE, "--backend: %s", kern_error());
+    kern_dtype_t dtype;
+    if (!strcmp(r.dtype, "f32")) dtype = KERN_F32;
+    else if (!strcmp(r.dtype, "bf16")) dtype = KERN_BF16;
+    else return ctl_die(CTL_USAGE, "--dtype: '%s' is not f32 or bf16", r.dtype);
+
+    float *lat = NULL, *ctx = NULL, *unc = NULL, *out = NULL;
+    int64_t lshape[4] = { 0 }, cshape[2], ushape[2];
+    kern_backend_t *b = NULL;
+    kern_stream_t *s = NULL;
+    tdit_model_t *m = NULL;
+    tdit_ws_t *ws = NULL;
+    code = CTL_USAGE;
+
+    st_file_t *wf = st_open(r.weights);
+    if (!wf) { ctl_die(CTL_USAGE, "%s", kern_error()); goto out; }
+    tdit_config_t cfg;
+    if (tdit_config_from_meta(wf, &cfg) != 0) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); goto out; }
+    if (r.latent && !(lat = read_input(r.latent, "latent", 4, lshape, &code))) goto out;
+    if (!(ctx = read_input(r.context, "context", 2, cshape, &code))) goto out;
+    if (r.uncond && !(unc = read_input(r.uncond, "context", 2, ushape, &code))) goto out;
+    code = CTL_USAGE;
+    if (!r.latent) {
+        lshape[0] = cfg.in_channels;
+        memcpy(lshape + 1, r.size, sizeof r.size);
+    }
+    if (lshape[0] != cfg.in_channels) {
+        ctl_die(CTL_USAGE, "%s: latent has %" PRId64 " channels, config %s expects %" PRId64,
+                r.latent, lshape[0], cfg.name, cfg.in_channels);
+        goto out;
+    }
+    if (cshape[1] != cfg.text_dim) {
+        ctl_die(CTL_USAGE, "%s: context width %" PRId64 ", config %s expects text_dim %" PRId64,
+                r.context, cshape[1], cfg.name, cfg.text_dim);
+        goto out;
+    }
+    if (unc && (ushape[0] != cshape[0] || ushape[1] != cshape[1])) {
+        ctl_die(CTL_USAGE, "%s: uncond context is [%" PRId64 ",%" PRId64 "], context is [%" PRId64 ",%" PRId64 "]",
+                r.uncond, ushape[0], ushape[1], cshape[0], cshape[1]);
+        goto out;
+    }
+
+    code = CTL_FAIL;
+    b = kern_backend_new(kind, 0);
+    if (!b && kind == KERN_BACKEND_CUDA) {
+        fprintf(stderr, "reelctl: %s; using the CPU backend\n", kern_error());
+        b = kern_backend_cpu_new();
+        dtype = KERN_F32;
+    }
+    if (!b) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+    if (!(s = kern_stream_new(b))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+    if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
+    st_close(&wf);
+    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL };
+    if (!(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
+    size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);
+    if (!(out = malloc(n * sizeof *out))) { ctl_die(CTL_FAIL, "out of memory"); goto out; }
+    tdit_loop_stats_t st = { 0 };
+    if (tdit_generate(m, ws, s, &r.loop, lat, ctx, unc, out, &st) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+    if (write_output(r.out, lshape, out, &r, &cfg) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+    fprintf(stderr, "reelctl: %s on %s (%s): latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "], "
+            "%d %s steps%s, %.3f s (%.1f ms/step) -> %s\n",
+            cfg.name, kern_backend_device_name(b), kern_backend_arch(b), lshape[0], lshape[1], lshape[2],
+            lshape[3], st.steps_run, r.loop.sde ? "SDE" : "Euler", unc ? " with CFG" : "",
+            st.seconds, 1e3 * st.seconds / (st.steps_run ? st.steps_run : 1), r.out);
+    code = CTL_OK;
+out:
+    tdit_ws_destroy(&ws);
+    tdit_model_destroy(&m);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&b);
+    st_close(&wf);
+    free(lat); free(ctx); free(unc); free(out);
+    return code;
+}

@@ -1,0 +1,27 @@
+/* ctl.h -- shared pieces of reelctl's subcommands. Exit codes: 0 success,
+ * 1 a runtime failure, 2 bad usage or bad input (wrong shapes, missing
+ * tensors, unknown flags). */
+#ifndef REEL_CTL_H
+#define REEL_CTL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CTL_OK 0
+#define CTL_FAIL 1
+#define CTL_USAGE 2
+
+int cmd_weights(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_kernels(int argc, char **argv);
+
+/* Prints "reelctl: <msg>" to stderr and returns code. */
+int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses a whole decimal integer / finite float; -1 on junk. */
+int ctl_parse_u64(const char *s, uint64_t *out);
+int ctl_parse_int(const char *s, int *out);
+int ctl_parse_double(const char *s, double *out);
+/* True when stderr is a terminal. */
+bool ctl_tty(void);
+
+#endif

@@ -1,0 +1,77 @@
+/* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
+#include "ctl.h"
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: reelctl <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  weights init --config tiny|small|wan2.1-1.3b|FILE.json --seed N --out W.safetensors\n"
+    "                              write deterministic random weights\n"
+    "  weights info W.safetensors  print a weights file's config and size\n"
+    "  run --weights W --latent IN.safetensors --context C.safetensors [--uncond U.safetensors]\n"
+    "      --steps N --shift S [--cfg G] [--sde --eta A] [--seed K] [--backend cpu|cuda]\n"
+    "      [--dtype f32|bf16] --out OUT.safetensors\n"
+    "                              one denoising loop in this process (no broker)\n"
+    "  kernels                     list the registered kernels\n"
+    "\n"
+    "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
+
+int ctl_die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("reelctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+int ctl_parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!*s || *s == '-') return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int ctl_parse_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || !*s || *end || v < -2147483647L || v > 2147483647L) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int ctl_parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !*s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+bool ctl_tty(void) { return isatty(2); }
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? CTL_USAGE : CTL_OK;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
+    fputs(usage, stderr);
+    return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
+}

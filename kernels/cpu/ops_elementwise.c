@@ -1,0 +1,98 @@
+/* ops_elementwise.c -- modulate, gated residual, add, GELU-tanh and SiLU on
+ * the CPU, in float.
+ *
+ * Each output element depends only on the same-index inputs (and the
+ * per-column vectors), read before it is written, so in-place use (y == x,
+ * y == a or b) is safe. */
+#include "../ops_args.h"
+#include <math.h>
+
+/* y = x·(1 + scale) + shift per row. Cannot fail. */
+static int modulate_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_modulate_args_t *a = args;
+    const float *sh = a->shift, *sc = a->scale;
+    int64_t D = a->dim;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *x = (const float *)a->x + r * D;
+        float *y = (float *)a->y + r * D;
+        for (int64_t i = 0; i < D; i++) y[i] = x[i] * (1.0f + sc[i]) + sh[i];
+    }
+    return 0;
+}
+
+/* x += gate·y, or x += y without a gate. Cannot fail. */
+static int gated_residual_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_residual_args_t *a = args;
+    const float *g = a->gate;
+    int64_t D = a->dim;
+    for (int64_t r = 0; r < a->rows; r++) {
+        float *x = (float *)a->x + r * D;
+        const float *y = (const float *)a->y + r * D;
+        if (g)
+            for (int64_t i = 0; i < D; i++) x[i] += g[i] * y[i];
+        else
+            for (int64_t i = 0; i < D; i++) x[i] += y[i];
+    }
+    return 0;
+}
+
+/* Cannot fail. */
+static int add_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_binary_args_t *a = args;
+    const float *p = a->a, *q = a->b;
+    float *y = a->y;
+    for (int64_t i = 0; i < a->n; i++) y[i] = p[i] + q[i];
+    return 0;
+}
+
+/* 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))). Cannot fail. */
+static int gelu_tanh_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_unary_args_t *a = args;
+    const float *x = a->x;
+    float *y = a->y;
+    const float k = 0.7978845608028654f; /* √(2/π) */
+    for (int64_t i = 0; i < a->n; i++) {
+        float u = x[i];
+        y[i] = 0.5f * u * (1.0f + tanhf(k * (u + 0.044715f * u * u * u)));
+    }
+    return 0;
+}
+
+/* u / (1 + e^−u); e^−u overflowing to inf gives −0, the right limit. Cannot fail. */
+static int silu_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_unary_args_t *a = args;
+    const float *x = a->x;
+    float *y = a->y;
+    for (int64_t i = 0; i < a->n; i++) {
+        float u = x[i];
+        y[i] = u / (1.0f + expf(-u));
+    }
+    return 0;
+}
+
+void kern_cpu_register_elementwise(void) {
+    const kern_impl_t impls[] = {
+        { .op = KERN_OP_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "modulate_cpu", .fn = modulate_f32,
+          .args_size = sizeof(kern_modulate_args_t), .capturable = true },
+        { .op = KERN_OP_GATED_RESIDUAL, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "gated_residual_cpu", .fn = gated_residual_f32,
+          .args_size = sizeof(kern_residual_args_t), .capturable = true },
+        { .op = KERN_OP_ADD, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "add_cpu", .fn = add_f32,
+          .args_size = sizeof(kern_binary_args_t), .capturable = true },
+        { .op = KERN_OP_GELU_TANH, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "gelu_tanh_cpu", .fn = gelu_tanh_f32,
+          .args_size = sizeof(kern_unary_args_t), .capturable = true },
+        { .op = KERN_OP_SILU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "silu_cpu", .fn = silu_f32,
+          .args_size = sizeof(kern_unary_args_t), .capturable = true },
+    };
+    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
+        (void)kern_registry_register(&impls[i]);
+}

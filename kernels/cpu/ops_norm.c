@@ -1,0 +1,67 @@
+/* ops_norm.c -- LayerNorm and RMSNorm over the last dim on the CPU.
+ *
+ * Row statistics are accumulated in double (two passes for LayerNorm, so a
+ * large mean does not cancel the variance away) and each output is computed
+ * in double and rounded to float once. Every row's inputs are fully read
+ * before its outputs are written, which is what lets y equal x. */
+#include "../ops_args.h"
+#include <math.h>
+
+/* Cannot fail. */
+static int layernorm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_norm_args_t *a = args;
+    const float *w = a->weight, *b = a->bias;
+    int64_t D = a->dim;
+    if (D <= 0) return 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *x = (const float *)a->x + r * D;
+        float *y = (float *)a->y + r * D;
+        double sum = 0.0;
+        for (int64_t i = 0; i < D; i++) sum += x[i];
+        double mean = sum / (double)D;
+        double sq = 0.0;
+        for (int64_t i = 0; i < D; i++) {
+            double c = (double)x[i] - mean;
+            sq += c * c;
+        }
+        double rstd = 1.0 / sqrt(sq / (double)D + (double)a->eps);
+        for (int64_t i = 0; i < D; i++) {
+            double v = ((double)x[i] - mean) * rstd;
+            if (w) v = v * (double)w[i] + (b ? (double)b[i] : 0.0);
+            y[i] = (float)v;
+        }
+    }
+    return 0;
+}
+
+/* Cannot fail. */
+static int rmsnorm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_norm_args_t *a = args;
+    const float *w = a->weight;
+    int64_t D = a->dim;
+    if (D <= 0) return 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *x = (const float *)a->x + r * D;
+        float *y = (float *)a->y + r * D;
+        double sq = 0.0;
+        for (int64_t i = 0; i < D; i++) sq += (double)x[i] * (double)x[i];
+        double rrms = 1.0 / sqrt(sq / (double)D + (double)a->eps);
+        for (int64_t i = 0; i < D; i++) y[i] = (float)((double)x[i] * rrms * (double)w[i]);
+    }
+    return 0;
+}
+
+void kern_cpu_register_norm(void) {
+    const kern_impl_t impls[] = {
+        { .op = KERN_OP_LAYERNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "layernorm_cpu", .fn = layernorm_f32, .args_size = sizeof(kern_norm_args_t),
+          .workspace_bytes = NULL, .capturable = true },
+        { .op = KERN_OP_RMSNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "rmsnorm_cpu", .fn = rmsnorm_f32, .args_size = sizeof(kern_norm_args_t),
+          .workspace_bytes = NULL, .capturable = true },
+    };
+    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
+        (void)kern_registry_register(&impls[i]);
+}

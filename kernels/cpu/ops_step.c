@@ -1,0 +1,93 @@
+/* ops_step.c -- the per-step ops that read σ or the guidance scale from
+ * memory when they run: timestep embedding, CFG combine, Euler and the
+ * Flow-GRPO SDE update, on the CPU.
+ *
+ * Reading the scalars at run time (never at launch) is what lets one
+ * captured step replay for every σ of a schedule. The SDE update is
+ * registered non-capturable: its noise is part of the step's contract as an
+ * eager break (DESIGN.md), even though it is a pure function of its args. */
+#include "../ops_args.h"
+#include "../philox.h"
+#include <math.h>
+
+/* emb = [cos(t·ω_j), sin(t·ω_j)], t = t_scale·σ, all in double, rounded once.
+ * Cannot fail. */
+static int timestep_embed_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_timestep_args_t *a = args;
+    float *emb = a->emb;
+    int64_t h = a->dim / 2;
+    double t = (double)a->t_scale * (double)a->sigma[0];
+    for (int64_t j = 0; j < h; j++) {
+        double th = t * pow(10000.0, -(double)j / (double)h);
+        emb[j] = (float)cos(th);
+        emb[h + j] = (float)sin(th);
+    }
+    return 0;
+}
+
+/* v = vu + g·(vc − vu) in float; v may alias vc or vu. Cannot fail. */
+static int cfg_combine_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_cfg_args_t *a = args;
+    const float *vc = a->vc, *vu = a->vu;
+    float *v = a->v;
+    float g = a->g[0];
+    for (int64_t i = 0; i < a->n; i++) v[i] = vu[i] + g * (vc[i] - vu[i]);
+    return 0;
+}
+
+/* x += (σ₁ − σ₀)·v, the difference taken once in float. Cannot fail. */
+static int euler_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_euler_args_t *a = args;
+    float *x = a->x;
+    const float *v = a->v;
+    float delta = a->sigmas[1] - a->sigmas[0];
+    for (int64_t i = 0; i < a->n; i++) x[i] += delta * v[i];
+    return 0;
+}
+
+/* x ← x + (v + std²/(2σ_i)·(x + (1 − σ_i)·v))·Δ + std·√(−Δ)·ε per element,
+ * in double, with std = η·√(σ_i/(1 − σ')), σ' = σ_1 when σ_i = 1, else σ_i.
+ * The drift correction std²/(2σ_i) is taken as 0 when std is 0 (η = 0), so
+ * σ_i = 0 with η = 0 degrades to Euler instead of 0/0. A schedule with
+ * σ' = 1 or Δ > 0 is outside the method and yields inf/NaN, as the formula
+ * does. Cannot fail. */
+static int sde_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_sde_args_t *a = args;
+    float *x = a->x;
+    const float *v = a->v;
+    double si = a->sigmas[0], sn = a->sigmas[1], s1 = a->sigmas[2];
+    double delta = sn - si;
+    double sp = si == 1.0 ? s1 : si;
+    double std = (double)a->eta * sqrt(si / (1.0 - sp));
+    double drift = std == 0.0 ? 0.0 : std * std / (2.0 * si);
+    double noise = std * sqrt(-delta);
+    for (int64_t j = 0; j < a->n; j++) {
+        double xj = x[j], vj = v[j];
+        double eps = kern_philox_normal(a->seed, a->step, (uint64_t)j);
+        x[j] = (float)(xj + (vj + drift * (xj + (1.0 - si) * vj)) * delta + noise * eps);
+    }
+    return 0;
+}
+
+void kern_cpu_register_step(void) {
+    const kern_impl_t impls[] = {
+        { .op = KERN_OP_TIMESTEP_EMBED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "timestep_embed_cpu", .fn = timestep_embed_f32,
+          .args_size = sizeof(kern_timestep_args_t), .capturable = true },
+        { .op = KERN_OP_CFG_COMBINE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "cfg_combine_cpu", .fn = cfg_combine_f32,
+          .args_size = sizeof(kern_cfg_args_t), .capturable = true },
+        { .op = KERN_OP_EULER, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "euler_cpu", .fn = euler_f32,
+          .args_size = sizeof(kern_euler_args_t), .capturable = true },
+        { .op = KERN_OP_SDE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "sde_cpu", .fn = sde_f32,
+          .args_size = sizeof(kern_sde_args_t), .capturable = false },
+    };
+    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
+        (void)kern_registry_register(&impls[i]);
+}

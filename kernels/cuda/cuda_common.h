@@ -1,0 +1,65 @@
+/* cuda_common.h -- the per-stream state CUDA kernels receive, and the one
+ * error path of the CUDA backend.
+ *
+ * Every CUDA runtime or cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK:
+ * on failure they record "<error> in `<statement>` (<function> at
+ * <file>:<line>)" through kern_fail() and return -1 from the enclosing
+ * function. They never abort: a CUDA error is the caller's to handle.
+ * Shared by the C files (gcc) and the .cu files (nvcc). */
+#ifndef REEL_KERNELS_CUDA_COMMON_H
+#define REEL_KERNELS_CUDA_COMMON_H
+
+#include <cuda_runtime_api.h>
+#include <cublas_v2.h>
+#include "../error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a CUDA kernel gets as `ctx`: one per kern_stream_t, used by one host
+ * thread at a time. The cuBLAS handle is bound to `stream` and owns the
+ * preallocated `blas_ws`, so cuBLAS never allocates (illegal in a capture). */
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+    int device;
+} kern_cuda_ctx_t;
+
+/* Records a CUDA runtime failure and returns -1. Also clears the runtime's
+ * last-error slot, so a later cudaGetLastError() after a kernel launch does
+ * not report this (already reported) failure a second time. */
+static inline int kern_cuda_fail(cudaError_t e, const char *stmt, const char *func,
+                                 const char *file, int line) {
+    (void)cudaGetLastError();
+    return kern_fail("CUDA error: %s (%s) in `%s` (%s at %s:%d)", cudaGetErrorString(e),
+                     cudaGetErrorName(e), stmt, func, file, line);
+}
+
+/* Records a cuBLAS failure and returns -1. */
+static inline int kern_cublas_fail(cublasStatus_t st, const char *stmt, const char *func,
+                                   const char *file, int line) {
+    return kern_fail("cuBLAS error: %s in `%s` (%s at %s:%d)", cublasGetStatusString(st),
+                     stmt, func, file, line);
+}
+
+#define CUDA_CHECK(expr)                                                          \
+    do {                                                                          \
+        cudaError_t kern_cuda_err_ = (expr);                                      \
+        if (kern_cuda_err_ != cudaSuccess)                                        \
+            return kern_cuda_fail(kern_cuda_err_, #expr, __func__, __FILE__, __LINE__); \
+    } while (0)
+
+#define CUBLAS_CHECK(expr)                                                        \
+    do {                                                                          \
+        cublasStatus_t kern_cublas_st_ = (expr);                                  \
+        if (kern_cublas_st_ != CUBLAS_STATUS_SUCCESS)                             \
+            return kern_cublas_fail(kern_cublas_st_, #expr, __func__, __FILE__, __LINE__); \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+/* gated_residual.cu -- GATED_RESIDUAL: x[r,i] += gate[i]·y[r,i] over
+ * [rows, dim], or x += y when gate is NULL; F32 arithmetic. */
+#include "cuda_device.cuh"
+
+template <typename T>
+__global__ void gated_residual_kernel(T *x, const T *y, const T *gate, int64_t n, int64_t dim) {
+    KC_FOR(i, n) {
+        float g = gate ? kc_f32(gate[i % dim]) : 1.0f;
+        x[i] = kc_store<T>(kc_f32(x[i]) + g * kc_f32(y[i]));
+    }
+}
+
+template <typename T>
+static int gated_residual_launch(void *ctx, const void *args) {
+    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
+    const kern_residual_args_t *a = (const kern_residual_args_t *)args;
+    int64_t n = a->rows * a->dim;
+    if (n <= 0) return 0;
+    gated_residual_kernel<T><<<kc_blocks(n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
+        (T *)a->x, (const T *)a->y, (const T *)a->gate, n, a->dim);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int kern_cuda_gated_residual_f32(void *ctx, const void *args) {
+    return gated_residual_launch<float>(ctx, args);
+}
+
+extern "C" int kern_cuda_gated_residual_bf16(void *ctx, const void *args) {
+    return gated_residual_launch<__nv_bfloat16>(ctx, args);
+}

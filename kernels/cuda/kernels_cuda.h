@@ -1,0 +1,51 @@
+/* kernels_cuda.h -- the host entry points of the CUDA kernels, one .cu each.
+ *
+ * Each is a kern_fn_t: `ctx` is the stream's kern_cuda_ctx_t, `args` the op's
+ * argument block from ops_args.h. Each enqueues its work on ctx->stream and
+ * returns 0, or -1 with a message (bad sizes, launch or cuBLAS failure).
+ * Errors of the kernel itself surface at the next stream sync. They read
+ * `args` only during the call, so a captured graph holds its own copy. */
+#ifndef REEL_KERNELS_CUDA_KERNELS_H
+#define REEL_KERNELS_CUDA_KERNELS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int kern_cuda_gemm_f32(void *ctx, const void *args);
+int kern_cuda_gemm_bf16(void *ctx, const void *args);
+int kern_cuda_layernorm_f32(void *ctx, const void *args);
+int kern_cuda_layernorm_bf16(void *ctx, const void *args);
+int kern_cuda_rmsnorm_f32(void *ctx, const void *args);
+int kern_cuda_rmsnorm_bf16(void *ctx, const void *args);
+int kern_cuda_modulate_f32(void *ctx, const void *args);
+int kern_cuda_modulate_bf16(void *ctx, const void *args);
+int kern_cuda_gated_residual_f32(void *ctx, const void *args);
+int kern_cuda_gated_residual_bf16(void *ctx, const void *args);
+int kern_cuda_add_f32(void *ctx, const void *args);
+int kern_cuda_add_bf16(void *ctx, const void *args);
+int kern_cuda_gelu_tanh_f32(void *ctx, const void *args);
+int kern_cuda_gelu_tanh_bf16(void *ctx, const void *args);
+int kern_cuda_silu_f32(void *ctx, const void *args);
+int kern_cuda_silu_bf16(void *ctx, const void *args);
+int kern_cuda_attention_f32(void *ctx, const void *args);
+int kern_cuda_attention_bf16(void *ctx, const void *args);
+int kern_cuda_rope3d_f32(void *ctx, const void *args);
+int kern_cuda_rope3d_bf16(void *ctx, const void *args);
+int kern_cuda_patchify_f32(void *ctx, const void *args);
+int kern_cuda_patchify_bf16(void *ctx, const void *args);
+int kern_cuda_unpatchify_f32(void *ctx, const void *args);
+int kern_cuda_unpatchify_bf16(void *ctx, const void *args);
+int kern_cuda_timestep_embed_f32(void *ctx, const void *args);
+int kern_cuda_timestep_embed_bf16(void *ctx, const void *args);
+int kern_cuda_cfg_combine_f32(void *ctx, const void *args);
+int kern_cuda_cfg_combine_bf16(void *ctx, const void *args);
+int kern_cuda_euler_f32(void *ctx, const void *args);
+int kern_cuda_euler_bf16(void *ctx, const void *args);
+int kern_cuda_sde_f32(void *ctx, const void *args);
+int kern_cuda_sde_bf16(void *ctx, const void *args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

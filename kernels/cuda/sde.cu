@@ -1,0 +1,45 @@
+/* sde.cu -- SDE: one Flow-GRPO stochastic step over n elements (TINYDIT.md
+ * "Guidance and schedule"), in double like the CPU, rounded once to T:
+ *   Δ = σ₁ − σ₀, σ' = σ₀ (σ_1 = sigmas[2] when σ₀ = 1),
+ *   std = η·√(σ₀ / (1 − σ')),
+ *   x += (v + std²/(2σ₀)·(x + (1 − σ₀)·v))·Δ + std·√(−Δ)·ε,
+ * ε = kern_philox_normal(seed, step, i) for element i, so the draw depends
+ * on (seed, step, index) only. Not capturable: seed and step are baked into
+ * the launch (the registry refuses it while a stream captures). */
+#include "cuda_device.cuh"
+#include "../philox.h"
+
+template <typename T>
+__global__ void sde_kernel(T *x, const T *v, const float *sigmas, double eta, uint32_t step,
+                           uint64_t seed, int64_t n) {
+    const double s0 = sigmas[0], s1 = sigmas[1], sfirst = sigmas[2];
+    const double delta = s1 - s0;
+    const double sp = s0 == 1.0 ? sfirst : s0;
+    const double sd = eta * sqrt(s0 / (1.0 - sp));
+    const double drift = sd * sd / (2.0 * s0);
+    const double diffusion = sd * sqrt(-delta);
+    KC_FOR(i, n) {
+        double xi = kc_f32(x[i]), vi = kc_f32(v[i]);
+        double eps = kern_philox_normal(seed, step, (uint64_t)i);
+        x[i] = kc_store_f64<T>(xi + (vi + drift * (xi + (1.0 - s0) * vi)) * delta + diffusion * eps);
+    }
+}
+
+template <typename T>
+static int sde_launch(void *ctx, const void *args) {
+    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
+    const kern_sde_args_t *a = (const kern_sde_args_t *)args;
+    if (a->n <= 0) return 0;
+    sde_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
+        (T *)a->x, (const T *)a->v, a->sigmas, (double)a->eta, a->step, a->seed, a->n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int kern_cuda_sde_f32(void *ctx, const void *args) {
+    return sde_launch<float>(ctx, args);
+}
+
+extern "C" int kern_cuda_sde_bf16(void *ctx, const void *args) {
+    return sde_launch<__nv_bfloat16>(ctx, args);
+}

@@ -1,0 +1,304 @@
+/* test_model.c -- the tinydit model on the CPU backend: determinism, the
+ * capturable step (CPU graph replay bitwise equal to eager), weight loading
+ * errors and workspace binding errors. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kernels/error.h"
+#include "worker/model/loop.h"
+#include "worker/model/tinydit.h"
+
+static char dir[64];
+static char wpath[128];
+
+static void setup_dir(void) {
+    strcpy(dir, "/tmp/reel-test-model.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    tdit_config_t c;
+    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
+    ck_assert_msg(tdit_weights_init(&c, 11, wpath) == 0, "%s", kern_error());
+}
+
+static void teardown_dir(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+typedef struct {
+    kern_backend_t *b;
+    kern_stream_t *s;
+    tdit_model_t *m;
+    tdit_ws_t *ws;
+    size_t n_lat, n_ctx;
+    float *lat, *ctx, *unc;
+} fx_t;
+
+static void fx_open(fx_t *f, bool cfg) {
+    memset(f, 0, sizeof *f);
+    f->b = kern_backend_cpu_new();
+    f->s = kern_stream_new(f->b);
+    f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
+    ck_assert_msg(f->m != NULL, "%s", kern_error());
+    tdit_shape_t sh = { 2, 8, 8, 5, cfg };
+    f->ws = tdit_ws_new(f->m, f->s, &sh);
+    ck_assert_msg(f->ws != NULL, "%s", kern_error());
+    f->n_lat = 4 * 2 * 8 * 8;
+    f->n_ctx = 5 * 32;
+    f->lat = malloc(f->n_lat * sizeof(float));
+    f->ctx = malloc(f->n_ctx * sizeof(float));
+    f->unc = malloc(f->n_ctx * sizeof(float));
+    tdit_initial_latent(1, f->lat, f->n_lat);
+    tdit_initial_latent(2, f->ctx, f->n_ctx);
+    tdit_initial_latent(3, f->unc, f->n_ctx);
+}
+
+static void fx_close(fx_t *f) {
+    tdit_ws_destroy(&f->ws);
+    tdit_model_destroy(&f->m);
+    kern_stream_destroy(&f->s);
+    ck_assert_uint_eq(kern_bytes_in_use(f->b), 0);
+    kern_backend_destroy(&f->b);
+    free(f->lat); free(f->ctx); free(f->unc);
+}
+
+static float *run_loop(fx_t *f, const tdit_loop_t *p, const float *lat) {
+    float *out = malloc(f->n_lat * sizeof(float));
+    int rc = tdit_generate(f->m, f->ws, f->s, p, lat, f->ctx, tdit_ws_shape(f->ws)->cfg ? f->unc : NULL,
+                           out, NULL);
+    ck_assert_msg(rc == 0, "%s", kern_error());
+    return out;
+}
+
+START_TEST(test_same_cfg_loop_twice_is_bitwise_equal) {
+    fx_t f;
+    fx_open(&f, true);
+    tdit_loop_t p = { .steps = 3, .shift = 3.0, .guidance = 4.0f };
+    float *a = run_loop(&f, &p, f.lat), *b = run_loop(&f, &p, f.lat);
+    ck_assert_int_eq(memcmp(a, b, f.n_lat * sizeof(float)), 0);
+    /* and the loop did something: the output is not the input */
+    ck_assert_int_ne(memcmp(a, f.lat, f.n_lat * sizeof(float)), 0);
+    free(a); free(b);
+    fx_close(&f);
+}
+END_TEST
+
+START_TEST(test_sde_loop_same_seed_equal_different_seed_differs) {
+    fx_t f;
+    fx_open(&f, false);
+    tdit_loop_t p = { .steps = 3, .shift = 3.0, .sde = true, .eta = 0.7f, .seed = 5 };
+    float *a = run_loop(&f, &p, f.lat), *b = run_loop(&f, &p, f.lat);
+    p.seed = 6;
+    float *c = run_loop(&f, &p, f.lat);
+    ck_assert_int_eq(memcmp(a, b, f.n_lat * sizeof(float)), 0);
+    ck_assert_int_ne(memcmp(a, c, f.n_lat * sizeof(float)), 0);
+    free(a); free(b); free(c);
+    fx_close(&f);
+}
+END_TEST
+
+START_TEST(test_initial_latent_from_seed_is_deterministic_and_seed_dependent) {
+    fx_t f;
+    fx_open(&f, false);
+    tdit_loop_t p = { .steps = 2, .shift = 2.0, .seed = 42 };
+    float *a = run_loop(&f, &p, NULL), *b = run_loop(&f, &p, NULL);
+    p.seed = 43;
+    float *c = run_loop(&f, &p, NULL);
+    ck_assert_int_eq(memcmp(a, b, f.n_lat * sizeof(float)), 0);
+    ck_assert_int_ne(memcmp(a, c, f.n_lat * sizeof(float)), 0);
+    free(a); free(b); free(c);
+    fx_close(&f);
+}
+END_TEST
+
+/* Binds step i of an N-step schedule into the workspace. */
+static void bind_step(fx_t *f, const double *sig, int i, float g) {
+    const float sv[3] = { (float)sig[i], (float)sig[i + 1], (float)sig[1] };
+    ck_assert_int_eq(tdit_ws_bind_step(f->ws, f->s, sv, g), 0);
+}
+
+START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop) {
+    enum { STEPS = 4 };
+    fx_t f;
+    fx_open(&f, true);
+    double sig[STEPS + 1];
+    tdit_schedule(STEPS, 3.0, sig);
+    float *eager = malloc(f.n_lat * sizeof(float)), *replay = malloc(f.n_lat * sizeof(float));
+
+    /* eager reference */
+    ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat), 0);
+    ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.ctx, f.n_ctx, false), 0);
+    ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.unc, f.n_ctx, true), 0);
+    for (int i = 0; i < STEPS; i++) {
+        bind_step(&f, sig, i, 4.0f);
+        ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", kern_error());
+    }
+    ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, eager, f.n_lat), 0);
+
+    /* capture one whole step (nothing runs while capturing), then replay it
+     * for every step: the graph reads σ and g from the workspace. */
+    ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat), 0);
+    kern_graph_t *g = NULL;
+    ck_assert_int_eq(kern_capture_begin(f.s), 0);
+    ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", kern_error());
+    ck_assert_int_eq(kern_capture_end(f.s, &g), 0);
+    ck_assert_ptr_nonnull(g);
+    float *after_capture = malloc(f.n_lat * sizeof(float));
+    ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, after_capture, f.n_lat), 0);
+    ck_assert_msg(memcmp(after_capture, f.lat, f.n_lat * sizeof(float)) == 0,
+                  "capture must record, not run");
+    for (int i = 0; i < STEPS; i++) {
+        bind_step(&f, sig, i, 4.0f);
+        ck_assert_msg(kern_graph_replay(g, f.s) == 0, "%s", kern_error());
+    }
+    ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, replay, f.n_lat), 0);
+    ck_assert_uint_eq(kern_graph_replays(g), STEPS);
+    /* tiny: 2 forwards x (11 head/embed + 2 blocks x 26) + cfg + euler */
+    size_t nodes = kern_graph_nodes(g);
+    printf("cpu graph: %zu nodes, %zu bytes, replayed %zu times\n", nodes, kern_graph_bytes(g),
+           kern_graph_replays(g));
+    ck_assert_uint_gt(nodes, 100);
+    ck_assert_int_eq(memcmp(eager, replay, f.n_lat * sizeof(float)), 0);
+    kern_graph_destroy(&g);
+    free(eager); free(replay); free(after_capture);
+    fx_close(&f);
+}
+END_TEST
+
+START_TEST(test_sde_step_refuses_capture_and_leaves_stream_usable) {
+    fx_t f;
+    fx_open(&f, false);
+    ck_assert_int_eq(kern_capture_begin(f.s), 0);
+    ck_assert_int_eq(tdit_step_sde(f.m, f.ws, f.s, 0.7f, 1, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "not capturable"));
+    kern_graph_t *g = NULL;
+    ck_assert_int_eq(kern_capture_end(f.s, &g), 0);
+    kern_graph_destroy(&g);
+    tdit_loop_t p = { .steps = 1, .shift = 1.0, .sde = true, .eta = 0.5f, .seed = 1 };
+    free(run_loop(&f, &p, f.lat));
+    fx_close(&f);
+}
+END_TEST
+
+START_TEST(test_bind_with_wrong_size_fails_clearly) {
+    fx_t f;
+    fx_open(&f, false);
+    ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat - 1), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "latent"));
+    ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.unc, f.n_ctx, true), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "uncond"));
+    fx_close(&f);
+}
+END_TEST
+
+/* Copies the weights file, replacing tensor `victim` by `shape` or dropping it. */
+static void rewrite_weights(const char *out, const char *victim, int ndim, const int64_t *shape) {
+    st_file_t *in = st_open(wpath);
+    ck_assert_ptr_nonnull(in);
+    st_writer_t *w = st_writer_new();
+    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(in, keys[i])), 0);
+    float zeros[64] = { 0 };
+    for (size_t i = 0; i < st_count(in); i++) {
+        const st_tensor_t *t = st_at(in, i);
+        if (!strcmp(t->name, victim)) {
+            if (ndim > 0) ck_assert_int_eq(st_writer_add_f32(w, t->name, ndim, shape, zeros), 0);
+            continue;
+        }
+        ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+    }
+    ck_assert_int_eq(st_writer_save(w, out), 0);
+    st_writer_destroy(&w);
+    st_close(&in);
+}
+
+START_TEST(test_model_load_names_tensor_with_wrong_shape) {
+    char p[160];
+    snprintf(p, sizeof p, "%s/bad.safetensors", dir);
+    rewrite_weights(p, "blocks.1.ffn.0.bias", 1, (const int64_t[]){ 7 });
+    kern_backend_t *b = kern_backend_cpu_new();
+    tdit_model_t *m = tdit_model_load_path(b, p, KERN_F32);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(kern_error(), "blocks.1.ffn.0.bias") != NULL, "message: %s", kern_error());
+    ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+START_TEST(test_model_load_names_missing_tensor) {
+    char p[160];
+    snprintf(p, sizeof p, "%s/missing.safetensors", dir);
+    rewrite_weights(p, "head.head.weight", 0, NULL);
+    kern_backend_t *b = kern_backend_cpu_new();
+    tdit_model_t *m = tdit_model_load_path(b, p, KERN_F32);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(kern_error(), "head.head.weight") != NULL, "message: %s", kern_error());
+    ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+START_TEST(test_config_from_metadata_matches_builtin_and_rejects_bad_sizes) {
+    st_file_t *f = st_open(wpath);
+    tdit_config_t a, b;
+    ck_assert_int_eq(tdit_config_from_meta(f, &a), 0);
+    ck_assert_int_eq(tdit_config_builtin("tiny", &b), 0);
+    ck_assert_int_eq(memcmp(&a.dim, &b.dim, 7 * sizeof(int64_t)), 0);
+    st_close(&f);
+    ck_assert_int_eq(tdit_config_builtin("huge", &a), -1);
+    b.heads = 5;
+    ck_assert_int_eq(tdit_config_validate(&b), -1);
+    ck_assert_int_eq(tdit_config_builtin("small", &a), 0);
+    ck_assert_int_eq(tdit_config_params(&a) > 20000000, 1);
+}
+END_TEST
+
+START_TEST(test_workspace_rejects_odd_latent_height) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    kern_stream_t *s = kern_stream_new(b);
+    tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
+    tdit_shape_t sh = { 1, 7, 8, 4, false };
+    ck_assert_ptr_null(tdit_ws_new(m, s, &sh));
+    ck_assert_ptr_nonnull(strstr(kern_error(), "even"));
+    tdit_model_destroy(&m);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+START_TEST(test_schedule_endpoints_and_shift) {
+    double s[5];
+    tdit_schedule(4, 3.0, s);
+    ck_assert_double_eq(s[0], 1.0);
+    ck_assert_double_eq(s[4], 0.0);
+    ck_assert_double_eq_tol(s[2], 0.75, 1e-15); /* 3·0.5/(1+2·0.5) */
+}
+END_TEST
+
+int main(void) {
+    Suite *su = suite_create("model");
+    TCase *tc = tcase_create("tinydit");
+    tcase_add_unchecked_fixture(tc, setup_dir, teardown_dir);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_same_cfg_loop_twice_is_bitwise_equal);
+    tcase_add_test(tc, test_sde_loop_same_seed_equal_different_seed_differs);
+    tcase_add_test(tc, test_initial_latent_from_seed_is_deterministic_and_seed_dependent);
+    tcase_add_test(tc, test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop);
+    tcase_add_test(tc, test_sde_step_refuses_capture_and_leaves_stream_usable);
+    tcase_add_test(tc, test_bind_with_wrong_size_fails_clearly);
+    tcase_add_test(tc, test_model_load_names_tensor_with_wrong_shape);
+    tcase_add_test(tc, test_model_load_names_missing_tensor);
+    tcase_add_test(tc, test_config_from_metadata_matches_builtin_and_rejects_bad_sizes);
+    tcase_add_test(tc, test_workspace_rejects_odd_latent_height);
+    tcase_add_test(tc, test_schedule_endpoints_and_shift);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

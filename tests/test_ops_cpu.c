@@ -1,0 +1,857 @@
+/* test_ops_cpu.c -- every CPU F32 op against a plain double-precision
+ * reference, plus the capture contract of the CPU kernels.
+ *
+ * Inputs come from a fixed-seed generator, so a failure reproduces. Each
+ * test states its tolerance next to the comparison and in the failure
+ * message; kernels that compute in double and round once are held to about
+ * 1e-6 relative, float kernels to a bound derived from their rounding steps.
+ * All calls go through the public API (ops.h, backend.h), never the kernels. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/error.h"
+#include "kernels/ops.h"
+#include "kernels/philox.h"
+#include "kernels/registry.h"
+
+/* --- fixture: one CPU backend and stream per test; everything allocated
+ * through the helpers below is released (and accounted) in teardown. ---- */
+
+#define MAX_OWNED 64
+
+static kern_backend_t *B;
+static kern_stream_t *S;
+static void *dev_owned[MAX_OWNED];
+static int n_dev_owned;
+static void *host_owned[MAX_OWNED];
+static int n_host_owned;
+static uint64_t rng;
+
+static void setup(void) {
+    B = kern_backend_cpu_new();
+    ck_assert_msg(B != NULL, "cpu backend: %s", kern_error());
+    S = kern_stream_new(B);
+    ck_assert_msg(S != NULL, "cpu stream: %s", kern_error());
+    n_dev_owned = n_host_owned = 0;
+    rng = 0x9e3779b97f4a7c15ull;
+}
+
+static void teardown(void) {
+    for (int i = 0; i < n_dev_owned; i++) kern_free(B, dev_owned[i]);
+    for (int i = 0; i < n_host_owned; i++) free(host_owned[i]);
+    kern_stream_destroy(&S);
+    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu bytes leaked on the backend",
+                  kern_bytes_in_use(B));
+    kern_backend_destroy(&B);
+}
+
+/* splitmix64: a fixed-seed generator with no global libc state. */
+static uint64_t next_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(next_u64() >> 11) / 9007199254740992.0);
+}
+
+/* A contiguous F32 tensor, freed in teardown. */
+static kern_tensor_t tens(int ndim, const int64_t *shape) {
+    kern_tensor_t t = kern_tensor_alloc(B, KERN_F32, ndim, shape);
+    ck_assert_msg(t.data != NULL, "alloc: %s", kern_error());
+    ck_assert_int_lt(n_dev_owned, MAX_OWNED);
+    dev_owned[n_dev_owned++] = t.data;
+    return t;
+}
+
+#define T1(a) tens(1, (int64_t[]){ (a) })
+#define T2(a, b) tens(2, (int64_t[]){ (a), (b) })
+#define T4(a, b, c, d) tens(4, (int64_t[]){ (a), (b), (c), (d) })
+
+static float *F(const kern_tensor_t *t) { return kern_tensor_ptr(t); }
+static int64_t N(const kern_tensor_t *t) { return kern_tensor_numel(t); }
+
+static void fill(kern_tensor_t *t, float lo, float hi) {
+    float *p = F(t);
+    for (int64_t i = 0; i < N(t); i++) p[i] = uniform(lo, hi);
+}
+
+/* Host scratch for references and snapshots, freed in teardown. */
+static void *hmalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_lt(n_host_owned, MAX_OWNED);
+    host_owned[n_host_owned++] = p;
+    return p;
+}
+
+static double *dbuf(int64_t n) { return hmalloc((size_t)n * sizeof(double)); }
+
+static float *snapshot(const kern_tensor_t *t) {
+    float *p = hmalloc(kern_tensor_bytes(t));
+    memcpy(p, F(t), kern_tensor_bytes(t));
+    return p;
+}
+
+/* Fails unless |got[i] − ref[i]| <= tol_i for every i, where tol_i is
+ * tol[i] when tol is given, else abs_tol + rel_tol·|ref[i]|. Reports the
+ * element with the largest err/tol, and the rule, on failure. */
+static void expect_close(const char *what, const float *got, const double *ref, int64_t n,
+                         double abs_tol, double rel_tol, const double *tol, const char *rule) {
+    int64_t worst = -1;
+    double worst_ratio = 1.0, worst_err = 0, worst_tol = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double t = tol ? tol[i] : abs_tol + rel_tol * fabs(ref[i]);
+        double err = fabs((double)got[i] - ref[i]);
+        if (isnan(err)) err = INFINITY;
+        if (err > t && (worst < 0 || err / t > worst_ratio)) {
+            worst = i;
+            worst_ratio = err / t;
+            worst_err = err;
+            worst_tol = t;
+        }
+    }
+    ck_assert_msg(worst < 0,
+                  "%s: element %lld = %.9g, reference %.12g: |err| %.3g > tol %.3g (%s)",
+                  what, (long long)worst, worst < 0 ? 0.0 : (double)got[worst],
+                  worst < 0 ? 0.0 : ref[worst], worst_err, worst_tol, rule);
+}
+
+/* --- gemm ------------------------------------------------------------- */
+
+/* y = x·wᵀ (+ b) in double; tol_ij = 1e-5·(Σ_k |x_ik·w_jk| + |b_j|), the
+ * worst-case float accumulation bound K·2⁻²⁴·Σ|terms| for K <= 160. */
+static void gemm_check(int with_bias) {
+    const int64_t M = 37, Nn = 29, K = 53;
+    kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn);
+    fill(&x, -1, 1);
+    fill(&w, -1, 1);
+    fill(&b, -1, 1);
+    ck_assert_msg(kern_gemm(S, &x, &w, with_bias ? &b : NULL, &y) == 0, "gemm: %s", kern_error());
+    double *ref = dbuf(M * Nn), *tol = dbuf(M * Nn);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < Nn; j++) {
+            double s = with_bias ? F(&b)[j] : 0.0, mag = fabs(s);
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)F(&x)[i * K + k] * (double)F(&w)[j * K + k];
+                s += p;
+                mag += fabs(p);
+            }
+            ref[i * Nn + j] = s;
+            tol[i * Nn + j] = 1e-5 * mag;
+        }
+    expect_close(with_bias ? "gemm with bias" : "gemm without bias", F(&y), ref, M * Nn, 0, 0,
+                 tol, "1e-5 * (sum_k |x*w| + |b|)");
+}
+
+START_TEST(test_gemm_with_bias_matches_double_reference) { gemm_check(1); }
+END_TEST
+
+START_TEST(test_gemm_without_bias_matches_double_reference) { gemm_check(0); }
+END_TEST
+
+START_TEST(test_gemm_rejects_mismatched_k_with_a_message_naming_the_op) {
+    kern_tensor_t x = T2(4, 5), w = T2(3, 6), y = T2(4, 3);
+    fill(&x, -1, 1);
+    fill(&w, -1, 1);
+    for (int64_t i = 0; i < N(&y); i++) F(&y)[i] = 42.0f;
+    kern_error_clear();
+    ck_assert_int_eq(kern_gemm(S, &x, &w, NULL, &y), -1);
+    ck_assert_msg(strstr(kern_error(), "gemm") != NULL, "message lacks the op name: '%s'",
+                  kern_error());
+    ck_assert_msg(strstr(kern_error(), "w") != NULL, "message lacks the tensor: '%s'", kern_error());
+    for (int64_t i = 0; i < N(&y); i++) ck_assert_float_eq(F(&y)[i], 42.0f);
+}
+END_TEST
+
+START_TEST(test_attention_rejects_width_not_divisible_by_heads_naming_the_op) {
+    kern_tensor_t q = T2(4, 10), k = T2(3, 10), v = T2(3, 10), o = T2(4, 10);
+    fill(&q, -1, 1);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_error_clear();
+    ck_assert_int_eq(kern_attention(S, &q, &k, &v, 3, &o), -1);
+    ck_assert_msg(strstr(kern_error(), "attention") != NULL, "message lacks the op name: '%s'",
+                  kern_error());
+}
+END_TEST
+
+/* --- norms ------------------------------------------------------------ */
+
+/* Reference LayerNorm (two-pass, double). */
+static void layernorm_ref(const float *x, const float *w, const float *b, int64_t rows,
+                          int64_t D, double eps, double *ref) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * D;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < D; i++) mean += xr[i];
+        mean /= (double)D;
+        for (int64_t i = 0; i < D; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        var /= (double)D;
+        for (int64_t i = 0; i < D; i++) {
+            double v = ((double)xr[i] - mean) / sqrt(var + eps);
+            if (w) v = v * w[i] + (b ? b[i] : 0.0);
+            ref[r * D + i] = v;
+        }
+    }
+}
+
+/* Inputs sit on an offset of 3 so a one-pass variance would lose digits.
+ * Tolerance 1e-6·(1 + |ref|): the kernel works in double and rounds once. */
+static void layernorm_check(int affine) {
+    const int64_t rows = 13, D = 67;
+    const float eps = 1e-6f;
+    kern_tensor_t x = T2(rows, D), w = T1(D), b = T1(D), y = T2(rows, D);
+    fill(&x, 2, 4);
+    fill(&w, -1, 1);
+    fill(&b, -1, 1);
+    ck_assert_msg(kern_layernorm(S, &x, affine ? &w : NULL, affine ? &b : NULL, eps, &y) == 0,
+                  "layernorm: %s", kern_error());
+    double *ref = dbuf(rows * D);
+    layernorm_ref(F(&x), affine ? F(&w) : NULL, affine ? F(&b) : NULL, rows, D, eps, ref);
+    expect_close(affine ? "layernorm affine" : "layernorm plain", F(&y), ref, rows * D, 1e-6,
+                 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+
+START_TEST(test_layernorm_affine_matches_double_reference) { layernorm_check(1); }
+END_TEST
+
+START_TEST(test_layernorm_plain_matches_double_reference) { layernorm_check(0); }
+END_TEST
+
+START_TEST(test_layernorm_in_place_gives_the_same_bits_as_out_of_place) {
+    const int64_t rows = 7, D = 40;
+    kern_tensor_t x = T2(rows, D), w = T1(D), b = T1(D), y = T2(rows, D);
+    fill(&x, -2, 2);
+    fill(&w, -1, 1);
+    fill(&b, -1, 1);
+    ck_assert_int_eq(kern_layernorm(S, &x, &w, &b, 1e-6f, &y), 0);
+    ck_assert_msg(kern_layernorm(S, &x, &w, &b, 1e-6f, &x) == 0, "in place: %s", kern_error());
+    ck_assert_msg(memcmp(F(&x), F(&y), kern_tensor_bytes(&x)) == 0,
+                  "layernorm with y == x differs from y != x");
+}
+END_TEST
+
+/* Tolerance 1e-6·(1 + |ref|): double accumulation, one rounding. */
+START_TEST(test_rmsnorm_matches_double_reference) {
+    const int64_t rows = 9, D = 48;
+    const float eps = 1e-6f;
+    kern_tensor_t x = T2(rows, D), w = T1(D), y = T2(rows, D);
+    fill(&x, -2, 2);
+    fill(&w, -1, 1);
+    ck_assert_msg(kern_rmsnorm(S, &x, &w, eps, &y) == 0, "rmsnorm: %s", kern_error());
+    double *ref = dbuf(rows * D);
+    for (int64_t r = 0; r < rows; r++) {
+        double ms = 0;
+        for (int64_t i = 0; i < D; i++) ms += (double)F(&x)[r * D + i] * F(&x)[r * D + i];
+        ms /= (double)D;
+        for (int64_t i = 0; i < D; i++)
+            ref[r * D + i] = F(&x)[r * D + i] / sqrt(ms + eps) * F(&w)[i];
+    }
+    expect_close("rmsnorm", F(&y), ref, rows * D, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* --- elementwise ------------------------------------------------------ */
+
+/* Float kernel, three roundings of values <= 3 in size: 1e-6·(1 + |ref|). */
+START_TEST(test_modulate_matches_double_reference) {
+    const int64_t rows = 10, D = 33;
+    kern_tensor_t x = T2(rows, D), sh = T1(D), sc = T1(D), y = T2(rows, D);
+    fill(&x, -1, 1);
+    fill(&sh, -1, 1);
+    fill(&sc, -1, 1);
+    ck_assert_msg(kern_modulate(S, &x, &sh, &sc, &y) == 0, "modulate: %s", kern_error());
+    double *ref = dbuf(rows * D);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < D; i++)
+            ref[r * D + i] = (double)F(&x)[r * D + i] * (1.0 + F(&sc)[i]) + F(&sh)[i];
+    expect_close("modulate", F(&y), ref, rows * D, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* x += gate·y (or x += y): two float roundings, 1e-6·(1 + |ref|). */
+static void residual_check(int gated) {
+    const int64_t rows = 6, D = 21;
+    kern_tensor_t x = T2(rows, D), y = T2(rows, D), g = T1(D);
+    fill(&x, -1, 1);
+    fill(&y, -1, 1);
+    fill(&g, -1, 1);
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_gated_residual(S, &x, &y, gated ? &g : NULL) == 0, "gated_residual: %s",
+                  kern_error());
+    double *ref = dbuf(rows * D);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < D; i++)
+            ref[r * D + i] = (double)x0[r * D + i] + (gated ? (double)F(&g)[i] : 1.0) * F(&y)[r * D + i];
+    expect_close(gated ? "gated residual" : "residual without gate", F(&x), ref, rows * D, 1e-6,
+                 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+
+START_TEST(test_gated_residual_with_gate_matches_double_reference) { residual_check(1); }
+END_TEST
+
+START_TEST(test_gated_residual_without_gate_adds_y) { residual_check(0); }
+END_TEST
+
+/* One float rounding: 1e-6·(1 + |ref|). */
+START_TEST(test_add_matches_double_reference) {
+    kern_tensor_t a = T1(1001), b = T1(1001), y = T1(1001);
+    fill(&a, -5, 5);
+    fill(&b, -5, 5);
+    ck_assert_msg(kern_add(S, &a, &b, &y) == 0, "add: %s", kern_error());
+    double *ref = dbuf(1001);
+    for (int64_t i = 0; i < 1001; i++) ref[i] = (double)F(&a)[i] + F(&b)[i];
+    expect_close("add", F(&y), ref, 1001, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* tanhf and a few float roundings on |u| <= 6: 1e-6·(1 + |ref|). */
+START_TEST(test_gelu_tanh_matches_double_reference) {
+    const int64_t n = 2001;
+    kern_tensor_t x = T1(n), y = T1(n);
+    fill(&x, -6, 6);
+    F(&x)[0] = 0.0f;
+    ck_assert_msg(kern_gelu_tanh(S, &x, &y) == 0, "gelu: %s", kern_error());
+    double *ref = dbuf(n);
+    for (int64_t i = 0; i < n; i++) {
+        double u = F(&x)[i];
+        ref[i] = 0.5 * u * (1.0 + tanh(sqrt(2.0 / M_PI) * (u + 0.044715 * u * u * u)));
+    }
+    expect_close("gelu_tanh", F(&y), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* expf and two float roundings on |u| <= 20: 1e-6·(1 + |ref|). */
+START_TEST(test_silu_matches_double_reference) {
+    const int64_t n = 2001;
+    kern_tensor_t x = T1(n), y = T1(n);
+    fill(&x, -20, 20);
+    F(&x)[0] = -100.0f; /* e^100 overflows float: the result must still be ~0, not NaN */
+    ck_assert_msg(kern_silu(S, &x, &y) == 0, "silu: %s", kern_error());
+    double *ref = dbuf(n);
+    for (int64_t i = 0; i < n; i++) ref[i] = F(&x)[i] / (1.0 + exp(-(double)F(&x)[i]));
+    expect_close("silu", F(&y), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* --- attention -------------------------------------------------------- */
+
+/* softmax(q·kᵀ/√d)·v per head, all in double. */
+static void attention_ref(const float *q, const float *k, const float *v, int64_t nq,
+                          int64_t nk, int64_t H, int64_t d, double *o) {
+    int64_t ld = H * d;
+    double *p = malloc((size_t)nk * sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < nq; i++) {
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                double s = 0;
+                for (int64_t c = 0; c < d; c++)
+                    s += (double)q[i * ld + h * d + c] * k[j * ld + h * d + c];
+                p[j] = s / sqrt((double)d);
+                if (p[j] > m) m = p[j];
+            }
+            for (int64_t j = 0; j < nk; j++) sum += (p[j] = exp(p[j] - m));
+            for (int64_t c = 0; c < d; c++) {
+                double acc = 0;
+                for (int64_t j = 0; j < nk; j++) acc += p[j] / sum * v[j * ld + h * d + c];
+                o[i * ld + h * d + c] = acc;
+            }
+        }
+    free(p);
+}
+
+/* q spans [-3, 3] so the softmax is peaked. Outputs are convex combinations
+ * of v in [-1, 1]: tolerance 1e-5 absolute. */
+START_TEST(test_attention_matches_double_reference) {
+    const int64_t nq = 11, nk = 7, H = 3, d = 8;
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -3, 3);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
+    double *ref = dbuf(nq * H * d);
+    attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+    expect_close("attention", F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+}
+END_TEST
+
+/* 1100 queries over 4096 keys need more score rows than the kernel keeps in
+ * scratch at once (16 MiB), so the queries run in blocks; the result must
+ * not show the seam. Tolerance 1e-5 absolute, as above. */
+START_TEST(test_attention_over_long_sequence_matches_reference_with_bounded_scratch) {
+    const int64_t nq = 1100, nk = 4096, H = 2, d = 4;
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
+    ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)16 << 20),
+                  "attention used %zu bytes of scratch, more than 16 MiB",
+                  kern_stream_scratch_size(S));
+    double *ref = dbuf(nq * H * d);
+    attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+    expect_close("long attention", F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+}
+END_TEST
+
+/* --- 3-D RoPE --------------------------------------------------------- */
+
+/* Rotates every pair as TINYDIT.md words it: pair p of a head sits in the
+ * frame part while 2p < d − 4q, then the row part, then the column part. */
+static void rope_ref(const float *x, int64_t H, int64_t d, int64_t Fr, int64_t R, int64_t C,
+                     double *out) {
+    int64_t q = d / 6, rf = d - 4 * q, rr = 2 * q, rc = 2 * q;
+    for (int64_t t = 0; t < Fr * R * C; t++) {
+        int64_t f = t / (R * C), h = (t / C) % R, w = t % C;
+        for (int64_t hd = 0; hd < H; hd++)
+            for (int64_t p = 0; p < d / 2; p++) {
+                int64_t j, r, pos;
+                if (2 * p < rf) { j = p; r = rf; pos = f; }
+                else if (2 * p < rf + rr) { j = p - rf / 2; r = rr; pos = h; }
+                else { j = p - (rf + rr) / 2; r = rc; pos = w; }
+                double th = (double)pos * pow(10000.0, -2.0 * (double)j / (double)r);
+                int64_t i = (t * H + hd) * d + 2 * p;
+                double a = x[i], b = x[i + 1];
+                out[i] = a * cos(th) - b * sin(th);
+                out[i + 1] = a * sin(th) + b * cos(th);
+            }
+    }
+}
+
+/* Head widths 8 (parts 4/2/2), 20 (8/6/6) and 2 (all frame, q = 0). The
+ * kernel rotates in double and rounds once: 1e-6·(1 + |ref|). */
+START_TEST(test_rope3d_matches_pairwise_rotation_reference) {
+    const struct { int64_t H, d, F, R, C; } cases[] = {
+        { 3, 8, 2, 3, 4 }, { 2, 20, 3, 2, 5 }, { 1, 2, 4, 1, 2 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t H = cases[c].H, d = cases[c].d, Fr = cases[c].F, R = cases[c].R, C = cases[c].C;
+        int64_t n = Fr * R * C * H * d;
+        kern_tensor_t x = T2(Fr * R * C, H * d);
+        fill(&x, -1, 1);
+        double *ref = dbuf(n);
+        rope_ref(F(&x), H, d, Fr, R, C, ref);
+        ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+        char what[64];
+        snprintf(what, sizeof what, "rope3d d=%lld", (long long)d);
+        expect_close(what, F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+    }
+}
+END_TEST
+
+/* Token (0,0,0) must come back bit for bit; (0,0,1) may change only its
+ * column dims and (1,0,0) only its frame dims. d = 20: frame 8, row 6, col 6. */
+START_TEST(test_rope3d_rotates_each_part_by_its_own_position_only) {
+    const int64_t H = 2, d = 20, Fr = 2, R = 3, C = 3, W = H * d;
+    kern_tensor_t x = T2(Fr * R * C, W);
+    fill(&x, -1, 1);
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+    ck_assert_msg(memcmp(F(&x), x0, (size_t)W * sizeof(float)) == 0,
+                  "token at position (0,0,0) changed");
+    const struct { int64_t t, lo, hi; } moved[] = {
+        { 1, 14, 20 },          /* (f,h,w) = (0,0,1): column dims 14..19 */
+        { R * C, 0, 8 },        /* (1,0,0): frame dims 0..7 */
+        { C, 8, 14 },           /* (0,1,0): row dims 8..13 */
+    };
+    for (size_t m = 0; m < sizeof moved / sizeof moved[0]; m++)
+        for (int64_t hd = 0; hd < H; hd++) {
+            int changed = 0;
+            for (int64_t i = 0; i < d; i++) {
+                int64_t at = moved[m].t * W + hd * d + i;
+                int inside = i >= moved[m].lo && i < moved[m].hi;
+                if (!inside)
+                    ck_assert_msg(F(&x)[at] == x0[at], "token %lld head %lld dim %lld moved "
+                                  "outside its part", (long long)moved[m].t, (long long)hd,
+                                  (long long)i);
+                else
+                    changed |= F(&x)[at] != x0[at];
+            }
+            ck_assert_msg(changed, "token %lld head %lld: its part did not rotate",
+                          (long long)moved[m].t, (long long)hd);
+        }
+}
+END_TEST
+
+/* A rotation keeps |(a, b)|: 1e-6·(1 + |(a, b)|) per pair. */
+START_TEST(test_rope3d_preserves_the_norm_of_every_pair) {
+    const int64_t H = 3, d = 16, Fr = 3, R = 4, C = 5, n = Fr * R * C * H * d;
+    kern_tensor_t x = T2(Fr * R * C, H * d);
+    fill(&x, -1, 1);
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+    double *ref = dbuf(n / 2), *got = dbuf(n / 2);
+    float *gotf = hmalloc((size_t)(n / 2) * sizeof(float));
+    for (int64_t i = 0; i < n / 2; i++) {
+        ref[i] = hypot(x0[2 * i], x0[2 * i + 1]);
+        got[i] = hypot(F(&x)[2 * i], F(&x)[2 * i + 1]);
+        gotf[i] = (float)got[i];
+    }
+    expect_close("rope3d pair norms", gotf, ref, n / 2, 1e-6, 1e-6, NULL, "1e-6 * (1 + |pair|)");
+}
+END_TEST
+
+/* --- patchify / unpatchify -------------------------------------------- */
+
+/* Exact: both ops are copies. C = 3 so the (c, ph, pw) and (ph, pw, c)
+ * orders cannot coincide; every value is its own index, so any misplaced
+ * element shows. */
+START_TEST(test_patchify_places_each_value_by_the_c_ph_pw_index_formula) {
+    const int64_t C = 3, Fr = 2, H = 4, W = 6, Hp = H / 2, Wp = W / 2;
+    kern_tensor_t lat = T4(C, Fr, H, W), tok = T2(Fr * Hp * Wp, 4 * C);
+    for (int64_t i = 0; i < N(&lat); i++) F(&lat)[i] = (float)i;
+    for (int64_t i = 0; i < N(&tok); i++) F(&tok)[i] = NAN;
+    ck_assert_msg(kern_patchify(S, &lat, &tok) == 0, "patchify: %s", kern_error());
+    for (int64_t f = 0; f < Fr; f++)
+        for (int64_t h = 0; h < Hp; h++)
+            for (int64_t w = 0; w < Wp; w++)
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t ph = 0; ph < 2; ph++)
+                        for (int64_t pw = 0; pw < 2; pw++) {
+                            int64_t t = (f * Hp + h) * Wp + w;
+                            float got = F(&tok)[t * 4 * C + c * 4 + ph * 2 + pw];
+                            float want = F(&lat)[((c * Fr + f) * H + 2 * h + ph) * W + 2 * w + pw];
+                            ck_assert_msg(got == want, "patchify token %lld c %lld ph %lld pw %lld:"
+                                          " %g, expected %g", (long long)t, (long long)c,
+                                          (long long)ph, (long long)pw, got, want);
+                        }
+}
+END_TEST
+
+START_TEST(test_unpatchify_places_each_value_by_the_ph_pw_c_index_formula) {
+    const int64_t C = 3, Fr = 2, H = 4, W = 6, Hp = H / 2, Wp = W / 2;
+    kern_tensor_t lat = T4(C, Fr, H, W), tok = T2(Fr * Hp * Wp, 4 * C);
+    for (int64_t i = 0; i < N(&tok); i++) F(&tok)[i] = (float)i;
+    for (int64_t i = 0; i < N(&lat); i++) F(&lat)[i] = NAN;
+    ck_assert_msg(kern_unpatchify(S, &tok, &lat) == 0, "unpatchify: %s", kern_error());
+    /* The loops below visit every latent element once, so a NaN left
+     * anywhere (an element never written) fails too. */
+    for (int64_t f = 0; f < Fr; f++)
+        for (int64_t h = 0; h < Hp; h++)
+            for (int64_t w = 0; w < Wp; w++)
+                for (int64_t ph = 0; ph < 2; ph++)
+                    for (int64_t pw = 0; pw < 2; pw++)
+                        for (int64_t c = 0; c < C; c++) {
+                            int64_t t = (f * Hp + h) * Wp + w;
+                            float got = F(&lat)[((c * Fr + f) * H + 2 * h + ph) * W + 2 * w + pw];
+                            float want = F(&tok)[t * 4 * C + (ph * 2 + pw) * C + c];
+                            ck_assert_msg(got == want, "unpatchify c %lld f %lld y %lld x %lld:"
+                                          " %g, expected %g", (long long)c, (long long)f,
+                                          (long long)(2 * h + ph), (long long)(2 * w + pw), got, want);
+                        }
+}
+END_TEST
+
+/* --- per-step ops ----------------------------------------------------- */
+
+/* emb = [cos(1000σ·ω_j), sin(1000σ·ω_j)] in double, rounded once: 1e-6 abs. */
+static void timestep_ref(float sigma, int64_t dim, double *ref) {
+    double t = 1000.0 * (double)sigma;
+    int64_t h = dim / 2;
+    for (int64_t j = 0; j < h; j++) {
+        double om = pow(10000.0, -(double)j / (double)h);
+        ref[j] = cos(t * om);
+        ref[h + j] = sin(t * om);
+    }
+}
+
+START_TEST(test_timestep_embed_matches_double_formula) {
+    const int64_t dim = 256;
+    kern_tensor_t sigma = T1(1), emb = T2(1, dim);
+    double *ref = dbuf(dim);
+    const float sigmas[] = { 0.731f, 1.0f, 0.0f };
+    for (size_t i = 0; i < 3; i++) {
+        F(&sigma)[0] = sigmas[i];
+        ck_assert_msg(kern_timestep_embed(S, &sigma, &emb) == 0, "timestep: %s", kern_error());
+        timestep_ref(sigmas[i], dim, ref);
+        expect_close("timestep_embed", F(&emb), ref, dim, 1e-6, 0, NULL, "1e-6 absolute");
+    }
+}
+END_TEST
+
+/* Float kernel: 1e-6·(1 + |vu| + |g·(vc − vu)|), the size of its terms. */
+START_TEST(test_cfg_combine_matches_double_reference) {
+    const int64_t n = 777;
+    kern_tensor_t vc = T1(n), vu = T1(n), g = T1(1), v = T1(n);
+    fill(&vc, -1, 1);
+    fill(&vu, -1, 1);
+    F(&g)[0] = 4.5f;
+    ck_assert_msg(kern_cfg_combine(S, &vc, &vu, &g, &v) == 0, "cfg: %s", kern_error());
+    double *ref = dbuf(n), *tol = dbuf(n);
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)F(&g)[0] * ((double)F(&vc)[i] - F(&vu)[i]);
+        ref[i] = F(&vu)[i] + d;
+        tol[i] = 1e-6 * (1.0 + fabs(F(&vu)[i]) + fabs(d));
+    }
+    expect_close("cfg_combine", F(&v), ref, n, 0, 0, tol, "1e-6 * (1 + |vu| + |g (vc - vu)|)");
+}
+END_TEST
+
+/* Float kernel: 1e-6·(1 + |ref|). */
+START_TEST(test_euler_update_matches_double_reference) {
+    const int64_t n = 777;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(2);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.8f;
+    F(&sig)[1] = 0.75f;
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", kern_error());
+    double *ref = dbuf(n);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = x0[i] + ((double)F(&sig)[1] - F(&sig)[0]) * F(&v)[i];
+    expect_close("euler", F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* The Flow-GRPO step of TINYDIT.md, literally, in double. */
+static void sde_ref(const float *x, const float *v, const float *sig, float eta, uint64_t seed,
+                    uint32_t step, int64_t n, double *ref) {
+    double si = sig[0], sn = sig[1], s1 = sig[2];
+    double delta = sn - si;
+    double sp = si == 1.0 ? s1 : si;
+    double std = eta * sqrt(si / (1.0 - sp));
+    for (int64_t j = 0; j < n; j++) {
+        double eps = kern_philox_normal(seed, step, (uint64_t)j);
+        ref[j] = x[j] + (v[j] + std * std / (2.0 * si) * (x[j] + (1.0 - si) * v[j])) * delta
+                 + std * sqrt(-delta) * eps;
+    }
+}
+
+/* Double kernel, one rounding: 1e-6·(1 + |ref|). Covers σ_i < 1 and the
+ * σ_i = 1 case, where σ' is σ_1. */
+START_TEST(test_sde_update_matches_double_reference) {
+    const int64_t n = 1000;
+    const struct { float s[3]; float eta; uint64_t seed; uint32_t step; } cases[] = {
+        { { 0.8f, 0.7f, 0.95f }, 0.7f, 1234, 3 },
+        { { 1.0f, 0.9f, 0.9f }, 0.5f, 0x123456789abcdefull, 0 },
+    };
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3);
+    double *ref = dbuf(n);
+    for (size_t c = 0; c < 2; c++) {
+        fill(&x, -1, 1);
+        fill(&v, -1, 1);
+        memcpy(F(&sig), cases[c].s, sizeof cases[c].s);
+        sde_ref(F(&x), F(&v), F(&sig), cases[c].eta, cases[c].seed, cases[c].step, n, ref);
+        ck_assert_msg(kern_sde_update(S, &x, &v, &sig, cases[c].eta, cases[c].seed,
+                                      cases[c].step) == 0, "sde: %s", kern_error());
+        expect_close(c ? "sde at sigma 1" : "sde", F(&x), ref, n, 1e-6, 1e-6, NULL,
+                     "1e-6 * (1 + |ref|)");
+    }
+}
+END_TEST
+
+/* Runs the SDE step on a copy of x0 into out. */
+static void sde_run(const float *x0, kern_tensor_t *x, const kern_tensor_t *v,
+                    const kern_tensor_t *sig, uint64_t seed, uint32_t step, float *out) {
+    memcpy(F(x), x0, kern_tensor_bytes(x));
+    ck_assert_msg(kern_sde_update(S, x, v, sig, 0.8f, seed, step) == 0, "sde: %s", kern_error());
+    memcpy(out, F(x), kern_tensor_bytes(x));
+}
+
+static int64_t count_differing(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+START_TEST(test_sde_same_seed_gives_same_bits_and_other_seed_or_step_differs) {
+    const int64_t n = 512;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.6f;
+    F(&sig)[1] = 0.5f;
+    F(&sig)[2] = 0.95f;
+    float *x0 = snapshot(&x);
+    float *a = hmalloc(n * 4), *b = hmalloc(n * 4), *c = hmalloc(n * 4), *d = hmalloc(n * 4);
+    sde_run(x0, &x, &v, &sig, 77, 5, a);
+    sde_run(x0, &x, &v, &sig, 77, 5, b);
+    sde_run(x0, &x, &v, &sig, 78, 5, c);
+    sde_run(x0, &x, &v, &sig, 77, 6, d);
+    ck_assert_msg(memcmp(a, b, n * 4) == 0, "same seed and step gave different bits");
+    ck_assert_msg(count_differing(a, c, n) > n * 9 / 10, "another seed left %lld of %lld equal",
+                  (long long)(n - count_differing(a, c, n)), (long long)n);
+    ck_assert_msg(count_differing(a, d, n) > n * 9 / 10, "another step left %lld of %lld equal",
+                  (long long)(n - count_differing(a, d, n)), (long long)n);
+}
+END_TEST
+
+START_TEST(test_sde_refuses_to_launch_on_a_capturing_stream) {
+    const int64_t n = 64;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.6f;
+    F(&sig)[1] = 0.5f;
+    F(&sig)[2] = 0.95f;
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
+    kern_error_clear();
+    ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig, 0.7f, 1, 0), -1);
+    ck_assert_msg(strstr(kern_error(), "capturable") && strstr(kern_error(), "sde"),
+                  "message should say the sde kernel is not capturable: '%s'", kern_error());
+    kern_graph_t *g = NULL;
+    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", kern_error());
+    ck_assert_ptr_nonnull(g);
+    ck_assert_uint_eq(kern_graph_nodes(g), 0);
+    kern_graph_destroy(&g);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(memcmp(F(&x), x0, kern_tensor_bytes(&x)) == 0, "refused SDE touched x");
+}
+END_TEST
+
+/* --- capture and replay ----------------------------------------------- */
+
+/* gemm → gelu → attention → rope3d → in-place layernorm: five launches. */
+static int run_chain(kern_tensor_t *x, kern_tensor_t *w, kern_tensor_t *b, kern_tensor_t *h,
+                     kern_tensor_t *g, kern_tensor_t *k, kern_tensor_t *v, kern_tensor_t *o,
+                     kern_tensor_t *lw, kern_tensor_t *lb) {
+    if (kern_gemm(S, x, w, b, h)) return -1;
+    if (kern_gelu_tanh(S, h, g)) return -1;
+    if (kern_attention(S, g, k, v, 3, o)) return -1;
+    if (kern_rope3d(S, o, 3, 2, 2, 3)) return -1;
+    if (kern_layernorm(S, o, lw, lb, 1e-6f, o)) return -1;
+    return 0;
+}
+
+START_TEST(test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch) {
+    const int64_t T = 12, D = 24, L = 9; /* 12 tokens = 2 frames x 2 rows x 3 cols */
+    kern_tensor_t x = T2(T, D), w = T2(D, D), b = T1(D), h = T2(T, D), g = T2(T, D);
+    kern_tensor_t k = T2(L, D), v = T2(L, D), o = T2(T, D), lw = T1(D), lb = T1(D);
+    fill(&x, -1, 1);
+    fill(&w, -0.5f, 0.5f);
+    fill(&b, -1, 1);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    fill(&lw, -1, 1);
+    fill(&lb, -1, 1);
+    ck_assert_msg(run_chain(&x, &w, &b, &h, &g, &k, &v, &o, &lw, &lb) == 0, "eager: %s",
+                  kern_error());
+    float *eh = snapshot(&h), *eg = snapshot(&g), *eo = snapshot(&o);
+    memset(F(&h), 0, kern_tensor_bytes(&h));
+    memset(F(&g), 0, kern_tensor_bytes(&g));
+    memset(F(&o), 0, kern_tensor_bytes(&o));
+
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
+    ck_assert_msg(run_chain(&x, &w, &b, &h, &g, &k, &v, &o, &lw, &lb) == 0, "capture: %s",
+                  kern_error());
+    kern_graph_t *gr = NULL;
+    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", kern_error());
+    ck_assert_uint_eq(kern_graph_nodes(gr), 5);
+    for (int64_t i = 0; i < N(&o); i++)
+        ck_assert_msg(F(&o)[i] == 0.0f, "capture ran a kernel instead of recording it");
+
+    for (int rep = 0; rep < 2; rep++) {
+        memset(F(&o), 0, kern_tensor_bytes(&o));
+        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(memcmp(F(&h), eh, kern_tensor_bytes(&h)) == 0, "replayed gemm differs");
+        ck_assert_msg(memcmp(F(&g), eg, kern_tensor_bytes(&g)) == 0, "replayed gelu differs");
+        ck_assert_msg(memcmp(F(&o), eo, kern_tensor_bytes(&o)) == 0,
+                      "replay %d of attention+rope+layernorm differs from eager", rep);
+    }
+    ck_assert_uint_eq(kern_graph_replays(gr), 2);
+    kern_graph_destroy(&gr);
+}
+END_TEST
+
+/* A captured step must read σ when it replays, not the σ seen at capture.
+ * Timestep tolerance 1e-6 absolute; Euler 1e-6·(1 + |ref|). */
+START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
+    const int64_t dim = 64, n = 50;
+    kern_tensor_t sig = T1(2), emb = T1(dim), x = T1(n), v = T1(n);
+    F(&sig)[0] = 0.9f;
+    F(&sig)[1] = 0.85f;
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    float *x0 = snapshot(&x);
+    ck_assert_int_eq(kern_capture_begin(S), 0);
+    ck_assert_msg(kern_timestep_embed(S, &sig, &emb) == 0, "timestep: %s", kern_error());
+    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", kern_error());
+    kern_graph_t *gr = NULL;
+    ck_assert_int_eq(kern_capture_end(S, &gr), 0);
+    ck_assert_uint_eq(kern_graph_nodes(gr), 2);
+
+    F(&sig)[0] = 0.6f;
+    F(&sig)[1] = 0.55f;
+    ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+    double *ref = dbuf(dim), *xr = dbuf(n);
+    timestep_ref(0.6f, dim, ref);
+    expect_close("replayed timestep_embed", F(&emb), ref, dim, 1e-6, 0, NULL, "1e-6 absolute");
+    for (int64_t i = 0; i < n; i++) xr[i] = x0[i] + ((double)0.55f - (double)0.6f) * F(&v)[i];
+    expect_close("replayed euler", F(&x), xr, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+    kern_graph_destroy(&gr);
+}
+END_TEST
+
+/* --- registry --------------------------------------------------------- */
+
+START_TEST(test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable) {
+    for (int op = 0; op < KERN_OP_COUNT; op++) {
+        const kern_impl_t *impl = kern_registry_lookup(op, KERN_BACKEND_CPU, KERN_F32);
+        ck_assert_msg(impl != NULL, "no CPU F32 kernel for %s", kern_op_name(op));
+        ck_assert_msg(impl->name && impl->name[0], "%s: kernel without a name", kern_op_name(op));
+        ck_assert_msg(impl->args_size >= sizeof(kern_args_hdr_t), "%s: args_size %zu",
+                      kern_op_name(op), impl->args_size);
+        ck_assert_msg(impl->capturable == (op != KERN_OP_SDE), "%s: capturable is %d",
+                      kern_op_name(op), impl->capturable);
+    }
+}
+END_TEST
+
+static Suite *ops_cpu_suite(void) {
+    Suite *s = suite_create("ops_cpu");
+    TCase *tc = tcase_create("ops");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_gemm_with_bias_matches_double_reference);
+    tcase_add_test(tc, test_gemm_without_bias_matches_double_reference);
+    tcase_add_test(tc, test_gemm_rejects_mismatched_k_with_a_message_naming_the_op);
+    tcase_add_test(tc, test_attention_rejects_width_not_divisible_by_heads_naming_the_op);
+    tcase_add_test(tc, test_layernorm_affine_matches_double_reference);
+    tcase_add_test(tc, test_layernorm_plain_matches_double_reference);
+    tcase_add_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place);
+    tcase_add_test(tc, test_rmsnorm_matches_double_reference);
+    tcase_add_test(tc, test_modulate_matches_double_reference);
+    tcase_add_test(tc, test_gated_residual_with_gate_matches_double_reference);
+    tcase_add_test(tc, test_gated_residual_without_gate_adds_y);
+    tcase_add_test(tc, test_add_matches_double_reference);
+    tcase_add_test(tc, test_gelu_tanh_matches_double_reference);
+    tcase_add_test(tc, test_silu_matches_double_reference);
+    tcase_add_test(tc, test_attention_matches_double_reference);
+    tcase_add_test(tc, test_attention_over_long_sequence_matches_reference_with_bounded_scratch);
+    tcase_add_test(tc, test_rope3d_matches_pairwise_rotation_reference);
+    tcase_add_test(tc, test_rope3d_rotates_each_part_by_its_own_position_only);
+    tcase_add_test(tc, test_rope3d_preserves_the_norm_of_every_pair);
+    tcase_add_test(tc, test_patchify_places_each_value_by_the_c_ph_pw_index_formula);
+    tcase_add_test(tc, test_unpatchify_places_each_value_by_the_ph_pw_c_index_formula);
+    tcase_add_test(tc, test_timestep_embed_matches_double_formula);
+    tcase_add_test(tc, test_cfg_combine_matches_double_reference);
+    tcase_add_test(tc, test_euler_update_matches_double_reference);
+    tcase_add_test(tc, test_sde_update_matches_double_reference);
+    tcase_add_test(tc, test_sde_same_seed_gives_same_bits_and_other_seed_or_step_differs);
+    tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_stream);
+    tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);
+    tcase_add_test(tc, test_captured_timestep_and_euler_read_sigma_at_replay_time);
+    tcase_add_test(tc, test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(ops_cpu_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}

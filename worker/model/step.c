@@ -1,0 +1,298 @@
+/* step.c -- the step workspace and the capturable denoising step.
+ *
+ * Every buffer the forward pass touches is allocated by tdit_ws_new, in one
+ * block, before any step runs; the step only launches kernels over those
+ * addresses, reading σ and the guidance scale from device memory. */
+#include "tinydit.h"
+#include "kernels/error.h"
+#include "kernels/ops.h"
+#include "kernels/ops_args.h"
+#include "kernels/registry.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tinydit_impl.h"
+
+struct tdit_ws {
+    tdit_model_t *model;
+    tdit_shape_t shape;
+    int64_t N, grid_h, grid_w;
+    void *block;          /* every buffer below, one allocation */
+    size_t bytes;
+    /* inputs */
+    kern_tensor_t latent, context, uncond, sigmas, guidance;
+    /* activations */
+    kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
+    kern_tensor_t txt_h, c, kc, vc;
+    kern_tensor_t s_emb, e_h, e, e_silu, e6, mod, hshift, hscale;
+    kern_tensor_t v_cond, v_uncond, v_comb;
+};
+
+/* Carves tensors out of one block; first pass (base NULL) only sizes it. */
+typedef struct { char *base; size_t off; int device; } carver_t;
+
+static void carve(carver_t *c, kern_tensor_t *t, kern_dtype_t dt, int ndim, const int64_t *shape) {
+    *t = kern_tensor_make(c->base ? c->base + c->off : NULL, dt, c->device, ndim, shape);
+    c->off += (kern_tensor_bytes(t) + 255) & ~(size_t)255;
+}
+
+static void layout(tdit_ws_t *ws, carver_t *cv) {
+    const tdit_config_t *c = &ws->model->cfg;
+    kern_dtype_t dt = ws->model->dtype;
+    int64_t D = c->dim, C = c->in_channels, N = ws->N, L = ws->shape.text_len;
+    const int64_t lat[4] = { C, ws->shape.frames, ws->shape.height, ws->shape.width };
+    carve(cv, &ws->latent, dt, 4, lat);
+    carve(cv, &ws->context, dt, 2, SHAPE(L, c->text_dim));
+    if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(L, c->text_dim));
+    carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
+    carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
+    carve(cv, &ws->tok, dt, 2, SHAPE(N, 4 * C));
+    kern_tensor_t *nd[] = { &ws->x, &ws->a, &ws->q, &ws->k, &ws->v, &ws->o, &ws->o2 };
+    for (size_t i = 0; i < sizeof nd / sizeof nd[0]; i++) carve(cv, nd[i], dt, 2, SHAPE(N, D));
+    carve(cv, &ws->h, dt, 2, SHAPE(N, c->ffn_dim));
+    carve(cv, &ws->y, dt, 2, SHAPE(N, 4 * C));
+    kern_tensor_t *ld[] = { &ws->txt_h, &ws->c, &ws->kc, &ws->vc };
+    for (size_t i = 0; i < sizeof ld / sizeof ld[0]; i++) carve(cv, ld[i], dt, 2, SHAPE(L, D));
+    carve(cv, &ws->s_emb, dt, 2, SHAPE(1, c->freq_dim));
+    kern_tensor_t *d1[] = { &ws->e_h, &ws->e, &ws->e_silu, &ws->hshift, &ws->hscale };
+    for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; i++) carve(cv, d1[i], dt, 2, SHAPE(1, D));
+    carve(cv, &ws->e6, dt, 2, SHAPE(6, D));
+    carve(cv, &ws->mod, dt, 2, SHAPE(6, D));
+    carve(cv, &ws->v_cond, dt, 4, lat);
+    if (ws->shape.cfg) {
+        carve(cv, &ws->v_uncond, dt, 4, lat);
+        carve(cv, &ws->v_comb, dt, 4, lat);
+    }
+}
+
+/* Scratch the step needs from the stream arena: attention's, at the
+ * largest query/key counts it is called with. */
+static size_t scratch_needed(const tdit_ws_t *ws) {
+    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ATTENTION,
+        kern_backend_kind(ws->model->backend), ws->model->dtype);
+    if (!impl || !impl->workspace_bytes) return 0;
+    const tdit_config_t *c = &ws->model->cfg;
+    kern_attention_args_t a;
+    memset(&a, 0, sizeof a);
+    a.nq = ws->N;
+    a.heads = c->heads;
+    a.head_dim = c->dim / c->heads;
+    a.nk = ws->N;
+    size_t s1 = impl->workspace_bytes(&a);
+    a.nk = ws->shape.text_len;
+    size_t s2 = impl->workspace_bytes(&a);
+    return s1 > s2 ? s1 : s2;
+}
+
+tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
+    if (shape->frames <= 0 || shape->height <= 0 || shape->width <= 0 ||
+        shape->height % 2 || shape->width % 2) {
+        kern_fail("latent frames/height/width must be positive and height, width even "
+                  "(got F=%lld H=%lld W=%lld)", (long long)shape->frames,
+                  (long long)shape->height, (long long)shape->width);
+        return NULL;
+    }
+    if (shape->text_len <= 0 || shape->text_len > 65536) {
+        kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
+        return NULL;
+    }
+    if (shape->frames * shape->height * shape->width > (int64_t)1 << 24) {
+        kern_fail("latent too large (%lld positions)",
+                  (long long)(shape->frames * shape->height * shape->width));
+        return NULL;
+    }
+    tdit_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) { kern_fail("out of memory"); return NULL; }
+    ws->model = m;
+    ws->shape = *shape;
+    ws->grid_h = shape->height / 2;
+    ws->grid_w = shape->width / 2;
+    ws->N = shape->frames * ws->grid_h * ws->grid_w;
+    carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
+    layout(ws, &cv);
+    ws->bytes = cv.off;
+    ws->block = kern_alloc(m->backend, ws->bytes);
+    if (!ws->block) { free(ws); return NULL; }
+    cv.base = ws->block;
+    cv.off = 0;
+    layout(ws, &cv);
+    if (kern_stream_reserve(s, scratch_needed(ws)) != 0) {
+        tdit_ws_destroy(&ws);
+        return NULL;
+    }
+    return ws;
+}
+
+void tdit_ws_destroy(tdit_ws_t **wp) {
+    if (!wp || !*wp) return;
+    kern_free((*wp)->model->backend, (*wp)->block);
+    free(*wp);
+    *wp = NULL;
+}
+
+const tdit_shape_t *tdit_ws_shape(const tdit_ws_t *ws) { return &ws->shape; }
+size_t tdit_ws_bytes(const tdit_ws_t *ws) { return ws->bytes; }
+kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws) { return &ws->latent; }
+kern_tensor_t *tdit_ws_context(tdit_ws_t *ws) { return &ws->context; }
+kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws) { return &ws->uncond; }
+kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws) { return &ws->sigmas; }
+kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws) { return &ws->guidance; }
+kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws) { return ws->shape.cfg ? &ws->v_comb : &ws->v_cond; }
+
+/* Copies n host floats into t (converting to t's dtype); n must fit. */
+static int bind(kern_stream_t *s, kern_tensor_t *t, const float *src, size_t n, const char *what) {
+    if (!t->data) return kern_fail("bind %s: this workspace has no %s buffer", what, what);
+    if ((int64_t)n != kern_tensor_numel(t)) {
+        char d[96];
+        return kern_fail("bind %s: %zu values do not fit the workspace's %s", what, n,
+                         kern_tensor_describe(t, d, sizeof d));
+    }
+    if (t->dtype == KERN_F32) return kern_copy_h2d(s, kern_tensor_ptr(t), src, n * 4);
+    uint16_t *tmp = malloc(n * 2);
+    if (!tmp) return kern_fail("out of memory");
+    for (size_t i = 0; i < n; i++) tmp[i] = kern_f32_to_bf16(src[i]);
+    int rc = kern_copy_h2d(s, kern_tensor_ptr(t), tmp, n * 2);
+    if (rc == 0) rc = kern_stream_sync(s); /* tmp must outlive the copy */
+    free(tmp);
+    return rc;
+}
+
+int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t n) {
+    return bind(s, &ws->latent, x, n, "latent");
+}
+
+int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond) {
+    return bind(s, uncond ? &ws->uncond : &ws->context, ctx, n, uncond ? "uncond" : "context");
+}
+
+int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance) {
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, 3 * sizeof(float)));
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->guidance), &guidance, sizeof(float)));
+    return kern_stream_sync(s); /* the host values are stack memory */
+}
+
+int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n) {
+    kern_tensor_t *t = &ws->latent;
+    if ((int64_t)n != kern_tensor_numel(t))
+        return kern_fail("read latent: buffer of %zu values, latent has %lld", n,
+                         (long long)kern_tensor_numel(t));
+    if (t->dtype == KERN_F32) {
+        TRY(kern_copy_d2h(s, out, kern_tensor_ptr(t), n * 4));
+        return kern_stream_sync(s);
+    }
+    uint16_t *tmp = malloc(n * 2);
+    if (!tmp) return kern_fail("out of memory");
+    int rc = kern_copy_d2h(s, tmp, kern_tensor_ptr(t), n * 2);
+    if (rc == 0) rc = kern_stream_sync(s);
+    for (size_t i = 0; rc == 0 && i < n; i++) out[i] = kern_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return rc;
+}
+
+/* ---- the forward pass ------------------------------------------------- */
+
+static int linear(kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern_tensor_t *y) {
+    return kern_gemm(s, x, &l->w, &l->b, y);
+}
+
+/* a = LN(x)·(1 + scale) + shift, LN without affine. */
+static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
+                       const kern_tensor_t *scale, kern_tensor_t *a) {
+    TRY(kern_layernorm(s, x, NULL, NULL, LN_EPS, a));
+    return kern_modulate(s, a, shift, scale, a);
+}
+
+static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
+    int64_t H = m->cfg.heads;
+    /* 4: m = modulation + e6, rows (shift1, scale1, gate1, shift2, scale2, gate2) */
+    TRY(kern_add(s, &b->modulation, &ws->e6, &ws->mod));
+    kern_tensor_t shift1 = kern_tensor_row(&ws->mod, 0), scale1 = kern_tensor_row(&ws->mod, 1),
+                  gate1 = kern_tensor_row(&ws->mod, 2), shift2 = kern_tensor_row(&ws->mod, 3),
+                  scale2 = kern_tensor_row(&ws->mod, 4), gate2 = kern_tensor_row(&ws->mod, 5);
+    /* self-attention */
+    TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
+    TRY(linear(s, &ws->a, &b->sq, &ws->q));
+    TRY(kern_rmsnorm(s, &ws->q, &b->s_norm_q, LN_EPS, &ws->q));
+    TRY(linear(s, &ws->a, &b->sk, &ws->k));
+    TRY(kern_rmsnorm(s, &ws->k, &b->s_norm_k, LN_EPS, &ws->k));
+    TRY(linear(s, &ws->a, &b->sv, &ws->v));
+    TRY(kern_rope3d(s, &ws->q, H, ws->shape.frames, ws->grid_h, ws->grid_w));
+    TRY(kern_rope3d(s, &ws->k, H, ws->shape.frames, ws->grid_h, ws->grid_w));
+    TRY(kern_attention(s, &ws->q, &ws->k, &ws->v, H, &ws->o));
+    TRY(linear(s, &ws->o, &b->so, &ws->o2));
+    TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
+    /* cross-attention over the text tokens, no RoPE, no gate */
+    TRY(kern_layernorm(s, &ws->x, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
+    TRY(linear(s, &ws->a, &b->cq, &ws->q));
+    TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
+    TRY(linear(s, &ws->c, &b->ck, &ws->kc));
+    TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
+    TRY(linear(s, &ws->c, &b->cv, &ws->vc));
+    TRY(kern_attention(s, &ws->q, &ws->kc, &ws->vc, H, &ws->o));
+    TRY(linear(s, &ws->o, &b->co, &ws->o2));
+    TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
+    /* feed-forward */
+    TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
+    TRY(linear(s, &ws->a, &b->ffn0, &ws->h));
+    TRY(kern_gelu_tanh(s, &ws->h, &ws->h));
+    TRY(linear(s, &ws->h, &b->ffn2, &ws->o2));
+    return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
+}
+
+int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                 const kern_tensor_t *context, kern_tensor_t *v) {
+    /* 1: time embedding from σ_i in device memory */
+    TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
+    TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
+    TRY(kern_silu(s, &ws->e_h, &ws->e_h));
+    TRY(linear(s, &ws->e_h, &m->time2, &ws->e));
+    TRY(kern_silu(s, &ws->e, &ws->e_silu));
+    kern_tensor_t e6_flat = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
+                                             SHAPE(1, 6 * m->cfg.dim));
+    e6_flat.offset = ws->e6.offset;
+    TRY(linear(s, &ws->e_silu, &m->proj, &e6_flat));
+    /* 2: text embedding */
+    TRY(linear(s, context, &m->text0, &ws->txt_h));
+    TRY(kern_gelu_tanh(s, &ws->txt_h, &ws->txt_h));
+    TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
+    /* 3: tokens */
+    TRY(kern_patchify(s, &ws->latent, &ws->tok));
+    TRY(linear(s, &ws->tok, &m->patch, &ws->x));
+    /* 4: blocks */
+    for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
+    /* 5: head, (shift, scale) = head.modulation + e */
+    kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
+    TRY(kern_add(s, &hm0, &ws->e, &ws->hshift));
+    TRY(kern_add(s, &hm1, &ws->e, &ws->hscale));
+    TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
+    TRY(linear(s, &ws->a, &m->head, &ws->y));
+    /* 6: unpatchify */
+    return kern_unpatchify(s, &ws->y, v);
+}
+
+/* v for the current latent: conditional, and combined with CFG if set. */
+static int velocity(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(tdit_forward(m, ws, s, &ws->context, &ws->v_cond));
+    if (!ws->shape.cfg) return 0;
+    TRY(tdit_forward(m, ws, s, &ws->uncond, &ws->v_uncond));
+    return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
+}
+
+int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(velocity(m, ws, s));
+    return kern_euler_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
+}
+
+int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
+                  uint64_t seed, uint32_t step) {
+    TRY(velocity(m, ws, s));
+    return kern_sde_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, eta, seed, step);
+}
+
+void tdit_schedule(int steps, double shift, double *sigmas) {
+    for (int i = 0; i <= steps; i++) {
+        double u = 1.0 - (double)i / steps;
+        sigmas[i] = shift * u / (1.0 + (shift - 1.0) * u);
+    }
+}

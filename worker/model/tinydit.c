@@ -1,0 +1,350 @@
+/* tinydit.c -- configs, weights and the forward pass of the Wan2.1-style DiT
+ * (../shared/TINYDIT.md is the specification; section numbers below refer
+ * to its "Forward" list).
+ *
+ * All weights live in one device allocation so their addresses never move
+ * while the model lives: graphs captured over them stay valid until the
+ * weights themselves change. */
+#include "tinydit.h"
+#include "tinydit_impl.h"
+#include "kernels/error.h"
+#include "kernels/ops.h"
+#include "kernels/ops_args.h"
+#include "kernels/philox.h"
+#include "kernels/registry.h"
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* ---- configs ----------------------------------------------------------- */
+
+static const tdit_config_t builtin[] = {
+    { "tiny", 64, 4, 2, 128, 4, 32, 256 },
+    { "small", 384, 6, 12, 1024, 16, 256, 256 },
+    { "wan2.1-1.3b", 1536, 12, 30, 8960, 16, 4096, 256 },
+};
+
+int tdit_config_builtin(const char *name, tdit_config_t *out) {
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        if (!strcmp(builtin[i].name, name)) {
+            *out = builtin[i];
+            return 0;
+        }
+    return kern_fail("unknown config '%s' (built-in: tiny, small, wan2.1-1.3b)", name);
+}
+
+int tdit_config_validate(const tdit_config_t *c) {
+    if (c->dim <= 0 || c->heads <= 0 || c->layers <= 0 || c->ffn_dim <= 0 ||
+        c->in_channels <= 0 || c->text_dim <= 0 || c->freq_dim <= 0)
+        return kern_fail("config %s: every size must be positive", c->name);
+    if (c->dim % c->heads)
+        return kern_fail("config %s: dim %" PRId64 " not divisible by heads %" PRId64,
+                         c->name, c->dim, c->heads);
+    if ((c->dim / c->heads) % 2) return kern_fail("config %s: head width must be even", c->name);
+    if (c->freq_dim % 2) return kern_fail("config %s: freq_dim must be even", c->name);
+    if (c->dim > (1 << 16) || c->layers > 512 || c->ffn_dim > (1 << 18) ||
+        c->in_channels > 4096 || c->text_dim > (1 << 16) || c->freq_dim > 8192)
+        return kern_fail("config %s: sizes beyond Reel's limits", c->name);
+    return 0;
+}
+
+static int meta_int(const st_file_t *f, const char *key, int64_t *out) {
+    const char *v = st_meta(f, key);
+    if (!v) return kern_fail("weights metadata lacks '%s'", key);
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end) return kern_fail("weights metadata '%s' = '%s' is not an integer", key, v);
+    *out = x;
+    return 0;
+}
+
+int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out) {
+    const char *name = st_meta(f, "config");
+    if (st_meta(f, "dim")) {
+        memset(out, 0, sizeof *out);
+        snprintf(out->name, sizeof out->name, "%s", name ? name : "custom");
+        TRY(meta_int(f, "dim", &out->dim));
+        TRY(meta_int(f, "heads", &out->heads));
+        TRY(meta_int(f, "layers", &out->layers));
+        TRY(meta_int(f, "ffn_dim", &out->ffn_dim));
+        TRY(meta_int(f, "in_channels", &out->in_channels));
+        TRY(meta_int(f, "text_dim", &out->text_dim));
+        TRY(meta_int(f, "freq_dim", &out->freq_dim));
+    } else if (name) {
+        TRY(tdit_config_builtin(name, out));
+    } else {
+        return kern_fail("weights metadata names no config (need 'config' or the size keys)");
+    }
+    return tdit_config_validate(out);
+}
+
+/* ---- the weight table --------------------------------------------------- */
+
+typedef enum { W_LINEAR, W_BIAS, W_NORM, W_NORM_BIAS, W_MOD } wkind_t;
+
+typedef struct {
+    char name[80];
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+    wkind_t kind;
+    int64_t fan_in;
+    kern_tensor_t *slot;   /* where the loaded tensor goes (NULL when listing) */
+} wentry_t;
+
+typedef struct {
+    wentry_t *e;
+    size_t n, cap;
+    int failed;
+} wlist_t;
+
+static void add(wlist_t *l, kern_tensor_t *slot, wkind_t kind, int64_t fan_in, int ndim,
+                const int64_t *shape, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static void add(wlist_t *l, kern_tensor_t *slot, wkind_t kind, int64_t fan_in, int ndim,
+                const int64_t *shape, const char *fmt, ...) {
+    if (l->failed) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        wentry_t *e = realloc(l->e, cap * sizeof *e);
+        if (!e) { l->failed = 1; return; }
+        l->e = e;
+        l->cap = cap;
+    }
+    wentry_t *w = &l->e[l->n++];
+    memset(w, 0, sizeof *w);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->name, sizeof w->name, fmt, ap);
+    va_end(ap);
+    w->ndim = ndim;
+    memcpy(w->shape, shape, (size_t)ndim * sizeof *shape);
+    w->kind = kind;
+    w->fan_in = fan_in;
+    w->slot = slot;
+}
+
+static void add_linear(wlist_t *l, lin_t *lin, int64_t out, int64_t in, const char *prefix) {
+    add(l, lin ? &lin->w : NULL, W_LINEAR, in, 2, SHAPE(out, in), "%s.weight", prefix);
+    add(l, lin ? &lin->b : NULL, W_BIAS, in, 1, SHAPE(out), "%s.bias", prefix);
+}
+
+/* Lists every weight of c in file order; with m, slots point into m. */
+static int list_weights(const tdit_config_t *c, tdit_model_t *m, wlist_t *l) {
+    int64_t D = c->dim, C = c->in_channels;
+    char p[80];
+    add(l, m ? &m->patch.w : NULL, W_LINEAR, 4 * C, 5, SHAPE(D, C, 1, 2, 2), "patch_embedding.weight");
+    add(l, m ? &m->patch.b : NULL, W_BIAS, 4 * C, 1, SHAPE(D), "patch_embedding.bias");
+    add_linear(l, m ? &m->text0 : NULL, D, c->text_dim, "text_embedding.0");
+    add_linear(l, m ? &m->text2 : NULL, D, D, "text_embedding.2");
+    add_linear(l, m ? &m->time0 : NULL, D, c->freq_dim, "time_embedding.0");
+    add_linear(l, m ? &m->time2 : NULL, D, D, "time_embedding.2");
+    add_linear(l, m ? &m->proj : NULL, 6 * D, D, "time_projection.1");
+    for (int64_t i = 0; i < c->layers; i++) {
+        block_t *b = m ? &m->blocks[i] : NULL;
+        add(l, b ? &b->modulation : NULL, W_MOD, D, 3, SHAPE(1, 6, D), "blocks.%" PRId64 ".modulation", i);
+        const char *attn[2] = { "self_attn", "cross_attn" };
+        for (int a = 0; a < 2; a++) {
+            lin_t *q = b ? (a ? &b->cq : &b->sq) : NULL, *k = b ? (a ? &b->ck : &b->sk) : NULL;
+            lin_t *v = b ? (a ? &b->cv : &b->sv) : NULL, *o = b ? (a ? &b->co : &b->so) : NULL;
+            const char *pq[4] = { "q", "k", "v", "o" };
+            lin_t *lq[4] = { q, k, v, o };
+            for (int j = 0; j < 4; j++) {
+                snprintf(p, sizeof p, "blocks.%" PRId64 ".%s.%s", i, attn[a], pq[j]);
+                add_linear(l, lq[j], D, D, p);
+            }
+            add(l, b ? (a ? &b->c_norm_q : &b->s_norm_q) : NULL, W_NORM, D, 1, SHAPE(D),
+                "blocks.%" PRId64 ".%s.norm_q.weight", i, attn[a]);
+            add(l, b ? (a ? &b->c_norm_k : &b->s_norm_k) : NULL, W_NORM, D, 1, SHAPE(D),
+                "blocks.%" PRId64 ".%s.norm_k.weight", i, attn[a]);
+            if (a == 0) {
+                add(l, b ? &b->norm3_w : NULL, W_NORM, D, 1, SHAPE(D), "blocks.%" PRId64 ".norm3.weight", i);
+                add(l, b ? &b->norm3_b : NULL, W_NORM_BIAS, D, 1, SHAPE(D), "blocks.%" PRId64 ".norm3.bias", i);
+            }
+        }
+        snprintf(p, sizeof p, "blocks.%" PRId64 ".ffn.0", i);
+        add_linear(l, b ? &b->ffn0 : NULL, c->ffn_dim, D, p);
+        snprintf(p, sizeof p, "blocks.%" PRId64 ".ffn.2", i);
+        add_linear(l, b ? &b->ffn2 : NULL, D, c->ffn_dim, p);
+    }
+    add(l, m ? &m->head_mod : NULL, W_MOD, D, 3, SHAPE(1, 2, D), "head.modulation");
+    add_linear(l, m ? &m->head : NULL, 4 * C, D, "head.head");
+    if (l->failed) return kern_fail("out of memory listing weights");
+    return 0;
+}
+
+int64_t tdit_config_params(const tdit_config_t *c) {
+    wlist_t l = { 0 };
+    if (list_weights(c, NULL, &l) != 0) { free(l.e); return -1; }
+    int64_t n = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        int64_t k = 1;
+        for (int d = 0; d < l.e[i].ndim; d++) k *= l.e[i].shape[d];
+        n += k;
+    }
+    free(l.e);
+    return n;
+}
+
+static int64_t numel_of(const wentry_t *w) {
+    int64_t k = 1;
+    for (int d = 0; d < w->ndim; d++) k *= w->shape[d];
+    return k;
+}
+
+/* ---- deterministic initial weights --------------------------------------- */
+
+int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path) {
+    TRY(tdit_config_validate(c));
+    wlist_t l = { 0 };
+    st_writer_t *w = NULL;
+    float *buf = NULL;
+    int rc = -1;
+    if (list_weights(c, NULL, &l) != 0) goto out;
+    w = st_writer_new();
+    if (!w) goto out;
+    char v[32];
+    if (st_writer_meta(w, "config", c->name)) goto out;
+    const struct { const char *k; int64_t v; } kv[] = {
+        { "dim", c->dim }, { "heads", c->heads }, { "layers", c->layers },
+        { "ffn_dim", c->ffn_dim }, { "in_channels", c->in_channels },
+        { "text_dim", c->text_dim }, { "freq_dim", c->freq_dim },
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        snprintf(v, sizeof v, "%" PRId64, kv[i].v);
+        if (st_writer_meta(w, kv[i].k, v)) goto out;
+    }
+    snprintf(v, sizeof v, "%" PRIu64, seed);
+    if (st_writer_meta(w, "init_seed", v) || st_writer_meta(w, "format", "pt")) goto out;
+    for (size_t i = 0; i < l.n; i++) {
+        const wentry_t *e = &l.e[i];
+        int64_t n = numel_of(e);
+        float *nb = realloc(buf, (size_t)n * sizeof *buf);
+        if (!nb) { kern_fail("out of memory initialising %s", e->name); goto out; }
+        buf = nb;
+        /* Tensor i draws from its own Philox stream (seed, i): adding a
+         * tensor never changes the values of the others. */
+        double std = e->kind == W_LINEAR ? 1.0 / sqrt((double)e->fan_in)
+                   : e->kind == W_MOD ? 1.0 / sqrt((double)c->dim)
+                   : 0.02;
+        for (int64_t j = 0; j < n; j++) {
+            switch (e->kind) {
+            case W_NORM: buf[j] = 1.0f; break;
+            case W_NORM_BIAS: buf[j] = 0.0f; break;
+            default: buf[j] = (float)(std * kern_philox_normal(seed, (uint32_t)i, (uint64_t)j));
+            }
+        }
+        if (st_writer_add_f32(w, e->name, e->ndim, e->shape, buf)) goto out;
+    }
+    rc = st_writer_save(w, path);
+out:
+    free(buf);
+    free(l.e);
+    st_writer_destroy(&w);
+    return rc;
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+/* Views t (contiguous) as 2-D [rows, cols]. */
+static kern_tensor_t view2(const kern_tensor_t *t, int64_t rows, int64_t cols) {
+    kern_tensor_t v = kern_tensor_make(t->data, t->dtype, t->device, 2, SHAPE(rows, cols));
+    v.offset = t->offset;
+    return v;
+}
+
+tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype) {
+    tdit_model_t *m = calloc(1, sizeof *m);
+    wlist_t l = { 0 };
+    float *host = NULL;
+    void *narrow = NULL;
+    kern_stream_t *s = NULL;
+    if (!m) { kern_fail("out of memory"); return NULL; }
+    m->backend = b;
+    m->dtype = dtype;
+    if (dtype != KERN_F32 && !(dtype == KERN_BF16 && kern_backend_kind(b) == KERN_BACKEND_CUDA)) {
+        kern_fail("model dtype %s is not supported on %s (CPU computes in F32)",
+                  kern_dtype_name(dtype), kern_backend_device_name(b));
+        goto err;
+    }
+    if (tdit_config_from_meta(f, &m->cfg) != 0) goto err;
+    m->blocks = calloc((size_t)m->cfg.layers, sizeof *m->blocks);
+    if (!m->blocks) { kern_fail("out of memory"); goto err; }
+    if (list_weights(&m->cfg, m, &l) != 0) goto err;
+    /* One allocation, each tensor 256-byte aligned inside it. */
+    size_t total = 0, esz = kern_dtype_size(dtype), maxn = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        size_t n = (size_t)numel_of(&l.e[i]);
+        total += (n * esz + 255) & ~(size_t)255;
+        if (n > maxn) maxn = n;
+    }
+    m->arena = kern_alloc(b, total);
+    if (!m->arena) goto err;
+    m->bytes = total;
+    host = malloc(maxn * sizeof *host);
+    narrow = dtype == KERN_F32 ? NULL : malloc(maxn * esz);
+    s = kern_stream_new(b);
+    if (!host || (dtype != KERN_F32 && !narrow) || !s) {
+        if (!s) goto err;
+        kern_fail("out of memory");
+        goto err;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        const wentry_t *e = &l.e[i];
+        size_t n = (size_t)numel_of(e);
+        if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto err;
+        *e->slot = kern_tensor_make((char *)m->arena + off, dtype, kern_backend_device(b), e->ndim, e->shape);
+        const void *src = host;
+        if (dtype == KERN_BF16) {
+            for (size_t j = 0; j < n; j++) ((uint16_t *)narrow)[j] = kern_f32_to_bf16(host[j]);
+            src = narrow;
+        }
+        if (kern_copy_h2d(s, kern_tensor_ptr(e->slot), src, n * esz) != 0 || kern_stream_sync(s) != 0)
+            goto err;
+        off += (n * esz + 255) & ~(size_t)255;
+    }
+    /* Views the forward pass wants. */
+    int64_t D = m->cfg.dim;
+    m->patch.w = view2(&m->patch.w, D, 4 * m->cfg.in_channels);
+    m->head_mod = view2(&m->head_mod, 2, D);
+    for (int64_t i = 0; i < m->cfg.layers; i++)
+        m->blocks[i].modulation = view2(&m->blocks[i].modulation, 6, D);
+    kern_stream_destroy(&s);
+    free(host);
+    free(narrow);
+    free(l.e);
+    return m;
+err:
+    kern_stream_destroy(&s);
+    free(host);
+    free(narrow);
+    free(l.e);
+    tdit_model_destroy(&m);
+    return NULL;
+}
+
+tdit_model_t *tdit_model_load_path(kern_backend_t *b, const char *path, kern_dtype_t dtype) {
+    st_file_t *f = st_open(path);
+    if (!f) return NULL;
+    tdit_model_t *m = tdit_model_load(b, f, dtype);
+    st_close(&f);
+    return m;
+}
+
+void tdit_model_destroy(tdit_model_t **mp) {
+    if (!mp || !*mp) return;
+    tdit_model_t *m = *mp;
+    kern_free(m->backend, m->arena);
+    free(m->blocks);
+    free(m);
+    *mp = NULL;
+}
+
+const tdit_config_t *tdit_model_config(const tdit_model_t *m) { return &m->cfg; }
+kern_backend_t *tdit_model_backend(const tdit_model_t *m) { return m->backend; }
+kern_dtype_t tdit_model_dtype(const tdit_model_t *m) { return m->dtype; }
+size_t tdit_model_bytes(const tdit_model_t *m) { return m->bytes; }

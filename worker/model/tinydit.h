@@ -1,0 +1,116 @@
+/* tinydit.h -- the Wan2.1-style video DiT of ../shared/TINYDIT.md: configs,
+ * resident weights, the capturable denoising step and the denoising loop.
+ *
+ * The step reads every per-step value (latent, σ_i, σ_{i+1}, contexts,
+ * guidance scale) from a workspace (tdit_ws_t) whose buffers are allocated
+ * once and never move; nothing per-step is passed by value. That is what
+ * makes a step capturable: a graph recorded once replays correctly for any
+ * step after the caller writes the new values into the workspace.
+ *
+ * Weights live in one component, "transformer", with a version counter that
+ * later layers bump on a weight sync. */
+#ifndef REEL_WORKER_TINYDIT_H
+#define REEL_WORKER_TINYDIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "kernels/backend.h"
+#include "kernels/tensor.h"
+#include "worker/model/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    char name[48];
+    int64_t dim;          /* D */
+    int64_t heads;        /* H */
+    int64_t layers;
+    int64_t ffn_dim;      /* Fd */
+    int64_t in_channels;  /* C */
+    int64_t text_dim;     /* T */
+    int64_t freq_dim;     /* sinusoid width, 256 */
+} tdit_config_t;
+
+/* The built-in configs: "tiny", "small", "wan2.1-1.3b". -1 if unknown. */
+int tdit_config_builtin(const char *name, tdit_config_t *out);
+/* Checks sizes are positive, D % H == 0, head width even, freq even. */
+int tdit_config_validate(const tdit_config_t *c);
+/* The config in a weights file's __metadata__: either every size key
+ * ("dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim",
+ * "freq_dim") or just "config" naming a built-in one. */
+int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out);
+/* Parameters in the network. */
+int64_t tdit_config_params(const tdit_config_t *c);
+
+/* Writes deterministic random weights for c to path (F32, config in
+ * __metadata__; distributions in docs/MODEL.md). 0, or -1 with a message. */
+int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path);
+
+typedef struct tdit_model tdit_model_t;
+
+/* Loads every weight of the config in f's metadata onto b in dtype
+ * (KERN_F32 on the CPU; F32 or BF16 on CUDA). Checks each tensor's presence,
+ * dtype and shape; the message names the first bad tensor. NULL on failure. */
+tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
+tdit_model_t *tdit_model_load_path(kern_backend_t *b, const char *path, kern_dtype_t dtype);
+void tdit_model_destroy(tdit_model_t **m);
+const tdit_config_t *tdit_model_config(const tdit_model_t *m);
+kern_backend_t *tdit_model_backend(const tdit_model_t *m);
+kern_dtype_t tdit_model_dtype(const tdit_model_t *m);
+/* Bytes of resident weights. */
+size_t tdit_model_bytes(const tdit_model_t *m);
+
+/* Shapes of one step: latent [C, frames, height, width], text tokens L. */
+typedef struct {
+    int64_t frames, height, width;
+    int64_t text_len;
+    bool cfg;               /* evaluate an unconditional branch too */
+} tdit_shape_t;
+
+/* The step workspace: address-stable buffers for one shape. Inputs are
+ * written by the caller (tdit_ws_bind_*), the step updates `latent` in
+ * place. */
+typedef struct tdit_ws tdit_ws_t;
+
+/* Allocates the workspace for shape on m's backend and reserves the
+ * stream's scratch arena for it. NULL with a message on a bad shape or OOM. */
+tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape);
+void tdit_ws_destroy(tdit_ws_t **ws);
+const tdit_shape_t *tdit_ws_shape(const tdit_ws_t *ws);
+/* Bytes held by the workspace. */
+size_t tdit_ws_bytes(const tdit_ws_t *ws);
+/* Device tensors of the workspace (for capture_cache and tests). */
+kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws);    /* [C,F,H,W] */
+kern_tensor_t *tdit_ws_context(tdit_ws_t *ws);   /* [L,T] */
+kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws);    /* [L,T]; data NULL without cfg */
+kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws);    /* F32 [3] = σ_i, σ_{i+1}, σ_1 */
+kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws);  /* F32 [1] */
+kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws);  /* [C,F,H,W], the (combined) v */
+
+/* Copies host F32 data into the workspace, ordered on s. Sizes are checked
+ * against the workspace shape: -1 with a message if they do not fit. */
+int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t n);
+int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond);
+int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance);
+int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n);
+
+/* One velocity evaluation v(latent, 1000·σ_i) for `context` into v. */
+int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                 const kern_tensor_t *context, kern_tensor_t *v);
+/* One ODE denoising step: v (with CFG when the shape says so), then
+ * latent += (σ_{i+1} − σ_i)·v. Capturable. */
+int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s);
+/* One SDE step (Flow-GRPO), noise keyed by (seed, step). Not capturable. */
+int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
+                  uint64_t seed, uint32_t step);
+
+/* The flow-matching schedule: sigmas[0..steps] for shift S (computed in
+ * double). sigmas must hold steps + 1 values. */
+void tdit_schedule(int steps, double shift, double *sigmas);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
