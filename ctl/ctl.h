@@ -14,6 +14,7 @@
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_kernels(int argc, char **argv);
+int cmd_tensor(int argc, char **argv);
 
 /* Prints "reelctl: <msg>" to stderr and returns code. */
 int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

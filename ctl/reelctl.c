@@ -19,7 +19,11 @@ static const char usage[] =
     "      --steps N --shift S [--cfg G] [--sde --eta A] [--seed K] [--backend cpu|cuda]\n"
     "      [--dtype f32|bf16] --out OUT.safetensors\n"
     "                              one denoising loop in this process (no broker)\n"
-    "  kernels                     list the registered kernels\n"
+    "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
+    "  kernels [--json]            list the registered kernels\n"
+    "  tensor rand --name N --shape A,B,.. --seed K --out F.safetensors\n"
+    "                              a tensor of N(0,1) values (inputs for run)\n"
+    "  tensor info F.safetensors   shape and statistics of every tensor\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 
@@ -72,6 +76,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
     fputs(usage, stderr);
     return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
 }

@@ -41,6 +41,7 @@ int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
         return -1;
     if (w->ndim != 2) return shape_fail(op, "w", w, "[N, K]");
     int64_t K = last_dim(x), N = w->shape[0];
+    if (K <= 0 || N <= 0) return shape_fail(op, "w", w, "[N, K] with N, K > 0");
     if (w->shape[1] != K) return shape_fail(op, "w", w, "[N, K] with K = x's last dim");
     int64_t M = K ? kern_tensor_numel(x) / K : 0;
     if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return shape_fail(op, "y", y, "[M, N]");

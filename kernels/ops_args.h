@@ -16,7 +16,8 @@
 extern "C" {
 #endif
 
-/* y[M,N] = x[M,K] · w[N,K]ᵀ + bias[N]; bias may be NULL. */
+/* y[M,N] = x[M,K] · w[N,K]ᵀ + bias[N]; bias may be NULL; y aliases neither
+ * x nor w (BLAS forbids it). */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *x, *w, *bias;

@@ -554,7 +554,9 @@ END_TEST
 
 /* --- per-step ops ----------------------------------------------------- */
 
-/* emb = [cos(1000σ·ω_j), sin(1000σ·ω_j)] in double, rounded once: 1e-6 abs. */
+/* emb = [cos(1000σ·ω_j), sin(1000σ·ω_j)] in double. The kernel evaluates
+ * the same double formula and rounds once, so 2.5e-7 absolute (4 float ulps
+ * at 1) is ample; an angle formed in float would be off by ~1e-5. */
 static void timestep_ref(float sigma, int64_t dim, double *ref) {
     double t = 1000.0 * (double)sigma;
     int64_t h = dim / 2;
@@ -574,7 +576,7 @@ START_TEST(test_timestep_embed_matches_double_formula) {
         F(&sigma)[0] = sigmas[i];
         ck_assert_msg(kern_timestep_embed(S, &sigma, &emb) == 0, "timestep: %s", kern_error());
         timestep_ref(sigmas[i], dim, ref);
-        expect_close("timestep_embed", F(&emb), ref, dim, 1e-6, 0, NULL, "1e-6 absolute");
+        expect_close("timestep_embed", F(&emb), ref, dim, 2.5e-7, 0, NULL, "2.5e-7 absolute");
     }
 }
 END_TEST
@@ -648,6 +650,29 @@ START_TEST(test_sde_update_matches_double_reference) {
         expect_close(c ? "sde at sigma 1" : "sde", F(&x), ref, n, 1e-6, 1e-6, NULL,
                      "1e-6 * (1 + |ref|)");
     }
+}
+END_TEST
+
+/* η = 0 removes the noise and the drift correction: the step is
+ * x + Δ·v whatever the seed. Tolerance 1e-6·(1 + |ref|). */
+START_TEST(test_sde_with_zero_eta_is_the_noiseless_euler_step) {
+    const int64_t n = 300;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.5f;
+    F(&sig)[1] = 0.4f;
+    F(&sig)[2] = 0.9f;
+    float *x0 = snapshot(&x);
+    ck_assert_msg(kern_sde_update(S, &x, &v, &sig, 0.0f, 99, 1) == 0, "sde: %s", kern_error());
+    float *first = snapshot(&x);
+    double *ref = dbuf(n);
+    for (int64_t i = 0; i < n; i++) ref[i] = x0[i] + ((double)F(&sig)[1] - F(&sig)[0]) * F(&v)[i];
+    expect_close("sde with eta 0", F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+    memcpy(F(&x), x0, kern_tensor_bytes(&x));
+    ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig, 0.0f, 12345, 1), 0);
+    ck_assert_msg(memcmp(F(&x), first, kern_tensor_bytes(&x)) == 0,
+                  "with eta 0 the seed still changed the result");
 }
 END_TEST
 
@@ -766,7 +791,7 @@ START_TEST(test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_lau
 END_TEST
 
 /* A captured step must read σ when it replays, not the σ seen at capture.
- * Timestep tolerance 1e-6 absolute; Euler 1e-6·(1 + |ref|). */
+ * Timestep tolerance 2.5e-7 absolute; Euler 1e-6·(1 + |ref|). */
 START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
     const int64_t dim = 64, n = 50;
     kern_tensor_t sig = T1(2), emb = T1(dim), x = T1(n), v = T1(n);
@@ -787,7 +812,7 @@ START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
     ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
     double *ref = dbuf(dim), *xr = dbuf(n);
     timestep_ref(0.6f, dim, ref);
-    expect_close("replayed timestep_embed", F(&emb), ref, dim, 1e-6, 0, NULL, "1e-6 absolute");
+    expect_close("replayed timestep_embed", F(&emb), ref, dim, 2.5e-7, 0, NULL, "2.5e-7 absolute");
     for (int64_t i = 0; i < n; i++) xr[i] = x0[i] + ((double)0.55f - (double)0.6f) * F(&v)[i];
     expect_close("replayed euler", F(&x), xr, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
     kern_graph_destroy(&gr);
@@ -839,6 +864,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_cfg_combine_matches_double_reference);
     tcase_add_test(tc, test_euler_update_matches_double_reference);
     tcase_add_test(tc, test_sde_update_matches_double_reference);
+    tcase_add_test(tc, test_sde_with_zero_eta_is_the_noiseless_euler_step);
     tcase_add_test(tc, test_sde_same_seed_gives_same_bits_and_other_seed_or_step_differs);
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_stream);
     tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);

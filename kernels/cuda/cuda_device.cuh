@@ -61,6 +61,13 @@ static __device__ __forceinline__ float kc_block_sum(float v, float *sh) {
     return v;
 }
 
+/* Threads per row of the row-wise kernels (norms): a multiple of 32, as
+ * kc_block_sum needs, at most 256. */
+static inline int kc_row_threads(int64_t dim) {
+    int64_t t = (dim + 31) / 32 * 32;
+    return (int)(t < 32 ? 32 : t > 256 ? 256 : t);
+}
+
 /* Threads per block of the elementwise kernels. */
 #define KC_THREADS 256
 

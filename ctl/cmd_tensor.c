@@ -1,0 +1,98 @@
+/* cmd_tensor.c -- `reelctl tensor rand|info|diff`: make input files and
+ * inspect results without Python. */
+#include "ctl.h"
+#include "kernels/error.h"
+#include "worker/model/loop.h"
+#include "worker/model/safetensors.h"
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int tensor_rand(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "name", required_argument, 0, 'n' }, { "shape", required_argument, 0, 'S' },
+        { "seed", required_argument, 0, 's' }, { "out", required_argument, 0, 'o' }, { 0, 0, 0, 0 },
+    };
+    const char *name = NULL, *out = NULL, *shape_s = NULL;
+    uint64_t seed = 0;
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'n': name = optarg; break;
+        case 'o': out = optarg; break;
+        case 'S': shape_s = optarg; break;
+        case 's':
+            if (ctl_parse_u64(optarg, &seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
+            break;
+        default: return ctl_die(CTL_USAGE, "tensor rand: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (!name || !out || !shape_s) return ctl_die(CTL_USAGE, "tensor rand needs --name, --shape A,B,.. and --out");
+    int64_t shape[KERN_MAX_DIMS];
+    int nd = 0;
+    const char *p = shape_s;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v <= 0 || v > (1 << 24) || nd == KERN_MAX_DIMS || (*end && *end != ','))
+            return ctl_die(CTL_USAGE, "--shape: expected up to %d positive integers like 16,256, got '%s'",
+                           KERN_MAX_DIMS, shape_s);
+        shape[nd++] = v;
+        p = *end ? end + 1 : end;
+    }
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    if (nd == 0 || n > ((int64_t)1 << 28)) return ctl_die(CTL_USAGE, "--shape: empty or too large");
+    float *x = malloc((size_t)n * sizeof *x);
+    if (!x) return ctl_die(CTL_FAIL, "out of memory");
+    tdit_initial_latent(seed, x, (size_t)n);
+    st_writer_t *w = st_writer_new();
+    int rc = w ? st_writer_add_f32(w, name, nd, shape, x) : -1;
+    if (rc == 0) rc = st_writer_save(w, out);
+    st_writer_destroy(&w);
+    free(x);
+    if (rc) return ctl_die(CTL_FAIL, "%s", kern_error());
+    return CTL_OK;
+}
+
+static int tensor_info(int argc, char **argv) {
+    if (argc != 2) return ctl_die(CTL_USAGE, "usage: reelctl tensor info FILE.safetensors");
+    st_file_t *f = st_open(argv[1]);
+    if (!f) return ctl_die(CTL_USAGE, "%s", kern_error());
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor_t *t = st_at(f, i);
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+        if (!x || st_read_f32(f, t->name, -1, NULL, x) != 0) {
+            free(x);
+            st_close(&f);
+            return ctl_die(CTL_FAIL, "%s", x ? kern_error() : "out of memory");
+        }
+        double sum = 0, sq = 0, mn = INFINITY, mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            sum += x[j]; sq += (double)x[j] * x[j];
+            if (x[j] < mn) mn = x[j];
+            if (x[j] > mx) mx = x[j];
+        }
+        char d[96];
+        kern_tensor_t k = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
+        double mean = n ? sum / n : 0;
+        printf("%-32s %-20s mean %+.5f std %.5f min %+.4f max %+.4f\n", t->name,
+               kern_tensor_describe(&k, d, sizeof d), mean, n ? sqrt(fmax(sq / n - mean * mean, 0)) : 0, mn, mx);
+        free(x);
+    }
+    st_close(&f);
+    return CTL_OK;
+}
+
+int cmd_tensor(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "rand")) return tensor_rand(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "info")) return tensor_info(argc - 1, argv + 1);
+    return ctl_die(CTL_USAGE, "usage: reelctl tensor rand|info ...");
+}
