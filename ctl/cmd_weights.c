@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A config from a JSON file {"name":..., "dim":..., ...}. */
 static int config_from_json(const char *path, tdit_config_t *c) {
@@ -58,8 +59,13 @@ static int weights_init(int argc, char **argv) {
     if (optind < argc) return ctl_die(CTL_USAGE, "weights init: unexpected argument '%s'", argv[optind]);
     if (!config || !out) return ctl_die(CTL_USAGE, "weights init needs --config and --out");
     tdit_config_t c;
-    if (tdit_config_builtin(config, &c) != 0 && config_from_json(config, &c) != 0)
-        return ctl_die(CTL_USAGE, "--config %s: %s", config, kern_error());
+    if (tdit_config_builtin(config, &c) != 0) {
+        if (access(config, R_OK) != 0)
+            return ctl_die(CTL_USAGE, "--config: '%s' is neither a built-in config (tiny, small, "
+                           "wan2.1-1.3b) nor a readable JSON file", config);
+        if (config_from_json(config, &c) != 0)
+            return ctl_die(CTL_USAGE, "--config %s: %s", config, kern_error());
+    }
     if (tdit_weights_init(&c, seed, out) != 0) return ctl_die(CTL_FAIL, "%s", kern_error());
     fprintf(stderr, "reelctl: wrote %s: config %s (D=%" PRId64 " H=%" PRId64 " layers=%" PRId64
             "), %" PRId64 " parameters, seed %" PRIu64 "\n", out, c.name, c.dim, c.heads, c.layers,

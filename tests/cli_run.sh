@@ -1,0 +1,60 @@
+#!/bin/sh
+# cli_run.sh -- reelctl's contract at the process level: bad input exits 2
+# with a message naming the problem, good input writes a result, and a
+# missing GPU falls back to the CPU with one line. Usage: cli_run.sh BUILD
+set -u
+R="${1:-build}/reelctl"
+D=$(mktemp -d /tmp/reel-cli.XXXXXX)
+trap 'rm -rf "$D"' EXIT
+pass=0; fail=0
+
+# expect CODE PATTERN -- CMD...: exit code CODE and stderr matching PATTERN
+expect() {
+    code=$1; pat=$2; shift 3
+    timeout 120 "$@" >"$D/stdout" 2>"$D/stderr"
+    rc=$?
+    if [ "$rc" = "$code" ] && grep -qE -- "$pat" "$D/stderr"; then
+        pass=$((pass + 1)); echo "PASS exit $code /$pat/: $*"
+    else
+        fail=$((fail + 1)); echo "FAIL wanted exit $code /$pat/, got $rc: $*"; sed 's/^/    /' "$D/stderr"
+    fi
+}
+
+W="$D/w.safetensors"
+"$R" weights init --config tiny --seed 7 --out "$W" 2>/dev/null
+"$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/lat.safetensors"
+"$R" tensor rand --name latent --shape 3,2,8,8 --seed 1 --out "$D/lat3.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+"$R" tensor rand --name context --shape 5,31 --seed 2 --out "$D/ctx31.safetensors"
+"$R" tensor rand --name other --shape 5,32 --seed 2 --out "$D/noctx.safetensors"
+printf 'not a safetensors file' > "$D/junk.safetensors"
+RUN="$R run --weights $W --context $D/ctx.safetensors --steps 2 --out $D/o.safetensors"
+
+expect 0 "2 Euler steps" -- $RUN --latent "$D/lat.safetensors"
+expect 0 "with CFG" -- $RUN --latent "$D/lat.safetensors" --uncond "$D/ctx.safetensors" --cfg 3
+expect 0 "SDE" -- $RUN --size 2x8x8 --seed 4 --sde --eta 0.5
+expect 2 "unknown or incomplete option '--bogus'" -- $RUN --latent "$D/lat.safetensors" --bogus
+expect 2 "latent has 3 channels" -- $RUN --latent "$D/lat3.safetensors"
+expect 2 "context width 31" -- $R run --weights "$W" --context "$D/ctx31.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/o.safetensors"
+expect 2 "no tensor named 'context'" -- $R run --weights "$W" --context "$D/noctx.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/o.safetensors"
+expect 2 "junk.safetensors" -- $RUN --latent "$D/junk.safetensors"
+expect 2 "--cfg needs --uncond" -- $RUN --latent "$D/lat.safetensors" --cfg 4
+expect 2 "--steps: 'x'" -- $RUN --latent "$D/lat.safetensors" --steps x
+expect 2 "steps must be in" -- $RUN --latent "$D/lat.safetensors" --steps 0
+expect 2 "even" -- $RUN --size 2x7x8
+expect 2 "'huge' is neither a built-in config" -- $R weights init --config huge --out "$D/x.safetensors"
+expect 2 "unknown command" -- $R frobnicate
+# Without a usable GPU, --backend cuda says why in one line and uses the CPU;
+# with one, it runs on it. Either way the run succeeds.
+expect 0 "cuda:0|using the CPU backend" -- $RUN --latent "$D/lat.safetensors" --backend cuda
+
+# Any config given in a weights file's metadata runs (here from a JSON file).
+printf '{"name":"mini","dim":32,"heads":2,"layers":1,"ffn_dim":64,"in_channels":4,"text_dim":16,"freq_dim":256}' > "$D/mini.json"
+expect 0 "wrote .*config mini" -- $R weights init --config "$D/mini.json" --seed 3 --out "$D/mini.safetensors"
+"$R" tensor rand --name context --shape 3,16 --seed 2 --out "$D/ctx16.safetensors"
+expect 0 "mini on cpu" -- $R run --weights "$D/mini.safetensors" --context "$D/ctx16.safetensors" --size 1x4x4 --seed 1 --steps 2 --out "$D/o.safetensors"
+printf '{"name":"bad","dim":30,"heads":4,"layers":1,"ffn_dim":64,"in_channels":4,"text_dim":16,"freq_dim":256}' > "$D/bad.json"
+expect 2 "not divisible by heads" -- $R weights init --config "$D/bad.json" --out "$D/x.safetensors"
+
+echo "cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]
