@@ -3,8 +3,9 @@
  * rotate by the frame index, the next 2q by the row, the last 2q by the
  * column; pair j of a part of r dims has ω_j = 10000^(−2j/r) and turns
  * (a, b) into (a·cos θ − b·sin θ, a·sin θ + b·cos θ), θ = pos·ω_j.
- * One thread per (token, pair): the angle is computed once, in double, and
- * applied to that pair in every head. */
+ * One thread per (token, pair): the angle, its cos/sin and the rotation are
+ * computed in double and rounded once, like the CPU (so position 0 leaves a
+ * pair bit for bit unchanged); the cos/sin are shared by every head. */
 #include "cuda_device.cuh"
 
 template <typename T>
@@ -21,14 +22,13 @@ __global__ void rope3d_kernel(T *x, int64_t heads, int64_t d, int64_t rows, int6
         } else {                                /* column */
             pos = tok % cols; j = p - n0 / 2 - q; r = 2 * q;
         }
-        double sd, cd;
-        sincos((double)pos * pow(10000.0, -2.0 * (double)j / (double)r), &sd, &cd);
-        const float sn = (float)sd, cs = (float)cd;
+        double sn, cs;
+        sincos((double)pos * pow(10000.0, -2.0 * (double)j / (double)r), &sn, &cs);
         T *px = x + tok * heads * d + 2 * p;
         for (int64_t h = 0; h < heads; h++, px += d) {
-            float a = kc_f32(px[0]), b = kc_f32(px[1]);
-            px[0] = kc_store<T>(a * cs - b * sn);
-            px[1] = kc_store<T>(a * sn + b * cs);
+            double a = kc_f32(px[0]), b = kc_f32(px[1]);
+            px[0] = kc_store_f64<T>(a * cs - b * sn);
+            px[1] = kc_store_f64<T>(a * sn + b * cs);
         }
     }
 }

@@ -16,7 +16,9 @@ __global__ void sde_kernel(T *x, const T *v, const float *sigmas, double eta, ui
     const double delta = s1 - s0;
     const double sp = s0 == 1.0 ? sfirst : s0;
     const double sd = eta * sqrt(s0 / (1.0 - sp));
-    const double drift = sd * sd / (2.0 * s0);
+    /* As on the CPU: no drift correction when std is 0 (η = 0), so σ₀ = 0
+     * with η = 0 is the Euler step rather than 0/0. */
+    const double drift = sd == 0.0 ? 0.0 : sd * sd / (2.0 * s0);
     const double diffusion = sd * sqrt(-delta);
     KC_FOR(i, n) {
         double xi = kc_f32(x[i]), vi = kc_f32(v[i]);

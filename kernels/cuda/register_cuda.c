@@ -1,0 +1,44 @@
+/* register_cuda.c -- registers every CUDA kernel (see registry.h): F32 and
+ * BF16 for every op, no workspace (no kernel uses the stream arena), all
+ * capturable except SDE, whose seed and step are launch arguments a graph
+ * would bake in. */
+#include "kernels_cuda.h"
+#include "../ops_args.h"
+
+/* One entry: OP is the kern_op_t suffix, stem the kernel's file stem. */
+#define CUDA_KERNEL(OP, stem, DT, dt, args_t, cap)                            \
+    {                                                                         \
+        .op = KERN_OP_##OP, .backend = KERN_BACKEND_CUDA, .dtype = KERN_##DT, \
+        .name = "cuda_" #stem "_" #dt, .fn = kern_cuda_##stem##_##dt,         \
+        .args_size = sizeof(args_t), .workspace_bytes = NULL, .capturable = cap \
+    }
+
+#define CUDA_KERNEL_PAIR(OP, stem, args_t, cap) \
+    CUDA_KERNEL(OP, stem, F32, f32, args_t, cap), CUDA_KERNEL(OP, stem, BF16, bf16, args_t, cap)
+
+static const kern_impl_t cuda_kernels[] = {
+    CUDA_KERNEL_PAIR(GEMM, gemm, kern_gemm_args_t, true),
+    CUDA_KERNEL_PAIR(LAYERNORM, layernorm, kern_norm_args_t, true),
+    CUDA_KERNEL_PAIR(RMSNORM, rmsnorm, kern_norm_args_t, true),
+    CUDA_KERNEL_PAIR(MODULATE, modulate, kern_modulate_args_t, true),
+    CUDA_KERNEL_PAIR(GATED_RESIDUAL, gated_residual, kern_residual_args_t, true),
+    CUDA_KERNEL_PAIR(ADD, add, kern_binary_args_t, true),
+    CUDA_KERNEL_PAIR(GELU_TANH, gelu_tanh, kern_unary_args_t, true),
+    CUDA_KERNEL_PAIR(SILU, silu, kern_unary_args_t, true),
+    CUDA_KERNEL_PAIR(ATTENTION, attention, kern_attention_args_t, true),
+    CUDA_KERNEL_PAIR(ROPE3D, rope3d, kern_rope3d_args_t, true),
+    CUDA_KERNEL_PAIR(PATCHIFY, patchify, kern_patch_args_t, true),
+    CUDA_KERNEL_PAIR(UNPATCHIFY, unpatchify, kern_patch_args_t, true),
+    CUDA_KERNEL_PAIR(TIMESTEP_EMBED, timestep_embed, kern_timestep_args_t, true),
+    CUDA_KERNEL_PAIR(CFG_COMBINE, cfg_combine, kern_cfg_args_t, true),
+    CUDA_KERNEL_PAIR(EULER, euler, kern_euler_args_t, true),
+    CUDA_KERNEL_PAIR(SDE, sde, kern_sde_args_t, false),
+};
+
+/* Called once by kern_registry_init. Cannot fail in practice: the table
+ * holds 256 entries and Reel registers a few tens (a full table would drop
+ * kernels, and the lookup would then name the missing one). */
+void kern_cuda_register_all(void) {
+    for (size_t i = 0; i < sizeof cuda_kernels / sizeof cuda_kernels[0]; i++)
+        (void)kern_registry_register(&cuda_kernels[i]);
+}

@@ -1,0 +1,812 @@
+/* test_cuda.c -- every CUDA kernel against the CPU backend, and the CUDA
+ * graph contract (capture, replay, refusal of non-capturable kernels).
+ *
+ * Without a usable GPU (or in a CUDA=0 build) the suite prints one line,
+ * "test_cuda: SKIP: <reason>", and exits 0 without running anything.
+ *
+ * Each op runs on both backends on the same fixed-seed inputs; the CUDA
+ * result y is compared with the CPU F32 result r by the normalised mean
+ * squared error NMSE = Σ(y − r)² / Σr², at most 1e-6 for F32 and 1e-3 for
+ * BF16. BF16 inputs are rounded to BF16 first and the CPU computes on their
+ * exact F32 widening, so the BF16 error measured is the kernel's own. Every
+ * op test runs twice (loop index 0: F32, 1: BF16). Only the public API
+ * (ops.h, backend.h, registry.h) is used. Tests run in-process (CK_NOFORK):
+ * a CUDA context does not survive fork(). */
+#include <stdio.h>
+
+#ifndef HAVE_CUDA
+int main(void) {
+    printf("test_cuda: SKIP: built without CUDA (CUDA=0)\n");
+    return 0;
+}
+#else
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/error.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+/* --- fixture: a CUDA and a CPU backend with one stream each; everything
+ * allocated through the helpers is released (and accounted) in teardown. */
+
+#define MAX_OWNED 256
+#define MAX_GRAPHS 8
+
+static kern_backend_t *G, *C; /* under test, reference */
+static kern_stream_t *GS, *CS;
+static void *g_owned[MAX_OWNED], *c_owned[MAX_OWNED], *h_owned[MAX_OWNED];
+static int n_g_owned, n_c_owned, n_h_owned;
+static kern_graph_t *graphs[MAX_GRAPHS];
+static int n_graphs;
+static uint64_t rng;
+
+static void setup(void) {
+    G = kern_backend_cuda_new(0);
+    ck_assert_msg(G != NULL, "cuda backend: %s", kern_error());
+    C = kern_backend_cpu_new();
+    ck_assert_msg(C != NULL, "cpu backend: %s", kern_error());
+    GS = kern_stream_new(G);
+    ck_assert_msg(GS != NULL, "cuda stream: %s", kern_error());
+    CS = kern_stream_new(C);
+    ck_assert_msg(CS != NULL, "cpu stream: %s", kern_error());
+    n_g_owned = n_c_owned = n_h_owned = n_graphs = 0;
+    rng = 0x9e3779b97f4a7c15ull;
+}
+
+/* Also cleans up after a test that failed mid-capture, so one failure does
+ * not abort the suite on the stream's "destroyed while capturing" assert. */
+static void teardown(void) {
+    if (GS && kern_stream_is_capturing(GS)) {
+        kern_graph_t *g = NULL;
+        (void)kern_capture_end(GS, &g);
+        kern_graph_destroy(&g);
+    }
+    for (int i = 0; i < n_graphs; i++) kern_graph_destroy(&graphs[i]);
+    if (GS) (void)kern_stream_sync(GS);
+    for (int i = 0; i < n_g_owned; i++) kern_free(G, g_owned[i]);
+    for (int i = 0; i < n_c_owned; i++) kern_free(C, c_owned[i]);
+    for (int i = 0; i < n_h_owned; i++) free(h_owned[i]);
+    kern_stream_destroy(&GS);
+    kern_stream_destroy(&CS);
+    size_t gb = G ? kern_bytes_in_use(G) : 0, cb = C ? kern_bytes_in_use(C) : 0;
+    kern_backend_destroy(&G);
+    kern_backend_destroy(&C);
+    ck_assert_msg(gb == 0, "%zu bytes leaked on the CUDA backend", gb);
+    ck_assert_msg(cb == 0, "%zu bytes leaked on the CPU backend", cb);
+}
+
+#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, kern_error())
+
+static kern_dtype_t dtype_of(int loop) { return loop ? KERN_BF16 : KERN_F32; }
+
+/* splitmix64: a fixed-seed generator with no global libc state. */
+static uint64_t next_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(next_u64() >> 11) / 9007199254740992.0);
+}
+
+static void *hmalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_lt(n_h_owned, MAX_OWNED);
+    h_owned[n_h_owned++] = p;
+    return p;
+}
+
+static kern_graph_t *own_graph(kern_graph_t *g) {
+    ck_assert_int_lt(n_graphs, MAX_GRAPHS);
+    graphs[n_graphs++] = g;
+    return g;
+}
+
+static kern_tensor_t gpu_tensor(kern_dtype_t dt, int ndim, const int64_t *shape) {
+    kern_tensor_t t = kern_tensor_alloc(G, dt, ndim, shape);
+    ck_assert_msg(t.data != NULL, "cuda alloc: %s", kern_error());
+    ck_assert_int_lt(n_g_owned, MAX_OWNED);
+    g_owned[n_g_owned++] = t.data;
+    return t;
+}
+
+static kern_tensor_t cpu_tensor(int ndim, const int64_t *shape) {
+    kern_tensor_t t = kern_tensor_alloc(C, KERN_F32, ndim, shape);
+    ck_assert_msg(t.data != NULL, "cpu alloc: %s", kern_error());
+    ck_assert_int_lt(n_c_owned, MAX_OWNED);
+    c_owned[n_c_owned++] = t.data;
+    return t;
+}
+
+/* Copies n floats into the device tensor g, narrowed to g's dtype, and
+ * waits (the staging buffer is freed right after). */
+static void upload(kern_tensor_t *g, const float *h) {
+    int64_t n = kern_tensor_numel(g);
+    size_t bytes = kern_tensor_bytes(g);
+    void *buf = malloc(bytes ? bytes : 1);
+    ck_assert_ptr_nonnull(buf);
+    if (g->dtype == KERN_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)buf)[i] = kern_f32_to_bf16(h[i]);
+    else
+        memcpy(buf, h, bytes);
+    int rc = kern_copy_h2d(GS, kern_tensor_ptr(g), buf, bytes);
+    if (rc == 0) rc = kern_stream_sync(GS);
+    free(buf);
+    ck_assert_msg(rc == 0, "upload: %s", kern_error());
+}
+
+/* The raw bytes of a device tensor (after the stream's queued work). */
+static void *download_raw(const kern_tensor_t *g) {
+    void *h = hmalloc(kern_tensor_bytes(g));
+    OK(kern_copy_d2h(GS, h, kern_tensor_ptr(g), kern_tensor_bytes(g)));
+    OK(kern_stream_sync(GS));
+    return h;
+}
+
+/* A device tensor's values widened to float. */
+static float *download(const kern_tensor_t *g) {
+    int64_t n = kern_tensor_numel(g);
+    void *raw = download_raw(g);
+    if (g->dtype == KERN_F32) return raw;
+    float *f = hmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = kern_bf16_to_f32(((const uint16_t *)raw)[i]);
+    return f;
+}
+
+/* The same values on both backends: c F32 on the CPU, g in dtype dt on the
+ * GPU. Values are rounded to dt first, so both sides hold equal numbers. */
+typedef struct {
+    kern_tensor_t c, g;
+} pair_t;
+
+static pair_t pair_from(kern_dtype_t dt, int ndim, const int64_t *shape, float *h) {
+    pair_t p = { cpu_tensor(ndim, shape), gpu_tensor(dt, ndim, shape) };
+    int64_t n = kern_tensor_numel(&p.c);
+    if (dt == KERN_BF16)
+        for (int64_t i = 0; i < n; i++) h[i] = kern_bf16_to_f32(kern_f32_to_bf16(h[i]));
+    memcpy(kern_tensor_ptr(&p.c), h, (size_t)n * sizeof(float));
+    upload(&p.g, h);
+    return p;
+}
+
+static pair_t pair_rand(kern_dtype_t dt, int ndim, const int64_t *shape, float lo, float hi) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    float *h = hmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = uniform(lo, hi);
+    return pair_from(dt, ndim, shape, h);
+}
+
+#define P1(dt, a, lo, hi) pair_rand(dt, 1, (int64_t[]){ (a) }, lo, hi)
+#define P2(dt, a, b, lo, hi) pair_rand(dt, 2, (int64_t[]){ (a), (b) }, lo, hi)
+#define P4(dt, a, b, c, d, lo, hi) pair_rand(dt, 4, (int64_t[]){ (a), (b), (c), (d) }, lo, hi)
+
+/* Per-step scalars: always F32, whatever the op's dtype. */
+static pair_t scalars(int64_t n, const float *vals) {
+    float *h = hmalloc((size_t)n * sizeof(float));
+    memcpy(h, vals, (size_t)n * sizeof(float));
+    return pair_from(KERN_F32, 1, (int64_t[]){ n }, h);
+}
+
+static double nmse_tol(kern_dtype_t dt) { return dt == KERN_F32 ? 1e-6 : 1e-3; }
+
+/* Fails unless the CUDA side of p is within NMSE tolerance of the CPU side. */
+static void expect_nmse(const char *what, kern_dtype_t dt, const pair_t *p) {
+    int64_t n = kern_tensor_numel(&p->c);
+    const float *got = download(&p->g), *ref = kern_tensor_ptr(&p->c);
+    double num = 0, den = 0;
+    int64_t worst = 0;
+    double worst_err = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+        if (!(fabs(d) <= worst_err)) {
+            worst_err = fabs(d);
+            worst = i;
+        }
+    }
+    double e = den > 0 ? num / den : num;
+    ck_assert_msg(e <= nmse_tol(dt),
+                  "%s %s: NMSE %.3g > %.0e over %lld values (worst: [%lld] cuda %.9g, cpu %.9g)",
+                  what, kern_dtype_name(dt), e, nmse_tol(dt), (long long)n, (long long)worst,
+                  n ? (double)got[worst] : 0.0, n ? (double)ref[worst] : 0.0);
+}
+
+/* Fails unless the CUDA side of p equals the CPU side exactly (copies). */
+static void expect_exact(const char *what, kern_dtype_t dt, const pair_t *p) {
+    int64_t n = kern_tensor_numel(&p->c);
+    const float *got = download(&p->g), *ref = kern_tensor_ptr(&p->c);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(got[i] == ref[i], "%s %s: element %lld is %.9g on CUDA, %.9g on the CPU",
+                      what, kern_dtype_name(dt), (long long)i, (double)got[i], (double)ref[i]);
+}
+
+/* --- backend ---------------------------------------------------------- */
+
+START_TEST(test_cuda_backend_names_its_device_and_sm_arch) {
+    ck_assert_int_eq(kern_backend_kind(G), KERN_BACKEND_CUDA);
+    ck_assert_int_eq(kern_backend_device(G), 0);
+    ck_assert_str_eq(kern_backend_device_name(G), "cuda:0");
+    ck_assert_msg(strncmp(kern_backend_arch(G), "sm_", 3) == 0, "arch '%s'", kern_backend_arch(G));
+}
+END_TEST
+
+START_TEST(test_cuda_new_on_a_missing_ordinal_fails_with_a_one_line_reason) {
+    kern_error_clear();
+    kern_backend_t *b = kern_backend_cuda_new(4096);
+    ck_assert_ptr_null(b);
+    ck_assert_msg(strstr(kern_error(), "CUDA backend unavailable") != NULL, "'%s'", kern_error());
+    ck_assert_msg(strchr(kern_error(), '\n') == NULL, "reason spans lines: '%s'", kern_error());
+}
+END_TEST
+
+START_TEST(test_alloc_and_free_account_every_byte) {
+    size_t sizes[] = { 1, 1000, (size_t)1 << 20 }, total = 0;
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+        p[i] = kern_alloc(G, sizes[i]);
+        ck_assert_msg(p[i] != NULL, "alloc %zu: %s", sizes[i], kern_error());
+        ck_assert_msg(((uintptr_t)p[i] & 63) == 0, "allocation not 64-byte aligned");
+        total += sizes[i];
+        ck_assert_uint_eq(kern_bytes_in_use(G), total);
+    }
+    for (int i = 0; i < 3; i++) {
+        kern_free(G, p[i]);
+        total -= sizes[i];
+        ck_assert_uint_eq(kern_bytes_in_use(G), total);
+    }
+}
+END_TEST
+
+START_TEST(test_copies_round_trip_host_device_device_host_bit_for_bit) {
+    enum { n = 4097 };
+    float *h = hmalloc(n * sizeof(float)), *back = hmalloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) h[i] = uniform(-1e3f, 1e3f);
+    void *a = kern_alloc(G, n * sizeof(float)), *b = kern_alloc(G, n * sizeof(float));
+    ck_assert_msg(a && b, "alloc: %s", kern_error());
+    g_owned[n_g_owned++] = a;
+    g_owned[n_g_owned++] = b;
+    OK(kern_copy_h2d(GS, a, h, n * sizeof(float)));
+    OK(kern_copy_d2d(GS, b, a, n * sizeof(float)));
+    OK(kern_copy_d2h(GS, back, b, n * sizeof(float)));
+    OK(kern_stream_sync(GS));
+    ck_assert_msg(memcmp(h, back, n * sizeof(float)) == 0, "round trip changed the bytes");
+}
+END_TEST
+
+/* --- gemm ------------------------------------------------------------- */
+
+static void gemm_case(kern_dtype_t dt, int64_t M, int64_t N, int64_t K, int bias) {
+    pair_t x = P2(dt, M, K, -1, 1), w = P2(dt, N, K, -1, 1), b = P1(dt, N, -1, 1);
+    pair_t y = P2(dt, M, N, -1, 1);
+    OK(kern_gemm(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
+    OK(kern_gemm(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+    char what[96];
+    snprintf(what, sizeof what, "gemm M=%lld N=%lld K=%lld%s", (long long)M, (long long)N,
+             (long long)K, bias ? " +bias" : "");
+    expect_nmse(what, dt, &y);
+}
+
+START_TEST(test_gemm_with_and_without_bias_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    gemm_case(dt, 37, 53, 70, 1);
+    gemm_case(dt, 37, 53, 70, 0);
+    gemm_case(dt, 1, 64, 256, 1);
+    gemm_case(dt, 130, 96, 1, 1);
+    gemm_case(dt, 256, 384, 1536, 1);
+}
+END_TEST
+
+/* --- norms ------------------------------------------------------------ */
+
+static void layernorm_case(kern_dtype_t dt, int64_t rows, int64_t D, int affine) {
+    pair_t x = P2(dt, rows, D, 2, 4), w = P1(dt, D, -1, 1), b = P1(dt, D, -1, 1);
+    pair_t y = P2(dt, rows, D, 0, 0);
+    OK(kern_layernorm(CS, &x.c, affine ? &w.c : NULL, affine ? &b.c : NULL, 1e-6f, &y.c));
+    OK(kern_layernorm(GS, &x.g, affine ? &w.g : NULL, affine ? &b.g : NULL, 1e-6f, &y.g));
+    expect_nmse(affine ? "layernorm affine" : "layernorm plain", dt, &y);
+}
+
+/* Inputs on an offset of 3 so a one-pass variance would lose digits. */
+START_TEST(test_layernorm_affine_and_plain_match_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    layernorm_case(dt, 13, 67, 1);
+    layernorm_case(dt, 13, 67, 0);
+    layernorm_case(dt, 4, 1536, 1);
+    layernorm_case(dt, 3, 5, 0);
+}
+END_TEST
+
+START_TEST(test_layernorm_in_place_gives_the_same_bits_as_out_of_place) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P2(dt, 7, 300, -2, 2), w = P1(dt, 300, -1, 1), b = P1(dt, 300, -1, 1);
+    pair_t y = P2(dt, 7, 300, 0, 0);
+    OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &y.g));
+    OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &x.g));
+    void *a = download_raw(&x.g), *c = download_raw(&y.g);
+    ck_assert_msg(memcmp(a, c, kern_tensor_bytes(&x.g)) == 0,
+                  "layernorm with y == x differs from y != x");
+}
+END_TEST
+
+START_TEST(test_rmsnorm_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    int64_t cases[][2] = { { 9, 48 }, { 3, 1536 }, { 5, 7 } };
+    for (int k = 0; k < 3; k++) {
+        int64_t rows = cases[k][0], D = cases[k][1];
+        pair_t x = P2(dt, rows, D, -2, 2), w = P1(dt, D, -1, 1), y = P2(dt, rows, D, 0, 0);
+        OK(kern_rmsnorm(CS, &x.c, &w.c, 1e-6f, &y.c));
+        OK(kern_rmsnorm(GS, &x.g, &w.g, 1e-6f, &y.g));
+        expect_nmse("rmsnorm", dt, &y);
+    }
+}
+END_TEST
+
+/* --- elementwise ------------------------------------------------------ */
+
+START_TEST(test_modulate_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P2(dt, 10, 333, -1, 1), sh = P1(dt, 333, -1, 1), sc = P1(dt, 333, -1, 1);
+    pair_t y = P2(dt, 10, 333, 0, 0);
+    OK(kern_modulate(CS, &x.c, &sh.c, &sc.c, &y.c));
+    OK(kern_modulate(GS, &x.g, &sh.g, &sc.g, &y.g));
+    expect_nmse("modulate", dt, &y);
+}
+END_TEST
+
+START_TEST(test_gated_residual_with_and_without_gate_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    for (int gated = 0; gated < 2; gated++) {
+        pair_t x = P2(dt, 6, 210, -1, 1), y = P2(dt, 6, 210, -1, 1), g = P1(dt, 210, -1, 1);
+        OK(kern_gated_residual(CS, &x.c, &y.c, gated ? &g.c : NULL));
+        OK(kern_gated_residual(GS, &x.g, &y.g, gated ? &g.g : NULL));
+        expect_nmse(gated ? "gated residual" : "residual without gate", dt, &x);
+    }
+}
+END_TEST
+
+/* 100003 elements: several blocks of the grid-stride loop, ragged tail. */
+START_TEST(test_add_matches_cpu_over_many_blocks) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t a = P1(dt, 100003, -5, 5), b = P1(dt, 100003, -5, 5), y = P1(dt, 100003, 0, 0);
+    OK(kern_add(CS, &a.c, &b.c, &y.c));
+    OK(kern_add(GS, &a.g, &b.g, &y.g));
+    expect_nmse("add", dt, &y);
+}
+END_TEST
+
+START_TEST(test_gelu_tanh_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P1(dt, 2001, -6, 6), y = P1(dt, 2001, 0, 0);
+    OK(kern_gelu_tanh(CS, &x.c, &y.c));
+    OK(kern_gelu_tanh(GS, &x.g, &y.g));
+    expect_nmse("gelu_tanh", dt, &y);
+}
+END_TEST
+
+/* Down to −100, where e^−u overflows: the result must be −0, not NaN. */
+START_TEST(test_silu_matches_cpu_including_overflowing_exponentials) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P1(dt, 2001, -100, 20), y = P1(dt, 2001, 0, 0);
+    OK(kern_silu(CS, &x.c, &y.c));
+    OK(kern_silu(GS, &x.g, &y.g));
+    expect_nmse("silu", dt, &y);
+}
+END_TEST
+
+START_TEST(test_silu_in_place_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P1(dt, 777, -8, 8);
+    OK(kern_silu(CS, &x.c, &x.c));
+    OK(kern_silu(GS, &x.g, &x.g));
+    expect_nmse("silu in place", dt, &x);
+}
+END_TEST
+
+/* --- attention -------------------------------------------------------- */
+
+static void attention_case(kern_dtype_t dt, int64_t nq, int64_t nk, int64_t H, int64_t d) {
+    pair_t q = P2(dt, nq, H * d, -1, 1), k = P2(dt, nk, H * d, -1, 1);
+    pair_t v = P2(dt, nk, H * d, -1, 1), o = P2(dt, nq, H * d, 0, 0);
+    OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+    OK(kern_attention(GS, &q.g, &k.g, &v.g, H, &o.g));
+    char what[96];
+    snprintf(what, sizeof what, "attention nq=%lld nk=%lld heads=%lld d=%lld", (long long)nq,
+             (long long)nk, (long long)H, (long long)d);
+    expect_nmse(what, dt, &o);
+}
+
+/* Covers the three tile shapes (d <= 64, 128, 256), head dims that are not
+ * multiples of 4 or 32, partial query and key tiles, one key, many key
+ * tiles, and nq != nk (cross-attention). */
+START_TEST(test_attention_matches_cpu_across_head_dims_and_ragged_tiles) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][4] = {
+        { 37, 53, 2, 16 }, { 70, 45, 3, 64 }, { 33, 77, 2, 128 }, { 20, 40, 1, 256 },
+        { 5, 300, 2, 80 }, { 40, 33, 4, 6 }, { 1, 1, 1, 2 }, { 129, 1000, 2, 128 },
+        { 64, 20, 12, 130 }, { 17, 9, 6, 64 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        attention_case(dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3]);
+}
+END_TEST
+
+/* Logits in the hundreds (e^100 overflows float): the online softmax must
+ * rescale by the running max, not overflow. */
+START_TEST(test_attention_with_large_logits_stays_finite_and_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t q = P2(dt, 48, 64, -10, 10), k = P2(dt, 200, 64, -10, 10);
+    pair_t v = P2(dt, 200, 64, -1, 1), o = P2(dt, 48, 64, 0, 0);
+    OK(kern_attention(CS, &q.c, &k.c, &v.c, 1, &o.c));
+    OK(kern_attention(GS, &q.g, &k.g, &v.g, 1, &o.g));
+    expect_nmse("attention with large logits", dt, &o);
+}
+END_TEST
+
+START_TEST(test_attention_with_head_dim_over_256_fails_with_a_message_and_the_stream_survives) {
+    kern_tensor_t q = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
+    kern_tensor_t o = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
+    kern_error_clear();
+    ck_assert_int_eq(kern_attention(GS, &q, &q, &q, 1, &o), -1);
+    ck_assert_msg(strstr(kern_error(), "attention") && strstr(kern_error(), "256"),
+                  "message should name the op and the limit: '%s'", kern_error());
+    pair_t a = P1(KERN_F32, 100, -1, 1), b = P1(KERN_F32, 100, -1, 1), y = P1(KERN_F32, 100, 0, 0);
+    OK(kern_add(CS, &a.c, &b.c, &y.c));
+    OK(kern_add(GS, &a.g, &b.g, &y.g));
+    expect_nmse("add after a refused attention", KERN_F32, &y);
+}
+END_TEST
+
+/* --- rope3d ----------------------------------------------------------- */
+
+/* Head dims exercising every split of d into frame/row/column parts:
+ * d = 2 and 4 (q = 0: frame only), 10 (6/2/2), 16, 64, 128 (Wan). */
+START_TEST(test_rope3d_matches_cpu_for_every_split_of_the_head) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][5] = { /* heads, d, frames, rows, cols */
+        { 3, 16, 2, 3, 5 }, { 2, 10, 3, 2, 4 }, { 2, 64, 2, 4, 6 },
+        { 1, 4, 2, 2, 2 }, { 4, 2, 1, 3, 3 }, { 2, 128, 3, 5, 7 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t *c = cases[i];
+        pair_t x = P2(dt, c[2] * c[3] * c[4], c[0] * c[1], -1, 1);
+        OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
+        OK(kern_rope3d(GS, &x.g, c[0], c[2], c[3], c[4]));
+        char what[64];
+        snprintf(what, sizeof what, "rope3d heads=%lld d=%lld", (long long)c[0], (long long)c[1]);
+        expect_nmse(what, dt, &x);
+    }
+}
+END_TEST
+
+/* --- patchify / unpatchify (pure copies: exact) ----------------------- */
+
+START_TEST(test_patchify_equals_cpu_exactly) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t Cc = 4, F = 3, H = 6, W = 8;
+    pair_t lat = P4(dt, Cc, F, H, W, -1, 1), tok = P2(dt, F * (H / 2) * (W / 2), 4 * Cc, 0, 0);
+    OK(kern_patchify(CS, &lat.c, &tok.c));
+    OK(kern_patchify(GS, &lat.g, &tok.g));
+    expect_exact("patchify", dt, &tok);
+}
+END_TEST
+
+START_TEST(test_unpatchify_equals_cpu_exactly) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t Cc = 5, F = 2, H = 4, W = 10;
+    pair_t tok = P2(dt, F * (H / 2) * (W / 2), 4 * Cc, -1, 1), lat = P4(dt, Cc, F, H, W, 0, 0);
+    OK(kern_unpatchify(CS, &tok.c, &lat.c));
+    OK(kern_unpatchify(GS, &tok.g, &lat.g));
+    expect_exact("unpatchify", dt, &lat);
+}
+END_TEST
+
+/* --- per-step ops ----------------------------------------------------- */
+
+START_TEST(test_timestep_embed_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    const float sig[] = { 0.73f, 1.0f, 0.0f };
+    const int64_t dims[] = { 256, 64, 2 };
+    for (int k = 0; k < 3; k++) {
+        pair_t s = scalars(1, &sig[k]), e = P1(dt, dims[k], 0, 0);
+        OK(kern_timestep_embed(CS, &s.c, &e.c));
+        OK(kern_timestep_embed(GS, &s.g, &e.g));
+        expect_nmse("timestep_embed", dt, &e);
+    }
+}
+END_TEST
+
+START_TEST(test_cfg_combine_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t vc = P1(dt, 1000, -1, 1), vu = P1(dt, 1000, -1, 1), v = P1(dt, 1000, 0, 0);
+    pair_t g = scalars(1, (const float[]){ 4.5f });
+    OK(kern_cfg_combine(CS, &vc.c, &vu.c, &g.c, &v.c));
+    OK(kern_cfg_combine(GS, &vc.g, &vu.g, &g.g, &v.g));
+    expect_nmse("cfg_combine", dt, &v);
+}
+END_TEST
+
+START_TEST(test_euler_update_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P1(dt, 1000, -1, 1), v = P1(dt, 1000, -1, 1);
+    pair_t s = scalars(2, (const float[]){ 0.8f, 0.75f });
+    OK(kern_euler_update(CS, &x.c, &v.c, &s.c));
+    OK(kern_euler_update(GS, &x.g, &v.g, &s.g));
+    expect_nmse("euler", dt, &x);
+}
+END_TEST
+
+/* The noise is Philox keyed by (seed, step, index) on both backends, so
+ * the two agree element for element. Covers σ_i < 1, σ_i = 1 (σ' = σ_1)
+ * and η = 0 (no drift correction). */
+START_TEST(test_sde_update_matches_cpu_noise_and_all) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const float sig[][3] = { { 0.8f, 0.7f, 0.95f }, { 1.0f, 0.9f, 0.95f }, { 0.5f, 0.4f, 0.95f } };
+    static const float eta[] = { 0.7f, 0.7f, 0.0f };
+    for (int k = 0; k < 3; k++) {
+        pair_t x = P1(dt, 4099, -1, 1), v = P1(dt, 4099, -1, 1), s = scalars(3, sig[k]);
+        OK(kern_sde_update(CS, &x.c, &v.c, &s.c, eta[k], 1234567ull + (uint64_t)k, 7));
+        OK(kern_sde_update(GS, &x.g, &v.g, &s.g, eta[k], 1234567ull + (uint64_t)k, 7));
+        expect_nmse("sde", dt, &x);
+    }
+}
+END_TEST
+
+/* --- graphs ----------------------------------------------------------- */
+
+/* A step-like chain of every capturable op plus a device copy, on one
+ * stream. res and lat are updated in place and reset before each run. */
+typedef struct {
+    kern_tensor_t x, w, b, shift, scale, gate, res0, lat0, sig, g;
+    kern_tensor_t h, ln, m, gl, o, res, v, lat, emb, rn, sl, ad, cp;
+} chain_t;
+
+#define CHAIN_OUTPUTS 13
+#define CHAIN_LAUNCHES 14 /* 13 ops and one copy: at least one node each */
+
+static kern_tensor_t *chain_output(chain_t *t, int i) {
+    kern_tensor_t *out[CHAIN_OUTPUTS] = { &t->h, &t->ln, &t->m, &t->gl, &t->o, &t->res, &t->v,
+                                          &t->lat, &t->emb, &t->rn, &t->sl, &t->ad, &t->cp };
+    return out[i];
+}
+
+static const char *chain_output_name(int i) {
+    static const char *names[CHAIN_OUTPUTS] = { "gemm", "layernorm", "modulate", "gelu+rope3d",
+                                                "attention", "gated_residual", "cfg_combine",
+                                                "euler", "timestep_embed", "rmsnorm", "silu",
+                                                "add", "d2d copy" };
+    return names[i];
+}
+
+static kern_tensor_t chain_rand(kern_dtype_t dt, int ndim, const int64_t *shape, float lo, float hi) {
+    kern_tensor_t t = gpu_tensor(dt, ndim, shape);
+    int64_t n = kern_tensor_numel(&t);
+    float *h = hmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) h[i] = uniform(lo, hi);
+    upload(&t, h);
+    return t;
+}
+
+/* 48 tokens = 2 frames x 4 rows x 6 cols, width 64 = 4 heads x 16. */
+static void chain_init(chain_t *t, kern_dtype_t dt) {
+    const int64_t tok[2] = { 48, 64 }, sq[2] = { 64, 64 }, row[1] = { 64 }, emb[1] = { 256 };
+    t->x = chain_rand(dt, 2, tok, -1, 1);
+    t->w = chain_rand(dt, 2, sq, -0.2f, 0.2f);
+    t->b = chain_rand(dt, 1, row, -1, 1);
+    t->shift = chain_rand(dt, 1, row, -1, 1);
+    t->scale = chain_rand(dt, 1, row, -1, 1);
+    t->gate = chain_rand(dt, 1, row, -1, 1);
+    t->res0 = chain_rand(dt, 2, tok, -1, 1);
+    t->lat0 = chain_rand(dt, 2, tok, -1, 1);
+    t->sig = gpu_tensor(KERN_F32, 1, (int64_t[]){ 2 });
+    t->g = gpu_tensor(KERN_F32, 1, (int64_t[]){ 1 });
+    for (int i = 0; i < CHAIN_OUTPUTS; i++)
+        *chain_output(t, i) = gpu_tensor(dt, i == 8 ? 1 : 2, i == 8 ? emb : tok);
+}
+
+static void chain_scalars(chain_t *t, float s0, float s1, float g) {
+    upload(&t->sig, (const float[]){ s0, s1 });
+    upload(&t->g, (const float[]){ g });
+}
+
+static int chain_run(chain_t *t) {
+    if (kern_gemm(GS, &t->x, &t->w, &t->b, &t->h)) return -1;
+    if (kern_layernorm(GS, &t->h, NULL, NULL, 1e-6f, &t->ln)) return -1;
+    if (kern_modulate(GS, &t->ln, &t->shift, &t->scale, &t->m)) return -1;
+    if (kern_gelu_tanh(GS, &t->m, &t->gl)) return -1;
+    if (kern_rope3d(GS, &t->gl, 4, 2, 4, 6)) return -1;
+    if (kern_attention(GS, &t->gl, &t->m, &t->h, 4, &t->o)) return -1;
+    if (kern_gated_residual(GS, &t->res, &t->o, &t->gate)) return -1;
+    if (kern_cfg_combine(GS, &t->o, &t->h, &t->g, &t->v)) return -1;
+    if (kern_euler_update(GS, &t->lat, &t->v, &t->sig)) return -1;
+    if (kern_timestep_embed(GS, &t->sig, &t->emb)) return -1;
+    if (kern_rmsnorm(GS, &t->res, &t->scale, 1e-6f, &t->rn)) return -1;
+    if (kern_silu(GS, &t->rn, &t->sl)) return -1;
+    if (kern_add(GS, &t->sl, &t->v, &t->ad)) return -1;
+    return kern_copy_d2d(GS, kern_tensor_ptr(&t->cp), kern_tensor_ptr(&t->ad),
+                         kern_tensor_bytes(&t->ad));
+}
+
+/* Restores the in-place state and fills every other output with 0xff bytes
+ * (NaN in F32 and BF16), so a run that skips an output cannot pass. */
+static void chain_reset(chain_t *t) {
+    size_t big = kern_tensor_bytes(&t->h);
+    unsigned char *poison = hmalloc(big);
+    memset(poison, 0xff, big);
+    for (int i = 0; i < CHAIN_OUTPUTS; i++) {
+        kern_tensor_t *o = chain_output(t, i);
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(o), poison, kern_tensor_bytes(o)));
+    }
+    OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->res), kern_tensor_ptr(&t->res0), big));
+    OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->lat), kern_tensor_ptr(&t->lat0), big));
+    OK(kern_stream_sync(GS));
+}
+
+static void chain_snapshot(chain_t *t, void *out[CHAIN_OUTPUTS]) {
+    for (int i = 0; i < CHAIN_OUTPUTS; i++) out[i] = download_raw(chain_output(t, i));
+}
+
+static void expect_same_bits(chain_t *t, void *const a[CHAIN_OUTPUTS],
+                             void *const b[CHAIN_OUTPUTS], const char *when) {
+    for (int i = 0; i < CHAIN_OUTPUTS; i++)
+        ck_assert_msg(memcmp(a[i], b[i], kern_tensor_bytes(chain_output(t, i))) == 0,
+                      "%s: %s output of the replay differs from the eager run", when,
+                      chain_output_name(i));
+}
+
+START_TEST(test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at_replay) {
+    kern_dtype_t dt = dtype_of(_i);
+    chain_t t;
+    void *eager1[CHAIN_OUTPUTS], *replay1[CHAIN_OUTPUTS];
+    void *eager2[CHAIN_OUTPUTS], *replay2[CHAIN_OUTPUTS];
+    chain_init(&t, dt);
+
+    chain_scalars(&t, 0.9f, 0.85f, 3.0f);
+    chain_reset(&t);
+    OK(chain_run(&t)); /* also the warm-up: modules load and cuBLAS picks kernels */
+    OK(kern_stream_sync(GS));
+    chain_snapshot(&t, eager1);
+
+    chain_reset(&t);
+    OK(kern_capture_begin(GS));
+    ck_assert(kern_stream_is_capturing(GS));
+    OK(chain_run(&t));
+    kern_graph_t *gr = NULL;
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    ck_assert(!kern_stream_is_capturing(GS));
+    ck_assert_msg(kern_graph_nodes(gr) >= CHAIN_LAUNCHES, "%zu nodes for %d launches",
+                  kern_graph_nodes(gr), CHAIN_LAUNCHES);
+    ck_assert_uint_gt(kern_graph_bytes(gr), 0);
+    void *still = download_raw(&t.ad);
+    unsigned char poison[8];
+    memset(poison, 0xff, sizeof poison);
+    ck_assert_msg(memcmp(still, poison, sizeof poison) == 0,
+                  "capture ran the kernels instead of recording them");
+
+    OK(kern_graph_replay(gr, GS));
+    OK(kern_stream_sync(GS));
+    chain_snapshot(&t, replay1);
+    expect_same_bits(&t, eager1, replay1, "first replay");
+
+    /* New σ and guidance in the same device buffers: the graph must see them. */
+    chain_scalars(&t, 0.6f, 0.52f, 5.5f);
+    chain_reset(&t);
+    OK(chain_run(&t));
+    OK(kern_stream_sync(GS));
+    chain_snapshot(&t, eager2);
+    ck_assert_msg(memcmp(eager1[7], eager2[7], kern_tensor_bytes(&t.lat)) != 0,
+                  "euler ignored the new sigmas");
+    ck_assert_msg(memcmp(eager1[8], eager2[8], kern_tensor_bytes(&t.emb)) != 0,
+                  "timestep_embed ignored the new sigma");
+    chain_reset(&t);
+    OK(kern_graph_replay(gr, GS));
+    OK(kern_stream_sync(GS));
+    chain_snapshot(&t, replay2);
+    expect_same_bits(&t, eager2, replay2, "replay after new scalars");
+    ck_assert_uint_eq(kern_graph_replays(gr), 2);
+}
+END_TEST
+
+START_TEST(test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerly_after) {
+    pair_t x = P1(KERN_F32, 256, -1, 1), v = P1(KERN_F32, 256, -1, 1), y = P1(KERN_F32, 256, 0, 0);
+    pair_t s = scalars(3, (const float[]){ 0.6f, 0.5f, 0.95f });
+    OK(kern_capture_begin(GS));
+    OK(kern_add(GS, &x.g, &v.g, &y.g));
+    kern_error_clear();
+    ck_assert_int_eq(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0), -1);
+    ck_assert_msg(strstr(kern_error(), "capturable") && strstr(kern_error(), "sde"),
+                  "message should say the sde kernel is not capturable: '%s'", kern_error());
+    kern_graph_t *gr = NULL;
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    ck_assert_uint_ge(kern_graph_nodes(gr), 1);
+
+    OK(kern_sde_update(CS, &x.c, &v.c, &s.c, 0.7f, 1, 0));
+    OK(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0));
+    expect_nmse("sde after a refused capture", KERN_F32, &x);
+}
+END_TEST
+
+/* --- registry --------------------------------------------------------- */
+
+START_TEST(test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable) {
+    const kern_dtype_t dts[2] = { KERN_F32, KERN_BF16 };
+    for (int op = 0; op < KERN_OP_COUNT; op++)
+        for (int k = 0; k < 2; k++) {
+            const kern_impl_t *impl = kern_registry_lookup(op, KERN_BACKEND_CUDA, dts[k]);
+            ck_assert_msg(impl != NULL, "no CUDA %s kernel for %s", kern_dtype_name(dts[k]),
+                          kern_op_name(op));
+            ck_assert_msg(impl->name && strncmp(impl->name, "cuda_", 5) == 0, "%s: name '%s'",
+                          kern_op_name(op), impl->name ? impl->name : "(null)");
+            ck_assert_msg(impl->args_size >= sizeof(kern_args_hdr_t), "%s: args_size %zu",
+                          kern_op_name(op), impl->args_size);
+            ck_assert_msg(impl->workspace_bytes == NULL, "%s: CUDA kernels use no scratch",
+                          kern_op_name(op));
+            ck_assert_msg(impl->capturable == (op != KERN_OP_SDE), "%s: capturable is %d",
+                          kern_op_name(op), impl->capturable);
+        }
+}
+END_TEST
+
+static Suite *cuda_suite(void) {
+    Suite *s = suite_create("cuda");
+    TCase *tc = tcase_create("cuda_vs_cpu");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_cuda_backend_names_its_device_and_sm_arch);
+    tcase_add_test(tc, test_cuda_new_on_a_missing_ordinal_fails_with_a_one_line_reason);
+    tcase_add_test(tc, test_alloc_and_free_account_every_byte);
+    tcase_add_test(tc, test_copies_round_trip_host_device_device_host_bit_for_bit);
+    tcase_add_loop_test(tc, test_gemm_with_and_without_bias_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_layernorm_affine_and_plain_match_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place, 0, 2);
+    tcase_add_loop_test(tc, test_rmsnorm_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_modulate_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_gated_residual_with_and_without_gate_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_add_matches_cpu_over_many_blocks, 0, 2);
+    tcase_add_loop_test(tc, test_gelu_tanh_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_silu_matches_cpu_including_overflowing_exponentials, 0, 2);
+    tcase_add_loop_test(tc, test_silu_in_place_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_attention_matches_cpu_across_head_dims_and_ragged_tiles, 0, 2);
+    tcase_add_loop_test(tc, test_attention_with_large_logits_stays_finite_and_matches_cpu, 0, 2);
+    tcase_add_test(tc, test_attention_with_head_dim_over_256_fails_with_a_message_and_the_stream_survives);
+    tcase_add_loop_test(tc, test_rope3d_matches_cpu_for_every_split_of_the_head, 0, 2);
+    tcase_add_loop_test(tc, test_patchify_equals_cpu_exactly, 0, 2);
+    tcase_add_loop_test(tc, test_unpatchify_equals_cpu_exactly, 0, 2);
+    tcase_add_loop_test(tc, test_timestep_embed_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_cfg_combine_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_euler_update_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_sde_update_matches_cpu_noise_and_all, 0, 2);
+    tcase_add_loop_test(tc, test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at_replay, 0, 2);
+    tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerly_after);
+    tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    kern_backend_t *probe = kern_backend_cuda_new(0);
+    if (!probe) {
+        printf("test_cuda: SKIP: %s\n", kern_error());
+        return 0;
+    }
+    kern_backend_destroy(&probe);
+    SRunner *sr = srunner_create(cuda_suite());
+    srunner_set_fork_status(sr, CK_NOFORK); /* a CUDA context does not survive fork() */
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}
+
+#endif /* HAVE_CUDA */
