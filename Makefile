@@ -53,18 +53,26 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo asan tsan bench clean
+.PHONY: all deps test demo asan tsan bench clean FORCE
 all: $(LIB) $(REELCTL) $(TEST_BIN) $(BENCH_BIN)
+
+# Objects depend on the flags they were built with: switching CUDA=0/1 or
+# sanitizers in the same build folder rebuilds instead of mixing objects.
+FLAGS_STAMP = $(BUILD)/.flags
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(CC) $(CFLAGS_ALL) CUDA=$(CUDA) $(LDLIBS_ALL)' | cmp -s - $@ || \
+	  echo '$(CC) $(CFLAGS_ALL) CUDA=$(CUDA) $(LDLIBS_ALL)' > $@
 
 # deploy/install-deps.sh is idempotent and fast when nothing is missing.
 deps:
 	@deploy/install-deps.sh
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -72,14 +80,14 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(REELCTL): $(CTL_OBJ) $(LIB)
+$(REELCTL): $(CTL_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(LIB) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: tests/%.c $(LIB)
+$(BUILD)/tests/%: tests/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/bench/%: bench/%.c $(LIB)
+$(BUILD)/bench/%: bench/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
 
