@@ -39,7 +39,8 @@ struct kern_stream {
     kern_graph_t *pending;  /* graph under capture (any backend) */
     void *arena;
     size_t arena_size;
-    size_t graphs_alive;    /* graphs captured here that still exist */
+    size_t graphs_alive;    /* graphs captured here that still exist (atomic:
+                             * a cache may evict a graph from another thread) */
 };
 
 const char *kern_backend_kind_name(kern_backend_kind_t k) {
@@ -90,15 +91,17 @@ int kern_backend_device(const kern_backend_t *b) { return b->device; }
 void *kern_alloc(kern_backend_t *b, size_t bytes) {
     if (bytes == 0) bytes = 1;
     void *p = b->iface->alloc(b, bytes);
-    if (p) b->bytes_in_use += bytes;
+    if (p) __atomic_fetch_add(&b->bytes_in_use, bytes, __ATOMIC_RELAXED);
     return p;
 }
 
 void kern_free(kern_backend_t *b, void *p) {
-    if (p) b->bytes_in_use -= b->iface->free(b, p);
+    if (p) __atomic_fetch_sub(&b->bytes_in_use, b->iface->free(b, p), __ATOMIC_RELAXED);
 }
 
-size_t kern_bytes_in_use(const kern_backend_t *b) { return b->bytes_in_use; }
+size_t kern_bytes_in_use(const kern_backend_t *b) {
+    return __atomic_load_n(&b->bytes_in_use, __ATOMIC_RELAXED);
+}
 
 kern_tensor_t kern_tensor_alloc(kern_backend_t *b, kern_dtype_t dt, int ndim,
                                 const int64_t *shape) {
@@ -120,7 +123,8 @@ void kern_stream_destroy(kern_stream_t **sp) {
     if (!sp || !*sp) return;
     kern_stream_t *s = *sp;
     assert(!s->capturing && "stream destroyed while capturing");
-    assert(s->graphs_alive == 0 && "stream destroyed while its graphs live");
+    assert(__atomic_load_n(&s->graphs_alive, __ATOMIC_ACQUIRE) == 0 &&
+           "stream destroyed while its graphs live");
     kern_free(s->backend, s->arena);
     s->backend->iface->stream_destroy(s->backend, s->impl);
     free(s);
@@ -198,10 +202,11 @@ int kern_stream_reserve(kern_stream_t *s, size_t bytes) {
     if (s->capturing)
         return kern_fail("scratch arena too small (%zu < %zu bytes) during capture: "
                          "reserve it before capturing", s->arena_size, bytes);
-    if (s->graphs_alive)
+    size_t alive = __atomic_load_n(&s->graphs_alive, __ATOMIC_ACQUIRE);
+    if (alive)
         return kern_fail("scratch arena too small (%zu < %zu bytes) while %zu graph(s) "
                          "captured on this stream hold its address",
-                         s->arena_size, bytes, s->graphs_alive);
+                         s->arena_size, bytes, alive);
     void *p = kern_alloc(s->backend, bytes);
     if (!p) return -1;
     /* The old arena may still be read by queued work: sync before freeing. */
@@ -267,7 +272,7 @@ int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
         }
         g->bytes = g->nodes * sizeof(rec_node_t) + g->args_len;
     }
-    s->graphs_alive++;
+    __atomic_fetch_add(&s->graphs_alive, 1, __ATOMIC_RELEASE);
     *out = g;
     return 0;
 }
@@ -289,8 +294,9 @@ int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
 void kern_graph_destroy(kern_graph_t **gp) {
     if (!gp || !*gp) return;
     kern_graph_t *g = *gp;
-    assert(g->origin->graphs_alive > 0);
-    g->origin->graphs_alive--;
+    size_t was = __atomic_fetch_sub(&g->origin->graphs_alive, 1, __ATOMIC_RELEASE);
+    assert(was > 0);
+    (void)was;
     graph_free(g);
     *gp = NULL;
 }

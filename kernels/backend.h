@@ -68,7 +68,9 @@ kern_backend_t *kern_stream_backend(const kern_stream_t *s);
 int kern_stream_sync(kern_stream_t *s);
 
 /* Copies, ordered on stream s. Host pointers are ordinary memory. On the CPU
- * backend all three are memcpy (and are recorded when capturing). */
+ * backend all three are memcpy (and are recorded when capturing). On CUDA a
+ * host<->device copy inside a capture needs page-locked host memory, which
+ * Reel does not allocate: keep host copies outside captures there. */
 int kern_copy_h2d(kern_stream_t *s, void *dst, const void *src, size_t n);
 int kern_copy_d2h(kern_stream_t *s, void *dst, const void *src, size_t n);
 int kern_copy_d2d(kern_stream_t *s, void *dst, const void *src, size_t n);

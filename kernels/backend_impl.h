@@ -36,7 +36,7 @@ struct kern_backend {
     int device;
     char device_name[32];
     char arch[32];
-    size_t bytes_in_use;
+    size_t bytes_in_use;   /* atomic: streams on several threads allocate */
     void *impl;
 };
 

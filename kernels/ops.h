@@ -35,7 +35,8 @@ int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
 int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y);
 int kern_gelu_tanh(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
-/* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d. */
+/* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d. The CUDA kernel
+ * takes head widths up to 256 (it says so when asked for more). */
 int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
                    const kern_tensor_t *v, int64_t heads, kern_tensor_t *o);
 /* In place on x [F·Hp·Wp, H·d]. */

@@ -256,12 +256,66 @@ static kern_tensor_t view2(const kern_tensor_t *t, int64_t rows, int64_t cols) {
     return v;
 }
 
+/* Checks that f holds every tensor of l with its shape (before anything is
+ * copied, so a bad file leaves the resident weights intact). */
+static int check_file(const st_file_t *f, const wlist_t *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        const wentry_t *e = &l->e[i];
+        const st_tensor_t *t = st_find(f, e->name);
+        if (!t) return kern_fail("weights: missing tensor %s", e->name);
+        bool ok = t->ndim == e->ndim;
+        for (int d = 0; ok && d < e->ndim; d++) ok = t->shape[d] == e->shape[d];
+        if (!ok) {
+            char a[96], b[96];
+            kern_tensor_t ta = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
+            kern_tensor_t tb = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, e->ndim, e->shape);
+            return kern_fail("weights: %s is %s, the config needs %s", e->name,
+                             kern_tensor_describe(&ta, a, sizeof a), kern_tensor_describe(&tb, b, sizeof b));
+        }
+    }
+    return 0;
+}
+
+/* Copies every tensor of l from f into m's arena, in list order, each
+ * 256-byte aligned; with set_slots, points the model's tensors at them. */
+static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, bool set_slots) {
+    size_t esz = kern_dtype_size(m->dtype), maxn = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if ((size_t)numel_of(&l->e[i]) > maxn) maxn = (size_t)numel_of(&l->e[i]);
+    float *host = malloc(maxn * sizeof *host);
+    uint16_t *narrow = m->dtype == KERN_F32 ? NULL : malloc(maxn * esz);
+    kern_stream_t *s = kern_stream_new(m->backend);
+    int rc = -1;
+    if (!s) goto out;
+    if (!host || (m->dtype != KERN_F32 && !narrow)) { kern_fail("out of memory"); goto out; }
+    size_t off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const wentry_t *e = &l->e[i];
+        size_t n = (size_t)numel_of(e);
+        if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto out;
+        kern_tensor_t t = kern_tensor_make((char *)m->arena + off, m->dtype,
+                                           kern_backend_device(m->backend), e->ndim, e->shape);
+        if (set_slots) *e->slot = t;
+        const void *src = host;
+        if (m->dtype == KERN_BF16) {
+            for (size_t j = 0; j < n; j++) narrow[j] = kern_f32_to_bf16(host[j]);
+            src = narrow;
+        }
+        if (kern_copy_h2d(s, kern_tensor_ptr(&t), src, n * esz) != 0 || kern_stream_sync(s) != 0)
+            goto out;
+        off += (n * esz + 255) & ~(size_t)255;
+    }
+    rc = 0;
+out:
+    kern_stream_destroy(&s);
+    free(host);
+    free(narrow);
+    return rc;
+}
+
 tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype) {
     tdit_model_t *m = calloc(1, sizeof *m);
     wlist_t l = { 0 };
-    float *host = NULL;
-    void *narrow = NULL;
-    kern_stream_t *s = NULL;
     if (!m) { kern_fail("out of memory"); return NULL; }
     m->backend = b;
     m->dtype = dtype;
@@ -273,58 +327,42 @@ tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_
     if (tdit_config_from_meta(f, &m->cfg) != 0) goto err;
     m->blocks = calloc((size_t)m->cfg.layers, sizeof *m->blocks);
     if (!m->blocks) { kern_fail("out of memory"); goto err; }
-    if (list_weights(&m->cfg, m, &l) != 0) goto err;
+    if (list_weights(&m->cfg, m, &l) != 0 || check_file(f, &l) != 0) goto err;
     /* One allocation, each tensor 256-byte aligned inside it. */
-    size_t total = 0, esz = kern_dtype_size(dtype), maxn = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        size_t n = (size_t)numel_of(&l.e[i]);
-        total += (n * esz + 255) & ~(size_t)255;
-        if (n > maxn) maxn = n;
-    }
+    size_t total = 0, esz = kern_dtype_size(dtype);
+    for (size_t i = 0; i < l.n; i++) total += ((size_t)numel_of(&l.e[i]) * esz + 255) & ~(size_t)255;
     m->arena = kern_alloc(b, total);
     if (!m->arena) goto err;
     m->bytes = total;
-    host = malloc(maxn * sizeof *host);
-    narrow = dtype == KERN_F32 ? NULL : malloc(maxn * esz);
-    s = kern_stream_new(b);
-    if (!host || (dtype != KERN_F32 && !narrow) || !s) {
-        if (!s) goto err;
-        kern_fail("out of memory");
-        goto err;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < l.n; i++) {
-        const wentry_t *e = &l.e[i];
-        size_t n = (size_t)numel_of(e);
-        if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto err;
-        *e->slot = kern_tensor_make((char *)m->arena + off, dtype, kern_backend_device(b), e->ndim, e->shape);
-        const void *src = host;
-        if (dtype == KERN_BF16) {
-            for (size_t j = 0; j < n; j++) ((uint16_t *)narrow)[j] = kern_f32_to_bf16(host[j]);
-            src = narrow;
-        }
-        if (kern_copy_h2d(s, kern_tensor_ptr(e->slot), src, n * esz) != 0 || kern_stream_sync(s) != 0)
-            goto err;
-        off += (n * esz + 255) & ~(size_t)255;
-    }
+    if (copy_weights(m, f, &l, true) != 0) goto err;
     /* Views the forward pass wants. */
     int64_t D = m->cfg.dim;
     m->patch.w = view2(&m->patch.w, D, 4 * m->cfg.in_channels);
     m->head_mod = view2(&m->head_mod, 2, D);
     for (int64_t i = 0; i < m->cfg.layers; i++)
         m->blocks[i].modulation = view2(&m->blocks[i].modulation, 6, D);
-    kern_stream_destroy(&s);
-    free(host);
-    free(narrow);
     free(l.e);
     return m;
 err:
-    kern_stream_destroy(&s);
-    free(host);
-    free(narrow);
     free(l.e);
     tdit_model_destroy(&m);
     return NULL;
+}
+
+int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
+    tdit_config_t c;
+    if (tdit_config_from_meta(f, &c) != 0) return -1;
+    if (c.dim != m->cfg.dim || c.heads != m->cfg.heads || c.layers != m->cfg.layers ||
+        c.ffn_dim != m->cfg.ffn_dim || c.in_channels != m->cfg.in_channels ||
+        c.text_dim != m->cfg.text_dim || c.freq_dim != m->cfg.freq_dim)
+        return kern_fail("weights: config %s does not match the resident %s", c.name, m->cfg.name);
+    wlist_t l = { 0 };
+    int rc = list_weights(&m->cfg, NULL, &l);
+    if (rc == 0) rc = check_file(f, &l);
+    if (rc == 0 && copy_weights(m, f, &l, false) != 0)
+        rc = kern_fail("weights: reload failed part-way, resident weights are mixed: %s", kern_error());
+    free(l.e);
+    return rc;
 }
 
 tdit_model_t *tdit_model_load_path(kern_backend_t *b, const char *path, kern_dtype_t dtype) {
@@ -348,3 +386,4 @@ const tdit_config_t *tdit_model_config(const tdit_model_t *m) { return &m->cfg; 
 kern_backend_t *tdit_model_backend(const tdit_model_t *m) { return m->backend; }
 kern_dtype_t tdit_model_dtype(const tdit_model_t *m) { return m->dtype; }
 size_t tdit_model_bytes(const tdit_model_t *m) { return m->bytes; }
+const void *tdit_model_weights(const tdit_model_t *m) { return m->arena; }

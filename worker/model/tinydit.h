@@ -61,6 +61,13 @@ kern_backend_t *tdit_model_backend(const tdit_model_t *m);
 kern_dtype_t tdit_model_dtype(const tdit_model_t *m);
 /* Bytes of resident weights. */
 size_t tdit_model_bytes(const tdit_model_t *m);
+/* The one allocation holding every weight (component "transformer"). */
+const void *tdit_model_weights(const tdit_model_t *m);
+/* Copies the weights of f into the resident allocation, so every address
+ * stays put (a weight sync). f must describe the same config: -1 with a
+ * message naming the first bad tensor otherwise, the old weights intact
+ * unless a tensor was already copied (the message says so). */
+int tdit_model_reload(tdit_model_t *m, const st_file_t *f);
 
 /* Shapes of one step: latent [C, frames, height, width], text tokens L. */
 typedef struct {

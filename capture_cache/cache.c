@@ -1,0 +1,884 @@
+/* cache.c -- the capture lifecycle (see cache.h).
+ *
+ * Entries live in one list (most recently used first) guarded by the cache
+ * mutex. A dispatch marks its entry in_use under the lock, runs kernels
+ * without it, and clears in_use under it again: eviction never frees an
+ * entry in use; it marks it doomed and the dispatcher frees it on release.
+ * Events are queued while the lock is held and delivered after it is
+ * dropped, so a callback may call back into the cache. */
+#include "cache.h"
+#include "kernels/error.h"
+#include <assert.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CAP_MAX_CONSTS 8
+#define EVQ_MAX 64
+
+typedef enum {
+    ST_WARMUP,      /* eager runs, learning which inputs stay put */
+    ST_CAPTURE,     /* warmup done: the next call captures */
+    ST_READY,       /* a verified graph; calls replay after the checks */
+    ST_REVERIFY,    /* weights updated in place: next call re-verifies */
+    ST_BUDGET,      /* the graph did not fit: eager until the budget has room */
+    ST_DISABLED,    /* permanent reason: always eager */
+} state_t;
+
+typedef struct {
+    char name[CAP_NAME_MAX];
+    const void *base;
+    size_t bytes;
+    uint64_t version;
+    uint64_t generation;    /* bumped on every update of the memory */
+} comp_t;
+
+typedef struct entry {
+    struct entry *prev, *next;          /* MRU list */
+    cap_key_t key;
+    char text[CAP_KEY_TEXT_MAX];
+    uint64_t hash;
+    kern_stream_t *stream;
+    int stream_idx;
+    const cap_program_t *prog;
+    void *user;
+    void *ws;
+    size_t ws_bytes;
+    kern_tensor_t static_in[CAP_MAX_INPUTS];   /* slots as the workspace made them */
+    kern_graph_t *graph;
+    size_t graph_bytes;
+    size_t budget_need;                        /* ST_BUDGET: bytes the graph needed */
+    state_t state;
+    cap_reason_t disabled_reason;
+    int warm;
+    bool ident_stable[CAP_MAX_INPUTS];
+    kern_tensor_t ident[CAP_MAX_INPUTS];       /* caller's tensor seen in warmup / pinned */
+    bool pinned[CAP_MAX_INPUTS];
+    cap_const_t consts[CAP_MAX_CONSTS];
+    int n_consts;
+    int comp[CAP_MAX_COMPONENTS];              /* index into the component table */
+    const void *comp_base[CAP_MAX_COMPONENTS]; /* as baked into the graph */
+    uint64_t comp_gen[CAP_MAX_COMPONENTS];
+    bool in_use, doomed;
+    cap_evict_reason_t doom_reason;
+} entry_t;
+
+typedef struct {
+    cap_event_t ev;
+    char text[CAP_KEY_TEXT_MAX];
+    char comp[CAP_NAME_MAX];
+} queued_t;
+
+typedef struct {
+    queued_t q[EVQ_MAX];
+    int n;
+} evq_t;
+
+typedef struct { uint64_t hash; cap_reason_t reason; } logged_t;
+
+struct cap_cache {
+    kern_backend_t *backend;
+    cap_options_t opt;
+    pthread_mutex_t lock;
+    entry_t *head;                  /* most recently used first */
+    comp_t comp[CAP_MAX_COMPONENTS];
+    int n_comp;
+    kern_stream_t *streams[64];
+    int n_streams;
+    logged_t *logged;
+    size_t n_logged, cap_logged;
+    cap_stats_t st;
+};
+
+/* ---- names --------------------------------------------------------------- */
+
+static const char *reason_names[CAP_DECLINE_COUNT] = {
+    "warming_up", "not_capturable", "override", "shape_mismatch", "pinned_input_moved",
+    "constant_changed", "weights_moved", "verify_mismatch", "capture_failed",
+    "budget_exceeded", "backend_unavailable", "mutable_output",
+};
+static const char *evict_names[CAP_EVICT_COUNT] = {
+    "weight_sync", "lru", "shape_change", "explicit", "shutdown",
+};
+
+const char *cap_reason_name(cap_reason_t r) {
+    return (unsigned)r < CAP_DECLINE_COUNT ? reason_names[r] : "?";
+}
+const char *cap_evict_reason_name(cap_evict_reason_t r) {
+    return (unsigned)r < CAP_EVICT_COUNT ? evict_names[r] : "?";
+}
+const char *cap_policy_name(cap_policy_t p) {
+    return p == CAP_POLICY_EVICT ? "evict" : p == CAP_POLICY_INPLACE ? "inplace" : "?";
+}
+int cap_policy_parse(const char *s, cap_policy_t *out) {
+    if (!strcmp(s, "evict")) *out = CAP_POLICY_EVICT;
+    else if (!strcmp(s, "inplace")) *out = CAP_POLICY_INPLACE;
+    else return kern_fail("unknown weight update policy '%s' (expected evict or inplace)", s);
+    return 0;
+}
+bool cap_reason_permanent(cap_reason_t r) {
+    return r == CAP_DECLINE_VERIFY_MISMATCH || r == CAP_DECLINE_CAPTURE_FAILED ||
+           r == CAP_DECLINE_BACKEND_UNAVAILABLE;
+}
+
+cap_options_t cap_options_default(void) {
+    cap_options_t o;
+    memset(&o, 0, sizeof o);
+    o.warmup = 2;
+    o.policy = CAP_POLICY_EVICT;
+    o.graphs = true;
+    return o;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- events and logging --------------------------------------------------- */
+
+static void evq_push(evq_t *q, cap_event_kind_t kind, int reason, const entry_t *e, size_t bytes,
+                     size_t nodes, double secs, const char *comp, uint64_t from, uint64_t to) {
+    if (!q || q->n == EVQ_MAX) return; /* bounded: a burst beyond is still counted in stats */
+    queued_t *x = &q->q[q->n++];
+    memset(&x->ev, 0, sizeof x->ev);
+    x->ev.kind = kind;
+    x->ev.reason = reason;
+    snprintf(x->text, sizeof x->text, "%s", e->text);
+    x->ev.key_hash = e->hash;
+    x->ev.stream = e->stream_idx;
+    x->ev.bytes = bytes;
+    x->ev.nodes = nodes;
+    x->ev.seconds = secs;
+    if (comp) snprintf(x->comp, sizeof x->comp, "%s", comp);
+    else x->comp[0] = 0;
+    x->ev.from_version = from;
+    x->ev.to_version = to;
+}
+
+static void evq_flush(cap_cache_t *c, evq_t *q) {
+    if (!q) return;
+    for (int i = 0; i < q->n; i++) {
+        q->q[i].ev.key_text = q->q[i].text;
+        q->q[i].ev.component = q->q[i].comp[0] ? q->q[i].comp : NULL;
+        if (c->opt.on_event) c->opt.on_event(c->opt.event_user, &q->q[i].ev);
+    }
+    q->n = 0;
+}
+
+static void log_msg(cap_cache_t *c, int level, const char *msg) {
+    if (c->opt.log) c->opt.log(c->opt.log_user, level, msg);
+    else if (level >= 2) fprintf(stderr, "reel: warning: %s\n", msg);
+}
+
+/* True the first time (hash, reason) is seen. Caller holds the lock. */
+static bool first_time(cap_cache_t *c, uint64_t hash, cap_reason_t r) {
+    for (size_t i = 0; i < c->n_logged; i++)
+        if (c->logged[i].hash == hash && c->logged[i].reason == r) return false;
+    if (c->n_logged == c->cap_logged) {
+        size_t cap = c->cap_logged ? c->cap_logged * 2 : 32;
+        logged_t *l = realloc(c->logged, cap * sizeof *l);
+        if (!l) return true; /* log again rather than never */
+        c->logged = l;
+        c->cap_logged = cap;
+    }
+    c->logged[c->n_logged].hash = hash;
+    c->logged[c->n_logged++].reason = r;
+    return true;
+}
+
+/* ---- entries ---------------------------------------------------------------- */
+
+static void unlink_entry(cap_cache_t *c, entry_t *e) {
+    if (e->prev) e->prev->next = e->next;
+    else c->head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void push_front(cap_cache_t *c, entry_t *e) {
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head) c->head->prev = e;
+    c->head = e;
+}
+
+static void drop_graph(cap_cache_t *c, entry_t *e) {
+    if (!e->graph) return;
+    kern_graph_destroy(&e->graph);
+    c->st.bytes_held -= e->graph_bytes;
+    c->st.graph_bytes -= e->graph_bytes;
+    c->st.graphs--;
+    e->graph_bytes = 0;
+}
+
+/* Frees e (not in use). Caller holds the lock and has unlinked it. */
+static void free_entry(cap_cache_t *c, entry_t *e) {
+    drop_graph(c, e);
+    for (int i = 0; i < e->prog->n_inputs; i++) *e->prog->input(e->user, e->ws, i) = e->static_in[i];
+    e->prog->ws_free(e->user, e->ws);
+    c->st.bytes_held -= e->ws_bytes;
+    c->st.ws_bytes -= e->ws_bytes;
+    c->st.entries--;
+    free(e);
+}
+
+/* Evicts e with reason (or dooms it when a dispatch holds it). */
+static void evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, const char *comp,
+                  uint64_t from, uint64_t to) {
+    evq_push(q, CAP_EV_EVICT, r, e, e->ws_bytes + e->graph_bytes, 0, 0, comp, from, to);
+    c->st.evictions[r]++;
+    if (e->in_use) {
+        e->doomed = true;
+        e->doom_reason = r;
+        return;
+    }
+    unlink_entry(c, e);
+    free_entry(c, e);
+}
+
+static int stream_index(cap_cache_t *c, kern_stream_t *s) {
+    for (int i = 0; i < c->n_streams; i++)
+        if (c->streams[i] == s) return i;
+    if (c->n_streams < (int)(sizeof c->streams / sizeof c->streams[0])) {
+        c->streams[c->n_streams] = s;
+        return c->n_streams++;
+    }
+    return -1;
+}
+
+static int comp_find(const cap_cache_t *c, const char *name) {
+    for (int i = 0; i < c->n_comp; i++)
+        if (!strcmp(c->comp[i].name, name)) return i;
+    return -1;
+}
+
+/* Finds or creates the entry for (key, s). Caller holds the lock. */
+static entry_t *lookup(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
+                       const cap_key_t *key, uint64_t hash, const char *text) {
+    for (entry_t *e = c->head; e; e = e->next)
+        if (!e->doomed && e->hash == hash && e->stream == s && e->prog == p && !strcmp(e->text, text))
+            return e;
+    if (p->n_inputs > CAP_MAX_INPUTS || p->n_components > CAP_MAX_COMPONENTS || p->n_inputs < 0 ||
+        p->n_outputs < 0) {
+        kern_fail("program %s: too many inputs or components", p->name);
+        return NULL;
+    }
+    int comp[CAP_MAX_COMPONENTS];
+    for (int i = 0; i < p->n_components; i++) {
+        comp[i] = comp_find(c, p->components[i]);
+        if (comp[i] < 0) {
+            kern_fail("program %s reads weight component '%s', which is not registered", p->name,
+                      p->components[i]);
+            return NULL;
+        }
+    }
+    entry_t *e = calloc(1, sizeof *e);
+    if (!e) { kern_fail("out of memory"); return NULL; }
+    e->key = *key;
+    snprintf(e->text, sizeof e->text, "%s", text);
+    e->hash = hash;
+    e->stream = s;
+    e->stream_idx = stream_index(c, s);
+    e->prog = p;
+    e->user = user;
+    memcpy(e->comp, comp, sizeof comp);
+    e->ws = p->ws_new(user, key, s);
+    if (!e->ws) { free(e); return NULL; }
+    e->ws_bytes = p->ws_bytes(user, e->ws);
+    for (int i = 0; i < p->n_inputs; i++) {
+        e->static_in[i] = *p->input(user, e->ws, i);
+        e->ident_stable[i] = p->pinnable[i];
+    }
+    e->state = ST_WARMUP;
+    c->st.bytes_held += e->ws_bytes;
+    c->st.ws_bytes += e->ws_bytes;
+    c->st.entries++;
+    push_front(c, e);
+    return e;
+}
+
+/* ---- binding ---------------------------------------------------------------- */
+
+static bool same_ident(const kern_tensor_t *a, const kern_tensor_t *b) {
+    if (a->data != b->data || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim ||
+        a->device != b->device)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d]) return false;
+    return true;
+}
+
+/* Checks every input against its static slot: -1 with a message if one
+ * does not fit. */
+static int check_inputs(const entry_t *e, const cap_call_t *call) {
+    for (int i = 0; i < e->prog->n_inputs; i++) {
+        const kern_tensor_t *in = &call->inputs[i], *st = &e->static_in[i];
+        if (!kern_tensor_same_shape(in, st)) {
+            char a[96], b[96];
+            const char *name = i < e->key.n_inputs ? e->key.inputs[i].name : "?";
+            return kern_fail("bind: input %d '%s' is %s; the static workspace holds %s (nothing is resized)",
+                             i, name, kern_tensor_describe(in, a, sizeof a), kern_tensor_describe(st, b, sizeof b));
+        }
+        if (!in->data) return kern_fail("bind: input %d has no data", i);
+    }
+    return 0;
+}
+
+/* Copies src (any strides on the host; contiguous on a device) into the
+ * contiguous static tensor dst. */
+static int copy_into(kern_stream_t *s, const kern_tensor_t *dst, const kern_tensor_t *src) {
+    size_t bytes = kern_tensor_bytes(dst);
+    if (kern_tensor_is_contiguous(src)) {
+        if (src->device == KERN_DEVICE_HOST && dst->device != KERN_DEVICE_HOST)
+            return kern_copy_h2d(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), bytes);
+        return kern_copy_d2d(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), bytes);
+    }
+    if (src->device != KERN_DEVICE_HOST || dst->device != KERN_DEVICE_HOST)
+        return kern_fail("bind: a non-contiguous input must be on the host");
+    /* Strided gather on the host, element by element. */
+    if (kern_stream_sync(s) != 0) return -1;
+    size_t es = kern_dtype_size(src->dtype);
+    int64_t n = kern_tensor_numel(src), idx[KERN_MAX_DIMS] = { 0 };
+    char *out = kern_tensor_ptr(dst);
+    const char *in = kern_tensor_ptr(src);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off = 0;
+        for (int d = 0; d < src->ndim; d++) off += idx[d] * src->stride[d];
+        memcpy(out + (size_t)j * es, in + off * (int64_t)es, es);
+        for (int d = src->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < src->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return 0;
+}
+
+/* Points every slot at its static buffer (or, for pinned inputs when
+ * use_pins, at the caller's tensor) and copies what is not read in place. */
+static int bind(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_pins,
+                uint64_t *copied, uint64_t *pinned) {
+    for (int i = 0; i < e->prog->n_inputs; i++) {
+        kern_tensor_t *slot = e->prog->input(e->user, e->ws, i);
+        size_t bytes = kern_tensor_bytes(&e->static_in[i]);
+        if (use_pins && e->pinned[i]) {
+            *slot = call->inputs[i];
+            *pinned += bytes;
+            continue;
+        }
+        *slot = e->static_in[i];
+        if (copy_into(s, slot, &call->inputs[i]) != 0) return -1;
+        *copied += bytes;
+    }
+    (void)c;
+    return 0;
+}
+
+static int copy_out(entry_t *e, kern_stream_t *s, const cap_call_t *call) {
+    for (int i = 0; i < e->prog->n_outputs; i++) {
+        const kern_tensor_t *src = e->prog->output(e->user, e->ws, i), *dst = &call->outputs[i];
+        if (dst->dtype != src->dtype || kern_tensor_numel(dst) != kern_tensor_numel(src) ||
+            !kern_tensor_is_contiguous(dst) || !dst->data) {
+            char a[96], b[96];
+            return kern_fail("copy-out: output %d destination is %s, the step writes %s", i,
+                             kern_tensor_describe(dst, a, sizeof a), kern_tensor_describe(src, b, sizeof b));
+        }
+        size_t bytes = kern_tensor_bytes(src);
+        int rc = dst->device == KERN_DEVICE_HOST && src->device != KERN_DEVICE_HOST
+                     ? kern_copy_d2h(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), bytes)
+                     : kern_copy_d2d(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), bytes);
+        if (rc != 0) return -1;
+    }
+    return kern_stream_sync(s);
+}
+
+static bool consts_equal(const entry_t *e, const cap_call_t *call) {
+    if (call->n_consts != e->n_consts) return false;
+    for (int i = 0; i < e->n_consts; i++) {
+        const cap_const_t *a = &e->consts[i], *b = &call->consts[i];
+        if (strcmp(a->name, b->name) || a->type != b->type) return false;
+        if (a->type == CAP_CONST_I64 ? a->v.i != b->v.i : memcmp(&a->v.f, &b->v.f, sizeof a->v.f))
+            return false;
+    }
+    return true;
+}
+
+/* True when some output destination overlaps an input read in place. */
+static bool output_aliases_pin(const entry_t *e, const cap_call_t *call) {
+    for (int o = 0; o < e->prog->n_outputs; o++) {
+        const char *d0 = kern_tensor_ptr(&call->outputs[o]);
+        const char *d1 = d0 + kern_tensor_bytes(&call->outputs[o]);
+        for (int i = 0; i < e->prog->n_inputs; i++) {
+            if (!e->pinned[i]) continue;
+            const char *p0 = kern_tensor_ptr(&call->inputs[i]);
+            const char *p1 = p0 + kern_tensor_bytes(&call->inputs[i]);
+            if (d0 < p1 && p0 < d1) return true;
+        }
+    }
+    return false;
+}
+
+/* ---- the paths of a call ----------------------------------------------------- */
+
+typedef struct {
+    uint64_t copied, pinned;
+    double t0;
+} call_acct_t;
+
+static int run_eager(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
+    (void)c;
+    if (bind(c, e, s, call, false, &a->copied, &a->pinned) != 0) return -1;
+    if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) return -1;
+    return copy_out(e, s, call);
+}
+
+/* Host copies of every output, for a bitwise comparison. */
+static int outputs_to_host(entry_t *e, kern_stream_t *s, unsigned char **buf, size_t *len) {
+    size_t total = 0;
+    for (int i = 0; i < e->prog->n_outputs; i++) total += kern_tensor_bytes(e->prog->output(e->user, e->ws, i));
+    unsigned char *h = malloc(total ? total : 1);
+    if (!h) return kern_fail("out of memory");
+    size_t off = 0;
+    for (int i = 0; i < e->prog->n_outputs; i++) {
+        const kern_tensor_t *t = e->prog->output(e->user, e->ws, i);
+        size_t b = kern_tensor_bytes(t);
+        if (kern_copy_d2h(s, h + off, kern_tensor_ptr(t), b) != 0) { free(h); return -1; }
+        off += b;
+    }
+    if (kern_stream_sync(s) != 0) { free(h); return -1; }
+    *buf = h;
+    *len = total;
+    return 0;
+}
+
+/* Replays g once and runs eager on the same inputs; 1 if every output is
+ * bitwise equal, 0 if not, -1 on failure. Leaves the workspace as the eager
+ * run left it (the call's correct result). Slots must be bound. */
+static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call) {
+    kern_backend_t *b = c->backend;
+    void *snap[CAP_MAX_INPUTS] = { 0 };
+    unsigned char *ha = NULL, *hb = NULL;
+    size_t la = 0, lb = 0;
+    int rc = -1;
+    /* Snapshot the copied inputs: the step may update them in place. */
+    for (int i = 0; i < e->prog->n_inputs; i++) {
+        if (e->pinned[i]) continue;
+        size_t bytes = kern_tensor_bytes(&e->static_in[i]);
+        if (!(snap[i] = kern_alloc(b, bytes))) goto out;
+        if (kern_copy_d2d(s, snap[i], kern_tensor_ptr(&e->static_in[i]), bytes) != 0) goto out;
+    }
+    if (kern_graph_replay(e->graph, s) != 0 || outputs_to_host(e, s, &ha, &la) != 0) goto out;
+    for (int i = 0; i < e->prog->n_inputs; i++)
+        if (snap[i] && kern_copy_d2d(s, kern_tensor_ptr(&e->static_in[i]), snap[i],
+                                     kern_tensor_bytes(&e->static_in[i])) != 0)
+            goto out;
+    if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) goto out;
+    if (outputs_to_host(e, s, &hb, &lb) != 0) goto out;
+    rc = la == lb && memcmp(ha, hb, la) == 0;
+out:
+    if (kern_stream_sync(s) != 0) rc = -1;
+    for (int i = 0; i < e->prog->n_inputs; i++) kern_free(b, snap[i]);
+    free(ha);
+    free(hb);
+    return rc;
+}
+
+/* Evicts LRU entries other than keep (not in use) until `need` more bytes
+ * fit the budget. True when they fit. Caller holds the lock. */
+static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
+    if (!c->opt.budget_bytes) return true;
+    while (c->st.bytes_held + need > c->opt.budget_bytes) {
+        entry_t *victim = NULL;
+        for (entry_t *e = c->head; e; e = e->next)
+            if (e != keep && !e->in_use && !e->doomed) victim = e; /* last = least recent */
+        if (!victim) return false;
+        evict(c, victim, CAP_EVICT_LRU, q, NULL, 0, 0);
+    }
+    return true;
+}
+
+/* Records a decline: counts, queues the event, logs once per (reason, key). */
+static void declined(cap_cache_t *c, entry_t *e, cap_reason_t r, evq_t *q, char *logbuf, size_t loglen) {
+    c->st.declines[r]++;
+    evq_push(q, CAP_EV_DECLINE, r, e, 0, 0, 0, NULL, 0, 0);
+    if (r != CAP_DECLINE_WARMING_UP && first_time(c, e->hash, r))
+        snprintf(logbuf, loglen, "capture declined (%s%s) for %s; further declines for this reason "
+                 "and key are counted, not logged", cap_reason_name(r),
+                 cap_reason_permanent(r) ? ", permanent: the key runs eagerly from now on" : "", e->text);
+}
+
+/* Captures e's step (slots bound with pins). On success e->graph is set and
+ * admitted, and the workspace holds the verified eager result. On a refusal
+ * returns 0 with *why set; -1 only when the eager fallback itself fails. */
+static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call,
+                   cap_reason_t *why, evq_t *q, double *secs) {
+    double t0 = now();
+    kern_graph_t *g = NULL;
+    *why = CAP_DECLINE_COUNT;
+    if (kern_capture_begin(s) != 0) {
+        *why = CAP_DECLINE_BACKEND_UNAVAILABLE;
+        goto eager;
+    }
+    int lrc = e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+    int erc = kern_capture_end(s, &g);
+    if (lrc != 0 || erc != 0) {
+        kern_graph_destroy(&g);
+        *why = CAP_DECLINE_CAPTURE_FAILED;
+        goto eager;
+    }
+    e->graph = g;
+    int v = verify(c, e, s, call);
+    if (v < 0) {
+        e->graph = NULL;
+        kern_graph_destroy(&g);
+        return -1;
+    }
+    if (v == 0) {
+        e->graph = NULL;
+        kern_graph_destroy(&g);
+        *why = CAP_DECLINE_VERIFY_MISMATCH;
+        return 0; /* the workspace holds the eager result */
+    }
+    size_t gb = kern_graph_bytes(g);
+    pthread_mutex_lock(&c->lock);
+    bool fits = make_room(c, e, gb, q);
+    if (fits) {
+        e->graph_bytes = gb;
+        c->st.bytes_held += gb;
+        c->st.graph_bytes += gb;
+        c->st.graphs++;
+        c->st.captures++;
+        c->st.verifies++;
+        *secs = now() - t0;
+        c->st.capture_seconds += *secs;
+        evq_push(q, CAP_EV_CAPTURE, 0, e, gb + e->ws_bytes, kern_graph_nodes(g), *secs, NULL, 0, 0);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!fits) {
+        e->graph = NULL;
+        kern_graph_destroy(&g);
+        e->budget_need = gb;
+        *why = CAP_DECLINE_BUDGET_EXCEEDED;
+    }
+    return 0;
+eager:
+    /* Nothing ran during the failed capture: run the step now. */
+    return e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+}
+
+int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
+                 const cap_call_t *call, cap_result_t *res) {
+    char text[CAP_KEY_TEXT_MAX], logbuf[CAP_KEY_TEXT_MAX + 200] = "";
+    evq_t *q = malloc(sizeof *q);
+    if (!q) return kern_fail("out of memory");
+    q->n = 0;
+    double t0 = now();
+    if (kern_stream_backend(s) != c->backend) { free(q); return kern_fail("dispatch: stream of another backend"); }
+    if (cap_key_text(call->key, false, text, sizeof text) < 0) { free(q); return -1; }
+    uint64_t hash = cap_hash_text(text);
+
+    pthread_mutex_lock(&c->lock);
+    c->st.calls++;
+    entry_t *e = lookup(c, s, p, user, call->key, hash, text);
+    if (!e) {
+        pthread_mutex_unlock(&c->lock);
+        free(q);
+        return -1;
+    }
+    if (check_inputs(e, call) != 0) {
+        c->st.declines[CAP_DECLINE_SHAPE_MISMATCH]++;
+        evq_push(q, CAP_EV_DECLINE, CAP_DECLINE_SHAPE_MISMATCH, e, 0, 0, 0, NULL, 0, 0);
+        pthread_mutex_unlock(&c->lock);
+        evq_flush(c, q);
+        free(q);
+        return -1;
+    }
+    e->in_use = true;
+    unlink_entry(c, e);
+    push_front(c, e);
+    /* Decide the path while the tables are stable. */
+    cap_reason_t reason = CAP_DECLINE_COUNT;     /* COUNT: no decline */
+    enum { P_EAGER, P_CAPTURE, P_REPLAY, P_REVERIFY } path = P_EAGER;
+    if (call->not_capturable) reason = CAP_DECLINE_NOT_CAPTURABLE;
+    else if (call->override || !c->opt.graphs) reason = CAP_DECLINE_OVERRIDE;
+    else switch (e->state) {
+    case ST_DISABLED:
+        reason = e->disabled_reason;
+        break;
+    case ST_WARMUP:
+        reason = CAP_DECLINE_WARMING_UP;
+        break;
+    case ST_BUDGET:
+        if (!c->opt.budget_bytes || c->st.bytes_held + e->budget_need <= c->opt.budget_bytes)
+            path = P_CAPTURE;
+        else
+            reason = CAP_DECLINE_BUDGET_EXCEEDED;
+        break;
+    case ST_CAPTURE:
+        path = P_CAPTURE;
+        break;
+    case ST_READY:
+    case ST_REVERIFY: {
+        for (int i = 0; i < p->n_inputs && reason == CAP_DECLINE_COUNT; i++)
+            if (e->pinned[i] && !same_ident(&e->ident[i], &call->inputs[i]))
+                reason = CAP_DECLINE_PINNED_INPUT_MOVED;
+        if (reason == CAP_DECLINE_COUNT && !consts_equal(e, call)) reason = CAP_DECLINE_CONSTANT_CHANGED;
+        for (int i = 0; i < p->n_components && reason == CAP_DECLINE_COUNT; i++) {
+            const comp_t *k = &c->comp[e->comp[i]];
+            if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) {
+                reason = CAP_DECLINE_WEIGHTS_MOVED;
+                /* The graph baked stale weights: drop it, learn again. */
+                drop_graph(c, e);
+                e->state = ST_WARMUP;
+                e->warm = 0;
+            }
+        }
+        if (reason == CAP_DECLINE_COUNT && output_aliases_pin(e, call)) reason = CAP_DECLINE_MUTABLE_OUTPUT;
+        if (reason == CAP_DECLINE_COUNT) path = e->state == ST_REVERIFY ? P_REVERIFY : P_REPLAY;
+        break;
+    }
+    }
+    pthread_mutex_unlock(&c->lock);
+
+    call_acct_t acct = { 0, 0, t0 };
+    int rc = 0;
+    cap_ran_t ran = CAP_RAN_EAGER;
+    double cap_secs = 0;
+    if (path == P_EAGER) {
+        if (e->state == ST_WARMUP && reason == CAP_DECLINE_WARMING_UP) {
+            /* Learn which pinnable inputs stay put through warmup. */
+            for (int i = 0; i < p->n_inputs; i++) {
+                if (!e->ident_stable[i]) continue;
+                if (e->warm > 0 && !same_ident(&e->ident[i], &call->inputs[i])) e->ident_stable[i] = false;
+                e->ident[i] = call->inputs[i];
+            }
+            if (++e->warm >= c->opt.warmup) e->state = ST_CAPTURE;
+        }
+        rc = run_eager(c, e, s, call, &acct);
+    } else if (path == P_CAPTURE) {
+        for (int i = 0; i < p->n_inputs; i++)
+            e->pinned[i] = e->ident_stable[i] && e->warm > 0 && same_ident(&e->ident[i], &call->inputs[i]) &&
+                           call->inputs[i].device == kern_backend_device(c->backend) &&
+                           kern_tensor_is_contiguous(&call->inputs[i]);
+        if (output_aliases_pin(e, call)) memset(e->pinned, 0, sizeof e->pinned);
+        for (int i = 0; i < p->n_inputs; i++)
+            if (e->pinned[i]) e->ident[i] = call->inputs[i];
+        e->n_consts = call->n_consts < CAP_MAX_CONSTS ? call->n_consts : CAP_MAX_CONSTS;
+        memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
+        if (call->n_consts > CAP_MAX_CONSTS) e->n_consts = -1; /* never equal: replay always declines */
+        pthread_mutex_lock(&c->lock);
+        for (int i = 0; i < p->n_components; i++) {
+            e->comp_base[i] = c->comp[e->comp[i]].base;
+            e->comp_gen[i] = c->comp[e->comp[i]].generation;
+        }
+        pthread_mutex_unlock(&c->lock);
+        cap_reason_t why;
+        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
+        if (rc == 0) rc = capture(c, e, s, call, &why, q, &cap_secs);
+        if (rc == 0) rc = copy_out(e, s, call);
+        if (rc == 0 && why == CAP_DECLINE_COUNT) {
+            e->state = ST_READY;
+            ran = CAP_RAN_CAPTURED;
+        } else if (rc == 0) {
+            reason = why;
+            e->state = why == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
+            e->disabled_reason = why;
+            memset(e->pinned, 0, sizeof e->pinned);
+        }
+    } else if (path == P_REVERIFY) {
+        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
+        int v = rc == 0 ? verify(c, e, s, call) : -1;
+        if (v < 0) rc = -1;
+        if (rc == 0) rc = copy_out(e, s, call);
+        pthread_mutex_lock(&c->lock);
+        c->st.reverifies++;
+        if (v == 1) {
+            e->state = ST_READY;
+            ran = CAP_RAN_REPLAYED;
+            c->st.replays++;
+        } else if (v == 0) {
+            drop_graph(c, e);
+            e->state = ST_DISABLED;
+            e->disabled_reason = reason = CAP_DECLINE_VERIFY_MISMATCH;
+        }
+        pthread_mutex_unlock(&c->lock);
+    } else {
+        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
+        if (rc == 0) rc = kern_graph_replay(e->graph, s);
+        if (rc == 0) rc = copy_out(e, s, call);
+        ran = CAP_RAN_REPLAYED;
+    }
+
+    pthread_mutex_lock(&c->lock);
+    double dt = now() - t0;
+    c->st.bind_bytes_copied += acct.copied;
+    c->st.bind_bytes_pinned += acct.pinned;
+    if (rc == 0) {
+        if (ran == CAP_RAN_EAGER) {
+            c->st.eager_runs++;
+            c->st.eager_seconds += dt;
+            declined(c, e, reason, q, logbuf, sizeof logbuf);
+        } else if (ran == CAP_RAN_REPLAYED && path == P_REPLAY) {
+            c->st.replays++;
+            c->st.replay_seconds += dt;
+        }
+    }
+    e->in_use = false;
+    if (e->doomed) {
+        unlink_entry(c, e);
+        free_entry(c, e);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (logbuf[0]) log_msg(c, 2, logbuf);
+    evq_flush(c, q);
+    free(q);
+    if (res && rc == 0) {
+        res->ran = ran;
+        res->reason = ran == CAP_RAN_EAGER ? reason : CAP_DECLINE_COUNT;
+    }
+    return rc;
+}
+
+/* ---- cache-wide operations ---------------------------------------------------- */
+
+cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
+    cap_options_t o = opt ? *opt : cap_options_default();
+    if (o.warmup < 0) o.warmup = 2;
+    if (o.warmup > 1000) { kern_fail("warmup %d is out of range (0..1000)", o.warmup); return NULL; }
+    if (o.policy != CAP_POLICY_EVICT && o.policy != CAP_POLICY_INPLACE) {
+        kern_fail("unknown weight update policy %d", (int)o.policy);
+        return NULL;
+    }
+    cap_cache_t *c = calloc(1, sizeof *c);
+    if (!c) { kern_fail("out of memory"); return NULL; }
+    c->backend = b;
+    c->opt = o;
+    pthread_mutex_init(&c->lock, NULL);
+    return c;
+}
+
+void cap_cache_destroy(cap_cache_t **cp) {
+    if (!cp || !*cp) return;
+    cap_cache_t *c = *cp;
+    evq_t *q = malloc(sizeof *q);
+    pthread_mutex_lock(&c->lock);
+    if (q) q->n = 0;
+    while (c->head) {
+        assert(!c->head->in_use && "cap_cache_destroy during a dispatch");
+        evict(c, c->head, CAP_EVICT_SHUTDOWN, q, NULL, 0, 0);
+        pthread_mutex_unlock(&c->lock);
+        if (q) evq_flush(c, q);
+        pthread_mutex_lock(&c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(q);
+    pthread_mutex_destroy(&c->lock);
+    free(c->logged);
+    free(c);
+    *cp = NULL;
+}
+
+int cap_component_register(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                           uint64_t version) {
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    if (strlen(name) == 0 || strlen(name) >= CAP_NAME_MAX) rc = kern_fail("bad component name '%s'", name);
+    else if (comp_find(c, name) >= 0) rc = kern_fail("component '%s' is already registered", name);
+    else if (c->n_comp == CAP_MAX_COMPONENTS) rc = kern_fail("more than %d components", CAP_MAX_COMPONENTS);
+    else {
+        comp_t *k = &c->comp[c->n_comp++];
+        snprintf(k->name, sizeof k->name, "%s", name);
+        k->base = base;
+        k->bytes = bytes;
+        k->version = version;
+        k->generation = 1;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int64_t cap_component_version(const cap_cache_t *c, const char *name) {
+    cap_cache_t *m = (cap_cache_t *)c;
+    pthread_mutex_lock(&m->lock);
+    int i = comp_find(c, name);
+    int64_t v = i < 0 ? -1 : (int64_t)c->comp[i].version;
+    pthread_mutex_unlock(&m->lock);
+    return v;
+}
+
+int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                         uint64_t new_version) {
+    evq_t *q = malloc(sizeof *q);
+    if (!q) return kern_fail("out of memory");
+    q->n = 0;
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    int ci = comp_find(c, name);
+    comp_t *k = ci >= 0 ? &c->comp[ci] : NULL;
+    if (!k) n = kern_fail("weight sync: unknown component '%s'", name);
+    else if (new_version <= k->version)
+        n = kern_fail("weight sync: %s version %llu is not newer than the resident %llu", name,
+                      (unsigned long long)new_version, (unsigned long long)k->version);
+    else if (c->opt.policy == CAP_POLICY_INPLACE && (base != k->base || bytes != k->bytes))
+        n = kern_fail("weight sync: inplace policy needs %s at its resident address and size", name);
+    if (n == 0) {
+        uint64_t from = k->version;
+        k->version = new_version;
+        k->generation++;
+        k->base = base;
+        k->bytes = bytes;
+        entry_t *next;
+        for (entry_t *e = c->head; e; e = next) {
+            next = e->next;
+            if (e->doomed || !cap_key_reads(&e->key, name)) continue;
+            n++;
+            if (c->opt.policy == CAP_POLICY_EVICT) {
+                evict(c, e, CAP_EVICT_WEIGHT_SYNC, q, name, from, new_version);
+                continue;
+            }
+            /* inplace: same addresses, new contents -- re-key, re-verify. */
+            cap_key_set_version(&e->key, name, new_version);
+            cap_key_text(&e->key, false, e->text, sizeof e->text);
+            e->hash = cap_hash_text(e->text);
+            for (int i = 0; i < e->prog->n_components; i++)
+                if (e->comp[i] == ci) e->comp_gen[i] = k->generation;
+            if (e->state == ST_READY) e->state = ST_REVERIFY;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    evq_flush(c, q);
+    free(q);
+    return n;
+}
+
+int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason) {
+    char text[CAP_KEY_TEXT_MAX];
+    if (cap_key_text(key, false, text, sizeof text) < 0) return -1;
+    evq_t *q = malloc(sizeof *q);
+    if (!q) return kern_fail("out of memory");
+    q->n = 0;
+    int n = 0;
+    pthread_mutex_lock(&c->lock);
+    entry_t *next;
+    for (entry_t *e = c->head; e; e = next) {
+        next = e->next;
+        if (!e->doomed && !strcmp(e->text, text)) {
+            evict(c, e, reason, q, NULL, 0, 0);
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    evq_flush(c, q);
+    free(q);
+    return n;
+}
+
+void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out) {
+    cap_cache_t *m = (cap_cache_t *)c;
+    pthread_mutex_lock(&m->lock);
+    *out = c->st;
+    pthread_mutex_unlock(&m->lock);
+}

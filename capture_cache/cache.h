@@ -1,0 +1,212 @@
+/* cache.h -- safe capture, verify, replay and eviction of step graphs.
+ *
+ * A *program* is a capturable step: it owns an address-stable workspace per
+ * (key, stream), reads every per-step value from it, and writes its outputs
+ * into static buffers. cap_dispatch() runs one call of a program for a key
+ * on a stream, choosing eager or graph replay and proving replay safe:
+ *
+ *   warmup (W eager runs, default 2; never a failure)
+ *     -> capture (launches recorded, nothing runs)
+ *     -> verify (replay once, run eager on the same inputs; publish only if
+ *        every output is bitwise equal; else refuse and release the graph)
+ *     -> replay, after checking on every call that pinned inputs, baked
+ *        constants and weights are still what the graph baked in.
+ *
+ * A check that fails *declines* the call to eager with a reason; only a
+ * permanent reason (verify_mismatch, capture_failed, backend_unavailable)
+ * disables the entry. Every decline is counted, logged once per (reason,
+ * key) at warning level, and reported through the event callback.
+ *
+ * Threads: one thread per stream. Calls on different streams run
+ * concurrently (entries are per stream, so two streams never share static
+ * buffers); the cache's tables are guarded by one mutex held only for
+ * lookups and bookkeeping, never while kernels run. */
+#ifndef REEL_CAPTURE_CACHE_H
+#define REEL_CAPTURE_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "capture_cache/key.h"
+#include "kernels/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CAP_DECLINE_WARMING_UP = 0,     /* still in warmup: expected, not a failure */
+    CAP_DECLINE_NOT_CAPTURABLE,     /* step flagged non-capturable (SDE, no static form) */
+    CAP_DECLINE_OVERRIDE,           /* an interceptor override forced eager */
+    CAP_DECLINE_SHAPE_MISMATCH,     /* an input does not fit the static workspace */
+    CAP_DECLINE_PINNED_INPUT_MOVED, /* a pinned input changed address/layout */
+    CAP_DECLINE_CONSTANT_CHANGED,   /* a baked constant changed type or value */
+    CAP_DECLINE_WEIGHTS_MOVED,      /* a weight component moved or changed generation */
+    CAP_DECLINE_VERIFY_MISMATCH,    /* replay != eager bitwise (permanent) */
+    CAP_DECLINE_CAPTURE_FAILED,     /* capture itself failed (permanent) */
+    CAP_DECLINE_BUDGET_EXCEEDED,    /* graph would not fit the memory budget */
+    CAP_DECLINE_BACKEND_UNAVAILABLE,/* backend cannot capture (permanent) */
+    CAP_DECLINE_MUTABLE_OUTPUT,     /* an output aliases an input read in place */
+    CAP_DECLINE_COUNT
+} cap_reason_t;
+
+typedef enum {
+    CAP_EVICT_WEIGHT_SYNC = 0,
+    CAP_EVICT_LRU,
+    CAP_EVICT_SHAPE_CHANGE,
+    CAP_EVICT_EXPLICIT,
+    CAP_EVICT_SHUTDOWN,
+    CAP_EVICT_COUNT
+} cap_evict_reason_t;
+
+typedef enum {
+    CAP_POLICY_EVICT = 0,   /* a weight sync drops the graphs that read it */
+    CAP_POLICY_INPLACE,     /* weights copied in place; graphs re-verified */
+} cap_policy_t;
+
+/* "warming_up", "not_capturable", ...; "weight_sync", "lru", ...; "evict",
+ * "inplace". "?" when out of range. */
+const char *cap_reason_name(cap_reason_t r);
+const char *cap_evict_reason_name(cap_evict_reason_t r);
+const char *cap_policy_name(cap_policy_t p);
+int cap_policy_parse(const char *s, cap_policy_t *out);
+/* True for reasons that disable an entry for good. */
+bool cap_reason_permanent(cap_reason_t r);
+
+typedef enum { CAP_EV_CAPTURE, CAP_EV_DECLINE, CAP_EV_EVICT } cap_event_kind_t;
+
+typedef struct {
+    cap_event_kind_t kind;
+    int reason;                 /* cap_reason_t (DECLINE) or cap_evict_reason_t (EVICT) */
+    const char *key_text;       /* valid during the callback only */
+    uint64_t key_hash;
+    int stream;                 /* stream index in this cache, from 0 */
+    size_t bytes;               /* CAPTURE: graph + workspace; EVICT: bytes freed */
+    size_t nodes;               /* CAPTURE: graph nodes */
+    double seconds;             /* CAPTURE: capture + verify wall time */
+    const char *component;      /* EVICT weight_sync: the component, else NULL */
+    uint64_t from_version, to_version;
+} cap_event_t;
+
+typedef void (*cap_event_fn)(void *user, const cap_event_t *ev);
+/* level: 0 debug, 1 info, 2 warning. */
+typedef void (*cap_log_fn)(void *user, int level, const char *msg);
+
+typedef struct {
+    size_t budget_bytes;        /* graph + workspace bytes held; 0 = unlimited */
+    int warmup;                 /* eager runs before capture; < 0 means default 2 */
+    cap_policy_t policy;
+    bool graphs;                /* false: never capture (every call eager, counted as override) */
+    cap_event_fn on_event;      /* may be NULL; called with no cache lock held */
+    void *event_user;
+    cap_log_fn log;             /* NULL: warnings to stderr */
+    void *log_user;
+} cap_options_t;
+
+/* Defaults: unlimited budget, warmup 2, evict policy, graphs on. */
+cap_options_t cap_options_default(void);
+
+/* A baked scalar constant of a call: captured once, compared on replay. */
+typedef enum { CAP_CONST_I64, CAP_CONST_F64 } cap_const_type_t;
+typedef struct {
+    char name[CAP_NAME_MAX];
+    cap_const_type_t type;
+    union { int64_t i; double f; } v;
+} cap_const_t;
+
+/* The capturable step. Slots are tensors inside the workspace that the
+ * step reads its inputs from; the cache redirects a slot to the caller's
+ * tensor when it pins that input, and restores it otherwise. */
+typedef struct {
+    const char *name;
+    int n_inputs, n_outputs;
+    bool pinnable[CAP_MAX_INPUTS];   /* may input i be read in place? */
+    /* The workspace for key on s; NULL with a message on failure. */
+    void *(*ws_new)(void *user, const cap_key_t *key, kern_stream_t *s);
+    void (*ws_free)(void *user, void *ws);
+    size_t (*ws_bytes)(void *user, const void *ws);
+    kern_tensor_t *(*input)(void *user, void *ws, int i);
+    kern_tensor_t *(*output)(void *user, void *ws, int i);
+    /* Launches one step on s reading only the workspace (and consts, which
+     * the capture bakes in). 0, or -1 with a message. */
+    int (*launch)(void *user, void *ws, const cap_const_t *consts, int n_consts, kern_stream_t *s);
+    /* Components (names) whose weights the step reads, with their resident
+     * memory: checked on every replay. */
+    int n_components;
+    const char *components[CAP_MAX_COMPONENTS];
+} cap_program_t;
+
+typedef struct {
+    const cap_key_t *key;
+    const kern_tensor_t *inputs;     /* n_inputs; on the backend's device or the host */
+    const kern_tensor_t *outputs;    /* n_outputs destinations (copied out to) */
+    const cap_const_t *consts;
+    int n_consts;
+    bool not_capturable;             /* eager break: SDE step, no static form */
+    bool override;                   /* eager break: interceptor override */
+} cap_call_t;
+
+typedef enum { CAP_RAN_EAGER, CAP_RAN_CAPTURED, CAP_RAN_REPLAYED } cap_ran_t;
+
+typedef struct {
+    cap_ran_t ran;
+    cap_reason_t reason;             /* why eager (valid when ran == CAP_RAN_EAGER) */
+} cap_result_t;
+
+typedef struct {
+    uint64_t calls, captures, replays, eager_runs, verifies, reverifies;
+    uint64_t declines[CAP_DECLINE_COUNT];
+    uint64_t evictions[CAP_EVICT_COUNT];
+    double capture_seconds;          /* capture + verify, summed */
+    double replay_seconds;           /* bind + replay + copy-out of replayed calls */
+    double eager_seconds;            /* bind + launch + copy-out of eager calls */
+    size_t bytes_held;               /* graph + workspace bytes of live entries */
+    size_t graph_bytes, ws_bytes;
+    size_t entries, graphs;
+    uint64_t bind_bytes_copied;      /* copied into static buffers */
+    uint64_t bind_bytes_pinned;      /* read in place instead */
+} cap_stats_t;
+
+typedef struct cap_cache cap_cache_t;
+
+/* A cache for backend b. NULL with a message on bad options. */
+cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt);
+/* Evicts every entry (reason shutdown, one event each) and frees. The
+ * caller guarantees no dispatch is running. */
+void cap_cache_destroy(cap_cache_t **c);
+
+/* Registers weight component `name` whose tensors live in [base, base+bytes)
+ * at `version`. -1 if the name is taken or the table full. */
+int cap_component_register(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                           uint64_t version);
+/* A weight sync of component `name` to new_version (must be greater than the
+ * current one: -1 otherwise). Under the evict policy every entry whose key
+ * reads `name` is dropped (event weight_sync) and base/bytes are taken as
+ * the new residence. Under inplace, base must equal the registered base (the
+ * caller copied the new weights into the resident buffers); entries are
+ * re-keyed to new_version and each is re-verified bitwise on its next call.
+ * Call between steps, never while a dispatch that reads `name` runs.
+ * Returns the number of entries affected, or -1 with a message. */
+int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                         uint64_t new_version);
+/* The registered version of `name`; -1 (as int64) if unknown. */
+int64_t cap_component_version(const cap_cache_t *c, const char *name);
+
+/* Runs one call (see the top of this file). On success fills *res (may be
+ * NULL) and the caller's outputs hold the step's results. Returns -1 with a
+ * message when the call itself cannot run: an input that does not fit the
+ * static workspace (counted as shape_mismatch; nothing is resized), an
+ * unknown weight component, a failing launch. */
+int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
+                 const cap_call_t *call, cap_result_t *res);
+
+/* Drops every entry of key (all streams) with reason (explicit or
+ * shape_change). Returns how many were dropped. */
+int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
+
+void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

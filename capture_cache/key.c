@@ -1,0 +1,126 @@
+/* key.c -- canonical text and hashes of capture keys (see key.h). */
+#include "key.h"
+#include "kernels/error.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int valid_name(const char *s, size_t max) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= max) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-' || c == '+'))
+            return 0;
+    }
+    return 1;
+}
+
+int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
+    if (k->n_inputs >= CAP_MAX_INPUTS) return kern_fail("capture key: more than %d inputs", CAP_MAX_INPUTS);
+    if (!valid_name(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name);
+    if (ndim < 0 || ndim > KERN_MAX_DIMS) return kern_fail("capture key: input '%s' has %d dims", name, ndim);
+    cap_sig_t *s = &k->inputs[k->n_inputs++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->dtype = dt;
+    s->ndim = ndim;
+    memcpy(s->shape, shape, (size_t)ndim * sizeof *shape);
+    return 0;
+}
+
+int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version) {
+    if (k->n_components >= CAP_MAX_COMPONENTS)
+        return kern_fail("capture key: more than %d components", CAP_MAX_COMPONENTS);
+    if (!valid_name(name, CAP_NAME_MAX)) return kern_fail("capture key: bad component name '%s'", name);
+    if (cap_key_reads(k, name)) return kern_fail("capture key: component '%s' twice", name);
+    cap_component_ver_t *c = &k->components[k->n_components++];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->version = version;
+    return 0;
+}
+
+int cap_key_set_version(cap_key_t *k, const char *name, uint64_t version) {
+    for (int i = 0; i < k->n_components; i++)
+        if (!strcmp(k->components[i].name, name)) {
+            k->components[i].version = version;
+            return 0;
+        }
+    return kern_fail("capture key does not read component '%s'", name);
+}
+
+bool cap_key_reads(const cap_key_t *k, const char *name) {
+    for (int i = 0; i < k->n_components; i++)
+        if (!strcmp(k->components[i].name, name)) return true;
+    return false;
+}
+
+typedef struct { char *buf; size_t len, n; int overflow; } out_t;
+
+static void put(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(out_t *o, const char *fmt, ...) {
+    if (o->overflow) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(o->buf + o->n, o->len - o->n, fmt, ap);
+    va_end(ap);
+    if (w < 0 || (size_t)w >= o->len - o->n) o->overflow = 1;
+    else o->n += (size_t)w;
+}
+
+static int cmp_comp(const void *a, const void *b) {
+    return strcmp(((const cap_component_ver_t *)a)->name, ((const cap_component_ver_t *)b)->name);
+}
+
+int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
+    if (len == 0) return kern_fail("capture key: no room for the text");
+    if ((!shard && (!valid_name(k->device, sizeof k->device) || !valid_name(k->arch, sizeof k->arch))) ||
+        !valid_name(k->model, sizeof k->model) || !valid_name(k->loop, sizeof k->loop) ||
+        !valid_name(k->graph.cfg, sizeof k->graph.cfg) || !valid_name(k->graph.expert, sizeof k->graph.expert) ||
+        !valid_name(k->graph.sched, sizeof k->graph.sched) || k->n_inputs < 0 || k->n_inputs > CAP_MAX_INPUTS ||
+        k->n_components < 0 || k->n_components > CAP_MAX_COMPONENTS)
+        return kern_fail("capture key: a field is empty or has characters outside [A-Za-z0-9_.:+-]");
+    out_t o = { buf, len, 0, 0 };
+    put(&o, "reel-key/1");
+    if (!shard) put(&o, " device=%s arch=%s", k->device, k->arch);
+    put(&o, " model=%s loop=%s inputs=", k->model, k->loop);
+    for (int i = 0; i < k->n_inputs; i++) {
+        const cap_sig_t *s = &k->inputs[i];
+        put(&o, "%s%s:%s[", i ? "," : "", s->name, kern_dtype_name(s->dtype));
+        for (int d = 0; d < s->ndim; d++) put(&o, d ? ",%lld" : "%lld", (long long)s->shape[d]);
+        put(&o, "]");
+    }
+    if (!shard) {
+        cap_component_ver_t sorted[CAP_MAX_COMPONENTS];
+        memcpy(sorted, k->components, (size_t)k->n_components * sizeof *sorted);
+        qsort(sorted, (size_t)k->n_components, sizeof *sorted, cmp_comp);
+        put(&o, " weights=");
+        if (k->n_components == 0) put(&o, "-");
+        for (int i = 0; i < k->n_components; i++)
+            put(&o, "%s%s@%llu", i ? "," : "", sorted[i].name, (unsigned long long)sorted[i].version);
+    }
+    put(&o, " graph=dtype:%s,cfg:%s,expert:%s,sched:%s", kern_dtype_name(k->graph.dtype), k->graph.cfg,
+        k->graph.expert, k->graph.sched);
+    if (o.overflow) return kern_fail("capture key text longer than %zu bytes", len - 1);
+    return (int)o.n;
+}
+
+uint64_t cap_hash_text(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h ? h : 1;
+}
+
+static uint64_t hash(const cap_key_t *k, bool shard) {
+    char buf[CAP_KEY_TEXT_MAX];
+    if (cap_key_text(k, shard, buf, sizeof buf) < 0) return 0;
+    return cap_hash_text(buf);
+}
+
+uint64_t cap_key_hash(const cap_key_t *k) { return hash(k, false); }
+uint64_t cap_key_shard_hash(const cap_key_t *k) { return hash(k, true); }

@@ -1,0 +1,86 @@
+/* key.h -- the capture key: what a graph depends on, in one canonical text
+ * form and a 64-bit hash of it, computed by the same code everywhere.
+ *
+ * A key names: device and arch, model, loop kind, the shape signature (each
+ * input's name, dtype and shape, in the program's input order), the
+ * resident version of every weight component the step reads, and graph_key
+ * (compute dtype, CFG branch set, expert, scheduler precision).
+ *
+ *   reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler
+ *   inputs=latent:F32[4,2,8,8],context:F32[5,32],uncond:F32[5,32]
+ *   weights=transformer@3 graph=dtype:F32,cfg:cond+uncond,expert:-,sched:f32
+ *
+ * (one line; components sorted by name). The shard form drops device, arch
+ * and weight versions: it is what the broker hashes to pick a worker, so a
+ * key keeps its worker across weight syncs. Hash: FNV-1a 64 of the text. */
+#ifndef REEL_CAPTURE_KEY_H
+#define REEL_CAPTURE_KEY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kernels/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CAP_MAX_INPUTS 8
+#define CAP_MAX_COMPONENTS 8
+#define CAP_NAME_MAX 48
+#define CAP_KEY_TEXT_MAX 1024
+
+typedef struct {
+    char name[CAP_NAME_MAX];
+    kern_dtype_t dtype;
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+} cap_sig_t;
+
+typedef struct {
+    char name[CAP_NAME_MAX];
+    uint64_t version;
+} cap_component_ver_t;
+
+typedef struct {
+    char device[32];              /* "cpu", "cuda:0" */
+    char arch[32];                /* "cpu-avx2", "sm_90" */
+    char model[CAP_NAME_MAX];     /* "tinydit:small" */
+    char loop[24];                /* "euler", "sde" */
+    int n_inputs;
+    cap_sig_t inputs[CAP_MAX_INPUTS];
+    int n_components;
+    cap_component_ver_t components[CAP_MAX_COMPONENTS];
+    struct {
+        kern_dtype_t dtype;       /* compute dtype */
+        char cfg[24];             /* "cond" or "cond+uncond" */
+        char expert[24];          /* "-" when the model has one */
+        char sched[8];            /* scheduler precision, "f32" */
+    } graph;
+} cap_key_t;
+
+/* Adds an input signature / component to k. -1 with a message when full or
+ * a name is empty, too long or contains a character outside [A-Za-z0-9_.:-]
+ * (names must not be able to forge the text form). */
+int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape);
+int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version);
+/* Sets the version of component `name`; -1 if k does not read it. */
+int cap_key_set_version(cap_key_t *k, const char *name, uint64_t version);
+/* True when k reads component `name` (any version). */
+bool cap_key_reads(const cap_key_t *k, const char *name);
+
+/* Writes the canonical text (full form, or the shard form when shard is
+ * true) into buf; returns its length, or -1 (message set) if it would not
+ * fit in len bytes or a field is invalid. */
+int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len);
+/* FNV-1a 64 of the full text / of the shard text; 0 if the text is invalid
+ * (0 is never a valid hash: it is remapped to 1). */
+uint64_t cap_key_hash(const cap_key_t *k);
+uint64_t cap_key_shard_hash(const cap_key_t *k);
+/* FNV-1a 64 of any string, with the same remapping. */
+uint64_t cap_hash_text(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
