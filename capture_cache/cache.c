@@ -622,9 +622,19 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
         break;
     case ST_READY:
     case ST_REVERIFY: {
-        for (int i = 0; i < p->n_inputs && reason == CAP_DECLINE_COUNT; i++)
-            if (e->pinned[i] && !same_ident(&e->ident[i], &call->inputs[i]))
+        for (int i = 0; i < p->n_inputs; i++)
+            if (e->pinned[i] && !same_ident(&e->ident[i], &call->inputs[i])) {
+                /* Never read the old address. The input does not stay put,
+                 * so stop pinning it: the next call captures again with this
+                 * input copied into its static buffer. */
                 reason = CAP_DECLINE_PINNED_INPUT_MOVED;
+                e->ident_stable[i] = false;
+            }
+        if (reason == CAP_DECLINE_PINNED_INPUT_MOVED) {
+            drop_graph(c, e);
+            memset(e->pinned, 0, sizeof e->pinned);
+            e->state = ST_CAPTURE;
+        }
         if (reason == CAP_DECLINE_COUNT && !consts_equal(e, call)) reason = CAP_DECLINE_CONSTANT_CHANGED;
         for (int i = 0; i < p->n_components && reason == CAP_DECLINE_COUNT; i++) {
             const comp_t *k = &c->comp[e->comp[i]];

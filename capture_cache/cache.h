@@ -12,6 +12,13 @@
  *     -> replay, after checking on every call that pinned inputs, baked
  *        constants and weights are still what the graph baked in.
  *
+ * Pinning: an input the program marks pinnable whose layout identity
+ * (address, offset, dtype, shape, strides, device) stayed the same through
+ * warmup is read in place by the graph instead of copied. A replay call
+ * whose pinned input moved declines (pinned_input_moved) and never reads
+ * the old address; the entry then stops pinning that input and captures
+ * again on its next call, copying it from then on.
+ *
  * A check that fails *declines* the call to eager with a reason; only a
  * permanent reason (verify_mismatch, capture_failed, backend_unavailable)
  * disables the entry. Every decline is counted, logged once per (reason,

@@ -5,6 +5,7 @@
 #include "kernels/error.h"
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
+#include "worker/model/tdit_program.h"
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -15,12 +16,14 @@ typedef struct {
     const char *weights, *latent, *context, *uncond, *out, *backend, *dtype;
     tdit_loop_t loop;
     bool have_cfg, have_seed;
+    bool graphs;
+    int warmup;
     int64_t size[3];   /* F, H, W when no --latent */
 } run_opts_t;
 
 static int parse(int argc, char **argv, run_opts_t *r) {
     enum { O_WEIGHTS = 1, O_LATENT, O_CONTEXT, O_UNCOND, O_STEPS, O_SHIFT, O_CFG, O_SDE, O_ETA,
-           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE };
+           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP };
     static const struct option opts[] = {
         { "weights", required_argument, 0, O_WEIGHTS }, { "latent", required_argument, 0, O_LATENT },
         { "context", required_argument, 0, O_CONTEXT }, { "uncond", required_argument, 0, O_UNCOND },
@@ -29,6 +32,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         { "eta", required_argument, 0, O_ETA }, { "seed", required_argument, 0, O_SEED },
         { "backend", required_argument, 0, O_BACKEND }, { "dtype", required_argument, 0, O_DTYPE },
         { "out", required_argument, 0, O_OUT }, { "size", required_argument, 0, O_SIZE },
+        { "graphs", required_argument, 0, O_GRAPHS }, { "warmup", required_argument, 0, O_WARMUP },
         { 0, 0, 0, 0 },
     };
     memset(r, 0, sizeof *r);
@@ -38,6 +42,8 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     r->loop.eta = 0.7f;
     r->backend = "cpu";
     r->dtype = "f32";
+    r->graphs = true;
+    r->warmup = 2;
     int o;
     double d;
     opterr = 0;
@@ -70,6 +76,15 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         case O_SEED:
             if (ctl_parse_u64(optarg, &r->loop.seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
             r->have_seed = true;
+            break;
+        case O_GRAPHS:
+            if (!strcmp(optarg, "on")) r->graphs = true;
+            else if (!strcmp(optarg, "off")) r->graphs = false;
+            else return ctl_die(CTL_USAGE, "--graphs: expected on or off, got '%s'", optarg);
+            break;
+        case O_WARMUP:
+            if (ctl_parse_int(optarg, &r->warmup) || r->warmup < 0 || r->warmup > 1000)
+                return ctl_die(CTL_USAGE, "--warmup: expected 0..1000, got '%s'", optarg);
             break;
         case O_SIZE: {
             long long f, h, w;
@@ -160,6 +175,7 @@ int cmd_run(int argc, char **argv) {
     kern_stream_t *s = NULL;
     tdit_model_t *m = NULL;
     tdit_ws_t *ws = NULL;
+    cap_cache_t *cache = NULL;
     code = CTL_USAGE;
 
     st_file_t *wf = st_open(r.weights);
@@ -202,19 +218,44 @@ int cmd_run(int argc, char **argv) {
     if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
     st_close(&wf);
     tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL };
-    if (!(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
+    if (!r.graphs && !(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);
     if (!(out = malloc(n * sizeof *out))) { ctl_die(CTL_FAIL, "out of memory"); goto out; }
-    tdit_loop_stats_t st = { 0 };
-    if (tdit_generate(m, ws, s, &r.loop, lat, ctx, unc, out, &st) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+    tdit_run_stats_t st = { 0 };
+    if (r.graphs) {
+        cap_options_t co = cap_options_default();
+        co.warmup = r.warmup;
+        cache = cap_cache_new(b, &co);
+        if (!cache || tdit_register_weights(cache, m, 1) != 0 ||
+            tdit_generate_cached(m, cache, s, NULL, &shape, &r.loop, lat, ctx, unc, out, &st) != 0) {
+            ctl_die(CTL_FAIL, "%s", kern_error());
+            goto out;
+        }
+    } else {
+        tdit_loop_stats_t es = { 0 };
+        if (tdit_generate(m, ws, s, &r.loop, lat, ctx, unc, out, &es) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+        st.steps = st.eager = es.steps_run;
+        st.declines[CAP_DECLINE_OVERRIDE] = es.steps_run;
+        st.seconds = es.seconds;
+    }
     if (write_output(r.out, lshape, out, &r, &cfg) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
     fprintf(stderr, "reelctl: %s on %s (%s): latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "], "
             "%d %s steps%s, %.3f s (%.1f ms/step) -> %s\n",
             cfg.name, kern_backend_device_name(b), kern_backend_arch(b), lshape[0], lshape[1], lshape[2],
-            lshape[3], st.steps_run, r.loop.sde ? "SDE" : "Euler", unc ? " with CFG" : "",
-            st.seconds, 1e3 * st.seconds / (st.steps_run ? st.steps_run : 1), r.out);
+            lshape[3], st.steps, r.loop.sde ? "SDE" : "Euler", unc ? " with CFG" : "",
+            st.seconds, 1e3 * st.seconds / (st.steps ? st.steps : 1), r.out);
+    fprintf(stderr, "reelctl: graphs %s: %d captured, %d replayed, %d eager", r.graphs ? "on" : "off",
+            st.captured, st.replayed, st.eager);
+    const char *sep = " (";
+    for (int i = 0; i < CAP_DECLINE_COUNT; i++)
+        if (st.declines[i]) {
+            fprintf(stderr, "%s%s %d", sep, cap_reason_name((cap_reason_t)i), st.declines[i]);
+            sep = ", ";
+        }
+    fprintf(stderr, "%s\n", sep[0] == ',' ? ")" : "");
     code = CTL_OK;
 out:
+    cap_cache_destroy(&cache);
     tdit_ws_destroy(&ws);
     tdit_model_destroy(&m);
     kern_stream_destroy(&s);

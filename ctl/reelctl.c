@@ -17,7 +17,7 @@ static const char usage[] =
     "  weights info W.safetensors  print a weights file's config and size\n"
     "  run --weights W --latent IN.safetensors --context C.safetensors [--uncond U.safetensors]\n"
     "      --steps N --shift S [--cfg G] [--sde --eta A] [--seed K] [--backend cpu|cuda]\n"
-    "      [--dtype f32|bf16] --out OUT.safetensors\n"
+    "      [--dtype f32|bf16] [--graphs on|off] [--warmup N] --out OUT.safetensors\n"
     "                              one denoising loop in this process (no broker)\n"
     "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
     "  kernels [--json]            list the registered kernels\n"

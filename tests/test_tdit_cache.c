@@ -1,0 +1,260 @@
+/* test_tdit_cache.c -- the tinydit denoising loop through capture_cache on
+ * the CPU backend: capture once, replay the rest, bitwise equal to pure
+ * eager; SDE eager breaks; weight syncs under both policies. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kernels/error.h"
+#include "worker/model/tdit_program.h"
+
+static char dir[64], w1[128], w2[128];
+
+static void setup_dir(void) {
+    strcpy(dir, "/tmp/reel-test-tc.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(w1, sizeof w1, "%s/w1.safetensors", dir);
+    snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
+    tdit_config_t c;
+    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
+    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", kern_error());
+}
+
+static void teardown_dir(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
+static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true };
+
+typedef struct {
+    kern_backend_t *b;
+    kern_stream_t *s;
+    tdit_model_t *m;
+    cap_cache_t *c;
+    tdit_staging_t *stg;
+    float lat[NL], ctx[NC], unc[NC];
+    int evicts[CAP_EVICT_COUNT];
+} fx_t;
+
+static void on_event(void *u, const cap_event_t *ev) {
+    fx_t *f = u;
+    if (ev->kind == CAP_EV_EVICT) f->evicts[ev->reason]++;
+}
+
+static void quiet(void *u, int level, const char *msg) { (void)u; (void)level; (void)msg; }
+
+static fx_t *fx_open(cap_policy_t policy) {
+    fx_t *f = calloc(1, sizeof *f);
+    f->b = kern_backend_cpu_new();
+    f->s = kern_stream_new(f->b);
+    f->m = tdit_model_load_path(f->b, w1, KERN_F32);
+    ck_assert_msg(f->m != NULL, "%s", kern_error());
+    cap_options_t o = cap_options_default();
+    o.policy = policy;
+    o.on_event = on_event;
+    o.event_user = f;
+    o.log = quiet;
+    f->c = cap_cache_new(f->b, &o);
+    ck_assert_int_eq(tdit_register_weights(f->c, f->m, 1), 0);
+    f->stg = tdit_staging_new(f->m, &SHAPE_CFG);
+    ck_assert_ptr_nonnull(f->stg);
+    tdit_initial_latent(1, f->lat, NL);
+    tdit_initial_latent(2, f->ctx, NC);
+    tdit_initial_latent(3, f->unc, NC);
+    return f;
+}
+
+static void fx_close(fx_t *f) {
+    cap_cache_destroy(&f->c);
+    tdit_staging_destroy(&f->stg);
+    tdit_model_destroy(&f->m);
+    kern_stream_destroy(&f->s);
+    ck_assert_uint_eq(kern_bytes_in_use(f->b), 0);
+    kern_backend_destroy(&f->b);
+    free(f);
+}
+
+/* The pure eager loop (no cache at all) with m's current weights. */
+static void eager(fx_t *f, const tdit_loop_t *p, float *out) {
+    tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &SHAPE_CFG);
+    ck_assert_msg(tdit_generate(f->m, ws, f->s, p, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", kern_error());
+    tdit_ws_destroy(&ws);
+}
+
+static void cached_in(fx_t *f, tdit_staging_t *stg, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
+    memset(st, 0, sizeof *st);
+    int rc = tdit_generate_cached(f->m, f->c, f->s, stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc, out, st);
+    ck_assert_msg(rc == 0, "%s", kern_error());
+}
+
+static void cached(fx_t *f, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
+    cached_in(f, f->stg, p, out, st);
+}
+
+START_TEST(test_cached_cfg_loop_captures_once_replays_rest_bitwise_equal_to_pure_eager) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 7, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    eager(f, &p, b);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    ck_assert_int_eq(st.captured, 1);
+    ck_assert_int_eq(st.replayed, 4);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_second_request_through_same_staging_replays_every_step) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 4, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    cached(f, &p, b, &st);
+    ck_assert_int_eq(st.replayed, 4);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_gt(cs.bind_bytes_pinned, 0); /* contexts read in place */
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_request_in_new_buffers_declines_moved_pin_then_recaptures_exactly) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 5, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    tdit_staging_t *other = tdit_staging_new(f->m, &SHAPE_CFG); /* surely other addresses */
+    cached_in(f, other, &p, b, &st);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 1);
+    ck_assert_int_eq(st.captured, 1);
+    ck_assert_int_eq(st.replayed, 3);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    /* the contexts are no longer pinned: a third place replays every step */
+    tdit_staging_destroy(&other);
+    tdit_staging_t *third = tdit_staging_new(f->m, &SHAPE_CFG);
+    cached_in(f, third, &p, b, &st);
+    ck_assert_int_eq(st.replayed, 5);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    tdit_staging_destroy(&third);
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_sde_steps_always_eager_break_and_match_eager_sde) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 5, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 9 };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    eager(f, &p, b);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_NOT_CAPTURABLE], 5);
+    ck_assert_int_eq(st.captured + st.replayed, 0);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    fx_close(f);
+}
+END_TEST
+
+static void sync_to_w2(fx_t *f) {
+    st_file_t *nf = st_open(w2);
+    ck_assert_ptr_nonnull(nf);
+    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", kern_error());
+    st_close(&nf);
+    int n = cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 2);
+    ck_assert_msg(n == 1, "entries affected: %d (%s)", n, kern_error());
+}
+
+START_TEST(test_weight_sync_evict_policy_drops_graph_and_recaptures_with_new_weights) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 4, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    sync_to_w2(f);
+    ck_assert_int_eq(f->evicts[CAP_EVICT_WEIGHT_SYNC], 1);
+    cached(f, &p, a, &st);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    ck_assert_int_eq(st.captured, 1);
+    eager(f, &p, b);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_weight_sync_inplace_policy_keeps_graph_and_reverifies) {
+    fx_t *f = fx_open(CAP_POLICY_INPLACE);
+    tdit_loop_t p = { .steps = 4, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    sync_to_w2(f);
+    ck_assert_int_eq(f->evicts[CAP_EVICT_WEIGHT_SYNC], 0);
+    cached(f, &p, a, &st);
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_eq(cs.captures, 1);        /* never recaptured */
+    ck_assert_uint_eq(cs.reverifies, 1);
+    eager(f, &p, b);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_stale_weight_version_is_refused) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    ck_assert_int_eq(cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 1), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "not newer"));
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_reload_with_other_config_fails_and_keeps_weights) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    char p2[160];
+    snprintf(p2, sizeof p2, "%s/small.safetensors", dir);
+    tdit_config_t c;
+    tdit_config_builtin("small", &c);
+    c.layers = 1;
+    ck_assert_int_eq(tdit_weights_init(&c, 1, p2), 0);
+    st_file_t *nf = st_open(p2);
+    tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    eager(f, &p, a);
+    ck_assert_int_eq(tdit_model_reload(f->m, nf), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "does not match"));
+    eager(f, &p, b);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    st_close(&nf);
+    fx_close(f);
+}
+END_TEST
+
+int main(void) {
+    Suite *su = suite_create("tdit_cache");
+    TCase *tc = tcase_create("loop");
+    tcase_add_unchecked_fixture(tc, setup_dir, teardown_dir);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_cached_cfg_loop_captures_once_replays_rest_bitwise_equal_to_pure_eager);
+    tcase_add_test(tc, test_second_request_through_same_staging_replays_every_step);
+    tcase_add_test(tc, test_request_in_new_buffers_declines_moved_pin_then_recaptures_exactly);
+    tcase_add_test(tc, test_sde_steps_always_eager_break_and_match_eager_sde);
+    tcase_add_test(tc, test_weight_sync_evict_policy_drops_graph_and_recaptures_with_new_weights);
+    tcase_add_test(tc, test_weight_sync_inplace_policy_keeps_graph_and_reverifies);
+    tcase_add_test(tc, test_stale_weight_version_is_refused);
+    tcase_add_test(tc, test_reload_with_other_config_fails_and_keeps_weights);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,61 @@
+/* tdit_program.h -- the tinydit denoising step as a capture_cache program,
+ * and the denoising loop run through a capture cache.
+ *
+ * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
+ * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
+ * 4 uncond [L,T] (pinnable; CFG only). Output 0: the updated latent. The
+ * step reads weight component "transformer" (the model's one allocation).
+ * SDE steps pass eta, seed and step as constants and are not capturable. */
+#ifndef REEL_WORKER_TDIT_PROGRAM_H
+#define REEL_WORKER_TDIT_PROGRAM_H
+
+#include "capture_cache/cache.h"
+#include "worker/model/loop.h"
+#include "worker/model/tinydit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDIT_COMPONENT "transformer"
+
+/* The program for the CFG (5 inputs) or plain (4 inputs) step. Its `user`
+ * is the tdit_model_t. */
+const cap_program_t *tdit_program(bool cfg);
+
+/* The capture key of one step of m on backend b for shape; `version` is the
+ * resident version of the transformer weights. -1 with a message when a
+ * field does not fit the key. */
+int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *shape, bool sde, uint64_t version,
+                  cap_key_t *out);
+
+/* Registers m's weights with c as component "transformer" at version. */
+int tdit_register_weights(cap_cache_t *c, const tdit_model_t *m, uint64_t version);
+
+typedef struct {
+    int steps, captured, replayed, eager;
+    int declines[CAP_DECLINE_COUNT];
+    double seconds;
+} tdit_run_stats_t;
+
+/* Request staging buffers on the device for one shape: where a request's
+ * latent, per-step scalars and contexts live while it runs. Reused across
+ * requests on one stream, they stay put, so the graph reads the contexts in
+ * place (pinned) instead of copying them every step. NULL with a message. */
+typedef struct tdit_staging tdit_staging_t;
+tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *shape);
+void tdit_staging_destroy(tdit_staging_t **st);
+
+/* The loop of loop.h, each step dispatched through c on stream s. stg holds
+ * the request (NULL: temporary buffers for this call only; their addresses
+ * differ from the last request's, so pinned inputs re-learn). Writes the
+ * final latent to out; stats may be NULL. 0, or -1 with a message. */
+int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,
+                         const tdit_shape_t *shape, const tdit_loop_t *p, const float *latent,
+                         const float *context, const float *uncond, float *out,
+                         tdit_run_stats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
