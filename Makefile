@@ -1,9 +1,10 @@
 # Reel -- top-level build.  `make` builds everything; see README.md.
 #
 #   make            libraries, reelctl, tests (CUDA too when nvcc exists)
-#   make test       install missing deps, build, run every test
+#   make test       install missing deps, build, run every test (plus asan, tsan)
 #   make demo       install missing deps, build, run the main job
 #   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0)
+#   make tsan       unit suites under ThreadSanitizer (CUDA=0)
 #   make bench      benchmarks (separate from tests)
 #   make CUDA=0     build without CUDA even where nvcc exists
 
@@ -91,9 +92,12 @@ $(BUILD)/bench/%: bench/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
 
+# Every suite, then the unit suites again under ASan/UBSan and TSan.
 test: deps
 	$(MAKE) all
 	BUILD=$(BUILD) tests/run_all.sh
+	$(MAKE) asan
+	$(MAKE) tsan
 
 demo: deps
 	$(MAKE) all
@@ -105,6 +109,13 @@ asan: deps
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" all
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
+
+# Unit suites under ThreadSanitizer (the threaded capture_cache tests are
+# the point); OpenBLAS is not instrumented, so it runs single-threaded.
+tsan: deps
+	$(MAKE) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread" all
+	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 
 bench: deps
 	$(MAKE) all

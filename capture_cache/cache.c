@@ -129,6 +129,7 @@ cap_options_t cap_options_default(void) {
     o.warmup = 2;
     o.policy = CAP_POLICY_EVICT;
     o.graphs = true;
+    o.pin_inputs = true;
     return o;
 }
 
@@ -291,7 +292,7 @@ static entry_t *lookup(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p,
     e->ws_bytes = p->ws_bytes(user, e->ws);
     for (int i = 0; i < p->n_inputs; i++) {
         e->static_in[i] = *p->input(user, e->ws, i);
-        e->ident_stable[i] = p->pinnable[i];
+        e->ident_stable[i] = p->pinnable[i] && c->opt.pin_inputs;
     }
     e->state = ST_WARMUP;
     c->st.bytes_held += e->ws_bytes;

@@ -104,13 +104,14 @@ typedef struct {
     int warmup;                 /* eager runs before capture; < 0 means default 2 */
     cap_policy_t policy;
     bool graphs;                /* false: never capture (every call eager, counted as override) */
+    bool pin_inputs;            /* false: copy every input every call (for comparisons) */
     cap_event_fn on_event;      /* may be NULL; called with no cache lock held */
     void *event_user;
     cap_log_fn log;             /* NULL: warnings to stderr */
     void *log_user;
 } cap_options_t;
 
-/* Defaults: unlimited budget, warmup 2, evict policy, graphs on. */
+/* Defaults: unlimited budget, warmup 2, evict policy, graphs on, pinning on. */
 cap_options_t cap_options_default(void);
 
 /* A baked scalar constant of a call: captured once, compared on replay. */
