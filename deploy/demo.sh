@@ -1,7 +1,7 @@
 #!/bin/sh
 # demo.sh -- the main job as it stands: a real multi-step CFG generation on
 # the `small` config on the CPU backend, then a check that the run is
-# deterministic, and what every stage did. (The broker/worker cluster joins
+# deterministic and that graph replay equals eager, and what every stage did. (The broker/worker cluster joins
 # this demo when it exists; see README.md.)
 set -eu
 BUILD=${BUILD:-build}
@@ -21,17 +21,18 @@ say "2. inputs: a latent [16,4,16,16] (4 frames, 256 tokens), a prompt context a
 "$R" tensor rand --name context --shape 16,256 --seed 11 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 16,256 --seed 12 --out "$D/unc.safetensors"
 
-say "3. an 8-step flow-matching loop, shift 3, classifier-free guidance 5 (two forwards per step)"
+say "3. an 8-step flow-matching loop, shift 3, classifier-free guidance 5 (two forwards per step),
+   each step dispatched through capture_cache: 2 warmup steps, capture + bitwise verify, then replay"
 "$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
     --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
     --steps 8 --shift 3 --cfg 5 --backend cpu --out "$D/out.safetensors"
 "$R" tensor info "$D/latent.safetensors"
 "$R" tensor info "$D/out.safetensors"
 
-say "4. the same loop again is bitwise identical"
+say "4. the same loop with graphs off (pure eager) is bitwise identical to the replayed one"
 "$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
     --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-    --steps 8 --shift 3 --cfg 5 --backend cpu --out "$D/out2.safetensors"
+    --steps 8 --shift 3 --cfg 5 --backend cpu --graphs off --out "$D/out2.safetensors"
 if cmp -s "$D/out.safetensors" "$D/out2.safetensors"; then
     echo "identical: yes"
 else
@@ -39,7 +40,8 @@ else
     exit 1
 fi
 
-say "5. a Flow-GRPO SDE rollout (eta 0.7, seed 3): noise from Philox keyed by (seed, step, index)"
+say "5. a Flow-GRPO SDE rollout (eta 0.7, seed 3): noise from Philox keyed by (seed, step, index);
+   SDE steps are eager breaks (not capturable), counted as such"
 "$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
     --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
     --steps 4 --shift 3 --cfg 5 --sde --eta 0.7 --seed 3 --out "$D/sde.safetensors"
