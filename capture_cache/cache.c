@@ -16,7 +16,6 @@
 #include <time.h>
 
 #define CAP_MAX_CONSTS 8
-#define EVQ_MAX 64
 
 typedef enum {
     ST_WARMUP,      /* eager runs, learning which inputs stay put */
@@ -72,8 +71,9 @@ typedef struct {
 } queued_t;
 
 typedef struct {
-    queued_t q[EVQ_MAX];
-    int n;
+    queued_t *q;
+    size_t n, cap;
+    bool lost;          /* an allocation failed: events were dropped (stats still count) */
 } evq_t;
 
 typedef struct { uint64_t hash; cap_reason_t reason; } logged_t;
@@ -85,8 +85,8 @@ struct cap_cache {
     entry_t *head;                  /* most recently used first */
     comp_t comp[CAP_MAX_COMPONENTS];
     int n_comp;
-    kern_stream_t *streams[64];
-    int n_streams;
+    kern_stream_t **streams;        /* index = stream number in events */
+    int n_streams, cap_streams;
     logged_t *logged;
     size_t n_logged, cap_logged;
     cap_stats_t st;
@@ -141,9 +141,17 @@ static double now(void) {
 
 /* ---- events and logging --------------------------------------------------- */
 
+static void log_msg(cap_cache_t *c, int level, const char *msg);
+
 static void evq_push(evq_t *q, cap_event_kind_t kind, int reason, const entry_t *e, size_t bytes,
                      size_t nodes, double secs, const char *comp, uint64_t from, uint64_t to) {
-    if (!q || q->n == EVQ_MAX) return; /* bounded: a burst beyond is still counted in stats */
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 8;
+        queued_t *n = realloc(q->q, cap * sizeof *n);
+        if (!n) { q->lost = true; return; }
+        q->q = n;
+        q->cap = cap;
+    }
     queued_t *x = &q->q[q->n++];
     memset(&x->ev, 0, sizeof x->ev);
     x->ev.kind = kind;
@@ -160,14 +168,16 @@ static void evq_push(evq_t *q, cap_event_kind_t kind, int reason, const entry_t 
     x->ev.to_version = to;
 }
 
+/* Delivers and frees the queued events; the queue is empty afterwards. */
 static void evq_flush(cap_cache_t *c, evq_t *q) {
-    if (!q) return;
-    for (int i = 0; i < q->n; i++) {
+    for (size_t i = 0; i < q->n; i++) {
         q->q[i].ev.key_text = q->q[i].text;
         q->q[i].ev.component = q->q[i].comp[0] ? q->q[i].comp : NULL;
         if (c->opt.on_event) c->opt.on_event(c->opt.event_user, &q->q[i].ev);
     }
-    q->n = 0;
+    if (q->lost) log_msg(c, 2, "capture cache: out of memory queueing events; some were not delivered");
+    free(q->q);
+    memset(q, 0, sizeof *q);
 }
 
 static void log_msg(cap_cache_t *c, int level, const char *msg) {
@@ -244,11 +254,15 @@ static void evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, co
 static int stream_index(cap_cache_t *c, kern_stream_t *s) {
     for (int i = 0; i < c->n_streams; i++)
         if (c->streams[i] == s) return i;
-    if (c->n_streams < (int)(sizeof c->streams / sizeof c->streams[0])) {
-        c->streams[c->n_streams] = s;
-        return c->n_streams++;
+    if (c->n_streams == c->cap_streams) {
+        int cap = c->cap_streams ? c->cap_streams * 2 : 8;
+        kern_stream_t **n = realloc(c->streams, (size_t)cap * sizeof *n);
+        if (!n) return -1; /* events then say stream -1; nothing else depends on it */
+        c->streams = n;
+        c->cap_streams = cap;
     }
-    return -1;
+    c->streams[c->n_streams] = s;
+    return c->n_streams++;
 }
 
 static int comp_find(const cap_cache_t *c, const char *name) {
@@ -573,12 +587,10 @@ eager:
 int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
                  const cap_call_t *call, cap_result_t *res) {
     char text[CAP_KEY_TEXT_MAX], logbuf[CAP_KEY_TEXT_MAX + 200] = "";
-    evq_t *q = malloc(sizeof *q);
-    if (!q) return kern_fail("out of memory");
-    q->n = 0;
+    evq_t qq = { 0 }, *q = &qq;
     double t0 = now();
-    if (kern_stream_backend(s) != c->backend) { free(q); return kern_fail("dispatch: stream of another backend"); }
-    if (cap_key_text(call->key, false, text, sizeof text) < 0) { free(q); return -1; }
+    if (kern_stream_backend(s) != c->backend) return kern_fail("dispatch: stream of another backend");
+    if (cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
     uint64_t hash = cap_hash_text(text);
 
     pthread_mutex_lock(&c->lock);
@@ -586,7 +598,6 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     entry_t *e = lookup(c, s, p, user, call->key, hash, text);
     if (!e) {
         pthread_mutex_unlock(&c->lock);
-        free(q);
         return -1;
     }
     if (check_inputs(e, call) != 0) {
@@ -594,7 +605,6 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
         evq_push(q, CAP_EV_DECLINE, CAP_DECLINE_SHAPE_MISMATCH, e, 0, 0, 0, NULL, 0, 0);
         pthread_mutex_unlock(&c->lock);
         evq_flush(c, q);
-        free(q);
         return -1;
     }
     e->in_use = true;
@@ -745,7 +755,6 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     pthread_mutex_unlock(&c->lock);
     if (logbuf[0]) log_msg(c, 2, logbuf);
     evq_flush(c, q);
-    free(q);
     if (res && rc == 0) {
         res->ran = ran;
         res->reason = ran == CAP_RAN_EAGER ? reason : CAP_DECLINE_COUNT;
@@ -774,20 +783,17 @@ cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
 void cap_cache_destroy(cap_cache_t **cp) {
     if (!cp || !*cp) return;
     cap_cache_t *c = *cp;
-    evq_t *q = malloc(sizeof *q);
+    evq_t q = { 0 };
     pthread_mutex_lock(&c->lock);
-    if (q) q->n = 0;
     while (c->head) {
         assert(!c->head->in_use && "cap_cache_destroy during a dispatch");
-        evict(c, c->head, CAP_EVICT_SHUTDOWN, q, NULL, 0, 0);
-        pthread_mutex_unlock(&c->lock);
-        if (q) evq_flush(c, q);
-        pthread_mutex_lock(&c->lock);
+        evict(c, c->head, CAP_EVICT_SHUTDOWN, &q, NULL, 0, 0);
     }
     pthread_mutex_unlock(&c->lock);
-    free(q);
+    evq_flush(c, &q);
     pthread_mutex_destroy(&c->lock);
     free(c->logged);
+    free(c->streams);
     free(c);
     *cp = NULL;
 }
@@ -822,9 +828,7 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name) {
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                          uint64_t new_version) {
-    evq_t *q = malloc(sizeof *q);
-    if (!q) return kern_fail("out of memory");
-    q->n = 0;
+    evq_t qq = { 0 }, *q = &qq;
     int n = 0;
     pthread_mutex_lock(&c->lock);
     int ci = comp_find(c, name);
@@ -861,16 +865,13 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
     }
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, q);
-    free(q);
     return n;
 }
 
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason) {
     char text[CAP_KEY_TEXT_MAX];
     if (cap_key_text(key, false, text, sizeof text) < 0) return -1;
-    evq_t *q = malloc(sizeof *q);
-    if (!q) return kern_fail("out of memory");
-    q->n = 0;
+    evq_t qq = { 0 }, *q = &qq;
     int n = 0;
     pthread_mutex_lock(&c->lock);
     entry_t *next;
@@ -883,7 +884,6 @@ int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reaso
     }
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, q);
-    free(q);
     return n;
 }
 

@@ -60,7 +60,7 @@ typedef struct {
 } cap_key_t;
 
 /* Adds an input signature / component to k. -1 with a message when full or
- * a name is empty, too long or contains a character outside [A-Za-z0-9_.:-]
+ * a name is empty, too long or contains a character outside [A-Za-z0-9_.:+-]
  * (names must not be able to forge the text form). */
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape);
 int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version);

@@ -1,0 +1,1531 @@
+/* test_capture_cache.c -- the capture lifecycle (capture_cache/cache.h and
+ * key.h) on the CPU backend: warmup, capture, verify, replay, the checks made
+ * on every replay, declines, eviction, events, streams and threads.
+ *
+ * Every test drives a small synthetic step whose workspace holds two inputs
+ * (latent: copied, context: pinnable) and one output:
+ *     y = latent + context;  y += w · latent   (w: the weight component)
+ * with variants that add a baked constant or write a per-execution counter
+ * (a non-deterministic kernel). Each output is compared bitwise with a pure
+ * eager run of the same step outside any cache, so "replay is safe" means
+ * "replay gives the bits eager gives". Teardown destroys everything and
+ * checks that no backend memory is left allocated. */
+#include <check.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture_cache/cache.h"
+#include "capture_cache/key.h"
+#include "kernels/backend.h"
+#include "kernels/backend_impl.h" /* kern_stream_launch: the custom test kernels */
+#include "kernels/error.h"
+#include "kernels/ops.h"
+
+#define WMAX 64          /* floats per weight buffer: the widest row a key uses */
+#define ROWS 8
+#define COLS 8
+#define N (ROWS * COLS)
+#define MAX_OWNED 256
+#define MAX_STREAMS 8
+
+/* ---- the synthetic step ------------------------------------------------- */
+
+typedef enum { STEP_PLAIN, STEP_NONDET, STEP_CONST } step_kind_t;
+
+typedef struct {
+    kern_tensor_t w;     /* resident weights of the component the step reads, [WMAX] */
+    step_kind_t kind;
+} step_user_t;
+
+typedef struct {
+    kern_backend_t *b;
+    kern_tensor_t x, ctx, y;
+} step_ws_t;
+
+/* Incremented by every execution of tick_kernel (eager or replayed): the
+ * non-deterministic step writes it into y[0], so replay != eager. Touched
+ * by the main thread only. */
+static unsigned g_tick;
+
+typedef struct { float *y; } tick_args_t;
+typedef struct { float *y; int64_t n; float v; } bias_args_t;
+
+static int tick_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const tick_args_t *a = args;
+    a->y[0] = (float)++g_tick;
+    return 0;
+}
+
+/* y += v, with v baked into the argument block at launch (or capture). */
+static int bias_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const bias_args_t *a = args;
+    for (int64_t i = 0; i < a->n; i++) a->y[i] += a->v;
+    return 0;
+}
+
+static void step_ws_free(void *user, void *ws_) {
+    (void)user;
+    step_ws_t *ws = ws_;
+    if (!ws) return;
+    kern_free(ws->b, ws->x.data);
+    kern_free(ws->b, ws->ctx.data);
+    kern_free(ws->b, ws->y.data);
+    free(ws);
+}
+
+/* Shapes come from the key: latent and y take input 0's, context input 1's. */
+static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
+    (void)user;
+    if (key->n_inputs < 2) {
+        kern_fail("synthetic step: the key needs two inputs");
+        return NULL;
+    }
+    const cap_sig_t *a = &key->inputs[0], *c = &key->inputs[1];
+    if (a->ndim < 1 || a->shape[a->ndim - 1] > WMAX) {
+        kern_fail("synthetic step: rows wider than %d", WMAX);
+        return NULL;
+    }
+    step_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) {
+        kern_fail("out of memory");
+        return NULL;
+    }
+    ws->b = kern_stream_backend(s);
+    ws->x = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
+    ws->ctx = kern_tensor_alloc(ws->b, c->dtype, c->ndim, c->shape);
+    ws->y = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
+    if (!ws->x.data || !ws->ctx.data || !ws->y.data) goto err;
+    return ws;
+err:
+    step_ws_free(user, ws);
+    return NULL;
+}
+
+static size_t step_ws_bytes(void *user, const void *ws_) {
+    (void)user;
+    const step_ws_t *ws = ws_;
+    return kern_tensor_bytes(&ws->x) + kern_tensor_bytes(&ws->ctx) + kern_tensor_bytes(&ws->y);
+}
+
+static kern_tensor_t *step_input(void *user, void *ws_, int i) {
+    (void)user;
+    step_ws_t *ws = ws_;
+    return i == 0 ? &ws->x : &ws->ctx;
+}
+
+static kern_tensor_t *step_output(void *user, void *ws_, int i) {
+    (void)user;
+    (void)i;
+    return &((step_ws_t *)ws_)->y;
+}
+
+/* Reads only the workspace slots (and the weights); the constant is baked. */
+static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_consts, kern_stream_t *s) {
+    step_user_t *u = user;
+    step_ws_t *ws = ws_;
+    int64_t D = ws->x.shape[ws->x.ndim - 1];
+    kern_tensor_t gate = kern_tensor_make(u->w.data, KERN_F32, u->w.device, 1, &D);
+    if (kern_add(s, &ws->x, &ws->ctx, &ws->y) != 0) return -1;
+    if (kern_gated_residual(s, &ws->y, &ws->x, &gate) != 0) return -1;
+    if (u->kind == STEP_NONDET) {
+        tick_args_t a = { kern_tensor_ptr(&ws->y) };
+        return kern_stream_launch(s, tick_kernel, &a, sizeof a);
+    }
+    if (u->kind == STEP_CONST && n_consts > 0) {
+        float v = consts[0].type == CAP_CONST_F64 ? (float)consts[0].v.f : (float)consts[0].v.i;
+        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y), v };
+        return kern_stream_launch(s, bias_kernel, &a, sizeof a);
+    }
+    return 0;
+}
+
+static const cap_program_t PROG_A = {
+    .name = "syn_a", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" },
+};
+
+static const cap_program_t PROG_B = {
+    .name = "syn_b", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wB" },
+};
+
+/* ---- fixture ------------------------------------------------------------ */
+
+static kern_backend_t *B;
+static kern_stream_t *S;                  /* main stream; also runs the eager references */
+static kern_stream_t *XS[MAX_STREAMS];    /* extra streams, destroyed in teardown */
+static cap_cache_t *C, *C2;               /* caches under test, destroyed in teardown */
+static void *dev_owned[MAX_OWNED];
+static int n_dev_owned;
+static void *host_owned[MAX_OWNED];
+static int n_host_owned;
+static uint64_t rng;
+static float *WA, *WB;                    /* resident weights of "wA", "wB" (backend memory) */
+static step_user_t uA, uB;
+
+/* Events and warnings, recorded from any thread. */
+typedef struct {
+    cap_event_kind_t kind;
+    int reason;
+    uint64_t key_hash;
+    int stream;
+    size_t bytes, nodes;
+    char key_text[CAP_KEY_TEXT_MAX];
+    char component[CAP_NAME_MAX];   /* "" when the event had none */
+    uint64_t from, to;
+} rec_event_t;
+
+#define MAX_EVENTS 512
+#define MAX_LOGS 32
+static rec_event_t events[MAX_EVENTS];
+static int n_events, events_dropped;
+static char warnings[MAX_LOGS][CAP_KEY_TEXT_MAX + 256];
+static int n_warnings;
+static pthread_mutex_t rec_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_event(void *user, const cap_event_t *ev) {
+    (void)user;
+    pthread_mutex_lock(&rec_lock);
+    if (n_events == MAX_EVENTS) {
+        events_dropped++;
+    } else {
+        rec_event_t *r = &events[n_events++];
+        memset(r, 0, sizeof *r);
+        r->kind = ev->kind;
+        r->reason = ev->reason;
+        r->key_hash = ev->key_hash;
+        r->stream = ev->stream;
+        r->bytes = ev->bytes;
+        r->nodes = ev->nodes;
+        snprintf(r->key_text, sizeof r->key_text, "%s", ev->key_text ? ev->key_text : "");
+        snprintf(r->component, sizeof r->component, "%s", ev->component ? ev->component : "");
+        r->from = ev->from_version;
+        r->to = ev->to_version;
+    }
+    pthread_mutex_unlock(&rec_lock);
+}
+
+static void on_log(void *user, int level, const char *msg) {
+    (void)user;
+    if (level < 2) return;
+    pthread_mutex_lock(&rec_lock);
+    if (n_warnings < MAX_LOGS) snprintf(warnings[n_warnings], sizeof warnings[0], "%s", msg);
+    n_warnings++;
+    pthread_mutex_unlock(&rec_lock);
+}
+
+static void reset_records(void) {
+    pthread_mutex_lock(&rec_lock);
+    n_events = events_dropped = n_warnings = 0;
+    pthread_mutex_unlock(&rec_lock);
+}
+
+static int count_events(cap_event_kind_t kind, int reason) {
+    int n = 0;
+    for (int i = 0; i < n_events; i++)
+        if (events[i].kind == kind && (reason < 0 || events[i].reason == reason)) n++;
+    return n;
+}
+
+/* The idx-th event of that kind and reason (reason -1: any), or NULL. */
+static const rec_event_t *find_event(cap_event_kind_t kind, int reason, int idx) {
+    for (int i = 0; i < n_events; i++)
+        if (events[i].kind == kind && (reason < 0 || events[i].reason == reason) && idx-- == 0)
+            return &events[i];
+    return NULL;
+}
+
+/* splitmix64: fixed seed, no libc state, so failures reproduce. */
+static uint64_t next_u64(uint64_t *st) {
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_st(uint64_t *st, float *p, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++)
+        p[i] = lo + (hi - lo) * (float)((double)(next_u64(st) >> 40) / (double)(1ull << 24));
+}
+
+static void fill(float *p, size_t n, float lo, float hi) { fill_st(&rng, p, n, lo, hi); }
+
+static void *host_alloc(size_t bytes) {
+    ck_assert_int_lt(n_host_owned, MAX_OWNED);
+    void *p = calloc(1, bytes);
+    ck_assert_ptr_nonnull(p);
+    host_owned[n_host_owned++] = p;
+    return p;
+}
+
+static float *dev_floats(size_t n) {
+    ck_assert_int_lt(n_dev_owned, MAX_OWNED);
+    float *p = kern_alloc(B, n * sizeof(float));
+    ck_assert_msg(p != NULL, "kern_alloc: %s", kern_error());
+    dev_owned[n_dev_owned++] = p;
+    return p;
+}
+
+static kern_stream_t *extra_stream(void) {
+    for (int i = 0; i < MAX_STREAMS; i++)
+        if (!XS[i]) {
+            XS[i] = kern_stream_new(B);
+            ck_assert_msg(XS[i] != NULL, "stream: %s", kern_error());
+            return XS[i];
+        }
+    ck_abort_msg("too many streams");
+    return NULL;
+}
+
+static kern_tensor_t weight_tensor(float *w) {
+    int64_t n = WMAX;
+    return kern_tensor_make(w, KERN_F32, kern_backend_device(B), 1, &n);
+}
+
+static void setup(void) {
+    B = kern_backend_cpu_new();
+    ck_assert_msg(B != NULL, "cpu backend: %s", kern_error());
+    S = kern_stream_new(B);
+    ck_assert_msg(S != NULL, "cpu stream: %s", kern_error());
+    memset(XS, 0, sizeof XS);
+    C = C2 = NULL;
+    n_dev_owned = n_host_owned = 0;
+    rng = 0x5eed5eed12345678ull;
+    g_tick = 0;
+    reset_records();
+    WA = dev_floats(WMAX);
+    WB = dev_floats(WMAX);
+    fill(WA, WMAX, -0.5f, 0.5f);
+    fill(WB, WMAX, -0.5f, 0.5f);
+    uA = (step_user_t){ weight_tensor(WA), STEP_PLAIN };
+    uB = (step_user_t){ weight_tensor(WB), STEP_PLAIN };
+}
+
+static void teardown(void) {
+    /* Caches first: their graphs pin the streams they were captured on. */
+    cap_cache_destroy(&C);
+    cap_cache_destroy(&C2);
+    for (int i = 0; i < n_dev_owned; i++) kern_free(B, dev_owned[i]);
+    for (int i = 0; i < n_host_owned; i++) free(host_owned[i]);
+    for (int i = 0; i < MAX_STREAMS; i++) kern_stream_destroy(&XS[i]);
+    kern_stream_destroy(&S);
+    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu backend bytes leaked", kern_bytes_in_use(B));
+    kern_backend_destroy(&B);
+}
+
+/* A cache with the recorders attached and both components registered at
+ * version 1 (residence WA, WB). */
+static cap_options_t test_options(void) {
+    cap_options_t o = cap_options_default();
+    o.on_event = on_event;
+    o.log = on_log;
+    return o;
+}
+
+static cap_cache_t *new_cache(const cap_options_t *o) {
+    cap_cache_t *c = cap_cache_new(B, o);
+    ck_assert_msg(c != NULL, "cap_cache_new: %s", kern_error());
+    ck_assert_msg(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1) == 0, "%s", kern_error());
+    ck_assert_msg(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1) == 0, "%s", kern_error());
+    return c;
+}
+
+static cap_stats_t stats(const cap_cache_t *c) {
+    cap_stats_t st;
+    cap_cache_stats(c, &st);
+    return st;
+}
+
+/* ---- keys and requests ---------------------------------------------------- */
+
+static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, const char *comp, uint64_t ver) {
+    cap_key_t k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.device, sizeof k.device, "%s", kern_backend_device_name(B));
+    snprintf(k.arch, sizeof k.arch, "%s", kern_backend_arch(B));
+    snprintf(k.model, sizeof k.model, "%s", model);
+    snprintf(k.loop, sizeof k.loop, "euler");
+    int64_t shape[2] = { rows, cols };
+    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", kern_error());
+    ck_assert_msg(cap_key_add_input(&k, "context", KERN_F32, 2, shape) == 0, "%s", kern_error());
+    if (comp) ck_assert_msg(cap_key_add_component(&k, comp, ver) == 0, "%s", kern_error());
+    k.graph.dtype = KERN_F32;
+    snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
+    snprintf(k.graph.expert, sizeof k.graph.expert, "-");
+    snprintf(k.graph.sched, sizeof k.graph.sched, "f32");
+    return k;
+}
+
+static kern_tensor_t host_tensor(float *p, int64_t rows, int64_t cols) {
+    int64_t shape[2] = { rows, cols };
+    return kern_tensor_make(p, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+}
+
+/* One caller of the step: its key, its host buffers and call flags. */
+typedef struct {
+    const cap_program_t *prog;
+    step_user_t *user;
+    cap_key_t key;
+    int64_t rows, cols, n;
+    float *x, *ctx, *out;    /* host buffers; in[] view x and ctx unless a test re-points them */
+    kern_tensor_t in[2], out_t;
+    cap_const_t consts[4];
+    int n_consts;
+    bool not_capturable, override;
+} req_t;
+
+static void req_init(req_t *r, const cap_program_t *p, step_user_t *u, const char *model, int64_t rows,
+                     int64_t cols, const char *comp, uint64_t ver) {
+    memset(r, 0, sizeof *r);
+    r->prog = p;
+    r->user = u;
+    r->key = make_key(model, rows, cols, comp, ver);
+    r->rows = rows;
+    r->cols = cols;
+    r->n = rows * cols;
+    r->x = host_alloc((size_t)r->n * sizeof(float));
+    r->ctx = host_alloc((size_t)r->n * sizeof(float));
+    r->out = host_alloc((size_t)r->n * sizeof(float));
+    fill(r->x, (size_t)r->n, -1.f, 1.f);
+    fill(r->ctx, (size_t)r->n, -1.f, 1.f);
+    r->in[0] = host_tensor(r->x, rows, cols);
+    r->in[1] = host_tensor(r->ctx, rows, cols);
+    r->out_t = host_tensor(r->out, rows, cols);
+}
+
+/* Dispatches r once; no assertion (safe off the main thread). */
+static int req_try(cap_cache_t *c, kern_stream_t *s, req_t *r, cap_result_t *res) {
+    cap_call_t call = {
+        .key = &r->key, .inputs = r->in, .outputs = &r->out_t, .consts = r->consts,
+        .n_consts = r->n_consts, .not_capturable = r->not_capturable, .override = r->override,
+    };
+    res->ran = (cap_ran_t)-1;
+    res->reason = CAP_DECLINE_COUNT;
+    memset(r->out, 0xff, (size_t)r->n * sizeof(float)); /* NaN: a call that writes nothing fails */
+    return cap_dispatch(c, s, r->prog, r->user, &call, res);
+}
+
+static cap_result_t req_call(cap_cache_t *c, kern_stream_t *s, req_t *r) {
+    cap_result_t res;
+    int rc = req_try(c, s, r, &res);
+    ck_assert_msg(rc == 0, "cap_dispatch failed: %s", kern_error());
+    return res;
+}
+
+static const char *ran_name(cap_ran_t r) {
+    return r == CAP_RAN_EAGER ? "eager" : r == CAP_RAN_CAPTURED ? "captured" : r == CAP_RAN_REPLAYED ? "replayed" : "?";
+}
+
+static void expect_ran(cap_result_t res, cap_ran_t ran, const char *what, int i) {
+    ck_assert_msg(res.ran == ran, "%s %d: ran %s (reason %s), expected %s", what, i, ran_name(res.ran),
+                  cap_reason_name(res.reason), ran_name(ran));
+}
+
+static void expect_eager(cap_result_t res, cap_reason_t reason, const char *what, int i) {
+    ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == reason, "%s %d: ran %s reason %s, expected eager (%s)",
+                  what, i, ran_name(res.ran), res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-",
+                  cap_reason_name(reason));
+}
+
+/* Host F32 tensor with any strides -> contiguous copy. */
+static void gather(const kern_tensor_t *t, float *dst) {
+    int64_t n = kern_tensor_numel(t), idx[KERN_MAX_DIMS] = { 0 };
+    const float *base = kern_tensor_ptr(t);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
+        dst[j] = base[off];
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* The pure eager result: the step run once on a fresh workspace on S, with
+ * no cache involved. */
+static void eager_ref(step_user_t *u, const cap_key_t *key, const float *x, const float *ctx,
+                      const cap_const_t *consts, int n_consts, float *out) {
+    step_ws_t *ws = step_ws_new(u, key, S);
+    ck_assert_msg(ws != NULL, "reference workspace: %s", kern_error());
+    memcpy(kern_tensor_ptr(&ws->x), x, kern_tensor_bytes(&ws->x));
+    memcpy(kern_tensor_ptr(&ws->ctx), ctx, kern_tensor_bytes(&ws->ctx));
+    ck_assert_msg(step_launch(u, ws, consts, n_consts, S) == 0, "reference launch: %s", kern_error());
+    ck_assert_int_eq(kern_stream_sync(S), 0);
+    memcpy(out, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
+    step_ws_free(u, ws);
+}
+
+static void expect_bits(const float *got, const float *want, int64_t n, const char *what, int i) {
+    for (int64_t j = 0; j < n; j++)
+        if (memcmp(&got[j], &want[j], sizeof(float)) != 0)
+            ck_abort_msg("%s %d: element %lld is %.9g, pure eager gives %.9g (bitwise compare)", what, i,
+                         (long long)j, (double)got[j], (double)want[j]);
+}
+
+/* Asserts r's output equals the pure eager run on r's current inputs. */
+static void req_expect_eager_bits(req_t *r, const char *what, int i) {
+    float x[WMAX * WMAX], ctx[WMAX * WMAX], want[WMAX * WMAX];
+    ck_assert_int_le(r->n, WMAX * WMAX);
+    gather(&r->in[0], x);
+    gather(&r->in[1], ctx);
+    eager_ref(r->user, &r->key, x, ctx, r->consts, r->n_consts, want);
+    expect_bits(r->out, want, r->n, what, i);
+}
+
+/* Runs r W+2 times (new latent each call): warmup, capture, one replay. */
+static void req_warm_capture_replay(cap_cache_t *c, kern_stream_t *s, req_t *r, int warmup) {
+    for (int i = 0; i < warmup + 2; i++) {
+        fill(r->x, (size_t)r->n, -1.f, 1.f);
+        cap_result_t res = req_call(c, s, r);
+        if (i < warmup) expect_eager(res, CAP_DECLINE_WARMING_UP, "warmup call", i);
+        else expect_ran(res, i == warmup ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
+        req_expect_eager_bits(r, "call", i);
+    }
+}
+
+static bool warned_about(const char *word) {
+    for (int i = 0; i < n_warnings && i < MAX_LOGS; i++)
+        if (strstr(warnings[i], word)) return true;
+    return false;
+}
+
+/* ---- the lifecycle ---------------------------------------------------------- */
+
+START_TEST(test_capture_once_then_replay_remaining_calls_of_constant_shape_loop) {
+    cap_options_t o = test_options();
+    o.warmup = -1; /* the default, 2 */
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:loop", ROWS, COLS, "wA", 1);
+    const size_t slot = N * sizeof(float);
+    for (int i = 0; i < 10; i++) {
+        fill(r.x, N, -1.f, 1.f);
+        cap_stats_t before = stats(C);
+        cap_result_t res = req_call(C, S, &r);
+        cap_stats_t after = stats(C);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
+        req_expect_eager_bits(&r, "call", i);
+        if (i >= 3) {
+            /* A replay copies latent only: context was pinned (same address in warmup). */
+            ck_assert_uint_eq(after.bind_bytes_copied - before.bind_bytes_copied, slot);
+            ck_assert_uint_eq(after.bind_bytes_pinned - before.bind_bytes_pinned, slot);
+        }
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.calls, 10);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.replays, 7);
+    ck_assert_uint_eq(st.verifies, 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    for (int r2 = 1; r2 < CAP_DECLINE_COUNT; r2++)
+        ck_assert_msg(st.declines[r2] == 0, "unexpected %s declines", cap_reason_name((cap_reason_t)r2));
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.ws_bytes, 3 * slot);
+    ck_assert_uint_gt(st.graph_bytes, 0);
+    ck_assert_uint_eq(st.bytes_held, st.ws_bytes + st.graph_bytes);
+    /* Events: two warmup declines, one capture, nothing else; no warning. */
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_WARMING_UP), 2);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, -1), 2);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 1);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    const rec_event_t *cap = find_event(CAP_EV_CAPTURE, -1, 0);
+    ck_assert_uint_eq(cap->bytes, st.ws_bytes + st.graph_bytes);
+    ck_assert_uint_ge(cap->nodes, 2); /* add + gated residual */
+    ck_assert_uint_eq(cap->key_hash, cap_key_hash(&r.key));
+    ck_assert_int_eq(n_warnings, 0);
+}
+END_TEST
+
+START_TEST(test_replay_outputs_bitwise_equal_to_pure_eager_over_many_calls) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    cap_options_t e = test_options();
+    e.graphs = false;
+    C2 = new_cache(&e);
+    req_t rg, re;
+    req_init(&rg, &PROG_A, &uA, "syn:many", ROWS, COLS, "wA", 1);
+    req_init(&re, &PROG_A, &uA, "syn:many", ROWS, COLS, "wA", 1);
+    memcpy(re.x, rg.x, N * sizeof(float));
+    kern_stream_t *s2 = extra_stream();
+    const int calls = 40;
+    for (int i = 0; i < calls; i++) {
+        /* New context values at the same address (read in place once pinned). */
+        fill(rg.ctx, N, -1.f, 1.f);
+        memcpy(re.ctx, rg.ctx, N * sizeof(float));
+        cap_result_t a = req_call(C, S, &rg);
+        cap_result_t b = req_call(C2, s2, &re);
+        if (i >= 3) expect_ran(a, CAP_RAN_REPLAYED, "graph cache call", i);
+        expect_eager(b, CAP_DECLINE_OVERRIDE, "graphs=false call", i);
+        expect_bits(rg.out, re.out, N, "replay vs pure eager, call", i);
+        if (i % 10 == 9) req_expect_eager_bits(&rg, "call", i);
+        /* The next step's latent is this step's output (a denoising loop). */
+        memcpy(rg.x, rg.out, N * sizeof(float));
+        memcpy(re.x, re.out, N * sizeof(float));
+    }
+    cap_stats_t g = stats(C), p = stats(C2);
+    ck_assert_uint_eq(g.captures, 1);
+    ck_assert_uint_eq(g.replays, (uint64_t)calls - 3);
+    ck_assert_uint_gt(g.bind_bytes_pinned, 0);
+    ck_assert_uint_eq(p.captures, 0);
+    ck_assert_uint_eq(p.graphs, 0);
+    ck_assert_uint_eq(p.eager_runs, (uint64_t)calls);
+    ck_assert_uint_eq(p.declines[CAP_DECLINE_OVERRIDE], (uint64_t)calls);
+}
+END_TEST
+
+/* Shared body of the two eager-break tests: the breaking calls set
+ * not_capturable (reason not_capturable) or override (reason override). */
+static void check_eager_break(bool not_capturable, cap_reason_t reason) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t brk, loop;
+    req_init(&brk, &PROG_A, &uA, "syn:break-only", ROWS, COLS, "wA", 1);
+    req_init(&loop, &PROG_A, &uA, "syn:loop", ROWS, COLS, "wA", 1);
+    brk.not_capturable = not_capturable;
+    brk.override = !not_capturable;
+    /* Every call of a breaking step is eager, however many there are. */
+    for (int i = 0; i < 6; i++) {
+        fill(brk.x, N, -1.f, 1.f);
+        expect_eager(req_call(C, S, &brk), reason, "breaking call", i);
+        req_expect_eager_bits(&brk, "breaking call", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.declines[reason], 6);
+    ck_assert_uint_eq(st.eager_runs, 6);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 0);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, reason), 6);
+    /* A break inside a captured loop: that call is eager, the graph survives. */
+    req_warm_capture_replay(C, S, &loop, 2);
+    cap_stats_t mid = stats(C);
+    loop.not_capturable = not_capturable;
+    loop.override = !not_capturable;
+    fill(loop.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &loop), reason, "break in loop", 0);
+    req_expect_eager_bits(&loop, "break in loop", 0);
+    cap_stats_t after = stats(C);
+    ck_assert_uint_eq(after.eager_runs - mid.eager_runs, 1);
+    ck_assert_uint_eq(after.declines[reason] - mid.declines[reason], 1);
+    loop.not_capturable = loop.override = false;
+    fill(loop.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &loop), CAP_RAN_REPLAYED, "after the break", 0);
+    req_expect_eager_bits(&loop, "after the break", 0);
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.declines[reason], 7);
+    /* Logged once per (reason, key): two keys, one warning each. */
+    ck_assert_int_eq(n_warnings, 2);
+    ck_assert_msg(warned_about(cap_reason_name(reason)), "warning does not name %s: %s",
+                  cap_reason_name(reason), warnings[0]);
+}
+
+START_TEST(test_not_capturable_calls_always_eager_break_and_are_counted) {
+    check_eager_break(true, CAP_DECLINE_NOT_CAPTURABLE);
+}
+END_TEST
+
+START_TEST(test_override_eager_breaks) {
+    check_eager_break(false, CAP_DECLINE_OVERRIDE);
+}
+END_TEST
+
+START_TEST(test_shape_change_captures_under_new_key_and_old_entry_evicted_when_asked) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t small, wide;
+    req_init(&small, &PROG_A, &uA, "syn:shape", ROWS, COLS, "wA", 1);
+    req_init(&wide, &PROG_A, &uA, "syn:shape", 4, 16, "wA", 1);
+    ck_assert_uint_ne(cap_key_hash(&small.key), cap_key_hash(&wide.key));
+    req_warm_capture_replay(C, S, &small, 2);
+    /* The new shape is a new key: its own warmup and capture. */
+    req_warm_capture_replay(C, S, &wide, 2);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert_uint_eq(st.graphs, 2);
+    ck_assert_uint_eq(st.captures, 2);
+    size_t in_use = kern_bytes_in_use(B), ws_small = 3 * N * sizeof(float);
+    reset_records();
+    ck_assert_int_eq(cap_evict_key(C, &small.key, CAP_EVICT_SHAPE_CHANGE), 1);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1);
+    const rec_event_t *ev = find_event(CAP_EV_EVICT, CAP_EVICT_SHAPE_CHANGE, 0);
+    ck_assert_msg(ev != NULL, "no shape_change eviction event (got reason %s)",
+                  cap_evict_reason_name((cap_evict_reason_t)events[0].reason));
+    ck_assert_uint_eq(ev->key_hash, cap_key_hash(&small.key));
+    st = stats(C);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_SHAPE_CHANGE], 1);
+    ck_assert_uint_eq(kern_bytes_in_use(B), in_use - ws_small);
+    /* The new key keeps replaying; the old one starts over. */
+    fill(wide.x, (size_t)wide.n, -1.f, 1.f);
+    expect_ran(req_call(C, S, &wide), CAP_RAN_REPLAYED, "new shape after eviction", 0);
+    req_expect_eager_bits(&wide, "new shape after eviction", 0);
+    expect_eager(req_call(C, S, &small), CAP_DECLINE_WARMING_UP, "old shape after eviction", 0);
+    req_expect_eager_bits(&small, "old shape after eviction", 0);
+    ck_assert_int_eq(cap_evict_key(C, &small.key, CAP_EVICT_SHAPE_CHANGE), 1);
+    ck_assert_int_eq(cap_evict_key(C, &small.key, CAP_EVICT_SHAPE_CHANGE), 0);
+}
+END_TEST
+
+/* ---- weights ---------------------------------------------------------------- */
+
+START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_and_next_call_recaptures) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a1, a2, b;
+    req_init(&a1, &PROG_A, &uA, "syn:one", ROWS, COLS, "wA", 1);
+    req_init(&a2, &PROG_A, &uA, "syn:two", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_B, &uB, "syn:one", ROWS, COLS, "wB", 1);
+    req_warm_capture_replay(C, S, &a1, 2);
+    req_warm_capture_replay(C, S, &a2, 2);
+    req_warm_capture_replay(C, S, &b, 2);
+    uint64_t h1 = cap_key_hash(&a1.key), h2 = cap_key_hash(&a2.key);
+
+    /* The trainer's new wA lands in a new residence. */
+    float *wa2 = dev_floats(WMAX);
+    fill(wa2, WMAX, -0.5f, 0.5f);
+    size_t in_use = kern_bytes_in_use(B);
+    reset_records();
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), 2);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 2);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC), 2);
+    for (int i = 0; i < 2; i++) {
+        const rec_event_t *ev = find_event(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC, i);
+        ck_assert_str_eq(ev->component, "wA");
+        ck_assert_uint_eq(ev->from, 1);
+        ck_assert_uint_eq(ev->to, 2);
+        ck_assert_msg(ev->key_hash == h1 || ev->key_hash == h2, "evicted a key that does not read wA: %s",
+                      ev->key_text);
+    }
+    ck_assert_uint_ne(find_event(CAP_EV_EVICT, -1, 0)->key_hash, find_event(CAP_EV_EVICT, -1, 1)->key_hash);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_WEIGHT_SYNC], 2);
+    ck_assert_uint_eq(kern_bytes_in_use(B), in_use - 2 * 3 * N * sizeof(float));
+    ck_assert_int_eq(cap_component_version(C, "wA"), 2);
+    ck_assert_int_eq(cap_component_version(C, "wB"), 1);
+    ck_assert_int_eq(cap_component_version(C, "nope"), -1);
+    /* Not newer, or unknown: refused. */
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), -1);
+    ck_assert_int_eq(cap_component_update(C, "nope", wa2, WMAX * sizeof(float), 3), -1);
+
+    /* wB's graph is untouched. */
+    fill(b.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &b), CAP_RAN_REPLAYED, "wB key after wA sync", 0);
+    req_expect_eager_bits(&b, "wB key after wA sync", 0);
+
+    /* The caller moves to version 2 (and the step to the new residence); the
+     * old buffer is scribbled so a graph reading it would show. */
+    float old_ref[N];
+    eager_ref(&uA, &a1.key, a1.x, a1.ctx, NULL, 0, old_ref);
+    uA.w = weight_tensor(wa2);
+    ck_assert_int_eq(cap_key_set_version(&a1.key, "wA", 2), 0);
+    for (int i = 0; i < WMAX; i++) WA[i] = 1e6f;
+    for (int i = 0; i < 4; i++) {
+        if (i > 0) fill(a1.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a1);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "v2 call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "v2 call", i);
+        req_expect_eager_bits(&a1, "v2 call", i);
+        if (i == 0) ck_assert_msg(memcmp(a1.out, old_ref, sizeof old_ref) != 0, "new weights change nothing");
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 4);
+    ck_assert_uint_eq(st.entries, 2);
+}
+END_TEST
+
+START_TEST(test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_sync) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:inplace", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    float old_ref[N];
+    eager_ref(&uA, &a.key, a.x, a.ctx, NULL, 0, old_ref);
+
+    /* New weights copied into the resident buffer, then the sync. */
+    fill(WA, WMAX, -0.5f, 0.5f);
+    reset_records();
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 2), 1);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    cap_stats_t st = stats(C);
+    for (int r = 0; r < CAP_EVICT_COUNT; r++) ck_assert_uint_eq(st.evictions[r], 0);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_int_eq(cap_component_version(C, "wA"), 2);
+
+    ck_assert_int_eq(cap_key_set_version(&a.key, "wA", 2), 0);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "first call after the sync", 0);
+    req_expect_eager_bits(&a, "first call after the sync", 0);
+    ck_assert_msg(memcmp(a.out, old_ref, sizeof old_ref) != 0, "the new weights were not read");
+    st = stats(C);
+    ck_assert_uint_eq(st.reverifies, 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.entries, 1); /* the new key found the old entry */
+    ck_assert_uint_eq(st.graphs, 1);
+    for (int i = 1; i < 4; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "later call", i);
+        req_expect_eager_bits(&a, "later call", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.reverifies, 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, -1), 0);
+
+    /* In place means in place: another residence is refused. */
+    float *elsewhere = dev_floats(WMAX);
+    ck_assert_int_eq(cap_component_update(C, "wA", elsewhere, WMAX * sizeof(float), 3), -1);
+    ck_assert_int_eq(cap_component_version(C, "wA"), 2);
+}
+END_TEST
+
+/* Beyond the key: a step that reads weights its key does not list is still
+ * protected by the residence check on every replay. */
+START_TEST(test_weights_moved_under_a_key_that_omits_the_component_declines_and_rewarms) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:nocomp", ROWS, COLS, NULL, 0);
+    req_warm_capture_replay(C, S, &a, 2);
+    float *wa2 = dev_floats(WMAX);
+    fill(wa2, WMAX, -0.5f, 0.5f);
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), 0);
+    uA.w = weight_tensor(wa2);
+    for (int i = 0; i < WMAX; i++) WA[i] = 1e6f; /* a graph reading the old residence would show */
+    fill(a.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_WEIGHTS_MOVED, "call after the move", 0);
+    req_expect_eager_bits(&a, "call after the move", 0);
+    ck_assert_uint_eq(stats(C).graphs, 0);
+    for (int i = 0; i < 4; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "re-warm call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "re-warm call", i);
+        req_expect_eager_bits(&a, "re-warm call", i);
+    }
+}
+END_TEST
+
+/* ---- binding and replay checks --------------------------------------------------- */
+
+START_TEST(test_bind_with_wrong_shape_or_dtype_fails_clearly) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:bind", ROWS, COLS, "wA", 1);
+    float *big = host_alloc(2 * N * sizeof(float));
+    uint16_t *half = host_alloc(N * sizeof(uint16_t));
+    int64_t shape2[2] = { ROWS, COLS }, flat = N;
+    kern_tensor_t good_x = a.in[0], good_ctx = a.in[1];
+    kern_tensor_t tall = host_tensor(big, ROWS + 1, COLS);
+    kern_tensor_t bf16 = kern_tensor_make(half, KERN_BF16, KERN_DEVICE_HOST, 2, shape2);
+    kern_tensor_t flat_x = kern_tensor_make(a.x, KERN_F32, KERN_DEVICE_HOST, 1, &flat);
+    cap_result_t res;
+
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_WARMING_UP, "good call", 0);
+    size_t ws_bytes = stats(C).ws_bytes;
+
+    a.in[0] = tall;
+    ck_assert_int_eq(req_try(C, S, &a, &res), -1);
+    ck_assert_msg(strstr(kern_error(), "latent") && strstr(kern_error(), "F32[9,8]") &&
+                      strstr(kern_error(), "F32[8,8]"),
+                  "message should name the input and both shapes: %s", kern_error());
+    a.in[0] = good_x;
+    a.in[1] = bf16;
+    ck_assert_int_eq(req_try(C, S, &a, &res), -1);
+    ck_assert_msg(strstr(kern_error(), "context") && strstr(kern_error(), "BF16[8,8]") &&
+                      strstr(kern_error(), "F32[8,8]"),
+                  "message should name the input and both dtypes: %s", kern_error());
+    a.in[1] = good_ctx;
+    a.in[0] = flat_x;
+    ck_assert_int_eq(req_try(C, S, &a, &res), -1);
+    ck_assert_msg(strstr(kern_error(), "latent") && strstr(kern_error(), "F32[64]"), "%s", kern_error());
+    a.in[0] = good_x;
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 3);
+    ck_assert_uint_eq(st.ws_bytes, ws_bytes); /* nothing resized */
+    ck_assert_uint_eq(st.entries, 1);
+
+    /* Good calls still work, up to capture and replay. */
+    int captured = -1;
+    for (int i = 1; i < 8 && captured < 0; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        res = req_call(C, S, &a);
+        req_expect_eager_bits(&a, "good call", i);
+        if (res.ran == CAP_RAN_CAPTURED) captured = i;
+    }
+    ck_assert_msg(captured > 0, "never captured after the bad calls");
+    /* A bad call against a live graph fails the same way and leaves it. */
+    a.in[0] = tall;
+    ck_assert_int_eq(req_try(C, S, &a, &res), -1);
+    ck_assert_msg(strstr(kern_error(), "latent"), "%s", kern_error());
+    a.in[0] = good_x;
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "good call after a bad one", 0);
+    req_expect_eager_bits(&a, "good call after a bad one", 0);
+    st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 4);
+    ck_assert_uint_eq(st.ws_bytes, ws_bytes);
+}
+END_TEST
+
+START_TEST(test_pinned_input_that_moves_declines_instead_of_reading_stale_memory) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:pin", ROWS, COLS, "wA", 1);
+    float *moved = host_alloc(N * sizeof(float));
+    fill(moved, N, 2.f, 3.f); /* different values from a.ctx, which stays where it was */
+    kern_tensor_t home = a.in[1];
+    req_warm_capture_replay(C, S, &a, 2);
+    ck_assert_uint_gt(stats(C).bind_bytes_pinned, 0);
+
+    float at_old[N], at_new[N];
+    fill(a.x, N, -1.f, 1.f);
+    eager_ref(&uA, &a.key, a.x, a.ctx, NULL, 0, at_old);
+    eager_ref(&uA, &a.key, a.x, moved, NULL, 0, at_new);
+    ck_assert_msg(memcmp(at_old, at_new, sizeof at_old) != 0, "old and new contents must give different results");
+    a.in[1] = host_tensor(moved, ROWS, COLS);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_PINNED_INPUT_MOVED, "moved context", 0);
+    expect_bits(a.out, at_new, N, "moved context (eager with the new tensor)", 0);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 1);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_PINNED_INPUT_MOVED), 1);
+
+    /* cache.h: the entry stops pinning that input and captures again on its
+     * next call, copying it from then on; so any address works afterwards. */
+    a.in[1] = home;
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_CAPTURED, "call after the move", 0);
+    req_expect_eager_bits(&a, "call after the move", 0);
+    uint64_t pinned = stats(C).bind_bytes_pinned;
+    for (int i = 0; i < 4; i++) {
+        a.in[1] = i % 2 ? home : host_tensor(moved, ROWS, COLS);
+        fill(i % 2 ? a.ctx : moved, N, -1.f, 1.f); /* new contents, read at the current call */
+        fill(a.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "replay with context copied", i);
+        req_expect_eager_bits(&a, "replay with context copied", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.bind_bytes_pinned, pinned); /* no longer read in place */
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 1);
+    ck_assert_uint_eq(st.captures, 2);
+    ck_assert_uint_eq(st.graphs, 1);
+}
+END_TEST
+
+/* Warms up and captures r with context pinned at `home`, then calls it
+ * once with `view` (same address, other layout): must decline and give the
+ * eager result of the view's elements (`view_vals`, contiguous). */
+static void check_view_declines(req_t *r, kern_tensor_t home, kern_tensor_t view, const float *home_vals,
+                                const float *view_vals, const char *what) {
+    r->in[1] = home;
+    req_warm_capture_replay(C, S, r, 2);
+    uint64_t before = stats(C).declines[CAP_DECLINE_PINNED_INPUT_MOVED];
+    float straight[N], want[N];
+    fill(r->x, N, -1.f, 1.f);
+    eager_ref(r->user, &r->key, r->x, home_vals, NULL, 0, straight);
+    eager_ref(r->user, &r->key, r->x, view_vals, NULL, 0, want);
+    ck_assert_msg(memcmp(straight, want, sizeof want) != 0, "%s must read other values", what);
+    r->in[1] = view;
+    expect_eager(req_call(C, S, r), CAP_DECLINE_PINNED_INPUT_MOVED, what, 0);
+    expect_bits(r->out, want, N, what, 0);
+    ck_assert_uint_eq(stats(C).declines[CAP_DECLINE_PINNED_INPUT_MOVED], before + 1);
+    /* Then, as cache.h says, it captures again (copying) and serves both. */
+    r->in[1] = home;
+    fill(r->x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, r), CAP_RAN_CAPTURED, what, 1);
+    req_expect_eager_bits(r, what, 1);
+    r->in[1] = view;
+    fill(r->x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, r), CAP_RAN_REPLAYED, what, 2);
+    req_expect_eager_bits(r, what, 2);
+}
+
+START_TEST(test_restrided_input_at_same_address_is_rejected) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    /* Context lives in a buffer with room for an offset view. */
+    float *buf = host_alloc((N + COLS) * sizeof(float));
+    fill(buf, N + COLS, -1.f, 1.f);
+    kern_tensor_t home = host_tensor(buf, ROWS, COLS);
+
+    /* Same address, same shape, transposed strides: other elements. */
+    req_t t;
+    req_init(&t, &PROG_A, &uA, "syn:restride", ROWS, COLS, "wA", 1);
+    kern_tensor_t tr = home;
+    tr.stride[0] = 1;
+    tr.stride[1] = ROWS;
+    float g[N];
+    gather(&tr, g);
+    check_view_declines(&t, home, tr, buf, g, "transposed context");
+
+    /* Same address, same strides, another offset. */
+    req_t f;
+    req_init(&f, &PROG_A, &uA, "syn:offset", ROWS, COLS, "wA", 1);
+    kern_tensor_t off = home;
+    off.offset = COLS * sizeof(float);
+    check_view_declines(&f, home, off, buf, buf + COLS, "offset context");
+
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 2);
+    ck_assert_uint_eq(st.graphs, 2);
+}
+END_TEST
+
+START_TEST(test_changed_constant_declines) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uc = { weight_tensor(WA), STEP_CONST };
+    req_t a;
+    req_init(&a, &PROG_A, &uc, "syn:const", ROWS, COLS, "wA", 1);
+    a.n_consts = 1;
+    a.consts[0] = (cap_const_t){ .name = "shift", .type = CAP_CONST_F64, .v.f = 0.25 };
+    req_warm_capture_replay(C, S, &a, 2);
+
+    const cap_const_t base = a.consts[0];
+    struct { const char *what; cap_const_t c; int n; } changes[] = {
+        { "value", { .name = "shift", .type = CAP_CONST_F64, .v.f = 0.75 }, 1 },
+        { "type", { .name = "shift", .type = CAP_CONST_I64, .v.i = 1 }, 1 },
+        { "name", { .name = "scale", .type = CAP_CONST_F64, .v.f = 0.25 }, 1 },
+        { "count (none)", base, 0 },
+        { "count (two)", base, 2 },
+    };
+    int n = (int)(sizeof changes / sizeof changes[0]);
+    for (int i = 0; i < n; i++) {
+        a.consts[0] = changes[i].c;
+        a.consts[1] = (cap_const_t){ .name = "extra", .type = CAP_CONST_I64, .v.i = 7 };
+        a.n_consts = changes[i].n;
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == CAP_DECLINE_CONSTANT_CHANGED,
+                      "constant %s changed: ran %s (%s), expected eager (constant_changed)", changes[i].what,
+                      ran_name(res.ran), cap_reason_name(res.reason));
+        req_expect_eager_bits(&a, changes[i].what, i);
+    }
+    /* The value the graph baked in: replay again. */
+    a.consts[0] = base;
+    a.n_consts = 1;
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "constant as captured", 0);
+    req_expect_eager_bits(&a, "constant as captured", 0);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_CONSTANT_CHANGED], (uint64_t)n);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_CONSTANT_CHANGED), n);
+}
+END_TEST
+
+START_TEST(test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t un = { weight_tensor(WA), STEP_NONDET };
+    req_t a;
+    req_init(&a, &PROG_A, &un, "syn:nondet", ROWS, COLS, "wA", 1);
+    size_t pre = kern_bytes_in_use(B);
+    float want[N];
+    for (int i = 0; i < 8; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else expect_eager(res, CAP_DECLINE_VERIFY_MISMATCH, "call", i);
+        /* Every element but the counter is deterministic... */
+        eager_ref(&uA, &a.key, a.x, a.ctx, NULL, 0, want);
+        expect_bits(a.out + 1, want + 1, N - 1, "deterministic part, call", i);
+        /* ...and the counter is the last execution's: the eager run. */
+        ck_assert_msg(a.out[0] == (float)g_tick, "call %d: y[0] = %g, the last execution wrote %u", i,
+                      (double)a.out[0], g_tick);
+        cap_stats_t st = stats(C);
+        ck_assert_uint_eq(st.graphs, 0);
+        ck_assert_uint_eq(st.graph_bytes, 0);
+        ck_assert_uint_eq(st.bytes_held, st.ws_bytes);
+        ck_assert_uint_eq(kern_bytes_in_use(B), pre + st.ws_bytes);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.ws_bytes, 3 * N * sizeof(float));
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 6);
+    ck_assert_uint_eq(st.replays, 0);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 0);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_VERIFY_MISMATCH), 6);
+    ck_assert(cap_reason_permanent(CAP_DECLINE_VERIFY_MISMATCH));
+    ck_assert_int_eq(n_warnings, 1); /* once per (reason, key) */
+    ck_assert_msg(warned_about("verify_mismatch"), "warning does not name the reason: %s", warnings[0]);
+}
+END_TEST
+
+/* ---- budget ---------------------------------------------------------------- */
+
+/* Workspace and graph bytes of one captured entry of the synthetic step. */
+static void probe_entry(size_t *ws, size_t *graph) {
+    cap_options_t o = test_options();
+    cap_cache_t *p = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:probe", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 3; i++) req_call(p, S, &a);
+    cap_stats_t st = stats(p);
+    ck_assert_uint_eq(st.graphs, 1);
+    *ws = st.ws_bytes;
+    *graph = st.graph_bytes;
+    cap_cache_destroy(&p);
+    reset_records();
+}
+
+START_TEST(test_memory_budget_evicts_least_recently_used_entries) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    size_t entry = ws + g;
+    cap_options_t o = test_options();
+    o.budget_bytes = 2 * entry + entry / 2;
+    C = new_cache(&o);
+    req_t a, b, c;
+    req_init(&a, &PROG_A, &uA, "syn:lru-a", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_A, &uA, "syn:lru-b", ROWS, COLS, "wA", 1);
+    req_init(&c, &PROG_A, &uA, "syn:lru-c", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    req_warm_capture_replay(C, S, &b, 2);
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "a used again", 0); /* b is now least recent */
+    ck_assert_uint_eq(stats(C).bytes_held, 2 * entry);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    size_t in_use = kern_bytes_in_use(B);
+    reset_records();
+    req_warm_capture_replay(C, S, &c, 2);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1);
+    const rec_event_t *ev = find_event(CAP_EV_EVICT, CAP_EVICT_LRU, 0);
+    ck_assert_msg(ev != NULL, "the eviction's reason is %s, expected lru",
+                  cap_evict_reason_name((cap_evict_reason_t)find_event(CAP_EV_EVICT, -1, 0)->reason));
+    ck_assert_msg(ev->key_hash == cap_key_hash(&b.key), "evicted %s, expected the least recent (lru-b)",
+                  ev->key_text);
+    ck_assert_uint_eq(ev->bytes, entry);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert_uint_eq(st.graphs, 2);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 1);
+    ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+    ck_assert_uint_eq(kern_bytes_in_use(B), in_use); /* c's workspace in, b's out */
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "a after the eviction", 0);
+    req_expect_eager_bits(&a, "a after the eviction", 0);
+    fill(b.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &b), CAP_DECLINE_WARMING_UP, "b after its eviction", 0);
+    req_expect_eager_bits(&b, "b after its eviction", 0);
+}
+END_TEST
+
+START_TEST(test_budget_too_small_declines_budget_exceeded) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    cap_options_t o = test_options();
+    o.budget_bytes = ws + g / 2;
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:tight", ROWS, COLS, "wA", 1);
+    size_t pre = kern_bytes_in_use(B);
+    for (int i = 0; i < 6; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else if (i == 2) expect_eager(res, CAP_DECLINE_BUDGET_EXCEEDED, "call", i);
+        else expect_ran(res, CAP_RAN_EAGER, "call", i);
+        req_expect_eager_bits(&a, "call", i);
+        cap_stats_t st = stats(C);
+        ck_assert_uint_eq(st.graphs, 0);
+        ck_assert_uint_eq(st.graph_bytes, 0);
+        ck_assert_uint_eq(st.bytes_held, ws);
+        ck_assert_uint_eq(kern_bytes_in_use(B), pre + ws);
+    }
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 0);
+    ck_assert_int_ge(count_events(CAP_EV_DECLINE, CAP_DECLINE_BUDGET_EXCEEDED), 1);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    ck_assert_uint_ge(stats(C).declines[CAP_DECLINE_BUDGET_EXCEEDED], 1);
+}
+END_TEST
+
+/* ---- requests, streams, threads -------------------------------------------------- */
+
+#define STEPS 10
+
+/* Runs r for STEPS steps (latent = previous output), recording outputs. */
+static void run_alone(req_t *r, const float *x0, float seq[STEPS][N]) {
+    cap_options_t o = test_options();
+    cap_cache_t *c = new_cache(&o);
+    memcpy(r->x, x0, N * sizeof(float));
+    for (int t = 0; t < STEPS; t++) {
+        req_call(c, S, r);
+        memcpy(seq[t], r->out, sizeof seq[t]);
+        memcpy(r->x, r->out, N * sizeof(float));
+    }
+    ck_assert_uint_eq(stats(c).replays, STEPS - 3);
+    cap_cache_destroy(&c);
+}
+
+START_TEST(test_two_same_key_requests_interleaved_on_one_stream_equal_each_alone) {
+    req_t r1, r2;
+    req_init(&r1, &PROG_A, &uA, "syn:shared", ROWS, COLS, "wA", 1);
+    req_init(&r2, &PROG_A, &uA, "syn:shared", ROWS, COLS, "wA", 1);
+    float x1[N], x2[N];
+    memcpy(x1, r1.x, sizeof x1);
+    memcpy(x2, r2.x, sizeof x2);
+    static float alone1[STEPS][N], alone2[STEPS][N];
+    run_alone(&r1, x1, alone1);
+    run_alone(&r2, x2, alone2);
+
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    memcpy(r1.x, x1, sizeof x1);
+    memcpy(r2.x, x2, sizeof x2);
+    for (int t = 0; t < STEPS; t++) {
+        req_t *rs[2] = { &r1, &r2 };
+        float (*alone[2])[N] = { alone1, alone2 };
+        const char *what[2] = { "request 1 interleaved, step", "request 2 interleaved, step" };
+        for (int k = 0; k < 2; k++) {
+            req_call(C, S, rs[k]);
+            expect_bits(rs[k]->out, alone[k][t], N, what[k], t);
+            if (t == STEPS - 1) req_expect_eager_bits(rs[k], "last interleaved step of request", k);
+            memcpy(rs[k]->x, rs[k]->out, N * sizeof(float));
+        }
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 1); /* one workspace per (key, stream), shared */
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_ge(st.replays, 2 * STEPS - 4);
+}
+END_TEST
+
+#define THREADS 4
+#define TCALLS 50
+
+typedef struct {
+    cap_cache_t *c;
+    kern_stream_t *s;
+    req_t *r;
+    const float *inputs;  /* [TCALLS][N] latent per call */
+    const float *expect;  /* [TCALLS][N] single-threaded eager results */
+    int errors, mismatches, captured, replayed, eager;
+    char first_error[256];
+} worker_t;
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+    for (int k = 0; k < TCALLS; k++) {
+        memcpy(w->r->x, w->inputs + (size_t)k * N, N * sizeof(float));
+        cap_result_t res;
+        if (req_try(w->c, w->s, w->r, &res) != 0) {
+            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, kern_error());
+            continue;
+        }
+        if (memcmp(w->r->out, w->expect + (size_t)k * N, N * sizeof(float)) != 0) w->mismatches++;
+        if (res.ran == CAP_RAN_CAPTURED) w->captured++;
+        else if (res.ran == CAP_RAN_REPLAYED) w->replayed++;
+        else w->eager++;
+    }
+    return NULL;
+}
+
+START_TEST(test_s_threads_on_s_streams_run_same_key_concurrently_bitwise_stable) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    static float inputs[THREADS][TCALLS][N], expect[THREADS][TCALLS][N];
+    req_t reqs[THREADS];
+    worker_t w[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        req_init(&reqs[t], &PROG_A, &uA, "syn:threads", ROWS, COLS, "wA", 1);
+        for (int k = 0; k < TCALLS; k++) {
+            fill(inputs[t][k], N, -1.f, 1.f);
+            eager_ref(&uA, &reqs[t].key, inputs[t][k], reqs[t].ctx, NULL, 0, expect[t][k]);
+        }
+        w[t] = (worker_t){ .c = C, .s = extra_stream(), .r = &reqs[t], .inputs = &inputs[t][0][0],
+                           .expect = &expect[t][0][0] };
+    }
+    for (int t = 0; t < THREADS; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, worker_main, &w[t]), 0);
+    for (int t = 0; t < THREADS; t++) ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+    for (int t = 0; t < THREADS; t++) {
+        ck_assert_msg(w[t].errors == 0, "thread %d: %d failed calls, first: %s", t, w[t].errors, w[t].first_error);
+        ck_assert_msg(w[t].mismatches == 0, "thread %d: %d outputs differ from single-threaded eager", t,
+                      w[t].mismatches);
+        ck_assert_msg(w[t].captured == 1 && w[t].replayed == TCALLS - 3 && w[t].eager == 2,
+                      "thread %d: captured %d replayed %d eager %d", t, w[t].captured, w[t].replayed, w[t].eager);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, THREADS); /* one workspace and graph per stream */
+    ck_assert_uint_eq(st.graphs, THREADS);
+    ck_assert_uint_eq(st.captures, THREADS);
+    ck_assert_uint_eq(st.replays, THREADS * (TCALLS - 3));
+    ck_assert_int_eq(events_dropped, 0);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), THREADS);
+    bool seen[THREADS] = { false };
+    for (int i = 0; i < THREADS; i++) {
+        int s = find_event(CAP_EV_CAPTURE, -1, i)->stream;
+        ck_assert_msg(s >= 0 && s < THREADS && !seen[s], "capture event stream index %d", s);
+        seen[s] = true;
+    }
+}
+END_TEST
+
+/* ---- events ---------------------------------------------------------------- */
+
+START_TEST(test_decline_and_eviction_events_carry_the_right_reason) {
+    ck_assert_str_eq(cap_reason_name(CAP_DECLINE_PINNED_INPUT_MOVED), "pinned_input_moved");
+    ck_assert_str_eq(cap_reason_name(CAP_DECLINE_WARMING_UP), "warming_up");
+    ck_assert_str_eq(cap_reason_name(CAP_DECLINE_COUNT), "?");
+    ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_LRU), "lru");
+    ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_WEIGHT_SYNC), "weight_sync");
+    ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_COUNT), "?");
+    cap_policy_t pol;
+    ck_assert_int_eq(cap_policy_parse("inplace", &pol), 0);
+    ck_assert_int_eq(pol, CAP_POLICY_INPLACE);
+    ck_assert_str_eq(cap_policy_name(pol), "inplace");
+    ck_assert_int_eq(cap_policy_parse("sometimes", &pol), -1);
+    ck_assert(!cap_reason_permanent(CAP_DECLINE_PINNED_INPUT_MOVED));
+
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:events", ROWS, COLS, "wA", 1);
+    char text[CAP_KEY_TEXT_MAX];
+    ck_assert_int_gt(cap_key_text(&a.key, false, text, sizeof text), 0);
+    uint64_t h = cap_key_hash(&a.key);
+    req_warm_capture_replay(C, S, &a, 2);
+    cap_stats_t at_capture = stats(C);
+    a.not_capturable = true;
+    req_call(C, S, &a);
+    req_call(C, S, &a); /* counted, evented, not logged again */
+    a.not_capturable = false;
+    a.override = true;
+    req_call(C, S, &a);
+    a.override = false;
+    float *moved = host_alloc(N * sizeof(float));
+    a.in[1] = host_tensor(moved, ROWS, COLS);
+    req_call(C, S, &a);
+
+    /* In order: warming_up x2, capture, not_capturable x2, override, pinned_input_moved. */
+    const struct { cap_event_kind_t kind; int reason; } want[] = {
+        { CAP_EV_DECLINE, CAP_DECLINE_WARMING_UP }, { CAP_EV_DECLINE, CAP_DECLINE_WARMING_UP },
+        { CAP_EV_CAPTURE, 0 }, { CAP_EV_DECLINE, CAP_DECLINE_NOT_CAPTURABLE },
+        { CAP_EV_DECLINE, CAP_DECLINE_NOT_CAPTURABLE }, { CAP_EV_DECLINE, CAP_DECLINE_OVERRIDE },
+        { CAP_EV_DECLINE, CAP_DECLINE_PINNED_INPUT_MOVED },
+    };
+    int nw = (int)(sizeof want / sizeof want[0]);
+    ck_assert_int_eq(n_events, nw);
+    for (int i = 0; i < nw; i++) {
+        ck_assert_msg(events[i].kind == want[i].kind, "event %d: kind %d, expected %d", i, events[i].kind,
+                      want[i].kind);
+        if (want[i].kind == CAP_EV_DECLINE)
+            ck_assert_msg(events[i].reason == want[i].reason, "event %d: reason %s, expected %s", i,
+                          cap_reason_name((cap_reason_t)events[i].reason),
+                          cap_reason_name((cap_reason_t)want[i].reason));
+        ck_assert_uint_eq(events[i].key_hash, h);
+        ck_assert_str_eq(events[i].key_text, text);
+        ck_assert_int_eq(events[i].stream, 0);
+    }
+    ck_assert_uint_eq(events[2].bytes, at_capture.ws_bytes + at_capture.graph_bytes);
+    /* Warnings: one per (reason, key), none for warmup, each naming its reason. */
+    ck_assert_int_eq(n_warnings, 3);
+    ck_assert(warned_about("not_capturable"));
+    ck_assert(warned_about("override"));
+    ck_assert(warned_about("pinned_input_moved"));
+
+    /* Explicit eviction drops the key on every stream, one event each. */
+    a.in[1] = host_tensor(a.ctx, ROWS, COLS);
+    kern_stream_t *s2 = extra_stream();
+    req_call(C, s2, &a);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 2);
+    reset_records();
+    ck_assert_int_eq(cap_evict_key(C, &a.key, CAP_EVICT_EXPLICIT), 2);
+    ck_assert_int_eq(n_events, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(events[i].kind, CAP_EV_EVICT);
+        ck_assert_msg(events[i].reason == CAP_EVICT_EXPLICIT, "eviction reason %s, expected explicit",
+                      cap_evict_reason_name((cap_evict_reason_t)events[i].reason));
+        ck_assert_uint_eq(events[i].key_hash, h);
+    }
+    ck_assert_int_ne(events[0].stream, events[1].stream);
+    ck_assert_uint_eq(events[0].bytes + events[1].bytes, st.bytes_held); /* everything held was freed */
+    st = stats(C);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.bytes_held, 0);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_EXPLICIT], 2);
+}
+END_TEST
+
+START_TEST(test_destroy_emits_shutdown_evictions) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a, b;
+    req_init(&a, &PROG_A, &uA, "syn:down-a", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_B, &uB, "syn:down-b", ROWS, COLS, "wB", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    req_warm_capture_replay(C, S, &b, 2);
+    kern_stream_t *s2 = extra_stream();
+    req_call(C, s2, &a); /* a third entry, still warming up */
+    size_t weights = 2 * WMAX * sizeof(float);
+    ck_assert_uint_gt(kern_bytes_in_use(B), weights);
+    reset_records();
+    cap_cache_destroy(&C);
+    ck_assert_ptr_null(C);
+    cap_cache_destroy(&C); /* idempotent */
+    ck_assert_int_eq(n_events, 3);
+    int ha = 0, hb = 0;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(events[i].kind, CAP_EV_EVICT);
+        ck_assert_msg(events[i].reason == CAP_EVICT_SHUTDOWN, "eviction reason %s, expected shutdown",
+                      cap_evict_reason_name((cap_evict_reason_t)events[i].reason));
+        ha += events[i].key_hash == cap_key_hash(&a.key);
+        hb += events[i].key_hash == cap_key_hash(&b.key);
+    }
+    ck_assert_int_eq(ha, 2);
+    ck_assert_int_eq(hb, 1);
+    ck_assert_uint_eq(kern_bytes_in_use(B), weights); /* only the test's weights remain */
+}
+END_TEST
+
+/* ---- keys ---------------------------------------------------------------- */
+
+static cap_key_t example_key(void) {
+    cap_key_t k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.device, sizeof k.device, "cpu");
+    snprintf(k.arch, sizeof k.arch, "cpu-avx2");
+    snprintf(k.model, sizeof k.model, "tinydit:tiny");
+    snprintf(k.loop, sizeof k.loop, "euler");
+    int64_t lat[4] = { 4, 2, 8, 8 }, ctx[2] = { 5, 32 };
+    ck_assert_int_eq(cap_key_add_input(&k, "latent", KERN_F32, 4, lat), 0);
+    ck_assert_int_eq(cap_key_add_input(&k, "context", KERN_F32, 2, ctx), 0);
+    ck_assert_int_eq(cap_key_add_input(&k, "uncond", KERN_F32, 2, ctx), 0);
+    k.graph.dtype = KERN_F32;
+    snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond+uncond");
+    snprintf(k.graph.expert, sizeof k.graph.expert, "-");
+    snprintf(k.graph.sched, sizeof k.graph.sched, "f32");
+    return k;
+}
+
+START_TEST(test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_and_device) {
+    char t1[CAP_KEY_TEXT_MAX], t2[CAP_KEY_TEXT_MAX];
+    cap_key_t k1 = example_key(), k2 = example_key();
+    ck_assert_int_eq(cap_key_add_component(&k1, "transformer", 3), 0);
+    ck_assert_int_eq(cap_key_add_component(&k1, "text_encoder", 1), 0);
+    ck_assert_int_eq(cap_key_add_component(&k2, "text_encoder", 1), 0);
+    ck_assert_int_eq(cap_key_add_component(&k2, "transformer", 3), 0);
+    int n = cap_key_text(&k1, false, t1, sizeof t1);
+    ck_assert_int_eq(n, (int)strlen(t1));
+    ck_assert_str_eq(t1, "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler "
+                         "inputs=latent:F32[4,2,8,8],context:F32[5,32],uncond:F32[5,32] "
+                         "weights=text_encoder@1,transformer@3 graph=dtype:F32,cfg:cond+uncond,expert:-,sched:f32");
+    /* Component insertion order does not matter. */
+    ck_assert_int_eq(cap_key_text(&k2, false, t2, sizeof t2), n);
+    ck_assert_str_eq(t1, t2);
+    ck_assert_uint_eq(cap_key_hash(&k1), cap_key_hash(&k2));
+    ck_assert_uint_eq(cap_key_hash(&k1), cap_hash_text(t1));
+    ck_assert_uint_eq(cap_hash_text(""), 0xcbf29ce484222325ull); /* FNV-1a 64 offset basis */
+    ck_assert(cap_key_reads(&k1, "transformer"));
+    ck_assert(!cap_key_reads(&k1, "vae"));
+
+    /* The shard form drops device, arch and versions. */
+    ck_assert_int_gt(cap_key_text(&k1, true, t2, sizeof t2), 0);
+    ck_assert_str_eq(t2, "reel-key/1 model=tinydit:tiny loop=euler "
+                         "inputs=latent:F32[4,2,8,8],context:F32[5,32],uncond:F32[5,32] "
+                         "graph=dtype:F32,cfg:cond+uncond,expert:-,sched:f32");
+    ck_assert_uint_eq(cap_key_shard_hash(&k1), cap_hash_text(t2));
+    uint64_t full = cap_key_hash(&k1), shard = cap_key_shard_hash(&k1);
+    ck_assert_int_eq(cap_key_set_version(&k2, "transformer", 4), 0);
+    ck_assert_uint_ne(cap_key_hash(&k2), full);
+    ck_assert_uint_eq(cap_key_shard_hash(&k2), shard);
+    ck_assert_int_eq(cap_key_set_version(&k2, "vae", 1), -1);
+    cap_key_t k3 = k1;
+    snprintf(k3.device, sizeof k3.device, "cuda:0");
+    snprintf(k3.arch, sizeof k3.arch, "sm_90");
+    ck_assert_uint_ne(cap_key_hash(&k3), full);
+    ck_assert_uint_eq(cap_key_shard_hash(&k3), shard);
+    /* The shape signature is part of both. */
+    cap_key_t k4 = k1;
+    k4.inputs[0].shape[0] = 8;
+    ck_assert_uint_ne(cap_key_hash(&k4), full);
+    ck_assert_uint_ne(cap_key_shard_hash(&k4), shard);
+
+    /* Names that could forge the text form are refused; the key is unchanged. */
+    const char *bad[] = { "", "has space", "a,b", "a=b", "a[1]", "a@2", "a\nb", "a/b",
+                          "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuv" /* 48 chars */ };
+    int64_t one = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cap_key_t k = example_key();
+        ck_assert_msg(cap_key_add_input(&k, bad[i], KERN_F32, 1, &one) == -1, "input name '%s' accepted", bad[i]);
+        ck_assert_int_eq(k.n_inputs, 3);
+        ck_assert_msg(cap_key_add_component(&k, bad[i], 1) == -1, "component name '%s' accepted", bad[i]);
+        ck_assert_int_eq(k.n_components, 0);
+        ck_assert_msg(strlen(kern_error()) > 0, "no message for '%s'", bad[i]);
+    }
+    ck_assert_int_eq(cap_key_add_component(&k1, "transformer", 5), -1); /* twice */
+    cap_key_t full_in = example_key();
+    for (int i = full_in.n_inputs; i < CAP_MAX_INPUTS; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "in%d", i);
+        ck_assert_int_eq(cap_key_add_input(&full_in, nm, KERN_F32, 1, &one), 0);
+    }
+    ck_assert_int_eq(cap_key_add_input(&full_in, "one_more", KERN_F32, 1, &one), -1);
+    /* Invalid fields and short buffers: -1 / hash 0. */
+    ck_assert_int_eq(cap_key_text(&k1, false, t2, 16), -1);
+    cap_key_t k5 = k1;
+    k5.model[0] = 0;
+    ck_assert_int_eq(cap_key_text(&k5, false, t2, sizeof t2), -1);
+    ck_assert_uint_eq(cap_key_hash(&k5), 0);
+    ck_assert_uint_eq(cap_key_shard_hash(&k5), 0);
+    cap_key_t k6 = k1;
+    snprintf(k6.device, sizeof k6.device, "cpu gpu");
+    ck_assert_uint_eq(cap_key_hash(&k6), 0);
+}
+END_TEST
+
+static Suite *capture_cache_suite(void) {
+    Suite *s = suite_create("capture_cache");
+    TCase *tc = tcase_create("lifecycle");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_capture_once_then_replay_remaining_calls_of_constant_shape_loop);
+    tcase_add_test(tc, test_replay_outputs_bitwise_equal_to_pure_eager_over_many_calls);
+    tcase_add_test(tc, test_not_capturable_calls_always_eager_break_and_are_counted);
+    tcase_add_test(tc, test_override_eager_breaks);
+    tcase_add_test(tc, test_shape_change_captures_under_new_key_and_old_entry_evicted_when_asked);
+    tcase_add_test(tc, test_weight_version_bump_evicts_only_graphs_reading_that_component_and_next_call_recaptures);
+    tcase_add_test(tc, test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_sync);
+    tcase_add_test(tc, test_weights_moved_under_a_key_that_omits_the_component_declines_and_rewarms);
+    tcase_add_test(tc, test_bind_with_wrong_shape_or_dtype_fails_clearly);
+    tcase_add_test(tc, test_pinned_input_that_moves_declines_instead_of_reading_stale_memory);
+    tcase_add_test(tc, test_restrided_input_at_same_address_is_rejected);
+    tcase_add_test(tc, test_changed_constant_declines);
+    tcase_add_test(tc, test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory);
+    tcase_add_test(tc, test_memory_budget_evicts_least_recently_used_entries);
+    tcase_add_test(tc, test_budget_too_small_declines_budget_exceeded);
+    tcase_add_test(tc, test_two_same_key_requests_interleaved_on_one_stream_equal_each_alone);
+    tcase_add_test(tc, test_s_threads_on_s_streams_run_same_key_concurrently_bitwise_stable);
+    tcase_add_test(tc, test_decline_and_eviction_events_carry_the_right_reason);
+    tcase_add_test(tc, test_destroy_emits_shutdown_evictions);
+    tcase_add_test(tc, test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_and_device);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(capture_cache_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}
