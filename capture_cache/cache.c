@@ -688,7 +688,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
         for (int i = 0; i < p->n_inputs; i++)
             if (e->pinned[i]) e->ident[i] = call->inputs[i];
         e->n_consts = call->n_consts < CAP_MAX_CONSTS ? call->n_consts : CAP_MAX_CONSTS;
-        memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
+        if (e->n_consts > 0) memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
         if (call->n_consts > CAP_MAX_CONSTS) e->n_consts = -1; /* never equal: replay always declines */
         pthread_mutex_lock(&c->lock);
         for (int i = 0; i < p->n_components; i++) {

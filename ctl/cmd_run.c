@@ -218,6 +218,7 @@ int cmd_run(int argc, char **argv) {
     if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
     st_close(&wf);
     tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL };
+    if (tdit_shape_validate(&shape) != 0) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     if (!r.graphs && !(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);
     if (!(out = malloc(n * sizeof *out))) { ctl_die(CTL_FAIL, "out of memory"); goto out; }

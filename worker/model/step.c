@@ -85,23 +85,23 @@ static size_t scratch_needed(const tdit_ws_t *ws) {
     return s1 > s2 ? s1 : s2;
 }
 
-tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
+int tdit_shape_validate(const tdit_shape_t *shape) {
     if (shape->frames <= 0 || shape->height <= 0 || shape->width <= 0 ||
-        shape->height % 2 || shape->width % 2) {
-        kern_fail("latent frames/height/width must be positive and height, width even "
-                  "(got F=%lld H=%lld W=%lld)", (long long)shape->frames,
-                  (long long)shape->height, (long long)shape->width);
-        return NULL;
-    }
-    if (shape->text_len <= 0 || shape->text_len > 65536) {
-        kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
-        return NULL;
-    }
-    if (shape->frames * shape->height * shape->width > (int64_t)1 << 24) {
-        kern_fail("latent too large (%lld positions)",
-                  (long long)(shape->frames * shape->height * shape->width));
-        return NULL;
-    }
+        shape->height % 2 || shape->width % 2)
+        return kern_fail("latent frames/height/width must be positive and height, width even "
+                         "(got F=%lld H=%lld W=%lld)", (long long)shape->frames,
+                         (long long)shape->height, (long long)shape->width);
+    if (shape->text_len <= 0 || shape->text_len > 65536)
+        return kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
+    if (shape->frames > (1 << 16) || shape->height > (1 << 16) || shape->width > (1 << 16) ||
+        shape->frames * shape->height * shape->width > (int64_t)1 << 24)
+        return kern_fail("latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
+                         (long long)shape->height, (long long)shape->width);
+    return 0;
+}
+
+tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
+    if (tdit_shape_validate(shape) != 0) return NULL;
     tdit_ws_t *ws = calloc(1, sizeof *ws);
     if (!ws) { kern_fail("out of memory"); return NULL; }
     ws->model = m;

@@ -76,6 +76,10 @@ typedef struct {
     bool cfg;               /* evaluate an unconditional branch too */
 } tdit_shape_t;
 
+/* Checks a shape: positive sizes, even height and width, bounded size.
+ * -1 with a message naming the problem. */
+int tdit_shape_validate(const tdit_shape_t *shape);
+
 /* The step workspace: address-stable buffers for one shape. Inputs are
  * written by the caller (tdit_ws_bind_*), the step updates `latent` in
  * place. */
