@@ -96,8 +96,8 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
            k->config, dev, te * 1e3, tg * 1e3, te / tg);
     cap_stats_t cs;
     cap_cache_stats(cg, &cs);
-    printf("cache %-6s %-7s capture+verify %.3f ms = %.2f eager steps\n", k->config, dev,
-           cs.capture_seconds * 1e3, cs.capture_seconds / te);
+    printf("cache %-6s %-7s capture+verify %.3f ms = %.2f eager steps; graph %zu bytes, workspace %zu bytes\n",
+           k->config, dev, cs.capture_seconds * 1e3, cs.capture_seconds / te, cs.graph_bytes, cs.ws_bytes);
     cap_cache_destroy(&ce);
     cap_cache_destroy(&cg);
 
@@ -136,12 +136,15 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
     env_close(&e);
 }
 
-static void bench_backend(kern_backend_t *b, const char *dir) {
+static void bench_backend(kern_backend_t *b, const char *dir, bool gpu) {
     static const case_t cases[] = {
         { "tiny", { 2, 8, 8, 5, true }, 8 },
         { "small", { 4, 16, 16, 16, true }, 4 },
+        /* wan2.1-1.3b widths, 2 blocks: a GPU-only case (too slow on 2 cores) */
+        { "wanblk", { 4, 30, 52, 64, true }, 4 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!gpu && !strcmp(cases[i].config, "wanblk")) continue;
         char p[256];
         snprintf(p, sizeof p, "%s/%s.safetensors", dir, cases[i].config);
         bench_case(b, p, &cases[i]);
@@ -160,12 +163,19 @@ int main(void) {
         if (tdit_weights_init(&c, 1, p)) DIE("weights init");
     }
     kern_backend_t *cpu = kern_backend_cpu_new();
-    bench_backend(cpu, dir);
+    bench_backend(cpu, dir, false);
     kern_backend_destroy(&cpu);
     kern_backend_t *gpu = kern_backend_cuda_new(0);
     if (!gpu) printf("cuda: SKIP: %s\n", kern_error());
     else {
-        bench_backend(gpu, dir);
+        tdit_config_t c;
+        char p[256];
+        tdit_config_builtin("wan2.1-1.3b", &c);
+        snprintf(c.name, sizeof c.name, "wanblk");
+        c.layers = 2;
+        snprintf(p, sizeof p, "%s/wanblk.safetensors", dir);
+        if (tdit_weights_init(&c, 1, p)) DIE("weights init");
+        bench_backend(gpu, dir, true);
         kern_backend_destroy(&gpu);
     }
     char cmd[128];
