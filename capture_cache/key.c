@@ -124,3 +124,26 @@ static uint64_t hash(const cap_key_t *k, bool shard) {
 
 uint64_t cap_key_hash(const cap_key_t *k) { return hash(k, false); }
 uint64_t cap_key_shard_hash(const cap_key_t *k) { return hash(k, true); }
+
+int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model,
+                    const char *loop, kern_dtype_t dt, const int64_t latent[4],
+                    const int64_t context[2], bool cfg, const char *component, uint64_t version) {
+    memset(k, 0, sizeof *k);
+    if (snprintf(k->device, sizeof k->device, "%s", device) >= (int)sizeof k->device ||
+        snprintf(k->arch, sizeof k->arch, "%s", arch) >= (int)sizeof k->arch ||
+        snprintf(k->model, sizeof k->model, "%s", model) >= (int)sizeof k->model ||
+        snprintf(k->loop, sizeof k->loop, "%s", loop) >= (int)sizeof k->loop)
+        return kern_fail("capture key: device, arch, model or loop name too long");
+    if (cap_key_add_input(k, "latent", dt, 4, latent) ||
+        cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 }) ||
+        cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 }) ||
+        cap_key_add_input(k, "context", dt, 2, context) ||
+        (cfg && cap_key_add_input(k, "uncond", dt, 2, context)) ||
+        cap_key_add_component(k, component, version))
+        return -1;
+    k->graph.dtype = dt;
+    snprintf(k->graph.cfg, sizeof k->graph.cfg, "%s", cfg ? "cond+uncond" : "cond");
+    snprintf(k->graph.expert, sizeof k->graph.expert, "-");
+    snprintf(k->graph.sched, sizeof k->graph.sched, "f32");
+    return 0;
+}

@@ -80,6 +80,17 @@ uint64_t cap_key_shard_hash(const cap_key_t *k);
 /* FNV-1a 64 of any string, with the same remapping. */
 uint64_t cap_hash_text(const char *s);
 
+/* The key of one step of a denoising loop, built the same way by the broker
+ * (from a request) and the worker (from its model): model "tinydit:small",
+ * loop "euler" or "sde", inputs latent [C,F,H,W] and context [L,T] of dtype
+ * dt, sigmas F32[3], guidance F32[1], and uncond [L,T] when cfg; component
+ * `component` at `version`; graph dtype dt, cfg "cond" or "cond+uncond",
+ * expert "-", sched "f32". device/arch may be "" for shard hashing only.
+ * -1 with a message when a field does not fit. */
+int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model,
+                    const char *loop, kern_dtype_t dt, const int64_t latent[4],
+                    const int64_t context[2], bool cfg, const char *component, uint64_t version);
+
 #ifdef __cplusplus
 }
 #endif

@@ -79,25 +79,14 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
                   cap_key_t *k) {
     const tdit_config_t *c = tdit_model_config(m);
     kern_backend_t *b = tdit_model_backend(m);
-    kern_dtype_t dt = tdit_model_dtype(m);
-    memset(k, 0, sizeof *k);
-    snprintf(k->device, sizeof k->device, "%s", kern_backend_device_name(b));
-    snprintf(k->arch, sizeof k->arch, "%s", kern_backend_arch(b));
-    if ((size_t)snprintf(k->model, sizeof k->model, "tinydit:%s", c->name) >= sizeof k->model)
+    char model[CAP_NAME_MAX];
+    if ((size_t)snprintf(model, sizeof model, "tinydit:%s", c->name) >= sizeof model)
         return kern_fail("model name %s too long for a capture key", c->name);
-    snprintf(k->loop, sizeof k->loop, "%s", sde ? "sde" : "euler");
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };
     const int64_t ctx[2] = { sh->text_len, c->text_dim };
-    if (cap_key_add_input(k, "latent", dt, 4, lat) || cap_key_add_input(k, "sigmas", KERN_F32, 1, (int64_t[]){ 3 }) ||
-        cap_key_add_input(k, "guidance", KERN_F32, 1, (int64_t[]){ 1 }) ||
-        cap_key_add_input(k, "context", dt, 2, ctx) || (sh->cfg && cap_key_add_input(k, "uncond", dt, 2, ctx)) ||
-        cap_key_add_component(k, TDIT_COMPONENT, version))
-        return -1;
-    k->graph.dtype = dt;
-    snprintf(k->graph.cfg, sizeof k->graph.cfg, "%s", sh->cfg ? "cond+uncond" : "cond");
-    snprintf(k->graph.expert, sizeof k->graph.expert, "-");
-    snprintf(k->graph.sched, sizeof k->graph.sched, "f32");
-    return 0;
+    return cap_key_denoise(k, kern_backend_device_name(b), kern_backend_arch(b), model,
+                           sde ? "sde" : "euler", tdit_model_dtype(m), lat, ctx, sh->cfg,
+                           TDIT_COMPONENT, version);
 }
 
 int tdit_register_weights(cap_cache_t *c, const tdit_model_t *m, uint64_t version) {
