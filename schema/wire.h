@@ -1,0 +1,161 @@
+/* wire.h -- the one codec of Reel's wire protocol (docs/PROTOCOL.md), used
+ * by every process. A message is one ZeroMQ multipart message:
+ *
+ *   [identity]   only on ROUTER sockets (added/removed by ZeroMQ routing)
+ *   header       a msgpack map: "proto":"reel/1", "type", "id", fields...,
+ *                "tensors": [{"name","dtype","shape","bytes"}, ...]
+ *   tensor 0..n  raw little-endian bytes, one frame per declared tensor
+ *
+ * Tensors are never re-encoded inside msgpack. msgpack-c has no limits of
+ * its own, so decoding enforces them *before* unpacking: header size, map
+ * and array counts checked against the bytes present, nesting depth, string
+ * lengths, tensor count, and tensor bytes == product(shape) x dtype size ==
+ * the frame's size. A bad message yields a wire_err_t (code + message) and
+ * nothing else: the caller answers ERROR and keeps serving. */
+#ifndef REEL_SCHEMA_WIRE_H
+#define REEL_SCHEMA_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+#include "kernels/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WIRE_PROTO "reel/1"
+#define WIRE_MAX_FRAME ((int64_t)512 << 20)  /* ZMQ_MAXMSGSIZE on every socket */
+#define WIRE_MAX_HEADER (256 << 10)          /* header frame bytes */
+#define WIRE_MAX_DEPTH 8                     /* nesting of maps/arrays */
+#define WIRE_MAX_ITEMS 4096                  /* entries in one map or array */
+#define WIRE_MAX_STR 4096                    /* bytes in one string */
+#define WIRE_MAX_TENSORS 8
+
+/* Error codes carried in ERROR messages ("code" field). */
+#define WIRE_E_MALFORMED   "malformed"       /* not a valid message */
+#define WIRE_E_TOO_LARGE   "too_large"       /* a limit exceeded */
+#define WIRE_E_PROTO       "proto_mismatch"  /* missing/other "proto" */
+#define WIRE_E_UNKNOWN     "unknown_type"    /* unknown "type" */
+#define WIRE_E_BAD_REQUEST "bad_request"     /* fields missing or wrong */
+#define WIRE_E_BUSY        "busy"
+#define WIRE_E_STALE       "stale_version"   /* a sync not newer than the current */
+#define WIRE_E_NO_WORKER   "no_worker"       /* nobody serves this model/version */
+#define WIRE_E_WORKER_LOST "worker_lost"     /* died twice with the request */
+#define WIRE_E_TIMEOUT     "timeout"
+#define WIRE_E_INTERNAL    "internal"
+
+typedef struct {
+    char code[24];
+    char message[256];
+} wire_err_t;
+
+/* ---- values: the header tree ------------------------------------------- */
+
+typedef enum { WV_NIL, WV_BOOL, WV_INT, WV_UINT, WV_F64, WV_STR, WV_ARR, WV_MAP } wire_kind_t;
+
+typedef struct wire_val wire_val_t;
+struct wire_val {
+    wire_kind_t kind;
+    union {
+        bool b;
+        int64_t i;
+        uint64_t u;
+        double f;
+        struct { char *s; size_t len; } str;          /* NUL-terminated copy */
+        struct { wire_val_t **v; char **k; size_t n, cap; } c; /* k only for maps */
+    } as;
+};
+
+/* Constructors return NULL only on out-of-memory. */
+wire_val_t *wv_map(void);
+wire_val_t *wv_arr(void);
+wire_val_t *wv_str(const char *s);
+wire_val_t *wv_u64(uint64_t x);
+wire_val_t *wv_i64(int64_t x);
+wire_val_t *wv_f64(double x);
+wire_val_t *wv_bool(bool b);
+/* Sets map[key] = v (replacing), taking ownership of v (freed on failure).
+ * Returns 0, or -1 on out-of-memory / not a map / v NULL. */
+int wv_set(wire_val_t *map, const char *key, wire_val_t *v);
+/* Appends v to an array, taking ownership (freed on failure). */
+int wv_push(wire_val_t *arr, wire_val_t *v);
+void wv_free(wire_val_t **v);
+
+/* Lookups: NULL / false when absent or of another kind. Integers: a UINT
+ * or non-negative INT reads as u64; an INT or a UINT <= INT64_MAX as i64;
+ * F64 reads any number. */
+const wire_val_t *wv_get(const wire_val_t *map, const char *key);
+const char *wv_get_str(const wire_val_t *map, const char *key);
+bool wv_get_u64(const wire_val_t *map, const char *key, uint64_t *out);
+bool wv_get_i64(const wire_val_t *map, const char *key, int64_t *out);
+bool wv_get_f64(const wire_val_t *map, const char *key, double *out);
+bool wv_get_bool(const wire_val_t *map, const char *key, bool *out);
+bool wv_as_u64(const wire_val_t *v, uint64_t *out);
+bool wv_as_i64(const wire_val_t *v, int64_t *out);
+bool wv_as_f64(const wire_val_t *v, double *out);
+size_t wv_len(const wire_val_t *arr_or_map);            /* 0 for scalars */
+const wire_val_t *wv_at(const wire_val_t *arr, size_t i);
+
+/* ---- messages ------------------------------------------------------------ */
+
+typedef struct {
+    char name[48];
+    kern_dtype_t dtype;
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+    const void *data;    /* into the received frame (or the sender's memory) */
+    size_t bytes;
+} wire_tensor_t;
+
+typedef struct {
+    zmq_msg_t identity;  /* valid when has_identity */
+    bool has_identity;
+    wire_val_t *hdr;     /* the header map (owned) */
+    const char *type;    /* hdr["type"] */
+    uint64_t id;         /* hdr["id"], 0 when absent */
+    int n_tensors;
+    wire_tensor_t t[WIRE_MAX_TENSORS];
+    zmq_msg_t frame[WIRE_MAX_TENSORS];
+} wire_msg_t;
+
+/* Sets ZMQ_MAXMSGSIZE (WIRE_MAX_FRAME) and a zero linger on sock. */
+int wire_socket_limits(void *sock);
+
+/* Receives one whole message (all parts) from sock; `router` means the
+ * first part is a routing identity. Returns 0 with *m filled; 1 when the
+ * message was malformed (all its parts consumed, *err set, m->identity
+ * still valid when has_identity so the caller can answer ERROR; call
+ * wire_msg_close either way); -1 on a socket error or EAGAIN (errno set,
+ * nothing consumed). flags as for zmq_msg_recv (ZMQ_DONTWAIT). */
+int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err);
+/* Decodes an already-received multipart message (frames[0] = header, the
+ * rest tensors); takes ownership of the frames. 0, or 1 with *err set. */
+int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err);
+void wire_msg_close(wire_msg_t *m);
+const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name);
+
+/* Sends hdr (a map; "proto" is added, "tensors" is written from t[]) and
+ * the n tensors as frames, preceded by `identity` when non-NULL (ROUTER).
+ * Tensor data is copied into the frames. 0, or -1 with errno. hdr is not
+ * consumed. */
+int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
+              const wire_tensor_t *t, int n);
+/* A header map {"type": type, "id": id} to add fields to. NULL on OOM. */
+wire_val_t *wire_hdr(const char *type, uint64_t id);
+/* Sends ERROR {id, code, message}. */
+int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Encodes hdr to msgpack bytes (malloc'd, *len set); for tests and fuzzing.
+ * NULL on OOM or a value deeper than WIRE_MAX_DEPTH. */
+unsigned char *wire_encode_header(const wire_val_t *hdr, size_t *len);
+/* Decodes msgpack header bytes into a value tree under the limits; NULL
+ * with *err set. Never allocates more than a small multiple of len. */
+wire_val_t *wire_decode_header(const void *buf, size_t len, wire_err_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
