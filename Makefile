@@ -31,7 +31,7 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -Xcompiler -Wall,-Wextra,-fPIC
 
 # --- sources -------------------------------------------------------------
-LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c worker/model/*.c capture_cache/*.c)
+LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c worker/model/*.c capture_cache/*.c schema/*.c)
 CUDA_C   = $(wildcard kernels/cuda/*.c)
 CUDA_CU  = $(wildcard kernels/cuda/*.cu)
 ifeq ($(CUDA),1)
@@ -45,6 +45,15 @@ LIB_OBJ += $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 endif
 LIB      = $(BUILD)/libreel.a
 
+BROKER_SRC = $(wildcard broker/*.c)
+BROKER_OBJ = $(BROKER_SRC:%.c=$(BUILD)/%.o)
+BROKER     = $(BUILD)/reel-broker
+WORKER_SRC = $(wildcard worker/*.c)
+WORKER_OBJ = $(WORKER_SRC:%.c=$(BUILD)/%.o)
+WORKER     = $(BUILD)/reel-worker
+# The broker never links CUDA (nor BLAS): only the codec, catalog and keys.
+BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 2>/dev/null) -lm -pthread
+
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)
 REELCTL  = $(BUILD)/reelctl
@@ -55,7 +64,7 @@ BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all deps test demo asan tsan bench clean FORCE
-all: $(LIB) $(REELCTL) $(TEST_BIN) $(BENCH_BIN)
+all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN)
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
 # sanitizers in the same build folder rebuilds instead of mixing objects.
@@ -80,6 +89,12 @@ $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+$(BROKER): $(BROKER_OBJ) $(LIB) $(FLAGS_STAMP)
+	$(CC) $(CFLAGS_ALL) -o $@ $(BROKER_OBJ) $(LIB) $(BROKER_LDLIBS)
+
+$(WORKER): $(WORKER_OBJ) $(LIB) $(FLAGS_STAMP)
+	$(CC) $(CFLAGS_ALL) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS_ALL)
 
 $(REELCTL): $(CTL_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(LIB) $(LDLIBS_ALL)
