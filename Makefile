@@ -14,7 +14,7 @@ CSTD     = -std=c17
 WARN     = -Wall -Wextra -Werror
 OPT     ?= -O2 -g
 SAN     ?=
-PKGS     = libzmq msgpack jansson sqlite3
+PKGS     = libzmq msgpack jansson sqlite3 libsodium
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP \
              -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

@@ -159,76 +159,160 @@ static int req_download(kern_stream_t *s, const kern_tensor_t *t, float *dst) {
     return rc;
 }
 
+/* ---- a request as a sequence of steps ------------------------------------- */
+
+struct tdit_req {
+    tdit_model_t *m;
+    tdit_shape_t shape;
+    tdit_loop_t loop;
+    tdit_staging_t *stg;
+    double *sig;
+    int done;
+    uint64_t key_hash, shard_hash;
+    tdit_run_stats_t stats;
+};
+
+tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *sh, const tdit_loop_t *p,
+                         const float *latent, const float *context, const float *uncond) {
+    if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
+    if (sh->cfg != (uncond != NULL)) {
+        kern_fail(sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
+        return NULL;
+    }
+    tdit_req_t *r = calloc(1, sizeof *r);
+    if (!r) { kern_fail("out of memory"); return NULL; }
+    r->m = m;
+    r->shape = *sh;
+    r->loop = *p;
+    r->sig = malloc(((size_t)p->steps + 1) * sizeof *r->sig);
+    r->stg = tdit_staging_new(m, sh);
+    float *init = NULL;
+    if (!r->sig || !r->stg) {
+        if (!r->sig) kern_fail("out of memory");
+        goto err;
+    }
+    kern_stream_t *s = kern_stream_new(tdit_model_backend(m));
+    if (!s) goto err;
+    size_t n_lat = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
+    if (!latent) {
+        if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); kern_stream_destroy(&s); goto err; }
+        tdit_initial_latent(p->seed, init, n_lat);
+        latent = init;
+    }
+    int rc = req_upload(s, &r->stg->t[IN_LATENT], latent) || req_upload(s, &r->stg->t[IN_CONTEXT], context) ||
+             (uncond && req_upload(s, &r->stg->t[IN_UNCOND], uncond));
+    kern_stream_destroy(&s);
+    free(init);
+    init = NULL;
+    if (rc) goto err;
+    tdit_schedule(p->steps, p->shift, r->sig);
+    return r;
+err:
+    free(init);
+    tdit_req_destroy(&r);
+    return NULL;
+}
+
+void tdit_req_destroy(tdit_req_t **rp) {
+    if (!rp || !*rp) return;
+    tdit_staging_destroy(&(*rp)->stg);
+    free((*rp)->sig);
+    free(*rp);
+    *rp = NULL;
+}
+
+int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *out) {
+    if (r->done >= r->loop.steps) return kern_fail("request already finished its %d steps", r->loop.steps);
+    int64_t version = cap_component_version(c, TDIT_COMPONENT);
+    if (version < 0) return kern_fail("weights are not registered with the capture cache");
+    cap_key_t key;
+    if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &key) != 0) return -1;
+    int i = r->done;
+    tdit_staging_t *st = r->stg;
+    const float sv[3] = { (float)r->sig[i], (float)r->sig[i + 1], (float)r->sig[1] };
+    double t0 = now();
+    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sv, sizeof sv) ||
+        kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), &r->loop.guidance, sizeof r->loop.guidance) ||
+        kern_stream_sync(s))
+        return -1;
+    cap_const_t k[3];
+    memset(k, 0, sizeof k);
+    snprintf(k[0].name, sizeof k[0].name, "eta");
+    k[0].type = CAP_CONST_F64;
+    k[0].v.f = r->loop.eta;
+    snprintf(k[1].name, sizeof k[1].name, "seed");
+    k[1].type = CAP_CONST_I64;
+    k[1].v.i = (int64_t)r->loop.seed;
+    snprintf(k[2].name, sizeof k[2].name, "step");
+    k[2].type = CAP_CONST_I64;
+    k[2].v.i = i;
+    cap_call_t call = { .key = &key, .inputs = st->t, .outputs = &st->t[IN_LATENT],
+                        .consts = r->loop.sde ? k : NULL, .n_consts = r->loop.sde ? 3 : 0,
+                        .not_capturable = r->loop.sde };
+    cap_result_t res;
+    if (cap_dispatch(c, s, tdit_program(r->shape.cfg), r->m, &call, &res) != 0) return -1;
+    r->key_hash = cap_key_hash(&key);
+    r->shard_hash = cap_key_shard_hash(&key);
+    r->done++;
+    r->stats.steps++;
+    r->stats.seconds += now() - t0;
+    if (res.ran == CAP_RAN_CAPTURED) r->stats.captured++;
+    else if (res.ran == CAP_RAN_REPLAYED) r->stats.replayed++;
+    else {
+        r->stats.eager++;
+        r->stats.declines[res.reason]++;
+    }
+    if (out) *out = res;
+    return 0;
+}
+
+int tdit_req_steps_done(const tdit_req_t *r) { return r->done; }
+int tdit_req_steps(const tdit_req_t *r) { return r->loop.steps; }
+bool tdit_req_done(const tdit_req_t *r) { return r->done >= r->loop.steps; }
+uint64_t tdit_req_key_hash(const tdit_req_t *r) { return r->key_hash; }
+uint64_t tdit_req_shard_hash(const tdit_req_t *r) { return r->shard_hash; }
+const tdit_run_stats_t *tdit_req_stats(const tdit_req_t *r) { return &r->stats; }
+
+int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n) {
+    const kern_tensor_t *t = &r->stg->t[IN_LATENT];
+    if ((int64_t)n != kern_tensor_numel(t))
+        return kern_fail("read: buffer of %zu values, latent has %lld", n, (long long)kern_tensor_numel(t));
+    return req_download(s, t, out);
+}
+
 int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,
                          const tdit_shape_t *sh, const tdit_loop_t *p, const float *latent,
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats) {
-    if (tdit_loop_validate(p) != 0) return -1;
-    if (sh->cfg != (uncond != NULL))
-        return kern_fail(sh->cfg ? "CFG needs an unconditional context"
-                                 : "unconditional context given without CFG");
-    int64_t version = cap_component_version(c, TDIT_COMPONENT);
-    if (version < 0) return kern_fail("weights are not registered with the capture cache");
-    cap_key_t key;
-    if (tdit_step_key(m, sh, p->sde, (uint64_t)version, &key) != 0) return -1;
-    const cap_program_t *prog = tdit_program(sh->cfg);
-    tdit_staging_t *own = NULL;
     if (stg && memcmp(&stg->shape, sh, sizeof *sh) != 0)
         return kern_fail("staging buffers were made for another shape");
-    if (!stg && !(stg = own = tdit_staging_new(m, sh))) return -1;
-    tdit_staging_t r = *stg;
-    double *sig = malloc(((size_t)p->steps + 1) * sizeof *sig);
-    float *init = NULL;
-    int rc = -1;
-    if (!sig) { kern_fail("out of memory"); goto out; }
-    size_t n_lat = (size_t)kern_tensor_numel(&r.t[IN_LATENT]);
-    if (!latent) {
-        if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); goto out; }
-        tdit_initial_latent(p->seed, init, n_lat);
-        latent = init;
-    }
-    if (req_upload(s, &r.t[IN_LATENT], latent) || req_upload(s, &r.t[IN_CONTEXT], context) ||
-        (uncond && req_upload(s, &r.t[IN_UNCOND], uncond)))
-        goto out;
-    tdit_schedule(p->steps, p->shift, sig);
-    double t0 = now();
-    for (int i = 0; i < p->steps; i++) {
-        const float sv[3] = { (float)sig[i], (float)sig[i + 1], (float)sig[1] };
-        if (kern_copy_h2d(s, kern_tensor_ptr(&r.t[IN_SIGMAS]), sv, sizeof sv) ||
-            kern_copy_h2d(s, kern_tensor_ptr(&r.t[IN_GUIDANCE]), &p->guidance, sizeof p->guidance) ||
-            kern_stream_sync(s))
-            goto out;
-        cap_const_t k[3];
-        memset(k, 0, sizeof k);
-        snprintf(k[0].name, sizeof k[0].name, "eta");
-        k[0].type = CAP_CONST_F64;
-        k[0].v.f = p->eta;
-        snprintf(k[1].name, sizeof k[1].name, "seed");
-        k[1].type = CAP_CONST_I64;
-        k[1].v.i = (int64_t)p->seed;
-        snprintf(k[2].name, sizeof k[2].name, "step");
-        k[2].type = CAP_CONST_I64;
-        k[2].v.i = i;
-        cap_call_t call = { .key = &key, .inputs = r.t, .outputs = &r.t[IN_LATENT],
-                            .consts = p->sde ? k : NULL, .n_consts = p->sde ? 3 : 0,
-                            .not_capturable = p->sde };
-        cap_result_t res;
-        if (cap_dispatch(c, s, prog, m, &call, &res) != 0) goto out;
-        if (stats) {
-            stats->steps++;
-            if (res.ran == CAP_RAN_CAPTURED) stats->captured++;
-            else if (res.ran == CAP_RAN_REPLAYED) stats->replayed++;
-            else {
-                stats->eager++;
-                stats->declines[res.reason]++;
+    tdit_req_t *r = tdit_req_new(m, sh, p, latent, context, uncond);
+    if (!r) return -1;
+    if (stg) { /* run in the caller's long-lived buffers: pins survive requests */
+        for (int i = 0; i < r->stg->n; i++)
+            if (kern_copy_d2d(s, kern_tensor_ptr(&stg->t[i]), kern_tensor_ptr(&r->stg->t[i]),
+                              kern_tensor_bytes(&stg->t[i])) != 0) {
+                tdit_req_destroy(&r);
+                return -1;
             }
-        }
+        tdit_staging_t *own = r->stg;
+        r->stg = stg;
+        tdit_staging_destroy(&own);
     }
-    if (stats) stats->seconds += now() - t0;
-    rc = req_download(s, &r.t[IN_LATENT], out);
-out:
-    tdit_staging_destroy(&own);
-    free(sig);
-    free(init);
+    int rc = 0;
+    while (rc == 0 && !tdit_req_done(r)) rc = tdit_req_step(r, c, s, NULL);
+    size_t n = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
+    if (rc == 0) rc = tdit_req_read(r, s, out, n);
+    if (stats) {
+        const tdit_run_stats_t *a = &r->stats;
+        stats->steps += a->steps;
+        stats->captured += a->captured;
+        stats->replayed += a->replayed;
+        stats->eager += a->eager;
+        stats->seconds += a->seconds;
+        for (int i = 0; i < CAP_DECLINE_COUNT; i++) stats->declines[i] += a->declines[i];
+    }
+    if (stg) r->stg = NULL; /* the caller's */
+    tdit_req_destroy(&r);
     return rc;
 }

@@ -55,6 +55,31 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats);
 
+/* One request as a sequence of steps, for executors that interleave the
+ * steps of several requests on a stream. The request owns its staging
+ * buffers (latent, per-step scalars, contexts, uploaded once). Each step
+ * builds its capture key with the transformer version registered in the
+ * cache at that moment, so a weight sync between steps is honoured. */
+typedef struct tdit_req tdit_req_t;
+
+/* Validates p and the shape, uploads the inputs (latent NULL: drawn from
+ * p->seed). NULL with a message. */
+tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *shape, const tdit_loop_t *p,
+                         const float *latent, const float *context, const float *uncond);
+void tdit_req_destroy(tdit_req_t **r);
+/* Runs the next step through c on s; res may be NULL. -1 with a message. */
+int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *res);
+int tdit_req_steps_done(const tdit_req_t *r);
+int tdit_req_steps(const tdit_req_t *r);
+bool tdit_req_done(const tdit_req_t *r);
+/* The capture key hash (full) and shard hash of the last step run. */
+uint64_t tdit_req_key_hash(const tdit_req_t *r);
+uint64_t tdit_req_shard_hash(const tdit_req_t *r);
+/* Per-request counts (steps, captured, replayed, eager, declines). */
+const tdit_run_stats_t *tdit_req_stats(const tdit_req_t *r);
+/* Copies the current latent (C·F·H·W floats) to out, ordered on s. */
+int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
