@@ -52,7 +52,7 @@ WORKER_SRC = $(wildcard worker/*.c)
 WORKER_OBJ = $(WORKER_SRC:%.c=$(BUILD)/%.o)
 WORKER     = $(BUILD)/reel-worker
 # The broker never links CUDA (nor BLAS): only the codec, catalog and keys.
-BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 2>/dev/null) -lm -pthread
+BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson 2>/dev/null) -lm -pthread
 
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)

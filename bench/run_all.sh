@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 for b in "$BUILD"/bench/bench_*; do
     [ -x "$b" ] || continue
     echo "=== $(basename "$b")"
-    "$b"
+    "$b" "$BUILD"
 done

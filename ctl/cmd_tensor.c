@@ -91,8 +91,48 @@ static int tensor_info(int argc, char **argv) {
     return CTL_OK;
 }
 
+/* Compares tensor `latent` (or --name) of two files bitwise; exit 0 when
+ * equal, 1 when not (printing the largest difference). */
+static int tensor_diff(int argc, char **argv) {
+    const char *name = "latent";
+    if (argc == 5 && !strcmp(argv[3], "--name")) name = argv[4];
+    else if (argc != 3) return ctl_die(CTL_USAGE, "usage: reelctl tensor diff A.safetensors B.safetensors [--name N]");
+    st_file_t *a = st_open(argv[1]), *b = a ? st_open(argv[2]) : NULL;
+    if (!a || !b) { st_close(&a); return ctl_die(CTL_USAGE, "%s", kern_error()); }
+    const st_tensor_t *ta = st_find(a, name), *tb = st_find(b, name);
+    int code = CTL_USAGE;
+    if (!ta || !tb) ctl_die(CTL_USAGE, "tensor '%s' missing in %s", name, ta ? argv[2] : argv[1]);
+    else if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof ta->shape[0] * (size_t)ta->ndim))
+        ctl_die(CTL_USAGE, "tensor '%s' has different shapes", name);
+    else {
+        int64_t n = 1;
+        for (int d = 0; d < ta->ndim; d++) n *= ta->shape[d];
+        float *x = malloc((size_t)(n ? n : 1) * 4), *y = malloc((size_t)(n ? n : 1) * 4);
+        if (x && y && !st_read_f32(a, name, -1, NULL, x) && !st_read_f32(b, name, -1, NULL, y)) {
+            double mx = 0;
+            int64_t differ = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (memcmp(&x[i], &y[i], 4)) {
+                    differ++;
+                    if (fabs((double)x[i] - y[i]) > mx) mx = fabs((double)x[i] - y[i]);
+                }
+            printf("%s: %lld of %lld values differ, max |a-b| %.6g\n", name, (long long)differ, (long long)n, mx);
+            code = differ ? CTL_FAIL : CTL_OK;
+        } else {
+            ctl_die(CTL_FAIL, "%s", x && y ? kern_error() : "out of memory");
+            code = CTL_FAIL;
+        }
+        free(x);
+        free(y);
+    }
+    st_close(&a);
+    st_close(&b);
+    return code;
+}
+
 int cmd_tensor(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "diff")) return tensor_diff(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "rand")) return tensor_rand(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "info")) return tensor_info(argc - 1, argv + 1);
-    return ctl_die(CTL_USAGE, "usage: reelctl tensor rand|info ...");
+    return ctl_die(CTL_USAGE, "usage: reelctl tensor rand|info|diff ...");
 }

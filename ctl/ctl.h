@@ -15,6 +15,10 @@ int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_kernels(int argc, char **argv);
 int cmd_tensor(int argc, char **argv);
+int cmd_gen(int argc, char **argv);
+int cmd_sync(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_catalog(int argc, char **argv);
 
 /* Prints "reelctl: <msg>" to stderr and returns code. */
 int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

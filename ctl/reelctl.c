@@ -24,6 +24,18 @@ static const char usage[] =
     "  tensor rand --name N --shape A,B,.. --seed K --out F.safetensors\n"
     "                              a tensor of N(0,1) values (inputs for run)\n"
     "  tensor info F.safetensors   shape and statistics of every tensor\n"
+    "  tensor diff A B [--name N]  bitwise comparison (exit 0 equal, 1 different)\n"
+    "\n"
+    "  against a running broker (default tcp://127.0.0.1:5555, --broker EP):\n"
+    "  gen --model NAME --context C.safetensors [--uncond U.safetensors --cfg G]\n"
+    "      (--latent L.safetensors | --size FxHxW --seed K) --steps N [--shift S]\n"
+    "      [--sde --eta A] [--weights-version V] [--timeout-ms T] --out OUT.safetensors\n"
+    "  sync --version V --weights W.safetensors [--component transformer]\n"
+    "                              publish a weight sync; waits for every worker\n"
+    "  status [--json]             live workers, queue, versions\n"
+    "\n"
+    "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json):\n"
+    "  stats | keys | evictions | versions | workers | requests\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 
@@ -77,6 +89,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
+    if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
+        !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests"))
+        return cmd_catalog(argc - 1, argv + 1);
     fputs(usage, stderr);
     return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
 }

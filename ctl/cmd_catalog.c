@@ -1,0 +1,67 @@
+/* cmd_catalog.c -- `reelctl stats|keys|evictions|versions|workers|requests
+ * [--catalog PATH] [--json]`: operator reports from the catalog, read-only,
+ * while the broker keeps writing it (WAL).
+ *
+ * The catalog is "reel.db" unless $REEL_CATALOG or --catalog says otherwise.
+ * Exit 0 with the report on stdout; 2 for a bad flag, an unknown report or
+ * a catalog that does not exist; 1 when the catalog can not be read. */
+#include "ctl.h"
+#include "kernels/error.h"
+#include "schema/catalog.h"
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
+
+static const struct {
+    const char *name;
+    report_fn fn;
+} reports[] = {
+    { "stats", cat_report_stats },         { "keys", cat_report_keys },
+    { "evictions", cat_report_evictions }, { "versions", cat_report_versions },
+    { "workers", cat_report_workers },     { "requests", cat_report_requests },
+};
+
+#define USAGE "usage: reelctl stats|keys|evictions|versions|workers|requests [--catalog PATH] [--json]"
+
+int cmd_catalog(int argc, char **argv) {
+    if (argc < 1 || !argv[0]) return ctl_die(CTL_USAGE, USAGE);
+    report_fn fn = NULL;
+    for (size_t i = 0; i < sizeof reports / sizeof reports[0]; i++)
+        if (strcmp(argv[0], reports[i].name) == 0) fn = reports[i].fn;
+    if (!fn) return ctl_die(CTL_USAGE, "unknown report '%s'; " USAGE, argv[0]);
+
+    static const struct option opts[] = {
+        { "catalog", required_argument, 0, 'c' }, { "json", no_argument, 0, 'j' },
+        { "help", no_argument, 0, 'h' },          { 0, 0, 0, 0 },
+    };
+    const char *env = getenv("REEL_CATALOG");
+    const char *path = env && *env ? env : "reel.db";
+    bool json = false;
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': path = optarg; break;
+        case 'j': json = true; break;
+        case 'h': printf("%s\n", USAGE); return CTL_OK;
+        default: return ctl_die(CTL_USAGE, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return ctl_die(CTL_USAGE, "%s: unexpected argument '%s'", argv[0], argv[optind]);
+    if (!*path) return ctl_die(CTL_USAGE, "--catalog: empty path");
+    /* A missing catalog is a wrong path (usage), not a failure of the catalog. */
+    if (access(path, F_OK) != 0)
+        return ctl_die(CTL_USAGE, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
+
+    cat_t *c = cat_open(path, true);
+    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    int rc = fn(c, json, stdout);
+    cat_close(&c);
+    if (rc != 0) return ctl_die(CTL_FAIL, "%s: %s", argv[0], kern_error());
+    return CTL_OK;
+}

@@ -1,0 +1,325 @@
+/* cmd_gen.c -- client commands against a running broker: `reelctl gen`,
+ * `reelctl sync` and `reelctl status`. */
+#include "ctl.h"
+#include "kernels/error.h"
+#include "schema/client.h"
+#include "worker/model/safetensors.h"
+#include "worker/model/tinydit.h"
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_BROKER "tcp://127.0.0.1:5555"
+
+/* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL (and
+ * a message, exit code 2) on any problem. */
+static float *read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {
+    st_file_t *f = st_open(path);
+    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
+    const st_tensor_t *t = st_find(f, name);
+    float *buf = NULL;
+    if (!t) ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
+    else if (t->ndim != ndim) ctl_die(CTL_USAGE, "%s: tensor '%s' has %d dimensions, expected %d", path, name, t->ndim, ndim);
+    else {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
+        buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+        if (!buf || st_read_f32(f, name, ndim, shape, buf) != 0) {
+            ctl_die(CTL_USAGE, "%s: %s", path, buf ? kern_error() : "out of memory");
+            free(buf);
+            buf = NULL;
+        }
+    }
+    st_close(&f);
+    return buf;
+}
+
+static void progress_bar(void *user, int step, int steps) {
+    (void)user;
+    if (!ctl_tty() || steps <= 0) return;
+    int w = 30, fill = step * w / steps;
+    fprintf(stderr, "\r[");
+    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] step %d/%d", step, steps);
+    if (step == steps) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+int cmd_gen(int argc, char **argv) {
+    enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
+           O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS };
+    static const struct option opts[] = {
+        { "broker", required_argument, 0, O_BROKER }, { "model", required_argument, 0, O_MODEL },
+        { "config", required_argument, 0, O_MODEL },
+        { "weights-version", required_argument, 0, O_VERSION }, { "context", required_argument, 0, O_CONTEXT },
+        { "uncond", required_argument, 0, O_UNCOND }, { "cfg", required_argument, 0, O_CFG },
+        { "latent", required_argument, 0, O_LATENT }, { "size", required_argument, 0, O_SIZE },
+        { "steps", required_argument, 0, O_STEPS }, { "shift", required_argument, 0, O_SHIFT },
+        { "sde", no_argument, 0, O_SDE }, { "eta", required_argument, 0, O_ETA },
+        { "seed", required_argument, 0, O_SEED }, { "out", required_argument, 0, O_OUT },
+        { "timeout-ms", required_argument, 0, O_TIMEOUT }, { "deadline-ms", required_argument, 0, O_DEADLINE },
+        { "quiet", no_argument, 0, O_QUIET }, { "channels", required_argument, 0, O_CHANNELS },
+        { 0, 0, 0, 0 },
+    };
+    const char *broker = DEFAULT_BROKER, *ctx_path = NULL, *unc_path = NULL, *lat_path = NULL, *out = NULL;
+    reel_gen_t g;
+    memset(&g, 0, sizeof g);
+    g.shift = 1.0;
+    g.cfg = 1.0;
+    g.eta = 0.7;
+    g.steps = -1;
+    bool have_cfg = false, quiet = false;
+    int timeout_ms = 120000, channels = 0;
+    int64_t size[3] = { 0 };
+    double d;
+    uint64_t u;
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case O_BROKER: broker = optarg; break;
+        case O_MODEL: g.model = optarg; break;
+        case O_CONTEXT: ctx_path = optarg; break;
+        case O_UNCOND: unc_path = optarg; break;
+        case O_LATENT: lat_path = optarg; break;
+        case O_OUT: out = optarg; break;
+        case O_SDE: g.sde = true; break;
+        case O_QUIET: quiet = true; break;
+        case O_VERSION:
+            if (ctl_parse_u64(optarg, &g.version)) return ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", optarg);
+            break;
+        case O_CFG:
+            if (ctl_parse_double(optarg, &g.cfg)) return ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", optarg);
+            have_cfg = true;
+            break;
+        case O_SHIFT:
+            if (ctl_parse_double(optarg, &g.shift)) return ctl_die(CTL_USAGE, "--shift: '%s' is not a number", optarg);
+            break;
+        case O_ETA:
+            if (ctl_parse_double(optarg, &g.eta)) return ctl_die(CTL_USAGE, "--eta: '%s' is not a number", optarg);
+            break;
+        case O_STEPS:
+            if (ctl_parse_int(optarg, &g.steps) || g.steps < 1) return ctl_die(CTL_USAGE, "--steps: '%s' is not a positive integer", optarg);
+            break;
+        case O_SEED:
+            if (ctl_parse_u64(optarg, &g.seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
+            break;
+        case O_TIMEOUT:
+            if (ctl_parse_int(optarg, &timeout_ms) || timeout_ms < 1) return ctl_die(CTL_USAGE, "--timeout-ms: '%s'", optarg);
+            break;
+        case O_DEADLINE:
+            if (ctl_parse_u64(optarg, &u)) return ctl_die(CTL_USAGE, "--deadline-ms: '%s'", optarg);
+            g.deadline_ms = u;
+            break;
+        case O_CHANNELS:
+            if (ctl_parse_int(optarg, &channels) || channels < 1) return ctl_die(CTL_USAGE, "--channels: '%s'", optarg);
+            break;
+        case O_SIZE: {
+            long long f, h, w;
+            char tail;
+            if (sscanf(optarg, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0)
+                return ctl_die(CTL_USAGE, "--size: expected FxHxW, got '%s'", optarg);
+            size[0] = f; size[1] = h; size[2] = w;
+            break;
+        }
+        default: return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    (void)d;
+    if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
+    if (!g.model || !ctx_path || !out || g.steps < 0)
+        return ctl_die(CTL_USAGE, "gen needs --model, --context, --steps and --out");
+    if (!!unc_path != have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");
+    if (!lat_path == !size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
+
+    float *ctx = NULL, *unc = NULL, *lat = NULL, *res_lat = NULL;
+    int code = CTL_USAGE;
+    reel_client_t *c = NULL;
+    if (!(ctx = read_tensor(ctx_path, "context", 2, g.ctx_shape))) goto done;
+    if (unc_path) {
+        int64_t us[2];
+        if (!(unc = read_tensor(unc_path, "context", 2, us))) goto done;
+        if (us[0] != g.ctx_shape[0] || us[1] != g.ctx_shape[1]) {
+            ctl_die(CTL_USAGE, "%s: uncond shape differs from the context's", unc_path);
+            goto done;
+        }
+    }
+    if (lat_path) {
+        if (!(lat = read_tensor(lat_path, "latent", 4, g.latent_shape))) goto done;
+    } else {
+        tdit_config_t cfg;
+        if (!channels && tdit_config_builtin(g.model, &cfg) == 0) channels = (int)cfg.in_channels;
+        if (!channels) { ctl_die(CTL_USAGE, "--size with a custom model needs --channels C"); goto done; }
+        g.latent_shape[0] = channels;
+        memcpy(g.latent_shape + 1, size, sizeof size);
+    }
+    g.context = ctx;
+    g.uncond = unc;
+    g.latent = lat;
+    g.progress = !quiet && ctl_tty();
+    size_t n = (size_t)(g.latent_shape[0] * g.latent_shape[1] * g.latent_shape[2] * g.latent_shape[3]);
+    code = CTL_FAIL;
+    if (!(res_lat = malloc(n * sizeof *res_lat))) { ctl_die(CTL_FAIL, "out of memory"); goto done; }
+    if (!(c = reel_client_new(broker))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
+    reel_gen_result_t r;
+    wire_err_t err;
+    int rc = reel_gen(c, &g, res_lat, &r, progress_bar, NULL, timeout_ms, &err);
+    if (rc != 0) {
+        ctl_die(CTL_FAIL, "gen: %s: %s", err.code, err.message);
+        goto done;
+    }
+    st_writer_t *w = st_writer_new();
+    char v[32];
+    snprintf(v, sizeof v, "%" PRIu64, r.version);
+    int wrc = !w || st_writer_add_f32(w, "latent", 4, g.latent_shape, res_lat) ||
+              st_writer_meta(w, "worker", r.worker) || st_writer_meta(w, "weights_version", v) ||
+              st_writer_meta(w, "config", g.model) || st_writer_save(w, out);
+    st_writer_destroy(&w);
+    if (wrc) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
+    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights v%" PRIu64 ", %d steps (captured %d, "
+            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", g.model, broker, r.worker, r.version,
+            g.steps, r.captured, r.replayed, r.eager, r.declines[0] ? ": " : "", r.declines, r.seconds, out);
+    code = CTL_OK;
+done:
+    reel_client_destroy(&c);
+    free(ctx); free(unc); free(lat); free(res_lat);
+    return code;
+}
+
+int cmd_sync(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "broker", required_argument, 0, 'b' }, { "component", required_argument, 0, 'c' },
+        { "version", required_argument, 0, 'v' }, { "weights", required_argument, 0, 'w' },
+        { "timeout-ms", required_argument, 0, 't' }, { "deadline-ms", required_argument, 0, 'd' },
+        { 0, 0, 0, 0 },
+    };
+    const char *broker = DEFAULT_BROKER, *component = "transformer", *weights = NULL;
+    uint64_t version = 0, deadline = 60000;
+    int timeout_ms = 120000, o;
+    bool have_version = false;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'b': broker = optarg; break;
+        case 'c': component = optarg; break;
+        case 'w': weights = optarg; break;
+        case 'v':
+            if (ctl_parse_u64(optarg, &version)) return ctl_die(CTL_USAGE, "--version: '%s' is not a version", optarg);
+            have_version = true;
+            break;
+        case 't':
+            if (ctl_parse_int(optarg, &timeout_ms) || timeout_ms < 1) return ctl_die(CTL_USAGE, "--timeout-ms: '%s'", optarg);
+            break;
+        case 'd':
+            if (ctl_parse_u64(optarg, &deadline)) return ctl_die(CTL_USAGE, "--deadline-ms: '%s'", optarg);
+            break;
+        default: return ctl_die(CTL_USAGE, "sync: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return ctl_die(CTL_USAGE, "sync: unexpected argument '%s'", argv[optind]);
+    if (!weights || !have_version) return ctl_die(CTL_USAGE, "sync needs --version V and --weights W.safetensors");
+    char path[PATH_MAX], hex[65];
+    if (!realpath(weights, path)) return ctl_die(CTL_USAGE, "--weights %s: no such file", weights);
+    st_file_t *f = st_open(path); /* refuse a file the workers could not load */
+    if (!f) return ctl_die(CTL_USAGE, "%s", kern_error());
+    st_close(&f);
+    if (reel_sha256_file(path, hex) != 0) return ctl_die(CTL_FAIL, "%s", kern_error());
+    reel_client_t *c = reel_client_new(broker);
+    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    reel_sync_result_t r;
+    wire_err_t err;
+    int rc = reel_sync(c, component, version, hex, path, deadline, &r, timeout_ms, &err);
+    reel_client_destroy(&c);
+    if (rc != 0) return ctl_die(CTL_FAIL, "sync: %s: %s", err.code, err.message);
+    fprintf(stderr, "reelctl: sync %s v%" PRIu64 ": %s; applied %s; failed %s\n", component, version,
+            r.complete ? "complete" : "INCOMPLETE", r.applied[0] ? r.applied : "-", r.failed[0] ? r.failed : "-");
+    return r.complete ? CTL_OK : CTL_FAIL;
+}
+
+/* Writes v as JSON. */
+static void json_out(const wire_val_t *v, FILE *f) {
+    if (!v) { fputs("null", f); return; }
+    switch (v->kind) {
+    case WV_NIL: fputs("null", f); break;
+    case WV_BOOL: fputs(v->as.b ? "true" : "false", f); break;
+    case WV_INT: fprintf(f, "%" PRId64, v->as.i); break;
+    case WV_UINT: fprintf(f, "%" PRIu64, v->as.u); break;
+    case WV_F64: fprintf(f, "%.17g", v->as.f); break;
+    case WV_STR:
+        fputc('"', f);
+        for (size_t i = 0; i < v->as.str.len; i++) {
+            unsigned char ch = (unsigned char)v->as.str.s[i];
+            if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+            else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+            else fputc(ch, f);
+        }
+        fputc('"', f);
+        break;
+    case WV_ARR:
+    case WV_MAP:
+        fputc(v->kind == WV_ARR ? '[' : '{', f);
+        for (size_t i = 0; i < v->as.c.n; i++) {
+            if (i) fputc(',', f);
+            if (v->kind == WV_MAP) {
+                wire_val_t k = { .kind = WV_STR };
+                k.as.str.s = v->as.c.k[i];
+                k.as.str.len = strlen(v->as.c.k[i]);
+                json_out(&k, f);
+                fputc(':', f);
+            }
+            json_out(v->as.c.v[i], f);
+        }
+        fputc(v->kind == WV_ARR ? ']' : '}', f);
+        break;
+    }
+}
+
+int cmd_status(int argc, char **argv) {
+    const char *broker = DEFAULT_BROKER;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
+        else return ctl_die(CTL_USAGE, "status: unknown option '%s'", argv[i]);
+    }
+    reel_client_t *c = reel_client_new(broker);
+    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    wire_val_t *r = NULL;
+    wire_err_t err;
+    int rc = reel_status(c, &r, 5000, &err);
+    reel_client_destroy(&c);
+    if (rc != 0) return ctl_die(CTL_FAIL, "status: %s: %s", err.code, err.message);
+    if (json) {
+        json_out(r, stdout);
+        fputc('\n', stdout);
+    } else {
+        uint64_t q = 0, qmax = 0, v = 0;
+        wv_get_u64(r, "queue", &q);
+        wv_get_u64(r, "queue_max", &qmax);
+        wv_get_u64(wv_get(r, "versions"), "transformer", &v);
+        printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, q, qmax, v);
+        printf("%-12s %-8s %-11s %-8s %-9s %-8s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION", "KEYS");
+        const wire_val_t *ws = wv_get(r, "workers");
+        for (size_t i = 0; i < wv_len(ws); i++) {
+            const wire_val_t *w = wv_at(ws, i);
+            uint64_t st = 0, inf = 0, mx = 0, ver = 0;
+            wv_get_u64(w, "streams", &st);
+            wv_get_u64(w, "inflight", &inf);
+            wv_get_u64(w, "max_inflight", &mx);
+            wv_get_u64(wv_get(w, "versions"), "transformer", &ver);
+            const char *name = wv_get_str(w, "name"), *dev = wv_get_str(w, "device"), *arch = wv_get_str(w, "arch");
+            char infs[32];
+            snprintf(infs, sizeof infs, "%" PRIu64 "/%" PRIu64, inf, mx);
+            printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %zu\n", name ? name : "?", dev ? dev : "?",
+                   arch ? arch : "?", st, infs, ver, wv_len(wv_get(w, "keys")));
+        }
+    }
+    wv_free(&r);
+    return CTL_OK;
+}

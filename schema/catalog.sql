@@ -1,0 +1,114 @@
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 1).
+-- schema/catalog.c embeds this text verbatim as migration 1 and
+-- tests/test_catalog.c fails if the two differ. Times are UNIX seconds
+-- (REAL). Counters and versions are uint64 stored as SQLite INTEGER.
+
+-- Kernel/op artifacts built or checked on a backend.
+CREATE TABLE IF NOT EXISTS artifacts (
+    id      TEXT PRIMARY KEY,
+    op      TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    sha256  TEXT,
+    status  TEXT NOT NULL,
+    reason  TEXT,
+    t       REAL NOT NULL
+);
+
+-- Every weight version the trainer published.
+CREATE TABLE IF NOT EXISTS weight_versions (
+    component TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    sha256    TEXT NOT NULL,
+    source    TEXT,
+    t         REAL NOT NULL,
+    PRIMARY KEY (component, version)
+);
+
+-- Workers that ever sent READY; gone_at is NULL while the worker is live.
+CREATE TABLE IF NOT EXISTS workers (
+    name        TEXT PRIMARY KEY,
+    device      TEXT,
+    arch        TEXT,
+    streams     INTEGER,
+    budget      INTEGER,
+    first_seen  REAL NOT NULL,
+    last_seen   REAL NOT NULL,
+    gone_at     REAL,
+    gone_reason TEXT
+);
+
+-- Which worker applied (ok = 1) or failed to apply which weight version;
+-- the latest outcome per (worker, component, version) wins.
+CREATE TABLE IF NOT EXISTS worker_versions (
+    worker    TEXT NOT NULL,
+    component TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    ok        INTEGER NOT NULL,
+    error     TEXT,
+    t         REAL NOT NULL,
+    PRIMARY KEY (worker, component, version)
+);
+
+-- One row per graph captured. placeholder = 1 marks a row made for replays
+-- whose capture was never reported, so that no replay is lost; it does not
+-- count as a capture.
+CREATE TABLE IF NOT EXISTS captures (
+    id              INTEGER PRIMARY KEY,
+    worker          TEXT NOT NULL,
+    stream          INTEGER NOT NULL,
+    key_text        TEXT,
+    key_hash        TEXT NOT NULL,
+    capture_seconds REAL NOT NULL DEFAULT 0,
+    bytes           INTEGER NOT NULL DEFAULT 0,
+    nodes           INTEGER NOT NULL DEFAULT 0,
+    replay_count    INTEGER NOT NULL DEFAULT 0,
+    last_replay     REAL,
+    placeholder     INTEGER NOT NULL DEFAULT 0,
+    t               REAL NOT NULL,
+    UNIQUE (worker, key_hash, stream, t)
+);
+CREATE INDEX IF NOT EXISTS captures_by_key ON captures (key_hash);
+
+CREATE TABLE IF NOT EXISTS evictions (
+    id           INTEGER PRIMARY KEY,
+    worker       TEXT NOT NULL,
+    key_text     TEXT,
+    key_hash     TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    component    TEXT,
+    from_version INTEGER,
+    to_version   INTEGER,
+    t            REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evictions_by_time ON evictions (t);
+CREATE INDEX IF NOT EXISTS evictions_by_worker ON evictions (worker, reason);
+
+-- Decline counters: one row per (worker, key, reason), count accumulates.
+CREATE TABLE IF NOT EXISTS declines (
+    worker   TEXT NOT NULL,
+    key_hash TEXT NOT NULL,
+    key_text TEXT,
+    reason   TEXT NOT NULL,
+    count    INTEGER NOT NULL DEFAULT 0,
+    last_t   REAL NOT NULL,
+    PRIMARY KEY (worker, key_hash, reason)
+);
+CREATE INDEX IF NOT EXISTS declines_by_key ON declines (key_hash);
+
+-- Finished requests as the client saw them; id is the client's request id
+-- (not unique across broker restarts, hence no constraint).
+CREATE TABLE IF NOT EXISTS requests (
+    id       INTEGER NOT NULL,
+    worker   TEXT NOT NULL,
+    key_hash TEXT,
+    version  INTEGER NOT NULL,
+    steps    INTEGER NOT NULL,
+    captured INTEGER NOT NULL,
+    replayed INTEGER NOT NULL,
+    eager    INTEGER NOT NULL,
+    seconds  REAL NOT NULL,
+    status   TEXT NOT NULL,
+    t        REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_by_time ON requests (t);
+CREATE INDEX IF NOT EXISTS requests_by_worker ON requests (worker);

@@ -1,0 +1,80 @@
+/* client.h -- a small client of the Reel broker (docs/PROTOCOL.md), used by
+ * reelctl and linkable by trainers and services: generate, sync weights,
+ * ask for status. One client = one DEALER socket; not thread-safe (one
+ * thread per client). Every call has a client-side deadline, so nothing
+ * hangs when the broker is gone. */
+#ifndef REEL_SCHEMA_CLIENT_H
+#define REEL_SCHEMA_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "schema/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct reel_client reel_client_t;
+
+/* Connects to the broker's client endpoint. NULL with a message in
+ * kern_error() on a bad endpoint. */
+reel_client_t *reel_client_new(const char *endpoint);
+void reel_client_destroy(reel_client_t **c);
+
+typedef struct {
+    const char *model;          /* config name served by the workers */
+    uint64_t version;           /* transformer version wanted, 0 = current */
+    int steps;
+    double shift, cfg, eta;
+    bool sde;
+    uint64_t seed;
+    int64_t latent_shape[4];    /* C, F, H, W */
+    const float *latent;        /* NULL: drawn from seed by the worker */
+    const float *context;       /* [ctx_shape] */
+    int64_t ctx_shape[2];       /* L, T */
+    const float *uncond;        /* NULL: no CFG */
+    bool progress;
+    uint64_t deadline_ms;       /* broker-side deadline, 0 = broker default */
+} reel_gen_t;
+
+typedef struct {
+    char worker[64];
+    uint64_t version;
+    int captured, replayed, eager;
+    double seconds;
+    char key_hash[24];
+    char declines[256];         /* "warming_up=2,override=1" */
+} reel_gen_result_t;
+
+typedef void (*reel_progress_fn)(void *user, int step, int steps);
+
+/* Runs one generation. out receives C·F·H·W floats. Returns 0 on RESULT;
+ * 1 when the broker answered ERROR or BUSY (err->code "busy" for BUSY);
+ * -1 when no answer came within timeout_ms or the transport failed (err
+ * code "timeout" / "internal"). */
+int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
+             reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err);
+
+typedef struct {
+    bool complete;
+    char applied[512];          /* "w1,w2" */
+    char failed[512];           /* "w3:timeout" */
+} reel_sync_result_t;
+
+/* Publishes a weight sync by path (readable by the workers); sha256 is the
+ * hex digest of the file. Return values as reel_gen. */
+int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
+              const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
+              wire_err_t *err);
+
+/* STATUS: *reply receives the STATUS_REPLY header (free with wv_free).
+ * Return values as reel_gen. */
+int reel_status(reel_client_t *c, wire_val_t **reply, int timeout_ms, wire_err_t *err);
+
+/* Hex sha256 of a file (65 bytes incl. NUL). -1 with a message. */
+int reel_sha256_file(const char *path, char hex[65]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

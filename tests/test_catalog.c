@@ -1,0 +1,856 @@
+/* test_catalog.c -- the SQLite catalog: migrations by user_version, batches
+ * that readers see whole or not at all, readers that run beside the writer
+ * (two connections, and a forked writer process), the replay/decline
+ * counters, every report in table and JSON form, and strings that look like
+ * SQL stored verbatim.
+ *
+ * Each test gets a fresh mkdtemp() directory, removed by the unchecked
+ * fixture even when the test fails. Facts are checked through the reports
+ * (parsed with jansson) and, where the report does not show them, through
+ * a raw sqlite3 connection. */
+#include "schema/catalog.h"
+#include "kernels/error.h"
+
+#include <check.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Migration 1 as catalog.c embeds it (not in catalog.h: tests only). */
+extern const char cat_schema_v1_sql[];
+
+static char rootdir[64];      /* per test case, made and removed by the parent */
+static char tmpdir[128];      /* per test, inside rootdir */
+static char dbpath[PATH_MAX];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path); /* best effort: keep going */
+    return 0;
+}
+
+static void remove_tree(const char *dir) {
+    if (dir[0]) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Unchecked (runs in the parent even under CK_FORK=yes), so the whole tree
+ * goes away even when a test fails half-way. */
+static void make_rootdir(void) {
+    snprintf(rootdir, sizeof rootdir, "/tmp/reel_test_cat_XXXXXX");
+    if (!mkdtemp(rootdir)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+static void remove_rootdir(void) { remove_tree(rootdir); }
+
+/* Checked: a fresh directory, hence a fresh catalog path, for every test. */
+static void make_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "%s/t_XXXXXX", rootdir);
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(dbpath, sizeof dbpath, "%s/reel.db", tmpdir);
+}
+
+static void remove_tmpdir(void) { remove_tree(tmpdir); }
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static cat_t *open_ok(bool readonly) {
+    cat_t *c = cat_open(dbpath, readonly);
+    ck_assert_msg(c != NULL, "cat_open(%s, %d): %s", dbpath, readonly, kern_error());
+    return c;
+}
+
+#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, kern_error())
+
+typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
+
+/* The report as text (caller frees). */
+static char *report_text(cat_t *c, report_fn fn, bool json) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    int rc = fn(c, json, f);
+    fclose(f);
+    ck_assert_msg(rc == 0, "report: %s", kern_error());
+    return buf;
+}
+
+/* The report as parsed JSON; also checks it is exactly one line. */
+static json_t *report_json(cat_t *c, report_fn fn) {
+    char *text = report_text(c, fn, true);
+    size_t n = strlen(text);
+    ck_assert_msg(n > 0 && text[n - 1] == '\n' && strchr(text, '\n') == text + n - 1,
+                  "JSON report is not one line: %s", text);
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    ck_assert_msg(j != NULL, "invalid JSON (%s): %s", je.text, text);
+    free(text);
+    return j;
+}
+
+static json_int_t jint(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_integer(v), "'%s' is not an integer", key);
+    return json_integer_value(v);
+}
+
+static const char *jstr(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_string(v), "'%s' is not a string", key);
+    return json_string_value(v);
+}
+
+/* The element of array arr whose `key` is the string `val`. */
+static json_t *find(const json_t *arr, const char *key, const char *val) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        const json_t *v = json_object_get(e, key);
+        if (json_is_string(v) && strcmp(json_string_value(v), val) == 0) return e;
+    }
+    ck_abort_msg("no element with %s = %s", key, val);
+    return NULL;
+}
+
+/* A raw SQLite connection of our own, to look behind the API. */
+static sqlite3 *raw_open(bool readonly) {
+    sqlite3 *db = NULL;
+    int flags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, flags, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+}
+
+static void raw_exec(sqlite3 *db, const char *sql) {
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, msg ? msg : "?");
+}
+
+static long long raw_int(sqlite3 *db, const char *sql) {
+    sqlite3_stmt *s = NULL;
+    ck_assert_msg(sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK, "%s: %s", sql, sqlite3_errmsg(db));
+    ck_assert_msg(sqlite3_step(s) == SQLITE_ROW, "%s: %s", sql, sqlite3_errmsg(db));
+    long long v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return v;
+}
+
+/* Overall captures as a (readonly) connection sees them now. */
+static json_int_t captures_seen(cat_t *c) {
+    json_t *j = report_json(c, cat_report_stats);
+    json_int_t n = jint(json_object_get(j, "overall"), "captures");
+    json_decref(j);
+    return n;
+}
+
+static void capture(cat_t *c, const char *worker, const char *key, int stream, double t) {
+    char text[64];
+    snprintf(text, sizeof text, "text-of-%s", key);
+    OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, t));
+}
+
+/* ---- migrations and opening -------------------------------------------- */
+
+START_TEST(test_migration_creates_schema_on_new_file_and_sets_user_version) {
+    ck_assert_int_ge(cat_schema_version(), 1);
+    cat_t *c = open_ok(false);
+    cat_close(&c);
+    ck_assert_ptr_null(c);
+    cat_close(&c); /* idempotent */
+
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), cat_schema_version());
+    sqlite3_stmt *s;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
+    sqlite3_finalize(s);
+    static const char *tables[] = { "artifacts", "weight_versions", "workers", "worker_versions",
+                                    "captures", "evictions", "declines", "requests" };
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char sql[160];
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '%s'",
+                 tables[i]);
+        ck_assert_msg(raw_int(db, sql) == 1, "table %s missing", tables[i]);
+    }
+    ck_assert_int_ge(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'index'"
+                                 " AND name NOT LIKE 'sqlite_autoindex%'"), 4);
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_reopening_existing_catalog_keeps_rows_and_does_not_remigrate) {
+    cat_t *c = open_ok(false);
+    capture(c, "w1", "k1", 0, 100);
+    cat_close(&c);
+
+    /* Were migration 1 run again, CREATE INDEX IF NOT EXISTS would bring
+     * this index back. */
+    sqlite3 *db = raw_open(false);
+    raw_exec(db, "DROP INDEX captures_by_key");
+    sqlite3_close(db);
+
+    c = open_ok(false);
+    capture(c, "w1", "k2", 0, 101);
+    cat_close(&c);
+
+    db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 2);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'captures_by_key'"), 0);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), cat_schema_version());
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_newer_user_version_is_refused_with_clear_message) {
+    cat_t *c = open_ok(false);
+    cat_close(&c);
+    int newer = cat_schema_version() + 1;
+    sqlite3 *db = raw_open(false);
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", newer);
+    raw_exec(db, sql);
+    sqlite3_close(db);
+
+    char want[128];
+    snprintf(want, sizeof want, "catalog schema %d is newer than this build's %d", newer,
+             cat_schema_version());
+    for (int ro = 0; ro < 2; ro++) {
+        kern_error_clear();
+        c = cat_open(dbpath, ro);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(strstr(kern_error(), want) != NULL, "message: %s", kern_error());
+        ck_assert_msg(strstr(kern_error(), dbpath) != NULL, "message lacks the path: %s", kern_error());
+    }
+    db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), newer); /* left alone */
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_readonly_open_of_missing_file_fails_naming_the_path) {
+    kern_error_clear();
+    ck_assert_ptr_null(cat_open(dbpath, true));
+    ck_assert_msg(strstr(kern_error(), dbpath) != NULL, "message: %s", kern_error());
+    ck_assert_int_ne(access(dbpath, F_OK), 0); /* nothing was created */
+}
+END_TEST
+
+START_TEST(test_readonly_catalog_refuses_writes_with_message) {
+    cat_t *w = open_ok(false);
+    cat_close(&w);
+    cat_t *r = open_ok(true);
+    kern_error_clear();
+    ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1), -1);
+    ck_assert_msg(strstr(kern_error(), "read-only") != NULL, "message: %s", kern_error());
+    cat_close(&r);
+}
+END_TEST
+
+START_TEST(test_catalog_sql_file_equals_embedded_migration) {
+    FILE *f = fopen("schema/catalog.sql", "rb");
+    ck_assert_msg(f != NULL, "schema/catalog.sql not found: run the tests from the repository root");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, m);
+    fclose(f);
+    fclose(m);
+    bool same = strcmp(buf, cat_schema_v1_sql) == 0;
+    free(buf);
+    ck_assert_msg(same, "schema/catalog.sql and the migration embedded in schema/catalog.c differ");
+}
+END_TEST
+
+/* ---- transactions and concurrent readers ------------------------------ */
+
+START_TEST(test_batch_is_visible_to_readonly_connection_only_after_commit) {
+    cat_t *w = open_ok(false);
+    cat_t *r = open_ok(true);
+    OK(cat_begin(w));
+    for (int i = 0; i < 3; i++) capture(w, "w1", "k", i, 100 + i);
+    OK(cat_decline(w, "w1", "t", "k", "override", 1, 100));
+    ck_assert_int_eq(captures_seen(r), 0);
+    ck_assert_int_eq(captures_seen(w), 3); /* the writer sees its own batch */
+    OK(cat_commit(w));
+    ck_assert_int_eq(captures_seen(r), 3);
+
+    /* A rolled-back batch is never seen. */
+    OK(cat_begin(w));
+    capture(w, "w1", "k", 9, 200);
+    OK(cat_rollback(w));
+    OK(cat_rollback(w)); /* nothing open: no-op */
+    ck_assert_int_eq(captures_seen(r), 3);
+    cat_close(&r);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_reader_opened_during_write_transaction_reads_and_never_blocks_writer) {
+    cat_t *w = open_ok(false);
+    capture(w, "w1", "k", 0, 1);
+    OK(cat_begin(w));
+    capture(w, "w1", "k", 1, 2);
+
+    /* Opened while the writer holds its transaction open. */
+    cat_t *r = open_ok(true);
+    ck_assert_int_eq(captures_seen(r), 1);
+
+    /* A reader in the middle of a read transaction does not stop the
+     * commit, and keeps its snapshot until it ends. */
+    sqlite3 *db = raw_open(true);
+    raw_exec(db, "BEGIN");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
+    sqlite3_busy_timeout(db, 0);
+    OK(cat_commit(w));
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
+    raw_exec(db, "COMMIT");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 2);
+    ck_assert_int_eq(captures_seen(r), 2);
+
+    /* And the writer can start the next batch while the reader reads. */
+    raw_exec(db, "BEGIN");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 2);
+    OK(cat_begin(w));
+    capture(w, "w1", "k", 2, 3);
+    OK(cat_commit(w));
+    raw_exec(db, "COMMIT");
+    sqlite3_close(db);
+    ck_assert_int_eq(captures_seen(r), 3);
+    cat_close(&r);
+    cat_close(&w);
+}
+END_TEST
+
+static void child_fail(const char *what) {
+    fprintf(stderr, "child: %s: %s\n", what, kern_error());
+    _exit(1);
+}
+
+/* The writer as another process: opens its own connection after fork
+ * (SQLite connections must not cross fork), writes a batch, tells the
+ * parent it holds the open transaction, commits when the parent has read
+ * (with its own read transaction still open), and exits. */
+static void forked_writer(int ready_fd, int go_fd) {
+    cat_t *c = cat_open(dbpath, false);
+    if (!c) child_fail("open");
+    if (cat_begin(c) != 0) child_fail("begin");
+    for (int i = 0; i < 5; i++)
+        if (cat_capture(c, "child", "text", "kc", i, 1, 1, 0.1, 500 + i) != 0) child_fail("capture");
+    if (write(ready_fd, "r", 1) != 1) child_fail("write pipe");
+    char b;
+    if (read(go_fd, &b, 1) != 1) child_fail("read pipe");
+    if (cat_commit(c) != 0) child_fail("commit");
+    cat_close(&c);
+    _exit(0);
+}
+
+START_TEST(test_forked_writer_commits_while_parent_reads) {
+    cat_t *w = open_ok(false); /* creates the schema */
+    capture(w, "parent", "kp", 0, 1);
+    cat_close(&w);
+
+    int ready[2], go[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(go), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(go[1]);
+        forked_writer(ready[1], go[0]);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char b;
+    ck_assert_int_eq(read(ready[0], &b, 1), 1);
+
+    /* The child holds an open write transaction: a reader opens and reads. */
+    cat_t *r = open_ok(true);
+    ck_assert_int_eq(captures_seen(r), 1);
+    sqlite3 *db = raw_open(true);
+    raw_exec(db, "BEGIN");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
+
+    /* The child commits while this read transaction is still open. */
+    ck_assert_int_eq(write(go[1], "g", 1), 1);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child writer failed");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1); /* our snapshot */
+    raw_exec(db, "COMMIT");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures WHERE worker = 'child'"), 5);
+    sqlite3_close(db);
+    ck_assert_int_eq(captures_seen(r), 6);
+    cat_close(&r);
+    close(ready[0]);
+    close(go[1]);
+}
+END_TEST
+
+/* ---- counters ----------------------------------------------------------- */
+
+START_TEST(test_replays_accumulate_on_newest_capture_of_worker_key_and_stream) {
+    cat_t *c = open_ok(false);
+    capture(c, "w1", "k", 0, 100);
+    capture(c, "w1", "k", 0, 200); /* newest for stream 0 */
+    capture(c, "w1", "k", 1, 150);
+    capture(c, "w2", "k", 0, 300); /* another worker */
+    OK(cat_replays(c, "w1", "k", 0, 4, 250));
+    OK(cat_replays(c, "w1", "k", 0, 6, 260));
+    OK(cat_replays(c, "w1", "k", 1, 1, 270));
+    cat_close(&c);
+
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT replay_count FROM captures WHERE worker = 'w1' AND stream = 0 AND t = 200"), 10);
+    ck_assert_int_eq(raw_int(db, "SELECT last_replay FROM captures WHERE worker = 'w1' AND stream = 0 AND t = 200"), 260);
+    ck_assert_int_eq(raw_int(db, "SELECT replay_count FROM captures WHERE worker = 'w1' AND stream = 0 AND t = 100"), 0);
+    ck_assert_int_eq(raw_int(db, "SELECT replay_count FROM captures WHERE worker = 'w1' AND stream = 1"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT replay_count FROM captures WHERE worker = 'w2'"), 0);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 4); /* none created */
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_replays_without_a_capture_create_a_placeholder_row_and_are_not_lost) {
+    cat_t *c = open_ok(false);
+    OK(cat_replays(c, "w1", "lost", 2, 5, 100));
+    OK(cat_replays(c, "w1", "lost", 2, 3, 110)); /* lands on the same row */
+    json_t *j = report_json(c, cat_report_stats);
+    json_t *all = json_object_get(j, "overall");
+    ck_assert_int_eq(jint(all, "captures"), 0); /* a placeholder is not a capture */
+    ck_assert_int_eq(jint(all, "replays"), 8);
+    json_decref(j);
+    cat_close(&c);
+
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT replay_count FROM captures WHERE worker = 'w1' AND key_hash = 'lost'"
+                                 " AND stream = 2 AND capture_seconds = 0 AND placeholder = 1"), 8);
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_decline_upserts_count_per_worker_key_and_reason) {
+    cat_t *c = open_ok(false);
+    OK(cat_decline(c, "w1", "t", "k", "override", 2, 100));
+    OK(cat_decline(c, "w1", "t", "k", "override", 3, 90));
+    OK(cat_decline(c, "w1", "t", "k", "shape_mismatch", 1, 95));
+    OK(cat_decline(c, "w2", "t", "k", "override", 7, 96));
+    cat_close(&c);
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM declines"), 3);
+    ck_assert_int_eq(raw_int(db, "SELECT count FROM declines WHERE worker = 'w1' AND reason = 'override'"), 5);
+    ck_assert_int_eq(raw_int(db, "SELECT last_t FROM declines WHERE worker = 'w1' AND reason = 'override'"), 100);
+    ck_assert_int_eq(raw_int(db, "SELECT count FROM declines WHERE worker = 'w2'"), 7);
+    sqlite3_close(db);
+}
+END_TEST
+
+START_TEST(test_worker_seen_again_after_gone_is_live_and_keeps_first_seen) {
+    cat_t *c = open_ok(false);
+    OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, 100));
+    OK(cat_worker_gone(c, "w1", "missed heartbeats", 150));
+    json_t *j = report_json(c, cat_report_workers);
+    json_t *w = find(j, "name", "w1");
+    ck_assert_str_eq(jstr(w, "gone_reason"), "missed heartbeats");
+    json_decref(j);
+    OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, 200));
+    j = report_json(c, cat_report_workers);
+    w = find(j, "name", "w1");
+    ck_assert(json_is_null(json_object_get(w, "gone_at")));
+    ck_assert_str_eq(jstr(w, "device"), "cuda:0");
+    ck_assert_int_eq(json_number_value(json_object_get(w, "first_seen")), 100);
+    ck_assert_int_eq(json_number_value(json_object_get(w, "last_seen")), 200);
+    json_decref(j);
+    cat_close(&c);
+}
+END_TEST
+
+/* ---- reports ------------------------------------------------------------ */
+
+/* Two workers: w1 with 3 captures, 10 replays, requests of 20 steps of which
+ * 10 replayed; w2 with declines and evictions only. */
+static void write_facts(cat_t *c) {
+    OK(cat_begin(c));
+    OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 1000));
+    OK(cat_worker_seen(c, "w2", "cpu", "x86_64", 1, 1u << 30, 1001));
+    OK(cat_worker_gone(c, "w2", "missed heartbeats", 1500));
+    OK(cat_weight_version(c, "dit", 1, "aa11", "/w/v1.safetensors", 1002));
+    OK(cat_weight_version(c, "dit", 2, "bb22", "inline", 1100));
+    OK(cat_worker_version(c, "w1", "dit", 1, true, NULL, 1003));
+    OK(cat_worker_version(c, "w2", "dit", 1, true, NULL, 1004));
+    OK(cat_worker_version(c, "w1", "dit", 2, true, NULL, 1101));
+    OK(cat_worker_version(c, "w2", "dit", 2, false, "sha256 mismatch", 1102));
+    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1010));
+    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1011));
+    OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1012));
+    OK(cat_replays(c, "w1", "k1", 0, 6, 1020));
+    OK(cat_replays(c, "w1", "k1", 1, 3, 1021));
+    OK(cat_replays(c, "w1", "k2", 0, 1, 1022));
+    OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 1030));
+    OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 1031));
+    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
+    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
+    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
+    OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1050));
+    OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1100));
+    OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1101));
+    OK(cat_artifact(c, "matmul-cuda", "matmul", "cuda", "cc33", "ok", NULL, 1060));
+    OK(cat_commit(c));
+}
+
+START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_stats);
+
+    json_t *w1 = find(json_object_get(j, "workers"), "worker", "w1");
+    ck_assert_int_eq(jint(w1, "captures"), 3);
+    ck_assert_int_eq(jint(w1, "replays"), 10);
+    ck_assert_int_eq(jint(w1, "requests"), 2);
+    ck_assert_int_eq(jint(w1, "steps"), 20);
+    ck_assert_int_eq(jint(w1, "replayed_steps"), 10);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(w1, "hit_rate")), 0.5, 1e-12);
+    ck_assert_str_eq(jstr(w1, "hit_rate_from"), "requests");
+    ck_assert_int_eq(jint(json_object_get(w1, "evictions_by_reason"), "weight_sync"), 2);
+
+    /* w2 has no requests: replays / (replays + captures + declines) = 0/7. */
+    json_t *w2 = find(json_object_get(j, "workers"), "worker", "w2");
+    ck_assert_int_eq(jint(w2, "eager_breaks"), 3);
+    ck_assert_int_eq(jint(w2, "declines"), 7);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(w2, "hit_rate")), 0.0, 1e-12);
+    ck_assert_str_eq(jstr(w2, "hit_rate_from"), "captures");
+    json_t *dec = json_object_get(w2, "declines_by_reason");
+    ck_assert_int_eq(jint(dec, "not_capturable"), 2);
+    ck_assert_int_eq(jint(dec, "override"), 1);
+    ck_assert_int_eq(jint(dec, "shape_mismatch"), 4);
+    ck_assert_int_eq(jint(json_object_get(w2, "evictions_by_reason"), "lru"), 1);
+
+    json_t *all = json_object_get(j, "overall");
+    ck_assert_int_eq(jint(all, "captures"), 3);
+    ck_assert_int_eq(jint(all, "replays"), 10);
+    ck_assert_int_eq(jint(all, "eager_breaks"), 3);
+    ck_assert_int_eq(jint(all, "evictions"), 3);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(all, "hit_rate")), 0.5, 1e-12);
+    json_decref(j);
+
+    char *t = report_text(c, cat_report_stats, false);
+    ck_assert_msg(strncmp(t, "worker ", 7) == 0 && strstr(t, "captures") && strstr(t, "hit_rate"),
+                  "header: %s", t);
+    ck_assert_msg(strstr(t, "50.0%") && strstr(t, "(all)") && strstr(t, "shape_mismatch=4") &&
+                      strstr(t, "weight_sync=2"), "table: %s", t);
+    free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_stats_hit_rate_falls_back_to_capture_counters_without_requests) {
+    cat_t *c = open_ok(false);
+    for (int i = 0; i < 3; i++) capture(c, "w1", "k", i, 10 + i);
+    OK(cat_replays(c, "w1", "k", 0, 10, 20));
+    OK(cat_decline(c, "w1", "t", "k", "warming_up", 2, 21));
+    json_t *j = report_json(c, cat_report_stats);
+    json_t *all = json_object_get(j, "overall");
+    ck_assert_int_eq(jint(all, "captures"), 3);
+    ck_assert_int_eq(jint(all, "replays"), 10);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(all, "hit_rate")), 10.0 / 15.0, 1e-12);
+    ck_assert_str_eq(jstr(all, "hit_rate_from"), "captures");
+    json_decref(j);
+    cat_close(&c);
+}
+END_TEST
+
+START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1200));
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_keys);
+    ck_assert_int_eq(json_array_size(j), 3);
+    json_t *k1 = json_array_get(j, 0); /* most replayed first */
+    ck_assert_str_eq(jstr(k1, "key_hash"), "k1");
+    ck_assert_int_eq(jint(k1, "captures"), 3);
+    ck_assert_int_eq(jint(k1, "replays"), 9);
+    ck_assert_int_eq(json_number_value(json_object_get(k1, "last_replay")), 1021);
+    json_t *ws = json_object_get(k1, "workers");
+    ck_assert_int_eq(json_array_size(ws), 2);
+    ck_assert_str_eq(json_string_value(json_array_get(ws, 0)), "w1");
+    ck_assert_str_eq(json_string_value(json_array_get(ws, 1)), "w2");
+    json_t *k3 = find(j, "key_hash", "k3");
+    ck_assert_str_eq(jstr(k3, "key_text"), "dit step 16x16"); /* from the declines */
+    ck_assert_int_eq(jint(k3, "declines"), 7);
+    ck_assert(json_is_null(json_object_get(k3, "last_replay")));
+    json_decref(j);
+
+    char *t = report_text(c, cat_report_keys, false);
+    ck_assert_msg(strncmp(t, "key_hash", 8) == 0 && strstr(t, "dit step 64x64") && strstr(t, "w1,w2"),
+                  "table: %s", t);
+    free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_evictions);
+    ck_assert_int_eq(json_array_size(j), 3);
+    json_t *e = json_array_get(j, 0);
+    ck_assert_str_eq(jstr(e, "key_hash"), "k2");
+    ck_assert_str_eq(jstr(e, "reason"), "weight_sync");
+    ck_assert_str_eq(jstr(e, "component"), "dit");
+    ck_assert_int_eq(jint(e, "from_version"), 1);
+    ck_assert_int_eq(jint(e, "to_version"), 2);
+    ck_assert_str_eq(jstr(json_array_get(j, 2), "reason"), "lru");
+    json_decref(j);
+    char *t = report_text(c, cat_report_evictions, false);
+    ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "weight_sync") && strstr(t, "1970-01-01T00:18:21Z"),
+                  "table: %s", t);
+    free(t);
+
+    OK(cat_begin(w));
+    for (int i = 0; i < 60; i++) OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 2000 + i));
+    OK(cat_commit(w));
+    j = report_json(c, cat_report_evictions);
+    ck_assert_int_eq(json_array_size(j), 50);
+    ck_assert_int_eq(json_number_value(json_object_get(json_array_get(j, 0), "t")), 2059);
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_versions_report_lists_which_workers_applied_each_version) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_versions);
+    ck_assert_int_eq(json_array_size(j), 2);
+    json_t *v2 = json_array_get(j, 0); /* newest first */
+    ck_assert_int_eq(jint(v2, "version"), 2);
+    ck_assert_str_eq(jstr(v2, "sha256"), "bb22");
+    ck_assert_int_eq(json_array_size(json_object_get(v2, "applied")), 1);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(v2, "applied"), 0)), "w1");
+    json_t *failed = json_array_get(json_object_get(v2, "failed"), 0);
+    ck_assert_str_eq(jstr(failed, "worker"), "w2");
+    ck_assert_str_eq(jstr(failed, "error"), "sha256 mismatch");
+    json_t *v1 = json_array_get(j, 1);
+    ck_assert_int_eq(json_array_size(json_object_get(v1, "applied")), 2);
+    json_decref(j);
+    char *t = report_text(c, cat_report_versions, false);
+    ck_assert_msg(strncmp(t, "component", 9) == 0 && strstr(t, "w1,w2") && strstr(t, "w2:sha256 mismatch"),
+                  "table: %s", t);
+    free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_workers_report_shows_last_seen_gone_and_applied_versions) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_workers);
+    ck_assert_int_eq(json_array_size(j), 2);
+    json_t *w1 = find(j, "name", "w1");
+    ck_assert_str_eq(jstr(w1, "device"), "cuda:0");
+    ck_assert_int_eq(jint(w1, "streams"), 2);
+    ck_assert_int_eq(jint(w1, "budget"), 8ll << 30);
+    ck_assert(json_is_null(json_object_get(w1, "gone_at")));
+    ck_assert_int_eq(jint(json_object_get(w1, "versions"), "dit"), 2);
+    json_t *w2 = find(j, "name", "w2");
+    ck_assert_int_eq(json_number_value(json_object_get(w2, "gone_at")), 1500);
+    ck_assert_str_eq(jstr(w2, "gone_reason"), "missed heartbeats");
+    ck_assert_int_eq(jint(json_object_get(w2, "versions"), "dit"), 1); /* v2 failed there */
+    json_decref(j);
+    char *t = report_text(c, cat_report_workers, false);
+    ck_assert_msg(strncmp(t, "worker", 6) == 0 && strstr(t, "missed heartbeats") && strstr(t, "dit=2"),
+                  "table: %s", t);
+    free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_requests_report_is_newest_first_with_step_counts) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_requests);
+    ck_assert_int_eq(json_array_size(j), 2);
+    json_t *r = json_array_get(j, 0);
+    ck_assert_int_eq(jint(r, "id"), 2);
+    ck_assert_int_eq(jint(r, "steps"), 8);
+    ck_assert_int_eq(jint(r, "replayed"), 2);
+    ck_assert_int_eq(jint(r, "eager"), 5);
+    ck_assert_str_eq(jstr(r, "status"), "ok");
+    ck_assert_double_eq_tol(json_real_value(json_object_get(r, "seconds")), 0.75, 1e-12);
+    json_decref(j);
+    char *t = report_text(c, cat_report_requests, false);
+    ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "0.750") && strstr(t, "1.500"), "table: %s", t);
+    free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_every_report_on_empty_catalog_is_valid_json_and_a_header) {
+    cat_t *w = open_ok(false);
+    cat_t *c = open_ok(true);
+    report_fn fns[] = { cat_report_stats, cat_report_keys, cat_report_evictions,
+                        cat_report_versions, cat_report_workers, cat_report_requests };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+        json_t *j = report_json(c, fns[i]);
+        json_decref(j);
+        char *t = report_text(c, fns[i], false);
+        ck_assert_msg(strchr(t, '\n') != NULL && t[0] != '\n', "table: %s", t);
+        free(t);
+    }
+    json_t *j = report_json(c, cat_report_stats);
+    ck_assert(json_is_null(json_object_get(json_object_get(j, "overall"), "hit_rate")));
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_table_columns_are_aligned_under_their_headers) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    char *t = report_text(w, cat_report_requests, false);
+    /* Right-aligned "steps": every line ends that column at the same place. */
+    char *header = t, *nl = strchr(t, '\n');
+    ck_assert_ptr_nonnull(nl);
+    const char *h = strstr(header, "steps");
+    ck_assert_ptr_nonnull(h);
+    size_t end = (size_t)(h - header) + strlen("steps");
+    for (char *line = nl + 1; *line; line = strchr(line, '\n') + 1) {
+        ck_assert_ptr_nonnull(strchr(line, '\n'));
+        ck_assert_msg(line[end - 1] != ' ' && line[end] == ' ', "misaligned: %s", t);
+    }
+    free(t);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_sql_looking_strings_are_stored_verbatim) {
+    static const char *worker = "w'; DROP TABLE captures; --";
+    static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
+    static const char *hash = "h'||'x";
+    cat_t *c = open_ok(false);
+    OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
+    OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 2));
+    OK(cat_replays(c, worker, hash, 0, 2, 3));
+    OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
+    OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 5));
+    OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
+    OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
+    cat_close(&c);
+
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 8);
+    sqlite3_stmt *s;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT worker, key_text, key_hash, replay_count FROM captures",
+                                        -1, &s, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), worker);
+    ck_assert_str_eq((const char *)sqlite3_column_text(s, 1), text);
+    ck_assert_str_eq((const char *)sqlite3_column_text(s, 2), hash);
+    ck_assert_int_eq(sqlite3_column_int(s, 3), 2);
+    sqlite3_finalize(s);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM declines"), 1);
+    sqlite3_close(db);
+
+    c = open_ok(true);
+    json_t *j = report_json(c, cat_report_keys);
+    json_t *k = json_array_get(j, 0);
+    ck_assert_str_eq(jstr(k, "key_text"), text);
+    ck_assert_str_eq(jstr(k, "key_hash"), hash);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(k, "workers"), 0)), worker);
+    json_decref(j);
+    j = report_json(c, cat_report_stats);
+    json_t *w = find(json_object_get(j, "workers"), "worker", worker);
+    ck_assert_int_eq(jint(json_object_get(w, "declines_by_reason"), "override'); --"), 1);
+    json_decref(j);
+    cat_close(&c);
+}
+END_TEST
+
+START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
+    cat_t *c = open_ok(false);
+    OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1));
+    json_t *j = report_json(c, cat_report_keys); /* still valid JSON */
+    ck_assert_ptr_nonnull(strstr(jstr(json_array_get(j, 0), "key_text"), "line\none"));
+    json_decref(j);
+    char *t = report_text(c, cat_report_keys, false);
+    int lines = 0;
+    for (char *p = t; *p; p++) lines += *p == '\n';
+    ck_assert_int_eq(lines, 2); /* header + one row: the newline was masked */
+    free(t);
+    cat_close(&c);
+}
+END_TEST
+
+static Suite *catalog_suite(void) {
+    Suite *s = suite_create("catalog");
+    TCase *tc = tcase_create("catalog");
+    tcase_add_unchecked_fixture(tc, make_rootdir, remove_rootdir);
+    tcase_add_checked_fixture(tc, make_tmpdir, remove_tmpdir);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_migration_creates_schema_on_new_file_and_sets_user_version);
+    tcase_add_test(tc, test_reopening_existing_catalog_keeps_rows_and_does_not_remigrate);
+    tcase_add_test(tc, test_newer_user_version_is_refused_with_clear_message);
+    tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
+    tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
+    tcase_add_test(tc, test_catalog_sql_file_equals_embedded_migration);
+    tcase_add_test(tc, test_batch_is_visible_to_readonly_connection_only_after_commit);
+    tcase_add_test(tc, test_reader_opened_during_write_transaction_reads_and_never_blocks_writer);
+    tcase_add_test(tc, test_forked_writer_commits_while_parent_reads);
+    tcase_add_test(tc, test_replays_accumulate_on_newest_capture_of_worker_key_and_stream);
+    tcase_add_test(tc, test_replays_without_a_capture_create_a_placeholder_row_and_are_not_lost);
+    tcase_add_test(tc, test_decline_upserts_count_per_worker_key_and_reason);
+    tcase_add_test(tc, test_worker_seen_again_after_gone_is_live_and_keeps_first_seen);
+    tcase_add_test(tc, test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons);
+    tcase_add_test(tc, test_stats_hit_rate_falls_back_to_capture_counters_without_requests);
+    tcase_add_test(tc, test_keys_report_lists_each_key_with_workers_captures_and_replays);
+    tcase_add_test(tc, test_evictions_report_is_newest_first_and_limited_to_50);
+    tcase_add_test(tc, test_versions_report_lists_which_workers_applied_each_version);
+    tcase_add_test(tc, test_workers_report_shows_last_seen_gone_and_applied_versions);
+    tcase_add_test(tc, test_requests_report_is_newest_first_with_step_counts);
+    tcase_add_test(tc, test_every_report_on_empty_catalog_is_valid_json_and_a_header);
+    tcase_add_test(tc, test_table_columns_are_aligned_under_their_headers);
+    tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
+    tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    SRunner *sr = srunner_create(catalog_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
