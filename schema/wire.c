@@ -94,6 +94,8 @@ wire_val_t *wv_bool(bool b) {
     return v;
 }
 
+wire_val_t *wv_nil(void) { return wv_new(WV_NIL); }
+
 void wv_free(wire_val_t **vp) {
     if (!vp || !*vp) return;
     wire_val_t *v = *vp;
@@ -387,12 +389,16 @@ static wire_val_t *dec_container(dec_t *d, bool is_map, uint64_t count, int dept
     }
     for (size_t i = 0; i < count; i++) {
         if (is_map) {
+            /* peek, so a container posing as a key is never built */
+            unsigned char kb = dec_left(d) ? *d->p : 0xc0;
+            if ((kb & 0xe0) != 0xa0 && (kb < 0xd9 || kb > 0xdb)) {
+                set_err(d->err, WIRE_E_MALFORMED, "map key is not a string");
+                goto fail;
+            }
             wire_val_t *key = dec_val(d, depth + 1);
             if (!key) goto fail;
-            if (key->kind != WV_STR || strlen(key->as.str.s) != key->as.str.len) {
-                set_err(d->err, WIRE_E_MALFORMED, key->kind == WV_STR
-                                                      ? "map key holds a NUL byte"
-                                                      : "map key is not a string");
+            if (strlen(key->as.str.s) != key->as.str.len) {
+                set_err(d->err, WIRE_E_MALFORMED, "map key holds a NUL byte");
                 wv_free(&key);
                 goto fail;
             }
@@ -623,6 +629,13 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
     done = 1;
     if (!m->hdr) goto out;
 
+    /* The id first: a rejected request is still answered under its id,
+     * which is how the client matches the ERROR to what it sent. */
+    const wire_val_t *id = wv_get(m->hdr, "id");
+    if (id && !wv_as_u64(id, &m->id)) {
+        set_err(err, WIRE_E_MALFORMED, "\"id\" is not an unsigned integer");
+        goto out;
+    }
     const char *proto = wv_get_str(m->hdr, "proto");
     if (!proto || strcmp(proto, WIRE_PROTO)) {
         set_err(err, WIRE_E_PROTO, "proto %s%.64s%s, want \"" WIRE_PROTO "\"",
@@ -632,11 +645,6 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
     m->type = wv_get_str(m->hdr, "type");
     if (!m->type) {
         set_err(err, WIRE_E_MALFORMED, "\"type\" missing or not a string");
-        goto out;
-    }
-    const wire_val_t *id = wv_get(m->hdr, "id");
-    if (id && !wv_as_u64(id, &m->id)) {
-        set_err(err, WIRE_E_MALFORMED, "\"id\" is not an unsigned integer");
         goto out;
     }
     const wire_val_t *desc = wv_get(m->hdr, "tensors");
@@ -684,8 +692,10 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
 out:
     for (size_t i = done; i < n_kept; i++) zmq_msg_close(&frames[i]);
     if (rc) {
+        uint64_t keep_id = m->id;
         wv_free(&m->hdr);
         msg_reset(m);
+        m->id = keep_id;
     }
     return rc;
 }

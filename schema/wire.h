@@ -76,6 +76,7 @@ wire_val_t *wv_u64(uint64_t x);
 wire_val_t *wv_i64(int64_t x);
 wire_val_t *wv_f64(double x);
 wire_val_t *wv_bool(bool b);
+wire_val_t *wv_nil(void);
 /* Sets map[key] = v (replacing), taking ownership of v (freed on failure).
  * Returns 0, or -1 on out-of-memory / not a map / v NULL. */
 int wv_set(wire_val_t *map, const char *key, wire_val_t *v);
@@ -126,12 +127,17 @@ int wire_socket_limits(void *sock);
 /* Receives one whole message (all parts) from sock; `router` means the
  * first part is a routing identity. Returns 0 with *m filled; 1 when the
  * message was malformed (all its parts consumed, *err set, m->identity
- * still valid when has_identity so the caller can answer ERROR; call
- * wire_msg_close either way); -1 on a socket error or EAGAIN (errno set,
- * nothing consumed). flags as for zmq_msg_recv (ZMQ_DONTWAIT). */
+ * still valid when has_identity and m->id kept when it decoded, so the
+ * caller can answer ERROR to the right request; call wire_msg_close either
+ * way); -1 on a socket error or EAGAIN (errno set, nothing consumed).
+ * flags as for zmq_msg_recv (ZMQ_DONTWAIT).
+ * Decoding choices: bin/ext types are malformed (bytes travel as tensor
+ * frames only); non-negative integers decode as WV_UINT, negative as
+ * WV_INT; float32 widens to WV_F64; tensor names are unique. */
 int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err);
 /* Decodes an already-received multipart message (frames[0] = header, the
- * rest tensors); takes ownership of the frames. 0, or 1 with *err set. */
+ * rest tensors); takes ownership of the frames; resets all of *m
+ * (has_identity included). 0, or 1 with *err set. */
 int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err);
 void wire_msg_close(wire_msg_t *m);
 const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name);
