@@ -1,0 +1,132 @@
+/* brk_main.c -- reel-broker: parse the command line, open the catalog,
+ * bind the two ROUTERs, run the routing loop until SIGINT/SIGTERM, then
+ * answer what is pending, close the sockets and flush the catalog.
+ * Exit status: 0 after a clean stop, 1 when it cannot start (catalog,
+ * bind), 2 for a bad command line. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/brk_broker.h"
+#include "broker/brk_log.h"
+#include "kernels/error.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+/* A ROUTER with the wire limits, bound to endpoint. NULL with a logged
+ * message. */
+static void *router(void *ctx, const char *endpoint, bool mandatory, const char *what) {
+    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+    int one = 1, sndtimeo = 200;
+    if (!s) goto err;
+    /* ZMQ_ROUTER_MANDATORY: a send to a worker that is gone fails
+     * (EHOSTUNREACH) instead of vanishing; SNDTIMEO bounds the wait when a
+     * peer's queue is full, so the loop never blocks on one peer. */
+    if (wire_socket_limits(s) < 0 ||
+        (mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0) ||
+        zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) < 0)
+        goto err;
+    if (zmq_bind(s, endpoint) < 0) {
+        brk_log("cannot bind the %s endpoint %s: %s", what, endpoint, zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+err:
+    brk_log("cannot set up the %s socket: %s", what, zmq_strerror(zmq_errno()));
+    if (s) zmq_close(s);
+    return NULL;
+}
+
+static void free_workers(brk_t *b) {
+    for (int i = 0; i < b->n_w; i++) free(b->w[i]);
+    free(b->w);
+    b->w = NULL;
+    b->n_w = b->cap_w = 0;
+}
+
+int main(int argc, char **argv) {
+    brk_t b;
+    memset(&b, 0, sizeof b);
+    int prc = brk_opts_parse(&b.opt, argc, argv);
+    if (prc == 1) return 0;
+    if (prc) return 2;
+
+    /* Threads started from here on (the catalog writer, ZeroMQ's I/O
+     * threads) inherit a mask without SIGINT/SIGTERM, so the signal always
+     * interrupts the routing thread's zmq_poll. */
+    sigset_t stop_sigs, old;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, &old);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: zmq_poll returns EINTR */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    cat_t *cat = NULL;
+    if (b.opt.catalog[0]) {
+        cat = cat_open(b.opt.catalog, false);
+        if (!cat) {
+            brk_log("cannot open the catalog %s: %s", b.opt.catalog, kern_error());
+            return 1;
+        }
+    }
+    b.cat = brk_catq_new(&cat, BRK_CATQ_MAX);
+    if (!b.cat) {
+        brk_log("cannot start the catalog writer");
+        return 1;
+    }
+    if (brk_queue_init(&b.queue, (size_t)b.opt.queue_max) < 0) {
+        brk_log("out of memory");
+        goto out;
+    }
+    b.next_id = 1;
+    b.ctx = zmq_ctx_new();
+    if (!b.ctx) {
+        brk_log("cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
+        goto out;
+    }
+    b.clients = router(b.ctx, b.opt.clients, false, "client");
+    if (!b.clients) goto out;
+    b.workers = router(b.ctx, b.opt.workers, true, "worker");
+    if (!b.workers) goto out;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+    char ce[256] = "", we[256] = "";
+    size_t cl = sizeof ce, wl = sizeof we;
+    zmq_getsockopt(b.clients, ZMQ_LAST_ENDPOINT, ce, &cl);
+    zmq_getsockopt(b.workers, ZMQ_LAST_ENDPOINT, we, &wl);
+    brk_log("ready clients=%s workers=%s", ce, we);
+
+    rc = brk_run(&b, &g_stop) < 0 ? 1 : 0;
+    brk_log("shutting down (%d worker%s, %zu queued)", b.n_w, b.n_w == 1 ? "" : "s",
+            brk_queue_len(&b.queue));
+    brk_req_shutdown(&b);
+    brk_sync_shutdown(&b);
+out:
+    free_workers(&b);
+    if (b.clients) {
+        int linger = 200; /* let the shutdown ERRORs reach their clients */
+        zmq_setsockopt(b.clients, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(b.clients);
+    }
+    if (b.workers) zmq_close(b.workers);
+    if (b.ctx) zmq_ctx_term(b.ctx);
+    brk_queue_free(&b.queue);
+    brk_catq_destroy(&b.cat); /* writes what is still queued */
+    if (rc == 0) brk_log("stopped");
+    return rc;
+}

@@ -1,0 +1,106 @@
+/* brk_opts.c -- reel-broker's command line: defaults, parsing, usage. */
+#include "broker/brk_opts.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: reel-broker [options]\n"
+    "  --clients ENDPOINT          client/trainer ROUTER (default tcp://127.0.0.1:5555)\n"
+    "  --workers ENDPOINT          worker ROUTER (default tcp://127.0.0.1:5556)\n"
+    "  --catalog PATH              SQLite catalog (default reel.db; \"\" = none)\n"
+    "  --heartbeat-ms N            heartbeat interval (default 1000)\n"
+    "  --liveness N                silent intervals before a worker is dropped (default 3)\n"
+    "  --queue-max N               waiting requests before BUSY (default 64)\n"
+    "  --sync-deadline-ms N        default weight-sync barrier deadline (default 30000)\n"
+    "  --request-deadline-ms N     default request deadline (default 60000)\n"
+    "  -h, --help                  this text\n";
+
+/* Parses a decimal in [lo, hi]. false when s is not one. */
+static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+    if (!s || !*s || *s == '-') return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
+    *o = (brk_opts_t){
+        .clients = "tcp://127.0.0.1:5555",
+        .workers = "tcp://127.0.0.1:5556",
+        .catalog = "reel.db",
+        .heartbeat_ms = 1000,
+        .liveness = 3,
+        .queue_max = 64,
+        .sync_deadline_ms = 30000,
+        .request_deadline_ms = 60000,
+    };
+    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ };
+    static const struct option longs[] = {
+        { "clients", required_argument, NULL, O_CLIENTS },
+        { "workers", required_argument, NULL, O_WORKERS },
+        { "catalog", required_argument, NULL, O_CATALOG },
+        { "heartbeat-ms", required_argument, NULL, O_HB },
+        { "liveness", required_argument, NULL, O_LIVE },
+        { "queue-max", required_argument, NULL, O_QMAX },
+        { "sync-deadline-ms", required_argument, NULL, O_SYNC },
+        { "request-deadline-ms", required_argument, NULL, O_REQ },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    opterr = 0; /* our own messages, one format */
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+        uint64_t v = 0;
+        const char *bad = NULL;
+        switch (c) {
+        case 'h': fputs(usage, stdout); return 1;
+        case O_CLIENTS: o->clients = optarg; break;
+        case O_WORKERS: o->workers = optarg; break;
+        case O_CATALOG: o->catalog = optarg; break;
+        case O_HB:
+            if (parse_u64(optarg, 1, 3600000, &v)) o->heartbeat_ms = (int)v;
+            else bad = "--heartbeat-ms";
+            break;
+        case O_LIVE:
+            if (parse_u64(optarg, 1, 1000, &v)) o->liveness = (int)v;
+            else bad = "--liveness";
+            break;
+        case O_QMAX:
+            if (parse_u64(optarg, 0, 10000000, &v)) o->queue_max = (int)v;
+            else bad = "--queue-max";
+            break;
+        case O_SYNC:
+            if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->sync_deadline_ms = v;
+            else bad = "--sync-deadline-ms";
+            break;
+        case O_REQ:
+            if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->request_deadline_ms = v;
+            else bad = "--request-deadline-ms";
+            break;
+        case ':':
+            fprintf(stderr, "reel-broker: option '%s' needs a value (try -h)\n", argv[optind - 1]);
+            return 2;
+        default:
+            fprintf(stderr, "reel-broker: unknown option '%s' (try -h)\n", argv[optind - 1]);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "reel-broker: bad value '%s' for %s (try -h)\n", optarg, bad);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[optind]);
+        return 2;
+    }
+    return 0;
+}

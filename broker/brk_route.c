@@ -1,0 +1,207 @@
+/* brk_route.c -- rendezvous owners, eligibility, the bounded queue, recent
+ * keys and the sync version check (see brk_route.h). Pure: no sockets, no
+ * clocks, no catalog. */
+#include "broker/brk_route.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture_cache/key.h"
+#include "kernels/error.h"
+
+uint64_t brk_fnv1a64(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t brk_splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* FNV-1a alone is a weak mix (nearby names give nearby hashes); the
+ * splitmix finaliser makes every bit of the score depend on both inputs, so
+ * owners spread evenly over workers. */
+uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name) {
+    return brk_splitmix64(shard_hash ^ brk_fnv1a64(name));
+}
+
+uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
+                        const int64_t context[2], bool cfg) {
+    char full[CAP_NAME_MAX];
+    if (!model || !*model) {
+        kern_fail("GEN: empty model name");
+        return 0;
+    }
+    if (snprintf(full, sizeof full, "tinydit:%s", model) >= (int)sizeof full) {
+        kern_fail("model name '%.64s' is too long", model);
+        return 0;
+    }
+    cap_key_t k;
+    if (cap_key_denoise(&k, "", "", full, sde ? "sde" : "euler", KERN_F32, latent, context, cfg,
+                        BRK_COMPONENT, 0) < 0)
+        return 0;
+    return cap_key_shard_hash(&k);
+}
+
+/* ---- peers ----------------------------------------------------------------- */
+
+uint64_t brk_peer_version(const brk_peer_t *p, const char *comp) {
+    for (int i = 0; i < p->n_versions; i++)
+        if (!strcmp(p->versions[i].name, comp)) return p->versions[i].version;
+    return 0;
+}
+
+int brk_peer_set_version(brk_peer_t *p, const char *comp, uint64_t version) {
+    for (int i = 0; i < p->n_versions; i++)
+        if (!strcmp(p->versions[i].name, comp)) {
+            p->versions[i].version = version;
+            return 0;
+        }
+    if (p->n_versions >= BRK_MAX_COMPONENTS) return -1;
+    brk_version_t *v = &p->versions[p->n_versions++];
+    snprintf(v->name, sizeof v->name, "%s", comp);
+    v->version = version;
+    return 0;
+}
+
+bool brk_peer_serves(const brk_peer_t *p, const char *model) {
+    for (int i = 0; i < p->n_models; i++)
+        if (!strcmp(p->models[i], model)) return true;
+    return false;
+}
+
+bool brk_peer_eligible(const brk_peer_t *p, const char *model, uint64_t required) {
+    return p->routable && brk_peer_serves(p, model) &&
+           brk_peer_version(p, BRK_COMPONENT) >= required;
+}
+
+int brk_owner(const brk_peer_t *const *peers, int n, uint64_t shard_hash, const char *model,
+              uint64_t required) {
+    int best = -1;
+    uint64_t best_score = 0;
+    for (int i = 0; i < n; i++) {
+        if (!brk_peer_eligible(peers[i], model, required)) continue;
+        uint64_t s = brk_rendezvous_score(shard_hash, peers[i]->name);
+        if (best < 0 || s > best_score ||
+            (s == best_score && strcmp(peers[i]->name, peers[best]->name) < 0)) {
+            best = i;
+            best_score = s;
+        }
+    }
+    return best;
+}
+
+/* ---- queue ------------------------------------------------------------------- */
+
+int brk_queue_init(brk_queue_t *q, size_t max) {
+    memset(q, 0, sizeof *q);
+    q->max = max;
+    q->cap = max ? max : 1;
+    q->v = malloc(q->cap * sizeof *q->v);
+    if (!q->v) {
+        q->cap = 0;
+        return -1;
+    }
+    return 0;
+}
+
+void brk_queue_free(brk_queue_t *q) {
+    free(q->v);
+    q->v = NULL;
+    q->n = q->cap = 0;
+}
+
+static int queue_room(brk_queue_t *q) {
+    if (q->n < q->cap) return 0;
+    size_t cap = q->cap ? q->cap * 2 : 8;
+    void **v = realloc(q->v, cap * sizeof *v);
+    if (!v) return -1;
+    q->v = v;
+    q->cap = cap;
+    return 0;
+}
+
+int brk_queue_push(brk_queue_t *q, void *item) {
+    if (q->n >= q->max || queue_room(q) < 0) return -1;
+    q->v[q->n++] = item;
+    return 0;
+}
+
+int brk_queue_push_front(brk_queue_t *q, void *item) {
+    if (queue_room(q) < 0) return -1;
+    memmove(q->v + 1, q->v, q->n * sizeof *q->v);
+    q->v[0] = item;
+    q->n++;
+    return 0;
+}
+
+void *brk_queue_remove(brk_queue_t *q, size_t i) {
+    void *item = q->v[i];
+    memmove(q->v + i, q->v + i + 1, (q->n - i - 1) * sizeof *q->v);
+    q->n--;
+    return item;
+}
+
+/* ---- recent keys -------------------------------------------------------------- */
+
+void brk_keys_note(uint64_t keys[BRK_KEYS_RECENT], int *n, uint64_t h) {
+    int at = *n < BRK_KEYS_RECENT ? *n : BRK_KEYS_RECENT - 1; /* slot that drops out */
+    for (int i = 0; i < *n; i++)
+        if (keys[i] == h) {
+            at = i;
+            break;
+        }
+    if (at == *n) (*n)++;
+    memmove(keys + 1, keys, (size_t)at * sizeof *keys);
+    keys[0] = h;
+}
+
+/* ---- syncs ---------------------------------------------------------------------- */
+
+static bool valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= BRK_NAME_MAX) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-' || c == '+'))
+            return false;
+    }
+    return true;
+}
+
+brk_sync_verdict_t brk_sync_check(const char *component, uint64_t version, uint64_t current,
+                                  const char *sha256, bool has_path, int n_tensors, char *why,
+                                  size_t len) {
+    if (!component || !valid_name(component)) {
+        snprintf(why, len, "\"component\" must be a name of [A-Za-z0-9_.:+-]");
+        return BRK_SYNC_BAD;
+    }
+    if (version <= current) {
+        snprintf(why, len, "%s version %llu is not newer than the current version %llu",
+                 component, (unsigned long long)version, (unsigned long long)current);
+        return BRK_SYNC_STALE;
+    }
+    bool hex = sha256 && strlen(sha256) == 64;
+    for (size_t i = 0; hex && i < 64; i++) {
+        char c = sha256[i];
+        hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+    }
+    if (!hex) {
+        snprintf(why, len, "\"sha256\" must be 64 hex digits");
+        return BRK_SYNC_BAD;
+    }
+    if (!has_path && n_tensors == 0) {
+        snprintf(why, len, "a sync needs \"path\" or inline tensors");
+        return BRK_SYNC_BAD;
+    }
+    return BRK_SYNC_OK;
+}

@@ -1,0 +1,126 @@
+/* brk_route.h -- the pure pieces of the broker's routing (internal header):
+ * rendezvous scores, which workers may run a request, which of them owns
+ * its shard key, the bounded FIFO of waiting requests, the recent-keys list
+ * of a worker and the version check of a weight sync.
+ *
+ * Nothing here touches a socket, a clock or the catalog, so every rule can
+ * be unit-tested (tests/test_broker_unit.c). A key's owner among live
+ * workers is the one with the highest brk_rendezvous_score(key, name): a
+ * worker leaving moves only its own keys, and they come back when it
+ * rejoins (docs/PROTOCOL.md, "Routing"). */
+#ifndef REEL_BROKER_BRK_ROUTE_H
+#define REEL_BROKER_BRK_ROUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BRK_NAME_MAX 64        /* worker, model and component names */
+#define BRK_MAX_MODELS 16      /* models one worker serves */
+#define BRK_MAX_COMPONENTS 8   /* weight components one worker reports */
+#define BRK_KEYS_RECENT 32     /* shard keys remembered per worker */
+#define BRK_COMPONENT "transformer" /* the component a GEN's version names */
+
+/* ---- hashing ------------------------------------------------------------- */
+
+/* FNV-1a 64 of s (no remapping of 0). Can't fail. */
+uint64_t brk_fnv1a64(const char *s);
+/* The splitmix64 finaliser: a bijective 64-bit mix. Can't fail. */
+uint64_t brk_splitmix64(uint64_t x);
+/* Rendezvous weight of worker `name` for shard key `shard_hash`:
+ * splitmix64(shard_hash ^ fnv1a64(name)). Can't fail. */
+uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
+
+/* The shard hash of a GEN (docs/CAPTURE.md, shard form): cap_key_denoise
+ * with model "tinydit:<model>", loop "sde" or "euler", dtype F32, the
+ * latent and context shapes, cfg = uncond present, component "transformer"
+ * at version 0, hashed without device, arch or versions. Returns 0 (never a
+ * valid hash) with a message in kern_error() when a field does not fit the
+ * key (a model name empty, too long, or with characters outside
+ * [A-Za-z0-9_.:+-]). */
+uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
+                        const int64_t context[2], bool cfg);
+
+/* ---- workers as routing sees them ------------------------------------------ */
+
+typedef struct {
+    char name[BRK_NAME_MAX];
+    uint64_t version;
+} brk_version_t;
+
+/* What routing needs to know about one worker. `routable` is false while
+ * the worker is known but cannot take work (a send to it failed). */
+typedef struct {
+    char name[BRK_NAME_MAX];
+    bool routable;
+    int inflight, max_inflight;
+    int n_models;
+    char models[BRK_MAX_MODELS][BRK_NAME_MAX];
+    int n_versions;
+    brk_version_t versions[BRK_MAX_COMPONENTS];  /* applied (acked) versions */
+} brk_peer_t;
+
+/* The applied version of component `comp` (0 when never reported). */
+uint64_t brk_peer_version(const brk_peer_t *p, const char *comp);
+/* Records that p runs `comp` at `version`. -1 when p already reports
+ * BRK_MAX_COMPONENTS others (p unaltered). */
+int brk_peer_set_version(brk_peer_t *p, const char *comp, uint64_t version);
+/* True when p lists `model`. */
+bool brk_peer_serves(const brk_peer_t *p, const char *model);
+/* True when p may run a request for `model` needing transformer weights at
+ * `required` or newer: routable, serves the model, applied >= required.
+ * Capacity (inflight) is not part of eligibility: a busy owner keeps its
+ * keys and the request waits for it. */
+bool brk_peer_eligible(const brk_peer_t *p, const char *model, uint64_t required);
+/* Index in peers[0..n) of the owner of shard_hash: the eligible worker with
+ * the highest rendezvous score (ties, astronomically rare, go to the lower
+ * name so the order of peers never matters). -1 when none is eligible. */
+int brk_owner(const brk_peer_t *const *peers, int n, uint64_t shard_hash, const char *model,
+              uint64_t required);
+
+/* ---- the bounded queue ----------------------------------------------------- */
+
+/* A FIFO of pointers that admits new items up to `max`; requeued items
+ * (already accepted once) go to the front and may exceed it. */
+typedef struct {
+    void **v;
+    size_t n, cap, max;
+} brk_queue_t;
+
+/* Sets up an empty queue admitting max items. -1 on out-of-memory. */
+int brk_queue_init(brk_queue_t *q, size_t max);
+/* Frees the array (not the items). Safe on a zeroed or freed queue. */
+void brk_queue_free(brk_queue_t *q);
+/* Appends item. -1 when the queue holds max items already (the caller
+ * answers BUSY), q unaltered. */
+int brk_queue_push(brk_queue_t *q, void *item);
+/* Puts item first, growing past max if needed. -1 on out-of-memory. */
+int brk_queue_push_front(brk_queue_t *q, void *item);
+/* Removes and returns item i (< n), keeping the order of the others. */
+void *brk_queue_remove(brk_queue_t *q, size_t i);
+#define brk_queue_len(q) ((q)->n)
+#define brk_queue_at(q, i) ((q)->v[(i)])
+
+/* ---- recent keys ------------------------------------------------------------ */
+
+/* Notes that shard key h was routed to a worker whose recent keys are
+ * keys[0..*n), most recent first: h moves (or is inserted) to the front,
+ * the list keeps at most BRK_KEYS_RECENT distinct keys. Can't fail. */
+void brk_keys_note(uint64_t keys[BRK_KEYS_RECENT], int *n, uint64_t h);
+
+/* ---- weight syncs ------------------------------------------------------------ */
+
+typedef enum {
+    BRK_SYNC_OK = 0,
+    BRK_SYNC_STALE,    /* version not newer than the current: stale_version */
+    BRK_SYNC_BAD,      /* a field missing or wrong: bad_request */
+} brk_sync_verdict_t;
+
+/* Checks a SYNC: component a valid name, version > current, sha256 64 hex
+ * digits, a path or inline tensors. On a refusal writes the reason into
+ * why[0..len). Can't fail otherwise. */
+brk_sync_verdict_t brk_sync_check(const char *component, uint64_t version, uint64_t current,
+                                  const char *sha256, bool has_path, int n_tensors, char *why,
+                                  size_t len);
+
+#endif
