@@ -29,9 +29,13 @@ static void *router(void *ctx, const char *endpoint, bool mandatory, const char 
     if (!s) goto err;
     /* ZMQ_ROUTER_MANDATORY: a send to a worker that is gone fails
      * (EHOSTUNREACH) instead of vanishing; SNDTIMEO bounds the wait when a
-     * peer's queue is full, so the loop never blocks on one peer. */
+     * peer's queue is full, so the loop never blocks on one peer.
+     * ZMQ_ROUTER_HANDOVER (worker side): a worker reconnecting under its
+     * name takes the identity over instead of being silently refused
+     * while its dead connection lingers. */
     if (wire_socket_limits(s) < 0 ||
         (mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0) ||
+        (mandatory && zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one) < 0) ||
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) < 0)
         goto err;
     if (zmq_bind(s, endpoint) < 0) {

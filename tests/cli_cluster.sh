@@ -1,0 +1,170 @@
+#!/bin/sh
+# cli_cluster.sh -- process-level tests of the serving fabric: a real
+# reel-broker and real reel-workers over ipc sockets, driven by reelctl.
+# Every wait is bounded; every process is killed on exit.
+# Usage: cli_cluster.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-cluster.XXXXXX)
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+DB="$D/reel.db"
+pass=0; fail=0
+PIDS=""
+
+cleanup() {
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
+}
+trap cleanup EXIT INT TERM
+
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+finish() { echo "cluster: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
+
+# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
+wait_for() {
+    i=0
+    while [ $i -lt $(($3 * 10)) ]; do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
+    return 1
+}
+
+start_broker() { # extra flags...
+    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 "$@" \
+        >>"$D/broker.log" 2>&1 &
+    BROKER=$!
+    PIDS="$PIDS $BROKER"
+    wait_for "$D/broker.log" "reel-broker: ready" 10
+}
+
+# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
+wait_count() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; return 1
+}
+
+start_worker() { # name weights extra...
+    n=$1; w=$2; shift 2
+    before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null)
+    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 2 --heartbeat-ms 200 "$@" \
+        >>"$D/$n.log" 2>&1 &
+    eval "PID_$n=$!"
+    PIDS="$PIDS $!"
+    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 10
+}
+
+"$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 8 --out "$D/w2.safetensors" 2>/dev/null
+"$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/lat.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/unc.safetensors"
+IN="--context $D/ctx.safetensors --uncond $D/unc.safetensors --cfg 4 --latent $D/lat.safetensors --shift 3"
+GEN="$R gen --broker $CE --model tiny $IN --timeout-ms 60000 --quiet"
+
+# The references: the same loops in one process, no broker.
+"$R" run --weights "$D/w1.safetensors" $IN --steps 6 --out "$D/ref1.safetensors" 2>/dev/null
+"$R" run --weights "$D/w2.safetensors" $IN --steps 6 --out "$D/ref2.safetensors" 2>/dev/null
+"$R" run --weights "$D/w1.safetensors" $IN --steps 400 --out "$D/ref1_long.safetensors" 2>/dev/null
+
+same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
+worker_of() { sed -n 's/.*worker \([a-z0-9]*\),.*/\1/p' "$1" | head -1; }
+
+echo "== a broker and two workers"
+start_broker --queue-max 64 || { bad "the broker starts"; finish; }
+start_worker w1 "$D/w1.safetensors" || bad "w1 starts"
+start_worker w2 "$D/w1.safetensors" || bad "w2 starts"
+
+echo "== results through the broker are bitwise equal to reelctl run"
+if $GEN --steps 6 --out "$D/o1.safetensors" 2>"$D/first.err" && same "$D/o1.safetensors" "$D/ref1.safetensors"; then
+    ok "gen == run"; else bad "gen == run"; cat "$D/first.err"; fi
+
+echo "== the same key keeps its worker"
+first=$(worker_of "$D/first.err"); keep=yes
+for i in 1 2 3 4; do
+    $GEN --steps 6 --out "$D/o.safetensors" 2>"$D/same$i.err" || keep=no
+    [ "$(worker_of "$D/same$i.err")" = "$first" ] || keep=no
+done
+[ -n "$first" ] && [ "$keep" = yes ] && ok "5 requests of one key all ran on $first" || bad "same key keeps its worker"
+grep -q "replayed [1-9]" "$D/same4.err" && ok "a later request replays its graphs" || { bad "later requests replay"; cat "$D/same4.err"; }
+
+echo "== a worker killed with requests in flight: none lost, none hanging"
+other=w1; [ "$first" = w1 ] && other=w2
+pids=""
+for i in 1 2 3 4; do
+    $GEN --steps 400 --out "$D/k$i.safetensors" 2>"$D/k$i.err" &
+    pids="$pids $!"
+done
+sleep 0.4
+eval "kill -9 \$PID_$first"
+lost=0
+for p in $pids; do wait "$p" || lost=$((lost + 1)); done
+allsame=yes
+for i in 1 2 3 4; do same "$D/k$i.safetensors" "$D/ref1_long.safetensors" || allsame=no; done
+[ "$lost" = 0 ] && [ "$allsame" = yes ] && ok "4 in-flight requests requeued and exact" || {
+    bad "requests survive a killed worker (lost $lost, exact $allsame)"; cat "$D"/k*.err | tail -4; }
+wait_for "$D/broker.log" "worker $first lost" 5 && ok "the broker noticed $first died" || bad "dead worker detected"
+start_worker "$first" "$D/w1.safetensors" || bad "$first restarts"
+
+echo "== a weight sync is a barrier; no request runs on stale weights"
+if "$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors" --timeout-ms 30000 2>"$D/s.err"; then
+    grep -q "applied .*w1" "$D/s.err" && grep -q "applied .*w2" "$D/s.err" && ok "sync v2 applied by w1 and w2" || { bad "sync names both workers"; cat "$D/s.err"; }
+else bad "sync v2 completes"; cat "$D/s.err"; fi
+$GEN --steps 6 --out "$D/o2.safetensors" 2>"$D/aftersync.err"
+grep -q "weights v2" "$D/aftersync.err" && same "$D/o2.safetensors" "$D/ref2.safetensors" && ok "the next request ran on v2, exactly" || { bad "request after sync on v2"; cat "$D/aftersync.err"; }
+"$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors" --timeout-ms 10000 2>"$D/s2.err"
+grep -q "stale_version" "$D/s2.err" && ok "a duplicate version is refused" || { bad "duplicate sync refused"; cat "$D/s2.err"; }
+
+echo "== a late-joining worker catches up before serving"
+start_worker w3 "$D/w1.safetensors" || bad "w3 starts"
+wait_for "$D/w3.log" "applied transformer v2" 10 && ok "w3 applied v2 at join" || bad "w3 catches up"
+"$R" status --broker "$CE" --json >"$D/status.json" 2>&1
+grep -q '"w3"' "$D/status.json" && ok "status lists w3" || { bad "status lists w3"; cat "$D/status.json"; }
+
+echo "== malformed input gets an ERROR and the broker keeps serving"
+"$R" gen --broker "$CE" --model nosuchmodel --context "$D/ctx.safetensors" --latent "$D/lat.safetensors" --steps 2 --timeout-ms 3000 --deadline-ms 1000 --out "$D/x.safetensors" --quiet 2>"$D/e.err"
+grep -qE "no_worker|timeout" "$D/e.err" && ok "an unknown model is answered, not hung" || { bad "unknown model answered"; cat "$D/e.err"; }
+$GEN --steps 6 --out "$D/o3.safetensors" 2>"$D/still.err" && same "$D/o3.safetensors" "$D/ref2.safetensors" && ok "still serving" || bad "still serving"
+
+echo "== a restarted broker gets its workers back"
+kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+: >"$D/broker.log"
+start_broker --queue-max 64 || bad "broker restarts"
+wait_for "$D/broker.log" "worker w1 ready" 10 && wait_for "$D/broker.log" "worker w2 ready" 10 && ok "workers re-registered" || bad "workers re-register"
+$GEN --steps 6 --out "$D/o4.safetensors" 2>"$D/restart.err" && ok "serving after the restart" || { bad "serving after restart"; cat "$D/restart.err"; }
+
+echo "== BUSY under overload"
+kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+: >"$D/broker.log"
+start_broker --queue-max 1 || bad "broker restarts with a tiny queue"
+wait_for "$D/broker.log" "worker w1 ready" 10
+pids=""
+for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
+    $GEN --steps 300 --out "$D/b$i.safetensors" 2>"$D/b$i.err" &
+    pids="$pids $!"
+done
+for p in $pids; do wait "$p"; done
+nb=$(grep -l "busy" "$D"/b*.err 2>/dev/null | wc -l)
+nok=$(grep -lE "reelctl: gen .* via " "$D"/b*.err 2>/dev/null | wc -l)
+[ "$nb" -ge 1 ] && [ $((nb + nok)) = 12 ] && ok "$nb of 12 answered BUSY, $nok served, none lost" || bad "BUSY under overload (busy $nb, ok $nok)"
+
+echo "== the catalog matches what the clients saw"
+sleep 0.5
+"$R" requests --catalog "$DB" --json >"$D/req.json" 2>&1 && ok "reelctl requests reads the catalog while the broker writes" || bad "catalog readable"
+"$R" stats --catalog "$DB" >"$D/stats.txt" 2>&1 && grep -qi "captures" "$D/stats.txt" && ok "reelctl stats" || { bad "reelctl stats"; cat "$D/stats.txt"; }
+served=$(grep -lE "reelctl: gen .* via " "$D"/*.err | wc -l)
+rows=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok'" 2>/dev/null || echo 0)
+[ "$rows" = "$served" ] && ok "catalog has $rows ok requests for $served served gens" || bad "catalog requests ($rows) vs served ($served)"
+ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight_sync'" 2>/dev/null || echo 0)
+[ "$ev" -ge 1 ] && ok "weight_sync evictions recorded ($ev)" || bad "weight_sync evictions recorded"
+
+finish

@@ -1,0 +1,53 @@
+/* wrk.h -- what the worker's threads share: the model, the capture cache,
+ * the step lock and a few atomics. Everything else is private to one
+ * thread, and threads talk through queues (main -> streams, main -> sync)
+ * and the inproc pipe (streams, sync -> main; wrk_pipe.h).
+ *
+ *   main thread    the DEALER to the broker, heartbeats, reconnects, REQUEST
+ *                  checking, EVENTS batching, forwarding the pipe
+ *   stream i       one kern_stream_t; interleaves the steps of its requests
+ *   sync thread    reads and verifies SYNC weights, applies them between
+ *                  steps under the write side of the step lock
+ *
+ * The step lock is a writer-preferring rwlock: each step holds it for
+ * reading, a weight sync for writing, so a sync lands between steps, never
+ * inside one, and is not starved by streams that step back to back. */
+#ifndef REEL_WORKER_WRK_H
+#define REEL_WORKER_WRK_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "capture_cache/cache.h"
+#include "kernels/backend.h"
+#include "worker/model/tinydit.h"
+#include "worker/wrk_events.h"
+#include "worker/wrk_opts.h"
+
+/* Where stream and sync threads push finished messages for the main thread. */
+#define WRK_PIPE_ENDPOINT "inproc://reel-worker-out"
+
+typedef struct {
+    const wrk_opts_t *opt;
+    void *zctx;                      /* the one ZeroMQ context */
+    kern_backend_t *backend;
+    tdit_model_t *model;
+    cap_cache_t *cache;
+    wrk_events_t *events;
+    pthread_rwlock_t step_lock;
+    /* The transformer version applied (written by the sync thread under the
+     * write lock, read anywhere). */
+    _Atomic uint64_t applied_version;
+    /* Broker session: bumped by the main thread when it reconnects or is
+     * told RECONNECT. Requests of an older session are abandoned (the
+     * broker requeued or forgot them) and their messages are not sent. */
+    _Atomic uint64_t epoch;
+    atomic_bool stop;                /* shutting down: start nothing new */
+    atomic_bool fatal;               /* weights are unusable: exit 1 (wrk_sync.h) */
+} wrk_t;
+
+/* "reel-worker NAME: <msg>\n" on stderr, one write. */
+void wrk_log(const wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

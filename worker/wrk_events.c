@@ -1,0 +1,240 @@
+/* wrk_events.c -- the worker's event buffer (see wrk_events.h). Entries are
+ * kept as plain structs and turned into wire values only when taken, so the
+ * callback the cache runs between steps does little more than a copy. */
+#include "worker/wrk_events.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAP_MAX 256   /* cache stream numbers we translate; others pass through */
+
+typedef struct {
+    cap_event_kind_t kind;
+    const char *reason;          /* static name from capture_cache */
+    char *key;                   /* owned */
+    uint64_t key_hash;
+    int stream;
+    size_t bytes, nodes;
+    double seconds;
+    char component[CAP_NAME_MAX];
+    uint64_t from, to;
+    uint64_t count;              /* declines merged into this entry */
+} entry_t;
+
+typedef struct {
+    uint64_t key_hash;
+    int stream;
+    uint64_t count;
+} replays_t;
+
+struct wrk_events {
+    pthread_mutex_t mu;
+    size_t max;                  /* n_ev + n_rep never exceeds it */
+    entry_t *ev;
+    size_t n_ev;
+    replays_t *rep;
+    size_t n_rep;
+    uint64_t dropped;
+    int map[MAP_MAX];            /* cache stream number -> worker stream, -1 unknown */
+};
+
+static _Thread_local int tl_stream = -1;
+
+void wrk_events_set_thread_stream(int stream) { tl_stream = stream; }
+
+char *wrk_hex64(uint64_t h, char buf[17]) {
+    snprintf(buf, 17, "%016" PRIx64, h);
+    return buf;
+}
+
+wrk_events_t *wrk_events_new(size_t max_pending) {
+    wrk_events_t *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    if (max_pending == 0) max_pending = 1;
+    e->max = max_pending;
+    e->ev = calloc(max_pending, sizeof *e->ev);
+    e->rep = calloc(max_pending, sizeof *e->rep);
+    if (!e->ev || !e->rep || pthread_mutex_init(&e->mu, NULL) != 0) goto err;
+    for (int i = 0; i < MAP_MAX; i++) e->map[i] = -1;
+    return e;
+err:
+    free(e->ev);
+    free(e->rep);
+    free(e);
+    return NULL;
+}
+
+void wrk_events_destroy(wrk_events_t **ep) {
+    if (!ep || !*ep) return;
+    wrk_events_t *e = *ep;
+    for (size_t i = 0; i < e->n_ev; i++) free(e->ev[i].key);
+    free(e->ev);
+    free(e->rep);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+    *ep = NULL;
+}
+
+static bool full(const wrk_events_t *e) { return e->n_ev + e->n_rep >= e->max; }
+
+/* The worker stream of cache stream s. Caller holds the lock. */
+static int translate(const wrk_events_t *e, int s) {
+    if (s >= 0 && s < MAP_MAX && e->map[s] >= 0) return e->map[s];
+    return s;
+}
+
+/* The pending decline of (hash, reason) that a new one may merge into, or
+ * NULL when a capture or eviction of the key came after it (or none is
+ * pending). Caller holds the lock. */
+static entry_t *merge_target(wrk_events_t *e, uint64_t hash, const char *reason) {
+    for (size_t i = e->n_ev; i-- > 0;) {
+        entry_t *x = &e->ev[i];
+        if (x->key_hash != hash) continue;
+        if (x->kind != CAP_EV_DECLINE) return NULL;
+        if (x->reason == reason || !strcmp(x->reason, reason)) return x;
+    }
+    return NULL;
+}
+
+void wrk_events_on_cache(void *user, const cap_event_t *ev) {
+    wrk_events_t *e = user;
+    if (!e || !ev) return;
+    pthread_mutex_lock(&e->mu);
+    /* Captures and declines are delivered on the thread of the entry's own
+     * stream: that is where the two numberings meet. */
+    if (tl_stream >= 0 && ev->stream >= 0 && ev->stream < MAP_MAX &&
+        (ev->kind == CAP_EV_CAPTURE || ev->kind == CAP_EV_DECLINE))
+        e->map[ev->stream] = tl_stream;
+    const char *reason = ev->kind == CAP_EV_EVICT ? cap_evict_reason_name((cap_evict_reason_t)ev->reason)
+                         : ev->kind == CAP_EV_DECLINE ? cap_reason_name((cap_reason_t)ev->reason)
+                                                      : NULL;
+    if (ev->kind == CAP_EV_DECLINE) {
+        entry_t *m = merge_target(e, ev->key_hash, reason);
+        if (m) {
+            m->count++;
+            goto out;
+        }
+    }
+    if (full(e)) {
+        e->dropped++;
+        goto out;
+    }
+    entry_t *x = &e->ev[e->n_ev];
+    memset(x, 0, sizeof *x);
+    x->key = strdup(ev->key_text ? ev->key_text : "");
+    if (!x->key) {
+        e->dropped++;
+        goto out;
+    }
+    x->kind = ev->kind;
+    x->reason = reason;
+    x->key_hash = ev->key_hash;
+    x->stream = translate(e, ev->stream);
+    x->bytes = ev->bytes;
+    x->nodes = ev->nodes;
+    x->seconds = ev->seconds;
+    if (ev->component) snprintf(x->component, sizeof x->component, "%s", ev->component);
+    x->from = ev->from_version;
+    x->to = ev->to_version;
+    x->count = 1;
+    e->n_ev++;
+out:
+    pthread_mutex_unlock(&e->mu);
+}
+
+void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    size_t i;
+    for (i = 0; i < e->n_rep; i++)
+        if (e->rep[i].key_hash == key_hash && e->rep[i].stream == stream) break;
+    if (i < e->n_rep) e->rep[i].count++;
+    else if (full(e)) e->dropped++;
+    else e->rep[e->n_rep++] = (replays_t){ key_hash, stream, 1 };
+    pthread_mutex_unlock(&e->mu);
+}
+
+bool wrk_events_pending(wrk_events_t *e) {
+    pthread_mutex_lock(&e->mu);
+    bool p = e->n_ev + e->n_rep > 0 || e->dropped > 0;
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
+/* One event as an EVENTS map; NULL on out-of-memory. */
+static wire_val_t *entry_val(const entry_t *x) {
+    char hex[17];
+    wire_val_t *m = wv_map();
+    if (!m) return NULL;
+    static const char *kinds[] = { "capture", "decline", "evict" };
+    int rc = wv_set(m, "kind", wv_str(kinds[x->kind]));
+    rc |= wv_set(m, "key", wv_str(x->key));
+    rc |= wv_set(m, "key_hash", wv_str(wrk_hex64(x->key_hash, hex)));
+    switch (x->kind) {
+    case CAP_EV_CAPTURE:
+        rc |= wv_set(m, "stream", wv_i64(x->stream));
+        rc |= wv_set(m, "bytes", wv_u64(x->bytes));
+        rc |= wv_set(m, "nodes", wv_u64(x->nodes));
+        rc |= wv_set(m, "seconds", wv_f64(x->seconds));
+        break;
+    case CAP_EV_DECLINE:
+        rc |= wv_set(m, "reason", wv_str(x->reason));
+        rc |= wv_set(m, "count", wv_u64(x->count));
+        break;
+    case CAP_EV_EVICT:
+        rc |= wv_set(m, "reason", wv_str(x->reason));
+        rc |= wv_set(m, "stream", wv_i64(x->stream));
+        rc |= wv_set(m, "bytes", wv_u64(x->bytes));
+        if (x->component[0]) {
+            rc |= wv_set(m, "component", wv_str(x->component));
+            rc |= wv_set(m, "from", wv_u64(x->from));
+            rc |= wv_set(m, "to", wv_u64(x->to));
+        }
+        break;
+    }
+    if (rc) wv_free(&m);
+    return m;
+}
+
+static wire_val_t *replays_val(const replays_t *r) {
+    char hex[17];
+    wire_val_t *m = wv_map();
+    if (!m) return NULL;
+    int rc = wv_set(m, "kind", wv_str("replays"));
+    rc |= wv_set(m, "key_hash", wv_str(wrk_hex64(r->key_hash, hex)));
+    rc |= wv_set(m, "stream", wv_i64(r->stream));
+    rc |= wv_set(m, "count", wv_u64(r->count));
+    if (rc) wv_free(&m);
+    return m;
+}
+
+wire_val_t *wrk_events_take(wrk_events_t *e, size_t max, uint64_t *dropped) {
+    pthread_mutex_lock(&e->mu);
+    if (dropped) {
+        *dropped = e->dropped;
+        e->dropped = 0;
+    }
+    size_t n_ev = e->n_ev < max ? e->n_ev : max;
+    size_t n_rep = e->n_rep < max - n_ev ? e->n_rep : max - n_ev;
+    wire_val_t *arr = NULL;
+    if (n_ev + n_rep == 0) goto out;
+    if (!(arr = wv_arr())) goto out;
+    for (size_t i = 0; i < n_ev; i++)
+        if (wv_push(arr, entry_val(&e->ev[i])) != 0) goto oom;
+    for (size_t i = 0; i < n_rep; i++)
+        if (wv_push(arr, replays_val(&e->rep[i])) != 0) goto oom;
+    for (size_t i = 0; i < n_ev; i++) free(e->ev[i].key);
+    memmove(e->ev, e->ev + n_ev, (e->n_ev - n_ev) * sizeof *e->ev);
+    e->n_ev -= n_ev;
+    memmove(e->rep, e->rep + n_rep, (e->n_rep - n_rep) * sizeof *e->rep);
+    e->n_rep -= n_rep;
+    goto out;
+oom:
+    wv_free(&arr);
+out:
+    pthread_mutex_unlock(&e->mu);
+    return arr;
+}

@@ -1,0 +1,60 @@
+/* wrk_events.h -- the worker's event buffer: what the capture cache reports
+ * (captures, declines, evictions) and the replayed steps the executor counts,
+ * batched into EVENTS messages (docs/PROTOCOL.md) by the main thread.
+ *
+ * Declines arrive once per eager call, so they are aggregated: a decline
+ * merges into the pending entry with the same (key_hash, reason) unless a
+ * capture or eviction of that key came after it (the order of a key's
+ * lifecycle is kept). Replays are only counted, per (key_hash, stream), and
+ * emitted as {kind "replays", count}. The buffer is bounded: past its limit
+ * events are dropped and counted, never allowed to grow without end while
+ * the broker is away.
+ *
+ * Streams in events are the worker's stream numbers. The cache numbers
+ * streams in the order it first sees them; the map between the two is
+ * learned from captures and declines, which the cache delivers on the thread
+ * of the stream the entry belongs to (wrk_events_set_thread_stream).
+ *
+ * Threads: every function may be called from any thread (one mutex). */
+#ifndef REEL_WORKER_WRK_EVENTS_H
+#define REEL_WORKER_WRK_EVENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "capture_cache/cache.h"
+#include "schema/wire.h"
+
+#define WRK_EVENTS_PER_MSG 128   /* keeps an EVENTS header far below 256 KiB */
+
+typedef struct wrk_events wrk_events_t;
+
+/* A buffer holding at most max_pending entries (events + replay counters).
+ * NULL on out-of-memory. */
+wrk_events_t *wrk_events_new(size_t max_pending);
+void wrk_events_destroy(wrk_events_t **e);
+
+/* Declares the worker stream number of the calling thread (-1: none). */
+void wrk_events_set_thread_stream(int stream);
+
+/* The cap_options_t.on_event callback; user is the wrk_events_t. Can't fail
+ * (an event that does not fit is counted as dropped). */
+void wrk_events_on_cache(void *user, const cap_event_t *ev);
+
+/* Counts one replayed step of key_hash on worker stream `stream`. */
+void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream);
+
+/* True when something is waiting to be sent. */
+bool wrk_events_pending(wrk_events_t *e);
+
+/* Removes up to max entries and returns them as an array of EVENTS maps
+ * (oldest first; replay counters after the events). NULL when nothing is
+ * pending or on out-of-memory (the entries then stay). *dropped (may be
+ * NULL) receives and resets the count of events dropped since the last
+ * call. */
+wire_val_t *wrk_events_take(wrk_events_t *e, size_t max, uint64_t *dropped);
+
+/* "%016llx" of h into buf (17 bytes). Returns buf. */
+char *wrk_hex64(uint64_t h, char buf[17]);
+
+#endif

@@ -1,0 +1,286 @@
+/* wrk_executor.c -- stream threads interleaving request steps (see
+ * wrk_executor.h). */
+#include "worker/wrk_executor.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/error.h"
+#include "worker/model/tdit_program.h"
+#include "worker/wrk_pipe.h"
+
+typedef struct {
+    wrk_exec_t *x;
+    int idx;
+    pthread_t th;
+    bool started;
+    kern_stream_t *ks;
+    void *push;                  /* owned by the thread while it runs */
+    pthread_mutex_t mu;          /* guards q_head/q_tail */
+    pthread_cond_t cv;
+    wrk_job_t *q_head, *q_tail;  /* submitted, not yet taken */
+    atomic_int load;             /* jobs queued + active */
+} stream_t;
+
+struct wrk_exec {
+    wrk_t *w;
+    int n;
+    stream_t *s;
+};
+
+/* ---- messages ------------------------------------------------------------ */
+
+static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    wrk_log(st->x->w, "request %llu failed: %s", (unsigned long long)j->id, msg);
+    if (wrk_pipe_send_error(st->push, j->epoch, j->id, code, msg) != 0)
+        wrk_log(st->x->w, "stream %d: cannot queue ERROR: %s", st->idx, zmq_strerror(errno));
+}
+
+static void send_progress(stream_t *st, const wrk_job_t *j) {
+    wire_val_t *h = wire_hdr("PROGRESS", j->id);
+    if (!h || wv_set(h, "step", wv_u64((uint64_t)tdit_req_steps_done(j->req))) ||
+        wv_set(h, "steps", wv_u64((uint64_t)tdit_req_steps(j->req))) ||
+        wrk_pipe_send(st->push, j->epoch, h, NULL, 0) != 0)
+        wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
+    wv_free(&h);
+}
+
+/* RESULT {worker, version, stats, key_hash} + latent. */
+static void send_result(stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
+    float *out = malloc(j->n_latent * sizeof *out);
+    if (!out) {
+        send_error(st, j, WIRE_E_INTERNAL, "out of memory reading the result");
+        return;
+    }
+    if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", kern_error());
+        free(out);
+        return;
+    }
+    const tdit_run_stats_t *rs = tdit_req_stats(j->req);
+    char hex[17];
+    wire_val_t *h = wire_hdr("RESULT", j->id);
+    wire_val_t *stats = wv_map(), *dec = wv_map();
+    int rc = !h || !stats || !dec;
+    for (int i = 0; !rc && i < CAP_DECLINE_COUNT; i++)
+        if (rs->declines[i]) rc |= wv_set(dec, cap_reason_name((cap_reason_t)i), wv_u64((uint64_t)rs->declines[i]));
+    if (!rc) {
+        rc |= wv_set(stats, "captured", wv_u64((uint64_t)rs->captured));
+        rc |= wv_set(stats, "replayed", wv_u64((uint64_t)rs->replayed));
+        rc |= wv_set(stats, "eager", wv_u64((uint64_t)rs->eager));
+        rc |= wv_set(stats, "declines", dec);
+        dec = NULL;
+        rc |= wv_set(stats, "seconds", wv_f64(rs->seconds));
+        rc |= wv_set(h, "worker", wv_str(w->opt->name));
+        rc |= wv_set(h, "version", wv_u64(j->ran_version));
+        rc |= wv_set(h, "stats", stats);
+        stats = NULL;
+        rc |= wv_set(h, "key_hash", wv_str(wrk_hex64(tdit_req_shard_hash(j->req), hex)));
+    }
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "latent");
+    t.dtype = KERN_F32;
+    t.ndim = 4;
+    memcpy(t.shape, j->latent_shape, sizeof j->latent_shape);
+    t.data = out;
+    t.bytes = j->n_latent * sizeof *out;
+    if (rc) send_error(st, j, WIRE_E_INTERNAL, "out of memory building RESULT");
+    else if (wrk_pipe_send(st->push, j->epoch, h, &t, 1) != 0)
+        wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
+                zmq_strerror(errno));
+    wv_free(&dec);
+    wv_free(&stats);
+    wv_free(&h);
+    free(out);
+}
+
+/* ---- the stream loop ----------------------------------------------------- */
+
+/* Runs one step of j. Returns true when j is finished (done, failed or
+ * abandoned) and must be freed. */
+static bool step_once(stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
+    if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
+    if (!j->req) {
+        j->req = tdit_req_new(w->model, &j->shape, &j->loop, j->latent, j->context, j->uncond);
+        if (!j->req) {
+            send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
+            return true;
+        }
+        /* Uploaded: the host copies are not needed any more. */
+        free(j->latent);
+        free(j->context);
+        free(j->uncond);
+        j->latent = j->context = j->uncond = NULL;
+    }
+    cap_result_t res;
+    pthread_rwlock_rdlock(&w->step_lock);
+    int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
+    /* Read under the same lock: the version this step ran on. */
+    int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
+    pthread_rwlock_unlock(&w->step_lock);
+    if (rc != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1,
+                   tdit_req_steps(j->req), kern_error());
+        return true;
+    }
+    j->ran_version = v < 0 ? 0 : (uint64_t)v;
+    if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
+    if (j->progress) send_progress(st, j);
+    if (!tdit_req_done(j->req)) return false;
+    send_result(st, j);
+    return true;
+}
+
+static void free_list(stream_t *st, wrk_job_t *j) {
+    while (j) {
+        wrk_job_t *next = j->next;
+        wrk_job_free(&j);
+        atomic_fetch_sub(&st->load, 1);
+        j = next;
+    }
+}
+
+static void *stream_main(void *arg) {
+    stream_t *st = arg;
+    wrk_t *w = st->x->w;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* signals are the main thread's */
+    wrk_events_set_thread_stream(st->idx);
+
+    wrk_job_t *active = NULL, **tail = &active;
+    for (;;) {
+        pthread_mutex_lock(&st->mu);
+        while (!atomic_load(&w->stop) && !st->q_head && !active) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->q_head) { /* new jobs join the round at its end */
+            *tail = st->q_head;
+            tail = &st->q_tail->next;
+            st->q_head = st->q_tail = NULL;
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (atomic_load(&w->stop)) break;
+        /* One round: one step of every active job, in arrival order. */
+        for (wrk_job_t **pp = &active; *pp && !atomic_load(&w->stop);) {
+            wrk_job_t *j = *pp;
+            if (step_once(st, j)) {
+                *pp = j->next;
+                j->next = NULL;
+                wrk_job_free(&j);
+                atomic_fetch_sub(&st->load, 1);
+            } else {
+                pp = &j->next;
+            }
+        }
+        for (tail = &active; *tail; tail = &(*tail)->next) {}
+    }
+    free_list(st, active);
+    return NULL;
+}
+
+/* ---- lifecycle ----------------------------------------------------------- */
+
+wrk_exec_t *wrk_exec_new(wrk_t *w) {
+    wrk_exec_t *x = calloc(1, sizeof *x);
+    if (!x) { kern_fail("out of memory"); return NULL; }
+    x->w = w;
+    x->s = calloc((size_t)w->opt->streams, sizeof *x->s);
+    if (!x->s) { kern_fail("out of memory"); goto err; }
+    for (int i = 0; i < w->opt->streams; i++) {
+        stream_t *st = &x->s[i];
+        st->x = x;
+        st->idx = i;
+        atomic_init(&st->load, 0);
+        if (pthread_mutex_init(&st->mu, NULL) || pthread_cond_init(&st->cv, NULL)) {
+            kern_fail("cannot create stream %d's lock", i);
+            goto err;
+        }
+        x->n = i + 1;
+        if (!(st->ks = kern_stream_new(w->backend))) goto err;
+        if (!(st->push = wrk_pipe_push_new(w->zctx))) {
+            kern_fail("stream %d: pipe: %s", i, zmq_strerror(errno));
+            goto err;
+        }
+    }
+    for (int i = 0; i < x->n; i++) {
+        int e = pthread_create(&x->s[i].th, NULL, stream_main, &x->s[i]);
+        if (e) {
+            kern_fail("cannot start stream %d: %s", i, strerror(e));
+            goto err;
+        }
+        x->s[i].started = true;
+    }
+    return x;
+err:
+    wrk_exec_destroy(&x);
+    return NULL;
+}
+
+void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
+    stream_t *best = &x->s[0];
+    for (int i = 1; i < x->n; i++)
+        if (atomic_load(&x->s[i].load) < atomic_load(&best->load)) best = &x->s[i];
+    job->next = NULL;
+    atomic_fetch_add(&best->load, 1);
+    pthread_mutex_lock(&best->mu);
+    if (best->q_tail) best->q_tail->next = job;
+    else best->q_head = job;
+    best->q_tail = job;
+    pthread_cond_signal(&best->cv);
+    pthread_mutex_unlock(&best->mu);
+}
+
+int wrk_exec_inflight(wrk_exec_t *x) {
+    int n = 0;
+    for (int i = 0; i < x->n; i++) n += atomic_load(&x->s[i].load);
+    return n;
+}
+
+void wrk_exec_stop(wrk_exec_t *x) {
+    if (!x) return;
+    atomic_store(&x->w->stop, true);
+    for (int i = 0; i < x->n; i++) {
+        stream_t *st = &x->s[i];
+        pthread_mutex_lock(&st->mu);
+        pthread_cond_broadcast(&st->cv);
+        pthread_mutex_unlock(&st->mu);
+    }
+    for (int i = 0; i < x->n; i++) {
+        stream_t *st = &x->s[i];
+        if (st->started) pthread_join(st->th, NULL);
+        st->started = false;
+        free_list(st, st->q_head);
+        st->q_head = st->q_tail = NULL;
+        if (st->push) zmq_close(st->push);
+        st->push = NULL;
+    }
+}
+
+void wrk_exec_destroy(wrk_exec_t **xp) {
+    if (!xp || !*xp) return;
+    wrk_exec_t *x = *xp;
+    wrk_exec_stop(x);
+    for (int i = 0; i < x->n; i++) {
+        stream_t *st = &x->s[i];
+        kern_stream_destroy(&st->ks);
+        pthread_cond_destroy(&st->cv);
+        pthread_mutex_destroy(&st->mu);
+    }
+    free(x->s);
+    free(x);
+    *xp = NULL;
+}

@@ -1,0 +1,405 @@
+/* wrk_main.c -- reel-worker: serves denoising requests from the broker on
+ * one device (docs/PROTOCOL.md, "Worker <-> broker").
+ *
+ * The main thread owns every socket that talks to the broker: one DEALER
+ * (routing id = --name), heartbeats both ways, reconnect with backoff when
+ * the broker falls silent, REQUEST checking, EVENTS batching, and the PULL
+ * end of the pipe through which stream and sync threads hand it finished
+ * messages. SIGINT/SIGTERM: send what events are pending and DISCONNECT,
+ * abandon requests in flight (the broker requeues them), exit 0. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/error.h"
+#include "worker/model/tdit_program.h"
+#include "worker/wrk.h"
+#include "worker/wrk_executor.h"
+#include "worker/wrk_pipe.h"
+#include "worker/wrk_request.h"
+#include "worker/wrk_sync.h"
+
+#define BACKOFF_MIN_MS 1000
+#define BACKOFF_MAX_MS 8000
+#define EVENTS_MAX_PENDING 4096
+#define SHUTDOWN_LINGER_MS 500       /* time DISCONNECT gets to leave */
+#define DRAIN_MAX 256                /* messages handled per socket per wakeup */
+
+/* ---- signals: a self-pipe the poll loop watches ---------------------------- */
+
+static int g_sig_pipe[2] = { -1, -1 };
+
+static void on_signal(int sig) {
+    (void)sig;
+    int e = errno;
+    char c = 1;
+    ssize_t r = write(g_sig_pipe[1], &c, 1); /* full pipe: a wakeup is already pending */
+    (void)r;
+    errno = e;
+}
+
+static int install_signals(void) {
+    if (pipe2(g_sig_pipe, O_NONBLOCK | O_CLOEXEC) != 0) return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) return -1;
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- the link to the broker ------------------------------------------------ */
+
+typedef struct {
+    wrk_t *w;
+    wrk_exec_t *exec;
+    wrk_syncer_t *sync;
+    void *dealer;                /* NULL while waiting to reconnect */
+    void *pull;
+    int64_t heard;               /* last message from the broker */
+    int64_t next_hb, next_events, reconnect_at;
+    int backoff_ms;
+} link_t;
+
+static void log_cache(void *user, int level, const char *msg) {
+    if (level >= 1) wrk_log(user, "%s%s", level >= 2 ? "warning: " : "", msg);
+}
+
+static void *dealer_new(wrk_t *w) {
+    void *s = zmq_socket(w->zctx, ZMQ_DEALER);
+    if (!s) return NULL;
+    int zero = 0;
+    if (wire_socket_limits(s) != 0 ||
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
+        /* Sends never wait for a broker that is gone: they fail with EAGAIN. */
+        zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
+        zmq_connect(s, w->opt->broker) != 0) {
+        int e = errno;
+        zmq_close(s);
+        errno = e;
+        return NULL;
+    }
+    return s;
+}
+
+static int send_hdr(link_t *l, wire_val_t *h) {
+    int rc = h && l->dealer ? wire_send(l->dealer, NULL, h, NULL, 0) : -1;
+    wv_free(&h);
+    return rc;
+}
+
+static int send_ready(link_t *l) {
+    wrk_t *w = l->w;
+    const wrk_opts_t *o = w->opt;
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *versions = wv_map();
+    int rc = !h || !models || !versions;
+    rc = rc || wv_push(models, wv_str(tdit_model_config(w->model)->name));
+    rc = rc || wv_set(versions, TDIT_COMPONENT, wv_u64(atomic_load(&w->applied_version)));
+    rc = rc || wv_set(h, "name", wv_str(o->name));
+    rc = rc || wv_set(h, "device", wv_str(kern_backend_device_name(w->backend)));
+    rc = rc || wv_set(h, "arch", wv_str(kern_backend_arch(w->backend)));
+    rc = rc || wv_set(h, "streams", wv_u64((uint64_t)o->streams));
+    rc = rc || wv_set(h, "budget", wv_u64(o->budget));
+    rc = rc || wv_set(h, "max_inflight", wv_u64((uint64_t)o->max_inflight));
+    if (!rc) {
+        rc = wv_set(h, "models", models);
+        models = NULL;
+        rc = rc || wv_set(h, "versions", versions);
+        versions = NULL;
+    }
+    wv_free(&models);
+    wv_free(&versions);
+    if (rc) {
+        wv_free(&h);
+        return -1;
+    }
+    return send_hdr(l, h);
+}
+
+/* Sends every pending event, WRK_EVENTS_PER_MSG per EVENTS message. */
+static void flush_events(link_t *l) {
+    if (!l->dealer) return;
+    for (int guard = 0; guard < 64 && wrk_events_pending(l->w->events); guard++) {
+        uint64_t dropped = 0;
+        wire_val_t *arr = wrk_events_take(l->w->events, WRK_EVENTS_PER_MSG, &dropped);
+        if (!arr && !dropped) break;
+        if (!arr) arr = wv_arr();
+        wire_val_t *h = wire_hdr("EVENTS", 0);
+        if (!h || wv_set(h, "events", arr) || (dropped && wv_set(h, "dropped", wv_u64(dropped)))) {
+            wv_free(&h);
+            break;
+        }
+        if (send_hdr(l, h) != 0) break; /* the broker is away: what was taken is lost */
+    }
+}
+
+/* A new broker session: requests of the old one are abandoned (the broker
+ * requeued them when it gave up on us, or never knew them). */
+static void new_session(link_t *l) { atomic_fetch_add(&l->w->epoch, 1); }
+
+static void start_reconnect(link_t *l, int64_t now) {
+    wrk_log(l->w, "reconnecting");
+    zmq_close(l->dealer);
+    l->dealer = NULL;
+    new_session(l);
+    l->reconnect_at = now + l->backoff_ms;
+    l->backoff_ms = l->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : l->backoff_ms * 2;
+}
+
+/* (Re)creates the DEALER and introduces the worker. -1 when the socket
+ * cannot be made (an endpoint ZeroMQ rejects). */
+static int connect_broker(link_t *l, int64_t now) {
+    if (!(l->dealer = dealer_new(l->w))) {
+        wrk_log(l->w, "cannot connect to %s: %s", l->w->opt->broker, zmq_strerror(errno));
+        return -1;
+    }
+    if (send_ready(l) != 0) wrk_log(l->w, "cannot send READY: %s", zmq_strerror(errno));
+    l->heard = now;
+    l->next_hb = now + l->w->opt->heartbeat_ms;
+    return 0;
+}
+
+static void handle_request(link_t *l, const wire_msg_t *m) {
+    wrk_t *w = l->w;
+    wrk_job_t *job = NULL;
+    wire_err_t err;
+    if (wrk_job_from_request(m, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
+        wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
+        wire_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
+        return;
+    }
+    job->epoch = atomic_load(&w->epoch);
+    wrk_exec_submit(l->exec, job);
+}
+
+/* Handles one message from the broker. Returns 1 when one was handled, 0
+ * when none was waiting, -1 on a socket error. */
+static int handle_broker(link_t *l) {
+    wrk_t *w = l->w;
+    wire_msg_t *m = calloc(1, sizeof *m);
+    if (!m) return -1;
+    wire_err_t err;
+    int r = wire_recv(l->dealer, false, ZMQ_DONTWAIT, m, &err);
+    if (r < 0) {
+        int e = errno;
+        free(m);
+        return e == EAGAIN || e == EINTR ? 0 : -1;
+    }
+    /* Any message is a heartbeat. */
+    l->heard = now_ms();
+    l->backoff_ms = BACKOFF_MIN_MS;
+    const char *type = r == 0 && m->type ? m->type : "";
+    if (r == 1) {
+        wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
+        wire_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
+    } else if (!strcmp(type, "REQUEST")) {
+        if (!atomic_load(&w->stop)) handle_request(l, m);
+    } else if (!strcmp(type, "SYNC")) {
+        wrk_syncer_submit(l->sync, m); /* the sync thread owns it now */
+        return 1;
+    } else if (!strcmp(type, "HEARTBEAT")) {
+        /* counted above */
+    } else if (!strcmp(type, "RECONNECT")) {
+        new_session(l);
+        if (send_ready(l) != 0) wrk_log(w, "cannot send READY: %s", zmq_strerror(errno));
+    } else if (!strcmp(type, "ERROR")) {
+        const char *code = wv_get_str(m->hdr, "code"), *msg = wv_get_str(m->hdr, "message");
+        wrk_log(w, "broker says: %s: %s (id %" PRIu64 ")", code ? code : "?", msg ? msg : "", m->id);
+    } else {
+        wire_send_error(l->dealer, NULL, m->id, WIRE_E_UNKNOWN, "a worker does not handle '%.64s'", type);
+    }
+    wire_msg_close(m);
+    free(m);
+    return 1;
+}
+
+/* The poll loop. Returns the exit code. */
+static int serve(link_t *l) {
+    wrk_t *w = l->w;
+    const int hb = w->opt->heartbeat_ms;
+    const int64_t silent_ms = (int64_t)hb * w->opt->liveness;
+    l->next_events = now_ms() + w->opt->events_ms;
+    for (;;) {
+        if (atomic_load(&w->fatal)) return 1;
+        int64_t now = now_ms();
+        int64_t wake = l->next_events;
+        if (l->dealer) {
+            if (l->next_hb < wake) wake = l->next_hb;
+            if (l->heard + silent_ms < wake) wake = l->heard + silent_ms;
+        } else if (l->reconnect_at < wake) {
+            wake = l->reconnect_at;
+        }
+        zmq_pollitem_t it[3] = {
+            { NULL, g_sig_pipe[0], ZMQ_POLLIN, 0 },
+            { l->pull, 0, ZMQ_POLLIN, 0 },
+            { l->dealer, 0, ZMQ_POLLIN, 0 },
+        };
+        /* Without a DEALER the pipe waits: its messages go out after READY. */
+        int n = l->dealer ? 3 : 1;
+        long timeout = wake > now ? (long)(wake - now) : 0;
+        if (zmq_poll(it, n, timeout) < 0) {
+            if (errno == EINTR) continue;
+            wrk_log(w, "poll: %s", zmq_strerror(errno));
+            return 1;
+        }
+        if (it[0].revents & ZMQ_POLLIN) return 0;
+        if (n == 3 && (it[2].revents & ZMQ_POLLIN))
+            for (int i = 0; i < DRAIN_MAX && l->dealer; i++) {
+                int r = handle_broker(l);
+                if (r < 0) wrk_log(w, "receive: %s", zmq_strerror(errno));
+                if (r <= 0) break;
+            }
+        if (n == 3 && (it[1].revents & ZMQ_POLLIN))
+            for (int i = 0; i < DRAIN_MAX; i++)
+                if (wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT) < 0) break;
+        now = now_ms();
+        if (l->dealer && now - l->heard >= silent_ms) {
+            start_reconnect(l, now);
+        } else if (!l->dealer && now >= l->reconnect_at) {
+            if (connect_broker(l, now) != 0) return 1;
+        } else if (l->dealer && now >= l->next_hb) {
+            if (send_hdr(l, wire_hdr("HEARTBEAT", 0)) != 0 && errno != EAGAIN)
+                wrk_log(w, "cannot send HEARTBEAT: %s", zmq_strerror(errno));
+            l->next_hb = now + hb;
+        }
+        if (now >= l->next_events) {
+            flush_events(l);
+            l->next_events = now + w->opt->events_ms;
+        }
+    }
+}
+
+/* ---- startup and shutdown ---------------------------------------------------- */
+
+/* Loads the weights and their sha256 through one descriptor. */
+static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
+    const char *path = w->opt->weights;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        wrk_log(w, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    tdit_model_t *m = NULL;
+    st_file_t *f = NULL;
+    if (wrk_sha256_fd(fd, sha) != 0 || !(f = st_open(proc)) ||
+        !(m = tdit_model_load(w->backend, f, KERN_F32)))
+        wrk_log(w, "%s: %s", path, kern_error());
+    st_close(&f);
+    close(fd);
+    return m;
+}
+
+static int run(const wrk_opts_t *o) {
+    wrk_t w;
+    memset(&w, 0, sizeof w);
+    w.opt = o;
+    atomic_init(&w.applied_version, o->weights_version);
+    atomic_init(&w.epoch, 1);
+    atomic_init(&w.stop, false);
+    atomic_init(&w.fatal, false);
+    link_t l;
+    memset(&l, 0, sizeof l);
+    l.w = &w;
+    l.backoff_ms = BACKOFF_MIN_MS;
+    int code = 1;
+    bool lock_ok = false;
+    char sha[65] = "";
+
+    if (sodium_init() < 0) { wrk_log(&w, "libsodium cannot initialise"); return 1; }
+    if (install_signals() != 0) { wrk_log(&w, "signals: %s", strerror(errno)); return 1; }
+    if (o->backend == KERN_BACKEND_CUDA) {
+        w.backend = kern_backend_cuda_new(o->device);
+        if (!w.backend) wrk_log(&w, "cuda unusable (%s); using the CPU backend", kern_error());
+    }
+    if (!w.backend && !(w.backend = kern_backend_cpu_new())) { wrk_log(&w, "%s", kern_error()); goto out; }
+    if (!(w.model = load_model(&w, sha))) { code = 2; goto out; }
+    if (!(w.events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(&w, "out of memory"); goto out; }
+
+    cap_options_t co = cap_options_default();
+    co.budget_bytes = o->budget;
+    co.warmup = o->warmup;
+    co.policy = o->policy;
+    co.on_event = wrk_events_on_cache;
+    co.event_user = w.events;
+    co.log = log_cache;
+    co.log_user = &w;
+    if (!(w.cache = cap_cache_new(w.backend, &co)) ||
+        tdit_register_weights(w.cache, w.model, o->weights_version) != 0) {
+        wrk_log(&w, "capture cache: %s", kern_error());
+        goto out;
+    }
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    /* Writer preference: a sync waiting for the lock stops new steps from
+     * starting, so streams stepping back to back cannot starve it. */
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    lock_ok = pthread_rwlock_init(&w.step_lock, &ra) == 0;
+    pthread_rwlockattr_destroy(&ra);
+    if (!lock_ok) { wrk_log(&w, "cannot create the step lock"); goto out; }
+
+    if (!(w.zctx = zmq_ctx_new())) { wrk_log(&w, "zmq: %s", zmq_strerror(errno)); goto out; }
+    if (!(l.pull = wrk_pipe_pull_new(w.zctx))) { wrk_log(&w, "pipe: %s", zmq_strerror(errno)); goto out; }
+    if (!(l.exec = wrk_exec_new(&w)) || !(l.sync = wrk_syncer_new(&w, sha))) {
+        wrk_log(&w, "%s", kern_error());
+        goto out;
+    }
+    if (connect_broker(&l, now_ms()) != 0) { code = 2; goto out; }
+    wrk_log(&w, "ready (%s, %d streams)", kern_backend_device_name(w.backend), o->streams);
+
+    code = serve(&l);
+    if (code == 0) wrk_log(&w, "stopping");
+
+    /* Say goodbye first, so the broker requeues our requests at once. */
+    atomic_store(&w.stop, true);
+    if (l.dealer) {
+        flush_events(&l);
+        send_hdr(&l, wire_hdr("DISCONNECT", 0));
+        int linger = SHUTDOWN_LINGER_MS;
+        zmq_setsockopt(l.dealer, ZMQ_LINGER, &linger, sizeof linger);
+    }
+out:
+    atomic_store(&w.stop, true);
+    if (l.dealer) zmq_close(l.dealer);
+    wrk_exec_stop(l.exec);
+    wrk_syncer_destroy(&l.sync);
+    if (l.pull) zmq_close(l.pull);
+    if (w.zctx) zmq_ctx_term(w.zctx);
+    /* No step runs now; the cache goes before the streams its graphs used. */
+    cap_cache_destroy(&w.cache);
+    wrk_exec_destroy(&l.exec);
+    if (lock_ok) pthread_rwlock_destroy(&w.step_lock);
+    tdit_model_destroy(&w.model);
+    wrk_events_destroy(&w.events);
+    kern_backend_destroy(&w.backend);
+    return code;
+}
+
+int main(int argc, char **argv) {
+    wrk_opts_t o;
+    char err[512];
+    if (wrk_opts_parse(argc, argv, &o, err, sizeof err) != 0) {
+        fprintf(stderr, "reel-worker: %s\n%s", err, wrk_usage());
+        return 2;
+    }
+    if (o.help) {
+        fputs(wrk_usage(), stdout);
+        return 0;
+    }
+    return run(&o);
+}

@@ -1,0 +1,47 @@
+/* wrk_opts.h -- reel-worker's command line: parsed and checked in one place
+ * so main() only sees valid values. Pure (no sockets, no threads): the unit
+ * tests call it directly. */
+#ifndef REEL_WORKER_WRK_OPTS_H
+#define REEL_WORKER_WRK_OPTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "capture_cache/cache.h"
+#include "kernels/backend.h"
+
+#define WRK_NAME_MAX 64              /* bytes incl. NUL; also the routing id */
+#define WRK_MAX_STREAMS 64
+
+typedef struct {
+    const char *broker;              /* endpoint, default tcp://127.0.0.1:5556 */
+    const char *name;                /* required; [A-Za-z0-9_.:@-]{1,63} */
+    const char *weights;             /* required; a safetensors file */
+    uint64_t weights_version;        /* >= 1, default 1 */
+    kern_backend_kind_t backend;     /* default cpu */
+    int device;                      /* CUDA ordinal, default 0 */
+    int streams;                     /* 1..WRK_MAX_STREAMS, default 2 */
+    size_t budget;                   /* bytes; 0 = unlimited */
+    int max_inflight;                /* default 4 * streams */
+    cap_policy_t policy;             /* default evict */
+    int warmup;                      /* 0..1000, default 2 */
+    int heartbeat_ms;                /* default 1000 */
+    int liveness;                    /* default 3 */
+    int events_ms;                   /* default 200 */
+    bool help;                       /* --help was given: print usage, exit 0 */
+} wrk_opts_t;
+
+/* Parses argv into *o (defaults first). Returns 0, or -1 with a one-line
+ * message in err (unknown flag, bad value, missing --name/--weights); the
+ * caller exits 2. Can't fail otherwise; keeps pointers into argv. */
+int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen);
+
+/* Parses a byte count with an optional K, M, G or T suffix (powers of
+ * 1024, case-insensitive, optionally followed by "B" or "iB"): "512M",
+ * "2g", "1048576". -1 on junk or overflow, *out untouched. */
+int wrk_parse_bytes(const char *s, size_t *out);
+
+/* The usage text (for --help and after a usage error). */
+const char *wrk_usage(void);
+
+#endif

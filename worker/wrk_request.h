@@ -1,0 +1,53 @@
+/* wrk_request.h -- a REQUEST from the broker, checked and copied into a job
+ * a stream thread can run without touching the ZeroMQ message again.
+ *
+ * Checks (each failure is ERROR bad_request with a message naming the field):
+ * model equals the one served; latent_shape [C,F,H,W] with C == in_channels
+ * and a shape tinydit accepts; tensor context [L,T] F32 with T == text_dim;
+ * uncond, when present, F32 of the context's shape (it turns CFG on, with
+ * guidance "cfg"); latent, when present, F32 of latent_shape; steps
+ * 1..10000; shift, cfg, eta finite numbers of the loop's ranges; version not
+ * above the applied one ("worker at vX, request needs vY"). Unknown fields
+ * are ignored. Pure: no sockets, no threads. */
+#ifndef REEL_WORKER_WRK_REQUEST_H
+#define REEL_WORKER_WRK_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "schema/wire.h"
+#include "worker/model/loop.h"
+#include "worker/model/tdit_program.h"
+#include "worker/model/tinydit.h"
+
+#define WRK_MAX_STEPS 10000
+
+typedef struct wrk_job wrk_job_t;
+struct wrk_job {
+    uint64_t id;                 /* the broker's request id */
+    uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
+    uint64_t version;            /* the version it must run on (0: any) */
+    bool progress;               /* send PROGRESS after each step */
+    tdit_shape_t shape;
+    tdit_loop_t loop;
+    int64_t latent_shape[4];     /* C, F, H, W */
+    size_t n_latent;             /* C*F*H*W */
+    float *latent;               /* host copies (owned); latent NULL: drawn from seed */
+    float *context, *uncond;     /* uncond NULL without CFG */
+    /* executor state */
+    tdit_req_t *req;
+    uint64_t ran_version;        /* transformer version of the last step */
+    wrk_job_t *next;
+};
+
+/* Checks REQUEST m against the served config and the applied version and
+ * copies its tensors out of the frames. Returns 0 with *out (caller frees
+ * with wrk_job_free), or -1 with *err set (code bad_request, or internal on
+ * out-of-memory) and *out NULL. */
+int wrk_job_from_request(const wire_msg_t *m, const tdit_config_t *cfg, uint64_t applied_version,
+                         wrk_job_t **out, wire_err_t *err);
+
+/* Frees the job, its copies and its tdit_req. NULL-safe; sets *j = NULL. */
+void wrk_job_free(wrk_job_t **j);
+
+#endif

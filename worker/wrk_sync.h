@@ -1,0 +1,58 @@
+/* wrk_sync.h -- weight syncs: SYNC from the broker, applied between steps.
+ *
+ * A sync thread takes SYNC messages in order. For each it checks the
+ * component ("transformer") and version (not older than the applied one:
+ * else SYNC_ACK ok=false "stale"), reads the weights (a path, or the
+ * inline tensors written to a temporary safetensors file) and checks their
+ * sha256 (of the file's bytes / of the tensor frames concatenated in order:
+ * else ok=false "sha256 mismatch") -- all before taking the step lock. Then,
+ * under the write side of the step lock (steps in progress finish first):
+ * tdit_model_reload, cap_component_update (evict drops the key's graphs,
+ * inplace re-verifies them), and SYNC_ACK ok=true. A version equal to the
+ * applied one with the same sha256 is acked ok=true without reloading (a
+ * repeated SYNC), with another sha256 it is "stale".
+ *
+ * A reload that failed part-way leaves mixed weights: the worker cannot
+ * serve anything any more and sets wrk_t.fatal (the main thread exits 1, the
+ * broker requeues its requests). */
+#ifndef REEL_WORKER_WRK_SYNC_H
+#define REEL_WORKER_WRK_SYNC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "schema/wire.h"
+#include "worker/model/safetensors.h"
+#include "worker/model/tinydit.h"
+#include "worker/wrk.h"
+
+/* Lowercase hex sha256 of n bytes at buf into hex (65 bytes). Can't fail. */
+void wrk_sha256_hex(const void *buf, size_t n, char hex[65]);
+/* Hex sha256 of everything readable from fd (from its current offset).
+ * 0, or -1 with a message in kern_error(). */
+int wrk_sha256_fd(int fd, char hex[65]);
+/* True when s is 64 hex digits (either case). */
+bool wrk_sha256_valid(const char *s);
+
+/* The weights a SYNC carries, read and hashed. Checks the fields (component
+ * must be `component`; version present; sha256 64 hex digits; exactly one of
+ * path or tensors). Returns 0 with *out open (st_close it) and hex set to
+ * the sha256 of what was read; -1 with err (ack error text) on a bad field
+ * or an unreadable file. `cfg` supplies the metadata inline tensors lack.
+ * Does not compare the sha256 (the caller does: the version check decides
+ * what a mismatch means). */
+int wrk_sync_read(const wire_msg_t *m, const tdit_config_t *cfg, st_file_t **out, char hex[65],
+                  char *err, size_t errlen);
+
+typedef struct wrk_syncer wrk_syncer_t;
+
+/* Starts the sync thread. initial_sha: hex sha256 of the weights loaded at
+ * startup (the applied version's). NULL with a message in kern_error(). */
+wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]);
+/* Queues SYNC m (heap-allocated; ownership taken: closed and freed by the
+ * sync thread). Can't fail. */
+void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m);
+/* Stops after the sync in progress (queued ones are dropped) and joins.
+ * NULL-safe. */
+void wrk_syncer_destroy(wrk_syncer_t **s);
+
+#endif
