@@ -63,7 +63,7 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo asan tsan bench clean FORCE
+.PHONY: all deps test demo demo-local asan tsan bench clean FORCE
 all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN)
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
@@ -117,6 +117,11 @@ test: deps
 demo: deps
 	$(MAKE) all
 	BUILD=$(BUILD) deploy/demo.sh
+
+# The single-process tour: reelctl run with and without graphs, SDE.
+demo-local: deps
+	$(MAKE) all
+	BUILD=$(BUILD) deploy/demo_local.sh
 
 # Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
 asan: deps

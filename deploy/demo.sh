@@ -1,53 +1,87 @@
 #!/bin/sh
-# demo.sh -- the main job as it stands: a real multi-step CFG generation on
-# the `small` config on the CPU backend, then a check that the run is
-# deterministic and that graph replay equals eager, and what every stage did. (The broker/worker cluster joins
-# this demo when it exists; see README.md.)
+# demo.sh -- the main job: a local Reel cluster on the CPU backend. A broker
+# and two workers on loopback, a client load over several capture keys with
+# CFG, a trainer weight sync in the middle (evictions, then recaptures), and
+# the capture report read back from the catalog. Exits 0 and leaves no
+# process behind.
 set -eu
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
 R="$BUILD/reelctl"
 D=$(mktemp -d /tmp/reel-demo.XXXXXX)
-trap 'rm -rf "$D"' EXIT
+PORT_BASE=${REEL_DEMO_PORT:-$((20000 + $$ % 20000))}
+CE="tcp://127.0.0.1:$PORT_BASE"
+WE="tcp://127.0.0.1:$((PORT_BASE + 1))"
+DB="$D/reel.db"
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill -TERM "$p" 2>/dev/null || true; done
+    sleep 0.3
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$D"
+}
+trap cleanup EXIT INT TERM
 
 say() { printf '\n== %s\n' "$*"; }
+wait_for() { # FILE PATTERN SECONDS
+    i=0
+    while [ $i -lt $(($3 * 10)) ]; do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "demo: timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
+}
 
-say "1. deterministic random weights for the small config (nothing to download)"
-"$R" weights init --config small --seed 1 --out "$D/w.safetensors"
-"$R" weights info "$D/w.safetensors"
+say "1. weights: the small config (25 M parameters, deterministic, nothing downloaded), v1 and a trainer's v2"
+"$R" weights init --config small --seed 1 --out "$D/w1.safetensors"
+"$R" weights init --config small --seed 2 --out "$D/w2.safetensors"
 
-say "2. inputs: a latent [16,4,16,16] (4 frames, 256 tokens), a prompt context and an empty-prompt context [16,256]"
-"$R" tensor rand --name latent --shape 16,4,16,16 --seed 10 --out "$D/latent.safetensors"
+say "2. a broker ($CE clients, $WE workers, catalog $DB) and two CPU workers, 2 streams each"
+"$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" >"$D/broker.log" 2>&1 &
+PIDS="$PIDS $!"
+wait_for "$D/broker.log" "reel-broker: ready" 10
+for w in w1 w2; do
+    "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/w1.safetensors" --streams 2 \
+        --backend cpu >"$D/$w.log" 2>&1 &
+    PIDS="$PIDS $!"
+    wait_for "$D/broker.log" "worker $w ready" 20
+done
+"$R" status --broker "$CE"
+
+say "3. client load: 3 capture keys (latent shapes) x 2 requests, 6 steps, CFG 5"
 "$R" tensor rand --name context --shape 16,256 --seed 11 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 16,256 --seed 12 --out "$D/unc.safetensors"
+load() { # tag
+    pids=""
+    for size in 2x8x8 2x8x16 4x8x8; do
+        for r in 1 2; do
+            "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
+                --cfg 5 --size "$size" --seed "$r" --steps 6 --shift 3 --quiet --timeout-ms 300000 \
+                --out "$D/$1-$size-$r.safetensors" 2>>"$D/$1.log" &
+            pids="$pids $!"
+        done
+    done
+    rc=0
+    for p in $pids; do wait "$p" || rc=1; done
+    sort "$D/$1.log"
+    return $rc
+}
+load before
 
-say "3. an 8-step flow-matching loop, shift 3, classifier-free guidance 5 (two forwards per step),
-   each step dispatched through capture_cache: 2 warmup steps, capture + bitwise verify, then replay"
-"$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
-    --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-    --steps 8 --shift 3 --cfg 5 --backend cpu --out "$D/out.safetensors"
-"$R" tensor info "$D/latent.safetensors"
-"$R" tensor info "$D/out.safetensors"
+say "4. the trainer publishes transformer v2; the sync is a barrier over every worker"
+"$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors"
 
-say "4. the same loop with graphs off (pure eager) is bitwise identical to the replayed one"
-"$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
-    --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-    --steps 8 --shift 3 --cfg 5 --backend cpu --graphs off --out "$D/out2.safetensors"
-if cmp -s "$D/out.safetensors" "$D/out2.safetensors"; then
-    echo "identical: yes"
-else
-    echo "identical: NO -- determinism is broken" >&2
-    exit 1
-fi
+say "5. the same load on v2: graphs that baked v1 were evicted, so each key warms up and captures again"
+load after
 
-say "5. a Flow-GRPO SDE rollout (eta 0.7, seed 3): noise from Philox keyed by (seed, step, index);
-   SDE steps are eager breaks (not capturable), counted as such"
-"$R" run --weights "$D/w.safetensors" --latent "$D/latent.safetensors" \
-    --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-    --steps 4 --shift 3 --cfg 5 --sde --eta 0.7 --seed 3 --out "$D/sde.safetensors"
-"$R" tensor info "$D/sde.safetensors"
-
-say "6. kernels registered on this build"
-"$R" kernels
+say "6. the capture report, from the catalog"
+"$R" stats --catalog "$DB"
+echo
+"$R" keys --catalog "$DB"
+echo
+"$R" evictions --catalog "$DB"
+echo
+"$R" versions --catalog "$DB"
 echo
 echo "demo: done"
