@@ -103,6 +103,11 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
+# bench_routing measures the broker's own routing code.
+$(BUILD)/bench/bench_routing: bench/bench_routing.c $(BUILD)/broker/brk_route.o $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/broker/brk_route.o $(LIB) $(LDLIBS_ALL)
+
 $(BUILD)/bench/%: bench/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)

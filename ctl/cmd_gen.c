@@ -303,7 +303,8 @@ int cmd_status(int argc, char **argv) {
         wv_get_u64(r, "queue", &q);
         wv_get_u64(r, "queue_max", &qmax);
         wv_get_u64(wv_get(r, "versions"), "transformer", &v);
-        printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, q, qmax, v);
+        if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, q, qmax, v);
+        else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync published yet\n", broker, q, qmax);
         printf("%-12s %-8s %-11s %-8s %-9s %-8s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION", "KEYS");
         const wire_val_t *ws = wv_get(r, "workers");
         for (size_t i = 0; i < wv_len(ws); i++) {
