@@ -21,6 +21,8 @@
 
 #define MAX_STEPS 10000
 #define MAX_DIM ((int64_t)1 << 24)
+#define MAX_GEN_BYTES ((uint64_t)256 << 20)
+#define ABANDON_GRACE_MS 30000   /* how long a timed-out running request keeps its slot */
 
 typedef struct {
     const char *model;
@@ -128,6 +130,23 @@ static const char *gen_parse(const wire_msg_t *m, gen_t *g) {
             if (lat->shape[i] != g->latent[i])
                 return "tensor \"latent\" must have the shape \"latent_shape\" names";
     }
+    /* A queued request holds its frames: bound what one may pin. */
+    uint64_t total = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const char *n = m->t[i].name;
+        if (strcmp(n, "context") && strcmp(n, "uncond") && strcmp(n, "latent"))
+            return "unknown tensor (a GEN carries context, uncond and latent only)";
+        total += m->t[i].bytes;
+    }
+    if (total > MAX_GEN_BYTES) return "tensors larger than a GEN may carry (256 MiB)";
+    /* The REQUEST forwarded to a worker is this header plus "version": it
+     * must still fit the header limit, or no worker could ever take it. */
+    wire_val_t *fwd = brk_hdr_from(h, "REQUEST", UINT64_MAX);
+    size_t len = 0;
+    unsigned char *enc = fwd && !wv_set(fwd, "version", wv_u64(UINT64_MAX)) ? wire_encode_header(fwd, &len) : NULL;
+    wv_free(&fwd);
+    free(enc);
+    if (!enc || len + 1024 > WIRE_MAX_HEADER) return "header too large to forward to a worker";
     return NULL;
 }
 
@@ -150,8 +169,16 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
             return false; /* out of memory: retried at the next pump */
         }
         int rc = brk_send_to(b->workers, &w->ident, h, r->msg->t, r->msg->n_tensors);
+        int e = errno;
         wv_free(&h);
         if (rc < 0) {
+            /* Only a transport failure says the worker is gone; a message
+             * the codec refuses must not make every worker unroutable
+             * (gen_parse keeps such requests out; this is the backstop). */
+            if (e != EHOSTUNREACH && e != EAGAIN) {
+                brk_log("cannot forward request %llu: %s", (unsigned long long)r->id, zmq_strerror(e));
+                return false;
+            }
             brk_worker_unreachable(b, w, "REQUEST");
             continue;
         }
@@ -310,7 +337,17 @@ void brk_req_lost(brk_t *b, brk_req_t *r, const char *worker) {
 void brk_req_timers(brk_t *b, int64_t now) {
     for (brk_req_t *r = b->reqs, *next; r; r = next) {
         next = r->next;
-        if (r->state == REQ_ABANDONED || now < r->deadline_ms) continue;
+        if (now < r->deadline_ms) continue;
+        if (r->state == REQ_ABANDONED) {
+            /* Its worker never answered, even late (a lost reply): free the
+             * slot so the worker's capacity does not leak away. */
+            brk_log("request %llu: no late answer from %s within %d ms; its slot is freed",
+                    (unsigned long long)r->id, r->worker->route.name, ABANDON_GRACE_MS);
+            r->worker->route.inflight--;
+            req_free(b, r);
+            brk_pump(b);
+            continue;
+        }
         long long waited = (long long)(now - r->accepted_ms);
         if (!r->had_owner) {
             wire_send_error(b->clients, &r->msg->identity, r->client_id, WIRE_E_NO_WORKER,
@@ -332,7 +369,8 @@ void brk_req_timers(brk_t *b, int64_t now) {
             queue_drop(b, r);
             req_free(b, r);
         } else {
-            r->state = REQ_ABANDONED; /* its worker still holds the slot */
+            r->state = REQ_ABANDONED; /* its worker still holds the slot... */
+            r->deadline_ms = now + ABANDON_GRACE_MS; /* ...for a while */
         }
     }
 }
@@ -340,7 +378,7 @@ void brk_req_timers(brk_t *b, int64_t now) {
 int64_t brk_req_next_deadline(const brk_t *b) {
     int64_t t = INT64_MAX;
     for (const brk_req_t *r = b->reqs; r; r = r->next)
-        if (r->state != REQ_ABANDONED && r->deadline_ms < t) t = r->deadline_ms;
+        if (r->deadline_ms < t) t = r->deadline_ms;
     return t;
 }
 

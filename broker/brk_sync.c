@@ -119,6 +119,17 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
     else
         v = brk_sync_check(comp, version, comp ? brk_current_version(b, comp) : 0, sha,
                            path && *path, m->n_tensors, why, sizeof why);
+    if (v == BRK_SYNC_OK) { /* it is forwarded (and stored for late joiners): it must fit */
+        wire_val_t *fwd = brk_hdr_from(h, "SYNC", UINT64_MAX);
+        size_t len = 0;
+        unsigned char *enc = fwd ? wire_encode_header(fwd, &len) : NULL;
+        wv_free(&fwd);
+        free(enc);
+        if (!enc || len + 1024 > WIRE_MAX_HEADER) {
+            v = BRK_SYNC_BAD;
+            snprintf(why, sizeof why, "header too large to forward to the workers");
+        }
+    }
     brk_current_t *cur = v == BRK_SYNC_OK ? current_slot(b, comp) : NULL;
     if (v == BRK_SYNC_OK && !cur) {
         v = BRK_SYNC_BAD;

@@ -84,7 +84,9 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
             continue;
         }
         if (brk_send_to(b->workers, &w->ident, h, c->msg->t, c->msg->n_tensors) < 0) {
-            brk_worker_unreachable(b, w, "SYNC");
+            if (errno == EHOSTUNREACH || errno == EAGAIN) brk_worker_unreachable(b, w, "SYNC");
+            else brk_log("cannot forward %s v%llu to %s: %s", c->component, (unsigned long long)c->version,
+                         w->route.name, zmq_strerror(errno));
         } else {
             set_sent(w, c->component, c->version);
             brk_log("sync %s v%llu sent to %s", c->component, (unsigned long long)c->version,

@@ -61,6 +61,7 @@ typedef struct entry {
     const void *comp_base[CAP_MAX_COMPONENTS]; /* as baked into the graph */
     uint64_t comp_gen[CAP_MAX_COMPONENTS];
     bool in_use, doomed;
+    bool reverify_pending;                     /* an inplace sync landed during a capture */
     cap_evict_reason_t doom_reason;
 } entry_t;
 
@@ -272,8 +273,10 @@ static int comp_find(const cap_cache_t *c, const char *name) {
 }
 
 /* Finds or creates the entry for (key, s). Caller holds the lock. */
+static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q);
+
 static entry_t *lookup(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
-                       const cap_key_t *key, uint64_t hash, const char *text) {
+                       const cap_key_t *key, uint64_t hash, const char *text, evq_t *q) {
     for (entry_t *e = c->head; e; e = e->next)
         if (!e->doomed && e->hash == hash && e->stream == s && e->prog == p && !strcmp(e->text, text))
             return e;
@@ -313,6 +316,10 @@ static entry_t *lookup(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p,
     c->st.ws_bytes += e->ws_bytes;
     c->st.entries++;
     push_front(c, e);
+    /* Workspaces count against the budget too: make room by evicting idle
+     * least-recently-used entries (this one runs regardless: a call needs
+     * its workspace, and the budget then refuses its graph). */
+    make_room(c, e, 0, q);
     return e;
 }
 
@@ -505,6 +512,12 @@ out:
  * fit the budget. True when they fit. Caller holds the lock. */
 static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
     if (!c->opt.budget_bytes) return true;
+    /* Evict nothing unless evicting every idle entry would make it fit: a
+     * graph that cannot fit anyway must not cost the other keys theirs. */
+    size_t idle = 0;
+    for (entry_t *e = c->head; e; e = e->next)
+        if (e != keep && !e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
+    if (c->st.bytes_held - idle + need > c->opt.budget_bytes) return false;
     while (c->st.bytes_held + need > c->opt.budget_bytes) {
         entry_t *victim = NULL;
         for (entry_t *e = c->head; e; e = e->next)
@@ -595,7 +608,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
 
     pthread_mutex_lock(&c->lock);
     c->st.calls++;
-    entry_t *e = lookup(c, s, p, user, call->key, hash, text);
+    entry_t *e = lookup(c, s, p, user, call->key, hash, text, q);
     if (!e) {
         pthread_mutex_unlock(&c->lock);
         return -1;
@@ -676,7 +689,11 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
                 if (e->warm > 0 && !same_ident(&e->ident[i], &call->inputs[i])) e->ident_stable[i] = false;
                 e->ident[i] = call->inputs[i];
             }
-            if (++e->warm >= c->opt.warmup) e->state = ST_CAPTURE;
+            if (++e->warm >= c->opt.warmup) {
+                pthread_mutex_lock(&c->lock); /* state is read under the lock by syncs */
+                e->state = ST_CAPTURE;
+                pthread_mutex_unlock(&c->lock);
+            }
         }
         rc = run_eager(c, e, s, call, &acct);
     } else if (path == P_CAPTURE) {
@@ -696,18 +713,28 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
             e->comp_gen[i] = c->comp[e->comp[i]].generation;
         }
         pthread_mutex_unlock(&c->lock);
-        cap_reason_t why;
+        cap_reason_t why = CAP_DECLINE_COUNT;
         rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
         if (rc == 0) rc = capture(c, e, s, call, &why, q, &cap_secs);
-        if (rc == 0) rc = copy_out(e, s, call);
-        if (rc == 0 && why == CAP_DECLINE_COUNT) {
-            e->state = ST_READY;
-            ran = CAP_RAN_CAPTURED;
-        } else if (rc == 0) {
-            reason = why;
-            e->state = why == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
-            e->disabled_reason = why;
-            memset(e->pinned, 0, sizeof e->pinned);
+        if (rc == 0) {
+            /* The entry's state follows the capture, whatever copy-out does:
+             * a published graph must be owned by a READY entry. */
+            pthread_mutex_lock(&c->lock);
+            if (why == CAP_DECLINE_COUNT) {
+                e->state = e->reverify_pending ? ST_REVERIFY : ST_READY;
+                if (e->reverify_pending)
+                    for (int i = 0; i < p->n_components; i++)
+                        e->comp_gen[i] = c->comp[e->comp[i]].generation;
+                ran = CAP_RAN_CAPTURED;
+            } else {
+                reason = why;
+                e->state = why == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
+                e->disabled_reason = why;
+                memset(e->pinned, 0, sizeof e->pinned);
+            }
+            e->reverify_pending = false;
+            pthread_mutex_unlock(&c->lock);
+            rc = copy_out(e, s, call);
         }
     } else if (path == P_REVERIFY) {
         rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
@@ -861,6 +888,7 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
             for (int i = 0; i < e->prog->n_components; i++)
                 if (e->comp[i] == ci) e->comp_gen[i] = k->generation;
             if (e->state == ST_READY) e->state = ST_REVERIFY;
+            else if (e->in_use) e->reverify_pending = true; /* capturing: verify again after */
         }
     }
     pthread_mutex_unlock(&c->lock);

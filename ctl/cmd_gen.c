@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,9 @@ int cmd_gen(int argc, char **argv) {
     }
     (void)d;
     if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
+    /* Never give up before the broker does: it would run the request for nobody. */
+    if (g.deadline_ms && g.deadline_ms + 2000 > (uint64_t)timeout_ms)
+        timeout_ms = g.deadline_ms + 2000 > INT32_MAX ? INT32_MAX : (int)(g.deadline_ms + 2000);
     if (!g.model || !ctx_path || !out || g.steps < 0)
         return ctl_die(CTL_USAGE, "gen needs --model, --context, --steps and --out");
     if (!!unc_path != have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");

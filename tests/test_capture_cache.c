@@ -1157,6 +1157,51 @@ START_TEST(test_budget_too_small_declines_budget_exceeded) {
 }
 END_TEST
 
+START_TEST(test_workspaces_of_keys_that_never_capture_stay_within_the_budget) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    cap_options_t o = test_options();
+    o.budget_bytes = 3 * ws; /* room for three workspaces, no graph needed */
+    C = new_cache(&o);
+    for (int k = 0; k < 12; k++) { /* twelve eager-only keys (e.g. SDE), one call each */
+        req_t r;
+        char model[32];
+        snprintf(model, sizeof model, "syn:sde%d", k);
+        req_init(&r, &PROG_A, &uA, model, ROWS, COLS, "wA", 1);
+        r.not_capturable = true;
+        expect_eager(req_call(C, S, &r), CAP_DECLINE_NOT_CAPTURABLE, "call", k);
+        req_expect_eager_bits(&r, "call", k);
+        ck_assert_msg(stats(C).bytes_held <= o.budget_bytes, "held %zu > budget %zu after key %d",
+                      stats(C).bytes_held, o.budget_bytes, k);
+    }
+    ck_assert_int_ge(count_events(CAP_EV_EVICT, CAP_EVICT_LRU), 9);
+    ck_assert_uint_le(stats(C).entries, 3);
+}
+END_TEST
+
+START_TEST(test_failed_copy_out_after_capture_keeps_one_graph_and_no_leak) {
+    C = new_cache(NULL);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:copyout", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2; i++) req_call(C, S, &a);
+    /* the capturing call's destination is the wrong size: the call fails */
+    kern_tensor_t good = a.out_t;
+    a.out_t.shape[0] = 1;
+    cap_result_t res;
+    ck_assert_int_eq(req_try(C, S, &a, &res), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "copy-out"));
+    a.out_t = good;
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "call after", i);
+        req_expect_eager_bits(&a, "call after", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.captures, 1);
+}
+END_TEST
+
 /* ---- requests, streams, threads -------------------------------------------------- */
 
 #define STEPS 10
@@ -1513,6 +1558,8 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory);
     tcase_add_test(tc, test_memory_budget_evicts_least_recently_used_entries);
     tcase_add_test(tc, test_budget_too_small_declines_budget_exceeded);
+    tcase_add_test(tc, test_workspaces_of_keys_that_never_capture_stay_within_the_budget);
+    tcase_add_test(tc, test_failed_copy_out_after_capture_keeps_one_graph_and_no_leak);
     tcase_add_test(tc, test_two_same_key_requests_interleaved_on_one_stream_equal_each_alone);
     tcase_add_test(tc, test_s_threads_on_s_streams_run_same_key_concurrently_bitwise_stable);
     tcase_add_test(tc, test_decline_and_eviction_events_carry_the_right_reason);

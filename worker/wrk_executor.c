@@ -12,6 +12,8 @@
 #include "worker/model/tdit_program.h"
 #include "worker/wrk_pipe.h"
 
+#define STG_POOL 8
+
 typedef struct {
     wrk_exec_t *x;
     int idx;
@@ -23,6 +25,12 @@ typedef struct {
     pthread_cond_t cv;
     wrk_job_t *q_head, *q_tail;  /* submitted, not yet taken */
     atomic_int load;             /* jobs queued + active */
+    /* Staging sets reused across requests, so a key's graph keeps reading
+     * the contexts in place (pinned) from one request to the next. Only
+     * this stream's thread touches them. */
+    tdit_staging_t *pool[STG_POOL];
+    bool busy[STG_POOL];
+    int npool;
 } stream_t;
 
 struct wrk_exec {
@@ -84,6 +92,7 @@ static void send_result(stream_t *st, wrk_job_t *j) {
         rc |= wv_set(stats, "seconds", wv_f64(rs->seconds));
         rc |= wv_set(h, "worker", wv_str(w->opt->name));
         rc |= wv_set(h, "version", wv_u64(j->ran_version));
+        rc |= wv_set(h, "first_version", wv_u64(j->first_version));
         rc |= wv_set(h, "stats", stats);
         stats = NULL;
         rc |= wv_set(h, "key_hash", wv_str(wrk_hex64(tdit_req_shard_hash(j->req), hex)));
@@ -108,13 +117,39 @@ static void send_result(stream_t *st, wrk_job_t *j) {
 
 /* ---- the stream loop ----------------------------------------------------- */
 
+/* A free staging set of this shape (made on first need), or NULL: the
+ * request then allocates its own. */
+static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
+    for (int i = 0; i < st->npool; i++)
+        if (!st->busy[i] && !memcmp(tdit_staging_shape(st->pool[i]), sh, sizeof *sh)) {
+            st->busy[i] = true;
+            return st->pool[i];
+        }
+    if (st->npool == STG_POOL) return NULL;
+    tdit_staging_t *stg = tdit_staging_new(st->x->w->model, sh);
+    if (!stg) return NULL;
+    st->pool[st->npool] = stg;
+    st->busy[st->npool++] = true;
+    return stg;
+}
+
+/* Frees j, handing its staging set back to the pool. */
+static void job_done(stream_t *st, wrk_job_t **jp) {
+    wrk_job_t *j = *jp;
+    if (j && j->stg)
+        for (int i = 0; i < st->npool; i++)
+            if (st->pool[i] == j->stg) st->busy[i] = false;
+    wrk_job_free(jp);
+}
+
 /* Runs one step of j. Returns true when j is finished (done, failed or
  * abandoned) and must be freed. */
 static bool step_once(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (!j->req) {
-        j->req = tdit_req_new(w->model, &j->shape, &j->loop, j->latent, j->context, j->uncond);
+        j->stg = take_staging(st, &j->shape);
+        j->req = tdit_req_new_in(w->model, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
         if (!j->req) {
             send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
             return true;
@@ -127,6 +162,10 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     }
     cap_result_t res;
     pthread_rwlock_rdlock(&w->step_lock);
+    if (atomic_load(&w->fatal)) { /* a reload failed part-way: never step on mixed weights */
+        pthread_rwlock_unlock(&w->step_lock);
+        return true;
+    }
     int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
     /* Read under the same lock: the version this step ran on. */
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
@@ -137,6 +176,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         return true;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
+    if (tdit_req_steps_done(j->req) == 1) j->first_version = j->ran_version;
     if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
     if (j->progress) send_progress(st, j);
     if (!tdit_req_done(j->req)) return false;
@@ -147,7 +187,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
 static void free_list(stream_t *st, wrk_job_t *j) {
     while (j) {
         wrk_job_t *next = j->next;
-        wrk_job_free(&j);
+        job_done(st, &j);
         atomic_fetch_sub(&st->load, 1);
         j = next;
     }
@@ -180,7 +220,7 @@ static void *stream_main(void *arg) {
             if (step_once(st, j)) {
                 *pp = j->next;
                 j->next = NULL;
-                wrk_job_free(&j);
+                job_done(st, &j);
                 atomic_fetch_sub(&st->load, 1);
             } else {
                 pp = &j->next;
@@ -276,6 +316,7 @@ void wrk_exec_destroy(wrk_exec_t **xp) {
     wrk_exec_stop(x);
     for (int i = 0; i < x->n; i++) {
         stream_t *st = &x->s[i];
+        for (int k = 0; k < st->npool; k++) tdit_staging_destroy(&st->pool[k]);
         kern_stream_destroy(&st->ks);
         pthread_cond_destroy(&st->cv);
         pthread_mutex_destroy(&st->mu);

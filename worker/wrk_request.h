@@ -36,7 +36,9 @@ struct wrk_job {
     float *context, *uncond;     /* uncond NULL without CFG */
     /* executor state */
     tdit_req_t *req;
+    tdit_staging_t *stg;         /* the stream's staging set it runs in (NULL: its own) */
     uint64_t ran_version;        /* transformer version of the last step */
+    uint64_t first_version;      /* ... and of the first (a sync may land in between) */
     wrk_job_t *next;
 };
 

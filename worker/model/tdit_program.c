@@ -114,6 +114,8 @@ void tdit_staging_destroy(tdit_staging_t **sp) {
     *sp = NULL;
 }
 
+const tdit_shape_t *tdit_staging_shape(const tdit_staging_t *st) { return &st->shape; }
+
 tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
     cap_key_t key;
     if (tdit_step_key(m, sh, false, 0, &key) != 0) return NULL;
@@ -166,6 +168,7 @@ struct tdit_req {
     tdit_shape_t shape;
     tdit_loop_t loop;
     tdit_staging_t *stg;
+    bool own_stg;          /* false: the caller's long-lived buffers */
     double *sig;
     int done;
     uint64_t key_hash, shard_hash;
@@ -174,7 +177,17 @@ struct tdit_req {
 
 tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *sh, const tdit_loop_t *p,
                          const float *latent, const float *context, const float *uncond) {
+    return tdit_req_new_in(m, NULL, sh, p, latent, context, uncond);
+}
+
+tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_shape_t *sh,
+                            const tdit_loop_t *p, const float *latent, const float *context,
+                            const float *uncond) {
     if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
+    if (stg && memcmp(&stg->shape, sh, sizeof *sh) != 0) {
+        kern_fail("staging buffers were made for another shape");
+        return NULL;
+    }
     if (sh->cfg != (uncond != NULL)) {
         kern_fail(sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
         return NULL;
@@ -185,7 +198,8 @@ tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *sh, const tdit_loo
     r->shape = *sh;
     r->loop = *p;
     r->sig = malloc(((size_t)p->steps + 1) * sizeof *r->sig);
-    r->stg = tdit_staging_new(m, sh);
+    r->own_stg = !stg;
+    r->stg = stg ? stg : tdit_staging_new(m, sh);
     float *init = NULL;
     if (!r->sig || !r->stg) {
         if (!r->sig) kern_fail("out of memory");
@@ -215,7 +229,7 @@ err:
 
 void tdit_req_destroy(tdit_req_t **rp) {
     if (!rp || !*rp) return;
-    tdit_staging_destroy(&(*rp)->stg);
+    if ((*rp)->own_stg) tdit_staging_destroy(&(*rp)->stg);
     free((*rp)->sig);
     free(*rp);
     *rp = NULL;
@@ -284,21 +298,8 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
                          const tdit_shape_t *sh, const tdit_loop_t *p, const float *latent,
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats) {
-    if (stg && memcmp(&stg->shape, sh, sizeof *sh) != 0)
-        return kern_fail("staging buffers were made for another shape");
-    tdit_req_t *r = tdit_req_new(m, sh, p, latent, context, uncond);
+    tdit_req_t *r = tdit_req_new_in(m, stg, sh, p, latent, context, uncond);
     if (!r) return -1;
-    if (stg) { /* run in the caller's long-lived buffers: pins survive requests */
-        for (int i = 0; i < r->stg->n; i++)
-            if (kern_copy_d2d(s, kern_tensor_ptr(&stg->t[i]), kern_tensor_ptr(&r->stg->t[i]),
-                              kern_tensor_bytes(&stg->t[i])) != 0) {
-                tdit_req_destroy(&r);
-                return -1;
-            }
-        tdit_staging_t *own = r->stg;
-        r->stg = stg;
-        tdit_staging_destroy(&own);
-    }
     int rc = 0;
     while (rc == 0 && !tdit_req_done(r)) rc = tdit_req_step(r, c, s, NULL);
     size_t n = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
@@ -312,7 +313,6 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
         stats->seconds += a->seconds;
         for (int i = 0; i < CAP_DECLINE_COUNT; i++) stats->declines[i] += a->declines[i];
     }
-    if (stg) r->stg = NULL; /* the caller's */
     tdit_req_destroy(&r);
     return rc;
 }

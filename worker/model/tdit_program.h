@@ -44,6 +44,8 @@ typedef struct {
  * place (pinned) instead of copying them every step. NULL with a message. */
 typedef struct tdit_staging tdit_staging_t;
 tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *shape);
+/* The shape stg was made for. */
+const tdit_shape_t *tdit_staging_shape(const tdit_staging_t *stg);
 void tdit_staging_destroy(tdit_staging_t **st);
 
 /* The loop of loop.h, each step dispatched through c on stream s. stg holds
@@ -66,6 +68,12 @@ typedef struct tdit_req tdit_req_t;
  * p->seed). NULL with a message. */
 tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *shape, const tdit_loop_t *p,
                          const float *latent, const float *context, const float *uncond);
+/* As tdit_req_new, but the request runs in stg (made for the same shape),
+ * which the caller keeps across requests so inputs read in place stay put.
+ * The request does not own stg; give stg to one request at a time. */
+tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_shape_t *shape,
+                            const tdit_loop_t *p, const float *latent, const float *context,
+                            const float *uncond);
 void tdit_req_destroy(tdit_req_t **r);
 /* Runs the next step through c on s; res may be NULL. -1 with a message. */
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *res);
