@@ -75,7 +75,18 @@ say "4. the trainer publishes transformer v2; the sync is a barrier over every w
 say "5. the same load on v2: graphs that baked v1 were evicted, so each key warms up and captures again"
 load after
 
-say "6. the capture report, from the catalog"
+say "6. one more request per key: it lands on the worker that holds its graphs and replays from its first step"
+pids=""
+for size in 2x8x8 2x8x16 4x8x8; do
+    "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
+        --cfg 5 --size "$size" --seed 9 --steps 6 --shift 3 --quiet --timeout-ms 300000 \
+        --out "$D/warm-$size.safetensors" 2>>"$D/warm.log" &
+    pids="$pids $!"
+done
+for p in $pids; do wait "$p"; done
+sort "$D/warm.log"
+
+say "7. the capture report, from the catalog"
 "$R" stats --catalog "$DB"
 echo
 "$R" keys --catalog "$DB"

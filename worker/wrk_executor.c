@@ -121,7 +121,7 @@ static void send_result(stream_t *st, wrk_job_t *j) {
  * request then allocates its own. */
 static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
     for (int i = 0; i < st->npool; i++)
-        if (!st->busy[i] && !memcmp(tdit_staging_shape(st->pool[i]), sh, sizeof *sh)) {
+        if (!st->busy[i] && tdit_shape_equal(tdit_staging_shape(st->pool[i]), sh)) {
             st->busy[i] = true;
             return st->pool[i];
         }

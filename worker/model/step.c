@@ -85,6 +85,11 @@ static size_t scratch_needed(const tdit_ws_t *ws) {
     return s1 > s2 ? s1 : s2;
 }
 
+bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
+    return a->frames == b->frames && a->height == b->height && a->width == b->width &&
+           a->text_len == b->text_len && a->cfg == b->cfg;
+}
+
 int tdit_shape_validate(const tdit_shape_t *shape) {
     if (shape->frames <= 0 || shape->height <= 0 || shape->width <= 0 ||
         shape->height % 2 || shape->width % 2)

@@ -184,7 +184,7 @@ tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_sha
                             const tdit_loop_t *p, const float *latent, const float *context,
                             const float *uncond) {
     if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
-    if (stg && memcmp(&stg->shape, sh, sizeof *sh) != 0) {
+    if (stg && !tdit_shape_equal(&stg->shape, sh)) {
         kern_fail("staging buffers were made for another shape");
         return NULL;
     }

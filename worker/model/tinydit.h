@@ -76,6 +76,9 @@ typedef struct {
     bool cfg;               /* evaluate an unconditional branch too */
 } tdit_shape_t;
 
+/* True when a and b describe the same shape (field by field: the struct
+ * has padding, so never memcmp it). */
+bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b);
 /* Checks a shape: positive sizes, even height and width, bounded size.
  * -1 with a message naming the problem. */
 int tdit_shape_validate(const tdit_shape_t *shape);
