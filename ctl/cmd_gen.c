@@ -16,29 +16,6 @@
 
 #define DEFAULT_BROKER "tcp://127.0.0.1:5555"
 
-/* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL (and
- * a message, exit code 2) on any problem. */
-static float *read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {
-    st_file_t *f = st_open(path);
-    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
-    const st_tensor_t *t = st_find(f, name);
-    float *buf = NULL;
-    if (!t) ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
-    else if (t->ndim != ndim) ctl_die(CTL_USAGE, "%s: tensor '%s' has %d dimensions, expected %d", path, name, t->ndim, ndim);
-    else {
-        int64_t n = 1;
-        for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
-        buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
-        if (!buf || st_read_f32(f, name, ndim, shape, buf) != 0) {
-            ctl_die(CTL_USAGE, "%s: %s", path, buf ? kern_error() : "out of memory");
-            free(buf);
-            buf = NULL;
-        }
-    }
-    st_close(&f);
-    return buf;
-}
-
 static void progress_bar(void *user, int step, int steps) {
     (void)user;
     if (!ctl_tty() || steps <= 0) return;
@@ -144,17 +121,17 @@ int cmd_gen(int argc, char **argv) {
     float *ctx = NULL, *unc = NULL, *lat = NULL, *res_lat = NULL;
     int code = CTL_USAGE;
     reel_client_t *c = NULL;
-    if (!(ctx = read_tensor(ctx_path, "context", 2, g.ctx_shape))) goto done;
+    if (!(ctx = ctl_read_tensor(ctx_path, "context", 2, g.ctx_shape))) goto done;
     if (unc_path) {
         int64_t us[2];
-        if (!(unc = read_tensor(unc_path, "context", 2, us))) goto done;
+        if (!(unc = ctl_read_tensor(unc_path, "context", 2, us))) goto done;
         if (us[0] != g.ctx_shape[0] || us[1] != g.ctx_shape[1]) {
             ctl_die(CTL_USAGE, "%s: uncond shape differs from the context's", unc_path);
             goto done;
         }
     }
     if (lat_path) {
-        if (!(lat = read_tensor(lat_path, "latent", 4, g.latent_shape))) goto done;
+        if (!(lat = ctl_read_tensor(lat_path, "latent", 4, g.latent_shape))) goto done;
     } else {
         tdit_config_t cfg;
         if (!channels && tdit_config_builtin(g.model, &cfg) == 0) channels = (int)cfg.in_channels;

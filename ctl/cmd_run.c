@@ -110,35 +110,6 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     return 0;
 }
 
-/* Reads tensor `name` of file `path` as F32 with rank `ndim`; shape out. */
-static float *read_input(const char *path, const char *name, int ndim, int64_t *shape, int *code) {
-    *code = CTL_USAGE;
-    st_file_t *f = st_open(path);
-    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
-    const st_tensor_t *t = st_find(f, name);
-    float *buf = NULL;
-    char d[96];
-    if (!t) {
-        ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
-    } else if (t->ndim != ndim) {
-        kern_tensor_t k = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
-        ctl_die(CTL_USAGE, "%s: tensor '%s' is %s, expected %d dimensions", path, name,
-                kern_tensor_describe(&k, d, sizeof d), ndim);
-    } else {
-        int64_t n = 1;
-        for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
-        buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
-        if (!buf) { *code = CTL_FAIL; ctl_die(CTL_FAIL, "out of memory"); }
-        else if (st_read_f32(f, name, ndim, shape, buf) != 0) {
-            ctl_die(CTL_USAGE, "%s: %s", path, kern_error());
-            free(buf);
-            buf = NULL;
-        }
-    }
-    st_close(&f);
-    return buf;
-}
-
 static int write_output(const char *path, const int64_t *shape, const float *x, const run_opts_t *r,
                         const tdit_config_t *c) {
     st_writer_t *w = st_writer_new();
@@ -182,9 +153,9 @@ int cmd_run(int argc, char **argv) {
     if (!wf) { ctl_die(CTL_USAGE, "%s", kern_error()); goto out; }
     tdit_config_t cfg;
     if (tdit_config_from_meta(wf, &cfg) != 0) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); goto out; }
-    if (r.latent && !(lat = read_input(r.latent, "latent", 4, lshape, &code))) goto out;
-    if (!(ctx = read_input(r.context, "context", 2, cshape, &code))) goto out;
-    if (r.uncond && !(unc = read_input(r.uncond, "context", 2, ushape, &code))) goto out;
+    if (r.latent && !(lat = ctl_read_tensor(r.latent, "latent", 4, lshape))) goto out;
+    if (!(ctx = ctl_read_tensor(r.context, "context", 2, cshape))) goto out;
+    if (r.uncond && !(unc = ctl_read_tensor(r.uncond, "context", 2, ushape))) goto out;
     code = CTL_USAGE;
     if (!r.latent) {
         lshape[0] = cfg.in_channels;

@@ -26,6 +26,10 @@ int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 int ctl_parse_u64(const char *s, uint64_t *out);
 int ctl_parse_int(const char *s, int *out);
 int ctl_parse_double(const char *s, double *out);
+/* Reads tensor `name` of safetensors file `path` widened to F32; it must
+ * have rank ndim; its shape goes to shape. NULL after printing a message
+ * (the caller exits CTL_USAGE). The caller frees. */
+float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape);
 /* True when stderr is a terminal. */
 bool ctl_tty(void);
 

@@ -1,5 +1,7 @@
 /* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
 #include "ctl.h"
+#include "kernels/error.h"
+#include "worker/model/safetensors.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -78,6 +80,30 @@ int ctl_parse_double(const char *s, double *out) {
 }
 
 bool ctl_tty(void) { return isatty(2); }
+
+/* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL (and
+ * a message, exit code 2) on any problem. */
+float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {
+    st_file_t *f = st_open(path);
+    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
+    const st_tensor_t *t = st_find(f, name);
+    float *buf = NULL;
+    if (!t) ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
+    else if (t->ndim != ndim) ctl_die(CTL_USAGE, "%s: tensor '%s' has %d dimensions, expected %d", path, name, t->ndim, ndim);
+    else {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
+        buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+        if (!buf || st_read_f32(f, name, ndim, shape, buf) != 0) {
+            ctl_die(CTL_USAGE, "%s: %s", path, buf ? kern_error() : "out of memory");
+            free(buf);
+            buf = NULL;
+        }
+    }
+    st_close(&f);
+    return buf;
+}
+
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {

@@ -112,6 +112,30 @@ static int answer_is_error(const wire_msg_t *m, wire_err_t *err) {
     return 0;
 }
 
+/* Sends h (consumed; NULL means out of memory while building it) with n
+ * tensors and waits for the answer to `id`: 0 with *m holding it, 1 when
+ * the broker answered ERROR or BUSY (err set), -1 on transport failure or
+ * timeout (err set). */
+static int call(reel_client_t *c, uint64_t id, wire_val_t *h, const wire_tensor_t *t, int n,
+                int timeout_ms, reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+    if (!h) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    int rc = wire_send(c->sock, NULL, h, t, n);
+    wv_free(&h);
+    if (rc != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        return -1;
+    }
+    if (await(c, id, now_ms() + timeout_ms, m, fn, user, err) != 0) return -1;
+    if (answer_is_error(m, err)) {
+        wire_msg_close(m);
+        return 1;
+    }
+    return 0;
+}
+
 static wire_val_t *shape_val(const int64_t *s, int n) {
     wire_val_t *a = wv_arr();
     for (int i = 0; a && i < n; i++)
@@ -130,11 +154,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
              !wv_set(h, "latent_shape", shape_val(g->latent_shape, 4)) &&
              !wv_set(h, "progress", wv_bool(g->progress)) &&
              !wv_set(h, "deadline_ms", wv_u64(g->deadline_ms));
-    if (!ok) {
-        wv_free(&h);
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
-        return -1;
-    }
+    if (!ok) wv_free(&h);
     wire_tensor_t t[3];
     int n = 0;
     memset(t, 0, sizeof t);
@@ -152,18 +172,9 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         x->data = src[i];
         x->bytes = (i == 2 ? nl : nc) * sizeof(float);
     }
-    int rc = wire_send(c->sock, NULL, h, t, n);
-    wv_free(&h);
-    if (rc != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-        return -1;
-    }
     wire_msg_t m;
-    if (await(c, id, now_ms() + timeout_ms, &m, progress, user, err) != 0) return -1;
-    if (answer_is_error(&m, err)) {
-        wire_msg_close(&m);
-        return 1;
-    }
+    int rc = call(c, id, h, t, n, timeout_ms, progress, user, &m, err);
+    if (rc != 0) return rc;
     rc = -1;
     const wire_tensor_t *lat = wire_msg_tensor(&m, "latent");
     if (strcmp(m.type, "RESULT") || !lat || lat->dtype != KERN_F32 || lat->bytes != nl * sizeof(float)) {
@@ -223,25 +234,13 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
               wire_err_t *err) {
     uint64_t id = ++c->next_id;
     wire_val_t *h = wire_hdr("SYNC", id);
-    if (!h || wv_set(h, "component", wv_str(component)) || wv_set(h, "version", wv_u64(version)) ||
-        wv_set(h, "sha256", wv_str(sha256)) || wv_set(h, "path", wv_str(path)) ||
-        wv_set(h, "deadline_ms", wv_u64(deadline_ms))) {
+    if (h && (wv_set(h, "component", wv_str(component)) || wv_set(h, "version", wv_u64(version)) ||
+              wv_set(h, "sha256", wv_str(sha256)) || wv_set(h, "path", wv_str(path)) ||
+              wv_set(h, "deadline_ms", wv_u64(deadline_ms))))
         wv_free(&h);
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
-        return -1;
-    }
-    int rc = wire_send(c->sock, NULL, h, NULL, 0);
-    wv_free(&h);
-    if (rc != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-        return -1;
-    }
     wire_msg_t m;
-    if (await(c, id, now_ms() + timeout_ms, &m, NULL, NULL, err) != 0) return -1;
-    if (answer_is_error(&m, err)) {
-        wire_msg_close(&m);
-        return 1;
-    }
+    int rc = call(c, id, h, NULL, 0, timeout_ms, NULL, NULL, &m, err);
+    if (rc != 0) return rc;
     rc = -1;
     if (strcmp(m.type, "SYNC_DONE")) {
         set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", m.type);
@@ -260,29 +259,14 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
 
 int reel_status(reel_client_t *c, wire_val_t **reply, int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
-    wire_val_t *h = wire_hdr("STATUS", id);
-    if (!h) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
-        return -1;
-    }
-    int rc = wire_send(c->sock, NULL, h, NULL, 0);
-    wv_free(&h);
-    if (rc != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-        return -1;
-    }
     wire_msg_t m;
-    if (await(c, id, now_ms() + timeout_ms, &m, NULL, NULL, err) != 0) return -1;
-    if (answer_is_error(&m, err)) {
-        wire_msg_close(&m);
-        return 1;
-    }
+    int rc = call(c, id, wire_hdr("STATUS", id), NULL, 0, timeout_ms, NULL, NULL, &m, err);
+    if (rc != 0) return rc;
     *reply = m.hdr;
     m.hdr = NULL;
     wire_msg_close(&m);
     return 0;
 }
-
 int reel_sha256_file(const char *path, char hex[65]) {
     FILE *f = fopen(path, "rb");
     if (!f) return kern_fail("%s: %s", path, strerror(errno));
