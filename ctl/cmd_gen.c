@@ -162,8 +162,13 @@ int cmd_gen(int argc, char **argv) {
               st_writer_meta(w, "config", g.model) || st_writer_save(w, out);
     st_writer_destroy(&w);
     if (wrc) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
-    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights v%" PRIu64 ", %d steps (captured %d, "
-            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", g.model, broker, r.worker, r.version,
+    char vers[48];
+    if (r.first_version != r.version)
+        snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r.first_version, r.version);
+    else
+        snprintf(vers, sizeof vers, "v%" PRIu64, r.version);
+    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps (captured %d, "
+            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", g.model, broker, r.worker, vers,
             g.steps, r.captured, r.replayed, r.eager, r.declines[0] ? ": " : "", r.declines, r.seconds, out);
     code = CTL_OK;
 done:

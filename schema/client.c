@@ -188,6 +188,8 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         snprintf(res->worker, sizeof res->worker, "%s", w ? w : "?");
         snprintf(res->key_hash, sizeof res->key_hash, "%s", kh ? kh : "");
         wv_get_u64(m.hdr, "version", &res->version);
+        res->first_version = res->version;
+        wv_get_u64(m.hdr, "first_version", &res->first_version);
         const wire_val_t *st = wv_get(m.hdr, "stats");
         int64_t v;
         if (wv_get_i64(st, "captured", &v)) res->captured = (int)v;

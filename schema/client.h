@@ -39,7 +39,8 @@ typedef struct {
 
 typedef struct {
     char worker[64];
-    uint64_t version;
+    uint64_t version;           /* weights of the last step */
+    uint64_t first_version;     /* ... of the first (differs if a sync landed in between) */
     int captured, replayed, eager;
     double seconds;
     char key_hash[24];

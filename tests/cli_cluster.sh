@@ -167,4 +167,31 @@ rows=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok'" 
 ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight_sync'" 2>/dev/null || echo 0)
 [ "$ev" -ge 1 ] && ok "weight_sync evictions recorded ($ev)" || bad "weight_sync evictions recorded"
 
+echo "== a sync landing mid-request: --sync-mode drain keeps the request on one version, steps reports the mix"
+mkdir -p "$D/x"
+solo() { # mode tag: a broker with one worker in that sync mode; runs the scenario
+    mode=$1; t=$2
+    "$B/reel-broker" --clients "ipc://$D/x/$t.c" --workers "ipc://$D/x/$t.w" --catalog "$D/x/$t.db" \
+        --heartbeat-ms 200 >"$D/x/$t.broker.log" 2>&1 &
+    PIDS="$PIDS $!"
+    wait_for "$D/x/$t.broker.log" "reel-broker: ready" 10 || return 1
+    "$B/reel-worker" --broker "ipc://$D/x/$t.w" --name "$t" --weights "$D/w1.safetensors" --streams 1 \
+        --heartbeat-ms 200 --sync-mode "$mode" >"$D/x/$t.log" 2>&1 &
+    PIDS="$PIDS $!"
+    wait_for "$D/x/$t.broker.log" "worker $t ready" 10 || return 1
+    "$R" gen --broker "ipc://$D/x/$t.c" --model tiny $IN --steps 400 --timeout-ms 60000 --quiet \
+        --out "$D/x/$t.safetensors" 2>"$D/x/$t.err" &
+    g=$!
+    sleep 0.3
+    "$R" sync --broker "ipc://$D/x/$t.c" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 2>"$D/x/$t.sync"
+    wait "$g"
+}
+solo drain xd
+grep -q "weights v1," "$D/x/xd.err" && same "$D/x/xd.safetensors" "$D/ref1_long.safetensors" && \
+    ok "drain: the running request finished on v1 alone, exactly" || { bad "drain keeps one version"; cat "$D/x/xd.err" "$D/x/xd.sync"; }
+grep -q "complete" "$D/x/xd.sync" && grep -q "draining 1 request" "$D/x/xd.log" && \
+    ok "drain: the sync completed after the request drained" || { bad "drain sync completes"; cat "$D/x/xd.sync"; tail -3 "$D/x/xd.log"; }
+solo steps xs
+grep -q "weights v1->v2" "$D/x/xs.err" && ok "steps: the mixed request says v1->v2" || { bad "steps reports the version mix"; cat "$D/x/xs.err"; }
+
 finish

@@ -45,6 +45,10 @@ typedef struct {
     _Atomic uint64_t epoch;
     atomic_bool stop;                /* shutting down: start nothing new */
     atomic_bool fatal;               /* weights are unusable: exit 1 (wrk_sync.h) */
+    /* --sync-mode drain: while `draining`, stream threads start no new
+     * request; `running` counts requests between their first and last step. */
+    atomic_bool draining;
+    atomic_int running;
 } wrk_t;
 
 /* "reel-worker NAME: <msg>\n" on stderr, one write. */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kernels/error.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk_pipe.h"
@@ -136,6 +137,7 @@ static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
 /* Frees j, handing its staging set back to the pool. */
 static void job_done(stream_t *st, wrk_job_t **jp) {
     wrk_job_t *j = *jp;
+    if (j && j->counted) atomic_fetch_sub(&st->x->w->running, 1);
     if (j && j->stg)
         for (int i = 0; i < st->npool; i++)
             if (st->pool[i] == j->stg) st->busy[i] = false;
@@ -148,6 +150,9 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (!j->req) {
+        if (atomic_load(&w->draining)) return false; /* held until the sync lands */
+        atomic_fetch_add(&w->running, 1);
+        j->counted = true;
         j->stg = take_staging(st, &j->shape);
         j->req = tdit_req_new_in(w->model, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
         if (!j->req) {
@@ -227,6 +232,10 @@ static void *stream_main(void *arg) {
             }
         }
         for (tail = &active; *tail; tail = &(*tail)->next) {}
+        if (atomic_load(&w->draining)) { /* held requests: do not spin while a sync drains */
+            struct timespec ts = { 0, 2 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
     }
     free_list(st, active);
     return NULL;

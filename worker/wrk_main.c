@@ -313,6 +313,8 @@ static int run(const wrk_opts_t *o) {
     atomic_init(&w.epoch, 1);
     atomic_init(&w.stop, false);
     atomic_init(&w.fatal, false);
+    atomic_init(&w.draining, false);
+    atomic_init(&w.running, 0);
     link_t l;
     memset(&l, 0, sizeof l);
     l.w = &w;

@@ -23,6 +23,9 @@ static const char usage[] =
     "  --budget BYTES        graph + workspace budget, K/M/G suffixes (0 = unlimited)\n"
     "  --max-inflight K      requests the broker may route here at once (4*S)\n"
     "  --policy evict|inplace  weight sync policy for captured graphs (evict)\n"
+    "  --sync-mode steps|drain  apply a sync between any two steps (steps), or only\n"
+    "                        once no request is mid-way, holding new ones (drain:\n"
+    "                        every request runs on one weight version)\n"
     "  --warmup W            eager calls before a key is captured (2)\n"
     "  --heartbeat-ms MS     heartbeat interval (1000)\n"
     "  --liveness N          silent intervals before reconnecting (3)\n"
@@ -83,7 +86,7 @@ static bool name_ok(const char *s) {
 
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
-           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP };
+           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -95,6 +98,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "budget", required_argument, 0, O_BUDGET },
         { "max-inflight", required_argument, 0, O_INFLIGHT },
         { "policy", required_argument, 0, O_POLICY },
+        { "sync-mode", required_argument, 0, O_SYNCMODE },
         { "warmup", required_argument, 0, O_WARMUP },
         { "heartbeat-ms", required_argument, 0, O_HB },
         { "liveness", required_argument, 0, O_LIVENESS },
@@ -153,6 +157,11 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         case O_POLICY:
             if (cap_policy_parse(a, &o->policy) != 0)
                 return usage_error(err, errlen, "--policy: expected evict or inplace, got '%s'", a);
+            break;
+        case O_SYNCMODE:
+            if (!strcmp(a, "steps")) o->sync_drain = false;
+            else if (!strcmp(a, "drain")) o->sync_drain = true;
+            else return usage_error(err, errlen, "--sync-mode: expected steps or drain, got '%s'", a);
             break;
         case O_WARMUP:
             if (parse_int(a, 0, 1000, &v)) return usage_error(err, errlen, "--warmup: expected 0..1000, got '%s'", a);

@@ -39,6 +39,7 @@ struct wrk_job {
     tdit_staging_t *stg;         /* the stream's staging set it runs in (NULL: its own) */
     uint64_t ran_version;        /* transformer version of the last step */
     uint64_t first_version;      /* ... and of the first (a sync may land in between) */
+    bool counted;                /* counted in wrk_t.running (started, not finished) */
     wrk_job_t *next;
 };
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 #include <unistd.h>
 #include "kernels/error.h"
@@ -236,6 +237,17 @@ static void process(wrk_syncer_t *s, const wire_msg_t *m) {
         ack(s, m, version, same ? NULL : "stale");
     } else {
         const char *fail = NULL;
+        if (w->opt->sync_drain) {
+            /* Every request runs on one version: hold new requests and let
+             * the ones mid-way finish on the old weights first. */
+            atomic_store(&w->draining, true);
+            int n = atomic_load(&w->running);
+            if (n) wrk_log(w, "draining %d request(s) before applying v%" PRIu64, n, version);
+            while (atomic_load(&w->running) > 0 && !atomic_load(&w->stop)) {
+                struct timespec ts = { 0, 5 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+            }
+        }
         pthread_rwlock_wrlock(&w->step_lock);
         if (tdit_model_reload(w->model, f) != 0) {
             snprintf(err, sizeof err, "%s", kern_error());
@@ -251,6 +263,7 @@ static void process(wrk_syncer_t *s, const wire_msg_t *m) {
             atomic_store(&w->applied_version, version);
         }
         pthread_rwlock_unlock(&w->step_lock);
+        atomic_store(&w->draining, false);
         if (fail) {
             wrk_log(w, "sync to v%" PRIu64 " failed: %s%s", version, fail,
                     atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "");
