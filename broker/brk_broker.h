@@ -173,6 +173,11 @@ int64_t brk_req_next_deadline(const brk_t *b);
 /* ---- brk_sync.c ------------------------------------------------------------- */
 
 void brk_on_sync(brk_t *b, wire_msg_t **mp);
+/* Makes a sync recorded in the catalog (by path) the component's current
+ * one again, as if just received: after a broker restart, late joiners are
+ * still caught up and requests still need it. 0, or -1 with a message. */
+int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256,
+                     const char *path);
 void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m);
 /* A worker was dropped: its pending barrier entries fail "worker lost". */
 void brk_sync_worker_lost(brk_t *b, const char *worker);

@@ -88,6 +88,23 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    b.next_id = 1;
+    if (cat) { /* resume the current weight versions a previous run published */
+        cat_version_t v[BRK_MAX_COMPONENTS];
+        int n = cat_latest_versions(cat, v, BRK_MAX_COMPONENTS);
+        if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
+                brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
+                        v[i].component, (unsigned long long)v[i].version);
+            } else if (brk_sync_restore(&b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
+                brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, kern_error());
+            } else {
+                brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
+                        (unsigned long long)v[i].version, v[i].source);
+            }
+        }
+    }
     b.cat = brk_catq_new(&cat, BRK_CATQ_MAX);
     if (!b.cat) {
         brk_log("cannot start the catalog writer");
@@ -97,7 +114,6 @@ int main(int argc, char **argv) {
         brk_log("out of memory");
         goto out;
     }
-    b.next_id = 1;
     b.ctx = zmq_ctx_new();
     if (!b.ctx) {
         brk_log("cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));

@@ -6,6 +6,7 @@
  * the deadline passed. Requests needing the new version reach a worker
  * only after its ok ack (brk_peer_eligible reads the acked version). */
 #include "broker/brk_broker.h"
+#include "kernels/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,4 +275,28 @@ void brk_sync_shutdown(brk_t *b) {
             b->cur[i].msg = NULL;
         }
     }
+}
+
+int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256,
+                     const char *path) {
+    brk_current_t *cur = current_slot(b, component);
+    if (!cur) return kern_fail("more than %d weight components", BRK_MAX_COMPONENTS);
+    wire_msg_t *m = calloc(1, sizeof *m);
+    wire_val_t *h = wire_hdr("SYNC", 0);
+    if (!m || !h || wv_set(h, "component", wv_str(component)) || wv_set(h, "version", wv_u64(version)) ||
+        wv_set(h, "sha256", wv_str(sha256)) || wv_set(h, "path", wv_str(path))) {
+        free(m);
+        wv_free(&h);
+        return kern_fail("out of memory");
+    }
+    m->hdr = h;
+    m->type = wv_get_str(h, "type");
+    if (cur->msg) {
+        wire_msg_close(cur->msg);
+        free(cur->msg);
+    }
+    cur->msg = m;
+    cur->version = version;
+    cur->sync_id = b->next_id++;
+    return 0;
 }

@@ -454,6 +454,29 @@ int cat_weight_version(cat_t *c, const char *component, uint64_t version, const 
     return run(c, s, b, "weight version");
 }
 
+int cat_latest_versions(cat_t *c, cat_version_t *out, int max) {
+    sqlite3_stmt *q = NULL;
+    const char *sql = "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                      "FROM weight_versions w WHERE version = "
+                      "(SELECT max(version) FROM weight_versions WHERE component = w.component) "
+                      "ORDER BY component";
+    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return db_fail(c, "latest versions");
+    int n = 0, rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW && n < max) {
+        cat_version_t *v = &out[n++];
+        snprintf(v->component, sizeof v->component, "%s", (const char *)sqlite3_column_text(q, 0));
+        v->version = (uint64_t)sqlite3_column_int64(q, 1);
+        snprintf(v->sha256, sizeof v->sha256, "%s", (const char *)sqlite3_column_text(q, 2));
+        snprintf(v->source, sizeof v->source, "%s", (const char *)sqlite3_column_text(q, 3));
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        sqlite3_finalize(q);
+        return db_fail(c, "latest versions");
+    }
+    sqlite3_finalize(q);
+    return n;
+}
+
 int cat_worker_version(cat_t *c, const char *worker, const char *component, uint64_t version,
                        bool ok, const char *error, double t) {
     sqlite3_stmt *s = writer(c, ST_WORKER_VERSION);

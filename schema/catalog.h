@@ -58,6 +58,16 @@ int cat_request(cat_t *c, uint64_t id, const char *worker, const char *key_hash,
 int cat_artifact(cat_t *c, const char *id, const char *op, const char *backend, const char *sha256,
                  const char *status, const char *reason, double t);
 
+/* The newest recorded version of each component (what a restarted broker
+ * resumes from). Fills up to max entries; returns how many, or -1. */
+typedef struct {
+    char component[64];
+    uint64_t version;
+    char sha256[80];
+    char source[1024];    /* a path, or "inline" */
+} cat_version_t;
+int cat_latest_versions(cat_t *c, cat_version_t *out, int max);
+
 /* Reports for operators, to out: a table for people, or JSON (--json). */
 int cat_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */
 int cat_report_keys(cat_t *c, bool json, FILE *out);

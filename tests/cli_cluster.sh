@@ -141,6 +141,10 @@ kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
 start_broker --queue-max 64 || bad "broker restarts"
 wait_for "$D/broker.log" "worker w1 ready" 10 && wait_for "$D/broker.log" "worker w2 ready" 10 && ok "workers re-registered" || bad "workers re-register"
 $GEN --steps 6 --out "$D/o4.safetensors" 2>"$D/restart.err" && ok "serving after the restart" || { bad "serving after restart"; cat "$D/restart.err"; }
+grep -q "restored transformer v2 from the catalog" "$D/broker.log" && ok "the restarted broker resumed transformer v2 from the catalog" || bad "versions restored after restart"
+start_worker w4 "$D/w1.safetensors" || bad "w4 starts"
+wait_for "$D/w4.log" "applied transformer v2" 10 && ok "a worker joining the restarted broker is caught up to v2" || bad "catch-up after restart"
+grep -q "weights v2" "$D/restart.err" && same "$D/o4.safetensors" "$D/ref2.safetensors" && ok "no request ran on stale weights after the restart" || { bad "v2 after restart"; cat "$D/restart.err"; }
 
 echo "== BUSY under overload"
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
