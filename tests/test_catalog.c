@@ -642,6 +642,28 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
 }
 END_TEST
 
+START_TEST(test_latest_versions_returns_the_newest_version_of_each_component) {
+    cat_t *w = open_ok(false);
+    ck_assert_int_eq(cat_begin(w), 0);
+    ck_assert_int_eq(cat_weight_version(w, "transformer", 1, "aa", "/w/v1.safetensors", 1.0), 0);
+    ck_assert_int_eq(cat_weight_version(w, "transformer", 3, "cc", "/w/v3.safetensors", 3.0), 0);
+    ck_assert_int_eq(cat_weight_version(w, "transformer", 2, "bb", "/w/v2.safetensors", 4.0), 0);
+    ck_assert_int_eq(cat_weight_version(w, "vae", 7, "dd", "inline", 2.0), 0);
+    ck_assert_int_eq(cat_commit(w), 0);
+    cat_version_t v[4];
+    int n = cat_latest_versions(w, v, 4);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(v[0].component, "transformer"); /* by name */
+    ck_assert_uint_eq(v[0].version, 3);               /* the highest, not the latest written */
+    ck_assert_str_eq(v[0].sha256, "cc");
+    ck_assert_str_eq(v[0].source, "/w/v3.safetensors");
+    ck_assert_str_eq(v[1].component, "vae");
+    ck_assert_str_eq(v[1].source, "inline");
+    ck_assert_int_eq(cat_latest_versions(w, v, 1), 1); /* max respected */
+    cat_close(&w);
+}
+END_TEST
+
 START_TEST(test_versions_report_lists_which_workers_applied_each_version) {
     cat_t *w = open_ok(false);
     write_facts(w);
@@ -836,6 +858,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_stats_hit_rate_falls_back_to_capture_counters_without_requests);
     tcase_add_test(tc, test_keys_report_lists_each_key_with_workers_captures_and_replays);
     tcase_add_test(tc, test_evictions_report_is_newest_first_and_limited_to_50);
+    tcase_add_test(tc, test_latest_versions_returns_the_newest_version_of_each_component);
     tcase_add_test(tc, test_versions_report_lists_which_workers_applied_each_version);
     tcase_add_test(tc, test_workers_report_shows_last_seen_gone_and_applied_versions);
     tcase_add_test(tc, test_requests_report_is_newest_first_with_step_counts);
