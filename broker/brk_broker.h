@@ -131,6 +131,8 @@ wire_val_t *brk_wv_clone(const wire_val_t *v);
 /* A new header {type, id} plus every field of src except proto, type, id
  * and tensors. NULL on out-of-memory. */
 wire_val_t *brk_hdr_from(const wire_val_t *src, const char *type, uint64_t id);
+/* As brk_send_to with src's tensor frames shared, not copied. */
+int brk_forward_to(void *sock, const brk_ident_t *to, const wire_val_t *hdr, wire_msg_t *src);
 /* "%016llx" of h into buf[17]. Returns buf. */
 char *brk_hex(uint64_t h, char buf[17]);
 

@@ -34,6 +34,17 @@ int brk_send_to(void *sock, const brk_ident_t *to, const wire_val_t *hdr, const 
     return rc;
 }
 
+int brk_forward_to(void *sock, const brk_ident_t *to, const wire_val_t *hdr, wire_msg_t *src) {
+    zmq_msg_t id;
+    if (zmq_msg_init_size(&id, to->n) < 0) return -1;
+    memcpy(zmq_msg_data(&id), to->b, to->n);
+    int rc = wire_forward(sock, &id, hdr, src);
+    int e = errno;
+    zmq_msg_close(&id);
+    errno = e;
+    return rc;
+}
+
 int brk_send_error_to(void *sock, const brk_ident_t *to, uint64_t id, const char *code,
                       const char *fmt, ...) {
     char text[512];

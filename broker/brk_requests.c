@@ -168,7 +168,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
             wv_free(&h);
             return false; /* out of memory: retried at the next pump */
         }
-        int rc = brk_send_to(b->workers, &w->ident, h, r->msg->t, r->msg->n_tensors);
+        int rc = brk_forward_to(b->workers, &w->ident, h, r->msg);
         int e = errno;
         wv_free(&h);
         if (rc < 0) {
@@ -252,7 +252,7 @@ static void forward_result(brk_t *b, brk_req_t *r, brk_worker_t *w, const wire_m
     wire_val_t *h = brk_hdr_from(m->hdr, "RESULT", r->client_id);
     if (h && !wv_get(h, "worker")) wv_set(h, "worker", wv_str(w->route.name));
     if (h && !wv_get(h, "key_hash")) wv_set(h, "key_hash", wv_str(brk_hex(r->shard, hex)));
-    if (!h || wire_send(b->clients, &r->msg->identity, h, m->t, m->n_tensors) < 0)
+    if (!h || wire_forward(b->clients, &r->msg->identity, h, (wire_msg_t *)m) < 0)
         brk_log("request %llu: RESULT not delivered to its client (%s)",
                 (unsigned long long)r->id, h ? zmq_strerror(errno) : "out of memory");
     wv_free(&h);

@@ -83,7 +83,7 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
                     (unsigned long long)c->version, w->route.name);
             continue;
         }
-        if (brk_send_to(b->workers, &w->ident, h, c->msg->t, c->msg->n_tensors) < 0) {
+        if (brk_forward_to(b->workers, &w->ident, h, c->msg) < 0) {
             if (errno == EHOSTUNREACH || errno == EAGAIN) brk_worker_unreachable(b, w, "SYNC");
             else brk_log("cannot forward %s v%llu to %s: %s", c->component, (unsigned long long)c->version,
                          w->route.name, zmq_strerror(errno));

@@ -843,8 +843,11 @@ static int send_part(void *sock, zmq_msg_t *msg, int flags, bool retry) {
 
 /* Every part is built before the first is sent, so an allocation failure
  * never leaves half a message queued. */
-int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
-              const wire_tensor_t *t, int n) {
+/* wire_send and wire_forward: frames NULL copies each tensor's data into
+ * a new frame; otherwise frames[i] is shared (zmq_msg_copy: reference
+ * counted, no copy of the bytes). */
+static int send_impl(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
+                     const wire_tensor_t *t, int n, zmq_msg_t *frames) {
     if (!hdr || hdr->kind != WV_MAP || n < 0 || n > WIRE_MAX_TENSORS || (n && !t)) {
         errno = EINVAL;
         return -1;
@@ -884,8 +887,12 @@ int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
     memcpy(zmq_msg_data(&parts[np]), sb.data, sb.size);
     np++;
     for (int i = 0; i < n; i++) {
-        if (zmq_msg_init_size(&parts[np], t[i].bytes) < 0) goto zerr;
-        if (t[i].bytes) memcpy(zmq_msg_data(&parts[np]), t[i].data, t[i].bytes);
+        if (frames) {
+            if (zmq_msg_init(&parts[np]) < 0 || zmq_msg_copy(&parts[np], &frames[i]) < 0) goto zerr;
+        } else {
+            if (zmq_msg_init_size(&parts[np], t[i].bytes) < 0) goto zerr;
+            if (t[i].bytes) memcpy(zmq_msg_data(&parts[np]), t[i].data, t[i].bytes);
+        }
         np++;
     }
     for (sent = 0; sent < np; sent++)
@@ -902,6 +909,15 @@ out:
         return -1;
     }
     return 0;
+}
+
+int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
+              const wire_tensor_t *t, int n) {
+    return send_impl(sock, identity, hdr, t, n, NULL);
+}
+
+int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src) {
+    return send_impl(sock, identity, hdr, src->t, src->n_tensors, src->frame);
 }
 
 int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,

@@ -148,6 +148,10 @@ const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name);
  * consumed. */
 int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
               const wire_tensor_t *t, int n);
+/* As wire_send with src's tensors, whose frames are shared, not copied
+ * (ZeroMQ reference-counts them): how a broker forwards large tensors.
+ * src keeps its frames and stays valid. */
+int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src);
 /* A header map {"type": type, "id": id} to add fields to. NULL on OOM. */
 wire_val_t *wire_hdr(const char *type, uint64_t id);
 /* Sends ERROR {id, code, message}. */

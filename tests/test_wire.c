@@ -882,6 +882,34 @@ START_TEST(test_wv_set_replaces_an_existing_key_and_frees_v_on_failure)
 }
 END_TEST
 
+START_TEST(test_wire_forward_shares_frames_and_leaves_the_source_intact)
+{
+    wire_val_t *h = hdr("GEN", 3);
+    const int64_t shape[2] = {64, 1024}; /* 256 KiB: a "long" zmq message, shared by reference */
+    owned_tensor_t ot = make_tensor("latent", KERN_F32, 2, shape, 7);
+    ck_assert_int_eq(wire_send(pair_a, NULL, h, &ot.t, 1), 0);
+    wire_msg_t m;
+    wire_err_t err;
+    ck_assert_int_eq(wire_recv(pair_b, false, 0, &m, &err), 0);
+    wire_val_t *fh = hdr("REQUEST", 9);
+    ck_assert_int_eq(wire_forward(pair_b, NULL, fh, &m), 0); /* back the other way */
+    ck_assert_int_eq(wire_forward(pair_b, NULL, fh, &m), 0); /* twice: the source is reusable */
+    for (int k = 0; k < 2; k++) {
+        wire_msg_t f;
+        ck_assert_int_eq(wire_recv(pair_a, false, 0, &f, &err), 0);
+        ck_assert_str_eq(f.type, "REQUEST");
+        ck_assert_uint_eq(f.id, 9);
+        assert_tensor_survived(&f, &ot.t);
+        wire_msg_close(&f);
+    }
+    assert_tensor_survived(&m, &ot.t); /* the source still holds its bytes */
+    wire_msg_close(&m);
+    wv_free(&fh);
+    wv_free(&h);
+    free(ot.buf);
+}
+END_TEST
+
 START_TEST(test_wire_send_leaves_hdr_alone_and_writes_its_own_proto_and_tensors)
 {
     wire_val_t *h = hdr("GEN", 1);
@@ -1811,6 +1839,7 @@ static Suite *suite(void) {
     tcase_add_test(val, test_lookups_convert_integers_as_documented_and_refuse_other_kinds);
     tcase_add_test(val, test_wv_set_replaces_an_existing_key_and_frees_v_on_failure);
     tcase_add_test(val, test_wire_send_leaves_hdr_alone_and_writes_its_own_proto_and_tensors);
+    tcase_add_test(val, test_wire_forward_shares_frames_and_leaves_the_source_intact);
     tcase_add_test(val, test_encoder_and_send_refuse_values_deeper_than_max_depth);
     tcase_add_test(val, test_wire_send_refuses_what_a_receiver_would_reject);
     tcase_add_test(val, test_recv_without_a_message_and_dontwait_returns_minus_one_eagain);
