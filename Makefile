@@ -99,6 +99,17 @@ $(WORKER): $(WORKER_OBJ) $(LIB) $(FLAGS_STAMP)
 $(REELCTL): $(CTL_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(LIB) $(LDLIBS_ALL)
 
+# Unit tests of the daemons link the daemon's objects (all but main).
+BROKER_UNIT_OBJ = $(filter-out $(BUILD)/broker/brk_main.o,$(BROKER_OBJ))
+WORKER_UNIT_OBJ = $(filter-out $(BUILD)/worker/wrk_main.o,$(WORKER_OBJ))
+$(BUILD)/tests/test_broker_unit: tests/test_broker_unit.c $(BROKER_UNIT_OBJ) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BROKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
 $(BUILD)/tests/%: tests/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)

@@ -9,11 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The test rule of the Makefile links tests/<name>.c with libreel.a only,
- * and the broker's sources are not in libreel.a: the unit under test is
- * compiled in here. */
-#include "broker/brk_route.c"
+#include "broker/brk_route.h"
+#include "kernels/error.h"
 
 #define NKEYS 10000
 #define MAXW 16

@@ -1,21 +1,21 @@
 /* test_worker_unit.c -- the pure pieces of reel-worker: command line, event
  * aggregation into EVENTS maps, REQUEST checking, sha256 and reading the
- * weights a SYNC carries. The worker's sources are compiled into this test
- * directly (the Makefile links tests against libreel.a only, and the worker
- * is a program, not a library); wrk_main.c, with main(), is left out. The
- * socket loop itself is covered by the smoke test against a fake broker. */
+ * weights a SYNC carries. The Makefile links the worker's objects into this
+ * test, all but wrk_main.o (main). The socket loop itself is covered by the
+ * process-level cluster tests (tests/cli_cluster.sh). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <unistd.h>
-
-#include "worker/wrk_events.c"
-#include "worker/wrk_log.c"
-#include "worker/wrk_opts.c"
-#include "worker/wrk_pipe.c"
-#include "worker/wrk_request.c"
-#include "worker/wrk_sync.c"
+#include "worker/wrk.h"
+#include "worker/wrk_events.h"
+#include "worker/wrk_opts.h"
+#include "worker/wrk_pipe.h"
+#include "worker/wrk_request.h"
+#include "worker/wrk_sync.h"
 
 /* ---- command line ---------------------------------------------------------- */
 
