@@ -6,6 +6,7 @@
  * are dropped (their work requeued) and queued requests that can run are
  * sent. Nothing here waits on SQLite (brk_catq does). */
 #include "broker/brk_broker.h"
+#include "schema/notify.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -103,6 +104,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         if ((items[1].revents & ZMQ_POLLIN) && drain(b, true) < 0) return 0;
         if ((items[0].revents & ZMQ_POLLIN) && drain(b, false) < 0) return 0;
         now = brk_now_ms();
+        if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
         brk_worker_timers(b, now);
         brk_req_timers(b, now);
         brk_sync_timers(b, now);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "broker/brk_broker.h"
+#include "schema/notify.h"
 #include "broker/brk_log.h"
 #include "kernels/error.h"
 
@@ -130,8 +131,10 @@ int main(int argc, char **argv) {
     zmq_getsockopt(b.clients, ZMQ_LAST_ENDPOINT, ce, &cl);
     zmq_getsockopt(b.workers, ZMQ_LAST_ENDPOINT, we, &wl);
     brk_log("ready clients=%s workers=%s", ce, we);
+    reel_notify("READY=1\nSTATUS=serving");
 
     rc = brk_run(&b, &g_stop) < 0 ? 1 : 0;
+    reel_notify("STOPPING=1");
     brk_log("shutting down (%d worker%s, %zu queued)", b.n_w, b.n_w == 1 ? "" : "s",
             brk_queue_len(&b.queue));
     brk_req_shutdown(&b);

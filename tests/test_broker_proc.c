@@ -3,10 +3,14 @@
  * right code, and the broker keeps serving. (Process-level: skipped, with a
  * line saying so, in the sanitizer runs of the unit suites.) */
 #include <check.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "schema/wire.h"
@@ -14,6 +18,7 @@
 static pid_t broker_pid;
 static void *ctx, *cli;
 static char dir[64], cep[128], wep[128];
+static int notify_fd = -1;   /* plays systemd: NOTIFY_SOCKET of the broker */
 
 static void start(void) {
     strcpy(dir, "/tmp/reel-test-brk.XXXXXX");
@@ -23,6 +28,16 @@ static void start(void) {
     char bin[256], db[128];
     snprintf(bin, sizeof bin, "%s/reel-broker", getenv("BUILD") ? getenv("BUILD") : "build");
     snprintf(db, sizeof db, "%s/c.db", dir);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/notify", dir);
+    notify_fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    ck_assert_int_ge(notify_fd, 0);
+    ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { 5, 0 };
+    setsockopt(notify_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
     broker_pid = fork();
     if (broker_pid == 0) {
         if (!freopen("/dev/null", "w", stderr)) _exit(126);
@@ -38,6 +53,9 @@ static void start(void) {
 }
 
 static void stop(void) {
+    if (notify_fd >= 0) close(notify_fd);
+    notify_fd = -1;
+    unsetenv("NOTIFY_SOCKET");
     zmq_close(cli);
     zmq_ctx_term(ctx);
     if (broker_pid > 0) {
@@ -198,6 +216,31 @@ START_TEST(test_malformed_truncated_and_oversized_messages_get_errors_and_broker
 }
 END_TEST
 
+/* Receives notifications until one starts with `want`; false on timeout. */
+static bool notified(const char *want) {
+    char buf[256];
+    for (int i = 0; i < 64; i++) {
+        ssize_t n = recv(notify_fd, buf, sizeof buf - 1, 0);
+        if (n < 0) return false;
+        buf[n] = 0;
+        if (!strncmp(buf, want, strlen(want))) return true;
+    }
+    return false;
+}
+
+START_TEST(test_broker_tells_systemd_ready_watchdog_and_stopping) {
+    ck_assert_msg(notified("READY=1"), "no READY=1 on NOTIFY_SOCKET");
+    expect_still_serving(); /* READY means serving */
+    ck_assert_msg(notified("WATCHDOG=1"), "no WATCHDOG=1 while running");
+    kill(broker_pid, SIGTERM);
+    int st;
+    waitpid(broker_pid, &st, 0);
+    broker_pid = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "broker exit status %d", st);
+    ck_assert_msg(notified("STOPPING=1"), "no STOPPING=1 on shutdown");
+}
+END_TEST
+
 int main(void) {
     if (getenv("REEL_UNIT_ONLY")) {
         printf("test_broker_proc: SKIP: process-level test, run by the main suite only\n");
@@ -208,6 +251,7 @@ int main(void) {
     tcase_add_checked_fixture(tc, start, stop);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_malformed_truncated_and_oversized_messages_get_errors_and_broker_keeps_serving);
+    tcase_add_test(tc, test_broker_tells_systemd_ready_watchdog_and_stopping);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/error.h"
+#include "schema/notify.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
@@ -275,6 +276,7 @@ static int serve(link_t *l) {
             if (send_hdr(l, wire_hdr("HEARTBEAT", 0)) != 0 && errno != EAGAIN)
                 wrk_log(w, "cannot send HEARTBEAT: %s", zmq_strerror(errno));
             l->next_hb = now + hb;
+            reel_notify("WATCHDOG=1"); /* systemd: the main loop is alive */
         }
         if (now >= l->next_events) {
             flush_events(l);
@@ -363,9 +365,11 @@ static int run(const wrk_opts_t *o) {
     }
     if (connect_broker(&l, now_ms()) != 0) { code = 2; goto out; }
     wrk_log(&w, "ready (%s, %d streams)", kern_backend_device_name(w.backend), o->streams);
+    reel_notify("READY=1\nSTATUS=serving");
 
     code = serve(&l);
     if (code == 0) wrk_log(&w, "stopping");
+    reel_notify("STOPPING=1");
 
     /* Say goodbye first, so the broker requeues our requests at once. */
     atomic_store(&w.stop, true);
