@@ -16,6 +16,12 @@
 
 typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 
+/* `reelctl metrics`: Prometheus text (--json makes no sense here: ignored). */
+static int metrics(cat_t *c, bool json, FILE *out) {
+    (void)json;
+    return cat_report_metrics(c, out);
+}
+
 static const struct {
     const char *name;
     report_fn fn;
@@ -23,9 +29,10 @@ static const struct {
     { "stats", cat_report_stats },         { "keys", cat_report_keys },
     { "evictions", cat_report_evictions }, { "versions", cat_report_versions },
     { "workers", cat_report_workers },     { "requests", cat_report_requests },
+    { "metrics", metrics },
 };
 
-#define USAGE "usage: reelctl stats|keys|evictions|versions|workers|requests [--catalog PATH] [--json]"
+#define USAGE "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH] [--json]"
 
 int cmd_catalog(int argc, char **argv) {
     if (argc < 1 || !argv[0]) return ctl_die(CTL_USAGE, USAGE);

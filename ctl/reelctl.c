@@ -38,6 +38,7 @@ static const char usage[] =
     "\n"
     "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json):\n"
     "  stats | keys | evictions | versions | workers | requests\n"
+    "  metrics                     the stats counters in the Prometheus text format\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 
@@ -119,7 +120,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
-        !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests"))
+        !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests") ||
+        !strcmp(cmd, "metrics"))
         return cmd_catalog(argc - 1, argv + 1);
     fputs(usage, stderr);
     return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);

@@ -985,6 +985,59 @@ static const col_t stats_cols[] = {
     { "evictions_by_reason", "evictions", F_MAP, 0 },
 };
 
+/* Prometheus text for one label value: backslash, quote and newline escaped. */
+static void prom_label(FILE *out, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
+        else if (*v == '\n') fputs("\\n", out);
+        else fputc(*v, out);
+    }
+}
+
+static void prom_counter(FILE *out, const char *name, const char *help, json_t *rows, const char *field) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        fprintf(out, "%s{worker=\"", name);
+        prom_label(out, json_string_value(json_object_get(r, "worker")));
+        fprintf(out, "\"} %lld\n", (long long)json_integer_value(json_object_get(r, field)));
+    }
+}
+
+static void prom_by_reason(FILE *out, const char *name, const char *help, json_t *rows, const char *field) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *reason;
+        json_t *v;
+        json_object_foreach(json_object_get(r, field), reason, v) {
+            fprintf(out, "%s{worker=\"", name);
+            prom_label(out, json_string_value(json_object_get(r, "worker")));
+            fputs("\",reason=\"", out);
+            prom_label(out, reason);
+            fprintf(out, "\"} %lld\n", (long long)json_integer_value(v));
+        }
+    }
+}
+
+int cat_report_metrics(cat_t *c, FILE *out) {
+    json_t *root = snapshot(c, build_stats);
+    if (!root) return -1;
+    json_t *rows = json_object_get(root, "workers");
+    prom_counter(out, "reel_requests_total", "Requests finished, by the worker that ran them.", rows, "requests");
+    prom_counter(out, "reel_steps_total", "Denoising steps of finished requests.", rows, "steps");
+    prom_counter(out, "reel_replayed_steps_total", "Steps of finished requests served by graph replay.", rows,
+                 "replayed_steps");
+    prom_counter(out, "reel_captures_total", "Graphs captured and verified.", rows, "captures");
+    prom_counter(out, "reel_replays_total", "Graph replays.", rows, "replays");
+    prom_by_reason(out, "reel_declines_total", "Calls declined to eager, by reason.", rows, "declines_by_reason");
+    prom_by_reason(out, "reel_evictions_total", "Graphs evicted, by reason.", rows, "evictions_by_reason");
+    json_decref(root);
+    return flushed(c, out, 0);
+}
+
 int cat_report_stats(cat_t *c, bool json, FILE *out) {
     if (json) return report(c, build_stats, true, out, NULL, 0);
     json_t *root = snapshot(c, build_stats);

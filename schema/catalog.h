@@ -75,6 +75,9 @@ int cat_report_evictions(cat_t *c, bool json, FILE *out);
 int cat_report_versions(cat_t *c, bool json, FILE *out);
 int cat_report_workers(cat_t *c, bool json, FILE *out);
 int cat_report_requests(cat_t *c, bool json, FILE *out);
+/* The same counters as stats in the Prometheus text format (counters end
+ * in _total; labels worker and reason only: no per-key cardinality). */
+int cat_report_metrics(cat_t *c, FILE *out);
 
 #ifdef __cplusplus
 }

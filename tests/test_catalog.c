@@ -642,6 +642,39 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
 }
 END_TEST
 
+START_TEST(test_metrics_are_prometheus_counters_by_worker_and_reason) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    OK(cat_begin(w));
+    OK(cat_decline(w, "we\"ird\\", "k", "k9", "override", 1, 2000)); /* a label that needs escaping */
+    OK(cat_commit(w));
+    cat_t *c = open_ok(true);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(cat_report_metrics(c, f), 0);
+    fclose(f);
+    const char *want[] = {
+        "# TYPE reel_requests_total counter\n",
+        "reel_requests_total{worker=\"w1\"} 2\n",
+        "reel_steps_total{worker=\"w1\"} 20\n",
+        "reel_replayed_steps_total{worker=\"w1\"} 10\n",
+        "reel_captures_total{worker=\"w1\"} 3\n",
+        "reel_replays_total{worker=\"w1\"} 10\n",
+        "reel_declines_total{worker=\"w2\",reason=\"not_capturable\"} 2\n",
+        "reel_declines_total{worker=\"w2\",reason=\"shape_mismatch\"} 4\n",
+        "reel_evictions_total{worker=\"w1\",reason=\"weight_sync\"} 2\n",
+        "reel_declines_total{worker=\"we\\\"ird\\\\\",reason=\"override\"} 1\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(strstr(buf, want[i]) != NULL, "missing: %s\nin:\n%s", want[i], buf);
+    ck_assert_ptr_null(strstr(buf, "k1")); /* no per-key labels */
+    free(buf);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
 START_TEST(test_latest_versions_returns_the_newest_version_of_each_component) {
     cat_t *w = open_ok(false);
     ck_assert_int_eq(cat_begin(w), 0);
@@ -859,6 +892,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_keys_report_lists_each_key_with_workers_captures_and_replays);
     tcase_add_test(tc, test_evictions_report_is_newest_first_and_limited_to_50);
     tcase_add_test(tc, test_latest_versions_returns_the_newest_version_of_each_component);
+    tcase_add_test(tc, test_metrics_are_prometheus_counters_by_worker_and_reason);
     tcase_add_test(tc, test_versions_report_lists_which_workers_applied_each_version);
     tcase_add_test(tc, test_workers_report_shows_last_seen_gone_and_applied_versions);
     tcase_add_test(tc, test_requests_report_is_newest_first_with_step_counts);
