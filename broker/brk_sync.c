@@ -73,7 +73,10 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     applied = NULL;
     ok = ok && wv_set(h, "failed", fails) == 0;
     fails = NULL;
-    ok = ok && wv_set(h, "complete", wv_bool(failed == 0)) == 0;
+    /* With no live worker nothing was applied: not complete (a trainer
+     * waiting on the barrier must not take silence for success). */
+    bool complete = failed == 0 && s->n > 0;
+    ok = ok && wv_set(h, "complete", wv_bool(complete)) == 0;
     if (!ok || brk_send_to(b->clients, &s->trainer, h, NULL, 0) < 0)
         brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component,
                 (unsigned long long)s->version);
@@ -84,7 +87,7 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     list_members(s, M_APPLIED, a, sizeof a);
     list_members(s, M_FAILED, f, sizeof f);
     brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component,
-            (unsigned long long)s->version, failed ? "incomplete" : "complete", a, f);
+            (unsigned long long)s->version, failed == 0 && s->n > 0 ? "complete" : "incomplete", a, f);
     free(s->m);
     free(s);
 }
@@ -120,6 +123,17 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
     else
         v = brk_sync_check(comp, version, comp ? brk_current_version(b, comp) : 0, sha,
                            path && *path, m->n_tensors, why, sizeof why);
+    if (v == BRK_SYNC_OK && strcmp(comp, BRK_COMPONENT) != 0) {
+        v = BRK_SYNC_BAD;
+        snprintf(why, sizeof why, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
+    }
+    if (v == BRK_SYNC_OK && m->n_tensors > 0) {
+        /* A message carries at most 8 tensors and a model has more: reel-worker
+         * reloads whole models from a file, so refuse what no worker can apply
+         * rather than record a version nobody will ever reach. */
+        v = BRK_SYNC_BAD;
+        snprintf(why, sizeof why, "inline tensors: workers sync by \"path\" only (a safetensors file they can read)");
+    }
     if (v == BRK_SYNC_OK) { /* it is forwarded (and stored for late joiners): it must fit */
         wire_val_t *fwd = brk_hdr_from(h, "SYNC", UINT64_MAX);
         size_t len = 0;

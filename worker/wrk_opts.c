@@ -14,7 +14,7 @@
 static const char usage[] =
     "usage: reel-worker --name NAME --weights W.safetensors [options]\n"
     "  --broker ENDPOINT     broker worker endpoint (tcp://127.0.0.1:5556)\n"
-    "  --name NAME           worker name and ZeroMQ routing id ([A-Za-z0-9_.:@-], <= 63)\n"
+    "  --name NAME           worker name and ZeroMQ routing id ([A-Za-z0-9_.:+-], <= 63)\n"
     "  --weights FILE        transformer weights (safetensors)\n"
     "  --weights-version V   version of those weights (1)\n"
     "  --backend cpu|cuda    (cpu; an unusable CUDA device falls back to the CPU)\n"
@@ -80,7 +80,7 @@ static bool name_ok(const char *s) {
     size_t n = strlen(s);
     if (n == 0 || n >= WRK_NAME_MAX) return false;
     for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && !strchr("_.:@-", s[i])) return false;
+        if (!isalnum((unsigned char)s[i]) && !strchr("_.:+-", s[i])) return false;
     return true;
 }
 
@@ -187,7 +187,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     if (optind < argc) return usage_error(err, errlen, "unexpected argument '%s'", argv[optind]);
     if (!o->name) return usage_error(err, errlen, "--name NAME is required");
     if (!name_ok(o->name))
-        return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:@-]", o->name, WRK_NAME_MAX - 1);
+        return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name, WRK_NAME_MAX - 1);
     if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
     return 0;

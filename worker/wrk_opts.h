@@ -15,7 +15,7 @@
 
 typedef struct {
     const char *broker;              /* endpoint, default tcp://127.0.0.1:5556 */
-    const char *name;                /* required; [A-Za-z0-9_.:@-]{1,63} */
+    const char *name;                /* required; [A-Za-z0-9_.:+-]{1,63}, the broker's alphabet */
     const char *weights;             /* required; a safetensors file */
     uint64_t weights_version;        /* >= 1, default 1 */
     kern_backend_kind_t backend;     /* default cpu */
