@@ -102,7 +102,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         return ctl_die(CTL_USAGE, "run needs --weights, --context and --out");
     if (r->loop.steps < 0) return ctl_die(CTL_USAGE, "run needs --steps N");
     if (!r->latent && !r->size[0])
-        return ctl_die(CTL_USAGE, "run needs --latent FILE, or --size FxHxW with --seed to draw one");
+        return ctl_die(CTL_USAGE, "run needs --latent FILE, or --size FxHxW (with --seed K, default 0) to draw one");
     if (r->latent && r->size[0]) return ctl_die(CTL_USAGE, "--latent and --size exclude each other");
     if (r->uncond && !r->have_cfg) return ctl_die(CTL_USAGE, "--uncond needs --cfg G");
     if (r->have_cfg && !r->uncond) return ctl_die(CTL_USAGE, "--cfg needs --uncond U.safetensors");
