@@ -60,6 +60,7 @@ typedef struct brk_req {
     uint64_t id;               /* the broker's request id (REQUEST "id") */
     uint64_t client_id;        /* the client's "id", echoed in every reply */
     wire_msg_t *msg;           /* owned; heap: tensor data points into it */
+    uint64_t bytes;            /* its tensor bytes, counted in brk_t.held_bytes */
     char model[BRK_NAME_MAX];
     uint64_t shard;
     uint64_t required;         /* transformer version it must run on */
@@ -109,6 +110,7 @@ typedef struct {
     brk_req_t *reqs;                 /* every live request */
     brk_queue_t queue;               /* REQ_QUEUED requests, FIFO */
     uint64_t next_id;
+    uint64_t held_bytes;       /* tensor bytes of live requests (bounded: BUSY beyond) */
     brk_current_t cur[BRK_MAX_COMPONENTS];
     int n_cur;
     brk_barrier_t *barriers;

@@ -16,6 +16,7 @@ static const char usage[] =
     "  --heartbeat-ms N            heartbeat interval (default 1000)\n"
     "  --liveness N                silent intervals before a worker is dropped (default 3)\n"
     "  --queue-max N               waiting requests before BUSY (default 64)\n"
+    "  --max-held-mb N             request tensor bytes held at once before BUSY (default 2048)\n"
     "  --sync-deadline-ms N        default weight-sync barrier deadline (default 30000)\n"
     "  --request-deadline-ms N     default request deadline (default 60000)\n"
     "  -h, --help                  this text\n";
@@ -41,8 +42,9 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         .queue_max = 64,
         .sync_deadline_ms = 30000,
         .request_deadline_ms = 60000,
+        .max_held_bytes = (uint64_t)2048 << 20,
     };
-    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ };
+    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -52,6 +54,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "queue-max", required_argument, NULL, O_QMAX },
         { "sync-deadline-ms", required_argument, NULL, O_SYNC },
         { "request-deadline-ms", required_argument, NULL, O_REQ },
+        { "max-held-mb", required_argument, NULL, O_HELD },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -85,6 +88,10 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         case O_REQ:
             if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->request_deadline_ms = v;
             else bad = "--request-deadline-ms";
+            break;
+        case O_HELD:
+            if (parse_u64(optarg, 1, (uint64_t)1 << 30, &v)) o->max_held_bytes = v << 20;
+            else bad = "--max-held-mb";
             break;
         case ':':
             fprintf(stderr, "reel-broker: option '%s' needs a value (try -h)\n", argv[optind - 1]);

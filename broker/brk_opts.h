@@ -13,6 +13,7 @@ typedef struct {
     int queue_max;                /* waiting requests before BUSY */
     uint64_t sync_deadline_ms;    /* default SYNC barrier deadline */
     uint64_t request_deadline_ms; /* default GEN deadline */
+    uint64_t max_held_bytes;      /* tensor bytes of accepted requests held at once */
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was

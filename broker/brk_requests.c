@@ -46,6 +46,7 @@ static void req_free(brk_t *b, brk_req_t *r) {
     if (r->prev) r->prev->next = r->next;
     else b->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
+    b->held_bytes -= r->bytes;
     wire_msg_close(r->msg);
     free(r->msg);
     free(r);
@@ -210,11 +211,26 @@ void brk_on_gen(brk_t *b, wire_msg_t **mp) {
         wire_send_error(b->clients, &m->identity, m->id, WIRE_E_BAD_REQUEST, "GEN: %s", bad);
         return;
     }
+    uint64_t bytes = 0;
+    for (int i = 0; i < m->n_tensors; i++) bytes += m->t[i].bytes;
+    if (b->held_bytes + bytes > b->opt.max_held_bytes) {
+        /* Every accepted request holds its frames until answered: bound the
+         * total, so a burst of large requests is refused, not an OOM. */
+        wire_val_t *h = wire_hdr("BUSY", m->id);
+        char msg[160];
+        snprintf(msg, sizeof msg, "broker holds %llu MiB of request tensors (limit %llu MiB)",
+                 (unsigned long long)(b->held_bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));
+        if (h && wv_set(h, "message", wv_str(msg)) == 0) wire_send(b->clients, &m->identity, h, NULL, 0);
+        wv_free(&h);
+        return;
+    }
     brk_req_t *r = calloc(1, sizeof *r);
     if (!r) {
         wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
+    r->bytes = bytes;
+    b->held_bytes += bytes;
     uint64_t current = brk_current_version(b, BRK_COMPONENT);
     r->id = b->next_id++;
     r->client_id = m->id;

@@ -19,6 +19,7 @@ static pid_t broker_pid;
 static void *ctx, *cli;
 static char dir[64], cep[128], wep[128];
 static int notify_fd = -1;   /* plays systemd: NOTIFY_SOCKET of the broker */
+static const char *extra_flag, *extra_value; /* one more broker flag for a test case */
 
 static void start(void) {
     strcpy(dir, "/tmp/reel-test-brk.XXXXXX");
@@ -41,7 +42,8 @@ static void start(void) {
     broker_pid = fork();
     if (broker_pid == 0) {
         if (!freopen("/dev/null", "w", stderr)) _exit(126);
-        execl(bin, bin, "--clients", cep, "--workers", wep, "--catalog", db, (char *)NULL);
+        execl(bin, bin, "--clients", cep, "--workers", wep, "--catalog", db, extra_flag, extra_value,
+              (char *)NULL);
         _exit(127);
     }
     ctx = zmq_ctx_new();
@@ -241,6 +243,61 @@ START_TEST(test_broker_tells_systemd_ready_watchdog_and_stopping) {
 }
 END_TEST
 
+static void start_small_hold(void) {
+    extra_flag = "--max-held-mb";
+    extra_value = "1";
+    start();
+}
+
+START_TEST(test_requests_beyond_the_held_bytes_limit_get_busy_not_memory) {
+    /* No worker: accepted requests stay held until their deadline. */
+    static float lat[4 * 4 * 64 * 64]; /* 256 KiB each */
+    int busy = 0, held = 0;
+    for (int i = 0; i < 8; i++) {
+        wire_val_t *h = wire_hdr("GEN", 100 + (uint64_t)i), *ls = wv_arr();
+        const int64_t shape[4] = { 4, 4, 64, 64 };
+        for (int d = 0; d < 4; d++) wv_push(ls, wv_u64((uint64_t)shape[d]));
+        wv_set(h, "model", wv_str("tiny"));
+        wv_set(h, "steps", wv_u64(2));
+        wv_set(h, "latent_shape", ls);
+        wv_set(h, "deadline_ms", wv_u64(1500));
+        static float c[5 * 32];
+        wire_tensor_t t[2];
+        memset(t, 0, sizeof t);
+        snprintf(t[0].name, sizeof t[0].name, "context");
+        t[0].dtype = KERN_F32;
+        t[0].ndim = 2;
+        t[0].shape[0] = 5;
+        t[0].shape[1] = 32;
+        t[0].data = c;
+        t[0].bytes = sizeof c;
+        snprintf(t[1].name, sizeof t[1].name, "latent");
+        t[1].dtype = KERN_F32;
+        t[1].ndim = 4;
+        memcpy(t[1].shape, shape, sizeof shape);
+        t[1].data = lat;
+        t[1].bytes = sizeof lat;
+        ck_assert_int_eq(wire_send(cli, NULL, h, t, 2), 0);
+        wv_free(&h);
+    }
+    /* 8 x 256 KiB against a 1 MiB limit: the first 3 are held (the 4th would
+     * exceed it with the contexts), the rest are BUSY at once; the held ones
+     * end with no_worker at their deadline. */
+    for (int i = 0; i < 8; i++) {
+        wire_msg_t m;
+        char code[32];
+        const char *type = answer(&m, code, sizeof code);
+        if (!strcmp(type, "BUSY")) busy++;
+        else if (!strcmp(type, "ERROR") && !strcmp(code, WIRE_E_NO_WORKER)) held++;
+        else ck_abort_msg("unexpected answer %s %s", type, code);
+        wire_msg_close(&m);
+    }
+    ck_assert_int_eq(held, 3);
+    ck_assert_int_eq(busy, 5);
+    expect_still_serving();
+}
+END_TEST
+
 int main(void) {
     if (getenv("REEL_UNIT_ONLY")) {
         printf("test_broker_proc: SKIP: process-level test, run by the main suite only\n");
@@ -253,6 +310,11 @@ int main(void) {
     tcase_add_test(tc, test_malformed_truncated_and_oversized_messages_get_errors_and_broker_keeps_serving);
     tcase_add_test(tc, test_broker_tells_systemd_ready_watchdog_and_stopping);
     suite_add_tcase(su, tc);
+    TCase *th = tcase_create("held bytes");
+    tcase_add_checked_fixture(th, start_small_hold, stop);
+    tcase_set_timeout(th, 60);
+    tcase_add_test(th, test_requests_beyond_the_held_bytes_limit_get_busy_not_memory);
+    suite_add_tcase(su, th);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -32,6 +32,7 @@ typedef struct {
     const wrk_opts_t *opt;
     void *zctx;                      /* the one ZeroMQ context */
     kern_backend_t *backend;
+    kern_dtype_t dtype;              /* weights and activations: F32, or BF16 on CUDA */
     tdit_model_t *model;
     cap_cache_t *cache;
     wrk_events_t *events;

@@ -300,7 +300,7 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     tdit_model_t *m = NULL;
     st_file_t *f = NULL;
     if (wrk_sha256_fd(fd, sha) != 0 || !(f = st_open(proc)) ||
-        !(m = tdit_model_load(w->backend, f, KERN_F32)))
+        !(m = tdit_model_load(w->backend, f, w->dtype)))
         wrk_log(w, "%s: %s", path, kern_error());
     st_close(&f);
     close(fd);
@@ -332,6 +332,11 @@ static int run(const wrk_opts_t *o) {
         if (!w.backend) wrk_log(&w, "cuda unusable (%s); using the CPU backend", kern_error());
     }
     if (!w.backend && !(w.backend = kern_backend_cpu_new())) { wrk_log(&w, "%s", kern_error()); goto out; }
+    w.dtype = o->bf16 ? KERN_BF16 : KERN_F32;
+    if (o->bf16 && kern_backend_kind(w.backend) != KERN_BACKEND_CUDA) {
+        wrk_log(&w, "bf16 needs a CUDA device; computing in F32 on the CPU");
+        w.dtype = KERN_F32;
+    }
     if (!(w.model = load_model(&w, sha))) { code = 2; goto out; }
     if (!(w.events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(&w, "out of memory"); goto out; }
 

@@ -19,6 +19,7 @@ static const char usage[] =
     "  --weights-version V   version of those weights (1)\n"
     "  --backend cpu|cuda    (cpu; an unusable CUDA device falls back to the CPU)\n"
     "  --device N            CUDA device ordinal (0)\n"
+    "  --dtype f32|bf16      storage of weights and activations (f32; bf16 on CUDA only)\n"
     "  --streams S           stream threads (2)\n"
     "  --budget BYTES        graph + workspace budget, K/M/G suffixes (0 = unlimited)\n"
     "  --max-inflight K      requests the broker may route here at once (4*S)\n"
@@ -86,7 +87,7 @@ static bool name_ok(const char *s) {
 
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
-           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE };
+           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -99,6 +100,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "max-inflight", required_argument, 0, O_INFLIGHT },
         { "policy", required_argument, 0, O_POLICY },
         { "sync-mode", required_argument, 0, O_SYNCMODE },
+        { "dtype", required_argument, 0, O_DTYPE },
         { "warmup", required_argument, 0, O_WARMUP },
         { "heartbeat-ms", required_argument, 0, O_HB },
         { "liveness", required_argument, 0, O_LIVENESS },
@@ -157,6 +159,11 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         case O_POLICY:
             if (cap_policy_parse(a, &o->policy) != 0)
                 return usage_error(err, errlen, "--policy: expected evict or inplace, got '%s'", a);
+            break;
+        case O_DTYPE:
+            if (!strcmp(a, "f32")) o->bf16 = false;
+            else if (!strcmp(a, "bf16")) o->bf16 = true;
+            else return usage_error(err, errlen, "--dtype: expected f32 or bf16, got '%s'", a);
             break;
         case O_SYNCMODE:
             if (!strcmp(a, "steps")) o->sync_drain = false;

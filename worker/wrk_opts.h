@@ -24,6 +24,7 @@ typedef struct {
     size_t budget;                   /* bytes; 0 = unlimited */
     int max_inflight;                /* default 4 * streams */
     cap_policy_t policy;             /* default evict */
+    bool bf16;                       /* --dtype bf16 (CUDA only) */
     bool sync_drain;                 /* --sync-mode drain: a sync waits until no request
                                       * is mid-way, so each runs on one version */
     int warmup;                      /* 0..1000, default 2 */
