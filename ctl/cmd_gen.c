@@ -97,14 +97,10 @@ int cmd_gen(int argc, char **argv) {
         case O_CHANNELS:
             if (ctl_parse_int(optarg, &channels) || channels < 1) return ctl_die(CTL_USAGE, "--channels: '%s'", optarg);
             break;
-        case O_SIZE: {
-            long long f, h, w;
-            char tail;
-            if (sscanf(optarg, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0)
-                return ctl_die(CTL_USAGE, "--size: expected FxHxW, got '%s'", optarg);
-            size[0] = f; size[1] = h; size[2] = w;
+        case O_SIZE:
+            if (ctl_parse_size(optarg, size) != 0)
+                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", optarg);
             break;
-        }
         default: return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }

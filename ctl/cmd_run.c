@@ -86,14 +86,10 @@ static int parse(int argc, char **argv, run_opts_t *r) {
             if (ctl_parse_int(optarg, &r->warmup) || r->warmup < 0 || r->warmup > 1000)
                 return ctl_die(CTL_USAGE, "--warmup: expected 0..1000, got '%s'", optarg);
             break;
-        case O_SIZE: {
-            long long f, h, w;
-            char tail;
-            if (sscanf(optarg, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0)
+        case O_SIZE:
+            if (ctl_parse_size(optarg, r->size) != 0)
                 return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", optarg);
-            r->size[0] = f; r->size[1] = h; r->size[2] = w;
             break;
-        }
         default: return ctl_die(CTL_USAGE, "run: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }

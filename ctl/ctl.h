@@ -30,6 +30,8 @@ int ctl_parse_double(const char *s, double *out);
  * have rank ndim; its shape goes to shape. NULL after printing a message
  * (the caller exits CTL_USAGE). The caller frees. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape);
+/* Parses "FxHxW" (three positive integers); -1 on anything else. */
+int ctl_parse_size(const char *s, int64_t out[3]);
 /* True when stderr is a terminal. */
 bool ctl_tty(void);
 

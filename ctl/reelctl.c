@@ -82,6 +82,16 @@ int ctl_parse_double(const char *s, double *out) {
 
 bool ctl_tty(void) { return isatty(2); }
 
+int ctl_parse_size(const char *s, int64_t out[3]) {
+    long long f, h, w;
+    char tail;
+    if (sscanf(s, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0) return -1;
+    out[0] = f;
+    out[1] = h;
+    out[2] = w;
+    return 0;
+}
+
 /* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL (and
  * a message, exit code 2) on any problem. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {
