@@ -1,11 +1,19 @@
 /* cache.c -- the capture lifecycle (see cache.h).
  *
  * Entries live in one list (most recently used first) guarded by the cache
- * mutex. A dispatch marks its entry in_use under the lock, runs kernels
- * without it, and clears in_use under it again: eviction never frees an
- * entry in use; it marks it doomed and the dispatcher frees it on release.
- * Events are queued while the lock is held and delivered after it is
- * dropped, so a callback may call back into the cache. */
+ * mutex. A dispatch takes its stream's lock (recursive: a re-entrant call
+ * on the same thread gets through and finds its entry busy), marks its
+ * entry in_use under the cache lock, runs kernels without it, and clears
+ * in_use under it again: eviction never frees an entry in use; it marks it
+ * doomed and the dispatcher frees it on release. Events are queued while
+ * the lock is held and delivered after it is dropped, so a callback may
+ * call back into the cache.
+ *
+ * Every entry owns its workspace, scratch included, so entries of any
+ * shapes coexist on one stream: a graph reads only its own entry's memory,
+ * the caller's pinned inputs and the weights, each checked before a replay.
+ *
+ * Lock order: stream lock, then cache lock. */
 #include "cache.h"
 #include "kernels/error.h"
 #include <assert.h>
@@ -34,6 +42,15 @@ typedef struct {
     uint64_t generation;    /* bumped on every update of the memory */
 } comp_t;
 
+/* One stream the cache has seen: its lock serializes calls on it. Slots
+ * are allocated one by one and never freed before the cache, so a mutex
+ * never moves. */
+typedef struct {
+    kern_stream_t *s;
+    pthread_mutex_t mu;     /* recursive */
+    int depth;              /* calls inside mu (nesting); written under the cache lock */
+} stream_slot_t;
+
 typedef struct entry {
     struct entry *prev, *next;          /* MRU list */
     cap_key_t key;
@@ -45,13 +62,16 @@ typedef struct entry {
     void *user;
     void *ws;
     size_t ws_bytes;
+    bool transient;                            /* not in the list, not accounted */
     kern_tensor_t static_in[CAP_MAX_INPUTS];   /* slots as the workspace made them */
     kern_graph_t *graph;
     size_t graph_bytes;
+    bool admitted;                             /* graph accounted (verified and fit) */
     size_t budget_need;                        /* ST_BUDGET: bytes the graph needed */
     state_t state;
     cap_reason_t disabled_reason;
     int warm;
+    uint64_t since_audit;                      /* replays since the last audit */
     bool ident_stable[CAP_MAX_INPUTS];
     kern_tensor_t ident[CAP_MAX_INPUTS];       /* caller's tensor seen in warmup / pinned */
     bool pinned[CAP_MAX_INPUTS];
@@ -60,6 +80,9 @@ typedef struct entry {
     int comp[CAP_MAX_COMPONENTS];              /* index into the component table */
     const void *comp_base[CAP_MAX_COMPONENTS]; /* as baked into the graph */
     uint64_t comp_gen[CAP_MAX_COMPONENTS];
+    cap_weight_t *wid;                         /* weight buffers baked in (program's weights()) */
+    int n_wid;
+    cap_weight_t *wid_now;                     /* room for n_wid + 1: the replay-time listing */
     bool in_use, doomed;
     bool reverify_pending;                     /* an inplace sync landed during a capture */
     cap_evict_reason_t doom_reason;
@@ -86,22 +109,33 @@ struct cap_cache {
     entry_t *head;                  /* most recently used first */
     comp_t comp[CAP_MAX_COMPONENTS];
     int n_comp;
-    kern_stream_t **streams;        /* index = stream number in events */
+    stream_slot_t **streams;        /* index = stream number in events */
     int n_streams, cap_streams;
     logged_t *logged;
     size_t n_logged, cap_logged;
     cap_stats_t st;
 };
 
+static bool invariants(const cap_cache_t *c);
+
+/* SQLite style: the invariants hold at the end of every public function.
+ * Checked in builds with -DREEL_INVARIANTS (make asan, make tsan). */
+#ifdef REEL_INVARIANTS
+#define CHECK_INVARIANTS(c) assert(cap_cache_invariants(c))
+#else
+#define CHECK_INVARIANTS(c) ((void)0)
+#endif
+
 /* ---- names --------------------------------------------------------------- */
 
 static const char *reason_names[CAP_DECLINE_COUNT] = {
     "warming_up", "not_capturable", "override", "shape_mismatch", "pinned_input_moved",
     "constant_changed", "weights_moved", "verify_mismatch", "capture_failed",
-    "budget_exceeded", "backend_unavailable", "mutable_output",
+    "budget_exceeded", "backend_unavailable", "mutable_output", "entry_busy", "mutable_input",
+    "audit_mismatch",
 };
 static const char *evict_names[CAP_EVICT_COUNT] = {
-    "weight_sync", "lru", "shape_change", "explicit", "shutdown",
+    "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch",
 };
 
 const char *cap_reason_name(cap_reason_t r) {
@@ -131,6 +165,7 @@ cap_options_t cap_options_default(void) {
     o.policy = CAP_POLICY_EVICT;
     o.graphs = true;
     o.pin_inputs = true;
+    o.audit_every = 0;
     return o;
 }
 
@@ -218,23 +253,35 @@ static void push_front(cap_cache_t *c, entry_t *e) {
     c->head = e;
 }
 
+/* Caller holds the lock (or owns e alone: transient entries never hold an
+ * admitted graph). */
 static void drop_graph(cap_cache_t *c, entry_t *e) {
     if (!e->graph) return;
     kern_graph_destroy(&e->graph);
-    c->st.bytes_held -= e->graph_bytes;
-    c->st.graph_bytes -= e->graph_bytes;
-    c->st.graphs--;
+    if (e->admitted) {
+        c->st.bytes_held -= e->graph_bytes;
+        c->st.graph_bytes -= e->graph_bytes;
+        c->st.graphs--;
+    }
+    e->admitted = false;
     e->graph_bytes = 0;
 }
 
-/* Frees e (not in use). Caller holds the lock and has unlinked it. */
+/* Frees e (not in use, not linked). An entry in the list has its bytes
+ * accounted; a transient one does not. Caller holds the lock for a listed
+ * entry. */
 static void free_entry(cap_cache_t *c, entry_t *e) {
+    assert(!e->transient || !e->graph);
     drop_graph(c, e);
     for (int i = 0; i < e->prog->n_inputs; i++) *e->prog->input(e->user, e->ws, i) = e->static_in[i];
     e->prog->ws_free(e->user, e->ws);
-    c->st.bytes_held -= e->ws_bytes;
-    c->st.ws_bytes -= e->ws_bytes;
-    c->st.entries--;
+    if (!e->transient) {
+        c->st.bytes_held -= e->ws_bytes;
+        c->st.ws_bytes -= e->ws_bytes;
+        c->st.entries--;
+    }
+    free(e->wid);
+    free(e->wid_now);
     free(e);
 }
 
@@ -252,17 +299,31 @@ static void evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, co
     free_entry(c, e);
 }
 
-static int stream_index(cap_cache_t *c, kern_stream_t *s) {
+/* The slot of stream s, made on first sight; -1 with a message when out of
+ * memory. Caller holds the lock. */
+static int stream_slot(cap_cache_t *c, kern_stream_t *s) {
     for (int i = 0; i < c->n_streams; i++)
-        if (c->streams[i] == s) return i;
+        if (c->streams[i]->s == s) return i;
     if (c->n_streams == c->cap_streams) {
         int cap = c->cap_streams ? c->cap_streams * 2 : 8;
-        kern_stream_t **n = realloc(c->streams, (size_t)cap * sizeof *n);
-        if (!n) return -1; /* events then say stream -1; nothing else depends on it */
+        stream_slot_t **n = realloc(c->streams, (size_t)cap * sizeof *n);
+        if (!n) return kern_fail("out of memory");
         c->streams = n;
         c->cap_streams = cap;
     }
-    c->streams[c->n_streams] = s;
+    stream_slot_t *sl = calloc(1, sizeof *sl);
+    if (!sl) return kern_fail("out of memory");
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    int rc = pthread_mutex_init(&sl->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (rc != 0) {
+        free(sl);
+        return kern_fail("cannot create a stream lock");
+    }
+    sl->s = s;
+    c->streams[c->n_streams] = sl;
     return c->n_streams++;
 }
 
@@ -272,55 +333,84 @@ static int comp_find(const cap_cache_t *c, const char *name) {
     return -1;
 }
 
-/* Finds or creates the entry for (key, s). Caller holds the lock. */
-static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q);
-
-static entry_t *lookup(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
-                       const cap_key_t *key, uint64_t hash, const char *text, evq_t *q) {
-    for (entry_t *e = c->head; e; e = e->next)
-        if (!e->doomed && e->hash == hash && e->stream == s && e->prog == p && !strcmp(e->text, text))
-            return e;
+/* Resolves p's components into comp[]; -1 with a message. Caller holds the lock. */
+static int resolve_components(const cap_cache_t *c, const cap_program_t *p, int *comp) {
     if (p->n_inputs > CAP_MAX_INPUTS || p->n_components > CAP_MAX_COMPONENTS || p->n_inputs < 0 ||
-        p->n_outputs < 0) {
-        kern_fail("program %s: too many inputs or components", p->name);
-        return NULL;
-    }
-    int comp[CAP_MAX_COMPONENTS];
+        p->n_outputs < 0 || p->n_components < 0)
+        return kern_fail("program %s: too many inputs or components", p->name);
     for (int i = 0; i < p->n_components; i++) {
         comp[i] = comp_find(c, p->components[i]);
-        if (comp[i] < 0) {
-            kern_fail("program %s reads weight component '%s', which is not registered", p->name,
-                      p->components[i]);
-            return NULL;
-        }
+        if (comp[i] < 0)
+            return kern_fail("program %s reads weight component '%s', which is not registered", p->name,
+                             p->components[i]);
     }
+    return 0;
+}
+
+static entry_t *find(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user, uint64_t hash,
+                     const char *text) {
+    for (entry_t *e = c->head; e; e = e->next)
+        if (!e->doomed && e->hash == hash && e->stream == s && e->prog == p && e->user == user &&
+            !strcmp(e->text, text))
+            return e;
+    return NULL;
+}
+
+static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q);
+
+/* Evicts every idle entry (lru): the last resort when a workspace cannot
+ * be allocated. True if any was evicted. Caller holds the lock. */
+static bool evict_idle(cap_cache_t *c, evq_t *q) {
+    bool any = false;
+    entry_t *next;
+    for (entry_t *e = c->head; e; e = next) {
+        next = e->next;
+        if (e->in_use || e->doomed) continue;
+        evict(c, e, CAP_EVICT_LRU, q, NULL, 0, 0);
+        any = true;
+    }
+    return any;
+}
+
+/* A new entry for (key, s, p, user) with its own workspace, not linked and
+ * not accounted. Takes the lock only to free memory when the first
+ * allocation fails. NULL with a message. */
+static entry_t *entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap_program_t *p, void *user,
+                           const cap_key_t *key, uint64_t hash, const char *text, const int *comp, evq_t *q) {
     entry_t *e = calloc(1, sizeof *e);
     if (!e) { kern_fail("out of memory"); return NULL; }
+    e->ws = p->ws_new(user, key, s);
+    if (!e->ws) {
+        /* Device memory is what idle entries hold: give it back and retry once. */
+        pthread_mutex_lock(&c->lock);
+        bool freed = evict_idle(c, q);
+        pthread_mutex_unlock(&c->lock);
+        if (freed) e->ws = p->ws_new(user, key, s);
+        if (!e->ws) { free(e); return NULL; }
+    }
     e->key = *key;
     snprintf(e->text, sizeof e->text, "%s", text);
     e->hash = hash;
     e->stream = s;
-    e->stream_idx = stream_index(c, s);
+    e->stream_idx = sidx;
     e->prog = p;
     e->user = user;
-    memcpy(e->comp, comp, sizeof comp);
-    e->ws = p->ws_new(user, key, s);
-    if (!e->ws) { free(e); return NULL; }
+    memcpy(e->comp, comp, sizeof e->comp);
     e->ws_bytes = p->ws_bytes(user, e->ws);
     for (int i = 0; i < p->n_inputs; i++) {
         e->static_in[i] = *p->input(user, e->ws, i);
         e->ident_stable[i] = p->pinnable[i] && c->opt.pin_inputs;
     }
     e->state = ST_WARMUP;
+    return e;
+}
+
+/* Links e into the list and accounts its workspace. Caller holds the lock. */
+static void entry_admit(cap_cache_t *c, entry_t *e) {
     c->st.bytes_held += e->ws_bytes;
     c->st.ws_bytes += e->ws_bytes;
     c->st.entries++;
     push_front(c, e);
-    /* Workspaces count against the budget too: make room by evicting idle
-     * least-recently-used entries (this one runs regardless: a call needs
-     * its workspace, and the budget then refuses its graph). */
-    make_room(c, e, 0, q);
-    return e;
 }
 
 /* ---- binding ---------------------------------------------------------------- */
@@ -381,8 +471,8 @@ static int copy_into(kern_stream_t *s, const kern_tensor_t *dst, const kern_tens
 
 /* Points every slot at its static buffer (or, for pinned inputs when
  * use_pins, at the caller's tensor) and copies what is not read in place. */
-static int bind(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_pins,
-                uint64_t *copied, uint64_t *pinned) {
+static int bind(entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_pins, uint64_t *copied,
+                uint64_t *pinned) {
     for (int i = 0; i < e->prog->n_inputs; i++) {
         kern_tensor_t *slot = e->prog->input(e->user, e->ws, i);
         size_t bytes = kern_tensor_bytes(&e->static_in[i]);
@@ -395,7 +485,6 @@ static int bind(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *
         if (copy_into(s, slot, &call->inputs[i]) != 0) return -1;
         *copied += bytes;
     }
-    (void)c;
     return 0;
 }
 
@@ -443,6 +532,51 @@ static bool output_aliases_pin(const entry_t *e, const cap_call_t *call) {
     return false;
 }
 
+/* ---- weight identity ------------------------------------------------------- */
+
+/* Records the weight buffers the graph bakes in (the program's listing
+ * now). 0, or -1 with a message. */
+static int record_weights(entry_t *e) {
+    const cap_program_t *p = e->prog;
+    e->n_wid = 0;
+    if (!p->weights) return 0;
+    int n = p->weights(e->user, NULL, 0);
+    if (n < 0) return -1;
+    cap_weight_t *w = calloc((size_t)n + 1, sizeof *w), *now = calloc((size_t)n + 1, sizeof *now);
+    if (!w || !now) {
+        free(w);
+        free(now);
+        return kern_fail("out of memory recording weight identities");
+    }
+    if (p->weights(e->user, w, n) != n) {
+        free(w);
+        free(now);
+        return kern_fail("program %s listed a different number of weights twice in a row", p->name);
+    }
+    free(e->wid);
+    free(e->wid_now);
+    e->wid = w;
+    e->wid_now = now;
+    e->n_wid = n;
+    return 0;
+}
+
+/* True while every weight buffer the graph read is still where, as large
+ * and of the dtype it was at capture (and no buffer was added). */
+static bool weights_same(entry_t *e) {
+    const cap_program_t *p = e->prog;
+    if (!p->weights) return true;
+    if (!e->wid_now) return false;
+    int n = p->weights(e->user, e->wid_now, e->n_wid + 1);
+    if (n != e->n_wid) return false;
+    for (int i = 0; i < n; i++) {
+        const cap_weight_t *a = &e->wid[i], *b = &e->wid_now[i];
+        if (a->addr != b->addr || a->bytes != b->bytes || a->dtype != b->dtype || a->component != b->component)
+            return false;
+    }
+    return true;
+}
+
 /* ---- the paths of a call ----------------------------------------------------- */
 
 typedef struct {
@@ -450,9 +584,8 @@ typedef struct {
     double t0;
 } call_acct_t;
 
-static int run_eager(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
-    (void)c;
-    if (bind(c, e, s, call, false, &a->copied, &a->pinned) != 0) return -1;
+static int run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
+    if (bind(e, s, call, false, &a->copied, &a->pinned) != 0) return -1;
     if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) return -1;
     return copy_out(e, s, call);
 }
@@ -476,33 +609,72 @@ static int outputs_to_host(entry_t *e, kern_stream_t *s, unsigned char **buf, si
     return 0;
 }
 
-/* Replays g once and runs eager on the same inputs; 1 if every output is
- * bitwise equal, 0 if not, -1 on failure. Leaves the workspace as the eager
- * run left it (the call's correct result). Slots must be bound. */
-static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call) {
+/* Compares each pinned input with its host snapshot; one that changed is
+ * restored from it and, if *bad is still -1, named in *bad. 0, or -1 on
+ * failure. */
+static int pinned_check(entry_t *e, kern_stream_t *s, const cap_call_t *call, unsigned char **hsnap, int *bad) {
+    for (int i = 0; i < e->prog->n_inputs; i++) {
+        if (!hsnap[i]) continue;
+        size_t bytes = kern_tensor_bytes(&call->inputs[i]);
+        unsigned char *now = malloc(bytes ? bytes : 1);
+        if (!now) return kern_fail("out of memory");
+        int rc = kern_copy_d2h(s, now, kern_tensor_ptr(&call->inputs[i]), bytes);
+        if (rc == 0) rc = kern_stream_sync(s);
+        bool changed = rc == 0 && memcmp(now, hsnap[i], bytes) != 0;
+        free(now);
+        if (rc != 0) return -1;
+        if (!changed) continue;
+        if (*bad < 0) *bad = i;
+        if (kern_copy_h2d(s, kern_tensor_ptr(&call->inputs[i]), hsnap[i], bytes) != 0 || kern_stream_sync(s) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Replays e's graph once and runs eager on the same inputs. Returns 1 when
+ * every output is bitwise equal and no input read in place changed; 0 when
+ * the outputs differ; 2 when the step wrote a pinned input (*bad names the
+ * first; every pinned input is restored, as eager, which copies them, would
+ * leave them); -1 on failure. Leaves the workspace as the eager run left it
+ * (the call's correct result). Slots must be bound. */
+static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, int *bad) {
     kern_backend_t *b = c->backend;
     void *snap[CAP_MAX_INPUTS] = { 0 };
+    unsigned char *hsnap[CAP_MAX_INPUTS] = { 0 };
     unsigned char *ha = NULL, *hb = NULL;
     size_t la = 0, lb = 0;
     int rc = -1;
-    /* Snapshot the copied inputs: the step may update them in place. */
+    *bad = -1;
+    /* Snapshot every input: copied ones because the step may update them in
+     * place (legal), pinned ones to prove it does not write them. */
     for (int i = 0; i < e->prog->n_inputs; i++) {
-        if (e->pinned[i]) continue;
+        if (e->pinned[i]) {
+            size_t bytes = kern_tensor_bytes(&call->inputs[i]);
+            if (!(hsnap[i] = malloc(bytes ? bytes : 1))) { kern_fail("out of memory"); goto out; }
+            if (kern_copy_d2h(s, hsnap[i], kern_tensor_ptr(&call->inputs[i]), bytes) != 0) goto out;
+            continue;
+        }
         size_t bytes = kern_tensor_bytes(&e->static_in[i]);
         if (!(snap[i] = kern_alloc(b, bytes))) goto out;
         if (kern_copy_d2d(s, snap[i], kern_tensor_ptr(&e->static_in[i]), bytes) != 0) goto out;
     }
+    if (kern_stream_sync(s) != 0) goto out;
     if (kern_graph_replay(e->graph, s) != 0 || outputs_to_host(e, s, &ha, &la) != 0) goto out;
+    if (pinned_check(e, s, call, hsnap, bad) != 0) goto out;
     for (int i = 0; i < e->prog->n_inputs; i++)
         if (snap[i] && kern_copy_d2d(s, kern_tensor_ptr(&e->static_in[i]), snap[i],
                                      kern_tensor_bytes(&e->static_in[i])) != 0)
             goto out;
     if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) goto out;
     if (outputs_to_host(e, s, &hb, &lb) != 0) goto out;
-    rc = la == lb && memcmp(ha, hb, la) == 0;
+    if (pinned_check(e, s, call, hsnap, bad) != 0) goto out;
+    rc = *bad >= 0 ? 2 : la == lb && memcmp(ha, hb, la) == 0;
 out:
     if (kern_stream_sync(s) != 0) rc = -1;
-    for (int i = 0; i < e->prog->n_inputs; i++) kern_free(b, snap[i]);
+    for (int i = 0; i < e->prog->n_inputs; i++) {
+        kern_free(b, snap[i]);
+        free(hsnap[i]);
+    }
     free(ha);
     free(hb);
     return rc;
@@ -517,7 +689,7 @@ static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
     size_t idle = 0;
     for (entry_t *e = c->head; e; e = e->next)
         if (e != keep && !e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
-    if (c->st.bytes_held - idle + need > c->opt.budget_bytes) return false;
+    if (need > c->opt.budget_bytes || c->st.bytes_held - idle + need > c->opt.budget_bytes) return false;
     while (c->st.bytes_held + need > c->opt.budget_bytes) {
         entry_t *victim = NULL;
         for (entry_t *e = c->head; e; e = e->next)
@@ -538,14 +710,28 @@ static void declined(cap_cache_t *c, entry_t *e, cap_reason_t r, evq_t *q, char 
                  cap_reason_permanent(r) ? ", permanent: the key runs eagerly from now on" : "", e->text);
 }
 
+/* The graph verified and fit: hold it. Caller holds the lock. */
+static void admit_graph(cap_cache_t *c, entry_t *e, size_t gb) {
+    e->admitted = true;
+    e->graph_bytes = gb;
+    c->st.bytes_held += gb;
+    c->st.graph_bytes += gb;
+    c->st.graphs++;
+}
+
 /* Captures e's step (slots bound with pins). On success e->graph is set and
  * admitted, and the workspace holds the verified eager result. On a refusal
- * returns 0 with *why set; -1 only when the eager fallback itself fails. */
+ * returns 0 with *why set (and *bad for mutable_input); -1 only when the
+ * eager fallback itself fails. */
 static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call,
-                   cap_reason_t *why, evq_t *q, double *secs) {
+                   cap_reason_t *why, int *bad, evq_t *q, double *secs) {
     double t0 = now();
     kern_graph_t *g = NULL;
     *why = CAP_DECLINE_COUNT;
+    if (record_weights(e) != 0) {
+        *why = CAP_DECLINE_CAPTURE_FAILED;
+        goto eager;
+    }
     if (kern_capture_begin(s) != 0) {
         *why = CAP_DECLINE_BACKEND_UNAVAILABLE;
         goto eager;
@@ -558,26 +744,19 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
         goto eager;
     }
     e->graph = g;
-    int v = verify(c, e, s, call);
-    if (v < 0) {
+    int v = verify(c, e, s, call, bad);
+    if (v != 1) {
         e->graph = NULL;
         kern_graph_destroy(&g);
-        return -1;
-    }
-    if (v == 0) {
-        e->graph = NULL;
-        kern_graph_destroy(&g);
-        *why = CAP_DECLINE_VERIFY_MISMATCH;
+        if (v < 0) return -1;
+        *why = v == 2 ? CAP_DECLINE_MUTABLE_INPUT : CAP_DECLINE_VERIFY_MISMATCH;
         return 0; /* the workspace holds the eager result */
     }
     size_t gb = kern_graph_bytes(g);
     pthread_mutex_lock(&c->lock);
     bool fits = make_room(c, e, gb, q);
     if (fits) {
-        e->graph_bytes = gb;
-        c->st.bytes_held += gb;
-        c->st.graph_bytes += gb;
-        c->st.graphs++;
+        admit_graph(c, e, gb);
         c->st.captures++;
         c->st.verifies++;
         *secs = now() - t0;
@@ -594,38 +773,106 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
     return 0;
 eager:
     /* Nothing ran during the failed capture: run the step now. */
+    if (*why == CAP_DECLINE_CAPTURE_FAILED) {
+        char msg[CAP_KEY_TEXT_MAX + 560];
+        snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, kern_error());
+        log_msg(c, 2, msg);
+    }
     return e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
 }
 
-int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
-                 const cap_call_t *call, cap_result_t *res) {
-    char text[CAP_KEY_TEXT_MAX], logbuf[CAP_KEY_TEXT_MAX + 200] = "";
+/* The entry stops reading input i in place and captures again (copying
+ * it) on its next call. Caller holds the lock. */
+static void unpin_and_recapture(cap_cache_t *c, entry_t *e, int i) {
+    drop_graph(c, e);
+    if (i >= 0) e->ident_stable[i] = false;
+    memset(e->pinned, 0, sizeof e->pinned);
+    e->state = ST_CAPTURE;
+}
+
+/* One call on stream slot si, whose lock the caller holds. */
+static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_program_t *p, void *user,
+                           const cap_call_t *call, cap_result_t *res, const char *text, uint64_t hash,
+                           double t0) {
+    char logbuf[CAP_KEY_TEXT_MAX + 200] = "";
     evq_t qq = { 0 }, *q = &qq;
-    double t0 = now();
-    if (kern_stream_backend(s) != c->backend) return kern_fail("dispatch: stream of another backend");
-    if (cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
-    uint64_t hash = cap_hash_text(text);
+    int comp[CAP_MAX_COMPONENTS] = { 0 };
+    int rc = 0;
 
     pthread_mutex_lock(&c->lock);
+    stream_slot_t *sl = c->streams[si];
+    sl->depth++;
     c->st.calls++;
-    entry_t *e = lookup(c, s, p, user, call->key, hash, text, q);
-    if (!e) {
+    if (resolve_components(c, p, comp) != 0) {
+        sl->depth--;
         pthread_mutex_unlock(&c->lock);
         return -1;
+    }
+    /* Find the entry, or admit a new one; a busy entry or one the budget
+     * cannot hold runs in a transient workspace instead. */
+    cap_reason_t why = CAP_DECLINE_COUNT;
+    entry_t *e = find(c, s, p, user, hash, text);
+    if (e && e->in_use) {
+        why = CAP_DECLINE_ENTRY_BUSY;
+        e = NULL;
+    } else if (!e && p->ws_size && !make_room(c, NULL, p->ws_size(user, call->key), q)) {
+        why = CAP_DECLINE_BUDGET_EXCEEDED;
+    }
+    if (!e) {
+        pthread_mutex_unlock(&c->lock);
+        e = entry_make(c, s, si, p, user, call->key, hash, text, comp, q);
+        pthread_mutex_lock(&c->lock);
+        if (!e) {
+            sl->depth--;
+            pthread_mutex_unlock(&c->lock);
+            evq_flush(c, q);
+            return -1;
+        }
+        if (why == CAP_DECLINE_COUNT && make_room(c, NULL, e->ws_bytes, q)) {
+            entry_admit(c, e);
+        } else {
+            e->transient = true;
+            if (why == CAP_DECLINE_COUNT) why = CAP_DECLINE_BUDGET_EXCEEDED;
+        }
     }
     if (check_inputs(e, call) != 0) {
         c->st.declines[CAP_DECLINE_SHAPE_MISMATCH]++;
         evq_push(q, CAP_EV_DECLINE, CAP_DECLINE_SHAPE_MISMATCH, e, 0, 0, 0, NULL, 0, 0);
+        sl->depth--;
         pthread_mutex_unlock(&c->lock);
+        if (e->transient) free_entry(c, e);
         evq_flush(c, q);
         return -1;
+    }
+    call_acct_t acct = { 0, 0, t0 };
+    if (e->transient) {
+        c->st.transient_runs++;
+        pthread_mutex_unlock(&c->lock);
+        rc = run_eager(e, s, call, &acct);
+        pthread_mutex_lock(&c->lock);
+        c->st.bind_bytes_copied += acct.copied;
+        if (rc == 0) {
+            c->st.eager_runs++;
+            c->st.eager_seconds += now() - t0;
+            declined(c, e, why, q, logbuf, sizeof logbuf);
+        }
+        sl->depth--;
+        pthread_mutex_unlock(&c->lock);
+        free_entry(c, e);
+        if (logbuf[0]) log_msg(c, 2, logbuf);
+        evq_flush(c, q);
+        if (res && rc == 0) {
+            res->ran = CAP_RAN_EAGER;
+            res->reason = why;
+        }
+        return rc;
     }
     e->in_use = true;
     unlink_entry(c, e);
     push_front(c, e);
     /* Decide the path while the tables are stable. */
     cap_reason_t reason = CAP_DECLINE_COUNT;     /* COUNT: no decline */
-    enum { P_EAGER, P_CAPTURE, P_REPLAY, P_REVERIFY } path = P_EAGER;
+    enum { P_EAGER, P_CAPTURE, P_REPLAY, P_REVERIFY, P_AUDIT } path = P_EAGER;
     if (call->not_capturable) reason = CAP_DECLINE_NOT_CAPTURABLE;
     else if (call->override || !c->opt.graphs) reason = CAP_DECLINE_OVERRIDE;
     else switch (e->state) {
@@ -654,33 +901,35 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
                 reason = CAP_DECLINE_PINNED_INPUT_MOVED;
                 e->ident_stable[i] = false;
             }
-        if (reason == CAP_DECLINE_PINNED_INPUT_MOVED) {
-            drop_graph(c, e);
-            memset(e->pinned, 0, sizeof e->pinned);
-            e->state = ST_CAPTURE;
-        }
+        if (reason == CAP_DECLINE_PINNED_INPUT_MOVED) unpin_and_recapture(c, e, -1);
         if (reason == CAP_DECLINE_COUNT && !consts_equal(e, call)) reason = CAP_DECLINE_CONSTANT_CHANGED;
+        bool moved = false;
         for (int i = 0; i < p->n_components && reason == CAP_DECLINE_COUNT; i++) {
             const comp_t *k = &c->comp[e->comp[i]];
-            if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) {
-                reason = CAP_DECLINE_WEIGHTS_MOVED;
-                /* The graph baked stale weights: drop it, learn again. */
-                drop_graph(c, e);
-                e->state = ST_WARMUP;
-                e->warm = 0;
-            }
+            if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) moved = true;
+        }
+        if (reason == CAP_DECLINE_COUNT && (moved || !weights_same(e))) {
+            /* The graph baked weights that are no longer where it reads:
+             * drop it (never replay it again) and learn again. */
+            reason = CAP_DECLINE_WEIGHTS_MOVED;
+            drop_graph(c, e);
+            e->state = ST_WARMUP;
+            e->warm = 0;
         }
         if (reason == CAP_DECLINE_COUNT && output_aliases_pin(e, call)) reason = CAP_DECLINE_MUTABLE_OUTPUT;
-        if (reason == CAP_DECLINE_COUNT) path = e->state == ST_REVERIFY ? P_REVERIFY : P_REPLAY;
+        if (reason == CAP_DECLINE_COUNT) {
+            if (e->state == ST_REVERIFY) path = P_REVERIFY;
+            else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) path = P_AUDIT;
+            else path = P_REPLAY;
+        }
         break;
     }
     }
     pthread_mutex_unlock(&c->lock);
 
-    call_acct_t acct = { 0, 0, t0 };
-    int rc = 0;
     cap_ran_t ran = CAP_RAN_EAGER;
     double cap_secs = 0;
+    int bad = -1;
     if (path == P_EAGER) {
         if (e->state == ST_WARMUP && reason == CAP_DECLINE_WARMING_UP) {
             /* Learn which pinnable inputs stay put through warmup. */
@@ -695,7 +944,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
                 pthread_mutex_unlock(&c->lock);
             }
         }
-        rc = run_eager(c, e, s, call, &acct);
+        rc = run_eager(e, s, call, &acct);
     } else if (path == P_CAPTURE) {
         for (int i = 0; i < p->n_inputs; i++)
             e->pinned[i] = e->ident_stable[i] && e->warm > 0 && same_ident(&e->ident[i], &call->inputs[i]) &&
@@ -713,48 +962,62 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
             e->comp_gen[i] = c->comp[e->comp[i]].generation;
         }
         pthread_mutex_unlock(&c->lock);
-        cap_reason_t why = CAP_DECLINE_COUNT;
-        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
-        if (rc == 0) rc = capture(c, e, s, call, &why, q, &cap_secs);
+        cap_reason_t cwhy = CAP_DECLINE_COUNT;
+        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
+        if (rc == 0) rc = capture(c, e, s, call, &cwhy, &bad, q, &cap_secs);
         if (rc == 0) {
             /* The entry's state follows the capture, whatever copy-out does:
              * a published graph must be owned by a READY entry. */
             pthread_mutex_lock(&c->lock);
-            if (why == CAP_DECLINE_COUNT) {
+            if (cwhy == CAP_DECLINE_COUNT) {
                 e->state = e->reverify_pending ? ST_REVERIFY : ST_READY;
+                e->since_audit = 0;
                 if (e->reverify_pending)
                     for (int i = 0; i < p->n_components; i++)
                         e->comp_gen[i] = c->comp[e->comp[i]].generation;
                 ran = CAP_RAN_CAPTURED;
+            } else if (cwhy == CAP_DECLINE_MUTABLE_INPUT) {
+                reason = cwhy;
+                unpin_and_recapture(c, e, bad);
             } else {
-                reason = why;
-                e->state = why == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
-                e->disabled_reason = why;
+                reason = cwhy;
+                e->state = cwhy == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
+                e->disabled_reason = cwhy;
                 memset(e->pinned, 0, sizeof e->pinned);
             }
             e->reverify_pending = false;
             pthread_mutex_unlock(&c->lock);
             rc = copy_out(e, s, call);
         }
-    } else if (path == P_REVERIFY) {
-        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
-        int v = rc == 0 ? verify(c, e, s, call) : -1;
+    } else if (path == P_REVERIFY || path == P_AUDIT) {
+        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
+        int v = rc == 0 ? verify(c, e, s, call, &bad) : -1;
         if (v < 0) rc = -1;
         if (rc == 0) rc = copy_out(e, s, call);
         pthread_mutex_lock(&c->lock);
-        c->st.reverifies++;
+        if (path == P_REVERIFY) c->st.reverifies++;
+        else c->st.audits++;
         if (v == 1) {
             e->state = ST_READY;
             ran = CAP_RAN_REPLAYED;
             c->st.replays++;
-        } else if (v == 0) {
+        } else if (v == 2) {
+            reason = CAP_DECLINE_MUTABLE_INPUT;
+            unpin_and_recapture(c, e, bad);
+        } else if (v == 0 && path == P_REVERIFY) {
             drop_graph(c, e);
             e->state = ST_DISABLED;
             e->disabled_reason = reason = CAP_DECLINE_VERIFY_MISMATCH;
+        } else if (v == 0) {
+            /* Something the graph baked in changed and no check saw it: the
+             * entry cannot be trusted; the call keeps the eager result. */
+            reason = CAP_DECLINE_AUDIT_MISMATCH;
+            drop_graph(c, e);
+            evict(c, e, CAP_EVICT_AUDIT_MISMATCH, q, NULL, 0, 0);
         }
         pthread_mutex_unlock(&c->lock);
     } else {
-        rc = bind(c, e, s, call, true, &acct.copied, &acct.pinned);
+        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
         if (rc == 0) rc = kern_graph_replay(e->graph, s);
         if (rc == 0) rc = copy_out(e, s, call);
         ran = CAP_RAN_REPLAYED;
@@ -779,6 +1042,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
         unlink_entry(c, e);
         free_entry(c, e);
     }
+    sl->depth--;
     pthread_mutex_unlock(&c->lock);
     if (logbuf[0]) log_msg(c, 2, logbuf);
     evq_flush(c, q);
@@ -789,12 +1053,104 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     return rc;
 }
 
+int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
+                 const cap_call_t *call, cap_result_t *res) {
+    char text[CAP_KEY_TEXT_MAX];
+    double t0 = now();
+    if (kern_stream_backend(s) != c->backend) return kern_fail("dispatch: stream of another backend");
+    if (cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
+    uint64_t hash = cap_hash_text(text);
+    pthread_mutex_lock(&c->lock);
+    int si = stream_slot(c, s);
+    stream_slot_t *sl = si >= 0 ? c->streams[si] : NULL;
+    pthread_mutex_unlock(&c->lock);
+    if (!sl) return -1;
+    /* Calls on one stream are serialized: two threads sharing a stream never
+     * bind, replay or copy out of one workspace at the same time. */
+    pthread_mutex_lock(&sl->mu);
+    int rc;
+    if (kern_stream_is_capturing(s))
+        rc = kern_fail("dispatch on a stream that is capturing (a step may not dispatch from its launch)");
+    else
+        rc = dispatch_locked(c, s, si, p, user, call, res, text, hash, t0);
+    pthread_mutex_unlock(&sl->mu);
+    CHECK_INVARIANTS(c);
+    return rc;
+}
+
+/* ---- invariants ---------------------------------------------------------------- */
+
+#define INV(cond)                                                                              \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "capture cache invariant violated: %s (%s:%d)\n", #cond, __FILE__, \
+                    __LINE__);                                                                 \
+            return false;                                                                      \
+        }                                                                                      \
+    } while (0)
+
+/* Caller holds the lock. */
+static bool invariants(const cap_cache_t *c) {
+    size_t n = 0, ws = 0, gb = 0, graphs = 0;
+    const entry_t *prev = NULL;
+    for (const entry_t *e = c->head; e; prev = e, e = e->next) {
+        INV(e->prev == prev);
+        INV(!e->transient);
+        INV(e->ws != NULL && e->prog != NULL);
+        INV(e->stream_idx >= 0 && e->stream_idx < c->n_streams);
+        INV(c->streams[e->stream_idx]->s == e->stream);
+        INV(!e->doomed || e->in_use);              /* a doomed entry is freed on release */
+        INV(!e->admitted || e->graph != NULL);
+        INV(e->admitted || e->graph_bytes == 0);
+        for (int i = 0; i < e->prog->n_components; i++) INV(e->comp[i] >= 0 && e->comp[i] < c->n_comp);
+        if (!e->in_use) {
+            /* Between calls a graph exists exactly when the entry may replay it. */
+            INV((e->state == ST_READY || e->state == ST_REVERIFY) == (e->graph != NULL));
+            INV(e->state != ST_DISABLED || cap_reason_permanent(e->disabled_reason));
+            INV(!e->reverify_pending);
+        }
+        if (n < 4096)
+            for (const entry_t *f = e->next; f; f = f->next)
+                INV(e->doomed || f->doomed || !(e->hash == f->hash && e->stream == f->stream &&
+                                                e->prog == f->prog && e->user == f->user &&
+                                                !strcmp(e->text, f->text)));
+        n++;
+        ws += e->ws_bytes;
+        gb += e->graph_bytes;
+        if (e->admitted) graphs++;
+    }
+    INV(n == c->st.entries);
+    INV(ws == c->st.ws_bytes);
+    INV(gb == c->st.graph_bytes);
+    INV(graphs == c->st.graphs);
+    INV(c->st.bytes_held == c->st.ws_bytes + c->st.graph_bytes);
+    INV(!c->opt.budget_bytes || c->st.bytes_held <= c->opt.budget_bytes);
+    for (int i = 0; i < c->n_streams; i++) {
+        int busy = 0;
+        for (const entry_t *e = c->head; e; e = e->next)
+            if (e->in_use && e->stream_idx == i) busy++;
+        INV(c->streams[i]->depth >= 0);
+        INV(busy <= c->streams[i]->depth);     /* only a call on that stream holds its entries */
+    }
+    for (int i = 0; i < c->n_comp; i++) INV(c->comp[i].generation >= 1);
+    return true;
+}
+
+bool cap_cache_invariants(const cap_cache_t *c) {
+    cap_cache_t *m = (cap_cache_t *)c;
+    pthread_mutex_lock(&m->lock);
+    bool ok = invariants(c);
+    pthread_mutex_unlock(&m->lock);
+    return ok;
+}
+
 /* ---- cache-wide operations ---------------------------------------------------- */
 
 cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
     cap_options_t o = opt ? *opt : cap_options_default();
     if (o.warmup < 0) o.warmup = 2;
     if (o.warmup > 1000) { kern_fail("warmup %d is out of range (0..1000)", o.warmup); return NULL; }
+    if (o.audit_every < 0) { kern_fail("audit_every %d is negative (0 turns audits off)", o.audit_every); return NULL; }
     if (o.policy != CAP_POLICY_EVICT && o.policy != CAP_POLICY_INPLACE) {
         kern_fail("unknown weight update policy %d", (int)o.policy);
         return NULL;
@@ -804,12 +1160,14 @@ cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
     c->backend = b;
     c->opt = o;
     pthread_mutex_init(&c->lock, NULL);
+    CHECK_INVARIANTS(c);
     return c;
 }
 
 void cap_cache_destroy(cap_cache_t **cp) {
     if (!cp || !*cp) return;
     cap_cache_t *c = *cp;
+    CHECK_INVARIANTS(c);
     evq_t q = { 0 };
     pthread_mutex_lock(&c->lock);
     while (c->head) {
@@ -819,6 +1177,10 @@ void cap_cache_destroy(cap_cache_t **cp) {
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, &q);
     pthread_mutex_destroy(&c->lock);
+    for (int i = 0; i < c->n_streams; i++) {
+        pthread_mutex_destroy(&c->streams[i]->mu);
+        free(c->streams[i]);
+    }
     free(c->logged);
     free(c->streams);
     free(c);
@@ -841,6 +1203,7 @@ int cap_component_register(cap_cache_t *c, const char *name, const void *base, s
         k->generation = 1;
     }
     pthread_mutex_unlock(&c->lock);
+    CHECK_INVARIANTS(c);
     return rc;
 }
 
@@ -893,6 +1256,7 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
     }
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, q);
+    CHECK_INVARIANTS(c);
     return n;
 }
 
@@ -912,6 +1276,7 @@ int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reaso
     }
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, q);
+    CHECK_INVARIANTS(c);
     return n;
 }
 

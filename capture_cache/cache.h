@@ -19,15 +19,32 @@
  * the old address; the entry then stops pinning that input and captures
  * again on its next call, copying it from then on.
  *
+ * Weights: at capture the cache records the identity (address, bytes,
+ * dtype, component) of every weight buffer the program reports through
+ * weights(); before every replay it asks again and compares. Any difference
+ * (weights freed, moved or re-laid-out without a versioned update) declines
+ * weights_moved and drops the graph: no replay reads a freed weight.
+ *
+ * Entries: an entry (one per key, stream and user) owns its workspace,
+ * including the kernels' scratch memory, so any mix of shapes on a stream
+ * can be captured side by side. A new entry is admitted only if its
+ * workspace fits the budget (idle LRU entries are evicted to make room);
+ * when it cannot fit, the call runs eagerly in a transient workspace
+ * (declined budget_exceeded): a call never fails for lack of budget.
+ *
  * A check that fails *declines* the call to eager with a reason; only a
  * permanent reason (verify_mismatch, capture_failed, backend_unavailable)
  * disables the entry. Every decline is counted, logged once per (reason,
  * key) at warning level, and reported through the event callback.
  *
- * Threads: one thread per stream. Calls on different streams run
- * concurrently (entries are per stream, so two streams never share static
- * buffers); the cache's tables are guarded by one mutex held only for
- * lookups and bookkeeping, never while kernels run. */
+ * Threads: calls on one stream are serialized (a per-stream lock, so two
+ * threads sharing a stream never share a workspace); calls on different
+ * streams run concurrently. An entry in use by an outer call on the same
+ * thread (a re-entrant dispatch) is never re-bound: the inner call declines
+ * entry_busy and runs eagerly in a transient workspace. The cache's tables
+ * are guarded by one mutex held only for lookups and bookkeeping, never
+ * while kernels run. Builds with -DREEL_INVARIANTS (make asan, make tsan)
+ * check cap_cache_invariants() at the end of every public function. */
 #ifndef REEL_CAPTURE_CACHE_H
 #define REEL_CAPTURE_CACHE_H
 
@@ -54,6 +71,9 @@ typedef enum {
     CAP_DECLINE_BUDGET_EXCEEDED,    /* graph would not fit the memory budget */
     CAP_DECLINE_BACKEND_UNAVAILABLE,/* backend cannot capture (permanent) */
     CAP_DECLINE_MUTABLE_OUTPUT,     /* an output aliases an input read in place */
+    CAP_DECLINE_ENTRY_BUSY,         /* the entry is in use by an outer call on this stream */
+    CAP_DECLINE_MUTABLE_INPUT,      /* the step wrote an input it declared pinnable */
+    CAP_DECLINE_AUDIT_MISMATCH,     /* a runtime audit found replay != eager: entry evicted */
     CAP_DECLINE_COUNT
 } cap_reason_t;
 
@@ -63,6 +83,7 @@ typedef enum {
     CAP_EVICT_SHAPE_CHANGE,
     CAP_EVICT_EXPLICIT,
     CAP_EVICT_SHUTDOWN,
+    CAP_EVICT_AUDIT_MISMATCH,       /* a runtime audit caught replay != eager */
     CAP_EVICT_COUNT
 } cap_evict_reason_t;
 
@@ -105,6 +126,8 @@ typedef struct {
     cap_policy_t policy;
     bool graphs;                /* false: never capture (every call eager, counted as override) */
     bool pin_inputs;            /* false: copy every input every call (for comparisons) */
+    int audit_every;            /* 1 replay in N per entry also runs eager and compares
+                                 * bitwise (a mismatch evicts the entry); 0 = off */
     cap_event_fn on_event;      /* may be NULL; called with no cache lock held */
     void *event_user;
     cap_log_fn log;             /* NULL: warnings to stderr */
@@ -122,6 +145,14 @@ typedef struct {
     union { int64_t i; double f; } v;
 } cap_const_t;
 
+/* The identity of one weight buffer a step reads: checked on every replay. */
+typedef struct {
+    const void *addr;           /* first byte read */
+    size_t bytes;
+    kern_dtype_t dtype;
+    int component;              /* index into the program's components[] */
+} cap_weight_t;
+
 /* The capturable step. Slots are tensors inside the workspace that the
  * step reads its inputs from; the cache redirects a slot to the caller's
  * tensor when it pins that input, and restores it otherwise. */
@@ -129,8 +160,13 @@ typedef struct {
     const char *name;
     int n_inputs, n_outputs;
     bool pinnable[CAP_MAX_INPUTS];   /* may input i be read in place? */
-    /* The workspace for key on s; NULL with a message on failure. */
+    /* The workspace for key on s; NULL with a message on failure. The
+     * workspace owns every byte the step touches besides the weights,
+     * including its kernels' scratch. */
     void *(*ws_new)(void *user, const cap_key_t *key, kern_stream_t *s);
+    /* Bytes ws_new would allocate for key (for admission before the
+     * allocation); NULL: the cache allocates, then measures. */
+    size_t (*ws_size)(void *user, const cap_key_t *key);
     void (*ws_free)(void *user, void *ws);
     size_t (*ws_bytes)(void *user, const void *ws);
     kern_tensor_t *(*input)(void *user, void *ws, int i);
@@ -142,6 +178,11 @@ typedef struct {
      * memory: checked on every replay. */
     int n_components;
     const char *components[CAP_MAX_COMPONENTS];
+    /* The weight buffers the step reads as they are now: fills up to max
+     * entries of out and returns the total count (which may exceed max),
+     * or -1 with a message. NULL: only the components' registered
+     * residence is checked. */
+    int (*weights)(void *user, cap_weight_t *out, int max);
 } cap_program_t;
 
 typedef struct {
@@ -163,6 +204,8 @@ typedef struct {
 
 typedef struct {
     uint64_t calls, captures, replays, eager_runs, verifies, reverifies;
+    uint64_t audits;                 /* replays audited against eager (mismatches: declines) */
+    uint64_t transient_runs;         /* eager calls in a transient workspace (busy, budget) */
     uint64_t declines[CAP_DECLINE_COUNT];
     uint64_t evictions[CAP_EVICT_COUNT];
     double capture_seconds;          /* capture + verify, summed */
@@ -213,6 +256,12 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
 
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);
+
+/* Checks the cache's invariants (the MRU list, byte and entry accounting,
+ * the budget, in-use and doomed marks, entry states, per-stream
+ * ownership); on a violation prints which one to stderr and returns
+ * false. Takes the cache lock; can't fail otherwise. */
+bool cap_cache_invariants(const cap_cache_t *c);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,7 @@ struct kern_stream {
     kern_graph_t *pending;  /* graph under capture (any backend) */
     void *arena;
     size_t arena_size;
+    kern_scratch_t bound;   /* caller-owned scratch, preferred over the arena */
     size_t graphs_alive;    /* graphs captured here that still exist (atomic:
                              * a cache may evict a graph from another thread) */
 };
@@ -220,7 +221,19 @@ int kern_stream_reserve(kern_stream_t *s, size_t bytes) {
     return 0;
 }
 
+kern_scratch_t kern_stream_bind_scratch(kern_stream_t *s, kern_scratch_t sc) {
+    kern_scratch_t prev = s->bound;
+    s->bound = sc.base ? sc : (kern_scratch_t){ NULL, 0 };
+    return prev;
+}
+
 void *kern_stream_scratch(kern_stream_t *s, size_t bytes) {
+    if (s->bound.base) {
+        if (bytes <= s->bound.bytes) return s->bound.base;
+        kern_fail("bound scratch too small (%zu < %zu bytes): the workspace's scratch was not "
+                  "sized from its kernels' workspace_bytes contracts", s->bound.bytes, bytes);
+        return NULL;
+    }
     if (kern_stream_reserve(s, bytes) != 0) return NULL;
     return s->arena;
 }

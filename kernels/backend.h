@@ -75,10 +75,25 @@ int kern_copy_h2d(kern_stream_t *s, void *dst, const void *src, size_t n);
 int kern_copy_d2h(kern_stream_t *s, void *dst, const void *src, size_t n);
 int kern_copy_d2d(kern_stream_t *s, void *dst, const void *src, size_t n);
 
-/* Scratch arena of a stream: the only scratch memory kernels use. Reserve it
- * before capture; it can grow only while no graph captured on the stream is
- * alive (a live graph baked in its address). Returns the arena base or NULL
- * (message set) if it cannot provide `bytes`. */
+/* Scratch memory of kernels. A kernel's scratch (its workspace_bytes
+ * contract) comes from the scratch bound to the stream when one is bound,
+ * else from the stream's own arena.
+ *
+ * Bound scratch is caller-owned: a step workspace binds its own scratch
+ * around its launches, so a graph captured from it bakes the workspace's
+ * memory, which lives exactly as long as the graph's cache entry, and
+ * workspaces of any shapes coexist on one stream. A kernel asking for more
+ * than the bound size fails (the workspace was sized wrong).
+ *
+ * The stream arena serves launches outside any workspace (op tests,
+ * tools). Reserve it before capture; it can grow only while no graph
+ * captured on the stream is alive (a live graph baked in its address).
+ * kern_stream_scratch returns the scratch base or NULL (message set) if it
+ * cannot provide `bytes`. */
+typedef struct { void *base; size_t bytes; } kern_scratch_t;
+/* Binds sc (base NULL: unbinds) to s; returns the previous binding, so
+ * nested binders restore it. Can't fail. */
+kern_scratch_t kern_stream_bind_scratch(kern_stream_t *s, kern_scratch_t sc);
 int kern_stream_reserve(kern_stream_t *s, size_t bytes);
 void *kern_stream_scratch(kern_stream_t *s, size_t bytes);
 size_t kern_stream_scratch_size(const kern_stream_t *s);

@@ -20,6 +20,7 @@ struct tdit_ws {
     int64_t N, grid_h, grid_w;
     void *block;          /* every buffer below, one allocation */
     size_t bytes;
+    kern_scratch_t scratch; /* the kernels' scratch, inside block: owned, never shared */
     /* inputs */
     kern_tensor_t latent, context, uncond, sigmas, guidance;
     /* activations */
@@ -35,6 +36,39 @@ typedef struct { char *base; size_t off; int device; } carver_t;
 static void carve(carver_t *c, kern_tensor_t *t, kern_dtype_t dt, int ndim, const int64_t *shape) {
     *t = kern_tensor_make(c->base ? c->base + c->off : NULL, dt, c->device, ndim, shape);
     c->off += (kern_tensor_bytes(t) + 255) & ~(size_t)255;
+}
+
+/* Scratch the step's kernels need, from their workspace_bytes contracts:
+ * the largest of attention's (self and cross) and rope3d's, at the sizes
+ * the step calls them with. */
+static size_t scratch_needed(const tdit_ws_t *ws) {
+    kern_backend_kind_t bk = kern_backend_kind(ws->model->backend);
+    const tdit_config_t *c = &ws->model->cfg;
+    size_t need = 0, n;
+    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ATTENTION, bk, ws->model->dtype);
+    if (impl && impl->workspace_bytes) {
+        kern_attention_args_t a;
+        memset(&a, 0, sizeof a);
+        a.nq = ws->N;
+        a.heads = c->heads;
+        a.head_dim = c->dim / c->heads;
+        a.nk = ws->N;
+        if ((n = impl->workspace_bytes(&a)) > need) need = n;
+        a.nk = ws->shape.text_len;
+        if ((n = impl->workspace_bytes(&a)) > need) need = n;
+    }
+    impl = kern_registry_lookup(KERN_OP_ROPE3D, bk, ws->model->dtype);
+    if (impl && impl->workspace_bytes) {
+        kern_rope3d_args_t r;
+        memset(&r, 0, sizeof r);
+        r.heads = c->heads;
+        r.head_dim = c->dim / c->heads;
+        r.frames = ws->shape.frames;
+        r.rows = ws->grid_h;
+        r.cols = ws->grid_w;
+        if ((n = impl->workspace_bytes(&r)) > need) need = n;
+    }
+    return need;
 }
 
 static void layout(tdit_ws_t *ws, carver_t *cv) {
@@ -64,25 +98,10 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
         carve(cv, &ws->v_uncond, dt, 4, lat);
         carve(cv, &ws->v_comb, dt, 4, lat);
     }
-}
-
-/* Scratch the step needs from the stream arena: attention's, at the
- * largest query/key counts it is called with. */
-static size_t scratch_needed(const tdit_ws_t *ws) {
-    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ATTENTION,
-        kern_backend_kind(ws->model->backend), ws->model->dtype);
-    if (!impl || !impl->workspace_bytes) return 0;
-    const tdit_config_t *c = &ws->model->cfg;
-    kern_attention_args_t a;
-    memset(&a, 0, sizeof a);
-    a.nq = ws->N;
-    a.heads = c->heads;
-    a.head_dim = c->dim / c->heads;
-    a.nk = ws->N;
-    size_t s1 = impl->workspace_bytes(&a);
-    a.nk = ws->shape.text_len;
-    size_t s2 = impl->workspace_bytes(&a);
-    return s1 > s2 ? s1 : s2;
+    size_t sb = scratch_needed(ws);
+    ws->scratch.base = cv->base ? cv->base + cv->off : NULL; /* bound even when 0 bytes */
+    ws->scratch.bytes = sb;
+    cv->off += (sb + 255) & ~(size_t)255;
 }
 
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
@@ -105,15 +124,29 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
     return 0;
 }
 
-tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
-    if (tdit_shape_validate(shape) != 0) return NULL;
-    tdit_ws_t *ws = calloc(1, sizeof *ws);
-    if (!ws) { kern_fail("out of memory"); return NULL; }
+static void ws_init(tdit_ws_t *ws, tdit_model_t *m, const tdit_shape_t *shape) {
     ws->model = m;
     ws->shape = *shape;
     ws->grid_h = shape->height / 2;
     ws->grid_w = shape->width / 2;
     ws->N = shape->frames * ws->grid_h * ws->grid_w;
+}
+
+size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape) {
+    if (tdit_shape_validate(shape) != 0) return 0;
+    tdit_ws_t ws;
+    memset(&ws, 0, sizeof ws);
+    ws_init(&ws, m, shape);
+    carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
+    layout(&ws, &cv);
+    return cv.off;
+}
+
+tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
+    if (tdit_shape_validate(shape) != 0) return NULL;
+    tdit_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) { kern_fail("out of memory"); return NULL; }
+    ws_init(ws, m, shape);
     carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
     layout(ws, &cv);
     ws->bytes = cv.off;
@@ -122,10 +155,7 @@ tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh
     cv.base = ws->block;
     cv.off = 0;
     layout(ws, &cv);
-    if (kern_stream_reserve(s, scratch_needed(ws)) != 0) {
-        tdit_ws_destroy(&ws);
-        return NULL;
-    }
+    (void)s; /* the scratch is the workspace's own: nothing to reserve on s */
     return ws;
 }
 
@@ -245,8 +275,8 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
 }
 
-int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
-                 const kern_tensor_t *context, kern_tensor_t *v) {
+static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                   const kern_tensor_t *context, kern_tensor_t *v) {
     /* 1: time embedding from σ_i in device memory */
     TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
     TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
@@ -274,6 +304,17 @@ int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     TRY(linear(s, &ws->a, &m->head, &ws->y));
     /* 6: unpatchify */
     return kern_unpatchify(s, &ws->y, v);
+}
+
+/* The forward pass with the workspace's own scratch bound to s: whatever
+ * a capture bakes in belongs to this workspace, so workspaces of any
+ * shapes can hold live graphs on one stream. */
+int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                 const kern_tensor_t *context, kern_tensor_t *v) {
+    kern_scratch_t prev = kern_stream_bind_scratch(s, ws->scratch);
+    int rc = forward(m, ws, s, context, v);
+    kern_stream_bind_scratch(s, prev);
+    return rc;
 }
 
 /* v for the current latent: conditional, and combined with CFG if set. */

@@ -10,16 +10,35 @@
 
 enum { IN_LATENT, IN_SIGMAS, IN_GUIDANCE, IN_CONTEXT, IN_UNCOND };
 
+/* The step shape a key describes; -1 with a message. */
+static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
+    if (key->n_inputs < 4 || key->inputs[IN_LATENT].ndim != 4 || key->inputs[IN_CONTEXT].ndim != 2)
+        return kern_fail("tinydit program: key has no latent/context signature");
+    *sh = (tdit_shape_t){ key->inputs[IN_LATENT].shape[1], key->inputs[IN_LATENT].shape[2],
+                          key->inputs[IN_LATENT].shape[3], key->inputs[IN_CONTEXT].shape[0],
+                          key->n_inputs == 5 };
+    return 0;
+}
+
 static void *ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
-    tdit_model_t *m = user;
-    if (key->n_inputs < 4 || key->inputs[IN_LATENT].ndim != 4 || key->inputs[IN_CONTEXT].ndim != 2) {
-        kern_fail("tinydit program: key has no latent/context signature");
-        return NULL;
+    tdit_shape_t sh;
+    return key_shape(key, &sh) == 0 ? tdit_ws_new(user, s, &sh) : NULL;
+}
+
+static size_t ws_size(void *user, const cap_key_t *key) {
+    tdit_shape_t sh;
+    return key_shape(key, &sh) == 0 ? tdit_ws_size(user, &sh) : 0;
+}
+
+/* Every weight tensor of the model as it is now: what a graph baked in. */
+static int weights(void *user, cap_weight_t *out, int max) {
+    const tdit_model_t *m = user;
+    int n = tdit_model_n_tensors(m);
+    for (int i = 0; i < n && i < max; i++) {
+        const kern_tensor_t *t = tdit_model_tensor(m, i);
+        out[i] = (cap_weight_t){ kern_tensor_ptr(t), kern_tensor_bytes(t), t->dtype, 0 };
     }
-    tdit_shape_t sh = { key->inputs[IN_LATENT].shape[1], key->inputs[IN_LATENT].shape[2],
-                        key->inputs[IN_LATENT].shape[3], key->inputs[IN_CONTEXT].shape[0],
-                        key->n_inputs == 5 };
-    return tdit_ws_new(m, s, &sh);
+    return n;
 }
 
 static void ws_free(void *user, void *ws) {
@@ -60,17 +79,17 @@ static int launch(void *user, void *ws, const cap_const_t *k, int n, kern_stream
 static const cap_program_t prog_cfg = {
     .name = "tinydit-step-cfg", .n_inputs = 5, .n_outputs = 1,
     .pinnable = { false, false, false, true, true },
-    .ws_new = ws_new, .ws_free = ws_free, .ws_bytes = ws_bytes,
+    .ws_new = ws_new, .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes,
     .input = input, .output = output, .launch = launch,
-    .n_components = 1, .components = { TDIT_COMPONENT },
+    .n_components = 1, .components = { TDIT_COMPONENT }, .weights = weights,
 };
 
 static const cap_program_t prog_plain = {
     .name = "tinydit-step", .n_inputs = 4, .n_outputs = 1,
     .pinnable = { false, false, false, true },
-    .ws_new = ws_new, .ws_free = ws_free, .ws_bytes = ws_bytes,
+    .ws_new = ws_new, .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes,
     .input = input, .output = output, .launch = launch,
-    .n_components = 1, .components = { TDIT_COMPONENT },
+    .n_components = 1, .components = { TDIT_COMPONENT }, .weights = weights,
 };
 
 const cap_program_t *tdit_program(bool cfg) { return cfg ? &prog_cfg : &prog_plain; }

@@ -341,6 +341,9 @@ tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_
     m->head_mod = view2(&m->head_mod, 2, D);
     for (int64_t i = 0; i < m->cfg.layers; i++)
         m->blocks[i].modulation = view2(&m->blocks[i].modulation, 6, D);
+    if (!(m->tensors = malloc(l.n * sizeof *m->tensors))) { kern_fail("out of memory"); goto err; }
+    for (size_t i = 0; i < l.n; i++) m->tensors[i] = l.e[i].slot;
+    m->n_tensors = (int)l.n;
     free(l.e);
     return m;
 err:
@@ -378,8 +381,33 @@ void tdit_model_destroy(tdit_model_t **mp) {
     tdit_model_t *m = *mp;
     kern_free(m->backend, m->arena);
     free(m->blocks);
+    free(m->tensors);
     free(m);
     *mp = NULL;
+}
+
+int tdit_model_n_tensors(const tdit_model_t *m) { return m->n_tensors; }
+
+const kern_tensor_t *tdit_model_tensor(const tdit_model_t *m, int i) {
+    return i >= 0 && i < m->n_tensors ? m->tensors[i] : NULL;
+}
+
+int tdit_model_relocate(tdit_model_t *m) {
+    void *old = m->arena, *arena = kern_alloc(m->backend, m->bytes);
+    if (!arena) return -1;
+    kern_stream_t *s = kern_stream_new(m->backend);
+    int rc = s ? kern_copy_d2d(s, arena, old, m->bytes) : -1;
+    if (rc == 0) rc = kern_stream_sync(s);
+    kern_stream_destroy(&s);
+    if (rc != 0) {
+        kern_free(m->backend, arena);
+        return -1;
+    }
+    for (int i = 0; i < m->n_tensors; i++)
+        m->tensors[i]->data = (char *)arena + ((char *)m->tensors[i]->data - (char *)old);
+    m->arena = arena;
+    kern_free(m->backend, old);
+    return 0;
 }
 
 const tdit_config_t *tdit_model_config(const tdit_model_t *m) { return &m->cfg; }

@@ -63,6 +63,16 @@ kern_dtype_t tdit_model_dtype(const tdit_model_t *m);
 size_t tdit_model_bytes(const tdit_model_t *m);
 /* The one allocation holding every weight (component "transformer"). */
 const void *tdit_model_weights(const tdit_model_t *m);
+/* The weight tensors the forward pass reads, in file order, as they are
+ * now (for identity checks): their count, and the i-th (NULL when i is out
+ * of range). */
+int tdit_model_n_tensors(const tdit_model_t *m);
+const kern_tensor_t *tdit_model_tensor(const tdit_model_t *m, int i);
+/* Moves every weight to a new allocation (same values) and frees the old
+ * one, the way a resharding framework re-homes parameters, without any
+ * version change. For tests of the replay checks. 0, or -1 with a message
+ * (weights untouched). */
+int tdit_model_relocate(tdit_model_t *m);
 /* Copies the weights of f into the resident allocation, so every address
  * stays put (a weight sync). f must describe the same config: -1 with a
  * message naming the first bad tensor otherwise, the old weights intact
@@ -88,13 +98,18 @@ int tdit_shape_validate(const tdit_shape_t *shape);
  * place. */
 typedef struct tdit_ws tdit_ws_t;
 
-/* Allocates the workspace for shape on m's backend and reserves the
- * stream's scratch arena for it. NULL with a message on a bad shape or OOM. */
+/* Allocates the workspace for shape on m's backend, including the scratch
+ * its kernels need (sized from their workspace_bytes contracts and bound
+ * to the stream only while a forward pass runs), so a workspace never
+ * depends on memory the stream owns. s is unused. NULL with a message on a
+ * bad shape or OOM. */
 tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape);
 void tdit_ws_destroy(tdit_ws_t **ws);
 const tdit_shape_t *tdit_ws_shape(const tdit_ws_t *ws);
 /* Bytes held by the workspace. */
 size_t tdit_ws_bytes(const tdit_ws_t *ws);
+/* Bytes tdit_ws_new would allocate for shape (0 on a bad shape). */
+size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape);
 /* Device tensors of the workspace (for capture_cache and tests). */
 kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws);    /* [C,F,H,W] */
 kern_tensor_t *tdit_ws_context(tdit_ws_t *ws);   /* [L,T] */

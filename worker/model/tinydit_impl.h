@@ -32,6 +32,8 @@ struct tdit_model {
     block_t *blocks;
     kern_tensor_t head_mod; /* [2, D] view of [1, 2, D] */
     lin_t head;
+    kern_tensor_t **tensors; /* every weight tensor above, in file order */
+    int n_tensors;
 };
 
 #endif
