@@ -3,8 +3,9 @@
 #   make            libraries, reelctl, tests (CUDA too when nvcc exists)
 #   make test       install missing deps, build, run every test (plus asan, tsan)
 #   make demo       install missing deps, build, run the main job
-#   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0)
-#   make tsan       unit suites under ThreadSanitizer (CUDA=0)
+#   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0), with
+#                   the capture cache's invariants checked after every call
+#   make tsan       unit suites under ThreadSanitizer (CUDA=0), invariants too
 #   make bench      benchmarks (separate from tests)
 #   make CUDA=0     build without CUDA even where nvcc exists
 
@@ -142,14 +143,14 @@ demo-local: deps
 # Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
 asan: deps
 	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
-	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" all
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
 
 # Unit suites under ThreadSanitizer (the threaded capture_cache tests are
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
 tsan: deps
-	$(MAKE) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread" all
+	$(MAKE) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" all
 	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 

@@ -55,8 +55,10 @@ static void env_close(env_t *e) {
     free(e->lat); free(e->out); free(e->ctx); free(e->unc);
 }
 
-static cap_cache_t *cache(env_t *e, bool graphs, bool pin, cap_policy_t pol) {
+static cap_cache_t *cache_opt(env_t *e, bool graphs, bool pin, cap_policy_t pol, bool check_w, int audit) {
     cap_options_t o = cap_options_default();
+    o.check_weights = check_w;
+    o.audit_every = audit;
     o.graphs = graphs;
     o.pin_inputs = pin;
     o.policy = pol;
@@ -64,6 +66,10 @@ static cap_cache_t *cache(env_t *e, bool graphs, bool pin, cap_policy_t pol) {
     cap_cache_t *c = cap_cache_new(e->b, &o);
     if (!c || tdit_register_weights(c, e->m, 1)) DIE("cache");
     return c;
+}
+
+static cap_cache_t *cache(env_t *e, bool graphs, bool pin, cap_policy_t pol) {
+    return cache_opt(e, graphs, pin, pol, true, 0);
 }
 
 /* Runs a loop; returns its wall time. */
@@ -100,6 +106,42 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
            k->config, dev, cs.capture_seconds * 1e3, cs.capture_seconds / te, cs.graph_bytes, cs.ws_bytes);
     cap_cache_destroy(&ce);
     cap_cache_destroy(&cg);
+
+    /* What the replay-time safety costs, side by side on the same inputs:
+     * the weight identity check (every weight buffer compared before each
+     * replay) and runtime audits (1 replay in N also runs eager). */
+    {
+        enum { V_BARE, V_CHECKED, V_AUDIT256, V_AUDIT16, V_N };
+        static const char *names[V_N] = { "no identity check, no audit", "identity check (default)",
+                                          "check + audit 1 in 256", "check + audit 1 in 16" };
+        static const int audit[V_N] = { 0, 0, 256, 16 };
+        cap_cache_t *cv[V_N];
+        double best[V_N];
+        for (int v = 0; v < V_N; v++) {
+            cv[v] = cache_opt(&e, true, true, CAP_POLICY_EVICT, v != V_BARE, audit[v]);
+            loop(&e, cv[v], &k->shape, k->steps, &st); /* warmup + capture */
+            best[v] = 0;
+        }
+        /* Launch-bound cases: enough steps that the 1-in-256 audit fires;
+         * compute-bound ones: 32 steps (the 1-in-16 audit fires twice; the
+         * count is printed). Per-step means over rounds that alternate the
+         * variants, so drift hits all alike. */
+        int rounds = 8, reqs = (te < 0.02 ? 520 : 32) / k->steps;
+        double sum[V_N] = { 0 };
+        for (int r = 0; r < rounds; r++)
+            for (int v = 0; v < V_N; v++)
+                for (int q = 0; q < (reqs + rounds - 1) / rounds; q++) sum[v] += loop(&e, cv[v], &k->shape, k->steps, &st);
+        int per = (reqs + rounds - 1) / rounds * rounds * k->steps;
+        for (int v = 0; v < V_N; v++) {
+            cap_stats_t cs;
+            cap_cache_stats(cv[v], &cs);
+            best[v] = sum[v] / per;
+            printf("cache %-6s %-7s replay safety %-28s: %9.4f ms/step = %.3fx bare (%llu audits in %d steps)\n",
+                   k->config, dev, names[v], best[v] * 1e3, best[v] / best[V_BARE], (unsigned long long)cs.audits,
+                   per);
+            cap_cache_destroy(&cv[v]);
+        }
+    }
 
     /* bind bytes per step with and without pinning */
     for (int pin = 1; pin >= 0; pin--) {

@@ -165,6 +165,7 @@ cap_options_t cap_options_default(void) {
     o.policy = CAP_POLICY_EVICT;
     o.graphs = true;
     o.pin_inputs = true;
+    o.check_weights = true;
     o.audit_every = 0;
     return o;
 }
@@ -563,9 +564,9 @@ static int record_weights(entry_t *e) {
 
 /* True while every weight buffer the graph read is still where, as large
  * and of the dtype it was at capture (and no buffer was added). */
-static bool weights_same(entry_t *e) {
+static bool weights_same(const cap_cache_t *c, entry_t *e) {
     const cap_program_t *p = e->prog;
-    if (!p->weights) return true;
+    if (!p->weights || !c->opt.check_weights) return true;
     if (!e->wid_now) return false;
     int n = p->weights(e->user, e->wid_now, e->n_wid + 1);
     if (n != e->n_wid) return false;
@@ -908,7 +909,7 @@ static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_p
             const comp_t *k = &c->comp[e->comp[i]];
             if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) moved = true;
         }
-        if (reason == CAP_DECLINE_COUNT && (moved || !weights_same(e))) {
+        if (reason == CAP_DECLINE_COUNT && (moved || !weights_same(c, e))) {
             /* The graph baked weights that are no longer where it reads:
              * drop it (never replay it again) and learn again. */
             reason = CAP_DECLINE_WEIGHTS_MOVED;
@@ -919,8 +920,12 @@ static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_p
         if (reason == CAP_DECLINE_COUNT && output_aliases_pin(e, call)) reason = CAP_DECLINE_MUTABLE_OUTPUT;
         if (reason == CAP_DECLINE_COUNT) {
             if (e->state == ST_REVERIFY) path = P_REVERIFY;
-            else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) path = P_AUDIT;
-            else path = P_REPLAY;
+            else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) {
+                e->since_audit = 0;
+                path = P_AUDIT;
+            } else {
+                path = P_REPLAY;
+            }
         }
         break;
     }

@@ -126,6 +126,8 @@ typedef struct {
     cap_policy_t policy;
     bool graphs;                /* false: never capture (every call eager, counted as override) */
     bool pin_inputs;            /* false: copy every input every call (for comparisons) */
+    bool check_weights;         /* false: skip the per-buffer weight identity check before
+                                 * replays (unsafe; for measuring its cost only) */
     int audit_every;            /* 1 replay in N per entry also runs eager and compares
                                  * bitwise (a mismatch evicts the entry); 0 = off */
     cap_event_fn on_event;      /* may be NULL; called with no cache lock held */
@@ -134,7 +136,8 @@ typedef struct {
     void *log_user;
 } cap_options_t;
 
-/* Defaults: unlimited budget, warmup 2, evict policy, graphs on, pinning on. */
+/* Defaults: unlimited budget, warmup 2, evict policy, graphs on, pinning on,
+ * weight identity checked, audits off. */
 cap_options_t cap_options_default(void);
 
 /* A baked scalar constant of a call: captured once, compared on replay. */

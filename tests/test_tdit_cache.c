@@ -238,6 +238,120 @@ START_TEST(test_reload_with_other_config_fails_and_keeps_weights) {
 }
 END_TEST
 
+
+/* ---- any mix of shapes on one stream (issue 7) ------------------------------- */
+
+/* The pure eager loop for any shape, with m's current weights. */
+static void eager_shape(fx_t *f, const tdit_shape_t *sh, const tdit_loop_t *p, const float *lat,
+                        const float *ctx, const float *unc, float *out) {
+    tdit_ws_t *ws = tdit_ws_new(f->m, f->s, sh);
+    ck_assert_msg(ws != NULL, "%s", kern_error());
+    ck_assert_msg(tdit_generate(f->m, ws, f->s, p, lat, ctx, sh->cfg ? unc : NULL, out, NULL) == 0, "%s",
+                  kern_error());
+    tdit_ws_destroy(&ws);
+}
+
+typedef struct { int64_t F, H, W, L; bool cfg, sde; } mix_t;
+
+/* Growing, shrinking and interleaved shapes, CFG on and off, Euler and SDE,
+ * each shape repeated later so graphs of every size stay alive side by side
+ * on the one stream and replay after other shapes were captured. */
+static const mix_t MIX[] = {
+    { 1, 4, 4, 3, false, false }, { 2, 8, 8, 5, true, false },  { 1, 16, 16, 7, true, false },
+    { 1, 4, 4, 3, false, false }, { 3, 8, 12, 2, false, false }, { 2, 8, 8, 5, true, true },
+    { 1, 16, 16, 7, true, false }, { 1, 2, 2, 1, true, false },  { 2, 8, 8, 5, true, false },
+    { 3, 8, 12, 2, false, false }, { 1, 4, 4, 3, false, true },  { 1, 2, 2, 1, true, false },
+    { 4, 16, 8, 9, false, false }, { 1, 16, 16, 7, true, false }, { 4, 16, 8, 9, false, false },
+};
+
+static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out) {
+    int replayed = 0;
+    for (int rep = 0; rep < reps; rep++)
+        for (int i = 0; i < n; i++) {
+            const mix_t *m = &mx[i];
+            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg };
+            size_t nl = (size_t)(4 * m->F * m->H * m->W), nc = (size_t)(m->L * 32);
+            float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *unc = malloc(nc * 4);
+            float *a = malloc(nl * 4), *b = malloc(nl * 4);
+            tdit_initial_latent(100 + (uint64_t)i, lat, nl);
+            tdit_initial_latent(200 + (uint64_t)i + (uint64_t)rep, ctx, nc);
+            tdit_initial_latent(300 + (uint64_t)i, unc, nc);
+            tdit_loop_t p = { .steps = 3 + i % 3, .shift = 3.0, .guidance = m->cfg ? 4.0f : 1.0f,
+                              .sde = m->sde, .eta = 0.7f, .seed = (uint64_t)i };
+            tdit_run_stats_t st;
+            memset(&st, 0, sizeof st);
+            int rc = tdit_generate_cached(f->m, f->c, f->s, NULL, &sh, &p, lat, ctx, m->cfg ? unc : NULL, a, &st);
+            ck_assert_msg(rc == 0, "request %d (rep %d, F=%lld H=%lld W=%lld L=%lld cfg=%d sde=%d): %s", i, rep,
+                          (long long)m->F, (long long)m->H, (long long)m->W, (long long)m->L, m->cfg, m->sde,
+                          kern_error());
+            eager_shape(f, &sh, &p, lat, ctx, unc, b);
+            ck_assert_msg(memcmp(a, b, nl * 4) == 0, "request %d (rep %d) differs from pure eager", i, rep);
+            replayed += st.replayed;
+            free(lat); free(ctx); free(unc); free(a); free(b);
+        }
+    *replayed_out = replayed;
+}
+
+START_TEST(test_any_mix_of_shapes_cfg_and_sde_on_one_stream_is_served_bitwise_equal_to_eager) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    int replayed = 0;
+    run_mix(f, MIX, (int)(sizeof MIX / sizeof MIX[0]), 2, &replayed);
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    /* Every Euler shape captured and its graph stayed alive beside the others. */
+    ck_assert_uint_ge(cs.graphs, 6);
+    ck_assert_int_gt(replayed, 20);
+    ck_assert_uint_eq(cs.declines[CAP_DECLINE_SHAPE_MISMATCH], 0);
+    ck_assert(cap_cache_invariants(f->c));
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_fail) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    cap_cache_destroy(&f->c);
+    cap_options_t o = cap_options_default();
+    o.log = quiet;
+    /* Room for about one mid-size entry: big ones run in transient workspaces. */
+    tdit_shape_t mid = { 2, 8, 8, 5, true };
+    o.budget_bytes = tdit_ws_size(f->m, &mid) + 64 * 1024;
+    f->c = cap_cache_new(f->b, &o);
+    ck_assert_int_eq(tdit_register_weights(f->c, f->m, 1), 0);
+    int replayed = 0;
+    run_mix(f, MIX, (int)(sizeof MIX / sizeof MIX[0]), 1, &replayed);
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_le(cs.bytes_held, o.budget_bytes);
+    ck_assert_uint_gt(cs.evictions[CAP_EVICT_LRU] + cs.declines[CAP_DECLINE_BUDGET_EXCEEDED], 0);
+    ck_assert(cap_cache_invariants(f->c));
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_weights_relocated_without_a_sync_decline_weights_moved_and_match_eager) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 5, .shift = 3.0, .guidance = 4.0f };
+    static float a[NL], b[NL];
+    tdit_run_stats_t st;
+    cached(f, &p, a, &st);
+    ck_assert_int_eq(st.captured, 1);
+    /* Re-home every weight and free the old block, with no versioned update:
+     * a replay would read freed memory (ASan) or stale weights. */
+    const void *old = tdit_model_weights(f->m);
+    ck_assert_msg(tdit_model_relocate(f->m) == 0, "%s", kern_error());
+    ck_assert_ptr_ne(tdit_model_weights(f->m), old);
+    cached(f, &p, a, &st);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_WEIGHTS_MOVED], 1);
+    eager(f, &p, b);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    /* It learns the new residence: warmup, capture, replays, still exact. */
+    cached(f, &p, a, &st);
+    ck_assert_int_eq(st.replayed, 5);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    fx_close(f);
+}
+END_TEST
+
 int main(void) {
     Suite *su = suite_create("tdit_cache");
     TCase *tc = tcase_create("loop");
@@ -251,6 +365,9 @@ int main(void) {
     tcase_add_test(tc, test_weight_sync_inplace_policy_keeps_graph_and_reverifies);
     tcase_add_test(tc, test_stale_weight_version_is_refused);
     tcase_add_test(tc, test_reload_with_other_config_fails_and_keeps_weights);
+    tcase_add_test(tc, test_any_mix_of_shapes_cfg_and_sde_on_one_stream_is_served_bitwise_equal_to_eager);
+    tcase_add_test(tc, test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_fail);
+    tcase_add_test(tc, test_weights_relocated_without_a_sync_decline_weights_moved_and_match_eager);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -343,6 +343,7 @@ static int run(const wrk_opts_t *o) {
     cap_options_t co = cap_options_default();
     co.budget_bytes = o->budget;
     co.warmup = o->warmup;
+    co.audit_every = o->audit_every;
     co.policy = o->policy;
     co.on_event = wrk_events_on_cache;
     co.event_user = w.events;

@@ -28,6 +28,8 @@ static const char usage[] =
     "                        once no request is mid-way, holding new ones (drain:\n"
     "                        every request runs on one weight version)\n"
     "  --warmup W            eager calls before a key is captured (2)\n"
+    "  --audit-every N       also run eager on 1 replay in N per graph and compare\n"
+    "                        bitwise; a mismatch evicts the graph (256; 0 = off)\n"
     "  --heartbeat-ms MS     heartbeat interval (1000)\n"
     "  --liveness N          silent intervals before reconnecting (3)\n"
     "  --events-ms MS        EVENTS batching interval (200)\n";
@@ -87,7 +89,8 @@ static bool name_ok(const char *s) {
 
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
-           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE };
+           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE,
+           O_AUDIT };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -102,6 +105,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "sync-mode", required_argument, 0, O_SYNCMODE },
         { "dtype", required_argument, 0, O_DTYPE },
         { "warmup", required_argument, 0, O_WARMUP },
+        { "audit-every", required_argument, 0, O_AUDIT },
         { "heartbeat-ms", required_argument, 0, O_HB },
         { "liveness", required_argument, 0, O_LIVENESS },
         { "events-ms", required_argument, 0, O_EVENTS },
@@ -116,6 +120,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     o->max_inflight = -1;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;
+    o->audit_every = 256;
     o->heartbeat_ms = 1000;
     o->liveness = 3;
     o->events_ms = 200;
@@ -173,6 +178,11 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         case O_WARMUP:
             if (parse_int(a, 0, 1000, &v)) return usage_error(err, errlen, "--warmup: expected 0..1000, got '%s'", a);
             o->warmup = (int)v;
+            break;
+        case O_AUDIT:
+            if (parse_int(a, 0, 1000000000, &v))
+                return usage_error(err, errlen, "--audit-every: expected 0..1000000000, got '%s'", a);
+            o->audit_every = (int)v;
             break;
         case O_HB:
             if (parse_int(a, 10, 3600000, &v)) return usage_error(err, errlen, "--heartbeat-ms: expected 10..3600000, got '%s'", a);

@@ -28,6 +28,7 @@ typedef struct {
     bool sync_drain;                 /* --sync-mode drain: a sync waits until no request
                                       * is mid-way, so each runs on one version */
     int warmup;                      /* 0..1000, default 2 */
+    int audit_every;                 /* audit 1 replay in N per graph; 0 = off; default 256 */
     int heartbeat_ms;                /* default 1000 */
     int liveness;                    /* default 3 */
     int events_ms;                   /* default 200 */
