@@ -5,13 +5,17 @@
  * Every test drives a small synthetic step whose workspace holds two inputs
  * (latent: copied, context: pinnable) and one output:
  *     y = latent + context;  y += w · latent   (w: the weight component)
- * with variants that add a baked constant or write a per-execution counter
- * (a non-deterministic kernel). Each output is compared bitwise with a pure
+ * with variants that add a baked constant, write a per-execution counter
+ * (a non-deterministic kernel), write their own context slot, add a hidden
+ * value read at launch, dispatch again from inside their launch, or yield
+ * the CPU mid-step (see step_kind_t). Each output is compared bitwise with a pure
  * eager run of the same step outside any cache, so "replay is safe" means
  * "replay gives the bits eager gives". Teardown destroys everything and
  * checks that no backend memory is left allocated. */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +37,29 @@
 
 /* ---- the synthetic step ------------------------------------------------- */
 
-typedef enum { STEP_PLAIN, STEP_NONDET, STEP_CONST } step_kind_t;
+typedef enum {
+    STEP_PLAIN,
+    STEP_NONDET,         /* y[0] = a per-execution counter: replay != eager */
+    STEP_CONST,          /* y += the call's constant 0 (baked at capture) */
+    STEP_WRITES_CTX,     /* writes its context slot (ctx = 2 ctx + 1) before reading it */
+    STEP_HIDDEN,         /* y += g_hidden, read at launch: capture bakes it, no check declares it */
+    STEP_REENTER,        /* dispatches `inner` once from inside its launch (same stream) */
+    STEP_YIELD,          /* yields the CPU halfway through: widens the window other threads race in */
+} step_kind_t;
+
+struct req;
 
 typedef struct {
     kern_tensor_t w;     /* resident weights of the component the step reads, [WMAX] */
     step_kind_t kind;
+    /* STEP_REENTER: the inner call, made while reenter_left > 0 (decremented
+     * first, so the inner call's own launch does not recurse). */
+    cap_cache_t *cache;
+    struct req *inner;
+    int reenter_left;
+    int inner_rc;
+    cap_result_t inner_res;
+    char inner_err[256];
 } step_user_t;
 
 typedef struct {
@@ -50,8 +72,13 @@ typedef struct {
  * by the main thread only. */
 static unsigned g_tick;
 
+/* The hidden per-step value STEP_HIDDEN adds: read when the step launches,
+ * so a capture bakes in the value of that moment. Main thread only. */
+static float g_hidden;
+
 typedef struct { float *y; } tick_args_t;
 typedef struct { float *y; int64_t n; float v; } bias_args_t;
+typedef struct { float *p; int64_t n; } scale_args_t;
 
 static int tick_kernel(void *ctx, const void *args) {
     (void)ctx;
@@ -67,6 +94,23 @@ static int bias_kernel(void *ctx, const void *args) {
     for (int64_t i = 0; i < a->n; i++) a->y[i] += a->v;
     return 0;
 }
+
+/* p = 2p + 1 in place: not idempotent, so a second write would show. */
+static int ctx_write_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const scale_args_t *a = args;
+    for (int64_t i = 0; i < a->n; i++) a->p[i] = 2.f * a->p[i] + 1.f;
+    return 0;
+}
+
+static int yield_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    (void)args;
+    for (int i = 0; i < 3; i++) sched_yield();
+    return 0;
+}
+
+static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t *res);
 
 static void step_ws_free(void *user, void *ws_) {
     (void)user;
@@ -130,7 +174,22 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
     step_ws_t *ws = ws_;
     int64_t D = ws->x.shape[ws->x.ndim - 1];
     kern_tensor_t gate = kern_tensor_make(u->w.data, KERN_F32, u->w.device, 1, &D);
+    if (u->kind == STEP_WRITES_CTX) {
+        scale_args_t a = { kern_tensor_ptr(&ws->ctx), kern_tensor_numel(&ws->ctx) };
+        if (kern_stream_launch(s, ctx_write_kernel, &a, sizeof a) != 0) return -1;
+    }
     if (kern_add(s, &ws->x, &ws->ctx, &ws->y) != 0) return -1;
+    if (u->kind == STEP_REENTER && u->reenter_left > 0) {
+        /* Halfway through this step's use of its workspace: an inner call
+         * bound to the same workspace would overwrite x and y under us. */
+        u->reenter_left--;
+        u->inner_rc = req_try(u->cache, s, u->inner, &u->inner_res);
+        if (u->inner_rc != 0) snprintf(u->inner_err, sizeof u->inner_err, "%s", kern_error());
+    }
+    if (u->kind == STEP_YIELD) {
+        int unused = 0;
+        if (kern_stream_launch(s, yield_kernel, &unused, sizeof unused) != 0) return -1;
+    }
     if (kern_gated_residual(s, &ws->y, &ws->x, &gate) != 0) return -1;
     if (u->kind == STEP_NONDET) {
         tick_args_t a = { kern_tensor_ptr(&ws->y) };
@@ -141,7 +200,27 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
         bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y), v };
         return kern_stream_launch(s, bias_kernel, &a, sizeof a);
     }
+    if (u->kind == STEP_HIDDEN) {
+        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y), g_hidden };
+        return kern_stream_launch(s, bias_kernel, &a, sizeof a);
+    }
     return 0;
+}
+
+/* The one weight buffer the step reads, as the user points at it now. */
+static int step_weights(void *user, cap_weight_t *out, int max) {
+    step_user_t *u = user;
+    if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 0 };
+    return 1;
+}
+
+/* Bytes step_ws_new allocates for key: the cache admits before allocating. */
+static size_t step_ws_size(void *user, const cap_key_t *key) {
+    (void)user;
+    int64_t a = 1, c = 1;
+    for (int d = 0; d < key->inputs[0].ndim; d++) a *= key->inputs[0].shape[d];
+    for (int d = 0; d < key->inputs[1].ndim; d++) c *= key->inputs[1].shape[d];
+    return (size_t)(2 * a + c) * kern_dtype_size(key->inputs[0].dtype);
 }
 
 static const cap_program_t PROG_A = {
@@ -156,6 +235,22 @@ static const cap_program_t PROG_B = {
     .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
     .input = step_input, .output = step_output, .launch = step_launch,
     .n_components = 1, .components = { "wB" },
+};
+
+/* PROG_A that also lists its weight buffer (checked before every replay). */
+static const cap_program_t PROG_W = {
+    .name = "syn_w", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+};
+
+/* PROG_A that states its workspace size before allocating it. */
+static const cap_program_t PROG_SIZED = {
+    .name = "syn_sized", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" },
 };
 
 /* ---- fixture ------------------------------------------------------------ */
@@ -301,13 +396,14 @@ static void setup(void) {
     n_dev_owned = n_host_owned = 0;
     rng = 0x5eed5eed12345678ull;
     g_tick = 0;
+    g_hidden = 0.f;
     reset_records();
     WA = dev_floats(WMAX);
     WB = dev_floats(WMAX);
     fill(WA, WMAX, -0.5f, 0.5f);
     fill(WB, WMAX, -0.5f, 0.5f);
-    uA = (step_user_t){ weight_tensor(WA), STEP_PLAIN };
-    uB = (step_user_t){ weight_tensor(WB), STEP_PLAIN };
+    uA = (step_user_t){ .w = weight_tensor(WA), .kind = STEP_PLAIN };
+    uB = (step_user_t){ .w = weight_tensor(WB), .kind = STEP_PLAIN };
 }
 
 static void teardown(void) {
@@ -371,7 +467,7 @@ static kern_tensor_t host_tensor(float *p, int64_t rows, int64_t cols) {
 }
 
 /* One caller of the step: its key, its host buffers and call flags. */
-typedef struct {
+typedef struct req {
     const cap_program_t *prog;
     step_user_t *user;
     cap_key_t key;
@@ -403,7 +499,7 @@ static void req_init(req_t *r, const cap_program_t *p, step_user_t *u, const cha
 }
 
 /* Dispatches r once; no assertion (safe off the main thread). */
-static int req_try(cap_cache_t *c, kern_stream_t *s, req_t *r, cap_result_t *res) {
+static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t *res) {
     cap_call_t call = {
         .key = &r->key, .inputs = r->in, .outputs = &r->out_t, .consts = r->consts,
         .n_consts = r->n_consts, .not_capturable = r->not_capturable, .override = r->override,
@@ -992,7 +1088,7 @@ END_TEST
 START_TEST(test_changed_constant_declines) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uc = { weight_tensor(WA), STEP_CONST };
+    step_user_t uc = { .w = weight_tensor(WA), .kind = STEP_CONST };
     req_t a;
     req_init(&a, &PROG_A, &uc, "syn:const", ROWS, COLS, "wA", 1);
     a.n_consts = 1;
@@ -1035,7 +1131,7 @@ END_TEST
 START_TEST(test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t un = { weight_tensor(WA), STEP_NONDET };
+    step_user_t un = { .w = weight_tensor(WA), .kind = STEP_NONDET };
     req_t a;
     req_init(&a, &PROG_A, &un, "syn:nondet", ROWS, COLS, "wA", 1);
     size_t pre = kern_bytes_in_use(B);
@@ -1538,6 +1634,559 @@ START_TEST(test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_an
 }
 END_TEST
 
+/* ---- one stream shared by threads; re-entrant calls ------------------------------ */
+
+#define SCALLS 200
+
+typedef struct {
+    cap_cache_t *c;
+    kern_stream_t *s;
+    req_t *r;
+    const float *inputs;  /* [SCALLS][N] latent per call */
+    const float *expect;  /* [SCALLS][N] single-threaded eager results */
+    atomic_int *done, *other_done;   /* calls finished by this thread and by the other */
+    int errors, mismatches, captured, replayed, eager;
+    char first_error[256];
+} shared_worker_t;
+
+static void *shared_worker_main(void *arg) {
+    shared_worker_t *w = arg;
+    for (int k = 0; k < SCALLS; k++) {
+        /* Lockstep: call k starts once the other thread finished call k-2,
+         * so the two threads' calls overlap from the first to the last
+         * (whatever the scheduler does) instead of one running ahead alone. */
+        while (atomic_load(w->other_done) < k - 1) sched_yield();
+        memcpy(w->r->x, w->inputs + (size_t)k * N, N * sizeof(float));
+        cap_result_t res;
+        if (req_try(w->c, w->s, w->r, &res) != 0) {
+            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, kern_error());
+            continue;
+        }
+        if (memcmp(w->r->out, w->expect + (size_t)k * N, N * sizeof(float)) != 0) w->mismatches++;
+        if (res.ran == CAP_RAN_CAPTURED) w->captured++;
+        else if (res.ran == CAP_RAN_REPLAYED) w->replayed++;
+        else w->eager++;
+        atomic_store(w->done, k + 1);
+    }
+    return NULL;
+}
+
+START_TEST(test_two_threads_sharing_one_stream_never_get_each_others_results) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    static float inputs[2][SCALLS][N], expect[2][SCALLS][N];
+    req_t reqs[2];
+    shared_worker_t w[2];
+    pthread_t th[2];
+    atomic_int done[2];
+    atomic_init(&done[0], 0);
+    atomic_init(&done[1], 0);
+    /* Same key, same model object, one stream: one entry, two callers with
+     * their own latents and contexts. The step yields mid-launch, so the
+     * other thread gets to run while a call is using the workspace. */
+    step_user_t uy = { .w = weight_tensor(WA), .kind = STEP_YIELD };
+    for (int t = 0; t < 2; t++) {
+        req_init(&reqs[t], &PROG_A, &uy, "syn:one-stream", ROWS, COLS, "wA", 1);
+        for (int k = 0; k < SCALLS; k++) {
+            fill(inputs[t][k], N, -1.f, 1.f);
+            eager_ref(&uy, &reqs[t].key, inputs[t][k], reqs[t].ctx, NULL, 0, expect[t][k]);
+        }
+        w[t] = (shared_worker_t){ .c = C, .s = S, .r = &reqs[t], .inputs = &inputs[t][0][0],
+                                  .expect = &expect[t][0][0], .done = &done[t], .other_done = &done[1 - t] };
+    }
+    ck_assert_msg(memcmp(expect[0][0], expect[1][0], sizeof expect[0][0]) != 0, "the callers must differ");
+    for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, shared_worker_main, &w[t]), 0);
+    for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+    int replayed = 0;
+    for (int t = 0; t < 2; t++) {
+        ck_assert_msg(w[t].errors == 0, "thread %d: %d failed calls, first: %s", t, w[t].errors, w[t].first_error);
+        ck_assert_msg(w[t].mismatches == 0, "thread %d: %d of %d outputs are not its own eager result", t,
+                      w[t].mismatches, SCALLS);
+        ck_assert_int_eq(w[t].captured + w[t].replayed + w[t].eager, SCALLS);
+        replayed += w[t].replayed;
+    }
+    /* The graph was really shared: two warmups, at most one pinned-input
+     * move (the other thread's context) and two captures are not replays. */
+    ck_assert_msg(replayed >= 2 * SCALLS - 5, "only %d of %d calls replayed", replayed, 2 * SCALLS);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.calls, 2 * SCALLS);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.replays, (uint64_t)replayed);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_ENTRY_BUSY], 0); /* serialized, not declined */
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+START_TEST(test_reentrant_dispatch_on_an_entry_in_use_declines_entry_busy_and_runs_eagerly_in_a_transient_workspace) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER };
+    req_t outer, inner;
+    req_init(&outer, &PROG_A, &ur, "syn:reenter", ROWS, COLS, "wA", 1);
+    req_init(&inner, &PROG_A, &ur, "syn:reenter", ROWS, COLS, "wA", 1); /* same key, same user */
+    ur.cache = C;
+    ur.inner = &inner;
+    ur.reenter_left = 1;
+    ur.inner_rc = -2;
+    size_t pre = kern_bytes_in_use(B);
+
+    cap_result_t res = req_call(C, S, &outer);
+    ck_assert_int_eq(ur.reenter_left, 0);
+    ck_assert_msg(ur.inner_rc == 0, "the inner call failed (rc %d): %s", ur.inner_rc, ur.inner_err);
+    expect_eager(ur.inner_res, CAP_DECLINE_ENTRY_BUSY, "inner call", 0);
+    expect_eager(res, CAP_DECLINE_WARMING_UP, "outer call", 0);
+    req_expect_eager_bits(&inner, "inner call (its own inputs)", 0);
+    req_expect_eager_bits(&outer, "outer call (its own inputs)", 0);
+    ck_assert_msg(memcmp(inner.out, outer.out, N * sizeof(float)) != 0, "the two calls must give different results");
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.calls, 2);
+    ck_assert_uint_eq(st.transient_runs, 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_ENTRY_BUSY], 1);
+    ck_assert_uint_eq(st.eager_runs, 2);
+    ck_assert_uint_eq(st.entries, 1); /* the transient workspace is not held... */
+    ck_assert_uint_eq(st.bytes_held, st.ws_bytes);
+    ck_assert_uint_eq(kern_bytes_in_use(B), pre + st.ws_bytes); /* ...and was freed */
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_ENTRY_BUSY), 1);
+    ck_assert(warned_about("entry_busy"));
+    ck_assert(cap_cache_invariants(C));
+
+    /* The outer entry was not disturbed: it warms up, captures and replays. */
+    for (int i = 1; i < 5; i++) {
+        fill(outer.x, N, -1.f, 1.f);
+        res = req_call(C, S, &outer);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "outer call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "outer call", i);
+        req_expect_eager_bits(&outer, "outer call", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.transient_runs, 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.entries, 1);
+}
+END_TEST
+
+/* ---- entries belong to their model -------------------------------------------- */
+
+START_TEST(test_same_key_from_another_model_object_never_replays_the_first_ones_graph) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    float *w2 = dev_floats(WMAX);
+    fill(w2, WMAX, 0.5f, 1.5f); /* other weights than WA's */
+    step_user_t u1 = { .w = weight_tensor(WA), .kind = STEP_PLAIN };
+    step_user_t u2 = { .w = weight_tensor(w2), .kind = STEP_PLAIN };
+    req_t r1, r2;
+    req_init(&r1, &PROG_A, &u1, "syn:twin", ROWS, COLS, "wA", 1);
+    req_init(&r2, &PROG_A, &u2, "syn:twin", ROWS, COLS, "wA", 1);
+    ck_assert_uint_eq(cap_key_hash(&r1.key), cap_key_hash(&r2.key));
+    memcpy(r2.ctx, r1.ctx, N * sizeof(float)); /* same values: only the weights differ */
+    req_warm_capture_replay(C, S, &r1, 2);
+
+    for (int i = 0; i < 5; i++) {
+        fill(r1.x, N, -1.f, 1.f);
+        memcpy(r2.x, r1.x, N * sizeof(float));
+        float first[N];
+        eager_ref(&u1, &r1.key, r1.x, r1.ctx, NULL, 0, first);
+        cap_result_t res = req_call(C, S, &r2);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "second model call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "second model call", i);
+        req_expect_eager_bits(&r2, "second model call", i);
+        ck_assert_msg(memcmp(r2.out, first, sizeof first) != 0, "call %d: the second model got the first's result", i);
+        /* The first model keeps its own graph. */
+        expect_ran(req_call(C, S, &r1), CAP_RAN_REPLAYED, "first model call", i);
+        req_expect_eager_bits(&r1, "first model call", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert_uint_eq(st.graphs, 2);
+    ck_assert_uint_eq(st.captures, 2);
+}
+END_TEST
+
+/* ---- what a step writes, and weights freed under a graph ------------------------ */
+
+START_TEST(test_step_that_writes_a_pinnable_input_is_refused_mutable_input_and_the_callers_buffer_is_unchanged) {
+    cap_options_t o = test_options();
+    ck_assert(o.pin_inputs);
+    C = new_cache(&o);
+    step_user_t uw = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX };
+    req_t a;
+    req_init(&a, &PROG_A, &uw, "syn:writes-ctx", ROWS, COLS, "wA", 1);
+    float before[N];
+    uint64_t pinned_at_capture = 0;
+    for (int i = 0; i < 9; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        if (i == 6) fill(a.ctx, N, -1.f, 1.f); /* new contents at the same address */
+        memcpy(before, a.ctx, sizeof before);
+        cap_result_t res = req_call(C, S, &a);
+        ck_assert_msg(memcmp(a.ctx, before, sizeof before) == 0, "call %d changed the caller's context", i);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else if (i == 2) expect_eager(res, CAP_DECLINE_MUTABLE_INPUT, "capture call (pinned context)", i);
+        else expect_ran(res, i == 3 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
+        req_expect_eager_bits(&a, "call", i);
+        if (i == 2) {
+            cap_stats_t st = stats(C);
+            ck_assert_uint_eq(st.declines[CAP_DECLINE_MUTABLE_INPUT], 1);
+            ck_assert_uint_eq(st.graphs, 0);
+            ck_assert_uint_eq(st.captures, 0);
+            ck_assert_uint_gt(st.bind_bytes_pinned, 0); /* the context was pinned for the capture */
+            pinned_at_capture = st.bind_bytes_pinned;
+        }
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.bind_bytes_pinned, pinned_at_capture); /* copied from then on */
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_MUTABLE_INPUT], 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.replays, 5);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_MUTABLE_INPUT), 1);
+}
+END_TEST
+
+START_TEST(test_weights_freed_and_reallocated_without_a_sync_decline_weights_moved_and_never_read_freed_memory) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    float *w1 = kern_alloc(B, WMAX * sizeof(float)); /* freed by this test, not by teardown */
+    ck_assert_msg(w1 != NULL, "kern_alloc: %s", kern_error());
+    fill(w1, WMAX, -0.5f, 0.5f);
+    step_user_t uw = { .w = weight_tensor(w1), .kind = STEP_PLAIN };
+    req_t a;
+    req_init(&a, &PROG_W, &uw, "syn:wfree", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+
+    /* The model reloads its weights elsewhere and frees the old buffer; no
+     * cap_component_update. The new buffer exists before the old one is
+     * freed, so its address differs. */
+    float *w2 = dev_floats(WMAX);
+    fill(w2, WMAX, 0.5f, 1.5f);
+    fill(a.x, N, -1.f, 1.f);
+    float old_ref[N];
+    eager_ref(&uw, &a.key, a.x, a.ctx, NULL, 0, old_ref);
+    uw.w = weight_tensor(w2);
+    kern_free(B, w1);
+    cap_stats_t before = stats(C);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_WEIGHTS_MOVED, "call after the reload", 0);
+    req_expect_eager_bits(&a, "call after the reload", 0);
+    ck_assert_msg(memcmp(a.out, old_ref, sizeof old_ref) != 0, "the new weights change nothing");
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WEIGHTS_MOVED], before.declines[CAP_DECLINE_WEIGHTS_MOVED] + 1);
+    ck_assert_uint_eq(st.replays, before.replays);
+    ck_assert_uint_eq(st.graphs, 0); /* the graph that baked w1 is gone */
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_WEIGHTS_MOVED), 1);
+
+    /* It learns again from the new weights. */
+    for (int i = 0; i < 6; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "re-warm call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "re-warm call", i);
+        req_expect_eager_bits(&a, "re-warm call", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 2);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WEIGHTS_MOVED], 1);
+}
+END_TEST
+
+/* ---- runtime audits --------------------------------------------------------------- */
+
+START_TEST(test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and_keeps_the_eager_result) {
+    cap_options_t o = test_options();
+    o.audit_every = 3;
+    C = new_cache(&o);
+    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    req_t a;
+    req_init(&a, &PROG_A, &uh, "syn:hidden", ROWS, COLS, "wA", 1);
+    size_t pre = kern_bytes_in_use(B);
+    g_hidden = 0.25f;
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else expect_ran(res, CAP_RAN_CAPTURED, "call", i);
+        req_expect_eager_bits(&a, "call", i);
+    }
+    /* The value changes; the key, constants, inputs and weights do not. */
+    g_hidden = 4.0f;
+    reset_records();
+    for (int i = 1; i <= 2; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "replay before the audit", i);
+        float now_ref[N], baked_ref[N];
+        eager_ref(&uh, &a.key, a.x, a.ctx, NULL, 0, now_ref);
+        ck_assert_msg(memcmp(a.out, now_ref, sizeof now_ref) != 0, "replay %d is not stale: nothing is baked", i);
+        g_hidden = 0.25f;
+        eager_ref(&uh, &a.key, a.x, a.ctx, NULL, 0, baked_ref);
+        g_hidden = 4.0f;
+        expect_bits(a.out, baked_ref, N, "replay before the audit (the baked value)", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.audits, 0);
+    ck_assert_uint_eq(st.replays, 2);
+
+    /* The third replay-eligible call is audited: replay != eager. */
+    fill(a.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_AUDIT_MISMATCH, "audited call", 3);
+    req_expect_eager_bits(&a, "audited call", 3);
+    st = stats(C);
+    ck_assert_uint_eq(st.audits, 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_AUDIT_MISMATCH], 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_AUDIT_MISMATCH], 1);
+    ck_assert_uint_eq(st.replays, 2);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.bytes_held, 0);
+    ck_assert_uint_eq(kern_bytes_in_use(B), pre);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_AUDIT_MISMATCH), 1);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_AUDIT_MISMATCH), 1);
+    ck_assert_uint_eq(find_event(CAP_EV_EVICT, CAP_EVICT_AUDIT_MISMATCH, 0)->key_hash, cap_key_hash(&a.key));
+    ck_assert(warned_about("audit_mismatch"));
+    ck_assert(cap_cache_invariants(C));
+
+    /* A new entry starts over. */
+    fill(a.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_WARMING_UP, "call after the eviction", 4);
+    req_expect_eager_bits(&a, "call after the eviction", 4);
+    ck_assert_uint_eq(stats(C).entries, 1);
+}
+END_TEST
+
+START_TEST(test_audits_of_a_pure_step_pass_and_count_one_in_n_replays) {
+    cap_options_t o = test_options();
+    o.audit_every = 4;
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:audited", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else expect_ran(res, CAP_RAN_CAPTURED, "call", i);
+    }
+    for (int k = 1; k <= 20; k++) {
+        fill(a.x, N, -1.f, 1.f);
+        if (k % 5 == 0) fill(a.ctx, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "replay-eligible call", k);
+        req_expect_eager_bits(&a, "replay-eligible call", k);
+        cap_stats_t st = stats(C);
+        ck_assert_msg(st.audits == (uint64_t)(k / 4), "after %d replay-eligible calls: %llu audits, expected %d", k,
+                      (unsigned long long)st.audits, k / 4);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.audits, 5);
+    ck_assert_uint_eq(st.replays, 20);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_AUDIT_MISMATCH], 0);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_AUDIT_MISMATCH], 0);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+}
+END_TEST
+
+/* ---- admission ------------------------------------------------------------------- */
+
+START_TEST(test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    cap_options_t o = test_options();
+    o.budget_bytes = ws / 2;
+    C = new_cache(&o);
+    /* Measured after allocating (PROG_A), and stated before (PROG_SIZED). */
+    const cap_program_t *progs[2] = { &PROG_A, &PROG_SIZED };
+    size_t pre = kern_bytes_in_use(B);
+    int calls = 0;
+    for (int p = 0; p < 2; p++) {
+        req_t a;
+        req_init(&a, progs[p], &uA, "syn:no-room", ROWS, COLS, "wA", 1);
+        if (p == 1) ck_assert_uint_eq(step_ws_size(&uA, &a.key), ws);
+        for (int i = 0; i < 5; i++) {
+            fill(a.x, N, -1.f, 1.f);
+            expect_eager(req_call(C, S, &a), CAP_DECLINE_BUDGET_EXCEEDED, progs[p]->name, i);
+            req_expect_eager_bits(&a, progs[p]->name, i);
+            calls++;
+            cap_stats_t st = stats(C);
+            ck_assert_uint_eq(st.entries, 0);
+            ck_assert_uint_eq(st.bytes_held, 0);
+            ck_assert_uint_eq(kern_bytes_in_use(B), pre);
+        }
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.transient_runs, (uint64_t)calls);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_BUDGET_EXCEEDED], (uint64_t)calls);
+    ck_assert_uint_eq(st.eager_runs, (uint64_t)calls);
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+/* ---- invariants ------------------------------------------------------------------ */
+
+#define RSHAPES 6
+#define RSTREAMS 3
+#define ROPS 2000
+
+typedef struct {
+    req_t r;
+    float *ctx_home, *ctx_alt;   /* the context moves between two buffers now and then */
+    const char *comp;            /* component its key lists (NULL: none) */
+} rreq_t;
+
+START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant) {
+    /* The last shape never fits the budget: its calls run in transient workspaces. */
+    static const int64_t shapes[RSHAPES][2] = { { 8, 8 }, { 4, 16 }, { 2, 32 }, { 16, 16 }, { 1, 64 }, { WMAX, WMAX } };
+    size_t ws8, g;
+    probe_entry(&ws8, &g);
+    cap_options_t o = test_options();
+    o.on_event = NULL;
+    /* Room for the hot set (below) and a few others: cold keys push out
+     * least recently used entries all along. */
+    o.budget_bytes = 8 * (ws8 + g) + (3 * 16 * 16 * sizeof(float) + g);
+    C = new_cache(&o);
+    ck_assert(cap_cache_invariants(C));
+    kern_stream_t *streams[RSTREAMS] = { S, extra_stream(), extra_stream() };
+    /* Second residences, so a sync can move a component. */
+    float *home[2] = { WA, WB }, *away[2] = { dev_floats(WMAX), dev_floats(WMAX) };
+    step_user_t *users[2] = { &uA, &uB };
+    const char *names[2] = { "wA", "wB" };
+    uint64_t ver[2] = { 1, 1 };
+
+    /* rq[2s + p]: shape s, program p (A reads wA, B reads wB); then two
+     * keys that omit the component they read (wA). */
+    static rreq_t rq[2 * RSHAPES + 2];
+    int nr = 0;
+    for (int s = 0; s < RSHAPES; s++)
+        for (int p = 0; p < 2; p++) {
+            rreq_t *q = &rq[nr++];
+            req_init(&q->r, p ? &PROG_B : &PROG_A, users[p], "syn:rand", shapes[s][0], shapes[s][1], names[p], 1);
+            q->comp = names[p];
+        }
+    for (int s = 0; s < 2; s++) {
+        rreq_t *q = &rq[nr++];
+        req_init(&q->r, &PROG_A, &uA, "syn:rand-nocomp", shapes[3 * s][0], shapes[3 * s][1], NULL, 0);
+        q->comp = NULL;
+    }
+    for (int i = 0; i < nr; i++) {
+        rq[i].ctx_home = rq[i].r.ctx;
+        rq[i].ctx_alt = host_alloc((size_t)rq[i].r.n * sizeof(float));
+    }
+    /* The hot set: most calls go to three keys on two streams, so entries
+     * live long enough to capture and replay; the rest is uniform. */
+    const int hot[3] = { 0, 1, 2 * RSHAPES };
+
+    uint64_t st_rng = 0x0ddba11cafef00dull;
+    uint64_t ran[3] = { 0 };
+    for (int op = 0; op < ROPS; op++) {
+        unsigned pick = (unsigned)(next_u64(&st_rng) % 100);
+        if (pick < 94) {
+            bool is_hot = next_u64(&st_rng) % 4 != 0;
+            rreq_t *q = is_hot ? &rq[hot[next_u64(&st_rng) % 3]] : &rq[next_u64(&st_rng) % (uint64_t)nr];
+            req_t *r = &q->r;
+            kern_stream_t *s = streams[next_u64(&st_rng) % (is_hot ? 2 : RSTREAMS)];
+            unsigned flags = (unsigned)(next_u64(&st_rng) % 100);
+            if (flags < 3) { /* the context moves to the other buffer (same values) */
+                float *to = r->ctx == q->ctx_home ? q->ctx_alt : q->ctx_home;
+                memcpy(to, r->ctx, (size_t)r->n * sizeof(float));
+                r->ctx = to;
+                r->in[1] = host_tensor(to, r->rows, r->cols);
+            } else if (flags < 10) {
+                fill_st(&st_rng, r->ctx, (size_t)r->n, -1.f, 1.f); /* new values, same address */
+            }
+            r->not_capturable = flags >= 10 && flags < 12;
+            r->override = flags >= 12 && flags < 14;
+            fill_st(&st_rng, r->x, (size_t)r->n, -1.f, 1.f);
+            cap_result_t res;
+            int rc = req_try(C, s, r, &res);
+            ck_assert_msg(rc == 0, "op %d: cap_dispatch failed: %s", op, kern_error());
+            ck_assert_msg(res.ran >= CAP_RAN_EAGER && res.ran <= CAP_RAN_REPLAYED, "op %d: ran %d", op, res.ran);
+            ran[res.ran]++;
+            req_expect_eager_bits(r, "dispatch op", op);
+        } else if (pick < 96) {
+            /* A weight sync (evict policy): new values, half the time in a
+             * new residence (the old one is scribbled). */
+            int k = (int)(next_u64(&st_rng) % 2);
+            bool move = next_u64(&st_rng) % 2;
+            float *now = kern_tensor_ptr(&users[k]->w);
+            float *dst = move ? (now == home[k] ? away[k] : home[k]) : now;
+            fill_st(&st_rng, dst, WMAX, -0.5f, 0.5f);
+            if (move) {
+                users[k]->w = weight_tensor(dst);
+                for (int i = 0; i < WMAX; i++) now[i] = 1e6f;
+            }
+            int n = cap_component_update(C, names[k], dst, WMAX * sizeof(float), ++ver[k]);
+            ck_assert_msg(n >= 0, "op %d: sync: %s", op, kern_error());
+            for (int i = 0; i < nr; i++)
+                if (rq[i].comp == names[k]) ck_assert_int_eq(cap_key_set_version(&rq[i].r.key, names[k], ver[k]), 0);
+        } else if (pick < 98) {
+            rreq_t *q = &rq[next_u64(&st_rng) % (uint64_t)nr];
+            cap_evict_reason_t why = next_u64(&st_rng) % 2 ? CAP_EVICT_EXPLICIT : CAP_EVICT_SHAPE_CHANGE;
+            int n = cap_evict_key(C, &q->r.key, why);
+            ck_assert_msg(n >= 0 && n <= RSTREAMS, "op %d: evicted %d entries of one key", op, n);
+        } else {
+            cap_stats_t st = stats(C);
+            ck_assert_uint_eq(st.bytes_held, st.ws_bytes + st.graph_bytes);
+        }
+        ck_assert_msg(cap_cache_invariants(C), "op %d broke an invariant (see stderr)", op);
+        cap_stats_t st = stats(C);
+        ck_assert_msg(st.bytes_held <= o.budget_bytes, "op %d: %zu bytes held over the budget %zu", op, st.bytes_held,
+                      o.budget_bytes);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+    ck_assert_uint_eq(st.calls, ran[0] + ran[1] + ran[2]);
+    ck_assert_uint_eq(st.replays, ran[CAP_RAN_REPLAYED]);
+    /* The sequence exercised what it claims to (fixed seed: deterministic). */
+    ck_assert_uint_gt(st.evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_gt(st.evictions[CAP_EVICT_WEIGHT_SYNC], 0);
+    ck_assert_uint_gt(st.declines[CAP_DECLINE_WEIGHTS_MOVED], 0);
+    ck_assert_uint_gt(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 0);
+    ck_assert_uint_gt(st.declines[CAP_DECLINE_BUDGET_EXCEEDED], 0);
+    ck_assert_uint_gt(ran[CAP_RAN_CAPTURED], 0);
+    ck_assert_uint_gt(ran[CAP_RAN_REPLAYED], ROPS / 4);
+}
+END_TEST
+
+START_TEST(test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache) {
+    cap_options_t o = test_options();
+    size_t base = kern_bytes_in_use(B);
+    C = new_cache(&o);
+    ck_assert(cap_cache_invariants(C));
+    kern_stream_t *s2 = extra_stream();
+    req_t a, b;
+    req_init(&a, &PROG_A, &uA, "syn:rebuilt-a", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_B, &uB, "syn:rebuilt-b", 4, 16, "wB", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    ck_assert(cap_cache_invariants(C));
+    req_warm_capture_replay(C, s2, &a, 2);
+    expect_eager(req_call(C, s2, &b), CAP_DECLINE_WARMING_UP, "b", 0);
+    ck_assert(cap_cache_invariants(C));
+    ck_assert_uint_eq(stats(C).entries, 3);
+    ck_assert_uint_gt(kern_bytes_in_use(B), base);
+
+    cap_cache_destroy(&C);
+    ck_assert_ptr_null(C);
+    ck_assert_uint_eq(kern_bytes_in_use(B), base); /* everything the cache held is freed */
+
+    /* A new cache on the same streams and keys starts from nothing. */
+    C = new_cache(&o);
+    ck_assert(cap_cache_invariants(C));
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.bytes_held, 0);
+    ck_assert_uint_eq(st.calls, 0);
+    for (int i = 0; i < 4; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "rebuilt cache call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "rebuilt cache call", i);
+        req_expect_eager_bits(&a, "rebuilt cache call", i);
+        ck_assert(cap_cache_invariants(C));
+    }
+    ck_assert_uint_eq(stats(C).entries, 1);
+}
+END_TEST
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -1565,6 +2214,16 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_decline_and_eviction_events_carry_the_right_reason);
     tcase_add_test(tc, test_destroy_emits_shutdown_evictions);
     tcase_add_test(tc, test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_and_device);
+    tcase_add_test(tc, test_two_threads_sharing_one_stream_never_get_each_others_results);
+    tcase_add_test(tc, test_reentrant_dispatch_on_an_entry_in_use_declines_entry_busy_and_runs_eagerly_in_a_transient_workspace);
+    tcase_add_test(tc, test_same_key_from_another_model_object_never_replays_the_first_ones_graph);
+    tcase_add_test(tc, test_step_that_writes_a_pinnable_input_is_refused_mutable_input_and_the_callers_buffer_is_unchanged);
+    tcase_add_test(tc, test_weights_freed_and_reallocated_without_a_sync_decline_weights_moved_and_never_read_freed_memory);
+    tcase_add_test(tc, test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and_keeps_the_eager_result);
+    tcase_add_test(tc, test_audits_of_a_pure_step_pass_and_count_one_in_n_replays);
+    tcase_add_test(tc, test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing);
+    tcase_add_test(tc, test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant);
+    tcase_add_test(tc, test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache);
     suite_add_tcase(s, tc);
     return s;
 }
