@@ -1,6 +1,7 @@
 #!/bin/sh
 # cli_mixed.sh -- a long, varied sequence of requests through a real
-# reel-broker and one real reel-worker (--streams 1, then --streams 2), each
+# reel-broker and one real reel-worker (--streams 1, --streams 2, then
+# --streams 2 with every replay audited), each
 # result compared bitwise with `reelctl run` on the same inputs (issue 7).
 # The sequence mixes latent shapes (growing, shrinking, interleaved), context
 # lengths, CFG on and off, Euler and SDE, steps and shift, same-key requests
@@ -103,17 +104,18 @@ done
 echo "  (references in $(($(date +%s) - t0)) s)"
 
 # ---- one phase: a broker and one worker with S streams, the whole sequence -
-phase() { # tag streams
-    tag=$1; S=$2
+phase() { # tag streams [extra worker flags...]
+    tag=$1; S=$2; shift 2; XF="$*"
     P="$D/$tag"; mkdir -p "$P"
     CE="ipc://$P/clients"; WE="ipc://$P/workers"; DB="$P/reel.db"
-    echo "== $tag: a broker and one worker with --streams $S --warmup 1"
+    echo "== $tag: a broker and one worker with --streams $S --warmup 1 $XF"
     "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --queue-max 64 \
         >"$P/broker.log" 2>&1 &
     BROKER=$!; PIDS="$PIDS $BROKER"
     wait_for "$P/broker.log" "reel-broker: ready" 10 || { bad "$tag: the broker starts"; return; }
+    # shellcheck disable=SC2086
     "$B/reel-worker" --broker "$WE" --name "mx$S" --weights "$W" --streams "$S" --warmup 1 \
-        --heartbeat-ms 200 >"$P/worker.log" 2>&1 &
+        --heartbeat-ms 200 $XF >"$P/worker.log" 2>&1 &
     WORKER=$!; PIDS="$PIDS $WORKER"
     wait_for "$P/broker.log" "worker mx$S ready" 10 || { bad "$tag: the worker starts"; return; }
 
@@ -186,6 +188,13 @@ phase() { # tag streams
         ok "$tag: reelctl stats shows $caps captures and $reps replays" ||
         { bad "$tag: reelctl stats shows ${caps:-?} captures (wanted >= 5), ${reps:-?} replays (wanted >= $steps_rep)"
           sed 's/^/  | /' "$P/stats.txt"; }
+    # An audit re-runs a replay eagerly and compares bitwise: on a correct
+    # cache it never finds a difference.
+    if "$R" stats --catalog "$DB" --json >"$P/stats.json" 2>&1 && ! grep -q audit_mismatch "$P/stats.json"; then
+        ok "$tag: no audit_mismatch in the catalog"
+    else
+        bad "$tag: the catalog records an audit_mismatch (or stats failed)"; sed 's/^/  | /' "$P/stats.json" | head -5
+    fi
     kill -0 "$WORKER" 2>/dev/null && ok "$tag: the worker is still up" || bad "$tag: the worker died"
     nf=$(grep -c "failed" "$P/worker.log")
     [ "$nf" = 0 ] || { echo "  worker log: $nf lines say failed, the first:"; grep "failed" "$P/worker.log" | head -2 | sed 's/^/  | /'; }
@@ -194,8 +203,20 @@ phase() { # tag streams
         sleep 0.1; i=$((i + 1)); done
     kill -9 "$WORKER" "$BROKER" 2>/dev/null
     wait "$WORKER" "$BROKER" 2>/dev/null
+    # The worker's closing line counts audits: with --audit-every 1 every
+    # replay after a capture is one, so a phase that audits must show some.
+    aud=$(sed -n 's/.*replays (\([0-9]*\) audited, \([0-9]*\) audit mismatches).*/\1 \2/p' "$P/worker.log" | tail -1)
+    case "$XF" in
+    *audit-every*)
+        set -- $aud
+        [ "${1:-0}" -gt 0 ] && [ "${2:-1}" = 0 ] && ok "$tag: the worker audited $1 replays, 0 mismatches" ||
+            bad "$tag: the worker's closing line says '${aud:-nothing}' (wanted audits > 0, 0 mismatches)";;
+    esac
 }
 
 phase s1 1
 phase s2 2
+# Every replay audited (eager re-run, bitwise compare): still exact, and
+# still replaying.
+phase s2a 2 --audit-every 1
 finish

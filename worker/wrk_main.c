@@ -374,7 +374,18 @@ static int run(const wrk_opts_t *o) {
     reel_notify("READY=1\nSTATUS=serving");
 
     code = serve(&l);
-    if (code == 0) wrk_log(&w, "stopping");
+    if (code == 0) {
+        cap_stats_t cs;
+        cap_cache_stats(w.cache, &cs);
+        wrk_log(&w, "stopping; capture cache: %llu captures, %llu replays (%llu audited, %llu audit "
+                "mismatches), %llu eager (%llu in transient workspaces), %llu evictions",
+                (unsigned long long)cs.captures, (unsigned long long)cs.replays, (unsigned long long)cs.audits,
+                (unsigned long long)cs.declines[CAP_DECLINE_AUDIT_MISMATCH], (unsigned long long)cs.eager_runs,
+                (unsigned long long)cs.transient_runs,
+                (unsigned long long)(cs.evictions[CAP_EVICT_LRU] + cs.evictions[CAP_EVICT_WEIGHT_SYNC] +
+                                     cs.evictions[CAP_EVICT_AUDIT_MISMATCH] + cs.evictions[CAP_EVICT_EXPLICIT] +
+                                     cs.evictions[CAP_EVICT_SHAPE_CHANGE]));
+    }
     reel_notify("STOPPING=1");
 
     /* Say goodbye first, so the broker requeues our requests at once. */
