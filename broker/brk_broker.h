@@ -35,6 +35,17 @@ typedef struct {
     size_t n;
 } brk_ident_t;
 
+/* One worker's progress on one component's syncs: what it was sent, and
+ * why it is behind when it is (STATUS shows it as lagging with that
+ * reason). */
+typedef struct {
+    char component[BRK_NAME_MAX];
+    uint64_t sent;             /* newest SYNC version sent (or reported at READY) */
+    bool waiting;              /* its ack of `sent` has not come, and no deadline passed */
+    uint64_t failed;           /* the version `why` is about (0: none) */
+    char why[128];             /* its error applying `failed`, or "no ack within the sync deadline" */
+} brk_wsync_t;
+
 typedef struct brk_worker {
     brk_peer_t route;          /* name, routable, capacity, models, applied versions */
     brk_ident_t ident;
@@ -45,8 +56,8 @@ typedef struct brk_worker {
     int64_t seen_ms;           /* monotonic ms of the last message from it */
     bool dead;                 /* to be dropped by brk_settle */
     const char *dead_why;      /* "expired", "disconnect", "restarted" */
-    brk_version_t sent[BRK_MAX_COMPONENTS]; /* newest SYNC sent per component */
-    int n_sent;
+    brk_wsync_t syncs[BRK_MAX_COMPONENTS];
+    int n_syncs;
     uint64_t keys[BRK_KEYS_RECENT];
     int n_keys;
 } brk_worker_t;
@@ -74,12 +85,15 @@ typedef struct brk_req {
     struct brk_req *prev, *next; /* all live requests (brk_t.reqs) */
 } brk_req_t;
 
-/* The stored current SYNC of one component, forwarded to late joiners. */
+/* The current SYNC of one component: the newest version at least one
+ * live worker applied. Late joiners and lagging workers are caught up to
+ * it; a GEN without "version" needs it. */
 typedef struct {
     char component[BRK_NAME_MAX];
-    uint64_t version;
+    uint64_t version;          /* 0 while no sync of it was ever applied */
+    char sha256[65];
     uint64_t sync_id;          /* the broker's id for it (SYNC "id" to workers) */
-    wire_msg_t *msg;           /* owned; NULL before the first sync */
+    wire_msg_t *msg;           /* owned; NULL while version is 0 */
 } brk_current_t;
 
 typedef struct {
@@ -88,12 +102,27 @@ typedef struct {
     char reason[128];
 } brk_member_t;
 
-/* A SYNC waiting for the workers live when it arrived. */
+/* Who asked for a barrier's SYNC_DONE (a trainer resending a SYNC still
+ * running joins it instead of starting another). */
+typedef struct {
+    brk_ident_t ident;
+    uint64_t id;
+} brk_trainer_t;
+
+/* One SYNC's barrier: the workers live when it arrived, and the trainers
+ * to answer once each has applied it, failed, died or timed out. At most
+ * one per (component, version). While the version is pending (no worker
+ * applied it yet) the barrier owns its SYNC; the first ok ack makes it the
+ * component's current one (msg moves to brk_current_t). A barrier ending
+ * with msg still here changed nothing: the version failed. */
 typedef struct brk_barrier {
     char component[BRK_NAME_MAX];
     uint64_t version;
-    uint64_t trainer_id;
-    brk_ident_t trainer;
+    char sha256[65];
+    uint64_t sync_id;
+    wire_msg_t *msg;           /* owned while pending; NULL once current, or for a resend */
+    brk_trainer_t *trainers;   /* owned */
+    int n_trainers;
     int64_t deadline_ms;
     int n;
     brk_member_t *m;
@@ -144,8 +173,16 @@ brk_worker_t *brk_worker_find(brk_t *b, const zmq_msg_t *identity);
 brk_worker_t *brk_worker_named(brk_t *b, const char *name);
 /* Handles one message on the worker socket (well-formed; routed by type). */
 void brk_on_worker_msg(brk_t *b, wire_msg_t *m);
-/* Sends every stored SYNC newer than what w has (or was sent). */
+/* Sends every current SYNC newer than what w has and was sent. */
 void brk_catch_up(brk_t *b, brk_worker_t *w);
+/* w's sync progress on component (created when create is set). NULL when
+ * there is none (or no room: components are capped at BRK_MAX_COMPONENTS). */
+brk_wsync_t *brk_worker_sync(brk_worker_t *w, const char *component, bool create);
+/* Forwards SYNC msg (component, version, broker id sync_id) to w and notes
+ * it sent and awaiting its ack. 0, or -1 with the failure logged (w is
+ * marked unreachable when its pipe is gone or full). */
+int brk_sync_send(brk_t *b, brk_worker_t *w, const char *component, uint64_t version,
+                  uint64_t sync_id, wire_msg_t *msg);
 /* Sends HEARTBEAT to every worker when due; marks silent ones dead. */
 void brk_worker_timers(brk_t *b, int64_t now);
 /* Drops dead workers: catalog, barriers, requeue or fail their requests.
@@ -177,9 +214,10 @@ int64_t brk_req_next_deadline(const brk_t *b);
 /* ---- brk_sync.c ------------------------------------------------------------- */
 
 void brk_on_sync(brk_t *b, wire_msg_t **mp);
-/* Makes a sync recorded in the catalog (by path) the component's current
- * one again, as if just received: after a broker restart, late joiners are
- * still caught up and requests still need it. 0, or -1 with a message. */
+/* Makes a sync recorded current in the catalog (by path) the component's
+ * current one again: after a broker restart, late joiners are still caught
+ * up, requests still need it and a resend of it is still an ack. 0, or -1
+ * with a message. */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256,
                      const char *path);
 void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m);
@@ -187,8 +225,12 @@ void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m);
 void brk_sync_worker_lost(brk_t *b, const char *worker);
 void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);
-/* The current version of component (0 before any sync). */
+/* The current version of component (0 before any applied sync). */
 uint64_t brk_current_version(const brk_t *b, const char *component);
+/* Why w is behind the current version of component: NULL when it is not,
+ * else a reason written into buf[0..len). */
+const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf,
+                         size_t len);
 void brk_sync_shutdown(brk_t *b);
 
 /* ---- brk_status.c ------------------------------------------------------------ */

@@ -16,6 +16,7 @@ typedef enum {
     CQ_WORKER_SEEN,
     CQ_WORKER_GONE,
     CQ_WEIGHT_VERSION,
+    CQ_WEIGHT_STATE,
     CQ_WORKER_VERSION,
     CQ_CAPTURE,
     CQ_REPLAYS,
@@ -73,6 +74,7 @@ static int apply(cat_t *c, const cq_item_t *it) {
         return cat_worker_seen(c, s[0], s[1], s[2], it->i[0], it->u[0], it->t);
     case CQ_WORKER_GONE: return cat_worker_gone(c, s[0], s[1], it->t);
     case CQ_WEIGHT_VERSION: return cat_weight_version(c, s[0], it->u[0], s[1], s[2], it->t);
+    case CQ_WEIGHT_STATE: return cat_weight_state(c, s[0], it->u[0], s[1], s[2][0] ? s[2] : NULL);
     case CQ_WORKER_VERSION:
         return cat_worker_version(c, s[0], s[1], it->u[0], it->b, it->b ? NULL : s[2], it->t);
     case CQ_CAPTURE:
@@ -242,6 +244,12 @@ void brk_cq_weight_version(brk_catq_t *q, const char *component, uint64_t versio
                            const char *sha256, const char *source) {
     cq_item_t t = { .kind = CQ_WEIGHT_VERSION, .u = { version } };
     push(q, &t, 3, component, sha256, source);
+}
+
+void brk_cq_weight_state(brk_catq_t *q, const char *component, uint64_t version,
+                         const char *state, const char *reason) {
+    cq_item_t t = { .kind = CQ_WEIGHT_STATE, .u = { version } };
+    push(q, &t, 3, component, state, reason);
 }
 
 void brk_cq_worker_version(brk_catq_t *q, const char *worker, const char *component,

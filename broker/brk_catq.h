@@ -39,6 +39,9 @@ void brk_cq_worker_seen(brk_catq_t *q, const char *worker, const char *device, c
 void brk_cq_worker_gone(brk_catq_t *q, const char *worker, const char *why);
 void brk_cq_weight_version(brk_catq_t *q, const char *component, uint64_t version,
                            const char *sha256, const char *source);
+/* cat_weight_state; reason NULL or "" stores none. */
+void brk_cq_weight_state(brk_catq_t *q, const char *component, uint64_t version,
+                         const char *state, const char *reason);
 void brk_cq_worker_version(brk_catq_t *q, const char *worker, const char *component,
                            uint64_t version, bool ok, const char *error);
 void brk_cq_capture(brk_catq_t *q, const char *worker, const char *key_text, const char *key_hash,

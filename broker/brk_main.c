@@ -91,8 +91,12 @@ int main(int argc, char **argv) {
     }
     b.next_id = 1;
     if (cat) { /* resume the current weight versions a previous run published */
+        /* A version still pending was applied by nobody before that run
+         * stopped: resuming it would send every worker a sync none took. */
+        if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
+            brk_log("cannot mark pending weight versions failed: %s", kern_error());
         cat_version_t v[BRK_MAX_COMPONENTS];
-        int n = cat_latest_versions(cat, v, BRK_MAX_COMPONENTS);
+        int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);
         if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
         for (int i = 0; i < n; i++) {
             if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {

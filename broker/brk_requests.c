@@ -237,7 +237,11 @@ void brk_on_gen(brk_t *b, wire_msg_t **mp) {
     r->msg = m;
     snprintf(r->model, sizeof r->model, "%s", g.model);
     r->shard = shard;
-    r->required = g.version > current ? g.version : current;
+    /* "version" is the oldest weights the request may run on: a trainer
+     * asking for an older version than the current one may be served by a
+     * worker that lags on the newest (brk_sync.c); without it, a request
+     * needs the current version, so no worker that failed a sync runs it. */
+    r->required = g.version ? g.version : current;
     r->steps = (int)g.steps;
     r->progress = g.progress;
     r->accepted_ms = brk_now_ms();

@@ -1,25 +1,50 @@
-/* brk_sync.c -- weight syncs: a trainer's SYNC is checked (newer version,
- * sha256, a payload), recorded in the catalog, kept whole as the current
- * SYNC of its component (late joiners get it after READY), and forwarded
- * to every live worker. A barrier then waits for the workers live at that
- * moment: SYNC_DONE goes back when each has acked (ok or not), died, or
- * the deadline passed. Requests needing the new version reach a worker
- * only after its ok ack (brk_peer_eligible reads the acked version). */
+/* brk_sync.c -- weight syncs. A trainer's SYNC is checked (fields, a version
+ * newer than the current and any pending one), recorded in the catalog as
+ * pending and forwarded to every live worker; a barrier then waits for the
+ * workers live at that moment and answers SYNC_DONE once each has acked
+ * (ok or not), died, or the deadline passed.
+ *
+ * A version becomes its component's current one only when a live worker
+ * has applied it (the first ok ack): only then do GENs without "version"
+ * need it, are late joiners sent it after READY, and does the catalog mark
+ * it current (what a restarted broker resumes). A sync that no worker
+ * applied changes nothing: the previous current SYNC stays, the catalog
+ * marks the version failed with the workers' reasons, nobody is caught up
+ * to it, and the trainer's SYNC_DONE (complete false) lists each reason.
+ * Otherwise every GEN would be refused no_worker after a bad file, forever.
+ *
+ * Partly applied: the version is current, and a worker that failed it is
+ * lagging. Requests needing the new version no longer reach it
+ * (brk_peer_eligible reads the acked version); it still serves requests
+ * whose "version" it has; STATUS says why it lags; it is sent the version
+ * again when it reconnects (READY) or when the trainer resends the SYNC.
+ *
+ * Resending the current or a pending version with the same sha256 is an
+ * ack, not stale_version, so a trainer can retry after a timeout: a
+ * pending one joins the running barrier (same SYNC_DONE); the current one
+ * gets a new barrier that retries the lagging workers (complete at once
+ * when none lags). The same version with other weights is stale_version. */
 #include "broker/brk_broker.h"
 #include "kernels/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "broker/brk_log.h"
 
 enum { M_WAITING, M_APPLIED, M_FAILED };
 
-uint64_t brk_current_version(const brk_t *b, const char *component) {
+static const brk_current_t *find_current(const brk_t *b, const char *component) {
     for (int i = 0; i < b->n_cur; i++)
-        if (!strcmp(b->cur[i].component, component)) return b->cur[i].version;
-    return 0;
+        if (!strcmp(b->cur[i].component, component)) return &b->cur[i];
+    return NULL;
+}
+
+uint64_t brk_current_version(const brk_t *b, const char *component) {
+    const brk_current_t *c = find_current(b, component);
+    return c ? c->version : 0;
 }
 
 static brk_current_t *current_slot(brk_t *b, const char *component) {
@@ -32,11 +57,54 @@ static brk_current_t *current_slot(brk_t *b, const char *component) {
     return c;
 }
 
+static void free_msg(wire_msg_t **mp) {
+    if (!*mp) return;
+    wire_msg_close(*mp);
+    free(*mp);
+    *mp = NULL;
+}
+
+static brk_barrier_t *barrier_of(brk_t *b, const char *component, uint64_t version) {
+    for (brk_barrier_t *s = b->barriers; s; s = s->next)
+        if (s->version == version && !strcmp(s->component, component)) return s;
+    return NULL;
+}
+
+/* The newest version of component still pending (0: none). */
+static uint64_t newest_pending(const brk_t *b, const char *component) {
+    uint64_t v = 0;
+    for (const brk_barrier_t *s = b->barriers; s; s = s->next)
+        if (s->msg && s->version > v && !strcmp(s->component, component)) v = s->version;
+    return v;
+}
+
+static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component) {
+    for (int i = 0; i < w->n_syncs; i++)
+        if (!strcmp(w->syncs[i].component, component)) return &w->syncs[i];
+    return NULL;
+}
+
+const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf,
+                         size_t len) {
+    uint64_t cv = brk_current_version(b, component);
+    if (!cv || brk_peer_version(&w->route, component) >= cv) return NULL;
+    const brk_wsync_t *ws = wsync_of(w, component);
+    if (ws && ws->waiting && ws->sent >= cv)
+        snprintf(buf, len, "applying v%llu", (unsigned long long)cv);
+    else if (ws && ws->why[0] && ws->failed >= cv)
+        snprintf(buf, len, "v%llu: %s", (unsigned long long)ws->failed, ws->why);
+    else if (!w->route.routable)
+        snprintf(buf, len, "v%llu not sent: unreachable", (unsigned long long)cv);
+    else
+        snprintf(buf, len, "v%llu not sent yet", (unsigned long long)cv);
+    return buf;
+}
+
 static int cmp_member(const void *a, const void *b) {
     return strcmp(((const brk_member_t *)a)->worker, ((const brk_member_t *)b)->worker);
 }
 
-/* Appends "a,b" (applied) or "a (why), b (why)" (failed) to buf; "-" when
+/* Writes "a,b" (applied) or "a (why), b (why)" (failed) into buf; "-" when
  * there are none. */
 static void list_members(const brk_barrier_t *s, int state, char *buf, size_t len) {
     size_t n = 0;
@@ -52,42 +120,83 @@ static void list_members(const brk_barrier_t *s, int state, char *buf, size_t le
     if (!buf[0]) snprintf(buf, len, "-");
 }
 
-/* Answers the trainer and frees s (already unlinked). */
-static void finish(brk_t *b, brk_barrier_t *s) {
-    int failed = 0;
-    wire_val_t *h = wire_hdr("SYNC_DONE", s->trainer_id);
+/* SYNC_DONE of barrier s for the trainer's request `id`. NULL on
+ * out-of-memory. */
+static wire_val_t *done_hdr(const brk_t *b, const brk_barrier_t *s, uint64_t id, bool complete) {
+    wire_val_t *h = wire_hdr("SYNC_DONE", id);
     wire_val_t *applied = wv_arr(), *fails = wv_arr();
-    for (int i = 0; i < s->n; i++) {
+    bool ok = h && applied && fails;
+    for (int i = 0; ok && i < s->n; i++) {
         if (s->m[i].state == M_APPLIED) {
-            wv_push(applied, wv_str(s->m[i].worker));
+            ok = wv_push(applied, wv_str(s->m[i].worker)) == 0;
         } else {
-            failed++;
             wire_val_t *f = wv_map();
-            wv_set(f, "worker", wv_str(s->m[i].worker));
-            wv_set(f, "reason", wv_str(s->m[i].reason));
-            wv_push(fails, f);
+            ok = f && wv_set(f, "worker", wv_str(s->m[i].worker)) == 0 &&
+                 wv_set(f, "reason", wv_str(s->m[i].reason)) == 0;
+            ok = wv_push(fails, f) == 0 && ok;
         }
     }
-    bool ok = h && wv_set(h, "component", wv_str(s->component)) == 0 &&
-              wv_set(h, "version", wv_u64(s->version)) == 0 && wv_set(h, "applied", applied) == 0;
-    applied = NULL;
-    ok = ok && wv_set(h, "failed", fails) == 0;
-    fails = NULL;
-    /* With no live worker nothing was applied: not complete (a trainer
-     * waiting on the barrier must not take silence for success). */
-    bool complete = failed == 0 && s->n > 0;
-    ok = ok && wv_set(h, "complete", wv_bool(complete)) == 0;
-    if (!ok || brk_send_to(b->clients, &s->trainer, h, NULL, 0) < 0)
-        brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component,
-                (unsigned long long)s->version);
-    wv_free(&h);
+    ok = ok && wv_set(h, "component", wv_str(s->component)) == 0 &&
+         wv_set(h, "version", wv_u64(s->version)) == 0;
+    if (ok) {
+        ok = wv_set(h, "applied", applied) == 0;
+        applied = NULL;
+    }
+    if (ok) {
+        ok = wv_set(h, "failed", fails) == 0;
+        fails = NULL;
+    }
+    /* "current" tells the trainer whether its version took effect at all
+     * (it is this version, or a newer one, once some worker applied it). */
+    ok = ok && wv_set(h, "complete", wv_bool(complete)) == 0 &&
+         wv_set(h, "current", wv_u64(brk_current_version(b, s->component))) == 0;
     wv_free(&applied);
     wv_free(&fails);
+    if (!ok) wv_free(&h);
+    return h;
+}
+
+/* Settles the catalog state of a version that never became current,
+ * answers every trainer, and frees s (already unlinked). */
+static void finish(brk_t *b, brk_barrier_t *s) {
+    int failed = 0, applied = 0;
+    for (int i = 0; i < s->n; i++) {
+        if (s->m[i].state == M_APPLIED) applied++;
+        else failed++;
+    }
     char a[512], f[512];
     list_members(s, M_APPLIED, a, sizeof a);
     list_members(s, M_FAILED, f, sizeof f);
+    uint64_t cur = brk_current_version(b, s->component);
+    if (s->msg) {
+        /* Still pending: no worker applied it before a newer version became
+         * current (superseded), or none applied it at all (failed). */
+        char why[600];
+        if (applied)
+            snprintf(why, sizeof why, "applied after v%llu became current", (unsigned long long)cur);
+        else if (s->n == 0)
+            snprintf(why, sizeof why, "no live worker");
+        else
+            snprintf(why, sizeof why, "no worker applied it: %s", f);
+        brk_cq_weight_state(b->cat, s->component, s->version, applied ? "superseded" : "failed", why);
+        if (!applied)
+            brk_log("sync %s v%llu failed, nothing changed (%s stays v%llu): %s", s->component,
+                    (unsigned long long)s->version, s->component, (unsigned long long)cur, why);
+        free_msg(&s->msg);
+    }
+    /* With no live worker nothing was applied: not complete (a trainer
+     * waiting on the barrier must not take silence for success). */
+    bool complete = failed == 0 && s->n > 0;
+    for (int t = 0; t < s->n_trainers; t++) {
+        wire_val_t *h = done_hdr(b, s, s->trainers[t].id, complete);
+        if (!h || brk_send_to(b->clients, &s->trainers[t].ident, h, NULL, 0) < 0)
+            brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component,
+                    (unsigned long long)s->version);
+        wv_free(&h);
+    }
     brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component,
-            (unsigned long long)s->version, failed == 0 && s->n > 0 ? "complete" : "incomplete", a, f);
+            (unsigned long long)s->version, complete ? "complete" : "incomplete", a, f);
+    free(s->trainers);
     free(s->m);
     free(s);
 }
@@ -107,6 +216,106 @@ static void settle_barriers(brk_t *b) {
     }
 }
 
+/* A worker applied pending barrier s's version: it becomes the component's
+ * current one, unless a newer one already is. */
+static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
+    brk_current_t *cur = s->msg ? current_slot(b, s->component) : NULL;
+    if (!cur || s->version <= cur->version) return;
+    free_msg(&cur->msg);
+    cur->msg = s->msg;
+    s->msg = NULL;
+    cur->version = s->version;
+    snprintf(cur->sha256, sizeof cur->sha256, "%s", s->sha256);
+    cur->sync_id = s->sync_id;
+    brk_cq_weight_state(b->cat, s->component, s->version, "current", NULL);
+    brk_log("%s v%llu is current (applied by %s)", s->component, (unsigned long long)s->version, by);
+    /* Workers that joined while it was pending are sent it now. */
+    for (int i = 0; i < b->n_w; i++)
+        if (!b->w[i]->dead) brk_catch_up(b, b->w[i]);
+}
+
+/* A barrier for (component, version) answering trainer `id` at `from`,
+ * with room for every registered worker. NULL on out-of-memory. */
+static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t version,
+                                  const char *sha256, const wire_msg_t *from, uint64_t deadline) {
+    brk_barrier_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->trainers = calloc(1, sizeof *s->trainers);
+    s->m = calloc((size_t)(b->n_w ? b->n_w : 1), sizeof *s->m);
+    if (!s->trainers || !s->m) {
+        free(s->trainers);
+        free(s->m);
+        free(s);
+        return NULL;
+    }
+    snprintf(s->component, sizeof s->component, "%s", component);
+    s->version = version;
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
+    brk_ident_from(&s->trainers[0].ident, &from->identity);
+    s->trainers[0].id = from->id;
+    s->n_trainers = 1;
+    s->deadline_ms = brk_now_ms() + (int64_t)(deadline ? deadline : b->opt.sync_deadline_ms);
+    return s;
+}
+
+/* Adds w to s: applied when it runs the version already, else waiting for
+ * the ack of a SYNC sent now (msg), or of one already on its way (a retry
+ * does not make it load the file twice); failed when it cannot be sent. */
+static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t sync_id,
+                       wire_msg_t *msg) {
+    brk_member_t *mb = &s->m[s->n++];
+    snprintf(mb->worker, sizeof mb->worker, "%s", w->route.name);
+    const brk_wsync_t *ws = wsync_of(w, s->component);
+    if (brk_peer_version(&w->route, s->component) >= s->version) {
+        mb->state = M_APPLIED;
+    } else if (ws && ws->waiting && ws->sent >= s->version) {
+        mb->state = M_WAITING;
+    } else if (brk_sync_send(b, w, s->component, s->version, sync_id, msg) == 0) {
+        mb->state = M_WAITING;
+    } else {
+        mb->state = M_FAILED;
+        snprintf(mb->reason, sizeof mb->reason, "unreachable: SYNC not delivered");
+    }
+}
+
+/* The trainer repeats a SYNC the broker has (same version and sha256):
+ * the running barrier answers it too, or, for the current version, a new
+ * barrier retries every worker that lags. */
+static void on_resend(brk_t *b, const wire_msg_t *m, brk_barrier_t *running, brk_current_t *cur,
+                      uint64_t deadline) {
+    if (running) {
+        brk_trainer_t *t = realloc(running->trainers, (size_t)(running->n_trainers + 1) * sizeof *t);
+        if (!t) {
+            wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+            return;
+        }
+        running->trainers = t;
+        brk_ident_from(&t[running->n_trainers].ident, &m->identity);
+        t[running->n_trainers++].id = m->id;
+        brk_log("sync %s v%llu resent while its barrier runs: answered with it", running->component,
+                (unsigned long long)running->version);
+        return;
+    }
+    brk_barrier_t *s = barrier_new(b, cur->component, cur->version, cur->sha256, m, deadline);
+    if (!s) {
+        wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+        return;
+    }
+    s->sync_id = cur->sync_id;
+    int retried = 0;
+    for (int i = 0; i < b->n_w; i++) {
+        if (b->w[i]->dead) continue;
+        add_member(b, s, b->w[i], cur->sync_id, cur->msg);
+        retried += s->m[s->n - 1].state != M_APPLIED;
+    }
+    if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
+    s->next = b->barriers;
+    b->barriers = s;
+    brk_log("sync %s v%llu resent (current): %d lagging worker%s retried", s->component,
+            (unsigned long long)s->version, retried, retried == 1 ? "" : "s");
+    settle_barriers(b);
+}
+
 void brk_on_sync(brk_t *b, wire_msg_t **mp) {
     wire_msg_t *m = *mp;
     const wire_val_t *h = m->hdr;
@@ -116,13 +325,33 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
     uint64_t version = 0, deadline = 0;
     char why[256];
     brk_sync_verdict_t v = BRK_SYNC_BAD;
+    brk_barrier_t *running = NULL;
+    brk_current_t *cur = NULL;
+    bool resend = false;
     if (!wv_get_u64(h, "version", &version)) snprintf(why, sizeof why, "\"version\" must be an unsigned integer");
     else if (wv_get(h, "path") && !path) snprintf(why, sizeof why, "\"path\" must be a string");
     else if (wv_get(h, "deadline_ms") && !wv_get_u64(h, "deadline_ms", &deadline))
         snprintf(why, sizeof why, "\"deadline_ms\" must be an unsigned integer");
-    else
-        v = brk_sync_check(comp, version, comp ? brk_current_version(b, comp) : 0, sha,
+    else {
+        /* The version this SYNC repeats, if any: a running barrier's (pending,
+         * or current and still waiting) or the current one. */
+        const char *known_sha = NULL;
+        uint64_t cv = comp ? brk_current_version(b, comp) : 0;
+        uint64_t pv = comp ? newest_pending(b, comp) : 0;
+        if (comp && (running = barrier_of(b, comp, version)) != NULL) known_sha = running->sha256;
+        else if (comp && version && version == cv) known_sha = (cur = current_slot(b, comp))->sha256;
+        resend = known_sha && sha && !strcasecmp(sha, known_sha);
+        /* A resend passes the same checks as a new SYNC but the "newer" one. */
+        v = brk_sync_check(comp, version, resend ? version - 1 : (cv > pv ? cv : pv), sha,
                            path && *path, m->n_tensors, why, sizeof why);
+        if (v == BRK_SYNC_STALE && known_sha)
+            snprintf(why, sizeof why, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,
+                     (unsigned long long)version, running && running->msg ? "pending" : "current",
+                     known_sha);
+        else if (v == BRK_SYNC_STALE && pv > cv && version <= pv)
+            snprintf(why, sizeof why, "%s version %llu is not newer than v%llu, still pending", comp,
+                     (unsigned long long)version, (unsigned long long)pv);
+    }
     if (v == BRK_SYNC_OK && strcmp(comp, BRK_COMPONENT) != 0) {
         v = BRK_SYNC_BAD;
         snprintf(why, sizeof why, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
@@ -134,7 +363,7 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
         v = BRK_SYNC_BAD;
         snprintf(why, sizeof why, "inline tensors: workers sync by \"path\" only (a safetensors file they can read)");
     }
-    if (v == BRK_SYNC_OK) { /* it is forwarded (and stored for late joiners): it must fit */
+    if (v == BRK_SYNC_OK && !resend) { /* it is forwarded (and kept for late joiners): it must fit */
         wire_val_t *fwd = brk_hdr_from(h, "SYNC", UINT64_MAX);
         size_t len = 0;
         unsigned char *enc = fwd ? wire_encode_header(fwd, &len) : NULL;
@@ -145,8 +374,8 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
             snprintf(why, sizeof why, "header too large to forward to the workers");
         }
     }
-    brk_current_t *cur = v == BRK_SYNC_OK ? current_slot(b, comp) : NULL;
-    if (v == BRK_SYNC_OK && !cur) {
+    /* The slot is taken now so that promotion can not fail later. */
+    if (v == BRK_SYNC_OK && !resend && !current_slot(b, comp)) {
         v = BRK_SYNC_BAD;
         snprintf(why, sizeof why, "more than %d weight components", BRK_MAX_COMPONENTS);
     }
@@ -156,45 +385,32 @@ void brk_on_sync(brk_t *b, wire_msg_t **mp) {
                         v == BRK_SYNC_STALE ? WIRE_E_STALE : WIRE_E_BAD_REQUEST, "SYNC: %s", why);
         return;
     }
-    brk_barrier_t *s = calloc(1, sizeof *s);
-    if (s && b->n_w) s->m = calloc((size_t)b->n_w, sizeof *s->m);
-    if (!s || (b->n_w && !s->m)) {
-        if (s) free(s);
+    if (resend) {
+        on_resend(b, m, running, cur, deadline);
+        return;
+    }
+    brk_barrier_t *s = barrier_new(b, comp, version, sha, m, deadline);
+    if (!s) {
         wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
     brk_cq_weight_version(b->cat, comp, version, sha, path && *path ? path : "inline");
-    /* The component's previous SYNC is no longer anyone's catch-up. */
-    if (cur->msg) {
-        wire_msg_close(cur->msg);
-        free(cur->msg);
-    }
-    cur->msg = m;
-    cur->version = version;
-    cur->sync_id = b->next_id++;
+    s->msg = m;
+    s->sync_id = b->next_id++;
     *mp = NULL;
-
-    snprintf(s->component, sizeof s->component, "%s", cur->component);
-    s->version = version;
-    s->trainer_id = m->id;
-    brk_ident_from(&s->trainer, &m->identity);
-    s->deadline_ms = brk_now_ms() + (int64_t)(deadline ? deadline : b->opt.sync_deadline_ms);
-    for (int i = 0; i < b->n_w; i++) {
-        brk_worker_t *w = b->w[i];
-        if (w->dead) continue;
-        brk_member_t *mb = &s->m[s->n++];
-        snprintf(mb->worker, sizeof mb->worker, "%s", w->route.name);
-        /* a worker that already runs this version (it said so at READY) has nothing to ack */
-        mb->state = brk_peer_version(&w->route, s->component) >= version ? M_APPLIED : M_WAITING;
-    }
-    if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
     s->next = b->barriers;
     b->barriers = s;
-    brk_log("sync %s v%llu accepted (%s), waiting for %d worker%s", s->component,
-            (unsigned long long)version, path && *path ? path : "inline tensors", s->n,
-            s->n == 1 ? "" : "s");
-    for (int i = 0; i < b->n_w; i++)
-        if (!b->w[i]->dead) brk_catch_up(b, b->w[i]);
+    brk_log("sync %s v%llu accepted (%s), pending until a worker applies it", s->component,
+            (unsigned long long)version, path && *path ? path : "inline tensors");
+    const char *first = NULL;
+    for (int i = 0; i < b->n_w; i++) {
+        if (b->w[i]->dead) continue;
+        add_member(b, s, b->w[i], s->sync_id, s->msg);
+        if (s->m[s->n - 1].state == M_APPLIED && !first) first = b->w[i]->route.name;
+    }
+    if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
+    /* a worker that already runs this version (it said so at READY) applied it */
+    if (first) promote(b, s, first);
     settle_barriers(b);
 }
 
@@ -218,18 +434,30 @@ void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m) {
     }
     if (!err || !*err) err = "failed";
     brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
+    brk_wsync_t *ws = brk_worker_sync(w, comp, true);
+    if (ws && version >= ws->sent) ws->waiting = false;
     if (ok) {
         if (version > brk_peer_version(&w->route, comp) &&
             brk_peer_set_version(&w->route, comp, version) < 0)
             brk_log("worker %s: more than %d components, %s not tracked", w->route.name,
                     BRK_MAX_COMPONENTS, comp);
+        if (ws && version >= ws->failed) {
+            ws->failed = 0;
+            ws->why[0] = '\0';
+        }
         brk_log("worker %s applied %s v%llu", w->route.name, comp, (unsigned long long)version);
     } else {
+        if (ws && version > brk_peer_version(&w->route, comp)) {
+            ws->failed = version;
+            snprintf(ws->why, sizeof ws->why, "%s", err);
+        }
         brk_log("worker %s failed %s v%llu: %s", w->route.name, comp, (unsigned long long)version,
                 err);
     }
+    brk_barrier_t *mine = NULL;
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         if (strcmp(s->component, comp)) continue;
+        if (s->version == version) mine = s;
         brk_member_t *mb = member(s, w->route.name);
         if (!mb || mb->state != M_WAITING) continue;
         if (ok && version >= s->version) {
@@ -239,16 +467,22 @@ void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m) {
             snprintf(mb->reason, sizeof mb->reason, "%s", err);
         }
     }
+    if (ok && mine) promote(b, mine, w->route.name);
     settle_barriers(b);
+}
+
+/* Records that worker `name` did not apply s's version (the catalog keeps
+ * the newest outcome per worker and version: a later ack replaces it). */
+static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const char *reason) {
+    mb->state = M_FAILED;
+    snprintf(mb->reason, sizeof mb->reason, "%s", reason);
+    brk_cq_worker_version(b->cat, mb->worker, s->component, s->version, false, reason);
 }
 
 void brk_sync_worker_lost(brk_t *b, const char *worker) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         brk_member_t *mb = member(s, worker);
-        if (mb && mb->state == M_WAITING) {
-            mb->state = M_FAILED;
-            snprintf(mb->reason, sizeof mb->reason, "worker lost");
-        }
+        if (mb && mb->state == M_WAITING) member_failed(b, s, mb, "worker lost");
     }
     settle_barriers(b);
 }
@@ -256,11 +490,19 @@ void brk_sync_worker_lost(brk_t *b, const char *worker) {
 void brk_sync_timers(brk_t *b, int64_t now) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         if (now < s->deadline_ms) continue;
-        for (int i = 0; i < s->n; i++)
-            if (s->m[i].state == M_WAITING) {
-                s->m[i].state = M_FAILED;
-                snprintf(s->m[i].reason, sizeof s->m[i].reason, "timeout");
+        for (int i = 0; i < s->n; i++) {
+            if (s->m[i].state != M_WAITING) continue;
+            member_failed(b, s, &s->m[i], "timeout");
+            brk_worker_t *w = brk_worker_named(b, s->m[i].worker);
+            brk_wsync_t *ws = w ? brk_worker_sync(w, s->component, false) : NULL;
+            /* Its ack may still come; until then a trainer's retry sends it
+             * again rather than waiting on it. */
+            if (ws && ws->sent <= s->version) {
+                ws->waiting = false;
+                ws->failed = s->version;
+                snprintf(ws->why, sizeof ws->why, "no ack within the sync deadline");
             }
+        }
     }
     settle_barriers(b);
 }
@@ -276,19 +518,20 @@ void brk_sync_shutdown(brk_t *b) {
     while (b->barriers) {
         brk_barrier_t *s = b->barriers;
         b->barriers = s->next;
-        brk_send_error_to(b->clients, &s->trainer, s->trainer_id, WIRE_E_INTERNAL,
-                          "broker shutting down before sync %s v%llu completed", s->component,
-                          (unsigned long long)s->version);
+        for (int t = 0; t < s->n_trainers; t++)
+            brk_send_error_to(b->clients, &s->trainers[t].ident, s->trainers[t].id, WIRE_E_INTERNAL,
+                              "broker shutting down before sync %s v%llu completed", s->component,
+                              (unsigned long long)s->version);
+        if (s->msg) {
+            brk_cq_weight_state(b->cat, s->component, s->version, "failed",
+                                "broker shut down before any worker applied it");
+            free_msg(&s->msg);
+        }
+        free(s->trainers);
         free(s->m);
         free(s);
     }
-    for (int i = 0; i < b->n_cur; i++) {
-        if (b->cur[i].msg) {
-            wire_msg_close(b->cur[i].msg);
-            free(b->cur[i].msg);
-            b->cur[i].msg = NULL;
-        }
-    }
+    for (int i = 0; i < b->n_cur; i++) free_msg(&b->cur[i].msg);
 }
 
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256,
@@ -305,12 +548,10 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     }
     m->hdr = h;
     m->type = wv_get_str(h, "type");
-    if (cur->msg) {
-        wire_msg_close(cur->msg);
-        free(cur->msg);
-    }
+    free_msg(&cur->msg);
     cur->msg = m;
     cur->version = version;
+    snprintf(cur->sha256, sizeof cur->sha256, "%s", sha256);
     cur->sync_id = b->next_id++;
     return 0;
 }

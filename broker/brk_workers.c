@@ -46,21 +46,14 @@ static bool valid_name(const char *s, size_t max) {
     return true;
 }
 
-static uint64_t sent_version(const brk_worker_t *w, const char *comp) {
-    for (int i = 0; i < w->n_sent; i++)
-        if (!strcmp(w->sent[i].name, comp)) return w->sent[i].version;
-    return 0;
-}
-
-static void set_sent(brk_worker_t *w, const char *comp, uint64_t v) {
-    for (int i = 0; i < w->n_sent; i++)
-        if (!strcmp(w->sent[i].name, comp)) {
-            w->sent[i].version = v;
-            return;
-        }
-    if (w->n_sent >= BRK_MAX_COMPONENTS) return; /* cannot happen: components are capped too */
-    snprintf(w->sent[w->n_sent].name, sizeof w->sent[0].name, "%s", comp);
-    w->sent[w->n_sent++].version = v;
+brk_wsync_t *brk_worker_sync(brk_worker_t *w, const char *component, bool create) {
+    for (int i = 0; i < w->n_syncs; i++)
+        if (!strcmp(w->syncs[i].component, component)) return &w->syncs[i];
+    if (!create || w->n_syncs >= BRK_MAX_COMPONENTS) return NULL;
+    brk_wsync_t *ws = &w->syncs[w->n_syncs++];
+    memset(ws, 0, sizeof *ws);
+    snprintf(ws->component, sizeof ws->component, "%s", component);
+    return ws;
 }
 
 void brk_worker_unreachable(brk_t *b, brk_worker_t *w, const char *what) {
@@ -70,29 +63,43 @@ void brk_worker_unreachable(brk_t *b, brk_worker_t *w, const char *what) {
     brk_log("worker %s unreachable (%s send failed: %s)", w->route.name, what, zmq_strerror(errno));
 }
 
+int brk_sync_send(brk_t *b, brk_worker_t *w, const char *component, uint64_t version,
+                  uint64_t sync_id, wire_msg_t *msg) {
+    if (!w->route.routable) return -1;
+    wire_val_t *h = brk_hdr_from(msg->hdr, "SYNC", sync_id);
+    if (!h) {
+        brk_log("out of memory forwarding %s v%llu to %s", component, (unsigned long long)version,
+                w->route.name);
+        return -1;
+    }
+    int rc = brk_forward_to(b->workers, &w->ident, h, msg);
+    wv_free(&h);
+    if (rc < 0) {
+        if (errno == EHOSTUNREACH || errno == EAGAIN) brk_worker_unreachable(b, w, "SYNC");
+        else brk_log("cannot forward %s v%llu to %s: %s", component, (unsigned long long)version,
+                     w->route.name, zmq_strerror(errno));
+        return -1;
+    }
+    brk_wsync_t *ws = brk_worker_sync(w, component, true);
+    if (ws && version >= ws->sent) {
+        ws->sent = version;
+        ws->waiting = true;
+    }
+    brk_log("sync %s v%llu sent to %s", component, (unsigned long long)version, w->route.name);
+    return 0;
+}
+
+/* Only what w was never sent: a version it failed is sent again when it
+ * reconnects (READY: a new registration) or when the trainer resends it,
+ * not each time it speaks, which would retry a broken file in a loop. */
 void brk_catch_up(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < b->n_cur && w->route.routable; i++) {
         const brk_current_t *c = &b->cur[i];
         if (!c->msg) continue;
-        uint64_t have = brk_peer_version(&w->route, c->component);
-        uint64_t sent = sent_version(w, c->component);
-        if (c->version <= have || c->version <= sent) continue;
-        wire_val_t *h = brk_hdr_from(c->msg->hdr, "SYNC", c->sync_id);
-        if (!h) {
-            brk_log("out of memory forwarding %s v%llu to %s", c->component,
-                    (unsigned long long)c->version, w->route.name);
+        const brk_wsync_t *ws = brk_worker_sync(w, c->component, false);
+        if (c->version <= brk_peer_version(&w->route, c->component) || (ws && c->version <= ws->sent))
             continue;
-        }
-        if (brk_forward_to(b->workers, &w->ident, h, c->msg) < 0) {
-            if (errno == EHOSTUNREACH || errno == EAGAIN) brk_worker_unreachable(b, w, "SYNC");
-            else brk_log("cannot forward %s v%llu to %s: %s", c->component, (unsigned long long)c->version,
-                         w->route.name, zmq_strerror(errno));
-        } else {
-            set_sent(w, c->component, c->version);
-            brk_log("sync %s v%llu sent to %s", c->component, (unsigned long long)c->version,
-                    w->route.name);
-        }
-        wv_free(&h);
+        brk_sync_send(b, w, c->component, c->version, c->sync_id, c->msg);
     }
 }
 
@@ -170,7 +177,8 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m) {
         uint64_t v = 0;
         wv_as_u64(versions->as.c.v[i], &v);
         brk_peer_set_version(&w->route, versions->as.c.k[i], v);
-        set_sent(w, versions->as.c.k[i], v);
+        brk_wsync_t *ws = brk_worker_sync(w, versions->as.c.k[i], true);
+        if (ws) ws->sent = v;
     }
     w->ident = id;
     snprintf(w->device, sizeof w->device, "%s", device ? device : "?");

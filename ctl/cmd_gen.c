@@ -219,8 +219,15 @@ int cmd_sync(int argc, char **argv) {
     int rc = reel_sync(c, component, version, hex, path, deadline, &r, timeout_ms, &err);
     reel_client_destroy(&c);
     if (rc != 0) return ctl_die(CTL_FAIL, "sync: %s: %s", err.code, err.message);
-    fprintf(stderr, "reelctl: sync %s v%" PRIu64 ": %s; applied %s; failed %s\n", component, version,
-            r.complete ? "complete" : "INCOMPLETE", r.applied[0] ? r.applied : "-", r.failed[0] ? r.failed : "-");
+    /* The broker makes a version current once some worker applied it: with
+     * nobody in `applied` nothing changed, otherwise the failed workers lag
+     * (docs/PROTOCOL.md, "Weight syncs"). */
+    const char *state = r.complete ? "complete"
+                        : !r.applied[0] ? (r.failed[0] ? "FAILED, no worker applied it (the broker's current version is unchanged)"
+                                                       : "FAILED, no live worker (the broker's current version is unchanged)")
+                        : "INCOMPLETE (it is current; the failed workers lag until a reconnect or a resend catches them up)";
+    fprintf(stderr, "reelctl: sync %s v%" PRIu64 ": %s; applied %s; failed %s\n", component, version, state,
+            r.applied[0] ? r.applied : "-", r.failed[0] ? r.failed : "-");
     return r.complete ? CTL_OK : CTL_FAIL;
 }
 
@@ -286,8 +293,12 @@ int cmd_status(int argc, char **argv) {
         wv_get_u64(r, "queue_max", &qmax);
         wv_get_u64(wv_get(r, "versions"), "transformer", &v);
         if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, q, qmax, v);
-        else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync published yet\n", broker, q, qmax);
-        printf("%-12s %-8s %-11s %-8s %-9s %-8s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION", "KEYS");
+        else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync applied yet\n", broker, q, qmax);
+        uint64_t pv = 0;
+        if (wv_get_u64(wv_get(r, "pending"), "transformer", &pv))
+            printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
+        printf("%-12s %-8s %-11s %-8s %-9s %-8s %-5s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION",
+               "KEYS", "STATE");
         const wire_val_t *ws = wv_get(r, "workers");
         for (size_t i = 0; i < wv_len(ws); i++) {
             const wire_val_t *w = wv_at(ws, i);
@@ -299,8 +310,14 @@ int cmd_status(int argc, char **argv) {
             const char *name = wv_get_str(w, "name"), *dev = wv_get_str(w, "device"), *arch = wv_get_str(w, "arch");
             char infs[32];
             snprintf(infs, sizeof infs, "%" PRIu64 "/%" PRIu64, inf, mx);
-            printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %zu\n", name ? name : "?", dev ? dev : "?",
-                   arch ? arch : "?", st, infs, ver, wv_len(wv_get(w, "keys")));
+            /* lagging: behind the current version, and why (its error, a
+             * missed deadline, a sync on its way) */
+            const char *lag = wv_get_str(wv_get(w, "lagging"), "transformer");
+            bool routable = true;
+            wv_get_bool(w, "routable", &routable);
+            printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5zu %s%s%s\n", name ? name : "?", dev ? dev : "?",
+                   arch ? arch : "?", st, infs, ver, wv_len(wv_get(w, "keys")), lag ? "lagging: " : "",
+                   lag ? lag : routable ? "ok" : "", !routable ? (lag ? " (unreachable)" : "unreachable") : "");
         }
     }
     wv_free(&r);

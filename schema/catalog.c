@@ -40,10 +40,12 @@
 #define CAT_STR_(x) #x
 #define CAT_STR(x) CAT_STR_(x)
 
-/* Migration i (0-based) takes user_version i to i + 1. Migration 1 is
- * schema/catalog.sql verbatim (tests/test_catalog.c compares them); later
- * migrations will be ALTERs, and catalog.sql will then hold their sum. Not
- * static: the test reads it (it is not part of catalog.h's contract). */
+/* Migration i (0-based) takes user_version i to i + 1. Migration 1 is the
+ * first schema as it shipped (its text never changes: catalogs were built
+ * from it); later ones are ALTERs, and schema/catalog.sql holds their sum
+ * (tests/test_catalog.c builds a catalog from each and compares the two).
+ * Not static: the test reads them (they are not part of catalog.h's
+ * contract). */
 const char cat_schema_v1_sql[] =
     "-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 1).\n"
     "-- schema/catalog.c embeds this text verbatim as migration 1 and\n"
@@ -160,7 +162,24 @@ const char cat_schema_v1_sql[] =
     "CREATE INDEX IF NOT EXISTS requests_by_time ON requests (t);\n"
     "CREATE INDEX IF NOT EXISTS requests_by_worker ON requests (worker);\n";
 
-static const char *const migrations[] = { cat_schema_v1_sql };
+/* Migration 2: a published weight version has a state. It is 'pending'
+ * until a worker applies it, then 'current' (the broker resumes it after a
+ * restart) until a newer one becomes current ('superseded'); 'failed' when
+ * no worker applied it, with the reason. Before this the broker took every
+ * published version as current, even one nobody could load: existing rows
+ * are classified by what the workers reported. */
+const char cat_schema_v2_sql[] =
+    "ALTER TABLE weight_versions ADD COLUMN state TEXT NOT NULL DEFAULT 'pending';\n"
+    "ALTER TABLE weight_versions ADD COLUMN reason TEXT;\n"
+    "UPDATE weight_versions SET state = 'failed', reason = 'no worker applied it'"
+    " WHERE NOT EXISTS (SELECT 1 FROM worker_versions v WHERE v.component = weight_versions.component"
+    " AND v.version = weight_versions.version AND v.ok = 1);\n"
+    "UPDATE weight_versions SET state = 'current' WHERE state = 'pending' AND version ="
+    " (SELECT max(version) FROM weight_versions w WHERE w.component = weight_versions.component"
+    " AND w.state = 'pending');\n"
+    "UPDATE weight_versions SET state = 'superseded' WHERE state = 'pending';\n";
+
+static const char *const migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql };
 #define CAT_SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
 int cat_schema_version(void) { return CAT_SCHEMA_VERSION; }
@@ -171,6 +190,9 @@ enum {
     ST_WORKER_SEEN,
     ST_WORKER_GONE,
     ST_WEIGHT_VERSION,
+    ST_WEIGHT_STATE,
+    ST_WEIGHT_SUPERSEDE,
+    ST_WEIGHT_FAIL_PENDING,
     ST_WORKER_VERSION,
     ST_CAPTURE,
     ST_REPLAYS_ADD,
@@ -201,8 +223,17 @@ static const char *const writer_sql[ST_COUNT] = {
     [ST_WEIGHT_VERSION] =
         "INSERT INTO weight_versions (component, version, sha256, source, t)"
         " VALUES (?1, ?2, ?3, ?4, ?5)"
+        /* published again after it failed: a new attempt, pending again */
         " ON CONFLICT (component, version) DO UPDATE SET sha256 = excluded.sha256,"
-        " source = coalesce(excluded.source, source)",
+        " source = coalesce(excluded.source, source), t = excluded.t, state = 'pending',"
+        " reason = NULL",
+    [ST_WEIGHT_STATE] =
+        "UPDATE weight_versions SET state = ?3, reason = ?4 WHERE component = ?1 AND version = ?2",
+    [ST_WEIGHT_SUPERSEDE] =
+        "UPDATE weight_versions SET state = 'superseded'"
+        " WHERE component = ?1 AND version < ?2 AND state = 'current'",
+    [ST_WEIGHT_FAIL_PENDING] =
+        "UPDATE weight_versions SET state = 'failed', reason = ?1 WHERE state = 'pending'",
     [ST_WORKER_VERSION] =
         "INSERT INTO worker_versions (worker, component, version, ok, error, t)"
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
@@ -454,13 +485,36 @@ int cat_weight_version(cat_t *c, const char *component, uint64_t version, const 
     return run(c, s, b, "weight version");
 }
 
-int cat_latest_versions(cat_t *c, cat_version_t *out, int max) {
+int cat_weight_state(cat_t *c, const char *component, uint64_t version, const char *state,
+                     const char *reason) {
+    if (!state || (strcmp(state, "current") && strcmp(state, "failed") && strcmp(state, "superseded") &&
+                   strcmp(state, "pending")))
+        return kern_fail("catalog %s: unknown weight version state '%s'", c->path, state ? state : "(null)");
+    sqlite3_stmt *s = writer(c, ST_WEIGHT_STATE);
+    if (!s) return -1;
+    int b = bind_text(s, 1, component) | bind_u64(s, 2, version) | bind_text(s, 3, state) |
+            bind_text(s, 4, reason);
+    if (run(c, s, b, "weight version state") != 0) return -1;
+    /* One current version per component: the one the broker resumes. */
+    if (strcmp(state, "current")) return 0;
+    if (!(s = writer(c, ST_WEIGHT_SUPERSEDE))) return -1;
+    b = bind_text(s, 1, component) | bind_u64(s, 2, version);
+    return run(c, s, b, "supersede older versions");
+}
+
+int cat_weight_fail_pending(cat_t *c, const char *reason) {
+    sqlite3_stmt *s = writer(c, ST_WEIGHT_FAIL_PENDING);
+    if (!s) return -1;
+    return run(c, s, bind_text(s, 1, reason), "fail pending versions");
+}
+
+int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
     sqlite3_stmt *q = NULL;
     const char *sql = "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
-                      "FROM weight_versions w WHERE version = "
-                      "(SELECT max(version) FROM weight_versions WHERE component = w.component) "
-                      "ORDER BY component";
-    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return db_fail(c, "latest versions");
+                      "FROM weight_versions w WHERE state = 'current' AND version = "
+                      "(SELECT max(version) FROM weight_versions WHERE component = w.component"
+                      " AND state = 'current') ORDER BY component";
+    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return db_fail(c, "current versions");
     int n = 0, rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW && n < max) {
         cat_version_t *v = &out[n++];
@@ -471,7 +525,7 @@ int cat_latest_versions(cat_t *c, cat_version_t *out, int max) {
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         sqlite3_finalize(q);
-        return db_fail(c, "latest versions");
+        return db_fail(c, "current versions");
     }
     sqlite3_finalize(q);
     return n;
@@ -1109,11 +1163,12 @@ int cat_report_evictions(cat_t *c, bool json, FILE *out) {
     return report(c, build_evictions, json, out, cols, NCOLS(cols));
 }
 
-/* versions: every published version, newest first per component, with the
- * workers that applied it and those that failed to (and why). */
+/* versions: every published version, newest first per component, with its
+ * state (pending, current, superseded, failed and why), the workers that
+ * applied it and those that failed to (and why). */
 static json_t *build_versions(cat_t *c) {
-    json_t *rows = query_rows(c, "SELECT component, version, sha256, source, t FROM weight_versions"
-                                 " ORDER BY component, version DESC");
+    json_t *rows = query_rows(c, "SELECT component, version, state, reason, sha256, source, t"
+                                 " FROM weight_versions ORDER BY component, version DESC");
     if (rows && (attach(c, rows, "SELECT worker FROM worker_versions WHERE component = ?1"
                                  " AND version = ?2 AND ok = 1 ORDER BY worker",
                         "component", "version", 'v', "applied") != 0 ||
@@ -1130,22 +1185,40 @@ int cat_report_versions(cat_t *c, bool json, FILE *out) {
     static const col_t cols[] = {
         { "component", "component", F_TEXT, 24 },
         { "version", "version", F_NUM, 0 },
+        { "state", "state", F_TEXT, 0 },
         { "t", "published", F_TIME, 0 },
         { "sha256", "sha256", F_TEXT, 15 },
         { "applied", "applied_by", F_LIST, 60 },
         { "failed", "failed", F_LIST, 60 },
         { "source", "source", F_TEXT, 48 },
+        { "reason", "reason", F_TEXT, 60 },
     };
     return report(c, build_versions, json, out, cols, NCOLS(cols));
 }
 
-/* workers: each worker with its newest applied version per component. */
+/* workers: each worker with its newest applied version per component and,
+ * while it is live, each component whose current version it has not
+ * applied ("lagging": the version and why: its error for that version, or
+ * "not applied" while it has reported nothing). */
 static json_t *build_workers(cat_t *c) {
     json_t *rows = query_rows(c, "SELECT name, device, arch, streams, budget, first_seen, last_seen,"
                                  " gone_at, gone_reason FROM workers ORDER BY name");
-    if (rows && attach(c, rows, "SELECT component, max(version) FROM worker_versions"
-                                " WHERE worker = ?1 AND ok = 1 GROUP BY component ORDER BY component",
-                       "name", NULL, 'k', "versions") != 0) {
+    if (rows && (attach(c, rows, "SELECT component, max(version) FROM worker_versions"
+                                 " WHERE worker = ?1 AND ok = 1 GROUP BY component ORDER BY component",
+                        "name", NULL, 'k', "versions") != 0 ||
+                 attach(c, rows,
+                        "SELECT w.component AS component, w.version AS version,"
+                        " coalesce((SELECT error FROM worker_versions e WHERE e.worker = ?1"
+                        " AND e.component = w.component AND e.version = w.version AND e.ok = 0),"
+                        " 'not applied') AS reason"
+                        " FROM weight_versions w WHERE w.state = 'current'"
+                        " AND w.version = (SELECT max(version) FROM weight_versions"
+                        " WHERE component = w.component AND state = 'current')"
+                        " AND EXISTS (SELECT 1 FROM workers WHERE name = ?1 AND gone_at IS NULL)"
+                        " AND coalesce((SELECT max(version) FROM worker_versions a WHERE a.worker = ?1"
+                        " AND a.component = w.component AND a.ok = 1), 0) < w.version"
+                        " ORDER BY w.component",
+                        "name", NULL, 'o', "lagging") != 0)) {
         json_decref(rows);
         return NULL;
     }
@@ -1163,6 +1236,7 @@ int cat_report_workers(cat_t *c, bool json, FILE *out) {
         { "gone_at", "gone_at", F_TIME, 0 },
         { "gone_reason", "gone_reason", F_TEXT, 32 },
         { "versions", "versions", F_MAP, 0 },
+        { "lagging", "lagging", F_LIST, 80 },
     };
     return report(c, build_workers, json, out, cols, NCOLS(cols));
 }

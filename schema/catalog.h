@@ -36,8 +36,20 @@ int cat_rollback(cat_t *c);
 int cat_worker_seen(cat_t *c, const char *worker, const char *device, const char *arch,
                     int streams, uint64_t budget, double t);
 int cat_worker_gone(cat_t *c, const char *worker, const char *why, double t);
+/* A weight version the trainer published, recorded 'pending' (publishing a
+ * version again, after it failed, starts it over: pending, reason cleared). */
 int cat_weight_version(cat_t *c, const char *component, uint64_t version, const char *sha256,
                        const char *source, double t);
+/* Sets the state of a recorded version: "pending", "current" (a worker
+ * applied it; older current versions of the component become
+ * "superseded"), "superseded" or "failed" (no worker applied it; reason
+ * says why). Unknown states are refused (-1, nothing written). Setting the
+ * state of a version never recorded changes nothing. */
+int cat_weight_state(cat_t *c, const char *component, uint64_t version, const char *state,
+                     const char *reason);
+/* Marks every pending version failed with reason: a broker that starts
+ * finds those its previous run published and never saw applied. */
+int cat_weight_fail_pending(cat_t *c, const char *reason);
 int cat_worker_version(cat_t *c, const char *worker, const char *component, uint64_t version,
                        bool ok, const char *error, double t);
 int cat_capture(cat_t *c, const char *worker, const char *key_text, const char *key_hash,
@@ -58,15 +70,17 @@ int cat_request(cat_t *c, uint64_t id, const char *worker, const char *key_hash,
 int cat_artifact(cat_t *c, const char *id, const char *op, const char *backend, const char *sha256,
                  const char *status, const char *reason, double t);
 
-/* The newest recorded version of each component (what a restarted broker
- * resumes from). Fills up to max entries; returns how many, or -1. */
+/* The current version of each component: the newest in state "current",
+ * i.e. applied by at least one worker (what a restarted broker resumes;
+ * pending and failed versions are never resumed). Fills up to max entries,
+ * by component name; returns how many, or -1. */
 typedef struct {
     char component[64];
     uint64_t version;
     char sha256[80];
     char source[1024];    /* a path, or "inline" */
 } cat_version_t;
-int cat_latest_versions(cat_t *c, cat_version_t *out, int max);
+int cat_current_versions(cat_t *c, cat_version_t *out, int max);
 
 /* Reports for operators, to out: a table for people, or JSON (--json). */
 int cat_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */

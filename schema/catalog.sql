@@ -1,7 +1,9 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 1).
--- schema/catalog.c embeds this text verbatim as migration 1 and
--- tests/test_catalog.c fails if the two differ. Times are UNIX seconds
--- (REAL). Counters and versions are uint64 stored as SQLite INTEGER.
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 2): the sum
+-- of the migrations schema/catalog.c runs (1: these tables; 2: the state
+-- and reason of weight versions). tests/test_catalog.c fails if a catalog
+-- built from this file and one built by the migrations differ. Times are
+-- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
+-- INTEGER.
 
 -- Kernel/op artifacts built or checked on a backend.
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -14,13 +16,18 @@ CREATE TABLE IF NOT EXISTS artifacts (
     t       REAL NOT NULL
 );
 
--- Every weight version the trainer published.
+-- Every weight version the trainer published. state: 'pending' until a
+-- worker applies it, then 'current' (what a restarted broker resumes) until
+-- a newer version becomes current ('superseded'); 'failed' when no worker
+-- applied it (reason says why; the broker's current version did not move).
 CREATE TABLE IF NOT EXISTS weight_versions (
     component TEXT NOT NULL,
     version   INTEGER NOT NULL,
     sha256    TEXT NOT NULL,
     source    TEXT,
     t         REAL NOT NULL,
+    state     TEXT NOT NULL DEFAULT 'pending',
+    reason    TEXT,
     PRIMARY KEY (component, version)
 );
 

@@ -122,7 +122,9 @@ else bad "sync v2 completes"; cat "$D/s.err"; fi
 $GEN --steps 6 --out "$D/o2.safetensors" 2>"$D/aftersync.err"
 grep -q "weights v2" "$D/aftersync.err" && same "$D/o2.safetensors" "$D/ref2.safetensors" && ok "the next request ran on v2, exactly" || { bad "request after sync on v2"; cat "$D/aftersync.err"; }
 "$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors" --timeout-ms 10000 2>"$D/s2.err"
-grep -q "stale_version" "$D/s2.err" && ok "a duplicate version is refused" || { bad "duplicate sync refused"; cat "$D/s2.err"; }
+grep -q "complete" "$D/s2.err" && ok "the same sync again is an ack (a trainer's retry)" || { bad "a resent sync acks"; cat "$D/s2.err"; }
+"$R" sync --broker "$CE" --version 2 --weights "$D/w1.safetensors" --timeout-ms 10000 2>"$D/s2.err"
+grep -q "stale_version" "$D/s2.err" && ok "the same version with other weights is refused" || { bad "duplicate sync refused"; cat "$D/s2.err"; }
 
 echo "== a late-joining worker catches up before serving"
 start_worker w3 "$D/w1.safetensors" || bad "w3 starts"

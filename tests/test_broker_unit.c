@@ -2,13 +2,17 @@
  * rendezvous owners are stable and move only the keys of a worker that
  * leaves, eligibility by model and weight version, the bounded queue that
  * answers BUSY, recent keys, the shard hash and the sync version check.
- * No sockets: the process-level behaviour is tested against a running
- * reel-broker elsewhere. */
+ * Then the sync state machine (broker/brk_sync.c) in one thread: the
+ * broker's handlers are called directly, its two ROUTERs and the peers
+ * (a trainer, workers) are inproc sockets of this process, so each step
+ * is deterministic. The process-level behaviour is tested against a
+ * running reel-broker elsewhere (tests/cli_sync.sh). */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "broker/brk_broker.h"
 #include "broker/brk_route.h"
 #include "kernels/error.h"
 
@@ -280,6 +284,364 @@ START_TEST(test_sync_versions_must_increase_and_need_a_digest_and_a_payload) {
 }
 END_TEST
 
+/* ---- the sync state machine ------------------------------------------------ */
+
+#define SHA_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define SHA_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+#define NBOXW 3
+
+/* A broker with no loop: its handlers run when a test delivers a message. */
+typedef struct {
+    brk_t b;
+    void *trainer;
+    void *w[NBOXW];   /* DEALERs named w0, w1, w2 */
+} box_t;
+
+static void *sock(void *ctx, int type) {
+    void *s = zmq_socket(ctx, type);
+    ck_assert_ptr_nonnull(s);
+    int linger = 0, tmo = 2000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    return s;
+}
+
+/* The next message on s (a ROUTER when router), within 2 s. */
+static wire_msg_t *take(void *s, bool router) {
+    wire_msg_t *m = calloc(1, sizeof *m);
+    wire_err_t err;
+    ck_assert_ptr_nonnull(m);
+    ck_assert_msg(wire_recv(s, router, 0, m, &err) == 0, "no message: %s", zmq_strerror(zmq_errno()));
+    return m;
+}
+
+static void drop_msg(wire_msg_t **m) {
+    if (!*m) return;
+    wire_msg_close(*m);
+    free(*m);
+    *m = NULL;
+}
+
+/* True when a message waits on s (s is drained of it). */
+static bool has_msg(void *s, const char *type) {
+    zmq_pollitem_t it = { s, 0, ZMQ_POLLIN, 0 };
+    if (zmq_poll(&it, 1, 50) <= 0) return false;
+    wire_msg_t *m = take(s, false);
+    bool same = !strcmp(m->type, type);
+    drop_msg(&m);
+    return same;
+}
+
+/* Worker i's message hdr, delivered to the broker. */
+static void from_worker(box_t *x, int i, wire_val_t *hdr) {
+    ck_assert_int_eq(wire_send(x->w[i], NULL, hdr, NULL, 0), 0);
+    wv_free(&hdr);
+    wire_msg_t *m = take(x->b.workers, true);
+    brk_on_worker_msg(&x->b, m);
+    drop_msg(&m);
+}
+
+static void ready(box_t *x, int i, uint64_t version) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64(version));
+    wv_set(h, "name", wv_str(name));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    from_worker(x, i, h);
+}
+
+static void box_open(box_t *x) {
+    memset(x, 0, sizeof *x);
+    x->b.next_id = 1;
+    x->b.opt.sync_deadline_ms = 30000;
+    ck_assert_ptr_nonnull(x->b.ctx = zmq_ctx_new());
+    x->b.clients = sock(x->b.ctx, ZMQ_ROUTER);
+    x->b.workers = sock(x->b.ctx, ZMQ_ROUTER);
+    int one = 1;
+    zmq_setsockopt(x->b.workers, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    ck_assert_int_eq(zmq_bind(x->b.clients, "inproc://clients"), 0);
+    ck_assert_int_eq(zmq_bind(x->b.workers, "inproc://workers"), 0);
+    x->trainer = sock(x->b.ctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_connect(x->trainer, "inproc://clients"), 0);
+    for (int i = 0; i < NBOXW; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        x->w[i] = sock(x->b.ctx, ZMQ_DEALER);
+        zmq_setsockopt(x->w[i], ZMQ_ROUTING_ID, name, strlen(name));
+        ck_assert_int_eq(zmq_connect(x->w[i], "inproc://workers"), 0);
+    }
+}
+
+static void box_close(box_t *x) {
+    brk_sync_shutdown(&x->b);
+    for (int i = 0; i < x->b.n_w; i++) free(x->b.w[i]);
+    free(x->b.w);
+    zmq_close(x->trainer);
+    for (int i = 0; i < NBOXW; i++) zmq_close(x->w[i]);
+    zmq_close(x->b.clients);
+    zmq_close(x->b.workers);
+    zmq_ctx_term(x->b.ctx);
+}
+
+/* The trainer's SYNC, handled by the broker. */
+static void trainer_sync(box_t *x, uint64_t id, uint64_t version, const char *sha) {
+    wire_val_t *h = wire_hdr("SYNC", id);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(version));
+    wv_set(h, "sha256", wv_str(sha));
+    wv_set(h, "path", wv_str("/w/x.safetensors"));
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    wire_msg_t *m = take(x->b.clients, true);
+    brk_on_sync(&x->b, &m);
+    drop_msg(&m); /* still here unless the broker kept it */
+}
+
+/* Worker i receives a SYNC of `version`. */
+static void expect_sync(box_t *x, int i, uint64_t version) {
+    wire_msg_t *m = take(x->w[i], false);
+    uint64_t v = 0;
+    ck_assert_str_eq(m->type, "SYNC");
+    ck_assert(wv_get_u64(m->hdr, "version", &v));
+    ck_assert_uint_eq(v, version);
+    drop_msg(&m);
+}
+
+static void ack(box_t *x, int i, uint64_t version, const char *error) {
+    wire_val_t *h = wire_hdr("SYNC_ACK", 0);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(version));
+    wv_set(h, "ok", wv_bool(error == NULL));
+    if (error) wv_set(h, "error", wv_str(error));
+    from_worker(x, i, h);
+}
+
+/* The trainer's next answer (caller frees). */
+static wire_msg_t *answer(box_t *x) { return take(x->trainer, false); }
+
+static bool done_complete(const wire_msg_t *m) {
+    bool c = true;
+    ck_assert_str_eq(m->type, "SYNC_DONE");
+    ck_assert(wv_get_bool(m->hdr, "complete", &c));
+    return c;
+}
+
+static uint64_t u64_of(const wire_msg_t *m, const char *k) {
+    uint64_t v = 0;
+    ck_assert_msg(wv_get_u64(m->hdr, k, &v), "no %s", k);
+    return v;
+}
+
+static const char *lag_of(box_t *x, int i, char *buf, size_t len) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    brk_worker_t *w = brk_worker_named(&x->b, name);
+    ck_assert_ptr_nonnull(w);
+    return brk_sync_lag(&x->b, w, "transformer", buf, len);
+}
+
+START_TEST(test_a_sync_becomes_current_only_once_a_worker_applied_it) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    trainer_sync(&x, 7, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    expect_sync(&x, 1, 2);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0); /* pending */
+    ack(&x, 1, 2, "cannot open /w/x.safetensors");
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0);
+    ack(&x, 0, 2, NULL);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    wire_msg_t *d = answer(&x);
+    ck_assert_uint_eq(d->id, 7);
+    ck_assert(!done_complete(d));
+    ck_assert_uint_eq(u64_of(d, "current"), 2);
+    const wire_val_t *f = wv_at(wv_get(d->hdr, "failed"), 0);
+    ck_assert_str_eq(wv_get_str(f, "worker"), "w1");
+    ck_assert_str_eq(wv_get_str(f, "reason"), "cannot open /w/x.safetensors");
+    drop_msg(&d);
+    /* w1 lags, with its reason; w0 does not */
+    char why[192];
+    ck_assert_ptr_null(lag_of(&x, 0, why, sizeof why));
+    ck_assert_ptr_nonnull(lag_of(&x, 1, why, sizeof why));
+    ck_assert_str_eq(why, "v2: cannot open /w/x.safetensors");
+    /* a worker joining now is caught up to v2 */
+    ready(&x, 2, 1);
+    expect_sync(&x, 2, 2);
+    ck_assert_str_eq(lag_of(&x, 2, why, sizeof why), "applying v2");
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_sync_no_worker_applied_changes_nothing_and_lists_every_reason) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    expect_sync(&x, 1, 2);
+    ack(&x, 0, 2, NULL);
+    ack(&x, 1, 2, NULL);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+
+    trainer_sync(&x, 2, 3, SHA_B);
+    expect_sync(&x, 0, 3);
+    expect_sync(&x, 1, 3);
+    ack(&x, 0, 3, "not a transformer");
+    ack(&x, 1, 3, "sha256 mismatch");
+    d = answer(&x);
+    ck_assert(!done_complete(d));
+    ck_assert_uint_eq(u64_of(d, "current"), 2);
+    ck_assert_uint_eq(wv_len(wv_get(d->hdr, "applied")), 0);
+    ck_assert_uint_eq(wv_len(wv_get(d->hdr, "failed")), 2);
+    ck_assert_str_eq(wv_get_str(wv_at(wv_get(d->hdr, "failed"), 0), "reason"), "not a transformer");
+    ck_assert_str_eq(wv_get_str(wv_at(wv_get(d->hdr, "failed"), 1), "reason"), "sha256 mismatch");
+    drop_msg(&d);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    char why[192];
+    ck_assert_ptr_null(lag_of(&x, 0, why, sizeof why)); /* nobody lags behind a failed version */
+    /* a late joiner gets v2, the current SYNC, never v3 */
+    ready(&x, 2, 1);
+    expect_sync(&x, 2, 2);
+    ck_assert(!has_msg(x.w[2], "SYNC"));
+    /* v3 may be published again (a fixed file); a version below it may not */
+    trainer_sync(&x, 3, 2, SHA_B);
+    d = answer(&x);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), "stale_version");
+    drop_msg(&d);
+    trainer_sync(&x, 4, 3, SHA_A);
+    expect_sync(&x, 0, 3);
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_sync_with_no_live_worker_fails_and_is_not_current) {
+    box_t x;
+    box_open(&x);
+    trainer_sync(&x, 5, 2, SHA_A);
+    wire_msg_t *d = answer(&x);
+    ck_assert(!done_complete(d));
+    ck_assert_uint_eq(u64_of(d, "current"), 0);
+    drop_msg(&d);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0);
+    ready(&x, 0, 1);
+    ck_assert(!has_msg(x.w[0], "SYNC")); /* nothing to catch up to */
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_resending_the_current_version_acks_and_retries_only_lagging_workers) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    expect_sync(&x, 1, 2);
+    ack(&x, 0, 2, NULL);
+    ack(&x, 1, 2, "disk full");
+    wire_msg_t *d = answer(&x);
+    drop_msg(&d);
+
+    trainer_sync(&x, 2, 2, SHA_A); /* same version, same sha256: a retry */
+    expect_sync(&x, 1, 2);
+    ck_assert(!has_msg(x.w[0], "SYNC"));
+    char why[192];
+    ck_assert_str_eq(lag_of(&x, 1, why, sizeof why), "applying v2");
+    ack(&x, 1, 2, NULL);
+    d = answer(&x);
+    ck_assert_uint_eq(d->id, 2);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    ck_assert_ptr_null(lag_of(&x, 1, why, sizeof why));
+
+    trainer_sync(&x, 3, 2, SHA_A); /* nobody lags: complete at once, nothing sent */
+    d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    ck_assert(!has_msg(x.w[0], "SYNC") && !has_msg(x.w[1], "SYNC"));
+
+    trainer_sync(&x, 4, 2, SHA_B); /* same version, other weights */
+    d = answer(&x);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), "stale_version");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(d->hdr, "message"), "current with other weights"));
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_resending_a_pending_version_joins_its_barrier) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    trainer_sync(&x, 2, 2, SHA_A);       /* the trainer timed out and retries */
+    ck_assert(!has_msg(x.w[0], "SYNC")); /* not loaded twice */
+    trainer_sync(&x, 3, 2, SHA_B);
+    wire_msg_t *d = answer(&x);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(d->hdr, "message"), "pending with other weights"));
+    drop_msg(&d);
+    trainer_sync(&x, 4, 1, SHA_A); /* below a pending version */
+    d = answer(&x);
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), "stale_version");
+    drop_msg(&d);
+    ack(&x, 0, 2, NULL);
+    for (uint64_t id = 1; id <= 2; id++) {
+        d = answer(&x);
+        ck_assert_uint_eq(d->id, id);
+        ck_assert(done_complete(d));
+        drop_msg(&d);
+    }
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    expect_sync(&x, 1, 2);
+    ack(&x, 0, 2, NULL);
+    brk_sync_timers(&x.b, INT64_MAX - 1);
+    wire_msg_t *d = answer(&x);
+    ck_assert(!done_complete(d));
+    ck_assert_str_eq(wv_get_str(wv_at(wv_get(d->hdr, "failed"), 0), "reason"), "timeout");
+    drop_msg(&d);
+    char why[192];
+    ck_assert_str_eq(lag_of(&x, 1, why, sizeof why), "v2: no ack within the sync deadline");
+    ack(&x, 1, 2, NULL);
+    ck_assert_ptr_null(lag_of(&x, 1, why, sizeof why));
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_once) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 2); /* restarted with --weights-version 2 */
+    ready(&x, 1, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    ck_assert(!has_msg(x.w[0], "SYNC"));
+    expect_sync(&x, 1, 2);
+    box_close(&x);
+}
+END_TEST
+
 static Suite *broker_unit_suite(void) {
     Suite *s = suite_create("broker_unit");
     TCase *tc = tcase_create("routing");
@@ -297,6 +659,16 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_recent_keys_move_to_front_and_keep_the_newest_32);
     tcase_add_test(tc, test_sync_versions_must_increase_and_need_a_digest_and_a_payload);
     suite_add_tcase(s, tc);
+    TCase *sy = tcase_create("sync");
+    tcase_set_timeout(sy, 60);
+    tcase_add_test(sy, test_a_sync_becomes_current_only_once_a_worker_applied_it);
+    tcase_add_test(sy, test_a_sync_no_worker_applied_changes_nothing_and_lists_every_reason);
+    tcase_add_test(sy, test_a_sync_with_no_live_worker_fails_and_is_not_current);
+    tcase_add_test(sy, test_resending_the_current_version_acks_and_retries_only_lagging_workers);
+    tcase_add_test(sy, test_resending_a_pending_version_joins_its_barrier);
+    tcase_add_test(sy, test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up);
+    tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_once);
+    suite_add_tcase(s, sy);
     return s;
 }
 

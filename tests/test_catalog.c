@@ -24,7 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Migration 1 as catalog.c embeds it (not in catalog.h: tests only). */
+/* Migration 1 as catalog.c embeds it (not in catalog.h: tests only): the
+ * schema catalogs were first built with. */
 extern const char cat_schema_v1_sql[];
 
 static char rootdir[64];      /* per test case, made and removed by the parent */
@@ -261,20 +262,99 @@ START_TEST(test_readonly_catalog_refuses_writes_with_message) {
 }
 END_TEST
 
-START_TEST(test_catalog_sql_file_equals_embedded_migration) {
-    FILE *f = fopen("schema/catalog.sql", "rb");
-    ck_assert_msg(f != NULL, "schema/catalog.sql not found: run the tests from the repository root");
+/* Every table's columns (name, type, not null, default, key position) and
+ * every index's columns, as one text: two schemas that print the same
+ * accept and return the same rows. */
+static char *schema_text(sqlite3 *db) {
     char *buf = NULL;
     size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
+    FILE *out = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(out);
+    sqlite3_stmt *objs;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT type, name FROM sqlite_master WHERE type IN"
+                                            " ('table', 'index') ORDER BY type, name", -1, &objs, NULL),
+                     SQLITE_OK);
+    while (sqlite3_step(objs) == SQLITE_ROW) {
+        const char *type = (const char *)sqlite3_column_text(objs, 0);
+        const char *name = (const char *)sqlite3_column_text(objs, 1);
+        char sql[256];
+        snprintf(sql, sizeof sql, "PRAGMA %s_info('%s')", strcmp(type, "table") ? "index" : "table", name);
+        fprintf(out, "%s %s:", type, name);
+        sqlite3_stmt *cols;
+        ck_assert_int_eq(sqlite3_prepare_v2(db, sql, -1, &cols, NULL), SQLITE_OK);
+        while (sqlite3_step(cols) == SQLITE_ROW) {
+            fputs(" (", out);
+            for (int i = 0; i < sqlite3_column_count(cols); i++) {
+                const unsigned char *v = sqlite3_column_text(cols, i);
+                fprintf(out, "%s%s", i ? "|" : "", v ? (const char *)v : "NULL");
+            }
+            fputc(')', out);
+        }
+        sqlite3_finalize(cols);
+        fputc('\n', out);
+    }
+    sqlite3_finalize(objs);
+    fclose(out);
+    return buf;
+}
+
+START_TEST(test_catalog_sql_file_builds_the_schema_the_migrations_build) {
+    FILE *f = fopen("schema/catalog.sql", "rb");
+    ck_assert_msg(f != NULL, "schema/catalog.sql not found: run the tests from the repository root");
+    char *sql = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&sql, &len);
     char chunk[4096];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, m);
     fclose(f);
     fclose(m);
-    bool same = strcmp(buf, cat_schema_v1_sql) == 0;
-    free(buf);
-    ck_assert_msg(same, "schema/catalog.sql and the migration embedded in schema/catalog.c differ");
+    ck_assert_ptr_nonnull(strstr(sql, "PRAGMA user_version 2")); /* the header names the version */
+
+    cat_t *c = open_ok(false); /* migrations 1..N */
+    cat_close(&c);
+    sqlite3 *migrated = raw_open(true), *file = NULL;
+    ck_assert_int_eq(sqlite3_open(":memory:", &file), SQLITE_OK);
+    raw_exec(file, sql);
+    char *a = schema_text(migrated), *b = schema_text(file);
+    ck_assert_msg(strcmp(a, b) == 0, "schema/catalog.sql and the migrations differ:\n%s\nvs\n%s", b, a);
+    ck_assert_ptr_nonnull(strstr(a, "table weight_versions:"));
+    free(a);
+    free(b);
+    free(sql);
+    sqlite3_close(migrated);
+    sqlite3_close(file);
+}
+END_TEST
+
+/* A catalog written by a broker before migration 2 (every published
+ * version taken as current, a bad one included) is classified by what the
+ * workers reported: the bad one is not resumed after the upgrade. */
+START_TEST(test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current) {
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    raw_exec(db, cat_schema_v1_sql);
+    raw_exec(db, "PRAGMA user_version = 1");
+    raw_exec(db, "INSERT INTO weight_versions (component, version, sha256, source, t) VALUES"
+                 " ('transformer', 1, 'aa', '/w/1', 1), ('transformer', 2, 'bb', '/w/2', 2),"
+                 " ('transformer', 3, 'cc', '/w/bad', 3)");
+    raw_exec(db, "INSERT INTO worker_versions (worker, component, version, ok, error, t) VALUES"
+                 " ('w1', 'transformer', 1, 1, NULL, 1), ('w1', 'transformer', 2, 1, NULL, 2),"
+                 " ('w1', 'transformer', 3, 0, 'not a transformer', 3)");
+    sqlite3_close(db);
+
+    cat_t *c = open_ok(false);
+    cat_version_t v[2];
+    ck_assert_int_eq(cat_current_versions(c, v, 2), 1);
+    ck_assert_uint_eq(v[0].version, 2); /* not 3: nobody could load it */
+    cat_close(&c);
+    db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), 2);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 1 AND state = 'superseded'"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 2 AND state = 'current'"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 3 AND state = 'failed'"
+                                 " AND reason = 'no worker applied it'"), 1);
+    sqlite3_close(db);
 }
 END_TEST
 
@@ -675,24 +755,55 @@ START_TEST(test_metrics_are_prometheus_counters_by_worker_and_reason) {
 }
 END_TEST
 
-START_TEST(test_latest_versions_returns_the_newest_version_of_each_component) {
+START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed) {
     cat_t *w = open_ok(false);
     ck_assert_int_eq(cat_begin(w), 0);
-    ck_assert_int_eq(cat_weight_version(w, "transformer", 1, "aa", "/w/v1.safetensors", 1.0), 0);
-    ck_assert_int_eq(cat_weight_version(w, "transformer", 3, "cc", "/w/v3.safetensors", 3.0), 0);
-    ck_assert_int_eq(cat_weight_version(w, "transformer", 2, "bb", "/w/v2.safetensors", 4.0), 0);
-    ck_assert_int_eq(cat_weight_version(w, "vae", 7, "dd", "inline", 2.0), 0);
+    OK(cat_weight_version(w, "transformer", 1, "aa", "/w/v1.safetensors", 1.0));
+    OK(cat_weight_version(w, "transformer", 3, "cc", "/w/v3.safetensors", 3.0));
+    OK(cat_weight_version(w, "transformer", 2, "bb", "/w/v2.safetensors", 4.0));
+    OK(cat_weight_version(w, "vae", 7, "dd", "inline", 2.0));
     ck_assert_int_eq(cat_commit(w), 0);
     cat_version_t v[4];
-    int n = cat_latest_versions(w, v, 4);
+    ck_assert_int_eq(cat_current_versions(w, v, 4), 0); /* published is not applied */
+
+    OK(cat_weight_state(w, "transformer", 1, "current", NULL));
+    OK(cat_weight_state(w, "transformer", 2, "current", NULL));
+    OK(cat_weight_state(w, "transformer", 3, "failed", "no worker applied it: w1 (not a transformer)"));
+    OK(cat_weight_state(w, "vae", 7, "current", NULL));
+    int n = cat_current_versions(w, v, 4);
     ck_assert_int_eq(n, 2);
     ck_assert_str_eq(v[0].component, "transformer"); /* by name */
-    ck_assert_uint_eq(v[0].version, 3);               /* the highest, not the latest written */
-    ck_assert_str_eq(v[0].sha256, "cc");
-    ck_assert_str_eq(v[0].source, "/w/v3.safetensors");
+    ck_assert_uint_eq(v[0].version, 2);               /* the newest applied, not the newest published */
+    ck_assert_str_eq(v[0].sha256, "bb");
+    ck_assert_str_eq(v[0].source, "/w/v2.safetensors");
     ck_assert_str_eq(v[1].component, "vae");
     ck_assert_str_eq(v[1].source, "inline");
-    ck_assert_int_eq(cat_latest_versions(w, v, 1), 1); /* max respected */
+    ck_assert_int_eq(cat_current_versions(w, v, 1), 1); /* max respected */
+
+    kern_error_clear();
+    ck_assert_int_eq(cat_weight_state(w, "transformer", 2, "bogus", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "bogus"));
+
+    /* v3 published again (a fixed file): pending, its old reason gone;
+     * then the broker restarts before anyone applied it. */
+    OK(cat_weight_version(w, "transformer", 3, "c2", "/w/v3b.safetensors", 5.0));
+    OK(cat_weight_fail_pending(w, "the broker stopped before any worker applied it"));
+    cat_t *r = open_ok(true);
+    json_t *j = report_json(r, cat_report_versions);
+    json_t *v1 = json_array_get(j, 2), *v2 = json_array_get(j, 1), *v3 = json_array_get(j, 0);
+    ck_assert_str_eq(jstr(v1, "state"), "superseded"); /* one current per component */
+    ck_assert_str_eq(jstr(v2, "state"), "current");
+    ck_assert(json_is_null(json_object_get(v2, "reason")));
+    ck_assert_str_eq(jstr(v3, "state"), "failed");
+    ck_assert_str_eq(jstr(v3, "sha256"), "c2");
+    ck_assert_str_eq(jstr(v3, "reason"), "the broker stopped before any worker applied it");
+    json_decref(j);
+    char *t = report_text(r, cat_report_versions, false);
+    ck_assert_msg(strstr(t, "state") && strstr(t, "superseded") && strstr(t, "the broker stopped"), "table: %s", t);
+    free(t);
+    cat_close(&r);
+    ck_assert_int_eq(cat_current_versions(w, v, 4), 2);
+    ck_assert_uint_eq(v[0].version, 2);
     cat_close(&w);
 }
 END_TEST
@@ -744,6 +855,52 @@ START_TEST(test_workers_report_shows_last_seen_gone_and_applied_versions) {
     ck_assert_msg(strncmp(t, "worker", 6) == 0 && strstr(t, "missed heartbeats") && strstr(t, "dit=2"),
                   "table: %s", t);
     free(t);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_with_their_reason) {
+    cat_t *w = open_ok(false);
+    OK(cat_begin(w));
+    const char *names[] = { "up", "failed", "silent", "gone" };
+    for (int i = 0; i < 4; i++) OK(cat_worker_seen(w, names[i], "cpu", "x86_64", 1, 0, 10 + i));
+    OK(cat_worker_gone(w, "gone", "expired", 50));
+    OK(cat_weight_version(w, "transformer", 2, "bb", "/w/2", 20));
+    OK(cat_weight_version(w, "transformer", 3, "cc", "/w/3", 30));
+    for (int i = 0; i < 4; i++) OK(cat_worker_version(w, names[i], "transformer", 2, true, NULL, 21));
+    OK(cat_worker_version(w, "up", "transformer", 3, true, NULL, 31));
+    OK(cat_worker_version(w, "failed", "transformer", 3, false, "config tiny does not match", 31));
+    OK(cat_worker_version(w, "gone", "transformer", 3, false, "timeout", 31));
+    OK(cat_commit(w));
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, cat_report_workers);
+    /* v3 still pending: nobody lags behind a version that is not current */
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", names[i]), "lagging")), 0);
+    json_decref(j);
+
+    OK(cat_weight_state(w, "transformer", 2, "current", NULL));
+    OK(cat_weight_state(w, "transformer", 3, "current", NULL));
+    j = report_json(c, cat_report_workers);
+    ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "up"), "lagging")), 0);
+    ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "gone"), "lagging")), 0);
+    json_t *lag = json_array_get(json_object_get(find(j, "name", "failed"), "lagging"), 0);
+    ck_assert_str_eq(jstr(lag, "component"), "transformer");
+    ck_assert_int_eq(jint(lag, "version"), 3);
+    ck_assert_str_eq(jstr(lag, "reason"), "config tiny does not match");
+    lag = json_array_get(json_object_get(find(j, "name", "silent"), "lagging"), 0);
+    ck_assert_str_eq(jstr(lag, "reason"), "not applied");
+    json_decref(j);
+    char *t = report_text(c, cat_report_workers, false);
+    ck_assert_msg(strstr(t, "lagging") && strstr(t, "transformer:3:config tiny does not match"), "table: %s", t);
+    free(t);
+
+    /* caught up later (a reconnect): no longer lagging */
+    OK(cat_worker_version(w, "failed", "transformer", 3, true, NULL, 40));
+    j = report_json(c, cat_report_workers);
+    ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "failed"), "lagging")), 0);
+    json_decref(j);
     cat_close(&c);
     cat_close(&w);
 }
@@ -879,7 +1036,8 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_newer_user_version_is_refused_with_clear_message);
     tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
-    tcase_add_test(tc, test_catalog_sql_file_equals_embedded_migration);
+    tcase_add_test(tc, test_catalog_sql_file_builds_the_schema_the_migrations_build);
+    tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);
     tcase_add_test(tc, test_batch_is_visible_to_readonly_connection_only_after_commit);
     tcase_add_test(tc, test_reader_opened_during_write_transaction_reads_and_never_blocks_writer);
     tcase_add_test(tc, test_forked_writer_commits_while_parent_reads);
@@ -891,10 +1049,11 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_stats_hit_rate_falls_back_to_capture_counters_without_requests);
     tcase_add_test(tc, test_keys_report_lists_each_key_with_workers_captures_and_replays);
     tcase_add_test(tc, test_evictions_report_is_newest_first_and_limited_to_50);
-    tcase_add_test(tc, test_latest_versions_returns_the_newest_version_of_each_component);
+    tcase_add_test(tc, test_current_versions_are_the_newest_applied_never_pending_or_failed);
     tcase_add_test(tc, test_metrics_are_prometheus_counters_by_worker_and_reason);
     tcase_add_test(tc, test_versions_report_lists_which_workers_applied_each_version);
     tcase_add_test(tc, test_workers_report_shows_last_seen_gone_and_applied_versions);
+    tcase_add_test(tc, test_workers_report_shows_live_workers_behind_the_current_version_with_their_reason);
     tcase_add_test(tc, test_requests_report_is_newest_first_with_step_counts);
     tcase_add_test(tc, test_every_report_on_empty_catalog_is_valid_json_and_a_header);
     tcase_add_test(tc, test_table_columns_are_aligned_under_their_headers);

@@ -1,0 +1,214 @@
+#!/bin/sh
+# cli_sync.sh -- process-level tests of weight-sync state (docs/PROTOCOL.md,
+# "Weight syncs"): a real reel-broker and real reel-workers over ipc
+# sockets, driven by reelctl. A version becomes current only once a worker
+# applied it; a sync nobody applied changes nothing, also across a broker
+# restart; workers that failed a partly applied sync lag, visibly, and are
+# caught up when they reconnect; resending a version is an ack.
+# Every wait is bounded; every process is killed on exit.
+# Usage: cli_sync.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-sync.XXXXXX)
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+DB="$D/reel.db"
+pass=0; fail=0
+PIDS=""
+
+cleanup() {
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
+}
+trap cleanup EXIT INT TERM
+
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+finish() { echo "sync: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
+show() { sed 's/^/  | /' "$@" 2>/dev/null | tail -8; }
+
+# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
+wait_count() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
+    return 1
+}
+wait_for() { wait_count "$1" "$2" 1 "$3"; }
+
+# wait_sql SQL EXPECTED SECONDS: the catalog is written by a thread in
+# batches, so a fact shows up shortly after the reply that caused it.
+wait_sql() {
+    i=0
+    while [ $i -lt $(($3 * 10)) ]; do
+        [ "$(/usr/bin/sqlite3 "$DB" "$1" 2>/dev/null)" = "$2" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (catalog: '$1' is '$(/usr/bin/sqlite3 "$DB" "$1" 2>&1)', expected '$2')"
+    return 1
+}
+
+start_broker() {
+    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
+        --sync-deadline-ms 10000 >>"$D/broker.log" 2>&1 &
+    BROKER=$!
+    PIDS="$PIDS $BROKER"
+    wait_for "$D/broker.log" "reel-broker: ready" 10
+}
+
+start_worker() { # name weights
+    before=$(grep -cE "worker $1 ready" "$D/broker.log" 2>/dev/null)
+    "$B/reel-worker" --broker "$WE" --name "$1" --weights "$2" --streams 1 --heartbeat-ms 200 \
+        >>"$D/$1.log" 2>&1 &
+    eval "PID_$1=$!"
+    PIDS="$PIDS $!"
+    wait_count "$D/broker.log" "worker $1 ready" $((before + 1)) 10
+}
+
+sync_v() { # version weights out: reelctl sync, its stderr to out, its exit status kept
+    "$R" sync --broker "$CE" --version "$1" --weights "$2" --timeout-ms 20000 2>"$3"
+}
+status() { "$R" status --broker "$CE" "$@" 2>&1; }
+
+# Weights: three tiny versions, a file that is valid safetensors but no
+# transformer (every worker refuses it), and a model of another shape that
+# a tiny sync can not be loaded into (the worker holding it refuses).
+for s in 1 2 3; do "$R" weights init --config tiny --seed $((6 + s)) --out "$D/w$s.safetensors" 2>/dev/null; done
+"$R" tensor rand --name junk --shape 4,4 --seed 5 --out "$D/bad.safetensors"
+printf '{"name":"tinyb","dim":64,"heads":4,"layers":1,"ffn_dim":128,"in_channels":4,"text_dim":32,"freq_dim":256}\n' >"$D/tinyb.json"
+"$R" weights init --config "$D/tinyb.json" --seed 4 --out "$D/odd.safetensors" 2>/dev/null
+"$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+IN="--context $D/ctx.safetensors --latent $D/lat.safetensors --steps 2 --shift 3"
+"$R" run --weights "$D/w2.safetensors" $IN --out "$D/ref2.safetensors" 2>/dev/null
+"$R" run --weights "$D/w3.safetensors" $IN --out "$D/ref3.safetensors" 2>/dev/null
+"$R" run --weights "$D/odd.safetensors" $IN --out "$D/refodd.safetensors" 2>/dev/null
+gen() { # model out [extra flags]: reelctl gen, stderr to out.err
+    m=$1; o=$2; shift 2
+    "$R" gen --broker "$CE" --model "$m" $IN --timeout-ms 20000 --quiet --out "$o.safetensors" "$@" 2>"$o.err"
+}
+same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
+
+echo "== a sync with no live worker is not a version"
+start_broker || { bad "the broker starts"; finish; }
+if sync_v 2 "$D/w2.safetensors" "$D/s0.err"; then bad "a sync nobody applied exits non-zero"; show "$D/s0.err"
+else grep -q "FAILED, no live worker" "$D/s0.err" && ok "sync v2 with no worker: FAILED, exit 1" || { bad "no-worker sync says why"; show "$D/s0.err"; }; fi
+status --json >"$D/st0.json"
+grep -q '"versions":{}' "$D/st0.json" && ok "the broker has no current version after it" || { bad "no current version"; show "$D/st0.json"; }
+wait_sql "select state from weight_versions where version = 2" "failed" 5 && ok "the catalog marks v2 failed" || bad "v2 failed in the catalog"
+
+echo "== the same version published again, with workers, becomes current"
+start_worker a1 "$D/w1.safetensors" || bad "a1 starts"
+start_worker a2 "$D/w1.safetensors" || bad "a2 starts"
+if sync_v 2 "$D/w2.safetensors" "$D/s1.err" && grep -q "complete" "$D/s1.err"; then ok "sync v2 complete on a1 and a2"
+else bad "sync v2 completes"; show "$D/s1.err"; fi
+wait_sql "select state from weight_versions where version = 2" "current" 5 && ok "the catalog marks v2 current" || bad "v2 current in the catalog"
+
+echo "== a sync every worker rejects changes nothing"
+if sync_v 3 "$D/bad.safetensors" "$D/s2.err"; then bad "a rejected sync exits non-zero"; show "$D/s2.err"
+else
+    grep -q "FAILED, no worker applied it" "$D/s2.err" && grep -q "a1:weights metadata names no config" "$D/s2.err" &&
+        grep -q "a2:weights metadata names no config" "$D/s2.err" &&
+        ok "sync v3 (not a transformer): exit 1, FAILED, each worker's reason printed" || { bad "rejected sync reports reasons"; show "$D/s2.err"; }
+fi
+status --json >"$D/st1.json"
+grep -q '"versions":{"transformer":2}' "$D/st1.json" && grep -q '"pending":{}' "$D/st1.json" &&
+    ok "the broker's current version stays v2" || { bad "current stays v2"; show "$D/st1.json"; }
+grep -q '"lagging":{"transformer"' "$D/st1.json" && { bad "nobody lags behind a failed version"; show "$D/st1.json"; } || ok "no worker shows as lagging"
+gen tiny "$D/g1" && grep -q "weights v2" "$D/g1.err" && same "$D/g1.safetensors" "$D/ref2.safetensors" &&
+    ok "GEN still served, on v2, exactly" || { bad "GEN after a rejected sync (no_worker before the fix)"; show "$D/g1.err"; }
+wait_sql "select state || ':' || (reason like 'no worker applied it: a1 (weights metadata%a2 (%') from weight_versions where version = 3" "failed:1" 5 &&
+    ok "the catalog marks v3 failed with each worker's reason" || bad "v3 failed in the catalog"
+"$R" versions --catalog "$DB" >"$D/versions.txt" 2>&1
+grep -E "^transformer +3 +failed" "$D/versions.txt" >/dev/null && grep -E "^transformer +2 +current" "$D/versions.txt" >/dev/null &&
+    ok "reelctl versions: v3 failed, v2 current" || { bad "reelctl versions shows states"; show "$D/versions.txt"; }
+start_worker a3 "$D/w1.safetensors" || bad "a3 starts"
+wait_for "$D/a3.log" "applied transformer v2" 10 && sleep 0.3 &&
+    ! grep -qE "(to|transformer) v3" "$D/a3.log" && ok "a late joiner is caught up to v2, never sent v3" || { bad "late joiner gets v2 only"; show "$D/a3.log"; }
+
+echo "== a broker restart after the rejected sync resumes v2, not v3"
+restart_broker() {
+    kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+    cat "$D/broker.log" >>"$D/broker.old.log"; : >"$D/broker.log"
+    start_broker
+}
+restart_broker || bad "the broker restarts"
+grep -q "restored transformer v2 from the catalog" "$D/broker.log" && ok "restored v2, the current version" || { bad "v2 restored"; show "$D/broker.log"; }
+for w in a1 a2 a3; do wait_for "$D/broker.log" "worker $w ready" 10 || bad "$w re-registers"; done
+sleep 0.3
+! grep -q "transformer v3" "$D/broker.log" && ok "no worker is sent the rejected v3 again" || { bad "v3 not resent after the restart"; show "$D/broker.log"; }
+gen tiny "$D/g1r" && grep -q "weights v2" "$D/g1r.err" && same "$D/g1r.safetensors" "$D/ref2.safetensors" &&
+    ok "GEN served on v2 after the restart" || { bad "GEN after the restart (no_worker before the fix)"; show "$D/g1r.err"; }
+
+echo "== resending a version is an ack, not stale_version"
+if sync_v 2 "$D/w2.safetensors" "$D/s3.err" && grep -q "complete; applied a1,a2,a3" "$D/s3.err"; then
+    ok "sync v2 again (same sha256): complete"; else bad "resend of the current version acks"; show "$D/s3.err"; fi
+sync_v 2 "$D/w3.safetensors" "$D/s4.err"
+grep -q "stale_version: SYNC: transformer v2 is current with other weights" "$D/s4.err" &&
+    ok "v2 with other weights: stale_version" || { bad "same version, other sha256 refused"; show "$D/s4.err"; }
+sync_v 3 "$D/bad.safetensors" "$D/s5.err"
+grep -q "FAILED, no worker applied it" "$D/s5.err" && ok "a failed version may be published again (and fails again)" || { bad "failed version republished"; show "$D/s5.err"; }
+
+echo "== partly applied: the failed worker lags, visibly, and serves only what asks for its version"
+start_worker odd "$D/odd.safetensors" || bad "odd starts"
+wait_for "$D/broker.log" "worker odd failed transformer v2" 10 || bad "odd is sent v2 at READY"
+if sync_v 4 "$D/w3.safetensors" "$D/s6.err"; then bad "a partly applied sync exits non-zero"; show "$D/s6.err"
+else
+    grep -q "INCOMPLETE (it is current" "$D/s6.err" && grep -q "applied a1,a2,a3" "$D/s6.err" &&
+        grep -q "odd:weights: config tiny does not match the resident tinyb" "$D/s6.err" &&
+        ok "sync v4: exit 1, applied by a1-a3, odd's reason printed" || { bad "partial sync reported"; show "$D/s6.err"; }
+fi
+status >"$D/st2.txt"
+grep -q "transformer v4" "$D/st2.txt" && grep -E "^odd .* v1 .*lagging: v4: weights: config tiny does not match the resident tinyb" "$D/st2.txt" >/dev/null &&
+    grep -E "^a1 .* v4 .* ok$" "$D/st2.txt" >/dev/null &&
+    ok "reelctl status: v4 current, odd lagging with its reason" || { bad "status shows the lagging worker"; show "$D/st2.txt"; }
+wait_sql "select count(*) from worker_versions where worker = 'odd' and version = 4 and ok = 0" "1" 5
+"$R" workers --catalog "$DB" --json >"$D/workers.json" 2>&1
+grep -q '"name":"odd".*"lagging":\[{"component":"transformer","version":4,"reason":"weights: config tiny does not match the resident tinyb"}\]' "$D/workers.json" &&
+    ok "reelctl workers: odd lagging on v4 with its reason" || { bad "reelctl workers shows lagging"; show "$D/workers.json"; }
+gen tinyb "$D/g2" --deadline-ms 800
+grep -q "no_worker" "$D/g2.err" && ok "a request needing v4 never reaches the lagging worker" || { bad "lagging worker gets no v4 requests"; show "$D/g2.err"; }
+gen tinyb "$D/g3" --weights-version 1 && grep -q "worker odd, weights v1" "$D/g3.err" && same "$D/g3.safetensors" "$D/refodd.safetensors" &&
+    ok "a request asking for v1 is served by it, on v1" || { bad "lagging worker serves what asks for its version"; show "$D/g3.err"; }
+gen tiny "$D/g4" && grep -q "weights v4" "$D/g4.err" && same "$D/g4.safetensors" "$D/ref3.safetensors" &&
+    ok "requests without a version run on v4" || { bad "GEN on v4"; show "$D/g4.err"; }
+
+echo "== resending a partly applied version retries the lagging worker"
+sent=$(grep -c "sync transformer v4 sent to odd" "$D/broker.log")
+others=$(grep -c "sync transformer v4 sent to a" "$D/broker.log")
+sync_v 4 "$D/w3.safetensors" "$D/s7.err"
+grep -q "stale_version" "$D/s7.err" && bad "a resend is not stale_version" || ok "sync v4 again: no stale_version"
+grep -q "applied a1,a2,a3; failed odd:weights: config" "$D/s7.err" && [ "$(grep -c "sync transformer v4 sent to odd" "$D/broker.log")" = $((sent + 1)) ] &&
+    [ "$(grep -c "sync transformer v4 sent to a" "$D/broker.log")" = "$others" ] &&
+    ok "only odd was sent v4 again, and its reason came back" || { bad "resend retries lagging workers only"; show "$D/s7.err"; }
+
+echo "== a broker restart resumes the current version only"
+restart_broker || bad "the broker restarts"
+grep -q "restored transformer v4 from the catalog" "$D/broker.log" && ok "restored v4 (current), not a failed version" || { bad "restore the current version"; show "$D/broker.log"; }
+for w in a1 a2 a3 odd; do wait_for "$D/broker.log" "worker $w ready" 10 || bad "$w re-registers"; done
+wait_for "$D/broker.log" "worker odd failed transformer v4" 10 && ok "odd, reconnecting, is sent v4 again" || bad "odd caught up after the restart"
+! grep -qE "transformer v3|v2 sent" "$D/broker.log" && ok "nobody is sent the failed v3 (or the old v2)" || { bad "no failed sync resent"; show "$D/broker.log"; }
+status >"$D/st3.txt"
+grep -E "^odd .*lagging: v4: weights: config tiny" "$D/st3.txt" >/dev/null && ok "still lagging, with the reason, after the restart" || { bad "lag after restart"; show "$D/st3.txt"; }
+gen tiny "$D/g5" && grep -q "weights v4" "$D/g5.err" && same "$D/g5.safetensors" "$D/ref3.safetensors" &&
+    ok "serving v4 after the restart" || { bad "GEN after restart"; show "$D/g5.err"; }
+sync_v 4 "$D/w3.safetensors" "$D/s8.err"
+! grep -q "stale_version" "$D/s8.err" && grep -q "applied a1,a2,a3" "$D/s8.err" && ok "resending v4 after the restart is still an ack" || { bad "resend after restart"; show "$D/s8.err"; }
+
+echo "== the lagging worker, fixed and reconnected, is caught up"
+eval "kill -9 \$PID_odd"
+wait_for "$D/broker.log" "worker odd lost" 5 || bad "odd's death noticed"
+start_worker odd "$D/w1.safetensors" || bad "odd restarts with tiny weights"
+wait_for "$D/odd.log" "applied transformer v4" 10 && ok "odd applied v4 at READY" || bad "odd catches up"
+status >"$D/st4.txt"
+grep -E "^odd .* v4 .* ok$" "$D/st4.txt" >/dev/null && ok "odd no longer lagging" || { bad "odd caught up in status"; show "$D/st4.txt"; }
+wait_sql "select ok from worker_versions where worker = 'odd' and version = 4" "1" 5
+"$R" workers --catalog "$DB" --json >"$D/workers2.json" 2>&1
+grep -q '"name":"odd".*"lagging":\[\]' "$D/workers2.json" && ok "reelctl workers: odd not lagging" || { bad "catalog shows odd caught up"; show "$D/workers2.json"; }
+
+finish
