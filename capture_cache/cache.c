@@ -71,6 +71,8 @@ typedef struct entry {
     state_t state;
     cap_reason_t disabled_reason;
     int warm;
+    int capture_fails;                         /* failed captures so far (CAP_CAPTURE_TRIES) */
+    bool told_permanent;                       /* the permanent capture_failed was logged */
     uint64_t since_audit;                      /* replays since the last audit */
     bool ident_stable[CAP_MAX_INPUTS];
     kern_tensor_t ident[CAP_MAX_INPUTS];       /* caller's tensor seen in warmup / pinned */
@@ -132,7 +134,7 @@ static const char *reason_names[CAP_DECLINE_COUNT] = {
     "warming_up", "not_capturable", "override", "shape_mismatch", "pinned_input_moved",
     "constant_changed", "weights_moved", "verify_mismatch", "capture_failed",
     "budget_exceeded", "backend_unavailable", "mutable_output", "entry_busy", "mutable_input",
-    "audit_mismatch",
+    "audit_mismatch", "wrong_stream",
 };
 static const char *evict_names[CAP_EVICT_COUNT] = {
     "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch",
@@ -154,8 +156,7 @@ int cap_policy_parse(const char *s, cap_policy_t *out) {
     return 0;
 }
 bool cap_reason_permanent(cap_reason_t r) {
-    return r == CAP_DECLINE_VERIFY_MISMATCH || r == CAP_DECLINE_CAPTURE_FAILED ||
-           r == CAP_DECLINE_BACKEND_UNAVAILABLE;
+    return r == CAP_DECLINE_VERIFY_MISMATCH || r == CAP_DECLINE_BACKEND_UNAVAILABLE;
 }
 
 cap_options_t cap_options_default(void) {
@@ -705,10 +706,15 @@ static bool make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
 static void declined(cap_cache_t *c, entry_t *e, cap_reason_t r, evq_t *q, char *logbuf, size_t loglen) {
     c->st.declines[r]++;
     evq_push(q, CAP_EV_DECLINE, r, e, 0, 0, 0, NULL, 0, 0);
-    if (r != CAP_DECLINE_WARMING_UP && first_time(c, e->hash, r))
+    bool gone = cap_reason_permanent(r) || (r == CAP_DECLINE_CAPTURE_FAILED && e->state == ST_DISABLED);
+    /* A retried capture failure is logged again once it becomes permanent. */
+    bool now_gone = gone && r == CAP_DECLINE_CAPTURE_FAILED && !e->told_permanent;
+    if (now_gone) e->told_permanent = true;
+    if (r != CAP_DECLINE_WARMING_UP && (first_time(c, e->hash, r) || now_gone))
         snprintf(logbuf, loglen, "capture declined (%s%s) for %s; further declines for this reason "
                  "and key are counted, not logged", cap_reason_name(r),
-                 cap_reason_permanent(r) ? ", permanent: the key runs eagerly from now on" : "", e->text);
+                 gone ? ", permanent: the key runs eagerly from now on"
+                 : r == CAP_DECLINE_CAPTURE_FAILED ? ", will retry" : "", e->text);
 }
 
 /* The graph verified and fit: hold it. Caller holds the lock. */
@@ -918,6 +924,11 @@ static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_p
             e->warm = 0;
         }
         if (reason == CAP_DECLINE_COUNT && output_aliases_pin(e, call)) reason = CAP_DECLINE_MUTABLE_OUTPUT;
+        if (reason == CAP_DECLINE_COUNT && kern_graph_stream(e->graph) != s) {
+            /* A graph baked its stream's scratch and cuBLAS workspace. */
+            reason = CAP_DECLINE_WRONG_STREAM;
+            unpin_and_recapture(c, e, -1);
+        }
         if (reason == CAP_DECLINE_COUNT) {
             if (e->state == ST_REVERIFY) path = P_REVERIFY;
             else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) {
@@ -984,6 +995,12 @@ static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_p
             } else if (cwhy == CAP_DECLINE_MUTABLE_INPUT) {
                 reason = cwhy;
                 unpin_and_recapture(c, e, bad);
+            } else if (cwhy == CAP_DECLINE_CAPTURE_FAILED && ++e->capture_fails < CAP_CAPTURE_TRIES) {
+                /* Often transient (another thread invalidated a CUDA
+                 * capture): try again on the next call. */
+                reason = cwhy;
+                memset(e->pinned, 0, sizeof e->pinned);
+                e->state = ST_CAPTURE;
             } else {
                 reason = cwhy;
                 e->state = cwhy == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
@@ -1111,7 +1128,8 @@ static bool invariants(const cap_cache_t *c) {
         if (!e->in_use) {
             /* Between calls a graph exists exactly when the entry may replay it. */
             INV((e->state == ST_READY || e->state == ST_REVERIFY) == (e->graph != NULL));
-            INV(e->state != ST_DISABLED || cap_reason_permanent(e->disabled_reason));
+            INV(e->state != ST_DISABLED || cap_reason_permanent(e->disabled_reason) ||
+                (e->disabled_reason == CAP_DECLINE_CAPTURE_FAILED && e->capture_fails >= CAP_CAPTURE_TRIES));
             INV(!e->reverify_pending);
         }
         if (n < 4096)

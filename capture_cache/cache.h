@@ -33,8 +33,8 @@
  * (declined budget_exceeded): a call never fails for lack of budget.
  *
  * A check that fails *declines* the call to eager with a reason; only a
- * permanent reason (verify_mismatch, capture_failed, backend_unavailable)
- * disables the entry. Every decline is counted, logged once per (reason,
+ * permanent reason (verify_mismatch, backend_unavailable, or a capture that
+ * failed CAP_CAPTURE_TRIES times) disables the entry. Every decline is counted, logged once per (reason,
  * key) at warning level, and reported through the event callback.
  *
  * Threads: calls on one stream are serialized (a per-stream lock, so two
@@ -67,13 +67,14 @@ typedef enum {
     CAP_DECLINE_CONSTANT_CHANGED,   /* a baked constant changed type or value */
     CAP_DECLINE_WEIGHTS_MOVED,      /* a weight component moved or changed generation */
     CAP_DECLINE_VERIFY_MISMATCH,    /* replay != eager bitwise (permanent) */
-    CAP_DECLINE_CAPTURE_FAILED,     /* capture itself failed (permanent) */
+    CAP_DECLINE_CAPTURE_FAILED,     /* capture itself failed (retried CAP_CAPTURE_TRIES times, then permanent) */
     CAP_DECLINE_BUDGET_EXCEEDED,    /* graph would not fit the memory budget */
     CAP_DECLINE_BACKEND_UNAVAILABLE,/* backend cannot capture (permanent) */
     CAP_DECLINE_MUTABLE_OUTPUT,     /* an output aliases an input read in place */
     CAP_DECLINE_ENTRY_BUSY,         /* the entry is in use by an outer call on this stream */
     CAP_DECLINE_MUTABLE_INPUT,      /* the step wrote an input it declared pinnable */
     CAP_DECLINE_AUDIT_MISMATCH,     /* a runtime audit found replay != eager: entry evicted */
+    CAP_DECLINE_WRONG_STREAM,       /* the graph was captured on another stream: never replayed here */
     CAP_DECLINE_COUNT
 } cap_reason_t;
 
@@ -98,8 +99,12 @@ const char *cap_reason_name(cap_reason_t r);
 const char *cap_evict_reason_name(cap_evict_reason_t r);
 const char *cap_policy_name(cap_policy_t p);
 int cap_policy_parse(const char *s, cap_policy_t *out);
-/* True for reasons that disable an entry for good. */
+/* True for reasons that disable an entry for good at once. A failed
+ * capture (an invalidated CUDA capture is often transient) is retried on
+ * the entry's next calls, up to CAP_CAPTURE_TRIES captures in all, and
+ * only then disables the entry. */
 bool cap_reason_permanent(cap_reason_t r);
+#define CAP_CAPTURE_TRIES 3
 
 typedef enum { CAP_EV_CAPTURE, CAP_EV_DECLINE, CAP_EV_EVICT } cap_event_kind_t;
 

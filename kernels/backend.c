@@ -3,7 +3,18 @@
  *
  * A recorded graph is a flat list of (kernel, argument block) pairs; replay
  * walks the list and calls each kernel with no lookup, validation or
- * allocation, so it reads exactly the addresses resolved at capture. */
+ * allocation, so it reads exactly the addresses resolved at capture.
+ *
+ * The device lock. Thread-local capture mode keeps *this* thread's unsafe
+ * calls from breaking its capture, but a cudaFree (or cudaMalloc, stream
+ * or cuBLAS handle creation, graph destruction) on another thread may
+ * synchronize the whole device and invalidate a capture in progress. So
+ * every capture holds the backend's rwlock shared from begin to end, and
+ * every such call holds it exclusive: none runs while any stream of the
+ * device captures. The CPU backend follows the same rules, so the tests
+ * here exercise them. A thread that allocates while it captures gets an
+ * error (it would invalidate its own capture, or deadlock); a free it asks
+ * for is deferred until its capture ends. */
 #include "backend_impl.h"
 #include "error.h"
 #include <assert.h>
@@ -57,14 +68,38 @@ int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out) {
 
 kern_backend_t *kern_backend_cpu_new_impl(void); /* backend_cpu.c */
 
-kern_backend_t *kern_backend_cpu_new(void) { return kern_backend_cpu_new_impl(); }
+/* Threads capturing right now: the device lock is held shared. */
+static __thread int tl_capturing;
+static void capture_release(kern_backend_t *b);
+
+/* Sets up what every backend shares; destroys b and returns NULL on failure. */
+static kern_backend_t *backend_common_init(kern_backend_t *b) {
+    if (!b) return NULL;
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    /* Writers first: a stream of captures must not starve a free forever. */
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    int rc = pthread_rwlock_init(&b->dev_lock, &a);
+    pthread_rwlockattr_destroy(&a);
+    if (rc != 0 || pthread_mutex_init(&b->deferred_mu, NULL) != 0) {
+        if (rc == 0) pthread_rwlock_destroy(&b->dev_lock);
+        kern_fail("cannot create the device lock");
+        if (b->iface && b->iface->destroy) b->iface->destroy(b);
+        free(b);
+        return NULL;
+    }
+    b->dev_lock_ok = true;
+    return b;
+}
+
+kern_backend_t *kern_backend_cpu_new(void) { return backend_common_init(kern_backend_cpu_new_impl()); }
 
 kern_backend_t *kern_backend_cuda_new(int device) {
 #ifdef HAVE_CUDA
     kern_backend_t *b = calloc(1, sizeof *b);
     if (!b) { kern_fail("out of memory"); return NULL; }
     if (kern_cuda_backend_init(b, device) != 0) { free(b); return NULL; }
-    return b;
+    return backend_common_init(b);
 #else
     (void)device;
     kern_fail("CUDA backend unavailable: Reel was built without CUDA (CUDA=0)");
@@ -76,12 +111,63 @@ kern_backend_t *kern_backend_new(kern_backend_kind_t kind, int device) {
     return kind == KERN_BACKEND_CUDA ? kern_backend_cuda_new(device) : kern_backend_cpu_new();
 }
 
+static void drain_deferred(kern_backend_t *b);
+
 void kern_backend_destroy(kern_backend_t **bp) {
     if (!bp || !*bp) return;
     kern_backend_t *b = *bp;
+    if (b->dev_lock_ok) {
+        drain_deferred(b);
+        pthread_rwlock_destroy(&b->dev_lock);
+        pthread_mutex_destroy(&b->deferred_mu);
+    }
+    free(b->deferred);
     if (b->iface->destroy) b->iface->destroy(b);
     free(b);
     *bp = NULL;
+}
+
+/* ---- the device lock ------------------------------------------------------ */
+
+/* Takes the device lock exclusive for `what`; -1 with a message when this
+ * thread is capturing. */
+static int excl_begin(kern_backend_t *b, const char *what) {
+    if (tl_capturing)
+        return kern_fail("%s while this thread captures a graph: it would invalidate the capture "
+                         "(reserve memory before capturing)", what);
+    pthread_rwlock_wrlock(&b->dev_lock);
+    assert(__atomic_load_n(&b->captures_active, __ATOMIC_ACQUIRE) == 0 &&
+           "a device-wide call ran while a capture was in progress");
+    return 0;
+}
+
+static void excl_end(kern_backend_t *b) { pthread_rwlock_unlock(&b->dev_lock); }
+
+/* Frees what capturing threads asked to free. Takes the lock exclusive;
+ * never called by a capturing thread. */
+static void drain_deferred(kern_backend_t *b) {
+    pthread_mutex_lock(&b->deferred_mu);
+    size_t n = b->n_deferred;
+    void **d = b->deferred;
+    b->deferred = NULL;
+    b->n_deferred = b->cap_deferred = 0;
+    pthread_mutex_unlock(&b->deferred_mu);
+    if (!n) {
+        free(d);
+        return;
+    }
+    pthread_rwlock_wrlock(&b->dev_lock);
+    for (size_t i = 0; i < n; i++) __atomic_fetch_sub(&b->bytes_in_use, b->iface->free(b, d[i]), __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&b->dev_lock);
+    free(d);
+}
+
+int kern_backend_captures_active(const kern_backend_t *b) {
+    return __atomic_load_n(&b->captures_active, __ATOMIC_ACQUIRE);
+}
+
+size_t kern_backend_streams_alive(const kern_backend_t *b) {
+    return __atomic_load_n(&b->streams_alive, __ATOMIC_ACQUIRE);
 }
 
 kern_backend_kind_t kern_backend_kind(const kern_backend_t *b) { return b->kind; }
@@ -91,13 +177,38 @@ int kern_backend_device(const kern_backend_t *b) { return b->device; }
 
 void *kern_alloc(kern_backend_t *b, size_t bytes) {
     if (bytes == 0) bytes = 1;
+    if (excl_begin(b, "device allocation") != 0) return NULL;
     void *p = b->iface->alloc(b, bytes);
+    excl_end(b);
     if (p) __atomic_fetch_add(&b->bytes_in_use, bytes, __ATOMIC_RELAXED);
     return p;
 }
 
 void kern_free(kern_backend_t *b, void *p) {
-    if (p) __atomic_fetch_sub(&b->bytes_in_use, b->iface->free(b, p), __ATOMIC_RELAXED);
+    if (!p) return;
+    if (tl_capturing) {
+        /* Not now: freeing could invalidate this thread's capture. */
+        pthread_mutex_lock(&b->deferred_mu);
+        if (b->n_deferred == b->cap_deferred) {
+            size_t cap = b->cap_deferred ? b->cap_deferred * 2 : 16;
+            void **n = realloc(b->deferred, cap * sizeof *n);
+            if (n) {
+                b->deferred = n;
+                b->cap_deferred = cap;
+            }
+        }
+        bool queued = b->n_deferred < b->cap_deferred;
+        if (queued) b->deferred[b->n_deferred++] = p;
+        pthread_mutex_unlock(&b->deferred_mu);
+        if (queued) return;
+        /* Out of host memory to remember it: leaking a block beats breaking
+         * the capture (the backend's accounting still shows it). */
+        return;
+    }
+    pthread_rwlock_wrlock(&b->dev_lock);
+    size_t bytes = b->iface->free(b, p);
+    pthread_rwlock_unlock(&b->dev_lock);
+    __atomic_fetch_sub(&b->bytes_in_use, bytes, __ATOMIC_RELAXED);
 }
 
 size_t kern_bytes_in_use(const kern_backend_t *b) {
@@ -115,8 +226,12 @@ kern_stream_t *kern_stream_new(kern_backend_t *b) {
     kern_stream_t *s = calloc(1, sizeof *s);
     if (!s) { kern_fail("out of memory"); return NULL; }
     s->backend = b;
+    /* A stream brings a cuBLAS handle and its workspace: device-wide. */
+    if (excl_begin(b, "stream creation") != 0) { free(s); return NULL; }
     s->impl = b->iface->stream_new(b);
+    excl_end(b);
     if (!s->impl) { free(s); return NULL; }
+    __atomic_fetch_add(&b->streams_alive, 1, __ATOMIC_RELEASE);
     return s;
 }
 
@@ -126,8 +241,13 @@ void kern_stream_destroy(kern_stream_t **sp) {
     assert(!s->capturing && "stream destroyed while capturing");
     assert(__atomic_load_n(&s->graphs_alive, __ATOMIC_ACQUIRE) == 0 &&
            "stream destroyed while its graphs live");
-    kern_free(s->backend, s->arena);
-    s->backend->iface->stream_destroy(s->backend, s->impl);
+    kern_backend_t *b = s->backend;
+    kern_free(b, s->arena);
+    assert(!tl_capturing && "stream destroyed by a capturing thread");
+    pthread_rwlock_wrlock(&b->dev_lock);
+    b->iface->stream_destroy(b, s->impl);
+    pthread_rwlock_unlock(&b->dev_lock);
+    __atomic_fetch_sub(&b->streams_alive, 1, __ATOMIC_RELEASE);
     free(s);
     *sp = NULL;
 }
@@ -240,12 +360,18 @@ void *kern_stream_scratch(kern_stream_t *s, size_t bytes) {
 
 int kern_capture_begin(kern_stream_t *s) {
     if (s->capturing) return kern_fail("stream is already capturing");
+    if (tl_capturing) return kern_fail("this thread is already capturing on another stream");
     kern_graph_t *g = calloc(1, sizeof *g);
     if (!g) return kern_fail("out of memory");
     g->backend = s->backend;
     g->origin = s;
+    /* Shared: captures on other streams proceed, device-wide calls wait. */
+    pthread_rwlock_rdlock(&s->backend->dev_lock);
+    __atomic_fetch_add(&s->backend->captures_active, 1, __ATOMIC_ACQ_REL);
+    tl_capturing = 1;
     if (s->backend->iface->capture_begin &&
         s->backend->iface->capture_begin(s->impl) != 0) {
+        capture_release(s->backend);
         free(g);
         return -1;
     }
@@ -254,6 +380,15 @@ int kern_capture_begin(kern_stream_t *s) {
     s->rec = s->backend->iface->capture_begin ? NULL : g;
     s->capturing = true;
     return 0;
+}
+
+/* Ends this thread's hold on the device lock, then runs the frees it
+ * deferred while capturing. */
+static void capture_release(kern_backend_t *b) {
+    tl_capturing = 0;
+    __atomic_fetch_sub(&b->captures_active, 1, __ATOMIC_ACQ_REL);
+    pthread_rwlock_unlock(&b->dev_lock);
+    drain_deferred(b);
 }
 
 static void graph_free(kern_graph_t *g) {
@@ -266,24 +401,30 @@ static void graph_free(kern_graph_t *g) {
 int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
     *out = NULL;
     if (!s->capturing) return kern_fail("stream is not capturing");
+    kern_backend_t *b = s->backend;
     kern_graph_t *g = s->pending;
     s->pending = NULL;
     s->rec = NULL;
     s->capturing = false;
-    if (s->backend->iface->capture_end) {
+    int rc = 0;
+    if (b->iface->capture_end) {
+        /* End and instantiate under the shared hold: still no device-wide
+         * call runs on another thread until the graph exists. */
         size_t nodes = 0, bytes = 0;
-        if (s->backend->iface->capture_end(s->impl, &g->native, &nodes, &bytes) != 0) {
-            graph_free(g);
-            return -1;
-        }
+        rc = b->iface->capture_end(s->impl, &g->native, &nodes, &bytes);
         g->nodes = nodes;
         g->bytes = bytes;
+    } else if (g->failed) {
+        rc = kern_fail("graph recording ran out of memory");
     } else {
-        if (g->failed) {
-            graph_free(g);
-            return kern_fail("graph recording ran out of memory");
-        }
         g->bytes = g->nodes * sizeof(rec_node_t) + g->args_len;
+    }
+    capture_release(b);
+    if (rc != 0) {
+        pthread_rwlock_wrlock(&b->dev_lock);
+        graph_free(g);
+        pthread_rwlock_unlock(&b->dev_lock);
+        return -1;
     }
     __atomic_fetch_add(&s->graphs_alive, 1, __ATOMIC_RELEASE);
     *out = g;
@@ -293,6 +434,9 @@ int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
 int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
     if (s->capturing) return kern_fail("graph replay on a capturing stream");
     if (s->backend != g->backend) return kern_fail("graph replayed on another backend");
+    /* It baked its stream's scratch and cuBLAS workspace: replaying it on
+     * another stream would race with that stream's own work. */
+    if (s != g->origin) return kern_fail("graph replayed on a stream other than the one that captured it");
     int rc = 0;
     if (g->native) {
         rc = g->backend->iface->graph_launch(g->native, s->impl);
@@ -307,12 +451,19 @@ int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
 void kern_graph_destroy(kern_graph_t **gp) {
     if (!gp || !*gp) return;
     kern_graph_t *g = *gp;
+    kern_backend_t *b = g->backend;
     size_t was = __atomic_fetch_sub(&g->origin->graphs_alive, 1, __ATOMIC_RELEASE);
     assert(was > 0);
     (void)was;
+    /* Destroying an instantiated graph may free device memory. */
+    assert(!tl_capturing && "graph destroyed by a capturing thread");
+    pthread_rwlock_wrlock(&b->dev_lock);
     graph_free(g);
+    pthread_rwlock_unlock(&b->dev_lock);
     *gp = NULL;
 }
+
+kern_stream_t *kern_graph_stream(const kern_graph_t *g) { return g->origin; }
 
 size_t kern_graph_nodes(const kern_graph_t *g) { return g->nodes; }
 size_t kern_graph_bytes(const kern_graph_t *g) { return g->bytes; }

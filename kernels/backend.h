@@ -55,6 +55,19 @@ void *kern_alloc(kern_backend_t *b, size_t bytes);
 void kern_free(kern_backend_t *b, void *p);
 /* Bytes currently allocated through kern_alloc on this backend. */
 size_t kern_bytes_in_use(const kern_backend_t *b);
+
+/* The device lock. Captures hold it shared from kern_capture_begin to
+ * kern_capture_end; kern_alloc, kern_free, kern_stream_new/destroy and
+ * kern_graph_destroy hold it exclusive, so no call that could synchronize
+ * the device runs while any stream of it captures. On a capturing thread
+ * kern_alloc and kern_stream_new fail with a message and kern_free is
+ * deferred to the end of the capture. One thread captures one stream at a
+ * time. */
+/* Captures in progress on b (for tests and assertions). */
+int kern_backend_captures_active(const kern_backend_t *b);
+/* Streams of b that exist now (executor streams live as long as the
+ * worker; nothing creates one per request). */
+size_t kern_backend_streams_alive(const kern_backend_t *b);
 /* Allocates a contiguous tensor of the given shape; data NULL on failure. */
 kern_tensor_t kern_tensor_alloc(kern_backend_t *b, kern_dtype_t dt, int ndim,
                                 const int64_t *shape);
@@ -103,9 +116,12 @@ size_t kern_stream_scratch_size(const kern_stream_t *s);
 int kern_capture_begin(kern_stream_t *s);
 int kern_capture_end(kern_stream_t *s, kern_graph_t **out);
 bool kern_stream_is_capturing(const kern_stream_t *s);
-/* Replays g on s (g must have been captured on a stream of the same
- * backend). */
+/* Replays g on s, which must be the stream g was captured on (a graph
+ * bakes its stream's scratch and cuBLAS workspace): -1 with a message
+ * otherwise. */
 int kern_graph_replay(kern_graph_t *g, kern_stream_t *s);
+/* The stream g was captured on. */
+kern_stream_t *kern_graph_stream(const kern_graph_t *g);
 void kern_graph_destroy(kern_graph_t **g);
 /* Kernel launches recorded in g. */
 size_t kern_graph_nodes(const kern_graph_t *g);

@@ -4,6 +4,7 @@
 #define REEL_KERNELS_BACKEND_IMPL_H
 
 #include "backend.h"
+#include <pthread.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +39,16 @@ struct kern_backend {
     char arch[32];
     size_t bytes_in_use;   /* atomic: streams on several threads allocate */
     void *impl;
+    /* The device lock (backend.c): captures hold it shared from begin to
+     * end; calls that may synchronize the whole device (alloc, free, stream
+     * create/destroy, graph destroy) hold it exclusive. */
+    pthread_rwlock_t dev_lock;
+    bool dev_lock_ok;
+    int captures_active;   /* atomic: captures holding dev_lock shared */
+    size_t streams_alive;  /* atomic */
+    pthread_mutex_t deferred_mu;  /* frees asked for by a capturing thread */
+    void **deferred;
+    size_t n_deferred, cap_deferred;
 };
 
 /* Launches kernel `fn` with its argument block on s: records a copy of the

@@ -45,6 +45,7 @@ typedef enum {
     STEP_HIDDEN,         /* y += g_hidden, read at launch: capture bakes it, no check declares it */
     STEP_REENTER,        /* dispatches `inner` once from inside its launch (same stream) */
     STEP_YIELD,          /* yields the CPU halfway through: widens the window other threads race in */
+    STEP_CAPTURE_FAILS,  /* its launch fails while the stream captures, capture_fails_left times */
 } step_kind_t;
 
 struct req;
@@ -57,6 +58,7 @@ typedef struct {
     cap_cache_t *cache;
     struct req *inner;
     int reenter_left;
+    int capture_fails_left;  /* STEP_CAPTURE_FAILS */
     int inner_rc;
     cap_result_t inner_res;
     char inner_err[256];
@@ -174,6 +176,11 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
     step_ws_t *ws = ws_;
     int64_t D = ws->x.shape[ws->x.ndim - 1];
     kern_tensor_t gate = kern_tensor_make(u->w.data, KERN_F32, u->w.device, 1, &D);
+    if (u->kind == STEP_CAPTURE_FAILS && kern_stream_is_capturing(s) && u->capture_fails_left > 0) {
+        /* What an invalidated CUDA capture looks like to the cache. */
+        u->capture_fails_left--;
+        return kern_fail("simulated: the capture was invalidated");
+    }
     if (u->kind == STEP_WRITES_CTX) {
         scale_args_t a = { kern_tensor_ptr(&ws->ctx), kern_tensor_numel(&ws->ctx) };
         if (kern_stream_launch(s, ctx_write_kernel, &a, sizeof a) != 0) return -1;
@@ -2187,6 +2194,55 @@ START_TEST(test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuil
 }
 END_TEST
 
+START_TEST(test_a_failed_capture_is_retried_on_the_next_call_and_then_replays) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1 };
+    req_t a;
+    req_init(&a, &PROG_A, &uf, "syn:capfail", ROWS, COLS, "wA", 1);
+    const cap_ran_t want[] = { CAP_RAN_EAGER, CAP_RAN_EAGER, CAP_RAN_EAGER, CAP_RAN_CAPTURED, CAP_RAN_REPLAYED,
+                               CAP_RAN_REPLAYED };
+    for (int i = 0; i < 6; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i == 2) expect_eager(res, CAP_DECLINE_CAPTURE_FAILED, "call", i);
+        else expect_ran(res, want[i], "call", i);
+        req_expect_eager_bits(&a, "call", i);
+    }
+    ck_assert_int_eq(uf.capture_fails_left, 0);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_CAPTURE_FAILED], 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert(!cap_reason_permanent(CAP_DECLINE_CAPTURE_FAILED));
+    ck_assert(warned_about("will retry"));
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+START_TEST(test_a_capture_that_keeps_failing_disables_the_entry_after_the_bounded_tries) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1000 };
+    req_t a;
+    req_init(&a, &PROG_A, &uf, "syn:capfail", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2 + CAP_CAPTURE_TRIES + 4; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        expect_eager(res, i < 2 ? CAP_DECLINE_WARMING_UP : CAP_DECLINE_CAPTURE_FAILED, "call", i);
+        req_expect_eager_bits(&a, "call", i);
+    }
+    /* Exactly CAP_CAPTURE_TRIES captures were attempted; the rest ran eager
+     * without trying again. */
+    ck_assert_int_eq(uf.capture_fails_left, 1000 - CAP_CAPTURE_TRIES);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_CAPTURE_FAILED], CAP_CAPTURE_TRIES + 4);
+    ck_assert(warned_about("permanent"));
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -2224,9 +2280,12 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing);
     tcase_add_test(tc, test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant);
     tcase_add_test(tc, test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache);
+    tcase_add_test(tc, test_a_failed_capture_is_retried_on_the_next_call_and_then_replays);
+    tcase_add_test(tc, test_a_capture_that_keeps_failing_disables_the_entry_after_the_bounded_tries);
     suite_add_tcase(s, tc);
     return s;
 }
+
 
 int main(void) {
     SRunner *sr = srunner_create(capture_cache_suite());

@@ -31,6 +31,8 @@ typedef struct {
      * this stream's thread touches them. */
     tdit_staging_t *pool[STG_POOL];
     bool busy[STG_POOL];
+    uint64_t used[STG_POOL];     /* last take, for LRU replacement */
+    uint64_t clock;
     int npool;
 } stream_t;
 
@@ -118,19 +120,29 @@ static void send_result(stream_t *st, wrk_job_t *j) {
 
 /* ---- the stream loop ----------------------------------------------------- */
 
-/* A free staging set of this shape (made on first need), or NULL: the
- * request then allocates its own. */
+/* A free staging set of this shape (made on first need; when the pool is
+ * full, an idle set of another shape, least recently used, makes way), or
+ * NULL: the request then allocates its own. Device memory is allocated
+ * only when a shape is new to this stream, never per request. */
 static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
     for (int i = 0; i < st->npool; i++)
         if (!st->busy[i] && tdit_shape_equal(tdit_staging_shape(st->pool[i]), sh)) {
             st->busy[i] = true;
+            st->used[i] = ++st->clock;
             return st->pool[i];
         }
-    if (st->npool == STG_POOL) return NULL;
+    int slot = st->npool < STG_POOL ? st->npool : -1;
+    if (slot < 0)
+        for (int i = 0; i < st->npool; i++)
+            if (!st->busy[i] && (slot < 0 || st->used[i] < st->used[slot])) slot = i;
+    if (slot < 0) return NULL;
     tdit_staging_t *stg = tdit_staging_new(st->x->w->model, sh);
     if (!stg) return NULL;
-    st->pool[st->npool] = stg;
-    st->busy[st->npool++] = true;
+    if (slot < st->npool) tdit_staging_destroy(&st->pool[slot]);
+    else st->npool++;
+    st->pool[slot] = stg;
+    st->busy[slot] = true;
+    st->used[slot] = ++st->clock;
     return stg;
 }
 
@@ -154,7 +166,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         atomic_fetch_add(&w->running, 1);
         j->counted = true;
         j->stg = take_staging(st, &j->shape);
-        j->req = tdit_req_new_in(w->model, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
+        j->req = tdit_req_new_in(w->model, st->ks, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
         if (!j->req) {
             send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
             return true;

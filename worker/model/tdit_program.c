@@ -194,12 +194,12 @@ struct tdit_req {
     tdit_run_stats_t stats;
 };
 
-tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *sh, const tdit_loop_t *p,
+tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh, const tdit_loop_t *p,
                          const float *latent, const float *context, const float *uncond) {
-    return tdit_req_new_in(m, NULL, sh, p, latent, context, uncond);
+    return tdit_req_new_in(m, s, NULL, sh, p, latent, context, uncond);
 }
 
-tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_shape_t *sh,
+tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *sh,
                             const tdit_loop_t *p, const float *latent, const float *context,
                             const float *uncond) {
     if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
@@ -224,17 +224,14 @@ tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_sha
         if (!r->sig) kern_fail("out of memory");
         goto err;
     }
-    kern_stream_t *s = kern_stream_new(tdit_model_backend(m));
-    if (!s) goto err;
     size_t n_lat = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
     if (!latent) {
-        if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); kern_stream_destroy(&s); goto err; }
+        if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); goto err; }
         tdit_initial_latent(p->seed, init, n_lat);
         latent = init;
     }
     int rc = req_upload(s, &r->stg->t[IN_LATENT], latent) || req_upload(s, &r->stg->t[IN_CONTEXT], context) ||
              (uncond && req_upload(s, &r->stg->t[IN_UNCOND], uncond));
-    kern_stream_destroy(&s);
     free(init);
     init = NULL;
     if (rc) goto err;
@@ -317,7 +314,7 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
                          const tdit_shape_t *sh, const tdit_loop_t *p, const float *latent,
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats) {
-    tdit_req_t *r = tdit_req_new_in(m, stg, sh, p, latent, context, uncond);
+    tdit_req_t *r = tdit_req_new_in(m, s, stg, sh, p, latent, context, uncond);
     if (!r) return -1;
     int rc = 0;
     while (rc == 0 && !tdit_req_done(r)) rc = tdit_req_step(r, c, s, NULL);

@@ -64,14 +64,15 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
  * cache at that moment, so a weight sync between steps is honoured. */
 typedef struct tdit_req tdit_req_t;
 
-/* Validates p and the shape, uploads the inputs (latent NULL: drawn from
- * p->seed). NULL with a message. */
-tdit_req_t *tdit_req_new(tdit_model_t *m, const tdit_shape_t *shape, const tdit_loop_t *p,
+/* Validates p and the shape, uploads the inputs on s, the caller's stream
+ * (latent NULL: drawn from p->seed); nothing creates a stream per request.
+ * NULL with a message. */
+tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape, const tdit_loop_t *p,
                          const float *latent, const float *context, const float *uncond);
 /* As tdit_req_new, but the request runs in stg (made for the same shape),
  * which the caller keeps across requests so inputs read in place stay put.
  * The request does not own stg; give stg to one request at a time. */
-tdit_req_t *tdit_req_new_in(tdit_model_t *m, tdit_staging_t *stg, const tdit_shape_t *shape,
+tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *shape,
                             const tdit_loop_t *p, const float *latent, const float *context,
                             const float *uncond);
 void tdit_req_destroy(tdit_req_t **r);
