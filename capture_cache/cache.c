@@ -61,7 +61,10 @@ typedef struct entry {
     const cap_program_t *prog;
     void *user;
     void *ws;
-    size_t ws_bytes;
+    size_t ws_bytes;                           /* the workspace's, plus snap's */
+    void *snap;                                /* verify's copy of the inputs: allocated with the
+                                                * entry, so no verify or audit allocates device
+                                                * memory (which could break another stream's capture) */
     bool transient;                            /* not in the list, not accounted */
     kern_tensor_t static_in[CAP_MAX_INPUTS];   /* slots as the workspace made them */
     kern_graph_t *graph;
@@ -277,6 +280,7 @@ static void free_entry(cap_cache_t *c, entry_t *e) {
     drop_graph(c, e);
     for (int i = 0; i < e->prog->n_inputs; i++) *e->prog->input(e->user, e->ws, i) = e->static_in[i];
     e->prog->ws_free(e->user, e->ws);
+    kern_free(c->backend, e->snap);
     if (!e->transient) {
         c->st.bytes_held -= e->ws_bytes;
         c->st.ws_bytes -= e->ws_bytes;
@@ -399,12 +403,27 @@ static entry_t *entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap
     e->user = user;
     memcpy(e->comp, comp, sizeof e->comp);
     e->ws_bytes = p->ws_bytes(user, e->ws);
+    size_t snap = 0;
     for (int i = 0; i < p->n_inputs; i++) {
         e->static_in[i] = *p->input(user, e->ws, i);
         e->ident_stable[i] = p->pinnable[i] && c->opt.pin_inputs;
+        snap += (kern_tensor_bytes(&e->static_in[i]) + 255) & ~(size_t)255;
     }
+    if (!(e->snap = kern_alloc(c->backend, snap))) {
+        p->ws_free(user, e->ws);
+        free(e);
+        return NULL;
+    }
+    e->ws_bytes += snap;
     e->state = ST_WARMUP;
     return e;
+}
+
+/* Where verify keeps input i's copy, inside e->snap. */
+static void *snap_of(const entry_t *e, int i) {
+    size_t off = 0;
+    for (int j = 0; j < i; j++) off += (kern_tensor_bytes(&e->static_in[j]) + 255) & ~(size_t)255;
+    return (char *)e->snap + off;
 }
 
 /* Links e into the list and accounts its workspace. Caller holds the lock. */
@@ -640,7 +659,7 @@ static int pinned_check(entry_t *e, kern_stream_t *s, const cap_call_t *call, un
  * leave them); -1 on failure. Leaves the workspace as the eager run left it
  * (the call's correct result). Slots must be bound. */
 static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call, int *bad) {
-    kern_backend_t *b = c->backend;
+    (void)c;
     void *snap[CAP_MAX_INPUTS] = { 0 };
     unsigned char *hsnap[CAP_MAX_INPUTS] = { 0 };
     unsigned char *ha = NULL, *hb = NULL;
@@ -657,7 +676,7 @@ static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t
             continue;
         }
         size_t bytes = kern_tensor_bytes(&e->static_in[i]);
-        if (!(snap[i] = kern_alloc(b, bytes))) goto out;
+        snap[i] = snap_of(e, i);
         if (kern_copy_d2d(s, snap[i], kern_tensor_ptr(&e->static_in[i]), bytes) != 0) goto out;
     }
     if (kern_stream_sync(s) != 0) goto out;
@@ -673,10 +692,7 @@ static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t
     rc = *bad >= 0 ? 2 : la == lb && memcmp(ha, hb, la) == 0;
 out:
     if (kern_stream_sync(s) != 0) rc = -1;
-    for (int i = 0; i < e->prog->n_inputs; i++) {
-        kern_free(b, snap[i]);
-        free(hsnap[i]);
-    }
+    for (int i = 0; i < e->prog->n_inputs; i++) free(hsnap[i]);
     free(ha);
     free(hb);
     return rc;

@@ -35,6 +35,12 @@
 #define MAX_OWNED 256
 #define MAX_STREAMS 8
 
+/* Bytes an entry of the synthetic step holds for n floats per tensor: its
+ * workspace (x, ctx, y) plus the cache's copy of both inputs for verify,
+ * each rounded up to 256 bytes. */
+#define ROUND256(b) (((b) + 255) & ~(size_t)255)
+#define ENTRY_BYTES(n) (3 * (size_t)(n) * sizeof(float) + 2 * ROUND256((size_t)(n) * sizeof(float)))
+
 /* ---- the synthetic step ------------------------------------------------- */
 
 typedef enum {
@@ -635,7 +641,7 @@ START_TEST(test_capture_once_then_replay_remaining_calls_of_constant_shape_loop)
         ck_assert_msg(st.declines[r2] == 0, "unexpected %s declines", cap_reason_name((cap_reason_t)r2));
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_uint_eq(st.graphs, 1);
-    ck_assert_uint_eq(st.ws_bytes, 3 * slot);
+    ck_assert_uint_eq(st.ws_bytes, ENTRY_BYTES(N));
     ck_assert_uint_gt(st.graph_bytes, 0);
     ck_assert_uint_eq(st.bytes_held, st.ws_bytes + st.graph_bytes);
     /* Events: two warmup declines, one capture, nothing else; no warning. */
@@ -759,7 +765,7 @@ START_TEST(test_shape_change_captures_under_new_key_and_old_entry_evicted_when_a
     ck_assert_uint_eq(st.entries, 2);
     ck_assert_uint_eq(st.graphs, 2);
     ck_assert_uint_eq(st.captures, 2);
-    size_t in_use = kern_bytes_in_use(B), ws_small = 3 * N * sizeof(float);
+    size_t in_use = kern_bytes_in_use(B), ws_small = ENTRY_BYTES(N);
     reset_records();
     ck_assert_int_eq(cap_evict_key(C, &small.key, CAP_EVICT_SHAPE_CHANGE), 1);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1);
@@ -818,7 +824,7 @@ START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_an
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_uint_eq(st.graphs, 1);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_WEIGHT_SYNC], 2);
-    ck_assert_uint_eq(kern_bytes_in_use(B), in_use - 2 * 3 * N * sizeof(float));
+    ck_assert_uint_eq(kern_bytes_in_use(B), in_use - 2 * ENTRY_BYTES(N));
     ck_assert_int_eq(cap_component_version(C, "wA"), 2);
     ck_assert_int_eq(cap_component_version(C, "wB"), 1);
     ck_assert_int_eq(cap_component_version(C, "nope"), -1);
@@ -1161,7 +1167,7 @@ START_TEST(test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_
         ck_assert_uint_eq(kern_bytes_in_use(B), pre + st.ws_bytes);
     }
     cap_stats_t st = stats(C);
-    ck_assert_uint_eq(st.ws_bytes, 3 * N * sizeof(float));
+    ck_assert_uint_eq(st.ws_bytes, ENTRY_BYTES(N));
     ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 6);
     ck_assert_uint_eq(st.replays, 0);
     ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 0);
@@ -2005,7 +2011,7 @@ START_TEST(test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient
     for (int p = 0; p < 2; p++) {
         req_t a;
         req_init(&a, progs[p], &uA, "syn:no-room", ROWS, COLS, "wA", 1);
-        if (p == 1) ck_assert_uint_eq(step_ws_size(&uA, &a.key), ws);
+        if (p == 1) ck_assert_uint_eq(step_ws_size(&uA, &a.key) + 2 * ROUND256(N * sizeof(float)), ws);
         for (int i = 0; i < 5; i++) {
             fill(a.x, N, -1.f, 1.f);
             expect_eager(req_call(C, S, &a), CAP_DECLINE_BUDGET_EXCEEDED, progs[p]->name, i);
