@@ -813,264 +813,300 @@ static void unpin_and_recapture(cap_cache_t *c, entry_t *e, int i) {
     e->state = ST_CAPTURE;
 }
 
-/* One call on stream slot si, whose lock the caller holds. */
-static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_program_t *p, void *user,
-                           const cap_call_t *call, cap_result_t *res, const char *text, uint64_t hash,
-                           double t0) {
-    char logbuf[CAP_KEY_TEXT_MAX + 200] = "";
-    evq_t qq = { 0 }, *q = &qq;
-    int comp[CAP_MAX_COMPONENTS] = { 0 };
-    int rc = 0;
+/* One call in progress: what the phases of a dispatch share. */
+typedef enum { P_EAGER, P_CAPTURE, P_REPLAY, P_REVERIFY, P_AUDIT } path_t;
 
+typedef struct {
+    cap_cache_t *c;
+    kern_stream_t *s;
+    stream_slot_t *sl;
+    const cap_program_t *p;
+    void *user;
+    const cap_call_t *call;
+    entry_t *e;
+    path_t path;
+    cap_reason_t reason;        /* COUNT: no decline */
+    cap_ran_t ran;
+    call_acct_t acct;
+    evq_t q;
+    char logbuf[CAP_KEY_TEXT_MAX + 200];
+} dispatch_t;
+
+/* Finds the call's entry, or admits a new one; a busy entry, or a new one
+ * the budget cannot hold, gives a transient entry instead (d->reason says
+ * why). Caller holds the lock, which is dropped and retaken around the
+ * workspace allocation. -1 with a message when no workspace can be made. */
+static int acquire(dispatch_t *d, int si, const int *comp, const char *text, uint64_t hash) {
+    cap_cache_t *c = d->c;
+    d->e = find(c, d->s, d->p, d->user, hash, text);
+    if (d->e && d->e->in_use) {
+        d->reason = CAP_DECLINE_ENTRY_BUSY;
+        d->e = NULL;
+    } else if (!d->e && d->p->ws_size && !make_room(c, NULL, d->p->ws_size(d->user, d->call->key), &d->q)) {
+        d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
+    }
+    if (d->e) return 0;
+    pthread_mutex_unlock(&c->lock);
+    entry_t *e = entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp, &d->q);
     pthread_mutex_lock(&c->lock);
-    stream_slot_t *sl = c->streams[si];
-    sl->depth++;
-    c->st.calls++;
-    if (resolve_components(c, p, comp) != 0) {
-        sl->depth--;
-        pthread_mutex_unlock(&c->lock);
-        return -1;
+    if (!e) return -1;
+    if (d->reason == CAP_DECLINE_COUNT && make_room(c, NULL, e->ws_bytes, &d->q)) {
+        entry_admit(c, e);
+    } else {
+        e->transient = true;
+        if (d->reason == CAP_DECLINE_COUNT) d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
     }
-    /* Find the entry, or admit a new one; a busy entry or one the budget
-     * cannot hold runs in a transient workspace instead. */
-    cap_reason_t why = CAP_DECLINE_COUNT;
-    entry_t *e = find(c, s, p, user, hash, text);
-    if (e && e->in_use) {
-        why = CAP_DECLINE_ENTRY_BUSY;
-        e = NULL;
-    } else if (!e && p->ws_size && !make_room(c, NULL, p->ws_size(user, call->key), q)) {
-        why = CAP_DECLINE_BUDGET_EXCEEDED;
+    d->e = e;
+    return 0;
+}
+
+/* Runs the call eagerly in a transient entry and frees it. Caller holds
+ * the lock; it is released on return. */
+static int run_transient(dispatch_t *d, double t0) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    c->st.transient_runs++;
+    pthread_mutex_unlock(&c->lock);
+    int rc = run_eager(e, d->s, d->call, &d->acct);
+    pthread_mutex_lock(&c->lock);
+    c->st.bind_bytes_copied += d->acct.copied;
+    if (rc == 0) {
+        c->st.eager_runs++;
+        c->st.eager_seconds += now() - t0;
+        declined(c, e, d->reason, &d->q, d->logbuf, sizeof d->logbuf);
     }
-    if (!e) {
-        pthread_mutex_unlock(&c->lock);
-        e = entry_make(c, s, si, p, user, call->key, hash, text, comp, q);
-        pthread_mutex_lock(&c->lock);
-        if (!e) {
-            sl->depth--;
-            pthread_mutex_unlock(&c->lock);
-            evq_flush(c, q);
-            return -1;
+    d->sl->depth--;
+    pthread_mutex_unlock(&c->lock);
+    free_entry(c, e);
+    d->ran = CAP_RAN_EAGER;
+    return rc;
+}
+
+/* The checks a READY (or REVERIFY) entry passes before it may replay; sets
+ * d->reason on the first miss and repairs the entry for what follows. */
+static void check_replay(dispatch_t *d) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    const cap_call_t *call = d->call;
+    for (int i = 0; i < d->p->n_inputs; i++)
+        if (e->pinned[i] && !same_ident(&e->ident[i], &call->inputs[i])) {
+            /* Never read the old address. The input does not stay put, so
+             * stop pinning it: the next call captures again, copying it. */
+            d->reason = CAP_DECLINE_PINNED_INPUT_MOVED;
+            e->ident_stable[i] = false;
         }
-        if (why == CAP_DECLINE_COUNT && make_room(c, NULL, e->ws_bytes, q)) {
-            entry_admit(c, e);
-        } else {
-            e->transient = true;
-            if (why == CAP_DECLINE_COUNT) why = CAP_DECLINE_BUDGET_EXCEEDED;
-        }
+    if (d->reason == CAP_DECLINE_PINNED_INPUT_MOVED) {
+        unpin_and_recapture(c, e, -1);
+        return;
     }
-    if (check_inputs(e, call) != 0) {
-        c->st.declines[CAP_DECLINE_SHAPE_MISMATCH]++;
-        evq_push(q, CAP_EV_DECLINE, CAP_DECLINE_SHAPE_MISMATCH, e, 0, 0, 0, NULL, 0, 0);
-        sl->depth--;
-        pthread_mutex_unlock(&c->lock);
-        if (e->transient) free_entry(c, e);
-        evq_flush(c, q);
-        return -1;
+    if (!consts_equal(e, call)) {
+        d->reason = CAP_DECLINE_CONSTANT_CHANGED;
+        return;
     }
-    call_acct_t acct = { 0, 0, t0 };
-    if (e->transient) {
-        c->st.transient_runs++;
-        pthread_mutex_unlock(&c->lock);
-        rc = run_eager(e, s, call, &acct);
-        pthread_mutex_lock(&c->lock);
-        c->st.bind_bytes_copied += acct.copied;
-        if (rc == 0) {
-            c->st.eager_runs++;
-            c->st.eager_seconds += now() - t0;
-            declined(c, e, why, q, logbuf, sizeof logbuf);
-        }
-        sl->depth--;
-        pthread_mutex_unlock(&c->lock);
-        free_entry(c, e);
-        if (logbuf[0]) log_msg(c, 2, logbuf);
-        evq_flush(c, q);
-        if (res && rc == 0) {
-            res->ran = CAP_RAN_EAGER;
-            res->reason = why;
-        }
-        return rc;
+    bool moved = false;
+    for (int i = 0; i < d->p->n_components; i++) {
+        const comp_t *k = &c->comp[e->comp[i]];
+        if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) moved = true;
     }
-    e->in_use = true;
-    unlink_entry(c, e);
-    push_front(c, e);
-    /* Decide the path while the tables are stable. */
-    cap_reason_t reason = CAP_DECLINE_COUNT;     /* COUNT: no decline */
-    enum { P_EAGER, P_CAPTURE, P_REPLAY, P_REVERIFY, P_AUDIT } path = P_EAGER;
-    if (call->not_capturable) reason = CAP_DECLINE_NOT_CAPTURABLE;
-    else if (call->override || !c->opt.graphs) reason = CAP_DECLINE_OVERRIDE;
+    if (moved || !weights_same(c, e)) {
+        /* The graph baked weights that are no longer where it reads: drop
+         * it (never replay it again) and learn again. */
+        d->reason = CAP_DECLINE_WEIGHTS_MOVED;
+        drop_graph(c, e);
+        e->state = ST_WARMUP;
+        e->warm = 0;
+        return;
+    }
+    if (output_aliases_pin(e, call)) {
+        d->reason = CAP_DECLINE_MUTABLE_OUTPUT;
+        return;
+    }
+    if (kern_graph_stream(e->graph) != d->s) {
+        /* A graph baked its stream's scratch and cuBLAS workspace. */
+        d->reason = CAP_DECLINE_WRONG_STREAM;
+        unpin_and_recapture(c, e, -1);
+    }
+}
+
+/* Chooses the path of the call from the entry's state. Caller holds the
+ * lock (syncs read and write entry states under it). */
+static void decide(dispatch_t *d) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    d->path = P_EAGER;
+    if (d->call->not_capturable) d->reason = CAP_DECLINE_NOT_CAPTURABLE;
+    else if (d->call->override || !c->opt.graphs) d->reason = CAP_DECLINE_OVERRIDE;
     else switch (e->state) {
     case ST_DISABLED:
-        reason = e->disabled_reason;
+        d->reason = e->disabled_reason;
         break;
     case ST_WARMUP:
-        reason = CAP_DECLINE_WARMING_UP;
+        d->reason = CAP_DECLINE_WARMING_UP;
         break;
     case ST_BUDGET:
         if (!c->opt.budget_bytes || c->st.bytes_held + e->budget_need <= c->opt.budget_bytes)
-            path = P_CAPTURE;
+            d->path = P_CAPTURE;
         else
-            reason = CAP_DECLINE_BUDGET_EXCEEDED;
+            d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
         break;
     case ST_CAPTURE:
-        path = P_CAPTURE;
+        d->path = P_CAPTURE;
         break;
     case ST_READY:
-    case ST_REVERIFY: {
-        for (int i = 0; i < p->n_inputs; i++)
-            if (e->pinned[i] && !same_ident(&e->ident[i], &call->inputs[i])) {
-                /* Never read the old address. The input does not stay put,
-                 * so stop pinning it: the next call captures again with this
-                 * input copied into its static buffer. */
-                reason = CAP_DECLINE_PINNED_INPUT_MOVED;
-                e->ident_stable[i] = false;
-            }
-        if (reason == CAP_DECLINE_PINNED_INPUT_MOVED) unpin_and_recapture(c, e, -1);
-        if (reason == CAP_DECLINE_COUNT && !consts_equal(e, call)) reason = CAP_DECLINE_CONSTANT_CHANGED;
-        bool moved = false;
-        for (int i = 0; i < p->n_components && reason == CAP_DECLINE_COUNT; i++) {
-            const comp_t *k = &c->comp[e->comp[i]];
-            if (k->base != e->comp_base[i] || k->generation != e->comp_gen[i]) moved = true;
-        }
-        if (reason == CAP_DECLINE_COUNT && (moved || !weights_same(c, e))) {
-            /* The graph baked weights that are no longer where it reads:
-             * drop it (never replay it again) and learn again. */
-            reason = CAP_DECLINE_WEIGHTS_MOVED;
-            drop_graph(c, e);
-            e->state = ST_WARMUP;
-            e->warm = 0;
-        }
-        if (reason == CAP_DECLINE_COUNT && output_aliases_pin(e, call)) reason = CAP_DECLINE_MUTABLE_OUTPUT;
-        if (reason == CAP_DECLINE_COUNT && kern_graph_stream(e->graph) != s) {
-            /* A graph baked its stream's scratch and cuBLAS workspace. */
-            reason = CAP_DECLINE_WRONG_STREAM;
-            unpin_and_recapture(c, e, -1);
-        }
-        if (reason == CAP_DECLINE_COUNT) {
-            if (e->state == ST_REVERIFY) path = P_REVERIFY;
-            else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) {
-                e->since_audit = 0;
-                path = P_AUDIT;
-            } else {
-                path = P_REPLAY;
-            }
+    case ST_REVERIFY:
+        check_replay(d);
+        if (d->reason != CAP_DECLINE_COUNT) break;
+        if (e->state == ST_REVERIFY) {
+            d->path = P_REVERIFY;
+        } else if (c->opt.audit_every > 0 && ++e->since_audit >= (uint64_t)c->opt.audit_every) {
+            e->since_audit = 0;
+            d->path = P_AUDIT;
+        } else {
+            d->path = P_REPLAY;
         }
         break;
     }
+}
+
+/* An eager call; in warmup it also learns which pinnable inputs stay put. */
+static int run_eager_path(dispatch_t *d) {
+    entry_t *e = d->e;
+    if (e->state == ST_WARMUP && d->reason == CAP_DECLINE_WARMING_UP) {
+        for (int i = 0; i < d->p->n_inputs; i++) {
+            if (!e->ident_stable[i]) continue;
+            if (e->warm > 0 && !same_ident(&e->ident[i], &d->call->inputs[i])) e->ident_stable[i] = false;
+            e->ident[i] = d->call->inputs[i];
+        }
+        if (++e->warm >= d->c->opt.warmup) {
+            pthread_mutex_lock(&d->c->lock); /* state is read under the lock by syncs */
+            e->state = ST_CAPTURE;
+            pthread_mutex_unlock(&d->c->lock);
+        }
+    }
+    return run_eager(e, d->s, d->call, &d->acct);
+}
+
+/* Chooses what the capture reads in place and what it bakes. */
+static void prepare_capture(dispatch_t *d) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    const cap_call_t *call = d->call;
+    for (int i = 0; i < d->p->n_inputs; i++)
+        e->pinned[i] = e->ident_stable[i] && e->warm > 0 && same_ident(&e->ident[i], &call->inputs[i]) &&
+                       call->inputs[i].device == kern_backend_device(c->backend) &&
+                       kern_tensor_is_contiguous(&call->inputs[i]);
+    if (output_aliases_pin(e, call)) memset(e->pinned, 0, sizeof e->pinned);
+    for (int i = 0; i < d->p->n_inputs; i++)
+        if (e->pinned[i]) e->ident[i] = call->inputs[i];
+    e->n_consts = call->n_consts < CAP_MAX_CONSTS ? call->n_consts : CAP_MAX_CONSTS;
+    if (e->n_consts > 0) memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
+    if (call->n_consts > CAP_MAX_CONSTS) e->n_consts = -1; /* never equal: replay always declines */
+    pthread_mutex_lock(&c->lock);
+    for (int i = 0; i < d->p->n_components; i++) {
+        e->comp_base[i] = c->comp[e->comp[i]].base;
+        e->comp_gen[i] = c->comp[e->comp[i]].generation;
     }
     pthread_mutex_unlock(&c->lock);
+}
 
-    cap_ran_t ran = CAP_RAN_EAGER;
-    double cap_secs = 0;
+/* Warmup done: capture, verify, and publish or refuse the graph. */
+static int run_capture_path(dispatch_t *d) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    cap_reason_t why = CAP_DECLINE_COUNT;
+    double secs = 0;
     int bad = -1;
-    if (path == P_EAGER) {
-        if (e->state == ST_WARMUP && reason == CAP_DECLINE_WARMING_UP) {
-            /* Learn which pinnable inputs stay put through warmup. */
-            for (int i = 0; i < p->n_inputs; i++) {
-                if (!e->ident_stable[i]) continue;
-                if (e->warm > 0 && !same_ident(&e->ident[i], &call->inputs[i])) e->ident_stable[i] = false;
-                e->ident[i] = call->inputs[i];
-            }
-            if (++e->warm >= c->opt.warmup) {
-                pthread_mutex_lock(&c->lock); /* state is read under the lock by syncs */
-                e->state = ST_CAPTURE;
-                pthread_mutex_unlock(&c->lock);
-            }
-        }
-        rc = run_eager(e, s, call, &acct);
-    } else if (path == P_CAPTURE) {
-        for (int i = 0; i < p->n_inputs; i++)
-            e->pinned[i] = e->ident_stable[i] && e->warm > 0 && same_ident(&e->ident[i], &call->inputs[i]) &&
-                           call->inputs[i].device == kern_backend_device(c->backend) &&
-                           kern_tensor_is_contiguous(&call->inputs[i]);
-        if (output_aliases_pin(e, call)) memset(e->pinned, 0, sizeof e->pinned);
-        for (int i = 0; i < p->n_inputs; i++)
-            if (e->pinned[i]) e->ident[i] = call->inputs[i];
-        e->n_consts = call->n_consts < CAP_MAX_CONSTS ? call->n_consts : CAP_MAX_CONSTS;
-        if (e->n_consts > 0) memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
-        if (call->n_consts > CAP_MAX_CONSTS) e->n_consts = -1; /* never equal: replay always declines */
-        pthread_mutex_lock(&c->lock);
-        for (int i = 0; i < p->n_components; i++) {
-            e->comp_base[i] = c->comp[e->comp[i]].base;
-            e->comp_gen[i] = c->comp[e->comp[i]].generation;
-        }
-        pthread_mutex_unlock(&c->lock);
-        cap_reason_t cwhy = CAP_DECLINE_COUNT;
-        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
-        if (rc == 0) rc = capture(c, e, s, call, &cwhy, &bad, q, &cap_secs);
-        if (rc == 0) {
-            /* The entry's state follows the capture, whatever copy-out does:
-             * a published graph must be owned by a READY entry. */
-            pthread_mutex_lock(&c->lock);
-            if (cwhy == CAP_DECLINE_COUNT) {
-                e->state = e->reverify_pending ? ST_REVERIFY : ST_READY;
-                e->since_audit = 0;
-                if (e->reverify_pending)
-                    for (int i = 0; i < p->n_components; i++)
-                        e->comp_gen[i] = c->comp[e->comp[i]].generation;
-                ran = CAP_RAN_CAPTURED;
-            } else if (cwhy == CAP_DECLINE_MUTABLE_INPUT) {
-                reason = cwhy;
-                unpin_and_recapture(c, e, bad);
-            } else if (cwhy == CAP_DECLINE_CAPTURE_FAILED && ++e->capture_fails < CAP_CAPTURE_TRIES) {
-                /* Often transient (another thread invalidated a CUDA
-                 * capture): try again on the next call. */
-                reason = cwhy;
-                memset(e->pinned, 0, sizeof e->pinned);
-                e->state = ST_CAPTURE;
-            } else {
-                reason = cwhy;
-                e->state = cwhy == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
-                e->disabled_reason = cwhy;
-                memset(e->pinned, 0, sizeof e->pinned);
-            }
-            e->reverify_pending = false;
-            pthread_mutex_unlock(&c->lock);
-            rc = copy_out(e, s, call);
-        }
-    } else if (path == P_REVERIFY || path == P_AUDIT) {
-        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
-        int v = rc == 0 ? verify(c, e, s, call, &bad) : -1;
-        if (v < 0) rc = -1;
-        if (rc == 0) rc = copy_out(e, s, call);
-        pthread_mutex_lock(&c->lock);
-        if (path == P_REVERIFY) c->st.reverifies++;
-        else c->st.audits++;
-        if (v == 1) {
-            e->state = ST_READY;
-            ran = CAP_RAN_REPLAYED;
-            c->st.replays++;
-        } else if (v == 2) {
-            reason = CAP_DECLINE_MUTABLE_INPUT;
-            unpin_and_recapture(c, e, bad);
-        } else if (v == 0 && path == P_REVERIFY) {
-            drop_graph(c, e);
-            e->state = ST_DISABLED;
-            e->disabled_reason = reason = CAP_DECLINE_VERIFY_MISMATCH;
-        } else if (v == 0) {
-            /* Something the graph baked in changed and no check saw it: the
-             * entry cannot be trusted; the call keeps the eager result. */
-            reason = CAP_DECLINE_AUDIT_MISMATCH;
-            drop_graph(c, e);
-            evict(c, e, CAP_EVICT_AUDIT_MISMATCH, q, NULL, 0, 0);
-        }
-        pthread_mutex_unlock(&c->lock);
+    prepare_capture(d);
+    int rc = bind(e, d->s, d->call, true, &d->acct.copied, &d->acct.pinned);
+    if (rc == 0) rc = capture(c, e, d->s, d->call, &why, &bad, &d->q, &secs);
+    if (rc != 0) return rc;
+    /* The entry's state follows the capture, whatever copy-out does: a
+     * published graph must be owned by a READY entry. */
+    pthread_mutex_lock(&c->lock);
+    if (why == CAP_DECLINE_COUNT) {
+        e->state = e->reverify_pending ? ST_REVERIFY : ST_READY;
+        e->since_audit = 0;
+        if (e->reverify_pending)
+            for (int i = 0; i < d->p->n_components; i++) e->comp_gen[i] = c->comp[e->comp[i]].generation;
+        d->ran = CAP_RAN_CAPTURED;
+    } else if (why == CAP_DECLINE_MUTABLE_INPUT) {
+        d->reason = why;
+        unpin_and_recapture(c, e, bad);
+    } else if (why == CAP_DECLINE_CAPTURE_FAILED && ++e->capture_fails < CAP_CAPTURE_TRIES) {
+        /* Often transient (another thread invalidated a CUDA capture): try
+         * again on the next call. */
+        d->reason = why;
+        memset(e->pinned, 0, sizeof e->pinned);
+        e->state = ST_CAPTURE;
     } else {
-        rc = bind(e, s, call, true, &acct.copied, &acct.pinned);
-        if (rc == 0) rc = kern_graph_replay(e->graph, s);
-        if (rc == 0) rc = copy_out(e, s, call);
-        ran = CAP_RAN_REPLAYED;
+        d->reason = why;
+        e->state = why == CAP_DECLINE_BUDGET_EXCEEDED ? ST_BUDGET : ST_DISABLED;
+        e->disabled_reason = why;
+        memset(e->pinned, 0, sizeof e->pinned);
     }
+    e->reverify_pending = false;
+    pthread_mutex_unlock(&c->lock);
+    return copy_out(e, d->s, d->call);
+}
 
+/* A re-verification after an inplace sync, or a runtime audit: replay and
+ * eager on the same inputs, the eager result kept. */
+static int run_verify_path(dispatch_t *d) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    int bad = -1;
+    int rc = bind(e, d->s, d->call, true, &d->acct.copied, &d->acct.pinned);
+    int v = rc == 0 ? verify(c, e, d->s, d->call, &bad) : -1;
+    if (v < 0) rc = -1;
+    if (rc == 0) rc = copy_out(e, d->s, d->call);
+    pthread_mutex_lock(&c->lock);
+    if (d->path == P_REVERIFY) c->st.reverifies++;
+    else c->st.audits++;
+    if (v == 1) {
+        e->state = ST_READY;
+        d->ran = CAP_RAN_REPLAYED;
+        c->st.replays++;
+    } else if (v == 2) {
+        d->reason = CAP_DECLINE_MUTABLE_INPUT;
+        unpin_and_recapture(c, e, bad);
+    } else if (v == 0 && d->path == P_REVERIFY) {
+        drop_graph(c, e);
+        e->state = ST_DISABLED;
+        e->disabled_reason = d->reason = CAP_DECLINE_VERIFY_MISMATCH;
+    } else if (v == 0) {
+        /* Something the graph baked in changed and no check saw it: the
+         * entry cannot be trusted; the call keeps the eager result. */
+        d->reason = CAP_DECLINE_AUDIT_MISMATCH;
+        drop_graph(c, e);
+        evict(c, e, CAP_EVICT_AUDIT_MISMATCH, &d->q, NULL, 0, 0);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int run_replay_path(dispatch_t *d) {
+    int rc = bind(d->e, d->s, d->call, true, &d->acct.copied, &d->acct.pinned);
+    if (rc == 0) rc = kern_graph_replay(d->e->graph, d->s);
+    if (rc == 0) rc = copy_out(d->e, d->s, d->call);
+    d->ran = CAP_RAN_REPLAYED;
+    return rc;
+}
+
+/* Counts the call and releases the entry (freeing it if it was evicted
+ * meanwhile). Takes the lock. */
+static void account(dispatch_t *d, int rc, double t0) {
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
     pthread_mutex_lock(&c->lock);
     double dt = now() - t0;
-    c->st.bind_bytes_copied += acct.copied;
-    c->st.bind_bytes_pinned += acct.pinned;
+    c->st.bind_bytes_copied += d->acct.copied;
+    c->st.bind_bytes_pinned += d->acct.pinned;
     if (rc == 0) {
-        if (ran == CAP_RAN_EAGER) {
+        if (d->ran == CAP_RAN_EAGER) {
             c->st.eager_runs++;
             c->st.eager_seconds += dt;
-            declined(c, e, reason, q, logbuf, sizeof logbuf);
-        } else if (ran == CAP_RAN_REPLAYED && path == P_REPLAY) {
+            declined(c, e, d->reason, &d->q, d->logbuf, sizeof d->logbuf);
+        } else if (d->ran == CAP_RAN_REPLAYED && d->path == P_REPLAY) {
             c->st.replays++;
             c->st.replay_seconds += dt;
         }
@@ -1080,14 +1116,48 @@ static int dispatch_locked(cap_cache_t *c, kern_stream_t *s, int si, const cap_p
         unlink_entry(c, e);
         free_entry(c, e);
     }
-    sl->depth--;
+    d->sl->depth--;
     pthread_mutex_unlock(&c->lock);
-    if (logbuf[0]) log_msg(c, 2, logbuf);
-    evq_flush(c, q);
-    if (res && rc == 0) {
-        res->ran = ran;
-        res->reason = ran == CAP_RAN_EAGER ? reason : CAP_DECLINE_COUNT;
+}
+
+/* One call on stream slot si, whose lock the caller holds: acquire the
+ * entry, decide the path, run it, account. */
+static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t hash, double t0) {
+    cap_cache_t *c = d->c;
+    int comp[CAP_MAX_COMPONENTS] = { 0 };
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    d->sl = c->streams[si];
+    d->sl->depth++;
+    c->st.calls++;
+    if (resolve_components(c, d->p, comp) != 0 || acquire(d, si, comp, text, hash) != 0) {
+        d->sl->depth--;
+        pthread_mutex_unlock(&c->lock);
+        return -1;
     }
+    if (check_inputs(d->e, d->call) != 0) {
+        c->st.declines[CAP_DECLINE_SHAPE_MISMATCH]++;
+        evq_push(&d->q, CAP_EV_DECLINE, CAP_DECLINE_SHAPE_MISMATCH, d->e, 0, 0, 0, NULL, 0, 0);
+        d->sl->depth--;
+        pthread_mutex_unlock(&c->lock);
+        if (d->e->transient) free_entry(c, d->e);
+        return -1;
+    }
+    d->acct = (call_acct_t){ 0, 0, t0 };
+    if (d->e->transient) return run_transient(d, t0);
+    d->e->in_use = true;
+    unlink_entry(c, d->e);
+    push_front(c, d->e);
+    decide(d);
+    pthread_mutex_unlock(&c->lock);
+    switch (d->path) {
+    case P_EAGER: rc = run_eager_path(d); break;
+    case P_CAPTURE: rc = run_capture_path(d); break;
+    case P_REVERIFY:
+    case P_AUDIT: rc = run_verify_path(d); break;
+    case P_REPLAY: rc = run_replay_path(d); break;
+    }
+    account(d, rc, t0);
     return rc;
 }
 
@@ -1103,6 +1173,9 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     stream_slot_t *sl = si >= 0 ? c->streams[si] : NULL;
     pthread_mutex_unlock(&c->lock);
     if (!sl) return -1;
+    dispatch_t dd = { .c = c, .s = s, .p = p, .user = user, .call = call, .reason = CAP_DECLINE_COUNT,
+                      .ran = CAP_RAN_EAGER },
+               *d = &dd;
     /* Calls on one stream are serialized: two threads sharing a stream never
      * bind, replay or copy out of one workspace at the same time. */
     pthread_mutex_lock(&sl->mu);
@@ -1110,8 +1183,14 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     if (kern_stream_is_capturing(s))
         rc = kern_fail("dispatch on a stream that is capturing (a step may not dispatch from its launch)");
     else
-        rc = dispatch_locked(c, s, si, p, user, call, res, text, hash, t0);
+        rc = dispatch_locked(d, si, text, hash, t0);
     pthread_mutex_unlock(&sl->mu);
+    if (d->logbuf[0]) log_msg(c, 2, d->logbuf);
+    evq_flush(c, &d->q);
+    if (res && rc == 0) {
+        res->ran = d->ran;
+        res->reason = d->ran == CAP_RAN_EAGER ? d->reason : CAP_DECLINE_COUNT;
+    }
     CHECK_INVARIANTS(c);
     return rc;
 }
