@@ -3,6 +3,7 @@
  * replays with none. */
 #include "ops.h"
 #include "ops_args.h"
+#include "attention.h"
 #include "error.h"
 #include <math.h>
 #include <string.h>
@@ -148,6 +149,13 @@ int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) {
 
 int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
                    const kern_tensor_t *v, int64_t heads, kern_tensor_t *o) {
+    return kern_attention_ex(s, q, k, v, heads, o, NULL);
+}
+
+/* Validates here; the path, the blocks and the launches are attention.c's. */
+int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                      const kern_tensor_t *v, int64_t heads, kern_tensor_t *o,
+                      const kern_attn_opts_t *opts) {
     const char *op = "attention";
     kern_dtype_t dt = q ? q->dtype : KERN_F32;
     if (check(s, op, "q", q, dt) || check(s, op, "k", k, dt) || check(s, op, "v", v, dt) ||
@@ -166,7 +174,7 @@ int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t
                                 .v = kern_tensor_ptr(v), .o = kern_tensor_ptr(o),
                                 .nq = q->shape[0], .nk = k->shape[0], .heads = heads,
                                 .head_dim = d, .scale = (float)(1.0 / sqrt((double)d)) };
-    return kern_dispatch(s, KERN_OP_ATTENTION, dt, &a);
+    return kern_attention_run(s, dt, &a, opts);
 }
 
 int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frames,

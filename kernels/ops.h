@@ -35,10 +35,88 @@ int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
 int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y);
 int kern_gelu_tanh(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
-/* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d. The CUDA kernel
- * takes head widths up to 256 (it says so when asked for more). */
+/* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d, by the path
+ * kern_attention_pick chooses (see below). Its scratch (the
+ * kern_attention_scratch_bytes of its sizes) comes from the scratch bound
+ * to s, else from s's arena. */
 int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
                    const kern_tensor_t *v, int64_t heads, kern_tensor_t *o);
+
+/* Attention runs one of two ways:
+ * - FUSED: the backend's one-launch kernel (CUDA: online softmax in
+ *   registers, F32 SIMT, no scratch, head widths up to 256; CPU: per head,
+ *   scores of a block of queries in scratch).
+ * - DECOMPOSED: the same on every backend, written once at the op level
+ *   (kernels/attention.c) over two backend primitives. Heads are batched
+ *   and queries taken in blocks sized so one block's scores fit a memory
+ *   bound; per block: S = Q·Kᵀ by one strided-batched GEMM (F32
+ *   accumulation, S stored F32), P = softmax(scale·S) by one fused row
+ *   kernel (P in the op's dtype; in place for F32), O = P·V by a second
+ *   batched GEMM written straight into o's head slices. On CUDA the GEMMs
+ *   are cuBLAS strided-batched (tensor cores for BF16).
+ * Both are capturable and deterministic: the plan depends only on the
+ * sizes, the dtype, the backend kind and the bound, never on timing. */
+typedef enum {
+    KERN_ATTN_AUTO = 0,   /* kern_attention_pick decides */
+    KERN_ATTN_FUSED,
+    KERN_ATTN_DECOMPOSED,
+} kern_attn_path_t;
+
+/* The pick rule: DECOMPOSED when one head's score matrix holds at least
+ * KERN_ATTN_DECOMPOSE_MIN_SCORES scores (nq·nk >= 2^20, i.e. 4 MiB of F32)
+ * or the head is wider than KERN_ATTN_FUSED_MAX_HEAD_DIM (the CUDA fused
+ * kernel's limit); FUSED otherwise. Small attentions stay one launch with
+ * little or no scratch; long ones go to GEMMs (tensor cores on CUDA, where
+ * the fused kernel's F32 SIMT math would dominate the step). The rule is
+ * the same for every backend and dtype. Can't fail. */
+#define KERN_ATTN_DECOMPOSE_MIN_SCORES ((int64_t)1 << 20)
+#define KERN_ATTN_FUSED_MAX_HEAD_DIM 256
+kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim);
+
+/* Memory bound of one block of scores (and probabilities) when the caller
+ * gives none: 16 MiB on the CPU (cache-sized blocks), 512 MiB on CUDA
+ * (fewer, larger GEMMs; ~227 query rows × 12 heads at Wan's 32,760 keys). */
+#define KERN_ATTN_BLOCK_BYTES_CPU ((size_t)16 << 20)
+#define KERN_ATTN_BLOCK_BYTES_CUDA ((size_t)512 << 20)
+
+typedef struct {
+    kern_attn_path_t path; /* AUTO: kern_attention_pick */
+    size_t block_bytes;    /* DECOMPOSED memory bound; 0: the backend default */
+} kern_attn_opts_t;
+
+/* How an attention of given sizes will run. For DECOMPOSED: heads are
+ * taken `heads` at a time (the last group may be smaller) and queries
+ * `rows` at a time (the last block may be smaller); S holds heads·rows
+ * rows of `ld` floats (ld = nk rounded up to 8), P the same rows in the
+ * op's dtype after S (F32: P is S, probs_bytes 0). scratch_bytes <= the
+ * bound whenever one head's row of scores fits it (else one row of one
+ * head: the least the decomposition can use). For FUSED: rows, heads, ld
+ * are 0 and scratch_bytes is the fused kernel's workspace contract. */
+typedef struct {
+    kern_attn_path_t path;  /* FUSED or DECOMPOSED, never AUTO */
+    int64_t rows, heads, ld;
+    int64_t blocks;         /* DECOMPOSED: ⌈H/heads⌉·⌈nq/rows⌉ blocks, 3 launches each */
+    size_t scores_bytes, probs_bytes, scratch_bytes;
+} kern_attn_plan_t;
+
+/* Fills *plan for attention on backend bk in dtype dt (opts NULL: AUTO,
+ * default bound). Returns -1 with a message on sizes < 1 (nk, heads,
+ * head_dim; nq may be 0) or beyond the GEMMs' int range, or when no kernel
+ * of the chosen path exists for (bk, dt). */
+int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
+                        int64_t heads, int64_t head_dim, const kern_attn_opts_t *opts,
+                        kern_attn_plan_t *plan);
+/* Scratch bytes kern_attention needs at these sizes (AUTO, default bound):
+ * what a step workspace reserves for it. 0 when it needs none or when
+ * kern_attention_plan fails (the launch then reports why). */
+size_t kern_attention_scratch_bytes(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq,
+                                    int64_t nk, int64_t heads, int64_t head_dim);
+/* kern_attention with a forced path and/or bound (opts NULL: as
+ * kern_attention). Same failures, plus those of kern_attention_plan; on a
+ * failure partway through DECOMPOSED, o may be partly written. */
+int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                      const kern_tensor_t *v, int64_t heads, kern_tensor_t *o,
+                      const kern_attn_opts_t *opts);
 /* In place on x [F·Hp·Wp, H·d]. */
 int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frames,
                 int64_t rows, int64_t cols);

@@ -79,6 +79,41 @@ typedef struct {
     float scale;
 } kern_attention_args_t;
 
+/* GEMM_BATCHED, for b < batch, row-major:
+ *   c_b = alpha · a_b · b_bᵀ  (trans_b: b_b is [n, k])
+ *   c_b = alpha · a_b · b_b   (else:    b_b is [k, n])
+ * where a_b = a + b·stride_a is [m, k] with row stride lda, b_b likewise
+ * (ldb, stride_b), c_b is [m, n] (ldc, stride_c); strides and leading dims
+ * count elements. a and b have the op's dtype; c is F32 when c_f32, else
+ * the op's dtype. Products accumulate in F32 and c is rounded once; c
+ * aliases neither a nor b. Needs m, n, k, batch >= 1 (k = 0 is refused),
+ * each leading dim at least its row's width, all within int. The decomposed
+ * attention's two GEMMs (kernels/attention.c). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *a, *b;
+    void *c;
+    int64_t batch, m, n, k;
+    int64_t lda, ldb, ldc;
+    int64_t stride_a, stride_b, stride_c;
+    float alpha;
+    bool trans_b, c_f32;
+} kern_gemm_batched_args_t;
+
+/* SOFTMAX, fused scale + row softmax over rows × n: with x_j = scale·s[r,j]
+ * (F32, row stride lds) and m = max_j x_j,
+ *   p[r, j] = e^(x_j − m) / Σ_j' e^(x_j' − m),
+ * computed in F32 (CPU: the sum in double), rounded once to the op's dtype
+ * (row stride ldp). p may equal s (F32, ldp = lds): each element is read
+ * before it is written, by the same thread. n >= 1. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const float *s;
+    void *p;
+    int64_t rows, n, lds, ldp;
+    float scale;
+} kern_softmax_args_t;
+
 /* In place on x [frames·rows·cols, heads·head_dim], tokens in (f, h, w)
  * order; see TINYDIT.md "3-D RoPE" for the split of head_dim. */
 typedef struct {

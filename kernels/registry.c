@@ -15,7 +15,7 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static const char *op_names[KERN_OP_COUNT] = {
     "gemm", "layernorm", "rmsnorm", "modulate", "gated_residual", "add",
     "gelu_tanh", "silu", "attention", "rope3d", "patchify", "unpatchify",
-    "timestep_embed", "cfg_combine", "euler", "sde",
+    "timestep_embed", "cfg_combine", "euler", "sde", "gemm_batched", "softmax",
 };
 
 const char *kern_op_name(kern_op_t op) {

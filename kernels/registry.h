@@ -32,6 +32,8 @@ typedef enum {
     KERN_OP_CFG_COMBINE,     /* v = vu + g·(vc − vu), g read from memory */
     KERN_OP_EULER,           /* x += (σ₁ − σ₀)·v, σ read from memory */
     KERN_OP_SDE,             /* Flow-GRPO SDE update with Philox noise */
+    KERN_OP_GEMM_BATCHED,    /* c_b = α·a_b·op(b_b), strided batch (decomposed attention) */
+    KERN_OP_SOFTMAX,         /* p = softmax(scale·s) per row (decomposed attention) */
     KERN_OP_COUNT
 } kern_op_t;
 

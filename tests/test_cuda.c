@@ -8,7 +8,8 @@
  * result y is compared with the CPU F32 result r by the normalised mean
  * squared error NMSE = Σ(y − r)² / Σr², at most 1e-6 for F32 and 1e-3 for
  * BF16. BF16 inputs are rounded to BF16 first and the CPU computes on their
- * exact F32 widening, so the BF16 error measured is the kernel's own. Every
+ * exact F32 widening, so the BF16 error measured is the kernel's own (the
+ * Wan-shaped attention states its own per-element BF16 bound). Every
  * op test runs twice (loop index 0: F32, 1: BF16). Only the public API
  * (ops.h, backend.h, registry.h) is used. Tests run in-process (CK_NOFORK):
  * a CUDA context does not survive fork(). */
@@ -26,6 +27,7 @@ int main(void) {
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/backend.h"
 #include "kernels/error.h"
@@ -453,17 +455,236 @@ START_TEST(test_attention_with_large_logits_stays_finite_and_matches_cpu) {
 }
 END_TEST
 
-START_TEST(test_attention_with_head_dim_over_256_fails_with_a_message_and_the_stream_survives) {
+/* The online kernel stops at head width 256 and says so; the stream
+ * survives the refusal. kern_attention's rule sends such heads to the
+ * decomposition, which has no width limit. */
+START_TEST(test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel_refuses_it) {
     kern_tensor_t q = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
     kern_tensor_t o = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
     kern_error_clear();
-    ck_assert_int_eq(kern_attention(GS, &q, &q, &q, 1, &o), -1);
+    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+    ck_assert_int_eq(kern_attention_ex(GS, &q, &q, &q, 1, &o, &fused), -1);
     ck_assert_msg(strstr(kern_error(), "attention") && strstr(kern_error(), "256"),
                   "message should name the op and the limit: '%s'", kern_error());
     pair_t a = P1(KERN_F32, 100, -1, 1), b = P1(KERN_F32, 100, -1, 1), y = P1(KERN_F32, 100, 0, 0);
     OK(kern_add(CS, &a.c, &b.c, &y.c));
     OK(kern_add(GS, &a.g, &b.g, &y.g));
     expect_nmse("add after a refused attention", KERN_F32, &y);
+    for (int l = 0; l < 2; l++) {
+        kern_dtype_t dt = dtype_of(l);
+        ck_assert_int_eq(kern_attention_pick(40, 300, 512), KERN_ATTN_DECOMPOSED);
+        attention_case(dt, 40, 300, 2, 512);
+    }
+}
+END_TEST
+
+/* Both GPU results as floats; NMSE of a against b. */
+static double nmse_of(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* The decomposition on CUDA (cuBLAS strided-batched GEMMs + softmax.cu)
+ * against the CPU F32 result and against the online kernel on the same
+ * inputs, at the NMSE tolerances of this suite. BF16 rounds P to BF16
+ * before the second GEMM (the online kernel keeps it F32), an error of at
+ * most 2^-9 of each weight, well inside 1e-3. Shapes: ragged query blocks
+ * (a bound of 5 or 128 rows), keys not a multiple of 8, one key, d = 128,
+ * 80 and 16, and a shape the rule itself sends to the decomposition. */
+START_TEST(test_attention_decomposed_matches_cpu_and_the_online_kernel) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][5] = { /* nq, nk, H, d, rows per block (0: default bound) */
+        { 37, 53, 3, 64, 5 },   { 700, 1536, 2, 128, 128 }, { 70, 1, 4, 16, 16 },
+        { 129, 1000, 2, 128, 0 }, { 600, 2048, 2, 128, 0 },  { 300, 777, 3, 80, 64 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t nq = cases[c][0], nk = cases[c][1], H = cases[c][2], d = cases[c][3];
+        size_t pe = dt == KERN_F32 ? 4 : 6;
+        kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED,
+                                 (size_t)(((nk + 7) & ~7) * (int64_t)pe * H * cases[c][4]) };
+        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+        pair_t q = P2(dt, nq, H * d, -2, 2), k = P2(dt, nk, H * d, -1, 1);
+        pair_t v = P2(dt, nk, H * d, -1, 1), o = P2(dt, nq, H * d, 0, 0);
+        kern_tensor_t on = gpu_tensor(dt, 2, (int64_t[]){ nq, H * d });
+        OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &dec));
+        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &on, &fused));
+        char what[128];
+        snprintf(what, sizeof what, "decomposed attention nq=%lld nk=%lld H=%lld d=%lld",
+                 (long long)nq, (long long)nk, (long long)H, (long long)d);
+        expect_nmse(what, dt, &o);
+        double e = nmse_of(download(&o.g), download(&on), nq * H * d);
+        ck_assert_msg(e <= nmse_tol(dt), "%s %s: NMSE %.3g against the online kernel > %.0e",
+                      what, kern_dtype_name(dt), e, nmse_tol(dt));
+    }
+}
+END_TEST
+
+/* d = 128 attention captured into a CUDA graph, one call on each path (the
+ * decomposition in 6 blocks of 128 query rows, the last one 60): every
+ * replay is bit for bit the eager result, with o and the score scratch
+ * poisoned before each replay. The eager run comes first: it reserves the
+ * stream's scratch (no capture may grow it) and warms cuBLAS up. */
+START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t H = 2, d = 128, nq = 700, nk = 1536, nqs = 300, nks = 200;
+    size_t pe = dt == KERN_F32 ? 4 : 6;
+    kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, (size_t)(nk * (int64_t)pe * H * 128) };
+    kern_attn_plan_t plan;
+    OK(kern_attention_plan(KERN_BACKEND_CUDA, dt, nq, nk, H, d, &dec, &plan));
+    ck_assert_int_eq(plan.rows, 128);
+    ck_assert_int_eq(plan.blocks, 6);
+    ck_assert_int_eq(kern_attention_pick(nqs, nks, d), KERN_ATTN_FUSED);
+    pair_t q = P2(dt, nq, H * d, -2, 2), k = P2(dt, nk, H * d, -1, 1), v = P2(dt, nk, H * d, -1, 1);
+    pair_t qs = P2(dt, nqs, H * d, -2, 2), ks = P2(dt, nks, H * d, -1, 1);
+    pair_t vs = P2(dt, nks, H * d, -1, 1);
+    kern_tensor_t o = gpu_tensor(dt, 2, (int64_t[]){ nq, H * d });
+    kern_tensor_t os = gpu_tensor(dt, 2, (int64_t[]){ nqs, H * d });
+    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
+    OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
+    OK(kern_stream_sync(GS));
+    void *eo = download_raw(&o), *eos = download_raw(&os);
+
+    OK(kern_capture_begin(GS));
+    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
+    OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
+    kern_graph_t *gr = NULL;
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    ck_assert_msg(kern_graph_nodes(gr) >= (size_t)(3 * plan.blocks + 1), "%zu nodes",
+                  kern_graph_nodes(gr));
+
+    void *scratch = kern_stream_scratch(GS, plan.scratch_bytes);
+    ck_assert_msg(scratch != NULL, "scratch: %s", kern_error());
+    unsigned char *poison = hmalloc(plan.scratch_bytes);
+    memset(poison, 0xff, plan.scratch_bytes);
+    for (int rep = 0; rep < 2; rep++) {
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(&os), poison, kern_tensor_bytes(&os)));
+        OK(kern_copy_h2d(GS, scratch, poison, plan.scratch_bytes));
+        OK(kern_stream_sync(GS));
+        OK(kern_graph_replay(gr, GS));
+        OK(kern_stream_sync(GS));
+        ck_assert_msg(memcmp(download_raw(&o), eo, kern_tensor_bytes(&o)) == 0,
+                      "replay %d: decomposed attention differs from eager (%s)", rep,
+                      kern_dtype_name(dt));
+        ck_assert_msg(memcmp(download_raw(&os), eos, kern_tensor_bytes(&os)) == 0,
+                      "replay %d: fused attention differs from eager (%s)", rep,
+                      kern_dtype_name(dt));
+    }
+}
+END_TEST
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Wan2.1-1.3B self-attention at 81 frames of 480×832: 32,760 tokens, 12
+ * heads of 128, BF16, through kern_attention (the rule picks the
+ * decomposition: 145 blocks of 227 query rows). Rows spread over the
+ * sequence, plus those at the block seams and the ragged end, are checked
+ * against the CPU's F32 fused kernel on the same BF16-rounded values,
+ * computed for those rows only.
+ *
+ * Tolerance per element: |o − ref| <= 2^-8·(|ref| + A), A = Σ_j p_j·|v_j|
+ * (the CPU attention of |v|). Rounding P to BF16 moves each weight by at
+ * most 2^-9 of itself, so o by at most 2^-9·A; rounding o moves it by at
+ * most 2^-9·|o|; the F32 accumulations add ~1e-6 relative. The bound is
+ * that sum, doubled, and scales with what the output is made of, so
+ * outputs near 0 (cancelling values of v) are held to their own ulps
+ * instead of a relative 1e-2 they cannot meet. Also NMSE <= 1e-4 over the
+ * checked rows (expected ~1e-6). The online kernel runs once on the same
+ * inputs for comparison (same checks); both timings are printed. */
+START_TEST(test_wan_shaped_bf16_attention_matches_cpu_reference_on_sampled_rows) {
+    const int64_t nq = 32760, nk = 32760, H = 12, d = 128, D = H * d;
+    enum { R = 256 };
+    kern_attn_plan_t plan;
+    OK(kern_attention_plan(KERN_BACKEND_CUDA, KERN_BF16, nq, nk, H, d, NULL, &plan));
+    ck_assert_int_eq(plan.path, KERN_ATTN_DECOMPOSED);
+    int64_t rows[R];
+    const int64_t seams[] = { 0, 1, plan.rows - 1, plan.rows, 2 * plan.rows - 1, 2 * plan.rows,
+                              plan.rows * (plan.blocks - 1) - 1, plan.rows * (plan.blocks - 1),
+                              nq - 2, nq - 1 };
+    const int ns = (int)(sizeof seams / sizeof seams[0]);
+    for (int r = 0; r < R; r++)
+        rows[r] = r < ns ? seams[r] : (int64_t)(r - ns) * (nq - 1) / (R - ns - 1);
+
+    /* inputs: BF16 on the GPU, their exact F32 widening on the CPU */
+    float *h = malloc((size_t)(nk * D) * sizeof(float));
+    ck_assert_ptr_nonnull(h);
+    kern_tensor_t qg = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nq, D });
+    kern_tensor_t kg = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nk, D });
+    kern_tensor_t vg = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nk, D });
+    kern_tensor_t og = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nq, D });
+    kern_tensor_t og2 = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nq, D });
+    kern_tensor_t qc = cpu_tensor(2, (int64_t[]){ R, D }), kc = cpu_tensor(2, (int64_t[]){ nk, D });
+    kern_tensor_t vc = cpu_tensor(2, (int64_t[]){ nk, D }), va = cpu_tensor(2, (int64_t[]){ nk, D });
+    kern_tensor_t oc = cpu_tensor(2, (int64_t[]){ R, D }), ac = cpu_tensor(2, (int64_t[]){ R, D });
+    float *qcp = kern_tensor_ptr(&qc), *kcp = kern_tensor_ptr(&kc), *vcp = kern_tensor_ptr(&vc);
+    float *vap = kern_tensor_ptr(&va);
+    for (int64_t i = 0; i < nq * D; i++) h[i] = kern_bf16_to_f32(kern_f32_to_bf16(uniform(-4, 4)));
+    upload(&qg, h);
+    for (int r = 0; r < R; r++) memcpy(qcp + r * D, h + rows[r] * D, (size_t)D * sizeof(float));
+    for (int64_t i = 0; i < nk * D; i++) h[i] = kern_bf16_to_f32(kern_f32_to_bf16(uniform(-1, 1)));
+    upload(&kg, h);
+    memcpy(kcp, h, (size_t)(nk * D) * sizeof(float));
+    for (int64_t i = 0; i < nk * D; i++) h[i] = kern_bf16_to_f32(kern_f32_to_bf16(uniform(-1, 1)));
+    upload(&vg, h);
+    memcpy(vcp, h, (size_t)(nk * D) * sizeof(float));
+    for (int64_t i = 0; i < nk * D; i++) vap[i] = fabsf(h[i]);
+    free(h);
+
+    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+    OK(kern_attention_ex(CS, &qc, &kc, &vc, H, &oc, &fused));
+    OK(kern_attention_ex(CS, &qc, &kc, &va, H, &ac, &fused));
+
+    OK(kern_attention(GS, &qg, &kg, &vg, H, &og)); /* warm-up: scratch, cuBLAS */
+    OK(kern_stream_sync(GS));
+    double t0 = now_ms();
+    OK(kern_attention(GS, &qg, &kg, &vg, H, &og));
+    OK(kern_stream_sync(GS));
+    double t1 = now_ms();
+    OK(kern_attention_ex(GS, &qg, &kg, &vg, H, &og2, &fused));
+    OK(kern_stream_sync(GS));
+    double t2 = now_ms();
+    printf("test_cuda: wan attention 32760x12x128 bf16: decomposed %.1f ms (%lld blocks of %lld "
+           "rows), online kernel %.1f ms\n", t1 - t0, (long long)plan.blocks,
+           (long long)plan.rows, t2 - t1);
+
+    const float *ref = kern_tensor_ptr(&oc), *mag = kern_tensor_ptr(&ac);
+    for (int path = 0; path < 2; path++) {
+        const char *name = path ? "online" : "decomposed";
+        const float *got = download(path ? &og2 : &og);
+        double num = 0, den = 0, worst = 0, wy = 0, wx = 0, wtol = 0;
+        int64_t wr = -1, wc = -1;
+        for (int r = 0; r < R; r++)
+            for (int64_t c = 0; c < D; c++) {
+                double y = got[rows[r] * D + c], x = ref[r * D + c];
+                double tol = (1.0 / 256) * (fabs(x) + mag[r * D + c]);
+                double ratio = fabs(y - x) / tol;
+                if (!(ratio <= worst)) { /* NaN counts as the worst */
+                    worst = isnan(ratio) ? INFINITY : ratio;
+                    wr = rows[r], wc = c, wy = y, wx = x, wtol = tol;
+                }
+                num += (y - x) * (y - x);
+                den += x * x;
+            }
+        ck_assert_msg(worst <= 1.0,
+                      "%s: row %lld col %lld: %.6g vs reference %.6g, |err| %.3g > %.3g "
+                      "(2^-8·(|ref| + Σp|v|))", name, (long long)wr, (long long)wc, wy, wx,
+                      fabs(wy - wx), wtol);
+        ck_assert_msg(num <= 1e-4 * den, "%s: NMSE %.3g over the checked rows > 1e-4", name,
+                      num / den);
+        printf("test_cuda: wan attention %s: NMSE %.3g, worst error %.2f of its bound\n", name,
+               num / den, worst);
+    }
 }
 END_TEST
 
@@ -779,7 +1000,10 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_silu_in_place_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_attention_matches_cpu_across_head_dims_and_ragged_tiles, 0, 2);
     tcase_add_loop_test(tc, test_attention_with_large_logits_stays_finite_and_matches_cpu, 0, 2);
-    tcase_add_test(tc, test_attention_with_head_dim_over_256_fails_with_a_message_and_the_stream_survives);
+    tcase_add_test(tc, test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel_refuses_it);
+    tcase_add_loop_test(tc, test_attention_decomposed_matches_cpu_and_the_online_kernel, 0, 2);
+    tcase_add_loop_test(tc, test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager, 0, 2);
+    tcase_add_test(tc, test_wan_shaped_bf16_attention_matches_cpu_reference_on_sampled_rows);
     tcase_add_loop_test(tc, test_rope3d_matches_cpu_for_every_split_of_the_head, 0, 2);
     tcase_add_loop_test(tc, test_patchify_equals_cpu_exactly, 0, 2);
     tcase_add_loop_test(tc, test_unpatchify_equals_cpu_exactly, 0, 2);

@@ -385,22 +385,304 @@ START_TEST(test_attention_matches_double_reference) {
 }
 END_TEST
 
-/* 1100 queries over 4096 keys need more score rows than the kernel keeps in
- * scratch at once (16 MiB), so the queries run in blocks; the result must
- * not show the seam. Tolerance 1e-5 absolute, as above. */
+/* 1100 queries over 4096 keys need more score rows than either path keeps
+ * in scratch at once (16 MiB), so the queries run in blocks; the result
+ * must not show the seam. kern_attention picks the decomposition here
+ * (4.5M scores per head); the fused kernel is forced for the second run.
+ * Tolerance 1e-5 absolute, as above. */
 START_TEST(test_attention_over_long_sequence_matches_reference_with_bounded_scratch) {
     const int64_t nq = 1100, nk = 4096, H = 2, d = 4;
     kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
     fill(&q, -2, 2);
     fill(&k, -1, 1);
     fill(&v, -1, 1);
-    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
-    ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)16 << 20),
-                  "attention used %zu bytes of scratch, more than 16 MiB",
-                  kern_stream_scratch_size(S));
     double *ref = dbuf(nq * H * d);
     attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
-    expect_close("long attention", F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    ck_assert_int_eq(kern_attention_pick(nq, nk, d), KERN_ATTN_DECOMPOSED);
+    for (int fused = 0; fused < 2; fused++) {
+        kern_attn_opts_t opts = { fused ? KERN_ATTN_FUSED : KERN_ATTN_AUTO, 0 };
+        memset(F(&o), 0, kern_tensor_bytes(&o));
+        ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
+                      kern_error());
+        ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)16 << 20),
+                      "attention used %zu bytes of scratch, more than 16 MiB",
+                      kern_stream_scratch_size(S));
+        expect_close(fused ? "long attention (fused)" : "long attention (decomposed)", F(&o), ref,
+                     nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    }
+}
+END_TEST
+
+/* --- decomposed attention (kernels/attention.c) ----------------------- */
+
+/* Device scratch that is not a tensor, freed in teardown. */
+static void *dev_bytes(size_t bytes) {
+    void *p = kern_alloc(B, bytes);
+    ck_assert_msg(p != NULL, "alloc %zu: %s", bytes, kern_error());
+    ck_assert_int_lt(n_dev_owned, MAX_OWNED);
+    dev_owned[n_dev_owned++] = p;
+    return p;
+}
+
+/* The bound that gives exactly `rows` query rows per block of all heads. */
+static size_t bound_for_rows(int64_t nk, int64_t H, int64_t rows) {
+    return (size_t)(((nk + 7) & ~7) * 4 * H * rows);
+}
+
+static kern_attn_plan_t plan_of(int64_t nq, int64_t nk, int64_t H, int64_t d,
+                                const kern_attn_opts_t *o) {
+    kern_attn_plan_t p;
+    ck_assert_msg(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, o, &p) == 0,
+                  "plan: %s", kern_error());
+    return p;
+}
+
+/* Runs the decomposition forced at the given bound and checks it against
+ * the double reference. Outputs are convex combinations of v in [-1, 1],
+ * so 1e-5 absolute is a relative bound on the output range; F32 rounding
+ * of the logits (d <= 128 terms) and of the P·V sums (nk <= 4096 terms)
+ * stays near 1e-6 here, as the fused kernel's test shows. */
+static void decomposed_case(int64_t nq, int64_t nk, int64_t H, int64_t d, size_t bound,
+                            int64_t want_rows, int64_t want_heads) {
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound };
+    kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
+    ck_assert_int_eq(p.path, KERN_ATTN_DECOMPOSED);
+    ck_assert_msg(p.rows == want_rows && p.heads == want_heads,
+                  "nq=%lld nk=%lld H=%lld: plan of %lld rows x %lld heads, expected %lld x %lld",
+                  (long long)nq, (long long)nk, (long long)H, (long long)p.rows,
+                  (long long)p.heads, (long long)want_rows, (long long)want_heads);
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
+                  kern_error());
+    ck_assert_msg(p.scratch_bytes <= (bound ? bound : KERN_ATTN_BLOCK_BYTES_CPU),
+                  "decomposition plans %zu bytes of scratch over a bound of %zu",
+                  p.scratch_bytes, bound);
+    double *ref = dbuf(nq * H * d);
+    attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+    char what[128];
+    snprintf(what, sizeof what, "decomposed attention nq=%lld nk=%lld H=%lld d=%lld",
+             (long long)nq, (long long)nk, (long long)H, (long long)d);
+    expect_close(what, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+}
+
+/* Query counts that the block does not divide (37 = 7·5 + 2, 70 = 2·32 + 6),
+ * keys not a multiple of the 8-float row padding (53, 257), heads split in
+ * ragged groups when one row of every head exceeds the bound (5 heads as
+ * 2 + 2 + 1), head widths 1, 2, 16 and 128, and a long sequence (4096 keys). */
+START_TEST(test_decomposed_attention_matches_double_reference_on_ragged_blocks) {
+    decomposed_case(37, 53, 3, 16, bound_for_rows(53, 3, 5), 5, 3);
+    decomposed_case(70, 4096, 2, 128, bound_for_rows(4096, 2, 32), 32, 2);
+    decomposed_case(100, 257, 3, 128, bound_for_rows(257, 3, 7), 7, 3);
+    decomposed_case(29, 300, 5, 2, (size_t)304 * 4 * 2 + 100, 1, 2);
+    decomposed_case(9, 40, 4, 1, bound_for_rows(40, 4, 4), 4, 4);
+    decomposed_case(33, 4096, 1, 16, 0, 33, 1); /* default bound: one block */
+}
+END_TEST
+
+/* One key: every weight is e^0/1 = 1 exactly, so o is v's row, bit for
+ * bit, in every block. */
+START_TEST(test_decomposed_attention_with_a_single_key_returns_v_exactly) {
+    const int64_t nq = 13, H = 3, d = 8;
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(1, H, 4) };
+    ck_assert_int_eq(plan_of(nq, 1, H, d, &opts).rows, 4);
+    kern_tensor_t q = T2(nq, H * d), k = T2(1, H * d), v = T2(1, H * d), o = T2(nq, H * d);
+    fill(&q, -3, 3);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
+                  kern_error());
+    for (int64_t i = 0; i < nq; i++)
+        ck_assert_msg(memcmp(F(&o) + i * H * d, F(&v), (size_t)(H * d) * sizeof(float)) == 0,
+                      "row %lld of o is not v's only row", (long long)i);
+}
+END_TEST
+
+/* Both CPU paths are sgemm + softmax + sgemm over the same values; they
+ * differ only in where the scale is applied and in the blocking, so they
+ * agree to NMSE <= 1e-12 (both are ~1e-7 from the exact result). */
+START_TEST(test_decomposed_attention_agrees_with_the_fused_cpu_kernel) {
+    static const int64_t cases[][4] = { { 200, 4096, 3, 128 }, { 61, 77, 4, 64 }, { 5, 1000, 2, 16 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t nq = cases[c][0], nk = cases[c][1], H = cases[c][2], d = cases[c][3];
+        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d);
+        kern_tensor_t o1 = T2(nq, H * d), o2 = T2(nq, H * d);
+        fill(&q, -2, 2);
+        fill(&k, -1, 1);
+        fill(&v, -1, 1);
+        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+        kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 16) };
+        ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &fused) == 0, "fused: %s",
+                      kern_error());
+        ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &dec) == 0, "decomposed: %s",
+                      kern_error());
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < N(&o1); i++) {
+            double e = (double)F(&o2)[i] - F(&o1)[i];
+            num += e * e;
+            den += (double)F(&o1)[i] * F(&o1)[i];
+        }
+        ck_assert_msg(num <= 1e-12 * den, "case %zu: NMSE %.3g between the paths > 1e-12", c,
+                      num / den);
+    }
+}
+END_TEST
+
+/* The rule (ops.h): decomposed from 2^20 scores per head or past a head
+ * width of 256, fused below. The shapes the tests and demos run (at most a
+ * few thousand tokens per side of tiny/small models) stay fused. */
+START_TEST(test_attention_pick_rule_routes_by_scores_per_head_and_head_width) {
+    ck_assert_int_eq(kern_attention_pick(1023, 1024, 64), KERN_ATTN_FUSED);
+    ck_assert_int_eq(kern_attention_pick(1024, 1024, 64), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick(1, (int64_t)1 << 20, 16), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick((int64_t)1 << 20, 1, 16), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick(1025, 1023, 128), KERN_ATTN_FUSED); /* 2^20 − 1 */
+    ck_assert_int_eq(kern_attention_pick(1023, 1025, 128), KERN_ATTN_FUSED);
+    ck_assert_int_eq(kern_attention_pick(1000, 1048, 128), KERN_ATTN_FUSED); /* 1,048,000 */
+    ck_assert_int_eq(kern_attention_pick(1000, 1049, 128), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick(1049, 1000, 128), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick(4, 4, 256), KERN_ATTN_FUSED);
+    ck_assert_int_eq(kern_attention_pick(4, 4, 257), KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_pick(0, 5, 8), KERN_ATTN_FUSED);
+    ck_assert_int_eq(kern_attention_pick(256, 256, 16), KERN_ATTN_FUSED);      /* demo self */
+    ck_assert_int_eq(kern_attention_pick(32760, 32760, 128), KERN_ATTN_DECOMPOSED); /* Wan self */
+    ck_assert_int_eq(kern_attention_pick(32760, 512, 128), KERN_ATTN_DECOMPOSED);   /* Wan cross */
+    kern_attn_plan_t p = plan_of(100, 100, 2, 8, NULL);
+    ck_assert_int_eq(p.path, KERN_ATTN_FUSED);
+    p = plan_of(1024, 1024, 2, 8, NULL);
+    ck_assert_int_eq(p.path, KERN_ATTN_DECOMPOSED);
+}
+END_TEST
+
+/* kern_attention follows the rule: captured just below the threshold it is
+ * one launch (the fused kernel); at the threshold three launches per block
+ * of the default plan. */
+START_TEST(test_attention_runs_the_path_its_rule_picks) {
+    const int64_t H = 2, d = 4;
+    const int64_t shapes[2][2] = { { 1023, 1024 }, { 1024, 1024 } };
+    for (int c = 0; c < 2; c++) {
+        int64_t nq = shapes[c][0], nk = shapes[c][1];
+        kern_attn_plan_t p = plan_of(nq, nk, H, d, NULL);
+        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+        fill(&q, -1, 1);
+        fill(&k, -1, 1);
+        fill(&v, -1, 1);
+        ck_assert_int_eq(kern_stream_reserve(S, p.scratch_bytes), 0);
+        ck_assert_int_eq(kern_capture_begin(S), 0);
+        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
+        kern_graph_t *g = NULL;
+        ck_assert_int_eq(kern_capture_end(S, &g), 0);
+        size_t want = p.path == KERN_ATTN_FUSED ? 1 : (size_t)(3 * p.blocks);
+        ck_assert_msg(kern_graph_nodes(g) == want, "nq=%lld nk=%lld: %zu launches, expected %zu",
+                      (long long)nq, (long long)nk, kern_graph_nodes(g), want);
+        ck_assert_int_eq(p.path, c == 0 ? KERN_ATTN_FUSED : KERN_ATTN_DECOMPOSED);
+        kern_graph_destroy(&g);
+    }
+}
+END_TEST
+
+/* Every block fits the bound; the blocks tile heads × queries exactly; a
+ * bound below one row of one head still plans (one row, one head). The
+ * CUDA plan for Wan's self-attention in BF16 (S F32 + P BF16 = 6 bytes a
+ * score) takes 227 rows of all 12 heads per block under 512 MiB. */
+START_TEST(test_attention_plan_keeps_each_block_within_its_memory_bound) {
+    static const int64_t shapes[][4] = {
+        { 1100, 4096, 2, 4 }, { 32760, 32760, 12, 128 }, { 7, 3, 5, 2 }, { 1, 100000, 3, 64 },
+    };
+    const size_t bounds[] = { 0, (size_t)1 << 20, 4096, 100, 1 };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t j = 0; j < sizeof bounds / sizeof bounds[0]; j++) {
+            int64_t nq = shapes[i][0], nk = shapes[i][1], H = shapes[i][2], d = shapes[i][3];
+            kern_attn_opts_t o = { KERN_ATTN_DECOMPOSED, bounds[j] };
+            kern_attn_plan_t p = plan_of(nq, nk, H, d, &o);
+            size_t bound = bounds[j] ? bounds[j] : KERN_ATTN_BLOCK_BYTES_CPU;
+            size_t row = (size_t)p.ld * sizeof(float);
+            ck_assert(p.ld >= nk && p.ld % 8 == 0 && p.ld < nk + 8);
+            ck_assert(p.rows >= 1 && p.rows <= nq && p.heads >= 1 && p.heads <= H);
+            ck_assert_uint_eq(p.scratch_bytes, (size_t)(p.rows * p.heads) * row);
+            ck_assert_uint_eq(p.probs_bytes, 0);
+            if (row <= bound)
+                ck_assert_msg(p.scratch_bytes <= bound, "shape %zu bound %zu: %zu bytes", i,
+                              bound, p.scratch_bytes);
+            else
+                ck_assert(p.rows == 1 && p.heads == 1);
+            if (p.heads < H) ck_assert_int_eq(p.rows, 1);
+            ck_assert_int_eq(p.blocks, ((H + p.heads - 1) / p.heads) * ((nq + p.rows - 1) / p.rows));
+            ck_assert_uint_eq(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d),
+                              plan_of(nq, nk, H, d, NULL).scratch_bytes);
+        }
+    kern_attn_plan_t none = plan_of(0, 10, 2, 4, &(kern_attn_opts_t){ KERN_ATTN_DECOMPOSED, 0 });
+    ck_assert(none.blocks == 0 && none.scratch_bytes == 0);
+#ifdef HAVE_CUDA
+    kern_attn_plan_t w;
+    ck_assert_msg(kern_attention_plan(KERN_BACKEND_CUDA, KERN_BF16, 32760, 32760, 12, 128, NULL,
+                                      &w) == 0, "cuda plan: %s", kern_error());
+    ck_assert_int_eq(w.path, KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(w.rows, 227);
+    ck_assert_int_eq(w.heads, 12);
+    ck_assert_int_eq(w.blocks, 145);
+    ck_assert_uint_eq(w.probs_bytes, (size_t)12 * 227 * 32760 * 2);
+    ck_assert(w.scratch_bytes <= KERN_ATTN_BLOCK_BYTES_CUDA);
+#endif
+}
+END_TEST
+
+START_TEST(test_attention_plan_rejects_bad_sizes_and_unknown_paths_with_a_message) {
+    kern_attn_plan_t p;
+    ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 0, 2, 4, NULL, &p), -1);
+    ck_assert_msg(strstr(kern_error(), "attention") != NULL, "'%s'", kern_error());
+    ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 4, 2, 4,
+                                         &(kern_attn_opts_t){ (kern_attn_path_t)7, 0 }, &p), -1);
+    ck_assert_msg(strstr(kern_error(), "unknown path") != NULL, "'%s'", kern_error());
+    /* the CPU has F32 kernels only: BF16 names what is missing */
+    ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_BF16, 4096, 4096, 2, 4, NULL, &p),
+                     -1);
+    ck_assert_msg(strstr(kern_error(), "gemm_batched") != NULL, "'%s'", kern_error());
+    ck_assert_uint_eq(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, 4, 0, 2, 4), 0);
+}
+END_TEST
+
+/* As a step workspace runs it: scratch sized by kern_attention_scratch_bytes
+ * (here the plan of a forced bound) bound to the stream, the stream arena
+ * untouched; the captured launches replay bit for bit equal to eager; the
+ * same call with a bound scratch one byte short fails, naming attention. */
+START_TEST(test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scratch) {
+    const int64_t nq = 301, nk = 3500, H = 3, d = 16;
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 64) };
+    kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
+    ck_assert_int_eq(p.blocks, 5); /* 4 × 64 + 45 */
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_scratch_t ws = { dev_bytes(p.scratch_bytes), p.scratch_bytes };
+    kern_scratch_t prev = kern_stream_bind_scratch(S, ws);
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "eager: %s", kern_error());
+    float *eager = snapshot(&o);
+    memset(F(&o), 0, kern_tensor_bytes(&o));
+    ck_assert_int_eq(kern_capture_begin(S), 0);
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "capture: %s", kern_error());
+    kern_graph_t *g = NULL;
+    ck_assert_int_eq(kern_capture_end(S, &g), 0);
+    ck_assert_uint_eq(kern_graph_nodes(g), 3 * 5);
+    for (int rep = 0; rep < 2; rep++) {
+        memset(F(&o), 0, kern_tensor_bytes(&o));
+        memset(ws.base, 0xff, ws.bytes); /* stale scores must not matter */
+        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(memcmp(F(&o), eager, kern_tensor_bytes(&o)) == 0,
+                      "replay %d of the decomposed attention differs from eager", rep);
+    }
+    kern_graph_destroy(&g);
+    ck_assert_uint_eq(kern_stream_scratch_size(S), 0);
+
+    kern_stream_bind_scratch(S, (kern_scratch_t){ ws.base, ws.bytes - 1 });
+    kern_error_clear();
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), -1);
+    ck_assert_msg(strstr(kern_error(), "attention") && strstr(kern_error(), "scratch"),
+                  "message should name attention and its scratch: '%s'", kern_error());
+    kern_stream_bind_scratch(S, prev);
 }
 END_TEST
 
@@ -855,6 +1137,14 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_silu_matches_double_reference);
     tcase_add_test(tc, test_attention_matches_double_reference);
     tcase_add_test(tc, test_attention_over_long_sequence_matches_reference_with_bounded_scratch);
+    tcase_add_test(tc, test_decomposed_attention_matches_double_reference_on_ragged_blocks);
+    tcase_add_test(tc, test_decomposed_attention_with_a_single_key_returns_v_exactly);
+    tcase_add_test(tc, test_decomposed_attention_agrees_with_the_fused_cpu_kernel);
+    tcase_add_test(tc, test_attention_pick_rule_routes_by_scores_per_head_and_head_width);
+    tcase_add_test(tc, test_attention_runs_the_path_its_rule_picks);
+    tcase_add_test(tc, test_attention_plan_keeps_each_block_within_its_memory_bound);
+    tcase_add_test(tc, test_attention_plan_rejects_bad_sizes_and_unknown_paths_with_a_message);
+    tcase_add_test(tc, test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scratch);
     tcase_add_test(tc, test_rope3d_matches_pairwise_rotation_reference);
     tcase_add_test(tc, test_rope3d_rotates_each_part_by_its_own_position_only);
     tcase_add_test(tc, test_rope3d_preserves_the_norm_of_every_pair);

@@ -16,6 +16,7 @@ void kern_cpu_register_attention(void);   /* ops_attention.c */
 void kern_cpu_register_rope(void);        /* ops_rope.c */
 void kern_cpu_register_patch(void);       /* ops_patch.c */
 void kern_cpu_register_step(void);        /* ops_step.c */
+void kern_cpu_register_softmax(void);     /* ops_softmax.c */
 
 void kern_cpu_register_all(void) {
     kern_cpu_register_gemm();
@@ -25,4 +26,5 @@ void kern_cpu_register_all(void) {
     kern_cpu_register_rope();
     kern_cpu_register_patch();
     kern_cpu_register_step();
+    kern_cpu_register_softmax();
 }

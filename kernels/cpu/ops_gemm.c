@@ -1,4 +1,6 @@
-/* ops_gemm.c -- y[M,N] = x[M,K]·w[N,K]ᵀ + bias on the CPU through OpenBLAS.
+/* ops_gemm.c -- y[M,N] = x[M,K]·w[N,K]ᵀ + bias on the CPU through OpenBLAS,
+ * and the strided-batched GEMM of the decomposed attention (one sgemm per
+ * batch member: this OpenBLAS has no cblas_sgemm_batch).
  *
  * The bias is written into y's rows first and sgemm accumulates onto it
  * (beta = 1), so the op is one pass over y. OpenBLAS splits work across its
@@ -36,6 +38,40 @@ static int gemm_f32(void *ctx, const void *args) {
     return 0;
 }
 
+/* Fails (nothing written) when a size is < 1, a leading dim is shorter
+ * than its row, or a size does not fit OpenBLAS's ints. */
+static int gemm_batched_check(const kern_gemm_batched_args_t *a) {
+    if (a->m < 1 || a->n < 1 || a->k < 1)
+        return kern_fail("gemm_batched_openblas: m=%lld n=%lld k=%lld must all be >= 1",
+                         (long long)a->m, (long long)a->n, (long long)a->k);
+    if (a->m > INT_MAX || a->n > INT_MAX || a->k > INT_MAX || a->lda > INT_MAX ||
+        a->ldb > INT_MAX || a->ldc > INT_MAX)
+        return kern_fail("gemm_batched_openblas: sizes exceed the BLAS int range");
+    if (a->lda < a->k || a->ldb < (a->trans_b ? a->k : a->n) || a->ldc < a->n)
+        return kern_fail("gemm_batched_openblas: a leading dim is shorter than its row "
+                         "(lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld)",
+                         (long long)a->lda, (long long)a->ldb, (long long)a->ldc,
+                         (long long)a->m, (long long)a->n, (long long)a->k);
+    return 0;
+}
+
+/* One sgemm per batch member, in order: each output is summed exactly as a
+ * lone sgemm of that member would sum it, on every run. */
+static int gemm_batched_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_gemm_batched_args_t *a = args;
+    if (a->batch <= 0) return 0;
+    if (gemm_batched_check(a)) return -1;
+    const float *x = a->a, *w = a->b;
+    float *y = a->c;
+    for (int64_t b = 0; b < a->batch; b++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, a->trans_b ? CblasTrans : CblasNoTrans,
+                    (blasint)a->m, (blasint)a->n, (blasint)a->k, a->alpha,
+                    x + b * a->stride_a, (blasint)a->lda, w + b * a->stride_b, (blasint)a->ldb,
+                    0.0f, y + b * a->stride_c, (blasint)a->ldc);
+    return 0;
+}
+
 void kern_cpu_register_gemm(void) {
     const kern_impl_t impl = {
         .op = KERN_OP_GEMM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
@@ -43,4 +79,11 @@ void kern_cpu_register_gemm(void) {
         .workspace_bytes = NULL, .capturable = true,
     };
     (void)kern_registry_register(&impl);
+    const kern_impl_t batched = {
+        .op = KERN_OP_GEMM_BATCHED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+        .name = "gemm_batched_openblas", .fn = gemm_batched_f32,
+        .args_size = sizeof(kern_gemm_batched_args_t), .workspace_bytes = NULL,
+        .capturable = true,
+    };
+    (void)kern_registry_register(&batched);
 }

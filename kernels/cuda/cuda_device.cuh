@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <math.h>
 #include <stdint.h>
 #include "cuda_common.h"
 #include "kernels_cuda.h"
@@ -53,6 +54,25 @@ static __device__ __forceinline__ float kc_block_sum(float v, float *sh) {
     if (warp == 0) {
         v = lane < nwarps ? sh[lane] : 0.0f;
         v = kc_warp_sum(v);
+        if (lane == 0) sh[32] = v;
+    }
+    __syncthreads();
+    v = sh[32];
+    __syncthreads(); /* sh may be reused by the next call */
+    return v;
+}
+
+/* Max of v over the block, as kc_block_sum (same rules for blockDim.x and
+ * sh, and every thread must call it). */
+static __device__ __forceinline__ float kc_block_max(float v, float *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = kc_warp_max(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nwarps ? sh[lane] : -INFINITY;
+        v = kc_warp_max(v);
         if (lane == 0) sh[32] = v;
     }
     __syncthreads();

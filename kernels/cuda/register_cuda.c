@@ -1,5 +1,6 @@
 /* register_cuda.c -- registers every CUDA kernel (see registry.h): F32 and
- * BF16 for every op, no workspace (no kernel uses the stream arena), all
+ * BF16 for every op, no workspace (no kernel uses the stream arena; the
+ * decomposed attention's score block is the op's, kernels/attention.c), all
  * capturable except SDE, whose seed and step are launch arguments a graph
  * would bake in. */
 #include "kernels_cuda.h"
@@ -33,6 +34,8 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(CFG_COMBINE, cfg_combine, kern_cfg_args_t, true),
     CUDA_KERNEL_PAIR(EULER, euler, kern_euler_args_t, true),
     CUDA_KERNEL_PAIR(SDE, sde, kern_sde_args_t, false),
+    CUDA_KERNEL_PAIR(GEMM_BATCHED, gemm_batched, kern_gemm_batched_args_t, true),
+    CUDA_KERNEL_PAIR(SOFTMAX, softmax, kern_softmax_args_t, true),
 };
 
 /* Called once by kern_registry_init. Cannot fail in practice: the table

@@ -39,25 +39,18 @@ static void carve(carver_t *c, kern_tensor_t *t, kern_dtype_t dt, int ndim, cons
 }
 
 /* Scratch the step's kernels need, from their workspace_bytes contracts:
- * the largest of attention's (self and cross) and rope3d's, at the sizes
+ * the largest of attention's (self and cross: kern_attention_scratch_bytes,
+ * whichever path its rule picks at these sizes) and rope3d's, at the sizes
  * the step calls them with. */
 static size_t scratch_needed(const tdit_ws_t *ws) {
     kern_backend_kind_t bk = kern_backend_kind(ws->model->backend);
+    kern_dtype_t dt = ws->model->dtype;
     const tdit_config_t *c = &ws->model->cfg;
-    size_t need = 0, n;
-    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ATTENTION, bk, ws->model->dtype);
-    if (impl && impl->workspace_bytes) {
-        kern_attention_args_t a;
-        memset(&a, 0, sizeof a);
-        a.nq = ws->N;
-        a.heads = c->heads;
-        a.head_dim = c->dim / c->heads;
-        a.nk = ws->N;
-        if ((n = impl->workspace_bytes(&a)) > need) need = n;
-        a.nk = ws->shape.text_len;
-        if ((n = impl->workspace_bytes(&a)) > need) need = n;
-    }
-    impl = kern_registry_lookup(KERN_OP_ROPE3D, bk, ws->model->dtype);
+    const int64_t d = c->dim / c->heads;
+    size_t need = kern_attention_scratch_bytes(bk, dt, ws->N, ws->N, c->heads, d), n;
+    if ((n = kern_attention_scratch_bytes(bk, dt, ws->N, ws->shape.text_len, c->heads, d)) > need)
+        need = n;
+    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ROPE3D, bk, dt);
     if (impl && impl->workspace_bytes) {
         kern_rope3d_args_t r;
         memset(&r, 0, sizeof r);

@@ -1,0 +1,47 @@
+/* ops_softmax.c -- SOFTMAX on the CPU: p = softmax(scale·s) per row, the
+ * fused scale + softmax step of the decomposed attention (ops_args.h).
+ *
+ * Per row: x_j = scale·s_j, m = max x_j (subtracted first, so no
+ * exponential overflows), e_j = e^(x_j − m) summed in double, p_j =
+ * e_j·(1/Σ) rounded once to float. The same arithmetic as the fused CPU
+ * attention kernel's softmax, with the scale applied here instead of in the
+ * score GEMM. p may equal s: each element is read before it is written. */
+#include "../ops_args.h"
+#include "../error.h"
+#include <math.h>
+
+/* Fails (nothing written) on an empty row or a row stride shorter than n. */
+static int softmax_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_softmax_args_t *a = args;
+    if (a->rows <= 0) return 0;
+    if (a->n < 1 || a->lds < a->n || a->ldp < a->n)
+        return kern_fail("softmax_cpu: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
+                         (long long)a->n, (long long)a->lds, (long long)a->ldp);
+    const float scale = a->scale;
+    const int64_t n = a->n;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *s = a->s + r * a->lds;
+        float *p = (float *)a->p + r * a->ldp;
+        float m = s[0] * scale;
+        for (int64_t j = 1; j < n; j++) m = fmaxf(m, s[j] * scale);
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            float e = expf(s[j] * scale - m);
+            p[j] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < n; j++) p[j] *= inv;
+    }
+    return 0;
+}
+
+void kern_cpu_register_softmax(void) {
+    const kern_impl_t impl = {
+        .op = KERN_OP_SOFTMAX, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+        .name = "softmax_cpu", .fn = softmax_f32, .args_size = sizeof(kern_softmax_args_t),
+        .workspace_bytes = NULL, .capturable = true,
+    };
+    (void)kern_registry_register(&impl);
+}
