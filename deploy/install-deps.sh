@@ -7,7 +7,7 @@ set -eu
 
 PKGS="build-essential pkg-config libzmq3-dev libsodium-dev libmsgpack-dev \
 libsqlite3-dev sqlite3 check libsubunit-dev libopenblas-dev libjansson-dev \
-python3-numpy"
+python3-numpy python3-zmq python3-msgpack"
 
 missing=""
 for p in $PKGS; do

@@ -1,0 +1,19 @@
+"""reel: the Python client of Reel, a diffusion-serving cluster.
+
+    from reel import Client
+    with Client("tcp://127.0.0.1:5555") as c:
+        r = c.gen("tiny", context, steps=8, latent_shape=(4, 2, 8, 8), seed=1)
+        r.latent, r.worker, r.version, r.replayed
+        c.sync(2, path="/shared/w2.safetensors")
+
+Pure Python on pyzmq, msgpack and numpy; torch tensors are accepted and
+returned when the inputs are torch tensors, and never required.
+"""
+
+from .client import (BusyError, Client, GenResult, ReelError, ReelTimeout, SyncFailed, SyncResult,
+                     sha256_file)
+from . import safetensors
+
+__all__ = ["Client", "GenResult", "SyncResult", "ReelError", "BusyError", "ReelTimeout", "SyncFailed",
+           "sha256_file", "safetensors"]
+__version__ = "0.1.0"

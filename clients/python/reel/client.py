@@ -1,0 +1,297 @@
+"""A client of the Reel broker, written from docs/PROTOCOL.md.
+
+One Client is one ZeroMQ DEALER socket on the broker's client endpoint; it
+is not thread-safe (use one per thread). Every call has a client-side
+deadline, so nothing hangs when the broker is gone.
+"""
+
+import hashlib
+import itertools
+import os
+import random
+import tempfile
+import time
+
+import msgpack
+import numpy as np
+import zmq
+
+from . import safetensors
+
+PROTO = "reel/1"
+MAX_MSG = 512 << 20
+_DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
+
+
+class ReelError(Exception):
+    """The broker answered ERROR: .code (e.g. "no_worker", "bad_request",
+    "stale_version", "timeout") and .message say why."""
+
+    def __init__(self, code, message, request_id=0):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class BusyError(ReelError):
+    """The broker answered BUSY: its queue (or the bytes it holds) is full.
+    Nothing was started; retry later."""
+
+    def __init__(self, message, request_id=0):
+        super().__init__("busy", message, request_id)
+
+
+class ReelTimeout(ReelError):
+    """No answer within the client's timeout (the broker may be down)."""
+
+    def __init__(self, message, request_id=0):
+        super().__init__("timeout", message, request_id)
+
+
+class SyncFailed(ReelError):
+    """A weight sync that no worker applied: nothing changed. .result is the
+    SyncResult, with each worker's reason in .result.failed."""
+
+    def __init__(self, result, request_id=0):
+        reasons = ", ".join(f"{w} ({r})" for w, r in result.failed) or "no live worker"
+        super().__init__("sync_failed", f"{result.component} v{result.version} applied by no worker: "
+                         f"{reasons}; current is still v{result.current}", request_id)
+        self.result = result
+
+
+class GenResult:
+    """What a GEN returned: .latent (numpy, or torch when the inputs were
+    torch tensors), .worker, .version (weights of its last step),
+    .first_version, .stats (the RESULT's stats map: captured, replayed,
+    eager, declines, seconds), .key_hash and .seconds (client wall time)."""
+
+    def __init__(self, hdr, latent, seconds):
+        self.latent = latent
+        self.worker = hdr.get("worker", "")
+        self.version = hdr.get("version", 0)
+        self.first_version = hdr.get("first_version", self.version)
+        self.stats = hdr.get("stats", {}) or {}
+        self.key_hash = hdr.get("key_hash", "")
+        self.seconds = seconds
+        self.header = hdr
+
+    @property
+    def captured(self):
+        return self.stats.get("captured", 0)
+
+    @property
+    def replayed(self):
+        return self.stats.get("replayed", 0)
+
+    @property
+    def eager(self):
+        return self.stats.get("eager", 0)
+
+    @property
+    def declines(self):
+        return dict(self.stats.get("declines", {}) or {})
+
+    def __repr__(self):
+        return (f"GenResult(worker={self.worker!r}, version={self.version}, shape={tuple(self.latent.shape)}, "
+                f"captured={self.captured}, replayed={self.replayed}, eager={self.eager})")
+
+
+class SyncResult:
+    """SYNC_DONE: .component, .version, .applied [worker], .failed
+    [(worker, reason)], .complete (every live worker applied it), .current
+    (the component's current version now)."""
+
+    def __init__(self, hdr):
+        self.component = hdr.get("component", "")
+        self.version = hdr.get("version", 0)
+        self.applied = list(hdr.get("applied", []) or [])
+        self.failed = [(f.get("worker", "?"), f.get("reason", "?")) for f in (hdr.get("failed", []) or [])]
+        self.complete = bool(hdr.get("complete", False))
+        self.current = hdr.get("current", 0)
+        self.header = hdr
+
+    def __repr__(self):
+        return (f"SyncResult({self.component} v{self.version}: complete={self.complete}, "
+                f"applied={self.applied}, failed={self.failed}, current={self.current})")
+
+
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _f32(name, x, ndim):
+    a = np.ascontiguousarray(safetensors._as_numpy(x), dtype="<f4")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
+    return a
+
+
+def sha256_file(path):
+    """Lower-case hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Client:
+    """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555).
+
+    timeout: seconds to wait for a reply (a GEN waits at least its own
+    deadline_ms plus a margin)."""
+
+    def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+        self._sock.connect(broker)
+        self._ids = itertools.count(random.randrange(1, 1 << 30))
+        self.timeout = timeout
+        self.broker = broker
+
+    def close(self):
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- framing -------------------------------------------------------
+
+    def _send(self, mtype, rid, fields, tensors=()):
+        hdr = dict(fields)
+        hdr["proto"] = PROTO
+        hdr["type"] = mtype
+        hdr["id"] = rid
+        frames = []
+        if tensors:
+            hdr["tensors"] = []
+            for name, a in tensors:
+                hdr["tensors"].append({"name": name, "dtype": "F32", "shape": list(a.shape), "bytes": a.nbytes})
+                frames.append(a.tobytes())
+        self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True)] + frames, copy=False)
+
+    def _recv(self, rid, deadline, on_progress=None):
+        """The final reply to rid: (header, {name: array}). Raises ReelError,
+        BusyError or ReelTimeout."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+                if time.monotonic() >= deadline:
+                    raise ReelTimeout(f"no reply from {self.broker} in time", rid)
+                continue
+            frames = self._sock.recv_multipart()
+            hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+            if not isinstance(hdr, dict) or hdr.get("id") != rid:
+                continue  # a late reply to an earlier call
+            mtype = hdr.get("type")
+            if mtype == "PROGRESS":
+                if on_progress:
+                    on_progress(hdr.get("step", 0), hdr.get("steps", 0))
+                continue
+            if mtype == "ERROR":
+                raise ReelError(hdr.get("code", "internal"), hdr.get("message", ""), rid)
+            if mtype == "BUSY":
+                raise BusyError(hdr.get("message", "busy"), rid)
+            tensors = {}
+            for desc, frame in zip(hdr.get("tensors", []) or [], frames[1:]):
+                if desc.get("dtype") != "F32":
+                    raise ReelError("malformed", f"reply tensor {desc.get('name')} is {desc.get('dtype')}", rid)
+                tensors[desc["name"]] = np.frombuffer(frame, dtype="<f4").reshape(desc["shape"]).copy()
+            return hdr, tensors
+
+    # ---- calls ---------------------------------------------------------
+
+    def gen(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
+            sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None):
+        """Runs one denoising loop on the cluster and returns a GenResult.
+
+        context: [L, T] (T = the model's text width); uncond: [L, T] turns
+        CFG on with scale cfg; latent: [C, F, H, W] (else drawn from seed by
+        the worker, and latent_shape is required); version: the oldest
+        transformer version it may run on (None: the current one);
+        progress(step, steps) is called as steps finish."""
+        torch_out = _is_torch(context)
+        ctx = _f32("context", context, 2)
+        tensors = [("context", ctx)]
+        if uncond is not None:
+            tensors.append(("uncond", _f32("uncond", uncond, 2)))
+        if latent is not None:
+            lat = _f32("latent", latent, 4)
+            tensors.append(("latent", lat))
+            if latent_shape is None:
+                latent_shape = lat.shape
+        if latent_shape is None or len(latent_shape) != 4:
+            raise ValueError("latent_shape [C, F, H, W] is required when no latent is given")
+        fields = {"model": str(model), "steps": int(steps), "latent_shape": [int(d) for d in latent_shape],
+                  "shift": float(shift), "cfg": float(cfg), "sde": bool(sde), "eta": float(eta),
+                  "seed": int(seed), "progress": progress is not None}
+        if version is not None:
+            fields["version"] = int(version)
+        if deadline_ms is not None:
+            fields["deadline_ms"] = int(deadline_ms)
+        rid = next(self._ids)
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
+        t0 = time.monotonic()
+        self._send("GEN", rid, fields, tensors)
+        hdr, out = self._recv(rid, t0 + wait, progress)
+        if hdr.get("type") != "RESULT" or "latent" not in out:
+            raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)
+        lat = out["latent"]
+        if torch_out:
+            import torch  # only when the caller uses torch
+            lat = torch.from_numpy(lat)
+        return GenResult(hdr, lat, time.monotonic() - t0)
+
+    def status(self, timeout=None):
+        """The broker's STATUS_REPLY header as a dict (workers, queue,
+        versions, pending, ...)."""
+        rid = next(self._ids)
+        self._send("STATUS", rid, {})
+        hdr, _ = self._recv(rid, time.monotonic() + (timeout or min(self.timeout, 10.0)))
+        return hdr
+
+    def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
+             deadline_ms=0, weights_dir=None, timeout=None):
+        """Publishes transformer weights as `version` and waits for the
+        broker's barrier; returns a SyncResult (check .complete: a worker may
+        lag). Raises SyncFailed when no worker applied it (nothing changed),
+        ReelError (e.g. stale_version) when the broker refused it.
+
+        path: a safetensors file every worker can read. state_dict: tensors
+        by Wan2.1 name (numpy or torch), written here as F32 safetensors into
+        weights_dir (a fresh temporary folder by default; workers must be
+        able to read it), with config (a built-in name such as "tiny", or a
+        dict of the size keys) as the file's metadata."""
+        if (path is None) == (state_dict is None):
+            raise ValueError("give exactly one of path= and state_dict=")
+        if state_dict is not None:
+            if not config:
+                raise ValueError("a state_dict sync needs config= (a built-in name or the size keys)")
+            if "patch_embedding.weight" not in state_dict:
+                raise ValueError("state_dict must use the Wan2.1 names (no 'patch_embedding.weight')")
+            meta = {"config": config} if isinstance(config, str) else dict(config)
+            d = weights_dir or tempfile.mkdtemp(prefix="reel-sync-")
+            path = os.path.join(d, f"{component}-v{int(version)}.safetensors")
+            safetensors.save(path, state_dict, meta)
+        path = os.path.abspath(path)
+        digest = (sha256 or sha256_file(path)).lower()
+        rid = next(self._ids)
+        fields = {"component": component, "version": int(version), "sha256": digest, "path": path,
+                  "deadline_ms": int(deadline_ms)}
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
+        self._send("SYNC", rid, fields)
+        hdr, _ = self._recv(rid, time.monotonic() + wait)
+        if hdr.get("type") != "SYNC_DONE":
+            raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", rid)
+        res = SyncResult(hdr)
+        if not res.applied:
+            raise SyncFailed(res, rid)
+        return res

@@ -1,0 +1,286 @@
+"""Tests of the reel Python client against a real local cluster: a
+reel-broker and a reel-worker started on ipc sockets in a temporary folder,
+every result compared bitwise with `reelctl run` on the same inputs.
+
+Usage: /usr/bin/python3 clients/python/tests/test_client.py --build BUILD
+Prints one line per test and ends with "python: N passed, N failed".
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import reel  # noqa: E402
+from reel import safetensors  # noqa: E402
+
+BUILD = "build"
+
+
+def run(*args, check=True):
+    p = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} exited {p.returncode}: {p.stdout.decode()[-400:]}")
+    return p
+
+
+class Cluster:
+    """A broker and one worker on ipc sockets; killed and removed on stop."""
+
+    def __init__(self, d, weights, broker_flags=(), worker_flags=()):
+        self.dir = d
+        self.ce = f"ipc://{d}/clients"
+        we = f"ipc://{d}/workers"
+        self.blog = open(os.path.join(d, "broker.log"), "wb")
+        self.wlog = open(os.path.join(d, "worker.log"), "wb")
+        self.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", self.ce, "--workers", we,
+                                        "--catalog", os.path.join(d, "reel.db"), "--heartbeat-ms", "200",
+                                        *broker_flags], stdout=self.blog, stderr=subprocess.STDOUT)
+        self.worker = subprocess.Popen([f"{BUILD}/reel-worker", "--broker", we, "--name", "py0", "--weights",
+                                        weights, "--streams", "2", "--heartbeat-ms", "200", "--warmup", "1",
+                                        *worker_flags], stdout=self.wlog, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self):
+        with reel.Client(self.ce, timeout=5) as c:
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                try:
+                    st = c.status(timeout=2)
+                    if any(w.get("name") == "py0" and w.get("routable") for w in st.get("workers", [])):
+                        return
+                except reel.ReelError:
+                    pass
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the cluster did not become ready in 20 s")
+
+    def stop(self):
+        for p in (self.worker, self.broker):
+            if p.poll() is None:
+                p.terminate()
+        for p in (self.worker, self.broker):
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.blog.close()
+        self.wlog.close()
+
+
+def rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+class ClientTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="reel-py-")
+        cls.w1 = os.path.join(cls.dir, "w1.safetensors")
+        cls.w2 = os.path.join(cls.dir, "w2.safetensors")
+        run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "7", "--out", cls.w1)
+        run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "8", "--out", cls.w2)
+        cls.ctx, cls.unc, cls.lat = rand((5, 32), 2), rand((5, 32), 3), rand((4, 2, 8, 8), 1)
+        for name, a in (("ctx", cls.ctx), ("unc", cls.unc)):
+            safetensors.save(os.path.join(cls.dir, f"{name}.safetensors"), {"context": a})
+        safetensors.save(os.path.join(cls.dir, "lat.safetensors"), {"latent": cls.lat})
+        cls.cluster = Cluster(cls.dir, cls.w1)
+        cls.c = reel.Client(cls.cluster.ce, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.cluster.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def reference(self, weights, steps, cfg=None, latent=True, seed=0, size=None, sde=False):
+        """reelctl run on the same inputs: the latent it writes."""
+        out = os.path.join(self.dir, f"ref-{time.monotonic_ns()}.safetensors")
+        args = [f"{BUILD}/reelctl", "run", "--weights", weights, "--context", os.path.join(self.dir, "ctx.safetensors"),
+                "--steps", steps, "--shift", "3", "--out", out]
+        if cfg is not None:
+            args += ["--uncond", os.path.join(self.dir, "unc.safetensors"), "--cfg", cfg]
+        args += ["--latent", os.path.join(self.dir, "lat.safetensors")] if latent else ["--size", size, "--seed", seed]
+        if sde:
+            args += ["--sde", "--eta", "0.7"]
+        run(*args)
+        t, _ = safetensors.load(out)
+        return t["latent"]
+
+    # -- generations -------------------------------------------------------
+
+    def test_gen_with_cfg_equals_reelctl_run_bitwise(self):
+        r = self.c.gen("tiny", self.ctx, uncond=self.unc, cfg=4.0, latent=self.lat, steps=6, shift=3.0)
+        ref = self.reference(self.w1, 6, cfg=4)
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+        self.assertTrue(np.array_equal(r.latent, ref), "latent differs from reelctl run")
+        self.assertEqual(r.worker, "py0")
+        self.assertEqual(r.captured + r.replayed + r.eager, 6)
+
+    def test_repeated_key_replays_graphs_and_stays_exact(self):
+        ref = self.reference(self.w1, 5)
+        last = None
+        for _ in range(3):
+            last = self.c.gen("tiny", self.ctx, latent=self.lat, steps=5, shift=3.0)
+            self.assertTrue(np.array_equal(last.latent, ref))
+        self.assertGreater(last.replayed, 0, f"no step replayed: {last.stats}")
+
+    def test_gen_without_latent_draws_it_from_the_seed_like_reelctl_run(self):
+        r = self.c.gen("tiny", self.ctx, latent_shape=(4, 1, 4, 4), seed=11, steps=4, shift=3.0)
+        ref = self.reference(self.w1, 4, latent=False, seed=11, size="1x4x4")
+        self.assertTrue(np.array_equal(r.latent, ref))
+
+    def test_sde_gen_equals_reelctl_run_sde(self):
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7)
+        ref = self.reference(self.w1, 4, sde=True)
+        self.assertTrue(np.array_equal(r.latent, ref))
+
+    def test_progress_callback_sees_every_step_in_order(self):
+        seen = []
+        self.c.gen("tiny", self.ctx, latent=self.lat, steps=7, shift=3.0, progress=lambda s, n: seen.append((s, n)))
+        self.assertEqual(seen, [(i, 7) for i in range(1, 8)])
+
+    def test_unknown_model_raises_no_worker_or_timeout_at_the_deadline(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("nosuchmodel", self.ctx, latent=self.lat, steps=2, deadline_ms=300)
+        self.assertIn(e.exception.code, ("no_worker", "timeout"))
+
+    def test_context_of_the_wrong_width_raises_a_clear_error_and_the_cluster_keeps_serving(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("tiny", rand((5, 16), 4), latent=self.lat, steps=2, deadline_ms=5000)
+        self.assertIn(e.exception.code, ("bad_request", "internal"))
+        self.assertTrue(e.exception.message)
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, shift=3.0)
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+
+    def test_latent_shape_is_required_without_a_latent(self):
+        with self.assertRaises(ValueError):
+            self.c.gen("tiny", self.ctx, steps=2)
+
+    def test_status_lists_the_worker_and_queue(self):
+        st = self.c.status()
+        self.assertEqual(st.get("type"), "STATUS_REPLY")
+        names = [w.get("name") for w in st.get("workers", [])]
+        self.assertIn("py0", names)
+        self.assertIn("queue_max", st)
+
+    def test_torch_tensors_in_give_torch_tensors_out(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed here (the client never needs it)")
+        r = self.c.gen("tiny", torch.from_numpy(self.ctx), latent=torch.from_numpy(self.lat), steps=3, shift=3.0)
+        self.assertTrue(torch.is_tensor(r.latent))
+        self.assertTrue(np.array_equal(r.latent.numpy(), self.reference(self.w1, 3)))
+
+    # -- syncs (in order: they change the cluster's weights) ----------------
+
+    def test_z1_sync_by_state_dict_applies_and_later_gens_run_on_it(self):
+        sd, meta = safetensors.load(self.w2)
+        res = self.c.sync(2, state_dict=sd, config=meta.get("config", "tiny"), weights_dir=self.dir)
+        self.assertTrue(res.complete, res)
+        self.assertEqual(res.applied, ["py0"])
+        self.assertEqual(res.current, 2)
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0)
+        self.assertEqual(r.version, 2)
+        self.assertTrue(np.array_equal(r.latent, self.reference(self.w2, 4)))
+        # The same version and file again is an ack, not stale_version.
+        again = self.c.sync(2, path=os.path.join(self.dir, "transformer-v2.safetensors"))
+        self.assertTrue(again.complete, again)
+
+    def test_z2_sync_nobody_can_apply_raises_sync_failed_and_changes_nothing(self):
+        bad = os.path.join(self.dir, "bad.safetensors")
+        with open(bad, "wb") as f:
+            f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+        with self.assertRaises(reel.SyncFailed) as e:
+            self.c.sync(3, path=bad)
+        self.assertEqual(e.exception.result.applied, [])
+        self.assertEqual([w for w, _ in e.exception.result.failed], ["py0"])
+        self.assertEqual(self.c.status().get("versions", {}).get("transformer"), 2)
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, shift=3.0)
+        self.assertEqual(r.version, 2)
+
+    def test_z3_an_older_version_raises_stale_version(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.sync(1, path=self.w1)
+        self.assertEqual(e.exception.code, "stale_version")
+
+    def test_sync_needs_exactly_one_source_and_wan_names(self):
+        with self.assertRaises(ValueError):
+            self.c.sync(9)
+        with self.assertRaises(ValueError):
+            self.c.sync(9, state_dict={"w": np.zeros(3)}, config="tiny")
+
+
+class BusyTests(unittest.TestCase):
+    """A broker with room for one waiting request answers BUSY beyond it."""
+
+    def test_requests_beyond_the_queue_raise_busy_error(self):
+        d = tempfile.mkdtemp(prefix="reel-py-busy-")
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "1", "--out", w)
+            cl = Cluster(d, w, broker_flags=("--queue-max", "1"), worker_flags=("--max-inflight", "1"))
+            try:
+                ctx, lat = rand((5, 32), 1), rand((4, 2, 8, 8), 2)
+                outcomes = []
+
+                def one():
+                    with reel.Client(cl.ce, timeout=60) as c:
+                        try:
+                            c.gen("tiny", ctx, latent=lat, steps=300)
+                            outcomes.append("ok")
+                        except reel.BusyError as e:
+                            self.assertEqual(e.code, "busy")
+                            outcomes.append("busy")
+                        except reel.ReelError as e:
+                            outcomes.append(e.code)
+
+                ts = [threading.Thread(target=one) for _ in range(5)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(120)
+                self.assertGreaterEqual(outcomes.count("busy"), 1, outcomes)
+                self.assertGreaterEqual(outcomes.count("ok"), 1, outcomes)
+                self.assertEqual(len(outcomes), 5)
+            finally:
+                cl.stop()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class Result(unittest.TextTestResult):
+    pass
+
+
+def main():
+    global BUILD
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    a = ap.parse_args()
+    BUILD = os.path.abspath(a.build)
+    suite = unittest.TestSuite()
+    loader = unittest.TestLoader()
+    suite.addTests(loader.loadTestsFromTestCase(ClientTests))
+    suite.addTests(loader.loadTestsFromTestCase(BusyTests))
+    res = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    bad = len(res.failures) + len(res.errors)
+    for t, why in res.skipped:
+        print(f"SKIP {t.id()}: {why}")
+    print(f"python: {res.testsRun - bad - len(res.skipped)} passed, {bad} failed")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
