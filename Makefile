@@ -6,6 +6,7 @@
 #   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0), with
 #                   the capture cache's invariants checked after every call
 #   make tsan       unit suites under ThreadSanitizer (CUDA=0), invariants too
+#   make fuzz       libFuzzer harnesses, FUZZ_SECONDS (60) each; make test runs 5 s each
 #   make bench      benchmarks (separate from tests)
 #   make CUDA=0     build without CUDA even where nvcc exists
 
@@ -64,7 +65,7 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo demo-local asan tsan bench clean FORCE
+.PHONY: all deps test demo demo-local asan tsan fuzz fuzz-build bench clean FORCE
 all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN)
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
@@ -130,6 +131,7 @@ test: deps
 	BUILD=$(BUILD) tests/run_all.sh
 	$(MAKE) asan
 	$(MAKE) tsan
+	$(MAKE) fuzz FUZZ_SECONDS=5
 
 demo: deps
 	$(MAKE) all
@@ -154,11 +156,28 @@ tsan: deps
 	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 
+# libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan:
+# each runs FUZZ_SECONDS from its seed corpus in tests/fuzz/corpus/.
+FUZZ_SECONDS ?= 60
+FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
+fuzz-build: deps
+	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang OPT="-O1 -g" \
+	  SAN="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libreel.a
+	@mkdir -p build-fuzz/fuzz
+	@for f in $(FUZZ_SRC); do \
+	  echo "clang $$f"; \
+	  clang $(CSTD) $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
+	    -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libreel.a $(LDLIBS_ALL) || exit 1; \
+	done
+
+fuzz: fuzz-build
+	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
 bench: deps
 	$(MAKE) all
 	BUILD=$(BUILD) bench/run_all.sh
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -3,37 +3,24 @@
 #include "ctl.h"
 #include "kernels/error.h"
 #include "worker/model/tinydit.h"
+#include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 /* A config from a JSON file {"name":..., "dim":..., ...}. */
 static int config_from_json(const char *path, tdit_config_t *c) {
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return kern_fail("%s:%d: %s", path, je.line, je.text);
-    int rc = -1;
-    if (!json_is_object(root)) { kern_fail("%s: not a JSON object", path); goto out; }
-    memset(c, 0, sizeof *c);
-    json_t *name = json_object_get(root, "name");
-    snprintf(c->name, sizeof c->name, "%s", json_is_string(name) ? json_string_value(name) : "custom");
-    struct { const char *k; int64_t *v; } keys[] = {
-        { "dim", &c->dim }, { "heads", &c->heads }, { "layers", &c->layers },
-        { "ffn_dim", &c->ffn_dim }, { "in_channels", &c->in_channels },
-        { "text_dim", &c->text_dim }, { "freq_dim", &c->freq_dim },
-    };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        json_t *v = json_object_get(root, keys[i].k);
-        if (!json_is_integer(v)) { kern_fail("%s: '%s' must be an integer", path, keys[i].k); goto out; }
-        *keys[i].v = json_integer_value(v);
-    }
-    rc = tdit_config_validate(c);
-out:
-    json_decref(root);
-    return rc;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kern_fail("%s: cannot open: %s", path, strerror(errno));
+    char buf[64 * 1024];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    bool more = !feof(f) && fgetc(f) != EOF;
+    fclose(f);
+    if (more) return kern_fail("%s: larger than %zu bytes: not a model config", path, sizeof buf);
+    return tdit_config_from_json(buf, n, path, c);
 }
 
 static int weights_init(int argc, char **argv) {

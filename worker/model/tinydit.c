@@ -6,6 +6,7 @@
  * while the model lives: graphs captured over them stay valid until the
  * weights themselves change. */
 #include "tinydit.h"
+#include <jansson.h>
 #include "tinydit_impl.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
@@ -50,6 +51,37 @@ int tdit_config_validate(const tdit_config_t *c) {
         c->in_channels > 4096 || c->text_dim > (1 << 16) || c->freq_dim > 8192)
         return kern_fail("config %s: sizes beyond Reel's limits", c->name);
     return 0;
+}
+
+int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_config_t *c) {
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return kern_fail("%s:%d: %s", what, je.line, je.text);
+    int rc = -1;
+    if (!json_is_object(root)) {
+        kern_fail("%s: not a JSON object", what);
+        goto out;
+    }
+    memset(c, 0, sizeof *c);
+    json_t *name = json_object_get(root, "name");
+    snprintf(c->name, sizeof c->name, "%s", json_is_string(name) ? json_string_value(name) : "custom");
+    struct { const char *k; int64_t *v; } keys[] = {
+        { "dim", &c->dim }, { "heads", &c->heads }, { "layers", &c->layers },
+        { "ffn_dim", &c->ffn_dim }, { "in_channels", &c->in_channels },
+        { "text_dim", &c->text_dim }, { "freq_dim", &c->freq_dim },
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *v = json_object_get(root, keys[i].k);
+        if (!json_is_integer(v)) {
+            kern_fail("%s: '%s' must be an integer", what, keys[i].k);
+            goto out;
+        }
+        *keys[i].v = json_integer_value(v);
+    }
+    rc = tdit_config_validate(c);
+out:
+    json_decref(root);
+    return rc;
 }
 
 static int meta_int(const st_file_t *f, const char *key, int64_t *out) {

@@ -41,6 +41,11 @@ int tdit_config_validate(const tdit_config_t *c);
  * ("dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim",
  * "freq_dim") or just "config" naming a built-in one. */
 int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out);
+/* A config from JSON text {"name": ..., "dim": ..., "heads": ..., "layers":
+ * ..., "ffn_dim": ..., "in_channels": ..., "text_dim": ..., "freq_dim": ...}
+ * (name optional), checked by tdit_config_validate. `what` names the
+ * source in messages. 0, or -1 with a message. */
+int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_config_t *out);
 /* Parameters in the network. */
 int64_t tdit_config_params(const tdit_config_t *c);
 
