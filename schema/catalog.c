@@ -784,9 +784,12 @@ static void buf_scalar(buf_t *b, const json_t *v, fmt_t f) {
         buf_str(b, json_is_true(v) ? "yes" : "no");
     } else if (f == F_TIME && json_is_number(v)) {
         double t = json_number_value(v);
-        time_t secs = (time_t)floor(t);
+        /* Converting a NaN, an infinity or a value beyond time_t is UB: check
+         * first (a corrupt or hostile catalog may hold any double). */
+        bool ok = isfinite(t) && t > -1e15 && t < 1e15;
+        time_t secs = ok ? (time_t)floor(t) : 0;
         struct tm tm;
-        if (isfinite(t) && gmtime_r(&secs, &tm) && strftime(tmp, sizeof tmp, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        if (ok && gmtime_r(&secs, &tm) && strftime(tmp, sizeof tmp, "%Y-%m-%dT%H:%M:%SZ", &tm))
             buf_str(b, tmp);
         else buf_str(b, "?");
     } else if (f == F_RATE && json_is_number(v)) {
