@@ -26,6 +26,7 @@
 #include "kernels/error.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -378,13 +379,30 @@ cat_t *cat_open(const char *path, bool readonly) {
         kern_fail("catalog %s: cannot open read-only: %s", path, strerror(errno));
         return NULL;
     }
+    /* Debian's SQLite interprets "file:" URIs (query parameters can change
+     * modes and VFS); a catalog is a plain path. */
+    if (!strncmp(path, "file:", 5)) {
+        kern_fail("catalog %s: SQLite URIs are not accepted; give a plain file path", path);
+        return NULL;
+    }
+    /* The catalog holds the audit trail: create it readable by its owner
+     * only (SQLite gives its -wal and -shm files the same mode). */
+    if (!readonly) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            kern_fail("catalog %s: cannot open: %s", path, strerror(errno));
+            return NULL;
+        }
+        close(fd);
+    }
     cat_t *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
         kern_fail("catalog %s: out of memory", path);
         goto err;
     }
     c->readonly = readonly;
-    int flags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+    int flags = (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+                SQLITE_OPEN_NOFOLLOW;
     if (sqlite3_open_v2(path, &c->db, flags, NULL) != SQLITE_OK) {
         if (c->db) db_fail(c, "open");
         else kern_fail("catalog %s: open: out of memory", path);

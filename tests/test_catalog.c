@@ -12,6 +12,7 @@
 #include "kernels/error.h"
 
 #include <check.h>
+#include <sys/stat.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
@@ -1025,6 +1026,32 @@ START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
 }
 END_TEST
 
+START_TEST(test_a_new_catalog_is_readable_by_its_owner_only) {
+    cat_t *c = open_ok(false);
+    cat_close(&c);
+    struct stat sb;
+    ck_assert_int_eq(stat(dbpath, &sb), 0);
+    ck_assert_msg((sb.st_mode & 0777) == 0600, "catalog mode %o, want 600", (unsigned)(sb.st_mode & 0777));
+}
+END_TEST
+
+START_TEST(test_sqlite_uris_and_symlinked_catalogs_are_refused) {
+    char uri[4200];
+    snprintf(uri, sizeof uri, "file:%s?mode=memory", dbpath);
+    ck_assert_ptr_null(cat_open(uri, false));
+    ck_assert_ptr_nonnull(strstr(kern_error(), "URIs are not accepted"));
+    char target[4200], link[4200];
+    snprintf(target, sizeof target, "%s/elsewhere.db", tmpdir);
+    snprintf(link, sizeof link, "%s/link.db", tmpdir);
+    FILE *f = fopen(target, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(symlink(target, link), 0);
+    ck_assert_ptr_null(cat_open(link, false));
+    ck_assert_ptr_null(cat_open(link, true));
+}
+END_TEST
+
 static Suite *catalog_suite(void) {
     Suite *s = suite_create("catalog");
     TCase *tc = tcase_create("catalog");
@@ -1059,6 +1086,8 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_table_columns_are_aligned_under_their_headers);
     tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
+    tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
+    tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
     suite_add_tcase(s, tc);
     return s;
 }
