@@ -38,7 +38,7 @@ CUDA_C   = $(wildcard kernels/cuda/*.c)
 CUDA_CU  = $(wildcard kernels/cuda/*.cu)
 ifeq ($(CUDA),1)
 CFLAGS_ALL += -DHAVE_CUDA -I$(CUDA_HOME)/include
-LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 LIB_SRC  += $(CUDA_C)
 endif
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)

@@ -33,9 +33,9 @@ static int shape_fail(const char *op, const char *name, const kern_tensor_t *t, 
     return kern_fail("%s: %s is %s, expected %s", op, name, kern_tensor_describe(t, d, sizeof d), want);
 }
 
-int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
-              const kern_tensor_t *bias, kern_tensor_t *y) {
-    const char *op = "gemm";
+/* GEMM and GEMM_GELU: the same checks and argument block. */
+static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
+                const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y) {
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "w", w, dt) || check(s, op, "y", y, dt) ||
         (bias && check(s, op, "bias", bias, dt)))
@@ -50,7 +50,17 @@ int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
     kern_gemm_args_t a = { .x = kern_tensor_ptr(x), .w = kern_tensor_ptr(w),
                            .bias = bias ? kern_tensor_ptr(bias) : NULL,
                            .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K };
-    return kern_dispatch(s, KERN_OP_GEMM, dt, &a);
+    return kern_dispatch(s, opc, dt, &a);
+}
+
+int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+              const kern_tensor_t *bias, kern_tensor_t *y) {
+    return gemm(s, KERN_OP_GEMM, "gemm", x, w, bias, y);
+}
+
+int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+                   const kern_tensor_t *bias, kern_tensor_t *y) {
+    return gemm(s, KERN_OP_GEMM_GELU, "gemm_gelu", x, w, bias, y);
 }
 
 static int norm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
@@ -190,6 +200,42 @@ int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frame
                              .head_dim = x->shape[1] / heads, .frames = frames,
                              .rows = rows, .cols = cols };
     return kern_dispatch(s, KERN_OP_ROPE3D, dt, &a);
+}
+
+int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
+                            const kern_tensor_t *scale, float eps, kern_tensor_t *y) {
+    const char *op = "layernorm_modulate";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "shift", shift, dt) ||
+        check(s, op, "scale", scale, dt) || check(s, op, "y", y, dt))
+        return -1;
+    int64_t D = last_dim(x);
+    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
+    if (kern_tensor_numel(shift) != D) return shape_fail(op, "shift", shift, "[D]");
+    if (kern_tensor_numel(scale) != D) return shape_fail(op, "scale", scale, "[D]");
+    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    kern_norm_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
+                                    .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
+                                    .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D,
+                                    .eps = eps };
+    return kern_dispatch(s, KERN_OP_LAYERNORM_MODULATE, dt, &a);
+}
+
+int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *weight,
+                        float eps, int64_t heads, int64_t frames, int64_t rows, int64_t cols) {
+    const char *op = "rmsnorm_rope3d";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "weight", weight, dt)) return -1;
+    if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
+        return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
+    if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
+        return kern_fail("%s: head width must be even and divide the row", op);
+    if (kern_tensor_numel(weight) != x->shape[1]) return shape_fail(op, "weight", weight, "[H*d]");
+    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    kern_rmsnorm_rope_args_t a = { .x = kern_tensor_ptr(x), .weight = kern_tensor_ptr(weight),
+                                   .heads = heads, .head_dim = x->shape[1] / heads,
+                                   .frames = frames, .rows = rows, .cols = cols, .eps = eps };
+    return kern_dispatch(s, KERN_OP_RMSNORM_ROPE3D, dt, &a);
 }
 
 static int patch(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *latent,

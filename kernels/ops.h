@@ -120,6 +120,30 @@ int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tenso
 /* In place on x [F·Hp·Wp, H·d]. */
 int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frames,
                 int64_t rows, int64_t cols);
+
+/* Fused ops: each computes what a sequence of the ops above computes, in
+ * one launch and fewer passes over memory. On the CPU each is bit for bit
+ * the unfused sequence (the reference the crosscheck and every bitwise test
+ * rely on); on CUDA each rounds once to the storage type and matches the
+ * CPU within the F32/BF16 tolerances of tests/test_cuda.c. Same checks and
+ * failures as the unfused ops.
+ *
+ * y[M,N] = GELU_tanh(x[M,K]·w[N,K]ᵀ + bias[N]); bias may be NULL. Equals
+ * kern_gemm then kern_gelu_tanh on y. CUDA: one cublasLtMatmul with the
+ * GELU_BIAS (or GELU) epilogue; kern_gemm runs the BIAS (or DEFAULT) one. */
+int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+                   const kern_tensor_t *bias, kern_tensor_t *y);
+/* y = LN(x)·(1 + scale) + shift over the last dim, LN without affine;
+ * shift, scale [D]; y may equal x. Equals kern_layernorm(x, NULL, NULL,
+ * eps, y) then kern_modulate(y, shift, scale, y). */
+int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
+                            const kern_tensor_t *scale, float eps, kern_tensor_t *y);
+/* In place on x [F·Hp·Wp, H·d]: RMSNorm over the whole row with weight [H·d]
+ * (TINYDIT.md: q and k are normalised over the full width D), then 3-D RoPE
+ * per head. Equals kern_rmsnorm(x, weight, eps, x) then kern_rope3d. Its
+ * scratch is kern_rope3d's at the same sizes. */
+int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *weight,
+                        float eps, int64_t heads, int64_t frames, int64_t rows, int64_t cols);
 /* latent [C,F,H,W] -> tokens [F·H/2·W/2, 4C]. */
 int kern_patchify(kern_stream_t *s, const kern_tensor_t *latent, kern_tensor_t *tokens);
 /* tokens [N, 4C] -> latent [C,F,H,W]. */

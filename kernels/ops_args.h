@@ -122,6 +122,36 @@ typedef struct {
     int64_t heads, head_dim, frames, rows, cols;
 } kern_rope3d_args_t;
 
+/* GEMM_GELU takes kern_gemm_args_t: y = GELU_tanh(x·wᵀ + bias), bias may
+ * be NULL. The CPU kernel is the GEMM kernel followed by the GELU_TANH
+ * kernel's arithmetic over y, so it is bit for bit GEMM then GELU_TANH. */
+
+/* LAYERNORM_MODULATE over [rows, dim]: y = LN(x)·(1 + scale) + shift, LN
+ * without affine, scale and shift [dim]. y may equal x. The CPU kernel
+ * rounds LN(x) to float before modulating, exactly as LAYERNORM then
+ * MODULATE do. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *x, *shift, *scale;
+    void *y;
+    int64_t rows, dim;
+    float eps;
+} kern_norm_modulate_args_t;
+
+/* RMSNORM_ROPE3D in place on x [frames·rows·cols, heads·head_dim]: each
+ * row becomes x/√(mean(x²) + eps)·weight (the mean over the whole row, all
+ * heads: TINYDIT.md), then every head of it turns by the 3-D RoPE of the
+ * row's token. The CPU kernel rounds the normalised value to float before
+ * rotating it, exactly as RMSNORM then ROPE3D do, and its scratch is the
+ * ROPE3D kernel's (the same cos/sin table, the same size). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *weight;
+    int64_t heads, head_dim, frames, rows, cols;
+    float eps;
+} kern_rmsnorm_rope_args_t;
+
 /* PATCHIFY: latent src [C,F,H,W] -> tokens dst [F·H/2·W/2, 4C], token
  * vector in (c, ph, pw) order. UNPATCHIFY: tokens src [N, 4C] in
  * (ph, pw, c) order -> latent dst [C,F,H,W]. Patch (1,2,2); H, W even. */

@@ -34,6 +34,9 @@ typedef enum {
     KERN_OP_SDE,             /* Flow-GRPO SDE update with Philox noise */
     KERN_OP_GEMM_BATCHED,    /* c_b = α·a_b·op(b_b), strided batch (decomposed attention) */
     KERN_OP_SOFTMAX,         /* p = softmax(scale·s) per row (decomposed attention) */
+    KERN_OP_GEMM_GELU,       /* y = GELU_tanh(x·wᵀ + b): Linear then GELU in one op */
+    KERN_OP_LAYERNORM_MODULATE, /* y = LN(x)·(1 + scale) + shift, LN without affine */
+    KERN_OP_RMSNORM_ROPE3D,  /* in place: RMSNorm over the row, then 3-D RoPE per head */
     KERN_OP_COUNT
 } kern_op_t;
 

@@ -959,6 +959,253 @@ START_TEST(test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerl
 }
 END_TEST
 
+/* --- fused ops and cuBLASLt GEMMs ------------------------------------- */
+
+/* GEMM_GELU (one cublasLtMatmul, GELU_BIAS or GELU epilogue) against the
+ * CPU's GEMM then GELU_TANH, at this suite's NMSE tolerances (1e-6 F32,
+ * 1e-3 BF16); shapes include K = 1, one row, a ragged 37×53×70, and a Wan
+ * FFN slice (128 tokens, 8960 × 1536) in BF16 on tensor cores. */
+START_TEST(test_gemm_gelu_with_and_without_bias_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][3] = {
+        { 37, 53, 70 }, { 1, 64, 256 }, { 130, 96, 1 }, { 256, 1024, 384 }, { 128, 8960, 1536 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int bias = 0; bias < 2; bias++) {
+            const int64_t M = cases[c][0], N = cases[c][1], K = cases[c][2];
+            const float ws = 1.5f / sqrtf((float)K); /* pre-activations of order 1 */
+            pair_t x = P2(dt, M, K, -1, 1), w = P2(dt, N, K, -ws, ws), b = P1(dt, N, -1, 1);
+            pair_t y = P2(dt, M, N, 0, 0);
+            OK(kern_gemm_gelu(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
+            OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+            char what[96];
+            snprintf(what, sizeof what, "gemm_gelu M=%lld N=%lld K=%lld%s", (long long)M,
+                     (long long)N, (long long)K, bias ? " +bias" : "");
+            expect_nmse(what, dt, &y);
+        }
+}
+END_TEST
+
+static double gelu_tanh_ref(double u) {
+    return 0.5 * u * (1.0 + tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
+}
+
+static double gelu_erf_ref(double u) { return 0.5 * u * (1.0 + erf(u / sqrt(2.0))); }
+
+/* cuBLASLt's header calls its epilogue only "GELU". TINYDIT.md wants the
+ * tanh form, which differs from the erf form by up to 4.7e-4 (at |u| near
+ * 2.7). Here the GEMM is exact (K = 1, w = 1, bias 0, F32), so y is the
+ * epilogue's GELU of u over [-6, 6], compared with both forms in double:
+ * it must be nearer the tanh form (sum of squared errors), and within
+ * 2^-10·(|u|/2) + 1e-6 of it everywhere (room for a hardware tanh
+ * approximation, ~2^-11 relative). Both epilogues (GELU_BIAS and GELU) and
+ * the distances are printed, so the device log says which form it is. */
+START_TEST(test_cublaslt_gelu_epilogue_is_the_tanh_form_of_tinydit) {
+    enum { M = 2401, N = 8 };
+    float *u = hmalloc(M * sizeof(float)), *ones = hmalloc(N * sizeof(float));
+    for (int i = 0; i < M; i++) u[i] = -6.0f + 12.0f * (float)i / (float)(M - 1);
+    for (int j = 0; j < N; j++) ones[j] = 1.0f;
+    pair_t x = pair_from(KERN_F32, 2, (int64_t[]){ M, 1 }, u);
+    pair_t w = pair_from(KERN_F32, 2, (int64_t[]){ N, 1 }, ones);
+    pair_t b = P1(KERN_F32, N, 0, 0), y = P2(KERN_F32, M, N, 0, 0);
+    for (int bias = 0; bias < 2; bias++) {
+        OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+        const float *got = download(&y.g);
+        double sse_t = 0, sse_e = 0, max_t = 0, max_e = 0, worst = 0;
+        int64_t wi = 0;
+        for (int64_t i = 0; i < (int64_t)M * N; i++) {
+            const double uu = u[i / N], et = got[i] - gelu_tanh_ref(uu);
+            const double ee = got[i] - gelu_erf_ref(uu);
+            const double tol = 0.5 * fabs(uu) / 1024.0 + 1e-6;
+            sse_t += et * et;
+            sse_e += ee * ee;
+            if (fabs(et) > max_t) max_t = fabs(et);
+            if (fabs(ee) > max_e) max_e = fabs(ee);
+            if (!(fabs(et) / tol <= worst)) {
+                worst = isnan(et) ? INFINITY : fabs(et) / tol;
+                wi = i;
+            }
+        }
+        printf("test_cuda: cuBLASLt %s epilogue: max |y - gelu_tanh| %.3g, max |y - gelu_erf| "
+               "%.3g, SSE %.3g vs %.3g\n", bias ? "GELU_BIAS" : "GELU", max_t, max_e, sse_t, sse_e);
+        ck_assert_msg(sse_t < sse_e, "the %s epilogue is nearer the erf GELU (SSE %.3g) than the "
+                      "tanh GELU TINYDIT.md specifies (SSE %.3g)", bias ? "GELU_BIAS" : "GELU",
+                      sse_e, sse_t);
+        ck_assert_msg(worst <= 1.0, "u = %.6g: %.9g vs gelu_tanh %.9g, beyond 2^-10·|u|/2 + 1e-6",
+                      (double)u[wi / N], (double)got[wi], gelu_tanh_ref(u[wi / N]));
+    }
+}
+END_TEST
+
+/* LN(x)·(1 + scale) + shift in one pass against the CPU's LAYERNORM then
+ * MODULATE (NMSE 1e-6 F32, 1e-3 BF16), inputs on an offset of 3; and the
+ * CUDA kernel in place gives the bits it gives out of place. */
+START_TEST(test_layernorm_modulate_matches_cpu_and_in_place_gives_the_same_bits) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][2] = { { 13, 67 }, { 4, 1536 }, { 3, 5 }, { 300, 384 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t rows = cases[c][0], D = cases[c][1];
+        pair_t x = P2(dt, rows, D, 2, 4), sh = P1(dt, D, -1, 1), sc = P1(dt, D, -1, 1);
+        pair_t y = P2(dt, rows, D, 0, 0);
+        OK(kern_layernorm(CS, &x.c, NULL, NULL, 1e-6f, &y.c));
+        OK(kern_modulate(CS, &y.c, &sh.c, &sc.c, &y.c));
+        OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &y.g));
+        expect_nmse("layernorm_modulate", dt, &y);
+        OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &x.g));
+        ck_assert_msg(memcmp(download_raw(&x.g), download_raw(&y.g), kern_tensor_bytes(&x.g)) == 0,
+                      "layernorm_modulate with y == x differs from y != x (%s)",
+                      kern_dtype_name(dt));
+    }
+}
+END_TEST
+
+/* RMSNorm over the whole row then 3-D RoPE per head, one kernel, against
+ * the CPU's RMSNORM then ROPE3D (NMSE 1e-6 F32, 1e-3 BF16), for every split
+ * of the head (d = 2, 4: frame only; 10: 6/2/2; 16, 64; Wan's 12 × 128) and
+ * head groups that do and do not divide the block. */
+START_TEST(test_rmsnorm_rope3d_matches_cpu_for_every_split_of_the_head) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const int64_t cases[][5] = { /* heads, d, frames, rows, cols */
+        { 3, 16, 2, 3, 5 }, { 2, 10, 3, 2, 4 }, { 2, 64, 2, 4, 6 }, { 1, 4, 2, 2, 2 },
+        { 4, 2, 1, 3, 3 },  { 12, 128, 3, 5, 7 }, { 6, 96, 2, 3, 3 }, { 1, 600, 1, 2, 2 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t *c = cases[i], D = c[0] * c[1];
+        pair_t x = P2(dt, c[2] * c[3] * c[4], D, -3, 3), g = P1(dt, D, -1.5f, 1.5f);
+        OK(kern_rmsnorm(CS, &x.c, &g.c, 1e-6f, &x.c));
+        OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
+        OK(kern_rmsnorm_rope3d(GS, &x.g, &g.g, 1e-6f, c[0], c[2], c[3], c[4]));
+        char what[64];
+        snprintf(what, sizeof what, "rmsnorm_rope3d heads=%lld d=%lld", (long long)c[0],
+                 (long long)c[1]);
+        expect_nmse(what, dt, &x);
+    }
+}
+END_TEST
+
+/* The step's fused launches in a CUDA graph: GEMM with and without bias
+ * (cuBLASLt BIAS / DEFAULT epilogues), GEMM_GELU with and without bias,
+ * LAYERNORM_MODULATE and RMSNORM_ROPE3D. The eager run plans every GEMM
+ * shape; the capture records without running (outputs stay poisoned); every
+ * replay, after poisoning the outputs and restoring q, gives the eager
+ * bits. */
+START_TEST(test_fused_ops_and_cublaslt_gemms_in_a_cuda_graph_replay_bitwise_equal_to_eager) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t T = 48, D = 64, Fd = 160, H = 4; /* 48 tokens = 2 x 4 x 6, heads of 16 */
+    pair_t x = P2(dt, T, D, -1, 1), sh = P1(dt, D, -1, 1), sc = P1(dt, D, -1, 1);
+    pair_t w1 = P2(dt, Fd, D, -0.2f, 0.2f), b1 = P1(dt, Fd, -1, 1);
+    pair_t w2 = P2(dt, D, Fd, -0.1f, 0.1f), b2 = P1(dt, D, -1, 1), g = P1(dt, D, -1, 1);
+    pair_t q0 = P2(dt, T, D, -2, 2);
+    enum { OUTS = 6 };
+    kern_tensor_t out[OUTS] = {
+        gpu_tensor(dt, 2, (int64_t[]){ T, D }),  gpu_tensor(dt, 2, (int64_t[]){ T, Fd }),
+        gpu_tensor(dt, 2, (int64_t[]){ T, Fd }), gpu_tensor(dt, 2, (int64_t[]){ T, D }),
+        gpu_tensor(dt, 2, (int64_t[]){ T, D }),  gpu_tensor(dt, 2, (int64_t[]){ T, D }),
+    };
+    static const char *names[OUTS] = { "layernorm_modulate", "gemm_gelu +bias", "gemm_gelu",
+                                       "gemm +bias", "gemm", "rmsnorm_rope3d" };
+    size_t big = kern_tensor_bytes(&out[1]);
+    unsigned char *poison = hmalloc(big);
+    memset(poison, 0xff, big);
+    void *eager[OUTS];
+    kern_graph_t *gr = NULL;
+    for (int pass = 0; pass < 4; pass++) { /* 0 eager, 1 capture, 2 and 3 replays */
+        for (int i = 0; i < OUTS; i++)
+            OK(kern_copy_h2d(GS, kern_tensor_ptr(&out[i]), poison, kern_tensor_bytes(&out[i])));
+        OK(kern_copy_d2d(GS, kern_tensor_ptr(&out[5]), kern_tensor_ptr(&q0.g),
+                         kern_tensor_bytes(&out[5])));
+        OK(kern_stream_sync(GS));
+        if (pass >= 2) {
+            OK(kern_graph_replay(gr, GS));
+        } else {
+            if (pass == 1) OK(kern_capture_begin(GS));
+            OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &out[0]));
+            OK(kern_gemm_gelu(GS, &out[0], &w1.g, &b1.g, &out[1]));
+            OK(kern_gemm_gelu(GS, &out[0], &w1.g, NULL, &out[2]));
+            OK(kern_gemm(GS, &out[1], &w2.g, &b2.g, &out[3]));
+            OK(kern_gemm(GS, &out[2], &w2.g, NULL, &out[4]));
+            OK(kern_rmsnorm_rope3d(GS, &out[5], &g.g, 1e-6f, H, 2, 4, 6));
+            if (pass == 1) {
+                OK(kern_capture_end(GS, &gr));
+                own_graph(gr);
+                ck_assert_msg(kern_graph_nodes(gr) >= OUTS, "%zu nodes for %d launches",
+                              kern_graph_nodes(gr), OUTS);
+            }
+        }
+        OK(kern_stream_sync(GS));
+        for (int i = 0; i < OUTS; i++) {
+            void *now = download_raw(&out[i]);
+            if (pass == 0) eager[i] = now;
+            else if (pass == 1)
+                ck_assert_msg(memcmp(now, i == 5 ? download_raw(&q0.g) : (void *)poison,
+                                     kern_tensor_bytes(&out[i])) == 0,
+                              "capture ran %s instead of recording it", names[i]);
+            else
+                ck_assert_msg(memcmp(now, eager[i], kern_tensor_bytes(&out[i])) == 0,
+                              "replay %d: %s differs from the eager run (%s)", pass - 1, names[i],
+                              kern_dtype_name(dt));
+        }
+    }
+}
+END_TEST
+
+/* A GEMM shape never run on the stream has no cuBLASLt plan, and none is
+ * made inside a capture: the launch fails naming the shape, the capture
+ * still ends, the stream works; once the shape ran eagerly it captures and
+ * replays bit for bit. */
+START_TEST(test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_captures_after_eager) {
+    pair_t x = P2(KERN_F32, 19, 29, -1, 1), w = P2(KERN_F32, 23, 29, -1, 1);
+    pair_t b = P1(KERN_F32, 23, -1, 1), y = P2(KERN_F32, 19, 23, 0, 0);
+    OK(kern_capture_begin(GS));
+    kern_error_clear();
+    ck_assert_int_eq(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g), -1);
+    ck_assert_msg(strstr(kern_error(), "no cuBLASLt plan") && strstr(kern_error(), "M=19 N=23 K=29"),
+                  "message should name the missing plan and the shape: '%s'", kern_error());
+    kern_graph_t *gr = NULL;
+    if (kern_capture_end(GS, &gr) == 0) kern_graph_destroy(&gr);
+    ck_assert(!kern_stream_is_capturing(GS));
+    OK(kern_gemm(CS, &x.c, &w.c, &b.c, &y.c));
+    OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
+    expect_nmse("gemm after a refused capture", KERN_F32, &y);
+    void *eager = download_raw(&y.g);
+    OK(kern_capture_begin(GS));
+    OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    unsigned char *poison = hmalloc(kern_tensor_bytes(&y.g));
+    memset(poison, 0xff, kern_tensor_bytes(&y.g));
+    OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), poison, kern_tensor_bytes(&y.g)));
+    OK(kern_graph_replay(gr, GS));
+    OK(kern_stream_sync(GS));
+    ck_assert_msg(memcmp(download_raw(&y.g), eager, kern_tensor_bytes(&y.g)) == 0,
+                  "replayed gemm differs from eager");
+}
+END_TEST
+
+/* 140 GEMM shapes through one stream's plan cache (128 plans): the oldest
+ * are recycled and planned again when they come back, and every result
+ * matches the CPU. */
+START_TEST(test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them) {
+    enum { MAXM = 140, NN = 16, KK = 24 };
+    pair_t x = P2(KERN_F32, MAXM, KK, -1, 1), w = P2(KERN_F32, NN, KK, -1, 1);
+    pair_t b = P1(KERN_F32, NN, -1, 1), y = P2(KERN_F32, MAXM, NN, 0, 0);
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t m = 1; m <= MAXM; m += pass ? 23 : 1) {
+            const int64_t sx[2] = { m, KK }, sy[2] = { m, NN };
+            kern_tensor_t xc = kern_tensor_make(x.c.data, KERN_F32, x.c.device, 2, sx);
+            kern_tensor_t xg = kern_tensor_make(x.g.data, KERN_F32, x.g.device, 2, sx);
+            kern_tensor_t yc = kern_tensor_make(y.c.data, KERN_F32, y.c.device, 2, sy);
+            kern_tensor_t yg = kern_tensor_make(y.g.data, KERN_F32, y.g.device, 2, sy);
+            OK(kern_gemm(CS, &xc, &w.c, &b.c, &yc));
+            OK(kern_gemm(GS, &xg, &w.g, &b.g, &yg));
+            pair_t p = { yc, yg };
+            char what[48];
+            snprintf(what, sizeof what, "gemm M=%lld (pass %d)", (long long)m, pass);
+            expect_nmse(what, KERN_F32, &p);
+        }
+}
+END_TEST
+
 /* --- registry --------------------------------------------------------- */
 
 START_TEST(test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable) {
@@ -1013,6 +1260,13 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_sde_update_matches_cpu_noise_and_all, 0, 2);
     tcase_add_loop_test(tc, test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at_replay, 0, 2);
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerly_after);
+    tcase_add_loop_test(tc, test_gemm_gelu_with_and_without_bias_matches_cpu, 0, 2);
+    tcase_add_test(tc, test_cublaslt_gelu_epilogue_is_the_tanh_form_of_tinydit);
+    tcase_add_loop_test(tc, test_layernorm_modulate_matches_cpu_and_in_place_gives_the_same_bits, 0, 2);
+    tcase_add_loop_test(tc, test_rmsnorm_rope3d_matches_cpu_for_every_split_of_the_head, 0, 2);
+    tcase_add_loop_test(tc, test_fused_ops_and_cublaslt_gemms_in_a_cuda_graph_replay_bitwise_equal_to_eager, 0, 2);
+    tcase_add_test(tc, test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_captures_after_eager);
+    tcase_add_test(tc, test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them);
     tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
     suite_add_tcase(s, tc);
     return s;

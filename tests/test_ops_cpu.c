@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
+#include "kernels/ops_args.h"
 #include "kernels/philox.h"
 #include "kernels/registry.h"
 
@@ -1101,6 +1102,187 @@ START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
 }
 END_TEST
 
+/* --- fused ops: bit for bit the unfused sequences ---------------------- */
+
+/* Fails unless the n floats at a and b are the same bits, naming the first
+ * element that differs. */
+static void expect_same_bits(const char *what, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&a[i], &b[i], sizeof(float)) == 0,
+                      "%s: element %lld is %.9g fused, %.9g unfused (must be the same bits)",
+                      what, (long long)i, (double)a[i], (double)b[i]);
+}
+
+/* The CPU GEMM_GELU is the reference the step's CPU results (and the numpy
+ * crosscheck) rest on: it must be exactly GEMM then GELU_TANH, with and
+ * without a bias, at a size OpenBLAS splits across threads too. */
+START_TEST(test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh) {
+    const int64_t cases[][3] = { { 37, 29, 53 }, { 1, 64, 256 }, { 300, 256, 384 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int bias = 0; bias < 2; bias++) {
+            const int64_t M = cases[c][0], Nn = cases[c][1], K = cases[c][2];
+            kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn), u = T2(M, Nn);
+            fill(&x, -2, 2);
+            fill(&w, -0.3f, 0.3f);
+            fill(&b, -1, 1);
+            ck_assert_msg(kern_gemm_gelu(S, &x, &w, bias ? &b : NULL, &y) == 0, "gemm_gelu: %s",
+                          kern_error());
+            ck_assert_msg(kern_gemm(S, &x, &w, bias ? &b : NULL, &u) == 0, "gemm: %s", kern_error());
+            ck_assert_msg(kern_gelu_tanh(S, &u, &u) == 0, "gelu: %s", kern_error());
+            char what[80];
+            snprintf(what, sizeof what, "gemm_gelu M=%lld N=%lld K=%lld%s", (long long)M,
+                     (long long)Nn, (long long)K, bias ? " +bias" : "");
+            expect_same_bits(what, F(&y), F(&u), M * Nn);
+        }
+}
+END_TEST
+
+/* LN(x)·(1 + scale) + shift fused against LAYERNORM (no affine) then
+ * MODULATE in place, as the step ran them; inputs on an offset of 3, the
+ * fused op out of place and in place (y == x). */
+START_TEST(test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place) {
+    const int64_t cases[][2] = { { 13, 67 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t rows = cases[c][0], D = cases[c][1];
+        kern_tensor_t x = T2(rows, D), sh = T1(D), sc = T1(D), y = T2(rows, D), u = T2(rows, D);
+        fill(&x, 2, 4);
+        fill(&sh, -1, 1);
+        fill(&sc, -1, 1);
+        ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &y) == 0,
+                      "layernorm_modulate: %s", kern_error());
+        ck_assert_msg(kern_layernorm(S, &x, NULL, NULL, 1e-6f, &u) == 0, "ln: %s", kern_error());
+        ck_assert_msg(kern_modulate(S, &u, &sh, &sc, &u) == 0, "modulate: %s", kern_error());
+        expect_same_bits("layernorm_modulate", F(&y), F(&u), rows * D);
+        ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &x) == 0,
+                      "layernorm_modulate in place: %s", kern_error());
+        expect_same_bits("layernorm_modulate in place", F(&x), F(&u), rows * D);
+    }
+}
+END_TEST
+
+/* RMSNorm over the whole row then 3-D RoPE per head, fused against the two
+ * ops in the step's order, for head widths that split every way: 2 and 4
+ * (frame only), 10 (6/2/2), 16, and Wan's 128 with 12 heads. */
+START_TEST(test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split) {
+    const int64_t cases[][5] = { /* heads, d, frames, rows, cols */
+        { 3, 16, 2, 3, 5 }, { 2, 10, 3, 2, 4 }, { 1, 4, 2, 2, 2 },
+        { 4, 2, 1, 3, 3 },  { 12, 128, 2, 2, 3 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t H = cases[c][0], d = cases[c][1], Fr = cases[c][2], R = cases[c][3];
+        const int64_t C = cases[c][4], T = Fr * R * C;
+        kern_tensor_t x = T2(T, H * d), g = T1(H * d), u = T2(T, H * d);
+        fill(&x, -3, 3);
+        fill(&g, -1.5f, 1.5f);
+        memcpy(F(&u), F(&x), kern_tensor_bytes(&x));
+        ck_assert_msg(kern_rmsnorm_rope3d(S, &x, &g, 1e-6f, H, Fr, R, C) == 0,
+                      "rmsnorm_rope3d: %s", kern_error());
+        ck_assert_msg(kern_rmsnorm(S, &u, &g, 1e-6f, &u) == 0, "rmsnorm: %s", kern_error());
+        ck_assert_msg(kern_rope3d(S, &u, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+        char what[64];
+        snprintf(what, sizeof what, "rmsnorm_rope3d heads=%lld d=%lld", (long long)H,
+                 (long long)d);
+        expect_same_bits(what, F(&x), F(&u), T * H * d);
+    }
+}
+END_TEST
+
+/* The step workspace reserves ROPE3D's scratch contract (worker/model/
+ * step.c) and runs RMSNORM_ROPE3D in it: the two must ask for the same. */
+START_TEST(test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d) {
+    const kern_impl_t *fused = kern_registry_lookup(KERN_OP_RMSNORM_ROPE3D, KERN_BACKEND_CPU,
+                                                    KERN_F32);
+    const kern_impl_t *rope = kern_registry_lookup(KERN_OP_ROPE3D, KERN_BACKEND_CPU, KERN_F32);
+    ck_assert_ptr_nonnull(fused);
+    ck_assert_ptr_nonnull(rope);
+    ck_assert_ptr_nonnull(fused->workspace_bytes);
+    ck_assert_ptr_nonnull(rope->workspace_bytes);
+    const int64_t cases[][5] = { { 4, 16, 2, 4, 6 }, { 12, 128, 21, 30, 52 }, { 2, 2, 1, 1, 1 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        kern_rope3d_args_t r;
+        kern_rmsnorm_rope_args_t f;
+        memset(&r, 0, sizeof r);
+        memset(&f, 0, sizeof f);
+        r.heads = f.heads = cases[c][0];
+        r.head_dim = f.head_dim = cases[c][1];
+        r.frames = f.frames = cases[c][2];
+        r.rows = f.rows = cases[c][3];
+        r.cols = f.cols = cases[c][4];
+        ck_assert_uint_eq(fused->workspace_bytes(&f), rope->workspace_bytes(&r));
+    }
+}
+END_TEST
+
+/* Bad inputs fail with a message naming the fused op and the tensor. */
+START_TEST(test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op) {
+    kern_tensor_t x = T2(12, 24), w = T2(8, 20), y = T2(12, 8), d24 = T1(24), d7 = T1(7);
+    kern_error_clear();
+    ck_assert_int_eq(kern_gemm_gelu(S, &x, &w, NULL, &y), -1);
+    ck_assert_msg(strstr(kern_error(), "gemm_gelu") && strstr(kern_error(), "w"), "'%s'",
+                  kern_error());
+    kern_error_clear();
+    ck_assert_int_eq(kern_layernorm_modulate(S, &x, &d7, &d24, 1e-6f, &x), -1);
+    ck_assert_msg(strstr(kern_error(), "layernorm_modulate") && strstr(kern_error(), "shift"),
+                  "'%s'", kern_error());
+    kern_error_clear();
+    ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d7, 1e-6f, 2, 2, 2, 3), -1);
+    ck_assert_msg(strstr(kern_error(), "rmsnorm_rope3d") && strstr(kern_error(), "weight"),
+                  "'%s'", kern_error());
+    kern_error_clear();
+    ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d24, 1e-6f, 2, 2, 2, 2), -1);
+    ck_assert_msg(strstr(kern_error(), "rmsnorm_rope3d") && strstr(kern_error(), "x"), "'%s'",
+                  kern_error());
+    kern_error_clear();
+    ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d24, 1e-6f, 5, 2, 2, 3), -1);
+    ck_assert_msg(strstr(kern_error(), "head width"), "'%s'", kern_error());
+}
+END_TEST
+
+/* The three fused ops recorded on a CPU stream: one node each, and every
+ * replay gives the eager bits (the rope table lives in the arena, reserved
+ * by the eager run). */
+START_TEST(test_fused_ops_replay_bitwise_equal_to_eager_one_node_each) {
+    const int64_t T = 12, D = 24, Fd = 40, H = 3; /* 12 tokens = 2 x 2 x 3, heads of 8 */
+    kern_tensor_t x = T2(T, D), sh = T1(D), sc = T1(D), a = T2(T, D), w = T2(Fd, D), b = T1(Fd);
+    kern_tensor_t h = T2(T, Fd), q = T2(T, D), q0 = T2(T, D), g = T1(D);
+    fill(&x, -1, 1);
+    fill(&sh, -1, 1);
+    fill(&sc, -1, 1);
+    fill(&w, -0.5f, 0.5f);
+    fill(&b, -1, 1);
+    fill(&q0, -2, 2);
+    fill(&g, -1, 1);
+    float *ea = NULL, *eh = NULL, *eq = NULL;
+    for (int pass = 0; pass < 2; pass++) { /* 0: eager, 1: capture */
+        memcpy(F(&q), F(&q0), kern_tensor_bytes(&q));
+        memset(F(&a), 0, kern_tensor_bytes(&a));
+        memset(F(&h), 0, kern_tensor_bytes(&h));
+        if (pass == 1) ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
+        ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &a) == 0, "%s", kern_error());
+        ck_assert_msg(kern_gemm_gelu(S, &a, &w, &b, &h) == 0, "%s", kern_error());
+        ck_assert_msg(kern_rmsnorm_rope3d(S, &q, &g, 1e-6f, H, 2, 2, 3) == 0, "%s", kern_error());
+        if (pass == 1) break;
+        ea = snapshot(&a), eh = snapshot(&h), eq = snapshot(&q);
+        ck_assert_msg(memcmp(eq, F(&q0), kern_tensor_bytes(&q)) != 0, "rmsnorm_rope3d did nothing");
+    }
+    kern_graph_t *gr = NULL;
+    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", kern_error());
+    ck_assert_uint_eq(kern_graph_nodes(gr), 3);
+    ck_assert_msg(memcmp(F(&q), F(&q0), kern_tensor_bytes(&q)) == 0,
+                  "capture ran rmsnorm_rope3d instead of recording it");
+    for (int rep = 0; rep < 2; rep++) {
+        memset(F(&a), 0, kern_tensor_bytes(&a));
+        memset(F(&h), 0, kern_tensor_bytes(&h));
+        memcpy(F(&q), F(&q0), kern_tensor_bytes(&q));
+        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+        expect_same_bits("replayed layernorm_modulate", F(&a), ea, T * D);
+        expect_same_bits("replayed gemm_gelu", F(&h), eh, T * Fd);
+        expect_same_bits("replayed rmsnorm_rope3d", F(&q), eq, T * D);
+    }
+    kern_graph_destroy(&gr);
+}
+END_TEST
+
 /* --- registry --------------------------------------------------------- */
 
 START_TEST(test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable) {
@@ -1159,6 +1341,12 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_stream);
     tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);
     tcase_add_test(tc, test_captured_timestep_and_euler_read_sigma_at_replay_time);
+    tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
+    tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
+    tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);
+    tcase_add_test(tc, test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d);
+    tcase_add_test(tc, test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op);
+    tcase_add_test(tc, test_fused_ops_replay_bitwise_equal_to_eager_one_node_each);
     tcase_add_test(tc, test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable);
     suite_add_tcase(s, tc);
     return s;

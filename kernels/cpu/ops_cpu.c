@@ -17,6 +17,7 @@ void kern_cpu_register_rope(void);        /* ops_rope.c */
 void kern_cpu_register_patch(void);       /* ops_patch.c */
 void kern_cpu_register_step(void);        /* ops_step.c */
 void kern_cpu_register_softmax(void);     /* ops_softmax.c */
+void kern_cpu_register_fused(void);       /* ops_fused.c */
 
 void kern_cpu_register_all(void) {
     kern_cpu_register_gemm();
@@ -27,4 +28,5 @@ void kern_cpu_register_all(void) {
     kern_cpu_register_patch();
     kern_cpu_register_step();
     kern_cpu_register_softmax();
+    kern_cpu_register_fused();
 }

@@ -5,6 +5,7 @@
  * per-column vectors), read before it is written, so in-place use (y == x,
  * y == a or b) is safe. */
 #include "../ops_args.h"
+#include "cpu_arith.h"
 #include <math.h>
 
 /* y = x·(1 + scale) + shift per row. Cannot fail. */
@@ -16,7 +17,7 @@ static int modulate_f32(void *ctx, const void *args) {
     for (int64_t r = 0; r < a->rows; r++) {
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        for (int64_t i = 0; i < D; i++) y[i] = x[i] * (1.0f + sc[i]) + sh[i];
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_modulate_value(x[i], sh[i], sc[i]);
     }
     return 0;
 }
@@ -48,17 +49,14 @@ static int add_f32(void *ctx, const void *args) {
     return 0;
 }
 
-/* 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))). Cannot fail. */
+/* 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))), cpu_arith.h's (shared with
+ * GEMM_GELU). Cannot fail. */
 static int gelu_tanh_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_unary_args_t *a = args;
     const float *x = a->x;
     float *y = a->y;
-    const float k = 0.7978845608028654f; /* √(2/π) */
-    for (int64_t i = 0; i < a->n; i++) {
-        float u = x[i];
-        y[i] = 0.5f * u * (1.0f + tanhf(k * (u + 0.044715f * u * u * u)));
-    }
+    for (int64_t i = 0; i < a->n; i++) y[i] = cpu_gelu_tanh(x[i]);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* ops_gemm.c -- y[M,N] = x[M,K]·w[N,K]ᵀ + bias on the CPU through OpenBLAS,
- * and the strided-batched GEMM of the decomposed attention (one sgemm per
- * batch member: this OpenBLAS has no cblas_sgemm_batch).
+ * the same followed by GELU-tanh (GEMM_GELU), and the strided-batched GEMM
+ * of the decomposed attention (one sgemm per batch member: this OpenBLAS
+ * has no cblas_sgemm_batch).
  *
  * The bias is written into y's rows first and sgemm accumulates onto it
  * (beta = 1), so the op is one pass over y. OpenBLAS splits work across its
@@ -9,14 +10,13 @@
  * equal. y must not alias x or w. */
 #include "../ops_args.h"
 #include "../error.h"
+#include "cpu_arith.h"
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
 /* Fails (nothing written) when a size does not fit OpenBLAS's 32-bit ints. */
-static int gemm_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_gemm_args_t *a = args;
+static int gemm_run(const kern_gemm_args_t *a) {
     const float *x = a->x, *w = a->w, *bias = a->bias;
     float *y = a->y;
     int64_t M = a->M, N = a->N, K = a->K;
@@ -35,6 +35,27 @@ static int gemm_f32(void *ctx, const void *args) {
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K,
                 1.0f, x, (blasint)K, w, (blasint)K, beta, y, (blasint)N);
+    return 0;
+}
+
+static int gemm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    return gemm_run(args);
+}
+
+/* The GEMM, then GELU_TANH's arithmetic over y: bit for bit kern_gemm then
+ * kern_gelu_tanh. A second pass over y, kept on purpose: running the GELU
+ * per block of rows while they are in cache would mean splitting the sgemm,
+ * and OpenBLAS may sum an element differently in another partition. The
+ * CPU is the reference; the fusion pays on CUDA (one cuBLASLt epilogue).
+ * Fails as gemm_f32 (nothing written). */
+static int gemm_gelu_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_gemm_args_t *a = args;
+    if (gemm_run(a)) return -1;
+    float *y = a->y;
+    const int64_t n = a->M > 0 && a->N > 0 ? a->M * a->N : 0;
+    for (int64_t i = 0; i < n; i++) y[i] = cpu_gelu_tanh(y[i]);
     return 0;
 }
 
@@ -79,6 +100,12 @@ void kern_cpu_register_gemm(void) {
         .workspace_bytes = NULL, .capturable = true,
     };
     (void)kern_registry_register(&impl);
+    const kern_impl_t gelu = {
+        .op = KERN_OP_GEMM_GELU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+        .name = "gemm_gelu_openblas", .fn = gemm_gelu_f32, .args_size = sizeof(kern_gemm_args_t),
+        .workspace_bytes = NULL, .capturable = true,
+    };
+    (void)kern_registry_register(&gelu);
     const kern_impl_t batched = {
         .op = KERN_OP_GEMM_BATCHED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
         .name = "gemm_batched_openblas", .fn = gemm_batched_f32,

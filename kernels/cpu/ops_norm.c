@@ -3,9 +3,10 @@
  * Row statistics are accumulated in double (two passes for LayerNorm, so a
  * large mean does not cancel the variance away) and each output is computed
  * in double and rounded to float once. Every row's inputs are fully read
- * before its outputs are written, which is what lets y equal x. */
+ * before its outputs are written, which is what lets y equal x. The row
+ * statistics are cpu_arith.h's, shared with the fused kernels (ops_fused.c). */
 #include "../ops_args.h"
-#include <math.h>
+#include "cpu_arith.h"
 
 /* Cannot fail. */
 static int layernorm_f32(void *ctx, const void *args) {
@@ -17,18 +18,15 @@ static int layernorm_f32(void *ctx, const void *args) {
     for (int64_t r = 0; r < a->rows; r++) {
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double sum = 0.0;
-        for (int64_t i = 0; i < D; i++) sum += x[i];
-        double mean = sum / (double)D;
-        double sq = 0.0;
-        for (int64_t i = 0; i < D; i++) {
-            double c = (double)x[i] - mean;
-            sq += c * c;
+        double mean, rstd;
+        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
+        if (!w) {
+            for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_value(x[i], mean, rstd);
+            continue;
         }
-        double rstd = 1.0 / sqrt(sq / (double)D + (double)a->eps);
         for (int64_t i = 0; i < D; i++) {
             double v = ((double)x[i] - mean) * rstd;
-            if (w) v = v * (double)w[i] + (b ? (double)b[i] : 0.0);
+            v = v * (double)w[i] + (b ? (double)b[i] : 0.0);
             y[i] = (float)v;
         }
     }
@@ -45,10 +43,8 @@ static int rmsnorm_f32(void *ctx, const void *args) {
     for (int64_t r = 0; r < a->rows; r++) {
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double sq = 0.0;
-        for (int64_t i = 0; i < D; i++) sq += (double)x[i] * (double)x[i];
-        double rrms = 1.0 / sqrt(sq / (double)D + (double)a->eps);
-        for (int64_t i = 0; i < D; i++) y[i] = (float)((double)x[i] * rrms * (double)w[i]);
+        double rrms = cpu_rms_scale(x, D, a->eps);
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_rms_value(x[i], rrms, w[i]);
     }
     return 0;
 }

@@ -6,50 +6,21 @@
  * by pos·10000^(−2j/r). The cos/sin of every (position, pair) of each part
  * are tabulated in the stream arena once per launch (in double), then every
  * pair of every head is rotated in double and rounded to float once, so a
- * position of 0 leaves its values bit for bit unchanged. */
+ * position of 0 leaves its values bit for bit unchanged. The table and the
+ * rotation are cpu_arith.h's, shared with the fused RMSNORM_ROPE3D kernel. */
 #include "../ops_args.h"
 #include "../error.h"
-#include <math.h>
-
-/* The split of head_dim into its three parts, in real dims. */
-typedef struct { int64_t rf, rr, rc; } rope_split_t;
-
-static rope_split_t rope_split(int64_t d) {
-    int64_t q = d / 6;
-    return (rope_split_t){ d - 4 * q, 2 * q, 2 * q };
-}
-
-/* Table entries (cos, sin pairs) for all three parts. */
-static int64_t rope_table_pairs(const kern_rope3d_args_t *a) {
-    rope_split_t p = rope_split(a->head_dim);
-    return a->frames * (p.rf / 2) + a->rows * (p.rr / 2) + a->cols * (p.rc / 2);
-}
+#include "cpu_arith.h"
 
 static size_t rope_workspace(const void *args) {
-    int64_t n = rope_table_pairs(args);
-    return n > 0 ? (size_t)n * 2 * sizeof(double) : 0;
-}
-
-/* Fills tab[pos·(r/2) + j] = (cos, sin)(pos·ω_j) for pos < npos; returns the
- * end of the filled part. */
-static double *rope_fill(double *tab, int64_t npos, int64_t r) {
-    for (int64_t pos = 0; pos < npos; pos++)
-        for (int64_t j = 0; j < r / 2; j++) {
-            double th = (double)pos * pow(10000.0, -2.0 * (double)j / (double)r);
-            *tab++ = cos(th);
-            *tab++ = sin(th);
-        }
-    return tab;
+    const kern_rope3d_args_t *a = args;
+    return cpu_rope_table_bytes(a->head_dim, a->frames, a->rows, a->cols);
 }
 
 /* Rotates the npairs pairs of x by the (cos, sin) pairs of cs. */
 static void rope_apply(float *x, const double *cs, int64_t npairs) {
-    for (int64_t j = 0; j < npairs; j++) {
-        double c = cs[2 * j], s = cs[2 * j + 1];
-        double u = x[2 * j], w = x[2 * j + 1];
-        x[2 * j] = (float)(u * c - w * s);
-        x[2 * j + 1] = (float)(u * s + w * c);
-    }
+    for (int64_t j = 0; j < npairs; j++)
+        cpu_rope_turn(x[2 * j], x[2 * j + 1], cs[2 * j], cs[2 * j + 1], &x[2 * j], &x[2 * j + 1]);
 }
 
 /* Fails (x untouched) when the head width is odd or the scratch is short. */
@@ -62,21 +33,17 @@ static int rope3d_f32(void *ctx, const void *args) {
     size_t need = rope_workspace(a);
     if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
         return kern_fail("rope3d_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes, need);
-    rope_split_t p = rope_split(d);
-    double *tf = a->hdr.scratch;
-    double *tr = rope_fill(tf, F, p.rf);
-    double *tc = rope_fill(tr, R, p.rr);
-    rope_fill(tc, C, p.rc);
+    cpu_rope_tables_t t = cpu_rope_tables(a->hdr.scratch, d, F, R, C);
     float *x = a->x;
-    int64_t t = 0;
+    int64_t tok = 0;
     for (int64_t f = 0; f < F; f++)
         for (int64_t h = 0; h < R; h++)
-            for (int64_t w = 0; w < C; w++, t++)
+            for (int64_t w = 0; w < C; w++, tok++)
                 for (int64_t hd = 0; hd < H; hd++) {
-                    float *xh = x + (t * H + hd) * d;
-                    rope_apply(xh, tf + f * p.rf, p.rf / 2);
-                    rope_apply(xh + p.rf, tr + h * p.rr, p.rr / 2);
-                    rope_apply(xh + p.rf + p.rr, tc + w * p.rc, p.rc / 2);
+                    float *xh = x + (tok * H + hd) * d;
+                    rope_apply(xh, t.f + f * t.p.rf, t.p.rf / 2);
+                    rope_apply(xh + t.p.rf, t.r + h * t.p.rr, t.p.rr / 2);
+                    rope_apply(xh + t.p.rf + t.p.rr, t.c + w * t.p.rc, t.p.rc / 2);
                 }
     return 0;
 }

@@ -1,5 +1,5 @@
 /* backend_cuda.c -- the CUDA backend: device memory, non-blocking streams
- * each with its own cuBLAS handle, and native CUDA graphs.
+ * each with its own cuBLAS and cuBLASLt handles, and native CUDA graphs.
  *
  * Launches are always enqueued on the stream (backend.c hands them to
  * cuda_launch even while the stream captures), so a capture is an ordinary
@@ -135,8 +135,9 @@ static void cuda_destroy(kern_backend_t *b) {
 
 /* ---- streams --------------------------------------------------------- */
 
-/* Creates the stream, its cuBLAS handle and the handle's workspace. On
- * failure whatever was created stays in c for cuda_stream_close. */
+/* Creates the stream, its cuBLAS handle and the handle's workspace, and its
+ * cuBLASLt handle and GEMM plan cache. On failure whatever was created stays
+ * in c for cuda_stream_close. */
 static int cuda_stream_open(kern_backend_t *b, kern_cuda_ctx_t *c) {
     c->device = b->device;
     if (cuda_use_device(b->device) != 0) return -1;
@@ -147,8 +148,13 @@ static int cuda_stream_open(kern_backend_t *b, kern_cuda_ctx_t *c) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, CUDA_BLAS_WORKSPACE));
     c->blas_ws_bytes = CUDA_BLAS_WORKSPACE;
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
-    /* The GEMM kernels pick the math mode per dtype (gemm.cu). */
+    /* The batched GEMM kernels pick the math mode per dtype (gemm_batched.cu). */
     CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    /* GEMM and GEMM_GELU run through cuBLASLt (gemm.c), with blas_ws as
+     * workspace and their plans cached per stream (gemm_plan.c). */
+    CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    c->lt_plans = kern_cuda_lt_plans_new();
+    if (!c->lt_plans) return -1;
     return 0;
 }
 
@@ -157,6 +163,8 @@ static int cuda_stream_open(kern_backend_t *b, kern_cuda_ctx_t *c) {
 static void cuda_stream_close(kern_cuda_ctx_t *c) {
     (void)cuda_use_device(c->device);
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    kern_cuda_lt_plans_destroy(&c->lt_plans);
+    if (c->lt) (void)cublasLtDestroy(c->lt);
     if (c->blas) (void)cublasDestroy(c->blas);
     if (c->blas_ws) (void)cudaFree(c->blas_ws);
     if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -278,7 +286,7 @@ static const kern_backend_iface_t cuda_iface = {
     .destroy        = cuda_destroy,        /* frees the allocation table */
     .alloc          = cuda_alloc,          /* cudaMalloc, tracked for free's size */
     .free           = cuda_free,           /* cudaFree, returns the tracked size */
-    .stream_new     = cuda_stream_new,     /* non-blocking stream + cuBLAS handle */
+    .stream_new     = cuda_stream_new,     /* non-blocking stream + cuBLAS(Lt) handles */
     .stream_destroy = cuda_stream_destroy, /* syncs, then releases both */
     .stream_sync    = cuda_stream_sync,    /* cudaStreamSynchronize */
     .copy           = cuda_copy,           /* cudaMemcpyAsync on the stream */

@@ -11,22 +11,40 @@
 
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include "../error.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The GEMM plans of one stream (gemm_plan.c): cuBLASLt descriptors and
+ * the heuristic's algorithm per GEMM shape. */
+typedef struct kern_lt_plans kern_lt_plans_t;
+
 /* What a CUDA kernel gets as `ctx`: one per kern_stream_t, used by one host
  * thread at a time. The cuBLAS handle is bound to `stream` and owns the
- * preallocated `blas_ws`, so cuBLAS never allocates (illegal in a capture). */
+ * preallocated `blas_ws`, so cuBLAS never allocates (illegal in a capture).
+ * The cuBLASLt handle `lt` and its plans are the stream's too, created and
+ * destroyed with it; cuBLASLt matmuls take `blas_ws` as their workspace
+ * (they are enqueued on the same stream as the cuBLAS calls, so stream
+ * order keeps the two users of the buffer apart). */
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;
     size_t blas_ws_bytes;
     int device;
+    cublasLtHandle_t lt;
+    kern_lt_plans_t *lt_plans;
 } kern_cuda_ctx_t;
+
+/* An empty plan cache for one stream; NULL with a message on out-of-memory.
+ * Creates nothing on the device. */
+kern_lt_plans_t *kern_cuda_lt_plans_new(void);
+/* Releases every plan (host objects only: graphs that baked a plan's
+ * algorithm keep working). NULL-safe; sets *p to NULL. */
+void kern_cuda_lt_plans_destroy(kern_lt_plans_t **p);
 
 /* Records a CUDA runtime failure and returns -1. Also clears the runtime's
  * last-error slot, so a later cudaGetLastError() after a kernel launch does

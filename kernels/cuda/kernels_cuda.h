@@ -1,4 +1,5 @@
-/* kernels_cuda.h -- the host entry points of the CUDA kernels, one .cu each.
+/* kernels_cuda.h -- the host entry points of the CUDA kernels, one .cu each
+ * (GEMM and GEMM_GELU: gemm.c, host code over cuBLASLt).
  *
  * Each is a kern_fn_t: `ctx` is the stream's kern_cuda_ctx_t, `args` the op's
  * argument block from ops_args.h. Each enqueues its work on ctx->stream and
@@ -48,6 +49,12 @@ int kern_cuda_gemm_batched_f32(void *ctx, const void *args);
 int kern_cuda_gemm_batched_bf16(void *ctx, const void *args);
 int kern_cuda_softmax_f32(void *ctx, const void *args);
 int kern_cuda_softmax_bf16(void *ctx, const void *args);
+int kern_cuda_gemm_gelu_f32(void *ctx, const void *args);
+int kern_cuda_gemm_gelu_bf16(void *ctx, const void *args);
+int kern_cuda_layernorm_modulate_f32(void *ctx, const void *args);
+int kern_cuda_layernorm_modulate_bf16(void *ctx, const void *args);
+int kern_cuda_rmsnorm_rope3d_f32(void *ctx, const void *args);
+int kern_cuda_rmsnorm_rope3d_bf16(void *ctx, const void *args);
 
 #ifdef __cplusplus
 }

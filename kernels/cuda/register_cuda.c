@@ -1,6 +1,7 @@
 /* register_cuda.c -- registers every CUDA kernel (see registry.h): F32 and
  * BF16 for every op, no workspace (no kernel uses the stream arena; the
- * decomposed attention's score block is the op's, kernels/attention.c), all
+ * decomposed attention's score block is the op's, kernels/attention.c; the
+ * cuBLAS(Lt) GEMMs use the stream's preallocated cuBLAS workspace), all
  * capturable except SDE, whose seed and step are launch arguments a graph
  * would bake in. */
 #include "kernels_cuda.h"
@@ -36,6 +37,9 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(SDE, sde, kern_sde_args_t, false),
     CUDA_KERNEL_PAIR(GEMM_BATCHED, gemm_batched, kern_gemm_batched_args_t, true),
     CUDA_KERNEL_PAIR(SOFTMAX, softmax, kern_softmax_args_t, true),
+    CUDA_KERNEL_PAIR(GEMM_GELU, gemm_gelu, kern_gemm_args_t, true),
+    CUDA_KERNEL_PAIR(LAYERNORM_MODULATE, layernorm_modulate, kern_norm_modulate_args_t, true),
+    CUDA_KERNEL_PAIR(RMSNORM_ROPE3D, rmsnorm_rope3d, kern_rmsnorm_rope_args_t, true),
 };
 
 /* Called once by kern_registry_init. Cannot fail in practice: the table

@@ -224,11 +224,19 @@ static int linear(kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern
     return kern_gemm(s, x, &l->w, &l->b, y);
 }
 
-/* a = LN(x)·(1 + scale) + shift, LN without affine. */
+/* a = LN(x)·(1 + scale) + shift, LN without affine: one fused op (on the
+ * CPU bit for bit LN then modulate). */
 static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
                        const kern_tensor_t *scale, kern_tensor_t *a) {
-    TRY(kern_layernorm(s, x, NULL, NULL, LN_EPS, a));
-    return kern_modulate(s, a, shift, scale, a);
+    return kern_layernorm_modulate(s, x, shift, scale, LN_EPS, a);
+}
+
+/* t = RoPE(RMS(t)·g) in place, RMS over the whole width: one fused op (on
+ * the CPU bit for bit RMSNorm then RoPE; its scratch is RoPE's, which
+ * scratch_needed reserves). */
+static int rms_rope(tdit_ws_t *ws, kern_stream_t *s, kern_tensor_t *t, const kern_tensor_t *g,
+                    int64_t heads) {
+    return kern_rmsnorm_rope3d(s, t, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w);
 }
 
 static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
@@ -241,12 +249,10 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     /* self-attention */
     TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
     TRY(linear(s, &ws->a, &b->sq, &ws->q));
-    TRY(kern_rmsnorm(s, &ws->q, &b->s_norm_q, LN_EPS, &ws->q));
+    TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
     TRY(linear(s, &ws->a, &b->sk, &ws->k));
-    TRY(kern_rmsnorm(s, &ws->k, &b->s_norm_k, LN_EPS, &ws->k));
+    TRY(rms_rope(ws, s, &ws->k, &b->s_norm_k, H));
     TRY(linear(s, &ws->a, &b->sv, &ws->v));
-    TRY(kern_rope3d(s, &ws->q, H, ws->shape.frames, ws->grid_h, ws->grid_w));
-    TRY(kern_rope3d(s, &ws->k, H, ws->shape.frames, ws->grid_h, ws->grid_w));
     TRY(kern_attention(s, &ws->q, &ws->k, &ws->v, H, &ws->o));
     TRY(linear(s, &ws->o, &b->so, &ws->o2));
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
@@ -262,8 +268,7 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
     /* feed-forward */
     TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
-    TRY(linear(s, &ws->a, &b->ffn0, &ws->h));
-    TRY(kern_gelu_tanh(s, &ws->h, &ws->h));
+    TRY(kern_gemm_gelu(s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h));
     TRY(linear(s, &ws->h, &b->ffn2, &ws->o2));
     return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
 }
@@ -281,8 +286,7 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     e6_flat.offset = ws->e6.offset;
     TRY(linear(s, &ws->e_silu, &m->proj, &e6_flat));
     /* 2: text embedding */
-    TRY(linear(s, context, &m->text0, &ws->txt_h));
-    TRY(kern_gelu_tanh(s, &ws->txt_h, &ws->txt_h));
+    TRY(kern_gemm_gelu(s, context, &m->text0.w, &m->text0.b, &ws->txt_h));
     TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
     /* 3: tokens */
     TRY(kern_patchify(s, &ws->latent, &ws->tok));

@@ -1,0 +1,97 @@
+/* ops_fused.c -- the fused norm ops on the CPU: LayerNorm + adaLN modulate
+ * and RMSNorm + 3-D RoPE, each one pass over its rows.
+ *
+ * Each is bit for bit the unfused pair of CPU kernels (ops.h): the same
+ * cpu_arith.h expressions in the same order, with the intermediate rounded
+ * to float where the unfused pair stores it. The numpy crosscheck and every
+ * bitwise test of the step depend on that. What the fusion saves is the
+ * intermediate row's trip through memory: the row is normalised and finished
+ * while it is in cache. Every row's inputs are read before its outputs are
+ * written, so y may equal x. */
+#include "../ops_args.h"
+#include "../error.h"
+#include "cpu_arith.h"
+
+/* y = LN(x)·(1 + scale) + shift per row; LN(x) is rounded to float first,
+ * as LAYERNORM stores it. Cannot fail. */
+static int layernorm_modulate_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_norm_modulate_args_t *a = args;
+    const float *sh = a->shift, *sc = a->scale;
+    const int64_t D = a->dim;
+    if (D <= 0) return 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *x = (const float *)a->x + r * D;
+        float *y = (float *)a->y + r * D;
+        double mean, rstd;
+        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
+        for (int64_t i = 0; i < D; i++)
+            y[i] = cpu_modulate_value(cpu_layernorm_value(x[i], mean, rstd), sh[i], sc[i]);
+    }
+    return 0;
+}
+
+static size_t rmsnorm_rope_workspace(const void *args) {
+    const kern_rmsnorm_rope_args_t *a = args;
+    return cpu_rope_table_bytes(a->head_dim, a->frames, a->rows, a->cols);
+}
+
+/* Normalises the npairs pairs at x (weights at w) by rrms, rounding each to
+ * float as RMSNORM stores it, and turns them by the (cos, sin) pairs of cs. */
+static void norm_turn(float *x, const float *w, double rrms, const double *cs, int64_t npairs) {
+    for (int64_t j = 0; j < npairs; j++) {
+        float u = cpu_rms_value(x[2 * j], rrms, w[2 * j]);
+        float v = cpu_rms_value(x[2 * j + 1], rrms, w[2 * j + 1]);
+        cpu_rope_turn(u, v, cs[2 * j], cs[2 * j + 1], &x[2 * j], &x[2 * j + 1]);
+    }
+}
+
+/* Per token row: the RMS over the whole row, then each head normalised and
+ * rotated pair by pair. Fails (x untouched) when the head width is odd or
+ * the scratch is short. */
+static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_rmsnorm_rope_args_t *a = args;
+    int64_t H = a->heads, d = a->head_dim, F = a->frames, R = a->rows, C = a->cols;
+    if (H <= 0 || d <= 0 || F <= 0 || R <= 0 || C <= 0) return 0;
+    if (d % 2) return kern_fail("rmsnorm_rope3d_cpu: head width %lld is odd", (long long)d);
+    size_t need = rmsnorm_rope_workspace(a);
+    if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
+        return kern_fail("rmsnorm_rope3d_cpu: scratch of %zu bytes, needs %zu",
+                         a->hdr.scratch_bytes, need);
+    cpu_rope_tables_t t = cpu_rope_tables(a->hdr.scratch, d, F, R, C);
+    const float *wt = a->weight;
+    const int64_t D = H * d;
+    float *x = a->x;
+    int64_t tok = 0;
+    for (int64_t f = 0; f < F; f++)
+        for (int64_t h = 0; h < R; h++)
+            for (int64_t w = 0; w < C; w++, tok++) {
+                float *row = x + tok * D;
+                const double rrms = cpu_rms_scale(row, D, a->eps);
+                for (int64_t hd = 0; hd < H; hd++) {
+                    float *xh = row + hd * d;
+                    const float *wh = wt + hd * d;
+                    norm_turn(xh, wh, rrms, t.f + f * t.p.rf, t.p.rf / 2);
+                    norm_turn(xh + t.p.rf, wh + t.p.rf, rrms, t.r + h * t.p.rr, t.p.rr / 2);
+                    norm_turn(xh + t.p.rf + t.p.rr, wh + t.p.rf + t.p.rr, rrms,
+                              t.c + w * t.p.rc, t.p.rc / 2);
+                }
+            }
+    return 0;
+}
+
+void kern_cpu_register_fused(void) {
+    const kern_impl_t impls[] = {
+        { .op = KERN_OP_LAYERNORM_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "layernorm_modulate_cpu", .fn = layernorm_modulate_f32,
+          .args_size = sizeof(kern_norm_modulate_args_t), .workspace_bytes = NULL,
+          .capturable = true },
+        { .op = KERN_OP_RMSNORM_ROPE3D, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "rmsnorm_rope3d_cpu", .fn = rmsnorm_rope3d_f32,
+          .args_size = sizeof(kern_rmsnorm_rope_args_t),
+          .workspace_bytes = rmsnorm_rope_workspace, .capturable = true },
+    };
+    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
+        (void)kern_registry_register(&impls[i]);
+}

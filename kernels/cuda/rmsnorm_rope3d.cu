@@ -1,0 +1,85 @@
+/* rmsnorm_rope3d.cu -- RMSNORM_ROPE3D in place on x [F·Hp·Wp, heads·d]:
+ * each token row becomes x/√(mean(x²) + eps)·weight, the mean over the
+ * whole row (all heads, TINYDIT.md), then every head turns by the 3-D RoPE
+ * of the token (rope3d.cu: q = ⌊d/6⌋, frame part d − 4q real dims, row and
+ * column parts 2q; pair j of a part of r dims turns by pos·10000^(−2j/r)).
+ *
+ * One block per token row. Pass 1 reduces the sum of squares in F32 (per
+ * thread, per warp, across warps: a tree fixed by the row width, so every
+ * run sums in the same order). Pass 2 reads each pair once, normalises it
+ * in F32 (as rmsnorm.cu), turns it in double by the angle computed in
+ * double (as rope3d.cu, so position 0 leaves a pair as RMSNorm left it) and
+ * stores it rounded once to T: the unfused pair writes and re-reads the
+ * whole row in between, and rounds BF16 twice. The threads of a block split
+ * the d/2 pairs of a head and, when there are more threads than pairs, the
+ * heads in G groups; each (pair, group) computes its angle's cos/sin once
+ * and reuses it for its heads. In place is safe: pass 1 ends in a barrier
+ * before any write, and each pair is read and written by one thread. */
+#include "cuda_device.cuh"
+#include <limits.h>
+
+template <typename T>
+__global__ void rmsnorm_rope3d_kernel(T *x, const T *weight, int64_t heads, int64_t d,
+                                      int64_t rows, int64_t cols, float eps) {
+    __shared__ float sh[33];
+    const int64_t D = heads * d, tok = blockIdx.x;
+    T *xr = x + tok * D;
+    float q = 0.0f;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        const float v = kc_f32(xr[i]);
+        q += v * v;
+    }
+    const float r = 1.0f / sqrtf(kc_block_sum(q, sh) / (float)D + eps);
+    const int64_t half = d / 2, q6 = d / 6, n0 = d - 4 * q6; /* n0: real dims of the frame part */
+    const int64_t nt = blockDim.x, t = threadIdx.x;
+    const bool wide = half >= nt; /* at least one pair per thread: no head groups */
+    const int64_t groups = wide ? 1 : nt / half, g = wide ? 0 : t / half;
+    const int64_t pstep = wide ? nt : half;
+    if (g >= groups) return; /* no barrier follows */
+    for (int64_t p = wide ? t : t % half; p < half; p += pstep) {
+        int64_t pos, j, rd;
+        if (2 * p < n0) {                       /* frame */
+            pos = tok / (rows * cols); j = p; rd = n0;
+        } else if (2 * p < n0 + 2 * q6) {       /* row */
+            pos = (tok / cols) % rows; j = p - n0 / 2; rd = 2 * q6;
+        } else {                                /* column */
+            pos = tok % cols; j = p - n0 / 2 - q6; rd = 2 * q6;
+        }
+        double sn, cs;
+        sincos((double)pos * pow(10000.0, -2.0 * (double)j / (double)rd), &sn, &cs);
+        for (int64_t h = g; h < heads; h += groups) {
+            const int64_t i = h * d + 2 * p;
+            const double a = kc_f32(xr[i]) * r * kc_f32(weight[i]);
+            const double b = kc_f32(xr[i + 1]) * r * kc_f32(weight[i + 1]);
+            xr[i] = kc_store_f64<T>(a * cs - b * sn);
+            xr[i + 1] = kc_store_f64<T>(a * sn + b * cs);
+        }
+    }
+}
+
+template <typename T>
+static int rmsnorm_rope3d_launch(void *ctx, const void *args) {
+    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
+    const kern_rmsnorm_rope_args_t *a = (const kern_rmsnorm_rope_args_t *)args;
+    const int64_t ntok = a->frames * a->rows * a->cols;
+    if (ntok <= 0 || a->heads <= 0 || a->head_dim <= 0) return 0;
+    if (a->head_dim % 2)
+        return kern_fail("rmsnorm_rope3d: head_dim %lld is odd", (long long)a->head_dim);
+    if (!a->weight) return kern_fail("rmsnorm_rope3d: weight is required");
+    if (ntok > INT_MAX)
+        return kern_fail("rmsnorm_rope3d: %lld tokens exceed the CUDA grid (one block per token)",
+                         (long long)ntok);
+    const int threads = kc_row_threads(a->heads * a->head_dim);
+    rmsnorm_rope3d_kernel<T><<<(unsigned)ntok, threads, 0, c->stream>>>(
+        (T *)a->x, (const T *)a->weight, a->heads, a->head_dim, a->rows, a->cols, a->eps);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int kern_cuda_rmsnorm_rope3d_f32(void *ctx, const void *args) {
+    return rmsnorm_rope3d_launch<float>(ctx, args);
+}
+
+extern "C" int kern_cuda_rmsnorm_rope3d_bf16(void *ctx, const void *args) {
+    return rmsnorm_rope3d_launch<__nv_bfloat16>(ctx, args);
+}
