@@ -162,11 +162,12 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 fuzz-build: deps
 	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang OPT="-O1 -g" \
-	  SAN="-fsanitize=fuzzer-no-link,address,undefined" build-fuzz/libreel.a
+	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a
 	@mkdir -p build-fuzz/fuzz
 	@for f in $(FUZZ_SRC); do \
 	  echo "clang $$f"; \
-	  clang $(CSTD) $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. \
+	  clang $(CSTD) $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    -D_GNU_SOURCE -I. \
 	    -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libreel.a $(LDLIBS_ALL) || exit 1; \
 	done
 

@@ -994,8 +994,9 @@ static int stats_scope(cat_t *c, sqlite3_stmt *q[3], const char *worker, json_t 
     if (requests > 0 && steps > 0) {
         rate = json_real((double)replayed / (double)steps);
         from = json_string("requests");
-    } else if (requests == 0 && replays + captures + declines > 0) {
-        rate = json_real((double)replays / (double)(replays + captures + declines));
+    } else if (requests == 0 && (double)replays + (double)captures + (double)declines > 0) {
+        /* In double: a damaged catalog's counts can overflow an integer sum. */
+        rate = json_real((double)replays / ((double)replays + (double)captures + (double)declines));
         from = json_string("captures");
     }
     json_t *dec = collect(c, q[1], 'k'), *ev = dec ? collect(c, q[2], 'k') : NULL;
@@ -1060,9 +1061,10 @@ static const col_t stats_cols[] = {
     { "evictions_by_reason", "evictions", F_MAP, 0 },
 };
 
-/* Prometheus text for one label value: backslash, quote and newline escaped. */
+/* Prometheus text for one label value: backslash, quote and newline
+ * escaped; a missing value (a NULL in a damaged catalog) is "". */
 static void prom_label(FILE *out, const char *v) {
-    for (; *v; v++) {
+    for (; v && *v; v++) {
         if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
         else if (*v == '\n') fputs("\\n", out);
         else fputc(*v, out);
