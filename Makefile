@@ -182,3 +182,35 @@ clean:
 	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# --- gpu-bundle: the device check, carried to a GPU machine that has none of
+# Debian's libraries (issue 8, docs/GPU.md). `make gpu-bundle` builds here,
+# with CUDA, in $(GPU_BUILD), what deploy/gpu-check.sh runs, and gathers it in
+# $(GPU_BUNDLE)/ (git-ignored, under 64 MiB): Debian's libraries linked
+# statically, the CUDA runtime static, libzmq and what it loads as .so files
+# in lib/ (RPATH $ORIGIN/../lib), then proves with ldd, and with the Debian
+# libraries hidden, that nothing else is needed but libc, libstdc++, libm and
+# the CUDA libraries. `make gpu-tools` builds only the check's own tools.
+GPU_BUNDLE ?= gpu-bundle
+GPU_BUILD  ?= build-gpu
+GPU_TOOLS   = $(patsubst deploy/%.c,$(BUILD)/deploy/%,$(wildcard deploy/gpu_*.c))
+.PHONY: gpu-bundle gpu-tools
+gpu-bundle:
+	GPU_BUNDLE='$(GPU_BUNDLE)' GPU_BUILD='$(GPU_BUILD)' MAKE='$(MAKE)' deploy/gpu-bundle.sh
+
+gpu-tools: $(GPU_TOOLS)
+
+$(BUILD)/deploy/gpu_%: deploy/gpu_%.c $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+# Link lines of a bundle build (deploy/gpu-bundle.sh sets REEL_GPU_BUNDLE=1):
+# $(BUILD)/static holds links to Debian's .a files, so -lmsgpackc and the
+# rest resolve there first; -lzmq and -lopenblas, which have none there, stay
+# .so files that the bundle carries (a static OpenBLAS is 26 MB per binary);
+# only the libraries a binary uses are recorded.
+ifeq ($(REEL_GPU_BUNDLE),1)
+GPU_LDPRE     = -Wl,-rpath,\$$ORIGIN/../lib -Wl,--disable-new-dtags -Wl,--as-needed -L$(BUILD)/static
+LDLIBS_ALL   := $(GPU_LDPRE) $(patsubst -lcudart,-lcudart_static -ldl -lrt,$(LDLIBS_ALL))
+BROKER_LDLIBS := $(GPU_LDPRE) $(BROKER_LDLIBS)
+endif
