@@ -17,13 +17,14 @@ typedef struct {
     tdit_loop_t loop;
     bool have_cfg, have_seed;
     bool graphs;
+    bool no_fallback;               /* --no-fallback: an unusable CUDA is an error */
     int warmup;
     int64_t size[3];   /* F, H, W when no --latent */
 } run_opts_t;
 
 static int parse(int argc, char **argv, run_opts_t *r) {
     enum { O_WEIGHTS = 1, O_LATENT, O_CONTEXT, O_UNCOND, O_STEPS, O_SHIFT, O_CFG, O_SDE, O_ETA,
-           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP };
+           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP, O_NOFALLBACK };
     static const struct option opts[] = {
         { "weights", required_argument, 0, O_WEIGHTS }, { "latent", required_argument, 0, O_LATENT },
         { "context", required_argument, 0, O_CONTEXT }, { "uncond", required_argument, 0, O_UNCOND },
@@ -33,6 +34,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         { "backend", required_argument, 0, O_BACKEND }, { "dtype", required_argument, 0, O_DTYPE },
         { "out", required_argument, 0, O_OUT }, { "size", required_argument, 0, O_SIZE },
         { "graphs", required_argument, 0, O_GRAPHS }, { "warmup", required_argument, 0, O_WARMUP },
+        { "no-fallback", no_argument, 0, O_NOFALLBACK },
         { 0, 0, 0, 0 },
     };
     memset(r, 0, sizeof *r);
@@ -58,6 +60,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         case O_BACKEND: r->backend = optarg; break;
         case O_DTYPE: r->dtype = optarg; break;
         case O_SDE: r->loop.sde = true; break;
+        case O_NOFALLBACK: r->no_fallback = true; break;
         case O_STEPS:
             if (ctl_parse_int(optarg, &r->loop.steps)) return ctl_die(CTL_USAGE, "--steps: '%s' is not an integer", optarg);
             break;
@@ -175,6 +178,11 @@ int cmd_run(int argc, char **argv) {
 
     code = CTL_FAIL;
     b = kern_backend_new(kind, 0);
+    if (!b && kind == KERN_BACKEND_CUDA && r.no_fallback) {
+        /* A device check must never compare the CPU with itself. */
+        ctl_die(CTL_FAIL, "%s (and --no-fallback was given)", kern_error());
+        goto out;
+    }
     if (!b && kind == KERN_BACKEND_CUDA) {
         fprintf(stderr, "reelctl: %s; using the CPU backend\n", kern_error());
         b = kern_backend_cpu_new();

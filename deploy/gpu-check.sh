@@ -320,11 +320,13 @@ prep unc-tiny "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/ti
 # reelctl run; on CUDA it must say it ran on cuda (no CPU fallback) and, with
 # graphs on, have captured and replayed with no bad decline.
 run_case() {
-    local tag=$1 b=$2 dt=$3 g=$4 w=$5 p=$6 steps=$7 lim=$8
+    local tag=$1 b=$2 dt=$3 g=$4 w=$5 p=$6 steps=$7 lim=$8 nf=
     shift 8
+    # --no-fallback: an unusable CUDA fails the run instead of quietly using the CPU.
+    [ "$b" = cuda ] && nf=--no-fallback
     run_logged "run-$tag" "$lim" "$R" run --weights "$w" --latent "$D/$p-lat.st" --context "$D/$p-ctx.st" \
         --uncond "$D/$p-unc.st" --cfg 4 --steps "$steps" --shift 3 --backend "$b" --dtype "$dt" --graphs "$g" \
-        "$@" --out "$D/$tag.st"
+        $nf "$@" --out "$D/$tag.st"
     local log="$WORK/run-$tag.log"
     [ "$RC" = 0 ] || fail "reelctl run $tag failed (exit $RC): $(lastline "$log")"
     if [ "$b" = cuda ]; then

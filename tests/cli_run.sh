@@ -47,6 +47,17 @@ expect 2 "unknown command" -- $R frobnicate
 # Without a usable GPU, --backend cuda says why in one line and uses the CPU;
 # with one, it runs on it. Either way the run succeeds.
 expect 0 "cuda:0|using the CPU backend" -- $RUN --latent "$D/lat.safetensors" --backend cuda
+# With --no-fallback an unusable CUDA is an error (exit 1), never a CPU run.
+if "$R" run --weights "$D/w.safetensors" --context "$D/ctx.safetensors" --steps 2 --latent "$D/lat.safetensors" \
+    --backend cuda --no-fallback --out "$D/nf.safetensors" >"$D/nf.log" 2>&1; then
+    if grep -q " on cuda:" "$D/nf.log"; then pass=$((pass + 1)); echo "PASS --no-fallback ran on CUDA"
+    else fail=$((fail + 1)); echo "FAIL --no-fallback succeeded without CUDA"; fi
+else
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q "no-fallback" "$D/nf.log" && ! grep -q "using the CPU" "$D/nf.log"; then
+        pass=$((pass + 1)); echo "PASS --no-fallback without a GPU exits 1 and says why"
+    else fail=$((fail + 1)); echo "FAIL --no-fallback: exit $rc: $(cat "$D/nf.log")"; fi
+fi
 
 # Any config given in a weights file's metadata runs (here from a JSON file).
 printf '{"name":"mini","dim":32,"heads":2,"layers":1,"ffn_dim":64,"in_channels":4,"text_dim":16,"freq_dim":256}' > "$D/mini.json"
