@@ -40,6 +40,13 @@ ifeq ($(CUDA),1)
 CFLAGS_ALL += -DHAVE_CUDA -I$(CUDA_HOME)/include
 LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 LIB_SRC  += $(CUDA_C)
+# cuDNN's fused attention (kernels/cuda/attention_cudnn.c) when cudnn.h sits
+# beside the toolkit's headers; CUDNN=0 builds without it.
+CUDNN ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),1,0)
+ifeq ($(CUDNN),1)
+CFLAGS_ALL += -DHAVE_CUDNN
+LDLIBS_ALL += -lcudnn
+endif
 endif
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
 ifeq ($(CUDA),1)

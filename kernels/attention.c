@@ -38,13 +38,20 @@ static size_t default_bound(kern_backend_kind_t bk) {
     return bk == KERN_BACKEND_CUDA ? KERN_ATTN_BLOCK_BYTES_CUDA : KERN_ATTN_BLOCK_BYTES_CPU;
 }
 
+/* FUSED (op ATTENTION) and SDPA (op ATTENTION_SDPA): one launch of the
+ * backend's kernel, whose workspace contract is the plan's scratch. */
 static int plan_fused(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
-                      int64_t H, int64_t d, kern_attn_plan_t *p) {
-    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ATTENTION, bk, dt);
+                      int64_t H, int64_t d, kern_attn_path_t path, kern_attn_plan_t *p) {
+    const kern_op_t op = path == KERN_ATTN_SDPA ? KERN_OP_ATTENTION_SDPA : KERN_OP_ATTENTION;
+    const kern_impl_t *impl = kern_registry_lookup(op, bk, dt);
+    if (!impl && path == KERN_ATTN_SDPA)
+        return kern_fail("attention: no SDPA kernel for %s on %s (on CUDA: cuDNN's fused "
+                         "attention, BF16 only, in builds with cuDNN)", kern_dtype_name(dt),
+                         kern_backend_kind_name(bk));
     if (!impl)
         return kern_fail("attention: no fused attention kernel for %s on %s",
                          kern_dtype_name(dt), kern_backend_kind_name(bk));
-    p->path = KERN_ATTN_FUSED;
+    p->path = path;
     if (impl->workspace_bytes) {
         kern_attention_args_t a;
         memset(&a, 0, sizeof a);
@@ -111,7 +118,8 @@ int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int
     if (path == KERN_ATTN_AUTO) path = kern_attention_pick(nq, nk, head_dim);
     switch (path) {
     case KERN_ATTN_FUSED:
-        return plan_fused(bk, dt, nq, nk, heads, head_dim, plan);
+    case KERN_ATTN_SDPA:
+        return plan_fused(bk, dt, nq, nk, heads, head_dim, path, plan);
     case KERN_ATTN_DECOMPOSED:
         return plan_decomposed(bk, dt, nq, nk, heads,
                                opts && opts->block_bytes ? opts->block_bytes : default_bound(bk),
@@ -164,6 +172,7 @@ int kern_attention_run(kern_stream_t *s, kern_dtype_t dt, kern_attention_args_t 
     kern_attn_plan_t p;
     if (kern_attention_plan(bk, dt, a->nq, a->nk, a->heads, a->head_dim, opts, &p)) return -1;
     if (p.path == KERN_ATTN_FUSED) return kern_dispatch(s, KERN_OP_ATTENTION, dt, a);
+    if (p.path == KERN_ATTN_SDPA) return kern_dispatch(s, KERN_OP_ATTENTION_SDPA, dt, a);
     if (a->nq == 0) return 0;
     char *scores = kern_stream_scratch(s, p.scratch_bytes);
     if (!scores) {

@@ -55,11 +55,21 @@ int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t
  *   batched GEMM written straight into o's head slices. On CUDA the GEMMs
  *   are cuBLAS strided-batched (tensor cores for BF16).
  * Both are capturable and deterministic: the plan depends only on the
- * sizes, the dtype, the backend kind and the bound, never on timing. */
+ * sizes, the dtype, the backend kind and the bound, never on timing.
+ *
+ * A third path runs only when asked for by name (opts->path): SDPA, a
+ * library's fused flash attention, one launch, no scratch of ours. On CUDA
+ * that is cuDNN's SDPA_FWD operation (backend graph API, cuDNN >= 9.13),
+ * BF16 only, present when Reel was built with cuDNN (HAVE_CUDNN: the
+ * Makefile finds cudnn.h); on the CPU it is the FUSED kernel, the reference
+ * it is checked against. kern_attention_pick never returns it: the cuDNN
+ * path is trusted only after tests/test_cuda.c has compared it with the
+ * cuBLAS decomposition on a device (it has not yet run on one). */
 typedef enum {
     KERN_ATTN_AUTO = 0,   /* kern_attention_pick decides */
     KERN_ATTN_FUSED,
     KERN_ATTN_DECOMPOSED,
+    KERN_ATTN_SDPA,       /* by name only: cuDNN's fused SDPA on CUDA (see above) */
 } kern_attn_path_t;
 
 /* The pick rule: DECOMPOSED when one head's score matrix holds at least
@@ -90,10 +100,10 @@ typedef struct {
  * rows of `ld` floats (ld = nk rounded up to 8), P the same rows in the
  * op's dtype after S (F32: P is S, probs_bytes 0). scratch_bytes <= the
  * bound whenever one head's row of scores fits it (else one row of one
- * head: the least the decomposition can use). For FUSED: rows, heads, ld
- * are 0 and scratch_bytes is the fused kernel's workspace contract. */
+ * head: the least the decomposition can use). For FUSED and SDPA: rows,
+ * heads, ld are 0 and scratch_bytes is the kernel's workspace contract. */
 typedef struct {
-    kern_attn_path_t path;  /* FUSED or DECOMPOSED, never AUTO */
+    kern_attn_path_t path;  /* FUSED, DECOMPOSED or SDPA, never AUTO */
     int64_t rows, heads, ld;
     int64_t blocks;         /* DECOMPOSED: ⌈H/heads⌉·⌈nq/rows⌉ blocks, 3 launches each */
     size_t scores_bytes, probs_bytes, scratch_bytes;

@@ -1206,13 +1206,80 @@ START_TEST(test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them) {
 }
 END_TEST
 
+/* cuDNN's fused SDPA (KERN_ATTN_SDPA, BF16) is trusted only once it agrees
+ * with the cuBLAS decomposition on the device: NMSE <= 1e-3 against the
+ * decomposition on the same inputs and against the CPU F32 reference (the
+ * two BF16 paths round P differently), over d = 64 and 128, nq != nk, a
+ * single key, and a Wan-like 2048 × 2048 × 12 × 128; then the SDPA call in a
+ * CUDA graph replays bit for bit equal to eager. Skipped, loudly, in builds
+ * without cuDNN. */
+START_TEST(test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise) {
+#ifndef HAVE_CUDNN
+    printf("test_cuda: SKIP cudnn sdpa: built without cuDNN (no cudnn.h beside the toolkit)\n");
+#else
+    static const int64_t cases[][4] = { /* nq, nk, H, d */
+        { 256, 256, 2, 64 }, { 300, 77, 4, 128 }, { 64, 1, 2, 128 }, { 2048, 2048, 12, 128 },
+    };
+    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0 }, dec = { KERN_ATTN_DECOMPOSED, 0 };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t nq = cases[c][0], nk = cases[c][1], H = cases[c][2], d = cases[c][3];
+        pair_t q = P2(KERN_BF16, nq, H * d, -2, 2), k = P2(KERN_BF16, nk, H * d, -1, 1);
+        pair_t v = P2(KERN_BF16, nk, H * d, -1, 1), o = P2(KERN_BF16, nq, H * d, 0, 0);
+        kern_tensor_t od = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nq, H * d });
+        OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &sdpa));
+        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &od, &dec));
+        char what[96];
+        snprintf(what, sizeof what, "cudnn sdpa nq=%lld nk=%lld H=%lld d=%lld", (long long)nq,
+                 (long long)nk, (long long)H, (long long)d);
+        expect_nmse(what, KERN_BF16, &o);
+        double e = nmse_of(download(&o.g), download(&od), nq * H * d);
+        printf("test_cuda: %s: NMSE %.3g against the cuBLAS decomposition\n", what, e);
+        ck_assert_msg(e <= 1e-3, "%s: NMSE %.3g against the cuBLAS decomposition > 1e-3", what, e);
+    }
+    pair_t q = P2(KERN_BF16, 300, 512, -2, 2), k = P2(KERN_BF16, 200, 512, -1, 1);
+    pair_t v = P2(KERN_BF16, 200, 512, -1, 1);
+    kern_tensor_t o = gpu_tensor(KERN_BF16, 2, (int64_t[]){ 300, 512 });
+    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa)); /* plans the shape */
+    OK(kern_stream_sync(GS));
+    void *eager = download_raw(&o);
+    OK(kern_capture_begin(GS));
+    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa));
+    kern_graph_t *gr = NULL;
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    unsigned char *poison = hmalloc(kern_tensor_bytes(&o));
+    memset(poison, 0xff, kern_tensor_bytes(&o));
+    for (int rep = 0; rep < 2; rep++) {
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
+        OK(kern_graph_replay(gr, GS));
+        OK(kern_stream_sync(GS));
+        ck_assert_msg(memcmp(download_raw(&o), eager, kern_tensor_bytes(&o)) == 0,
+                      "replay %d of cuDNN SDPA differs from eager", rep);
+    }
+#endif
+}
+END_TEST
+
 /* --- registry --------------------------------------------------------- */
 
+/* ATTENTION_SDPA is the exception: cuDNN's fused attention, BF16 only, in
+ * builds with cuDNN only (never F32). */
 START_TEST(test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable) {
     const kern_dtype_t dts[2] = { KERN_F32, KERN_BF16 };
     for (int op = 0; op < KERN_OP_COUNT; op++)
         for (int k = 0; k < 2; k++) {
             const kern_impl_t *impl = kern_registry_lookup(op, KERN_BACKEND_CUDA, dts[k]);
+            if (op == KERN_OP_ATTENTION_SDPA) {
+#ifdef HAVE_CUDNN
+                const bool want = dts[k] == KERN_BF16;
+#else
+                const bool want = false;
+#endif
+                ck_assert_msg((impl != NULL) == want, "attention_sdpa %s: registered is %d",
+                              kern_dtype_name(dts[k]), impl != NULL);
+                if (!impl) continue;
+            }
             ck_assert_msg(impl != NULL, "no CUDA %s kernel for %s", kern_dtype_name(dts[k]),
                           kern_op_name(op));
             ck_assert_msg(impl->name && strncmp(impl->name, "cuda_", 5) == 0, "%s: name '%s'",
@@ -1267,6 +1334,7 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_fused_ops_and_cublaslt_gemms_in_a_cuda_graph_replay_bitwise_equal_to_eager, 0, 2);
     tcase_add_test(tc, test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_captures_after_eager);
     tcase_add_test(tc, test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them);
+    tcase_add_test(tc, test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise);
     tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
     suite_add_tcase(s, tc);
     return s;

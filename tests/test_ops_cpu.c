@@ -1102,6 +1102,29 @@ START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
 }
 END_TEST
 
+/* The SDPA path asked for by name runs, on the CPU, the fused kernel: the
+ * reference a library's fused attention is checked against (bit for bit). */
+START_TEST(test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit) {
+    const int64_t nq = 37, nk = 53, H = 3, d = 16;
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d);
+    kern_tensor_t o1 = T2(nq, H * d), o2 = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0 }, fused = { KERN_ATTN_FUSED, 0 };
+    kern_attn_plan_t p;
+    ck_assert_msg(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, &sdpa, &p) == 0,
+                  "plan: %s", kern_error());
+    ck_assert_int_eq(p.path, KERN_ATTN_SDPA);
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &sdpa) == 0, "sdpa: %s", kern_error());
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &fused) == 0, "fused: %s", kern_error());
+    ck_assert_msg(memcmp(F(&o1), F(&o2), kern_tensor_bytes(&o1)) == 0,
+                  "SDPA on the CPU differs from the fused kernel");
+    for (int64_t nqs = 1; nqs < 5000; nqs *= 7)
+        ck_assert_int_ne(kern_attention_pick(nqs, 4096, 128), KERN_ATTN_SDPA);
+}
+END_TEST
+
 /* --- fused ops: bit for bit the unfused sequences ---------------------- */
 
 /* Fails unless the n floats at a and b are the same bits, naming the first
@@ -1341,6 +1364,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_stream);
     tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);
     tcase_add_test(tc, test_captured_timestep_and_euler_read_sigma_at_replay_time);
+    tcase_add_test(tc, test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit);
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);

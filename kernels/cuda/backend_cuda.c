@@ -155,6 +155,8 @@ static int cuda_stream_open(kern_backend_t *b, kern_cuda_ctx_t *c) {
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_plans = kern_cuda_lt_plans_new();
     if (!c->lt_plans) return -1;
+    /* cuDNN's fused attention (attention_cudnn.c), when built with it. */
+    kern_cuda_dnn_open(c);
     return 0;
 }
 
@@ -163,6 +165,7 @@ static int cuda_stream_open(kern_backend_t *b, kern_cuda_ctx_t *c) {
 static void cuda_stream_close(kern_cuda_ctx_t *c) {
     (void)cuda_use_device(c->device);
     if (c->stream) (void)cudaStreamSynchronize(c->stream);
+    kern_cuda_dnn_close(c);
     kern_cuda_lt_plans_destroy(&c->lt_plans);
     if (c->lt) (void)cublasLtDestroy(c->lt);
     if (c->blas) (void)cublasDestroy(c->blas);

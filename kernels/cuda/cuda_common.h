@@ -37,6 +37,8 @@ typedef struct {
     int device;
     cublasLtHandle_t lt;
     kern_lt_plans_t *lt_plans;
+    void *dnn;       /* cudnnHandle_t on `stream`, NULL without cuDNN (attention_cudnn.c) */
+    void *dnn_plans; /* its SDPA plans */
 } kern_cuda_ctx_t;
 
 /* An empty plan cache for one stream; NULL with a message on out-of-memory.
@@ -45,6 +47,14 @@ kern_lt_plans_t *kern_cuda_lt_plans_new(void);
 /* Releases every plan (host objects only: graphs that baked a plan's
  * algorithm keep working). NULL-safe; sets *p to NULL. */
 void kern_cuda_lt_plans_destroy(kern_lt_plans_t **p);
+
+/* Gives the stream a cuDNN handle bound to it and an empty SDPA plan cache
+ * when Reel is built with cuDNN (HAVE_CUDNN); does nothing otherwise.
+ * Cannot fail: without a usable cuDNN, c->dnn stays NULL and the SDPA
+ * kernel says why when it is asked to run. */
+void kern_cuda_dnn_open(kern_cuda_ctx_t *c);
+/* Releases what kern_cuda_dnn_open made. NULL-safe. Cannot fail. */
+void kern_cuda_dnn_close(kern_cuda_ctx_t *c);
 
 /* Records a CUDA runtime failure and returns -1. Also clears the runtime's
  * last-error slot, so a later cudaGetLastError() after a kernel launch does

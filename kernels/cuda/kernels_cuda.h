@@ -55,6 +55,8 @@ int kern_cuda_layernorm_modulate_f32(void *ctx, const void *args);
 int kern_cuda_layernorm_modulate_bf16(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_f32(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_bf16(void *ctx, const void *args);
+/* attention_cudnn.c, in builds with cuDNN (HAVE_CUDNN) only. */
+int kern_cuda_attention_sdpa_bf16(void *ctx, const void *args);
 
 #ifdef __cplusplus
 }

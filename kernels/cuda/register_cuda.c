@@ -42,10 +42,22 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(RMSNORM_ROPE3D, rmsnorm_rope3d, kern_rmsnorm_rope_args_t, true),
 };
 
+/* cuDNN's fused attention (attention_cudnn.c): BF16 only, and only in
+ * builds with cuDNN; ATTENTION_SDPA has no F32 CUDA kernel. */
+#ifdef HAVE_CUDNN
+static const kern_impl_t cudnn_kernels[] = {
+    CUDA_KERNEL(ATTENTION_SDPA, attention_sdpa, BF16, bf16, kern_attention_args_t, true),
+};
+#endif
+
 /* Called once by kern_registry_init. Cannot fail in practice: the table
  * holds 256 entries and Reel registers a few tens (a full table would drop
  * kernels, and the lookup would then name the missing one). */
 void kern_cuda_register_all(void) {
     for (size_t i = 0; i < sizeof cuda_kernels / sizeof cuda_kernels[0]; i++)
         (void)kern_registry_register(&cuda_kernels[i]);
+#ifdef HAVE_CUDNN
+    for (size_t i = 0; i < sizeof cudnn_kernels / sizeof cudnn_kernels[0]; i++)
+        (void)kern_registry_register(&cudnn_kernels[i]);
+#endif
 }
