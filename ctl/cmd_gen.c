@@ -3,10 +3,12 @@
 #include "ctl.h"
 #include "kernels/error.h"
 #include "schema/client.h"
+#include "schema/sha256.h"
 #include "worker/model/safetensors.h"
 #include "worker/model/tinydit.h"
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -231,41 +233,81 @@ int cmd_sync(int argc, char **argv) {
     return r.complete ? CTL_OK : CTL_FAIL;
 }
 
-/* Writes v as JSON. */
-static void json_out(const wire_val_t *v, FILE *f) {
-    if (!v) { fputs("null", f); return; }
-    switch (v->kind) {
-    case WV_NIL: fputs("null", f); break;
-    case WV_BOOL: fputs(v->as.b ? "true" : "false", f); break;
-    case WV_INT: fprintf(f, "%" PRId64, v->as.i); break;
-    case WV_UINT: fprintf(f, "%" PRIu64, v->as.u); break;
-    case WV_F64: fprintf(f, "%.17g", v->as.f); break;
-    case WV_STR:
-        fputc('"', f);
-        for (size_t i = 0; i < v->as.str.len; i++) {
-            unsigned char ch = (unsigned char)v->as.str.s[i];
-            if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-            else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-            else fputc(ch, f);
+static json_t *versions_json(const msg_versions_t *v) {
+    json_t *o = json_object();
+    for (int i = 0; o && i < v->n; i++) json_object_set_new(o, v->e[i].name, json_integer((json_int_t)v->e[i].n));
+    return o;
+}
+
+static json_t *worker_json(const msg_worker_status_t *w) {
+    json_t *lag = json_object(), *keys = json_array();
+    for (int i = 0; lag && i < w->lagging.n; i++)
+        json_object_set_new(lag, w->lagging.e[i].name, json_string(w->lagging.e[i].text));
+    for (int i = 0; keys && i < w->n_keys; i++) {
+        char hex[17];
+        json_array_append_new(keys, json_string(msg_hex64(w->keys[i], hex)));
+    }
+    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:o, s:o, s:o, s:I}", "name", w->name, "device",
+                     w->device, "arch", w->arch, "streams", (json_int_t)w->streams, "inflight",
+                     (json_int_t)w->inflight, "max_inflight", (json_int_t)w->max_inflight, "routable",
+                     w->routable, "versions", versions_json(&w->versions), "lagging", lag, "keys", keys,
+                     "alive_ms", (json_int_t)w->alive_ms);
+}
+
+/* STATUS_REPLY as one line of JSON, its fields in wire order. */
+static void status_json(const msg_status_reply_t *r, FILE *f) {
+    json_t *ws = json_array(), *models = json_array();
+    for (size_t i = 0; ws && i < r->n_workers; i++) json_array_append_new(ws, worker_json(&r->workers[i]));
+    for (size_t i = 0; models && i < r->n_models; i++) {
+        const msg_model_t *m = &r->models[i];
+        json_array_append_new(models, json_pack("{s:s, s:I, s:I, s:I, s:I}", "name", m->name, "in_channels",
+                                                (json_int_t)m->in_channels, "text_dim", (json_int_t)m->text_dim,
+                                                "patch", (json_int_t)m->patch, "layers", (json_int_t)m->layers));
+    }
+    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:o}", "workers", ws, "queue", (json_int_t)r->queue,
+                          "queue_max", (json_int_t)r->queue_max, "versions", versions_json(&r->versions),
+                          "pending", versions_json(&r->pending), "malformed", (json_int_t)r->malformed,
+                          "catalog_dropped", (json_int_t)r->catalog_dropped, "models", models);
+    if (o) json_dumpf(o, f, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+}
+
+/* The version of `name` in v (0 when absent). */
+static uint64_t version_of(const msg_versions_t *v, const char *name, bool *found) {
+    for (int i = 0; i < v->n; i++)
+        if (!strcmp(v->e[i].name, name)) {
+            if (found) *found = true;
+            return v->e[i].n;
         }
-        fputc('"', f);
-        break;
-    case WV_ARR:
-    case WV_MAP:
-        fputc(v->kind == WV_ARR ? '[' : '{', f);
-        for (size_t i = 0; i < v->as.c.n; i++) {
-            if (i) fputc(',', f);
-            if (v->kind == WV_MAP) {
-                wire_val_t k = { .kind = WV_STR };
-                k.as.str.s = v->as.c.k[i];
-                k.as.str.len = strlen(v->as.c.k[i]);
-                json_out(&k, f);
-                fputc(':', f);
-            }
-            json_out(v->as.c.v[i], f);
-        }
-        fputc(v->kind == WV_ARR ? ']' : '}', f);
-        break;
+    if (found) *found = false;
+    return 0;
+}
+
+static const char *lag_of(const msg_worker_status_t *w, const char *component) {
+    for (int i = 0; i < w->lagging.n; i++)
+        if (!strcmp(w->lagging.e[i].name, component)) return w->lagging.e[i].text;
+    return NULL;
+}
+
+static void status_text(const msg_status_reply_t *r, const char *broker) {
+    uint64_t v = version_of(&r->versions, "transformer", NULL), pv;
+    if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, r->queue, r->queue_max, v);
+    else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync applied yet\n", broker, r->queue, r->queue_max);
+    bool pending;
+    pv = version_of(&r->pending, "transformer", &pending);
+    if (pending) printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
+    printf("%-12s %-8s %-11s %-8s %-9s %-8s %-5s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION",
+           "KEYS", "STATE");
+    for (size_t i = 0; i < r->n_workers; i++) {
+        const msg_worker_status_t *w = &r->workers[i];
+        char infs[48];
+        snprintf(infs, sizeof infs, "%" PRIu64 "/%" PRIu64, w->inflight, w->max_inflight);
+        /* lagging: behind the current version, and why (its error, a
+         * missed deadline, a sync on its way) */
+        const char *lag = lag_of(w, "transformer");
+        printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5d %s%s%s\n", w->name, w->device, w->arch,
+               w->streams, infs, version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
+               lag ? lag : w->routable ? "ok" : "", !w->routable ? (lag ? " (unreachable)" : "unreachable") : "");
     }
 }
 
@@ -279,47 +321,17 @@ int cmd_status(int argc, char **argv) {
     }
     reel_client_t *c = reel_client_new(broker);
     if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
-    wire_val_t *r = NULL;
+    reel_status_t *s = NULL;
     wire_err_t err;
-    int rc = reel_status(c, &r, 5000, &err);
+    int rc = reel_status(c, &s, 5000, &err);
     reel_client_destroy(&c);
     if (rc != 0) return ctl_die(CTL_FAIL, "status: %s: %s", err.code, err.message);
     if (json) {
-        json_out(r, stdout);
+        status_json(reel_status_reply(s), stdout);
         fputc('\n', stdout);
     } else {
-        uint64_t q = 0, qmax = 0, v = 0;
-        wv_get_u64(r, "queue", &q);
-        wv_get_u64(r, "queue_max", &qmax);
-        wv_get_u64(wv_get(r, "versions"), "transformer", &v);
-        if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, q, qmax, v);
-        else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync applied yet\n", broker, q, qmax);
-        uint64_t pv = 0;
-        if (wv_get_u64(wv_get(r, "pending"), "transformer", &pv))
-            printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
-        printf("%-12s %-8s %-11s %-8s %-9s %-8s %-5s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION",
-               "KEYS", "STATE");
-        const wire_val_t *ws = wv_get(r, "workers");
-        for (size_t i = 0; i < wv_len(ws); i++) {
-            const wire_val_t *w = wv_at(ws, i);
-            uint64_t st = 0, inf = 0, mx = 0, ver = 0;
-            wv_get_u64(w, "streams", &st);
-            wv_get_u64(w, "inflight", &inf);
-            wv_get_u64(w, "max_inflight", &mx);
-            wv_get_u64(wv_get(w, "versions"), "transformer", &ver);
-            const char *name = wv_get_str(w, "name"), *dev = wv_get_str(w, "device"), *arch = wv_get_str(w, "arch");
-            char infs[32];
-            snprintf(infs, sizeof infs, "%" PRIu64 "/%" PRIu64, inf, mx);
-            /* lagging: behind the current version, and why (its error, a
-             * missed deadline, a sync on its way) */
-            const char *lag = wv_get_str(wv_get(w, "lagging"), "transformer");
-            bool routable = true;
-            wv_get_bool(w, "routable", &routable);
-            printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5zu %s%s%s\n", name ? name : "?", dev ? dev : "?",
-                   arch ? arch : "?", st, infs, ver, wv_len(wv_get(w, "keys")), lag ? "lagging: " : "",
-                   lag ? lag : routable ? "ok" : "", !routable ? (lag ? " (unreachable)" : "unreachable") : "");
-        }
+        status_text(reel_status_reply(s), broker);
     }
-    wv_free(&r);
+    reel_status_free(&s);
     return CTL_OK;
 }

@@ -3,7 +3,6 @@
 #include "kernels/error.h"
 #include <errno.h>
 #include <stdarg.h>
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,21 +74,15 @@ static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m,
         }
         if (rc == 0) continue;
         wire_err_t e;
-        rc = wire_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
+        rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
-        if (rc == 1) { /* a malformed answer: not ours to trust */
+        if (rc == 1 || m->id != id) { /* malformed: not ours to trust; or a stale answer */
             wire_msg_close(m);
             continue;
         }
-        if (m->id != id) {
-            wire_msg_close(m);
-            continue;
-        }
-        if (!strcmp(m->type, "PROGRESS")) {
-            uint64_t step = 0, steps = 0;
-            wv_get_u64(m->hdr, "step", &step);
-            wv_get_u64(m->hdr, "steps", &steps);
-            if (fn) fn(user, (int)step, (int)steps);
+        if (msg_type(m) == MSG_PROGRESS) {
+            msg_progress_t p;
+            if (fn && msg_progress_decode(m, &p, &e) == 0) fn(user, (int)p.step, (int)p.steps);
             wire_msg_close(m);
             continue;
         }
@@ -98,33 +91,33 @@ static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m,
 }
 
 /* ERROR/BUSY -> 1 with err set; else 0. */
-static int answer_is_error(const wire_msg_t *m, wire_err_t *err) {
-    if (!strcmp(m->type, "BUSY")) {
-        const char *msg = wv_get_str(m->hdr, "message");
-        set_err(err, WIRE_E_BUSY, "%s", msg ? msg : "broker busy");
-        return 1;
+static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
+    msg_type_t t = msg_type(m);
+    if (t != MSG_BUSY && t != MSG_ERROR) return 0;
+    union {
+        msg_error_t error;
+        msg_busy_t busy;
+    } *a = malloc(sizeof *a);
+    wire_err_t why;
+    if (!a) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+    } else if (t == MSG_BUSY ? msg_busy_decode(m, &a->busy, &why) : msg_error_decode(m, &a->error, &why)) {
+        set_err(err, WIRE_E_MALFORMED, "unreadable %s: %s", m->type, why.message);
+    } else if (t == MSG_BUSY) {
+        set_err(err, WIRE_E_BUSY, "%s", a->busy.message[0] ? a->busy.message : "broker busy");
+    } else {
+        set_err(err, a->error.code, "%s", a->error.message);
     }
-    if (!strcmp(m->type, "ERROR")) {
-        const char *code = wv_get_str(m->hdr, "code"), *msg = wv_get_str(m->hdr, "message");
-        set_err(err, code ? code : WIRE_E_INTERNAL, "%s", msg ? msg : "");
-        return 1;
-    }
-    return 0;
+    free(a);
+    return 1;
 }
 
-/* Sends h (consumed; NULL means out of memory while building it) with n
- * tensors and waits for the answer to `id`: 0 with *m holding it, 1 when
- * the broker answered ERROR or BUSY (err set), -1 on transport failure or
- * timeout (err set). */
-static int call(reel_client_t *c, uint64_t id, wire_val_t *h, const wire_tensor_t *t, int n,
-                int timeout_ms, reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
-    if (!h) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
-        return -1;
-    }
-    int rc = wire_send(c->sock, NULL, h, t, n);
-    wv_free(&h);
-    if (rc != 0) {
+/* Sends a message of `type` (id, body) and waits for the answer to it: 0
+ * with *m holding it, 1 when the broker answered ERROR or BUSY (err set),
+ * -1 on transport failure or timeout (err set). */
+static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, int timeout_ms,
+                reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+    if (msg_send(c->sock, NULL, type, id, body, NULL) != 0) {
         set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
         return -1;
     }
@@ -136,156 +129,163 @@ static int call(reel_client_t *c, uint64_t id, wire_val_t *h, const wire_tensor_
     return 0;
 }
 
-static wire_val_t *shape_val(const int64_t *s, int n) {
-    wire_val_t *a = wv_arr();
-    for (int i = 0; a && i < n; i++)
-        if (wv_push(a, wv_u64((uint64_t)s[i])) != 0) { wv_free(&a); return NULL; }
-    return a;
+/* A RESULT's summary for the caller. */
+static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
+    memset(res, 0, sizeof *res);
+    snprintf(res->worker, sizeof res->worker, "%s", r->worker[0] ? r->worker : "?");
+    if (r->key_hash) msg_hex64(r->key_hash, res->key_hash);
+    res->version = r->version;
+    res->first_version = r->first_version;
+    res->captured = (int)r->stats.captured;
+    res->replayed = (int)r->stats.replayed;
+    res->eager = (int)r->stats.eager;
+    res->seconds = r->stats.seconds;
+    size_t off = 0;
+    for (int i = 0; i < r->stats.declines.n; i++) {
+        const msg_count_t *d = &r->stats.declines.e[i];
+        int w = snprintf(res->declines + off, sizeof res->declines - off, "%s%s=%llu", off ? "," : "", d->name,
+                         (unsigned long long)d->n);
+        if (w < 0 || (size_t)w >= sizeof res->declines - off) break;
+        off += (size_t)w;
+    }
 }
 
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
-    wire_val_t *h = wire_hdr("GEN", id);
-    int ok = h && !wv_set(h, "model", wv_str(g->model)) && !wv_set(h, "version", wv_u64(g->version)) &&
-             !wv_set(h, "steps", wv_u64((uint64_t)g->steps)) && !wv_set(h, "shift", wv_f64(g->shift)) &&
-             !wv_set(h, "cfg", wv_f64(g->cfg)) && !wv_set(h, "sde", wv_bool(g->sde)) &&
-             !wv_set(h, "eta", wv_f64(g->eta)) && !wv_set(h, "seed", wv_u64(g->seed)) &&
-             !wv_set(h, "latent_shape", shape_val(g->latent_shape, 4)) &&
-             !wv_set(h, "progress", wv_bool(g->progress)) &&
-             !wv_set(h, "deadline_ms", wv_u64(g->deadline_ms));
-    if (!ok) wv_free(&h);
+    msg_gen_t m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.model, sizeof m.model, "%s", g->model);
+    m.version = g->version;
+    m.steps = (uint64_t)g->steps;
+    m.shift = g->shift;
+    m.cfg = g->cfg;
+    m.sde = g->sde;
+    m.eta = g->eta;
+    m.seed = g->seed;
+    m.progress = g->progress;
+    m.deadline_ms = g->deadline_ms;
+    memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
     wire_tensor_t t[3];
-    int n = 0;
     memset(t, 0, sizeof t);
     size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]);
     size_t nc = (size_t)(g->ctx_shape[0] * g->ctx_shape[1]);
     const float *src[3] = { g->context, g->uncond, g->latent };
     const char *names[3] = { "context", "uncond", "latent" };
+    const wire_tensor_t **slot[3] = { &m.context, &m.uncond, &m.latent };
     for (int i = 0; i < 3; i++) {
         if (!src[i]) continue;
-        wire_tensor_t *x = &t[n++];
+        wire_tensor_t *x = &t[i];
         snprintf(x->name, sizeof x->name, "%s", names[i]);
         x->dtype = KERN_F32;
         x->ndim = i == 2 ? 4 : 2;
         memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
         x->data = src[i];
         x->bytes = (i == 2 ? nl : nc) * sizeof(float);
+        *slot[i] = x;
     }
-    wire_msg_t m;
-    int rc = call(c, id, h, t, n, timeout_ms, progress, user, &m, err);
+    wire_msg_t a;
+    int rc = call(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
     if (rc != 0) return rc;
     rc = -1;
-    const wire_tensor_t *lat = wire_msg_tensor(&m, "latent");
-    if (strcmp(m.type, "RESULT") || !lat || lat->dtype != KERN_F32 || lat->bytes != nl * sizeof(float)) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s (latent %s)", m.type, lat ? "of the wrong size" : "missing");
+    msg_result_t r;
+    wire_err_t why;
+    if (msg_type(&a) != MSG_RESULT || msg_result_decode(&a, &r, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s%s%s", a.type,
+                msg_type(&a) == MSG_RESULT ? ": " : "", msg_type(&a) == MSG_RESULT ? why.message : "");
         goto done;
     }
-    memcpy(out, lat->data, lat->bytes);
-    if (res) {
-        memset(res, 0, sizeof *res);
-        const char *w = wv_get_str(m.hdr, "worker"), *kh = wv_get_str(m.hdr, "key_hash");
-        snprintf(res->worker, sizeof res->worker, "%s", w ? w : "?");
-        snprintf(res->key_hash, sizeof res->key_hash, "%s", kh ? kh : "");
-        wv_get_u64(m.hdr, "version", &res->version);
-        res->first_version = res->version;
-        wv_get_u64(m.hdr, "first_version", &res->first_version);
-        const wire_val_t *st = wv_get(m.hdr, "stats");
-        int64_t v;
-        if (wv_get_i64(st, "captured", &v)) res->captured = (int)v;
-        if (wv_get_i64(st, "replayed", &v)) res->replayed = (int)v;
-        if (wv_get_i64(st, "eager", &v)) res->eager = (int)v;
-        wv_get_f64(st, "seconds", &res->seconds);
-        const wire_val_t *d = wv_get(st, "declines");
-        size_t off = 0;
-        for (size_t i = 0; d && d->kind == WV_MAP && i < d->as.c.n; i++) {
-            uint64_t cnt = 0;
-            wv_as_u64(d->as.c.v[i], &cnt);
-            int w2 = snprintf(res->declines + off, sizeof res->declines - off, "%s%s=%llu", off ? "," : "",
-                              d->as.c.k[i], (unsigned long long)cnt);
-            if (w2 < 0 || (size_t)w2 >= sizeof res->declines - off) break;
-            off += (size_t)w2;
-        }
+    if (!r.latent || r.latent->dtype != KERN_F32 || r.latent->bytes != nl * sizeof(float)) {
+        set_err(err, WIRE_E_MALFORMED, "RESULT latent %s", r.latent ? "of the wrong size" : "missing");
+        goto done;
     }
+    memcpy(out, r.latent->data, r.latent->bytes);
+    if (res) result_summary(&r, res);
     rc = 0;
 done:
-    wire_msg_close(&m);
+    wire_msg_close(&a);
     return rc;
-}
-
-static void join_list(const wire_val_t *arr, char *out, size_t len, bool failed) {
-    size_t off = 0;
-    out[0] = 0;
-    for (size_t i = 0; arr && i < wv_len(arr); i++) {
-        const wire_val_t *v = wv_at(arr, i);
-        char item[160];
-        if (failed) {
-            const char *w = wv_get_str(v, "worker"), *r = wv_get_str(v, "reason");
-            snprintf(item, sizeof item, "%s:%s", w ? w : "?", r ? r : "?");
-        } else {
-            snprintf(item, sizeof item, "%s", v && v->kind == WV_STR ? v->as.str.s : "?");
-        }
-        int w2 = snprintf(out + off, len - off, "%s%s", off ? "," : "", item);
-        if (w2 < 0 || (size_t)w2 >= len - off) break;
-        off += (size_t)w2;
-    }
 }
 
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err) {
     uint64_t id = ++c->next_id;
-    wire_val_t *h = wire_hdr("SYNC", id);
-    if (h && (wv_set(h, "component", wv_str(component)) || wv_set(h, "version", wv_u64(version)) ||
-              wv_set(h, "sha256", wv_str(sha256)) || wv_set(h, "path", wv_str(path)) ||
-              wv_set(h, "deadline_ms", wv_u64(deadline_ms))))
-        wv_free(&h);
-    wire_msg_t m;
-    int rc = call(c, id, h, NULL, 0, timeout_ms, NULL, NULL, &m, err);
-    if (rc != 0) return rc;
-    rc = -1;
-    if (strcmp(m.type, "SYNC_DONE")) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", m.type);
-    } else {
-        if (res) {
-            res->complete = false;
-            wv_get_bool(m.hdr, "complete", &res->complete);
-            join_list(wv_get(m.hdr, "applied"), res->applied, sizeof res->applied, false);
-            join_list(wv_get(m.hdr, "failed"), res->failed, sizeof res->failed, true);
-        }
-        rc = 0;
+    msg_sync_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
     }
-    wire_msg_close(&m);
-    return rc;
+    snprintf(s->component, sizeof s->component, "%s", component);
+    s->version = version;
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    s->deadline_ms = deadline_ms;
+    wire_msg_t a;
+    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    free(s);
+    if (rc != 0) return rc;
+    msg_sync_done_t d;
+    wire_err_t why;
+    if (msg_type(&a) != MSG_SYNC_DONE || msg_sync_done_decode(&a, &d, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a.type);
+        wire_msg_close(&a);
+        return -1;
+    }
+    if (res) {
+        res->complete = d.complete;
+        size_t off = 0;
+        res->applied[0] = res->failed[0] = '\0';
+        for (size_t i = 0; i < d.n_applied; i++) {
+            int w = snprintf(res->applied + off, sizeof res->applied - off, "%s%s", off ? "," : "", d.applied[i]);
+            if (w < 0 || (size_t)w >= sizeof res->applied - off) break;
+            off += (size_t)w;
+        }
+        off = 0;
+        for (size_t i = 0; i < d.n_failed; i++) {
+            int w = snprintf(res->failed + off, sizeof res->failed - off, "%s%s:%s", off ? "," : "",
+                             d.failed[i].worker, d.failed[i].reason);
+            if (w < 0 || (size_t)w >= sizeof res->failed - off) break;
+            off += (size_t)w;
+        }
+    }
+    wire_msg_close(&a);
+    return 0;
 }
 
-int reel_status(reel_client_t *c, wire_val_t **reply, int timeout_ms, wire_err_t *err) {
-    uint64_t id = ++c->next_id;
+struct reel_status {
     wire_msg_t m;
-    int rc = call(c, id, wire_hdr("STATUS", id), NULL, 0, timeout_ms, NULL, NULL, &m, err);
-    if (rc != 0) return rc;
-    *reply = m.hdr;
-    m.hdr = NULL;
-    wire_msg_close(&m);
+    msg_status_reply_t r;
+};
+
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    *out = NULL;
+    reel_status_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    int rc = call(c, MSG_STATUS, id, NULL, timeout_ms, NULL, NULL, &s->m, err);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
+    wire_err_t why;
+    if (msg_type(&s->m) != MSG_STATUS_REPLY || msg_status_reply_decode(&s->m, &s->r, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", s->m.type);
+        reel_status_free(&s);
+        return -1;
+    }
+    *out = s;
     return 0;
 }
-int reel_sha256_file(const char *path, char hex[65]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kern_fail("%s: %s", path, strerror(errno));
-    if (sodium_init() < 0) {
-        fclose(f);
-        return kern_fail("libsodium failed to initialise");
-    }
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) crypto_hash_sha256_update(&st, buf, n);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return kern_fail("%s: read error", path);
-    unsigned char d[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256_final(&st, d);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
-    return 0;
+
+const msg_status_reply_t *reel_status_reply(const reel_status_t *s) { return &s->r; }
+
+void reel_status_free(reel_status_t **sp) {
+    if (!sp || !*sp) return;
+    wire_msg_close(&(*sp)->m);
+    free(*sp);
+    *sp = NULL;
 }

@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "schema/wire.h"
+#include "schema/msg.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,12 +68,16 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err);
 
-/* STATUS: *reply receives the STATUS_REPLY header (free with wv_free).
- * Return values as reel_gen. */
-int reel_status(reel_client_t *c, wire_val_t **reply, int timeout_ms, wire_err_t *err);
+/* A STATUS_REPLY and the message its strings and arrays live in. */
+typedef struct reel_status reel_status_t;
 
-/* Hex sha256 of a file (65 bytes incl. NUL). -1 with a message. */
-int reel_sha256_file(const char *path, char hex[65]);
+/* STATUS: *out receives the reply (free with reel_status_free). Return
+ * values as reel_gen. */
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err);
+/* The decoded reply of s. */
+const msg_status_reply_t *reel_status_reply(const reel_status_t *s);
+/* Frees s; NULL-safe; sets *s = NULL. */
+void reel_status_free(reel_status_t **s);
 
 #ifdef __cplusplus
 }

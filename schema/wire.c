@@ -1,38 +1,19 @@
-/* wire.c -- Reel's wire codec (see wire.h and docs/PROTOCOL.md).
- *
- * Encoding goes through msgpack-c's packer. Decoding does NOT use
- * msgpack_unpack: msgpack-c allocates count x 24 bytes for an array or map
- * header before looking at the bytes behind it (5 bytes can ask for ~96 GB)
- * and reports deep nesting as NOMEM. Headers are untrusted, so they are
- * decoded here by a small recursive-descent parser that checks every count,
- * length and depth against the limits and against the bytes actually left
- * *before* allocating, and builds wire_val_t directly.
- *
- * Decoding decisions (documented for other implementations):
- *   - bin8/16/32, ext and the never-used 0xc1 are malformed: the protocol
- *     carries bytes only as tensor frames, never inside msgpack.
- *   - float32 widens exactly to WV_F64; we always encode float64.
- *   - every non-negative integer decodes as WV_UINT and every negative one
- *     as WV_INT, whatever format carried it (the lookups accept both).
- *   - map keys must be strings without NUL bytes; duplicate keys are
- *     malformed. String values may hold NULs (str.len is exact).
- *   - the root must be a map, with no bytes after it. */
-#include "schema/wire.h"
+/* wire.c -- Reel's wire transport (see wire.h and docs/PROTOCOL.md):
+ * receiving a message (every part drained, the header tokenized under the
+ * limits, the envelope -- id, proto, type -- and the tensor descriptors
+ * checked against the frames) and sending one (an encoded header and the
+ * tensor frames, copied or shared). The header's own fields are msg.c's
+ * business; the value-tree forms here serve tests and tools. */
+#include "schema/wire_codec.h"
 
 #include <errno.h>
-#include <msgpack.h>
+#include <stdalign.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
 
-/* ---- errors -------------------------------------------------------------- */
-
-static void set_err(wire_err_t *err, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
+void wire_set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
     if (!err) return;
     snprintf(err->code, sizeof err->code, "%s", code);
     va_list ap;
@@ -41,506 +22,60 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* ---- values -------------------------------------------------------------- */
+/* ---- the arena of a received message ------------------------------------------ */
 
-static wire_val_t *wv_new(wire_kind_t kind) {
-    wire_val_t *v = calloc(1, sizeof *v);
-    if (v) v->kind = kind;
-    return v;
-}
+struct wire_chunk {
+    wire_chunk_t *next;
+    size_t cap, used;
+    alignas(max_align_t) unsigned char data[];
+};
 
-wire_val_t *wv_map(void) { return wv_new(WV_MAP); }
-wire_val_t *wv_arr(void) { return wv_new(WV_ARR); }
+#define CHUNK_MIN 4096
 
-/* A value owning a NUL-terminated copy of s[0..len). NULL on OOM. */
-static wire_val_t *wv_strn(const char *s, size_t len) {
-    wire_val_t *v = wv_new(WV_STR);
-    if (!v) return NULL;
-    v->as.str.s = malloc(len + 1);
-    if (!v->as.str.s) {
-        free(v);
-        return NULL;
+void *wire_msg_alloc(wire_msg_t *m, size_t n) {
+    n = (n + alignof(max_align_t) - 1) & ~(alignof(max_align_t) - 1);
+    wire_chunk_t *c = m->arena;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > CHUNK_MIN ? n : CHUNK_MIN;
+        if (c && cap < 2 * c->cap) cap = 2 * c->cap;
+        if (!(c = malloc(sizeof *c + cap))) return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = m->arena;
+        m->arena = c;
     }
-    if (len) memcpy(v->as.str.s, s, len);
-    v->as.str.s[len] = '\0';
-    v->as.str.len = len;
-    return v;
+    void *p = c->data + c->used;
+    c->used += n;
+    memset(p, 0, n);
+    return p;
 }
 
-/* NULL on OOM, and for s == NULL (so wv_set(m, k, wv_str(NULL)) fails). */
-wire_val_t *wv_str(const char *s) { return s ? wv_strn(s, strlen(s)) : NULL; }
+/* ---- received messages --------------------------------------------------------- */
 
-wire_val_t *wv_u64(uint64_t x) {
-    wire_val_t *v = wv_new(WV_UINT);
-    if (v) v->as.u = x;
-    return v;
-}
-
-wire_val_t *wv_i64(int64_t x) {
-    wire_val_t *v = wv_new(WV_INT);
-    if (v) v->as.i = x;
-    return v;
-}
-
-wire_val_t *wv_f64(double x) {
-    wire_val_t *v = wv_new(WV_F64);
-    if (v) v->as.f = x;
-    return v;
-}
-
-wire_val_t *wv_bool(bool b) {
-    wire_val_t *v = wv_new(WV_BOOL);
-    if (v) v->as.b = b;
-    return v;
-}
-
-wire_val_t *wv_nil(void) { return wv_new(WV_NIL); }
-
-void wv_free(wire_val_t **vp) {
-    if (!vp || !*vp) return;
-    wire_val_t *v = *vp;
-    if (v->kind == WV_STR) {
-        free(v->as.str.s);
-    } else if (v->kind == WV_ARR || v->kind == WV_MAP) {
-        for (size_t i = 0; i < v->as.c.n; i++) {
-            wv_free(&v->as.c.v[i]);
-            if (v->as.c.k) free(v->as.c.k[i]);
-        }
-        free(v->as.c.v);
-        free(v->as.c.k);
+/* Frees what the message's body holds (not the identity) and empties it. */
+static void release_body(wire_msg_t *m) {
+    wv_free(&m->hdr);
+    wire_toks_free(&m->tok);
+    while (m->arena) {
+        wire_chunk_t *next = m->arena->next;
+        free(m->arena);
+        m->arena = next;
     }
-    free(v);
-    *vp = NULL;
-}
-
-/* Makes room for one more entry. -1 on OOM (container unchanged). */
-static int wv_grow(wire_val_t *c) {
-    if (c->as.c.n < c->as.c.cap) return 0;
-    size_t cap = c->as.c.cap ? c->as.c.cap * 2 : 4;
-    wire_val_t **v = realloc(c->as.c.v, cap * sizeof *v);
-    if (!v) return -1;
-    c->as.c.v = v;
-    if (c->kind == WV_MAP) {
-        char **k = realloc(c->as.c.k, cap * sizeof *k);
-        if (!k) return -1; /* v grew but cap did not: harmless */
-        c->as.c.k = k;
-    }
-    c->as.c.cap = cap;
-    return 0;
-}
-
-static ssize_t map_find(const wire_val_t *map, const char *key) {
-    for (size_t i = 0; i < map->as.c.n; i++)
-        if (!strcmp(map->as.c.k[i], key)) return (ssize_t)i;
-    return -1;
-}
-
-int wv_set(wire_val_t *map, const char *key, wire_val_t *v) {
-    if (!v) return -1;
-    if (!map || map->kind != WV_MAP || !key) goto err;
-    ssize_t at = map_find(map, key);
-    if (at >= 0) {
-        wv_free(&map->as.c.v[at]);
-        map->as.c.v[at] = v;
-        return 0;
-    }
-    char *k = strdup(key);
-    if (!k) goto err;
-    if (wv_grow(map) < 0) {
-        free(k);
-        goto err;
-    }
-    map->as.c.k[map->as.c.n] = k;
-    map->as.c.v[map->as.c.n++] = v;
-    return 0;
-err:
-    wv_free(&v);
-    return -1;
-}
-
-int wv_push(wire_val_t *arr, wire_val_t *v) {
-    if (!v) return -1;
-    if (!arr || arr->kind != WV_ARR || wv_grow(arr) < 0) {
-        wv_free(&v);
-        return -1;
-    }
-    arr->as.c.v[arr->as.c.n++] = v;
-    return 0;
-}
-
-const wire_val_t *wv_get(const wire_val_t *map, const char *key) {
-    if (!map || map->kind != WV_MAP || !key) return NULL;
-    ssize_t at = map_find(map, key);
-    return at < 0 ? NULL : map->as.c.v[at];
-}
-
-const char *wv_get_str(const wire_val_t *map, const char *key) {
-    const wire_val_t *v = wv_get(map, key);
-    return v && v->kind == WV_STR ? v->as.str.s : NULL;
-}
-
-bool wv_as_u64(const wire_val_t *v, uint64_t *out) {
-    if (!v) return false;
-    if (v->kind == WV_UINT) {
-        *out = v->as.u;
-        return true;
-    }
-    if (v->kind == WV_INT && v->as.i >= 0) {
-        *out = (uint64_t)v->as.i;
-        return true;
-    }
-    return false;
-}
-
-bool wv_as_i64(const wire_val_t *v, int64_t *out) {
-    if (!v) return false;
-    if (v->kind == WV_INT) {
-        *out = v->as.i;
-        return true;
-    }
-    if (v->kind == WV_UINT && v->as.u <= (uint64_t)INT64_MAX) {
-        *out = (int64_t)v->as.u;
-        return true;
-    }
-    return false;
-}
-
-bool wv_as_f64(const wire_val_t *v, double *out) {
-    if (!v) return false;
-    switch (v->kind) {
-    case WV_F64: *out = v->as.f; return true;
-    case WV_INT: *out = (double)v->as.i; return true;
-    case WV_UINT: *out = (double)v->as.u; return true;
-    default: return false;
-    }
-}
-
-bool wv_get_u64(const wire_val_t *map, const char *key, uint64_t *out) {
-    return wv_as_u64(wv_get(map, key), out);
-}
-
-bool wv_get_i64(const wire_val_t *map, const char *key, int64_t *out) {
-    return wv_as_i64(wv_get(map, key), out);
-}
-
-bool wv_get_f64(const wire_val_t *map, const char *key, double *out) {
-    return wv_as_f64(wv_get(map, key), out);
-}
-
-bool wv_get_bool(const wire_val_t *map, const char *key, bool *out) {
-    const wire_val_t *v = wv_get(map, key);
-    if (!v || v->kind != WV_BOOL) return false;
-    *out = v->as.b;
-    return true;
-}
-
-size_t wv_len(const wire_val_t *v) {
-    return v && (v->kind == WV_ARR || v->kind == WV_MAP) ? v->as.c.n : 0;
-}
-
-/* Arrays only: NULL for a map, a scalar or i out of range. */
-const wire_val_t *wv_at(const wire_val_t *arr, size_t i) {
-    if (!arr || arr->kind != WV_ARR || i >= arr->as.c.n) return NULL;
-    return arr->as.c.v[i];
-}
-
-/* ---- encoding ------------------------------------------------------------ */
-
-static int pack_str(msgpack_packer *pk, const char *s, size_t len) {
-    if (msgpack_pack_str(pk, len) < 0) return -1;
-    return msgpack_pack_str_body(pk, s, len);
-}
-
-/* Packs v, whose containers start at nesting level depth+1. -1 on OOM or
- * when a container would sit deeper than WIRE_MAX_DEPTH. */
-static int pack_val(msgpack_packer *pk, const wire_val_t *v, int depth) {
-    switch (v->kind) {
-    case WV_NIL: return msgpack_pack_nil(pk);
-    case WV_BOOL: return v->as.b ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    case WV_INT: return msgpack_pack_int64(pk, v->as.i);
-    case WV_UINT: return msgpack_pack_uint64(pk, v->as.u);
-    case WV_F64: return msgpack_pack_double(pk, v->as.f);
-    case WV_STR: return pack_str(pk, v->as.str.s, v->as.str.len);
-    case WV_ARR:
-        if (depth + 1 > WIRE_MAX_DEPTH) return -1;
-        if (msgpack_pack_array(pk, v->as.c.n) < 0) return -1;
-        for (size_t i = 0; i < v->as.c.n; i++)
-            if (pack_val(pk, v->as.c.v[i], depth + 1) < 0) return -1;
-        return 0;
-    case WV_MAP:
-        if (depth + 1 > WIRE_MAX_DEPTH) return -1;
-        if (msgpack_pack_map(pk, v->as.c.n) < 0) return -1;
-        for (size_t i = 0; i < v->as.c.n; i++) {
-            if (pack_str(pk, v->as.c.k[i], strlen(v->as.c.k[i])) < 0) return -1;
-            if (pack_val(pk, v->as.c.v[i], depth + 1) < 0) return -1;
-        }
-        return 0;
-    }
-    return -1;
-}
-
-unsigned char *wire_encode_header(const wire_val_t *hdr, size_t *len) {
-    if (!hdr || !len) return NULL;
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    if (pack_val(&pk, hdr, 0) < 0) {
-        msgpack_sbuffer_destroy(&sb);
-        return NULL;
-    }
-    size_t n = sb.size; /* release() zeroes sb */
-    unsigned char *out = (unsigned char *)msgpack_sbuffer_release(&sb);
-    if (out) *len = n;
-    return out;
-}
-
-/* ---- decoding ------------------------------------------------------------ */
-
-typedef struct {
-    const unsigned char *p, *end;
-    wire_err_t *err;
-} dec_t;
-
-static size_t dec_left(const dec_t *d) { return (size_t)(d->end - d->p); }
-
-/* Reads an n-byte big-endian unsigned integer. false (err set) if
- * truncated. */
-static bool dec_be(dec_t *d, size_t n, uint64_t *out) {
-    if (dec_left(d) < n) {
-        set_err(d->err, WIRE_E_MALFORMED, "truncated header");
-        return false;
-    }
-    uint64_t x = 0;
-    for (size_t i = 0; i < n; i++) x = x << 8 | d->p[i];
-    d->p += n;
-    *out = x;
-    return true;
-}
-
-static wire_val_t *dec_oom(dec_t *d) {
-    set_err(d->err, WIRE_E_INTERNAL, "out of memory decoding header");
-    return NULL;
-}
-
-/* A string body of len bytes at d->p (len already read). */
-static wire_val_t *dec_str(dec_t *d, uint64_t len) {
-    if (len > WIRE_MAX_STR) {
-        set_err(d->err, WIRE_E_TOO_LARGE, "string of %llu bytes (max %d)",
-                (unsigned long long)len, WIRE_MAX_STR);
-        return NULL;
-    }
-    if (len > dec_left(d)) {
-        set_err(d->err, WIRE_E_MALFORMED, "truncated string");
-        return NULL;
-    }
-    wire_val_t *v = wv_strn((const char *)d->p, (size_t)len);
-    if (!v) return dec_oom(d);
-    d->p += len;
-    return v;
-}
-
-static int cmp_keys(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* True when the n keys are distinct; O(n log n) so a 4096-entry map cannot
- * be turned into a quadratic CPU cost. -1 on OOM. */
-static int keys_distinct(char **k, size_t n) {
-    if (n < 2) return 1;
-    char **s = malloc(n * sizeof *s);
-    if (!s) return -1;
-    memcpy(s, k, n * sizeof *s);
-    qsort(s, n, sizeof *s, cmp_keys);
-    int ok = 1;
-    for (size_t i = 1; i < n && ok; i++)
-        if (!strcmp(s[i - 1], s[i])) ok = 0;
-    free(s);
-    return ok;
-}
-
-static wire_val_t *dec_val(dec_t *d, int depth);
-
-/* A container of `count` entries whose header was just read. The count is
- * checked against the limit and against the bytes left (an element needs at
- * least one byte, a map entry two) before anything is allocated. */
-static wire_val_t *dec_container(dec_t *d, bool is_map, uint64_t count, int depth) {
-    if (depth + 1 > WIRE_MAX_DEPTH) {
-        set_err(d->err, WIRE_E_TOO_LARGE, "nesting deeper than %d", WIRE_MAX_DEPTH);
-        return NULL;
-    }
-    if (count > WIRE_MAX_ITEMS) {
-        set_err(d->err, WIRE_E_TOO_LARGE, "%s of %llu entries (max %d)",
-                is_map ? "map" : "array", (unsigned long long)count, WIRE_MAX_ITEMS);
-        return NULL;
-    }
-    if (count * (is_map ? 2 : 1) > dec_left(d)) {
-        set_err(d->err, WIRE_E_MALFORMED, "%s of %llu entries in %zu bytes",
-                is_map ? "map" : "array", (unsigned long long)count, dec_left(d));
-        return NULL;
-    }
-    wire_val_t *c = wv_new(is_map ? WV_MAP : WV_ARR);
-    if (!c) return dec_oom(d);
-    if (count) {
-        c->as.c.v = calloc((size_t)count, sizeof *c->as.c.v);
-        if (is_map) c->as.c.k = calloc((size_t)count, sizeof *c->as.c.k);
-        if (!c->as.c.v || (is_map && !c->as.c.k)) goto oom;
-        c->as.c.cap = (size_t)count;
-    }
-    for (size_t i = 0; i < count; i++) {
-        if (is_map) {
-            /* peek, so a container posing as a key is never built */
-            unsigned char kb = dec_left(d) ? *d->p : 0xc0;
-            if ((kb & 0xe0) != 0xa0 && (kb < 0xd9 || kb > 0xdb)) {
-                set_err(d->err, WIRE_E_MALFORMED, "map key is not a string");
-                goto fail;
-            }
-            wire_val_t *key = dec_val(d, depth + 1);
-            if (!key) goto fail;
-            if (strlen(key->as.str.s) != key->as.str.len) {
-                set_err(d->err, WIRE_E_MALFORMED, "map key holds a NUL byte");
-                wv_free(&key);
-                goto fail;
-            }
-            c->as.c.k[i] = key->as.str.s; /* steal the copy */
-            key->as.str.s = NULL;
-            wv_free(&key);
-        }
-        wire_val_t *v = dec_val(d, depth + 1);
-        if (!v) {
-            /* keep n consistent: a stolen key without value is freed here */
-            if (is_map) {
-                free(c->as.c.k[i]);
-                c->as.c.k[i] = NULL;
-            }
-            goto fail;
-        }
-        c->as.c.v[i] = v;
-        c->as.c.n = i + 1;
-    }
-    if (is_map) {
-        int r = keys_distinct(c->as.c.k, c->as.c.n);
-        if (r < 0) goto oom;
-        if (!r) {
-            set_err(d->err, WIRE_E_MALFORMED, "duplicate map key");
-            goto fail;
-        }
-    }
-    return c;
-oom:
-    dec_oom(d);
-fail:
-    wv_free(&c);
-    return NULL;
-}
-
-/* Decodes one value; `depth` containers enclose it. NULL with d->err set. */
-static wire_val_t *dec_val(dec_t *d, int depth) {
-    uint64_t x;
-    if (!dec_left(d)) {
-        set_err(d->err, WIRE_E_MALFORMED, "truncated header");
-        return NULL;
-    }
-    unsigned char b = *d->p++;
-    if ((b & 0xf0) == 0x80) return dec_container(d, true, b & 0x0f, depth);
-    if ((b & 0xf0) == 0x90) return dec_container(d, false, b & 0x0f, depth);
-    if ((b & 0xe0) == 0xa0) return dec_str(d, b & 0x1f);
-    wire_val_t *v = NULL;
-    if (b <= 0x7f) {
-        v = wv_u64(b);
-    } else if (b >= 0xe0) {
-        v = wv_i64((int8_t)b);
-    } else switch (b) {
-    case 0xc0: v = wv_new(WV_NIL); break;
-    case 0xc2: v = wv_bool(false); break;
-    case 0xc3: v = wv_bool(true); break;
-    case 0xcc: case 0xcd: case 0xce: case 0xcf:
-        if (!dec_be(d, (size_t)1 << (b - 0xcc), &x)) return NULL;
-        v = wv_u64(x);
-        break;
-    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
-        size_t n = (size_t)1 << (b - 0xd0);
-        if (!dec_be(d, n, &x)) return NULL;
-        if (n < 8 && (x >> (8 * n - 1)) & 1) x |= ~(uint64_t)0 << (8 * n); /* sign-extend */
-        int64_t i = (int64_t)x;
-        v = i >= 0 ? wv_u64((uint64_t)i) : wv_i64(i);
-        break;
-    }
-    case 0xca: {
-        if (!dec_be(d, 4, &x)) return NULL;
-        uint32_t u = (uint32_t)x;
-        float f;
-        memcpy(&f, &u, sizeof f);
-        v = wv_f64((double)f);
-        break;
-    }
-    case 0xcb: {
-        if (!dec_be(d, 8, &x)) return NULL;
-        double f;
-        memcpy(&f, &x, sizeof f);
-        v = wv_f64(f);
-        break;
-    }
-    case 0xd9: case 0xda: case 0xdb:
-        if (!dec_be(d, (size_t)1 << (b - 0xd9), &x)) return NULL;
-        return dec_str(d, x);
-    case 0xdc: case 0xdd:
-        if (!dec_be(d, b == 0xdc ? 2 : 4, &x)) return NULL;
-        return dec_container(d, false, x, depth);
-    case 0xde: case 0xdf:
-        if (!dec_be(d, b == 0xde ? 2 : 4, &x)) return NULL;
-        return dec_container(d, true, x, depth);
-    case 0xc4: case 0xc5: case 0xc6:
-        set_err(d->err, WIRE_E_MALFORMED, "bin values are not allowed in a header");
-        return NULL;
-    default: /* 0xc1, ext 0xc7-0xc9 and fixext 0xd4-0xd8 */
-        set_err(d->err, WIRE_E_MALFORMED, "unsupported msgpack type 0x%02x", b);
-        return NULL;
-    }
-    return v ? v : dec_oom(d);
-}
-
-wire_val_t *wire_decode_header(const void *buf, size_t len, wire_err_t *err) {
-    if (len > WIRE_MAX_HEADER) {
-        set_err(err, WIRE_E_TOO_LARGE, "header of %zu bytes (max %d)", len, WIRE_MAX_HEADER);
-        return NULL;
-    }
-    const unsigned char *p = buf;
-    if (!len || !p) {
-        set_err(err, WIRE_E_MALFORMED, "empty header");
-        return NULL;
-    }
-    if (!((p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf)) {
-        set_err(err, WIRE_E_MALFORMED, "header is not a map");
-        return NULL;
-    }
-    dec_t d = {p, p + len, err};
-    wire_val_t *v = dec_val(&d, 0);
-    if (!v) return NULL;
-    if (d.p != d.end) {
-        set_err(err, WIRE_E_MALFORMED, "%zu trailing bytes after the header", dec_left(&d));
-        wv_free(&v);
-    }
-    return v;
-}
-
-/* ---- messages ------------------------------------------------------------ */
-
-static void msg_reset(wire_msg_t *m) {
-    m->hdr = NULL;
-    m->type = NULL;
-    m->id = 0;
+    if (m->has_head) zmq_msg_close(&m->head);
+    m->has_head = false;
+    for (int i = 0; i < m->n_tensors && i < WIRE_MAX_TENSORS; i++) zmq_msg_close(&m->frame[i]);
     m->n_tensors = 0;
     memset(m->t, 0, sizeof m->t);
+    m->type = NULL;
+    m->type_buf[0] = '\0';
+    m->id = 0;
 }
 
 void wire_msg_close(wire_msg_t *m) {
     if (!m) return;
-    wv_free(&m->hdr);
-    for (int i = 0; i < m->n_tensors && i < WIRE_MAX_TENSORS; i++) zmq_msg_close(&m->frame[i]);
+    release_body(m);
     if (m->has_identity) zmq_msg_close(&m->identity);
     m->has_identity = false;
-    msg_reset(m);
 }
 
 const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name) {
@@ -550,133 +85,159 @@ const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name) {
     return NULL;
 }
 
-/* Fills *t from descriptor i. 1 with *err set when it is bad. */
-static int parse_tensor(const wire_val_t *dv, int i, wire_tensor_t *t, wire_err_t *err) {
-    if (!dv || dv->kind != WV_MAP) {
-        set_err(err, WIRE_E_MALFORMED, "tensor %d: descriptor is not a map", i);
+/* The values of keys[0..n) in map token `map`, in one pass (0 where
+ * absent). */
+static void find_keys(const wire_msg_t *m, uint32_t map, const char *const *keys, uint32_t *at, int n) {
+    const wire_tok_t *v = wire_toks_v(&m->tok);
+    const void *h = wire_msg_head(m);
+    for (int j = 0; j < n; j++) at[j] = 0;
+    for (uint32_t i = 0, k = map + 1; i < v[map].n; i++, k = v[k + 1].next)
+        for (int j = 0; j < n; j++)
+            if (!at[j] && wire_tok_is(&m->tok, h, k, keys[j])) {
+                at[j] = k + 1;
+                break;
+            }
+}
+
+/* Fills *t from descriptor token d (descriptor i). 1 with *err set when
+ * it is bad. Unknown keys of a descriptor are ignored. */
+static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t, wire_err_t *err) {
+    static const char *const keys[4] = { "name", "dtype", "shape", "bytes" };
+    const wire_toks_t *tk = &m->tok;
+    const void *h = wire_msg_head(m);
+    const wire_tok_t *v = wire_toks_v(tk);
+    if (v[d].kind != WV_MAP) {
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor %d: descriptor is not a map", i);
         return 1;
     }
-    const wire_val_t *name = wv_get(dv, "name");
-    if (!name || name->kind != WV_STR || name->as.str.len == 0 ||
-        name->as.str.len >= sizeof t->name || strlen(name->as.str.s) != name->as.str.len) {
-        set_err(err, WIRE_E_MALFORMED, "tensor %d: \"name\" must be a string of 1..%zu bytes",
-                i, sizeof t->name - 1);
+    uint32_t at[4];
+    find_keys(m, d, keys, at, 4);
+    uint32_t name = at[0], dt = at[1], shape = at[2], b = at[3];
+    size_t len = 0;
+    const char *s = name && v[name].kind == WV_STR ? wire_tok_str(tk, h, name, &len) : NULL;
+    if (!s || len == 0 || len >= sizeof t->name || memchr(s, 0, len)) {
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor %d: \"name\" must be a string of 1..%zu bytes", i,
+                     sizeof t->name - 1);
         return 1;
     }
-    memcpy(t->name, name->as.str.s, name->as.str.len + 1);
-    const char *dt = wv_get_str(dv, "dtype");
-    if (!dt || kern_dtype_parse(dt, &t->dtype) < 0) {
-        set_err(err, WIRE_E_MALFORMED, "tensor '%s': unknown dtype", t->name);
+    memcpy(t->name, s, len);
+    t->name[len] = '\0';
+    char dts[16] = "";
+    s = dt && v[dt].kind == WV_STR ? wire_tok_str(tk, h, dt, &len) : NULL;
+    if (s && len < sizeof dts) memcpy(dts, s, len), dts[len] = '\0';
+    if (kern_dtype_parse(dts, &t->dtype) < 0) {
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': unknown dtype", t->name);
         return 1;
     }
-    const wire_val_t *shape = wv_get(dv, "shape");
-    if (!shape || shape->kind != WV_ARR) {
-        set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"shape\" is not an array", t->name);
+    if (!shape || v[shape].kind != WV_ARR) {
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"shape\" is not an array", t->name);
         return 1;
     }
-    if (wv_len(shape) > KERN_MAX_DIMS) {
-        set_err(err, WIRE_E_TOO_LARGE, "tensor '%s': %zu dims (max %d)", t->name,
-                wv_len(shape), KERN_MAX_DIMS);
+    if (v[shape].n > KERN_MAX_DIMS) {
+        wire_set_err(err, WIRE_E_TOO_LARGE, "tensor '%s': %u dims (max %d)", t->name, (unsigned)v[shape].n,
+                     KERN_MAX_DIMS);
         return 1;
     }
-    t->ndim = (int)wv_len(shape);
-    uint64_t numel = 1;
+    t->ndim = (int)v[shape].n;
+    uint64_t numel = 1, want, bytes;
     for (int k = 0; k < t->ndim; k++) {
         int64_t dim;
-        if (!wv_as_i64(wv_at(shape, (size_t)k), &dim) || dim < 0) {
-            set_err(err, WIRE_E_MALFORMED, "tensor '%s': dim %d is not a non-negative integer",
-                    t->name, k);
+        if (!wire_tok_i64(tk, shape + 1 + (uint32_t)k, &dim) || dim < 0) {
+            wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': dim %d is not a non-negative integer",
+                         t->name, k);
             return 1;
         }
         t->shape[k] = dim;
         if (__builtin_mul_overflow(numel, (uint64_t)dim, &numel)) {
-            set_err(err, WIRE_E_MALFORMED, "tensor '%s': element count overflows", t->name);
+            wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': element count overflows", t->name);
             return 1;
         }
     }
-    uint64_t want, bytes;
     if (__builtin_mul_overflow(numel, (uint64_t)kern_dtype_size(t->dtype), &want)) {
-        set_err(err, WIRE_E_MALFORMED, "tensor '%s': byte size overflows", t->name);
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': byte size overflows", t->name);
         return 1;
     }
-    if (!wv_get_u64(dv, "bytes", &bytes)) {
-        set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"bytes\" missing", t->name);
+    if (!b || !wire_tok_u64(tk, b, &bytes)) {
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"bytes\" missing", t->name);
         return 1;
     }
     if (bytes != want) {
-        set_err(err, WIRE_E_MALFORMED, "tensor '%s': bytes %llu != %llu (shape x dtype)",
-                t->name, (unsigned long long)bytes, (unsigned long long)want);
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': bytes %llu != %llu (shape x dtype)", t->name,
+                     (unsigned long long)bytes, (unsigned long long)want);
         return 1;
     }
     t->bytes = (size_t)bytes;
     return 0;
 }
 
-/* Decodes frames[0..n_kept) of a message that had n_total frames (those
- * past n_kept were already closed: they only count). Takes ownership of
- * the kept frames; on success the tensor frames move into m->frame. */
-static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t n_total,
-                         wire_err_t *err) {
-    int rc = 1;
-    size_t done = 0; /* frames[0..done) no longer ours to close */
-    msg_reset(m);
-    if (n_total == 0) {
-        set_err(err, WIRE_E_MALFORMED, "message without a header frame");
-        goto out;
+/* The envelope: id, proto, type. 1 with *err set when it is bad. */
+static int parse_envelope(wire_msg_t *m, uint32_t *tensors, wire_err_t *err) {
+    static const char *const keys[4] = { "id", "proto", "type", "tensors" };
+    const wire_toks_t *tk = &m->tok;
+    const void *h = wire_msg_head(m);
+    const wire_tok_t *v = wire_toks_v(tk);
+    uint32_t at[4];
+    find_keys(m, 0, keys, at, 4);
+    uint32_t id = at[0];
+    *tensors = at[3];
+    if (id && !wire_tok_u64(tk, id, &m->id)) {
+        wire_set_err(err, WIRE_E_MALFORMED, "\"id\" is not an unsigned integer");
+        return 1;
     }
-    m->hdr = wire_decode_header(zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), err);
-    zmq_msg_close(&frames[0]); /* the tree holds copies of every string */
-    done = 1;
-    if (!m->hdr) goto out;
+    uint32_t proto = at[1];
+    if (!proto || !wire_tok_is(tk, h, proto, WIRE_PROTO)) {
+        size_t len = 0;
+        const char *p = proto && v[proto].kind == WV_STR ? wire_tok_str(tk, h, proto, &len) : NULL;
+        wire_set_err(err, WIRE_E_PROTO, "proto %s%.*s%s, want \"" WIRE_PROTO "\"", p ? "\"" : "",
+                     p ? (int)(len < 64 ? len : 64) : 7, p ? p : "missing", p ? "\"" : "");
+        return 1;
+    }
+    uint32_t type = at[2];
+    if (!type || v[type].kind != WV_STR) {
+        wire_set_err(err, WIRE_E_MALFORMED, "\"type\" missing or not a string");
+        return 1;
+    }
+    size_t len;
+    const char *s = wire_tok_str(tk, h, type, &len);
+    if (len >= sizeof m->type_buf) len = sizeof m->type_buf - 1; /* no type is that long: unknown */
+    memcpy(m->type_buf, s, len);
+    m->type_buf[len] = '\0';
+    m->type = m->type_buf;
+    return 0;
+}
 
-    /* The id first: a rejected request is still answered under its id,
-     * which is how the client matches the ERROR to what it sent. */
-    const wire_val_t *id = wv_get(m->hdr, "id");
-    if (id && !wv_as_u64(id, &m->id)) {
-        set_err(err, WIRE_E_MALFORMED, "\"id\" is not an unsigned integer");
-        goto out;
+/* Checks the tensor descriptors against frames[1..n_total). */
+static int parse_tensors(wire_msg_t *m, uint32_t desc, zmq_msg_t *frames, size_t n_total, wire_err_t *err) {
+    const wire_toks_t *tk = &m->tok;
+    const wire_tok_t *v = wire_toks_v(tk);
+    if (desc && v[desc].kind != WV_ARR) {
+        wire_set_err(err, WIRE_E_MALFORMED, "\"tensors\" is not an array");
+        return 1;
     }
-    const char *proto = wv_get_str(m->hdr, "proto");
-    if (!proto || strcmp(proto, WIRE_PROTO)) {
-        set_err(err, WIRE_E_PROTO, "proto %s%.64s%s, want \"" WIRE_PROTO "\"",
-                proto ? "\"" : "", proto ? proto : "missing", proto ? "\"" : "");
-        goto out;
-    }
-    m->type = wv_get_str(m->hdr, "type");
-    if (!m->type) {
-        set_err(err, WIRE_E_MALFORMED, "\"type\" missing or not a string");
-        goto out;
-    }
-    const wire_val_t *desc = wv_get(m->hdr, "tensors");
-    if (desc && desc->kind != WV_ARR) {
-        set_err(err, WIRE_E_MALFORMED, "\"tensors\" is not an array");
-        goto out;
-    }
-    size_t n_desc = wv_len(desc), n_frames = n_total - 1;
+    size_t n_desc = desc ? v[desc].n : 0, n_frames = n_total - 1;
     if (n_desc > WIRE_MAX_TENSORS || n_frames > WIRE_MAX_TENSORS) {
-        set_err(err, WIRE_E_TOO_LARGE, "%zu tensors (max %d)",
-                n_desc > n_frames ? n_desc : n_frames, WIRE_MAX_TENSORS);
-        goto out;
+        wire_set_err(err, WIRE_E_TOO_LARGE, "%zu tensors (max %d)", n_desc > n_frames ? n_desc : n_frames,
+                     WIRE_MAX_TENSORS);
+        return 1;
     }
     if (n_desc != n_frames) {
-        set_err(err, WIRE_E_MALFORMED, "%zu tensors declared but %zu frames sent", n_desc,
-                n_frames);
-        goto out;
+        wire_set_err(err, WIRE_E_MALFORMED, "%zu tensors declared but %zu frames sent", n_desc, n_frames);
+        return 1;
     }
-    for (size_t i = 0; i < n_desc; i++) {
+    for (size_t i = 0, d = desc + 1; i < n_desc; i++, d = v[d].next) {
         wire_tensor_t *t = &m->t[i];
-        if (parse_tensor(wv_at(desc, i), (int)i, t, err)) goto out;
+        if (parse_tensor(m, (uint32_t)d, (int)i, t, err)) return 1;
         /* wire_msg_tensor looks tensors up by name: keep names unambiguous */
         for (size_t j = 0; j < i; j++)
             if (!strcmp(m->t[j].name, t->name)) {
-                set_err(err, WIRE_E_MALFORMED, "tensor '%s' declared twice", t->name);
-                goto out;
+                wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s' declared twice", t->name);
+                return 1;
             }
         size_t fsz = zmq_msg_size(&frames[1 + i]);
         if (fsz != t->bytes) {
-            set_err(err, WIRE_E_MALFORMED, "tensor '%s': %zu bytes declared, frame has %zu",
-                    t->name, t->bytes, fsz);
-            goto out;
+            wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': %zu bytes declared, frame has %zu", t->name,
+                         t->bytes, fsz);
+            return 1;
         }
     }
     for (size_t i = 0; i < n_desc; i++) {
@@ -687,14 +248,45 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
         m->t[i].data = zmq_msg_data(&m->frame[i]);
     }
     m->n_tensors = (int)n_desc;
+    return 0;
+}
+
+/* Decodes frames[0..n_kept) of a message that had n_total frames (those
+ * past n_kept were already closed: they only count). Takes ownership of
+ * the kept frames; on success the header frame moves into m->head and the
+ * tensor frames into m->frame. The identity is left alone. */
+static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t n_total,
+                         wire_err_t *err, bool tree) {
+    int rc = 1;
+    size_t done = 0; /* frames[0..done) no longer ours to close */
+    release_body(m);
+    if (n_total == 0) {
+        wire_set_err(err, WIRE_E_MALFORMED, "message without a header frame");
+        goto out;
+    }
+    zmq_msg_init(&m->head);
+    zmq_msg_move(&m->head, &frames[0]);
+    zmq_msg_close(&frames[0]);
+    m->has_head = true;
+    done = 1;
+    /* The id is read as soon as the tokenizer meets it: a rejected request
+     * is still answered under its id, which is how the client matches the
+     * ERROR to what it sent. */
+    uint32_t desc = 0;
+    if (wire_tokenize(wire_msg_head(m), zmq_msg_size(&m->head), &m->tok, &m->id, err) ||
+        parse_envelope(m, &desc, err) || parse_tensors(m, desc, frames, n_total, err))
+        goto out;
     done = n_kept;
+    if (tree && !(m->hdr = wire_tok_tree(&m->tok, wire_msg_head(m), 0))) {
+        wire_set_err(err, WIRE_E_INTERNAL, "out of memory decoding header");
+        goto out;
+    }
     rc = 0;
 out:
     for (size_t i = done; i < n_kept; i++) zmq_msg_close(&frames[i]);
     if (rc) {
         uint64_t keep_id = m->id;
-        wv_free(&m->hdr);
-        msg_reset(m);
+        release_body(m);
         m->id = keep_id;
     }
     return rc;
@@ -702,11 +294,25 @@ out:
 
 /* wire_decode resets the whole of *m, has_identity included: a caller with
  * an identity attaches it after. */
-int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err) {
-    m->has_identity = false;
+int wire_decode_as(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err, bool tree) {
+    memset(m, 0, sizeof *m);
     size_t keep = n <= 1 + WIRE_MAX_TENSORS ? n : 1 + WIRE_MAX_TENSORS;
     for (size_t i = keep; i < n; i++) zmq_msg_close(&frames[i]);
-    return decode_frames(m, frames, keep, n, err);
+    return decode_frames(m, frames, keep, n, err, tree);
+}
+
+int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err) {
+    return wire_decode_as(m, frames, n, err, true);
+}
+
+wire_val_t *wire_decode_header(const void *buf, size_t len, wire_err_t *err) {
+    wire_toks_t t;
+    memset(&t, 0, sizeof t);
+    wire_val_t *v = NULL;
+    if (wire_tokenize(buf, len, &t, NULL, err) == 0 && !(v = wire_tok_tree(&t, buf, 0)))
+        wire_set_err(err, WIRE_E_INTERNAL, "out of memory decoding header");
+    wire_toks_free(&t);
+    return v;
 }
 
 /* Receives one part, retrying EINTR when `retry` (inside a multipart
@@ -718,7 +324,7 @@ static int recv_part(void *sock, zmq_msg_t *msg, int flags, bool retry) {
     }
 }
 
-int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err) {
+int wire_recv_as(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err, bool tree) {
     memset(m, 0, sizeof *m);
     zmq_msg_t frames[1 + WIRE_MAX_TENSORS];
     size_t kept = 0, total = 0;
@@ -757,7 +363,11 @@ int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err
         total++;
     }
     /* decode_frames leaves the identity alone */
-    return decode_frames(m, frames, kept, total, err);
+    return decode_frames(m, frames, kept, total, err, tree);
+}
+
+int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err) {
+    return wire_recv_as(sock, router, flags, m, err, true);
 }
 
 int wire_socket_limits(void *sock) {
@@ -766,6 +376,8 @@ int wire_socket_limits(void *sock) {
     if (zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max) < 0) return -1;
     return zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
 }
+
+/* ---- sending ------------------------------------------------------------------- */
 
 wire_val_t *wire_hdr(const char *type, uint64_t id) {
     wire_val_t *h = wv_map();
@@ -779,57 +391,16 @@ wire_val_t *wire_hdr(const char *type, uint64_t id) {
 
 /* A sender-side check: what the receiver would reject is not sent. */
 static bool tensor_ok(const wire_tensor_t *t) {
-    if (t->ndim < 0 || t->ndim > KERN_MAX_DIMS || t->dtype < 0 ||
-        t->dtype >= KERN_DTYPE_COUNT)
+    if (t->ndim < 0 || t->ndim > KERN_MAX_DIMS || t->dtype < 0 || t->dtype >= KERN_DTYPE_COUNT)
         return false;
     size_t nl = strnlen(t->name, sizeof t->name);
     if (nl == 0 || nl == sizeof t->name) return false;
     uint64_t numel = 1;
     for (int k = 0; k < t->ndim; k++)
-        if (t->shape[k] < 0 || __builtin_mul_overflow(numel, (uint64_t)t->shape[k], &numel))
-            return false;
+        if (t->shape[k] < 0 || __builtin_mul_overflow(numel, (uint64_t)t->shape[k], &numel)) return false;
     uint64_t want;
     if (__builtin_mul_overflow(numel, (uint64_t)kern_dtype_size(t->dtype), &want)) return false;
     return want == t->bytes && (t->bytes == 0 || t->data);
-}
-
-/* True when v's containers nest at most WIRE_MAX_DEPTH deep, counting the
- * `depth` that already enclose it. */
-static bool depth_ok(const wire_val_t *v, int depth) {
-    if (v->kind != WV_ARR && v->kind != WV_MAP) return true;
-    if (depth + 1 > WIRE_MAX_DEPTH) return false;
-    for (size_t i = 0; i < v->as.c.n; i++)
-        if (!depth_ok(v->as.c.v[i], depth + 1)) return false;
-    return true;
-}
-
-/* Packs the caller's map minus "proto"/"tensors", then those two. */
-static int pack_wire_header(msgpack_packer *pk, const wire_val_t *hdr,
-                            const wire_tensor_t *t, int n) {
-    size_t keep = 0;
-    for (size_t i = 0; i < hdr->as.c.n; i++)
-        if (strcmp(hdr->as.c.k[i], "proto") && strcmp(hdr->as.c.k[i], "tensors")) keep++;
-    if (msgpack_pack_map(pk, keep + 2) < 0) return -1;
-    for (size_t i = 0; i < hdr->as.c.n; i++) {
-        const char *k = hdr->as.c.k[i];
-        if (!strcmp(k, "proto") || !strcmp(k, "tensors")) continue;
-        if (pack_str(pk, k, strlen(k)) < 0 || pack_val(pk, hdr->as.c.v[i], 1) < 0) return -1;
-    }
-    if (pack_str(pk, "proto", 5) < 0 || pack_str(pk, WIRE_PROTO, strlen(WIRE_PROTO)) < 0)
-        return -1;
-    if (pack_str(pk, "tensors", 7) < 0 || msgpack_pack_array(pk, (size_t)n) < 0) return -1;
-    for (int i = 0; i < n; i++) {
-        const char *dt = kern_dtype_name(t[i].dtype);
-        if (msgpack_pack_map(pk, 4) < 0 || pack_str(pk, "name", 4) < 0 ||
-            pack_str(pk, t[i].name, strlen(t[i].name)) < 0 || pack_str(pk, "dtype", 5) < 0 ||
-            pack_str(pk, dt, strlen(dt)) < 0 || pack_str(pk, "shape", 5) < 0 ||
-            msgpack_pack_array(pk, (size_t)t[i].ndim) < 0)
-            return -1;
-        for (int k = 0; k < t[i].ndim; k++)
-            if (msgpack_pack_uint64(pk, (uint64_t)t[i].shape[k]) < 0) return -1;
-        if (pack_str(pk, "bytes", 5) < 0 || msgpack_pack_uint64(pk, t[i].bytes) < 0) return -1;
-    }
-    return 0;
 }
 
 /* Sends one part; parts after the first retry EINTR (ZeroMQ queues a
@@ -841,69 +412,63 @@ static int send_part(void *sock, zmq_msg_t *msg, int flags, bool retry) {
     }
 }
 
-/* Every part is built before the first is sent, so an allocation failure
- * never leaves half a message queued. */
-/* wire_send and wire_forward: frames NULL copies each tensor's data into
- * a new frame; otherwise frames[i] is shared (zmq_msg_copy: reference
- * counted, no copy of the bytes). */
-static int send_impl(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
-                     const wire_tensor_t *t, int n, zmq_msg_t *frames) {
-    if (!hdr || hdr->kind != WV_MAP || n < 0 || n > WIRE_MAX_TENSORS || (n && !t)) {
-        errno = EINVAL;
+/* Index of t in share->t[], or -1 when t is not one of its tensors. */
+static int shared_index(const wire_msg_t *share, const wire_tensor_t *t) {
+    if (!share) return -1;
+    for (int i = 0; i < share->n_tensors; i++)
+        if (t == &share->t[i]) return i;
+    return -1;
+}
+
+/* Builds part np as a copy of n bytes at p. -1 with errno. */
+static int part_copy(zmq_msg_t *part, const void *p, size_t n) {
+    if (zmq_msg_init_size(part, n) < 0) return -1;
+    if (n) memcpy(zmq_msg_data(part), p, n);
+    return 0;
+}
+
+int wire_send_buf(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
+                  const wire_tensor_t *const *t, int n, const wire_msg_t *share) {
+    if (hdr->failed || n < 0 || n > WIRE_MAX_TENSORS) {
+        errno = hdr->failed && !hdr->too_deep ? ENOMEM : EINVAL;
+        return -1;
+    }
+    if (hdr->n > WIRE_MAX_HEADER) {
+        errno = EMSGSIZE;
         return -1;
     }
     for (int i = 0; i < n; i++)
-        if (!tensor_ok(&t[i])) {
+        if (!t[i] || !tensor_ok(t[i])) {
             errno = EINVAL;
             return -1;
         }
     zmq_msg_t parts[2 + WIRE_MAX_TENSORS];
     int np = 0, sent = 0, e = 0;
-
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    if (!depth_ok(hdr, 0)) {
-        e = EINVAL;
-        goto out;
-    }
-    if (pack_wire_header(&pk, hdr, t, n) < 0) {
-        e = ENOMEM;
-        goto out;
-    }
-    if (sb.size > WIRE_MAX_HEADER) {
-        e = EMSGSIZE;
-        goto out;
-    }
     if (identity) {
         zmq_msg_t *id = (zmq_msg_t *)identity; /* zmq's getters are not const */
-        size_t sz = zmq_msg_size(id);
-        if (zmq_msg_init_size(&parts[np], sz) < 0) goto zerr;
-        memcpy(zmq_msg_data(&parts[np]), zmq_msg_data(id), sz);
+        if (part_copy(&parts[np], zmq_msg_data(id), zmq_msg_size(id)) < 0) goto zerr;
         np++;
     }
-    if (zmq_msg_init_size(&parts[np], sb.size) < 0) goto zerr;
-    memcpy(zmq_msg_data(&parts[np]), sb.data, sb.size);
+    if (part_copy(&parts[np], hdr->p, hdr->n) < 0) goto zerr;
     np++;
     for (int i = 0; i < n; i++) {
-        if (frames) {
-            if (zmq_msg_init(&parts[np]) < 0 || zmq_msg_copy(&parts[np], &frames[i]) < 0) goto zerr;
-        } else {
-            if (zmq_msg_init_size(&parts[np], t[i].bytes) < 0) goto zerr;
-            if (t[i].bytes) memcpy(zmq_msg_data(&parts[np]), t[i].data, t[i].bytes);
+        int s = shared_index(share, t[i]);
+        if (s >= 0) {
+            /* reference-counted by ZeroMQ: the bytes are not copied */
+            if (zmq_msg_init(&parts[np]) < 0 || zmq_msg_copy(&parts[np], (zmq_msg_t *)&share->frame[s]) < 0)
+                goto zerr;
+        } else if (part_copy(&parts[np], t[i]->data, t[i]->bytes) < 0) {
+            goto zerr;
         }
         np++;
     }
     for (sent = 0; sent < np; sent++)
-        if (send_part(sock, &parts[sent], sent + 1 < np ? ZMQ_SNDMORE : 0, sent > 0) < 0)
-            goto zerr;
+        if (send_part(sock, &parts[sent], sent + 1 < np ? ZMQ_SNDMORE : 0, sent > 0) < 0) goto zerr;
     goto out; /* a sent part belongs to zmq */
 zerr:
     e = errno;
 out:
     for (int i = sent; i < np; i++) zmq_msg_close(&parts[i]);
-    msgpack_sbuffer_destroy(&sb);
     if (e) {
         errno = e;
         return -1;
@@ -911,13 +476,54 @@ out:
     return 0;
 }
 
-int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
-              const wire_tensor_t *t, int n) {
-    return send_impl(sock, identity, hdr, t, n, NULL);
+/* The caller's map minus "proto"/"tensors", then those two. */
+static void put_tree_header(wire_buf_t *w, const wire_val_t *hdr, const wire_tensor_t *const *t, int n) {
+    wire_put_map(w);
+    for (size_t i = 0; i < hdr->as.c.n; i++) {
+        const char *k = hdr->as.c.k[i];
+        if (!strcmp(k, "proto") || !strcmp(k, "tensors")) continue;
+        wire_put_str(w, k);
+        wire_put_tree(w, hdr->as.c.v[i]);
+    }
+    wire_put_str(w, "proto");
+    wire_put_str(w, WIRE_PROTO);
+    wire_put_tensors(w, t, n);
+    wire_put_end(w);
+}
+
+static int send_tree(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, const wire_tensor_t *t,
+                     int n, const wire_msg_t *share) {
+    if (!hdr || hdr->kind != WV_MAP || n < 0 || n > WIRE_MAX_TENSORS || (n && !t)) {
+        errno = EINVAL;
+        return -1;
+    }
+    const wire_tensor_t *tp[WIRE_MAX_TENSORS];
+    for (int i = 0; i < n; i++) {
+        if (!tensor_ok(&t[i])) {
+            errno = EINVAL;
+            return -1;
+        }
+        tp[i] = &t[i];
+    }
+    wire_buf_t *w = malloc(sizeof *w);
+    if (!w) return -1;
+    wire_buf_init(w);
+    put_tree_header(w, hdr, tp, n);
+    int rc = wire_send_buf(sock, identity, w, tp, n, share);
+    int e = errno;
+    wire_buf_free(w);
+    free(w);
+    errno = e;
+    return rc;
+}
+
+int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, const wire_tensor_t *t,
+              int n) {
+    return send_tree(sock, identity, hdr, t, n, NULL);
 }
 
 int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src) {
-    return send_impl(sock, identity, hdr, src->t, src->n_tensors, src->frame);
+    return send_tree(sock, identity, hdr, src->t, src->n_tensors, src);
 }
 
 int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,

@@ -1,5 +1,5 @@
-/* wire.h -- the one codec of Reel's wire protocol (docs/PROTOCOL.md), used
- * by every process. A message is one ZeroMQ multipart message:
+/* wire.h -- the transport layer of Reel's wire protocol (docs/PROTOCOL.md),
+ * used by every process. A message is one ZeroMQ multipart message:
  *
  *   [identity]   only on ROUTER sockets (added/removed by ZeroMQ routing)
  *   header       a msgpack map: "proto":"reel/1", "type", "id", fields...,
@@ -7,11 +7,19 @@
  *   tensor 0..n  raw little-endian bytes, one frame per declared tensor
  *
  * Tensors are never re-encoded inside msgpack. msgpack-c has no limits of
- * its own, so decoding enforces them *before* unpacking: header size, map
- * and array counts checked against the bytes present, nesting depth, string
- * lengths, tensor count, and tensor bytes == product(shape) x dtype size ==
- * the frame's size. A bad message yields a wire_err_t (code + message) and
- * nothing else: the caller answers ERROR and keeps serving. */
+ * its own, so headers are read by our own bounded decoder
+ * (schema/wire_codec.h), which enforces every limit *before* building
+ * anything: header size, map and array counts checked against the bytes
+ * present, nesting depth, string lengths, tensor count, and tensor bytes ==
+ * product(shape) x dtype size == the frame's size. A bad message yields a
+ * wire_err_t (code + message) and nothing else: the caller answers ERROR
+ * and keeps serving.
+ *
+ * The fields of a message are read and written through schema/msg.h (one
+ * typed struct per message type); daemons, the client library and reelctl
+ * use only that. The value tree below (wire_val_t, wv_*, wire_recv's
+ * m->hdr, wire_send) is the generic form of a header, kept for codec tests
+ * and tools that must write arbitrary (or wrong) headers. */
 #ifndef REEL_SCHEMA_WIRE_H
 #define REEL_SCHEMA_WIRE_H
 
@@ -110,12 +118,39 @@ typedef struct {
     size_t bytes;
 } wire_tensor_t;
 
+/* One token of a decoded header (schema/wire_codec.h): a value, in
+ * document order; a container's entries follow it. */
+typedef struct {
+    uint32_t kind : 4;   /* wire_kind_t */
+    uint32_t n : 28;     /* STR: bytes; ARR: entries; MAP: key/value pairs */
+    uint32_t next;       /* index of the token after this value's subtree */
+    union { bool b; int64_t i; uint64_t u; double f; uint32_t off; } v; /* STR: offset in the header */
+} wire_tok_t;
+
+#define WIRE_TOKS_INLINE 128 /* tokens held without an allocation (a GEN needs ~80) */
+
+typedef struct {
+    wire_tok_t *heap;    /* NULL while inl suffices */
+    uint32_t n, cap;
+    wire_tok_t inl[WIRE_TOKS_INLINE];
+} wire_toks_t;
+
+typedef struct wire_chunk wire_chunk_t;
+
+/* A received message. Everything it points to (tokens, strings in the
+ * header frame, tensor data, what msg_*_decode put in its arena) lives as
+ * long as it is not closed. */
 typedef struct {
     zmq_msg_t identity;  /* valid when has_identity */
     bool has_identity;
-    wire_val_t *hdr;     /* the header map (owned) */
-    const char *type;    /* hdr["type"] */
-    uint64_t id;         /* hdr["id"], 0 when absent */
+    zmq_msg_t head;      /* the header frame, valid when has_head */
+    bool has_head;
+    wire_toks_t tok;     /* the header, tokenized */
+    wire_chunk_t *arena; /* what typed decoders allocated (msg.h) */
+    wire_val_t *hdr;     /* the header as a value tree: wire_recv/wire_decode only */
+    const char *type;    /* the "type" string (NUL-terminated; at most 71 bytes of it) */
+    char type_buf[72];
+    uint64_t id;         /* "id", 0 when absent */
     int n_tensors;
     wire_tensor_t t[WIRE_MAX_TENSORS];
     zmq_msg_t frame[WIRE_MAX_TENSORS];
@@ -127,25 +162,33 @@ int wire_socket_limits(void *sock);
 /* Receives one whole message (all parts) from sock; `router` means the
  * first part is a routing identity. Returns 0 with *m filled; 1 when the
  * message was malformed (all its parts consumed, *err set, m->identity
- * still valid when has_identity and m->id kept when it decoded, so the
- * caller can answer ERROR to the right request; call wire_msg_close either
- * way); -1 on a socket error or EAGAIN (errno set, nothing consumed).
- * flags as for zmq_msg_recv (ZMQ_DONTWAIT).
+ * still valid when has_identity and m->id kept when it could be read, so
+ * the caller can answer ERROR to the right request; call wire_msg_close
+ * either way); -1 on a socket error or EAGAIN (errno set, nothing
+ * consumed). flags as for zmq_msg_recv (ZMQ_DONTWAIT).
  * Decoding choices: bin/ext types are malformed (bytes travel as tensor
  * frames only); non-negative integers decode as WV_UINT, negative as
- * WV_INT; float32 widens to WV_F64; tensor names are unique. */
+ * WV_INT; float32 widens to WV_F64; tensor names are unique.
+ * wire_recv also builds m->hdr, the header as a value tree (tests and
+ * tools); msg_recv (msg.h) is the same without it. */
 int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err);
 /* Decodes an already-received multipart message (frames[0] = header, the
- * rest tensors); takes ownership of the frames; resets all of *m
- * (has_identity included). 0, or 1 with *err set. */
+ * rest tensors) and builds m->hdr; takes ownership of the frames; resets
+ * all of *m (has_identity included). 0, or 1 with *err set. */
 int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err);
+/* Releases everything m holds and leaves it empty. NULL-safe. */
 void wire_msg_close(wire_msg_t *m);
 const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name);
+/* n zeroed bytes that live as long as m (its arena; typed decoders use
+ * it). NULL on out-of-memory. */
+void *wire_msg_alloc(wire_msg_t *m, size_t n);
 
 /* Sends hdr (a map; "proto" is added, "tensors" is written from t[]) and
  * the n tensors as frames, preceded by `identity` when non-NULL (ROUTER).
- * Tensor data is copied into the frames. 0, or -1 with errno. hdr is not
- * consumed. */
+ * Tensor data is copied into the frames. 0, or -1 with errno (EINVAL for
+ * what a receiver would refuse, EMSGSIZE over WIRE_MAX_HEADER); nothing is
+ * sent then. hdr is not consumed. Tests and tools: daemons send typed
+ * messages (msg.h). */
 int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
               const wire_tensor_t *t, int n);
 /* As wire_send with src's tensors, whose frames are shared, not copied
@@ -154,12 +197,13 @@ int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
 int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src);
 /* A header map {"type": type, "id": id} to add fields to. NULL on OOM. */
 wire_val_t *wire_hdr(const char *type, uint64_t id);
-/* Sends ERROR {id, code, message}. */
+/* Sends ERROR {id, code, message} (as msg_send_error, which daemons use). */
 int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Encodes hdr to msgpack bytes (malloc'd, *len set); for tests and fuzzing.
- * NULL on OOM or a value deeper than WIRE_MAX_DEPTH. */
+ * Strings are written as valid UTF-8. NULL on OOM or a value deeper than
+ * WIRE_MAX_DEPTH. */
 unsigned char *wire_encode_header(const wire_val_t *hdr, size_t *len);
 /* Decodes msgpack header bytes into a value tree under the limits; NULL
  * with *err set. Never allocates more than a small multiple of len. */

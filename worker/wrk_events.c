@@ -1,6 +1,6 @@
 /* wrk_events.c -- the worker's event buffer (see wrk_events.h). Entries are
- * kept as plain structs and turned into wire values only when taken, so the
- * callback the cache runs between steps does little more than a copy. */
+ * kept as plain structs and turned into EVENTS entries only when taken, so
+ * the callback the cache runs between steps does little more than a copy. */
 #include "worker/wrk_events.h"
 
 #include <inttypes.h>
@@ -44,11 +44,6 @@ struct wrk_events {
 static _Thread_local int tl_stream = -1;
 
 void wrk_events_set_thread_stream(int stream) { tl_stream = stream; }
-
-char *wrk_hex64(uint64_t h, char buf[17]) {
-    snprintf(buf, 17, "%016" PRIx64, h);
-    return buf;
-}
 
 wrk_events_t *wrk_events_new(size_t max_pending) {
     wrk_events_t *e = calloc(1, sizeof *e);
@@ -164,54 +159,42 @@ bool wrk_events_pending(wrk_events_t *e) {
     return p;
 }
 
-/* One event as an EVENTS map; NULL on out-of-memory. */
-static wire_val_t *entry_val(const entry_t *x) {
-    char hex[17];
-    wire_val_t *m = wv_map();
-    if (!m) return NULL;
+/* One event as an EVENTS entry; its key is copied to *keys (advanced). */
+static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
     static const char *kinds[] = { "capture", "decline", "evict" };
-    int rc = wv_set(m, "kind", wv_str(kinds[x->kind]));
-    rc |= wv_set(m, "key", wv_str(x->key));
-    rc |= wv_set(m, "key_hash", wv_str(wrk_hex64(x->key_hash, hex)));
+    memset(ev, 0, sizeof *ev);
+    snprintf(ev->kind, sizeof ev->kind, "%s", kinds[x->kind]);
+    size_t kl = strlen(x->key) + 1;
+    memcpy(*keys, x->key, kl);
+    ev->key = *keys;
+    *keys += kl;
+    ev->key_hash = x->key_hash;
+    ev->count = 1;
     switch (x->kind) {
     case CAP_EV_CAPTURE:
-        rc |= wv_set(m, "stream", wv_i64(x->stream));
-        rc |= wv_set(m, "bytes", wv_u64(x->bytes));
-        rc |= wv_set(m, "nodes", wv_u64(x->nodes));
-        rc |= wv_set(m, "seconds", wv_f64(x->seconds));
+        ev->stream = x->stream;
+        ev->bytes = x->bytes;
+        ev->nodes = x->nodes;
+        ev->seconds = x->seconds;
         break;
     case CAP_EV_DECLINE:
-        rc |= wv_set(m, "reason", wv_str(x->reason));
-        rc |= wv_set(m, "count", wv_u64(x->count));
+        snprintf(ev->reason, sizeof ev->reason, "%s", x->reason);
+        ev->count = x->count;
         break;
     case CAP_EV_EVICT:
-        rc |= wv_set(m, "reason", wv_str(x->reason));
-        rc |= wv_set(m, "stream", wv_i64(x->stream));
-        rc |= wv_set(m, "bytes", wv_u64(x->bytes));
+        snprintf(ev->reason, sizeof ev->reason, "%s", x->reason);
+        ev->stream = x->stream;
+        ev->bytes = x->bytes;
         if (x->component[0]) {
-            rc |= wv_set(m, "component", wv_str(x->component));
-            rc |= wv_set(m, "from", wv_u64(x->from));
-            rc |= wv_set(m, "to", wv_u64(x->to));
+            snprintf(ev->component, sizeof ev->component, "%s", x->component);
+            ev->from = x->from;
+            ev->to = x->to;
         }
         break;
     }
-    if (rc) wv_free(&m);
-    return m;
 }
 
-static wire_val_t *replays_val(const replays_t *r) {
-    char hex[17];
-    wire_val_t *m = wv_map();
-    if (!m) return NULL;
-    int rc = wv_set(m, "kind", wv_str("replays"));
-    rc |= wv_set(m, "key_hash", wv_str(wrk_hex64(r->key_hash, hex)));
-    rc |= wv_set(m, "stream", wv_i64(r->stream));
-    rc |= wv_set(m, "count", wv_u64(r->count));
-    if (rc) wv_free(&m);
-    return m;
-}
-
-wire_val_t *wrk_events_take(wrk_events_t *e, size_t max, uint64_t *dropped) {
+msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *dropped) {
     pthread_mutex_lock(&e->mu);
     if (dropped) {
         *dropped = e->dropped;
@@ -219,22 +202,30 @@ wire_val_t *wrk_events_take(wrk_events_t *e, size_t max, uint64_t *dropped) {
     }
     size_t n_ev = e->n_ev < max ? e->n_ev : max;
     size_t n_rep = e->n_rep < max - n_ev ? e->n_rep : max - n_ev;
-    wire_val_t *arr = NULL;
-    if (n_ev + n_rep == 0) goto out;
-    if (!(arr = wv_arr())) goto out;
-    for (size_t i = 0; i < n_ev; i++)
-        if (wv_push(arr, entry_val(&e->ev[i])) != 0) goto oom;
-    for (size_t i = 0; i < n_rep; i++)
-        if (wv_push(arr, replays_val(&e->rep[i])) != 0) goto oom;
+    size_t key_bytes = 1; /* replay counters share one "" */
+    for (size_t i = 0; i < n_ev; i++) key_bytes += strlen(e->ev[i].key) + 1;
+    msg_event_t *out = NULL;
+    *n = 0;
+    if (n_ev + n_rep == 0 || !(out = malloc((n_ev + n_rep) * sizeof *out + key_bytes))) goto out;
+    char *keys = (char *)(out + n_ev + n_rep);
+    for (size_t i = 0; i < n_ev; i++) entry_event(&e->ev[i], &out[i], &keys);
+    *keys = '\0';
+    for (size_t i = 0; i < n_rep; i++) {
+        msg_event_t *ev = &out[n_ev + i];
+        memset(ev, 0, sizeof *ev);
+        snprintf(ev->kind, sizeof ev->kind, "replays");
+        ev->key = keys;
+        ev->key_hash = e->rep[i].key_hash;
+        ev->stream = e->rep[i].stream;
+        ev->count = e->rep[i].count;
+    }
+    *n = n_ev + n_rep;
     for (size_t i = 0; i < n_ev; i++) free(e->ev[i].key);
     memmove(e->ev, e->ev + n_ev, (e->n_ev - n_ev) * sizeof *e->ev);
     e->n_ev -= n_ev;
     memmove(e->rep, e->rep + n_rep, (e->n_rep - n_rep) * sizeof *e->rep);
     e->n_rep -= n_rep;
-    goto out;
-oom:
-    wv_free(&arr);
 out:
     pthread_mutex_unlock(&e->mu);
-    return arr;
+    return out;
 }

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "capture_cache/cache.h"
-#include "schema/wire.h"
+#include "schema/msg.h"
 
 #define WRK_EVENTS_PER_MSG 128   /* keeps an EVENTS header far below 256 KiB */
 
@@ -47,14 +47,12 @@ void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream);
 /* True when something is waiting to be sent. */
 bool wrk_events_pending(wrk_events_t *e);
 
-/* Removes up to max entries and returns them as an array of EVENTS maps
- * (oldest first; replay counters after the events). NULL when nothing is
+/* Removes up to max entries and returns them as EVENTS entries (oldest
+ * first; replay counters after the events), *n of them, in one block the
+ * caller frees (their key strings live in it too). NULL when nothing is
  * pending or on out-of-memory (the entries then stay). *dropped (may be
  * NULL) receives and resets the count of events dropped since the last
  * call. */
-wire_val_t *wrk_events_take(wrk_events_t *e, size_t max, uint64_t *dropped);
-
-/* "%016llx" of h into buf (17 bytes). Returns buf. */
-char *wrk_hex64(uint64_t h, char buf[17]);
+msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *dropped);
 
 #endif

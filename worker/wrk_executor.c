@@ -58,48 +58,39 @@ static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const
 }
 
 static void send_progress(stream_t *st, const wrk_job_t *j) {
-    wire_val_t *h = wire_hdr("PROGRESS", j->id);
-    if (!h || wv_set(h, "step", wv_u64((uint64_t)tdit_req_steps_done(j->req))) ||
-        wv_set(h, "steps", wv_u64((uint64_t)tdit_req_steps(j->req))) ||
-        wrk_pipe_send(st->push, j->epoch, h, NULL, 0) != 0)
+    msg_progress_t p = { (uint64_t)tdit_req_steps_done(j->req), (uint64_t)tdit_req_steps(j->req) };
+    if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
         wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
-    wv_free(&h);
 }
 
-/* RESULT {worker, version, stats, key_hash} + latent. */
+/* RESULT {worker, version, first_version, stats, key_hash} + latent. */
 static void send_result(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     float *out = malloc(j->n_latent * sizeof *out);
-    if (!out) {
+    msg_result_t *r = calloc(1, sizeof *r);
+    if (!out || !r) {
         send_error(st, j, WIRE_E_INTERNAL, "out of memory reading the result");
-        return;
+        goto out;
     }
     if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", kern_error());
-        free(out);
-        return;
+        goto out;
     }
     const tdit_run_stats_t *rs = tdit_req_stats(j->req);
-    char hex[17];
-    wire_val_t *h = wire_hdr("RESULT", j->id);
-    wire_val_t *stats = wv_map(), *dec = wv_map();
-    int rc = !h || !stats || !dec;
-    for (int i = 0; !rc && i < CAP_DECLINE_COUNT; i++)
-        if (rs->declines[i]) rc |= wv_set(dec, cap_reason_name((cap_reason_t)i), wv_u64((uint64_t)rs->declines[i]));
-    if (!rc) {
-        rc |= wv_set(stats, "captured", wv_u64((uint64_t)rs->captured));
-        rc |= wv_set(stats, "replayed", wv_u64((uint64_t)rs->replayed));
-        rc |= wv_set(stats, "eager", wv_u64((uint64_t)rs->eager));
-        rc |= wv_set(stats, "declines", dec);
-        dec = NULL;
-        rc |= wv_set(stats, "seconds", wv_f64(rs->seconds));
-        rc |= wv_set(h, "worker", wv_str(w->opt->name));
-        rc |= wv_set(h, "version", wv_u64(j->ran_version));
-        rc |= wv_set(h, "first_version", wv_u64(j->first_version));
-        rc |= wv_set(h, "stats", stats);
-        stats = NULL;
-        rc |= wv_set(h, "key_hash", wv_str(wrk_hex64(tdit_req_shard_hash(j->req), hex)));
+    snprintf(r->worker, sizeof r->worker, "%s", w->opt->name);
+    r->version = j->ran_version;
+    r->first_version = j->first_version;
+    r->stats.captured = (uint64_t)rs->captured;
+    r->stats.replayed = (uint64_t)rs->replayed;
+    r->stats.eager = (uint64_t)rs->eager;
+    r->stats.seconds = rs->seconds;
+    for (int i = 0; i < CAP_DECLINE_COUNT && r->stats.declines.n < MSG_MAX_COUNTS; i++) {
+        if (!rs->declines[i]) continue;
+        msg_count_t *c = &r->stats.declines.e[r->stats.declines.n++];
+        snprintf(c->name, sizeof c->name, "%s", cap_reason_name((cap_reason_t)i));
+        c->n = (uint64_t)rs->declines[i];
     }
+    r->key_hash = tdit_req_shard_hash(j->req);
     wire_tensor_t t;
     memset(&t, 0, sizeof t);
     snprintf(t.name, sizeof t.name, "latent");
@@ -108,13 +99,12 @@ static void send_result(stream_t *st, wrk_job_t *j) {
     memcpy(t.shape, j->latent_shape, sizeof j->latent_shape);
     t.data = out;
     t.bytes = j->n_latent * sizeof *out;
-    if (rc) send_error(st, j, WIRE_E_INTERNAL, "out of memory building RESULT");
-    else if (wrk_pipe_send(st->push, j->epoch, h, &t, 1) != 0)
+    r->latent = &t;
+    if (wrk_pipe_send(st->push, j->epoch, MSG_RESULT, j->id, r) != 0)
         wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
                 zmq_strerror(errno));
-    wv_free(&dec);
-    wv_free(&stats);
-    wv_free(&h);
+out:
+    free(r);
     free(out);
 }
 

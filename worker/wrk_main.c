@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 #include "kernels/error.h"
+#include "schema/msg.h"
 #include "schema/notify.h"
+#include "schema/sha256.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
@@ -97,54 +99,52 @@ static void *dealer_new(wrk_t *w) {
     return s;
 }
 
-static int send_hdr(link_t *l, wire_val_t *h) {
-    int rc = h && l->dealer ? wire_send(l->dealer, NULL, h, NULL, 0) : -1;
-    wv_free(&h);
-    return rc;
+/* Sends a message without tensors to the broker. -1 while disconnected. */
+static int send_msg(link_t *l, msg_type_t type, const void *body) {
+    if (!l->dealer) {
+        errno = ENOTCONN;
+        return -1;
+    }
+    return msg_send(l->dealer, NULL, type, 0, body, NULL);
 }
 
 static int send_ready(link_t *l) {
     wrk_t *w = l->w;
     const wrk_opts_t *o = w->opt;
-    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *versions = wv_map();
-    int rc = !h || !models || !versions;
-    rc = rc || wv_push(models, wv_str(tdit_model_config(w->model)->name));
-    rc = rc || wv_set(versions, TDIT_COMPONENT, wv_u64(atomic_load(&w->applied_version)));
-    rc = rc || wv_set(h, "name", wv_str(o->name));
-    rc = rc || wv_set(h, "device", wv_str(kern_backend_device_name(w->backend)));
-    rc = rc || wv_set(h, "arch", wv_str(kern_backend_arch(w->backend)));
-    rc = rc || wv_set(h, "streams", wv_u64((uint64_t)o->streams));
-    rc = rc || wv_set(h, "budget", wv_u64(o->budget));
-    rc = rc || wv_set(h, "max_inflight", wv_u64((uint64_t)o->max_inflight));
-    if (!rc) {
-        rc = wv_set(h, "models", models);
-        models = NULL;
-        rc = rc || wv_set(h, "versions", versions);
-        versions = NULL;
-    }
-    wv_free(&models);
-    wv_free(&versions);
-    if (rc) {
-        wv_free(&h);
-        return -1;
-    }
-    return send_hdr(l, h);
+    const tdit_config_t *cfg = tdit_model_config(w->model);
+    char models[1][MSG_NAME_MAX];
+    msg_model_t config;
+    msg_ready_t r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.name, sizeof r.name, "%s", o->name);
+    snprintf(r.device, sizeof r.device, "%s", kern_backend_device_name(w->backend));
+    snprintf(r.arch, sizeof r.arch, "%s", kern_backend_arch(w->backend));
+    r.streams = (uint64_t)o->streams;
+    r.budget = o->budget;
+    r.max_inflight = (uint64_t)o->max_inflight;
+    snprintf(models[0], sizeof models[0], "%s", cfg->name);
+    r.models = models;
+    r.n_models = 1;
+    wrk_model_info(cfg, &config);
+    r.configs = &config;
+    r.n_configs = 1;
+    r.versions.n = 1;
+    snprintf(r.versions.e[0].name, sizeof r.versions.e[0].name, "%s", TDIT_COMPONENT);
+    r.versions.e[0].n = atomic_load(&w->applied_version);
+    return send_msg(l, MSG_READY, &r);
 }
 
 /* Sends every pending event, WRK_EVENTS_PER_MSG per EVENTS message. */
 static void flush_events(link_t *l) {
     if (!l->dealer) return;
     for (int guard = 0; guard < 64 && wrk_events_pending(l->w->events); guard++) {
-        uint64_t dropped = 0;
-        wire_val_t *arr = wrk_events_take(l->w->events, WRK_EVENTS_PER_MSG, &dropped);
-        if (!arr && !dropped) break;
-        if (!arr) arr = wv_arr();
-        wire_val_t *h = wire_hdr("EVENTS", 0);
-        if (!h || wv_set(h, "events", arr) || (dropped && wv_set(h, "dropped", wv_u64(dropped)))) {
-            wv_free(&h);
-            break;
-        }
-        if (send_hdr(l, h) != 0) break; /* the broker is away: what was taken is lost */
+        msg_events_t ev = { NULL, 0, 0 };
+        msg_event_t *taken = wrk_events_take(l->w->events, WRK_EVENTS_PER_MSG, &ev.n_events, &ev.dropped);
+        if (!taken && !ev.dropped) break;
+        ev.events = taken;
+        int rc = send_msg(l, MSG_EVENTS, &ev);
+        free(taken);
+        if (rc != 0) break; /* the broker is away: what was taken is lost */
     }
 }
 
@@ -174,13 +174,15 @@ static int connect_broker(link_t *l, int64_t now) {
     return 0;
 }
 
-static void handle_request(link_t *l, const wire_msg_t *m) {
+static void handle_request(link_t *l, wire_msg_t *m) {
     wrk_t *w = l->w;
     wrk_job_t *job = NULL;
     wire_err_t err;
-    if (wrk_job_from_request(m, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
+    msg_gen_t r;
+    if (msg_request_decode(m, &r, &err) != 0 ||
+        wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
-        wire_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
+        msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
         return;
     }
     job->epoch = atomic_load(&w->epoch);
@@ -194,7 +196,7 @@ static int handle_broker(link_t *l) {
     wire_msg_t *m = calloc(1, sizeof *m);
     if (!m) return -1;
     wire_err_t err;
-    int r = wire_recv(l->dealer, false, ZMQ_DONTWAIT, m, &err);
+    int r = msg_recv(l->dealer, false, ZMQ_DONTWAIT, m, &err);
     if (r < 0) {
         int e = errno;
         free(m);
@@ -203,25 +205,27 @@ static int handle_broker(link_t *l) {
     /* Any message is a heartbeat. */
     l->heard = now_ms();
     l->backoff_ms = BACKOFF_MIN_MS;
-    const char *type = r == 0 && m->type ? m->type : "";
+    msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
     if (r == 1) {
         wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
-        wire_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
-    } else if (!strcmp(type, "REQUEST")) {
+        msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
+    } else if (type == MSG_REQUEST) {
         if (!atomic_load(&w->stop)) handle_request(l, m);
-    } else if (!strcmp(type, "SYNC")) {
+    } else if (type == MSG_SYNC) {
         wrk_syncer_submit(l->sync, m); /* the sync thread owns it now */
         return 1;
-    } else if (!strcmp(type, "HEARTBEAT")) {
+    } else if (type == MSG_HEARTBEAT) {
         /* counted above */
-    } else if (!strcmp(type, "RECONNECT")) {
+    } else if (type == MSG_RECONNECT) {
         new_session(l);
         if (send_ready(l) != 0) wrk_log(w, "cannot send READY: %s", zmq_strerror(errno));
-    } else if (!strcmp(type, "ERROR")) {
-        const char *code = wv_get_str(m->hdr, "code"), *msg = wv_get_str(m->hdr, "message");
-        wrk_log(w, "broker says: %s: %s (id %" PRIu64 ")", code ? code : "?", msg ? msg : "", m->id);
+    } else if (type == MSG_ERROR) {
+        msg_error_t *e = malloc(sizeof *e);
+        if (e && msg_error_decode(m, e, &err) == 0)
+            wrk_log(w, "broker says: %s: %s (id %" PRIu64 ")", e->code, e->message, m->id);
+        free(e);
     } else {
-        wire_send_error(l->dealer, NULL, m->id, WIRE_E_UNKNOWN, "a worker does not handle '%.64s'", type);
+        msg_send_error(l->dealer, NULL, m->id, WIRE_E_UNKNOWN, "a worker does not handle '%.64s'", m->type);
     }
     wire_msg_close(m);
     free(m);
@@ -273,7 +277,7 @@ static int serve(link_t *l) {
         } else if (!l->dealer && now >= l->reconnect_at) {
             if (connect_broker(l, now) != 0) return 1;
         } else if (l->dealer && now >= l->next_hb) {
-            if (send_hdr(l, wire_hdr("HEARTBEAT", 0)) != 0 && errno != EAGAIN)
+            if (send_msg(l, MSG_HEARTBEAT, NULL) != 0 && errno != EAGAIN)
                 wrk_log(w, "cannot send HEARTBEAT: %s", zmq_strerror(errno));
             l->next_hb = now + hb;
             reel_notify("WATCHDOG=1"); /* systemd: the main loop is alive */
@@ -299,7 +303,7 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
     tdit_model_t *m = NULL;
     st_file_t *f = NULL;
-    if (wrk_sha256_fd(fd, sha) != 0 || !(f = st_open(proc)) ||
+    if (reel_sha256_fd(fd, sha) != 0 || !(f = st_open(proc)) ||
         !(m = tdit_model_load(w->backend, f, w->dtype)))
         wrk_log(w, "%s: %s", path, kern_error());
     st_close(&f);
@@ -392,7 +396,7 @@ static int run(const wrk_opts_t *o) {
     atomic_store(&w.stop, true);
     if (l.dealer) {
         flush_events(&l);
-        send_hdr(&l, wire_hdr("DISCONNECT", 0));
+        send_msg(&l, MSG_DISCONNECT, NULL);
         int linger = SHUTDOWN_LINGER_MS;
         zmq_setsockopt(l.dealer, ZMQ_LINGER, &linger, sizeof linger);
     }

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "schema/msg.h"
+
 static const char usage[] =
     "usage: reel-worker --name NAME --weights W.safetensors [options]\n"
     "  --broker ENDPOINT     broker worker endpoint (tcp://127.0.0.1:5556)\n"
@@ -77,14 +79,6 @@ int wrk_parse_bytes(const char *s, size_t *out) {
     if (v > SIZE_MAX) return -1;
     *out = (size_t)v << shift;
     return 0;
-}
-
-static bool name_ok(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n >= WRK_NAME_MAX) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && !strchr("_.:+-", s[i])) return false;
-    return true;
 }
 
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
@@ -203,7 +197,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     if (o->help) return 0;
     if (optind < argc) return usage_error(err, errlen, "unexpected argument '%s'", argv[optind]);
     if (!o->name) return usage_error(err, errlen, "--name NAME is required");
-    if (!name_ok(o->name))
+    if (!msg_name_valid(o->name, WRK_NAME_MAX))
         return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name, WRK_NAME_MAX - 1);
     if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;

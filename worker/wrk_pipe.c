@@ -42,7 +42,7 @@ void *wrk_pipe_pull_new(void *zctx) {
     return s;
 }
 
-/* The tag travels in wire_send's identity slot: wire_send builds every part
+/* The tag travels in msg_send's identity slot: msg_send builds every part
  * before sending the first, so a failure never leaves a tag without its
  * message in the pipe. */
 static int tag_msg(zmq_msg_t *msg, uint64_t epoch) {
@@ -52,10 +52,10 @@ static int tag_msg(zmq_msg_t *msg, uint64_t epoch) {
     return 0;
 }
 
-int wrk_pipe_send(void *push, uint64_t epoch, const wire_val_t *hdr, const wire_tensor_t *t, int n) {
+int wrk_pipe_send(void *push, uint64_t epoch, msg_type_t type, uint64_t id, const void *body) {
     zmq_msg_t tag;
     if (tag_msg(&tag, epoch) != 0) return -1;
-    int rc = wire_send(push, &tag, hdr, t, n);
+    int rc = msg_send(push, &tag, type, id, body, NULL);
     int e = errno;
     zmq_msg_close(&tag);
     errno = e;
@@ -65,7 +65,7 @@ int wrk_pipe_send(void *push, uint64_t epoch, const wire_val_t *hdr, const wire_
 int wrk_pipe_send_error(void *push, uint64_t epoch, uint64_t id, const char *code, const char *message) {
     zmq_msg_t tag;
     if (tag_msg(&tag, epoch) != 0) return -1;
-    int rc = wire_send_error(push, &tag, id, code, "%s", message);
+    int rc = msg_send_error(push, &tag, id, code, "%s", message);
     int e = errno;
     zmq_msg_close(&tag);
     errno = e;

@@ -13,7 +13,7 @@
 #define REEL_WORKER_WRK_PIPE_H
 
 #include <stdint.h>
-#include "schema/wire.h"
+#include "schema/msg.h"
 
 typedef struct {
     uint64_t epoch;                  /* 0: belongs to no session, always sent */
@@ -23,8 +23,8 @@ typedef struct {
 void *wrk_pipe_push_new(void *zctx);
 /* The PULL socket, bound. NULL with errno. */
 void *wrk_pipe_pull_new(void *zctx);
-/* Sends tag + wire message (as wire_send). 0, or -1 with errno. */
-int wrk_pipe_send(void *push, uint64_t epoch, const wire_val_t *hdr, const wire_tensor_t *t, int n);
+/* Sends tag + message (as msg_send: type, id, body). 0, or -1 with errno. */
+int wrk_pipe_send(void *push, uint64_t epoch, msg_type_t type, uint64_t id, const void *body);
 /* Sends ERROR {id, code, message} through the pipe. */
 int wrk_pipe_send_error(void *push, uint64_t epoch, uint64_t id, const char *code, const char *message);
 /* Receives one pipe message and sends it on `out` (may be NULL: dropped),

@@ -1,26 +1,24 @@
 /* wrk_request.h -- a REQUEST from the broker, checked and copied into a job
  * a stream thread can run without touching the ZeroMQ message again.
  *
- * Checks (each failure is ERROR bad_request with a message naming the field):
- * model equals the one served; latent_shape [C,F,H,W] with C == in_channels
- * and a shape tinydit accepts; tensor context [L,T] F32 with T == text_dim;
- * uncond, when present, F32 of the context's shape (it turns CFG on, with
- * guidance "cfg"); latent, when present, F32 of latent_shape; steps
- * 1..10000; shift, cfg, eta finite numbers of the loop's ranges; version not
- * above the applied one ("worker at vX, request needs vY"). Unknown fields
- * are ignored. Pure: no sockets, no threads. */
+ * The checks are the protocol's own (msg_gen_validate, the same rules the
+ * broker applies to the GEN) with this worker's model: its name, C ==
+ * in_channels, T == text_dim, H and W multiples of the patch; then the
+ * version: not above the applied one ("worker at vX, request needs vY").
+ * Each failure is ERROR bad_request with a message naming the field. Pure:
+ * no sockets, no threads. */
 #ifndef REEL_WORKER_WRK_REQUEST_H
 #define REEL_WORKER_WRK_REQUEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "schema/wire.h"
+#include "schema/msg.h"
 #include "worker/model/loop.h"
 #include "worker/model/tdit_program.h"
 #include "worker/model/tinydit.h"
 
-#define WRK_MAX_STEPS 10000
+#define WRK_PATCH 2              /* tinydit patchifies 2 x 2 */
 
 typedef struct wrk_job wrk_job_t;
 struct wrk_job {
@@ -43,11 +41,14 @@ struct wrk_job {
     wrk_job_t *next;
 };
 
-/* Checks REQUEST m against the served config and the applied version and
- * copies its tensors out of the frames. Returns 0 with *out (caller frees
- * with wrk_job_free), or -1 with *err set (code bad_request, or internal on
- * out-of-memory) and *out NULL. */
-int wrk_job_from_request(const wire_msg_t *m, const tdit_config_t *cfg, uint64_t applied_version,
+/* What clients learn of cfg (READY "configs", STATUS "models"). Can't fail. */
+void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
+
+/* Checks REQUEST r (id: the broker's request id) against the served config
+ * and the applied version and copies its tensors out of the frames.
+ * Returns 0 with *out (caller frees with wrk_job_free), or -1 with *err
+ * set (code bad_request, or internal on out-of-memory) and *out NULL. */
+int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied_version,
                          wrk_job_t **out, wire_err_t *err);
 
 /* Frees the job, its copies and its tdit_req. NULL-safe; sets *j = NULL. */

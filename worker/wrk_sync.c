@@ -4,12 +4,10 @@
  * until the copy itself. */
 #include "worker/wrk_sync.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,65 +16,9 @@
 #include <strings.h>
 #include <unistd.h>
 #include "kernels/error.h"
+#include "schema/sha256.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk_pipe.h"
-
-/* ---- sha256 --------------------------------------------------------------- */
-
-static void to_hex(const unsigned char d[crypto_hash_sha256_BYTES], char hex[65]) {
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < crypto_hash_sha256_BYTES; i++) {
-        hex[2 * i] = digits[d[i] >> 4];
-        hex[2 * i + 1] = digits[d[i] & 15];
-    }
-    hex[64] = 0;
-}
-
-/* sodium_init is idempotent and thread-safe; sha256 needs nothing it could
- * fail to set up (no randomness), so its result only picks implementations. */
-static void sodium_ready(void) {
-    int r = sodium_init();
-    (void)r;
-}
-
-void wrk_sha256_hex(const void *buf, size_t n, char hex[65]) {
-    unsigned char d[crypto_hash_sha256_BYTES];
-    sodium_ready();
-    crypto_hash_sha256(d, buf, n);
-    to_hex(d, hex);
-}
-
-int wrk_sha256_fd(int fd, char hex[65]) {
-    enum { CHUNK = 1 << 20 };
-    unsigned char *buf = malloc(CHUNK);
-    if (!buf) return kern_fail("out of memory");
-    sodium_ready();
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    for (;;) {
-        ssize_t n = read(fd, buf, CHUNK);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            int e = errno;
-            free(buf);
-            return kern_fail("read: %s", strerror(e));
-        }
-        if (n == 0) break;
-        crypto_hash_sha256_update(&st, buf, (unsigned long long)n);
-    }
-    free(buf);
-    unsigned char d[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256_final(&st, d);
-    to_hex(d, hex);
-    return 0;
-}
-
-bool wrk_sha256_valid(const char *s) {
-    if (!s || strlen(s) != 64) return false;
-    for (int i = 0; i < 64; i++)
-        if (!isxdigit((unsigned char)s[i])) return false;
-    return true;
-}
 
 /* ---- reading the weights a SYNC carries ----------------------------------- */
 
@@ -100,7 +42,7 @@ static st_file_t *open_path(const char *path, char hex[65], char *err, size_t er
     st_file_t *f = NULL;
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-    if (wrk_sha256_fd(fd, hex) != 0) say(err, errlen, "%s: %s", path, kern_error());
+    if (reel_sha256_fd(fd, hex) != 0) say(err, errlen, "%s: %s", path, kern_error());
     else if (!(f = st_open(proc))) say(err, errlen, "%s: %s", path, kern_error());
     close(fd);
     return f;
@@ -108,16 +50,15 @@ static st_file_t *open_path(const char *path, char hex[65], char *err, size_t er
 
 /* Writes the inline tensors (with cfg as metadata, which tdit_model_reload
  * needs) to a private temporary file and opens it. */
-static st_file_t *open_inline(const wire_msg_t *m, const tdit_config_t *cfg, char hex[65], char *err,
+static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, char hex[65], char *err,
                               size_t errlen) {
-    sodium_ready();
-    crypto_hash_sha256_state hs;
-    crypto_hash_sha256_init(&hs);
-    for (int i = 0; i < m->n_tensors; i++)
-        crypto_hash_sha256_update(&hs, m->t[i].data, (unsigned long long)m->t[i].bytes);
-    unsigned char d[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256_final(&hs, d);
-    to_hex(d, hex);
+    const void *part[WIRE_MAX_TENSORS];
+    size_t len[WIRE_MAX_TENSORS];
+    for (int i = 0; i < m->n_tensors; i++) {
+        part[i] = m->tensors[i]->data;
+        len[i] = m->tensors[i]->bytes;
+    }
+    reel_sha256_parts(part, len, m->n_tensors, hex);
 
     st_file_t *f = NULL;
     st_writer_t *w = st_writer_new();
@@ -125,7 +66,8 @@ static st_file_t *open_inline(const wire_msg_t *m, const tdit_config_t *cfg, cha
     bool have_dir = false;
     if (!w) { say(err, errlen, "%s", kern_error()); goto out; }
     for (int i = 0; i < m->n_tensors; i++)
-        if (st_writer_add(w, m->t[i].name, m->t[i].dtype, m->t[i].ndim, m->t[i].shape, m->t[i].data) != 0) {
+        if (st_writer_add(w, m->tensors[i]->name, m->tensors[i]->dtype, m->tensors[i]->ndim, m->tensors[i]->shape,
+                          m->tensors[i]->data) != 0) {
             say(err, errlen, "%s", kern_error());
             goto out;
         }
@@ -152,21 +94,14 @@ out:
     return f;
 }
 
-int wrk_sync_read(const wire_msg_t *m, const tdit_config_t *cfg, st_file_t **out, char hex[65], char *err,
+int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, st_file_t **out, char hex[65], char *err,
                   size_t errlen) {
     *out = NULL;
-    const char *component = wv_get_str(m->hdr, "component");
-    const char *sha = wv_get_str(m->hdr, "sha256");
-    const char *path = wv_get_str(m->hdr, "path");
-    uint64_t version;
-    if (!component) return say(err, errlen, "missing 'component'");
-    if (strcmp(component, TDIT_COMPONENT) != 0)
-        return say(err, errlen, "unknown component '%.64s' (this worker has '%s')", component, TDIT_COMPONENT);
-    if (!wv_get_u64(m->hdr, "version", &version)) return say(err, errlen, "missing or bad 'version'");
-    if (!wrk_sha256_valid(sha)) return say(err, errlen, "'sha256' must be 64 hex digits");
-    if (path && m->n_tensors > 0) return say(err, errlen, "both 'path' and inline tensors given");
-    if (!path && m->n_tensors == 0) return say(err, errlen, "neither 'path' nor inline tensors given");
-    *out = path ? open_path(path, hex, err, errlen) : open_inline(m, cfg, hex, err, errlen);
+    wire_err_t e;
+    if (strcmp(m->component, TDIT_COMPONENT) != 0)
+        return say(err, errlen, "unknown component '%.64s' (this worker has '%s')", m->component, TDIT_COMPONENT);
+    if (msg_sync_validate(m, true, &e) != 0) return say(err, errlen, "%s", e.message);
+    *out = m->path[0] ? open_path(m->path, hex, err, errlen) : open_inline(m, cfg, hex, err, errlen);
     return *out ? 0 : -1;
 }
 
@@ -196,45 +131,53 @@ static void free_msg(wire_msg_t **mp) {
     *mp = NULL;
 }
 
-static void ack(wrk_syncer_t *s, const wire_msg_t *m, uint64_t version, const char *error) {
-    wire_val_t *h = wire_hdr("SYNC_ACK", m->id);
-    int rc = !h;
-    rc = rc || wv_set(h, "component", wv_str(TDIT_COMPONENT));
-    rc = rc || wv_set(h, "version", wv_u64(version));
-    rc = rc || wv_set(h, "ok", wv_bool(error == NULL));
-    if (error) rc = rc || wv_set(h, "error", wv_str(error));
+static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *error) {
+    msg_sync_ack_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.component, sizeof a.component, "%s", TDIT_COMPONENT);
+    a.version = version;
+    a.ok = error == NULL;
+    if (error) snprintf(a.error, sizeof a.error, "%s", error);
     /* Epoch 0: an ack is about the worker's state, not a broker session. */
-    if (rc || wrk_pipe_send(s->push, 0, h, NULL, 0) != 0)
+    if (wrk_pipe_send(s->push, 0, MSG_SYNC_ACK, id, &a) != 0)
         wrk_log(s->w, "cannot queue SYNC_ACK of v%" PRIu64, version);
-    wv_free(&h);
 }
 
-static void process(wrk_syncer_t *s, const wire_msg_t *m) {
+static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     wrk_t *w = s->w;
     char err[512], hex[65];
-    uint64_t version = 0;
-    (void)wv_get_u64(m->hdr, "version", &version);
-    uint64_t applied = atomic_load(&w->applied_version);
-    const char *want = wv_get_str(m->hdr, "sha256");
-    if (wv_get(m->hdr, "version") && version < applied) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: stale (applied v%" PRIu64 ")", version, applied);
-        ack(s, m, version, "stale");
+    wire_err_t e;
+    msg_sync_t *m = malloc(sizeof *m);
+    if (!m || msg_sync_decode(wm, m, &e) != 0) {
+        /* Its version may be what is wrong: the ack says 0. */
+        const char *why = m ? e.message : "out of memory";
+        wrk_log(w, "sync refused: %s", why);
+        ack(s, wm->id, 0, why);
+        free(m);
         return;
     }
+    uint64_t version = m->version, id = wm->id;
+    uint64_t applied = atomic_load(&w->applied_version);
+    const char *want = m->sha256;
     st_file_t *f = NULL;
+    if (version < applied) {
+        wrk_log(w, "sync to v%" PRIu64 " refused: stale (applied v%" PRIu64 ")", version, applied);
+        ack(s, id, version, "stale");
+        goto out;
+    }
     if (wrk_sync_read(m, tdit_model_config(w->model), &f, hex, err, sizeof err) != 0) {
         wrk_log(w, "sync to v%" PRIu64 " refused: %s", version, err);
-        ack(s, m, version, err);
-        return;
+        ack(s, id, version, err);
+        goto out;
     }
     if (strcasecmp(hex, want) != 0) {
         wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", version, hex, want);
-        ack(s, m, version, "sha256 mismatch");
+        ack(s, id, version, "sha256 mismatch");
     } else if (version == applied) {
         /* A repeated SYNC (e.g. resent after a reconnect) is applied already. */
         bool same = s->applied_sha[0] && !strcasecmp(s->applied_sha, hex);
         if (!same) wrk_log(w, "sync to v%" PRIu64 " refused: stale (v%" PRIu64 " applied with other weights)", version, applied);
-        ack(s, m, version, same ? NULL : "stale");
+        ack(s, id, version, same ? NULL : "stale");
     } else {
         const char *fail = NULL;
         if (w->opt->sync_drain) {
@@ -271,9 +214,11 @@ static void process(wrk_syncer_t *s, const wire_msg_t *m) {
             snprintf(s->applied_sha, sizeof s->applied_sha, "%s", hex);
             wrk_log(w, "applied %s v%" PRIu64 " (%s)", TDIT_COMPONENT, version, cap_policy_name(w->opt->policy));
         }
-        ack(s, m, version, fail);
+        ack(s, id, version, fail);
     }
+out:
     st_close(&f);
+    free(m);
 }
 
 static void *sync_main(void *arg) {

@@ -20,28 +20,21 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include "schema/wire.h"
+#include "schema/msg.h"
 #include "worker/model/safetensors.h"
 #include "worker/model/tinydit.h"
 #include "worker/wrk.h"
 
-/* Lowercase hex sha256 of n bytes at buf into hex (65 bytes). Can't fail. */
-void wrk_sha256_hex(const void *buf, size_t n, char hex[65]);
-/* Hex sha256 of everything readable from fd (from its current offset).
- * 0, or -1 with a message in kern_error(). */
-int wrk_sha256_fd(int fd, char hex[65]);
-/* True when s is 64 hex digits (either case). */
-bool wrk_sha256_valid(const char *s);
-
-/* The weights a SYNC carries, read and hashed. Checks the fields (component
- * must be `component`; version present; sha256 64 hex digits; exactly one of
- * path or tensors). Returns 0 with *out open (st_close it) and hex set to
- * the sha256 of what was read; -1 with err (ack error text) on a bad field
- * or an unreadable file. `cfg` supplies the metadata inline tensors lack.
- * Does not compare the sha256 (the caller does: the version check decides
- * what a mismatch means). */
-int wrk_sync_read(const wire_msg_t *m, const tdit_config_t *cfg, st_file_t **out, char hex[65],
-                  char *err, size_t errlen);
+/* The weights a SYNC carries, read and hashed (schema/sha256.h). Checks
+ * the fields msg_sync_decode does not (component must be "transformer";
+ * exactly one of path or tensors: msg_sync_validate). Returns 0 with *out
+ * open (st_close it) and hex set to the sha256 of what was read (the file's
+ * bytes, or the inline tensor frames concatenated in order); -1 with err
+ * (ack error text) on a bad field or an unreadable file. `cfg` supplies
+ * the metadata inline tensors lack. Does not compare the sha256 (the
+ * caller does: the version check decides what a mismatch means). */
+int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, st_file_t **out, char hex[65], char *err,
+                  size_t errlen);
 
 typedef struct wrk_syncer wrk_syncer_t;
 

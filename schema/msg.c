@@ -1,0 +1,527 @@
+/* msg.c -- typed messages (see msg.h): decoding, encoding and sending by
+ * walking the field tables of msg_defs.c over a tokenized header. A
+ * decoder visits each key of a map once and looks its row up in the
+ * table; nothing is allocated per field (strings go into the struct,
+ * arrays of entries into the message's arena). */
+#include "schema/msg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schema/msg_defs.h"
+#include "schema/wire_codec.h"
+
+/* ---- types -------------------------------------------------------------------- */
+
+msg_type_t msg_type(const wire_msg_t *m) {
+    if (!m || !m->type) return MSG_UNKNOWN;
+    for (int t = 0; t < MSG_UNKNOWN; t++)
+        if (!strcmp(m->type, msg_descs[t].type)) return (msg_type_t)t;
+    return MSG_UNKNOWN;
+}
+
+const char *msg_type_name(msg_type_t t) { return t >= 0 && t < MSG_UNKNOWN ? msg_descs[t].type : "?"; }
+
+int msg_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err) {
+    return wire_recv_as(sock, router, flags, m, err, false);
+}
+
+/* ---- decoding ------------------------------------------------------------------ */
+
+typedef struct {
+    wire_msg_t *m;
+    const wire_toks_t *tk;
+    const void *h;            /* the header bytes */
+    const wire_tok_t *v;      /* the tokens */
+    const char *type;
+    wire_err_t *err;
+} dec_t;
+
+/* A field's place, "key" or "outer.key" or "outer[3].key": formatted only
+ * when an error names it, never on the way through. */
+typedef struct {
+    const char *prefix; /* "" at the top */
+    const char *key;
+} path_t;
+
+static void path_text(path_t p, char *buf, size_t len) {
+    snprintf(buf, len, "%.100s%s%.40s", p.prefix, *p.prefix && *p.key ? "." : "", p.key);
+}
+
+static int bad(dec_t *d, path_t p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(dec_t *d, path_t p, const char *fmt, ...) {
+    char what[200], where[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    path_text(p, where, sizeof where);
+    wire_set_err(d->err, WIRE_E_BAD_REQUEST, "'%s' %s", where, what);
+    return -1;
+}
+
+static int oom(dec_t *d) {
+    wire_set_err(d->err, WIRE_E_INTERNAL, "%s: out of memory decoding", d->type);
+    return -1;
+}
+
+#define AT(base, off, T) ((T *)((char *)(base) + (off)))
+
+static bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* The string of token i, or NULL when it is not one. */
+static const char *str_of(const dec_t *d, uint32_t i, size_t *len) {
+    return d->v[i].kind == WV_STR ? wire_tok_str(d->tk, d->h, i, len) : NULL;
+}
+
+/* Copies string token i into buf[size] when it is 1..max characters of
+ * the name alphabet (max 0: size-1). */
+static bool take_name(const dec_t *d, uint32_t i, char *buf, size_t size, uint64_t max) {
+    size_t n;
+    const char *s = str_of(d, i, &n);
+    if (!max || max > size - 1) max = size - 1;
+    if (!s || n == 0 || n > max) return false;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    return msg_name_valid(buf, size);
+}
+
+/* Copies string token i into buf[size] when it fits and holds no NUL. */
+static bool take_text(const dec_t *d, uint32_t i, char *buf, size_t size) {
+    size_t n;
+    const char *s = str_of(d, i, &n);
+    if (!s || n >= size || memchr(s, 0, n)) return false;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    return true;
+}
+
+/* Parses 1..16 hex digits of token i. */
+static bool take_hash(const dec_t *d, uint32_t i, uint64_t *out) {
+    size_t n;
+    const char *s = str_of(d, i, &n);
+    if (!s || n == 0 || n > 16) return false;
+    uint64_t x = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!is_hex(s[k])) return false;
+        char c = s[k];
+        x = x << 4 | (uint64_t)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    *out = x;
+    return true;
+}
+
+static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const char *prefix);
+
+
+/* The capacity of a counts map member of `size` bytes. */
+static int counts_cap(uint32_t size) {
+    return (int)((size - offsetof(msg_counts_t, e)) / sizeof(msg_count_t));
+}
+
+static int dec_counts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+    int cap = counts_cap(f->size);
+    int *n = AT(base, f->off, int);
+    msg_count_t *e = AT(base, f->off + offsetof(msg_counts_t, e), msg_count_t);
+    if (d->v[i].kind != WV_MAP) return bad(d, path, "must be a map of names to non-negative integers");
+    if ((int)d->v[i].n > cap) return bad(d, path, "has more than %d entries", cap);
+    for (uint32_t k = i + 1, j = 0; j < d->v[i].n; j++, k = d->v[k + 1].next) {
+        if (!take_name(d, k, e[j].name, sizeof e[j].name, 0) || !wire_tok_u64(d->tk, k + 1, &e[j].n))
+            return bad(d, path, "must be a map of names to non-negative integers");
+    }
+    *n = (int)d->v[i].n;
+    return 0;
+}
+
+static int dec_texts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+    msg_texts_t *t = AT(base, f->off, msg_texts_t);
+    if (d->v[i].kind != WV_MAP) return bad(d, path, "must be a map of names to strings");
+    if (d->v[i].n > MSG_MAX_COMPONENTS) return bad(d, path, "has more than %d entries", MSG_MAX_COMPONENTS);
+    for (uint32_t k = i + 1, j = 0; j < d->v[i].n; j++, k = d->v[k + 1].next) {
+        if (!take_name(d, k, t->e[j].name, sizeof t->e[j].name, 0) ||
+            !take_text(d, k + 1, t->e[j].text, sizeof t->e[j].text))
+            return bad(d, path, "must be a map of names to strings of at most %zu bytes",
+                       sizeof t->e[j].text - 1);
+    }
+    t->n = (int)d->v[i].n;
+    return 0;
+}
+
+/* Arrays: hashes into a fixed array, names and structs into the arena. */
+static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+    if (d->v[i].kind != WV_ARR) return bad(d, path, "must be an array");
+    uint32_t n = d->v[i].n;
+    if (f->kind == FK_HASHES) {
+        if (n > f->size / sizeof(uint64_t)) return bad(d, path, "has more than %zu entries", f->size / sizeof(uint64_t));
+        for (uint32_t j = 0, k = i + 1; j < n; j++, k = d->v[k].next)
+            if (!take_hash(d, k, AT(base, f->off, uint64_t) + j)) return bad(d, path, "must be an array of hex hashes");
+        *AT(base, f->off2, int) = (int)n;
+        return 0;
+    }
+    size_t elem = f->kind == FK_NAMES ? MSG_NAME_MAX : f->sub->size;
+    char *arr = n ? wire_msg_alloc(d->m, n * elem) : NULL;
+    if (n && !arr) return oom(d);
+    for (uint32_t j = 0, k = i + 1; j < n; j++, k = d->v[k].next) {
+        if (f->kind == FK_NAMES) {
+            if (!take_name(d, k, arr + j * elem, MSG_NAME_MAX, 0))
+                return bad(d, path, "must be an array of names of [A-Za-z0-9_.:+-]");
+            continue;
+        }
+        char sub[160], at[180];
+        path_text(path, sub, sizeof sub);
+        snprintf(at, sizeof at, "%.160s[%u]", sub, (unsigned)j);
+        if (d->v[k].kind != WV_MAP) return bad(d, (path_t){ at, "" }, "must be a map");
+        if (dec_table(d, f->sub, k, arr + j * elem, at) != 0) return -1;
+    }
+    *AT(base, f->off, void *) = arr;
+    *AT(base, f->off2, size_t) = n;
+    return 0;
+}
+
+/* Field f of base from its value token i. */
+static int dec_field(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+    size_t n;
+    switch ((msg_kind_t)f->kind) {
+    case FK_U64: {
+        uint64_t *x = AT(base, f->off, uint64_t);
+        if (!wire_tok_u64(d->tk, i, x)) return bad(d, path, "must be a non-negative integer");
+        if (*x < f->lo || *x > f->hi)
+            return bad(d, path, "must be in %llu..%llu (got %llu)", (unsigned long long)f->lo,
+                       (unsigned long long)f->hi, (unsigned long long)*x);
+        return 0;
+    }
+    case FK_I64:
+        return wire_tok_i64(d->tk, i, AT(base, f->off, int64_t)) ? 0 : bad(d, path, "must be an integer");
+    case FK_F64: {
+        double *x = AT(base, f->off, double);
+        return wire_tok_f64(d->tk, i, x) && isfinite(*x) ? 0 : bad(d, path, "must be a finite number");
+    }
+    case FK_BOOL:
+        if (d->v[i].kind != WV_BOOL) return bad(d, path, "must be a boolean");
+        *AT(base, f->off, bool) = d->v[i].v.b;
+        return 0;
+    case FK_NAME:
+        return take_name(d, i, AT(base, f->off, char), f->size, f->hi)
+                   ? 0
+                   : bad(d, path, "must be 1..%llu characters of [A-Za-z0-9_.:+-]",
+                         (unsigned long long)(f->hi ? f->hi : f->size - 1));
+    case FK_TEXT:
+        return take_text(d, i, AT(base, f->off, char), f->size)
+                   ? 0
+                   : bad(d, path, "must be a string of at most %u bytes without NUL", f->size - 1);
+    case FK_SHA256: {
+        char *s = AT(base, f->off, char);
+        return take_text(d, i, s, f->size) && msg_sha256_valid(s) ? 0 : bad(d, path, "must be 64 hex digits");
+    }
+    case FK_HASH:
+        return take_hash(d, i, AT(base, f->off, uint64_t)) ? 0 : bad(d, path, "must be 1..16 hex digits");
+    case FK_STR: {
+        const char *s = str_of(d, i, &n);
+        if (!s || memchr(s, 0, n)) return bad(d, path, "must be a string without NUL");
+        char *c = wire_msg_alloc(d->m, n + 1);
+        if (!c) return oom(d);
+        memcpy(c, s, n);
+        *AT(base, f->off, const char *) = c;
+        return 0;
+    }
+    case FK_SHAPE4: {
+        int64_t *s = AT(base, f->off, int64_t);
+        bool ok = d->v[i].kind == WV_ARR && d->v[i].n == 4;
+        for (uint32_t j = 0, k = i + 1; ok && j < 4; j++, k = d->v[k].next) ok = wire_tok_i64(d->tk, k, &s[j]) && s[j] >= 0;
+        return ok ? 0 : bad(d, path, "must be an array [C,F,H,W] of 4 non-negative integers");
+    }
+    case FK_COUNTS: return dec_counts(d, f, i, base, path);
+    case FK_TEXTS: return dec_texts(d, f, i, base, path);
+    case FK_HASHES:
+    case FK_NAMES:
+    case FK_STRUCTS: return dec_array(d, f, i, base, path);
+    case FK_STRUCT: {
+        if (d->v[i].kind != WV_MAP) return bad(d, path, "must be a map");
+        char sub[160];
+        path_text(path, sub, sizeof sub);
+        return dec_table(d, f->sub, i, AT(base, f->off, void), sub);
+    }
+    }
+    return bad(d, path, "has a kind this decoder does not know");
+}
+
+/* Writes the defaults of tab's fields into out (already zeroed). */
+static void defaults(const msg_table_t *tab, void *out) {
+    for (int r = 0; r < tab->n; r++) {
+        const msg_field_t *f = &tab->f[r];
+        switch ((msg_kind_t)f->kind) {
+        case FK_U64: *AT(out, f->off, uint64_t) = (uint64_t)f->def; break;
+        case FK_I64: *AT(out, f->off, int64_t) = (int64_t)f->def; break;
+        case FK_F64: *AT(out, f->off, double) = f->def; break;
+        case FK_BOOL: *AT(out, f->off, bool) = f->def != 0; break;
+        case FK_NAME:
+        case FK_TEXT:
+            if (f->sdef) snprintf(AT(out, f->off, char), f->size, "%s", f->sdef);
+            break;
+        case FK_STR: *AT(out, f->off, const char *) = ""; break;
+        case FK_STRUCT: defaults(f->sub, AT(out, f->off, void)); break;
+        default: break;
+        }
+    }
+}
+
+/* Decodes map token `map` into out (zeroed) by tab. Unknown keys are
+ * skipped; every required row must be met. */
+static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const char *prefix) {
+    uint32_t seen = 0;
+    defaults(tab, out);
+    for (uint32_t j = 0, k = map + 1; j < d->v[map].n; j++, k = d->v[k + 1].next) {
+        size_t kl;
+        const char *ks = wire_tok_str(d->tk, d->h, k, &kl);
+        for (int r = 0; r < tab->n; r++) {
+            const msg_field_t *f = &tab->f[r];
+            if (f->klen != kl || memcmp(f->key, ks, kl)) continue;
+            if (dec_field(d, f, k + 1, out, (path_t){ prefix, f->key }) != 0) return -1;
+            seen |= 1u << r;
+            break;
+        }
+    }
+    for (int r = 0; r < tab->n; r++)
+        if ((tab->f[r].flags & F_REQ) && !(seen & (1u << r))) {
+            wire_set_err(d->err, WIRE_E_BAD_REQUEST, "missing '%s%s%s'", prefix, *prefix ? "." : "",
+                         tab->f[r].key);
+            return -1;
+        }
+    return 0;
+}
+
+/* Hands the message's tensors to the body's slots (or list). */
+static int dec_tensors(dec_t *d, const msg_desc_t *desc, void *body) {
+    if (desc->any_tensors) {
+        msg_sync_t *s = body;
+        s->n_tensors = d->m->n_tensors;
+        for (int i = 0; i < d->m->n_tensors; i++) s->tensors[i] = &d->m->t[i];
+        return 0;
+    }
+    for (int i = 0; i < d->m->n_tensors; i++) {
+        const wire_tensor_t *t = &d->m->t[i];
+        const msg_slot_t *s = desc->slots;
+        while (s && s->name && strcmp(s->name, t->name)) s++;
+        if (!s || !s->name) {
+            if (desc->slot_list)
+                wire_set_err(d->err, WIRE_E_BAD_REQUEST, "unknown tensor '%s' (a %s carries %s only)", t->name,
+                             desc->type, desc->slot_list);
+            else
+                wire_set_err(d->err, WIRE_E_BAD_REQUEST, "%s carries no tensors (got '%s')", desc->type, t->name);
+            return -1;
+        }
+        *AT(body, s->off, const wire_tensor_t *) = t;
+    }
+    return 0;
+}
+
+int msg_decode(wire_msg_t *m, msg_type_t type, void *body, wire_err_t *err) {
+    if (type < 0 || type >= MSG_UNKNOWN || !m->has_head) {
+        wire_set_err(err, WIRE_E_INTERNAL, "msg_decode: no such message");
+        return -1;
+    }
+    const msg_desc_t *desc = &msg_descs[type];
+    dec_t d = { m, &m->tok, wire_msg_head(m), wire_toks_v(&m->tok), desc->type, err };
+    if (desc->body) {
+        memset(body, 0, desc->body->size);
+        if (dec_table(&d, desc->body, 0, body, "") != 0) return -1;
+    }
+    if (dec_tensors(&d, desc, body) != 0) return -1;
+    if (desc->after) desc->after(body, m);
+    return 0;
+}
+
+/* ---- encoding ------------------------------------------------------------------- */
+
+static void enc_table(wire_buf_t *w, const msg_table_t *tab, const void *in);
+
+/* True when field f of in holds its default or nothing (F_OMIT). */
+static bool empty(const msg_field_t *f, const void *in) {
+    switch ((msg_kind_t)f->kind) {
+    case FK_U64: return *AT(in, f->off, const uint64_t) == (uint64_t)f->def;
+    case FK_I64: return *AT(in, f->off, const int64_t) == (int64_t)f->def;
+    case FK_F64: return *AT(in, f->off, const double) == f->def;
+    case FK_BOOL: return *AT(in, f->off, const bool) == (f->def != 0);
+    case FK_NAME:
+    case FK_TEXT:
+    case FK_SHA256: return !*AT(in, f->off, const char);
+    case FK_HASH: return !*AT(in, f->off, const uint64_t);
+    case FK_STR: {
+        const char *s = *AT(in, f->off, const char *const);
+        return !s || !*s;
+    }
+    case FK_COUNTS:
+    case FK_TEXTS: return *AT(in, f->off, const int) == 0;
+    case FK_HASHES: return *AT(in, f->off2, const int) == 0;
+    case FK_NAMES:
+    case FK_STRUCTS: return *AT(in, f->off2, const size_t) == 0;
+    case FK_SHAPE4:
+    case FK_STRUCT: return false;
+    }
+    return false;
+}
+
+static void enc_field(wire_buf_t *w, const msg_field_t *f, const void *in) {
+    switch ((msg_kind_t)f->kind) {
+    case FK_U64: wire_put_u64(w, *AT(in, f->off, const uint64_t)); break;
+    case FK_I64: wire_put_i64(w, *AT(in, f->off, const int64_t)); break;
+    case FK_F64: wire_put_f64(w, *AT(in, f->off, const double)); break;
+    case FK_BOOL: wire_put_bool(w, *AT(in, f->off, const bool)); break;
+    case FK_NAME:
+    case FK_TEXT:
+    case FK_SHA256: wire_put_strn(w, AT(in, f->off, const char), strnlen(AT(in, f->off, const char), f->size)); break;
+    case FK_HASH: {
+        char hex[17];
+        wire_put_strn(w, msg_hex64(*AT(in, f->off, const uint64_t), hex), 16);
+        break;
+    }
+    case FK_STR: wire_put_str(w, *AT(in, f->off, const char *const)); break;
+    case FK_SHAPE4:
+        wire_put_arr(w);
+        for (int k = 0; k < 4; k++) wire_put_i64(w, AT(in, f->off, const int64_t)[k]);
+        wire_put_end(w);
+        break;
+    case FK_COUNTS: {
+        int n = *AT(in, f->off, const int), cap = counts_cap(f->size);
+        const msg_count_t *e = AT(in, f->off + offsetof(msg_counts_t, e), const msg_count_t);
+        wire_put_map(w);
+        for (int k = 0; k < n && k < cap; k++) {
+            wire_put_str(w, e[k].name);
+            wire_put_u64(w, e[k].n);
+        }
+        wire_put_end(w);
+        break;
+    }
+    case FK_TEXTS: {
+        const msg_texts_t *t = AT(in, f->off, const msg_texts_t);
+        wire_put_map(w);
+        for (int k = 0; k < t->n && k < MSG_MAX_COMPONENTS; k++) {
+            wire_put_str(w, t->e[k].name);
+            wire_put_str(w, t->e[k].text);
+        }
+        wire_put_end(w);
+        break;
+    }
+    case FK_HASHES: {
+        int n = *AT(in, f->off2, const int);
+        wire_put_arr(w);
+        for (int k = 0; k < n && (size_t)k < f->size / sizeof(uint64_t); k++) {
+            char hex[17];
+            wire_put_strn(w, msg_hex64(AT(in, f->off, const uint64_t)[k], hex), 16);
+        }
+        wire_put_end(w);
+        break;
+    }
+    case FK_NAMES:
+    case FK_STRUCTS: {
+        const char *arr = *AT(in, f->off, const char *const);
+        size_t n = *AT(in, f->off2, const size_t);
+        size_t elem = f->kind == FK_NAMES ? MSG_NAME_MAX : f->sub->size;
+        wire_put_arr(w);
+        for (size_t k = 0; k < n; k++) {
+            if (f->kind == FK_NAMES) {
+                wire_put_str(w, arr + k * elem);
+            } else {
+                wire_put_map(w);
+                enc_table(w, f->sub, arr + k * elem);
+                wire_put_end(w);
+            }
+        }
+        wire_put_end(w);
+        break;
+    }
+    case FK_STRUCT:
+        wire_put_map(w);
+        enc_table(w, f->sub, AT(in, f->off, const void));
+        wire_put_end(w);
+        break;
+    }
+}
+
+static void enc_table(wire_buf_t *w, const msg_table_t *tab, const void *in) {
+    for (int r = 0; r < tab->n; r++) {
+        const msg_field_t *f = &tab->f[r];
+        if ((f->flags & F_OMIT) && empty(f, in)) continue;
+        wire_put_strn(w, f->key, f->klen);
+        enc_field(w, f, in);
+    }
+}
+
+/* The tensors of body, in slot order (or list order). */
+static int tensors_of(const msg_desc_t *desc, const void *body, const wire_tensor_t **t) {
+    int n = 0;
+    if (!body) return 0;
+    if (desc->any_tensors) {
+        const msg_sync_t *s = body;
+        for (int i = 0; i < s->n_tensors && i < WIRE_MAX_TENSORS; i++) t[n++] = s->tensors[i];
+        return n;
+    }
+    for (const msg_slot_t *s = desc->slots; s && s->name; s++) {
+        const wire_tensor_t *x = *AT(body, s->off, const wire_tensor_t *const);
+        if (x) t[n++] = x;
+    }
+    return n;
+}
+
+/* Encodes the whole header into w (initialized). The tensors go to t[],
+ * their count is returned. */
+static int encode(wire_buf_t *w, msg_type_t type, uint64_t id, const void *body, const wire_tensor_t **t) {
+    const msg_desc_t *desc = &msg_descs[type];
+    int n = tensors_of(desc, body, t);
+    wire_put_envelope(w, desc->type, id, t, n);
+    if (desc->body && body) enc_table(w, desc->body, body);
+    wire_put_end(w);
+    return n;
+}
+
+int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
+             const wire_msg_t *share) {
+    if (type < 0 || type >= MSG_UNKNOWN || (msg_descs[type].body && !body)) {
+        errno = EINVAL;
+        return -1;
+    }
+    wire_buf_t w;
+    const wire_tensor_t *t[WIRE_MAX_TENSORS];
+    wire_buf_init(&w);
+    int n = encode(&w, type, id, body, t);
+    int rc = wire_send_buf(sock, identity, &w, t, n, share);
+    int e = errno;
+    wire_buf_free(&w);
+    errno = e;
+    return rc;
+}
+
+unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t *len) {
+    if (type < 0 || type >= MSG_UNKNOWN || (msg_descs[type].body && !body)) return NULL;
+    wire_buf_t w;
+    const wire_tensor_t *t[WIRE_MAX_TENSORS];
+    wire_buf_init(&w);
+    encode(&w, type, id, body, t);
+    unsigned char *out = w.failed ? NULL : malloc(w.n);
+    if (out) {
+        memcpy(out, w.p, w.n);
+        *len = w.n;
+    }
+    wire_buf_free(&w);
+    return out;
+}
+
+int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code, const char *fmt,
+                    va_list ap) {
+    msg_error_t e;
+    snprintf(e.code, sizeof e.code, "%s", code);
+    vsnprintf(e.message, 1024, fmt, ap);
+    return msg_error_send(sock, identity, id, &e);
+}
+
+int msg_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = msg_send_verror(sock, identity, id, code, fmt, ap);
+    va_end(ap);
+    return rc;
+}

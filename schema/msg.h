@@ -1,0 +1,362 @@
+/* msg.h -- Reel's messages (docs/PROTOCOL.md), one typed struct each, in
+ * the style of CZMQ's zproto: every message type has a struct, a decoder
+ * that fills it from a received wire message, and an encoder/sender that
+ * writes it; requests that carry rules (GEN, SYNC, READY) have a validator.
+ * The client library, the broker, the worker and reelctl read and write
+ * messages only through this header; nothing outside schema/ sees msgpack
+ * or the value tree of wire.h.
+ *
+ * Every key name, field type, default and limit of the protocol is written
+ * once, in schema/msg_defs.c, and the page states the same.
+ *
+ * Decoding (msg_<type>_decode) takes a message received with msg_recv (or
+ * wire_recv) and
+ *   - reads every known field, checking its type and its limits: a field
+ *     that is missing, of the wrong type or out of range is ERROR
+ *     bad_request naming it ("GEN: 'steps' must be in 1..10000 (got 0)");
+ *   - fills absent optional fields with their defaults;
+ *   - ignores unknown fields (they are not forwarded either);
+ *   - checks the tensors against the names the type carries (bad_request
+ *     for another name, or for tensors on a type that carries none).
+ * It never allocates per field: strings are copied into the struct's
+ * fixed buffers; arrays of entries and long strings go to the message's
+ * arena (wire_msg_alloc) and live as long as the message. Pointers in a
+ * decoded struct (tensors included) point into the message: do not close
+ * it while the struct is in use.
+ *
+ * Encoding/sending writes the envelope ("type", "id", "proto", "tensors")
+ * and every field (optional empty ones may be left out); strings are made
+ * valid UTF-8 on the way out. Tensor pointers name what goes in the frames.
+ *
+ * All functions: 0 on success; -1 with *err (decoders, validators) or errno
+ * (senders) set. */
+#ifndef REEL_SCHEMA_MSG_H
+#define REEL_SCHEMA_MSG_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "schema/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- limits (docs/PROTOCOL.md) ------------------------------------------- */
+
+#define MSG_NAME_MAX 64                  /* names: 1..63 of [A-Za-z0-9_.:+-] (incl. NUL) */
+#define MSG_MODEL_NAME_MAX 56            /* model names: 1..55 ("tinydit:" prefixes them in keys) */
+#define MSG_TEXT_MAX (WIRE_MAX_STR + 1)  /* free text: error messages, paths */
+#define MSG_REASON_MAX 512               /* an ack's error, a failure reason */
+#define MSG_MAX_STEPS 10000
+#define MSG_MAX_DIM 65536                /* each of C, F, H, W and of L, T */
+#define MSG_MAX_FHW ((int64_t)1 << 24)   /* F x H x W */
+#define MSG_MAX_GEN_BYTES ((uint64_t)256 << 20) /* a GEN's tensors; also C·F·H·W·4 */
+#define MSG_MAX_STREAMS 1024
+#define MSG_MAX_INFLIGHT 65536
+#define MSG_MAX_MODELS 16                /* models one worker serves */
+#define MSG_MAX_COMPONENTS 8             /* weight components one worker reports */
+#define MSG_MAX_COUNTS 32                /* reasons in RESULT stats.declines */
+#define MSG_KEYS_RECENT 32               /* shard keys STATUS lists per worker */
+
+/* ---- message types ----------------------------------------------------------- */
+
+/* X(TYPE, name, body struct or void): every message of the protocol. */
+#define MSG_TYPES(X)                                  \
+    X(GEN, gen, msg_gen_t)                            \
+    X(REQUEST, request, msg_gen_t)                    \
+    X(PROGRESS, progress, msg_progress_t)             \
+    X(RESULT, result, msg_result_t)                   \
+    X(ERROR, error, msg_error_t)                      \
+    X(BUSY, busy, msg_busy_t)                         \
+    X(SYNC, sync, msg_sync_t)                         \
+    X(SYNC_DONE, sync_done, msg_sync_done_t)          \
+    X(SYNC_ACK, sync_ack, msg_sync_ack_t)             \
+    X(STATUS, status, void)                           \
+    X(STATUS_REPLY, status_reply, msg_status_reply_t) \
+    X(READY, ready, msg_ready_t)                      \
+    X(HEARTBEAT, heartbeat, void)                     \
+    X(DISCONNECT, disconnect, void)                   \
+    X(RECONNECT, reconnect, void)                     \
+    X(EVENTS, events, msg_events_t)
+
+typedef enum {
+#define MSG_ENUM(T, n, S) MSG_##T,
+    MSG_TYPES(MSG_ENUM)
+#undef MSG_ENUM
+    MSG_UNKNOWN,
+} msg_type_t;
+
+/* The type of a received message (MSG_UNKNOWN for a type not above). */
+msg_type_t msg_type(const wire_msg_t *m);
+/* "GEN", ...; "?" for MSG_UNKNOWN. */
+const char *msg_type_name(msg_type_t t);
+
+/* ---- bodies ------------------------------------------------------------------ */
+
+/* GEN (client -> broker) and REQUEST (broker -> worker, the GEN's fields;
+ * version then is the version the broker requires). */
+typedef struct {
+    char model[MSG_NAME_MAX];    /* required: a model name (1..55) */
+    uint64_t version;            /* the oldest transformer version it may run on; 0: current */
+    uint64_t steps;              /* required: 1..10000 */
+    double shift;                /* 1.0; > 0 */
+    double cfg;                  /* 1.0; used with uncond */
+    bool sde;                    /* false */
+    double eta;                  /* 0.7; >= 0 when sde */
+    uint64_t seed;               /* 0 */
+    bool progress;               /* false */
+    uint64_t deadline_ms;        /* 0: the broker's default */
+    int64_t latent_shape[4];     /* required: C, F, H, W */
+    const wire_tensor_t *context, *uncond, *latent; /* context required */
+} msg_gen_t;
+
+/* PROGRESS */
+typedef struct {
+    uint64_t step, steps;
+} msg_progress_t;
+
+typedef struct {
+    char name[MSG_NAME_MAX];
+    uint64_t n;
+} msg_count_t;
+
+/* A map of names to counts: declines by reason, versions by component. */
+typedef struct {
+    int n;
+    msg_count_t e[MSG_MAX_COUNTS];
+} msg_counts_t;
+
+typedef struct {
+    int n;
+    msg_count_t e[MSG_MAX_COMPONENTS];
+} msg_versions_t;
+
+typedef struct {
+    uint64_t captured, replayed, eager;
+    msg_counts_t declines;       /* by reason name; names a reader does not know are kept */
+    double seconds;
+} msg_stats_t;
+
+/* RESULT */
+typedef struct {
+    char worker[MSG_NAME_MAX];
+    uint64_t version;            /* weights of the last step */
+    uint64_t first_version;      /* ... of the first; defaults to version */
+    msg_stats_t stats;
+    uint64_t key_hash;           /* the shard hash; 0 when absent */
+    const wire_tensor_t *latent;
+} msg_result_t;
+
+/* ERROR */
+typedef struct {
+    char code[32];
+    char message[MSG_TEXT_MAX];
+} msg_error_t;
+
+/* BUSY */
+typedef struct {
+    char message[MSG_TEXT_MAX];
+} msg_busy_t;
+
+/* SYNC (trainer -> broker, broker -> worker) */
+typedef struct {
+    char component[MSG_NAME_MAX];  /* required */
+    uint64_t version;              /* required */
+    char sha256[65];               /* required: 64 hex digits, either case */
+    char path[MSG_TEXT_MAX];       /* "" when none */
+    uint64_t deadline_ms;          /* 0: the broker's default */
+    int n_tensors;                 /* inline weights (any names) */
+    const wire_tensor_t *tensors[WIRE_MAX_TENSORS];
+} msg_sync_t;
+
+typedef struct {
+    char worker[MSG_NAME_MAX];
+    char reason[MSG_REASON_MAX];
+} msg_failure_t;
+
+/* SYNC_DONE */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    const char (*applied)[MSG_NAME_MAX];
+    size_t n_applied;
+    const msg_failure_t *failed;
+    size_t n_failed;
+    bool complete;
+    uint64_t current;
+} msg_sync_done_t;
+
+/* SYNC_ACK */
+typedef struct {
+    char component[MSG_NAME_MAX];  /* required */
+    uint64_t version;              /* required */
+    bool ok;                       /* required */
+    char error[MSG_REASON_MAX];    /* "" when ok */
+} msg_sync_ack_t;
+
+/* What a client needs to know of a model to send it a fitting GEN. */
+typedef struct {
+    char name[MSG_NAME_MAX];
+    uint64_t in_channels;        /* C of latent_shape */
+    uint64_t text_dim;           /* T of context */
+    uint64_t patch;              /* H and W are multiples of it */
+    uint64_t layers;
+} msg_model_t;
+
+/* READY */
+typedef struct {
+    char name[MSG_NAME_MAX];       /* required */
+    char device[32], arch[32];     /* "?" when absent */
+    uint64_t streams;              /* 1; 1..1024 */
+    uint64_t budget;               /* 0 */
+    uint64_t max_inflight;         /* 0 (= streams); else 1..65536 */
+    const char (*models)[MSG_NAME_MAX]; /* required, at most 16 */
+    size_t n_models;
+    msg_versions_t versions;
+    const msg_model_t *configs;    /* the config of each model (optional) */
+    size_t n_configs;
+} msg_ready_t;
+
+/* EVENTS entries */
+typedef struct {
+    char kind[16];               /* "capture", "decline", "evict", "replays" ("" when absent) */
+    char reason[MSG_NAME_MAX];
+    const char *key;             /* capture key text ("" when absent) */
+    uint64_t key_hash;           /* 0 when absent */
+    int64_t stream;
+    uint64_t bytes, nodes;
+    double seconds;
+    char component[MSG_NAME_MAX];
+    uint64_t from, to;
+    uint64_t count;              /* 1 */
+} msg_event_t;
+
+/* EVENTS */
+typedef struct {
+    const msg_event_t *events;
+    size_t n_events;
+    uint64_t dropped;
+} msg_events_t;
+
+typedef struct {
+    char name[MSG_NAME_MAX];
+    char text[192];
+} msg_text_t;
+
+typedef struct {
+    int n;
+    msg_text_t e[MSG_MAX_COMPONENTS];
+} msg_texts_t;
+
+/* One worker in STATUS_REPLY. */
+typedef struct {
+    char name[MSG_NAME_MAX], device[32], arch[32];
+    uint64_t streams, inflight, max_inflight;
+    bool routable;
+    msg_versions_t versions;
+    msg_texts_t lagging;         /* component -> why it is behind the current version */
+    int n_keys;
+    uint64_t keys[MSG_KEYS_RECENT];
+    uint64_t alive_ms;
+} msg_worker_status_t;
+
+/* STATUS_REPLY */
+typedef struct {
+    const msg_worker_status_t *workers;
+    size_t n_workers;
+    uint64_t queue, queue_max;
+    msg_versions_t versions;     /* current version per component */
+    msg_versions_t pending;      /* newest version nobody applied yet */
+    uint64_t malformed, catalog_dropped;
+    const msg_model_t *models;   /* each model a live worker serves, with its config */
+    size_t n_models;
+} msg_status_reply_t;
+
+/* ---- receiving, decoding, sending --------------------------------------------- */
+
+/* wire_recv without the value tree: how daemons receive. */
+int msg_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err);
+
+/* Decodes m as a message of `type` into *body (the struct of that type;
+ * NULL for types without a body). -1 with *err (bad_request, or internal
+ * on out-of-memory); *body is then unspecified. */
+int msg_decode(wire_msg_t *m, msg_type_t type, void *body, wire_err_t *err);
+/* Sends a message of `type` with id and *body (NULL: no body) to sock,
+ * preceded by identity when non-NULL. A tensor of body that is one of
+ * share->t[] goes out as a reference to share's frame (no copy); others
+ * are copied. -1 with errno (EINVAL: the body breaks a limit a receiver
+ * checks; EMSGSIZE: too large; others from ZeroMQ); nothing was sent then. */
+int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
+             const wire_msg_t *share);
+/* The header bytes msg_send would send (malloc'd, *len set): tests. NULL
+ * on out-of-memory or a body no receiver would take. */
+unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t *len);
+
+/* ERROR {id, code, message}, message formatted (at most 1023 bytes). */
+int msg_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code, const char *fmt,
+                    va_list ap) __attribute__((format(printf, 5, 0)));
+
+#define MSG_TYPED_void(T, n)
+#define MSG_TYPED_BODY(T, n, S)                                                                     \
+    static inline int msg_##n##_decode(wire_msg_t *m, S *out, wire_err_t *err) {                   \
+        return msg_decode(m, MSG_##T, out, err);                                                    \
+    }                                                                                               \
+    static inline int msg_##n##_send(void *sock, const zmq_msg_t *to, uint64_t id, const S *x) {   \
+        return msg_send(sock, to, MSG_##T, id, x, NULL);                                            \
+    }                                                                                               \
+    static inline int msg_##n##_forward(void *sock, const zmq_msg_t *to, uint64_t id, const S *x,  \
+                                        const wire_msg_t *share) {                                  \
+        return msg_send(sock, to, MSG_##T, id, x, share);                                           \
+    }
+#define MSG_TYPED_msg_gen_t(T, n) MSG_TYPED_BODY(T, n, msg_gen_t)
+#define MSG_TYPED_msg_progress_t(T, n) MSG_TYPED_BODY(T, n, msg_progress_t)
+#define MSG_TYPED_msg_result_t(T, n) MSG_TYPED_BODY(T, n, msg_result_t)
+#define MSG_TYPED_msg_error_t(T, n) MSG_TYPED_BODY(T, n, msg_error_t)
+#define MSG_TYPED_msg_busy_t(T, n) MSG_TYPED_BODY(T, n, msg_busy_t)
+#define MSG_TYPED_msg_sync_t(T, n) MSG_TYPED_BODY(T, n, msg_sync_t)
+#define MSG_TYPED_msg_sync_done_t(T, n) MSG_TYPED_BODY(T, n, msg_sync_done_t)
+#define MSG_TYPED_msg_sync_ack_t(T, n) MSG_TYPED_BODY(T, n, msg_sync_ack_t)
+#define MSG_TYPED_msg_status_reply_t(T, n) MSG_TYPED_BODY(T, n, msg_status_reply_t)
+#define MSG_TYPED_msg_ready_t(T, n) MSG_TYPED_BODY(T, n, msg_ready_t)
+#define MSG_TYPED_msg_events_t(T, n) MSG_TYPED_BODY(T, n, msg_events_t)
+/* msg_gen_decode, msg_gen_send, msg_gen_forward, ... for every type with a
+ * body; types without one use msg_send(sock, to, MSG_X, id, NULL, NULL). */
+#define MSG_TYPED(T, n, S) MSG_TYPED_##S(T, n)
+MSG_TYPES(MSG_TYPED)
+#undef MSG_TYPED
+
+/* ---- validation: the rules beyond one field ------------------------------------- */
+
+/* GEN/REQUEST: the tensors (context F32 [L,T] required; uncond F32 of the
+ * context's shape; latent F32 of latent_shape), latent_shape (each of C,
+ * F, H, W in 1..65536, F·H·W <= 2^24, C·F·H·W·4 <= 256 MiB), L and T in
+ * 1..65536, shift > 0, cfg finite as a float, eta >= 0 with sde, and, when
+ * model is not NULL, the model: name, C == in_channels, T == text_dim, H
+ * and W multiples of patch. bad_request; too_large for tensors over 256
+ * MiB. */
+int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err);
+/* SYNC: exactly one of path and inline tensors (inline only when
+ * inline_ok). bad_request. */
+int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
+/* READY: at most 16 models, each a model name, configs only of them. */
+int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
+
+/* ---- shared helpers --------------------------------------------------------------- */
+
+/* True when s is 1..max-1 characters of [A-Za-z0-9_.:+-] (names of
+ * workers, models, components and reasons: printable, unambiguous in
+ * keys and logs). */
+bool msg_name_valid(const char *s, size_t max);
+/* True when s is 64 hex digits (either case). */
+bool msg_sha256_valid(const char *s);
+/* "%016x" of h into buf, the form of every hash on the wire. Returns buf. */
+char *msg_hex64(uint64_t h, char buf[17]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,415 @@
+/* msg_defs.c -- every message of docs/PROTOCOL.md as data: for each body
+ * struct of msg.h, one row per field (key, kind, required or default,
+ * range), the tensors each type carries, and the rules that span fields
+ * (msg_*_validate). This is the one place where a key is spelled and a
+ * default or a limit is chosen; msg.c walks it to decode and encode.
+ *
+ * A row names its member with the member's type (OFF below): a row whose
+ * kind does not match its member's type does not compile. */
+#include "schema/msg_defs.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "schema/wire_codec.h"
+
+/* The offset of member m of S, which must have type T. */
+#define OFF(S, m, T) _Generic((((S *)0)->m), T: offsetof(S, m))
+#define SZ(S, m) sizeof(((S *)0)->m)
+#define ROWS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define TABLE(name, rows, S) static const msg_table_t name = { rows, ROWS(rows), sizeof(S) }
+
+#define R_U64(S, m, k, fl, l, h, d) \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_U64, .flags = fl, .off = OFF(S, m, uint64_t), .size = SZ(S, m), .lo = l, .hi = h, .def = d }
+#define R_I64(S, m, k, fl, d) { .key = k, .klen = sizeof(k) - 1, .kind = FK_I64, .flags = fl, .off = OFF(S, m, int64_t), .size = SZ(S, m), .def = d }
+#define R_F64(S, m, k, fl, d) { .key = k, .klen = sizeof(k) - 1, .kind = FK_F64, .flags = fl, .off = OFF(S, m, double), .size = SZ(S, m), .def = d }
+#define R_BOOL(S, m, k, fl, d) { .key = k, .klen = sizeof(k) - 1, .kind = FK_BOOL, .flags = fl, .off = OFF(S, m, bool), .size = SZ(S, m), .def = d }
+/* max: the longest name allowed (0: what the buffer holds) */
+#define R_NAME(S, m, k, fl, max, sd) \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_NAME, .flags = fl, .off = OFF(S, m, char *), .size = SZ(S, m), .hi = max, .sdef = sd }
+#define R_TEXT(S, m, k, fl, sd) { .key = k, .klen = sizeof(k) - 1, .kind = FK_TEXT, .flags = fl, .off = OFF(S, m, char *), .size = SZ(S, m), .sdef = sd }
+#define R_SHA(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_SHA256, .flags = fl, .off = OFF(S, m, char *), .size = SZ(S, m) }
+#define R_HASH(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_HASH, .flags = fl, .off = OFF(S, m, uint64_t), .size = SZ(S, m) }
+#define R_STR(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_STR, .flags = fl, .off = OFF(S, m, const char *), .size = SZ(S, m) }
+#define R_SHAPE4(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_SHAPE4, .flags = fl, .off = OFF(S, m, int64_t *), .size = SZ(S, m) }
+#define R_COUNTS(S, m, k, fl)                                                                      \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_COUNTS, .flags = fl,                                                     \
+      .off = _Generic((((S *)0)->m), msg_counts_t: offsetof(S, m), msg_versions_t: offsetof(S, m)), \
+      .size = SZ(S, m) }
+#define R_TEXTS(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_TEXTS, .flags = fl, .off = OFF(S, m, msg_texts_t), .size = SZ(S, m) }
+#define R_HASHES(S, m, cnt, k, fl) \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_HASHES, .flags = fl, .off = OFF(S, m, uint64_t *), .size = SZ(S, m), .off2 = OFF(S, cnt, int) }
+#define R_NAMES(S, m, cnt, k, fl)                                                                        \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_NAMES, .flags = fl, .off = OFF(S, m, const char(*)[MSG_NAME_MAX]), .size = SZ(S, m), \
+      .off2 = OFF(S, cnt, size_t) }
+#define R_STRUCT(S, m, T, k, fl, tab) \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_STRUCT, .flags = fl, .off = OFF(S, m, T), .size = SZ(S, m), .sub = &tab }
+#define R_STRUCTS(S, m, cnt, T, k, fl, tab)                                                          \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_STRUCTS, .flags = fl, .off = OFF(S, m, const T *), .size = SZ(S, m),      \
+      .off2 = OFF(S, cnt, size_t), .sub = &tab }
+
+_Static_assert(offsetof(msg_counts_t, e) == offsetof(msg_versions_t, e), "count maps share a layout");
+
+/* ---- GEN and REQUEST -------------------------------------------------------------- */
+
+static const msg_field_t gen_rows[] = {
+    R_NAME(msg_gen_t, model, "model", F_REQ, MSG_MODEL_NAME_MAX - 1, NULL),
+    R_U64(msg_gen_t, version, "version", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_gen_t, steps, "steps", F_REQ, 1, MSG_MAX_STEPS, 0),
+    R_F64(msg_gen_t, shift, "shift", 0, 1.0),
+    R_F64(msg_gen_t, cfg, "cfg", 0, 1.0),
+    R_BOOL(msg_gen_t, sde, "sde", 0, false),
+    R_F64(msg_gen_t, eta, "eta", 0, 0.7),
+    R_U64(msg_gen_t, seed, "seed", 0, 0, UINT64_MAX, 0),
+    R_BOOL(msg_gen_t, progress, "progress", 0, false),
+    R_U64(msg_gen_t, deadline_ms, "deadline_ms", 0, 0, UINT64_MAX, 0),
+    R_SHAPE4(msg_gen_t, latent_shape, "latent_shape", F_REQ),
+};
+TABLE(gen_tab, gen_rows, msg_gen_t);
+
+static const msg_slot_t gen_slots[] = {
+    { "context", offsetof(msg_gen_t, context) },
+    { "uncond", offsetof(msg_gen_t, uncond) },
+    { "latent", offsetof(msg_gen_t, latent) },
+    { NULL, 0 },
+};
+
+/* ---- replies ----------------------------------------------------------------------- */
+
+static const msg_field_t progress_rows[] = {
+    R_U64(msg_progress_t, step, "step", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_progress_t, steps, "steps", 0, 0, UINT64_MAX, 0),
+};
+TABLE(progress_tab, progress_rows, msg_progress_t);
+
+static const msg_field_t stats_rows[] = {
+    R_U64(msg_stats_t, captured, "captured", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_stats_t, replayed, "replayed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_stats_t, eager, "eager", 0, 0, UINT64_MAX, 0),
+    R_COUNTS(msg_stats_t, declines, "declines", 0),
+    R_F64(msg_stats_t, seconds, "seconds", 0, 0),
+};
+TABLE(stats_tab, stats_rows, msg_stats_t);
+
+static const msg_field_t result_rows[] = {
+    R_NAME(msg_result_t, worker, "worker", F_OMIT, 0, NULL),
+    R_U64(msg_result_t, version, "version", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_result_t, first_version, "first_version", 0, 0, UINT64_MAX, 0),
+    R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", 0, stats_tab),
+    R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
+};
+TABLE(result_tab, result_rows, msg_result_t);
+
+static const msg_slot_t result_slots[] = {
+    { "latent", offsetof(msg_result_t, latent) },
+    { NULL, 0 },
+};
+
+/* first_version defaults to version: a worker that never saw a sync land
+ * mid-request need not say it twice. */
+static void result_after(void *body, const wire_msg_t *m) {
+    msg_result_t *r = body;
+    if (!wire_tok_find(&m->tok, wire_msg_head(m), 0, "first_version")) r->first_version = r->version;
+}
+
+static const msg_field_t error_rows[] = {
+    R_TEXT(msg_error_t, code, "code", 0, WIRE_E_INTERNAL),
+    R_TEXT(msg_error_t, message, "message", 0, ""),
+};
+TABLE(error_tab, error_rows, msg_error_t);
+
+static const msg_field_t busy_rows[] = {
+    R_TEXT(msg_busy_t, message, "message", 0, ""),
+};
+TABLE(busy_tab, busy_rows, msg_busy_t);
+
+/* ---- syncs ------------------------------------------------------------------------- */
+
+static const msg_field_t sync_rows[] = {
+    R_NAME(msg_sync_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_sync_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_SHA(msg_sync_t, sha256, "sha256", F_REQ),
+    R_TEXT(msg_sync_t, path, "path", F_OMIT, ""),
+    R_U64(msg_sync_t, deadline_ms, "deadline_ms", F_OMIT, 0, UINT64_MAX, 0),
+};
+TABLE(sync_tab, sync_rows, msg_sync_t);
+
+static const msg_field_t failure_rows[] = {
+    R_NAME(msg_failure_t, worker, "worker", F_REQ, 0, NULL),
+    R_TEXT(msg_failure_t, reason, "reason", 0, ""),
+};
+TABLE(failure_tab, failure_rows, msg_failure_t);
+
+static const msg_field_t sync_done_rows[] = {
+    R_NAME(msg_sync_done_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_sync_done_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_NAMES(msg_sync_done_t, applied, n_applied, "applied", 0),
+    R_STRUCTS(msg_sync_done_t, failed, n_failed, msg_failure_t, "failed", 0, failure_tab),
+    R_BOOL(msg_sync_done_t, complete, "complete", 0, false),
+    R_U64(msg_sync_done_t, current, "current", 0, 0, UINT64_MAX, 0),
+};
+TABLE(sync_done_tab, sync_done_rows, msg_sync_done_t);
+
+static const msg_field_t sync_ack_rows[] = {
+    R_NAME(msg_sync_ack_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_sync_ack_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_BOOL(msg_sync_ack_t, ok, "ok", F_REQ, false),
+    R_TEXT(msg_sync_ack_t, error, "error", F_OMIT, ""),
+};
+TABLE(sync_ack_tab, sync_ack_rows, msg_sync_ack_t);
+
+/* ---- workers ------------------------------------------------------------------------ */
+
+static const msg_field_t model_rows[] = {
+    R_NAME(msg_model_t, name, "name", F_REQ, MSG_MODEL_NAME_MAX - 1, NULL),
+    R_U64(msg_model_t, in_channels, "in_channels", 0, 0, MSG_MAX_DIM, 0),
+    R_U64(msg_model_t, text_dim, "text_dim", 0, 0, MSG_MAX_DIM, 0),
+    R_U64(msg_model_t, patch, "patch", 0, 0, MSG_MAX_DIM, 1),
+    R_U64(msg_model_t, layers, "layers", 0, 0, UINT32_MAX, 0),
+};
+TABLE(model_tab, model_rows, msg_model_t);
+
+static const msg_field_t ready_rows[] = {
+    R_NAME(msg_ready_t, name, "name", F_REQ, 0, NULL),
+    R_TEXT(msg_ready_t, device, "device", 0, "?"),
+    R_TEXT(msg_ready_t, arch, "arch", 0, "?"),
+    R_U64(msg_ready_t, streams, "streams", 0, 1, MSG_MAX_STREAMS, 1),
+    R_U64(msg_ready_t, budget, "budget", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_ready_t, max_inflight, "max_inflight", F_OMIT, 1, MSG_MAX_INFLIGHT, 0),
+    R_NAMES(msg_ready_t, models, n_models, "models", F_REQ),
+    R_COUNTS(msg_ready_t, versions, "versions", 0),
+    R_STRUCTS(msg_ready_t, configs, n_configs, msg_model_t, "configs", F_OMIT, model_tab),
+};
+TABLE(ready_tab, ready_rows, msg_ready_t);
+
+static const msg_field_t event_rows[] = {
+    R_TEXT(msg_event_t, kind, "kind", 0, ""),
+    R_NAME(msg_event_t, reason, "reason", F_OMIT, 0, NULL),
+    R_STR(msg_event_t, key, "key", F_OMIT),
+    R_HASH(msg_event_t, key_hash, "key_hash", 0),
+    R_I64(msg_event_t, stream, "stream", 0, 0),
+    R_U64(msg_event_t, bytes, "bytes", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, nodes, "nodes", F_OMIT, 0, UINT64_MAX, 0),
+    R_F64(msg_event_t, seconds, "seconds", F_OMIT, 0),
+    R_NAME(msg_event_t, component, "component", F_OMIT, 0, NULL),
+    R_U64(msg_event_t, from, "from", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, to, "to", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, count, "count", F_OMIT, 0, UINT64_MAX, 1),
+};
+TABLE(event_tab, event_rows, msg_event_t);
+
+static const msg_field_t events_rows[] = {
+    R_STRUCTS(msg_events_t, events, n_events, msg_event_t, "events", 0, event_tab),
+    R_U64(msg_events_t, dropped, "dropped", F_OMIT, 0, UINT64_MAX, 0),
+};
+TABLE(events_tab, events_rows, msg_events_t);
+
+/* ---- status ------------------------------------------------------------------------- */
+
+static const msg_field_t worker_rows[] = {
+    R_NAME(msg_worker_status_t, name, "name", F_REQ, 0, NULL),
+    R_TEXT(msg_worker_status_t, device, "device", 0, "?"),
+    R_TEXT(msg_worker_status_t, arch, "arch", 0, "?"),
+    R_U64(msg_worker_status_t, streams, "streams", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_worker_status_t, inflight, "inflight", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_worker_status_t, max_inflight, "max_inflight", 0, 0, UINT64_MAX, 0),
+    R_BOOL(msg_worker_status_t, routable, "routable", 0, true),
+    R_COUNTS(msg_worker_status_t, versions, "versions", 0),
+    R_TEXTS(msg_worker_status_t, lagging, "lagging", 0),
+    R_HASHES(msg_worker_status_t, keys, n_keys, "keys", 0),
+    R_U64(msg_worker_status_t, alive_ms, "alive_ms", 0, 0, UINT64_MAX, 0),
+};
+TABLE(worker_tab, worker_rows, msg_worker_status_t);
+
+static const msg_field_t status_reply_rows[] = {
+    R_STRUCTS(msg_status_reply_t, workers, n_workers, msg_worker_status_t, "workers", 0, worker_tab),
+    R_U64(msg_status_reply_t, queue, "queue", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, queue_max, "queue_max", 0, 0, UINT64_MAX, 0),
+    R_COUNTS(msg_status_reply_t, versions, "versions", 0),
+    R_COUNTS(msg_status_reply_t, pending, "pending", 0),
+    R_U64(msg_status_reply_t, malformed, "malformed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, catalog_dropped, "catalog_dropped", 0, 0, UINT64_MAX, 0),
+    R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
+};
+TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);
+
+/* ---- the types ------------------------------------------------------------------------ */
+
+#define GEN_TENSORS "context, uncond and latent"
+
+const msg_desc_t msg_descs[MSG_UNKNOWN] = {
+    [MSG_GEN] = { "GEN", &gen_tab, gen_slots, GEN_TENSORS, false, NULL },
+    [MSG_REQUEST] = { "REQUEST", &gen_tab, gen_slots, GEN_TENSORS, false, NULL },
+    [MSG_PROGRESS] = { "PROGRESS", &progress_tab, NULL, NULL, false, NULL },
+    [MSG_RESULT] = { "RESULT", &result_tab, result_slots, "latent", false, result_after },
+    [MSG_ERROR] = { "ERROR", &error_tab, NULL, NULL, false, NULL },
+    [MSG_BUSY] = { "BUSY", &busy_tab, NULL, NULL, false, NULL },
+    [MSG_SYNC] = { "SYNC", &sync_tab, NULL, NULL, true, NULL },
+    [MSG_SYNC_DONE] = { "SYNC_DONE", &sync_done_tab, NULL, NULL, false, NULL },
+    [MSG_SYNC_ACK] = { "SYNC_ACK", &sync_ack_tab, NULL, NULL, false, NULL },
+    [MSG_STATUS] = { "STATUS", NULL, NULL, NULL, false, NULL },
+    [MSG_STATUS_REPLY] = { "STATUS_REPLY", &status_reply_tab, NULL, NULL, false, NULL },
+    [MSG_READY] = { "READY", &ready_tab, NULL, NULL, false, NULL },
+    [MSG_HEARTBEAT] = { "HEARTBEAT", NULL, NULL, NULL, false, NULL },
+    [MSG_DISCONNECT] = { "DISCONNECT", NULL, NULL, NULL, false, NULL },
+    [MSG_RECONNECT] = { "RECONNECT", NULL, NULL, NULL, false, NULL },
+    [MSG_EVENTS] = { "EVENTS", &events_tab, NULL, NULL, false, NULL },
+};
+
+/* ---- rules across fields ---------------------------------------------------------------- */
+
+static int refuse(wire_err_t *err, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int refuse(wire_err_t *err, const char *code, const char *fmt, ...) {
+    char text[sizeof err->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    wire_set_err(err, code, "%s", text);
+    return -1;
+}
+
+/* "F32[5,32]": a tensor's dtype and shape, for messages. */
+static const char *shape_text(const wire_tensor_t *t, char *buf, size_t len) {
+    kern_tensor_t k = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
+    return kern_tensor_describe(&k, buf, len);
+}
+
+static bool is_f32(const wire_tensor_t *t, int ndim) { return t->dtype == KERN_F32 && t->ndim == ndim; }
+
+/* latent_shape on its own: each entry, F·H·W, and the latent's bytes. */
+static int latent_shape_ok(const int64_t *ls, wire_err_t *err) {
+    static const char dims[] = "CFHW";
+    for (int i = 0; i < 4; i++)
+        if (ls[i] < 1 || ls[i] > MSG_MAX_DIM)
+            return refuse(err, WIRE_E_BAD_REQUEST, "'latent_shape' %c must be in 1..%d (got %" PRId64 ")", dims[i],
+                          MSG_MAX_DIM, ls[i]);
+    if (ls[1] * ls[2] * ls[3] > MSG_MAX_FHW)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'latent_shape' F x H x W must be at most %" PRId64 " (got %" PRId64 ")",
+                      MSG_MAX_FHW, ls[1] * ls[2] * ls[3]);
+    if ((uint64_t)(ls[0] * ls[1] * ls[2] * ls[3]) * sizeof(float) > MSG_MAX_GEN_BYTES)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'latent_shape' makes a latent over %llu MiB",
+                      (unsigned long long)(MSG_MAX_GEN_BYTES >> 20));
+    return 0;
+}
+
+/* The tensors against each other and latent_shape. */
+static int gen_tensors_ok(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
+    const wire_tensor_t *ctx = g->context, *unc = g->uncond, *lat = g->latent;
+    char d[96], w[96];
+    if (!ctx || !is_f32(ctx, 2)) {
+        if (model) snprintf(w, sizeof w, "F32[L,%" PRIu64 "]", model->text_dim);
+        else snprintf(w, sizeof w, "F32[L,T]");
+        if (!ctx) return refuse(err, WIRE_E_BAD_REQUEST, "missing tensor 'context' %s", w);
+        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'context' is %s, expected %s", shape_text(ctx, d, sizeof d), w);
+    }
+    if (ctx->shape[0] < 1 || ctx->shape[0] > MSG_MAX_DIM || ctx->shape[1] < 1 || ctx->shape[1] > MSG_MAX_DIM)
+        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'context' is %s: L and T must be in 1..%d",
+                      shape_text(ctx, d, sizeof d), MSG_MAX_DIM);
+    if (unc && (!is_f32(unc, 2) || unc->shape[0] != ctx->shape[0] || unc->shape[1] != ctx->shape[1]))
+        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' is %s, expected the context's %s",
+                      shape_text(unc, d, sizeof d), shape_text(ctx, w, sizeof w));
+    if (lat) {
+        bool same = is_f32(lat, 4);
+        for (int i = 0; same && i < 4; i++) same = lat->shape[i] == g->latent_shape[i];
+        if (!same)
+            return refuse(err, WIRE_E_BAD_REQUEST,
+                          "tensor 'latent' is %s, expected F32[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] (latent_shape)",
+                          shape_text(lat, d, sizeof d), g->latent_shape[0], g->latent_shape[1], g->latent_shape[2],
+                          g->latent_shape[3]);
+    }
+    return 0;
+}
+
+/* The model's own constraints: its name, C, T and the patch grid. */
+static int gen_fits_model(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
+    const int64_t *ls = g->latent_shape;
+    if (strcmp(g->model, model->name))
+        return refuse(err, WIRE_E_BAD_REQUEST, "model '%s' is not served here (this worker serves '%s')", g->model,
+                      model->name);
+    if ((uint64_t)ls[0] != model->in_channels)
+        return refuse(err, WIRE_E_BAD_REQUEST, "latent has %" PRId64 " channels, model %s expects %" PRIu64, ls[0],
+                      model->name, model->in_channels);
+    if ((uint64_t)g->context->shape[1] != model->text_dim)
+        return refuse(err, WIRE_E_BAD_REQUEST, "context width %" PRId64 ", model %s expects text_dim %" PRIu64,
+                      g->context->shape[1], model->name, model->text_dim);
+    uint64_t p = model->patch ? model->patch : 1;
+    if ((uint64_t)ls[2] % p || (uint64_t)ls[3] % p)
+        return refuse(err, WIRE_E_BAD_REQUEST,
+                      "latent height and width must be multiples of %" PRIu64 ", the patch size of model %s (got H=%" PRId64
+                      " W=%" PRId64 ")", p, model->name, ls[2], ls[3]);
+    return 0;
+}
+
+int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
+    uint64_t bytes = 0;
+    const wire_tensor_t *t[3] = { g->context, g->uncond, g->latent };
+    for (int i = 0; i < 3; i++) bytes += t[i] ? t[i]->bytes : 0;
+    /* A queued request holds its frames: bound what one may pin. */
+    if (bytes > MSG_MAX_GEN_BYTES)
+        return refuse(err, WIRE_E_TOO_LARGE, "tensors of %llu bytes, more than a GEN may carry (%llu MiB)",
+                      (unsigned long long)bytes, (unsigned long long)(MSG_MAX_GEN_BYTES >> 20));
+    if (latent_shape_ok(g->latent_shape, err) || gen_tensors_ok(g, model, err)) return -1;
+    if (!(g->shift > 0)) return refuse(err, WIRE_E_BAD_REQUEST, "'shift' must be > 0 (got %g)", g->shift);
+    if (fabs(g->cfg) > FLT_MAX) return refuse(err, WIRE_E_BAD_REQUEST, "'cfg' must fit a float (got %g)", g->cfg);
+    if (g->sde && !(g->eta >= 0 && g->eta <= FLT_MAX))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'eta' must be >= 0 and fit a float (got %g)", g->eta);
+    return model ? gen_fits_model(g, model, err) : 0;
+}
+
+int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
+    if (s->path[0] && s->n_tensors > 0) return refuse(err, WIRE_E_BAD_REQUEST, "both 'path' and inline tensors given");
+    if (!s->path[0] && s->n_tensors == 0)
+        return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path' nor inline tensors given");
+    /* A message carries at most 8 tensors and a model has more: workers
+     * reload whole models from a file. */
+    if (s->n_tensors > 0 && !inline_ok)
+        return refuse(err, WIRE_E_BAD_REQUEST, "inline tensors: workers sync by 'path' only (a safetensors file they can read)");
+    return 0;
+}
+
+int msg_ready_validate(const msg_ready_t *r, wire_err_t *err) {
+    if (r->n_models > MSG_MAX_MODELS)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'models' must list at most %d models", MSG_MAX_MODELS);
+    for (size_t i = 0; i < r->n_models; i++)
+        if (strlen(r->models[i]) > MSG_MODEL_NAME_MAX - 1)
+            return refuse(err, WIRE_E_BAD_REQUEST, "'models' names are at most %d characters", MSG_MODEL_NAME_MAX - 1);
+    for (size_t i = 0; i < r->n_configs; i++) {
+        bool listed = false;
+        for (size_t j = 0; j < r->n_models && !listed; j++) listed = !strcmp(r->configs[i].name, r->models[j]);
+        if (!listed) return refuse(err, WIRE_E_BAD_REQUEST, "'configs' names model '%s', not in 'models'", r->configs[i].name);
+    }
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+bool msg_name_valid(const char *s, size_t max) {
+    size_t n = s ? strnlen(s, max) : 0;
+    if (n == 0 || n >= max) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+              c == ':' || c == '-' || c == '+'))
+            return false;
+    }
+    return true;
+}
+
+bool msg_sha256_valid(const char *s) {
+    if (!s || strnlen(s, 65) != 64) return false;
+    for (int i = 0; i < 64; i++) {
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return false;
+    }
+    return true;
+}
+
+char *msg_hex64(uint64_t h, char buf[17]) {
+    snprintf(buf, 17, "%016" PRIx64, h);
+    return buf;
+}

@@ -1,0 +1,385 @@
+/* wire_tok.c -- the bounded msgpack decoder of Reel headers (see
+ * wire_codec.h). msgpack_unpack is never used on untrusted bytes: it
+ * allocates count x 24 bytes for an array or map header before looking at
+ * the bytes behind it (5 bytes can ask for ~96 GB) and reports deep nesting
+ * as NOMEM. This parser checks every count, length and depth against the
+ * limits and against the bytes actually left *before* it stores anything,
+ * and stores tokens in one growing array: no allocation per value.
+ *
+ * Decoding decisions (documented for other implementations):
+ *   - bin8/16/32, ext and the never-used 0xc1 are malformed: the protocol
+ *     carries bytes only as tensor frames, never inside msgpack.
+ *   - float32 widens exactly to a double; we always encode float64.
+ *   - every non-negative integer decodes as WV_UINT and every negative one
+ *     as WV_INT, whatever format carried it.
+ *   - map keys must be strings without NUL bytes; duplicate keys are
+ *     malformed at any level. String values may hold any bytes.
+ *   - the root must be a map, with no bytes after it. */
+#include "schema/wire_codec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BAD_TOK UINT32_MAX
+#define PAIRWISE_KEYS 16 /* maps up to this size check keys pairwise */
+
+typedef struct {
+    const char *s;
+    uint32_t n;
+} wkey_t;
+
+typedef struct {
+    const unsigned char *base, *p, *end;
+    wire_toks_t *t;
+    wire_err_t *err;
+    uint64_t *id;
+    wkey_t *keys;      /* scratch for large maps, grown once per header */
+    size_t keys_cap;
+} tk_t;
+
+static size_t left(const tk_t *d) { return (size_t)(d->end - d->p); }
+
+static wire_tok_t *toks(wire_toks_t *t) { return t->heap ? t->heap : t->inl; }
+
+void wire_toks_free(wire_toks_t *t) {
+    free(t->heap);
+    t->heap = NULL;
+    t->n = 0;
+    t->cap = 0;
+}
+
+/* Appends a token; its index, or BAD_TOK on out-of-memory. */
+static uint32_t push(tk_t *d, wire_kind_t kind, uint32_t n) {
+    wire_toks_t *t = d->t;
+    uint32_t cap = t->heap ? t->cap : WIRE_TOKS_INLINE;
+    if (t->n == cap) {
+        uint32_t ncap = cap * 2;
+        wire_tok_t *v = t->heap ? realloc(t->heap, ncap * sizeof *v) : malloc(ncap * sizeof *v);
+        if (!v) {
+            wire_set_err(d->err, WIRE_E_INTERNAL, "out of memory decoding header");
+            return BAD_TOK;
+        }
+        if (!t->heap) memcpy(v, t->inl, sizeof t->inl);
+        t->heap = v;
+        t->cap = ncap;
+    }
+    wire_tok_t *k = &toks(t)[t->n];
+    memset(k, 0, sizeof *k);
+    k->kind = kind;
+    k->n = n;
+    k->next = t->n + 1;
+    return t->n++;
+}
+
+/* Reads an n-byte big-endian unsigned integer. false (err set) if
+ * truncated. */
+static bool be(tk_t *d, size_t n, uint64_t *out) {
+    if (left(d) < n) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "truncated header");
+        return false;
+    }
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++) x = x << 8 | d->p[i];
+    d->p += n;
+    *out = x;
+    return true;
+}
+
+/* A string body of len bytes at d->p (its header already read). */
+static uint32_t tk_str(tk_t *d, uint64_t len) {
+    if (len > WIRE_MAX_STR) {
+        wire_set_err(d->err, WIRE_E_TOO_LARGE, "string of %llu bytes (max %d)",
+                     (unsigned long long)len, WIRE_MAX_STR);
+        return BAD_TOK;
+    }
+    if (len > left(d)) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "truncated string");
+        return BAD_TOK;
+    }
+    uint32_t i = push(d, WV_STR, (uint32_t)len);
+    if (i == BAD_TOK) return i;
+    toks(d->t)[i].v.off = (uint32_t)(d->p - d->base);
+    d->p += len;
+    return i;
+}
+
+static int cmp_keys(const void *a, const void *b) {
+    const wkey_t *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+    return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+static bool same_key(const wkey_t *a, const wkey_t *b) {
+    /* most keys differ in length or first byte: no call for those */
+    return a->n == b->n && (a->n == 0 || (a->s[0] == b->s[0] && !memcmp(a->s, b->s, a->n)));
+}
+
+/* True when the keys of map token m are distinct: pairwise for small maps,
+ * sorted (O(n log n)) for large ones, so a 4096-entry map cannot be turned
+ * into a quadratic CPU cost. -1 on out-of-memory. */
+static int keys_distinct(tk_t *d, uint32_t m) {
+    const wire_tok_t *v = toks(d->t);
+    uint32_t n = v[m].n;
+    if (n < 2) return 1;
+    wkey_t small[PAIRWISE_KEYS], *k = small;
+    if (n > PAIRWISE_KEYS) {
+        if (d->keys_cap < n) {
+            wkey_t *nk = realloc(d->keys, n * sizeof *nk);
+            if (!nk) return -1;
+            d->keys = nk;
+            d->keys_cap = n;
+        }
+        k = d->keys;
+    }
+    for (uint32_t i = 0, at = m + 1; i < n; i++, at = v[at + 1].next) {
+        k[i].s = (const char *)d->base + v[at].v.off;
+        k[i].n = v[at].n;
+    }
+    if (n <= PAIRWISE_KEYS) {
+        for (uint32_t i = 1; i < n; i++)
+            for (uint32_t j = 0; j < i; j++)
+                if (same_key(&k[i], &k[j])) return 0;
+        return 1;
+    }
+    qsort(k, n, sizeof *k, cmp_keys);
+    for (uint32_t i = 1; i < n; i++)
+        if (same_key(&k[i - 1], &k[i])) return 0;
+    return 1;
+}
+
+static uint32_t tk_val(tk_t *d, int depth);
+
+/* A map key: a string without NUL bytes (peeked first, so a container
+ * posing as a key is never parsed). */
+static uint32_t tk_key(tk_t *d, int depth) {
+    unsigned char kb = left(d) ? *d->p : 0xc0;
+    if ((kb & 0xe0) != 0xa0 && (kb < 0xd9 || kb > 0xdb)) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "map key is not a string");
+        return BAD_TOK;
+    }
+    uint32_t k = tk_val(d, depth);
+    if (k == BAD_TOK) return k;
+    const wire_tok_t *t = &toks(d->t)[k];
+    if (memchr(d->base + t->v.off, 0, t->n)) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "map key holds a NUL byte");
+        return BAD_TOK;
+    }
+    return k;
+}
+
+/* A container of `count` entries whose header was just read. The count is
+ * checked against the limit and against the bytes left (an element needs at
+ * least one byte, a map entry two) before anything is stored. */
+static uint32_t tk_container(tk_t *d, bool is_map, uint64_t count, int depth) {
+    if (depth + 1 > WIRE_MAX_DEPTH) {
+        wire_set_err(d->err, WIRE_E_TOO_LARGE, "nesting deeper than %d", WIRE_MAX_DEPTH);
+        return BAD_TOK;
+    }
+    if (count > WIRE_MAX_ITEMS) {
+        wire_set_err(d->err, WIRE_E_TOO_LARGE, "%s of %llu entries (max %d)", is_map ? "map" : "array",
+                     (unsigned long long)count, WIRE_MAX_ITEMS);
+        return BAD_TOK;
+    }
+    if (count * (is_map ? 2 : 1) > left(d)) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "%s of %llu entries in %zu bytes",
+                     is_map ? "map" : "array", (unsigned long long)count, left(d));
+        return BAD_TOK;
+    }
+    uint32_t c = push(d, is_map ? WV_MAP : WV_ARR, (uint32_t)count);
+    if (c == BAD_TOK) return c;
+    for (uint64_t i = 0; i < count; i++) {
+        uint32_t k = is_map ? tk_key(d, depth + 1) : 0;
+        if (k == BAD_TOK) return k;
+        uint32_t v = tk_val(d, depth + 1);
+        if (v == BAD_TOK) return v;
+        /* The root's id, as soon as it is read: a message refused for what
+         * comes after it is still answered under its id. */
+        const wire_tok_t *vt = &toks(d->t)[v];
+        if (is_map && depth == 0 && d->id && vt->kind == WV_UINT &&
+            wire_tok_is(d->t, d->base, k, "id"))
+            *d->id = vt->v.u;
+    }
+    toks(d->t)[c].next = d->t->n;
+    if (is_map) {
+        int r = keys_distinct(d, c);
+        if (r <= 0) {
+            if (r < 0) wire_set_err(d->err, WIRE_E_INTERNAL, "out of memory decoding header");
+            else wire_set_err(d->err, WIRE_E_MALFORMED, "duplicate map key");
+            return BAD_TOK;
+        }
+    }
+    return c;
+}
+
+/* A scalar token holding x. */
+static uint32_t tk_scalar(tk_t *d, wire_kind_t kind, uint64_t bits) {
+    uint32_t i = push(d, kind, 0);
+    if (i != BAD_TOK) toks(d->t)[i].v.u = bits;
+    return i;
+}
+
+static uint32_t tk_int(tk_t *d, int64_t x) {
+    return x >= 0 ? tk_scalar(d, WV_UINT, (uint64_t)x) : tk_scalar(d, WV_INT, (uint64_t)x);
+}
+
+static uint32_t tk_double(tk_t *d, double f) {
+    uint64_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return tk_scalar(d, WV_F64, bits);
+}
+
+/* One value; `depth` containers enclose it. BAD_TOK with d->err set. */
+static uint32_t tk_val(tk_t *d, int depth) {
+    uint64_t x;
+    if (!left(d)) {
+        wire_set_err(d->err, WIRE_E_MALFORMED, "truncated header");
+        return BAD_TOK;
+    }
+    unsigned char b = *d->p++;
+    if ((b & 0xf0) == 0x80) return tk_container(d, true, b & 0x0f, depth);
+    if ((b & 0xf0) == 0x90) return tk_container(d, false, b & 0x0f, depth);
+    if ((b & 0xe0) == 0xa0) return tk_str(d, b & 0x1f);
+    if (b <= 0x7f) return tk_scalar(d, WV_UINT, b);
+    if (b >= 0xe0) return tk_int(d, (int8_t)b);
+    switch (b) {
+    case 0xc0: return tk_scalar(d, WV_NIL, 0);
+    case 0xc2: return tk_scalar(d, WV_BOOL, 0);
+    case 0xc3: return tk_scalar(d, WV_BOOL, 1);
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        if (!be(d, (size_t)1 << (b - 0xcc), &x)) return BAD_TOK;
+        return tk_scalar(d, WV_UINT, x);
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        size_t n = (size_t)1 << (b - 0xd0);
+        if (!be(d, n, &x)) return BAD_TOK;
+        if (n < 8 && (x >> (8 * n - 1)) & 1) x |= ~(uint64_t)0 << (8 * n); /* sign-extend */
+        return tk_int(d, (int64_t)x);
+    }
+    case 0xca: {
+        if (!be(d, 4, &x)) return BAD_TOK;
+        uint32_t u = (uint32_t)x;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return tk_double(d, (double)f);
+    }
+    case 0xcb: {
+        if (!be(d, 8, &x)) return BAD_TOK;
+        double f;
+        memcpy(&f, &x, sizeof f);
+        return tk_double(d, f);
+    }
+    case 0xd9: case 0xda: case 0xdb:
+        if (!be(d, (size_t)1 << (b - 0xd9), &x)) return BAD_TOK;
+        return tk_str(d, x);
+    case 0xdc: case 0xdd:
+        if (!be(d, b == 0xdc ? 2 : 4, &x)) return BAD_TOK;
+        return tk_container(d, false, x, depth);
+    case 0xde: case 0xdf:
+        if (!be(d, b == 0xde ? 2 : 4, &x)) return BAD_TOK;
+        return tk_container(d, true, x, depth);
+    case 0xc4: case 0xc5: case 0xc6:
+        wire_set_err(d->err, WIRE_E_MALFORMED, "bin values are not allowed in a header");
+        return BAD_TOK;
+    default: /* 0xc1, ext 0xc7-0xc9 and fixext 0xd4-0xd8 */
+        wire_set_err(d->err, WIRE_E_MALFORMED, "unsupported msgpack type 0x%02x", b);
+        return BAD_TOK;
+    }
+}
+
+int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, wire_err_t *err) {
+    t->n = 0;
+    if (len > WIRE_MAX_HEADER) {
+        wire_set_err(err, WIRE_E_TOO_LARGE, "header of %zu bytes (max %d)", len, WIRE_MAX_HEADER);
+        return -1;
+    }
+    const unsigned char *p = buf;
+    if (!len || !p) {
+        wire_set_err(err, WIRE_E_MALFORMED, "empty header");
+        return -1;
+    }
+    if (!((p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf)) {
+        wire_set_err(err, WIRE_E_MALFORMED, "header is not a map");
+        return -1;
+    }
+    tk_t d = { p, p, p + len, t, err, id, NULL, 0 };
+    uint32_t root = tk_val(&d, 0);
+    free(d.keys);
+    if (root == BAD_TOK) return -1;
+    if (d.p != d.end) {
+        wire_set_err(err, WIRE_E_MALFORMED, "%zu trailing bytes after the header", left(&d));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- reading tokens ----------------------------------------------------------- */
+
+bool wire_tok_is(const wire_toks_t *t, const void *buf, uint32_t i, const char *s) {
+    const wire_tok_t *k = &wire_toks_v(t)[i];
+    size_t n = strlen(s);
+    return k->kind == WV_STR && k->n == n && !memcmp((const char *)buf + k->v.off, s, n);
+}
+
+uint32_t wire_tok_find(const wire_toks_t *t, const void *buf, uint32_t map, const char *s) {
+    const wire_tok_t *v = wire_toks_v(t);
+    if (v[map].kind != WV_MAP) return 0;
+    for (uint32_t i = 0, k = map + 1; i < v[map].n; i++, k = v[k + 1].next)
+        if (wire_tok_is(t, buf, k, s)) return k + 1;
+    return 0;
+}
+
+bool wire_tok_u64(const wire_toks_t *t, uint32_t i, uint64_t *out) {
+    const wire_tok_t *k = &wire_toks_v(t)[i];
+    if (k->kind != WV_UINT) return false; /* a negative integer decodes as WV_INT */
+    *out = k->v.u;
+    return true;
+}
+
+bool wire_tok_i64(const wire_toks_t *t, uint32_t i, int64_t *out) {
+    const wire_tok_t *k = &wire_toks_v(t)[i];
+    if (k->kind == WV_INT) *out = k->v.i;
+    else if (k->kind == WV_UINT && k->v.u <= (uint64_t)INT64_MAX) *out = (int64_t)k->v.u;
+    else return false;
+    return true;
+}
+
+bool wire_tok_f64(const wire_toks_t *t, uint32_t i, double *out) {
+    const wire_tok_t *k = &wire_toks_v(t)[i];
+    switch (k->kind) {
+    case WV_F64: *out = k->v.f; return true;
+    case WV_INT: *out = (double)k->v.i; return true;
+    case WV_UINT: *out = (double)k->v.u; return true;
+    default: return false;
+    }
+}
+
+wire_val_t *wire_tok_tree(const wire_toks_t *t, const void *buf, uint32_t i) {
+    const wire_tok_t *k = &wire_toks_v(t)[i];
+    switch (k->kind) {
+    case WV_NIL: return wv_nil();
+    case WV_BOOL: return wv_bool(k->v.b);
+    case WV_INT: return wv_i64(k->v.i);
+    case WV_UINT: return wv_u64(k->v.u);
+    case WV_F64: return wv_f64(k->v.f);
+    case WV_STR: return wv_strn((const char *)buf + k->v.off, k->n);
+    case WV_ARR:
+    case WV_MAP: {
+        bool map = k->kind == WV_MAP;
+        wire_val_t *c = wv_container(map, k->n);
+        for (uint32_t j = 0, at = i + 1; c && j < k->n; j++) {
+            const char *key = NULL;
+            char kbuf[WIRE_MAX_STR + 1];
+            if (map) {
+                const wire_tok_t *kt = &wire_toks_v(t)[at];
+                memcpy(kbuf, (const char *)buf + kt->v.off, kt->n);
+                kbuf[kt->n] = '\0';
+                key = kbuf;
+                at++;
+            }
+            if (wv_append(c, key, wire_tok_tree(t, buf, at)) < 0) wv_free(&c);
+            at = wire_toks_v(t)[at].next;
+        }
+        return c;
+    }
+    }
+    return NULL;
+}

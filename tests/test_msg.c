@@ -1,0 +1,922 @@
+/* test_msg.c -- the typed messages of schema/msg.h against docs/PROTOCOL.md:
+ * every message type survives encode and decode; absent fields take the
+ * documented defaults; field types, unknown fields, required fields and
+ * tensors are checked as the page says; the limits of a GEN (with and
+ * without a model); the id a bad message is still answered under; which
+ * failures are too_large and which malformed; sha256 case; strings sent
+ * are valid UTF-8; the encoder writes what msgpack-c writes and reads; a
+ * GEN decodes without touching the heap. */
+#include <check.h>
+#include <malloc.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schema/msg.h"
+#include "schema/wire_codec.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* A message as received: header bytes p[0..n) and the tensors t[0..nt). */
+static void receive(wire_msg_t *m, const void *p, size_t n, const wire_tensor_t *t, int nt) {
+    zmq_msg_t f[1 + WIRE_MAX_TENSORS];
+    zmq_msg_init_size(&f[0], n);
+    memcpy(zmq_msg_data(&f[0]), p, n);
+    for (int i = 0; i < nt; i++) {
+        zmq_msg_init_size(&f[1 + i], t[i].bytes);
+        if (t[i].bytes) memcpy(zmq_msg_data(&f[1 + i]), t[i].data, t[i].bytes);
+    }
+    wire_err_t err;
+    ck_assert_msg(wire_decode_as(m, f, (size_t)(1 + nt), &err, false) == 0, "%s: %s", err.code, err.message);
+}
+
+/* Encodes body as type and receives it back into m. */
+static void round_trip(wire_msg_t *m, msg_type_t type, uint64_t id, const void *body, const wire_tensor_t *t,
+                       int nt) {
+    size_t len = 0;
+    unsigned char *b = msg_encode(type, id, body, &len);
+    ck_assert_ptr_nonnull(b);
+    receive(m, b, len, t, nt);
+    free(b);
+    ck_assert_str_eq(m->type, msg_type_name(type));
+    ck_assert_int_eq(msg_type(m), type);
+    ck_assert_uint_eq(m->id, id);
+}
+
+/* Receives the header the tree h encodes (tests write wrong headers so). */
+static void receive_tree(wire_msg_t *m, wire_val_t *h, const wire_tensor_t *t, int nt) {
+    wire_val_t *tensors = wv_arr();
+    for (int i = 0; i < nt; i++) {
+        wire_val_t *d = wv_map(), *shape = wv_arr();
+        for (int k = 0; k < t[i].ndim; k++) wv_push(shape, wv_u64((uint64_t)t[i].shape[k]));
+        wv_set(d, "name", wv_str(t[i].name));
+        wv_set(d, "dtype", wv_str(kern_dtype_name(t[i].dtype)));
+        wv_set(d, "shape", shape);
+        wv_set(d, "bytes", wv_u64(t[i].bytes));
+        wv_push(tensors, d);
+    }
+    wv_set(h, "proto", wv_str(WIRE_PROTO));
+    wv_set(h, "tensors", tensors);
+    size_t len;
+    unsigned char *b = wire_encode_header(h, &len);
+    wv_free(&h);
+    ck_assert_ptr_nonnull(b);
+    receive(m, b, len, t, nt);
+    free(b);
+}
+
+static wire_tensor_t tensor(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape, const void *data) {
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "%s", name);
+    t.dtype = dt;
+    t.ndim = ndim;
+    size_t n = kern_dtype_size(dt);
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        n *= (size_t)shape[i];
+    }
+    t.data = data;
+    t.bytes = n;
+    return t;
+}
+
+static float g_ctx[5 * 32], g_unc[5 * 32], g_lat[4 * 2 * 8 * 8];
+static const int64_t CTX[2] = { 5, 32 }, LAT[4] = { 4, 2, 8, 8 };
+
+/* The GEN header fields every test starts from (a tree, to break). */
+static wire_val_t *gen_tree(uint64_t id) {
+    wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)LAT[i]));
+    wv_set(h, "model", wv_str("tiny"));
+    wv_set(h, "steps", wv_u64(6));
+    wv_set(h, "latent_shape", ls);
+    return h;
+}
+
+/* Decodes GEN tree h (with a context) expecting a refusal whose code is
+ * code and whose message holds want. */
+static void expect_gen_refused(wire_val_t *h, const char *code, const char *want) {
+    wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx);
+    wire_msg_t m;
+    receive_tree(&m, h, &t, 1);
+    msg_gen_t g;
+    wire_err_t err;
+    int rc = msg_gen_decode(&m, &g, &err);
+    if (rc == 0) rc = msg_gen_validate(&g, NULL, &err);
+    ck_assert_int_eq(rc, -1);
+    ck_assert_str_eq(err.code, code);
+    ck_assert_msg(strstr(err.message, want), "'%s' lacks '%s'", err.message, want);
+    wire_msg_close(&m);
+}
+
+static msg_model_t tiny_model(void) {
+    msg_model_t t = { "tiny", 4, 32, 2, 2 };
+    return t;
+}
+
+/* ---- every type round-trips ------------------------------------------------------- */
+
+START_TEST(test_every_type_has_its_name_and_a_bodyless_one_round_trips) {
+    for (int t = 0; t < MSG_UNKNOWN; t++) ck_assert_str_ne(msg_type_name((msg_type_t)t), "?");
+    ck_assert_str_eq(msg_type_name(MSG_UNKNOWN), "?");
+    wire_msg_t m;
+    const msg_type_t bare[] = { MSG_STATUS, MSG_HEARTBEAT, MSG_DISCONNECT, MSG_RECONNECT };
+    for (size_t i = 0; i < sizeof bare / sizeof bare[0]; i++) {
+        round_trip(&m, bare[i], 5, NULL, NULL, 0);
+        wire_err_t err;
+        ck_assert_int_eq(msg_decode(&m, bare[i], NULL, &err), 0);
+        wire_msg_close(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_gen_and_request_round_trip_with_every_field_and_tensor) {
+    msg_gen_t g = { 0 }, back;
+    snprintf(g.model, sizeof g.model, "tiny");
+    g.version = 3;
+    g.steps = 7;
+    g.shift = 3.5;
+    g.cfg = 4.25;
+    g.sde = true;
+    g.eta = 0.5;
+    g.seed = UINT64_MAX;
+    g.progress = true;
+    g.deadline_ms = 1234;
+    memcpy(g.latent_shape, LAT, sizeof LAT);
+    wire_tensor_t t[3] = { tensor("context", KERN_F32, 2, CTX, g_ctx), tensor("uncond", KERN_F32, 2, CTX, g_unc),
+                           tensor("latent", KERN_F32, 4, LAT, g_lat) };
+    g.context = &t[0];
+    g.uncond = &t[1];
+    g.latent = &t[2];
+    for (int type = MSG_GEN; type <= MSG_REQUEST; type++) {
+        wire_msg_t m;
+        wire_err_t err;
+        round_trip(&m, (msg_type_t)type, 42, &g, t, 3);
+        ck_assert_int_eq(msg_decode(&m, (msg_type_t)type, &back, &err), 0);
+        ck_assert_str_eq(back.model, "tiny");
+        ck_assert_uint_eq(back.version, 3);
+        ck_assert_uint_eq(back.steps, 7);
+        ck_assert(back.shift == 3.5 && back.cfg == 4.25 && back.eta == 0.5);
+        ck_assert(back.sde && back.progress);
+        ck_assert_uint_eq(back.seed, UINT64_MAX);
+        ck_assert_uint_eq(back.deadline_ms, 1234);
+        ck_assert_mem_eq(back.latent_shape, LAT, sizeof LAT);
+        ck_assert_str_eq(back.context->name, "context");
+        ck_assert_str_eq(back.uncond->name, "uncond");
+        ck_assert_mem_eq(back.latent->data, g_lat, sizeof g_lat);
+        ck_assert_int_eq(msg_gen_validate(&back, NULL, &err), 0);
+        msg_model_t tiny = tiny_model();
+        ck_assert_int_eq(msg_gen_validate(&back, &tiny, &err), 0);
+        wire_msg_close(&m);
+    }
+}
+END_TEST
+
+START_TEST(test_result_progress_error_and_busy_round_trip) {
+    msg_result_t r = { 0 }, rb;
+    snprintf(r.worker, sizeof r.worker, "w1");
+    r.version = 5;
+    r.first_version = 4;
+    r.stats.captured = 1;
+    r.stats.replayed = 5;
+    r.stats.eager = 2;
+    r.stats.seconds = 0.125;
+    r.stats.declines.n = 2;
+    snprintf(r.stats.declines.e[0].name, MSG_NAME_MAX, "warming_up");
+    r.stats.declines.e[0].n = 2;
+    snprintf(r.stats.declines.e[1].name, MSG_NAME_MAX, "a_reason_from_the_future");
+    r.stats.declines.e[1].n = 1;
+    r.key_hash = 0xb6d4e43bdf155e32ull;
+    wire_tensor_t t = tensor("latent", KERN_F32, 4, LAT, g_lat);
+    r.latent = &t;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_RESULT, 9, &r, &t, 1);
+    ck_assert_int_eq(msg_result_decode(&m, &rb, &err), 0);
+    ck_assert_str_eq(rb.worker, "w1");
+    ck_assert_uint_eq(rb.version, 5);
+    ck_assert_uint_eq(rb.first_version, 4);
+    ck_assert_uint_eq(rb.stats.replayed, 5);
+    ck_assert(rb.stats.seconds == 0.125);
+    ck_assert_int_eq(rb.stats.declines.n, 2);
+    ck_assert_str_eq(rb.stats.declines.e[1].name, "a_reason_from_the_future"); /* unknown names kept */
+    ck_assert_uint_eq(rb.key_hash, 0xb6d4e43bdf155e32ull);
+    ck_assert_ptr_nonnull(rb.latent);
+    ck_assert(wire_tok_is(&m.tok, wire_msg_head(&m), wire_tok_find(&m.tok, wire_msg_head(&m), 0, "key_hash"),
+                          "b6d4e43bdf155e32")); /* 16 lowercase hex digits on the wire */
+    wire_msg_close(&m);
+
+    msg_progress_t p = { 3, 10 }, pb;
+    round_trip(&m, MSG_PROGRESS, 9, &p, NULL, 0);
+    ck_assert_int_eq(msg_progress_decode(&m, &pb, &err), 0);
+    ck_assert_uint_eq(pb.step, 3);
+    ck_assert_uint_eq(pb.steps, 10);
+    wire_msg_close(&m);
+
+    msg_error_t e = { "no_worker", "nobody serves tiny" }, eb;
+    round_trip(&m, MSG_ERROR, 9, &e, NULL, 0);
+    ck_assert_int_eq(msg_error_decode(&m, &eb, &err), 0);
+    ck_assert_str_eq(eb.code, "no_worker");
+    ck_assert_str_eq(eb.message, "nobody serves tiny");
+    wire_msg_close(&m);
+
+    msg_busy_t busy = { "queue full" }, bb;
+    round_trip(&m, MSG_BUSY, 9, &busy, NULL, 0);
+    ck_assert_int_eq(msg_busy_decode(&m, &bb, &err), 0);
+    ck_assert_str_eq(bb.message, "queue full");
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_sync_messages_round_trip) {
+    msg_sync_t s = { 0 }, sb;
+    snprintf(s.component, sizeof s.component, "transformer");
+    s.version = 2;
+    memset(s.sha256, 'a', 64);
+    snprintf(s.path, sizeof s.path, "/w/v2.safetensors");
+    s.deadline_ms = 500;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_SYNC, 4, &s, NULL, 0);
+    ck_assert_int_eq(msg_sync_decode(&m, &sb, &err), 0);
+    ck_assert_str_eq(sb.path, "/w/v2.safetensors");
+    ck_assert_str_eq(sb.sha256, s.sha256);
+    ck_assert_uint_eq(sb.deadline_ms, 500);
+    ck_assert_int_eq(sb.n_tensors, 0);
+    ck_assert_int_eq(msg_sync_validate(&sb, false, &err), 0);
+    wire_msg_close(&m);
+
+    char applied[2][MSG_NAME_MAX] = { "w0", "w2" };
+    msg_failure_t failed[1] = { { "w1", "sha256 mismatch" } };
+    msg_sync_done_t d = { "transformer", 2, applied, 2, failed, 1, false, 2 }, db;
+    round_trip(&m, MSG_SYNC_DONE, 4, &d, NULL, 0);
+    ck_assert_int_eq(msg_sync_done_decode(&m, &db, &err), 0);
+    ck_assert_uint_eq(db.n_applied, 2);
+    ck_assert_str_eq(db.applied[1], "w2");
+    ck_assert_uint_eq(db.n_failed, 1);
+    ck_assert_str_eq(db.failed[0].reason, "sha256 mismatch");
+    ck_assert(!db.complete);
+    ck_assert_uint_eq(db.current, 2);
+    wire_msg_close(&m);
+
+    msg_sync_ack_t a = { "transformer", 2, false, "stale" }, ab;
+    round_trip(&m, MSG_SYNC_ACK, 4, &a, NULL, 0);
+    ck_assert_int_eq(msg_sync_ack_decode(&m, &ab, &err), 0);
+    ck_assert(!ab.ok);
+    ck_assert_str_eq(ab.error, "stale");
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_worker_messages_round_trip) {
+    char models[1][MSG_NAME_MAX] = { "tiny" };
+    msg_model_t cfg = tiny_model();
+    msg_ready_t r = { 0 }, rb;
+    snprintf(r.name, sizeof r.name, "w0");
+    snprintf(r.device, sizeof r.device, "cpu");
+    snprintf(r.arch, sizeof r.arch, "cpu-avx2");
+    r.streams = 2;
+    r.budget = 1 << 30;
+    r.max_inflight = 8;
+    r.models = models;
+    r.n_models = 1;
+    r.versions.n = 1;
+    snprintf(r.versions.e[0].name, MSG_NAME_MAX, "transformer");
+    r.versions.e[0].n = 3;
+    r.configs = &cfg;
+    r.n_configs = 1;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_READY, 0, &r, NULL, 0);
+    ck_assert_int_eq(msg_ready_decode(&m, &rb, &err), 0);
+    ck_assert_int_eq(msg_ready_validate(&rb, &err), 0);
+    ck_assert_str_eq(rb.arch, "cpu-avx2");
+    ck_assert_uint_eq(rb.max_inflight, 8);
+    ck_assert_str_eq(rb.models[0], "tiny");
+    ck_assert_uint_eq(rb.versions.e[0].n, 3);
+    ck_assert_uint_eq(rb.n_configs, 1);
+    ck_assert_uint_eq(rb.configs[0].text_dim, 32);
+    wire_msg_close(&m);
+
+    msg_event_t ev[2];
+    memset(ev, 0, sizeof ev);
+    snprintf(ev[0].kind, sizeof ev[0].kind, "capture");
+    ev[0].key = "reel-key/1 model=tinydit:tiny";
+    ev[0].key_hash = 0xa;
+    ev[0].stream = 1;
+    ev[0].bytes = 4096;
+    ev[0].count = 1;
+    snprintf(ev[1].kind, sizeof ev[1].kind, "evict");
+    snprintf(ev[1].reason, sizeof ev[1].reason, "weight_sync");
+    snprintf(ev[1].component, sizeof ev[1].component, "transformer");
+    ev[1].key = "";
+    ev[1].key_hash = 0xb;
+    ev[1].stream = -1;
+    ev[1].from = 1;
+    ev[1].to = 2;
+    ev[1].count = 1;
+    msg_events_t e = { ev, 2, 7 }, eb;
+    round_trip(&m, MSG_EVENTS, 0, &e, NULL, 0);
+    ck_assert_int_eq(msg_events_decode(&m, &eb, &err), 0);
+    ck_assert_uint_eq(eb.n_events, 2);
+    ck_assert_uint_eq(eb.dropped, 7);
+    ck_assert_str_eq(eb.events[0].key, "reel-key/1 model=tinydit:tiny");
+    ck_assert_uint_eq(eb.events[0].bytes, 4096);
+    ck_assert_int_eq(eb.events[1].stream, -1);
+    ck_assert_str_eq(eb.events[1].component, "transformer");
+    ck_assert_uint_eq(eb.events[1].to, 2);
+    ck_assert_str_eq(eb.events[1].key, "");
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_status_reply_round_trips_with_workers_lagging_keys_and_models) {
+    msg_worker_status_t w[1];
+    memset(w, 0, sizeof w);
+    snprintf(w[0].name, MSG_NAME_MAX, "w0");
+    snprintf(w[0].device, sizeof w[0].device, "cpu");
+    snprintf(w[0].arch, sizeof w[0].arch, "x");
+    w[0].streams = 2;
+    w[0].max_inflight = 8;
+    w[0].routable = false;
+    w[0].lagging.n = 1;
+    snprintf(w[0].lagging.e[0].name, MSG_NAME_MAX, "transformer");
+    snprintf(w[0].lagging.e[0].text, sizeof w[0].lagging.e[0].text, "v4: sha256 mismatch");
+    w[0].n_keys = 2;
+    w[0].keys[0] = 1;
+    w[0].keys[1] = UINT64_MAX;
+    w[0].alive_ms = 99;
+    msg_model_t cfg = tiny_model();
+    msg_status_reply_t s = { 0 }, sb;
+    s.workers = w;
+    s.n_workers = 1;
+    s.queue = 1;
+    s.queue_max = 64;
+    s.versions.n = 1;
+    snprintf(s.versions.e[0].name, MSG_NAME_MAX, "transformer");
+    s.versions.e[0].n = 4;
+    s.malformed = 3;
+    s.models = &cfg;
+    s.n_models = 1;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_STATUS_REPLY, 77, &s, NULL, 0);
+    ck_assert_int_eq(msg_status_reply_decode(&m, &sb, &err), 0);
+    ck_assert_uint_eq(sb.n_workers, 1);
+    ck_assert(!sb.workers[0].routable);
+    ck_assert_str_eq(sb.workers[0].lagging.e[0].text, "v4: sha256 mismatch");
+    ck_assert_int_eq(sb.workers[0].n_keys, 2);
+    ck_assert_uint_eq(sb.workers[0].keys[1], UINT64_MAX);
+    ck_assert_int_eq(sb.pending.n, 0);
+    ck_assert_uint_eq(sb.malformed, 3);
+    ck_assert_uint_eq(sb.models[0].in_channels, 4);
+    ck_assert_uint_eq(sb.models[0].patch, 2);
+    wire_msg_close(&m);
+}
+END_TEST
+
+/* ---- defaults, types, unknown and required fields ----------------------------------- */
+
+START_TEST(test_absent_optional_fields_take_the_documented_defaults) {
+    wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx);
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, gen_tree(1), &t, 1);
+    msg_gen_t g;
+    ck_assert_int_eq(msg_gen_decode(&m, &g, &err), 0);
+    ck_assert_uint_eq(g.version, 0);
+    ck_assert(g.shift == 1.0 && g.cfg == 1.0 && g.eta == 0.7);
+    ck_assert(!g.sde && !g.progress);
+    ck_assert_uint_eq(g.seed, 0);
+    ck_assert_uint_eq(g.deadline_ms, 0);
+    ck_assert_ptr_null(g.uncond);
+    ck_assert_ptr_null(g.latent);
+    wire_msg_close(&m);
+
+    wire_val_t *h = wire_hdr("RESULT", 2);
+    wv_set(h, "version", wv_u64(6));
+    receive_tree(&m, h, NULL, 0);
+    msg_result_t r;
+    ck_assert_int_eq(msg_result_decode(&m, &r, &err), 0);
+    ck_assert_uint_eq(r.first_version, 6); /* defaults to version */
+    wire_msg_close(&m);
+
+    h = wire_hdr("READY", 0);
+    wire_val_t *models = wv_arr();
+    wv_push(models, wv_str("tiny"));
+    wv_set(h, "name", wv_str("w0"));
+    wv_set(h, "models", models);
+    receive_tree(&m, h, NULL, 0);
+    msg_ready_t rd;
+    ck_assert_int_eq(msg_ready_decode(&m, &rd, &err), 0);
+    ck_assert_uint_eq(rd.streams, 1);
+    ck_assert_uint_eq(rd.max_inflight, 0);
+    ck_assert_str_eq(rd.device, "?");
+    ck_assert_str_eq(rd.arch, "?");
+    wire_msg_close(&m);
+
+    h = wire_hdr("EVENTS", 0);
+    wire_val_t *evs = wv_arr(), *ev = wv_map();
+    wv_set(ev, "kind", wv_str("decline"));
+    wv_set(ev, "key_hash", wv_str("a"));
+    wv_push(evs, ev);
+    wv_set(h, "events", evs);
+    receive_tree(&m, h, NULL, 0);
+    msg_events_t e;
+    ck_assert_int_eq(msg_events_decode(&m, &e, &err), 0);
+    ck_assert_uint_eq(e.events[0].count, 1);
+    ck_assert_uint_eq(e.events[0].key_hash, 0xa);
+    ck_assert_str_eq(e.events[0].key, "");
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_field_types_are_checked_as_documented) {
+    /* integers: any msgpack integer format; never a float, a string or nil */
+    wire_val_t *h = gen_tree(1);
+    wv_set(h, "steps", wv_f64(6.0));
+    expect_gen_refused(h, "bad_request", "'steps' must be a non-negative integer");
+    h = gen_tree(1);
+    wv_set(h, "steps", wv_i64(-3));
+    expect_gen_refused(h, "bad_request", "'steps' must be a non-negative integer");
+    h = gen_tree(1);
+    wv_set(h, "seed", wv_nil());
+    expect_gen_refused(h, "bad_request", "'seed' must be a non-negative integer");
+    h = gen_tree(1);
+    wv_set(h, "steps", wv_u64(10001));
+    expect_gen_refused(h, "bad_request", "'steps' must be in 1..10000 (got 10001)");
+    /* booleans: true or false only */
+    h = gen_tree(1);
+    wv_set(h, "sde", wv_u64(1));
+    expect_gen_refused(h, "bad_request", "'sde' must be a boolean");
+    /* numbers: a float or an integer, finite */
+    h = gen_tree(1);
+    wv_set(h, "cfg", wv_str("high"));
+    expect_gen_refused(h, "bad_request", "'cfg' must be a finite number");
+    h = gen_tree(1);
+    wv_set(h, "shift", wv_f64(1.0 / 0.0));
+    expect_gen_refused(h, "bad_request", "'shift' must be a finite number");
+    /* names: the alphabet, at most 55 characters for a model */
+    h = gen_tree(1);
+    wv_set(h, "model", wv_str("tiny model=x"));
+    expect_gen_refused(h, "bad_request", "'model' must be 1..55 characters of [A-Za-z0-9_.:+-]");
+    /* latent_shape: exactly 4 non-negative integers */
+    h = gen_tree(1);
+    wv_set(h, "latent_shape", wv_u64(4));
+    expect_gen_refused(h, "bad_request", "'latent_shape' must be an array [C,F,H,W]");
+
+    /* an integer is a number, and any integer format is an integer */
+    wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx);
+    h = gen_tree(1);
+    wv_set(h, "shift", wv_u64(3));
+    wv_set(h, "seed", wv_i64(5)); /* written as a positive int64: read as unsigned */
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, h, &t, 1);
+    msg_gen_t g;
+    ck_assert_int_eq(msg_gen_decode(&m, &g, &err), 0);
+    ck_assert(g.shift == 3.0);
+    ck_assert_uint_eq(g.seed, 5);
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_unknown_fields_are_ignored_at_every_level) {
+    wire_val_t *h = wire_hdr("RESULT", 3), *stats = wv_map(), *extra = wv_map();
+    wv_set(stats, "replayed", wv_u64(4));
+    wv_set(stats, "gpu_joules", wv_f64(1.5));
+    wv_set(extra, "nested", wv_arr());
+    wv_set(h, "stats", stats);
+    wv_set(h, "a_future_field", extra);
+    wv_set(h, "version", wv_u64(1));
+    wire_tensor_t t = tensor("latent", KERN_F32, 4, LAT, g_lat);
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, h, &t, 1);
+    msg_result_t r;
+    ck_assert_int_eq(msg_result_decode(&m, &r, &err), 0);
+    ck_assert_uint_eq(r.stats.replayed, 4);
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_missing_required_fields_are_named_with_their_path) {
+    wire_val_t *h = wire_hdr("GEN", 1), *ls = wv_arr();
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)LAT[i]));
+    wv_set(h, "model", wv_str("tiny"));
+    wv_set(h, "latent_shape", ls);
+    expect_gen_refused(h, "bad_request", "missing 'steps'");
+
+    h = wire_hdr("STATUS_REPLY", 1);
+    wire_val_t *ws = wv_arr(), *w = wv_map();
+    wv_set(w, "streams", wv_u64(1));
+    wv_push(ws, w);
+    wv_set(h, "workers", ws);
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, h, NULL, 0);
+    msg_status_reply_t r;
+    ck_assert_int_eq(msg_status_reply_decode(&m, &r, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_str_eq(err.message, "missing 'workers[0].name'");
+    wire_msg_close(&m);
+
+    h = wire_hdr("SYNC_ACK", 1);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(2));
+    receive_tree(&m, h, NULL, 0);
+    msg_sync_ack_t a;
+    ck_assert_int_eq(msg_sync_ack_decode(&m, &a, &err), -1);
+    ck_assert_str_eq(err.message, "missing 'ok'");
+    wire_msg_close(&m);
+}
+END_TEST
+
+START_TEST(test_a_type_carries_only_its_own_tensors) {
+    wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx), extra = tensor("mask", KERN_F32, 2, CTX, g_unc);
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, wire_hdr("STATUS", 3), &t, 1);
+    ck_assert_int_eq(msg_decode(&m, MSG_STATUS, NULL, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_str_eq(err.message, "STATUS carries no tensors (got 'context')");
+    wire_msg_close(&m);
+
+    wire_tensor_t two[2] = { t, extra };
+    receive_tree(&m, gen_tree(4), two, 2);
+    msg_gen_t g;
+    ck_assert_int_eq(msg_gen_decode(&m, &g, &err), -1);
+    ck_assert_str_eq(err.message, "unknown tensor 'mask' (a GEN carries context, uncond and latent only)");
+    wire_msg_close(&m);
+
+    /* a SYNC takes any names (inline weights), which validation then refuses
+     * where the broker only syncs by path */
+    wire_val_t *h = wire_hdr("SYNC", 5);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(2));
+    wv_set(h, "sha256", wv_str("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"));
+    receive_tree(&m, h, &extra, 1);
+    msg_sync_t s;
+    ck_assert_int_eq(msg_sync_decode(&m, &s, &err), 0);
+    ck_assert_int_eq(s.n_tensors, 1);
+    ck_assert_str_eq(s.tensors[0]->name, "mask");
+    ck_assert_int_eq(msg_sync_validate(&s, true, &err), 0);
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err.message, "inline tensors"));
+    snprintf(s.path, sizeof s.path, "/w.safetensors");
+    ck_assert_int_eq(msg_sync_validate(&s, true, &err), -1);
+    ck_assert_str_eq(err.message, "both 'path' and inline tensors given");
+    wire_msg_close(&m);
+}
+END_TEST
+
+/* ---- the limits of a GEN ------------------------------------------------------------ */
+
+/* A valid GEN on the tiny shapes, to break one field at a time. */
+static msg_gen_t good_gen(wire_tensor_t t[3]) {
+    msg_gen_t g;
+    memset(&g, 0, sizeof g);
+    snprintf(g.model, sizeof g.model, "tiny");
+    g.steps = 2;
+    g.shift = g.cfg = 1.0;
+    g.eta = 0.7;
+    memcpy(g.latent_shape, LAT, sizeof LAT);
+    t[0] = tensor("context", KERN_F32, 2, CTX, g_ctx);
+    t[1] = tensor("uncond", KERN_F32, 2, CTX, g_unc);
+    t[2] = tensor("latent", KERN_F32, 4, LAT, g_lat);
+    g.context = &t[0];
+    g.uncond = &t[1];
+    g.latent = &t[2];
+    return g;
+}
+
+static void expect_invalid(const msg_gen_t *g, const msg_model_t *model, const char *code, const char *want) {
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_validate(g, model, &err), -1);
+    ck_assert_str_eq(err.code, code);
+    ck_assert_msg(strstr(err.message, want), "'%s' lacks '%s'", err.message, want);
+}
+
+START_TEST(test_latent_shape_and_context_limits_hold_with_and_without_a_model) {
+    wire_tensor_t t[3];
+    msg_model_t tiny = tiny_model();
+    msg_gen_t g = good_gen(t);
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_validate(&g, &tiny, &err), 0);
+    g.latent = NULL;
+    g.latent_shape[3] = 0;
+    expect_invalid(&g, NULL, "bad_request", "'latent_shape' W must be in 1..65536 (got 0)");
+    g.latent_shape[3] = 65537;
+    expect_invalid(&g, NULL, "bad_request", "'latent_shape' W must be in 1..65536");
+    g.latent_shape[1] = 4096;
+    g.latent_shape[2] = 4096;
+    g.latent_shape[3] = 2;
+    expect_invalid(&g, NULL, "bad_request", "F x H x W must be at most 16777216");
+    g.latent_shape[1] = 16;
+    g.latent_shape[2] = 1024;
+    g.latent_shape[3] = 1024;
+    g.latent_shape[0] = 16; /* 2^24 positions x 16 channels x 4 bytes: 1 GiB */
+    expect_invalid(&g, NULL, "bad_request", "makes a latent over 256 MiB");
+    /* with the model: C, T and the patch grid */
+    g = good_gen(t);
+    g.latent = NULL;
+    g.latent_shape[0] = 3;
+    ck_assert_int_eq(msg_gen_validate(&g, NULL, &err), 0);
+    expect_invalid(&g, &tiny, "bad_request", "latent has 3 channels, model tiny expects 4");
+    g = good_gen(t);
+    g.latent = NULL;
+    g.latent_shape[2] = 7;
+    ck_assert_int_eq(msg_gen_validate(&g, NULL, &err), 0);
+    expect_invalid(&g, &tiny, "bad_request", "height and width must be multiples of 2");
+    const int64_t wide[2] = { 5, 16 }, none[2] = { 0, 32 };
+    g = good_gen(t);
+    g.uncond = NULL;
+    t[0] = tensor("context", KERN_F32, 2, wide, g_ctx);
+    ck_assert_int_eq(msg_gen_validate(&g, NULL, &err), 0);
+    expect_invalid(&g, &tiny, "bad_request", "context width 16, model tiny expects text_dim 32");
+    t[0] = tensor("context", KERN_F32, 2, none, g_ctx);
+    expect_invalid(&g, NULL, "bad_request", "L and T must be in 1..65536");
+    g = good_gen(t);
+    g.context = NULL;
+    expect_invalid(&g, NULL, "bad_request", "missing tensor 'context'");
+    g = good_gen(t);
+    t[1] = tensor("uncond", KERN_F32, 2, wide, g_unc);
+    expect_invalid(&g, NULL, "bad_request", "tensor 'uncond' is F32[5,16], expected the context's F32[5,32]");
+    g = good_gen(t);
+    snprintf(g.model, sizeof g.model, "small");
+    expect_invalid(&g, &tiny, "bad_request", "model 'small' is not served here");
+    /* more tensor bytes than a GEN may carry: too_large, not bad_request */
+    g = good_gen(t);
+    t[2].bytes = MSG_MAX_GEN_BYTES; /* validation reads sizes, never data */
+    expect_invalid(&g, NULL, "too_large", "more than a GEN may carry (256 MiB)");
+    g = good_gen(t);
+    g.shift = 0;
+    expect_invalid(&g, NULL, "bad_request", "'shift' must be > 0");
+    g = good_gen(t);
+    g.sde = true;
+    g.eta = -1;
+    expect_invalid(&g, NULL, "bad_request", "'eta' must be >= 0");
+}
+END_TEST
+
+/* ---- the id, and too_large vs malformed ---------------------------------------------------- */
+
+/* Decodes raw header bytes; returns the code, *id the id it is answered with. */
+static const char *decode_raw(const void *p, size_t n, uint64_t *id) {
+    static wire_err_t err;
+    wire_msg_t m;
+    zmq_msg_t f;
+    zmq_msg_init_size(&f, n);
+    memcpy(zmq_msg_data(&f), p, n);
+    int rc = wire_decode_as(&m, &f, 1, &err, false);
+    *id = m.id;
+    wire_msg_close(&m);
+    return rc ? err.code : "ok";
+}
+
+START_TEST(test_an_error_found_while_decoding_echoes_the_id_read_before_it) {
+    uint64_t id = 0;
+    /* {"id": 41, "type": "GEN", "x": 1, "x": 2}: the duplicate comes after the id */
+    static const char dup[] = "\x84\xa2id\x29\xa4type\xa3GEN\xa1x\x01\xa1x\x02";
+    ck_assert_str_eq(decode_raw(dup, sizeof dup - 1, &id), "malformed");
+    ck_assert_uint_eq(id, 41);
+    /* {"x": 1, "x": 2, "id": 41}: a map's keys are compared once it is
+     * read, so the id was read before the duplicate was found */
+    static const char after[] = "\x83\xa1x\x01\xa1x\x02\xa2id\x29";
+    ck_assert_str_eq(decode_raw(after, sizeof after - 1, &id), "malformed");
+    ck_assert_uint_eq(id, 41);
+    /* {"x": <bin>, "id": 41}: the decoder stops at the bin, before the id */
+    static const char late[] = "\x82\xa1x\xc4\x01\x00\xa2id\x29";
+    ck_assert_str_eq(decode_raw(late, sizeof late - 1, &id), "malformed");
+    ck_assert_uint_eq(id, 0);
+    /* {"id": -1}: not an unsigned integer, so there is none to echo */
+    static const char neg[] = "\x81\xa2id\xff";
+    ck_assert_str_eq(decode_raw(neg, sizeof neg - 1, &id), "malformed");
+    ck_assert_uint_eq(id, 0);
+    /* a string over the limit after the id: too_large, under the id */
+    unsigned char big[16 + WIRE_MAX_STR + 8];
+    size_t n = 0;
+    memcpy(big, "\x82\xa2id\x07\xa1s\xda", 8);
+    n = 8;
+    big[n++] = (WIRE_MAX_STR + 1) >> 8;
+    big[n++] = (WIRE_MAX_STR + 1) & 0xff;
+    memset(big + n, 'x', WIRE_MAX_STR + 1);
+    n += WIRE_MAX_STR + 1;
+    ck_assert_str_eq(decode_raw(big, n, &id), "too_large");
+    ck_assert_uint_eq(id, 7);
+}
+END_TEST
+
+START_TEST(test_too_large_is_a_limit_exceeded_and_malformed_bytes_that_are_not_a_message) {
+    uint64_t id;
+    static const struct {
+        const char *bytes;
+        size_t n;
+        const char *code;
+    } cases[] = {
+        { "\xdf\xff\xff\xff\xff", 5, "too_large" },              /* more entries than WIRE_MAX_ITEMS */
+        { "\x81\xa1x\x91\x91\x91\x91\x91\x91\x91\x91\xc0", 13, "too_large" }, /* nesting 9 */
+        { "\x81\xa1x\xdc\x00\x10", 6, "malformed" },            /* 16 entries in 0 bytes */
+        { "\x81\xa1x", 3, "malformed" },                          /* truncated */
+        { "\x81\xa1x\xc4\x01\x00", 6, "malformed" },              /* bin */
+        { "\x81\x01\x02", 3, "malformed" },                       /* a key that is not a string */
+        { "\x91\xc0", 2, "malformed" },                           /* not a map */
+        { "\x80\xc0", 2, "malformed" },                           /* trailing bytes */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(!strcmp(decode_raw(cases[i].bytes, cases[i].n, &id), cases[i].code), "case %zu: want %s", i,
+                      cases[i].code);
+}
+END_TEST
+
+/* ---- sha256, UTF-8, interop ------------------------------------------------------------------ */
+
+START_TEST(test_sha256_is_64_hex_digits_in_either_case) {
+    ck_assert(msg_sha256_valid("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
+    ck_assert(msg_sha256_valid("BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD"));
+    ck_assert(msg_sha256_valid("Ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015aD"));
+    ck_assert(!msg_sha256_valid("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015a"));
+    ck_assert(!msg_sha256_valid("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015add"));
+    ck_assert(!msg_sha256_valid("ga7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
+    ck_assert(!msg_sha256_valid(NULL));
+}
+END_TEST
+
+START_TEST(test_strings_sent_are_valid_utf8_with_invalid_bytes_replaced) {
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(a, "inproc://utf8"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://utf8"), 0);
+    /* what a broker echoes: a type name cut in the middle of a character,
+     * a lone continuation byte, an overlong NUL, a surrogate */
+    ck_assert_int_eq(msg_send_error(a, NULL, 3, "unknown_type", "type '%.2s' x\x80y \xc0\x80 \xed\xa0\x80", "\xc3\xa9\xc3\xa9"), 0);
+    wire_msg_t m;
+    wire_err_t err;
+    ck_assert_int_eq(msg_recv(b, false, 0, &m, &err), 0);
+    msg_error_t e;
+    ck_assert_int_eq(msg_error_decode(&m, &e, &err), 0);
+    ck_assert(wire_utf8_valid(e.message, strlen(e.message)));
+    ck_assert_str_eq(e.message, "type '\xc3\xa9' x\xef\xbf\xbdy \xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    wire_msg_close(&m);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    /* valid UTF-8 passes untouched, 4-byte characters included */
+    ck_assert(wire_utf8_valid("\xf0\x9f\x99\x82 ok", 7));
+    ck_assert(!wire_utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
+}
+END_TEST
+
+/* The writer's integers and strings are byte for byte what msgpack-c's
+ * packer writes (both pick the shortest form). */
+START_TEST(test_the_writer_writes_what_msgpack_c_writes) {
+    static const int64_t ints[] = { 0, 1, 127, 128, 255, 256, 65535, 65536, 4294967295ll, 4294967296ll, INT64_MAX,
+                                    -1, -32, -33, -128, -129, -32768, -32769, INT32_MIN, (int64_t)INT32_MIN - 1,
+                                    INT64_MIN };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        wire_buf_t w;
+        wire_buf_init(&w);
+        wire_put_i64(&w, ints[i]);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_int64(&pk, ints[i]);
+        ck_assert_msg(w.n == sb.size && !memcmp(w.p, sb.data, sb.size), "%lld", (long long)ints[i]);
+        msgpack_sbuffer_destroy(&sb);
+        wire_buf_free(&w);
+    }
+    for (size_t len = 0; len < 70000; len = len ? len * 3 : 1) {
+        char *s = malloc(len + 1);
+        memset(s, 'a', len);
+        wire_buf_t w;
+        wire_buf_init(&w);
+        wire_put_strn(&w, s, len);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_str(&pk, len);
+        msgpack_pack_str_body(&pk, s, len);
+        ck_assert_msg(w.n == sb.size && !memcmp(w.p, sb.data, sb.size), "string of %zu", len);
+        msgpack_sbuffer_destroy(&sb);
+        wire_buf_free(&w);
+        free(s);
+    }
+}
+END_TEST
+
+/* msgpack-c reads what msg_encode writes: the same fields, shortest forms. */
+START_TEST(test_msgpack_c_reads_an_encoded_status_reply) {
+    msg_worker_status_t w[20];
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < 20; i++) snprintf(w[i].name, MSG_NAME_MAX, "w%d", i);
+    msg_status_reply_t s = { 0 };
+    s.workers = w;
+    s.n_workers = 20; /* an array past 15 entries: array16 */
+    s.queue_max = 64;
+    size_t len;
+    unsigned char *b = msg_encode(MSG_STATUS_REPLY, 1, &s, &len);
+    ck_assert_ptr_nonnull(b);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    ck_assert_int_eq(msgpack_unpack_next(&u, (const char *)b, len, &off), MSGPACK_UNPACK_SUCCESS);
+    ck_assert_uint_eq(off, len);
+    msgpack_object o = u.data;
+    ck_assert_int_eq(o.type, MSGPACK_OBJECT_MAP);
+    bool found = false;
+    for (uint32_t i = 0; i < o.via.map.size; i++) {
+        msgpack_object k = o.via.map.ptr[i].key, v = o.via.map.ptr[i].val;
+        if (k.via.str.size == 7 && !memcmp(k.via.str.ptr, "workers", 7)) {
+            ck_assert_int_eq(v.type, MSGPACK_OBJECT_ARRAY);
+            ck_assert_uint_eq(v.via.array.size, 20);
+            found = true;
+        }
+    }
+    ck_assert(found);
+    msgpack_unpacked_destroy(&u);
+    free(b);
+}
+END_TEST
+
+/* ---- no allocation per field ------------------------------------------------------------------ */
+
+START_TEST(test_a_gen_decodes_and_validates_without_touching_the_heap) {
+    wire_tensor_t t[3] = { tensor("context", KERN_F32, 2, CTX, g_ctx), tensor("uncond", KERN_F32, 2, CTX, g_unc),
+                           tensor("latent", KERN_F32, 4, LAT, g_lat) };
+    msg_gen_t g = { 0 };
+    snprintf(g.model, sizeof g.model, "tiny");
+    g.steps = 6;
+    g.shift = g.cfg = 1;
+    memcpy(g.latent_shape, LAT, sizeof LAT);
+    g.context = &t[0];
+    g.uncond = &t[1];
+    g.latent = &t[2];
+    size_t len;
+    unsigned char *b = msg_encode(MSG_GEN, 1, &g, &len);
+    ck_assert_ptr_nonnull(b);
+    wire_msg_t *m = calloc(1, sizeof *m);
+    zmq_msg_t f[4];
+    zmq_msg_init_size(&f[0], len);
+    memcpy(zmq_msg_data(&f[0]), b, len);
+    for (int i = 0; i < 3; i++) {
+        zmq_msg_init_size(&f[1 + i], t[i].bytes);
+        memcpy(zmq_msg_data(&f[1 + i]), t[i].data, t[i].bytes);
+    }
+    free(b);
+    wire_err_t err;
+    msg_gen_t back;
+    struct mallinfo2 before = mallinfo2();
+    int rc = wire_decode_as(m, f, 4, &err, false);
+    int rc2 = rc ? -1 : msg_gen_decode(m, &back, &err);
+    int rc3 = rc2 ? -1 : msg_gen_validate(&back, NULL, &err);
+    struct mallinfo2 after = mallinfo2();
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(rc2, 0);
+    ck_assert_int_eq(rc3, 0);
+    ck_assert_uint_eq(after.uordblks, before.uordblks); /* nothing allocated, nothing freed */
+    ck_assert_uint_le(m->tok.n, WIRE_TOKS_INLINE);
+    wire_msg_close(m);
+    free(m);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("msg");
+    TCase *t = tcase_create("round trips");
+    tcase_add_test(t, test_every_type_has_its_name_and_a_bodyless_one_round_trips);
+    tcase_add_test(t, test_gen_and_request_round_trip_with_every_field_and_tensor);
+    tcase_add_test(t, test_result_progress_error_and_busy_round_trip);
+    tcase_add_test(t, test_sync_messages_round_trip);
+    tcase_add_test(t, test_worker_messages_round_trip);
+    tcase_add_test(t, test_status_reply_round_trips_with_workers_lagging_keys_and_models);
+    suite_add_tcase(s, t);
+    t = tcase_create("fields");
+    tcase_add_test(t, test_absent_optional_fields_take_the_documented_defaults);
+    tcase_add_test(t, test_field_types_are_checked_as_documented);
+    tcase_add_test(t, test_unknown_fields_are_ignored_at_every_level);
+    tcase_add_test(t, test_missing_required_fields_are_named_with_their_path);
+    tcase_add_test(t, test_a_type_carries_only_its_own_tensors);
+    tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);
+    suite_add_tcase(s, t);
+    t = tcase_create("errors and interop");
+    tcase_add_test(t, test_an_error_found_while_decoding_echoes_the_id_read_before_it);
+    tcase_add_test(t, test_too_large_is_a_limit_exceeded_and_malformed_bytes_that_are_not_a_message);
+    tcase_add_test(t, test_sha256_is_64_hex_digits_in_either_case);
+    tcase_add_test(t, test_strings_sent_are_valid_utf8_with_invalid_bytes_replaced);
+    tcase_add_test(t, test_the_writer_writes_what_msgpack_c_writes);
+    tcase_add_test(t, test_msgpack_c_reads_an_encoded_status_reply);
+    tcase_add_test(t, test_a_gen_decodes_and_validates_without_touching_the_heap);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void) {
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
