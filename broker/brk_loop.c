@@ -1,44 +1,211 @@
 /* brk_loop.c -- the routing loop: one zmq_poll over the client and worker
  * ROUTERs with a timeout that wakes it for the next heartbeat or deadline.
- * Every message goes through wire_recv; a malformed one is answered ERROR
- * (its code and message) to its sender and counted, and the loop goes on.
- * After each message and each timer pass the broker settles: dead workers
- * are dropped (their work requeued) and queued requests that can run are
- * sent. Nothing here waits on SQLite (brk_catq does). */
-#include "broker/brk_broker.h"
-#include "schema/notify.h"
+ * Every message comes in through msg_recv and is dispatched here, by type,
+ * as a decoded struct (schema/msg.h): a message that cannot be read is
+ * answered ERROR (its code and message) to its sender and counted; one
+ * whose fields are wrong is answered bad_request. Dead workers are dropped
+ * here too, one clean-up for every way a worker dies. Nothing here waits
+ * on SQLite (brk_catq does). */
+#include "broker/brk_loop.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_requests.h"
+#include "broker/brk_status.h"
+#include "broker/brk_sync.h"
+#include "broker/brk_workers.h"
+#include "schema/notify.h"
 
 #define DRAIN_MAX 256 /* messages taken from one socket before looking at the other */
+
+/* Every body a peer may send, decoded in place. */
+typedef union {
+    msg_gen_t gen;
+    msg_sync_t sync;
+    msg_progress_t progress;
+    msg_result_t result;
+    msg_error_t error;
+    msg_sync_ack_t ack;
+    msg_ready_t ready;
+    msg_events_t events;
+} body_t;
+
+int brk_reap(brk_t *b) {
+    int dropped = 0;
+    for (int i; (i = brk_workers_next_dead(b)) >= 0; dropped++) {
+        brk_worker_t *w = brk_workers_unlink(b, i);
+        brk_sync_worker_lost(b, w);
+        brk_req_worker_lost(b, w);
+        free(w);
+    }
+    return dropped;
+}
 
 static void settle(brk_t *b) {
     brk_reap(b);
     brk_pump(b);
 }
 
-static void on_client_msg(brk_t *b, wire_msg_t **mp) {
+/* ---- clients ------------------------------------------------------------------ */
+
+static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
     wire_msg_t *m = *mp;
-    if (!strcmp(m->type, "GEN")) brk_on_gen(b, mp);
-    else if (!strcmp(m->type, "SYNC")) brk_on_sync(b, mp);
-    else if (!strcmp(m->type, "STATUS")) brk_on_status(b, m);
-    else
-        wire_send_error(b->clients, &m->identity, m->id, WIRE_E_UNKNOWN,
-                        "unknown message type '%.64s' on the client socket", m->type);
+    wire_err_t err;
+    switch (msg_type(m)) {
+    case MSG_GEN:
+        if (msg_gen_decode(m, &u->gen, &err) || msg_gen_validate(&u->gen, NULL, &err))
+            msg_send_error(b->clients, &m->identity, m->id, err.code, "GEN: %s", err.message);
+        else
+            brk_req_accept(b, mp, &u->gen, brk_current_version(b, BRK_COMPONENT));
+        break;
+    case MSG_SYNC:
+        /* A message carries at most 8 tensors and a model has more:
+         * reel-worker reloads whole models from a file, so a SYNC with
+         * inline tensors is refused rather than recorded as a version no
+         * worker will ever reach. */
+        if (msg_sync_decode(m, &u->sync, &err) || msg_sync_validate(&u->sync, false, &err)) {
+            brk_log("SYNC refused: %s", err.message);
+            msg_send_error(b->clients, &m->identity, m->id, err.code, "SYNC: %s", err.message);
+        } else {
+            brk_sync_request(b, &m->identity, m->id, &u->sync);
+        }
+        break;
+    case MSG_STATUS:
+        if (msg_decode(m, MSG_STATUS, NULL, &err))
+            msg_send_error(b->clients, &m->identity, m->id, err.code, "STATUS: %s", err.message);
+        else
+            brk_status_reply(b, &m->identity, m->id);
+        break;
+    default:
+        msg_send_error(b->clients, &m->identity, m->id, WIRE_E_UNKNOWN,
+                       "unknown message type '%.64s' on the client socket", m->type);
+    }
 }
+
+/* ---- workers ------------------------------------------------------------------- */
+
+/* READY: a worker registers. One from an identity already registered
+ * means the worker restarted: the old registration is dropped first (its
+ * in-flight work is gone with the old process). */
+static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r) {
+    wire_err_t err;
+    if (msg_ready_decode(m, r, &err) || msg_ready_validate(r, &err)) {
+        brk_log("READY refused: %s", err.message);
+        msg_send_error(b->workers, &m->identity, m->id, err.code, "READY: %s", err.message);
+        return;
+    }
+    if (brk_workers_name_taken(b, r->name, old)) {
+        brk_log("READY refused: worker name %s is taken by a live worker", r->name);
+        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_BAD_REQUEST,
+                       "READY: worker name %s is taken by a live worker", r->name);
+        return;
+    }
+    if (old) {
+        old->dead = true;
+        old->dead_why = "restarted";
+        brk_reap(b);
+    }
+    brk_worker_t *w = brk_workers_add(b, &m->identity, r);
+    if (!w) {
+        brk_log("out of memory registering worker %s", r->name);
+        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_INTERNAL, "READY: broker out of memory");
+        return;
+    }
+    brk_sync_joined(b, w);
+}
+
+/* A final reply that cannot be read still ends the request: the client is
+ * answered internal rather than left waiting for its deadline. */
+static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire_err_t *why, msg_error_t *e) {
+    brk_log("worker %s sent a bad %s: %s", w->route.name, m->type, why->message);
+    snprintf(e->code, sizeof e->code, "%s", WIRE_E_INTERNAL);
+    snprintf(e->message, sizeof e->message, "worker %s sent a bad %s: %s", w->route.name, m->type, why->message);
+    brk_req_error(b, w, m->id, e);
+}
+
+static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
+    brk_worker_t *w = brk_worker_find(b, &m->identity);
+    msg_type_t t = msg_type(m);
+    wire_err_t err;
+    if (t == MSG_READY) {
+        on_ready(b, w, m, &u->ready);
+        return;
+    }
+    if (!w) {
+        if (t == MSG_DISCONNECT) return; /* already forgotten */
+        if (msg_send(b->workers, &m->identity, MSG_RECONNECT, 0, NULL, NULL) == 0)
+            brk_log("unknown worker sent %s: told to RECONNECT", m->type);
+        return;
+    }
+    /* It may have missed syncs while a send to it failed. */
+    if (brk_workers_heard(b, w)) brk_catch_up(b, w);
+    switch (t) {
+    case MSG_HEARTBEAT: break;
+    case MSG_DISCONNECT:
+        w->dead = true;
+        w->dead_why = "disconnect";
+        break;
+    case MSG_PROGRESS:
+        if (msg_progress_decode(m, &u->progress, &err) == 0) brk_req_progress(b, w, m->id, &u->progress);
+        break;
+    case MSG_RESULT:
+        if (msg_result_decode(m, &u->result, &err) == 0) brk_req_result(b, w, m->id, &u->result, m);
+        else bad_reply(b, w, m, &err, &u->error);
+        break;
+    case MSG_ERROR:
+        if (msg_error_decode(m, &u->error, &err) == 0) brk_req_error(b, w, m->id, &u->error);
+        else bad_reply(b, w, m, &err, &u->error);
+        break;
+    case MSG_SYNC_ACK:
+        if (msg_sync_ack_decode(m, &u->ack, &err) == 0) {
+            brk_sync_ack(b, w, &u->ack);
+        } else {
+            brk_log("worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
+            msg_send_error(b->workers, &m->identity, m->id, err.code, "SYNC_ACK: %s", err.message);
+        }
+        break;
+    case MSG_EVENTS:
+        if (msg_events_decode(m, &u->events, &err) == 0) brk_workers_events(b, w, &u->events);
+        else brk_log("worker %s sent bad EVENTS (dropped): %s", w->route.name, err.message);
+        break;
+    default:
+        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_UNKNOWN,
+                       "unknown message type '%.64s' on the worker socket", m->type);
+    }
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
 
 /* The first ten, then one in a thousand: a fuzzing peer must not flood the
  * log, and the count is in STATUS_REPLY anyway. */
 static void log_malformed(brk_t *b, bool worker_side, const wire_err_t *err) {
     b->malformed++;
     if (b->malformed <= 10 || b->malformed % 1000 == 0)
-        brk_log("malformed message on the %s socket (%llu so far): %s: %s",
-                worker_side ? "worker" : "client", (unsigned long long)b->malformed, err->code,
-                err->message);
+        brk_log("malformed message on the %s socket (%llu so far): %s: %s", worker_side ? "worker" : "client",
+                (unsigned long long)b->malformed, err->code, err->message);
+}
+
+void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_err_t *err) {
+    wire_msg_t *m = *mp;
+    body_t u; /* on the stack: no allocation per message */
+    if (rc == 1) {
+        log_malformed(b, worker_side, err);
+        if (m->has_identity) {
+            brk_worker_t *w = worker_side ? brk_worker_find(b, &m->identity) : NULL;
+            if (w) w->seen_ms = brk_now_ms(); /* any message proves it alive */
+            msg_send_error(worker_side ? b->workers : b->clients, &m->identity, m->id, err->code, "%s",
+                           err->message);
+        }
+    } else if (worker_side) {
+        on_worker(b, m, &u);
+    } else {
+        on_client(b, mp, &u);
+    }
+    settle(b);
 }
 
 /* Handles up to DRAIN_MAX messages waiting on one socket. -1 on a socket
@@ -49,7 +216,7 @@ static int drain(brk_t *b, bool worker_side) {
         wire_msg_t *m = malloc(sizeof *m);
         if (!m) return 0; /* try again at the next poll */
         wire_err_t err;
-        int rc = wire_recv(sock, true, ZMQ_DONTWAIT, m, &err);
+        int rc = msg_recv(sock, true, ZMQ_DONTWAIT, m, &err);
         if (rc < 0) {
             int e = errno;
             free(m);
@@ -58,25 +225,11 @@ static int drain(brk_t *b, bool worker_side) {
             brk_log("receive failed: %s", zmq_strerror(e));
             return 0;
         }
-        if (rc == 1) {
-            log_malformed(b, worker_side, &err);
-            if (m->has_identity) {
-                if (worker_side) {
-                    brk_worker_t *w = brk_worker_find(b, &m->identity);
-                    if (w) w->seen_ms = brk_now_ms(); /* any message proves it alive */
-                }
-                wire_send_error(sock, &m->identity, m->id, err.code, "%s", err.message);
-            }
-        } else if (worker_side) {
-            brk_on_worker_msg(b, m);
-        } else {
-            on_client_msg(b, &m);
-        }
+        brk_handle(b, worker_side, &m, rc, &err);
         if (m) {
             wire_msg_close(m);
             free(m);
         }
-        settle(b);
     }
     return 0;
 }
@@ -91,8 +244,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
     b->next_heartbeat_ms = brk_now_ms() + b->opt.heartbeat_ms;
     while (!*stop) {
         int64_t now = brk_now_ms();
-        int64_t next = min64(b->next_heartbeat_ms,
-                             min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
+        int64_t next = min64(b->next_heartbeat_ms, min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
         long timeout = next <= now ? 0 : (long)min64(next - now, b->opt.heartbeat_ms);
         int rc = zmq_poll(items, 2, timeout);
         if (rc < 0) {
@@ -105,7 +257,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         if ((items[0].revents & ZMQ_POLLIN) && drain(b, false) < 0) return 0;
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
-        brk_worker_timers(b, now);
+        brk_workers_timers(b, now);
         brk_req_timers(b, now);
         brk_sync_timers(b, now);
         settle(b);

@@ -11,6 +11,9 @@
 #include <string.h>
 
 #include "broker/brk_broker.h"
+#include "broker/brk_loop.h"
+#include "broker/brk_requests.h"
+#include "broker/brk_sync.h"
 #include "schema/notify.h"
 #include "broker/brk_log.h"
 #include "kernels/error.h"

@@ -10,15 +10,6 @@
 #include "capture_cache/key.h"
 #include "kernels/error.h"
 
-uint64_t brk_fnv1a64(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 uint64_t brk_splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -28,9 +19,10 @@ uint64_t brk_splitmix64(uint64_t x) {
 
 /* FNV-1a alone is a weak mix (nearby names give nearby hashes); the
  * splitmix finaliser makes every bit of the score depend on both inputs, so
- * owners spread evenly over workers. */
+ * owners spread evenly over workers. The name is hashed as capture keys
+ * are (cap_hash_text), by the one FNV-1a of the tree. */
 uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name) {
-    return brk_splitmix64(shard_hash ^ brk_fnv1a64(name));
+    return brk_splitmix64(shard_hash ^ cap_hash_text(name));
 }
 
 uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
@@ -162,46 +154,4 @@ void brk_keys_note(uint64_t keys[BRK_KEYS_RECENT], int *n, uint64_t h) {
     if (at == *n) (*n)++;
     memmove(keys + 1, keys, (size_t)at * sizeof *keys);
     keys[0] = h;
-}
-
-/* ---- syncs ---------------------------------------------------------------------- */
-
-static bool valid_name(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n >= BRK_NAME_MAX) return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-' || c == '+'))
-            return false;
-    }
-    return true;
-}
-
-brk_sync_verdict_t brk_sync_check(const char *component, uint64_t version, uint64_t current,
-                                  const char *sha256, bool has_path, int n_tensors, char *why,
-                                  size_t len) {
-    if (!component || !valid_name(component)) {
-        snprintf(why, len, "\"component\" must be a name of [A-Za-z0-9_.:+-]");
-        return BRK_SYNC_BAD;
-    }
-    if (version <= current) {
-        snprintf(why, len, "%s version %llu is not newer than the current version %llu",
-                 component, (unsigned long long)version, (unsigned long long)current);
-        return BRK_SYNC_STALE;
-    }
-    bool hex = sha256 && strlen(sha256) == 64;
-    for (size_t i = 0; hex && i < 64; i++) {
-        char c = sha256[i];
-        hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-    }
-    if (!hex) {
-        snprintf(why, len, "\"sha256\" must be 64 hex digits");
-        return BRK_SYNC_BAD;
-    }
-    if (!has_path && n_tensors == 0) {
-        snprintf(why, len, "a sync needs \"path\" or inline tensors");
-        return BRK_SYNC_BAD;
-    }
-    return BRK_SYNC_OK;
 }

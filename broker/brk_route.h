@@ -1,7 +1,7 @@
 /* brk_route.h -- the pure pieces of the broker's routing (internal header):
  * rendezvous scores, which workers may run a request, which of them owns
- * its shard key, the bounded FIFO of waiting requests, the recent-keys list
- * of a worker and the version check of a weight sync.
+ * its shard key, the bounded FIFO of waiting requests and the recent-keys
+ * list of a worker.
  *
  * Nothing here touches a socket, a clock or the catalog, so every rule can
  * be unit-tested (tests/test_broker_unit.c). A key's owner among live
@@ -15,20 +15,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BRK_NAME_MAX 64        /* worker, model and component names */
-#define BRK_MAX_MODELS 16      /* models one worker serves */
-#define BRK_MAX_COMPONENTS 8   /* weight components one worker reports */
-#define BRK_KEYS_RECENT 32     /* shard keys remembered per worker */
+#include "schema/msg.h"
+
+/* The protocol's limits (schema/msg.h), as routing knows them. */
+#define BRK_NAME_MAX MSG_NAME_MAX             /* worker, model and component names */
+#define BRK_MAX_MODELS MSG_MAX_MODELS         /* models one worker serves */
+#define BRK_MAX_COMPONENTS MSG_MAX_COMPONENTS /* weight components one worker reports */
+#define BRK_KEYS_RECENT MSG_KEYS_RECENT       /* shard keys remembered per worker */
 #define BRK_COMPONENT "transformer" /* the component a GEN's version names */
 
 /* ---- hashing ------------------------------------------------------------- */
 
-/* FNV-1a 64 of s (no remapping of 0). Can't fail. */
-uint64_t brk_fnv1a64(const char *s);
 /* The splitmix64 finaliser: a bijective 64-bit mix. Can't fail. */
 uint64_t brk_splitmix64(uint64_t x);
 /* Rendezvous weight of worker `name` for shard key `shard_hash`:
- * splitmix64(shard_hash ^ fnv1a64(name)). Can't fail. */
+ * splitmix64(shard_hash ^ cap_hash_text(name)), cap_hash_text being
+ * FNV-1a 64 with 0 read as 1 (capture_cache/key.h). Can't fail. */
 uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
 
 /* The shard hash of a GEN (docs/CAPTURE.md, shard form): cap_key_denoise
@@ -107,20 +109,5 @@ void *brk_queue_remove(brk_queue_t *q, size_t i);
  * keys[0..*n), most recent first: h moves (or is inserted) to the front,
  * the list keeps at most BRK_KEYS_RECENT distinct keys. Can't fail. */
 void brk_keys_note(uint64_t keys[BRK_KEYS_RECENT], int *n, uint64_t h);
-
-/* ---- weight syncs ------------------------------------------------------------ */
-
-typedef enum {
-    BRK_SYNC_OK = 0,
-    BRK_SYNC_STALE,    /* version not newer than the current: stale_version */
-    BRK_SYNC_BAD,      /* a field missing or wrong: bad_request */
-} brk_sync_verdict_t;
-
-/* Checks a SYNC: component a valid name, version > current, sha256 64 hex
- * digits, a path or inline tensors. On a refusal writes the reason into
- * why[0..len). Can't fail otherwise. */
-brk_sync_verdict_t brk_sync_check(const char *component, uint64_t version, uint64_t current,
-                                  const char *sha256, bool has_path, int n_tensors, char *why,
-                                  size_t len);
 
 #endif

@@ -1,84 +1,102 @@
-/* brk_status.c -- STATUS_REPLY (docs/PROTOCOL.md): every worker with its
- * capacity, applied versions, the components it lags on (and why) and the
- * shard keys most recently routed to it, the queue, the current version of
- * every component and the versions still pending. Two extra counters
- * (malformed messages, catalog records dropped) ride along: unknown fields
- * are ignored by readers. */
-#include "broker/brk_broker.h"
+/* brk_status.c -- STATUS_REPLY (docs/PROTOCOL.md). Built from the state
+ * as it is; the one thing it asks another module is why a worker lags
+ * (brk_sync_lag). */
+#include "broker/brk_status.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_sync.h"
 
-/* Sets map[k] = v; false once anything failed (v is freed by wv_set). */
-static bool put(wire_val_t *map, const char *k, wire_val_t *v, bool ok) {
-    if (!ok) {
-        wv_free(&v);
-        return false;
+static void worker_entry(const brk_t *b, const brk_worker_t *w, int64_t now, msg_worker_status_t *e) {
+    snprintf(e->name, sizeof e->name, "%s", w->route.name);
+    snprintf(e->device, sizeof e->device, "%s", w->device);
+    snprintf(e->arch, sizeof e->arch, "%s", w->arch);
+    e->streams = (uint64_t)w->streams;
+    e->inflight = (uint64_t)w->route.inflight;
+    e->max_inflight = (uint64_t)w->route.max_inflight;
+    e->routable = w->route.routable;
+    for (int i = 0; i < w->route.n_versions && e->versions.n < MSG_MAX_COMPONENTS; i++) {
+        msg_count_t *v = &e->versions.e[e->versions.n++];
+        snprintf(v->name, sizeof v->name, "%s", w->route.versions[i].name);
+        v->n = w->route.versions[i].version;
     }
-    return wv_set(map, k, v) == 0;
+    for (int i = 0; i < b->n_cur && e->lagging.n < MSG_MAX_COMPONENTS; i++) {
+        msg_text_t *l = &e->lagging.e[e->lagging.n];
+        if (!brk_sync_lag(b, w, b->cur[i].component, l->text, sizeof l->text)) continue;
+        snprintf(l->name, sizeof l->name, "%s", b->cur[i].component);
+        e->lagging.n++;
+    }
+    for (int i = 0; i < w->n_keys && i < MSG_KEYS_RECENT; i++) e->keys[e->n_keys++] = w->keys[i];
+    e->alive_ms = (uint64_t)(now - w->ready_ms);
 }
 
-static wire_val_t *worker_entry(const brk_t *b, const brk_worker_t *w, int64_t now) {
-    wire_val_t *e = wv_map(), *vers = wv_map(), *keys = wv_arr(), *lag = wv_map();
-    bool ok = e && vers && keys && lag;
-    for (int i = 0; ok && i < w->route.n_versions; i++)
-        ok = wv_set(vers, w->route.versions[i].name, wv_u64(w->route.versions[i].version)) == 0;
-    for (int i = 0; ok && i < b->n_cur; i++) {
-        char why[192];
-        if (brk_sync_lag(b, w, b->cur[i].component, why, sizeof why))
-            ok = wv_set(lag, b->cur[i].component, wv_str(why)) == 0;
-    }
-    for (int i = 0; ok && i < w->n_keys; i++) {
-        char hex[17];
-        ok = wv_push(keys, wv_str(brk_hex(w->keys[i], hex))) == 0;
-    }
-    ok = put(e, "name", wv_str(w->route.name), ok);
-    ok = put(e, "device", wv_str(w->device), ok);
-    ok = put(e, "arch", wv_str(w->arch), ok);
-    ok = put(e, "streams", wv_u64((uint64_t)w->streams), ok);
-    ok = put(e, "inflight", wv_u64((uint64_t)w->route.inflight), ok);
-    ok = put(e, "max_inflight", wv_u64((uint64_t)w->route.max_inflight), ok);
-    ok = put(e, "routable", wv_bool(w->route.routable), ok);
-    ok = put(e, "versions", vers, ok);
-    vers = NULL;
-    ok = put(e, "lagging", lag, ok);
-    lag = NULL;
-    ok = put(e, "keys", keys, ok);
-    keys = NULL;
-    ok = put(e, "alive_ms", wv_u64((uint64_t)(now - w->ready_ms)), ok);
-    if (!ok) wv_free(&e);
-    return e;
+/* Adds (or raises) component's version in v. */
+static void note_version(msg_versions_t *v, const char *component, uint64_t version) {
+    for (int i = 0; i < v->n; i++)
+        if (!strcmp(v->e[i].name, component)) {
+            if (version > v->e[i].n) v->e[i].n = version;
+            return;
+        }
+    if (v->n >= MSG_MAX_COMPONENTS) return;
+    snprintf(v->e[v->n].name, sizeof v->e[v->n].name, "%s", component);
+    v->e[v->n++].n = version;
 }
 
-void brk_on_status(brk_t *b, const wire_msg_t *m) {
+/* Each model a live worker serves, once, with the config it announced
+ * (zeros when none did). */
+static size_t models_of(const brk_t *b, msg_model_t *out, size_t cap) {
+    size_t n = 0;
+    for (int i = 0; i < b->n_w; i++) {
+        const brk_worker_t *w = b->w[i];
+        for (int j = 0; j < w->route.n_models; j++) {
+            const char *name = w->route.models[j];
+            size_t k = 0;
+            while (k < n && strcmp(out[k].name, name)) k++;
+            if (k == n) {
+                if (n == cap) continue;
+                memset(&out[n], 0, sizeof out[n]);
+                snprintf(out[n++].name, sizeof out[0].name, "%s", name);
+            }
+            for (int c = 0; c < w->n_configs && !out[k].in_channels; c++)
+                if (!strcmp(w->configs[c].name, name)) out[k] = w->configs[c];
+        }
+    }
+    return n;
+}
+
+void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     int64_t now = brk_now_ms();
-    wire_val_t *h = wire_hdr("STATUS_REPLY", m->id);
-    wire_val_t *ws = wv_arr(), *vers = wv_map(), *pend = wv_map();
-    bool ok = h && ws && vers && pend;
-    for (int i = 0; ok && i < b->n_w; i++)
-        ok = wv_push(ws, worker_entry(b, b->w[i], now)) == 0;
-    for (int i = 0; ok && i < b->n_cur; i++)
-        if (b->cur[i].version) /* a component whose only sync is pending has none yet */
-            ok = wv_set(vers, b->cur[i].component, wv_u64(b->cur[i].version)) == 0;
-    for (const brk_barrier_t *s = b->barriers; ok && s; s = s->next) {
-        uint64_t have = 0;
-        if (s->msg && (!wv_get_u64(pend, s->component, &have) || s->version > have))
-            ok = wv_set(pend, s->component, wv_u64(s->version)) == 0;
+    size_t cap_models = (size_t)b->n_w * BRK_MAX_MODELS + 1;
+    msg_status_reply_t *r = calloc(1, sizeof *r);
+    msg_worker_status_t *ws = calloc((size_t)b->n_w + 1, sizeof *ws);
+    msg_model_t *models = calloc(cap_models, sizeof *models);
+    if (!r || !ws || !models) {
+        msg_send_error(b->clients, to, id, WIRE_E_INTERNAL, "broker out of memory");
+        goto out;
     }
-    ok = put(h, "workers", ws, ok);
-    ws = NULL;
-    ok = put(h, "queue", wv_u64(brk_queue_len(&b->queue)), ok);
-    ok = put(h, "queue_max", wv_u64(b->queue.max), ok);
-    ok = put(h, "versions", vers, ok);
-    vers = NULL;
-    ok = put(h, "pending", pend, ok);
-    pend = NULL;
-    ok = put(h, "malformed", wv_u64(b->malformed), ok);
-    ok = put(h, "catalog_dropped", wv_u64(brk_catq_dropped(b->cat)), ok);
-    if (!ok)
-        wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
-    else if (wire_send(b->clients, &m->identity, h, NULL, 0) < 0)
-        brk_log("STATUS_REPLY not delivered: %s", zmq_strerror(zmq_errno()));
-    wv_free(&h);
+    for (int i = 0; i < b->n_w; i++) worker_entry(b, b->w[i], now, &ws[i]);
+    r->workers = ws;
+    r->n_workers = (size_t)b->n_w;
+    r->queue = brk_queue_len(&b->queue);
+    r->queue_max = b->queue.max;
+    for (int i = 0; i < b->n_cur; i++)
+        if (b->cur[i].version) /* a component whose only sync is pending has none yet */
+            note_version(&r->versions, b->cur[i].component, b->cur[i].version);
+    for (const brk_barrier_t *s = b->barriers; s; s = s->next)
+        if (s->sync) note_version(&r->pending, s->component, s->version);
+    r->malformed = b->malformed;
+    r->catalog_dropped = brk_catq_dropped(b->cat);
+    r->models = models;
+    r->n_models = models_of(b, models, cap_models);
+    if (msg_status_reply_send(b->clients, to, id, r) < 0)
+        brk_log("STATUS_REPLY not delivered: %s", zmq_strerror(errno));
+out:
+    free(r);
+    free(ws);
+    free(models);
 }

@@ -24,15 +24,17 @@
  * pending one joins the running barrier (same SYNC_DONE); the current one
  * gets a new barrier that retries the lagging workers (complete at once
  * when none lags). The same version with other weights is stale_version. */
-#include "broker/brk_broker.h"
-#include "kernels/error.h"
+#include "broker/brk_sync.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "kernels/error.h"
 
 enum { M_WAITING, M_APPLIED, M_FAILED };
 
@@ -57,11 +59,9 @@ static brk_current_t *current_slot(brk_t *b, const char *component) {
     return c;
 }
 
-static void free_msg(wire_msg_t **mp) {
-    if (!*mp) return;
-    wire_msg_close(*mp);
-    free(*mp);
-    *mp = NULL;
+static void free_sync(msg_sync_t **sp) {
+    free(*sp);
+    *sp = NULL;
 }
 
 static brk_barrier_t *barrier_of(brk_t *b, const char *component, uint64_t version) {
@@ -74,14 +74,59 @@ static brk_barrier_t *barrier_of(brk_t *b, const char *component, uint64_t versi
 static uint64_t newest_pending(const brk_t *b, const char *component) {
     uint64_t v = 0;
     for (const brk_barrier_t *s = b->barriers; s; s = s->next)
-        if (s->msg && s->version > v && !strcmp(s->component, component)) v = s->version;
+        if (s->sync && s->version > v && !strcmp(s->component, component)) v = s->version;
     return v;
 }
 
-static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component) {
+/* w's sync progress on component (created when create is set). NULL when
+ * there is none (or no room: components are capped at BRK_MAX_COMPONENTS). */
+static brk_wsync_t *worker_sync(brk_worker_t *w, const char *component, bool create) {
     for (int i = 0; i < w->n_syncs; i++)
         if (!strcmp(w->syncs[i].component, component)) return &w->syncs[i];
-    return NULL;
+    if (!create || w->n_syncs >= BRK_MAX_COMPONENTS) return NULL;
+    brk_wsync_t *ws = &w->syncs[w->n_syncs++];
+    memset(ws, 0, sizeof *ws);
+    snprintf(ws->component, sizeof ws->component, "%s", component);
+    return ws;
+}
+
+static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component) {
+    return worker_sync((brk_worker_t *)w, component, false);
+}
+
+/* Forwards SYNC s (broker id sync_id) to w and notes it sent and awaiting
+ * its ack. 0, or -1 with the failure logged (w is marked unreachable when
+ * its pipe is gone or full). */
+static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
+    if (!w->route.routable || brk_worker_send(b, w, MSG_SYNC, sync_id, s, NULL) != 0) return -1;
+    brk_wsync_t *ws = worker_sync(w, s->component, true);
+    if (ws && s->version >= ws->sent) {
+        ws->sent = s->version;
+        ws->waiting = true;
+    }
+    brk_log("sync %s v%llu sent to %s", s->component, (unsigned long long)s->version, w->route.name);
+    return 0;
+}
+
+/* Only what w was never sent: a version it failed is sent again when it
+ * reconnects (READY: a new registration) or when the trainer resends it,
+ * not each time it speaks, which would retry a broken file in a loop. */
+void brk_catch_up(brk_t *b, brk_worker_t *w) {
+    for (int i = 0; i < b->n_cur && w->route.routable; i++) {
+        const brk_current_t *c = &b->cur[i];
+        if (!c->sync) continue;
+        const brk_wsync_t *ws = wsync_of(w, c->component);
+        if (c->version <= brk_peer_version(&w->route, c->component) || (ws && c->version <= ws->sent)) continue;
+        sync_send(b, w, c->sync_id, c->sync);
+    }
+}
+
+void brk_sync_joined(brk_t *b, brk_worker_t *w) {
+    for (int i = 0; i < w->route.n_versions; i++) {
+        brk_wsync_t *ws = worker_sync(w, w->route.versions[i].name, true);
+        if (ws) ws->sent = w->route.versions[i].version;
+    }
+    brk_catch_up(b, w);
 }
 
 const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf,
@@ -120,40 +165,34 @@ static void list_members(const brk_barrier_t *s, int state, char *buf, size_t le
     if (!buf[0]) snprintf(buf, len, "-");
 }
 
-/* SYNC_DONE of barrier s for the trainer's request `id`. NULL on
- * out-of-memory. */
-static wire_val_t *done_hdr(const brk_t *b, const brk_barrier_t *s, uint64_t id, bool complete) {
-    wire_val_t *h = wire_hdr("SYNC_DONE", id);
-    wire_val_t *applied = wv_arr(), *fails = wv_arr();
-    bool ok = h && applied && fails;
-    for (int i = 0; ok && i < s->n; i++) {
+/* Sends SYNC_DONE of barrier s to every trainer waiting on it. */
+static void send_done(brk_t *b, const brk_barrier_t *s, bool complete) {
+    msg_sync_done_t d;
+    memset(&d, 0, sizeof d);
+    char(*applied)[MSG_NAME_MAX] = calloc((size_t)(s->n ? s->n : 1), sizeof *applied);
+    msg_failure_t *failed = calloc((size_t)(s->n ? s->n : 1), sizeof *failed);
+    for (int i = 0; applied && failed && i < s->n; i++) {
         if (s->m[i].state == M_APPLIED) {
-            ok = wv_push(applied, wv_str(s->m[i].worker)) == 0;
+            snprintf(applied[d.n_applied++], MSG_NAME_MAX, "%s", s->m[i].worker);
         } else {
-            wire_val_t *f = wv_map();
-            ok = f && wv_set(f, "worker", wv_str(s->m[i].worker)) == 0 &&
-                 wv_set(f, "reason", wv_str(s->m[i].reason)) == 0;
-            ok = wv_push(fails, f) == 0 && ok;
+            msg_failure_t *f = &failed[d.n_failed++];
+            snprintf(f->worker, sizeof f->worker, "%s", s->m[i].worker);
+            snprintf(f->reason, sizeof f->reason, "%s", s->m[i].reason);
         }
     }
-    ok = ok && wv_set(h, "component", wv_str(s->component)) == 0 &&
-         wv_set(h, "version", wv_u64(s->version)) == 0;
-    if (ok) {
-        ok = wv_set(h, "applied", applied) == 0;
-        applied = NULL;
-    }
-    if (ok) {
-        ok = wv_set(h, "failed", fails) == 0;
-        fails = NULL;
-    }
+    snprintf(d.component, sizeof d.component, "%s", s->component);
+    d.version = s->version;
+    d.applied = applied;
+    d.failed = failed;
+    d.complete = complete;
     /* "current" tells the trainer whether its version took effect at all
      * (it is this version, or a newer one, once some worker applied it). */
-    ok = ok && wv_set(h, "complete", wv_bool(complete)) == 0 &&
-         wv_set(h, "current", wv_u64(brk_current_version(b, s->component))) == 0;
-    wv_free(&applied);
-    wv_free(&fails);
-    if (!ok) wv_free(&h);
-    return h;
+    d.current = brk_current_version(b, s->component);
+    for (int t = 0; t < s->n_trainers; t++)
+        if (!applied || !failed || brk_send(b->clients, &s->trainers[t].ident, MSG_SYNC_DONE, s->trainers[t].id, &d, NULL) < 0)
+            brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component, (unsigned long long)s->version);
+    free(applied);
+    free(failed);
 }
 
 /* Settles the catalog state of a version that never became current,
@@ -168,7 +207,7 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     list_members(s, M_APPLIED, a, sizeof a);
     list_members(s, M_FAILED, f, sizeof f);
     uint64_t cur = brk_current_version(b, s->component);
-    if (s->msg) {
+    if (s->sync) {
         /* Still pending: no worker applied it before a newer version became
          * current (superseded), or none applied it at all (failed). */
         char why[600];
@@ -182,18 +221,12 @@ static void finish(brk_t *b, brk_barrier_t *s) {
         if (!applied)
             brk_log("sync %s v%llu failed, nothing changed (%s stays v%llu): %s", s->component,
                     (unsigned long long)s->version, s->component, (unsigned long long)cur, why);
-        free_msg(&s->msg);
+        free_sync(&s->sync);
     }
     /* With no live worker nothing was applied: not complete (a trainer
      * waiting on the barrier must not take silence for success). */
     bool complete = failed == 0 && s->n > 0;
-    for (int t = 0; t < s->n_trainers; t++) {
-        wire_val_t *h = done_hdr(b, s, s->trainers[t].id, complete);
-        if (!h || brk_send_to(b->clients, &s->trainers[t].ident, h, NULL, 0) < 0)
-            brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component,
-                    (unsigned long long)s->version);
-        wv_free(&h);
-    }
+    send_done(b, s, complete);
     brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component,
             (unsigned long long)s->version, complete ? "complete" : "incomplete", a, f);
     free(s->trainers);
@@ -219,11 +252,11 @@ static void settle_barriers(brk_t *b) {
 /* A worker applied pending barrier s's version: it becomes the component's
  * current one, unless a newer one already is. */
 static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
-    brk_current_t *cur = s->msg ? current_slot(b, s->component) : NULL;
+    brk_current_t *cur = s->sync ? current_slot(b, s->component) : NULL;
     if (!cur || s->version <= cur->version) return;
-    free_msg(&cur->msg);
-    cur->msg = s->msg;
-    s->msg = NULL;
+    free_sync(&cur->sync);
+    cur->sync = s->sync;
+    s->sync = NULL;
     cur->version = s->version;
     snprintf(cur->sha256, sizeof cur->sha256, "%s", s->sha256);
     cur->sync_id = s->sync_id;
@@ -236,8 +269,8 @@ static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
 
 /* A barrier for (component, version) answering trainer `id` at `from`,
  * with room for every registered worker. NULL on out-of-memory. */
-static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t version,
-                                  const char *sha256, const wire_msg_t *from, uint64_t deadline) {
+static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t version, const char *sha256,
+                                  const zmq_msg_t *from, uint64_t id, uint64_t deadline) {
     brk_barrier_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->trainers = calloc(1, sizeof *s->trainers);
@@ -251,8 +284,8 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
     snprintf(s->component, sizeof s->component, "%s", component);
     s->version = version;
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
-    brk_ident_from(&s->trainers[0].ident, &from->identity);
-    s->trainers[0].id = from->id;
+    brk_ident_from(&s->trainers[0].ident, from);
+    s->trainers[0].id = id;
     s->n_trainers = 1;
     s->deadline_ms = brk_now_ms() + (int64_t)(deadline ? deadline : b->opt.sync_deadline_ms);
     return s;
@@ -262,7 +295,7 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
  * the ack of a SYNC sent now (msg), or of one already on its way (a retry
  * does not make it load the file twice); failed when it cannot be sent. */
 static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t sync_id,
-                       wire_msg_t *msg) {
+                       const msg_sync_t *sync) {
     brk_member_t *mb = &s->m[s->n++];
     snprintf(mb->worker, sizeof mb->worker, "%s", w->route.name);
     const brk_wsync_t *ws = wsync_of(w, s->component);
@@ -270,7 +303,7 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
         mb->state = M_APPLIED;
     } else if (ws && ws->waiting && ws->sent >= s->version) {
         mb->state = M_WAITING;
-    } else if (brk_sync_send(b, w, s->component, s->version, sync_id, msg) == 0) {
+    } else if (sync_send(b, w, sync_id, sync) == 0) {
         mb->state = M_WAITING;
     } else {
         mb->state = M_FAILED;
@@ -281,31 +314,31 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
 /* The trainer repeats a SYNC the broker has (same version and sha256):
  * the running barrier answers it too, or, for the current version, a new
  * barrier retries every worker that lags. */
-static void on_resend(brk_t *b, const wire_msg_t *m, brk_barrier_t *running, brk_current_t *cur,
+static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_t *running, brk_current_t *cur,
                       uint64_t deadline) {
     if (running) {
         brk_trainer_t *t = realloc(running->trainers, (size_t)(running->n_trainers + 1) * sizeof *t);
         if (!t) {
-            wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+            msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
             return;
         }
         running->trainers = t;
-        brk_ident_from(&t[running->n_trainers].ident, &m->identity);
-        t[running->n_trainers++].id = m->id;
+        brk_ident_from(&t[running->n_trainers].ident, from);
+        t[running->n_trainers++].id = id;
         brk_log("sync %s v%llu resent while its barrier runs: answered with it", running->component,
                 (unsigned long long)running->version);
         return;
     }
-    brk_barrier_t *s = barrier_new(b, cur->component, cur->version, cur->sha256, m, deadline);
+    brk_barrier_t *s = barrier_new(b, cur->component, cur->version, cur->sha256, from, id, deadline);
     if (!s) {
-        wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+        msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
     s->sync_id = cur->sync_id;
     int retried = 0;
     for (int i = 0; i < b->n_w; i++) {
         if (b->w[i]->dead) continue;
-        add_member(b, s, b->w[i], cur->sync_id, cur->msg);
+        add_member(b, s, b->w[i], cur->sync_id, cur->sync);
         retried += s->m[s->n - 1].state != M_APPLIED;
     }
     if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
@@ -316,96 +349,84 @@ static void on_resend(brk_t *b, const wire_msg_t *m, brk_barrier_t *running, brk
     settle_barriers(b);
 }
 
-void brk_on_sync(brk_t *b, wire_msg_t **mp) {
-    wire_msg_t *m = *mp;
-    const wire_val_t *h = m->hdr;
-    const char *comp = wv_get_str(h, "component");
-    const char *sha = wv_get_str(h, "sha256");
-    const char *path = wv_get_str(h, "path");
-    uint64_t version = 0, deadline = 0;
-    char why[256];
-    brk_sync_verdict_t v = BRK_SYNC_BAD;
-    brk_barrier_t *running = NULL;
-    brk_current_t *cur = NULL;
-    bool resend = false;
-    if (!wv_get_u64(h, "version", &version)) snprintf(why, sizeof why, "\"version\" must be an unsigned integer");
-    else if (wv_get(h, "path") && !path) snprintf(why, sizeof why, "\"path\" must be a string");
-    else if (wv_get(h, "deadline_ms") && !wv_get_u64(h, "deadline_ms", &deadline))
-        snprintf(why, sizeof why, "\"deadline_ms\" must be an unsigned integer");
-    else {
-        /* The version this SYNC repeats, if any: a running barrier's (pending,
-         * or current and still waiting) or the current one. */
-        const char *known_sha = NULL;
-        uint64_t cv = comp ? brk_current_version(b, comp) : 0;
-        uint64_t pv = comp ? newest_pending(b, comp) : 0;
-        if (comp && (running = barrier_of(b, comp, version)) != NULL) known_sha = running->sha256;
-        else if (comp && version && version == cv) known_sha = (cur = current_slot(b, comp))->sha256;
-        resend = known_sha && sha && !strcasecmp(sha, known_sha);
-        /* A resend passes the same checks as a new SYNC but the "newer" one. */
-        v = brk_sync_check(comp, version, resend ? version - 1 : (cv > pv ? cv : pv), sha,
-                           path && *path, m->n_tensors, why, sizeof why);
-        if (v == BRK_SYNC_STALE && known_sha)
-            snprintf(why, sizeof why, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,
-                     (unsigned long long)version, running && running->msg ? "pending" : "current",
-                     known_sha);
-        else if (v == BRK_SYNC_STALE && pv > cv && version <= pv)
-            snprintf(why, sizeof why, "%s version %llu is not newer than v%llu, still pending", comp,
+/* Why SYNC m cannot be accepted (writes why, returns the ERROR code), or
+ * NULL. *running / *cur receive the barrier or current version it
+ * repeats, *resend whether it is a resend (same version and sha256). */
+static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **running, brk_current_t **cur,
+                           bool *resend, char *why, size_t len) {
+    const char *comp = m->component;
+    uint64_t version = m->version, cv = brk_current_version(b, comp), pv = newest_pending(b, comp);
+    const char *known_sha = NULL;
+    *running = barrier_of(b, comp, version);
+    *cur = NULL;
+    if (*running) known_sha = (*running)->sha256;
+    else if (version && version == cv) known_sha = (*cur = current_slot(b, comp))->sha256;
+    /* sha256 compares either case: it names the same bytes. */
+    *resend = known_sha && !strcasecmp(m->sha256, known_sha);
+    uint64_t floor = cv > pv ? cv : pv;
+    if (strcmp(comp, BRK_COMPONENT) != 0) {
+        snprintf(why, len, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
+        return WIRE_E_BAD_REQUEST;
+    }
+    if (!*resend && version <= floor) {
+        if (known_sha)
+            snprintf(why, len, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,
+                     (unsigned long long)version, *running && (*running)->sync ? "pending" : "current", known_sha);
+        else if (pv > cv && version <= pv)
+            snprintf(why, len, "%s version %llu is not newer than v%llu, still pending", comp,
                      (unsigned long long)version, (unsigned long long)pv);
-    }
-    if (v == BRK_SYNC_OK && strcmp(comp, BRK_COMPONENT) != 0) {
-        v = BRK_SYNC_BAD;
-        snprintf(why, sizeof why, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
-    }
-    if (v == BRK_SYNC_OK && m->n_tensors > 0) {
-        /* A message carries at most 8 tensors and a model has more: reel-worker
-         * reloads whole models from a file, so refuse what no worker can apply
-         * rather than record a version nobody will ever reach. */
-        v = BRK_SYNC_BAD;
-        snprintf(why, sizeof why, "inline tensors: workers sync by \"path\" only (a safetensors file they can read)");
-    }
-    if (v == BRK_SYNC_OK && !resend) { /* it is forwarded (and kept for late joiners): it must fit */
-        wire_val_t *fwd = brk_hdr_from(h, "SYNC", UINT64_MAX);
-        size_t len = 0;
-        unsigned char *enc = fwd ? wire_encode_header(fwd, &len) : NULL;
-        wv_free(&fwd);
-        free(enc);
-        if (!enc || len + 1024 > WIRE_MAX_HEADER) {
-            v = BRK_SYNC_BAD;
-            snprintf(why, sizeof why, "header too large to forward to the workers");
-        }
+        else
+            snprintf(why, len, "%s version %llu is not newer than the current version %llu", comp,
+                     (unsigned long long)version, (unsigned long long)cv);
+        return WIRE_E_STALE;
     }
     /* The slot is taken now so that promotion can not fail later. */
-    if (v == BRK_SYNC_OK && !resend && !current_slot(b, comp)) {
-        v = BRK_SYNC_BAD;
-        snprintf(why, sizeof why, "more than %d weight components", BRK_MAX_COMPONENTS);
+    if (!*resend && !current_slot(b, comp)) {
+        snprintf(why, len, "more than %d weight components", BRK_MAX_COMPONENTS);
+        return WIRE_E_BAD_REQUEST;
     }
-    if (v != BRK_SYNC_OK) {
+    return NULL;
+}
+
+void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *m) {
+    char why[256];
+    brk_barrier_t *running;
+    brk_current_t *cur;
+    bool resend;
+    const char *code = refusal(b, m, &running, &cur, &resend, why, sizeof why);
+    if (code) {
         brk_log("SYNC refused: %s", why);
-        wire_send_error(b->clients, &m->identity, m->id,
-                        v == BRK_SYNC_STALE ? WIRE_E_STALE : WIRE_E_BAD_REQUEST, "SYNC: %s", why);
+        msg_send_error(b->clients, from, id, code, "SYNC: %s", why);
         return;
     }
     if (resend) {
-        on_resend(b, m, running, cur, deadline);
+        on_resend(b, from, id, running, cur, m->deadline_ms);
         return;
     }
-    brk_barrier_t *s = barrier_new(b, comp, version, sha, m, deadline);
-    if (!s) {
-        wire_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+    brk_barrier_t *s = barrier_new(b, m->component, m->version, m->sha256, from, id, m->deadline_ms);
+    msg_sync_t *kept = s ? malloc(sizeof *kept) : NULL;
+    if (!kept) {
+        if (s) {
+            free(s->trainers);
+            free(s->m);
+            free(s);
+        }
+        msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
-    brk_cq_weight_version(b->cat, comp, version, sha, path && *path ? path : "inline");
-    s->msg = m;
+    *kept = *m;
+    kept->n_tensors = 0; /* syncs go by path: the loop refused inline tensors */
+    brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->path);
+    s->sync = kept;
     s->sync_id = b->next_id++;
-    *mp = NULL;
     s->next = b->barriers;
     b->barriers = s;
     brk_log("sync %s v%llu accepted (%s), pending until a worker applies it", s->component,
-            (unsigned long long)version, path && *path ? path : "inline tensors");
+            (unsigned long long)s->version, m->path);
     const char *first = NULL;
     for (int i = 0; i < b->n_w; i++) {
         if (b->w[i]->dead) continue;
-        add_member(b, s, b->w[i], s->sync_id, s->msg);
+        add_member(b, s, b->w[i], s->sync_id, s->sync);
         if (s->m[s->n - 1].state == M_APPLIED && !first) first = b->w[i]->route.name;
     }
     if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
@@ -420,21 +441,12 @@ static brk_member_t *member(brk_barrier_t *s, const char *worker) {
     return NULL;
 }
 
-void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m) {
-    const char *comp = wv_get_str(m->hdr, "component");
-    const char *err = wv_get_str(m->hdr, "error");
-    uint64_t version = 0;
-    bool ok = false;
-    if (!comp || !wv_get_u64(m->hdr, "version", &version) || !wv_get_bool(m->hdr, "ok", &ok)) {
-        brk_log("worker %s sent a SYNC_ACK without component, version or ok (ignored)",
-                w->route.name);
-        brk_send_error_to(b->workers, &w->ident, m->id, WIRE_E_BAD_REQUEST,
-                          "SYNC_ACK needs \"component\", \"version\" and \"ok\"");
-        return;
-    }
-    if (!err || !*err) err = "failed";
+void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a) {
+    const char *comp = a->component, *err = a->error[0] ? a->error : "failed";
+    uint64_t version = a->version;
+    bool ok = a->ok;
     brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
-    brk_wsync_t *ws = brk_worker_sync(w, comp, true);
+    brk_wsync_t *ws = worker_sync(w, comp, true);
     if (ws && version >= ws->sent) ws->waiting = false;
     if (ok) {
         if (version > brk_peer_version(&w->route, comp) &&
@@ -449,7 +461,7 @@ void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m) {
     } else {
         if (ws && version > brk_peer_version(&w->route, comp)) {
             ws->failed = version;
-            snprintf(ws->why, sizeof ws->why, "%s", err);
+            snprintf(ws->why, sizeof ws->why, "%.127s", err);
         }
         brk_log("worker %s failed %s v%llu: %s", w->route.name, comp, (unsigned long long)version,
                 err);
@@ -464,7 +476,7 @@ void brk_on_sync_ack(brk_t *b, brk_worker_t *w, const wire_msg_t *m) {
             mb->state = M_APPLIED;
         } else if (!ok && version == s->version) {
             mb->state = M_FAILED;
-            snprintf(mb->reason, sizeof mb->reason, "%s", err);
+            snprintf(mb->reason, sizeof mb->reason, "%.127s", err);
         }
     }
     if (ok && mine) promote(b, mine, w->route.name);
@@ -479,9 +491,9 @@ static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const ch
     brk_cq_worker_version(b->cat, mb->worker, s->component, s->version, false, reason);
 }
 
-void brk_sync_worker_lost(brk_t *b, const char *worker) {
+void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
-        brk_member_t *mb = member(s, worker);
+        brk_member_t *mb = member(s, w->route.name);
         if (mb && mb->state == M_WAITING) member_failed(b, s, mb, "worker lost");
     }
     settle_barriers(b);
@@ -494,7 +506,7 @@ void brk_sync_timers(brk_t *b, int64_t now) {
             if (s->m[i].state != M_WAITING) continue;
             member_failed(b, s, &s->m[i], "timeout");
             brk_worker_t *w = brk_worker_named(b, s->m[i].worker);
-            brk_wsync_t *ws = w ? brk_worker_sync(w, s->component, false) : NULL;
+            brk_wsync_t *ws = w ? worker_sync(w, s->component, false) : NULL;
             /* Its ack may still come; until then a trainer's retry sends it
              * again rather than waiting on it. */
             if (ws && ws->sent <= s->version) {
@@ -519,37 +531,32 @@ void brk_sync_shutdown(brk_t *b) {
         brk_barrier_t *s = b->barriers;
         b->barriers = s->next;
         for (int t = 0; t < s->n_trainers; t++)
-            brk_send_error_to(b->clients, &s->trainers[t].ident, s->trainers[t].id, WIRE_E_INTERNAL,
-                              "broker shutting down before sync %s v%llu completed", s->component,
-                              (unsigned long long)s->version);
-        if (s->msg) {
+            brk_send_error(b->clients, &s->trainers[t].ident, s->trainers[t].id, WIRE_E_INTERNAL,
+                           "broker shutting down before sync %s v%llu completed", s->component,
+                           (unsigned long long)s->version);
+        if (s->sync) {
             brk_cq_weight_state(b->cat, s->component, s->version, "failed",
                                 "broker shut down before any worker applied it");
-            free_msg(&s->msg);
+            free_sync(&s->sync);
         }
         free(s->trainers);
         free(s->m);
         free(s);
     }
-    for (int i = 0; i < b->n_cur; i++) free_msg(&b->cur[i].msg);
+    for (int i = 0; i < b->n_cur; i++) free_sync(&b->cur[i].sync);
 }
 
-int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256,
-                     const char *path) {
+int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path) {
     brk_current_t *cur = current_slot(b, component);
     if (!cur) return kern_fail("more than %d weight components", BRK_MAX_COMPONENTS);
-    wire_msg_t *m = calloc(1, sizeof *m);
-    wire_val_t *h = wire_hdr("SYNC", 0);
-    if (!m || !h || wv_set(h, "component", wv_str(component)) || wv_set(h, "version", wv_u64(version)) ||
-        wv_set(h, "sha256", wv_str(sha256)) || wv_set(h, "path", wv_str(path))) {
-        free(m);
-        wv_free(&h);
-        return kern_fail("out of memory");
-    }
-    m->hdr = h;
-    m->type = wv_get_str(h, "type");
-    free_msg(&cur->msg);
-    cur->msg = m;
+    msg_sync_t *s = calloc(1, sizeof *s);
+    if (!s) return kern_fail("out of memory");
+    snprintf(s->component, sizeof s->component, "%s", component);
+    s->version = version;
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    free_sync(&cur->sync);
+    cur->sync = s;
     cur->version = version;
     snprintf(cur->sha256, sizeof cur->sha256, "%s", sha256);
     cur->sync_id = b->next_id++;

@@ -525,23 +525,3 @@ int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, cons
 int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src) {
     return send_tree(sock, identity, hdr, src->t, src->n_tensors, src);
 }
-
-int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,
-                    const char *fmt, ...) {
-    char text[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    wire_val_t *h = wire_hdr("ERROR", id);
-    if (!h || wv_set(h, "code", wv_str(code)) < 0 || wv_set(h, "message", wv_str(text)) < 0) {
-        wv_free(&h);
-        errno = ENOMEM;
-        return -1;
-    }
-    int rc = wire_send(sock, identity, h, NULL, 0);
-    int e = errno;
-    wv_free(&h);
-    errno = e;
-    return rc;
-}

@@ -197,9 +197,6 @@ int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
 int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src);
 /* A header map {"type": type, "id": id} to add fields to. NULL on OOM. */
 wire_val_t *wire_hdr(const char *type, uint64_t id);
-/* Sends ERROR {id, code, message} (as msg_send_error, which daemons use). */
-int wire_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,
-                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Encodes hdr to msgpack bytes (malloc'd, *len set); for tests and fuzzing.
  * Strings are written as valid UTF-8. NULL on OOM or a value deeper than

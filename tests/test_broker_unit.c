@@ -1,11 +1,13 @@
 /* test_broker_unit.c -- the broker's pure routing rules (broker/brk_route.h):
  * rendezvous owners are stable and move only the keys of a worker that
  * leaves, eligibility by model and weight version, the bounded queue that
- * answers BUSY, recent keys, the shard hash and the sync version check.
- * Then the sync state machine (broker/brk_sync.c) in one thread: the
- * broker's handlers are called directly, its two ROUTERs and the peers
- * (a trainer, workers) are inproc sockets of this process, so each step
- * is deterministic. The process-level behaviour is tested against a
+ * answers BUSY, recent keys and the shard hash. Then the broker in one
+ * thread: each message a peer sends goes through the loop's own dispatch
+ * (brk_handle), its two ROUTERs and the peers (a client or trainer,
+ * workers) are inproc sockets of this process, so each step is
+ * deterministic: the sync state machine (broker/brk_sync.c) and the
+ * answers of docs/PROTOCOL.md (no_worker vs timeout, too_large vs BUSY,
+ * what the malformed counter counts). The process-level behaviour is tested against a
  * running reel-broker elsewhere (tests/cli_sync.sh). */
 #include <check.h>
 #include <stdint.h>
@@ -13,7 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "broker/brk_broker.h"
+#include "broker/brk_loop.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_requests.h"
 #include "broker/brk_route.h"
+#include "broker/brk_sync.h"
+#include "capture_cache/key.h"
 #include "kernels/error.h"
 
 #define NKEYS 10000
@@ -53,10 +60,10 @@ static const char *owner_of(const brk_peer_t **peers, int n, uint64_t k) {
 }
 
 START_TEST(test_hash_building_blocks_are_the_published_functions) {
-    ck_assert_uint_eq(brk_fnv1a64(""), 0xcbf29ce484222325ull);
-    ck_assert_uint_eq(brk_fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+    ck_assert_uint_eq(cap_hash_text(""), 0xcbf29ce484222325ull); /* FNV-1a 64 */
+    ck_assert_uint_eq(cap_hash_text("a"), 0xaf63dc4c8601ec8cull);
     ck_assert_uint_eq(brk_splitmix64(0), 0xe220a8397b1dcdafull);
-    ck_assert_uint_eq(brk_rendezvous_score(42, "w1"), brk_splitmix64(42 ^ brk_fnv1a64("w1")));
+    ck_assert_uint_eq(brk_rendezvous_score(42, "w1"), brk_splitmix64(42 ^ cap_hash_text("w1")));
     ck_assert_uint_ne(brk_rendezvous_score(42, "w1"), brk_rendezvous_score(42, "w2"));
     ck_assert_uint_ne(brk_rendezvous_score(42, "w1"), brk_rendezvous_score(43, "w1"));
 }
@@ -262,28 +269,6 @@ START_TEST(test_recent_keys_move_to_front_and_keep_the_newest_32) {
 }
 END_TEST
 
-START_TEST(test_sync_versions_must_increase_and_need_a_digest_and_a_payload) {
-    const char *sha = "0123456789abcdef0123456789abcdef0123456789ABCDEF0123456789abcdef";
-    char why[256];
-    ck_assert_int_eq(brk_sync_check("transformer", 1, 0, sha, true, 0, why, sizeof why), BRK_SYNC_OK);
-    ck_assert_int_eq(brk_sync_check("transformer", 4, 3, sha, false, 2, why, sizeof why), BRK_SYNC_OK);
-    ck_assert_int_eq(brk_sync_check("transformer", 3, 3, sha, true, 0, why, sizeof why), BRK_SYNC_STALE);
-    ck_assert_msg(strstr(why, "3") && strstr(why, "not newer"), "message: %s", why);
-    ck_assert_int_eq(brk_sync_check("transformer", 2, 5, sha, true, 0, why, sizeof why), BRK_SYNC_STALE);
-    ck_assert_msg(strstr(why, "2") && strstr(why, "5"), "names both versions: %s", why);
-    ck_assert_int_eq(brk_sync_check("transformer", 0, 0, sha, true, 0, why, sizeof why), BRK_SYNC_STALE);
-    ck_assert_int_eq(brk_sync_check("transformer", 6, 5, "abc", true, 0, why, sizeof why), BRK_SYNC_BAD);
-    ck_assert_int_eq(brk_sync_check("transformer", 6, 5, NULL, true, 0, why, sizeof why), BRK_SYNC_BAD);
-    char bad[65];
-    memcpy(bad, sha, 65);
-    bad[10] = 'g';
-    ck_assert_int_eq(brk_sync_check("transformer", 6, 5, bad, true, 0, why, sizeof why), BRK_SYNC_BAD);
-    ck_assert_int_eq(brk_sync_check("transformer", 6, 5, sha, false, 0, why, sizeof why), BRK_SYNC_BAD);
-    ck_assert_int_eq(brk_sync_check(NULL, 6, 5, sha, true, 0, why, sizeof why), BRK_SYNC_BAD);
-    ck_assert_int_eq(brk_sync_check("a b", 6, 5, sha, true, 0, why, sizeof why), BRK_SYNC_BAD);
-}
-END_TEST
-
 /* ---- the sync state machine ------------------------------------------------ */
 
 #define SHA_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -306,7 +291,8 @@ static void *sock(void *ctx, int type) {
     return s;
 }
 
-/* The next message on s (a ROUTER when router), within 2 s. */
+/* The next message on s (a ROUTER when router), within 2 s, with its
+ * header as a value tree: what a client written from the page reads. */
 static wire_msg_t *take(void *s, bool router) {
     wire_msg_t *m = calloc(1, sizeof *m);
     wire_err_t err;
@@ -332,13 +318,22 @@ static bool has_msg(void *s, const char *type) {
     return same;
 }
 
+/* The next message on the broker's worker or client socket, handled by
+ * the loop's dispatch as the running broker would. */
+static void deliver(box_t *x, bool worker_side) {
+    wire_msg_t *m = calloc(1, sizeof *m);
+    wire_err_t err;
+    int rc = msg_recv(worker_side ? x->b.workers : x->b.clients, true, 0, m, &err);
+    ck_assert_int_ge(rc, 0);
+    brk_handle(&x->b, worker_side, &m, rc, &err);
+    drop_msg(&m); /* still here unless the broker kept it */
+}
+
 /* Worker i's message hdr, delivered to the broker. */
 static void from_worker(box_t *x, int i, wire_val_t *hdr) {
     ck_assert_int_eq(wire_send(x->w[i], NULL, hdr, NULL, 0), 0);
     wv_free(&hdr);
-    wire_msg_t *m = take(x->b.workers, true);
-    brk_on_worker_msg(&x->b, m);
-    drop_msg(&m);
+    deliver(x, true);
 }
 
 static void ready(box_t *x, int i, uint64_t version) {
@@ -357,6 +352,9 @@ static void box_open(box_t *x) {
     memset(x, 0, sizeof *x);
     x->b.next_id = 1;
     x->b.opt.sync_deadline_ms = 30000;
+    x->b.opt.request_deadline_ms = 60000;
+    x->b.opt.max_held_bytes = (uint64_t)1 << 30;
+    ck_assert_int_eq(brk_queue_init(&x->b.queue, 8), 0);
     ck_assert_ptr_nonnull(x->b.ctx = zmq_ctx_new());
     x->b.clients = sock(x->b.ctx, ZMQ_ROUTER);
     x->b.workers = sock(x->b.ctx, ZMQ_ROUTER);
@@ -376,7 +374,9 @@ static void box_open(box_t *x) {
 }
 
 static void box_close(box_t *x) {
+    brk_req_shutdown(&x->b);
     brk_sync_shutdown(&x->b);
+    brk_queue_free(&x->b.queue);
     for (int i = 0; i < x->b.n_w; i++) free(x->b.w[i]);
     free(x->b.w);
     zmq_close(x->trainer);
@@ -395,9 +395,7 @@ static void trainer_sync(box_t *x, uint64_t id, uint64_t version, const char *sh
     wv_set(h, "path", wv_str("/w/x.safetensors"));
     ck_assert_int_eq(wire_send(x->trainer, NULL, h, NULL, 0), 0);
     wv_free(&h);
-    wire_msg_t *m = take(x->b.clients, true);
-    brk_on_sync(&x->b, &m);
-    drop_msg(&m); /* still here unless the broker kept it */
+    deliver(x, false);
 }
 
 /* Worker i receives a SYNC of `version`. */
@@ -642,6 +640,202 @@ START_TEST(test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_o
 }
 END_TEST
 
+/* ---- refusals and answers of docs/PROTOCOL.md --------------------------------- */
+
+static void sync_fields(box_t *x, uint64_t id, const char *component, uint64_t version, const char *sha,
+                        const char *path, bool inline_tensor) {
+    wire_val_t *h = wire_hdr("SYNC", id);
+    wv_set(h, "component", wv_str(component));
+    wv_set(h, "version", wv_u64(version));
+    wv_set(h, "sha256", wv_str(sha));
+    if (path) wv_set(h, "path", wv_str(path));
+    static float w[4];
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "blocks.0.w");
+    t.dtype = KERN_F32;
+    t.ndim = 1;
+    t.shape[0] = 4;
+    t.data = w;
+    t.bytes = sizeof w;
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, &t, inline_tensor ? 1 : 0), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* The trainer's next answer is ERROR code, its message containing want. */
+static void expect_error(box_t *x, uint64_t id, const char *code, const char *want) {
+    wire_msg_t *d = answer(x);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_uint_eq(d->id, id);
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), code);
+    ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), want), "'%s' lacks '%s'", wv_get_str(d->hdr, "message"), want);
+    drop_msg(&d);
+}
+
+START_TEST(test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    ack(&x, 0, 2, NULL);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    sync_fields(&x, 2, "vae", 3, SHA_A, "/w/x.safetensors", false);
+    expect_error(&x, 2, "bad_request", "component \"transformer\" only");
+    sync_fields(&x, 3, "transformer", 3, SHA_A, NULL, true);
+    expect_error(&x, 3, "bad_request", "inline tensors");
+    sync_fields(&x, 4, "transformer", 3, SHA_A, NULL, false);
+    expect_error(&x, 4, "bad_request", "neither 'path' nor inline tensors");
+    sync_fields(&x, 5, "transformer", 3, "abc", "/w/x.safetensors", false);
+    expect_error(&x, 5, "bad_request", "'sha256' must be 64 hex digits");
+    sync_fields(&x, 6, "transformer", 1, SHA_A, "/w/x.safetensors", false);
+    expect_error(&x, 6, "stale_version", "not newer than the current version 2");
+    /* sha256 compares in either case: the same digest in capitals is a resend */
+    sync_fields(&x, 7, "transformer", 2, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "/w/x.safetensors",
+                false);
+    d = answer(&x);
+    ck_assert_uint_eq(d->id, 7);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    ck_assert(!has_msg(x.w[0], "SYNC"));
+    box_close(&x);
+}
+END_TEST
+
+/* A GEN of the tiny shape from the client (the box's trainer socket):
+ * context [5,32], latent [4,2,8,8] when with_latent. */
+static void client_gen(box_t *x, uint64_t id, const char *model, bool with_latent) {
+    static float ctx[5 * 32], lat[4 * 2 * 8 * 8];
+    wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
+    const int64_t l[4] = { 4, 2, 8, 8 };
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
+    wv_set(h, "model", wv_str(model));
+    wv_set(h, "steps", wv_u64(2));
+    wv_set(h, "latent_shape", ls);
+    wire_tensor_t t[2];
+    memset(t, 0, sizeof t);
+    snprintf(t[0].name, sizeof t[0].name, "context");
+    t[0].dtype = KERN_F32;
+    t[0].ndim = 2;
+    t[0].shape[0] = 5;
+    t[0].shape[1] = 32;
+    t[0].data = ctx;
+    t[0].bytes = sizeof ctx;
+    snprintf(t[1].name, sizeof t[1].name, "latent");
+    t[1].dtype = KERN_F32;
+    t[1].ndim = 4;
+    memcpy(t[1].shape, l, sizeof l);
+    t[1].data = lat;
+    t[1].bytes = sizeof lat;
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, t, with_latent ? 2 : 1), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+START_TEST(test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);               /* serves tiny, one request at a time */
+    client_gen(&x, 1, "tiny", true);
+    ck_assert(has_msg(x.w[0], "REQUEST"));
+    client_gen(&x, 2, "tiny", true); /* its owner is busy: it waits */
+    client_gen(&x, 3, "nosuch", true); /* no live worker serves it */
+    brk_req_timers(&x.b, brk_now_ms() + 1000000);
+    bool seen[4] = { false };
+    for (int i = 0; i < 3; i++) {
+        wire_msg_t *d = answer(&x);
+        ck_assert_str_eq(d->type, "ERROR");
+        ck_assert_uint_le(d->id, 3);
+        ck_assert_str_eq(wv_get_str(d->hdr, "code"), d->id == 3 ? "no_worker" : "timeout");
+        seen[d->id] = true;
+        drop_msg(&d);
+    }
+    ck_assert(seen[1] && seen[2] && seen[3]);
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.max_held_bytes = 3000;      /* a GEN with its latent holds 2688 bytes */
+    client_gen(&x, 1, "tiny", false);   /* 640 bytes: held (no worker) */
+    client_gen(&x, 2, "tiny", true);    /* would exceed what is held now: retry later */
+    wire_msg_t *d = answer(&x);
+    ck_assert_str_eq(d->type, "BUSY");
+    ck_assert_uint_eq(d->id, 2);
+    drop_msg(&d);
+    x.b.opt.max_held_bytes = 2000;      /* now a GEN with its latent can never fit */
+    client_gen(&x, 3, "tiny", true);
+    expect_error(&x, 3, "too_large", "more than the broker holds at once");
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields) {
+    box_t x;
+    box_open(&x);
+    ck_assert_int_eq(zmq_send(x.trainer, "\x81\xa1", 2, 0), 2); /* a truncated map */
+    deliver(&x, false);
+    expect_error(&x, 0, "malformed", "map of 1 entries in 1 bytes");
+    wire_val_t *h = wire_hdr("GEN", 9); /* readable, but no model, steps or shape */
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    expect_error(&x, 9, "bad_request", "missing 'model'");
+    h = wire_hdr("NOSUCH", 10);
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    expect_error(&x, 10, "unknown_type", "NOSUCH");
+    h = wire_hdr("STATUS", 11);
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    wire_msg_t *d = answer(&x);
+    ck_assert_str_eq(d->type, "STATUS_REPLY");
+    ck_assert_uint_eq(d->id, 11);
+    ck_assert_uint_eq(u64_of(d, "malformed"), 1);
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_status_lists_each_model_with_the_config_its_worker_announced) {
+    box_t x;
+    box_open(&x);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *configs = wv_arr(), *c = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(c, "name", wv_str("tiny"));
+    wv_set(c, "in_channels", wv_u64(4));
+    wv_set(c, "text_dim", wv_u64(32));
+    wv_set(c, "patch", wv_u64(2));
+    wv_set(c, "layers", wv_u64(2));
+    wv_push(configs, c);
+    wv_set(h, "name", wv_str("w0"));
+    wv_set(h, "models", models);
+    wv_set(h, "configs", configs);
+    from_worker(&x, 0, h);
+    h = wire_hdr("STATUS", 12);
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    wire_msg_t *d = answer(&x);
+    const wire_val_t *m = wv_at(wv_get(d->hdr, "models"), 0);
+    uint64_t v = 0;
+    ck_assert_str_eq(wv_get_str(m, "name"), "tiny");
+    ck_assert(wv_get_u64(m, "in_channels", &v) && v == 4);
+    ck_assert(wv_get_u64(m, "text_dim", &v) && v == 32);
+    ck_assert(wv_get_u64(m, "patch", &v) && v == 2);
+    ck_assert(wv_get_u64(m, "layers", &v) && v == 2);
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
 static Suite *broker_unit_suite(void) {
     Suite *s = suite_create("broker_unit");
     TCase *tc = tcase_create("routing");
@@ -657,7 +851,6 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_versions_are_tracked_per_component);
     tcase_add_test(tc, test_full_queue_refuses_new_items_and_keeps_fifo_order);
     tcase_add_test(tc, test_recent_keys_move_to_front_and_keep_the_newest_32);
-    tcase_add_test(tc, test_sync_versions_must_increase_and_need_a_digest_and_a_payload);
     suite_add_tcase(s, tc);
     TCase *sy = tcase_create("sync");
     tcase_set_timeout(sy, 60);
@@ -668,7 +861,15 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_resending_a_pending_version_joins_its_barrier);
     tcase_add_test(sy, test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up);
     tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_once);
+    tcase_add_test(sy, test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code);
     suite_add_tcase(s, sy);
+    TCase *an = tcase_create("answers");
+    tcase_set_timeout(an, 60);
+    tcase_add_test(an, test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout);
+    tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
+    tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
+    tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
+    suite_add_tcase(s, an);
     return s;
 }
 

@@ -1,0 +1,33 @@
+/* brk_msg.h -- the broker's leaf helpers (internal header): the clock,
+ * routing identities, typed sends to an identity, and finding a worker by
+ * identity or name. Every module may use them; they use no module. */
+#ifndef REEL_BROKER_BRK_MSG_H
+#define REEL_BROKER_BRK_MSG_H
+
+#include "broker/brk_broker.h"
+
+/* Monotonic milliseconds. */
+int64_t brk_now_ms(void);
+/* Copies a routing identity (at most BRK_IDENT_MAX bytes). */
+void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg);
+/* msg_send to identity `to` on sock. 0, or -1 with errno. */
+int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, const void *body,
+             const wire_msg_t *share);
+/* ERROR {id, code, message} to `to`. 0, or -1 with errno. */
+int brk_send_error(void *sock, const brk_ident_t *to, uint64_t id, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* The registered worker with this identity / name, or NULL. */
+brk_worker_t *brk_worker_find(brk_t *b, const zmq_msg_t *identity);
+brk_worker_t *brk_worker_named(brk_t *b, const char *name);
+/* Sends to worker w (what: the message, for the log). A transport failure
+ * -- its pipe is gone or stayed full past the send timeout -- makes w
+ * unroutable until it speaks again; any failure is logged. 0, or -1 with
+ * errno. */
+int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, const void *body,
+                    const wire_msg_t *share);
+/* Marks w unroutable (it stays registered until it speaks again or
+ * expires). */
+void brk_worker_unreachable(brk_worker_t *w, const char *what);
+
+#endif

@@ -1,0 +1,33 @@
+/* brk_requests.h -- GEN requests from acceptance to their one final reply
+ * (internal header). Knows workers only as routing peers (b->w) and sends
+ * through brk_msg; the loop hands it what it needs of the syncs (the
+ * current version) and of dead workers. */
+#ifndef REEL_BROKER_BRK_REQUESTS_H
+#define REEL_BROKER_BRK_REQUESTS_H
+
+#include "broker/brk_broker.h"
+
+/* A GEN from a client, g decoded and validated (it points into *mp).
+ * current: the transformer version a GEN without "version" needs. Takes
+ * ownership of *mp when it keeps the request (sets *mp = NULL); answers
+ * the client itself otherwise (too_large, BUSY, ERROR). */
+void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current);
+/* PROGRESS / RESULT / ERROR from worker w about request id (the broker's
+ * id). A reply to a request w does not hold is logged and dropped. r
+ * points into m, whose tensor frames go to the client by reference. */
+void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress_t *p);
+void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *r, const wire_msg_t *m);
+void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e);
+/* Sends queued requests whose owner has room, oldest first. */
+void brk_pump(brk_t *b);
+/* Worker w is being dropped: each request it held is requeued once, or
+ * answered ERROR worker_lost on a second loss; abandoned ones are freed. */
+void brk_req_worker_lost(brk_t *b, const brk_worker_t *w);
+/* Answers expired requests (timeout / no_worker). */
+void brk_req_timers(brk_t *b, int64_t now);
+/* Answers every request ERROR internal (shutdown) and frees them all. */
+void brk_req_shutdown(brk_t *b);
+/* Earliest request deadline (INT64_MAX when none). */
+int64_t brk_req_next_deadline(const brk_t *b);
+
+#endif

@@ -1,0 +1,42 @@
+/* brk_sync.h -- weight syncs (internal header): a trainer's SYNC, the
+ * barrier that answers it, the current version of each component, and
+ * what each worker was sent (catching workers up). Knows workers only as
+ * the entries of b->w and sends through brk_msg; the loop tells it when a
+ * worker registers, speaks again, acks or is dropped. */
+#ifndef REEL_BROKER_BRK_SYNC_H
+#define REEL_BROKER_BRK_SYNC_H
+
+#include "broker/brk_broker.h"
+
+/* A SYNC from a trainer at `from` with id, decoded and validated (a path,
+ * no inline tensors). Answers the trainer itself: SYNC_DONE when its
+ * barrier ends, ERROR (stale_version, bad_request) now. */
+void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *s);
+/* SYNC_ACK a from worker w. */
+void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a);
+/* w just registered: what it reported at READY counts as sent, and it is
+ * caught up. */
+void brk_sync_joined(brk_t *b, brk_worker_t *w);
+/* Sends w every current SYNC newer than what it has and was sent. */
+void brk_catch_up(brk_t *b, brk_worker_t *w);
+/* Worker w is being dropped: its pending barrier entries fail "worker
+ * lost". */
+void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
+/* Makes a sync recorded current in the catalog (by path) the component's
+ * current one again: after a broker restart, late joiners are still caught
+ * up, requests still need it and a resend of it is still an ack. 0, or -1
+ * with a message in kern_error(). */
+int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path);
+/* Fails the members of expired barriers ("timeout") and settles them. */
+void brk_sync_timers(brk_t *b, int64_t now);
+int64_t brk_sync_next_deadline(const brk_t *b);
+/* The current version of component (0 before any applied sync). */
+uint64_t brk_current_version(const brk_t *b, const char *component);
+/* Why w is behind the current version of component: NULL when it is not,
+ * else a reason written into buf[0..len). */
+const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf, size_t len);
+/* Answers every waiting trainer ERROR internal, fails pending versions in
+ * the catalog, frees every barrier and current SYNC. */
+void brk_sync_shutdown(brk_t *b);
+
+#endif

@@ -1,0 +1,31 @@
+/* brk_workers.h -- the workers the broker knows (internal header),
+ * Majordomo-style: READY registers one, any message proves it alive,
+ * HEARTBEAT goes out every interval, one silent for `liveness` intervals
+ * (or that says DISCONNECT) is marked dead; the loop drops dead workers
+ * (brk_loop.c) and asks the other modules to let go of them first. */
+#ifndef REEL_BROKER_BRK_WORKERS_H
+#define REEL_BROKER_BRK_WORKERS_H
+
+#include "broker/brk_broker.h"
+
+/* True when a live worker other than `self` is registered as name (a
+ * second worker under a live name is refused). */
+bool brk_workers_name_taken(brk_t *b, const char *name, const brk_worker_t *self);
+/* Registers the worker that sent READY r (decoded and validated) from
+ * identity. NULL on out-of-memory (nothing changed). */
+brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r);
+/* w spoke: it is alive, and routable again if a send had failed. true when
+ * it just became routable again (it may have missed syncs). */
+bool brk_workers_heard(brk_t *b, brk_worker_t *w);
+/* EVENTS from w: one catalog record per entry; entries of an unknown kind
+ * or without a key hash are skipped and counted in one log line. */
+void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev);
+/* Sends HEARTBEAT to every worker when due; marks silent ones dead. */
+void brk_workers_timers(brk_t *b, int64_t now);
+/* Index of a dead worker in b->w, or -1 when none is. */
+int brk_workers_next_dead(const brk_t *b);
+/* Takes worker i out of b->w (the catalog hears why) and returns it; the
+ * caller frees it once nothing points to it. */
+brk_worker_t *brk_workers_unlink(brk_t *b, int i);
+
+#endif
