@@ -139,6 +139,8 @@ int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const ch
         cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 }) ||
         cap_key_add_input(k, "context", dt, 2, context) ||
         (cfg && cap_key_add_input(k, "uncond", dt, 2, context)) ||
+        /* An SDE step reads eta, seed and step from the workspace too. */
+        (!strcmp(loop, "sde") && cap_key_add_input(k, "sde", KERN_F32, 1, (const int64_t[]){ 4 })) ||
         cap_key_add_component(k, component, version))
         return -1;
     k->graph.dtype = dt;

@@ -326,3 +326,24 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                           .seed = seed, .n = n };
     return kern_dispatch(s, KERN_OP_SDE, dt, &a);
 }
+
+void kern_sde_params_pack(float params[4], float eta, uint64_t seed, uint32_t step) {
+    const uint32_t bits[3] = { (uint32_t)seed, (uint32_t)(seed >> 32), step };
+    params[0] = eta;
+    memcpy(&params[1], bits, sizeof bits);
+}
+
+int kern_sde_update_dev(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                        const kern_tensor_t *sigmas, const kern_tensor_t *params) {
+    const char *op = "sde_dev";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
+        check_scalars(s, op, "sigmas", sigmas, 3) || check_scalars(s, op, "params", params, 4))
+        return -1;
+    int64_t n = kern_tensor_numel(x);
+    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    /* eta is checked by the caller that packs it: the kernel cannot refuse. */
+    kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
+                          .sigmas = kern_tensor_ptr(sigmas), .params = kern_tensor_ptr(params), .n = n };
+    return kern_dispatch(s, KERN_OP_SDE_DEV, dt, &a);
+}

@@ -166,9 +166,21 @@ int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tenso
 /* x += (sigmas[1] − sigmas[0])·v; sigmas F32 [≥2]. */
 int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                       const kern_tensor_t *sigmas);
-/* Flow-GRPO SDE step; sigmas F32 [3] = {σ_i, σ_{i+1}, σ_1}. Not capturable. */
+/* Flow-GRPO SDE step; sigmas F32 [3] = {σ_i, σ_{i+1}, σ_1}. eta, seed and
+ * step are launch values: not capturable. */
 int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                     const kern_tensor_t *sigmas, float eta, uint64_t seed, uint32_t step);
+/* The same step with eta, seed and step read from params (F32 [4] in device
+ * memory, written by the caller before each launch with the values of
+ * kern_sde_params_pack) when the kernel runs: capturable, so one captured
+ * step replays for every seed, step and eta. Bitwise equal to
+ * kern_sde_update with the same values. */
+int kern_sde_update_dev(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                        const kern_tensor_t *sigmas, const kern_tensor_t *params);
+/* params[0] = eta; params[1], params[2] = the low and high 32 bits of seed
+ * and params[3] = step, each stored as the bit pattern of a float (read
+ * back bit for bit; never used as numbers). Can't fail. */
+void kern_sde_params_pack(float params[4], float eta, uint64_t seed, uint32_t step);
 
 #ifdef __cplusplus
 }

@@ -191,12 +191,17 @@ typedef struct {
 } kern_euler_args_t;
 
 /* Flow-GRPO SDE step (TINYDIT.md) over n elements. sigmas = {σ_i, σ_{i+1},
- * σ_1}; noise ε for element j is kern_philox_normal(seed, step, j). */
+ * σ_1}; noise ε for element j is kern_philox_normal(seed, step, j). SDE
+ * takes eta, step and seed from the fields (baked into a launch: not
+ * capturable); SDE_DEV reads them from `params` in device memory when the
+ * kernel runs (capturable: one graph serves every seed and step), laid out
+ * by kern_sde_params_pack. */
 typedef struct {
     kern_args_hdr_t hdr;
     void *x;
     const void *v;
     const float *sigmas;
+    const float *params;     /* SDE_DEV: F32[4], see kern_sde_params_pack; NULL for SDE */
     float eta;
     uint32_t step;
     uint64_t seed;

@@ -783,6 +783,41 @@ START_TEST(test_sde_update_matches_cpu_noise_and_all) {
 }
 END_TEST
 
+/* SDE_DEV reads eta, seed and step from device memory: a graph captured
+ * once replays for new values written between replays, bitwise equal to
+ * the by-value SDE launched eagerly on the GPU (which the test above holds
+ * to the CPU). */
+START_TEST(test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde) {
+    kern_dtype_t dt = dtype_of(_i);
+    static const float sig[3] = { 0.8f, 0.7f, 0.95f };
+    float packed[4];
+    kern_sde_params_pack(packed, 0.7f, 1, 0);
+    pair_t x = P1(dt, 4099, -1, 1), v = P1(dt, 4099, -1, 1), s = scalars(3, sig), prm = scalars(4, packed);
+    pair_t y = P1(dt, 4099, 0, 0); /* the eager by-value run, on the GPU only */
+    void *x0 = download_raw(&x.g);
+    kern_graph_t *gr = NULL;
+    OK(kern_capture_begin(GS));
+    OK(kern_sde_update_dev(GS, &x.g, &v.g, &s.g, &prm.g));
+    OK(kern_capture_end(GS, &gr));
+    own_graph(gr);
+    for (uint32_t k = 0; k < 3; k++) {
+        uint64_t seed = 0x100000000ull * (k + 1) + 17;
+        float eta = 0.3f + 0.2f * (float)k;
+        /* eager by value into y, from the same start */
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), x0, kern_tensor_bytes(&x.g)));
+        OK(kern_sde_update(GS, &y.g, &v.g, &s.g, eta, seed, k));
+        void *want = download_raw(&y.g);
+        /* the graph, after writing the new values */
+        OK(kern_copy_h2d(GS, kern_tensor_ptr(&x.g), x0, kern_tensor_bytes(&x.g)));
+        kern_sde_params_pack(packed, eta, seed, k);
+        upload(&prm.g, packed);
+        OK(kern_graph_replay(gr, GS));
+        void *got = download_raw(&x.g);
+        ck_assert_msg(memcmp(got, want, kern_tensor_bytes(&x.g)) == 0, "replay %u != eager SDE", k);
+    }
+}
+END_TEST
+
 /* --- graphs ----------------------------------------------------------- */
 
 /* A step-like chain of every capturable op plus a device copy, on one
@@ -1325,6 +1360,7 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_cfg_combine_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_euler_update_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_sde_update_matches_cpu_noise_and_all, 0, 2);
+    tcase_add_loop_test(tc, test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde, 0, 2);
     tcase_add_loop_test(tc, test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at_replay, 0, 2);
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerly_after);
     tcase_add_loop_test(tc, test_gemm_gelu_with_and_without_bias_matches_cpu, 0, 2);

@@ -1019,6 +1019,61 @@ START_TEST(test_sde_refuses_to_launch_on_a_capturing_stream) {
 }
 END_TEST
 
+START_TEST(test_sde_dev_reads_eta_seed_and_step_from_memory_bitwise_equal_to_sde) {
+    const int64_t n = 300;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3), prm = T1(4);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.6f;
+    F(&sig)[1] = 0.5f;
+    F(&sig)[2] = 0.95f;
+    float *x0 = snapshot(&x), *want = hmalloc(n * 4);
+    /* Seeds above 2^32 and steps above 2^16 exercise every packed bit. */
+    const struct { float eta; uint64_t seed; uint32_t step; } cases[] = {
+        { 0.8f, 77, 5 }, { 0.3f, 0x123456789abcdefull, 70000 }, { 0.0f, 1, 0 }, { 1.5f, UINT64_MAX, UINT32_MAX },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memcpy(F(&x), x0, kern_tensor_bytes(&x));
+        ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig, cases[c].eta, cases[c].seed, cases[c].step), 0);
+        memcpy(want, F(&x), kern_tensor_bytes(&x));
+        memcpy(F(&x), x0, kern_tensor_bytes(&x));
+        kern_sde_params_pack(F(&prm), cases[c].eta, cases[c].seed, cases[c].step);
+        ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev: %s", kern_error());
+        ck_assert_msg(memcmp(F(&x), want, kern_tensor_bytes(&x)) == 0, "case %zu: sde_dev != sde", c);
+    }
+}
+END_TEST
+
+START_TEST(test_a_captured_sde_dev_replays_for_new_seeds_and_steps_written_between_replays) {
+    const int64_t n = 128;
+    kern_tensor_t x = T1(n), v = T1(n), sig = T1(3), prm = T1(4);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    F(&sig)[0] = 0.7f;
+    F(&sig)[1] = 0.6f;
+    F(&sig)[2] = 0.95f;
+    float *x0 = snapshot(&x), *want = hmalloc(n * 4);
+    kern_sde_params_pack(F(&prm), 0.7f, 1, 0);
+    kern_graph_t *g = NULL;
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
+    ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev while capturing: %s", kern_error());
+    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", kern_error());
+    ck_assert_msg(memcmp(F(&x), x0, kern_tensor_bytes(&x)) == 0, "capturing ran the kernel");
+    for (uint32_t k = 0; k < 4; k++) {
+        uint64_t seed = 1000 + k;
+        float eta = 0.2f * (float)(k + 1);
+        memcpy(F(&x), x0, kern_tensor_bytes(&x));
+        ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig, eta, seed, k), 0);
+        memcpy(want, F(&x), kern_tensor_bytes(&x));
+        memcpy(F(&x), x0, kern_tensor_bytes(&x));
+        kern_sde_params_pack(F(&prm), eta, seed, k);
+        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(memcmp(F(&x), want, kern_tensor_bytes(&x)) == 0, "replay %u != eager sde", k);
+    }
+    kern_graph_destroy(&g);
+}
+END_TEST
+
 /* --- capture and replay ----------------------------------------------- */
 
 /* gemm → gelu → attention → rope3d → in-place layernorm: five launches. */
@@ -1362,6 +1417,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_sde_with_zero_eta_is_the_noiseless_euler_step);
     tcase_add_test(tc, test_sde_same_seed_gives_same_bits_and_other_seed_or_step_differs);
     tcase_add_test(tc, test_sde_refuses_to_launch_on_a_capturing_stream);
+    tcase_add_test(tc, test_sde_dev_reads_eta_seed_and_step_from_memory_bitwise_equal_to_sde);
+    tcase_add_test(tc, test_a_captured_sde_dev_replays_for_new_seeds_and_steps_written_between_replays);
     tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);
     tcase_add_test(tc, test_captured_timestep_and_euler_read_sigma_at_replay_time);
     tcase_add_test(tc, test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit);

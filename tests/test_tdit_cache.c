@@ -1,6 +1,7 @@
 /* test_tdit_cache.c -- the tinydit denoising loop through capture_cache on
  * the CPU backend: capture once, replay the rest, bitwise equal to pure
- * eager; SDE eager breaks; weight syncs under both policies. */
+ * eager; SDE steps captured and replayed for every seed; weight syncs under
+ * both policies. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,15 +151,33 @@ START_TEST(test_request_in_new_buffers_declines_moved_pin_then_recaptures_exactl
 }
 END_TEST
 
-START_TEST(test_sde_steps_always_eager_break_and_match_eager_sde) {
+START_TEST(test_sde_steps_capture_once_and_replay_for_every_seed_bitwise_equal_to_eager_sde) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
     tdit_loop_t p = { .steps = 5, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 9 };
     static float a[NL], b[NL];
     tdit_run_stats_t st;
     cached(f, &p, a, &st);
     eager(f, &p, b);
-    ck_assert_int_eq(st.declines[CAP_DECLINE_NOT_CAPTURABLE], 5);
-    ck_assert_int_eq(st.captured + st.replayed, 0);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_NOT_CAPTURABLE], 0);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    ck_assert_int_eq(st.captured, 1);
+    ck_assert_int_eq(st.replayed, 2);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    /* Another seed, another eta: the same graph replays every step (eta,
+     * seed and step are read from the workspace), and stays exact. */
+    for (int k = 0; k < 3; k++) {
+        p.seed = 100 + (uint64_t)k;
+        p.eta = 0.3f + 0.2f * (float)k;
+        cached(f, &p, a, &st);
+        eager(f, &p, b);
+        ck_assert_int_eq(st.replayed, 5);
+        ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    }
+    /* And the Euler key of the same shape is a different graph. */
+    tdit_loop_t e = { .steps = 4, .shift = 3.0, .guidance = 4.0f };
+    cached(f, &e, a, &st);
+    ck_assert_int_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    eager(f, &e, b);
     ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
     fx_close(f);
 }
@@ -360,7 +379,7 @@ int main(void) {
     tcase_add_test(tc, test_cached_cfg_loop_captures_once_replays_rest_bitwise_equal_to_pure_eager);
     tcase_add_test(tc, test_second_request_through_same_staging_replays_every_step);
     tcase_add_test(tc, test_request_in_new_buffers_declines_moved_pin_then_recaptures_exactly);
-    tcase_add_test(tc, test_sde_steps_always_eager_break_and_match_eager_sde);
+    tcase_add_test(tc, test_sde_steps_capture_once_and_replay_for_every_seed_bitwise_equal_to_eager_sde);
     tcase_add_test(tc, test_weight_sync_evict_policy_drops_graph_and_recaptures_with_new_weights);
     tcase_add_test(tc, test_weight_sync_inplace_policy_keeps_graph_and_reverifies);
     tcase_add_test(tc, test_stale_weight_version_is_refused);

@@ -3,12 +3,14 @@
  * Flow-GRPO SDE update, on the CPU.
  *
  * Reading the scalars at run time (never at launch) is what lets one
- * captured step replay for every σ of a schedule. The SDE update is
- * registered non-capturable: its noise is part of the step's contract as an
- * eager break (DESIGN.md), even though it is a pure function of its args. */
+ * captured step replay for every σ of a schedule. The SDE update comes
+ * twice: SDE with eta, seed and step in its launch (not capturable: a graph
+ * would bake them) and SDE_DEV reading them from device memory at run time
+ * (capturable: the counter-based noise needs nothing else). */
 #include "../ops_args.h"
 #include "../philox.h"
 #include <math.h>
+#include <string.h>
 
 /* emb = [cos(t·ω_j), sin(t·ω_j)], t = t_scale·σ, all in double, rounded once.
  * Cannot fail. */
@@ -54,22 +56,36 @@ static int euler_f32(void *ctx, const void *args) {
  * σ_i = 0 with η = 0 degrades to Euler instead of 0/0. A schedule with
  * σ' = 1 or Δ > 0 is outside the method and yields inf/NaN, as the formula
  * does. Cannot fail. */
-static int sde_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_sde_args_t *a = args;
+static void sde_apply(const kern_sde_args_t *a, float eta, uint64_t seed, uint32_t step) {
     float *x = a->x;
     const float *v = a->v;
     double si = a->sigmas[0], sn = a->sigmas[1], s1 = a->sigmas[2];
     double delta = sn - si;
     double sp = si == 1.0 ? s1 : si;
-    double std = (double)a->eta * sqrt(si / (1.0 - sp));
+    double std = (double)eta * sqrt(si / (1.0 - sp));
     double drift = std == 0.0 ? 0.0 : std * std / (2.0 * si);
     double noise = std * sqrt(-delta);
     for (int64_t j = 0; j < a->n; j++) {
         double xj = x[j], vj = v[j];
-        double eps = kern_philox_normal(a->seed, a->step, (uint64_t)j);
+        double eps = kern_philox_normal(seed, step, (uint64_t)j);
         x[j] = (float)(xj + (vj + drift * (xj + (1.0 - si) * vj)) * delta + noise * eps);
     }
+}
+
+static int sde_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_sde_args_t *a = args;
+    sde_apply(a, a->eta, a->seed, a->step);
+    return 0;
+}
+
+/* eta, seed and step read from device memory now, not from the launch. */
+static int sde_dev_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_sde_args_t *a = args;
+    uint32_t bits[3];
+    memcpy(bits, &a->params[1], sizeof bits);
+    sde_apply(a, a->params[0], (uint64_t)bits[0] | (uint64_t)bits[1] << 32, bits[2]);
     return 0;
 }
 
@@ -87,6 +103,9 @@ void kern_cpu_register_step(void) {
         { .op = KERN_OP_SDE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
           .name = "sde_cpu", .fn = sde_f32,
           .args_size = sizeof(kern_sde_args_t), .capturable = false },
+        { .op = KERN_OP_SDE_DEV, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "sde_dev_cpu", .fn = sde_dev_f32,
+          .args_size = sizeof(kern_sde_args_t), .capturable = true },
     };
     for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
         (void)kern_registry_register(&impls[i]);

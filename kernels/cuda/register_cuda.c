@@ -3,7 +3,7 @@
  * decomposed attention's score block is the op's, kernels/attention.c; the
  * cuBLAS(Lt) GEMMs use the stream's preallocated cuBLAS workspace), all
  * capturable except SDE, whose seed and step are launch arguments a graph
- * would bake in. */
+ * would bake in (SDE_DEV reads them from device memory and is capturable). */
 #include "kernels_cuda.h"
 #include "../ops_args.h"
 
@@ -35,6 +35,7 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(CFG_COMBINE, cfg_combine, kern_cfg_args_t, true),
     CUDA_KERNEL_PAIR(EULER, euler, kern_euler_args_t, true),
     CUDA_KERNEL_PAIR(SDE, sde, kern_sde_args_t, false),
+    CUDA_KERNEL_PAIR(SDE_DEV, sde_dev, kern_sde_args_t, true),
     CUDA_KERNEL_PAIR(GEMM_BATCHED, gemm_batched, kern_gemm_batched_args_t, true),
     CUDA_KERNEL_PAIR(SOFTMAX, softmax, kern_softmax_args_t, true),
     CUDA_KERNEL_PAIR(GEMM_GELU, gemm_gelu, kern_gemm_args_t, true),

@@ -4,14 +4,21 @@
  *   std = η·√(σ₀ / (1 − σ')),
  *   x += (v + std²/(2σ₀)·(x + (1 − σ₀)·v))·Δ + std·√(−Δ)·ε,
  * ε = kern_philox_normal(seed, step, i) for element i, so the draw depends
- * on (seed, step, index) only. Not capturable: seed and step are baked into
- * the launch (the registry refuses it while a stream captures). */
+ * on (seed, step, index) only. SDE is not capturable (seed and step are
+ * baked into the launch; the registry refuses it while a stream captures);
+ * SDE_DEV passes `params` and the kernel reads eta, seed and step there when
+ * it runs, so a graph replays it for any of them. */
 #include "cuda_device.cuh"
 #include "../philox.h"
 
 template <typename T>
-__global__ void sde_kernel(T *x, const T *v, const float *sigmas, double eta, uint32_t step,
-                           uint64_t seed, int64_t n) {
+__global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *params, double eta,
+                           uint32_t step, uint64_t seed, int64_t n) {
+    if (params) { /* SDE_DEV: the values of this launch live in device memory */
+        eta = (double)params[0];
+        seed = (uint64_t)__float_as_uint(params[1]) | (uint64_t)__float_as_uint(params[2]) << 32;
+        step = __float_as_uint(params[3]);
+    }
     const double s0 = sigmas[0], s1 = sigmas[1], sfirst = sigmas[2];
     const double delta = s1 - s0;
     const double sp = s0 == 1.0 ? sfirst : s0;
@@ -33,7 +40,7 @@ static int sde_launch(void *ctx, const void *args) {
     const kern_sde_args_t *a = (const kern_sde_args_t *)args;
     if (a->n <= 0) return 0;
     sde_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->v, a->sigmas, (double)a->eta, a->step, a->seed, a->n);
+        (T *)a->x, (const T *)a->v, a->sigmas, a->params, (double)a->eta, a->step, a->seed, a->n);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -43,5 +50,14 @@ extern "C" int kern_cuda_sde_f32(void *ctx, const void *args) {
 }
 
 extern "C" int kern_cuda_sde_bf16(void *ctx, const void *args) {
+    return sde_launch<__nv_bfloat16>(ctx, args);
+}
+
+/* SDE_DEV: the same kernel, args.params set (capturable). */
+extern "C" int kern_cuda_sde_dev_f32(void *ctx, const void *args) {
+    return sde_launch<float>(ctx, args);
+}
+
+extern "C" int kern_cuda_sde_dev_bf16(void *ctx, const void *args) {
     return sde_launch<__nv_bfloat16>(ctx, args);
 }

@@ -23,6 +23,7 @@ struct tdit_ws {
     kern_scratch_t scratch; /* the kernels' scratch, inside block: owned, never shared */
     /* inputs */
     kern_tensor_t latent, context, uncond, sigmas, guidance;
+    kern_tensor_t sde;      /* F32 [4]: eta, seed, step (kern_sde_params_pack) */
     /* activations */
     kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
     kern_tensor_t txt_h, c, kc, vc;
@@ -74,6 +75,7 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
     if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(L, c->text_dim));
     carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
     carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
+    carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
     carve(cv, &ws->tok, dt, 2, SHAPE(N, 4 * C));
     kern_tensor_t *nd[] = { &ws->x, &ws->a, &ws->q, &ws->k, &ws->v, &ws->o, &ws->o2 };
     for (size_t i = 0; i < sizeof nd / sizeof nd[0]; i++) carve(cv, nd[i], dt, 2, SHAPE(N, D));
@@ -166,6 +168,7 @@ kern_tensor_t *tdit_ws_context(tdit_ws_t *ws) { return &ws->context; }
 kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws) { return &ws->uncond; }
 kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws) { return &ws->sigmas; }
 kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws) { return &ws->guidance; }
+kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws) { return &ws->sde; }
 kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws) { return ws->shape.cfg ? &ws->v_comb : &ws->v_cond; }
 
 /* Copies n host floats into t (converting to t's dtype); n must fit. */
@@ -331,6 +334,11 @@ int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
                   uint64_t seed, uint32_t step) {
     TRY(velocity(m, ws, s));
     return kern_sde_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, eta, seed, step);
+}
+
+int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(velocity(m, ws, s));
+    return kern_sde_update_dev(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, &ws->sde);
 }
 
 void tdit_schedule(int steps, double shift, double *sigmas) {

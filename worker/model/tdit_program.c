@@ -2,6 +2,7 @@
  * tdit_program.h). */
 #include "tdit_program.h"
 #include "kernels/error.h"
+#include "kernels/ops.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +15,9 @@ enum { IN_LATENT, IN_SIGMAS, IN_GUIDANCE, IN_CONTEXT, IN_UNCOND };
 static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
     if (key->n_inputs < 4 || key->inputs[IN_LATENT].ndim != 4 || key->inputs[IN_CONTEXT].ndim != 2)
         return kern_fail("tinydit program: key has no latent/context signature");
+    bool cfg = key->n_inputs > IN_UNCOND && !strcmp(key->inputs[IN_UNCOND].name, "uncond");
     *sh = (tdit_shape_t){ key->inputs[IN_LATENT].shape[1], key->inputs[IN_LATENT].shape[2],
-                          key->inputs[IN_LATENT].shape[3], key->inputs[IN_CONTEXT].shape[0],
-                          key->n_inputs == 5 };
+                          key->inputs[IN_LATENT].shape[3], key->inputs[IN_CONTEXT].shape[0], cfg };
     return 0;
 }
 
@@ -52,6 +53,8 @@ static size_t ws_bytes(void *user, const void *ws) {
     return tdit_ws_bytes(ws);
 }
 
+/* Inputs in key order: latent, sigmas, guidance, context, then uncond (CFG)
+ * and the SDE parameters (SDE steps). */
 static kern_tensor_t *input(void *user, void *ws, int i) {
     (void)user;
     switch (i) {
@@ -59,7 +62,8 @@ static kern_tensor_t *input(void *user, void *ws, int i) {
     case IN_SIGMAS: return tdit_ws_sigmas(ws);
     case IN_GUIDANCE: return tdit_ws_guidance(ws);
     case IN_CONTEXT: return tdit_ws_context(ws);
-    default: return tdit_ws_uncond(ws);
+    case IN_UNCOND: return tdit_ws_shape(ws)->cfg ? tdit_ws_uncond(ws) : tdit_ws_sde(ws);
+    default: return tdit_ws_sde(ws);
     }
 }
 
@@ -69,30 +73,36 @@ static kern_tensor_t *output(void *user, void *ws, int i) {
     return tdit_ws_latent(ws);
 }
 
-/* consts: none for an Euler step; {eta, seed, step} for an SDE step. */
+/* Every per-step value is read from the workspace, the SDE's eta, seed and
+ * step included: nothing is baked, so both kinds capture. */
 static int launch(void *user, void *ws, const cap_const_t *k, int n, kern_stream_t *s) {
-    if (n == 3)
-        return tdit_step_sde(user, ws, s, (float)k[0].v.f, (uint64_t)k[1].v.i, (uint32_t)k[2].v.i);
+    (void)k;
+    (void)n;
     return tdit_step(user, ws, s);
 }
 
-static const cap_program_t prog_cfg = {
-    .name = "tinydit-step-cfg", .n_inputs = 5, .n_outputs = 1,
-    .pinnable = { false, false, false, true, true },
-    .ws_new = ws_new, .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes,
-    .input = input, .output = output, .launch = launch,
-    .n_components = 1, .components = { TDIT_COMPONENT }, .weights = weights,
+static int launch_sde(void *user, void *ws, const cap_const_t *k, int n, kern_stream_t *s) {
+    (void)k;
+    (void)n;
+    return tdit_step_sde_ws(user, ws, s);
+}
+
+#define TDIT_PROGRAM(NAME, N, PIN, LAUNCH)                                              \
+    { .name = NAME, .n_inputs = N, .n_outputs = 1, .pinnable = PIN, .ws_new = ws_new,   \
+      .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes, .input = input,     \
+      .output = output, .launch = LAUNCH, .n_components = 1,                            \
+      .components = { TDIT_COMPONENT }, .weights = weights }
+
+/* Contexts are pinnable (they stay put across a request's steps); the
+ * latent, the per-step scalars and the SDE parameters are copied. */
+static const cap_program_t programs[2][2] = {
+    { TDIT_PROGRAM("tinydit-step", 4, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1 }), launch),
+      TDIT_PROGRAM("tinydit-step-sde", 5, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 0 }), launch_sde) },
+    { TDIT_PROGRAM("tinydit-step-cfg", 5, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 1 }), launch),
+      TDIT_PROGRAM("tinydit-step-cfg-sde", 6, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 1, 0 }), launch_sde) },
 };
 
-static const cap_program_t prog_plain = {
-    .name = "tinydit-step", .n_inputs = 4, .n_outputs = 1,
-    .pinnable = { false, false, false, true },
-    .ws_new = ws_new, .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes,
-    .input = input, .output = output, .launch = launch,
-    .n_components = 1, .components = { TDIT_COMPONENT }, .weights = weights,
-};
-
-const cap_program_t *tdit_program(bool cfg) { return cfg ? &prog_cfg : &prog_plain; }
+const cap_program_t *tdit_program(bool cfg, bool sde) { return &programs[cfg][sde]; }
 
 int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint64_t version,
                   cap_key_t *k) {
@@ -122,7 +132,7 @@ static double now(void) {
 struct tdit_staging {
     kern_backend_t *b;
     tdit_shape_t shape;
-    kern_tensor_t t[5];
+    kern_tensor_t t[CAP_MAX_INPUTS];  /* the SDE key's inputs: every tensor a step reads */
     int n;
 };
 
@@ -137,7 +147,8 @@ const tdit_shape_t *tdit_staging_shape(const tdit_staging_t *st) { return &st->s
 
 tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
     cap_key_t key;
-    if (tdit_step_key(m, sh, false, 0, &key) != 0) return NULL;
+    /* The SDE key's inputs: every tensor an Euler or an SDE step reads. */
+    if (tdit_step_key(m, sh, true, 0, &key) != 0) return NULL;
     tdit_staging_t *st = calloc(1, sizeof *st);
     if (!st) { kern_fail("out of memory"); return NULL; }
     st->b = tdit_model_backend(m);
@@ -265,22 +276,22 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), &r->loop.guidance, sizeof r->loop.guidance) ||
         kern_stream_sync(s))
         return -1;
-    cap_const_t k[3];
-    memset(k, 0, sizeof k);
-    snprintf(k[0].name, sizeof k[0].name, "eta");
-    k[0].type = CAP_CONST_F64;
-    k[0].v.f = r->loop.eta;
-    snprintf(k[1].name, sizeof k[1].name, "seed");
-    k[1].type = CAP_CONST_I64;
-    k[1].v.i = (int64_t)r->loop.seed;
-    snprintf(k[2].name, sizeof k[2].name, "step");
-    k[2].type = CAP_CONST_I64;
-    k[2].v.i = i;
-    cap_call_t call = { .key = &key, .inputs = st->t, .outputs = &st->t[IN_LATENT],
-                        .consts = r->loop.sde ? k : NULL, .n_consts = r->loop.sde ? 3 : 0,
-                        .not_capturable = r->loop.sde };
+    if (r->loop.sde) {
+        /* The noise is keyed by (seed, step, index): the step reads them from
+         * device memory, so one captured SDE step serves every seed. */
+        float sde[4];
+        kern_sde_params_pack(sde, r->loop.eta, r->loop.seed, (uint32_t)i);
+        if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, sizeof sde) || kern_stream_sync(s))
+            return -1;
+    }
+    /* Inputs in key order; an Euler step's stop before the SDE parameters. */
+    kern_tensor_t in[CAP_MAX_INPUTS];
+    int n_in = 0;
+    for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
+    if (r->loop.sde) in[n_in++] = st->t[st->n - 1];
+    cap_call_t call = { .key = &key, .inputs = in, .outputs = &st->t[IN_LATENT] };
     cap_result_t res;
-    if (cap_dispatch(c, s, tdit_program(r->shape.cfg), r->m, &call, &res) != 0) return -1;
+    if (cap_dispatch(c, s, tdit_program(r->shape.cfg, r->loop.sde), r->m, &call, &res) != 0) return -1;
     r->key_hash = cap_key_hash(&key);
     r->shard_hash = cap_key_shard_hash(&key);
     r->done++;

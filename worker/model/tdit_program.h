@@ -3,9 +3,9 @@
  *
  * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
  * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
- * 4 uncond [L,T] (pinnable; CFG only). Output 0: the updated latent. The
- * step reads weight component "transformer" (the model's one allocation).
- * SDE steps pass eta, seed and step as constants and are not capturable. */
+ * 4 uncond [L,T] (pinnable; CFG only), then for SDE steps sde F32 [4] (eta,
+ * seed, step; copied). Output 0: the updated latent. The step reads weight
+ * component "transformer" (the model's one allocation). */
 #ifndef REEL_WORKER_TDIT_PROGRAM_H
 #define REEL_WORKER_TDIT_PROGRAM_H
 
@@ -19,9 +19,10 @@ extern "C" {
 
 #define TDIT_COMPONENT "transformer"
 
-/* The program for the CFG (5 inputs) or plain (4 inputs) step. Its `user`
- * is the tdit_model_t. */
-const cap_program_t *tdit_program(bool cfg);
+/* The program for the CFG (5 inputs) or plain (4 inputs) step, Euler or SDE
+ * (one more input: eta, seed and step, F32 [4], kern_sde_params_pack). Its
+ * `user` is the tdit_model_t. Both kinds are capturable. */
+const cap_program_t *tdit_program(bool cfg, bool sde);
 
 /* The capture key of one step of m on backend b for shape; `version` is the
  * resident version of the transformer weights. -1 with a message when a
