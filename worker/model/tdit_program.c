@@ -87,19 +87,19 @@ static int launch_sde(void *user, void *ws, const cap_const_t *k, int n, kern_st
     return tdit_step_sde_ws(user, ws, s);
 }
 
-#define TDIT_PROGRAM(NAME, N, PIN, LAUNCH)                                              \
-    { .name = NAME, .n_inputs = N, .n_outputs = 1, .pinnable = PIN, .ws_new = ws_new,   \
-      .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes, .input = input,     \
-      .output = output, .launch = LAUNCH, .n_components = 1,                            \
+#define TDIT_PROGRAM(NAME, N, LAUNCH, ...)                                                  \
+    { .name = NAME, .n_inputs = N, .n_outputs = 1, .pinnable = { __VA_ARGS__ }, .ws_new = ws_new, \
+      .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes, .input = input,            \
+      .output = output, .launch = LAUNCH, .n_components = 1,                                   \
       .components = { TDIT_COMPONENT }, .weights = weights }
 
 /* Contexts are pinnable (they stay put across a request's steps); the
  * latent, the per-step scalars and the SDE parameters are copied. */
 static const cap_program_t programs[2][2] = {
-    { TDIT_PROGRAM("tinydit-step", 4, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1 }), launch),
-      TDIT_PROGRAM("tinydit-step-sde", 5, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 0 }), launch_sde) },
-    { TDIT_PROGRAM("tinydit-step-cfg", 5, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 1 }), launch),
-      TDIT_PROGRAM("tinydit-step-cfg-sde", 6, ((bool[CAP_MAX_INPUTS]){ 0, 0, 0, 1, 1, 0 }), launch_sde) },
+    { TDIT_PROGRAM("tinydit-step", 4, launch, 0, 0, 0, 1),
+      TDIT_PROGRAM("tinydit-step-sde", 5, launch_sde, 0, 0, 0, 1, 0) },
+    { TDIT_PROGRAM("tinydit-step-cfg", 5, launch, 0, 0, 0, 1, 1),
+      TDIT_PROGRAM("tinydit-step-cfg-sde", 6, launch_sde, 0, 0, 0, 1, 1, 0) },
 };
 
 const cap_program_t *tdit_program(bool cfg, bool sde) { return &programs[cfg][sde]; }
