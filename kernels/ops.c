@@ -333,17 +333,25 @@ void kern_sde_params_pack(float params[4], float eta, uint64_t seed, uint32_t st
     memcpy(&params[1], bits, sizeof bits);
 }
 
-int kern_sde_update_dev(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
-                        const kern_tensor_t *sigmas, const kern_tensor_t *params) {
+int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                             const kern_tensor_t *sigmas, const kern_tensor_t *params, kern_tensor_t *mean) {
     const char *op = "sde_dev";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
-        check_scalars(s, op, "sigmas", sigmas, 3) || check_scalars(s, op, "params", params, 4))
+        check_scalars(s, op, "sigmas", sigmas, 3) || check_scalars(s, op, "params", params, 4) ||
+        (mean && check(s, op, "mean", mean, dt)))
         return -1;
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    if (mean && kern_tensor_numel(mean) != n) return shape_fail(op, "mean", mean, "x's element count");
     /* eta is checked by the caller that packs it: the kernel cannot refuse. */
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
-                          .sigmas = kern_tensor_ptr(sigmas), .params = kern_tensor_ptr(params), .n = n };
+                          .sigmas = kern_tensor_ptr(sigmas), .params = kern_tensor_ptr(params),
+                          .mean = mean ? kern_tensor_ptr(mean) : NULL, .n = n };
     return kern_dispatch(s, KERN_OP_SDE_DEV, dt, &a);
+}
+
+int kern_sde_update_dev(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                        const kern_tensor_t *sigmas, const kern_tensor_t *params) {
+    return kern_sde_update_dev_mean(s, x, v, sigmas, params, NULL);
 }

@@ -177,6 +177,11 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
  * kern_sde_update with the same values. */
 int kern_sde_update_dev(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                         const kern_tensor_t *sigmas, const kern_tensor_t *params);
+/* As kern_sde_update_dev, also writing the step's mean μ (the update before
+ * its noise: x_{i+1} = μ + std·√(−Δ)·ε) into mean, shaped and typed like x:
+ * what a Flow-GRPO trainer's log-probabilities need. */
+int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                             const kern_tensor_t *sigmas, const kern_tensor_t *params, kern_tensor_t *mean);
 /* params[0] = eta; params[1], params[2] = the low and high 32 bits of seed
  * and params[3] = step, each stored as the bit pattern of a float (read
  * back bit for bit; never used as numbers). Can't fail. */

@@ -202,6 +202,7 @@ typedef struct {
     const void *v;
     const float *sigmas;
     const float *params;     /* SDE_DEV: F32[4], see kern_sde_params_pack; NULL for SDE */
+    void *mean;              /* SDE_DEV: where μ (x_{i+1} before the noise) goes; may be NULL */
     float eta;
     uint32_t step;
     uint64_t seed;

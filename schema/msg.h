@@ -109,6 +109,9 @@ typedef struct {
     bool progress;               /* false */
     uint64_t deadline_ms;        /* 0: the broker's default */
     int64_t latent_shape[4];     /* required: C, F, H, W */
+    bool return_trajectory;      /* false: RESULT carries trajectory [N+1,C,F,H,W] */
+    bool return_log_probs;       /* false: RESULT carries log_probs [N], sigmas [N+1] (SDE, eta > 0) */
+    bool return_means;           /* false: RESULT carries means [N,C,F,H,W] (SDE, eta > 0) */
     const wire_tensor_t *context, *uncond, *latent; /* context required */
 } msg_gen_t;
 
@@ -139,6 +142,11 @@ typedef struct {
     double seconds;
 } msg_stats_t;
 
+/* Steps from `from` (0-based) on, up to the next run's, ran on `version`. */
+typedef struct {
+    uint64_t from, version;
+} msg_version_run_t;
+
 /* RESULT */
 typedef struct {
     char worker[MSG_NAME_MAX];
@@ -146,7 +154,10 @@ typedef struct {
     uint64_t first_version;      /* ... of the first; defaults to version */
     msg_stats_t stats;
     uint64_t key_hash;           /* the shard hash; 0 when absent */
+    const msg_version_run_t *version_runs; /* the version of every step, as runs */
+    size_t n_version_runs;
     const wire_tensor_t *latent;
+    const wire_tensor_t *trajectory, *log_probs, *sigmas, *means; /* when asked */
 } msg_result_t;
 
 /* ERROR */

@@ -68,6 +68,9 @@ static const msg_field_t gen_rows[] = {
     R_BOOL(msg_gen_t, progress, "progress", 0, false),
     R_U64(msg_gen_t, deadline_ms, "deadline_ms", 0, 0, UINT64_MAX, 0),
     R_SHAPE4(msg_gen_t, latent_shape, "latent_shape", F_REQ),
+    R_BOOL(msg_gen_t, return_trajectory, "return_trajectory", F_OMIT, false),
+    R_BOOL(msg_gen_t, return_log_probs, "return_log_probs", F_OMIT, false),
+    R_BOOL(msg_gen_t, return_means, "return_means", F_OMIT, false),
 };
 TABLE(gen_tab, gen_rows, msg_gen_t);
 
@@ -95,17 +98,29 @@ static const msg_field_t stats_rows[] = {
 };
 TABLE(stats_tab, stats_rows, msg_stats_t);
 
+static const msg_field_t version_run_rows[] = {
+    R_U64(msg_version_run_t, from, "from", F_REQ, 0, UINT64_MAX, 0),
+    R_U64(msg_version_run_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+};
+TABLE(version_run_tab, version_run_rows, msg_version_run_t);
+
 static const msg_field_t result_rows[] = {
     R_NAME(msg_result_t, worker, "worker", F_OMIT, 0, NULL),
     R_U64(msg_result_t, version, "version", 0, 0, UINT64_MAX, 0),
     R_U64(msg_result_t, first_version, "first_version", 0, 0, UINT64_MAX, 0),
     R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", 0, stats_tab),
     R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
+    R_STRUCTS(msg_result_t, version_runs, n_version_runs, msg_version_run_t, "version_runs", F_OMIT,
+              version_run_tab),
 };
 TABLE(result_tab, result_rows, msg_result_t);
 
 static const msg_slot_t result_slots[] = {
     { "latent", offsetof(msg_result_t, latent) },
+    { "trajectory", offsetof(msg_result_t, trajectory) },
+    { "log_probs", offsetof(msg_result_t, log_probs) },
+    { "sigmas", offsetof(msg_result_t, sigmas) },
+    { "means", offsetof(msg_result_t, means) },
     { NULL, 0 },
 };
 
@@ -245,7 +260,8 @@ const msg_desc_t msg_descs[MSG_UNKNOWN] = {
     [MSG_GEN] = { "GEN", &gen_tab, gen_slots, GEN_TENSORS, false, NULL },
     [MSG_REQUEST] = { "REQUEST", &gen_tab, gen_slots, GEN_TENSORS, false, NULL },
     [MSG_PROGRESS] = { "PROGRESS", &progress_tab, NULL, NULL, false, NULL },
-    [MSG_RESULT] = { "RESULT", &result_tab, result_slots, "latent", false, result_after },
+    [MSG_RESULT] = { "RESULT", &result_tab, result_slots, "latent, trajectory, log_probs, sigmas and means",
+                     false, result_after },
     [MSG_ERROR] = { "ERROR", &error_tab, NULL, NULL, false, NULL },
     [MSG_BUSY] = { "BUSY", &busy_tab, NULL, NULL, false, NULL },
     [MSG_SYNC] = { "SYNC", &sync_tab, NULL, NULL, true, NULL },
@@ -358,6 +374,16 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
     if (fabs(g->cfg) > FLT_MAX) return refuse(err, WIRE_E_BAD_REQUEST, "'cfg' must fit a float (got %g)", g->cfg);
     if (g->sde && !(g->eta >= 0 && g->eta <= FLT_MAX))
         return refuse(err, WIRE_E_BAD_REQUEST, "'eta' must be >= 0 and fit a float (got %g)", g->eta);
+    /* A log-probability needs noise: an SDE step with eta > 0. */
+    if ((g->return_log_probs || g->return_means) && !(g->sde && g->eta > 0))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0");
+    /* The RESULT's frames must fit what a receiver accepts (one frame each). */
+    uint64_t lat = (uint64_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) *
+                   sizeof(float);
+    if ((g->return_trajectory && lat * (g->steps + 1) > (uint64_t)WIRE_MAX_FRAME) ||
+        (g->return_means && lat * g->steps > (uint64_t)WIRE_MAX_FRAME))
+        return refuse(err, WIRE_E_TOO_LARGE, "a trajectory or means of %llu steps of this latent exceed %llu MiB",
+                      (unsigned long long)g->steps, (unsigned long long)(WIRE_MAX_FRAME >> 20));
     return model ? gen_fits_model(g, model, err) : 0;
 }
 

@@ -3,6 +3,7 @@
  * eager; SDE steps captured and replayed for every seed; weight syncs under
  * both policies. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,61 @@ START_TEST(test_reload_with_other_config_fails_and_keeps_weights) {
 END_TEST
 
 
+/* One request run step by step with everything recorded. */
+static tdit_req_t *recorded(fx_t *f, const tdit_loop_t *p, tdit_run_stats_t *st) {
+    tdit_req_t *r = tdit_req_new_in(f->m, f->s, f->stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc);
+    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(tdit_req_record(r, f->s, TDIT_REC_TRAJECTORY | TDIT_REC_LOG_PROBS | TDIT_REC_MEANS) == 0, "%s",
+                  kern_error());
+    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", kern_error());
+    *st = *tdit_req_stats(r);
+    return r;
+}
+
+START_TEST(test_a_recorded_sde_rollout_is_the_same_replayed_or_eager_and_its_log_probs_follow_its_means) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 5, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 4 };
+    tdit_run_stats_t s1, s2;
+    tdit_req_t *a = recorded(f, &p, &s1), *b = recorded(f, &p, &s2);
+    ck_assert_int_eq(s2.replayed, 5); /* the second one entirely from the graph */
+    ck_assert_int_lt(s1.replayed, 5);
+    const size_t n = NL;
+    ck_assert_int_eq(memcmp(tdit_req_trajectory(a), tdit_req_trajectory(b), 6 * n * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(tdit_req_means(a), tdit_req_means(b), 5 * n * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(tdit_req_log_probs(a), tdit_req_log_probs(b), 5 * sizeof(float)), 0);
+    static float e[NL];
+    eager(f, &p, e);
+    ck_assert_int_eq(memcmp(tdit_req_trajectory(a) + 5 * n, e, sizeof e), 0);
+    ck_assert_int_eq(memcmp(tdit_req_trajectory(a), f->lat, sizeof f->lat), 0);
+    /* x_{i+1} = μ_i + s_i·ε with ε ~ N(0, 1): the log-probability is about
+     * −log s_i − log √(2π) − 1/2 (within sampling noise over 512 values). */
+    const double *sig = tdit_req_sigmas(a);
+    for (int i = 0; i < 5; i++) {
+        double si = (float)sig[i], sn = (float)sig[i + 1], sp = si == 1.0 ? (float)sig[1] : si;
+        double sd = 0.7 * sqrt(si / (1.0 - sp)) * sqrt(si - sn);
+        double expect = -log(sd) - 0.5 * log(2.0 * M_PI) - 0.5;
+        ck_assert_msg(fabs(tdit_req_log_probs(a)[i] - expect) < 0.2, "step %d: log p %g, expected about %g", i,
+                      (double)tdit_req_log_probs(a)[i], expect);
+        ck_assert_uint_eq(tdit_req_versions(a)[i], 1);
+    }
+    tdit_req_destroy(&a);
+    tdit_req_destroy(&b);
+    fx_close(f);
+}
+END_TEST
+
+START_TEST(test_log_probs_of_an_euler_loop_are_refused) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f };
+    tdit_req_t *r = tdit_req_new_in(f->m, f->s, f->stg, &SHAPE_CFG, &p, f->lat, f->ctx, f->unc);
+    ck_assert_int_eq(tdit_req_record(r, f->s, TDIT_REC_LOG_PROBS), -1);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "eta > 0"));
+    ck_assert_int_eq(tdit_req_record(r, f->s, TDIT_REC_TRAJECTORY), 0);
+    tdit_req_destroy(&r);
+    fx_close(f);
+}
+END_TEST
+
 /* ---- any mix of shapes on one stream (issue 7) ------------------------------- */
 
 /* The pure eager loop for any shape, with m's current weights. */
@@ -387,6 +443,8 @@ int main(void) {
     tcase_add_test(tc, test_any_mix_of_shapes_cfg_and_sde_on_one_stream_is_served_bitwise_equal_to_eager);
     tcase_add_test(tc, test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_fail);
     tcase_add_test(tc, test_weights_relocated_without_a_sync_decline_weights_moved_and_match_eager);
+    tcase_add_test(tc, test_a_recorded_sde_rollout_is_the_same_replayed_or_eager_and_its_log_probs_follow_its_means);
+    tcase_add_test(tc, test_log_probs_of_an_euler_loop_are_refused);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -64,6 +64,54 @@ static void send_progress(stream_t *st, const wrk_job_t *j) {
 }
 
 /* RESULT {worker, version, first_version, stats, key_hash} + latent. */
+/* t = the F32 tensor `name` over data: shape `lead` (when > 0) then dims. */
+static void tensor_of(wire_tensor_t *t, const char *name, int ndim, const int64_t *dims, int64_t lead,
+                      const float *data) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = KERN_F32;
+    int64_t n = 1;
+    if (lead > 0) t->shape[t->ndim++] = lead;
+    for (int d = 0; d < ndim; d++) t->shape[t->ndim++] = dims[d];
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    t->data = (void *)data;
+    t->bytes = (size_t)n * sizeof(float);
+}
+
+/* The RESULT's version runs (always) and the rollout tensors the GEN asked
+ * for (t[1..]); *sig and *runs are the caller's to free. -1 on OOM. */
+static int result_extras(const wrk_job_t *j, msg_result_t *r, wire_tensor_t *t, float **sig,
+                         msg_version_run_t **runs) {
+    int steps = tdit_req_steps(j->req);
+    const uint64_t *v = tdit_req_versions(j->req);
+    if (!(*runs = calloc((size_t)steps, sizeof **runs))) return -1;
+    size_t n = 0;
+    for (int i = 0; i < steps; i++)
+        if (!n || (*runs)[n - 1].version != v[i]) (*runs)[n++] = (msg_version_run_t){ (uint64_t)i, v[i] };
+    r->version_runs = *runs;
+    r->n_version_runs = n;
+    int k = 1;
+    if (tdit_req_trajectory(j->req)) {
+        tensor_of(&t[k], "trajectory", 4, j->latent_shape, steps + 1, tdit_req_trajectory(j->req));
+        r->trajectory = &t[k++];
+    }
+    if (tdit_req_means(j->req)) {
+        tensor_of(&t[k], "means", 4, j->latent_shape, steps, tdit_req_means(j->req));
+        r->means = &t[k++];
+    }
+    if (tdit_req_log_probs(j->req)) {
+        int64_t one = steps;
+        tensor_of(&t[k], "log_probs", 1, &one, 0, tdit_req_log_probs(j->req));
+        r->log_probs = &t[k++];
+        if (!(*sig = malloc(((size_t)steps + 1) * sizeof **sig))) return -1;
+        for (int i = 0; i <= steps; i++) (*sig)[i] = (float)tdit_req_sigmas(j->req)[i];
+        int64_t n1 = steps + 1;
+        tensor_of(&t[k], "sigmas", 1, &n1, 0, *sig);
+        r->sigmas = &t[k++];
+    }
+    return 0;
+}
+
 static void send_result(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     float *out = malloc(j->n_latent * sizeof *out);
@@ -91,18 +139,20 @@ static void send_result(stream_t *st, wrk_job_t *j) {
         c->n = (uint64_t)rs->declines[i];
     }
     r->key_hash = tdit_req_shard_hash(j->req);
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "latent");
-    t.dtype = KERN_F32;
-    t.ndim = 4;
-    memcpy(t.shape, j->latent_shape, sizeof j->latent_shape);
-    t.data = out;
-    t.bytes = j->n_latent * sizeof *out;
-    r->latent = &t;
+    wire_tensor_t t[5];
+    float *sig = NULL;
+    msg_version_run_t *runs = NULL;
+    if (result_extras(j, r, t, &sig, &runs) != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "out of memory building the RESULT");
+        goto out;
+    }
+    tensor_of(&t[0], "latent", 4, j->latent_shape, 0, out);
+    r->latent = &t[0];
     if (wrk_pipe_send(st->push, j->epoch, MSG_RESULT, j->id, r) != 0)
         wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
                 zmq_strerror(errno));
+    free(sig);
+    free(runs);
 out:
     free(r);
     free(out);
@@ -157,6 +207,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         j->counted = true;
         j->stg = take_staging(st, &j->shape);
         j->req = tdit_req_new_in(w->model, st->ks, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
+        if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
         if (!j->req) {
             send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
             return true;

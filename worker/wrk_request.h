@@ -26,6 +26,7 @@ struct wrk_job {
     uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
     uint64_t version;            /* the version it must run on (0: any) */
     bool progress;               /* send PROGRESS after each step */
+    unsigned rec;                /* TDIT_REC_*: what the RESULT carries besides the latent */
     tdit_shape_t shape;
     tdit_loop_t loop;
     int64_t latent_shape[4];     /* C, F, H, W */

@@ -65,10 +65,13 @@ static void sde_apply(const kern_sde_args_t *a, float eta, uint64_t seed, uint32
     double std = (double)eta * sqrt(si / (1.0 - sp));
     double drift = std == 0.0 ? 0.0 : std * std / (2.0 * si);
     double noise = std * sqrt(-delta);
+    float *mean = a->mean;
     for (int64_t j = 0; j < a->n; j++) {
         double xj = x[j], vj = v[j];
         double eps = kern_philox_normal(seed, step, (uint64_t)j);
-        x[j] = (float)(xj + (vj + drift * (xj + (1.0 - si) * vj)) * delta + noise * eps);
+        double mu = xj + (vj + drift * (xj + (1.0 - si) * vj)) * delta;
+        x[j] = (float)(mu + noise * eps);
+        if (mean) mean[j] = (float)mu;
     }
 }
 

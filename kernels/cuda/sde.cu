@@ -12,7 +12,7 @@
 #include "../philox.h"
 
 template <typename T>
-__global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *params, double eta,
+__global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *params, T *mean, double eta,
                            uint32_t step, uint64_t seed, int64_t n) {
     if (params) { /* SDE_DEV: the values of this launch live in device memory */
         eta = (double)params[0];
@@ -30,7 +30,9 @@ __global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *p
     KC_FOR(i, n) {
         double xi = kc_f32(x[i]), vi = kc_f32(v[i]);
         double eps = kern_philox_normal(seed, step, (uint64_t)i);
-        x[i] = kc_store_f64<T>(xi + (vi + drift * (xi + (1.0 - s0) * vi)) * delta + diffusion * eps);
+        double mu = xi + (vi + drift * (xi + (1.0 - s0) * vi)) * delta;
+        x[i] = kc_store_f64<T>(mu + diffusion * eps);
+        if (mean) mean[i] = kc_store_f64<T>(mu);
     }
 }
 
@@ -40,7 +42,7 @@ static int sde_launch(void *ctx, const void *args) {
     const kern_sde_args_t *a = (const kern_sde_args_t *)args;
     if (a->n <= 0) return 0;
     sde_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->v, a->sigmas, a->params, (double)a->eta, a->step, a->seed, a->n);
+        (T *)a->x, (const T *)a->v, a->sigmas, a->params, (T *)a->mean, (double)a->eta, a->step, a->seed, a->n);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

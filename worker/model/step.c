@@ -24,6 +24,7 @@ struct tdit_ws {
     /* inputs */
     kern_tensor_t latent, context, uncond, sigmas, guidance;
     kern_tensor_t sde;      /* F32 [4]: eta, seed, step (kern_sde_params_pack) */
+    kern_tensor_t mean;     /* [C,F,H,W]: an SDE step's mean μ (for log-probabilities) */
     /* activations */
     kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
     kern_tensor_t txt_h, c, kc, vc;
@@ -89,6 +90,7 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
     carve(cv, &ws->e6, dt, 2, SHAPE(6, D));
     carve(cv, &ws->mod, dt, 2, SHAPE(6, D));
     carve(cv, &ws->v_cond, dt, 4, lat);
+    carve(cv, &ws->mean, dt, 4, lat);
     if (ws->shape.cfg) {
         carve(cv, &ws->v_uncond, dt, 4, lat);
         carve(cv, &ws->v_comb, dt, 4, lat);
@@ -169,6 +171,7 @@ kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws) { return &ws->uncond; }
 kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws) { return &ws->sigmas; }
 kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws) { return &ws->guidance; }
 kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws) { return &ws->sde; }
+kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws) { return &ws->mean; }
 kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws) { return ws->shape.cfg ? &ws->v_comb : &ws->v_cond; }
 
 /* Copies n host floats into t (converting to t's dtype); n must fit. */
@@ -338,7 +341,7 @@ int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
 
 int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     TRY(velocity(m, ws, s));
-    return kern_sde_update_dev(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, &ws->sde);
+    return kern_sde_update_dev_mean(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, &ws->sde, &ws->mean);
 }
 
 void tdit_schedule(int steps, double shift, double *sigmas) {

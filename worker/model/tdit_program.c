@@ -67,10 +67,10 @@ static kern_tensor_t *input(void *user, void *ws, int i) {
     }
 }
 
+/* Output 0: the updated latent; an SDE step's output 1: its mean μ. */
 static kern_tensor_t *output(void *user, void *ws, int i) {
     (void)user;
-    (void)i;
-    return tdit_ws_latent(ws);
+    return i == 1 ? tdit_ws_mean(ws) : tdit_ws_latent(ws);
 }
 
 /* Every per-step value is read from the workspace, the SDE's eta, seed and
@@ -87,8 +87,8 @@ static int launch_sde(void *user, void *ws, const cap_const_t *k, int n, kern_st
     return tdit_step_sde_ws(user, ws, s);
 }
 
-#define TDIT_PROGRAM(NAME, N, LAUNCH, ...)                                                  \
-    { .name = NAME, .n_inputs = N, .n_outputs = 1, .pinnable = { __VA_ARGS__ }, .ws_new = ws_new, \
+#define TDIT_PROGRAM(NAME, N, OUTS, LAUNCH, ...)                                            \
+    { .name = NAME, .n_inputs = N, .n_outputs = OUTS, .pinnable = { __VA_ARGS__ }, .ws_new = ws_new, \
       .ws_size = ws_size, .ws_free = ws_free, .ws_bytes = ws_bytes, .input = input,            \
       .output = output, .launch = LAUNCH, .n_components = 1,                                   \
       .components = { TDIT_COMPONENT }, .weights = weights }
@@ -96,10 +96,10 @@ static int launch_sde(void *user, void *ws, const cap_const_t *k, int n, kern_st
 /* Contexts are pinnable (they stay put across a request's steps); the
  * latent, the per-step scalars and the SDE parameters are copied. */
 static const cap_program_t programs[2][2] = {
-    { TDIT_PROGRAM("tinydit-step", 4, launch, 0, 0, 0, 1),
-      TDIT_PROGRAM("tinydit-step-sde", 5, launch_sde, 0, 0, 0, 1, 0) },
-    { TDIT_PROGRAM("tinydit-step-cfg", 5, launch, 0, 0, 0, 1, 1),
-      TDIT_PROGRAM("tinydit-step-cfg-sde", 6, launch_sde, 0, 0, 0, 1, 1, 0) },
+    { TDIT_PROGRAM("tinydit-step", 4, 1, launch, 0, 0, 0, 1),
+      TDIT_PROGRAM("tinydit-step-sde", 5, 2, launch_sde, 0, 0, 0, 1, 0) },
+    { TDIT_PROGRAM("tinydit-step-cfg", 5, 1, launch, 0, 0, 0, 1, 1),
+      TDIT_PROGRAM("tinydit-step-cfg-sde", 6, 2, launch_sde, 0, 0, 0, 1, 1, 0) },
 };
 
 const cap_program_t *tdit_program(bool cfg, bool sde) { return &programs[cfg][sde]; }
@@ -134,11 +134,13 @@ struct tdit_staging {
     tdit_shape_t shape;
     kern_tensor_t t[CAP_MAX_INPUTS];  /* the SDE key's inputs: every tensor a step reads */
     int n;
+    kern_tensor_t mean;               /* an SDE step's mean μ, copied out with the latent */
 };
 
 void tdit_staging_destroy(tdit_staging_t **sp) {
     if (!sp || !*sp) return;
     for (int i = 0; i < (*sp)->n; i++) kern_free((*sp)->b, (*sp)->t[i].data);
+    kern_free((*sp)->b, (*sp)->mean.data);
     free(*sp);
     *sp = NULL;
 }
@@ -158,6 +160,8 @@ tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
         if (!st->t[i].data) { tdit_staging_destroy(&st); return NULL; }
         st->n++;
     }
+    st->mean = kern_tensor_alloc(st->b, st->t[IN_LATENT].dtype, 4, st->t[IN_LATENT].shape);
+    if (!st->mean.data) tdit_staging_destroy(&st);
     return st;
 }
 
@@ -203,6 +207,13 @@ struct tdit_req {
     int done;
     uint64_t key_hash, shard_hash;
     tdit_run_stats_t stats;
+    uint64_t *versions;    /* [steps]: the transformer version each step ran on */
+    unsigned rec;          /* TDIT_REC_* */
+    size_t n;              /* latent elements */
+    float *traj;           /* [steps+1][n] with TRAJECTORY */
+    float *means;          /* [steps][n] with MEANS */
+    float *logp;           /* [steps] with LOG_PROBS */
+    float *cur, *mu;       /* one step's x_{i+1} and μ_i when not kept whole */
 };
 
 tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh, const tdit_loop_t *p,
@@ -228,11 +239,12 @@ tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *s
     r->shape = *sh;
     r->loop = *p;
     r->sig = malloc(((size_t)p->steps + 1) * sizeof *r->sig);
+    r->versions = calloc((size_t)p->steps, sizeof *r->versions);
     r->own_stg = !stg;
     r->stg = stg ? stg : tdit_staging_new(m, sh);
     float *init = NULL;
-    if (!r->sig || !r->stg) {
-        if (!r->sig) kern_fail("out of memory");
+    if (!r->sig || !r->versions || !r->stg) {
+        if (!r->sig || !r->versions) kern_fail("out of memory");
         goto err;
     }
     size_t n_lat = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
@@ -257,10 +269,68 @@ err:
 void tdit_req_destroy(tdit_req_t **rp) {
     if (!rp || !*rp) return;
     if ((*rp)->own_stg) tdit_staging_destroy(&(*rp)->stg);
+    free((*rp)->versions);
+    free((*rp)->traj);
+    free((*rp)->means);
+    free((*rp)->logp);
+    free((*rp)->cur);
+    free((*rp)->mu);
     free((*rp)->sig);
     free(*rp);
     *rp = NULL;
 }
+
+/* The Flow-GRPO log-probability of x1 given mean mu, for step sv
+ * (σ_i, σ_{i+1}, σ_1 as the kernel read them) at eta: the mean over the
+ * latent of −(x1 − μ)²/(2s²) − log s − log √(2π), s = std·√(−Δ), computed
+ * in double as the SDE kernel computes std. */
+static float log_prob(const float *x1, const float *mu, size_t n, const float sv[3], float eta) {
+    double si = sv[0], sn = sv[1], s1 = sv[2];
+    double sp = si == 1.0 ? s1 : si;
+    double sd = (double)eta * sqrt(si / (1.0 - sp)) * sqrt(-(sn - si));
+    double acc = 0;
+    for (size_t j = 0; j < n; j++) {
+        double d = (double)x1[j] - (double)mu[j];
+        acc += d * d;
+    }
+    return (float)(-acc / (2.0 * sd * sd * (double)n) - log(sd) - 0.5 * log(2.0 * M_PI));
+}
+
+/* After step i: keeps x_{i+1}, μ_i and the log-probability as asked. */
+static int record_step(tdit_req_t *r, kern_stream_t *s, int i, const float sv[3]) {
+    float *x1 = r->traj ? r->traj + (size_t)(i + 1) * r->n : r->cur;
+    if (x1 && req_download(s, &r->stg->t[IN_LATENT], x1) != 0) return -1;
+    if (!(r->rec & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS))) return 0;
+    float *mu = r->means ? r->means + (size_t)i * r->n : r->mu;
+    if (req_download(s, &r->stg->mean, mu) != 0) return -1;
+    if (r->logp) r->logp[i] = log_prob(x1, mu, r->n, sv, r->loop.eta);
+    return 0;
+}
+
+int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what) {
+    if (r->done) return kern_fail("record: the request has already run %d steps", r->done);
+    if ((what & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS)) && !(r->loop.sde && r->loop.eta > 0))
+        return kern_fail("log-probabilities and means need an SDE loop with eta > 0");
+    size_t steps = (size_t)r->loop.steps;
+    r->n = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
+    bool lp = what & TDIT_REC_LOG_PROBS;
+    if ((what & TDIT_REC_TRAJECTORY) && !(r->traj = malloc((steps + 1) * r->n * sizeof *r->traj))) goto oom;
+    if (!r->traj && lp && !(r->cur = malloc(r->n * sizeof *r->cur))) goto oom;
+    if ((what & TDIT_REC_MEANS) && !(r->means = malloc(steps * r->n * sizeof *r->means))) goto oom;
+    if (!r->means && lp && !(r->mu = malloc(r->n * sizeof *r->mu))) goto oom;
+    if (lp && !(r->logp = malloc(steps * sizeof *r->logp))) goto oom;
+    r->rec = what;
+    /* x_0: the latent the request starts from. */
+    return r->traj ? req_download(s, &r->stg->t[IN_LATENT], r->traj) : 0;
+oom:
+    return kern_fail("out of memory recording a request's trajectory");
+}
+
+const float *tdit_req_trajectory(const tdit_req_t *r) { return r->traj; }
+const float *tdit_req_means(const tdit_req_t *r) { return r->means; }
+const float *tdit_req_log_probs(const tdit_req_t *r) { return r->logp; }
+const double *tdit_req_sigmas(const tdit_req_t *r) { return r->sig; }
+const uint64_t *tdit_req_versions(const tdit_req_t *r) { return r->versions; }
 
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *out) {
     if (r->done >= r->loop.steps) return kern_fail("request already finished its %d steps", r->loop.steps);
@@ -284,14 +354,17 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
         if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, sizeof sde) || kern_stream_sync(s))
             return -1;
     }
-    /* Inputs in key order; an Euler step's stop before the SDE parameters. */
-    kern_tensor_t in[CAP_MAX_INPUTS];
+    /* Inputs in key order; an Euler step's stop before the SDE parameters.
+     * Outputs: the latent, and an SDE step's mean μ. */
+    kern_tensor_t in[CAP_MAX_INPUTS], outs[2] = { st->t[IN_LATENT], st->mean };
     int n_in = 0;
     for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
     if (r->loop.sde) in[n_in++] = st->t[st->n - 1];
-    cap_call_t call = { .key = &key, .inputs = in, .outputs = &st->t[IN_LATENT] };
+    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
     cap_result_t res;
     if (cap_dispatch(c, s, tdit_program(r->shape.cfg, r->loop.sde), r->m, &call, &res) != 0) return -1;
+    r->versions[i] = (uint64_t)version;
+    if (r->rec && record_step(r, s, i, sv) != 0) return -1;
     r->key_hash = cap_key_hash(&key);
     r->shard_hash = cap_key_shard_hash(&key);
     r->done++;

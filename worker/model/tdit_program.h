@@ -87,6 +87,23 @@ uint64_t tdit_req_key_hash(const tdit_req_t *r);
 uint64_t tdit_req_shard_hash(const tdit_req_t *r);
 /* Per-request counts (steps, captured, replayed, eager, declines). */
 const tdit_run_stats_t *tdit_req_stats(const tdit_req_t *r);
+/* What a request keeps as its steps run, for RL trainers. */
+enum {
+    TDIT_REC_TRAJECTORY = 1,  /* every latent x_0 ... x_N */
+    TDIT_REC_LOG_PROBS = 2,   /* each SDE step's Flow-GRPO log-probability (TINYDIT.md) */
+    TDIT_REC_MEANS = 4,       /* each SDE step's mean μ_i */
+};
+/* Asks r to keep `what` (TDIT_REC_*) on the host; call before its first
+ * step (x_0 is read now, on s). -1 with a message: log-probabilities and
+ * means need an SDE loop with eta > 0; out of memory. */
+int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what);
+/* What was kept (NULL when not asked): [steps+1][C·F·H·W], [steps][C·F·H·W],
+ * [steps]; the schedule σ_0 ... σ_N; the version each step ran on. */
+const float *tdit_req_trajectory(const tdit_req_t *r);
+const float *tdit_req_means(const tdit_req_t *r);
+const float *tdit_req_log_probs(const tdit_req_t *r);
+const double *tdit_req_sigmas(const tdit_req_t *r);
+const uint64_t *tdit_req_versions(const tdit_req_t *r);
 /* Copies the current latent (C·F·H·W floats) to out, ordered on s. */
 int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
 

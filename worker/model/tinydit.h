@@ -122,6 +122,7 @@ kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws);    /* [L,T]; data NULL without cfg
 kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws);    /* F32 [3] = σ_i, σ_{i+1}, σ_1 */
 kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws);  /* F32 [1] */
 kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws);       /* F32 [4]: eta, seed, step (kern_sde_params_pack) */
+kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws);      /* [C,F,H,W]: the last SDE step's mean μ */
 kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws);  /* [C,F,H,W], the (combined) v */
 
 /* Copies host F32 data into the workspace, ordered on s. Sizes are checked
@@ -143,7 +144,8 @@ int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
                   uint64_t seed, uint32_t step);
 /* The same step reading eta, seed and step from the workspace's sde tensor
  * (written by the caller, kern_sde_params_pack) when it runs: capturable,
- * bitwise equal to tdit_step_sde with the same values. */
+ * bitwise equal to tdit_step_sde with the same values; also writes the
+ * step's mean μ to tdit_ws_mean. */
 int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s);
 
 /* The flow-matching schedule: sigmas[0..steps] for shift S (computed in

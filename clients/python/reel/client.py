@@ -63,11 +63,15 @@ class SyncFailed(ReelError):
 class GenResult:
     """What a GEN returned: .latent (numpy, or torch when the inputs were
     torch tensors), .worker, .version (weights of its last step),
-    .first_version, .stats (the RESULT's stats map: captured, replayed,
-    eager, declines, seconds), .key_hash and .seconds (client wall time)."""
+    .first_version, .versions (the weight version of every step), .stats
+    (the RESULT's stats map: captured, replayed, eager, declines, seconds),
+    .key_hash and .seconds (client wall time). With the rollout options:
+    .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
+    step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
+    None when not asked for."""
 
-    def __init__(self, hdr, latent, seconds):
-        self.latent = latent
+    def __init__(self, hdr, tensors, seconds, steps, convert):
+        self.latent = convert(tensors["latent"])
         self.worker = hdr.get("worker", "")
         self.version = hdr.get("version", 0)
         self.first_version = hdr.get("first_version", self.version)
@@ -75,6 +79,16 @@ class GenResult:
         self.key_hash = hdr.get("key_hash", "")
         self.seconds = seconds
         self.header = hdr
+        runs = sorted((r.get("from", 0), r.get("version", 0)) for r in (hdr.get("version_runs") or []))
+        if runs:
+            bounds = [f for f, _ in runs[1:]] + [steps]
+            self.versions = [v for (f, v), end in zip(runs, bounds) for _ in range(f, end)]
+        else:
+            self.versions = [self.version] * steps
+        self.trajectory = convert(tensors["trajectory"]) if "trajectory" in tensors else None
+        self.log_probs = convert(tensors["log_probs"]) if "log_probs" in tensors else None
+        self.sigmas = convert(tensors["sigmas"]) if "sigmas" in tensors else None
+        self.means = convert(tensors["means"]) if "means" in tensors else None
 
     @property
     def captured(self):
@@ -210,14 +224,17 @@ class Client:
     # ---- calls ---------------------------------------------------------
 
     def gen(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
-            sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None):
+            sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
+            return_trajectory=False, return_log_probs=False, return_means=False):
         """Runs one denoising loop on the cluster and returns a GenResult.
 
         context: [L, T] (T = the model's text width); uncond: [L, T] turns
         CFG on with scale cfg; latent: [C, F, H, W] (else drawn from seed by
         the worker, and latent_shape is required); version: the oldest
         transformer version it may run on (None: the current one);
-        progress(step, steps) is called as steps finish."""
+        progress(step, steps) is called as steps finish. return_trajectory,
+        return_log_probs and return_means (the last two: sde with eta > 0)
+        fill the GenResult's rollout fields."""
         torch_out = _is_torch(context)
         ctx = _f32("context", context, 2)
         tensors = [("context", ctx)]
@@ -237,6 +254,10 @@ class Client:
             fields["version"] = int(version)
         if deadline_ms is not None:
             fields["deadline_ms"] = int(deadline_ms)
+        for k, on in (("return_trajectory", return_trajectory), ("return_log_probs", return_log_probs),
+                      ("return_means", return_means)):
+            if on:
+                fields[k] = True
         rid = next(self._ids)
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
         t0 = time.monotonic()
@@ -244,11 +265,11 @@ class Client:
         hdr, out = self._recv(rid, t0 + wait, progress)
         if hdr.get("type") != "RESULT" or "latent" not in out:
             raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)
-        lat = out["latent"]
+        convert = (lambda a: a)
         if torch_out:
             import torch  # only when the caller uses torch
-            lat = torch.from_numpy(lat)
-        return GenResult(hdr, lat, time.monotonic() - t0)
+            convert = torch.from_numpy
+        return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert)
 
     def status(self, timeout=None):
         """The broker's STATUS_REPLY header as a dict (workers, queue,

@@ -145,6 +145,53 @@ class ClientTests(unittest.TestCase):
         ref = self.reference(self.w1, 4, sde=True)
         self.assertTrue(np.array_equal(r.latent, ref))
 
+    def test_sde_rollout_log_probs_match_an_independent_numpy_computation(self):
+        steps, eta, cfg = 5, 0.7, 4.0
+        r = self.c.gen("tiny", self.ctx, uncond=self.unc, cfg=cfg, latent=self.lat, steps=steps, shift=3.0,
+                       sde=True, eta=eta, seed=3, return_trajectory=True, return_log_probs=True,
+                       return_means=True)
+        self.assertEqual(r.trajectory.shape, (steps + 1, 4, 2, 8, 8))
+        self.assertEqual(r.log_probs.shape, (steps,))
+        self.assertEqual(r.sigmas.shape, (steps + 1,))
+        self.assertEqual(r.means.shape, (steps, 4, 2, 8, 8))
+        self.assertTrue(np.array_equal(r.trajectory[0], self.lat))
+        self.assertTrue(np.array_equal(r.trajectory[-1], r.latent))
+        self.assertEqual(r.versions, [r.version] * steps)
+        # The schedule and an independent velocity: TINYDIT.md's mean and log p.
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "tests",
+                                        "crosscheck"))
+        import tinydit_ref as ref
+        w = ref.load_weights(self.w1)
+        self.assertTrue(np.allclose(r.sigmas, ref.sigma_schedule(steps, 3.0), rtol=1e-6, atol=1e-7))
+        sig = r.sigmas.astype(np.float64)
+        for i in range(steps):
+            x, x1 = r.trajectory[i].astype(np.float64), r.trajectory[i + 1].astype(np.float64)
+            v = ref.velocity(w, x, self.ctx.astype(np.float64), self.unc.astype(np.float64), sig[i], cfg)
+            d = sig[i + 1] - sig[i]
+            sp = sig[1] if sig[i] == 1.0 else sig[i]
+            std = eta * np.sqrt(sig[i] / (1.0 - sp))
+            mu = x * (1 + std * std * d / (2 * sig[i])) + v * (1 + std * std * (1 - sig[i]) / (2 * sig[i])) * d
+            s_i = std * np.sqrt(-d)
+            lp = np.mean(-(x1 - mu) ** 2 / (2 * s_i * s_i)) - np.log(s_i) - np.log(np.sqrt(2 * np.pi))
+            self.assertLess(abs(r.log_probs[i] - lp) / abs(lp), 1e-5, f"step {i}: {r.log_probs[i]} vs {lp}")
+            self.assertTrue(np.allclose(r.means[i], mu, rtol=1e-4, atol=1e-5), f"step {i}: means differ")
+
+    def test_log_probs_without_sde_noise_are_refused(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, return_log_probs=True)
+        self.assertEqual(e.exception.code, "bad_request")
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, sde=True, eta=0.0, return_means=True)
+        self.assertEqual(e.exception.code, "bad_request")
+
+    def test_trajectory_of_an_euler_loop_steps_from_the_latent_to_the_result(self):
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0, return_trajectory=True)
+        self.assertEqual(r.trajectory.shape, (4, 4, 2, 8, 8))
+        self.assertTrue(np.array_equal(r.trajectory[0], self.lat))
+        self.assertTrue(np.array_equal(r.trajectory[-1], r.latent))
+        self.assertTrue(np.array_equal(r.latent, self.reference(self.w1, 3)))
+        self.assertIsNone(r.log_probs)
+
     def test_progress_callback_sees_every_step_in_order(self):
         seen = []
         self.c.gen("tiny", self.ctx, latent=self.lat, steps=7, shift=3.0, progress=lambda s, n: seen.append((s, n)))
