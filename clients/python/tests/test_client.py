@@ -262,6 +262,17 @@ class ClientTests(unittest.TestCase):
             self.c.sync(1, path=self.w1)
         self.assertEqual(e.exception.code, "stale_version")
 
+    def test_z4_the_grpo_example_publishes_versions_and_its_rollouts_follow_them(self):
+        ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
+        p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w2, "--model", "tiny",
+                            "--iters", "2", "--group", "3", "--latent", "1x4x4", "--weights-dir", self.dir,
+                            "--start-version", "10"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        out = p.stdout.decode()
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("published v10", out)
+        self.assertIn("the next rollouts ran on v[11]", out)
+        self.assertEqual(self.c.status().get("versions", {}).get("transformer"), 11)
+
     def test_sync_needs_exactly_one_source_and_wan_names(self):
         with self.assertRaises(ValueError):
             self.c.sync(9)
