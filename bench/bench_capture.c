@@ -72,13 +72,18 @@ static cap_cache_t *cache(env_t *e, bool graphs, bool pin, cap_policy_t pol) {
     return cache_opt(e, graphs, pin, pol, true, 0);
 }
 
-/* Runs a loop; returns its wall time. */
-static double loop(env_t *e, cap_cache_t *c, const tdit_shape_t *sh, int steps, tdit_run_stats_t *st) {
-    tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f };
+/* Runs a loop (Euler, or SDE when sde); returns its wall time. */
+static double loop_kind(env_t *e, cap_cache_t *c, const tdit_shape_t *sh, int steps, tdit_run_stats_t *st,
+                        bool sde) {
+    tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.7f, .seed = 11 };
     memset(st, 0, sizeof *st);
     double t0 = now();
     if (tdit_generate_cached(e->m, c, e->s, e->stg, sh, &p, e->lat, e->ctx, e->unc, e->out, st)) DIE("loop");
     return now() - t0;
+}
+
+static double loop(env_t *e, cap_cache_t *c, const tdit_shape_t *sh, int steps, tdit_run_stats_t *st) {
+    return loop_kind(e, c, sh, steps, st, false);
 }
 
 static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
@@ -104,6 +109,20 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
     cap_cache_stats(cg, &cs);
     printf("cache %-6s %-7s capture+verify %.3f ms = %.2f eager steps; graph %zu bytes, workspace %zu bytes\n",
            k->config, dev, cs.capture_seconds * 1e3, cs.capture_seconds / te, cs.graph_bytes, cs.ws_bytes);
+    /* SDE rollouts (Flow-GRPO steps): captured too, eta/seed/step read from
+     * the workspace; the same side-by-side measurement. */
+    loop_kind(&e, ce, &k->shape, k->steps, &st, true);
+    loop_kind(&e, cg, &k->shape, k->steps, &st, true);
+    double se = 1e30, sg = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double a = loop_kind(&e, ce, &k->shape, k->steps, &st, true) / k->steps;
+        double g = loop_kind(&e, cg, &k->shape, k->steps, &st, true) / k->steps;
+        if (st.replayed != k->steps) DIE("expected every SDE step replayed, got %d", st.replayed);
+        if (a < se) se = a;
+        if (g < sg) sg = g;
+    }
+    printf("cache %-6s %-7s SDE step (CFG, via cap_dispatch): eager %9.3f ms, replay %9.3f ms, eager/replay %.3fx\n",
+           k->config, dev, se * 1e3, sg * 1e3, se / sg);
     cap_cache_destroy(&ce);
     cap_cache_destroy(&cg);
 
