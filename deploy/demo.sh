@@ -95,4 +95,9 @@ echo
 echo
 "$R" versions --catalog "$DB"
 echo
+
+say "8. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
+/usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
+    --iters 2 --group 4 --steps 4 --latent 2x8x8 --weights-dir "$D"
+echo
 echo "demo: done"
