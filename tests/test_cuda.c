@@ -28,11 +28,13 @@ int main(void) {
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/backend.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
+#include "worker/model/tdit_program.h"
 
 /* --- fixture: a CUDA and a CPU backend with one stream each; everything
  * allocated through the helpers is released (and accounted) in teardown. */
@@ -818,6 +820,73 @@ START_TEST(test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde)
 }
 END_TEST
 
+/* The tinydit loop through the capture cache on two CUDA streams: each
+ * stream captures its own graph (after a bitwise verify), the next request
+ * replays every step, replay equals the eager loop on the same device bit
+ * for bit, and both agree with the CPU by NMSE. */
+START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise) {
+    kern_dtype_t dt = dtype_of(_i);
+    char path[] = "/tmp/reel-test-cuda-w-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    tdit_config_t cfg;
+    OK(tdit_config_builtin("tiny", &cfg));
+    OK(tdit_weights_init(&cfg, 5, path));
+    tdit_model_t *mg = tdit_model_load_path(G, path, dt), *mc = tdit_model_load_path(C, path, KERN_F32);
+    ck_assert_msg(mg && mc, "%s", kern_error());
+    cap_options_t o = cap_options_default();
+    o.warmup = 1;
+    o.audit_every = 2;
+    cap_cache_t *cache = cap_cache_new(G, &o);
+    OK(tdit_register_weights(cache, mg, 1));
+    kern_stream_t *s2 = kern_stream_new(G);
+    ck_assert_ptr_nonnull(s2);
+    const tdit_shape_t sh = { 2, 8, 8, 5, true };
+    enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
+    static float lat[NL], ctx[NC], unc[NC], got[NL], ref[NL], cpu[NL];
+    tdit_initial_latent(1, lat, NL);
+    tdit_initial_latent(2, ctx, NC);
+    tdit_initial_latent(3, unc, NC);
+    for (int sde = 0; sde < 2; sde++) {
+        tdit_loop_t p = { .steps = 6, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.7f, .seed = 9 };
+        tdit_ws_t *wg = tdit_ws_new(mg, GS, &sh), *wc = tdit_ws_new(mc, CS, &sh);
+        OK(tdit_generate(mg, wg, GS, &p, lat, ctx, unc, ref, NULL));
+        OK(tdit_generate(mc, wc, CS, &p, lat, ctx, unc, cpu, NULL));
+        tdit_ws_destroy(&wg);
+        tdit_ws_destroy(&wc);
+        kern_stream_t *streams[2] = { GS, s2 };
+        for (int k = 0; k < 2; k++) {
+            tdit_staging_t *stg = tdit_staging_new(mg, &sh);
+            ck_assert_ptr_nonnull(stg);
+            for (int r = 0; r < 2; r++) {
+                tdit_run_stats_t st;
+                memset(&st, 0, sizeof st);
+                OK(tdit_generate_cached(mg, cache, streams[k], stg, &sh, &p, lat, ctx, unc, got, &st));
+                if (r == 0) ck_assert_int_ge(st.captured, 1);
+                else ck_assert_int_eq(st.replayed, 6);
+                ck_assert_msg(memcmp(got, ref, sizeof got) == 0, "%s stream %d request %d: cached != eager on the GPU",
+                              sde ? "SDE" : "Euler", k, r);
+            }
+            tdit_staging_destroy(&stg);
+        }
+        double e = nmse_of(got, cpu, NL);
+        ck_assert_msg(e <= (dt == KERN_F32 ? 1e-5 : 5e-3), "%s: CUDA vs CPU NMSE %g", sde ? "SDE" : "Euler", e);
+    }
+    cap_stats_t cs;
+    cap_cache_stats(cache, &cs);
+    ck_assert_uint_eq(cs.declines[CAP_DECLINE_VERIFY_MISMATCH] + cs.declines[CAP_DECLINE_AUDIT_MISMATCH] +
+                          cs.declines[CAP_DECLINE_CAPTURE_FAILED], 0);
+    ck_assert_uint_ge(cs.audits, 1);
+    ck_assert(cap_cache_invariants(cache));
+    cap_cache_destroy(&cache);
+    kern_stream_destroy(&s2);
+    tdit_model_destroy(&mg);
+    tdit_model_destroy(&mc);
+    unlink(path);
+}
+END_TEST
+
 /* --- graphs ----------------------------------------------------------- */
 
 /* A step-like chain of every capturable op plus a device copy, on one
@@ -1372,6 +1441,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them);
     tcase_add_test(tc, test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise);
     tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
+    tcase_add_loop_test(tc, test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
