@@ -59,6 +59,8 @@ extern "C" {
 #define MSG_MAX_COMPONENTS 8             /* weight components one worker reports */
 #define MSG_MAX_COUNTS 32                /* reasons in RESULT stats.declines */
 #define MSG_KEYS_RECENT 32               /* shard keys STATUS lists per worker */
+#define MSG_VERSION_MAX ((uint64_t)INT64_MAX) /* weight versions: [1, 2^63) (0: none/current) */
+#define MSG_PATH_MAX 1024                /* a SYNC path: at most 1023 bytes (incl. NUL) */
 
 /* ---- message types ----------------------------------------------------------- */
 

@@ -58,7 +58,7 @@ _Static_assert(offsetof(msg_counts_t, e) == offsetof(msg_versions_t, e), "count 
 
 static const msg_field_t gen_rows[] = {
     R_NAME(msg_gen_t, model, "model", F_REQ, MSG_MODEL_NAME_MAX - 1, NULL),
-    R_U64(msg_gen_t, version, "version", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_gen_t, version, "version", 0, 0, MSG_VERSION_MAX, 0),
     R_U64(msg_gen_t, steps, "steps", F_REQ, 1, MSG_MAX_STEPS, 0),
     R_F64(msg_gen_t, shift, "shift", 0, 1.0),
     R_F64(msg_gen_t, cfg, "cfg", 0, 1.0),
@@ -100,14 +100,14 @@ TABLE(stats_tab, stats_rows, msg_stats_t);
 
 static const msg_field_t version_run_rows[] = {
     R_U64(msg_version_run_t, from, "from", F_REQ, 0, UINT64_MAX, 0),
-    R_U64(msg_version_run_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_U64(msg_version_run_t, version, "version", F_REQ, 0, MSG_VERSION_MAX, 0),
 };
 TABLE(version_run_tab, version_run_rows, msg_version_run_t);
 
 static const msg_field_t result_rows[] = {
     R_NAME(msg_result_t, worker, "worker", F_OMIT, 0, NULL),
-    R_U64(msg_result_t, version, "version", 0, 0, UINT64_MAX, 0),
-    R_U64(msg_result_t, first_version, "first_version", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_result_t, version, "version", 0, 0, MSG_VERSION_MAX, 0),
+    R_U64(msg_result_t, first_version, "first_version", 0, 0, MSG_VERSION_MAX, 0),
     R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", 0, stats_tab),
     R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
     R_STRUCTS(msg_result_t, version_runs, n_version_runs, msg_version_run_t, "version_runs", F_OMIT,
@@ -146,7 +146,7 @@ TABLE(busy_tab, busy_rows, msg_busy_t);
 
 static const msg_field_t sync_rows[] = {
     R_NAME(msg_sync_t, component, "component", F_REQ, 0, NULL),
-    R_U64(msg_sync_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_U64(msg_sync_t, version, "version", F_REQ, 1, MSG_VERSION_MAX, 0),
     R_SHA(msg_sync_t, sha256, "sha256", F_REQ),
     R_TEXT(msg_sync_t, path, "path", F_OMIT, ""),
     R_U64(msg_sync_t, deadline_ms, "deadline_ms", F_OMIT, 0, UINT64_MAX, 0),
@@ -161,17 +161,17 @@ TABLE(failure_tab, failure_rows, msg_failure_t);
 
 static const msg_field_t sync_done_rows[] = {
     R_NAME(msg_sync_done_t, component, "component", F_REQ, 0, NULL),
-    R_U64(msg_sync_done_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_U64(msg_sync_done_t, version, "version", F_REQ, 0, MSG_VERSION_MAX, 0),
     R_NAMES(msg_sync_done_t, applied, n_applied, "applied", 0),
     R_STRUCTS(msg_sync_done_t, failed, n_failed, msg_failure_t, "failed", 0, failure_tab),
     R_BOOL(msg_sync_done_t, complete, "complete", 0, false),
-    R_U64(msg_sync_done_t, current, "current", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_sync_done_t, current, "current", 0, 0, MSG_VERSION_MAX, 0),
 };
 TABLE(sync_done_tab, sync_done_rows, msg_sync_done_t);
 
 static const msg_field_t sync_ack_rows[] = {
     R_NAME(msg_sync_ack_t, component, "component", F_REQ, 0, NULL),
-    R_U64(msg_sync_ack_t, version, "version", F_REQ, 0, UINT64_MAX, 0),
+    R_U64(msg_sync_ack_t, version, "version", F_REQ, 0, MSG_VERSION_MAX, 0),
     R_BOOL(msg_sync_ack_t, ok, "ok", F_REQ, false),
     R_TEXT(msg_sync_ack_t, error, "error", F_OMIT, ""),
 };
@@ -388,6 +388,9 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
 }
 
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
+    /* Bounded where every store of it holds it whole (the catalog's too). */
+    if (strlen(s->path) > MSG_PATH_MAX - 1)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'path' is %zu bytes, longer than %d", strlen(s->path), MSG_PATH_MAX - 1);
     if (s->path[0] && s->n_tensors > 0) return refuse(err, WIRE_E_BAD_REQUEST, "both 'path' and inline tensors given");
     if (!s->path[0] && s->n_tensors == 0)
         return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path' nor inline tensors given");
@@ -399,6 +402,10 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
 }
 
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err) {
+    for (int i = 0; i < r->versions.n; i++)
+        if (r->versions.e[i].n > MSG_VERSION_MAX)
+            return refuse(err, WIRE_E_BAD_REQUEST, "'versions' %s must be in 0..%" PRIu64 " (got %" PRIu64 ")",
+                          r->versions.e[i].name, MSG_VERSION_MAX, r->versions.e[i].n);
     if (r->n_models > MSG_MAX_MODELS)
         return refuse(err, WIRE_E_BAD_REQUEST, "'models' must list at most %d models", MSG_MAX_MODELS);
     for (size_t i = 0; i < r->n_models; i++)
