@@ -4,6 +4,7 @@
  * Exit status: 0 after a clean stop, 1 when it cannot start (catalog,
  * bind), 2 for a bad command line. */
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,76 +62,122 @@ static void free_workers(brk_t *b) {
     b->n_w = b->cap_w = 0;
 }
 
-int main(int argc, char **argv) {
-    brk_t b;
-    memset(&b, 0, sizeof b);
-    int prc = brk_opts_parse(&b.opt, argc, argv);
-    if (prc == 1) return 0;
-    if (prc) return 2;
-
-    /* Threads started from here on (the catalog writer, ZeroMQ's I/O
-     * threads) inherit a mask without SIGINT/SIGTERM, so the signal always
-     * interrupts the routing thread's zmq_poll. */
-    sigset_t stop_sigs, old;
+/* Threads started from here on (the catalog writer, ZeroMQ's I/O
+ * threads) inherit a mask without SIGINT/SIGTERM, so the signal always
+ * interrupts the routing thread's zmq_poll. *old gets the mask to restore. */
+static void block_stop_signals(sigset_t *old) {
+    sigset_t stop_sigs;
     sigemptyset(&stop_sigs);
     sigaddset(&stop_sigs, SIGINT);
     sigaddset(&stop_sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_sigs, &old);
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, old);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal; /* no SA_RESTART: zmq_poll returns EINTR */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
-    int rc = 1;
+/* Held tensor frames are large (up to WIRE_MAX_FRAME) and short-lived.
+ * glibc's default moves its mmap threshold and trims the heap as frames
+ * come and go, so the same 16 MiB request is sometimes served from memory
+ * already mapped and sometimes unmapped and faulted in again (thousands of
+ * page faults, bimodal from run to run). A fixed threshold at its maximum
+ * (32 MiB on 64-bit) and no trimming below max_held keep freed frames
+ * mapped for the next request; larger frames are mmapped, as before. */
+static void tune_malloc(uint64_t max_held) {
+    int trim = max_held > INT32_MAX ? INT32_MAX : (int)max_held;
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, trim))
+        brk_log("mallopt failed: held frames may be unmapped and faulted in again");
+}
+
+/* Resumes the current weight versions a previous run published. A
+ * version still pending was applied by nobody before that run stopped:
+ * resuming it would send every worker a sync none took, so it fails. */
+static void resume_versions(brk_t *b, cat_t *cat) {
+    if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
+        brk_log("cannot mark pending weight versions failed: %s", kern_error());
+    cat_version_t v[BRK_MAX_COMPONENTS];
+    int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);
+    if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
+            brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
+                    v[i].component, (unsigned long long)v[i].version);
+        } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
+            brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, kern_error());
+        } else {
+            brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
+                    (unsigned long long)v[i].version, v[i].source);
+        }
+    }
+}
+
+/* Opens the catalog (when one is named), resumes its versions and starts
+ * the writer thread on it. -1 with a logged message. */
+static int start_catalog(brk_t *b) {
     cat_t *cat = NULL;
-    if (b.opt.catalog[0]) {
-        cat = cat_open(b.opt.catalog, false);
+    if (b->opt.catalog[0]) {
+        cat = cat_open(b->opt.catalog, false);
         if (!cat) {
-            brk_log("cannot open the catalog %s: %s", b.opt.catalog, kern_error());
-            return 1;
+            brk_log("cannot open the catalog %s: %s", b->opt.catalog, kern_error());
+            return -1;
         }
+        resume_versions(b, cat);
     }
-    b.next_id = 1;
-    if (cat) { /* resume the current weight versions a previous run published */
-        /* A version still pending was applied by nobody before that run
-         * stopped: resuming it would send every worker a sync none took. */
-        if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
-            brk_log("cannot mark pending weight versions failed: %s", kern_error());
-        cat_version_t v[BRK_MAX_COMPONENTS];
-        int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);
-        if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
-        for (int i = 0; i < n; i++) {
-            if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
-                brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
-                        v[i].component, (unsigned long long)v[i].version);
-            } else if (brk_sync_restore(&b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
-                brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, kern_error());
-            } else {
-                brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
-                        (unsigned long long)v[i].version, v[i].source);
-            }
-        }
-    }
-    b.cat = brk_catq_new(&cat, BRK_CATQ_MAX);
-    if (!b.cat) {
+    b->cat = brk_catq_new(&cat, BRK_CATQ_MAX);
+    if (!b->cat) {
         brk_log("cannot start the catalog writer");
-        return 1;
+        return -1;
     }
-    if (brk_queue_init(&b.queue, (size_t)b.opt.queue_max) < 0) {
+    return 0;
+}
+
+/* The queue, the context and both ROUTERs. -1 with a logged message. */
+static int start_sockets(brk_t *b) {
+    if (brk_queue_init(&b->queue, (size_t)b->opt.queue_max) < 0) {
         brk_log("out of memory");
-        goto out;
+        return -1;
     }
-    b.ctx = zmq_ctx_new();
-    if (!b.ctx) {
+    b->ctx = zmq_ctx_new();
+    if (!b->ctx) {
         brk_log("cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
-        goto out;
+        return -1;
     }
-    b.clients = router(b.ctx, b.opt.clients, false, "client");
-    if (!b.clients) goto out;
-    b.workers = router(b.ctx, b.opt.workers, true, "worker");
-    if (!b.workers) goto out;
+    b->clients = router(b->ctx, b->opt.clients, false, "client");
+    if (!b->clients) return -1;
+    b->workers = router(b->ctx, b->opt.workers, true, "worker");
+    return b->workers ? 0 : -1;
+}
+
+/* Closes what start_catalog and start_sockets opened (any of it). */
+static void stop_all(brk_t *b) {
+    free_workers(b);
+    if (b->clients) {
+        int linger = 200; /* let the shutdown ERRORs reach their clients */
+        zmq_setsockopt(b->clients, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(b->clients);
+    }
+    if (b->workers) zmq_close(b->workers);
+    if (b->ctx) zmq_ctx_term(b->ctx);
+    brk_queue_free(&b->queue);
+    brk_catq_destroy(&b->cat); /* writes what is still queued */
+}
+
+int main(int argc, char **argv) {
+    brk_t b;
+    memset(&b, 0, sizeof b);
+    int prc = brk_opts_parse(&b.opt, argc, argv);
+    if (prc == 1) return 0;
+    if (prc) return 2;
+    tune_malloc(b.opt.max_held_bytes);
+    sigset_t old;
+    block_stop_signals(&old);
+    b.next_id = 1;
+    if (start_catalog(&b) != 0) return 1;
+    int rc = 1;
+    if (start_sockets(&b) != 0) goto out;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     char ce[256] = "", we[256] = "";
@@ -147,16 +194,7 @@ int main(int argc, char **argv) {
     brk_req_shutdown(&b);
     brk_sync_shutdown(&b);
 out:
-    free_workers(&b);
-    if (b.clients) {
-        int linger = 200; /* let the shutdown ERRORs reach their clients */
-        zmq_setsockopt(b.clients, ZMQ_LINGER, &linger, sizeof linger);
-        zmq_close(b.clients);
-    }
-    if (b.workers) zmq_close(b.workers);
-    if (b.ctx) zmq_ctx_term(b.ctx);
-    brk_queue_free(&b.queue);
-    brk_catq_destroy(&b.cat); /* writes what is still queued */
+    stop_all(&b);
     if (rc == 0) brk_log("stopped");
     return rc;
 }
