@@ -65,6 +65,10 @@ BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson 2>/dev/
 
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)
+# reelctl's catalog reports (tables, JSON, Prometheus text): test_catalog
+# and the catalog fuzzer link them too.
+REPORT_SRC = ctl/report.c ctl/report_table.c
+REPORT_OBJ = $(REPORT_SRC:%.c=$(BUILD)/%.o)
 REELCTL  = $(BUILD)/reelctl
 
 TEST_SRC = $(wildcard tests/test_*.c)
@@ -119,6 +123,10 @@ $(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(L
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
+$(BUILD)/tests/test_catalog: tests/test_catalog.c $(REPORT_OBJ) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(REPORT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
 $(BUILD)/tests/%: tests/%.c $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
@@ -169,13 +177,15 @@ FUZZ_SECONDS ?= 60
 FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 fuzz-build: deps
 	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang OPT="-O1 -g" \
-	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a
+	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a \
+	  $(REPORT_SRC:%.c=build-fuzz/%.o)
 	@mkdir -p build-fuzz/fuzz
 	@for f in $(FUZZ_SRC); do \
 	  echo "clang $$f"; \
 	  clang $(CSTD) $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	    -D_GNU_SOURCE -I. \
-	    -o build-fuzz/fuzz/$$(basename $$f .c) $$f build-fuzz/libreel.a $(LDLIBS_ALL) || exit 1; \
+	    -o build-fuzz/fuzz/$$(basename $$f .c) $$f $(REPORT_SRC:%.c=build-fuzz/%.o) build-fuzz/libreel.a \
+	    $(LDLIBS_ALL) || exit 1; \
 	done
 
 fuzz: fuzz-build

@@ -1,10 +1,15 @@
 /* brk_catq.c -- the catalog writer thread and its bounded queue (see
  * brk_catq.h). The routing loop only pushes; this thread alone touches
- * SQLite, in batches, so a slow disk delays the catalog, never a reply. */
+ * SQLite, in batches, so a slow disk delays the catalog, never a reply.
+ *
+ * A queued record is one allocation: the record (cat_rec_t, the union of
+ * every kind of schema/catalog_records.h) followed by copies of its
+ * strings. The pushes are generated from the same tables as the writers,
+ * and the thread hands each record to cat_write as it is. */
 #include "broker/brk_catq.h"
 
+#include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -12,44 +17,23 @@
 #include "broker/brk_log.h"
 #include "kernels/error.h"
 
-typedef enum {
-    CQ_WORKER_SEEN,
-    CQ_WORKER_GONE,
-    CQ_WEIGHT_VERSION,
-    CQ_WEIGHT_STATE,
-    CQ_WORKER_VERSION,
-    CQ_CAPTURE,
-    CQ_REPLAYS,
-    CQ_EVICTION,
-    CQ_DECLINE,
-    CQ_REQUEST,
-} cq_kind_t;
-
-#define CQ_STRS 6
-
-/* One record. Its strings live in the same allocation, after the struct,
- * so a record is one malloc and one free. */
 typedef struct cq_item {
     struct cq_item *next;
-    cq_kind_t kind;
-    double t;
-    const char *s[CQ_STRS];
-    uint64_t u[3];
-    int i[4];
-    double d;
-    bool b;
+    cat_rec_t rec;             /* its strings point after the item */
 } cq_item_t;
 
 struct brk_catq {
-    cat_t *cat;               /* owned by the thread once started */
+    cat_t *cat;                /* owned by the thread once started */
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    cq_item_t *head, *tail;   /* guarded by mu */
-    size_t n, max;            /* guarded by mu */
-    uint64_t dropped;         /* guarded by mu */
-    bool stop;                /* guarded by mu */
-    uint64_t errors;          /* writer thread only */
+    pthread_cond_t cv;         /* CLOCK_MONOTONIC */
+    cq_item_t *head, *tail;    /* guarded by mu */
+    size_t n, max;             /* guarded by mu */
+    struct timespec oldest;    /* guarded by mu: when the head was queued */
+    uint64_t dropped;          /* guarded by mu */
+    uint64_t batches;          /* guarded by mu */
+    bool stop;                 /* guarded by mu */
+    uint64_t errors;           /* writer thread only */
 };
 
 static double now_unix(void) {
@@ -67,34 +51,13 @@ static void report_error(brk_catq_t *q, const char *what) {
                 kern_error());
 }
 
-static int apply(cat_t *c, const cq_item_t *it) {
-    const char *const *s = it->s;
-    switch (it->kind) {
-    case CQ_WORKER_SEEN:
-        return cat_worker_seen(c, s[0], s[1], s[2], it->i[0], it->u[0], it->t);
-    case CQ_WORKER_GONE: return cat_worker_gone(c, s[0], s[1], it->t);
-    case CQ_WEIGHT_VERSION: return cat_weight_version(c, s[0], it->u[0], s[1], s[2], it->t);
-    case CQ_WEIGHT_STATE: return cat_weight_state(c, s[0], it->u[0], s[1], s[2][0] ? s[2] : NULL);
-    case CQ_WORKER_VERSION:
-        return cat_worker_version(c, s[0], s[1], it->u[0], it->b, it->b ? NULL : s[2], it->t);
-    case CQ_CAPTURE:
-        return cat_capture(c, s[0], s[1], s[2], it->i[0], it->u[0], it->u[1], it->d, it->t);
-    case CQ_REPLAYS: return cat_replays(c, s[0], s[1], it->i[0], it->u[0], it->t);
-    case CQ_EVICTION:
-        return cat_eviction(c, s[0], s[1], s[2], s[3], s[4], it->u[0], it->u[1], it->t);
-    case CQ_DECLINE: return cat_decline(c, s[0], s[1], s[2], s[3], it->u[0], it->t);
-    case CQ_REQUEST:
-        return cat_request(c, it->u[0], s[0], s[1], it->u[1], it->i[0], it->i[1], it->i[2],
-                           it->i[3], it->d, s[2], it->t);
-    }
-    return 0;
-}
+/* ---- the writer thread ------------------------------------------------------ */
 
 static void write_batch(brk_catq_t *q, cq_item_t *chain) {
     bool open = cat_begin(q->cat) == 0;
     if (!open) report_error(q, "begin");
     for (cq_item_t *it = chain; it; it = it->next)
-        if (open && apply(q->cat, it) < 0) report_error(q, "insert");
+        if (open && cat_write(q->cat, &it->rec) < 0) report_error(q, "insert");
     if (open && cat_commit(q->cat) < 0) {
         report_error(q, "commit");
         cat_rollback(q->cat);
@@ -106,22 +69,38 @@ static void write_batch(brk_catq_t *q, cq_item_t *chain) {
     }
 }
 
+/* Waits (mu held) until a batch is due: BRK_CATQ_BATCH records, the oldest
+ * BRK_CATQ_WAIT_MS old, or a stop. false when stopping with nothing left. */
+static bool await_batch(brk_catq_t *q) {
+    while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+    if (!q->head) return false;
+    struct timespec due = q->oldest;
+    due.tv_nsec += (long)BRK_CATQ_WAIT_MS * 1000000L;
+    if (due.tv_nsec >= 1000000000L) {
+        due.tv_sec += due.tv_nsec / 1000000000L;
+        due.tv_nsec %= 1000000000L;
+    }
+    while (q->n < BRK_CATQ_BATCH && !q->stop)
+        if (pthread_cond_timedwait(&q->cv, &q->mu, &due) == ETIMEDOUT) break;
+    return true;
+}
+
 static void *writer_main(void *arg) {
     brk_catq_t *q = arg;
     pthread_mutex_lock(&q->mu);
-    for (;;) {
-        while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
-        if (!q->head) break; /* stopping and drained */
+    while (await_batch(q)) {
         cq_item_t *chain = q->head, *last = chain;
         size_t taken = 1;
-        while (last->next && taken < BRK_CATQ_BATCH) {
+        while (last->next && taken < BRK_CATQ_BATCH_MAX) {
             last = last->next;
             taken++;
         }
         q->head = last->next;
         if (!q->head) q->tail = NULL;
+        else clock_gettime(CLOCK_MONOTONIC, &q->oldest); /* the rest waits from now */
         last->next = NULL;
         q->n -= taken;
+        q->batches++;
         pthread_mutex_unlock(&q->mu);
         write_batch(q, chain);
         pthread_mutex_lock(&q->mu);
@@ -130,16 +109,27 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
+/* ---- lifecycle ----------------------------------------------------------------- */
+
+static int init_sync(brk_catq_t *q) {
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca)) return -1;
+    int bad = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(&q->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (bad) return -1;
+    if (pthread_mutex_init(&q->mu, NULL)) {
+        pthread_cond_destroy(&q->cv);
+        return -1;
+    }
+    return 0;
+}
+
 brk_catq_t *brk_catq_new(cat_t **cat, size_t max) {
     brk_catq_t *q = calloc(1, sizeof *q);
     if (!q) goto err;
     q->max = max;
     if (!cat || !*cat) return q; /* no catalog: pushes are dropped */
-    if (pthread_mutex_init(&q->mu, NULL)) goto err;
-    if (pthread_cond_init(&q->cv, NULL)) {
-        pthread_mutex_destroy(&q->mu);
-        goto err;
-    }
+    if (init_sync(q)) goto err;
     q->cat = *cat;
     if (pthread_create(&q->thread, NULL, writer_main, q)) {
         pthread_cond_destroy(&q->cv);
@@ -173,122 +163,86 @@ void brk_catq_destroy(brk_catq_t **qp) {
     *qp = NULL;
 }
 
-uint64_t brk_catq_dropped(brk_catq_t *q) {
+static uint64_t read_locked(brk_catq_t *q, const uint64_t *v) {
     if (!q || !q->cat) return 0;
     pthread_mutex_lock(&q->mu);
-    uint64_t d = q->dropped;
+    uint64_t x = *v;
     pthread_mutex_unlock(&q->mu);
-    return d;
+    return x;
 }
 
-/* Copies tmpl and its n strings into one allocation and queues it. A full
- * queue or no memory drops the record and counts it. */
-static void push(brk_catq_t *q, const cq_item_t *tmpl, int n, ...) {
-    if (!q || !q->cat) return;
-    const char *src[CQ_STRS];
-    size_t len[CQ_STRS], total = sizeof(cq_item_t);
-    va_list ap;
-    va_start(ap, n);
-    for (int i = 0; i < n; i++) {
-        src[i] = va_arg(ap, const char *);
-        if (!src[i]) src[i] = "";
-        len[i] = strlen(src[i]) + 1;
-        total += len[i];
-    }
-    va_end(ap);
+uint64_t brk_catq_dropped(brk_catq_t *q) { return q ? read_locked(q, &q->dropped) : 0; }
+uint64_t brk_catq_batches(brk_catq_t *q) { return q ? read_locked(q, &q->batches) : 0; }
 
-    cq_item_t *it = NULL;
-    pthread_mutex_lock(&q->mu);
-    bool full = q->n >= q->max;
-    pthread_mutex_unlock(&q->mu);
-    if (!full) it = malloc(total);
-    if (it) {
-        *it = *tmpl;
-        it->next = NULL;
-        it->t = now_unix();
-        char *p = (char *)(it + 1);
-        for (int i = 0; i < n; i++) {
-            memcpy(p, src[i], len[i]);
-            it->s[i] = p;
-            p += len[i];
-        }
-    }
+/* ---- pushing ------------------------------------------------------------------- */
+
+/* Queues it (NULL: out of memory), or drops and counts it when the queue
+ * is full. The writer is woken by the first record (to start its clock)
+ * and by the one that makes a batch; the others only queue. */
+static void enqueue(brk_catq_t *q, cq_item_t *it) {
     pthread_mutex_lock(&q->mu);
     if (it && q->n < q->max) {
+        it->next = NULL;
         if (q->tail) q->tail->next = it;
-        else q->head = it;
+        else {
+            q->head = it;
+            clock_gettime(CLOCK_MONOTONIC, &q->oldest);
+        }
         q->tail = it;
-        q->n++;
-        pthread_cond_signal(&q->cv);
+        if (++q->n == 1 || q->n == BRK_CATQ_BATCH) pthread_cond_signal(&q->cv);
         it = NULL;
     } else if (q->dropped++ == 0) {
-        brk_log("catalog: queue full (%zu records): dropping records until the writer catches up",
-                q->max);
+        brk_log("catalog: queue full (%zu records): dropping records until the writer catches up", q->max);
     }
     pthread_mutex_unlock(&q->mu);
     free(it);
 }
 
-void brk_cq_worker_seen(brk_catq_t *q, const char *worker, const char *device, const char *arch,
-                        int streams, uint64_t budget) {
-    cq_item_t t = { .kind = CQ_WORKER_SEEN, .i = { streams }, .u = { budget } };
-    push(q, &t, 3, worker, device, arch);
+/* Copies string *s to p and points *s at the copy; returns where the next
+ * one goes. */
+static char *copy_str(const char **s, char *p) {
+    if (!*s) return p;
+    size_t n = strlen(*s) + 1;
+    memcpy(p, *s, n);
+    *s = p;
+    return p + n;
 }
 
-void brk_cq_worker_gone(brk_catq_t *q, const char *worker, const char *why) {
-    cq_item_t t = { .kind = CQ_WORKER_GONE };
-    push(q, &t, 2, worker, why);
-}
+/* Per field type: taking the parameter into the record (and counting the
+ * bytes its string needs), then copying the string into the item. */
+#define CQ_F_SET(T, m) CQ_SET_##T(m)
+#define CQ_SET_TEXT(m) x->m = m ? m : ""; extra += strlen(x->m) + 1;
+#define CQ_SET_OPT(m) x->m = m && *m ? m : NULL; extra += x->m ? strlen(x->m) + 1 : 0;
+#define CQ_SET_INT(m) x->m = m;
+#define CQ_SET_U64(m) x->m = m;
+#define CQ_SET_F64(m) x->m = m;
+#define CQ_SET_BOOL(m) x->m = m;
+#define CQ_SET_TIME(m) x->m = now_unix();
+#define CQ_F_COPY(T, m) CQ_COPY_##T(m)
+#define CQ_COPY_TEXT(m) p = copy_str(&x->m, p);
+#define CQ_COPY_OPT(m) p = copy_str(&x->m, p);
+#define CQ_COPY_INT(m)
+#define CQ_COPY_U64(m)
+#define CQ_COPY_F64(m)
+#define CQ_COPY_BOOL(m)
+#define CQ_COPY_TIME(m)
 
-void brk_cq_weight_version(brk_catq_t *q, const char *component, uint64_t version,
-                           const char *sha256, const char *source) {
-    cq_item_t t = { .kind = CQ_WEIGHT_VERSION, .u = { version } };
-    push(q, &t, 3, component, sha256, source);
-}
-
-void brk_cq_weight_state(brk_catq_t *q, const char *component, uint64_t version,
-                         const char *state, const char *reason) {
-    cq_item_t t = { .kind = CQ_WEIGHT_STATE, .u = { version } };
-    push(q, &t, 3, component, state, reason);
-}
-
-void brk_cq_worker_version(brk_catq_t *q, const char *worker, const char *component,
-                           uint64_t version, bool ok, const char *error) {
-    cq_item_t t = { .kind = CQ_WORKER_VERSION, .u = { version }, .b = ok };
-    push(q, &t, 3, worker, component, error);
-}
-
-void brk_cq_capture(brk_catq_t *q, const char *worker, const char *key_text, const char *key_hash,
-                    int stream, uint64_t bytes, uint64_t nodes, double seconds) {
-    cq_item_t t = { .kind = CQ_CAPTURE, .i = { stream }, .u = { bytes, nodes }, .d = seconds };
-    push(q, &t, 3, worker, key_text, key_hash);
-}
-
-void brk_cq_replays(brk_catq_t *q, const char *worker, const char *key_hash, int stream,
-                    uint64_t count) {
-    cq_item_t t = { .kind = CQ_REPLAYS, .i = { stream }, .u = { count } };
-    push(q, &t, 2, worker, key_hash);
-}
-
-void brk_cq_eviction(brk_catq_t *q, const char *worker, const char *key_text,
-                     const char *key_hash, const char *reason, const char *component,
-                     uint64_t from_version, uint64_t to_version) {
-    cq_item_t t = { .kind = CQ_EVICTION, .u = { from_version, to_version } };
-    push(q, &t, 5, worker, key_text, key_hash, reason, component);
-}
-
-void brk_cq_decline(brk_catq_t *q, const char *worker, const char *key_text, const char *key_hash,
-                    const char *reason, uint64_t count) {
-    cq_item_t t = { .kind = CQ_DECLINE, .u = { count } };
-    push(q, &t, 4, worker, key_text, key_hash, reason);
-}
-
-void brk_cq_request(brk_catq_t *q, uint64_t id, const char *worker, const char *key_hash,
-                    uint64_t version, int steps, int captured, int replayed, int eager,
-                    double seconds, const char *status) {
-    cq_item_t t = { .kind = CQ_REQUEST,
-                    .u = { id, version },
-                    .i = { steps, captured, replayed, eager },
-                    .d = seconds };
-    push(q, &t, 3, worker, key_hash, status);
-}
+#define BRK_CQ_PUSH(n, N, what)                                 \
+    void brk_cq_##n(brk_catq_t *q CAT_##N(CAT_F_QPARAM)) {      \
+        if (!q || !q->cat) return;                              \
+        cat_rec_t r = { .kind = CAT_K_##N };                    \
+        cat_##n##_t *x = &r.u.n;                                \
+        size_t extra = 0;                                       \
+        CAT_##N(CQ_F_SET)                                       \
+        cq_item_t *it = malloc(sizeof *it + extra);             \
+        if (it) {                                               \
+            it->rec = r;                                        \
+            x = &it->rec.u.n;                                   \
+            char *p = (char *)(it + 1);                         \
+            CAT_##N(CQ_F_COPY)                                  \
+            (void)p;                                            \
+        }                                                       \
+        enqueue(q, it);                                         \
+    }
+CAT_RECORDS(BRK_CQ_PUSH)
+#undef BRK_CQ_PUSH

@@ -7,7 +7,7 @@
  * a catalog that does not exist; 1 when the catalog can not be read. */
 #include "ctl.h"
 #include "kernels/error.h"
-#include "schema/catalog.h"
+#include "ctl/report.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,16 +19,16 @@ typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 /* `reelctl metrics`: Prometheus text (--json makes no sense here: ignored). */
 static int metrics(cat_t *c, bool json, FILE *out) {
     (void)json;
-    return cat_report_metrics(c, out);
+    return ctl_report_metrics(c, out);
 }
 
 static const struct {
     const char *name;
     report_fn fn;
 } reports[] = {
-    { "stats", cat_report_stats },         { "keys", cat_report_keys },
-    { "evictions", cat_report_evictions }, { "versions", cat_report_versions },
-    { "workers", cat_report_workers },     { "requests", cat_report_requests },
+    { "stats", ctl_report_stats },         { "keys", ctl_report_keys },
+    { "evictions", ctl_report_evictions }, { "versions", ctl_report_versions },
+    { "workers", ctl_report_workers },     { "requests", ctl_report_requests },
     { "metrics", metrics },
 };
 

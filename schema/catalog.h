@@ -1,5 +1,7 @@
-/* catalog.h -- the SQLite catalog: what was captured, replayed, declined and
- * evicted, which weight versions exist and which worker applied which.
+/* catalog.h -- the SQLite catalog store: what was captured, replayed,
+ * declined and evicted, which weight versions exist and which worker
+ * applied which. Queries for reports are in catalog_query.h; reelctl draws
+ * them (ctl/report.h).
  *
  * One writer (the broker's catalog thread) and any number of readers
  * (reelctl, sqlite3) at once: WAL mode, busy_timeout, writes batched in
@@ -13,6 +15,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "schema/catalog_records.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -21,54 +25,57 @@ typedef struct cat cat_t;
 
 /* Opens (creating and migrating when writable) the catalog at path.
  * readonly: open an existing catalog for queries; NULL with a message if it
- * does not exist or its schema is newer than this build's. */
+ * does not exist or its schema is newer than this build's. A new catalog
+ * file is created 0600; "file:" URIs and symlinked paths are refused. */
 cat_t *cat_open(const char *path, bool readonly);
+/* Closes the catalog (an open batch is rolled back). Does nothing on NULL;
+ * sets *c = NULL. */
 void cat_close(cat_t **c);
+/* The path it was opened with (for messages). */
+const char *cat_path(const cat_t *c);
 /* The schema version (user_version) this build writes. */
 int cat_schema_version(void);
 
-/* Write transactions: everything between begin and commit is one batch. */
+/* Write transactions: everything between begin and commit is one batch.
+ * Rollback with no batch open does nothing. */
 int cat_begin(cat_t *c);
 int cat_commit(cat_t *c);
 int cat_rollback(cat_t *c);
 
-/* Writers. `t` is a UNIX time in seconds (double). Strings are copied. */
-int cat_worker_seen(cat_t *c, const char *worker, const char *device, const char *arch,
-                    int streams, uint64_t budget, double t);
-int cat_worker_gone(cat_t *c, const char *worker, const char *why, double t);
-/* A weight version the trainer published, recorded 'pending' (publishing a
- * version again, after it failed, starts it over: pending, reason cleared). */
-int cat_weight_version(cat_t *c, const char *component, uint64_t version, const char *sha256,
-                       const char *source, double t);
-/* Sets the state of a recorded version: "pending", "current" (a worker
- * applied it; older current versions of the component become
- * "superseded"), "superseded" or "failed" (no worker applied it; reason
- * says why). Unknown states are refused (-1, nothing written). Setting the
- * state of a version never recorded changes nothing. */
-int cat_weight_state(cat_t *c, const char *component, uint64_t version, const char *state,
-                     const char *reason);
-/* Marks every pending version failed with reason: a broker that starts
- * finds those its previous run published and never saw applied. */
-int cat_weight_fail_pending(cat_t *c, const char *reason);
-int cat_worker_version(cat_t *c, const char *worker, const char *component, uint64_t version,
-                       bool ok, const char *error, double t);
-int cat_capture(cat_t *c, const char *worker, const char *key_text, const char *key_hash,
-                int stream, uint64_t bytes, uint64_t nodes, double seconds, double t);
-/* Adds `count` replays to the capture of (worker, key_hash, stream). */
-int cat_replays(cat_t *c, const char *worker, const char *key_hash, int stream, uint64_t count,
-                double t);
-int cat_eviction(cat_t *c, const char *worker, const char *key_text, const char *key_hash,
-                 const char *reason, const char *component, uint64_t from_version,
-                 uint64_t to_version, double t);
-/* Adds `count` declines of `reason` for (worker, key_hash). */
-int cat_decline(cat_t *c, const char *worker, const char *key_text, const char *key_hash,
-                const char *reason, uint64_t count, double t);
-/* One finished request, as the client saw it. */
-int cat_request(cat_t *c, uint64_t id, const char *worker, const char *key_hash, uint64_t version,
-                int steps, int captured, int replayed, int eager, double seconds, const char *status,
-                double t);
-int cat_artifact(cat_t *c, const char *id, const char *op, const char *backend, const char *sha256,
-                 const char *status, const char *reason, double t);
+/* ---- records (schema/catalog_records.h defines each kind) ----------------- */
+
+typedef enum {
+#define CAT_KIND_ENUM(n, N, what) CAT_K_##N,
+    CAT_RECORDS(CAT_KIND_ENUM)
+#undef CAT_KIND_ENUM
+    CAT_K_COUNT
+} cat_kind_t;
+
+/* cat_worker_seen_t, ...: one struct per kind, its fields as members. */
+#define CAT_KIND_STRUCT(n, N, what) typedef struct { CAT_##N(CAT_F_MEMBER) } cat_##n##_t;
+CAT_RECORDS(CAT_KIND_STRUCT)
+#undef CAT_KIND_STRUCT
+
+/* Any record: its kind and, in the member of that name, its fields. */
+typedef struct {
+    cat_kind_t kind;
+    union {
+#define CAT_KIND_MEMBER(n, N, what) cat_##n##_t n;
+        CAT_RECORDS(CAT_KIND_MEMBER)
+#undef CAT_KIND_MEMBER
+    } u;
+} cat_rec_t;
+
+/* Writes one record (inside a batch, or as a batch of its own). Strings
+ * are copied by SQLite. */
+int cat_write(cat_t *c, const cat_rec_t *r);
+
+/* The writers, one per kind, each cat_write of its fields in the order of
+ * the kind's table: cat_worker_seen(c, worker, device, arch, streams,
+ * budget, t), cat_replays(c, worker, key_hash, stream, count, t), ... */
+#define CAT_KIND_WRITER(n, N, what) int cat_##n(cat_t *c CAT_##N(CAT_F_PARAM));
+CAT_RECORDS(CAT_KIND_WRITER)
+#undef CAT_KIND_WRITER
 
 /* The current version of each component: the newest in state "current",
  * i.e. applied by at least one worker (what a restarted broker resumes;
@@ -81,17 +88,6 @@ typedef struct {
     char source[1024];    /* a path, or "inline" */
 } cat_version_t;
 int cat_current_versions(cat_t *c, cat_version_t *out, int max);
-
-/* Reports for operators, to out: a table for people, or JSON (--json). */
-int cat_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */
-int cat_report_keys(cat_t *c, bool json, FILE *out);
-int cat_report_evictions(cat_t *c, bool json, FILE *out);
-int cat_report_versions(cat_t *c, bool json, FILE *out);
-int cat_report_workers(cat_t *c, bool json, FILE *out);
-int cat_report_requests(cat_t *c, bool json, FILE *out);
-/* The same counters as stats in the Prometheus text format (counters end
- * in _total; labels worker and reason only: no per-key cardinality). */
-int cat_report_metrics(cat_t *c, FILE *out);
 
 #ifdef __cplusplus
 }

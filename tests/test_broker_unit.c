@@ -10,6 +10,8 @@
  * what the malformed counter counts). The process-level behaviour is tested against a
  * running reel-broker elsewhere (tests/cli_sync.sh). */
 #include <check.h>
+#include <sqlite3.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -836,6 +838,80 @@ START_TEST(test_status_lists_each_model_with_the_config_its_worker_announced) {
 }
 END_TEST
 
+/* ---- the catalog writer ------------------------------------------------------------ */
+
+/* A catalog in a fresh directory (dir must be a mkdtemp template). */
+static cat_t *temp_catalog(char *dir, char *path, size_t len) {
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, len, "%s/c.db", dir);
+    cat_t *c = cat_open(path, false);
+    ck_assert_msg(c != NULL, "%s", kern_error());
+    return c;
+}
+
+static long long sql_int(const char *path, const char *sql) {
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    long long v = -1;
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW)
+        v = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return v;
+}
+
+static void remove_dir(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    ck_assert_ptr_nonnull(q);
+    ck_assert_ptr_null(c); /* the queue owns it */
+    for (int i = 0; i < 2000; i++) {
+        brk_cq_decline(q, "w0", "reel-key/1 x", "00000000000000aa", "warming_up", 1);
+        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok");
+    }
+    brk_cq_weight_state(q, "transformer", 1, "failed", ""); /* OPT: "" is no reason */
+    brk_cq_eviction(q, "w0", NULL, "00000000000000aa", "lru", NULL, 0, 0); /* TEXT: NULL is "" */
+    uint64_t batches = 0;
+    for (int i = 0; i < 200 && sql_int(path, "SELECT count(*) FROM requests") < 2000; i++) usleep(10000);
+    batches = brk_catq_batches(q);
+    brk_catq_destroy(&q);
+    ck_assert_ptr_null(q);
+    /* 4002 records: by count (BRK_CATQ_BATCH) or by time, never one each */
+    ck_assert_msg(batches >= 1 && batches <= 4002 / BRK_CATQ_BATCH + 4, "%llu transactions",
+                  (unsigned long long)batches);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(count) FROM declines"), 2000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 2000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM evictions WHERE key_text = '' AND component = ''"), 1);
+    remove_dir(dir);
+}
+END_TEST
+
+START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    brk_cq_worker_seen(q, "w0", "cpu", "avx2", 1, 0);
+    int waited = 0;
+    while (sql_int(path, "SELECT count(*) FROM workers") < 1 && waited < 2000) {
+        usleep(5000);
+        waited += 5;
+    }
+    /* due after BRK_CATQ_WAIT_MS; a loaded machine may take longer, not seconds */
+    ck_assert_msg(waited < 2000, "the record did not reach SQLite in 2 s");
+    ck_assert_uint_eq(brk_catq_batches(q), 1);
+    brk_catq_destroy(&q);
+    remove_dir(dir);
+}
+END_TEST
+
 static Suite *broker_unit_suite(void) {
     Suite *s = suite_create("broker_unit");
     TCase *tc = tcase_create("routing");
@@ -870,6 +946,11 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
     suite_add_tcase(s, an);
+    TCase *cq = tcase_create("catalog writer");
+    tcase_set_timeout(cq, 60);
+    tcase_add_test(cq, test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none);
+    tcase_add_test(cq, test_a_lone_catalog_record_is_written_within_the_batch_window);
+    suite_add_tcase(s, cq);
     return s;
 }
 

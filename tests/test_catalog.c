@@ -8,6 +8,7 @@
  * fixture even when the test fails. Facts are checked through the reports
  * (parsed with jansson) and, where the report does not show them, through
  * a raw sqlite3 connection. */
+#include "ctl/report.h"
 #include "schema/catalog.h"
 #include "kernels/error.h"
 
@@ -153,7 +154,7 @@ static long long raw_int(sqlite3 *db, const char *sql) {
 
 /* Overall captures as a (readonly) connection sees them now. */
 static json_int_t captures_seen(cat_t *c) {
-    json_t *j = report_json(c, cat_report_stats);
+    json_t *j = report_json(c, ctl_report_stats);
     json_int_t n = jint(json_object_get(j, "overall"), "captures");
     json_decref(j);
     return n;
@@ -514,7 +515,7 @@ START_TEST(test_replays_without_a_capture_create_a_placeholder_row_and_are_not_l
     cat_t *c = open_ok(false);
     OK(cat_replays(c, "w1", "lost", 2, 5, 100));
     OK(cat_replays(c, "w1", "lost", 2, 3, 110)); /* lands on the same row */
-    json_t *j = report_json(c, cat_report_stats);
+    json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
     ck_assert_int_eq(jint(all, "captures"), 0); /* a placeholder is not a capture */
     ck_assert_int_eq(jint(all, "replays"), 8);
@@ -549,12 +550,12 @@ START_TEST(test_worker_seen_again_after_gone_is_live_and_keeps_first_seen) {
     cat_t *c = open_ok(false);
     OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, 100));
     OK(cat_worker_gone(c, "w1", "missed heartbeats", 150));
-    json_t *j = report_json(c, cat_report_workers);
+    json_t *j = report_json(c, ctl_report_workers);
     json_t *w = find(j, "name", "w1");
     ck_assert_str_eq(jstr(w, "gone_reason"), "missed heartbeats");
     json_decref(j);
     OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, 200));
-    j = report_json(c, cat_report_workers);
+    j = report_json(c, ctl_report_workers);
     w = find(j, "name", "w1");
     ck_assert(json_is_null(json_object_get(w, "gone_at")));
     ck_assert_str_eq(jstr(w, "device"), "cuda:0");
@@ -602,7 +603,7 @@ START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons
     cat_t *w = open_ok(false);
     write_facts(w);
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_stats);
+    json_t *j = report_json(c, ctl_report_stats);
 
     json_t *w1 = find(json_object_get(j, "workers"), "worker", "w1");
     ck_assert_int_eq(jint(w1, "captures"), 3);
@@ -634,7 +635,7 @@ START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons
     ck_assert_double_eq_tol(json_real_value(json_object_get(all, "hit_rate")), 0.5, 1e-12);
     json_decref(j);
 
-    char *t = report_text(c, cat_report_stats, false);
+    char *t = report_text(c, ctl_report_stats, false);
     ck_assert_msg(strncmp(t, "worker ", 7) == 0 && strstr(t, "captures") && strstr(t, "hit_rate"),
                   "header: %s", t);
     ck_assert_msg(strstr(t, "50.0%") && strstr(t, "(all)") && strstr(t, "shape_mismatch=4") &&
@@ -650,7 +651,7 @@ START_TEST(test_stats_hit_rate_falls_back_to_capture_counters_without_requests) 
     for (int i = 0; i < 3; i++) capture(c, "w1", "k", i, 10 + i);
     OK(cat_replays(c, "w1", "k", 0, 10, 20));
     OK(cat_decline(c, "w1", "t", "k", "warming_up", 2, 21));
-    json_t *j = report_json(c, cat_report_stats);
+    json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
     ck_assert_int_eq(jint(all, "captures"), 3);
     ck_assert_int_eq(jint(all, "replays"), 10);
@@ -666,7 +667,7 @@ START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
     write_facts(w);
     OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1200));
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_keys);
+    json_t *j = report_json(c, ctl_report_keys);
     ck_assert_int_eq(json_array_size(j), 3);
     json_t *k1 = json_array_get(j, 0); /* most replayed first */
     ck_assert_str_eq(jstr(k1, "key_hash"), "k1");
@@ -683,7 +684,7 @@ START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
     ck_assert(json_is_null(json_object_get(k3, "last_replay")));
     json_decref(j);
 
-    char *t = report_text(c, cat_report_keys, false);
+    char *t = report_text(c, ctl_report_keys, false);
     ck_assert_msg(strncmp(t, "key_hash", 8) == 0 && strstr(t, "dit step 64x64") && strstr(t, "w1,w2"),
                   "table: %s", t);
     free(t);
@@ -696,7 +697,7 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     cat_t *w = open_ok(false);
     write_facts(w);
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_evictions);
+    json_t *j = report_json(c, ctl_report_evictions);
     ck_assert_int_eq(json_array_size(j), 3);
     json_t *e = json_array_get(j, 0);
     ck_assert_str_eq(jstr(e, "key_hash"), "k2");
@@ -706,7 +707,7 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     ck_assert_int_eq(jint(e, "to_version"), 2);
     ck_assert_str_eq(jstr(json_array_get(j, 2), "reason"), "lru");
     json_decref(j);
-    char *t = report_text(c, cat_report_evictions, false);
+    char *t = report_text(c, ctl_report_evictions, false);
     ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "weight_sync") && strstr(t, "1970-01-01T00:18:21Z"),
                   "table: %s", t);
     free(t);
@@ -714,7 +715,7 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     OK(cat_begin(w));
     for (int i = 0; i < 60; i++) OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 2000 + i));
     OK(cat_commit(w));
-    j = report_json(c, cat_report_evictions);
+    j = report_json(c, ctl_report_evictions);
     ck_assert_int_eq(json_array_size(j), 50);
     ck_assert_int_eq(json_number_value(json_object_get(json_array_get(j, 0), "t")), 2059);
     json_decref(j);
@@ -733,7 +734,7 @@ START_TEST(test_metrics_are_prometheus_counters_by_worker_and_reason) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    ck_assert_int_eq(cat_report_metrics(c, f), 0);
+    ck_assert_int_eq(ctl_report_metrics(c, f), 0);
     fclose(f);
     const char *want[] = {
         "# TYPE reel_requests_total counter\n",
@@ -790,7 +791,7 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
     OK(cat_weight_version(w, "transformer", 3, "c2", "/w/v3b.safetensors", 5.0));
     OK(cat_weight_fail_pending(w, "the broker stopped before any worker applied it"));
     cat_t *r = open_ok(true);
-    json_t *j = report_json(r, cat_report_versions);
+    json_t *j = report_json(r, ctl_report_versions);
     json_t *v1 = json_array_get(j, 2), *v2 = json_array_get(j, 1), *v3 = json_array_get(j, 0);
     ck_assert_str_eq(jstr(v1, "state"), "superseded"); /* one current per component */
     ck_assert_str_eq(jstr(v2, "state"), "current");
@@ -799,7 +800,7 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
     ck_assert_str_eq(jstr(v3, "sha256"), "c2");
     ck_assert_str_eq(jstr(v3, "reason"), "the broker stopped before any worker applied it");
     json_decref(j);
-    char *t = report_text(r, cat_report_versions, false);
+    char *t = report_text(r, ctl_report_versions, false);
     ck_assert_msg(strstr(t, "state") && strstr(t, "superseded") && strstr(t, "the broker stopped"), "table: %s", t);
     free(t);
     cat_close(&r);
@@ -813,7 +814,7 @@ START_TEST(test_versions_report_lists_which_workers_applied_each_version) {
     cat_t *w = open_ok(false);
     write_facts(w);
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_versions);
+    json_t *j = report_json(c, ctl_report_versions);
     ck_assert_int_eq(json_array_size(j), 2);
     json_t *v2 = json_array_get(j, 0); /* newest first */
     ck_assert_int_eq(jint(v2, "version"), 2);
@@ -826,7 +827,7 @@ START_TEST(test_versions_report_lists_which_workers_applied_each_version) {
     json_t *v1 = json_array_get(j, 1);
     ck_assert_int_eq(json_array_size(json_object_get(v1, "applied")), 2);
     json_decref(j);
-    char *t = report_text(c, cat_report_versions, false);
+    char *t = report_text(c, ctl_report_versions, false);
     ck_assert_msg(strncmp(t, "component", 9) == 0 && strstr(t, "w1,w2") && strstr(t, "w2:sha256 mismatch"),
                   "table: %s", t);
     free(t);
@@ -839,7 +840,7 @@ START_TEST(test_workers_report_shows_last_seen_gone_and_applied_versions) {
     cat_t *w = open_ok(false);
     write_facts(w);
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_workers);
+    json_t *j = report_json(c, ctl_report_workers);
     ck_assert_int_eq(json_array_size(j), 2);
     json_t *w1 = find(j, "name", "w1");
     ck_assert_str_eq(jstr(w1, "device"), "cuda:0");
@@ -852,7 +853,7 @@ START_TEST(test_workers_report_shows_last_seen_gone_and_applied_versions) {
     ck_assert_str_eq(jstr(w2, "gone_reason"), "missed heartbeats");
     ck_assert_int_eq(jint(json_object_get(w2, "versions"), "dit"), 1); /* v2 failed there */
     json_decref(j);
-    char *t = report_text(c, cat_report_workers, false);
+    char *t = report_text(c, ctl_report_workers, false);
     ck_assert_msg(strncmp(t, "worker", 6) == 0 && strstr(t, "missed heartbeats") && strstr(t, "dit=2"),
                   "table: %s", t);
     free(t);
@@ -875,7 +876,7 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
     OK(cat_worker_version(w, "gone", "transformer", 3, false, "timeout", 31));
     OK(cat_commit(w));
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_workers);
+    json_t *j = report_json(c, ctl_report_workers);
     /* v3 still pending: nobody lags behind a version that is not current */
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", names[i]), "lagging")), 0);
@@ -883,7 +884,7 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
 
     OK(cat_weight_state(w, "transformer", 2, "current", NULL));
     OK(cat_weight_state(w, "transformer", 3, "current", NULL));
-    j = report_json(c, cat_report_workers);
+    j = report_json(c, ctl_report_workers);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "up"), "lagging")), 0);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "gone"), "lagging")), 0);
     json_t *lag = json_array_get(json_object_get(find(j, "name", "failed"), "lagging"), 0);
@@ -893,13 +894,13 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
     lag = json_array_get(json_object_get(find(j, "name", "silent"), "lagging"), 0);
     ck_assert_str_eq(jstr(lag, "reason"), "not applied");
     json_decref(j);
-    char *t = report_text(c, cat_report_workers, false);
+    char *t = report_text(c, ctl_report_workers, false);
     ck_assert_msg(strstr(t, "lagging") && strstr(t, "transformer:3:config tiny does not match"), "table: %s", t);
     free(t);
 
     /* caught up later (a reconnect): no longer lagging */
     OK(cat_worker_version(w, "failed", "transformer", 3, true, NULL, 40));
-    j = report_json(c, cat_report_workers);
+    j = report_json(c, ctl_report_workers);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "failed"), "lagging")), 0);
     json_decref(j);
     cat_close(&c);
@@ -911,7 +912,7 @@ START_TEST(test_requests_report_is_newest_first_with_step_counts) {
     cat_t *w = open_ok(false);
     write_facts(w);
     cat_t *c = open_ok(true);
-    json_t *j = report_json(c, cat_report_requests);
+    json_t *j = report_json(c, ctl_report_requests);
     ck_assert_int_eq(json_array_size(j), 2);
     json_t *r = json_array_get(j, 0);
     ck_assert_int_eq(jint(r, "id"), 2);
@@ -921,7 +922,7 @@ START_TEST(test_requests_report_is_newest_first_with_step_counts) {
     ck_assert_str_eq(jstr(r, "status"), "ok");
     ck_assert_double_eq_tol(json_real_value(json_object_get(r, "seconds")), 0.75, 1e-12);
     json_decref(j);
-    char *t = report_text(c, cat_report_requests, false);
+    char *t = report_text(c, ctl_report_requests, false);
     ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "0.750") && strstr(t, "1.500"), "table: %s", t);
     free(t);
     cat_close(&c);
@@ -932,8 +933,8 @@ END_TEST
 START_TEST(test_every_report_on_empty_catalog_is_valid_json_and_a_header) {
     cat_t *w = open_ok(false);
     cat_t *c = open_ok(true);
-    report_fn fns[] = { cat_report_stats, cat_report_keys, cat_report_evictions,
-                        cat_report_versions, cat_report_workers, cat_report_requests };
+    report_fn fns[] = { ctl_report_stats, ctl_report_keys, ctl_report_evictions,
+                        ctl_report_versions, ctl_report_workers, ctl_report_requests };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         json_t *j = report_json(c, fns[i]);
         json_decref(j);
@@ -941,7 +942,7 @@ START_TEST(test_every_report_on_empty_catalog_is_valid_json_and_a_header) {
         ck_assert_msg(strchr(t, '\n') != NULL && t[0] != '\n', "table: %s", t);
         free(t);
     }
-    json_t *j = report_json(c, cat_report_stats);
+    json_t *j = report_json(c, ctl_report_stats);
     ck_assert(json_is_null(json_object_get(json_object_get(j, "overall"), "hit_rate")));
     json_decref(j);
     cat_close(&c);
@@ -952,7 +953,7 @@ END_TEST
 START_TEST(test_table_columns_are_aligned_under_their_headers) {
     cat_t *w = open_ok(false);
     write_facts(w);
-    char *t = report_text(w, cat_report_requests, false);
+    char *t = report_text(w, ctl_report_requests, false);
     /* Right-aligned "steps": every line ends that column at the same place. */
     char *header = t, *nl = strchr(t, '\n');
     ck_assert_ptr_nonnull(nl);
@@ -997,13 +998,13 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     sqlite3_close(db);
 
     c = open_ok(true);
-    json_t *j = report_json(c, cat_report_keys);
+    json_t *j = report_json(c, ctl_report_keys);
     json_t *k = json_array_get(j, 0);
     ck_assert_str_eq(jstr(k, "key_text"), text);
     ck_assert_str_eq(jstr(k, "key_hash"), hash);
     ck_assert_str_eq(json_string_value(json_array_get(json_object_get(k, "workers"), 0)), worker);
     json_decref(j);
-    j = report_json(c, cat_report_stats);
+    j = report_json(c, ctl_report_stats);
     json_t *w = find(json_object_get(j, "workers"), "worker", worker);
     ck_assert_int_eq(jint(json_object_get(w, "declines_by_reason"), "override'); --"), 1);
     json_decref(j);
@@ -1014,10 +1015,10 @@ END_TEST
 START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
     cat_t *c = open_ok(false);
     OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1));
-    json_t *j = report_json(c, cat_report_keys); /* still valid JSON */
+    json_t *j = report_json(c, ctl_report_keys); /* still valid JSON */
     ck_assert_ptr_nonnull(strstr(jstr(json_array_get(j, 0), "key_text"), "line\none"));
     json_decref(j);
-    char *t = report_text(c, cat_report_keys, false);
+    char *t = report_text(c, ctl_report_keys, false);
     int lines = 0;
     for (char *p = t; *p; p++) lines += *p == '\n';
     ck_assert_int_eq(lines, 2); /* header + one row: the newline was masked */

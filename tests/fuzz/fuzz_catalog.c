@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "ctl/report.h"
 #include "schema/catalog.h"
 
 typedef struct { const uint8_t *p; size_t n; } in_t;
@@ -126,14 +127,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FILE *devnull = fopen("/dev/null", "w");
     if (!devnull) abort();
     int (*const reports[])(cat_t *, bool, FILE *) = {
-        cat_report_stats, cat_report_keys, cat_report_evictions,
-        cat_report_versions, cat_report_workers, cat_report_requests,
+        ctl_report_stats, ctl_report_keys, ctl_report_evictions,
+        ctl_report_versions, ctl_report_workers, ctl_report_requests,
     };
     for (size_t r = 0; r < sizeof reports / sizeof reports[0]; r++) {
         (void)reports[r](c, false, devnull);
         (void)reports[r](c, true, devnull);
     }
-    (void)cat_report_metrics(c, devnull);
+    (void)ctl_report_metrics(c, devnull);
     fclose(devnull);
     cat_close(&c);
     return 0;

@@ -1,0 +1,200 @@
+/* report.c -- reelctl's catalog reports (see report.h): the queries of
+ * schema/catalog_query.h drawn as JSON on one line, as a table whose
+ * columns are listed here per report, or as Prometheus text. The table is
+ * drawn from the same JSON, so the two forms can not disagree. */
+#include "ctl/report.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "ctl/report_table.h"
+#include "kernels/error.h"
+#include "schema/catalog_query.h"
+
+typedef json_t *(*query_fn)(cat_t *c);
+
+static int table(cat_t *c, FILE *out, const json_t *rows, const ctl_col_t *cols, size_t ncols) {
+    char what[1100];
+    snprintf(what, sizeof what, "catalog %s", cat_path(c));
+    return ctl_table_print(what, out, rows, cols, ncols);
+}
+
+/* ret, or -1 with a message when out could not be written. */
+static int flushed(cat_t *c, FILE *out, int ret) {
+    if (ret == 0 && (fflush(out) != 0 || ferror(out)))
+        ret = kern_fail("catalog %s: report: write failed: %s", cat_path(c), strerror(errno));
+    return ret;
+}
+
+/* Prints a report as JSON on one line, or as a table of its rows. */
+static int report(cat_t *c, query_fn query, bool json, FILE *out, const ctl_col_t *cols, size_t ncols) {
+    json_t *root = query(c);
+    if (!root) return -1;
+    int ret;
+    if (json) {
+        char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(15));
+        ret = text ? 0 : kern_fail("catalog %s: report: cannot encode JSON", cat_path(c));
+        if (text) fprintf(out, "%s\n", text);
+        free(text);
+    } else {
+        ret = table(c, out, root, cols, ncols);
+    }
+    json_decref(root);
+    return flushed(c, out, ret);
+}
+
+
+static const ctl_col_t stats_cols[] = {
+    { "worker", "worker", CTL_F_TEXT, 32 },
+    { "requests", "requests", CTL_F_NUM, 0 },
+    { "captures", "captures", CTL_F_NUM, 0 },
+    { "replays", "replays", CTL_F_NUM, 0 },
+    { "hit_rate", "hit_rate", CTL_F_RATE, 0 },
+    { "eager_breaks", "eager_breaks", CTL_F_NUM, 0 },
+    { "declines_by_reason", "declines", CTL_F_MAP, 0 },
+    { "evictions_by_reason", "evictions", CTL_F_MAP, 0 },
+};
+
+/* Prometheus text for one label value: backslash, quote and newline
+ * escaped; a missing value (a NULL in a damaged catalog) is "". */
+static void prom_label(FILE *out, const char *v) {
+    for (; v && *v; v++) {
+        if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
+        else if (*v == '\n') fputs("\\n", out);
+        else fputc(*v, out);
+    }
+}
+
+static void prom_counter(FILE *out, const char *name, const char *help, json_t *rows, const char *field) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        fprintf(out, "%s{worker=\"", name);
+        prom_label(out, json_string_value(json_object_get(r, "worker")));
+        fprintf(out, "\"} %lld\n", (long long)json_integer_value(json_object_get(r, field)));
+    }
+}
+
+static void prom_by_reason(FILE *out, const char *name, const char *help, json_t *rows, const char *field) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        const char *reason;
+        json_t *v;
+        json_object_foreach(json_object_get(r, field), reason, v) {
+            fprintf(out, "%s{worker=\"", name);
+            prom_label(out, json_string_value(json_object_get(r, "worker")));
+            fputs("\",reason=\"", out);
+            prom_label(out, reason);
+            fprintf(out, "\"} %lld\n", (long long)json_integer_value(v));
+        }
+    }
+}
+
+int ctl_report_metrics(cat_t *c, FILE *out) {
+    json_t *root = cat_query_stats(c);
+    if (!root) return -1;
+    json_t *rows = json_object_get(root, "workers");
+    prom_counter(out, "reel_requests_total", "Requests finished, by the worker that ran them.", rows, "requests");
+    prom_counter(out, "reel_steps_total", "Denoising steps of finished requests.", rows, "steps");
+    prom_counter(out, "reel_replayed_steps_total", "Steps of finished requests served by graph replay.", rows,
+                 "replayed_steps");
+    prom_counter(out, "reel_captures_total", "Graphs captured and verified.", rows, "captures");
+    prom_counter(out, "reel_replays_total", "Graph replays.", rows, "replays");
+    prom_by_reason(out, "reel_declines_total", "Calls declined to eager, by reason.", rows, "declines_by_reason");
+    prom_by_reason(out, "reel_evictions_total", "Graphs evicted, by reason.", rows, "evictions_by_reason");
+    json_decref(root);
+    return flushed(c, out, 0);
+}
+
+int ctl_report_stats(cat_t *c, bool json, FILE *out) {
+    if (json) return report(c, cat_query_stats, true, out, NULL, 0);
+    json_t *root = cat_query_stats(c);
+    if (!root) return -1;
+    /* The table: one line per worker, then the overall line as "(all)". */
+    json_t *rows = json_object_get(root, "workers"), *all = json_object_get(root, "overall");
+    int ret;
+    if (json_object_set_new(all, "worker", json_string("(all)")) != 0 || json_array_append(rows, all) != 0)
+        ret = kern_fail("catalog %s: report: out of memory", cat_path(c));
+    else
+        ret = table(c, out, rows, stats_cols, CTL_NCOLS(stats_cols));
+    json_decref(root);
+    return flushed(c, out, ret);
+}
+
+int ctl_report_keys(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t cols[] = {
+        { "key_hash", "key_hash", CTL_F_TEXT, 16 },
+        { "workers", "workers", CTL_F_LIST, 40 },
+        { "captures", "captures", CTL_F_NUM, 0 },
+        { "replays", "replays", CTL_F_NUM, 0 },
+        { "declines", "declines", CTL_F_NUM, 0 },
+        { "last_replay", "last_replay", CTL_F_TIME, 0 },
+        { "key_text", "key_text", CTL_F_TEXT, 80 },
+    };
+    return report(c, cat_query_keys, json, out, cols, CTL_NCOLS(cols));
+}
+
+int ctl_report_evictions(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t cols[] = {
+        { "t", "time", CTL_F_TIME, 0 },
+        { "worker", "worker", CTL_F_TEXT, 32 },
+        { "reason", "reason", CTL_F_TEXT, 0 },
+        { "component", "component", CTL_F_TEXT, 24 },
+        { "from_version", "from", CTL_F_NUM, 0 },
+        { "to_version", "to", CTL_F_NUM, 0 },
+        { "key_hash", "key_hash", CTL_F_TEXT, 16 },
+        { "key_text", "key_text", CTL_F_TEXT, 80 },
+    };
+    return report(c, cat_query_evictions, json, out, cols, CTL_NCOLS(cols));
+}
+
+int ctl_report_versions(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t cols[] = {
+        { "component", "component", CTL_F_TEXT, 24 },
+        { "version", "version", CTL_F_NUM, 0 },
+        { "state", "state", CTL_F_TEXT, 0 },
+        { "t", "published", CTL_F_TIME, 0 },
+        { "sha256", "sha256", CTL_F_TEXT, 15 },
+        { "applied", "applied_by", CTL_F_LIST, 60 },
+        { "failed", "failed", CTL_F_LIST, 60 },
+        { "source", "source", CTL_F_TEXT, 48 },
+        { "reason", "reason", CTL_F_TEXT, 60 },
+    };
+    return report(c, cat_query_versions, json, out, cols, CTL_NCOLS(cols));
+}
+
+int ctl_report_workers(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t cols[] = {
+        { "name", "worker", CTL_F_TEXT, 32 },
+        { "device", "device", CTL_F_TEXT, 32 },
+        { "arch", "arch", CTL_F_TEXT, 0 },
+        { "streams", "streams", CTL_F_NUM, 0 },
+        { "budget", "budget", CTL_F_NUM, 0 },
+        { "last_seen", "last_seen", CTL_F_TIME, 0 },
+        { "gone_at", "gone_at", CTL_F_TIME, 0 },
+        { "gone_reason", "gone_reason", CTL_F_TEXT, 32 },
+        { "versions", "versions", CTL_F_MAP, 0 },
+        { "lagging", "lagging", CTL_F_LIST, 80 },
+    };
+    return report(c, cat_query_workers, json, out, cols, CTL_NCOLS(cols));
+}
+
+int ctl_report_requests(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t cols[] = {
+        { "t", "time", CTL_F_TIME, 0 },
+        { "id", "id", CTL_F_NUM, 0 },
+        { "worker", "worker", CTL_F_TEXT, 32 },
+        { "version", "version", CTL_F_NUM, 0 },
+        { "steps", "steps", CTL_F_NUM, 0 },
+        { "captured", "captured", CTL_F_NUM, 0 },
+        { "replayed", "replayed", CTL_F_NUM, 0 },
+        { "eager", "eager", CTL_F_NUM, 0 },
+        { "seconds", "seconds", CTL_F_SECS, 0 },
+        { "status", "status", CTL_F_TEXT, 24 },
+        { "key_hash", "key_hash", CTL_F_TEXT, 16 },
+    };
+    return report(c, cat_query_requests, json, out, cols, CTL_NCOLS(cols));
+}

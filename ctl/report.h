@@ -1,0 +1,24 @@
+/* report.h -- reelctl's catalog reports: each prints one query of
+ * schema/catalog_query.h to out, as JSON on one line (json) or as a table
+ * for people; metrics prints the stats as Prometheus text (counters end in
+ * _total; labels worker and reason only: no per-key cardinality). Each
+ * reads one snapshot of the catalog. 0, or -1 with a message in
+ * kern_error() (the catalog could not be read, or out could not be
+ * written). */
+#ifndef REEL_CTL_REPORT_H
+#define REEL_CTL_REPORT_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "schema/catalog.h"
+
+int ctl_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */
+int ctl_report_keys(cat_t *c, bool json, FILE *out);
+int ctl_report_evictions(cat_t *c, bool json, FILE *out);
+int ctl_report_versions(cat_t *c, bool json, FILE *out);
+int ctl_report_workers(cat_t *c, bool json, FILE *out);
+int ctl_report_requests(cat_t *c, bool json, FILE *out);
+int ctl_report_metrics(cat_t *c, FILE *out);
+
+#endif

@@ -1,0 +1,37 @@
+/* catalog_impl.h -- what the catalog's own files share (internal to
+ * schema/: catalog.c, the store; catalog_query.c, the report queries;
+ * catalog_migrations.c, the schema). */
+#ifndef REEL_SCHEMA_CATALOG_IMPL_H
+#define REEL_SCHEMA_CATALOG_IMPL_H
+
+#include <sqlite3.h>
+
+#include "schema/catalog.h"
+
+/* The writers' statements: one per record kind, then the extra ones a
+ * kind runs after its own (catalog.c). Each is prepared on first use and
+ * kept for the life of the connection. */
+enum { CAT_ST_SUPERSEDE = CAT_K_COUNT, CAT_ST_REPLAYS_NEW, CAT_ST_COUNT };
+
+struct cat {
+    sqlite3 *db;
+    char *path;
+    bool readonly;
+    sqlite3_stmt *st[CAT_ST_COUNT];
+};
+
+/* The migrations in order: migration i takes user_version i to i + 1
+ * (catalog_migrations.c; tests read the texts). */
+extern const char cat_schema_v1_sql[];
+extern const char cat_schema_v2_sql[];
+extern const char *const cat_migrations[];
+extern const int cat_n_migrations;
+
+/* Records "catalog PATH: what: sqlite's message" and returns -1. */
+int cat_db_fail(const cat_t *c, const char *what);
+/* Runs sql (no rows); -1 with "catalog PATH: what: ..." on failure. */
+int cat_exec(cat_t *c, const char *sql, const char *what);
+/* Binds v to parameter i: NULL binds NULL. A SQLite result code. */
+int cat_bind_text(sqlite3_stmt *s, int i, const char *v);
+
+#endif

@@ -1,0 +1,339 @@
+/* catalog_query.c -- the report queries (see catalog_query.h): each report
+ * is built as JSON from SQL, inside one read transaction so its totals add
+ * up. Drawing them (tables, JSON text, Prometheus text) is reelctl's job
+ * (ctl/report.c).
+ *
+ * Hit rate, per worker and overall: replayed steps / all steps of the
+ * finished requests (requests table). Where there are no requests it falls
+ * back to replays / (replays + captures + declines) from the capture and
+ * decline counters; "hit_rate_from" says which ("requests", "captures", or
+ * null with hit_rate null when there is nothing to divide by). Eager breaks
+ * are declines for "not_capturable" and "override". */
+#include "schema/catalog_query.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/error.h"
+#include "schema/catalog_impl.h"
+
+#define CAT_RECENT_LIMIT 50
+#define CAT_STR_(x) #x
+#define CAT_STR(x) CAT_STR_(x)
+
+static sqlite3_stmt *reader(cat_t *c, const char *sql) {
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) {
+        cat_db_fail(c, "prepare report");
+        sqlite3_finalize(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* A JSON string of n bytes. jansson takes UTF-8 only; key texts and worker
+ * names come from the network, so bytes that are not UTF-8 become '?'
+ * rather than failing the whole report. */
+static json_t *json_text(const char *p, size_t n) {
+    json_t *j = json_stringn(p, n);
+    if (j) return j;
+    char *q = malloc(n + 1);
+    if (!q) return NULL;
+    for (size_t i = 0; i < n; i++) q[i] = (unsigned char)p[i] < 0x80 ? p[i] : '?';
+    j = json_stringn(q, n);
+    free(q);
+    return j;
+}
+
+static json_t *column_json(sqlite3_stmt *s, int i) {
+    switch (sqlite3_column_type(s, i)) {
+    case SQLITE_INTEGER: return json_integer(sqlite3_column_int64(s, i));
+    case SQLITE_FLOAT: return json_real(sqlite3_column_double(s, i));
+    case SQLITE_TEXT:
+    case SQLITE_BLOB: {
+        const char *p = (const char *)sqlite3_column_text(s, i);
+        return p ? json_text(p, (size_t)sqlite3_column_bytes(s, i)) : json_null();
+    }
+    default: return json_null();
+    }
+}
+
+/* Steps s to the end. mode 'o': each row an object keyed by column name
+ * (the queries' aliases are the JSON keys); 'v': the first column of each
+ * row; 'k': one object mapping column 0 to column 1. Resets s (bindings
+ * stay). NULL with a message on failure. */
+static json_t *collect(cat_t *c, sqlite3_stmt *s, char mode) {
+    json_t *all = mode == 'k' ? json_object() : json_array();
+    if (!all) goto oom;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        int n = sqlite3_column_count(s);
+        json_t *item;
+        if (mode == 'o') {
+            if (!(item = json_object())) goto oom;
+            for (int i = 0; i < n; i++) {
+                json_t *v = column_json(s, i);
+                if (!v || json_object_set_new(item, sqlite3_column_name(s, i), v) != 0) {
+                    json_decref(item);
+                    goto oom;
+                }
+            }
+            if (json_array_append_new(all, item) != 0) goto oom;
+        } else if (mode == 'v') {
+            if (!(item = column_json(s, 0)) || json_array_append_new(all, item) != 0) goto oom;
+        } else {
+            json_t *key = column_json(s, 0);
+            const char *k = json_is_string(key) ? json_string_value(key) : "?";
+            int bad = !key || !(item = column_json(s, 1)) || json_object_set_new(all, k, item) != 0;
+            json_decref(key);
+            if (bad) goto oom;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        cat_db_fail(c, "report query");
+        json_decref(all);
+        sqlite3_reset(s);
+        return NULL;
+    }
+    sqlite3_reset(s);
+    return all;
+oom:
+    kern_fail("catalog %s: report: out of memory", c->path);
+    json_decref(all);
+    sqlite3_reset(s);
+    return NULL;
+}
+
+/* A whole query with no parameters, as an array of row objects. */
+static json_t *query_rows(cat_t *c, const char *sql) {
+    sqlite3_stmt *s = reader(c, sql);
+    if (!s) return NULL;
+    json_t *rows = collect(c, s, 'o');
+    sqlite3_finalize(s);
+    return rows;
+}
+
+/* Runs sub (bound to `key` of each row, as ?1 and, when key2 is set, ?2)
+ * once per row of rows and stores what it collects as row[field]. */
+static int attach(cat_t *c, json_t *rows, const char *sql, const char *key, const char *key2,
+                  char mode, const char *field) {
+    sqlite3_stmt *s = reader(c, sql);
+    if (!s) return -1;
+    size_t i;
+    json_t *row;
+    int ret = 0;
+    json_array_foreach(rows, i, row) {
+        const char *keys[2] = { key, key2 };
+        int b = SQLITE_OK;
+        for (int k = 0; k < 2 && keys[k]; k++) {
+            json_t *v = json_object_get(row, keys[k]);
+            if (json_is_string(v)) b |= cat_bind_text(s, k + 1, json_string_value(v));
+            else if (json_is_integer(v)) b |= sqlite3_bind_int64(s, k + 1, json_integer_value(v));
+            else b |= sqlite3_bind_null(s, k + 1);
+        }
+        json_t *got = b == SQLITE_OK ? collect(c, s, mode) : NULL;
+        if (b != SQLITE_OK) cat_db_fail(c, "bind report query");
+        if (!got || json_object_set_new(row, field, got) != 0) {
+            ret = -1;
+            break;
+        }
+    }
+    sqlite3_finalize(s);
+    return ret;
+}
+
+typedef json_t *(*build_fn)(cat_t *c);
+
+/* Builds a report inside one read transaction, so that the totals of one
+ * report agree with each other. On the writer's connection inside a batch
+ * it reads the batch as it stands. NULL with a message on failure. */
+static json_t *snapshot(cat_t *c, build_fn build) {
+    bool own_txn = sqlite3_get_autocommit(c->db);
+    if (own_txn && cat_exec(c, "BEGIN", "begin report") != 0) return NULL;
+    json_t *root = build(c);
+    if (own_txn) sqlite3_exec(c->db, root ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    return root;
+}
+
+/* stats: {"overall": S, "workers": [S + {"worker"}]}, S as below. ?1 is the
+ * worker, or NULL for everyone. */
+static const char stats_counts_sql[] =
+    "SELECT"
+    " (SELECT count(*) FROM requests WHERE ?1 IS NULL OR worker = ?1) AS requests,"
+    " (SELECT count(*) FROM captures WHERE placeholder = 0 AND (?1 IS NULL OR worker = ?1))"
+    "   AS captures,"
+    " (SELECT coalesce(sum(replay_count), 0) FROM captures WHERE ?1 IS NULL OR worker = ?1)"
+    "   AS replays,"
+    " (SELECT coalesce(sum(steps), 0) FROM requests WHERE ?1 IS NULL OR worker = ?1) AS steps,"
+    " (SELECT coalesce(sum(replayed), 0) FROM requests WHERE ?1 IS NULL OR worker = ?1)"
+    "   AS replayed_steps,"
+    " (SELECT coalesce(sum(count), 0) FROM declines WHERE (?1 IS NULL OR worker = ?1)"
+    "   AND reason IN ('not_capturable', 'override')) AS eager_breaks,"
+    " (SELECT coalesce(sum(count), 0) FROM declines WHERE ?1 IS NULL OR worker = ?1) AS declines,"
+    " (SELECT count(*) FROM evictions WHERE ?1 IS NULL OR worker = ?1) AS evictions";
+
+static int stats_scope(cat_t *c, sqlite3_stmt *q[3], const char *worker, json_t **out) {
+    *out = NULL;
+    for (int i = 0; i < 3; i++)
+        if (cat_bind_text(q[i], 1, worker) != SQLITE_OK) return cat_db_fail(c, "bind stats");
+    json_t *rows = collect(c, q[0], 'o');
+    if (!rows) return -1;
+    json_t *s = json_incref(json_array_get(rows, 0));
+    json_decref(rows);
+    if (!s) return cat_db_fail(c, "stats");
+    json_int_t requests = json_integer_value(json_object_get(s, "requests"));
+    json_int_t steps = json_integer_value(json_object_get(s, "steps"));
+    json_int_t replayed = json_integer_value(json_object_get(s, "replayed_steps"));
+    json_int_t captures = json_integer_value(json_object_get(s, "captures"));
+    json_int_t replays = json_integer_value(json_object_get(s, "replays"));
+    json_int_t declines = json_integer_value(json_object_get(s, "declines"));
+    json_t *rate = json_null(), *from = json_null();
+    if (requests > 0 && steps > 0) {
+        rate = json_real((double)replayed / (double)steps);
+        from = json_string("requests");
+    } else if (requests == 0 && (double)replays + (double)captures + (double)declines > 0) {
+        /* In double: a damaged catalog's counts can overflow an integer sum. */
+        rate = json_real((double)replays / ((double)replays + (double)captures + (double)declines));
+        from = json_string("captures");
+    }
+    json_t *dec = collect(c, q[1], 'k'), *ev = dec ? collect(c, q[2], 'k') : NULL;
+    int bad = !rate || !from || !dec || !ev;
+    bad |= json_object_set_new(s, "hit_rate", rate) != 0;
+    bad |= json_object_set_new(s, "hit_rate_from", from) != 0;
+    bad |= json_object_set_new(s, "declines_by_reason", dec) != 0;
+    bad |= json_object_set_new(s, "evictions_by_reason", ev) != 0;
+    if (bad) {
+        json_decref(s);
+        return dec && ev ? kern_fail("catalog %s: report: out of memory", c->path) : -1;
+    }
+    *out = s;
+    return 0;
+}
+
+static json_t *build_stats(cat_t *c) {
+    sqlite3_stmt *q[3] = {
+        reader(c, stats_counts_sql),
+        reader(c, "SELECT reason, sum(count) FROM declines WHERE ?1 IS NULL OR worker = ?1"
+                  " GROUP BY reason ORDER BY reason"),
+        reader(c, "SELECT reason, count(*) FROM evictions WHERE ?1 IS NULL OR worker = ?1"
+                  " GROUP BY reason ORDER BY reason"),
+    };
+    json_t *root = NULL, *workers = NULL, *overall = NULL;
+    if (!q[0] || !q[1] || !q[2]) goto done;
+    workers = query_rows(c, "SELECT name AS worker FROM workers UNION SELECT worker FROM captures"
+                            " UNION SELECT worker FROM declines UNION SELECT worker FROM evictions"
+                            " UNION SELECT worker FROM requests ORDER BY 1");
+    if (!workers) goto done;
+    size_t i;
+    json_t *w;
+    json_array_foreach(workers, i, w) {
+        json_t *s;
+        if (stats_scope(c, q, json_string_value(json_object_get(w, "worker")), &s) != 0) goto done;
+        if (json_object_update(w, s) != 0) {
+            json_decref(s);
+            kern_fail("catalog %s: report: out of memory", c->path);
+            goto done;
+        }
+        json_decref(s);
+    }
+    if (stats_scope(c, q, NULL, &overall) != 0) goto done;
+    root = json_pack("{s:o, s:O}", "overall", overall, "workers", workers);
+    overall = NULL;
+    if (!root) kern_fail("catalog %s: report: out of memory", c->path);
+done:
+    for (int k = 0; k < 3; k++) sqlite3_finalize(q[k]);
+    json_decref(workers);
+    json_decref(overall);
+    return root;
+}
+
+/* keys: one object per key hash seen in captures or declines, most
+ * replayed first. */
+static json_t *build_keys(cat_t *c) {
+    json_t *rows = query_rows(c,
+        "WITH k AS (SELECT key_hash FROM captures UNION SELECT key_hash FROM declines)"
+        " SELECT k.key_hash AS key_hash,"
+        " coalesce((SELECT key_text FROM captures WHERE key_hash = k.key_hash AND key_text IS NOT NULL"
+        "   ORDER BY t DESC LIMIT 1), (SELECT key_text FROM declines WHERE key_hash = k.key_hash"
+        "   AND key_text IS NOT NULL ORDER BY last_t DESC LIMIT 1)) AS key_text,"
+        " (SELECT count(*) FROM captures WHERE key_hash = k.key_hash AND placeholder = 0) AS captures,"
+        " (SELECT coalesce(sum(replay_count), 0) FROM captures WHERE key_hash = k.key_hash) AS replays,"
+        " (SELECT coalesce(sum(count), 0) FROM declines WHERE key_hash = k.key_hash) AS declines,"
+        " (SELECT max(last_replay) FROM captures WHERE key_hash = k.key_hash) AS last_replay"
+        " FROM k ORDER BY replays DESC, key_hash");
+    if (rows && attach(c, rows, "SELECT worker FROM captures WHERE key_hash = ?1 UNION"
+                                " SELECT worker FROM declines WHERE key_hash = ?1 ORDER BY 1",
+                       "key_hash", NULL, 'v', "workers") != 0) {
+        json_decref(rows);
+        return NULL;
+    }
+    return rows;
+}
+
+static json_t *build_evictions(cat_t *c) {
+    return query_rows(c,
+        "SELECT t, worker, reason, component, from_version, to_version, key_hash, key_text"
+        " FROM evictions ORDER BY t DESC, id DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
+}
+
+/* versions: every published version, newest first per component, with its
+ * state (pending, current, superseded, failed and why), the workers that
+ * applied it and those that failed to (and why). */
+static json_t *build_versions(cat_t *c) {
+    json_t *rows = query_rows(c, "SELECT component, version, state, reason, sha256, source, t"
+                                 " FROM weight_versions ORDER BY component, version DESC");
+    if (rows && (attach(c, rows, "SELECT worker FROM worker_versions WHERE component = ?1"
+                                 " AND version = ?2 AND ok = 1 ORDER BY worker",
+                        "component", "version", 'v', "applied") != 0 ||
+                 attach(c, rows, "SELECT worker, error FROM worker_versions WHERE component = ?1"
+                                 " AND version = ?2 AND ok = 0 ORDER BY worker",
+                        "component", "version", 'o', "failed") != 0)) {
+        json_decref(rows);
+        return NULL;
+    }
+    return rows;
+}
+
+/* workers: each worker with its newest applied version per component and,
+ * while it is live, each component whose current version it has not
+ * applied ("lagging": the version and why: its error for that version, or
+ * "not applied" while it has reported nothing). */
+static json_t *build_workers(cat_t *c) {
+    json_t *rows = query_rows(c, "SELECT name, device, arch, streams, budget, first_seen, last_seen,"
+                                 " gone_at, gone_reason FROM workers ORDER BY name");
+    if (rows && (attach(c, rows, "SELECT component, max(version) FROM worker_versions"
+                                 " WHERE worker = ?1 AND ok = 1 GROUP BY component ORDER BY component",
+                        "name", NULL, 'k', "versions") != 0 ||
+                 attach(c, rows,
+                        "SELECT w.component AS component, w.version AS version,"
+                        " coalesce((SELECT error FROM worker_versions e WHERE e.worker = ?1"
+                        " AND e.component = w.component AND e.version = w.version AND e.ok = 0),"
+                        " 'not applied') AS reason"
+                        " FROM weight_versions w WHERE w.state = 'current'"
+                        " AND w.version = (SELECT max(version) FROM weight_versions"
+                        " WHERE component = w.component AND state = 'current')"
+                        " AND EXISTS (SELECT 1 FROM workers WHERE name = ?1 AND gone_at IS NULL)"
+                        " AND coalesce((SELECT max(version) FROM worker_versions a WHERE a.worker = ?1"
+                        " AND a.component = w.component AND a.ok = 1), 0) < w.version"
+                        " ORDER BY w.component",
+                        "name", NULL, 'o', "lagging") != 0)) {
+        json_decref(rows);
+        return NULL;
+    }
+    return rows;
+}
+
+static json_t *build_requests(cat_t *c) {
+    return query_rows(c,
+        "SELECT t, id, worker, version, steps, captured, replayed, eager, seconds, status, key_hash"
+        " FROM requests ORDER BY t DESC, rowid DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
+}
+
+/* ---- the queries -------------------------------------------------------- */
+
+json_t *cat_query_stats(cat_t *c) { return snapshot(c, build_stats); }
+json_t *cat_query_keys(cat_t *c) { return snapshot(c, build_keys); }
+json_t *cat_query_evictions(cat_t *c) { return snapshot(c, build_evictions); }
+json_t *cat_query_versions(cat_t *c) { return snapshot(c, build_versions); }
+json_t *cat_query_workers(cat_t *c) { return snapshot(c, build_workers); }
+json_t *cat_query_requests(cat_t *c) { return snapshot(c, build_requests); }

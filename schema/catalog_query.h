@@ -1,0 +1,37 @@
+/* catalog_query.h -- the catalog's reports as data: each query reads one
+ * snapshot of the catalog (a read transaction, so its totals agree with
+ * each other; on the writer's connection inside a batch, the batch as it
+ * stands) and returns it as JSON (jansson), the form reelctl prints as
+ * JSON, as a table (ctl/report.h) or as Prometheus text.
+ *
+ * Every query returns a new reference the caller json_decref()s, or NULL
+ * with a message in kern_error() (SQLite's, or out of memory). Strings that
+ * are not UTF-8 (key texts and names come from the network) come back with
+ * '?' for each byte >= 0x80. */
+#ifndef REEL_SCHEMA_CATALOG_QUERY_H
+#define REEL_SCHEMA_CATALOG_QUERY_H
+
+#include <jansson.h>
+
+#include "schema/catalog.h"
+
+/* {"overall": S, "workers": [S + {"worker"}]}, S = {requests, captures,
+ * replays, steps, replayed_steps, eager_breaks, declines, evictions,
+ * hit_rate, hit_rate_from, declines_by_reason, evictions_by_reason}. */
+json_t *cat_query_stats(cat_t *c);
+/* [{key_hash, key_text, captures, replays, declines, last_replay,
+ * workers}], most replayed first. */
+json_t *cat_query_keys(cat_t *c);
+/* The 50 newest evictions, newest first. */
+json_t *cat_query_evictions(cat_t *c);
+/* Every published version, newest first per component, with its state,
+ * reason, the workers that applied it and those that failed to (and why). */
+json_t *cat_query_versions(cat_t *c);
+/* Each worker with its newest applied version per component and, while it
+ * is live, each component whose current version it has not applied
+ * ("lagging", with its error or "not applied"). */
+json_t *cat_query_workers(cat_t *c);
+/* The 50 newest finished requests, newest first. */
+json_t *cat_query_requests(cat_t *c);
+
+#endif
