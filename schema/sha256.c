@@ -76,3 +76,32 @@ int reel_sha256_file(const char *path, char hex[65]) {
     }
     return 0;
 }
+
+struct reel_sha256 {
+    crypto_hash_sha256_state st;
+};
+
+reel_sha256_t *reel_sha256_new(void) {
+    reel_sha256_t *h = malloc(sizeof *h);
+    if (!h) return NULL;
+    sodium_ready();
+    crypto_hash_sha256_init(&h->st);
+    return h;
+}
+
+void reel_sha256_update(reel_sha256_t *h, const void *p, size_t len) {
+    crypto_hash_sha256_update(&h->st, p, (unsigned long long)len);
+}
+
+void reel_sha256_final(reel_sha256_t **h, char hex[65]) {
+    unsigned char d[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256_final(&(*h)->st, d);
+    to_hex(d, hex);
+    reel_sha256_free(h);
+}
+
+void reel_sha256_free(reel_sha256_t **h) {
+    if (!h || !*h) return;
+    free(*h);
+    *h = NULL;
+}

@@ -23,6 +23,15 @@ int reel_sha256_fd(int fd, char hex[65]);
 /* Of a file. 0, or -1 with a message naming it in kern_error(). */
 int reel_sha256_file(const char *path, char hex[65]);
 
+/* A digest fed piece by piece (bytes hashed as they are read elsewhere).
+ * new: NULL on out-of-memory; update can't fail; final writes the digest
+ * and frees *h (NULL-safe: *h = NULL after either). */
+typedef struct reel_sha256 reel_sha256_t;
+reel_sha256_t *reel_sha256_new(void);
+void reel_sha256_update(reel_sha256_t *h, const void *p, size_t len);
+void reel_sha256_final(reel_sha256_t **h, char hex[65]);
+void reel_sha256_free(reel_sha256_t **h);
+
 #ifdef __cplusplus
 }
 #endif

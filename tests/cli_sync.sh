@@ -112,8 +112,8 @@ wait_sql "select state from weight_versions where version = 2" "current" 5 && ok
 echo "== a sync every worker rejects changes nothing"
 if sync_v 3 "$D/bad.safetensors" "$D/s2.err"; then bad "a rejected sync exits non-zero"; show "$D/s2.err"
 else
-    grep -q "FAILED, no worker applied it" "$D/s2.err" && grep -q "a1:weights metadata names no config" "$D/s2.err" &&
-        grep -q "a2:weights metadata names no config" "$D/s2.err" &&
+    grep -q "FAILED, no worker applied it" "$D/s2.err" && grep -q "a1:bad_weights: not weights of this worker.s model" "$D/s2.err" &&
+        grep -q "a2:bad_weights: not weights of this worker.s model" "$D/s2.err" &&
         ok "sync v3 (not a transformer): exit 1, FAILED, each worker's reason printed" || { bad "rejected sync reports reasons"; show "$D/s2.err"; }
 fi
 status --json >"$D/st1.json"
@@ -122,7 +122,7 @@ grep -q '"versions":{"transformer":2}' "$D/st1.json" && grep -q '"pending":{}' "
 grep -q '"lagging":{"transformer"' "$D/st1.json" && { bad "nobody lags behind a failed version"; show "$D/st1.json"; } || ok "no worker shows as lagging"
 gen tiny "$D/g1" && grep -q "weights v2" "$D/g1.err" && same "$D/g1.safetensors" "$D/ref2.safetensors" &&
     ok "GEN still served, on v2, exactly" || { bad "GEN after a rejected sync (no_worker before the fix)"; show "$D/g1.err"; }
-wait_sql "select state || ':' || (reason like 'no worker applied it: a1 (weights metadata%a2 (%') from weight_versions where version = 3" "failed:1" 5 &&
+wait_sql "select state || ':' || (reason like 'no worker applied it: a1 (bad_weights: not weights%a2 (%') from weight_versions where version = 3" "failed:1" 5 &&
     ok "the catalog marks v3 failed with each worker's reason" || bad "v3 failed in the catalog"
 "$R" versions --catalog "$DB" >"$D/versions.txt" 2>&1
 grep -E "^transformer +3 +failed" "$D/versions.txt" >/dev/null && grep -E "^transformer +2 +current" "$D/versions.txt" >/dev/null &&
@@ -160,16 +160,18 @@ wait_for "$D/broker.log" "worker odd failed transformer v2" 10 || bad "odd is se
 if sync_v 4 "$D/w3.safetensors" "$D/s6.err"; then bad "a partly applied sync exits non-zero"; show "$D/s6.err"
 else
     grep -q "INCOMPLETE (it is current" "$D/s6.err" && grep -q "applied a1,a2,a3" "$D/s6.err" &&
-        grep -q "odd:weights: config tiny does not match the resident tinyb" "$D/s6.err" &&
+        grep -q "odd:bad_weights: not weights of this worker.s model" "$D/s6.err" &&
         ok "sync v4: exit 1, applied by a1-a3, odd's reason printed" || { bad "partial sync reported"; show "$D/s6.err"; }
 fi
+grep -qE "sync to v4 (refused|failed): .*(config tiny|data bytes).*answered: bad_weights" "$D/odd.log" &&
+    ok "the detail stays in odd's log; the trainer got the generic reason" || { bad "the detail in the worker log"; show "$D/odd.log"; }
 status >"$D/st2.txt"
-grep -q "transformer v4" "$D/st2.txt" && grep -E "^odd .* v1 .*lagging: v4: weights: config tiny does not match the resident tinyb" "$D/st2.txt" >/dev/null &&
+grep -q "transformer v4" "$D/st2.txt" && grep -E "^odd .* v1 .*lagging: v4: bad_weights: not weights of this worker.s model" "$D/st2.txt" >/dev/null &&
     grep -E "^a1 .* v4 .* ok$" "$D/st2.txt" >/dev/null &&
     ok "reelctl status: v4 current, odd lagging with its reason" || { bad "status shows the lagging worker"; show "$D/st2.txt"; }
 wait_sql "select count(*) from worker_versions where worker = 'odd' and version = 4 and ok = 0" "1" 5
 "$R" workers --catalog "$DB" --json >"$D/workers.json" 2>&1
-grep -q '"name":"odd".*"lagging":\[{"component":"transformer","version":4,"reason":"weights: config tiny does not match the resident tinyb"}\]' "$D/workers.json" &&
+grep -q '"name":"odd".*"lagging":\[{"component":"transformer","version":4,"reason":"bad_weights: not weights of this worker.s model"}\]' "$D/workers.json" &&
     ok "reelctl workers: odd lagging on v4 with its reason" || { bad "reelctl workers shows lagging"; show "$D/workers.json"; }
 gen tinyb "$D/g2" --deadline-ms 800
 grep -q "no_worker" "$D/g2.err" && ok "a request needing v4 never reaches the lagging worker" || { bad "lagging worker gets no v4 requests"; show "$D/g2.err"; }
@@ -183,7 +185,7 @@ sent=$(grep -c "sync transformer v4 sent to odd" "$D/broker.log")
 others=$(grep -c "sync transformer v4 sent to a" "$D/broker.log")
 sync_v 4 "$D/w3.safetensors" "$D/s7.err"
 grep -q "stale_version" "$D/s7.err" && bad "a resend is not stale_version" || ok "sync v4 again: no stale_version"
-grep -q "applied a1,a2,a3; failed odd:weights: config" "$D/s7.err" && [ "$(grep -c "sync transformer v4 sent to odd" "$D/broker.log")" = $((sent + 1)) ] &&
+grep -q "applied a1,a2,a3; failed odd:bad_weights" "$D/s7.err" && [ "$(grep -c "sync transformer v4 sent to odd" "$D/broker.log")" = $((sent + 1)) ] &&
     [ "$(grep -c "sync transformer v4 sent to a" "$D/broker.log")" = "$others" ] &&
     ok "only odd was sent v4 again, and its reason came back" || { bad "resend retries lagging workers only"; show "$D/s7.err"; }
 
@@ -194,7 +196,7 @@ for w in a1 a2 a3 odd; do wait_for "$D/broker.log" "worker $w ready" 10 || bad "
 wait_for "$D/broker.log" "worker odd failed transformer v4" 10 && ok "odd, reconnecting, is sent v4 again" || bad "odd caught up after the restart"
 ! grep -qE "transformer v3|v2 sent" "$D/broker.log" && ok "nobody is sent the failed v3 (or the old v2)" || { bad "no failed sync resent"; show "$D/broker.log"; }
 status >"$D/st3.txt"
-grep -E "^odd .*lagging: v4: weights: config tiny" "$D/st3.txt" >/dev/null && ok "still lagging, with the reason, after the restart" || { bad "lag after restart"; show "$D/st3.txt"; }
+grep -E "^odd .*lagging: v4: bad_weights" "$D/st3.txt" >/dev/null && ok "still lagging, with the reason, after the restart" || { bad "lag after restart"; show "$D/st3.txt"; }
 gen tiny "$D/g5" && grep -q "weights v4" "$D/g5.err" && same "$D/g5.safetensors" "$D/ref3.safetensors" &&
     ok "serving v4 after the restart" || { bad "GEN after restart"; show "$D/g5.err"; }
 sync_v 4 "$D/w3.safetensors" "$D/s8.err"

@@ -5,7 +5,11 @@
  * test, all but wrk_main.o (main). The socket loop itself is covered by the
  * process-level cluster tests (tests/cli_cluster.sh). */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
@@ -19,6 +23,7 @@
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
+#include "worker/wrk_weights.h"
 
 /* ---- command line ---------------------------------------------------------- */
 
@@ -528,34 +533,219 @@ static void add_tensor(msg_sync_t *m, const char *name, kern_dtype_t dt, int ndi
     m->n_tensors++;
 }
 
+/* A weights root of its own per test (the fixture), and what a read said. */
+static char root[64];
+static wrk_roots_t roots;
+static char wire[MSG_REASON_MAX], detail[512];
+static atomic_bool stop_flag;
+
+static void setup_root(void) {
+    setup_tiny();
+    snprintf(root, sizeof root, "/tmp/reel-test-root-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    memset(&roots, 0, sizeof roots);
+    ck_assert_int_eq(wrk_roots_add(&roots, root), 0);
+    atomic_store(&stop_flag, false);
+}
+
+static void teardown_root(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *in_root(const char *name) {
+    static char p[4][256];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(p[i], sizeof p[i], "%s/%s", root, name);
+    return p[i];
+}
+
+/* wrk_sync_read of m under the test's root. */
+static int sread(const msg_sync_t *m, st_file_t **f, char hex[65]) {
+    wire[0] = detail[0] = '\0';
+    return wrk_sync_read(m, &tiny, &roots, &stop_flag, f, hex, wire, sizeof wire, detail, sizeof detail);
+}
+
+/* SYNC of `path`, read under the root: what the ack would carry. */
+static const char *sync_answer(const char *path) {
+    msg_sync_t m;
+    st_file_t *f = NULL;
+    char hex[65];
+    sync_msg(&m, "transformer", SHA_ABC, path);
+    int rc = sread(&m, &f, hex);
+    st_close(&f);
+    return rc == 0 ? "ok" : wire;
+}
+
 START_TEST(test_sync_weights_by_path_are_hashed_over_the_file_bytes) {
-    char path[] = "/tmp/reel-test-sync-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    st_writer_t *w = st_writer_new();
-    const int64_t sh[1] = { 3 };
-    const float x[3] = { 1, 2, 3 };
-    ck_assert_int_eq(st_writer_add_f32(w, "x", 1, sh, x), 0);
-    ck_assert_int_eq(st_writer_save(w, path), 0);
-    st_writer_destroy(&w);
-    char want[65], hex[65], err[256];
-    fd = open(path, O_RDONLY);
-    ck_assert_int_eq(reel_sha256_fd(fd, want), 0);
-    close(fd);
+    const char *path = in_root("w.safetensors");
+    ck_assert_int_eq(tdit_weights_init(&tiny, 7, path), 0);
+    char want[65], hex[65];
+    ck_assert_int_eq(reel_sha256_file(path, want), 0);
 
     msg_sync_t m;
     sync_msg(&m, "transformer", SHA_ABC, path);
     st_file_t *f = NULL;
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), 0);
+    ck_assert_msg(sread(&m, &f, hex) == 0, "%s", detail);
     ck_assert_str_eq(hex, want);
-    ck_assert_ptr_nonnull(st_find(f, "x"));
+    ck_assert_str_eq(st_meta(f, "config"), "tiny");
     st_close(&f);
-    unlink(path);
 
     sync_msg(&m, "transformer", SHA_ABC, "/nonexistent/w.safetensors");
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "cannot open /nonexistent/w.safetensors"));
+    ck_assert_int_eq(sread(&m, &f, hex), -1);
+    ck_assert_str_eq(wire, WRK_E_PATH);
+    ck_assert_ptr_nonnull(strstr(detail, "/nonexistent/w.safetensors")); /* the log says which */
+}
+END_TEST
+
+START_TEST(test_a_path_outside_the_weights_directories_is_refused_by_its_text_alone) {
+    /* Before: "/etc/passwd: header length 8386093285548486514 is absurd"
+     * went back to the trainer: the file's first eight bytes. */
+    ck_assert_str_eq(sync_answer("/etc/passwd"), WRK_E_PATH);
+    ck_assert_str_eq(sync_answer("relative/w.safetensors"), WRK_E_PATH);
+    ck_assert_str_eq(sync_answer(root), WRK_E_PATH); /* the root itself is no file */
+    char p[300];
+    snprintf(p, sizeof p, "%s/../../etc/passwd", root);
+    ck_assert_str_eq(sync_answer(p), WRK_E_PATH);
+    snprintf(p, sizeof p, "%s/./w.safetensors", root);
+    ck_assert_str_eq(sync_answer(p), WRK_E_PATH);
+    snprintf(p, sizeof p, "%s//w.safetensors", root);
+    ck_assert_str_eq(sync_answer(p), WRK_E_PATH);
+    snprintf(p, sizeof p, "%sx/w.safetensors", root); /* a sibling sharing the prefix */
+    ck_assert_str_eq(sync_answer(p), WRK_E_PATH);
+    ck_assert_ptr_null(strstr(wire, "root:"));
+}
+END_TEST
+
+START_TEST(test_a_symlink_anywhere_below_a_root_is_never_followed) {
+    ck_assert_int_eq(tdit_weights_init(&tiny, 7, in_root("real.safetensors")), 0);
+    ck_assert_int_eq(symlink("/etc/passwd", in_root("passwd.safetensors")), 0);
+    ck_assert_int_eq(symlink(in_root("real.safetensors"), in_root("alias.safetensors")), 0);
+    ck_assert_int_eq(symlink("/etc", in_root("etc")), 0);
+    ck_assert_int_eq(mkdir(in_root("sub"), 0700), 0);
+    ck_assert_int_eq(symlink(root, in_root("sub/up")), 0);
+    ck_assert_str_eq(sync_answer(in_root("passwd.safetensors")), WRK_E_FILE);
+    ck_assert_ptr_nonnull(strstr(detail, "symlinks are not followed"));
+    ck_assert_str_eq(sync_answer(in_root("alias.safetensors")), WRK_E_FILE); /* even to a good file */
+    ck_assert_str_eq(sync_answer(in_root("etc/passwd")), WRK_E_FILE);
+    ck_assert_str_eq(sync_answer(in_root("sub/up/real.safetensors")), WRK_E_FILE);
+    ck_assert_str_eq(sync_answer(in_root("real.safetensors")), "ok");
+    /* A root named through a symlink is the operator's choice: it works. */
+    char via[128];
+    snprintf(via, sizeof via, "%s-link", root);
+    unlink(via);
+    ck_assert_int_eq(symlink(root, via), 0);
+    wrk_roots_t r2;
+    memset(&r2, 0, sizeof r2);
+    ck_assert_int_eq(wrk_roots_add(&r2, via), 0);
+    char p[200], hex[65];
+    snprintf(p, sizeof p, "%s/real.safetensors", via);
+    msg_sync_t m;
+    st_file_t *f = NULL;
+    sync_msg(&m, "transformer", SHA_ABC, p);
+    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &r2, NULL, &f, hex, wire, sizeof wire, detail, sizeof detail), 0);
+    st_close(&f);
+    unlink(via);
+}
+END_TEST
+
+START_TEST(test_a_fifo_or_a_device_below_a_root_is_refused_without_blocking) {
+    /* Before: the sync thread blocked in open() on the FIFO for good, and
+     * SIGTERM could not stop the worker. */
+    ck_assert_int_eq(mkfifo(in_root("fifo.safetensors"), 0600), 0);
+    ck_assert_int_eq(symlink("/dev/zero", in_root("zero.safetensors")), 0);
+    time_t t0 = time(NULL);
+    ck_assert_str_eq(sync_answer(in_root("fifo.safetensors")), WRK_E_FILE);
+    ck_assert_ptr_nonnull(strstr(detail, "not a regular file"));
+    ck_assert_str_eq(sync_answer(in_root("zero.safetensors")), WRK_E_FILE);
+    ck_assert_str_eq(sync_answer("/dev/zero"), WRK_E_PATH);
+    ck_assert_int_le(time(NULL) - t0, 1);
+}
+END_TEST
+
+START_TEST(test_missing_unreadable_and_junk_files_get_one_answer_that_tells_nothing) {
+    FILE *fp = fopen(in_root("passwd.safetensors"), "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs("root:x:0:0:root:/root:/bin/bash\n", fp);
+    fclose(fp);
+    ck_assert_int_eq(mkdir(in_root("dir.safetensors"), 0700), 0);
+    const char *names[] = { "missing.safetensors", "passwd.safetensors", "dir.safetensors" };
+    for (size_t i = 0; i < 3; i++) {
+        ck_assert_str_eq(sync_answer(in_root(names[i])), WRK_E_FILE);
+        ck_assert_ptr_null(strstr(wire, "root"));
+        ck_assert_ptr_null(strstr(wire, names[i]));
+    }
+}
+END_TEST
+
+/* A file with a valid header for a tiny model whose data is `data_len`
+ * bytes, made sparse (nothing written past the header). */
+static void sparse_weights(const char *path, uint64_t data_len) {
+    int64_t n = tdit_config_params(&tiny);
+    char hdr[256];
+    int hl = snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[0,%llu]}}",
+                      (long long)(data_len / 4), (unsigned long long)(data_len / 4 * 4));
+    (void)n;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    ck_assert_int_eq(write(fd, len8, 8), 8);
+    ck_assert_int_eq(write(fd, hdr, (size_t)hl), hl);
+    ck_assert_int_eq(ftruncate(fd, (off_t)(8 + (uint64_t)hl + data_len)), 0);
+    close(fd);
+}
+
+START_TEST(test_a_huge_sparse_file_is_refused_by_its_size_before_a_byte_is_hashed) {
+    /* Before: a 50 GiB sparse file was hashed whole (a core for minutes)
+     * and every later sync timed out behind it. */
+    sparse_weights(in_root("huge.safetensors"), (uint64_t)50 << 30);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    ck_assert_str_eq(sync_answer(in_root("huge.safetensors")), WRK_E_MODEL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    ck_assert_ptr_nonnull(strstr(detail, "more than the model's"));
+    ck_assert_int_lt((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000, 500);
+    /* ...and one too small to hold the model, too. */
+    sparse_weights(in_root("small.safetensors"), 64);
+    ck_assert_str_eq(sync_answer(in_root("small.safetensors")), WRK_E_MODEL);
+    /* A header longer than the file. */
+    int fd = open(in_root("short.safetensors"), O_WRONLY | O_CREAT, 0600);
+    ck_assert_int_eq(write(fd, "\xff\xff\x00\x00\x00\x00\x00\x00{}", 10), 10);
+    close(fd);
+    ck_assert_str_eq(sync_answer(in_root("short.safetensors")), WRK_E_FILE);
+}
+END_TEST
+
+static void *stop_later(void *arg) {
+    (void)arg;
+    struct timespec ts = { 0, 50 * 1000 * 1000 };
+    nanosleep(&ts, NULL);
+    atomic_store(&stop_flag, true);
+    return NULL;
+}
+
+START_TEST(test_a_stop_ends_a_weights_read_within_a_chunk) {
+    /* No size bound here (as for --weights at startup): a 1 GiB read
+     * that the worker's stop must cut short. */
+    sparse_weights(in_root("big.safetensors"), (uint64_t)1 << 30);
+    int fd = open(in_root("big.safetensors"), O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, stop_later, NULL), 0);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    const char *code = NULL;
+    char hex[65];
+    st_file_t *f = wrk_weights_read(fd, "big.safetensors", 0, &stop_flag, hex, &code, detail, sizeof detail);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    pthread_join(th, NULL);
+    close(fd);
+    ck_assert_ptr_null(f);
+    ck_assert_str_eq(code, WRK_E_STOPPED);
+    ck_assert_int_lt((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000, 1000);
 }
 END_TEST
 
@@ -570,10 +760,10 @@ START_TEST(test_inline_sync_weights_are_hashed_over_the_frames_in_order) {
     unsigned char cat[sizeof a + sizeof b];
     memcpy(cat, a, sizeof a);
     memcpy(cat + sizeof a, b, sizeof b);
-    char want[65], hex[65], err[256];
+    char want[65], hex[65];
     reel_sha256_buf(cat, sizeof cat, want);
     st_file_t *f = NULL;
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), 0);
+    ck_assert_int_eq(sread(&m, &f, hex), 0);
     ck_assert_str_eq(hex, want);
     const st_tensor_t *t = st_find(f, "blocks.0.b");
     ck_assert_ptr_nonnull(t);
@@ -590,20 +780,37 @@ END_TEST
 START_TEST(test_a_sync_with_bad_fields_is_refused_with_a_reason) {
     msg_sync_t m;
     st_file_t *f = NULL;
-    char hex[65], err[256];
+    char hex[65];
     sync_msg(&m, "vae", SHA_ABC, "/tmp/x");
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "unknown component 'vae'"));
+    ck_assert_int_eq(sread(&m, &f, hex), -1);
+    ck_assert_ptr_nonnull(strstr(wire, "unknown component 'vae'"));
     sync_msg(&m, "transformer", SHA_ABC, NULL);
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "neither"));
+    ck_assert_int_eq(sread(&m, &f, hex), -1);
+    ck_assert_ptr_nonnull(strstr(wire, "neither"));
     static const float a[1] = { 1 };
     const int64_t sa[1] = { 1 };
     sync_msg(&m, "transformer", SHA_ABC, "/tmp/x");
     add_tensor(&m, "a", KERN_F32, 1, sa, a);
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &f, hex, err, sizeof err), -1);
-    ck_assert_ptr_nonnull(strstr(err, "both"));
+    ck_assert_int_eq(sread(&m, &f, hex), -1);
+    ck_assert_ptr_nonnull(strstr(wire, "both"));
     ck_assert_ptr_null(f);
+}
+END_TEST
+
+START_TEST(test_weights_directories_and_keys_are_options) {
+    wrk_opts_t o;
+    char err[256];
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", "--weights-dir", "/srv/a", "--weights-dir",
+                           "/srv/b", "--key", "w0.key", "--broker-key", "broker.pub", NULL), 0);
+    ck_assert_int_eq(o.n_weights_dirs, 2);
+    ck_assert_str_eq(o.weights_dirs[1], "/srv/b");
+    ck_assert_str_eq(o.key, "w0.key");
+    ck_assert_str_eq(o.broker_key, "broker.pub");
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", "--weights-dir", "rel", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(err, "absolute"));
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", NULL), 0);
+    ck_assert_int_eq(o.n_weights_dirs, 0); /* run() then roots at the directory of --weights */
+    ck_assert_ptr_null(o.key);
 }
 END_TEST
 
@@ -613,6 +820,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_options_default_to_the_documented_values);
     tcase_add_test(t, test_unknown_flags_and_missing_required_options_are_usage_errors);
     tcase_add_test(t, test_byte_counts_take_binary_suffixes_and_reject_junk);
+    tcase_add_test(t, test_weights_directories_and_keys_are_options);
     suite_add_tcase(s, t);
     t = tcase_create("events");
     tcase_add_test(t, test_repeated_declines_of_a_key_and_reason_become_one_event_with_a_count);
@@ -633,11 +841,18 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_request_for_an_older_version_runs_on_a_newer_worker);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
-    tcase_add_checked_fixture(t, setup_tiny, NULL);
+    tcase_add_checked_fixture(t, setup_root, teardown_root);
+    tcase_set_timeout(t, 30);
     tcase_add_test(t, test_sha256_of_abc_matches_the_fips_180_2_digest_whole_in_parts_and_from_a_file);
     tcase_add_test(t, test_sync_weights_by_path_are_hashed_over_the_file_bytes);
     tcase_add_test(t, test_inline_sync_weights_are_hashed_over_the_frames_in_order);
     tcase_add_test(t, test_a_sync_with_bad_fields_is_refused_with_a_reason);
+    tcase_add_test(t, test_a_path_outside_the_weights_directories_is_refused_by_its_text_alone);
+    tcase_add_test(t, test_a_symlink_anywhere_below_a_root_is_never_followed);
+    tcase_add_test(t, test_a_fifo_or_a_device_below_a_root_is_refused_without_blocking);
+    tcase_add_test(t, test_missing_unreadable_and_junk_files_get_one_answer_that_tells_nothing);
+    tcase_add_test(t, test_a_huge_sparse_file_is_refused_by_its_size_before_a_byte_is_hashed);
+    tcase_add_test(t, test_a_stop_ends_a_weights_read_within_a_chunk);
     suite_add_tcase(s, t);
     return s;
 }

@@ -24,6 +24,8 @@
 #include "worker/model/tinydit.h"
 #include "worker/wrk_events.h"
 #include "worker/wrk_opts.h"
+#include "worker/wrk_weights.h"
+#include "schema/keys.h"
 
 /* Where stream and sync threads push finished messages for the main thread. */
 #define WRK_PIPE_ENDPOINT "inproc://reel-worker-out"
@@ -36,6 +38,8 @@ typedef struct {
     tdit_model_t *model;
     cap_cache_t *cache;
     wrk_events_t *events;
+    const wrk_roots_t *roots;        /* where a SYNC's path may lead (wrk_weights.h) */
+    const reel_curve_t *curve;       /* the keys the DEALER connects with (off: plain) */
     pthread_rwlock_t step_lock;
     /* The transformer version applied (written by the sync thread under the
      * write lock, read anywhere). */

@@ -6,7 +6,10 @@
  * the broker falls silent, REQUEST checking, EVENTS batching, and the PULL
  * end of the pipe through which stream and sync threads hand it finished
  * messages. SIGINT/SIGTERM: send what events are pending and DISCONNECT,
- * abandon requests in flight (the broker requeues them), exit 0. */
+ * abandon requests in flight (the broker requeues them), exit 0. With keys
+ * (--key/--broker-key or $REEL_KEY/$REEL_BROKER_KEY) the DEALER speaks
+ * CURVE; a SYNC's weights are read only under the weights roots
+ * (wrk_weights.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -86,7 +89,7 @@ static void *dealer_new(wrk_t *w) {
     void *s = zmq_socket(w->zctx, ZMQ_DEALER);
     if (!s) return NULL;
     int zero = 0;
-    if (wire_socket_limits(s) != 0 ||
+    if (wire_socket_limits(s) != 0 || reel_curve_apply(s, w->curve) != 0 ||
         zmq_setsockopt(s, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
         /* Sends never wait for a broker that is gone: they fail with EAGAIN. */
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
@@ -291,24 +294,46 @@ static int serve(link_t *l) {
 
 /* ---- startup and shutdown ---------------------------------------------------- */
 
-/* Loads the weights and their sha256 through one descriptor. */
+/* Loads the weights and their sha256, read once through one descriptor
+ * (a regular file only: the operator's path may be a symlink, not a FIFO). */
 static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
-    const char *path = w->opt->weights;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const char *path = w->opt->weights, *code;
+    char detail[512];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         wrk_log(w, "%s: %s", path, strerror(errno));
         return NULL;
     }
-    char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
     tdit_model_t *m = NULL;
-    st_file_t *f = NULL;
-    if (reel_sha256_fd(fd, sha) != 0 || !(f = st_open(proc)) ||
-        !(m = tdit_model_load(w->backend, f, w->dtype)))
-        wrk_log(w, "%s: %s", path, kern_error());
+    st_file_t *f = wrk_weights_read(fd, path, 0, &w->stop, sha, &code, detail, sizeof detail);
+    if (!f) wrk_log(w, "%s", detail);
+    else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, kern_error());
     st_close(&f);
     close(fd);
     return m;
+}
+
+/* The weights roots and the keys, from the options. -1 (logged) on a bad
+ * one: a usage error, exit 2. */
+static int setup_access(wrk_t *w, wrk_roots_t *roots, reel_curve_t *curve) {
+    const wrk_opts_t *o = w->opt;
+    memset(roots, 0, sizeof *roots);
+    int rc = 0;
+    for (int i = 0; i < o->n_weights_dirs && rc == 0; i++) rc = wrk_roots_add(roots, o->weights_dirs[i]);
+    if (rc == 0 && o->n_weights_dirs == 0) rc = wrk_roots_add_dir_of(roots, o->weights);
+    if (rc != 0) {
+        wrk_log(w, "%s", kern_error());
+        return -1;
+    }
+    for (int i = 0; i < roots->n; i++) wrk_log(w, "syncs read weights under %s", roots->real[i]);
+    if (reel_curve_resolve(o->key, o->broker_key, 1u << REEL_ROLE_WORKER, curve) != 0) {
+        wrk_log(w, "keys: %s", kern_error());
+        return -1;
+    }
+    if (curve->on) wrk_log(w, "CURVE: key %s, broker key %.8s...", curve->self.name, curve->server_key);
+    w->roots = roots;
+    w->curve = curve;
+    return 0;
 }
 
 static int run(const wrk_opts_t *o) {
@@ -329,7 +354,10 @@ static int run(const wrk_opts_t *o) {
     bool lock_ok = false;
     char sha[65] = "";
 
+    static wrk_roots_t roots; /* large: not on the stack */
+    static reel_curve_t curve;
     if (sodium_init() < 0) { wrk_log(&w, "libsodium cannot initialise"); return 1; }
+    if (setup_access(&w, &roots, &curve) != 0) return 2;
     if (install_signals() != 0) { wrk_log(&w, "signals: %s", strerror(errno)); return 1; }
     if (o->backend == KERN_BACKEND_CUDA) {
         w.backend = kern_backend_cuda_new(o->device);

@@ -34,7 +34,12 @@ static const char usage[] =
     "                        bitwise; a mismatch evicts the graph (256; 0 = off)\n"
     "  --heartbeat-ms MS     heartbeat interval (1000)\n"
     "  --liveness N          silent intervals before reconnecting (3)\n"
-    "  --events-ms MS        EVENTS batching interval (200)\n";
+    "  --events-ms MS        EVENTS batching interval (200)\n"
+    "  --weights-dir DIR     a directory a SYNC's weights may be read from (repeat for\n"
+    "                        more, at most 8; default: the directory of --weights).\n"
+    "                        Paths must lie below one, reached without symlinks or '..'\n"
+    "  --key FILE            this worker's CURVE key pair, NAME.key (else $REEL_KEY)\n"
+    "  --broker-key FILE     the broker's public key, broker.pub (else $REEL_BROKER_KEY)\n";
 
 const char *wrk_usage(void) { return usage; }
 
@@ -84,7 +89,7 @@ int wrk_parse_bytes(const char *s, size_t *out) {
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
            O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE,
-           O_AUDIT };
+           O_AUDIT, O_WDIR, O_KEY, O_BKEY };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -103,6 +108,9 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "heartbeat-ms", required_argument, 0, O_HB },
         { "liveness", required_argument, 0, O_LIVENESS },
         { "events-ms", required_argument, 0, O_EVENTS },
+        { "weights-dir", required_argument, 0, O_WDIR },
+        { "key", required_argument, 0, O_KEY },
+        { "broker-key", required_argument, 0, O_BKEY },
         { "help", no_argument, 0, O_HELP },
         { 0, 0, 0, 0 },
     };
@@ -130,6 +138,15 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         case O_NAME: o->name = a; break;
         case O_WEIGHTS: o->weights = a; break;
         case O_HELP: o->help = true; break;
+        case O_KEY: o->key = a; break;
+        case O_BKEY: o->broker_key = a; break;
+        case O_WDIR:
+            if (o->n_weights_dirs >= (int)(sizeof o->weights_dirs / sizeof o->weights_dirs[0]))
+                return usage_error(err, errlen, "--weights-dir: at most %d directories",
+                                   (int)(sizeof o->weights_dirs / sizeof o->weights_dirs[0]));
+            if (a[0] != '/') return usage_error(err, errlen, "--weights-dir: '%s' must be an absolute path", a);
+            o->weights_dirs[o->n_weights_dirs++] = a;
+            break;
         case O_WVER:
             if (parse_int(a, 1, INT64_MAX, &v)) return usage_error(err, errlen, "--weights-version: expected an integer >= 1, got '%s'", a);
             o->weights_version = (uint64_t)v;

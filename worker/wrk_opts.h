@@ -32,6 +32,11 @@ typedef struct {
     int heartbeat_ms;                /* default 1000 */
     int liveness;                    /* default 3 */
     int events_ms;                   /* default 200 */
+    const char *weights_dirs[8];     /* --weights-dir, repeatable: where SYNC paths may lead;
+                                      * none: the directory of --weights */
+    int n_weights_dirs;
+    const char *key;                 /* --key NAME.key (else $REEL_KEY): CURVE */
+    const char *broker_key;          /* --broker-key broker.pub (else $REEL_BROKER_KEY) */
     bool help;                       /* --help was given: print usage, exit 0 */
 } wrk_opts_t;
 

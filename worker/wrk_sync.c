@@ -1,7 +1,8 @@
 /* wrk_sync.c -- weight syncs (see wrk_sync.h). The slow parts (reading and
  * hashing the weights) run on the sync thread before the step lock is
  * taken, so the main thread keeps heartbeating and streams keep stepping
- * until the copy itself. */
+ * until the copy itself. A path is read under the weights roots only,
+ * and what goes back in the ack is generic (wrk_weights.h). */
 #include "worker/wrk_sync.h"
 
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include "schema/sha256.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk_pipe.h"
+#include "worker/wrk_weights.h"
 
 /* ---- reading the weights a SYNC carries ----------------------------------- */
 
@@ -31,20 +33,21 @@ static int say(char *err, size_t len, const char *fmt, ...) {
     return -1;
 }
 
-/* Hashes and opens path through one descriptor, so the bytes hashed are
- * the bytes loaded even if the path is replaced meanwhile. */
-static st_file_t *open_path(const char *path, char hex[65], char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        say(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
+/* Opens a path a peer named, under the weights roots, and reads it once,
+ * judged by its size first and hashed as it is read (wrk_weights.h). */
+static st_file_t *open_path(const char *path, const tdit_config_t *cfg, const wrk_roots_t *roots,
+                            const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
+                            size_t errlen) {
+    const char *code;
+    int fd = wrk_weights_open(roots, path, &code, err, errlen);
     st_file_t *f = NULL;
-    char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
-    if (reel_sha256_fd(fd, hex) != 0) say(err, errlen, "%s: %s", path, kern_error());
-    else if (!(f = st_open(proc))) say(err, errlen, "%s: %s", path, kern_error());
-    close(fd);
+    if (fd >= 0) {
+        /* Every parameter in F32: the most a file of this model holds. */
+        uint64_t max_data = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
+        f = wrk_weights_read(fd, path, max_data, stop, hex, &code, err, errlen);
+        close(fd);
+    }
+    if (!f) snprintf(wire, wlen, "%s", code);
     return f;
 }
 
@@ -94,14 +97,27 @@ out:
     return f;
 }
 
-int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, st_file_t **out, char hex[65], char *err,
-                  size_t errlen) {
+int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots_t *roots, const atomic_bool *stop,
+                  st_file_t **out, char hex[65], char *wire, size_t wlen, char *err, size_t errlen) {
     *out = NULL;
     wire_err_t e;
-    if (strcmp(m->component, TDIT_COMPONENT) != 0)
-        return say(err, errlen, "unknown component '%.64s' (this worker has '%s')", m->component, TDIT_COMPONENT);
-    if (msg_sync_validate(m, true, &e) != 0) return say(err, errlen, "%s", e.message);
-    *out = m->path[0] ? open_path(m->path, hex, err, errlen) : open_inline(m, cfg, hex, err, errlen);
+    /* What is wrong with the message itself is said as it is: it tells
+     * the sender nothing it did not send. */
+    if (strcmp(m->component, TDIT_COMPONENT) != 0) {
+        say(err, errlen, "unknown component '%.64s' (this worker has '%s')", m->component, TDIT_COMPONENT);
+        snprintf(wire, wlen, "%s", err);
+        return -1;
+    }
+    if (msg_sync_validate(m, true, &e) != 0) {
+        say(err, errlen, "%s", e.message);
+        snprintf(wire, wlen, "%s", err);
+        return -1;
+    }
+    if (m->path[0]) {
+        *out = open_path(m->path, cfg, roots, stop, hex, wire, wlen, err, errlen);
+    } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
+        snprintf(wire, wlen, "%s", WRK_E_FILE);
+    }
     return *out ? 0 : -1;
 }
 
@@ -145,7 +161,7 @@ static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *erro
 
 static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     wrk_t *w = s->w;
-    char err[512], hex[65];
+    char err[512], wire[MSG_REASON_MAX], hex[65];
     wire_err_t e;
     msg_sync_t *m = malloc(sizeof *m);
     if (!m || msg_sync_decode(wm, m, &e) != 0) {
@@ -165,9 +181,12 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, "stale");
         goto out;
     }
-    if (wrk_sync_read(m, tdit_model_config(w->model), &f, hex, err, sizeof err) != 0) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: %s", version, err);
-        ack(s, id, version, err);
+    if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &w->stop, &f, hex, wire, sizeof wire, err,
+                      sizeof err) != 0) {
+        /* The detail stays here; the broker (and the trainer) get the
+         * generic reason. */
+        wrk_log(w, "sync to v%" PRIu64 " refused: %s (answered: %s)", version, err, wire);
+        ack(s, id, version, wire);
         goto out;
     }
     if (strcasecmp(hex, want) != 0) {
@@ -194,13 +213,16 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         pthread_rwlock_wrlock(&w->step_lock);
         if (tdit_model_reload(w->model, f) != 0) {
             snprintf(err, sizeof err, "%s", kern_error());
-            fail = err;
-            if (strstr(err, "part-way")) atomic_store(&w->fatal, true);
+            fail = WRK_E_MODEL; /* the tensor names and shapes stay in the log */
+            if (strstr(err, "part-way")) {
+                atomic_store(&w->fatal, true);
+                fail = "internal: the weights could not be loaded whole (worker exiting)";
+            }
         } else if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model),
                                         tdit_model_bytes(w->model), version) < 0) {
             /* New weights under the old version's graphs and keys: unusable. */
             snprintf(err, sizeof err, "%s", kern_error());
-            fail = err;
+            fail = "internal: the capture cache could not take the weights (worker exiting)";
             atomic_store(&w->fatal, true);
         } else {
             atomic_store(&w->applied_version, version);
@@ -208,8 +230,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         pthread_rwlock_unlock(&w->step_lock);
         atomic_store(&w->draining, false);
         if (fail) {
-            wrk_log(w, "sync to v%" PRIu64 " failed: %s%s", version, fail,
-                    atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "");
+            wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", version, err,
+                    atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", fail);
         } else {
             snprintf(s->applied_sha, sizeof s->applied_sha, "%s", hex);
             wrk_log(w, "applied %s v%" PRIu64 " (%s)", TDIT_COMPONENT, version, cap_policy_name(w->opt->policy));

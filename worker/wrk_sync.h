@@ -3,8 +3,8 @@
  * A sync thread takes SYNC messages in order. For each it checks the
  * component ("transformer") and version (not older than the applied one:
  * else SYNC_ACK ok=false "stale"), reads the weights (a path, or the
- * inline tensors written to a temporary safetensors file) and checks their
- * sha256 (of the file's bytes / of the tensor frames concatenated in order:
+ * inline tensors written to a temporary safetensors file; a path only under
+ * the weights roots, wrk_weights.h) and checks their sha256 (of the file's bytes / of the tensor frames concatenated in order:
  * else ok=false "sha256 mismatch") -- all before taking the step lock. Then,
  * under the write side of the step lock (steps in progress finish first):
  * tdit_model_reload, cap_component_update (evict drops the key's graphs,
@@ -24,17 +24,23 @@
 #include "worker/model/safetensors.h"
 #include "worker/model/tinydit.h"
 #include "worker/wrk.h"
+#include "worker/wrk_weights.h"
 
 /* The weights a SYNC carries, read and hashed (schema/sha256.h). Checks
  * the fields msg_sync_decode does not (component must be "transformer";
- * exactly one of path or tensors: msg_sync_validate). Returns 0 with *out
- * open (st_close it) and hex set to the sha256 of what was read (the file's
- * bytes, or the inline tensor frames concatenated in order); -1 with err
- * (ack error text) on a bad field or an unreadable file. `cfg` supplies
- * the metadata inline tensors lack. Does not compare the sha256 (the
- * caller does: the version check decides what a mismatch means). */
-int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, st_file_t **out, char hex[65], char *err,
-                  size_t errlen);
+ * exactly one of path or tensors: msg_sync_validate). A path is read as
+ * wrk_weights.h says: under `roots` only, no symlink or "..", a regular
+ * file, judged by its size against cfg's model before it is read once,
+ * hashed as it is read, the read stopping when *stop is set. Returns 0
+ * with *out open (st_close it) and hex set to the sha256 of what was read
+ * (the file's bytes, or the inline tensor frames concatenated in order);
+ * -1 with `wire` the text the ack may carry (a bad field as it is, any
+ * file problem as one generic WRK_E_* text) and err the detail for the
+ * log. `cfg` supplies the metadata inline tensors lack. Does not compare
+ * the sha256 (the caller does: the version check decides what a mismatch
+ * means). */
+int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, const wrk_roots_t *roots, const atomic_bool *stop,
+                  st_file_t **out, char hex[65], char *wire, size_t wlen, char *err, size_t errlen);
 
 typedef struct wrk_syncer wrk_syncer_t;
 

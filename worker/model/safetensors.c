@@ -117,10 +117,10 @@ static int json_nonneg(const json_t *e, int64_t *out) {
     return 0;
 }
 
-/* Fills t from header entry e, checking it against the data buffer. */
-static int parse_entry(const st_file_t *f, const char *name, const json_t *e,
-                       st_tensor_t *t) {
-    const char *o = f->origin;
+/* Fills t (all but its data pointer) and *at (where its bytes begin) from
+ * header entry e, checking it against a data buffer of data_len bytes. */
+static int check_entry(const char *o, size_t data_len, const char *name, const json_t *e,
+                       st_tensor_t *t, int64_t *at) {
     if (!json_is_object(e))
         return kern_fail("%s: tensor \"%s\": entry is not a JSON object", o, name);
 
@@ -170,10 +170,10 @@ static int parse_entry(const st_file_t *f, const char *name, const json_t *e,
         return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] end "
                          "before they begin", o, name, (long long)begin,
                          (long long)end);
-    if ((uint64_t)end > f->data_len)
+    if ((uint64_t)end > data_len)
         return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] run past "
                          "the %zu-byte data buffer", o, name, (long long)begin,
-                         (long long)end, f->data_len);
+                         (long long)end, data_len);
     if (end - begin != want) {
         char sb[128];
         return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] span %lld "
@@ -183,8 +183,18 @@ static int parse_entry(const st_file_t *f, const char *name, const json_t *e,
                          (long long)want);
     }
     t->name = name;
-    t->data = f->data + begin;
+    t->data = NULL;
     t->nbytes = (size_t)want;
+    *at = begin;
+    return 0;
+}
+
+/* Fills t from header entry e, checking it against the data buffer. */
+static int parse_entry(const st_file_t *f, const char *name, const json_t *e,
+                       st_tensor_t *t) {
+    int64_t begin;
+    if (check_entry(f->origin, f->data_len, name, e, t, &begin) != 0) return -1;
+    t->data = f->data + begin;
     return 0;
 }
 
@@ -310,49 +320,95 @@ st_file_t *st_parse(const void *buf, size_t len) {
                        data, dlen);
 }
 
-/* Reads exactly len bytes; -1 with a message on error or early EOF. */
-static int read_full(int fd, const char *path, void *buf, size_t len) {
+/* Reads exactly len bytes at offset *off (advanced), handing every chunk
+ * to hook (when set) in file order; -1 with a message on an error, an
+ * early end of file, or a hook that says stop. */
+static int read_at(int fd, const char *path, void *buf, size_t len, uint64_t *off,
+                   st_read_hook_t hook, void *user) {
     unsigned char *p = buf;
     while (len) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t r = read(fd, p, chunk);
+        /* Chunks small enough that a hook asked to stop is heard promptly. */
+        size_t chunk = len > ((size_t)4 << 20) ? ((size_t)4 << 20) : len;
+        ssize_t r = pread(fd, p, chunk, (off_t)*off);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return kern_fail("%s: read failed: %s", path, strerror(errno));
         if (r == 0) return kern_fail("%s: file shrank while being read", path);
+        if (hook && hook(user, p, (size_t)r) != 0) return kern_fail("%s: reading stopped", path);
         p += r;
+        *off += (uint64_t)r;
         len -= (size_t)r;
     }
     return 0;
 }
 
-st_file_t *st_open(const char *path) {
+/* fstat: a regular file, at least the length field; *total its size. */
+static int regular_size(int fd, const char *path, uint64_t *total) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return kern_fail("%s: cannot stat: %s", path, strerror(errno));
+    /* A FIFO or a device has no size to check and may never end. */
+    if (!S_ISREG(sb.st_mode)) return kern_fail("%s: not a regular file", path);
+    *total = (uint64_t)sb.st_size;
+    return check_min_len(path, *total);
+}
+
+int st_probe_fd(int fd, const char *path, st_probe_t *out) {
+    assert(path && out);
+    memset(out, 0, sizeof *out);
+    uint64_t total, off = 0;
+    if (regular_size(fd, path, &total) != 0) return -1;
+    unsigned char lenbuf[8];
+    if (read_at(fd, path, lenbuf, sizeof lenbuf, &off, NULL, NULL) != 0) return -1;
+    uint64_t hlen = load_le64(lenbuf);
+    if (check_header_len(path, total, hlen) != 0) return -1;
+    char *hdr = malloc(hlen ? (size_t)hlen : 1);
+    if (!hdr) return kern_fail("%s: out of memory for a %llu-byte header", path, (unsigned long long)hlen);
+    int rc = -1;
+    json_t *root = NULL;
+    if (read_at(fd, path, hdr, (size_t)hlen, &off, NULL, NULL) != 0) goto out;
+    json_error_t je;
+    root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        kern_fail("%s: header is not valid JSON: %s (line %d, column %d)", path, je.text, je.line, je.column);
+        goto out;
+    }
+    if (!json_is_object(root)) {
+        kern_fail("%s: header is not a JSON object", path);
+        goto out;
+    }
+    out->header_len = hlen;
+    out->data_len = total - 8 - hlen;
+    const char *name;
+    const json_t *e;
+    json_object_foreach(root, name, e) {
+        if (!strcmp(name, "__metadata__")) continue;
+        st_tensor_t t;
+        int64_t begin;
+        if (check_entry(path, (size_t)out->data_len, name, e, &t, &begin) != 0) goto out;
+        out->count++;
+        out->bytes += t.nbytes;
+        if ((uint64_t)begin + t.nbytes > out->data_end) out->data_end = (uint64_t)begin + t.nbytes;
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    free(hdr);
+    return rc;
+}
+
+st_file_t *st_open_fd(int fd, const char *path, st_read_hook_t hook, void *user) {
     assert(path);
     char *hdr = NULL;
     unsigned char *data = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        kern_fail("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        kern_fail("%s: cannot stat: %s", path, strerror(errno));
-        goto err;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        kern_fail("%s: not a regular file", path);
-        goto err;
-    }
-    uint64_t total = (uint64_t)sb.st_size;
-    if (check_min_len(path, total) != 0) goto err;
+    uint64_t total, off = 0;
+    if (regular_size(fd, path, &total) != 0) return NULL;
     unsigned char lenbuf[8];
-    if (read_full(fd, path, lenbuf, sizeof lenbuf) != 0) goto err;
+    if (read_at(fd, path, lenbuf, sizeof lenbuf, &off, hook, user) != 0) return NULL;
     uint64_t hlen = load_le64(lenbuf);
-    if (check_header_len(path, total, hlen) != 0) goto err;
+    if (check_header_len(path, total, hlen) != 0) return NULL;
     if (total > SIZE_MAX) {
         kern_fail("%s: %llu bytes do not fit in memory", path,
                   (unsigned long long)total);
-        goto err;
+        return NULL;
     }
     size_t dlen = (size_t)(total - 8 - hlen);
     /* Header and data are read into separate buffers so the data starts
@@ -364,18 +420,30 @@ st_file_t *st_open(const char *path) {
                   (unsigned long long)total);
         goto err;
     }
-    if (read_full(fd, path, hdr, (size_t)hlen) != 0) goto err;
-    if (read_full(fd, path, data, dlen) != 0) goto err;
-    close(fd);
+    if (read_at(fd, path, hdr, (size_t)hlen, &off, hook, user) != 0) goto err;
+    if (read_at(fd, path, data, dlen, &off, hook, user) != 0) goto err;
     st_file_t *f = parse_parts(path, hdr, (size_t)hlen, data, dlen);
     free(hdr);
     return f;
 
 err:
-    close(fd);
     free(hdr);
     free(data);
     return NULL;
+}
+
+st_file_t *st_open(const char *path) {
+    assert(path);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; st_open_fd
+     * then refuses anything but a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        kern_fail("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    st_file_t *f = st_open_fd(fd, path, NULL, NULL);
+    close(fd);
+    return f;
 }
 
 void st_close(st_file_t **f) {

@@ -41,11 +41,40 @@ typedef struct {
     size_t nbytes;                   /* numel * kern_dtype_size(dtype) */
 } st_tensor_t;
 
-/* Reads and validates the whole file at `path`. Returns a new handle the
- * caller frees with st_close(), or NULL with a kern_error() message that
- * names the path and the problem (I/O error, truncation, bad header, bad
- * entry). */
+/* Reads and validates the whole file at `path` (opened without blocking:
+ * a FIFO, a device or anything but a regular file is refused). Returns a
+ * new handle the caller frees with st_close(), or NULL with a kern_error()
+ * message that names the path and the problem (I/O error, truncation, bad
+ * header, bad entry). */
 st_file_t *st_open(const char *path);
+/* Called with every chunk st_open_fd reads, in file order (the length
+ * field, the header, the data): the whole file passes through it exactly
+ * once, so a digest taken here is of the bytes loaded. Nonzero stops the
+ * read (st_open_fd fails: "reading stopped"). */
+typedef int (*st_read_hook_t)(void *user, const void *chunk, size_t len);
+/* As st_open, from the file open at fd, read with pread from offset 0 (the
+ * descriptor's offset is not used); `path` names it in messages. Anything
+ * but a regular file is refused before a byte is read (a FIFO or a device
+ * could block or never end). hook (NULL: none) sees every chunk, at most
+ * 4 MiB each. fd stays open (the caller's). */
+st_file_t *st_open_fd(int fd, const char *path, st_read_hook_t hook, void *user);
+
+/* What a file's header says, read without its data. */
+typedef struct {
+    uint64_t header_len;   /* bytes of JSON after the length field */
+    uint64_t data_len;     /* bytes after the header: the data buffer */
+    uint64_t data_end;     /* where the last tensor's bytes end (<= data_len) */
+    uint64_t bytes;        /* the tensors' bytes, summed */
+    size_t count;          /* tensors */
+} st_probe_t;
+/* Reads the length field and the header of the file open at fd (pread
+ * from 0) and checks them against the file's size as st_open does (a
+ * regular file, every entry's dtype, shape and offsets inside the data
+ * buffer), without reading the data: so a file can be judged by its size
+ * before anything hashes or loads it. 0 with *out filled, or -1 with a
+ * message naming path. */
+int st_probe_fd(int fd, const char *path, st_probe_t *out);
+
 /* As st_open, over `len` bytes at `buf`, which are copied (the caller keeps
  * buf). Messages name the source as "safetensors buffer". */
 st_file_t *st_parse(const void *buf, size_t len);

@@ -1,0 +1,173 @@
+/* wrk_weights.c -- weights files a peer named, read safely (see
+ * wrk_weights.h). */
+#include "worker/wrk_weights.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/error.h"
+#include "schema/sha256.h"
+
+static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...) {
+    *wire = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- roots -------------------------------------------------------------------- */
+
+int wrk_roots_add(wrk_roots_t *r, const char *dir) {
+    if (r->n >= WRK_MAX_ROOTS) return kern_fail("more than %d weights directories", WRK_MAX_ROOTS);
+    if (strlen(dir) >= PATH_MAX) return kern_fail("weights directory %.64s...: path too long", dir);
+    char real[PATH_MAX];
+    struct stat sb;
+    if (!realpath(dir, real)) return kern_fail("weights directory %s: %s", dir, strerror(errno));
+    if (stat(real, &sb) != 0 || !S_ISDIR(sb.st_mode)) return kern_fail("weights directory %s: not a directory", dir);
+    snprintf(r->given[r->n], PATH_MAX, "%s", dir);
+    /* "/srv/w/" names the same root as "/srv/w" */
+    for (size_t n = strlen(r->given[r->n]); n > 1 && r->given[r->n][n - 1] == '/'; n--) r->given[r->n][n - 1] = '\0';
+    snprintf(r->real[r->n], PATH_MAX, "%s", real);
+    r->n++;
+    return 0;
+}
+
+int wrk_roots_add_dir_of(wrk_roots_t *r, const char *file) {
+    char real[PATH_MAX];
+    if (!realpath(file, real)) return kern_fail("%s: %s", file, strerror(errno));
+    char *slash = strrchr(real, '/');
+    if (slash == real) slash[1] = '\0'; /* a file in / */
+    else if (slash) *slash = '\0';
+    return wrk_roots_add(r, real);
+}
+
+/* ---- opening under a root --------------------------------------------------------- */
+
+/* The part of path below root (NULL when path is not under it). */
+static const char *below(const char *path, const char *root) {
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/') return path + 1;
+    if (strncmp(path, root, n) || path[n] != '/') return NULL;
+    return path + n + 1;
+}
+
+/* True when rel is one or more plain components ("a/b.safetensors"): no
+ * empty one, no "." and no "..", nothing after a trailing '/'. */
+static bool plain_relative(const char *rel) {
+    if (!*rel) return false;
+    for (const char *c = rel;;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.') || n > NAME_MAX) return false;
+        if (!e) return true;
+        c = e + 1;
+    }
+}
+
+int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len) {
+    const char *rel = NULL;
+    int root = -1;
+    if (!path || path[0] != '/')
+        return fail(wire, WRK_E_PATH, detail, len, "%s: not an absolute path", path ? path : "(none)");
+    if (strlen(path) >= PATH_MAX) return fail(wire, WRK_E_PATH, detail, len, "path of %zu bytes: too long", strlen(path));
+    for (int i = 0; i < r->n && !rel; i++) {
+        root = i;
+        if (!(rel = below(path, r->real[i]))) rel = below(path, r->given[i]);
+    }
+    if (!rel) return fail(wire, WRK_E_PATH, detail, len, "%s: not under any weights directory", path);
+    if (!plain_relative(rel))
+        return fail(wire, WRK_E_PATH, detail, len, "%s: an empty, '.' or '..' component below %s", path, r->real[root]);
+
+    char comp[NAME_MAX + 1];
+    int dir = open(r->real[root], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return fail(wire, WRK_E_FILE, detail, len, "%s: %s", r->real[root], strerror(errno));
+    for (const char *c = rel;;) {
+        const char *e = strchr(c, '/');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        memcpy(comp, c, n);
+        comp[n] = '\0';
+        /* O_NOFOLLOW on every component: a symlink anywhere is ELOOP (or
+         * ENOTDIR), never followed. The last one opens without blocking. */
+        int flags = e ? O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+                      : O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+        int next = openat(dir, comp, flags);
+        int err = errno;
+        close(dir);
+        if (next < 0)
+            return fail(wire, WRK_E_FILE, detail, len, "%s: %s at '%s'%s", path, strerror(err), comp,
+                        err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
+        if (!e) {
+            struct stat sb;
+            if (fstat(next, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+                close(next);
+                return fail(wire, WRK_E_FILE, detail, len, "%s: not a regular file", path);
+            }
+            return next;
+        }
+        dir = next;
+        c = e + 1;
+    }
+}
+
+/* ---- reading ------------------------------------------------------------------------ */
+
+typedef struct {
+    reel_sha256_t *h;
+    const atomic_bool *stop;
+    bool stopped;
+} hook_t;
+
+static int hash_chunk(void *user, const void *p, size_t n) {
+    hook_t *k = user;
+    if (k->stop && atomic_load(k->stop)) {
+        k->stopped = true;
+        return -1;
+    }
+    reel_sha256_update(k->h, p, n);
+    return 0;
+}
+
+st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65],
+                            const char **wire, char *detail, size_t len) {
+    st_probe_t p;
+    if (st_probe_fd(fd, path, &p) != 0) {
+        fail(wire, WRK_E_FILE, detail, len, "%s", kern_error());
+        return NULL;
+    }
+    /* Before a byte of data is read: a file larger than the model could
+     * be (or a sparse 50 GiB one) is refused now, not after a minute of
+     * hashing; one whose tensors cannot hold the model, too. */
+    if (max_data && p.data_len > max_data) {
+        fail(wire, WRK_E_MODEL, detail, len, "%s: %llu data bytes, more than the model's %llu", path,
+             (unsigned long long)p.data_len, (unsigned long long)max_data);
+        return NULL;
+    }
+    if (max_data && p.bytes < max_data / 2) {
+        fail(wire, WRK_E_MODEL, detail, len, "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in F32)",
+             path, p.count, (unsigned long long)p.bytes, (unsigned long long)max_data);
+        return NULL;
+    }
+    hook_t k = { reel_sha256_new(), stop, false };
+    if (!k.h) {
+        fail(wire, WRK_E_FILE, detail, len, "out of memory");
+        return NULL;
+    }
+    st_file_t *f = st_open_fd(fd, path, hash_chunk, &k);
+    if (!f) {
+        fail(wire, k.stopped ? WRK_E_STOPPED : WRK_E_FILE, detail, len, "%s", kern_error());
+        reel_sha256_free(&k.h);
+        return NULL;
+    }
+    reel_sha256_final(&k.h, hex);
+    return f;
+}

@@ -1,0 +1,70 @@
+/* wrk_weights.h -- reading a weights file a peer named (a SYNC's path),
+ * so that no peer can make the worker read what it should not, block on
+ * it, burn a core on it, or learn anything about it.
+ *
+ *   - Only under the weights roots (--weights-dir, or the directory of
+ *     --weights): the path must be absolute, name a root, and go down from
+ *     it through plain components; each is opened with openat and
+ *     O_NOFOLLOW, so no symlink and no ".." leads out (or anywhere).
+ *   - Regular files only: the file is opened O_NONBLOCK (a FIFO does not
+ *     wait for a writer) and fstat'ed before a byte is read.
+ *   - Judged by its size first: its header must fit the file
+ *     (st_probe_fd) and its data the model (at most every parameter in
+ *     F32), before anything hashes or loads it.
+ *   - Read once: the bytes are hashed as they are loaded (st_open_fd's
+ *     hook), and the read stops within one chunk (4 MiB) of the worker
+ *     stopping.
+ *   - What goes back over the wire is one of the generic texts below; the
+ *     detail (the path, errno, what the header said) is only logged. */
+#ifndef REEL_WORKER_WRK_WEIGHTS_H
+#define REEL_WORKER_WRK_WEIGHTS_H
+
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/model/safetensors.h"
+
+#define WRK_MAX_ROOTS 8
+
+/* The errors a peer sees (SYNC_ACK "error"), whatever the detail. */
+#define WRK_E_PATH "bad_weights: path not under the worker's weights directories"
+#define WRK_E_FILE "bad_weights: not a safetensors file"
+#define WRK_E_MODEL "bad_weights: not weights of this worker's model"
+#define WRK_E_STOPPED "worker stopping"
+
+/* Where a worker may read weights from. */
+typedef struct {
+    int n;
+    char given[WRK_MAX_ROOTS][PATH_MAX];  /* as configured (a path may name a root through it) */
+    char real[WRK_MAX_ROOTS][PATH_MAX];   /* its realpath: what is opened */
+} wrk_roots_t;
+
+/* Adds the directory dir (it must exist) as a root. 0, or -1 with a
+ * message in kern_error() (missing, not a directory, more than
+ * WRK_MAX_ROOTS). */
+int wrk_roots_add(wrk_roots_t *r, const char *dir);
+/* Adds the directory holding file (the default root: where --weights is). */
+int wrk_roots_add_dir_of(wrk_roots_t *r, const char *file);
+
+/* Opens path for reading when it is a regular file under a root reached
+ * without a symlink or "..". Returns the descriptor (O_RDONLY|O_NONBLOCK,
+ * the caller closes it), or -1 with *wire set to WRK_E_PATH (the path
+ * itself is not allowed: this depends on the text alone) or WRK_E_FILE
+ * (anything found on disk: missing, a symlink, a FIFO, unreadable: one
+ * answer, so the answer tells nothing of what is there) and the detail
+ * in `detail`. */
+int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len);
+
+/* Reads the weights file open at fd, judged first by its size: its
+ * header must fit the file, and its data be at most max_data bytes (0: no
+ * bound); then it is read once, hashed as it is read (hex), and parsed.
+ * stop (NULL: never) is checked between chunks. Returns the file, or NULL
+ * with *wire one of WRK_E_FILE, WRK_E_MODEL, WRK_E_STOPPED and the detail
+ * in `detail`. */
+st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65],
+                            const char **wire, char *detail, size_t len);
+
+#endif
