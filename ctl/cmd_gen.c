@@ -31,7 +31,7 @@ static void progress_bar(void *user, int step, int steps) {
 
 int cmd_gen(int argc, char **argv) {
     enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
-           O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS };
+           O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER }, { "model", required_argument, 0, O_MODEL },
         { "config", required_argument, 0, O_MODEL },
@@ -43,9 +43,11 @@ int cmd_gen(int argc, char **argv) {
         { "seed", required_argument, 0, O_SEED }, { "out", required_argument, 0, O_OUT },
         { "timeout-ms", required_argument, 0, O_TIMEOUT }, { "deadline-ms", required_argument, 0, O_DEADLINE },
         { "quiet", no_argument, 0, O_QUIET }, { "channels", required_argument, 0, O_CHANNELS },
+        { "key", required_argument, 0, O_KEY }, { "broker-key", required_argument, 0, O_BKEY },
         { 0, 0, 0, 0 },
     };
     const char *broker = DEFAULT_BROKER, *ctx_path = NULL, *unc_path = NULL, *lat_path = NULL, *out = NULL;
+    const char *key = NULL, *broker_key = NULL; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
     reel_gen_t g;
     memset(&g, 0, sizeof g);
     g.shift = 1.0;
@@ -63,6 +65,8 @@ int cmd_gen(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case O_BROKER: broker = optarg; break;
+        case O_KEY: key = optarg; break;
+        case O_BKEY: broker_key = optarg; break;
         case O_MODEL: g.model = optarg; break;
         case O_CONTEXT: ctx_path = optarg; break;
         case O_UNCOND: unc_path = optarg; break;
@@ -144,7 +148,7 @@ int cmd_gen(int argc, char **argv) {
     size_t n = (size_t)(g.latent_shape[0] * g.latent_shape[1] * g.latent_shape[2] * g.latent_shape[3]);
     code = CTL_FAIL;
     if (!(res_lat = malloc(n * sizeof *res_lat))) { ctl_die(CTL_FAIL, "out of memory"); goto done; }
-    if (!(c = reel_client_new(broker))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
+    if (!(c = reel_client_new_keys(broker, key, broker_key))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
     reel_gen_result_t r;
     wire_err_t err;
     int rc = reel_gen(c, &g, res_lat, &r, progress_bar, NULL, timeout_ms, &err);
@@ -180,9 +184,11 @@ int cmd_sync(int argc, char **argv) {
         { "broker", required_argument, 0, 'b' }, { "component", required_argument, 0, 'c' },
         { "version", required_argument, 0, 'v' }, { "weights", required_argument, 0, 'w' },
         { "timeout-ms", required_argument, 0, 't' }, { "deadline-ms", required_argument, 0, 'd' },
+        { "key", required_argument, 0, 'k' }, { "broker-key", required_argument, 0, 'K' },
         { 0, 0, 0, 0 },
     };
     const char *broker = DEFAULT_BROKER, *component = "transformer", *weights = NULL;
+    const char *key = NULL, *broker_key = NULL; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
     uint64_t version = 0, deadline = 60000;
     int timeout_ms = 120000, o;
     bool have_version = false;
@@ -191,6 +197,8 @@ int cmd_sync(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'b': broker = optarg; break;
+        case 'k': key = optarg; break;
+        case 'K': broker_key = optarg; break;
         case 'c': component = optarg; break;
         case 'w': weights = optarg; break;
         case 'v':
@@ -214,7 +222,7 @@ int cmd_sync(int argc, char **argv) {
     if (!f) return ctl_die(CTL_USAGE, "%s", kern_error());
     st_close(&f);
     if (reel_sha256_file(path, hex) != 0) return ctl_die(CTL_FAIL, "%s", kern_error());
-    reel_client_t *c = reel_client_new(broker);
+    reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
     if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
     reel_sync_result_t r;
     wire_err_t err;
@@ -312,14 +320,16 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
 }
 
 int cmd_status(int argc, char **argv) {
-    const char *broker = DEFAULT_BROKER;
+    const char *broker = DEFAULT_BROKER, *key = NULL, *broker_key = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
+        else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
+        else if (!strcmp(argv[i], "--broker-key") && i + 1 < argc) broker_key = argv[++i];
         else return ctl_die(CTL_USAGE, "status: unknown option '%s'", argv[i]);
     }
-    reel_client_t *c = reel_client_new(broker);
+    reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
     if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
     reel_status_t *s = NULL;
     wire_err_t err;

@@ -19,6 +19,7 @@ int cmd_gen(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_catalog(int argc, char **argv);
+int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 
 /* Prints "reelctl: <msg>" to stderr and returns code. */
 int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -36,6 +36,12 @@ static const char usage[] =
     "                              publish a weight sync; waits for every worker (exit 1\n"
     "                              unless all applied it; each failure's reason printed)\n"
     "  status [--json]             live workers (lagging ones with why), queue, versions\n"
+    "  (each takes --key NAME.key --broker-key broker.pub, else $REEL_KEY and\n"
+    "   $REEL_BROKER_KEY: CURVE, for a broker started with --keys)\n"
+    "\n"
+    "  keys new --role client|trainer|worker|broker [--name N] --out DIR\n"
+    "                              a CURVE key pair: DIR/N.key (secret) and DIR/N.pub, 0600;\n"
+    "                              the broker admits the peers whose N.pub is in its --keys DIR\n"
     "\n"
     "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json):\n"
     "  stats | keys | evictions | versions | workers | requests\n"
@@ -130,6 +136,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "keys") && argc > 2 && !strcmp(argv[2], "new")) return cmd_keys(argc - 2, argv + 2);
     if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
         !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests") ||
         !strcmp(cmd, "metrics"))

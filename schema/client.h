@@ -2,7 +2,7 @@
  * reelctl and linkable by trainers and services: generate, sync weights,
  * ask for status. One client = one DEALER socket; not thread-safe (one
  * thread per client). Every call has a client-side deadline, so nothing
- * hangs when the broker is gone. */
+ * hangs when the broker is gone (or never admits this client's key). */
 #ifndef REEL_SCHEMA_CLIENT_H
 #define REEL_SCHEMA_CLIENT_H
 
@@ -16,8 +16,15 @@ extern "C" {
 
 typedef struct reel_client reel_client_t;
 
-/* Connects to the broker's client endpoint. NULL with a message in
- * kern_error() on a bad endpoint. */
+/* Connects to the broker's client endpoint, with CURVE when keys are
+ * given: key_file (this client's NAME.key, a client or trainer key) and
+ * broker_key (the broker's broker.pub), each NULL to take $REEL_KEY /
+ * $REEL_BROKER_KEY; neither anywhere: a plain connection (a broker with
+ * keys never answers it, and calls time out). NULL with a message in
+ * kern_error() on a bad endpoint or unusable keys (one without the other,
+ * an unreadable file, a worker's key). */
+reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key);
+/* reel_client_new_keys(endpoint, NULL, NULL): keys from the environment. */
 reel_client_t *reel_client_new(const char *endpoint);
 void reel_client_destroy(reel_client_t **c);
 

@@ -1,0 +1,43 @@
+/* cmd_keys.c -- `reelctl keys new --role R [--name N] --out DIR`: a CURVE
+ * key pair (zmq_curve_keypair) as DIR/N.key (both keys: the peer's secret)
+ * and DIR/N.pub (the public key the broker's --keys directory holds), mode
+ * 0600, never over an existing file (schema/keys.h, docs/SECURITY.md). */
+#include "ctl.h"
+#include "kernels/error.h"
+#include "schema/keys.h"
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+int cmd_keys(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "role", required_argument, 0, 'r' },
+        { "name", required_argument, 0, 'n' },
+        { "out", required_argument, 0, 'o' },
+        { 0, 0, 0, 0 },
+    };
+    const char *role_s = NULL, *name = NULL, *out = NULL;
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'r': role_s = optarg; break;
+        case 'n': name = optarg; break;
+        case 'o': out = optarg; break;
+        default: return ctl_die(CTL_USAGE, "keys new: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return ctl_die(CTL_USAGE, "keys new: unexpected argument '%s'", argv[optind]);
+    if (!role_s || !out) return ctl_die(CTL_USAGE, "keys new needs --role client|trainer|worker|broker and --out DIR");
+    reel_role_t role;
+    if (reel_role_parse(role_s, &role) != 0) return ctl_die(CTL_USAGE, "keys new: %s", kern_error());
+    if (!name) name = role_s; /* one key per role, named after it, unless told */
+    reel_key_t k;
+    if (reel_key_new(out, role, name, &k) != 0) return ctl_die(CTL_FAIL, "keys new: %s", kern_error());
+    printf("%s/%s.key\n%s/%s.pub\n", out, name, out, name);
+    fprintf(stderr, "reelctl: %s key %s: public key %s (give the broker %s/%s.pub%s)\n", reel_role_name(role), name,
+            k.public_key, out, name, role == REEL_ROLE_BROKER ? "; its peers too, as --broker-key" : "");
+    explicit_bzero(&k, sizeof k);
+    return CTL_OK;
+}
