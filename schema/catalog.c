@@ -317,7 +317,9 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
         snprintf(v->component, sizeof v->component, "%s", (const char *)sqlite3_column_text(q, 0));
         v->version = (uint64_t)sqlite3_column_int64(q, 1);
         snprintf(v->sha256, sizeof v->sha256, "%s", (const char *)sqlite3_column_text(q, 2));
-        snprintf(v->source, sizeof v->source, "%s", (const char *)sqlite3_column_text(q, 3));
+        const char *src = (const char *)sqlite3_column_text(q, 3);
+        v->cut = (size_t)sqlite3_column_bytes(q, 3) >= sizeof v->source;
+        snprintf(v->source, sizeof v->source, "%s", v->cut ? "" : src);
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         sqlite3_finalize(q);

@@ -85,7 +85,9 @@ typedef struct {
     char component[64];
     uint64_t version;
     char sha256[80];
-    char source[1024];    /* a path, or "inline" */
+    char source[1024];    /* a path, or "inline"; "" when cut */
+    bool cut;             /* the source is longer than source holds: not usable (never
+                           * handed out shortened; SYNC paths are at most 1023 bytes) */
 } cat_version_t;
 int cat_current_versions(cat_t *c, cat_version_t *out, int max);
 

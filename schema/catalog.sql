@@ -1,6 +1,6 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 2): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 3): the sum
 -- of the migrations schema/catalog.c runs (1: these tables; 2: the state
--- and reason of weight versions). tests/test_catalog.c fails if a catalog
+-- and reason of weight versions; 3: the audit trail of SYNCs). tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
 -- INTEGER.
@@ -119,3 +119,21 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_by_time ON requests (t);
 CREATE INDEX IF NOT EXISTS requests_by_worker ON requests (worker);
+
+-- Every SYNC a peer sent, whatever became of it: the trainer role's
+-- audit trail (docs/SECURITY.md). key_name and role are its CURVE key's
+-- ('-' and 'none' on a broker without keys); outcome is 'accepted',
+-- 'resend', 'refused: CODE: why' or 'denied: why'.
+CREATE TABLE IF NOT EXISTS audit (
+    id        INTEGER PRIMARY KEY,
+    key_name  TEXT NOT NULL,
+    role      TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    component TEXT,
+    version   INTEGER,
+    sha256    TEXT,
+    path      TEXT,
+    outcome   TEXT NOT NULL,
+    t         REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit (t);

@@ -24,6 +24,7 @@ struct cat {
  * (catalog_migrations.c; tests read the texts). */
 extern const char cat_schema_v1_sql[];
 extern const char cat_schema_v2_sql[];
+extern const char cat_schema_v3_sql[];
 extern const char *const cat_migrations[];
 extern const int cat_n_migrations;
 

@@ -143,5 +143,27 @@ const char cat_schema_v2_sql[] =
     " AND w.state = 'pending');\n"
     "UPDATE weight_versions SET state = 'superseded' WHERE state = 'pending';\n";
 
-const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql };
+/* Migration 3: the audit trail of SYNCs, with the key that sent each
+ * (issue 10: only trainers may publish weights, and every attempt is
+ * recorded). */
+const char cat_schema_v3_sql[] =
+    "-- Every SYNC a peer sent, whatever became of it: the trainer role's\n"
+    "-- audit trail (docs/SECURITY.md). key_name and role are its CURVE key's\n"
+    "-- ('-' and 'none' on a broker without keys); outcome is 'accepted',\n"
+    "-- 'resend', 'refused: CODE: why' or 'denied: why'.\n"
+    "CREATE TABLE IF NOT EXISTS audit (\n"
+    "    id        INTEGER PRIMARY KEY,\n"
+    "    key_name  TEXT NOT NULL,\n"
+    "    role      TEXT NOT NULL,\n"
+    "    action    TEXT NOT NULL,\n"
+    "    component TEXT,\n"
+    "    version   INTEGER,\n"
+    "    sha256    TEXT,\n"
+    "    path      TEXT,\n"
+    "    outcome   TEXT NOT NULL,\n"
+    "    t         REAL NOT NULL\n"
+    ");\n"
+    "CREATE INDEX IF NOT EXISTS audit_by_time ON audit (t);\n";
+
+const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -33,7 +33,8 @@
     X(eviction, EVICTION, "eviction")                        \
     X(decline, DECLINE, "decline")                           \
     X(request, REQUEST, "request")                           \
-    X(artifact, ARTIFACT, "artifact")
+    X(artifact, ARTIFACT, "artifact")                        \
+    X(audit, AUDIT, "audit")
 
 /* A worker sent READY: live again if it had gone (unless this READY is
  * older than its going). */
@@ -150,6 +151,17 @@
     " ON CONFLICT (id) DO UPDATE SET op = excluded.op, backend = excluded.backend,"                \
     " sha256 = excluded.sha256, status = excluded.status, reason = excluded.reason,"               \
     " t = excluded.t"
+
+/* A SYNC a peer sent, whatever became of it: the trainer role's audit
+ * trail (docs/SECURITY.md). key_name and role: its CURVE key's ("-" and
+ * "none" on a broker without keys); outcome: "accepted", "resend",
+ * "refused: CODE: why" or "denied: why". */
+#define CAT_AUDIT(F)                                                                               \
+    F(TEXT, key_name) F(TEXT, role) F(TEXT, action) F(OPT, component) F(U64, version)             \
+    F(OPT, sha256) F(OPT, path) F(TEXT, outcome) F(TIME, t)
+#define CAT_SQL_AUDIT                                                                              \
+    "INSERT INTO audit (key_name, role, action, component, version, sha256, path, outcome, t)"    \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
 
 /* The C type of each field type. */
 #define CAT_CTYPE_TEXT const char *

@@ -311,7 +311,9 @@ START_TEST(test_catalog_sql_file_builds_the_schema_the_migrations_build) {
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, m);
     fclose(f);
     fclose(m);
-    ck_assert_ptr_nonnull(strstr(sql, "PRAGMA user_version 2")); /* the header names the version */
+    char names[32];
+    snprintf(names, sizeof names, "PRAGMA user_version %d", cat_schema_version());
+    ck_assert_ptr_nonnull(strstr(sql, names)); /* the header names the version */
 
     cat_t *c = open_ok(false); /* migrations 1..N */
     cat_close(&c);
@@ -326,6 +328,33 @@ START_TEST(test_catalog_sql_file_builds_the_schema_the_migrations_build) {
     free(sql);
     sqlite3_close(migrated);
     sqlite3_close(file);
+}
+END_TEST
+
+/* Every SYNC is a row of the audit trail, with its key's name, in order;
+ * and a version whose path does not fit cat_version_t is flagged cut,
+ * never handed out shortened. */
+START_TEST(test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut) {
+    cat_t *c = open_ok(false);
+    ck_assert_int_eq(cat_audit(c, "alice", "trainer", "sync", "transformer", 2, "aa", "/w/2", "accepted", 10), 0);
+    ck_assert_int_eq(cat_audit(c, "bob", "client", "sync", NULL, 0, NULL, NULL, "denied: a client key", 11), 0);
+    char *longp = malloc(2000);
+    memset(longp, 'x', 1999);
+    longp[0] = '/';
+    longp[1999] = '\0';
+    ck_assert_int_eq(cat_weight_version(c, "transformer", 3, "cc", longp, 12), 0);
+    ck_assert_int_eq(cat_weight_state(c, "transformer", 3, "current", NULL), 0);
+    cat_version_t v[1];
+    ck_assert_int_eq(cat_current_versions(c, v, 1), 1);
+    ck_assert(v[0].cut);
+    ck_assert_uint_eq(v[0].version, 3);
+    free(longp);
+    cat_close(&c);
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE key_name = 'alice' AND role = 'trainer'"
+                                 " AND version = 2 AND path = '/w/2' AND outcome = 'accepted'"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE key_name = 'bob' AND component IS NULL"), 1);
+    sqlite3_close(db);
 }
 END_TEST
 
@@ -351,7 +380,7 @@ START_TEST(test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_th
     ck_assert_uint_eq(v[0].version, 2); /* not 3: nobody could load it */
     cat_close(&c);
     db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), 2);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), cat_schema_version());
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 1 AND state = 'superseded'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 2 AND state = 'current'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE version = 3 AND state = 'failed'"
@@ -981,10 +1010,12 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 5));
     OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
     OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
+    OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 8);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 9);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE path = '/w/''x'"), 1);
     sqlite3_stmt *s;
     ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT worker, key_text, key_hash, replay_count FROM captures",
                                         -1, &s, NULL), SQLITE_OK);
@@ -1066,6 +1097,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
     tcase_add_test(tc, test_catalog_sql_file_builds_the_schema_the_migrations_build);
     tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);
+    tcase_add_test(tc, test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut);
     tcase_add_test(tc, test_batch_is_visible_to_readonly_connection_only_after_commit);
     tcase_add_test(tc, test_reader_opened_during_write_transaction_reads_and_never_blocks_writer);
     tcase_add_test(tc, test_forked_writer_commits_while_parent_reads);
