@@ -73,12 +73,11 @@ typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;
 
 /* A GEN the broker accepted. `msg` is the client's message (identity,
  * header, tensor frames), kept whole so the request can be sent again
- * after its worker dies; `gen` is its decoded GEN (pointing into msg). */
+ * after its worker dies: it is forwarded as the REQUEST (msg_forward). */
 typedef struct brk_req {
     uint64_t id;               /* the broker's request id (REQUEST "id") */
     uint64_t client_id;        /* the client's "id", echoed in every reply */
-    wire_msg_t *msg;           /* owned; heap: gen's tensors point into it */
-    msg_gen_t gen;
+    wire_msg_t *msg;           /* owned; heap */
     uint64_t bytes;            /* its tensor bytes, counted in brk_t.held_bytes */
     char model[BRK_NAME_MAX];
     uint64_t shard;
@@ -154,6 +153,7 @@ typedef struct {
 
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* bad messages answered ERROR */
+    brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */
 } brk_t;
 
 #endif

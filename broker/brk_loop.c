@@ -208,28 +208,25 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
     settle(b);
 }
 
-/* Handles up to DRAIN_MAX messages waiting on one socket. -1 on a socket
- * error other than EAGAIN/EINTR. */
-static int drain(brk_t *b, bool worker_side) {
+/* Handles up to DRAIN_MAX messages waiting on one socket, each received
+ * into *spare: one message struct serves every message until a GEN is
+ * accepted and keeps it (brk_handle takes it), and only then is another
+ * allocated. -1 on a socket error other than EAGAIN/EINTR. */
+static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
     void *sock = worker_side ? b->workers : b->clients;
     for (int i = 0; i < DRAIN_MAX; i++) {
-        wire_msg_t *m = malloc(sizeof *m);
-        if (!m) return 0; /* try again at the next poll */
+        if (!*spare && !(*spare = malloc(sizeof **spare))) return 0; /* try again at the next poll */
         wire_err_t err;
-        int rc = msg_recv(sock, true, ZMQ_DONTWAIT, m, &err);
+        int rc = msg_recv(sock, true, ZMQ_DONTWAIT, *spare, &err);
         if (rc < 0) {
             int e = errno;
-            free(m);
             if (e == EAGAIN || e == EINTR) return 0;
             if (e == ETERM) return -1;
             brk_log("receive failed: %s", zmq_strerror(e));
             return 0;
         }
-        brk_handle(b, worker_side, &m, rc, &err);
-        if (m) {
-            wire_msg_close(m);
-            free(m);
-        }
+        brk_handle(b, worker_side, spare, rc, &err);
+        if (*spare) wire_msg_close(*spare);
     }
     return 0;
 }
@@ -242,6 +239,8 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         { b->workers, 0, ZMQ_POLLIN, 0 },
     };
     b->next_heartbeat_ms = brk_now_ms() + b->opt.heartbeat_ms;
+    wire_msg_t *spare = NULL;
+    int ret = 0;
     while (!*stop) {
         int64_t now = brk_now_ms();
         int64_t next = min64(b->next_heartbeat_ms, min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
@@ -249,12 +248,13 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         int rc = zmq_poll(items, 2, timeout);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
-            if (zmq_errno() == ETERM) return 0;
+            if (zmq_errno() == ETERM) break;
             brk_log("poll failed: %s", zmq_strerror(zmq_errno()));
-            return -1;
+            ret = -1;
+            break;
         }
-        if ((items[1].revents & ZMQ_POLLIN) && drain(b, true) < 0) return 0;
-        if ((items[0].revents & ZMQ_POLLIN) && drain(b, false) < 0) return 0;
+        if ((items[1].revents & ZMQ_POLLIN) && drain(b, true, &spare) < 0) break;
+        if ((items[0].revents & ZMQ_POLLIN) && drain(b, false, &spare) < 0) break;
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
         brk_workers_timers(b, now);
@@ -262,5 +262,6 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_sync_timers(b, now);
         settle(b);
     }
-    return 0;
+    free(spare); /* empty: closed after its last message */
+    return ret;
 }

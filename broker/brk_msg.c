@@ -72,9 +72,8 @@ void brk_worker_unreachable(brk_worker_t *w, const char *what) {
     brk_log("worker %s unreachable (%s send failed: %s)", w->route.name, what, zmq_strerror(errno));
 }
 
-int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, const void *body,
-                    const wire_msg_t *share) {
-    if (brk_send(b->workers, &w->ident, type, id, body, share) == 0) return 0;
+/* What a failed send to w means (see brk_worker_send). Returns -1. */
+static int send_failed(brk_worker_t *w, msg_type_t type) {
     int e = errno;
     /* Only a transport failure says the worker is gone; a message the codec
      * refuses must not make every worker unroutable. */
@@ -82,4 +81,21 @@ int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, con
     else brk_log("cannot send %s to %s: %s", msg_type_name(type), w->route.name, zmq_strerror(e));
     errno = e;
     return -1;
+}
+
+int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, const void *body,
+                    const wire_msg_t *share) {
+    if (brk_send(b->workers, &w->ident, type, id, body, share) == 0) return 0;
+    return send_failed(w, type);
+}
+
+int brk_worker_forward(brk_t *b, brk_worker_t *w, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                       const msg_set_t *set, int n_set) {
+    zmq_msg_t ident;
+    if (ident_msg(&ident, &w->ident) < 0) return send_failed(w, type);
+    int rc = msg_forward(b->workers, &ident, m, type, id, set, n_set);
+    int e = errno;
+    zmq_msg_close(&ident);
+    errno = e;
+    return rc == 0 ? 0 : send_failed(w, type);
 }

@@ -26,6 +26,9 @@ brk_worker_t *brk_worker_named(brk_t *b, const char *name);
  * errno. */
 int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, const void *body,
                     const wire_msg_t *share);
+/* As brk_worker_send, forwarding the received m as `type` (msg_forward). */
+int brk_worker_forward(brk_t *b, brk_worker_t *w, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                       const msg_set_t *set, int n_set);
 /* Marks w unroutable (it stays registered until it speaks again or
  * expires). */
 void brk_worker_unreachable(brk_worker_t *w, const char *what);

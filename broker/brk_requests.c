@@ -83,11 +83,10 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         r->had_owner = true;
         brk_worker_t *w = b->w[o];
         if (w->route.inflight >= w->route.max_inflight) return false;
-        /* The REQUEST is the GEN with the version it needs; its tensor
-         * frames go by reference. */
-        msg_gen_t req = r->gen;
-        req.version = r->required;
-        if (brk_worker_send(b, w, MSG_REQUEST, r->id, &req, r->msg) != 0) {
+        /* The REQUEST is the client's GEN, patched: the broker's id and the
+         * version it needs; its bytes and tensor frames go as received. */
+        msg_set_t version = { "version", MSG_SET_U64, r->required, NULL };
+        if (brk_worker_forward(b, w, r->msg, MSG_REQUEST, r->id, &version, 1) != 0) {
             if (w->route.routable) return false; /* not the worker's fault: retried at the next pump */
             continue;                            /* it is gone: the next owner */
         }
@@ -121,7 +120,7 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
     wire_msg_t *m = *mp;
     int64_t ctx[2] = { g->context->shape[0], g->context->shape[1] };
-    uint64_t shard = brk_shard_hash(g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL);
+    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL);
     if (!shard) {
         msg_send_error(b->clients, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());
         return;
@@ -152,7 +151,6 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->id = b->next_id++;
     r->client_id = m->id;
     r->msg = m;
-    r->gen = *g;
     snprintf(r->model, sizeof r->model, "%s", g->model);
     r->shard = shard;
     /* "version" is the oldest weights the request may run on: a trainer
@@ -212,9 +210,19 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
     brk_req_t *r = held_by(b, w, id, MSG_RESULT, NULL);
     if (!r || !settle_slot(b, w, r, MSG_RESULT)) return;
-    if (!res->worker[0]) snprintf(res->worker, sizeof res->worker, "%s", w->route.name);
-    if (!res->key_hash) res->key_hash = r->shard;
-    if (msg_result_forward(b->clients, CLIENT(r), r->client_id, res, m) != 0)
+    /* The client gets the worker's RESULT as sent, with its own id, and
+     * the worker and key hash when the worker left them out. */
+    msg_set_t set[2];
+    int n = 0;
+    if (!res->worker[0]) {
+        snprintf(res->worker, sizeof res->worker, "%s", w->route.name);
+        set[n++] = (msg_set_t){ "worker", MSG_SET_NAME, 0, res->worker };
+    }
+    if (!res->key_hash) {
+        res->key_hash = r->shard;
+        set[n++] = (msg_set_t){ "key_hash", MSG_SET_HASH, r->shard, NULL };
+    }
+    if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0)
         brk_log("request %llu: RESULT not delivered to its client (%s)", (unsigned long long)r->id,
                 zmq_strerror(errno));
     char hex[17];

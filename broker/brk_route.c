@@ -43,6 +43,28 @@ uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
     return cap_key_shard_hash(&k);
 }
 
+uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, bool sde, const int64_t latent[4],
+                             const int64_t context[2], bool cfg) {
+    size_t len = model ? strnlen(model, BRK_NAME_MAX) : BRK_NAME_MAX;
+    if (len == 0 || len >= BRK_NAME_MAX) return brk_shard_hash(model, sde, latent, context, cfg);
+    uint64_t h = cap_hash_text(model) ^ (uint64_t)sde << 1 ^ (uint64_t)cfg;
+    for (int i = 0; i < 4; i++) h = brk_splitmix64(h ^ (uint64_t)latent[i]);
+    for (int i = 0; i < 2; i++) h = brk_splitmix64(h ^ (uint64_t)context[i]);
+    brk_shard_memo_slot_t *s = &memo->slot[h % BRK_SHARD_MEMO];
+    if (!strcmp(s->model, model) && s->sde == sde && s->cfg == cfg && !memcmp(s->latent, latent, sizeof s->latent) &&
+        !memcmp(s->context, context, sizeof s->context))
+        return s->hash;
+    uint64_t shard = brk_shard_hash(model, sde, latent, context, cfg);
+    if (!shard) return 0;
+    memcpy(s->model, model, len + 1);
+    s->sde = sde;
+    s->cfg = cfg;
+    memcpy(s->latent, latent, sizeof s->latent);
+    memcpy(s->context, context, sizeof s->context);
+    s->hash = shard;
+    return shard;
+}
+
 /* ---- peers ----------------------------------------------------------------- */
 
 uint64_t brk_peer_version(const brk_peer_t *p, const char *comp) {

@@ -43,6 +43,26 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
 uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
                         const int64_t context[2], bool cfg);
 
+/* The shard hashes of recent inputs: requests of one model and shapes
+ * (a trainer's batch, a client's retries) share one, and building the key
+ * text costs more than the rest of routing a request. Direct-mapped by
+ * the inputs; a zeroed memo is empty. */
+#define BRK_SHARD_MEMO 16
+typedef struct {
+    char model[BRK_NAME_MAX];    /* "" in an empty slot */
+    bool sde, cfg;
+    int64_t latent[4], context[2];
+    uint64_t hash;
+} brk_shard_memo_slot_t;
+typedef struct {
+    brk_shard_memo_slot_t slot[BRK_SHARD_MEMO];
+} brk_shard_memo_t;
+/* brk_shard_hash, looked up in memo first and stored there when it is
+ * valid (0 is never stored: failures are computed again, with their
+ * message). */
+uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, bool sde, const int64_t latent[4],
+                             const int64_t context[2], bool cfg);
+
 /* ---- workers as routing sees them ------------------------------------------ */
 
 typedef struct {

@@ -510,6 +510,82 @@ unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t
     return out;
 }
 
+/* ---- forwarding ------------------------------------------------------------------ */
+
+/* Whether the received entry with key ks[0..kl) goes on: the envelope's
+ * proto and tensors do, type and id are written anew, set's keys replace
+ * it, and otherwise only keys of tab (the fields of the type) go on. */
+static bool forwarded(const msg_table_t *tab, const msg_set_t *set, int n_set, const char *ks, size_t kl) {
+#define IS(lit) (kl == sizeof(lit) - 1 && !memcmp(ks, lit, kl))
+    if (IS("proto") || IS("tensors")) return true;
+    if (IS("type") || IS("id")) return false;
+#undef IS
+    for (int i = 0; i < n_set; i++)
+        if (strlen(set[i].key) == kl && !memcmp(set[i].key, ks, kl)) return false;
+    for (int r = 0; tab && r < tab->n; r++)
+        if (tab->f[r].klen == kl && !memcmp(tab->f[r].key, ks, kl)) return true;
+    return false;
+}
+
+static void put_set(wire_buf_t *w, const msg_set_t *s) {
+    char hex[17];
+    wire_put_str(w, s->key);
+    switch (s->kind) {
+    case MSG_SET_U64: wire_put_u64(w, s->u); break;
+    case MSG_SET_NAME: wire_put_str(w, s->s); break;
+    case MSG_SET_HASH: wire_put_strn(w, msg_hex64(s->u, hex), 16); break;
+    }
+}
+
+/* The header of m, patched (see msg_forward), into w. -1 when m's header
+ * does not parse as the tokenizer said it would (a bug, not a peer). */
+static int patch(wire_buf_t *w, const wire_msg_t *m, const msg_desc_t *desc, uint64_t id, const msg_set_t *set,
+                 int n_set) {
+    const unsigned char *h = wire_msg_head(m);
+    size_t hn = zmq_msg_size((zmq_msg_t *)&m->head), at = wire_map_header_len(h, hn);
+    const wire_tok_t *v = wire_toks_v(&m->tok);
+    if (!at || v[0].kind != WV_MAP) return -1;
+    wire_put_map(w);
+    for (uint32_t j = 0, k = 1; j < v[0].n; j++, k = v[k + 1].next) {
+        size_t start = at, kl;
+        if (!(at = wire_skip(h, hn, at)) || !(at = wire_skip(h, hn, at))) return -1;
+        const char *ks = wire_tok_str(&m->tok, h, k, &kl);
+        if (forwarded(desc->body, set, n_set, ks, kl)) wire_put_raw(w, h + start, at - start, 2);
+    }
+    wire_put_strn(w, "type", 4);
+    wire_put_str(w, desc->type);
+    wire_put_strn(w, "id", 2);
+    wire_put_u64(w, id);
+    for (int i = 0; i < n_set; i++) put_set(w, &set[i]);
+    wire_put_end(w);
+    return 0;
+}
+
+int msg_forward(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                const msg_set_t *set, int n_set) {
+    if (type < 0 || type >= MSG_UNKNOWN || !m || !m->has_head || n_set < 0 || n_set > MSG_SET_MAX ||
+        (n_set && !set)) {
+        errno = EINVAL;
+        return -1;
+    }
+    for (int i = 0; i < n_set; i++)
+        if (!set[i].key || (set[i].kind == MSG_SET_NAME && !set[i].s)) {
+            errno = EINVAL;
+            return -1;
+        }
+    wire_buf_t w;
+    wire_buf_init(&w);
+    const wire_tensor_t *t[WIRE_MAX_TENSORS];
+    for (int i = 0; i < m->n_tensors; i++) t[i] = &m->t[i];
+    int rc = -1;
+    if (patch(&w, m, &msg_descs[type], id, set, n_set) != 0) errno = EINVAL;
+    else rc = wire_send_buf(sock, identity, &w, t, m->n_tensors, m);
+    int e = errno;
+    wire_buf_free(&w);
+    errno = e;
+    return rc;
+}
+
 int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code, const char *fmt,
                     va_list ap) {
     msg_error_t e;

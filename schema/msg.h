@@ -15,7 +15,7 @@
  *     that is missing, of the wrong type or out of range is ERROR
  *     bad_request naming it ("GEN: 'steps' must be in 1..10000 (got 0)");
  *   - fills absent optional fields with their defaults;
- *   - ignores unknown fields (they are not forwarded either);
+ *   - ignores unknown fields (msg_forward drops unknown top-level ones);
  *   - checks the tensors against the names the type carries (bad_request
  *     for another name, or for tensors on a type that carries none).
  * It never allocates per field: strings are copied into the struct's
@@ -306,6 +306,29 @@ int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id
 /* The header bytes msg_send would send (malloc'd, *len set): tests. NULL
  * on out-of-memory or a body no receiver would take. */
 unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t *len);
+
+/* A field msg_forward writes into the header it forwards. */
+typedef enum { MSG_SET_U64, MSG_SET_NAME, MSG_SET_HASH } msg_set_kind_t;
+typedef struct {
+    const char *key;
+    msg_set_kind_t kind;
+    uint64_t u;                  /* U64; HASH (written as 16 hex digits) */
+    const char *s;               /* NAME */
+} msg_set_t;
+#define MSG_SET_MAX 4
+
+/* Sends the received message m on as a message of `type` with `id`,
+ * preceded by identity when non-NULL, without decoding and encoding it
+ * again: the entries of its header are copied byte for byte, except
+ * "type" and "id" (written anew), the n_set (<= MSG_SET_MAX) fields of set
+ * (written instead of any received ones), and top-level keys `type` does
+ * not know (dropped: a worker sees no field the broker did not read). A
+ * known field goes on whole, as received. Every tensor frame of m goes on
+ * by reference, in order. Use it on a message m that decoded as `type`
+ * (the broker's GEN -> REQUEST and RESULT -> RESULT). -1 with errno
+ * (EINVAL: m is not a received header or set is bad; others as msg_send). */
+int msg_forward(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                const msg_set_t *set, int n_set);
 
 /* ERROR {id, code, message}, message formatted (at most 1023 bytes). */
 int msg_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,

@@ -64,11 +64,27 @@ static void release_body(wire_msg_t *m) {
     if (m->has_head) zmq_msg_close(&m->head);
     m->has_head = false;
     for (int i = 0; i < m->n_tensors && i < WIRE_MAX_TENSORS; i++) zmq_msg_close(&m->frame[i]);
-    m->n_tensors = 0;
-    memset(m->t, 0, sizeof m->t);
+    m->n_tensors = 0; /* t[] and frame[] past n_tensors are never read */
     m->type = NULL;
     m->type_buf[0] = '\0';
     m->id = 0;
+}
+
+/* Makes *m (any bytes) an empty message. The large arrays (tokens, tensor
+ * descriptors, frames: most of its ~3.7 KB) are left as they are: each
+ * entry is written before it is read, so a message struct received into
+ * again and again costs no clearing. */
+static void reset(wire_msg_t *m) {
+    m->has_identity = false;
+    m->has_head = false;
+    m->tok.heap = NULL;
+    m->tok.n = m->tok.cap = 0;
+    m->arena = NULL;
+    m->hdr = NULL;
+    m->type = NULL;
+    m->type_buf[0] = '\0';
+    m->id = 0;
+    m->n_tensors = 0;
 }
 
 void wire_msg_close(wire_msg_t *m) {
@@ -106,6 +122,7 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
     const wire_toks_t *tk = &m->tok;
     const void *h = wire_msg_head(m);
     const wire_tok_t *v = wire_toks_v(tk);
+    memset(t, 0, sizeof *t);
     if (v[d].kind != WV_MAP) {
         wire_set_err(err, WIRE_E_MALFORMED, "tensor %d: descriptor is not a map", i);
         return 1;
@@ -295,7 +312,7 @@ out:
 /* wire_decode resets the whole of *m, has_identity included: a caller with
  * an identity attaches it after. */
 int wire_decode_as(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err, bool tree) {
-    memset(m, 0, sizeof *m);
+    reset(m);
     size_t keep = n <= 1 + WIRE_MAX_TENSORS ? n : 1 + WIRE_MAX_TENSORS;
     for (size_t i = keep; i < n; i++) zmq_msg_close(&frames[i]);
     return decode_frames(m, frames, keep, n, err, tree);
@@ -325,7 +342,7 @@ static int recv_part(void *sock, zmq_msg_t *msg, int flags, bool retry) {
 }
 
 int wire_recv_as(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err, bool tree) {
-    memset(m, 0, sizeof *m);
+    reset(m);
     zmq_msg_t frames[1 + WIRE_MAX_TENSORS];
     size_t kept = 0, total = 0;
     zmq_msg_t *first = router ? &m->identity : &frames[0];

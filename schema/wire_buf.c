@@ -190,6 +190,12 @@ static void open_container(wire_buf_t *w, bool map) {
 void wire_put_map(wire_buf_t *w) { open_container(w, true); }
 void wire_put_arr(wire_buf_t *w) { open_container(w, false); }
 
+void wire_put_raw(wire_buf_t *w, const void *p, size_t n, uint32_t values) {
+    if (w->depth > 0) w->items[w->depth - 1] += values;
+    unsigned char *at = room(w, n);
+    if (at && n) memcpy(at, p, n);
+}
+
 void wire_put_end(wire_buf_t *w) {
     if (w->depth == 0) {
         w->failed = true;

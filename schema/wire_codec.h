@@ -58,6 +58,15 @@ bool wire_tok_u64(const wire_toks_t *t, uint32_t i, uint64_t *out);
 bool wire_tok_i64(const wire_toks_t *t, uint32_t i, int64_t *out);
 bool wire_tok_f64(const wire_toks_t *t, uint32_t i, double *out);
 
+/* The offset just past the msgpack value that starts at `at` in the n
+ * bytes at p, or 0 when it does not end within them. For headers
+ * wire_tokenize accepted (the formats it knows); no allocation, no
+ * recursion: how a forwarder finds an entry's bytes to copy them. */
+size_t wire_skip(const unsigned char *p, size_t n, size_t at);
+/* The size of the root map's own header at p (1, 3 or 5 bytes), 0 when
+ * p[0..n) does not start with a map. */
+size_t wire_map_header_len(const unsigned char *p, size_t n);
+
 /* Value-tree internals (wire_val.c): a string of n bytes (may hold NULs);
  * a container with room for n entries; appending without the duplicate
  * lookup of wv_set (key NULL for arrays), taking ownership of v (freed on
@@ -99,6 +108,9 @@ void wire_put_strn(wire_buf_t *w, const char *s, size_t n);
 void wire_put_str(wire_buf_t *w, const char *s); /* NULL writes "" */
 void wire_put_map(wire_buf_t *w);
 void wire_put_arr(wire_buf_t *w);
+/* Appends n bytes of ready msgpack holding `values` values (a map entry
+ * is two) to the open container. */
+void wire_put_raw(wire_buf_t *w, const void *p, size_t n, uint32_t values);
 /* Closes the innermost container, writing its count. */
 void wire_put_end(wire_buf_t *w);
 /* Writes the value tree v (depth counts the containers around it). */

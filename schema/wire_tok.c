@@ -383,3 +383,60 @@ wire_val_t *wire_tok_tree(const wire_toks_t *t, const void *buf, uint32_t i) {
     }
     return NULL;
 }
+
+/* ---- skipping values ---------------------------------------------------------- */
+
+static uint64_t be_at(const unsigned char *p, size_t k) {
+    uint64_t x = 0;
+    for (size_t i = 0; i < k; i++) x = x << 8 | p[i];
+    return x;
+}
+
+size_t wire_map_header_len(const unsigned char *p, size_t n) {
+    if (n >= 1 && (p[0] & 0xf0) == 0x80) return 1;
+    if (n >= 3 && p[0] == 0xde) return 3;
+    if (n >= 5 && p[0] == 0xdf) return 5;
+    return 0;
+}
+
+/* Values still to skip are counted, not recursed into: a container adds
+ * its entries (a map two per entry) to the count. */
+size_t wire_skip(const unsigned char *p, size_t n, size_t at) {
+    uint64_t todo = 1;
+    while (todo--) {
+        if (at >= n) return 0;
+        unsigned b = p[at++];
+        size_t k = 0;        /* bytes of length or count after the type byte */
+        uint64_t len = 0;    /* payload bytes after those */
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) continue;
+        if ((b & 0xf0) == 0x80) {
+            todo += 2 * (uint64_t)(b & 0x0f);
+            continue;
+        }
+        if ((b & 0xf0) == 0x90) {
+            todo += b & 0x0f;
+            continue;
+        }
+        if ((b & 0xe0) == 0xa0) len = b & 0x1f;
+        else if (b >= 0xcc && b <= 0xcf) len = (uint64_t)1 << (b - 0xcc);
+        else if (b >= 0xd0 && b <= 0xd3) len = (uint64_t)1 << (b - 0xd0);
+        else if (b == 0xca || b == 0xcb) len = b == 0xca ? 4 : 8;
+        else if (b >= 0xd9 && b <= 0xdb) k = (size_t)1 << (b - 0xd9);
+        else if (b == 0xdc || b == 0xde) k = 2;
+        else if (b == 0xdd || b == 0xdf) k = 4;
+        else return 0; /* bin, ext: never in an accepted header */
+        if (k) {
+            if (k > n - at) return 0;
+            uint64_t x = be_at(p + at, k);
+            at += k;
+            if (b >= 0xdc) {
+                todo += b >= 0xde ? 2 * x : x;
+                continue;
+            }
+            len = x;
+        }
+        if (len > n - at) return 0;
+        at += (size_t)len;
+    }
+    return at;
+}

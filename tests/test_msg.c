@@ -883,6 +883,126 @@ START_TEST(test_a_gen_decodes_and_validates_without_touching_the_heap) {
 }
 END_TEST
 
+
+/* ---- forwarding without re-encoding ------------------------------------------------ */
+
+START_TEST(test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_without_unknown_fields) {
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(a, "inproc://fwd"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://fwd"), 0);
+    /* a GEN as a client wrote it: fields in its own order, one this
+     * protocol does not know, a version to be replaced */
+    wire_val_t *h = gen_tree(7);
+    wv_set(h, "from_a_newer_client", wv_str("x"));
+    wv_set(h, "version", wv_u64(2));
+    wv_set(h, "seed", wv_u64(99));
+    wire_tensor_t t[2] = { tensor("context", KERN_F32, 2, CTX, g_ctx), tensor("latent", KERN_F32, 4, LAT, g_lat) };
+    wire_msg_t gen, req;
+    receive_tree(&gen, h, t, 2);
+    msg_gen_t g, r;
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_decode(&gen, &g, &err), 0);
+    msg_set_t version = { "version", MSG_SET_U64, 5, NULL };
+    ck_assert_int_eq(msg_forward(a, NULL, &gen, MSG_REQUEST, 1234, &version, 1), 0);
+    ck_assert_int_eq(msg_recv(b, false, 0, &req, &err), 0);
+    ck_assert_int_eq(msg_type(&req), MSG_REQUEST);
+    ck_assert_uint_eq(req.id, 1234);
+    ck_assert_int_eq(msg_request_decode(&req, &r, &err), 0);
+    ck_assert_uint_eq(r.version, 5);
+    ck_assert_uint_eq(r.seed, 99);
+    ck_assert_str_eq(r.model, g.model);
+    ck_assert_uint_eq(r.steps, g.steps);
+    ck_assert_mem_eq(r.latent_shape, g.latent_shape, sizeof g.latent_shape);
+    ck_assert_mem_eq(r.latent->data, g_lat, sizeof g_lat);
+    ck_assert_uint_eq(r.context->bytes, sizeof g_ctx);
+    const void *hb = zmq_msg_data(&req.head);
+    ck_assert_uint_eq(wire_tok_find(&req.tok, hb, 0, "from_a_newer_client"), 0);
+    ck_assert_uint_ne(wire_tok_find(&req.tok, hb, 0, "proto"), 0);
+    /* the rest of the header is the received bytes: a second forward of
+     * the forwarded message with the same patch is the same message */
+    wire_msg_t again;
+    ck_assert_int_eq(msg_forward(a, NULL, &req, MSG_REQUEST, 1234, &version, 1), 0);
+    ck_assert_int_eq(msg_recv(b, false, 0, &again, &err), 0);
+    ck_assert_uint_eq(zmq_msg_size(&again.head), zmq_msg_size(&req.head));
+    ck_assert_mem_eq(zmq_msg_data(&again.head), hb, zmq_msg_size(&req.head));
+    /* a name and a hash are written as such */
+    msg_result_t res = { 0 }, back;
+    snprintf(res.worker, sizeof res.worker, "w9");
+    res.version = 3;
+    wire_tensor_t lt = tensor("latent", KERN_F32, 4, LAT, g_lat);
+    res.latent = &lt;
+    wire_msg_t m1, m2;
+    msg_result_t blank = res;
+    blank.worker[0] = '\0';
+    ck_assert_int_eq(msg_result_send(a, NULL, 8, &blank), 0);
+    ck_assert_int_eq(msg_recv(b, false, 0, &m1, &err), 0);
+    msg_set_t set[2] = { { "worker", MSG_SET_NAME, 0, "w9" }, { "key_hash", MSG_SET_HASH, 0xabcull, NULL } };
+    ck_assert_int_eq(msg_forward(a, NULL, &m1, MSG_RESULT, 77, set, 2), 0);
+    ck_assert_int_eq(msg_recv(b, false, 0, &m2, &err), 0);
+    ck_assert_int_eq(msg_result_decode(&m2, &back, &err), 0);
+    ck_assert_uint_eq(m2.id, 77);
+    ck_assert_str_eq(back.worker, "w9");
+    ck_assert_uint_eq(back.key_hash, 0xabc);
+    ck_assert_uint_eq(back.version, 3);
+    ck_assert_mem_eq(back.latent->data, g_lat, sizeof g_lat);
+    ck_assert_int_eq(msg_forward(a, NULL, &m1, MSG_RESULT, 77, set, MSG_SET_MAX + 1), -1);
+    wire_msg_close(&gen);
+    wire_msg_close(&req);
+    wire_msg_close(&again);
+    wire_msg_close(&m1);
+    wire_msg_close(&m2);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
+START_TEST(test_skipping_a_value_lands_where_the_tokenizer_ends_it) {
+    /* every format a header may hold, nested, and strings, arrays and maps
+     * that take 16-bit lengths */
+    wire_val_t *h = gen_tree(3), *arr = wv_arr(), *map = wv_map();
+    char *big = malloc(4001); /* str16; a header holds no longer string */
+    memset(big, 'b', 4000);
+    big[4000] = '\0';
+    wv_set(h, "big", wv_str(big));
+    for (int i = 0; i < 20; i++) wv_push(arr, i % 2 ? wv_i64(-100000 * i) : wv_f64(i / 3.0));
+    for (int i = 0; i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        wv_set(map, k, i % 3 ? wv_nil() : wv_bool(i & 1));
+    }
+    wv_set(h, "arr", arr);
+    wv_set(h, "map", map);
+    wv_set(h, "u", wv_u64(UINT64_MAX));
+    free(big);
+    size_t len;
+    unsigned char *b = wire_encode_header(h, &len);
+    wv_free(&h);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(wire_skip(b, len, 0), len);
+    wire_toks_t tk;
+    memset(&tk, 0, sizeof tk);
+    wire_err_t err;
+    ck_assert_int_eq(wire_tokenize(b, len, &tk, NULL, &err), 0);
+    /* entry by entry, each key and value ends where the next begins */
+    size_t at = wire_map_header_len(b, len);
+    ck_assert_uint_gt(at, 0);
+    const wire_tok_t *v = wire_toks_v(&tk);
+    for (uint32_t j = 0, k = 1; j < v[0].n; j++, k = v[k + 1].next) {
+        size_t kl;
+        const char *ks = wire_tok_str(&tk, b, k, &kl);
+        size_t key_end = wire_skip(b, len, at);
+        ck_assert_uint_eq(key_end, (size_t)(ks - (const char *)b) + kl);
+        at = wire_skip(b, len, key_end);
+        ck_assert_uint_gt(at, key_end);
+    }
+    ck_assert_uint_eq(at, len);
+    ck_assert_uint_eq(wire_skip(b, len - 1, 0), 0); /* cut short */
+    wire_toks_free(&tk);
+    free(b);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("msg");
     TCase *t = tcase_create("round trips");
@@ -909,6 +1029,8 @@ static Suite *suite(void) {
     tcase_add_test(t, test_the_writer_writes_what_msgpack_c_writes);
     tcase_add_test(t, test_msgpack_c_reads_an_encoded_status_reply);
     tcase_add_test(t, test_a_gen_decodes_and_validates_without_touching_the_heap);
+    tcase_add_test(t, test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_without_unknown_fields);
+    tcase_add_test(t, test_skipping_a_value_lands_where_the_tokenizer_ends_it);
     suite_add_tcase(s, t);
     return s;
 }
