@@ -29,9 +29,70 @@ static void progress_bar(void *user, int step, int steps) {
     fflush(stderr);
 }
 
-int cmd_gen(int argc, char **argv) {
-    enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
-           O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY };
+/* What `reelctl gen` was asked, after the command line. */
+typedef struct {
+    const char *broker, *ctx_path, *unc_path, *lat_path, *out;
+    const char *key, *broker_key; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
+    reel_gen_t g;
+    bool have_cfg, quiet;
+    int timeout_ms, channels;
+    int64_t size[3];
+} gen_opts_t;
+
+enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
+       O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY };
+
+/* One option of gen with its argument into o. CTL_OK, or the exit code
+ * after printing why (CTL_USAGE). */
+static int gen_option(gen_opts_t *o, int opt, const char *arg) {
+    reel_gen_t *g = &o->g;
+    switch (opt) {
+    case O_BROKER: o->broker = arg; return CTL_OK;
+    case O_KEY: o->key = arg; return CTL_OK;
+    case O_BKEY: o->broker_key = arg; return CTL_OK;
+    case O_MODEL: g->model = arg; return CTL_OK;
+    case O_CONTEXT: o->ctx_path = arg; return CTL_OK;
+    case O_UNCOND: o->unc_path = arg; return CTL_OK;
+    case O_LATENT: o->lat_path = arg; return CTL_OK;
+    case O_OUT: o->out = arg; return CTL_OK;
+    case O_SDE: g->sde = true; return CTL_OK;
+    case O_QUIET: o->quiet = true; return CTL_OK;
+    case O_VERSION:
+        return ctl_parse_u64(arg, &g->version) ? ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", arg)
+                                               : CTL_OK;
+    case O_CFG:
+        o->have_cfg = true;
+        return ctl_parse_double(arg, &g->cfg) ? ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", arg) : CTL_OK;
+    case O_SHIFT:
+        return ctl_parse_double(arg, &g->shift) ? ctl_die(CTL_USAGE, "--shift: '%s' is not a number", arg) : CTL_OK;
+    case O_ETA:
+        return ctl_parse_double(arg, &g->eta) ? ctl_die(CTL_USAGE, "--eta: '%s' is not a number", arg) : CTL_OK;
+    case O_STEPS:
+        return ctl_parse_int(arg, &g->steps) || g->steps < 1
+                   ? ctl_die(CTL_USAGE, "--steps: '%s' is not a positive integer", arg)
+                   : CTL_OK;
+    case O_SEED:
+        return ctl_parse_u64(arg, &g->seed) ? ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", arg)
+                                            : CTL_OK;
+    case O_TIMEOUT:
+        return ctl_parse_int(arg, &o->timeout_ms) || o->timeout_ms < 1 ? ctl_die(CTL_USAGE, "--timeout-ms: '%s'", arg)
+                                                                       : CTL_OK;
+    case O_DEADLINE:
+        return ctl_parse_u64(arg, &g->deadline_ms) ? ctl_die(CTL_USAGE, "--deadline-ms: '%s'", arg) : CTL_OK;
+    case O_CHANNELS:
+        return ctl_parse_int(arg, &o->channels) || o->channels < 1 ? ctl_die(CTL_USAGE, "--channels: '%s'", arg)
+                                                                   : CTL_OK;
+    case O_SIZE:
+        return ctl_parse_size(arg, o->size) != 0
+                   ? ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", arg)
+                   : CTL_OK;
+    }
+    return CTL_USAGE;
+}
+
+/* The command line into o, and what must go together. CTL_OK, or the
+ * exit code after printing why. */
+static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER }, { "model", required_argument, 0, O_MODEL },
         { "config", required_argument, 0, O_MODEL },
@@ -46,136 +107,114 @@ int cmd_gen(int argc, char **argv) {
         { "key", required_argument, 0, O_KEY }, { "broker-key", required_argument, 0, O_BKEY },
         { 0, 0, 0, 0 },
     };
-    const char *broker = DEFAULT_BROKER, *ctx_path = NULL, *unc_path = NULL, *lat_path = NULL, *out = NULL;
-    const char *key = NULL, *broker_key = NULL; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
-    reel_gen_t g;
-    memset(&g, 0, sizeof g);
-    g.shift = 1.0;
-    g.cfg = 1.0;
-    g.eta = 0.7;
-    g.steps = -1;
-    bool have_cfg = false, quiet = false;
-    int timeout_ms = 120000, channels = 0;
-    int64_t size[3] = { 0 };
-    double d;
-    uint64_t u;
-    int o;
+    memset(o, 0, sizeof *o);
+    o->broker = DEFAULT_BROKER;
+    o->g.shift = 1.0;
+    o->g.cfg = 1.0;
+    o->g.eta = 0.7;
+    o->g.steps = -1;
+    o->timeout_ms = 120000;
+    int opt, rc;
     opterr = 0;
     optind = 1;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case O_BROKER: broker = optarg; break;
-        case O_KEY: key = optarg; break;
-        case O_BKEY: broker_key = optarg; break;
-        case O_MODEL: g.model = optarg; break;
-        case O_CONTEXT: ctx_path = optarg; break;
-        case O_UNCOND: unc_path = optarg; break;
-        case O_LATENT: lat_path = optarg; break;
-        case O_OUT: out = optarg; break;
-        case O_SDE: g.sde = true; break;
-        case O_QUIET: quiet = true; break;
-        case O_VERSION:
-            if (ctl_parse_u64(optarg, &g.version)) return ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", optarg);
-            break;
-        case O_CFG:
-            if (ctl_parse_double(optarg, &g.cfg)) return ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", optarg);
-            have_cfg = true;
-            break;
-        case O_SHIFT:
-            if (ctl_parse_double(optarg, &g.shift)) return ctl_die(CTL_USAGE, "--shift: '%s' is not a number", optarg);
-            break;
-        case O_ETA:
-            if (ctl_parse_double(optarg, &g.eta)) return ctl_die(CTL_USAGE, "--eta: '%s' is not a number", optarg);
-            break;
-        case O_STEPS:
-            if (ctl_parse_int(optarg, &g.steps) || g.steps < 1) return ctl_die(CTL_USAGE, "--steps: '%s' is not a positive integer", optarg);
-            break;
-        case O_SEED:
-            if (ctl_parse_u64(optarg, &g.seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
-            break;
-        case O_TIMEOUT:
-            if (ctl_parse_int(optarg, &timeout_ms) || timeout_ms < 1) return ctl_die(CTL_USAGE, "--timeout-ms: '%s'", optarg);
-            break;
-        case O_DEADLINE:
-            if (ctl_parse_u64(optarg, &u)) return ctl_die(CTL_USAGE, "--deadline-ms: '%s'", optarg);
-            g.deadline_ms = u;
-            break;
-        case O_CHANNELS:
-            if (ctl_parse_int(optarg, &channels) || channels < 1) return ctl_die(CTL_USAGE, "--channels: '%s'", optarg);
-            break;
-        case O_SIZE:
-            if (ctl_parse_size(optarg, size) != 0)
-                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", optarg);
-            break;
-        default: return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
-        }
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (opt < O_BROKER || opt > O_BKEY) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+        if ((rc = gen_option(o, opt, optarg)) != CTL_OK) return rc;
     }
-    (void)d;
     if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
     /* Never give up before the broker does: it would run the request for nobody. */
-    if (g.deadline_ms && g.deadline_ms + 2000 > (uint64_t)timeout_ms)
-        timeout_ms = g.deadline_ms + 2000 > INT32_MAX ? INT32_MAX : (int)(g.deadline_ms + 2000);
-    if (!g.model || !ctx_path || !out || g.steps < 0)
+    uint64_t dl = o->g.deadline_ms;
+    if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
+    if (!o->g.model || !o->ctx_path || !o->out || o->g.steps < 0)
         return ctl_die(CTL_USAGE, "gen needs --model, --context, --steps and --out");
-    if (!!unc_path != have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");
-    if (!lat_path == !size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
+    if (!!o->unc_path != o->have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");
+    if (!o->lat_path == !o->size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
+    return CTL_OK;
+}
 
-    float *ctx = NULL, *unc = NULL, *lat = NULL, *res_lat = NULL;
-    int code = CTL_USAGE;
-    reel_client_t *c = NULL;
-    if (!(ctx = ctl_read_tensor(ctx_path, "context", 2, g.ctx_shape))) goto done;
-    if (unc_path) {
+/* Reads the tensors the options name into o->g (the caller frees
+ * g.context, g.uncond, g.latent). CTL_OK, or CTL_USAGE after printing why. */
+static int gen_inputs(gen_opts_t *o) {
+    reel_gen_t *g = &o->g;
+    float *t;
+    if (!(t = ctl_read_tensor(o->ctx_path, "context", 2, g->ctx_shape))) return CTL_USAGE;
+    g->context = t;
+    if (o->unc_path) {
         int64_t us[2];
-        if (!(unc = ctl_read_tensor(unc_path, "context", 2, us))) goto done;
-        if (us[0] != g.ctx_shape[0] || us[1] != g.ctx_shape[1]) {
-            ctl_die(CTL_USAGE, "%s: uncond shape differs from the context's", unc_path);
-            goto done;
-        }
+        if (!(t = ctl_read_tensor(o->unc_path, "context", 2, us))) return CTL_USAGE;
+        g->uncond = t;
+        if (us[0] != g->ctx_shape[0] || us[1] != g->ctx_shape[1])
+            return ctl_die(CTL_USAGE, "%s: uncond shape differs from the context's", o->unc_path);
     }
-    if (lat_path) {
-        if (!(lat = ctl_read_tensor(lat_path, "latent", 4, g.latent_shape))) goto done;
-    } else {
-        tdit_config_t cfg;
-        if (!channels && tdit_config_builtin(g.model, &cfg) == 0) channels = (int)cfg.in_channels;
-        if (!channels) { ctl_die(CTL_USAGE, "--size with a custom model needs --channels C"); goto done; }
-        g.latent_shape[0] = channels;
-        memcpy(g.latent_shape + 1, size, sizeof size);
+    if (o->lat_path) {
+        if (!(t = ctl_read_tensor(o->lat_path, "latent", 4, g->latent_shape))) return CTL_USAGE;
+        g->latent = t;
+        return CTL_OK;
     }
-    g.context = ctx;
-    g.uncond = unc;
-    g.latent = lat;
-    g.progress = !quiet && ctl_tty();
-    size_t n = (size_t)(g.latent_shape[0] * g.latent_shape[1] * g.latent_shape[2] * g.latent_shape[3]);
+    tdit_config_t cfg;
+    if (!o->channels && tdit_config_builtin(g->model, &cfg) == 0) o->channels = (int)cfg.in_channels;
+    if (!o->channels) return ctl_die(CTL_USAGE, "--size with a custom model needs --channels C");
+    g->latent_shape[0] = o->channels;
+    memcpy(g->latent_shape + 1, o->size, sizeof o->size);
+    return CTL_OK;
+}
+
+/* Writes the result latent to o->out (safetensors, with the worker, the
+ * weights version and the config) and says so on stderr. CTL_OK or
+ * CTL_FAIL after printing why. */
+static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float *res_lat) {
+    st_writer_t *w = st_writer_new();
+    char v[32];
+    snprintf(v, sizeof v, "%" PRIu64, r->version);
+    int wrc = !w || st_writer_add_f32(w, "latent", 4, o->g.latent_shape, res_lat) ||
+              st_writer_meta(w, "worker", r->worker) || st_writer_meta(w, "weights_version", v) ||
+              st_writer_meta(w, "config", o->g.model) || st_writer_save(w, o->out);
+    st_writer_destroy(&w);
+    if (wrc) return ctl_die(CTL_FAIL, "%s", kern_error());
+    char vers[48];
+    if (r->first_version != r->version)
+        snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r->first_version, r->version);
+    else
+        snprintf(vers, sizeof vers, "v%" PRIu64, r->version);
+    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps (captured %d, "
+            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", o->g.model, o->broker, r->worker, vers,
+            o->g.steps, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines, r->seconds,
+            o->out);
+    return CTL_OK;
+}
+
+int cmd_gen(int argc, char **argv) {
+    gen_opts_t o;
+    int code = gen_parse(argc, argv, &o);
+    if (code != CTL_OK) return code;
+    float *res_lat = NULL;
+    reel_client_t *c = NULL;
+    if ((code = gen_inputs(&o)) != CTL_OK) goto done;
+    reel_gen_t *g = &o.g;
+    g->progress = !o.quiet && ctl_tty();
+    size_t n = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]);
     code = CTL_FAIL;
-    if (!(res_lat = malloc(n * sizeof *res_lat))) { ctl_die(CTL_FAIL, "out of memory"); goto done; }
-    if (!(c = reel_client_new_keys(broker, key, broker_key))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
+    if (!(res_lat = malloc(n * sizeof *res_lat))) {
+        ctl_die(CTL_FAIL, "out of memory");
+        goto done;
+    }
+    if (!(c = reel_client_new_keys(o.broker, o.key, o.broker_key))) {
+        ctl_die(CTL_FAIL, "%s", kern_error());
+        goto done;
+    }
     reel_gen_result_t r;
     wire_err_t err;
-    int rc = reel_gen(c, &g, res_lat, &r, progress_bar, NULL, timeout_ms, &err);
-    if (rc != 0) {
+    if (reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err) != 0) {
         ctl_die(CTL_FAIL, "gen: %s: %s", err.code, err.message);
         goto done;
     }
-    st_writer_t *w = st_writer_new();
-    char v[32];
-    snprintf(v, sizeof v, "%" PRIu64, r.version);
-    int wrc = !w || st_writer_add_f32(w, "latent", 4, g.latent_shape, res_lat) ||
-              st_writer_meta(w, "worker", r.worker) || st_writer_meta(w, "weights_version", v) ||
-              st_writer_meta(w, "config", g.model) || st_writer_save(w, out);
-    st_writer_destroy(&w);
-    if (wrc) { ctl_die(CTL_FAIL, "%s", kern_error()); goto done; }
-    char vers[48];
-    if (r.first_version != r.version)
-        snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r.first_version, r.version);
-    else
-        snprintf(vers, sizeof vers, "v%" PRIu64, r.version);
-    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps (captured %d, "
-            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", g.model, broker, r.worker, vers,
-            g.steps, r.captured, r.replayed, r.eager, r.declines[0] ? ": " : "", r.declines, r.seconds, out);
-    code = CTL_OK;
+    code = gen_save(&o, &r, res_lat);
 done:
     reel_client_destroy(&c);
-    free(ctx); free(unc); free(lat); free(res_lat);
+    free((void *)o.g.context);
+    free((void *)o.g.uncond);
+    free((void *)o.g.latent);
+    free(res_lat);
     return code;
 }
 
