@@ -67,6 +67,7 @@ typedef struct brk_worker {
     int n_keys;
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;
+    char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
 } brk_worker_t;
 
 typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;
@@ -136,9 +137,12 @@ typedef struct brk_barrier {
     struct brk_barrier *next;
 } brk_barrier_t;
 
+struct brk_zap;
+
 typedef struct {
     brk_opts_t opt;
     void *ctx, *clients, *workers;   /* ZeroMQ context and ROUTER sockets */
+    struct brk_zap *zap;             /* keys and roles (brk_zap.h); NULL without keys */
     brk_catq_t *cat;
 
     brk_worker_t **w;                /* registered workers */

@@ -18,6 +18,7 @@
 #include "broker/brk_status.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_workers.h"
+#include "broker/brk_zap.h"
 #include "schema/notify.h"
 
 #define DRAIN_MAX 256 /* messages taken from one socket before looking at the other */
@@ -98,10 +99,10 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
         msg_send_error(b->workers, &m->identity, m->id, err.code, "READY: %s", err.message);
         return;
     }
-    if (brk_workers_name_taken(b, r->name, old)) {
-        brk_log("READY refused: worker name %s is taken by a live worker", r->name);
-        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                       "READY: worker name %s is taken by a live worker", r->name);
+    char why[160];
+    if (brk_workers_refuse(b, r->name, old, why, sizeof why)) {
+        brk_log("READY refused: %s", why);
+        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_BAD_REQUEST, "READY: %s", why);
         return;
     }
     if (old) {
@@ -192,6 +193,7 @@ static void log_malformed(brk_t *b, bool worker_side, const wire_err_t *err) {
 void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_err_t *err) {
     wire_msg_t *m = *mp;
     body_t u; /* on the stack: no allocation per message */
+    if (!brk_zap_admit(b, worker_side, m, rc == 1 ? err : NULL)) return; /* keys and roles */
     if (rc == 1) {
         log_malformed(b, worker_side, err);
         if (m->has_identity) {

@@ -1,8 +1,11 @@
 /* brk_main.c -- reel-broker: parse the command line, open the catalog,
  * bind the two ROUTERs, run the routing loop until SIGINT/SIGTERM, then
  * answer what is pending, close the sockets and flush the catalog.
+ * With --keys both sockets are CURVE servers behind a ZAP handler that
+ * fails closed (brk_zap.h); without, brk_opts lets it serve loopback and
+ * ipc endpoints only, unless --insecure.
  * Exit status: 0 after a clean stop, 1 when it cannot start (catalog,
- * bind), 2 for a bad command line. */
+ * keys, bind), 2 for a bad command line. */
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -15,6 +18,7 @@
 #include "broker/brk_loop.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_sync.h"
+#include "broker/brk_zap.h"
 #include "schema/notify.h"
 #include "broker/brk_log.h"
 #include "kernels/error.h"
@@ -26,23 +30,32 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
-/* A ROUTER with the wire limits, bound to endpoint. NULL with a logged
- * message. */
-static void *router(void *ctx, const char *endpoint, bool mandatory, const char *what) {
-    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+/* A ROUTER with the wire limits, a CURVE server when b has keys, bound to
+ * endpoint. NULL with a logged message. */
+static void *router(brk_t *b, const char *endpoint, bool worker_side, const char *what) {
+    void *s = zmq_socket(b->ctx, ZMQ_ROUTER);
     int one = 1, sndtimeo = 200;
+    int hb_ivl = b->opt.heartbeat_ms, hb_timeout = b->opt.heartbeat_ms * b->opt.liveness;
     if (!s) goto err;
-    /* ZMQ_ROUTER_MANDATORY: a send to a worker that is gone fails
-     * (EHOSTUNREACH) instead of vanishing; SNDTIMEO bounds the wait when a
-     * peer's queue is full, so the loop never blocks on one peer.
-     * ZMQ_ROUTER_HANDOVER (worker side): a worker reconnecting under its
-     * name takes the identity over instead of being silently refused
-     * while its dead connection lingers. */
+    /* ZMQ_ROUTER_MANDATORY (worker side): a send to a worker that is gone
+     * fails (EHOSTUNREACH) instead of vanishing; SNDTIMEO bounds the wait
+     * when a peer's queue is full, so the loop never blocks on one peer.
+     * No ZMQ_ROUTER_HANDOVER: with it, whoever connects under a live
+     * worker's routing id takes its traffic over. A second connection
+     * under a live id is ignored instead, and ZMTP heartbeats close a
+     * dead connection within liveness intervals, so a restarted worker
+     * gets its id back. */
     if (wire_socket_limits(s) < 0 ||
-        (mandatory && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0) ||
-        (mandatory && zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one) < 0) ||
+        (worker_side && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0) ||
+        (worker_side && zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl) < 0) ||
+        (worker_side && zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout) < 0) ||
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) < 0)
         goto err;
+    if (b->zap && brk_zap_server(b->zap, s, worker_side) < 0) {
+        brk_log("%s", kern_error());
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_bind(s, endpoint) < 0) {
         brk_log("cannot bind the %s endpoint %s: %s", what, endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s);
@@ -55,6 +68,29 @@ err:
     return NULL;
 }
 
+/* Keys and the ZAP handler, before any socket binds. -1 (logged) when
+ * keys were asked for and cannot be used: the broker must not start open. */
+static int start_keys(brk_t *b) {
+    if (!b->opt.keys) {
+        brk_log("no keys: every peer that reaches %s and %s is admitted%s", b->opt.clients, b->opt.workers,
+                b->opt.insecure ? " (--insecure)" : " (loopback and ipc only)");
+        return 0;
+    }
+    char own[4096];
+    const char *key = b->opt.key;
+    if (!key) {
+        snprintf(own, sizeof own, "%s/broker.key", b->opt.keys);
+        key = own;
+    }
+    if (!(b->zap = brk_zap_new(b->ctx, b->opt.keys, key))) {
+        brk_log("cannot use the keys: %s", kern_error());
+        return -1;
+    }
+    brk_log("keys: CURVE on both sockets, %zu peer key%s from %s (SIGHUP reloads)", brk_zap_keys(b->zap),
+            brk_zap_keys(b->zap) == 1 ? "" : "s", b->opt.keys);
+    return 0;
+}
+
 static void free_workers(brk_t *b) {
     for (int i = 0; i < b->n_w; i++) free(b->w[i]);
     free(b->w);
@@ -64,13 +100,18 @@ static void free_workers(brk_t *b) {
 
 /* Threads started from here on (the catalog writer, ZeroMQ's I/O
  * threads) inherit a mask without SIGINT/SIGTERM, so the signal always
- * interrupts the routing thread's zmq_poll. *old gets the mask to restore. */
+ * interrupts the routing thread's zmq_poll. *old gets the mask to restore:
+ * with SIGHUP in it, which stays blocked in every thread (the ZAP handler
+ * takes it through a signalfd to reload the keys; without keys it is
+ * ignored). */
 static void block_stop_signals(sigset_t *old) {
     sigset_t stop_sigs;
     sigemptyset(&stop_sigs);
     sigaddset(&stop_sigs, SIGINT);
     sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &stop_sigs, old);
+    sigaddset(old, SIGHUP);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal; /* no SA_RESTART: zmq_poll returns EINTR */
@@ -102,7 +143,16 @@ static void resume_versions(brk_t *b, cat_t *cat) {
     int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);
     if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
     for (int i = 0; i < n; i++) {
-        if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
+        if (v[i].version == 0 || v[i].version > MSG_VERSION_MAX) {
+            /* A catalog written before versions were bounded. */
+            brk_log("%s v%llu is out of the version range (1..2^63-1): not restored", v[i].component,
+                    (unsigned long long)v[i].version);
+        } else if (v[i].cut) {
+            /* A path longer than any SYNC may carry now: never send
+             * workers a shortened one nobody published. */
+            brk_log("%s v%llu: its path is longer than %d bytes: not restored", v[i].component,
+                    (unsigned long long)v[i].version, MSG_PATH_MAX - 1);
+        } else if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
             brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
                     v[i].component, (unsigned long long)v[i].version);
         } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
@@ -145,9 +195,10 @@ static int start_sockets(brk_t *b) {
         brk_log("cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
         return -1;
     }
-    b->clients = router(b->ctx, b->opt.clients, false, "client");
+    if (start_keys(b) != 0) return -1;
+    b->clients = router(b, b->opt.clients, false, "client");
     if (!b->clients) return -1;
-    b->workers = router(b->ctx, b->opt.workers, true, "worker");
+    b->workers = router(b, b->opt.workers, true, "worker");
     return b->workers ? 0 : -1;
 }
 
@@ -160,6 +211,7 @@ static void stop_all(brk_t *b) {
         zmq_close(b->clients);
     }
     if (b->workers) zmq_close(b->workers);
+    brk_zap_destroy(&b->zap); /* its socket too, before the context ends */
     if (b->ctx) zmq_ctx_term(b->ctx);
     brk_queue_free(&b->queue);
     brk_catq_destroy(&b->cat); /* writes what is still queued */

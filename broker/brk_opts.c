@@ -19,7 +19,14 @@ static const char usage[] =
     "  --max-held-mb N             request tensor bytes held at once before BUSY (default 2048)\n"
     "  --sync-deadline-ms N        default weight-sync barrier deadline (default 30000)\n"
     "  --request-deadline-ms N     default request deadline (default 60000)\n"
-    "  -h, --help                  this text\n";
+    "  --keys DIR                  CURVE on both sockets: peers whose NAME.pub is in DIR, with\n"
+    "                              their roles (reelctl keys new); SIGHUP reloads it\n"
+    "  --key FILE                  the broker's own key pair (default DIR/broker.key)\n"
+    "  --insecure                  serve a non-loopback endpoint without keys (anyone who\n"
+    "                              reaches it may run or replace the models)\n"
+    "  -h, --help                  this text\n"
+    "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
+    "are served, unless --insecure.\n";
 
 /* Parses a decimal in [lo, hi]. false when s is not one. */
 static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
@@ -44,7 +51,8 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         .request_deadline_ms = 60000,
         .max_held_bytes = (uint64_t)2048 << 20,
     };
-    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD };
+    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
+           O_INSECURE };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -55,6 +63,9 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "sync-deadline-ms", required_argument, NULL, O_SYNC },
         { "request-deadline-ms", required_argument, NULL, O_REQ },
         { "max-held-mb", required_argument, NULL, O_HELD },
+        { "keys", required_argument, NULL, O_KEYS },
+        { "key", required_argument, NULL, O_KEY },
+        { "insecure", no_argument, NULL, O_INSECURE },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -69,6 +80,9 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         case O_CLIENTS: o->clients = optarg; break;
         case O_WORKERS: o->workers = optarg; break;
         case O_CATALOG: o->catalog = optarg; break;
+        case O_KEYS: o->keys = optarg; break;
+        case O_KEY: o->key = optarg; break;
+        case O_INSECURE: o->insecure = true; break;
         case O_HB:
             if (parse_u64(optarg, 1, 3600000, &v)) o->heartbeat_ms = (int)v;
             else bad = "--heartbeat-ms";
@@ -109,5 +123,35 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[optind]);
         return 2;
     }
+    if (o->key && !o->keys) {
+        fprintf(stderr, "reel-broker: --key needs --keys DIR (the peers it admits)\n");
+        return 2;
+    }
+    if (o->keys && o->insecure) {
+        fprintf(stderr, "reel-broker: --keys and --insecure exclude each other\n");
+        return 2;
+    }
+    /* Secure by default: without keys, anyone who reaches a port may run
+     * requests, publish weights and pose as a worker. */
+    const char *open_ep = !brk_endpoint_local(o->clients) ? o->clients
+                        : !brk_endpoint_local(o->workers) ? o->workers : NULL;
+    if (open_ep && !o->keys && !o->insecure) {
+        fprintf(stderr, "reel-broker: refusing to serve %s without keys: give --keys DIR (reelctl keys new) "
+                        "or --insecure\n", open_ep);
+        return 2;
+    }
     return 0;
+}
+
+bool brk_endpoint_local(const char *ep) {
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return true;
+    if (strncmp(ep, "tcp://", 6)) return false; /* pgm, udp, ws...: never local */
+    const char *h = ep + 6;
+    if (!strncmp(h, "[::1]:", 6) || !strncmp(h, "localhost:", 10)) return true;
+    /* 127.a.b.c: four decimal octets, the first 127, then ':' */
+    unsigned a, b, c, d;
+    char colon;
+    int n = 0;
+    return sscanf(h, "%3u.%3u.%3u.%3u%c%n", &a, &b, &c, &d, &colon, &n) == 5 && a == 127 && b < 256 && c < 256 &&
+           d < 256 && colon == ':' && n > 0;
 }

@@ -2,6 +2,7 @@
 #ifndef REEL_BROKER_BRK_OPTS_H
 #define REEL_BROKER_BRK_OPTS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct {
@@ -14,11 +15,20 @@ typedef struct {
     uint64_t sync_deadline_ms;    /* default SYNC barrier deadline */
     uint64_t request_deadline_ms; /* default GEN deadline */
     uint64_t max_held_bytes;      /* tensor bytes of accepted requests held at once */
+    const char *keys;             /* allowlist directory (brk_zap.h); NULL = no keys */
+    const char *key;              /* the broker's own NAME.key; NULL = <keys>/broker.key */
+    bool insecure;                /* no keys on a non-local endpoint, knowingly */
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was
  * asked (usage printed to stdout: exit 0); 2 on an unknown flag, a missing
- * or bad value or a stray argument (message on stderr: exit 2). */
+ * or bad value or a stray argument, and when an endpoint other than
+ * loopback or ipc would be served without keys and without --insecure
+ * (one line on stderr: exit 2). */
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv);
+
+/* True when endpoint reaches this host only: ipc://, inproc://, or tcp://
+ * on 127.0.0.0/8, [::1] or localhost. Can't fail. */
+bool brk_endpoint_local(const char *endpoint);
 
 #endif

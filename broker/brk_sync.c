@@ -23,7 +23,12 @@
  * ack, not stale_version, so a trainer can retry after a timeout: a
  * pending one joins the running barrier (same SYNC_DONE); the current one
  * gets a new barrier that retries the lagging workers (complete at once
- * when none lags). The same version with other weights is stale_version. */
+ * when none lags). The same version with other weights is stale_version.
+ *
+ * Only a trainer may SYNC (brk_zap.c refuses the others before they get
+ * here); every SYNC that gets here is audited with its key's name and
+ * what became of it. A deadline is clamped to BRK_SYNC_DEADLINE_MAX_MS,
+ * and a worker's ack counts only for a version it was sent. */
 #include "broker/brk_sync.h"
 
 #include <errno.h>
@@ -34,6 +39,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_zap.h"
 #include "kernels/error.h"
 
 enum { M_WAITING, M_APPLIED, M_FAILED };
@@ -287,7 +293,8 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
     brk_ident_from(&s->trainers[0].ident, from);
     s->trainers[0].id = id;
     s->n_trainers = 1;
-    s->deadline_ms = brk_now_ms() + (int64_t)(deadline ? deadline : b->opt.sync_deadline_ms);
+    uint64_t dl = deadline ? deadline : b->opt.sync_deadline_ms;
+    s->deadline_ms = brk_now_ms() + (int64_t)(dl > BRK_SYNC_DEADLINE_MAX_MS ? BRK_SYNC_DEADLINE_MAX_MS : dl);
     return s;
 }
 
@@ -389,16 +396,21 @@ static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **runnin
 }
 
 void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *m) {
-    char why[256];
+    char why[256], outcome[300];
     brk_barrier_t *running;
     brk_current_t *cur;
     bool resend;
+    brk_who_t who; /* the loop admitted it: its key is allowed */
+    brk_zap_sender(b->zap, &who);
     const char *code = refusal(b, m, &running, &cur, &resend, why, sizeof why);
     if (code) {
         brk_log("SYNC refused: %s", why);
+        snprintf(outcome, sizeof outcome, "refused: %s: %s", code, why);
+        brk_zap_audit(b, &who, "sync", m, outcome);
         msg_send_error(b->clients, from, id, code, "SYNC: %s", why);
         return;
     }
+    brk_zap_audit(b, &who, "sync", m, resend ? "resend" : "accepted");
     if (resend) {
         on_resend(b, from, id, running, cur, m->deadline_ms);
         return;
@@ -445,8 +457,15 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a) {
     const char *comp = a->component, *err = a->error[0] ? a->error : "failed";
     uint64_t version = a->version;
     bool ok = a->ok;
-    brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
     brk_wsync_t *ws = worker_sync(w, comp, true);
+    /* A worker applies only what it was sent: an ack of a version it never
+     * got (2^63-1, say) would make it eligible for every request. */
+    if (!ws || version > ws->sent) {
+        brk_log("worker %s acked %s v%llu, which it was never sent: ignored", w->route.name, comp,
+                (unsigned long long)version);
+        return;
+    }
+    brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
     if (ws && version >= ws->sent) ws->waiting = false;
     if (ok) {
         if (version > brk_peer_version(&w->route, comp) &&

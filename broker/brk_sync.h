@@ -8,11 +8,17 @@
 
 #include "broker/brk_broker.h"
 
-/* A SYNC from a trainer at `from` with id, decoded and validated (a path,
- * no inline tensors). Answers the trainer itself: SYNC_DONE when its
- * barrier ends, ERROR (stale_version, bad_request) now. */
+/* The longest a SYNC barrier waits: a larger deadline_ms is clamped to it
+ * (about 24.8 days; as GEN deadlines). */
+#define BRK_SYNC_DEADLINE_MAX_MS ((uint64_t)INT32_MAX)
+
+/* A SYNC from a trainer at `from` (the sender brk_zap_sender names) with
+ * id, decoded and validated (a path, no inline tensors). Answers the
+ * trainer itself: SYNC_DONE when its barrier ends, ERROR (stale_version,
+ * bad_request) now. Audited with the sender's key (brk_zap_audit). */
 void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *s);
-/* SYNC_ACK a from worker w. */
+/* SYNC_ACK a from worker w; an ack of a version w was never sent is
+ * logged and ignored. */
 void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a);
 /* w just registered: what it reported at READY counts as sent, and it is
  * caught up. */

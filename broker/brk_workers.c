@@ -4,7 +4,8 @@
  * queue stayed full past the send timeout) does not drop the worker: it
  * stops being routable until it speaks again, and is dropped only when
  * it stays silent past liveness. A worker that reconnects in time keeps
- * its in-flight work. */
+ * its in-flight work. With keys, a worker's name is bound to its key
+ * (brk_zap.h) and a worker whose key a reload removed is dropped. */
 #include "broker/brk_workers.h"
 
 #include <errno.h>
@@ -14,10 +15,16 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_zap.h"
 
-bool brk_workers_name_taken(brk_t *b, const char *name, const brk_worker_t *self) {
+const char *brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self, char *buf, size_t len) {
     const brk_worker_t *same = brk_worker_named(b, name);
-    return same && same != self;
+    char key[REEL_KEY_Z85];
+    if (same && same != self) snprintf(buf, len, "worker name %s is taken by a live worker", name);
+    else if (brk_zap_bind_worker(b->zap, name, key) != 0)
+        snprintf(buf, len, "worker name %s is bound to another worker key", name);
+    else return NULL;
+    return buf;
 }
 
 brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r) {
@@ -40,6 +47,9 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
      * again (brk_sync.c keeps w->syncs). */
     for (int i = 0; i < r->versions.n; i++) brk_peer_set_version(&w->route, r->versions.e[i].name, r->versions.e[i].n);
     brk_ident_from(&w->ident, identity);
+    brk_who_t who; /* the READY's sender */
+    brk_zap_sender(b->zap, &who);
+    snprintf(w->key, sizeof w->key, "%s", who.key);
     snprintf(w->device, sizeof w->device, "%s", r->device);
     snprintf(w->arch, sizeof w->arch, "%s", r->arch);
     w->streams = (int)r->streams;
@@ -105,6 +115,10 @@ void brk_workers_timers(brk_t *b, int64_t now) {
         if (!w->dead && now - w->seen_ms > silent_max) {
             w->dead = true;
             w->dead_why = "expired";
+        } else if (!w->dead && !brk_zap_worker_allowed(b->zap, w->key)) {
+            /* Its messages are dropped already; route nothing more to it. */
+            w->dead = true;
+            w->dead_why = "key revoked";
         }
     }
 }

@@ -8,9 +8,11 @@
 
 #include "broker/brk_broker.h"
 
-/* True when a live worker other than `self` is registered as name (a
- * second worker under a live name is refused). */
-bool brk_workers_name_taken(brk_t *b, const char *name, const brk_worker_t *self);
+/* Why the READY of worker `name` being handled is refused, written into
+ * buf (NULL when it is not): a live worker other than `self` is
+ * registered under the name, or another key holds it (brk_zap.h; the
+ * name is bound to the sender's key when it is free). */
+const char *brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self, char *buf, size_t len);
 /* Registers the worker that sent READY r (decoded and validated) from
  * identity. NULL on out-of-memory (nothing changed). */
 brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r);
@@ -20,7 +22,8 @@ bool brk_workers_heard(brk_t *b, brk_worker_t *w);
 /* EVENTS from w: one catalog record per entry; entries of an unknown kind
  * or without a key hash are skipped and counted in one log line. */
 void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev);
-/* Sends HEARTBEAT to every worker when due; marks silent ones dead. */
+/* Sends HEARTBEAT to every worker when due; marks silent ones dead, and
+ * those whose key left the allowlist (a reload). */
 void brk_workers_timers(brk_t *b, int64_t now);
 /* Index of a dead worker in b->w, or -1 when none is. */
 int brk_workers_next_dead(const brk_t *b);

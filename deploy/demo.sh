@@ -1,9 +1,10 @@
 #!/bin/sh
 # demo.sh -- the main job: a local Reel cluster on the CPU backend. A broker
-# and two workers on loopback, a client load over several capture keys with
-# CFG, a trainer weight sync in the middle (evictions, then recaptures), and
-# the capture report read back from the catalog. Exits 0 and leaves no
-# process behind.
+# and two workers on loopback, with CURVE keys it makes (docs/SECURITY.md),
+# a client load over several capture keys with CFG, a trainer weight sync
+# in the middle (evictions, then recaptures), the capture report and the
+# audit of syncs read back from the catalog, a Python RL trainer. Exits 0
+# and leaves no process behind.
 set -eu
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
@@ -37,19 +38,34 @@ say "1. weights: the small config (25 M parameters, deterministic, nothing downl
 "$R" weights init --config small --seed 1 --out "$D/w1.safetensors"
 "$R" weights init --config small --seed 2 --out "$D/w2.safetensors"
 
-say "2. a broker ($CE clients, $WE workers, catalog $DB) and two CPU workers, 2 streams each"
-"$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" >"$D/broker.log" 2>&1 &
+say "2. keys (docs/SECURITY.md): the broker's pair, a trainer's, one per worker; CURVE on both sockets"
+K="$D/keys"
+for k in "broker broker" "trainer trainer" "worker w1" "worker w2"; do
+    set -- $k
+    "$R" keys new --role "$1" --name "$2" --out "$K" >/dev/null
+done
+ls "$K"
+# reelctl and the Python trainer below take the trainer's key from here
+export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
+
+say "3. a broker ($CE clients, $WE workers, catalog $DB, --keys) and two CPU workers, 2 streams each"
+"$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --keys "$K" >"$D/broker.log" 2>&1 &
 PIDS="$PIDS $!"
 wait_for "$D/broker.log" "reel-broker: ready" 10
+grep "keys:" "$D/broker.log"
 for w in w1 w2; do
     "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/w1.safetensors" --streams 2 \
-        --backend cpu >"$D/$w.log" 2>&1 &
+        --backend cpu --key "$K/$w.key" --broker-key "$K/broker.pub" >"$D/$w.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/broker.log" "worker $w ready" 20
 done
 "$R" status --broker "$CE"
+if env -u REEL_KEY -u REEL_BROKER_KEY "$R" status --broker "$CE" >/dev/null 2>&1; then
+    echo "demo: a client without a key was answered" >&2; exit 1
+fi
+echo "(and without a key: no answer, the handshake never completes)"
 
-say "3. client load: 3 capture keys (latent shapes) x 2 requests, 6 steps, CFG 5"
+say "4. client load: 3 capture keys (latent shapes) x 2 requests, 6 steps, CFG 5"
 "$R" tensor rand --name context --shape 16,256 --seed 11 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 16,256 --seed 12 --out "$D/unc.safetensors"
 load() { # tag
@@ -69,13 +85,13 @@ load() { # tag
 }
 load before
 
-say "4. the trainer publishes transformer v2; the sync is a barrier over every worker"
+say "5. the trainer publishes transformer v2; the sync is a barrier over every worker"
 "$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors"
 
-say "5. the same load on v2: graphs that baked v1 were evicted, so each key warms up and captures again"
+say "6. the same load on v2: graphs that baked v1 were evicted, so each key warms up and captures again"
 load after
 
-say "6. one more request per key: it lands on the worker that holds its graphs and replays from its first step"
+say "7. one more request per key: it lands on the worker that holds its graphs and replays from its first step"
 pids=""
 for size in 2x8x8 2x8x16 4x8x8; do
     "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
@@ -86,7 +102,7 @@ done
 for p in $pids; do wait "$p"; done
 sort "$D/warm.log"
 
-say "7. the capture report, from the catalog"
+say "8. the capture report, from the catalog"
 "$R" stats --catalog "$DB"
 echo
 "$R" keys --catalog "$DB"
@@ -95,8 +111,11 @@ echo
 echo
 "$R" versions --catalog "$DB"
 echo
+echo "every sync, with the key that sent it (the audit table):"
+/usr/bin/sqlite3 -header -column "$DB" "select key_name, role, component, version, outcome from audit order by id"
+echo
 
-say "8. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
+say "9. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
     --iters 2 --group 4 --steps 4 --latent 2x8x8 --weights-dir "$D"
 echo

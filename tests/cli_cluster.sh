@@ -1,6 +1,8 @@
 #!/bin/sh
 # cli_cluster.sh -- process-level tests of the serving fabric: a real
-# reel-broker and real reel-workers over ipc sockets, driven by reelctl.
+# reel-broker and real reel-workers over ipc sockets, driven by reelctl,
+# with CURVE on (docs/SECURITY.md): the broker's --keys, a key per worker,
+# reelctl with a trainer's key from REEL_KEY/REEL_BROKER_KEY.
 # Every wait is bounded; every process is killed on exit.
 # Usage: cli_cluster.sh BUILD
 set -u
@@ -35,8 +37,15 @@ wait_for() {
     return 1
 }
 
+K="$D/keys"
+for k in "broker broker" "trainer trainer" "worker w1" "worker w2" "worker w3" "worker w4" "worker xd" "worker xs"; do
+    set -- $k
+    "$R" keys new --role "$1" --name "$2" --out "$K" >/dev/null 2>&1 || { echo "keys new $k failed"; exit 1; }
+done
+export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
+
 start_broker() { # extra flags...
-    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 "$@" \
+    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --keys "$K" "$@" \
         >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
@@ -56,7 +65,8 @@ wait_count() {
 start_worker() { # name weights extra...
     n=$1; w=$2; shift 2
     before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null)
-    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 2 --heartbeat-ms 200 "$@" \
+    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 2 --heartbeat-ms 200 \
+        --key "$K/$n.key" --broker-key "$K/broker.pub" "$@" \
         >>"$D/$n.log" 2>&1 &
     eval "PID_$n=$!"
     PIDS="$PIDS $!"
@@ -177,11 +187,12 @@ echo "== a sync landing mid-request: --sync-mode drain keeps the request on one 
 mkdir -p "$D/x"
 solo() { # mode tag: a broker with one worker in that sync mode; runs the scenario
     mode=$1; t=$2
-    "$B/reel-broker" --clients "ipc://$D/x/$t.c" --workers "ipc://$D/x/$t.w" --catalog "$D/x/$t.db" \
+    "$B/reel-broker" --clients "ipc://$D/x/$t.c" --workers "ipc://$D/x/$t.w" --catalog "$D/x/$t.db" --keys "$K" \
         --heartbeat-ms 200 >"$D/x/$t.broker.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/x/$t.broker.log" "reel-broker: ready" 10 || return 1
     "$B/reel-worker" --broker "ipc://$D/x/$t.w" --name "$t" --weights "$D/w1.safetensors" --streams 1 \
+        --key "$K/$t.key" --broker-key "$K/broker.pub" \
         --heartbeat-ms 200 --sync-mode "$mode" >"$D/x/$t.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/x/$t.broker.log" "worker $t ready" 10 || return 1

@@ -6,14 +6,17 @@
         r.latent, r.worker, r.version, r.replayed
         c.sync(2, path="/shared/w2.safetensors")
 
+    # a broker started with --keys: this trainer's key and the broker's
+    Client("tcp://broker:5555", key="keys/alice.key", broker_key="keys/broker.pub")
+
 Pure Python on pyzmq, msgpack and numpy; torch tensors are accepted and
 returned when the inputs are torch tensors, and never required.
 """
 
 from .client import (BusyError, Client, GenResult, ReelError, ReelTimeout, SyncFailed, SyncResult,
-                     sha256_file)
+                     read_key, sha256_file)
 from . import safetensors
 
 __all__ = ["Client", "GenResult", "SyncResult", "ReelError", "BusyError", "ReelTimeout", "SyncFailed",
-           "sha256_file", "safetensors"]
+           "sha256_file", "read_key", "safetensors"]
 __version__ = "0.1.0"

@@ -15,6 +15,7 @@ import time
 import msgpack
 import numpy as np
 import zmq
+import zmq.utils.z85
 
 from . import safetensors
 
@@ -150,17 +151,86 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+_KEY_FIELDS = ("role", "name", "public-key", "secret-key")
+
+
+def read_key(path, secret):
+    """A Reel key file (docs/SECURITY.md, `reelctl keys new`) as a dict of
+    role, name, public-key and, in a NAME.key (secret=True), secret-key.
+    Raises ValueError on anything schema/keys.c refuses: a field unknown,
+    twice or missing, a key that is not 40 z85 characters, a secret file
+    its group or others may read, any key file they may write."""
+    st = os.stat(path)
+    import stat
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    if st.st_size > 4096:
+        raise ValueError(f"{path}: larger than a key file (4096 bytes)")
+    if st.st_mode & 0o022:
+        raise ValueError(f"{path}: group or others may write it (chmod 600)")
+    if secret and st.st_mode & 0o077:
+        raise ValueError(f"{path}: a secret key its group or others may read (chmod 600)")
+    key = {}
+    with open(path, "r", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if "=" not in line:
+                raise ValueError(f"{path}: line {n}: expected 'field = value'")
+            field, value = (x.strip() for x in line.split("=", 1))
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            if field not in _KEY_FIELDS:
+                raise ValueError(f"{path}: line {n}: unknown field {field!r}")
+            if field in key:
+                raise ValueError(f"{path}: line {n}: {field!r} given twice")
+            if field.endswith("-key"):
+                try:
+                    ok = len(value) == 40 and len(zmq.utils.z85.decode(value.encode())) == 32
+                except Exception:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"{path}: line {n}: {field!r} is not a z85 CURVE key (40 characters)")
+            key[field] = value
+    for field in _KEY_FIELDS[:3]:
+        if field not in key:
+            raise ValueError(f"{path}: no {field!r} field")
+    if secret != ("secret-key" in key):
+        raise ValueError(f"{path}: " + ("no 'secret-key' field: a public key file?" if secret else
+                                        "holds a secret key: give the NAME.pub file, not NAME.key"))
+    return key
+
+
 class Client:
     """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555).
 
     timeout: seconds to wait for a reply (a GEN waits at least its own
-    deadline_ms plus a margin)."""
+    deadline_ms plus a margin). key and broker_key: this client's NAME.key
+    (a client key, or a trainer key to sync) and the broker's broker.pub,
+    for a broker started with --keys (CURVE); when not given, $REEL_KEY and
+    $REEL_BROKER_KEY; neither: a plain connection, which a broker with keys
+    never answers (calls raise ReelTimeout)."""
 
-    def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None):
+    def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None, key=None, broker_key=None):
+        key = key or os.environ.get("REEL_KEY") or None
+        broker_key = broker_key or os.environ.get("REEL_BROKER_KEY") or None
+        if bool(key) != bool(broker_key):
+            raise ValueError("give both key (this client's NAME.key, or REEL_KEY) and broker_key (the broker's "
+                             "broker.pub, or REEL_BROKER_KEY), or neither")
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+        if key:
+            mine, server = read_key(key, True), read_key(broker_key, False)
+            if mine["role"] not in ("client", "trainer"):
+                raise ValueError(f"{key}: a {mine['role']} key cannot be a client's")
+            if server["role"] != "broker":
+                raise ValueError(f"{broker_key}: a {server['role']} key, not the broker's (role broker)")
+            self._sock.curve_serverkey = server["public-key"].encode()
+            self._sock.curve_publickey = mine["public-key"].encode()
+            self._sock.curve_secretkey = mine["secret-key"].encode()
         self._sock.connect(broker)
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self.timeout = timeout

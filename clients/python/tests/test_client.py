@@ -36,10 +36,17 @@ def run(*args, check=True):
 class Cluster:
     """A broker and one worker on ipc sockets; killed and removed on stop."""
 
-    def __init__(self, d, weights, broker_flags=(), worker_flags=()):
+    def __init__(self, d, weights, broker_flags=(), worker_flags=(), keys=None):
+        """keys: a folder made by make_keys: CURVE on both sockets, the
+        worker with its key, the readiness check with the client key."""
         self.dir = d
+        self.keys = keys
         self.ce = f"ipc://{d}/clients"
         we = f"ipc://{d}/workers"
+        if keys:
+            broker_flags = ("--keys", keys, *broker_flags)
+            worker_flags = ("--key", os.path.join(keys, "worker.key"), "--broker-key",
+                            os.path.join(keys, "broker.pub"), *worker_flags)
         self.blog = open(os.path.join(d, "broker.log"), "wb")
         self.wlog = open(os.path.join(d, "worker.log"), "wb")
         self.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", self.ce, "--workers", we,
@@ -50,8 +57,15 @@ class Cluster:
                                         *worker_flags], stdout=self.wlog, stderr=subprocess.STDOUT)
         self._wait_ready()
 
+    def client(self, role="client", **kw):
+        """A Client with the key of role (with keys), else a plain one."""
+        if self.keys:
+            kw.setdefault("key", os.path.join(self.keys, f"{role}.key"))
+            kw.setdefault("broker_key", os.path.join(self.keys, "broker.pub"))
+        return reel.Client(self.ce, **kw)
+
     def _wait_ready(self):
-        with reel.Client(self.ce, timeout=5) as c:
+        with self.client(timeout=5) as c:
             end = time.monotonic() + 20
             while time.monotonic() < end:
                 try:
@@ -318,6 +332,79 @@ class BusyTests(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def make_keys(d):
+    """A broker key and a client, trainer and worker key in d/keys."""
+    k = os.path.join(d, "keys")
+    for role in ("broker", "client", "trainer", "worker"):
+        run(f"{BUILD}/reelctl", "keys", "new", "--role", role, "--out", k)
+    return k
+
+
+class CurveTests(unittest.TestCase):
+    """A broker with keys: the client talks CURVE with its key; a client
+    key may generate but not sync, a trainer key may; no key, no answer."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="reel-py-curve-")
+        cls.w1 = os.path.join(cls.dir, "w1.safetensors")
+        cls.w2 = os.path.join(cls.dir, "w2.safetensors")
+        run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "7", "--out", cls.w1)
+        run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "8", "--out", cls.w2)
+        cls.keys = make_keys(cls.dir)
+        cls.cluster = Cluster(cls.dir, cls.w1, keys=cls.keys)
+        cls.ctx, cls.lat = rand((5, 32), 2), rand((4, 2, 8, 8), 1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_a_client_key_generates_over_curve(self):
+        with self.cluster.client("client", timeout=60) as c:
+            r = c.gen("tiny", self.ctx, latent=self.lat, steps=2, shift=3.0)
+        self.assertEqual(r.worker, "py0")
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+
+    def test_a_client_key_may_not_sync_and_a_trainer_key_may(self):
+        with self.cluster.client("client", timeout=30) as c:
+            with self.assertRaises(reel.ReelError) as e:
+                c.sync(2, path=self.w2)
+        self.assertEqual(e.exception.code, "forbidden")
+        with self.cluster.client("trainer", timeout=30) as c:
+            res = c.sync(2, path=self.w2)
+        self.assertTrue(res.complete, res)
+
+    def test_keys_from_the_environment(self):
+        env = {"REEL_KEY": os.path.join(self.keys, "client.key"),
+               "REEL_BROKER_KEY": os.path.join(self.keys, "broker.pub")}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with reel.Client(self.cluster.ce, timeout=10) as c:
+                self.assertIn("py0", [w.get("name") for w in c.status().get("workers", [])])
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def test_without_a_key_the_broker_never_answers(self):
+        with reel.Client(self.cluster.ce, timeout=1) as c:
+            with self.assertRaises(reel.ReelTimeout):
+                c.status(timeout=1)
+
+    def test_keys_that_cannot_be_a_clients_are_refused_before_connecting(self):
+        k = self.keys
+        with self.assertRaises(ValueError):  # a worker's key
+            reel.Client(self.cluster.ce, key=os.path.join(k, "worker.key"), broker_key=os.path.join(k, "broker.pub"))
+        with self.assertRaises(ValueError):  # a peer's public key as the broker's
+            reel.Client(self.cluster.ce, key=os.path.join(k, "client.key"), broker_key=os.path.join(k, "client.pub"))
+        with self.assertRaises(ValueError):  # one without the other
+            reel.Client(self.cluster.ce, key=os.path.join(k, "client.key"), broker_key=None)
+
+
 class Result(unittest.TextTestResult):
     pass
 
@@ -332,6 +419,7 @@ def main():
     loader = unittest.TestLoader()
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
+    suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     res = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     bad = len(res.failures) + len(res.errors)
     for t, why in res.skipped:

@@ -1,0 +1,325 @@
+#!/bin/sh
+# cli_security.sh -- process-level tests of issue 10, parts 1 and 2: a real
+# reel-broker and real reel-workers over ipc (and loopback tcp), driven by
+# reelctl and by tests/security_peer.py, a raw peer that sends what an
+# attacker on the network would. Keys: CURVE with a ZAP handler that fails
+# closed, roles (client, trainer, worker), worker names bound to keys, no
+# handover, SIGHUP reloads, secure by default; weights: only under the
+# weights directories, regular files, judged by size, generic answers;
+# versions, deadlines and paths bounded. Each reproduced failure of the
+# issue is named where it is checked. Every wait is bounded; every process
+# is killed on exit.
+# Usage: cli_security.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+HERE=$(cd "$(dirname "$0")" && pwd)
+PEER="/usr/bin/python3 $HERE/security_peer.py"
+D=$(mktemp -d /tmp/reel-security.XXXXXX)
+K="$D/keys"
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+DB="$D/reel.db"
+pass=0; fail=0
+PIDS=""
+
+cleanup() {
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
+}
+trap cleanup EXIT INT TERM
+
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+finish() { echo "security: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
+show() { sed 's/^/  | /' "$@" 2>/dev/null | tail -8; }
+
+# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
+wait_count() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
+    return 1
+}
+wait_for() { wait_count "$1" "$2" 1 "$3"; }
+
+# wait_gone PID SECONDS: until the process is gone; 1 when it is not.
+wait_gone() {
+    i=0
+    while [ $i -lt $(($2 * 10)) ]; do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+
+# wait_sql SQL EXPECTED SECONDS: the catalog is written in batches.
+wait_sql() {
+    i=0
+    while [ $i -lt $(($3 * 10)) ]; do
+        [ "$(/usr/bin/sqlite3 "$DB" "$1" 2>/dev/null)" = "$2" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (catalog: '$1' is '$(/usr/bin/sqlite3 "$DB" "$1" 2>&1)', expected '$2')"
+    return 1
+}
+
+ms() { date +%s%3N; }
+
+start_broker() { # extra flags...
+    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
+        --sync-deadline-ms 10000 "$@" >>"$D/broker.log" 2>&1 &
+    BROKER=$!
+    PIDS="$PIDS $BROKER"
+    wait_for "$D/broker.log" "reel-broker: ready" 10
+}
+
+start_worker() { # name weights extra...
+    n=$1; w=$2; shift 2
+    before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null)
+    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 1 --heartbeat-ms 200 "$@" \
+        >>"$D/$n.log" 2>&1 &
+    eval "PID_$n=$!"
+    PIDS="$PIDS $!"
+    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 10
+}
+
+# with KEYNAME cmd...: cmd with this peer's key and the broker's in the environment.
+with() { k=$1; shift; REEL_KEY="$K/$k.key" REEL_BROKER_KEY="$K/broker.pub" "$@"; }
+peer() { # key|- endpoint seconds headers...: the raw peer, its output on stdout
+    k=$1; ep=$2; s=$3; shift 3
+    if [ "$k" = - ]; then $PEER --endpoint "$ep" --for "$s" "$@"
+    else $PEER --endpoint "$ep" --key "$K/$k.key" --broker-key "$K/broker.pub" --for "$s" "$@"; fi
+}
+
+mkdir -p "$D/w"
+"$R" weights init --config tiny --seed 7 --out "$D/w/w1.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 8 --out "$D/w/w2.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 9 --out "$D/w/w3.safetensors" 2>/dev/null
+"$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+IN="--context $D/ctx.safetensors --latent $D/lat.safetensors --steps 2 --shift 3"
+"$R" run --weights "$D/w/w1.safetensors" $IN --out "$D/ref1.safetensors" 2>/dev/null
+same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
+gen() { # out [flags]: reelctl gen, stderr to out.err
+    o=$1; shift
+    "$R" gen --broker "$CE" --model tiny $IN --timeout-ms 20000 --quiet --out "$o.safetensors" "$@" 2>"$o.err"
+}
+SHA=$(sha256sum "$D/w/w2.safetensors" | cut -c1-64)
+sync_hdr() { # id version path [deadline]: a SYNC header as JSON
+    printf '{"type":"SYNC","id":%s,"component":"transformer","version":%s,"sha256":"%s","path":"%s"%s}' \
+        "$1" "$2" "$SHA" "$3" "${4:+,\"deadline_ms\":$4}"
+}
+
+echo "== secure by default: no keys on a non-loopback endpoint is refused in one line"
+PORT=$((21000 + $$ % 20000))
+t0=$(ms)
+timeout 5 "$B/reel-broker" --clients "tcp://0.0.0.0:$PORT" --workers "ipc://$D/w0" --catalog "" >"$D/open.out" 2>"$D/open.err"
+rc=$?
+[ "$rc" = 2 ] && [ "$(wc -l <"$D/open.err")" = 1 ] && grep -q "refusing to serve tcp://0.0.0.0:$PORT without keys" "$D/open.err" &&
+    grep -q -- "--insecure" "$D/open.err" && [ $(($(ms) - t0)) -lt 2000 ] &&
+    ok "tcp://0.0.0.0 without keys: exit 2, one line naming --keys and --insecure" || { bad "open broker refused (exit $rc)"; show "$D/open.err"; }
+timeout 5 "$B/reel-broker" --clients "ipc://$D/c0" --workers "tcp://*:$PORT" --catalog "" 2>"$D/open2.err"
+[ $? = 2 ] && grep -q "refusing to serve tcp://\*:$PORT" "$D/open2.err" && ok "tcp://* for workers is refused too" || { bad "tcp://* refused"; show "$D/open2.err"; }
+"$B/reel-broker" --clients "tcp://0.0.0.0:$PORT" --workers "ipc://$D/w0" --catalog "" --insecure >"$D/insecure.log" 2>&1 &
+p=$!; PIDS="$PIDS $p"
+wait_for "$D/insecure.log" "reel-broker: ready" 10 && grep -q "no keys: every peer .* is admitted (--insecure)" "$D/insecure.log" &&
+    ok "--insecure starts it, and says so" || bad "--insecure starts"
+kill -TERM "$p"; wait "$p" 2>/dev/null
+"$B/reel-broker" --clients "tcp://127.0.0.1:$PORT" --workers "ipc://$D/w0" --catalog "" >"$D/lo.log" 2>&1 &
+p=$!; PIDS="$PIDS $p"
+wait_for "$D/lo.log" "reel-broker: ready" 10 && ok "loopback and ipc need no keys" || bad "loopback starts"
+kill -TERM "$p"; wait "$p" 2>/dev/null
+
+echo "== reelctl keys new: a pair, 0600, never over an existing one"
+"$R" keys new --role broker --out "$K" >/dev/null 2>&1 &&
+    "$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>&1 &&
+    "$R" keys new --role client --name bob --out "$K" >/dev/null 2>&1 &&
+    "$R" keys new --role worker --name w1 --out "$K" >/dev/null 2>&1 &&
+    "$R" keys new --role worker --name w2 --out "$K" >/dev/null 2>&1 &&
+    "$R" keys new --role client --name stranger --out "$D/other" >/dev/null 2>&1 &&
+    "$R" keys new --role client --name carol --out "$D/later" >/dev/null 2>&1 || bad "keys new"
+cp "$D/other/stranger.key" "$D/later/carol.key" "$K/" # secrets the peers hold; the broker reads only *.pub
+modes=$(stat -c %a "$K/alice.key" "$K/alice.pub" | sort -u | tr '\n' ' ')
+[ "$modes" = "600 " ] && grep -q "^role = trainer" "$K/alice.pub" && ! grep -q secret "$K/alice.pub" &&
+    ok "alice.key and alice.pub are 0600; the .pub holds no secret" || { bad "key files ($modes)"; show "$K/alice.pub"; }
+before=$(sha256sum "$K/alice.key")
+"$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>"$D/again.err"
+[ $? = 1 ] && [ "$(sha256sum "$K/alice.key")" = "$before" ] && ok "a second alice is refused; the first is untouched" || { bad "no overwrite"; show "$D/again.err"; }
+
+echo "== CURVE both ways: a peer is heard only with a key in the allowlist, of the socket's role"
+start_broker --keys "$K" || { bad "the broker starts with keys"; finish; }
+grep -q "keys: CURVE on both sockets, 4 peer keys" "$D/broker.log" && ok "4 peer keys (the broker's own pair is not a peer)" || { bad "keys loaded"; show "$D/broker.log"; }
+start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" || bad "w1 starts with its key"
+if with bob gen "$D/g1" && same "$D/g1.safetensors" "$D/ref1.safetensors"; then ok "bob (client) generates over CURVE, bitwise equal to reelctl run"
+else bad "gen over CURVE"; show "$D/g1.err"; fi
+status='{"type":"STATUS","id":9}'
+peer - "$CE" 1 "$status" >"$D/plain.out"
+grep -q "peer: 0 messages" "$D/plain.out" && ok "a peer without a key gets no answer (before: anyone was served)" || { bad "plain peer refused"; show "$D/plain.out"; }
+peer stranger "$CE" 1 "$status" >"$D/stranger.out"
+grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*not in the allowlist" 3 &&
+    ok "a key not in the allowlist gets no answer, and the broker logs it" || { bad "stranger refused"; show "$D/stranger.out"; }
+peer w2 "$CE" 1 "$status" >"$D/wrongsock.out"
+grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*key w2 is a worker key" 3 &&
+    ok "a worker key on the client socket is refused" || { bad "worker key on the client socket"; show "$D/wrongsock.out"; }
+peer bob "$WE" 1 '{"type":"READY","name":"bob","models":["tiny"]}' >"$D/wrongsock2.out"
+grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refused a peer on the worker socket .*key bob is a client key" 3 &&
+    ok "a client key on the worker socket is refused" || { bad "client key on the worker socket"; show "$D/wrongsock2.out"; }
+"$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetensors" --key "$K/bob.key" --broker-key "$K/broker.pub" >"$D/x.log" 2>&1
+[ $? = 2 ] && grep -q "a client key cannot be used here" "$D/x.log" && ok "reel-worker refuses a client key itself (exit 2)" || { bad "worker key role"; show "$D/x.log"; }
+peer bob "$CE" 1 "$status" >"$D/bob.out"
+grep -q "^STATUS_REPLY" "$D/bob.out" && ok "the same raw peer with bob's key is answered" || { bad "bob answered"; show "$D/bob.out"; }
+
+echo "== roles: only a trainer may SYNC; every SYNC is audited with its key's name"
+with bob "$R" sync --broker "$CE" --version 2 --weights "$D/w/w2.safetensors" --timeout-ms 10000 2>"$D/bobsync.err"
+[ $? = 1 ] && grep -q "forbidden: SYNC: the client role may not publish weights" "$D/bobsync.err" &&
+    ok "bob's SYNC: forbidden (before: anyone on the client port could publish)" || { bad "client SYNC refused"; show "$D/bobsync.err"; }
+if with alice "$R" sync --broker "$CE" --version 2 --weights "$D/w/w2.safetensors" --timeout-ms 20000 2>"$D/alicesync.err" &&
+    grep -q "complete; applied w1" "$D/alicesync.err"; then ok "alice (trainer) syncs v2, keys from REEL_KEY/REEL_BROKER_KEY"
+else bad "trainer sync"; show "$D/alicesync.err"; fi
+"$R" sync --broker "$CE" --version 2 --weights "$D/w/w2.safetensors" --timeout-ms 20000 --key "$K/alice.key" \
+    --broker-key "$K/broker.pub" 2>"$D/alicesync2.err" && grep -q "complete" "$D/alicesync2.err" &&
+    ok "alice resends v2 with --key/--broker-key flags" || { bad "trainer sync by flags"; show "$D/alicesync2.err"; }
+wait_sql "select group_concat(key_name || ':' || role || ':' || substr(outcome, 1, 8), ',') from (select * from audit order by id)" \
+    "bob:client:denied: ,alice:trainer:accepted,alice:trainer:resend" 5 &&
+    ok "the audit table: bob denied, alice accepted, alice resent" || bad "audit rows"
+
+echo "== a worker's name is bound to its key; no handover"
+kill -TERM "$PID_w1"; wait "$PID_w1" 2>/dev/null
+wait_for "$D/broker.log" "worker w1 lost" 5 || bad "w1 leaves"
+peer w2 "$WE" 1 '{"type":"READY","name":"w1","models":["tiny"],"versions":{"transformer":2}}' >"$D/steal.out"
+grep -q "ERROR bad_request READY: worker name w1 is bound to another worker key" "$D/steal.out" &&
+    ok "w2's key claiming the name w1 is refused, w1 gone or not (before: accepted)" || { bad "name bound to key"; show "$D/steal.out"; }
+start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" && ok "w1 comes back with its own key" || bad "w1 restarts"
+wait_for "$D/w1.log" "applied transformer v2" 10 || bad "w1 caught up to v2"
+
+echo "== SYNC paths no peer can abuse: only the weights directory, generic answers"
+sp() { # out seconds header: alice's raw SYNC, answer in out
+    o=$1; s=$2; shift 2; peer alice "$CE" "$s" "$@" >"$o"
+}
+sp "$D/passwd.out" 5 "$(sync_hdr 31 3 /etc/passwd)"
+grep -q "bad_weights: path not under the worker.s weights directories" "$D/passwd.out" && ! grep -qE "root|header length|[0-9]{12}" "$D/passwd.out" &&
+    ok "/etc/passwd: a generic reason, no byte of the file (before: its first 8 bytes as a number)" || { bad "passwd answer"; show "$D/passwd.out"; }
+grep -qE "sync to v3 refused: /etc/passwd: not under any weights directory" "$D/w1.log" && ok "the detail is in w1's log" || { bad "detail logged"; show "$D/w1.log"; }
+printf 'root:x:0:0:root:/root:/bin/sh\n' >"$D/w/junk.safetensors"
+sp "$D/missing.out" 5 "$(sync_hdr 32 3 "$D/w/missing.safetensors")"
+sp "$D/junk.out" 5 "$(sync_hdr 33 3 "$D/w/junk.safetensors")"
+a=$(grep -o '"failed": \[[^]]*\]' "$D/missing.out"); b=$(grep -o '"failed": \[[^]]*\]' "$D/junk.out")
+[ -n "$a" ] && [ "$a" = "$b" ] && echo "$a" | grep -q "bad_weights: not a safetensors file" &&
+    ok "a missing file and a junk file get one answer (before: existence leaked)" || { bad "one answer"; echo "  | $a"; echo "  | $b"; }
+ln -s /etc/passwd "$D/w/link.safetensors"
+sp "$D/link.out" 5 "$(sync_hdr 34 3 "$D/w/link.safetensors")"
+sp "$D/dotdot.out" 5 "$(sync_hdr 35 3 "$D/w/../w/w2.safetensors")"
+grep -q "bad_weights: not a safetensors file" "$D/link.out" && grep -q "bad_weights: path not under" "$D/dotdot.out" &&
+    ok "a symlink below the directory and a '..' path are refused" || { bad "symlink and .."; show "$D/link.out" "$D/dotdot.out"; }
+
+echo "== a FIFO is refused at once, and SIGTERM still stops the worker"
+mkfifo "$D/w/fifo.safetensors"
+t0=$(ms)
+sp "$D/fifo.out" 4 "$(sync_hdr 36 3 "$D/w/fifo.safetensors")"
+grep -q "bad_weights: not a safetensors file" "$D/fifo.out" && grep -q "not a regular file" "$D/w1.log" &&
+    ok "FIFO: refused (before: the sync thread blocked in open() for good)" || { bad "FIFO refused"; show "$D/fifo.out"; }
+t0=$(ms)
+kill -TERM "$PID_w1"
+if wait_gone "$PID_w1" 2; then ok "SIGTERM: w1 exits in $(($(ms) - t0)) ms (under 2 s)"; else bad "w1 hangs after SIGTERM"; kill -9 "$PID_w1"; fi
+wait "$PID_w1" 2>/dev/null
+start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" || bad "w1 restarts"
+
+echo "== a 50 GiB sparse file is judged by its size, and the next sync is not held up"
+/usr/bin/python3 -c "
+import json, struct, sys
+n = (50 << 30) // 4
+h = json.dumps({'w': {'dtype': 'F32', 'shape': [n], 'data_offsets': [0, 4 * n]}}).encode()
+f = open(sys.argv[1], 'wb'); f.write(struct.pack('<Q', len(h)) + h); f.truncate(8 + len(h) + 4 * n); f.close()
+" "$D/w/huge.safetensors"
+t0=$(ms)
+sp "$D/huge.out" 4 "$(sync_hdr 37 3 "$D/w/huge.safetensors")"
+grep -q "bad_weights: not weights of this worker.s model" "$D/huge.out" && grep -q "more than the model's" "$D/w1.log" &&
+    ok "50 GiB: refused before hashing (before: a core for minutes, later syncs timed out)" || { bad "huge file"; show "$D/huge.out"; }
+t0=$(ms)
+with alice "$R" sync --broker "$CE" --version 3 --weights "$D/w/w3.safetensors" --timeout-ms 20000 2>"$D/s3.err" &&
+    grep -q "complete" "$D/s3.err" && [ $(($(ms) - t0)) -lt 5000 ] &&
+    ok "the next sync (v3) completes in $(($(ms) - t0)) ms" || { bad "sync after the huge file"; show "$D/s3.err"; }
+
+echo "== versions, deadlines and paths bounded on the wire"
+sp "$D/v63.out" 2 "$(sync_hdr 41 9223372036854775808 "$D/w/w2.safetensors")"
+grep -q "ERROR bad_request SYNC: 'version' must be in 1..9223372036854775807" "$D/v63.out" &&
+    ok "SYNC version 2^63: bad_request (before: accepted, and every later GEN broke)" || { bad "version 2^63"; show "$D/v63.out"; }
+with bob gen "$D/g2" && grep -q "weights v3" "$D/g2.err" && ok "GENs still run on v3" || { bad "gen after 2^63"; show "$D/g2.err"; }
+if with alice "$R" sync --broker "$CE" --version 4 --weights "$D/w/w2.safetensors" --deadline-ms 9223372036854775807 \
+    --timeout-ms 20000 2>"$D/dl.err" && grep -q "complete" "$D/dl.err"; then
+    ok "deadline_ms 2^63-1 is clamped, the sync completes (before: a signed overflow)"
+else bad "huge deadline"; show "$D/dl.err"; fi
+long="$D/w/$(/usr/bin/python3 -c 'print("/".join(["d" * 200] * 6))')/x.safetensors"
+sp "$D/long.out" 2 "$(sync_hdr 42 5 "$long")"
+grep -qE "ERROR bad_request SYNC: 'path' is [0-9]+ bytes, longer than 1023" "$D/long.out" &&
+    ok "a path over 1023 bytes: a clear bad_request (before: accepted, restored cut short)" || { bad "long path"; show "$D/long.out"; }
+wait_sql "select count(*) from audit where key_name = 'alice' and outcome like 'refused: bad_request:%'" "2" 5 &&
+    ok "the refused SYNCs are audited too" || bad "refusals audited"
+
+echo "== a worker acks only what it was sent"
+ready='{"type":"READY","name":"fw","models":["tiny"],"versions":{"transformer":4}}'
+ack1='{"type":"SYNC_ACK","component":"transformer","version":9223372036854775807,"ok":true}'
+ack2='{"type":"SYNC_ACK","component":"transformer","version":18446744073709551615,"ok":true}'
+$PEER --endpoint "$WE" --id fw --key "$K/w2.key" --broker-key "$K/broker.pub" --for 4 --heartbeat "$ready" "$ack1" "$ack2" \
+    >"$D/fw.out" 2>&1 &
+fw=$!; PIDS="$PIDS $fw"
+wait_for "$D/broker.log" "worker fw acked transformer v9223372036854775807, which it was never sent: ignored" 3 &&
+    ok "an ack of a version never sent is ignored (before: the worker became eligible for every version)" || bad "unsent ack ignored"
+with bob gen "$D/g3" --weights-version 9223372036854775807 --deadline-ms 1000
+wait "$fw"
+grep -q "no_worker" "$D/g3.err" && grep -q "peer: .* (0 REQUEST)" "$D/fw.out" &&
+    grep -q "ERROR bad_request SYNC_ACK: 'version' must be in 0..9223372036854775807" "$D/fw.out" &&
+    ok "no request reaches it; an ack of 2^64-1 is bad_request" || { bad "fake worker got work"; show "$D/g3.err" "$D/fw.out"; }
+
+echo "== SIGHUP reloads the allowlist: new keys admitted, removed ones no longer heard"
+peer carol "$CE" 1 "$status" >"$D/carol0.out"
+cp "$D/later/carol.pub" "$K/"
+kill -HUP "$BROKER"
+wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 5 || bad "reload"
+peer carol "$CE" 1 "$status" >"$D/carol1.out"
+grep -q "peer: 0 messages" "$D/carol0.out" && grep -q "^STATUS_REPLY" "$D/carol1.out" &&
+    ok "carol is heard only after her key was added and the broker reloaded" || { bad "carol admitted on reload"; show "$D/carol0.out" "$D/carol1.out"; }
+# carol keeps one connection; each HEARTBEAT on the client socket is
+# answered (unknown_type) while her key is allowed
+$PEER --endpoint "$CE" --key "$K/carol.key" --broker-key "$K/broker.pub" --for 3 --heartbeat >"$D/carol2.out" 2>&1 &
+c=$!; PIDS="$PIDS $c"
+sleep 1
+rm "$K/carol.pub"
+kill -HUP "$BROKER"
+wait "$c"
+n=$(grep -c "^ERROR unknown_type" "$D/carol2.out")
+[ "$n" -ge 2 ] && [ "$n" -le 10 ] && grep -q "dropped a message on the client socket from a key no longer allowed" "$D/broker.log" &&
+    ok "removed: carol's open connection is no longer heard ($n of ~15 heartbeats answered)" || { bad "revocation on a live connection ($n)"; show "$D/carol2.out"; }
+printf 'role = client\n' >"$K/broken.pub"
+kill -HUP "$BROKER"
+wait_for "$D/broker.log" "SIGHUP: keys NOT reloaded, the 4 loaded before stay" 5 && rm "$K/broken.pub" &&
+    with bob gen "$D/g4" && ok "a broken allowlist is not loaded; the old one stays in force" || bad "broken reload"
+rm "$K/w1.pub"
+kill -HUP "$BROKER"
+wait_for "$D/broker.log" "worker w1 lost \(key revoked\)" 5 && ok "a worker whose key is removed is dropped" || bad "worker key revoked"
+
+echo "== no handover, even without keys: a second peer under a live worker's id takes nothing"
+kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+: >"$D/broker.log"
+start_broker --catalog "$D/plain.db" || bad "the broker restarts without keys"
+start_worker h1 "$D/w/w1.safetensors" || bad "h1 starts"
+$PEER --endpoint "$WE" --id h1 --for 4 --heartbeat '{"type":"READY","name":"h1","models":["tiny"],"versions":{"transformer":1}}' \
+    >"$D/imp.out" 2>&1 &
+imp=$!; PIDS="$PIDS $imp"
+sleep 0.5
+served=0; exact=0
+for i in 1 2 3 4 5 6 7 8 9 10; do
+    gen "$D/h$i" --weights-version 1 && served=$((served + 1))
+    same "$D/h$i.safetensors" "$D/ref1.safetensors" && exact=$((exact + 1))
+done
+wait "$imp"
+[ "$served" = 10 ] && [ "$exact" = 10 ] && grep -q "peer: 0 messages (0 REQUEST)" "$D/imp.out" &&
+    ok "10 of 10 requests served by the real h1, none by the impostor (before: 20 of 20 stolen)" || {
+    bad "handover ($served served, $exact exact)"; show "$D/imp.out"; }
+
+finish

@@ -1,0 +1,88 @@
+"""security_peer.py -- a raw Reel peer for tests/cli_security.sh: what an
+attacker (or a buggy peer) on the same network can send, byte for byte.
+
+    security_peer.py --endpoint EP [--id ROUTING_ID] [--key K --broker-key B]
+                     [--for SECONDS] [--heartbeat] [HEADER_JSON ...]
+
+Connects a DEALER (with CURVE when keys are given), sends each header
+(a JSON object; "proto" is added; integers may be any size, so a version
+of 2**64-1 goes out as msgpack uint64), then listens for SECONDS, sending
+HEARTBEAT every 200 ms with --heartbeat, and prints one line per message
+received: its type, then code and message for an ERROR, or the JSON of
+the header for anything else. Ends with "peer: N messages (T REQUEST)".
+Exit 0; 3 when a key cannot be read.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import msgpack
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
+from reel.client import read_key  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--id")
+    ap.add_argument("--key")
+    ap.add_argument("--broker-key")
+    ap.add_argument("--for", dest="secs", type=float, default=1.0)
+    ap.add_argument("--heartbeat", action="store_true")
+    ap.add_argument("headers", nargs="*")
+    a = ap.parse_args()
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    if a.id:
+        s.setsockopt(zmq.ROUTING_ID, a.id.encode())
+    if a.key:
+        try:
+            mine, server = read_key(a.key, True), read_key(a.broker_key, False)
+        except (OSError, ValueError) as e:
+            print(f"peer: {e}")
+            return 3
+        s.curve_serverkey = server["public-key"].encode()
+        s.curve_publickey = mine["public-key"].encode()
+        s.curve_secretkey = mine["secret-key"].encode()
+    s.connect(a.endpoint)
+    for h in a.headers:
+        hdr = json.loads(h)
+        hdr["proto"] = "reel/1"
+        s.send(msgpack.packb(hdr, use_bin_type=True))
+    end = time.monotonic() + a.secs
+    next_hb = 0.0
+    n = requests = 0
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        if a.heartbeat and now >= next_hb:
+            s.send(msgpack.packb({"proto": "reel/1", "type": "HEARTBEAT"}))
+            next_hb = now + 0.2
+        if not s.poll(50):
+            continue
+        frames = s.recv_multipart()
+        n += 1
+        try:
+            hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+        except Exception:
+            print("UNREADABLE")
+            continue
+        t = hdr.get("type", "?")
+        requests += t == "REQUEST"
+        if t == "ERROR":
+            print(f"ERROR {hdr.get('code')} {hdr.get('message')}")
+        elif t != "HEARTBEAT":
+            print(f"{t} {json.dumps(hdr, default=str, sort_keys=True)}")
+        sys.stdout.flush()
+    print(f"peer: {n} messages ({requests} REQUEST)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
