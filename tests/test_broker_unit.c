@@ -11,6 +11,7 @@
  * running reel-broker elsewhere (tests/cli_sync.sh). */
 #include <check.h>
 #include <sqlite3.h>
+#include <stdarg.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "broker/brk_requests.h"
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
+#include "broker/brk_zap.h"
 #include "capture_cache/key.h"
 #include "kernels/error.h"
 
@@ -912,6 +914,167 @@ START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
 }
 END_TEST
 
+/* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
+
+/* Before: a worker could ack any version, 2^64-1 included, and became
+ * eligible for every request. */
+START_TEST(test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ack(&x, 0, (uint64_t)INT64_MAX, NULL);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 1);
+    /* one it was sent counts */
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    ack(&x, 0, 2, NULL);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 2);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    /* 2^64-1 does not even decode: the worker is told */
+    wire_val_t *h = wire_hdr("SYNC_ACK", 0);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(UINT64_MAX));
+    wv_set(h, "ok", wv_bool(true));
+    from_worker(&x, 0, h);
+    wire_msg_t *e = take(x.w[0], false);
+    ck_assert_str_eq(e->type, "ERROR");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(e->hdr, "message"), "'version' must be in 0..9223372036854775807"));
+    drop_msg(&e);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 2);
+    box_close(&x);
+}
+END_TEST
+
+/* Before: brk_now_ms() + (int64_t)(2^63-1) overflowed: the barrier was
+ * already past its deadline and the sync failed at once. */
+START_TEST(test_a_sync_deadline_of_2_63_is_clamped_not_overflowed) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    wire_val_t *h = wire_hdr("SYNC", 1);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(2));
+    wv_set(h, "sha256", wv_str(SHA_A));
+    wv_set(h, "path", wv_str("/w/x.safetensors"));
+    wv_set(h, "deadline_ms", wv_u64((uint64_t)INT64_MAX));
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    expect_sync(&x, 0, 2);
+    ck_assert_ptr_nonnull(x.b.barriers);
+    int64_t now = brk_now_ms();
+    ck_assert_int_gt(x.b.barriers->deadline_ms, now + (int64_t)BRK_SYNC_DEADLINE_MAX_MS - 60000);
+    ck_assert_int_le(x.b.barriers->deadline_ms, now + (int64_t)BRK_SYNC_DEADLINE_MAX_MS);
+    brk_sync_timers(&x.b, now + 1000);
+    ck_assert(!has_msg(x.trainer, "SYNC_DONE")); /* still waiting for w0 */
+    ack(&x, 0, 2, NULL);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
+/* Before: a version >= 2^63 was accepted (and broke every later GEN, also
+ * after a restart), a path of any length too (restored cut to 1023). */
+START_TEST(test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    sync_fields(&x, 1, "transformer", (uint64_t)INT64_MAX + 1, SHA_A, "/w/x.safetensors", false);
+    expect_error(&x, 1, "bad_request", "'version' must be in 1..9223372036854775807");
+    sync_fields(&x, 2, "transformer", 0, SHA_A, "/w/x.safetensors", false);
+    expect_error(&x, 2, "bad_request", "'version' must be in 1..");
+    char path[1100];
+    memset(path, 'a', sizeof path - 1);
+    path[0] = '/';
+    path[sizeof path - 1] = '\0';
+    sync_fields(&x, 3, "transformer", 2, SHA_A, path, false);
+    expect_error(&x, 3, "bad_request", "'path' is 1099 bytes, longer than 1023");
+    path[1023] = '\0'; /* 1023 bytes: the longest taken */
+    sync_fields(&x, 4, "transformer", 2, SHA_A, path, false);
+    expect_sync(&x, 0, 2);
+    ck_assert(!has_msg(x.trainer, "ERROR"));
+    /* a worker claiming 2^63 at READY is refused, not made eligible */
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64((uint64_t)INT64_MAX + 1));
+    wv_set(h, "name", wv_str("w1"));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    from_worker(&x, 1, h);
+    wire_msg_t *e = take(x.w[1], false);
+    ck_assert_str_eq(e->type, "ERROR");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(e->hdr, "message"), "'versions' transformer must be in 0.."));
+    drop_msg(&e);
+    ck_assert_int_eq(x.b.n_w, 1);
+    box_close(&x);
+}
+END_TEST
+
+static int opts(brk_opts_t *o, ...) {
+    char *argv[16] = { "reel-broker" };
+    int argc = 1;
+    va_list ap;
+    va_start(ap, o);
+    for (char *a; (a = va_arg(ap, char *)) && argc < 15;) argv[argc++] = a;
+    va_end(ap);
+    FILE *saved = stderr;
+    stderr = fopen("/dev/null", "w"); /* the refusals' one line */
+    int rc = brk_opts_parse(o, argc, argv);
+    fclose(stderr);
+    stderr = saved;
+    return rc;
+}
+
+/* Before: a broker bound 0.0.0.0 with nothing asked of its peers. */
+START_TEST(test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_insecure) {
+    ck_assert(brk_endpoint_local("ipc:///run/reel/c"));
+    ck_assert(brk_endpoint_local("inproc://x"));
+    ck_assert(brk_endpoint_local("tcp://127.0.0.1:5555"));
+    ck_assert(brk_endpoint_local("tcp://127.1.2.3:5555"));
+    ck_assert(brk_endpoint_local("tcp://[::1]:5555"));
+    ck_assert(brk_endpoint_local("tcp://localhost:5555"));
+    ck_assert(!brk_endpoint_local("tcp://0.0.0.0:5555"));
+    ck_assert(!brk_endpoint_local("tcp://*:5555"));
+    ck_assert(!brk_endpoint_local("tcp://10.0.0.5:5555"));
+    ck_assert(!brk_endpoint_local("tcp://1270.0.0.1:5555"));
+    ck_assert(!brk_endpoint_local("tcp://127.0.0.1.evil:5555"));
+    ck_assert(!brk_endpoint_local("tcp://eth0:5555"));
+    ck_assert(!brk_endpoint_local("udp://127.0.0.1:5555"));
+    brk_opts_t o;
+    ck_assert_int_eq(opts(&o, NULL), 0); /* the defaults are loopback */
+    ck_assert_ptr_null(o.keys);
+    ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", NULL), 2);
+    ck_assert_int_eq(opts(&o, "--workers", "tcp://*:5556", NULL), 2);
+    ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", "--insecure", NULL), 0);
+    ck_assert(o.insecure);
+    ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", "--keys", "/etc/reel/keys", NULL), 0);
+    ck_assert_str_eq(o.keys, "/etc/reel/keys");
+    ck_assert_int_eq(opts(&o, "--keys", "/k", "--insecure", NULL), 2);
+    ck_assert_int_eq(opts(&o, "--key", "/k/broker.key", NULL), 2);
+}
+END_TEST
+
+/* Without keys every peer has every role (loopback and ipc only): a SYNC
+ * passes the gate and is audited under "-". */
+START_TEST(test_without_keys_the_gate_admits_everyone_and_the_sender_is_none) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    brk_who_t who;
+    brk_zap_sender(x.b.zap, &who);
+    ck_assert_int_eq(who.role, REEL_ROLE_NONE);
+    ck_assert_str_eq(who.name, "-");
+    ck_assert_str_eq(x.b.w[0]->key, "");
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    box_close(&x);
+}
+END_TEST
+
 static Suite *broker_unit_suite(void) {
     Suite *s = suite_create("broker_unit");
     TCase *tc = tcase_create("routing");
@@ -946,6 +1109,14 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
     suite_add_tcase(s, an);
+    TCase *se = tcase_create("security");
+    tcase_add_test(se, test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored);
+    tcase_add_test(se, test_a_sync_deadline_of_2_63_is_clamped_not_overflowed);
+    tcase_add_test(se, test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request);
+    tcase_add_test(se, test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_insecure);
+    tcase_add_test(se, test_without_keys_the_gate_admits_everyone_and_the_sender_is_none);
+    suite_add_tcase(s, se);
+
     TCase *cq = tcase_create("catalog writer");
     tcase_set_timeout(cq, 60);
     tcase_add_test(cq, test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none);
