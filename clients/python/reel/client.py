@@ -356,10 +356,12 @@ class Client:
         lag). Raises SyncFailed when no worker applied it (nothing changed),
         ReelError (e.g. stale_version) when the broker refused it.
 
-        path: a safetensors file every worker can read. state_dict: tensors
+        path: a safetensors file below every worker's --weights-dir
+        (docs/PROTOCOL.md, "Weight files"). state_dict: tensors
         by Wan2.1 name (numpy or torch), written here as F32 safetensors into
-        weights_dir (a fresh temporary folder by default; workers must be
-        able to read it), with config (a built-in name such as "tiny", or a
+        weights_dir (a fresh temporary folder by default; it must lie below
+        every worker's --weights-dir, where workers read weights from, and
+        no symlink may lead there), with config (a built-in name such as "tiny", or a
         dict of the size keys) as the file's metadata."""
         if (path is None) == (state_dict is None):
             raise ValueError("give exactly one of path= and state_dict=")
