@@ -77,7 +77,7 @@ BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all deps test demo demo-local asan tsan fuzz fuzz-build bench clean FORCE
-all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN)
+all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN) artifacts
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
 # sanitizers in the same build folder rebuilds instead of mixing objects.
@@ -231,3 +231,42 @@ GPU_LDPRE     = -Wl,-rpath,\$$ORIGIN/../lib -Wl,--disable-new-dtags -Wl,--as-nee
 LDLIBS_ALL   := $(GPU_LDPRE) $(patsubst -lcudart,-lcudart_static -ldl -lrt,$(LDLIBS_ALL))
 BROKER_LDLIBS := $(GPU_LDPRE) $(BROKER_LDLIBS)
 endif
+
+# --- artifacts: kernel bundles (docs/ARTIFACTS.md). `make artifacts` builds
+# each example of artifacts/ into $(BUILD)/artifacts/<name>/ (its shared
+# object, then manifest.json with the sha256 of every file, by
+# artifacts/bundle.sh), the CUDA ones when CUDA=1, and the test-only
+# variants of artifacts/test_gemm_gelu into $(BUILD)/artifacts-test/, never
+# beside the examples. `all` builds them: tests/test_artifacts.c and
+# bench_artifacts load them from there. Objects get this build's flags
+# (sanitizers included), so a sanitized process loads sanitized kernels.
+ART_CFLAGS = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -fPIC -shared -I. \
+             -I/usr/include/x86_64-linux-gnu/openblas-pthread
+ART_DEPS   = artifacts/bundle.sh kernels/artifact_abi.h kernels/ops_args.h kernels/registry.h \
+             $(FLAGS_STAMP)
+ART_CPU    = $(patsubst artifacts/%/kernel.c,%,$(wildcard artifacts/cpu_*/kernel.c))
+ART_CUDA   = $(patsubst artifacts/%/kernel.cu,%,$(wildcard artifacts/cuda_*/kernel.cu))
+ART_TEST   = $(patsubst artifacts/test_gemm_gelu/%.json,%,$(wildcard artifacts/test_gemm_gelu/*.json))
+ART_OUT    = $(ART_CPU:%=$(BUILD)/artifacts/%/manifest.json) \
+             $(ART_TEST:%=$(BUILD)/artifacts-test/%/manifest.json)
+ifeq ($(CUDA),1)
+ART_OUT   += $(ART_CUDA:%=$(BUILD)/artifacts/%/manifest.json)
+endif
+.PHONY: artifacts
+artifacts: $(ART_OUT)
+
+$(BUILD)/artifacts/%/manifest.json: artifacts/%/kernel.c artifacts/%/manifest.in.json $(ART_DEPS)
+	@rm -rf $(dir $@) && mkdir -p $(dir $@)
+	$(CC) $(ART_CFLAGS) -o $(dir $@)lib$*.so $< -lopenblas -lm
+	artifacts/bundle.sh $(dir $@) artifacts/$*/manifest.in.json
+
+$(BUILD)/artifacts/%/manifest.json: artifacts/%/kernel.cu artifacts/%/manifest.in.json $(ART_DEPS)
+	@rm -rf $(dir $@) && mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -shared -o $(dir $@)lib$*.so $< -L$(CUDA_HOME)/lib64 -lcublas -lcudart
+	artifacts/bundle.sh $(dir $@) artifacts/$*/manifest.in.json
+
+$(BUILD)/artifacts-test/%/manifest.json: artifacts/test_gemm_gelu/kernel.c artifacts/test_gemm_gelu/%.json $(ART_DEPS)
+	@rm -rf $(dir $@) && mkdir -p $(dir $@)
+	$(CC) $(ART_CFLAGS) -DART_VARIANT_$* $(if $(filter abi2,$*),-DKERN_ART_OBJECT_ABI=2u) \
+	  -o $(dir $@)libtest_$*.so $< -lopenblas -lm
+	artifacts/bundle.sh $(dir $@) artifacts/test_gemm_gelu/$*.json

@@ -15,6 +15,7 @@
  *
  * Lock order: stream lock, then cache lock. */
 #include "cache.h"
+#include "kernels/artifacts.h"
 #include "kernels/error.h"
 #include <assert.h>
 #include <pthread.h>
@@ -137,7 +138,7 @@ static const char *reason_names[CAP_DECLINE_COUNT] = {
     "warming_up", "not_capturable", "override", "shape_mismatch", "pinned_input_moved",
     "constant_changed", "weights_moved", "verify_mismatch", "capture_failed",
     "budget_exceeded", "backend_unavailable", "mutable_output", "entry_busy", "mutable_input",
-    "audit_mismatch", "wrong_stream",
+    "audit_mismatch", "wrong_stream", "artifact_parity",
 };
 static const char *evict_names[CAP_EVICT_COUNT] = {
     "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch",
@@ -1092,6 +1093,33 @@ static int run_replay_path(dispatch_t *d) {
     return rc;
 }
 
+/* A kernel artifact's parity gate (kernels/artifacts.h) decided during
+ * this call, on this thread: a demotion means the native result was served
+ * (reason artifact_parity). A graph captured or checked in this call may
+ * hold launches from before the decision, and its verify may have failed
+ * for that alone: it is dropped and the entry captures again on its next
+ * call, never disabled for it (a decision is not a capture fault). */
+static void artifact_decided(dispatch_t *d, uint64_t promoted0, uint64_t demoted0) {
+    uint64_t promoted, demoted;
+    kern_artifacts_thread_decisions(&promoted, &demoted);
+    if (promoted == promoted0 && demoted == demoted0) return;
+    cap_cache_t *c = d->c;
+    entry_t *e = d->e;
+    pthread_mutex_lock(&c->lock);
+    bool graph_path = d->path == P_CAPTURE || d->path == P_REVERIFY || d->path == P_AUDIT;
+    if (graph_path && !e->doomed &&
+        (e->graph || (e->state == ST_DISABLED && e->disabled_reason == CAP_DECLINE_VERIFY_MISMATCH)))
+        unpin_and_recapture(c, e, -1);
+    if (graph_path && d->ran != CAP_RAN_EAGER) {
+        /* The call serves its eager run's result: count it so. */
+        if (d->ran == CAP_RAN_REPLAYED) c->st.replays--;
+        d->ran = CAP_RAN_EAGER;
+    }
+    if (d->ran == CAP_RAN_EAGER && (demoted != demoted0 || graph_path))
+        d->reason = CAP_DECLINE_ARTIFACT_PARITY;
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* Counts the call and releases the entry (freeing it if it was evicted
  * meanwhile). Takes the lock. */
 static void account(dispatch_t *d, int rc, double t0) {
@@ -1150,6 +1178,8 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
     push_front(c, d->e);
     decide(d);
     pthread_mutex_unlock(&c->lock);
+    uint64_t promoted, demoted;
+    kern_artifacts_thread_decisions(&promoted, &demoted);
     switch (d->path) {
     case P_EAGER: rc = run_eager_path(d); break;
     case P_CAPTURE: rc = run_capture_path(d); break;
@@ -1157,6 +1187,7 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
     case P_AUDIT: rc = run_verify_path(d); break;
     case P_REPLAY: rc = run_replay_path(d); break;
     }
+    artifact_decided(d, promoted, demoted);
     account(d, rc, t0);
     return rc;
 }

@@ -75,6 +75,9 @@ typedef enum {
     CAP_DECLINE_MUTABLE_INPUT,      /* the step wrote an input it declared pinnable */
     CAP_DECLINE_AUDIT_MISMATCH,     /* a runtime audit found replay != eager: entry evicted */
     CAP_DECLINE_WRONG_STREAM,       /* the graph was captured on another stream: never replayed here */
+    CAP_DECLINE_ARTIFACT_PARITY,    /* a kernel artifact's parity gate decided during the call
+                                     * (kernels/artifacts.h): native result served; a graph
+                                     * from before the decision is dropped and captured again */
     CAP_DECLINE_COUNT
 } cap_reason_t;
 

@@ -14,6 +14,7 @@
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_kernels(int argc, char **argv);
+int cmd_artifacts(int argc, char **argv);
 int cmd_tensor(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_sync(int argc, char **argv);

@@ -23,6 +23,9 @@ static const char usage[] =
     "                              one denoising loop in this process (no broker)\n"
     "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
     "  kernels [--json]            list the registered kernels\n"
+    "  artifacts list|verify|report DIR [--enable ID,..] [--timing off|sync|shadow] [--json]\n"
+    "                              kernel bundles under DIR (docs/ARTIFACTS.md); report\n"
+    "                              runs a loop native, then with them, and measures\n"
     "  tensor rand --name N --shape A,B,.. --seed K --out F.safetensors\n"
     "                              a tensor of N(0,1) values (inputs for run)\n"
     "  tensor info F.safetensors   shape and statistics of every tensor\n"
@@ -132,6 +135,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
+    if (!strcmp(cmd, "artifacts")) return cmd_artifacts(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);

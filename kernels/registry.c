@@ -4,6 +4,7 @@
 #include "backend_impl.h"
 #include "error.h"
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define REGISTRY_MAX 256
 
@@ -69,12 +70,26 @@ size_t kern_registry_list(const kern_impl_t **out, size_t max) {
     return n;
 }
 
+/* Artifacts (kernels/artifacts.h) route launches through here. Atomic,
+ * though it only changes while no stream dispatches: a relaxed load is one
+ * branch per launch when it is NULL. */
+static _Atomic(kern_dispatch_hook_t) dispatch_hook;
+
+void kern_registry_set_hook(kern_dispatch_hook_t hook) { atomic_store(&dispatch_hook, hook); }
+
 int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args) {
     kern_backend_kind_t bk = kern_backend_kind(kern_stream_backend(s));
     const kern_impl_t *impl = kern_registry_lookup(op, bk, dt);
     if (!impl)
         return kern_fail("no %s kernel for %s on %s", kern_op_name(op),
                          kern_dtype_name(dt), kern_backend_kind_name(bk));
+    kern_dispatch_hook_t hook = atomic_load_explicit(&dispatch_hook, memory_order_relaxed);
+    int rc;
+    if (hook && hook(s, op, dt, args, impl, &rc)) return rc;
+    return kern_launch_impl(s, impl, args);
+}
+
+int kern_launch_impl(kern_stream_t *s, const kern_impl_t *impl, void *args) {
     if (kern_stream_is_capturing(s) && !impl->capturable)
         return kern_fail("kernel %s is not capturable", impl->name);
     kern_args_hdr_t *hdr = args;

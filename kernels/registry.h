@@ -82,10 +82,26 @@ void kern_cpu_register_all(void);
 void kern_cuda_register_all(void);
 #endif
 
-/* Launches `impl` on s with the argument block `args` (whose first member is
- * a kern_args_hdr_t): takes scratch from the arena, refuses non-capturable
- * kernels while capturing. Returns 0 or -1 with a message. */
+/* Launches the kernel registered for (op, stream's backend, dt) on s with
+ * the argument block `args` (whose first member is a kern_args_hdr_t):
+ * takes scratch from the arena, refuses non-capturable kernels while
+ * capturing. When a dispatch hook is set (kernel artifacts,
+ * kernels/artifacts.h) the launch is offered to it first. Returns 0 or -1
+ * with a message. */
 int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args);
+/* kern_dispatch's launch of one given kernel: refuses a non-capturable one
+ * on a capturing stream, fills the header's scratch from impl's workspace
+ * contract, launches (or records). 0, or -1 with a message. */
+int kern_launch_impl(kern_stream_t *s, const kern_impl_t *impl, void *args);
+
+/* The dispatch hook: kern_dispatch calls it, once the native kernel is
+ * found, with that kernel; it returns 1 when it launched the op itself
+ * (the launch's 0 / -1 in *rc) and 0 to let the native kernel run. Set
+ * only by kern_artifacts_install / _uninstall (NULL: no hook, one branch
+ * per launch), never while a stream dispatches. */
+typedef int (*kern_dispatch_hook_t)(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args,
+                                    const kern_impl_t *native, int *rc);
+void kern_registry_set_hook(kern_dispatch_hook_t hook);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,125 @@
+/* kernel.c -- artifact cpu-attention-parsoftmax: the fused attention on
+ * the CPU with its row softmax spread over every core.
+ *
+ * The native kernel (kernels/cpu/ops_attention.c) takes, per head, as many
+ * queries as fit 16 MiB of scores; for each block one sgemm makes the
+ * scores, a row softmax turns them into weights on the calling thread
+ * alone, and a second sgemm writes the outputs. OpenBLAS runs the GEMMs on
+ * every core, but at video lengths the softmax (an expf per score) is the
+ * larger part of the time and runs on one. Here the blocks, the sgemm
+ * calls and the scratch are the native kernel's exactly, and the softmax
+ * of a block runs in slices of rows on one thread per core. Every row goes
+ * through the same operations in the same order, so the manifest asks for
+ * byte_equal. Blocks under 64 Ki scores stay on the calling thread; a
+ * thread that cannot be started is not a failure: its rows run inline. */
+#include "kernels/artifact_abi.h"
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <unistd.h>
+
+const uint32_t reel_artifact_abi = KERN_ART_OBJECT_ABI;
+static int (*fail)(const char *fmt, ...);
+
+#define NATIVE_CAP ((int64_t)16 << 20) /* the native kernel's bytes of scores per block */
+#define MAX_THREADS 16
+#define MIN_PARALLEL ((int64_t)1 << 16)
+
+/* The native kernel's query rows per block. */
+static int64_t block_rows(int64_t nq, int64_t nk) {
+    if (nq <= 0 || nk <= 0) return 0;
+    int64_t rows = NATIVE_CAP / (nk * (int64_t)sizeof(float));
+    if (rows < 1) rows = 1;
+    return rows < nq ? rows : nq;
+}
+
+static size_t workspace(const void *args) {
+    const kern_attention_args_t *a = args;
+    return (size_t)(block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+}
+
+/* The native row softmax, written the same way. */
+static void softmax_rows(float *s, int64_t rows, int64_t n) {
+    for (int64_t i = 0; i < rows; i++) {
+        float *row = s + i * n;
+        float m = row[0];
+        for (int64_t j = 1; j < n; j++) m = fmaxf(m, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            row[j] = expf(row[j] - m);
+            sum += row[j];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    }
+}
+
+typedef struct { float *s; int64_t rows, n; } slice_t;
+
+static void *softmax_slice(void *p) {
+    const slice_t *sl = p;
+    softmax_rows(sl->s, sl->rows, sl->n);
+    return NULL;
+}
+
+static void softmax_par(float *s, int64_t rows, int64_t n) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int p = rows * n < MIN_PARALLEL || cpus < 2 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
+    if (p > rows) p = (int)rows;
+    slice_t sl[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    bool started[MAX_THREADS] = { false };
+    for (int t = 0; t < p; t++) {
+        int64_t lo = rows * t / p, hi = rows * (t + 1) / p;
+        sl[t] = (slice_t){ s + lo * n, hi - lo, n };
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, softmax_slice, &sl[t]) == 0;
+    }
+    softmax_slice(&sl[0]);
+    for (int t = 1; t < p; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else softmax_slice(&sl[t]);
+    }
+}
+
+static int attention_par(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_attention_args_t *a = args;
+    const int64_t nq = a->nq, nk = a->nk, H = a->heads, d = a->head_dim, ld = H * d;
+    if (nq <= 0 || H <= 0 || d <= 0) return 0;
+    if (nk <= 0) return fail("attention_parsoftmax: no keys");
+    if (nq > INT_MAX || nk > INT_MAX || ld > INT_MAX)
+        return fail("attention_parsoftmax: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
+                    (long long)nq, (long long)nk, (long long)ld);
+    const int64_t rows = block_rows(nq, nk);
+    if (!a->hdr.scratch || a->hdr.scratch_bytes < (size_t)(rows * nk) * sizeof(float))
+        return fail("attention_parsoftmax: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
+                    (size_t)(rows * nk) * sizeof(float));
+    float *s = a->hdr.scratch;
+    const float *q = a->q, *k = a->k, *v = a->v;
+    float *o = a->o;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t i0 = 0; i0 < nq; i0 += rows) {
+            const int64_t m = nq - i0 < rows ? nq - i0 : rows;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
+                        (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld, k + h * d,
+                        (blasint)ld, 0.0f, s, (blasint)nk);
+            softmax_par(s, m, nk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
+                        (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
+                        o + i0 * ld + h * d, (blasint)ld);
+        }
+    }
+    return 0;
+}
+
+int reel_artifact_init(const kern_art_host_t *host) {
+    fail = host->fail;
+    const kern_impl_t impl = {
+        .op = KERN_OP_ATTENTION, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+        .name = "attention_parsoftmax_cpu", .fn = attention_par,
+        .args_size = sizeof(kern_attention_args_t), .workspace_bytes = workspace,
+        .capturable = true,
+    };
+    return host->register_kernel(host->reg, &impl);
+}

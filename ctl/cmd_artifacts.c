@@ -1,0 +1,247 @@
+/* cmd_artifacts.c -- `reelctl artifacts list|verify|report DIR`: the kernel
+ * bundles under DIR as a worker would see them (docs/ARTIFACTS.md).
+ *
+ *   list DIR [--json]                  every bundle: verified or refused, why
+ *   verify DIR [--enable IDS] [--json] the same, then loads the enabled ones;
+ *                                      exit 1 when any bundle is refused or
+ *                                      fails to load, 2 for an unknown id
+ *   report DIR [--enable IDS] [--timing off|sync|shadow] [--config NAME]
+ *          [--size FxHxW] [--steps N] [--graphs on|off] [--json]
+ *                                      runs a denoising loop in this process,
+ *                                      native first, then with the artifacts,
+ *                                      and prints per artifact and per kernel
+ *                                      key: calls, parity passes and failures,
+ *                                      fallbacks, speedup with spread; and
+ *                                      whether the served result equals native */
+#include "ctl.h"
+#include "kernels/artifacts.h"
+#include "kernels/error.h"
+#include "worker/model/tdit_program.h"
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *dir, *enable, *config;
+    kern_art_timing_t timing;
+    bool json, graphs;
+    int steps;
+    int64_t size[3];
+} art_opts_t;
+
+static int parse(int argc, char **argv, art_opts_t *o) {
+    enum { O_ENABLE = 1, O_TIMING, O_CONFIG, O_SIZE, O_STEPS, O_GRAPHS, O_JSON };
+    static const struct option opts[] = {
+        { "enable", required_argument, 0, O_ENABLE }, { "timing", required_argument, 0, O_TIMING },
+        { "config", required_argument, 0, O_CONFIG }, { "size", required_argument, 0, O_SIZE },
+        { "steps", required_argument, 0, O_STEPS },   { "graphs", required_argument, 0, O_GRAPHS },
+        { "json", no_argument, 0, O_JSON },           { 0, 0, 0, 0 },
+    };
+    memset(o, 0, sizeof *o);
+    o->timing = KERN_ART_TIMING_SHADOW;
+    o->config = "tiny";
+    o->steps = 6;
+    o->graphs = true;
+    o->size[0] = 2, o->size[1] = 8, o->size[2] = 8;
+    opterr = 0;
+    optind = 2; /* argv[0] "artifacts", argv[1] the subcommand */
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_ENABLE: o->enable = optarg; break;
+        case O_CONFIG: o->config = optarg; break;
+        case O_JSON: o->json = true; break;
+        case O_TIMING:
+            if (kern_art_timing_parse(optarg, &o->timing)) return ctl_die(CTL_USAGE, "%s", kern_error());
+            break;
+        case O_SIZE:
+            if (ctl_parse_size(optarg, o->size)) return ctl_die(CTL_USAGE, "--size: '%s' is not FxHxW", optarg);
+            break;
+        case O_STEPS:
+            if (ctl_parse_int(optarg, &o->steps) || o->steps < 1 || o->steps > 1000)
+                return ctl_die(CTL_USAGE, "--steps: '%s' is not in 1..1000", optarg);
+            break;
+        case O_GRAPHS:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+                return ctl_die(CTL_USAGE, "--graphs: on or off, not '%s'", optarg);
+            o->graphs = !strcmp(optarg, "on");
+            break;
+        default:
+            return ctl_die(CTL_USAGE, "artifacts: unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1) return ctl_die(CTL_USAGE, "artifacts: give one bundle directory");
+    o->dir = argv[optind];
+    return CTL_OK;
+}
+
+/* Scans o->dir and applies the allowlist: NULL after printing why. */
+static kern_artifacts_t *open_set(const art_opts_t *o, int *code) {
+    kern_artifacts_t *set = kern_artifacts_scan(o->dir);
+    if (!set) {
+        *code = ctl_die(CTL_USAGE, "%s", kern_error());
+        return NULL;
+    }
+    int rc = o->enable ? kern_artifacts_enable_list(set, o->enable) : kern_artifacts_enable(set, NULL, 0);
+    if (rc != 0) {
+        *code = ctl_die(CTL_USAGE, "%s", kern_error());
+        kern_artifacts_destroy(&set);
+        return NULL;
+    }
+    return set;
+}
+
+static void print_refusals(kern_artifacts_t *set) {
+    for (size_t i = 0; i < kern_artifacts_count(set); i++) {
+        kern_art_bundle_t b = kern_artifacts_bundle(set, i);
+        if (b.error[0]) fprintf(stderr, "reelctl: %s\n", b.error);
+    }
+}
+
+static int cmd_list(const art_opts_t *o, bool load) {
+    int code = CTL_OK;
+    kern_artifacts_t *set = open_set(o, &code);
+    if (!set) return code;
+    int rc = 0;
+    if (load) {
+        rc = kern_artifacts_install(set, KERN_ART_TIMING_OFF);
+        kern_artifacts_uninstall(set);
+    }
+    kern_artifacts_print(set, stdout, false, o->json);
+    bool bad = rc != 0 || kern_artifacts_refused(set) > 0;
+    if (load && rc == 0)
+        for (size_t i = 0; i < kern_artifacts_count(set); i++)
+            bad |= kern_artifacts_bundle(set, i).error[0] != '\0';
+    if (load) print_refusals(set);
+    if (rc != 0) ctl_die(CTL_FAIL, "%s", kern_error());
+    kern_artifacts_destroy(&set);
+    return load && bad ? CTL_FAIL : CTL_OK;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One loop of m through a fresh cache (or eagerly); its wall time. */
+static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const tdit_shape_t *sh,
+                    const tdit_loop_t *p, bool graphs, const float *lat, const float *ctx,
+                    float *out, double *secs, tdit_run_stats_t *st) {
+    cap_options_t co = cap_options_default();
+    co.graphs = graphs;
+    cap_cache_t *c = cap_cache_new(b, &co);
+    if (!c || tdit_register_weights(c, m, 1) != 0) {
+        cap_cache_destroy(&c);
+        return -1;
+    }
+    double t0 = now();
+    int rc = tdit_generate_cached(m, c, s, NULL, sh, p, lat, ctx, NULL, out, st);
+    *secs = now() - t0;
+    cap_cache_destroy(&c);
+    return rc;
+}
+
+static int cmd_report(const art_opts_t *o) {
+    int code = CTL_OK;
+    kern_artifacts_t *set = open_set(o, &code);
+    if (!set) return code;
+    print_refusals(set);
+    tdit_config_t cfg;
+    char dir[] = "/tmp/reelctl-artifacts.XXXXXX", wpath[64];
+    if (tdit_config_builtin(o->config, &cfg) != 0) {
+        kern_artifacts_destroy(&set);
+        return ctl_die(CTL_USAGE, "--config: %s", kern_error());
+    }
+    if (!mkdtemp(dir)) {
+        kern_artifacts_destroy(&set);
+        return ctl_die(CTL_FAIL, "cannot make a temporary directory");
+    }
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    tdit_shape_t shape = { o->size[0], o->size[1], o->size[2], 8, false };
+    size_t nl = (size_t)(cfg.in_channels * shape.frames * shape.height * shape.width);
+    size_t nc = (size_t)(shape.text_len * cfg.text_dim);
+    float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *a = malloc(nl * 4), *b_ = malloc(nl * 4);
+    kern_backend_t *be = kern_backend_cpu_new();
+    kern_stream_t *s = be ? kern_stream_new(be) : NULL;
+    tdit_model_t *m = NULL;
+    tdit_loop_t p = { .steps = o->steps, .shift = 3.0, .guidance = 1.0f };
+    double tn = 0, ta = 0;
+    tdit_run_stats_t st;
+    code = CTL_FAIL;
+    if (!lat || !ctx || !a || !b_ || !s) {
+        ctl_die(CTL_FAIL, "out of memory");
+        goto out;
+    }
+    if (tdit_weights_init(&cfg, 7, wpath) != 0 || !(m = tdit_model_load_path(be, wpath, KERN_F32))) {
+        ctl_die(CTL_FAIL, "%s", kern_error());
+        goto out;
+    }
+    tdit_initial_latent(1, lat, nl);
+    tdit_initial_latent(2, ctx, nc);
+    if (run_loop(m, be, s, &shape, &p, o->graphs, lat, ctx, a, &tn, &st) != 0) {
+        ctl_die(CTL_FAIL, "native run: %s", kern_error());
+        goto out;
+    }
+    if (kern_artifacts_install(set, o->timing) != 0) {
+        ctl_die(CTL_USAGE, "%s", kern_error());
+        code = CTL_USAGE;
+        goto out;
+    }
+    int rc = run_loop(m, be, s, &shape, &p, o->graphs, lat, ctx, b_, &ta, &st);
+    kern_artifacts_uninstall(set);
+    if (rc != 0) {
+        ctl_die(CTL_FAIL, "run with artifacts: %s", kern_error());
+        goto out;
+    }
+    double maxd = 0;
+    for (size_t i = 0; i < nl; i++) maxd = fmax(maxd, fabs((double)a[i] - (double)b_[i]));
+    bool equal = !memcmp(a, b_, nl * 4);
+    if (o->json) {
+        printf("{\"run\":{\"config\":\"%s\",\"size\":\"%lldx%lldx%lld\",\"steps\":%d,\"graphs\":%s,"
+               "\"native_s\":%.6f,\"artifacts_s\":%.6f,\"equal_to_native\":%s,\"max_abs_diff\":%.6g,"
+               "\"artifact_parity_declines\":%d},\"report\":", o->config, (long long)o->size[0],
+               (long long)o->size[1], (long long)o->size[2], o->steps, o->graphs ? "true" : "false",
+               tn, ta, equal ? "true" : "false", maxd, st.declines[CAP_DECLINE_ARTIFACT_PARITY]);
+        kern_artifacts_print(set, stdout, true, true);
+        printf("}\n");
+    } else {
+        printf("loop: %s, %lldx%lldx%lld, %d steps, graphs %s, timing %s\n", o->config,
+               (long long)o->size[0], (long long)o->size[1], (long long)o->size[2], o->steps,
+               o->graphs ? "on" : "off", kern_art_timing_name(o->timing));
+        printf("native %.3f s, with artifacts %.3f s (%.3fx, timing overhead included); served "
+               "result %s native%s\n\n", tn, ta, ta > 0 ? tn / ta : 0,
+               equal ? "bitwise equal to" : "differs from", equal ? "" : " (see max_rel rules)");
+        if (!equal) printf("largest |difference| %.3g\n\n", maxd);
+        kern_artifacts_print(set, stdout, true, false);
+    }
+    code = CTL_OK;
+out:
+    tdit_model_destroy(&m);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&be);
+    unlink(wpath);
+    rmdir(dir);
+    free(lat);
+    free(ctx);
+    free(a);
+    free(b_);
+    kern_artifacts_destroy(&set);
+    return code;
+}
+
+int cmd_artifacts(int argc, char **argv) {
+    if (argc < 2) return ctl_die(CTL_USAGE, "artifacts: list, verify or report");
+    const char *sub = argv[1];
+    if (strcmp(sub, "list") && strcmp(sub, "verify") && strcmp(sub, "report"))
+        return ctl_die(CTL_USAGE, "artifacts: unknown subcommand '%s' (list, verify, report)", sub);
+    art_opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc != CTL_OK) return rc;
+    if (!strcmp(sub, "report")) return cmd_report(&o);
+    return cmd_list(&o, !strcmp(sub, "verify"));
+}
