@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "kernels/artifacts.h"
 #include "kernels/error.h"
@@ -779,6 +780,62 @@ START_TEST(test_corrupt_bundles_leave_the_model_serving_native_results) {
 }
 END_TEST
 
+/* ---- reel-worker ---------------------------------------------------------------------- */
+
+START_TEST(test_worker_refuses_to_start_when_the_allowlist_names_an_unknown_id) {
+    const char *root = root_with("cpu_gemm_gelu_epilogue", NULL);
+    char log[256];
+    snprintf(log, sizeof log, "%s/worker-unknown.log", dir);
+    char cmd[PATH_MAX + 1024];
+    snprintf(cmd, sizeof cmd, "timeout 30 '%.1024s/reel-worker' --name w1 --weights '%s' --broker "
+             "ipc://%s/none --artifacts '%s' --artifacts-enable cpu-gemm-gelu-epilogue,nope "
+             ">'%s' 2>&1", build, weights, dir, root, log);
+    int st = system(cmd);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d", st);
+    sh("grep -q \"unknown id 'nope' in the allowlist\" '%s'", log);
+    sh("! grep -q 'ready' '%s'", log);
+}
+END_TEST
+
+/* A real broker and a worker with a corrupt bundle, the wrong artifact and
+ * a correct one enabled in shadow timing: the worker reports the corrupt
+ * bundle, serves, demotes the wrong artifact with artifact_parity, and
+ * `reelctl gen` returns exactly what `reelctl run` (no artifacts) does. */
+START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_results_equal_to_native) {
+    const char *root = root_with("wrong", "flaky", "cpu_attention_parsoftmax", NULL);
+    sh("rm '%s/flaky/libtest_flaky.so'", root);
+    char script[256];
+    snprintf(script, sizeof script, "%s/cluster.sh", dir);
+    FILE *f = fopen(script, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+        "set -u\nB='%s'; D='%s'; W='%s'; ROOT='%s'\n"
+        "wait_for() { i=0; while [ $i -lt 200 ]; do grep -q \"$2\" \"$1\" && return 0; sleep 0.1; i=$((i+1)); done; "
+        "echo \"timed out waiting for $2 in $1\"; cat \"$1\"; return 1; }\n"
+        "$B/reel-broker --clients ipc://$D/c --workers ipc://$D/w --catalog $D/reel.db "
+        "--heartbeat-ms 200 >$D/broker.log 2>&1 & BP=$!\n"
+        "$B/reel-worker --name w1 --weights $W --broker ipc://$D/w --artifacts $ROOT "
+        "--artifact-timing shadow >$D/worker.log 2>&1 & WP=$!\n"
+        "trap 'kill $WP $BP 2>/dev/null; wait 2>/dev/null' EXIT\n"
+        "wait_for $D/broker.log 'worker w1 ready' || exit 1\n"
+        "grep -q 'artifact refused: bundle flaky: the shared object libtest_flaky.so is missing' "
+        "$D/worker.log || { cat $D/worker.log; exit 1; }\n"
+        "$B/reelctl tensor rand --name context --shape 5,32 --seed 2 --out $D/ctx.safetensors >/dev/null || exit 1\n"
+        "timeout 60 $B/reelctl gen --broker ipc://$D/c --model tiny --context $D/ctx.safetensors "
+        "--size 2x8x8 --seed 3 --steps 6 --timeout-ms 30000 --out $D/g.safetensors 2>$D/gen.log || "
+        "{ cat $D/gen.log $D/worker.log; exit 1; }\n"
+        "grep -q 'artifact_parity=1' $D/gen.log || { cat $D/gen.log; exit 1; }\n"
+        "timeout 60 $B/reelctl run --weights $W --context $D/ctx.safetensors --size 2x8x8 --seed 3 "
+        "--steps 6 --out $D/r.safetensors 2>/dev/null || exit 1\n"
+        "$B/reelctl tensor diff $D/g.safetensors $D/r.safetensors || exit 1\n"
+        "grep -q 'artifact test-wrong-gemm-gelu demoted at gemm_gelu' $D/worker.log || { cat $D/worker.log; exit 1; }\n"
+        "grep -q 'artifact cpu-attention-parsoftmax promoted at attention' $D/worker.log || exit 1\n",
+        build, dir, weights, root);
+    fclose(f);
+    sh("timeout 120 sh '%s'", script);
+}
+END_TEST
+
 START_TEST(test_an_unreadable_root_is_an_error_naming_it) {
     ck_assert_ptr_null(kern_artifacts_scan("/nonexistent/reel-artifacts"));
     ck_assert_ptr_nonnull(strstr(kern_error(), "/nonexistent/reel-artifacts"));
@@ -816,6 +873,8 @@ int main(void) {
     tcase_add_test(tc, test_shadow_mode_catches_an_artifact_going_wrong_inside_a_capture_and_recaptures_native);
     tcase_add_test(tc, test_corrupt_bundles_leave_the_model_serving_native_results);
     tcase_add_test(tc, test_an_unreadable_root_is_an_error_naming_it);
+    tcase_add_test(tc, test_worker_refuses_to_start_when_the_allowlist_names_an_unknown_id);
+    tcase_add_test(tc, test_worker_with_corrupt_and_wrong_bundles_serves_results_equal_to_native);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -313,6 +313,48 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     return m;
 }
 
+/* Artifact verdicts, as they happen (kernels/artifacts.h). */
+static void log_artifact(void *user, const kern_art_event_t *ev) {
+    static const char *const what[] = { "promoted", "demoted", "failed", "ineligible" };
+    wrk_log(user, "artifact %s %s at %s%s%s", ev->id, what[ev->kind], ev->key,
+            ev->reason[0] ? ": " : "", ev->reason);
+}
+
+/* --artifacts DIR: every bundle verified and reported (a refused one is
+ * logged and never loaded; the worker serves with native kernels), the
+ * allowlist applied, the enabled ones loaded and routed, before any stream
+ * dispatches. An unknown or refused id in the allowlist, or a named bundle
+ * that cannot be loaded, stops the start: 0, or 2. */
+static int setup_artifacts(wrk_t *w, kern_artifacts_t **out) {
+    const wrk_opts_t *o = w->opt;
+    *out = NULL;
+    if (!o->artifacts) return 0;
+    kern_artifacts_t *set = kern_artifacts_scan(o->artifacts);
+    if (!set) {
+        wrk_log(w, "artifacts: %s", kern_error());
+        return 2;
+    }
+    int rc = o->artifacts_enable ? kern_artifacts_enable_list(set, o->artifacts_enable)
+                                 : kern_artifacts_enable(set, NULL, 0);
+    if (rc == 0) {
+        kern_artifacts_on_event(set, log_artifact, w);
+        rc = kern_artifacts_install(set, o->artifact_timing);
+    }
+    for (size_t i = 0; i < kern_artifacts_count(set); i++) {
+        kern_art_bundle_t b = kern_artifacts_bundle(set, i);
+        if (b.error[0]) wrk_log(w, "artifact refused: %s", b.error);
+        else wrk_log(w, "artifact %s %s: verified%s", b.m->id, b.m->version,
+                     b.loaded ? ", loaded" : ", not enabled");
+    }
+    if (rc != 0) {
+        wrk_log(w, "%s", kern_error());
+        kern_artifacts_destroy(&set);
+        return 2;
+    }
+    *out = set;
+    return 0;
+}
+
 /* The weights roots and the keys, from the options. -1 (logged) on a bad
  * one: a usage error, exit 2. */
 static int setup_access(wrk_t *w, wrk_roots_t *roots, reel_curve_t *curve) {
@@ -353,6 +395,7 @@ static int run(const wrk_opts_t *o) {
     int code = 1;
     bool lock_ok = false;
     char sha[65] = "";
+    kern_artifacts_t *artifacts = NULL; /* --artifacts: installed until the graphs are gone */
 
     static wrk_roots_t roots; /* large: not on the stack */
     static reel_curve_t curve;
@@ -369,6 +412,7 @@ static int run(const wrk_opts_t *o) {
         wrk_log(&w, "bf16 needs a CUDA device; computing in F32 on the CPU");
         w.dtype = KERN_F32;
     }
+    if (setup_artifacts(&w, &artifacts) != 0) { code = 2; goto out; }
     if (!(w.model = load_model(&w, sha))) { code = 2; goto out; }
     if (!(w.events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(&w, "out of memory"); goto out; }
 
@@ -418,6 +462,10 @@ static int run(const wrk_opts_t *o) {
                                      cs.evictions[CAP_EVICT_AUDIT_MISMATCH] + cs.evictions[CAP_EVICT_EXPLICIT] +
                                      cs.evictions[CAP_EVICT_SHAPE_CHANGE]));
     }
+    if (code == 0 && artifacts) {
+        wrk_log(&w, "stopping; artifacts (timing %s):", kern_art_timing_name(o->artifact_timing));
+        kern_artifacts_print(artifacts, stderr, true, false);
+    }
     reel_notify("STOPPING=1");
 
     /* Say goodbye first, so the broker requeues our requests at once. */
@@ -438,6 +486,7 @@ out:
     /* No step runs now; the cache goes before the streams its graphs used. */
     cap_cache_destroy(&w.cache);
     wrk_exec_destroy(&l.exec);
+    kern_artifacts_destroy(&artifacts); /* after every graph that may hold its kernels */
     if (lock_ok) pthread_rwlock_destroy(&w.step_lock);
     tdit_model_destroy(&w.model);
     wrk_events_destroy(&w.events);

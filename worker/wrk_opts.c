@@ -39,7 +39,13 @@ static const char usage[] =
     "                        more, at most 8; default: the directory of --weights).\n"
     "                        Paths must lie below one, reached without symlinks or '..'\n"
     "  --key FILE            this worker's CURVE key pair, NAME.key (else $REEL_KEY)\n"
-    "  --broker-key FILE     the broker's public key, broker.pub (else $REEL_BROKER_KEY)\n";
+    "  --broker-key FILE     the broker's public key, broker.pub (else $REEL_BROKER_KEY)\n"
+    "  --artifacts DIR       kernel bundles: each verified (a corrupt one is reported and\n"
+    "                        never loaded), enabled ones promoted per kernel key only\n"
+    "                        after a parity gate on live inputs (docs/ARTIFACTS.md)\n"
+    "  --artifacts-enable ID,ID  the allowlist (default: every verified bundle); an id\n"
+    "                        no verified bundle provides stops the start\n"
+    "  --artifact-timing off|sync|shadow  measure artifacts against native (off)\n";
 
 const char *wrk_usage(void) { return usage; }
 
@@ -89,7 +95,7 @@ int wrk_parse_bytes(const char *s, size_t *out) {
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
            O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE,
-           O_AUDIT, O_WDIR, O_KEY, O_BKEY };
+           O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -111,6 +117,9 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "weights-dir", required_argument, 0, O_WDIR },
         { "key", required_argument, 0, O_KEY },
         { "broker-key", required_argument, 0, O_BKEY },
+        { "artifacts", required_argument, 0, O_ART },
+        { "artifacts-enable", required_argument, 0, O_ARTEN },
+        { "artifact-timing", required_argument, 0, O_ARTTIME },
         { "help", no_argument, 0, O_HELP },
         { 0, 0, 0, 0 },
     };
@@ -140,6 +149,12 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         case O_HELP: o->help = true; break;
         case O_KEY: o->key = a; break;
         case O_BKEY: o->broker_key = a; break;
+        case O_ART: o->artifacts = a; break;
+        case O_ARTEN: o->artifacts_enable = a; break;
+        case O_ARTTIME:
+            if (kern_art_timing_parse(a, &o->artifact_timing))
+                return usage_error(err, errlen, "--artifact-timing: expected off, sync or shadow, got '%s'", a);
+            break;
         case O_WDIR:
             if (o->n_weights_dirs >= (int)(sizeof o->weights_dirs / sizeof o->weights_dirs[0]))
                 return usage_error(err, errlen, "--weights-dir: at most %d directories",
@@ -217,6 +232,8 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     if (!msg_name_valid(o->name, WRK_NAME_MAX))
         return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name, WRK_NAME_MAX - 1);
     if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
+    if (o->artifacts_enable && !o->artifacts)
+        return usage_error(err, errlen, "--artifacts-enable needs --artifacts DIR");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "capture_cache/cache.h"
+#include "kernels/artifacts.h"
 #include "kernels/backend.h"
 
 #define WRK_NAME_MAX 64              /* bytes incl. NUL; also the routing id */
@@ -37,6 +38,9 @@ typedef struct {
     int n_weights_dirs;
     const char *key;                 /* --key NAME.key (else $REEL_KEY): CURVE */
     const char *broker_key;          /* --broker-key broker.pub (else $REEL_BROKER_KEY) */
+    const char *artifacts;           /* --artifacts DIR: kernel bundles (docs/ARTIFACTS.md) */
+    const char *artifacts_enable;    /* --artifacts-enable ID,ID: the allowlist (NULL: all verified) */
+    kern_art_timing_t artifact_timing; /* --artifact-timing off|sync|shadow (off) */
     bool help;                       /* --help was given: print usage, exit 0 */
 } wrk_opts_t;
 
