@@ -15,9 +15,10 @@
  * request at a time (p50, p99, and so requests per second at window 1),
  * requests per second with 8 and 32 in flight, and a 16 MiB latent both
  * ways (p50, and the minor page faults of the broker's or the forwarder's
- * process per request). The summary is the median of the reps and the
- * ratio Reel / forwarder. Then Reel alone under a stream of catalog events,
- * and how many of the events reached SQLite.
+ * process per request). The summary is the median of the reps for each
+ * side and the median of the reps' ratios Reel / forwarder. Then Reel
+ * alone under a stream of catalog events, and how many of the events
+ * reached SQLite.
  * Usage: bench_broker [BUILD_DIR [REPS]]  (finds BUILD_DIR/reel-broker) */
 #include <dirent.h>
 #include <pthread.h>
@@ -33,8 +34,8 @@
 
 #define DIE(...) do { fprintf(stderr, "bench_broker: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
-#define N_LAT 2000
-#define N_TPUT 5000
+#define N_LAT 3000
+#define N_TPUT 20000
 #define N_BIG 30
 
 static double now(void) {
@@ -386,28 +387,34 @@ static rep_t measure(const target_t *x, const float *lat) {
 
 /* ---- main ---------------------------------------------------------------------------- */
 
+/* The median of each side over the reps, and the median of the per-rep
+ * ratios: a rep measures both sides back to back, so its ratio is paired
+ * and a machine busy with other work for a while moves both sides of it
+ * together. */
 static void summary(rep_t reel[], rep_t fwd[], int reps) {
-    static const struct { const char *what, *unit; size_t off; double scale; bool rate; } rows[] = {
-        { "p50, one at a time", "us", offsetof(rep_t, p50), 1e6, false },
-        { "p99, one at a time", "us", offsetof(rep_t, p99), 1e6, false },
-        { "throughput, window 1", "req/s", offsetof(rep_t, w1), 1, true },
-        { "throughput, window 8", "req/s", offsetof(rep_t, w8), 1, true },
-        { "throughput, window 32", "req/s", offsetof(rep_t, w32), 1, true },
-        { "16 MiB latent both ways, p50", "ms", offsetof(rep_t, big), 1e3, false },
-        { "CPU per request at window 32", "us", offsetof(rep_t, cpu32), 1e6, false },
-        { "16 MiB: page faults per request, median", "", offsetof(rep_t, big_faults), 1, false },
-        { "16 MiB: page faults per request, max", "", offsetof(rep_t, big_faults_max), 1, false },
+    static const struct { const char *what, *unit; size_t off; double scale; bool ratio, rate; } rows[] = {
+        { "p50, one at a time", "us", offsetof(rep_t, p50), 1e6, true, false },
+        { "p99, one at a time", "us", offsetof(rep_t, p99), 1e6, true, false },
+        { "throughput, window 1", "req/s", offsetof(rep_t, w1), 1, true, true },
+        { "throughput, window 8", "req/s", offsetof(rep_t, w8), 1, true, true },
+        { "throughput, window 32", "req/s", offsetof(rep_t, w32), 1, true, true },
+        { "16 MiB latent both ways, p50", "ms", offsetof(rep_t, big), 1e3, true, false },
+        { "CPU per request at window 32", "us", offsetof(rep_t, cpu32), 1e6, true, false },
+        { "16 MiB: page faults per request, median", "", offsetof(rep_t, big_faults), 1, false, false },
+        { "16 MiB: page faults per request, max", "", offsetof(rep_t, big_faults_max), 1, false, false },
     };
-    printf("\nmedians of %d reps            %12s %12s   Reel/forwarder\n", reps, "Reel", "forwarder");
+    printf("\nmedians of %d reps                    %12s %12s   Reel/forwarder (median of the reps' ratios)\n",
+           reps, "Reel", "forwarder");
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        double a[REPS_MAX], b[REPS_MAX];
+        double a[REPS_MAX], b[REPS_MAX], q[REPS_MAX];
         for (int k = 0; k < reps; k++) {
             a[k] = *(double *)((char *)&reel[k] + rows[i].off) * rows[i].scale;
             b[k] = *(double *)((char *)&fwd[k] + rows[i].off) * rows[i].scale;
+            q[k] = b[k] > 0 ? a[k] / b[k] : 0;
         }
-        double ma = median(a, reps), mb = median(b, reps);
-        printf("%-40s %9.1f %-5s %9.1f %-5s", rows[i].what, ma, rows[i].unit, mb, rows[i].unit);
-        if (i < 7) printf("  %.2fx%s", ma / mb, rows[i].rate ? " (higher is better)" : "");
+        printf("%-40s %9.1f %-5s %9.1f %-5s", rows[i].what, median(a, reps), rows[i].unit, median(b, reps),
+               rows[i].unit);
+        if (rows[i].ratio) printf("  %.2fx%s", median(q, reps), rows[i].rate ? " (higher is better)" : "");
         printf("\n");
     }
 }
