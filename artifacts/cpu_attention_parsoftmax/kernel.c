@@ -10,8 +10,10 @@
  * calls and the scratch are the native kernel's exactly, and the softmax
  * of a block runs in slices of rows on one thread per core. Every row goes
  * through the same operations in the same order, so the manifest asks for
- * byte_equal. Blocks under 64 Ki scores stay on the calling thread; a
- * thread that cannot be started is not a failure: its rows run inline. */
+ * byte_equal. Blocks under 512 Ki scores stay on the calling thread (the
+ * threads cost more than they save there: OpenBLAS's pool is still
+ * spinning after the GEMM); a thread that cannot be started is not a
+ * failure: its rows run inline. */
 #include "kernels/artifact_abi.h"
 #include <cblas.h>
 #include <limits.h>
@@ -21,10 +23,11 @@
 
 const uint32_t reel_artifact_abi = KERN_ART_OBJECT_ABI;
 static int (*fail)(const char *fmt, ...);
+static long cpus = 1; /* cores online, read once at init (sysconf reads a file) */
 
 #define NATIVE_CAP ((int64_t)16 << 20) /* the native kernel's bytes of scores per block */
 #define MAX_THREADS 16
-#define MIN_PARALLEL ((int64_t)1 << 16)
+#define MIN_PARALLEL ((int64_t)1 << 19)
 
 /* The native kernel's query rows per block. */
 static int64_t block_rows(int64_t nq, int64_t nk) {
@@ -64,7 +67,6 @@ static void *softmax_slice(void *p) {
 }
 
 static void softmax_par(float *s, int64_t rows, int64_t n) {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int p = rows * n < MIN_PARALLEL || cpus < 2 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
     if (p > rows) p = (int)rows;
     slice_t sl[MAX_THREADS];
@@ -115,6 +117,7 @@ static int attention_par(void *ctx, const void *args) {
 
 int reel_artifact_init(const kern_art_host_t *host) {
     fail = host->fail;
+    cpus = sysconf(_SC_NPROCESSORS_ONLN);
     const kern_impl_t impl = {
         .op = KERN_OP_ATTENTION, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
         .name = "attention_parsoftmax_cpu", .fn = attention_par,
