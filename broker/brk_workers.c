@@ -93,6 +93,13 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
             brk_cq_eviction(b->cat, wn, e->key, hash, e->reason, e->component, e->from, e->to);
         else if (!strcmp(e->kind, "replays"))
             brk_cq_replays(b->cat, wn, hash, (int)e->stream, e->count);
+        else if (!strcmp(e->kind, "artifact") && e->component[0]) /* docs/ARTIFACTS.md */
+            brk_cq_artifact_seen(b->cat, e->component, e->version, e->op, e->backend, e->sha256,
+                                 e->verified, e->enabled, e->reason, e->detail);
+        else if (!strcmp(e->kind, "artifact_key") && e->component[0] && e->key[0])
+            brk_cq_artifact_key(b->cat, wn, e->component, e->key, e->reason, e->detail, e->count,
+                                e->native, e->pass, e->fail, e->fallbacks, e->timed, e->speedup,
+                                e->speedup_sd);
         else
             skipped++;
     }

@@ -12,8 +12,11 @@
  *                                      and prints per artifact and per kernel
  *                                      key: calls, parity passes and failures,
  *                                      fallbacks, speedup with spread; and
- *                                      whether the served result equals native */
+ *                                      whether the served result equals native
+ *   report --catalog PATH [--json]     what the workers reported to the catalog:
+ *                                      per artifact, and per worker and key */
 #include "ctl.h"
+#include "ctl/report.h"
 #include "kernels/artifacts.h"
 #include "kernels/error.h"
 #include "worker/model/tdit_program.h"
@@ -26,7 +29,7 @@
 #include <unistd.h>
 
 typedef struct {
-    const char *dir, *enable, *config;
+    const char *dir, *enable, *config, *catalog;
     kern_art_timing_t timing;
     bool json, graphs;
     int steps;
@@ -34,12 +37,13 @@ typedef struct {
 } art_opts_t;
 
 static int parse(int argc, char **argv, art_opts_t *o) {
-    enum { O_ENABLE = 1, O_TIMING, O_CONFIG, O_SIZE, O_STEPS, O_GRAPHS, O_JSON };
+    enum { O_ENABLE = 1, O_TIMING, O_CONFIG, O_SIZE, O_STEPS, O_GRAPHS, O_JSON, O_CATALOG };
     static const struct option opts[] = {
         { "enable", required_argument, 0, O_ENABLE }, { "timing", required_argument, 0, O_TIMING },
         { "config", required_argument, 0, O_CONFIG }, { "size", required_argument, 0, O_SIZE },
         { "steps", required_argument, 0, O_STEPS },   { "graphs", required_argument, 0, O_GRAPHS },
-        { "json", no_argument, 0, O_JSON },           { 0, 0, 0, 0 },
+        { "json", no_argument, 0, O_JSON },           { "catalog", required_argument, 0, O_CATALOG },
+        { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
     o->timing = KERN_ART_TIMING_SHADOW;
@@ -55,6 +59,7 @@ static int parse(int argc, char **argv, art_opts_t *o) {
         case O_ENABLE: o->enable = optarg; break;
         case O_CONFIG: o->config = optarg; break;
         case O_JSON: o->json = true; break;
+        case O_CATALOG: o->catalog = optarg; break;
         case O_TIMING:
             if (kern_art_timing_parse(optarg, &o->timing)) return ctl_die(CTL_USAGE, "%s", kern_error());
             break;
@@ -74,6 +79,7 @@ static int parse(int argc, char **argv, art_opts_t *o) {
             return ctl_die(CTL_USAGE, "artifacts: unknown option '%s'", argv[optind - 1]);
         }
     }
+    if (o->catalog && optind == argc) return CTL_OK; /* report --catalog: no directory */
     if (optind != argc - 1) return ctl_die(CTL_USAGE, "artifacts: give one bundle directory");
     o->dir = argv[optind];
     return CTL_OK;
@@ -242,6 +248,15 @@ int cmd_artifacts(int argc, char **argv) {
     art_opts_t o;
     int rc = parse(argc, argv, &o);
     if (rc != CTL_OK) return rc;
+    if (o.catalog && (strcmp(sub, "report") || o.dir))
+        return ctl_die(CTL_USAGE, "artifacts: --catalog goes with report, without a directory");
+    if (o.catalog) {
+        cat_t *c = cat_open(o.catalog, true);
+        if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+        rc = ctl_report_artifacts(c, o.json, stdout) == 0 ? CTL_OK : ctl_die(CTL_FAIL, "%s", kern_error());
+        cat_close(&c);
+        return rc;
+    }
     if (!strcmp(sub, "report")) return cmd_report(&o);
     return cmd_list(&o, !strcmp(sub, "verify"));
 }

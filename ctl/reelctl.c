@@ -26,6 +26,7 @@ static const char usage[] =
     "  artifacts list|verify|report DIR [--enable ID,..] [--timing off|sync|shadow] [--json]\n"
     "                              kernel bundles under DIR (docs/ARTIFACTS.md); report\n"
     "                              runs a loop native, then with them, and measures\n"
+    "  artifacts report --catalog PATH [--json]  what workers reported to the catalog\n"
     "  tensor rand --name N --shape A,B,.. --seed K --out F.safetensors\n"
     "                              a tensor of N(0,1) values (inputs for run)\n"
     "  tensor info F.safetensors   shape and statistics of every tensor\n"

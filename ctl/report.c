@@ -93,6 +93,43 @@ static void prom_by_reason(FILE *out, const char *name, const char *help, json_t
     }
 }
 
+/* Kernel artifacts (docs/ARTIFACTS.md): one row per artifact id. */
+static const ctl_col_t artifact_cols[] = {
+    { "id", "artifact", CTL_F_TEXT, 32 },
+    { "version", "version", CTL_F_TEXT, 12 },
+    { "op", "op", CTL_F_TEXT, 0 },
+    { "status", "status", CTL_F_TEXT, 0 },
+    { "promoted", "promoted", CTL_F_NUM, 0 },
+    { "demoted", "demoted", CTL_F_NUM, 0 },
+    { "calls", "calls", CTL_F_NUM, 0 },
+    { "parity_pass", "pass", CTL_F_NUM, 0 },
+    { "parity_fail", "fail", CTL_F_NUM, 0 },
+    { "fallbacks", "fallbacks", CTL_F_NUM, 0 },
+    { "speedup", "speedup", CTL_F_SECS, 0 },
+    { "last_seen", "last_seen", CTL_F_TIME, 0 },
+    { "reason", "reason", CTL_F_TEXT, 60 },
+};
+
+/* One metric family over the artifact rows: HELP and TYPE once, then per
+ * row one sample per (field, extra label) pair (label NULL: none), the
+ * value an integer or a number. */
+static void prom_artifact(FILE *out, const char *name, const char *type, const char *help,
+                          json_t *rows, int n, const char *const *fields, const char *const *labels) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) {
+        for (int f = 0; f < n; f++) {
+            fprintf(out, "%s{artifact=\"", name);
+            prom_label(out, json_string_value(json_object_get(r, "id")));
+            if (labels[f]) fprintf(out, "\",%s", labels[f]);
+            json_t *v = json_object_get(r, fields[f]);
+            if (json_is_integer(v)) fprintf(out, "\"} %lld\n", (long long)json_integer_value(v));
+            else fprintf(out, "\"} %.6g\n", json_number_value(v));
+        }
+    }
+}
+
 int ctl_report_metrics(cat_t *c, FILE *out) {
     json_t *root = cat_query_stats(c);
     if (!root) return -1;
@@ -105,6 +142,26 @@ int ctl_report_metrics(cat_t *c, FILE *out) {
     prom_counter(out, "reel_replays_total", "Graph replays.", rows, "replays");
     prom_by_reason(out, "reel_declines_total", "Calls declined to eager, by reason.", rows, "declines_by_reason");
     prom_by_reason(out, "reel_evictions_total", "Graphs evicted, by reason.", rows, "evictions_by_reason");
+    json_t *arts = json_object_get(root, "artifacts"); /* docs/ARTIFACTS.md */
+    static const char *const calls[] = { "calls" }, *const fallbacks[] = { "fallbacks" },
+                             *const speedup[] = { "speedup" }, *const none[] = { NULL },
+                             *const parity[] = { "parity_pass", "parity_fail" },
+                             *const pf[] = { "result=\"pass", "result=\"fail" },
+                             *const keys[] = { "promoted", "demoted" },
+                             *const states[] = { "state=\"promoted", "state=\"demoted" };
+    prom_artifact(out, "reel_artifact_calls_total", "counter",
+                  "Launches of a kernel artifact (eager or captured), summed over its keys and workers.",
+                  arts, 1, calls, none);
+    prom_artifact(out, "reel_artifact_parity_total", "counter", "Parity comparisons, by result.", arts,
+                  2, parity, pf);
+    prom_artifact(out, "reel_artifact_fallbacks_total", "counter",
+                  "Runtime failures of an artifact that ran the native kernel instead.", arts, 1,
+                  fallbacks, none);
+    prom_artifact(out, "reel_artifact_keys", "gauge", "Kernel keys where an artifact is promoted or demoted.",
+                  arts, 2, keys, states);
+    prom_artifact(out, "reel_artifact_speedup", "gauge",
+                  "Native time over artifact time on the same inputs (shadow-timed calls; 0: none).",
+                  arts, 1, speedup, none);
     json_decref(root);
     return flushed(c, out, 0);
 }
@@ -120,6 +177,37 @@ int ctl_report_stats(cat_t *c, bool json, FILE *out) {
         ret = kern_fail("catalog %s: report: out of memory", cat_path(c));
     else
         ret = table(c, out, rows, stats_cols, CTL_NCOLS(stats_cols));
+    json_t *arts = json_object_get(root, "artifacts");
+    if (ret == 0 && json_array_size(arts) > 0) {
+        fputc('\n', out);
+        ret = table(c, out, arts, artifact_cols, CTL_NCOLS(artifact_cols));
+    }
+    json_decref(root);
+    return flushed(c, out, ret);
+}
+
+int ctl_report_artifacts(cat_t *c, bool json, FILE *out) {
+    static const ctl_col_t key_cols[] = {
+        { "id", "artifact", CTL_F_TEXT, 28 },
+        { "worker", "worker", CTL_F_TEXT, 20 },
+        { "state", "state", CTL_F_TEXT, 0 },
+        { "calls", "calls", CTL_F_NUM, 0 },
+        { "parity_pass", "pass", CTL_F_NUM, 0 },
+        { "parity_fail", "fail", CTL_F_NUM, 0 },
+        { "fallbacks", "fallbacks", CTL_F_NUM, 0 },
+        { "speedup", "speedup", CTL_F_SECS, 0 },
+        { "speedup_sd", "sd", CTL_F_SECS, 0 },
+        { "key", "key", CTL_F_TEXT, 70 },
+        { "reason", "reason", CTL_F_TEXT, 80 },
+    };
+    if (json) return report(c, cat_query_artifacts, true, out, NULL, 0);
+    json_t *root = cat_query_artifacts(c);
+    if (!root) return -1;
+    int ret = table(c, out, json_object_get(root, "artifacts"), artifact_cols, CTL_NCOLS(artifact_cols));
+    if (ret == 0) {
+        fputc('\n', out);
+        ret = table(c, out, json_object_get(root, "keys"), key_cols, CTL_NCOLS(key_cols));
+    }
     json_decref(root);
     return flushed(c, out, ret);
 }

@@ -1,7 +1,8 @@
 /* report.h -- reelctl's catalog reports: each prints one query of
  * schema/catalog_query.h to out, as JSON on one line (json) or as a table
  * for people; metrics prints the stats as Prometheus text (counters end in
- * _total; labels worker and reason only: no per-key cardinality). Each
+ * _total; labels worker and reason, and artifact, result and state for
+ * kernel artifacts: no per-key cardinality). Each
  * reads one snapshot of the catalog. 0, or -1 with a message in
  * kern_error() (the catalog could not be read, or out could not be
  * written). */
@@ -20,5 +21,7 @@ int ctl_report_versions(cat_t *c, bool json, FILE *out);
 int ctl_report_workers(cat_t *c, bool json, FILE *out);
 int ctl_report_requests(cat_t *c, bool json, FILE *out);
 int ctl_report_metrics(cat_t *c, FILE *out);
+/* Kernel artifacts: per artifact, then per (worker, artifact, kernel key). */
+int ctl_report_artifacts(cat_t *c, bool json, FILE *out);
 
 #endif

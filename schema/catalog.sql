@@ -1,19 +1,48 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 3): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 4): the sum
 -- of the migrations schema/catalog.c runs (1: these tables; 2: the state
--- and reason of weight versions; 3: the audit trail of SYNCs). tests/test_catalog.c fails if a catalog
+-- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
+-- artifacts seen and their kernel keys). tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
 -- INTEGER.
 
--- Kernel/op artifacts built or checked on a backend.
+-- Kernel/op artifacts built or checked on a backend; the kernel bundles
+-- workers scanned (docs/ARTIFACTS.md): status 'verified', 'loaded' or
+-- 'refused' (reason says why), first and last seen.
 CREATE TABLE IF NOT EXISTS artifacts (
-    id      TEXT PRIMARY KEY,
-    op      TEXT NOT NULL,
-    backend TEXT NOT NULL,
-    sha256  TEXT,
-    status  TEXT NOT NULL,
-    reason  TEXT,
-    t       REAL NOT NULL
+    id         TEXT PRIMARY KEY,
+    op         TEXT NOT NULL,
+    backend    TEXT NOT NULL,
+    sha256     TEXT,
+    status     TEXT NOT NULL,
+    reason     TEXT,
+    t          REAL NOT NULL,
+    version    TEXT,
+    verified   INTEGER NOT NULL DEFAULT 0,
+    enabled    INTEGER NOT NULL DEFAULT 0,
+    first_seen REAL,
+    last_seen  REAL
+);
+
+-- An artifact at one kernel key on a worker (docs/ARTIFACTS.md): its
+-- state and reason, and its counters since that worker started (each
+-- report replaces the last). speedup: native/artifact over the timed calls.
+CREATE TABLE IF NOT EXISTS artifact_keys (
+    worker       TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    reason       TEXT,
+    calls        INTEGER NOT NULL DEFAULT 0,
+    native_calls INTEGER NOT NULL DEFAULT 0,
+    parity_pass  INTEGER NOT NULL DEFAULT 0,
+    parity_fail  INTEGER NOT NULL DEFAULT 0,
+    fallbacks    INTEGER NOT NULL DEFAULT 0,
+    timed        INTEGER NOT NULL DEFAULT 0,
+    speedup      REAL NOT NULL DEFAULT 0,
+    speedup_sd   REAL NOT NULL DEFAULT 0,
+    t            REAL NOT NULL,
+    PRIMARY KEY (worker, id, key)
 );
 
 -- Every weight version the trainer published. state: 'pending' until a

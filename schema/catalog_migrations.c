@@ -165,5 +165,37 @@ const char cat_schema_v3_sql[] =
     ");\n"
     "CREATE INDEX IF NOT EXISTS audit_by_time ON audit (t);\n";
 
-const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql };
+/* Migration 4: kernel artifacts (issue 12, docs/ARTIFACTS.md): each bundle
+ * a worker scanned, with its version, verdict and when it was first and
+ * last seen; and each artifact's state and counters per kernel key and
+ * worker. */
+const char cat_schema_v4_sql[] =
+    "ALTER TABLE artifacts ADD COLUMN version TEXT;\n"
+    "ALTER TABLE artifacts ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE artifacts ADD COLUMN enabled INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE artifacts ADD COLUMN first_seen REAL;\n"
+    "ALTER TABLE artifacts ADD COLUMN last_seen REAL;\n"
+    "-- An artifact at one kernel key on a worker (docs/ARTIFACTS.md): its\n"
+    "-- state and reason, and its counters since that worker started (each\n"
+    "-- report replaces the last). speedup: native/artifact over the timed calls.\n"
+    "CREATE TABLE IF NOT EXISTS artifact_keys (\n"
+    "    worker       TEXT NOT NULL,\n"
+    "    id           TEXT NOT NULL,\n"
+    "    key          TEXT NOT NULL,\n"
+    "    state        TEXT NOT NULL,\n"
+    "    reason       TEXT,\n"
+    "    calls        INTEGER NOT NULL DEFAULT 0,\n"
+    "    native_calls INTEGER NOT NULL DEFAULT 0,\n"
+    "    parity_pass  INTEGER NOT NULL DEFAULT 0,\n"
+    "    parity_fail  INTEGER NOT NULL DEFAULT 0,\n"
+    "    fallbacks    INTEGER NOT NULL DEFAULT 0,\n"
+    "    timed        INTEGER NOT NULL DEFAULT 0,\n"
+    "    speedup      REAL NOT NULL DEFAULT 0,\n"
+    "    speedup_sd   REAL NOT NULL DEFAULT 0,\n"
+    "    t            REAL NOT NULL,\n"
+    "    PRIMARY KEY (worker, id, key)\n"
+    ");\n";
+
+const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
+                                       cat_schema_v4_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

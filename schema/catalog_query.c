@@ -210,6 +210,21 @@ static int stats_scope(cat_t *c, sqlite3_stmt *q[3], const char *worker, json_t 
     return 0;
 }
 
+/* Per artifact id (docs/ARTIFACTS.md): the bundle as last reported and its
+ * kernel keys summed over every worker; speedup is the mean of the keys'
+ * speedups weighted by their timed calls (0 when none was timed). */
+static const char artifact_totals_sql[] =
+    "SELECT a.id AS id, a.version AS version, a.op AS op, a.backend AS backend,"
+    " a.status AS status, a.verified AS verified, a.enabled AS enabled, a.sha256 AS sha256,"
+    " a.reason AS reason, a.first_seen AS first_seen, a.last_seen AS last_seen,"
+    " count(k.key) AS keys, coalesce(sum(k.state = 'promoted'), 0) AS promoted,"
+    " coalesce(sum(k.state = 'demoted'), 0) AS demoted, coalesce(sum(k.calls), 0) AS calls,"
+    " coalesce(sum(k.native_calls), 0) AS native_calls,"
+    " coalesce(sum(k.parity_pass), 0) AS parity_pass, coalesce(sum(k.parity_fail), 0) AS parity_fail,"
+    " coalesce(sum(k.fallbacks), 0) AS fallbacks, coalesce(sum(k.timed), 0) AS timed,"
+    " CASE WHEN sum(k.timed) > 0 THEN sum(k.speedup * k.timed) / sum(k.timed) ELSE 0.0 END AS speedup"
+    " FROM artifacts a LEFT JOIN artifact_keys k ON k.id = a.id GROUP BY a.id ORDER BY a.id";
+
 static json_t *build_stats(cat_t *c) {
     sqlite3_stmt *q[3] = {
         reader(c, stats_counts_sql),
@@ -237,13 +252,30 @@ static json_t *build_stats(cat_t *c) {
         json_decref(s);
     }
     if (stats_scope(c, q, NULL, &overall) != 0) goto done;
-    root = json_pack("{s:o, s:O}", "overall", overall, "workers", workers);
+    json_t *arts = query_rows(c, artifact_totals_sql); /* docs/ARTIFACTS.md */
+    if (!arts) goto done;
+    root = json_pack("{s:o, s:O, s:o}", "overall", overall, "workers", workers, "artifacts", arts);
     overall = NULL;
     if (!root) kern_fail("catalog %s: report: out of memory", c->path);
 done:
     for (int k = 0; k < 3; k++) sqlite3_finalize(q[k]);
     json_decref(workers);
     json_decref(overall);
+    return root;
+}
+
+/* artifacts: {"artifacts": [totals per id], "keys": [every (worker, id,
+ * key) row]}. */
+static json_t *build_artifacts(cat_t *c) {
+    json_t *arts = query_rows(c, artifact_totals_sql), *keys = NULL, *root = NULL;
+    if (arts)
+        keys = query_rows(c, "SELECT worker, id, key, state, reason, calls, native_calls,"
+                             " parity_pass, parity_fail, fallbacks, timed, speedup, speedup_sd, t"
+                             " FROM artifact_keys ORDER BY id, worker, key");
+    if (arts && keys && !(root = json_pack("{s:O, s:O}", "artifacts", arts, "keys", keys)))
+        kern_fail("catalog %s: report: out of memory", c->path);
+    json_decref(arts);
+    json_decref(keys);
     return root;
 }
 
@@ -337,3 +369,4 @@ json_t *cat_query_evictions(cat_t *c) { return snapshot(c, build_evictions); }
 json_t *cat_query_versions(cat_t *c) { return snapshot(c, build_versions); }
 json_t *cat_query_workers(cat_t *c) { return snapshot(c, build_workers); }
 json_t *cat_query_requests(cat_t *c) { return snapshot(c, build_requests); }
+json_t *cat_query_artifacts(cat_t *c) { return snapshot(c, build_artifacts); }

@@ -15,7 +15,8 @@
 
 #include "schema/catalog.h"
 
-/* {"overall": S, "workers": [S + {"worker"}]}, S = {requests, captures,
+/* {"overall": S, "workers": [S + {"worker"}], "artifacts": [as in
+ * cat_query_artifacts]}, S = {requests, captures,
  * replays, steps, replayed_steps, eager_breaks, declines, evictions,
  * hit_rate, hit_rate_from, declines_by_reason, evictions_by_reason}. */
 json_t *cat_query_stats(cat_t *c);
@@ -33,5 +34,14 @@ json_t *cat_query_versions(cat_t *c);
 json_t *cat_query_workers(cat_t *c);
 /* The 50 newest finished requests, newest first. */
 json_t *cat_query_requests(cat_t *c);
+/* Kernel artifacts (docs/ARTIFACTS.md): {"artifacts": [{id, version, op,
+ * backend, status, verified, enabled, sha256, reason, first_seen,
+ * last_seen, keys, promoted, demoted, calls, native_calls, parity_pass,
+ * parity_fail, fallbacks, timed, speedup}], "keys": [{worker, id, key,
+ * state, reason, calls, native_calls, parity_pass, parity_fail, fallbacks,
+ * timed, speedup, speedup_sd, t}]}; speedup per artifact: its keys'
+ * speedups weighted by their timed calls. cat_query_stats carries the
+ * same "artifacts" array. */
+json_t *cat_query_artifacts(cat_t *c);
 
 #endif

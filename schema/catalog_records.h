@@ -34,7 +34,9 @@
     X(decline, DECLINE, "decline")                           \
     X(request, REQUEST, "request")                           \
     X(artifact, ARTIFACT, "artifact")                        \
-    X(audit, AUDIT, "audit")
+    X(audit, AUDIT, "audit")                                 \
+    X(artifact_seen, ARTIFACT_SEEN, "artifact seen")         \
+    X(artifact_key, ARTIFACT_KEY, "artifact key")
 
 /* A worker sent READY: live again if it had gone (unless this READY is
  * older than its going). */
@@ -151,6 +153,40 @@
     " ON CONFLICT (id) DO UPDATE SET op = excluded.op, backend = excluded.backend,"                \
     " sha256 = excluded.sha256, status = excluded.status, reason = excluded.reason,"               \
     " t = excluded.t"
+
+/* A kernel bundle a worker scanned (docs/ARTIFACTS.md): status "verified",
+ * "loaded" or "refused" (reason says why); the newest report of an id wins
+ * but first_seen and last_seen span them all. */
+#define CAT_ARTIFACT_SEEN(F)                                                                       \
+    F(TEXT, id) F(TEXT, version) F(TEXT, op) F(TEXT, backend) F(OPT, sha256) F(BOOL, verified)     \
+    F(BOOL, enabled) F(TEXT, status) F(OPT, reason) F(TIME, t)
+#define CAT_SQL_ARTIFACT_SEEN                                                                      \
+    "INSERT INTO artifacts (id, op, backend, sha256, status, reason, t, version, verified,"        \
+    " enabled, first_seen, last_seen) VALUES (?1, ?3, ?4, ?5, ?8, ?9, ?10, ?2, ?6, ?7, ?10, ?10)"  \
+    " ON CONFLICT (id) DO UPDATE SET op = excluded.op, backend = excluded.backend,"                \
+    " sha256 = excluded.sha256, status = excluded.status, reason = excluded.reason,"               \
+    " t = excluded.t, version = excluded.version, verified = excluded.verified,"                   \
+    " enabled = excluded.enabled,"                                                                 \
+    " first_seen = min(coalesce(first_seen, excluded.first_seen), excluded.first_seen),"           \
+    " last_seen = max(coalesce(last_seen, excluded.last_seen), excluded.last_seen)"
+
+/* An artifact at one kernel key on a worker: its state ("undecided",
+ * "promoted", "demoted", "failed", "ineligible"), why, and its counters
+ * since that worker started; each report replaces the last (speedup is
+ * native/artifact over the timed calls, 0 when none was timed). */
+#define CAT_ARTIFACT_KEY(F)                                                                        \
+    F(TEXT, worker) F(TEXT, id) F(TEXT, key) F(TEXT, state) F(OPT, reason) F(U64, calls)           \
+    F(U64, native_calls) F(U64, parity_pass) F(U64, parity_fail) F(U64, fallbacks) F(U64, timed)   \
+    F(F64, speedup) F(F64, speedup_sd) F(TIME, t)
+#define CAT_SQL_ARTIFACT_KEY                                                                       \
+    "INSERT INTO artifact_keys (worker, id, key, state, reason, calls, native_calls, parity_pass," \
+    " parity_fail, fallbacks, timed, speedup, speedup_sd, t)"                                      \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"                        \
+    " ON CONFLICT (worker, id, key) DO UPDATE SET state = excluded.state,"                         \
+    " reason = excluded.reason, calls = excluded.calls, native_calls = excluded.native_calls,"      \
+    " parity_pass = excluded.parity_pass, parity_fail = excluded.parity_fail,"                     \
+    " fallbacks = excluded.fallbacks, timed = excluded.timed, speedup = excluded.speedup,"         \
+    " speedup_sd = excluded.speedup_sd, t = excluded.t"
 
 /* A SYNC a peer sent, whatever became of it: the trainer role's audit
  * trail (docs/SECURITY.md). key_name and role: its CURVE key's ("-" and

@@ -244,6 +244,19 @@ typedef struct {
     char component[MSG_NAME_MAX];
     uint64_t from, to;
     uint64_t count;              /* 1 */
+    /* kind "artifact" (a bundle the worker scanned; component = its id,
+     * reason = verified/loaded/refused, detail = why refused) and
+     * "artifact_key" (an artifact at one kernel key; component = its id,
+     * key = the kernel key, reason = its state, detail = why, count =
+     * calls): docs/ARTIFACTS.md. Empty / 0 for the other kinds. */
+    char version[MSG_NAME_MAX];
+    char op[MSG_NAME_MAX];
+    char backend[MSG_NAME_MAX];
+    char sha256[65];             /* the bundle's object, "" when unknown */
+    bool verified, enabled;
+    char detail[256];
+    uint64_t native, pass, fail, fallbacks, timed;
+    double speedup, speedup_sd;  /* native/artifact over the timed calls */
 } msg_event_t;
 
 /* EVENTS */

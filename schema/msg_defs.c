@@ -214,6 +214,20 @@ static const msg_field_t event_rows[] = {
     R_U64(msg_event_t, from, "from", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_event_t, to, "to", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_event_t, count, "count", F_OMIT, 0, UINT64_MAX, 1),
+    R_NAME(msg_event_t, version, "version", F_OMIT, 0, NULL),
+    R_NAME(msg_event_t, op, "op", F_OMIT, 0, NULL),
+    R_NAME(msg_event_t, backend, "backend", F_OMIT, 0, NULL),
+    R_SHA(msg_event_t, sha256, "sha256", F_OMIT),
+    R_BOOL(msg_event_t, verified, "verified", F_OMIT, false),
+    R_BOOL(msg_event_t, enabled, "enabled", F_OMIT, false),
+    R_TEXT(msg_event_t, detail, "detail", F_OMIT, ""),
+    R_U64(msg_event_t, native, "native", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, pass, "pass", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, fail, "fail", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, fallbacks, "fallbacks", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_event_t, timed, "timed", F_OMIT, 0, UINT64_MAX, 0),
+    R_F64(msg_event_t, speedup, "speedup", F_OMIT, 0),
+    R_F64(msg_event_t, speedup_sd, "speedup_sd", F_OMIT, 0),
 };
 TABLE(event_tab, event_rows, msg_event_t);
 

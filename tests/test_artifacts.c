@@ -801,8 +801,10 @@ END_TEST
 /* A real broker and a worker with a corrupt bundle, the wrong artifact and
  * a correct one enabled in shadow timing: the worker reports the corrupt
  * bundle, serves, demotes the wrong artifact with artifact_parity, and
- * `reelctl gen` returns exactly what `reelctl run` (no artifacts) does. */
-START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_results_equal_to_native) {
+ * `reelctl gen` returns exactly what `reelctl run` (no artifacts) does;
+ * the catalog then holds every bundle and key, and `reelctl artifacts
+ * report --catalog`, `stats` and `metrics` show them. */
+START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_native_results_and_the_catalog_says_which_failed) {
     const char *root = root_with("wrong", "flaky", "cpu_attention_parsoftmax", NULL);
     sh("rm '%s/flaky/libtest_flaky.so'", root);
     char script[256];
@@ -830,7 +832,32 @@ START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_results_equal_to_na
         "--steps 6 --out $D/r.safetensors 2>/dev/null || exit 1\n"
         "$B/reelctl tensor diff $D/g.safetensors $D/r.safetensors || exit 1\n"
         "grep -q 'artifact test-wrong-gemm-gelu demoted at gemm_gelu' $D/worker.log || { cat $D/worker.log; exit 1; }\n"
-        "grep -q 'artifact cpu-attention-parsoftmax promoted at attention' $D/worker.log || exit 1\n",
+        "grep -q 'artifact cpu-attention-parsoftmax promoted at attention' $D/worker.log || exit 1\n"
+        /* A clean stop sends the final counters; the broker's writer
+         * commits everything queued before it exits. */
+        "kill -TERM $WP; wait $WP; kill -TERM $BP; wait $BP; trap - EXIT\n"
+        "$B/reelctl artifacts report --catalog $D/reel.db --json > $D/report.json || exit 1\n"
+        "$B/reelctl metrics --catalog $D/reel.db > $D/metrics.txt || exit 1\n"
+        "$B/reelctl stats --catalog $D/reel.db > $D/stats.txt || exit 1\n"
+        "/usr/bin/python3 - $D <<'PY' || { cat $D/report.json $D/metrics.txt; exit 1; }\n"
+        "import json, sys\n"
+        "d = sys.argv[1]\n"
+        "r = json.load(open(d + '/report.json'))\n"
+        "a = {x['id']: x for x in r['artifacts']}\n"
+        "w = a['test-wrong-gemm-gelu']\n"
+        "assert w['status'] == 'loaded' and w['verified'] == 1 and w['enabled'] == 1, w\n"
+        "assert w['demoted'] == 2 and w['promoted'] == 0 and w['parity_fail'] == 2, w\n"
+        "assert a['test-flaky-gemm-gelu']['status'] == 'refused', a\n"
+        "assert 'libtest_flaky.so is missing' in a['test-flaky-gemm-gelu']['reason'], a\n"
+        "p = a['cpu-attention-parsoftmax']\n"
+        "assert p['promoted'] == 2 and p['calls'] > 2 and p['timed'] > 0 and p['speedup'] > 0, p\n"
+        "ks = [k for k in r['keys'] if k['id'] == 'test-wrong-gemm-gelu']\n"
+        "assert all(k['state'] == 'demoted' and k['reason'].startswith('artifact_parity') for k in ks), ks\n"
+        "m = open(d + '/metrics.txt').read()\n"
+        "assert 'reel_artifact_parity_total{artifact=\"test-wrong-gemm-gelu\",result=\"fail\"} 2' in m, m\n"
+        "assert 'reel_declines_total{worker=\"w1\",reason=\"artifact_parity\"} 1' in m, m\n"
+        "assert 'cpu-attention-parsoftmax' in open(d + '/stats.txt').read()\n"
+        "PY\n",
         build, dir, weights, root);
     fclose(f);
     sh("timeout 120 sh '%s'", script);
@@ -875,7 +902,7 @@ int main(void) {
     tcase_add_test(tc, test_corrupt_bundles_leave_the_model_serving_native_results);
     tcase_add_test(tc, test_an_unreadable_root_is_an_error_naming_it);
     tcase_add_test(tc, test_worker_refuses_to_start_when_the_allowlist_names_an_unknown_id);
-    tcase_add_test(tc, test_worker_with_corrupt_and_wrong_bundles_serves_results_equal_to_native);
+    tcase_add_test(tc, test_worker_with_corrupt_and_wrong_bundles_serves_native_results_and_the_catalog_says_which_failed);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

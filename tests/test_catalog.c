@@ -183,7 +183,8 @@ START_TEST(test_migration_creates_schema_on_new_file_and_sets_user_version) {
     ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
     sqlite3_finalize(s);
     static const char *tables[] = { "artifacts", "weight_versions", "workers", "worker_versions",
-                                    "captures", "evictions", "declines", "requests" };
+                                    "captures", "evictions", "declines", "requests",
+                                    "artifact_keys" };
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         char sql[160];
         snprintf(sql, sizeof sql, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '%s'",
@@ -1011,10 +1012,13 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
     OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
     OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
+    OK(cat_artifact_seen(c, "a'; DROP TABLE artifacts; --", "1", "op", "cpu", NULL, true, false, "v'd", "r'", 9));
+    OK(cat_artifact_key(c, worker, "a'; --", "k'ey", "s'", "r'", 1, 2, 3, 4, 5, 6, 1.5, 0.1, 10));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 9);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 10);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM artifact_keys WHERE key = 'k''ey'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE path = '/w/''x'"), 1);
     sqlite3_stmt *s;
     ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT worker, key_text, key_hash, replay_count FROM captures",

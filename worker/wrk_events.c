@@ -22,6 +22,7 @@ typedef struct {
     char component[CAP_NAME_MAX];
     uint64_t from, to;
     uint64_t count;              /* declines merged into this entry */
+    msg_event_t *raw;            /* owned: an entry pushed whole (wrk_events_push) */
 } entry_t;
 
 typedef struct {
@@ -65,7 +66,7 @@ err:
 void wrk_events_destroy(wrk_events_t **ep) {
     if (!ep || !*ep) return;
     wrk_events_t *e = *ep;
-    for (size_t i = 0; i < e->n_ev; i++) free(e->ev[i].key);
+    for (size_t i = 0; i < e->n_ev; i++) free(e->ev[i].key), free(e->ev[i].raw);
     free(e->ev);
     free(e->rep);
     pthread_mutex_destroy(&e->mu);
@@ -140,6 +141,27 @@ out:
     pthread_mutex_unlock(&e->mu);
 }
 
+void wrk_events_push(wrk_events_t *e, const msg_event_t *ev) {
+    if (!e || !ev) return;
+    char *key = strdup(ev->key ? ev->key : "");
+    msg_event_t *raw = malloc(sizeof *raw);
+    pthread_mutex_lock(&e->mu);
+    if (!key || !raw || full(e)) {
+        e->dropped++;
+        free(key);
+        free(raw);
+    } else {
+        *raw = *ev;
+        entry_t *x = &e->ev[e->n_ev++];
+        memset(x, 0, sizeof *x);
+        x->kind = CAP_EV_CAPTURE; /* never a decline: nothing merges into it */
+        x->key = key;
+        x->key_hash = ev->key_hash;
+        x->raw = raw;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
 void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
@@ -162,10 +184,16 @@ bool wrk_events_pending(wrk_events_t *e) {
 /* One event as an EVENTS entry; its key is copied to *keys (advanced). */
 static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
     static const char *kinds[] = { "capture", "decline", "evict" };
-    memset(ev, 0, sizeof *ev);
-    snprintf(ev->kind, sizeof ev->kind, "%s", kinds[x->kind]);
     size_t kl = strlen(x->key) + 1;
     memcpy(*keys, x->key, kl);
+    if (x->raw) {
+        *ev = *x->raw;
+        ev->key = *keys;
+        *keys += kl;
+        return;
+    }
+    memset(ev, 0, sizeof *ev);
+    snprintf(ev->kind, sizeof ev->kind, "%s", kinds[x->kind]);
     ev->key = *keys;
     *keys += kl;
     ev->key_hash = x->key_hash;
@@ -220,7 +248,7 @@ msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *d
         ev->count = e->rep[i].count;
     }
     *n = n_ev + n_rep;
-    for (size_t i = 0; i < n_ev; i++) free(e->ev[i].key);
+    for (size_t i = 0; i < n_ev; i++) free(e->ev[i].key), free(e->ev[i].raw);
     memmove(e->ev, e->ev + n_ev, (e->n_ev - n_ev) * sizeof *e->ev);
     e->n_ev -= n_ev;
     memmove(e->rep, e->rep + n_rep, (e->n_rep - n_rep) * sizeof *e->rep);

@@ -41,6 +41,11 @@ void wrk_events_set_thread_stream(int stream);
  * (an event that does not fit is counted as dropped). */
 void wrk_events_on_cache(void *user, const cap_event_t *ev);
 
+/* Queues one EVENTS entry as it is (its key string copied), in order with
+ * the cache's events: the artifact entries of docs/ARTIFACTS.md. Can't
+ * fail (counted as dropped when it does not fit). */
+void wrk_events_push(wrk_events_t *e, const msg_event_t *ev);
+
 /* Counts one replayed step of key_hash on worker stream `stream`. */
 void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream);
 

@@ -10,6 +10,7 @@
  * (--key/--broker-key or $REEL_KEY/$REEL_BROKER_KEY) the DEALER speaks
  * CURVE; a SYNC's weights are read only under the weights roots
  * (wrk_weights.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -78,11 +79,111 @@ typedef struct {
     void *pull;
     int64_t heard;               /* last message from the broker */
     int64_t next_hb, next_events, reconnect_at;
+    int64_t next_artifacts;      /* the next snapshot of the artifact keys */
     int backoff_ms;
 } link_t;
 
 static void log_cache(void *user, int level, const char *msg) {
     if (level >= 1) wrk_log(user, "%s%s", level >= 2 ? "warning: " : "", msg);
+}
+
+/* ---- kernel artifacts (docs/ARTIFACTS.md): what goes to the catalog ---- */
+
+#define ARTIFACTS_REPORT_MS 10000 /* every key's counters are sent this often */
+
+/* FNV-1a of a and b, never 0 (EVENTS entries need a key_hash). */
+static uint64_t art_hash(const char *a, const char *b) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = a; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+    for (const char *p = b; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h | 1;
+}
+
+/* src as a name of the protocol's alphabet (a bundle's directory name may
+ * hold anything): other bytes become '_', at most MSG_NAME_MAX - 1. */
+static void art_name(char dst[MSG_NAME_MAX], const char *src) {
+    size_t n = 0;
+    for (; src[n] && n < MSG_NAME_MAX - 1; n++)
+        dst[n] = isalnum((unsigned char)src[n]) || strchr("_.:+-", src[n]) ? src[n] : '_';
+    dst[n] = '\0';
+    if (!n) snprintf(dst, MSG_NAME_MAX, "-");
+}
+
+/* One EVENTS entry per bundle scanned: the catalog's artifacts table. */
+static void push_bundles(wrk_t *w, kern_artifacts_t *set) {
+    for (size_t i = 0; i < kern_artifacts_count(set); i++) {
+        kern_art_bundle_t b = kern_artifacts_bundle(set, i);
+        msg_event_t ev;
+        memset(&ev, 0, sizeof ev);
+        snprintf(ev.kind, sizeof ev.kind, "artifact");
+        art_name(ev.component, b.parsed ? b.m->id : b.bundle);
+        ev.key = "";
+        ev.key_hash = art_hash(ev.component, "");
+        ev.count = 1;
+        snprintf(ev.reason, sizeof ev.reason, "%s", !b.verified ? "refused" : b.loaded ? "loaded" : "verified");
+        if (b.parsed) {
+            art_name(ev.version, b.m->version);
+            snprintf(ev.op, sizeof ev.op, "%s", kern_op_name(b.m->op));
+            snprintf(ev.backend, sizeof ev.backend, "%s", kern_backend_kind_name(b.m->backend));
+            for (int f = 0; f < b.m->n_files; f++)
+                if (!strcmp(b.m->files[f].name, b.m->object))
+                    snprintf(ev.sha256, sizeof ev.sha256, "%s", b.m->files[f].sha256);
+        } else {
+            snprintf(ev.version, sizeof ev.version, "-");
+            snprintf(ev.op, sizeof ev.op, "-");
+            snprintf(ev.backend, sizeof ev.backend, "-");
+        }
+        ev.verified = b.verified;
+        ev.enabled = b.enabled;
+        snprintf(ev.detail, sizeof ev.detail, "%s", b.error);
+        wrk_events_push(w->events, &ev);
+    }
+}
+
+/* One EVENTS entry for an artifact at a kernel key: the artifact_keys table. */
+static void push_key(wrk_t *w, const kern_art_key_stats_t *k) {
+    msg_event_t ev;
+    memset(&ev, 0, sizeof ev);
+    snprintf(ev.kind, sizeof ev.kind, "artifact_key");
+    art_name(ev.component, k->id);
+    ev.key = k->key;
+    ev.key_hash = art_hash(k->id, k->key);
+    snprintf(ev.reason, sizeof ev.reason, "%s", kern_art_state_name(k->state));
+    snprintf(ev.detail, sizeof ev.detail, "%s", k->reason);
+    ev.count = k->n.calls;
+    ev.native = k->n.native_calls;
+    ev.pass = k->n.parity_pass;
+    ev.fail = k->n.parity_fail;
+    ev.fallbacks = k->n.fallbacks;
+    ev.timed = k->n.timed;
+    ev.speedup = k->n.artifact_s > 0 ? k->n.native_s / k->n.artifact_s : 0;
+    ev.speedup_sd = k->n.speedup_sd;
+    wrk_events_push(w->events, &ev);
+}
+
+/* Every key of the installed set (the periodic and the final snapshot). */
+static void push_keys(wrk_t *w) {
+    kern_artifacts_t *set = kern_artifacts_installed();
+    if (!set || !w->events) return;
+    kern_art_key_stats_t ks[256];
+    size_t n = kern_artifacts_keys(set, ks, 256);
+    for (size_t i = 0; i < n && i < 256; i++) push_key(w, &ks[i]);
+}
+
+/* Artifact verdicts, as they happen: logged, and sent with the key's
+ * counters. Runs on a stream thread with no artifact lock held. */
+static void log_artifact(void *user, const kern_art_event_t *ev) {
+    static const char *const what[] = { "promoted", "demoted", "failed", "ineligible" };
+    wrk_t *w = user;
+    wrk_log(w, "artifact %s %s at %s%s%s", ev->id, what[ev->kind], ev->key,
+            ev->reason[0] ? ": " : "", ev->reason);
+    kern_artifacts_t *set = kern_artifacts_installed();
+    if (!set || !w->events) return;
+    kern_art_key_stats_t ks[256];
+    size_t n = kern_artifacts_keys(set, ks, 256);
+    for (size_t i = 0; i < n && i < 256; i++)
+        if (!strcmp(ks[i].id, ev->id) && !strcmp(ks[i].key, ev->key)) push_key(w, &ks[i]);
 }
 
 static void *dealer_new(wrk_t *w) {
@@ -285,6 +386,10 @@ static int serve(link_t *l) {
             l->next_hb = now + hb;
             reel_notify("WATCHDOG=1"); /* systemd: the main loop is alive */
         }
+        if (w->opt->artifacts && now >= l->next_artifacts) {
+            push_keys(w);
+            l->next_artifacts = now + ARTIFACTS_REPORT_MS;
+        }
         if (now >= l->next_events) {
             flush_events(l);
             l->next_events = now + w->opt->events_ms;
@@ -311,13 +416,6 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     st_close(&f);
     close(fd);
     return m;
-}
-
-/* Artifact verdicts, as they happen (kernels/artifacts.h). */
-static void log_artifact(void *user, const kern_art_event_t *ev) {
-    static const char *const what[] = { "promoted", "demoted", "failed", "ineligible" };
-    wrk_log(user, "artifact %s %s at %s%s%s", ev->id, what[ev->kind], ev->key,
-            ev->reason[0] ? ": " : "", ev->reason);
 }
 
 /* --artifacts DIR: every bundle verified and reported (a refused one is
@@ -415,6 +513,7 @@ static int run(const wrk_opts_t *o) {
     if (setup_artifacts(&w, &artifacts) != 0) { code = 2; goto out; }
     if (!(w.model = load_model(&w, sha))) { code = 2; goto out; }
     if (!(w.events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(&w, "out of memory"); goto out; }
+    if (artifacts) push_bundles(&w, artifacts); /* sent with the first EVENTS */
 
     cap_options_t co = cap_options_default();
     co.budget_bytes = o->budget;
@@ -471,6 +570,7 @@ static int run(const wrk_opts_t *o) {
     /* Say goodbye first, so the broker requeues our requests at once. */
     atomic_store(&w.stop, true);
     if (l.dealer) {
+        if (artifacts) push_keys(&w); /* the final counters */
         flush_events(&l);
         send_msg(&l, MSG_DISCONNECT, NULL);
         int linger = SHUTDOWN_LINGER_MS;
