@@ -162,13 +162,24 @@ static void push_key(wrk_t *w, const kern_art_key_stats_t *k) {
     wrk_events_push(w->events, &ev);
 }
 
+#define ARTIFACT_KEYS_MAX 1024 /* keys sent per snapshot */
+
+/* The keys of the installed set, on the heap (a stream thread's stack is
+ * no place for them); NULL when none or out of memory. */
+static kern_art_key_stats_t *artifact_keys(size_t *n) {
+    kern_artifacts_t *set = kern_artifacts_installed();
+    kern_art_key_stats_t *ks = set ? malloc(ARTIFACT_KEYS_MAX * sizeof *ks) : NULL;
+    *n = ks ? kern_artifacts_keys(set, ks, ARTIFACT_KEYS_MAX) : 0;
+    if (*n > ARTIFACT_KEYS_MAX) *n = ARTIFACT_KEYS_MAX;
+    return ks;
+}
+
 /* Every key of the installed set (the periodic and the final snapshot). */
 static void push_keys(wrk_t *w) {
-    kern_artifacts_t *set = kern_artifacts_installed();
-    if (!set || !w->events) return;
-    kern_art_key_stats_t ks[256];
-    size_t n = kern_artifacts_keys(set, ks, 256);
-    for (size_t i = 0; i < n && i < 256; i++) push_key(w, &ks[i]);
+    size_t n;
+    kern_art_key_stats_t *ks = w->events ? artifact_keys(&n) : NULL;
+    for (size_t i = 0; ks && i < n; i++) push_key(w, &ks[i]);
+    free(ks);
 }
 
 /* Artifact verdicts, as they happen: logged, and sent with the key's
@@ -178,12 +189,11 @@ static void log_artifact(void *user, const kern_art_event_t *ev) {
     wrk_t *w = user;
     wrk_log(w, "artifact %s %s at %s%s%s", ev->id, what[ev->kind], ev->key,
             ev->reason[0] ? ": " : "", ev->reason);
-    kern_artifacts_t *set = kern_artifacts_installed();
-    if (!set || !w->events) return;
-    kern_art_key_stats_t ks[256];
-    size_t n = kern_artifacts_keys(set, ks, 256);
-    for (size_t i = 0; i < n && i < 256; i++)
+    size_t n;
+    kern_art_key_stats_t *ks = w->events ? artifact_keys(&n) : NULL;
+    for (size_t i = 0; ks && i < n; i++)
         if (!strcmp(ks[i].id, ev->id) && !strcmp(ks[i].key, ev->key)) push_key(w, &ks[i]);
+    free(ks);
 }
 
 static void *dealer_new(wrk_t *w) {
