@@ -90,6 +90,9 @@ static void print_bundles(kern_artifacts_t *set, FILE *f, bool json) {
         char parity[40];
         if (a->m.parity == KERN_PARITY_MAX_REL) snprintf(parity, sizeof parity, "max_rel=%g", a->m.max_rel);
         else snprintf(parity, sizeof parity, "byte_equal");
+        const char *sha = ""; /* the object's digest */
+        for (int k = 0; a->parsed && k < a->m.n_files; k++)
+            if (!strcmp(a->m.files[k].name, a->m.object)) sha = a->m.files[k].sha256;
         if (json) {
             fprintf(f, "%s{\"bundle\":", i ? "," : "");
             jstr(f, a->bundle);
@@ -102,7 +105,7 @@ static void print_bundles(kern_artifacts_t *set, FILE *f, bool json) {
                     a->parsed ? kern_op_name(a->m.op) : "",
                     a->parsed ? kern_backend_kind_name(a->m.backend) : "", status,
                     a->verified ? "true" : "false", a->enabled ? "true" : "false",
-                    a->parsed ? parity : "", a->parsed && a->m.n_files ? a->m.files[0].sha256 : "");
+                    a->parsed ? parity : "", sha);
             jstr(f, a->error);
             fputc('}', f);
             continue;
