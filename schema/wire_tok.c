@@ -402,19 +402,19 @@ size_t wire_map_header_len(const unsigned char *p, size_t n) {
 /* Values still to skip are counted, not recursed into: a container adds
  * its entries (a map two per entry) to the count. */
 size_t wire_skip(const unsigned char *p, size_t n, size_t at) {
-    uint64_t todo = 1;
-    while (todo--) {
+    uint64_t pending = 1;
+    while (pending--) {
         if (at >= n) return 0;
         unsigned b = p[at++];
         size_t k = 0;        /* bytes of length or count after the type byte */
         uint64_t len = 0;    /* payload bytes after those */
         if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) continue;
         if ((b & 0xf0) == 0x80) {
-            todo += 2 * (uint64_t)(b & 0x0f);
+            pending += 2 * (uint64_t)(b & 0x0f);
             continue;
         }
         if ((b & 0xf0) == 0x90) {
-            todo += b & 0x0f;
+            pending += b & 0x0f;
             continue;
         }
         if ((b & 0xe0) == 0xa0) len = b & 0x1f;
@@ -430,7 +430,7 @@ size_t wire_skip(const unsigned char *p, size_t n, size_t at) {
             uint64_t x = be_at(p + at, k);
             at += k;
             if (b >= 0xdc) {
-                todo += b >= 0xde ? 2 * x : x;
+                pending += b >= 0xde ? 2 * x : x;
                 continue;
             }
             len = x;
