@@ -20,32 +20,8 @@ K="$D/keys"
 CE="ipc://$D/clients"
 WE="ipc://$D/workers"
 DB="$D/reel.db"
-pass=0; fail=0
-PIDS=""
-
-cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
-}
-trap cleanup EXIT INT TERM
-
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-finish() { echo "security: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
-show() { sed 's/^/  | /' "$@" 2>/dev/null | tail -8; }
-
-# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
-wait_count() {
-    i=0
-    while [ $i -lt $(($4 * 10)) ]; do
-        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
-    return 1
-}
-wait_for() { wait_count "$1" "$2" 1 "$3"; }
+SUITE=security
+. "$(dirname "$0")/lib_cli.sh"
 
 # wait_gone PID SECONDS: until the process is gone; 1 when it is not.
 wait_gone() {

@@ -1,0 +1,31 @@
+# lib_cli.sh -- what the process-level test scripts share. Source it after
+# setting D (the script's temporary folder) and SUITE (its name in the
+# closing line). It sets PIDS (processes to kill on exit), the pass/fail
+# counters, and an exit trap that kills them and removes D (REEL_KEEP=1
+# keeps it). Every wait is bounded.
+PIDS=""
+pass=0; fail=0
+
+cleanup() {
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
+}
+trap cleanup EXIT INT TERM
+
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+finish() { echo "$SUITE: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
+show() { sed 's/^/  | /' "$@" 2>/dev/null | tail -8; }
+
+# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
+wait_count() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
+    return 1
+}
+wait_for() { wait_count "$1" "$2" 1 "$3"; }
