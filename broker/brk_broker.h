@@ -91,7 +91,11 @@ typedef struct brk_req {
     brk_req_state_t state;
     brk_worker_t *worker;      /* INFLIGHT / ABANDONED: who runs it */
     struct brk_req *prev, *next; /* all live requests (brk_t.reqs) */
+    struct brk_req *id_next;   /* its bucket of brk_t.by_id */
 } brk_req_t;
+
+#define BRK_ID_BUCKETS 1024    /* live requests by id: ids are sequential, so id % buckets spreads them */
+#define BRK_MSG_POOL 64        /* spare message structs kept for reuse */
 
 /* The current SYNC of one component: the newest version at least one
  * live worker applied. Late joiners and lagging workers are caught up to
@@ -148,6 +152,7 @@ typedef struct {
     brk_worker_t **w;                /* registered workers */
     int n_w, cap_w;
     brk_req_t *reqs;                 /* every live request */
+    brk_req_t *by_id[BRK_ID_BUCKETS]; /* the same, chained by id % BRK_ID_BUCKETS */
     brk_queue_t queue;               /* REQ_QUEUED requests, FIFO */
     uint64_t next_id;
     uint64_t held_bytes;       /* tensor bytes of live requests (bounded: BUSY beyond) */
@@ -158,6 +163,8 @@ typedef struct {
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* bad messages answered ERROR */
     brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */
+    wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
+    int n_msg_pool;
 } brk_t;
 
 #endif

@@ -217,7 +217,7 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
 static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
     void *sock = worker_side ? b->workers : b->clients;
     for (int i = 0; i < DRAIN_MAX; i++) {
-        if (!*spare && !(*spare = malloc(sizeof **spare))) return 0; /* try again at the next poll */
+        if (!*spare && !(*spare = brk_msg_new(b))) return 0; /* try again at the next poll */
         wire_err_t err;
         int rc = msg_recv(sock, true, ZMQ_DONTWAIT, *spare, &err);
         if (rc < 0) {
@@ -264,6 +264,6 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_sync_timers(b, now);
         settle(b);
     }
-    free(spare); /* empty: closed after its last message */
+    brk_msg_free(b, spare); /* empty: closed after its last message */
     return ret;
 }

@@ -21,6 +21,7 @@
 #include "broker/brk_zap.h"
 #include "schema/notify.h"
 #include "broker/brk_log.h"
+#include "broker/brk_msg.h"
 #include "kernels/error.h"
 
 static volatile sig_atomic_t g_stop;
@@ -245,6 +246,7 @@ int main(int argc, char **argv) {
             brk_queue_len(&b.queue));
     brk_req_shutdown(&b);
     brk_sync_shutdown(&b);
+    brk_msg_pool_free(&b);
 out:
     stop_all(&b);
     if (rc == 0) brk_log("stopped");

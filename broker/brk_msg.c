@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -12,6 +13,22 @@ int64_t brk_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+wire_msg_t *brk_msg_new(brk_t *b) {
+    if (b->n_msg_pool) return b->msg_pool[--b->n_msg_pool];
+    return malloc(sizeof(wire_msg_t));
+}
+
+void brk_msg_free(brk_t *b, wire_msg_t *m) {
+    if (!m) return;
+    wire_msg_close(m);
+    if (b->n_msg_pool < BRK_MSG_POOL) b->msg_pool[b->n_msg_pool++] = m;
+    else free(m);
+}
+
+void brk_msg_pool_free(brk_t *b) {
+    while (b->n_msg_pool) free(b->msg_pool[--b->n_msg_pool]);
 }
 
 void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg) {

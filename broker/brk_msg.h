@@ -17,6 +17,15 @@ int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, co
 int brk_send_error(void *sock, const brk_ident_t *to, uint64_t id, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* A message struct to receive into (each is ~4 KB, past malloc's fast
+ * bins: an accepted GEN keeps one until answered, and they are reused
+ * rather than allocated per request). NULL when out of memory. */
+wire_msg_t *brk_msg_new(brk_t *b);
+/* Closes m and keeps it for reuse (or frees it). NULL is a no-op. */
+void brk_msg_free(brk_t *b, wire_msg_t *m);
+/* Frees the kept ones (shutdown). */
+void brk_msg_pool_free(brk_t *b);
+
 /* The registered worker with this identity / name, or NULL. */
 brk_worker_t *brk_worker_find(brk_t *b, const zmq_msg_t *identity);
 brk_worker_t *brk_worker_named(brk_t *b, const char *name);

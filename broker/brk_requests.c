@@ -27,11 +27,16 @@
 
 /* ---- the request list ------------------------------------------------------- */
 
+static brk_req_t **bucket(brk_t *b, uint64_t id) { return &b->by_id[id % BRK_ID_BUCKETS]; }
+
 static void req_link(brk_t *b, brk_req_t *r) {
     r->prev = NULL;
     r->next = b->reqs;
     if (b->reqs) b->reqs->prev = r;
     b->reqs = r;
+    brk_req_t **h = bucket(b, r->id);
+    r->id_next = *h;
+    *h = r;
 }
 
 /* Unlinks and frees r (not in the queue: the caller removed it). */
@@ -39,9 +44,11 @@ static void req_free(brk_t *b, brk_req_t *r) {
     if (r->prev) r->prev->next = r->next;
     else b->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
+    brk_req_t **h = bucket(b, r->id);
+    while (*h != r) h = &(*h)->id_next;
+    *h = r->id_next;
     b->held_bytes -= r->bytes;
-    wire_msg_close(r->msg);
-    free(r->msg);
+    brk_msg_free(b, r->msg);
     free(r);
 }
 
@@ -54,7 +61,7 @@ static void queue_drop(brk_t *b, brk_req_t *r) {
 }
 
 static brk_req_t *req_by_id(brk_t *b, uint64_t id) {
-    for (brk_req_t *r = b->reqs; r; r = r->next)
+    for (brk_req_t *r = *bucket(b, id); r; r = r->id_next)
         if (r->id == id) return r;
     return NULL;
 }
@@ -151,7 +158,9 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->id = b->next_id++;
     r->client_id = m->id;
     r->msg = m;
-    snprintf(r->model, sizeof r->model, "%s", g->model);
+    size_t ml = strnlen(g->model, sizeof r->model - 1); /* validated: a name that fits */
+    memcpy(r->model, g->model, ml);
+    r->model[ml] = '\0';
     r->shard = shard;
     /* "version" is the oldest weights the request may run on: a trainer
      * asking for an older version than the current one may be served by a

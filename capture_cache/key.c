@@ -1,26 +1,15 @@
 /* key.c -- canonical text and hashes of capture keys (see key.h). */
 #include "key.h"
 #include "kernels/error.h"
+#include "kernels/names.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int valid_name(const char *s, size_t max) {
-    size_t n = strlen(s);
-    if (n == 0 || n >= max) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-' || c == '+'))
-            return 0;
-    }
-    return 1;
-}
-
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
     if (k->n_inputs >= CAP_MAX_INPUTS) return kern_fail("capture key: more than %d inputs", CAP_MAX_INPUTS);
-    if (!valid_name(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name);
+    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name);
     if (ndim < 0 || ndim > KERN_MAX_DIMS) return kern_fail("capture key: input '%s' has %d dims", name, ndim);
     cap_sig_t *s = &k->inputs[k->n_inputs++];
     memset(s, 0, sizeof *s);
@@ -34,7 +23,7 @@ int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim,
 int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version) {
     if (k->n_components >= CAP_MAX_COMPONENTS)
         return kern_fail("capture key: more than %d components", CAP_MAX_COMPONENTS);
-    if (!valid_name(name, CAP_NAME_MAX)) return kern_fail("capture key: bad component name '%s'", name);
+    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad component name '%s'", name);
     if (cap_key_reads(k, name)) return kern_fail("capture key: component '%s' twice", name);
     cap_component_ver_t *c = &k->components[k->n_components++];
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -76,10 +65,10 @@ static int cmp_comp(const void *a, const void *b) {
 
 int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
     if (len == 0) return kern_fail("capture key: no room for the text");
-    if ((!shard && (!valid_name(k->device, sizeof k->device) || !valid_name(k->arch, sizeof k->arch))) ||
-        !valid_name(k->model, sizeof k->model) || !valid_name(k->loop, sizeof k->loop) ||
-        !valid_name(k->graph.cfg, sizeof k->graph.cfg) || !valid_name(k->graph.expert, sizeof k->graph.expert) ||
-        !valid_name(k->graph.sched, sizeof k->graph.sched) || k->n_inputs < 0 || k->n_inputs > CAP_MAX_INPUTS ||
+    if ((!shard && (!reel_name_valid(k->device, sizeof k->device) || !reel_name_valid(k->arch, sizeof k->arch))) ||
+        !reel_name_valid(k->model, sizeof k->model) || !reel_name_valid(k->loop, sizeof k->loop) ||
+        !reel_name_valid(k->graph.cfg, sizeof k->graph.cfg) || !reel_name_valid(k->graph.expert, sizeof k->graph.expert) ||
+        !reel_name_valid(k->graph.sched, sizeof k->graph.sched) || k->n_inputs < 0 || k->n_inputs > CAP_MAX_INPUTS ||
         k->n_components < 0 || k->n_components > CAP_MAX_COMPONENTS)
         return kern_fail("capture key: a field is empty or has characters outside [A-Za-z0-9_.:+-]");
     out_t o = { buf, len, 0, 0 };

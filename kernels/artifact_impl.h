@@ -89,7 +89,4 @@ int art_dispatch_hook(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *arg
 /* Frees the keys (artifact_run.c). Set not installed. */
 void art_run_free(kern_artifacts_t *set);
 
-/* Charset of ids, versions, regions and arch names: [A-Za-z0-9_.:+-]. */
-bool art_name_ok(const char *s, size_t max);
-
 #endif

@@ -7,6 +7,7 @@
  * whatever the bytes. */
 #include "artifact_impl.h"
 #include "error.h"
+#include "names.h"
 #include "ops_args.h"
 #include <ctype.h>
 #include <jansson.h>
@@ -74,14 +75,6 @@ const art_op_t *art_op(kern_op_t op) {
 bool kern_art_op_supported(kern_op_t op) { return art_op(op) != NULL; }
 
 /* ---- small parsers --------------------------------------------------------- */
-
-bool art_name_ok(const char *s, size_t max) {
-    size_t n = strlen(s);
-    if (n == 0 || n >= max) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && !strchr("_.:+-", s[i])) return false;
-    return true;
-}
 
 /* A plain file name: no slash, no leading dot, [A-Za-z0-9_.+-]. */
 static bool file_name_ok(const char *s) {
@@ -163,7 +156,7 @@ static int parse_arch(json_t *v, kern_art_manifest_t *m) {
         return kern_fail("manifest: \"arch\" must be an array of 1..%d names", KERN_ART_MAX_ARCH);
     for (size_t i = 0; i < json_array_size(v); i++) {
         const char *s = plain_string(json_array_get(v, i));
-        if (!s || !art_name_ok(s, KERN_ART_ARCH_MAX))
+        if (!s || !reel_name_valid(s, KERN_ART_ARCH_MAX))
             return kern_fail("manifest: \"arch\"[%zu] must be a name of [A-Za-z0-9_.:+-] "
                              "(\"any\", \"cpu-avx2\", \"sm_90\")", i);
         memcpy(m->arch[m->n_arch++], s, strlen(s) + 1);
@@ -262,9 +255,9 @@ static int parse_obj(json_t *o, kern_art_manifest_t *m) {
             if (!strcmp(key, known_keys[i])) known = true;
         if (!known) return kern_fail("manifest: unknown key \"%.40s\"", key);
     }
-    if (str_field(o, "id", true, m->id, sizeof m->id, art_name_ok) ||
-        str_field(o, "version", true, m->version, sizeof m->version, art_name_ok) ||
-        str_field(o, "region", false, m->region, sizeof m->region, art_name_ok))
+    if (str_field(o, "id", true, m->id, sizeof m->id, reel_name_valid) ||
+        str_field(o, "version", true, m->version, sizeof m->version, reel_name_valid) ||
+        str_field(o, "region", false, m->region, sizeof m->region, reel_name_valid))
         return -1;
     const char *s = plain_string(json_object_get(o, "op"));
     if (!s) return kern_fail("manifest: \"op\" must be a string (a registry op name)");

@@ -1,7 +1,8 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 4): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 5): the sum
 -- of the migrations schema/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
--- artifacts seen and their kernel keys). tests/test_catalog.c fails if a catalog
+-- artifacts seen and their kernel keys; 5: requests without indexes:
+-- rows go in in time order, so the newest are the highest rowids). tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
 -- INTEGER.
@@ -146,8 +147,6 @@ CREATE TABLE IF NOT EXISTS requests (
     status   TEXT NOT NULL,
     t        REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS requests_by_time ON requests (t);
-CREATE INDEX IF NOT EXISTS requests_by_worker ON requests (worker);
 
 -- Every SYNC a peer sent, whatever became of it: the trainer role's
 -- audit trail (docs/SECURITY.md). key_name and role are its CURVE key's

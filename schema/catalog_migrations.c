@@ -196,6 +196,16 @@ const char cat_schema_v4_sql[] =
     "    PRIMARY KEY (worker, id, key)\n"
     ");\n";
 
+/* Migration 5: requests lose their two indexes, each a quarter of the
+ * catalog writer's time per request (bench/bench_broker, docs/BENCH.md).
+ * Rows are written in the order they were queued, which is the order of
+ * their times, so "the most recent" is the highest rowids; the per-worker
+ * counts of `reelctl report` scanned the whole worker index anyway (its
+ * queries match "every worker or this one"), and scan the table now. */
+const char cat_schema_v5_sql[] =
+    "DROP INDEX IF EXISTS requests_by_time;\n"
+    "DROP INDEX IF EXISTS requests_by_worker;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
-                                       cat_schema_v4_sql };
+                                       cat_schema_v4_sql, cat_schema_v5_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -358,7 +358,7 @@ static json_t *build_workers(cat_t *c) {
 static json_t *build_requests(cat_t *c) {
     return query_rows(c,
         "SELECT t, id, worker, version, steps, captured, replayed, eager, seconds, status, key_hash"
-        " FROM requests ORDER BY t DESC, rowid DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
+        " FROM requests ORDER BY rowid DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
 }
 
 /* ---- the queries -------------------------------------------------------- */

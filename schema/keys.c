@@ -81,7 +81,7 @@ static int parse_key(const char *path, char *text, reel_key_t *k) {
             if (reel_role_parse(v, &k->role) != 0) return kern_fail("%s: line %d: unknown role '%.32s'", path, line, v);
             break;
         case 1:
-            if (!msg_name_valid(v, REEL_KEY_NAME_MAX))
+            if (!reel_name_valid(v, REEL_KEY_NAME_MAX))
                 return kern_fail("%s: line %d: a name is 1..%d characters of [A-Za-z0-9_.:+-]", path, line,
                                  REEL_KEY_NAME_MAX - 1);
             snprintf(k->name, sizeof k->name, "%s", v);
@@ -150,7 +150,7 @@ static int write_new(const char *path, const char *text) {
 int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t *out) {
     memset(out, 0, sizeof *out);
     if (role <= REEL_ROLE_NONE || role > REEL_ROLE_BROKER) return kern_fail("no such role");
-    if (!msg_name_valid(name, REEL_KEY_NAME_MAX))
+    if (!reel_name_valid(name, REEL_KEY_NAME_MAX))
         return kern_fail("key name '%.80s': 1..%d characters of [A-Za-z0-9_.:+-]", name, REEL_KEY_NAME_MAX - 1);
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) return kern_fail("%s: %s", dir, strerror(errno));
     if (zmq_curve_keypair(out->public_key, out->secret_key) != 0)

@@ -41,19 +41,29 @@ typedef struct {
     wire_err_t *err;
 } dec_t;
 
-/* A field's place, "key" or "outer.key" or "outer[3].key": formatted only
- * when an error names it, never on the way through. */
-typedef struct {
-    const char *prefix; /* "" at the top */
-    const char *key;
+/* A field's place, "key" or "outer.key" or "outer[3].key": a chain on the
+ * stack, formatted only when an error names it, never on the way through. */
+typedef struct path {
+    const struct path *up; /* the enclosing field; NULL at the top */
+    const char *key;       /* unused for an array element */
+    long index;            /* an array element's index, or -1 for a key */
 } path_t;
 
-static void path_text(path_t p, char *buf, size_t len) {
-    snprintf(buf, len, "%.100s%s%.40s", p.prefix, *p.prefix && *p.key ? "." : "", p.key);
+static size_t path_put(const path_t *p, char *buf, size_t len) {
+    size_t n = p->up ? path_put(p->up, buf, len) : 0;
+    if (n + 1 >= len) return n;
+    int w = p->index >= 0 ? snprintf(buf + n, len - n, "[%ld]", p->index)
+                          : snprintf(buf + n, len - n, "%s%.40s", n ? "." : "", p->key);
+    return w < 0 ? n : n + (size_t)w;
 }
 
-static int bad(dec_t *d, path_t p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(dec_t *d, path_t p, const char *fmt, ...) {
+static void path_text(const path_t *p, char *buf, size_t len) {
+    buf[0] = '\0';
+    path_put(p, buf, len);
+}
+
+static int bad(dec_t *d, const path_t *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(dec_t *d, const path_t *p, const char *fmt, ...) {
     char what[200], where[160];
     va_list ap;
     va_start(ap, fmt);
@@ -87,7 +97,7 @@ static bool take_name(const dec_t *d, uint32_t i, char *buf, size_t size, uint64
     if (!s || n == 0 || n > max) return false;
     memcpy(buf, s, n);
     buf[n] = '\0';
-    return msg_name_valid(buf, size);
+    return reel_name_valid(buf, size);
 }
 
 /* Copies string token i into buf[size] when it fits and holds no NUL. */
@@ -115,7 +125,25 @@ static bool take_hash(const dec_t *d, uint32_t i, uint64_t *out) {
     return true;
 }
 
-static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const char *prefix);
+static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const path_t *up);
+
+/* True for the keys every header starts with (wire.c reads them). */
+static bool envelope_key(const char *ks, size_t kl) {
+#define IS(lit) (kl == sizeof(lit) - 1 && !memcmp(ks, lit, kl))
+    return IS("type") || IS("id") || IS("proto") || IS("tensors");
+#undef IS
+}
+
+/* The row of tab whose key is ks[0..kl), looked for from row `from` on
+ * (wrapping): a message written in table order finds each key at the
+ * first try. -1 when no row has it. */
+static int msg_field_index(const msg_table_t *tab, const char *ks, size_t kl, int from) {
+    for (int c = 0, r = from; c < tab->n; c++, r = r + 1 < tab->n ? r + 1 : 0) {
+        const msg_field_t *f = &tab->f[r];
+        if (f->klen == kl && ks[0] == f->key[0] && !memcmp(f->key, ks, kl)) return r;
+    }
+    return -1;
+}
 
 
 /* The capacity of a counts map member of `size` bytes. */
@@ -123,7 +151,7 @@ static int counts_cap(uint32_t size) {
     return (int)((size - offsetof(msg_counts_t, e)) / sizeof(msg_count_t));
 }
 
-static int dec_counts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+static int dec_counts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, const path_t *path) {
     int cap = counts_cap(f->size);
     int *n = AT(base, f->off, int);
     msg_count_t *e = AT(base, f->off + offsetof(msg_counts_t, e), msg_count_t);
@@ -137,7 +165,7 @@ static int dec_counts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, pa
     return 0;
 }
 
-static int dec_texts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+static int dec_texts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, const path_t *path) {
     msg_texts_t *t = AT(base, f->off, msg_texts_t);
     if (d->v[i].kind != WV_MAP) return bad(d, path, "must be a map of names to strings");
     if (d->v[i].n > MSG_MAX_COMPONENTS) return bad(d, path, "has more than %d entries", MSG_MAX_COMPONENTS);
@@ -152,7 +180,7 @@ static int dec_texts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, pat
 }
 
 /* Arrays: hashes into a fixed array, names and structs into the arena. */
-static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, const path_t *path) {
     if (d->v[i].kind != WV_ARR) return bad(d, path, "must be an array");
     uint32_t n = d->v[i].n;
     if (f->kind == FK_HASHES) {
@@ -171,11 +199,9 @@ static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, pat
                 return bad(d, path, "must be an array of names of [A-Za-z0-9_.:+-]");
             continue;
         }
-        char sub[160], at[180];
-        path_text(path, sub, sizeof sub);
-        snprintf(at, sizeof at, "%.160s[%u]", sub, (unsigned)j);
-        if (d->v[k].kind != WV_MAP) return bad(d, (path_t){ at, "" }, "must be a map");
-        if (dec_table(d, f->sub, k, arr + j * elem, at) != 0) return -1;
+        const path_t at = { path, "", (long)j };
+        if (d->v[k].kind != WV_MAP) return bad(d, &at, "must be a map");
+        if (dec_table(d, f->sub, k, arr + j * elem, &at) != 0) return -1;
     }
     *AT(base, f->off, void *) = arr;
     *AT(base, f->off2, size_t) = n;
@@ -183,7 +209,7 @@ static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, pat
 }
 
 /* Field f of base from its value token i. */
-static int dec_field(dec_t *d, const msg_field_t *f, uint32_t i, void *base, path_t path) {
+static int dec_field(dec_t *d, const msg_field_t *f, uint32_t i, void *base, const path_t *path) {
     size_t n;
     switch ((msg_kind_t)f->kind) {
     case FK_U64: {
@@ -241,9 +267,7 @@ static int dec_field(dec_t *d, const msg_field_t *f, uint32_t i, void *base, pat
     case FK_STRUCTS: return dec_array(d, f, i, base, path);
     case FK_STRUCT: {
         if (d->v[i].kind != WV_MAP) return bad(d, path, "must be a map");
-        char sub[160];
-        path_text(path, sub, sizeof sub);
-        return dec_table(d, f->sub, i, AT(base, f->off, void), sub);
+        return dec_table(d, f->sub, i, AT(base, f->off, void), path);
     }
     }
     return bad(d, path, "has a kind this decoder does not know");
@@ -271,24 +295,30 @@ static void defaults(const msg_table_t *tab, void *out) {
 
 /* Decodes map token `map` into out (zeroed) by tab. Unknown keys are
  * skipped; every required row must be met. */
-static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const char *prefix) {
+static int dec_table(dec_t *d, const msg_table_t *tab, uint32_t map, void *out, const path_t *up) {
     uint32_t seen = 0;
     defaults(tab, out);
+    int r = 0; /* where the next key is looked for first: senders write fields in table order */
     for (uint32_t j = 0, k = map + 1; j < d->v[map].n; j++, k = d->v[k + 1].next) {
         size_t kl;
         const char *ks = wire_tok_str(d->tk, d->h, k, &kl);
-        for (int r = 0; r < tab->n; r++) {
-            const msg_field_t *f = &tab->f[r];
-            if (f->klen != kl || memcmp(f->key, ks, kl)) continue;
-            if (dec_field(d, f, k + 1, out, (path_t){ prefix, f->key }) != 0) return -1;
-            seen |= 1u << r;
-            break;
+        if (!up && envelope_key(ks, kl)) continue; /* read by wire.c */
+        if ((r = msg_field_index(tab, ks, kl, r)) < 0) {
+            r = 0;
+            continue; /* not a field of this message: ignored */
         }
+        const msg_field_t *f = &tab->f[r];
+        const path_t at = { up, f->key, -1 };
+        if (dec_field(d, f, k + 1, out, &at) != 0) return -1;
+        seen |= 1u << r;
+        r = r + 1 < tab->n ? r + 1 : 0;
     }
     for (int r = 0; r < tab->n; r++)
         if ((tab->f[r].flags & F_REQ) && !(seen & (1u << r))) {
-            wire_set_err(d->err, WIRE_E_BAD_REQUEST, "missing '%s%s%s'", prefix, *prefix ? "." : "",
-                         tab->f[r].key);
+            char where[160];
+            const path_t at = { up, tab->f[r].key, -1 };
+            path_text(&at, where, sizeof where);
+            wire_set_err(d->err, WIRE_E_BAD_REQUEST, "missing '%s'", where);
             return -1;
         }
     return 0;
@@ -328,7 +358,7 @@ int msg_decode(wire_msg_t *m, msg_type_t type, void *body, wire_err_t *err) {
     dec_t d = { m, &m->tok, wire_msg_head(m), wire_toks_v(&m->tok), desc->type, err };
     if (desc->body) {
         memset(body, 0, desc->body->size);
-        if (dec_table(&d, desc->body, 0, body, "") != 0) return -1;
+        if (dec_table(&d, desc->body, 0, body, NULL) != 0) return -1;
     }
     if (dec_tensors(&d, desc, body) != 0) return -1;
     if (desc->after) desc->after(body, m);
@@ -515,16 +545,17 @@ unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t
 /* Whether the received entry with key ks[0..kl) goes on: the envelope's
  * proto and tensors do, type and id are written anew, set's keys replace
  * it, and otherwise only keys of tab (the fields of the type) go on. */
-static bool forwarded(const msg_table_t *tab, const msg_set_t *set, int n_set, const char *ks, size_t kl) {
+static bool forwarded(const msg_table_t *tab, const msg_set_t *set, int n_set, const char *ks, size_t kl,
+                      int *hint) {
 #define IS(lit) (kl == sizeof(lit) - 1 && !memcmp(ks, lit, kl))
     if (IS("proto") || IS("tensors")) return true;
     if (IS("type") || IS("id")) return false;
 #undef IS
     for (int i = 0; i < n_set; i++)
-        if (strlen(set[i].key) == kl && !memcmp(set[i].key, ks, kl)) return false;
-    for (int r = 0; tab && r < tab->n; r++)
-        if (tab->f[r].klen == kl && !memcmp(tab->f[r].key, ks, kl)) return true;
-    return false;
+        if (set[i].key[0] == ks[0] && !strncmp(set[i].key, ks, kl) && set[i].key[kl] == '\0') return false;
+    int r = tab && kl ? msg_field_index(tab, ks, kl, *hint) : -1;
+    if (r >= 0) *hint = r + 1 < tab->n ? r + 1 : 0;
+    return r >= 0;
 }
 
 static void put_set(wire_buf_t *w, const msg_set_t *s) {
@@ -542,15 +573,18 @@ static void put_set(wire_buf_t *w, const msg_set_t *s) {
 static int patch(wire_buf_t *w, const wire_msg_t *m, const msg_desc_t *desc, uint64_t id, const msg_set_t *set,
                  int n_set) {
     const unsigned char *h = wire_msg_head(m);
-    size_t hn = zmq_msg_size((zmq_msg_t *)&m->head), at = wire_map_header_len(h, hn);
+    size_t hn = zmq_msg_size((zmq_msg_t *)&m->head);
     const wire_tok_t *v = wire_toks_v(&m->tok);
-    if (!at || v[0].kind != WV_MAP) return -1;
+    if (v[0].kind != WV_MAP || v[0].next != m->tok.n) return -1;
+    int hint = 0;
     wire_put_map(w);
+    /* An entry's bytes run from its key's start to the next key's (the
+     * root map ends the header: no bytes after it). */
     for (uint32_t j = 0, k = 1; j < v[0].n; j++, k = v[k + 1].next) {
-        size_t start = at, kl;
-        if (!(at = wire_skip(h, hn, at)) || !(at = wire_skip(h, hn, at))) return -1;
+        size_t start = v[k].at, end = v[k + 1].next < m->tok.n ? v[v[k + 1].next].at : hn, kl;
+        if (start >= end || end > hn) return -1;
         const char *ks = wire_tok_str(&m->tok, h, k, &kl);
-        if (forwarded(desc->body, set, n_set, ks, kl)) wire_put_raw(w, h + start, at - start, 2);
+        if (forwarded(desc->body, set, n_set, ks, kl, &hint)) wire_put_raw(w, h + start, end - start, 2);
     }
     wire_put_strn(w, "type", 4);
     wire_put_str(w, desc->type);

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "schema/wire.h"
+#include "kernels/names.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -396,10 +397,6 @@ int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
 
 /* ---- shared helpers --------------------------------------------------------------- */
 
-/* True when s is 1..max-1 characters of [A-Za-z0-9_.:+-] (names of
- * workers, models, components and reasons: printable, unambiguous in
- * keys and logs). */
-bool msg_name_valid(const char *s, size_t max);
 /* True when s is 64 hex digits (either case). */
 bool msg_sha256_valid(const char *s);
 /* "%016x" of h into buf, the form of every hash on the wire. Returns buf. */

@@ -435,18 +435,6 @@ int msg_ready_validate(const msg_ready_t *r, wire_err_t *err) {
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-bool msg_name_valid(const char *s, size_t max) {
-    size_t n = s ? strnlen(s, max) : 0;
-    if (n == 0 || n >= max) return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-              c == ':' || c == '-' || c == '+'))
-            return false;
-    }
-    return true;
-}
-
 bool msg_sha256_valid(const char *s) {
     if (!s || strnlen(s, 65) != 64) return false;
     for (int i = 0; i < 64; i++) {

@@ -105,14 +105,16 @@ const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name) {
  * absent). */
 static void find_keys(const wire_msg_t *m, uint32_t map, const char *const *keys, uint32_t *at, int n) {
     const wire_tok_t *v = wire_toks_v(&m->tok);
-    const void *h = wire_msg_head(m);
+    const char *h = wire_msg_head(m);
     for (int j = 0; j < n; j++) at[j] = 0;
-    for (uint32_t i = 0, k = map + 1; i < v[map].n; i++, k = v[k + 1].next)
+    for (uint32_t i = 0, k = map + 1; i < v[map].n; i++, k = v[k + 1].next) {
+        const char *ks = h + v[k].v.off; /* keys are strings: the tokenizer checked */
         for (int j = 0; j < n; j++)
-            if (!at[j] && wire_tok_is(&m->tok, h, k, keys[j])) {
+            if (!at[j] && keys[j][0] == ks[0] && !strncmp(keys[j], ks, v[k].n) && keys[j][v[k].n] == '\0') {
                 at[j] = k + 1;
                 break;
             }
+    }
 }
 
 /* Fills *t from descriptor token d (descriptor i). 1 with *err set when

@@ -124,7 +124,8 @@ typedef struct {
     uint32_t kind : 4;   /* wire_kind_t */
     uint32_t n : 28;     /* STR: bytes; ARR: entries; MAP: key/value pairs */
     uint32_t next;       /* index of the token after this value's subtree */
-    union { bool b; int64_t i; uint64_t u; double f; uint32_t off; } v; /* STR: offset in the header */
+    uint32_t at;         /* offset in the header where the value's bytes start */
+    union { bool b; int64_t i; uint64_t u; double f; uint32_t off; } v; /* STR: offset of its bytes */
 } wire_tok_t;
 
 #define WIRE_TOKS_INLINE 128 /* tokens held without an allocation (a GEN needs ~80) */

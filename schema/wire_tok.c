@@ -22,6 +22,7 @@
 
 #define BAD_TOK UINT32_MAX
 #define PAIRWISE_KEYS 16 /* maps up to this size check keys pairwise */
+#define STACK_KEYS 64    /* larger maps sort their keys in a stack buffer up to this size */
 
 typedef struct {
     const char *s;
@@ -35,6 +36,9 @@ typedef struct {
     uint64_t *id;
     wkey_t *keys;      /* scratch for large maps, grown once per header */
     size_t keys_cap;
+    wire_tok_t *v;     /* t's token array (inline or heap), and its capacity */
+    uint32_t cap;
+    uint32_t start;    /* where the value being read starts (its token's `at`) */
 } tk_t;
 
 static size_t left(const tk_t *d) { return (size_t)(d->end - d->p); }
@@ -48,26 +52,31 @@ void wire_toks_free(wire_toks_t *t) {
     t->cap = 0;
 }
 
-/* Appends a token; its index, or BAD_TOK on out-of-memory. */
-static uint32_t push(tk_t *d, wire_kind_t kind, uint32_t n) {
+/* Doubles the token array (moving it to the heap). false on out-of-memory. */
+static __attribute__((noinline)) bool grow(tk_t *d) {
     wire_toks_t *t = d->t;
-    uint32_t cap = t->heap ? t->cap : WIRE_TOKS_INLINE;
-    if (t->n == cap) {
-        uint32_t ncap = cap * 2;
-        wire_tok_t *v = t->heap ? realloc(t->heap, ncap * sizeof *v) : malloc(ncap * sizeof *v);
-        if (!v) {
-            wire_set_err(d->err, WIRE_E_INTERNAL, "out of memory decoding header");
-            return BAD_TOK;
-        }
-        if (!t->heap) memcpy(v, t->inl, sizeof t->inl);
-        t->heap = v;
-        t->cap = ncap;
+    uint32_t ncap = d->cap * 2;
+    wire_tok_t *v = t->heap ? realloc(t->heap, ncap * sizeof *v) : malloc(ncap * sizeof *v);
+    if (!v) {
+        wire_set_err(d->err, WIRE_E_INTERNAL, "out of memory decoding header");
+        return false;
     }
-    wire_tok_t *k = &toks(t)[t->n];
-    memset(k, 0, sizeof *k);
+    if (!t->heap) memcpy(v, t->inl, sizeof t->inl);
+    t->heap = d->v = v;
+    t->cap = d->cap = ncap;
+    return true;
+}
+
+/* Appends a token; its index, or BAD_TOK on out-of-memory. */
+static inline uint32_t push(tk_t *d, wire_kind_t kind, uint32_t n) {
+    wire_toks_t *t = d->t;
+    if (t->n == d->cap && !grow(d)) return BAD_TOK;
+    wire_tok_t *k = &d->v[t->n];
     k->kind = kind;
     k->n = n;
     k->next = t->n + 1;
+    k->at = d->start;
+    k->v.u = 0;
     return t->n++;
 }
 
@@ -98,7 +107,7 @@ static uint32_t tk_str(tk_t *d, uint64_t len) {
     }
     uint32_t i = push(d, WV_STR, (uint32_t)len);
     if (i == BAD_TOK) return i;
-    toks(d->t)[i].v.off = (uint32_t)(d->p - d->base);
+    d->v[i].v.off = (uint32_t)(d->p - d->base);
     d->p += len;
     return i;
 }
@@ -118,11 +127,11 @@ static bool same_key(const wkey_t *a, const wkey_t *b) {
  * sorted (O(n log n)) for large ones, so a 4096-entry map cannot be turned
  * into a quadratic CPU cost. -1 on out-of-memory. */
 static int keys_distinct(tk_t *d, uint32_t m) {
-    const wire_tok_t *v = toks(d->t);
+    const wire_tok_t *v = d->v;
     uint32_t n = v[m].n;
     if (n < 2) return 1;
-    wkey_t small[PAIRWISE_KEYS], *k = small;
-    if (n > PAIRWISE_KEYS) {
+    wkey_t small[STACK_KEYS], *k = small;
+    if (n > STACK_KEYS) {
         if (d->keys_cap < n) {
             wkey_t *nk = realloc(d->keys, n * sizeof *nk);
             if (!nk) return -1;
@@ -159,8 +168,11 @@ static uint32_t tk_key(tk_t *d, int depth) {
     }
     uint32_t k = tk_val(d, depth);
     if (k == BAD_TOK) return k;
-    const wire_tok_t *t = &toks(d->t)[k];
-    if (memchr(d->base + t->v.off, 0, t->n)) {
+    const wire_tok_t *t = &d->v[k];
+    const unsigned char *s = d->base + t->v.off;
+    bool nul = false;
+    for (uint32_t i = 0; i < t->n; i++) nul |= s[i] == 0; /* keys are short: no call */
+    if (nul) {
         wire_set_err(d->err, WIRE_E_MALFORMED, "map key holds a NUL byte");
         return BAD_TOK;
     }
@@ -194,12 +206,13 @@ static uint32_t tk_container(tk_t *d, bool is_map, uint64_t count, int depth) {
         if (v == BAD_TOK) return v;
         /* The root's id, as soon as it is read: a message refused for what
          * comes after it is still answered under its id. */
-        const wire_tok_t *vt = &toks(d->t)[v];
-        if (is_map && depth == 0 && d->id && vt->kind == WV_UINT &&
-            wire_tok_is(d->t, d->base, k, "id"))
-            *d->id = vt->v.u;
+        const wire_tok_t *vt = &d->v[v];
+        if (is_map && depth == 0 && d->id && vt->kind == WV_UINT) {
+            const wire_tok_t *kt = &d->v[k];
+            if (kt->n == 2 && d->base[kt->v.off] == 'i' && d->base[kt->v.off + 1] == 'd') *d->id = vt->v.u;
+        }
     }
-    toks(d->t)[c].next = d->t->n;
+    d->v[c].next = d->t->n;
     if (is_map) {
         int r = keys_distinct(d, c);
         if (r <= 0) {
@@ -214,7 +227,7 @@ static uint32_t tk_container(tk_t *d, bool is_map, uint64_t count, int depth) {
 /* A scalar token holding x. */
 static uint32_t tk_scalar(tk_t *d, wire_kind_t kind, uint64_t bits) {
     uint32_t i = push(d, kind, 0);
-    if (i != BAD_TOK) toks(d->t)[i].v.u = bits;
+    if (i != BAD_TOK) d->v[i].v.u = bits;
     return i;
 }
 
@@ -235,6 +248,7 @@ static uint32_t tk_val(tk_t *d, int depth) {
         wire_set_err(d->err, WIRE_E_MALFORMED, "truncated header");
         return BAD_TOK;
     }
+    d->start = (uint32_t)(d->p - d->base); /* pushed with the token, before any inner value */
     unsigned char b = *d->p++;
     if ((b & 0xf0) == 0x80) return tk_container(d, true, b & 0x0f, depth);
     if ((b & 0xf0) == 0x90) return tk_container(d, false, b & 0x0f, depth);
@@ -300,7 +314,7 @@ int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, wir
         wire_set_err(err, WIRE_E_MALFORMED, "header is not a map");
         return -1;
     }
-    tk_t d = { p, p, p + len, t, err, id, NULL, 0 };
+    tk_t d = { p, p, p + len, t, err, id, NULL, 0, toks(t), t->heap ? t->cap : WIRE_TOKS_INLINE, 0 };
     uint32_t root = tk_val(&d, 0);
     free(d.keys);
     if (root == BAD_TOK) return -1;

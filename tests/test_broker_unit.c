@@ -380,6 +380,7 @@ static void box_open(box_t *x) {
 static void box_close(box_t *x) {
     brk_req_shutdown(&x->b);
     brk_sync_shutdown(&x->b);
+    brk_msg_pool_free(&x->b);
     brk_queue_free(&x->b.queue);
     for (int i = 0; i < x->b.n_w; i++) free(x->b.w[i]);
     free(x->b.w);
@@ -762,6 +763,52 @@ START_TEST(test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_on
 }
 END_TEST
 
+/* Live requests are found by id in BRK_ID_BUCKETS buckets: with more in
+ * flight than buckets (several per bucket) and answered in reverse order,
+ * each RESULT reaches its client under its own id, once, and the worker's
+ * slots all come back. */
+START_TEST(test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id) {
+    enum { N = BRK_ID_BUCKETS + BRK_ID_BUCKETS / 2 };
+    box_t x;
+    box_open(&x);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64(1));
+    wv_set(h, "name", wv_str("w0"));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    wv_set(h, "max_inflight", wv_u64(N));
+    from_worker(&x, 0, h);
+    static uint64_t broker_id[N];
+    for (uint64_t i = 0; i < N; i++) {
+        client_gen(&x, 100000 + i, "tiny", false);
+        wire_msg_t *r = take(x.w[0], false);
+        ck_assert_str_eq(r->type, "REQUEST");
+        broker_id[i] = r->id;
+        drop_msg(&r);
+    }
+    brk_worker_t *w = brk_worker_named(&x.b, "w0");
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(w->route.inflight, N);
+    static bool seen[N];
+    for (int i = N - 1; i >= 0; i--) {
+        h = wire_hdr("RESULT", broker_id[i]);
+        wv_set(h, "version", wv_u64(1));
+        from_worker(&x, 0, h);
+        wire_msg_t *d = answer(&x);
+        ck_assert_str_eq(d->type, "RESULT");
+        ck_assert_uint_eq(d->id, 100000 + (uint64_t)i);
+        ck_assert(!seen[i]);
+        seen[i] = true;
+        drop_msg(&d);
+    }
+    ck_assert_int_eq(w->route.inflight, 0);
+    ck_assert_ptr_null(x.b.reqs);
+    for (int b = 0; b < BRK_ID_BUCKETS; b++) ck_assert_ptr_null(x.b.by_id[b]);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy) {
     box_t x;
     box_open(&x);
@@ -1106,6 +1153,7 @@ static Suite *broker_unit_suite(void) {
     tcase_set_timeout(an, 60);
     tcase_add_test(an, test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout);
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
+    tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
     suite_add_tcase(s, an);

@@ -10,6 +10,7 @@
  * a raw sqlite3 connection. */
 #include "ctl/report.h"
 #include "schema/catalog.h"
+#include "schema/catalog_query.h"
 #include "kernels/error.h"
 
 #include <check.h>
@@ -26,9 +27,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Migration 1 as catalog.c embeds it (not in catalog.h: tests only): the
- * schema catalogs were first built with. */
-extern const char cat_schema_v1_sql[];
+/* The migrations as catalog.c embeds them (not in catalog.h: tests only):
+ * 1 is the schema catalogs were first built with. */
+extern const char cat_schema_v1_sql[], cat_schema_v2_sql[], cat_schema_v3_sql[], cat_schema_v4_sql[];
 
 static char rootdir[64];      /* per test case, made and removed by the parent */
 static char tmpdir[128];      /* per test, inside rootdir */
@@ -355,6 +356,38 @@ START_TEST(test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut)
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE key_name = 'alice' AND role = 'trainer'"
                                  " AND version = 2 AND path = '/w/2' AND outcome = 'accepted'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE key_name = 'bob' AND component IS NULL"), 1);
+    sqlite3_close(db);
+}
+END_TEST
+
+/* Migration 5 drops the two indexes of requests (each cost a quarter of the
+ * writer's time per request); the newest requests are still listed first,
+ * by rowid, in a catalog migrated from schema 4 and in a new one. */
+START_TEST(test_migration_5_drops_the_request_indexes_and_recent_requests_stay_newest_first) {
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    raw_exec(db, cat_schema_v1_sql);
+    raw_exec(db, cat_schema_v2_sql);
+    raw_exec(db, cat_schema_v3_sql);
+    raw_exec(db, cat_schema_v4_sql);
+    raw_exec(db, "PRAGMA user_version = 4");
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'requests_by_%'"), 2);
+    raw_exec(db, "INSERT INTO requests (id, worker, version, steps, captured, replayed, eager, seconds,"
+                 " status, t) VALUES (1, 'w0', 1, 4, 1, 3, 0, 0.5, 'ok', 10), (2, 'w1', 1, 4, 0, 4, 0, 0.25,"
+                 " 'ok', 11)");
+    sqlite3_close(db);
+    cat_t *c = open_ok(false);
+    ck_assert_int_eq(cat_request(c, 3, "w0", "00000000000000aa", 1, 4, 0, 4, 0, 0.1, "ok", 12), 0);
+    json_t *rows = cat_query_requests(c);
+    ck_assert_ptr_nonnull(rows);
+    ck_assert_uint_eq(json_array_size(rows), 3);
+    for (size_t i = 0; i < 3; i++) ck_assert_int_eq(jint(json_array_get(rows, i), "id"), 3 - (json_int_t)i);
+    json_decref(rows);
+    cat_close(&c);
+    db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), cat_schema_version());
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name LIKE 'requests_by_%'"), 0);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM requests"), 3);
     sqlite3_close(db);
 }
 END_TEST
@@ -1101,6 +1134,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
     tcase_add_test(tc, test_catalog_sql_file_builds_the_schema_the_migrations_build);
     tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);
+    tcase_add_test(tc, test_migration_5_drops_the_request_indexes_and_recent_requests_stay_newest_first);
     tcase_add_test(tc, test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut);
     tcase_add_test(tc, test_batch_is_visible_to_readonly_connection_only_after_commit);
     tcase_add_test(tc, test_reader_opened_during_write_transaction_reads_and_never_blocks_writer);

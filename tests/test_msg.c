@@ -502,6 +502,76 @@ START_TEST(test_unknown_fields_are_ignored_at_every_level) {
 }
 END_TEST
 
+/* The decoder looks for each key where the previous one was found, so a
+ * sender writing fields in the table's order finds each at once; any other
+ * order, with unknown fields between, must decode and forward the same. */
+START_TEST(test_fields_in_any_order_decode_and_forward_the_same) {
+    static const char *const keys[] = { "model", "version", "steps", "shift", "cfg", "sde", "eta", "seed",
+                                        "progress", "deadline_ms", "latent_shape" };
+    enum { NK = sizeof keys / sizeof keys[0] };
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(a, "inproc://order"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://order"), 0);
+    msg_gen_t first;
+    for (int order = 0; order < 3; order++) {
+        wire_val_t *h = wire_hdr("GEN", 9);
+        for (int j = 0; j < NK; j++) {
+            /* 0: table order; 1: reversed; 2: odd ones first, unknowns between */
+            int i = order == 0 ? j : order == 1 ? NK - 1 - j : (2 * j + 1 < NK ? 2 * j + 1 : 2 * (j - NK / 2));
+            const char *k = keys[i];
+            if (order == 2) {
+                char unk[32];
+                snprintf(unk, sizeof unk, "x_%s", k);
+                wv_set(h, unk, wv_u64((uint64_t)j));
+            }
+            if (!strcmp(k, "model")) wv_set(h, k, wv_str("tiny"));
+            else if (!strcmp(k, "latent_shape")) {
+                wire_val_t *ls = wv_arr();
+                for (int d = 0; d < 4; d++) wv_push(ls, wv_u64((uint64_t)LAT[d]));
+                wv_set(h, k, ls);
+            } else if (!strcmp(k, "sde") || !strcmp(k, "progress")) wv_set(h, k, wv_bool(true));
+            else if (!strcmp(k, "shift") || !strcmp(k, "cfg") || !strcmp(k, "eta")) wv_set(h, k, wv_f64(0.5));
+            else wv_set(h, k, wv_u64(3));
+        }
+        wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx);
+        wire_msg_t m, req;
+        receive_tree(&m, h, &t, 1);
+        msg_gen_t g, r;
+        wire_err_t err;
+        ck_assert_msg(msg_gen_decode(&m, &g, &err) == 0, "order %d: %s", order, err.message);
+        ck_assert_str_eq(g.model, "tiny");
+        ck_assert(g.sde && g.progress);
+        ck_assert_uint_eq(g.steps, 3);
+        ck_assert_uint_eq(g.seed, 3);
+        ck_assert_uint_eq(g.deadline_ms, 3);
+        ck_assert(g.shift == 0.5 && g.cfg == 0.5 && g.eta == 0.5);
+        ck_assert_mem_eq(g.latent_shape, LAT, sizeof g.latent_shape);
+        if (order == 0) first = g;
+        else ck_assert_uint_eq(g.version, first.version);
+        /* forwarded: every known field goes on, no unknown one does */
+        msg_set_t v = { "version", MSG_SET_U64, 4, NULL };
+        ck_assert_int_eq(msg_forward(a, NULL, &m, MSG_REQUEST, 5, &v, 1), 0);
+        ck_assert_int_eq(msg_recv(b, false, 0, &req, &err), 0);
+        ck_assert_int_eq(msg_request_decode(&req, &r, &err), 0);
+        ck_assert_uint_eq(r.version, 4);
+        ck_assert_uint_eq(r.seed, 3);
+        ck_assert(r.sde && r.progress && r.eta == 0.5);
+        const void *hb = zmq_msg_data(&req.head);
+        for (int i = 0; i < NK; i++) {
+            char unk[32];
+            snprintf(unk, sizeof unk, "x_%s", keys[i]);
+            ck_assert_uint_eq(wire_tok_find(&req.tok, hb, 0, unk), 0);
+            ck_assert_uint_ne(wire_tok_find(&req.tok, hb, 0, keys[i]), 0);
+        }
+        wire_msg_close(&m);
+        wire_msg_close(&req);
+    }
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 START_TEST(test_missing_required_fields_are_named_with_their_path) {
     wire_val_t *h = wire_hdr("GEN", 1), *ls = wv_arr();
     for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)LAT[i]));
@@ -957,7 +1027,7 @@ START_TEST(test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_witho
 }
 END_TEST
 
-START_TEST(test_skipping_a_value_lands_where_the_tokenizer_ends_it) {
+START_TEST(test_skipping_a_value_lands_where_the_tokenizer_ends_it_and_its_token_starts) {
     /* every format a header may hold, nested, and strings, arrays and maps
      * that take 16-bit lengths */
     wire_val_t *h = gen_tree(3), *arr = wv_arr(), *map = wv_map();
@@ -991,12 +1061,20 @@ START_TEST(test_skipping_a_value_lands_where_the_tokenizer_ends_it) {
     for (uint32_t j = 0, k = 1; j < v[0].n; j++, k = v[k + 1].next) {
         size_t kl;
         const char *ks = wire_tok_str(&tk, b, k, &kl);
+        ck_assert_uint_eq(v[k].at, at); /* the token knows where its bytes start */
         size_t key_end = wire_skip(b, len, at);
         ck_assert_uint_eq(key_end, (size_t)(ks - (const char *)b) + kl);
+        ck_assert_uint_eq(v[k + 1].at, key_end);
         at = wire_skip(b, len, key_end);
         ck_assert_uint_gt(at, key_end);
     }
     ck_assert_uint_eq(at, len);
+    /* and every token, nested ones included, starts where skipping the
+     * values before it in document order ends */
+    for (uint32_t i = 0; i + 1 < tk.n; i++) {
+        if (v[i].kind == WV_ARR || v[i].kind == WV_MAP) continue; /* its first entry starts after its header */
+        ck_assert_uint_eq(wire_skip(b, len, v[i].at), v[i + 1].at);
+    }
     ck_assert_uint_eq(wire_skip(b, len - 1, 0), 0); /* cut short */
     wire_toks_free(&tk);
     free(b);
@@ -1017,6 +1095,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_absent_optional_fields_take_the_documented_defaults);
     tcase_add_test(t, test_field_types_are_checked_as_documented);
     tcase_add_test(t, test_unknown_fields_are_ignored_at_every_level);
+    tcase_add_test(t, test_fields_in_any_order_decode_and_forward_the_same);
     tcase_add_test(t, test_missing_required_fields_are_named_with_their_path);
     tcase_add_test(t, test_a_type_carries_only_its_own_tensors);
     tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);
@@ -1030,7 +1109,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_msgpack_c_reads_an_encoded_status_reply);
     tcase_add_test(t, test_a_gen_decodes_and_validates_without_touching_the_heap);
     tcase_add_test(t, test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_without_unknown_fields);
-    tcase_add_test(t, test_skipping_a_value_lands_where_the_tokenizer_ends_it);
+    tcase_add_test(t, test_skipping_a_value_lands_where_the_tokenizer_ends_it_and_its_token_starts);
     suite_add_tcase(s, t);
     return s;
 }

@@ -1616,6 +1616,52 @@ START_TEST(test_duplicate_keys_are_malformed_at_any_level)
 }
 END_TEST
 
+/* {"proto", "type", then n-2 keys k0..} with the key of entry `dup` (when
+ * >= 2) equal to the key of entry `of`. */
+static void raw_wide_map(raw_t *r, int n, int dup, int of) {
+    raw_init(r);
+    msgpack_pack_map(&r->pk, (size_t)n);
+    raw_kv_str(r, "proto", WIRE_PROTO);
+    raw_kv_str(r, "type", "GEN");
+    for (int i = 2; i < n; i++) {
+        char k[16];
+        if (i == dup && of < 2) snprintf(k, sizeof k, "%s", of == 0 ? "proto" : "type");
+        else snprintf(k, sizeof k, "k%d", i == dup ? of : i);
+        raw_str(r, k);
+        msgpack_pack_uint64(&r->pk, (uint64_t)i);
+    }
+}
+
+/* The check runs pairwise in small maps, sorted on the stack up to 64
+ * keys and sorted in a heap buffer past that: each size finds a duplicate
+ * wherever it sits, and passes a map without one. */
+START_TEST(test_duplicate_keys_are_found_in_maps_of_every_size) {
+    static const int sizes[] = { 2, 3, 16, 17, 40, 64, 65, 300, 4096 };
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int n = sizes[s];
+        raw_t r;
+        raw_wide_map(&r, n, -1, -1);
+        wire_err_t err = {{0}, {0}};
+        wire_val_t *v = wire_decode_header(r.sb.data, r.sb.size, &err);
+        ck_assert_msg(v != NULL, "%d distinct keys refused: %s", n, err.message);
+        ck_assert_uint_eq(wv_len(v), (size_t)n);
+        wv_free(&v);
+        msgpack_sbuffer_destroy(&r.sb);
+        if (n < 3) continue;
+        const int dups[][2] = { { 2, 0 }, { n - 1, 1 }, { n - 1, 2 }, { n / 2 + 1, n / 2 } };
+        for (int d = 0; d < 4; d++) {
+            if (dups[d][0] <= dups[d][1] && dups[d][1] >= 2) continue;
+            raw_wide_map(&r, n, dups[d][0], dups[d][1]);
+            wire_err_t e2 = {{0}, {0}};
+            v = wire_decode_header(r.sb.data, r.sb.size, &e2);
+            ck_assert_msg(v == NULL, "%d keys, entry %d repeating entry %d: accepted", n, dups[d][0], dups[d][1]);
+            ck_assert_str_eq(e2.code, WIRE_E_MALFORMED);
+            msgpack_sbuffer_destroy(&r.sb);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_non_string_or_nul_bearing_map_keys_are_malformed)
 {
     raw_t r;
@@ -1891,6 +1937,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_every_prefix_of_a_valid_header_fails_cleanly);
     tcase_add_test(lim, test_trailing_bytes_after_the_header_are_malformed);
     tcase_add_test(lim, test_duplicate_keys_are_malformed_at_any_level);
+    tcase_add_test(lim, test_duplicate_keys_are_found_in_maps_of_every_size);
     tcase_add_test(lim, test_non_string_or_nul_bearing_map_keys_are_malformed);
     tcase_add_test(lim, test_ext_bin_and_reserved_types_are_malformed);
     tcase_add_test(lim, test_random_bytes_and_mutated_headers_never_crash_the_decoder);

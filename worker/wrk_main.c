@@ -105,7 +105,7 @@ static uint64_t art_hash(const char *a, const char *b) {
 static void art_name(char dst[MSG_NAME_MAX], const char *src) {
     size_t n = 0;
     for (; src[n] && n < MSG_NAME_MAX - 1; n++)
-        dst[n] = isalnum((unsigned char)src[n]) || strchr("_.:+-", src[n]) ? src[n] : '_';
+        dst[n] = reel_name_char(src[n]) ? src[n] : '_';
     dst[n] = '\0';
     if (!n) snprintf(dst, MSG_NAME_MAX, "-");
 }

@@ -229,7 +229,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     if (o->help) return 0;
     if (optind < argc) return usage_error(err, errlen, "unexpected argument '%s'", argv[optind]);
     if (!o->name) return usage_error(err, errlen, "--name NAME is required");
-    if (!msg_name_valid(o->name, WRK_NAME_MAX))
+    if (!reel_name_valid(o->name, WRK_NAME_MAX))
         return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name, WRK_NAME_MAX - 1);
     if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
     if (o->artifacts_enable && !o->artifacts)
