@@ -94,6 +94,18 @@ typedef struct brk_req {
     struct brk_req *id_next;   /* its bucket of brk_t.by_id */
 } brk_req_t;
 
+/* A peer's budget of answers to its bad messages (brk_msg.h): a token
+ * bucket per routing identity, BRK_REPLY_SLOTS of them (identities that
+ * share a slot share its budget). */
+#define BRK_REPLY_SLOTS 256
+#define BRK_REPLY_BURST 20.0       /* answers at once */
+#define BRK_REPLY_RATE 10.0        /* answers per second after that */
+typedef struct {
+    uint64_t who;              /* hash of the identity; 0 for a free slot */
+    double tokens;
+    int64_t at_ms;             /* when tokens was last refilled */
+} brk_bucket_t;
+
 #define BRK_ID_BUCKETS 1024    /* live requests by id: ids are sequential, so id % buckets spreads them */
 #define BRK_MSG_POOL 64        /* spare message structs kept for reuse */
 
@@ -161,7 +173,10 @@ typedef struct {
     brk_barrier_t *barriers;
 
     int64_t next_heartbeat_ms;
-    uint64_t malformed;              /* bad messages answered ERROR */
+    uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */
+    uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */
+    uint64_t replies_suppressed;     /* answers to bad messages not sent: over the peer's budget, or an unknown worker */
+    brk_bucket_t replies[BRK_REPLY_SLOTS];
     brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;

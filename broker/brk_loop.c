@@ -53,13 +53,21 @@ static void settle(brk_t *b) {
 
 /* ---- clients ------------------------------------------------------------------ */
 
+/* The answer to a bad message from a peer: sent while the peer's budget
+ * of such answers lasts (brk_reply_allowed), else only counted. */
+#define BAD_REPLY(b, worker_side, m, code, ...)                                              \
+    do {                                                                                     \
+        if (brk_reply_allowed((b), &(m)->identity))                                          \
+            brk_error_to((b), (worker_side), &(m)->identity, (m)->id, (code), __VA_ARGS__); \
+    } while (0)
+
 static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
     wire_msg_t *m = *mp;
     wire_err_t err;
     switch (msg_type(m)) {
     case MSG_GEN:
         if (msg_gen_decode(m, &u->gen, &err) || msg_gen_validate(&u->gen, NULL, &err))
-            msg_send_error(b->clients, &m->identity, m->id, err.code, "GEN: %s", err.message);
+            BAD_REPLY(b, false, m, err.code, "GEN: %s", err.message);
         else
             brk_req_accept(b, mp, &u->gen, brk_current_version(b, BRK_COMPONENT));
         break;
@@ -70,20 +78,19 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
          * worker will ever reach. */
         if (msg_sync_decode(m, &u->sync, &err) || msg_sync_validate(&u->sync, false, &err)) {
             brk_log("SYNC refused: %s", err.message);
-            msg_send_error(b->clients, &m->identity, m->id, err.code, "SYNC: %s", err.message);
+            BAD_REPLY(b, false, m, err.code, "SYNC: %s", err.message);
         } else {
             brk_sync_request(b, &m->identity, m->id, &u->sync);
         }
         break;
     case MSG_STATUS:
         if (msg_decode(m, MSG_STATUS, NULL, &err))
-            msg_send_error(b->clients, &m->identity, m->id, err.code, "STATUS: %s", err.message);
+            BAD_REPLY(b, false, m, err.code, "STATUS: %s", err.message);
         else
             brk_status_reply(b, &m->identity, m->id);
         break;
     default:
-        msg_send_error(b->clients, &m->identity, m->id, WIRE_E_UNKNOWN,
-                       "unknown message type '%.64s' on the client socket", m->type);
+        BAD_REPLY(b, false, m, WIRE_E_UNKNOWN, "unknown message type '%.64s' on the client socket", m->type);
     }
 }
 
@@ -96,13 +103,13 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
     wire_err_t err;
     if (msg_ready_decode(m, r, &err) || msg_ready_validate(r, &err)) {
         brk_log("READY refused: %s", err.message);
-        msg_send_error(b->workers, &m->identity, m->id, err.code, "READY: %s", err.message);
+        BAD_REPLY(b, true, m, err.code, "READY: %s", err.message);
         return;
     }
     char why[160];
     if (brk_workers_refuse(b, r->name, old, why, sizeof why)) {
         brk_log("READY refused: %s", why);
-        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_BAD_REQUEST, "READY: %s", why);
+        BAD_REPLY(b, true, m, WIRE_E_BAD_REQUEST, "READY: %s", why);
         return;
     }
     if (old) {
@@ -113,7 +120,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
     brk_worker_t *w = brk_workers_add(b, &m->identity, r);
     if (!w) {
         brk_log("out of memory registering worker %s", r->name);
-        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_INTERNAL, "READY: broker out of memory");
+        brk_error_to(b, true, &m->identity, m->id, WIRE_E_INTERNAL, "READY: broker out of memory");
         return;
     }
     brk_sync_joined(b, w);
@@ -138,8 +145,14 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     }
     if (!w) {
         if (t == MSG_DISCONNECT) return; /* already forgotten */
+        /* A worker the broker forgot (it restarted, or expired the worker)
+         * re-registers when told; anyone else is told no more often than
+         * its budget allows. */
+        if (!brk_reply_allowed(b, &m->identity)) return;
         if (msg_send(b->workers, &m->identity, MSG_RECONNECT, 0, NULL, NULL) == 0)
             brk_log("unknown worker sent %s: told to RECONNECT", m->type);
+        else
+            brk_undelivered(b, "RECONNECT");
         return;
     }
     /* It may have missed syncs while a send to it failed. */
@@ -166,7 +179,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
             brk_sync_ack(b, w, &u->ack);
         } else {
             brk_log("worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
-            msg_send_error(b->workers, &m->identity, m->id, err.code, "SYNC_ACK: %s", err.message);
+            BAD_REPLY(b, true, m, err.code, "SYNC_ACK: %s", err.message);
         }
         break;
     case MSG_EVENTS:
@@ -174,8 +187,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
         else brk_log("worker %s sent bad EVENTS (dropped): %s", w->route.name, err.message);
         break;
     default:
-        msg_send_error(b->workers, &m->identity, m->id, WIRE_E_UNKNOWN,
-                       "unknown message type '%.64s' on the worker socket", m->type);
+        BAD_REPLY(b, true, m, WIRE_E_UNKNOWN, "unknown message type '%.64s' on the worker socket", m->type);
     }
 }
 
@@ -199,8 +211,10 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
         if (m->has_identity) {
             brk_worker_t *w = worker_side ? brk_worker_find(b, &m->identity) : NULL;
             if (w) w->seen_ms = brk_now_ms(); /* any message proves it alive */
-            msg_send_error(worker_side ? b->workers : b->clients, &m->identity, m->id, err->code, "%s",
-                           err->message);
+            /* On the worker socket only a registered worker is answered:
+             * junk from anyone else is counted and dropped. */
+            if (worker_side && !w) b->replies_suppressed++;
+            else BAD_REPLY(b, worker_side, m, err->code, "%s", err->message);
         }
     } else if (worker_side) {
         on_worker(b, m, &u);

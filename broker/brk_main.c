@@ -35,19 +35,20 @@ static void on_signal(int sig) {
  * endpoint. NULL with a logged message. */
 static void *router(brk_t *b, const char *endpoint, bool worker_side, const char *what) {
     void *s = zmq_socket(b->ctx, ZMQ_ROUTER);
-    int one = 1, sndtimeo = 200;
+    int one = 1, sndtimeo = 0;
     int hb_ivl = b->opt.heartbeat_ms, hb_timeout = b->opt.heartbeat_ms * b->opt.liveness;
     if (!s) goto err;
-    /* ZMQ_ROUTER_MANDATORY (worker side): a send to a worker that is gone
-     * fails (EHOSTUNREACH) instead of vanishing; SNDTIMEO bounds the wait
-     * when a peer's queue is full, so the loop never blocks on one peer.
+    /* The broker never waits on a peer. ZMQ_ROUTER_MANDATORY: a send to a
+     * peer that is gone fails (EHOSTUNREACH) instead of vanishing, and
+     * ZMQ_SNDTIMEO 0: a send to a peer whose queue is full fails at once
+     * (EAGAIN); either is counted (STATUS_REPLY `undelivered`), and a
+     * worker that cannot take a message is made unroutable.
      * No ZMQ_ROUTER_HANDOVER: with it, whoever connects under a live
      * worker's routing id takes its traffic over. A second connection
      * under a live id is ignored instead, and ZMTP heartbeats close a
      * dead connection within liveness intervals, so a restarted worker
      * gets its id back. */
-    if (wire_socket_limits(s) < 0 ||
-        (worker_side && zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0) ||
+    if (wire_socket_limits(s) < 0 || zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one) < 0 ||
         (worker_side && zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl) < 0) ||
         (worker_side && zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout) < 0) ||
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) < 0)

@@ -8,11 +8,46 @@
 #include <time.h>
 
 #include "broker/brk_log.h"
+#include "capture_cache/key.h"
 
 int64_t brk_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void brk_undelivered(brk_t *b, const char *what) {
+    b->undelivered++;
+    if (b->undelivered <= 10 || b->undelivered % 1000 == 0)
+        brk_log("%s not delivered (%llu so far): %s", what, (unsigned long long)b->undelivered,
+                zmq_strerror(errno));
+}
+
+void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *code,
+                  const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = msg_send_verror(worker_side ? b->workers : b->clients, to, id, code, fmt, ap);
+    va_end(ap);
+    if (rc != 0) brk_undelivered(b, worker_side ? "ERROR to a worker" : "ERROR to a client");
+}
+
+bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity) {
+    zmq_msg_t *m = (zmq_msg_t *)identity; /* zmq's getters are not const */
+    uint64_t who = cap_hash_bytes(zmq_msg_data(m), zmq_msg_size(m));
+    brk_bucket_t *k = &b->replies[who % BRK_REPLY_SLOTS];
+    int64_t now = brk_now_ms();
+    if (k->who != who) /* a new peer in this slot: a full budget */
+        *k = (brk_bucket_t){ who, BRK_REPLY_BURST, now };
+    k->tokens += (double)(now - k->at_ms) * (BRK_REPLY_RATE / 1000.0);
+    if (k->tokens > BRK_REPLY_BURST) k->tokens = BRK_REPLY_BURST;
+    k->at_ms = now;
+    if (k->tokens >= 1.0) {
+        k->tokens -= 1.0;
+        return true;
+    }
+    b->replies_suppressed++;
+    return false;
 }
 
 wire_msg_t *brk_msg_new(brk_t *b) {

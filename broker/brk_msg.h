@@ -17,6 +17,20 @@ int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, co
 int brk_send_error(void *sock, const brk_ident_t *to, uint64_t id, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* Counts a message that could not be handed to a peer: its queue is full
+ * (sends never wait: ZMQ_SNDTIMEO 0) or it is gone (ZMQ_ROUTER_MANDATORY).
+ * The first few are logged with `what`, then one in a thousand. */
+void brk_undelivered(brk_t *b, const char *what);
+/* ERROR {id, code, message} to identity `to` on the worker or client
+ * socket, never waiting; a failure is counted (brk_undelivered). */
+void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *code,
+                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Whether a peer may be answered about a bad message it sent: true while
+ * its budget lasts (BRK_REPLY_BURST at once, BRK_REPLY_RATE per second);
+ * otherwise the answer is counted in replies_suppressed and not sent, so
+ * a peer flooding junk costs the broker no more than reading it. */
+bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity);
+
 /* A message struct to receive into (each is ~4 KB, past malloc's fast
  * bins: an accepted GEN keeps one until answered, and they are reused
  * rather than allocated per request). NULL when out of memory. */
@@ -30,7 +44,7 @@ void brk_msg_pool_free(brk_t *b);
 brk_worker_t *brk_worker_find(brk_t *b, const zmq_msg_t *identity);
 brk_worker_t *brk_worker_named(brk_t *b, const char *name);
 /* Sends to worker w (what: the message, for the log). A transport failure
- * -- its pipe is gone or stayed full past the send timeout -- makes w
+ * -- its pipe is gone or full (sends never wait) -- makes w
  * unroutable until it speaks again; any failure is logged. 0, or -1 with
  * errno. */
 int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, const void *body,

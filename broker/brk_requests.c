@@ -120,8 +120,7 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
     va_start(ap, fmt);
     vsnprintf(busy.message, 256, fmt, ap);
     va_end(ap);
-    if (msg_busy_send(b->clients, to, id, &busy) != 0)
-        brk_log("BUSY not delivered: %s", zmq_strerror(errno));
+    if (msg_busy_send(b->clients, to, id, &busy) != 0) brk_undelivered(b, "BUSY");
 }
 
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
@@ -129,7 +128,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     int64_t ctx[2] = { g->context->shape[0], g->context->shape[1] };
     uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL);
     if (!shard) {
-        msg_send_error(b->clients, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());
         return;
     }
     uint64_t bytes = 0;
@@ -138,7 +137,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
      * total, so a burst of large requests is refused, not an OOM. One that
      * could never fit is too_large (BUSY would invite a retry in vain). */
     if (bytes > b->opt.max_held_bytes) {
-        msg_send_error(b->clients, &m->identity, m->id, WIRE_E_TOO_LARGE,
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_TOO_LARGE,
                        "tensors of %llu MiB, more than the broker holds at once (%llu MiB)",
                        (unsigned long long)(bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));
         return;
@@ -150,7 +149,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     }
     brk_req_t *r = calloc(1, sizeof *r);
     if (!r) {
-        msg_send_error(b->clients, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
     r->bytes = bytes;
@@ -212,8 +211,7 @@ static bool settle_slot(brk_t *b, brk_worker_t *w, brk_req_t *r, msg_type_t type
 void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress_t *p) {
     brk_req_t *r = held_by(b, w, id, MSG_PROGRESS, NULL);
     if (!r || r->state != REQ_INFLIGHT || !r->progress) return;
-    if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0)
-        brk_log("request %llu: PROGRESS not delivered: %s", (unsigned long long)r->id, zmq_strerror(errno));
+    if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
 }
 
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
@@ -231,9 +229,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         res->key_hash = r->shard;
         set[n++] = (msg_set_t){ "key_hash", MSG_SET_HASH, r->shard, NULL };
     }
-    if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0)
-        brk_log("request %llu: RESULT not delivered to its client (%s)", (unsigned long long)r->id,
-                zmq_strerror(errno));
+    if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0) brk_undelivered(b, "RESULT");
     char hex[17];
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,
@@ -246,8 +242,7 @@ void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e)
     snprintf(detail, sizeof detail, "%s: %.256s", e->code, e->message);
     brk_req_t *r = held_by(b, w, id, MSG_ERROR, detail);
     if (!r || !settle_slot(b, w, r, MSG_ERROR)) return;
-    if (msg_error_send(b->clients, CLIENT(r), r->client_id, e) != 0)
-        brk_log("request %llu: ERROR not delivered: %s", (unsigned long long)r->id, zmq_strerror(errno));
+    if (msg_error_send(b->clients, CLIENT(r), r->client_id, e) != 0) brk_undelivered(b, "ERROR");
     record_failure(b, r, w->route.name, e->code);
     req_free(b, r);
 }
@@ -263,7 +258,7 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
     if (r->losses++ >= 1) {
         brk_log("request %llu failed: worker_lost (%s was the second worker to die with it)",
                 (unsigned long long)r->id, worker);
-        msg_send_error(b->clients, CLIENT(r), r->client_id, WIRE_E_WORKER_LOST,
+        brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_WORKER_LOST,
                        "worker %s died with the request (second loss)", worker);
         record_failure(b, r, worker, WIRE_E_WORKER_LOST);
         req_free(b, r);
@@ -271,7 +266,7 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
     }
     r->state = REQ_QUEUED;
     if (brk_queue_push_front(&b->queue, r) < 0) {
-        msg_send_error(b->clients, CLIENT(r), r->client_id, WIRE_E_INTERNAL,
+        brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_INTERNAL,
                        "broker out of memory requeueing after %s died", worker);
         record_failure(b, r, worker, WIRE_E_INTERNAL);
         req_free(b, r);
@@ -305,13 +300,13 @@ void brk_req_timers(brk_t *b, int64_t now) {
         }
         long long waited = (long long)(now - r->accepted_ms);
         if (!r->had_owner) {
-            msg_send_error(b->clients, CLIENT(r), r->client_id, WIRE_E_NO_WORKER,
+            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER,
                            "no live worker serves model %s at %s version >= %llu (waited %lld ms)",
                            r->model, BRK_COMPONENT, (unsigned long long)r->required, waited);
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {
-            msg_send_error(b->clients, CLIENT(r), r->client_id, WIRE_E_TIMEOUT,
+            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT,
                            "no result within %lld ms (%s)", waited,
                            r->state == REQ_QUEUED ? "waiting for a slot" : "running");
             brk_log("request %llu failed: timeout (%s%s)", (unsigned long long)r->id,
@@ -341,7 +336,7 @@ void brk_req_shutdown(brk_t *b) {
     while (b->reqs) {
         brk_req_t *r = b->reqs;
         if (r->state != REQ_ABANDONED)
-            msg_send_error(b->clients, CLIENT(r), r->client_id, WIRE_E_INTERNAL, "broker shutting down");
+            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_INTERNAL, "broker shutting down");
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);
     }

@@ -10,6 +10,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_zap.h"
 #include "broker/brk_sync.h"
 
 static void worker_entry(const brk_t *b, const brk_worker_t *w, int64_t now, msg_worker_status_t *e) {
@@ -76,7 +77,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     msg_worker_status_t *ws = calloc((size_t)b->n_w + 1, sizeof *ws);
     msg_model_t *models = calloc(cap_models, sizeof *models);
     if (!r || !ws || !models) {
-        msg_send_error(b->clients, to, id, WIRE_E_INTERNAL, "broker out of memory");
+        brk_error_to(b, false, to, id, WIRE_E_INTERNAL, "broker out of memory");
         goto out;
     }
     for (int i = 0; i < b->n_w; i++) worker_entry(b, b->w[i], now, &ws[i]);
@@ -91,10 +92,12 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
         if (s->sync) note_version(&r->pending, s->component, s->version);
     r->malformed = b->malformed;
     r->catalog_dropped = brk_catq_dropped(b->cat);
+    r->undelivered = b->undelivered;
+    r->replies_suppressed = b->replies_suppressed;
+    r->auth_refused = brk_zap_refused(b->zap);
     r->models = models;
     r->n_models = models_of(b, models, cap_models);
-    if (msg_status_reply_send(b->clients, to, id, r) < 0)
-        brk_log("STATUS_REPLY not delivered: %s", zmq_strerror(errno));
+    if (msg_status_reply_send(b->clients, to, id, r) < 0) brk_undelivered(b, "STATUS_REPLY");
 out:
     free(r);
     free(ws);

@@ -326,7 +326,7 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
     if (running) {
         brk_trainer_t *t = realloc(running->trainers, (size_t)(running->n_trainers + 1) * sizeof *t);
         if (!t) {
-            msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
+            brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "broker out of memory");
             return;
         }
         running->trainers = t;
@@ -338,7 +338,7 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
     }
     brk_barrier_t *s = barrier_new(b, cur->component, cur->version, cur->sha256, from, id, deadline);
     if (!s) {
-        msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
     s->sync_id = cur->sync_id;
@@ -407,7 +407,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         brk_log("SYNC refused: %s", why);
         snprintf(outcome, sizeof outcome, "refused: %s: %s", code, why);
         brk_zap_audit(b, &who, "sync", m, outcome);
-        msg_send_error(b->clients, from, id, code, "SYNC: %s", why);
+        brk_error_to(b, false, from, id, code, "SYNC: %s", why);
         return;
     }
     brk_zap_audit(b, &who, "sync", m, resend ? "resend" : "accepted");
@@ -423,7 +423,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
             free(s->m);
             free(s);
         }
-        msg_send_error(b->clients, from, id, WIRE_E_INTERNAL, "broker out of memory");
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "broker out of memory");
         return;
     }
     *kept = *m;

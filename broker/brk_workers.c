@@ -1,7 +1,7 @@
 /* brk_workers.c -- the workers the broker knows (see brk_workers.h).
  *
  * A send that fails (ZMQ_ROUTER_MANDATORY: the peer's pipe is gone, or its
- * queue stayed full past the send timeout) does not drop the worker: it
+ * queue is full: sends never wait) does not drop the worker: it
  * stops being routable until it speaks again, and is dropped only when
  * it stays silent past liveness. A worker that reconnects in time keeps
  * its in-flight work. With keys, a worker's name is bound to its key

@@ -3,6 +3,7 @@
  * socket must), 200 only for a CURVE key in the allowlist with a role the
  * socket's domain takes, 400 for anything else. */
 #include "broker/brk_zap.h"
+#include "broker/brk_msg.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -368,8 +369,8 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
         snprintf(outcome, sizeof outcome, "denied: a %s key may not publish weights", reel_role_name(who.role));
         brk_log("SYNC from %s refused: %s", who.name, outcome + 8);
         audit(b, &who, m, outcome);
-        if (m->has_identity)
-            msg_send_error(b->clients, &m->identity, m->id, BRK_E_FORBIDDEN,
+        if (m->has_identity && brk_reply_allowed(b, &m->identity))
+            brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
                            "SYNC: the %s role may not publish weights (a trainer key may)", reel_role_name(who.role));
         return false;
     }

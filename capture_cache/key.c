@@ -96,14 +96,17 @@ int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
     return (int)o.n;
 }
 
-uint64_t cap_hash_text(const char *s) {
+uint64_t cap_hash_bytes(const void *p, size_t n) {
+    const unsigned char *s = p;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
         h *= 0x100000001b3ull;
     }
     return h ? h : 1;
 }
+
+uint64_t cap_hash_text(const char *s) { return cap_hash_bytes(s, strlen(s)); }
 
 static uint64_t hash(const cap_key_t *k, bool shard) {
     char buf[CAP_KEY_TEXT_MAX];

@@ -77,8 +77,9 @@ int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len);
  * (0 is never a valid hash: it is remapped to 1). */
 uint64_t cap_key_hash(const cap_key_t *k);
 uint64_t cap_key_shard_hash(const cap_key_t *k);
-/* FNV-1a 64 of any string, with the same remapping. */
+/* FNV-1a 64 of any string / of n bytes, with the same remapping. */
 uint64_t cap_hash_text(const char *s);
+uint64_t cap_hash_bytes(const void *p, size_t n);
 
 /* The key of one step of a denoising loop, built the same way by the broker
  * (from a request) and the worker (from its model): model "tinydit:small",

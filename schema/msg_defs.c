@@ -262,6 +262,9 @@ static const msg_field_t status_reply_rows[] = {
     R_COUNTS(msg_status_reply_t, pending, "pending", 0),
     R_U64(msg_status_reply_t, malformed, "malformed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_dropped, "catalog_dropped", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),
     R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
 };
 TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);

@@ -185,8 +185,8 @@ ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight
 
 echo "== a sync landing mid-request: --sync-mode drain keeps the request on one version, steps reports the mix"
 mkdir -p "$D/x"
-solo() { # mode tag: a broker with one worker in that sync mode; runs the scenario
-    mode=$1; t=$2
+solo() { # mode tag steps: a broker with one worker in that sync mode; runs the scenario
+    mode=$1; t=$2; n=$3
     "$B/reel-broker" --clients "ipc://$D/x/$t.c" --workers "ipc://$D/x/$t.w" --catalog "$D/x/$t.db" --keys "$K" \
         --heartbeat-ms 200 >"$D/x/$t.broker.log" 2>&1 &
     PIDS="$PIDS $!"
@@ -196,19 +196,25 @@ solo() { # mode tag: a broker with one worker in that sync mode; runs the scenar
         --heartbeat-ms 200 --sync-mode "$mode" >"$D/x/$t.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/x/$t.broker.log" "worker $t ready" 10 || return 1
-    "$R" gen --broker "ipc://$D/x/$t.c" --model tiny $IN --steps 400 --timeout-ms 60000 --quiet \
+    "$R" gen --broker "ipc://$D/x/$t.c" --model tiny $IN --steps "$n" --timeout-ms 60000 --quiet \
         --out "$D/x/$t.safetensors" 2>"$D/x/$t.err" &
     g=$!
-    sleep 0.3
+    # the sync is sent once the worker runs the request (its slot taken),
+    # not after a guessed delay: a fast machine would finish first
+    i=0
+    while [ $i -lt 100 ] && ! "$R" status --json --broker "ipc://$D/x/$t.c" 2>/dev/null | grep -q '"inflight":1'; do
+        sleep 0.05; i=$((i + 1))
+    done
     "$R" sync --broker "ipc://$D/x/$t.c" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 2>"$D/x/$t.sync"
     wait "$g"
 }
-solo drain xd
-grep -q "weights v1," "$D/x/xd.err" && same "$D/x/xd.safetensors" "$D/ref1_long.safetensors" && \
+solo drain xd 1500
+"$R" run --weights "$D/w1.safetensors" $IN --steps 1500 --out "$D/ref1_1500.safetensors" 2>/dev/null
+grep -q "weights v1," "$D/x/xd.err" && same "$D/x/xd.safetensors" "$D/ref1_1500.safetensors" && \
     ok "drain: the running request finished on v1 alone, exactly" || { bad "drain keeps one version"; cat "$D/x/xd.err" "$D/x/xd.sync"; }
 grep -q "complete" "$D/x/xd.sync" && grep -q "draining 1 request" "$D/x/xd.log" && \
     ok "drain: the sync completed after the request drained" || { bad "drain sync completes"; cat "$D/x/xd.sync"; tail -3 "$D/x/xd.log"; }
-solo steps xs
+solo steps xs 3000
 grep -q "weights v1->v2" "$D/x/xs.err" && ok "steps: the mixed request says v1->v2" || { bad "steps reports the version mix"; cat "$D/x/xs.err"; }
 
 finish

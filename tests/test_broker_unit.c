@@ -809,6 +809,45 @@ START_TEST(test_more_requests_in_flight_than_id_buckets_are_each_answered_under_
 }
 END_TEST
 
+/* Answers to bad messages are budgeted per peer (brk_reply_allowed): a
+ * client sending junk gets BRK_REPLY_BURST answers and then only counts,
+ * another client still gets its answers, and junk on the worker socket
+ * from a peer that is not a registered worker is never answered. */
+START_TEST(test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none) {
+    box_t x;
+    box_open(&x);
+    int sent = (int)BRK_REPLY_BURST + 30;
+    for (int i = 0; i < sent; i++) {
+        ck_assert_int_eq(zmq_send(x.trainer, "\x81\xa1", 2, 0), 2);
+        deliver(&x, false);
+    }
+    int answered = 0;
+    while (has_msg(x.trainer, "ERROR")) answered++;
+    /* the budget refills at BRK_REPLY_RATE a second: a slow run earns a few more */
+    ck_assert_int_ge(answered, (int)BRK_REPLY_BURST);
+    ck_assert_int_le(answered, (int)BRK_REPLY_BURST + 5);
+    ck_assert_uint_eq(x.b.replies_suppressed, (uint64_t)(sent - answered));
+    ck_assert_uint_eq(x.b.malformed, (uint64_t)sent);
+    /* another peer has its own budget */
+    void *other = sock(x.b.ctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_connect(other, "inproc://clients"), 0);
+    ck_assert_int_eq(zmq_send(other, "\x81\xa1", 2, 0), 2);
+    deliver(&x, false);
+    ck_assert(has_msg(other, "ERROR"));
+    zmq_close(other);
+    /* a stranger on the worker socket: counted, never answered */
+    uint64_t before = x.b.replies_suppressed;
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(zmq_send(x.w[2], "\x81\xa1", 2, 0), 2);
+        deliver(&x, true);
+    }
+    ck_assert(!has_msg(x.w[2], "ERROR"));
+    ck_assert_uint_eq(x.b.replies_suppressed, before + 5);
+    ck_assert_uint_eq(x.b.malformed, (uint64_t)sent + 6);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy) {
     box_t x;
     box_open(&x);
@@ -1154,6 +1193,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout);
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
+    tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
     suite_add_tcase(s, an);
