@@ -3,13 +3,29 @@
  * records into, so routing never waits on SQLite.
  *
  * Group commit: the thread sleeps until BRK_CATQ_BATCH records wait or the
- * oldest has waited BRK_CATQ_WAIT_MS, then writes everything queued (up to
+ * oldest has waited BRK_CATQ_WAIT_MS, then writes what is queued (up to
  * BRK_CATQ_BATCH_MAX records) in one cat_begin/cat_commit transaction:
  * never one commit per record, and a record reaches SQLite at most about
- * BRK_CATQ_WAIT_MS after its push. Pushes never block on the database:
- * when the queue holds `max` records a push drops its record and counts it
- * (logged once). Every push copies its strings; NULL TEXT strings are
- * stored as "", empty OPT strings as NULL (schema/catalog_records.h). */
+ * BRK_CATQ_WAIT_MS after its push. Pushes never block on the database.
+ *
+ * Two lists. Kept records -- requests, weight versions and their states,
+ * workers seen and gone, SYNC audits -- are never dropped: they always
+ * queue, and the loop stops admitting requests (BUSY) while `max` of them
+ * wait (brk_catq_behind). Events from workers -- captures, replays,
+ * evictions, declines, artifact reports -- come in floods: each worker may
+ * have max/4 of them waiting and the list max; past that an event is shed
+ * and counted (brk_catq_dropped). A batch takes kept records first.
+ *
+ * A batch the store refuses for now (disk full, I/O error, locked: see
+ * cat_failure_transient) is rolled back and queued again in front, and the
+ * writer pauses (BRK_CATQ_RETRY_MS, doubling to 16x) before it retries, so
+ * the broker keeps routing while the disk is full and the rows land when
+ * space returns. A record SQLite refuses outright is skipped and counted.
+ * At shutdown the writer tries BRK_CATQ_STOP_TRIES times, then gives up
+ * and logs how many records it could not write.
+ *
+ * Every push copies its strings; NULL TEXT strings are stored as "", empty
+ * OPT strings as NULL (schema/catalog_records.h). */
 #ifndef REEL_BROKER_BRK_CATQ_H
 #define REEL_BROKER_BRK_CATQ_H
 
@@ -22,7 +38,9 @@
 #define BRK_CATQ_BATCH 256       /* records that wake the writer at once */
 #define BRK_CATQ_WAIT_MS 20      /* the longest a record waits for its batch */
 #define BRK_CATQ_BATCH_MAX 4096  /* records in one transaction */
-#define BRK_CATQ_MAX 100000
+#define BRK_CATQ_MAX 100000      /* kept records before BUSY; events waiting at most */
+#define BRK_CATQ_RETRY_MS 250    /* the first pause after the store refused a batch */
+#define BRK_CATQ_STOP_TRIES 3    /* tries left to a refused batch once stopping */
 
 typedef struct brk_catq brk_catq_t;
 
@@ -34,10 +52,20 @@ brk_catq_t *brk_catq_new(cat_t **cat, size_t max);
 /* Writes everything still queued, stops the thread, closes the catalog.
  * Does nothing on NULL; sets *q = NULL. */
 void brk_catq_destroy(brk_catq_t **q);
-/* Records dropped because the queue was full (or out of memory). */
+/* Events shed (their worker over its quota, the list full, or out of
+ * memory). Kept records are never shed. */
 uint64_t brk_catq_dropped(brk_catq_t *q);
-/* Batches (transactions) written so far. */
+/* Batches (transactions) attempted so far. */
 uint64_t brk_catq_batches(brk_catq_t *q);
+/* Batches the store refused for now (each queued again and retried). */
+uint64_t brk_catq_failures(brk_catq_t *q);
+/* Records SQLite refused outright (skipped). */
+uint64_t brk_catq_refused(brk_catq_t *q);
+/* Records waiting to be written. */
+size_t brk_catq_pending(brk_catq_t *q);
+/* True while `max` kept records wait: the loop answers new requests BUSY
+ * until the writer catches up. */
+bool brk_catq_behind(brk_catq_t *q);
 
 /* One push per record kind, brk_cq_<kind>(q, fields...): the writer
  * cat_<kind>'s parameters without the catalog and the time, which is taken

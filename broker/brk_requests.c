@@ -142,6 +142,14 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
                        (unsigned long long)(bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));
         return;
     }
+    /* Every request leaves a row in the catalog, and rows are never
+     * dropped: while the writer is that far behind (a slow or full disk),
+     * new work waits for it. */
+    if (brk_catq_behind(b->cat)) {
+        send_busy(b, &m->identity, m->id, "the catalog is behind: %zu records wait to be written",
+                  brk_catq_pending(b->cat));
+        return;
+    }
     if (b->held_bytes + bytes > b->opt.max_held_bytes) {
         send_busy(b, &m->identity, m->id, "broker holds %llu MiB of request tensors (limit %llu MiB)",
                   (unsigned long long)(b->held_bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));

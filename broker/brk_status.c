@@ -92,6 +92,8 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
         if (s->sync) note_version(&r->pending, s->component, s->version);
     r->malformed = b->malformed;
     r->catalog_dropped = brk_catq_dropped(b->cat);
+    r->catalog_failures = brk_catq_failures(b->cat);
+    r->catalog_pending = brk_catq_pending(b->cat);
     r->undelivered = b->undelivered;
     r->replies_suppressed = b->replies_suppressed;
     r->auth_refused = brk_zap_refused(b->zap);

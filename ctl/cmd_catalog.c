@@ -32,7 +32,9 @@ static const struct {
     { "metrics", metrics },
 };
 
-#define USAGE "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH] [--json]"
+#define USAGE                                                                                      \
+    "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH] [--json]" \
+    " (metrics: [--broker EP] adds the broker's live counters)"
 
 int cmd_catalog(int argc, char **argv) {
     if (argc < 1 || !argv[0]) return ctl_die(CTL_USAGE, USAGE);
@@ -43,8 +45,10 @@ int cmd_catalog(int argc, char **argv) {
 
     static const struct option opts[] = {
         { "catalog", required_argument, 0, 'c' }, { "json", no_argument, 0, 'j' },
-        { "help", no_argument, 0, 'h' },          { 0, 0, 0, 0 },
+        { "help", no_argument, 0, 'h' },          { "broker", required_argument, 0, 'b' },
+        { 0, 0, 0, 0 },
     };
+    const char *broker = NULL; /* metrics: the broker's live counters too */
     const char *env = getenv("REEL_CATALOG");
     const char *path = env && *env ? env : "reel.db";
     bool json = false;
@@ -54,6 +58,10 @@ int cmd_catalog(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'c': path = optarg; break;
+        case 'b':
+            if (fn != metrics) return ctl_die(CTL_USAGE, "%s: --broker is for metrics", argv[0]);
+            broker = optarg;
+            break;
         case 'j': json = true; break;
         case 'h': printf("%s\n", USAGE); return CTL_OK;
         default: return ctl_die(CTL_USAGE, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
@@ -61,6 +69,9 @@ int cmd_catalog(int argc, char **argv) {
     }
     if (optind < argc) return ctl_die(CTL_USAGE, "%s: unexpected argument '%s'", argv[0], argv[optind]);
     if (!*path) return ctl_die(CTL_USAGE, "--catalog: empty path");
+    /* The broker's counters first: they still answer when its disk is full. */
+    if (broker && ctl_broker_metrics(broker, stdout) != 0) return ctl_die(CTL_FAIL, "metrics: %s", kern_error());
+    if (broker && access(path, F_OK) != 0) return CTL_OK; /* no catalog here: the broker's counters alone */
     /* A missing catalog is a wrong path (usage), not a failure of the catalog. */
     if (access(path, F_OK) != 0)
         return ctl_die(CTL_USAGE, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);

@@ -311,10 +311,12 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                                                 (json_int_t)m->in_channels, "text_dim", (json_int_t)m->text_dim,
                                                 "patch", (json_int_t)m->patch, "layers", (json_int_t)m->layers));
     }
-    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:o}", "workers", ws, "queue",
-                          (json_int_t)r->queue, "queue_max", (json_int_t)r->queue_max, "versions",
+    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "workers", ws,
+                          "queue", (json_int_t)r->queue, "queue_max", (json_int_t)r->queue_max, "versions",
                           versions_json(&r->versions), "pending", versions_json(&r->pending), "malformed",
                           (json_int_t)r->malformed, "catalog_dropped", (json_int_t)r->catalog_dropped,
+                          "catalog_failures", (json_int_t)r->catalog_failures, "catalog_pending",
+                          (json_int_t)r->catalog_pending,
                           "undelivered", (json_int_t)r->undelivered, "replies_suppressed",
                           (json_int_t)r->replies_suppressed, "auth_refused", (json_int_t)r->auth_refused,
                           "models", models);
@@ -346,6 +348,13 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
     bool pending;
     pv = version_of(&r->pending, "transformer", &pending);
     if (pending) printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
+    /* what the broker dropped or could not do, shown once any is not zero */
+    if (r->malformed || r->undelivered || r->replies_suppressed || r->auth_refused)
+        printf("peers: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " answers suppressed, %" PRIu64
+               " handshakes refused\n", r->malformed, r->undelivered, r->replies_suppressed, r->auth_refused);
+    if (r->catalog_dropped || r->catalog_failures || r->catalog_pending > 1000)
+        printf("catalog: %" PRIu64 " events shed, %" PRIu64 " failed writes (retried), %" PRIu64 " records waiting\n",
+               r->catalog_dropped, r->catalog_failures, r->catalog_pending);
     printf("%-12s %-8s %-11s %-8s %-9s %-8s %-5s %s\n", "WORKER", "DEVICE", "ARCH", "STREAMS", "INFLIGHT", "VERSION",
            "KEYS", "STATE");
     for (size_t i = 0; i < r->n_workers; i++) {
@@ -359,6 +368,37 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
                w->streams, infs, version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
                lag ? lag : w->routable ? "ok" : "", !w->routable ? (lag ? " (unreachable)" : "unreachable") : "");
     }
+}
+
+static void prom(FILE *out, const char *name, const char *type, const char *help, uint64_t v) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, v);
+}
+
+int ctl_broker_metrics(const char *broker, FILE *out) {
+    reel_client_t *c = reel_client_new_keys(broker, NULL, NULL);
+    if (!c) return -1;
+    reel_status_t *s = NULL;
+    wire_err_t err;
+    int rc = reel_status(c, &s, 5000, &err);
+    reel_client_destroy(&c);
+    if (rc != 0) return kern_fail("broker %s: %s: %s", broker, err.code, err.message);
+    const msg_status_reply_t *r = reel_status_reply(s);
+    prom(out, "reel_broker_workers", "gauge", "Workers registered.", r->n_workers);
+    prom(out, "reel_broker_queue", "gauge", "Requests waiting for a worker.", r->queue);
+    prom(out, "reel_broker_malformed_total", "counter", "Unreadable messages received.", r->malformed);
+    prom(out, "reel_broker_undelivered_total", "counter",
+         "Messages dropped because their peer could not take them (queue full or gone).", r->undelivered);
+    prom(out, "reel_broker_replies_suppressed_total", "counter",
+         "Answers to bad messages not sent (over the peer's budget, or not a registered worker).",
+         r->replies_suppressed);
+    prom(out, "reel_broker_auth_refused_total", "counter", "CURVE handshakes refused.", r->auth_refused);
+    prom(out, "reel_catalog_events_shed_total", "counter",
+         "Worker events not written: their worker had too many waiting.", r->catalog_dropped);
+    prom(out, "reel_catalog_write_failures_total", "counter",
+         "Catalog batches the store refused for now (kept and retried).", r->catalog_failures);
+    prom(out, "reel_catalog_pending", "gauge", "Catalog records waiting to be written.", r->catalog_pending);
+    reel_status_free(&s);
+    return fflush(out) == 0 ? 0 : kern_fail("writing the metrics failed");
 }
 
 int cmd_status(int argc, char **argv) {

@@ -4,6 +4,7 @@
 #ifndef REEL_CTL_H
 #define REEL_CTL_H
 
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -19,6 +20,9 @@ int cmd_tensor(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_sync(int argc, char **argv);
 int cmd_status(int argc, char **argv);
+/* The broker's live counters (STATUS_REPLY) in the Prometheus text format
+ * on out: `reelctl metrics --broker EP`. 0, or -1 with kern_error set. */
+int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 

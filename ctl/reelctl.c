@@ -49,7 +49,8 @@ static const char usage[] =
     "\n"
     "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json):\n"
     "  stats | keys | evictions | versions | workers | requests\n"
-    "  metrics                     the stats counters in the Prometheus text format\n"
+    "  metrics [--broker EP]       the stats counters in the Prometheus text format (with\n"
+    "                              --broker, the broker's live counters too: peers, catalog)\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 

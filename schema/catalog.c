@@ -196,6 +196,22 @@ void cat_close(cat_t **cp) {
 int cat_begin(cat_t *c) { return cat_exec(c, "BEGIN IMMEDIATE", "begin"); }
 int cat_commit(cat_t *c) { return cat_exec(c, "COMMIT", "commit"); }
 
+bool cat_failure_transient(const cat_t *c) {
+    switch (sqlite3_errcode(c->db) & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_CANTOPEN:
+    case SQLITE_NOMEM:
+    case SQLITE_READONLY:
+    case SQLITE_PROTOCOL:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Idempotent: with no batch open there is nothing to undo. */
 int cat_rollback(cat_t *c) {
     if (sqlite3_get_autocommit(c->db)) return 0;

@@ -41,6 +41,11 @@ int cat_schema_version(void);
 int cat_begin(cat_t *c);
 int cat_commit(cat_t *c);
 int cat_rollback(cat_t *c);
+/* After a failed call: true when the failure is the store's and may pass
+ * (disk full, I/O error, locked, out of memory, read-only for now), so the
+ * same writes may succeed later; false when SQLite refused the record
+ * itself. */
+bool cat_failure_transient(const cat_t *c);
 
 /* ---- records (schema/catalog_records.h defines each kind) ----------------- */
 

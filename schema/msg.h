@@ -297,6 +297,8 @@ typedef struct {
     msg_versions_t versions;     /* current version per component */
     msg_versions_t pending;      /* newest version nobody applied yet */
     uint64_t malformed, catalog_dropped;
+    uint64_t catalog_failures;   /* catalog batches the store refused for now (retried) */
+    uint64_t catalog_pending;    /* catalog records waiting to be written */
     uint64_t undelivered;        /* messages a peer could not take (queue full or gone): dropped */
     uint64_t replies_suppressed; /* answers to bad messages not sent (over the peer's budget) */
     uint64_t auth_refused;       /* CURVE handshakes the broker's key check refused */

@@ -262,6 +262,8 @@ static const msg_field_t status_reply_rows[] = {
     R_COUNTS(msg_status_reply_t, pending, "pending", 0),
     R_U64(msg_status_reply_t, malformed, "malformed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_dropped, "catalog_dropped", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, catalog_failures, "catalog_failures", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, catalog_pending, "catalog_pending", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),

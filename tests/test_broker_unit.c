@@ -982,6 +982,46 @@ START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_an
 }
 END_TEST
 
+/* Events have a quota per worker and kept records have none: while the
+ * writer cannot write (another connection holds the catalog's write lock),
+ * a worker flooding events is shed at max/4 waiting, another worker's
+ * events and every request row still queue, the queue says it is behind
+ * once max kept records wait, and when the lock goes everything queued is
+ * written: the rows of every request, the events within quota. */
+START_TEST(test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    sqlite3 *lock;
+    ck_assert_int_eq(sqlite3_open(path, &lock), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(lock, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    enum { MAX = 100, QUOTA = MAX / 4 };
+    brk_catq_t *q = brk_catq_new(&c, MAX);
+    ck_assert_ptr_nonnull(q);
+    for (int i = 0; i < 200; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "reel-key/1 k%d", i);
+        brk_cq_decline(q, "flood", key, "00000000000000aa", "warming_up", 1);
+    }
+    for (int i = 0; i < 10; i++) brk_cq_decline(q, "calm", "reel-key/1 c", "00000000000000bb", "warming_up", 1);
+    ck_assert_uint_eq(brk_catq_dropped(q), 200 - QUOTA);
+    ck_assert(!brk_catq_behind(q));
+    for (int i = 0; i < MAX + 20; i++) brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok");
+    ck_assert(brk_catq_behind(q)); /* the loop answers BUSY now */
+    ck_assert_uint_eq(brk_catq_dropped(q), 200 - QUOTA); /* not one request row shed */
+    ck_assert_uint_ge(brk_catq_pending(q), MAX + 20);
+    ck_assert_int_eq(sqlite3_exec(lock, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(lock);
+    for (int i = 0; i < 500 && brk_catq_pending(q) > 0; i++) usleep(10000);
+    ck_assert_uint_eq(brk_catq_pending(q), 0);
+    ck_assert(!brk_catq_behind(q));
+    brk_catq_destroy(&q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), MAX + 20);
+    ck_assert_int_eq(sql_int(path, "SELECT coalesce(sum(count), 0) FROM declines WHERE worker = 'calm'"), 10);
+    ck_assert_int_eq(sql_int(path, "SELECT coalesce(sum(count), 0) FROM declines WHERE worker = 'flood'"), QUOTA);
+    remove_dir(dir);
+}
+END_TEST
+
 START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
     char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
     cat_t *c = temp_catalog(dir, path, sizeof path);
@@ -1209,6 +1249,7 @@ static Suite *broker_unit_suite(void) {
     tcase_set_timeout(cq, 60);
     tcase_add_test(cq, test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none);
     tcase_add_test(cq, test_a_lone_catalog_record_is_written_within_the_batch_window);
+    tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);
     suite_add_tcase(s, cq);
     return s;
 }
