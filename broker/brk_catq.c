@@ -152,7 +152,7 @@ static int write_batch(brk_catq_t *q, cq_item_t *chain) {
     for (cq_item_t *it = chain; it; it = it->next) {
         if (cat_write(q->cat, &it->rec) == 0) continue;
         if (cat_failure_transient(q->cat)) goto failed;
-        if (worth_logging(q->refused + ++refused)) brk_log("catalog: a record was refused: %s", kern_error());
+        if (worth_logging(++refused)) brk_log("catalog: a record was refused: %s", kern_error());
     }
     if (cat_commit(q->cat) != 0) goto failed;
     pthread_mutex_lock(&q->mu);

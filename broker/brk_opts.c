@@ -39,7 +39,9 @@ static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
     return true;
 }
 
-int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
+static int check(const brk_opts_t *o);
+
+static void defaults(brk_opts_t *o) {
     *o = (brk_opts_t){
         .clients = "tcp://127.0.0.1:5555",
         .workers = "tcp://127.0.0.1:5556",
@@ -51,6 +53,10 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         .request_deadline_ms = 60000,
         .max_held_bytes = (uint64_t)2048 << 20,
     };
+}
+
+int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
+    defaults(o);
     enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
            O_INSECURE };
     static const struct option longs[] = {
@@ -123,6 +129,11 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[optind]);
         return 2;
     }
+    return check(o);
+}
+
+/* The rules across options, after parsing. 0, or 2 with a message. */
+static int check(const brk_opts_t *o) {
     if (o->key && !o->keys) {
         fprintf(stderr, "reel-broker: --key needs --keys DIR (the peers it admits)\n");
         return 2;
