@@ -77,9 +77,9 @@ int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
     put(&o, " model=%s loop=%s inputs=", k->model, k->loop);
     for (int i = 0; i < k->n_inputs; i++) {
         const cap_sig_t *s = &k->inputs[i];
-        put(&o, "%s%s:%s[", i ? "," : "", s->name, kern_dtype_name(s->dtype));
-        for (int d = 0; d < s->ndim; d++) put(&o, d ? ",%lld" : "%lld", (long long)s->shape[d]);
-        put(&o, "]");
+        char shape[KERN_MAX_DIMS * 21 + 3]; /* every dim at its longest: never cut */
+        put(&o, "%s%s:%s%s", i ? "," : "", s->name, kern_dtype_name(s->dtype),
+            kern_shape_text(s->ndim, s->shape, shape, sizeof shape));
     }
     if (!shard) {
         cap_component_ver_t sorted[CAP_MAX_COMPONENTS];

@@ -95,11 +95,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    char shape[128] = "[";
-    for (int i = 0; i < tr.ndim; i++)
-        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", i ? "," : "",
-                 (long long)tr.shape[i]);
-    strncat(shape, "]", sizeof shape - strlen(shape) - 1);
+    char shape[KERN_MAX_DIMS * 21 + 3];
+    kern_shape_text(tr.ndim, tr.shape, shape, sizeof shape);
     if (tg.ndim != tr.ndim || memcmp(tg.shape, tr.shape, sizeof tg.shape[0] * (size_t)tr.ndim) != 0) {
         printf("compare %s: FAIL shapes differ (reference %s)\n", name, shape);
         goto out;

@@ -67,12 +67,19 @@ bool kern_tensor_same_shape(const kern_tensor_t *a, const kern_tensor_t *b) {
     return true;
 }
 
-char *kern_tensor_describe(const kern_tensor_t *t, char *buf, size_t len) {
-    size_t n = (size_t)snprintf(buf, len, "%s[", kern_dtype_name(t->dtype));
-    for (int i = 0; i < t->ndim && n < len; i++)
-        n += (size_t)snprintf(buf + n, len - n, i ? ",%lld" : "%lld",
-                              (long long)t->shape[i]);
+char *kern_shape_text(int ndim, const int64_t *shape, char *buf, size_t len) {
+    if (!len) return buf;
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, i ? ",%lld" : "%lld", (long long)shape[i]);
     if (n < len) snprintf(buf + n, len - n, "]");
+    return buf;
+}
+
+char *kern_tensor_describe(const kern_tensor_t *t, char *buf, size_t len) {
+    if (!len) return buf;
+    size_t n = (size_t)snprintf(buf, len, "%s", kern_dtype_name(t->dtype));
+    if (n < len) kern_shape_text(t->ndim, t->shape, buf + n, len - n);
     return buf;
 }
 

@@ -57,6 +57,9 @@ static inline void *kern_tensor_ptr(const kern_tensor_t *t) {
 }
 /* True when dtype, ndim and every dim match. */
 bool kern_tensor_same_shape(const kern_tensor_t *a, const kern_tensor_t *b);
+/* Writes "[2,3,4]" into buf (always NUL-terminated, cut short when len is
+ * too small); returns buf. The one shape text of Reel's messages. */
+char *kern_shape_text(int ndim, const int64_t *shape, char *buf, size_t len);
 /* Writes "F32[2,3,4]" into buf (always NUL-terminated); returns buf. */
 char *kern_tensor_describe(const kern_tensor_t *t, char *buf, size_t len);
 /* A view of row `row` of a contiguous 2-D (or higher: first dim) tensor,

@@ -47,16 +47,6 @@ static void store_le64(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* Writes "[3,4]" into buf (always NUL-terminated); returns buf. */
-static char *shape_str(int ndim, const int64_t *shape, char *buf, size_t len) {
-    size_t n = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < ndim && n < len; i++)
-        n += (size_t)snprintf(buf + n, len - n, i ? ",%lld" : "%lld",
-                              (long long)shape[i]);
-    if (n < len) snprintf(buf + n, len - n, "]");
-    return buf;
-}
-
 /* numel * elem_size of a shape whose dims are known to be >= 0; -1 when
  * the product does not fit an int64 (file offsets are int64 in JSON). */
 static int shape_bytes(int ndim, const int64_t *shape, size_t elem_size,
@@ -157,7 +147,7 @@ static int check_entry(const char *o, size_t data_len, const char *name, const j
         char sb[128];
         return kern_fail("%s: tensor \"%s\": shape %s of %s overflows a 64-bit "
                          "byte count", o, name,
-                         shape_str(t->ndim, t->shape, sb, sizeof sb), ds);
+                         kern_shape_text(t->ndim, t->shape, sb, sizeof sb), ds);
     }
 
     int64_t begin, end;
@@ -179,7 +169,7 @@ static int check_entry(const char *o, size_t data_len, const char *name, const j
         return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] span %lld "
                          "bytes, but %s %s needs %lld", o, name, (long long)begin,
                          (long long)end, (long long)(end - begin), ds,
-                         shape_str(t->ndim, t->shape, sb, sizeof sb),
+                         kern_shape_text(t->ndim, t->shape, sb, sizeof sb),
                          (long long)want);
     }
     t->name = name;
@@ -490,8 +480,8 @@ int st_read_f32(const st_file_t *f, const char *name, int ndim,
         if (!same) {
             char got[128], want[128];
             return kern_fail("%s: %s: shape %s, expected %s", f->origin, name,
-                             shape_str(t->ndim, t->shape, got, sizeof got),
-                             shape_str(ndim, shape, want, sizeof want));
+                             kern_shape_text(t->ndim, t->shape, got, sizeof got),
+                             kern_shape_text(ndim, shape, want, sizeof want));
         }
     }
     size_t n = t->nbytes / kern_dtype_size(t->dtype);
@@ -595,7 +585,7 @@ int st_writer_add(st_writer_t *w, const char *name, kern_dtype_t dt, int ndim,
         nb > INT64_MAX - w->total || (uint64_t)nb > SIZE_MAX) {
         char sb[128];
         return kern_fail("st_writer_add: %s: shape %s is too large", name,
-                         shape_str(ndim, shape, sb, sizeof sb));
+                         kern_shape_text(ndim, shape, sb, sizeof sb));
     }
     assert(data || nb == 0);
     for (size_t i = 0; i < w->n; i++)
