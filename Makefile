@@ -168,7 +168,7 @@ asan: deps
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
 tsan: deps
 	$(MAKE) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" all
-	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang, ASan and UBSan:
