@@ -34,13 +34,15 @@ typedef struct {
     const char *broker, *ctx_path, *unc_path, *lat_path, *out;
     const char *key, *broker_key; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
     reel_gen_t g;
+    reel_rollout_t rollout;     /* --trajectory, --log-probs, --means */
     bool have_cfg, quiet;
     int timeout_ms, channels;
     int64_t size[3];
 } gen_opts_t;
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
-       O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY };
+       O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
+       O_TRAJ, O_LOGP, O_MEANS };
 
 /* One option of gen with its argument into o. CTL_OK, or the exit code
  * after printing why (CTL_USAGE). */
@@ -57,6 +59,9 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_OUT: o->out = arg; return CTL_OK;
     case O_SDE: g->sde = true; return CTL_OK;
     case O_QUIET: o->quiet = true; return CTL_OK;
+    case O_TRAJ: o->rollout.want_trajectory = true; return CTL_OK;
+    case O_LOGP: o->rollout.want_log_probs = true; return CTL_OK;
+    case O_MEANS: o->rollout.want_means = true; return CTL_OK;
     case O_VERSION:
         return ctl_parse_u64(arg, &g->version) ? ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", arg)
                                                : CTL_OK;
@@ -105,7 +110,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "timeout-ms", required_argument, 0, O_TIMEOUT }, { "deadline-ms", required_argument, 0, O_DEADLINE },
         { "quiet", no_argument, 0, O_QUIET }, { "channels", required_argument, 0, O_CHANNELS },
         { "key", required_argument, 0, O_KEY }, { "broker-key", required_argument, 0, O_BKEY },
-        { 0, 0, 0, 0 },
+        { "trajectory", no_argument, 0, O_TRAJ }, { "log-probs", no_argument, 0, O_LOGP },
+        { "means", no_argument, 0, O_MEANS }, { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
     o->broker = DEFAULT_BROKER;
@@ -118,7 +124,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (opt < O_BROKER || opt > O_BKEY) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+        if (opt < O_BROKER || opt > O_MEANS) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if ((rc = gen_option(o, opt, optarg)) != CTL_OK) return rc;
     }
     if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
@@ -129,6 +135,10 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         return ctl_die(CTL_USAGE, "gen needs --model, --context, --steps and --out");
     if (!!o->unc_path != o->have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");
     if (!o->lat_path == !o->size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
+    if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
+        return ctl_die(CTL_USAGE, "--log-probs and --means are for SDE rollouts (--sde)");
+    reel_rollout_t *ro = &o->rollout;
+    if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
     return CTL_OK;
 }
 
@@ -159,6 +169,25 @@ static int gen_inputs(gen_opts_t *o) {
     return CTL_OK;
 }
 
+/* The rollout outputs that came, as tensors of the output file (names as
+ * on the wire), and the weight version of each step as metadata
+ * "version_runs" ("from:version,..."). 0 or -1. */
+static int add_rollout(st_writer_t *w, const reel_rollout_t *ro) {
+    int64_t n[1] = { ro->steps }, n1[1] = { ro->steps + 1 };
+    if ((ro->trajectory && st_writer_add_f32(w, "trajectory", 5, ro->trajectory_shape, ro->trajectory)) ||
+        (ro->log_probs && st_writer_add_f32(w, "log_probs", 1, n, ro->log_probs)) ||
+        (ro->sigmas && st_writer_add_f32(w, "sigmas", 1, n1, ro->sigmas)) ||
+        (ro->means && st_writer_add_f32(w, "means", 5, ro->means_shape, ro->means)))
+        return -1;
+    if (!ro->n_runs) return 0;
+    char runs[16 * 44] = "";
+    size_t at = 0;
+    for (int i = 0; i < ro->n_runs && at < sizeof runs; i++)
+        at += (size_t)snprintf(runs + at, sizeof runs - at, "%s%" PRIu64 ":%" PRIu64, i ? "," : "",
+                               ro->run_from[i], ro->run_version[i]);
+    return st_writer_meta(w, "version_runs", runs);
+}
+
 /* Writes the result latent to o->out (safetensors, with the worker, the
  * weights version and the config) and says so on stderr. CTL_OK or
  * CTL_FAIL after printing why. */
@@ -167,8 +196,9 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     char v[32];
     snprintf(v, sizeof v, "%" PRIu64, r->version);
     int wrc = !w || st_writer_add_f32(w, "latent", 4, o->g.latent_shape, res_lat) ||
-              st_writer_meta(w, "worker", r->worker) || st_writer_meta(w, "weights_version", v) ||
-              st_writer_meta(w, "config", o->g.model) || st_writer_save(w, o->out);
+              add_rollout(w, &o->rollout) || st_writer_meta(w, "worker", r->worker) ||
+              st_writer_meta(w, "weights_version", v) || st_writer_meta(w, "config", o->g.model) ||
+              st_writer_save(w, o->out);
     st_writer_destroy(&w);
     if (wrc) return ctl_die(CTL_FAIL, "%s", kern_error());
     char vers[48];
@@ -215,6 +245,7 @@ done:
     free((void *)o.g.uncond);
     free((void *)o.g.latent);
     free(res_lat);
+    reel_rollout_free(&o.rollout);
     return code;
 }
 

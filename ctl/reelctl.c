@@ -36,6 +36,8 @@ static const char usage[] =
     "  gen --model NAME --context C.safetensors [--uncond U.safetensors --cfg G]\n"
     "      (--latent L.safetensors | --size FxHxW --seed K) --steps N [--shift S]\n"
     "      [--sde --eta A] [--weights-version V] [--timeout-ms T] --out OUT.safetensors\n"
+    "      [--trajectory] [--log-probs] [--means]: rollout outputs into OUT too (the last\n"
+    "      two for --sde; with the weight version of each step as metadata version_runs)\n"
     "  sync --version V --weights W.safetensors [--component transformer]\n"
     "                              publish a weight sync; waits for every worker (exit 1\n"
     "                              unless all applied it; each failure's reason printed)\n"

@@ -162,6 +162,50 @@ static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
     }
 }
 
+void reel_rollout_free(reel_rollout_t *r) {
+    if (!r) return;
+    free(r->trajectory);
+    free(r->log_probs);
+    free(r->sigmas);
+    free(r->means);
+    r->trajectory = r->log_probs = r->sigmas = r->means = NULL;
+}
+
+/* A copy of tensor t's floats into *dst, its shape into shape[] (ndim
+ * dims expected). 0 when t is NULL (nothing asked or sent); -1 when it is
+ * not F32 of that rank or memory runs out. */
+static int take_f32(const wire_tensor_t *t, int ndim, float **dst, int64_t *shape) {
+    if (!t) return 0;
+    if (t->dtype != KERN_F32 || t->ndim != ndim) return -1;
+    if (!(*dst = malloc(t->bytes ? t->bytes : 1))) return -1;
+    memcpy(*dst, t->data, t->bytes);
+    if (shape) memcpy(shape, t->shape, (size_t)ndim * sizeof *shape);
+    return 0;
+}
+
+/* The rollout outputs of RESULT r into ro (what was asked). */
+static int take_rollout(const msg_result_t *r, reel_rollout_t *ro, wire_err_t *err) {
+    int64_t n1[1] = { 0 }, n2[1] = { 0 };
+    reel_rollout_free(ro);
+    memset(ro->trajectory_shape, 0, sizeof ro->trajectory_shape);
+    memset(ro->means_shape, 0, sizeof ro->means_shape);
+    ro->steps = 0;
+    if (take_f32(r->trajectory, 5, &ro->trajectory, ro->trajectory_shape) ||
+        take_f32(r->log_probs, 1, &ro->log_probs, n1) || take_f32(r->sigmas, 1, &ro->sigmas, n2) ||
+        take_f32(r->means, 5, &ro->means, ro->means_shape)) {
+        reel_rollout_free(ro);
+        set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");
+        return -1;
+    }
+    ro->steps = n1[0] ? n1[0] : ro->trajectory_shape[0] ? ro->trajectory_shape[0] - 1 : 0;
+    ro->n_runs = 0;
+    for (size_t i = 0; i < r->n_version_runs && ro->n_runs < 16; i++, ro->n_runs++) {
+        ro->run_from[ro->n_runs] = r->version_runs[i].from;
+        ro->run_version[ro->n_runs] = r->version_runs[i].version;
+    }
+    return 0;
+}
+
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
@@ -177,6 +221,11 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.seed = g->seed;
     m.progress = g->progress;
     m.deadline_ms = g->deadline_ms;
+    if (g->rollout) {
+        m.return_trajectory = g->rollout->want_trajectory;
+        m.return_log_probs = g->rollout->want_log_probs;
+        m.return_means = g->rollout->want_means;
+    }
     memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
     wire_tensor_t t[3];
     memset(t, 0, sizeof t);
@@ -213,6 +262,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     }
     memcpy(out, r.latent->data, r.latent->bytes);
     if (res) result_summary(&r, res);
+    if (g->rollout && take_rollout(&r, g->rollout, err) != 0) goto done;
     rc = 0;
 done:
     wire_msg_close(&a);

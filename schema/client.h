@@ -42,7 +42,27 @@ typedef struct {
     const float *uncond;        /* NULL: no CFG */
     bool progress;
     uint64_t deadline_ms;       /* broker-side deadline, 0 = broker default */
+    struct reel_rollout *rollout; /* non-NULL: the rollout outputs it asks for are returned here */
 } reel_gen_t;
+
+/* The rollout outputs of a GEN (docs/PROTOCOL.md, return_*): the caller
+ * sets what it wants; reel_gen fills the rest with copies (freed by
+ * reel_rollout_free). A tensor the RESULT did not carry stays NULL with
+ * its shape zeroed. */
+typedef struct reel_rollout {
+    bool want_trajectory, want_log_probs, want_means;
+    float *trajectory;          /* [N+1, C, F, H, W]: x_0 .. x_N */
+    int64_t trajectory_shape[5];
+    float *log_probs;           /* [N] */
+    float *sigmas;              /* [N+1] */
+    int64_t steps;              /* N (0 when neither came) */
+    float *means;               /* [N, C, F, H, W] */
+    int64_t means_shape[5];
+    int n_runs;                 /* the weight version of each step: runs of steps */
+    uint64_t run_from[16], run_version[16];
+} reel_rollout_t;
+
+void reel_rollout_free(reel_rollout_t *r);
 
 typedef struct {
     char worker[64];
