@@ -60,8 +60,9 @@ BROKER     = $(BUILD)/reel-broker
 WORKER_SRC = $(wildcard worker/*.c)
 WORKER_OBJ = $(WORKER_SRC:%.c=$(BUILD)/%.o)
 WORKER     = $(BUILD)/reel-worker
-# The broker never links CUDA (nor BLAS): only the codec, catalog and keys.
-BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson 2>/dev/null) -lm -pthread
+# The broker never links CUDA (nor BLAS): only the codec, catalog, keys and
+# libsodium's SHA-256 (it hashes the weights trainers upload).
+BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson libsodium 2>/dev/null) -lm -pthread
 
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)

@@ -154,11 +154,13 @@ typedef struct brk_barrier {
 } brk_barrier_t;
 
 struct brk_zap;
+struct brk_uploads;
 
 typedef struct {
     brk_opts_t opt;
     void *ctx, *clients, *workers;   /* ZeroMQ context and ROUTER sockets */
     struct brk_zap *zap;             /* keys and roles (brk_zap.h); NULL without keys */
+    struct brk_uploads *uploads;     /* weights by value (brk_upload.h); NULL without --weights-dir */
     brk_catq_t *cat;
 
     brk_worker_t **w;                /* registered workers */

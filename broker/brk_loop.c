@@ -17,11 +17,13 @@
 #include "broker/brk_requests.h"
 #include "broker/brk_status.h"
 #include "broker/brk_sync.h"
+#include "broker/brk_upload.h"
 #include "broker/brk_workers.h"
 #include "broker/brk_zap.h"
 #include "schema/notify.h"
 
 #define DRAIN_MAX 256 /* messages taken from one socket before looking at the other */
+#define DRAIN_MS 20   /* ... or this long: heartbeats and deadlines are never starved */
 
 /* Every body a peer may send, decoded in place. */
 typedef union {
@@ -33,6 +35,8 @@ typedef union {
     msg_sync_ack_t ack;
     msg_ready_t ready;
     msg_events_t events;
+    msg_upload_t upload;
+    msg_fetch_t fetch;
 } body_t;
 
 int brk_reap(brk_t *b) {
@@ -82,6 +86,12 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
         } else {
             brk_sync_request(b, &m->identity, m->id, &u->sync);
         }
+        break;
+    case MSG_UPLOAD: /* a trainer's: the gate checked the role */
+        if (msg_upload_decode(m, &u->upload, &err) || msg_upload_validate(&u->upload, &err))
+            BAD_REPLY(b, false, m, err.code, "UPLOAD: %s", err.message);
+        else
+            brk_upload_chunk(b, &m->identity, m->id, &u->upload);
         break;
     case MSG_STATUS:
         if (msg_decode(m, MSG_STATUS, NULL, &err))
@@ -141,6 +151,11 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     wire_err_t err;
     if (t == MSG_READY) {
         on_ready(b, w, m, &u->ready);
+        return;
+    }
+    if (t == MSG_FETCH) { /* from any connection with a worker's key: a sync thread has its own */
+        if (msg_fetch_decode(m, &u->fetch, &err) == 0) brk_upload_fetch(b, &m->identity, m->id, &u->fetch);
+        else BAD_REPLY(b, true, m, err.code, "FETCH: %s", err.message);
         return;
     }
     if (!w) {
@@ -230,7 +245,8 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
  * allocated. -1 on a socket error other than EAGAIN/EINTR. */
 static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
     void *sock = worker_side ? b->workers : b->clients;
-    for (int i = 0; i < DRAIN_MAX; i++) {
+    int64_t until = brk_now_ms() + DRAIN_MS;
+    for (int i = 0; i < DRAIN_MAX && (i % 16 || brk_now_ms() < until); i++) {
         if (!*spare && !(*spare = brk_msg_new(b))) return 0; /* try again at the next poll */
         wire_err_t err;
         int rc = msg_recv(sock, true, ZMQ_DONTWAIT, *spare, &err);

@@ -22,6 +22,7 @@
 #include "schema/notify.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_upload.h"
 #include "kernels/error.h"
 
 static volatile sig_atomic_t g_stop;
@@ -230,6 +231,7 @@ int main(int argc, char **argv) {
     block_stop_signals(&old);
     b.next_id = 1;
     if (start_catalog(&b) != 0) return 1;
+    brk_upload_start(&b);
     int rc = 1;
     if (start_sockets(&b) != 0) goto out;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -249,6 +251,7 @@ int main(int argc, char **argv) {
     brk_sync_shutdown(&b);
     brk_msg_pool_free(&b);
 out:
+    brk_upload_stop(&b);
     stop_all(&b);
     if (rc == 0) brk_log("stopped");
     return rc;

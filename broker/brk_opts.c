@@ -24,6 +24,8 @@ static const char usage[] =
     "  --key FILE                  the broker's own key pair (default DIR/broker.key)\n"
     "  --insecure                  serve a non-loopback endpoint without keys (anyone who\n"
     "                              reaches it may run or replace the models)\n"
+    "  --weights-dir DIR           keep weights trainers UPLOAD here and serve them to\n"
+    "                              workers (FETCH); without it uploads are refused\n"
     "  -h, --help                  this text\n"
     "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
     "are served, unless --insecure.\n";
@@ -58,7 +60,7 @@ static void defaults(brk_opts_t *o) {
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
     enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
-           O_INSECURE };
+           O_INSECURE, O_WDIR };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -72,6 +74,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "keys", required_argument, NULL, O_KEYS },
         { "key", required_argument, NULL, O_KEY },
         { "insecure", no_argument, NULL, O_INSECURE },
+        { "weights-dir", required_argument, NULL, O_WDIR },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -89,6 +92,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         case O_KEYS: o->keys = optarg; break;
         case O_KEY: o->key = optarg; break;
         case O_INSECURE: o->insecure = true; break;
+        case O_WDIR: o->weights_dir = optarg; break;
         case O_HB:
             if (parse_u64(optarg, 1, 3600000, &v)) o->heartbeat_ms = (int)v;
             else bad = "--heartbeat-ms";

@@ -18,6 +18,7 @@ typedef struct {
     const char *keys;             /* allowlist directory (brk_zap.h); NULL = no keys */
     const char *key;              /* the broker's own NAME.key; NULL = <keys>/broker.key */
     bool insecure;                /* no keys on a non-local endpoint, knowingly */
+    const char *weights_dir;      /* where uploaded weights are kept; NULL = uploads refused */
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was

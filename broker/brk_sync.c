@@ -39,6 +39,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_upload.h"
 #include "broker/brk_zap.h"
 #include "kernels/error.h"
 
@@ -387,6 +388,8 @@ static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **runnin
                      (unsigned long long)version, (unsigned long long)cv);
         return WIRE_E_STALE;
     }
+    /* Weights by value: the broker must hold that file (brk_upload.h). */
+    if (!*resend && m->uploaded && !brk_upload_stored(b, comp, version, m->sha256, why, len)) return WIRE_E_BAD_REQUEST;
     /* The slot is taken now so that promotion can not fail later. */
     if (!*resend && !current_slot(b, comp)) {
         snprintf(why, len, "more than %d weight components", BRK_MAX_COMPONENTS);
@@ -428,13 +431,14 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
     }
     *kept = *m;
     kept->n_tensors = 0; /* syncs go by path: the loop refused inline tensors */
-    brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->path);
+    /* Its source in the catalog: the path, or "uploaded" (restored as such). */
+    brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->uploaded ? BRK_SOURCE_UPLOADED : m->path);
     s->sync = kept;
     s->sync_id = b->next_id++;
     s->next = b->barriers;
     b->barriers = s;
     brk_log("sync %s v%llu accepted (%s), pending until a worker applies it", s->component,
-            (unsigned long long)s->version, m->path);
+            (unsigned long long)s->version, m->uploaded ? "uploaded to the broker" : m->path);
     const char *first = NULL;
     for (int i = 0; i < b->n_w; i++) {
         if (b->w[i]->dead) continue;
@@ -573,7 +577,8 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     snprintf(s->component, sizeof s->component, "%s", component);
     s->version = version;
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
-    snprintf(s->path, sizeof s->path, "%s", path);
+    if (!strcmp(path, BRK_SOURCE_UPLOADED)) s->uploaded = true; /* workers fetch it from the broker again */
+    else snprintf(s->path, sizeof s->path, "%s", path);
     free_sync(&cur->sync);
     cur->sync = s;
     cur->version = version;

@@ -319,7 +319,7 @@ bool brk_zap_worker_allowed(brk_zap_t *z, const char *public_key) {
 /* What a role may send on the client socket: everything but SYNC, which
  * only a trainer may (and every peer of a broker without keys). */
 static bool may_send(reel_role_t r, msg_type_t t) {
-    return t != MSG_SYNC || r == REEL_ROLE_TRAINER || r == REEL_ROLE_NONE;
+    return (t != MSG_SYNC && t != MSG_UPLOAD) || r == REEL_ROLE_TRAINER || r == REEL_ROLE_NONE;
 }
 
 void brk_zap_audit(brk_t *b, const brk_who_t *who, const char *action, const msg_sync_t *s, const char *outcome) {
@@ -363,6 +363,15 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
         return false;
     }
     if (z) z->cur = who;
+    if (!worker_side && msg_type(m) == MSG_UPLOAD && !may_send(who.role, MSG_UPLOAD)) {
+        brk_log("UPLOAD from %s refused: a %s key may not publish weights", who.name, reel_role_name(who.role));
+        brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", NULL, 0, NULL, NULL,
+                     "denied: not a trainer key");
+        if (m->has_identity && brk_reply_allowed(b, &m->identity))
+            brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
+                         "UPLOAD: the %s role may not publish weights (a trainer key may)", reel_role_name(who.role));
+        return false;
+    }
     if (worker_side || msg_type(m) != MSG_SYNC) return true;
     char outcome[300];
     if (!may_send(who.role, MSG_SYNC)) {

@@ -128,11 +128,6 @@ static int cmd_list(const art_opts_t *o, bool load) {
     return load && bad ? CTL_FAIL : CTL_OK;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* One loop of m through a fresh cache (or eagerly); its wall time. */
 static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const tdit_shape_t *sh,
@@ -145,9 +140,9 @@ static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const 
         cap_cache_destroy(&c);
         return -1;
     }
-    double t0 = now();
+    double t0 = ctl_now();
     int rc = tdit_generate_cached(m, c, s, NULL, sh, p, lat, ctx, NULL, out, st);
-    *secs = now() - t0;
+    *secs = ctl_now() - t0;
     cap_cache_destroy(&c);
     return rc;
 }

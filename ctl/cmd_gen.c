@@ -255,9 +255,10 @@ int cmd_sync(int argc, char **argv) {
         { "version", required_argument, 0, 'v' }, { "weights", required_argument, 0, 'w' },
         { "timeout-ms", required_argument, 0, 't' }, { "deadline-ms", required_argument, 0, 'd' },
         { "key", required_argument, 0, 'k' }, { "broker-key", required_argument, 0, 'K' },
-        { 0, 0, 0, 0 },
+        { "upload", required_argument, 0, 'u' }, { 0, 0, 0, 0 },
     };
     const char *broker = DEFAULT_BROKER, *component = "transformer", *weights = NULL;
+    bool upload = false; /* by value: the file's bytes go through the broker */
     const char *key = NULL, *broker_key = NULL; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
     uint64_t version = 0, deadline = 60000;
     int timeout_ms = 120000, o;
@@ -271,6 +272,10 @@ int cmd_sync(int argc, char **argv) {
         case 'K': broker_key = optarg; break;
         case 'c': component = optarg; break;
         case 'w': weights = optarg; break;
+        case 'u':
+            weights = optarg;
+            upload = true;
+            break;
         case 'v':
             if (ctl_parse_u64(optarg, &version)) return ctl_die(CTL_USAGE, "--version: '%s' is not a version", optarg);
             have_version = true;
@@ -285,7 +290,8 @@ int cmd_sync(int argc, char **argv) {
         }
     }
     if (optind < argc) return ctl_die(CTL_USAGE, "sync: unexpected argument '%s'", argv[optind]);
-    if (!weights || !have_version) return ctl_die(CTL_USAGE, "sync needs --version V and --weights W.safetensors");
+    if (!weights || !have_version)
+        return ctl_die(CTL_USAGE, "sync needs --version V and --weights W.safetensors (or --upload W.safetensors)");
     char path[PATH_MAX], hex[65];
     if (!realpath(weights, path)) return ctl_die(CTL_USAGE, "--weights %s: no such file", weights);
     st_file_t *f = st_open(path); /* refuse a file the workers could not load */
@@ -296,7 +302,13 @@ int cmd_sync(int argc, char **argv) {
     if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
     reel_sync_result_t r;
     wire_err_t err;
-    int rc = reel_sync(c, component, version, hex, path, deadline, &r, timeout_ms, &err);
+    int rc = 0;
+    if (upload) {
+        double t0 = ctl_now();
+        rc = reel_upload(c, component, version, hex, path, NULL, NULL, timeout_ms, &err);
+        if (rc == 0) fprintf(stderr, "reelctl: uploaded %s to the broker in %.2f s\n", weights, ctl_now() - t0);
+    }
+    if (rc == 0) rc = reel_sync(c, component, version, hex, upload ? NULL : path, deadline, &r, timeout_ms, &err);
     reel_client_destroy(&c);
     if (rc != 0) return ctl_die(CTL_FAIL, "sync: %s: %s", err.code, err.message);
     /* The broker makes a version current once some worker applied it: with

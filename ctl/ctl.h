@@ -39,6 +39,8 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
 /* Parses "FxHxW" (three positive integers); -1 on anything else. */
 int ctl_parse_size(const char *s, int64_t out[3]);
 /* True when stderr is a terminal. */
+/* Monotonic seconds. */
+double ctl_now(void);
 bool ctl_tty(void);
 
 #endif

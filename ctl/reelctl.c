@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char usage[] =
@@ -38,7 +39,9 @@ static const char usage[] =
     "      [--sde --eta A] [--weights-version V] [--timeout-ms T] --out OUT.safetensors\n"
     "      [--trajectory] [--log-probs] [--means]: rollout outputs into OUT too (the last\n"
     "      two for --sde; with the weight version of each step as metadata version_runs)\n"
-    "  sync --version V --weights W.safetensors [--component transformer]\n"
+    "  sync --version V (--weights W.safetensors | --upload W.safetensors) [--component C]\n"
+    "                              --upload: by value, the bytes through the broker (its\n"
+    "                              --weights-dir), for workers on hosts without the file\n"
     "                              publish a weight sync; waits for every worker (exit 1\n"
     "                              unless all applied it; each failure's reason printed)\n"
     "  status [--json]             live workers (lagging ones with why), queue, versions\n"
@@ -95,6 +98,12 @@ int ctl_parse_double(const char *s, double *out) {
 }
 
 bool ctl_tty(void) { return isatty(2); }
+
+double ctl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 int ctl_parse_size(const char *s, int64_t out[3]) {
     long long f, h, w;

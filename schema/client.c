@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <time.h>
 
 struct reel_client {
@@ -269,6 +272,105 @@ done:
     return rc;
 }
 
+/* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) as UPLOAD
+ * `id`. 0, or -1 with err. */
+static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, unsigned char *buf, uint64_t offset,
+                      wire_err_t *err) {
+    uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
+    ssize_t got = pread(fd, buf, n, (off_t)offset);
+    if (got != (ssize_t)n) {
+        set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
+        return -1;
+    }
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "chunk");
+    t.dtype = WIRE_U8;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)n;
+    t.data = buf;
+    t.bytes = n;
+    u->offset = offset;
+    u->chunk = &t;
+    if (msg_upload_send(c->sock, NULL, id, u) != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+        set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, fd < 0 ? strerror(errno) : "empty or unreadable");
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    unsigned char *buf = malloc(MSG_CHUNK_MAX);
+    msg_upload_t u;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "%s", component);
+    u.version = version;
+    snprintf(u.sha256, sizeof u.sha256, "%s", sha256);
+    u.size = (uint64_t)st.st_size;
+    /* ends[]: where each chunk in flight ends, in the order sent; the
+     * broker answers each in that order. `ignore`: answers still to come
+     * for chunks sent past a gap (the broker wrote none of them). */
+    uint64_t id = ++c->next_id, next = 0, ends[REEL_UPLOAD_WINDOW];
+    int n_ends = 0, ignore = 0, rc = -1;
+    if (!buf) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        goto out;
+    }
+    for (;;) {
+        while (next < u.size && n_ends + ignore < REEL_UPLOAD_WINDOW) {
+            if (send_chunk(c, id, &u, fd, buf, next, err) != 0) goto out;
+            next += u.chunk->bytes;
+            ends[n_ends++] = next;
+        }
+        wire_msg_t a;
+        if (await(c, id, now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) goto out;
+        if (answer_is_error(&a, err)) {
+            wire_msg_close(&a);
+            rc = 1;
+            goto out;
+        }
+        msg_upload_ack_t k;
+        wire_err_t why;
+        int bad = msg_type(&a) != MSG_UPLOAD_ACK || msg_upload_ack_decode(&a, &k, &why) != 0;
+        wire_msg_close(&a);
+        if (bad || k.received > u.size) {
+            set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
+            goto out;
+        }
+        if (k.complete) break;
+        if (ignore) {
+            ignore--;
+            continue;
+        }
+        if (n_ends == 0) continue; /* an answer to nothing in flight: not ours */
+        uint64_t want = ends[0];
+        memmove(ends, ends + 1, (size_t)--n_ends * sizeof *ends);
+        if (k.received != want) {
+            /* Not written (a resume: the broker's copy ends elsewhere): go
+             * on from where it ends; the chunks behind this one were not
+             * written either, and their answers are skipped. */
+            next = k.received;
+            ignore = n_ends;
+            n_ends = 0;
+        }
+        if (progress) progress(user, k.received, u.size);
+    }
+    if (progress) progress(user, u.size, u.size);
+    rc = 0;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err) {
@@ -281,7 +383,8 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     snprintf(s->component, sizeof s->component, "%s", component);
     s->version = version;
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
-    snprintf(s->path, sizeof s->path, "%s", path);
+    if (path) snprintf(s->path, sizeof s->path, "%s", path);
+    else s->uploaded = true;
     s->deadline_ms = deadline_ms;
     wire_msg_t a;
     int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);

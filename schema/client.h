@@ -89,11 +89,23 @@ typedef struct {
     char failed[512];           /* "w3:timeout" */
 } reel_sync_result_t;
 
-/* Publishes a weight sync by path (readable by the workers); sha256 is the
- * hex digest of the file. Return values as reel_gen. */
+/* Publishes a weight sync by path (readable by the workers), or, with path
+ * NULL, of the version uploaded to the broker before (reel_upload); sha256
+ * is the hex digest of the file. Return values as reel_gen. */
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err);
+
+/* Sends the file at path to the broker as `version` of component (UPLOAD
+ * chunks of MSG_CHUNK_MAX bytes, REEL_UPLOAD_WINDOW of them in flight),
+ * resuming where the broker's copy ends; sha256 is the file's digest (the
+ * broker checks it). progress, when not NULL, gets bytes sent and the
+ * size. 0 once the broker holds all of it; 1 on ERROR or BUSY; -1 on
+ * timeout (timeout_ms without an answer) or a local failure. */
+#define REEL_UPLOAD_WINDOW 4
+typedef void (*reel_bytes_fn)(void *user, uint64_t done, uint64_t size);
+int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err);
 
 /* A STATUS_REPLY and the message its strings and arrays live in. */
 typedef struct reel_status reel_status_t;

@@ -82,7 +82,11 @@ extern "C" {
     X(HEARTBEAT, heartbeat, void)                     \
     X(DISCONNECT, disconnect, void)                   \
     X(RECONNECT, reconnect, void)                     \
-    X(EVENTS, events, msg_events_t)
+    X(EVENTS, events, msg_events_t)                   \
+    X(UPLOAD, upload, msg_upload_t)                   \
+    X(UPLOAD_ACK, upload_ack, msg_upload_ack_t)       \
+    X(FETCH, fetch, msg_fetch_t)                      \
+    X(FETCH_DATA, fetch_data, msg_fetch_data_t)
 
 typedef enum {
 #define MSG_ENUM(T, n, S) MSG_##T,
@@ -181,9 +185,55 @@ typedef struct {
     char sha256[65];               /* required: 64 hex digits, either case */
     char path[MSG_TEXT_MAX];       /* "" when none */
     uint64_t deadline_ms;          /* 0: the broker's default */
+    bool uploaded;                 /* the file was sent to the broker (UPLOAD): workers FETCH it */
     int n_tensors;                 /* inline weights (any names) */
     const wire_tensor_t *tensors[WIRE_MAX_TENSORS];
 } msg_sync_t;
+
+/* Weights by value (docs/PROTOCOL.md, "Weights by value"): chunks of a
+ * safetensors file, its bytes in U8 tensor frames named "chunk". */
+#define MSG_CHUNK_MAX ((uint64_t)4 << 20)           /* bytes in one chunk */
+#define MSG_UPLOAD_MAX ((uint64_t)64 << 30)         /* bytes in one uploaded file */
+
+/* UPLOAD (trainer -> broker): bytes [offset, offset + chunk) of the file
+ * that will be `version` of `component`. */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    char sha256[65];               /* of the whole file */
+    uint64_t size;                 /* of the whole file */
+    uint64_t offset;
+    const wire_tensor_t *chunk;    /* U8 [n], 1 <= n <= MSG_CHUNK_MAX */
+} msg_upload_t;
+
+/* UPLOAD_ACK (broker -> trainer): how much of the file the broker holds;
+ * the next chunk goes at `received`. `complete`: all of it, hashed and
+ * matching, stored: a SYNC with "uploaded" may name it now. */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    uint64_t received;
+    bool complete;
+} msg_upload_ack_t;
+
+/* FETCH (worker -> broker): up to `max` bytes of an uploaded file from
+ * `offset` on. Any connection with a worker key may ask. */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    char sha256[65];
+    uint64_t offset;
+    uint64_t max;                  /* 0: MSG_CHUNK_MAX */
+} msg_fetch_t;
+
+/* FETCH_DATA (broker -> worker): bytes [offset, offset + chunk). */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    uint64_t offset;
+    uint64_t size;                 /* of the whole file */
+    const wire_tensor_t *chunk;    /* U8 [n]; n = 0 only past the end */
+} msg_fetch_data_t;
 
 typedef struct {
     char worker[MSG_NAME_MAX];
@@ -378,6 +428,10 @@ int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const ch
 #define MSG_TYPED_msg_status_reply_t(T, n) MSG_TYPED_BODY(T, n, msg_status_reply_t)
 #define MSG_TYPED_msg_ready_t(T, n) MSG_TYPED_BODY(T, n, msg_ready_t)
 #define MSG_TYPED_msg_events_t(T, n) MSG_TYPED_BODY(T, n, msg_events_t)
+#define MSG_TYPED_msg_upload_t(T, n) MSG_TYPED_BODY(T, n, msg_upload_t)
+#define MSG_TYPED_msg_upload_ack_t(T, n) MSG_TYPED_BODY(T, n, msg_upload_ack_t)
+#define MSG_TYPED_msg_fetch_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_t)
+#define MSG_TYPED_msg_fetch_data_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_data_t)
 /* msg_gen_decode, msg_gen_send, msg_gen_forward, ... for every type with a
  * body; types without one use msg_send(sock, to, MSG_X, id, NULL, NULL). */
 #define MSG_TYPED(T, n, S) MSG_TYPED_##S(T, n)
@@ -399,6 +453,10 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
 /* READY: at most 16 models, each a model name, configs only of them. */
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
+/* A chunk: U8, one dimension, 1..MSG_CHUNK_MAX bytes, inside `size`. */
+int msg_upload_validate(const msg_upload_t *u, wire_err_t *err);
+/* As upload, and an empty chunk (a fetch past the end) allowed. */
+int msg_fetch_data_validate(const msg_fetch_data_t *f, wire_err_t *err);
 
 /* ---- shared helpers --------------------------------------------------------------- */
 

@@ -150,8 +150,49 @@ static const msg_field_t sync_rows[] = {
     R_SHA(msg_sync_t, sha256, "sha256", F_REQ),
     R_TEXT(msg_sync_t, path, "path", F_OMIT, ""),
     R_U64(msg_sync_t, deadline_ms, "deadline_ms", F_OMIT, 0, UINT64_MAX, 0),
+    R_BOOL(msg_sync_t, uploaded, "uploaded", F_OMIT, false),
 };
 TABLE(sync_tab, sync_rows, msg_sync_t);
+
+/* ---- weights by value --------------------------------------------------------------- */
+
+static const msg_field_t upload_rows[] = {
+    R_NAME(msg_upload_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_upload_t, version, "version", F_REQ, 1, MSG_VERSION_MAX, 0),
+    R_SHA(msg_upload_t, sha256, "sha256", F_REQ),
+    R_U64(msg_upload_t, size, "size", F_REQ, 1, MSG_UPLOAD_MAX, 0),
+    R_U64(msg_upload_t, offset, "offset", F_REQ, 0, MSG_UPLOAD_MAX, 0),
+};
+TABLE(upload_tab, upload_rows, msg_upload_t);
+
+static const msg_slot_t upload_slots[] = { { "chunk", offsetof(msg_upload_t, chunk) }, { NULL, 0 } };
+
+static const msg_field_t upload_ack_rows[] = {
+    R_NAME(msg_upload_ack_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_upload_ack_t, version, "version", F_REQ, 1, MSG_VERSION_MAX, 0),
+    R_U64(msg_upload_ack_t, received, "received", 0, 0, MSG_UPLOAD_MAX, 0),
+    R_BOOL(msg_upload_ack_t, complete, "complete", 0, false),
+};
+TABLE(upload_ack_tab, upload_ack_rows, msg_upload_ack_t);
+
+static const msg_field_t fetch_rows[] = {
+    R_NAME(msg_fetch_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_fetch_t, version, "version", F_REQ, 1, MSG_VERSION_MAX, 0),
+    R_SHA(msg_fetch_t, sha256, "sha256", F_REQ),
+    R_U64(msg_fetch_t, offset, "offset", 0, 0, MSG_UPLOAD_MAX, 0),
+    R_U64(msg_fetch_t, max, "max", F_OMIT, 0, MSG_CHUNK_MAX, 0),
+};
+TABLE(fetch_tab, fetch_rows, msg_fetch_t);
+
+static const msg_field_t fetch_data_rows[] = {
+    R_NAME(msg_fetch_data_t, component, "component", F_REQ, 0, NULL),
+    R_U64(msg_fetch_data_t, version, "version", F_REQ, 1, MSG_VERSION_MAX, 0),
+    R_U64(msg_fetch_data_t, offset, "offset", 0, 0, MSG_UPLOAD_MAX, 0),
+    R_U64(msg_fetch_data_t, size, "size", 0, 0, MSG_UPLOAD_MAX, 0),
+};
+TABLE(fetch_data_tab, fetch_data_rows, msg_fetch_data_t);
+
+static const msg_slot_t fetch_data_slots[] = { { "chunk", offsetof(msg_fetch_data_t, chunk) }, { NULL, 0 } };
 
 static const msg_field_t failure_rows[] = {
     R_NAME(msg_failure_t, worker, "worker", F_REQ, 0, NULL),
@@ -293,6 +334,10 @@ const msg_desc_t msg_descs[MSG_UNKNOWN] = {
     [MSG_DISCONNECT] = { "DISCONNECT", NULL, NULL, NULL, false, NULL },
     [MSG_RECONNECT] = { "RECONNECT", NULL, NULL, NULL, false, NULL },
     [MSG_EVENTS] = { "EVENTS", &events_tab, NULL, NULL, false, NULL },
+    [MSG_UPLOAD] = { "UPLOAD", &upload_tab, upload_slots, "chunk", false, NULL },
+    [MSG_UPLOAD_ACK] = { "UPLOAD_ACK", &upload_ack_tab, NULL, NULL, false, NULL },
+    [MSG_FETCH] = { "FETCH", &fetch_tab, NULL, NULL, false, NULL },
+    [MSG_FETCH_DATA] = { "FETCH_DATA", &fetch_data_tab, fetch_data_slots, "chunk", false, NULL },
 };
 
 /* ---- rules across fields ---------------------------------------------------------------- */
@@ -410,13 +455,40 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
     /* Bounded where every store of it holds it whole (the catalog's too). */
     if (strlen(s->path) > MSG_PATH_MAX - 1)
         return refuse(err, WIRE_E_BAD_REQUEST, "'path' is %zu bytes, longer than %d", strlen(s->path), MSG_PATH_MAX - 1);
-    if (s->path[0] && s->n_tensors > 0) return refuse(err, WIRE_E_BAD_REQUEST, "both 'path' and inline tensors given");
-    if (!s->path[0] && s->n_tensors == 0)
-        return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path' nor inline tensors given");
+    int sources = (s->path[0] != 0) + (s->n_tensors > 0) + s->uploaded;
+    if (sources > 1) return refuse(err, WIRE_E_BAD_REQUEST, "give one of 'path', 'uploaded' and inline tensors");
+    if (sources == 0) return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path', 'uploaded' nor inline tensors given");
     /* A message carries at most 8 tensors and a model has more: workers
      * reload whole models from a file. */
     if (s->n_tensors > 0 && !inline_ok)
         return refuse(err, WIRE_E_BAD_REQUEST, "inline tensors: workers sync by 'path' only (a safetensors file they can read)");
+    return 0;
+}
+
+/* A chunk is a U8 tensor of 1..MSG_CHUNK_MAX bytes (0 allowed where
+ * empty_ok: FETCH_DATA past the end). */
+static int chunk_ok(const wire_tensor_t *c, bool empty_ok, wire_err_t *err) {
+    if (!c) return refuse(err, WIRE_E_BAD_REQUEST, "no 'chunk' tensor");
+    if (c->dtype != WIRE_U8 || c->ndim != 1)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'chunk' must be a U8 tensor of one dimension");
+    if ((!empty_ok && c->bytes == 0) || c->bytes > MSG_CHUNK_MAX)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'chunk' must hold 1..%" PRIu64 " bytes (got %zu)", MSG_CHUNK_MAX,
+                      c->bytes);
+    return 0;
+}
+
+int msg_upload_validate(const msg_upload_t *u, wire_err_t *err) {
+    if (chunk_ok(u->chunk, false, err) != 0) return -1;
+    if (u->offset + u->chunk->bytes > u->size)
+        return refuse(err, WIRE_E_BAD_REQUEST, "the chunk at %" PRIu64 " of %zu bytes ends past 'size' %" PRIu64,
+                      u->offset, u->chunk->bytes, u->size);
+    return 0;
+}
+
+int msg_fetch_data_validate(const msg_fetch_data_t *f, wire_err_t *err) {
+    if (chunk_ok(f->chunk, true, err) != 0) return -1;
+    if (f->offset + f->chunk->bytes > f->size)
+        return refuse(err, WIRE_E_BAD_REQUEST, "the chunk at %" PRIu64 " ends past 'size' %" PRIu64, f->offset, f->size);
     return 0;
 }
 

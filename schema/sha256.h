@@ -1,8 +1,9 @@
 /* sha256.h -- the one SHA-256 of Reel (libsodium underneath): weights
  * files are named by their digest in SYNC (docs/PROTOCOL.md: 64 hex
  * digits; Reel writes lowercase and compares either case), and workers
- * check what they load against it. The broker never hashes (and never
- * links libsodium): it only checks the form (msg_sha256_valid). */
+ * check what they load against it. The broker hashes only the files
+ * trainers upload to it (broker/brk_upload.h); a SYNC by path it checks
+ * for form alone (msg_sha256_valid). */
 #ifndef REEL_SCHEMA_SHA256_H
 #define REEL_SCHEMA_SHA256_H
 

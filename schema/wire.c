@@ -144,7 +144,7 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
     char dts[16] = "";
     s = dt && v[dt].kind == WV_STR ? wire_tok_str(tk, h, dt, &len) : NULL;
     if (s && len < sizeof dts) memcpy(dts, s, len), dts[len] = '\0';
-    if (kern_dtype_parse(dts, &t->dtype) < 0) {
+    if (wire_dtype_parse(dts, &t->dtype) < 0) {
         wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': unknown dtype", t->name);
         return 1;
     }
@@ -172,7 +172,7 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
             return 1;
         }
     }
-    if (__builtin_mul_overflow(numel, (uint64_t)kern_dtype_size(t->dtype), &want)) {
+    if (__builtin_mul_overflow(numel, (uint64_t)wire_dtype_size(t->dtype), &want)) {
         wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': byte size overflows", t->name);
         return 1;
     }
@@ -408,9 +408,19 @@ wire_val_t *wire_hdr(const char *type, uint64_t id) {
     return h;
 }
 
+size_t wire_dtype_size(kern_dtype_t dt) { return dt == WIRE_U8 ? 1 : kern_dtype_size(dt); }
+const char *wire_dtype_name(kern_dtype_t dt) { return dt == WIRE_U8 ? "U8" : kern_dtype_name(dt); }
+int wire_dtype_parse(const char *name, kern_dtype_t *out) {
+    if (!strcmp(name, "U8")) {
+        *out = WIRE_U8;
+        return 0;
+    }
+    return kern_dtype_parse(name, out);
+}
+
 /* A sender-side check: what the receiver would reject is not sent. */
 static bool tensor_ok(const wire_tensor_t *t) {
-    if (t->ndim < 0 || t->ndim > KERN_MAX_DIMS || t->dtype < 0 || t->dtype >= KERN_DTYPE_COUNT)
+    if (t->ndim < 0 || t->ndim > KERN_MAX_DIMS || t->dtype < 0 || t->dtype > WIRE_U8)
         return false;
     size_t nl = strnlen(t->name, sizeof t->name);
     if (nl == 0 || nl == sizeof t->name) return false;
@@ -418,7 +428,7 @@ static bool tensor_ok(const wire_tensor_t *t) {
     for (int k = 0; k < t->ndim; k++)
         if (t->shape[k] < 0 || __builtin_mul_overflow(numel, (uint64_t)t->shape[k], &numel)) return false;
     uint64_t want;
-    if (__builtin_mul_overflow(numel, (uint64_t)kern_dtype_size(t->dtype), &want)) return false;
+    if (__builtin_mul_overflow(numel, (uint64_t)wire_dtype_size(t->dtype), &want)) return false;
     return want == t->bytes && (t->bytes == 0 || t->data);
 }
 

@@ -109,6 +109,15 @@ const wire_val_t *wv_at(const wire_val_t *arr, size_t i);
 
 /* ---- messages ------------------------------------------------------------ */
 
+/* A tensor frame's dtype is a kernel dtype (F32, BF16, F16) or U8: raw
+ * bytes, which only the chunks of weights by value carry (msg.h) and no
+ * kernel ever sees. */
+#define WIRE_U8 ((kern_dtype_t)KERN_DTYPE_COUNT)
+/* Bytes per element, name, and parse, of the wire's dtypes (U8 included). */
+size_t wire_dtype_size(kern_dtype_t dt);
+const char *wire_dtype_name(kern_dtype_t dt);
+int wire_dtype_parse(const char *name, kern_dtype_t *out);
+
 typedef struct {
     char name[48];
     kern_dtype_t dtype;

@@ -256,7 +256,7 @@ void wire_put_tensors(wire_buf_t *w, const wire_tensor_t *const *t, int n) {
         wire_put_str(w, "name");
         wire_put_str(w, t[i]->name);
         wire_put_str(w, "dtype");
-        wire_put_str(w, kern_dtype_name(t[i]->dtype));
+        wire_put_str(w, wire_dtype_name(t[i]->dtype));
         wire_put_str(w, "shape");
         wire_put_arr(w);
         for (int k = 0; k < t[i]->ndim; k++) wire_put_u64(w, (uint64_t)t[i]->shape[k]);

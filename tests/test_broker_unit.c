@@ -693,7 +693,7 @@ START_TEST(test_a_sync_not_newer_for_another_component_inline_or_without_a_path_
     sync_fields(&x, 3, "transformer", 3, SHA_A, NULL, true);
     expect_error(&x, 3, "bad_request", "inline tensors");
     sync_fields(&x, 4, "transformer", 3, SHA_A, NULL, false);
-    expect_error(&x, 4, "bad_request", "neither 'path' nor inline tensors");
+    expect_error(&x, 4, "bad_request", "neither 'path', 'uploaded' nor inline tensors");
     sync_fields(&x, 5, "transformer", 3, "abc", "/w/x.safetensors", false);
     expect_error(&x, 5, "bad_request", "'sha256' must be 64 hex digits");
     sync_fields(&x, 6, "transformer", 1, SHA_A, "/w/x.safetensors", false);
@@ -844,6 +844,52 @@ START_TEST(test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worke
     ck_assert(!has_msg(x.w[2], "ERROR"));
     ck_assert_uint_eq(x.b.replies_suppressed, before + 5);
     ck_assert_uint_eq(x.b.malformed, (uint64_t)sent + 6);
+    box_close(&x);
+}
+END_TEST
+
+/* Weights by value need --weights-dir: without it an UPLOAD is refused
+ * with a reason, and a SYNC naming an uploaded version the broker does not
+ * hold is refused before any worker is asked. */
+START_TEST(test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    static unsigned char bytes[16];
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "chunk");
+    t.dtype = WIRE_U8;
+    t.ndim = 1;
+    t.shape[0] = sizeof bytes;
+    t.data = bytes;
+    t.bytes = sizeof bytes;
+    msg_upload_t u;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "transformer");
+    u.version = 2;
+    snprintf(u.sha256, sizeof u.sha256, "%s", SHA_A);
+    u.size = sizeof bytes;
+    u.chunk = &t;
+    ck_assert_int_eq(msg_upload_send(x.trainer, NULL, 5, &u), 0);
+    deliver(&x, false);
+    expect_error(&x, 5, "bad_request", "start it with --weights-dir");
+    wire_val_t *h = wire_hdr("SYNC", 6);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(2));
+    wv_set(h, "sha256", wv_str(SHA_A));
+    wv_set(h, "uploaded", wv_bool(true));
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    expect_error(&x, 6, "bad_request", "keeps no uploaded weights");
+    ck_assert(!has_msg(x.w[0], "SYNC")); /* no worker was asked */
+    /* a chunk that is not U8 bytes, or runs past the size: bad_request */
+    t.dtype = KERN_F32;
+    t.shape[0] = sizeof bytes / 4;
+    ck_assert_int_eq(msg_upload_send(x.trainer, NULL, 7, &u), 0);
+    deliver(&x, false);
+    expect_error(&x, 7, "bad_request", "U8");
     box_close(&x);
 }
 END_TEST
@@ -1233,6 +1279,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout);
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
+    tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);

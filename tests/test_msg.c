@@ -51,7 +51,7 @@ static void receive_tree(wire_msg_t *m, wire_val_t *h, const wire_tensor_t *t, i
         wire_val_t *d = wv_map(), *shape = wv_arr();
         for (int k = 0; k < t[i].ndim; k++) wv_push(shape, wv_u64((uint64_t)t[i].shape[k]));
         wv_set(d, "name", wv_str(t[i].name));
-        wv_set(d, "dtype", wv_str(kern_dtype_name(t[i].dtype)));
+        wv_set(d, "dtype", wv_str(wire_dtype_name(t[i].dtype)));
         wv_set(d, "shape", shape);
         wv_set(d, "bytes", wv_u64(t[i].bytes));
         wv_push(tensors, d);
@@ -572,6 +572,80 @@ START_TEST(test_fields_in_any_order_decode_and_forward_the_same) {
 }
 END_TEST
 
+/* Weights by value: UPLOAD and FETCH_DATA carry raw bytes as a U8 chunk
+ * (the one dtype no kernel sees), round trip exactly, and a chunk in any
+ * other dtype, of more than MSG_CHUNK_MAX bytes or past the file's size is
+ * refused; a GEN carrying a U8 context is refused too. */
+START_TEST(test_upload_and_fetch_data_carry_u8_chunks_and_nothing_else_does) {
+    static unsigned char bytes[37];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (unsigned char)(i * 7);
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "chunk");
+    t.dtype = WIRE_U8;
+    t.ndim = 1;
+    t.shape[0] = sizeof bytes;
+    t.data = bytes;
+    t.bytes = sizeof bytes;
+    msg_upload_t u, back;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "transformer");
+    u.version = 9;
+    memset(u.sha256, 'c', 64);
+    u.size = 100;
+    u.offset = 63;
+    u.chunk = &t;
+    void *ctx = zmq_ctx_new(), *a = zmq_socket(ctx, ZMQ_PAIR), *b = zmq_socket(ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(a, "inproc://u8"), 0);
+    ck_assert_int_eq(zmq_connect(b, "inproc://u8"), 0);
+    ck_assert_int_eq(msg_upload_send(a, NULL, 4, &u), 0);
+    wire_msg_t m;
+    wire_err_t err;
+    ck_assert_int_eq(msg_recv(b, false, 0, &m, &err), 0);
+    ck_assert_int_eq(msg_upload_decode(&m, &back, &err), 0);
+    ck_assert_int_eq(msg_upload_validate(&back, &err), 0);
+    ck_assert_uint_eq(back.offset, 63);
+    ck_assert_uint_eq(back.size, 100);
+    ck_assert_int_eq(back.chunk->dtype, WIRE_U8);
+    ck_assert_uint_eq(back.chunk->bytes, sizeof bytes);
+    ck_assert_mem_eq(back.chunk->data, bytes, sizeof bytes);
+    back.offset = 64; /* 64 + 37 > 100 */
+    ck_assert_int_eq(msg_upload_validate(&back, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err.message, "past 'size'"));
+    wire_msg_close(&m);
+    /* F32 where bytes go */
+    float f4[4] = { 0 };
+    wire_tensor_t ft = t;
+    ft.dtype = KERN_F32;
+    ft.shape[0] = 4;
+    ft.data = f4;
+    ft.bytes = sizeof f4;
+    u.chunk = &ft;
+    ck_assert_int_eq(msg_upload_send(a, NULL, 5, &u), 0);
+    ck_assert_int_eq(msg_recv(b, false, 0, &m, &err), 0);
+    ck_assert_int_eq(msg_upload_decode(&m, &back, &err), 0);
+    ck_assert_int_eq(msg_upload_validate(&back, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err.message, "U8"));
+    wire_msg_close(&m);
+    /* a U8 context in a GEN */
+    wire_val_t *h = gen_tree(6);
+    wire_tensor_t c8 = t;
+    snprintf(c8.name, sizeof c8.name, "context");
+    c8.ndim = 2;
+    c8.shape[0] = 1;
+    c8.shape[1] = sizeof bytes;
+    receive_tree(&m, h, &c8, 1);
+    msg_gen_t g;
+    int rc = msg_gen_decode(&m, &g, &err);
+    if (rc == 0) rc = msg_gen_validate(&g, NULL, &err);
+    ck_assert_int_eq(rc, -1);
+    wire_msg_close(&m);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 START_TEST(test_missing_required_fields_are_named_with_their_path) {
     wire_val_t *h = wire_hdr("GEN", 1), *ls = wv_arr();
     for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)LAT[i]));
@@ -637,7 +711,7 @@ START_TEST(test_a_type_carries_only_its_own_tensors) {
     ck_assert_ptr_nonnull(strstr(err.message, "inline tensors"));
     snprintf(s.path, sizeof s.path, "/w.safetensors");
     ck_assert_int_eq(msg_sync_validate(&s, true, &err), -1);
-    ck_assert_str_eq(err.message, "both 'path' and inline tensors given");
+    ck_assert_str_eq(err.message, "give one of 'path', 'uploaded' and inline tensors");
     wire_msg_close(&m);
 }
 END_TEST
@@ -1096,6 +1170,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_field_types_are_checked_as_documented);
     tcase_add_test(t, test_unknown_fields_are_ignored_at_every_level);
     tcase_add_test(t, test_fields_in_any_order_decode_and_forward_the_same);
+    tcase_add_test(t, test_upload_and_fetch_data_carry_u8_chunks_and_nothing_else_does);
     tcase_add_test(t, test_missing_required_fields_are_named_with_their_path);
     tcase_add_test(t, test_a_type_carries_only_its_own_tensors);
     tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);

@@ -97,8 +97,9 @@ out:
     return f;
 }
 
-int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots_t *roots, const atomic_bool *stop,
-                  st_file_t **out, char hex[65], char *wire, size_t wlen, char *err, size_t errlen) {
+int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots_t *roots,
+                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65], char *wire,
+                  size_t wlen, char *err, size_t errlen) {
     *out = NULL;
     wire_err_t e;
     /* What is wrong with the message itself is said as it is: it tells
@@ -115,6 +116,10 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
     }
     if (m->path[0]) {
         *out = open_path(m->path, cfg, roots, stop, hex, wire, wlen, err, errlen);
+    } else if (m->uploaded) {
+        /* Every parameter in F32, and room for the header: the most a file of this model holds. */
+        uint64_t max = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) + 8 + ST_MAX_HEADER_BYTES : 0;
+        *out = wrk_fetch(fetch, m, max, stop, hex, wire, wlen, err, errlen);
     } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
         snprintf(wire, wlen, "%s", WRK_E_FILE);
     }
@@ -181,7 +186,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, "stale");
         goto out;
     }
-    if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &w->stop, &f, hex, wire, sizeof wire, err,
+    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve };
+    if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
                       sizeof err) != 0) {
         /* The detail stays here; the broker (and the trainer) get the
          * generic reason. */

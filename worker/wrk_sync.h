@@ -24,11 +24,14 @@
 #include "worker/model/safetensors.h"
 #include "worker/model/tinydit.h"
 #include "worker/wrk.h"
+#include "worker/wrk_fetch.h"
 #include "worker/wrk_weights.h"
 
 /* The weights a SYNC carries, read and hashed (schema/sha256.h). Checks
  * the fields msg_sync_decode does not (component must be "transformer";
- * exactly one of path or tensors: msg_sync_validate). A path is read as
+ * exactly one of path, uploaded or tensors: msg_sync_validate). An
+ * uploaded file is fetched from the broker through `fetch` (wrk_fetch.h;
+ * NULL: refused), judged by its size like a path. A path is read as
  * wrk_weights.h says: under `roots` only, no symlink or "..", a regular
  * file, judged by its size against cfg's model before it is read once,
  * hashed as it is read, the read stopping when *stop is set. Returns 0
@@ -39,8 +42,9 @@
  * log. `cfg` supplies the metadata inline tensors lack. Does not compare
  * the sha256 (the caller does: the version check decides what a mismatch
  * means). */
-int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, const wrk_roots_t *roots, const atomic_bool *stop,
-                  st_file_t **out, char hex[65], char *wire, size_t wlen, char *err, size_t errlen);
+int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, const wrk_roots_t *roots,
+                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65], char *wire,
+                  size_t wlen, char *err, size_t errlen);
 
 typedef struct wrk_syncer wrk_syncer_t;
 

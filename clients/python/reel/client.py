@@ -349,8 +349,47 @@ class Client:
         hdr, _ = self._recv(rid, time.monotonic() + (timeout or min(self.timeout, 10.0)))
         return hdr
 
+    def upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4):
+        """Sends the safetensors file at path to the broker as `version`
+        (UPLOAD chunks of 4 MiB, `window` in flight), resuming where the
+        broker's copy ends; returns once the broker holds all of it with the
+        right sha256. The broker needs --weights-dir. A later
+        sync(version, upload=True, ...) then publishes it without any file
+        shared with the workers (docs/PROTOCOL.md, "Weights by value")."""
+        path = os.path.abspath(path)
+        digest = (sha256 or sha256_file(path)).lower()
+        size = os.path.getsize(path)
+        rid = next(self._ids)
+        wait = timeout if timeout is not None else self.timeout
+        chunk = 4 << 20
+        ends, nxt, ignore = [], 0, 0
+        with open(path, "rb") as f:
+            while True:
+                while nxt < size and len(ends) + ignore < window:
+                    f.seek(nxt)
+                    data = f.read(min(chunk, size - nxt))
+                    hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
+                           "version": int(version), "sha256": digest, "size": size, "offset": nxt,
+                           "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
+                    self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
+                    nxt += len(data)
+                    ends.append(nxt)
+                hdr, _ = self._recv(rid, time.monotonic() + wait)
+                if hdr.get("type") != "UPLOAD_ACK":
+                    raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
+                if hdr.get("complete"):
+                    return digest
+                if ignore:
+                    ignore -= 1
+                    continue
+                if not ends:
+                    continue
+                want = ends.pop(0)
+                if hdr.get("received") != want:  # not written: go on from where the broker's copy ends
+                    nxt, ignore, ends = hdr.get("received", 0), len(ends), []
+
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
-             deadline_ms=0, weights_dir=None, timeout=None):
+             deadline_ms=0, weights_dir=None, timeout=None, upload=False):
         """Publishes transformer weights as `version` and waits for the
         broker's barrier; returns a SyncResult (check .complete: a worker may
         lag). Raises SyncFailed when no worker applied it (nothing changed),
@@ -362,7 +401,12 @@ class Client:
         weights_dir (a fresh temporary folder by default; it must lie below
         every worker's --weights-dir, where workers read weights from, and
         no symlink may lead there), with config (a built-in name such as "tiny", or a
-        dict of the size keys) as the file's metadata."""
+        dict of the size keys) as the file's metadata.
+
+        upload=True: by value, for a trainer that shares no filesystem with
+        the workers: the file (path, or the one written from state_dict) is
+        sent to the broker first (upload()), and the workers fetch it from
+        there; the broker needs --weights-dir."""
         if (path is None) == (state_dict is None):
             raise ValueError("give exactly one of path= and state_dict=")
         if state_dict is not None:
@@ -376,9 +420,14 @@ class Client:
             safetensors.save(path, state_dict, meta)
         path = os.path.abspath(path)
         digest = (sha256 or sha256_file(path)).lower()
+        if upload:
+            self.upload(version, path, component=component, sha256=digest, timeout=timeout)
         rid = next(self._ids)
-        fields = {"component": component, "version": int(version), "sha256": digest, "path": path,
-                  "deadline_ms": int(deadline_ms)}
+        fields = {"component": component, "version": int(version), "sha256": digest, "deadline_ms": int(deadline_ms)}
+        if upload:
+            fields["uploaded"] = True
+        else:
+            fields["path"] = path
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
         self._send("SYNC", rid, fields)
         hdr, _ = self._recv(rid, time.monotonic() + wait)

@@ -1,0 +1,334 @@
+/* brk_upload.c -- weights by value (see brk_upload.h). */
+#include "broker/brk_upload.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_zap.h"
+#include "schema/sha256.h"
+
+typedef struct {
+    bool open;
+    char component[MSG_NAME_MAX];
+    uint64_t version, size, received;
+    char sha256[65];           /* lowercase */
+    int fd;                    /* the .part file */
+    reel_sha256_t *h;          /* of its bytes so far */
+    int64_t touched_ms;
+} slot_t;
+
+struct brk_uploads {
+    slot_t s[BRK_UPLOADS_MAX];
+};
+
+/* DIR/<prefix>COMPONENT-vVERSION<suffix> into buf. */
+static void file_of(const brk_t *b, const char *prefix, const char *comp, uint64_t v, const char *suffix, char *buf,
+                    size_t len) {
+    snprintf(buf, len, "%s/%s%s-v%" PRIu64 "%s", b->opt.weights_dir, prefix, comp, v, suffix);
+}
+
+static void lower(const char *in, char out[65]) {
+    for (int i = 0; i < 64; i++) out[i] = (char)(in[i] >= 'A' && in[i] <= 'F' ? in[i] - 'A' + 'a' : in[i]);
+    out[64] = '\0';
+}
+
+static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, uint64_t received,
+                bool complete) {
+    msg_upload_ack_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.component, sizeof a.component, "%s", comp);
+    a.version = v;
+    a.received = received;
+    a.complete = complete;
+    if (msg_upload_ack_send(b->clients, to, id, &a) != 0) brk_undelivered(b, "UPLOAD_ACK");
+}
+
+static void close_slot(brk_t *b, slot_t *s, bool remove_part) {
+    if (!s->open) return;
+    if (s->fd >= 0) close(s->fd);
+    char hex[65];
+    if (s->h) reel_sha256_final(&s->h, hex);
+    if (remove_part) {
+        char part[1024];
+        file_of(b, ".", s->component, s->version, ".part", part, sizeof part);
+        unlink(part);
+    }
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+/* ---- stored files --------------------------------------------------------------- */
+
+bool brk_upload_stored(brk_t *b, const char *comp, uint64_t v, const char *sha256, char *why, size_t len) {
+    if (!b->opt.weights_dir) {
+        snprintf(why, len, "this broker keeps no uploaded weights (start it with --weights-dir)");
+        return false;
+    }
+    char path[1024], got[80] = "";
+    file_of(b, "", comp, v, ".sha256", path, sizeof path);
+    FILE *f = fopen(path, "re");
+    if (f) {
+        if (!fgets(got, sizeof got, f)) got[0] = '\0';
+        fclose(f);
+    }
+    got[strcspn(got, "\r\n")] = '\0';
+    if (strlen(got) != 64) {
+        snprintf(why, len, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
+        return false;
+    }
+    if (strcasecmp(got, sha256) != 0) {
+        snprintf(why, len, "%s v%" PRIu64 " was uploaded with other weights (sha256 %.16s...)", comp, v, got);
+        return false;
+    }
+    return true;
+}
+
+/* Renames the .part into place and writes DIR/C-vV.sha256 beside it (by
+ * a temporary file and a rename): from then on the version is served. No
+ * fsync: it would stall the routing loop for as long as the disk takes
+ * to write the whole file (seconds for a large model, and heartbeats
+ * missed meanwhile); a file a crash left short or torn is caught where it
+ * matters, by the worker's sha256 check of what it fetched, and the
+ * trainer uploads it again. */
+static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
+    char part[1024], final[1024], sum[1024], tmp[1100];
+    file_of(b, ".", s->component, s->version, ".part", part, sizeof part);
+    file_of(b, "", s->component, s->version, ".safetensors", final, sizeof final);
+    file_of(b, "", s->component, s->version, ".sha256", sum, sizeof sum);
+    snprintf(tmp, sizeof tmp, "%s.tmp", sum);
+    if (rename(part, final) != 0) goto fail;
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
+    if (!f) {
+        if (tfd >= 0) close(tfd);
+        goto fail;
+    }
+    int bad = fprintf(f, "%s\n", s->sha256) < 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, sum) != 0) goto fail;
+    return 0;
+fail:
+    snprintf(why, len, "cannot store the upload: %s", strerror(errno));
+    unlink(tmp);
+    return -1;
+}
+
+/* ---- receiving ------------------------------------------------------------------- */
+
+static slot_t *slot_of(brk_t *b, const char *comp, uint64_t v) {
+    for (int i = 0; i < BRK_UPLOADS_MAX; i++)
+        if (b->uploads->s[i].open && b->uploads->s[i].version == v && !strcmp(b->uploads->s[i].component, comp))
+            return &b->uploads->s[i];
+    return NULL;
+}
+
+/* A new upload of u in a free slot (.part created, empty). NULL with why. */
+static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char *why, size_t len) {
+    slot_t *s = NULL;
+    for (int i = 0; i < BRK_UPLOADS_MAX && !s; i++)
+        if (!b->uploads->s[i].open) s = &b->uploads->s[i];
+    if (!s) {
+        snprintf(why, len, "%d uploads are in progress; finish one first", BRK_UPLOADS_MAX);
+        return NULL;
+    }
+    char part[1024];
+    file_of(b, ".", u->component, u->version, ".part", part, sizeof part);
+    int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    reel_sha256_t *h = fd >= 0 ? reel_sha256_new() : NULL;
+    if (!h) {
+        snprintf(why, len, "cannot open %.200s: %s", part, fd < 0 ? strerror(errno) : "out of memory");
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h };
+    snprintf(s->component, sizeof s->component, "%s", u->component);
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha);
+    return s;
+}
+
+/* Appends the chunk at s->received. 0, or -1 with why (nothing counted). */
+static int append(slot_t *s, const msg_upload_t *u, char *why, size_t len) {
+    const unsigned char *p = u->chunk->data;
+    size_t n = u->chunk->bytes, done = 0;
+    while (done < n) {
+        ssize_t w = pwrite(s->fd, p + done, n - done, (off_t)(s->received + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            snprintf(why, len, "cannot write the upload: %s", w < 0 ? strerror(errno) : "no progress");
+            if (ftruncate(s->fd, (off_t)s->received) != 0) { /* the next try writes over it anyway */ }
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    reel_sha256_update(s->h, p, n);
+    s->received += n;
+    return 0;
+}
+
+/* All of it came: hashed, compared, published. Answers the trainer. */
+static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
+    char got[65], why[256];
+    reel_sha256_final(&s->h, got);
+    brk_who_t who;
+    brk_zap_sender(b->zap, &who);
+    char final[1024];
+    file_of(b, "", s->component, s->version, ".safetensors", final, sizeof final);
+    if (strcmp(got, s->sha256) != 0) {
+        brk_log("upload %s v%" PRIu64 " refused: its bytes hash to %.16s..., not %.16s...", s->component, s->version,
+                got, s->sha256);
+        brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", s->component, s->version, s->sha256,
+                     NULL, "refused: sha256 mismatch");
+        brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST, "UPLOAD: the bytes hash to %s, not the announced %s",
+                     got, s->sha256);
+        close_slot(b, s, true);
+        return;
+    }
+    if (publish(b, s, why, sizeof why) != 0) {
+        brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, why);
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+        close_slot(b, s, true);
+        return;
+    }
+    brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
+            s->size, s->sha256, final);
+    brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", s->component, s->version, s->sha256, final,
+                 "stored");
+    ack(b, from, id, s->component, s->version, s->size, true);
+    close_slot(b, s, false);
+}
+
+void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u) {
+    char why[300], sha[65];
+    if (!b->opt.weights_dir || !b->uploads) {
+        brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST,
+                     "UPLOAD: this broker keeps no uploaded weights (start it with --weights-dir)");
+        return;
+    }
+    lower(u->sha256, sha);
+    if (brk_upload_stored(b, u->component, u->version, sha, why, sizeof why)) {
+        ack(b, from, id, u->component, u->version, u->size, true); /* sent again: it is there */
+        return;
+    }
+    if (strstr(why, "other weights")) {
+        brk_error_to(b, false, from, id, WIRE_E_STALE, "UPLOAD: %s", why);
+        return;
+    }
+    slot_t *s = slot_of(b, u->component, u->version);
+    if (s && (strcmp(s->sha256, sha) || s->size != u->size)) {
+        if (u->offset != 0) {
+            brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST,
+                         "UPLOAD: %s v%" PRIu64 " is being uploaded with other weights; offset 0 replaces it",
+                         u->component, u->version);
+            return;
+        }
+        close_slot(b, s, true);
+        s = NULL;
+    }
+    if (!s && u->offset != 0) { /* nothing held: from the start */
+        ack(b, from, id, u->component, u->version, 0, false);
+        return;
+    }
+    if (!s && !(s = open_slot(b, u, sha, why, sizeof why))) {
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+        return;
+    }
+    s->touched_ms = brk_now_ms();
+    if (u->offset != s->received) { /* out of order: where to go on */
+        ack(b, from, id, u->component, u->version, s->received, false);
+        return;
+    }
+    if (append(s, u, why, sizeof why) != 0) {
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+        return;
+    }
+    if (s->received == s->size) finish(b, from, id, s);
+    else ack(b, from, id, u->component, u->version, s->received, false);
+}
+
+/* ---- serving ---------------------------------------------------------------------- */
+
+void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
+    char why[300], path[1024];
+    if (!brk_upload_stored(b, f->component, f->version, f->sha256, why, sizeof why)) {
+        brk_error_to(b, true, from, id, WIRE_E_BAD_REQUEST, "FETCH: %s", why);
+        return;
+    }
+    file_of(b, "", f->component, f->version, ".safetensors", path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        brk_error_to(b, true, from, id, WIRE_E_INTERNAL, "FETCH: cannot open %s v%" PRIu64 ": %s", f->component,
+                     f->version, strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    uint64_t size = (uint64_t)st.st_size, max = f->max ? f->max : MSG_CHUNK_MAX;
+    uint64_t n = f->offset >= size ? 0 : size - f->offset < max ? size - f->offset : max;
+    unsigned char *buf = malloc(n ? n : 1);
+    ssize_t got = buf && n ? pread(fd, buf, n, (off_t)f->offset) : 0;
+    close(fd);
+    if (!buf || got != (ssize_t)n) {
+        brk_error_to(b, true, from, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", f->component,
+                     f->version, buf ? strerror(errno) : "out of memory");
+        free(buf);
+        return;
+    }
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "chunk");
+    t.dtype = WIRE_U8;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)n;
+    t.data = buf;
+    t.bytes = n;
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", f->component);
+    d.version = f->version;
+    d.offset = f->offset;
+    d.size = size;
+    d.chunk = &t;
+    if (msg_fetch_data_send(b->workers, from, id, &d) != 0) brk_undelivered(b, "FETCH_DATA");
+    free(buf);
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+void brk_upload_start(brk_t *b) {
+    if (!b->opt.weights_dir) return;
+    if (!(b->uploads = calloc(1, sizeof *b->uploads))) {
+        brk_log("out of memory: uploads refused");
+        return;
+    }
+    for (int i = 0; i < BRK_UPLOADS_MAX; i++) b->uploads->s[i].fd = -1;
+    DIR *d = opendir(b->opt.weights_dir);
+    if (!d) {
+        brk_log("--weights-dir %s: %s (uploads will fail until it exists)", b->opt.weights_dir, strerror(errno));
+        return;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (e->d_name[0] != '.' || n < 6 || strcmp(e->d_name + n - 5, ".part")) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", b->opt.weights_dir, e->d_name);
+        if (unlink(path) == 0) brk_log("removed %s: an upload a previous run did not finish", path);
+    }
+    closedir(d);
+}
+
+void brk_upload_stop(brk_t *b) {
+    if (!b->uploads) return;
+    for (int i = 0; i < BRK_UPLOADS_MAX; i++) close_slot(b, &b->uploads->s[i], true);
+    free(b->uploads);
+    b->uploads = NULL;
+}

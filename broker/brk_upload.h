@@ -1,0 +1,43 @@
+/* brk_upload.h -- weights by value (internal header; docs/PROTOCOL.md,
+ * "Weights by value"). A trainer with no filesystem shared with the
+ * workers sends a safetensors file to the broker in UPLOAD chunks; the
+ * broker writes it under --weights-dir as it comes, hashing it, and keeps
+ * it when all of it came and its sha256 is the one announced. A SYNC with
+ * "uploaded" then names it, and workers FETCH it back in chunks.
+ *
+ * Files: DIR/.COMPONENT-vVERSION.part while it comes (never read by
+ * anyone), then DIR/COMPONENT-vVERSION.safetensors beside
+ * DIR/COMPONENT-vVERSION.sha256 (its digest, written after the file is
+ * synced to disk and renamed: a file without its .sha256 was never
+ * complete and is not served). Chunks must come in order: one at any
+ * other offset is not written, and the UPLOAD_ACK says where to go on,
+ * so an interrupted upload resumes where the broker's copy ends (while
+ * the broker runs: a .part found at startup is removed). At most
+ * BRK_UPLOADS_MAX uploads are open at once; memory holds one chunk.
+ *
+ * A leaf module: the loop calls the first two, brk_sync asks the third. */
+#ifndef REEL_BROKER_BRK_UPLOAD_H
+#define REEL_BROKER_BRK_UPLOAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "broker/brk_broker.h"
+
+#define BRK_UPLOADS_MAX 4
+#define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
+
+/* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
+ * written, answered UPLOAD_ACK, or refused ERROR. */
+void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u);
+/* One FETCH from `from` on the worker socket: FETCH_DATA or ERROR. */
+void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f);
+/* True when version `version` of component is stored complete with this
+ * sha256 (either case); else false with why. */
+bool brk_upload_stored(brk_t *b, const char *component, uint64_t version, const char *sha256, char *why,
+                       size_t len);
+/* Removes the .part files a previous run left (startup) and frees what
+ * open uploads hold (shutdown: their .part files are removed too). */
+void brk_upload_start(brk_t *b);
+void brk_upload_stop(brk_t *b);
+
+#endif

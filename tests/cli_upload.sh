@@ -1,0 +1,119 @@
+#!/bin/sh
+# cli_upload.sh -- weights by value (issue 11, part 4): a trainer whose
+# files no worker can open uploads them through the broker, and workers
+# fetch them back. A real reel-broker (CURVE on, --weights-dir) and
+# reel-workers whose weights directories hold only their starting weights;
+# the small config (100 MB: 24 chunks of 4 MiB).
+#   - reelctl sync --upload: every worker applies it, and a gen on it is
+#     bitwise what `reelctl run` gives with the same file;
+#   - a client key may not upload (forbidden, and audited);
+#   - bytes that do not hash to the announced sha256 are refused, and
+#     nothing of them is kept;
+#   - an interrupted upload resumes where the broker's copy ends;
+#   - a worker that joins later fetches the current uploaded version;
+#   - the Python client uploads too (sync(..., upload=True)).
+# Usage: cli_upload.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-upload.XXXXXX)
+K="$D/keys"
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+SUITE=upload
+PY=/usr/bin/python3
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$(dirname "$0")/lib_cli.sh"
+
+for r in broker trainer client; do "$R" keys new --role "$r" --out "$K" >/dev/null 2>&1; done
+for w in w1 w2 w3; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
+mkdir -p "$D/store" "$D/tr" "$D/w1" "$D/w2" "$D/w3"
+for v in 1 2 3 4; do "$R" weights init --config small --seed "$v" --out "$D/tr/v$v.safetensors" 2>/dev/null; done
+for w in w1 w2 w3; do cp "$D/tr/v1.safetensors" "$D/$w/v1.safetensors"; done
+"$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors"
+
+"$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --keys "$K" --weights-dir "$D/store" \
+    --heartbeat-ms 500 >"$D/broker.log" 2>&1 &
+PIDS="$PIDS $!"
+wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; finish; }
+worker() { # name
+    "$B/reel-worker" --broker "$WE" --name "$1" --weights "$D/$1/v1.safetensors" --weights-dir "$D/$1" \
+        --streams 1 --heartbeat-ms 500 --key "$K/$1.key" --broker-key "$K/broker.pub" >"$D/$1.log" 2>&1 &
+    PIDS="$PIDS $!"
+    wait_for "$D/broker.log" "worker $1 ready" 20
+}
+worker w1 && worker w2 || { bad "workers register"; finish; }
+as() { k=$1; shift; REEL_KEY="$K/$k.key" REEL_BROKER_KEY="$K/broker.pub" "$@"; }
+
+as trainer "$R" sync --broker "$CE" --version 2 --upload "$D/tr/v2.safetensors" --timeout-ms 60000 2>"$D/s2.err"
+grep -q "complete; applied w1,w2\|complete; applied w2,w1" "$D/s2.err" &&
+    ok "sync --upload v2: both workers applied it ($(grep -o 'uploaded .* in [0-9.]* s' "$D/s2.err"))" ||
+    { bad "sync --upload v2"; show "$D/s2.err"; show "$D/broker.log"; }
+[ "$(sha256sum <"$D/store/transformer-v2.safetensors" | cut -c1-64)" = "$(sha256sum <"$D/tr/v2.safetensors" | cut -c1-64)" ] &&
+    ok "the broker stored the file byte for byte" || bad "stored copy differs"
+as client "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --size 1x8x8 --seed 3 --steps 2 \
+    --timeout-ms 60000 --quiet --out "$D/g2.safetensors" 2>"$D/g2.err"
+"$R" run --weights "$D/tr/v2.safetensors" --context "$D/ctx.safetensors" --size 1x8x8 --seed 3 --steps 2 \
+    --out "$D/r2.safetensors" 2>/dev/null
+grep -q "weights v2" "$D/g2.err" && "$R" tensor diff "$D/g2.safetensors" "$D/r2.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "a gen on v2 is bitwise reelctl run with the uploaded file" || { bad "gen on the uploaded v2"; show "$D/g2.err"; }
+
+as client "$R" sync --broker "$CE" --version 3 --upload "$D/tr/v3.safetensors" --timeout-ms 20000 2>"$D/c3.err"
+[ $? = 1 ] && grep -q "may not publish" "$D/c3.err" && ok "a client key may not upload" ||
+    { bad "client upload refused"; show "$D/c3.err"; }
+[ "$(/usr/bin/sqlite3 "$D/reel.db" "select count(*) from audit where action='upload' and outcome like 'denied%'")" -ge 1 ] 2>/dev/null &&
+    ok "the refused upload is audited" || bad "refused upload audited"
+
+# the raw protocol, from Python: a wrong digest, and an interrupted upload
+PYTHONPATH="$HERE/../clients/python" REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub" \
+    $PY - "$CE" "$D" >"$D/raw.out" 2>&1 <<'EOF'
+import hashlib, os, sys, time
+import msgpack
+from reel import Client, ReelError
+ep, d = sys.argv[1], sys.argv[2]
+c = Client(ep, timeout=30)
+def say(ok, what):
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+v3 = d + "/tr/v3.safetensors"
+data = open(v3, "rb").read()
+digest = hashlib.sha256(data).hexdigest()
+# 1. bytes that do not hash to what was announced
+try:
+    c.upload(3, v3, sha256="0" * 64)
+    say(False, "a wrong sha256 is refused")
+except ReelError as e:
+    say(e.code == "bad_request" and "hash to" in str(e), "a wrong sha256 is refused: %s" % e)
+say(not os.path.exists(d + "/store/transformer-v3.safetensors") and
+    not any(n.endswith(".part") for n in os.listdir(d + "/store")), "nothing of the refused upload is kept")
+# 2. two chunks, then the trainer goes away
+chunk = 4 << 20
+def up(off, n, rid):
+    hdr = {"proto": "reel/1", "type": "UPLOAD", "id": rid, "component": "transformer", "version": 3,
+           "sha256": digest, "size": len(data), "offset": off,
+           "tensors": [{"name": "chunk", "dtype": "U8", "shape": [n], "bytes": n}]}
+    c._sock.send_multipart([msgpack.packb(hdr), data[off:off + n]])
+    return c._recv(rid, time.monotonic() + 10)[0]
+a = up(0, chunk, 900)
+b = up(chunk, chunk, 901)
+say(a.get("received") == chunk and b.get("received") == 2 * chunk and not b.get("complete"),
+    "chunks are acknowledged with what the broker holds (%s, %s)" % (a.get("received"), b.get("received")))
+z = up(0, chunk, 902)  # again from the start: not written, the answer says where to go on
+say(z.get("received") == 2 * chunk, "a chunk at the wrong offset is not written; the answer says resume at %s" % z.get("received"))
+# 3. the Python client finishes it (resuming) and publishes it by value
+res = c.sync(3, path=v3, upload=True)
+say(res.complete and sorted(res.applied) == ["w1", "w2"], "sync(3, upload=True) resumes and completes: %s" % res.applied)
+EOF
+rc=$?
+while read -r line; do
+    case "$line" in PASS*) ok "${line#PASS }" ;; FAIL*) bad "${line#FAIL }" ;; *) echo "  | $line" ;; esac
+done <"$D/raw.out"
+[ $rc = 0 ] || bad "the Python part (exit $rc)"
+
+worker w3 || bad "w3 registers"
+i=0
+while [ $i -lt 100 ] && ! as client "$R" status --json --broker "$CE" 2>/dev/null | grep -q '"name":"w3"[^}]*"versions":{"transformer":3}'; do
+    sleep 0.2; i=$((i + 1))
+done
+grep -q "applied transformer v3" "$D/w3.log" && ok "a worker joining later fetched the current uploaded version (v3)" ||
+    { bad "w3 catches up"; show "$D/w3.log"; }
+finish

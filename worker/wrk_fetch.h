@@ -1,0 +1,37 @@
+/* wrk_fetch.h -- weights by value, the worker's side (docs/PROTOCOL.md,
+ * "Weights by value"): a SYNC with "uploaded" names a file the trainer
+ * sent to the broker; the sync thread fetches it back in FETCH chunks on
+ * a DEALER of its own (the main thread's socket is the main thread's), into
+ * a private temporary file that is unlinked once opened, hashing it as it
+ * comes. The file is judged by the size the broker announces before a
+ * byte is written: more than the model can hold is refused at once. */
+#ifndef REEL_WORKER_WRK_FETCH_H
+#define REEL_WORKER_WRK_FETCH_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "schema/keys.h"
+#include "schema/msg.h"
+#include "worker/model/safetensors.h"
+
+#define WRK_FETCH_WINDOW 4          /* FETCH requests in flight */
+#define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for one answer */
+#define WRK_E_FETCH "bad_weights: the broker could not send the uploaded file"
+
+/* Where the broker is and how to reach it. */
+typedef struct {
+    void *zctx;
+    const char *endpoint;
+    const reel_curve_t *curve;      /* NULL or off: plain */
+} wrk_fetch_src_t;
+
+/* Fetches version m->version of m->component (sha256 m->sha256) from the
+ * broker: at most max_bytes (0: no limit). Returns it open (st_close it)
+ * with hex the sha256 of its bytes, or NULL with `wire` a generic text for
+ * the ack (WRK_E_FETCH, WRK_E_MODEL for a size no model of this worker's
+ * holds, WRK_E_FILE, WRK_E_STOPPED) and err the detail for the log. */
+st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_bytes, const atomic_bool *stop,
+                     char hex[65], char *wire, size_t wlen, char *err, size_t errlen);
+
+#endif
