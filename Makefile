@@ -16,7 +16,7 @@ CSTD     = -std=c17
 WARN     = -Wall -Wextra -Werror
 OPT     ?= -O2 -g
 SAN     ?=
-PKGS     = libzmq msgpack jansson sqlite3 libsodium
+PKGS     = libzmq msgpack jansson sqlite3 libsodium libcrypto
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP \
              -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -61,8 +61,8 @@ WORKER_SRC = $(wildcard worker/*.c)
 WORKER_OBJ = $(WORKER_SRC:%.c=$(BUILD)/%.o)
 WORKER     = $(BUILD)/reel-worker
 # The broker never links CUDA (nor BLAS): only the codec, catalog, keys and
-# libsodium's SHA-256 (it hashes the weights trainers upload).
-BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson libsodium 2>/dev/null) -lm -pthread
+# libcrypto's SHA-256 (it hashes the weights trainers upload).
+BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson libcrypto 2>/dev/null) -lm -pthread
 
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)

@@ -49,7 +49,9 @@ ls "$K"
 export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
 
 say "3. a broker ($CE clients, $WE workers, catalog $DB, --keys) and two CPU workers, 2 streams each"
-"$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --keys "$K" >"$D/broker.log" 2>&1 &
+mkdir -p "$D/store"
+"$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --keys "$K" --weights-dir "$D/store" \
+    >"$D/broker.log" 2>&1 &
 PIDS="$PIDS $!"
 wait_for "$D/broker.log" "reel-broker: ready" 10
 grep "keys:" "$D/broker.log"
@@ -117,6 +119,6 @@ echo
 
 say "9. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
-    --iters 2 --group 4 --steps 4 --latent 2x8x8 --weights-dir "$D"
+    --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D"
 echo
 echo "demo: done"

@@ -6,7 +6,7 @@
 #
 # The binaries (tests/test_cuda, reelctl, reel-broker, reel-worker and the
 # check's own tools deploy/gpu_*.c) are linked with Debian's static archives
-# (msgpack-c, jansson, SQLite, libsodium, Check, subunit) and the static CUDA
+# (msgpack-c, jansson, SQLite, libsodium, libcrypto, Check, subunit) and the static CUDA
 # runtime; libzmq and OpenBLAS have no usable static form here (libzmq.a
 # needs a GSSAPI that Debian ships only as .so; a static OpenBLAS adds 26 MB
 # to each binary), so they and what they load go into lib/ as .so files,
@@ -49,7 +49,7 @@ ML=/usr/lib/x86_64-linux-gnu
 mkdir -p "$BUILD/static" || die "cannot create $BUILD/static"
 # lib.a:package -- each linked statically through $BUILD/static
 for ap in libmsgpackc.a:libmsgpack-dev libjansson.a:libjansson-dev libsqlite3.a:libsqlite3-dev \
-          libsodium.a:libsodium-dev libcheck_pic.a:check libsubunit.a:libsubunit-dev; do
+          libsodium.a:libsodium-dev libcrypto.a:libssl-dev libcheck_pic.a:check libsubunit.a:libsubunit-dev; do
     a=${ap%%:*}
     [ -f "$ML/$a" ] || die "$ML/$a is missing (Debian package ${ap#*:}; deploy/install-deps.sh installs it)"
     ln -sfn "$ML/$a" "$BUILD/static/$a"
@@ -165,7 +165,7 @@ ns_proof() {
         set -u
         mount --bind "$1" /usr/lib/x86_64-linux-gnu || exit 3
         echo "  /usr/lib/x86_64-linux-gnu now holds $(ls /usr/lib/x86_64-linux-gnu | wc -l) files: glibc, libstdc++ and the shell tools'"'"' libraries"
-        for l in libzmq.so.5 libopenblas.so.0 libsqlite3.so.0 libjansson.so.4 libmsgpackc.so.2 libsodium.so.23; do
+        for l in libzmq.so.5 libopenblas.so.0 libsqlite3.so.0 libjansson.so.4 libmsgpackc.so.2 libsodium.so.23 libcrypto.so.3; do
             [ -e "/usr/lib/x86_64-linux-gnu/$l" ] && { echo "  $l is still visible"; exit 3; }
         done
         D=$(mktemp -d /tmp/reel-nsbundle.XXXXXX) && tar -C "$D" -xzf "$2/reel-gpu.tar.gz" || exit 3

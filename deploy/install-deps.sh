@@ -5,7 +5,7 @@
 # call it first.
 set -eu
 
-PKGS="build-essential pkg-config libzmq3-dev libsodium-dev libmsgpack-dev \
+PKGS="build-essential pkg-config libzmq3-dev libsodium-dev libssl-dev libmsgpack-dev \
 libsqlite3-dev sqlite3 check libsubunit-dev libopenblas-dev libjansson-dev \
 python3-numpy python3-zmq python3-msgpack clang libclang-rt-14-dev"
 

@@ -1,4 +1,4 @@
-/* sha256.h -- the one SHA-256 of Reel (libsodium underneath): weights
+/* sha256.h -- the one SHA-256 of Reel (OpenSSL's libcrypto underneath): weights
  * files are named by their digest in SYNC (docs/PROTOCOL.md: 64 hex
  * digits; Reel writes lowercase and compares either case), and workers
  * check what they load against it. The broker hashes only the files

@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--latent", default="4x8x8", help="FxHxW")
     ap.add_argument("--weights-dir", default=None, help="where synced weights are written (workers read it)")
+    ap.add_argument("--upload", action="store_true",
+                    help="publish by value: the bytes go through the broker (its --weights-dir), no shared files")
     ap.add_argument("--start-version", type=int, default=None, help="first version to publish (default: current+1)")
     a = ap.parse_args()
 
@@ -81,7 +83,7 @@ def main():
             step = 1e-4 * float(np.sign(np.dot(adv, logp - logp.mean())) or 1.0)
             for name, w in sd.items():
                 sd[name] = (w + step * rng.standard_normal(w.shape)).astype(np.float32)
-            res = c.sync(version, state_dict=sd, config=config, weights_dir=wdir)
+            res = c.sync(version, state_dict=sd, config=config, weights_dir=wdir, upload=a.upload)
             print(f"grpo: published v{version}: applied by {','.join(res.applied)}"
                   f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
             version += 1

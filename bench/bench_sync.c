@@ -1,0 +1,226 @@
+/* bench_sync.c -- weights by value (docs/PROTOCOL.md, "Weights by value"),
+ * against its floor, measured side by side in one run on loopback TCP.
+ *
+ * Reel: a reel-broker with --weights-dir and two reel-workers (the small
+ * config, 100 MB of F32 weights; each worker's weights directory holds only
+ * its starting file), and a trainer here that publishes a new version by
+ * value: reel_upload, then reel_sync with "uploaded". Timed from the
+ * trainer's first byte to SYNC_DONE, which the broker sends once both
+ * workers fetched the file, checked its sha256, loaded it and acked.
+ * The floor: the same file's bytes copied once over loopback by a plain
+ * ZeroMQ DEALER to a ROUTER (4 MiB messages, the receiver acking the
+ * last), read from the file as the trainer reads it. Each rep times both,
+ * alternating which goes first; the summary is the median of the reps.
+ * Usage: bench_sync [BUILD_DIR [REPS]]  (finds reel-broker, reel-worker,
+ * reelctl in BUILD_DIR) */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "kernels/error.h"
+#include "schema/client.h"
+#include "schema/sha256.h"
+
+#define DIE(...) do { fprintf(stderr, "bench_sync: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+#define REPS_MAX 9
+#define CHUNK ((size_t)4 << 20)
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static pid_t spawn(char *const argv[], const char *log) {
+    pid_t p = fork();
+    if (p == 0) {
+        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(127);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return p;
+}
+
+/* ---- the floor: one copy over loopback ------------------------------------------ */
+
+typedef struct {
+    void *ctx;
+    char ep[64];
+    size_t size;
+} floor_arg_t;
+
+static void *floor_receiver(void *arg) {
+    floor_arg_t *a = arg;
+    void *r = zmq_socket(a->ctx, ZMQ_ROUTER);
+    int lin = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &lin, sizeof lin);
+    zmq_bind(r, a->ep);
+    size_t got = 0;
+    while (got < a->size) {
+        zmq_msg_t id, m;
+        zmq_msg_init(&id);
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&id, r, 0) < 0 || zmq_msg_recv(&m, r, 0) < 0) break;
+        got += zmq_msg_size(&m);
+        if (got >= a->size) {
+            zmq_msg_send(&id, r, ZMQ_SNDMORE);
+            zmq_send(r, "done", 4, 0);
+        } else {
+            zmq_msg_close(&id);
+        }
+        zmq_msg_close(&m);
+    }
+    zmq_close(r);
+    return NULL;
+}
+
+/* Seconds to copy the file at path once over loopback, read as the trainer reads it. */
+static double floor_copy(void *ctx, const char *path, int port) {
+    struct stat st;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0 || fstat(fd, &st) != 0) DIE("%s: cannot read", path);
+    floor_arg_t a = { ctx, "", (size_t)st.st_size };
+    snprintf(a.ep, sizeof a.ep, "tcp://127.0.0.1:%d", port);
+    pthread_t th;
+    pthread_create(&th, NULL, floor_receiver, &a);
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int lin = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &lin, sizeof lin);
+    zmq_connect(d, a.ep);
+    usleep(100000);
+    char *buf = malloc(CHUNK);
+    double t0 = now();
+    for (size_t off = 0; off < a.size; off += CHUNK) {
+        size_t n = a.size - off < CHUNK ? a.size - off : CHUNK;
+        if (pread(fd, buf, n, (off_t)off) != (ssize_t)n) DIE("read");
+        zmq_send(d, buf, n, 0);
+    }
+    char ack[8];
+    zmq_recv(d, ack, sizeof ack, 0);
+    double t = now() - t0;
+    pthread_join(th, NULL);
+    zmq_close(d);
+    free(buf);
+    close(fd);
+    return t;
+}
+
+/* ---- Reel: upload, sync by value, both workers ack --------------------------------- */
+
+/* Seconds from the first byte to SYNC_DONE; *up the upload's part. */
+static double by_value(reel_client_t *c, const char *path, uint64_t version, double *up) {
+    char hex[65];
+    if (reel_sha256_file(path, hex) != 0) DIE("%s", kern_error());
+    wire_err_t err;
+    reel_sync_result_t r;
+    double t0 = now();
+    if (reel_upload(c, "transformer", version, hex, path, NULL, NULL, 600000, &err) != 0)
+        DIE("upload v%llu: %s: %s", (unsigned long long)version, err.code, err.message);
+    *up = now() - t0;
+    if (reel_sync(c, "transformer", version, hex, NULL, 600000, &r, 600000, &err) != 0 || !r.complete)
+        DIE("sync v%llu: %s %s (applied %s, failed %s)", (unsigned long long)version, err.code, err.message, r.applied,
+            r.failed);
+    return now() - t0;
+}
+
+static void wait_workers(reel_client_t *c, int n) {
+    for (int i = 0; i < 600; i++) {
+        reel_status_t *s = NULL;
+        wire_err_t err;
+        if (reel_status(c, &s, 2000, &err) == 0) {
+            size_t have = reel_status_reply(s)->n_workers;
+            reel_status_free(&s);
+            if ((int)have >= n) return;
+        }
+        usleep(100000);
+    }
+    DIE("the workers did not register");
+}
+
+int main(int argc, char **argv) {
+    const char *build = argc > 1 ? argv[1] : "build";
+    int reps = argc > 2 ? atoi(argv[2]) : 3;
+    if (reps < 1 || reps > REPS_MAX) DIE("reps must be 1..%d", REPS_MAX);
+    char dir[] = "/tmp/reel-bench-sync.XXXXXX", cmd[1024], broker[300], worker[300], ctl[300];
+    if (!mkdtemp(dir)) DIE("mkdtemp");
+    snprintf(broker, sizeof broker, "%s/reel-broker", build);
+    snprintf(worker, sizeof worker, "%s/reel-worker", build);
+    snprintf(ctl, sizeof ctl, "%s/reelctl", build);
+    if (access(broker, X_OK) || access(worker, X_OK) || access(ctl, X_OK)) DIE("build %s first", build);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/store %s/w1 %s/w2 %s/tr", dir, dir, dir, dir);
+    if (system(cmd) != 0) DIE("mkdir");
+    for (int v = 1; v <= reps + 1; v++) {
+        snprintf(cmd, sizeof cmd, "%s weights init --config small --seed %d --out %s/tr/v%d.safetensors 2>/dev/null",
+                 ctl, v, dir, v);
+        if (system(cmd) != 0) DIE("weights init");
+    }
+    snprintf(cmd, sizeof cmd, "cp %s/tr/v1.safetensors %s/w1/ && cp %s/tr/v1.safetensors %s/w2/", dir, dir, dir, dir);
+    if (system(cmd) != 0) DIE("cp");
+    int port = 31000 + getpid() % 20000;
+    char cep[64], wep[64], db[300], store[300], log[300];
+    snprintf(cep, sizeof cep, "tcp://127.0.0.1:%d", port);
+    snprintf(wep, sizeof wep, "tcp://127.0.0.1:%d", port + 1);
+    snprintf(db, sizeof db, "%s/reel.db", dir);
+    snprintf(store, sizeof store, "%s/store", dir);
+    snprintf(log, sizeof log, "%s/broker.log", dir);
+    char *bargv[] = { broker, "--clients", cep, "--workers", wep, "--catalog", db, "--weights-dir", store, NULL };
+    pid_t pids[3];
+    pids[0] = spawn(bargv, log);
+    for (int i = 0; i < 2; i++) {
+        char name[8], wts[300], wdir[300], wlog[300];
+        snprintf(name, sizeof name, "w%d", i + 1);
+        snprintf(wts, sizeof wts, "%s/w%d/v1.safetensors", dir, i + 1);
+        snprintf(wdir, sizeof wdir, "%s/w%d", dir, i + 1);
+        snprintf(wlog, sizeof wlog, "%s/w%d.log", dir, i + 1);
+        char *wargv[] = { worker, "--broker", wep, "--name", name, "--weights", wts, "--weights-dir", wdir,
+                          "--streams", "1", NULL };
+        pids[1 + i] = spawn(wargv, wlog);
+    }
+    reel_client_t *c = reel_client_new(cep);
+    if (!c) DIE("%s", kern_error());
+    wait_workers(c, 2);
+    void *ctx = zmq_ctx_new();
+    struct stat st;
+    char path[400];
+    snprintf(path, sizeof path, "%s/tr/v2.safetensors", dir);
+    stat(path, &st);
+    printf("bench_sync: a %.1f MB small-config file by value to 2 workers vs one plain loopback copy, %d reps\n",
+           (double)st.st_size / 1e6, reps);
+    double tv[REPS_MAX], tu[REPS_MAX], tf[REPS_MAX], q[REPS_MAX];
+    for (int k = 0; k < reps; k++) {
+        snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, k + 2);
+        if (k % 2) tf[k] = floor_copy(ctx, path, port + 2 + k);
+        tv[k] = by_value(c, path, (uint64_t)k + 2, &tu[k]);
+        if (!(k % 2)) tf[k] = floor_copy(ctx, path, port + 2 + k);
+        q[k] = tv[k] / tf[k];
+        printf("rep %d: by value %.3f s (upload %.3f s, fetch + load + ack %.3f s), floor %.3f s: %.2fx\n", k + 1, tv[k],
+               tu[k], tv[k] - tu[k], tf[k], q[k]);
+        fflush(stdout);
+    }
+    double mv = median(tv, reps), mu = median(tu, reps), mf = median(tf, reps), mq = median(q, reps);
+    printf("\nmedians of %d reps: by value %.3f s (upload %.3f s), floor %.3f s (%.0f MB/s); "
+           "by value / floor %.2fx (goal <= 2x)\n", reps, mv, mu, mf, (double)st.st_size / 1e6 / mf, mq);
+    reel_client_destroy(&c);
+    zmq_ctx_term(ctx);
+    for (int i = 0; i < 3; i++) kill(pids[i], SIGTERM);
+    for (int i = 0; i < 3; i++) waitpid(pids[i], NULL, 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) return 1;
+    return 0;
+}
