@@ -65,8 +65,8 @@ def main():
               f"{'replayed':>8} {'seconds':>7}")
         for it in range(a.iters):
             t0 = time.monotonic()
-            rollouts = [c.gen(a.model, prompt, latent_shape=(C, F, H, W), steps=a.steps, shift=3.0, sde=True,
-                              eta=0.7, seed=1000 * it + g, return_log_probs=True) for g in range(a.group)]
+            rollouts = c.gen_group(a.model, prompt, n=a.group, seed=1000 * it, latent_shape=(C, F, H, W),
+                                   steps=a.steps, shift=3.0, sde=True, eta=0.7, return_log_probs=True)
             rewards = np.array([-float(np.mean((r.latent - target) ** 2)) for r in rollouts])
             adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
             logp = np.array([float(r.log_probs.sum()) for r in rollouts])
@@ -88,8 +88,8 @@ def main():
                   f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
             version += 1
         # One more group: every step must run on the last published version.
-        last = [c.gen(a.model, prompt, latent_shape=(C, F, H, W), steps=a.steps, shift=3.0, sde=True, eta=0.7,
-                      seed=99 + g, return_log_probs=True) for g in range(a.group)]
+        last = c.gen_group(a.model, prompt, n=a.group, seed=99, latent_shape=(C, F, H, W), steps=a.steps, shift=3.0,
+                           sde=True, eta=0.7, return_log_probs=True)
         seen = sorted({v for r in last for v in r.versions})
         print(f"grpo: the next rollouts ran on v{seen}")
         ok = ok and seen == [version - 1]

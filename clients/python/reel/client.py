@@ -265,6 +265,13 @@ class Client:
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
         BusyError or ReelTimeout."""
+        return self._recv_any({rid}, deadline, on_progress)[1:]
+
+    def _recv_any(self, rids, deadline, on_progress=None):
+        """The next final reply to any of rids: (rid, header, {name: array});
+        replies to other ids are late ones of earlier calls, dropped. Raises
+        ReelError, BusyError (carrying the rid) or ReelTimeout."""
+        rid = min(rids) if rids else 0
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
@@ -273,8 +280,9 @@ class Client:
                 continue
             frames = self._sock.recv_multipart()
             hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
-            if not isinstance(hdr, dict) or hdr.get("id") != rid:
+            if not isinstance(hdr, dict) or hdr.get("id") not in rids:
                 continue  # a late reply to an earlier call
+            rid = hdr["id"]
             mtype = hdr.get("type")
             if mtype == "PROGRESS":
                 if on_progress:
@@ -289,7 +297,7 @@ class Client:
                 if desc.get("dtype") != "F32":
                     raise ReelError("malformed", f"reply tensor {desc.get('name')} is {desc.get('dtype')}", rid)
                 tensors[desc["name"]] = np.frombuffer(frame, dtype="<f4").reshape(desc["shape"]).copy()
-            return hdr, tensors
+            return rid, hdr, tensors
 
     # ---- calls ---------------------------------------------------------
 
@@ -305,6 +313,67 @@ class Client:
         progress(step, steps) is called as steps finish. return_trajectory,
         return_log_probs and return_means (the last two: sde with eta > 0)
         fill the GenResult's rollout fields."""
+        fields, tensors, torch_out = self._gen_message(
+            model, context, steps=steps, latent_shape=latent_shape, latent=latent, uncond=uncond, cfg=cfg,
+            shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms,
+            progress=progress is not None, return_trajectory=return_trajectory, return_log_probs=return_log_probs,
+            return_means=return_means)
+        rid = next(self._ids)
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
+        t0 = time.monotonic()
+        self._send("GEN", rid, fields, tensors)
+        hdr, out = self._recv(rid, t0 + wait, progress)
+        return self._gen_result(rid, hdr, out, steps, torch_out, t0)
+
+    def gen_group(self, model, context, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
+                  timeout=None, deadline_ms=None, **kw):
+        """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
+        them: sample i is gen(..., seed=seeds[i]) (or seed + i), with
+        latents[i] as its starting latent when given. All n requests are sent
+        at once, so the broker and the workers' streams run them side by side;
+        returns the n GenResults in order. Each is bitwise what gen() with
+        the same arguments returns. Raises the first sample's ReelError
+        (or BusyError) that comes back; the others are dropped."""
+        n = int(n)
+        if not 1 <= n <= 64:
+            raise ValueError("n must be 1..64")
+        if seeds is not None and len(seeds) != n:
+            raise ValueError("seeds must give one seed per sample")
+        if latents is not None and len(latents) != n:
+            raise ValueError("latents must give one latent per sample")
+        seeds = [int(s) for s in seeds] if seeds is not None else [int(seed) + i for i in range(n)]
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
+        t0 = time.monotonic()
+        order, torch_out = {}, False
+        for i in range(n):
+            fields, tensors, torch_out = self._gen_message(
+                model, context, steps=steps, latent_shape=latent_shape,
+                latent=None if latents is None else latents[i], seed=seeds[i], deadline_ms=deadline_ms,
+                progress=False, **kw)
+            rid = next(self._ids)
+            order[rid] = i
+            self._send("GEN", rid, fields, tensors)
+        results = [None] * n
+        pending = set(order)
+        while pending:
+            rid, hdr, out = self._recv_any(pending, t0 + wait)
+            pending.discard(rid)
+            results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
+        return results
+
+    def _gen_result(self, rid, hdr, out, steps, torch_out, t0):
+        if hdr.get("type") != "RESULT" or "latent" not in out:
+            raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)
+        convert = (lambda a: a)
+        if torch_out:
+            import torch  # only when the caller uses torch
+            convert = torch.from_numpy
+        return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert)
+
+    def _gen_message(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0,
+                     shift=1.0, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
+                     return_trajectory=False, return_log_probs=False, return_means=False):
+        """A GEN's fields and tensors, and whether the caller uses torch."""
         torch_out = _is_torch(context)
         ctx = _f32("context", context, 2)
         tensors = [("context", ctx)]
@@ -319,7 +388,7 @@ class Client:
             raise ValueError("latent_shape [C, F, H, W] is required when no latent is given")
         fields = {"model": str(model), "steps": int(steps), "latent_shape": [int(d) for d in latent_shape],
                   "shift": float(shift), "cfg": float(cfg), "sde": bool(sde), "eta": float(eta),
-                  "seed": int(seed), "progress": progress is not None}
+                  "seed": int(seed), "progress": bool(progress)}
         if version is not None:
             fields["version"] = int(version)
         if deadline_ms is not None:
@@ -328,18 +397,7 @@ class Client:
                       ("return_means", return_means)):
             if on:
                 fields[k] = True
-        rid = next(self._ids)
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
-        t0 = time.monotonic()
-        self._send("GEN", rid, fields, tensors)
-        hdr, out = self._recv(rid, t0 + wait, progress)
-        if hdr.get("type") != "RESULT" or "latent" not in out:
-            raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)
-        convert = (lambda a: a)
-        if torch_out:
-            import torch  # only when the caller uses torch
-            convert = torch.from_numpy
-        return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert)
+        return fields, tensors, torch_out
 
     def status(self, timeout=None):
         """The broker's STATUS_REPLY header as a dict (workers, queue,

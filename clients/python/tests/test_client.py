@@ -154,6 +154,32 @@ class ClientTests(unittest.TestCase):
         ref = self.reference(self.w1, 4, latent=False, seed=11, size="1x4x4")
         self.assertTrue(np.array_equal(r.latent, ref))
 
+    def test_gen_group_returns_each_sample_in_order_bitwise_as_single_gens(self):
+        seeds = [5, 9, 5, 13]  # a repeated seed gives the same sample twice
+        g = self.c.gen_group("tiny", self.ctx, n=4, seeds=seeds, latent_shape=(4, 1, 4, 4), steps=3, shift=3.0,
+                             sde=True, eta=0.7, return_log_probs=True)
+        self.assertEqual(len(g), 4)
+        for s, r in zip(seeds, g):
+            one = self.c.gen("tiny", self.ctx, latent_shape=(4, 1, 4, 4), seed=s, steps=3, shift=3.0, sde=True,
+                             eta=0.7, return_log_probs=True)
+            self.assertTrue(np.array_equal(r.latent, one.latent), f"seed {s}")
+            self.assertTrue(np.array_equal(r.log_probs, one.log_probs), f"seed {s}")
+        self.assertTrue(np.array_equal(g[0].latent, g[2].latent))
+        self.assertFalse(np.array_equal(g[0].latent, g[1].latent))
+        # seed + i without seeds, and the limits
+        h = self.c.gen_group("tiny", self.ctx, n=2, seed=9, latent_shape=(4, 1, 4, 4), steps=3, shift=3.0,
+                             sde=True, eta=0.7)
+        self.assertTrue(np.array_equal(h[0].latent, g[1].latent))
+        for bad in (dict(n=0), dict(n=65), dict(n=2, seeds=[1])):
+            with self.assertRaises(ValueError):
+                self.c.gen_group("tiny", self.ctx, latent_shape=(4, 1, 4, 4), steps=1, **bad)
+
+    def test_gen_group_raises_the_error_of_a_bad_sample(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen_group("tiny", rand((5, 7), 1), n=3, latent_shape=(4, 1, 4, 4), steps=1)
+        self.assertEqual(e.exception.code, "bad_request")
+        self.assertEqual(len(self.c.gen_group("tiny", self.ctx, n=1, latent_shape=(4, 1, 4, 4), steps=1)), 1)
+
     def test_sde_gen_equals_reelctl_run_sde(self):
         r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7)
         ref = self.reference(self.w1, 4, sde=True)
