@@ -183,7 +183,7 @@ int main(int argc, char **argv) {
     pid_t pids[3];
     pids[0] = spawn(bargv, log);
     for (int i = 0; i < 2; i++) {
-        char name[8], wts[300], wdir[300], wlog[300];
+        char name[16], wts[300], wdir[300], wlog[300];
         snprintf(name, sizeof name, "w%d", i + 1);
         snprintf(wts, sizeof wts, "%s/w%d/v1.safetensors", dir, i + 1);
         snprintf(wdir, sizeof wdir, "%s/w%d", dir, i + 1);
