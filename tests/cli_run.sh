@@ -58,6 +58,16 @@ else
         pass=$((pass + 1)); echo "PASS --no-fallback without a GPU exits 1 and says why"
     else fail=$((fail + 1)); echo "FAIL --no-fallback: exit $rc: $(cat "$D/nf.log")"; fi
 fi
+# The worker's --no-fallback: without a GPU it stops at once (exit 1) and
+# says why, never serving on the CPU; with one it starts (no broker here:
+# it is stopped after its first lines).
+timeout 10 "${R%/reelctl}/reel-worker" --name nf --weights "$D/w.safetensors" --backend cuda --no-fallback \
+    --broker "ipc://$D/nobroker" >"$D/wnf.log" 2>&1
+rc=$?
+if grep -q "ready (cuda" "$D/wnf.log"; then pass=$((pass + 1)); echo "PASS reel-worker --no-fallback starts on CUDA"
+elif [ "$rc" = 1 ] && grep -q "no-fallback was given" "$D/wnf.log" && ! grep -q "using the CPU" "$D/wnf.log"; then
+    pass=$((pass + 1)); echo "PASS reel-worker --no-fallback without a GPU exits 1 and says why"
+else fail=$((fail + 1)); echo "FAIL reel-worker --no-fallback: exit $rc: $(tail -2 "$D/wnf.log")"; fi
 
 # Any config given in a weights file's metadata runs (here from a JSON file).
 printf '{"name":"mini","dim":32,"heads":2,"layers":1,"ffn_dim":64,"in_channels":4,"text_dim":16,"freq_dim":256}' > "$D/mini.json"

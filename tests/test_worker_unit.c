@@ -814,6 +814,21 @@ START_TEST(test_weights_directories_and_keys_are_options) {
 }
 END_TEST
 
+/* --no-fallback makes an unusable CUDA device an exit instead of the CPU;
+ * it means nothing without --backend cuda, so it is refused there. */
+START_TEST(test_no_fallback_is_an_option_of_the_cuda_backend_only) {
+    wrk_opts_t o;
+    char err[256];
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", NULL), 0);
+    ck_assert(!o.no_fallback);
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", "--backend", "cuda", "--no-fallback", NULL), 0);
+    ck_assert(o.no_fallback);
+    ck_assert_int_eq(o.backend, KERN_BACKEND_CUDA);
+    ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", "--no-fallback", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(err, "--backend cuda"));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("worker_unit");
     TCase *t = tcase_create("opts");
@@ -821,6 +836,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_unknown_flags_and_missing_required_options_are_usage_errors);
     tcase_add_test(t, test_byte_counts_take_binary_suffixes_and_reject_junk);
     tcase_add_test(t, test_weights_directories_and_keys_are_options);
+    tcase_add_test(t, test_no_fallback_is_an_option_of_the_cuda_backend_only);
     suite_add_tcase(s, t);
     t = tcase_create("events");
     tcase_add_test(t, test_repeated_declines_of_a_key_and_reason_become_one_event_with_a_count);

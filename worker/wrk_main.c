@@ -512,6 +512,10 @@ static int run(const wrk_opts_t *o) {
     if (install_signals() != 0) { wrk_log(&w, "signals: %s", strerror(errno)); return 1; }
     if (o->backend == KERN_BACKEND_CUDA) {
         w.backend = kern_backend_cuda_new(o->device);
+        if (!w.backend && o->no_fallback) {
+            wrk_log(&w, "cuda unusable (%s), and --no-fallback was given", kern_error());
+            goto out;
+        }
         if (!w.backend) wrk_log(&w, "cuda unusable (%s); using the CPU backend", kern_error());
     }
     if (!w.backend && !(w.backend = kern_backend_cpu_new())) { wrk_log(&w, "%s", kern_error()); goto out; }

@@ -20,6 +20,7 @@ static const char usage[] =
     "  --weights FILE        transformer weights (safetensors)\n"
     "  --weights-version V   version of those weights (1)\n"
     "  --backend cpu|cuda    (cpu; an unusable CUDA device falls back to the CPU)\n"
+    "  --no-fallback         with --backend cuda: an unusable CUDA device is an error (exit 1)\n"
     "  --device N            CUDA device ordinal (0)\n"
     "  --dtype f32|bf16      storage of weights and activations (f32; bf16 on CUDA only)\n"
     "  --streams S           stream threads (2)\n"
@@ -95,13 +96,14 @@ int wrk_parse_bytes(const char *s, size_t *out) {
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
            O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE,
-           O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME };
+           O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME, O_NOFALLBACK };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
         { "weights", required_argument, 0, O_WEIGHTS },
         { "weights-version", required_argument, 0, O_WVER },
         { "backend", required_argument, 0, O_BACKEND },
+        { "no-fallback", no_argument, 0, O_NOFALLBACK },
         { "device", required_argument, 0, O_DEVICE },
         { "streams", required_argument, 0, O_STREAMS },
         { "budget", required_argument, 0, O_BUDGET },
@@ -170,6 +172,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
             if (kern_backend_kind_parse(a, &o->backend) != 0)
                 return usage_error(err, errlen, "--backend: expected cpu or cuda, got '%s'", a);
             break;
+        case O_NOFALLBACK: o->no_fallback = true; break;
         case O_DEVICE:
             if (parse_int(a, 0, 1023, &v)) return usage_error(err, errlen, "--device: expected 0..1023, got '%s'", a);
             o->device = (int)v;
@@ -234,6 +237,8 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
     if (o->artifacts_enable && !o->artifacts)
         return usage_error(err, errlen, "--artifacts-enable needs --artifacts DIR");
+    if (o->no_fallback && o->backend != KERN_BACKEND_CUDA)
+        return usage_error(err, errlen, "--no-fallback is for --backend cuda");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
     return 0;
 }

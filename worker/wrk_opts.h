@@ -26,6 +26,7 @@ typedef struct {
     int max_inflight;                /* default 4 * streams */
     cap_policy_t policy;             /* default evict */
     bool bf16;                       /* --dtype bf16 (CUDA only) */
+    bool no_fallback;                /* --no-fallback: an unusable CUDA device is an error */
     bool sync_drain;                 /* --sync-mode drain: a sync waits until no request
                                       * is mid-way, so each runs on one version */
     int warmup;                      /* 0..1000, default 2 */
