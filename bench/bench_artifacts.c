@@ -17,20 +17,10 @@
 #include "kernels/ops.h"
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
+#include "bench/bench.h"
 
 #define REPS 7
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 typedef int (*call_fn)(void *ctx);
 
@@ -38,20 +28,20 @@ typedef int (*call_fn)(void *ctx);
 static double median(call_fn f, void *ctx, kern_stream_t *s) {
     int inner = 1;
     for (;;) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < inner; i++) if (f(ctx)) DIE("call");
         kern_stream_sync(s);
-        if (now() - t0 > 0.02 || inner > (1 << 16)) break;
+        if (bench_now() - t0 > 0.02 || inner > (1 << 16)) break;
         inner *= 2;
     }
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < inner; i++) f(ctx);
         kern_stream_sync(s);
-        t[r] = (now() - t0) / inner;
+        t[r] = (bench_now() - t0) / inner;
     }
-    qsort(t, REPS, sizeof *t, cmp_d);
+    qsort(t, REPS, sizeof *t, bench_cmp_double);
     return t[REPS / 2];
 }
 
@@ -158,17 +148,17 @@ static void step_times(kern_backend_t *be, tdit_model_t *m, double *eager, doubl
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
     double te[STEP_REPS], tg[STEP_REPS];
     for (int r = 0; r < STEP_REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (tdit_step(m, ws, s)) DIE("step");
         kern_stream_sync(s);
-        te[r] = now() - t0;
-        t0 = now();
+        te[r] = bench_now() - t0;
+        t0 = bench_now();
         if (kern_graph_replay(g, s)) DIE("replay");
         kern_stream_sync(s);
-        tg[r] = now() - t0;
+        tg[r] = bench_now() - t0;
     }
-    qsort(te, STEP_REPS, sizeof *te, cmp_d);
-    qsort(tg, STEP_REPS, sizeof *tg, cmp_d);
+    qsort(te, STEP_REPS, sizeof *te, bench_cmp_double);
+    qsort(tg, STEP_REPS, sizeof *tg, bench_cmp_double);
     *eager = te[STEP_REPS / 2];
     *replay = tg[STEP_REPS / 2];
     kern_graph_destroy(&g);

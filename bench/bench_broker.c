@@ -31,28 +31,13 @@
 #include <time.h>
 #include <unistd.h>
 #include "schema/msg.h"
+#include "bench/bench.h"
 
 #define DIE(...) do { fprintf(stderr, "bench_broker: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
 #define N_LAT 3000
 #define N_TPUT 20000
 #define N_BIG 30
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void *ctx;
 static volatile int stop_flag;
@@ -136,19 +121,19 @@ static void *echo_worker(void *arg) {
     zmq_setsockopt(s, ZMQ_ROUTING_ID, "fw", 2);
     zmq_connect(s, a->ep);
     send_ready(s);
-    double last_hb = now(), last_ev = now();
+    double last_hb = bench_now(), last_ev = bench_now();
     float *zeros = calloc(1 << 22, sizeof(float));
     wire_msg_t *m = malloc(sizeof *m);
     while (!stop_flag) {
         zmq_pollitem_t it = { s, 0, ZMQ_POLLIN, 0 };
         zmq_poll(&it, 1, 5);
-        if (now() - last_hb > 0.5) {
+        if (bench_now() - last_hb > 0.5) {
             msg_send(s, NULL, MSG_HEARTBEAT, 0, NULL, NULL);
-            last_hb = now();
+            last_hb = bench_now();
         }
-        if (a->events && event_rate && now() - last_ev > 0.01) {
+        if (a->events && event_rate && bench_now() - last_ev > 0.01) {
             for (int k = 0; k < event_rate; k++) send_events(s);
-            last_ev = now();
+            last_ev = bench_now();
         }
         for (;;) {
             wire_err_t err;
@@ -302,17 +287,17 @@ static lat_t latency(const target_t *x, int n, const int64_t ls[4], const float 
         send_gen(x->sock, 1000000 + (uint64_t)i, ls, lat);
         await(x->sock, 1000000 + (uint64_t)i);
     }
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = 0; i < n; i++) {
         long f0 = faults ? minflt(x->pid) : 0;
-        double s = now();
+        double s = bench_now();
         send_gen(x->sock, (uint64_t)i + 1, ls, lat);
         await(x->sock, (uint64_t)i + 1);
-        t[i] = now() - s;
+        t[i] = bench_now() - s;
         if (faults) faults[i] = (double)(minflt(x->pid) - f0);
     }
-    lat_t r = { 0, 0, n / (now() - t0) };
-    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    lat_t r = { 0, 0, n / (bench_now() - t0) };
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
     r.p50 = t[n / 2];
     r.p99 = t[n * 99 / 100];
     free(t);
@@ -344,7 +329,7 @@ static double throughput(const target_t *x, int n, int window, const int64_t ls[
     static wire_msg_t m;
     int sent = 0, got = 0;
     double c0 = cpu ? cpu_seconds(x->pid) : 0;
-    double t0 = now();
+    double t0 = bench_now();
     while (got < n) {
         while (sent < n && sent - got < window) send_gen(x->sock, 5000000 + (uint64_t)sent++, ls, NULL);
         wire_err_t err;
@@ -354,7 +339,7 @@ static double throughput(const target_t *x, int n, int window, const int64_t ls[
         }
         wire_msg_close(&m);
     }
-    double rate = n / (now() - t0);
+    double rate = n / (bench_now() - t0);
     if (cpu) *cpu = (cpu_seconds(x->pid) - c0) / n;
     return rate;
 }
@@ -376,8 +361,8 @@ static rep_t measure(const target_t *x, const float *lat) {
     r.w32 = throughput(x, N_TPUT, 32, SMALL, &r.cpu32);
     double faults[N_BIG];
     r.big = latency(x, N_BIG, BIG, lat, faults).p50;
-    r.big_faults = median(faults, N_BIG);
-    r.big_faults_max = faults[N_BIG - 1]; /* sorted by median() */
+    r.big_faults = bench_median(faults, N_BIG);
+    r.big_faults_max = faults[N_BIG - 1]; /* sorted by bench_median() */
     printf("  %-9s p50 %7.1f us  p99 %7.1f us  w1 %6.0f  w8 %6.0f  w32 %6.0f req/s (%.1f us CPU/req)  16 MiB %6.2f ms"
            " (faults/req median %.0f, max %.0f)\n",
            x->name, r.p50 * 1e6, r.p99 * 1e6, r.w1, r.w8, r.w32, r.cpu32 * 1e6, r.big * 1e3, r.big_faults, r.big_faults_max);
@@ -412,9 +397,9 @@ static void summary(rep_t reel[], rep_t fwd[], int reps) {
             b[k] = *(double *)((char *)&fwd[k] + rows[i].off) * rows[i].scale;
             q[k] = b[k] > 0 ? a[k] / b[k] : 0;
         }
-        printf("%-40s %9.1f %-5s %9.1f %-5s", rows[i].what, median(a, reps), rows[i].unit, median(b, reps),
+        printf("%-40s %9.1f %-5s %9.1f %-5s", rows[i].what, bench_median(a, reps), rows[i].unit, bench_median(b, reps),
                rows[i].unit);
-        if (rows[i].ratio) printf("  %.2fx%s", median(q, reps), rows[i].rate ? " (higher is better)" : "");
+        if (rows[i].ratio) printf("  %.2fx%s", bench_median(q, reps), rows[i].rate ? " (higher is better)" : "");
         printf("\n");
     }
 }
@@ -424,9 +409,9 @@ static void event_load(const target_t *reel) {
     double quiet = latency(reel, 1000, SMALL, NULL, NULL).p50;
     event_rate = 10; /* 10 x 16 events per 10 ms */
     long e0 = events_sent;
-    double t0 = now();
+    double t0 = bench_now();
     double loaded = latency(reel, 1000, SMALL, NULL, NULL).p50;
-    double te = now() - t0;
+    double te = bench_now() - t0;
     event_rate = 0;
     printf("\n%-40s %.0f events/s offered; p50 %.1f us vs %.1f us quiet (%.2fx)\n", "catalog event load",
            (events_sent - e0) / te, loaded * 1e6, quiet * 1e6, loaded / quiet);

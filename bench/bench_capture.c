@@ -11,14 +11,9 @@
 #include <unistd.h>
 #include "kernels/error.h"
 #include "worker/model/tdit_program.h"
+#include "bench/bench.h"
 
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void quiet(void *u, int l, const char *m) { (void)u; (void)l; (void)m; }
 
@@ -77,9 +72,9 @@ static double loop_kind(env_t *e, cap_cache_t *c, const tdit_shape_t *sh, int st
                         bool sde) {
     tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.7f, .seed = 11 };
     memset(st, 0, sizeof *st);
-    double t0 = now();
+    double t0 = bench_now();
     if (tdit_generate_cached(e->m, c, e->s, e->stg, sh, &p, e->lat, e->ctx, e->unc, e->out, st)) DIE("loop");
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 static double loop(env_t *e, cap_cache_t *c, const tdit_shape_t *sh, int steps, tdit_run_stats_t *st) {
@@ -182,10 +177,10 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
         cap_cache_t *c = cache(&e, true, true, pol ? CAP_POLICY_INPLACE : CAP_POLICY_EVICT);
         loop(&e, c, &k->shape, k->steps, &st);
         loop(&e, c, &k->shape, k->steps, &st);
-        double t0 = now();
+        double t0 = bench_now();
         if (tdit_model_reload(e.m, wf)) DIE("reload");
         if (cap_component_update(c, TDIT_COMPONENT, tdit_model_weights(e.m), tdit_model_bytes(e.m), 2) < 0) DIE("sync");
-        double tsync = now() - t0;
+        double tsync = bench_now() - t0;
         double tl = loop(&e, c, &k->shape, k->steps, &st);
         printf("cache %-6s %-7s sync policy %-7s: sync %.3f ms, next %d-step request %.3f ms "
                "(%d eager, %d captured, %d replayed) = %.2f steady-state requests\n",

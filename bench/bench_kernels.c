@@ -12,17 +12,7 @@
 #include "kernels/ops.h"
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench/bench.h"
 
 #define REPS 7
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
@@ -46,19 +36,19 @@ static double time_gemm(kern_backend_t *b, kern_stream_t *s, int64_t M, int64_t 
     double t[REPS];
     int inner = 1;
     for (;;) { /* enough inner iterations for ~20 ms */
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < inner; i++) if (kern_gemm(s, &x, &w, &bias, &y)) DIE("gemm");
         kern_stream_sync(s);
-        if (now() - t0 > 0.02 || inner > (1 << 20)) break;
+        if (bench_now() - t0 > 0.02 || inner > (1 << 20)) break;
         inner *= 2;
     }
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < inner; i++) kern_gemm(s, &x, &w, &bias, &y);
         kern_stream_sync(s);
-        t[r] = (now() - t0) / inner;
+        t[r] = (bench_now() - t0) / inner;
     }
-    qsort(t, REPS, sizeof *t, cmp_d);
+    qsort(t, REPS, sizeof *t, bench_cmp_double);
     kern_free(b, x.data); kern_free(b, w.data); kern_free(b, bias.data); kern_free(b, y.data);
     return t[REPS / 2];
 }
@@ -71,12 +61,12 @@ static double time_attention(kern_backend_t *b, kern_stream_t *s, int64_t n, int
     fill(s, &q, 4); fill(s, &k, 5); fill(s, &v, 6);
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int i = 0; i < 5; i++) if (kern_attention(s, &q, &k, &v, H, &o)) DIE("attention");
         kern_stream_sync(s);
-        t[r] = (now() - t0) / 5;
+        t[r] = (bench_now() - t0) / 5;
     }
-    qsort(t, REPS, sizeof *t, cmp_d);
+    qsort(t, REPS, sizeof *t, bench_cmp_double);
     kern_free(b, q.data); kern_free(b, k.data); kern_free(b, v.data); kern_free(b, o.data);
     return t[REPS / 2];
 }
@@ -87,9 +77,9 @@ static double blas_peak(void) {
     float *a = calloc((size_t)n * n, 4), *bb = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
     double best = 0;
     for (int r = 0; r < 5; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, bb, n, 0, c, n);
-        double g = 2.0 * n * n * n / (now() - t0) / 1e9;
+        double g = 2.0 * n * n * n / (bench_now() - t0) / 1e9;
         if (g > best) best = g;
     }
     free(a); free(bb); free(c);
@@ -119,21 +109,21 @@ static void bench_step(kern_backend_t *b, const char *wpath, const step_case_t *
     double te[REPS], tg[REPS];
     if (tdit_step(m, ws, s)) DIE("warmup");
     kern_graph_t *g = NULL;
-    double t0 = now();
+    double t0 = bench_now();
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
-    double tcap = now() - t0;
+    double tcap = bench_now() - t0;
     for (int r = 0; r < REPS; r++) {
-        t0 = now();
+        t0 = bench_now();
         for (int i = 0; i < iters; i++) tdit_step(m, ws, s);
         kern_stream_sync(s);
-        te[r] = (now() - t0) / iters;
-        t0 = now();
+        te[r] = (bench_now() - t0) / iters;
+        t0 = bench_now();
         for (int i = 0; i < iters; i++) kern_graph_replay(g, s);
         kern_stream_sync(s);
-        tg[r] = (now() - t0) / iters;
+        tg[r] = (bench_now() - t0) / iters;
     }
-    qsort(te, REPS, sizeof *te, cmp_d);
-    qsort(tg, REPS, sizeof *tg, cmp_d);
+    qsort(te, REPS, sizeof *te, bench_cmp_double);
+    qsort(tg, REPS, sizeof *tg, bench_cmp_double);
     printf("step %-6s %-7s latent [%lld,%lld,%lld,%lld] L=%lld CFG: eager %8.3f ms, graph replay %8.3f ms, "
            "eager/replay %.3fx, %zu nodes, capture %.3f ms\n",
            sc->config, kern_backend_device_name(b), (long long)c->in_channels, (long long)sc->F,

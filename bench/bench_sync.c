@@ -26,26 +26,11 @@
 #include "kernels/error.h"
 #include "schema/client.h"
 #include "schema/sha256.h"
+#include "bench/bench.h"
 
 #define DIE(...) do { fprintf(stderr, "bench_sync: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
 #define CHUNK ((size_t)4 << 20)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static pid_t spawn(char *const argv[], const char *log) {
     pid_t p = fork();
@@ -105,7 +90,7 @@ static double floor_copy(void *ctx, const char *path, int port) {
     zmq_connect(d, a.ep);
     usleep(100000);
     char *buf = malloc(CHUNK);
-    double t0 = now();
+    double t0 = bench_now();
     for (size_t off = 0; off < a.size; off += CHUNK) {
         size_t n = a.size - off < CHUNK ? a.size - off : CHUNK;
         if (pread(fd, buf, n, (off_t)off) != (ssize_t)n) DIE("read");
@@ -113,7 +98,7 @@ static double floor_copy(void *ctx, const char *path, int port) {
     }
     char ack[8];
     zmq_recv(d, ack, sizeof ack, 0);
-    double t = now() - t0;
+    double t = bench_now() - t0;
     pthread_join(th, NULL);
     zmq_close(d);
     free(buf);
@@ -129,14 +114,14 @@ static double by_value(reel_client_t *c, const char *path, uint64_t version, dou
     if (reel_sha256_file(path, hex) != 0) DIE("%s", kern_error());
     wire_err_t err;
     reel_sync_result_t r;
-    double t0 = now();
+    double t0 = bench_now();
     if (reel_upload(c, "transformer", version, hex, path, NULL, NULL, 600000, &err) != 0)
         DIE("upload v%llu: %s: %s", (unsigned long long)version, err.code, err.message);
-    *up = now() - t0;
+    *up = bench_now() - t0;
     if (reel_sync(c, "transformer", version, hex, NULL, 600000, &r, 600000, &err) != 0 || !r.complete)
         DIE("sync v%llu: %s %s (applied %s, failed %s)", (unsigned long long)version, err.code, err.message, r.applied,
             r.failed);
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 static void wait_workers(reel_client_t *c, int n) {
@@ -213,7 +198,7 @@ int main(int argc, char **argv) {
                tu[k], tv[k] - tu[k], tf[k], q[k]);
         fflush(stdout);
     }
-    double mv = median(tv, reps), mu = median(tu, reps), mf = median(tf, reps), mq = median(q, reps);
+    double mv = bench_median(tv, reps), mu = bench_median(tu, reps), mf = bench_median(tf, reps), mq = bench_median(q, reps);
     printf("\nmedians of %d reps: by value %.3f s (upload %.3f s), floor %.3f s (%.0f MB/s); "
            "by value / floor %.2fx (goal <= 2x)\n", reps, mv, mu, mf, (double)st.st_size / 1e6 / mf, mq);
     reel_client_destroy(&c);

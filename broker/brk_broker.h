@@ -16,7 +16,8 @@
  *                        worker lags)
  *   leaves, used by any of them: brk_msg.c (clock, identities, sends,
  *   looking workers up), brk_route.c (pure routing rules), brk_catq.c (the
- *   catalog writer thread), brk_opts.c, brk_log.c.
+ *   catalog writer thread), brk_upload.c (weights by value: UPLOAD into
+ *   --weights-dir, FETCH out of it), brk_zap.c, brk_opts.c, brk_log.c.
  *
  * tests/cli_broker_graph.sh checks that the objects' calls keep this
  * shape. */

@@ -283,14 +283,7 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
         free(buf);
         return;
     }
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "chunk");
-    t.dtype = WIRE_U8;
-    t.ndim = 1;
-    t.shape[0] = (int64_t)n;
-    t.data = buf;
-    t.bytes = n;
+    wire_tensor_t t = msg_chunk(buf, n);
     msg_fetch_data_t d;
     memset(&d, 0, sizeof d);
     snprintf(d.component, sizeof d.component, "%s", f->component);

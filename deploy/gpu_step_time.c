@@ -35,6 +35,7 @@
 #include "kernels/error.h"
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
+#include "bench/bench.h"
 
 #define MAX_ROUNDS 7
 
@@ -43,17 +44,6 @@ typedef struct {
     int64_t F, H, W, L, layers;
     double budget;
 } opts_t;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* A folder with room for `bytes` (twice over, for the .tmp of an atomic
  * save): the caller's, else /dev/shm, else $TMPDIR or /tmp. */
@@ -150,7 +140,7 @@ static int run(const opts_t *o) {
     snprintf(what, sizeof what, "step %s %s %s %s", o->config, o->dtype, kern_backend_device_name(b),
              kern_backend_arch(b));
 
-    double tw = now();
+    double tw = bench_now();
     snprintf(path, sizeof path, "%s/reel-gpu-step-%ld-%s.safetensors",
              tmp_dir(o->tmp, (size_t)tdit_config_params(&c) * 2), (long)getpid(), o->config);
     if (make_weights(&c, path) != 0) goto fail;
@@ -158,7 +148,7 @@ static int run(const opts_t *o) {
     unlink(path);
     path[0] = 0;
     if (!m) goto fail;
-    tw = now() - tw;
+    tw = bench_now() - tw;
 
     if (!(ws = tdit_ws_new(m, s, &sh))) goto fail;
     size_t nl = (size_t)(c.in_channels * o->F * o->H * o->W), nc = (size_t)(o->L * c.text_dim);
@@ -176,25 +166,25 @@ static int run(const opts_t *o) {
     /* Warm-up, then the timed eager step that is also the reference. A
      * first step over 5 s is its own reference and time: the one-time
      * costs are small beside it, and a second one would not fit. */
-    double t0 = now();
+    double t0 = bench_now();
     if (tdit_step(m, ws, s) || kern_stream_sync(s)) goto fail;
-    double t_first = now() - t0, t_eager1 = t_first;
+    double t_first = bench_now() - t0, t_eager1 = t_first;
     if (t_first <= 5.0) {
         if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
-        t0 = now();
+        t0 = bench_now();
         if (tdit_step(m, ws, s) || kern_stream_sync(s)) goto fail;
-        t_eager1 = now() - t0;
+        t_eager1 = bench_now() - t0;
     }
     if (tdit_ws_read_latent(ws, s, eager, nl) || kern_stream_sync(s)) goto fail;
 
     if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
-    t0 = now();
+    t0 = bench_now();
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) goto fail;
-    double t_cap = now() - t0;
+    double t_cap = bench_now() - t0;
     if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
-    t0 = now();
+    t0 = bench_now();
     if (kern_graph_replay(g, s) || kern_stream_sync(s)) goto fail;
-    double t_replay1 = now() - t0;
+    double t_replay1 = bench_now() - t0;
     if (tdit_ws_read_latent(ws, s, replay, nl) || kern_stream_sync(s)) goto fail;
     size_t differ = 0, nonfinite = 0;
     for (size_t i = 0; i < nl; i++) {
@@ -222,22 +212,22 @@ static int run(const opts_t *o) {
     }
     for (int r = 0; r < rounds; r++) {
         if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
-        t0 = now();
+        t0 = bench_now();
         for (int i = 0; i < iters; i++)
             if (tdit_step(m, ws, s)) goto fail;
         if (kern_stream_sync(s)) goto fail;
-        te[r] = (now() - t0) / iters;
+        te[r] = (bench_now() - t0) / iters;
         if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
-        t0 = now();
+        t0 = bench_now();
         for (int i = 0; i < iters; i++)
             if (kern_graph_replay(g, s)) goto fail;
         if (kern_stream_sync(s)) goto fail;
-        tg[r] = (now() - t0) / iters;
+        tg[r] = (bench_now() - t0) / iters;
     }
     double e = t_eager1, rp = t_replay1;
     if (rounds) {
-        qsort(te, (size_t)rounds, sizeof *te, cmp_d);
-        qsort(tg, (size_t)rounds, sizeof *tg, cmp_d);
+        qsort(te, (size_t)rounds, sizeof *te, bench_cmp_double);
+        qsort(tg, (size_t)rounds, sizeof *tg, bench_cmp_double);
         e = te[rounds / 2];
         rp = tg[rounds / 2];
     }

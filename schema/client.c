@@ -282,14 +282,7 @@ static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, un
         set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
         return -1;
     }
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "chunk");
-    t.dtype = WIRE_U8;
-    t.ndim = 1;
-    t.shape[0] = (int64_t)n;
-    t.data = buf;
-    t.bytes = n;
+    wire_tensor_t t = msg_chunk(buf, n);
     u->offset = offset;
     u->chunk = &t;
     if (msg_upload_send(c->sock, NULL, id, u) != 0) {

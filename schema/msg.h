@@ -453,6 +453,8 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
 /* READY: at most 16 models, each a model name, configs only of them. */
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
+/* The "chunk" tensor of UPLOAD and FETCH_DATA: n bytes at p as U8 [n]. */
+wire_tensor_t msg_chunk(const void *p, size_t n);
 /* A chunk: U8, one dimension, 1..MSG_CHUNK_MAX bytes, inside `size`. */
 int msg_upload_validate(const msg_upload_t *u, wire_err_t *err);
 /* As upload, and an empty chunk (a fetch past the end) allowed. */

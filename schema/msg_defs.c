@@ -465,6 +465,18 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
     return 0;
 }
 
+wire_tensor_t msg_chunk(const void *p, size_t n) {
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "chunk");
+    t.dtype = WIRE_U8;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)n;
+    t.data = p;
+    t.bytes = n;
+    return t;
+}
+
 /* A chunk is a U8 tensor of 1..MSG_CHUNK_MAX bytes (0 allowed where
  * empty_ok: FETCH_DATA past the end). */
 static int chunk_ok(const wire_tensor_t *c, bool empty_ok, wire_err_t *err) {

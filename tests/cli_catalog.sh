@@ -42,16 +42,10 @@ num() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
 
 # start TAG DB: a broker on ipc://$D/TAG.* with catalog DB, and worker w1
 start() {
-    "$B/reel-broker" --clients "ipc://$D/$1.c" --workers "ipc://$D/$1.w" --catalog "$2" --heartbeat-ms 200 \
-        >"$D/$1.broker.log" 2>&1 &
-    BROKER=$!
-    PIDS="$PIDS $BROKER"
-    wait_for "$D/$1.broker.log" "reel-broker: ready" 10 || return 1
-    "$B/reel-worker" --broker "ipc://$D/$1.w" --name w1 --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 \
-        >"$D/$1.w1.log" 2>&1 &
-    WORKER=$!
-    PIDS="$PIDS $WORKER"
-    wait_for "$D/$1.broker.log" "worker w1 ready" 10
+    cli_broker "$D/$1.broker.log" --clients "ipc://$D/$1.c" --workers "ipc://$D/$1.w" --catalog "$2" \
+        --heartbeat-ms 200 || return 1
+    cli_worker w1 "$D/$1.broker.log" "$D/$1.w1.log" --broker "ipc://$D/$1.w" --weights "$D/w.safetensors" \
+        --streams 1 --heartbeat-ms 200
 }
 # gens TAG N: N gens one after the other; each success appends its end time
 # (ms) to $D/TAG.done. Returns how many failed.

@@ -26,14 +26,10 @@ ms() { date +%s%3N; }
 
 "$R" weights init --config tiny --seed 7 --out "$D/w.safetensors" 2>/dev/null
 "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
-"$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 >"$D/broker.log" 2>&1 &
-BROKER=$!
-PIDS="$PIDS $BROKER"
-wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; finish; }
-"$B/reel-worker" --broker "$WE" --name w1 --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 \
-    >"$D/w1.log" 2>&1 &
-PIDS="$PIDS $!"
-wait_for "$D/broker.log" "worker w1 ready" 10 || { bad "worker registers"; finish; }
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 ||
+    { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 ||
+    { bad "worker registers"; finish; }
 
 # probe TAG: 5 gens and 5 statuses, each bounded by its timeout; prints
 # the median milliseconds of each ("GEN_MS STATUS_MS"); returns 1 when any
@@ -79,7 +75,7 @@ mal=$(num malformed); sup=$(num replies_suppressed)
 # most 20 at once and 10 a second: nearly every bad message goes unanswered
 [ "${sup:-0}" -ge $((mal / 2)) ] && ok "answers to junk suppressed: replies_suppressed=$sup of malformed=$mal" ||
     bad "replies suppressed (replies_suppressed=${sup:-} malformed=${mal:-})"
-echo "$st" | grep -q '"name":"impostor"' && ok "the junk-sending worker stays registered (it was answered, within its budget)" ||
+echo "$st" | grep -q '"name":"impostor"' && ok "the junk-sending worker stays registered" ||
     bad "impostor registered"
 
 # SIGTERM while the flood goes on

@@ -20,13 +20,10 @@ PY=/usr/bin/python3
 
 "$R" weights init --config tiny --seed 7 --out "$D/w.safetensors" 2>/dev/null
 "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
-"$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 >"$D/broker.log" 2>&1 &
-PIDS="$PIDS $!"
-wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; finish; }
-"$B/reel-worker" --broker "$WE" --name w1 --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 \
-    >"$D/w1.log" 2>&1 &
-PIDS="$PIDS $!"
-wait_for "$D/broker.log" "worker w1 ready" 10 || { bad "worker registers"; finish; }
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 ||
+    { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 ||
+    { bad "worker registers"; finish; }
 
 gen() { # out extra...
     o=$1; shift

@@ -10,7 +10,9 @@
 #   - bytes that do not hash to the announced sha256 are refused, and
 #     nothing of them is kept;
 #   - an interrupted upload resumes where the broker's copy ends;
-#   - a worker that joins later fetches the current uploaded version;
+#   - a worker that joins later fetches the current uploaded version, and
+#     so does one joining after the broker restarted (the version restored
+#     from the catalog as "uploaded", the file from --weights-dir);
 #   - the Python client uploads too (sync(..., upload=True)).
 # Usage: cli_upload.sh BUILD
 set -u
@@ -26,21 +28,20 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$(dirname "$0")/lib_cli.sh"
 
 for r in broker trainer client; do "$R" keys new --role "$r" --out "$K" >/dev/null 2>&1; done
-for w in w1 w2 w3; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
-mkdir -p "$D/store" "$D/tr" "$D/w1" "$D/w2" "$D/w3"
+for w in w1 w2 w3 w4; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
+mkdir -p "$D/store" "$D/tr" "$D/w1" "$D/w2" "$D/w3" "$D/w4"
 for v in 1 2 3 4; do "$R" weights init --config small --seed "$v" --out "$D/tr/v$v.safetensors" 2>/dev/null; done
-for w in w1 w2 w3; do cp "$D/tr/v1.safetensors" "$D/$w/v1.safetensors"; done
+for w in w1 w2 w3 w4; do cp "$D/tr/v1.safetensors" "$D/$w/v1.safetensors"; done
 "$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors"
 
-"$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --keys "$K" --weights-dir "$D/store" \
-    --heartbeat-ms 500 >"$D/broker.log" 2>&1 &
-PIDS="$PIDS $!"
-wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; finish; }
+broker() {
+    cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --keys "$K" \
+        --weights-dir "$D/store" --heartbeat-ms 500
+}
+broker || { bad "broker starts"; finish; }
 worker() { # name
-    "$B/reel-worker" --broker "$WE" --name "$1" --weights "$D/$1/v1.safetensors" --weights-dir "$D/$1" \
-        --streams 1 --heartbeat-ms 500 --key "$K/$1.key" --broker-key "$K/broker.pub" >"$D/$1.log" 2>&1 &
-    PIDS="$PIDS $!"
-    wait_for "$D/broker.log" "worker $1 ready" 20
+    cli_worker "$1" "$D/broker.log" "$D/$1.log" --broker "$WE" --weights "$D/$1/v1.safetensors" \
+        --weights-dir "$D/$1" --streams 1 --heartbeat-ms 500 --key "$K/$1.key" --broker-key "$K/broker.pub"
 }
 worker w1 && worker w2 || { bad "workers register"; finish; }
 as() { k=$1; shift; REEL_KEY="$K/$k.key" REEL_BROKER_KEY="$K/broker.pub" "$@"; }
@@ -116,4 +117,15 @@ while [ $i -lt 100 ] && ! as client "$R" status --json --broker "$CE" 2>/dev/nul
 done
 grep -q "applied transformer v3" "$D/w3.log" && ok "a worker joining later fetched the current uploaded version (v3)" ||
     { bad "w3 catches up"; show "$D/w3.log"; }
+# the broker restarts: v3 is restored from the catalog as uploaded, and a
+# worker that joins now fetches it from the broker's weights directory
+kill -TERM "$BROKER"
+i=0; while kill -0 "$BROKER" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+broker && grep -q "restored transformer v3 from the catalog (uploaded)" "$D/broker.log" &&
+    ok "after a restart the broker restores v3 as an uploaded version" ||
+    { bad "restart restores the uploaded v3"; show "$D/broker.log"; }
+worker w4 || bad "w4 registers"
+i=0; while [ $i -lt 100 ] && ! grep -q "applied transformer v3" "$D/w4.log"; do sleep 0.2; i=$((i + 1)); done
+grep -q "applied transformer v3" "$D/w4.log" && ok "a worker joining after the restart fetched v3" ||
+    { bad "w4 after the restart"; show "$D/w4.log"; }
 finish

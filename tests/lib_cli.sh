@@ -1,6 +1,6 @@
 # lib_cli.sh -- what the process-level test scripts share. Source it after
-# setting D (the script's temporary folder) and SUITE (its name in the
-# closing line). It sets PIDS (processes to kill on exit), the pass/fail
+# setting D (the script's temporary folder), SUITE (its name in the
+# closing line) and, for cli_broker and cli_worker, B (the build folder). It sets PIDS (processes to kill on exit), the pass/fail
 # counters, and an exit trap that kills them and removes D (REEL_KEEP=1
 # keeps it). Every wait is bounded.
 PIDS=""
@@ -29,3 +29,25 @@ wait_count() {
     return 1
 }
 wait_for() { wait_count "$1" "$2" 1 "$3"; }
+
+# cli_broker LOG ARGS...: $B/reel-broker ARGS, its output in LOG; sets
+# BROKER; 0 once it logs ready (within 10 s).
+cli_broker() {
+    _log=$1; shift
+    "$B/reel-broker" "$@" >"$_log" 2>&1 &
+    BROKER=$!
+    PIDS="$PIDS $BROKER"
+    wait_for "$_log" "reel-broker: ready" 10
+}
+
+# cli_worker NAME BROKER_LOG LOG ARGS...: $B/reel-worker --name NAME ARGS,
+# its output in LOG; sets WORKER; 0 once the broker logs it ready one more
+# time than before (within 20 s).
+cli_worker() {
+    _n=$1; _bl=$2; _log=$3; shift 3
+    _before=$(grep -cE "worker $_n ready" "$_bl" 2>/dev/null)
+    "$B/reel-worker" --name "$_n" "$@" >"$_log" 2>&1 &
+    WORKER=$!
+    PIDS="$PIDS $WORKER"
+    wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 20
+}

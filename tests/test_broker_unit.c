@@ -856,14 +856,7 @@ START_TEST(test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload)
     box_open(&x);
     ready(&x, 0, 1);
     static unsigned char bytes[16];
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "chunk");
-    t.dtype = WIRE_U8;
-    t.ndim = 1;
-    t.shape[0] = sizeof bytes;
-    t.data = bytes;
-    t.bytes = sizeof bytes;
+    wire_tensor_t t = msg_chunk(bytes, sizeof bytes);
     msg_upload_t u;
     memset(&u, 0, sizeof u);
     snprintf(u.component, sizeof u.component, "transformer");

@@ -579,14 +579,7 @@ END_TEST
 START_TEST(test_upload_and_fetch_data_carry_u8_chunks_and_nothing_else_does) {
     static unsigned char bytes[37];
     for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (unsigned char)(i * 7);
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "chunk");
-    t.dtype = WIRE_U8;
-    t.ndim = 1;
-    t.shape[0] = sizeof bytes;
-    t.data = bytes;
-    t.bytes = sizeof bytes;
+    wire_tensor_t t = msg_chunk(bytes, sizeof bytes);
     msg_upload_t u, back;
     memset(&u, 0, sizeof u);
     snprintf(u.component, sizeof u.component, "transformer");
