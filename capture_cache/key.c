@@ -120,19 +120,33 @@ uint64_t cap_key_shard_hash(const cap_key_t *k) { return hash(k, true); }
 int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model,
                     const char *loop, kern_dtype_t dt, const int64_t latent[4],
                     const int64_t context[2], bool cfg, const char *component, uint64_t version) {
+    return cap_key_denoise_batch(k, device, arch, model, loop, dt, 1, latent, context, cfg, component, version);
+}
+
+int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, const char *model,
+                          const char *loop, kern_dtype_t dt, int64_t batch, const int64_t latent[4],
+                          const int64_t context[2], bool cfg, const char *component, uint64_t version) {
     memset(k, 0, sizeof *k);
+    if (batch < 1 || batch > CAP_MAX_BATCH)
+        return kern_fail("capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
     if (snprintf(k->device, sizeof k->device, "%s", device) >= (int)sizeof k->device ||
         snprintf(k->arch, sizeof k->arch, "%s", arch) >= (int)sizeof k->arch ||
         snprintf(k->model, sizeof k->model, "%s", model) >= (int)sizeof k->model ||
         snprintf(k->loop, sizeof k->loop, "%s", loop) >= (int)sizeof k->loop)
         return kern_fail("capture key: device, arch, model or loop name too long");
-    if (cap_key_add_input(k, "latent", dt, 4, latent) ||
+    /* A batch of B > 1 adds a leading dimension to the latent and gives
+     * every sample its own SDE parameters; B = 1 is the single key, as it
+     * always was. */
+    const int64_t lat5[5] = { batch, latent[0], latent[1], latent[2], latent[3] };
+    bool sde = !strcmp(loop, "sde");
+    if ((batch == 1 ? cap_key_add_input(k, "latent", dt, 4, latent) : cap_key_add_input(k, "latent", dt, 5, lat5)) ||
         cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 }) ||
         cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 }) ||
         cap_key_add_input(k, "context", dt, 2, context) ||
         (cfg && cap_key_add_input(k, "uncond", dt, 2, context)) ||
         /* An SDE step reads eta, seed and step from the workspace too. */
-        (!strcmp(loop, "sde") && cap_key_add_input(k, "sde", KERN_F32, 1, (const int64_t[]){ 4 })) ||
+        (sde && (batch == 1 ? cap_key_add_input(k, "sde", KERN_F32, 1, (const int64_t[]){ 4 })
+                            : cap_key_add_input(k, "sde", KERN_F32, 2, (const int64_t[]){ batch, 4 }))) ||
         cap_key_add_component(k, component, version))
         return -1;
     k->graph.dtype = dt;

@@ -91,6 +91,13 @@ uint64_t cap_hash_bytes(const void *p, size_t n);
 int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model,
                     const char *loop, kern_dtype_t dt, const int64_t latent[4],
                     const int64_t context[2], bool cfg, const char *component, uint64_t version);
+/* The same for a batch of `batch` samples of one prompt (1..CAP_MAX_BATCH)
+ * run as one step: latent [B,C,F,H,W] and, for "sde", sde F32 [B,4]; every
+ * other input as above. batch 1 is exactly cap_key_denoise. */
+#define CAP_MAX_BATCH 64
+int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, const char *model,
+                          const char *loop, kern_dtype_t dt, int64_t batch, const int64_t latent[4],
+                          const int64_t context[2], bool cfg, const char *component, uint64_t version);
 
 #ifdef __cplusplus
 }

@@ -192,7 +192,7 @@ int cmd_run(int argc, char **argv) {
     if (!(s = kern_stream_new(b))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
     if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
     st_close(&wf);
-    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL };
+    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL, 1 };
     if (tdit_shape_validate(&shape) != 0) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     if (!r.graphs && !(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);

@@ -842,7 +842,7 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     OK(tdit_register_weights(cache, mg, 1));
     kern_stream_t *s2 = kern_stream_new(G);
     ck_assert_ptr_nonnull(s2);
-    const tdit_shape_t sh = { 2, 8, 8, 5, true };
+    const tdit_shape_t sh = { 2, 8, 8, 5, true, 1 };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float lat[NL], ctx[NC], unc[NC], got[NL], ref[NL], cpu[NL];
     tdit_initial_latent(1, lat, NL);

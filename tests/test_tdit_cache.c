@@ -31,7 +31,7 @@ static void teardown_dir(void) {
 }
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true };
+static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true, 1 };
 
 typedef struct {
     kern_backend_t *b;
@@ -302,6 +302,109 @@ START_TEST(test_a_recorded_sde_rollout_is_the_same_replayed_or_eager_and_its_log
 }
 END_TEST
 
+/* Runs one request (a group when sh->batch > 1) through f's cache to the
+ * end, recording everything an SDE loop can record; latent drawn from the
+ * seeds. */
+static tdit_req_t *run_req(fx_t *f, tdit_staging_t *stg, const tdit_shape_t *sh, const tdit_loop_t *p,
+                           const uint64_t *seeds, tdit_run_stats_t *st) {
+    tdit_req_t *r = tdit_req_new_group(f->m, f->s, stg, sh, p, seeds, NULL, f->ctx, sh->cfg ? f->unc : NULL);
+    ck_assert_msg(r != NULL, "%s", kern_error());
+    unsigned what = TDIT_REC_TRAJECTORY | (p->sde ? TDIT_REC_LOG_PROBS | TDIT_REC_MEANS : 0);
+    ck_assert_msg(tdit_req_record(r, f->s, what) == 0, "%s", kern_error());
+    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", kern_error());
+    if (st) *st = *tdit_req_stats(r);
+    return r;
+}
+
+/* A group of B samples in one batched step, captured and replayed, is
+ * sample for sample bitwise the B single requests with the same seeds:
+ * final latent, every latent of the trajectory, the SDE means and the
+ * log-probabilities; with and without CFG, Euler and SDE. */
+START_TEST(test_a_batched_group_is_bitwise_the_single_requests_with_its_seeds) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    const int steps = 4;
+    const uint64_t seeds[3] = { 7, 900, 7 }; /* a repeated seed gives the same sample twice */
+    for (int v = 0; v < 4; v++) {
+        bool cfg = v & 1, sde = v & 2;
+        tdit_shape_t one = { 2, 8, 8, 5, cfg, 1 }, grp = one;
+        grp.batch = 3;
+        tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.8f };
+        tdit_run_stats_t st1, st2;
+        tdit_staging_t *stg = tdit_staging_new(f->m, &grp); /* the group's buffers stay put: contexts pin */
+        ck_assert_ptr_nonnull(stg);
+        tdit_req_t *g1 = run_req(f, stg, &grp, &p, seeds, &st1), *g2 = run_req(f, stg, &grp, &p, seeds, &st2);
+        ck_assert_int_eq(tdit_req_batch(g1), 3);
+        ck_assert_int_eq(st2.replayed, steps); /* the second group entirely from its graph */
+        ck_assert_int_eq(st1.captured + st2.captured, 1);
+        const size_t n = NL, traj = (size_t)(steps + 1) * n;
+        ck_assert_int_eq(memcmp(tdit_req_trajectory(g1), tdit_req_trajectory(g2), 3 * traj * sizeof(float)), 0);
+        static float fin[3 * NL];
+        ck_assert_int_eq(tdit_req_read(g1, f->s, fin, 3 * n), 0);
+        for (int b = 0; b < 3; b++) {
+            tdit_loop_t q = p;
+            q.seed = seeds[b];
+            tdit_req_t *r = run_req(f, NULL, &one, &q, NULL, NULL);
+            ck_assert_msg(memcmp(tdit_req_trajectory(g1) + (size_t)b * traj, tdit_req_trajectory(r),
+                                 traj * sizeof(float)) == 0, "cfg %d sde %d sample %d: trajectory differs", cfg, sde, b);
+            ck_assert_int_eq(memcmp(fin + (size_t)b * n, tdit_req_trajectory(r) + (size_t)steps * n, n * sizeof(float)), 0);
+            if (sde) {
+                ck_assert_int_eq(memcmp(tdit_req_means(g1) + (size_t)b * steps * n, tdit_req_means(r),
+                                        (size_t)steps * n * sizeof(float)), 0);
+                ck_assert_int_eq(memcmp(tdit_req_log_probs(g1) + (size_t)b * steps, tdit_req_log_probs(r),
+                                        (size_t)steps * sizeof(float)), 0);
+            }
+            tdit_req_destroy(&r);
+        }
+        /* Different seeds, different samples; the repeated seed, the same. */
+        ck_assert_int_ne(memcmp(fin, fin + n, n * sizeof(float)), 0);
+        ck_assert_int_eq(memcmp(fin, fin + 2 * n, n * sizeof(float)), 0);
+        tdit_req_destroy(&g1);
+        tdit_req_destroy(&g2);
+        tdit_staging_destroy(&stg);
+    }
+    fx_close(f);
+}
+END_TEST
+
+/* Without seeds, sample b uses seed + b; a group key differs from the
+ * single key and from another batch size, so their graphs never mix. */
+START_TEST(test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_shape_t one = { 2, 8, 8, 5, true, 1 }, g2 = one, g4 = one;
+    g2.batch = 2;
+    g4.batch = 4;
+    tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 40 };
+    tdit_req_t *g = run_req(f, NULL, &g4, &p, NULL, NULL);
+    for (int b = 0; b < 4; b++) ck_assert_uint_eq(tdit_req_seeds(g)[b], 40 + (uint64_t)b);
+    tdit_loop_t q = p;
+    q.seed = 43;
+    tdit_req_t *r = run_req(f, NULL, &one, &q, NULL, NULL);
+    ck_assert_int_eq(memcmp(tdit_req_trajectory(g) + 3 * 3 * (size_t)NL, tdit_req_trajectory(r), 3 * NL * sizeof(float)), 0);
+    cap_key_t k1, k2, k4;
+    ck_assert_int_eq(tdit_step_key(f->m, &one, true, 1, &k1), 0);
+    ck_assert_int_eq(tdit_step_key(f->m, &g2, true, 1, &k2), 0);
+    ck_assert_int_eq(tdit_step_key(f->m, &g4, true, 1, &k4), 0);
+    ck_assert_uint_ne(cap_key_shard_hash(&k1), cap_key_shard_hash(&k2));
+    ck_assert_uint_ne(cap_key_shard_hash(&k2), cap_key_shard_hash(&k4));
+    ck_assert_int_eq(k4.inputs[0].ndim, 5);
+    ck_assert_int_eq(k4.inputs[0].shape[0], 4);
+    /* batch 0 and 1 are the same single shape and key */
+    tdit_shape_t zero = one;
+    zero.batch = 0;
+    ck_assert(tdit_shape_equal(&zero, &one));
+    ck_assert_int_eq(tdit_step_key(f->m, &zero, true, 1, &k2), 0);
+    ck_assert_uint_eq(cap_key_hash(&k1), cap_key_hash(&k2));
+    /* out of range */
+    tdit_shape_t big = one;
+    big.batch = TDIT_MAX_BATCH + 1;
+    ck_assert_int_eq(tdit_shape_validate(&big), -1);
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &big, &p, NULL, NULL, f->ctx, f->unc));
+    tdit_req_destroy(&g);
+    tdit_req_destroy(&r);
+    fx_close(f);
+}
+END_TEST
+
 START_TEST(test_log_probs_of_an_euler_loop_are_refused) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
     tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f };
@@ -344,7 +447,7 @@ static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n; i++) {
             const mix_t *m = &mx[i];
-            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg };
+            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg, 1 };
             size_t nl = (size_t)(4 * m->F * m->H * m->W), nc = (size_t)(m->L * 32);
             float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *unc = malloc(nc * 4);
             float *a = malloc(nl * 4), *b = malloc(nl * 4);
@@ -388,7 +491,7 @@ START_TEST(test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_f
     cap_options_t o = cap_options_default();
     o.log = quiet;
     /* Room for about one mid-size entry: big ones run in transient workspaces. */
-    tdit_shape_t mid = { 2, 8, 8, 5, true };
+    tdit_shape_t mid = { 2, 8, 8, 5, true, 1 };
     o.budget_bytes = tdit_ws_size(f->m, &mid) + 64 * 1024;
     f->c = cap_cache_new(f->b, &o);
     ck_assert_int_eq(tdit_register_weights(f->c, f->m, 1), 0);
@@ -445,6 +548,8 @@ int main(void) {
     tcase_add_test(tc, test_weights_relocated_without_a_sync_decline_weights_moved_and_match_eager);
     tcase_add_test(tc, test_a_recorded_sde_rollout_is_the_same_replayed_or_eager_and_its_log_probs_follow_its_means);
     tcase_add_test(tc, test_log_probs_of_an_euler_loop_are_refused);
+    tcase_add_test(tc, test_a_batched_group_is_bitwise_the_single_requests_with_its_seeds);
+    tcase_add_test(tc, test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -58,7 +58,7 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
         return bad(err, WIRE_E_BAD_REQUEST, "worker at v%" PRIu64 ", request needs v%" PRIu64, applied, r->version);
     const int64_t *ls = r->latent_shape;
     /* The model's own checks stay the backstop of what the protocol allows. */
-    tdit_shape_t shape = { ls[1], ls[2], ls[3], r->context->shape[0], r->uncond != NULL };
+    tdit_shape_t shape = { ls[1], ls[2], ls[3], r->context->shape[0], r->uncond != NULL, 1 };
     if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
     tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed };
     if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());

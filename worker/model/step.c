@@ -2,7 +2,18 @@
  *
  * Every buffer the forward pass touches is allocated by tdit_ws_new, in one
  * block, before any step runs; the step only launches kernels over those
- * addresses, reading σ and the guidance scale from device memory. */
+ * addresses, reading σ and the guidance scale from device memory.
+ *
+ * A batch (shape.batch = B > 1) is B samples of one prompt in one step: the
+ * token activations hold B·N rows; the time and text embeddings, the
+ * modulation and the cross-attention keys and values are computed once for
+ * the group; row-wise ops (norms, modulation, gates, the CFG combine, the
+ * Euler update) run once over all B·N rows; what depends on a sample's
+ * place (patchify, RoPE, attention, unpatchify) or its seed (the SDE
+ * update) runs per sample over views. The GEMMs run per sample too: a BLAS
+ * sums an output row differently depending on where it falls in its M
+ * tiling (OpenBLAS on x86 does; cuBLAS picks its algorithm by M), and a
+ * batched sample must be bitwise the single request with its seed. */
 #include "tinydit.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
@@ -17,14 +28,14 @@
 struct tdit_ws {
     tdit_model_t *model;
     tdit_shape_t shape;
-    int64_t N, grid_h, grid_w;
+    int64_t B, N, grid_h, grid_w;   /* samples, tokens per sample, patch grid */
     void *block;          /* every buffer below, one allocation */
     size_t bytes;
     kern_scratch_t scratch; /* the kernels' scratch, inside block: owned, never shared */
     /* inputs */
     kern_tensor_t latent, context, uncond, sigmas, guidance;
-    kern_tensor_t sde;      /* F32 [4]: eta, seed, step (kern_sde_params_pack) */
-    kern_tensor_t mean;     /* [C,F,H,W]: an SDE step's mean μ (for log-probabilities) */
+    kern_tensor_t sde;      /* F32 [4] ([B,4]): eta, seed, step (kern_sde_params_pack) */
+    kern_tensor_t mean;     /* the latent's shape: an SDE step's mean μ (for log-probabilities) */
     /* activations */
     kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
     kern_tensor_t txt_h, c, kc, vc;
@@ -69,14 +80,18 @@ static size_t scratch_needed(const tdit_ws_t *ws) {
 static void layout(tdit_ws_t *ws, carver_t *cv) {
     const tdit_config_t *c = &ws->model->cfg;
     kern_dtype_t dt = ws->model->dtype;
-    int64_t D = c->dim, C = c->in_channels, N = ws->N, L = ws->shape.text_len;
-    const int64_t lat[4] = { C, ws->shape.frames, ws->shape.height, ws->shape.width };
-    carve(cv, &ws->latent, dt, 4, lat);
+    int64_t D = c->dim, C = c->in_channels, B = ws->B, N = ws->B * ws->N, L = ws->shape.text_len;
+    /* One sample: [C,F,H,W]; a batch: [B,C,F,H,W]. */
+    const int64_t lat5[5] = { B, C, ws->shape.frames, ws->shape.height, ws->shape.width };
+    const int64_t *lat = B == 1 ? lat5 + 1 : lat5;
+    const int lnd = B == 1 ? 4 : 5;
+    carve(cv, &ws->latent, dt, lnd, lat);
     carve(cv, &ws->context, dt, 2, SHAPE(L, c->text_dim));
     if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(L, c->text_dim));
     carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
     carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
-    carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
+    if (B == 1) carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
+    else carve(cv, &ws->sde, KERN_F32, 2, SHAPE(B, 4));
     carve(cv, &ws->tok, dt, 2, SHAPE(N, 4 * C));
     kern_tensor_t *nd[] = { &ws->x, &ws->a, &ws->q, &ws->k, &ws->v, &ws->o, &ws->o2 };
     for (size_t i = 0; i < sizeof nd / sizeof nd[0]; i++) carve(cv, nd[i], dt, 2, SHAPE(N, D));
@@ -89,11 +104,11 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
     for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; i++) carve(cv, d1[i], dt, 2, SHAPE(1, D));
     carve(cv, &ws->e6, dt, 2, SHAPE(6, D));
     carve(cv, &ws->mod, dt, 2, SHAPE(6, D));
-    carve(cv, &ws->v_cond, dt, 4, lat);
-    carve(cv, &ws->mean, dt, 4, lat);
+    carve(cv, &ws->v_cond, dt, lnd, lat);
+    carve(cv, &ws->mean, dt, lnd, lat);
     if (ws->shape.cfg) {
-        carve(cv, &ws->v_uncond, dt, 4, lat);
-        carve(cv, &ws->v_comb, dt, 4, lat);
+        carve(cv, &ws->v_uncond, dt, lnd, lat);
+        carve(cv, &ws->v_comb, dt, lnd, lat);
     }
     size_t sb = scratch_needed(ws);
     ws->scratch.base = cv->base ? cv->base + cv->off : NULL; /* bound even when 0 bytes */
@@ -103,7 +118,7 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
 
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
     return a->frames == b->frames && a->height == b->height && a->width == b->width &&
-           a->text_len == b->text_len && a->cfg == b->cfg;
+           a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b);
 }
 
 int tdit_shape_validate(const tdit_shape_t *shape) {
@@ -114,6 +129,8 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
                          (long long)shape->height, (long long)shape->width);
     if (shape->text_len <= 0 || shape->text_len > 65536)
         return kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
+    if (shape->batch < 0 || shape->batch > TDIT_MAX_BATCH)
+        return kern_fail("batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
     if (shape->frames > (1 << 16) || shape->height > (1 << 16) || shape->width > (1 << 16) ||
         shape->frames * shape->height * shape->width > (int64_t)1 << 24)
         return kern_fail("latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
@@ -124,6 +141,7 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
 static void ws_init(tdit_ws_t *ws, tdit_model_t *m, const tdit_shape_t *shape) {
     ws->model = m;
     ws->shape = *shape;
+    ws->B = tdit_shape_batch(shape);
     ws->grid_h = shape->height / 2;
     ws->grid_w = shape->width / 2;
     ws->N = shape->frames * ws->grid_h * ws->grid_w;
@@ -230,6 +248,34 @@ static int linear(kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern
     return kern_gemm(s, x, &l->w, &l->b, y);
 }
 
+/* Rows [b·n, (b+1)·n) of a contiguous 2-D tensor: sample b's tokens. */
+static kern_tensor_t rows_of(const kern_tensor_t *t, int64_t b, int64_t n) {
+    kern_tensor_t v = kern_tensor_make(t->data, t->dtype, t->device, 2, SHAPE(n, t->shape[1]));
+    v.offset = t->offset + (size_t)(b * n * t->shape[1]) * kern_dtype_size(t->dtype);
+    return v;
+}
+
+/* Sample b of a latent-shaped tensor ([C,F,H,W] or [B,C,F,H,W]) or of the
+ * SDE parameters ([4] or [B,4]). */
+static kern_tensor_t sample_of(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b) {
+    return ws->B == 1 ? *t : kern_tensor_row(t, b);
+}
+
+/* y = x·wᵀ + bias (then GELU-tanh with gelu) over the token rows: one GEMM
+ * per sample, each the very call a single request makes (see the top). */
+static int token_linear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x,
+                        const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y, bool gelu) {
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t xb = ws->B == 1 ? *x : rows_of(x, b, ws->N), yb = ws->B == 1 ? *y : rows_of(y, b, ws->N);
+        TRY(gelu ? kern_gemm_gelu(s, &xb, w, bias, &yb) : kern_gemm(s, &xb, w, bias, &yb));
+    }
+    return 0;
+}
+
+static int tlinear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern_tensor_t *y) {
+    return token_linear(ws, s, x, &l->w, &l->b, y, false);
+}
+
 /* a = LN(x)·(1 + scale) + shift, LN without affine: one fused op (on the
  * CPU bit for bit LN then modulate). */
 static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
@@ -242,7 +288,24 @@ static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tens
  * scratch_needed reserves). */
 static int rms_rope(tdit_ws_t *ws, kern_stream_t *s, kern_tensor_t *t, const kern_tensor_t *g,
                     int64_t heads) {
-    return kern_rmsnorm_rope3d(s, t, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w);
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t tb = ws->B == 1 ? *t : rows_of(t, b, ws->N);
+        TRY(kern_rmsnorm_rope3d(s, &tb, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w));
+    }
+    return 0;
+}
+
+/* o = attention(q, k, v) per sample; k and v shared by the group when
+ * shared_kv (the text tokens of cross-attention). */
+static int attention(tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                     const kern_tensor_t *v, bool shared_kv, int64_t heads, kern_tensor_t *o) {
+    for (int64_t b = 0; b < ws->B; b++) {
+        if (ws->B == 1) return kern_attention(s, q, k, v, heads, o);
+        kern_tensor_t qb = rows_of(q, b, ws->N), ob = rows_of(o, b, ws->N);
+        kern_tensor_t kb = shared_kv ? *k : rows_of(k, b, ws->N), vb = shared_kv ? *v : rows_of(v, b, ws->N);
+        TRY(kern_attention(s, &qb, &kb, &vb, heads, &ob));
+    }
+    return 0;
 }
 
 static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
@@ -254,28 +317,29 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
                   scale2 = kern_tensor_row(&ws->mod, 4), gate2 = kern_tensor_row(&ws->mod, 5);
     /* self-attention */
     TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
-    TRY(linear(s, &ws->a, &b->sq, &ws->q));
+    TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
     TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
-    TRY(linear(s, &ws->a, &b->sk, &ws->k));
+    TRY(tlinear(ws, s, &ws->a, &b->sk, &ws->k));
     TRY(rms_rope(ws, s, &ws->k, &b->s_norm_k, H));
-    TRY(linear(s, &ws->a, &b->sv, &ws->v));
-    TRY(kern_attention(s, &ws->q, &ws->k, &ws->v, H, &ws->o));
-    TRY(linear(s, &ws->o, &b->so, &ws->o2));
+    TRY(tlinear(ws, s, &ws->a, &b->sv, &ws->v));
+    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, H, &ws->o));
+    TRY(tlinear(ws, s, &ws->o, &b->so, &ws->o2));
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
-    /* cross-attention over the text tokens, no RoPE, no gate */
+    /* cross-attention over the text tokens, no RoPE, no gate; their keys
+     * and values once for the group */
     TRY(kern_layernorm(s, &ws->x, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
-    TRY(linear(s, &ws->a, &b->cq, &ws->q));
+    TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
     TRY(linear(s, &ws->c, &b->ck, &ws->kc));
     TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
     TRY(linear(s, &ws->c, &b->cv, &ws->vc));
-    TRY(kern_attention(s, &ws->q, &ws->kc, &ws->vc, H, &ws->o));
-    TRY(linear(s, &ws->o, &b->co, &ws->o2));
+    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, true, H, &ws->o));
+    TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
     /* feed-forward */
     TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
-    TRY(kern_gemm_gelu(s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h));
-    TRY(linear(s, &ws->h, &b->ffn2, &ws->o2));
+    TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
+    TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
     return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
 }
 
@@ -295,8 +359,11 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     TRY(kern_gemm_gelu(s, context, &m->text0.w, &m->text0.b, &ws->txt_h));
     TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
     /* 3: tokens */
-    TRY(kern_patchify(s, &ws->latent, &ws->tok));
-    TRY(linear(s, &ws->tok, &m->patch, &ws->x));
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t lb = sample_of(ws, &ws->latent, b), tb = ws->B == 1 ? ws->tok : rows_of(&ws->tok, b, ws->N);
+        TRY(kern_patchify(s, &lb, &tb));
+    }
+    TRY(tlinear(ws, s, &ws->tok, &m->patch, &ws->x));
     /* 4: blocks */
     for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
     /* 5: head, (shift, scale) = head.modulation + e */
@@ -304,9 +371,13 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     TRY(kern_add(s, &hm0, &ws->e, &ws->hshift));
     TRY(kern_add(s, &hm1, &ws->e, &ws->hscale));
     TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
-    TRY(linear(s, &ws->a, &m->head, &ws->y));
+    TRY(tlinear(ws, s, &ws->a, &m->head, &ws->y));
     /* 6: unpatchify */
-    return kern_unpatchify(s, &ws->y, v);
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t yb = ws->B == 1 ? ws->y : rows_of(&ws->y, b, ws->N), vb = sample_of(ws, v, b);
+        TRY(kern_unpatchify(s, &yb, &vb));
+    }
+    return 0;
 }
 
 /* The forward pass with the workspace's own scratch bound to s: whatever
@@ -335,13 +406,20 @@ int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
 
 int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
                   uint64_t seed, uint32_t step) {
+    if (ws->B != 1) return kern_fail("tdit_step_sde: a batch steps with tdit_step_sde_ws (a seed per sample)");
     TRY(velocity(m, ws, s));
     return kern_sde_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, eta, seed, step);
 }
 
 int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     TRY(velocity(m, ws, s));
-    return kern_sde_update_dev_mean(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, &ws->sde, &ws->mean);
+    /* Each sample draws its own noise: its row of the SDE parameters. */
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t xb = sample_of(ws, &ws->latent, b), vb = sample_of(ws, tdit_ws_velocity(ws), b),
+                      pb = sample_of(ws, &ws->sde, b), mb = sample_of(ws, &ws->mean, b);
+        TRY(kern_sde_update_dev_mean(s, &xb, &vb, &ws->sigmas, &pb, &mb));
+    }
+    return 0;
 }
 
 void tdit_schedule(int steps, double shift, double *sigmas) {

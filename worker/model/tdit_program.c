@@ -13,11 +13,14 @@ enum { IN_LATENT, IN_SIGMAS, IN_GUIDANCE, IN_CONTEXT, IN_UNCOND };
 
 /* The step shape a key describes; -1 with a message. */
 static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
-    if (key->n_inputs < 4 || key->inputs[IN_LATENT].ndim != 4 || key->inputs[IN_CONTEXT].ndim != 2)
+    if (key->n_inputs < 4 || (key->inputs[IN_LATENT].ndim != 4 && key->inputs[IN_LATENT].ndim != 5) ||
+        key->inputs[IN_CONTEXT].ndim != 2)
         return kern_fail("tinydit program: key has no latent/context signature");
     bool cfg = key->n_inputs > IN_UNCOND && !strcmp(key->inputs[IN_UNCOND].name, "uncond");
-    *sh = (tdit_shape_t){ key->inputs[IN_LATENT].shape[1], key->inputs[IN_LATENT].shape[2],
-                          key->inputs[IN_LATENT].shape[3], key->inputs[IN_CONTEXT].shape[0], cfg };
+    /* [C,F,H,W], or [B,C,F,H,W] for a batch */
+    const int64_t *ls = key->inputs[IN_LATENT].shape + (key->inputs[IN_LATENT].ndim - 4);
+    *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0], cfg,
+                          key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1 };
     return 0;
 }
 
@@ -113,9 +116,9 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
         return kern_fail("model name %s too long for a capture key", c->name);
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };
     const int64_t ctx[2] = { sh->text_len, c->text_dim };
-    return cap_key_denoise(k, kern_backend_device_name(b), kern_backend_arch(b), model,
-                           sde ? "sde" : "euler", tdit_model_dtype(m), lat, ctx, sh->cfg,
-                           TDIT_COMPONENT, version);
+    return cap_key_denoise_batch(k, kern_backend_device_name(b), kern_backend_arch(b), model,
+                                 sde ? "sde" : "euler", tdit_model_dtype(m), tdit_shape_batch(sh), lat, ctx,
+                                 sh->cfg, TDIT_COMPONENT, version);
 }
 
 int tdit_register_weights(cap_cache_t *c, const tdit_model_t *m, uint64_t version) {
@@ -160,7 +163,7 @@ tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
         if (!st->t[i].data) { tdit_staging_destroy(&st); return NULL; }
         st->n++;
     }
-    st->mean = kern_tensor_alloc(st->b, st->t[IN_LATENT].dtype, 4, st->t[IN_LATENT].shape);
+    st->mean = kern_tensor_alloc(st->b, st->t[IN_LATENT].dtype, st->t[IN_LATENT].ndim, st->t[IN_LATENT].shape);
     if (!st->mean.data) tdit_staging_destroy(&st);
     return st;
 }
@@ -208,12 +211,14 @@ struct tdit_req {
     uint64_t key_hash, shard_hash;
     tdit_run_stats_t stats;
     uint64_t *versions;    /* [steps]: the transformer version each step ran on */
+    int64_t batch;         /* samples B */
+    uint64_t *seeds;       /* [B]: each sample's SDE seed (and initial latent's) */
     unsigned rec;          /* TDIT_REC_* */
-    size_t n;              /* latent elements */
-    float *traj;           /* [steps+1][n] with TRAJECTORY */
-    float *means;          /* [steps][n] with MEANS */
-    float *logp;           /* [steps] with LOG_PROBS */
-    float *cur, *mu;       /* one step's x_{i+1} and μ_i when not kept whole */
+    size_t n;              /* latent elements of one sample */
+    float *traj;           /* [B][steps+1][n] with TRAJECTORY */
+    float *means;          /* [B][steps][n] with MEANS */
+    float *logp;           /* [B][steps] with LOG_PROBS */
+    float *cur, *mu;       /* [B][n]: one step's x_{i+1} and μ_i, as read back */
 };
 
 tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh, const tdit_loop_t *p,
@@ -224,6 +229,12 @@ tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *
 tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *sh,
                             const tdit_loop_t *p, const float *latent, const float *context,
                             const float *uncond) {
+    return tdit_req_new_group(m, s, stg, sh, p, NULL, latent, context, uncond);
+}
+
+tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *sh,
+                               const tdit_loop_t *p, const uint64_t *seeds, const float *latent,
+                               const float *context, const float *uncond) {
     if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
     if (stg && !tdit_shape_equal(&stg->shape, sh)) {
         kern_fail("staging buffers were made for another shape");
@@ -240,17 +251,22 @@ tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *s
     r->loop = *p;
     r->sig = malloc(((size_t)p->steps + 1) * sizeof *r->sig);
     r->versions = calloc((size_t)p->steps, sizeof *r->versions);
+    r->batch = tdit_shape_batch(sh);
+    r->seeds = malloc((size_t)r->batch * sizeof *r->seeds);
     r->own_stg = !stg;
     r->stg = stg ? stg : tdit_staging_new(m, sh);
     float *init = NULL;
-    if (!r->sig || !r->versions || !r->stg) {
-        if (!r->sig || !r->versions) kern_fail("out of memory");
+    if (!r->sig || !r->versions || !r->seeds || !r->stg) {
+        if (!r->sig || !r->versions || !r->seeds) kern_fail("out of memory");
         goto err;
     }
+    /* Sample b's seed: seeds[b], or p->seed + b. */
+    for (int64_t b = 0; b < r->batch; b++) r->seeds[b] = seeds ? seeds[b] : p->seed + (uint64_t)b;
     size_t n_lat = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
+    r->n = n_lat / (size_t)r->batch;
     if (!latent) {
         if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); goto err; }
-        tdit_initial_latent(p->seed, init, n_lat);
+        for (int64_t b = 0; b < r->batch; b++) tdit_initial_latent(r->seeds[b], init + (size_t)b * r->n, r->n);
         latent = init;
     }
     int rc = req_upload(s, &r->stg->t[IN_LATENT], latent) || req_upload(s, &r->stg->t[IN_CONTEXT], context) ||
@@ -270,6 +286,7 @@ void tdit_req_destroy(tdit_req_t **rp) {
     if (!rp || !*rp) return;
     if ((*rp)->own_stg) tdit_staging_destroy(&(*rp)->stg);
     free((*rp)->versions);
+    free((*rp)->seeds);
     free((*rp)->traj);
     free((*rp)->means);
     free((*rp)->logp);
@@ -296,14 +313,25 @@ static float log_prob(const float *x1, const float *mu, size_t n, const float sv
     return (float)(-acc / (2.0 * sd * sd * (double)n) - log(sd) - 0.5 * log(2.0 * M_PI));
 }
 
-/* After step i: keeps x_{i+1}, μ_i and the log-probability as asked. */
+/* Sample b's block of rows of a [B][rows][n] record. */
+static float *rec_at(const tdit_req_t *r, float *base, int rows, int64_t b, int row) {
+    return base + ((size_t)b * (size_t)rows + (size_t)row) * r->n;
+}
+
+/* After step i: keeps x_{i+1}, μ_i and the log-probability of every sample
+ * as asked. */
 static int record_step(tdit_req_t *r, kern_stream_t *s, int i, const float sv[3]) {
-    float *x1 = r->traj ? r->traj + (size_t)(i + 1) * r->n : r->cur;
-    if (x1 && req_download(s, &r->stg->t[IN_LATENT], x1) != 0) return -1;
+    int steps = r->loop.steps;
+    if (req_download(s, &r->stg->t[IN_LATENT], r->cur) != 0) return -1;
+    for (int64_t b = 0; r->traj && b < r->batch; b++)
+        memcpy(rec_at(r, r->traj, steps + 1, b, i + 1), r->cur + (size_t)b * r->n, r->n * sizeof *r->cur);
     if (!(r->rec & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS))) return 0;
-    float *mu = r->means ? r->means + (size_t)i * r->n : r->mu;
-    if (req_download(s, &r->stg->mean, mu) != 0) return -1;
-    if (r->logp) r->logp[i] = log_prob(x1, mu, r->n, sv, r->loop.eta);
+    if (req_download(s, &r->stg->mean, r->mu) != 0) return -1;
+    for (int64_t b = 0; b < r->batch; b++) {
+        const float *x1 = r->cur + (size_t)b * r->n, *mu = r->mu + (size_t)b * r->n;
+        if (r->means) memcpy(rec_at(r, r->means, steps, b, i), mu, r->n * sizeof *mu);
+        if (r->logp) r->logp[(size_t)b * (size_t)steps + (size_t)i] = log_prob(x1, mu, r->n, sv, r->loop.eta);
+    }
     return 0;
 }
 
@@ -311,17 +339,20 @@ int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what) {
     if (r->done) return kern_fail("record: the request has already run %d steps", r->done);
     if ((what & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS)) && !(r->loop.sde && r->loop.eta > 0))
         return kern_fail("log-probabilities and means need an SDE loop with eta > 0");
-    size_t steps = (size_t)r->loop.steps;
-    r->n = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
-    bool lp = what & TDIT_REC_LOG_PROBS;
-    if ((what & TDIT_REC_TRAJECTORY) && !(r->traj = malloc((steps + 1) * r->n * sizeof *r->traj))) goto oom;
-    if (!r->traj && lp && !(r->cur = malloc(r->n * sizeof *r->cur))) goto oom;
-    if ((what & TDIT_REC_MEANS) && !(r->means = malloc(steps * r->n * sizeof *r->means))) goto oom;
-    if (!r->means && lp && !(r->mu = malloc(r->n * sizeof *r->mu))) goto oom;
-    if (lp && !(r->logp = malloc(steps * sizeof *r->logp))) goto oom;
+    size_t steps = (size_t)r->loop.steps, B = (size_t)r->batch, bn = B * r->n;
+    if (!what) return 0;
+    if (!(r->cur = malloc(bn * sizeof *r->cur))) goto oom;
+    if ((what & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS)) && !(r->mu = malloc(bn * sizeof *r->mu))) goto oom;
+    if ((what & TDIT_REC_TRAJECTORY) && !(r->traj = malloc(B * (steps + 1) * r->n * sizeof *r->traj))) goto oom;
+    if ((what & TDIT_REC_MEANS) && !(r->means = malloc(B * steps * r->n * sizeof *r->means))) goto oom;
+    if ((what & TDIT_REC_LOG_PROBS) && !(r->logp = malloc(B * steps * sizeof *r->logp))) goto oom;
     r->rec = what;
-    /* x_0: the latent the request starts from. */
-    return r->traj ? req_download(s, &r->stg->t[IN_LATENT], r->traj) : 0;
+    /* x_0: the latent each sample starts from. */
+    if (!r->traj) return 0;
+    if (req_download(s, &r->stg->t[IN_LATENT], r->cur) != 0) return -1;
+    for (size_t b = 0; b < B; b++)
+        memcpy(rec_at(r, r->traj, (int)steps + 1, (int64_t)b, 0), r->cur + b * r->n, r->n * sizeof *r->cur);
+    return 0;
 oom:
     return kern_fail("out of memory recording a request's trajectory");
 }
@@ -331,6 +362,8 @@ const float *tdit_req_means(const tdit_req_t *r) { return r->means; }
 const float *tdit_req_log_probs(const tdit_req_t *r) { return r->logp; }
 const double *tdit_req_sigmas(const tdit_req_t *r) { return r->sig; }
 const uint64_t *tdit_req_versions(const tdit_req_t *r) { return r->versions; }
+int64_t tdit_req_batch(const tdit_req_t *r) { return r->batch; }
+const uint64_t *tdit_req_seeds(const tdit_req_t *r) { return r->seeds; }
 
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *out) {
     if (r->done >= r->loop.steps) return kern_fail("request already finished its %d steps", r->loop.steps);
@@ -349,9 +382,11 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
     if (r->loop.sde) {
         /* The noise is keyed by (seed, step, index): the step reads them from
          * device memory, so one captured SDE step serves every seed. */
-        float sde[4];
-        kern_sde_params_pack(sde, r->loop.eta, r->loop.seed, (uint32_t)i);
-        if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, sizeof sde) || kern_stream_sync(s))
+        float sde[4 * TDIT_MAX_BATCH];
+        for (int64_t b = 0; b < r->batch; b++)
+            kern_sde_params_pack(sde + 4 * b, r->loop.eta, r->seeds[b], (uint32_t)i);
+        if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, (size_t)r->batch * 4 * sizeof *sde) ||
+            kern_stream_sync(s))
             return -1;
     }
     /* Inputs in key order; an Euler step's stop before the SDE parameters.

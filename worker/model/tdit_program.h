@@ -4,7 +4,8 @@
  * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
  * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
  * 4 uncond [L,T] (pinnable; CFG only), then for SDE steps sde F32 [4] (eta,
- * seed, step; copied). Output 0: the updated latent. The step reads weight
+ * seed, step; copied). A batch of B samples (tdit_shape_t.batch) has latent
+ * [B,C,F,H,W] and sde F32 [B,4], batch B in its key. Output 0: the updated latent. The step reads weight
  * component "transformer" (the model's one allocation). */
 #ifndef REEL_WORKER_TDIT_PROGRAM_H
 #define REEL_WORKER_TDIT_PROGRAM_H
@@ -76,6 +77,14 @@ tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *
 tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *shape,
                             const tdit_loop_t *p, const float *latent, const float *context,
                             const float *uncond);
+/* A group: shape->batch = B samples of one prompt in one batched step,
+ * sample b with SDE seed (and, latent NULL, initial latent drawn from)
+ * seeds[b], or p->seed + b when seeds is NULL; latent, when given, is
+ * [B,C,F,H,W]. Each sample's result is bitwise the single request with its
+ * seed. tdit_req_new_in is this with seeds NULL. */
+tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *shape,
+                               const tdit_loop_t *p, const uint64_t *seeds, const float *latent,
+                               const float *context, const float *uncond);
 void tdit_req_destroy(tdit_req_t **r);
 /* Runs the next step through c on s; res may be NULL. -1 with a message. */
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *res);
@@ -97,14 +106,18 @@ enum {
  * step (x_0 is read now, on s). -1 with a message: log-probabilities and
  * means need an SDE loop with eta > 0; out of memory. */
 int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what);
-/* What was kept (NULL when not asked): [steps+1][C·F·H·W], [steps][C·F·H·W],
- * [steps]; the schedule σ_0 ... σ_N; the version each step ran on. */
+/* What was kept (NULL when not asked): [B][steps+1][C·F·H·W],
+ * [B][steps][C·F·H·W], [B][steps] (B = 1 for a single request); the
+ * schedule σ_0 ... σ_N; the version each step ran on. */
 const float *tdit_req_trajectory(const tdit_req_t *r);
 const float *tdit_req_means(const tdit_req_t *r);
 const float *tdit_req_log_probs(const tdit_req_t *r);
 const double *tdit_req_sigmas(const tdit_req_t *r);
 const uint64_t *tdit_req_versions(const tdit_req_t *r);
-/* Copies the current latent (C·F·H·W floats) to out, ordered on s. */
+/* The samples B and each one's seed. */
+int64_t tdit_req_batch(const tdit_req_t *r);
+const uint64_t *tdit_req_seeds(const tdit_req_t *r);
+/* Copies the current latent (B·C·F·H·W floats) to out, ordered on s. */
 int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
 
 #ifdef __cplusplus

@@ -84,18 +84,26 @@ int tdit_model_relocate(tdit_model_t *m);
  * unless a tensor was already copied (the message says so). */
 int tdit_model_reload(tdit_model_t *m, const st_file_t *f);
 
-/* Shapes of one step: latent [C, frames, height, width], text tokens L. */
+/* Shapes of one step: latent [C, frames, height, width], text tokens L;
+ * with batch B > 1, B samples of one prompt (one context, one σ schedule,
+ * each its own latent and SDE seed) run as one step over latent
+ * [B, C, frames, height, width]. */
+#define TDIT_MAX_BATCH 64
 typedef struct {
     int64_t frames, height, width;
     int64_t text_len;
     bool cfg;               /* evaluate an unconditional branch too */
+    int64_t batch;          /* samples; 0 and 1 both mean one (initializers may omit it) */
 } tdit_shape_t;
+
+/* The samples a shape holds: batch, or 1 when batch is 0. */
+static inline int64_t tdit_shape_batch(const tdit_shape_t *s) { return s->batch > 1 ? s->batch : 1; }
 
 /* True when a and b describe the same shape (field by field: the struct
  * has padding, so never memcmp it). */
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b);
-/* Checks a shape: positive sizes, even height and width, bounded size.
- * -1 with a message naming the problem. */
+/* Checks a shape: positive sizes, even height and width, bounded size,
+ * batch in 0..TDIT_MAX_BATCH. -1 with a message naming the problem. */
 int tdit_shape_validate(const tdit_shape_t *shape);
 
 /* The step workspace: address-stable buffers for one shape. Inputs are
@@ -116,14 +124,14 @@ size_t tdit_ws_bytes(const tdit_ws_t *ws);
 /* Bytes tdit_ws_new would allocate for shape (0 on a bad shape). */
 size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape);
 /* Device tensors of the workspace (for capture_cache and tests). */
-kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws);    /* [C,F,H,W] */
+kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws);    /* [C,F,H,W]; [B,C,F,H,W] for a batch */
 kern_tensor_t *tdit_ws_context(tdit_ws_t *ws);   /* [L,T] */
 kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws);    /* [L,T]; data NULL without cfg */
 kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws);    /* F32 [3] = σ_i, σ_{i+1}, σ_1 */
 kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws);  /* F32 [1] */
-kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws);       /* F32 [4]: eta, seed, step (kern_sde_params_pack) */
-kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws);      /* [C,F,H,W]: the last SDE step's mean μ */
-kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws);  /* [C,F,H,W], the (combined) v */
+kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws);       /* F32 [4]: eta, seed, step (kern_sde_params_pack); [B,4] for a batch */
+kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws);      /* the latent's shape: the last SDE step's mean μ */
+kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws);  /* the latent's shape: the (combined) v */
 
 /* Copies host F32 data into the workspace, ordered on s. Sizes are checked
  * against the workspace shape: -1 with a message if they do not fit. */
