@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < K; k++) { /* K distinct capture keys: latent shapes x CFG */
         const int64_t lat[4] = { 16, 1 + k % 4, 8 * (1 + (k / 4) % 4), 8 * (1 + (k / 16) % 3) };
         const int64_t ctx[2] = { 16, 256 };
-        keys[k] = brk_shard_hash("small", false, lat, ctx, (k / 48) % 2);
+        keys[k] = brk_shard_hash("small", false, lat, ctx, (k / 48) % 2, 1);
     }
     int distinct = 0;
     for (int i = 0; i < K; i++) {

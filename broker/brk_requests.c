@@ -126,7 +126,8 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
     wire_msg_t *m = *mp;
     int64_t ctx[2] = { g->context->shape[0], g->context->shape[1] };
-    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL);
+    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL,
+                                         (int64_t)msg_gen_n(g));
     if (!shard) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());
         return;

@@ -35,13 +35,15 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
 
 /* The shard hash of a GEN (docs/CAPTURE.md, shard form): cap_key_denoise
  * with model "tinydit:<model>", loop "sde" or "euler", dtype F32, the
- * latent and context shapes, cfg = uncond present, component "transformer"
- * at version 0, hashed without device, arch or versions. Returns 0 (never a
+ * latent and context shapes, cfg = uncond present, the GEN's batch n (a
+ * group of n > 1 samples runs as one batched step: cap_key_denoise_batch),
+ * component "transformer" at version 0, hashed without device, arch or
+ * versions. Returns 0 (never a
  * valid hash) with a message in kern_error() when a field does not fit the
  * key (a model name empty, too long, or with characters outside
  * [A-Za-z0-9_.:+-]). */
 uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
-                        const int64_t context[2], bool cfg);
+                        const int64_t context[2], bool cfg, int64_t batch);
 
 /* The shard hashes of recent inputs: requests of one model and shapes
  * (a trainer's batch, a client's retries) share one, and building the key
@@ -52,6 +54,7 @@ typedef struct {
     char model[BRK_NAME_MAX];    /* "" in an empty slot */
     bool sde, cfg;
     int64_t latent[4], context[2];
+    int64_t batch;
     uint64_t hash;
 } brk_shard_memo_slot_t;
 typedef struct {
@@ -61,7 +64,7 @@ typedef struct {
  * valid (0 is never stored: failures are computed again, with their
  * message). */
 uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, bool sde, const int64_t latent[4],
-                             const int64_t context[2], bool cfg);
+                             const int64_t context[2], bool cfg, int64_t batch);
 
 /* ---- workers as routing sees them ------------------------------------------ */
 

@@ -38,11 +38,26 @@ typedef struct {
     bool have_cfg, quiet;
     int timeout_ms, channels;
     int64_t size[3];
+    uint64_t seeds[MSG_MAX_GROUP]; /* --seeds */
+    int n_seeds;
 } gen_opts_t;
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
-       O_TRAJ, O_LOGP, O_MEANS };
+       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS };
+
+/* "7,9,100" into seeds[]; the count, or -1. */
+static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
+    char buf[MSG_MAX_GROUP * 21 + 1];
+    if (strlen(arg) >= sizeof buf) return -1;
+    strcpy(buf, arg);
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == max || ctl_parse_u64(tok, &seeds[n])) return -1;
+        n++;
+    }
+    return n ? n : -1;
+}
 
 /* One option of gen with its argument into o. CTL_OK, or the exit code
  * after printing why (CTL_USAGE). */
@@ -62,6 +77,14 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_TRAJ: o->rollout.want_trajectory = true; return CTL_OK;
     case O_LOGP: o->rollout.want_log_probs = true; return CTL_OK;
     case O_MEANS: o->rollout.want_means = true; return CTL_OK;
+    case O_N:
+        return ctl_parse_int(arg, &g->n) || g->n < 1 || g->n > MSG_MAX_GROUP
+                   ? ctl_die(CTL_USAGE, "--n: '%s' is not a group size in 1..%d", arg, MSG_MAX_GROUP)
+                   : CTL_OK;
+    case O_SEEDS:
+        return (o->n_seeds = parse_seeds(arg, o->seeds, MSG_MAX_GROUP)) < 0
+                   ? ctl_die(CTL_USAGE, "--seeds: '%s' is not a list of 1..%d seeds (7,9,100)", arg, MSG_MAX_GROUP)
+                   : CTL_OK;
     case O_VERSION:
         return ctl_parse_u64(arg, &g->version) ? ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", arg)
                                                : CTL_OK;
@@ -111,7 +134,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "quiet", no_argument, 0, O_QUIET }, { "channels", required_argument, 0, O_CHANNELS },
         { "key", required_argument, 0, O_KEY }, { "broker-key", required_argument, 0, O_BKEY },
         { "trajectory", no_argument, 0, O_TRAJ }, { "log-probs", no_argument, 0, O_LOGP },
-        { "means", no_argument, 0, O_MEANS }, { 0, 0, 0, 0 },
+        { "means", no_argument, 0, O_MEANS }, { "n", required_argument, 0, O_N },
+        { "seeds", required_argument, 0, O_SEEDS }, { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
     o->broker = DEFAULT_BROKER;
@@ -124,7 +148,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (opt < O_BROKER || opt > O_MEANS) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+        if (opt < O_BROKER || opt > O_SEEDS) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if ((rc = gen_option(o, opt, optarg)) != CTL_OK) return rc;
     }
     if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
@@ -137,6 +161,13 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (!o->lat_path == !o->size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
     if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
         return ctl_die(CTL_USAGE, "--log-probs and --means are for SDE rollouts (--sde)");
+    if (o->n_seeds) {
+        if (!o->g.n) o->g.n = o->n_seeds; /* --seeds alone: one sample per seed */
+        if (o->n_seeds != o->g.n)
+            return ctl_die(CTL_USAGE, "--seeds gives %d seeds for --n %d samples", o->n_seeds, o->g.n);
+        o->g.seeds = o->seeds;
+    }
+    if (!o->g.n) o->g.n = 1;
     reel_rollout_t *ro = &o->rollout;
     if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
     return CTL_OK;
@@ -157,8 +188,14 @@ static int gen_inputs(gen_opts_t *o) {
             return ctl_die(CTL_USAGE, "%s: uncond shape differs from the context's", o->unc_path);
     }
     if (o->lat_path) {
-        if (!(t = ctl_read_tensor(o->lat_path, "latent", 4, g->latent_shape))) return CTL_USAGE;
+        /* A group's latents: [n,C,F,H,W]. */
+        int64_t ls[5];
+        int grp = g->n > 1;
+        if (!(t = ctl_read_tensor(o->lat_path, "latent", 4 + grp, ls))) return CTL_USAGE;
         g->latent = t;
+        if (grp && ls[0] != g->n)
+            return ctl_die(CTL_USAGE, "%s: latent holds %lld samples, --n is %d", o->lat_path, (long long)ls[0], g->n);
+        memcpy(g->latent_shape, ls + grp, sizeof g->latent_shape);
         return CTL_OK;
     }
     tdit_config_t cfg;
@@ -173,12 +210,23 @@ static int gen_inputs(gen_opts_t *o) {
  * on the wire), and the weight version of each step as metadata
  * "version_runs" ("from:version,..."). 0 or -1. */
 static int add_rollout(st_writer_t *w, const reel_rollout_t *ro) {
-    int64_t n[1] = { ro->steps }, n1[1] = { ro->steps + 1 };
-    if ((ro->trajectory && st_writer_add_f32(w, "trajectory", 5, ro->trajectory_shape, ro->trajectory)) ||
-        (ro->log_probs && st_writer_add_f32(w, "log_probs", 1, n, ro->log_probs)) ||
-        (ro->sigmas && st_writer_add_f32(w, "sigmas", 1, n1, ro->sigmas)) ||
-        (ro->means && st_writer_add_f32(w, "means", 5, ro->means_shape, ro->means)))
+    int64_t n[2] = { ro->n, ro->steps }, n1[1] = { ro->steps + 1 };
+    int grp = ro->n > 1;
+    if ((ro->log_probs && st_writer_add_f32(w, "log_probs", 1 + grp, grp ? n : n + 1, ro->log_probs)) ||
+        (ro->sigmas && st_writer_add_f32(w, "sigmas", 1, n1, ro->sigmas)))
         return -1;
+    /* A file tensor has at most 5 dims: a group's trajectory and means
+     * are written per sample, "trajectory.0", "trajectory.1", ... */
+    for (int i = 0; i < (grp ? ro->n : 1); i++) {
+        char tn[32], mn[32];
+        snprintf(tn, sizeof tn, grp ? "trajectory.%d" : "trajectory", i);
+        snprintf(mn, sizeof mn, grp ? "means.%d" : "means", i);
+        const int64_t *ts = ro->trajectory_shape + grp, *ms = ro->means_shape + grp;
+        size_t tsz = (size_t)(ts[0] * ts[1] * ts[2] * ts[3] * ts[4]), msz = (size_t)(ms[0] * ms[1] * ms[2] * ms[3] * ms[4]);
+        if ((ro->trajectory && st_writer_add_f32(w, tn, 5, ts, ro->trajectory + (size_t)i * tsz)) ||
+            (ro->means && st_writer_add_f32(w, mn, 5, ms, ro->means + (size_t)i * msz)))
+            return -1;
+    }
     if (!ro->n_runs) return 0;
     char runs[16 * 44] = "";
     size_t at = 0;
@@ -195,7 +243,10 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     st_writer_t *w = st_writer_new();
     char v[32];
     snprintf(v, sizeof v, "%" PRIu64, r->version);
-    int wrc = !w || st_writer_add_f32(w, "latent", 4, o->g.latent_shape, res_lat) ||
+    int grp = o->g.n > 1;
+    int64_t ls[5] = { o->g.n };
+    memcpy(ls + 1, o->g.latent_shape, sizeof o->g.latent_shape);
+    int wrc = !w || st_writer_add_f32(w, "latent", 4 + grp, grp ? ls : ls + 1, res_lat) ||
               add_rollout(w, &o->rollout) || st_writer_meta(w, "worker", r->worker) ||
               st_writer_meta(w, "weights_version", v) || st_writer_meta(w, "config", o->g.model) ||
               st_writer_save(w, o->out);
@@ -206,10 +257,12 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
         snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r->first_version, r->version);
     else
         snprintf(vers, sizeof vers, "v%" PRIu64, r->version);
-    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps (captured %d, "
+    char grp_text[48] = "";
+    if (grp) snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps", o->g.n);
+    fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps%s (captured %d, "
             "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", o->g.model, o->broker, r->worker, vers,
-            o->g.steps, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines, r->seconds,
-            o->out);
+            o->g.steps, grp_text, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines,
+            r->seconds, o->out);
     return CTL_OK;
 }
 
@@ -222,7 +275,7 @@ int cmd_gen(int argc, char **argv) {
     if ((code = gen_inputs(&o)) != CTL_OK) goto done;
     reel_gen_t *g = &o.g;
     g->progress = !o.quiet && ctl_tty();
-    size_t n = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]);
+    size_t n = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)g->n;
     code = CTL_FAIL;
     if (!(res_lat = malloc(n * sizeof *res_lat))) {
         ctl_die(CTL_FAIL, "out of memory");

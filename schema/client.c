@@ -187,20 +187,22 @@ static int take_f32(const wire_tensor_t *t, int ndim, float **dst, int64_t *shap
 }
 
 /* The rollout outputs of RESULT r into ro (what was asked). */
-static int take_rollout(const msg_result_t *r, reel_rollout_t *ro, wire_err_t *err) {
-    int64_t n1[1] = { 0 }, n2[1] = { 0 };
+static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_err_t *err) {
+    int64_t n1[2] = { 0 }, n2[1] = { 0 };
+    int g = n > 1; /* a group: a leading [n] */
     reel_rollout_free(ro);
     memset(ro->trajectory_shape, 0, sizeof ro->trajectory_shape);
     memset(ro->means_shape, 0, sizeof ro->means_shape);
     ro->steps = 0;
-    if (take_f32(r->trajectory, 5, &ro->trajectory, ro->trajectory_shape) ||
-        take_f32(r->log_probs, 1, &ro->log_probs, n1) || take_f32(r->sigmas, 1, &ro->sigmas, n2) ||
-        take_f32(r->means, 5, &ro->means, ro->means_shape)) {
+    if (take_f32(r->trajectory, 5 + g, &ro->trajectory, ro->trajectory_shape) ||
+        take_f32(r->log_probs, 1 + g, &ro->log_probs, n1) || take_f32(r->sigmas, 1, &ro->sigmas, n2) ||
+        take_f32(r->means, 5 + g, &ro->means, ro->means_shape)) {
         reel_rollout_free(ro);
         set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");
         return -1;
     }
-    ro->steps = n1[0] ? n1[0] : ro->trajectory_shape[0] ? ro->trajectory_shape[0] - 1 : 0;
+    ro->n = n;
+    ro->steps = n1[g] ? n1[g] : ro->trajectory_shape[g] ? ro->trajectory_shape[g] - 1 : 0;
     ro->n_runs = 0;
     for (size_t i = 0; i < r->n_version_runs && ro->n_runs < 16; i++, ro->n_runs++) {
         ro->run_from[ro->n_runs] = r->version_runs[i].from;
@@ -222,6 +224,16 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.sde = g->sde;
     m.eta = g->eta;
     m.seed = g->seed;
+    int n = g->n > 1 ? g->n : 1;
+    m.n = (uint64_t)n;
+    if (g->seeds) {
+        if (n > MSG_MAX_GROUP) {
+            set_err(err, WIRE_E_BAD_REQUEST, "a group has at most %d samples (n = %d)", MSG_MAX_GROUP, n);
+            return -1;
+        }
+        memcpy(m.seeds, g->seeds, (size_t)n * sizeof *m.seeds);
+        m.n_seeds = n;
+    }
     m.progress = g->progress;
     m.deadline_ms = g->deadline_ms;
     if (g->rollout) {
@@ -232,7 +244,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
     wire_tensor_t t[3];
     memset(t, 0, sizeof t);
-    size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]);
+    size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)n;
     size_t nc = (size_t)(g->ctx_shape[0] * g->ctx_shape[1]);
     const float *src[3] = { g->context, g->uncond, g->latent };
     const char *names[3] = { "context", "uncond", "latent" };
@@ -242,8 +254,14 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         wire_tensor_t *x = &t[i];
         snprintf(x->name, sizeof x->name, "%s", names[i]);
         x->dtype = KERN_F32;
-        x->ndim = i == 2 ? 4 : 2;
-        memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
+        if (i == 2 && n > 1) { /* a group's latents: [n,C,F,H,W] */
+            x->ndim = 5;
+            x->shape[0] = n;
+            memcpy(x->shape + 1, g->latent_shape, 4 * sizeof(int64_t));
+        } else {
+            x->ndim = i == 2 ? 4 : 2;
+            memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
+        }
         x->data = src[i];
         x->bytes = (i == 2 ? nl : nc) * sizeof(float);
         *slot[i] = x;
@@ -265,7 +283,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     }
     memcpy(out, r.latent->data, r.latent->bytes);
     if (res) result_summary(&r, res);
-    if (g->rollout && take_rollout(&r, g->rollout, err) != 0) goto done;
+    if (g->rollout && take_rollout(&r, n, g->rollout, err) != 0) goto done;
     rc = 0;
 done:
     wire_msg_close(&a);

@@ -35,8 +35,10 @@ typedef struct {
     double shift, cfg, eta;
     bool sde;
     uint64_t seed;
-    int64_t latent_shape[4];    /* C, F, H, W */
-    const float *latent;        /* NULL: drawn from seed by the worker */
+    int n;                      /* 0 or 1: one sample; 2..64: a group of n samples of this prompt */
+    const uint64_t *seeds;      /* NULL, or n seeds (a group); none: seed + i */
+    int64_t latent_shape[4];    /* C, F, H, W (one sample's) */
+    const float *latent;        /* NULL: drawn from the seeds by the worker; n·C·F·H·W for a group */
     const float *context;       /* [ctx_shape] */
     int64_t ctx_shape[2];       /* L, T */
     const float *uncond;        /* NULL: no CFG */
@@ -51,13 +53,14 @@ typedef struct {
  * its shape zeroed. */
 typedef struct reel_rollout {
     bool want_trajectory, want_log_probs, want_means;
+    int n;                      /* samples: every shape below but sigmas' has a leading [n] when n > 1 */
     float *trajectory;          /* [N+1, C, F, H, W]: x_0 .. x_N */
-    int64_t trajectory_shape[5];
+    int64_t trajectory_shape[6];
     float *log_probs;           /* [N] */
     float *sigmas;              /* [N+1] */
     int64_t steps;              /* N (0 when neither came) */
     float *means;               /* [N, C, F, H, W] */
-    int64_t means_shape[5];
+    int64_t means_shape[6];
     int n_runs;                 /* the weight version of each step: runs of steps */
     uint64_t run_from[16], run_version[16];
 } reel_rollout_t;
@@ -76,7 +79,8 @@ typedef struct {
 
 typedef void (*reel_progress_fn)(void *user, int step, int steps);
 
-/* Runs one generation. out receives C·F·H·W floats. Returns 0 on RESULT;
+/* Runs one generation (n samples of a group: one GEN). out receives
+ * n·C·F·H·W floats, sample after sample. Returns 0 on RESULT;
  * 1 when the broker answered ERROR or BUSY (err->code "busy" for BUSY);
  * -1 when no answer came within timeout_ms or the transport failed (err
  * code "timeout" / "internal"). */

@@ -183,10 +183,14 @@ static int dec_texts(dec_t *d, const msg_field_t *f, uint32_t i, void *base, con
 static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, const path_t *path) {
     if (d->v[i].kind != WV_ARR) return bad(d, path, "must be an array");
     uint32_t n = d->v[i].n;
-    if (f->kind == FK_HASHES) {
+    if (f->kind == FK_HASHES || f->kind == FK_U64S) {
         if (n > f->size / sizeof(uint64_t)) return bad(d, path, "has more than %zu entries", f->size / sizeof(uint64_t));
-        for (uint32_t j = 0, k = i + 1; j < n; j++, k = d->v[k].next)
-            if (!take_hash(d, k, AT(base, f->off, uint64_t) + j)) return bad(d, path, "must be an array of hex hashes");
+        for (uint32_t j = 0, k = i + 1; j < n; j++, k = d->v[k].next) {
+            uint64_t *x = AT(base, f->off, uint64_t) + j;
+            if (f->kind == FK_HASHES && !take_hash(d, k, x)) return bad(d, path, "must be an array of hex hashes");
+            if (f->kind == FK_U64S && !wire_tok_u64(d->tk, k, x))
+                return bad(d, path, "must be an array of non-negative integers");
+        }
         *AT(base, f->off2, int) = (int)n;
         return 0;
     }
@@ -263,6 +267,7 @@ static int dec_field(dec_t *d, const msg_field_t *f, uint32_t i, void *base, con
     case FK_COUNTS: return dec_counts(d, f, i, base, path);
     case FK_TEXTS: return dec_texts(d, f, i, base, path);
     case FK_HASHES:
+    case FK_U64S:
     case FK_NAMES:
     case FK_STRUCTS: return dec_array(d, f, i, base, path);
     case FK_STRUCT: {
@@ -386,7 +391,8 @@ static bool empty(const msg_field_t *f, const void *in) {
     }
     case FK_COUNTS:
     case FK_TEXTS: return *AT(in, f->off, const int) == 0;
-    case FK_HASHES: return *AT(in, f->off2, const int) == 0;
+    case FK_HASHES:
+    case FK_U64S: return *AT(in, f->off2, const int) == 0;
     case FK_NAMES:
     case FK_STRUCTS: return *AT(in, f->off2, const size_t) == 0;
     case FK_SHAPE4:
@@ -443,6 +449,14 @@ static void enc_field(wire_buf_t *w, const msg_field_t *f, const void *in) {
             char hex[17];
             wire_put_strn(w, msg_hex64(AT(in, f->off, const uint64_t)[k], hex), 16);
         }
+        wire_put_end(w);
+        break;
+    }
+    case FK_U64S: {
+        int n = *AT(in, f->off2, const int);
+        wire_put_arr(w);
+        for (int k = 0; k < n && (size_t)k < f->size / sizeof(uint64_t); k++)
+            wire_put_u64(w, AT(in, f->off, const uint64_t)[k]);
         wire_put_end(w);
         break;
     }

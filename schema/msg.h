@@ -54,6 +54,7 @@ extern "C" {
 #define MSG_MAX_DIM 65536                /* each of C, F, H, W and of L, T */
 #define MSG_MAX_FHW ((int64_t)1 << 24)   /* F x H x W */
 #define MSG_MAX_GEN_BYTES ((uint64_t)256 << 20) /* a GEN's tensors; also C·F·H·W·4 */
+#define MSG_MAX_GROUP 64                        /* samples of one GEN ("n") */
 #define MSG_MAX_STREAMS 1024
 #define MSG_MAX_INFLIGHT 65536
 #define MSG_MAX_MODELS 16                /* models one worker serves */
@@ -119,7 +120,10 @@ typedef struct {
     bool return_trajectory;      /* false: RESULT carries trajectory [N+1,C,F,H,W] */
     bool return_log_probs;       /* false: RESULT carries log_probs [N], sigmas [N+1] (SDE, eta > 0) */
     bool return_means;           /* false: RESULT carries means [N,C,F,H,W] (SDE, eta > 0) */
-    const wire_tensor_t *context, *uncond, *latent; /* context required */
+    uint64_t n;                  /* samples of this prompt, 1..MSG_MAX_GROUP (a group when > 1); 0: absent, 1 */
+    uint64_t seeds[MSG_MAX_GROUP]; /* each sample's seed; none: seed + i */
+    int n_seeds;                 /* 0, or n */
+    const wire_tensor_t *context, *uncond, *latent; /* context required; latent [n,C,F,H,W] when n > 1 */
 } msg_gen_t;
 
 /* PROGRESS */
@@ -165,6 +169,9 @@ typedef struct {
     size_t n_version_runs;
     const wire_tensor_t *latent;
     const wire_tensor_t *trajectory, *log_probs, *sigmas, *means; /* when asked */
+    uint64_t n;                  /* 0 (absent) or 1; a group's n: every tensor above but sigmas gains a leading [n] */
+    uint64_t seeds[MSG_MAX_GROUP]; /* a group's seeds, in sample order (none for n = 1) */
+    int n_seeds;
 } msg_result_t;
 
 /* ERROR */
@@ -448,6 +455,8 @@ MSG_TYPES(MSG_TYPED)
  * and W multiples of patch. bad_request; too_large for tensors over 256
  * MiB. */
 int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err);
+/* The samples a GEN asks for: n, or 1 when absent. */
+static inline uint64_t msg_gen_n(const msg_gen_t *g) { return g->n > 1 ? g->n : 1; }
 /* SYNC: exactly one of path and inline tensors (inline only when
  * inline_ok). bad_request. */
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);

@@ -43,6 +43,8 @@
 #define R_TEXTS(S, m, k, fl) { .key = k, .klen = sizeof(k) - 1, .kind = FK_TEXTS, .flags = fl, .off = OFF(S, m, msg_texts_t), .size = SZ(S, m) }
 #define R_HASHES(S, m, cnt, k, fl) \
     { .key = k, .klen = sizeof(k) - 1, .kind = FK_HASHES, .flags = fl, .off = OFF(S, m, uint64_t *), .size = SZ(S, m), .off2 = OFF(S, cnt, int) }
+#define R_U64S(S, m, cnt, k, fl) \
+    { .key = k, .klen = sizeof(k) - 1, .kind = FK_U64S, .flags = fl, .off = OFF(S, m, uint64_t *), .size = SZ(S, m), .off2 = OFF(S, cnt, int) }
 #define R_NAMES(S, m, cnt, k, fl)                                                                        \
     { .key = k, .klen = sizeof(k) - 1, .kind = FK_NAMES, .flags = fl, .off = OFF(S, m, const char(*)[MSG_NAME_MAX]), .size = SZ(S, m), \
       .off2 = OFF(S, cnt, size_t) }
@@ -71,6 +73,8 @@ static const msg_field_t gen_rows[] = {
     R_BOOL(msg_gen_t, return_trajectory, "return_trajectory", F_OMIT, false),
     R_BOOL(msg_gen_t, return_log_probs, "return_log_probs", F_OMIT, false),
     R_BOOL(msg_gen_t, return_means, "return_means", F_OMIT, false),
+    R_U64(msg_gen_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0), /* absent (0 in the struct): 1 */
+    R_U64S(msg_gen_t, seeds, n_seeds, "seeds", F_OMIT),
 };
 TABLE(gen_tab, gen_rows, msg_gen_t);
 
@@ -112,6 +116,8 @@ static const msg_field_t result_rows[] = {
     R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
     R_STRUCTS(msg_result_t, version_runs, n_version_runs, msg_version_run_t, "version_runs", F_OMIT,
               version_run_tab),
+    R_U64(msg_result_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0),
+    R_U64S(msg_result_t, seeds, n_seeds, "seeds", F_OMIT),
 };
 TABLE(result_tab, result_rows, msg_result_t);
 
@@ -394,13 +400,19 @@ static int gen_tensors_ok(const msg_gen_t *g, const msg_model_t *model, wire_err
         return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' is %s, expected the context's %s",
                       shape_text(unc, d, sizeof d), shape_text(ctx, w, sizeof w));
     if (lat) {
-        bool same = is_f32(lat, 4);
-        for (int i = 0; same && i < 4; i++) same = lat->shape[i] == g->latent_shape[i];
-        if (!same)
+        /* One sample: [C,F,H,W]; a group of n: [n,C,F,H,W]. */
+        uint64_t n = msg_gen_n(g);
+        int lead = n > 1;
+        bool same = is_f32(lat, 4 + lead) && (!lead || (uint64_t)lat->shape[0] == n);
+        for (int i = 0; same && i < 4; i++) same = lat->shape[lead + i] == g->latent_shape[i];
+        if (!same) {
+            char lead_text[24] = "";
+            if (lead) snprintf(lead_text, sizeof lead_text, "%" PRIu64 ",", n);
             return refuse(err, WIRE_E_BAD_REQUEST,
-                          "tensor 'latent' is %s, expected F32[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] (latent_shape)",
-                          shape_text(lat, d, sizeof d), g->latent_shape[0], g->latent_shape[1], g->latent_shape[2],
-                          g->latent_shape[3]);
+                          "tensor 'latent' is %s, expected F32[%s%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] (%slatent_shape)",
+                          shape_text(lat, d, sizeof d), lead_text, g->latent_shape[0], g->latent_shape[1],
+                          g->latent_shape[2], g->latent_shape[3], lead ? "n, " : "");
+        }
     }
     return 0;
 }
@@ -433,7 +445,11 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
     if (bytes > MSG_MAX_GEN_BYTES)
         return refuse(err, WIRE_E_TOO_LARGE, "tensors of %llu bytes, more than a GEN may carry (%llu MiB)",
                       (unsigned long long)bytes, (unsigned long long)(MSG_MAX_GEN_BYTES >> 20));
-    if (latent_shape_ok(g->latent_shape, err) || gen_tensors_ok(g, model, err)) return -1;
+    if (latent_shape_ok(g->latent_shape, err)) return -1;
+    if (g->n_seeds && (uint64_t)g->n_seeds != msg_gen_n(g))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'seeds' has %d entries, 'n' is %" PRIu64 " (give one seed per sample, or none)",
+                      g->n_seeds, msg_gen_n(g));
+    if (gen_tensors_ok(g, model, err)) return -1;
     if (!(g->shift > 0)) return refuse(err, WIRE_E_BAD_REQUEST, "'shift' must be > 0 (got %g)", g->shift);
     if (fabs(g->cfg) > FLT_MAX) return refuse(err, WIRE_E_BAD_REQUEST, "'cfg' must fit a float (got %g)", g->cfg);
     if (g->sde && !(g->eta >= 0 && g->eta <= FLT_MAX))
@@ -443,11 +459,14 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
         return refuse(err, WIRE_E_BAD_REQUEST, "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0");
     /* The RESULT's frames must fit what a receiver accepts (one frame each). */
     uint64_t lat = (uint64_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) *
-                   sizeof(float);
+                   sizeof(float) * msg_gen_n(g);
+    if (lat > MSG_MAX_GEN_BYTES)
+        return refuse(err, WIRE_E_TOO_LARGE, "%" PRIu64 " latents of this shape exceed %llu MiB", msg_gen_n(g),
+                      (unsigned long long)(MSG_MAX_GEN_BYTES >> 20));
     if ((g->return_trajectory && lat * (g->steps + 1) > (uint64_t)WIRE_MAX_FRAME) ||
         (g->return_means && lat * g->steps > (uint64_t)WIRE_MAX_FRAME))
-        return refuse(err, WIRE_E_TOO_LARGE, "a trajectory or means of %llu steps of this latent exceed %llu MiB",
-                      (unsigned long long)g->steps, (unsigned long long)(WIRE_MAX_FRAME >> 20));
+        return refuse(err, WIRE_E_TOO_LARGE, "a trajectory or means of %llu steps of %" PRIu64 " such latents exceed %llu MiB",
+                      (unsigned long long)g->steps, msg_gen_n(g), (unsigned long long)(WIRE_MAX_FRAME >> 20));
     return model ? gen_fits_model(g, model, err) : 0;
 }
 

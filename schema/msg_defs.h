@@ -25,6 +25,7 @@ typedef enum {
     FK_COUNTS,   /* {int n; msg_count_t e[cap]} <-> {name: non-negative integer} */
     FK_TEXTS,    /* msg_texts_t <-> {name: text} */
     FK_HASHES,   /* uint64_t[cap] + int count at off2 <-> [hash...] */
+    FK_U64S,     /* uint64_t[cap] + int count at off2 <-> [non-negative integer...] */
     FK_NAMES,    /* char (*)[MSG_NAME_MAX] + size_t count at off2 <-> [name...] (arena) */
     FK_STRUCT,   /* a struct described by sub <-> a map */
     FK_STRUCTS,  /* sub's struct * + size_t count at off2 <-> [map...] (arena) */
@@ -43,7 +44,7 @@ typedef struct {
     uint8_t kind;             /* msg_kind_t */
     uint8_t flags;
     uint32_t off, size;       /* the member */
-    uint32_t off2;            /* FK_HASHES, FK_NAMES, FK_STRUCTS: the count member */
+    uint32_t off2;            /* FK_HASHES, FK_U64S, FK_NAMES, FK_STRUCTS: the count member */
     uint64_t lo, hi;          /* FK_U64 range */
     double def;               /* FK_U64, FK_I64, FK_F64, FK_BOOL default */
     const char *sdef;         /* FK_NAME, FK_TEXT default */

@@ -152,9 +152,9 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
         wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"shape\" is not an array", t->name);
         return 1;
     }
-    if (v[shape].n > KERN_MAX_DIMS) {
+    if (v[shape].n > WIRE_MAX_DIMS) {
         wire_set_err(err, WIRE_E_TOO_LARGE, "tensor '%s': %u dims (max %d)", t->name, (unsigned)v[shape].n,
-                     KERN_MAX_DIMS);
+                     WIRE_MAX_DIMS);
         return 1;
     }
     t->ndim = (int)v[shape].n;
@@ -420,7 +420,7 @@ int wire_dtype_parse(const char *name, kern_dtype_t *out) {
 
 /* A sender-side check: what the receiver would reject is not sent. */
 static bool tensor_ok(const wire_tensor_t *t) {
-    if (t->ndim < 0 || t->ndim > KERN_MAX_DIMS || t->dtype < 0 || t->dtype > WIRE_U8)
+    if (t->ndim < 0 || t->ndim > WIRE_MAX_DIMS || t->dtype < 0 || t->dtype > WIRE_U8)
         return false;
     size_t nl = strnlen(t->name, sizeof t->name);
     if (nl == 0 || nl == sizeof t->name) return false;

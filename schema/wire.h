@@ -35,6 +35,7 @@ extern "C" {
 
 #define WIRE_PROTO "reel/1"
 #define WIRE_MAX_FRAME ((int64_t)512 << 20)  /* ZMQ_MAXMSGSIZE on every socket */
+#define WIRE_MAX_DIMS 6                      /* a tensor frame's dims: a group's trajectory [n,N+1,C,F,H,W] */
 #define WIRE_MAX_HEADER (256 << 10)          /* header frame bytes */
 #define WIRE_MAX_DEPTH 8                     /* nesting of maps/arrays */
 #define WIRE_MAX_ITEMS 4096                  /* entries in one map or array */
@@ -122,7 +123,7 @@ typedef struct {
     char name[48];
     kern_dtype_t dtype;
     int ndim;
-    int64_t shape[KERN_MAX_DIMS];
+    int64_t shape[WIRE_MAX_DIMS];
     const void *data;    /* into the received frame (or the sender's memory) */
     size_t bytes;
 } wire_tensor_t;

@@ -76,16 +76,30 @@ END_TEST
 START_TEST(test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versions) {
     int64_t lat[4] = { 4, 2, 8, 8 }, ctx[2] = { 5, 32 };
     /* docs/CAPTURE.md: the shard form of the tiny CFG euler step */
-    ck_assert_uint_eq(brk_shard_hash("tiny", false, lat, ctx, true), 0xb6d4e43bdf155e32ull);
-    uint64_t base = brk_shard_hash("tiny", false, lat, ctx, true);
-    ck_assert_uint_ne(brk_shard_hash("tiny", true, lat, ctx, true), base);
-    ck_assert_uint_ne(brk_shard_hash("tiny", false, lat, ctx, false), base);
-    ck_assert_uint_ne(brk_shard_hash("small", false, lat, ctx, true), base);
+    ck_assert_uint_eq(brk_shard_hash("tiny", false, lat, ctx, true, 1), 0xb6d4e43bdf155e32ull);
+    uint64_t base = brk_shard_hash("tiny", false, lat, ctx, true, 1);
+    ck_assert_uint_ne(brk_shard_hash("tiny", true, lat, ctx, true, 1), base);
+    ck_assert_uint_ne(brk_shard_hash("tiny", false, lat, ctx, false, 1), base);
+    ck_assert_uint_ne(brk_shard_hash("small", false, lat, ctx, true, 1), base);
     int64_t lat2[4] = { 4, 2, 8, 16 };
-    ck_assert_uint_ne(brk_shard_hash("tiny", false, lat2, ctx, true), base);
+    ck_assert_uint_ne(brk_shard_hash("tiny", false, lat2, ctx, true, 1), base);
     /* names that could forge the key text are refused */
-    ck_assert_uint_eq(brk_shard_hash("tiny model=x", false, lat, ctx, true), 0);
-    ck_assert_uint_eq(brk_shard_hash("", false, lat, ctx, true), 0);
+    ck_assert_uint_eq(brk_shard_hash("tiny model=x", false, lat, ctx, true, 1), 0);
+    ck_assert_uint_eq(brk_shard_hash("", false, lat, ctx, true, 1), 0);
+    /* a group's batch is part of the key: each size its own graph, and its
+     * own worker; 0 and 1 both mean one sample */
+    ck_assert_uint_eq(brk_shard_hash("tiny", false, lat, ctx, true, 0), base);
+    uint64_t g4 = brk_shard_hash("tiny", false, lat, ctx, true, 4), g8 = brk_shard_hash("tiny", false, lat, ctx, true, 8);
+    ck_assert_uint_ne(g4, base);
+    ck_assert_uint_ne(g8, g4);
+    ck_assert_uint_eq(brk_shard_hash("tiny", false, lat, ctx, true, 65), 0); /* past the largest group */
+    brk_shard_memo_t memo;
+    memset(&memo, 0, sizeof memo);
+    for (int rep = 0; rep < 2; rep++) { /* computed, then from the memo: the same */
+        ck_assert_uint_eq(brk_shard_hash_memo(&memo, "tiny", false, lat, ctx, true, 4), g4);
+        ck_assert_uint_eq(brk_shard_hash_memo(&memo, "tiny", false, lat, ctx, true, 1), base);
+        ck_assert_uint_eq(brk_shard_hash_memo(&memo, "tiny", false, lat, ctx, true, 8), g8);
+    }
 }
 END_TEST
 

@@ -736,6 +736,107 @@ static void expect_invalid(const msg_gen_t *g, const msg_model_t *model, const c
     ck_assert_msg(strstr(err.message, want), "'%s' lacks '%s'", err.message, want);
 }
 
+/* Groups: n and seeds round-trip (GEN and RESULT), n absent is 1, a
+ * group's latent is [n,C,F,H,W], and every bad group is refused with the
+ * field named. */
+static float g_lat3[3 * 4 * 2 * 8 * 8];
+
+START_TEST(test_a_group_round_trips_and_every_bad_group_is_refused) {
+    wire_tensor_t t[3];
+    msg_gen_t g = good_gen(t), back;
+    const int64_t lat3[5] = { 3, 4, 2, 8, 8 };
+    t[2] = tensor("latent", KERN_F32, 5, lat3, g_lat3);
+    g.n = 3;
+    g.n_seeds = 3;
+    g.seeds[0] = 7;
+    g.seeds[1] = UINT64_MAX;
+    g.seeds[2] = 0;
+    msg_model_t tiny = tiny_model();
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_validate(&g, &tiny, &err), 0);
+    wire_msg_t m;
+    round_trip(&m, MSG_GEN, 4, &g, t, 3);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_uint_eq(back.n, 3);
+    ck_assert_uint_eq(msg_gen_n(&back), 3);
+    ck_assert_int_eq(back.n_seeds, 3);
+    ck_assert_uint_eq(back.seeds[0], 7);
+    ck_assert_uint_eq(back.seeds[1], UINT64_MAX);
+    ck_assert_uint_eq(back.seeds[2], 0);
+    ck_assert_int_eq(back.latent->ndim, 5);
+    ck_assert_int_eq(msg_gen_validate(&back, &tiny, &err), 0);
+    wire_msg_close(&m);
+    /* no n: one sample, and nothing on the wire */
+    msg_gen_t one = good_gen(t);
+    t[2] = tensor("latent", KERN_F32, 4, LAT, g_lat);
+    round_trip(&m, MSG_GEN, 5, &one, t, 3);
+    ck_assert_uint_eq(wire_tok_find(&m.tok, wire_msg_head(&m), 0, "n"), 0);
+    ck_assert_uint_eq(wire_tok_find(&m.tok, wire_msg_head(&m), 0, "seeds"), 0);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_uint_eq(msg_gen_n(&back), 1);
+    ck_assert_int_eq(back.n_seeds, 0);
+    wire_msg_close(&m);
+    /* bad groups */
+    g = good_gen(t);
+    g.n = 3;
+    expect_invalid(&g, NULL, "bad_request", "tensor 'latent' is F32[4,2,8,8], expected F32[3,4,2,8,8] (n, latent_shape)");
+    const int64_t lat2[5] = { 2, 4, 2, 8, 8 };
+    t[2] = tensor("latent", KERN_F32, 5, lat2, g_lat3);
+    expect_invalid(&g, NULL, "bad_request", "expected F32[3,4,2,8,8]");
+    g.latent = NULL;
+    g.n_seeds = 2;
+    expect_invalid(&g, NULL, "bad_request", "'seeds' has 2 entries, 'n' is 3");
+    g.n_seeds = 0;
+    ck_assert_int_eq(msg_gen_validate(&g, &tiny, &err), 0);
+    g.return_trajectory = true; /* 3 x 10001 latents of 16 MiB: no frame holds them */
+    g.steps = 10000;
+    g.latent_shape[1] = 64;
+    g.latent_shape[2] = 64;
+    g.latent_shape[3] = 256;
+    expect_invalid(&g, NULL, "too_large", "such latents exceed");
+    g.return_trajectory = false;
+    g.latent_shape[0] = 16; /* 16 MiB a sample, 64 of them: 1 GiB */
+    g.latent_shape[1] = 16;
+    g.n = 64;
+    expect_invalid(&g, NULL, "too_large", "64 latents of this shape exceed 256 MiB");
+    /* on the wire: n outside 1..64, seeds not integers, too many seeds */
+    wire_val_t *h = gen_tree(9);
+    wv_set(h, "n", wv_u64(65));
+    expect_gen_refused(h, "bad_request", "'n' must be in 1..64 (got 65)");
+    h = gen_tree(9);
+    wv_set(h, "n", wv_u64(0));
+    expect_gen_refused(h, "bad_request", "'n' must be in 1..64 (got 0)");
+    h = gen_tree(9);
+    wire_val_t *sd = wv_arr();
+    wv_push(sd, wv_str("7"));
+    wv_set(h, "seeds", sd);
+    expect_gen_refused(h, "bad_request", "'seeds' must be an array of non-negative integers");
+    h = gen_tree(9);
+    sd = wv_arr();
+    for (int i = 0; i < 65; i++) wv_push(sd, wv_u64((uint64_t)i));
+    wv_set(h, "seeds", sd);
+    wv_set(h, "n", wv_u64(64));
+    expect_gen_refused(h, "bad_request", "'seeds' has more than 64 entries");
+    /* RESULT: n and seeds echoed */
+    msg_result_t r = { 0 }, rb;
+    snprintf(r.worker, sizeof r.worker, "w1");
+    r.n = 2;
+    r.n_seeds = 2;
+    r.seeds[0] = 5;
+    r.seeds[1] = 6;
+    const int64_t lat2b[5] = { 2, 4, 2, 8, 8 };
+    wire_tensor_t lt = tensor("latent", KERN_F32, 5, lat2b, g_lat3);
+    r.latent = &lt;
+    round_trip(&m, MSG_RESULT, 10, &r, &lt, 1);
+    ck_assert_int_eq(msg_result_decode(&m, &rb, &err), 0);
+    ck_assert_uint_eq(rb.n, 2);
+    ck_assert_int_eq(rb.n_seeds, 2);
+    ck_assert_uint_eq(rb.seeds[1], 6);
+    ck_assert_int_eq(rb.latent->ndim, 5);
+    wire_msg_close(&m);
+}
+END_TEST
+
 START_TEST(test_latent_shape_and_context_limits_hold_with_and_without_a_model) {
     wire_tensor_t t[3];
     msg_model_t tiny = tiny_model();
@@ -1167,6 +1268,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_missing_required_fields_are_named_with_their_path);
     tcase_add_test(t, test_a_type_carries_only_its_own_tensors);
     tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);
+    tcase_add_test(t, test_a_group_round_trips_and_every_bad_group_is_refused);
     suite_add_tcase(s, t);
     t = tcase_create("errors and interop");
     tcase_add_test(t, test_an_error_found_while_decoding_echoes_the_id_read_before_it);

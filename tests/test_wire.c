@@ -1323,10 +1323,10 @@ END_TEST
 
 START_TEST(test_shape_with_more_than_max_dims_is_too_large)
 {
-    desc_t d = {"x", "F32", KERN_MAX_DIMS + 1, {1, 1, 1, 1, 1, 2}, 8};
+    desc_t d = {"x", "F32", WIRE_MAX_DIMS + 1, {1, 1, 1, 1, 1, 1, 2}, 8};
     size_t sz = 8;
     assert_tensors_rejected(&d, 1, &sz, 1, WIRE_E_TOO_LARGE);
-    d = (desc_t){"x", "F32", KERN_MAX_DIMS, {1, 1, 1, 1, 2}, 8}; /* 5 is fine */
+    d = (desc_t){"x", "F32", WIRE_MAX_DIMS, {1, 1, 1, 1, 1, 2}, 8}; /* 6 is fine: a group's trajectory */
     raw_t r;
     raw_gen_header(&r, &d, 1);
     part_t parts[2] = {{r.sb.data, r.sb.size}, {"12345678", 8}};
@@ -1334,7 +1334,7 @@ START_TEST(test_shape_with_more_than_max_dims_is_too_large)
     wire_msg_t m;
     wire_err_t err;
     ck_assert_int_eq(wire_recv(pair_b, false, 0, &m, &err), 0);
-    ck_assert_int_eq(m.t[0].ndim, KERN_MAX_DIMS);
+    ck_assert_int_eq(m.t[0].ndim, WIRE_MAX_DIMS);
     wire_msg_close(&m);
     msgpack_sbuffer_destroy(&r.sb);
 }

@@ -57,74 +57,78 @@ static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const
         wrk_log(st->x->w, "stream %d: cannot queue ERROR: %s", st->idx, zmq_strerror(errno));
 }
 
-static void send_progress(stream_t *st, const wrk_job_t *j) {
-    msg_progress_t p = { (uint64_t)tdit_req_steps_done(j->req), (uint64_t)tdit_req_steps(j->req) };
-    if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
-        wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
-}
 
-/* RESULT {worker, version, first_version, stats, key_hash} + latent. */
-/* t = the F32 tensor `name` over data: shape `lead` (when > 0) then dims. */
-static void tensor_of(wire_tensor_t *t, const char *name, int ndim, const int64_t *dims, int64_t lead,
-                      const float *data) {
+/* t = the F32 tensor `name` over data: shape lead[0..nlead) then dims. */
+static void tensor_of(wire_tensor_t *t, const char *name, int nlead, const int64_t *lead, int ndim,
+                      const int64_t *dims, const float *data) {
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = KERN_F32;
     int64_t n = 1;
-    if (lead > 0) t->shape[t->ndim++] = lead;
+    for (int d = 0; d < nlead; d++) t->shape[t->ndim++] = lead[d];
     for (int d = 0; d < ndim; d++) t->shape[t->ndim++] = dims[d];
     for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     t->data = (void *)data;
     t->bytes = (size_t)n * sizeof(float);
 }
 
-/* The RESULT's version runs (always) and the rollout tensors the GEN asked
- * for (t[1..]); *sig and *runs are the caller's to free. -1 on OOM. */
-static int result_extras(const wrk_job_t *j, msg_result_t *r, wire_tensor_t *t, float **sig,
+/* What a RESULT reports, from one request or a group's gathered
+ * sub-batches: n samples, each's outputs in sample order. */
+typedef struct {
+    int n, steps;
+    const float *out, *traj, *means, *logp;
+    const uint64_t *vers;        /* [n][steps] */
+    const tdit_run_stats_t *stats;
+} outputs_t;
+
+/* The RESULT's version runs (over the n×steps grid of (sample, step),
+ * sample-major: one sample's steps for a single request) and the rollout
+ * tensors the GEN asked for (t[1..]); *sig and *runs are the caller's to
+ * free. A group's tensors gain a leading [n]. -1 on OOM. */
+static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r, wire_tensor_t *t, float **sig,
                          msg_version_run_t **runs) {
-    int steps = tdit_req_steps(j->req);
-    const uint64_t *v = tdit_req_versions(j->req);
-    if (!(*runs = calloc((size_t)steps, sizeof **runs))) return -1;
+    int steps = o->steps;
+    size_t cells = (size_t)o->n * (size_t)steps;
+    if (!(*runs = calloc(cells, sizeof **runs))) return -1;
     size_t n = 0;
-    for (int i = 0; i < steps; i++)
-        if (!n || (*runs)[n - 1].version != v[i]) (*runs)[n++] = (msg_version_run_t){ (uint64_t)i, v[i] };
+    for (size_t i = 0; i < cells; i++)
+        if (!n || (*runs)[n - 1].version != o->vers[i]) (*runs)[n++] = (msg_version_run_t){ (uint64_t)i, o->vers[i] };
     r->version_runs = *runs;
     r->n_version_runs = n;
+    int nl = o->n > 1; /* a group: a leading [n] */
+    int64_t g = o->n, lead[2] = { g, steps + 1 };
     int k = 1;
-    if (tdit_req_trajectory(j->req)) {
-        tensor_of(&t[k], "trajectory", 4, j->latent_shape, steps + 1, tdit_req_trajectory(j->req));
+    if (o->traj) {
+        tensor_of(&t[k], "trajectory", 1 + nl, nl ? lead : lead + 1, 4, j->latent_shape, o->traj);
         r->trajectory = &t[k++];
     }
-    if (tdit_req_means(j->req)) {
-        tensor_of(&t[k], "means", 4, j->latent_shape, steps, tdit_req_means(j->req));
+    lead[1] = steps;
+    if (o->means) {
+        tensor_of(&t[k], "means", 1 + nl, nl ? lead : lead + 1, 4, j->latent_shape, o->means);
         r->means = &t[k++];
     }
-    if (tdit_req_log_probs(j->req)) {
-        int64_t one = steps;
-        tensor_of(&t[k], "log_probs", 1, &one, 0, tdit_req_log_probs(j->req));
+    if (o->logp) {
+        tensor_of(&t[k], "log_probs", 1 + nl, nl ? lead : lead + 1, 0, NULL, o->logp);
         r->log_probs = &t[k++];
         if (!(*sig = malloc(((size_t)steps + 1) * sizeof **sig))) return -1;
         for (int i = 0; i <= steps; i++) (*sig)[i] = (float)tdit_req_sigmas(j->req)[i];
         int64_t n1 = steps + 1;
-        tensor_of(&t[k], "sigmas", 1, &n1, 0, *sig);
+        tensor_of(&t[k], "sigmas", 0, NULL, 1, &n1, *sig);
         r->sigmas = &t[k++];
     }
     return 0;
 }
 
-static void send_result(stream_t *st, wrk_job_t *j) {
+/* RESULT {worker, version, first_version, stats, key_hash, version_runs,
+ * n, seeds} + latent and the rollout tensors asked for. */
+static void send_outputs(stream_t *st, wrk_job_t *j, const outputs_t *o) {
     wrk_t *w = st->x->w;
-    float *out = malloc(j->n_latent * sizeof *out);
     msg_result_t *r = calloc(1, sizeof *r);
-    if (!out || !r) {
-        send_error(st, j, WIRE_E_INTERNAL, "out of memory reading the result");
-        goto out;
+    if (!r) {
+        send_error(st, j, WIRE_E_INTERNAL, "out of memory building the RESULT");
+        return;
     }
-    if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", kern_error());
-        goto out;
-    }
-    const tdit_run_stats_t *rs = tdit_req_stats(j->req);
+    const tdit_run_stats_t *rs = o->stats;
     snprintf(r->worker, sizeof r->worker, "%s", w->opt->name);
     r->version = j->ran_version;
     r->first_version = j->first_version;
@@ -139,23 +143,82 @@ static void send_result(stream_t *st, wrk_job_t *j) {
         c->n = (uint64_t)rs->declines[i];
     }
     r->key_hash = tdit_req_shard_hash(j->req);
+    if (o->n > 1) {
+        r->n = (uint64_t)o->n;
+        r->n_seeds = o->n;
+        memcpy(r->seeds, j->seeds, (size_t)o->n * sizeof *r->seeds);
+    }
     wire_tensor_t t[5];
     float *sig = NULL;
     msg_version_run_t *runs = NULL;
-    if (result_extras(j, r, t, &sig, &runs) != 0) {
+    if (result_extras(j, o, r, t, &sig, &runs) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "out of memory building the RESULT");
         goto out;
     }
-    tensor_of(&t[0], "latent", 4, j->latent_shape, 0, out);
+    int64_t g = o->n;
+    tensor_of(&t[0], "latent", o->n > 1, &g, 4, j->latent_shape, o->out);
     r->latent = &t[0];
     if (wrk_pipe_send(st->push, j->epoch, MSG_RESULT, j->id, r) != 0)
         wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
                 zmq_strerror(errno));
+out:
     free(sig);
     free(runs);
-out:
     free(r);
+}
+
+/* The RESULT of a single request, straight from its tdit_req. */
+static void send_result(stream_t *st, wrk_job_t *j) {
+    float *out = malloc(j->n_latent * sizeof *out);
+    if (!out) {
+        send_error(st, j, WIRE_E_INTERNAL, "out of memory reading the result");
+        return;
+    }
+    if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", kern_error());
+        free(out);
+        return;
+    }
+    outputs_t o = { 1, tdit_req_steps(j->req), out, tdit_req_trajectory(j->req), tdit_req_means(j->req),
+                    tdit_req_log_probs(j->req), tdit_req_versions(j->req), tdit_req_stats(j->req) };
+    send_outputs(st, j, &o);
     free(out);
+}
+
+/* A group's finished sub-batch: its samples' outputs copied into the
+ * group's (allocated on the first), its counts added. -1 with a message. */
+static int gather(stream_t *st, wrk_job_t *j) {
+    const tdit_req_t *q = j->req;
+    size_t n = (size_t)j->n, nl = j->n_latent, steps = (size_t)tdit_req_steps(q), b = (size_t)tdit_req_batch(q);
+    size_t at = (size_t)j->at;
+    if (!j->g_out) {
+        if (!(j->g_out = malloc(n * nl * sizeof *j->g_out)) || !(j->g_vers = malloc(n * steps * sizeof *j->g_vers)) ||
+            ((j->rec & TDIT_REC_TRAJECTORY) && !(j->g_traj = malloc(n * (steps + 1) * nl * sizeof *j->g_traj))) ||
+            ((j->rec & TDIT_REC_MEANS) && !(j->g_means = malloc(n * steps * nl * sizeof *j->g_means))) ||
+            ((j->rec & TDIT_REC_LOG_PROBS) && !(j->g_logp = malloc(n * steps * sizeof *j->g_logp))))
+            return kern_fail("out of memory gathering a group of %zu", n);
+    }
+    if (tdit_req_read(j->req, st->ks, j->g_out + at * nl, b * nl) != 0) return -1;
+    /* The records are sample-major, as the group's: one copy each. */
+    if (j->g_traj) memcpy(j->g_traj + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
+    if (j->g_means) memcpy(j->g_means + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
+    if (j->g_logp) memcpy(j->g_logp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
+    for (size_t k = 0; k < b; k++) memcpy(j->g_vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
+    const tdit_run_stats_t *a = tdit_req_stats(q);
+    tdit_run_stats_t *g = &j->g_stats;
+    g->steps += a->steps;
+    g->captured += a->captured;
+    g->replayed += a->replayed;
+    g->eager += a->eager;
+    g->seconds += a->seconds;
+    for (int i = 0; i < CAP_DECLINE_COUNT; i++) g->declines[i] += a->declines[i];
+    return 0;
+}
+
+static void send_group_result(stream_t *st, wrk_job_t *j) {
+    outputs_t o = { j->n, tdit_req_steps(j->req), j->g_out, j->g_traj, j->g_means, j->g_logp, j->g_vers,
+                    &j->g_stats };
+    send_outputs(st, j, &o);
 }
 
 /* ---- the stream loop ----------------------------------------------------- */
@@ -186,14 +249,80 @@ static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
     return stg;
 }
 
+/* Hands j's staging set back to the pool. */
+static void put_staging(stream_t *st, wrk_job_t *j) {
+    if (j->stg)
+        for (int i = 0; i < st->npool; i++)
+            if (st->pool[i] == j->stg) st->busy[i] = false;
+    j->stg = NULL;
+}
+
 /* Frees j, handing its staging set back to the pool. */
 static void job_done(stream_t *st, wrk_job_t **jp) {
     wrk_job_t *j = *jp;
     if (j && j->counted) atomic_fetch_sub(&st->x->w->running, 1);
-    if (j && j->stg)
-        for (int i = 0; i < st->npool; i++)
-            if (st->pool[i] == j->stg) st->busy[i] = false;
+    if (j) put_staging(st, j);
     wrk_job_free(jp);
+}
+
+/* A group's samples per batched step: all of them when that workspace fits
+ * the cache budget, else halved until it does (1 at worst). */
+static int choose_chunk(const wrk_t *w, const wrk_job_t *j) {
+    int b = j->n;
+    while (b > 1 && w->opt->budget) {
+        tdit_shape_t sh = j->shape;
+        sh.batch = b;
+        size_t need = tdit_ws_size(w->model, &sh);
+        if (need && need <= w->opt->budget) break;
+        b = (b + 1) / 2;
+    }
+    return b;
+}
+
+/* Starts j's request: the single request, or the group's next sub-batch
+ * (chunk samples, or what is left). A sub-batch that cannot be set up
+ * (device memory) is tried again at half the size. 0, or -1 with a
+ * message. */
+static int start_req(stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
+    if (!j->chunk) {
+        j->chunk = choose_chunk(w, j);
+        if (j->chunk < j->n)
+            wrk_log(w, "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the %zu-byte budget)",
+                    (unsigned long long)j->id, j->n, j->chunk, j->n, w->opt->budget);
+    }
+    for (;;) {
+        int left = j->n - j->at, b = left < j->chunk ? left : j->chunk;
+        j->shape.batch = b;
+        put_staging(st, j);
+        j->stg = take_staging(st, &j->shape);
+        const float *lat = j->latent ? j->latent + (size_t)j->at * j->n_latent : NULL;
+        j->req = tdit_req_new_group(w->model, st->ks, j->stg, &j->shape, &j->loop, j->seeds + j->at, lat,
+                                    j->context, j->uncond);
+        if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
+        if (j->req) break;
+        if (b == 1) return -1;
+        j->chunk = (b + 1) / 2;
+        wrk_log(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d", (unsigned long long)j->id,
+                b, kern_error(), j->chunk);
+    }
+    if (j->at + (int)tdit_req_batch(j->req) >= j->n) { /* the last start: the host copies are uploaded */
+        free(j->latent);
+        free(j->context);
+        free(j->uncond);
+        j->latent = j->context = j->uncond = NULL;
+    }
+    return 0;
+}
+
+/* PROGRESS over a group counts the steps of every sub-batch. */
+static void send_progress_job(stream_t *st, const wrk_job_t *j) {
+    int steps = tdit_req_steps(j->req), b = (int)tdit_req_batch(j->req);
+    int rest = j->n - j->at - b, more = rest > 0 ? (rest + j->chunk - 1) / j->chunk : 0;
+    msg_progress_t p = { (uint64_t)(j->batches * steps + tdit_req_steps_done(j->req)),
+                         (uint64_t)((j->batches + 1 + more) * steps) };
+    if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
+        wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
 }
 
 /* Runs one step of j. Returns true when j is finished (done, failed or
@@ -202,21 +331,15 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (!j->req) {
-        if (atomic_load(&w->draining)) return false; /* held until the sync lands */
-        atomic_fetch_add(&w->running, 1);
+        /* Held until the sync lands; a started group's next sub-batch is
+         * not: the drain waits for it. */
+        if (!j->counted && atomic_load(&w->draining)) return false;
+        if (!j->counted) atomic_fetch_add(&w->running, 1);
         j->counted = true;
-        j->stg = take_staging(st, &j->shape);
-        j->req = tdit_req_new_in(w->model, st->ks, j->stg, &j->shape, &j->loop, j->latent, j->context, j->uncond);
-        if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
-        if (!j->req) {
+        if (start_req(st, j) != 0) {
             send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
             return true;
         }
-        /* Uploaded: the host copies are not needed any more. */
-        free(j->latent);
-        free(j->context);
-        free(j->uncond);
-        j->latent = j->context = j->uncond = NULL;
     }
     cap_result_t res;
     pthread_rwlock_rdlock(&w->step_lock);
@@ -234,12 +357,27 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         return true;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
-    if (tdit_req_steps_done(j->req) == 1) j->first_version = j->ran_version;
+    if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
     if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
-    if (j->progress) send_progress(st, j);
+    if (j->progress) send_progress_job(st, j);
     if (!tdit_req_done(j->req)) return false;
-    send_result(st, j);
-    return true;
+    if (j->n == 1) {
+        send_result(st, j);
+        return true;
+    }
+    if (gather(st, j) != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->at,
+                   j->at + (int)tdit_req_batch(j->req) - 1, kern_error());
+        return true;
+    }
+    j->at += (int)tdit_req_batch(j->req);
+    if (j->at >= j->n) {
+        send_group_result(st, j);
+        return true;
+    }
+    j->batches++;
+    tdit_req_destroy(&j->req); /* the next round starts the next sub-batch */
+    return false;
 }
 
 static void free_list(stream_t *st, wrk_job_t *j) {

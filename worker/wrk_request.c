@@ -41,6 +41,11 @@ void wrk_job_free(wrk_job_t **jp) {
     if (!jp || !*jp) return;
     wrk_job_t *j = *jp;
     tdit_req_destroy(&j->req);
+    free(j->g_out);
+    free(j->g_traj);
+    free(j->g_means);
+    free(j->g_logp);
+    free(j->g_vers);
     free(j->latent);
     free(j->context);
     free(j->uncond);
@@ -72,6 +77,8 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
              (r->return_means ? TDIT_REC_MEANS : 0u);
     j->shape = shape;
     j->loop = loop;
+    j->n = (int)msg_gen_n(r);
+    for (int i = 0; i < j->n; i++) j->seeds[i] = r->n_seeds ? r->seeds[i] : r->seed + (uint64_t)i;
     memcpy(j->latent_shape, ls, sizeof j->latent_shape);
     j->n_latent = (size_t)(ls[0] * ls[1] * ls[2] * ls[3]);
     if (!(j->context = copy_f32(r->context, err)) || (r->uncond && !(j->uncond = copy_f32(r->uncond, err))) ||

@@ -27,12 +27,24 @@ struct wrk_job {
     uint64_t version;            /* the version it must run on (0: any) */
     bool progress;               /* send PROGRESS after each step */
     unsigned rec;                /* TDIT_REC_*: what the RESULT carries besides the latent */
-    tdit_shape_t shape;
+    tdit_shape_t shape;          /* one sample's; .batch: the running sub-batch's samples */
     tdit_loop_t loop;
     int64_t latent_shape[4];     /* C, F, H, W */
-    size_t n_latent;             /* C*F*H*W */
-    float *latent;               /* host copies (owned); latent NULL: drawn from seed */
+    size_t n_latent;             /* C*F*H*W, one sample */
+    float *latent;               /* host copies (owned); latent NULL: drawn from the seeds */
     float *context, *uncond;     /* uncond NULL without CFG */
+    /* A group (GEN n > 1): n samples of one prompt, run as batched steps
+     * of `chunk` samples (fewer when the budget or memory demands), one
+     * sub-batch after another; their outputs are gathered here, sample by
+     * sample, for one RESULT. */
+    int n;                       /* samples (1: a single request) */
+    uint64_t seeds[MSG_MAX_GROUP]; /* sample i's seed: GEN seeds[i], or seed + i */
+    int chunk;                   /* samples per batched step (0: not chosen yet) */
+    int at;                      /* the running sub-batch's first sample */
+    int batches;                 /* sub-batches finished */
+    float *g_out, *g_traj, *g_means, *g_logp; /* [n][...] as the RESULT carries them */
+    uint64_t *g_vers;            /* [n][steps]: the version of each sample's every step */
+    tdit_run_stats_t g_stats;    /* the finished sub-batches' counts */
     /* executor state */
     tdit_req_t *req;
     tdit_staging_t *stg;         /* the stream's staging set it runs in (NULL: its own) */
@@ -52,7 +64,8 @@ void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied_version,
                          wrk_job_t **out, wire_err_t *err);
 
-/* Frees the job, its copies and its tdit_req. NULL-safe; sets *j = NULL. */
+/* Frees the job, its copies, its group outputs and its tdit_req. NULL-safe;
+ * sets *j = NULL. */
 void wrk_job_free(wrk_job_t **j);
 
 #endif
