@@ -69,10 +69,15 @@ class GenResult:
     .key_hash and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
-    None when not asked for."""
+    None when not asked for. .seed: the sample's seed when it came from a
+    group (gen_group), else None. A group's samples share .stats and
+    .seconds (the group's batched steps)."""
 
-    def __init__(self, hdr, tensors, seconds, steps, convert):
-        self.latent = convert(tensors["latent"])
+    def __init__(self, hdr, tensors, seconds, steps, convert, sample=None):
+        # sample: this sample's index in a group's RESULT (its tensors
+        # carry a leading [n]; version_runs cover the n x N grid).
+        pick = (lambda a: a) if sample is None else (lambda a: a[sample])
+        self.latent = convert(pick(tensors["latent"]))
         self.worker = hdr.get("worker", "")
         self.version = hdr.get("version", 0)
         self.first_version = hdr.get("first_version", self.version)
@@ -80,16 +85,21 @@ class GenResult:
         self.key_hash = hdr.get("key_hash", "")
         self.seconds = seconds
         self.header = hdr
+        n = int(hdr.get("n", 1) or 1)
         runs = sorted((r.get("from", 0), r.get("version", 0)) for r in (hdr.get("version_runs") or []))
         if runs:
-            bounds = [f for f, _ in runs[1:]] + [steps]
-            self.versions = [v for (f, v), end in zip(runs, bounds) for _ in range(f, end)]
+            bounds = [f for f, _ in runs[1:]] + [n * steps]
+            grid = [v for (f, v), end in zip(runs, bounds) for _ in range(f, end)]
+            at = (sample or 0) * steps
+            self.versions = grid[at:at + steps]
         else:
             self.versions = [self.version] * steps
-        self.trajectory = convert(tensors["trajectory"]) if "trajectory" in tensors else None
-        self.log_probs = convert(tensors["log_probs"]) if "log_probs" in tensors else None
+        seeds = hdr.get("seeds") or []
+        self.seed = int(seeds[sample]) if sample is not None and sample < len(seeds) else None
+        self.trajectory = convert(pick(tensors["trajectory"])) if "trajectory" in tensors else None
+        self.log_probs = convert(pick(tensors["log_probs"])) if "log_probs" in tensors else None
         self.sigmas = convert(tensors["sigmas"]) if "sigmas" in tensors else None
-        self.means = convert(tensors["means"]) if "means" in tensors else None
+        self.means = convert(pick(tensors["means"])) if "means" in tensors else None
 
     @property
     def captured(self):
@@ -326,14 +336,19 @@ class Client:
         return self._gen_result(rid, hdr, out, steps, torch_out, t0)
 
     def gen_group(self, model, context, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
-                  timeout=None, deadline_ms=None, **kw):
+                  timeout=None, deadline_ms=None, batched=True, progress=None, **kw):
         """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
         them: sample i is gen(..., seed=seeds[i]) (or seed + i), with
-        latents[i] as its starting latent when given. All n requests are sent
-        at once, so the broker and the workers' streams run them side by side;
-        returns the n GenResults in order. Each is bitwise what gen() with
-        the same arguments returns. Raises the first sample's ReelError
-        (or BusyError) that comes back; the others are dropped."""
+        latents[i] as its starting latent when given. Returns the n
+        GenResults in order; each is bitwise what gen() with the same
+        arguments returns.
+
+        batched=True (the default) sends one GEN with n: the worker runs the
+        group as batched steps (batch n in the capture key, one graph for
+        the group), in smaller batches when its budget demands.
+        batched=False sends n separate GENs at once (the broker and the
+        workers' streams run them side by side); it raises the first
+        sample's ReelError (or BusyError) that comes back."""
         n = int(n)
         if not 1 <= n <= 64:
             raise ValueError("n must be 1..64")
@@ -344,6 +359,26 @@ class Client:
         seeds = [int(s) for s in seeds] if seeds is not None else [int(seed) + i for i in range(n)]
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
         t0 = time.monotonic()
+        if batched:
+            lat = None
+            if latents is not None:
+                rows = [_f32("latents[%d]" % i, x, 4) for i, x in enumerate(latents)]
+                lat = np.stack(rows) if n > 1 else rows[0]
+            fields, tensors, torch_out = self._gen_message(
+                model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
+                deadline_ms=deadline_ms, progress=progress is not None, n=n, seeds=seeds, **kw)
+            if latents is not None and _is_torch(latents[0]):
+                torch_out = True
+            rid = next(self._ids)
+            self._send("GEN", rid, fields, tensors)
+            hdr, out = self._recv(rid, t0 + wait, progress)
+            if n == 1:  # a plain GEN: a plain RESULT
+                one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
+                one.seed = seeds[0]
+                return [one]
+            if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
+                raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
+            return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
         order, torch_out = {}, False
         for i in range(n):
             fields, tensors, torch_out = self._gen_message(
@@ -361,34 +396,39 @@ class Client:
             results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
         return results
 
-    def _gen_result(self, rid, hdr, out, steps, torch_out, t0):
+    def _gen_result(self, rid, hdr, out, steps, torch_out, t0, sample=None):
         if hdr.get("type") != "RESULT" or "latent" not in out:
             raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)
         convert = (lambda a: a)
         if torch_out:
             import torch  # only when the caller uses torch
             convert = torch.from_numpy
-        return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert)
+        return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert, sample=sample)
 
     def _gen_message(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0,
                      shift=1.0, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
-                     return_trajectory=False, return_log_probs=False, return_means=False):
-        """A GEN's fields and tensors, and whether the caller uses torch."""
+                     return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None):
+        """A GEN's fields and tensors, and whether the caller uses torch. n >
+        1: a group (latent, when given, [n, C, F, H, W])."""
         torch_out = _is_torch(context)
         ctx = _f32("context", context, 2)
         tensors = [("context", ctx)]
         if uncond is not None:
             tensors.append(("uncond", _f32("uncond", uncond, 2)))
         if latent is not None:
-            lat = _f32("latent", latent, 4)
+            lat = _f32("latent", latent, 4 if n == 1 else 5)
             tensors.append(("latent", lat))
             if latent_shape is None:
-                latent_shape = lat.shape
+                latent_shape = lat.shape[-4:]
         if latent_shape is None or len(latent_shape) != 4:
             raise ValueError("latent_shape [C, F, H, W] is required when no latent is given")
         fields = {"model": str(model), "steps": int(steps), "latent_shape": [int(d) for d in latent_shape],
                   "shift": float(shift), "cfg": float(cfg), "sde": bool(sde), "eta": float(eta),
                   "seed": int(seed), "progress": bool(progress)}
+        if n != 1:
+            fields["n"] = int(n)
+            if seeds is not None:
+                fields["seeds"] = [int(x) for x in seeds]
         if version is not None:
             fields["version"] = int(version)
         if deadline_ms is not None:

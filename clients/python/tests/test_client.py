@@ -156,28 +156,54 @@ class ClientTests(unittest.TestCase):
 
     def test_gen_group_returns_each_sample_in_order_bitwise_as_single_gens(self):
         seeds = [5, 9, 5, 13]  # a repeated seed gives the same sample twice
-        g = self.c.gen_group("tiny", self.ctx, n=4, seeds=seeds, latent_shape=(4, 1, 4, 4), steps=3, shift=3.0,
-                             sde=True, eta=0.7, return_log_probs=True)
+        kw = dict(latent_shape=(4, 1, 4, 4), steps=3, shift=3.0, sde=True, eta=0.7, return_log_probs=True,
+                  return_trajectory=True, return_means=True)
+        g = self.c.gen_group("tiny", self.ctx, n=4, seeds=seeds, **kw)
         self.assertEqual(len(g), 4)
         for s, r in zip(seeds, g):
-            one = self.c.gen("tiny", self.ctx, latent_shape=(4, 1, 4, 4), seed=s, steps=3, shift=3.0, sde=True,
-                             eta=0.7, return_log_probs=True)
-            self.assertTrue(np.array_equal(r.latent, one.latent), f"seed {s}")
-            self.assertTrue(np.array_equal(r.log_probs, one.log_probs), f"seed {s}")
+            one = self.c.gen("tiny", self.ctx, seed=s, **kw)
+            self.assertEqual(r.seed, s)
+            for what in ("latent", "log_probs", "trajectory", "means", "sigmas"):
+                self.assertTrue(np.array_equal(getattr(r, what), getattr(one, what)), f"seed {s}: {what}")
+            self.assertEqual(r.versions, one.versions)
+        self.assertEqual(g[0].trajectory.shape, (4, 4, 1, 4, 4))
         self.assertTrue(np.array_equal(g[0].latent, g[2].latent))
         self.assertFalse(np.array_equal(g[0].latent, g[1].latent))
+        # the same group as n separate requests: the same bits
+        u = self.c.gen_group("tiny", self.ctx, n=4, seeds=seeds, batched=False, **kw)
+        for a, b in zip(g, u):
+            self.assertTrue(np.array_equal(a.latent, b.latent) and np.array_equal(a.log_probs, b.log_probs))
         # seed + i without seeds, and the limits
         h = self.c.gen_group("tiny", self.ctx, n=2, seed=9, latent_shape=(4, 1, 4, 4), steps=3, shift=3.0,
                              sde=True, eta=0.7)
         self.assertTrue(np.array_equal(h[0].latent, g[1].latent))
-        for bad in (dict(n=0), dict(n=65), dict(n=2, seeds=[1])):
+        self.assertEqual([r.seed for r in h], [9, 10])
+        for bad in (dict(n=0), dict(n=65), dict(n=2, seeds=[1]), dict(n=2, latents=[self.lat])):
             with self.assertRaises(ValueError):
                 self.c.gen_group("tiny", self.ctx, latent_shape=(4, 1, 4, 4), steps=1, **bad)
 
+    def test_a_batched_group_is_one_graph_replayed_and_takes_given_latents(self):
+        lats = [rand((4, 1, 4, 4), 30 + i) for i in range(3)]
+        steps = []
+        first = self.c.gen_group("tiny", self.ctx, n=3, latents=lats, steps=4, shift=3.0,
+                                 progress=lambda i, n: steps.append((i, n)))
+        self.assertEqual(steps[-1], (4, 4), steps)
+        # The worker has two streams, each with its own graphs: by the third
+        # run, one has found its stream's graph for every batched step.
+        runs = [self.c.gen_group("tiny", self.ctx, n=3, latents=lats, steps=4, shift=3.0) for _ in range(2)]
+        self.assertIn(4, [r[0].replayed for r in runs], [r[0].stats for r in runs])
+        again = runs[-1]
+        self.assertEqual(again[0].stats, again[2].stats)  # the group's steps, shared
+        for i in range(3):
+            self.assertTrue(np.array_equal(first[i].latent, again[i].latent))
+            one = self.c.gen("tiny", self.ctx, latent=lats[i], steps=4, shift=3.0)
+            self.assertTrue(np.array_equal(first[i].latent, one.latent), f"sample {i}")
+
     def test_gen_group_raises_the_error_of_a_bad_sample(self):
-        with self.assertRaises(reel.ReelError) as e:
-            self.c.gen_group("tiny", rand((5, 7), 1), n=3, latent_shape=(4, 1, 4, 4), steps=1)
-        self.assertEqual(e.exception.code, "bad_request")
+        for batched in (True, False):
+            with self.assertRaises(reel.ReelError) as e:
+                self.c.gen_group("tiny", rand((5, 7), 1), n=3, latent_shape=(4, 1, 4, 4), steps=1, batched=batched)
+            self.assertEqual(e.exception.code, "bad_request")
         self.assertEqual(len(self.c.gen_group("tiny", self.ctx, n=1, latent_shape=(4, 1, 4, 4), steps=1)), 1)
 
     def test_sde_gen_equals_reelctl_run_sde(self):
