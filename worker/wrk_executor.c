@@ -42,6 +42,37 @@ struct wrk_exec {
     stream_t *s;
 };
 
+/* A group split over the streams (the CPU backend: a stream is a core's
+ * thread): each part is a job of its own on its own stream, batched as a
+ * group, writing its samples' outputs here; the part that finishes last
+ * sends the one RESULT (or nothing, when a part failed: that part sent
+ * the ERROR). Every part is bitwise the single requests of its seeds, so
+ * the whole is too. */
+struct wrk_group {
+    pthread_mutex_t mu;
+    int parts, parts_left, parts_ok;
+    bool started;                /* counted in wrk_t.running, all parts at once */
+    atomic_bool failed;          /* a part sent ERROR: the others stop */
+    int n, steps;
+    float *out, *traj, *means, *logp;
+    uint64_t *vers;
+    tdit_run_stats_t stats;
+    uint64_t first_version, last_version;
+    bool have_version;
+    int progress_done, progress_total;
+};
+
+static void group_free(wrk_group_t *g) {
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    free(g->out);
+    free(g->traj);
+    free(g->means);
+    free(g->logp);
+    free(g->vers);
+    free(g);
+}
+
 /* ---- messages ------------------------------------------------------------ */
 
 static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...)
@@ -143,7 +174,7 @@ static void send_outputs(stream_t *st, wrk_job_t *j, const outputs_t *o) {
         c->n = (uint64_t)rs->declines[i];
     }
     r->key_hash = tdit_req_shard_hash(j->req);
-    if (o->n > 1) {
+    if (o->n > 1) { /* a part keeps the whole group's seeds, its own from base on */
         r->n = (uint64_t)o->n;
         r->n_seeds = o->n;
         memcpy(r->seeds, j->seeds, (size_t)o->n * sizeof *r->seeds);
@@ -191,19 +222,32 @@ static int gather(stream_t *st, wrk_job_t *j) {
     const tdit_req_t *q = j->req;
     size_t n = (size_t)j->n, nl = j->n_latent, steps = (size_t)tdit_req_steps(q), b = (size_t)tdit_req_batch(q);
     size_t at = (size_t)j->at;
-    if (!j->g_out) {
+    if (j->group) { /* a part: straight into the group's buffers, at its samples */
+        wrk_group_t *g = j->group;
+        at += (size_t)j->base;
+        float *o = g->out, *tr = g->traj, *me = g->means, *lp = g->logp;
+        if (tdit_req_read(j->req, st->ks, o + at * nl, b * nl) != 0) return -1;
+        if (tr) memcpy(tr + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
+        if (me) memcpy(me + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
+        if (lp) memcpy(lp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
+        for (size_t k = 0; k < b; k++) memcpy(g->vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
+    } else if (!j->g_out) {
         if (!(j->g_out = malloc(n * nl * sizeof *j->g_out)) || !(j->g_vers = malloc(n * steps * sizeof *j->g_vers)) ||
             ((j->rec & TDIT_REC_TRAJECTORY) && !(j->g_traj = malloc(n * (steps + 1) * nl * sizeof *j->g_traj))) ||
             ((j->rec & TDIT_REC_MEANS) && !(j->g_means = malloc(n * steps * nl * sizeof *j->g_means))) ||
             ((j->rec & TDIT_REC_LOG_PROBS) && !(j->g_logp = malloc(n * steps * sizeof *j->g_logp))))
             return kern_fail("out of memory gathering a group of %zu", n);
     }
-    if (tdit_req_read(j->req, st->ks, j->g_out + at * nl, b * nl) != 0) return -1;
-    /* The records are sample-major, as the group's: one copy each. */
-    if (j->g_traj) memcpy(j->g_traj + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
-    if (j->g_means) memcpy(j->g_means + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
-    if (j->g_logp) memcpy(j->g_logp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
-    for (size_t k = 0; k < b; k++) memcpy(j->g_vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
+    if (!j->group) {
+        if (tdit_req_read(j->req, st->ks, j->g_out + at * nl, b * nl) != 0) return -1;
+        /* The records are sample-major, as the group's: one copy each. */
+        if (j->g_traj)
+            memcpy(j->g_traj + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
+        if (j->g_means) memcpy(j->g_means + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
+        if (j->g_logp) memcpy(j->g_logp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
+        for (size_t k = 0; k < b; k++)
+            memcpy(j->g_vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
+    }
     const tdit_run_stats_t *a = tdit_req_stats(q);
     tdit_run_stats_t *g = &j->g_stats;
     g->steps += a->steps;
@@ -218,6 +262,16 @@ static int gather(stream_t *st, wrk_job_t *j) {
 static void send_group_result(stream_t *st, wrk_job_t *j) {
     outputs_t o = { j->n, tdit_req_steps(j->req), j->g_out, j->g_traj, j->g_means, j->g_logp, j->g_vers,
                     &j->g_stats };
+    send_outputs(st, j, &o);
+}
+
+/* The RESULT of a split group, sent by its last part j (which still holds
+ * its tdit_req: the schedule and the key hash). The group's seeds are
+ * j's from base 0 on: every part carries the whole group's seeds. */
+static void send_split_result(stream_t *st, wrk_job_t *j, wrk_group_t *g) {
+    j->first_version = g->first_version;
+    j->ran_version = g->last_version;
+    outputs_t o = { g->n, g->steps, g->out, g->traj, g->means, g->logp, g->vers, &g->stats };
     send_outputs(st, j, &o);
 }
 
@@ -257,11 +311,26 @@ static void put_staging(stream_t *st, wrk_job_t *j) {
     j->stg = NULL;
 }
 
-/* Frees j, handing its staging set back to the pool. */
+/* Frees j, handing its staging set back to the pool. The last part of a
+ * split group to finish sends the group's RESULT when every part ran
+ * (and the broker still waits for it), then frees the group. */
 static void job_done(stream_t *st, wrk_job_t **jp) {
     wrk_job_t *j = *jp;
-    if (j && j->counted) atomic_fetch_sub(&st->x->w->running, 1);
+    wrk_group_t *g = j ? j->group : NULL;
+    if (j && !g && j->counted) atomic_fetch_sub(&st->x->w->running, 1);
     if (j) put_staging(st, j);
+    if (g) {
+        pthread_mutex_lock(&g->mu);
+        /* Counted with its group when the group started, whether or not
+         * this part ever ran a step. */
+        if (g->started) atomic_fetch_sub(&st->x->w->running, 1);
+        bool last = --g->parts_left == 0;
+        if (j->ok) g->parts_ok++;
+        bool send = last && g->parts_ok == g->parts && !atomic_load(&g->failed);
+        pthread_mutex_unlock(&g->mu);
+        if (send && j->epoch == atomic_load(&st->x->w->epoch)) send_split_result(st, j, g);
+        if (last) group_free(g);
+    }
     wrk_job_free(jp);
 }
 
@@ -287,6 +356,11 @@ static int start_req(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (!j->chunk) {
         j->chunk = choose_chunk(w, j);
+        if (j->group) { /* a part in several batches: more steps to report */
+            pthread_mutex_lock(&j->group->mu);
+            j->group->progress_total += ((j->n + j->chunk - 1) / j->chunk - 1) * j->loop.steps;
+            pthread_mutex_unlock(&j->group->mu);
+        }
         if (j->chunk < j->n)
             wrk_log(w, "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the %zu-byte budget)",
                     (unsigned long long)j->id, j->n, j->chunk, j->n, w->opt->budget);
@@ -297,7 +371,7 @@ static int start_req(stream_t *st, wrk_job_t *j) {
         put_staging(st, j);
         j->stg = take_staging(st, &j->shape);
         const float *lat = j->latent ? j->latent + (size_t)j->at * j->n_latent : NULL;
-        j->req = tdit_req_new_group(w->model, st->ks, j->stg, &j->shape, &j->loop, j->seeds + j->at, lat,
+        j->req = tdit_req_new_group(w->model, st->ks, j->stg, &j->shape, &j->loop, j->seeds + j->base + j->at, lat,
                                     j->context, j->uncond);
         if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
         if (j->req) break;
@@ -315,14 +389,39 @@ static int start_req(stream_t *st, wrk_job_t *j) {
     return 0;
 }
 
-/* PROGRESS over a group counts the steps of every sub-batch. */
+/* PROGRESS over a group counts the batched steps of every sub-batch (of
+ * every part of a split group: each part reports the group's count as it
+ * steps; two parts' messages may arrive a step out of order). */
 static void send_progress_job(stream_t *st, const wrk_job_t *j) {
     int steps = tdit_req_steps(j->req), b = (int)tdit_req_batch(j->req);
     int rest = j->n - j->at - b, more = rest > 0 ? (rest + j->chunk - 1) / j->chunk : 0;
     msg_progress_t p = { (uint64_t)(j->batches * steps + tdit_req_steps_done(j->req)),
                          (uint64_t)((j->batches + 1 + more) * steps) };
+    if (j->group) {
+        wrk_group_t *g = j->group;
+        pthread_mutex_lock(&g->mu);
+        g->progress_done++;
+        if (g->progress_total < g->progress_done) g->progress_total = g->progress_done;
+        p = (msg_progress_t){ (uint64_t)g->progress_done, (uint64_t)g->progress_total };
+        pthread_mutex_unlock(&g->mu);
+    }
     if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
         wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
+}
+
+/* j cannot go on: ERROR for its request, unless it is a part of a split
+ * group whose other part already sent one (the others then stop). */
+static void part_failed(stream_t *st, wrk_job_t *j, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void part_failed(stream_t *st, wrk_job_t *j, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (j->group) {
+        if (atomic_exchange(&j->group->failed, true)) return;
+    }
+    send_error(st, j, WIRE_E_INTERNAL, "%s", msg);
 }
 
 /* Runs one step of j. Returns true when j is finished (done, failed or
@@ -330,14 +429,29 @@ static void send_progress_job(stream_t *st, const wrk_job_t *j) {
 static bool step_once(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
+    if (j->group && atomic_load(&j->group->failed)) return true; /* another part failed: its ERROR went out */
     if (!j->req) {
         /* Held until the sync lands; a started group's next sub-batch is
-         * not: the drain waits for it. */
+         * not: the drain waits for it. A split group's parts start all at
+         * once (counted together), so a drain never splits them across
+         * two versions. */
+        if (j->group && !j->counted) {
+            wrk_group_t *g = j->group;
+            pthread_mutex_lock(&g->mu);
+            bool go = g->started || !atomic_load(&w->draining);
+            if (go && !g->started) {
+                g->started = true;
+                atomic_fetch_add(&w->running, g->parts);
+            }
+            pthread_mutex_unlock(&g->mu);
+            if (!go) return false;
+            j->counted = true; /* counted with its group */
+        }
         if (!j->counted && atomic_load(&w->draining)) return false;
         if (!j->counted) atomic_fetch_add(&w->running, 1);
         j->counted = true;
         if (start_req(st, j) != 0) {
-            send_error(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
+            part_failed(st, j, "cannot start: %s", kern_error());
             return true;
         }
     }
@@ -352,8 +466,8 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
     pthread_rwlock_unlock(&w->step_lock);
     if (rc != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1,
-                   tdit_req_steps(j->req), kern_error());
+        part_failed(st, j, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
+                    kern_error());
         return true;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
@@ -361,18 +475,36 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
     if (j->progress) send_progress_job(st, j);
     if (!tdit_req_done(j->req)) return false;
-    if (j->n == 1) {
+    if (j->n == 1 && !j->group) {
         send_result(st, j);
         return true;
     }
     if (gather(st, j) != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->at,
-                   j->at + (int)tdit_req_batch(j->req) - 1, kern_error());
+        part_failed(st, j, "gathering samples %d..%d: %s", j->base + j->at,
+                    j->base + j->at + (int)tdit_req_batch(j->req) - 1, kern_error());
         return true;
     }
     j->at += (int)tdit_req_batch(j->req);
     if (j->at >= j->n) {
-        send_group_result(st, j);
+        if (!j->group) {
+            send_group_result(st, j);
+            return true;
+        }
+        /* A part: its counts into the group's; the last part sends (job_done). */
+        wrk_group_t *g = j->group;
+        const tdit_run_stats_t *a = &j->g_stats;
+        pthread_mutex_lock(&g->mu);
+        g->stats.steps += a->steps;
+        g->stats.captured += a->captured;
+        g->stats.replayed += a->replayed;
+        g->stats.eager += a->eager;
+        if (a->seconds > g->stats.seconds) g->stats.seconds = a->seconds; /* the parts run side by side */
+        for (int i = 0; i < CAP_DECLINE_COUNT; i++) g->stats.declines[i] += a->declines[i];
+        if (!g->have_version || j->first_version < g->first_version) g->first_version = j->first_version;
+        if (!g->have_version || j->ran_version > g->last_version) g->last_version = j->ran_version;
+        g->have_version = true;
+        pthread_mutex_unlock(&g->mu);
+        j->ok = true;
         return true;
     }
     j->batches++;
@@ -470,7 +602,67 @@ err:
     return NULL;
 }
 
-void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
+/* A copy of n floats (NULL for NULL); *ok false on OOM. */
+static float *dup_f32(const float *src, size_t n, bool *ok) {
+    if (!src) return NULL;
+    float *d = malloc(n * sizeof *d);
+    if (!d) *ok = false;
+    else memcpy(d, src, n * sizeof *d);
+    return d;
+}
+
+/* Splits group job j into parts, one per stream (at most one per sample),
+ * each a contiguous run of samples. The parts, or NULL (out of memory: j
+ * then runs whole, on one stream). */
+static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, int *np) {
+    int P = x->n < j->n ? x->n : j->n;
+    size_t nl = j->n_latent, steps = (size_t)j->loop.steps, n = (size_t)j->n;
+    size_t nc = (size_t)(j->shape.text_len * tdit_model_config(x->w->model)->text_dim);
+    wrk_group_t *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    atomic_init(&g->failed, false);
+    g->parts = g->parts_left = P;
+    g->n = j->n;
+    g->steps = j->loop.steps;
+    g->progress_total = P * j->loop.steps;
+    bool ok = (g->out = malloc(n * nl * sizeof *g->out)) && (g->vers = malloc(n * steps * sizeof *g->vers)) &&
+              (!(j->rec & TDIT_REC_TRAJECTORY) || (g->traj = malloc(n * (steps + 1) * nl * sizeof *g->traj))) &&
+              (!(j->rec & TDIT_REC_MEANS) || (g->means = malloc(n * steps * nl * sizeof *g->means))) &&
+              (!(j->rec & TDIT_REC_LOG_PROBS) || (g->logp = malloc(n * steps * sizeof *g->logp)));
+    int made = 0;
+    for (int p = 0; ok && p < P; p++, made++) {
+        int from = p * j->n / P, to = (p + 1) * j->n / P;
+        wrk_job_t *c = calloc(1, sizeof *c);
+        if (!c) { ok = false; break; }
+        *c = *j;
+        c->next = NULL;
+        c->req = NULL;
+        c->stg = NULL;
+        c->g_out = c->g_traj = c->g_means = c->g_logp = NULL;
+        c->g_vers = NULL;
+        c->group = g;
+        c->base = from;
+        c->n = to - from;
+        c->latent = dup_f32(j->latent ? j->latent + (size_t)from * nl : NULL, (size_t)c->n * nl, &ok);
+        c->context = dup_f32(j->context, nc, &ok);
+        c->uncond = dup_f32(j->uncond, nc, &ok);
+        parts[p] = c;
+        if (!ok) { made++; break; }
+    }
+    if (!ok) {
+        for (int p = 0; p < made; p++) {
+            parts[p]->group = NULL;
+            wrk_job_free(&parts[p]);
+        }
+        group_free(g);
+        return NULL;
+    }
+    *np = P;
+    return g;
+}
+
+static void enqueue(wrk_exec_t *x, wrk_job_t *job) {
     stream_t *best = &x->s[0];
     for (int i = 1; i < x->n; i++)
         if (atomic_load(&x->s[i].load) < atomic_load(&best->load)) best = &x->s[i];
@@ -482,6 +674,21 @@ void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
     best->q_tail = job;
     pthread_cond_signal(&best->cv);
     pthread_mutex_unlock(&best->mu);
+}
+
+void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
+    /* On the CPU a stream is a thread, and a group's batched steps use one:
+     * a group runs split over the streams, a part on each. */
+    if (job->n > 1 && x->n > 1 && kern_backend_kind(x->w->backend) == KERN_BACKEND_CPU) {
+        wrk_job_t *parts[WRK_MAX_STREAMS];
+        int np = 0;
+        if (split_group(x, job, parts, &np)) {
+            wrk_job_free(&job);
+            for (int p = 0; p < np; p++) enqueue(x, parts[p]);
+            return;
+        }
+    }
+    enqueue(x, job);
 }
 
 int wrk_exec_inflight(wrk_exec_t *x) {

@@ -21,6 +21,7 @@
 #define WRK_PATCH 2              /* tinydit patchifies 2 x 2 */
 
 typedef struct wrk_job wrk_job_t;
+typedef struct wrk_group wrk_group_t; /* wrk_executor.c: a group split over streams */
 struct wrk_job {
     uint64_t id;                 /* the broker's request id */
     uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
@@ -45,6 +46,9 @@ struct wrk_job {
     float *g_out, *g_traj, *g_means, *g_logp; /* [n][...] as the RESULT carries them */
     uint64_t *g_vers;            /* [n][steps]: the version of each sample's every step */
     tdit_run_stats_t g_stats;    /* the finished sub-batches' counts */
+    wrk_group_t *group;          /* a part of a group split over streams (its outputs go there), or NULL */
+    int base;                    /* ... holding the group's samples base .. base + n - 1 */
+    bool ok;                     /* the part ran all its samples */
     /* executor state */
     tdit_req_t *req;
     tdit_staging_t *stg;         /* the stream's staging set it runs in (NULL: its own) */
