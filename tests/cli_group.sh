@@ -5,7 +5,8 @@
 # with its seed (latent, trajectory, means, log-probs); --n without seeds
 # uses seed + i; a second group of the same key replays every step; a
 # worker whose budget cannot hold the whole batch runs it in smaller
-# batches with the same bits; bad groups are usage errors.
+# batches, and a two-stream worker splits it over its streams, all with
+# the same bits; bad groups are usage errors.
 # Usage: cli_group.sh BUILD
 set -u
 B="${1:-build}"
@@ -52,14 +53,31 @@ gen "$CE" s23 --seed 23 && ok "single gen with seed 23" || bad "single gen 23"
     --out "$D/x.safetensors" 2>"$D/x.err"
 [ $? = 2 ] && grep -q "group size in 1..64" "$D/x.err" && ok "--n 65: usage error" || { bad "--n 65"; show "$D/x.err"; }
 
-# A worker whose budget holds one sample's workspace, not four: the group
+# A worker whose budget holds two samples' workspace, not four: the group
 # runs in smaller batches, with the same bits.
 cli_broker "$D/broker2.log" --clients "$CE2" --workers "$WE2" --heartbeat-ms 200 || bad "second broker starts"
 cli_worker w2 "$D/broker2.log" "$D/w2.log" --broker "$WE2" --weights "$D/w.safetensors" --streams 1 \
     --heartbeat-ms 200 --budget 250K || bad "small-budget worker registers"
 gen "$CE2" g4small --n 4 --seed 20 && ok "the group of 4 on a worker with a 250K budget" ||
     { bad "group on a small budget"; show "$D/g4small.err" "$D/w2.log"; }
-grep -q "runs in batches of" "$D/w2.log" && ok "the worker says it split the group" || { bad "split logged"; show "$D/w2.log"; }
+grep -q "a group of 4 runs in batches of 2" "$D/w2.log" && ok "the worker says it split the group by its budget" ||
+    { bad "split logged"; show "$D/w2.log"; }
+kill "$WORKER" 2>/dev/null
+# A worker with two streams (CPU: two threads) runs a group split over
+# both, a batched part on each: the same bits, and once warm every batched
+# step of both parts replays; with a budget too small for a part's batch,
+# each part runs in batches of one.
+cli_worker w3 "$D/broker2.log" "$D/w3.log" --broker "$WE2" --weights "$D/w.safetensors" --streams 2 \
+    --heartbeat-ms 200 || bad "two-stream worker registers"
+for k in 1 2 3; do gen "$CE2" g4two$k --n 4 --seed 20 || { bad "group on two streams"; show "$D/g4two$k.err"; }; done
+grep -q "replayed 8, eager 0" "$D/g4two3.err" && ok "warm, both parts replay all 4 steps (8 batched steps)" ||
+    { bad "split group replays"; show "$D/g4two3.err"; }
+kill "$WORKER" 2>/dev/null
+cli_worker w4 "$D/broker2.log" "$D/w4.log" --broker "$WE2" --weights "$D/w.safetensors" --streams 2 \
+    --heartbeat-ms 200 --budget 150K || bad "two-stream small-budget worker registers"
+gen "$CE2" g4tb --n 4 --seed 20 && ok "the group on two streams and a 150K budget" || { bad "split + budget"; show "$D/g4tb.err"; }
+grep -q "a group of 2 runs in batches of 1" "$D/w4.log" && ok "each part of 2 runs in batches of 1" ||
+    { bad "parts split by the budget"; show "$D/w4.log"; }
 
 PYTHONPATH="$(dirname "$0")/../clients/python" $PY - "$D" >"$D/check.out" 2>&1 <<'PYEOF'
 import sys
@@ -73,7 +91,8 @@ def check(cond, what):
     ok = ok and cond
 def load(n):
     return st.load(d + "/" + n + ".safetensors")[0]
-g1, g2, s11, s12, g4, s23, g4s = (load(n) for n in ("g1", "g2", "s11", "s12", "g4", "s23", "g4small"))
+g1, g2, s11, s12, g4, s23, g4s, g4t, g4tb = (load(n) for n in ("g1", "g2", "s11", "s12", "g4", "s23", "g4small",
+                                                               "g4two3", "g4tb"))
 check(g1["latent"].shape == (3, 4, 2, 8, 8), "group latent is [G,C,F,H,W] = %s" % (g1["latent"].shape,))
 check(g1["log_probs"].shape == (3, 4) and g1["sigmas"].shape == (5,), "log_probs [G,N], sigmas [N+1]")
 check(g1["trajectory.0"].shape == (5, 4, 2, 8, 8) and g1["means.2"].shape == (4, 4, 2, 8, 8),
@@ -87,6 +106,8 @@ check(not np.array_equal(g1["latent"][0], g1["latent"][1]), "different seeds, di
 check(all(np.array_equal(g1[k], g2[k]) for k in g1), "the replayed group is bitwise the captured one")
 check(np.array_equal(g4["latent"][3], s23["latent"]), "--n 4 --seed 20: sample 3 is seed 23's single gen")
 check(all(np.array_equal(g4[k], g4s[k]) for k in g4), "the group split by the budget: the same bits")
+check(all(np.array_equal(g4[k], g4t[k]) for k in g4), "the group split over two streams: the same bits")
+check(all(np.array_equal(g4[k], g4tb[k]) for k in g4), "split over streams and by the budget: the same bits")
 sys.exit(0 if ok else 1)
 PYEOF
 rc=$?

@@ -887,6 +887,56 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
 }
 END_TEST
 
+/* A batched group on the GPU (F32 and BF16), captured and replayed, is
+ * sample for sample bitwise the single requests with its seeds: the GEMMs
+ * run per sample with a single request's calls, so cuBLAS picks the same
+ * algorithms. */
+START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
+    kern_dtype_t dt = dtype_of(_i);
+    char path[] = "/tmp/reel-test-cuda-g-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    tdit_config_t cfg;
+    OK(tdit_config_builtin("tiny", &cfg));
+    OK(tdit_weights_init(&cfg, 5, path));
+    tdit_model_t *mg = tdit_model_load_path(G, path, dt);
+    ck_assert_msg(mg != NULL, "%s", kern_error());
+    cap_options_t o = cap_options_default();
+    o.warmup = 1;
+    cap_cache_t *cache = cap_cache_new(G, &o);
+    OK(tdit_register_weights(cache, mg, 1));
+    const tdit_shape_t one = { 2, 8, 8, 5, true, 1 }, grp = { 2, 8, 8, 5, true, 4 };
+    enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
+    static float ctx[NC], unc[NC], gout[4 * NL], sout[NL];
+    tdit_initial_latent(2, ctx, NC);
+    tdit_initial_latent(3, unc, NC);
+    const uint64_t seeds[4] = { 5, 6, 7, 5 };
+    tdit_loop_t p = { .steps = 4, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f };
+    tdit_staging_t *stg = tdit_staging_new(mg, &grp);
+    ck_assert_ptr_nonnull(stg);
+    for (int r = 0; r < 3; r++) { /* warm-up, capture, replay */
+        tdit_req_t *q = tdit_req_new_group(mg, GS, stg, &grp, &p, seeds, NULL, ctx, unc);
+        ck_assert_msg(q != NULL, "%s", kern_error());
+        while (!tdit_req_done(q)) OK(tdit_req_step(q, cache, GS, NULL));
+        if (r == 2) ck_assert_int_eq(tdit_req_stats(q)->replayed, 4);
+        OK(tdit_req_read(q, GS, gout, 4 * NL));
+        tdit_req_destroy(&q);
+    }
+    for (int b = 0; b < 4; b++) {
+        tdit_loop_t q1 = p;
+        q1.seed = seeds[b];
+        OK(tdit_generate_cached(mg, cache, GS, NULL, &one, &q1, NULL, ctx, unc, sout, NULL));
+        ck_assert_msg(memcmp(gout + (size_t)b * NL, sout, sizeof sout) == 0, "%s sample %d: group != single",
+                      dt == KERN_F32 ? "F32" : "BF16", b);
+    }
+    tdit_staging_destroy(&stg);
+    cap_cache_destroy(&cache);
+    tdit_model_destroy(&mg);
+    unlink(path);
+}
+END_TEST
+
 /* --- graphs ----------------------------------------------------------- */
 
 /* A step-like chain of every capturable op plus a device copy, on one
@@ -1442,6 +1492,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise);
     tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
     tcase_add_loop_test(tc, test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise, 0, 2);
+    tcase_add_loop_test(tc, test_a_batched_group_on_cuda_is_bitwise_the_single_requests, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -409,6 +409,54 @@ START_TEST(test_a_good_request_becomes_a_job_with_copies_of_its_tensors) {
 }
 END_TEST
 
+/* A group: n samples, seeds given or seed + i, the latents [n,...] copied
+ * whole; a bad group is refused like any bad request. */
+START_TEST(test_a_group_request_becomes_one_job_of_n_samples) {
+    static float lat3[3 * 4 * 2 * 8 * 8];
+    for (size_t i = 0; i < sizeof lat3 / sizeof lat3[0]; i++) lat3[i] = (float)i;
+    msg_gen_t g;
+    good_request(&g);
+    wire_tensor_t t3;
+    const int64_t l3[5] = { 3, 4, 2, 8, 8 };
+    tensor(&t3, "latent", KERN_F32, 5, l3, lat3);
+    g.latent = &t3;
+    g.n = 3;
+    g.n_seeds = 3;
+    g.seeds[0] = 40;
+    g.seeds[1] = 7;
+    g.seeds[2] = 40;
+    wrk_job_t *j = NULL;
+    wire_err_t err;
+    ck_assert_msg(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err) == 0, "%s", err.message);
+    ck_assert_int_eq(j->n, 3);
+    ck_assert_uint_eq(j->seeds[0], 40);
+    ck_assert_uint_eq(j->seeds[1], 7);
+    ck_assert_uint_eq(j->seeds[2], 40);
+    ck_assert_uint_eq(j->n_latent, 4 * 2 * 8 * 8); /* one sample's */
+    ck_assert_mem_eq(j->latent, lat3, sizeof lat3);
+    wrk_job_free(&j);
+    /* no seeds: seed + i */
+    g.n_seeds = 0;
+    g.latent = NULL;
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err), 0);
+    for (int i = 0; i < 3; i++) ck_assert_uint_eq(j->seeds[i], 11 + (uint64_t)i);
+    wrk_job_free(&j);
+    /* no n: one sample */
+    good_request(&g);
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err), 0);
+    ck_assert_int_eq(j->n, 1);
+    ck_assert_uint_eq(j->seeds[0], 11);
+    wrk_job_free(&j);
+    /* bad groups */
+    good_request(&g);
+    g.n = 2; /* the latent is one sample's */
+    expect_refused(&g, 1, "expected F32[2,4,2,8,8]");
+    g.latent = NULL;
+    g.n_seeds = 1;
+    expect_refused(&g, 1, "'seeds' has 1 entries, 'n' is 2");
+}
+END_TEST
+
 START_TEST(test_a_latent_with_the_wrong_channel_count_is_refused) {
     msg_gen_t g;
     good_request(&g);
@@ -849,6 +897,7 @@ static Suite *suite(void) {
     t = tcase_create("request");
     tcase_add_checked_fixture(t, setup_tiny, NULL);
     tcase_add_test(t, test_a_good_request_becomes_a_job_with_copies_of_its_tensors);
+    tcase_add_test(t, test_a_group_request_becomes_one_job_of_n_samples);
     tcase_add_test(t, test_a_latent_with_the_wrong_channel_count_is_refused);
     tcase_add_test(t, test_a_context_of_the_wrong_text_width_is_refused);
     tcase_add_test(t, test_a_request_without_context_is_refused);
