@@ -174,6 +174,12 @@ static void send_outputs(stream_t *st, wrk_job_t *j, const outputs_t *o) {
         c->n = (uint64_t)rs->declines[i];
     }
     r->key_hash = tdit_req_shard_hash(j->req);
+    if (o->n > 1) { /* the group's key, as the broker routed it: batch n, whatever batches ran */
+        tdit_shape_t sh = j->shape;
+        sh.batch = o->n;
+        cap_key_t k;
+        if (tdit_step_key(w->model, &sh, j->loop.sde, 0, &k) == 0) r->key_hash = cap_key_shard_hash(&k);
+    }
     if (o->n > 1) { /* a part keeps the whole group's seeds, its own from base on */
         r->n = (uint64_t)o->n;
         r->n_seeds = o->n;
@@ -377,6 +383,11 @@ static int start_req(stream_t *st, wrk_job_t *j) {
         if (j->req) break;
         if (b == 1) return -1;
         j->chunk = (b + 1) / 2;
+        if (j->group) { /* more batches to report */
+            pthread_mutex_lock(&j->group->mu);
+            j->group->progress_total += ((left + j->chunk - 1) / j->chunk - (left + b - 1) / b) * j->loop.steps;
+            pthread_mutex_unlock(&j->group->mu);
+        }
         wrk_log(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d", (unsigned long long)j->id,
                 b, kern_error(), j->chunk);
     }
@@ -440,8 +451,10 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
             pthread_mutex_lock(&g->mu);
             bool go = g->started || !atomic_load(&w->draining);
             if (go && !g->started) {
+                /* The parts still to come through job_done: one already
+                 * dropped (a new broker session) takes nothing off. */
                 g->started = true;
-                atomic_fetch_add(&w->running, g->parts);
+                atomic_fetch_add(&w->running, g->parts_left);
             }
             pthread_mutex_unlock(&g->mu);
             if (!go) return false;

@@ -199,6 +199,12 @@ class ClientTests(unittest.TestCase):
         self.assertIn((total, 0), [(r[0].replayed, r[0].eager) for r in runs], [r[0].stats for r in runs])
         again = runs[-1]
         self.assertEqual(again[0].stats, again[2].stats)  # the group's steps, shared
+        # the RESULT names the group's shard key, the one the broker routed
+        # by (batch 3), not a part's or a single's
+        one = self.c.gen("tiny", self.ctx, latent=lats[0], steps=4, shift=3.0)
+        self.assertNotEqual(again[0].key_hash, one.key_hash)
+        routed = [k for w in self.c.status()["workers"] for k in w.get("keys", [])]
+        self.assertIn(again[0].key_hash, routed)
         for i in range(3):
             self.assertTrue(np.array_equal(first[i].latent, again[i].latent))
             one = self.c.gen("tiny", self.ctx, latent=lats[i], steps=4, shift=3.0)
