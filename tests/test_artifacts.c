@@ -820,8 +820,11 @@ START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_native_results_and_
         "echo \"timed out waiting for $2 in $1\"; cat \"$1\"; return 1; }\n"
         "$B/reel-broker --clients ipc://$D/c --workers ipc://$D/w --catalog $D/reel.db "
         "--heartbeat-ms 200 >$D/broker.log 2>&1 & BP=$!\n"
+        /* The worker beats as often as the broker expects (its default is
+         * 1 s, past the broker's 600 ms liveness here): else an idle moment
+         * expires it and its request is run twice. */
         "$B/reel-worker --name w1 --weights $W --broker ipc://$D/w --artifacts $ROOT "
-        "--artifact-timing shadow >$D/worker.log 2>&1 & WP=$!\n"
+        "--artifact-timing shadow --heartbeat-ms 200 >$D/worker.log 2>&1 & WP=$!\n"
         "trap 'kill $WP $BP 2>/dev/null; wait 2>/dev/null' EXIT\n"
         "wait_for $D/broker.log 'worker w1 ready' || exit 1\n"
         "grep -q 'artifact refused: bundle flaky: the shared object libtest_flaky.so is missing' "
