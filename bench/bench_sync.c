@@ -11,8 +11,11 @@
  * ZeroMQ DEALER to a ROUTER (4 MiB messages, the receiver acking the
  * last), read from the file as the trainer reads it. Each rep times both,
  * alternating which goes first; the summary is the median of the reps.
- * Usage: bench_sync [BUILD_DIR [REPS]]  (finds reel-broker, reel-worker,
- * reelctl in BUILD_DIR) */
+ * Usage: bench_sync [BUILD_DIR [REPS [CONFIG]]]  (finds reel-broker,
+ * reel-worker, reelctl in BUILD_DIR; CONFIG small by default, or
+ * wan2.1-1.3b: a 5.7 GB F32 file, each worker holding the model: needs
+ * about 13 GB of memory and 6 x the file on disk; the worker copies are
+ * hard links) */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -125,7 +128,7 @@ static double by_value(reel_client_t *c, const char *path, uint64_t version, dou
 }
 
 static void wait_workers(reel_client_t *c, int n) {
-    for (int i = 0; i < 600; i++) {
+    for (int i = 0; i < 3000; i++) { /* up to 5 min: a 1.3b worker loads 5.7 GB first */
         reel_status_t *s = NULL;
         wire_err_t err;
         if (reel_status(c, &s, 2000, &err) == 0) {
@@ -141,6 +144,7 @@ static void wait_workers(reel_client_t *c, int n) {
 int main(int argc, char **argv) {
     const char *build = argc > 1 ? argv[1] : "build";
     int reps = argc > 2 ? atoi(argv[2]) : 3;
+    const char *config = argc > 3 ? argv[3] : "small";
     if (reps < 1 || reps > REPS_MAX) DIE("reps must be 1..%d", REPS_MAX);
     char dir[] = "/tmp/reel-bench-sync.XXXXXX", cmd[1024], broker[300], worker[300], ctl[300];
     if (!mkdtemp(dir)) DIE("mkdtemp");
@@ -151,12 +155,12 @@ int main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s/store %s/w1 %s/w2 %s/tr", dir, dir, dir, dir);
     if (system(cmd) != 0) DIE("mkdir");
     for (int v = 1; v <= reps + 1; v++) {
-        snprintf(cmd, sizeof cmd, "%s weights init --config small --seed %d --out %s/tr/v%d.safetensors 2>/dev/null",
-                 ctl, v, dir, v);
+        snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed %d --out %s/tr/v%d.safetensors 2>/dev/null",
+                 ctl, config, v, dir, v);
         if (system(cmd) != 0) DIE("weights init");
     }
-    snprintf(cmd, sizeof cmd, "cp %s/tr/v1.safetensors %s/w1/ && cp %s/tr/v1.safetensors %s/w2/", dir, dir, dir, dir);
-    if (system(cmd) != 0) DIE("cp");
+    snprintf(cmd, sizeof cmd, "ln %s/tr/v1.safetensors %s/w1/ && ln %s/tr/v1.safetensors %s/w2/", dir, dir, dir, dir);
+    if (system(cmd) != 0) DIE("ln");
     int port = 31000 + getpid() % 20000;
     char cep[64], wep[64], db[300], store[300], log[300];
     snprintf(cep, sizeof cep, "tcp://127.0.0.1:%d", port);
@@ -185,8 +189,8 @@ int main(int argc, char **argv) {
     char path[400];
     snprintf(path, sizeof path, "%s/tr/v2.safetensors", dir);
     stat(path, &st);
-    printf("bench_sync: a %.1f MB small-config file by value to 2 workers vs one plain loopback copy, %d reps\n",
-           (double)st.st_size / 1e6, reps);
+    printf("bench_sync: a %.1f MB %s-config file by value to 2 workers vs one plain loopback copy, %d reps\n",
+           (double)st.st_size / 1e6, config, reps);
     double tv[REPS_MAX], tu[REPS_MAX], tf[REPS_MAX], q[REPS_MAX];
     for (int k = 0; k < reps; k++) {
         snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, k + 2);
