@@ -210,6 +210,42 @@ class ClientTests(unittest.TestCase):
             one = self.c.gen("tiny", self.ctx, latent=lats[i], steps=4, shift=3.0)
             self.assertTrue(np.array_equal(first[i].latent, one.latent), f"sample {i}")
 
+    def test_groups_and_singles_in_flight_together_are_each_bitwise_their_own(self):
+        # Groups (split over the worker's two streams) and single requests
+        # in flight at once from several clients: every sample is what it
+        # is alone, in its place.
+        kw = dict(latent_shape=(4, 1, 4, 4), steps=3, shift=3.0, sde=True, eta=0.7, return_log_probs=True)
+        alone = {s: self.c.gen("tiny", self.ctx, seed=s, **kw) for s in range(60, 72)}
+        out, errors = {}, []
+
+        def group(i):
+            try:
+                with self.cluster.client(timeout=60) as c:
+                    out[("g", i)] = c.gen_group("tiny", self.ctx, n=4, seed=60 + 4 * (i % 3), **kw)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        def single(s):
+            try:
+                with self.cluster.client(timeout=60) as c:
+                    out[("s", s)] = [c.gen("tiny", self.ctx, seed=s, **kw)]
+            except Exception as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=group, args=(i,)) for i in range(5)]
+        threads += [threading.Thread(target=single, args=(s,)) for s in range(60, 72, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(out), 11)
+        for (kind, i), rs in out.items():
+            seeds = [60 + 4 * (i % 3) + k for k in range(4)] if kind == "g" else [i]
+            for s, r in zip(seeds, rs):
+                self.assertTrue(np.array_equal(r.latent, alone[s].latent), f"{kind}{i} seed {s}: latent")
+                self.assertTrue(np.array_equal(r.log_probs, alone[s].log_probs), f"{kind}{i} seed {s}: log-probs")
+
     def test_gen_group_raises_the_error_of_a_bad_sample(self):
         for batched in (True, False):
             with self.assertRaises(reel.ReelError) as e:
