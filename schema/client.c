@@ -291,9 +291,10 @@ done:
 }
 
 /* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) as UPLOAD
- * `id`. 0, or -1 with err. */
+ * `id`; *sent its bytes. 0, or -1 with err. u->chunk points at this call's
+ * frame only while it runs: it is cleared before returning. */
 static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, unsigned char *buf, uint64_t offset,
-                      wire_err_t *err) {
+                      uint64_t *sent, wire_err_t *err) {
     uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
     ssize_t got = pread(fd, buf, n, (off_t)offset);
     if (got != (ssize_t)n) {
@@ -303,10 +304,13 @@ static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, un
     wire_tensor_t t = msg_chunk(buf, n);
     u->offset = offset;
     u->chunk = &t;
-    if (msg_upload_send(c->sock, NULL, id, u) != 0) {
+    int rc = msg_upload_send(c->sock, NULL, id, u);
+    u->chunk = NULL;
+    if (rc != 0) {
         set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
         return -1;
     }
+    *sent = n;
     return 0;
 }
 
@@ -337,8 +341,9 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
     }
     for (;;) {
         while (next < u.size && n_ends + ignore < REEL_UPLOAD_WINDOW) {
-            if (send_chunk(c, id, &u, fd, buf, next, err) != 0) goto out;
-            next += u.chunk->bytes;
+            uint64_t sent = 0;
+            if (send_chunk(c, id, &u, fd, buf, next, &sent, err) != 0) goto out;
+            next += sent;
             ends[n_ends++] = next;
         }
         wire_msg_t a;

@@ -264,6 +264,33 @@ START_TEST(test_parse_copies_the_buffer_so_the_caller_may_free_it) {
 }
 END_TEST
 
+/* st_adopt: a file already in memory (header and data apart, as a worker
+ * fetches it) is checked like any file, keeps the data buffer without a
+ * copy, and frees it when the header is refused (ASan: no leak). */
+START_TEST(test_adopt_owns_the_data_buffer_and_checks_the_header) {
+    const char *hdr = "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"__metadata__\":{\"k\":\"v\"}}";
+    unsigned char *data = malloc(8);
+    const float d[2] = { 7, 8 };
+    memcpy(data, d, sizeof d);
+    st_file_t *f = st_adopt("fetched v2", hdr, strlen(hdr), data, 8);
+    ck_assert_msg(f != NULL, "%s", kern_error());
+    ck_assert_ptr_eq(st_find(f, "t")->data, data); /* no copy */
+    float out[2];
+    ck_assert_int_eq(st_read_f32(f, "t", -1, NULL, out), 0);
+    ck_assert(out[0] == 7 && out[1] == 8);
+    ck_assert_str_eq(st_meta(f, "k"), "v");
+    st_close(&f);
+    /* an entry past the data: refused, naming the origin; the buffer freed */
+    const char *bad = "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+    data = malloc(8);
+    ck_assert_ptr_null(st_adopt("fetched v3", bad, strlen(bad), data, 8));
+    ck_assert_msg(strstr(kern_error(), "fetched v3"), "%s", kern_error());
+    /* not JSON */
+    data = malloc(8);
+    ck_assert_ptr_null(st_adopt("fetched v4", "{oops", 5, data, 8));
+}
+END_TEST
+
 START_TEST(test_empty_tensors_overlap_nothing) {
     float d[2] = {1, 2};
     st_file_t *f = open_built(
@@ -634,6 +661,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_writer_rejects_duplicate_names_and_bad_shapes_leaving_itself_unchanged);
     tcase_add_test(tc, test_save_into_missing_directory_fails_naming_the_path);
     tcase_add_test(tc, test_save_replaces_an_existing_file_whole);
+    tcase_add_test(tc, test_adopt_owns_the_data_buffer_and_checks_the_header);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,8 +1,11 @@
 /* wrk_fetch.c -- fetching an uploaded weights file from the broker (see
  * wrk_fetch.h). The broker answers FETCH in order on one connection, so
  * the answers come back as the requests went: WRK_FETCH_WINDOW of them
- * are kept in flight, each answer is written at its offset and hashed in
- * turn, and the next request goes out. */
+ * are kept in flight, each answer is copied to its place in memory (the
+ * header, then the data buffer the loaded file will own) and hashed in
+ * turn, and the next request goes out. No temporary file: writing one and
+ * reading it back cost two thirds of a fetch (0.5 of 0.7 s for the small
+ * config's 100 MB here). */
 #include "worker/wrk_fetch.h"
 
 #include <errno.h>
@@ -91,9 +94,53 @@ static int answer(fetch_t *f, const atomic_bool *stop, wire_msg_t *m, msg_fetch_
     }
 }
 
-/* The whole file into fd, hashed into hex. 0, or -1 with err/wire. */
-static int pull(fetch_t *f, int fd, uint64_t max_bytes, const atomic_bool *stop, char hex[65], char *wire, size_t wlen,
-                char *err, size_t errlen) {
+/* The file in memory as it arrives: its length field, its header and its
+ * data, each allocated once the length field is in. */
+typedef struct {
+    unsigned char len8[8];
+    char *hdr;
+    unsigned char *data;
+    uint64_t hlen, dlen;
+} mem_t;
+
+/* Copies the n bytes at file offset off into m. -1 with why: a header
+ * length the file cannot hold, or no memory. */
+static int put(mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, size_t n, char *why, size_t wl) {
+    while (n) {
+        size_t take;
+        if (off < 8) {
+            take = n < 8 - off ? n : (size_t)(8 - off);
+            memcpy(m->len8 + off, p, take);
+            if (off + take == 8) {
+                for (int i = 7; i >= 0; i--) m->hlen = m->hlen << 8 | m->len8[i];
+                if (m->hlen > size - 8 || m->hlen > (uint64_t)100 << 20) {
+                    snprintf(why, wl, "a header of %" PRIu64 " bytes in a %" PRIu64 "-byte file", m->hlen, size);
+                    return -1;
+                }
+                m->dlen = size - 8 - m->hlen;
+                if (m->dlen > SIZE_MAX || !(m->hdr = malloc(m->hlen ? (size_t)m->hlen : 1)) ||
+                    !(m->data = malloc(m->dlen ? (size_t)m->dlen : 1))) {
+                    snprintf(why, wl, "out of memory for %" PRIu64 " bytes", size);
+                    return -1;
+                }
+            }
+        } else if (off < 8 + m->hlen) {
+            take = n < 8 + m->hlen - off ? n : (size_t)(8 + m->hlen - off);
+            memcpy(m->hdr + (off - 8), p, take);
+        } else {
+            take = n;
+            memcpy(m->data + (off - 8 - m->hlen), p, take);
+        }
+        off += take;
+        p += take;
+        n -= take;
+    }
+    return 0;
+}
+
+/* The whole file into m, hashed into hex. 0, or -1 with err/wire. */
+static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *stop, char hex[65], char *wire,
+                size_t wlen, char *err, size_t errlen) {
     reel_sha256_t *h = reel_sha256_new();
     uint64_t done = 0;
     int rc = -1;
@@ -119,15 +166,23 @@ static int pull(fetch_t *f, int fd, uint64_t max_bytes, const atomic_bool *stop,
                      " this model holds", d.size, max_bytes);
                 goto out;
             }
+            if (d.size < 8) {
+                wire_msg_close(&m);
+                fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file is %" PRIu64 " bytes: no safetensors file",
+                     d.size);
+                goto out;
+            }
         }
-        bool bad = d.size != f->size || d.offset != done || (d.chunk->bytes == 0 && done < f->size);
+        bool bad = d.size != f->size || d.offset != done || (d.chunk->bytes == 0 && done < f->size) ||
+                   d.chunk->bytes > f->size - done;
         size_t n = d.chunk->bytes;
-        bool wrote = !bad && pwrite(fd, d.chunk->data, n, (off_t)done) == (ssize_t)n;
-        if (wrote) reel_sha256_update(h, d.chunk->data, n);
+        char why2[200] = "";
+        bool kept = !bad && put(mem, f->size, done, d.chunk->data, n, why2, sizeof why2) == 0;
+        if (kept) reel_sha256_update(h, d.chunk->data, n);
         wire_msg_close(&m);
-        if (bad || !wrote) {
-            fail(err, errlen, wire, wlen, WRK_E_FETCH, "%s at %" PRIu64, bad ? "answers out of order" : strerror(errno),
-                 done);
+        if (bad || !kept) {
+            fail(err, errlen, wire, wlen, bad ? WRK_E_FETCH : WRK_E_FILE, "%s at %" PRIu64,
+                 bad ? "answers out of order" : why2, done);
             goto out;
         }
         done += n;
@@ -159,25 +214,22 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
         fail(err, errlen, wire, wlen, WRK_E_FETCH, "this worker cannot fetch from the broker");
         return NULL;
     }
-    const char *tmp = getenv("TMPDIR");
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/reel-worker-fetch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot create a temporary directory: %s", strerror(errno));
-        return NULL;
-    }
-    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0 };
+    mem_t mem;
+    memset(&mem, 0, sizeof mem);
     st_file_t *out = NULL;
-    if (fd < 0 || !f.sock) {
-        fail(err, errlen, wire, wlen, WRK_E_FETCH, "%s", fd < 0 ? strerror(errno) : "cannot connect to the broker");
-    } else if (pull(&f, fd, max_bytes, stop, hex, wire, wlen, err, errlen) == 0 && !(out = st_open(path))) {
-        fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", kern_error());
+    char origin[MSG_NAME_MAX + 48];
+    snprintf(origin, sizeof origin, "uploaded %s v%" PRIu64, m->component, m->version);
+    if (!f.sock) {
+        fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot connect to the broker");
+    } else if (pull(&f, &mem, max_bytes, stop, hex, wire, wlen, err, errlen) == 0) {
+        /* The data buffer goes to the file (freed by it, or on failure). */
+        out = st_adopt(origin, mem.hdr, (size_t)mem.hlen, mem.data, (size_t)mem.dlen);
+        mem.data = NULL;
+        if (!out) fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", kern_error());
     }
     if (f.sock) zmq_close(f.sock);
-    if (fd >= 0) close(fd);
-    unlink(path); /* open or not, nobody else ever reads it */
-    rmdir(dir);
+    free(mem.hdr);
+    free(mem.data);
     return out;
 }

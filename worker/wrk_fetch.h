@@ -1,10 +1,11 @@
 /* wrk_fetch.h -- weights by value, the worker's side (docs/PROTOCOL.md,
  * "Weights by value"): a SYNC with "uploaded" names a file the trainer
  * sent to the broker; the sync thread fetches it back in FETCH chunks on
- * a DEALER of its own (the main thread's socket is the main thread's), into
- * a private temporary file that is unlinked once opened, hashing it as it
- * comes. The file is judged by the size the broker announces before a
- * byte is written: more than the model can hold is refused at once. */
+ * a DEALER of its own (the main thread's socket is the main thread's),
+ * straight into memory (its header, and the data buffer the returned
+ * st_file_t owns), hashing it as it comes. The file is judged by the size
+ * the broker announces before a byte is kept: more than the model can
+ * hold is refused at once. */
 #ifndef REEL_WORKER_WRK_FETCH_H
 #define REEL_WORKER_WRK_FETCH_H
 

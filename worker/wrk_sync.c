@@ -187,6 +187,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         goto out;
     }
     const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve };
+    struct timespec t0, t1, t2, t3;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
                       sizeof err) != 0) {
         /* The detail stays here; the broker (and the trainer) get the
@@ -195,6 +197,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, wire);
         goto out;
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (strcasecmp(hex, want) != 0) {
         wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", version, hex, want);
         ack(s, id, version, "sha256 mismatch");
@@ -216,6 +219,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
                 nanosleep(&ts, NULL);
             }
         }
+        clock_gettime(CLOCK_MONOTONIC, &t2);
         pthread_rwlock_wrlock(&w->step_lock);
         if (tdit_model_reload(w->model, f) != 0) {
             snprintf(err, sizeof err, "%s", kern_error());
@@ -235,12 +239,19 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         }
         pthread_rwlock_unlock(&w->step_lock);
         atomic_store(&w->draining, false);
+        clock_gettime(CLOCK_MONOTONIC, &t3);
         if (fail) {
             wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", version, err,
                     atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", fail);
         } else {
             snprintf(s->applied_sha, sizeof s->applied_sha, "%s", hex);
-            wrk_log(w, "applied %s v%" PRIu64 " (%s)", TDIT_COMPONENT, version, cap_policy_name(w->opt->policy));
+            /* Where a sync's time went: reading (or fetching) and hashing
+             * the file, draining, and the weights copied in under the lock. */
+#define SECS(a, b) ((double)((b).tv_sec - (a).tv_sec) + 1e-9 * (double)((b).tv_nsec - (a).tv_nsec))
+            wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, drain %.3f s, reload %.3f s", TDIT_COMPONENT, version,
+                    cap_policy_name(w->opt->policy), m->uploaded ? "fetch + hash" : "read + hash", SECS(t0, t1),
+                    SECS(t1, t2), SECS(t2, t3));
+#undef SECS
         }
         ack(s, id, version, fail);
     }

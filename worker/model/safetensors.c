@@ -292,6 +292,11 @@ err:
     return NULL;
 }
 
+st_file_t *st_adopt(const char *origin, const char *hdr, size_t hlen, unsigned char *data, size_t dlen) {
+    assert(origin && (hdr || hlen == 0));
+    return parse_parts(origin, hdr, hlen, data, dlen);
+}
+
 st_file_t *st_parse(const void *buf, size_t len) {
     const unsigned char *p = buf;
     assert(buf || len == 0);

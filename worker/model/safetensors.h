@@ -78,6 +78,11 @@ int st_probe_fd(int fd, const char *path, st_probe_t *out);
 /* As st_open, over `len` bytes at `buf`, which are copied (the caller keeps
  * buf). Messages name the source as "safetensors buffer". */
 st_file_t *st_parse(const void *buf, size_t len);
+/* As st_open, over a file already in memory in two parts: the header's
+ * hlen JSON bytes (the caller keeps hdr) and the data buffer, malloc'd,
+ * dlen bytes, which the result owns (freed on failure too): no copy of
+ * the data. Checks every entry as st_open does; messages name origin. */
+st_file_t *st_adopt(const char *origin, const char *hdr, size_t hlen, unsigned char *data, size_t dlen);
 /* Frees *f and everything it owns and sets *f = NULL. Does nothing when f
  * or *f is NULL. Can't fail. */
 void st_close(st_file_t **f);
