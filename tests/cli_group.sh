@@ -55,7 +55,7 @@ gen "$CE" s23 --seed 23 && ok "single gen with seed 23" || bad "single gen 23"
 
 # A worker whose budget holds two samples' workspace, not four: the group
 # runs in smaller batches, with the same bits.
-cli_broker "$D/broker2.log" --clients "$CE2" --workers "$WE2" --heartbeat-ms 200 || bad "second broker starts"
+cli_broker "$D/broker2.log" --clients "$CE2" --workers "$WE2" --catalog "$D/reel2.db" --heartbeat-ms 200 || bad "second broker starts"
 cli_worker w2 "$D/broker2.log" "$D/w2.log" --broker "$WE2" --weights "$D/w.safetensors" --streams 1 \
     --heartbeat-ms 200 --budget 250K || bad "small-budget worker registers"
 gen "$CE2" g4small --n 4 --seed 20 && ok "the group of 4 on a worker with a 250K budget" ||
