@@ -77,7 +77,7 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo demo-local asan tsan fuzz fuzz-build bench clean FORCE
+.PHONY: all deps test demo demo-local asan asan-cli tsan fuzz fuzz-build bench clean FORCE
 all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN) artifacts
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
@@ -164,6 +164,13 @@ asan: deps
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
+
+# The process-level scripts (tests/cli_*.sh) against ASan + UBSan builds of
+# the daemons and reelctl: any sanitizer report fails it.
+asan-cli: deps
+	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
+	BUILD=build-asan tests/run_asan_cli.sh
 
 # Unit suites under ThreadSanitizer (the threaded capture_cache tests are
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
