@@ -22,21 +22,12 @@
 #include "kernels/error.h"
 #include "schema/client.h"
 #include "bench/bench.h"
+#include "bench/bench_proc.h"
 
 #define DIE(...) do { fprintf(stderr, "bench_groups: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
 #define G_MAX 16
 
-static pid_t spawn(char *const argv[], const char *log) {
-    fflush(stdout); /* the child must not print this process's buffered lines again */
-    pid_t p = fork();
-    if (p == 0) {
-        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
 
 typedef struct {
     const char *config;
@@ -92,19 +83,6 @@ static double batched(reel_client_t *c, const reel_gen_t *base, int G, const uin
     return bench_now() - t0;
 }
 
-static void wait_worker(reel_client_t *c) {
-    for (int i = 0; i < 600; i++) {
-        reel_status_t *s = NULL;
-        wire_err_t err;
-        if (reel_status(c, &s, 2000, &err) == 0) {
-            size_t have = reel_status_reply(s)->n_workers;
-            reel_status_free(&s);
-            if (have >= 1) return;
-        }
-        usleep(100000);
-    }
-    DIE("the worker did not register");
-}
 
 int main(int argc, char **argv) {
     const char *build = argc > 1 ? argv[1] : "build";
@@ -139,10 +117,10 @@ int main(int argc, char **argv) {
         char *bargv[] = { broker, "--clients", cep, "--workers", wep, "--catalog", db, NULL };
         char *wargv[] = { worker, "--broker", wep, "--name", "w1", "--weights", wpath, "--streams", (char *)streams,
                           "--warmup", "1", NULL };
-        pid_t pb = spawn(bargv, blog), pw = spawn(wargv, wlog);
+        pid_t pb = bench_spawn(bargv, blog), pw = bench_spawn(wargv, wlog);
         reel_client_t *c = reel_client_new(cep);
         if (!c) DIE("%s", kern_error());
-        wait_worker(c);
+        bench_wait_workers(c, 1, "bench_groups");
         size_t nl = (size_t)(k->lat[0] * k->lat[1] * k->lat[2] * k->lat[3]), nc = (size_t)(k->ctx[0] * k->ctx[1]);
         float *ctx = malloc(nc * sizeof *ctx), *unc = malloc(nc * sizeof *unc);
         float *a = malloc(G_MAX * nl * sizeof *a), *b = malloc(G_MAX * nl * sizeof *b);

@@ -30,20 +30,12 @@
 #include "schema/client.h"
 #include "schema/sha256.h"
 #include "bench/bench.h"
+#include "bench/bench_proc.h"
 
 #define DIE(...) do { fprintf(stderr, "bench_sync: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
 #define CHUNK ((size_t)4 << 20)
 
-static pid_t spawn(char *const argv[], const char *log) {
-    pid_t p = fork();
-    if (p == 0) {
-        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(127);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return p;
-}
 
 /* ---- the floor: one copy over loopback ------------------------------------------ */
 
@@ -127,19 +119,6 @@ static double by_value(reel_client_t *c, const char *path, uint64_t version, dou
     return bench_now() - t0;
 }
 
-static void wait_workers(reel_client_t *c, int n) {
-    for (int i = 0; i < 3000; i++) { /* up to 5 min: a 1.3b worker loads 5.7 GB first */
-        reel_status_t *s = NULL;
-        wire_err_t err;
-        if (reel_status(c, &s, 2000, &err) == 0) {
-            size_t have = reel_status_reply(s)->n_workers;
-            reel_status_free(&s);
-            if ((int)have >= n) return;
-        }
-        usleep(100000);
-    }
-    DIE("the workers did not register");
-}
 
 int main(int argc, char **argv) {
     const char *build = argc > 1 ? argv[1] : "build";
@@ -170,7 +149,7 @@ int main(int argc, char **argv) {
     snprintf(log, sizeof log, "%s/broker.log", dir);
     char *bargv[] = { broker, "--clients", cep, "--workers", wep, "--catalog", db, "--weights-dir", store, NULL };
     pid_t pids[3];
-    pids[0] = spawn(bargv, log);
+    pids[0] = bench_spawn(bargv, log);
     for (int i = 0; i < 2; i++) {
         char name[16], wts[300], wdir[300], wlog[300];
         snprintf(name, sizeof name, "w%d", i + 1);
@@ -179,11 +158,11 @@ int main(int argc, char **argv) {
         snprintf(wlog, sizeof wlog, "%s/w%d.log", dir, i + 1);
         char *wargv[] = { worker, "--broker", wep, "--name", name, "--weights", wts, "--weights-dir", wdir,
                           "--streams", "1", NULL };
-        pids[1 + i] = spawn(wargv, wlog);
+        pids[1 + i] = bench_spawn(wargv, wlog);
     }
     reel_client_t *c = reel_client_new(cep);
     if (!c) DIE("%s", kern_error());
-    wait_workers(c, 2);
+    bench_wait_workers(c, 2, "bench_sync");
     void *ctx = zmq_ctx_new();
     struct stat st;
     char path[400];

@@ -110,13 +110,5 @@ check(all(np.array_equal(g4[k], g4t[k]) for k in g4), "the group split over two 
 check(all(np.array_equal(g4[k], g4tb[k]) for k in g4), "split over streams and by the budget: the same bits")
 sys.exit(0 if ok else 1)
 PYEOF
-rc=$?
-while read -r line; do
-    case "$line" in
-    PASS*) ok "${line#PASS }" ;;
-    FAIL*) bad "${line#FAIL }" ;;
-    *) echo "  | $line" ;;
-    esac
-done <"$D/check.out"
-[ $rc = 0 ] || bad "the numpy checks (exit $rc)"
+py_checks "$D/check.out" $?
 finish

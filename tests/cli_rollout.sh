@@ -66,13 +66,5 @@ check("log_probs" not in o and "means" not in o, "an Euler gen carries no log-pr
 check(sm.get("version_runs", "") != "", "version_runs metadata: '%s'" % sm.get("version_runs", ""))
 sys.exit(0 if ok else 1)
 EOF
-rc=$?
-while read -r line; do
-    case "$line" in
-    PASS*) ok "${line#PASS }" ;;
-    FAIL*) bad "${line#FAIL }" ;;
-    *) echo "  | $line" ;;
-    esac
-done <"$D/check.out"
-[ $rc = 0 ] || bad "the numpy checks (exit $rc)"
+py_checks "$D/check.out" $?
 finish

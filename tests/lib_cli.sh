@@ -51,3 +51,16 @@ cli_worker() {
     PIDS="$PIDS $WORKER"
     wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 20
 }
+
+# py_checks OUT RC: counts the PASS/FAIL lines a Python check printed to
+# OUT (other lines shown), and a failure when it exited RC != 0.
+py_checks() {
+    while read -r line; do
+        case "$line" in
+        PASS*) ok "${line#PASS }" ;;
+        FAIL*) bad "${line#FAIL }" ;;
+        *) echo "  | $line" ;;
+        esac
+    done <"$1"
+    [ "$2" = 0 ] || bad "the numpy checks (exit $2)"
+}

@@ -224,44 +224,39 @@ static void send_result(stream_t *st, wrk_job_t *j) {
 
 /* A group's finished sub-batch: its samples' outputs copied into the
  * group's (allocated on the first), its counts added. -1 with a message. */
+/* dst += src's counts (steps, outcomes, declines); seconds as the caller says. */
+static void stats_add(tdit_run_stats_t *dst, const tdit_run_stats_t *src) {
+    dst->steps += src->steps;
+    dst->captured += src->captured;
+    dst->replayed += src->replayed;
+    dst->eager += src->eager;
+    for (int i = 0; i < CAP_DECLINE_COUNT; i++) dst->declines[i] += src->declines[i];
+}
+
 static int gather(stream_t *st, wrk_job_t *j) {
     const tdit_req_t *q = j->req;
     size_t n = (size_t)j->n, nl = j->n_latent, steps = (size_t)tdit_req_steps(q), b = (size_t)tdit_req_batch(q);
-    size_t at = (size_t)j->at;
-    if (j->group) { /* a part: straight into the group's buffers, at its samples */
-        wrk_group_t *g = j->group;
-        at += (size_t)j->base;
-        float *o = g->out, *tr = g->traj, *me = g->means, *lp = g->logp;
-        if (tdit_req_read(j->req, st->ks, o + at * nl, b * nl) != 0) return -1;
-        if (tr) memcpy(tr + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
-        if (me) memcpy(me + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
-        if (lp) memcpy(lp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
-        for (size_t k = 0; k < b; k++) memcpy(g->vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
-    } else if (!j->g_out) {
+    if (!j->group && !j->g_out) {
         if (!(j->g_out = malloc(n * nl * sizeof *j->g_out)) || !(j->g_vers = malloc(n * steps * sizeof *j->g_vers)) ||
             ((j->rec & TDIT_REC_TRAJECTORY) && !(j->g_traj = malloc(n * (steps + 1) * nl * sizeof *j->g_traj))) ||
             ((j->rec & TDIT_REC_MEANS) && !(j->g_means = malloc(n * steps * nl * sizeof *j->g_means))) ||
             ((j->rec & TDIT_REC_LOG_PROBS) && !(j->g_logp = malloc(n * steps * sizeof *j->g_logp))))
             return kern_fail("out of memory gathering a group of %zu", n);
     }
-    if (!j->group) {
-        if (tdit_req_read(j->req, st->ks, j->g_out + at * nl, b * nl) != 0) return -1;
-        /* The records are sample-major, as the group's: one copy each. */
-        if (j->g_traj)
-            memcpy(j->g_traj + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
-        if (j->g_means) memcpy(j->g_means + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
-        if (j->g_logp) memcpy(j->g_logp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
-        for (size_t k = 0; k < b; k++)
-            memcpy(j->g_vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
-    }
-    const tdit_run_stats_t *a = tdit_req_stats(q);
-    tdit_run_stats_t *g = &j->g_stats;
-    g->steps += a->steps;
-    g->captured += a->captured;
-    g->replayed += a->replayed;
-    g->eager += a->eager;
-    g->seconds += a->seconds;
-    for (int i = 0; i < CAP_DECLINE_COUNT; i++) g->declines[i] += a->declines[i];
+    /* A part writes straight into its group's buffers, at its samples. */
+    wrk_group_t *gr = j->group;
+    size_t at = (size_t)j->at + (gr ? (size_t)j->base : 0);
+    float *out = gr ? gr->out : j->g_out, *tr = gr ? gr->traj : j->g_traj, *me = gr ? gr->means : j->g_means,
+          *lp = gr ? gr->logp : j->g_logp;
+    uint64_t *vers = gr ? gr->vers : j->g_vers;
+    if (tdit_req_read(j->req, st->ks, out + at * nl, b * nl) != 0) return -1;
+    /* The records are sample-major, as the group's: one copy each. */
+    if (tr) memcpy(tr + at * (steps + 1) * nl, tdit_req_trajectory(q), b * (steps + 1) * nl * sizeof(float));
+    if (me) memcpy(me + at * steps * nl, tdit_req_means(q), b * steps * nl * sizeof(float));
+    if (lp) memcpy(lp + at * steps, tdit_req_log_probs(q), b * steps * sizeof(float));
+    for (size_t k = 0; k < b; k++) memcpy(vers + (at + k) * steps, tdit_req_versions(q), steps * sizeof(uint64_t));
+    stats_add(&j->g_stats, tdit_req_stats(q));
+    j->g_stats.seconds += tdit_req_stats(q)->seconds; /* one sub-batch after another */
     return 0;
 }
 
@@ -507,12 +502,8 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         wrk_group_t *g = j->group;
         const tdit_run_stats_t *a = &j->g_stats;
         pthread_mutex_lock(&g->mu);
-        g->stats.steps += a->steps;
-        g->stats.captured += a->captured;
-        g->stats.replayed += a->replayed;
-        g->stats.eager += a->eager;
+        stats_add(&g->stats, a);
         if (a->seconds > g->stats.seconds) g->stats.seconds = a->seconds; /* the parts run side by side */
-        for (int i = 0; i < CAP_DECLINE_COUNT; i++) g->stats.declines[i] += a->declines[i];
         if (!g->have_version || j->first_version < g->first_version) g->first_version = j->first_version;
         if (!g->have_version || j->ran_version > g->last_version) g->last_version = j->ran_version;
         g->have_version = true;

@@ -1,0 +1,42 @@
+/* bench_proc.h -- what the benchmarks that start real daemons share:
+ * spawning one with its stderr in a log, and waiting until a broker
+ * reports its workers. */
+#ifndef REEL_BENCH_BENCH_PROC_H
+#define REEL_BENCH_BENCH_PROC_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
+#include "schema/client.h"
+
+/* argv[0] (a path) with stdout to /dev/null and stderr to log; its pid. */
+static inline pid_t bench_spawn(char *const argv[], const char *log) {
+    fflush(stdout); /* the child must not print this process's buffered lines again */
+    pid_t p = fork();
+    if (p == 0) {
+        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(127);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return p;
+}
+
+/* Until the broker c talks to lists n workers: up to 5 minutes (a
+ * 1.3b worker loads 5.7 GB first). Exits the process if they never come. */
+static inline void bench_wait_workers(reel_client_t *c, int n, const char *who) {
+    for (int i = 0; i < 3000; i++) {
+        reel_status_t *s = NULL;
+        wire_err_t err;
+        if (reel_status(c, &s, 2000, &err) == 0) {
+            size_t have = reel_status_reply(s)->n_workers;
+            reel_status_free(&s);
+            if ((int)have >= n) return;
+        }
+        usleep(100000);
+    }
+    fprintf(stderr, "%s: the workers did not register\n", who);
+    exit(1);
+}
+
+#endif
