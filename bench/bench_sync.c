@@ -4,18 +4,21 @@
  * Reel: a reel-broker with --weights-dir and two reel-workers (the small
  * config, 100 MB of F32 weights; each worker's weights directory holds only
  * its starting file), and a trainer here that publishes a new version by
- * value: reel_upload, then reel_sync with "uploaded". Timed from the
+ * value: reel_publish (reelctl sync --upload: the SYNC goes with the first
+ * chunk, the workers fetch while the rest still comes). Timed from the
  * trainer's first byte to SYNC_DONE, which the broker sends once both
- * workers fetched the file, checked its sha256, loaded it and acked.
+ * workers fetched the file, checked its sha256, loaded it and acked. For
+ * the small config each rep also times the stages one after the other
+ * (reel_upload, then reel_sync), as before reel_publish.
  * The floor: the same file's bytes copied once over loopback by a plain
  * ZeroMQ DEALER to a ROUTER (4 MiB messages, the receiver acking the
  * last), read from the file as the trainer reads it. Each rep times both,
  * alternating which goes first; the summary is the median of the reps.
  * Usage: bench_sync [BUILD_DIR [REPS [CONFIG]]]  (finds reel-broker,
  * reel-worker, reelctl in BUILD_DIR; CONFIG small by default, or
- * wan2.1-1.3b: a 5.7 GB F32 file, each worker holding the model: needs
- * about 13 GB of memory and 6 x the file on disk; the worker copies are
- * hard links) */
+ * wan2.1-1.3b: a 5.7 GB F32 file, each worker holding the model and,
+ * while it fetches, the file: needs about 23 GB of memory and 6 x the file
+ * on disk; the worker copies are hard links) */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -103,20 +106,53 @@ static double floor_copy(void *ctx, const char *path, int port) {
 
 /* ---- Reel: upload, sync by value, both workers ack --------------------------------- */
 
-/* Seconds from the first byte to SYNC_DONE; *up the upload's part. */
-static double by_value(reel_client_t *c, const char *path, uint64_t version, double *up) {
+typedef struct {
+    double t0, done;
+} clock_t_;
+
+/* CPU seconds (user + system) a process used so far, from /proc. */
+static double cpu_s(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static void upload_done(void *user, uint64_t done, uint64_t size) {
+    clock_t_ *k = user;
+    if (done == size && k->done < 0) k->done = bench_now();
+}
+
+/* Seconds from the first byte to SYNC_DONE; *up the upload's part.
+ * overlap: reel_publish (the SYNC goes with the first chunk and workers
+ * fetch while the rest comes, as reelctl sync --upload does); else
+ * reel_upload, then reel_sync (stages one after the other). */
+static double by_value(reel_client_t *c, const char *path, uint64_t version, bool overlap, double *up) {
     char hex[65];
     if (reel_sha256_file(path, hex) != 0) DIE("%s", kern_error());
     wire_err_t err;
     reel_sync_result_t r;
-    double t0 = bench_now();
-    if (reel_upload(c, "transformer", version, hex, path, NULL, NULL, 600000, &err) != 0)
-        DIE("upload v%llu: %s: %s", (unsigned long long)version, err.code, err.message);
-    *up = bench_now() - t0;
-    if (reel_sync(c, "transformer", version, hex, NULL, 600000, &r, 600000, &err) != 0 || !r.complete)
+    clock_t_ k = { bench_now(), -1 };
+    int rc;
+    if (overlap) {
+        rc = reel_publish(c, "transformer", version, hex, path, 600000, upload_done, &k, &r, 600000, &err);
+    } else {
+        if (reel_upload(c, "transformer", version, hex, path, upload_done, &k, 600000, &err) != 0)
+            DIE("upload v%llu: %s: %s", (unsigned long long)version, err.code, err.message);
+        rc = reel_sync(c, "transformer", version, hex, NULL, 600000, &r, 600000, &err);
+    }
+    if (rc != 0 || !r.complete)
         DIE("sync v%llu: %s %s (applied %s, failed %s)", (unsigned long long)version, err.code, err.message, r.applied,
             r.failed);
-    return bench_now() - t0;
+    *up = k.done - k.t0;
+    return bench_now() - k.t0;
 }
 
 
@@ -125,6 +161,8 @@ int main(int argc, char **argv) {
     int reps = argc > 2 ? atoi(argv[2]) : 3;
     const char *config = argc > 3 ? argv[3] : "small";
     if (reps < 1 || reps > REPS_MAX) DIE("reps must be 1..%d", REPS_MAX);
+    bool seq = !strcmp(config, "small"); /* also the stages one after the other (disk: not at 1.3b) */
+    int files = 1 + reps * (seq ? 2 : 1);
     char dir[] = "/tmp/reel-bench-sync.XXXXXX", cmd[1024], broker[300], worker[300], ctl[300];
     if (!mkdtemp(dir)) DIE("mkdtemp");
     snprintf(broker, sizeof broker, "%s/reel-broker", build);
@@ -133,7 +171,7 @@ int main(int argc, char **argv) {
     if (access(broker, X_OK) || access(worker, X_OK) || access(ctl, X_OK)) DIE("build %s first", build);
     snprintf(cmd, sizeof cmd, "mkdir -p %s/store %s/w1 %s/w2 %s/tr", dir, dir, dir, dir);
     if (system(cmd) != 0) DIE("mkdir");
-    for (int v = 1; v <= reps + 1; v++) {
+    for (int v = 1; v <= files; v++) {
         snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed %d --out %s/tr/v%d.safetensors 2>/dev/null",
                  ctl, config, v, dir, v);
         if (system(cmd) != 0) DIE("weights init");
@@ -170,20 +208,49 @@ int main(int argc, char **argv) {
     stat(path, &st);
     printf("bench_sync: a %.1f MB %s-config file by value to 2 workers vs one plain loopback copy, %d reps\n",
            (double)st.st_size / 1e6, config, reps);
-    double tv[REPS_MAX], tu[REPS_MAX], tf[REPS_MAX], q[REPS_MAX];
+    double tv[REPS_MAX], tu[REPS_MAX], tf[REPS_MAX], q[REPS_MAX], ts[REPS_MAX], tsu[REPS_MAX], qs[REPS_MAX];
+    double cpu[4][REPS_MAX], cpus[4][REPS_MAX]; /* CPU seconds of a by-value sync: broker, w1, w2, trainer */
+    uint64_t version = 1;
     for (int k = 0; k < reps; k++) {
-        snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, k + 2);
+        snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
         if (k % 2) tf[k] = floor_copy(ctx, path, port + 2 + k);
-        tv[k] = by_value(c, path, (uint64_t)k + 2, &tu[k]);
+        double c0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
+        tv[k] = by_value(c, path, ++version, true, &tu[k]);
+        for (int i = 0; i < 4; i++) cpu[i][k] = cpu_s(i < 3 ? pids[i] : getpid()) - c0[i];
         if (!(k % 2)) tf[k] = floor_copy(ctx, path, port + 2 + k);
         q[k] = tv[k] / tf[k];
-        printf("rep %d: by value %.3f s (upload %.3f s, fetch + load + ack %.3f s), floor %.3f s: %.2fx\n", k + 1, tv[k],
-               tu[k], tv[k] - tu[k], tf[k], q[k]);
+        printf("rep %d: by value %.3f s (upload done at %.3f s), floor %.3f s: %.2fx", k + 1, tv[k], tu[k], tf[k], q[k]);
+        if (seq) {
+            snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
+            double s0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
+            ts[k] = by_value(c, path, ++version, false, &tsu[k]);
+            for (int i = 0; i < 4; i++) cpus[i][k] = cpu_s(i < 3 ? pids[i] : getpid()) - s0[i];
+            qs[k] = ts[k] / tf[k];
+            printf("; stages in turn %.3f s (upload %.3f s): %.2fx", ts[k], tsu[k], qs[k]);
+        }
+        printf("\n");
         fflush(stdout);
     }
     double mv = bench_median(tv, reps), mu = bench_median(tu, reps), mf = bench_median(tf, reps), mq = bench_median(q, reps);
-    printf("\nmedians of %d reps: by value %.3f s (upload %.3f s), floor %.3f s (%.0f MB/s); "
+    printf("\nmedians of %d reps: by value %.3f s (upload done at %.3f s), floor %.3f s (%.0f MB/s); "
            "by value / floor %.2fx (goal <= 2x)\n", reps, mv, mu, mf, (double)st.st_size / 1e6 / mf, mq);
+    printf("CPU seconds of a by-value sync (medians): broker %.3f, worker 1 %.3f, worker 2 %.3f, trainer %.3f\n",
+           bench_median(cpu[0], reps), bench_median(cpu[1], reps), bench_median(cpu[2], reps),
+           bench_median(cpu[3], reps));
+    if (seq) {
+        printf("stages in turn (reel_upload, then reel_sync): %.3f s (upload %.3f s), %.2fx the floor; "
+               "overlapped / in turn %.2fx\n", bench_median(ts, reps), bench_median(tsu, reps), bench_median(qs, reps),
+               mv / bench_median(ts, reps));
+        printf("CPU seconds of a sync with the stages in turn (medians): broker %.3f, worker 1 %.3f, worker 2 %.3f, "
+               "trainer %.3f\n", bench_median(cpus[0], reps), bench_median(cpus[1], reps), bench_median(cpus[2], reps),
+               bench_median(cpus[3], reps));
+    }
+    /* Where a worker's part went (its log: fetch + hash, drain, reload), per sync. */
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "grep -o 'applied transformer v[0-9]* .*' %s/w%d.log | sed 's/^/  w%d /'", dir, i + 1,
+                 i + 1);
+        if (system(cmd) != 0) printf("  (no sync lines in w%d's log)\n", i + 1);
+    }
     reel_client_destroy(&c);
     zmq_ctx_term(ctx);
     for (int i = 0; i < 3; i++) kill(pids[i], SIGTERM);

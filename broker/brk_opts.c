@@ -26,6 +26,8 @@ static const char usage[] =
     "                              reaches it may run or replace the models)\n"
     "  --weights-dir DIR           keep weights trainers UPLOAD here and serve them to\n"
     "                              workers (FETCH); without it uploads are refused\n"
+    "  --weights-keep N            uploaded versions kept there: the current one and the\n"
+    "                              N-1 before it, and any newer (default 2; 0 = all)\n"
     "  -h, --help                  this text\n"
     "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
     "are served, unless --insecure.\n";
@@ -52,6 +54,7 @@ static void defaults(brk_opts_t *o) {
         .liveness = 3,
         .queue_max = 64,
         .sync_deadline_ms = 30000,
+        .weights_keep = 2,
         .request_deadline_ms = 60000,
         .max_held_bytes = (uint64_t)2048 << 20,
     };
@@ -60,7 +63,7 @@ static void defaults(brk_opts_t *o) {
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
     enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
-           O_INSECURE, O_WDIR };
+           O_INSECURE, O_WDIR, O_WKEEP };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -75,6 +78,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "key", required_argument, NULL, O_KEY },
         { "insecure", no_argument, NULL, O_INSECURE },
         { "weights-dir", required_argument, NULL, O_WDIR },
+        { "weights-keep", required_argument, NULL, O_WKEEP },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -112,6 +116,10 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         case O_REQ:
             if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->request_deadline_ms = v;
             else bad = "--request-deadline-ms";
+            break;
+        case O_WKEEP:
+            if (parse_u64(optarg, 0, 1000000, &v)) o->weights_keep = (int)v;
+            else bad = "--weights-keep";
             break;
         case O_HELD:
             if (parse_u64(optarg, 1, (uint64_t)1 << 30, &v)) o->max_held_bytes = v << 20;

@@ -269,6 +269,7 @@ static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
     cur->sync_id = s->sync_id;
     brk_cq_weight_state(b->cat, s->component, s->version, "current", NULL);
     brk_log("%s v%llu is current (applied by %s)", s->component, (unsigned long long)s->version, by);
+    brk_upload_prune(b, s->component, s->version);
     /* Workers that joined while it was pending are sent it now. */
     for (int i = 0; i < b->n_w; i++)
         if (!b->w[i]->dead) brk_catch_up(b, b->w[i]);
@@ -389,7 +390,7 @@ static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **runnin
         return WIRE_E_STALE;
     }
     /* Weights by value: the broker must hold that file (brk_upload.h). */
-    if (!*resend && m->uploaded && !brk_upload_stored(b, comp, version, m->sha256, why, len)) return WIRE_E_BAD_REQUEST;
+    if (!*resend && m->uploaded && !brk_upload_held(b, comp, version, m->sha256, why, len)) return WIRE_E_BAD_REQUEST;
     /* The slot is taken now so that promotion can not fail later. */
     if (!*resend && !current_slot(b, comp)) {
         snprintf(why, len, "more than %d weight components", BRK_MAX_COMPONENTS);

@@ -17,14 +17,24 @@
 #include "broker/brk_zap.h"
 #include "schema/sha256.h"
 
+/* A FETCH of bytes an upload in progress has not brought yet: answered
+ * when they come (or with ERROR when the upload fails). */
+typedef struct {
+    unsigned char who[256];    /* the asking connection's routing id */
+    size_t who_len;
+    uint64_t id, offset, max;
+} parked_t;
+
 typedef struct {
     bool open;
     char component[MSG_NAME_MAX];
     uint64_t version, size, received;
     char sha256[65];           /* lowercase */
-    int fd;                    /* the .part file */
+    int fd;                    /* the .part file (read too: FETCH while it comes) */
     reel_sha256_t *h;          /* of its bytes so far */
     int64_t touched_ms;
+    parked_t parked[BRK_FETCH_PARKED_MAX];
+    int n_parked;              /* in the order they came */
 } slot_t;
 
 struct brk_uploads {
@@ -53,8 +63,12 @@ static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, ui
     if (msg_upload_ack_send(b->clients, to, id, &a) != 0) brk_undelivered(b, "UPLOAD_ACK");
 }
 
+static void fail_parked(brk_t *b, slot_t *s, const char *why);
+static void serve_parked(brk_t *b, slot_t *s);
+
 static void close_slot(brk_t *b, slot_t *s, bool remove_part) {
     if (!s->open) return;
+    fail_parked(b, s, remove_part ? "the upload failed or was replaced" : "the upload closed");
     if (s->fd >= 0) close(s->fd);
     char hex[65];
     if (s->h) reel_sha256_final(&s->h, hex);
@@ -143,7 +157,7 @@ static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char 
     }
     char part[1024];
     file_of(b, ".", u->component, u->version, ".part", part, sizeof part);
-    int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     reel_sha256_t *h = fd >= 0 ? reel_sha256_new() : NULL;
     if (!h) {
         snprintf(why, len, "cannot open %.200s: %s", part, fd < 0 ? strerror(errno) : "out of memory");
@@ -199,6 +213,7 @@ static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
         close_slot(b, s, true);
         return;
     }
+    serve_parked(b, s); /* a SYNC that came first: its workers wait for the last chunks */
     brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
             s->size, s->sha256, final);
     brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", s->component, s->version, s->sha256, final,
@@ -251,14 +266,123 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
         return;
     }
-    if (s->received == s->size) finish(b, from, id, s);
-    else ack(b, from, id, u->component, u->version, s->received, false);
+    if (s->received == s->size) {
+        finish(b, from, id, s);
+    } else {
+        serve_parked(b, s);
+        ack(b, from, id, u->component, u->version, s->received, false);
+    }
 }
 
 /* ---- serving ---------------------------------------------------------------------- */
 
+static void free_chunk(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* FETCH_DATA: the bytes of fd from offset (at most max, none past end),
+ * the file being size bytes long; or ERROR when they cannot be read. The
+ * chunk's frame is the buffer it was read into, handed to ZeroMQ (freed
+ * once sent): no copy of it on the routing thread. */
+static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
+                  uint64_t offset, uint64_t max) {
+    uint64_t n = offset >= size ? 0 : size - offset < max ? size - offset : max;
+    unsigned char *buf = malloc(n ? n : 1);
+    ssize_t got = buf && n ? pread(fd, buf, n, (off_t)offset) : 0;
+    wire_msg_t *sh = buf && got == (ssize_t)n ? calloc(1, sizeof *sh) : NULL;
+    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, NULL) != 0) {
+        brk_error_to(b, true, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
+                     !buf || (sh == NULL && got == (ssize_t)n) ? "out of memory"
+                     : got < 0                                 ? strerror(errno)
+                     : got != (ssize_t)n                       ? "the file is shorter than it was"
+                                                               : "out of memory");
+        free(sh);
+        free(buf);
+        return;
+    }
+    sh->n_tensors = 1;
+    sh->t[0] = msg_chunk(buf, n);
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", comp);
+    d.version = v;
+    d.offset = offset;
+    d.size = size;
+    d.chunk = &sh->t[0];
+    if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, sh) != 0) brk_undelivered(b, "FETCH_DATA");
+    zmq_msg_close(&sh->frame[0]); /* zmq holds its own reference while it sends */
+    free(sh);
+}
+
+/* Whether a FETCH of (offset, max) can be answered whole from what an
+ * upload in progress holds: a worker asks for fixed offsets and takes
+ * each answer as the whole chunk, so a chunk is never sent short. */
+static bool ready(const slot_t *s, uint64_t offset, uint64_t max) {
+    if (offset >= s->size) return true; /* answered empty */
+    uint64_t end = s->size - offset < max ? s->size : offset + max;
+    return s->received >= end;
+}
+
+static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max) {
+    serve(b, to, id, s->component, s->version, s->fd, s->size, offset, max);
+}
+
+/* Answers the parked FETCHes the bytes have come for, in the order they
+ * came (one connection's answers must keep its order). */
+static void serve_parked(brk_t *b, slot_t *s) {
+    int keep = 0;
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        if (!ready(s, p->offset, p->max)) {
+            s->parked[keep++] = *p;
+            continue;
+        }
+        zmq_msg_t to;
+        if (zmq_msg_init_size(&to, p->who_len) != 0) continue;
+        memcpy(zmq_msg_data(&to), p->who, p->who_len);
+        serve_slot(b, s, &to, p->id, p->offset, p->max);
+        zmq_msg_close(&to);
+    }
+    s->n_parked = keep;
+}
+
+static void fail_parked(brk_t *b, slot_t *s, const char *why) {
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        zmq_msg_t to;
+        if (zmq_msg_init_size(&to, p->who_len) != 0) continue;
+        memcpy(zmq_msg_data(&to), p->who, p->who_len);
+        brk_error_to(b, true, &to, p->id, WIRE_E_BAD_REQUEST, "FETCH: %s v%" PRIu64 ": %s", s->component,
+                     s->version, why);
+        zmq_msg_close(&to);
+    }
+    s->n_parked = 0;
+}
+
 void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
-    char why[300], path[1024];
+    char why[300], path[1024], sha[65];
+    uint64_t max = f->max && f->max < MSG_CHUNK_MAX ? f->max : MSG_CHUNK_MAX;
+    lower(f->sha256, sha);
+    /* An upload in progress of these bytes: what came is served, the rest
+     * when it comes (a SYNC may name a version still coming). */
+    slot_t *s = b->uploads ? slot_of(b, f->component, f->version) : NULL;
+    if (s && !strcmp(s->sha256, sha)) {
+        if (ready(s, f->offset, max)) {
+            serve_slot(b, s, from, id, f->offset, max);
+        } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(from) > sizeof s->parked[0].who) {
+            brk_error_to(b, true, from, id, WIRE_E_BUSY, "FETCH: %d fetches already wait for %s v%" PRIu64,
+                         BRK_FETCH_PARKED_MAX, s->component, s->version);
+        } else {
+            parked_t *p = &s->parked[s->n_parked++];
+            p->who_len = zmq_msg_size(from);
+            memcpy(p->who, zmq_msg_data((zmq_msg_t *)from), p->who_len);
+            p->id = id;
+            p->offset = f->offset;
+            p->max = max;
+        }
+        return;
+    }
     if (!brk_upload_stored(b, f->component, f->version, f->sha256, why, sizeof why)) {
         brk_error_to(b, true, from, id, WIRE_E_BAD_REQUEST, "FETCH: %s", why);
         return;
@@ -272,27 +396,72 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
         if (fd >= 0) close(fd);
         return;
     }
-    uint64_t size = (uint64_t)st.st_size, max = f->max ? f->max : MSG_CHUNK_MAX;
-    uint64_t n = f->offset >= size ? 0 : size - f->offset < max ? size - f->offset : max;
-    unsigned char *buf = malloc(n ? n : 1);
-    ssize_t got = buf && n ? pread(fd, buf, n, (off_t)f->offset) : 0;
+    uint64_t size = (uint64_t)st.st_size;
+    serve(b, from, id, f->component, f->version, fd, size, f->offset, max);
     close(fd);
-    if (!buf || got != (ssize_t)n) {
-        brk_error_to(b, true, from, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", f->component,
-                     f->version, buf ? strerror(errno) : "out of memory");
-        free(buf);
-        return;
+}
+
+bool brk_upload_held(brk_t *b, const char *comp, uint64_t v, const char *sha256, char *why, size_t len) {
+    if (brk_upload_stored(b, comp, v, sha256, why, len)) return true;
+    char sha[65];
+    lower(sha256, sha);
+    slot_t *s = b->uploads ? slot_of(b, comp, v) : NULL;
+    if (s && strcmp(s->sha256, sha) != 0) {
+        snprintf(why, len, "%s v%" PRIu64 " is being uploaded with other weights (sha256 %.16s...)", comp, v,
+                 s->sha256);
+        return false;
     }
-    wire_tensor_t t = msg_chunk(buf, n);
-    msg_fetch_data_t d;
-    memset(&d, 0, sizeof d);
-    snprintf(d.component, sizeof d.component, "%s", f->component);
-    d.version = f->version;
-    d.offset = f->offset;
-    d.size = size;
-    d.chunk = &t;
-    if (msg_fetch_data_send(b->workers, from, id, &d) != 0) brk_undelivered(b, "FETCH_DATA");
-    free(buf);
+    return s != NULL;
+}
+
+/* ---- retention -------------------------------------------------------------------- */
+
+static int cmp_desc(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
+    int keep = b->opt.weights_keep;
+    if (!b->opt.weights_dir || keep <= 0) return;
+    DIR *d = opendir(b->opt.weights_dir);
+    if (!d) return;
+    uint64_t *older = NULL;
+    size_t n = 0, cap = 0, plen = strlen(comp);
+    for (struct dirent *e; (e = readdir(d));) {
+        /* COMP-vN.sha256: a stored version (its .safetensors beside it) */
+        const char *s = e->d_name;
+        size_t len = strlen(s);
+        if (len < plen + 10 || strncmp(s, comp, plen) || strncmp(s + plen, "-v", 2) ||
+            strcmp(s + len - 7, ".sha256"))
+            continue;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s + plen + 2, &end, 10);
+        if (errno || end != s + len - 7 || v == 0 || v >= current) continue;
+        if (n == cap) {
+            uint64_t *g = realloc(older, (cap = cap ? 2 * cap : 16) * sizeof *older);
+            if (!g) break;
+            older = g;
+        }
+        older[n++] = v;
+    }
+    closedir(d);
+    if (n) qsort(older, n, sizeof *older, cmp_desc);
+    /* the current one counts as one of the `keep` */
+    for (size_t i = (size_t)keep - 1; i < n; i++) {
+        char sum[1024], file[1024];
+        file_of(b, "", comp, older[i], ".sha256", sum, sizeof sum);
+        file_of(b, "", comp, older[i], ".safetensors", file, sizeof file);
+        /* the digest first: without it the version is no longer served */
+        if (unlink(sum) != 0 || (unlink(file) != 0 && errno != ENOENT)) {
+            brk_log("--weights-keep: cannot remove %s v%" PRIu64 ": %s", comp, older[i], strerror(errno));
+            continue;
+        }
+        brk_log("removed uploaded %s v%" PRIu64 " (--weights-keep %d, v%" PRIu64 " is current)", comp, older[i],
+                keep, current);
+    }
+    free(older);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */

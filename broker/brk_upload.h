@@ -24,6 +24,7 @@
 #include "broker/brk_broker.h"
 
 #define BRK_UPLOADS_MAX 4
+#define BRK_FETCH_PARKED_MAX 256 /* FETCHes waiting for an upload's bytes, per upload (4 per worker) */
 #define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
 
 /* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
@@ -35,6 +36,18 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
  * sha256 (either case); else false with why. */
 bool brk_upload_stored(brk_t *b, const char *component, uint64_t version, const char *sha256, char *why,
                        size_t len);
+/* The same, or an upload of exactly these bytes is in progress: a SYNC
+ * may name it before its last chunk came, and workers' FETCHes of bytes
+ * still to come wait for them (answered ERROR if the upload fails). */
+bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const char *sha256, char *why,
+                     size_t len);
+/* Retention (--weights-keep N): component's current version is now
+ * `current`; the files of uploaded versions older than it are removed but
+ * for the N-1 newest (versions newer than current, pending or coming, are
+ * never touched). Nothing with N = 0. Freed pages also serve the next
+ * upload: on this project's VMs writing a file into never-used memory
+ * cost 20x writing it into recycled memory (docs/BENCH.md). */
+void brk_upload_prune(brk_t *b, const char *component, uint64_t current);
 /* Removes the .part files a previous run left (startup) and frees what
  * open uploads hold (shutdown: their .part files are removed too). */
 void brk_upload_start(brk_t *b);

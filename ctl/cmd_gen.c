@@ -302,6 +302,15 @@ done:
     return code;
 }
 
+typedef struct {
+    double t0, done_s; /* done_s: when the broker held all of it; -1 before */
+} upload_clock_t;
+
+static void upload_done(void *user, uint64_t done, uint64_t size) {
+    upload_clock_t *k = user;
+    if (done == size && k->done_s < 0) k->done_s = ctl_now();
+}
+
 int cmd_sync(int argc, char **argv) {
     static const struct option opts[] = {
         { "broker", required_argument, 0, 'b' }, { "component", required_argument, 0, 'c' },
@@ -356,12 +365,14 @@ int cmd_sync(int argc, char **argv) {
     reel_sync_result_t r;
     wire_err_t err;
     int rc = 0;
-    if (upload) {
-        double t0 = ctl_now();
-        rc = reel_upload(c, component, version, hex, path, NULL, NULL, timeout_ms, &err);
-        if (rc == 0) fprintf(stderr, "reelctl: uploaded %s to the broker in %.2f s\n", weights, ctl_now() - t0);
+    if (upload) { /* the SYNC goes with the first chunk: workers fetch while the rest comes */
+        upload_clock_t k = { ctl_now(), -1 };
+        rc = reel_publish(c, component, version, hex, path, deadline, upload_done, &k, &r, timeout_ms, &err);
+        if (k.done_s >= 0)
+            fprintf(stderr, "reelctl: uploaded %s to the broker in %.2f s\n", weights, k.done_s - k.t0);
+    } else {
+        rc = reel_sync(c, component, version, hex, path, deadline, &r, timeout_ms, &err);
     }
-    if (rc == 0) rc = reel_sync(c, component, version, hex, upload ? NULL : path, deadline, &r, timeout_ms, &err);
     reel_client_destroy(&c);
     if (rc != 0) return ctl_die(CTL_FAIL, "sync: %s: %s", err.code, err.message);
     /* The broker makes a version current once some worker applied it: with

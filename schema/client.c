@@ -3,6 +3,7 @@
 #include "kernels/error.h"
 #include "schema/keys.h"
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +73,8 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
 
 /* Waits for the message answering `id` (skipping stale ones); PROGRESS is
  * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
-static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m,
-                 reel_progress_fn fn, void *user, wire_err_t *err) {
+static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline, wire_msg_t *m,
+                  reel_progress_fn fn, void *user, wire_err_t *err) {
     for (;;) {
         int64_t left = deadline - now_ms();
         if (left <= 0) {
@@ -91,7 +92,7 @@ static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m,
         wire_err_t e;
         rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
-        if (rc == 1 || m->id != id) { /* malformed: not ours to trust; or a stale answer */
+        if (rc == 1 || (m->id != id && (!id2 || m->id != id2))) { /* malformed: not ours to trust; or stale */
             wire_msg_close(m);
             continue;
         }
@@ -103,6 +104,12 @@ static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m,
         }
         return 0;
     }
+}
+
+/* The answer to id (await2: to id or to id2, 0 = none; m->id says which). */
+static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m, reel_progress_fn fn, void *user,
+                 wire_err_t *err) {
+    return await2(c, id, 0, deadline, m, fn, user, err);
 }
 
 /* ERROR/BUSY -> 1 with err set; else 0. */
@@ -290,111 +297,208 @@ done:
     return rc;
 }
 
-/* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) as UPLOAD
- * `id`; *sent its bytes. 0, or -1 with err. u->chunk points at this call's
- * frame only while it runs: it is cleared before returning. */
-static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, unsigned char *buf, uint64_t offset,
+/* A chunk buffer handed to ZeroMQ to send without a copy: zmq gives it
+ * back (chunk_sent, on its I/O thread) once the bytes are on the socket.
+ * The upload keeps REEL_UPLOAD_WINDOW + 1 of them, allocated once: a
+ * fresh 4 MiB buffer per chunk (ZeroMQ's own copy of it) faulted its
+ * pages in anew each time, which cost the trainer as much as the copy. A
+ * buffer still in ZeroMQ when the upload ends (its socket has not sent
+ * it) is ORPHANED and freed by chunk_sent instead. */
+enum { BUF_FREE, BUF_IN_ZMQ, BUF_ORPHANED };
+typedef struct {
+    atomic_int state;
+    unsigned char p[];
+} chunk_buf_t;
+
+static void chunk_sent(void *data, void *hint) {
+    (void)data;
+    chunk_buf_t *b = hint;
+    int expect = BUF_IN_ZMQ;
+    if (!atomic_compare_exchange_strong(&b->state, &expect, BUF_FREE)) free(b); /* orphaned */
+}
+
+/* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) from buf as
+ * UPLOAD `id`; *sent its bytes. 0, or -1 with err. u->chunk points at
+ * this call's frame only while it runs: it is cleared before returning. */
+static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, chunk_buf_t *buf, uint64_t offset,
                       uint64_t *sent, wire_err_t *err) {
     uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
-    ssize_t got = pread(fd, buf, n, (off_t)offset);
+    ssize_t got = pread(fd, buf->p, n, (off_t)offset);
     if (got != (ssize_t)n) {
         set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
         return -1;
     }
-    wire_tensor_t t = msg_chunk(buf, n);
+    wire_msg_t *sh = calloc(1, sizeof *sh);
+    if (!sh) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    atomic_store(&buf->state, BUF_IN_ZMQ);
+    if (zmq_msg_init_data(&sh->frame[0], buf->p, n, chunk_sent, buf) != 0) {
+        atomic_store(&buf->state, BUF_FREE);
+        free(sh);
+        set_err(err, WIRE_E_INTERNAL, "zmq_msg_init_data: %s", zmq_strerror(errno));
+        return -1;
+    }
+    sh->n_tensors = 1;
+    sh->t[0] = msg_chunk(buf->p, n);
     u->offset = offset;
-    u->chunk = &t;
-    int rc = msg_upload_send(c->sock, NULL, id, u);
+    u->chunk = &sh->t[0];
+    int rc = msg_send(c->sock, NULL, MSG_UPLOAD, id, u, sh);
+    int e = errno;
     u->chunk = NULL;
+    zmq_msg_close(&sh->frame[0]); /* ours; zmq holds its own while it sends (chunk_sent when done) */
+    free(sh);
     if (rc != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(e));
         return -1;
     }
     *sent = n;
     return 0;
 }
 
-int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
-                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+/* An upload in flight (reel_upload, reel_publish). ends[]: where each
+ * chunk in flight ends, in the order sent; the broker answers each in
+ * that order. `ignore`: answers still to come for chunks sent past a gap
+ * (the broker wrote none of them). */
+#define UPLOAD_BUFS (REEL_UPLOAD_WINDOW + 1)
+typedef struct {
+    int fd;
+    chunk_buf_t *buf[UPLOAD_BUFS];
+    msg_upload_t u;
+    uint64_t id, next, received, ends[REEL_UPLOAD_WINDOW];
+    int n_ends, ignore;
+    bool complete;
+    reel_bytes_fn progress;
+    void *user;
+} upload_t;
+
+static int upload_open(reel_client_t *c, upload_t *p, const char *component, uint64_t version, const char *sha256,
+                       const char *path, reel_bytes_fn progress, void *user, wire_err_t *err) {
+    memset(p, 0, sizeof *p);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
-        set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, fd < 0 ? strerror(errno) : "empty or unreadable");
-        if (fd >= 0) close(fd);
+    p->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->fd < 0 || fstat(p->fd, &st) != 0 || st.st_size <= 0) {
+        set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, p->fd < 0 ? strerror(errno) : "empty or unreadable");
+        if (p->fd >= 0) close(p->fd);
         return -1;
     }
-    unsigned char *buf = malloc(MSG_CHUNK_MAX);
-    msg_upload_t u;
-    memset(&u, 0, sizeof u);
-    snprintf(u.component, sizeof u.component, "%s", component);
-    u.version = version;
-    snprintf(u.sha256, sizeof u.sha256, "%s", sha256);
-    u.size = (uint64_t)st.st_size;
-    /* ends[]: where each chunk in flight ends, in the order sent; the
-     * broker answers each in that order. `ignore`: answers still to come
-     * for chunks sent past a gap (the broker wrote none of them). */
-    uint64_t id = ++c->next_id, next = 0, ends[REEL_UPLOAD_WINDOW];
-    int n_ends = 0, ignore = 0, rc = -1;
-    if (!buf) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
-        goto out;
+    for (int i = 0; i < UPLOAD_BUFS; i++) {
+        if (!(p->buf[i] = malloc(sizeof *p->buf[i] + MSG_CHUNK_MAX))) {
+            set_err(err, WIRE_E_INTERNAL, "out of memory");
+            while (i--) free(p->buf[i]);
+            close(p->fd);
+            return -1;
+        }
+        atomic_init(&p->buf[i]->state, BUF_FREE);
     }
+    snprintf(p->u.component, sizeof p->u.component, "%s", component);
+    p->u.version = version;
+    snprintf(p->u.sha256, sizeof p->u.sha256, "%s", sha256);
+    p->u.size = (uint64_t)st.st_size;
+    p->id = ++c->next_id;
+    p->progress = progress;
+    p->user = user;
+    return 0;
+}
+
+static void upload_close(upload_t *p) {
+    for (int i = 0; i < UPLOAD_BUFS; i++) {
+        int expect = BUF_IN_ZMQ; /* still queued in zmq: chunk_sent frees it */
+        if (!atomic_compare_exchange_strong(&p->buf[i]->state, &expect, BUF_ORPHANED)) free(p->buf[i]);
+    }
+    close(p->fd);
+}
+
+/* A buffer zmq gave back; NULL (err) when none came back within timeout_ms:
+ * every chunk acked was sent, so one is normally free at once. */
+static chunk_buf_t *free_buf(upload_t *p, int timeout_ms, wire_err_t *err) {
+    int64_t deadline = now_ms() + timeout_ms;
     for (;;) {
-        while (next < u.size && n_ends + ignore < REEL_UPLOAD_WINDOW) {
-            uint64_t sent = 0;
-            if (send_chunk(c, id, &u, fd, buf, next, &sent, err) != 0) goto out;
-            next += sent;
-            ends[n_ends++] = next;
+        for (int i = 0; i < UPLOAD_BUFS; i++)
+            if (atomic_load(&p->buf[i]->state) == BUF_FREE) return p->buf[i];
+        if (now_ms() > deadline) {
+            set_err(err, WIRE_E_TIMEOUT, "the chunks sent are not leaving the socket");
+            return NULL;
         }
-        wire_msg_t a;
-        if (await(c, id, now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) goto out;
-        if (answer_is_error(&a, err)) {
-            wire_msg_close(&a);
-            rc = 1;
-            goto out;
-        }
-        msg_upload_ack_t k;
-        wire_err_t why;
-        int bad = msg_type(&a) != MSG_UPLOAD_ACK || msg_upload_ack_decode(&a, &k, &why) != 0;
-        wire_msg_close(&a);
-        if (bad || k.received > u.size) {
-            set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
-            goto out;
-        }
-        if (k.complete) break;
-        if (ignore) {
-            ignore--;
-            continue;
-        }
-        if (n_ends == 0) continue; /* an answer to nothing in flight: not ours */
-        uint64_t want = ends[0];
-        memmove(ends, ends + 1, (size_t)--n_ends * sizeof *ends);
-        if (k.received != want) {
-            /* Not written (a resume: the broker's copy ends elsewhere): go
-             * on from where it ends; the chunks behind this one were not
-             * written either, and their answers are skipped. */
-            next = k.received;
-            ignore = n_ends;
-            n_ends = 0;
-        }
-        if (progress) progress(user, k.received, u.size);
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
     }
-    if (progress) progress(user, u.size, u.size);
-    rc = 0;
-out:
-    free(buf);
-    close(fd);
+}
+
+/* Sends chunks while the window has room. 0, or -1 with err. */
+static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t *err) {
+    while (!p->complete && p->next < p->u.size && p->n_ends + p->ignore < REEL_UPLOAD_WINDOW) {
+        uint64_t sent = 0;
+        chunk_buf_t *b = free_buf(p, timeout_ms, err);
+        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, err) != 0) return -1;
+        p->next += sent;
+        p->ends[p->n_ends++] = p->next;
+    }
+    return 0;
+}
+
+/* The broker's answer a to p->id (closed here): 0 going on (p->complete
+ * once the broker holds it all), 1 on ERROR or BUSY, -1 malformed (err). */
+static int upload_answer(upload_t *p, wire_msg_t *a, wire_err_t *err) {
+    if (answer_is_error(a, err)) {
+        wire_msg_close(a);
+        return 1;
+    }
+    msg_upload_ack_t k;
+    wire_err_t why;
+    int bad = msg_type(a) != MSG_UPLOAD_ACK || msg_upload_ack_decode(a, &k, &why) != 0;
+    wire_msg_close(a);
+    if (bad || k.received > p->u.size) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
+        return -1;
+    }
+    if (k.complete) {
+        p->complete = true;
+        p->received = p->u.size;
+        if (p->progress) p->progress(p->user, p->u.size, p->u.size);
+        return 0;
+    }
+    if (p->ignore) {
+        p->ignore--;
+        return 0;
+    }
+    if (p->n_ends == 0) return 0; /* an answer to nothing in flight: not ours */
+    uint64_t want = p->ends[0];
+    memmove(p->ends, p->ends + 1, (size_t)--p->n_ends * sizeof *p->ends);
+    if (k.received != want) {
+        /* Not written (a resume: the broker's copy ends elsewhere): go on
+         * from where it ends; the chunks behind this one were not written
+         * either, and their answers are skipped. */
+        p->next = k.received;
+        p->ignore = p->n_ends;
+        p->n_ends = 0;
+    }
+    p->received = k.received;
+    if (p->progress) p->progress(p->user, k.received, p->u.size);
+    return 0;
+}
+
+int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
+    upload_t p;
+    if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) return -1;
+    int rc = 0;
+    while (rc == 0 && !p.complete) {
+        wire_msg_t a;
+        if (upload_fill(c, &p, timeout_ms, err) != 0 || await(c, p.id, now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) rc = -1;
+        else rc = upload_answer(&p, &a, err);
+    }
+    upload_close(&p);
     return rc;
 }
 
-int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
-              const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
-              wire_err_t *err) {
-    uint64_t id = ++c->next_id;
+static msg_sync_t *sync_message(const char *component, uint64_t version, const char *sha256, const char *path,
+                                uint64_t deadline_ms, wire_err_t *err) {
     msg_sync_t *s = calloc(1, sizeof *s);
     if (!s) {
         set_err(err, WIRE_E_INTERNAL, "out of memory");
-        return -1;
+        return NULL;
     }
     snprintf(s->component, sizeof s->component, "%s", component);
     s->version = version;
@@ -402,15 +506,16 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     if (path) snprintf(s->path, sizeof s->path, "%s", path);
     else s->uploaded = true;
     s->deadline_ms = deadline_ms;
-    wire_msg_t a;
-    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
-    free(s);
-    if (rc != 0) return rc;
+    return s;
+}
+
+/* The SYNC_DONE a (closed here) into res. 0, or -1 malformed. */
+static int sync_done(wire_msg_t *a, reel_sync_result_t *res, wire_err_t *err) {
     msg_sync_done_t d;
     wire_err_t why;
-    if (msg_type(&a) != MSG_SYNC_DONE || msg_sync_done_decode(&a, &d, &why) != 0) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a.type);
-        wire_msg_close(&a);
+    if (msg_type(a) != MSG_SYNC_DONE || msg_sync_done_decode(a, &d, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a->type);
+        wire_msg_close(a);
         return -1;
     }
     if (res) {
@@ -430,8 +535,70 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
             off += (size_t)w;
         }
     }
-    wire_msg_close(&a);
+    wire_msg_close(a);
     return 0;
+}
+
+int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                 uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
+                 wire_err_t *err) {
+    upload_t p;
+    msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
+    if (!s) return -1;
+    if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) {
+        free(s);
+        return -1;
+    }
+    uint64_t sid = 0;
+    int rc = 0;
+    for (;;) {
+        if (upload_fill(c, &p, timeout_ms, err) != 0) {
+            rc = -1;
+            break;
+        }
+        /* The SYNC goes once the broker holds an upload of these bytes:
+         * its workers fetch what came and wait for the rest. */
+        if (!sid && (p.received > 0 || p.complete)) {
+            sid = ++c->next_id;
+            if (msg_send(c->sock, NULL, MSG_SYNC, sid, s, NULL) != 0) {
+                set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                rc = -1;
+                break;
+            }
+        }
+        wire_msg_t a;
+        if (await2(c, p.complete ? sid : p.id, p.complete ? 0 : sid, now_ms() + timeout_ms, &a, NULL, NULL,
+                   err) != 0) {
+            rc = -1;
+            break;
+        }
+        if (sid && a.id == sid) { /* the sync's answer ends it, whatever the upload's state */
+            if (answer_is_error(&a, err)) {
+                wire_msg_close(&a);
+                rc = 1;
+            } else {
+                rc = sync_done(&a, res, err);
+            }
+            break;
+        }
+        if ((rc = upload_answer(&p, &a, err)) != 0) break;
+    }
+    upload_close(&p);
+    free(s);
+    return rc;
+}
+
+int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
+              const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
+              wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    msg_sync_t *s = sync_message(component, version, sha256, path, deadline_ms, err);
+    if (!s) return -1;
+    wire_msg_t a;
+    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    free(s);
+    if (rc != 0) return rc;
+    return sync_done(&a, res, err);
 }
 
 struct reel_status {

@@ -111,6 +111,17 @@ typedef void (*reel_bytes_fn)(void *user, uint64_t done, uint64_t size);
 int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
                 reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err);
 
+/* reel_upload and reel_sync by value at once: the SYNC goes as soon as the
+ * broker holds the upload's first chunk, so workers fetch each chunk while
+ * the later ones still come, instead of after the last (docs/PROTOCOL.md,
+ * "Weights by value"). progress as reel_upload's; res, timeout_ms (per
+ * answer awaited) and the return values as reel_sync's. An upload that
+ * fails after the SYNC went (its bytes hash to another digest, or it is
+ * replaced) fails the workers' fetches: nothing of it is applied. */
+int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                 uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
+                 wire_err_t *err);
+
 /* A STATUS_REPLY and the message its strings and arrays live in. */
 typedef struct reel_status reel_status_t;
 

@@ -7,6 +7,7 @@
 #include "schema/wire_codec.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdalign.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -387,6 +388,11 @@ int wire_recv_as(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *
 
 int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err) {
     return wire_recv_as(sock, router, flags, m, err, true);
+}
+
+void wire_tune_malloc(void) {
+    (void)mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    (void)mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 int wire_socket_limits(void *sock) {

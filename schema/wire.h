@@ -170,6 +170,16 @@ typedef struct {
 /* Sets ZMQ_MAXMSGSIZE (WIRE_MAX_FRAME) and a zero linger on sock. */
 int wire_socket_limits(void *sock);
 
+/* For a daemon's main(), before its threads start: keeps the memory of
+ * large frames (tensors, 4 MiB weight chunks) that ZeroMQ mallocs on its
+ * I/O thread and another thread frees from being handed back to the
+ * kernel after every frame (glibc trims a thread arena's top above 2x the
+ * mmap threshold), so the next frame does not fault its pages in again:
+ * one 4 KiB fault each, which on a VM cost as much as the copy (a by-value
+ * sync of 100 MB: upload 0.24 -> 0.09 s, docs/BENCH.md). Frames up to 32
+ * MiB come from the heap; up to 256 MiB of free top is kept. */
+void wire_tune_malloc(void);
+
 /* Receives one whole message (all parts) from sock; `router` means the
  * first part is a routing identity. Returns 0 with *m filled; 1 when the
  * message was malformed (all its parts consumed, *err set, m->identity

@@ -13,7 +13,18 @@
 #   - a worker that joins later fetches the current uploaded version, and
 #     so does one joining after the broker restarted (the version restored
 #     from the catalog as "uploaded", the file from --weights-dir);
-#   - the Python client uploads too (sync(..., upload=True)).
+#   - the Python client uploads too (sync(..., upload=True));
+#   - a SYNC may name an upload still coming: workers fetch what came and
+#     wait for the rest (chunks of 1 MiB here against fetches of 4 MiB:
+#     never answered short), and the sync completes when the last chunk
+#     does; an upload whose bytes then fail their sha256 fails every
+#     worker's fetch (nothing applied, the current version unchanged) and
+#     the same version published again with the right bytes completes; a
+#     SYNC naming an upload in progress under another sha256 is refused;
+#   - the broker keeps the current uploaded version and the one before it
+#     (--weights-keep 2, the default), removing older ones;
+#   - a version fetched into the buffer a worker kept from its last fetch
+#     serves bitwise what reelctl run gives with its file.
 # Usage: cli_upload.sh BUILD
 set -u
 B="${1:-build}"
@@ -30,7 +41,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 for r in broker trainer client; do "$R" keys new --role "$r" --out "$K" >/dev/null 2>&1; done
 for w in w1 w2 w3 w4; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
 mkdir -p "$D/store" "$D/tr" "$D/w1" "$D/w2" "$D/w3" "$D/w4"
-for v in 1 2 3 4; do "$R" weights init --config small --seed "$v" --out "$D/tr/v$v.safetensors" 2>/dev/null; done
+for v in 1 2 3 4 5 6; do "$R" weights init --config small --seed "$v" --out "$D/tr/v$v.safetensors" 2>/dev/null; done
 for w in w1 w2 w3 w4; do cp "$D/tr/v1.safetensors" "$D/$w/v1.safetensors"; done
 "$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors"
 
@@ -128,4 +139,106 @@ worker w4 || bad "w4 registers"
 i=0; while [ $i -lt 100 ] && ! grep -q "applied transformer v3" "$D/w4.log"; do sleep 0.2; i=$((i + 1)); done
 grep -q "applied transformer v3" "$D/w4.log" && ok "a worker joining after the restart fetched v3" ||
     { bad "w4 after the restart"; show "$D/w4.log"; }
+
+# a SYNC while the upload still comes (the raw protocol from Python)
+PYTHONPATH="$HERE/../clients/python" REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub" \
+    $PY - "$CE" "$D" >"$D/overlap.out" 2>&1 <<'EOF'
+import hashlib, os, sys, time
+import msgpack
+from reel import Client, ReelError
+ep, d = sys.argv[1], sys.argv[2]
+c = Client(ep, timeout=30)
+def say(ok, what):
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+MiB = 1 << 20
+def up(v, data, digest, off, n, rid):
+    hdr = {"proto": "reel/1", "type": "UPLOAD", "id": rid, "component": "transformer", "version": v,
+           "sha256": digest, "size": len(data), "offset": off,
+           "tensors": [{"name": "chunk", "dtype": "U8", "shape": [n], "bytes": n}]}
+    c._sock.send_multipart([msgpack.packb(hdr), data[off:off + n]])
+    return c._recv(rid, time.monotonic() + 10)[0]
+def sync(v, digest, rid):
+    c._send("SYNC", rid, {"component": "transformer", "version": v, "sha256": digest, "uploaded": True,
+                          "deadline_ms": 60000})
+def no_answer(rid, secs):
+    try:
+        c._recv(rid, time.monotonic() + secs)
+        return False
+    except Exception as e:
+        return type(e).__name__ == "ReelTimeout"
+workers = sorted(w["name"] for w in c.status()["workers"])
+# 1. v5 in 1 MiB chunks, the SYNC after the first
+data = open(d + "/tr/v5.safetensors", "rb").read()
+digest = hashlib.sha256(data).hexdigest()
+a = up(5, data, digest, 0, MiB, 1000)
+sync(5, digest, 1001)
+say(a.get("received") == MiB and no_answer(1001, 1.5),
+    "a SYNC naming an upload in progress is accepted and waits for its last chunk")
+off, rid = MiB, 1002
+while off < len(data):
+    n = min(MiB, len(data) - off)
+    last = up(5, data, digest, off, n, rid)
+    off, rid = off + n, rid + 1
+done = c._recv(1001, time.monotonic() + 60)[0]
+say(last.get("complete") and done.get("type") == "SYNC_DONE" and done.get("complete") and
+    sorted(done.get("applied", [])) == workers,
+    "the sync completes once the last chunk came: applied by %s of %s" % (done.get("applied"), workers))
+st = c.status()
+say(st.get("versions", {}).get("transformer") == 5, "v5 is current (%s)" % st.get("versions"))
+# 2. v6 synced while coming, then its bytes fail their sha256
+data6 = open(d + "/tr/v6.safetensors", "rb").read()
+digest6 = hashlib.sha256(data6).hexdigest()
+bad6 = data6[:-1] + bytes([data6[-1] ^ 1])
+up(6, bad6, digest6, 0, 4 * MiB, 2000)
+sync(6, digest6, 2001)
+off, rid, err = 4 * MiB, 2002, None
+try:
+    while off < len(bad6):
+        n = min(4 * MiB, len(bad6) - off)
+        up(6, bad6, digest6, off, n, rid)
+        off, rid = off + n, rid + 1
+except ReelError as e:
+    err = e
+say(err is not None and err.code == "bad_request" and "hash to" in str(err),
+    "the upload's last chunk is refused: its bytes do not hash to the sha256 (%s)" % err)
+done = c._recv(2001, time.monotonic() + 60)[0]
+say(done.get("type") == "SYNC_DONE" and not done.get("applied") and
+    len(done.get("failed", [])) == len(workers) and
+    all("could not send the uploaded file" in f.get("reason", "") for f in done.get("failed", [])),
+    "no worker applied it, each failed its fetch: %s" % done.get("failed"))
+st = c.status()
+say(st.get("versions", {}).get("transformer") == 5 and
+    all(w.get("versions", {}).get("transformer") == 5 for w in st["workers"]),
+    "the broker and every worker stay on v5")
+say(not os.path.exists(d + "/store/transformer-v6.safetensors") and
+    not any(n.endswith(".part") for n in os.listdir(d + "/store")), "nothing of the refused v6 is kept")
+res = c.sync(6, path=d + "/tr/v6.safetensors", upload=True)
+say(res.complete and sorted(res.applied) == workers, "v6 published again with the right bytes completes: %s" % res.applied)
+kept = sorted(n for n in os.listdir(d + "/store") if n.endswith(".safetensors"))
+say(kept == ["transformer-v5.safetensors", "transformer-v6.safetensors"] and
+    not os.path.exists(d + "/store/transformer-v3.sha256"),
+    "--weights-keep 2 (the default): the store keeps the current v6 and v5 before it: %s" % kept)
+# 3. a SYNC may not name an upload in progress under another sha256
+up(7, data, digest, 0, MiB, 3000)
+try:
+    c._send("SYNC", 3001, {"component": "transformer", "version": 7, "sha256": "ab" * 32, "uploaded": True})
+    c._recv(3001, time.monotonic() + 10)
+    say(False, "a SYNC naming an upload in progress under another sha256 is refused")
+except ReelError as e:
+    say(e.code == "bad_request", "a SYNC naming an upload in progress under another sha256 is refused: %s" % e)
+EOF
+rc=$?
+while read -r line; do
+    case "$line" in PASS*) ok "${line#PASS }" ;; FAIL*) bad "${line#FAIL }" ;; *) echo "  | $line" ;; esac
+done <"$D/overlap.out"
+[ $rc = 0 ] || bad "the overlap part (exit $rc)"
+# v6 went into the buffer the workers kept from fetching v5: what they
+# loaded must be v6 to the bit, not only hash like it
+as client "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --size 1x8x8 --seed 4 --steps 2 \
+    --timeout-ms 60000 --quiet --out "$D/g6.safetensors" 2>"$D/g6.err"
+"$R" run --weights "$D/tr/v6.safetensors" --context "$D/ctx.safetensors" --size 1x8x8 --seed 4 --steps 2 \
+    --out "$D/r6.safetensors" 2>/dev/null
+grep -q "weights v6" "$D/g6.err" && "$R" tensor diff "$D/g6.safetensors" "$D/r6.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "a gen on v6 (fetched into the buffer kept from v5) is bitwise reelctl run with the v6 file" ||
+    { bad "gen on v6 after a reused fetch buffer"; show "$D/g6.err"; }
 finish

@@ -23,9 +23,11 @@
 #include "broker/brk_requests.h"
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
+#include "broker/brk_upload.h"
 #include "broker/brk_zap.h"
 #include "capture_cache/key.h"
 #include "kernels/error.h"
+#include "schema/sha256.h"
 
 #define NKEYS 10000
 #define MAXW 16
@@ -901,6 +903,143 @@ START_TEST(test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload)
 }
 END_TEST
 
+/* ---- weights by value: fetches of an upload still coming ---------------------- */
+
+#define UP_SIZE ((size_t)9 << 20) /* 9 MiB: fetched as 4 + 4 + 1 */
+#define UP_PIECE ((size_t)3 << 19) /* uploaded in 1.5 MiB chunks */
+
+/* The trainer's UPLOAD of bytes[off, off + n) of an UP_SIZE file; its answer. */
+static wire_msg_t *upload_piece(box_t *x, uint64_t id, uint64_t v, const char *sha, const unsigned char *bytes,
+                                size_t off, size_t n) {
+    wire_tensor_t t = msg_chunk(bytes + off, n);
+    msg_upload_t u;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "transformer");
+    u.version = v;
+    snprintf(u.sha256, sizeof u.sha256, "%s", sha);
+    u.size = UP_SIZE;
+    u.offset = off;
+    u.chunk = &t;
+    ck_assert_int_eq(msg_upload_send(x->trainer, NULL, id, &u), 0);
+    deliver(x, false);
+    return take(x->trainer, false);
+}
+
+/* Worker i's FETCH of (v, sha) at offset, max 4 MiB. */
+static void fetch_at(box_t *x, int i, uint64_t id, uint64_t v, const char *sha, uint64_t offset) {
+    msg_fetch_t f;
+    memset(&f, 0, sizeof f);
+    snprintf(f.component, sizeof f.component, "transformer");
+    f.version = v;
+    snprintf(f.sha256, sizeof f.sha256, "%s", sha);
+    f.offset = offset;
+    ck_assert_int_eq(msg_send(x->w[i], NULL, MSG_FETCH, id, &f, NULL), 0);
+    deliver(x, true);
+}
+
+/* The FETCH_DATA waiting on worker i's socket: its offset and size checked,
+ * its bytes compared with bytes at that offset. */
+static void expect_data(box_t *x, int i, uint64_t id, const unsigned char *bytes, uint64_t offset, size_t n) {
+    wire_msg_t *m = take(x->w[i], false);
+    msg_fetch_data_t d;
+    wire_err_t e;
+    ck_assert_str_eq(m->type, "FETCH_DATA");
+    ck_assert_uint_eq(m->id, id);
+    ck_assert_int_eq(msg_fetch_data_decode(m, &d, &e), 0);
+    ck_assert_uint_eq(d.offset, offset);
+    ck_assert_uint_eq(d.size, UP_SIZE);
+    ck_assert_uint_eq(d.chunk->bytes, n);
+    ck_assert(memcmp(d.chunk->data, bytes + offset, n) == 0);
+    drop_msg(&m);
+}
+
+/* A SYNC may name an upload still coming (docs/PROTOCOL.md, "Weights by
+ * value"): a worker's FETCH of bytes that came is answered at once, one
+ * of bytes still to come waits and is answered, whole, when they came:
+ * never a short chunk (a worker asks for fixed offsets), and in the
+ * order asked. One that would wait past BRK_FETCH_PARKED_MAX is busy; an
+ * upload that fails answers the waiting ones ERROR. */
+START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it) {
+    box_t x;
+    box_open(&x);
+    char dir[] = "/tmp/reel-brk-upload.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x.b.opt.weights_dir = dir;
+    brk_upload_start(&x.b);
+    ck_assert_ptr_nonnull(x.b.uploads);
+    unsigned char *bytes = malloc(UP_SIZE);
+    ck_assert_ptr_nonnull(bytes);
+    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
+    char sha[65], why[256];
+    reel_sha256_buf(bytes, UP_SIZE, sha);
+    wire_msg_t *a = upload_piece(&x, 10, 2, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    /* held while it comes: a SYNC may name it; not stored yet */
+    ck_assert(brk_upload_held(&x.b, "transformer", 2, sha, why, sizeof why));
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
+    ck_assert(!brk_upload_held(&x.b, "transformer", 2, SHA_B, why, sizeof why));
+    ck_assert_msg(strstr(why, "being uploaded with other weights"), "%s", why);
+    /* 1.5 MiB came: the first 4 MiB chunk waits, and so does the second */
+    fetch_at(&x, 0, 20, 2, sha, 0);
+    fetch_at(&x, 0, 21, 2, sha, (uint64_t)4 << 20);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
+    for (size_t off = UP_PIECE; off < ((size_t)4 << 20); off += UP_PIECE) { /* up to 4.5 MiB */
+        ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
+        a = upload_piece(&x, 11, 2, sha, bytes, off, UP_PIECE);
+        drop_msg(&a);
+    }
+    expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);  /* whole, once 4 MiB came */
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));          /* 4..8 MiB still waits */
+    /* worker 1 asks for the first chunk now: answered at once */
+    fetch_at(&x, 1, 30, 2, sha, 0);
+    expect_data(&x, 1, 30, bytes, 0, (size_t)4 << 20);
+    /* the rest comes; the last chunk is short because the file ends there */
+    for (size_t off = 3 * UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
+        a = upload_piece(&x, 12, 2, sha, bytes, off, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    expect_data(&x, 0, 21, bytes, (uint64_t)4 << 20, (size_t)4 << 20);
+    fetch_at(&x, 0, 22, 2, sha, (uint64_t)8 << 20);
+    expect_data(&x, 0, 22, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
+
+    /* v3: fetches waiting beyond the bound are busy, and all fail with the upload */
+    bytes[0] ^= 1; /* the bytes sent will not hash to sha3 */
+    char sha3[65];
+    reel_sha256_buf(bytes + 1, UP_SIZE - 1, sha3);
+    a = upload_piece(&x, 40, 3, sha3, bytes, 0, UP_PIECE);
+    drop_msg(&a);
+    for (int i = 0; i < BRK_FETCH_PARKED_MAX; i++) fetch_at(&x, 2, 100 + (uint64_t)i, 3, sha3, (uint64_t)4 << 20);
+    ck_assert(!has_msg(x.w[2], "FETCH_DATA"));
+    fetch_at(&x, 2, 99, 3, sha3, (uint64_t)4 << 20);
+    wire_msg_t *m = take(x.w[2], false);
+    ck_assert_str_eq(m->type, "ERROR");
+    ck_assert_uint_eq(m->id, 99);
+    drop_msg(&m);
+    for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
+        a = upload_piece(&x, 41, 3, sha3, bytes, off, UP_PIECE);
+        bool last = off + UP_PIECE >= UP_SIZE;
+        ck_assert_str_eq(a->type, last ? "ERROR" : "UPLOAD_ACK"); /* the digest is checked at the end */
+        drop_msg(&a);
+    }
+    for (int i = 0; i < BRK_FETCH_PARKED_MAX; i++) {
+        m = take(x.w[2], false);
+        ck_assert_str_eq(m->type, "ERROR"); /* answered, and never with the bad bytes */
+        ck_assert_uint_eq(m->id, 100 + (uint64_t)i);
+        drop_msg(&m);
+    }
+    ck_assert(!brk_upload_held(&x.b, "transformer", 3, sha3, why, sizeof why));
+    brk_upload_stop(&x.b);
+    free(bytes);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy) {
     box_t x;
     box_open(&x);
@@ -1287,6 +1426,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
+    tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);

@@ -20,11 +20,29 @@
 #define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for one answer */
 #define WRK_E_FETCH "bad_weights: the broker could not send the uploaded file"
 
+/* A data buffer kept from one fetch for the next: fresh memory costs a
+ * fault and the zeroing of every page when first written, more than the
+ * copy into it (a 100 MB fetch here: 0.2 of its 0.3 CPU seconds), so the
+ * sync thread hands the applied file's buffer back here (st_take_data)
+ * and the next fetch of a file that fits reuses it. Between syncs its
+ * pages are the kernel's to take back under memory pressure
+ * (wrk_fetch_spare_release: MADV_FREE); pages it did not take cost
+ * nothing to write again. */
+typedef struct {
+    unsigned char *p;               /* NULL: none kept */
+    size_t cap;                     /* its bytes (of p, or of the buffer a fetch handed to its file) */
+} wrk_fetch_buf_t;
+
+/* Marks the spare's pages free for the kernel to reclaim when memory is
+ * short (their contents are not needed; the mapping stays). */
+void wrk_fetch_spare_release(wrk_fetch_buf_t *spare);
+
 /* Where the broker is and how to reach it. */
 typedef struct {
     void *zctx;
     const char *endpoint;
     const reel_curve_t *curve;      /* NULL or off: plain */
+    wrk_fetch_buf_t *spare;         /* NULL: every fetch allocates */
 } wrk_fetch_src_t;
 
 /* Fetches version m->version of m->component (sha256 m->sha256) from the

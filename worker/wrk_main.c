@@ -609,6 +609,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+    wire_tune_malloc();
     wrk_opts_t o;
     char err[512];
     if (wrk_opts_parse(argc, argv, &o, err, sizeof err) != 0) {

@@ -143,6 +143,7 @@ struct wrk_syncer {
     node_t *head, *tail;
     bool quit;
     char applied_sha[65];        /* of the applied version; "" when unknown */
+    wrk_fetch_buf_t spare;       /* a fetched file's data buffer, for the next fetch */
 };
 
 static void free_msg(wire_msg_t **mp) {
@@ -186,7 +187,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, "stale");
         goto out;
     }
-    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve };
+    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &s->spare };
     struct timespec t0, t1, t2, t3;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
@@ -256,6 +257,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, fail);
     }
 out:
+    if (f && m->uploaded && !s->spare.p && (s->spare.p = st_take_data(f)))
+        wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
     st_close(&f);
     free(m);
 }
@@ -336,6 +339,7 @@ void wrk_syncer_destroy(wrk_syncer_t **sp) {
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (s->started) pthread_join(s->th, NULL);
+    free(s->spare.p);
     for (node_t *n = s->head, *next; n; n = next) {
         next = n->next;
         free_msg(&n->m);

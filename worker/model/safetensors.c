@@ -297,6 +297,13 @@ st_file_t *st_adopt(const char *origin, const char *hdr, size_t hlen, unsigned c
     return parse_parts(origin, hdr, hlen, data, dlen);
 }
 
+unsigned char *st_take_data(st_file_t *f) {
+    assert(f);
+    unsigned char *d = f->data;
+    f->data = NULL;
+    return d;
+}
+
 st_file_t *st_parse(const void *buf, size_t len) {
     const unsigned char *p = buf;
     assert(buf || len == 0);

@@ -83,6 +83,9 @@ st_file_t *st_parse(const void *buf, size_t len);
  * dlen bytes, which the result owns (freed on failure too): no copy of
  * the data. Checks every entry as st_open does; messages name origin. */
 st_file_t *st_adopt(const char *origin, const char *hdr, size_t hlen, unsigned char *data, size_t dlen);
+/* The data buffer of f, taken from it (free() it, or reuse it): f's
+ * tensors must not be read after. NULL for a file without data. */
+unsigned char *st_take_data(st_file_t *f);
 /* Frees *f and everything it owns and sets *f = NULL. Does nothing when f
  * or *f is NULL. Can't fail. */
 void st_close(st_file_t **f);

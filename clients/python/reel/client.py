@@ -454,16 +454,24 @@ class Client:
         right sha256. The broker needs --weights-dir. A later
         sync(version, upload=True, ...) then publishes it without any file
         shared with the workers (docs/PROTOCOL.md, "Weights by value")."""
+        return self._upload(version, path, component=component, sha256=sha256, timeout=timeout, window=window)
+
+    def _upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4,
+                sync_fields=None):
+        """upload(); with sync_fields, also the SYNC (those fields) as soon
+        as the broker holds the first chunk, so workers fetch while the rest
+        comes: returns (digest, the SYNC_DONE header)."""
         path = os.path.abspath(path)
         digest = (sha256 or sha256_file(path)).lower()
         size = os.path.getsize(path)
         rid = next(self._ids)
+        sid = None
         wait = timeout if timeout is not None else self.timeout
         chunk = 4 << 20
-        ends, nxt, ignore = [], 0, 0
+        ends, nxt, ignore, complete = [], 0, 0, False
         with open(path, "rb") as f:
             while True:
-                while nxt < size and len(ends) + ignore < window:
+                while not complete and nxt < size and len(ends) + ignore < window:
                     f.seek(nxt)
                     data = f.read(min(chunk, size - nxt))
                     hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
@@ -472,19 +480,29 @@ class Client:
                     self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
                     nxt += len(data)
                     ends.append(nxt)
-                hdr, _ = self._recv(rid, time.monotonic() + wait)
+                if complete and sync_fields is None:
+                    return digest
+                pending = {sid} if complete else ({rid, sid} if sid is not None else {rid})
+                got, hdr, _ = self._recv_any(pending, time.monotonic() + wait)
+                if got == sid:
+                    if hdr.get("type") != "SYNC_DONE":
+                        raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", sid)
+                    return digest, hdr  # the sync's answer ends it, whatever the upload's state
                 if hdr.get("type") != "UPLOAD_ACK":
                     raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
                 if hdr.get("complete"):
-                    return digest
-                if ignore:
+                    complete = True
+                elif ignore:
                     ignore -= 1
                     continue
-                if not ends:
-                    continue
-                want = ends.pop(0)
-                if hdr.get("received") != want:  # not written: go on from where the broker's copy ends
-                    nxt, ignore, ends = hdr.get("received", 0), len(ends), []
+                elif ends:
+                    want = ends.pop(0)
+                    if hdr.get("received") != want:  # not written: go on from where the broker's copy ends
+                        nxt, ignore, ends = hdr.get("received", 0), len(ends), []
+                # The SYNC goes once the broker holds an upload of these bytes.
+                if sync_fields is not None and sid is None and (complete or hdr.get("received", 0) > 0):
+                    sid = next(self._ids)
+                    self._send("SYNC", sid, sync_fields)
 
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
              deadline_ms=0, weights_dir=None, timeout=None, upload=False):
@@ -503,8 +521,12 @@ class Client:
 
         upload=True: by value, for a trainer that shares no filesystem with
         the workers: the file (path, or the one written from state_dict) is
-        sent to the broker first (upload()), and the workers fetch it from
-        there; the broker needs --weights-dir."""
+        sent to the broker in chunks (as upload() does) and the SYNC goes as
+        soon as the broker holds the first one, so the workers fetch each
+        chunk from the broker while the later ones still come; an upload
+        that fails after (bytes that do not hash to its sha256) fails their
+        fetches, and nothing of it is applied. The broker needs
+        --weights-dir."""
         if (path is None) == (state_dict is None):
             raise ValueError("give exactly one of path= and state_dict=")
         if state_dict is not None:
@@ -518,17 +540,20 @@ class Client:
             safetensors.save(path, state_dict, meta)
         path = os.path.abspath(path)
         digest = (sha256 or sha256_file(path)).lower()
-        if upload:
-            self.upload(version, path, component=component, sha256=digest, timeout=timeout)
-        rid = next(self._ids)
         fields = {"component": component, "version": int(version), "sha256": digest, "deadline_ms": int(deadline_ms)}
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
         if upload:
+            # The SYNC goes with the first chunk the broker holds: workers
+            # fetch each chunk while the later ones still come.
             fields["uploaded"] = True
+            _, hdr = self._upload(version, path, component=component, sha256=digest, timeout=wait,
+                                  sync_fields=fields)
+            rid = hdr.get("id")
         else:
             fields["path"] = path
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
-        self._send("SYNC", rid, fields)
-        hdr, _ = self._recv(rid, time.monotonic() + wait)
+            rid = next(self._ids)
+            self._send("SYNC", rid, fields)
+            hdr, _ = self._recv(rid, time.monotonic() + wait)
         if hdr.get("type") != "SYNC_DONE":
             raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", rid)
         res = SyncResult(hdr)
