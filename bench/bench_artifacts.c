@@ -104,7 +104,9 @@ static void gemm_gelu_case(kern_backend_t *be, kern_artifacts_t *off, kern_artif
     fill(&o.a, 1), fill(&o.b, 2), fill(&o.c, 3);
     char shape[64];
     snprintf(shape, sizeof shape, "M=%lld N=%lld K=%lld", (long long)M, (long long)N, (long long)K);
+    const char *region = kern_artifacts_set_region("block.ffn"); /* where its manifest ("ffn") applies */
     bench_op(off, sh, "cpu-gemm-gelu-epilogue", run_gemm_gelu, &o, shape);
+    kern_artifacts_set_region(region);
     kern_free(be, o.a.data), kern_free(be, o.b.data), kern_free(be, o.c.data), kern_free(be, o.out.data);
     kern_stream_destroy(&o.s);
 }
@@ -120,7 +122,9 @@ static void attention_case(kern_backend_t *be, kern_artifacts_t *off, kern_artif
     char shape[64];
     snprintf(shape, sizeof shape, "nq=%lld nk=%lld H=%lld d=%lld", (long long)nq, (long long)nk,
              (long long)H, (long long)d);
+    const char *region = kern_artifacts_set_region("block.self_attn"); /* its manifest: "attention" */
     bench_op(off, sh, "cpu-attention-parsoftmax", run_attention, &o, shape);
+    kern_artifacts_set_region(region);
     kern_free(be, o.a.data), kern_free(be, o.b.data), kern_free(be, o.c.data), kern_free(be, o.out.data);
     kern_stream_destroy(&o.s);
 }

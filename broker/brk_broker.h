@@ -148,7 +148,8 @@ typedef struct brk_barrier {
     msg_sync_t *sync;          /* owned while pending; NULL once current, or for a resend */
     brk_trainer_t *trainers;   /* owned */
     int n_trainers;
-    int64_t deadline_ms;
+    int64_t deadline_ms;       /* INT64_MAX while its uploaded file still comes (then + wait_ms) */
+    int64_t wait_ms;
     int n;
     brk_member_t *m;
     struct brk_barrier *next;

@@ -292,6 +292,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_workers_timers(b, now);
         brk_req_timers(b, now);
         brk_sync_timers(b, now);
+        brk_upload_timers(b, now);
         settle(b);
     }
     brk_msg_free(b, spare); /* empty: closed after its last message */

@@ -221,7 +221,6 @@ static void stop_all(brk_t *b) {
 }
 
 int main(int argc, char **argv) {
-    wire_tune_malloc();
     brk_t b;
     memset(&b, 0, sizeof b);
     int prc = brk_opts_parse(&b.opt, argc, argv);

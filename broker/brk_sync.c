@@ -296,7 +296,8 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
     s->trainers[0].id = id;
     s->n_trainers = 1;
     uint64_t dl = deadline ? deadline : b->opt.sync_deadline_ms;
-    s->deadline_ms = brk_now_ms() + (int64_t)(dl > BRK_SYNC_DEADLINE_MAX_MS ? BRK_SYNC_DEADLINE_MAX_MS : dl);
+    s->wait_ms = (int64_t)(dl > BRK_SYNC_DEADLINE_MAX_MS ? BRK_SYNC_DEADLINE_MAX_MS : dl);
+    s->deadline_ms = brk_now_ms() + s->wait_ms;
     return s;
 }
 
@@ -432,6 +433,11 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
     }
     *kept = *m;
     kept->n_tensors = 0; /* syncs go by path: the loop refused inline tensors */
+    /* A file still coming: the deadline counts from its last chunk (the
+     * workers wait for it; the upload's time is the trainer's). */
+    char ignored[256];
+    if (m->uploaded && !brk_upload_stored(b, m->component, m->version, m->sha256, ignored, sizeof ignored))
+        s->deadline_ms = INT64_MAX;
     /* Its source in the catalog: the path, or "uploaded" (restored as such). */
     brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->uploaded ? BRK_SOURCE_UPLOADED : m->path);
     s->sync = kept;
@@ -541,6 +547,12 @@ void brk_sync_timers(brk_t *b, int64_t now) {
         }
     }
     settle_barriers(b);
+}
+
+void brk_sync_upload_ended(brk_t *b, const char *comp, uint64_t version) {
+    for (brk_barrier_t *s = b->barriers; s; s = s->next)
+        if (s->deadline_ms == INT64_MAX && s->version == version && !strcmp(s->component, comp))
+            s->deadline_ms = brk_now_ms() + s->wait_ms;
 }
 
 int64_t brk_sync_next_deadline(const brk_t *b) {

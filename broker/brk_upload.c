@@ -14,6 +14,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_sync.h"
 #include "broker/brk_zap.h"
 #include "schema/sha256.h"
 
@@ -33,8 +34,8 @@ typedef struct {
     int fd;                    /* the .part file (read too: FETCH while it comes) */
     reel_sha256_t *h;          /* of its bytes so far */
     int64_t touched_ms;
-    parked_t parked[BRK_FETCH_PARKED_MAX];
-    int n_parked;              /* in the order they came */
+    parked_t *parked;          /* in the order they came; grows to BRK_FETCH_PARKED_MAX */
+    int n_parked, cap_parked;
 } slot_t;
 
 struct brk_uploads {
@@ -69,6 +70,8 @@ static void serve_parked(brk_t *b, slot_t *s);
 static void close_slot(brk_t *b, slot_t *s, bool remove_part) {
     if (!s->open) return;
     fail_parked(b, s, remove_part ? "the upload failed or was replaced" : "the upload closed");
+    free(s->parked);
+    brk_sync_upload_ended(b, s->component, s->version);
     if (s->fd >= 0) close(s->fd);
     char hex[65];
     if (s->h) reel_sha256_final(&s->h, hex);
@@ -148,9 +151,16 @@ static slot_t *slot_of(brk_t *b, const char *comp, uint64_t v) {
 
 /* A new upload of u in a free slot (.part created, empty). NULL with why. */
 static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char *why, size_t len) {
-    slot_t *s = NULL;
+    slot_t *s = NULL, *idle = NULL;
     for (int i = 0; i < BRK_UPLOADS_MAX && !s; i++)
         if (!b->uploads->s[i].open) s = &b->uploads->s[i];
+        else if (!idle || b->uploads->s[i].touched_ms < idle->touched_ms) idle = &b->uploads->s[i];
+    if (!s && idle && brk_now_ms() - idle->touched_ms >= BRK_UPLOAD_STALE_MS) {
+        brk_log("upload %s v%" PRIu64 " given up for a new one: no chunk in %d s", idle->component,
+                idle->version, (int)((brk_now_ms() - idle->touched_ms) / 1000));
+        close_slot(b, idle, true);
+        s = idle;
+    }
     if (!s) {
         snprintf(why, len, "%d uploads are in progress; finish one first", BRK_UPLOADS_MAX);
         return NULL;
@@ -319,13 +329,26 @@ static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, 
  * upload in progress holds: a worker asks for fixed offsets and takes
  * each answer as the whole chunk, so a chunk is never sent short. */
 static bool ready(const slot_t *s, uint64_t offset, uint64_t max) {
-    if (offset >= s->size) return true; /* answered empty */
+    /* Past the end: answered empty, but only once all came, so that it
+     * does not overtake the same connection's FETCHes still waiting
+     * (a worker asks 4 ahead before it knows the size). */
+    if (offset >= s->size) return s->received >= s->size;
     uint64_t end = s->size - offset < max ? s->size : offset + max;
     return s->received >= end;
 }
 
 static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max) {
     serve(b, to, id, s->component, s->version, s->fd, s->size, offset, max);
+}
+
+static int grow_parked(slot_t *s) {
+    int cap = s->cap_parked ? 2 * s->cap_parked : 16;
+    if (cap > BRK_FETCH_PARKED_MAX) cap = BRK_FETCH_PARKED_MAX;
+    parked_t *p = realloc(s->parked, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    s->parked = p;
+    s->cap_parked = cap;
+    return 0;
 }
 
 /* Answers the parked FETCHes the bytes have come for, in the order they
@@ -339,7 +362,10 @@ static void serve_parked(brk_t *b, slot_t *s) {
             continue;
         }
         zmq_msg_t to;
-        if (zmq_msg_init_size(&to, p->who_len) != 0) continue;
+        if (zmq_msg_init_size(&to, p->who_len) != 0) { /* out of memory: it waits for the next chunk */
+            s->parked[keep++] = *p;
+            continue;
+        }
         memcpy(zmq_msg_data(&to), p->who, p->who_len);
         serve_slot(b, s, &to, p->id, p->offset, p->max);
         zmq_msg_close(&to);
@@ -370,9 +396,10 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
     if (s && !strcmp(s->sha256, sha)) {
         if (ready(s, f->offset, max)) {
             serve_slot(b, s, from, id, f->offset, max);
-        } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(from) > sizeof s->parked[0].who) {
+        } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(from) > sizeof s->parked[0].who ||
+                   (s->n_parked == s->cap_parked && grow_parked(s) != 0)) {
             brk_error_to(b, true, from, id, WIRE_E_BUSY, "FETCH: %d fetches already wait for %s v%" PRIu64,
-                         BRK_FETCH_PARKED_MAX, s->component, s->version);
+                         s->n_parked, s->component, s->version);
         } else {
             parked_t *p = &s->parked[s->n_parked++];
             p->who_len = zmq_msg_size(from);
@@ -412,6 +439,19 @@ bool brk_upload_held(brk_t *b, const char *comp, uint64_t v, const char *sha256,
         return false;
     }
     return s != NULL;
+}
+
+/* ---- uploads nobody finishes ------------------------------------------------------ */
+
+void brk_upload_timers(brk_t *b, int64_t now) {
+    if (!b->uploads) return;
+    for (int i = 0; i < BRK_UPLOADS_MAX; i++) {
+        slot_t *s = &b->uploads->s[i];
+        if (!s->open || now - s->touched_ms < BRK_UPLOAD_IDLE_MS) continue;
+        brk_log("upload %s v%" PRIu64 " given up: no chunk in %d s (%" PRIu64 " of %" PRIu64 " bytes came)",
+                s->component, s->version, BRK_UPLOAD_IDLE_MS / 1000, s->received, s->size);
+        close_slot(b, s, true);
+    }
 }
 
 /* ---- retention -------------------------------------------------------------------- */

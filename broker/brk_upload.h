@@ -24,7 +24,9 @@
 #include "broker/brk_broker.h"
 
 #define BRK_UPLOADS_MAX 4
-#define BRK_FETCH_PARKED_MAX 256 /* FETCHes waiting for an upload's bytes, per upload (4 per worker) */
+#define BRK_FETCH_PARKED_MAX 4096  /* FETCHes waiting for an upload's bytes, per upload (4 per worker) */
+#define BRK_UPLOAD_IDLE_MS 600000  /* an open upload with no chunk for this long is given up */
+#define BRK_UPLOAD_STALE_MS 60000  /* ... or for this long when a new upload needs its slot */
 #define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
 
 /* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
@@ -48,6 +50,9 @@ bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const ch
  * upload: on this project's VMs writing a file into never-used memory
  * cost 20x writing it into recycled memory (docs/BENCH.md). */
 void brk_upload_prune(brk_t *b, const char *component, uint64_t current);
+/* Gives up uploads that had no chunk for BRK_UPLOAD_IDLE_MS (their .part
+ * removed, FETCHes waiting on them answered ERROR). */
+void brk_upload_timers(brk_t *b, int64_t now);
 /* Removes the .part files a previous run left (startup) and frees what
  * open uploads hold (shutdown: their .part files are removed too). */
 void brk_upload_start(brk_t *b);

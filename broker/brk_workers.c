@@ -99,7 +99,7 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         else if (!strcmp(e->kind, "artifact_key") && e->component[0] && e->key[0])
             brk_cq_artifact_key(b->cat, wn, e->component, e->key, e->reason, e->detail, e->count,
                                 e->native, e->pass, e->fail, e->fallbacks, e->timed, e->speedup,
-                                e->speedup_sd);
+                                e->speedup_sd, e->sync_timed, e->sync_s);
         else
             skipped++;
     }

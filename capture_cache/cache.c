@@ -1213,8 +1213,12 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     int rc;
     if (kern_stream_is_capturing(s))
         rc = kern_fail("dispatch on a stream that is capturing (a step may not dispatch from its launch)");
-    else
+    else {
+        /* Kernel artifacts are judged per capture key (kernels/artifacts.h). */
+        uint64_t scope = kern_artifacts_set_scope(hash);
         rc = dispatch_locked(d, si, text, hash, t0);
+        kern_artifacts_set_scope(scope);
+    }
     pthread_mutex_unlock(&sl->mu);
     if (d->logbuf[0]) log_msg(c, 2, d->logbuf);
     evq_flush(c, &d->q);

@@ -106,6 +106,11 @@ static const ctl_col_t artifact_cols[] = {
     { "parity_fail", "fail", CTL_F_NUM, 0 },
     { "fallbacks", "fallbacks", CTL_F_NUM, 0 },
     { "speedup", "speedup", CTL_F_SECS, 0 },
+    { "speedup_sd", "sd", CTL_F_SECS, 0 },
+    { "speedup_min", "key_min", CTL_F_SECS, 0 },
+    { "speedup_max", "key_max", CTL_F_SECS, 0 },
+    { "sync_timed", "sync_n", CTL_F_NUM, 0 },
+    { "sync_ms", "sync_ms", CTL_F_SECS, 0 },
     { "last_seen", "last_seen", CTL_F_TIME, 0 },
     { "reason", "reason", CTL_F_TEXT, 60 },
 };
@@ -145,6 +150,7 @@ int ctl_report_metrics(cat_t *c, FILE *out) {
     json_t *arts = json_object_get(root, "artifacts"); /* docs/ARTIFACTS.md */
     static const char *const calls[] = { "calls" }, *const fallbacks[] = { "fallbacks" },
                              *const speedup[] = { "speedup" }, *const none[] = { NULL },
+                             *const spread[] = { "speedup_sd" }, *const sync_n[] = { "sync_timed" },
                              *const parity[] = { "parity_pass", "parity_fail" },
                              *const pf[] = { "result=\"pass", "result=\"fail" },
                              *const keys[] = { "promoted", "demoted" },
@@ -162,6 +168,11 @@ int ctl_report_metrics(cat_t *c, FILE *out) {
     prom_artifact(out, "reel_artifact_speedup", "gauge",
                   "Native time over artifact time on the same inputs (shadow-timed calls; 0: none).",
                   arts, 1, speedup, none);
+    prom_artifact(out, "reel_artifact_speedup_sd", "gauge",
+                  "Standard deviation of the per-call speedup, pooled over every timed call.", arts, 1, spread,
+                  none);
+    prom_artifact(out, "reel_artifact_sync_timed_total", "counter",
+                  "Artifact launches timed alone (--artifact-timing sync).", arts, 1, sync_n, none);
     json_decref(root);
     return flushed(c, out, 0);
 }
@@ -197,7 +208,9 @@ int ctl_report_artifacts(cat_t *c, bool json, FILE *out) {
         { "fallbacks", "fallbacks", CTL_F_NUM, 0 },
         { "speedup", "speedup", CTL_F_SECS, 0 },
         { "speedup_sd", "sd", CTL_F_SECS, 0 },
-        { "key", "key", CTL_F_TEXT, 70 },
+        { "sync_timed", "sync_n", CTL_F_NUM, 0 },
+        { "sync_ms", "sync_ms", CTL_F_SECS, 0 },
+        { "key", "key", CTL_F_TEXT, 90 },
         { "reason", "reason", CTL_F_TEXT, 80 },
     };
     if (json) return report(c, cat_query_artifacts, true, out, NULL, 0);

@@ -55,6 +55,7 @@ typedef struct art_key {
     const art_kernel_t *k;
     char arch[KERN_ART_ARCH_MAX];
     int64_t sizes[KERN_ART_MAX_DIMS];
+    uint64_t scope;                 /* the capture key's hash (kern_artifacts_set_scope); 0: none */
     uint64_t hash;
     kern_art_state_t state;
     int fail_streak;                /* runtime failures in a row while undecided */

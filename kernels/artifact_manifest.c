@@ -259,6 +259,14 @@ static int parse_obj(json_t *o, kern_art_manifest_t *m) {
         str_field(o, "version", true, m->version, sizeof m->version, reel_name_valid) ||
         str_field(o, "region", false, m->region, sizeof m->region, reel_name_valid))
         return -1;
+    static const char *const regions[] = { KERN_ART_REGIONS };
+    bool region_known = !m->region[0];
+    for (size_t i = 0; i < sizeof regions / sizeof regions[0] && !region_known; i++)
+        region_known = !strcmp(m->region, regions[i]);
+    if (!region_known)
+        return kern_fail("manifest: \"region\": no region named \"%.40s\" (embed, embed.time, embed.text, "
+                         "embed.patch, block, block.self_attn, block.cross_attn, block.ffn, head, attention, ffn)",
+                         m->region);
     const char *s = plain_string(json_object_get(o, "op"));
     if (!s) return kern_fail("manifest: \"op\" must be a string (a registry op name)");
     if (op_parse(s, &m->op) != 0) return kern_fail("manifest: \"op\": no op named \"%.40s\"", s);

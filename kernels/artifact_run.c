@@ -19,7 +19,34 @@
 #include <string.h>
 #include <time.h>
 
-static _Thread_local uint64_t tl_promoted, tl_demoted;
+static _Thread_local uint64_t tl_promoted, tl_demoted, tl_scope;
+static _Thread_local const char *tl_region;
+
+const char *kern_artifacts_set_region(const char *region) {
+    const char *old = tl_region;
+    tl_region = region;
+    return old;
+}
+
+/* at is r or lies below it (r + "."). */
+static bool region_under(const char *at, const char *r) {
+    size_t n = strlen(r);
+    return !strncmp(at, r, n) && (at[n] == '\0' || at[n] == '.');
+}
+
+bool kern_art_region_matches(const char *want, const char *at) {
+    if (!want || !want[0]) return true;
+    if (!at) at = "";
+    if (!strcmp(want, "attention")) return region_under(at, "block.self_attn") || region_under(at, "block.cross_attn");
+    if (!strcmp(want, "ffn")) return region_under(at, "block.ffn");
+    return region_under(at, want);
+}
+
+uint64_t kern_artifacts_set_scope(uint64_t scope) {
+    uint64_t old = tl_scope;
+    tl_scope = scope;
+    return old;
+}
 
 void kern_artifacts_thread_decisions(uint64_t *promoted, uint64_t *demoted) {
     *promoted = tl_promoted;
@@ -39,22 +66,25 @@ static double now(void) {
 
 /* ---- keys ------------------------------------------------------------------ */
 
-static uint64_t key_hash(const art_kernel_t *k, const char *arch, const int64_t *sz, int n) {
+static uint64_t key_hash(const art_kernel_t *k, uint64_t scope, const char *arch, const int64_t *sz, int n) {
     uint64_t h = 1469598103934665603ull;
 #define MIX(p, len)                                                     \
     for (size_t i_ = 0; i_ < (len); i_++) h = (h ^ ((const unsigned char *)(p))[i_]) * 1099511628211ull
     MIX(&k, sizeof k);
+    MIX(&scope, sizeof scope);
     MIX(arch, strlen(arch));
     MIX(sz, (size_t)n * sizeof *sz);
 #undef MIX
     return h;
 }
 
-/* The key of (k, arch, sizes), made on first sight; NULL when out of
- * memory (the launch then runs native). *state gets its state. */
+/* The key of (k, the thread's capture key, arch, sizes), made on first
+ * sight; NULL when out of memory (the launch then runs native). *state
+ * gets its state. */
 static art_key_t *key_get(kern_artifacts_t *set, const art_kernel_t *k, const art_op_t *od,
                           const char *arch, const int64_t *sz, kern_art_state_t *state) {
-    uint64_t h = key_hash(k, arch, sz, od->n_dims);
+    uint64_t scope = tl_scope;
+    uint64_t h = key_hash(k, scope, arch, sz, od->n_dims);
     pthread_mutex_lock(&set->mu);
     if (!set->bucket) {
         set->n_bucket = 256;
@@ -64,11 +94,12 @@ static art_key_t *key_get(kern_artifacts_t *set, const art_kernel_t *k, const ar
         }
     }
     art_key_t *key = set->bucket[h % set->n_bucket];
-    while (key && !(key->hash == h && key->k == k && !strcmp(key->arch, arch) &&
+    while (key && !(key->hash == h && key->k == k && key->scope == scope && !strcmp(key->arch, arch) &&
                     !memcmp(key->sizes, sz, (size_t)od->n_dims * sizeof *sz)))
         key = key->next;
     if (!key && (key = calloc(1, sizeof *key))) {
         key->k = k;
+        key->scope = scope;
         key->hash = h;
         snprintf(key->arch, sizeof key->arch, "%s", arch);
         memcpy(key->sizes, sz, (size_t)od->n_dims * sizeof *sz);
@@ -77,6 +108,8 @@ static art_key_t *key_get(kern_artifacts_t *set, const art_kernel_t *k, const ar
         for (int i = 0; i < od->n_dims && off > 0 && (size_t)off < sizeof key->text; i++)
             off += snprintf(key->text + off, sizeof key->text - (size_t)off, " %s=%lld",
                             od->dims[i], (long long)sz[i]);
+        if (scope && off > 0 && (size_t)off < sizeof key->text)
+            snprintf(key->text + off, sizeof key->text - (size_t)off, " @%016llx", (unsigned long long)scope);
         key->n.speedup_min = INFINITY;
         key->n.speedup_max = 0;
         key->next = set->bucket[h % set->n_bucket];
@@ -456,7 +489,9 @@ int art_dispatch_hook(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *arg
     const char *arch = kern_backend_arch(b);
     for (int i = 0; i < nc; i++) {
         const art_kernel_t *k = set->cand[op][bk][dt][i];
-        if (!sizes_ok(&k->art->m, od, sz) || !arch_ok(&k->art->m, arch)) continue;
+        if (!sizes_ok(&k->art->m, od, sz) || !arch_ok(&k->art->m, arch) ||
+            !kern_art_region_matches(k->art->m.region, tl_region))
+            continue;
         kern_art_state_t st;
         art_key_t *key = key_get(set, k, od, arch, sz, &st);
         if (!key) return 0;

@@ -18,9 +18,9 @@
  *
  * Dispatch. A launch of an op some enabled artifact replaces, at sizes its
  * manifest accepts, on a backend arch it names, goes through the artifact's
- * state at that *kernel key* (artifact, op, dtype, arch and every size of
- * the argument block; every capture key's launches of the op at those sizes
- * share it):
+ * state at that *kernel key* (artifact, the capture key the launch runs
+ * under (kern_artifacts_set_scope), op, dtype, arch and every size of the
+ * argument block: each capture key is judged on its own):
  *   undecided  the next eager launch runs in shadow: the artifact into a
  *              shadow buffer, the native kernel into the real output, both
  *              on the same live inputs; the manifest's parity rule compares
@@ -95,7 +95,7 @@ typedef struct {
 typedef struct {
     char id[KERN_ART_ID_MAX];
     char version[KERN_ART_VERSION_MAX];
-    char region[KERN_ART_ID_MAX];   /* label of the region the op sits in ("ffn"); "" if none */
+    char region[KERN_ART_ID_MAX];   /* where the op must sit (KERN_ART_REGIONS, "ffn"); "" = anywhere */
     kern_op_t op;                   /* the registry op it replaces */
     kern_backend_kind_t backend;
     char arch[KERN_ART_MAX_ARCH][KERN_ART_ARCH_MAX]; /* "any", "cpu-avx2", "sm_90" ... */
@@ -239,6 +239,33 @@ int kern_artifacts_totals(kern_artifacts_t *set, const char *id, kern_art_counts
  * parity passes and failures, fallbacks, speedup with spread) and every
  * key, as text or JSON. 0, or -1 on a write error. */
 int kern_artifacts_print(kern_artifacts_t *set, FILE *out, bool keys, bool json);
+
+/* Regions: where in the network a launch sits. The model names them as it
+ * runs (kern_artifacts_set_region: a static string, thread-local; returns
+ * the previous one, to restore), and a manifest's "region" narrows its
+ * artifact to launches there. The names (KERN_ART_REGIONS):
+ *   embed.time, embed.text, embed.patch       (under "embed")
+ *   block.self_attn, block.cross_attn, block.ffn (under "block")
+ *   head
+ *   attention = block.self_attn and block.cross_attn; ffn = block.ffn
+ * A manifest region matches a launch region equal to it or below it
+ * ("block" matches block.ffn), and the two groups theirs; no region in the
+ * manifest matches every launch, one outside every region too. */
+#define KERN_ART_REGIONS                                                                             \
+    "embed", "embed.time", "embed.text", "embed.patch", "block", "block.self_attn", "block.cross_attn", \
+        "block.ffn", "head", "attention", "ffn"
+const char *kern_artifacts_set_region(const char *region);
+/* Whether a manifest's region (`want`, "" = anywhere) matches a launch in
+ * region `at` (NULL or "" = outside every region). */
+bool kern_art_region_matches(const char *want, const char *at);
+
+/* The capture key the calling thread's launches belong to, by its hash
+ * (the capture cache sets it around each call, cap_dispatch); 0 = none.
+ * Returns the previous one, to restore. Keys are per capture key: each
+ * capture key's launches get their own shadow run and verdict at each
+ * kernel key (a kernel key's text then ends " @HASH", HASH the capture
+ * key's 16 hex digits as in the catalog). Can't fail. */
+uint64_t kern_artifacts_set_scope(uint64_t capture_key_hash);
 
 /* Parity decisions (promotions, demotions) made on the calling thread so
  * far: the capture cache compares them before and after a call to learn

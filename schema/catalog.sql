@@ -1,8 +1,10 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 5): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 6): the sum
 -- of the migrations schema/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
--- rows go in in time order, so the newest are the highest rowids). tests/test_catalog.c fails if a catalog
+-- rows go in in time order, so the newest are the highest rowids; 6: an
+-- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
+-- puts them). tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
 -- INTEGER.
@@ -43,6 +45,8 @@ CREATE TABLE IF NOT EXISTS artifact_keys (
     speedup      REAL NOT NULL DEFAULT 0,
     speedup_sd   REAL NOT NULL DEFAULT 0,
     t            REAL NOT NULL,
+    sync_timed   INTEGER NOT NULL DEFAULT 0,
+    sync_s       REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (worker, id, key)
 );
 

@@ -206,6 +206,13 @@ const char cat_schema_v5_sql[] =
     "DROP INDEX IF EXISTS requests_by_time;\n"
     "DROP INDEX IF EXISTS requests_by_worker;\n";
 
+/* Migration 6: an artifact key's --artifact-timing sync measurements (the
+ * artifact's launches timed alone, and their seconds), beside the shadow
+ * comparisons' speedup (docs/ARTIFACTS.md, "In the catalog"). */
+const char cat_schema_v6_sql[] =
+    "ALTER TABLE artifact_keys ADD COLUMN sync_timed INTEGER NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE artifact_keys ADD COLUMN sync_s REAL NOT NULL DEFAULT 0;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
-                                       cat_schema_v4_sql, cat_schema_v5_sql };
+                                       cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -11,6 +11,7 @@
  * are declines for "not_capturable" and "override". */
 #include "schema/catalog_query.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,7 +213,11 @@ static int stats_scope(cat_t *c, sqlite3_stmt *q[3], const char *worker, json_t 
 
 /* Per artifact id (docs/ARTIFACTS.md): the bundle as last reported and its
  * kernel keys summed over every worker; speedup is the mean of the keys'
- * speedups weighted by their timed calls (0 when none was timed). */
+ * speedups weighted by their timed calls (0 when none was timed), and its
+ * spread: speedup_sd pooled over every timed call (from each key's mean,
+ * sd and count: pool_spread), speedup_min/max the extremes of the keys'
+ * speedups; sync_timed/sync_ms: --artifact-timing sync, the launches timed
+ * alone and their mean in ms. */
 static const char artifact_totals_sql[] =
     "SELECT a.id AS id, a.version AS version, a.op AS op, a.backend AS backend,"
     " a.status AS status, a.verified AS verified, a.enabled AS enabled, a.sha256 AS sha256,"
@@ -222,8 +227,32 @@ static const char artifact_totals_sql[] =
     " coalesce(sum(k.native_calls), 0) AS native_calls,"
     " coalesce(sum(k.parity_pass), 0) AS parity_pass, coalesce(sum(k.parity_fail), 0) AS parity_fail,"
     " coalesce(sum(k.fallbacks), 0) AS fallbacks, coalesce(sum(k.timed), 0) AS timed,"
-    " CASE WHEN sum(k.timed) > 0 THEN sum(k.speedup * k.timed) / sum(k.timed) ELSE 0.0 END AS speedup"
+    " CASE WHEN sum(k.timed) > 0 THEN sum(k.speedup * k.timed) / sum(k.timed) ELSE 0.0 END AS speedup,"
+    " coalesce(sum(CASE WHEN k.timed > 1 THEN (k.timed - 1) * k.speedup_sd * k.speedup_sd END), 0.0) AS _ss_within,"
+    " coalesce(sum(k.timed * k.speedup * k.speedup), 0.0) AS _ss_means,"
+    " coalesce(min(CASE WHEN k.timed > 0 THEN k.speedup END), 0.0) AS speedup_min,"
+    " coalesce(max(CASE WHEN k.timed > 0 THEN k.speedup END), 0.0) AS speedup_max,"
+    " coalesce(sum(k.sync_timed), 0) AS sync_timed,"
+    " CASE WHEN sum(k.sync_timed) > 0 THEN 1000.0 * sum(k.sync_s) / sum(k.sync_timed) ELSE 0.0 END AS sync_ms"
     " FROM artifacts a LEFT JOIN artifact_keys k ON k.id = a.id GROUP BY a.id ORDER BY a.id";
+
+/* speedup_sd of each artifact_totals_sql row, pooled from its keys:
+ * Σ(n-1)s² within keys plus Σn·m² - N·M² between them, over N - 1; the
+ * helper sums are removed. */
+static void pool_spread(json_t *arts) {
+    size_t i;
+    json_t *r;
+    json_array_foreach(arts, i, r) {
+        double n = (double)json_integer_value(json_object_get(r, "timed"));
+        double m = json_number_value(json_object_get(r, "speedup"));
+        double ss = json_number_value(json_object_get(r, "_ss_within")) +
+                    json_number_value(json_object_get(r, "_ss_means")) - n * m * m;
+        double sd = n > 1 && ss > 0 ? sqrt(ss / (n - 1)) : 0;
+        json_object_del(r, "_ss_within");
+        json_object_del(r, "_ss_means");
+        json_object_set_new(r, "speedup_sd", json_real(sd));
+    }
+}
 
 static json_t *build_stats(cat_t *c) {
     sqlite3_stmt *q[3] = {
@@ -254,6 +283,7 @@ static json_t *build_stats(cat_t *c) {
     if (stats_scope(c, q, NULL, &overall) != 0) goto done;
     json_t *arts = query_rows(c, artifact_totals_sql); /* docs/ARTIFACTS.md */
     if (!arts) goto done;
+    pool_spread(arts);
     root = json_pack("{s:o, s:O, s:o}", "overall", overall, "workers", workers, "artifacts", arts);
     overall = NULL;
     if (!root) kern_fail("catalog %s: report: out of memory", c->path);
@@ -268,10 +298,13 @@ done:
  * key) row]}. */
 static json_t *build_artifacts(cat_t *c) {
     json_t *arts = query_rows(c, artifact_totals_sql), *keys = NULL, *root = NULL;
-    if (arts)
+    if (arts) {
+        pool_spread(arts);
         keys = query_rows(c, "SELECT worker, id, key, state, reason, calls, native_calls,"
-                             " parity_pass, parity_fail, fallbacks, timed, speedup, speedup_sd, t"
+                             " parity_pass, parity_fail, fallbacks, timed, speedup, speedup_sd, sync_timed,"
+                             " CASE WHEN sync_timed > 0 THEN 1000.0 * sync_s / sync_timed ELSE 0.0 END AS sync_ms, t"
                              " FROM artifact_keys ORDER BY id, worker, key");
+    }
     if (arts && keys && !(root = json_pack("{s:O, s:O}", "artifacts", arts, "keys", keys)))
         kern_fail("catalog %s: report: out of memory", c->path);
     json_decref(arts);

@@ -177,16 +177,17 @@
 #define CAT_ARTIFACT_KEY(F)                                                                        \
     F(TEXT, worker) F(TEXT, id) F(TEXT, key) F(TEXT, state) F(OPT, reason) F(U64, calls)           \
     F(U64, native_calls) F(U64, parity_pass) F(U64, parity_fail) F(U64, fallbacks) F(U64, timed)   \
-    F(F64, speedup) F(F64, speedup_sd) F(TIME, t)
+    F(F64, speedup) F(F64, speedup_sd) F(U64, sync_timed) F(F64, sync_s) F(TIME, t)
 #define CAT_SQL_ARTIFACT_KEY                                                                       \
     "INSERT INTO artifact_keys (worker, id, key, state, reason, calls, native_calls, parity_pass," \
-    " parity_fail, fallbacks, timed, speedup, speedup_sd, t)"                                      \
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"                        \
+    " parity_fail, fallbacks, timed, speedup, speedup_sd, sync_timed, sync_s, t)"                  \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"              \
     " ON CONFLICT (worker, id, key) DO UPDATE SET state = excluded.state,"                         \
     " reason = excluded.reason, calls = excluded.calls, native_calls = excluded.native_calls,"      \
     " parity_pass = excluded.parity_pass, parity_fail = excluded.parity_fail,"                     \
     " fallbacks = excluded.fallbacks, timed = excluded.timed, speedup = excluded.speedup,"         \
-    " speedup_sd = excluded.speedup_sd, t = excluded.t"
+    " speedup_sd = excluded.speedup_sd, sync_timed = excluded.sync_timed, sync_s = excluded.sync_s,"   \
+    " t = excluded.t"
 
 /* A SYNC a peer sent, whatever became of it: the trainer role's audit
  * trail (docs/SECURITY.md). key_name and role: its CURVE key's ("-" and

@@ -550,6 +550,7 @@ int reel_publish(reel_client_t *c, const char *component, uint64_t version, cons
         return -1;
     }
     uint64_t sid = 0;
+    bool synced = false; /* the SYNC's answer came */
     int rc = 0;
     for (;;) {
         if (upload_fill(c, &p, timeout_ms, err) != 0) {
@@ -567,21 +568,27 @@ int reel_publish(reel_client_t *c, const char *component, uint64_t version, cons
             }
         }
         wire_msg_t a;
-        if (await2(c, p.complete ? sid : p.id, p.complete ? 0 : sid, now_ms() + timeout_ms, &a, NULL, NULL,
+        if (await2(c, p.complete ? sid : p.id, p.complete || synced ? 0 : sid, now_ms() + timeout_ms, &a, NULL, NULL,
                    err) != 0) {
             rc = -1;
             break;
         }
-        if (sid && a.id == sid) { /* the sync's answer ends it, whatever the upload's state */
-            if (answer_is_error(&a, err)) {
+        if (sid && a.id == sid) {
+            if (answer_is_error(&a, err)) { /* refused: the upload stops here (resumable) */
                 wire_msg_close(&a);
                 rc = 1;
-            } else {
-                rc = sync_done(&a, res, err);
+                break;
             }
-            break;
+            /* Answered before the last chunk went (no live worker, or every
+             * worker failed early): the upload still completes, so the
+             * broker holds the version and no slot is left open. */
+            if ((rc = sync_done(&a, res, err)) != 0) break;
+            synced = true;
+            if (p.complete) break;
+            continue;
         }
         if ((rc = upload_answer(&p, &a, err)) != 0) break;
+        if (synced && p.complete) break;
     }
     upload_close(&p);
     free(s);

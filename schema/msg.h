@@ -315,6 +315,8 @@ typedef struct {
     char detail[256];
     uint64_t native, pass, fail, fallbacks, timed;
     double speedup, speedup_sd;  /* native/artifact over the timed calls */
+    uint64_t sync_timed;         /* --artifact-timing sync: launches timed alone */
+    double sync_s;               /* their seconds, summed */
 } msg_event_t;
 
 /* EVENTS */

@@ -275,6 +275,8 @@ static const msg_field_t event_rows[] = {
     R_U64(msg_event_t, timed, "timed", F_OMIT, 0, UINT64_MAX, 0),
     R_F64(msg_event_t, speedup, "speedup", F_OMIT, 0),
     R_F64(msg_event_t, speedup_sd, "speedup_sd", F_OMIT, 0),
+    R_U64(msg_event_t, sync_timed, "sync_timed", F_OMIT, 0, UINT64_MAX, 0),
+    R_F64(msg_event_t, sync_s, "sync_s", F_OMIT, 0),
 };
 TABLE(event_tab, event_rows, msg_event_t);
 

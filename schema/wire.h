@@ -177,7 +177,8 @@ int wire_socket_limits(void *sock);
  * mmap threshold), so the next frame does not fault its pages in again:
  * one 4 KiB fault each, which on a VM cost as much as the copy (a by-value
  * sync of 100 MB: upload 0.24 -> 0.09 s, docs/BENCH.md). Frames up to 32
- * MiB come from the heap; up to 256 MiB of free top is kept. */
+ * MiB come from the heap; up to 256 MiB of free top is kept. (reel-broker
+ * sets its own trim threshold: --max-held-mb.) */
 void wire_tune_malloc(void);
 
 /* Receives one whole message (all parts) from sock; `router` means the

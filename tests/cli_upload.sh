@@ -23,6 +23,7 @@
 #     SYNC naming an upload in progress under another sha256 is refused;
 #   - the broker keeps the current uploaded version and the one before it
 #     (--weights-keep 2, the default), removing older ones;
+#   - a SYNC's deadline counts from the upload's last chunk;
 #   - a version fetched into the buffer a worker kept from its last fetch
 #     serves bitwise what reelctl run gives with its file.
 # Usage: cli_upload.sh BUILD
@@ -226,19 +227,33 @@ try:
     say(False, "a SYNC naming an upload in progress under another sha256 is refused")
 except ReelError as e:
     say(e.code == "bad_request", "a SYNC naming an upload in progress under another sha256 is refused: %s" % e)
+# 4. the sync's deadline counts from the upload's last chunk: a 1 s deadline,
+# the rest of v7 (the v5 bytes) after 2.5 s, and the sync still completes
+c._send("SYNC", 3003, {"component": "transformer", "version": 7, "sha256": digest, "uploaded": True,
+                       "deadline_ms": 1000})
+time.sleep(2.5)
+off, rid = MiB, 3100
+while off < len(data):
+    n = min(MiB, len(data) - off)
+    up(7, data, digest, off, n, rid)
+    off, rid = off + n, rid + 1
+done = c._recv(3003, time.monotonic() + 60)[0]
+say(done.get("type") == "SYNC_DONE" and done.get("complete") and sorted(done.get("applied", [])) == workers,
+    "a 1 s sync deadline counts from the last chunk, 2.5 s after the SYNC: complete, applied by %s" %
+    done.get("applied"))
 EOF
 rc=$?
 while read -r line; do
     case "$line" in PASS*) ok "${line#PASS }" ;; FAIL*) bad "${line#FAIL }" ;; *) echo "  | $line" ;; esac
 done <"$D/overlap.out"
 [ $rc = 0 ] || bad "the overlap part (exit $rc)"
-# v6 went into the buffer the workers kept from fetching v5: what they
-# loaded must be v6 to the bit, not only hash like it
+# v7 (the v5 bytes) went into the buffer the workers kept from fetching
+# v6: what they loaded must be those bytes to the bit, not only hash like them
 as client "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --size 1x8x8 --seed 4 --steps 2 \
-    --timeout-ms 60000 --quiet --out "$D/g6.safetensors" 2>"$D/g6.err"
-"$R" run --weights "$D/tr/v6.safetensors" --context "$D/ctx.safetensors" --size 1x8x8 --seed 4 --steps 2 \
-    --out "$D/r6.safetensors" 2>/dev/null
-grep -q "weights v6" "$D/g6.err" && "$R" tensor diff "$D/g6.safetensors" "$D/r6.safetensors" --name latent >/dev/null 2>&1 &&
-    ok "a gen on v6 (fetched into the buffer kept from v5) is bitwise reelctl run with the v6 file" ||
-    { bad "gen on v6 after a reused fetch buffer"; show "$D/g6.err"; }
+    --timeout-ms 60000 --quiet --out "$D/g7.safetensors" 2>"$D/g7.err"
+"$R" run --weights "$D/tr/v5.safetensors" --context "$D/ctx.safetensors" --size 1x8x8 --seed 4 --steps 2 \
+    --out "$D/r7.safetensors" 2>/dev/null
+grep -q "weights v7" "$D/g7.err" && "$R" tensor diff "$D/g7.safetensors" "$D/r7.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "a gen on v7 (fetched into the buffer kept from v6) is bitwise reelctl run with its file" ||
+    { bad "gen on v7 after a reused fetch buffer"; show "$D/g7.err"; }
 finish

@@ -332,8 +332,11 @@ typedef struct {
     kern_tensor_t x, w, bias, y;
 } gg_t;
 
+/* A GEMM + GELU as a block's feed-forward runs it: in region block.ffn,
+ * where the test bundles (region "ffn") apply. */
 static gg_t gg_open(int64_t M, int64_t N, int64_t K) {
     gg_t g;
+    kern_artifacts_set_region("block.ffn");
     g.b = kern_backend_cpu_new();
     g.s = kern_stream_new(g.b);
     g.x = kern_tensor_alloc(g.b, KERN_F32, 2, (int64_t[]){ M, K });
@@ -367,6 +370,77 @@ static kern_artifacts_t *install_only(const char *root, const char *ids, kern_ar
     ck_assert_msg(kern_artifacts_install(set, t) == 0, "%s", kern_error());
     return set;
 }
+
+/* Regions (kernels/artifacts.h): a manifest names one of the model's, an
+ * unknown name is refused naming the field; a region matches itself, what
+ * lies below it, and the two groups theirs; and an artifact is judged only
+ * at launches in its region: the same GEMM + GELU in the text embedding
+ * stays native and unjudged while the feed-forward's is promoted. */
+START_TEST(test_an_artifact_replaces_its_op_only_in_its_region) {
+    refused("\"region\":\"ffn\"", "\"region\":\"mlp\"", "no region named \"mlp\"");
+    ck_assert(kern_art_region_matches("", NULL));
+    ck_assert(kern_art_region_matches("", "head"));
+    ck_assert(kern_art_region_matches("ffn", "block.ffn"));
+    ck_assert(!kern_art_region_matches("ffn", "embed.text"));
+    ck_assert(!kern_art_region_matches("ffn", NULL));
+    ck_assert(kern_art_region_matches("attention", "block.self_attn"));
+    ck_assert(kern_art_region_matches("attention", "block.cross_attn"));
+    ck_assert(!kern_art_region_matches("attention", "block.ffn"));
+    ck_assert(kern_art_region_matches("block.self_attn", "block.self_attn"));
+    ck_assert(!kern_art_region_matches("block.self_attn", "block.cross_attn"));
+    ck_assert(kern_art_region_matches("block", "block.cross_attn"));
+    ck_assert(!kern_art_region_matches("block", "blocks"));
+    ck_assert(kern_art_region_matches("embed", "embed.text"));
+    enum { M = 24, N = 40, K = 16 };
+    gg_t g = gg_open(M, N, K);
+    static float native[M * N], got[M * N];
+    gg_run(&g, native);
+    kern_artifacts_t *set = install_only(root_with("cpu_gemm_gelu_epilogue", NULL), "cpu-gemm-gelu-epilogue",
+                                         KERN_ART_TIMING_OFF);
+    kern_artifacts_set_region("embed.text");
+    gg_run(&g, got);
+    ck_assert_int_eq(memcmp(got, native, sizeof got), 0);
+    kern_art_key_stats_t ks[4];
+    ck_assert_uint_eq(kern_artifacts_keys(set, ks, 4), 0); /* not even judged */
+    kern_artifacts_set_region("block.ffn");
+    gg_run(&g, got);
+    ck_assert_uint_eq(kern_artifacts_keys(set, ks, 4), 1);
+    ck_assert_int_eq(ks[0].state, KERN_ART_PROMOTED);
+    kern_artifacts_destroy(&set);
+    gg_close(&g);
+}
+END_TEST
+
+/* Each capture key is judged on its own (kern_artifacts_set_scope, which
+ * cap_dispatch sets): the same launch under two capture keys is two keys,
+ * each with its own shadow run and verdict, named by the capture key's
+ * hash; a launch under none has its own key without one. */
+START_TEST(test_each_capture_key_gets_its_own_shadow_run_and_verdict) {
+    enum { M = 24, N = 40, K = 16 };
+    gg_t g = gg_open(M, N, K);
+    static float got[M * N];
+    kern_artifacts_t *set = install_only(root_with("wrong", NULL), "test-wrong-gemm-gelu", KERN_ART_TIMING_OFF);
+    uint64_t prev = kern_artifacts_set_scope(0x0123456789abcdefull);
+    gg_run(&g, got);
+    gg_run(&g, got);
+    kern_artifacts_set_scope(0xfedcba9876543210ull);
+    gg_run(&g, got);
+    kern_artifacts_set_scope(prev);
+    gg_run(&g, got);
+    kern_art_key_stats_t ks[8];
+    ck_assert_uint_eq(kern_artifacts_keys(set, ks, 8), 3);
+    ck_assert_msg(strstr(ks[0].key, " @0123456789abcdef"), "%s", ks[0].key);
+    ck_assert_msg(strstr(ks[1].key, " @fedcba9876543210"), "%s", ks[1].key);
+    ck_assert_msg(!strchr(ks[2].key, '@'), "%s", ks[2].key);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(ks[i].state, KERN_ART_DEMOTED);
+        ck_assert_uint_eq(ks[i].n.parity_fail, 1); /* one shadow run each */
+    }
+    ck_assert_uint_eq(ks[0].n.native_calls, 1);    /* its second call: native, no second shadow run */
+    kern_artifacts_destroy(&set);
+    gg_close(&g);
+}
+END_TEST
 
 START_TEST(test_wrong_artifact_is_demoted_with_artifact_parity_and_never_changes_an_op_result) {
     enum { M = 24, N = 40, K = 16 };
@@ -431,6 +505,7 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
                                          "cpu-attention-parsoftmax", KERN_ART_TIMING_OFF);
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
+    kern_artifacts_set_region("block.self_attn"); /* as a block's self-attention runs it */
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int64_t nq = shapes[i][0], nk = shapes[i][1], H = shapes[i][2], D = H * shapes[i][3];
         kern_tensor_t q = kern_tensor_alloc(b, KERN_F32, 2, (int64_t[]){ nq, D });
@@ -656,7 +731,11 @@ START_TEST(test_wrong_artifact_never_changes_a_served_result_and_the_call_declin
     kern_art_counts_t t;
     ck_assert_int_eq(kern_artifacts_totals(set, "test-wrong-gemm-gelu", &t, &promoted, &demoted), 0);
     ck_assert_int_eq(promoted, 0);
-    ck_assert_int_eq(demoted, 2); /* text embedding and FFN: two keys */
+    /* The FFN's key under the one capture key: region "ffn" leaves the
+     * text embedding's GEMM + GELU (the same op) native, unjudged. */
+    ck_assert_int_eq(demoted, 1);
+    kern_art_key_stats_t wk = key_of(set, "test-wrong-gemm-gelu");
+    ck_assert_msg(strstr(wk.key, " @") != NULL, "%s", wk.key); /* judged under its capture key */
     ck_assert_int_eq(kern_artifacts_totals(set, "cpu-attention-parsoftmax", &t, &promoted, &demoted), 0);
     ck_assert_int_eq(promoted, 2); /* self and cross attention */
     ck_assert_int_eq(demoted, 0);
@@ -682,13 +761,21 @@ START_TEST(test_correct_artifacts_are_promoted_captured_and_replayed_bitwise_equ
     ck_assert_int_eq(st.declines[CAP_DECLINE_ARTIFACT_PARITY], 0);
     ck_assert_int_eq(memcmp(got, eager_art, sizeof got), 0);
     ck_assert_int_eq(memcmp(got, native, sizeof got), 0); /* byte_equal artifacts */
+    /* Per capture key: the FFN's GEMM + GELU, self- and cross-attention
+     * under the cache's one capture key, and the same three again for the
+     * eager loop outside the cache (no capture key): each judged apart. */
     kern_art_key_stats_t ks[16];
-    size_t n = kern_artifacts_keys(set, ks, 16);
-    ck_assert_uint_eq(n, 4);
+    size_t n = kern_artifacts_keys(set, ks, 16), scoped = 0;
+    ck_assert_uint_eq(n, 6);
     for (size_t i = 0; i < n; i++) {
         ck_assert_int_eq(ks[i].state, KERN_ART_PROMOTED);
-        ck_assert_uint_gt(ks[i].n.calls, 1);
+        ck_assert_uint_ge(ks[i].n.calls, 1);
+        if (strstr(ks[i].key, " @")) {
+            scoped++;
+            ck_assert_uint_gt(ks[i].n.calls, 1); /* eager, captured: replays are not dispatches */
+        }
     }
+    ck_assert_uint_eq(scoped, 3);
     kern_artifacts_destroy(&set);
     model_close(f);
 }
@@ -852,7 +939,7 @@ START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_native_results_and_
         "a = {x['id']: x for x in r['artifacts']}\n"
         "w = a['test-wrong-gemm-gelu']\n"
         "assert w['status'] == 'loaded' and w['verified'] == 1 and w['enabled'] == 1, w\n"
-        "assert w['demoted'] == 2 and w['promoted'] == 0 and w['parity_fail'] == 2, w\n"
+        "assert w['demoted'] == 1 and w['promoted'] == 0 and w['parity_fail'] == 1, w\n"
         "assert a['test-flaky-gemm-gelu']['status'] == 'refused', a\n"
         "assert 'libtest_flaky.so is missing' in a['test-flaky-gemm-gelu']['reason'], a\n"
         "p = a['cpu-attention-parsoftmax']\n"
@@ -860,10 +947,66 @@ START_TEST(test_worker_with_corrupt_and_wrong_bundles_serves_native_results_and_
         "ks = [k for k in r['keys'] if k['id'] == 'test-wrong-gemm-gelu']\n"
         "assert all(k['state'] == 'demoted' and k['reason'].startswith('artifact_parity') for k in ks), ks\n"
         "m = open(d + '/metrics.txt').read()\n"
-        "assert 'reel_artifact_parity_total{artifact=\"test-wrong-gemm-gelu\",result=\"fail\"} 2' in m, m\n"
+        "assert 'reel_artifact_parity_total{artifact=\"test-wrong-gemm-gelu\",result=\"fail\"} 1' in m, m\n"
         "assert 'reel_declines_total{worker=\"w1\",reason=\"artifact_parity\"} 1' in m, m\n"
         "assert 'cpu-attention-parsoftmax' in open(d + '/stats.txt').read()\n"
         "PY\n",
+        build, dir, weights, root);
+    fclose(f);
+    sh("timeout 120 sh '%s'", script);
+}
+END_TEST
+
+/* A real worker pointed at a directory where every kind of bad bundle sits
+ * beside a good one: a corrupt manifest, a hash mismatch, an ABI other
+ * than this Reel's in the manifest, an object built for another ABI,
+ * a missing shared object, and two bundles with one id. It starts, logs
+ * each refusal naming the bundle and why, loads the good one, and serves
+ * a gen that is exactly what `reelctl run` computes; `reelctl artifacts
+ * verify` says the same of the directory (and exits 1). */
+START_TEST(test_worker_reports_every_kind_of_bad_bundle_and_serves) {
+    const char *root = root_with("cpu_gemm_gelu_epilogue", "wrong", "close", "greedy", "abi2", "flaky",
+                                 "cpu_attention_parsoftmax", NULL);
+    write_file(root, "wrong", "manifest.json", "{\"id\": \"broken\", ");  /* corrupt manifest */
+    sh("printf 'x' >> '%s/close/libtest_close.so'", root);               /* hash mismatch */
+    sh("sed -i 's/\"abi\": 1/\"abi\": 2/' '%s/greedy/manifest.json'", root); /* manifest ABI */
+    sh("rm '%s/flaky/libtest_flaky.so'", root);                          /* missing object */
+    sh("cp -r '%s/cpu_attention_parsoftmax' '%s/copy_of_attention'", root, root); /* duplicate id */
+    char script[256];
+    snprintf(script, sizeof script, "%s/bad-bundles.sh", dir);
+    FILE *f = fopen(script, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+        "set -u\nB='%s'; D='%s/bad'; W='%s'; ROOT='%s'\nmkdir -p $D\n"
+        "export TSAN_OPTIONS=report_bugs=0\n"
+        "wait_for() { i=0; while [ $i -lt 200 ]; do grep -q \"$2\" \"$1\" && return 0; sleep 0.1; i=$((i+1)); done; "
+        "echo \"timed out waiting for $2 in $1\"; cat \"$1\"; return 1; }\n"
+        "need() { grep -q \"$1\" $D/worker.log || { echo \"worker.log lacks: $1\"; cat $D/worker.log; exit 1; }; }\n"
+        "$B/reel-broker --clients ipc://$D/c --workers ipc://$D/w --heartbeat-ms 200 >$D/broker.log 2>&1 & BP=$!\n"
+        "$B/reel-worker --name w1 --weights $W --broker ipc://$D/w --artifacts $ROOT --heartbeat-ms 200 "
+        ">$D/worker.log 2>&1 & WP=$!\n"
+        "trap 'kill $WP $BP 2>/dev/null; wait 2>/dev/null' EXIT\n"
+        "wait_for $D/broker.log 'worker w1 ready' || exit 1\n"
+        "need 'artifact refused: bundle wrong: .*manifest'\n"
+        "need 'artifact refused: bundle close: hash mismatch for libtest_close.so'\n"
+        "need 'artifact refused: bundle greedy: .*ABI'\n"
+        "need 'artifact refused: bundle abi2: .*ABI'\n"
+        "need 'artifact refused: bundle flaky: the shared object libtest_flaky.so is missing'\n"
+        "need 'artifact refused: bundle copy_of_attention: .*cpu-attention-parsoftmax'\n"
+        "need 'artifact refused: bundle cpu_attention_parsoftmax: .*cpu-attention-parsoftmax'\n"
+        "need 'artifact cpu-gemm-gelu-epilogue .*loaded'\n"
+        "$B/reelctl tensor rand --name context --shape 5,32 --seed 2 --out $D/ctx.safetensors >/dev/null || exit 1\n"
+        "timeout 60 $B/reelctl gen --broker ipc://$D/c --model tiny --context $D/ctx.safetensors "
+        "--size 2x8x8 --seed 3 --steps 4 --timeout-ms 30000 --out $D/g.safetensors 2>$D/gen.log || "
+        "{ cat $D/gen.log $D/worker.log; exit 1; }\n"
+        "timeout 60 $B/reelctl run --weights $W --context $D/ctx.safetensors --size 2x8x8 --seed 3 "
+        "--steps 4 --out $D/r.safetensors 2>/dev/null || exit 1\n"
+        "$B/reelctl tensor diff $D/g.safetensors $D/r.safetensors || exit 1\n"
+        "kill -0 $WP || { echo 'the worker died'; exit 1; }\n"
+        "$B/reelctl artifacts verify $ROOT > $D/list.txt 2>/dev/null; rc=$?\n"
+        "[ $rc = 1 ] || { echo \"artifacts verify exit $rc\"; cat $D/list.txt; exit 1; }\n"
+        "n=$(grep -c ' refused ' $D/list.txt); [ \"$n\" = 7 ] || { echo \"$n refused\"; cat $D/list.txt; exit 1; }\n"
+        "grep -q 'cpu-gemm-gelu-epilogue .* loaded ' $D/list.txt || { cat $D/list.txt; exit 1; }\n",
         build, dir, weights, root);
     fclose(f);
     sh("timeout 120 sh '%s'", script);
@@ -898,6 +1041,9 @@ int main(void) {
     tcase_add_test(tc, test_example_gemm_gelu_is_promoted_and_equal_to_native_at_every_shape);
     tcase_add_test(tc, test_example_attention_is_promoted_and_equal_to_native_at_every_shape);
     tcase_add_test(tc, test_runtime_failure_falls_back_to_native_counted_and_never_demotes);
+    tcase_add_test(tc, test_an_artifact_replaces_its_op_only_in_its_region);
+    tcase_add_test(tc, test_each_capture_key_gets_its_own_shadow_run_and_verdict);
+    tcase_add_test(tc, test_worker_reports_every_kind_of_bad_bundle_and_serves);
     tcase_add_test(tc, test_an_artifact_failing_before_any_verdict_is_benched_after_three_tries);
     tcase_add_test(tc, test_an_artifact_asking_more_scratch_than_native_is_ineligible);
     tcase_add_test(tc, test_shadow_timing_compares_every_call_and_sync_times_each_artifact_call);

@@ -957,8 +957,10 @@ static void expect_data(box_t *x, int i, uint64_t id, const unsigned char *bytes
  * value"): a worker's FETCH of bytes that came is answered at once, one
  * of bytes still to come waits and is answered, whole, when they came:
  * never a short chunk (a worker asks for fixed offsets), and in the
- * order asked. One that would wait past BRK_FETCH_PARKED_MAX is busy; an
- * upload that fails answers the waiting ones ERROR. */
+ * order asked (one past the end too: it waits for the whole file). One
+ * that would wait past BRK_FETCH_PARKED_MAX is busy; an upload that fails,
+ * or that nobody finishes (BRK_UPLOAD_IDLE_MS), answers the waiting ones
+ * ERROR. */
 START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it) {
     box_t x;
     box_open(&x);
@@ -980,9 +982,12 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
     ck_assert(!brk_upload_held(&x.b, "transformer", 2, SHA_B, why, sizeof why));
     ck_assert_msg(strstr(why, "being uploaded with other weights"), "%s", why);
-    /* 1.5 MiB came: the first 4 MiB chunk waits, and so does the second */
+    /* 1.5 MiB came: worker 0 asks 4 ahead as a worker does before it knows
+     * the size (the last past the end): all wait */
     fetch_at(&x, 0, 20, 2, sha, 0);
     fetch_at(&x, 0, 21, 2, sha, (uint64_t)4 << 20);
+    fetch_at(&x, 0, 22, 2, sha, (uint64_t)8 << 20);
+    fetch_at(&x, 0, 23, 2, sha, (uint64_t)12 << 20);
     ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
     for (size_t off = UP_PIECE; off < ((size_t)4 << 20); off += UP_PIECE) { /* up to 4.5 MiB */
         ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
@@ -1000,9 +1005,10 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
         ck_assert_str_eq(a->type, "UPLOAD_ACK");
         drop_msg(&a);
     }
+    /* in the order asked: the one past the end did not overtake the others */
     expect_data(&x, 0, 21, bytes, (uint64_t)4 << 20, (size_t)4 << 20);
-    fetch_at(&x, 0, 22, 2, sha, (uint64_t)8 << 20);
     expect_data(&x, 0, 22, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
+    expect_data(&x, 0, 23, bytes, (uint64_t)12 << 20, 0);
     ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
 
     /* v3: fetches waiting beyond the bound are busy, and all fail with the upload */
@@ -1011,6 +1017,15 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     reel_sha256_buf(bytes + 1, UP_SIZE - 1, sha3);
     a = upload_piece(&x, 40, 3, sha3, bytes, 0, UP_PIECE);
     drop_msg(&a);
+    /* a connection whose pipes hold every answer (no high-water mark) */
+    int zero = 0;
+    zmq_setsockopt(x.b.workers, ZMQ_SNDHWM, &zero, sizeof zero);
+    void *big = sock(x.b.ctx, ZMQ_DEALER);
+    zmq_setsockopt(big, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(big, ZMQ_ROUTING_ID, "wbig", 4);
+    ck_assert_int_eq(zmq_connect(big, "inproc://workers"), 0);
+    void *w2 = x.w[2];
+    x.w[2] = big;
     for (int i = 0; i < BRK_FETCH_PARKED_MAX; i++) fetch_at(&x, 2, 100 + (uint64_t)i, 3, sha3, (uint64_t)4 << 20);
     ck_assert(!has_msg(x.w[2], "FETCH_DATA"));
     fetch_at(&x, 2, 99, 3, sha3, (uint64_t)4 << 20);
@@ -1031,6 +1046,23 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
         drop_msg(&m);
     }
     ck_assert(!brk_upload_held(&x.b, "transformer", 3, sha3, why, sizeof why));
+    x.w[2] = w2;
+    zmq_close(big);
+
+    /* v4: an upload nobody finishes is given up after BRK_UPLOAD_IDLE_MS,
+     * and the FETCHes waiting on it are answered */
+    a = upload_piece(&x, 50, 4, sha, bytes, 0, UP_PIECE);
+    drop_msg(&a);
+    fetch_at(&x, 0, 60, 4, sha, (uint64_t)4 << 20);
+    brk_upload_timers(&x.b, brk_now_ms() + 1000);
+    ck_assert(brk_upload_held(&x.b, "transformer", 4, sha, why, sizeof why)); /* not yet */
+    ck_assert(!has_msg(x.w[0], "ERROR"));
+    brk_upload_timers(&x.b, brk_now_ms() + BRK_UPLOAD_IDLE_MS + 1000);
+    ck_assert(!brk_upload_held(&x.b, "transformer", 4, sha, why, sizeof why));
+    m = take(x.w[0], false);
+    ck_assert_str_eq(m->type, "ERROR");
+    ck_assert_uint_eq(m->id, 60);
+    drop_msg(&m);
     brk_upload_stop(&x.b);
     free(bytes);
     char cmd[128];

@@ -1032,6 +1032,49 @@ START_TEST(test_table_columns_are_aligned_under_their_headers) {
 }
 END_TEST
 
+/* An artifact's spread over its keys (docs/ARTIFACTS.md, "In the
+ * catalog"): the speedup weighted by timed calls, its standard deviation
+ * pooled from each key's mean, deviation and count (here: keys of 3 calls
+ * at 1.0, 1.2, 1.4 and 2 calls at 2.0 exactly: sd of {1.0, 1.2, 1.4, 2.0,
+ * 2.0}), the keys' extremes, and the --artifact-timing sync launches and
+ * their mean; the text table and the metrics say the same. */
+START_TEST(test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing) {
+    cat_t *c = open_ok(false);
+    OK(cat_artifact_seen(c, "a1", "1", "gemm_gelu", "cpu", NULL, true, true, "loaded", NULL, 1));
+    OK(cat_artifact_key(c, "w1", "a1", "k1 @01", "promoted", NULL, 3, 0, 1, 0, 0, 3, 1.2, 0.2, 4, 0.002, 2));
+    OK(cat_artifact_key(c, "w2", "a1", "k1 @02", "promoted", NULL, 2, 0, 1, 0, 0, 2, 2.0, 0.0, 6, 0.009, 3));
+    cat_close(&c);
+    c = open_ok(true);
+    json_t *j = report_json(c, ctl_report_artifacts);
+    json_t *a = json_array_get(json_object_get(j, "artifacts"), 0);
+    double calls[] = { 1.0, 1.2, 1.4, 2.0, 2.0 }, mean = 0, ss = 0;
+    for (int i = 0; i < 5; i++) mean += calls[i] / 5;
+    for (int i = 0; i < 5; i++) ss += (calls[i] - mean) * (calls[i] - mean);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(a, "speedup")), mean, 1e-9);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(a, "speedup_sd")), sqrt(ss / 4), 1e-9);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(a, "speedup_min")), 1.2, 1e-12);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(a, "speedup_max")), 2.0, 1e-12);
+    ck_assert_int_eq(jint(a, "sync_timed"), 10);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(a, "sync_ms")), 1.1, 1e-9); /* 11 ms / 10 */
+    ck_assert_ptr_null(json_object_get(a, "_ss_within")); /* the helper sums are not reported */
+    json_t *keys = json_object_get(j, "keys");
+    ck_assert_uint_eq(json_array_size(keys), 2);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(json_array_get(keys, 0), "sync_ms")), 0.5, 1e-9);
+    json_decref(j);
+    char *text = report_text(c, ctl_report_stats, false);
+    ck_assert_msg(strstr(text, "sync_ms") && strstr(text, "key_max"), "%s", text);
+    free(text);
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_int_eq(ctl_report_metrics(c, f), 0);
+    fclose(f);
+    ck_assert_msg(strstr(text, "reel_artifact_sync_timed_total{artifact=\"a1\"} 10"), "%s", text);
+    ck_assert_msg(strstr(text, "reel_artifact_speedup_sd{artifact=\"a1\"}"), "%s", text);
+    free(text);
+    cat_close(&c);
+}
+END_TEST
+
 START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *worker = "w'; DROP TABLE captures; --";
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
@@ -1046,7 +1089,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
     OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
     OK(cat_artifact_seen(c, "a'; DROP TABLE artifacts; --", "1", "op", "cpu", NULL, true, false, "v'd", "r'", 9));
-    OK(cat_artifact_key(c, worker, "a'; --", "k'ey", "s'", "r'", 1, 2, 3, 4, 5, 6, 1.5, 0.1, 10));
+    OK(cat_artifact_key(c, worker, "a'; --", "k'ey", "s'", "r'", 1, 2, 3, 4, 5, 6, 1.5, 0.1, 7, 0.25, 10));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
@@ -1156,6 +1199,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_every_report_on_empty_catalog_is_valid_json_and_a_header);
     tcase_add_test(tc, test_table_columns_are_aligned_under_their_headers);
     tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
+    tcase_add_test(tc, test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);

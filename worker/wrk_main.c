@@ -159,6 +159,8 @@ static void push_key(wrk_t *w, const kern_art_key_stats_t *k) {
     ev.timed = k->n.timed;
     ev.speedup = k->n.artifact_s > 0 ? k->n.native_s / k->n.artifact_s : 0;
     ev.speedup_sd = k->n.speedup_sd;
+    ev.sync_timed = k->n.sync_timed;
+    ev.sync_s = k->n.sync_s;
     wrk_events_push(w->events, &ev);
 }
 

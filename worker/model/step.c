@@ -15,6 +15,7 @@
  * tiling (OpenBLAS on x86 does; cuBLAS picks its algorithm by M), and a
  * batched sample must be bitwise the single request with its seed. */
 #include "tinydit.h"
+#include "kernels/artifacts.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
 #include "kernels/ops_args.h"
@@ -316,6 +317,7 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
                   gate1 = kern_tensor_row(&ws->mod, 2), shift2 = kern_tensor_row(&ws->mod, 3),
                   scale2 = kern_tensor_row(&ws->mod, 4), gate2 = kern_tensor_row(&ws->mod, 5);
     /* self-attention */
+    kern_artifacts_set_region("block.self_attn");
     TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
     TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
@@ -327,6 +329,7 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
     /* cross-attention over the text tokens, no RoPE, no gate; their keys
      * and values once for the group */
+    kern_artifacts_set_region("block.cross_attn");
     TRY(kern_layernorm(s, &ws->x, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
@@ -337,6 +340,7 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
     TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
     /* feed-forward */
+    kern_artifacts_set_region("block.ffn");
     TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
     TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
     TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
@@ -346,6 +350,7 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
 static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
                    const kern_tensor_t *context, kern_tensor_t *v) {
     /* 1: time embedding from σ_i in device memory */
+    kern_artifacts_set_region("embed.time");
     TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
     TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
     TRY(kern_silu(s, &ws->e_h, &ws->e_h));
@@ -356,9 +361,11 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     e6_flat.offset = ws->e6.offset;
     TRY(linear(s, &ws->e_silu, &m->proj, &e6_flat));
     /* 2: text embedding */
+    kern_artifacts_set_region("embed.text");
     TRY(kern_gemm_gelu(s, context, &m->text0.w, &m->text0.b, &ws->txt_h));
     TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
     /* 3: tokens */
+    kern_artifacts_set_region("embed.patch");
     for (int64_t b = 0; b < ws->B; b++) {
         kern_tensor_t lb = sample_of(ws, &ws->latent, b), tb = ws->B == 1 ? ws->tok : rows_of(&ws->tok, b, ws->N);
         TRY(kern_patchify(s, &lb, &tb));
@@ -367,6 +374,7 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     /* 4: blocks */
     for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
     /* 5: head, (shift, scale) = head.modulation + e */
+    kern_artifacts_set_region("head");
     kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
     TRY(kern_add(s, &hm0, &ws->e, &ws->hshift));
     TRY(kern_add(s, &hm1, &ws->e, &ws->hscale));
@@ -386,7 +394,10 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
 int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
                  const kern_tensor_t *context, kern_tensor_t *v) {
     kern_scratch_t prev = kern_stream_bind_scratch(s, ws->scratch);
+    /* Each part names its region for kernel artifacts (kernels/artifacts.h). */
+    const char *region = kern_artifacts_set_region(NULL);
     int rc = forward(m, ws, s, context, v);
+    kern_artifacts_set_region(region);
     kern_stream_bind_scratch(s, prev);
     return rc;
 }

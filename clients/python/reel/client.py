@@ -465,7 +465,7 @@ class Client:
         digest = (sha256 or sha256_file(path)).lower()
         size = os.path.getsize(path)
         rid = next(self._ids)
-        sid = None
+        sid, done = None, None
         wait = timeout if timeout is not None else self.timeout
         chunk = 4 << 20
         ends, nxt, ignore, complete = [], 0, 0, False
@@ -482,12 +482,17 @@ class Client:
                     ends.append(nxt)
                 if complete and sync_fields is None:
                     return digest
-                pending = {sid} if complete else ({rid, sid} if sid is not None else {rid})
+                if complete and done is not None:
+                    return digest, done
+                pending = {sid} if complete else ({rid, sid} if sid is not None and done is None else {rid})
                 got, hdr, _ = self._recv_any(pending, time.monotonic() + wait)
                 if got == sid:
                     if hdr.get("type") != "SYNC_DONE":
                         raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", sid)
-                    return digest, hdr  # the sync's answer ends it, whatever the upload's state
+                    # Answered before the last chunk went (no live worker, or
+                    # every worker failed early): the upload still completes.
+                    done = hdr
+                    continue
                 if hdr.get("type") != "UPLOAD_ACK":
                     raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
                 if hdr.get("complete"):
