@@ -183,17 +183,93 @@ typedef struct {
     kern_kernel_fn_t native;
     art_key_t *key;
     kern_artifacts_t *set;
+    const art_op_t *od;
+    bool replayed;   /* recorded into a graph on a host backend: its replays run here, on this thread */
 } tramp_t;
 
 #define TRAMP_OFF 256
 _Static_assert(TRAMP_OFF + sizeof(tramp_t) <= ART_BLOCK_MAX, "trampoline block");
 
+static void timed(art_key_t *key, double tn, double ta);
+static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
+                    const kern_art_manifest_t *m, double *rel, char *why, size_t wl);
+
+/* A replay on a host backend under SHADOW timing: what shadow_cmp does for
+ * an eager call, inside the graph. The artifact into a buffer of its own,
+ * the native kernel into the real output, both timed, then the parity
+ * rule: a pass serves the artifact's bytes, a failure the native ones and
+ * demotes the key (its later replays run native, below). */
+static int replay_shadow(const tramp_t *t, void *ctx, const void *blk) {
+    const art_op_t *od = t->od;
+    const kern_dtype_t dt = t->k->impl.dtype;
+    const int64_t ne = od->out_elems(blk);
+    const size_t bytes = (size_t)ne * kern_dtype_size(dt);
+    void *real, *sh = malloc(bytes ? bytes : 1);
+    if (!sh) return t->k->impl.fn(ctx, blk) == 0 ? 0 : t->native(ctx, blk);
+    memcpy(&real, (const char *)blk + od->out_off, sizeof real);
+    unsigned char b2[ART_BLOCK_MAX];
+    memcpy(b2, blk, od->args_size);
+    memcpy(b2 + od->out_off, &sh, sizeof sh);
+    double t0 = now();
+    int ra = t->k->impl.fn(ctx, b2);
+    double t1 = now();
+    int rn = t->native(ctx, blk);
+    double t2 = now();
+    if (rn != 0 || ra != 0) {
+        if (rn == 0) count(t->set, &t->key->n.fallbacks);
+        free(sh);
+        return rn;
+    }
+    double rel = 0;
+    char why[192] = "";
+    bool pass = compare(sh, real, ne, dt, &t->k->art->m, &rel, why, sizeof why);
+    pthread_mutex_lock(&t->set->mu);
+    art_key_t *key = t->key;
+    key->n.calls++;
+    if (pass) key->n.parity_pass++;
+    else key->n.parity_fail++;
+    if (rel > key->n.max_rel_seen) key->n.max_rel_seen = rel;
+    timed(key, t2 - t1, t1 - t0);
+    pthread_mutex_unlock(&t->set->mu);
+    if (!pass) decide(t->set, key, KERN_ART_DEMOTED, why);
+    else if (t->k->art->m.parity != KERN_PARITY_BYTE_EQUAL) memcpy(real, sh, bytes);
+    free(sh);
+    return 0;
+}
+
 /* Runs the artifact; when it fails, the native kernel on the same block
  * (its scratch is sized for both), counted as a fallback: in an eager run
- * and in every replay of a graph that captured it. */
+ * and in every replay of a graph that captured it. A replay on a host
+ * backend also honours the timing mode (SYNC: the artifact's call timed;
+ * SHADOW: replay_shadow) and a demotion made since the capture (native). */
 static int trampoline(void *ctx, const void *blk) {
     tramp_t t;
     memcpy(&t, (const char *)blk + TRAMP_OFF, sizeof t);
+    if (t.replayed) {
+        pthread_mutex_lock(&t.set->mu);
+        kern_art_state_t st = t.key->state;
+        pthread_mutex_unlock(&t.set->mu);
+        if (st != KERN_ART_PROMOTED) {
+            count(t.set, &t.key->n.native_calls);
+            return t.native(ctx, blk);
+        }
+        if (t.set->timing == KERN_ART_TIMING_SHADOW) return replay_shadow(&t, ctx, blk);
+        if (t.set->timing == KERN_ART_TIMING_SYNC) {
+            double t0 = now();
+            int r = t.k->impl.fn(ctx, blk);
+            double t1 = now();
+            if (r == 0) {
+                pthread_mutex_lock(&t.set->mu);
+                t.key->n.calls++;
+                t.key->n.sync_timed++;
+                t.key->n.sync_s += t1 - t0;
+                pthread_mutex_unlock(&t.set->mu);
+                return 0;
+            }
+            count(t.set, &t.key->n.fallbacks);
+            return t.native(ctx, blk);
+        }
+    }
     if (t.k->impl.fn(ctx, blk) == 0) return 0;
     count(t.set, &t.key->n.fallbacks);
     return t.native(ctx, blk);
@@ -218,7 +294,8 @@ static int launch_tramp(kern_artifacts_t *set, kern_stream_t *s, const art_kerne
     unsigned char blk[ART_BLOCK_MAX];
     memset(blk, 0, sizeof blk);
     memcpy(blk, args, k->impl.args_size);
-    const tramp_t t = { k, native->fn, key, set };
+    const tramp_t t = { k, native->fn, key, set, art_op(k->impl.op),
+                        kern_stream_is_capturing(s) && kern_backend_kind(kern_stream_backend(s)) == KERN_BACKEND_CPU };
     memcpy(blk + TRAMP_OFF, &t, sizeof t);
     size_t a = ws_of(&k->impl, blk), n = ws_of(native, blk);
     if (take_scratch(s, blk, a > n ? a : n) != 0) return -1;

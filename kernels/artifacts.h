@@ -43,8 +43,11 @@
  * SHADOW runs every eager launch of a promoted artifact in shadow (both
  * kernels, synchronized and timed, compared by the parity rule: a failure
  * demotes and serves native) and serves the artifact's result. Replays of a
- * graph are not seen by the dispatcher: they are timed, as whole steps, by
- * the capture cache.
+ * graph are not seen by the dispatcher, but on the CPU backend the graph's
+ * trampoline runs on the replaying thread and applies SYNC and SHADOW to
+ * every replay too (a shadow failure there demotes the key: its later
+ * replays run native). On CUDA replays are timed as whole steps by the
+ * capture cache.
  *
  * Threads: any stream thread may dispatch through an installed set (its
  * tables are guarded by one mutex, never held while a kernel runs).

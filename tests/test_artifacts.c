@@ -542,6 +542,64 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
 }
 END_TEST
 
+/* The timing modes reach into graph replays on the CPU backend (the
+ * trampoline a graph holds runs on the replaying thread): under SHADOW
+ * every replay runs both kernels, times them and applies the parity rule,
+ * and an artifact that goes wrong in a replay is demoted there, the
+ * replay serving the native bytes and every later replay running native;
+ * under SYNC every replay times the artifact's call. */
+START_TEST(test_shadow_and_sync_timing_cover_graph_replays) {
+    enum { M = 8, N = 16, K = 8, REPLAYS = 3 };
+    static float native[M * N], got[M * N];
+    gg_t g = gg_open(M, N, K);
+    gg_run(&g, native);
+    kern_artifacts_t *set = install_only(root_with("flaky", NULL), "test-flaky-gemm-gelu",
+                                         KERN_ART_TIMING_SHADOW);
+    gg_run(&g, got); /* the parity run: promoted */
+    ck_assert_int_eq(key_of(set, "test-flaky-gemm-gelu").state, KERN_ART_PROMOTED);
+    ck_assert_int_eq(kern_capture_begin(g.s), 0);
+    ck_assert_int_eq(kern_gemm_gelu(g.s, &g.x, &g.w, &g.bias, &g.y), 0);
+    kern_graph_t *graph = NULL;
+    ck_assert_int_eq(kern_capture_end(g.s, &graph), 0);
+    for (int i = 0; i < REPLAYS; i++) {
+        memset(g.y.data, 0, sizeof got);
+        ck_assert_int_eq(kern_graph_replay(graph, g.s), 0);
+        ck_assert_int_eq(memcmp(g.y.data, native, sizeof got), 0);
+    }
+    kern_art_key_stats_t k = key_of(set, "test-flaky-gemm-gelu");
+    ck_assert_uint_eq(k.n.timed, 1 + REPLAYS);       /* the parity run, and every replay */
+    ck_assert_uint_eq(k.n.parity_pass, 1 + REPLAYS);
+    ck_assert(k.n.speedup_min > 0);
+    setenv("REEL_TEST_ARTIFACT_WRONG", "1", 1);      /* one ulp off from now on */
+    memset(g.y.data, 0, sizeof got);
+    ck_assert_int_eq(kern_graph_replay(graph, g.s), 0);
+    ck_assert_int_eq(memcmp(g.y.data, native, sizeof got), 0); /* the native bytes served */
+    k = key_of(set, "test-flaky-gemm-gelu");
+    ck_assert_int_eq(k.state, KERN_ART_DEMOTED);
+    ck_assert_msg(!strncmp(k.reason, "artifact_parity", 15), "%s", k.reason);
+    ck_assert_uint_eq(k.n.parity_fail, 1);
+    unsetenv("REEL_TEST_ARTIFACT_WRONG");
+    ck_assert_int_eq(kern_graph_replay(graph, g.s), 0);
+    ck_assert_int_eq(memcmp(g.y.data, native, sizeof got), 0);
+    ck_assert_uint_eq(key_of(set, "test-flaky-gemm-gelu").n.native_calls, 1); /* demoted: native */
+    kern_graph_destroy(&graph);
+    kern_artifacts_destroy(&set);
+
+    set = install_only(root_with("flaky", NULL), "test-flaky-gemm-gelu", KERN_ART_TIMING_SYNC);
+    gg_run(&g, got);
+    ck_assert_int_eq(kern_capture_begin(g.s), 0);
+    ck_assert_int_eq(kern_gemm_gelu(g.s, &g.x, &g.w, &g.bias, &g.y), 0);
+    ck_assert_int_eq(kern_capture_end(g.s, &graph), 0);
+    for (int i = 0; i < REPLAYS; i++) ck_assert_int_eq(kern_graph_replay(graph, g.s), 0);
+    k = key_of(set, "test-flaky-gemm-gelu");
+    ck_assert_uint_eq(k.n.sync_timed, REPLAYS);
+    ck_assert(k.n.sync_s > 0);
+    kern_graph_destroy(&graph);
+    kern_artifacts_destroy(&set);
+    gg_close(&g);
+}
+END_TEST
+
 START_TEST(test_runtime_failure_falls_back_to_native_counted_and_never_demotes) {
     enum { M = 8, N = 16, K = 8 };
     static float native[M * N], got[M * N];
@@ -1044,6 +1102,7 @@ int main(void) {
     tcase_add_test(tc, test_runtime_failure_falls_back_to_native_counted_and_never_demotes);
     tcase_add_test(tc, test_an_artifact_replaces_its_op_only_in_its_region);
     tcase_add_test(tc, test_each_capture_key_gets_its_own_shadow_run_and_verdict);
+    tcase_add_test(tc, test_shadow_and_sync_timing_cover_graph_replays);
     tcase_add_test(tc, test_worker_reports_every_kind_of_bad_bundle_and_serves);
     tcase_add_test(tc, test_an_artifact_failing_before_any_verdict_is_benched_after_three_tries);
     tcase_add_test(tc, test_an_artifact_asking_more_scratch_than_native_is_ineligible);
