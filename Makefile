@@ -17,7 +17,17 @@ WARN     = -Wall -Wextra -Werror
 OPT     ?= -O2 -g
 SAN     ?=
 PKGS     = libzmq msgpack jansson sqlite3 libsodium libcrypto
-CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP \
+# Live /metrics and health (schema/http.c) use libmicrohttpd; the GPU bundle
+# (deploy/gpu-bundle.sh) builds without it: the device check needs no HTTP.
+ifeq ($(REEL_GPU_BUNDLE),1)
+HTTP_PKG   =
+HTTP_FLAGS = -DREEL_NO_HTTP
+else
+HTTP_PKG   = libmicrohttpd
+HTTP_FLAGS =
+endif
+PKGS    += $(HTTP_PKG)
+CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) $(HTTP_FLAGS) -D_GNU_SOURCE -pthread -MMD -MP \
              -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS_ALL = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lopenblas -lm -pthread
@@ -62,7 +72,7 @@ WORKER_OBJ = $(WORKER_SRC:%.c=$(BUILD)/%.o)
 WORKER     = $(BUILD)/reel-worker
 # The broker never links CUDA (nor BLAS): only the codec, catalog, keys and
 # libcrypto's SHA-256 (it hashes the weights trainers upload).
-BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson libcrypto 2>/dev/null) -lm -pthread
+BROKER_LDLIBS = $(shell pkg-config --libs libzmq msgpack sqlite3 jansson libcrypto $(HTTP_PKG) 2>/dev/null) -lm -pthread
 
 CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)

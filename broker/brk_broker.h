@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "broker/brk_metrics.h"
 #include "broker/brk_catq.h"
 #include "broker/brk_opts.h"
 #include "broker/brk_route.h"
@@ -148,6 +149,7 @@ typedef struct brk_barrier {
     msg_sync_t *sync;          /* owned while pending; NULL once current, or for a resend */
     brk_trainer_t *trainers;   /* owned */
     int n_trainers;
+    int64_t accepted_ms;
     int64_t deadline_ms;       /* INT64_MAX while its uploaded file still comes (then + wait_ms) */
     int64_t wait_ms;
     int n;
@@ -184,6 +186,7 @@ typedef struct {
     brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;
+    brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
 } brk_t;
 
 #endif

@@ -276,6 +276,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
     while (!*stop) {
         int64_t now = brk_now_ms();
         int64_t next = min64(b->next_heartbeat_ms, min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
+        if (b->metrics.http) next = min64(next, b->metrics.next_publish_ms);
         long timeout = next <= now ? 0 : (long)min64(next - now, b->opt.heartbeat_ms);
         int rc = zmq_poll(items, 2, timeout);
         if (rc < 0) {
@@ -294,6 +295,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_sync_timers(b, now);
         brk_upload_timers(b, now);
         settle(b);
+        brk_metrics_publish(b, now);
     }
     brk_msg_free(b, spare); /* empty: closed after its last message */
     return ret;

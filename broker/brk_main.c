@@ -234,6 +234,10 @@ int main(int argc, char **argv) {
     brk_upload_start(&b);
     int rc = 1;
     if (start_sockets(&b) != 0) goto out;
+    if (brk_metrics_start(&b) != 0) {
+        brk_log("%s", kern_error());
+        goto out;
+    }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     char ce[256] = "", we[256] = "";
@@ -251,6 +255,7 @@ int main(int argc, char **argv) {
     brk_sync_shutdown(&b);
     brk_msg_pool_free(&b);
 out:
+    brk_metrics_stop(&b);
     brk_upload_stop(&b);
     stop_all(&b);
     if (rc == 0) brk_log("stopped");

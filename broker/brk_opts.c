@@ -26,6 +26,8 @@ static const char usage[] =
     "                              reaches it may run or replace the models)\n"
     "  --weights-dir DIR           keep weights trainers UPLOAD here and serve them to\n"
     "                              workers (FETCH); without it uploads are refused\n"
+    "  --metrics ADDR:PORT         serve /metrics (Prometheus), /healthz and /readyz over\n"
+    "                              HTTP there (off by default; e.g. 127.0.0.1:9464)\n"
     "  --weights-keep N            uploaded versions kept there: the current one and the\n"
     "                              N-1 before it, and any newer (default 2; 0 = all)\n"
     "  -h, --help                  this text\n"
@@ -63,7 +65,7 @@ static void defaults(brk_opts_t *o) {
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
     enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
-           O_INSECURE, O_WDIR, O_WKEEP };
+           O_INSECURE, O_WDIR, O_WKEEP, O_METRICS };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -79,6 +81,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "insecure", no_argument, NULL, O_INSECURE },
         { "weights-dir", required_argument, NULL, O_WDIR },
         { "weights-keep", required_argument, NULL, O_WKEEP },
+        { "metrics", required_argument, NULL, O_METRICS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -117,6 +120,7 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
             if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->request_deadline_ms = v;
             else bad = "--request-deadline-ms";
             break;
+        case O_METRICS: o->metrics = optarg; break;
         case O_WKEEP:
             if (parse_u64(optarg, 0, 1000000, &v)) o->weights_keep = (int)v;
             else bad = "--weights-keep";

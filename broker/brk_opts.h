@@ -19,6 +19,7 @@ typedef struct {
     const char *key;              /* the broker's own NAME.key; NULL = <keys>/broker.key */
     bool insecure;                /* no keys on a non-local endpoint, knowingly */
     const char *weights_dir;      /* where uploaded weights are kept; NULL = uploads refused */
+    const char *metrics;          /* ADDR:PORT of /metrics, /healthz, /readyz; NULL = off */
     int weights_keep;             /* uploaded versions kept: the current and N-1 older (0 = all) */
 } brk_opts_t;
 

@@ -70,6 +70,7 @@ static brk_req_t *req_by_id(brk_t *b, uint64_t id) {
 static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status) {
     char hex[17];
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
+    brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
                    r->required, r->steps, 0, 0, 0, secs, status);
 }
@@ -99,6 +100,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         }
         r->state = REQ_INFLIGHT;
         r->worker = w;
+        reel_hist_observe(&b->metrics.queue_wait_s, (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
         w->route.inflight++;
         brk_keys_note(w->keys, &w->n_keys, r->shard);
         return true;
@@ -121,6 +123,7 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
     vsnprintf(busy.message, 256, fmt, ap);
     va_end(ap);
     if (msg_busy_send(b->clients, to, id, &busy) != 0) brk_undelivered(b, "BUSY");
+    b->metrics.busy++;
 }
 
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
@@ -239,6 +242,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         set[n++] = (msg_set_t){ "key_hash", MSG_SET_HASH, r->shard, NULL };
     }
     if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0) brk_undelivered(b, "RESULT");
+    brk_metrics_request(&b->metrics, "ok", (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
     char hex[17];
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,
@@ -282,6 +286,7 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
         return;
     }
     brk_log("request %llu requeued after losing %s", (unsigned long long)r->id, worker);
+    b->metrics.requeues++;
 }
 
 void brk_req_worker_lost(brk_t *b, const brk_worker_t *w) {

@@ -234,6 +234,7 @@ static void finish(brk_t *b, brk_barrier_t *s) {
      * waiting on the barrier must not take silence for success). */
     bool complete = failed == 0 && s->n > 0;
     send_done(b, s, complete);
+    brk_metrics_sync(&b->metrics, complete, applied > 0, (double)(brk_now_ms() - s->accepted_ms) / 1000.0);
     brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component,
             (unsigned long long)s->version, complete ? "complete" : "incomplete", a, f);
     free(s->trainers);
@@ -297,6 +298,7 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
     s->n_trainers = 1;
     uint64_t dl = deadline ? deadline : b->opt.sync_deadline_ms;
     s->wait_ms = (int64_t)(dl > BRK_SYNC_DEADLINE_MAX_MS ? BRK_SYNC_DEADLINE_MAX_MS : dl);
+    s->accepted_ms = brk_now_ms();
     s->deadline_ms = brk_now_ms() + s->wait_ms;
     return s;
 }

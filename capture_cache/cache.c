@@ -785,6 +785,7 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
         c->st.verifies++;
         *secs = now() - t0;
         c->st.capture_seconds += *secs;
+        reel_hist_observe(&c->st.capture_hist, *secs);
         evq_push(q, CAP_EV_CAPTURE, 0, e, gb + e->ws_bytes, kern_graph_nodes(g), *secs, NULL, 0, 0);
     }
     pthread_mutex_unlock(&c->lock);
@@ -1133,10 +1134,12 @@ static void account(dispatch_t *d, int rc, double t0) {
         if (d->ran == CAP_RAN_EAGER) {
             c->st.eager_runs++;
             c->st.eager_seconds += dt;
+            reel_hist_observe(&c->st.eager_hist, dt);
             declined(c, e, d->reason, &d->q, d->logbuf, sizeof d->logbuf);
         } else if (d->ran == CAP_RAN_REPLAYED && d->path == P_REPLAY) {
             c->st.replays++;
             c->st.replay_seconds += dt;
+            reel_hist_observe(&c->st.replay_hist, dt);
         }
     }
     e->in_use = false;

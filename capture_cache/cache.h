@@ -51,6 +51,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "schema/http.h"
 #include "capture_cache/key.h"
 #include "kernels/backend.h"
 
@@ -227,6 +228,8 @@ typedef struct {
     size_t entries, graphs;
     uint64_t bind_bytes_copied;      /* copied into static buffers */
     uint64_t bind_bytes_pinned;      /* read in place instead */
+    /* per call: eager, replayed (bind + run + copy-out), capture + verify */
+    reel_hist_t eager_hist, replay_hist, capture_hist;
 } cap_stats_t;
 
 typedef struct cap_cache cap_cache_t;

@@ -51,13 +51,13 @@ export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
 say "3. a broker ($CE clients, $WE workers, catalog $DB, --keys) and two CPU workers, 2 streams each"
 mkdir -p "$D/store"
 "$BUILD/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --keys "$K" --weights-dir "$D/store" \
-    >"$D/broker.log" 2>&1 &
+    --metrics 127.0.0.1:0 >"$D/broker.log" 2>&1 &
 PIDS="$PIDS $!"
 wait_for "$D/broker.log" "reel-broker: ready" 10
 grep "keys:" "$D/broker.log"
 for w in w1 w2; do
     "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/w1.safetensors" --streams 2 \
-        --backend cpu --key "$K/$w.key" --broker-key "$K/broker.pub" >"$D/$w.log" 2>&1 &
+        --backend cpu --key "$K/$w.key" --broker-key "$K/broker.pub" --metrics 127.0.0.1:0 >"$D/$w.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/broker.log" "worker $w ready" 20
 done
@@ -104,7 +104,16 @@ done
 for p in $pids; do wait "$p"; done
 sort "$D/warm.log"
 
-say "8. the capture report, from the catalog"
+say "8. live metrics (docs/OPERATIONS.md): Prometheus text from each daemon's --metrics endpoint"
+for f in "$D/broker.log" "$D/w1.log"; do
+    port=$(sed -n 's/.*metrics and health on http:\/\/[^ ]* (port \([0-9]*\)).*/\1/p' "$f" | head -1)
+    [ -n "$port" ] || continue
+    echo "http://127.0.0.1:$port/metrics ($(basename "$f" .log)), a few of its lines:"
+    /usr/bin/python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" |
+        grep -E '^reel_(broker_requests_total|broker_syncs_total|broker_workers|worker_captures_total|worker_replays_total|worker_evictions_total\{reason="weight_sync"\}|worker_weight_version)' | head -8
+done
+
+say "9. the capture report, from the catalog"
 "$R" stats --catalog "$DB"
 echo
 "$R" keys --catalog "$DB"
@@ -117,7 +126,7 @@ echo "every sync, with the key that sent it (the audit table):"
 /usr/bin/sqlite3 -header -column "$DB" "select key_name, role, component, version, outcome from audit order by id"
 echo
 
-say "9. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
+say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
     --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D"
 echo

@@ -54,6 +54,9 @@ typedef struct {
      * request; `running` counts requests between their first and last step. */
     atomic_bool draining;
     atomic_int running;
+    /* Weight syncs applied and failed by the sync thread, and the seconds
+     * of the applied ones (read + hash or fetch, drain, reload), in µs. */
+    _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
 } wrk_t;
 
 /* "reel-worker NAME: <msg>\n" on stderr, one write. */

@@ -695,6 +695,10 @@ void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
     enqueue(x, job);
 }
 
+int wrk_exec_streams(const wrk_exec_t *x) { return x ? x->n : 0; }
+
+int wrk_exec_stream_load(wrk_exec_t *x, int i) { return x && i >= 0 && i < x->n ? atomic_load(&x->s[i].load) : 0; }
+
 int wrk_exec_inflight(wrk_exec_t *x) {
     int n = 0;
     for (int i = 0; i < x->n; i++) n += atomic_load(&x->s[i].load);

@@ -22,6 +22,9 @@ wrk_exec_t *wrk_exec_new(wrk_t *w);
 /* Queues job on the stream with the fewest jobs (queued + active), taking
  * ownership. Can't fail. */
 void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job);
+/* The streams, and the jobs (queued + running) on stream i. */
+int wrk_exec_streams(const wrk_exec_t *x);
+int wrk_exec_stream_load(wrk_exec_t *x, int i);
 /* Jobs queued or active on all streams. */
 int wrk_exec_inflight(wrk_exec_t *x);
 /* Sets w->stop, wakes and joins every thread and frees every job. The

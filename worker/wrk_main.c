@@ -25,6 +25,7 @@
 #include "kernels/error.h"
 #include "schema/msg.h"
 #include "schema/notify.h"
+#include "schema/http.h"
 #include "schema/sha256.h"
 #include "worker/model/tdit_program.h"
 #include "worker/wrk.h"
@@ -81,7 +82,94 @@ typedef struct {
     int64_t next_hb, next_events, reconnect_at;
     int64_t next_artifacts;      /* the next snapshot of the artifact keys */
     int backoff_ms;
+    reel_http_t *http;           /* --metrics; NULL without */
+    int64_t next_publish;
 } link_t;
+
+/* ---- live metrics and health (--metrics; schema/http.h) ------------------------------ */
+
+static void prom_reasons(reel_text_t *t, const char *name, const char *help, const uint64_t *v, int n,
+                         const char *(*reason)(int)) {
+    reel_prom_family(t, name, "counter", help);
+    for (int i = 0; i < n; i++) {
+        char lb[96];
+        snprintf(lb, sizeof lb, "reason=\"%s\"", reason(i));
+        reel_prom_sample(t, name, lb, (double)v[i]);
+    }
+}
+
+static const char *decline_name(int i) { return cap_reason_name((cap_reason_t)i); }
+static const char *evict_name(int i) { return cap_evict_reason_name((cap_evict_reason_t)i); }
+
+static void render_metrics(link_t *l, reel_text_t *t) {
+    wrk_t *w = l->w;
+    cap_stats_t st;
+    cap_cache_stats(w->cache, &st);
+    reel_prom_family(t, "reel_worker_captures_total", "counter", "Graphs captured and verified.");
+    reel_prom_sample(t, "reel_worker_captures_total", "", (double)st.captures);
+    reel_prom_family(t, "reel_worker_replays_total", "counter", "Steps served by graph replay.");
+    reel_prom_sample(t, "reel_worker_replays_total", "", (double)st.replays);
+    reel_prom_family(t, "reel_worker_eager_steps_total", "counter", "Steps run eagerly (warmup, declines, captures).");
+    reel_prom_sample(t, "reel_worker_eager_steps_total", "", (double)st.eager_runs);
+    prom_reasons(t, "reel_worker_declines_total", "Calls declined to eager, by reason.", st.declines,
+                 CAP_DECLINE_COUNT, decline_name);
+    prom_reasons(t, "reel_worker_evictions_total", "Graphs evicted, by reason.", st.evictions, CAP_EVICT_COUNT,
+                 evict_name);
+    reel_prom_family(t, "reel_worker_audits_total", "counter", "Replays audited against an eager run.");
+    reel_prom_sample(t, "reel_worker_audits_total", "", (double)st.audits);
+    reel_prom_family(t, "reel_worker_audit_mismatches_total", "counter",
+                     "Audits that found replay != eager (the graph was evicted).");
+    reel_prom_sample(t, "reel_worker_audit_mismatches_total", "", (double)st.declines[CAP_DECLINE_AUDIT_MISMATCH]);
+    reel_prom_family(t, "reel_worker_graph_bytes", "gauge", "Bytes of live graphs.");
+    reel_prom_sample(t, "reel_worker_graph_bytes", "", (double)st.graph_bytes);
+    reel_prom_family(t, "reel_worker_workspace_bytes", "gauge", "Bytes of live step workspaces.");
+    reel_prom_sample(t, "reel_worker_workspace_bytes", "", (double)st.ws_bytes);
+    reel_prom_family(t, "reel_worker_budget_bytes", "gauge", "--budget: graph + workspace bytes allowed (0: no limit).");
+    reel_prom_sample(t, "reel_worker_budget_bytes", "", (double)w->opt->budget);
+    reel_prom_family(t, "reel_worker_graphs", "gauge", "Live graphs.");
+    reel_prom_sample(t, "reel_worker_graphs", "", (double)st.graphs);
+    reel_prom_family(t, "reel_worker_step_seconds", "histogram",
+                     "A step's wall time through the capture cache, by how it ran (bind + run + copy-out).");
+    reel_prom_hist(t, "reel_worker_step_seconds", "ran=\"eager\"", &st.eager_hist);
+    reel_prom_hist(t, "reel_worker_step_seconds", "ran=\"replay\"", &st.replay_hist);
+    reel_prom_family(t, "reel_worker_capture_seconds", "histogram", "Capture + verify wall time of a graph.");
+    reel_prom_hist(t, "reel_worker_capture_seconds", "", &st.capture_hist);
+    reel_prom_family(t, "reel_worker_syncs_total", "counter", "Weight syncs this worker applied or failed.");
+    reel_prom_sample(t, "reel_worker_syncs_total", "result=\"applied\"", (double)atomic_load(&w->syncs_applied));
+    reel_prom_sample(t, "reel_worker_syncs_total", "result=\"failed\"", (double)atomic_load(&w->syncs_failed));
+    reel_prom_family(t, "reel_worker_sync_apply_seconds_total", "counter",
+                     "Seconds of the applied syncs: read + hash (or fetch), drain, reload.");
+    reel_prom_sample(t, "reel_worker_sync_apply_seconds_total", "", (double)atomic_load(&w->sync_us) / 1e6);
+    reel_prom_family(t, "reel_worker_inflight", "gauge", "Requests queued or running, per stream.");
+    for (int i = 0; i < wrk_exec_streams(l->exec); i++) {
+        char lb[32];
+        snprintf(lb, sizeof lb, "stream=\"%d\"", i);
+        reel_prom_sample(t, "reel_worker_inflight", lb, wrk_exec_stream_load(l->exec, i));
+    }
+    reel_prom_family(t, "reel_worker_weight_version", "gauge", "The weight version applied, per component.");
+    reel_prom_sample(t, "reel_worker_weight_version", "component=\"" TDIT_COMPONENT "\"",
+                     (double)atomic_load(&w->applied_version));
+}
+
+/* Renders and publishes every REEL_HTTP_PUBLISH_MS: healthy while the main
+ * loop runs and the weights are usable; ready while registered with a
+ * broker that answers. */
+static void publish_metrics(link_t *l, int64_t now, int64_t silent_ms) {
+    if (!l->http || now < l->next_publish) return;
+    l->next_publish = now + REEL_HTTP_PUBLISH_MS;
+    wrk_t *w = l->w;
+    reel_text_t t = { 0 };
+    render_metrics(l, &t);
+    bool healthy = !atomic_load(&w->fatal);
+    bool ready = healthy && l->dealer && now - l->heard < silent_ms;
+    const char *why = !healthy ? "the weights are unusable (exiting)"
+                    : !l->dealer ? "not connected to the broker (reconnecting)"
+                    : !ready ? "the broker has not answered within the heartbeat liveness"
+                             : NULL;
+    if (!t.failed && reel_http_publish(l->http, t.p, t.n, healthy, ready, why) != 0)
+        wrk_log(w, "metrics: %s", kern_error());
+    reel_text_free(&t);
+}
 
 static void log_cache(void *user, int level, const char *msg) {
     if (level >= 1) wrk_log(user, "%s%s", level >= 2 ? "warning: " : "", msg);
@@ -358,6 +446,7 @@ static int serve(link_t *l) {
         if (atomic_load(&w->fatal)) return 1;
         int64_t now = now_ms();
         int64_t wake = l->next_events;
+        if (l->http && l->next_publish < wake) wake = l->next_publish;
         if (l->dealer) {
             if (l->next_hb < wake) wake = l->next_hb;
             if (l->heard + silent_ms < wake) wake = l->heard + silent_ms;
@@ -406,6 +495,7 @@ static int serve(link_t *l) {
             flush_events(l);
             l->next_events = now + w->opt->events_ms;
         }
+        publish_metrics(l, now, silent_ms);
     }
 }
 
@@ -560,6 +650,15 @@ static int run(const wrk_opts_t *o) {
         wrk_log(&w, "%s", kern_error());
         goto out;
     }
+    if (o->metrics) {
+        if (!(l.http = reel_http_start(o->metrics))) {
+            wrk_log(&w, "%s", kern_error());
+            code = 2;
+            goto out;
+        }
+        wrk_log(&w, "metrics and health on http://%s (port %d): /metrics, /healthz, /readyz", o->metrics,
+                reel_http_port(l.http));
+    }
     if (connect_broker(&l, now_ms()) != 0) { code = 2; goto out; }
     wrk_log(&w, "ready (%s, %d streams)", kern_backend_device_name(w.backend), o->streams);
     reel_notify("READY=1\nSTATUS=serving");
@@ -594,6 +693,7 @@ static int run(const wrk_opts_t *o) {
     }
 out:
     atomic_store(&w.stop, true);
+    reel_http_stop(&l.http); /* it reads nothing of ours: only what was published */
     if (l.dealer) zmq_close(l.dealer);
     wrk_exec_stop(l.exec);
     wrk_syncer_destroy(&l.sync);

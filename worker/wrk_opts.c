@@ -36,6 +36,8 @@ static const char usage[] =
     "  --heartbeat-ms MS     heartbeat interval (1000)\n"
     "  --liveness N          silent intervals before reconnecting (3)\n"
     "  --events-ms MS        EVENTS batching interval (200)\n"
+    "  --metrics ADDR:PORT   serve /metrics (Prometheus), /healthz and /readyz over HTTP\n"
+    "                        there (off by default; e.g. 127.0.0.1:9465)\n"
     "  --weights-dir DIR     a directory a SYNC's weights may be read from (repeat for\n"
     "                        more, at most 8; default: the directory of --weights).\n"
     "                        Paths must lie below one, reached without symlinks or '..'\n"
@@ -95,7 +97,7 @@ int wrk_parse_bytes(const char *s, size_t *out) {
 
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
-           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_HELP, O_SYNCMODE, O_DTYPE,
+           O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_METRICS, O_HELP, O_SYNCMODE, O_DTYPE,
            O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME, O_NOFALLBACK };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
@@ -116,6 +118,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "heartbeat-ms", required_argument, 0, O_HB },
         { "liveness", required_argument, 0, O_LIVENESS },
         { "events-ms", required_argument, 0, O_EVENTS },
+        { "metrics", required_argument, 0, O_METRICS },
         { "weights-dir", required_argument, 0, O_WDIR },
         { "key", required_argument, 0, O_KEY },
         { "broker-key", required_argument, 0, O_BKEY },
@@ -221,6 +224,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
             if (parse_int(a, 1, 1000, &v)) return usage_error(err, errlen, "--liveness: expected 1..1000, got '%s'", a);
             o->liveness = (int)v;
             break;
+        case O_METRICS: o->metrics = a; break;
         case O_EVENTS:
             if (parse_int(a, 10, 3600000, &v)) return usage_error(err, errlen, "--events-ms: expected 10..3600000, got '%s'", a);
             o->events_ms = (int)v;

@@ -34,6 +34,7 @@ typedef struct {
     int heartbeat_ms;                /* default 1000 */
     int liveness;                    /* default 3 */
     int events_ms;                   /* default 200 */
+    const char *metrics;             /* ADDR:PORT of /metrics, /healthz, /readyz; NULL = off */
     const char *weights_dirs[8];     /* --weights-dir, repeatable: where SYNC paths may lead;
                                       * none: the directory of --weights */
     int n_weights_dirs;

@@ -241,6 +241,12 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         pthread_rwlock_unlock(&w->step_lock);
         atomic_store(&w->draining, false);
         clock_gettime(CLOCK_MONOTONIC, &t3);
+        if (fail) atomic_fetch_add(&w->syncs_failed, 1);
+        else {
+            atomic_fetch_add(&w->syncs_applied, 1);
+            atomic_fetch_add(&w->sync_us, (uint64_t)((double)(t3.tv_sec - t0.tv_sec) * 1e6 +
+                                                     (double)(t3.tv_nsec - t0.tv_nsec) / 1e3));
+        }
         if (fail) {
             wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", version, err,
                     atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", fail);

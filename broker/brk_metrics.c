@@ -1,0 +1,133 @@
+/* brk_metrics.c -- the broker's live metrics and health (see brk_metrics.h). */
+#include "broker/brk_metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "broker/brk_broker.h"
+#include "broker/brk_catq.h"
+#include "broker/brk_log.h"
+#include "broker/brk_loop.h"
+#include "broker/brk_zap.h"
+#include "kernels/error.h"
+
+void brk_metrics_request(brk_metrics_t *m, const char *outcome, double seconds) {
+    int i = 0;
+    while (i < m->n_outcomes && strcmp(m->outcome[i], outcome)) i++;
+    if (i == m->n_outcomes) {
+        if (m->n_outcomes < BRK_OUTCOMES_MAX) {
+            snprintf(m->outcome[i], sizeof m->outcome[i], "%s", outcome);
+            m->n_outcomes++;
+        } else {
+            i = BRK_OUTCOMES_MAX - 1; /* bounded: the last one takes the rest */
+        }
+    }
+    m->requests[i]++;
+    reel_hist_observe(&m->request_s, seconds);
+}
+
+void brk_metrics_sync(brk_metrics_t *m, bool complete, bool applied, double seconds) {
+    if (complete) m->syncs_complete++;
+    else if (applied) m->syncs_incomplete++;
+    else m->syncs_failed++;
+    reel_hist_observe(&m->sync_s, seconds);
+}
+
+/* The exposition text of the broker's counters and state. */
+static void render(brk_t *b, reel_text_t *t) {
+    brk_metrics_t *m = &b->metrics;
+    char lb[160], esc[96];
+    reel_prom_family(t, "reel_broker_requests_total", "counter",
+                     "Requests that ended, by outcome (ok, or the ERROR code the client got).");
+    for (int i = 0; i < m->n_outcomes; i++) {
+        snprintf(lb, sizeof lb, "outcome=\"%s\"", reel_prom_escape(m->outcome[i], esc, sizeof esc));
+        reel_prom_sample(t, "reel_broker_requests_total", lb, (double)m->requests[i]);
+    }
+    reel_prom_family(t, "reel_broker_busy_total", "counter", "GENs answered BUSY (queue or memory full).");
+    reel_prom_sample(t, "reel_broker_busy_total", "", (double)m->busy);
+    reel_prom_family(t, "reel_broker_requeues_total", "counter", "Requests requeued after their worker died.");
+    reel_prom_sample(t, "reel_broker_requeues_total", "", (double)m->requeues);
+    reel_prom_family(t, "reel_broker_queue_depth", "gauge", "Requests waiting for a worker slot.");
+    reel_prom_sample(t, "reel_broker_queue_depth", "", (double)brk_queue_len(&b->queue));
+    reel_prom_family(t, "reel_broker_held_bytes", "gauge", "Tensor bytes of live requests the broker holds.");
+    reel_prom_sample(t, "reel_broker_held_bytes", "", (double)b->held_bytes);
+    reel_prom_family(t, "reel_broker_request_seconds", "histogram",
+                     "Time from a GEN's arrival to its RESULT or ERROR.");
+    reel_prom_hist(t, "reel_broker_request_seconds", "", &m->request_s);
+    reel_prom_family(t, "reel_broker_queue_wait_seconds", "histogram",
+                     "Time from a GEN's arrival to its dispatch to a worker.");
+    reel_prom_hist(t, "reel_broker_queue_wait_seconds", "", &m->queue_wait_s);
+    int routable = 0, unroutable = 0, dead = 0, inflight = 0;
+    for (int i = 0; i < b->n_w; i++) {
+        const brk_worker_t *w = b->w[i];
+        if (w->dead) dead++;
+        else if (w->route.routable) routable++;
+        else unroutable++;
+        if (!w->dead) inflight += w->route.inflight;
+    }
+    reel_prom_family(t, "reel_broker_workers", "gauge",
+                     "Registered workers by state (routable: takes requests; unroutable: live but lagging or full "
+                     "of failed sends; dead: expired, to be dropped).");
+    reel_prom_sample(t, "reel_broker_workers", "state=\"routable\"", routable);
+    reel_prom_sample(t, "reel_broker_workers", "state=\"unroutable\"", unroutable);
+    reel_prom_sample(t, "reel_broker_workers", "state=\"dead\"", dead);
+    reel_prom_family(t, "reel_broker_inflight", "gauge", "Requests running on workers.");
+    reel_prom_sample(t, "reel_broker_inflight", "", inflight);
+    reel_prom_family(t, "reel_broker_syncs_total", "counter",
+                     "Weight syncs that ended: complete (every worker applied it), incomplete (some did), failed "
+                     "(none did: nothing changed).");
+    reel_prom_sample(t, "reel_broker_syncs_total", "result=\"complete\"", (double)m->syncs_complete);
+    reel_prom_sample(t, "reel_broker_syncs_total", "result=\"incomplete\"", (double)m->syncs_incomplete);
+    reel_prom_sample(t, "reel_broker_syncs_total", "result=\"failed\"", (double)m->syncs_failed);
+    reel_prom_family(t, "reel_broker_sync_seconds", "histogram", "Time from a SYNC's arrival to its SYNC_DONE.");
+    reel_prom_hist(t, "reel_broker_sync_seconds", "", &m->sync_s);
+    reel_prom_family(t, "reel_broker_weight_version", "gauge", "The current weight version of each component.");
+    for (int i = 0; i < b->n_cur; i++) {
+        if (!b->cur[i].version) continue;
+        snprintf(lb, sizeof lb, "component=\"%s\"", reel_prom_escape(b->cur[i].component, esc, sizeof esc));
+        reel_prom_sample(t, "reel_broker_weight_version", lb, (double)b->cur[i].version);
+    }
+    int pending = 0;
+    for (const brk_barrier_t *s = b->barriers; s; s = s->next) pending++;
+    reel_prom_family(t, "reel_broker_syncs_pending", "gauge", "Syncs waiting on their barrier.");
+    reel_prom_sample(t, "reel_broker_syncs_pending", "", pending);
+    reel_prom_family(t, "reel_broker_catalog_queue_depth", "gauge", "Catalog writes queued for the writer thread.");
+    reel_prom_sample(t, "reel_broker_catalog_queue_depth", "", (double)brk_catq_pending(b->cat));
+    reel_prom_family(t, "reel_broker_catalog_shed_total", "counter",
+                     "Catalog events shed (their worker over its quota, or the queue full).");
+    reel_prom_sample(t, "reel_broker_catalog_shed_total", "", (double)brk_catq_dropped(b->cat));
+    reel_prom_family(t, "reel_broker_catalog_failed_total", "counter", "Catalog batches that failed to commit.");
+    reel_prom_sample(t, "reel_broker_catalog_failed_total", "", (double)brk_catq_failures(b->cat));
+    reel_prom_family(t, "reel_broker_auth_refusals_total", "counter",
+                     "CURVE handshakes refused, and messages dropped because their key left the allowlist.");
+    reel_prom_sample(t, "reel_broker_auth_refusals_total", "", (double)brk_zap_refused(b->zap));
+    reel_prom_family(t, "reel_broker_malformed_total", "counter", "Unreadable messages received.");
+    reel_prom_sample(t, "reel_broker_malformed_total", "", (double)b->malformed);
+    reel_prom_family(t, "reel_broker_undelivered_total", "counter",
+                     "Messages a peer could not take (its queue full, or gone): dropped.");
+    reel_prom_sample(t, "reel_broker_undelivered_total", "", (double)b->undelivered);
+}
+
+int brk_metrics_start(brk_t *b) {
+    if (!b->opt.metrics) return 0;
+    if (!(b->metrics.http = reel_http_start(b->opt.metrics))) return -1;
+    brk_log("metrics and health on http://%s (port %d): /metrics, /healthz, /readyz", b->opt.metrics,
+            reel_http_port(b->metrics.http));
+    return 0;
+}
+
+void brk_metrics_publish(brk_t *b, int64_t now) {
+    brk_metrics_t *m = &b->metrics;
+    if (!m->http || now < m->next_publish_ms) return;
+    m->next_publish_ms = now + REEL_HTTP_PUBLISH_MS;
+    reel_text_t t = { 0 };
+    render(b, &t);
+    if (!t.failed) {
+        /* Ready once it serves: its sockets are bound and the loop runs. */
+        if (reel_http_publish(m->http, t.p, t.n, true, true, NULL) != 0)
+            brk_log("metrics: %s", kern_error());
+    }
+    reel_text_free(&t);
+}
+
+void brk_metrics_stop(brk_t *b) { reel_http_stop(&b->metrics.http); }

@@ -1,0 +1,158 @@
+#!/bin/sh
+# cli_metrics.sh -- live metrics and health (issue 13, part 1): a real
+# reel-broker and two reel-workers with --metrics on loopback (port 0: the
+# kernel picks, the log says which), scraped by a real Prometheus server
+# (Debian's, started here on loopback with a generated config, bounded in
+# time), and checked through its HTTP query API against what was sent:
+#   - every endpoint's /metrics passes `promtool check metrics`;
+#   - Prometheus sees all three targets up, the broker's ok requests equal
+#     the gens sent, the workers' captures + replays + eager steps equal the
+#     steps those gens ran, one complete sync, the new weight version on
+#     both workers, and no capture-key or request-id label anywhere;
+#   - /healthz and /readyz answer 200; a worker whose broker is gone turns
+#     /readyz to 503 (with the reason) but stays /healthz 200; an unknown
+#     path is 404, a POST 405; a bad or taken --metrics address stops the
+#     daemon at startup with a clear error (exit 2 / 1).
+# Usage: cli_metrics.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-metrics.XXXXXX)
+SUITE=metrics
+PY=/usr/bin/python3
+. "$(dirname "$0")/lib_cli.sh"
+
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    bad "prometheus and promtool are not installed (deploy/install-deps.sh installs Debian's)"
+    finish
+fi
+
+"$R" weights init --config tiny --seed 1 --out "$D/v1.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 2 --out "$D/v2.safetensors" 2>/dev/null
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" >/dev/null
+
+port_of() { sed -n 's/.*metrics and health on http:\/\/[^ ]* (port \([0-9]*\)).*/\1/p' "$1" | head -1; }
+get() { # URL -> "CODE BODY" (python: no curl needed)
+    $PY - "$@" <<'EOF'
+import sys, urllib.request, urllib.error
+method = sys.argv[2] if len(sys.argv) > 2 else "GET"
+try:
+    r = urllib.request.urlopen(urllib.request.Request(sys.argv[1], method=method, data=b"x" if method == "POST" else None), timeout=5)
+    print(r.status, r.read().decode().strip().replace("\n", " | ")[:300])
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip()[:300])
+except Exception as e:
+    print("000", e)
+EOF
+}
+
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --heartbeat-ms 200 --metrics 127.0.0.1:0 || { bad "broker starts"; show "$D/broker.log"; finish; }
+for w in w1 w2; do
+    cli_worker "$w" "$D/broker.log" "$D/$w.log" --broker "ipc://$D/w" --weights "$D/v1.safetensors" \
+        --heartbeat-ms 200 --metrics 127.0.0.1:0 || { bad "$w registers"; show "$D/$w.log"; finish; }
+done
+BP=$(port_of "$D/broker.log"); P1=$(port_of "$D/w1.log"); P2=$(port_of "$D/w2.log")
+[ -n "$BP" ] && [ -n "$P1" ] && [ -n "$P2" ] && ok "each daemon says where it serves (ports $BP, $P1, $P2)" ||
+    { bad "metrics ports"; show "$D/broker.log"; finish; }
+
+# Prometheus, scraping all three every second
+PP=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$D/prom.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: reel
+    static_configs:
+      - targets: ['127.0.0.1:$BP', '127.0.0.1:$P1', '127.0.0.1:$P2']
+EOF
+promtool check config "$D/prom.yml" >/dev/null 2>&1 && ok "the generated Prometheus config is valid" || bad "promtool check config"
+timeout 120 prometheus --config.file="$D/prom.yml" --storage.tsdb.path="$D/tsdb" \
+    --web.listen-address="127.0.0.1:$PP" >"$D/prom.log" 2>&1 &
+PROM=$!
+PIDS="$PIDS $PROM"
+
+# traffic: gens, and a sync by path
+N=6
+i=0
+while [ $i -lt $N ]; do
+    "$R" gen --broker "ipc://$D/c" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed $((i % 2)) \
+        --steps 4 --timeout-ms 30000 --quiet --out "$D/g$i.safetensors" 2>>"$D/gen.err" || bad "gen $i"
+    i=$((i + 1))
+done
+"$R" sync --broker "ipc://$D/c" --version 2 --weights "$D/v2.safetensors" --timeout-ms 30000 2>"$D/sync.err" &&
+    ok "sync v2 complete" || { bad "sync v2"; show "$D/sync.err"; }
+
+for p in "$BP" "$P1" "$P2"; do
+    get "http://127.0.0.1:$p/metrics" >/dev/null
+    $PY -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$p/metrics', timeout=5).read().decode())" \
+        >"$D/m$p.txt" 2>/dev/null
+    if promtool check metrics <"$D/m$p.txt" >"$D/promtool$p.txt" 2>&1; then
+        ok "promtool check metrics passes on :$p ($(grep -vc '^#' "$D/m$p.txt") samples)"
+    else
+        bad "promtool check metrics on :$p"; show "$D/promtool$p.txt"
+    fi
+done
+if grep -qiE '(key|key_hash|request|id)="' "$D/m$BP.txt" "$D/m$P1.txt" "$D/m$P2.txt"; then
+    bad "a capture-key or request-id label"; grep -iE '(key|key_hash|request|id)="' "$D"/m*.txt | head -3
+else
+    ok "no capture-key or request-id labels"
+fi
+
+# what Prometheus scraped, through its query API (retried while it catches up)
+$PY - "$PP" "$N" >"$D/query.out" 2>&1 <<'EOF'
+import json, sys, time, urllib.parse, urllib.request
+port, n = sys.argv[1], int(sys.argv[2])
+def q(expr):
+    u = "http://127.0.0.1:%s/api/v1/query?query=%s" % (port, urllib.parse.quote(expr))
+    try:
+        d = json.load(urllib.request.urlopen(u, timeout=5))
+    except Exception:
+        return None
+    r = d.get("data", {}).get("result", [])
+    return float(r[0]["value"][1]) if r else None
+def want(expr, ok, what):
+    deadline = time.time() + 40
+    v = q(expr)
+    while not (v is not None and ok(v)) and time.time() < deadline:
+        time.sleep(0.5)
+        v = q(expr)
+    print(("PASS " if v is not None and ok(v) else "FAIL ") + "%s (%s = %s)" % (what, expr, v), flush=True)
+want('count(up{job="reel"} == 1)', lambda v: v == 3, "Prometheus scrapes all three daemons")
+want('sum(reel_broker_requests_total{outcome="ok"})', lambda v: v == n, "the broker counted the %d gens ok" % n)
+want('sum(reel_worker_captures_total) + sum(reel_worker_replays_total) + sum(reel_worker_eager_steps_total)',
+     lambda v: v == 4 * n, "the workers ran every step of the gens once (4 x %d)" % n)
+want('sum(reel_worker_replays_total)', lambda v: v > 0, "some steps were replayed")
+want('sum(reel_broker_syncs_total{result="complete"})', lambda v: v == 1, "one complete sync")
+want('count(reel_worker_weight_version{component="transformer"} == 2)', lambda v: v == 2,
+     "both workers report weight version 2")
+want('sum(reel_broker_workers{state="routable"})', lambda v: v == 2, "two routable workers")
+want('sum(reel_broker_request_seconds_count)', lambda v: v == n, "the latency histogram counted every request")
+EOF
+py_checks "$D/query.out" $?
+
+r=$(get "http://127.0.0.1:$BP/healthz"); case "$r" in "200 ok") ok "broker /healthz: $r" ;; *) bad "broker /healthz: $r" ;; esac
+r=$(get "http://127.0.0.1:$P1/readyz"); case "$r" in "200 ok") ok "worker /readyz: $r" ;; *) bad "worker /readyz: $r" ;; esac
+r=$(get "http://127.0.0.1:$BP/nope"); case "$r" in 404*) ok "an unknown path is 404" ;; *) bad "unknown path: $r" ;; esac
+r=$(get "http://127.0.0.1:$BP/metrics" POST); case "$r" in 405*) ok "a POST is 405" ;; *) bad "POST: $r" ;; esac
+
+# the broker goes: a worker stays healthy but is no longer ready
+kill -TERM "$BROKER"
+i=0
+r=$(get "http://127.0.0.1:$P1/readyz")
+while [ $i -lt 40 ] && [ "${r%% *}" = 200 ]; do sleep 0.25; r=$(get "http://127.0.0.1:$P1/readyz"); i=$((i + 1)); done
+case "$r" in 503*) ok "without its broker a worker's /readyz is 503: ${r#503 }" ;; *) bad "worker /readyz without the broker: $r" ;; esac
+r=$(get "http://127.0.0.1:$P1/healthz"); case "$r" in "200 ok") ok "... and its /healthz stays 200" ;; *) bad "worker /healthz: $r" ;; esac
+
+# bad addresses stop a daemon at startup, saying why
+"$B/reel-broker" --clients "ipc://$D/c2" --workers "ipc://$D/w2" --catalog "" --metrics nonsense >"$D/bad1.log" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "not ADDR:PORT" "$D/bad1.log" && ok "--metrics nonsense: the broker refuses to start (exit $rc)" ||
+    { bad "--metrics nonsense (exit $rc)"; show "$D/bad1.log"; }
+timeout 20 "$B/reel-worker" --name w9 --broker "ipc://$D/w" --weights "$D/v1.safetensors" --metrics "127.0.0.1:$P2" \
+    >"$D/bad2.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "cannot serve HTTP there" "$D/bad2.log" && ok "a taken --metrics port stops the worker (exit 2)" ||
+    { bad "taken port (exit $rc)"; show "$D/bad2.log"; }
+finish

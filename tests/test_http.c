@@ -1,0 +1,149 @@
+/* test_http.c -- schema/http.h: the metrics and health server on a real
+ * loopback socket (requests written by hand, answers parsed here), the
+ * exposition-text builders, the histogram, and bad addresses. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kernels/error.h"
+#include "schema/http.h"
+
+/* One request to 127.0.0.1:port; the whole answer into buf (NUL-ended). */
+static void ask(int port, const char *method, const char *path, char *buf, size_t len) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct timeval tv = { 5, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: x\r\n\r\n", method, path);
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < len && (r = read(fd, buf + got, len - 1 - got)) > 0) got += (size_t)r;
+    buf[got] = '\0';
+    close(fd);
+}
+
+static int status_of(const char *answer) {
+    int code = 0;
+    ck_assert_int_eq(sscanf(answer, "HTTP/1.%*d %d", &code), 1);
+    return code;
+}
+
+static const char *body_of(const char *answer) {
+    const char *b = strstr(answer, "\r\n\r\n");
+    ck_assert_ptr_nonnull(b);
+    return b + 4;
+}
+
+START_TEST(test_serves_the_published_copy_and_health_by_state) {
+    reel_http_t *h = reel_http_start("127.0.0.1:0");
+    ck_assert_msg(h != NULL, "%s", kern_error());
+    int port = reel_http_port(h);
+    ck_assert_int_gt(port, 0);
+    static char a[65536];
+    ask(port, "GET", "/healthz", a, sizeof a); /* nothing published yet */
+    ck_assert_int_eq(status_of(a), 503);
+    ck_assert_ptr_nonnull(strstr(body_of(a), "starting"));
+    ask(port, "GET", "/metrics", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 503);
+    const char *m = "# HELP x_total X.\n# TYPE x_total counter\nx_total 3\n";
+    ck_assert_int_eq(reel_http_publish(h, m, strlen(m), true, false, "not registered"), 0);
+    ask(port, "GET", "/metrics", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 200);
+    ck_assert_str_eq(body_of(a), m);
+    ck_assert_ptr_nonnull(strstr(a, "text/plain; version=0.0.4"));
+    ask(port, "GET", "/healthz", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 200);
+    ask(port, "GET", "/readyz", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 503);
+    ck_assert_ptr_nonnull(strstr(body_of(a), "not registered"));
+    ck_assert_int_eq(reel_http_publish(h, m, strlen(m), true, true, NULL), 0);
+    ask(port, "GET", "/readyz", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 200);
+    ck_assert_int_eq(reel_http_publish(h, m, strlen(m), false, true, "weights unusable"), 0);
+    ask(port, "GET", "/healthz", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 503);
+    ck_assert_ptr_nonnull(strstr(body_of(a), "weights unusable"));
+    ask(port, "GET", "/nope", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 404);
+    ask(port, "DELETE", "/metrics", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 405);
+    ask(port, "HEAD", "/metrics", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 200);
+    ck_assert_uint_ge(reel_http_scrapes(h), 3);
+    /* a second server on the same port: refused, naming it */
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    ck_assert_ptr_null(reel_http_start(addr));
+    ck_assert_ptr_nonnull(strstr(kern_error(), addr));
+    reel_http_stop(&h);
+    ck_assert_ptr_null(h);
+    reel_http_stop(&h); /* NULL-safe */
+}
+END_TEST
+
+START_TEST(test_bad_addresses_are_refused_naming_them) {
+    static const char *bad[] = { "", "9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:70000", "127.0.0.1:x",
+                                 "300.1.1.1:9", "[::1:9", "host.example:9" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(reel_http_start(bad[i]) == NULL, "accepted '%s'", bad[i]);
+        ck_assert_msg(strstr(kern_error(), "--metrics") != NULL, "%s", kern_error());
+    }
+    reel_http_t *h = reel_http_start("localhost:0");
+    ck_assert_msg(h != NULL, "%s", kern_error());
+    reel_http_stop(&h);
+}
+END_TEST
+
+START_TEST(test_text_builders_histogram_and_escaping) {
+    reel_text_t t = { 0 };
+    reel_prom_family(&t, "a_total", "counter", "A.");
+    reel_prom_sample(&t, "a_total", "", 5);
+    char esc[64];
+    char lb[96];
+    snprintf(lb, sizeof lb, "reason=\"%s\"", reel_prom_escape("q\"b\\n\nx", esc, sizeof esc));
+    reel_prom_sample(&t, "a_total", lb, 1.5);
+    reel_hist_t hs = { 0 };
+    reel_hist_observe(&hs, 0.0001);  /* first bucket */
+    reel_hist_observe(&hs, 0.003);   /* le 0.005 */
+    reel_hist_observe(&hs, 1000);    /* +Inf only */
+    reel_prom_hist(&t, "s", "ran=\"eager\"", &hs);
+    ck_assert(!t.failed);
+    ck_assert_ptr_nonnull(strstr(t.p, "# HELP a_total A.\n# TYPE a_total counter\na_total 5\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "a_total{reason=\"q\\\"b\\\\n\\nx\"} 1.5\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"0.0005\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"0.005\"} 2\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"60\"} 2\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"+Inf\"} 3\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "s_count{ran=\"eager\"} 3\n"));
+    /* long text grows the buffer */
+    for (int i = 0; i < 2000; i++) reel_prom_sample(&t, "many", "", i);
+    ck_assert(!t.failed && t.n == strlen(t.p));
+    reel_text_free(&t);
+    ck_assert_ptr_null(t.p);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("http");
+    TCase *tc = tcase_create("http");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_serves_the_published_copy_and_health_by_state);
+    tcase_add_test(tc, test_bad_addresses_are_refused_naming_them);
+    tcase_add_test(tc, test_text_builders_histogram_and_escaping);
+    suite_add_tcase(s, tc);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
