@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""deploy_check.py -- the deployment files, checked offline (issue 13, part 3).
+
+No cluster here, so the Kubernetes manifests are checked structurally, the
+way a reviewer would, and against Reel itself:
+  - every file of deploy/k8s/kustomization.yaml parses, every object has
+    apiVersion, kind and a name, and the kinds are the ones expected;
+  - workloads: selectors match their pod labels; every container has an
+    image, cpu and memory requests, liveness on /healthz and readiness on
+    /readyz at a port it declares; Prometheus scrape annotations name the
+    port its --metrics flag serves; every volumeMount names a volume, every
+    claim a PersistentVolumeClaim and every secret a name;
+  - the flags in the containers' args are flags reel-broker and
+    reel-worker accept (their --help, from BUILD);
+  - GPU workers ask for exactly one nvidia.com/gpu (request = limit), the
+    CPU variant for none; the broker is one replica, Recreate (it owns the
+    catalog); each StatefulSet has its governing Service; every Service
+    selects a workload and targets ports it declares;
+  - deploy/grafana/reel.json parses, and every metric its panels query is
+    one Reel exports (names collected from the code).
+Prints PASS/FAIL lines; exits 1 on any failure.
+Usage: deploy_check.py REPO BUILD
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+repo, build = sys.argv[1], sys.argv[2]
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures += 1
+
+
+k8s = os.path.join(repo, "deploy", "k8s")
+kust = yaml.safe_load(open(os.path.join(k8s, "kustomization.yaml")))
+files = list(kust["resources"]) + ["workers-cpu.yaml"]
+objs = []
+for f in files:
+    path = os.path.join(k8s, f)
+    check(os.path.exists(path), "kustomization resource %s exists" % f)
+    for d in yaml.safe_load_all(open(path)):
+        if d:
+            objs.append((f, d))
+check(all(o.get("apiVersion") and o.get("kind") and o.get("metadata", {}).get("name") for _, o in objs),
+      "every object has apiVersion, kind and metadata.name (%d objects)" % len(objs))
+kinds = {o["kind"] for _, o in objs}
+check(kinds <= {"Namespace", "PersistentVolumeClaim", "Deployment", "StatefulSet", "Service"},
+      "only the expected kinds: %s" % sorted(kinds))
+
+flags = {}
+for prog in ("reel-broker", "reel-worker"):
+    out = subprocess.run([os.path.join(build, prog), "--help"], capture_output=True, text=True)
+    flags[prog] = set(re.findall(r"--([a-z][a-z0-9-]*)", out.stdout + out.stderr))
+    check(len(flags[prog]) > 5, "%s --help lists its flags (%d)" % (prog, len(flags[prog])))
+
+pvcs = {o["metadata"]["name"] for _, o in objs if o["kind"] == "PersistentVolumeClaim"}
+services = [(f, o) for f, o in objs if o["kind"] == "Service"]
+workloads = [(f, o) for f, o in objs if o["kind"] in ("Deployment", "StatefulSet")]
+check(len(workloads) == 3, "a broker Deployment and two worker StatefulSets (GPU, CPU)")
+
+for f, w in workloads:
+    name = "%s %s (%s)" % (w["kind"], w["metadata"]["name"], f)
+    spec = w["spec"]
+    pod = spec["template"]
+    labels = pod["metadata"].get("labels", {})
+    sel = spec["selector"]["matchLabels"]
+    check(all(labels.get(k) == v for k, v in sel.items()), name + ": the selector matches the pod labels")
+    ps = pod["spec"]
+    vols = {v["name"]: v for v in ps.get("volumes", [])}
+    for v in vols.values():
+        if "persistentVolumeClaim" in v:
+            check(v["persistentVolumeClaim"]["claimName"] in pvcs,
+                  name + ": claim %s is defined" % v["persistentVolumeClaim"]["claimName"])
+        if "secret" in v:
+            check(bool(v["secret"].get("secretName")), name + ": secret volume %s names its Secret" % v["name"])
+    for c in ps.get("initContainers", []) + ps["containers"]:
+        for m in c.get("volumeMounts", []):
+            check(m["name"] in vols, name + ": mount %s of %s names a volume" % (m["name"], c["name"]))
+    c = ps["containers"][0]
+    check(bool(c.get("image")), name + ": an image")
+    req = c.get("resources", {}).get("requests", {})
+    check("cpu" in req and "memory" in req, name + ": cpu and memory requests")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        g = c.get(probe, {}).get("httpGet", {})
+        check(g.get("path") == path and g.get("port") in ports, name + ": %s on %s at a declared port" % (probe, path))
+    args = c.get("args", [])
+    prog = args[0] if args else ""
+    check(prog in flags, name + ": runs reel-broker or reel-worker (%s)" % prog)
+    used = [a[2:].split("=")[0] for a in args[1:] if a.startswith("--")]
+    unknown = [u for u in used if u not in flags.get(prog, set())]
+    check(not unknown, name + ": every flag is one %s accepts%s" % (prog, (": not " + ", ".join(unknown)) if unknown else ""))
+    metrics = [a.split("=", 1)[1] for a in args if a.startswith("--metrics=")]
+    ann = pod["metadata"].get("annotations", {})
+    check(ann.get("prometheus.io/scrape") == "true" and metrics and
+          metrics[0].rsplit(":", 1)[1] == ann.get("prometheus.io/port") and
+          int(ann.get("prometheus.io/port", 0)) in ports.values(),
+          name + ": Prometheus annotations name the --metrics port (%s)" % (metrics[0] if metrics else "none"))
+    gpu_req = req.get("nvidia.com/gpu")
+    gpu_lim = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    if "--backend=cuda" in args:
+        check(gpu_req == 1 and gpu_lim == 1, name + ": one GPU per worker (request = limit = 1)")
+    else:
+        check(gpu_req is None and gpu_lim is None, name + ": no GPU asked")
+    if w["kind"] == "Deployment":
+        check(spec.get("replicas") == 1 and spec.get("strategy", {}).get("type") == "Recreate",
+              name + ": one replica, Recreate (it owns the catalog)")
+    else:
+        governing = [s for sf, s in services if sf == f and s["metadata"]["name"] == spec.get("serviceName")]
+        check(len(governing) == 1 and governing[0]["spec"].get("clusterIP") == "None",
+              name + ": its governing headless Service %s" % spec.get("serviceName"))
+
+for f, s in services:
+    sel = s["spec"]["selector"]
+    targets = [w for wf, w in workloads if wf == f and all(
+        w["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+    check(len(targets) == 1, "Service %s (%s) selects a workload of its file" % (s["metadata"]["name"], f))
+    if targets:
+        names = {p["name"] for p in targets[0]["spec"]["template"]["spec"]["containers"][0].get("ports", [])}
+        check(all(p["targetPort"] in names for p in s["spec"]["ports"]),
+              "Service %s targets ports its pods declare" % s["metadata"]["name"])
+
+# the dashboard queries only what Reel exports
+exported = set()
+for src in ("broker/brk_metrics.c", "worker/wrk_main.c"):
+    exported |= set(re.findall(r'"(reel_(?:broker|worker)_[a-z_]+)"', open(os.path.join(repo, src)).read()))
+check(len(exported) > 20, "metric names collected from the code (%d)" % len(exported))
+dash = json.load(open(os.path.join(repo, "deploy", "grafana", "reel.json")))
+exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+check(len(dash["panels"]) >= 6 and len(exprs) >= 6, "the dashboard has panels with queries (%d, %d)" % (len(dash["panels"]), len(exprs)))
+used = set(re.findall(r"reel_[a-z_]+", " ".join(exprs)))
+base = {re.sub(r"_(bucket|sum|count)$", "", u) for u in used}
+unknown = sorted(u for u in base if u not in exported)
+check(not unknown, "every metric the dashboard queries is exported" + (": not " + ", ".join(unknown) if unknown else ""))
+want = ["reel_broker_requests_total", "reel_broker_request_seconds", "reel_worker_replays_total",
+        "reel_worker_captures_total", "reel_worker_evictions_total", "reel_worker_graph_bytes",
+        "reel_worker_budget_bytes", "reel_worker_declines_total"]
+check(all(w in base for w in want), "it shows request rate and latency, hit rate, captures and evictions, graph "
+      "memory vs budget, declines by reason")
+sys.exit(1 if failures else 0)
