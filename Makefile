@@ -7,6 +7,7 @@
 #                   the capture cache's invariants checked after every call
 #   make tsan       unit suites under ThreadSanitizer (CUDA=0), invariants too
 #   make fuzz       libFuzzer harnesses, FUZZ_SECONDS (60) each; make test runs 5 s each
+#   make test-hosts broker and workers in 3 network namespaces over veth (make test runs it too)
 #   make bench      benchmarks (separate from tests)
 #   make CUDA=0     build without CUDA even where nvcc exists
 
@@ -87,7 +88,7 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo demo-local asan asan-cli tsan fuzz fuzz-build bench clean FORCE
+.PHONY: all deps test test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench clean FORCE
 all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN) artifacts
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
@@ -158,6 +159,13 @@ test: deps
 	$(MAKE) asan
 	$(MAKE) tsan
 	$(MAKE) fuzz FUZZ_SECONDS=5
+
+# Across hosts (issue 13): the broker and two workers in three network
+# namespaces over veth pairs; make test runs it too (it skips with one line
+# where ip netns is not permitted).
+test-hosts: deps
+	$(MAKE) all
+	sh tests/cli_hosts.sh $(BUILD)
 
 demo: deps
 	$(MAKE) all

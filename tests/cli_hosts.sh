@@ -1,0 +1,152 @@
+#!/bin/sh
+# cli_hosts.sh -- Reel across hosts (issue 13, part 2; `make test-hosts`):
+# the broker in one network namespace and two workers in two others, each
+# joined to the broker's by a veth pair, over TCP with CURVE on (a broker
+# on a non-loopback address refuses to start without keys). Checks:
+#   - both workers register over the links, and requests for a capture key
+#     keep landing on the worker that holds its graphs (affinity);
+#   - a sync is a barrier over both hosts;
+#   - cutting one worker's link (`ip link set down`) mid-request is
+#     detected within the heartbeat liveness, its request is requeued to
+#     the other worker and answered (nothing lost);
+#   - a sync while it is away goes to the live worker; when the link comes
+#     back (with `tc netem` delay and loss on it; where the kernel has no
+#     netem, a 2 Mbit/s token bucket, said in a NOTE line) the worker
+#     rejoins, is caught up to that version, and serves over that link.
+# Needs `ip netns` (root, CAP_NET_ADMIN): where it is not permitted it
+# prints one SKIP line and exits 0.
+# Usage: cli_hosts.sh BUILD
+set -u
+B="$(cd "${1:-build}" && pwd)"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-hosts.XXXXXX)
+SUITE=hosts
+. "$(dirname "$0")/lib_cli.sh"
+
+NS="reelb$$ reel1$$ reel2$$"
+nsx() { _n=$1; shift; ip netns exec "$_n$$" "$@"; }
+cleanup_ns() { for n in $NS; do ip netns del "$n" 2>/dev/null; done; }
+trap 'cleanup; cleanup_ns' EXIT INT TERM
+
+if ! ip netns add "reelb$$" 2>/dev/null; then
+    echo "SKIP hosts: ip netns is not permitted here (needs root and CAP_NET_ADMIN); nothing was run"
+    echo "$SUITE: 0 passed, 0 failed (skipped)"
+    exit 0
+fi
+ip netns add "reel1$$" && ip netns add "reel2$$" || { bad "create namespaces"; finish; }
+# veth pairs: broker side b1/b2 (10.77.1.1, 10.77.2.1), worker side w (10.77.x.2)
+ip link add "rb1$$" type veth peer name "rw1$$" && ip link add "rb2$$" type veth peer name "rw2$$" ||
+    { bad "create veth pairs"; finish; }
+ip link set "rb1$$" netns "reelb$$" && ip link set "rb2$$" netns "reelb$$" &&
+ip link set "rw1$$" netns "reel1$$" && ip link set "rw2$$" netns "reel2$$" || { bad "move links"; finish; }
+nsx reelb ip addr add 10.77.1.1/24 dev "rb1$$" && nsx reelb ip addr add 10.77.2.1/24 dev "rb2$$" &&
+nsx reel1 ip addr add 10.77.1.2/24 dev "rw1$$" && nsx reel2 ip addr add 10.77.2.2/24 dev "rw2$$" &&
+for n in reelb reel1 reel2; do nsx $n ip link set lo up || exit 1; done &&
+nsx reelb ip link set "rb1$$" up && nsx reelb ip link set "rb2$$" up &&
+nsx reel1 ip link set "rw1$$" up && nsx reel2 ip link set "rw2$$" up || { bad "address and raise the links"; finish; }
+nsx reel1 ip -o addr show "rw1$$" | grep -q 10.77.1.2 && nsx reel2 ip -o addr show "rw2$$" | grep -q 10.77.2.2 &&
+    nsx reelb ip route get 10.77.2.2 | grep -q "rb2$$" &&
+    ok "three namespaces joined by veth pairs (10.77.1.0/24, 10.77.2.0/24)" || { bad "the links are not up"; finish; }
+
+K="$D/keys"
+for r in broker trainer; do "$R" keys new --role "$r" --out "$K" >/dev/null 2>&1; done
+for w in w1 w2; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
+"$R" weights init --config small --seed 1 --out "$D/v1.safetensors" 2>/dev/null
+for v in 2 3; do "$R" weights init --config small --seed "$v" --out "$D/v$v.safetensors" 2>/dev/null; done
+"$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors" >/dev/null
+
+nsx reelb "$B/reel-broker" --clients tcp://127.0.0.1:5555 --workers tcp://0.0.0.0:5556 --keys "$K" \
+    --catalog "$D/reel.db" --heartbeat-ms 200 --liveness 3 >"$D/broker.log" 2>&1 &
+BROKER=$!
+PIDS="$PIDS $BROKER"
+wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; show "$D/broker.log"; finish; }
+start_worker() { # NAME NS ADDR
+    nsx "$2" "$B/reel-worker" --name "$1" --broker "tcp://$3:5556" --weights "$D/v1.safetensors" --weights-dir "$D" \
+        --key "$K/$1.key" --broker-key "$K/broker.pub" --heartbeat-ms 200 --liveness 3 --streams 1 \
+        >>"$D/$1.log" 2>&1 &
+    PIDS="$PIDS $!"
+}
+start_worker w1 reel1 10.77.1.1
+start_worker w2 reel2 10.77.2.1
+wait_for "$D/broker.log" "worker w1 ready" 30 && wait_for "$D/broker.log" "worker w2 ready" 30 &&
+    ok "both workers registered over TCP with CURVE" || { bad "workers register"; show "$D/broker.log"; finish; }
+
+export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
+gen() { # SIZE STEPS OUT -> the worker that answered, on stdout
+    nsx reelb "$R" gen --broker tcp://127.0.0.1:5555 --model small --context "$D/ctx.safetensors" --size "$1" \
+        --seed 1 --steps "$2" --timeout-ms 60000 --quiet --out "$3" 2>"$3.err" &&
+        sed -n 's/.*worker \(w[12]\),.*/\1/p' "$3.err"
+}
+# capture keys by latent size; each twice: the second lands where the first did
+SIZES="1x8x8 1x8x16 1x16x8 1x16x16 2x8x8 2x8x16"
+sticky=0; on1=""; on2=""
+for s in $SIZES; do
+    a=$(gen "$s" 2 "$D/a$s.safetensors"); b=$(gen "$s" 2 "$D/b$s.safetensors")
+    [ -n "$a" ] && [ "$a" = "$b" ] && sticky=$((sticky + 1))
+    [ "$a" = w1 ] && [ -z "$on1" ] && on1=$s
+    [ "$a" = w2 ] && [ -z "$on2" ] && on2=$s
+done
+[ "$sticky" = 6 ] && ok "every capture key's second request landed where its first did (6 of 6)" ||
+    bad "affinity: $sticky of 6 keys stuck"
+[ -n "$on1" ] && [ -n "$on2" ] && ok "keys spread over both hosts (w1 holds $on1, w2 holds $on2)" ||
+    bad "keys did not spread over both workers (w1: ${on1:-none}, w2: ${on2:-none})"
+
+nsx reelb "$R" sync --broker tcp://127.0.0.1:5555 --version 2 --weights "$D/v2.safetensors" --timeout-ms 60000 \
+    2>"$D/sync2.err"
+grep -q "complete; applied w1,w2\|complete; applied w2,w1" "$D/sync2.err" && ok "sync v2 is a barrier over both hosts" ||
+    { bad "sync v2"; show "$D/sync2.err"; }
+
+# cut w1's link while it runs a request of its key
+[ -n "$on1" ] || { bad "no key on w1: cannot cut it mid-request"; finish; }
+gen "$on1" 200 "$D/cut.safetensors" >"$D/cut.worker" &
+GEN=$!
+inflight_w1() {
+    nsx reelb "$R" status --broker tcp://127.0.0.1:5555 --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read() or "{}")
+sys.exit(0 if any(w["name"] == "w1" and w["inflight"] > 0 for w in d.get("workers", [])) else 1)'
+}
+i=0; while [ $i -lt 40 ] && ! inflight_w1; do sleep 0.1; i=$((i + 1)); done
+inflight_w1 && ok "a 200-step request of w1's key is running on w1" || bad "no request in flight on w1 to cut"
+t0=$(date +%s%N)
+nsx reelb ip link set "rb1$$" down
+i=0; while [ $i -lt 200 ] && ! grep -q "worker w1 lost" "$D/broker.log"; do sleep 0.02; i=$((i + 1)); done
+t1=$(date +%s%N)
+ms=$(( (t1 - t0) / 1000000 ))
+grep -q "worker w1 lost (expired)" "$D/broker.log" && [ "$ms" -le 2000 ] &&
+    ok "the cut link is detected in $ms ms (liveness: 3 x 200 ms heartbeats)" ||
+    { bad "cut detected in $ms ms"; show "$D/broker.log"; }
+wait "$GEN"
+[ "$(cat "$D/cut.worker")" = w2 ] && grep -q "requeued after losing w1" "$D/broker.log" &&
+    ok "its request was requeued to w2 and answered: nothing lost" ||
+    { bad "the request in flight on w1 (answered by '$(cat "$D/cut.worker")')"; show "$D/broker.log"; show "$D/cut.safetensors.err"; }
+
+# a sync while w1 is away, then the link returns, lossy and slow
+nsx reelb "$R" sync --broker tcp://127.0.0.1:5555 --version 3 --weights "$D/v3.safetensors" --timeout-ms 60000 \
+    2>"$D/sync3.err"
+grep -q "complete; applied w2;" "$D/sync3.err" && ok "sync v3 with w1 away: applied by w2" ||
+    { bad "sync v3"; show "$D/sync3.err"; }
+# The link comes back impaired: netem delay and loss where the kernel has
+# sch_netem; else (this project's VMs have no netem) a token bucket that
+# caps it at 2 Mbit/s, said in a NOTE line: loss is then not exercised.
+LINK="40 ms each way, 5% loss"
+if nsx reelb tc qdisc add dev "rb1$$" root netem delay 40ms loss 5% 2>"$D/tc.err" &&
+    nsx reel1 tc qdisc add dev "rw1$$" root netem delay 40ms loss 5% 2>>"$D/tc.err"; then
+    ok "tc netem on w1's link: delay 40 ms and 5% loss each way"
+elif nsx reelb tc qdisc add dev "rb1$$" root tbf rate 2mbit burst 32kbit latency 400ms 2>>"$D/tc.err" &&
+    nsx reel1 tc qdisc add dev "rw1$$" root tbf rate 2mbit burst 32kbit latency 400ms 2>>"$D/tc.err"; then
+    echo "NOTE hosts: this kernel has no netem ($(head -1 "$D/tc.err")): w1's link comes back capped at 2 Mbit/s (tbf) instead; packet loss is not exercised here"
+    LINK="2 Mbit/s each way"
+else
+    bad "impair the link (tc netem, tbf)"; show "$D/tc.err"
+fi
+nsx reelb ip link set "rb1$$" up
+wait_count "$D/broker.log" "worker w1 ready" 2 60 && ok "w1 rejoins over the impaired link ($LINK)" ||
+    { bad "w1 rejoins"; show "$D/broker.log"; show "$D/w1.log"; }
+wait_for "$D/w1.log" "applied transformer v3" 60 && ok "... and is caught up to v3 (the sync it missed)" ||
+    { bad "w1 caught up"; show "$D/w1.log"; }
+w=$(gen "$on1" 2 "$D/back.safetensors")
+[ "$w" = w1 ] && grep -q "weights v3" "$D/back.safetensors.err" &&
+    ok "w1 serves its key again on v3 over the impaired link" ||
+    { bad "after the rejoin: answered by '$w'"; show "$D/back.safetensors.err"; }
+finish
