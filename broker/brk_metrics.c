@@ -43,6 +43,11 @@ static void render(brk_t *b, reel_text_t *t) {
         snprintf(lb, sizeof lb, "outcome=\"%s\"", reel_prom_escape(m->outcome[i], esc, sizeof esc));
         reel_prom_sample(t, "reel_broker_requests_total", lb, (double)m->requests[i]);
     }
+    reel_prom_family(t, "reel_broker_steps_total", "counter",
+                     "Steps of the requests answered RESULT, by how the worker ran them (its RESULT's stats).");
+    reel_prom_sample(t, "reel_broker_steps_total", "ran=\"replayed\"", (double)m->steps_replayed);
+    reel_prom_sample(t, "reel_broker_steps_total", "ran=\"captured\"", (double)m->steps_captured);
+    reel_prom_sample(t, "reel_broker_steps_total", "ran=\"eager\"", (double)m->steps_eager);
     reel_prom_family(t, "reel_broker_busy_total", "counter", "GENs answered BUSY (queue or memory full).");
     reel_prom_sample(t, "reel_broker_busy_total", "", (double)m->busy);
     reel_prom_family(t, "reel_broker_requeues_total", "counter", "Requests requeued after their worker died.");

@@ -19,6 +19,7 @@ typedef struct {
     uint64_t requests[BRK_OUTCOMES_MAX];
     int n_outcomes;
     uint64_t busy, requeues;
+    uint64_t steps_replayed, steps_eager, steps_captured; /* of the RESULTs, by how they ran */
     uint64_t syncs_complete, syncs_incomplete, syncs_failed;
     reel_hist_t request_s, queue_wait_s, sync_s;
     reel_http_t *http;

@@ -243,6 +243,9 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     }
     if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0) brk_undelivered(b, "RESULT");
     brk_metrics_request(&b->metrics, "ok", (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
+    b->metrics.steps_replayed += res->stats.replayed;
+    b->metrics.steps_eager += res->stats.eager;
+    b->metrics.steps_captured += res->stats.captured;
     char hex[17];
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,

@@ -97,6 +97,13 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->undelivered = b->undelivered;
     r->replies_suppressed = b->replies_suppressed;
     r->auth_refused = brk_zap_refused(b->zap);
+    for (int i = 0; i < b->metrics.n_outcomes; i++) {
+        if (!strcmp(b->metrics.outcome[i], "ok")) r->requests_ok += b->metrics.requests[i];
+        else r->requests_failed += b->metrics.requests[i];
+    }
+    r->steps_replayed = b->metrics.steps_replayed;
+    r->steps_eager = b->metrics.steps_eager;
+    r->steps_captured = b->metrics.steps_captured;
     r->models = models;
     r->n_models = models_of(b, models, cap_models);
     if (msg_status_reply_send(b->clients, to, id, r) < 0) brk_undelivered(b, "STATUS_REPLY");

@@ -16,7 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define DEFAULT_BROKER "tcp://127.0.0.1:5555"
 
 static void progress_bar(void *user, int step, int steps) {
     (void)user;
@@ -418,7 +417,8 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                                                 (json_int_t)m->in_channels, "text_dim", (json_int_t)m->text_dim,
                                                 "patch", (json_int_t)m->patch, "layers", (json_int_t)m->layers));
     }
-    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "workers", ws,
+    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}",
+                          "workers", ws,
                           "queue", (json_int_t)r->queue, "queue_max", (json_int_t)r->queue_max, "versions",
                           versions_json(&r->versions), "pending", versions_json(&r->pending), "malformed",
                           (json_int_t)r->malformed, "catalog_dropped", (json_int_t)r->catalog_dropped,
@@ -426,7 +426,9 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                           (json_int_t)r->catalog_pending,
                           "undelivered", (json_int_t)r->undelivered, "replies_suppressed",
                           (json_int_t)r->replies_suppressed, "auth_refused", (json_int_t)r->auth_refused,
-                          "models", models);
+                          "requests_ok", (json_int_t)r->requests_ok, "requests_failed", (json_int_t)r->requests_failed,
+                          "steps_replayed", (json_int_t)r->steps_replayed, "steps_eager", (json_int_t)r->steps_eager,
+                          "steps_captured", (json_int_t)r->steps_captured, "models", models);
     if (o) json_dumpf(o, f, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
 }

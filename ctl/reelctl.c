@@ -48,6 +48,9 @@ static const char usage[] =
     "                              publish a weight sync; waits for every worker (exit 1\n"
     "                              unless all applied it; each failure's reason printed)\n"
     "  status [--json]             live workers (lagging ones with why), queue, versions\n"
+    "  top [--interval-ms 1000] [--count N]\n"
+    "                              a live view: queue, versions, requests/s, graph hit rate,\n"
+    "                              workers; redraws in place on a terminal, plain lines piped\n"
     "  (each takes --key NAME.key --broker-key broker.pub, else $REEL_KEY and\n"
     "   $REEL_BROKER_KEY: CURVE, for a broker started with --keys)\n"
     "\n"
@@ -156,6 +159,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "top")) return cmd_top(argc - 1, argv + 1);
     if (!strcmp(cmd, "keys") && argc > 2 && !strcmp(argv[2], "new")) return cmd_keys(argc - 2, argv + 2);
     if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
         !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests") ||

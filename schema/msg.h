@@ -361,6 +361,10 @@ typedef struct {
     uint64_t undelivered;        /* messages a peer could not take (queue full or gone): dropped */
     uint64_t replies_suppressed; /* answers to bad messages not sent (over the peer's budget) */
     uint64_t auth_refused;       /* CURVE handshakes the broker's key check refused */
+    /* since the broker started (optional: 0 from an older broker): requests
+     * answered RESULT and ERROR, and the steps of the RESULTs by how they ran */
+    uint64_t requests_ok, requests_failed;
+    uint64_t steps_replayed, steps_eager, steps_captured;
     const msg_model_t *models;   /* each model a live worker serves, with its config */
     size_t n_models;
 } msg_status_reply_t;

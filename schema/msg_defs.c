@@ -316,6 +316,11 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, requests_ok, "requests_ok", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, requests_failed, "requests_failed", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_replayed, "steps_replayed", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_eager, "steps_eager", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_captured, "steps_captured", F_OMIT, 0, UINT64_MAX, 0),
     R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
 };
 TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);

@@ -9,6 +9,8 @@
 #     the gens sent, the workers' captures + replays + eager steps equal the
 #     steps those gens ran, one complete sync, the new weight version on
 #     both workers, and no capture-key or request-id label anywhere;
+#   - `reelctl top` prints plain views when piped and redraws in place on
+#     a terminal (script(1)); STATUS counts the requests and their steps;
 #   - /healthz and /readyz answer 200; a worker whose broker is gone turns
 #     /readyz to 503 (with the reason) but stays /healthz 200; an unknown
 #     path is 404, a POST 405; a bad or taken --metrics address stops the
@@ -131,6 +133,22 @@ want('sum(reel_broker_workers{state="routable"})', lambda v: v == 2, "two routab
 want('sum(reel_broker_request_seconds_count)', lambda v: v == n, "the latency histogram counted every request")
 EOF
 py_checks "$D/query.out" $?
+
+# reelctl top: plain lines when piped, redrawn in place on a terminal
+"$R" top --broker "ipc://$D/c" --count 2 --interval-ms 200 >"$D/top.txt" 2>&1
+grep -q "requests $N ok, 0 failed since start" "$D/top.txt" && grep -q '^w1 ' "$D/top.txt" && grep -q '^w2 ' "$D/top.txt" &&
+    grep -q "hit rate .* since start" "$D/top.txt" && ! grep -q "$(printf '')" "$D/top.txt" &&
+    [ "$(grep -c '^reelctl top' "$D/top.txt")" = 2 ] &&
+    ok "reelctl top piped: two plain views (requests, hit rate, both workers), no escape codes" ||
+    { bad "reelctl top piped"; show "$D/top.txt"; }
+if command -v script >/dev/null 2>&1; then
+    script -q -c "'$R' top --broker 'ipc://$D/c' --count 1" /dev/null >"$D/toptty.txt" 2>&1
+    grep -q "$(printf '')\[H" "$D/toptty.txt" && grep -q "w2" "$D/toptty.txt" &&
+        ok "reelctl top on a terminal redraws in place (home + clear)" || { bad "reelctl top on a tty"; show "$D/toptty.txt"; }
+fi
+"$R" status --broker "ipc://$D/c" --json >"$D/status.json"
+$PY -c "import json,sys; d=json.load(open('$D/status.json')); sys.exit(0 if d['requests_ok'] == $N and d['steps_replayed'] + d['steps_eager'] + d['steps_captured'] == 4 * $N else 1)" &&
+    ok "STATUS counts the requests and their steps by how they ran" || { bad "STATUS counters"; show "$D/status.json"; }
 
 r=$(get "http://127.0.0.1:$BP/healthz"); case "$r" in "200 ok") ok "broker /healthz: $r" ;; *) bad "broker /healthz: $r" ;; esac
 r=$(get "http://127.0.0.1:$P1/readyz"); case "$r" in "200 ok") ok "worker /readyz: $r" ;; *) bad "worker /readyz: $r" ;; esac
