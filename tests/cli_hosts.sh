@@ -61,13 +61,15 @@ for w in w1 w2; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null
 for v in 2 3; do "$R" weights init --config small --seed "$v" --out "$D/v$v.safetensors" 2>/dev/null; done
 "$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors" >/dev/null
 
-nsx reelb "$B/reel-broker" --clients tcp://127.0.0.1:5555 --workers tcp://0.0.0.0:5556 --keys "$K" \
+# Daemons start through `ip netns exec` itself (it execs them: $! is theirs
+# to kill), never through the nsx function (a subshell would be).
+ip netns exec "reelb$$" "$B/reel-broker" --clients tcp://127.0.0.1:5555 --workers tcp://0.0.0.0:5556 --keys "$K" \
     --catalog "$D/reel.db" --heartbeat-ms 200 --liveness 3 >"$D/broker.log" 2>&1 &
 BROKER=$!
 PIDS="$PIDS $BROKER"
 wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; show "$D/broker.log"; finish; }
 start_worker() { # NAME NS ADDR
-    nsx "$2" "$B/reel-worker" --name "$1" --broker "tcp://$3:5556" --weights "$D/v1.safetensors" --weights-dir "$D" \
+    ip netns exec "$2$$" "$B/reel-worker" --name "$1" --broker "tcp://$3:5556" --weights "$D/v1.safetensors" --weights-dir "$D" \
         --key "$K/$1.key" --broker-key "$K/broker.pub" --heartbeat-ms 200 --liveness 3 --streams 1 \
         >>"$D/$1.log" 2>&1 &
     PIDS="$PIDS $!"
