@@ -147,7 +147,7 @@ static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const 
     return rc;
 }
 
-static int cmd_report(const art_opts_t *o) {
+static int artifacts_report(const art_opts_t *o) {
     int code = CTL_OK;
     kern_artifacts_t *set = open_set(o, &code);
     if (!set) return code;
@@ -252,6 +252,6 @@ int cmd_artifacts(int argc, char **argv) {
         cat_close(&c);
         return rc;
     }
-    if (!strcmp(sub, "report")) return cmd_report(&o);
+    if (!strcmp(sub, "report")) return artifacts_report(&o);
     return cmd_list(&o, !strcmp(sub, "verify"));
 }

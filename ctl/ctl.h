@@ -22,6 +22,7 @@ int cmd_sync(int argc, char **argv);
 #define DEFAULT_BROKER "tcp://127.0.0.1:5555" /* reelctl's --broker when none is given */
 int cmd_status(int argc, char **argv);
 int cmd_top(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 /* The broker's live counters (STATUS_REPLY) in the Prometheus text format
  * on out: `reelctl metrics --broker EP`. 0, or -1 with kern_error set. */
 int ctl_broker_metrics(const char *broker, FILE *out);

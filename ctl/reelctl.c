@@ -60,6 +60,10 @@ static const char usage[] =
     "\n"
     "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json):\n"
     "  stats | keys | evictions | versions | workers | requests\n"
+    "  report --html OUT.html [--since T|-SECONDS]\n"
+    "                              one self-contained HTML page: hit rate over time with the\n"
+    "                              syncs marked, captures and evictions per sync, declines,\n"
+    "                              workers, keys, the slowest requests (SVG, no network)\n"
     "  metrics [--broker EP]       the stats counters in the Prometheus text format (with\n"
     "                              --broker, the broker's live counters too: peers, catalog)\n"
     "\n"
@@ -160,6 +164,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "top")) return cmd_top(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report")) return cmd_report(argc - 1, argv + 1);
     if (!strcmp(cmd, "keys") && argc > 2 && !strcmp(argv[2], "new")) return cmd_keys(argc - 2, argv + 2);
     if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
         !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests") ||

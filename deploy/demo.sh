@@ -126,6 +126,10 @@ echo "every sync, with the key that sent it (the audit table):"
 /usr/bin/sqlite3 -header -column "$DB" "select key_name, role, component, version, outcome from audit order by id"
 echo
 
+REPORT=/tmp/reel-demo-report.html
+"$R" report --html "$REPORT" --catalog "$DB" && echo "the same as a page to look at (charts, no network): $REPORT"
+echo
+
 say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
     --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D"

@@ -394,6 +394,75 @@ static json_t *build_requests(cat_t *c) {
         " FROM requests ORDER BY rowid DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
 }
 
+/* report: what `reelctl report --html` draws (ctl/report_html.c), from
+ * rows at or after report_since: the time range, a timeline of REPORT_BUCKETS
+ * buckets (requests, their steps and replayed steps), the weight syncs
+ * with the captures and evictions between each and the next, declines by
+ * reason, the stats, the keys, the workers, and the slowest requests.
+ * report_since is set by cat_query_report for the build below (reelctl is
+ * one thread). */
+#define REPORT_BUCKETS 60
+static double report_since;
+
+static json_t *build_report(cat_t *c) {
+    char sql[1600];
+    double since = report_since;
+    snprintf(sql, sizeof sql,
+             "SELECT coalesce(min(t), 0) AS t0, coalesce(max(t), 0) AS t1, count(*) AS requests FROM requests"
+             " WHERE t >= %.6f", since);
+    json_t *range = query_rows(c, sql), *root = NULL;
+    if (!range) return NULL;
+    json_t *r0 = json_array_get(range, 0);
+    double t0 = json_number_value(json_object_get(r0, "t0")), t1 = json_number_value(json_object_get(r0, "t1"));
+    double w = t1 > t0 ? (t1 - t0) / REPORT_BUCKETS : 1;
+    snprintf(sql, sizeof sql,
+             "SELECT min(CAST((t - %.6f) / %.9f AS INTEGER), %d) AS bucket, count(*) AS requests,"
+             " coalesce(sum(replayed), 0) AS replayed, coalesce(sum(captured + replayed + eager), 0) AS steps,"
+             " coalesce(sum(status <> 'ok'), 0) AS failed"
+             " FROM requests WHERE t >= %.6f GROUP BY bucket ORDER BY bucket", t0, w, REPORT_BUCKETS - 1, since);
+    json_t *timeline = query_rows(c, sql);
+    snprintf(sql, sizeof sql,
+             "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
+             " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND c.t >= w.t AND c.t < coalesce("
+             "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS captures,"
+             " (SELECT count(*) FROM evictions e WHERE e.t >= w.t AND e.t < coalesce("
+             "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS evictions"
+             " FROM weight_versions w WHERE w.t >= %.6f ORDER BY w.t", since);
+    json_t *syncs = query_rows(c, sql);
+    snprintf(sql, sizeof sql,
+             "SELECT (SELECT count(*) FROM captures WHERE placeholder = 0 AND t >= %.6f AND t < coalesce("
+             " (SELECT min(t) FROM weight_versions WHERE t >= %.6f), 1e300)) AS captures,"
+             " (SELECT count(*) FROM evictions WHERE t >= %.6f AND t < coalesce("
+             " (SELECT min(t) FROM weight_versions WHERE t >= %.6f), 1e300)) AS evictions",
+             since, since, since, since);
+    json_t *before = query_rows(c, sql);
+    json_t *declines = query_rows(c, "SELECT reason, sum(count) AS count FROM declines GROUP BY reason"
+                                     " ORDER BY count DESC, reason");
+    snprintf(sql, sizeof sql,
+             "SELECT t, id, worker, key_hash, version, steps, captured, replayed, eager, seconds, status"
+             " FROM requests WHERE t >= %.6f ORDER BY seconds DESC LIMIT 20", since);
+    json_t *slowest = query_rows(c, sql);
+    json_t *stats = build_stats(c), *keys = build_keys(c), *workers = build_workers(c);
+    if (timeline && syncs && before && declines && slowest && stats && keys && workers) {
+        root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "since", since,
+                         "t0", t0, "t1", t1, "bucket_seconds", w, "buckets", REPORT_BUCKETS, "requests",
+                         json_object_get(r0, "requests"), "timeline", timeline, "syncs", syncs, "before_first_sync",
+                         json_array_get(before, 0), "declines", declines, "slowest", slowest, "stats", stats,
+                         "keys", keys, "workers", workers);
+        if (!root) kern_fail("catalog %s: report: out of memory", c->path);
+    }
+    json_decref(range);
+    json_decref(timeline);
+    json_decref(syncs);
+    json_decref(before);
+    json_decref(declines);
+    json_decref(slowest);
+    json_decref(stats);
+    json_decref(keys);
+    json_decref(workers);
+    return root;
+}
+
 /* ---- the queries -------------------------------------------------------- */
 
 json_t *cat_query_stats(cat_t *c) { return snapshot(c, build_stats); }
@@ -403,3 +472,7 @@ json_t *cat_query_versions(cat_t *c) { return snapshot(c, build_versions); }
 json_t *cat_query_workers(cat_t *c) { return snapshot(c, build_workers); }
 json_t *cat_query_requests(cat_t *c) { return snapshot(c, build_requests); }
 json_t *cat_query_artifacts(cat_t *c) { return snapshot(c, build_artifacts); }
+json_t *cat_query_report(cat_t *c, double since) {
+    report_since = since;
+    return snapshot(c, build_report);
+}

@@ -44,4 +44,13 @@ json_t *cat_query_requests(cat_t *c);
  * same "artifacts" array. */
 json_t *cat_query_artifacts(cat_t *c);
 
+/* What `reelctl report --html` draws, from the rows at or after `since`
+ * (UNIX seconds; 0 = all): {since, t0, t1 (the requests' time range),
+ * bucket_seconds, buckets, requests, timeline [{bucket, requests,
+ * replayed, steps, failed}], syncs [{component, version, t, state,
+ * captures, evictions (between it and the next sync)}], before_first_sync
+ * {captures, evictions}, declines [{reason, count}], slowest [the 20
+ * slowest requests], stats, keys, workers (as their own queries)}. */
+json_t *cat_query_report(cat_t *c, double since);
+
 #endif

@@ -1075,6 +1075,58 @@ START_TEST(test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing
 }
 END_TEST
 
+/* The HTML report's data (cat_query_report): the timeline's buckets add
+ * up to the requests in range, each sync carries the captures and
+ * evictions between it and the next, --since narrows the range. */
+START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
+    cat_t *c = open_ok(false);
+    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1005));          /* before the first sync */
+    OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
+    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1011));
+    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1012));
+    OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1013));
+    OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
+    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1021));
+    for (int i = 0; i < 10; i++)
+        OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
+                       i == 9 ? "timeout" : "ok", 1000 + 3 * i));
+    cat_close(&c);
+    c = open_ok(true);
+    json_t *r = cat_query_report(c, 0);
+    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_int_eq(jint(r, "requests"), 10);
+    json_int_t reqs = 0, steps = 0, replayed = 0, failed = 0;
+    size_t i;
+    json_t *b;
+    json_array_foreach(json_object_get(r, "timeline"), i, b) {
+        reqs += jint(b, "requests");
+        steps += jint(b, "steps");
+        replayed += jint(b, "replayed");
+        failed += jint(b, "failed");
+        ck_assert(jint(b, "bucket") >= 0 && jint(b, "bucket") < 60);
+    }
+    ck_assert_int_eq(reqs, 10);
+    ck_assert_int_eq(steps, 40);
+    ck_assert_int_eq(replayed, 1 + 9 * 4);
+    ck_assert_int_eq(failed, 1);
+    json_t *syncs = json_object_get(r, "syncs");
+    ck_assert_uint_eq(json_array_size(syncs), 2);
+    ck_assert_int_eq(jint(json_array_get(syncs, 0), "captures"), 2);
+    ck_assert_int_eq(jint(json_array_get(syncs, 0), "evictions"), 1);
+    ck_assert_int_eq(jint(json_array_get(syncs, 1), "captures"), 0);
+    ck_assert_int_eq(jint(json_array_get(syncs, 1), "evictions"), 1);
+    ck_assert_int_eq(jint(json_object_get(r, "before_first_sync"), "captures"), 1);
+    json_t *slow = json_object_get(r, "slowest");
+    ck_assert_double_eq_tol(json_number_value(json_object_get(json_array_get(slow, 0), "seconds")), 0.1, 1e-9);
+    json_decref(r);
+    r = cat_query_report(c, 1015); /* the requests from t = 1015: i = 5..9 */
+    ck_assert_int_eq(jint(r, "requests"), 5);
+    ck_assert_uint_eq(json_array_size(json_object_get(r, "syncs")), 1);
+    json_decref(r);
+    cat_close(&c);
+}
+END_TEST
+
 START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *worker = "w'; DROP TABLE captures; --";
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
@@ -1200,6 +1252,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_table_columns_are_aligned_under_their_headers);
     tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
     tcase_add_test(tc, test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing);
+    tcase_add_test(tc, test_report_query_buckets_requests_and_splits_captures_by_sync);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);

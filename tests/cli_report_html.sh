@@ -1,0 +1,90 @@
+#!/bin/sh
+# cli_report_html.sh -- `reelctl report --html` (issue 13, part 4): a real
+# broker and worker fill a catalog (two capture keys, a weight sync between
+# two loads), then:
+#   - the report is one self-contained file: no script, no stylesheet or
+#     image link, no http(s) URL; its numbers are the catalog's;
+#   - headless Chromium (Debian's) loads it without errors: its DOM has the
+#     three charts (timeline with the sync marked, per sync, declines) and
+#     the tables, and a screenshot is drawn;
+#   - a hostile key text in the catalog comes out escaped, never as markup;
+#   - --since narrows it; a missing catalog or --html is a usage error.
+# Usage: cli_report_html.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-html.XXXXXX)
+SUITE=report_html
+. "$(dirname "$0")/lib_cli.sh"
+
+"$R" weights init --config tiny --seed 1 --out "$D/v1.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 2 --out "$D/v2.safetensors" 2>/dev/null
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" >/dev/null
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" --heartbeat-ms 200 ||
+    { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "ipc://$D/w" --weights "$D/v1.safetensors" --heartbeat-ms 200 \
+    --events-ms 50 || { bad "worker registers"; finish; }
+load() {
+    for s in 2x8x8 2x8x16 2x8x8 2x8x16; do
+        "$R" gen --broker "ipc://$D/c" --model tiny --context "$D/ctx.safetensors" --size "$s" --seed 1 --steps 6 \
+            --timeout-ms 30000 --quiet --out "$D/g.safetensors" 2>>"$D/gen.err" || bad "gen $s"
+    done
+}
+load
+"$R" sync --broker "ipc://$D/c" --version 2 --weights "$D/v2.safetensors" --timeout-ms 30000 2>"$D/sync.err" ||
+    bad "sync v2"
+load
+kill -TERM "$WORKER" "$BROKER"; wait "$WORKER" "$BROKER" 2>/dev/null
+
+"$R" report --html "$D/r.html" --catalog "$D/reel.db" 2>"$D/report.err" && [ -s "$D/r.html" ] &&
+    ok "reelctl report --html wrote $(wc -c <"$D/r.html") bytes" || { bad "report"; show "$D/report.err"; finish; }
+if grep -qiE '<script|<link|<img|<iframe|https?://|src=' "$D/r.html"; then
+    bad "the page fetches or runs something: $(grep -oiE '<script|<link|<img|<iframe|https?://[^"]*|src=' "$D/r.html" | head -3)"
+else
+    ok "self-contained: no script, no link, no URL"
+fi
+[ "$(grep -c '<svg class="chart"' "$D/r.html")" = 3 ] && grep -q 'class="sync"' "$D/r.html" &&
+    grep -q 'transformer v2' "$D/r.html" && ok "three SVG charts, the sync to v2 marked" ||
+    bad "charts or the sync marker missing"
+grep -q '8 requests, 48 steps' "$D/r.html" && ok "its totals are the catalog's (8 requests, 48 steps)" ||
+    { bad "totals: $(grep -o '<p class="sum">[^<]*' "$D/r.html")"; }
+
+# headless Chromium: loads, the charts are in its DOM, a screenshot is drawn
+CH=$(command -v chromium || command -v chromium-browser || true)
+if [ -z "$CH" ]; then
+    bad "chromium is not installed (deploy/install-deps.sh installs Debian's)"
+else
+    CHROME="timeout 60 $CH --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+        --user-data-dir=$D/chrome --enable-logging=stderr --v=0"
+    $CHROME --dump-dom "file://$D/r.html" >"$D/dom.html" 2>"$D/chrome.err"
+    rc=$?
+    n=$(grep -o '<svg class="chart" id="[a-z-]*"' "$D/dom.html" | sort -u | wc -l)
+    [ $rc = 0 ] && [ "$n" = 3 ] && grep -q '<table>' "$D/dom.html" &&
+        ok "Chromium loads the page: its DOM holds the 3 charts and the tables" ||
+        { bad "Chromium DOM (exit $rc, $n charts)"; show "$D/chrome.err"; }
+    if grep -E 'CONSOLE|Uncaught|Failed to load|ERR_' "$D/chrome.err" | grep -v -E 'dbus|gpu|GPU|sandbox' >"$D/errs.txt" &&
+        [ -s "$D/errs.txt" ]; then
+        bad "the page logged errors in Chromium"; show "$D/errs.txt"
+    else
+        ok "no page errors in Chromium's log"
+    fi
+    $CHROME --screenshot="$D/r.png" --window-size=1000,2200 "file://$D/r.html" >/dev/null 2>&1
+    [ -s "$D/r.png" ] && [ "$(wc -c <"$D/r.png")" -gt 20000 ] &&
+        ok "Chromium draws it ($(wc -c <"$D/r.png") bytes of PNG)" || bad "screenshot"
+fi
+
+# a hostile key text from the network stays text
+cp "$D/reel.db" "$D/evil.db"
+/usr/bin/sqlite3 "$D/evil.db" "UPDATE captures SET key_text = '<script>alert(1)</script><img src=x>' WHERE rowid = (SELECT min(rowid) FROM captures)"
+"$R" report --html "$D/evil.html" --catalog "$D/evil.db" 2>/dev/null
+! grep -q '<script>alert' "$D/evil.html" && grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$D/evil.html" &&
+    ok "a hostile key text is escaped, never markup" || bad "a key text was not escaped"
+
+"$R" report --html "$D/late.html" --catalog "$D/reel.db" --since "$(($(date +%s) + 3600))" 2>/dev/null &&
+    grep -q '0 requests' "$D/late.html" && ok "--since after every row: an empty report, not an error" ||
+    bad "--since in the future"
+"$R" report --html "$D/x.html" --catalog "$D/nope.db" 2>/dev/null
+[ $? = 2 ] && ok "a missing catalog is a usage error (exit 2)" || bad "missing catalog"
+"$R" report --catalog "$D/reel.db" 2>/dev/null
+[ $? = 2 ] && ok "no --html is a usage error (exit 2)" || bad "missing --html"
+finish
