@@ -28,7 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "broker/brk_metrics.h"
+#include "broker/brk_counters.h"
 #include "broker/brk_catq.h"
 #include "broker/brk_opts.h"
 #include "broker/brk_route.h"

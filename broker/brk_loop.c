@@ -7,6 +7,7 @@
  * here too, one clean-up for every way a worker dies. Nothing here waits
  * on SQLite (brk_catq does). */
 #include "broker/brk_loop.h"
+#include "broker/brk_metrics.h"
 
 #include <errno.h>
 #include <stdlib.h>

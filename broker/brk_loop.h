@@ -21,11 +21,5 @@ int brk_reap(brk_t *b);
  * polling failed (message logged). */
 int brk_run(brk_t *b, volatile sig_atomic_t *stop);
 
-/* --metrics (brk_metrics.h): starts the HTTP server (0 without the
- * option; -1 with a message when it cannot serve), renders and publishes
- * every REEL_HTTP_PUBLISH_MS from the loop, stops it. */
-int brk_metrics_start(brk_t *b);
-void brk_metrics_publish(brk_t *b, int64_t now);
-void brk_metrics_stop(brk_t *b);
 
 #endif

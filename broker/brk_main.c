@@ -16,6 +16,7 @@
 
 #include "broker/brk_broker.h"
 #include "broker/brk_loop.h"
+#include "broker/brk_metrics.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_zap.h"

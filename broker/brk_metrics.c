@@ -7,7 +7,6 @@
 #include "broker/brk_broker.h"
 #include "broker/brk_catq.h"
 #include "broker/brk_log.h"
-#include "broker/brk_loop.h"
 #include "broker/brk_zap.h"
 #include "kernels/error.h"
 

@@ -1,34 +1,18 @@
 /* brk_metrics.h -- the broker's live metrics and health (issue 13,
- * docs/OPERATIONS.md "Metrics and health"): counters the routing thread
- * keeps as requests, BUSYs, requeues and syncs end, and, with --metrics
- * ADDR:PORT, the Prometheus text rendered from them and from the broker's
- * state every REEL_HTTP_PUBLISH_MS and served by schema/http.h. Labels
- * are bounded: outcome (an error code, at most BRK_OUTCOMES_MAX of them),
- * state, result, component; never a key or a request id. */
+ * docs/OPERATIONS.md "Metrics and health"): with --metrics ADDR:PORT, the
+ * Prometheus text rendered from the counters (brk_counters.h) and the
+ * broker's state every REEL_HTTP_PUBLISH_MS, served by schema/http.h.
+ * The loop calls brk_metrics_publish; main starts and stops it. */
 #ifndef REEL_BROKER_BRK_METRICS_H
 #define REEL_BROKER_BRK_METRICS_H
 
-#include <stdbool.h>
-#include <stdint.h>
-#include "schema/http.h"
+#include "broker/brk_broker.h"
 
-#define BRK_OUTCOMES_MAX 24
-
-typedef struct {
-    char outcome[BRK_OUTCOMES_MAX][32];  /* "ok", or the ERROR code */
-    uint64_t requests[BRK_OUTCOMES_MAX];
-    int n_outcomes;
-    uint64_t busy, requeues;
-    uint64_t steps_replayed, steps_eager, steps_captured; /* of the RESULTs, by how they ran */
-    uint64_t syncs_complete, syncs_incomplete, syncs_failed;
-    reel_hist_t request_s, queue_wait_s, sync_s;
-    reel_http_t *http;
-    int64_t next_publish_ms;
-} brk_metrics_t;
-
-/* A request ended: outcome "ok" or its ERROR code; seconds since accepted. */
-void brk_metrics_request(brk_metrics_t *m, const char *outcome, double seconds);
-/* A barrier ended; seconds since the SYNC came. */
-void brk_metrics_sync(brk_metrics_t *m, bool complete, bool applied, double seconds);
+/* Starts the HTTP server (0 without --metrics; -1 with a message when it
+ * cannot serve there). */
+int brk_metrics_start(brk_t *b);
+/* Renders and publishes, at most every REEL_HTTP_PUBLISH_MS. */
+void brk_metrics_publish(brk_t *b, int64_t now);
+void brk_metrics_stop(brk_t *b);
 
 #endif

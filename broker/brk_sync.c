@@ -533,6 +533,12 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w) {
 
 void brk_sync_timers(brk_t *b, int64_t now) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
+        /* A SYNC that named an upload still coming: its deadline starts
+         * when the upload ends (stored, refused or given up). */
+        char why[256];
+        if (s->deadline_ms == INT64_MAX && !(brk_upload_held(b, s->component, s->version, s->sha256, why, sizeof why) &&
+                                             !brk_upload_stored(b, s->component, s->version, s->sha256, why, sizeof why)))
+            s->deadline_ms = now + s->wait_ms;
         if (now < s->deadline_ms) continue;
         for (int i = 0; i < s->n; i++) {
             if (s->m[i].state != M_WAITING) continue;
@@ -549,12 +555,6 @@ void brk_sync_timers(brk_t *b, int64_t now) {
         }
     }
     settle_barriers(b);
-}
-
-void brk_sync_upload_ended(brk_t *b, const char *comp, uint64_t version) {
-    for (brk_barrier_t *s = b->barriers; s; s = s->next)
-        if (s->deadline_ms == INT64_MAX && s->version == version && !strcmp(s->component, comp))
-            s->deadline_ms = brk_now_ms() + s->wait_ms;
 }
 
 int64_t brk_sync_next_deadline(const brk_t *b) {

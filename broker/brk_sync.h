@@ -33,10 +33,6 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
  * up, requests still need it and a resend of it is still an ack. 0, or -1
  * with a message in kern_error(). */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path);
-/* The upload of (component, version) ended (stored, refused or given
- * up): a barrier of a SYNC that named it while it came starts its
- * deadline now. */
-void brk_sync_upload_ended(brk_t *b, const char *component, uint64_t version);
 /* Fails the members of expired barriers ("timeout") and settles them. */
 void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);

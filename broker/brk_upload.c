@@ -14,7 +14,6 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
-#include "broker/brk_sync.h"
 #include "broker/brk_zap.h"
 #include "schema/sha256.h"
 
@@ -71,7 +70,6 @@ static void close_slot(brk_t *b, slot_t *s, bool remove_part) {
     if (!s->open) return;
     fail_parked(b, s, remove_part ? "the upload failed or was replaced" : "the upload closed");
     free(s->parked);
-    brk_sync_upload_ended(b, s->component, s->version);
     if (s->fd >= 0) close(s->fd);
     char hex[65];
     if (s->h) reel_sha256_final(&s->h, hex);
