@@ -13,7 +13,7 @@
 #define BRK_OUTCOMES_MAX 24
 
 typedef struct {
-    char outcome[BRK_OUTCOMES_MAX][32];  /* "ok", or the ERROR code */
+    char outcome[BRK_OUTCOMES_MAX][32];  /* "ok", the ERROR code ([a-z0-9_]), or "other" */
     uint64_t requests[BRK_OUTCOMES_MAX];
     int n_outcomes;
     uint64_t busy, requeues;

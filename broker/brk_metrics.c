@@ -10,15 +10,27 @@
 #include "broker/brk_zap.h"
 #include "kernels/error.h"
 
+/* An ERROR code as a label value: a worker's code is its own text, so
+ * only [a-z0-9_] names of up to 31 bytes are kept; the rest is "other". */
+static const char *outcome_label(const char *code) {
+    size_t n = 0;
+    for (const char *p = code; p && *p; p++, n++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_')) return "other";
+    return n && n < 32 ? code : "other";
+}
+
 void brk_metrics_request(brk_metrics_t *m, const char *outcome, double seconds) {
+    outcome = outcome_label(outcome);
     int i = 0;
     while (i < m->n_outcomes && strcmp(m->outcome[i], outcome)) i++;
     if (i == m->n_outcomes) {
-        if (m->n_outcomes < BRK_OUTCOMES_MAX) {
+        /* bounded: the last slot is "other", for every code past the rest */
+        if (m->n_outcomes == BRK_OUTCOMES_MAX - 1) outcome = "other";
+        for (i = 0; i < m->n_outcomes && strcmp(m->outcome[i], outcome); i++) {
+        }
+        if (i == m->n_outcomes) {
             snprintf(m->outcome[i], sizeof m->outcome[i], "%s", outcome);
             m->n_outcomes++;
-        } else {
-            i = BRK_OUTCOMES_MAX - 1; /* bounded: the last one takes the rest */
         }
     }
     m->requests[i]++;

@@ -51,6 +51,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Network text for the terminal: control bytes (escape sequences) as '?'. */
+static const char *clean(const char *in, char *out, size_t len) {
+    size_t i = 0;
+    for (; in && in[i] && i + 1 < len; i++) out[i] = (unsigned char)in[i] < 0x20 || in[i] == 0x7f ? '?' : in[i];
+    out[len ? i : 0] = '\0';
+    return out;
+}
+
 static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sample_t *prev, bool tty) {
     char when[32], hr1[16], hr2[16];
     time_t t = time(NULL);
@@ -59,6 +67,10 @@ static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sampl
     strftime(when, sizeof when, "%H:%M:%S", &tm);
     uint64_t all = r->steps_replayed + r->steps_eager + r->steps_captured;
     sample_t cur = { true, r->requests_ok, r->requests_failed, r->steps_replayed, all, now_s() };
+    /* A restarted broker counts from zero again: no rate across that. */
+    if (prev->have && (cur.ok < prev->ok || cur.failed < prev->failed || cur.replayed < prev->replayed ||
+                       cur.all < prev->all))
+        prev->have = false;
     double dt = prev->have ? cur.t - prev->t : 0;
     if (tty) fputs("\033[H\033[2J", o); /* home, clear: redraw in place */
     fprintf(o, "reelctl top  %s  broker %s\n", when, broker);
@@ -86,7 +98,9 @@ static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sampl
         char inf[32];
         snprintf(inf, sizeof inf, "%" PRIu64 "/%" PRIu64, w->inflight, w->max_inflight);
         const char *lag = lag_of(w);
-        fprintf(o, "%-16s %-8s %-9s v%-7" PRIu64 " %-7d %s%s%s\n", w->name, w->device, inf,
+        char dev[64], lagc[256];
+        if (lag) lag = clean(lag, lagc, sizeof lagc);
+        fprintf(o, "%-16s %-8s %-9s v%-7" PRIu64 " %-7d %s%s%s\n", w->name, clean(w->device, dev, sizeof dev), inf,
                 version_of(&w->versions, "transformer"), w->n_keys, lag ? "lagging: " : "",
                 lag ? lag : (w->routable ? "ok" : ""), w->routable ? "" : (lag ? " (unreachable)" : "unreachable"));
     }
@@ -142,8 +156,11 @@ int cmd_top(int argc, char **argv) {
         wire_err_t err;
         if (reel_status(c, &s, interval > 5000 ? interval : 5000, &err) != 0) {
             /* the broker may come back: say so and keep watching */
-            fprintf(stdout, "%s broker %s: %s: %s\n", tty ? "\033[H\033[2J" : "", broker, err.code, err.message);
+            char msg[sizeof err.message];
+            fprintf(stdout, "%s broker %s: %s: %s\n", tty ? "\033[H\033[2J" : "", broker, err.code,
+                    clean(err.message, msg, sizeof msg));
             fflush(stdout);
+            prev.have = false;
             rc = CTL_FAIL;
             continue;
         }

@@ -42,10 +42,11 @@ static const char *str(json_t *o, const char *k) {
 static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
 static void clock_text(double t, char *buf, size_t len) {
-    time_t s = (time_t)t;
     struct tm tm;
-    gmtime_r(&s, &tm);
-    strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    time_t s = isfinite(t) && t > -1e12 && t < 1e12 ? (time_t)t : 0;
+    if (!isfinite(t) || t <= -1e12 || t >= 1e12 || !gmtime_r(&s, &tm) ||
+        !strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm))
+        snprintf(buf, len, "?");
 }
 
 #define W 860
@@ -126,7 +127,7 @@ static void chart_bars(FILE *o, const char *id, const char *aria, json_t *rows, 
         }
         fputs("</text>\n", o);
         for (int k = 0; k < nk; k++) {
-            double v = num(r, keys[k]), w = (W - 280) * v / max;
+            double v = num(r, keys[k]) > 0 ? num(r, keys[k]) : 0, w = (W - 280) * v / max;
             fprintf(o, "<rect class=\"%s\" x=\"208\" y=\"%d\" width=\"%.1f\" height=\"12\"/><text x=\"%.1f\" y=\"%d\" "
                        "class=\"tick\">%.0f%s%s</text>\n", classes[k], y + 14 * k, w, 212 + w, y + 14 * k + 10, v,
                     nk > 1 ? " " : "", nk > 1 ? keys[k] : "");

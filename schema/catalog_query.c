@@ -409,17 +409,17 @@ static json_t *build_report(cat_t *c) {
     double since = report_since;
     snprintf(sql, sizeof sql,
              "SELECT coalesce(min(t), 0) AS t0, coalesce(max(t), 0) AS t1, count(*) AS requests FROM requests"
-             " WHERE t >= %.6f", since);
+             " WHERE t >= %.17g", since);
     json_t *range = query_rows(c, sql), *root = NULL;
     if (!range) return NULL;
     json_t *r0 = json_array_get(range, 0);
     double t0 = json_number_value(json_object_get(r0, "t0")), t1 = json_number_value(json_object_get(r0, "t1"));
     double w = t1 > t0 ? (t1 - t0) / REPORT_BUCKETS : 1;
     snprintf(sql, sizeof sql,
-             "SELECT min(CAST((t - %.6f) / %.9f AS INTEGER), %d) AS bucket, count(*) AS requests,"
+             "SELECT min(CAST((t - %.17g) / %.17g AS INTEGER), %d) AS bucket, count(*) AS requests,"
              " coalesce(sum(replayed), 0) AS replayed, coalesce(sum(captured + replayed + eager), 0) AS steps,"
              " coalesce(sum(status <> 'ok'), 0) AS failed"
-             " FROM requests WHERE t >= %.6f GROUP BY bucket ORDER BY bucket", t0, w, REPORT_BUCKETS - 1, since);
+             " FROM requests WHERE t >= %.17g GROUP BY bucket ORDER BY bucket", t0, w, REPORT_BUCKETS - 1, since);
     json_t *timeline = query_rows(c, sql);
     snprintf(sql, sizeof sql,
              "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
@@ -427,20 +427,20 @@ static json_t *build_report(cat_t *c) {
              "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS captures,"
              " (SELECT count(*) FROM evictions e WHERE e.t >= w.t AND e.t < coalesce("
              "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS evictions"
-             " FROM weight_versions w WHERE w.t >= %.6f ORDER BY w.t", since);
+             " FROM weight_versions w WHERE w.t >= %.17g ORDER BY w.t", since);
     json_t *syncs = query_rows(c, sql);
     snprintf(sql, sizeof sql,
-             "SELECT (SELECT count(*) FROM captures WHERE placeholder = 0 AND t >= %.6f AND t < coalesce("
-             " (SELECT min(t) FROM weight_versions WHERE t >= %.6f), 1e300)) AS captures,"
-             " (SELECT count(*) FROM evictions WHERE t >= %.6f AND t < coalesce("
-             " (SELECT min(t) FROM weight_versions WHERE t >= %.6f), 1e300)) AS evictions",
+             "SELECT (SELECT count(*) FROM captures WHERE placeholder = 0 AND t >= %.17g AND t < coalesce("
+             " (SELECT min(t) FROM weight_versions WHERE t >= %.17g), 1e300)) AS captures,"
+             " (SELECT count(*) FROM evictions WHERE t >= %.17g AND t < coalesce("
+             " (SELECT min(t) FROM weight_versions WHERE t >= %.17g), 1e300)) AS evictions",
              since, since, since, since);
     json_t *before = query_rows(c, sql);
     json_t *declines = query_rows(c, "SELECT reason, sum(count) AS count FROM declines GROUP BY reason"
                                      " ORDER BY count DESC, reason");
     snprintf(sql, sizeof sql,
              "SELECT t, id, worker, key_hash, version, steps, captured, replayed, eager, seconds, status"
-             " FROM requests WHERE t >= %.6f ORDER BY seconds DESC LIMIT 20", since);
+             " FROM requests WHERE t >= %.17g ORDER BY seconds DESC LIMIT 20", since);
     json_t *slowest = query_rows(c, sql);
     json_t *stats = build_stats(c), *keys = build_keys(c), *workers = build_workers(c);
     if (timeline && syncs && before && declines && slowest && stats && keys && workers) {

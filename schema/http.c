@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -67,13 +68,16 @@ void reel_prom_family(reel_text_t *t, const char *name, const char *type, const 
 void reel_prom_sample(reel_text_t *t, const char *name, const char *labels, double value) {
     /* integers print as integers; the format reads both */
     char v[64];
-    if (value == (double)(int64_t)value && value < 9e15 && value > -9e15) snprintf(v, sizeof v, "%lld", (long long)value);
-    else snprintf(v, sizeof v, "%.9g", value);
+    if (isfinite(value) && fabs(value) < 9e15 && value == trunc(value)) snprintf(v, sizeof v, "%lld", (long long)value);
+    else if (isnan(value)) snprintf(v, sizeof v, "NaN");
+    else if (isinf(value)) snprintf(v, sizeof v, "%s", value > 0 ? "+Inf" : "-Inf");
+    else snprintf(v, sizeof v, "%.17g", value);
     if (labels && labels[0]) reel_text_printf(t, "%s{%s} %s\n", name, labels, v);
     else reel_text_printf(t, "%s %s\n", name, v);
 }
 
 const char *reel_prom_escape(const char *in, char *out, size_t len) {
+    if (!len) return "";
     size_t o = 0;
     for (const char *p = in ? in : ""; *p && o + 3 < len; p++) {
         if (*p == '\\' || *p == '"') {
@@ -86,7 +90,7 @@ const char *reel_prom_escape(const char *in, char *out, size_t len) {
             out[o++] = *p;
         }
     }
-    out[len ? o : 0] = '\0';
+    out[o] = '\0';
     return out;
 }
 
@@ -94,6 +98,8 @@ static const double hist_bounds[REEL_HIST_N] = { 0.0005, 0.001, 0.0025, 0.005, 0
                                                   0.25,   0.5,   1,      2.5,   5,    10,    30,   60 };
 
 void reel_hist_observe(reel_hist_t *h, double s) {
+    if (!isfinite(s)) return; /* a NaN would poison _sum for good */
+    if (s < 0) s = 0;
     int i = 0;
     while (i < REEL_HIST_N && s > hist_bounds[i]) i++;
     h->counts[i]++;
@@ -112,10 +118,10 @@ void reel_prom_hist(reel_text_t *t, const char *name, const char *labels, const 
         else reel_text_printf(t, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, lb, sep, (unsigned long long)cum);
     }
     if (lb[0]) {
-        reel_text_printf(t, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, lb, h->sum, name, lb,
+        reel_text_printf(t, "%s_sum{%s} %.17g\n%s_count{%s} %llu\n", name, lb, h->sum, name, lb,
                          (unsigned long long)h->n);
     } else {
-        reel_text_printf(t, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
+        reel_text_printf(t, "%s_sum %.17g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->n);
     }
 }
 
@@ -243,7 +249,8 @@ reel_http_t *reel_http_start(const char *addr_port) {
         kern_fail("out of memory");
         return NULL;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* AUTO: epoll or poll, not select (a broker's sockets can pass FD_SETSIZE) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)10, MHD_OPTION_END);

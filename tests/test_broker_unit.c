@@ -1072,6 +1072,36 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
 }
 END_TEST
 
+/* The outcome label of a request's metrics (brk_counters.h): a worker's
+ * ERROR code is its own text, so only [a-z0-9_] names are labels, the
+ * rest "other", and past BRK_OUTCOMES_MAX - 1 codes everything new is
+ * "other" too: the label set stays bounded and valid. */
+START_TEST(test_request_outcome_labels_are_bounded_and_clean) {
+    brk_metrics_t m;
+    memset(&m, 0, sizeof m);
+    brk_metrics_request(&m, "ok", 0.1);
+    brk_metrics_request(&m, "timeout", 0.2);
+    brk_metrics_request(&m, "bad code\xff\n", 0.3);
+    brk_metrics_request(&m, "", 0.3);
+    ck_assert_int_eq(m.n_outcomes, 3);
+    ck_assert_str_eq(m.outcome[2], "other");
+    ck_assert_uint_eq(m.requests[2], 2);
+    for (int i = 0; i < 60; i++) {
+        char code[16];
+        snprintf(code, sizeof code, "code_%d", i);
+        brk_metrics_request(&m, code, 0.01);
+    }
+    ck_assert_int_le(m.n_outcomes, BRK_OUTCOMES_MAX);
+    uint64_t total = 0;
+    for (int i = 0; i < m.n_outcomes; i++) {
+        total += m.requests[i];
+        for (const char *p = m.outcome[i]; *p; p++) ck_assert((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_');
+    }
+    ck_assert_uint_eq(total, 64);
+    ck_assert_uint_eq(m.request_s.n, 64);
+}
+END_TEST
+
 START_TEST(test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy) {
     box_t x;
     box_open(&x);
@@ -1459,6 +1489,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
+    tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);

@@ -3,6 +3,7 @@
  * exposition-text builders, the histogram, and bad addresses. */
 #include <arpa/inet.h>
 #include <check.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,21 @@ START_TEST(test_text_builders_histogram_and_escaping) {
     ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"60\"} 2\n"));
     ck_assert_ptr_nonnull(strstr(t.p, "s_bucket{ran=\"eager\",le=\"+Inf\"} 3\n"));
     ck_assert_ptr_nonnull(strstr(t.p, "s_count{ran=\"eager\"} 3\n"));
+    /* what Prometheus cannot read is never written: NaN/Inf samples are
+     * spelled as the format says, a NaN duration is not observed */
+    reel_prom_sample(&t, "n", "", NAN);
+    reel_prom_sample(&t, "i", "", INFINITY);
+    reel_prom_sample(&t, "f", "", 0.25);
+    ck_assert_ptr_nonnull(strstr(t.p, "\nn NaN\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "\ni +Inf\n"));
+    ck_assert_ptr_nonnull(strstr(t.p, "\nf 0.25\n"));
+    reel_hist_t h2 = { 0 };
+    reel_hist_observe(&h2, NAN);
+    reel_hist_observe(&h2, -1);
+    ck_assert_uint_eq(h2.n, 1);
+    ck_assert_uint_eq(h2.counts[0], 1);
+    ck_assert(h2.sum == 0);
+    ck_assert_str_eq(reel_prom_escape("x", esc, 0), "");
     /* long text grows the buffer */
     for (int i = 0; i < 2000; i++) reel_prom_sample(&t, "many", "", i);
     ck_assert(!t.failed && t.n == strlen(t.p));

@@ -131,10 +131,11 @@ static void render_metrics(link_t *l, reel_text_t *t) {
     reel_prom_family(t, "reel_worker_step_seconds", "histogram",
                      "A step's wall time through the capture cache, by how it ran (bind + run + copy-out).");
     reel_prom_hist(t, "reel_worker_step_seconds", "ran=\"eager\"", &st.eager_hist);
-    reel_prom_hist(t, "reel_worker_step_seconds", "ran=\"replay\"", &st.replay_hist);
+    reel_prom_hist(t, "reel_worker_step_seconds", "ran=\"replayed\"", &st.replay_hist);
     reel_prom_family(t, "reel_worker_capture_seconds", "histogram", "Capture + verify wall time of a graph.");
     reel_prom_hist(t, "reel_worker_capture_seconds", "", &st.capture_hist);
-    reel_prom_family(t, "reel_worker_syncs_total", "counter", "Weight syncs this worker applied or failed.");
+    reel_prom_family(t, "reel_worker_syncs_total", "counter",
+                     "Weight syncs this worker applied, and those it refused or failed (their reasons: its log).");
     reel_prom_sample(t, "reel_worker_syncs_total", "result=\"applied\"", (double)atomic_load(&w->syncs_applied));
     reel_prom_sample(t, "reel_worker_syncs_total", "result=\"failed\"", (double)atomic_load(&w->syncs_failed));
     reel_prom_family(t, "reel_worker_sync_apply_seconds_total", "counter",

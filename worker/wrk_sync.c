@@ -159,7 +159,10 @@ static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *erro
     snprintf(a.component, sizeof a.component, "%s", TDIT_COMPONENT);
     a.version = version;
     a.ok = error == NULL;
-    if (error) snprintf(a.error, sizeof a.error, "%s", error);
+    if (error) {
+        snprintf(a.error, sizeof a.error, "%s", error);
+        atomic_fetch_add(&s->w->syncs_failed, 1); /* refused or failed: its reason is in the log */
+    }
     /* Epoch 0: an ack is about the worker's state, not a broker session. */
     if (wrk_pipe_send(s->push, 0, MSG_SYNC_ACK, id, &a) != 0)
         wrk_log(s->w, "cannot queue SYNC_ACK of v%" PRIu64, version);
@@ -241,8 +244,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         pthread_rwlock_unlock(&w->step_lock);
         atomic_store(&w->draining, false);
         clock_gettime(CLOCK_MONOTONIC, &t3);
-        if (fail) atomic_fetch_add(&w->syncs_failed, 1);
-        else {
+        if (!fail) {
             atomic_fetch_add(&w->syncs_applied, 1);
             atomic_fetch_add(&w->sync_us, (uint64_t)((double)(t3.tv_sec - t0.tv_sec) * 1e6 +
                                                      (double)(t3.tv_nsec - t0.tv_nsec) / 1e3));
