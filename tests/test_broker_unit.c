@@ -1087,7 +1087,7 @@ START_TEST(test_request_outcome_labels_are_bounded_and_clean) {
     ck_assert_str_eq(m.outcome[2], "other");
     ck_assert_uint_eq(m.requests[2], 2);
     for (int i = 0; i < 60; i++) {
-        char code[16];
+        char code[24];
         snprintf(code, sizeof code, "code_%d", i);
         brk_metrics_request(&m, code, 0.01);
     }
