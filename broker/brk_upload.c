@@ -349,6 +349,13 @@ static int grow_parked(slot_t *s) {
     return 0;
 }
 
+/* The routing id of parked FETCH p as a message to send to. -1: no memory. */
+static int parked_to(const parked_t *p, zmq_msg_t *to) {
+    if (zmq_msg_init_size(to, p->who_len) != 0) return -1;
+    memcpy(zmq_msg_data(to), p->who, p->who_len);
+    return 0;
+}
+
 /* Answers the parked FETCHes the bytes have come for, in the order they
  * came (one connection's answers must keep its order). */
 static void serve_parked(brk_t *b, slot_t *s) {
@@ -360,11 +367,10 @@ static void serve_parked(brk_t *b, slot_t *s) {
             continue;
         }
         zmq_msg_t to;
-        if (zmq_msg_init_size(&to, p->who_len) != 0) { /* out of memory: it waits for the next chunk */
+        if (parked_to(p, &to) != 0) { /* out of memory: it waits for the next chunk */
             s->parked[keep++] = *p;
             continue;
         }
-        memcpy(zmq_msg_data(&to), p->who, p->who_len);
         serve_slot(b, s, &to, p->id, p->offset, p->max);
         zmq_msg_close(&to);
     }
@@ -375,8 +381,7 @@ static void fail_parked(brk_t *b, slot_t *s, const char *why) {
     for (int i = 0; i < s->n_parked; i++) {
         parked_t *p = &s->parked[i];
         zmq_msg_t to;
-        if (zmq_msg_init_size(&to, p->who_len) != 0) continue;
-        memcpy(zmq_msg_data(&to), p->who, p->who_len);
+        if (parked_to(p, &to) != 0) continue;
         brk_error_to(b, true, &to, p->id, WIRE_E_BAD_REQUEST, "FETCH: %s v%" PRIu64 ": %s", s->component,
                      s->version, why);
         zmq_msg_close(&to);

@@ -434,7 +434,7 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
 }
 
 /* The version of `name` in v (0 when absent). */
-static uint64_t version_of(const msg_versions_t *v, const char *name, bool *found) {
+uint64_t ctl_version_of(const msg_versions_t *v, const char *name, bool *found) {
     for (int i = 0; i < v->n; i++)
         if (!strcmp(v->e[i].name, name)) {
             if (found) *found = true;
@@ -444,18 +444,18 @@ static uint64_t version_of(const msg_versions_t *v, const char *name, bool *foun
     return 0;
 }
 
-static const char *lag_of(const msg_worker_status_t *w, const char *component) {
+const char *ctl_lag_of(const msg_worker_status_t *w, const char *component) {
     for (int i = 0; i < w->lagging.n; i++)
         if (!strcmp(w->lagging.e[i].name, component)) return w->lagging.e[i].text;
     return NULL;
 }
 
 static void status_text(const msg_status_reply_t *r, const char *broker) {
-    uint64_t v = version_of(&r->versions, "transformer", NULL), pv;
+    uint64_t v = ctl_version_of(&r->versions, "transformer", NULL), pv;
     if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, r->queue, r->queue_max, v);
     else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync applied yet\n", broker, r->queue, r->queue_max);
     bool pending;
-    pv = version_of(&r->pending, "transformer", &pending);
+    pv = ctl_version_of(&r->pending, "transformer", &pending);
     if (pending) printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
     /* what the broker dropped or could not do, shown once any is not zero */
     if (r->malformed || r->undelivered || r->replies_suppressed || r->auth_refused)
@@ -472,9 +472,9 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
         snprintf(infs, sizeof infs, "%" PRIu64 "/%" PRIu64, w->inflight, w->max_inflight);
         /* lagging: behind the current version, and why (its error, a
          * missed deadline, a sync on its way) */
-        const char *lag = lag_of(w, "transformer");
+        const char *lag = ctl_lag_of(w, "transformer");
         printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5d %s%s%s\n", w->name, w->device, w->arch,
-               w->streams, infs, version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
+               w->streams, infs, ctl_version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
                lag ? lag : w->routable ? "ok" : "", !w->routable ? (lag ? " (unreachable)" : "unreachable") : "");
     }
 }

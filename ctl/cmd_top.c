@@ -20,18 +20,6 @@
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { (void)s; g_stop = 1; }
 
-static uint64_t version_of(const msg_versions_t *v, const char *name) {
-    for (int i = 0; i < v->n; i++)
-        if (!strcmp(v->e[i].name, name)) return v->e[i].n;
-    return 0;
-}
-
-static const char *lag_of(const msg_worker_status_t *w) {
-    for (int i = 0; i < w->lagging.n; i++)
-        if (!strcmp(w->lagging.e[i].name, "transformer")) return w->lagging.e[i].text;
-    return NULL;
-}
-
 /* replayed / all steps, as a percentage string ("-" with none). */
 static const char *rate(uint64_t replayed, uint64_t all, char *buf, size_t len) {
     if (!all) snprintf(buf, len, "-");
@@ -74,7 +62,7 @@ static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sampl
     double dt = prev->have ? cur.t - prev->t : 0;
     if (tty) fputs("\033[H\033[2J", o); /* home, clear: redraw in place */
     fprintf(o, "reelctl top  %s  broker %s\n", when, broker);
-    uint64_t v = version_of(&r->versions, "transformer"), pv = version_of(&r->pending, "transformer");
+    uint64_t v = ctl_version_of(&r->versions, "transformer", NULL), pv = ctl_version_of(&r->pending, "transformer", NULL);
     fprintf(o, "queue %" PRIu64 "/%" PRIu64 "   transformer v%" PRIu64 "%s", r->queue, r->queue_max, v,
             v ? "" : " (no sync applied yet)");
     if (pv) fprintf(o, "   v%" PRIu64 " pending", pv);
@@ -97,11 +85,11 @@ static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sampl
         const msg_worker_status_t *w = &r->workers[i];
         char inf[32];
         snprintf(inf, sizeof inf, "%" PRIu64 "/%" PRIu64, w->inflight, w->max_inflight);
-        const char *lag = lag_of(w);
+        const char *lag = ctl_lag_of(w, "transformer");
         char dev[64], lagc[256];
         if (lag) lag = clean(lag, lagc, sizeof lagc);
         fprintf(o, "%-16s %-8s %-9s v%-7" PRIu64 " %-7d %s%s%s\n", w->name, clean(w->device, dev, sizeof dev), inf,
-                version_of(&w->versions, "transformer"), w->n_keys, lag ? "lagging: " : "",
+                ctl_version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
                 lag ? lag : (w->routable ? "ok" : ""), w->routable ? "" : (lag ? " (unreachable)" : "unreachable"));
     }
     if (!r->n_workers) fprintf(o, "(no worker registered)\n");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "schema/msg.h"
 
 #define CTL_OK 0
 #define CTL_FAIL 1
@@ -22,6 +23,11 @@ int cmd_sync(int argc, char **argv);
 #define DEFAULT_BROKER "tcp://127.0.0.1:5555" /* reelctl's --broker when none is given */
 int cmd_status(int argc, char **argv);
 int cmd_top(int argc, char **argv);
+/* From a STATUS_REPLY (cmd_gen.c): the version of `name` in v (0 when
+ * absent; *found, when not NULL, says which), and why worker w lags on
+ * `component` (NULL when it does not). */
+uint64_t ctl_version_of(const msg_versions_t *v, const char *name, bool *found);
+const char *ctl_lag_of(const msg_worker_status_t *w, const char *component);
 int cmd_report(int argc, char **argv);
 /* The broker's live counters (STATUS_REPLY) in the Prometheus text format
  * on out: `reelctl metrics --broker EP`. 0, or -1 with kern_error set. */
