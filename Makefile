@@ -121,8 +121,22 @@ $(BROKER): $(BROKER_OBJ) $(LIB) $(FLAGS_STAMP)
 $(WORKER): $(WORKER_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CC) $(CFLAGS_ALL) -o $@ $(WORKER_OBJ) $(LIB) $(LDLIBS_ALL)
 
-$(REELCTL): $(CTL_OBJ) $(LIB) $(FLAGS_STAMP)
-	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(LIB) $(LDLIBS_ALL)
+# reelctl opens cuBLAS only when it runs on CUDA (kernels/cuda/lazy/
+# cublas_lazy.c): loading libcublasLt costs ~0.4 s of static
+# initialisation, which every reelctl command paid before.
+ifeq ($(CUDA),1)
+CTL_LAZY_OBJ = $(BUILD)/kernels/cuda/lazy/cublas_lazy.o
+CTL_LDLIBS   = $(filter-out -lcublasLt -lcublas,$(LDLIBS_ALL)) -ldl
+else
+CTL_LAZY_OBJ =
+CTL_LDLIBS   = $(LDLIBS_ALL)
+endif
+$(REELCTL): $(CTL_OBJ) $(CTL_LAZY_OBJ) $(LIB) $(FLAGS_STAMP)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(CTL_LAZY_OBJ) $(LIB) $(CTL_LDLIBS)
+
+$(BUILD)/tests/test_cublas_lazy: tests/test_cublas_lazy.c $(CTL_LAZY_OBJ) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(CTL_LAZY_OBJ) $(LIB) $(CHECK_LIBS) $(CTL_LDLIBS)
 
 # Unit tests of the daemons link the daemon's objects (all but main).
 BROKER_UNIT_OBJ = $(filter-out $(BUILD)/broker/brk_main.o,$(BROKER_OBJ))

@@ -52,6 +52,12 @@ struct brk_catq {
     uint64_t refused;          /* records SQLite refused outright (not retried) */
     uint64_t lost;             /* records given up at shutdown (the store never came back) */
     uint64_t batches;
+    double retain_s;           /* retention: raw rows older than this go (0: kept) */
+    int64_t max_rows;          /* ... or past this many per table (0: no cap) */
+    struct timespec next_prune; /* when the next pruning transaction is due */
+    uint64_t pruned;           /* raw rows pruned so far */
+    uint64_t pruned_run;       /* ... in the current round (logged when it ends) */
+    uint64_t prune_failures;
     bool stop;
 };
 
@@ -164,10 +170,62 @@ failed:
     return -1;
 }
 
+static bool retaining(const brk_catq_t *q) { return q->retain_s > 0 || q->max_rows > 0; }
+
+static bool prune_due(const brk_catq_t *q) {
+    if (!retaining(q)) return false;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec > q->next_prune.tv_sec ||
+           (now.tv_sec == q->next_prune.tv_sec && now.tv_nsec >= q->next_prune.tv_nsec);
+}
+
+static void prune_after(brk_catq_t *q, long ms) {
+    clock_gettime(CLOCK_MONOTONIC, &q->next_prune);
+    q->next_prune.tv_sec += ms / 1000;
+    q->next_prune.tv_nsec += (ms % 1000) * 1000000L;
+    if (q->next_prune.tv_nsec >= 1000000000L) {
+        q->next_prune.tv_sec++;
+        q->next_prune.tv_nsec -= 1000000000L;
+    }
+}
+
+/* One pruning transaction (mu held; released while SQLite works). Once a
+ * round deleted nothing more it is logged and the next waits
+ * BRK_CATQ_PRUNE_MS; while rows are left the next is due at once (after
+ * any batch waiting). */
+static void prune_step(brk_catq_t *q) {
+    double before = q->retain_s > 0 ? now_unix() - q->retain_s : 0;
+    int64_t max_rows = q->max_rows;
+    pthread_mutex_unlock(&q->mu);
+    int64_t n = cat_prune(q->cat, before, max_rows, BRK_CATQ_PRUNE_BATCH);
+    pthread_mutex_lock(&q->mu);
+    if (n < 0) {
+        if (worth_logging(++q->prune_failures)) brk_log("catalog: pruning failed: %s", kern_error());
+        prune_after(q, BRK_CATQ_PRUNE_MS);
+    } else if (n > 0) {
+        q->pruned += (uint64_t)n;
+        q->pruned_run += (uint64_t)n;
+        prune_after(q, 0);
+    } else {
+        if (q->pruned_run)
+            brk_log("catalog: pruned %llu raw rows (older than the retention or past the row cap)",
+                    (unsigned long long)q->pruned_run);
+        q->pruned_run = 0;
+        prune_after(q, BRK_CATQ_PRUNE_MS);
+    }
+}
+
 /* Waits (mu held) until a batch is due: BRK_CATQ_BATCH records, the oldest
- * BRK_CATQ_WAIT_MS old, or a stop. false when stopping with nothing left. */
+ * BRK_CATQ_WAIT_MS old, or a stop; with nothing queued, a pruning
+ * transaction that falls due runs meanwhile. false when stopping with
+ * nothing left. */
 static bool await_batch(brk_catq_t *q) {
-    while (!q->kept.n && !q->events.n && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+    while (!q->kept.n && !q->events.n && !q->stop) {
+        if (prune_due(q)) prune_step(q);
+        else if (retaining(q)) pthread_cond_timedwait(&q->cv, &q->mu, &q->next_prune);
+        else pthread_cond_wait(&q->cv, &q->mu);
+    }
     if (!q->kept.n && !q->events.n) return false;
     struct timespec due = q->oldest;
     due.tv_nsec += (long)BRK_CATQ_WAIT_MS * 1000000L;
@@ -237,6 +295,9 @@ static void *writer_main(void *arg) {
             free_chain(kept);
             free_chain(events);
             pthread_mutex_lock(&q->mu);
+            /* Under steady load the queue is never empty: pruning takes
+             * its turn between batches. */
+            if (!q->stop && prune_due(q)) prune_step(q);
         } else if (!requeue(q, kept, nk, events, ne, &tries)) {
             break;
         }
@@ -315,6 +376,17 @@ static uint64_t read_locked(brk_catq_t *q, const uint64_t *v) {
     return x;
 }
 
+void brk_catq_retain(brk_catq_t *q, double retain_seconds, int64_t max_rows) {
+    if (!q || !q->cat) return;
+    pthread_mutex_lock(&q->mu);
+    q->retain_s = retain_seconds > 0 ? retain_seconds : 0;
+    q->max_rows = max_rows > 0 ? max_rows : 0;
+    prune_after(q, 0);
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+uint64_t brk_catq_pruned(brk_catq_t *q) { return q ? read_locked(q, &q->pruned) : 0; }
 uint64_t brk_catq_dropped(brk_catq_t *q) { return q ? read_locked(q, &q->shed) : 0; }
 uint64_t brk_catq_batches(brk_catq_t *q) { return q ? read_locked(q, &q->batches) : 0; }
 uint64_t brk_catq_failures(brk_catq_t *q) { return q ? read_locked(q, &q->failures) : 0; }

@@ -22,7 +22,9 @@
  * the broker keeps routing while the disk is full and the rows land when
  * space returns. A record SQLite refuses outright is skipped and counted.
  * At shutdown the writer tries BRK_CATQ_STOP_TRIES times, then gives up
- * and logs how many records it could not write.
+ * and logs how many records it could not write. With retention on
+ * (brk_catq_retain), the same thread prunes old raw rows in small
+ * transactions between its batches.
  *
  * Every push copies its strings; NULL TEXT strings are stored as "", empty
  * OPT strings as NULL (schema/catalog_records.h). */
@@ -41,6 +43,8 @@
 #define BRK_CATQ_MAX 100000      /* kept records before BUSY; events waiting at most */
 #define BRK_CATQ_RETRY_MS 250    /* the first pause after the store refused a batch */
 #define BRK_CATQ_STOP_TRIES 3    /* tries left to a refused batch once stopping */
+#define BRK_CATQ_PRUNE_BATCH 2000 /* raw rows per table deleted in one pruning transaction */
+#define BRK_CATQ_PRUNE_MS 10000  /* between pruning rounds once nothing was left to prune */
 
 typedef struct brk_catq brk_catq_t;
 
@@ -52,6 +56,14 @@ brk_catq_t *brk_catq_new(cat_t **cat, size_t max);
 /* Writes everything still queued, stops the thread, closes the catalog.
  * Does nothing on NULL; sets *q = NULL. */
 void brk_catq_destroy(brk_catq_t **q);
+/* Retention (docs/OPERATIONS.md): from now on the writer prunes raw rows
+ * older than retain_seconds (0: none) or past max_rows per table (0: no
+ * cap), BRK_CATQ_PRUNE_BATCH rows per table per transaction, between its
+ * batches (records waiting always go first), until nothing is left, then
+ * again every BRK_CATQ_PRUNE_MS. Does nothing without a catalog. */
+void brk_catq_retain(brk_catq_t *q, double retain_seconds, int64_t max_rows);
+/* Raw rows pruned so far. */
+uint64_t brk_catq_pruned(brk_catq_t *q);
 /* Events shed (their worker over its quota, the list full, or out of
  * memory). Kept records are never shed. */
 uint64_t brk_catq_dropped(brk_catq_t *q);

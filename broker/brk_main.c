@@ -185,6 +185,15 @@ static int start_catalog(brk_t *b) {
         brk_log("cannot start the catalog writer");
         return -1;
     }
+    if (b->opt.catalog[0] && (b->opt.catalog_retain_days > 0 || b->opt.catalog_max_rows > 0)) {
+        brk_catq_retain(b->cat, b->opt.catalog_retain_days * 86400.0, b->opt.catalog_max_rows);
+        char age[64] = "", cap[64] = "";
+        if (b->opt.catalog_retain_days > 0) snprintf(age, sizeof age, "older than %g days", b->opt.catalog_retain_days);
+        if (b->opt.catalog_max_rows > 0)
+            snprintf(cap, sizeof cap, "past the newest %lld per table", (long long)b->opt.catalog_max_rows);
+        brk_log("catalog retention: raw rows %s%s%s are pruned (summaries, versions and the audit trail are kept)",
+                age, age[0] && cap[0] ? " or " : "", cap);
+    }
     return 0;
 }
 

@@ -112,6 +112,9 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_catalog_shed_total", "counter",
                      "Catalog events shed (their worker over its quota, or the queue full).");
     reel_prom_sample(t, "reel_broker_catalog_shed_total", "", (double)brk_catq_dropped(b->cat));
+    reel_prom_family(t, "reel_broker_catalog_pruned_total", "counter",
+                     "Raw catalog rows pruned by --catalog-retain / --catalog-max-rows.");
+    reel_prom_sample(t, "reel_broker_catalog_pruned_total", "", (double)brk_catq_pruned(b->cat));
     reel_prom_family(t, "reel_broker_catalog_failed_total", "counter", "Catalog batches that failed to commit.");
     reel_prom_sample(t, "reel_broker_catalog_failed_total", "", (double)brk_catq_failures(b->cat));
     reel_prom_family(t, "reel_broker_auth_refusals_total", "counter",

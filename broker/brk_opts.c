@@ -30,9 +30,24 @@ static const char usage[] =
     "                              HTTP there (off by default; e.g. 127.0.0.1:9464)\n"
     "  --weights-keep N            uploaded versions kept there: the current one and the\n"
     "                              N-1 before it, and any newer (default 2; 0 = all)\n"
+    "  --catalog-retain DAYS       prune raw catalog rows (requests, captures, evictions)\n"
+    "                              older than DAYS (fractions allowed); the summaries\n"
+    "                              reports read, versions and the audit trail are kept\n"
+    "  --catalog-max-rows N        keep at most about N raw rows per such table (0 = no cap)\n"
     "  -h, --help                  this text\n"
     "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
     "are served, unless --insecure.\n";
+
+/* Parses a number of days in (0, 36500]. false when s is not one. */
+static bool parse_days(const char *s, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v > 0) || v > 36500) return false;
+    *out = v;
+    return true;
+}
 
 /* Parses a decimal in [lo, hi]. false when s is not one. */
 static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
@@ -65,7 +80,7 @@ static void defaults(brk_opts_t *o) {
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
     enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
-           O_INSECURE, O_WDIR, O_WKEEP, O_METRICS };
+           O_INSECURE, O_WDIR, O_WKEEP, O_METRICS, O_RETAIN, O_MAXROWS };
     static const struct option longs[] = {
         { "clients", required_argument, NULL, O_CLIENTS },
         { "workers", required_argument, NULL, O_WORKERS },
@@ -82,6 +97,8 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         { "weights-dir", required_argument, NULL, O_WDIR },
         { "weights-keep", required_argument, NULL, O_WKEEP },
         { "metrics", required_argument, NULL, O_METRICS },
+        { "catalog-retain", required_argument, NULL, O_RETAIN },
+        { "catalog-max-rows", required_argument, NULL, O_MAXROWS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -124,6 +141,13 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
         case O_WKEEP:
             if (parse_u64(optarg, 0, 1000000, &v)) o->weights_keep = (int)v;
             else bad = "--weights-keep";
+            break;
+        case O_RETAIN:
+            if (!parse_days(optarg, &o->catalog_retain_days)) bad = "--catalog-retain";
+            break;
+        case O_MAXROWS:
+            if (parse_u64(optarg, 0, (uint64_t)1 << 40, &v)) o->catalog_max_rows = (int64_t)v;
+            else bad = "--catalog-max-rows";
             break;
         case O_HELD:
             if (parse_u64(optarg, 1, (uint64_t)1 << 30, &v)) o->max_held_bytes = v << 20;

@@ -21,6 +21,8 @@ typedef struct {
     const char *weights_dir;      /* where uploaded weights are kept; NULL = uploads refused */
     const char *metrics;          /* ADDR:PORT of /metrics, /healthz, /readyz; NULL = off */
     int weights_keep;             /* uploaded versions kept: the current and N-1 older (0 = all) */
+    double catalog_retain_days;   /* raw catalog rows older than this are pruned; 0 = kept */
+    int64_t catalog_max_rows;     /* raw rows kept per catalog table; 0 = no cap */
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was

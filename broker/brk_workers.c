@@ -78,6 +78,9 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
     size_t skipped = 0;
     char hash[17];
     const char *wn = w->route.name;
+    /* The catalog's summaries count captures, replays and evictions at the
+     * weight version the worker runs now. */
+    uint64_t version = brk_peer_version(&w->route, BRK_COMPONENT);
     for (size_t i = 0; i < ev->n_events; i++) {
         const msg_event_t *e = &ev->events[i];
         if (!e->kind[0] || !e->key_hash) {
@@ -86,13 +89,13 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         }
         msg_hex64(e->key_hash, hash);
         if (!strcmp(e->kind, "capture"))
-            brk_cq_capture(b->cat, wn, e->key, hash, (int)e->stream, e->bytes, e->nodes, e->seconds);
+            brk_cq_capture(b->cat, wn, e->key, hash, (int)e->stream, e->bytes, e->nodes, e->seconds, version);
         else if (!strcmp(e->kind, "decline") && e->reason[0])
             brk_cq_decline(b->cat, wn, e->key, hash, e->reason, e->count);
         else if (!strcmp(e->kind, "evict") && e->reason[0])
-            brk_cq_eviction(b->cat, wn, e->key, hash, e->reason, e->component, e->from, e->to);
+            brk_cq_eviction(b->cat, wn, e->key, hash, e->reason, e->component, e->from, e->to, version);
         else if (!strcmp(e->kind, "replays"))
-            brk_cq_replays(b->cat, wn, hash, (int)e->stream, e->count);
+            brk_cq_replays(b->cat, wn, hash, (int)e->stream, e->count, version);
         else if (!strcmp(e->kind, "artifact") && e->component[0]) /* docs/ARTIFACTS.md */
             brk_cq_artifact_seen(b->cat, e->component, e->version, e->op, e->backend, e->sha256,
                                  e->verified, e->enabled, e->reason, e->detail);

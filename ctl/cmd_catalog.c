@@ -16,6 +16,15 @@
 
 typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 
+/* `reelctl versions`: the CTL_VERSIONS_SHOWN newest of each component,
+ * every one with --all (a trainer publishing every few minutes makes
+ * thousands). */
+#define CTL_VERSIONS_SHOWN 10
+static bool versions_all;
+static int versions(cat_t *c, bool json, FILE *out) {
+    return ctl_report_versions_recent(c, json, out, versions_all ? 0 : CTL_VERSIONS_SHOWN);
+}
+
 /* `reelctl metrics`: Prometheus text (--json makes no sense here: ignored). */
 static int metrics(cat_t *c, bool json, FILE *out) {
     (void)json;
@@ -27,14 +36,15 @@ static const struct {
     report_fn fn;
 } reports[] = {
     { "stats", ctl_report_stats },         { "keys", ctl_report_keys },
-    { "evictions", ctl_report_evictions }, { "versions", ctl_report_versions },
+    { "evictions", ctl_report_evictions }, { "versions", versions },
     { "workers", ctl_report_workers },     { "requests", ctl_report_requests },
     { "metrics", metrics },
 };
 
 #define USAGE                                                                                      \
     "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH] [--json]" \
-    " (metrics: [--broker EP] adds the broker's live counters)"
+    " (metrics: [--broker EP] adds the broker's live counters; versions: the 10 newest of each component,"     \
+    " --all for every one)"
 
 int cmd_catalog(int argc, char **argv) {
     if (argc < 1 || !argv[0]) return ctl_die(CTL_USAGE, USAGE);
@@ -46,6 +56,7 @@ int cmd_catalog(int argc, char **argv) {
     static const struct option opts[] = {
         { "catalog", required_argument, 0, 'c' }, { "json", no_argument, 0, 'j' },
         { "help", no_argument, 0, 'h' },          { "broker", required_argument, 0, 'b' },
+        { "all", no_argument, 0, 'a' },
         { 0, 0, 0, 0 },
     };
     const char *broker = NULL; /* metrics: the broker's live counters too */
@@ -63,6 +74,10 @@ int cmd_catalog(int argc, char **argv) {
             broker = optarg;
             break;
         case 'j': json = true; break;
+        case 'a':
+            if (fn != versions) return ctl_die(CTL_USAGE, "%s: --all is for versions", argv[0]);
+            versions_all = true;
+            break;
         case 'h': printf("%s\n", USAGE); return CTL_OK;
         default: return ctl_die(CTL_USAGE, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
         }

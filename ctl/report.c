@@ -252,7 +252,12 @@ int ctl_report_evictions(cat_t *c, bool json, FILE *out) {
     return report(c, cat_query_evictions, json, out, cols, CTL_NCOLS(cols));
 }
 
-int ctl_report_versions(cat_t *c, bool json, FILE *out) {
+static int versions_limit; /* for the query below (reelctl is one thread) */
+static json_t *versions_query(cat_t *c) { return cat_query_versions_recent(c, versions_limit); }
+
+int ctl_report_versions(cat_t *c, bool json, FILE *out) { return ctl_report_versions_recent(c, json, out, 0); }
+
+int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
     static const ctl_col_t cols[] = {
         { "component", "component", CTL_F_TEXT, 24 },
         { "version", "version", CTL_F_NUM, 0 },
@@ -264,7 +269,25 @@ int ctl_report_versions(cat_t *c, bool json, FILE *out) {
         { "source", "source", CTL_F_TEXT, 48 },
         { "reason", "reason", CTL_F_TEXT, 60 },
     };
-    return report(c, cat_query_versions, json, out, cols, CTL_NCOLS(cols));
+    versions_limit = limit;
+    if (json || limit <= 0) return report(c, versions_query, json, out, cols, CTL_NCOLS(cols));
+    json_t *rows = versions_query(c);
+    if (!rows) return -1;
+    int ret = table(c, out, rows, cols, CTL_NCOLS(cols));
+    /* A component with `limit` rows shown may have older ones. */
+    size_t i, run = 0;
+    json_t *r;
+    const char *comp = NULL;
+    bool more = false;
+    json_array_foreach(rows, i, r) {
+        const char *k = json_string_value(json_object_get(r, "component"));
+        run = comp && k && !strcmp(comp, k) ? run + 1 : 1;
+        comp = k;
+        if (run >= (size_t)limit) more = true;
+    }
+    if (ret == 0 && more) fprintf(out, "(the %d newest versions of each component; --all lists every one)\n", limit);
+    json_decref(rows);
+    return flushed(c, out, ret);
 }
 
 int ctl_report_workers(cat_t *c, bool json, FILE *out) {

@@ -18,6 +18,9 @@ int ctl_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overal
 int ctl_report_keys(cat_t *c, bool json, FILE *out);
 int ctl_report_evictions(cat_t *c, bool json, FILE *out);
 int ctl_report_versions(cat_t *c, bool json, FILE *out);
+/* The `limit` newest versions of each component (0: all), with a line
+ * under the table when older ones are left out. */
+int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit);
 int ctl_report_workers(cat_t *c, bool json, FILE *out);
 int ctl_report_requests(cat_t *c, bool json, FILE *out);
 int ctl_report_metrics(cat_t *c, FILE *out);

@@ -202,10 +202,12 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
           "table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 6px;"
           "text-align:left}th{background:#f3f3f3}\n.sum{font-size:15px}\n</style></head><body>\n", o);
     fprintf(o, "<h1>Reel capture report</h1>\n<p class=\"sum\">%.0f requests, %.0f steps, %.0f replayed: "
-               "graph hit rate <b>%.1f%%</b>. In the whole catalog: %.0f captures, %.0f evictions, %.0f "
-               "declines.</p>\n",
-            reqs, steps, rep, steps > 0 ? 100 * rep / steps : 0, num(st, "captures"), num(st, "evictions"),
-            num(st, "declines"));
+               "graph hit rate <b>%.1f%%</b>. %s: %.0f captures, %.0f evictions; %.0f declines in the whole "
+               "catalog.</p>\n",
+            reqs, steps, rep, steps > 0 ? 100 * rep / steps : 0,
+            since > 0 ? "From the hour of the start on" : "In the whole catalog", num(st, "captures"),
+            num(st, "evictions"), num(st, "declines"));
+    bool summaries = !strcmp(json_string_value(json_object_get(r, "source")) ?: "", "summaries");
     fprintf(o, "<p class=\"tick\">Made %s from the catalog.</p>\n", made);
     if (since > 0) {
         char s[48];
@@ -214,6 +216,9 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     }
     fputs("<h2>Graph hit rate and requests over time, weight syncs marked</h2>\n", o);
     chart_timeline(o, r);
+    if (summaries)
+        fputs("<p class=\"tick\">From the catalog's summaries (its raw rows are many, or pruned): the timeline "
+              "per minute, the slowest requests of each hour, syncs counted per minute.</p>\n", o);
     fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each sync and the next "
           "(the first row: before the first sync).</p>\n", o);
     json_t *per = json_array();

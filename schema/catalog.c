@@ -186,6 +186,7 @@ void cat_close(cat_t **cp) {
     if (!cp || !*cp) return;
     cat_t *c = *cp;
     for (int i = 0; i < CAT_ST_COUNT; i++) sqlite3_finalize(c->st[i]);
+    cat_roll_free(c);
     /* An open batch is rolled back by SQLite on close. */
     sqlite3_close(c->db);
     free(c->path);
@@ -193,10 +194,19 @@ void cat_close(cat_t **cp) {
     *cp = NULL;
 }
 
-int cat_begin(cat_t *c) { return cat_exec(c, "BEGIN IMMEDIATE", "begin"); }
-int cat_commit(cat_t *c) { return cat_exec(c, "COMMIT", "commit"); }
+int cat_begin(cat_t *c) {
+    cat_roll_reset(c);
+    return cat_exec(c, "BEGIN IMMEDIATE", "begin");
+}
+
+/* The batch's summaries go in before it commits (catalog_rollup.c). */
+int cat_commit(cat_t *c) {
+    if (cat_roll_flush(c) != 0) return -1;
+    return cat_exec(c, "COMMIT", "commit");
+}
 
 bool cat_failure_transient(const cat_t *c) {
+    if (cat_roll_failed(c)) return true; /* out of memory: the batch again, later */
     switch (sqlite3_errcode(c->db) & 0xff) {
     case SQLITE_FULL:
     case SQLITE_IOERR:
@@ -214,6 +224,7 @@ bool cat_failure_transient(const cat_t *c) {
 
 /* Idempotent: with no batch open there is nothing to undo. */
 int cat_rollback(cat_t *c) {
+    cat_roll_reset(c);
     if (sqlite3_get_autocommit(c->db)) return 0;
     return cat_exec(c, "ROLLBACK", "rollback");
 }
@@ -231,8 +242,20 @@ static const struct {
     [CAT_ST_SUPERSEDE] = { "UPDATE weight_versions SET state = 'superseded'"
                            " WHERE component = ?1 AND version < ?2 AND state = 'current'",
                            "supersede older versions" },
+    /* worker_applied: the newest version a worker applied (ok), kept as
+     * outcomes come; a version that turned failed gives way to the newest
+     * one still applied. */
+    [CAT_ST_APPLIED] = { "INSERT INTO worker_applied (worker, component, version) VALUES (?1, ?2, ?3)"
+                         " ON CONFLICT (worker, component) DO UPDATE SET version = max(version, excluded.version)",
+                         "applied version" },
+    [CAT_ST_UNAPPLIED] = { "DELETE FROM worker_applied WHERE worker = ?1 AND component = ?2 AND version = ?3",
+                           "applied version" },
+    [CAT_ST_REAPPLIED] = { "INSERT INTO worker_applied (worker, component, version) SELECT worker, component,"
+                           " max(version) FROM worker_versions WHERE worker = ?1 AND component = ?2 AND ok = 1"
+                           " GROUP BY worker, component ON CONFLICT (worker, component) DO NOTHING",
+                           "applied version" },
     [CAT_ST_REPLAYS_NEW] = { "INSERT INTO captures (worker, key_hash, stream, replay_count, last_replay,"
-                             " placeholder, t) VALUES (?1, ?2, ?3, ?4, ?5, 1, ?5)",
+                             " placeholder, t) VALUES (?1, ?2, ?3, ?4, ?6, 1, ?6)",
                              "replays without a capture" },
 };
 
@@ -296,14 +319,35 @@ static bool known_state(const char *state) {
                      !strcmp(state, "pending"));
 }
 
+/* The record's statements, then its share of the summaries: a capture
+ * that changed nothing (reported before) counts once. */
+static int write_one(cat_t *c, const cat_rec_t *r) {
+    const char *state = r->u.weight_state.state;
+    if (run(c, (int)r->kind, r) != 0) return -1;
+    if (r->kind == CAT_K_WEIGHT_STATE && !strcmp(state, "current")) return run(c, CAT_ST_SUPERSEDE, r);
+    if (r->kind == CAT_K_WORKER_VERSION) {
+        if (r->u.worker_version.ok) return run(c, CAT_ST_APPLIED, r);
+        if (run(c, CAT_ST_UNAPPLIED, r) != 0) return -1;
+        return sqlite3_changes(c->db) ? run(c, CAT_ST_REAPPLIED, r) : 0;
+    }
+    if (r->kind == CAT_K_CAPTURE && sqlite3_changes(c->db) == 0) return 0;
+    if (r->kind == CAT_K_REPLAYS && sqlite3_changes(c->db) == 0 && run(c, CAT_ST_REPLAYS_NEW, r) != 0) return -1;
+    return cat_roll_add(c, r);
+}
+
 int cat_write(cat_t *c, const cat_rec_t *r) {
     if (r->kind < 0 || r->kind >= CAT_K_COUNT) return kern_fail("catalog %s: no such record kind", c->path);
     const char *state = r->u.weight_state.state;
     if (r->kind == CAT_K_WEIGHT_STATE && !known_state(state))
         return kern_fail("catalog %s: unknown weight version state '%s'", c->path, state ? state : "(null)");
-    if (run(c, (int)r->kind, r) != 0) return -1;
-    if (r->kind == CAT_K_WEIGHT_STATE && !strcmp(state, "current")) return run(c, CAT_ST_SUPERSEDE, r);
-    if (r->kind == CAT_K_REPLAYS && sqlite3_changes(c->db) == 0) return run(c, CAT_ST_REPLAYS_NEW, r);
+    if (c->readonly) return kern_fail("catalog %s: opened read-only; cannot write", c->path);
+    /* Outside a batch the record is a batch of its own, summaries and all. */
+    if (!sqlite3_get_autocommit(c->db)) return write_one(c, r);
+    if (cat_begin(c) != 0) return -1;
+    if (write_one(c, r) != 0 || cat_commit(c) != 0) {
+        cat_rollback(c);
+        return -1;
+    }
     return 0;
 }
 

@@ -82,6 +82,15 @@ int cat_write(cat_t *c, const cat_rec_t *r);
 CAT_RECORDS(CAT_KIND_WRITER)
 #undef CAT_KIND_WRITER
 
+/* Retention (docs/OPERATIONS.md): in one transaction, deletes at most
+ * `batch` of the oldest raw rows of each of requests, captures and
+ * evictions that are older than `before` (UNIX seconds; 0: no age limit;
+ * a capture is old once its last replay is) or past the newest `max_rows`
+ * of their table (0: no cap). The summaries reports read (rollups, totals,
+ * timeline, slowest requests), declines, versions, workers and the audit
+ * trail are kept. Returns the rows deleted (0: nothing was due), or -1. */
+int64_t cat_prune(cat_t *c, double before, int64_t max_rows, int batch);
+
 /* The current version of each component: the newest in state "current",
  * i.e. applied by at least one worker (what a restarted broker resumes;
  * pending and failed versions are never resumed). Fills up to max entries,

@@ -1,10 +1,11 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 6): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 7): the sum
 -- of the migrations schema/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
 -- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
--- puts them). tests/test_catalog.c fails if a catalog
+-- puts them; 7: the summaries reports read, at the end of this file).
+-- tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
 -- INTEGER.
@@ -169,3 +170,113 @@ CREATE TABLE IF NOT EXISTS audit (
     t         REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (t);
+
+-- Summaries (migration 7), kept up to date by the writer at each commit
+-- (schema/catalog_rollup.c) so that reports read them, not the raw rows,
+-- and kept when retention prunes raw rows (docs/OPERATIONS.md). hour and
+-- minute: UNIX seconds / 3600 and / 60, rounded down. version: the weight
+-- version a request ran on; for captures, replays and evictions the
+-- worker's version when the broker got the event (an eviction with a
+-- to_version counts at it); 0 for rows summarised from catalogs older than
+-- schema 7.
+CREATE TABLE IF NOT EXISTS rollups (
+    worker          TEXT NOT NULL,
+    key_hash        TEXT NOT NULL,
+    version         INTEGER NOT NULL,
+    hour            INTEGER NOT NULL,
+    requests        INTEGER NOT NULL DEFAULT 0,
+    failed          INTEGER NOT NULL DEFAULT 0,
+    steps           INTEGER NOT NULL DEFAULT 0,
+    captured        INTEGER NOT NULL DEFAULT 0,
+    replayed        INTEGER NOT NULL DEFAULT 0,
+    eager           INTEGER NOT NULL DEFAULT 0,
+    seconds         REAL NOT NULL DEFAULT 0,
+    seconds_max     REAL NOT NULL DEFAULT 0,
+    captures        INTEGER NOT NULL DEFAULT 0,
+    capture_seconds REAL NOT NULL DEFAULT 0,
+    replays         INTEGER NOT NULL DEFAULT 0,
+    last_replay     REAL,
+    evictions       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (worker, key_hash, version, hour)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rollups_by_hour ON rollups (hour);
+
+-- The rollups of each (key, worker) over all time: what `reelctl stats`,
+-- `keys` and `metrics` read.
+CREATE TABLE IF NOT EXISTS key_totals (
+    key_hash        TEXT NOT NULL,
+    worker          TEXT NOT NULL,
+    requests        INTEGER NOT NULL DEFAULT 0,
+    failed          INTEGER NOT NULL DEFAULT 0,
+    steps           INTEGER NOT NULL DEFAULT 0,
+    captured        INTEGER NOT NULL DEFAULT 0,
+    replayed        INTEGER NOT NULL DEFAULT 0,
+    eager           INTEGER NOT NULL DEFAULT 0,
+    seconds         REAL NOT NULL DEFAULT 0,
+    seconds_max     REAL NOT NULL DEFAULT 0,
+    captures        INTEGER NOT NULL DEFAULT 0,
+    capture_seconds REAL NOT NULL DEFAULT 0,
+    replays         INTEGER NOT NULL DEFAULT 0,
+    last_replay     REAL,
+    evictions       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_hash, worker)
+) WITHOUT ROWID;
+
+-- Evictions per worker and reason, over all time.
+CREATE TABLE IF NOT EXISTS eviction_reasons (
+    worker TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count  INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (worker, reason)
+) WITHOUT ROWID;
+
+-- The newest text of each capture key seen (captures, evictions, declines).
+CREATE TABLE IF NOT EXISTS key_texts (
+    key_hash TEXT PRIMARY KEY,
+    key_text TEXT NOT NULL,
+    t        REAL NOT NULL
+) WITHOUT ROWID;
+
+-- Everything per minute: the report's timeline (steps: those that ran).
+CREATE TABLE IF NOT EXISTS timeline (
+    minute    INTEGER PRIMARY KEY,
+    requests  INTEGER NOT NULL DEFAULT 0,
+    failed    INTEGER NOT NULL DEFAULT 0,
+    steps     INTEGER NOT NULL DEFAULT 0,
+    replayed  INTEGER NOT NULL DEFAULT 0,
+    seconds   REAL NOT NULL DEFAULT 0,
+    captures  INTEGER NOT NULL DEFAULT 0,
+    evictions INTEGER NOT NULL DEFAULT 0
+);
+
+-- The 20 slowest requests of each hour (a copy of their requests rows).
+CREATE TABLE IF NOT EXISTS slow_requests (
+    hour     INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    worker   TEXT NOT NULL,
+    key_hash TEXT,
+    version  INTEGER NOT NULL,
+    steps    INTEGER NOT NULL,
+    captured INTEGER NOT NULL,
+    replayed INTEGER NOT NULL,
+    eager    INTEGER NOT NULL,
+    seconds  REAL NOT NULL,
+    status   TEXT NOT NULL,
+    t        REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS slow_requests_by_hour ON slow_requests (hour, seconds);
+CREATE INDEX IF NOT EXISTS slow_requests_by_seconds ON slow_requests (seconds);
+
+-- `reelctl versions` looks up who applied each version; the report finds
+-- the sync after each.
+CREATE INDEX IF NOT EXISTS worker_versions_by_version ON worker_versions (component, version, ok, worker);
+CREATE INDEX IF NOT EXISTS weight_versions_by_time ON weight_versions (t);
+CREATE INDEX IF NOT EXISTS weight_versions_by_state ON weight_versions (state, component, version);
+
+-- The newest version each worker applied, per component: `reelctl workers`.
+CREATE TABLE IF NOT EXISTS worker_applied (
+    worker    TEXT NOT NULL,
+    component TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    PRIMARY KEY (worker, component)
+) WITHOUT ROWID;

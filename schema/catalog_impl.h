@@ -11,14 +11,29 @@
 /* The writers' statements: one per record kind, then the extra ones a
  * kind runs after its own (catalog.c). Each is prepared on first use and
  * kept for the life of the connection. */
-enum { CAT_ST_SUPERSEDE = CAT_K_COUNT, CAT_ST_REPLAYS_NEW, CAT_ST_COUNT };
+enum { CAT_ST_SUPERSEDE = CAT_K_COUNT, CAT_ST_REPLAYS_NEW, CAT_ST_APPLIED, CAT_ST_UNAPPLIED, CAT_ST_REAPPLIED,
+       CAT_ST_COUNT };
 
 struct cat {
     sqlite3 *db;
     char *path;
     bool readonly;
     sqlite3_stmt *st[CAT_ST_COUNT];
+    struct cat_roll *roll;  /* the summaries' deltas of the open batch (catalog_rollup.c) */
 };
+
+/* The summaries (catalog_rollup.c). cat_roll_add: a record whose row went
+ * in adds to the deltas (the slowest requests are written at once); -1
+ * when it could not (the batch must then not commit: cat_roll_flush
+ * fails). cat_roll_flush: the deltas written, inside the open
+ * transaction, and emptied. cat_roll_reset: the deltas dropped (a
+ * rollback). cat_roll_failed: a delta was lost in this batch.
+ * cat_roll_free: at close. */
+int cat_roll_add(cat_t *c, const cat_rec_t *r);
+int cat_roll_flush(cat_t *c);
+void cat_roll_reset(cat_t *c);
+bool cat_roll_failed(const cat_t *c);
+void cat_roll_free(cat_t *c);
 
 /* The migrations in order: migration i takes user_version i to i + 1
  * (catalog_migrations.c; tests read the texts). */
@@ -28,6 +43,7 @@ extern const char cat_schema_v3_sql[];
 extern const char cat_schema_v4_sql[];
 extern const char cat_schema_v5_sql[];
 extern const char cat_schema_v6_sql[];
+extern const char cat_schema_v7_sql[];
 extern const char *const cat_migrations[];
 extern const int cat_n_migrations;
 

@@ -28,6 +28,8 @@ json_t *cat_query_evictions(cat_t *c);
 /* Every published version, newest first per component, with its state,
  * reason, the workers that applied it and those that failed to (and why). */
 json_t *cat_query_versions(cat_t *c);
+/* The same, the `limit` newest versions of each component only (0: all). */
+json_t *cat_query_versions_recent(cat_t *c, int limit);
 /* Each worker with its newest applied version per component and, while it
  * is live, each component whose current version it has not applied
  * ("lagging", with its error or "not applied"). */

@@ -97,34 +97,41 @@
     " ON CONFLICT (worker, component, version) DO UPDATE SET ok = excluded.ok,"                    \
     " error = excluded.error, t = excluded.t"
 
-/* A graph captured and verified. */
+/* A graph captured and verified. version: the weight version the worker
+ * ran when the broker got the event (the summaries' version; not a column
+ * of captures). The same capture reported twice is one capture: the
+ * second changes nothing (it only turns a placeholder row into a capture). */
 #define CAT_CAPTURE(F)                                                                             \
     F(TEXT, worker) F(TEXT, key_text) F(TEXT, key_hash) F(INT, stream) F(U64, bytes) F(U64, nodes) \
-    F(F64, seconds) F(TIME, t)
+    F(F64, seconds) F(U64, version) F(TIME, t)
 #define CAT_SQL_CAPTURE                                                                            \
     "INSERT INTO captures (worker, stream, key_text, key_hash, capture_seconds, bytes, nodes, t)"  \
-    " VALUES (?1, ?4, ?2, ?3, ?7, ?5, ?6, ?8)"                                                     \
+    " VALUES (?1, ?4, ?2, ?3, ?7, ?5, ?6, ?9)"                                                     \
     " ON CONFLICT (worker, key_hash, stream, t) DO UPDATE SET key_text = excluded.key_text,"       \
     " capture_seconds = excluded.capture_seconds, bytes = excluded.bytes,"                         \
-    " nodes = excluded.nodes, placeholder = 0"
+    " nodes = excluded.nodes, placeholder = 0 WHERE placeholder = 1"
 
 /* `count` more replays of the newest capture of (worker, key_hash,
  * stream). Replays whose capture was never reported (a lost message, a
  * catalog created after the worker started) get a placeholder capture
  * (CAT_SQL_REPLAYS_NEW) so the count is not lost. */
-#define CAT_REPLAYS(F) F(TEXT, worker) F(TEXT, key_hash) F(INT, stream) F(U64, count) F(TIME, t)
+#define CAT_REPLAYS(F) \
+    F(TEXT, worker) F(TEXT, key_hash) F(INT, stream) F(U64, count) F(U64, version) F(TIME, t)
 #define CAT_SQL_REPLAYS                                                                            \
     "UPDATE captures SET replay_count = replay_count + ?4,"                                        \
-    " last_replay = max(coalesce(last_replay, ?5), ?5)"                                            \
+    " last_replay = max(coalesce(last_replay, ?6), ?6)"                                            \
     " WHERE id = (SELECT id FROM captures WHERE worker = ?1 AND key_hash = ?2 AND stream = ?3"     \
     " ORDER BY t DESC, id DESC LIMIT 1)"
 
+/* A graph evicted, and why. version: as for a capture; the summaries
+ * count the eviction at to_version when it is set (the sync that caused
+ * it), else at version. */
 #define CAT_EVICTION(F)                                                                            \
     F(TEXT, worker) F(TEXT, key_text) F(TEXT, key_hash) F(TEXT, reason) F(TEXT, component)         \
-    F(U64, from_version) F(U64, to_version) F(TIME, t)
+    F(U64, from_version) F(U64, to_version) F(U64, version) F(TIME, t)
 #define CAT_SQL_EVICTION                                                                           \
     "INSERT INTO evictions (worker, key_text, key_hash, reason, component, from_version,"          \
-    " to_version, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    " to_version, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9)"
 
 /* `count` more declines of `reason` for (worker, key_hash). */
 #define CAT_DECLINE(F) \

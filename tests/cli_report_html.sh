@@ -75,7 +75,8 @@ fi
 
 # a hostile key text from the network stays text
 cp "$D/reel.db" "$D/evil.db"
-/usr/bin/sqlite3 "$D/evil.db" "UPDATE captures SET key_text = '<script>alert(1)</script><img src=x>' WHERE rowid = (SELECT min(rowid) FROM captures)"
+/usr/bin/sqlite3 "$D/evil.db" "UPDATE captures SET key_text = '<script>alert(1)</script><img src=x>' WHERE rowid = (SELECT min(rowid) FROM captures);
+    UPDATE key_texts SET key_text = '<script>alert(1)</script><img src=x>' WHERE key_hash = (SELECT min(key_hash) FROM key_texts)"
 "$R" report --html "$D/evil.html" --catalog "$D/evil.db" 2>/dev/null
 ! grep -q '<script>alert' "$D/evil.html" && grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$D/evil.html" &&
     ok "a hostile key text is escaped, never markup" || bad "a key text was not escaped"

@@ -164,7 +164,7 @@ static json_int_t captures_seen(cat_t *c) {
 static void capture(cat_t *c, const char *worker, const char *key, int stream, double t) {
     char text[64];
     snprintf(text, sizeof text, "text-of-%s", key);
-    OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, t));
+    OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, 1, t));
 }
 
 /* ---- migrations and opening -------------------------------------------- */
@@ -260,7 +260,7 @@ START_TEST(test_readonly_catalog_refuses_writes_with_message) {
     cat_close(&w);
     cat_t *r = open_ok(true);
     kern_error_clear();
-    ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1), -1);
+    ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1, 1), -1);
     ck_assert_msg(strstr(kern_error(), "read-only") != NULL, "message: %s", kern_error());
     cat_close(&r);
 }
@@ -497,7 +497,7 @@ static void forked_writer(int ready_fd, int go_fd) {
     if (!c) child_fail("open");
     if (cat_begin(c) != 0) child_fail("begin");
     for (int i = 0; i < 5; i++)
-        if (cat_capture(c, "child", "text", "kc", i, 1, 1, 0.1, 500 + i) != 0) child_fail("capture");
+        if (cat_capture(c, "child", "text", "kc", i, 1, 1, 0.1, 1, 500 + i) != 0) child_fail("capture");
     if (write(ready_fd, "r", 1) != 1) child_fail("write pipe");
     char b;
     if (read(go_fd, &b, 1) != 1) child_fail("read pipe");
@@ -558,9 +558,9 @@ START_TEST(test_replays_accumulate_on_newest_capture_of_worker_key_and_stream) {
     capture(c, "w1", "k", 0, 200); /* newest for stream 0 */
     capture(c, "w1", "k", 1, 150);
     capture(c, "w2", "k", 0, 300); /* another worker */
-    OK(cat_replays(c, "w1", "k", 0, 4, 250));
-    OK(cat_replays(c, "w1", "k", 0, 6, 260));
-    OK(cat_replays(c, "w1", "k", 1, 1, 270));
+    OK(cat_replays(c, "w1", "k", 0, 4, 1, 250));
+    OK(cat_replays(c, "w1", "k", 0, 6, 1, 260));
+    OK(cat_replays(c, "w1", "k", 1, 1, 1, 270));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
@@ -576,8 +576,8 @@ END_TEST
 
 START_TEST(test_replays_without_a_capture_create_a_placeholder_row_and_are_not_lost) {
     cat_t *c = open_ok(false);
-    OK(cat_replays(c, "w1", "lost", 2, 5, 100));
-    OK(cat_replays(c, "w1", "lost", 2, 3, 110)); /* lands on the same row */
+    OK(cat_replays(c, "w1", "lost", 2, 5, 1, 100));
+    OK(cat_replays(c, "w1", "lost", 2, 3, 1, 110)); /* lands on the same row */
     json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
     ck_assert_int_eq(jint(all, "captures"), 0); /* a placeholder is not a capture */
@@ -644,20 +644,20 @@ static void write_facts(cat_t *c) {
     OK(cat_worker_version(c, "w2", "dit", 1, true, NULL, 1004));
     OK(cat_worker_version(c, "w1", "dit", 2, true, NULL, 1101));
     OK(cat_worker_version(c, "w2", "dit", 2, false, "sha256 mismatch", 1102));
-    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1010));
-    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1011));
-    OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1012));
-    OK(cat_replays(c, "w1", "k1", 0, 6, 1020));
-    OK(cat_replays(c, "w1", "k1", 1, 3, 1021));
-    OK(cat_replays(c, "w1", "k2", 0, 1, 1022));
+    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1010));
+    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1, 1011));
+    OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1, 1012));
+    OK(cat_replays(c, "w1", "k1", 0, 6, 1, 1020));
+    OK(cat_replays(c, "w1", "k1", 1, 3, 1, 1021));
+    OK(cat_replays(c, "w1", "k2", 0, 1, 1, 1022));
     OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 1030));
     OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 1031));
     OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
     OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
     OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
-    OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1050));
-    OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1100));
-    OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1101));
+    OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1, 1050));
+    OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1, 1100));
+    OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1, 1101));
     OK(cat_artifact(c, "matmul-cuda", "matmul", "cuda", "cc33", "ok", NULL, 1060));
     OK(cat_commit(c));
 }
@@ -712,7 +712,7 @@ END_TEST
 START_TEST(test_stats_hit_rate_falls_back_to_capture_counters_without_requests) {
     cat_t *c = open_ok(false);
     for (int i = 0; i < 3; i++) capture(c, "w1", "k", i, 10 + i);
-    OK(cat_replays(c, "w1", "k", 0, 10, 20));
+    OK(cat_replays(c, "w1", "k", 0, 10, 1, 20));
     OK(cat_decline(c, "w1", "t", "k", "warming_up", 2, 21));
     json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
@@ -728,7 +728,7 @@ END_TEST
 START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
     cat_t *w = open_ok(false);
     write_facts(w);
-    OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1200));
+    OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1200));
     cat_t *c = open_ok(true);
     json_t *j = report_json(c, ctl_report_keys);
     ck_assert_int_eq(json_array_size(j), 3);
@@ -776,7 +776,7 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     free(t);
 
     OK(cat_begin(w));
-    for (int i = 0; i < 60; i++) OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 2000 + i));
+    for (int i = 0; i < 60; i++) OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 1, 2000 + i));
     OK(cat_commit(w));
     j = report_json(c, ctl_report_evictions);
     ck_assert_int_eq(json_array_size(j), 50);
@@ -1080,13 +1080,13 @@ END_TEST
  * evictions between it and the next, --since narrows the range. */
 START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_t *c = open_ok(false);
-    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1005));          /* before the first sync */
+    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1005));          /* before the first sync */
     OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
-    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1011));
-    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1012));
-    OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1013));
+    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
+    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1012));
+    OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, 1013));
     OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
-    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1021));
+    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
         OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
                        i == 9 ? "timeout" : "ok", 1000 + 3 * i));
@@ -1133,10 +1133,10 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *hash = "h'||'x";
     cat_t *c = open_ok(false);
     OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
-    OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 2));
-    OK(cat_replays(c, worker, hash, 0, 2, 3));
+    OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, 2));
+    OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
     OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
-    OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 5));
+    OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 1, 5));
     OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
     OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
     OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
@@ -1145,7 +1145,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 10);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 17);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM artifact_keys WHERE key = 'k''ey'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE path = '/w/''x'"), 1);
     sqlite3_stmt *s;
@@ -1177,7 +1177,7 @@ END_TEST
 
 START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
     cat_t *c = open_ok(false);
-    OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1));
+    OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1, 1));
     json_t *j = report_json(c, ctl_report_keys); /* still valid JSON */
     ck_assert_ptr_nonnull(strstr(jstr(json_array_get(j, 0), "key_text"), "line\none"));
     json_decref(j);
@@ -1216,6 +1216,39 @@ START_TEST(test_sqlite_uris_and_symlinked_catalogs_are_refused) {
 }
 END_TEST
 
+
+/* `reelctl versions` lists the newest `limit` versions of each component
+ * (a footer says older ones are left out); the query without a limit, and
+ * --json with one, agree on what they list. */
+START_TEST(test_versions_report_lists_the_newest_of_each_component_and_says_when_it_cut) {
+    cat_t *c = open_ok(false);
+    for (int v = 1; v <= 15; v++) OK(cat_weight_version(c, "transformer", (uint64_t)v, "aa", "/w", 100 + v));
+    for (int v = 1; v <= 3; v++) OK(cat_weight_version(c, "vae", (uint64_t)v, "bb", "/v", 200 + v));
+    json_t *all = cat_query_versions(c), *some = cat_query_versions_recent(c, 10);
+    ck_assert_uint_eq(json_array_size(all), 18);
+    ck_assert_uint_eq(json_array_size(some), 13);
+    ck_assert_int_eq(jint(json_array_get(some, 0), "version"), 15);
+    ck_assert_int_eq(jint(json_array_get(some, 9), "version"), 6);
+    ck_assert_str_eq(jstr(json_array_get(some, 10), "component"), "vae");
+    json_decref(all);
+    json_decref(some);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_versions_recent(c, false, f, 10), 0);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "the 10 newest versions of each component; --all lists every one"), "%s", buf);
+    ck_assert_ptr_null(strstr(buf, "transformer  5 ")); /* cut */
+    free(buf);
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_versions_recent(c, false, f, 20), 0);
+    fclose(f);
+    ck_assert_ptr_null(strstr(buf, "--all")); /* nothing left out: no footer */
+    free(buf);
+    cat_close(&c);
+}
+END_TEST
+
 static Suite *catalog_suite(void) {
     Suite *s = suite_create("catalog");
     TCase *tc = tcase_create("catalog");
@@ -1245,6 +1278,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_current_versions_are_the_newest_applied_never_pending_or_failed);
     tcase_add_test(tc, test_metrics_are_prometheus_counters_by_worker_and_reason);
     tcase_add_test(tc, test_versions_report_lists_which_workers_applied_each_version);
+    tcase_add_test(tc, test_versions_report_lists_the_newest_of_each_component_and_says_when_it_cut);
     tcase_add_test(tc, test_workers_report_shows_last_seen_gone_and_applied_versions);
     tcase_add_test(tc, test_workers_report_shows_live_workers_behind_the_current_version_with_their_reason);
     tcase_add_test(tc, test_requests_report_is_newest_first_with_step_counts);
