@@ -160,7 +160,18 @@ static int write_batch(brk_catq_t *q, cq_item_t *chain) {
         if (cat_failure_transient(q->cat)) goto failed;
         if (worth_logging(++refused)) brk_log("catalog: a record was refused: %s", kern_error());
     }
-    if (cat_commit(q->cat) != 0) goto failed;
+    if (cat_commit(q->cat) != 0) {
+        if (cat_failure_transient(q->cat)) goto failed;
+        /* The store refused what the batch adds up to for good (its
+         * summaries): each record again as a batch of its own, so a bad
+         * record costs itself, never the batch and the queue behind it. */
+        brk_log("catalog: a batch was refused (%s); writing its records one by one", kern_error());
+        cat_rollback(q->cat);
+        refused = 0;
+        for (cq_item_t *it = chain; it; it = it->next)
+            if (cat_write(q->cat, &it->rec) != 0 && worth_logging(++refused))
+                brk_log("catalog: a record was refused: %s", kern_error());
+    }
     pthread_mutex_lock(&q->mu);
     q->refused += refused;
     pthread_mutex_unlock(&q->mu);

@@ -58,9 +58,10 @@ brk_catq_t *brk_catq_new(cat_t **cat, size_t max);
 void brk_catq_destroy(brk_catq_t **q);
 /* Retention (docs/OPERATIONS.md): from now on the writer prunes raw rows
  * older than retain_seconds (0: none) or past max_rows per table (0: no
- * cap), BRK_CATQ_PRUNE_BATCH rows per table per transaction, between its
- * batches (records waiting always go first), until nothing is left, then
- * again every BRK_CATQ_PRUNE_MS. Does nothing without a catalog. */
+ * cap), BRK_CATQ_PRUNE_BATCH rows per table per transaction: at most one
+ * such transaction after each batch (a record waits at most one), or
+ * while nothing is queued, until nothing is left, then again every
+ * BRK_CATQ_PRUNE_MS. Does nothing without a catalog. */
 void brk_catq_retain(brk_catq_t *q, double retain_seconds, int64_t max_rows);
 /* Raw rows pruned so far. */
 uint64_t brk_catq_pruned(brk_catq_t *q);

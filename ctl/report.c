@@ -271,10 +271,14 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
     };
     versions_limit = limit;
     if (json || limit <= 0) return report(c, versions_query, json, out, cols, CTL_NCOLS(cols));
-    json_t *rows = versions_query(c);
-    if (!rows) return -1;
-    int ret = table(c, out, rows, cols, CTL_NCOLS(cols));
-    /* A component with `limit` rows shown may have older ones. */
+    /* One more than shown: a component that has it has older versions. */
+    versions_limit = limit + 1;
+    json_t *rows = versions_query(c), *shown = json_array();
+    if (!rows || !shown) {
+        json_decref(rows);
+        json_decref(shown);
+        return rows ? kern_fail("catalog %s: report: out of memory", cat_path(c)) : -1;
+    }
     size_t i, run = 0;
     json_t *r;
     const char *comp = NULL;
@@ -283,10 +287,13 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
         const char *k = json_string_value(json_object_get(r, "component"));
         run = comp && k && !strcmp(comp, k) ? run + 1 : 1;
         comp = k;
-        if (run >= (size_t)limit) more = true;
+        if (run > (size_t)limit) more = true;
+        else json_array_append(shown, r);
     }
+    int ret = table(c, out, shown, cols, CTL_NCOLS(cols));
     if (ret == 0 && more) fprintf(out, "(the %d newest versions of each component; --all lists every one)\n", limit);
     json_decref(rows);
+    json_decref(shown);
     return flushed(c, out, ret);
 }
 

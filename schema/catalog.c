@@ -195,8 +195,9 @@ void cat_close(cat_t **cp) {
 }
 
 int cat_begin(cat_t *c) {
+    if (cat_exec(c, "BEGIN IMMEDIATE", "begin") != 0) return -1; /* a batch already open keeps its deltas */
     cat_roll_reset(c);
-    return cat_exec(c, "BEGIN IMMEDIATE", "begin");
+    return 0;
 }
 
 /* The batch's summaries go in before it commits (catalog_rollup.c). */

@@ -230,6 +230,15 @@ CREATE TABLE IF NOT EXISTS eviction_reasons (
     PRIMARY KEY (worker, reason)
 ) WITHOUT ROWID;
 
+-- Evictions per hour, worker and reason: the stats of a time range.
+CREATE TABLE IF NOT EXISTS eviction_hours (
+    hour   INTEGER NOT NULL,
+    worker TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count  INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (hour, worker, reason)
+) WITHOUT ROWID;
+
 -- The newest text of each capture key seen (captures, evictions, declines).
 CREATE TABLE IF NOT EXISTS key_texts (
     key_hash TEXT PRIMARY KEY,

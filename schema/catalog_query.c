@@ -581,8 +581,8 @@ static json_t *build_report(cat_t *c) {
                  " max(last_replay) AS last_replay FROM rollups WHERE hour >= %lld GROUP BY worker, key_hash)",
                  m_since / 60);
         snprintf(reasons, sizeof reasons,
-                 "(SELECT worker, reason, count(*) AS count FROM evictions WHERE t >= %.17g GROUP BY worker, reason)",
-                 since);
+                 "(SELECT worker, reason, sum(count) AS count FROM eviction_hours WHERE hour >= %lld"
+                 " GROUP BY worker, reason)", m_since / 60);
         stats = build_stats_from(c, totals, reasons);
         keys = build_keys_from(c, totals);
     } else {

@@ -36,13 +36,13 @@ typedef struct {
     int kind;
     char *a, *b;       /* ROLL: worker, key_hash; REASON: worker, reason; TEXT: key_hash, its text */
     uint64_t version;  /* ROLL */
-    int64_t slot;      /* ROLL: hour; MINUTE: minute */
+    int64_t slot;      /* ROLL, REASON: hour; MINUTE: minute */
     double t;          /* TEXT: when the text was seen */
     uint64_t hash;
     roll_sums_t s;
 } roll_ent_t;
 
-enum { S_ROLL, S_TOTAL, S_MINUTE, S_REASON, S_TEXT, S_SLOW_LOAD, S_SLOW_ADD, S_SLOW_TRIM, S_COUNT };
+enum { S_ROLL, S_TOTAL, S_MINUTE, S_REASON, S_REASON_HOUR, S_TEXT, S_SLOW_LOAD, S_SLOW_ADD, S_SLOW_TRIM, S_COUNT };
 
 #define ROLL_SUMS                                                                                   \
     " requests = requests + excluded.requests, failed = failed + excluded.failed,"                  \
@@ -72,6 +72,8 @@ static const char *const roll_sql[S_COUNT] = {
                  " evictions = evictions + excluded.evictions",
     [S_REASON] = "INSERT INTO eviction_reasons (worker, reason, count) VALUES (?1, ?2, ?3)"
                  " ON CONFLICT (worker, reason) DO UPDATE SET count = count + excluded.count",
+    [S_REASON_HOUR] = "INSERT INTO eviction_hours (hour, worker, reason, count) VALUES (?4, ?1, ?2, ?3)"
+                      " ON CONFLICT (hour, worker, reason) DO UPDATE SET count = count + excluded.count",
     [S_TEXT] = "INSERT INTO key_texts (key_hash, key_text, t) VALUES (?1, ?2, ?3)"
                " ON CONFLICT (key_hash) DO UPDATE SET key_text = excluded.key_text, t = excluded.t"
                " WHERE excluded.t >= key_texts.t",
@@ -173,6 +175,7 @@ static roll_ent_t *ent(cat_t *c, int kind, const char *a, const char *b, uint64_
             if (ent_is(r->slots[j], h, kind, a, b, version, slot)) return r->slots[j];
     }
     if ((r->n + 1) * 2 > r->cap && !grow(r)) goto oom;
+    if (kind != R_TEXT && !b) b = ""; /* a NULL key_hash is stored as "" (NOT NULL columns) */
     roll_ent_t *e = calloc(1, sizeof *e);
     if (!e || !(e->a = strdup(a)) || (b && !(e->b = strdup(b)))) {
         ent_free(e);
@@ -305,7 +308,7 @@ int cat_roll_add(cat_t *c, const cat_rec_t *rec) {
         roll_ent_t *why;
         if (!(e = ent(c, R_ROLL, x->worker, x->key_hash, v, slot_of(x->t, 3600))) ||
             !(m = ent(c, R_MINUTE, "", NULL, 0, slot_of(x->t, 60))) ||
-            !(why = ent(c, R_REASON, x->worker, x->reason, 0, 0)))
+            !(why = ent(c, R_REASON, x->worker, x->reason, 0, slot_of(x->t, 3600))))
             return -1;
         e->s.evictions++;
         m->s.evictions++;
@@ -355,12 +358,14 @@ static int flush_one(cat_t *c, const roll_ent_t *e) {
                              sqlite3_bind_int64(s, 5, e->s.replayed) | sqlite3_bind_double(s, 6, e->s.seconds) |
                              sqlite3_bind_int64(s, 7, e->s.captures) | sqlite3_bind_int64(s, 8, e->s.evictions),
                          "timeline");
-    case R_REASON:
-        if (!(s = stmt(c, S_REASON))) return -1;
-        return step_done(c, s,
-                         cat_bind_text(s, 1, e->a) | cat_bind_text(s, 2, e->b) |
-                             sqlite3_bind_int64(s, 3, e->s.evictions),
-                         "eviction reasons");
+    case R_REASON: /* all time, and per hour */
+        for (int w = S_REASON; w <= S_REASON_HOUR; w++) {
+            if (!(s = stmt(c, w))) return -1;
+            int b = cat_bind_text(s, 1, e->a) | cat_bind_text(s, 2, e->b) | sqlite3_bind_int64(s, 3, e->s.evictions) |
+                    (w == S_REASON_HOUR ? sqlite3_bind_int64(s, 4, e->slot) : SQLITE_OK);
+            if (step_done(c, s, b, "eviction reasons") != 0) return -1;
+        }
+        return 0;
     case R_TEXT:
         if (!(s = stmt(c, S_TEXT))) return -1;
         return step_done(c, s,
@@ -435,17 +440,20 @@ static int del(cat_t *c, const char *sql, int64_t limit, double before, int64_t 
     return 0;
 }
 
-/* The raw tables pruned: each deletes by age through the order rows were
- * written in (rowid: requests go in in time order, captures and evictions
- * nearly so) or, for evictions, its time index; and by count from the
- * oldest rowid. A capture counts as old once its last replay is. */
+/* The raw tables pruned, each in the order its rows were written (rowid),
+ * which is the order of their times: requests and captures go in as they
+ * happen, so the oldest rows are the first rowids; evictions by their time
+ * index. By age: rows written before the cutoff (a graph captured before
+ * it loses its raw row even while it is replayed: its later replays land
+ * on a placeholder row, and the summaries count them either way). By
+ * count: the rows before the newest max_rows rowids. */
 static const struct {
     const char *table, *by_age;
 } raw[] = {
     { "requests", "DELETE FROM requests WHERE rowid IN (SELECT rowid FROM requests ORDER BY rowid LIMIT ?1)"
                   " AND t < ?2" },
     { "captures", "DELETE FROM captures WHERE rowid IN (SELECT rowid FROM captures ORDER BY rowid LIMIT ?1)"
-                  " AND coalesce(last_replay, t) < ?2" },
+                  " AND t < ?2" },
     { "evictions", "DELETE FROM evictions WHERE rowid IN (SELECT rowid FROM evictions WHERE t < ?2"
                    " ORDER BY t LIMIT ?1)" },
 };
@@ -464,17 +472,17 @@ int64_t cat_prune(cat_t *c, double before, int64_t max_rows, int batch) {
             left -= d;
         }
         if (max_rows > 0 && left > 0) {
-            /* Rows are deleted from the oldest rowid only, so the span of
-             * rowids is the count (or a little over it): no full count. */
-            char sql[192];
-            int64_t span = 0;
-            snprintf(sql, sizeof sql, "SELECT coalesce((SELECT max(rowid) FROM %s) - (SELECT min(rowid) FROM %s) + 1, 0)",
-                     raw[i].table, raw[i].table);
-            if (one_int(c, sql, 0, &span) != 0) goto err;
-            int64_t over = span - max_rows;
-            snprintf(sql, sizeof sql, "DELETE FROM %s WHERE rowid IN (SELECT rowid FROM %s ORDER BY rowid LIMIT ?1)",
-                     raw[i].table, raw[i].table);
-            if (over > 0 && del(c, sql, over < left ? over : left, 0, &deleted) != 0) goto err;
+            /* The rows before the newest max_rows rowids (rowids only grow:
+             * a seek, not a count of the table; where rows were deleted in
+             * the middle a little under max_rows may stay). */
+            char sql[256];
+            int64_t newest = 0;
+            snprintf(sql, sizeof sql, "SELECT coalesce((SELECT max(rowid) FROM %s), 0)", raw[i].table);
+            if (one_int(c, sql, 0, &newest) != 0) goto err;
+            snprintf(sql, sizeof sql,
+                     "DELETE FROM %s WHERE rowid IN (SELECT rowid FROM %s WHERE rowid <= %lld ORDER BY rowid LIMIT ?1)",
+                     raw[i].table, raw[i].table, (long long)(newest - max_rows));
+            if (newest > max_rows && del(c, sql, left, 0, &deleted) != 0) goto err;
         }
     }
     if (cat_commit(c) != 0) goto err;

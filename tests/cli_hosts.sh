@@ -11,8 +11,9 @@
 #     the other worker and answered (nothing lost);
 #   - a sync while it is away goes to the live worker; when the link comes
 #     back (with `tc netem` delay and loss on it; where the kernel has no
-#     netem, a 2 Mbit/s token bucket, said in a NOTE line) the worker
-#     rejoins, is caught up to that version, and serves over that link.
+#     netem, a 2 Mbit/s token bucket and 5% of the packets dropped by
+#     iptables, said in a NOTE line) the worker rejoins, is caught up to
+#     that version, and serves over that link.
 # Needs `ip netns` (root, CAP_NET_ADMIN): where it is not permitted it
 # prints one SKIP line and exits 0.
 # Usage: cli_hosts.sh BUILD
@@ -136,15 +137,26 @@ grep -q "complete; applied w2;" "$D/sync3.err" && ok "sync v3 with w1 away: appl
     { bad "sync v3"; show "$D/sync3.err"; }
 # The link comes back impaired: netem delay and loss where the kernel has
 # sch_netem; else (this project's VMs have no netem) a token bucket that
-# caps it at 2 Mbit/s, said in a NOTE line: loss is then not exercised.
+# caps it at 2 Mbit/s (its queue is the delay) and iptables dropping 5% of
+# the packets each way at random (the statistic match), said in a NOTE
+# line; without iptables either, loss is not exercised (NOTE).
 LINK="40 ms each way, 5% loss"
+LOSSY=""
 if nsx reelb tc qdisc add dev "rb1$$" root netem delay 40ms loss 5% 2>"$D/tc.err" &&
     nsx reel1 tc qdisc add dev "rw1$$" root netem delay 40ms loss 5% 2>>"$D/tc.err"; then
     ok "tc netem on w1's link: delay 40 ms and 5% loss each way"
 elif nsx reelb tc qdisc add dev "rb1$$" root tbf rate 2mbit burst 32kbit latency 400ms 2>>"$D/tc.err" &&
     nsx reel1 tc qdisc add dev "rw1$$" root tbf rate 2mbit burst 32kbit latency 400ms 2>>"$D/tc.err"; then
-    echo "NOTE hosts: this kernel has no netem ($(head -1 "$D/tc.err")): w1's link comes back capped at 2 Mbit/s (tbf) instead; packet loss is not exercised here"
     LINK="2 Mbit/s each way"
+    if command -v iptables >/dev/null 2>&1 &&
+        nsx reelb iptables -A INPUT -i "rb1$$" -m statistic --mode random --probability 0.05 -j DROP 2>>"$D/tc.err" &&
+        nsx reel1 iptables -A INPUT -i "rw1$$" -m statistic --mode random --probability 0.05 -j DROP 2>>"$D/tc.err"; then
+        LINK="2 Mbit/s and 5% loss each way"
+        LOSSY=1
+        echo "NOTE hosts: this kernel has no netem ($(head -1 "$D/tc.err")): w1's link comes back capped at 2 Mbit/s (tbf) with 5% of its packets dropped each way (iptables statistic) instead"
+    else
+        echo "NOTE hosts: this kernel has no netem ($(head -1 "$D/tc.err")) and iptables cannot drop here: w1's link comes back capped at 2 Mbit/s (tbf) instead; packet loss is not exercised here"
+    fi
 else
     bad "impair the link (tc netem, tbf)"; show "$D/tc.err"
 fi
@@ -157,4 +169,10 @@ w=$(gen "$on1" 2 "$D/back.safetensors")
 [ "$w" = w1 ] && grep -q "weights v3" "$D/back.safetensors.err" &&
     ok "w1 serves its key again on v3 over the impaired link" ||
     { bad "after the rejoin: answered by '$w'"; show "$D/back.safetensors.err"; }
+if [ -n "$LOSSY" ]; then # the loss was real: packets were dropped on that link
+    dropped=$(( $(nsx reelb iptables -L INPUT -v -n -x | awk '/statistic/ { print $1 }') + \
+                $(nsx reel1 iptables -L INPUT -v -n -x | awk '/statistic/ { print $1 }') ))
+    [ "$dropped" -gt 0 ] && ok "iptables dropped $dropped packets on w1's link meanwhile" ||
+        bad "no packet was dropped on w1's link"
+fi
 finish

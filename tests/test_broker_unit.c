@@ -1294,6 +1294,57 @@ START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
 }
 END_TEST
 
+
+/* A batch whose summaries the store refuses for good (here a trigger on
+ * rollups refuses worker "bad") is written again record by record: the
+ * bad record is refused and counted, the rest of the batch lands, and the
+ * queue behind it keeps moving (before, the batch was retried forever). */
+START_TEST(test_a_batch_the_store_refuses_for_good_is_written_record_by_record) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "CREATE TRIGGER no_bad BEFORE INSERT ON rollups WHEN NEW.worker = 'bad'"
+                                      " BEGIN SELECT RAISE(ABORT, 'no bad workers'); END", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    for (int i = 0; i < 10; i++)
+        brk_cq_request(q, (uint64_t)i, i == 4 ? "bad" : "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok");
+    for (int i = 0; i < 300 && sql_int(path, "SELECT count(*) FROM requests") < 9; i++) usleep(10000);
+    brk_cq_request(q, 99, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok"); /* after it: still written */
+    for (int i = 0; i < 300 && sql_int(path, "SELECT count(*) FROM requests") < 10; i++) usleep(10000);
+    ck_assert_uint_eq(brk_catq_refused(q), 1);
+    brk_catq_destroy(&q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 10);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests WHERE worker = 'bad'"), 0);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(requests) FROM key_totals"), 10);
+    remove_dir(dir);
+}
+END_TEST
+
+/* With retention on, the writer thread prunes raw rows older than it in
+ * its own small transactions, counts them, and keeps the summaries. */
+START_TEST(test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    ck_assert_int_eq(cat_begin(c), 0);
+    for (int i = 0; i < 3000; i++)
+        ck_assert_int_eq(cat_request(c, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 1000.0 + i), 0);
+    ck_assert_int_eq(cat_commit(c), 0);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    brk_cq_request(q, 5000, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok"); /* now: kept */
+    brk_catq_retain(q, 86400, 0);
+    for (int i = 0; i < 500 && brk_catq_pruned(q) < 3000; i++) usleep(10000);
+    ck_assert_uint_eq(brk_catq_pruned(q), 3000); /* more than one transaction's worth (BRK_CATQ_PRUNE_BATCH) */
+    brk_catq_destroy(&q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 1);
+    ck_assert_int_eq(sql_int(path, "SELECT id FROM requests"), 5000);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(requests) FROM key_totals"), 3001);
+    remove_dir(dir);
+}
+END_TEST
+
 /* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
 
 /* Before: a worker could ack any version, 2^64-1 included, and became
@@ -1506,6 +1557,8 @@ static Suite *broker_unit_suite(void) {
     tcase_set_timeout(cq, 60);
     tcase_add_test(cq, test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none);
     tcase_add_test(cq, test_a_lone_catalog_record_is_written_within_the_batch_window);
+    tcase_add_test(cq, test_a_batch_the_store_refuses_for_good_is_written_record_by_record);
+    tcase_add_test(cq, test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them);
     tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);
     suite_add_tcase(s, cq);
     return s;

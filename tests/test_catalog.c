@@ -1145,7 +1145,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 17);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"), 18);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM artifact_keys WHERE key = 'k''ey'"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM audit WHERE path = '/w/''x'"), 1);
     sqlite3_stmt *s;
@@ -1244,6 +1244,12 @@ START_TEST(test_versions_report_lists_the_newest_of_each_component_and_says_when
     ck_assert_int_eq(ctl_report_versions_recent(c, false, f, 20), 0);
     fclose(f);
     ck_assert_ptr_null(strstr(buf, "--all")); /* nothing left out: no footer */
+    free(buf);
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_versions_recent(c, false, f, 15), 0); /* exactly 15: none left out */
+    fclose(f);
+    ck_assert_ptr_null(strstr(buf, "--all"));
+    ck_assert_ptr_nonnull(strstr(buf, "transformer"));
     free(buf);
     cat_close(&c);
 }

@@ -28,16 +28,30 @@
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void *lib_lt, *lib_blas;
-static char why[512];
+static pthread_mutex_t why_mu = PTHREAD_MUTEX_INITIALIZER;
+static char why[512]; /* the first reason cuBLAS is missing; written once, under why_mu */
+
+static void set_why(const char *fmt, const char *a, const char *b) {
+    pthread_mutex_lock(&why_mu);
+    if (!why[0]) snprintf(why, sizeof why, fmt, a, b);
+    pthread_mutex_unlock(&why_mu);
+}
+
+static const char *get_why(void) {
+    pthread_mutex_lock(&why_mu);
+    const char *w = why[0] ? why : NULL;
+    pthread_mutex_unlock(&why_mu);
+    return w;
+}
 
 static void open_libs(void) {
     lib_lt = dlopen(LT_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!lib_lt) {
-        snprintf(why, sizeof why, "cuBLAS could not be loaded: %s", dlerror());
+        set_why("cuBLAS could not be loaded: %s%s", dlerror(), "");
         return;
     }
     lib_blas = dlopen(BLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!lib_blas) snprintf(why, sizeof why, "cuBLAS could not be loaded: %s", dlerror());
+    if (!lib_blas) set_why("cuBLAS could not be loaded: %s%s", dlerror(), "");
 }
 
 /* The function `name` of the library (lt: cuBLASLt), cached in *slot;
@@ -50,7 +64,7 @@ static void *lazy_sym(int lt, const char *name, void **slot) {
     if (!lib) return NULL;
     p = dlsym(lib, name);
     if (!p) {
-        snprintf(why, sizeof why, "cuBLAS has no %s (%s)", name, lt ? LT_SONAME : BLAS_SONAME);
+        set_why("cuBLAS has no %s (%s)", name, lt ? LT_SONAME : BLAS_SONAME);
         return NULL;
     }
     __atomic_store_n(slot, p, __ATOMIC_RELEASE);
@@ -104,8 +118,10 @@ LAZY(0, cublasGemmStridedBatchedEx,
 const char *CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
     static void *slot;
     const char *(*fn)(cublasStatus_t) = (const char *(*)(cublasStatus_t))lazy_sym(0, "cublasGetStatusString", &slot);
-    if (fn) return fn(status);
-    return why[0] ? why : "cuBLAS is not loaded";
+    const char *w = get_why();
+    /* NOT_INITIALIZED is what a missing library or function returns here */
+    if (w && (!fn || status == CUBLAS_STATUS_NOT_INITIALIZED)) return w;
+    return fn ? fn(status) : "cuBLAS is not loaded";
 }
 
 /* For tests/test_cublas_lazy.c: opens the libraries and resolves every
@@ -128,7 +144,7 @@ int reel_cublas_lazy_check(const char **reason) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         void *slot = NULL;
         if (!lazy_sym(all[i].lt, all[i].name, &slot)) {
-            *reason = why;
+            *reason = get_why();
             return -1;
         }
     }
