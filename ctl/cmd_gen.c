@@ -492,7 +492,14 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     reel_client_destroy(&c);
     if (rc != 0) return kern_fail("broker %s: %s: %s", broker, err.code, err.message);
     const msg_status_reply_t *r = reel_status_reply(s);
-    prom(out, "reel_broker_workers", "gauge", "Workers registered.", r->n_workers);
+    /* By state, with the label set of the broker's live /metrics (one
+     * name, one label set, whichever source Prometheus scrapes); STATUS
+     * lists the live workers only, so no "dead". */
+    uint64_t routable = 0;
+    for (size_t i = 0; i < r->n_workers; i++) routable += r->workers[i].routable;
+    fputs("# HELP reel_broker_workers Workers registered, by state.\n# TYPE reel_broker_workers gauge\n", out);
+    fprintf(out, "reel_broker_workers{state=\"routable\"} %" PRIu64 "\n", routable);
+    fprintf(out, "reel_broker_workers{state=\"unroutable\"} %" PRIu64 "\n", (uint64_t)r->n_workers - routable);
     prom(out, "reel_broker_queue", "gauge", "Requests waiting for a worker.", r->queue);
     prom(out, "reel_broker_malformed_total", "counter", "Unreadable messages received.", r->malformed);
     prom(out, "reel_broker_undelivered_total", "counter",

@@ -96,6 +96,17 @@ for p in "$BP" "$P1" "$P2"; do
         bad "promtool check metrics on :$p"; show "$D/promtool$p.txt"
     fi
 done
+# `reelctl metrics --broker` (from STATUS, with the catalog's counters):
+# valid text, and the same label set as the live /metrics for a name both have.
+"$R" metrics --broker "ipc://$D/c" --catalog "$D/reel.db" >"$D/mctl.txt" 2>&1
+if promtool check metrics <"$D/mctl.txt" >"$D/promtool-ctl.txt" 2>&1; then
+    ok "promtool check metrics passes on reelctl metrics --broker ($(grep -vc '^#' "$D/mctl.txt") samples)"
+else
+    bad "promtool check metrics on reelctl metrics --broker"; show "$D/promtool-ctl.txt"
+fi
+grep -q '^reel_broker_workers{state="routable"} 2$' "$D/mctl.txt" && grep -q '^reel_broker_workers{state="routable"} 2$' "$D/m$BP.txt" &&
+    ok "reel_broker_workers{state=...} in both, 2 routable" ||
+    { bad "reel_broker_workers label sets"; grep reel_broker_workers "$D/mctl.txt" "$D/m$BP.txt" | head -6; }
 if grep -qiE '(key|key_hash|request|id)="' "$D/m$BP.txt" "$D/m$P1.txt" "$D/m$P2.txt"; then
     bad "a capture-key or request-id label"; grep -iE '(key|key_hash|request|id)="' "$D"/m*.txt | head -3
 else
