@@ -7,8 +7,8 @@
  * 4096: the summaries are maintained as the broker maintains them). Then
  * every reelctl report run as a process (its wall time, process start
  * included) and a /metrics scrape of a broker serving each catalog, the
- * two sizes in turn, REPS times (medians); the goal: each under 100 ms at
- * full size and no slower than at a tenth. For scale, one scan of the raw
+ * two sizes in turn, REPS times (median and fastest); the goal: each under
+ * 100 ms at full size (median) and no slower than at a tenth (fastest). For scale, one scan of the raw
  * requests (what a report reading raw rows pays at least) is timed too.
  *
  * usage: bench_catalog [BUILD] [DIR]  (DIR: where the catalogs go; default
@@ -40,7 +40,7 @@
 #define STEPS 8
 #define FULL_REQUESTS 2000000
 #define T0 1.75e9            /* the day starts here (UNIX seconds) */
-#define REPS 15
+#define REPS 25
 
 static uint64_t rng = 88172645463325252ULL;
 static uint64_t next_rand(void) {
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
 
     printf("catalog after a busy day: %d workers, %.0f requests/s, a sync every %.0f s (every graph evicted\n"
            "and recaptured), %d keys; every reelctl report run as a process, a tenth and the full size in\n"
-           "turn, %d times each (medians, ms)\n",
+           "turn, %d times each (ms)\n",
            WORKERS, RATE, SYNC_EVERY, WORKERS * KEYS_PER_WORKER, REPS);
     long reqs[2] = { FULL_REQUESTS / 10, FULL_REQUESTS };
     char path[2][512], html[2][512], cat_arg[2][600];
@@ -294,14 +294,19 @@ int main(int argc, char **argv) {
         scan[s] = bench_median(w, REPS);
     }
 
-    printf("\n%-18s %12s %12s %8s  %s\n", "report", "a tenth", "full size", "ratio", "goal (<100 ms, no slower)");
+    /* The median says what an operator waits; the fastest of the runs is
+     * the work itself (this VM's noise only adds), so "no slower" compares
+     * the fastest: within 10%, or 2 ms for what takes a few ms. */
+    printf("\n%-18s %22s %22s %14s  %s\n", "report", "a tenth: median (min)", "full: median (min)", "ratio (min)",
+           "goal: < 100 ms, no slower");
     int missed = 0;
     for (int i = 0; i < NROW; i++) {
-        double a = bench_median(v[i][0], REPS), b = bench_median(v[i][1], REPS), ratio = b / a;
-        /* "No slower": within 15%, or 2 ms for what takes a few ms. */
-        bool ok = b < 100 && (ratio <= 1.15 || b - a < 2.0);
+        double a = bench_median(v[i][0], REPS), b = bench_median(v[i][1], REPS); /* sorts: [0] is the min */
+        double amin = v[i][0][0], bmin = v[i][1][0];
+        bool ok = b < 100 && (bmin <= 1.10 * amin || bmin - amin < 2.0);
         missed += !ok;
-        printf("%-18s %9.1f ms %9.1f ms %7.2fx  %s\n", names[i], a, b, ratio, ok ? "met" : "MISSED");
+        printf("%-18s %11.1f (%5.1f) ms %11.1f (%5.1f) ms %6.2fx (%4.2fx)  %s\n", names[i], a, amin, b, bmin, b / a,
+               bmin / amin, ok ? "met" : "MISSED");
     }
     printf("%-18s %9.1f ms %9.1f ms %7.2fx  (one scan of the raw requests, for scale)\n", "raw requests scan",
            scan[0], scan[1], scan[1] / scan[0]);
