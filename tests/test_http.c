@@ -92,6 +92,84 @@ START_TEST(test_serves_the_published_copy_and_health_by_state) {
 }
 END_TEST
 
+
+/* A connected socket to 127.0.0.1:port (the test closes it). */
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Clients that connect and say nothing, stop half-way through a request
+ * line, ask for a large /metrics and never read it, send bytes that are
+ * not HTTP, or a header of 100 KB: meanwhile and after, every scrape gets
+ * the whole published text (the server polls its connections, none of
+ * them can hold it up), and the hostile requests get an error or a close,
+ * never a crash. */
+START_TEST(test_slow_and_hostile_clients_do_not_stop_the_scrapes) {
+    reel_http_t *h = reel_http_start("127.0.0.1:0");
+    ck_assert_msg(h != NULL, "%s", kern_error());
+    int port = reel_http_port(h);
+    /* ~1 MB of metrics: more than a socket buffer holds */
+    size_t big = 1 << 20;
+    char *m = malloc(big + 1);
+    ck_assert_ptr_nonnull(m);
+    size_t n = 0;
+    for (int i = 0; n + 64 < big; i++) n += (size_t)snprintf(m + n, big - n, "x_total{i=\"%d\"} %d\n", i, i);
+    ck_assert_int_eq(reel_http_publish(h, m, n, true, true, NULL), 0);
+    int fds[24], k = 0;
+    for (int i = 0; i < 8; i++) fds[k++] = dial(port); /* silent */
+    for (int i = 0; i < 6; i++) {                      /* half a request line */
+        fds[k] = dial(port);
+        ck_assert_int_eq(write(fds[k++], "GET /metr", 9), 9);
+    }
+    for (int i = 0; i < 6; i++) { /* a big answer nobody reads */
+        fds[k] = dial(port);
+        const char *q = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+        ck_assert_int_eq(write(fds[k++], q, strlen(q)), (ssize_t)strlen(q));
+    }
+    { /* not HTTP at all */
+        fds[k] = dial(port);
+        const char junk[] = "\x16\x03\x01\x00\xff\xfe garbage \r\n\r\n";
+        ck_assert_int_eq(write(fds[k++], junk, sizeof junk - 1), (ssize_t)(sizeof junk - 1));
+    }
+    { /* a 100 KB header */
+        fds[k] = dial(port);
+        char *hdr = malloc(100 * 1024 + 64);
+        ck_assert_ptr_nonnull(hdr);
+        int hn = snprintf(hdr, 64, "GET /metrics HTTP/1.1\r\nX-Big: ");
+        memset(hdr + hn, 'a', 100 * 1024);
+        memcpy(hdr + hn + 100 * 1024, "\r\n\r\n", 4);
+        ssize_t w = send(fds[k++], hdr, (size_t)hn + 100 * 1024 + 4, MSG_NOSIGNAL);
+        ck_assert_int_gt(w, 0); /* the server may stop reading it part way */
+        free(hdr);
+    }
+    static char a[(1 << 20) + 4096];
+    for (int i = 0; i < 5; i++) {
+        ask(port, "GET", "/metrics", a, sizeof a);
+        ck_assert_int_eq(status_of(a), 200);
+        ck_assert_uint_eq(strlen(body_of(a)), n);
+        ck_assert_int_eq(memcmp(body_of(a), m, n), 0);
+    }
+    /* the 100 KB header got an error (or a close), not a body */
+    char small[512];
+    ssize_t r = recv(fds[k - 1], small, sizeof small - 1, MSG_DONTWAIT);
+    if (r > 0) {
+        small[r] = '\0';
+        ck_assert_msg(status_of(small) >= 400, "a 100 KB header was answered: %s", small);
+    }
+    for (int i = 0; i < k; i++) close(fds[i]);
+    ask(port, "GET", "/healthz", a, sizeof a);
+    ck_assert_int_eq(status_of(a), 200);
+    ck_assert_uint_ge(reel_http_scrapes(h), 5);
+    reel_http_stop(&h);
+    free(m);
+}
+END_TEST
+
 START_TEST(test_bad_addresses_are_refused_naming_them) {
     static const char *bad[] = { "", "9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:70000", "127.0.0.1:x",
                                  "300.1.1.1:9", "[::1:9", "host.example:9" };
@@ -154,6 +232,7 @@ int main(void) {
     TCase *tc = tcase_create("http");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_serves_the_published_copy_and_health_by_state);
+    tcase_add_test(tc, test_slow_and_hostile_clients_do_not_stop_the_scrapes);
     tcase_add_test(tc, test_bad_addresses_are_refused_naming_them);
     tcase_add_test(tc, test_text_builders_histogram_and_escaping);
     suite_add_tcase(s, tc);
