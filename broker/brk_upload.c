@@ -35,6 +35,7 @@ typedef struct {
     int64_t touched_ms;
     parked_t *parked;          /* in the order they came; grows to BRK_FETCH_PARKED_MAX */
     int n_parked, cap_parked;
+    char stalled[300];         /* why the last chunk could not be kept (a full disk); "" while it goes */
 } slot_t;
 
 struct brk_uploads {
@@ -271,9 +272,18 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         return;
     }
     if (append(s, u, why, sizeof why) != 0) {
+        /* The bytes cannot be kept (a full disk): the workers waiting for
+         * them hear it now, and so does every FETCH of them until a chunk
+         * goes in again, not after their own timeout. The slot stays: the
+         * trainer may resume when there is room. */
+        brk_log("upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
+                s->received, s->size, why);
+        snprintf(s->stalled, sizeof s->stalled, "%s", why);
+        fail_parked(b, s, why);
         brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
         return;
     }
+    s->stalled[0] = '\0';
     if (s->received == s->size) {
         finish(b, from, id, s);
     } else {
@@ -399,6 +409,9 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
     if (s && !strcmp(s->sha256, sha)) {
         if (ready(s, f->offset, max)) {
             serve_slot(b, s, from, id, f->offset, max);
+        } else if (s->stalled[0]) {
+            brk_error_to(b, true, from, id, WIRE_E_INTERNAL, "FETCH: %s v%" PRIu64 ": the upload stalled: %s",
+                         s->component, s->version, s->stalled);
         } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(from) > sizeof s->parked[0].who ||
                    (s->n_parked == s->cap_parked && grow_parked(s) != 0)) {
             brk_error_to(b, true, from, id, WIRE_E_BUSY, "FETCH: %d fetches already wait for %s v%" PRIu64,

@@ -1,0 +1,88 @@
+#!/bin/sh
+# cli_upload_disk.sh -- weights by value when the broker's disk is full
+# (issue 11, part 4): a real reel-broker whose --weights-dir is a small
+# tmpfs, partly filled, and two reel-workers (small config, 100 MB).
+#   - `reelctl sync --upload` of a version that does not fit: the trainer
+#     gets the broker's "No space left on device" (exit 1); the SYNC it sent
+#     after the first chunk fails on every worker with that reason, at
+#     once, not after a fetch timeout; nothing is applied (a gen still runs
+#     on v1); the broker keeps serving (STATUS, a gen);
+#   - the catalog records the version failed;
+#   - when there is room again the same command resumes the upload where
+#     the broker's copy stopped, every worker applies it, a gen runs on it,
+#     and no partial file is left in --weights-dir.
+# Needs a tmpfs mount (root): where it cannot mount one it prints one SKIP
+# line and exits 0.
+# Usage: cli_upload_disk.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-updisk.XXXXXX)
+SUITE=upload_disk
+FS="$D/fs"
+. "$(dirname "$0")/lib_cli.sh"
+# the tmpfs goes before the folder it sits in
+trap 'mountpoint -q "$FS" 2>/dev/null && umount -l "$FS"; cleanup' EXIT INT TERM
+
+mkdir -p "$FS" "$D/tr" "$D/w1" "$D/w2"
+if ! mount -t tmpfs -o size=160m tmpfs "$FS" 2>"$D/mount.err"; then
+    echo "SKIP upload_disk: cannot mount a tmpfs here ($(head -c 200 "$D/mount.err")); nothing was run"
+    echo "$SUITE: 0 passed, 0 failed (skipped)"
+    exit 0
+fi
+for v in 1 2; do "$R" weights init --config small --seed "$v" --out "$D/tr/v$v.safetensors" 2>/dev/null; done
+for w in w1 w2; do cp "$D/tr/v1.safetensors" "$D/$w/v1.safetensors"; done
+"$R" tensor rand --name context --shape 5,256 --seed 2 --out "$D/ctx.safetensors" >/dev/null
+# 100 MB of the 160: the 100 MB upload stops about 60 MB in
+dd if=/dev/zero of="$FS/filler" bs=1M count=100 2>/dev/null
+
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --weights-dir "$FS" --heartbeat-ms 200 || { bad "broker starts"; show "$D/broker.log"; finish; }
+for w in w1 w2; do
+    cli_worker "$w" "$D/broker.log" "$D/$w.log" --broker "ipc://$D/w" --weights "$D/$w/v1.safetensors" \
+        --weights-dir "$D/$w" --streams 1 --heartbeat-ms 200 || { bad "$w registers"; show "$D/$w.log"; finish; }
+done
+gen() { # OUT: one gen; prints its stderr's "weights vN"
+    "$R" gen --broker "ipc://$D/c" --model small --context "$D/ctx.safetensors" --size 2x8x8 --seed 1 --steps 2 \
+        --timeout-ms 60000 --out "$1" 2>"$1.err" && grep -o "weights v[0-9]*" "$1.err" | head -1
+}
+
+# ---- the upload does not fit ------------------------------------------------------
+t0=$(date +%s)
+"$R" sync --broker "ipc://$D/c" --version 2 --upload "$D/tr/v2.safetensors" --timeout-ms 60000 >"$D/sync1.out" 2>&1
+rc=$?
+t1=$(date +%s)
+[ "$rc" = 1 ] && grep -q "No space left on device" "$D/sync1.out" &&
+    ok "the trainer hears the full disk (exit 1): $(grep -m1 -o 'cannot write the upload: [^;]*' "$D/sync1.out")" ||
+    { bad "sync --upload on a full disk: exit $rc"; show "$D/sync1.out"; }
+grep -q "upload transformer v2 stalls at" "$D/broker.log" && ok "the broker logs where the upload stalled" ||
+    { bad "stall log"; show "$D/broker.log"; }
+# every worker's fetch fails with the reason, not a timeout
+for w in w1 w2; do
+    wait_for "$D/$w.log" "No space left on device" 15 && ok "$w's sync fails with the broker's reason" ||
+        { bad "$w's fetch error"; show "$D/$w.log"; }
+done
+"$R" status --broker "ipc://$D/c" >/dev/null 2>&1 && ok "the broker keeps answering STATUS" || bad "status"
+[ "$(gen "$D/g1.safetensors")" = "weights v1" ] && ok "a gen still runs on v1: nothing was applied" ||
+    { bad "gen after the failed upload"; show "$D/g1.safetensors.err"; }
+i=0
+while [ "$(/usr/bin/sqlite3 "$D/reel.db" "SELECT state FROM weight_versions WHERE version = 2" 2>/dev/null)" != failed ] &&
+    [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
+[ "$(/usr/bin/sqlite3 "$D/reel.db" "SELECT state FROM weight_versions WHERE version = 2")" = failed ] &&
+    ok "the catalog records v2 failed" ||
+    bad "v2's state: $(/usr/bin/sqlite3 "$D/reel.db" "SELECT state, reason FROM weight_versions WHERE version = 2")"
+
+# ---- room again: the same command resumes and completes -----------------------------
+rm -f "$FS/filler"
+"$R" sync --broker "ipc://$D/c" --version 2 --upload "$D/tr/v2.safetensors" --timeout-ms 60000 >"$D/sync2.out" 2>&1 &&
+    grep -q "applied w1,w2" "$D/sync2.out" && ok "with room again the upload completes and both workers apply v2" ||
+    { bad "sync --upload after freeing space"; show "$D/sync2.out"; show "$D/broker.log"; }
+grep -q "upload transformer v2 stored" "$D/broker.log" && ok "the broker stored v2" || bad "stored log"
+[ "$(gen "$D/g2.safetensors")" = "weights v2" ] && ok "a gen runs on v2" ||
+    { bad "gen on v2"; show "$D/g2.safetensors.err"; }
+[ -z "$(find "$FS" -name '*.part')" ] && [ -f "$FS/transformer-v2.safetensors" ] &&
+    ok "no partial file is left, v2 is stored whole ($(wc -c <"$FS/transformer-v2.safetensors") bytes)" ||
+    { bad "files in --weights-dir"; ls -la "$FS"; }
+cmp -s "$FS/transformer-v2.safetensors" "$D/tr/v2.safetensors" && ok "byte for byte the trainer's file" ||
+    bad "the stored v2 differs from the trainer's"
+finish
