@@ -48,6 +48,7 @@ typedef struct {
 typedef struct {
     char component[BRK_NAME_MAX];
     uint64_t sent;             /* newest SYNC version sent (or reported at READY) */
+    uint64_t sent_id;          /* the id of the SYNC that sent it (0: reported at READY) */
     bool waiting;              /* its ack of `sent` has not come, and no deadline passed */
     uint64_t failed;           /* the version `why` is about (0: none) */
     char why[128];             /* its error applying `failed`, or "no ack within the sync deadline" */

@@ -192,7 +192,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
         break;
     case MSG_SYNC_ACK:
         if (msg_sync_ack_decode(m, &u->ack, &err) == 0) {
-            brk_sync_ack(b, w, &u->ack);
+            brk_sync_ack(b, w, m->id, &u->ack);
         } else {
             brk_log("worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
             BAD_REPLY(b, true, m, err.code, "SYNC_ACK: %s", err.message);

@@ -239,7 +239,12 @@ int main(int argc, char **argv) {
     tune_malloc(b.opt.max_held_bytes);
     sigset_t old;
     block_stop_signals(&old);
-    b.next_id = 1;
+    /* Ids unique across restarts (ms since the epoch, 4096 per ms): a
+     * worker's answer to a SYNC the broker before this one sent is never
+     * taken for the answer to one of ours (brk_sync_ack). */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    b.next_id = ((uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000) << 12 | 1;
     if (start_catalog(&b) != 0) return 1;
     brk_upload_start(&b);
     int rc = 1;

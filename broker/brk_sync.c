@@ -109,6 +109,7 @@ static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync
     brk_wsync_t *ws = worker_sync(w, s->component, true);
     if (ws && s->version >= ws->sent) {
         ws->sent = s->version;
+        ws->sent_id = sync_id;
         ws->waiting = true;
     }
     brk_log("sync %s v%llu sent to %s", s->component, (unsigned long long)s->version, w->route.name);
@@ -131,7 +132,10 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
 void brk_sync_joined(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < w->route.n_versions; i++) {
         brk_wsync_t *ws = worker_sync(w, w->route.versions[i].name, true);
-        if (ws) ws->sent = w->route.versions[i].version;
+        if (ws) {
+            ws->sent = w->route.versions[i].version;
+            ws->sent_id = 0;
+        }
     }
     brk_catch_up(b, w);
 }
@@ -466,7 +470,7 @@ static brk_member_t *member(brk_barrier_t *s, const char *worker) {
     return NULL;
 }
 
-void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a) {
+void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *a) {
     const char *comp = a->component, *err = a->error[0] ? a->error : "failed";
     uint64_t version = a->version;
     bool ok = a->ok;
@@ -476,6 +480,16 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a) {
     if (!ws || version > ws->sent) {
         brk_log("worker %s acked %s v%llu, which it was never sent: ignored", w->route.name, comp,
                 (unsigned long long)version);
+        return;
+    }
+    /* The answer to an earlier SYNC of this version (sent by this broker
+     * before, or by the one before a restart, whose fetch then failed with
+     * it) is not the answer to the last: that one comes in turn. An ack
+     * without an id (0) is taken as it is. */
+    if (id && ws->sent_id && version == ws->sent && id != ws->sent_id) {
+        brk_log("worker %s answered an earlier SYNC of %s v%llu (id %llu, the last is %llu): %s, ignored",
+                w->route.name, comp, (unsigned long long)version, (unsigned long long)id,
+                (unsigned long long)ws->sent_id, ok ? "applied" : err);
         return;
     }
     brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);

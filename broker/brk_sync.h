@@ -17,9 +17,10 @@
  * trainer itself: SYNC_DONE when its barrier ends, ERROR (stale_version,
  * bad_request) now. Audited with the sender's key (brk_zap_audit). */
 void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *s);
-/* SYNC_ACK a from worker w; an ack of a version w was never sent is
- * logged and ignored. */
-void brk_sync_ack(brk_t *b, brk_worker_t *w, const msg_sync_ack_t *a);
+/* SYNC_ACK a (message id `id`) from worker w; an ack of a version w was
+ * never sent, or one answering an earlier SYNC of the version than the
+ * last sent to w (its id another), is logged and ignored. */
+void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *a);
 /* w just registered: what it reported at READY counts as sent, and it is
  * caught up. */
 void brk_sync_joined(brk_t *b, brk_worker_t *w);

@@ -10,7 +10,12 @@
 #   - the catalog records the version failed;
 #   - when there is room again the same command resumes the upload where
 #     the broker's copy stopped, every worker applies it, a gen runs on it,
-#     and no partial file is left in --weights-dir.
+#     and no partial file is left in --weights-dir;
+#   - a broker killed (-9) with an upload half-way and its SYNC sent: the
+#     restarted broker resumes the last version applied (uploaded, from
+#     --weights-dir), removes the partial file, the catalog says the half
+#     one failed, the workers reconnect and serve on the old version, and
+#     the upload sent again completes.
 # Needs a tmpfs mount (root): where it cannot mount one it prints one SKIP
 # line and exits 0.
 # Usage: cli_upload_disk.sh BUILD
@@ -85,4 +90,31 @@ grep -q "upload transformer v2 stored" "$D/broker.log" && ok "the broker stored 
     { bad "files in --weights-dir"; ls -la "$FS"; }
 cmp -s "$FS/transformer-v2.safetensors" "$D/tr/v2.safetensors" && ok "byte for byte the trainer's file" ||
     bad "the stored v2 differs from the trainer's"
+
+# ---- the broker dies with an upload half-way (its SYNC already sent) ----------------
+# v2 holds 100 MB of the 160: v3 stalls about 60 MB in, its SYNC sent.
+"$R" weights init --config small --seed 3 --out "$D/tr/v3.safetensors" 2>/dev/null
+"$R" sync --broker "ipc://$D/c" --version 3 --upload "$D/tr/v3.safetensors" --timeout-ms 60000 >"$D/sync3.out" 2>&1
+[ -n "$(find "$FS" -name '*.part')" ] && ok "v3 stalled half-way: its partial file is there" ||
+    { bad "no partial v3"; ls -la "$FS"; show "$D/sync3.out"; }
+kill -9 "$BROKER"
+wait "$BROKER" 2>/dev/null
+cli_broker "$D/broker2.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --weights-dir "$FS" --heartbeat-ms 200 || { bad "broker restarts"; show "$D/broker2.log"; finish; }
+grep -q "restored transformer v2 from the catalog (uploaded)" "$D/broker2.log" &&
+    ok "the restarted broker resumes v2 (uploaded), not the half-uploaded v3" || { bad "restore"; show "$D/broker2.log"; }
+grep -q "an upload a previous run did not finish" "$D/broker2.log" && [ -z "$(find "$FS" -name '*.part')" ] &&
+    ok "it removes the partial v3 it finds" || { bad "partial v3 at restart"; ls -la "$FS"; }
+for w in w1 w2; do
+    wait_for "$D/broker2.log" "worker $w ready" 20 || bad "$w reconnects"
+done
+[ "$(gen "$D/g3.safetensors")" = "weights v2" ] && ok "the workers reconnect and a gen runs on v2" ||
+    { bad "gen after the restart"; show "$D/g3.safetensors.err"; }
+[ "$(/usr/bin/sqlite3 "$D/reel.db" "SELECT state FROM weight_versions WHERE version = 3")" = failed ] &&
+    ok "the catalog records v3 failed" ||
+    bad "v3's state: $(/usr/bin/sqlite3 "$D/reel.db" "SELECT state, reason FROM weight_versions WHERE version = 3")"
+rm -f "$FS/transformer-v2.safetensors" "$FS/transformer-v2.sha256" # room for v3 (v2 stays loaded in the workers)
+"$R" sync --broker "ipc://$D/c" --version 3 --upload "$D/tr/v3.safetensors" --timeout-ms 60000 >"$D/sync4.out" 2>&1 &&
+    grep -q "applied w1,w2" "$D/sync4.out" && ok "uploaded again, v3 completes on both workers" ||
+    { bad "v3 after the restart"; show "$D/sync4.out"; show "$D/broker2.log"; }
 finish

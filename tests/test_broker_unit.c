@@ -1378,6 +1378,59 @@ START_TEST(test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored) {
 }
 END_TEST
 
+
+/* Worker i receives a SYNC of `version`; its id. */
+static uint64_t expect_sync_id(box_t *x, int i, uint64_t version) {
+    wire_msg_t *m = take(x->w[i], false);
+    uint64_t v = 0, id = m->id;
+    ck_assert_str_eq(m->type, "SYNC");
+    ck_assert(wv_get_u64(m->hdr, "version", &v));
+    ck_assert_uint_eq(v, version);
+    drop_msg(&m);
+    return id;
+}
+
+static void ack_id(box_t *x, int i, uint64_t version, const char *error, uint64_t id) {
+    wire_val_t *h = wire_hdr("SYNC_ACK", id);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(version));
+    wv_set(h, "ok", wv_bool(error == NULL));
+    if (error) wv_set(h, "error", wv_str(error));
+    from_worker(x, i, h);
+}
+
+/* A worker's answer to an earlier SYNC of a version (it failed, and the
+ * trainer sent the version again) is not taken for the answer to the
+ * last: the barrier waits for that one. Before, a late failure of the
+ * first fetch (one the previous broker process never answered, say)
+ * failed the new sync. */
+START_TEST(test_an_ack_answering_an_earlier_sync_of_the_version_is_ignored) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    uint64_t first = expect_sync_id(&x, 0, 2);
+    ck_assert_uint_ne(first, 0);
+    ack_id(&x, 0, 2, "bad_weights: the broker could not send the uploaded file", first);
+    wire_msg_t *d = answer(&x);
+    ck_assert(!done_complete(d)); /* that sync failed */
+    drop_msg(&d);
+    trainer_sync(&x, 2, 2, SHA_A); /* published again */
+    uint64_t second = expect_sync_id(&x, 0, 2);
+    ck_assert_uint_ne(second, first);
+    ack_id(&x, 0, 2, "bad_weights: the broker could not send the uploaded file", first); /* late, the old one */
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 1);
+    zmq_pollitem_t it = { x.trainer, 0, ZMQ_POLLIN, 0 };
+    ck_assert_int_eq(zmq_poll(&it, 1, 100), 0); /* no answer yet: the barrier waits */
+    ack_id(&x, 0, 2, NULL, second);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 2);
+    d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
 /* Before: brk_now_ms() + (int64_t)(2^63-1) overflowed: the barrier was
  * already past its deadline and the sync failed at once. */
 START_TEST(test_a_sync_deadline_of_2_63_is_clamped_not_overflowed) {
@@ -1547,6 +1600,7 @@ static Suite *broker_unit_suite(void) {
     suite_add_tcase(s, an);
     TCase *se = tcase_create("security");
     tcase_add_test(se, test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored);
+    tcase_add_test(se, test_an_ack_answering_an_earlier_sync_of_the_version_is_ignored);
     tcase_add_test(se, test_a_sync_deadline_of_2_63_is_clamped_not_overflowed);
     tcase_add_test(se, test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request);
     tcase_add_test(se, test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_insecure);
