@@ -500,14 +500,14 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     fputs("# HELP reel_broker_workers Workers registered, by state.\n# TYPE reel_broker_workers gauge\n", out);
     fprintf(out, "reel_broker_workers{state=\"routable\"} %" PRIu64 "\n", routable);
     fprintf(out, "reel_broker_workers{state=\"unroutable\"} %" PRIu64 "\n", (uint64_t)r->n_workers - routable);
-    prom(out, "reel_broker_queue", "gauge", "Requests waiting for a worker.", r->queue);
+    prom(out, "reel_broker_queue_depth", "gauge", "Requests waiting for a worker.", r->queue);
     prom(out, "reel_broker_malformed_total", "counter", "Unreadable messages received.", r->malformed);
     prom(out, "reel_broker_undelivered_total", "counter",
          "Messages dropped because their peer could not take them (queue full or gone).", r->undelivered);
     prom(out, "reel_broker_replies_suppressed_total", "counter",
          "Answers to bad messages not sent (over the peer's budget, or not a registered worker).",
          r->replies_suppressed);
-    prom(out, "reel_broker_auth_refused_total", "counter", "CURVE handshakes refused.", r->auth_refused);
+    prom(out, "reel_broker_auth_refusals_total", "counter", "CURVE handshakes refused.", r->auth_refused);
     prom(out, "reel_catalog_events_shed_total", "counter",
          "Worker events not written: their worker had too many waiting.", r->catalog_dropped);
     prom(out, "reel_catalog_write_failures_total", "counter",

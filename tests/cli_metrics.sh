@@ -107,6 +107,24 @@ fi
 grep -q '^reel_broker_workers{state="routable"} 2$' "$D/mctl.txt" && grep -q '^reel_broker_workers{state="routable"} 2$' "$D/m$BP.txt" &&
     ok "reel_broker_workers{state=...} in both, 2 routable" ||
     { bad "reel_broker_workers label sets"; grep reel_broker_workers "$D/mctl.txt" "$D/m$BP.txt" | head -6; }
+same=$($PY - "$D/mctl.txt" "$D/m$BP.txt" <<'EOF'
+import re, sys
+def families(path):
+    f = {}
+    for line in open(path):
+        m = re.match(r'^([a-z_:]+)(\{[^}]*\})? ', line)
+        if m:
+            keys = tuple(sorted(re.findall(r'([a-z_]+)="', m.group(2) or "")))
+            f.setdefault(m.group(1), set()).add(keys)
+    return f
+a, b = families(sys.argv[1]), families(sys.argv[2])
+both = sorted(set(a) & set(b))
+diff = [n for n in both if a[n] != b[n]]
+print("%d %s" % (len(both), " ".join(diff) or "-"))
+EOF
+)
+[ "${same#* }" = "-" ] && [ "${same%% *}" -ge 4 ] && ok "the ${same%% *} names both sources print have the same label sets" ||
+    bad "label sets differ between reelctl metrics --broker and /metrics: $same"
 if grep -qiE '(key|key_hash|request|id)="' "$D/m$BP.txt" "$D/m$P1.txt" "$D/m$P2.txt"; then
     bad "a capture-key or request-id label"; grep -iE '(key|key_hash|request|id)="' "$D"/m*.txt | head -3
 else
