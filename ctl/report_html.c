@@ -207,7 +207,8 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
             reqs, steps, rep, steps > 0 ? 100 * rep / steps : 0,
             since > 0 ? "From the hour of the start on" : "In the whole catalog", num(st, "captures"),
             num(st, "evictions"), num(st, "declines"));
-    bool summaries = !strcmp(json_string_value(json_object_get(r, "source")) ?: "", "summaries");
+    const char *source = json_string_value(json_object_get(r, "source"));
+    bool summaries = source && !strcmp(source, "summaries");
     fprintf(o, "<p class=\"tick\">Made %s from the catalog.</p>\n", made);
     if (since > 0) {
         char s[48];

@@ -415,11 +415,10 @@ void cat_roll_free(cat_t *c) {
 
 /* ---- pruning raw rows ---------------------------------------------------------- */
 
-/* One integer from sql bound to ?1 = a (when sql has it); -1 on failure. */
-static int one_int(cat_t *c, const char *sql, int64_t a, int64_t *out) {
+/* The one integer sql answers (0 for no row); -1 on failure. */
+static int one_int(cat_t *c, const char *sql, int64_t *out) {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, "prune");
-    if (sqlite3_bind_parameter_count(s) >= 1) sqlite3_bind_int64(s, 1, a);
     int rc = sqlite3_step(s);
     *out = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
     sqlite3_finalize(s);
@@ -478,7 +477,7 @@ int64_t cat_prune(cat_t *c, double before, int64_t max_rows, int batch) {
             char sql[256];
             int64_t newest = 0;
             snprintf(sql, sizeof sql, "SELECT coalesce((SELECT max(rowid) FROM %s), 0)", raw[i].table);
-            if (one_int(c, sql, 0, &newest) != 0) goto err;
+            if (one_int(c, sql, &newest) != 0) goto err;
             snprintf(sql, sizeof sql,
                      "DELETE FROM %s WHERE rowid IN (SELECT rowid FROM %s WHERE rowid <= %lld ORDER BY rowid LIMIT ?1)",
                      raw[i].table, raw[i].table, (long long)(newest - max_rows));
