@@ -65,13 +65,13 @@ for v in 2 3; do "$R" weights init --config small --seed "$v" --out "$D/v$v.safe
 # Daemons start through `ip netns exec` itself (it execs them: $! is theirs
 # to kill), never through the nsx function (a subshell would be).
 ip netns exec "reelb$$" "$B/reel-broker" --clients tcp://127.0.0.1:5555 --workers tcp://0.0.0.0:5556 --keys "$K" \
-    --catalog "$D/reel.db" --heartbeat-ms 200 --liveness 3 >"$D/broker.log" 2>&1 &
+    --catalog "$D/reel.db" --heartbeat-ms 200 --liveness 5 >"$D/broker.log" 2>&1 &
 BROKER=$!
 PIDS="$PIDS $BROKER"
 wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; show "$D/broker.log"; finish; }
 start_worker() { # NAME NS ADDR
     ip netns exec "$2$$" "$B/reel-worker" --name "$1" --broker "tcp://$3:5556" --weights "$D/v1.safetensors" --weights-dir "$D" \
-        --key "$K/$1.key" --broker-key "$K/broker.pub" --heartbeat-ms 200 --liveness 3 --streams 1 \
+        --key "$K/$1.key" --broker-key "$K/broker.pub" --heartbeat-ms 200 --liveness 5 --streams 1 \
         >>"$D/$1.log" 2>&1 &
     PIDS="$PIDS $!"
 }
@@ -122,8 +122,8 @@ nsx reelb ip link set "rb1$$" down
 i=0; while [ $i -lt 200 ] && ! grep -q "worker w1 lost" "$D/broker.log"; do sleep 0.02; i=$((i + 1)); done
 t1=$(date +%s%N)
 ms=$(( (t1 - t0) / 1000000 ))
-grep -q "worker w1 lost (expired)" "$D/broker.log" && [ "$ms" -le 2000 ] &&
-    ok "the cut link is detected in $ms ms (liveness: 3 x 200 ms heartbeats)" ||
+grep -q "worker w1 lost (expired)" "$D/broker.log" && [ "$ms" -le 2500 ] &&
+    ok "the cut link is detected in $ms ms (liveness: 5 x 200 ms heartbeats)" ||
     { bad "cut detected in $ms ms"; show "$D/broker.log"; }
 wait "$GEN"
 [ "$(cat "$D/cut.worker")" = w2 ] && grep -q "requeued after losing w1" "$D/broker.log" &&
@@ -165,13 +165,28 @@ wait_count "$D/broker.log" "worker w1 ready" 2 60 && ok "w1 rejoins over the imp
     { bad "w1 rejoins"; show "$D/broker.log"; show "$D/w1.log"; }
 wait_for "$D/w1.log" "applied transformer v3" 60 && ok "... and is caught up to v3 (the sync it missed)" ||
     { bad "w1 caught up"; show "$D/w1.log"; }
-w=$(gen "$on1" 2 "$D/back.safetensors")
+# A lossy TCP link can go silent past the liveness (a segment and its
+# retransmission both dropped: 0.25% of them at 5% loss), and the broker
+# then rightly drops w1 until it is heard again. Such a flap is said in a
+# NOTE and the request waits for w1's return; without one, the first
+# request must land on w1.
+w=""; try=0
+while [ $try -lt 3 ]; do
+    try=$((try + 1))
+    w=$(gen "$on1" 2 "$D/back.safetensors")
+    [ "$w" = w1 ] && break
+    lost=$(grep -c "worker w1 lost" "$D/broker.log")
+    [ "$lost" -gt 1 ] || break # no flap: w2 answering is the failure
+    echo "NOTE hosts: w1 dropped $((lost - 1)) time(s) since it rejoined (the lossy link was silent past the liveness); waiting for it to be back"
+    wait_count "$D/broker.log" "worker w1 ready" "$((lost + 1))" 30 || break
+done
 [ "$w" = w1 ] && grep -q "weights v3" "$D/back.safetensors.err" &&
     ok "w1 serves its key again on v3 over the impaired link" ||
-    { bad "after the rejoin: answered by '$w'"; show "$D/back.safetensors.err"; }
+    { bad "after the rejoin: answered by '$w'"; show "$D/back.safetensors.err"; show "$D/broker.log"; show "$D/w1.log"; }
 if [ -n "$LOSSY" ]; then # the loss was real: packets were dropped on that link
-    dropped=$(( $(nsx reelb iptables -L INPUT -v -n -x | awk '/statistic/ { print $1 }') + \
-                $(nsx reel1 iptables -L INPUT -v -n -x | awk '/statistic/ { print $1 }') ))
+    d1=$(nsx reelb iptables -L INPUT -v -n -x 2>/dev/null | awk '/statistic/ { print $1 }')
+    d2=$(nsx reel1 iptables -L INPUT -v -n -x 2>/dev/null | awk '/statistic/ { print $1 }')
+    dropped=$(( ${d1:-0} + ${d2:-0} ))
     [ "$dropped" -gt 0 ] && ok "iptables dropped $dropped packets on w1's link meanwhile" ||
         bad "no packet was dropped on w1's link"
 fi

@@ -552,8 +552,12 @@ static void *stream_main(void *arg) {
             if (step_once(st, j)) {
                 *pp = j->next;
                 j->next = NULL;
-                job_done(st, &j);
+                /* Off the load before the RESULT goes out: a client's next
+                 * request, sent on that RESULT, must see this stream free
+                 * (else it lands on another stream, one whose graphs for
+                 * its key may not exist yet). */
                 atomic_fetch_sub(&st->load, 1);
+                job_done(st, &j);
             } else {
                 pp = &j->next;
             }
@@ -666,10 +670,13 @@ static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, 
     return g;
 }
 
-static void enqueue(wrk_exec_t *x, wrk_job_t *job) {
+/* Onto stream `on` (0..n-1), or the least loaded one (-1). */
+static void enqueue(wrk_exec_t *x, wrk_job_t *job, int on) {
     stream_t *best = &x->s[0];
-    for (int i = 1; i < x->n; i++)
-        if (atomic_load(&x->s[i].load) < atomic_load(&best->load)) best = &x->s[i];
+    if (on >= 0 && on < x->n) best = &x->s[on];
+    else
+        for (int i = 1; i < x->n; i++)
+            if (atomic_load(&x->s[i].load) < atomic_load(&best->load)) best = &x->s[i];
     job->next = NULL;
     atomic_fetch_add(&best->load, 1);
     pthread_mutex_lock(&best->mu);
@@ -688,11 +695,16 @@ void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
         int np = 0;
         if (split_group(x, job, parts, &np)) {
             wrk_job_free(&job);
-            for (int p = 0; p < np; p++) enqueue(x, parts[p]);
+            /* Split over every stream, part p runs on stream p, always:
+             * each stream's graphs are its own, and the same group keeps
+             * the same parts on the same streams, so its second run
+             * replays every step. Fewer parts than streams: the least
+             * loaded. */
+            for (int p = 0; p < np; p++) enqueue(x, parts[p], np == x->n ? p : -1);
             return;
         }
     }
-    enqueue(x, job);
+    enqueue(x, job, -1);
 }
 
 int wrk_exec_streams(const wrk_exec_t *x) { return x ? x->n : 0; }
