@@ -399,6 +399,23 @@ static void fail_parked(brk_t *b, slot_t *s, const char *why) {
     s->n_parked = 0;
 }
 
+/* A FETCH from the connection `from` at offset that waits already (the
+ * worker asked again after a silence: docs/PROTOCOL.md, "Weights by
+ * value"): it takes the new id, keeping its place in the order. */
+static bool refold(slot_t *s, const zmq_msg_t *from, uint64_t id, uint64_t offset, uint64_t max) {
+    size_t n = zmq_msg_size(from);
+    const void *who = zmq_msg_data((zmq_msg_t *)from);
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        if (p->offset == offset && p->who_len == n && !memcmp(p->who, who, n)) {
+            p->id = id;
+            p->max = max;
+            return true;
+        }
+    }
+    return false;
+}
+
 void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
     char why[300], path[1024], sha[65];
     uint64_t max = f->max && f->max < MSG_CHUNK_MAX ? f->max : MSG_CHUNK_MAX;
@@ -412,6 +429,8 @@ void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fe
         } else if (s->stalled[0]) {
             brk_error_to(b, true, from, id, WIRE_E_INTERNAL, "FETCH: %s v%" PRIu64 ": the upload stalled: %s",
                          s->component, s->version, s->stalled);
+        } else if (refold(s, from, id, f->offset, max)) {
+            /* a worker asking again for a chunk it waits for: one answer */
         } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(from) > sizeof s->parked[0].who ||
                    (s->n_parked == s->cap_parked && grow_parked(s) != 0)) {
             brk_error_to(b, true, from, id, WIRE_E_BUSY, "FETCH: %d fetches already wait for %s v%" PRIu64,

@@ -996,6 +996,10 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     }
     expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);  /* whole, once 4 MiB came */
     ck_assert(!has_msg(x.w[0], "FETCH_DATA"));          /* 4..8 MiB still waits */
+    /* worker 0 asks again for 8 MiB (a silence made it re-ask): folded
+     * into the waiting FETCH, which keeps its place and takes the new id */
+    fetch_at(&x, 0, 24, 2, sha, (uint64_t)8 << 20);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
     /* worker 1 asks for the first chunk now: answered at once */
     fetch_at(&x, 1, 30, 2, sha, 0);
     expect_data(&x, 1, 30, bytes, 0, (size_t)4 << 20);
@@ -1007,8 +1011,9 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     }
     /* in the order asked: the one past the end did not overtake the others */
     expect_data(&x, 0, 21, bytes, (uint64_t)4 << 20, (size_t)4 << 20);
-    expect_data(&x, 0, 22, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
+    expect_data(&x, 0, 24, bytes, (uint64_t)8 << 20, (size_t)1 << 20); /* the re-ask's id, once */
     expect_data(&x, 0, 23, bytes, (uint64_t)12 << 20, 0);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA")); /* the folded one was answered once */
     ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
 
     /* v3: fetches waiting beyond the bound are busy, and all fail with the upload */
@@ -1026,9 +1031,10 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     ck_assert_int_eq(zmq_connect(big, "inproc://workers"), 0);
     void *w2 = x.w[2];
     x.w[2] = big;
-    for (int i = 0; i < BRK_FETCH_PARKED_MAX; i++) fetch_at(&x, 2, 100 + (uint64_t)i, 3, sha3, (uint64_t)4 << 20);
+    for (int i = 0; i < BRK_FETCH_PARKED_MAX; i++)
+        fetch_at(&x, 2, 100 + (uint64_t)i, 3, sha3, ((uint64_t)4 << 20) + (uint64_t)i);
     ck_assert(!has_msg(x.w[2], "FETCH_DATA"));
-    fetch_at(&x, 2, 99, 3, sha3, (uint64_t)4 << 20);
+    fetch_at(&x, 2, 99, 3, sha3, (uint64_t)3 << 20);
     wire_msg_t *m = take(x.w[2], false);
     ck_assert_str_eq(m->type, "ERROR");
     ck_assert_uint_eq(m->id, 99);

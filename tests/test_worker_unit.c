@@ -19,6 +19,7 @@
 #include "schema/sha256.h"
 #include "worker/wrk.h"
 #include "worker/wrk_events.h"
+#include "worker/wrk_fetch.h"
 #include "worker/wrk_opts.h"
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_request.h"
@@ -888,6 +889,155 @@ START_TEST(test_no_fallback_is_an_option_of_the_cuda_backend_only) {
 }
 END_TEST
 
+/* ---- weights by value: a fetch that resumes ------------------------------------ */
+
+/* A safetensors file of one F32 tensor of n floats, in memory (malloc'd). */
+static unsigned char *st_bytes(size_t n, size_t *len) {
+    char hdr[128];
+    int hl = snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}}", n,
+                      n * 4);
+    while (hl % 8) hdr[hl++] = ' ';
+    *len = 8 + (size_t)hl + n * 4;
+    unsigned char *b = malloc(*len);
+    ck_assert_ptr_nonnull(b);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, hdr, (size_t)hl);
+    float *f = (float *)(b + 8 + hl);
+    for (size_t i = 0; i < n; i++) f[i] = (float)(i % 1000) * 0.5f;
+    return b;
+}
+
+typedef struct {
+    wrk_fetch_src_t src;
+    msg_sync_t m;
+    atomic_bool stop, done;
+    st_file_t *out;
+    char hex[65], wire[128], err[512];
+} fetch_job_t;
+
+static void *fetch_thread(void *arg) {
+    fetch_job_t *j = arg;
+    j->out = wrk_fetch(&j->src, &j->m, 0, &j->stop, j->hex, j->wire, sizeof j->wire, j->err, sizeof j->err);
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+/* The next FETCH on a fake broker's ROUTER within ms: 1 with *q and the
+ * asker's routing id in *who (zmq_msg_close it), 0 when none came. */
+static int next_fetch(void *r, int ms, msg_fetch_t *q, zmq_msg_t *who, uint64_t *id) {
+    zmq_pollitem_t it = { r, 0, ZMQ_POLLIN, 0 };
+    if (zmq_poll(&it, 1, ms) <= 0) return 0;
+    wire_msg_t m;
+    wire_err_t e;
+    ck_assert_int_eq(msg_recv(r, true, 0, &m, &e), 0);
+    ck_assert_str_eq(m.type, "FETCH");
+    ck_assert_int_eq(msg_fetch_decode(&m, q, &e), 0);
+    *id = m.id;
+    zmq_msg_init(who);
+    zmq_msg_copy(who, &m.identity);
+    wire_msg_close(&m);
+    return 1;
+}
+
+/* The fake broker's FETCH_DATA of file[offset, offset + 4 MiB). */
+static void answer_fetch(void *r, zmq_msg_t *who, uint64_t id, const unsigned char *file, size_t len,
+                         uint64_t offset) {
+    size_t n = offset >= len ? 0 : len - offset < MSG_CHUNK_MAX ? len - offset : MSG_CHUNK_MAX;
+    wire_tensor_t t = msg_chunk(file + (offset < len ? offset : len), n);
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "transformer");
+    d.version = 2;
+    d.offset = offset;
+    d.size = len;
+    d.chunk = &t;
+    ck_assert_int_eq(msg_send(r, who, MSG_FETCH_DATA, id, &d, NULL), 0);
+}
+
+/* A broker that dies with FETCHes in flight and comes back at the same
+ * endpoint: the worker's fetch hears nothing for WRK_FETCH_RESEND_MS,
+ * asks again for the chunk it needs next (not the file from its start),
+ * fills its window again from the answer on, drops a chunk answered
+ * twice, and ends with the whole file, its sha256 right. */
+START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
+    char dir[] = "/tmp/reel-fetch.XXXXXX", ep[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    size_t len;
+    unsigned char *file = st_bytes((size_t)5 << 20, &len); /* 20 MiB: 6 chunks */
+    void *ctx = zmq_ctx_new();
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(r, ep), 0);
+    fetch_job_t j;
+    memset(&j, 0, sizeof j);
+    unsigned reasked = 99;
+    j.src = (wrk_fetch_src_t){ ctx, ep, NULL, NULL, &reasked };
+    snprintf(j.m.component, sizeof j.m.component, "transformer");
+    j.m.version = 2;
+    j.m.uploaded = true;
+    reel_sha256_buf(file, len, j.m.sha256);
+    atomic_init(&j.stop, false);
+    atomic_init(&j.done, false);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fetch_thread, &j), 0);
+    /* the first broker: the window of 4 comes; it answers the first and dies */
+    msg_fetch_t q;
+    zmq_msg_t who;
+    uint64_t id, offs[4];
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(next_fetch(r, 5000, &q, &who, &id), 1);
+        offs[i] = q.offset;
+        if (i == 0) answer_fetch(r, &who, id, file, len, q.offset);
+        zmq_msg_close(&who);
+    }
+    ck_assert_uint_eq(offs[0], 0);
+    ck_assert_uint_eq(offs[3], 3 * MSG_CHUNK_MAX);
+    /* the answer to chunk 0 asked for chunk 4 */
+    ck_assert_int_eq(next_fetch(r, 5000, &q, &who, &id), 1);
+    ck_assert_uint_eq(q.offset, 4 * MSG_CHUNK_MAX);
+    zmq_msg_close(&who);
+    int zero = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(r);
+    /* the broker back at the same endpoint: the first FETCH it hears is
+     * the chunk the file needs next, asked again */
+    r = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(r, ep), 0);
+    ck_assert_int_eq(next_fetch(r, WRK_FETCH_RESEND_MS + 5000, &q, &who, &id), 1);
+    ck_assert_uint_eq(q.offset, MSG_CHUNK_MAX);
+    answer_fetch(r, &who, id, file, len, q.offset);
+    answer_fetch(r, &who, id, file, len, q.offset); /* twice: the second is dropped */
+    zmq_msg_close(&who);
+    /* then its window again, served in order, to the end */
+    uint64_t want = 2 * MSG_CHUNK_MAX;
+    int asked = 0;
+    while (!atomic_load(&j.done) && next_fetch(r, 3000, &q, &who, &id)) {
+        if (q.offset < len) ck_assert_uint_eq(q.offset, want); /* nothing from the start again */
+        want = q.offset + MSG_CHUNK_MAX;
+        asked++;
+        answer_fetch(r, &who, id, file, len, q.offset);
+        zmq_msg_close(&who);
+    }
+    pthread_join(th, NULL);
+    ck_assert_msg(j.out != NULL, "%s (%s)", j.err, j.wire);
+    ck_assert_str_eq(j.hex, j.m.sha256);
+    ck_assert_uint_eq(reasked, 1);
+    ck_assert_int_ge(asked, 4); /* chunks 2..5 */
+    const st_tensor_t *t = st_find(j.out, "w");
+    ck_assert_ptr_nonnull(t);
+    ck_assert(memcmp(t->data, file + len - ((size_t)5 << 22), (size_t)5 << 22) == 0);
+    st_close(&j.out);
+    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    free(file);
+    char sock[96];
+    snprintf(sock, sizeof sock, "%s/b", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("worker_unit");
     TCase *t = tcase_create("opts");
@@ -929,6 +1079,10 @@ static Suite *suite(void) {
     tcase_add_test(t, test_missing_unreadable_and_junk_files_get_one_answer_that_tells_nothing);
     tcase_add_test(t, test_a_huge_sparse_file_is_refused_by_its_size_before_a_byte_is_hashed);
     tcase_add_test(t, test_a_stop_ends_a_weights_read_within_a_chunk);
+    suite_add_tcase(s, t);
+    t = tcase_create("fetch");
+    tcase_set_timeout(t, 30);
+    tcase_add_test(t, test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back);
     suite_add_tcase(s, t);
     return s;
 }

@@ -5,7 +5,17 @@
  * header, then the data buffer the loaded file will own) and hashed in
  * turn, and the next request goes out. No temporary file: writing one and
  * reading it back cost two thirds of a fetch (0.5 of 0.7 s for the small
- * config's 100 MB here). */
+ * config's 100 MB here).
+ *
+ * Resumable: answers are taken by offset, the next one the file needs;
+ * others (a re-asked chunk answered twice, answers to requests from
+ * before a re-ask) are dropped. When the broker is silent for
+ * WRK_FETCH_RESEND_MS the fetch asks again for the chunk it needs next
+ * (a restarted broker, or a connection that dropped, lost what was in
+ * flight; ZeroMQ reconnects the socket by itself) and fills its window
+ * again from the answer on, so a broker back within WRK_FETCH_TIMEOUT_MS
+ * resumes the file where it stopped. The broker folds a re-asked FETCH
+ * that waits for an upload's bytes into the one already waiting. */
 #include "worker/wrk_fetch.h"
 
 #include <errno.h>
@@ -28,7 +38,8 @@ typedef struct {
     uint64_t next_id;
     uint64_t asked;              /* the offset the next FETCH asks for */
     uint64_t size;               /* the file's, from the first answer; UINT64_MAX before */
-    int in_flight;
+    unsigned reasked;            /* times the broker's silence made it ask again */
+    unsigned dropped;            /* answers dropped: not the chunk needed next */
 } fetch_t;
 
 static int fail(char *err, size_t errlen, char *wire, size_t wlen, const char *code, const char *fmt, ...)
@@ -59,25 +70,25 @@ static int ask(fetch_t *f) {
     q.max = MSG_CHUNK_MAX;
     if (msg_fetch_send(f->sock, NULL, ++f->next_id, &q) != 0) return -1;
     f->asked += MSG_CHUNK_MAX;
-    f->in_flight++;
     return 0;
 }
 
-/* The next answer, within the timeout and while not stopping: 0 with *m
- * (a FETCH_DATA whose fields and chunk are checked), -1 with the reason. */
-static int answer(fetch_t *f, const atomic_bool *stop, wire_msg_t *m, msg_fetch_data_t *d, char *why, size_t len) {
-    int64_t deadline = now_ms() + WRK_FETCH_TIMEOUT_MS;
+/* The next answer within quiet_ms, while not stopping: 0 with *m (a
+ * FETCH_DATA whose fields and chunk are checked), 1 when none came in
+ * quiet_ms, -1 with the reason. */
+static int answer(fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d, char *why,
+                  size_t len) {
+    int64_t deadline = now_ms() + quiet_ms;
     for (;;) {
         if (stop && atomic_load(stop)) return snprintf(why, len, "stopping"), -1;
         int64_t left = deadline - now_ms();
-        if (left <= 0) return snprintf(why, len, "no answer from the broker in %d ms", WRK_FETCH_TIMEOUT_MS), -1;
+        if (left <= 0) return 1;
         zmq_pollitem_t it = { f->sock, 0, ZMQ_POLLIN, 0 };
         if (zmq_poll(&it, 1, left < 200 ? (long)left : 200) <= 0) continue;
         wire_err_t e;
         int rc = msg_recv(f->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
         if (rc == 1) return snprintf(why, len, "an unreadable answer: %s", e.message), -1;
-        f->in_flight--;
         if (msg_type(m) == MSG_ERROR) {
             msg_error_t er;
             if (msg_error_decode(m, &er, &e) == 0) snprintf(why, len, "the broker answered %s: %.300s", er.code, er.message);
@@ -187,13 +198,42 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
             fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
             goto out;
         }
+    int64_t progress = now_ms(); /* when the last chunk came (or the fetch began) */
     while (done < f->size) {
         wire_msg_t m;
         msg_fetch_data_t d;
         char why[400];
-        if (answer(f, stop, &m, &d, why, sizeof why) != 0) {
+        int64_t left = progress + WRK_FETCH_TIMEOUT_MS - now_ms();
+        int arc = left > 0 ? answer(f, stop, left < WRK_FETCH_RESEND_MS ? (int)left : WRK_FETCH_RESEND_MS, &m, &d, why,
+                                    sizeof why)
+                           : 1;
+        if (arc == 1) { /* silence */
+            if (now_ms() - progress >= WRK_FETCH_TIMEOUT_MS) {
+                fail(err, errlen, wire, wlen, WRK_E_FETCH, "no answer from the broker in %d ms (at %" PRIu64
+                     " of %" PRIu64 " bytes; asked again %u time(s))", WRK_FETCH_TIMEOUT_MS, done,
+                     f->size == UINT64_MAX ? 0 : f->size, f->reasked);
+                goto out;
+            }
+            /* What was in flight may be lost: ask for the next chunk
+             * again; its answer fills the window. */
+            f->asked = done;
+            f->reasked++;
+            if (ask(f) != 0) {
+                fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+                goto out;
+            }
+            continue;
+        }
+        if (arc != 0) {
             fail(err, errlen, wire, wlen, stop && atomic_load(stop) ? WRK_E_STOPPED : WRK_E_FETCH, "%s", why);
             goto out;
+        }
+        if (f->size != UINT64_MAX && d.size == f->size && d.offset != done) {
+            /* Not the chunk needed next: a re-asked chunk's second answer,
+             * or one asked before a re-ask. */
+            f->dropped++;
+            wire_msg_close(&m);
+            continue;
         }
         if (f->size == UINT64_MAX) {
             f->size = d.size;
@@ -223,10 +263,15 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
             goto out;
         }
         done += n;
-        if (f->asked < f->size && ask(f) != 0) {
-            fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
-            goto out;
-        }
+        progress = now_ms();
+        /* keep WRK_FETCH_WINDOW chunks asked ahead of what came (answers
+         * to requests from before a re-ask may have carried it past) */
+        if (f->asked < done) f->asked = done;
+        while (f->asked < f->size && f->asked - done < (uint64_t)WRK_FETCH_WINDOW * MSG_CHUNK_MAX)
+            if (ask(f) != 0) {
+                fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+                goto out;
+            }
     }
     rc = 0;
 out:
@@ -251,7 +296,7 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
         fail(err, errlen, wire, wlen, WRK_E_FETCH, "this worker cannot fetch from the broker");
         return NULL;
     }
-    fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0 };
+    fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0, 0 };
     mem_t mem;
     memset(&mem, 0, sizeof mem);
     mem.spare = src->spare;
@@ -267,6 +312,7 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
         mem.data = NULL;
         if (!out) fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", kern_error());
     }
+    if (src->reasked) *src->reasked = f.reasked;
     if (f.sock) zmq_close(f.sock);
     free(mem.hdr);
     if (mem.data && src->spare && !src->spare->p) { /* a failed fetch: its buffer serves the next */

@@ -17,7 +17,8 @@
 #include "worker/model/safetensors.h"
 
 #define WRK_FETCH_WINDOW 4          /* FETCH requests in flight */
-#define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for one answer */
+#define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for the next chunk, re-asks included */
+#define WRK_FETCH_RESEND_MS 2000    /* silence after which the next chunk is asked for again */
 #define WRK_E_FETCH "bad_weights: the broker could not send the uploaded file"
 
 /* A data buffer kept from one fetch for the next: fresh memory costs a
@@ -43,10 +44,13 @@ typedef struct {
     const char *endpoint;
     const reel_curve_t *curve;      /* NULL or off: plain */
     wrk_fetch_buf_t *spare;         /* NULL: every fetch allocates */
+    unsigned *reasked;              /* NULL, or set to the times the broker's silence made it ask again */
 } wrk_fetch_src_t;
 
 /* Fetches version m->version of m->component (sha256 m->sha256) from the
- * broker: at most max_bytes (0: no limit). Returns it open (st_close it)
+ * broker: at most max_bytes (0: no limit). A broker silent for
+ * WRK_FETCH_RESEND_MS is asked again from where the file stopped; one
+ * silent for WRK_FETCH_TIMEOUT_MS fails the fetch. Returns it open (st_close it)
  * with hex the sha256 of its bytes, or NULL with `wire` a generic text for
  * the ack (WRK_E_FETCH, WRK_E_MODEL for a size no model of this worker's
  * holds, WRK_E_FILE, WRK_E_STOPPED) and err the detail for the log. */

@@ -190,7 +190,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, "stale");
         goto out;
     }
-    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &s->spare };
+    unsigned reasked = 0;
+    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &s->spare, &reasked };
     struct timespec t0, t1, t2, t3;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
@@ -202,6 +203,8 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         goto out;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (reasked)
+        wrk_log(w, "fetch of v%" PRIu64 ": the broker went silent; asked again %u time(s) and resumed", version, reasked);
     if (strcasecmp(hex, want) != 0) {
         wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", version, hex, want);
         ack(s, id, version, "sha256 mismatch");
