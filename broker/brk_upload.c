@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +39,27 @@ typedef struct {
     char stalled[300];         /* why the last chunk could not be kept (a full disk); "" while it goes */
 } slot_t;
 
+/* A removal --weights-keep asked for: component's current version. */
+typedef struct {
+    char component[MSG_NAME_MAX];
+    uint64_t current;
+} prune_t;
+
+#define PRUNES_MAX 8
+
 struct brk_uploads {
     slot_t s[BRK_UPLOADS_MAX];
+    /* The removals run on a thread of their own, one at a time: freeing
+     * a big file's blocks takes a while (1 GB: 0.4 s on this project's
+     * VMs; a wan2.1-1.3b file is 5.7 GB), which the routing thread must
+     * not wait for. */
+    pthread_mutex_t mu;
+    prune_t q[PRUNES_MAX];       /* asked, not yet done (one per component) */
+    int nq;
+    bool running, started;       /* the thread: runs the queue / was created (join it) */
+    pthread_t th;
+    char *dir;                   /* --weights-dir, the thread's copy */
+    int keep;
 };
 
 /* DIR/<prefix>COMPONENT-vVERSION<suffix> into buf. */
@@ -496,10 +516,13 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
-    int keep = b->opt.weights_keep;
-    if (!b->opt.weights_dir || keep <= 0) return;
-    DIR *d = opendir(b->opt.weights_dir);
+/* Removes the files of comp's uploaded versions older than current but
+ * for the keep - 1 newest, under dir. The data first, then the digest: a
+ * removal cut short (the broker killed) leaves a digest, which the next
+ * one finds and finishes; the version is not served meanwhile (FETCH:
+ * cannot open). */
+static void prune_dir(const char *dir, int keep, const char *comp, uint64_t current) {
+    DIR *d = opendir(dir);
     if (!d) return;
     uint64_t *older = NULL;
     size_t n = 0, cap = 0, plen = strlen(comp);
@@ -526,10 +549,9 @@ void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
     /* the current one counts as one of the `keep` */
     for (size_t i = (size_t)keep - 1; i < n; i++) {
         char sum[1024], file[1024];
-        file_of(b, "", comp, older[i], ".sha256", sum, sizeof sum);
-        file_of(b, "", comp, older[i], ".safetensors", file, sizeof file);
-        /* the digest first: without it the version is no longer served */
-        if (unlink(sum) != 0 || (unlink(file) != 0 && errno != ENOENT)) {
+        snprintf(sum, sizeof sum, "%s/%s-v%" PRIu64 ".sha256", dir, comp, older[i]);
+        snprintf(file, sizeof file, "%s/%s-v%" PRIu64 ".safetensors", dir, comp, older[i]);
+        if ((unlink(file) != 0 && errno != ENOENT) || (unlink(sum) != 0 && errno != ENOENT)) {
             brk_log("--weights-keep: cannot remove %s v%" PRIu64 ": %s", comp, older[i], strerror(errno));
             continue;
         }
@@ -537,6 +559,45 @@ void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
                 keep, current);
     }
     free(older);
+}
+
+static void *prune_main(void *arg) {
+    struct brk_uploads *u = arg;
+    pthread_mutex_lock(&u->mu);
+    while (u->nq > 0) {
+        prune_t p = u->q[0];
+        memmove(u->q, u->q + 1, (size_t)(u->nq - 1) * sizeof *u->q);
+        u->nq--;
+        pthread_mutex_unlock(&u->mu);
+        prune_dir(u->dir, u->keep, p.component, p.current);
+        pthread_mutex_lock(&u->mu);
+    }
+    u->running = false;
+    pthread_mutex_unlock(&u->mu);
+    return NULL;
+}
+
+void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
+    int keep = b->opt.weights_keep;
+    if (!b->opt.weights_dir || keep <= 0) return;
+    struct brk_uploads *u = b->uploads;
+    if (!u || !u->dir) { /* no thread to hand it to (out of memory at start) */
+        prune_dir(b->opt.weights_dir, keep, comp, current);
+        return;
+    }
+    pthread_mutex_lock(&u->mu);
+    int i = 0;
+    while (i < u->nq && strcmp(u->q[i].component, comp)) i++;
+    if (i == u->nq && u->nq < PRUNES_MAX) snprintf(u->q[u->nq++].component, sizeof u->q[0].component, "%s", comp);
+    if (i < u->nq && current > u->q[i].current) u->q[i].current = current; /* the newest asked wins */
+    bool inline_run = false;
+    if (!u->running && u->nq > 0) {
+        if (u->started) pthread_join(u->th, NULL); /* done with its queue: it only returns now */
+        u->started = u->running = pthread_create(&u->th, NULL, prune_main, u) == 0;
+        inline_run = !u->started;
+    }
+    pthread_mutex_unlock(&u->mu);
+    if (inline_run) prune_main(u); /* no thread: here, as before */
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -548,6 +609,9 @@ void brk_upload_start(brk_t *b) {
         return;
     }
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) b->uploads->s[i].fd = -1;
+    pthread_mutex_init(&b->uploads->mu, NULL);
+    b->uploads->dir = strdup(b->opt.weights_dir); /* NULL: removals run inline */
+    b->uploads->keep = b->opt.weights_keep;
     DIR *d = opendir(b->opt.weights_dir);
     if (!d) {
         brk_log("--weights-dir %s: %s (uploads will fail until it exists)", b->opt.weights_dir, strerror(errno));
@@ -566,6 +630,13 @@ void brk_upload_start(brk_t *b) {
 void brk_upload_stop(brk_t *b) {
     if (!b->uploads) return;
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) close_slot(b, &b->uploads->s[i], true);
+    /* removals asked for finish first (the queue is a few entries) */
+    pthread_mutex_lock(&b->uploads->mu);
+    bool started = b->uploads->started;
+    pthread_mutex_unlock(&b->uploads->mu);
+    if (started) pthread_join(b->uploads->th, NULL);
+    pthread_mutex_destroy(&b->uploads->mu);
+    free(b->uploads->dir);
     free(b->uploads);
     b->uploads = NULL;
 }

@@ -1078,6 +1078,45 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
 }
 END_TEST
 
+/* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
+ * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
+ * still to come is never touched; a digest whose file a cut-short removal
+ * already took is finished; other components are not touched. */
+START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal) {
+    box_t x;
+    box_open(&x);
+    char dir[] = "/tmp/reel-brk-keep.XXXXXX", path[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x.b.opt.weights_dir = dir;
+    x.b.opt.weights_keep = 2;
+    brk_upload_start(&x.b);
+    const char *names[] = { "transformer-v1", "transformer-v2", "transformer-v3", "transformer-v4", "transformer-v5",
+                            "transformer-v6", "vae-v1" };
+    for (int i = 0; i < 7; i++)
+        for (int k = 0; k < 2; k++) {
+            if (i == 1 && k == 0) continue; /* v2: its digest only, as a removal cut short leaves it */
+            snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], k ? "sha256" : "safetensors");
+            FILE *f = fopen(path, "w");
+            ck_assert_ptr_nonnull(f);
+            fputs("x", f);
+            fclose(f);
+        }
+    brk_upload_prune(&x.b, "transformer", 5);
+    brk_upload_prune(&x.b, "transformer", 5); /* asked twice: one removal */
+    brk_upload_stop(&x.b);
+    for (int i = 0; i < 7; i++)
+        for (int k = 0; k < 2; k++) {
+            snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], k ? "sha256" : "safetensors");
+            bool gone = i < 3;
+            ck_assert_msg((access(path, F_OK) != 0) == gone, "%s: %s", path, gone ? "not removed" : "removed");
+        }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(&x);
+}
+END_TEST
+
 /* The outcome label of a request's metrics (brk_counters.h): a worker's
  * ERROR code is its own text, so only [a-z0-9_] names are labels, the
  * rest "other", and past BRK_OUTCOMES_MAX - 1 codes everything new is
@@ -1599,6 +1638,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
+    tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
