@@ -11,6 +11,7 @@
  * are declines for "not_capturable" and "override". */
 #include "schema/catalog_query.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,10 +252,14 @@ static int hit_rate(json_t *s) {
 }
 
 /* Adds counter `name` of src into dst (integers; a sum in double would lose
- * counts past 2^53). */
+ * counts past 2^53), saturating: a corrupt or hostile catalog's counts may
+ * be anything, and their sum must not overflow. */
+_Static_assert(sizeof(json_int_t) == sizeof(long long), "json_int_t is long long");
 static int add_count(json_t *dst, const char *name, json_int_t v) {
     json_t *old = json_object_get(dst, name);
-    return json_object_set_new(dst, name, json_integer(json_integer_value(old) + v));
+    json_int_t sum;
+    if (__builtin_add_overflow(json_integer_value(old), v, &sum)) sum = v > 0 ? LLONG_MAX : LLONG_MIN;
+    return json_object_set_new(dst, name, json_integer(sum));
 }
 
 /* rows of (worker, reason, n) into each worker's field and the overall's. */
