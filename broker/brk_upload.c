@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,13 @@ bool brk_upload_stored(brk_t *b, const char *comp, uint64_t v, const char *sha25
     }
     if (strcasecmp(got, sha256) != 0) {
         snprintf(why, len, "%s v%" PRIu64 " was uploaded with other weights (sha256 %.16s...)", comp, v, got);
+        return false;
+    }
+    /* A digest without its file: a --weights-keep removal under way, or
+     * cut short (it removes the data first): no longer stored. */
+    file_of(b, "", comp, v, ".safetensors", path, sizeof path);
+    if (access(path, F_OK) != 0) {
+        snprintf(why, len, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
         return false;
     }
     return true;
@@ -588,12 +596,22 @@ void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
     pthread_mutex_lock(&u->mu);
     int i = 0;
     while (i < u->nq && strcmp(u->q[i].component, comp)) i++;
-    if (i == u->nq && u->nq < PRUNES_MAX) snprintf(u->q[u->nq++].component, sizeof u->q[0].component, "%s", comp);
+    if (i == u->nq && u->nq < PRUNES_MAX) {
+        snprintf(u->q[i].component, sizeof u->q[i].component, "%s", comp);
+        u->q[i].current = current;
+        u->nq++;
+    }
     if (i < u->nq && current > u->q[i].current) u->q[i].current = current; /* the newest asked wins */
     bool inline_run = false;
     if (!u->running && u->nq > 0) {
         if (u->started) pthread_join(u->th, NULL); /* done with its queue: it only returns now */
+        /* Without SIGINT/SIGTERM, as every thread but the routing one:
+         * the stop signal must interrupt the routing thread's poll. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
         u->started = u->running = pthread_create(&u->th, NULL, prune_main, u) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         inline_run = !u->started;
     }
     pthread_mutex_unlock(&u->mu);

@@ -1081,7 +1081,9 @@ END_TEST
 /* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
  * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
  * still to come is never touched; a digest whose file a cut-short removal
- * already took is finished; other components are not touched. */
+ * already took is finished (and is not a stored version meanwhile); other
+ * components are not touched, and one pruned next keeps its own current
+ * version and the newer one. */
 START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal) {
     box_t x;
     box_open(&x);
@@ -1091,8 +1093,9 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
     x.b.opt.weights_keep = 2;
     brk_upload_start(&x.b);
     const char *names[] = { "transformer-v1", "transformer-v2", "transformer-v3", "transformer-v4", "transformer-v5",
-                            "transformer-v6", "vae-v1" };
-    for (int i = 0; i < 7; i++)
+                            "transformer-v6", "vae-v1",         "vae-v2",         "vae-v3" };
+    const int N = (int)(sizeof names / sizeof *names);
+    for (int i = 0; i < N; i++)
         for (int k = 0; k < 2; k++) {
             if (i == 1 && k == 0) continue; /* v2: its digest only, as a removal cut short leaves it */
             snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], k ? "sha256" : "safetensors");
@@ -1101,10 +1104,28 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
             fputs("x", f);
             fclose(f);
         }
+    /* a digest without its data (a removal under way or cut short) is not stored */
+    const char *sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    char why[256];
+    snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s\n", sha);
+    fclose(f);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 3, sha, why, sizeof why));
+    snprintf(path, sizeof path, "%s/transformer-v3.safetensors", dir);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha, why, sizeof why));
+    ck_assert_msg(strstr(why, "was not uploaded"), "%s", why);
     brk_upload_prune(&x.b, "transformer", 5);
     brk_upload_prune(&x.b, "transformer", 5); /* asked twice: one removal */
+    snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
+    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    /* another component then, its queue slot the one transformer used:
+     * vae v2 is current, v3 newer (pending): nothing of vae goes */
+    brk_upload_prune(&x.b, "vae", 2);
     brk_upload_stop(&x.b);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < N; i++)
         for (int k = 0; k < 2; k++) {
             snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], k ? "sha256" : "safetensors");
             bool gone = i < 3;

@@ -210,8 +210,8 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
         if (arc == 1) { /* silence */
             if (now_ms() - progress >= WRK_FETCH_TIMEOUT_MS) {
                 fail(err, errlen, wire, wlen, WRK_E_FETCH, "no answer from the broker in %d ms (at %" PRIu64
-                     " of %" PRIu64 " bytes; asked again %u time(s))", WRK_FETCH_TIMEOUT_MS, done,
-                     f->size == UINT64_MAX ? 0 : f->size, f->reasked);
+                     " of %" PRIu64 " bytes; asked again %u time(s), %u answer(s) dropped)", WRK_FETCH_TIMEOUT_MS,
+                     done, f->size == UINT64_MAX ? 0 : f->size, f->reasked, f->dropped);
                 goto out;
             }
             /* What was in flight may be lost: ask for the next chunk
@@ -228,13 +228,6 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
             fail(err, errlen, wire, wlen, stop && atomic_load(stop) ? WRK_E_STOPPED : WRK_E_FETCH, "%s", why);
             goto out;
         }
-        if (f->size != UINT64_MAX && d.size == f->size && d.offset != done) {
-            /* Not the chunk needed next: a re-asked chunk's second answer,
-             * or one asked before a re-ask. */
-            f->dropped++;
-            wire_msg_close(&m);
-            continue;
-        }
         if (f->size == UINT64_MAX) {
             f->size = d.size;
             if (max_bytes && d.size > max_bytes) {
@@ -249,6 +242,13 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
                      d.size);
                 goto out;
             }
+        }
+        if (d.size == f->size && d.offset != done) {
+            /* Not the chunk needed next: a re-asked chunk's second answer,
+             * or one asked before a re-ask (even the first to come). */
+            f->dropped++;
+            wire_msg_close(&m);
+            continue;
         }
         bool bad = d.size != f->size || d.offset != done || (d.chunk->bytes == 0 && done < f->size) ||
                    d.chunk->bytes > f->size - done;
