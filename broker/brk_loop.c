@@ -247,7 +247,10 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
 static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
     void *sock = worker_side ? b->workers : b->clients;
     int64_t until = brk_now_ms() + DRAIN_MS;
-    for (int i = 0; i < DRAIN_MAX && (i % 16 || brk_now_ms() < until); i++) {
+    /* the clock after every message (a vDSO read): one UPLOAD or FETCH
+     * chunk costs milliseconds, 16 of them under a sanitizer or on a busy
+     * machine outlasted a worker's liveness */
+    for (int i = 0; i < DRAIN_MAX && (i == 0 || brk_now_ms() < until); i++) {
         if (!*spare && !(*spare = brk_msg_new(b))) return 0; /* try again at the next poll */
         wire_err_t err;
         int rc = msg_recv(sock, true, ZMQ_DONTWAIT, *spare, &err);
