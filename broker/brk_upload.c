@@ -34,6 +34,7 @@ typedef struct {
     char sha256[65];           /* lowercase */
     int fd;                    /* the .part file (read too: FETCH while it comes) */
     reel_sha256_t *h;          /* of its bytes so far */
+    uint64_t spare_size;       /* the recycled file's size when it was taken (0: a new file) */
     int64_t touched_ms;
     parked_t *parked;          /* in the order they came; grows to BRK_FETCH_PARKED_MAX */
     int n_parked, cap_parked;
@@ -48,6 +49,19 @@ typedef struct {
 
 #define PRUNES_MAX 8
 
+/* A removed version's file kept for the next upload to write over: its
+ * blocks and page-cache pages are there already, where a new file's must
+ * be allocated, faulted in and zeroed (on this project's VMs writing 1.2
+ * GB into a new file took 2.2 CPU-s, over an old one 0.12: docs/BENCH.md;
+ * PostgreSQL recycles its WAL segments for the same reason). Named
+ * DIR/.spare-N; at most SPARES_MAX, the oldest removed for a newer one. */
+typedef struct {
+    unsigned n;                  /* .spare-N */
+    uint64_t size;
+} spare_t;
+
+#define SPARES_MAX 2
+
 struct brk_uploads {
     slot_t s[BRK_UPLOADS_MAX];
     /* The removals run on a thread of their own, one at a time: freeing
@@ -61,7 +75,14 @@ struct brk_uploads {
     pthread_t th;
     char *dir;                   /* --weights-dir, the thread's copy */
     int keep;
+    spare_t spare[SPARES_MAX];   /* under mu; oldest first */
+    int nspare;
+    unsigned spare_seq;          /* the next .spare-N */
 };
+
+static void spare_path(const char *dir, unsigned n, char *buf, size_t len) {
+    snprintf(buf, len, "%s/.spare-%u", dir, n);
+}
 
 /* DIR/<prefix>COMPONENT-vVERSION<suffix> into buf. */
 static void file_of(const brk_t *b, const char *prefix, const char *comp, uint64_t v, const char *suffix, char *buf,
@@ -176,7 +197,53 @@ static slot_t *slot_of(brk_t *b, const char *comp, uint64_t v) {
     return NULL;
 }
 
-/* A new upload of u in a free slot (.part created, empty). NULL with why. */
+/* Renames the spare that suits an upload of size bytes to part: the
+ * largest one at most an eighth longer than that (what is past the end is
+ * cut when the upload finishes, on the routing thread, so little of it).
+ * Returns its size, or 0 when none suits (or it was gone). */
+static uint64_t take_spare(brk_t *b, uint64_t size, const char *part) {
+    struct brk_uploads *u = b->uploads;
+    if (!u->dir) return 0;
+    pthread_mutex_lock(&u->mu);
+    int best = -1;
+    for (int i = 0; i < u->nspare; i++)
+        if (u->spare[i].size <= size + size / 8 &&
+            (best < 0 || u->spare[i].size > u->spare[best].size))
+            best = i;
+    spare_t sp = best >= 0 ? u->spare[best] : (spare_t){ 0, 0 };
+    if (best >= 0) {
+        memmove(u->spare + best, u->spare + best + 1, (size_t)(u->nspare - best - 1) * sizeof *u->spare);
+        u->nspare--;
+    }
+    pthread_mutex_unlock(&u->mu);
+    if (best < 0) return 0;
+    char path[1024];
+    spare_path(u->dir, sp.n, path, sizeof path);
+    if (rename(path, part) != 0) return 0;
+    return sp.size ? sp.size : 1;
+}
+
+/* Removes every spare (a full disk: their blocks are what the upload
+ * needs). Returns how many were removed. */
+static int drop_spares(brk_t *b) {
+    struct brk_uploads *u = b->uploads;
+    if (!u->dir) return 0;
+    pthread_mutex_lock(&u->mu);
+    spare_t sp[SPARES_MAX];
+    int n = u->nspare;
+    memcpy(sp, u->spare, (size_t)n * sizeof *sp);
+    u->nspare = 0;
+    pthread_mutex_unlock(&u->mu);
+    for (int i = 0; i < n; i++) {
+        char path[1024];
+        spare_path(u->dir, sp[i].n, path, sizeof path);
+        if (unlink(path) == 0) brk_log("removed the spare %s for room", path);
+    }
+    return n;
+}
+
+/* A new upload of u in a free slot (.part created, empty, or a spare to
+ * write over). NULL with why. */
 static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char *why, size_t len) {
     slot_t *s = NULL, *idle = NULL;
     for (int i = 0; i < BRK_UPLOADS_MAX && !s; i++)
@@ -194,26 +261,32 @@ static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char 
     }
     char part[1024];
     file_of(b, ".", u->component, u->version, ".part", part, sizeof part);
-    int fd = open(part, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    uint64_t spare = take_spare(b, u->size, part);
+    int fd = open(part, O_RDWR | O_CREAT | (spare ? 0 : O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
     reel_sha256_t *h = fd >= 0 ? reel_sha256_new() : NULL;
     if (!h) {
         snprintf(why, len, "cannot open %.200s: %s", part, fd < 0 ? strerror(errno) : "out of memory");
         if (fd >= 0) close(fd);
         return NULL;
     }
-    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h };
+    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h, .spare_size = spare };
     snprintf(s->component, sizeof s->component, "%s", u->component);
     snprintf(s->sha256, sizeof s->sha256, "%s", sha);
     return s;
 }
 
 /* Appends the chunk at s->received. 0, or -1 with why (nothing counted). */
-static int append(slot_t *s, const msg_upload_t *u, char *why, size_t len) {
+static int append(brk_t *b, slot_t *s, const msg_upload_t *u, char *why, size_t len) {
     const unsigned char *p = u->chunk->data;
     size_t n = u->chunk->bytes, done = 0;
+    bool dropped = false;
     while (done < n) {
         ssize_t w = pwrite(s->fd, p + done, n - done, (off_t)(s->received + done));
         if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == ENOSPC && !dropped) {
+            dropped = true;
+            if (drop_spares(b) > 0) continue;
+        }
         if (w <= 0) {
             snprintf(why, len, "cannot write the upload: %s", w < 0 ? strerror(errno) : "no progress");
             if (ftruncate(s->fd, (off_t)s->received) != 0) { /* the next try writes over it anyway */ }
@@ -241,6 +314,13 @@ static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
                      NULL, "refused: sha256 mismatch");
         brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST, "UPLOAD: the bytes hash to %s, not the announced %s",
                      got, s->sha256);
+        close_slot(b, s, true);
+        return;
+    }
+    if (s->spare_size > s->size && ftruncate(s->fd, (off_t)s->size) != 0) {
+        snprintf(why, sizeof why, "cannot cut the recycled file to size: %s", strerror(errno));
+        brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, why);
+        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
         close_slot(b, s, true);
         return;
     }
@@ -299,7 +379,7 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         ack(b, from, id, u->component, u->version, s->received, false);
         return;
     }
-    if (append(s, u, why, sizeof why) != 0) {
+    if (append(b, s, u, why, sizeof why) != 0) {
         /* The bytes cannot be kept (a full disk): the workers waiting for
          * them hear it now, and so does every FETCH of them until a chunk
          * goes in again, not after their own timeout. The slot stays: the
@@ -529,7 +609,39 @@ static int cmp_desc(const void *a, const void *b) {
  * removal cut short (the broker killed) leaves a digest, which the next
  * one finds and finishes; the version is not served meanwhile (FETCH:
  * cannot open). */
-static void prune_dir(const char *dir, int keep, const char *comp, uint64_t current) {
+/* Keeps the data file of a removed version as a spare (renamed to
+ * DIR/.spare-N), the oldest spare removed when SPARES_MAX are kept.
+ * False when it is not one to keep (u NULL, not a regular file of its
+ * own: a hard link elsewhere keeps its blocks anyway) or the rename
+ * failed: the caller removes it. */
+static bool recycle(struct brk_uploads *u, const char *dir, const char *file) {
+    struct stat st;
+    if (!u || lstat(file, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return false;
+    pthread_mutex_lock(&u->mu);
+    unsigned n = u->spare_seq++;
+    pthread_mutex_unlock(&u->mu);
+    char path[1024], old[1024];
+    spare_path(dir, n, path, sizeof path);
+    if (rename(file, path) != 0) return false;
+    spare_t drop = { 0, 0 };
+    bool dropping = false;
+    pthread_mutex_lock(&u->mu);
+    if (u->nspare == SPARES_MAX) {
+        drop = u->spare[0];
+        dropping = true;
+        memmove(u->spare, u->spare + 1, (size_t)(SPARES_MAX - 1) * sizeof *u->spare);
+        u->nspare--;
+    }
+    u->spare[u->nspare++] = (spare_t){ n, (uint64_t)st.st_size };
+    pthread_mutex_unlock(&u->mu);
+    if (dropping) {
+        spare_path(dir, drop.n, old, sizeof old);
+        unlink(old);
+    }
+    return true;
+}
+
+static void prune_dir(struct brk_uploads *u, const char *dir, int keep, const char *comp, uint64_t current) {
     DIR *d = opendir(dir);
     if (!d) return;
     uint64_t *older = NULL;
@@ -559,7 +671,8 @@ static void prune_dir(const char *dir, int keep, const char *comp, uint64_t curr
         char sum[1024], file[1024];
         snprintf(sum, sizeof sum, "%s/%s-v%" PRIu64 ".sha256", dir, comp, older[i]);
         snprintf(file, sizeof file, "%s/%s-v%" PRIu64 ".safetensors", dir, comp, older[i]);
-        if ((unlink(file) != 0 && errno != ENOENT) || (unlink(sum) != 0 && errno != ENOENT)) {
+        if ((!recycle(u, dir, file) && unlink(file) != 0 && errno != ENOENT) ||
+            (unlink(sum) != 0 && errno != ENOENT)) {
             brk_log("--weights-keep: cannot remove %s v%" PRIu64 ": %s", comp, older[i], strerror(errno));
             continue;
         }
@@ -577,7 +690,7 @@ static void *prune_main(void *arg) {
         memmove(u->q, u->q + 1, (size_t)(u->nq - 1) * sizeof *u->q);
         u->nq--;
         pthread_mutex_unlock(&u->mu);
-        prune_dir(u->dir, u->keep, p.component, p.current);
+        prune_dir(u, u->dir, u->keep, p.component, p.current);
         pthread_mutex_lock(&u->mu);
     }
     u->running = false;
@@ -590,7 +703,7 @@ void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
     if (!b->opt.weights_dir || keep <= 0) return;
     struct brk_uploads *u = b->uploads;
     if (!u || !u->dir) { /* no thread to hand it to (out of memory at start) */
-        prune_dir(b->opt.weights_dir, keep, comp, current);
+        prune_dir(NULL, b->opt.weights_dir, keep, comp, current);
         return;
     }
     pthread_mutex_lock(&u->mu);
@@ -635,11 +748,27 @@ void brk_upload_start(brk_t *b) {
         brk_log("--weights-dir %s: %s (uploads will fail until it exists)", b->opt.weights_dir, strerror(errno));
         return;
     }
+    struct brk_uploads *u = b->uploads;
     for (struct dirent *e; (e = readdir(d));) {
         size_t n = strlen(e->d_name);
-        if (e->d_name[0] != '.' || n < 6 || strcmp(e->d_name + n - 5, ".part")) continue;
-        char path[1024];
+        char path[1024], *end;
         snprintf(path, sizeof path, "%s/%s", b->opt.weights_dir, e->d_name);
+        if (!strncmp(e->d_name, ".spare-", 7)) {
+            /* a previous run's spares: kept (SPARES_MAX of them) for the next uploads */
+            struct stat st;
+            errno = 0;
+            unsigned long k = strtoul(e->d_name + 7, &end, 10);
+            bool ok = !errno && *end == '\0' && end != e->d_name + 7 && k < UINT32_MAX && u->dir &&
+                      lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && u->nspare < SPARES_MAX;
+            if (ok) {
+                u->spare[u->nspare++] = (spare_t){ (unsigned)k, (uint64_t)st.st_size };
+                if ((unsigned)k >= u->spare_seq) u->spare_seq = (unsigned)k + 1;
+            } else if (unlink(path) == 0) {
+                brk_log("removed %s: a spare file past the %d kept", path, SPARES_MAX);
+            }
+            continue;
+        }
+        if (e->d_name[0] != '.' || n < 6 || strcmp(e->d_name + n - 5, ".part")) continue;
         if (unlink(path) == 0) brk_log("removed %s: an upload a previous run did not finish", path);
     }
     closedir(d);

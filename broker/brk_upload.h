@@ -5,8 +5,10 @@
  * it when all of it came and its sha256 is the one announced. A SYNC with
  * "uploaded" then names it, and workers FETCH it back in chunks.
  *
- * Files: DIR/.COMPONENT-vVERSION.part while it comes (never read by
- * anyone), then DIR/COMPONENT-vVERSION.safetensors beside
+ * Files: DIR/.COMPONENT-vVERSION.part while it comes (a new file, or a
+ * spare written over: DIR/.spare-N, a removed version's data file kept
+ * for that; its old bytes are never served, and its tail is cut at the
+ * end), then DIR/COMPONENT-vVERSION.safetensors beside
  * DIR/COMPONENT-vVERSION.sha256 (its digest, written after the file is
  * synced to disk and renamed: a file without its .sha256 was never
  * complete and is not served). Chunks must come in order: one at any
@@ -46,9 +48,10 @@ bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const ch
 /* Retention (--weights-keep N): component's current version is now
  * `current`; the files of uploaded versions older than it are removed but
  * for the N-1 newest (versions newer than current, pending or coming, are
- * never touched). Nothing with N = 0. Freed pages also serve the next
- * upload: on this project's VMs writing a file into never-used memory
- * cost 20x writing it into recycled memory (docs/BENCH.md). */
+ * never touched). Nothing with N = 0. The last two data files removed
+ * are kept as spares the next uploads write over: on this project's VMs
+ * writing 1.2 GB into a new file cost 2.2 CPU-s, over an old one 0.12
+ * (docs/BENCH.md). */
 void brk_upload_prune(brk_t *b, const char *component, uint64_t current);
 /* Gives up uploads that had no chunk for BRK_UPLOAD_IDLE_MS (their .part
  * removed, FETCHes waiting on them answered ERROR). */

@@ -15,7 +15,10 @@
 #     restarted broker resumes the last version applied (uploaded, from
 #     --weights-dir), removes the partial file, the catalog says the half
 #     one failed, the workers reconnect and serve on the old version, and
-#     the upload sent again completes.
+#     the upload sent again completes;
+#   - a spare file (a removed version's, kept for the next upload to
+#     write over) that the upload cannot use and whose room it needs is
+#     removed, and the upload completes.
 # Needs a tmpfs mount (root): where it cannot mount one it prints one SKIP
 # line and exits 0.
 # Usage: cli_upload_disk.sh BUILD
@@ -117,4 +120,25 @@ rm -f "$FS/transformer-v2.safetensors" "$FS/transformer-v2.sha256" # room for v3
 "$R" sync --broker "ipc://$D/c" --version 3 --upload "$D/tr/v3.safetensors" --timeout-ms 60000 >"$D/sync4.out" 2>&1 &&
     grep -q "applied w1,w2" "$D/sync4.out" && ok "uploaded again, v3 completes on both workers" ||
     { bad "v3 after the restart"; show "$D/sync4.out"; show "$D/broker2.log"; }
+
+# ---- a spare file takes the room an upload needs ------------------------------------
+# A removed version's file is kept as DIR/.spare-N for the next upload to
+# write over; one too long for v4 (130 MB > 100 MB + 1/8) is not taken, so
+# on this disk v4 runs out of room 30 MB in: the broker removes the spare
+# and goes on, and nothing of it shows to the trainer.
+kill "$BROKER"
+wait "$BROKER" 2>/dev/null
+rm -f "$FS"/transformer-v*
+dd if=/dev/zero of="$FS/.spare-9" bs=1M count=130 2>/dev/null
+cli_broker "$D/broker3.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --weights-dir "$FS" --heartbeat-ms 200 || { bad "broker restarts (spare)"; show "$D/broker3.log"; finish; }
+for w in w1 w2; do
+    wait_for "$D/broker3.log" "worker $w ready" 20 || bad "$w reconnects (spare)"
+done
+"$R" weights init --config small --seed 4 --out "$D/tr/v4.safetensors" 2>/dev/null
+"$R" sync --broker "ipc://$D/c" --version 4 --upload "$D/tr/v4.safetensors" --timeout-ms 60000 >"$D/sync5.out" 2>&1 &&
+    grep -q "applied w1,w2" "$D/sync5.out" && grep -q "removed the spare .*/.spare-9 for room" "$D/broker3.log" &&
+    [ ! -e "$FS/.spare-9" ] && cmp -s "$FS/transformer-v4.safetensors" "$D/tr/v4.safetensors" &&
+    ok "a full disk with a spare on it: the spare goes, v4 is stored whole and applied on both workers" ||
+    { bad "v4 over a spare"; show "$D/sync5.out"; show "$D/broker3.log"; ls -la "$FS"; }
 finish

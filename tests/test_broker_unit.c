@@ -13,6 +13,7 @@
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1138,6 +1139,125 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
 }
 END_TEST
 
+/* Writes n bytes of value c to dir/name. */
+static void fill_file(const char *dir, const char *name, size_t n, int c) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (size_t i = 0; i < n; i++) fputc(c, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static int count_spares(const char *dir) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -c '^\\.spare-'", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* A removed version's file is kept as a spare (DIR/.spare-N) and the next
+ * upload writes over it, the same file (its blocks and cached pages),
+ * never showing its old bytes: a FETCH while the upload comes gets the new
+ * ones, and the stored file is cut to the upload's size. A file with
+ * another hard link is removed, not kept; at most two spares are kept,
+ * across a restart too (the rest, and names not of a spare, removed). */
+START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
+    box_t x;
+    box_open(&x);
+    char dir[] = "/tmp/reel-brk-spare.XXXXXX", path[256], why[256];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x.b.opt.weights_dir = dir;
+    x.b.opt.weights_keep = 2;
+    brk_upload_start(&x.b);
+    /* v1 a bit longer than the upload to come, v2 and v3 small */
+    fill_file(dir, "transformer-v1.safetensors", UP_SIZE + 12345, 0xAA);
+    fill_file(dir, "transformer-v2.safetensors", 10, 'x');
+    fill_file(dir, "transformer-v3.safetensors", 10, 'x');
+    for (int v = 1; v <= 3; v++) {
+        snprintf(path, sizeof path, "transformer-v%d.sha256", v);
+        fill_file(dir, path, 3, 'x');
+    }
+    struct stat st1, st;
+    snprintf(path, sizeof path, "%s/transformer-v1.safetensors", dir);
+    ck_assert_int_eq(stat(path, &st1), 0);
+    brk_upload_prune(&x.b, "transformer", 3); /* v1 goes: a spare */
+    snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
+    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    ck_assert_int_eq(access(path, F_OK), -1);
+    ck_assert_int_eq(count_spares(dir), 1);
+
+    unsigned char *bytes = malloc(UP_SIZE);
+    ck_assert_ptr_nonnull(bytes);
+    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
+    char sha[65];
+    reel_sha256_buf(bytes, UP_SIZE, sha);
+    wire_msg_t *a = upload_piece(&x, 10, 4, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    snprintf(path, sizeof path, "%s/.transformer-v4.part", dir);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_uint_eq(st.st_ino, st1.st_ino); /* v1's file, written over */
+    ck_assert_int_eq(count_spares(dir), 0);
+    /* a FETCH of what came, and one of bytes still to come: the new bytes only */
+    fetch_at(&x, 0, 20, 4, sha, 0);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
+    fetch_at(&x, 0, 21, 4, sha, (uint64_t)8 << 20);
+    for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
+        a = upload_piece(&x, 11, 4, sha, bytes, off, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);
+    expect_data(&x, 0, 21, bytes, (uint64_t)8 << 20, (size_t)1 << 20); /* the file ends at 9 MiB, not v1's end */
+    ck_assert(brk_upload_stored(&x.b, "transformer", 4, sha, why, sizeof why));
+    snprintf(path, sizeof path, "%s/transformer-v4.safetensors", dir);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_uint_eq(st.st_ino, st1.st_ino);
+    ck_assert_int_eq((long long)st.st_size, (long long)UP_SIZE); /* v1's tail cut */
+    fetch_at(&x, 1, 22, 4, sha, (uint64_t)8 << 20);                 /* from the stored file */
+    expect_data(&x, 1, 22, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
+
+    /* v2 has another hard link: removed, not kept; v3 kept */
+    char link2[256];
+    snprintf(path, sizeof path, "%s/transformer-v2.safetensors", dir);
+    snprintf(link2, sizeof link2, "%s/elsewhere", dir);
+    ck_assert_int_eq(link(path, link2), 0);
+    fill_file(dir, "transformer-v5.safetensors", 10, 'x');
+    fill_file(dir, "transformer-v5.sha256", 3, 'x');
+    brk_upload_prune(&x.b, "transformer", 5);
+    snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
+    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    snprintf(path, sizeof path, "%s/transformer-v2.sha256", dir);
+    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    ck_assert_int_eq(access(path, F_OK), -1);
+    ck_assert_int_eq(count_spares(dir), 1);       /* v3's */
+    ck_assert_int_eq(stat(link2, &st), 0);
+    ck_assert_int_eq((int)st.st_nlink, 1);        /* v2's name went, the other link stays */
+    brk_upload_stop(&x.b);
+
+    /* a restart keeps two spares, removes the rest and what only looks like one */
+    fill_file(dir, ".spare-900", 10, 'x');
+    fill_file(dir, ".spare-901", 10, 'x');
+    fill_file(dir, ".spare-x1", 10, 'x');
+    ck_assert_int_eq(count_spares(dir), 4);
+    brk_upload_start(&x.b);
+    ck_assert_int_eq(count_spares(dir), 2);
+    snprintf(path, sizeof path, "%s/.spare-x1", dir);
+    ck_assert_int_eq(access(path, F_OK), -1);
+    brk_upload_stop(&x.b);
+    free(bytes);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(&x);
+}
+END_TEST
+
 /* The outcome label of a request's metrics (brk_counters.h): a worker's
  * ERROR code is its own text, so only [a-z0-9_] names are labels, the
  * rest "other", and past BRK_OUTCOMES_MAX - 1 codes everything new is
@@ -1660,6 +1780,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
+    tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);

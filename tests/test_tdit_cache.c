@@ -237,6 +237,46 @@ START_TEST(test_stale_weight_version_is_refused) {
 }
 END_TEST
 
+/* How many of m's tensors hold, bitwise, the bytes of a tensor of file
+ * path with the same shape (F32 files: every tensor of a CPU model is read
+ * straight into its place in the arena). */
+static int tensors_from(const tdit_model_t *m, const char *path) {
+    st_file_t *f = st_open(path);
+    ck_assert_ptr_nonnull(f);
+    int n = 0;
+    for (int i = 0; i < tdit_model_n_tensors(m); i++) {
+        const kern_tensor_t *t = tdit_model_tensor(m, i);
+        for (size_t j = 0; j < st_count(f); j++) {
+            const st_tensor_t *e = st_at(f, j);
+            if (e->nbytes != kern_tensor_bytes(t)) continue;
+            if (!memcmp(e->data, kern_tensor_ptr(t), e->nbytes)) {
+                n++;
+                break;
+            }
+        }
+    }
+    st_close(&f);
+    return n;
+}
+
+/* A reload puts the new file's bytes in every tensor (and the load the
+ * first file's): none keeps an old value. */
+START_TEST(test_reload_puts_every_tensor_of_the_new_file_in_place) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    int n = tdit_model_n_tensors(f->m);
+    ck_assert_int_gt(n, 10);
+    ck_assert_int_eq(tensors_from(f->m, w1), n);
+    ck_assert_int_lt(tensors_from(f->m, w2), n); /* w2 differs from w1 */
+    st_file_t *nf = st_open(w2);
+    ck_assert_ptr_nonnull(nf);
+    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", kern_error());
+    st_close(&nf);
+    ck_assert_int_eq(tensors_from(f->m, w2), n);
+    ck_assert_int_lt(tensors_from(f->m, w1), n);
+    fx_close(f);
+}
+END_TEST
+
 START_TEST(test_reload_with_other_config_fails_and_keeps_weights) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
     char p2[160];
@@ -543,6 +583,7 @@ int main(void) {
     tcase_add_test(tc, test_weight_sync_inplace_policy_keeps_graph_and_reverifies);
     tcase_add_test(tc, test_stale_weight_version_is_refused);
     tcase_add_test(tc, test_reload_with_other_config_fails_and_keeps_weights);
+    tcase_add_test(tc, test_reload_puts_every_tensor_of_the_new_file_in_place);
     tcase_add_test(tc, test_any_mix_of_shapes_cfg_and_sde_on_one_stream_is_served_bitwise_equal_to_eager);
     tcase_add_test(tc, test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_fail);
     tcase_add_test(tc, test_weights_relocated_without_a_sync_decline_weights_moved_and_match_eager);
