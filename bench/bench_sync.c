@@ -15,10 +15,13 @@
  * last), read from the file as the trainer reads it. Each rep times both,
  * alternating which goes first; the summary is the median of the reps.
  * Usage: bench_sync [BUILD_DIR [REPS [CONFIG]]]  (finds reel-broker,
- * reel-worker, reelctl in BUILD_DIR; CONFIG small by default, or
- * wan2.1-1.3b: a 5.7 GB F32 file, each worker holding the model and,
- * while it fetches, the file: needs about 23 GB of memory and 6 x the file
- * on disk; the worker copies are hard links) */
+ * reel-worker, reelctl in BUILD_DIR; CONFIG small by default,
+ * wan2.1-1.3b (a 5.7 GB F32 file, each worker holding the model and,
+ * while it fetches, the file: needs about 23 GB of memory and 7 x the file
+ * on disk; the worker copies are hard links), or a JSON config file as
+ * `reelctl weights init --config` takes (e.g. wan2.1-1.3b's widths with
+ * 6 layers: a 1.2 GB file). Each version's file is written just before
+ * its sync and removed after it. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -108,6 +111,20 @@ static double floor_copy(void *ctx, const char *path, int port) {
 
 /* ---- Reel: upload, sync by value, both workers ack --------------------------------- */
 
+/* The trainer's file of version v: DIR/tr/vV.safetensors (seed v). */
+static void make_version(const char *ctl, const char *config, const char *dir, int v) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed %d --out %s/tr/v%d.safetensors 2>/dev/null", ctl,
+             config, v, dir, v);
+    if (system(cmd) != 0) DIE("weights init");
+}
+
+static void drop_version(const char *dir, int v) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, v);
+    unlink(path);
+}
+
 typedef struct {
     double t0, done;
 } clock_t_;
@@ -164,7 +181,6 @@ int main(int argc, char **argv) {
     const char *config = argc > 3 ? argv[3] : "small";
     if (reps < 1 || reps > REPS_MAX) DIE("reps must be 1..%d", REPS_MAX);
     bool seq = !strcmp(config, "small"); /* also the stages one after the other (disk: not at 1.3b) */
-    int files = 1 + WARMUP + reps * (seq ? 2 : 1);
     char dir[] = "/tmp/reel-bench-sync.XXXXXX", cmd[1024], broker[300], worker[300], ctl[300];
     if (!mkdtemp(dir)) DIE("mkdtemp");
     snprintf(broker, sizeof broker, "%s/reel-broker", build);
@@ -173,11 +189,7 @@ int main(int argc, char **argv) {
     if (access(broker, X_OK) || access(worker, X_OK) || access(ctl, X_OK)) DIE("build %s first", build);
     snprintf(cmd, sizeof cmd, "mkdir -p %s/store %s/w1 %s/w2 %s/tr", dir, dir, dir, dir);
     if (system(cmd) != 0) DIE("mkdir");
-    for (int v = 1; v <= files; v++) {
-        snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed %d --out %s/tr/v%d.safetensors 2>/dev/null",
-                 ctl, config, v, dir, v);
-        if (system(cmd) != 0) DIE("weights init");
-    }
+    make_version(ctl, config, dir, 1);
     snprintf(cmd, sizeof cmd, "ln %s/tr/v1.safetensors %s/w1/ && ln %s/tr/v1.safetensors %s/w2/", dir, dir, dir, dir);
     if (system(cmd) != 0) DIE("ln");
     int port = 31000 + getpid() % 20000;
@@ -206,7 +218,7 @@ int main(int argc, char **argv) {
     void *ctx = zmq_ctx_new();
     struct stat st;
     char path[400];
-    snprintf(path, sizeof path, "%s/tr/v2.safetensors", dir);
+    snprintf(path, sizeof path, "%s/tr/v1.safetensors", dir);
     stat(path, &st);
     printf("bench_sync: a %.1f MB %s-config file by value to 2 workers vs one plain loopback copy, %d reps\n",
            (double)st.st_size / 1e6, config, reps);
@@ -218,12 +230,15 @@ int main(int argc, char **argv) {
      * files: its later uploads write over removed ones); shown, not
      * counted. */
     for (int k = 0; k < WARMUP; k++) {
+        make_version(ctl, config, dir, (int)version + 1);
         snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
         double up, t = by_value(c, path, ++version, true, &up);
+        drop_version(dir, (int)version);
         printf("warm-up %d (not counted): by value %.3f s (upload done at %.3f s)\n", k + 1, t, up);
         fflush(stdout);
     }
     for (int k = 0; k < reps; k++) {
+        make_version(ctl, config, dir, (int)version + 1);
         snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
         if (k % 2) tf[k] = floor_copy(ctx, path, port + 2 + k);
         double c0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
@@ -232,10 +247,13 @@ int main(int argc, char **argv) {
         if (!(k % 2)) tf[k] = floor_copy(ctx, path, port + 2 + k);
         q[k] = tv[k] / tf[k];
         printf("rep %d: by value %.3f s (upload done at %.3f s), floor %.3f s: %.2fx", k + 1, tv[k], tu[k], tf[k], q[k]);
+        drop_version(dir, (int)version);
         if (seq) {
+            make_version(ctl, config, dir, (int)version + 1);
             snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
             double s0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
             ts[k] = by_value(c, path, ++version, false, &tsu[k]);
+            drop_version(dir, (int)version);
             for (int i = 0; i < 4; i++) cpus[i][k] = cpu_s(i < 3 ? pids[i] : getpid()) - s0[i];
             qs[k] = ts[k] / tf[k];
             printf("; stages in turn %.3f s (upload %.3f s): %.2fx", ts[k], tsu[k], qs[k]);

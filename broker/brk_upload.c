@@ -34,7 +34,8 @@ typedef struct {
     char sha256[65];           /* lowercase */
     int fd;                    /* the .part file (read too: FETCH while it comes) */
     reel_sha256_t *h;          /* of its bytes so far */
-    uint64_t spare_size;       /* the recycled file's size when it was taken (0: a new file) */
+    bool recycled;             /* a spare written over (else a new file) */
+    uint64_t spare_size;       /* its length when it was opened: cut to size at the end if longer */
     int64_t touched_ms;
     parked_t *parked;          /* in the order they came; grows to BRK_FETCH_PARKED_MAX */
     int n_parked, cap_parked;
@@ -82,6 +83,27 @@ struct brk_uploads {
 
 static void spare_path(const char *dir, unsigned n, char *buf, size_t len) {
     snprintf(buf, len, "%s/.spare-%u", dir, n);
+}
+
+/* The N of a file named .spare-N (text: what follows "-"), as spare_path
+ * writes it: decimal digits, no sign, no leading zero, below 2^31. NULL,
+ * or why it is not one. */
+static const char *spare_name(const char *text, unsigned *n) {
+    size_t len = strlen(text);
+    if (len == 0 || len > 10 || (text[0] == '0' && len > 1)) return "not a name a spare has";
+    unsigned long long k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9') return "not a name a spare has";
+        k = k * 10 + (unsigned long long)(text[i] - '0');
+    }
+    if (k >= (1ull << 31)) return "not a name a spare has";
+    *n = (unsigned)k;
+    return NULL;
+}
+
+static int cmp_spare(const void *a, const void *b) {
+    unsigned x = ((const spare_t *)a)->n, y = ((const spare_t *)b)->n;
+    return x < y ? -1 : x > y;
 }
 
 /* DIR/<prefix>COMPONENT-vVERSION<suffix> into buf. */
@@ -171,7 +193,8 @@ static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
     file_of(b, "", s->component, s->version, ".safetensors", final, sizeof final);
     file_of(b, "", s->component, s->version, ".sha256", sum, sizeof sum);
     snprintf(tmp, sizeof tmp, "%s.tmp", sum);
-    if (rename(part, final) != 0) goto fail;
+    /* (tried again after a full disk: the data may be in place already) */
+    if (rename(part, final) != 0 && !(errno == ENOENT && access(final, F_OK) == 0)) goto fail;
     int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
     if (!f) {
@@ -182,9 +205,11 @@ static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, sum) != 0) goto fail;
     return 0;
-fail:
-    snprintf(why, len, "cannot store the upload: %s", strerror(errno));
+fail:;
+    int e = errno;
+    snprintf(why, len, "cannot store the upload: %s", strerror(e));
     unlink(tmp);
+    errno = e;
     return -1;
 }
 
@@ -198,33 +223,31 @@ static slot_t *slot_of(brk_t *b, const char *comp, uint64_t v) {
 }
 
 /* Renames the spare that suits an upload of size bytes to part: the
- * largest one at most an eighth longer than that (what is past the end is
- * cut when the upload finishes, on the routing thread, so little of it).
- * Returns its size, or 0 when none suits (or it was gone). */
-static uint64_t take_spare(brk_t *b, uint64_t size, const char *part) {
+ * largest one no longer than that (a new version of a model is most often
+ * the same size as the last; a longer one would have its tail cut, which
+ * frees blocks on the routing thread). True when one was taken. */
+static bool take_spare(brk_t *b, uint64_t size, const char *part) {
     struct brk_uploads *u = b->uploads;
-    if (!u->dir) return 0;
+    if (!u->dir) return false;
     pthread_mutex_lock(&u->mu);
     int best = -1;
     for (int i = 0; i < u->nspare; i++)
-        if (u->spare[i].size <= size + size / 8 &&
-            (best < 0 || u->spare[i].size > u->spare[best].size))
-            best = i;
+        if (u->spare[i].size <= size && (best < 0 || u->spare[i].size > u->spare[best].size)) best = i;
     spare_t sp = best >= 0 ? u->spare[best] : (spare_t){ 0, 0 };
     if (best >= 0) {
         memmove(u->spare + best, u->spare + best + 1, (size_t)(u->nspare - best - 1) * sizeof *u->spare);
         u->nspare--;
     }
     pthread_mutex_unlock(&u->mu);
-    if (best < 0) return 0;
+    if (best < 0) return false;
     char path[1024];
     spare_path(u->dir, sp.n, path, sizeof path);
-    if (rename(path, part) != 0) return 0;
-    return sp.size ? sp.size : 1;
+    return rename(path, part) == 0;
 }
 
 /* Removes every spare (a full disk: their blocks are what the upload
- * needs). Returns how many were removed. */
+ * needs), here on the routing thread: a rare event, and the upload waits
+ * for the room anyway. Returns how many were removed. */
 static int drop_spares(brk_t *b) {
     struct brk_uploads *u = b->uploads;
     if (!u->dir) return 0;
@@ -261,15 +284,20 @@ static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char 
     }
     char part[1024];
     file_of(b, ".", u->component, u->version, ".part", part, sizeof part);
-    uint64_t spare = take_spare(b, u->size, part);
+    bool spare = take_spare(b, u->size, part);
     int fd = open(part, O_RDWR | O_CREAT | (spare ? 0 : O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
-    reel_sha256_t *h = fd >= 0 ? reel_sha256_new() : NULL;
+    /* a spare's length now, not as recorded (cut at the end if longer) */
+    struct stat st = { 0 };
+    bool unsized = spare && fd >= 0 && fstat(fd, &st) != 0;
+    reel_sha256_t *h = fd >= 0 && !unsized ? reel_sha256_new() : NULL;
     if (!h) {
-        snprintf(why, len, "cannot open %.200s: %s", part, fd < 0 ? strerror(errno) : "out of memory");
+        snprintf(why, len, "cannot open %.200s: %s", part, fd < 0 || unsized ? strerror(errno) : "out of memory");
         if (fd >= 0) close(fd);
+        if (spare) unlink(part); /* not left behind with old bytes in it */
         return NULL;
     }
-    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h, .spare_size = spare };
+    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h, .recycled = spare,
+                   .spare_size = spare ? (uint64_t)st.st_size : 0 };
     snprintf(s->component, sizeof s->component, "%s", u->component);
     snprintf(s->sha256, sizeof s->sha256, "%s", sha);
     return s;
@@ -283,7 +311,7 @@ static int append(brk_t *b, slot_t *s, const msg_upload_t *u, char *why, size_t 
     while (done < n) {
         ssize_t w = pwrite(s->fd, p + done, n - done, (off_t)(s->received + done));
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && errno == ENOSPC && !dropped) {
+        if (w < 0 && (errno == ENOSPC || errno == EDQUOT) && !dropped) {
             dropped = true;
             if (drop_spares(b) > 0) continue;
         }
@@ -324,7 +352,9 @@ static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
         close_slot(b, s, true);
         return;
     }
-    if (publish(b, s, why, sizeof why) != 0) {
+    int rc = publish(b, s, why, sizeof why);
+    if (rc != 0 && (errno == ENOSPC || errno == EDQUOT) && drop_spares(b) > 0) rc = publish(b, s, why, sizeof why);
+    if (rc != 0) {
         brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, why);
         brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
         close_slot(b, s, true);
@@ -604,11 +634,6 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Removes the files of comp's uploaded versions older than current but
- * for the keep - 1 newest, under dir. The data first, then the digest: a
- * removal cut short (the broker killed) leaves a digest, which the next
- * one finds and finishes; the version is not served meanwhile (FETCH:
- * cannot open). */
 /* Keeps the data file of a removed version as a spare (renamed to
  * DIR/.spare-N), the oldest spare removed when SPARES_MAX are kept.
  * False when it is not one to keep (u NULL, not a regular file of its
@@ -641,6 +666,11 @@ static bool recycle(struct brk_uploads *u, const char *dir, const char *file) {
     return true;
 }
 
+/* Removes the files of comp's uploaded versions older than current but
+ * for the keep - 1 newest, under dir. The data first, then the digest: a
+ * removal cut short (the broker killed) leaves a digest, which the next
+ * one finds and finishes; the version is not served meanwhile (FETCH:
+ * cannot open). A removed data file is kept as a spare (recycle). */
 static void prune_dir(struct brk_uploads *u, const char *dir, int keep, const char *comp, uint64_t current) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -749,29 +779,43 @@ void brk_upload_start(brk_t *b) {
         return;
     }
     struct brk_uploads *u = b->uploads;
+    spare_t found[64];
+    int nfound = 0;
     for (struct dirent *e; (e = readdir(d));) {
         size_t n = strlen(e->d_name);
-        char path[1024], *end;
+        char path[1024];
         snprintf(path, sizeof path, "%s/%s", b->opt.weights_dir, e->d_name);
         if (!strncmp(e->d_name, ".spare-", 7)) {
-            /* a previous run's spares: kept (SPARES_MAX of them) for the next uploads */
+            /* a previous run's spares: the newest SPARES_MAX kept for the next uploads */
             struct stat st;
-            errno = 0;
-            unsigned long k = strtoul(e->d_name + 7, &end, 10);
-            bool ok = !errno && *end == '\0' && end != e->d_name + 7 && k < UINT32_MAX && u->dir &&
-                      lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && u->nspare < SPARES_MAX;
-            if (ok) {
-                u->spare[u->nspare++] = (spare_t){ (unsigned)k, (uint64_t)st.st_size };
-                if ((unsigned)k >= u->spare_seq) u->spare_seq = (unsigned)k + 1;
-            } else if (unlink(path) == 0) {
-                brk_log("removed %s: a spare file past the %d kept", path, SPARES_MAX);
+            const char *why = spare_name(e->d_name + 7, &found[nfound].n);
+            if (!why && (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1))
+                why = "not a file of its own";
+            if (!why && nfound == (int)(sizeof found / sizeof found[0])) why = "too many";
+            if (!why) {
+                found[nfound++].size = (uint64_t)st.st_size;
+                continue;
             }
+            if (unlink(path) == 0) brk_log("removed %s: %s", path, why);
+            else brk_log("%s is in the way of the spares (%s): remove it", path, why);
             continue;
         }
         if (e->d_name[0] != '.' || n < 6 || strcmp(e->d_name + n - 5, ".part")) continue;
         if (unlink(path) == 0) brk_log("removed %s: an upload a previous run did not finish", path);
     }
     closedir(d);
+    /* oldest first (numbers grow); past SPARES_MAX the oldest go */
+    qsort(found, (size_t)nfound, sizeof *found, cmp_spare);
+    for (int i = 0; i < nfound; i++) {
+        if (found[i].n >= u->spare_seq) u->spare_seq = found[i].n + 1;
+        if (u->dir && i >= nfound - SPARES_MAX) {
+            u->spare[u->nspare++] = found[i];
+            continue;
+        }
+        char path[1024];
+        spare_path(b->opt.weights_dir, found[i].n, path, sizeof path);
+        if (unlink(path) == 0) brk_log("removed %s: a spare past the %d kept", path, SPARES_MAX);
+    }
 }
 
 void brk_upload_stop(brk_t *b) {

@@ -10,8 +10,9 @@
  * for that; its old bytes are never served, and its tail is cut at the
  * end), then DIR/COMPONENT-vVERSION.safetensors beside
  * DIR/COMPONENT-vVERSION.sha256 (its digest, written after the file is
- * synced to disk and renamed: a file without its .sha256 was never
- * complete and is not served). Chunks must come in order: one at any
+ * renamed, not synced to disk: a file without its .sha256 was never
+ * complete and is not served; one a power loss left torn is caught by
+ * the workers' sha256 check). Chunks must come in order: one at any
  * other offset is not written, and the UPLOAD_ACK says where to go on,
  * so an interrupted upload resumes where the broker's copy ends (while
  * the broker runs: a .part found at startup is removed). At most

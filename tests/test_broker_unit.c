@@ -1161,11 +1161,13 @@ static int count_spares(const char *dir) {
 }
 
 /* A removed version's file is kept as a spare (DIR/.spare-N) and the next
- * upload writes over it, the same file (its blocks and cached pages),
- * never showing its old bytes: a FETCH while the upload comes gets the new
- * ones, and the stored file is cut to the upload's size. A file with
- * another hard link is removed, not kept; at most two spares are kept,
- * across a restart too (the rest, and names not of a spare, removed). */
+ * upload at least as long writes over it, the same file (its blocks and
+ * cached pages), never showing its old bytes: a FETCH while the upload
+ * comes gets the new ones, and the stored file is the upload's length. A
+ * spare longer than the upload is left for another; a file with another
+ * hard link is removed, not kept; at most two spares are kept, across a
+ * restart too (the newest; the rest, and names not of a spare, removed),
+ * and a restarted broker's spares are written over too. */
 START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     box_t x;
     box_open(&x);
@@ -1174,82 +1176,100 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     x.b.opt.weights_dir = dir;
     x.b.opt.weights_keep = 2;
     brk_upload_start(&x.b);
-    /* v1 a bit longer than the upload to come, v2 and v3 small */
-    fill_file(dir, "transformer-v1.safetensors", UP_SIZE + 12345, 0xAA);
-    fill_file(dir, "transformer-v2.safetensors", 10, 'x');
+    /* v1 shorter than the upload to come, v2 longer, v3 kept */
+    fill_file(dir, "transformer-v1.safetensors", UP_SIZE - 12345, 0xAA);
+    fill_file(dir, "transformer-v2.safetensors", UP_SIZE + 4096, 0xBB);
     fill_file(dir, "transformer-v3.safetensors", 10, 'x');
     for (int v = 1; v <= 3; v++) {
         snprintf(path, sizeof path, "transformer-v%d.sha256", v);
         fill_file(dir, path, 3, 'x');
     }
-    struct stat st1, st;
+    struct stat st1, st2, st;
     snprintf(path, sizeof path, "%s/transformer-v1.safetensors", dir);
     ck_assert_int_eq(stat(path, &st1), 0);
-    brk_upload_prune(&x.b, "transformer", 3); /* v1 goes: a spare */
+    snprintf(path, sizeof path, "%s/transformer-v2.safetensors", dir);
+    ck_assert_int_eq(stat(path, &st2), 0);
+    brk_upload_prune(&x.b, "transformer", 4); /* v1 and v2 go: spares */
     snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
     for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
     ck_assert_int_eq(access(path, F_OK), -1);
-    ck_assert_int_eq(count_spares(dir), 1);
+    ck_assert_int_eq(count_spares(dir), 2);
 
     unsigned char *bytes = malloc(UP_SIZE);
     ck_assert_ptr_nonnull(bytes);
     for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
     char sha[65];
     reel_sha256_buf(bytes, UP_SIZE, sha);
-    wire_msg_t *a = upload_piece(&x, 10, 4, sha, bytes, 0, UP_PIECE);
+    wire_msg_t *a = upload_piece(&x, 10, 5, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
-    snprintf(path, sizeof path, "%s/.transformer-v4.part", dir);
+    snprintf(path, sizeof path, "%s/.transformer-v5.part", dir);
     ck_assert_int_eq(stat(path, &st), 0);
-    ck_assert_uint_eq(st.st_ino, st1.st_ino); /* v1's file, written over */
-    ck_assert_int_eq(count_spares(dir), 0);
+    ck_assert_uint_eq(st.st_ino, st1.st_ino); /* v1's file, written over; v2's, too long, stays */
+    ck_assert_int_eq(count_spares(dir), 1);
     /* a FETCH of what came, and one of bytes still to come: the new bytes only */
-    fetch_at(&x, 0, 20, 4, sha, 0);
+    fetch_at(&x, 0, 20, 5, sha, 0);
     ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
-    fetch_at(&x, 0, 21, 4, sha, (uint64_t)8 << 20);
+    fetch_at(&x, 0, 21, 5, sha, (uint64_t)8 << 20);
     for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
-        a = upload_piece(&x, 11, 4, sha, bytes, off, UP_PIECE);
+        a = upload_piece(&x, 11, 5, sha, bytes, off, UP_PIECE);
         ck_assert_str_eq(a->type, "UPLOAD_ACK");
         drop_msg(&a);
     }
     expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);
-    expect_data(&x, 0, 21, bytes, (uint64_t)8 << 20, (size_t)1 << 20); /* the file ends at 9 MiB, not v1's end */
-    ck_assert(brk_upload_stored(&x.b, "transformer", 4, sha, why, sizeof why));
-    snprintf(path, sizeof path, "%s/transformer-v4.safetensors", dir);
+    expect_data(&x, 0, 21, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha, why, sizeof why));
+    snprintf(path, sizeof path, "%s/transformer-v5.safetensors", dir);
     ck_assert_int_eq(stat(path, &st), 0);
     ck_assert_uint_eq(st.st_ino, st1.st_ino);
-    ck_assert_int_eq((long long)st.st_size, (long long)UP_SIZE); /* v1's tail cut */
-    fetch_at(&x, 1, 22, 4, sha, (uint64_t)8 << 20);                 /* from the stored file */
+    ck_assert_int_eq((long long)st.st_size, (long long)UP_SIZE);
+    fetch_at(&x, 1, 22, 5, sha, (uint64_t)8 << 20); /* from the stored file: its size, its bytes */
     expect_data(&x, 1, 22, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
 
-    /* v2 has another hard link: removed, not kept; v3 kept */
-    char link2[256];
-    snprintf(path, sizeof path, "%s/transformer-v2.safetensors", dir);
-    snprintf(link2, sizeof link2, "%s/elsewhere", dir);
-    ck_assert_int_eq(link(path, link2), 0);
-    fill_file(dir, "transformer-v5.safetensors", 10, 'x');
-    fill_file(dir, "transformer-v5.sha256", 3, 'x');
-    brk_upload_prune(&x.b, "transformer", 5);
+    /* v3 has another hard link: removed, not kept (v2's spare stays the one) */
+    char link3[256];
+    snprintf(path, sizeof path, "%s/transformer-v3.safetensors", dir);
+    snprintf(link3, sizeof link3, "%s/elsewhere", dir);
+    ck_assert_int_eq(link(path, link3), 0);
+    fill_file(dir, "transformer-v6.safetensors", 10, 'x');
+    fill_file(dir, "transformer-v6.sha256", 3, 'x');
+    brk_upload_prune(&x.b, "transformer", 6); /* v3 goes, v5 stays */
     snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
     for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
-    snprintf(path, sizeof path, "%s/transformer-v2.sha256", dir);
-    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
     ck_assert_int_eq(access(path, F_OK), -1);
-    ck_assert_int_eq(count_spares(dir), 1);       /* v3's */
-    ck_assert_int_eq(stat(link2, &st), 0);
-    ck_assert_int_eq((int)st.st_nlink, 1);        /* v2's name went, the other link stays */
+    ck_assert_int_eq(count_spares(dir), 1);
+    ck_assert_int_eq(stat(link3, &st), 0);
+    ck_assert_int_eq((int)st.st_nlink, 1); /* v3's name went, the other link stays */
     brk_upload_stop(&x.b);
 
-    /* a restart keeps two spares, removes the rest and what only looks like one */
+    /* a restart keeps the two newest spares, removes the rest and what only looks like one */
     fill_file(dir, ".spare-900", 10, 'x');
-    fill_file(dir, ".spare-901", 10, 'x');
-    fill_file(dir, ".spare-x1", 10, 'x');
-    ck_assert_int_eq(count_spares(dir), 4);
+    fill_file(dir, ".spare-901", UP_SIZE, 'x');
+    fill_file(dir, ".spare-0901", 10, 'x');
+    fill_file(dir, ".spare-+7", 10, 'x');
+    ck_assert_int_eq(count_spares(dir), 5);
     brk_upload_start(&x.b);
     ck_assert_int_eq(count_spares(dir), 2);
-    snprintf(path, sizeof path, "%s/.spare-x1", dir);
-    ck_assert_int_eq(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/.spare-901", dir);
+    ck_assert_int_eq(stat(path, &st1), 0);
+    snprintf(path, sizeof path, "%s/.spare-900", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    /* ... and the next upload writes over the one that fits (901), the
+     * next removal's spare taking a number of its own */
+    a = upload_piece(&x, 12, 7, sha, bytes, 0, UP_PIECE);
+    drop_msg(&a);
+    snprintf(path, sizeof path, "%s/.transformer-v7.part", dir);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_uint_eq(st.st_ino, st1.st_ino);
+    fill_file(dir, "transformer-v7.safetensors", 10, 'x');
+    brk_upload_prune(&x.b, "transformer", 7); /* v5 goes: .spare-902 */
+    snprintf(path, sizeof path, "%s/transformer-v5.sha256", dir);
+    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
     brk_upload_stop(&x.b);
+    snprintf(path, sizeof path, "%s/.spare-902", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/.spare-900", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
     free(bytes);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
