@@ -182,6 +182,8 @@ typedef struct {
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */
     uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */
+    uint64_t fetch_bytes_shared;     /* FETCH_DATA bytes sent from an arriving UPLOAD chunk's frame */
+    uint64_t fetch_bytes_read;       /* ... and read back from --weights-dir for it */
     uint64_t replies_suppressed;     /* answers to bad messages not sent: over the peer's budget, or an unknown worker */
     brk_bucket_t replies[BRK_REPLY_SLOTS];
     brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */

@@ -92,7 +92,7 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
         if (msg_upload_decode(m, &u->upload, &err) || msg_upload_validate(&u->upload, &err))
             BAD_REPLY(b, false, m, err.code, "UPLOAD: %s", err.message);
         else
-            brk_upload_chunk(b, &m->identity, m->id, &u->upload);
+            brk_upload_chunk(b, &m->identity, m->id, &u->upload, m);
         break;
     case MSG_STATUS:
         if (msg_decode(m, MSG_STATUS, NULL, &err))

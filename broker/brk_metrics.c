@@ -120,6 +120,11 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_auth_refusals_total", "counter",
                      "CURVE handshakes refused, and messages dropped because their key left the allowlist.");
     reel_prom_sample(t, "reel_broker_auth_refusals_total", "", (double)brk_zap_refused(b->zap));
+    reel_prom_family(t, "reel_broker_fetch_bytes_total", "counter",
+                     "Uploaded weights sent to workers (FETCH_DATA): from the UPLOAD chunk as it came, "
+                     "or read back from --weights-dir.");
+    reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"arriving_chunk\"", (double)b->fetch_bytes_shared);
+    reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"file\"", (double)b->fetch_bytes_read);
     reel_prom_family(t, "reel_broker_malformed_total", "counter", "Unreadable messages received.");
     reel_prom_sample(t, "reel_broker_malformed_total", "", (double)b->malformed);
     reel_prom_family(t, "reel_broker_undelivered_total", "counter",

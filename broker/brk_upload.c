@@ -129,7 +129,7 @@ static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, ui
 }
 
 static void fail_parked(brk_t *b, slot_t *s, const char *why);
-static void serve_parked(brk_t *b, slot_t *s);
+static void serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire_msg_t *m);
 
 static void close_slot(brk_t *b, slot_t *s, bool remove_part) {
     if (!s->open) return;
@@ -327,8 +327,10 @@ static int append(brk_t *b, slot_t *s, const msg_upload_t *u, char *why, size_t 
     return 0;
 }
 
-/* All of it came: hashed, compared, published. Answers the trainer. */
-static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
+/* All of it came: hashed, compared, published. Answers the trainer. u, m:
+ * the last chunk and its message (serve_parked). */
+static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s, const msg_upload_t *u,
+                   const wire_msg_t *m) {
     char got[65], why[256];
     reel_sha256_final(&s->h, got);
     brk_who_t who;
@@ -360,7 +362,7 @@ static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
         close_slot(b, s, true);
         return;
     }
-    serve_parked(b, s); /* a SYNC that came first: its workers wait for the last chunks */
+    serve_parked(b, s, u, m); /* a SYNC that came first: its workers wait for the last chunks */
     brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
             s->size, s->sha256, final);
     brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", s->component, s->version, s->sha256, final,
@@ -369,7 +371,7 @@ static void finish(brk_t *b, const zmq_msg_t *from, uint64_t id, slot_t *s) {
     close_slot(b, s, false);
 }
 
-void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u) {
+void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u, const wire_msg_t *m) {
     char why[300], sha[65];
     if (!b->opt.weights_dir || !b->uploads) {
         brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST,
@@ -423,9 +425,9 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
     }
     s->stalled[0] = '\0';
     if (s->received == s->size) {
-        finish(b, from, id, s);
+        finish(b, from, id, s, u, m);
     } else {
-        serve_parked(b, s);
+        serve_parked(b, s, u, m);
         ack(b, from, id, u->component, u->version, s->received, false);
     }
 }
@@ -467,6 +469,7 @@ static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, 
     d.size = size;
     d.chunk = &sh->t[0];
     if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, sh) != 0) brk_undelivered(b, "FETCH_DATA");
+    else b->fetch_bytes_read += n;
     zmq_msg_close(&sh->frame[0]); /* zmq holds its own reference while it sends */
     free(sh);
 }
@@ -487,6 +490,29 @@ static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, ui
     serve(b, to, id, s->component, s->version, s->fd, s->size, offset, max);
 }
 
+/* FETCH_DATA of the chunk u that just came, in m: when the FETCH asks for
+ * exactly those bytes (a worker's fixed offsets and the trainer's chunks
+ * line up, as they do at the default 4 MiB), its frame goes out shared
+ * with ZeroMQ (reference-counted: no read back from the file, no copy, for
+ * every worker that waits for it). False when the FETCH asks for other
+ * bytes. */
+static bool serve_arrived(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max,
+                          const msg_upload_t *u, const wire_msg_t *m) {
+    if (!u || !m || offset != u->offset || offset >= s->size) return false;
+    uint64_t n = s->size - offset < max ? s->size - offset : max;
+    if (n != u->chunk->bytes) return false;
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", s->component);
+    d.version = s->version;
+    d.offset = offset;
+    d.size = s->size;
+    d.chunk = u->chunk;
+    if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, m) != 0) brk_undelivered(b, "FETCH_DATA");
+    else b->fetch_bytes_shared += n;
+    return true;
+}
+
 static int grow_parked(slot_t *s) {
     int cap = s->cap_parked ? 2 * s->cap_parked : 16;
     if (cap > BRK_FETCH_PARKED_MAX) cap = BRK_FETCH_PARKED_MAX;
@@ -505,8 +531,9 @@ static int parked_to(const parked_t *p, zmq_msg_t *to) {
 }
 
 /* Answers the parked FETCHes the bytes have come for, in the order they
- * came (one connection's answers must keep its order). */
-static void serve_parked(brk_t *b, slot_t *s) {
+ * came (one connection's answers must keep its order); those asking for
+ * exactly chunk u (in m) with its frame (serve_arrived). */
+static void serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire_msg_t *m) {
     int keep = 0;
     for (int i = 0; i < s->n_parked; i++) {
         parked_t *p = &s->parked[i];
@@ -519,7 +546,7 @@ static void serve_parked(brk_t *b, slot_t *s) {
             s->parked[keep++] = *p;
             continue;
         }
-        serve_slot(b, s, &to, p->id, p->offset, p->max);
+        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m)) serve_slot(b, s, &to, p->id, p->offset, p->max);
         zmq_msg_close(&to);
     }
     s->n_parked = keep;

@@ -33,8 +33,10 @@
 #define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
 
 /* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
- * written, answered UPLOAD_ACK, or refused ERROR. */
-void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u);
+ * written, answered UPLOAD_ACK, or refused ERROR. m: the message u was
+ * decoded from (NULL: none): a FETCH waiting for exactly this chunk is
+ * answered with its frame, shared with ZeroMQ (no read back, no copy). */
+void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u, const wire_msg_t *m);
 /* One FETCH from `from` on the worker socket: FETCH_DATA or ERROR. */
 void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f);
 /* True when version `version` of component is stored complete with this

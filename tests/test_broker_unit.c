@@ -1016,6 +1016,9 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     expect_data(&x, 0, 23, bytes, (uint64_t)12 << 20, 0);
     ck_assert(!has_msg(x.w[0], "FETCH_DATA")); /* the folded one was answered once */
     ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
+    /* 1.5 MiB chunks never line up with a 4 MiB FETCH: every answer read back */
+    ck_assert_uint_eq(x.b.fetch_bytes_shared, 0);
+    ck_assert_uint_eq(x.b.fetch_bytes_read, 3 * ((uint64_t)4 << 20) + ((uint64_t)1 << 20));
 
     /* v3: fetches waiting beyond the bound are busy, and all fail with the upload */
     bytes[0] ^= 1; /* the bytes sent will not hash to sha3 */
@@ -1070,6 +1073,53 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     ck_assert_str_eq(m->type, "ERROR");
     ck_assert_uint_eq(m->id, 60);
     drop_msg(&m);
+    brk_upload_stop(&x.b);
+    free(bytes);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(&x);
+}
+END_TEST
+
+/* A FETCH waiting for exactly the chunk that comes (the trainer's chunks
+ * and the worker's offsets line up, as at the default 4 MiB) is answered
+ * with that chunk's frame, shared with ZeroMQ, for every worker waiting,
+ * the last short chunk too; one asked after the bytes came is read back
+ * from the file; reel_broker_fetch_bytes_total counts both. */
+START_TEST(test_a_chunk_workers_wait_for_goes_to_them_as_it_came) {
+    box_t x;
+    box_open(&x);
+    char dir[] = "/tmp/reel-brk-fanout.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x.b.opt.weights_dir = dir;
+    brk_upload_start(&x.b);
+    unsigned char *bytes = malloc(UP_SIZE);
+    ck_assert_ptr_nonnull(bytes);
+    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2246822519u >> 11);
+    char sha[65];
+    reel_sha256_buf(bytes, UP_SIZE, sha);
+    const size_t M4 = (size_t)4 << 20;
+    wire_msg_t *a = upload_piece(&x, 10, 2, sha, bytes, 0, M4);
+    drop_msg(&a);
+    for (int w = 0; w < 2; w++) /* both wait for 4..8 and 8..9 MiB */
+        for (int k = 1; k < 3; k++) fetch_at(&x, w, (uint64_t)(100 * w + k), 2, sha, (uint64_t)k * M4);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
+    ck_assert_uint_eq(x.b.fetch_bytes_shared, 0);
+    a = upload_piece(&x, 11, 2, sha, bytes, M4, M4);
+    drop_msg(&a);
+    a = upload_piece(&x, 12, 2, sha, bytes, 2 * M4, UP_SIZE - 2 * M4);
+    ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    for (int w = 0; w < 2; w++) {
+        expect_data(&x, w, (uint64_t)(100 * w + 1), bytes, M4, M4);
+        expect_data(&x, w, (uint64_t)(100 * w + 2), bytes, 2 * M4, UP_SIZE - 2 * M4);
+    }
+    ck_assert_uint_eq(x.b.fetch_bytes_shared, 2 * (UP_SIZE - M4));
+    ck_assert_uint_eq(x.b.fetch_bytes_read, 0);
+    fetch_at(&x, 2, 300, 2, sha, 0); /* after it came: from the file */
+    expect_data(&x, 2, 300, bytes, 0, M4);
+    ck_assert_uint_eq(x.b.fetch_bytes_read, M4);
     brk_upload_stop(&x.b);
     free(bytes);
     char cmd[128];
@@ -1801,6 +1851,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
+    tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
