@@ -289,7 +289,7 @@ int main(int argc, char **argv) {
     printf("\nmedians of %d reps: by value %.3f s (upload done at %.3f s), floor %.3f s (%.0f MB/s); "
            "by value / floor %.2fx (goal <= 2x)\n", reps, mv, mu, mf, (double)st.st_size / 1e6 / mf, mq);
     printf("CPU seconds of a by-value sync (medians): broker %.3f (its routing thread %.3f), worker 1 %.3f, "
-           "worker 2 %.3f, trainer %.3f (its sha256 of the file before the first byte included)\n",
+           "worker 2 %.3f, trainer %.3f (its sha256 of the file before the first byte, and a sync(), included)\n",
            bench_median(cpu[0], reps), bench_median(route, reps), bench_median(cpu[1], reps),
            bench_median(cpu[2], reps), bench_median(cpu[3], reps));
     if (seq) {

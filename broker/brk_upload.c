@@ -58,6 +58,7 @@ static void *hasher_main(void *arg) {
         hs->head = (hs->head + 1) % HASH_QUEUE;
         hs->n--;
         hs->busy = true;
+        pthread_cond_broadcast(&hs->cv); /* room in the queue: the routing thread may wait for it */
         pthread_mutex_unlock(&hs->mu);
         reel_sha256_update(hs->h, zmq_msg_data(&m), zmq_msg_size(&m));
         zmq_msg_close(&m);
@@ -83,8 +84,10 @@ static hasher_t *hasher_new(void) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    hs->threaded = pthread_create(&hs->th, NULL, hasher_main, hs) == 0;
+    int e = pthread_create(&hs->th, NULL, hasher_main, hs);
+    hs->threaded = e == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) brk_log("cannot start an upload's hashing thread (%s): it hashes on the routing thread", strerror(e));
     return hs;
 }
 
@@ -524,8 +527,9 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         ack(b, from, id, u->component, u->version, s->received, false);
         return;
     }
-    int k = m ? (int)(u->chunk - m->t) : -1; /* the chunk's frame in m */
-    const zmq_msg_t *frame = k >= 0 && k < m->n_tensors ? &m->frame[k] : NULL;
+    const zmq_msg_t *frame = NULL; /* the chunk's frame in m */
+    for (int k = 0; m && k < m->n_tensors && !frame; k++)
+        if (u->chunk == &m->t[k]) frame = &m->frame[k];
     if (append(b, s, u, frame, why, sizeof why) != 0) {
         /* The bytes cannot be kept (a full disk): the workers waiting for
          * them hear it now, and so does every FETCH of them until a chunk

@@ -16,9 +16,10 @@
  * other offset is not written, and the UPLOAD_ACK says where to go on,
  * so an interrupted upload resumes where the broker's copy ends (while
  * the broker runs: a .part found at startup is removed). At most
- * BRK_UPLOADS_MAX uploads are open at once; each holds at most 5 chunks
- * in memory (the one coming, and 4 waiting for its hashing thread: the
- * sha256 is taken off the routing thread, in order).
+ * BRK_UPLOADS_MAX uploads are open at once; each holds at most 6 chunks
+ * in memory (the one coming, 4 waiting for its hashing thread and the one
+ * it hashes: the sha256 is taken off the routing thread, in order; the
+ * last chunk's digest is waited for, a few ms).
  *
  * A leaf module: the loop calls the first two, brk_sync asks the third. */
 #ifndef REEL_BROKER_BRK_UPLOAD_H

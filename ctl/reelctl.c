@@ -1,6 +1,7 @@
 /* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
 #include "ctl.h"
 #include "kernels/error.h"
+#include "schema/wire.h"
 #include "worker/model/safetensors.h"
 #include <errno.h>
 #include <math.h>
@@ -155,6 +156,9 @@ int main(int argc, char **argv) {
         return argc < 2 ? CTL_USAGE : CTL_OK;
     }
     const char *cmd = argv[1];
+    /* `sync --upload` sends 4 MiB chunks: the daemons' malloc settings keep
+     * ZeroMQ's buffers for the next chunk instead of fresh mmaps */
+    if (!strcmp(cmd, "sync")) wire_tune_malloc();
     if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);

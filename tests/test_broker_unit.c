@@ -1111,10 +1111,18 @@ START_TEST(test_a_chunk_workers_wait_for_goes_to_them_as_it_came) {
     a = upload_piece(&x, 12, 2, sha, bytes, 2 * M4, UP_SIZE - 2 * M4);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
-    for (int w = 0; w < 2; w++) {
-        expect_data(&x, w, (uint64_t)(100 * w + 1), bytes, M4, M4);
-        expect_data(&x, w, (uint64_t)(100 * w + 2), bytes, 2 * M4, UP_SIZE - 2 * M4);
-    }
+    /* over inproc a shared frame arrives as the same bytes in memory: both
+     * workers' answers point at one buffer (a copy would not) */
+    wire_msg_t *m0 = take(x.w[0], false), *m1 = take(x.w[1], false);
+    ck_assert_str_eq(m0->type, "FETCH_DATA");
+    ck_assert_str_eq(m1->type, "FETCH_DATA");
+    ck_assert_int_eq(m0->n_tensors, 1);
+    ck_assert_int_eq(m1->n_tensors, 1);
+    ck_assert_ptr_eq(m0->t[0].data, m1->t[0].data);
+    ck_assert(memcmp(m0->t[0].data, bytes + M4, M4) == 0);
+    drop_msg(&m0);
+    drop_msg(&m1);
+    for (int w = 0; w < 2; w++) expect_data(&x, w, (uint64_t)(100 * w + 2), bytes, 2 * M4, UP_SIZE - 2 * M4);
     ck_assert_uint_eq(x.b.fetch_bytes_shared, 2 * (UP_SIZE - M4));
     ck_assert_uint_eq(x.b.fetch_bytes_read, 0);
     fetch_at(&x, 2, 300, 2, sha, 0); /* after it came: from the file */
