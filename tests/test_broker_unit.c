@@ -1137,6 +1137,54 @@ START_TEST(test_a_chunk_workers_wait_for_goes_to_them_as_it_came) {
 }
 END_TEST
 
+/* An upload replaced half-way (an UPLOAD at offset 0 with another sha256:
+ * the trainer started over with other bytes) drops what its hashing
+ * thread still held; one with another sha256 at any other offset is
+ * refused; the new bytes are then stored under their own digest and
+ * served, nothing of the first upload in them. */
+START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
+    box_t x;
+    box_open(&x);
+    char dir[] = "/tmp/reel-brk-replace.XXXXXX", why[256];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x.b.opt.weights_dir = dir;
+    brk_upload_start(&x.b);
+    unsigned char *old = malloc(UP_SIZE), *new = malloc(UP_SIZE);
+    ck_assert(old && new);
+    for (size_t i = 0; i < UP_SIZE; i++) {
+        old[i] = (unsigned char)(i * 2654435761u >> 13);
+        new[i] = (unsigned char)(i * 2246822519u >> 7);
+    }
+    char sha_old[65], sha_new[65];
+    reel_sha256_buf(old, UP_SIZE, sha_old);
+    reel_sha256_buf(new, UP_SIZE, sha_new);
+    for (size_t off = 0; off < 3 * UP_PIECE; off += UP_PIECE) {
+        wire_msg_t *a = upload_piece(&x, 10, 2, sha_old, old, off, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    wire_msg_t *a = upload_piece(&x, 11, 2, sha_new, new, UP_PIECE, UP_PIECE);
+    ck_assert_str_eq(a->type, "ERROR"); /* another sha256 mid-way: only offset 0 replaces */
+    drop_msg(&a);
+    for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
+        a = upload_piece(&x, 12, 2, sha_new, new, off, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha_new, why, sizeof why));
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha_old, why, sizeof why));
+    fetch_at(&x, 0, 20, 2, sha_new, 0);
+    expect_data(&x, 0, 20, new, 0, (size_t)4 << 20);
+    brk_upload_stop(&x.b);
+    free(old);
+    free(new);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(&x);
+}
+END_TEST
+
 /* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
  * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
  * still to come is never touched; a digest whose file a cut-short removal
@@ -1860,6 +1908,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
+    tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
