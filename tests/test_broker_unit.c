@@ -954,6 +954,35 @@ static void expect_data(box_t *x, int i, uint64_t id, const unsigned char *bytes
     drop_msg(&m);
 }
 
+/* The box with --weights-dir a new directory (dir: a mkdtemp template,
+ * filled in) and --weights-keep keep, uploads started. */
+static void upload_box_open(box_t *x, char *dir, int keep) {
+    box_open(x);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    x->b.opt.weights_dir = dir;
+    x->b.opt.weights_keep = keep;
+    brk_upload_start(&x->b);
+    ck_assert_ptr_nonnull(x->b.uploads);
+}
+
+/* Stops the uploads (again: harmless), removes dir, closes the box. */
+static void upload_box_close(box_t *x, const char *dir) {
+    brk_upload_stop(&x->b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    box_close(x);
+}
+
+/* UP_SIZE bytes of a pattern (mul and shift pick it), and their sha256. */
+static unsigned char *pattern(uint32_t mul, int shift, char sha[65]) {
+    unsigned char *p = malloc(UP_SIZE);
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i < UP_SIZE; i++) p[i] = (unsigned char)((uint32_t)i * mul >> shift);
+    reel_sha256_buf(p, UP_SIZE, sha);
+    return p;
+}
+
 /* A SYNC may name an upload still coming (docs/PROTOCOL.md, "Weights by
  * value"): a worker's FETCH of bytes that came is answered at once, one
  * of bytes still to come waits and is answered, whole, when they came:
@@ -964,17 +993,9 @@ static void expect_data(box_t *x, int i, uint64_t id, const unsigned char *bytes
  * ERROR. */
 START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it) {
     box_t x;
-    box_open(&x);
-    char dir[] = "/tmp/reel-brk-upload.XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    x.b.opt.weights_dir = dir;
-    brk_upload_start(&x.b);
-    ck_assert_ptr_nonnull(x.b.uploads);
-    unsigned char *bytes = malloc(UP_SIZE);
-    ck_assert_ptr_nonnull(bytes);
-    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
-    char sha[65], why[256];
-    reel_sha256_buf(bytes, UP_SIZE, sha);
+    char dir[] = "/tmp/reel-brk-upload.XXXXXX", sha[65], why[256];
+    upload_box_open(&x, dir, 0);
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
     wire_msg_t *a = upload_piece(&x, 10, 2, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
@@ -1073,12 +1094,8 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     ck_assert_str_eq(m->type, "ERROR");
     ck_assert_uint_eq(m->id, 60);
     drop_msg(&m);
-    brk_upload_stop(&x.b);
     free(bytes);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-    box_close(&x);
+    upload_box_close(&x, dir);
 }
 END_TEST
 
@@ -1089,16 +1106,9 @@ END_TEST
  * from the file; reel_broker_fetch_bytes_total counts both. */
 START_TEST(test_a_chunk_workers_wait_for_goes_to_them_as_it_came) {
     box_t x;
-    box_open(&x);
-    char dir[] = "/tmp/reel-brk-fanout.XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    x.b.opt.weights_dir = dir;
-    brk_upload_start(&x.b);
-    unsigned char *bytes = malloc(UP_SIZE);
-    ck_assert_ptr_nonnull(bytes);
-    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2246822519u >> 11);
-    char sha[65];
-    reel_sha256_buf(bytes, UP_SIZE, sha);
+    char dir[] = "/tmp/reel-brk-fanout.XXXXXX", sha[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *bytes = pattern(2246822519u, 11, sha);
     const size_t M4 = (size_t)4 << 20;
     wire_msg_t *a = upload_piece(&x, 10, 2, sha, bytes, 0, M4);
     drop_msg(&a);
@@ -1128,12 +1138,8 @@ START_TEST(test_a_chunk_workers_wait_for_goes_to_them_as_it_came) {
     fetch_at(&x, 2, 300, 2, sha, 0); /* after it came: from the file */
     expect_data(&x, 2, 300, bytes, 0, M4);
     ck_assert_uint_eq(x.b.fetch_bytes_read, M4);
-    brk_upload_stop(&x.b);
     free(bytes);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-    box_close(&x);
+    upload_box_close(&x, dir);
 }
 END_TEST
 
@@ -1144,20 +1150,9 @@ END_TEST
  * served, nothing of the first upload in them. */
 START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
     box_t x;
-    box_open(&x);
-    char dir[] = "/tmp/reel-brk-replace.XXXXXX", why[256];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    x.b.opt.weights_dir = dir;
-    brk_upload_start(&x.b);
-    unsigned char *old = malloc(UP_SIZE), *new = malloc(UP_SIZE);
-    ck_assert(old && new);
-    for (size_t i = 0; i < UP_SIZE; i++) {
-        old[i] = (unsigned char)(i * 2654435761u >> 13);
-        new[i] = (unsigned char)(i * 2246822519u >> 7);
-    }
-    char sha_old[65], sha_new[65];
-    reel_sha256_buf(old, UP_SIZE, sha_old);
-    reel_sha256_buf(new, UP_SIZE, sha_new);
+    char dir[] = "/tmp/reel-brk-replace.XXXXXX", why[256], sha_old[65], sha_new[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *old = pattern(2654435761u, 13, sha_old), *new = pattern(2246822519u, 7, sha_new);
     for (size_t off = 0; off < 3 * UP_PIECE; off += UP_PIECE) {
         wire_msg_t *a = upload_piece(&x, 10, 2, sha_old, old, off, UP_PIECE);
         ck_assert_str_eq(a->type, "UPLOAD_ACK");
@@ -1175,13 +1170,9 @@ START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
     ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha_old, why, sizeof why));
     fetch_at(&x, 0, 20, 2, sha_new, 0);
     expect_data(&x, 0, 20, new, 0, (size_t)4 << 20);
-    brk_upload_stop(&x.b);
     free(old);
     free(new);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-    box_close(&x);
+    upload_box_close(&x, dir);
 }
 END_TEST
 
@@ -1193,12 +1184,8 @@ END_TEST
  * version and the newer one. */
 START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal) {
     box_t x;
-    box_open(&x);
     char dir[] = "/tmp/reel-brk-keep.XXXXXX", path[128];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    x.b.opt.weights_dir = dir;
-    x.b.opt.weights_keep = 2;
-    brk_upload_start(&x.b);
+    upload_box_open(&x, dir, 2);
     const char *names[] = { "transformer-v1", "transformer-v2", "transformer-v3", "transformer-v4", "transformer-v5",
                             "transformer-v6", "vae-v1",         "vae-v2",         "vae-v3" };
     const int N = (int)(sizeof names / sizeof *names);
@@ -1238,10 +1225,7 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
             bool gone = i < 3;
             ck_assert_msg((access(path, F_OK) != 0) == gone, "%s: %s", path, gone ? "not removed" : "removed");
         }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-    box_close(&x);
+    upload_box_close(&x, dir);
 }
 END_TEST
 
@@ -1276,12 +1260,8 @@ static int count_spares(const char *dir) {
  * and a restarted broker's spares are written over too. */
 START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     box_t x;
-    box_open(&x);
     char dir[] = "/tmp/reel-brk-spare.XXXXXX", path[256], why[256];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    x.b.opt.weights_dir = dir;
-    x.b.opt.weights_keep = 2;
-    brk_upload_start(&x.b);
+    upload_box_open(&x, dir, 2);
     /* v1 shorter than the upload to come, v2 longer, v3 kept */
     fill_file(dir, "transformer-v1.safetensors", UP_SIZE - 12345, 0xAA);
     fill_file(dir, "transformer-v2.safetensors", UP_SIZE + 4096, 0xBB);
@@ -1301,11 +1281,8 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(access(path, F_OK), -1);
     ck_assert_int_eq(count_spares(dir), 2);
 
-    unsigned char *bytes = malloc(UP_SIZE);
-    ck_assert_ptr_nonnull(bytes);
-    for (size_t i = 0; i < UP_SIZE; i++) bytes[i] = (unsigned char)(i * 2654435761u >> 13);
     char sha[65];
-    reel_sha256_buf(bytes, UP_SIZE, sha);
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
     wire_msg_t *a = upload_piece(&x, 10, 5, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
@@ -1377,10 +1354,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     snprintf(path, sizeof path, "%s/.spare-900", dir);
     ck_assert_int_eq(access(path, F_OK), 0);
     free(bytes);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-    box_close(&x);
+    upload_box_close(&x, dir);
 }
 END_TEST
 
