@@ -70,8 +70,10 @@ static void *hasher_main(void *arg) {
     return NULL;
 }
 
-/* NULL when out of memory. Without a thread (it could not start) it
- * hashes inline, as before. */
+bool brk_upload_no_hash_thread = false;
+
+/* NULL when out of memory. Without a thread (it could not start, or
+ * brk_upload_no_hash_thread) it hashes inline, as before. */
 static hasher_t *hasher_new(void) {
     hasher_t *hs = calloc(1, sizeof *hs);
     if (!hs || !(hs->h = reel_sha256_new())) {
@@ -84,7 +86,7 @@ static hasher_t *hasher_new(void) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    int e = pthread_create(&hs->th, NULL, hasher_main, hs);
+    int e = brk_upload_no_hash_thread ? EAGAIN : pthread_create(&hs->th, NULL, hasher_main, hs);
     hs->threaded = e == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (e) brk_log("cannot start an upload's hashing thread (%s): it hashes on the routing thread", strerror(e));

@@ -35,6 +35,10 @@
 #define BRK_UPLOAD_STALE_MS 60000  /* ... or for this long when a new upload needs its slot */
 #define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
 
+/* For tests: uploads hash on the routing thread, as when an upload's
+ * hashing thread cannot start (false: they start one). */
+extern bool brk_upload_no_hash_thread;
+
 /* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
  * written, answered UPLOAD_ACK, or refused ERROR. m: the message u was
  * decoded from (NULL: none): a FETCH waiting for exactly this chunk is

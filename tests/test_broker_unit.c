@@ -1176,6 +1176,75 @@ START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
 }
 END_TEST
 
+/* Where an upload's hashing thread cannot start, the routing thread
+ * hashes each chunk as it comes (brk_upload_no_hash_thread stands in
+ * for a failed pthread_create): the same digests, so the same answers. A
+ * whole upload is stored, with a chunk a worker waited for forwarded as
+ * it came; bytes that are not the announced ones are refused at the last
+ * chunk and nothing of them is kept; an upload replaced half-way is
+ * stored with the new bytes only. */
+START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-inline.XXXXXX", sha_a[65], sha_b[65], why[256];
+    brk_upload_no_hash_thread = true;
+    upload_box_open(&x, dir, 0);
+    unsigned char *a = pattern(2654435761u, 13, sha_a), *b = pattern(2246822519u, 7, sha_b);
+    const size_t M4 = (size_t)4 << 20;
+    /* v2: whole, one chunk forwarded to the worker that waited for it */
+    wire_msg_t *r = upload_piece(&x, 10, 2, sha_a, a, 0, M4);
+    ck_assert_str_eq(r->type, "UPLOAD_ACK");
+    drop_msg(&r);
+    fetch_at(&x, 0, 20, 2, sha_a, M4);
+    ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
+    r = upload_piece(&x, 11, 2, sha_a, a, M4, M4);
+    drop_msg(&r);
+    expect_data(&x, 0, 20, a, M4, M4);
+    ck_assert_uint_eq(x.b.fetch_bytes_shared, M4);
+    r = upload_piece(&x, 12, 2, sha_a, a, 2 * M4, UP_SIZE - 2 * M4);
+    ck_assert_str_eq(r->type, "UPLOAD_ACK");
+    drop_msg(&r);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 2, sha_a, why, sizeof why), "%s", why);
+    /* v3: announced as a's digest, b's bytes: refused at the last chunk */
+    for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
+        r = upload_piece(&x, 30 + off / UP_PIECE, 3, sha_a, b, off, UP_PIECE);
+        if (off + UP_PIECE < UP_SIZE) {
+            ck_assert_str_eq(r->type, "UPLOAD_ACK");
+        } else {
+            ck_assert_str_eq(r->type, "ERROR");
+            ck_assert_str_eq(wv_get_str(r->hdr, "code"), "bad_request");
+            ck_assert_ptr_nonnull(strstr(wv_get_str(r->hdr, "message"), sha_b));
+        }
+        drop_msg(&r);
+    }
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha_a, why, sizeof why));
+    char path[300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/transformer-v3.safetensors", dir);
+    ck_assert_int_ne(stat(path, &st), 0);
+    snprintf(path, sizeof path, "%s/.transformer-v3.part", dir);
+    ck_assert_int_ne(stat(path, &st), 0);
+    /* v4: a's first three pieces, then started over with b's bytes */
+    for (size_t off = 0; off < 3 * UP_PIECE; off += UP_PIECE) {
+        r = upload_piece(&x, 50, 4, sha_a, a, off, UP_PIECE);
+        ck_assert_str_eq(r->type, "UPLOAD_ACK");
+        drop_msg(&r);
+    }
+    for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
+        r = upload_piece(&x, 60, 4, sha_b, b, off, UP_PIECE);
+        ck_assert_str_eq(r->type, "UPLOAD_ACK");
+        drop_msg(&r);
+    }
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 4, sha_b, why, sizeof why), "%s", why);
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 4, sha_a, why, sizeof why));
+    fetch_at(&x, 1, 70, 4, sha_b, 0);
+    expect_data(&x, 1, 70, b, 0, M4);
+    brk_upload_no_hash_thread = false;
+    free(a);
+    free(b);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 /* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
  * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
  * still to come is never touched; a digest whose file a cut-short removal
@@ -1883,6 +1952,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
+    tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
     tcase_add_test(an, test_the_malformed_counter_counts_unreadable_messages_not_wrong_fields);
