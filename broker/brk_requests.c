@@ -226,9 +226,28 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
     if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
 }
 
+/* res against the GEN r holds: 0, or -1 with why. */
+static int result_fits(const brk_req_t *r, const msg_result_t *res, wire_err_t *why) {
+    msg_gen_t g;
+    if (msg_gen_decode(r->msg, &g, why) != 0) return -1; /* it decoded when accepted: cannot happen */
+    return msg_result_check(res, &g, r->required, why);
+}
+
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
     brk_req_t *r = held_by(b, w, id, MSG_RESULT, NULL);
-    if (!r || !settle_slot(b, w, r, MSG_RESULT)) return;
+    if (!r) return;
+    wire_err_t why;
+    if (r->state != REQ_ABANDONED && result_fits(r, res, &why) != 0) {
+        /* A RESULT a client could not use ends the request as the worker's fault. */
+        msg_error_t e;
+        memset(&e, 0, sizeof e);
+        brk_log("worker %s sent a bad RESULT: %s", w->route.name, why.message);
+        snprintf(e.code, sizeof e.code, "%s", WIRE_E_INTERNAL);
+        snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, why.message);
+        brk_req_error(b, w, id, &e);
+        return;
+    }
+    if (!settle_slot(b, w, r, MSG_RESULT)) return;
     /* The client gets the worker's RESULT as sent, with its own id, and
      * the worker and key hash when the worker left them out. */
     msg_set_t set[2];

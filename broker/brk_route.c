@@ -27,7 +27,7 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name) {
 
 uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch) {
-    char full[CAP_NAME_MAX];
+    char full[CAP_MODEL_MAX];
     if (!model || !*model) {
         kern_fail("GEN: empty model name");
         return 0;

@@ -28,6 +28,7 @@ extern "C" {
 #define CAP_MAX_INPUTS 8
 #define CAP_MAX_COMPONENTS 8
 #define CAP_NAME_MAX 48
+#define CAP_MODEL_MAX 64 /* "tinydit:" and a model name of up to 55 bytes (docs/PROTOCOL.md) */
 #define CAP_KEY_TEXT_MAX 1024
 
 typedef struct {
@@ -45,7 +46,7 @@ typedef struct {
 typedef struct {
     char device[32];              /* "cpu", "cuda:0" */
     char arch[32];                /* "cpu-avx2", "sm_90" */
-    char model[CAP_NAME_MAX];     /* "tinydit:small" */
+    char model[CAP_MODEL_MAX];    /* "tinydit:small" */
     char loop[24];                /* "euler", "sde" */
     int n_inputs;
     cap_sig_t inputs[CAP_MAX_INPUTS];

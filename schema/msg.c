@@ -185,6 +185,7 @@ static int dec_array(dec_t *d, const msg_field_t *f, uint32_t i, void *base, con
     uint32_t n = d->v[i].n;
     if (f->kind == FK_HASHES || f->kind == FK_U64S) {
         if (n > f->size / sizeof(uint64_t)) return bad(d, path, "has more than %zu entries", f->size / sizeof(uint64_t));
+        if (n == 0 && (f->flags & F_NONEMPTY)) return bad(d, path, "must not be empty (leave it out instead)");
         for (uint32_t j = 0, k = i + 1; j < n; j++, k = d->v[k].next) {
             uint64_t *x = AT(base, f->off, uint64_t) + j;
             if (f->kind == FK_HASHES && !take_hash(d, k, x)) return bad(d, path, "must be an array of hex hashes");

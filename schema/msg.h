@@ -463,6 +463,13 @@ MSG_TYPES(MSG_TYPED)
 int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err);
 /* The samples a GEN asks for: n, or 1 when absent. */
 static inline uint64_t msg_gen_n(const msg_gen_t *g) { return g->n > 1 ? g->n : 1; }
+/* A worker's RESULT against the GEN it answers (docs/PROTOCOL.md, GEN and
+ * RESULT): version at least `required` (and 1), first_version no newer;
+ * `latent` and exactly the rollout tensors asked for, F32 of their
+ * shapes (a group's with its leading [n]); a group's n and seeds, none
+ * for one sample; version runs from 0, in order, inside the n x N grid.
+ * 0, or -1 with err naming the fault (code internal: the worker broke). */
+int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err);
 /* SYNC: exactly one of path and inline tensors (inline only when
  * inline_ok). bad_request. */
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);

@@ -74,7 +74,7 @@ static const msg_field_t gen_rows[] = {
     R_BOOL(msg_gen_t, return_log_probs, "return_log_probs", F_OMIT, false),
     R_BOOL(msg_gen_t, return_means, "return_means", F_OMIT, false),
     R_U64(msg_gen_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0), /* absent (0 in the struct): 1 */
-    R_U64S(msg_gen_t, seeds, n_seeds, "seeds", F_OMIT),
+    R_U64S(msg_gen_t, seeds, n_seeds, "seeds", F_OMIT | F_NONEMPTY),
 };
 TABLE(gen_tab, gen_rows, msg_gen_t);
 
@@ -475,6 +475,67 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
         return refuse(err, WIRE_E_TOO_LARGE, "a trajectory or means of %llu steps of %" PRIu64 " such latents exceed %llu MiB",
                       (unsigned long long)g->steps, msg_gen_n(g), (unsigned long long)(WIRE_MAX_FRAME >> 20));
     return model ? gen_fits_model(g, model, err) : 0;
+}
+
+/* t is F32 of [lead..., shape...] (nl leading dims, then ns of shape). */
+static bool shape_is(const wire_tensor_t *t, int nl, const int64_t *lead, int ns, const int64_t *shape) {
+    if (!t || t->dtype != KERN_F32 || t->ndim != nl + ns) return false;
+    for (int d = 0; d < nl; d++)
+        if (t->shape[d] != lead[d]) return false;
+    for (int d = 0; d < ns; d++)
+        if (t->shape[nl + d] != shape[d]) return false;
+    return true;
+}
+
+static const char *describe(const wire_tensor_t *t, char *buf, size_t len) {
+    if (!t) return "absent";
+    int o = snprintf(buf, len, "%s[", kern_dtype_name(t->dtype));
+    for (int d = 0; d < t->ndim && o > 0 && (size_t)o < len; d++)
+        o += snprintf(buf + o, len - (size_t)o, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
+    if (o > 0 && (size_t)o < len) snprintf(buf + o, len - (size_t)o, "]");
+    return buf;
+}
+
+int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err) {
+    uint64_t n = msg_gen_n(g), N = g->steps;
+    bool group = n > 1;
+    int nl = group ? 1 : 0;
+    int64_t lead[2] = { (int64_t)n, (int64_t)N + 1 }, lead2[2] = { (int64_t)n, (int64_t)N };
+    char a[96];
+    if (r->version < 1 || r->version < required)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: version %" PRIu64 ", the request needs at least %" PRIu64,
+                      r->version, required > 1 ? required : 1);
+    if (r->first_version > r->version)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: first_version %" PRIu64 " is newer than version %" PRIu64,
+                      r->first_version, r->version);
+    if (!shape_is(r->latent, nl, lead, 4, g->latent_shape))
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: latent is %s, the request's is %s[%s%" PRId64 ",%" PRId64
+                      ",%" PRId64 ",%" PRId64 "]", describe(r->latent, a, sizeof a), "F32", group ? "n," : "",
+                      g->latent_shape[0], g->latent_shape[1], g->latent_shape[2], g->latent_shape[3]);
+    struct { const char *name; const wire_tensor_t *t; bool asked; int nl; const int64_t *lead; int ns;
+             const int64_t *shape; } want[] = {
+        { "trajectory", r->trajectory, g->return_trajectory, 1 + nl, group ? lead : lead + 1, 4, g->latent_shape },
+        { "means", r->means, g->return_means, 1 + nl, group ? lead2 : lead2 + 1, 4, g->latent_shape },
+        { "log_probs", r->log_probs, g->return_log_probs, nl, lead2, 1, &lead2[1] },
+        { "sigmas", r->sigmas, g->return_log_probs, 0, NULL, 1, &lead[1] },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        if (!want[i].asked && want[i].t)
+            return refuse(err, WIRE_E_INTERNAL, "RESULT: %s, which the request did not ask for", want[i].name);
+        if (want[i].asked && !shape_is(want[i].t, want[i].nl, want[i].lead, want[i].ns, want[i].shape))
+            return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
+                          describe(want[i].t, a, sizeof a));
+    }
+    if (group ? r->n != n || (uint64_t)r->n_seeds != n : r->n > 1 || r->n_seeds != 0)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: n %" PRIu64 " with %d seeds, the request asked for %" PRIu64
+                      " sample(s)", r->n, r->n_seeds, n);
+    for (size_t i = 0; i < r->n_version_runs; i++) {
+        const msg_version_run_t *v = &r->version_runs[i];
+        if ((i == 0 && v->from != 0) || (i > 0 && v->from <= v[-1].from) || v->from >= n * N || v->version < 1)
+            return refuse(err, WIRE_E_INTERNAL, "RESULT: version_runs[%zu] (from %" PRIu64 ", version %" PRIu64
+                          ") is not a run of its %" PRIu64 " x %" PRIu64 " steps", i, v->from, v->version, n, N);
+    }
+    return 0;
 }
 
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {

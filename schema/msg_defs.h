@@ -34,6 +34,7 @@ typedef enum {
 enum {
     F_REQ = 1,   /* decoding fails when it is absent */
     F_OMIT = 2,  /* encoding leaves it out when it holds its default / nothing */
+    F_NONEMPTY = 4, /* FK_U64S: an array given must have an entry (absent is not the same as []) */
 };
 
 typedef struct msg_table msg_table_t;

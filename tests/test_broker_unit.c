@@ -89,6 +89,13 @@ START_TEST(test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versio
     /* names that could forge the key text are refused */
     ck_assert_uint_eq(brk_shard_hash("tiny model=x", false, lat, ctx, true, 1), 0);
     ck_assert_uint_eq(brk_shard_hash("", false, lat, ctx, true, 1), 0);
+    /* every model name the protocol admits (1..55 bytes) has a key */
+    char name[MSG_MODEL_NAME_MAX + 1];
+    for (size_t n = 1; n < MSG_MODEL_NAME_MAX; n++) {
+        memset(name, 'm', n);
+        name[n] = '\0';
+        ck_assert_msg(brk_shard_hash(name, false, lat, ctx, true, 1) != 0, "a %zu-byte model name: %s", n, kern_error());
+    }
     /* a group's batch is part of the key: each size its own graph, and its
      * own worker; 0 and 1 both mean one sample */
     ck_assert_uint_eq(brk_shard_hash("tiny", false, lat, ctx, true, 0), base);
@@ -757,6 +764,105 @@ static void client_gen(box_t *x, uint64_t id, const char *model, bool with_laten
     deliver(x, false);
 }
 
+/* Worker i answers with hdr (a RESULT) at the given version, carrying a
+ * latent F32[c,f,8,8] (client_gen asks for [4,2,8,8]). */
+static void worker_result(box_t *x, int i, wire_val_t *hdr, uint64_t version, int64_t c, int64_t f) {
+    static float lat[4 * 2 * 8 * 8 * 2];
+    wv_set(hdr, "version", wv_u64(version));
+    wire_tensor_t t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "latent");
+    t.dtype = KERN_F32;
+    t.ndim = 4;
+    t.shape[0] = c;
+    t.shape[1] = f;
+    t.shape[2] = 8;
+    t.shape[3] = 8;
+    t.data = lat;
+    t.bytes = (size_t)(c * f * 64) * sizeof(float);
+    ck_assert_int_eq(wire_send(x->w[i], NULL, hdr, &t, 1), 0);
+    wv_free(&hdr);
+    deliver(x, true);
+}
+
+/* A worker's RESULT is checked against the GEN it answers (docs/PROTOCOL.md:
+ * "a RESULT whose fields are wrong still ends its request"): one a client
+ * could not use -- no latent, a latent of another shape, a version below
+ * the request's or 0, a rollout tensor nobody asked for, a group's n for
+ * one sample, version runs out of order -- reaches the client as ERROR
+ * internal naming the fault, and frees the worker's slot; a right one
+ * is forwarded. */
+START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    brk_worker_t *w = brk_worker_named(&x.b, "w0");
+    const char *want[] = { "latent is absent", "latent is F32[4,1,8,8]", "version 0", "trajectory, which",
+                           "n 3 with 0 seeds", "version_runs[1]", NULL };
+    for (int k = 0; k <= 6; k++) {
+        client_gen(&x, 500 + (uint64_t)k, "tiny", false);
+        wire_msg_t *q = take(x.w[0], false);
+        ck_assert_str_eq(q->type, "REQUEST");
+        uint64_t id = q->id;
+        drop_msg(&q);
+        ck_assert_int_eq(w->route.inflight, 1);
+        wire_val_t *h = wire_hdr("RESULT", id);
+        if (k == 0) {
+            wv_set(h, "version", wv_u64(1));
+            from_worker(&x, 0, h);
+        } else if (k == 3) { /* a trajectory the GEN did not ask for */
+            static float lat[4 * 2 * 8 * 8], traj[3 * 4 * 2 * 8 * 8];
+            wire_tensor_t t[2];
+            memset(t, 0, sizeof t);
+            snprintf(t[0].name, sizeof t[0].name, "latent");
+            snprintf(t[1].name, sizeof t[1].name, "trajectory");
+            const int64_t l[5] = { 3, 4, 2, 8, 8 };
+            t[0].dtype = t[1].dtype = KERN_F32;
+            t[0].ndim = 4;
+            memcpy(t[0].shape, l + 1, 4 * sizeof *l);
+            t[1].ndim = 5;
+            memcpy(t[1].shape, l, sizeof l);
+            t[0].data = lat;
+            t[0].bytes = sizeof lat;
+            t[1].data = traj;
+            t[1].bytes = sizeof traj;
+            wv_set(h, "version", wv_u64(1));
+            ck_assert_int_eq(wire_send(x.w[0], NULL, h, t, 2), 0);
+            wv_free(&h);
+            deliver(&x, true);
+        } else {
+            if (k == 4) wv_set(h, "n", wv_u64(3));
+            if (k == 5) { /* runs must start at 0 and go forward */
+                wire_val_t *runs = wv_arr(), *r0 = wv_map(), *r1 = wv_map();
+                wv_set(r0, "from", wv_u64(0));
+                wv_set(r0, "version", wv_u64(1));
+                wv_set(r1, "from", wv_u64(0));
+                wv_set(r1, "version", wv_u64(1));
+                wv_push(runs, r0);
+                wv_push(runs, r1);
+                wv_set(h, "version_runs", runs);
+            }
+            worker_result(&x, 0, h, k == 2 ? 0 : 1, 4, k == 1 ? 1 : 2);
+        }
+        wire_msg_t *d = answer(&x);
+        ck_assert_uint_eq(d->id, 500 + (uint64_t)k);
+        if (want[k]) {
+            ck_assert_str_eq(d->type, "ERROR");
+            ck_assert_str_eq(wv_get_str(d->hdr, "code"), "internal");
+            ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), want[k]), "case %d: '%s' lacks '%s'", k,
+                          wv_get_str(d->hdr, "message"), want[k]);
+        } else {
+            ck_assert_str_eq(d->type, "RESULT");
+            ck_assert_int_eq(d->n_tensors, 1);
+        }
+        drop_msg(&d);
+        ck_assert_int_eq(w->route.inflight, 0);
+    }
+    ck_assert_ptr_null(x.b.reqs);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout) {
     box_t x;
     box_open(&x);
@@ -809,9 +915,7 @@ START_TEST(test_more_requests_in_flight_than_id_buckets_are_each_answered_under_
     ck_assert_int_eq(w->route.inflight, N);
     static bool seen[N];
     for (int i = N - 1; i >= 0; i--) {
-        h = wire_hdr("RESULT", broker_id[i]);
-        wv_set(h, "version", wv_u64(1));
-        from_worker(&x, 0, h);
+        worker_result(&x, 0, wire_hdr("RESULT", broker_id[i]), 1, 4, 2);
         wire_msg_t *d = answer(&x);
         ck_assert_str_eq(d->type, "RESULT");
         ck_assert_uint_eq(d->id, 100000 + (uint64_t)i);
@@ -1946,6 +2050,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout);
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
+    tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);

@@ -257,6 +257,40 @@ START_TEST(test_config_from_metadata_matches_builtin_and_rejects_bad_sizes) {
 }
 END_TEST
 
+/* A config's name is the model's name on the wire (READY, GEN): every
+ * name the protocol admits (1..55 of [A-Za-z0-9_.:+-]) is kept whole; a
+ * longer one, or one with other characters, is refused, never cut. */
+START_TEST(test_config_names_are_model_names_kept_whole_or_refused) {
+    const char *sizes = "\"dim\":64,\"heads\":2,\"layers\":1,\"ffn_dim\":128,\"in_channels\":4,"
+                        "\"text_dim\":32,\"freq_dim\":32";
+    char name[80], json[400];
+    tdit_config_t c;
+    for (int n = 1; n <= 56; n++) {
+        memset(name, 'a', (size_t)n);
+        name[n] = '\0';
+        snprintf(json, sizeof json, "{\"name\":\"%s\",%s}", name, sizes);
+        int rc = tdit_config_from_json(json, strlen(json), "test", &c);
+        if (n <= 55) {
+            ck_assert_msg(rc == 0, "%d bytes: %s", n, kern_error());
+            ck_assert_str_eq(c.name, name);
+        } else {
+            ck_assert_int_eq(rc, -1);
+            ck_assert_ptr_nonnull(strstr(kern_error(), "longer than 55"));
+        }
+    }
+    const char *bad[] = { "", "a b", "x=y", "caf\u00e9" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(json, sizeof json, "{\"name\":\"%s\",%s}", bad[i], sizes);
+        ck_assert_msg(tdit_config_from_json(json, strlen(json), "test", &c) == -1, "'%s' accepted", bad[i]);
+    }
+    snprintf(json, sizeof json, "{\"name\":7,%s}", sizes);
+    ck_assert_int_eq(tdit_config_from_json(json, strlen(json), "test", &c), -1);
+    snprintf(json, sizeof json, "{%s}", sizes); /* no name: "custom" */
+    ck_assert_int_eq(tdit_config_from_json(json, strlen(json), "test", &c), 0);
+    ck_assert_str_eq(c.name, "custom");
+}
+END_TEST
+
 START_TEST(test_workspace_rejects_odd_latent_height) {
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
@@ -285,6 +319,7 @@ int main(void) {
     tcase_add_unchecked_fixture(tc, setup_dir, teardown_dir);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_same_cfg_loop_twice_is_bitwise_equal);
+    tcase_add_test(tc, test_config_names_are_model_names_kept_whole_or_refused);
     tcase_add_test(tc, test_sde_loop_same_seed_equal_different_seed_differs);
     tcase_add_test(tc, test_initial_latent_from_seed_is_deterministic_and_seed_dependent);
     tcase_add_test(tc, test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop);

@@ -817,6 +817,10 @@ START_TEST(test_a_group_round_trips_and_every_bad_group_is_refused) {
     wv_set(h, "seeds", sd);
     wv_set(h, "n", wv_u64(64));
     expect_gen_refused(h, "bad_request", "'seeds' has more than 64 entries");
+    h = gen_tree(9); /* [] is not "no seeds": exactly n of them, or leave it out */
+    wv_set(h, "seeds", wv_arr());
+    wv_set(h, "n", wv_u64(2));
+    expect_gen_refused(h, "bad_request", "'seeds' must not be empty");
     /* RESULT: n and seeds echoed */
     msg_result_t r = { 0 }, rb;
     snprintf(r.worker, sizeof r.worker, "w1");

@@ -111,7 +111,7 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
                   cap_key_t *k) {
     const tdit_config_t *c = tdit_model_config(m);
     kern_backend_t *b = tdit_model_backend(m);
-    char model[CAP_NAME_MAX];
+    char model[CAP_MODEL_MAX];
     if ((size_t)snprintf(model, sizeof model, "tinydit:%s", c->name) >= sizeof model)
         return kern_fail("model name %s too long for a capture key", c->name);
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };

@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include "tinydit_impl.h"
 #include "kernels/error.h"
+#include "kernels/names.h"
 #include "kernels/ops.h"
 #include "kernels/ops_args.h"
 #include "kernels/philox.h"
@@ -39,6 +40,9 @@ int tdit_config_builtin(const char *name, tdit_config_t *out) {
 }
 
 int tdit_config_validate(const tdit_config_t *c) {
+    if (!reel_name_valid(c->name, sizeof c->name))
+        return kern_fail("config name '%s': 1..%zu of [A-Za-z0-9_.:+-] (it names the model on the wire)", c->name,
+                         sizeof c->name - 1);
     if (c->dim <= 0 || c->heads <= 0 || c->layers <= 0 || c->ffn_dim <= 0 ||
         c->in_channels <= 0 || c->text_dim <= 0 || c->freq_dim <= 0)
         return kern_fail("config %s: every size must be positive", c->name);
@@ -64,7 +68,14 @@ int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_c
     }
     memset(c, 0, sizeof *c);
     json_t *name = json_object_get(root, "name");
-    snprintf(c->name, sizeof c->name, "%s", json_is_string(name) ? json_string_value(name) : "custom");
+    if (name && !json_is_string(name)) {
+        kern_fail("%s: 'name' must be a string", what);
+        goto out;
+    }
+    if (snprintf(c->name, sizeof c->name, "%s", name ? json_string_value(name) : "custom") >= (int)sizeof c->name) {
+        kern_fail("%s: name '%.64s...' is longer than %zu bytes", what, json_string_value(name), sizeof c->name - 1);
+        goto out;
+    }
     struct { const char *k; int64_t *v; } keys[] = {
         { "dim", &c->dim }, { "heads", &c->heads }, { "layers", &c->layers },
         { "ffn_dim", &c->ffn_dim }, { "in_channels", &c->in_channels },
@@ -98,7 +109,9 @@ int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out) {
     const char *name = st_meta(f, "config");
     if (st_meta(f, "dim")) {
         memset(out, 0, sizeof *out);
-        snprintf(out->name, sizeof out->name, "%s", name ? name : "custom");
+        if (snprintf(out->name, sizeof out->name, "%s", name ? name : "custom") >= (int)sizeof out->name)
+            return kern_fail("weights metadata: config name '%.64s...' is longer than %zu bytes", name,
+                             sizeof out->name - 1);
         TRY(meta_int(f, "dim", &out->dim));
         TRY(meta_int(f, "heads", &out->heads));
         TRY(meta_int(f, "layers", &out->layers));

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 typedef struct {
-    char name[48];
+    char name[56];        /* a model name: 1..55 of [A-Za-z0-9_.:+-] (docs/PROTOCOL.md) */
     int64_t dim;          /* D */
     int64_t heads;        /* H */
     int64_t layers;
