@@ -231,6 +231,14 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
              * junk from anyone else is counted and dropped. */
             if (worker_side && !w) b->replies_suppressed++;
             else BAD_REPLY(b, worker_side, m, err->code, "%s", err->message);
+            /* A final reply that cannot be read still ends its request
+             * (only one this worker holds: held_by checks). */
+            if (w && m->id && m->type && (!strcmp(m->type, "RESULT") || !strcmp(m->type, "ERROR"))) {
+                snprintf(u.error.code, sizeof u.error.code, "%s", WIRE_E_INTERNAL);
+                snprintf(u.error.message, sizeof u.error.message, "worker %s sent a bad %s: %s", w->route.name,
+                         m->type, err->message);
+                brk_req_error(b, w, m->id, &u.error);
+            }
         }
     } else if (worker_side) {
         on_worker(b, m, &u);

@@ -155,8 +155,9 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
         return;
     }
     if (b->held_bytes + bytes > b->opt.max_held_bytes) {
-        send_busy(b, &m->identity, m->id, "broker holds %llu MiB of request tensors (limit %llu MiB)",
-                  (unsigned long long)(b->held_bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));
+        send_busy(b, &m->identity, m->id, "broker holds %.1f MiB of request tensors, and this one's %.1f MiB would "
+                  "pass the limit (%.1f MiB)", (double)b->held_bytes / 1048576.0, (double)bytes / 1048576.0,
+                  (double)b->opt.max_held_bytes / 1048576.0);
         return;
     }
     brk_req_t *r = calloc(1, sizeof *r);

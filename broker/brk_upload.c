@@ -383,8 +383,9 @@ static int drop_spares(brk_t *b) {
 }
 
 /* A new upload of u in a free slot (.part created, empty, or a spare to
- * write over). NULL with why. */
-static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char *why, size_t len) {
+ * write over). NULL with why and *code (busy: every slot is taken). */
+static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, const char **code, char *why,
+                         size_t len) {
     slot_t *s = NULL, *idle = NULL;
     for (int i = 0; i < BRK_UPLOADS_MAX && !s; i++)
         if (!b->uploads->s[i].open) s = &b->uploads->s[i];
@@ -396,9 +397,11 @@ static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, char 
         s = idle;
     }
     if (!s) {
-        snprintf(why, len, "%d uploads are in progress; finish one first", BRK_UPLOADS_MAX);
+        *code = WIRE_E_BUSY;
+        snprintf(why, len, "%d uploads are in progress; finish one first (or retry when one ends)", BRK_UPLOADS_MAX);
         return NULL;
     }
+    *code = WIRE_E_INTERNAL;
     char part[1024];
     file_of(b, ".", u->component, u->version, ".part", part, sizeof part);
     bool spare = take_spare(b, u->size, part);
@@ -496,6 +499,11 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
                      "UPLOAD: this broker keeps no uploaded weights (start it with --weights-dir)");
         return;
     }
+    if (strcmp(u->component, BRK_COMPONENT) != 0) { /* nothing could ever sync it */
+        brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST, "UPLOAD: workers serve component \"%s\" only, not \"%s\"",
+                     BRK_COMPONENT, u->component);
+        return;
+    }
     lower(u->sha256, sha);
     if (brk_upload_stored(b, u->component, u->version, sha, why, sizeof why)) {
         ack(b, from, id, u->component, u->version, u->size, true); /* sent again: it is there */
@@ -520,8 +528,9 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         ack(b, from, id, u->component, u->version, 0, false);
         return;
     }
-    if (!s && !(s = open_slot(b, u, sha, why, sizeof why))) {
-        brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+    const char *code = WIRE_E_INTERNAL;
+    if (!s && !(s = open_slot(b, u, sha, &code, why, sizeof why))) {
+        brk_error_to(b, false, from, id, code, "UPLOAD: %s", why);
         return;
     }
     s->touched_ms = brk_now_ms();
@@ -936,12 +945,26 @@ void brk_upload_start(brk_t *b) {
         if (!strncmp(e->d_name, ".spare-", 7)) {
             /* a previous run's spares: the newest SPARES_MAX kept for the next uploads */
             struct stat st;
-            const char *why = spare_name(e->d_name + 7, &found[nfound].n);
+            unsigned sn = 0;
+            const char *why = spare_name(e->d_name + 7, &sn);
             if (!why && (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1))
                 why = "not a file of its own";
-            if (!why && nfound == (int)(sizeof found / sizeof found[0])) why = "too many";
+            if (!why && nfound == (int)(sizeof found / sizeof found[0])) {
+                /* full: the newest are kept, so the oldest of them or this one goes */
+                int old = 0;
+                for (int i = 1; i < nfound; i++)
+                    if (found[i].n < found[old].n) old = i;
+                if (sn > found[old].n) {
+                    char gone[1024];
+                    spare_path(b->opt.weights_dir, found[old].n, gone, sizeof gone);
+                    if (unlink(gone) == 0) brk_log("removed %s: a spare past the %d kept", gone, SPARES_MAX);
+                    found[old] = (spare_t){ .n = sn, .size = (uint64_t)st.st_size };
+                    continue;
+                }
+                why = "a spare past those kept";
+            }
             if (!why) {
-                found[nfound++].size = (uint64_t)st.st_size;
+                found[nfound++] = (spare_t){ .n = sn, .size = (uint64_t)st.st_size };
                 continue;
             }
             if (unlink(path) == 0) brk_log("removed %s: %s", path, why);

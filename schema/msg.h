@@ -190,7 +190,7 @@ typedef struct {
     char component[MSG_NAME_MAX];  /* required */
     uint64_t version;              /* required */
     char sha256[65];               /* required: 64 hex digits, either case */
-    char path[MSG_TEXT_MAX];       /* "" when none */
+    char path[MSG_PATH_MAX];       /* "" when none; at most 1023 bytes */
     uint64_t deadline_ms;          /* 0: the broker's default */
     bool uploaded;                 /* the file was sent to the broker (UPLOAD): workers FETCH it */
     int n_tensors;                 /* inline weights (any names) */

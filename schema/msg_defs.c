@@ -316,11 +316,11 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),
-    R_U64(msg_status_reply_t, requests_ok, "requests_ok", F_OMIT, 0, UINT64_MAX, 0),
-    R_U64(msg_status_reply_t, requests_failed, "requests_failed", F_OMIT, 0, UINT64_MAX, 0),
-    R_U64(msg_status_reply_t, steps_replayed, "steps_replayed", F_OMIT, 0, UINT64_MAX, 0),
-    R_U64(msg_status_reply_t, steps_eager, "steps_eager", F_OMIT, 0, UINT64_MAX, 0),
-    R_U64(msg_status_reply_t, steps_captured, "steps_captured", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, requests_ok, "requests_ok", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, requests_failed, "requests_failed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_replayed, "steps_replayed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_eager, "steps_eager", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, steps_captured, "steps_captured", 0, 0, UINT64_MAX, 0),
     R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
 };
 TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);
@@ -368,8 +368,9 @@ static int refuse(wire_err_t *err, const char *code, const char *fmt, ...) {
 
 /* "F32[5,32]": a tensor's dtype and shape, for messages. */
 static const char *shape_text(const wire_tensor_t *t, char *buf, size_t len) {
-    kern_tensor_t k = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
-    return kern_tensor_describe(&k, buf, len);
+    size_t n = (size_t)snprintf(buf, len, "%s", wire_dtype_name(t->dtype)); /* U8 too */
+    if (n < len) kern_shape_text(t->ndim, t->shape, buf + n, len - n);
+    return buf;
 }
 
 static bool is_f32(const wire_tensor_t *t, int ndim) { return t->dtype == KERN_F32 && t->ndim == ndim; }
@@ -488,12 +489,7 @@ static bool shape_is(const wire_tensor_t *t, int nl, const int64_t *lead, int ns
 }
 
 static const char *describe(const wire_tensor_t *t, char *buf, size_t len) {
-    if (!t) return "absent";
-    int o = snprintf(buf, len, "%s[", kern_dtype_name(t->dtype));
-    for (int d = 0; d < t->ndim && o > 0 && (size_t)o < len; d++)
-        o += snprintf(buf + o, len - (size_t)o, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
-    if (o > 0 && (size_t)o < len) snprintf(buf + o, len - (size_t)o, "]");
-    return buf;
+    return t ? shape_text(t, buf, len) : "absent";
 }
 
 int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err) {

@@ -304,10 +304,17 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
     rc = 0;
 out:
     for (size_t i = done; i < n_kept; i++) zmq_msg_close(&frames[i]);
-    if (rc) {
+    if (rc) { /* id and type outlive the body when read: an answer names them */
         uint64_t keep_id = m->id;
+        char keep_type[sizeof m->type_buf];
+        bool typed = m->type != NULL;
+        if (typed) memcpy(keep_type, m->type_buf, sizeof keep_type);
         release_body(m);
         m->id = keep_id;
+        if (typed) {
+            memcpy(m->type_buf, keep_type, sizeof keep_type);
+            m->type = m->type_buf;
+        }
     }
     return rc;
 }

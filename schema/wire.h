@@ -184,7 +184,7 @@ void wire_tune_malloc(void);
 /* Receives one whole message (all parts) from sock; `router` means the
  * first part is a routing identity. Returns 0 with *m filled; 1 when the
  * message was malformed (all its parts consumed, *err set, m->identity
- * still valid when has_identity and m->id kept when it could be read, so
+ * still valid when has_identity, m->id and m->type kept when they could be read, so
  * the caller can answer ERROR to the right request; call wire_msg_close
  * either way); -1 on a socket error or EAGAIN (errno set, nothing
  * consumed). flags as for zmq_msg_recv (ZMQ_DONTWAIT).

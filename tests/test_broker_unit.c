@@ -858,6 +858,33 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
         drop_msg(&d);
         ck_assert_int_eq(w->route.inflight, 0);
     }
+    /* one that cannot even be read (its latent frame cut to 3 bytes) ends
+     * its request too, not at the deadline */
+    client_gen(&x, 600, "tiny", false);
+    wire_msg_t *q = take(x.w[0], false);
+    uint64_t id = q->id;
+    drop_msg(&q);
+    void *in = sock(x.b.ctx, ZMQ_PAIR), *out = sock(x.b.ctx, ZMQ_PAIR);
+    ck_assert_int_eq(zmq_bind(in, "inproc://bad-result"), 0);
+    ck_assert_int_eq(zmq_connect(out, "inproc://bad-result"), 0);
+    static float lat[4 * 2 * 8 * 8];
+    wire_tensor_t t = { .dtype = KERN_F32, .ndim = 4, .shape = { 4, 2, 8, 8 }, .data = lat, .bytes = sizeof lat };
+    snprintf(t.name, sizeof t.name, "latent");
+    wire_val_t *h = wire_hdr("RESULT", id);
+    wv_set(h, "version", wv_u64(1));
+    ck_assert_int_eq(wire_send(out, NULL, h, &t, 1), 0); /* its frames, to send cut short */
+    wv_free(&h);
+    zmq_msg_t head;
+    zmq_msg_init(&head);
+    ck_assert_int_ge(zmq_msg_recv(&head, in, 0), 0);
+    int hlen = (int)zmq_msg_size(&head);
+    ck_assert_int_eq(zmq_msg_send(&head, x.w[0], ZMQ_SNDMORE), hlen);
+    ck_assert_int_eq(zmq_send(x.w[0], "abc", 3, 0), 3);
+    zmq_close(in);
+    zmq_close(out);
+    deliver(&x, true);
+    expect_error(&x, 600, "internal", "worker w0 sent a bad RESULT");
+    ck_assert_int_eq(w->route.inflight, 0);
     ck_assert_ptr_null(x.b.reqs);
     box_close(&x);
 }
@@ -1349,6 +1376,52 @@ START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same
 }
 END_TEST
 
+/* An UPLOAD of a component workers do not serve is bad_request (nothing
+ * could ever sync it, and it would hold one of the upload slots); a
+ * fifth upload while four are open is busy (retry later), and goes in
+ * once one of them ended. */
+START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-slots.XXXXXX", sha[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
+    wire_tensor_t t = msg_chunk(bytes, UP_PIECE);
+    msg_upload_t u;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "vae");
+    u.version = 2;
+    snprintf(u.sha256, sizeof u.sha256, "%s", sha);
+    u.size = UP_SIZE;
+    u.chunk = &t;
+    ck_assert_int_eq(msg_upload_send(x.trainer, NULL, 5, &u), 0);
+    deliver(&x, false);
+    expect_error(&x, 5, "bad_request", "not \"vae\"");
+    char part[300];
+    struct stat st;
+    snprintf(part, sizeof part, "%s/.vae-v2.part", dir);
+    ck_assert_int_ne(stat(part, &st), 0);
+    for (uint64_t v = 2; v <= 5; v++) { /* four open uploads */
+        wire_msg_t *a = upload_piece(&x, 10 + v, v, sha, bytes, 0, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    wire_msg_t *a = upload_piece(&x, 20, 6, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "ERROR");
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "busy");
+    drop_msg(&a);
+    for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) { /* v2 ends */
+        a = upload_piece(&x, 30, 2, sha, bytes, off, UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+    a = upload_piece(&x, 21, 6, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    free(bytes);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 /* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
  * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
  * still to come is never touched; a digest whose file a cut-short removal
@@ -1526,6 +1599,23 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(access(path, F_OK), 0);
     snprintf(path, sizeof path, "%s/.spare-900", dir);
     ck_assert_int_eq(access(path, F_OK), 0);
+
+    /* more spares than the startup scan holds (64), in no order: the two
+     * newest stay, every other one goes, nothing else is touched */
+    for (int i = 0; i < 100; i++) {
+        char name[32];
+        snprintf(name, sizeof name, ".spare-%d", 1000 + (i * 37) % 100);
+        fill_file(dir, name, 10, 'x');
+    }
+    brk_upload_start(&x.b);
+    brk_upload_stop(&x.b);
+    ck_assert_int_eq(count_spares(dir), 2);
+    snprintf(path, sizeof path, "%s/.spare-1099", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/.spare-1098", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/transformer-v7.safetensors", dir);
+    ck_assert_int_eq(access(path, F_OK), 0);
     free(bytes);
     upload_box_close(&x, dir);
 }
@@ -1634,6 +1724,11 @@ START_TEST(test_status_lists_each_model_with_the_config_its_worker_announced) {
     ck_assert(wv_get_u64(m, "text_dim", &v) && v == 32);
     ck_assert(wv_get_u64(m, "patch", &v) && v == 2);
     ck_assert(wv_get_u64(m, "layers", &v) && v == 2);
+    /* every counter is there from the start, 0 before anything happened */
+    const char *counters[] = { "queue", "malformed", "undelivered", "requests_ok", "requests_failed",
+                               "steps_replayed", "steps_eager", "steps_captured" };
+    for (size_t i = 0; i < sizeof counters / sizeof *counters; i++)
+        ck_assert_msg(wv_get_u64(d->hdr, counters[i], &v) && v == 0, "STATUS_REPLY lacks %s: 0", counters[i]);
     drop_msg(&d);
     box_close(&x);
 }
@@ -1935,7 +2030,7 @@ START_TEST(test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request) {
     path[0] = '/';
     path[sizeof path - 1] = '\0';
     sync_fields(&x, 3, "transformer", 2, SHA_A, path, false);
-    expect_error(&x, 3, "bad_request", "'path' is 1099 bytes, longer than 1023");
+    expect_error(&x, 3, "bad_request", "'path' must be a string of at most 1023 bytes");
     path[1023] = '\0'; /* 1023 bytes: the longest taken */
     sync_fields(&x, 4, "transformer", 2, SHA_A, path, false);
     expect_sync(&x, 0, 2);
@@ -2057,6 +2152,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
+    tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
     tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
