@@ -53,8 +53,10 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(o.heartbeat_ms, 1000);
     ck_assert_int_eq(o.liveness, 3);
     ck_assert_int_eq(o.events_ms, 200);
+    ck_assert_int_eq(o.max_tokens, 65536);
     ck_assert_int_eq(parse(&o, err, "--name", "w0", "--weights", "w.st", "--streams", "3", "--budget", "512M",
-                           "--policy", "inplace", NULL), 0);
+                           "--policy", "inplace", "--max-tokens", "0", NULL), 0);
+    ck_assert_int_eq(o.max_tokens, 0);
     ck_assert_int_eq(o.max_inflight, 12);
     ck_assert_uint_eq(o.budget, (size_t)512 << 20);
     ck_assert_int_eq(o.policy, CAP_POLICY_INPLACE);
@@ -523,6 +525,27 @@ START_TEST(test_another_model_a_newer_version_or_a_bad_loop_is_refused) {
 END_TEST
 
 /* "version" is a floor: a worker at a newer version runs the request. */
+/* A request the protocol allows but whose sample has more tokens than
+ * --max-tokens (F x H/2 x W/2) is refused too_large before any work: a
+ * step cannot be stopped half-way (4 x 64 x 512 x 512 is 4 Mi tokens, a
+ * worker held for hours); at the limit it is taken; 0 lifts the limit. */
+START_TEST(test_a_sample_of_more_tokens_than_max_tokens_is_too_large) {
+    msg_gen_t g;
+    good_request(&g);
+    wire_err_t err;
+    set_latent_shape(&g, 4, 64, 512, 512);
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
+    ck_assert_str_eq(err.code, "too_large");
+    ck_assert_msg(strstr(err.message, "4194304 tokens") && strstr(err.message, "--max-tokens 65536"), "%s",
+                  err.message);
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 0, &err), 0);
+    set_latent_shape(&g, 4, 16, 128, 128); /* 16 x 64 x 64 = 65536: at the limit */
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), 0);
+    set_latent_shape(&g, 4, 17, 128, 128);
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
+}
+END_TEST
+
 START_TEST(test_a_request_for_an_older_version_runs_on_a_newer_worker) {
     msg_gen_t g;
     good_request(&g);
@@ -1072,6 +1095,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_tensors_of_the_wrong_dtype_or_shape_are_refused);
     tcase_add_test(t, test_another_model_a_newer_version_or_a_bad_loop_is_refused);
     tcase_add_test(t, test_a_request_for_an_older_version_runs_on_a_newer_worker);
+    tcase_add_test(t, test_a_sample_of_more_tokens_than_max_tokens_is_too_large);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

@@ -385,6 +385,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     wire_err_t err;
     msg_gen_t r;
     if (msg_request_decode(m, &r, &err) != 0 ||
+        wrk_request_fits(&r, tdit_model_config(w->model), w->opt->max_tokens, &err) != 0 ||
         wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);

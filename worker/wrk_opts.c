@@ -25,6 +25,9 @@ static const char usage[] =
     "  --dtype f32|bf16      storage of weights and activations (f32; bf16 on CUDA only)\n"
     "  --streams S           stream threads (2)\n"
     "  --budget BYTES        graph + workspace budget, K/M/G suffixes (0 = unlimited)\n"
+    "  --max-tokens N        refuse (too_large) a request whose sample has more than N\n"
+    "                        tokens, F x H/2 x W/2 (65536; 0 = no limit): a step cannot\n"
+    "                        be stopped half-way, and attention costs N^2\n"
     "  --max-inflight K      requests the broker may route here at once (4*S)\n"
     "  --policy evict|inplace  weight sync policy for captured graphs (evict)\n"
     "  --sync-mode steps|drain  apply a sync between any two steps (steps), or only\n"
@@ -98,7 +101,7 @@ int wrk_parse_bytes(const char *s, size_t *out) {
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
     enum { O_BROKER = 1, O_NAME, O_WEIGHTS, O_WVER, O_BACKEND, O_DEVICE, O_STREAMS, O_BUDGET,
            O_INFLIGHT, O_POLICY, O_WARMUP, O_HB, O_LIVENESS, O_EVENTS, O_METRICS, O_HELP, O_SYNCMODE, O_DTYPE,
-           O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME, O_NOFALLBACK };
+           O_AUDIT, O_WDIR, O_KEY, O_BKEY, O_ART, O_ARTEN, O_ARTTIME, O_NOFALLBACK, O_MAXTOK };
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER },
         { "name", required_argument, 0, O_NAME },
@@ -109,6 +112,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
         { "device", required_argument, 0, O_DEVICE },
         { "streams", required_argument, 0, O_STREAMS },
         { "budget", required_argument, 0, O_BUDGET },
+        { "max-tokens", required_argument, 0, O_MAXTOK },
         { "max-inflight", required_argument, 0, O_INFLIGHT },
         { "policy", required_argument, 0, O_POLICY },
         { "sync-mode", required_argument, 0, O_SYNCMODE },
@@ -133,6 +137,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     o->weights_version = 1;
     o->backend = KERN_BACKEND_CPU;
     o->streams = 2;
+    o->max_tokens = WRK_MAX_TOKENS;
     o->max_inflight = -1;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;
@@ -184,6 +189,11 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
             if (parse_int(a, 1, WRK_MAX_STREAMS, &v))
                 return usage_error(err, errlen, "--streams: expected 1..%d, got '%s'", WRK_MAX_STREAMS, a);
             o->streams = (int)v;
+            break;
+        case O_MAXTOK:
+            if (parse_int(a, 0, (long long)1 << 24, &v))
+                return usage_error(err, errlen, "--max-tokens: expected 0..16777216, got '%s'", a);
+            o->max_tokens = (int64_t)v;
             break;
         case O_BUDGET:
             if (wrk_parse_bytes(a, &o->budget))

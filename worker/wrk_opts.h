@@ -13,6 +13,11 @@
 
 #define WRK_NAME_MAX 64              /* bytes incl. NUL; also the routing id */
 #define WRK_MAX_STREAMS 64
+/* A sample's tokens a worker takes by default: twice wan2.1-1.3b's 32,760
+ * (81 frames at 480x832). Attention costs the square of it per step and
+ * a step cannot be stopped half-way, so a legal but huge latent (the
+ * protocol allows F x H x W up to 2^24) would hold a worker for hours. */
+#define WRK_MAX_TOKENS 65536
 
 typedef struct {
     const char *broker;              /* endpoint, default tcp://127.0.0.1:5556 */
@@ -23,6 +28,8 @@ typedef struct {
     int device;                      /* CUDA ordinal, default 0 */
     int streams;                     /* 1..WRK_MAX_STREAMS, default 2 */
     size_t budget;                   /* bytes; 0 = unlimited */
+    int64_t max_tokens;              /* --max-tokens: a sample's tokens (F x H/p x W/p) at most;
+                                      * 0 = unlimited; default WRK_MAX_TOKENS */
     int max_inflight;                /* default 4 * streams */
     cap_policy_t policy;             /* default evict */
     bool bf16;                       /* --dtype bf16 (CUDA only) */

@@ -53,6 +53,18 @@ void wrk_job_free(wrk_job_t **jp) {
     *jp = NULL;
 }
 
+int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err) {
+    msg_model_t model;
+    wrk_model_info(cfg, &model);
+    int64_t p = model.patch ? (int64_t)model.patch : 1;
+    const int64_t *ls = r->latent_shape;
+    int64_t tokens = ls[1] * (ls[2] / p) * (ls[3] / p); /* each at most 2^16, F x H x W at most 2^24 */
+    if (max_tokens > 0 && tokens > max_tokens)
+        return bad(err, WIRE_E_TOO_LARGE, "a sample of %" PRId64 " tokens (F x H/%" PRId64 " x W/%" PRId64
+                   "), more than this worker's --max-tokens %" PRId64, tokens, p, p, max_tokens);
+    return 0;
+}
+
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied,
                          wrk_job_t **out, wire_err_t *err) {
     *out = NULL;
