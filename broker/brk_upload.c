@@ -417,7 +417,7 @@ static slot_t *open_slot(brk_t *b, const msg_upload_t *u, const char *sha, const
         return NULL;
     }
     *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h, .recycled = spare,
-                   .spare_size = spare ? (uint64_t)st.st_size : 0 };
+                   .spare_size = spare ? (uint64_t)st.st_size : 0, .touched_ms = brk_now_ms() };
     snprintf(s->component, sizeof s->component, "%s", u->component);
     snprintf(s->sha256, sizeof s->sha256, "%s", sha);
     return s;
@@ -533,8 +533,7 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         brk_error_to(b, false, from, id, code, "UPLOAD: %s", why);
         return;
     }
-    s->touched_ms = brk_now_ms();
-    if (u->offset != s->received) { /* out of order: where to go on */
+    if (u->offset != s->received) { /* out of order: where to go on (not progress: the slot's clock stays) */
         ack(b, from, id, u->component, u->version, s->received, false);
         return;
     }
@@ -554,6 +553,7 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         return;
     }
     s->stalled[0] = '\0';
+    s->touched_ms = brk_now_ms(); /* idle is measured from the last bytes kept */
     if (s->received == s->size) {
         finish(b, from, id, s, u, m);
     } else {

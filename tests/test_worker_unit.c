@@ -934,13 +934,14 @@ typedef struct {
     wrk_fetch_src_t src;
     msg_sync_t m;
     atomic_bool stop, done;
+    uint64_t max_data;           /* the model's data bytes; 0: no limit */
     st_file_t *out;
     char hex[65], wire[128], err[512];
 } fetch_job_t;
 
 static void *fetch_thread(void *arg) {
     fetch_job_t *j = arg;
-    j->out = wrk_fetch(&j->src, &j->m, 0, &j->stop, j->hex, j->wire, sizeof j->wire, j->err, sizeof j->err);
+    j->out = wrk_fetch(&j->src, &j->m, j->max_data, &j->stop, j->hex, j->wire, sizeof j->wire, j->err, sizeof j->err);
     atomic_store(&j->done, true);
     return NULL;
 }
@@ -1068,6 +1069,66 @@ START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
 }
 END_TEST
 
+/* An uploaded file is judged as one read by path: more data than the
+ * model holds (here 4 bytes more, beside a header that fits) is refused
+ * with the generic "not weights of this worker's model" as soon as the
+ * first chunk told the header's length, the rest never asked for past
+ * the first window; a file that fits is taken whole. */
+START_TEST(test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its_header) {
+    char dir[] = "/tmp/reel-fetch-max.XXXXXX", ep[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    size_t len, n = (size_t)3 << 20; /* 12 MiB of data: 3 chunks and a bit */
+    unsigned char *file = st_bytes(n, &len);
+    void *ctx = zmq_ctx_new();
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_bind(r, ep), 0);
+    for (int fits = 0; fits < 2; fits++) {
+        fetch_job_t j;
+        memset(&j, 0, sizeof j);
+        j.src = (wrk_fetch_src_t){ ctx, ep, NULL, NULL, NULL };
+        snprintf(j.m.component, sizeof j.m.component, "transformer");
+        j.m.version = 2;
+        j.m.uploaded = true;
+        reel_sha256_buf(file, len, j.m.sha256);
+        j.max_data = fits ? n * 4 : n * 4 - 4;
+        atomic_init(&j.stop, false);
+        atomic_init(&j.done, false);
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, fetch_thread, &j), 0);
+        msg_fetch_t q;
+        zmq_msg_t who;
+        uint64_t id;
+        int asked = 0;
+        while (!atomic_load(&j.done) && next_fetch(r, 3000, &q, &who, &id)) {
+            asked++;
+            answer_fetch(r, &who, id, file, len, q.offset);
+            zmq_msg_close(&who);
+        }
+        pthread_join(th, NULL);
+        if (fits) {
+            ck_assert_msg(j.out != NULL, "%s (%s)", j.err, j.wire);
+            ck_assert_str_eq(j.hex, j.m.sha256);
+            st_close(&j.out);
+        } else {
+            ck_assert_ptr_null(j.out);
+            ck_assert_str_eq(j.wire, WRK_E_MODEL);
+            ck_assert_msg(strstr(j.err, "more than the model's"), "%s", j.err);
+            ck_assert_int_le(asked, WRK_FETCH_WINDOW);
+        }
+    }
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    free(file);
+    char sock[96];
+    snprintf(sock, sizeof sock, "%s/b", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("worker_unit");
     TCase *t = tcase_create("opts");
@@ -1114,6 +1175,7 @@ static Suite *suite(void) {
     t = tcase_create("fetch");
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back);
+    tcase_add_test(t, test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its_header);
     suite_add_tcase(s, t);
     return s;
 }

@@ -114,6 +114,8 @@ typedef struct {
     unsigned char *data;
     size_t cap;                  /* data's size */
     uint64_t hlen, dlen;
+    uint64_t max_data;           /* the model's data bytes; 0: no limit */
+    bool not_model;              /* refused: more data than the model holds */
     wrk_fetch_buf_t *spare;
 } mem_t;
 
@@ -166,6 +168,11 @@ static int put(mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, si
                     return -1;
                 }
                 m->dlen = size - 8 - m->hlen;
+                if (m->max_data && m->dlen > m->max_data) { /* as a file read by path is judged */
+                    snprintf(why, wl, "%" PRIu64 " data bytes, more than the model's %" PRIu64, m->dlen, m->max_data);
+                    m->not_model = true;
+                    return -1;
+                }
                 if (m->dlen > SIZE_MAX || !(m->hdr = malloc(m->hlen ? (size_t)m->hlen : 1)) ||
                     !(m->data = data_buffer((size_t)m->dlen, m->spare, &m->cap))) {
                     snprintf(why, wl, "out of memory for %" PRIu64 " bytes", size);
@@ -187,8 +194,10 @@ static int put(mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, si
 }
 
 /* The whole file into m, hashed into hex. 0, or -1 with err/wire. */
-static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *stop, char hex[65], char *wire,
-                size_t wlen, char *err, size_t errlen) {
+static int pull(fetch_t *f, mem_t *mem, const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
+                size_t errlen) {
+    /* Every parameter, and room for the header: the most a file of this model holds. */
+    uint64_t max_bytes = mem->max_data ? mem->max_data + 8 + ST_MAX_HEADER_BYTES : 0;
     reel_sha256_t *h = reel_sha256_new();
     uint64_t done = 0;
     int rc = -1;
@@ -258,7 +267,7 @@ static int pull(fetch_t *f, mem_t *mem, uint64_t max_bytes, const atomic_bool *s
         if (kept) reel_sha256_update(h, d.chunk->data, n);
         wire_msg_close(&m);
         if (bad || !kept) {
-            fail(err, errlen, wire, wlen, bad ? WRK_E_FETCH : WRK_E_FILE, "%s at %" PRIu64,
+            fail(err, errlen, wire, wlen, bad ? WRK_E_FETCH : mem->not_model ? WRK_E_MODEL : WRK_E_FILE, "%s at %" PRIu64,
                  bad ? "answers out of order" : why2, done);
             goto out;
         }
@@ -289,7 +298,7 @@ static void *connect_to(const wrk_fetch_src_t *src) {
     return s;
 }
 
-st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_bytes, const atomic_bool *stop,
+st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_data, const atomic_bool *stop,
                      char hex[65], char *wire, size_t wlen, char *err, size_t errlen) {
     hex[0] = '\0';
     if (!src || !src->zctx) {
@@ -300,12 +309,13 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
     mem_t mem;
     memset(&mem, 0, sizeof mem);
     mem.spare = src->spare;
+    mem.max_data = max_data;
     st_file_t *out = NULL;
     char origin[MSG_NAME_MAX + 48];
     snprintf(origin, sizeof origin, "uploaded %s v%" PRIu64, m->component, m->version);
     if (!f.sock) {
         fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot connect to the broker");
-    } else if (pull(&f, &mem, max_bytes, stop, hex, wire, wlen, err, errlen) == 0) {
+    } else if (pull(&f, &mem, stop, hex, wire, wlen, err, errlen) == 0) {
         /* The data buffer goes to the file (freed by it, or on failure). */
         out = st_adopt(origin, mem.hdr, (size_t)mem.hlen, mem.data, (size_t)mem.dlen);
         if (out && src->spare) src->spare->cap = mem.cap; /* for st_take_data's buffer after */

@@ -48,13 +48,16 @@ typedef struct {
 } wrk_fetch_src_t;
 
 /* Fetches version m->version of m->component (sha256 m->sha256) from the
- * broker: at most max_bytes (0: no limit). A broker silent for
+ * broker: a file whose data section (past its header) is at most max_data
+ * bytes, as a file read by path is judged (0: no limit; the size the
+ * broker announces is judged before a byte is kept, the data section as
+ * soon as the header's length came). A broker silent for
  * WRK_FETCH_RESEND_MS is asked again from where the file stopped; one
  * silent for WRK_FETCH_TIMEOUT_MS fails the fetch. Returns it open (st_close it)
  * with hex the sha256 of its bytes, or NULL with `wire` a generic text for
  * the ack (WRK_E_FETCH, WRK_E_MODEL for a size no model of this worker's
  * holds, WRK_E_FILE, WRK_E_STOPPED) and err the detail for the log. */
-st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_bytes, const atomic_bool *stop,
+st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_data, const atomic_bool *stop,
                      char hex[65], char *wire, size_t wlen, char *err, size_t errlen);
 
 #endif

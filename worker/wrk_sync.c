@@ -117,8 +117,8 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
     if (m->path[0]) {
         *out = open_path(m->path, cfg, roots, stop, hex, wire, wlen, err, errlen);
     } else if (m->uploaded) {
-        /* Every parameter in F32, and room for the header: the most a file of this model holds. */
-        uint64_t max = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) + 8 + ST_MAX_HEADER_BYTES : 0;
+        /* Every parameter in F32: the most data a file of this model holds. */
+        uint64_t max = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
         *out = wrk_fetch(fetch, m, max, stop, hex, wire, wlen, err, errlen);
     } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
         snprintf(wire, wlen, "%s", WRK_E_FILE);
