@@ -6,6 +6,26 @@
 
 size_t kern_dtype_size(kern_dtype_t dt) { return dt == KERN_F32 ? 4 : 2; }
 
+bool kern_all_finite(const void *p, size_t n, kern_dtype_t dt) {
+    const unsigned char *b = p;
+    if (dt == KERN_F32) {
+        uint32_t bad = 0; /* an all-ones exponent: NaN or infinity */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t w;
+            memcpy(&w, b + 4 * i, 4);
+            bad |= (uint32_t)((w & 0x7f800000u) == 0x7f800000u);
+        }
+        return !bad;
+    }
+    uint16_t mask = dt == KERN_F16 ? 0x7c00u : 0x7f80u, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);
+        bad |= (uint16_t)((h & mask) == mask);
+    }
+    return !bad;
+}
+
 const char *kern_dtype_name(kern_dtype_t dt) {
     switch (dt) {
     case KERN_F32: return "F32";

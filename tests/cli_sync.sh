@@ -189,4 +189,17 @@ wait_sql "select ok from worker_versions where worker = 'odd' and version = 4" "
 "$R" workers --catalog "$DB" --json >"$D/workers2.json" 2>&1
 grep -q '"name":"odd".*"lagging":\[\]' "$D/workers2.json" && ok "reelctl workers: odd not lagging" || { bad "catalog shows odd caught up"; show "$D/workers2.json"; }
 
+echo "== weights holding a NaN (a diverged trainer) are refused by every worker"
+cp "$D/w3.safetensors" "$D/nan.safetensors"
+/usr/bin/python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-4, 2); f.write(b"\x00\x00\xc0\x7f")' "$D/nan.safetensors"
+if sync_v 5 "$D/nan.safetensors" "$D/s9.err"; then bad "a NaN sync exits non-zero"; show "$D/s9.err"
+else
+    grep -q "FAILED, no worker applied it" "$D/s9.err" && grep -q "a1:bad_weights: NaN or infinite values" "$D/s9.err" &&
+        ok "sync v5 with a NaN: FAILED, each worker says NaN or infinite values" || { bad "NaN sync refused"; show "$D/s9.err"; }
+fi
+grep -qE "sync to v5 refused: tensor .* holds NaN or infinite values" "$D/a1.log" &&
+    ok "a1's log names the tensor" || { bad "NaN tensor named"; show "$D/a1.log"; }
+gen tiny "$D/g6" && grep -q "weights v4" "$D/g6.err" && same "$D/g6.safetensors" "$D/ref3.safetensors" &&
+    ok "still serving v4, exactly" || { bad "GEN after a NaN sync"; show "$D/g6.err"; }
+
 finish

@@ -7,6 +7,8 @@
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -504,6 +506,47 @@ START_TEST(test_tensors_of_the_wrong_dtype_or_shape_are_refused) {
     g.latent = NULL;
     set_latent_shape(&g, 4, 2, 7, 8);
     expect_refused(&g, 1, "height and width must be multiples of 2");
+}
+END_TEST
+
+/* NaN or an infinity anywhere in the prompt or the latent is refused by
+ * name (it would come back as a NaN latent, served as a success); the
+ * largest finite float is not. */
+START_TEST(test_a_nan_or_infinite_input_is_refused_by_name) {
+    msg_gen_t g;
+    const float bads[3] = { NAN, INFINITY, -INFINITY };
+    for (int k = 0; k < 3; k++) {
+        good_request(&g);
+        float *buf = k == 0 ? ctx_buf : k == 1 ? unc_buf : lat_buf;
+        const char *name = k == 0 ? "context" : k == 1 ? "uncond" : "latent";
+        float keep = buf[7];
+        buf[7] = bads[k];
+        char want[64];
+        snprintf(want, sizeof want, "tensor '%s' holds NaN or infinite values", name);
+        expect_refused(&g, 1, want);
+        buf[7] = FLT_MAX;
+        wrk_job_t *j = NULL;
+        wire_err_t err;
+        ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err), 0);
+        wrk_job_free(&j);
+        buf[7] = keep;
+    }
+    /* the check itself, at every alignment and dtype */
+    unsigned char raw[4 * 9 + 3];
+    for (int off = 0; off < 4; off++) {
+        float f[9] = { 0, -0.0f, 1e-45f, FLT_MAX, -FLT_MAX, 1, 2, 3, 4 };
+        memcpy(raw + off, f, sizeof f);
+        ck_assert(kern_all_finite(raw + off, 9, KERN_F32));
+        f[8] = NAN;
+        memcpy(raw + off, f, sizeof f);
+        ck_assert(!kern_all_finite(raw + off, 9, KERN_F32));
+    }
+    const uint16_t bf_ok[3] = { 0x7f7f, 0xff7f, 0x0001 }, bf_inf[2] = { 0x3f80, 0x7f80 }, h_nan[2] = { 0x3c00, 0x7e00 },
+                   h_ok[2] = { 0x7bff, 0xfbff };
+    ck_assert(kern_all_finite(bf_ok, 3, KERN_BF16));
+    ck_assert(!kern_all_finite(bf_inf, 2, KERN_BF16));
+    ck_assert(!kern_all_finite(h_nan, 2, KERN_F16));
+    ck_assert(kern_all_finite(h_ok, 2, KERN_F16));
 }
 END_TEST
 
@@ -1157,6 +1200,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_another_model_a_newer_version_or_a_bad_loop_is_refused);
     tcase_add_test(t, test_a_request_for_an_older_version_runs_on_a_newer_worker);
     tcase_add_test(t, test_a_sample_of_more_tokens_than_max_tokens_is_too_large);
+    tcase_add_test(t, test_a_nan_or_infinite_input_is_refused_by_name);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

@@ -516,6 +516,7 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     tdit_model_t *m = NULL;
     st_file_t *f = wrk_weights_read(fd, path, 0, &w->stop, sha, &code, detail, sizeof detail);
     if (!f) wrk_log(w, "%s", detail);
+    else if (wrk_weights_finite(f, detail, sizeof detail) != 0) wrk_log(w, "%s: %s", path, detail);
     else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, kern_error());
     st_close(&f);
     close(fd);

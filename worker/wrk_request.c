@@ -31,6 +31,10 @@ void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out) {
 
 /* A host copy of an F32 tensor's frame (frames carry no alignment promise). */
 static float *copy_f32(const wire_tensor_t *t, wire_err_t *err) {
+    if (!kern_all_finite(t->data, t->bytes / sizeof(float), KERN_F32)) {
+        bad(err, WIRE_E_BAD_REQUEST, "tensor '%s' holds NaN or infinite values", t->name);
+        return NULL;
+    }
     float *x = malloc(t->bytes ? t->bytes : 1);
     if (!x) { bad(err, WIRE_E_INTERNAL, "out of memory copying tensor '%s'", t->name); return NULL; }
     memcpy(x, t->data, t->bytes);

@@ -213,6 +213,9 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         bool same = s->applied_sha[0] && !strcasecmp(s->applied_sha, hex);
         if (!same) wrk_log(w, "sync to v%" PRIu64 " refused: stale (v%" PRIu64 " applied with other weights)", version, applied);
         ack(s, id, version, same ? NULL : "stale");
+    } else if (wrk_weights_finite(f, err, sizeof err) != 0) {
+        wrk_log(w, "sync to v%" PRIu64 " refused: %s", version, err);
+        ack(s, id, version, WRK_E_NONFINITE);
     } else {
         const char *fail = NULL;
         if (w->opt->sync_drain) {

@@ -119,6 +119,17 @@ int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, 
     }
 }
 
+int wrk_weights_finite(const st_file_t *f, char *why, size_t len) {
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor_t *t = st_at(f, i);
+        if (!kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype)) {
+            snprintf(why, len, "tensor %s holds NaN or infinite values", t->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- reading ------------------------------------------------------------------------ */
 
 typedef struct {

@@ -34,6 +34,12 @@
 #define WRK_E_FILE "bad_weights: not a safetensors file"
 #define WRK_E_MODEL "bad_weights: not weights of this worker's model"
 #define WRK_E_STOPPED "worker stopping"
+#define WRK_E_NONFINITE "bad_weights: NaN or infinite values"
+
+/* 0 when every tensor of f holds finite values only, else -1 with the
+ * first tensor that does not named in why: a diverged trainer's weights
+ * are refused, not served (every GEN would come back NaN). */
+int wrk_weights_finite(const st_file_t *f, char *why, size_t len);
 
 /* Where a worker may read weights from. */
 typedef struct {
