@@ -13,18 +13,19 @@
  * shapes coexist on one stream: a graph reads only its own entry's memory,
  * the caller's pinned inputs and the weights, each checked before a replay.
  *
- * Lock order: stream lock, then cache lock. */
+ * Lock order: stream lock, then cache lock, then the component lock. A
+ * re-entrant dispatch takes a second stream lock only if it is free, so no
+ * thread ever waits for a stream lock while holding another. */
 #include "cache.h"
 #include "kernels/artifacts.h"
 #include "kernels/error.h"
+#include "kernels/names.h"
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CAP_MAX_CONSTS 8
 
 typedef enum {
     ST_WARMUP,      /* eager runs, learning which inputs stay put */
@@ -114,7 +115,9 @@ struct cap_cache {
     pthread_mutex_t lock;
     entry_t *head;                  /* most recently used first */
     comp_t comp[CAP_MAX_COMPONENTS];
-    int n_comp;
+    int n_comp;                     /* n_comp, names and versions change under lock and comp_lock */
+    pthread_mutex_t comp_lock;      /* lets cap_component_version run without lock, so a
+                                     * program callback called under lock may use it */
     stream_slot_t **streams;        /* index = stream number in events */
     int n_streams, cap_streams;
     logged_t *logged;
@@ -123,6 +126,19 @@ struct cap_cache {
 };
 
 static bool invariants(const cap_cache_t *c);
+
+/* This thread's dispatches. A re-entrant one (depth > 0) must not wait for
+ * another stream's lock. One made while this thread captures is refused
+ * before it takes any lock: the capture holds the device lock shared, and
+ * other threads free device memory and destroy graphs (which take it
+ * exclusive) while holding the cache lock, so waiting for the cache lock
+ * here could deadlock; nor may a capturing thread allocate a workspace or
+ * destroy a graph (kernels/backend.h). */
+static __thread struct {
+    int depth;              /* cap_dispatch calls in progress */
+    kern_stream_t *s;       /* the innermost one's stream, whose lock is held */
+    bool capturing;         /* capture() is between begin and end */
+} tl;
 
 /* SQLite style: the invariants hold at the end of every public function.
  * Checked in builds with -DREEL_INVARIANTS (make asan, make tsan). */
@@ -393,8 +409,8 @@ static entry_t *entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap
         bool freed = evict_idle(c, q);
         pthread_mutex_unlock(&c->lock);
         if (freed) e->ws = p->ws_new(user, key, s);
-        if (!e->ws) { free(e); return NULL; }
     }
+    if (!e->ws) { free(e); return NULL; }
     e->key = *key;
     snprintf(e->text, sizeof e->text, "%s", text);
     e->hash = hash;
@@ -606,9 +622,16 @@ typedef struct {
     double t0;
 } call_acct_t;
 
-static int run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
+/* Binds every input as a copy and launches: an eager run never reads a
+ * caller's tensor in place, so a step that writes its inputs (legal for
+ * copied ones) never writes the caller's buffer. */
+static int launch_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
     if (bind(e, s, call, false, &a->copied, &a->pinned) != 0) return -1;
-    if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) return -1;
+    return e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+}
+
+static int run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
+    if (launch_eager(e, s, call, a) != 0) return -1;
     return copy_out(e, s, call);
 }
 
@@ -745,8 +768,10 @@ static void admit_graph(cap_cache_t *c, entry_t *e, size_t gb) {
 
 /* Captures e's step (slots bound with pins). On success e->graph is set and
  * admitted, and the workspace holds the verified eager result. On a refusal
- * returns 0 with *why set (and *bad for mutable_input); -1 only when the
- * eager fallback itself fails. */
+ * after verify returns 0 with *why set (and *bad for mutable_input); the
+ * workspace holds the eager result. Returns 1 with *why set when nothing
+ * ran (the capture or its preparation failed): the caller runs the step.
+ * -1 when verify itself fails. */
 static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t *call,
                    cap_reason_t *why, int *bad, evq_t *q, double *secs) {
     double t0 = now();
@@ -754,18 +779,20 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
     *why = CAP_DECLINE_COUNT;
     if (record_weights(e) != 0) {
         *why = CAP_DECLINE_CAPTURE_FAILED;
-        goto eager;
+        goto failed;
     }
     if (kern_capture_begin(s) != 0) {
         *why = CAP_DECLINE_BACKEND_UNAVAILABLE;
-        goto eager;
+        return 1;
     }
+    tl.capturing = true;
     int lrc = e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
     int erc = kern_capture_end(s, &g);
+    tl.capturing = false;
     if (lrc != 0 || erc != 0) {
         kern_graph_destroy(&g);
         *why = CAP_DECLINE_CAPTURE_FAILED;
-        goto eager;
+        goto failed;
     }
     e->graph = g;
     int v = verify(c, e, s, call, bad);
@@ -796,14 +823,12 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
         *why = CAP_DECLINE_BUDGET_EXCEEDED;
     }
     return 0;
-eager:
-    /* Nothing ran during the failed capture: run the step now. */
-    if (*why == CAP_DECLINE_CAPTURE_FAILED) {
-        char msg[CAP_KEY_TEXT_MAX + 560];
-        snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, kern_error());
-        log_msg(c, 2, msg);
-    }
-    return e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+failed: {
+    char msg[CAP_KEY_TEXT_MAX + 560];
+    snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, kern_error());
+    log_msg(c, 2, msg);
+    return 1;
+}
 }
 
 /* The entry stops reading input i in place and captures again (copying
@@ -834,17 +859,19 @@ typedef struct {
     char logbuf[CAP_KEY_TEXT_MAX + 200];
 } dispatch_t;
 
-/* Finds the call's entry, or admits a new one; a busy entry, or a new one
- * the budget cannot hold, gives a transient entry instead (d->reason says
- * why). Caller holds the lock, which is dropped and retaken around the
- * workspace allocation. -1 with a message when no workspace can be made. */
+/* Finds the call's entry, or admits a new one; a busy entry, a new one the
+ * budget cannot hold, or a call already declined (d->reason set) gives a
+ * transient entry instead (d->reason says why). Caller holds the lock,
+ * which is dropped and retaken around the workspace allocation. -1 with a
+ * message when no workspace can be made. */
 static int acquire(dispatch_t *d, int si, const int *comp, const char *text, uint64_t hash) {
     cap_cache_t *c = d->c;
-    d->e = find(c, d->s, d->p, d->user, hash, text);
+    d->e = d->reason == CAP_DECLINE_COUNT ? find(c, d->s, d->p, d->user, hash, text) : NULL;
     if (d->e && d->e->in_use) {
         d->reason = CAP_DECLINE_ENTRY_BUSY;
         d->e = NULL;
-    } else if (!d->e && d->p->ws_size && !make_room(c, NULL, d->p->ws_size(d->user, d->call->key), &d->q)) {
+    } else if (!d->e && d->reason == CAP_DECLINE_COUNT && d->p->ws_size &&
+               !make_room(c, NULL, d->p->ws_size(d->user, d->call->key), &d->q)) {
         d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
     }
     if (d->e) return 0;
@@ -1000,9 +1027,8 @@ static void prepare_capture(dispatch_t *d) {
     if (output_aliases_pin(e, call)) memset(e->pinned, 0, sizeof e->pinned);
     for (int i = 0; i < d->p->n_inputs; i++)
         if (e->pinned[i]) e->ident[i] = call->inputs[i];
-    e->n_consts = call->n_consts < CAP_MAX_CONSTS ? call->n_consts : CAP_MAX_CONSTS;
+    e->n_consts = call->n_consts; /* 0..CAP_MAX_CONSTS: check_call */
     if (e->n_consts > 0) memcpy(e->consts, call->consts, (size_t)e->n_consts * sizeof *e->consts);
-    if (call->n_consts > CAP_MAX_CONSTS) e->n_consts = -1; /* never equal: replay always declines */
     pthread_mutex_lock(&c->lock);
     for (int i = 0; i < d->p->n_components; i++) {
         e->comp_base[i] = c->comp[e->comp[i]].base;
@@ -1019,8 +1045,14 @@ static int run_capture_path(dispatch_t *d) {
     double secs = 0;
     int bad = -1;
     prepare_capture(d);
-    int rc = bind(e, d->s, d->call, true, &d->acct.copied, &d->acct.pinned);
+    call_acct_t pins = { 0, 0, 0 };
+    int rc = bind(e, d->s, d->call, true, &pins.copied, &pins.pinned);
     if (rc == 0) rc = capture(c, e, d->s, d->call, &why, &bad, &d->q, &secs);
+    if (rc == 1) rc = launch_eager(e, d->s, d->call, &d->acct); /* the slots may point at pinned inputs */
+    else {
+        d->acct.copied += pins.copied;
+        d->acct.pinned += pins.pinned;
+    }
     if (rc != 0) return rc;
     /* The entry's state follows the capture, whatever copy-out does: a
      * published graph must be owned by a READY entry. */
@@ -1151,6 +1183,16 @@ static void account(dispatch_t *d, int rc, double t0) {
     pthread_mutex_unlock(&c->lock);
 }
 
+/* True when every registered component the key names is at its registered
+ * version. Caller holds the lock. */
+static bool key_versions_current(const cap_cache_t *c, const cap_key_t *k) {
+    for (int i = 0; i < k->n_components; i++) {
+        int ci = comp_find(c, k->components[i].name);
+        if (ci >= 0 && c->comp[ci].version != k->components[i].version) return false;
+    }
+    return true;
+}
+
 /* One call on stream slot si, whose lock the caller holds: acquire the
  * entry, decide the path, run it, account. */
 static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t hash, double t0) {
@@ -1161,6 +1203,10 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
     d->sl = c->streams[si];
     d->sl->depth++;
     c->st.calls++;
+    /* A key for another version than the resident one must get no entry:
+     * an inplace sync would re-key an entry of the old version onto it. */
+    if (d->reason == CAP_DECLINE_COUNT && !key_versions_current(c, d->call->key))
+        d->reason = CAP_DECLINE_WEIGHTS_MOVED;
     if (resolve_components(c, d->p, comp) != 0 || acquire(d, si, comp, text, hash) != 0) {
         d->sl->depth--;
         pthread_mutex_unlock(&c->lock);
@@ -1195,31 +1241,80 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
     return rc;
 }
 
+/* Checks what the cache copies from a call before it reads it: -1 with a
+ * message. A capture bakes at most CAP_MAX_CONSTS constants and compares
+ * their names on replay. */
+static int check_call(const cap_call_t *call) {
+    if (call->n_consts < 0 || call->n_consts > CAP_MAX_CONSTS)
+        return kern_fail("dispatch: %d constants (a call has 0..%d)", call->n_consts, CAP_MAX_CONSTS);
+    if (call->n_consts > 0 && !call->consts) return kern_fail("dispatch: %d constants and no array", call->n_consts);
+    for (int i = 0; i < call->n_consts; i++)
+        if (!memchr(call->consts[i].name, 0, sizeof call->consts[i].name))
+            return kern_fail("dispatch: the name of constant %d is not terminated", i);
+    return 0;
+}
+
+/* Takes the lock of the call's stream: its slot (index in *si), or NULL
+ * with a message. Calls on one stream are serialized, so two threads sharing a
+ * stream never bind, replay or copy out of one workspace at the same time.
+ * A re-entrant dispatch only tries the lock: waiting could deadlock (this
+ * thread's launch waiting for stream B while B's owner's launch waits for
+ * this thread's stream). If B is busy the call moves to the outer call's
+ * stream, whose lock this thread holds, and declines entry_busy (a
+ * transient workspace; a stream is never used by two threads at once). */
+static stream_slot_t *lock_stream(dispatch_t *d, int *si) {
+    cap_cache_t *c = d->c;
+    bool nested = tl.depth > 0;
+    pthread_mutex_lock(&c->lock);
+    *si = stream_slot(c, d->s);
+    int oi = nested && kern_stream_backend(tl.s) == c->backend ? stream_slot(c, tl.s) : -1;
+    stream_slot_t *sl = *si >= 0 ? c->streams[*si] : NULL, *osl = oi >= 0 ? c->streams[oi] : NULL;
+    pthread_mutex_unlock(&c->lock);
+    if (!sl) return NULL;
+    if (!nested) {
+        pthread_mutex_lock(&sl->mu);
+        return sl;
+    }
+    if (pthread_mutex_trylock(&sl->mu) == 0) return sl;
+    if (!osl || pthread_mutex_trylock(&osl->mu) != 0) {
+        kern_fail("re-entrant dispatch: stream %d is busy on another thread and the outer call's stream "
+                  "cannot serve it", *si);
+        return NULL;
+    }
+    d->s = tl.s;
+    d->reason = CAP_DECLINE_ENTRY_BUSY;
+    *si = oi;
+    return osl;
+}
+
 int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
                  const cap_call_t *call, cap_result_t *res) {
     char text[CAP_KEY_TEXT_MAX];
     double t0 = now();
+    if (tl.capturing)
+        return kern_fail("dispatch while this thread captures a step (a step may not dispatch from a launch "
+                         "being captured; the call may be made again outside the capture)");
     if (kern_stream_backend(s) != c->backend) return kern_fail("dispatch: stream of another backend");
-    if (cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
+    if (check_call(call) != 0 || cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
     uint64_t hash = cap_hash_text(text);
-    pthread_mutex_lock(&c->lock);
-    int si = stream_slot(c, s);
-    stream_slot_t *sl = si >= 0 ? c->streams[si] : NULL;
-    pthread_mutex_unlock(&c->lock);
-    if (!sl) return -1;
     dispatch_t dd = { .c = c, .s = s, .p = p, .user = user, .call = call, .reason = CAP_DECLINE_COUNT,
                       .ran = CAP_RAN_EAGER },
                *d = &dd;
-    /* Calls on one stream are serialized: two threads sharing a stream never
-     * bind, replay or copy out of one workspace at the same time. */
-    pthread_mutex_lock(&sl->mu);
+    int si;
+    stream_slot_t *sl = lock_stream(d, &si);
+    if (!sl) return -1;
     int rc;
-    if (kern_stream_is_capturing(s))
+    if (kern_stream_is_capturing(d->s))
         rc = kern_fail("dispatch on a stream that is capturing (a step may not dispatch from its launch)");
     else {
         /* Kernel artifacts are judged per capture key (kernels/artifacts.h). */
         uint64_t scope = kern_artifacts_set_scope(hash);
+        kern_stream_t *outer = tl.s;
+        tl.depth++;
+        tl.s = d->s;
         rc = dispatch_locked(d, si, text, hash, t0);
+        tl.depth--;
+        tl.s = outer;
         kern_artifacts_set_scope(scope);
     }
     pthread_mutex_unlock(&sl->mu);
@@ -1316,6 +1411,7 @@ cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
     c->backend = b;
     c->opt = o;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->comp_lock, NULL);
     CHECK_INVARIANTS(c);
     return c;
 }
@@ -1333,6 +1429,7 @@ void cap_cache_destroy(cap_cache_t **cp) {
     pthread_mutex_unlock(&c->lock);
     evq_flush(c, &q);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->comp_lock);
     for (int i = 0; i < c->n_streams; i++) {
         pthread_mutex_destroy(&c->streams[i]->mu);
         free(c->streams[i]);
@@ -1346,29 +1443,36 @@ void cap_cache_destroy(cap_cache_t **cp) {
 int cap_component_register(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                            uint64_t version) {
     int rc = 0;
+    /* Keys must be able to name it (cap_key_add_component). */
+    if (!reel_name_valid(name, CAP_NAME_MAX))
+        return kern_fail("bad component name '%s' (1..%d characters of [A-Za-z0-9_.:+-])", name ? name : "(null)",
+                         CAP_NAME_MAX - 1);
     pthread_mutex_lock(&c->lock);
-    if (strlen(name) == 0 || strlen(name) >= CAP_NAME_MAX) rc = kern_fail("bad component name '%s'", name);
-    else if (comp_find(c, name) >= 0) rc = kern_fail("component '%s' is already registered", name);
+    pthread_mutex_lock(&c->comp_lock);
+    if (comp_find(c, name) >= 0) rc = kern_fail("component '%s' is already registered", name);
     else if (c->n_comp == CAP_MAX_COMPONENTS) rc = kern_fail("more than %d components", CAP_MAX_COMPONENTS);
     else {
-        comp_t *k = &c->comp[c->n_comp++];
+        comp_t *k = &c->comp[c->n_comp];
         snprintf(k->name, sizeof k->name, "%s", name);
         k->base = base;
         k->bytes = bytes;
         k->version = version;
         k->generation = 1;
+        c->n_comp++;
     }
+    pthread_mutex_unlock(&c->comp_lock);
     pthread_mutex_unlock(&c->lock);
     CHECK_INVARIANTS(c);
     return rc;
 }
 
+/* Takes comp_lock only: program callbacks run under lock call it. */
 int64_t cap_component_version(const cap_cache_t *c, const char *name) {
     cap_cache_t *m = (cap_cache_t *)c;
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->comp_lock);
     int i = comp_find(c, name);
     int64_t v = i < 0 ? -1 : (int64_t)c->comp[i].version;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->comp_lock);
     return v;
 }
 
@@ -1387,7 +1491,9 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
         n = kern_fail("weight sync: inplace policy needs %s at its resident address and size", name);
     if (n == 0) {
         uint64_t from = k->version;
+        pthread_mutex_lock(&c->comp_lock);
         k->version = new_version;
+        pthread_mutex_unlock(&c->comp_lock);
         k->generation++;
         k->base = base;
         k->bytes = bytes;
@@ -1418,6 +1524,9 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
 
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason) {
     char text[CAP_KEY_TEXT_MAX];
+    /* The other reasons are the cache's own: an event claiming one would lie. */
+    if (reason != CAP_EVICT_EXPLICIT && reason != CAP_EVICT_SHAPE_CHANGE)
+        return kern_fail("evict key: reason %d is not explicit or shape_change", (int)reason);
     if (cap_key_text(key, false, text, sizeof text) < 0) return -1;
     evq_t qq = { 0 }, *q = &qq;
     int n = 0;

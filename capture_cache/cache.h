@@ -39,12 +39,30 @@
  *
  * Threads: calls on one stream are serialized (a per-stream lock, so two
  * threads sharing a stream never share a workspace); calls on different
- * streams run concurrently. An entry in use by an outer call on the same
- * thread (a re-entrant dispatch) is never re-bound: the inner call declines
- * entry_busy and runs eagerly in a transient workspace. The cache's tables
- * are guarded by one mutex held only for lookups and bookkeeping, never
- * while kernels run. Builds with -DREEL_INVARIANTS (make asan, make tsan)
- * check cap_cache_invariants() at the end of every public function. */
+ * streams run concurrently. A dispatch made from a step's launch (a
+ * re-entrant dispatch) declines entry_busy and runs eagerly in a transient
+ * workspace when what it needs is held by an outer call:
+ *   - its entry is in use by an outer call on this thread (never re-bound);
+ *   - its stream is busy on another thread: a re-entrant dispatch never
+ *     waits for another stream's lock (two threads doing that in opposite
+ *     orders would deadlock); it runs on the outer call's stream instead.
+ * A dispatch made while its thread captures (from a launch being
+ * captured, on any stream) fails at once with a message, touching nothing:
+ * a capturing thread may not allocate a workspace or destroy a graph, and
+ * waiting for the cache's lock there could deadlock with a thread freeing
+ * device memory. No entry is disabled or evicted for it; a step that
+ * passes the failure on fails its capture (capture_failed), and the eager
+ * run that serves that call dispatches normally.
+ *
+ * Program callbacks: weights(), ws_size(), ws_free() and input() may run
+ * with the cache's mutex held. From them a program may call
+ * cap_component_version() (it takes a lock of its own) and the key
+ * functions (key.h); any other cache function would deadlock.
+ *
+ * The cache's tables are guarded by one mutex held only for lookups and
+ * bookkeeping, never while kernels run. Builds with -DREEL_INVARIANTS
+ * (make asan, make tsan) check cap_cache_invariants() at the end of every
+ * public function. */
 #ifndef REEL_CAPTURE_CACHE_H
 #define REEL_CAPTURE_CACHE_H
 
@@ -72,7 +90,8 @@ typedef enum {
     CAP_DECLINE_BUDGET_EXCEEDED,    /* graph would not fit the memory budget */
     CAP_DECLINE_BACKEND_UNAVAILABLE,/* backend cannot capture (permanent) */
     CAP_DECLINE_MUTABLE_OUTPUT,     /* an output aliases an input read in place */
-    CAP_DECLINE_ENTRY_BUSY,         /* the entry is in use by an outer call on this stream */
+    CAP_DECLINE_ENTRY_BUSY,         /* a re-entrant dispatch found its entry, stream or
+                                     * thread busy with an outer call (see Threads) */
     CAP_DECLINE_MUTABLE_INPUT,      /* the step wrote an input it declared pinnable */
     CAP_DECLINE_AUDIT_MISMATCH,     /* a runtime audit found replay != eager: entry evicted */
     CAP_DECLINE_WRONG_STREAM,       /* the graph was captured on another stream: never replayed here */
@@ -149,7 +168,9 @@ typedef struct {
  * weight identity checked, audits off. */
 cap_options_t cap_options_default(void);
 
-/* A baked scalar constant of a call: captured once, compared on replay. */
+/* A baked scalar constant of a call: captured once, compared on replay. A
+ * call has at most CAP_MAX_CONSTS of them, each name NUL-terminated. */
+#define CAP_MAX_CONSTS 8
 typedef enum { CAP_CONST_I64, CAP_CONST_F64 } cap_const_type_t;
 typedef struct {
     char name[CAP_NAME_MAX];
@@ -202,7 +223,7 @@ typedef struct {
     const kern_tensor_t *inputs;     /* n_inputs; on the backend's device or the host */
     const kern_tensor_t *outputs;    /* n_outputs destinations (copied out to) */
     const cap_const_t *consts;
-    int n_consts;
+    int n_consts;                    /* 0..CAP_MAX_CONSTS */
     bool not_capturable;             /* eager break: SDE step, no static form */
     bool override;                   /* eager break: interceptor override */
 } cap_call_t;
@@ -241,7 +262,8 @@ cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt);
 void cap_cache_destroy(cap_cache_t **c);
 
 /* Registers weight component `name` whose tensors live in [base, base+bytes)
- * at `version`. -1 if the name is taken or the table full. */
+ * at `version`. -1 with a message if the name is not a valid key name (as
+ * cap_key_add_component requires), is taken, or the table is full. */
 int cap_component_register(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                            uint64_t version);
 /* A weight sync of component `name` to new_version (must be greater than the
@@ -254,19 +276,27 @@ int cap_component_register(cap_cache_t *c, const char *name, const void *base, s
  * Returns the number of entries affected, or -1 with a message. */
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                          uint64_t new_version);
-/* The registered version of `name`; -1 (as int64) if unknown. */
+/* The registered version of `name`; -1 (as int64) if unknown. Safe to call
+ * from a program callback (see Program callbacks). */
 int64_t cap_component_version(const cap_cache_t *c, const char *name);
 
 /* Runs one call (see the top of this file). On success fills *res (may be
  * NULL) and the caller's outputs hold the step's results. Returns -1 with a
  * message when the call itself cannot run: an input that does not fit the
  * static workspace (counted as shape_mismatch; nothing is resized), an
- * unknown weight component, a failing launch. */
+ * unknown weight component, n_consts outside 0..CAP_MAX_CONSTS or a
+ * constant whose name is not terminated, a failing launch, or a
+ * re-entrant dispatch that cannot run (see Threads).
+ * A key that names a registered component at another version than the
+ * registered one (stale, or ahead of a sync) never gets an entry: the call
+ * declines weights_moved and runs eagerly in a transient workspace. */
 int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,
                  const cap_call_t *call, cap_result_t *res);
 
-/* Drops every entry of key (all streams) with reason (explicit or
- * shape_change). Returns how many were dropped. */
+/* Drops every entry of key (all streams) with reason, which must be
+ * CAP_EVICT_EXPLICIT or CAP_EVICT_SHAPE_CHANGE (the others belong to the
+ * cache). Returns how many were dropped, or -1 with a message for another
+ * reason or an invalid key. */
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
 
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);

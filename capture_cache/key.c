@@ -7,10 +7,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool dtype_valid(kern_dtype_t dt) { return (unsigned)dt < KERN_DTYPE_COUNT; }
+
+/* 0 when a tensor of dt and shape is one a workspace could hold: no
+ * negative dim, and its byte size fits in int64. -1 with a message. */
+static int sig_check(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
+    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name ? name : "(null)");
+    if (!dtype_valid(dt)) return kern_fail("capture key: input '%s' has unknown dtype %d", name, (int)dt);
+    if (ndim < 0 || ndim > KERN_MAX_DIMS) return kern_fail("capture key: input '%s' has %d dims", name, ndim);
+    int64_t bytes = (int64_t)kern_dtype_size(dt);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0) return kern_fail("capture key: input '%s' dim %d is %lld", name, d, (long long)shape[d]);
+        if (shape[d] > 0 && bytes > INT64_MAX / shape[d])
+            return kern_fail("capture key: input '%s' is larger than int64 bytes", name);
+        bytes *= shape[d];
+    }
+    return 0;
+}
+
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
     if (k->n_inputs >= CAP_MAX_INPUTS) return kern_fail("capture key: more than %d inputs", CAP_MAX_INPUTS);
-    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name);
-    if (ndim < 0 || ndim > KERN_MAX_DIMS) return kern_fail("capture key: input '%s' has %d dims", name, ndim);
+    if (sig_check(name, dt, ndim, shape) != 0) return -1;
     cap_sig_t *s = &k->inputs[k->n_inputs++];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
@@ -63,6 +80,21 @@ static int cmp_comp(const void *a, const void *b) {
     return strcmp(((const cap_component_ver_t *)a)->name, ((const cap_component_ver_t *)b)->name);
 }
 
+/* Re-checks what the add functions check, for keys written directly into
+ * the struct: no name may forge the text form (an input named
+ * "latent:F32[4,8],context" would print as two inputs). */
+static int parts_check(const cap_key_t *k) {
+    for (int i = 0; i < k->n_inputs; i++) {
+        const cap_sig_t *s = &k->inputs[i];
+        if (sig_check(s->name, s->dtype, s->ndim, s->shape) != 0) return -1;
+    }
+    for (int i = 0; i < k->n_components; i++)
+        if (!reel_name_valid(k->components[i].name, CAP_NAME_MAX))
+            return kern_fail("capture key: component %d has a bad name", i);
+    if (!dtype_valid(k->graph.dtype)) return kern_fail("capture key: unknown graph dtype %d", (int)k->graph.dtype);
+    return 0;
+}
+
 int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
     if (len == 0) return kern_fail("capture key: no room for the text");
     if ((!shard && (!reel_name_valid(k->device, sizeof k->device) || !reel_name_valid(k->arch, sizeof k->arch))) ||
@@ -71,6 +103,7 @@ int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
         !reel_name_valid(k->graph.sched, sizeof k->graph.sched) || k->n_inputs < 0 || k->n_inputs > CAP_MAX_INPUTS ||
         k->n_components < 0 || k->n_components > CAP_MAX_COMPONENTS)
         return kern_fail("capture key: a field is empty or has characters outside [A-Za-z0-9_.:+-]");
+    if (parts_check(k) != 0) return -1;
     out_t o = { buf, len, 0, 0 };
     put(&o, "reel-key/1");
     if (!shard) put(&o, " device=%s arch=%s", k->device, k->arch);

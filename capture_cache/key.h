@@ -62,7 +62,9 @@ typedef struct {
 
 /* Adds an input signature / component to k. -1 with a message when full or
  * a name is empty, too long or contains a character outside [A-Za-z0-9_.:+-]
- * (names must not be able to forge the text form). */
+ * (names must not be able to forge the text form), or for an input whose
+ * dtype is not a kern_dtype_t, whose ndim is outside 0..KERN_MAX_DIMS, or
+ * which has a negative dim or a byte size past INT64_MAX. */
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape);
 int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version);
 /* Sets the version of component `name`; -1 if k does not read it. */
@@ -72,7 +74,9 @@ bool cap_key_reads(const cap_key_t *k, const char *name);
 
 /* Writes the canonical text (full form, or the shard form when shard is
  * true) into buf; returns its length, or -1 (message set) if it would not
- * fit in len bytes or a field is invalid. */
+ * fit in len bytes or a field is invalid: every field, inputs, components
+ * and graph dtype included, is checked as the add functions check it, so a
+ * key written directly into the struct cannot forge the text form. */
 int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len);
 /* FNV-1a 64 of the full text / of the shard text; 0 if the text is invalid
  * (0 is never a valid hash: it is remapped to 1). */

@@ -49,9 +49,9 @@ typedef enum {
     STEP_CONST,          /* y += the call's constant 0 (baked at capture) */
     STEP_WRITES_CTX,     /* writes its context slot (ctx = 2 ctx + 1) before reading it */
     STEP_HIDDEN,         /* y += g_hidden, read at launch: capture bakes it, no check declares it */
-    STEP_REENTER,        /* dispatches `inner` once from inside its launch (same stream) */
+    STEP_REENTER,        /* dispatches `inner` once from inside its launch (on inner_stream) */
     STEP_YIELD,          /* yields the CPU halfway through: widens the window other threads race in */
-    STEP_CAPTURE_FAILS,  /* its launch fails while the stream captures, capture_fails_left times */
+    STEP_CAPTURE_FAILS,  /* a plain step whose capture fails (any kind fails capture_fails_left times) */
 } step_kind_t;
 
 struct req;
@@ -63,11 +63,18 @@ typedef struct {
      * first, so the inner call's own launch does not recurse). */
     cap_cache_t *cache;
     struct req *inner;
+    kern_stream_t *inner_stream;  /* NULL: the launch's own stream */
+    pthread_barrier_t *meet;      /* set: waited on before and after the inner call */
     int reenter_left;
-    int capture_fails_left;  /* STEP_CAPTURE_FAILS */
+    int capture_fails_left;  /* launches while the stream captures fail, this many times */
     int inner_rc;
     cap_result_t inner_res;
     char inner_err[256];
+    bool weights_fail;       /* weights() fails */
+    bool query_cache;        /* weights(), ws_size() (and PROG_SIZED_W's ws_free()) ask `cache`
+                              * for wA's version */
+    int64_t queried;         /* what the last such query returned */
+    int queries;
 } step_user_t;
 
 typedef struct {
@@ -120,8 +127,15 @@ static int yield_kernel(void *ctx, const void *args) {
 
 static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t *res);
 
+/* What a program callback may ask the cache from inside (cache.h). */
+static void query_cache(step_user_t *u) {
+    if (!u || !u->query_cache) return;
+    u->queried = cap_component_version(u->cache, "wA");
+    u->queries++;
+}
+
 static void step_ws_free(void *user, void *ws_) {
-    (void)user;
+    (void)user; /* may be gone: teardown frees the workspaces of stack users */
     step_ws_t *ws = ws_;
     if (!ws) return;
     kern_free(ws->b, ws->x.data);
@@ -182,7 +196,7 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
     step_ws_t *ws = ws_;
     int64_t D = ws->x.shape[ws->x.ndim - 1];
     kern_tensor_t gate = kern_tensor_make(u->w.data, KERN_F32, u->w.device, 1, &D);
-    if (u->kind == STEP_CAPTURE_FAILS && kern_stream_is_capturing(s) && u->capture_fails_left > 0) {
+    if (kern_stream_is_capturing(s) && u->capture_fails_left > 0) {
         /* What an invalidated CUDA capture looks like to the cache. */
         u->capture_fails_left--;
         return kern_fail("simulated: the capture was invalidated");
@@ -196,8 +210,10 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
         /* Halfway through this step's use of its workspace: an inner call
          * bound to the same workspace would overwrite x and y under us. */
         u->reenter_left--;
-        u->inner_rc = req_try(u->cache, s, u->inner, &u->inner_res);
+        if (u->meet) pthread_barrier_wait(u->meet);
+        u->inner_rc = req_try(u->cache, u->inner_stream ? u->inner_stream : s, u->inner, &u->inner_res);
         if (u->inner_rc != 0) snprintf(u->inner_err, sizeof u->inner_err, "%s", kern_error());
+        if (u->meet) pthread_barrier_wait(u->meet);
     }
     if (u->kind == STEP_YIELD) {
         int unused = 0;
@@ -223,13 +239,15 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
 /* The one weight buffer the step reads, as the user points at it now. */
 static int step_weights(void *user, cap_weight_t *out, int max) {
     step_user_t *u = user;
+    query_cache(u);
+    if (u->weights_fail) return kern_fail("synthetic step: weights() failed");
     if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 0 };
     return 1;
 }
 
 /* Bytes step_ws_new allocates for key: the cache admits before allocating. */
 static size_t step_ws_size(void *user, const cap_key_t *key) {
-    (void)user;
+    query_cache(user);
     int64_t a = 1, c = 1;
     for (int d = 0; d < key->inputs[0].ndim; d++) a *= key->inputs[0].shape[d];
     for (int d = 0; d < key->inputs[1].ndim; d++) c *= key->inputs[1].shape[d];
@@ -2248,6 +2266,387 @@ START_TEST(test_a_capture_that_keeps_failing_disables_the_entry_after_the_bounde
 }
 END_TEST
 
+/* ---- re-entrant dispatches across streams and inside captures ------------------- */
+
+START_TEST(test_a_dispatch_inside_a_capture_on_another_stream_never_evicts_or_destroys_a_graph) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    kern_stream_t *s2 = extra_stream();
+    req_t idle, outer, inner;
+    req_init(&idle, &PROG_A, &uA, "syn:idle", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, s2, &idle, 2); /* an idle entry holding a graph */
+    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
+    req_init(&outer, &PROG_A, &ur, "syn:outer", ROWS, COLS, "wA", 1);
+    req_init(&inner, &PROG_A, &uA, "syn:inner", ROWS, COLS, "wA", 1);
+    ur.inner = &inner;
+    for (int i = 0; i < 2; i++) expect_eager(req_call(C, S, &outer), CAP_DECLINE_WARMING_UP, "outer warmup", i);
+
+    /* The inner call is the first of its key, made while this thread
+     * captures S: its workspace cannot be allocated there (the CPU backend
+     * refuses, as CUDA would break the capture), and evicting the idle
+     * entry to make room would destroy a graph on a capturing thread. It
+     * is refused outright. */
+    ur.reenter_left = 1;
+    ur.inner_rc = -2;
+    expect_ran(req_call(C, S, &outer), CAP_RAN_CAPTURED, "outer capture", 2);
+    req_expect_eager_bits(&outer, "outer capture", 2);
+    ck_assert_int_eq(ur.reenter_left, 0);
+    ck_assert_msg(ur.inner_rc == -1, "inner call rc %d: expected a clean failure", ur.inner_rc);
+    ck_assert_msg(strstr(ur.inner_err, "captures") != NULL, "message: %s", ur.inner_err);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_eq(st.graphs, 2);
+    ck_assert_uint_eq(st.entries, 2);
+    ck_assert(cap_cache_invariants(C));
+
+    /* Both graphs replay; the inner key, called on its own, gets its entry. */
+    expect_ran(req_call(C, s2, &idle), CAP_RAN_REPLAYED, "idle entry", 0);
+    req_expect_eager_bits(&idle, "idle entry", 0);
+    expect_ran(req_call(C, S, &outer), CAP_RAN_REPLAYED, "outer", 3);
+    req_expect_eager_bits(&outer, "outer", 3);
+    expect_eager(req_call(C, s2, &inner), CAP_DECLINE_WARMING_UP, "inner on its own", 0);
+    req_expect_eager_bits(&inner, "inner on its own", 0);
+}
+END_TEST
+
+START_TEST(test_a_dispatch_inside_a_capture_is_refused_and_its_own_entry_still_captures_later) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    kern_stream_t *s2 = extra_stream();
+    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
+    req_t outer, inner;
+    req_init(&outer, &PROG_A, &ur, "syn:outer", ROWS, COLS, "wA", 1);
+    req_init(&inner, &PROG_A, &uA, "syn:inner", ROWS, COLS, "wA", 1);
+    ur.inner = &inner;
+    for (int i = 0; i < 2; i++) {
+        expect_eager(req_call(C, s2, &inner), CAP_DECLINE_WARMING_UP, "inner warmup", i);
+        expect_eager(req_call(C, S, &outer), CAP_DECLINE_WARMING_UP, "outer warmup", i);
+    }
+    /* The inner entry is due to capture, but this thread is capturing S:
+     * the call is refused, and being inside a capture, which is
+     * temporary, disables nothing. */
+    ur.reenter_left = 1;
+    ur.inner_rc = -2;
+    uint64_t calls = stats(C).calls;
+    expect_ran(req_call(C, S, &outer), CAP_RAN_CAPTURED, "outer capture", 2);
+    req_expect_eager_bits(&outer, "outer capture", 2);
+    ck_assert_msg(ur.inner_rc == -1, "inner call rc %d: expected a clean failure", ur.inner_rc);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.calls, calls + 1); /* the inner call touched nothing */
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_BACKEND_UNAVAILABLE], 0);
+    ck_assert(cap_cache_invariants(C));
+
+    for (int i = 0; i < 3; i++) {
+        fill(inner.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, s2, &inner), i == 0 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "inner on its own", i);
+        req_expect_eager_bits(&inner, "inner on its own", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 2);
+    ck_assert_uint_eq(st.graphs, 2);
+}
+END_TEST
+
+typedef struct {
+    req_t *r;
+    kern_stream_t *s;
+    int rc;
+    cap_result_t res;
+} cross_call_t;
+
+static void *cross_main(void *arg) {
+    cross_call_t *x = arg;
+    x->rc = req_try(C, x->s, x->r, &x->res);
+    return NULL;
+}
+
+START_TEST(test_reentrant_dispatches_across_two_busy_streams_decline_entry_busy_instead_of_deadlocking) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    kern_stream_t *s1 = extra_stream(), *s2 = extra_stream();
+    pthread_barrier_t meet;
+    pthread_barrier_init(&meet, NULL, 2);
+    /* Each launch dispatches on the other thread's stream while both
+     * streams are held: waiting for the other lock would deadlock. */
+    step_user_t u1 = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2,
+                       .meet = &meet, .reenter_left = 1, .inner_rc = -2 };
+    step_user_t u2 = u1;
+    u2.inner_stream = s1;
+    req_t o1, o2, i1, i2;
+    req_init(&o1, &PROG_A, &u1, "syn:one", ROWS, COLS, "wA", 1);
+    req_init(&o2, &PROG_A, &u2, "syn:two", ROWS, COLS, "wA", 1);
+    req_init(&i1, &PROG_A, &uA, "syn:in1", ROWS, COLS, "wA", 1);
+    req_init(&i2, &PROG_A, &uA, "syn:in2", ROWS, COLS, "wA", 1);
+    u1.inner = &i1;
+    u2.inner = &i2;
+    cross_call_t x1 = { &o1, s1, -2, { 0 } }, x2 = { &o2, s2, -2, { 0 } };
+    pthread_t t1, t2;
+    ck_assert_int_eq(pthread_create(&t1, NULL, cross_main, &x1), 0);
+    ck_assert_int_eq(pthread_create(&t2, NULL, cross_main, &x2), 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_barrier_destroy(&meet);
+
+    ck_assert_msg(x1.rc == 0 && x2.rc == 0, "outer calls failed: %d %d", x1.rc, x2.rc);
+    expect_eager(x1.res, CAP_DECLINE_WARMING_UP, "outer call", 1);
+    expect_eager(x2.res, CAP_DECLINE_WARMING_UP, "outer call", 2);
+    ck_assert_msg(u1.inner_rc == 0, "inner call 1 failed: %s", u1.inner_err);
+    ck_assert_msg(u2.inner_rc == 0, "inner call 2 failed: %s", u2.inner_err);
+    expect_eager(u1.inner_res, CAP_DECLINE_ENTRY_BUSY, "inner call", 1);
+    expect_eager(u2.inner_res, CAP_DECLINE_ENTRY_BUSY, "inner call", 2);
+    req_expect_eager_bits(&o1, "outer call", 1);
+    req_expect_eager_bits(&o2, "outer call", 2);
+    req_expect_eager_bits(&i1, "inner call", 1);
+    req_expect_eager_bits(&i2, "inner call", 2);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.transient_runs, 2);
+    ck_assert_uint_eq(st.entries, 2); /* the outer ones; the inner ones held nothing */
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+/* ---- a failed capture's eager run --------------------------------------------- */
+
+/* Runs a step that writes its context (pinnable) through warmup and a
+ * capture that fails for `why`: the eager run serving that call must copy
+ * the context, as every eager run does, and leave the caller's unchanged. */
+static void check_failed_capture_keeps_context(step_user_t *u, const cap_program_t *p) {
+    req_t a;
+    req_init(&a, p, u, "syn:fallback", ROWS, COLS, "wA", 1);
+    float before[N];
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        memcpy(before, a.ctx, sizeof before);
+        cap_result_t res = req_call(C, S, &a);
+        expect_eager(res, i < 2 ? CAP_DECLINE_WARMING_UP : CAP_DECLINE_CAPTURE_FAILED, "call", i);
+        ck_assert_msg(memcmp(a.ctx, before, sizeof before) == 0, "call %d wrote the caller's pinned context", i);
+        req_expect_eager_bits(&a, "call", i);
+    }
+    ck_assert_uint_gt(stats(C).bind_bytes_copied, 0);
+    ck_assert(cap_cache_invariants(C));
+}
+
+START_TEST(test_eager_run_after_a_failed_capture_never_writes_the_callers_pinned_input) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX, .capture_fails_left = 1 };
+    check_failed_capture_keeps_context(&uf, &PROG_A);
+    ck_assert_int_eq(uf.capture_fails_left, 0);
+}
+END_TEST
+
+START_TEST(test_eager_run_after_weights_listing_fails_never_writes_the_callers_pinned_input) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX, .weights_fail = true };
+    check_failed_capture_keeps_context(&uf, &PROG_W);
+}
+END_TEST
+
+/* ---- API edges ------------------------------------------------------------------ */
+
+START_TEST(test_evict_key_refuses_a_reason_other_than_explicit_or_shape_change) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:evict", ROWS, COLS, "wA", 1);
+    req_call(C, S, &a);
+    const int bad[] = { -1, CAP_EVICT_WEIGHT_SYNC, CAP_EVICT_LRU, CAP_EVICT_SHUTDOWN, CAP_EVICT_AUDIT_MISMATCH,
+                        CAP_EVICT_COUNT, 99 };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cap_evict_key(C, &a.key, (cap_evict_reason_t)bad[i]), -1);
+        ck_assert_msg(strstr(kern_error(), "reason") != NULL, "message: %s", kern_error());
+    }
+    cap_stats_t st = stats(C);
+    for (int r = 0; r < CAP_EVICT_COUNT; r++) ck_assert_uint_eq(st.evictions[r], 0);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_int_eq(cap_evict_key(C, &a.key, CAP_EVICT_EXPLICIT), 1);
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+static void step_ws_free_query(void *user, void *ws) {
+    query_cache(user);
+    step_ws_free(user, ws);
+}
+
+/* A program whose weights(), ws_size() and ws_free() run under the cache
+ * lock and ask the cache for a version. */
+static const cap_program_t PROG_SIZED_W = {
+    .name = "syn_sized_w", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free_query, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+};
+
+START_TEST(test_program_callbacks_may_query_the_component_version_without_deadlocking) {
+    cap_options_t o = test_options();
+    o.budget_bytes = 1 << 20;
+    C = new_cache(&o);
+    step_user_t uq = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .query_cache = true, .queried = -2 };
+    req_t a;
+    req_init(&a, &PROG_SIZED_W, &uq, "syn:query", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2); /* ws_size on admission, weights() before the replay */
+    int before = uq.queries;
+    ck_assert_int_gt(before, 0);
+    ck_assert_int_eq(uq.queried, 1);
+    ck_assert_int_eq(cap_evict_key(C, &a.key, CAP_EVICT_EXPLICIT), 1); /* ws_free */
+    ck_assert_int_gt(uq.queries, before);
+    ck_assert_int_eq(uq.queried, 1);
+    cap_cache_destroy(&C); /* uq lives on this stack */
+}
+END_TEST
+
+START_TEST(test_a_call_with_constants_outside_zero_to_cap_max_consts_or_an_unterminated_name_is_refused) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t uc = { .w = weight_tensor(WA), .kind = STEP_CONST };
+    req_t a;
+    req_init(&a, &PROG_A, &uc, "syn:consts", ROWS, COLS, "wA", 1);
+    cap_const_t k[CAP_MAX_CONSTS + 1];
+    memset(k, 0, sizeof k);
+    for (int i = 0; i <= CAP_MAX_CONSTS; i++) {
+        snprintf(k[i].name, sizeof k[i].name, "k%d", i);
+        k[i].type = CAP_CONST_I64;
+        k[i].v.i = i;
+    }
+    cap_call_t call = { .key = &a.key, .inputs = a.in, .outputs = &a.out_t, .consts = k };
+    cap_result_t res;
+    const int refused[] = { CAP_MAX_CONSTS + 1, -1 };
+    for (int i = 0; i < 2; i++) {
+        call.n_consts = refused[i];
+        ck_assert_int_eq(cap_dispatch(C, S, &PROG_A, &uc, &call, &res), -1);
+        ck_assert_msg(strstr(kern_error(), "constants") != NULL, "message: %s", kern_error());
+    }
+    call.n_consts = 1;
+    memset(k[0].name, 'a', sizeof k[0].name);
+    ck_assert_int_eq(cap_dispatch(C, S, &PROG_A, &uc, &call, &res), -1);
+    ck_assert_msg(strstr(kern_error(), "terminated") != NULL, "message: %s", kern_error());
+    ck_assert_uint_eq(stats(C).entries, 0);
+
+    /* CAP_MAX_CONSTS is a limit a call may reach: it captures and replays. */
+    snprintf(k[0].name, sizeof k[0].name, "k0");
+    call.n_consts = CAP_MAX_CONSTS;
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(cap_dispatch(C, S, &PROG_A, &uc, &call, &res) == 0, "%s", kern_error());
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
+    }
+}
+END_TEST
+
+static cap_key_t one_input_key(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape, int *rc) {
+    cap_key_t k = make_key("syn:edges", ROWS, COLS, "wA", 1);
+    k.n_inputs = 0;
+    *rc = cap_key_add_input(&k, name, dt, ndim, shape);
+    return k;
+}
+
+START_TEST(test_capture_key_refuses_bad_dims_unknown_dtypes_and_names_that_forge_its_text) {
+    int rc;
+    const int64_t neg[2] = { -3, 4 }, ovf[2] = { INT64_C(1) << 62, 8 }, big[2] = { INT64_C(1) << 61, 2 },
+                  ok[2] = { 4, 8 }, zero[2] = { 0, 8 };
+    one_input_key("neg", KERN_F32, 2, neg, &rc);
+    ck_assert_int_eq(rc, -1);
+    one_input_key("ovf", KERN_F32, 2, ovf, &rc);
+    ck_assert_int_eq(rc, -1);
+    one_input_key("big", KERN_F32, 2, big, &rc); /* 2^62 elements fit int64; 2^64 bytes do not */
+    ck_assert_int_eq(rc, -1);
+    one_input_key("dt", (kern_dtype_t)KERN_DTYPE_COUNT, 2, ok, &rc);
+    ck_assert_int_eq(rc, -1);
+    one_input_key("dt", (kern_dtype_t)-1, 2, ok, &rc);
+    ck_assert_int_eq(rc, -1);
+    one_input_key("empty", KERN_F32, 2, zero, &rc);
+    ck_assert_int_eq(rc, 0);
+
+    /* Written directly into the struct, cap_key_text re-checks it all. */
+    char two[CAP_KEY_TEXT_MAX], text[CAP_KEY_TEXT_MAX];
+    cap_key_t k = make_key("syn:edges", 4, 8, "wA", 1);
+    ck_assert_int_gt(cap_key_text(&k, false, two, sizeof two), 0);
+    cap_key_t f = k;
+    f.n_inputs = 1;
+    snprintf(f.inputs[0].name, sizeof f.inputs[0].name, "latent:F32[4,8],context");
+    ck_assert_int_eq(cap_key_text(&f, false, text, sizeof text), -1);
+    ck_assert_uint_eq(cap_key_hash(&f), 0);
+    f = k;
+    snprintf(f.components[0].name, sizeof f.components[0].name, "wA@1,wB");
+    ck_assert_int_eq(cap_key_text(&f, false, text, sizeof text), -1);
+    f = k;
+    f.inputs[1].dtype = (kern_dtype_t)7;
+    ck_assert_int_eq(cap_key_text(&f, false, text, sizeof text), -1);
+    f = k;
+    f.inputs[0].shape[0] = -4;
+    ck_assert_int_eq(cap_key_text(&f, false, text, sizeof text), -1);
+    f = k;
+    f.inputs[0].ndim = KERN_MAX_DIMS + 1;
+    ck_assert_int_eq(cap_key_text(&f, false, text, sizeof text), -1);
+    cap_key_t g7 = k, g9 = k;
+    g7.graph.dtype = (kern_dtype_t)7;
+    g9.graph.dtype = (kern_dtype_t)9;
+    ck_assert_int_eq(cap_key_text(&g7, true, text, sizeof text), -1);
+    ck_assert_uint_eq(cap_key_hash(&g7), 0);
+    ck_assert_uint_eq(cap_key_hash(&g9), 0);
+}
+END_TEST
+
+START_TEST(test_component_register_refuses_names_a_key_cannot_carry) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    const char *bad[] = { "", "w A", "wA,wB", "w@2", "w=1", "w\n" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cap_component_register(C, bad[i], WA, WMAX * sizeof(float), 1), -1);
+        ck_assert_int_eq(cap_component_version(C, bad[i]), -1);
+    }
+    char longest[CAP_NAME_MAX], too_long[CAP_NAME_MAX + 1];
+    memset(longest, 'w', sizeof longest - 1);
+    longest[sizeof longest - 1] = 0;
+    memset(too_long, 'w', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = 0;
+    ck_assert_int_eq(cap_component_register(C, too_long, WA, WMAX * sizeof(float), 1), -1);
+    ck_assert_int_eq(cap_component_register(C, longest, WA, WMAX * sizeof(float), 3), 0);
+    ck_assert_int_eq(cap_component_version(C, longest), 3);
+    ck_assert_int_eq(cap_component_register(C, "w_c.1:x+y-z", WA, WMAX * sizeof(float), 1), 0);
+}
+END_TEST
+
+/* ---- keys at another version than the resident one ---------------------------- */
+
+START_TEST(test_a_key_naming_another_version_than_the_registered_one_runs_transient_and_never_gets_an_entry) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    req_t now, ahead;
+    req_init(&now, &PROG_A, &uA, "syn:ahead", ROWS, COLS, "wA", 1);
+    req_init(&ahead, &PROG_A, &uA, "syn:ahead", ROWS, COLS, "wA", 2); /* 1 is resident */
+    ahead.ctx = now.ctx; /* the pinned context stays put across the two keys */
+    ahead.in[1] = now.in[1];
+    req_warm_capture_replay(C, S, &now, 2);
+    for (int i = 0; i < 3; i++) {
+        fill(ahead.x, N, -1.f, 1.f);
+        expect_eager(req_call(C, S, &ahead), CAP_DECLINE_WEIGHTS_MOVED, "call ahead of the sync", i);
+        req_expect_eager_bits(&ahead, "call ahead of the sync", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.transient_runs, 3);
+
+    /* The sync re-keys the one entry to version 2: no duplicate appears,
+     * and the key now current re-verifies and replays. */
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 2), 1);
+    ck_assert(cap_cache_invariants(C));
+    for (int i = 0; i < 2; i++) {
+        fill(ahead.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &ahead), CAP_RAN_REPLAYED, "call after the sync", i);
+        req_expect_eager_bits(&ahead, "call after the sync", i);
+    }
+    expect_eager(req_call(C, S, &now), CAP_DECLINE_WEIGHTS_MOVED, "stale call", 0);
+    req_expect_eager_bits(&now, "stale call", 0);
+    st = stats(C);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.reverifies, 1);
+}
+END_TEST
+
 
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
@@ -2288,6 +2687,17 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache);
     tcase_add_test(tc, test_a_failed_capture_is_retried_on_the_next_call_and_then_replays);
     tcase_add_test(tc, test_a_capture_that_keeps_failing_disables_the_entry_after_the_bounded_tries);
+    tcase_add_test(tc, test_a_dispatch_inside_a_capture_on_another_stream_never_evicts_or_destroys_a_graph);
+    tcase_add_test(tc, test_a_dispatch_inside_a_capture_is_refused_and_its_own_entry_still_captures_later);
+    tcase_add_test(tc, test_reentrant_dispatches_across_two_busy_streams_decline_entry_busy_instead_of_deadlocking);
+    tcase_add_test(tc, test_eager_run_after_a_failed_capture_never_writes_the_callers_pinned_input);
+    tcase_add_test(tc, test_eager_run_after_weights_listing_fails_never_writes_the_callers_pinned_input);
+    tcase_add_test(tc, test_evict_key_refuses_a_reason_other_than_explicit_or_shape_change);
+    tcase_add_test(tc, test_program_callbacks_may_query_the_component_version_without_deadlocking);
+    tcase_add_test(tc, test_a_call_with_constants_outside_zero_to_cap_max_consts_or_an_unterminated_name_is_refused);
+    tcase_add_test(tc, test_capture_key_refuses_bad_dims_unknown_dtypes_and_names_that_forge_its_text);
+    tcase_add_test(tc, test_component_register_refuses_names_a_key_cannot_carry);
+    tcase_add_test(tc, test_a_key_naming_another_version_than_the_registered_one_runs_transient_and_never_gets_an_entry);
     suite_add_tcase(s, tc);
     return s;
 }
