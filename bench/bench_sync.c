@@ -45,6 +45,25 @@
 #define CHUNK ((size_t)4 << 20)
 
 
+/* CPU seconds (user + system) a process used so far, from /proc; or
+ * its main thread's (the broker's routing thread) with thread set. */
+static double cpu_of(pid_t pid, bool thread) {
+    char path[64], buf[1024];
+    if (thread) snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)pid, (int)pid);
+    else snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double cpu_s(pid_t pid) { return cpu_of(pid, false); }
+
 /* ---- the floor: one copy over loopback ------------------------------------------ */
 
 typedef struct {
@@ -87,9 +106,12 @@ static void settle(void) {
     usleep(200000);
 }
 
-/* Seconds to copy the file at path once over loopback, read as the trainer reads it. */
-static double floor_copy(void *ctx, const char *path, int port) {
+/* Seconds to copy the file at path once over loopback, read as the trainer
+ * reads it; *cpu (if not NULL) the CPU seconds the copy took, both ends
+ * and their ZeroMQ threads (all in this process). */
+static double floor_copy(void *ctx, const char *path, int port, double *cpu) {
     settle();
+    double c0 = cpu_s(getpid());
     struct stat st;
     int fd = open(path, O_RDONLY);
     if (fd < 0 || fstat(fd, &st) != 0) DIE("%s: cannot read", path);
@@ -113,6 +135,7 @@ static double floor_copy(void *ctx, const char *path, int port) {
     zmq_recv(d, ack, sizeof ack, 0);
     double t = bench_now() - t0;
     pthread_join(th, NULL);
+    if (cpu) *cpu = cpu_s(getpid()) - c0;
     zmq_close(d);
     free(buf);
     close(fd);
@@ -139,24 +162,6 @@ typedef struct {
     double t0, done;
 } clock_t_;
 
-/* CPU seconds (user + system) a process used so far, from /proc; or
- * its main thread's (the broker's routing thread) with thread set. */
-static double cpu_of(pid_t pid, bool thread) {
-    char path[64], buf[1024];
-    if (thread) snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)pid, (int)pid);
-    else snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    unsigned long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double cpu_s(pid_t pid) { return cpu_of(pid, false); }
 
 static void upload_done(void *user, uint64_t done, uint64_t size) {
     clock_t_ *k = user;
@@ -167,9 +172,12 @@ static void upload_done(void *user, uint64_t done, uint64_t size) {
  * overlap: reel_publish (the SYNC goes with the first chunk and workers
  * fetch while the rest comes, as reelctl sync --upload does); else
  * reel_upload, then reel_sync (stages one after the other). */
-static double by_value(reel_client_t *c, const char *path, uint64_t version, bool overlap, double *up) {
+static double by_value(reel_client_t *c, const char *path, uint64_t version, bool overlap, double *up,
+                       double *hash_s) {
     char hex[65];
+    double h0 = bench_now();
     if (reel_sha256_file(path, hex) != 0) DIE("%s", kern_error());
+    if (hash_s) *hash_s = bench_now() - h0;
     wire_err_t err;
     reel_sync_result_t r;
     settle();
@@ -245,6 +253,7 @@ int main(int argc, char **argv) {
     double tv[REPS_MAX], tu[REPS_MAX], tf[REPS_MAX], q[REPS_MAX], ts[REPS_MAX], tsu[REPS_MAX], qs[REPS_MAX];
     double cpu[4][REPS_MAX], cpus[4][REPS_MAX]; /* CPU seconds of a by-value sync: broker, w1, w2, trainer */
     double route[REPS_MAX];                     /* ... of it the broker's routing thread */
+    double th[REPS_MAX], fc[REPS_MAX];          /* the trainer's sha256 of the file; the floor copy's CPU s */
     uint64_t version = 1;
     /* The first syncs of fresh processes pay once for memory they touch
      * for the first time (the workers' fetch buffers, the broker's first
@@ -253,8 +262,8 @@ int main(int argc, char **argv) {
     for (int k = 0; k < WARMUP; k++) {
         make_version(ctl, config, dir, (int)version + 1);
         snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
-        if (k == WARMUP - 1) printf("warm-up floor (not counted): %.3f s\n", floor_copy(ctx, path, port + 40));
-        double up, t = by_value(c, path, ++version, true, &up);
+        if (k == WARMUP - 1) printf("warm-up floor (not counted): %.3f s\n", floor_copy(ctx, path, port + 40, NULL));
+        double up, t = by_value(c, path, ++version, true, &up, NULL);
         drop_version(dir, (int)version);
         printf("warm-up %d (not counted): by value %.3f s (upload done at %.3f s)\n", k + 1, t, up);
         fflush(stdout);
@@ -262,13 +271,13 @@ int main(int argc, char **argv) {
     for (int k = 0; k < reps; k++) {
         make_version(ctl, config, dir, (int)version + 1);
         snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
-        if (k % 2) tf[k] = floor_copy(ctx, path, port + 2 + k);
+        if (k % 2) tf[k] = floor_copy(ctx, path, port + 2 + k, &fc[k]);
         double c0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
         double r0 = cpu_of(pids[0], true);
-        tv[k] = by_value(c, path, ++version, true, &tu[k]);
+        tv[k] = by_value(c, path, ++version, true, &tu[k], &th[k]);
         for (int i = 0; i < 4; i++) cpu[i][k] = cpu_s(i < 3 ? pids[i] : getpid()) - c0[i];
         route[k] = cpu_of(pids[0], true) - r0;
-        if (!(k % 2)) tf[k] = floor_copy(ctx, path, port + 2 + k);
+        if (!(k % 2)) tf[k] = floor_copy(ctx, path, port + 2 + k, &fc[k]);
         q[k] = tv[k] / tf[k];
         printf("rep %d: by value %.3f s (upload done at %.3f s), floor %.3f s: %.2fx", k + 1, tv[k], tu[k], tf[k], q[k]);
         drop_version(dir, (int)version);
@@ -276,7 +285,7 @@ int main(int argc, char **argv) {
             make_version(ctl, config, dir, (int)version + 1);
             snprintf(path, sizeof path, "%s/tr/v%d.safetensors", dir, (int)version + 1);
             double s0[4] = { cpu_s(pids[0]), cpu_s(pids[1]), cpu_s(pids[2]), cpu_s(getpid()) };
-            ts[k] = by_value(c, path, ++version, false, &tsu[k]);
+            ts[k] = by_value(c, path, ++version, false, &tsu[k], NULL);
             drop_version(dir, (int)version);
             for (int i = 0; i < 4; i++) cpus[i][k] = cpu_s(i < 3 ? pids[i] : getpid()) - s0[i];
             qs[k] = ts[k] / tf[k];
@@ -292,6 +301,20 @@ int main(int argc, char **argv) {
            "worker 2 %.3f, trainer %.3f (its sha256 of the file before the first byte, and a sync(), included)\n",
            bench_median(cpu[0], reps), bench_median(route, reps), bench_median(cpu[1], reps),
            bench_median(cpu[2], reps), bench_median(cpu[3], reps));
+    /* What this machine allows, from the same run: a sync by value hashes
+     * the file three times (the broker, each worker: end to end) and moves
+     * its bytes three times (trainer to broker, broker to each worker),
+     * each move about as dear as the floor's one; the processes share
+     * the machine's cores, and a worker's sha256 is one sequential pass. */
+    double mh = bench_median(th, reps), mfc = bench_median(fc, reps);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double work = 3 * mh + 3 * mfc, least = work / (double)(cores > 0 ? cores : 1);
+    if (least < mh) least = mh;
+    printf("what bounds it here (medians): sha256 of the file %.3f s (%.0f MB/s); the floor copy used %.3f CPU-s "
+           "in %.3f s; three sha256 passes and three such copies are about %.2f CPU-s, on %ld cores at least "
+           "%.3f s: about %.2fx the floor is the least this machine allows; with a core per process, one "
+           "worker's sequential sha256 alone is %.2fx the floor\n",
+           mh, (double)st.st_size / 1e6 / mh, mfc, mf, work, cores, least, least / mf, mh / mf);
     if (seq) {
         printf("stages in turn (reel_upload, then reel_sync): %.3f s (upload %.3f s), %.2fx the floor; "
                "overlapped / in turn %.2fx\n", bench_median(ts, reps), bench_median(tsu, reps), bench_median(qs, reps),
@@ -300,7 +323,7 @@ int main(int argc, char **argv) {
                "trainer %.3f\n", bench_median(cpus[0], reps), bench_median(cpus[1], reps), bench_median(cpus[2], reps),
                bench_median(cpus[3], reps));
     }
-    /* Where a worker's part went (its log: fetch + hash, drain, reload), per sync. */
+    /* Where a worker's part went (its log: fetch + hash, NaN check, drain, reload), per sync. */
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "grep -o 'applied transformer v[0-9]* .*' %s/w%d.log | sed 's/^/  w%d /'", dir, i + 1,
                  i + 1);

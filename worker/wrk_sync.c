@@ -192,7 +192,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     }
     unsigned reasked = 0;
     const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &s->spare, &reasked };
-    struct timespec t0, t1, t2, t3;
+    struct timespec t0, t1, tf, t2, t3;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
                       sizeof err) != 0) {
@@ -218,6 +218,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         ack(s, id, version, WRK_E_NONFINITE);
     } else {
         const char *fail = NULL;
+        clock_gettime(CLOCK_MONOTONIC, &tf); /* after the NaN check */
         if (w->opt->sync_drain) {
             /* Every request runs on one version: hold new requests and let
              * the ones mid-way finish on the old weights first. */
@@ -263,9 +264,9 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
             /* Where a sync's time went: reading (or fetching) and hashing
              * the file, draining, and the weights copied in under the lock. */
 #define SECS(a, b) ((double)((b).tv_sec - (a).tv_sec) + 1e-9 * (double)((b).tv_nsec - (a).tv_nsec))
-            wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, drain %.3f s, reload %.3f s", TDIT_COMPONENT, version,
-                    cap_policy_name(w->opt->policy), m->uploaded ? "fetch + hash" : "read + hash", SECS(t0, t1),
-                    SECS(t1, t2), SECS(t2, t3));
+            wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, NaN check %.3f s, drain %.3f s, reload %.3f s",
+                    TDIT_COMPONENT, version, cap_policy_name(w->opt->policy), m->uploaded ? "fetch + hash" : "read + hash",
+                    SECS(t0, t1), SECS(t1, tf), SECS(tf, t2), SECS(t2, t3));
 #undef SECS
         }
         ack(s, id, version, fail);
