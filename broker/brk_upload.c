@@ -517,8 +517,9 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
     if (s && (strcmp(s->sha256, sha) || s->size != u->size)) {
         if (u->offset != 0) {
             brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST,
-                         "UPLOAD: %s v%" PRIu64 " is being uploaded with other weights; offset 0 replaces it",
-                         u->component, u->version);
+                         "UPLOAD: %s v%" PRIu64 " is being uploaded with %s (%" PRIu64 " bytes, sha256 %.16s...); "
+                         "offset 0 replaces it", u->component, u->version,
+                         strcmp(s->sha256, sha) ? "other weights" : "another size", s->size, s->sha256);
             return;
         }
         close_slot(b, s, true);
