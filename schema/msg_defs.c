@@ -110,9 +110,9 @@ TABLE(version_run_tab, version_run_rows, msg_version_run_t);
 
 static const msg_field_t result_rows[] = {
     R_NAME(msg_result_t, worker, "worker", F_OMIT, 0, NULL),
-    R_U64(msg_result_t, version, "version", 0, 0, MSG_VERSION_MAX, 0),
+    R_U64(msg_result_t, version, "version", F_REQ, 0, MSG_VERSION_MAX, 0),
     R_U64(msg_result_t, first_version, "first_version", 0, 0, MSG_VERSION_MAX, 0),
-    R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", 0, stats_tab),
+    R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", F_REQ, stats_tab),
     R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
     R_STRUCTS(msg_result_t, version_runs, n_version_runs, msg_version_run_t, "version_runs", F_OMIT,
               version_run_tab),

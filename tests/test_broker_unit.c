@@ -769,6 +769,9 @@ static void client_gen(box_t *x, uint64_t id, const char *model, bool with_laten
 static void worker_result(box_t *x, int i, wire_val_t *hdr, uint64_t version, int64_t c, int64_t f) {
     static float lat[4 * 2 * 8 * 8 * 2];
     wv_set(hdr, "version", wv_u64(version));
+    wire_val_t *stats = wv_map();
+    wv_set(stats, "captured", wv_u64(0));
+    wv_set(hdr, "stats", stats);
     wire_tensor_t t;
     memset(&t, 0, sizeof t);
     snprintf(t.name, sizeof t.name, "latent");
@@ -809,6 +812,7 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
         wire_val_t *h = wire_hdr("RESULT", id);
         if (k == 0) {
             wv_set(h, "version", wv_u64(1));
+            wv_set(h, "stats", wv_map());
             from_worker(&x, 0, h);
         } else if (k == 3) { /* a trajectory the GEN did not ask for */
             static float lat[4 * 2 * 8 * 8], traj[3 * 4 * 2 * 8 * 8];
@@ -827,6 +831,7 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
             t[1].data = traj;
             t[1].bytes = sizeof traj;
             wv_set(h, "version", wv_u64(1));
+            wv_set(h, "stats", wv_map());
             ck_assert_int_eq(wire_send(x.w[0], NULL, h, t, 2), 0);
             wv_free(&h);
             deliver(&x, true);

@@ -397,11 +397,22 @@ START_TEST(test_absent_optional_fields_take_the_documented_defaults) {
 
     wire_val_t *h = wire_hdr("RESULT", 2);
     wv_set(h, "version", wv_u64(6));
+    wv_set(h, "stats", wv_map());
     receive_tree(&m, h, NULL, 0);
     msg_result_t r;
     ck_assert_int_eq(msg_result_decode(&m, &r, &err), 0);
     ck_assert_uint_eq(r.first_version, 6); /* defaults to version */
     wire_msg_close(&m);
+    /* a RESULT says which weights it ran on and how: version and stats are required */
+    for (int k = 0; k < 2; k++) {
+        h = wire_hdr("RESULT", 3);
+        if (k) wv_set(h, "version", wv_u64(6));
+        else wv_set(h, "stats", wv_map());
+        receive_tree(&m, h, NULL, 0);
+        ck_assert_int_eq(msg_result_decode(&m, &r, &err), -1);
+        ck_assert_ptr_nonnull(strstr(err.message, k ? "missing 'stats'" : "missing 'version'"));
+        wire_msg_close(&m);
+    }
 
     h = wire_hdr("READY", 0);
     wire_val_t *models = wv_arr();
