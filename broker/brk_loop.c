@@ -221,9 +221,9 @@ static void log_malformed(brk_t *b, bool worker_side, const wire_err_t *err) {
 void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_err_t *err) {
     wire_msg_t *m = *mp;
     body_t u; /* on the stack: no allocation per message */
+    if (rc == 1) log_malformed(b, worker_side, err); /* counted whoever sent it (STATUS malformed) */
     if (!brk_zap_admit(b, worker_side, m, rc == 1 ? err : NULL)) return; /* keys and roles */
     if (rc == 1) {
-        log_malformed(b, worker_side, err);
         if (m->has_identity) {
             brk_worker_t *w = worker_side ? brk_worker_find(b, &m->identity) : NULL;
             if (w) w->seen_ms = brk_now_ms(); /* any message proves it alive */

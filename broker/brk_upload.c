@@ -549,6 +549,7 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         brk_log("upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
                 s->received, s->size, why);
         snprintf(s->stalled, sizeof s->stalled, "%s", why);
+        s->touched_ms = brk_now_ms(); /* a trainer retrying at the right offset keeps its slot */
         fail_parked(b, s, why);
         brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
         return;

@@ -859,6 +859,16 @@ typedef struct {
     char logbuf[CAP_KEY_TEXT_MAX + 200];
 } dispatch_t;
 
+/* True when every registered component the key names is at its registered
+ * version. Caller holds the lock. */
+static bool key_versions_current(const cap_cache_t *c, const cap_key_t *k) {
+    for (int i = 0; i < k->n_components; i++) {
+        int ci = comp_find(c, k->components[i].name);
+        if (ci >= 0 && c->comp[ci].version != k->components[i].version) return false;
+    }
+    return true;
+}
+
 /* Finds the call's entry, or admits a new one; a busy entry, a new one the
  * budget cannot hold, or a call already declined (d->reason set) gives a
  * transient entry instead (d->reason says why). Caller holds the lock,
@@ -879,6 +889,9 @@ static int acquire(dispatch_t *d, int si, const int *comp, const char *text, uin
     entry_t *e = entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp, &d->q);
     pthread_mutex_lock(&c->lock);
     if (!e) return -1;
+    /* A sync may have landed while the lock was down: an entry of the old
+     * version would be re-keyed onto the live one by the next in-place sync. */
+    if (d->reason == CAP_DECLINE_COUNT && !key_versions_current(c, d->call->key)) d->reason = CAP_DECLINE_WEIGHTS_MOVED;
     if (d->reason == CAP_DECLINE_COUNT && make_room(c, NULL, e->ws_bytes, &d->q)) {
         entry_admit(c, e);
     } else {
@@ -1181,16 +1194,6 @@ static void account(dispatch_t *d, int rc, double t0) {
     }
     d->sl->depth--;
     pthread_mutex_unlock(&c->lock);
-}
-
-/* True when every registered component the key names is at its registered
- * version. Caller holds the lock. */
-static bool key_versions_current(const cap_cache_t *c, const cap_key_t *k) {
-    for (int i = 0; i < k->n_components; i++) {
-        int ci = comp_find(c, k->components[i].name);
-        if (ci >= 0 && c->comp[ci].version != k->components[i].version) return false;
-    }
-    return true;
 }
 
 /* One call on stream slot si, whose lock the caller holds: acquire the

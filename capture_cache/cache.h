@@ -45,7 +45,9 @@
  *   - its entry is in use by an outer call on this thread (never re-bound);
  *   - its stream is busy on another thread: a re-entrant dispatch never
  *     waits for another stream's lock (two threads doing that in opposite
- *     orders would deadlock); it runs on the outer call's stream instead.
+ *     orders would deadlock); it runs on the outer call's stream instead,
+ *     so its inputs must be ready there (work queued on its own stream is
+ *     not waited for).
  * A dispatch made while its thread captures (from a launch being
  * captured, on any stream) fails at once with a message, touching nothing:
  * a capturing thread may not allocate a workspace or destroy a graph, and

@@ -75,6 +75,7 @@ typedef struct {
                               * for wA's version */
     int64_t queried;         /* what the last such query returned */
     int queries;
+    uint64_t sync_to;        /* set: ws_new first syncs wA in place to this version (once) */
 } step_user_t;
 
 typedef struct {
@@ -146,7 +147,11 @@ static void step_ws_free(void *user, void *ws_) {
 
 /* Shapes come from the key: latent and y take input 0's, context input 1's. */
 static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
-    (void)user;
+    step_user_t *u = user;
+    if (u && u->sync_to) { /* a sync landing while the cache's lock is down */
+        ck_assert_int_ge(cap_component_update(u->cache, "wA", kern_tensor_ptr(&u->w), WMAX * sizeof(float), u->sync_to), 0);
+        u->sync_to = 0;
+    }
     if (key->n_inputs < 2) {
         kern_fail("synthetic step: the key needs two inputs");
         return NULL;
@@ -2647,6 +2652,30 @@ START_TEST(test_a_key_naming_another_version_than_the_registered_one_runs_transi
 }
 END_TEST
 
+/* A sync that lands while a new entry's workspace is being made (the
+ * cache's lock is down then) leaves that entry's key behind the resident
+ * version: it is run transient (weights_moved), never admitted, so the
+ * next in-place sync cannot re-key it onto the live entry of the same key. */
+START_TEST(test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_out) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    step_user_t us = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
+    req_t v1, v2;
+    req_init(&v1, &PROG_A, &us, "syn:race", ROWS, COLS, "wA", 1);
+    req_init(&v2, &PROG_A, &us, "syn:race", ROWS, COLS, "wA", 2);
+    v2.ctx = v1.ctx;
+    v2.in[1] = v1.in[1];
+    expect_eager(req_call(C, S, &v1), CAP_DECLINE_WEIGHTS_MOVED, "the call the sync overtook", 0);
+    req_expect_eager_bits(&v1, "the call the sync overtook", 0);
+    ck_assert_int_eq(cap_component_version(C, "wA"), 2);
+    ck_assert_uint_eq(stats(C).entries, 0);
+    req_warm_capture_replay(C, S, &v2, 2);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 3), 1);
+    ck_assert(cap_cache_invariants(C));
+    ck_assert_uint_eq(stats(C).entries, 1);
+}
+END_TEST
 
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
@@ -2698,6 +2727,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_capture_key_refuses_bad_dims_unknown_dtypes_and_names_that_forge_its_text);
     tcase_add_test(tc, test_component_register_refuses_names_a_key_cannot_carry);
     tcase_add_test(tc, test_a_key_naming_another_version_than_the_registered_one_runs_transient_and_never_gets_an_entry);
+    tcase_add_test(tc, test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_out);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -62,7 +62,9 @@ int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_t
     wrk_model_info(cfg, &model);
     int64_t p = model.patch ? (int64_t)model.patch : 1;
     const int64_t *ls = r->latent_shape;
-    int64_t tokens = ls[1] * (ls[2] / p) * (ls[3] / p); /* each at most 2^16, F x H x W at most 2^24 */
+    for (int d = 1; d < 4; d++)
+        if (ls[d] < 0 || ls[d] > MSG_MAX_DIM) return 0; /* not a shape: msg_gen_validate says why */
+    int64_t tokens = ls[1] * (ls[2] / p) * (ls[3] / p); /* at most 2^48 */
     if (max_tokens > 0 && tokens > max_tokens)
         return bad(err, WIRE_E_TOO_LARGE, "a sample of %" PRId64 " tokens (F x H/%" PRId64 " x W/%" PRId64
                    "), more than this worker's --max-tokens %" PRId64, tokens, p, p, max_tokens);

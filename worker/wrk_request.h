@@ -61,13 +61,15 @@ struct wrk_job {
 /* What clients learn of cfg (READY "configs", STATUS "models"). Can't fail. */
 void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
 
+/* The worker's own bound on a request's work (--max-tokens: a sample's
+ * F x H/p x W/p tokens; 0 = none; a group's n samples and its steps are
+ * not bounded by it): 0, or -1 with err too_large. A shape out of the
+ * protocol's range passes here (wrk_job_from_request refuses it). */
+int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err);
 /* Checks REQUEST r (id: the broker's request id) against the served config
  * and the applied version and copies its tensors out of the frames.
  * Returns 0 with *out (caller frees with wrk_job_free), or -1 with *err
  * set (code bad_request, or internal on out-of-memory) and *out NULL. */
-/* The worker's own bound on a request's work (--max-tokens: a sample's
- * F x H/p x W/p tokens; 0 = none): 0, or -1 with err too_large. */
-int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err);
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied_version,
                          wrk_job_t **out, wire_err_t *err);
 
