@@ -219,6 +219,10 @@ static int parse_envelope(wire_msg_t *m, uint32_t *tensors, wire_err_t *err) {
     }
     size_t len;
     const char *s = wire_tok_str(tk, h, type, &len);
+    if (memchr(s, '\0', len)) { /* no type has one, and an answer could not name it whole */
+        wire_set_err(err, WIRE_E_MALFORMED, "\"type\" contains a NUL byte");
+        return 1;
+    }
     if (len >= sizeof m->type_buf) len = sizeof m->type_buf - 1; /* no type is that long: unknown */
     memcpy(m->type_buf, s, len);
     m->type_buf[len] = '\0';

@@ -1459,6 +1459,22 @@ START_TEST(test_rejected_message_keeps_its_id_and_identity_so_the_error_can_answ
 }
 END_TEST
 
+/* A type with a NUL in it is no type: malformed, not answered as "STA". */
+START_TEST(test_a_type_with_a_nul_byte_is_malformed)
+{
+    raw_t r;
+    raw_init(&r); /* a type with a NUL in it is no type: malformed, not "STA" */
+    msgpack_pack_map(&r.pk, 2);
+    raw_kv_str(&r, "proto", "reel/1");
+    raw_str(&r, "type");
+    msgpack_pack_str(&r.pk, 7);
+    msgpack_pack_str_body(&r.pk, "STA\0TUS", 7);
+    part_t nul = {r.sb.data, r.sb.size};
+    assert_rejected(&nul, 1, WIRE_E_MALFORMED);
+    msgpack_sbuffer_destroy(&r.sb);
+}
+END_TEST
+
 START_TEST(test_missing_or_wrong_proto_is_proto_mismatch)
 {
     raw_t r;
@@ -1932,6 +1948,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_bad_tensor_names_and_descriptors_are_malformed);
     tcase_add_test(lim, test_rejected_message_keeps_its_id_and_identity_so_the_error_can_answer_it);
     tcase_add_test(lim, test_missing_or_wrong_proto_is_proto_mismatch);
+    tcase_add_test(lim, test_a_type_with_a_nul_byte_is_malformed);
     tcase_add_test(lim, test_missing_or_non_string_type_and_non_uint_id_are_malformed);
     tcase_add_test(lim, test_non_map_or_empty_header_is_malformed);
     tcase_add_test(lim, test_every_prefix_of_a_valid_header_fails_cleanly);
