@@ -91,10 +91,14 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         r->had_owner = true;
         brk_worker_t *w = b->w[o];
         if (w->route.inflight >= w->route.max_inflight) return false;
-        /* The REQUEST is the client's GEN, patched: the broker's id and the
-         * version it needs; its bytes and tensor frames go as received. */
-        msg_set_t version = { "version", MSG_SET_U64, r->required, NULL };
-        if (brk_worker_forward(b, w, r->msg, MSG_REQUEST, r->id, &version, 1) != 0) {
+        /* The REQUEST is the client's GEN, patched: the broker's id, the
+         * version it needs and the ms the broker still waits for it (a
+         * worker drops it past them); its bytes and tensor frames go as
+         * received. */
+        int64_t left = r->deadline_ms - brk_now_ms();
+        msg_set_t set[2] = { { "version", MSG_SET_U64, r->required, NULL },
+                             { "deadline_ms", MSG_SET_U64, left > 1 ? (uint64_t)left : 1, NULL } };
+        if (brk_worker_forward(b, w, r->msg, MSG_REQUEST, r->id, set, 2) != 0) {
             if (w->route.routable) return false; /* not the worker's fault: retried at the next pump */
             continue;                            /* it is gone: the next owner */
         }

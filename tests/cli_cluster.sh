@@ -147,6 +147,18 @@ echo "== malformed input gets an ERROR and the broker keeps serving"
 grep -qE "no_worker|timeout" "$D/e.err" && ok "an unknown model is answered, not hung" || { bad "unknown model answered"; cat "$D/e.err"; }
 $GEN --steps 6 --out "$D/o3.safetensors" 2>"$D/still.err" && same "$D/o3.safetensors" "$D/ref2.safetensors" && ok "still serving" || bad "still serving"
 
+echo "== a request past its deadline is dropped by its worker between steps"
+$GEN --steps 10000 --deadline-ms 1500 --timeout-ms 15000 --out "$D/long.safetensors" 2>"$D/long.err"
+grep -q "timeout" "$D/long.err" && ok "the client is answered timeout at its deadline" || { bad "long request timed out"; cat "$D/long.err"; }
+dropped=""
+for i in $(seq 1 50); do
+    dropped=$(grep -h "dropped after [0-9]* of 10000 steps: past its deadline" "$D"/w*.log | head -1)
+    [ -n "$dropped" ] && break
+    sleep 0.1
+done
+[ -n "$dropped" ] && ok "its worker dropped it within 5 s, not after 10000 steps: ${dropped##*failed: }" ||
+    { bad "the worker drops a request past its deadline"; tail -3 "$D"/w*.log; }
+
 echo "== a restarted broker gets its workers back"
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
 : >"$D/broker.log"

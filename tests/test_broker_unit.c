@@ -806,7 +806,9 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
         client_gen(&x, 500 + (uint64_t)k, "tiny", false);
         wire_msg_t *q = take(x.w[0], false);
         ck_assert_str_eq(q->type, "REQUEST");
-        uint64_t id = q->id;
+        uint64_t id = q->id, left = 0;
+        /* the ms the broker still waits for it (--request-deadline-ms 60000 here) */
+        ck_assert(wv_get_u64(q->hdr, "deadline_ms", &left) && left > 0 && left <= 60000);
         drop_msg(&q);
         ck_assert_int_eq(w->route.inflight, 1);
         wire_val_t *h = wire_hdr("RESULT", id);

@@ -410,6 +410,16 @@ START_TEST(test_a_good_request_becomes_a_job_with_copies_of_its_tensors) {
     ck_assert(!j->shape.cfg);
     ck_assert_ptr_null(j->uncond);
     ck_assert_ptr_null(j->latent);
+    ck_assert_int_eq(j->deadline_at, 0); /* no deadline_ms: none */
+    wrk_job_free(&j);
+
+    /* deadline_ms (what the broker still waits): dropped past it */
+    good_request(&g);
+    g.deadline_ms = 5000;
+    int64_t t0 = wrk_mono_ms();
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err), 0);
+    ck_assert_int_ge(j->deadline_at, t0 + 5000);
+    ck_assert_int_le(j->deadline_at, wrk_mono_ms() + 5000);
     wrk_job_free(&j);
 }
 END_TEST

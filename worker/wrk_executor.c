@@ -417,8 +417,9 @@ static void send_progress_job(stream_t *st, const wrk_job_t *j) {
 
 /* j cannot go on: ERROR for its request, unless it is a part of a split
  * group whose other part already sent one (the others then stop). */
-static void part_failed(stream_t *st, wrk_job_t *j, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void part_failed(stream_t *st, wrk_job_t *j, const char *fmt, ...) {
+static void part_failed(stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void part_failed(stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
@@ -427,7 +428,7 @@ static void part_failed(stream_t *st, wrk_job_t *j, const char *fmt, ...) {
     if (j->group) {
         if (atomic_exchange(&j->group->failed, true)) return;
     }
-    send_error(st, j, WIRE_E_INTERNAL, "%s", msg);
+    send_error(st, j, code, "%s", msg);
 }
 
 /* Runs one step of j. Returns true when j is finished (done, failed or
@@ -436,6 +437,13 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (j->group && atomic_load(&j->group->failed)) return true; /* another part failed: its ERROR went out */
+    if (j->deadline_at && wrk_mono_ms() > j->deadline_at) {
+        /* The broker answered its client timeout: the rest of the steps
+         * would be thrown away, and the worker is free for others now. */
+        part_failed(st, j, WIRE_E_TIMEOUT, "dropped after %d of %d steps: past its deadline",
+                    j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
+        return true;
+    }
     if (!j->req) {
         /* Held until the sync lands; a started group's next sub-batch is
          * not: the drain waits for it. A split group's parts start all at
@@ -459,7 +467,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         if (!j->counted) atomic_fetch_add(&w->running, 1);
         j->counted = true;
         if (start_req(st, j) != 0) {
-            part_failed(st, j, "cannot start: %s", kern_error());
+            part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
             return true;
         }
     }
@@ -474,7 +482,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
     pthread_rwlock_unlock(&w->step_lock);
     if (rc != 0) {
-        part_failed(st, j, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
+        part_failed(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
                     kern_error());
         return true;
     }
@@ -488,7 +496,7 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
         return true;
     }
     if (gather(st, j) != 0) {
-        part_failed(st, j, "gathering samples %d..%d: %s", j->base + j->at,
+        part_failed(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->base + j->at,
                     j->base + j->at + (int)tdit_req_batch(j->req) - 1, kern_error());
         return true;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kernels/error.h"
 
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -57,6 +58,12 @@ void wrk_job_free(wrk_job_t **jp) {
     *jp = NULL;
 }
 
+int64_t wrk_mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err) {
     msg_model_t model;
     wrk_model_info(cfg, &model);
@@ -90,6 +97,8 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     if (!j) return bad(err, WIRE_E_INTERNAL, "out of memory");
     j->id = id;
     j->version = r->version;
+    /* REQUEST deadline_ms: what the broker still waits (it answers the client timeout after) */
+    j->deadline_at = r->deadline_ms ? wrk_mono_ms() + (int64_t)(r->deadline_ms < INT32_MAX ? r->deadline_ms : INT32_MAX) : 0;
     j->progress = r->progress;
     j->rec = (r->return_trajectory ? TDIT_REC_TRAJECTORY : 0u) | (r->return_log_probs ? TDIT_REC_LOG_PROBS : 0u) |
              (r->return_means ? TDIT_REC_MEANS : 0u);

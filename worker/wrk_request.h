@@ -26,6 +26,8 @@ struct wrk_job {
     uint64_t id;                 /* the broker's request id */
     uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
     uint64_t version;            /* the version it must run on (0: any) */
+    int64_t deadline_at;         /* wrk_mono_ms() past which the broker no longer waits for it (0: none):
+                                  * dropped then, between steps */
     bool progress;               /* send PROGRESS after each step */
     unsigned rec;                /* TDIT_REC_*: what the RESULT carries besides the latent */
     tdit_shape_t shape;          /* one sample's; .batch: the running sub-batch's samples */
@@ -60,6 +62,9 @@ struct wrk_job {
 
 /* What clients learn of cfg (READY "configs", STATUS "models"). Can't fail. */
 void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
+
+/* Milliseconds of CLOCK_MONOTONIC: a job's deadline clock. */
+int64_t wrk_mono_ms(void);
 
 /* The worker's own bound on a request's work (--max-tokens: a sample's
  * F x H/p x W/p tokens; 0 = none; a group's n samples and its steps are
