@@ -43,7 +43,8 @@ int ctl_parse_int(const char *s, int *out);
 int ctl_parse_double(const char *s, double *out);
 /* Reads tensor `name` of safetensors file `path` widened to F32; it must
  * have rank ndim; its shape goes to shape. NULL after printing a message
- * (the caller exits CTL_USAGE). The caller frees. */
+ * (the caller exits CTL_USAGE), also for NaN or infinite values (a model
+ * input is judged as a worker judges it). The caller frees. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape);
 /* Parses "FxHxW" (three positive integers); -1 on anything else. */
 int ctl_parse_size(const char *s, int64_t out[3]);

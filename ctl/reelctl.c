@@ -143,6 +143,10 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
             ctl_die(CTL_USAGE, "%s: %s", path, buf ? kern_error() : "out of memory");
             free(buf);
             buf = NULL;
+        } else if (!kern_all_finite(buf, (size_t)n, KERN_F32)) { /* a model input: as a worker judges it */
+            ctl_die(CTL_USAGE, "%s: tensor '%s' holds NaN or infinite values", path, name);
+            free(buf);
+            buf = NULL;
         }
     }
     st_close(&f);

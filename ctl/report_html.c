@@ -8,12 +8,14 @@
  *      step breakdown (captured, replayed, eager).
  * Every string from the catalog (key texts, names, reasons: they came over
  * the network) is HTML-escaped. */
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -289,10 +291,15 @@ int cmd_report(int argc, char **argv) {
         return ctl_die(CTL_USAGE, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
     cat_t *c = cat_open(path, true);
     if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    struct stat os;
+    if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) /* replaced by rename: only a regular file may be */
+        return ctl_die(CTL_USAGE, "%s: exists and is not a regular file", out);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    FILE *f = fopen(tmp, "w");
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
     if (!f) {
+        if (tfd >= 0) close(tfd);
         cat_close(&c);
         return ctl_die(CTL_FAIL, "%s: cannot write", tmp);
     }

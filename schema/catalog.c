@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/error.h"
@@ -100,6 +101,13 @@ static int migrate(cat_t *c) {
         schema_newer(c, v);
         goto err;
     }
+    int others = 0; /* a file with tables but no Reel schema is someone else's: never written into */
+    if (v == 0 && query_int(c, "SELECT count(*) FROM sqlite_master", &others) != 0) goto err;
+    if (others > 0) {
+        kern_fail("catalog %s: not a Reel catalog (it holds %d other schema objects and no Reel schema): "
+                  "give a new or a Reel catalog file", c->path, others);
+        goto err;
+    }
     for (int i = v; i < cat_n_migrations; i++) {
         char what[64];
         snprintf(what, sizeof what, "migration to schema %d", i + 1);
@@ -136,6 +144,13 @@ cat_t *cat_open(const char *path, bool readonly) {
     /* SQLite's CANTOPEN says neither which file nor why; say both. */
     if (readonly && access(path, F_OK) != 0) {
         kern_fail("catalog %s: cannot open read-only: %s", path, strerror(errno));
+        return NULL;
+    }
+    /* A FIFO would block SQLite's open (reelctl hung), a device or a
+     * directory fails obscurely: a catalog is a regular file. */
+    struct stat ps;
+    if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
+        kern_fail("catalog %s: not a regular file", path);
         return NULL;
     }
     /* Debian's SQLite interprets "file:" URIs (query parameters can change

@@ -29,6 +29,9 @@ W="$D/w.safetensors"
 "$R" tensor rand --name other --shape 5,32 --seed 2 --out "$D/noctx.safetensors"
 printf 'not a safetensors file' > "$D/junk.safetensors"
 RUN="$R run --weights $W --context $D/ctx.safetensors --steps 2 --out $D/o.safetensors"
+/usr/bin/python3 -c 'import sys; sys.path.insert(0, sys.argv[2]); import numpy as np, safetensors_np as s
+a = np.ones((5, 32), np.float32); a[1, 2] = np.nan; s.save(sys.argv[1], {"context": a})' "$D/nanctx.safetensors" tests/crosscheck
+mkfifo "$D/fifo.safetensors"
 
 expect 0 "2 Euler steps" -- $RUN --latent "$D/lat.safetensors"
 expect 0 "with CFG" -- $RUN --latent "$D/lat.safetensors" --uncond "$D/ctx.safetensors" --cfg 3
@@ -36,6 +39,10 @@ expect 0 "SDE" -- $RUN --size 2x8x8 --seed 4 --sde --eta 0.5
 expect 2 "unknown or incomplete option '--bogus'" -- $RUN --latent "$D/lat.safetensors" --bogus
 expect 2 "latent has 3 channels" -- $RUN --latent "$D/lat3.safetensors"
 expect 2 "context width 31" -- $R run --weights "$W" --context "$D/ctx31.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/o.safetensors"
+expect 2 "tensor 'context' holds NaN or infinite values" -- $R run --weights "$W" --context "$D/nanctx.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/o.safetensors"
+expect 1 "fifo.safetensors: exists and is not a regular file" -- $R run --weights "$W" --context "$D/ctx.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/fifo.safetensors"
+[ -p "$D/fifo.safetensors" ] && { pass=$((pass + 1)); echo "PASS the FIFO at --out is left a FIFO"; } ||
+    { fail=$((fail + 1)); echo "FAIL the FIFO at --out was replaced"; }
 expect 2 "no tensor named 'context'" -- $R run --weights "$W" --context "$D/noctx.safetensors" --latent "$D/lat.safetensors" --steps 1 --out "$D/o.safetensors"
 expect 2 "junk.safetensors" -- $RUN --latent "$D/junk.safetensors"
 expect 2 "--cfg needs --uncond" -- $RUN --latent "$D/lat.safetensors" --cfg 4

@@ -247,6 +247,40 @@ START_TEST(test_newer_user_version_is_refused_with_clear_message) {
 }
 END_TEST
 
+/* Another application's SQLite file is never taken for a catalog (the
+ * broker would have added its tables to it), and a FIFO, a directory or
+ * a symlink at the path is refused at once (a FIFO made reelctl hang). */
+START_TEST(test_a_foreign_database_or_a_non_file_is_refused_untouched) {
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL), SQLITE_OK);
+    raw_exec(db, "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)");
+    sqlite3_close(db);
+    for (int ro = 0; ro < 2; ro++) {
+        kern_error_clear();
+        ck_assert_ptr_null(cat_open(dbpath, ro));
+        ck_assert_msg(strstr(kern_error(), "not a Reel catalog"), "%s", kern_error());
+    }
+    db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master"), 1); /* left alone */
+    ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), 0);
+    sqlite3_close(db);
+    char fifo[600], dir[600], link[600];
+    snprintf(fifo, sizeof fifo, "%s/fifo.db", tmpdir);
+    snprintf(dir, sizeof dir, "%s/dir.db", tmpdir);
+    snprintf(link, sizeof link, "%s/link.db", tmpdir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(symlink(dbpath, link), 0);
+    const char *paths[] = { fifo, dir, link };
+    for (int i = 0; i < 3; i++)
+        for (int ro = 0; ro < 2; ro++) {
+            kern_error_clear();
+            ck_assert_ptr_null(cat_open(paths[i], ro));
+            ck_assert_msg(strstr(kern_error(), "not a regular file"), "%s: %s", paths[i], kern_error());
+        }
+}
+END_TEST
+
 START_TEST(test_readonly_open_of_missing_file_fails_naming_the_path) {
     kern_error_clear();
     ck_assert_ptr_null(cat_open(dbpath, true));
@@ -1265,6 +1299,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_reopening_existing_catalog_keeps_rows_and_does_not_remigrate);
     tcase_add_test(tc, test_newer_user_version_is_refused_with_clear_message);
     tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
+    tcase_add_test(tc, test_a_foreign_database_or_a_non_file_is_refused_untouched);
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
     tcase_add_test(tc, test_catalog_sql_file_builds_the_schema_the_migrations_build);
     tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);

@@ -167,6 +167,49 @@ START_TEST(test_round_trip_preserves_names_dtypes_shapes_bytes_and_metadata) {
 }
 END_TEST
 
+/* A save goes in by rename, so only a regular file at the path may be
+ * replaced: a FIFO, a directory, a symlink (and so a device: /dev/null
+ * run over as root) are refused and left as they were; a symlink at the
+ * temporary name is never followed. */
+START_TEST(test_save_replaces_only_a_regular_file) {
+    float v[4] = { 1, 2, 3, 4 };
+    int64_t shp[1] = { 4 };
+    st_writer_t *w = st_writer_new();
+    ck_assert_int_eq(st_writer_add(w, "a", KERN_F32, 1, shp, v), 0);
+    char fifo[4200], dir[4200], link[4200], target[4200], out[4200];
+    snprintf(fifo, sizeof fifo, "%s", tmp_path("fifo.safetensors"));
+    snprintf(dir, sizeof dir, "%s", tmp_path("dir.safetensors"));
+    snprintf(link, sizeof link, "%s", tmp_path("link.safetensors"));
+    snprintf(target, sizeof target, "%s", tmp_path("target"));
+    snprintf(out, sizeof out, "%s", tmp_path("out.safetensors"));
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    FILE *f = fopen(target, "w");
+    fputs("keep", f);
+    fclose(f);
+    ck_assert_int_eq(symlink(target, link), 0);
+    const char *bad[] = { fifo, dir, link };
+    struct stat st;
+    for (int i = 0; i < 3; i++) {
+        kern_error_clear();
+        ck_assert_int_eq(st_writer_save(w, bad[i]), -1);
+        ck_assert_msg(strstr(kern_error(), "not a regular file"), "%s", kern_error());
+        ck_assert_int_eq(lstat(bad[i], &st), 0);
+        ck_assert(i == 0 ? S_ISFIFO(st.st_mode) : i == 1 ? S_ISDIR(st.st_mode) : S_ISLNK(st.st_mode));
+    }
+    char tmp[4210];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out); /* a symlink planted at the temporary name */
+    ck_assert_int_eq(symlink(target, tmp), 0);
+    ck_assert_int_eq(st_writer_save(w, out), -1);
+    ck_assert_int_eq(stat(target, &st), 0);
+    ck_assert_int_eq((int)st.st_size, 4); /* not truncated through it */
+    ck_assert_int_eq(unlink(tmp), 0);
+    ck_assert_int_eq(st_writer_save(w, out), 0);
+    ck_assert_int_eq(st_writer_save(w, out), 0); /* a regular file: replaced */
+    st_writer_destroy(&w);
+}
+END_TEST
+
 START_TEST(test_saved_header_is_space_padded_so_data_starts_8_byte_aligned) {
     int64_t sh[1] = {1};
     float v = 1;
@@ -629,6 +672,7 @@ static Suite *suite(void) {
      * forked test dies. */
     tcase_add_unchecked_fixture(tc, make_tmpdir, remove_tmpdir);
     tcase_add_test(tc, test_round_trip_preserves_names_dtypes_shapes_bytes_and_metadata);
+    tcase_add_test(tc, test_save_replaces_only_a_regular_file);
     tcase_add_test(tc, test_saved_header_is_space_padded_so_data_starts_8_byte_aligned);
     tcase_add_test(tc, test_bf16_and_f16_widen_exactly_to_f32);
     tcase_add_test(tc, test_hand_built_file_with_metadata_and_gaps_opens);

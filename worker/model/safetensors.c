@@ -724,6 +724,13 @@ static void sync_parent_dir(const char *path) {
 
 int st_writer_save(st_writer_t *w, const char *path) {
     assert(w && path);
+    /* The file goes in by rename: what stands at path is replaced, so only
+     * a regular file may (a device, a FIFO or a symlink run over as root
+     * would be lost: /dev/null turned into a file). */
+    struct stat ps;
+    if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode))
+        return kern_fail("%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
+                         "replaced)", path);
     size_t hlen;
     char *hdr = build_header(w, &hlen);
     if (!hdr) return -1;
@@ -737,7 +744,7 @@ int st_writer_save(st_writer_t *w, const char *path) {
     memcpy(tmp + plen, ".tmp", 5);
 
     int rc = -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         kern_fail("%s: cannot create: %s", tmp, strerror(errno));
         goto out;
