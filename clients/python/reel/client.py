@@ -9,6 +9,8 @@ import hashlib
 import itertools
 import os
 import random
+import shutil
+import stat
 import tempfile
 import time
 
@@ -152,8 +154,17 @@ def _f32(name, x, ndim):
     return a
 
 
+def _regular_file(path):
+    """path, after checking it is a regular file: a FIFO or a device
+    (/dev/zero) would be read forever."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    return path
+
+
 def sha256_file(path):
-    """Lower-case hex sha256 of a file."""
+    """Lower-case hex sha256 of a file (a regular one: ValueError else)."""
+    _regular_file(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -410,6 +421,8 @@ class Client:
                      return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None):
         """A GEN's fields and tensors, and whether the caller uses torch. n >
         1: a group (latent, when given, [n, C, F, H, W])."""
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty name, got {model!r}")
         torch_out = _is_torch(context)
         ctx = _f32("context", context, 2)
         tensors = [("context", ctx)]
@@ -461,7 +474,9 @@ class Client:
         """upload(); with sync_fields, also the SYNC (those fields) as soon
         as the broker holds the first chunk, so workers fetch while the rest
         comes: returns (digest, the SYNC_DONE header)."""
-        path = os.path.abspath(path)
+        if int(window) < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        path = _regular_file(os.path.abspath(path))
         digest = (sha256 or sha256_file(path)).lower()
         size = os.path.getsize(path)
         rid = next(self._ids)
@@ -531,7 +546,10 @@ class Client:
         chunk from the broker while the later ones still come; an upload
         that fails after (bytes that do not hash to its sha256) fails their
         fetches, and nothing of it is applied. The broker needs
-        --weights-dir."""
+        --weights-dir. A state_dict's file written into a temporary folder
+        made here is removed after an upload (the broker keeps the bytes);
+        by path it stays (workers that join later read it). A path that is
+        not a regular file is a ValueError."""
         if (path is None) == (state_dict is None):
             raise ValueError("give exactly one of path= and state_dict=")
         if state_dict is not None:
@@ -543,6 +561,15 @@ class Client:
             d = weights_dir or tempfile.mkdtemp(prefix="reel-sync-")
             path = os.path.join(d, f"{component}-v{int(version)}.safetensors")
             safetensors.save(path, state_dict, meta)
+            if upload and not weights_dir:
+                # By value the broker keeps the bytes: the folder made here goes.
+                try:
+                    return self._sync_file(version, path, component, sha256, deadline_ms, timeout, upload)
+                finally:
+                    shutil.rmtree(d, ignore_errors=True)
+        return self._sync_file(version, path, component, sha256, deadline_ms, timeout, upload)
+
+    def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):
         path = os.path.abspath(path)
         digest = (sha256 or sha256_file(path)).lower()
         fields = {"component": component, "version": int(version), "sha256": digest, "deadline_ms": int(deadline_ms)}

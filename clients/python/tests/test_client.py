@@ -7,6 +7,7 @@ Prints one line per test and ends with "python: N passed, N failed".
 """
 
 import argparse
+import glob
 import os
 import shutil
 import subprocess
@@ -392,6 +393,31 @@ class ClientTests(unittest.TestCase):
             self.c.sync(9)
         with self.assertRaises(ValueError):
             self.c.sync(9, state_dict={"w": np.zeros(3)}, config="tiny")
+
+    def test_a_path_that_is_not_a_regular_file_a_bad_window_or_model_is_a_value_error_at_once(self):
+        fifo = os.path.join(self.dir, "fifo.safetensors")
+        os.mkfifo(fifo)
+        t0 = time.monotonic()
+        for path in (fifo, "/dev/zero", self.dir):  # read forever, or no file
+            for upload in (False, True):
+                with self.assertRaises(ValueError):
+                    self.c.sync(9, path=path, upload=upload, timeout=3)
+        with self.assertRaises(ValueError):
+            self.c.upload(9, self.w2, window=0)
+        for model in (None, "", 7):
+            with self.assertRaises(ValueError):
+                self.c.gen(model, self.ctx, latent=self.lat, steps=2)
+        self.assertLess(time.monotonic() - t0, 3.0)
+
+    def test_z5_a_state_dict_sent_by_value_leaves_no_file_behind_even_when_refused(self):
+        # (this broker keeps no uploads: the sync is refused, and the
+        # folder the client made for the file goes all the same)
+        sd, meta = safetensors.load(self.w2)
+        before = set(glob.glob(os.path.join(tempfile.gettempdir(), "reel-sync-*")))
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.sync(12, state_dict=sd, config=meta.get("config", "tiny"), upload=True)
+        self.assertIn("--weights-dir", str(e.exception))
+        self.assertEqual(set(glob.glob(os.path.join(tempfile.gettempdir(), "reel-sync-*"))), before)
 
 
 class BusyTests(unittest.TestCase):
