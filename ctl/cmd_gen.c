@@ -111,7 +111,8 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
                                                                    : CTL_OK;
     case O_SIZE:
         return ctl_parse_size(arg, o->size) != 0
-                   ? ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", arg)
+                   ? ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most "
+                             "2^24), got '%s'", arg)
                    : CTL_OK;
     }
     return CTL_USAGE;

@@ -91,7 +91,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
             break;
         case O_SIZE:
             if (ctl_parse_size(optarg, r->size) != 0)
-                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16), got '%s'", optarg);
+                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24), got '%s'", optarg);
             break;
         default: return ctl_die(CTL_USAGE, "run: unknown or incomplete option '%s'", argv[optind - 1]);
         }

@@ -46,7 +46,8 @@ int ctl_parse_double(const char *s, double *out);
  * (the caller exits CTL_USAGE), also for NaN or infinite values (a model
  * input is judged as a worker judges it). The caller frees. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape);
-/* Parses "FxHxW" (three positive integers); -1 on anything else. */
+/* Parses "FxHxW" (three positive integers, each at most 65536, F x H x W
+ * at most 2^24 as a GEN's latent); -1 on anything else. */
 int ctl_parse_size(const char *s, int64_t out[3]);
 /* True when stderr is a terminal. */
 /* Monotonic seconds. */

@@ -1,6 +1,7 @@
 /* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
 #include "ctl.h"
 #include "kernels/error.h"
+#include "schema/msg.h"
 #include "schema/wire.h"
 #include "worker/model/safetensors.h"
 #include <errno.h>
@@ -120,6 +121,8 @@ int ctl_parse_size(const char *s, int64_t out[3]) {
     long long f, h, w;
     char tail;
     if (sscanf(s, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0) return -1;
+    /* what a GEN may carry (docs/PROTOCOL.md): never a 64 GiB allocation here */
+    if (f > MSG_MAX_DIM || h > MSG_MAX_DIM || w > MSG_MAX_DIM || f * h * w > MSG_MAX_FHW) return -1;
     out[0] = f;
     out[1] = h;
     out[2] = w;
