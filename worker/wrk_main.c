@@ -358,7 +358,13 @@ static void flush_events(link_t *l) {
 static void new_session(link_t *l) { atomic_fetch_add(&l->w->epoch, 1); }
 
 static void start_reconnect(link_t *l, int64_t now) {
-    wrk_log(l->w, "reconnecting");
+    /* Silence is all a refused CURVE handshake gives: say where to look. */
+    const reel_curve_t *cv = l->w->curve;
+    wrk_log(l->w, "reconnecting: nothing from the broker at %s for %lld ms%s", l->w->opt->broker,
+            (long long)(now - l->heard),
+            cv && cv->on ? " (with keys: check --broker-key is the broker's, and that the broker lists this "
+                           "worker's public key with the worker role)"
+                         : "");
     zmq_close(l->dealer);
     l->dealer = NULL;
     new_session(l);
