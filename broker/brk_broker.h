@@ -82,6 +82,7 @@ typedef struct brk_req {
     uint64_t id;               /* the broker's request id (REQUEST "id") */
     uint64_t client_id;        /* the client's "id", echoed in every reply */
     wire_msg_t *msg;           /* owned; heap */
+    msg_gen_t gen;             /* msg decoded (its tensors point into msg): what a RESULT must match */
     uint64_t bytes;            /* its tensor bytes, counted in brk_t.held_bytes */
     char model[BRK_NAME_MAX];
     uint64_t shard;

@@ -174,6 +174,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->id = b->next_id++;
     r->client_id = m->id;
     r->msg = m;
+    r->gen = *g;
     size_t ml = strnlen(g->model, sizeof r->model - 1); /* validated: a name that fits */
     memcpy(r->model, g->model, ml);
     r->model[ml] = '\0';
@@ -231,18 +232,11 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
     if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
 }
 
-/* res against the GEN r holds: 0, or -1 with why. */
-static int result_fits(const brk_req_t *r, const msg_result_t *res, wire_err_t *why) {
-    msg_gen_t g;
-    if (msg_gen_decode(r->msg, &g, why) != 0) return -1; /* it decoded when accepted: cannot happen */
-    return msg_result_check(res, &g, r->required, why);
-}
-
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
     brk_req_t *r = held_by(b, w, id, MSG_RESULT, NULL);
     if (!r) return;
     wire_err_t why;
-    if (r->state != REQ_ABANDONED && result_fits(r, res, &why) != 0) {
+    if (r->state != REQ_ABANDONED && msg_result_check(res, &r->gen, r->required, &why) != 0) {
         /* A RESULT a client could not use ends the request as the worker's fault. */
         msg_error_t e;
         memset(&e, 0, sizeof e);

@@ -1064,6 +1064,17 @@ static wire_msg_t *upload_piece(box_t *x, uint64_t id, uint64_t v, const char *s
     return take(x->trainer, false);
 }
 
+/* The trainer's UPLOADs of bytes[from, to) in UP_PIECE chunks (the last
+ * cut at to), each answered UPLOAD_ACK. */
+static void upload_acked(box_t *x, uint64_t id, uint64_t v, const char *sha, const unsigned char *bytes, size_t from,
+                         size_t to) {
+    for (size_t off = from; off < to; off += UP_PIECE) {
+        wire_msg_t *a = upload_piece(x, id, v, sha, bytes, off, to - off < UP_PIECE ? to - off : UP_PIECE);
+        ck_assert_str_eq(a->type, "UPLOAD_ACK");
+        drop_msg(&a);
+    }
+}
+
 /* Worker i's FETCH of (v, sha) at offset, max 4 MiB. */
 static void fetch_at(box_t *x, int i, uint64_t id, uint64_t v, const char *sha, uint64_t offset) {
     msg_fetch_t f;
@@ -1164,11 +1175,7 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     fetch_at(&x, 1, 30, 2, sha, 0);
     expect_data(&x, 1, 30, bytes, 0, (size_t)4 << 20);
     /* the rest comes; the last chunk is short because the file ends there */
-    for (size_t off = 3 * UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
-        a = upload_piece(&x, 12, 2, sha, bytes, off, UP_PIECE);
-        ck_assert_str_eq(a->type, "UPLOAD_ACK");
-        drop_msg(&a);
-    }
+    upload_acked(&x, 12, 2, sha, bytes, 3 * UP_PIECE, UP_SIZE);
     /* in the order asked: the one past the end did not overtake the others */
     expect_data(&x, 0, 21, bytes, (uint64_t)4 << 20, (size_t)4 << 20);
     expect_data(&x, 0, 24, bytes, (uint64_t)8 << 20, (size_t)1 << 20); /* the re-ask's id, once */
@@ -1286,28 +1293,29 @@ END_TEST
  * thread still held; one with another sha256 at any other offset is
  * refused; the new bytes are then stored under their own digest and
  * served, nothing of the first upload in them. */
+/* Version v: three pieces of old, then another sha256 mid-way (refused:
+ * only offset 0 replaces), then new from offset 0: stored under new's
+ * digest only and served to worker w with new's bytes. */
+static void check_replaced_half_way(box_t *x, uint64_t v, int w, const unsigned char *old, const char *sha_old,
+                                    const unsigned char *new, const char *sha_new) {
+    char why[256];
+    upload_acked(x, 10, v, sha_old, old, 0, 3 * UP_PIECE);
+    wire_msg_t *a = upload_piece(x, 11, v, sha_new, new, UP_PIECE, UP_PIECE);
+    ck_assert_str_eq(a->type, "ERROR");
+    drop_msg(&a);
+    upload_acked(x, 12, v, sha_new, new, 0, UP_SIZE);
+    ck_assert_msg(brk_upload_stored(&x->b, "transformer", v, sha_new, why, sizeof why), "%s", why);
+    ck_assert(!brk_upload_stored(&x->b, "transformer", v, sha_old, why, sizeof why));
+    fetch_at(x, w, 20, v, sha_new, 0);
+    expect_data(x, w, 20, new, 0, (size_t)4 << 20);
+}
+
 START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
     box_t x;
-    char dir[] = "/tmp/reel-brk-replace.XXXXXX", why[256], sha_old[65], sha_new[65];
+    char dir[] = "/tmp/reel-brk-replace.XXXXXX", sha_old[65], sha_new[65];
     upload_box_open(&x, dir, 0);
     unsigned char *old = pattern(2654435761u, 13, sha_old), *new = pattern(2246822519u, 7, sha_new);
-    for (size_t off = 0; off < 3 * UP_PIECE; off += UP_PIECE) {
-        wire_msg_t *a = upload_piece(&x, 10, 2, sha_old, old, off, UP_PIECE);
-        ck_assert_str_eq(a->type, "UPLOAD_ACK");
-        drop_msg(&a);
-    }
-    wire_msg_t *a = upload_piece(&x, 11, 2, sha_new, new, UP_PIECE, UP_PIECE);
-    ck_assert_str_eq(a->type, "ERROR"); /* another sha256 mid-way: only offset 0 replaces */
-    drop_msg(&a);
-    for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
-        a = upload_piece(&x, 12, 2, sha_new, new, off, UP_PIECE);
-        ck_assert_str_eq(a->type, "UPLOAD_ACK");
-        drop_msg(&a);
-    }
-    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha_new, why, sizeof why));
-    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha_old, why, sizeof why));
-    fetch_at(&x, 0, 20, 2, sha_new, 0);
-    expect_data(&x, 0, 20, new, 0, (size_t)4 << 20);
+    check_replaced_half_way(&x, 2, 0, old, sha_old, new, sha_new);
     free(old);
     free(new);
     upload_box_close(&x, dir);
@@ -1361,21 +1369,7 @@ START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same
     ck_assert_int_ne(stat(path, &st), 0);
     snprintf(path, sizeof path, "%s/.transformer-v3.part", dir);
     ck_assert_int_ne(stat(path, &st), 0);
-    /* v4: a's first three pieces, then started over with b's bytes */
-    for (size_t off = 0; off < 3 * UP_PIECE; off += UP_PIECE) {
-        r = upload_piece(&x, 50, 4, sha_a, a, off, UP_PIECE);
-        ck_assert_str_eq(r->type, "UPLOAD_ACK");
-        drop_msg(&r);
-    }
-    for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
-        r = upload_piece(&x, 60, 4, sha_b, b, off, UP_PIECE);
-        ck_assert_str_eq(r->type, "UPLOAD_ACK");
-        drop_msg(&r);
-    }
-    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 4, sha_b, why, sizeof why), "%s", why);
-    ck_assert(!brk_upload_stored(&x.b, "transformer", 4, sha_a, why, sizeof why));
-    fetch_at(&x, 1, 70, 4, sha_b, 0);
-    expect_data(&x, 1, 70, b, 0, M4);
+    check_replaced_half_way(&x, 4, 1, a, sha_a, b, sha_b); /* v4 */
     brk_upload_no_hash_thread = false;
     free(a);
     free(b);
@@ -1416,11 +1410,7 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     ck_assert_str_eq(a->type, "ERROR");
     ck_assert_str_eq(wv_get_str(a->hdr, "code"), "busy");
     drop_msg(&a);
-    for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) { /* v2 ends */
-        a = upload_piece(&x, 30, 2, sha, bytes, off, UP_PIECE);
-        ck_assert_str_eq(a->type, "UPLOAD_ACK");
-        drop_msg(&a);
-    }
+    upload_acked(&x, 30, 2, sha, bytes, UP_PIECE, UP_SIZE); /* v2 ends */
     a = upload_piece(&x, 21, 6, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
@@ -1547,11 +1537,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     fetch_at(&x, 0, 20, 5, sha, 0);
     ck_assert(!has_msg(x.w[0], "FETCH_DATA"));
     fetch_at(&x, 0, 21, 5, sha, (uint64_t)8 << 20);
-    for (size_t off = UP_PIECE; off < UP_SIZE; off += UP_PIECE) {
-        a = upload_piece(&x, 11, 5, sha, bytes, off, UP_PIECE);
-        ck_assert_str_eq(a->type, "UPLOAD_ACK");
-        drop_msg(&a);
-    }
+    upload_acked(&x, 11, 5, sha, bytes, UP_PIECE, UP_SIZE);
     expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);
     expect_data(&x, 0, 21, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
     ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha, why, sizeof why));

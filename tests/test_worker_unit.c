@@ -1002,6 +1002,35 @@ static void *fetch_thread(void *arg) {
     return NULL;
 }
 
+/* Starts *j's fetch of v2 of file (len bytes, by its sha256) from the
+ * broker at ep on its own thread (*th). */
+static void fetch_start(fetch_job_t *j, pthread_t *th, void *ctx, const char *ep, const unsigned char *file, size_t len,
+                        uint64_t max_data, unsigned *reasked) {
+    memset(j, 0, sizeof *j);
+    j->src = (wrk_fetch_src_t){ ctx, ep, NULL, NULL, reasked };
+    snprintf(j->m.component, sizeof j->m.component, "transformer");
+    j->m.version = 2;
+    j->m.uploaded = true;
+    reel_sha256_buf(file, len, j->m.sha256);
+    j->max_data = max_data;
+    atomic_init(&j->stop, false);
+    atomic_init(&j->done, false);
+    ck_assert_int_eq(pthread_create(th, NULL, fetch_thread, j), 0);
+}
+
+/* Closes the fake broker's socket and context and removes dir (and its
+ * ipc socket file "b"). */
+static void fake_broker_close(void *r, void *ctx, const char *dir) {
+    int zero = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    char sock[96];
+    snprintf(sock, sizeof sock, "%s/b", dir);
+    unlink(sock);
+    rmdir(dir);
+}
+
 /* The next FETCH on a fake broker's ROUTER within ms: 1 with *q and the
  * asker's routing id in *who (zmq_msg_close it), 0 when none came. */
 static int next_fetch(void *r, int ms, msg_fetch_t *q, zmq_msg_t *who, uint64_t *id) {
@@ -1049,17 +1078,9 @@ START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
     void *r = zmq_socket(ctx, ZMQ_ROUTER);
     ck_assert_int_eq(zmq_bind(r, ep), 0);
     fetch_job_t j;
-    memset(&j, 0, sizeof j);
     unsigned reasked = 99;
-    j.src = (wrk_fetch_src_t){ ctx, ep, NULL, NULL, &reasked };
-    snprintf(j.m.component, sizeof j.m.component, "transformer");
-    j.m.version = 2;
-    j.m.uploaded = true;
-    reel_sha256_buf(file, len, j.m.sha256);
-    atomic_init(&j.stop, false);
-    atomic_init(&j.done, false);
     pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, fetch_thread, &j), 0);
+    fetch_start(&j, &th, ctx, ep, file, len, 0, &reasked);
     /* the first broker: the window of 4 comes; it answers the second
      * before the first (dropped: not the chunk needed next, though the
      * first to come), then the first, and dies */
@@ -1114,14 +1135,8 @@ START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
     ck_assert_ptr_nonnull(t);
     ck_assert(memcmp(t->data, file + len - ((size_t)5 << 22), (size_t)5 << 22) == 0);
     st_close(&j.out);
-    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_close(r);
-    zmq_ctx_term(ctx);
+    fake_broker_close(r, ctx, dir);
     free(file);
-    char sock[96];
-    snprintf(sock, sizeof sock, "%s/b", dir);
-    unlink(sock);
-    rmdir(dir);
 }
 END_TEST
 
@@ -1138,22 +1153,11 @@ START_TEST(test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its
     unsigned char *file = st_bytes(n, &len);
     void *ctx = zmq_ctx_new();
     void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
     ck_assert_int_eq(zmq_bind(r, ep), 0);
     for (int fits = 0; fits < 2; fits++) {
         fetch_job_t j;
-        memset(&j, 0, sizeof j);
-        j.src = (wrk_fetch_src_t){ ctx, ep, NULL, NULL, NULL };
-        snprintf(j.m.component, sizeof j.m.component, "transformer");
-        j.m.version = 2;
-        j.m.uploaded = true;
-        reel_sha256_buf(file, len, j.m.sha256);
-        j.max_data = fits ? n * 4 : n * 4 - 4;
-        atomic_init(&j.stop, false);
-        atomic_init(&j.done, false);
         pthread_t th;
-        ck_assert_int_eq(pthread_create(&th, NULL, fetch_thread, &j), 0);
+        fetch_start(&j, &th, ctx, ep, file, len, fits ? n * 4 : n * 4 - 4, NULL);
         msg_fetch_t q;
         zmq_msg_t who;
         uint64_t id;
@@ -1175,13 +1179,8 @@ START_TEST(test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its
             ck_assert_int_le(asked, WRK_FETCH_WINDOW);
         }
     }
-    zmq_close(r);
-    zmq_ctx_term(ctx);
+    fake_broker_close(r, ctx, dir);
     free(file);
-    char sock[96];
-    snprintf(sock, sizeof sock, "%s/b", dir);
-    unlink(sock);
-    rmdir(dir);
 }
 END_TEST
 
