@@ -25,6 +25,12 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name) {
     return brk_splitmix64(shard_hash ^ cap_hash_text(name));
 }
 
+bool brk_component_served(const char *comp, char *why, size_t len) {
+    if (!strcmp(comp, BRK_COMPONENT)) return true;
+    snprintf(why, len, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
+    return false;
+}
+
 uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch) {
     char full[CAP_MODEL_MAX];

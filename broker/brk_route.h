@@ -24,6 +24,10 @@
 #define BRK_KEYS_RECENT MSG_KEYS_RECENT       /* shard keys remembered per worker */
 #define BRK_COMPONENT "transformer" /* the component a GEN's version names */
 
+/* True when workers serve component comp (a SYNC or an UPLOAD of another
+ * could never be applied); else false with why. */
+bool brk_component_served(const char *comp, char *why, size_t len);
+
 /* ---- hashing ------------------------------------------------------------- */
 
 /* The splitmix64 finaliser: a bijective 64-bit mix. Can't fail. */

@@ -380,10 +380,7 @@ static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **runnin
     /* sha256 compares either case: it names the same bytes. */
     *resend = known_sha && !strcasecmp(m->sha256, known_sha);
     uint64_t floor = cv > pv ? cv : pv;
-    if (strcmp(comp, BRK_COMPONENT) != 0) {
-        snprintf(why, len, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
-        return WIRE_E_BAD_REQUEST;
-    }
+    if (!brk_component_served(comp, why, len)) return WIRE_E_BAD_REQUEST;
     if (!*resend && version <= floor) {
         if (known_sha)
             snprintf(why, len, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,

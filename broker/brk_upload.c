@@ -499,9 +499,8 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
                      "UPLOAD: this broker keeps no uploaded weights (start it with --weights-dir)");
         return;
     }
-    if (strcmp(u->component, BRK_COMPONENT) != 0) { /* nothing could ever sync it */
-        brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST, "UPLOAD: workers serve component \"%s\" only, not \"%s\"",
-                     BRK_COMPONENT, u->component);
+    if (!brk_component_served(u->component, why, sizeof why)) { /* nothing could ever sync it */
+        brk_error_to(b, false, from, id, WIRE_E_BAD_REQUEST, "UPLOAD: %s", why);
         return;
     }
     lower(u->sha256, sha);

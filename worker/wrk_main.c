@@ -64,12 +64,6 @@ static int install_signals(void) {
     return 0;
 }
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- the link to the broker ------------------------------------------------ */
 
 typedef struct {
@@ -415,7 +409,7 @@ static int handle_broker(link_t *l) {
         return e == EAGAIN || e == EINTR ? 0 : -1;
     }
     /* Any message is a heartbeat. */
-    l->heard = now_ms();
+    l->heard = wrk_mono_ms();
     l->backoff_ms = BACKOFF_MIN_MS;
     msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
     if (r == 1) {
@@ -449,10 +443,10 @@ static int serve(link_t *l) {
     wrk_t *w = l->w;
     const int hb = w->opt->heartbeat_ms;
     const int64_t silent_ms = (int64_t)hb * w->opt->liveness;
-    l->next_events = now_ms() + w->opt->events_ms;
+    l->next_events = wrk_mono_ms() + w->opt->events_ms;
     for (;;) {
         if (atomic_load(&w->fatal)) return 1;
-        int64_t now = now_ms();
+        int64_t now = wrk_mono_ms();
         int64_t wake = l->next_events;
         if (l->http && l->next_publish < wake) wake = l->next_publish;
         if (l->dealer) {
@@ -484,7 +478,7 @@ static int serve(link_t *l) {
         if (n == 3 && (it[1].revents & ZMQ_POLLIN))
             for (int i = 0; i < DRAIN_MAX; i++)
                 if (wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT) < 0) break;
-        now = now_ms();
+        now = wrk_mono_ms();
         if (l->dealer && now - l->heard >= silent_ms) {
             start_reconnect(l, now);
         } else if (!l->dealer && now >= l->reconnect_at) {
@@ -668,7 +662,7 @@ static int run(const wrk_opts_t *o) {
         wrk_log(&w, "metrics and health on http://%s (port %d): /metrics, /healthz, /readyz", o->metrics,
                 reel_http_port(l.http));
     }
-    if (connect_broker(&l, now_ms()) != 0) { code = 2; goto out; }
+    if (connect_broker(&l, wrk_mono_ms()) != 0) { code = 2; goto out; }
     wrk_log(&w, "ready (%s, %d streams)", kern_backend_device_name(w.backend), o->streams);
     reel_notify("READY=1\nSTATUS=serving");
 

@@ -63,7 +63,7 @@ struct wrk_job {
 /* What clients learn of cfg (READY "configs", STATUS "models"). Can't fail. */
 void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
 
-/* Milliseconds of CLOCK_MONOTONIC: a job's deadline clock. */
+/* Milliseconds of CLOCK_MONOTONIC: the worker's clock (deadlines, heartbeats). */
 int64_t wrk_mono_ms(void);
 
 /* The worker's own bound on a request's work (--max-tokens: a sample's
