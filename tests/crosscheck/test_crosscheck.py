@@ -8,6 +8,12 @@ Usage:
 Exit 0 when every case passes, 1 otherwise.  One line per case with its max
 relative error (max|a-b| / max(max|b|, 1e-12), a = reelctl, b = numpy), then
 a final `crosscheck: P passed, F failed` line.
+
+After the Euler cases below, the run also does test_solvers.py's work (issue
+24): the checks of the numpy UniPC / DPM++ reference solvers_ref.py and the
+cross-check of `reelctl run --solver unipc|dpm++` against it at 1e-5.
+`--no-solvers` leaves them out; `test_solvers.py --selftest` exercises their
+comparison path against fake_reelctl.py.
 """
 
 import argparse
@@ -22,6 +28,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import safetensors_np  # noqa: E402
+import test_solvers  # noqa: E402
 import tinydit_ref as ref  # noqa: E402
 
 TOL = 1e-4
@@ -342,6 +349,12 @@ def selftest():
     pz, fz, _ = crosscheck("/nonexistent/reelctl", os.path.join(tmp, "missing"), env, quiet=True)
     check("missing tool is a failure", pz == 0 and fz == len(CASES))
 
+    # --- the UniPC / DPM++ reference (solvers_ref.py) --------------------------
+    print("-- UniPC / DPM++ reference checks (test_solvers.py --selftest adds its fake comparison path):")
+    sc = test_solvers.Checks()
+    test_solvers.reference_checks(sc)
+    results.extend(sc.results)
+
     npass = sum(results)
     nfail = len(results) - npass
     print("crosscheck: %d passed, %d failed" % (npass, nfail))
@@ -353,12 +366,19 @@ def main():
     ap.add_argument("--reelctl", help="path to the reelctl binary")
     ap.add_argument("--workdir", help="directory for weights, inputs and outputs")
     ap.add_argument("--selftest", action="store_true", help="check the numpy model alone (no reelctl needed)")
+    ap.add_argument("--no-solvers", action="store_true", help="Euler cases only (no UniPC / DPM++)")
     a = ap.parse_args()
     if a.selftest:
         return selftest()
     if not a.reelctl or not a.workdir:
         ap.error("--reelctl and --workdir are required (or --selftest)")
     passed, failed, _ = crosscheck(a.reelctl, a.workdir)
+    if not a.no_solvers:
+        print("-- UniPC / DPM++ (issue 24): reference checks, then reelctl run --solver vs solvers_ref.py")
+        rp, rf = test_solvers.run_reference_checks()
+        sp, sf, _ = test_solvers.crosscheck_solvers(a.reelctl, a.workdir)
+        passed += rp + sp
+        failed += rf + sf
     print("crosscheck: %d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 

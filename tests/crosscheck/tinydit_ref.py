@@ -265,8 +265,12 @@ def apply_rope(x, theta):
 # ---------------------------------------------------------------------------
 # Forward ("## Forward (one velocity evaluation)")
 # ---------------------------------------------------------------------------
-def forward(w, latent, context, sigma, dtype=np.float64):
-    """One velocity evaluation v(latent, t = 1000*sigma) given context [L, T]."""
+def forward(w, latent, context, sigma, dtype=np.float64, timestep=None):
+    """One velocity evaluation v(latent, t = 1000*sigma) given context [L, T].
+
+    `timestep`, when given, is the transformer's t itself and sigma is unused:
+    Wan's UniPC / DPM++ pipelines pass an int64 timestep (solvers_ref.py), and
+    the sinusoid takes it as a float64 number exactly."""
     cfg = w.cfg
     P = w.as_dtype(dtype)
     D, H, C = cfg.dim, cfg.heads, cfg.in_channels
@@ -278,7 +282,7 @@ def forward(w, latent, context, sigma, dtype=np.float64):
         raise ValueError("latent has %d channels, config wants %d" % (Cl, C))
     if context.ndim != 2 or context.shape[1] != cfg.text_dim:
         raise ValueError("context shape %s, want [L, %d]" % (context.shape, cfg.text_dim))
-    t = 1000.0 * float(sigma)                      # "timestep t = 1000*sigma"
+    t = 1000.0 * float(sigma) if timestep is None else float(timestep)   # "timestep t = 1000*sigma"
 
     # 1. Time: s = sinusoid(t) of width 256 ... e = Linear2(SiLU(Linear0(s)))
     #    (`time_embedding`), e6 = Linear1(SiLU(e)) (`time_projection`), viewed as [6, D].
@@ -360,12 +364,12 @@ def sigma_schedule(steps, shift):
     return S * u / (1.0 + (S - 1.0) * u)
 
 
-def velocity(w, x, context, uncond, sigma, cfg, dtype=np.float64):
+def velocity(w, x, context, uncond, sigma, cfg, dtype=np.float64, timestep=None):
     """CFG: v = v_u + g.(v_c - v_u); with uncond None, v = v_c (no guidance)."""
-    v_c = forward(w, x, context, sigma, dtype)
+    v_c = forward(w, x, context, sigma, dtype, timestep=timestep)
     if uncond is None:
         return v_c
-    v_u = forward(w, x, uncond, sigma, dtype)
+    v_u = forward(w, x, uncond, sigma, dtype, timestep=timestep)
     return v_u + cfg * (v_c - v_u)
 
 
