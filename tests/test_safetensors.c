@@ -665,6 +665,125 @@ START_TEST(test_save_replaces_an_existing_file_whole) {
 }
 END_TEST
 
+/* ---- headers without their data, and st_save -------------------------- */
+
+typedef struct {
+    unsigned char buf[512];
+    size_t n;
+    int stop_after;          /* calls before saying stop; 0: never */
+    int calls;
+} sink_t;
+
+static int sink(void *user, const void *p, size_t n) {
+    sink_t *k = user;
+    if (k->stop_after && ++k->calls > k->stop_after) return -1;
+    ck_assert_uint_le(k->n + n, sizeof k->buf);
+    memcpy(k->buf + k->n, p, n);
+    k->n += n;
+    return 0;
+}
+
+/* A header is judged without its data, and the data read after it, into
+ * any buffer, hands the hook the file's bytes exactly once, in order. */
+START_TEST(test_header_then_data_read_every_byte_once_in_order) {
+    float d[3] = { 1, 2, 3 };
+    size_t len;
+    unsigned char *b = assemble("{\"__metadata__\":{\"k\":\"v\"},\"b\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                "\"data_offsets\":[8,12]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                                d, sizeof d, &len);
+    const char *p = put_file("h.safetensors", b, len);
+    FILE *fp = fopen(p, "rb");
+    int fd = fileno(fp);
+    sink_t k = { .n = 0 };
+    st_header_t *h = st_header_read(fd, p, sink, &k);
+    ck_assert_msg(h != NULL, "%s", kern_error());
+    ck_assert_uint_eq(st_header_count(h), 2);
+    ck_assert_str_eq(st_header_at(h, 0)->name, "a"); /* data order */
+    ck_assert_uint_eq(st_header_at(h, 1)->begin, 8);
+    ck_assert_uint_eq(st_header_at(h, 1)->nbytes, 4);
+    ck_assert_ptr_null(st_header_at(h, 2));
+    ck_assert_str_eq(st_header_meta(h, "k"), "v");
+    ck_assert_ptr_null(st_header_meta(h, "x"));
+    ck_assert_uint_eq(st_header_data_len(h), sizeof d);
+    size_t hlen;
+    ck_assert_ptr_nonnull(st_header_text(h, &hlen));
+    ck_assert_uint_eq(8 + hlen + sizeof d, len);
+    float got[3];
+    ck_assert_int_eq(st_header_read_data(h, fd, p, got, sink, &k), 0);
+    ck_assert_int_eq(memcmp(got, d, sizeof d), 0);
+    ck_assert_uint_eq(k.n, len);
+    ck_assert_int_eq(memcmp(k.buf, b, len), 0);
+    /* without a buffer: the hook alone sees the data */
+    k.n = 0;
+    st_header_free(&h);
+    h = st_header_read(fd, p, sink, &k);
+    ck_assert_int_eq(st_header_read_data(h, fd, p, NULL, sink, &k), 0);
+    ck_assert_int_eq(memcmp(k.buf, b, len), 0);
+    /* a file that grew since its header was read is refused */
+    FILE *ap = fopen(p, "ab");
+    fputc(0, ap);
+    fclose(ap);
+    ck_assert_int_eq(st_header_read_data(h, fd, p, got, NULL, NULL), -1);
+    ck_assert_error_has("changed size");
+    st_header_free(&h);
+    st_header_free(&h);
+    st_header_free(NULL);
+    /* a hook that says stop */
+    k = (sink_t){ .stop_after = 1 };
+    ck_assert_ptr_null(st_header_read(fd, p, sink, &k));
+    ck_assert_error_has("reading stopped");
+    fclose(fp);
+    free(b);
+}
+END_TEST
+
+START_TEST(test_header_read_refuses_what_open_refuses) {
+    size_t len;
+    unsigned char *b = assemble("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", zeros, 8, &len);
+    const char *p = put_file("o.safetensors", b, len);
+    FILE *fp = fopen(p, "rb");
+    ck_assert_ptr_null(st_header_read(fileno(fp), p, NULL, NULL));
+    ck_assert_error_has("overlap");
+    st_probe_t pr;
+    ck_assert_int_eq(st_probe_fd(fileno(fp), p, &pr), -1); /* the probe too, now */
+    fclose(fp);
+    free(b);
+}
+END_TEST
+
+/* st_save writes a file from memory as it is: metadata, names, dtypes,
+ * bytes; the offsets packed back to back. */
+START_TEST(test_save_writes_an_open_file_back_whole) {
+    uint16_t h[3] = { 0x3f80, 0x4000, 0x4040 };
+    float d[2] = { 5, 6 };
+    unsigned char data[16] = { 0 };
+    memcpy(data, d, 8);
+    memcpy(data + 10, h, 6); /* a gap of 2 bytes before the BF16 tensor */
+    size_t len;
+    unsigned char *b = assemble("{\"__metadata__\":{\"config\":\"tiny\"},\"f\":{\"dtype\":\"F32\",\"shape\":[2],"
+                                "\"data_offsets\":[0,8]},\"h\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[10,16]}}",
+                                data, sizeof data, &len);
+    st_file_t *f = st_parse(b, len);
+    ck_assert_msg(f != NULL, "%s", kern_error());
+    ck_assert_uint_eq(st_data_len(f), 16);
+    ck_assert_uint_eq(st_offset(f, st_find(f, "h")), 10);
+    ck_assert_str_eq(st_origin(f), "safetensors buffer");
+    ck_assert_int_eq(st_save(f, tmp_path("saved.safetensors")), 0);
+    st_file_t *g = st_open(tmp_path("saved.safetensors"));
+    ck_assert_msg(g != NULL, "%s", kern_error());
+    ck_assert_str_eq(st_meta(g, "config"), "tiny");
+    ck_assert_uint_eq(st_data_len(g), 14); /* no gap */
+    ck_assert_int_eq(st_find(g, "h")->dtype, KERN_BF16);
+    ck_assert_int_eq(memcmp(st_find(g, "h")->data, h, 6), 0);
+    ck_assert_int_eq(memcmp(st_find(g, "f")->data, d, 8), 0);
+    st_close(&g);
+    ck_assert_int_eq(st_save(f, "/nonexistent-dir/x.safetensors"), -1);
+    st_close(&f);
+    free(b);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
@@ -706,6 +825,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_save_into_missing_directory_fails_naming_the_path);
     tcase_add_test(tc, test_save_replaces_an_existing_file_whole);
     tcase_add_test(tc, test_adopt_owns_the_data_buffer_and_checks_the_header);
+    tcase_add_test(tc, test_header_then_data_read_every_byte_once_in_order);
+    tcase_add_test(tc, test_header_read_refuses_what_open_refuses);
+    tcase_add_test(tc, test_save_writes_an_open_file_back_whole);
     suite_add_tcase(s, tc);
     return s;
 }

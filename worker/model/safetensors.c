@@ -219,16 +219,36 @@ static int check_overlap(const st_file_t *f) {
     return 0;
 }
 
-static int parse_metadata(const st_file_t *f, const json_t *m) {
+static int parse_metadata(const char *origin, const json_t *m) {
     if (!json_is_object(m))
-        return kern_fail("%s: \"__metadata__\" is not a JSON object", f->origin);
+        return kern_fail("%s: \"__metadata__\" is not a JSON object", origin);
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)m, k, v)
         if (!json_is_string(v))
             return kern_fail("%s: \"__metadata__\" value for \"%s\" is not a "
-                             "string", f->origin, k);
+                             "string", origin, k);
     return 0;
+}
+
+/* Parses header text into a JSON object, the messages st_open gives. */
+static json_t *load_header_json(const char *origin, const char *hdr, size_t hlen) {
+    json_error_t je;
+    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (json_error_code(&je) == json_error_duplicate_key)
+            kern_fail("%s: duplicate tensor name in header: %s", origin, je.text);
+        else
+            kern_fail("%s: header is not valid JSON: %s (line %d, column %d)",
+                      origin, je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        kern_fail("%s: header is not a JSON object", origin);
+        json_decref(root);
+        return NULL;
+    }
+    return root;
 }
 
 /* Builds a file from the header bytes and the data buffer. Takes ownership
@@ -249,25 +269,12 @@ static st_file_t *parse_parts(const char *origin, const char *hdr, size_t hlen,
         goto err;
     }
 
-    json_error_t je;
-    f->root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!f->root) {
-        if (json_error_code(&je) == json_error_duplicate_key)
-            kern_fail("%s: duplicate tensor name in header: %s", origin, je.text);
-        else
-            kern_fail("%s: header is not valid JSON: %s (line %d, column %d)",
-                      origin, je.text, je.line, je.column);
-        goto err;
-    }
-    if (!json_is_object(f->root)) {
-        kern_fail("%s: header is not a JSON object", origin);
-        goto err;
-    }
+    if (!(f->root = load_header_json(origin, hdr, hlen))) goto err;
 
     size_t n = json_object_size(f->root);
     f->meta = json_object_get(f->root, "__metadata__");
     if (f->meta) {
-        if (parse_metadata(f, f->meta) != 0) goto err;
+        if (parse_metadata(origin, f->meta) != 0) goto err;
         n--;
     }
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
@@ -353,48 +360,168 @@ static int regular_size(int fd, const char *path, uint64_t *total) {
     return check_min_len(path, *total);
 }
 
+/* ---- headers read without their data ----------------------------------- */
+
+struct st_header {
+    char *text;            /* the header's JSON, as read */
+    size_t hlen;
+    uint64_t total;        /* the file's size when the header was read */
+    uint64_t data_len;
+    json_t *root;          /* owns every name and metadata string */
+    json_t *meta;          /* borrowed from root; NULL when absent */
+    st_entry_t *e;         /* sorted by begin */
+    size_t count;
+};
+
+static int cmp_entry(const void *a, const void *b) {
+    const st_entry_t *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->nbytes != y->nbytes) return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* As check_overlap, over offsets. Requires entries sorted by begin. */
+static int check_entries_overlap(const char *origin, const st_entry_t *e, size_t n) {
+    const st_entry_t *reach = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (e[i].nbytes == 0) continue;
+        if (reach && e[i].begin < reach->begin + reach->nbytes)
+            return kern_fail("%s: tensors \"%s\" [%llu,%llu] and \"%s\" [%llu,%llu] overlap", origin, reach->name,
+                             (unsigned long long)reach->begin, (unsigned long long)(reach->begin + reach->nbytes),
+                             e[i].name, (unsigned long long)e[i].begin,
+                             (unsigned long long)(e[i].begin + e[i].nbytes));
+        if (!reach || e[i].begin + e[i].nbytes > reach->begin + reach->nbytes) reach = &e[i];
+    }
+    return 0;
+}
+
+void st_header_free(st_header_t **hp) {
+    if (!hp || !*hp) return;
+    st_header_t *h = *hp;
+    free(h->text);
+    free(h->e);
+    json_decref(h->root);
+    free(h);
+    *hp = NULL;
+}
+
+st_header_t *st_header_read(int fd, const char *path, st_read_hook_t hook, void *user) {
+    assert(path);
+    uint64_t total, off = 0;
+    if (regular_size(fd, path, &total) != 0) return NULL;
+    unsigned char lenbuf[8];
+    if (read_at(fd, path, lenbuf, sizeof lenbuf, &off, hook, user) != 0) return NULL;
+    uint64_t hlen = load_le64(lenbuf);
+    if (check_header_len(path, total, hlen) != 0) return NULL;
+    st_header_t *h = calloc(1, sizeof *h);
+    if (!h || !(h->text = malloc(hlen ? (size_t)hlen : 1))) {
+        free(h);
+        kern_fail("%s: out of memory for a %llu-byte header", path, (unsigned long long)hlen);
+        return NULL;
+    }
+    h->hlen = (size_t)hlen;
+    h->total = total;
+    h->data_len = total - 8 - hlen;
+    if (read_at(fd, path, h->text, h->hlen, &off, hook, user) != 0) goto err;
+    if (!(h->root = load_header_json(path, h->text, h->hlen))) goto err;
+    size_t n = json_object_size(h->root);
+    h->meta = json_object_get(h->root, "__metadata__");
+    if (h->meta) {
+        if (parse_metadata(path, h->meta) != 0) goto err;
+        n--;
+    }
+    if (!(h->e = calloc(n ? n : 1, sizeof *h->e))) {
+        kern_fail("%s: out of memory for %zu tensors", path, n);
+        goto err;
+    }
+    const char *name;
+    const json_t *v;
+    json_object_foreach(h->root, name, v) {
+        if (v == h->meta) continue;
+        st_tensor_t t;
+        int64_t begin;
+        if (check_entry(path, (size_t)h->data_len, name, v, &t, &begin) != 0) goto err;
+        st_entry_t *e = &h->e[h->count++];
+        e->name = name;
+        e->dtype = t.dtype;
+        e->ndim = t.ndim;
+        memcpy(e->shape, t.shape, sizeof e->shape);
+        e->begin = (uint64_t)begin;
+        e->nbytes = t.nbytes;
+    }
+    qsort(h->e, h->count, sizeof *h->e, cmp_entry);
+    if (check_entries_overlap(path, h->e, h->count) != 0) goto err;
+    return h;
+err:
+    st_header_free(&h);
+    return NULL;
+}
+
+int st_header_read_data(const st_header_t *h, int fd, const char *path, void *dst, st_read_hook_t hook, void *user) {
+    assert(h && path);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return kern_fail("%s: cannot stat: %s", path, strerror(errno));
+    if ((uint64_t)sb.st_size != h->total)
+        return kern_fail("%s: changed size while being read (%llu bytes, %llu when its header was read)", path,
+                         (unsigned long long)sb.st_size, (unsigned long long)h->total);
+    if (h->data_len > SIZE_MAX) return kern_fail("%s: %llu data bytes do not fit in memory", path,
+                                                 (unsigned long long)h->data_len);
+    uint64_t off = 8 + h->hlen;
+    if (dst) return read_at(fd, path, dst, (size_t)h->data_len, &off, hook, user);
+    /* Hashing without keeping: through one scratch chunk. */
+    size_t chunk = (size_t)4 << 20;
+    unsigned char *buf = malloc(chunk);
+    if (!buf) return kern_fail("%s: out of memory", path);
+    int rc = 0;
+    for (uint64_t left = h->data_len; rc == 0 && left;) {
+        size_t n = left < chunk ? (size_t)left : chunk;
+        rc = read_at(fd, path, buf, n, &off, hook, user);
+        left -= n;
+    }
+    free(buf);
+    return rc;
+}
+
+size_t st_header_count(const st_header_t *h) {
+    assert(h);
+    return h->count;
+}
+
+const st_entry_t *st_header_at(const st_header_t *h, size_t i) {
+    assert(h);
+    return i < h->count ? &h->e[i] : NULL;
+}
+
+const char *st_header_meta(const st_header_t *h, const char *key) {
+    assert(h && key);
+    return h->meta ? json_string_value(json_object_get(h->meta, key)) : NULL;
+}
+
+const char *st_header_text(const st_header_t *h, size_t *hlen) {
+    assert(h && hlen);
+    *hlen = h->hlen;
+    return h->text;
+}
+
+uint64_t st_header_data_len(const st_header_t *h) {
+    assert(h);
+    return h->data_len;
+}
+
 int st_probe_fd(int fd, const char *path, st_probe_t *out) {
     assert(path && out);
     memset(out, 0, sizeof *out);
-    uint64_t total, off = 0;
-    if (regular_size(fd, path, &total) != 0) return -1;
-    unsigned char lenbuf[8];
-    if (read_at(fd, path, lenbuf, sizeof lenbuf, &off, NULL, NULL) != 0) return -1;
-    uint64_t hlen = load_le64(lenbuf);
-    if (check_header_len(path, total, hlen) != 0) return -1;
-    char *hdr = malloc(hlen ? (size_t)hlen : 1);
-    if (!hdr) return kern_fail("%s: out of memory for a %llu-byte header", path, (unsigned long long)hlen);
-    int rc = -1;
-    json_t *root = NULL;
-    if (read_at(fd, path, hdr, (size_t)hlen, &off, NULL, NULL) != 0) goto out;
-    json_error_t je;
-    root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        kern_fail("%s: header is not valid JSON: %s (line %d, column %d)", path, je.text, je.line, je.column);
-        goto out;
+    st_header_t *h = st_header_read(fd, path, NULL, NULL);
+    if (!h) return -1;
+    out->header_len = h->hlen;
+    out->data_len = h->data_len;
+    out->count = h->count;
+    for (size_t i = 0; i < h->count; i++) {
+        out->bytes += h->e[i].nbytes;
+        if (h->e[i].begin + h->e[i].nbytes > out->data_end) out->data_end = h->e[i].begin + h->e[i].nbytes;
     }
-    if (!json_is_object(root)) {
-        kern_fail("%s: header is not a JSON object", path);
-        goto out;
-    }
-    out->header_len = hlen;
-    out->data_len = total - 8 - hlen;
-    const char *name;
-    const json_t *e;
-    json_object_foreach(root, name, e) {
-        if (!strcmp(name, "__metadata__")) continue;
-        st_tensor_t t;
-        int64_t begin;
-        if (check_entry(path, (size_t)out->data_len, name, e, &t, &begin) != 0) goto out;
-        out->count++;
-        out->bytes += t.nbytes;
-        if ((uint64_t)begin + t.nbytes > out->data_end) out->data_end = (uint64_t)begin + t.nbytes;
-    }
-    rc = 0;
-out:
-    json_decref(root);
-    free(hdr);
-    return rc;
+    st_header_free(&h);
+    return 0;
 }
 
 st_file_t *st_open_fd(int fd, const char *path, st_read_hook_t hook, void *user) {
@@ -457,6 +584,21 @@ void st_close(st_file_t **f) {
     free(x->origin);
     free(x);
     *f = NULL;
+}
+
+const char *st_origin(const st_file_t *f) {
+    assert(f);
+    return f->origin;
+}
+
+size_t st_data_len(const st_file_t *f) {
+    assert(f);
+    return f->data_len;
+}
+
+uint64_t st_offset(const st_file_t *f, const st_tensor_t *t) {
+    assert(f && t && (t->nbytes == 0 || (const unsigned char *)t->data >= f->data));
+    return (uint64_t)((const unsigned char *)t->data - f->data);
 }
 
 size_t st_count(const st_file_t *f) {
@@ -533,10 +675,10 @@ typedef struct {
     int64_t shape[KERN_MAX_DIMS];
     void *data;
     size_t nbytes;
-} st_entry_t;
+} wr_entry_t;
 
 struct st_writer {
-    st_entry_t *v;
+    wr_entry_t *v;
     size_t n, cap;
     int64_t total;   /* sum of nbytes; kept <= INT64_MAX for JSON offsets */
     json_t *meta;    /* object of strings, in insertion order */
@@ -606,12 +748,12 @@ int st_writer_add(st_writer_t *w, const char *name, kern_dtype_t dt, int ndim,
 
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 16;
-        st_entry_t *v = realloc(w->v, cap * sizeof *v);
+        wr_entry_t *v = realloc(w->v, cap * sizeof *v);
         if (!v) return kern_fail("st_writer_add: %s: out of memory", name);
         w->v = v;
         w->cap = cap;
     }
-    st_entry_t *e = &w->v[w->n];
+    wr_entry_t *e = &w->v[w->n];
     memset(e, 0, sizeof *e);
     e->name = strdup(name);
     e->data = malloc(nb ? (size_t)nb : 1);
@@ -650,16 +792,30 @@ int st_writer_meta(st_writer_t *w, const char *key, const char *value) {
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes; malloc'd,
  * length in *len. NULL with a message on failure. */
+static char *dump_header(const json_t *root, size_t *len) {
+    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER), *out = NULL;
+    size_t n = s ? strlen(s) : 0, padded = (n + 7) & ~(size_t)7;
+    if (s && (out = malloc(padded ? padded : 1))) {
+        memcpy(out, s, n);
+        memset(out + n, ' ', padded - n);
+        *len = padded;
+    } else {
+        kern_fail("st_writer_save: out of memory building the header");
+    }
+    free(s);
+    return out;
+}
+
 static char *build_header(const st_writer_t *w, size_t *len) {
     json_t *root = json_object();
-    char *s = NULL, *out = NULL;
+    char *out = NULL;
     if (!root) goto oom;
     if (json_object_size(w->meta) &&
         json_object_set(root, "__metadata__", w->meta) != 0)
         goto oom;
     int64_t off = 0;
     for (size_t i = 0; i < w->n; i++) {
-        const st_entry_t *e = &w->v[i];
+        const wr_entry_t *e = &w->v[i];
         json_t *shape = json_array();
         if (!shape) goto oom;
         for (int d = 0; d < e->ndim; d++)
@@ -676,19 +832,10 @@ static char *build_header(const st_writer_t *w, size_t *len) {
         if (!entry || json_object_set_new(root, e->name, entry) != 0) goto oom;
         off += (int64_t)e->nbytes;
     }
-    s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!s) goto oom;
-    size_t n = strlen(s), padded = (n + 7) & ~(size_t)7;
-    out = malloc(padded);
-    if (!out) goto oom;
-    memcpy(out, s, n);
-    memset(out + n, ' ', padded - n);
-    *len = padded;
-    free(s);
+    out = dump_header(root, len);
     json_decref(root);
     return out;
 oom:
-    free(s);
     json_decref(root);
     kern_fail("st_writer_save: out of memory building the header");
     return NULL;
@@ -722,8 +869,10 @@ static void sync_parent_dir(const char *path) {
     free(dir);
 }
 
-int st_writer_save(st_writer_t *w, const char *path) {
-    assert(w && path);
+/* Writes the length field, hdr and the n parts to path atomically (see
+ * st_writer_save). */
+static int save_parts(const char *path, const char *hdr, size_t hlen, const void *const *part, const size_t *plen,
+                      size_t n) {
     /* The file goes in by rename: what stands at path is replaced, so only
      * a regular file may (a device, a FIFO or a symlink run over as root
      * would be lost: /dev/null turned into a file). */
@@ -731,17 +880,11 @@ int st_writer_save(st_writer_t *w, const char *path) {
     if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode))
         return kern_fail("%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
                          "replaced)", path);
-    size_t hlen;
-    char *hdr = build_header(w, &hlen);
-    if (!hdr) return -1;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) {
-        free(hdr);
-        return kern_fail("%s: out of memory", path);
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
+    size_t plen_path = strlen(path);
+    char *tmp = malloc(plen_path + 5);
+    if (!tmp) return kern_fail("%s: out of memory", path);
+    memcpy(tmp, path, plen_path);
+    memcpy(tmp + plen_path, ".tmp", 5);
 
     int rc = -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -754,8 +897,8 @@ int st_writer_save(st_writer_t *w, const char *path) {
     if (write_full(fd, tmp, lenbuf, sizeof lenbuf) != 0 ||
         write_full(fd, tmp, hdr, hlen) != 0)
         goto fail;
-    for (size_t i = 0; i < w->n; i++)
-        if (write_full(fd, tmp, w->v[i].data, w->v[i].nbytes) != 0) goto fail;
+    for (size_t i = 0; i < n; i++)
+        if (write_full(fd, tmp, part[i], plen[i]) != 0) goto fail;
     if (fsync(fd) != 0) {
         kern_fail("%s: fsync failed: %s", tmp, strerror(errno));
         goto fail;
@@ -779,6 +922,71 @@ fail:
     unlink(tmp);
 out:
     free(tmp);
+    return rc;
+}
+
+int st_writer_save(st_writer_t *w, const char *path) {
+    assert(w && path);
+    struct stat ps;
+    if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode))
+        return kern_fail("%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
+                         "replaced)", path);
+    size_t hlen;
+    char *hdr = build_header(w, &hlen);
+    if (!hdr) return -1;
+    const void **part = malloc((w->n ? w->n : 1) * sizeof *part);
+    size_t *plen = malloc((w->n ? w->n : 1) * sizeof *plen);
+    int rc = -1;
+    if (!part || !plen) {
+        kern_fail("%s: out of memory", path);
+    } else {
+        for (size_t i = 0; i < w->n; i++) {
+            part[i] = w->v[i].data;
+            plen[i] = w->v[i].nbytes;
+        }
+        rc = save_parts(path, hdr, hlen, part, plen, w->n);
+    }
+    free(part);
+    free(plen);
+    free(hdr);
+    return rc;
+}
+
+int st_save(const st_file_t *f, const char *path) {
+    assert(f && path);
+    json_t *root = json_object();
+    const void **part = malloc((f->count ? f->count : 1) * sizeof *part);
+    size_t *plen = malloc((f->count ? f->count : 1) * sizeof *plen);
+    char *hdr = NULL;
+    size_t hlen = 0;
+    int rc = -1;
+    if (!root || !part || !plen || (f->meta && json_object_set(root, "__metadata__", f->meta) != 0)) goto oom;
+    int64_t off = 0;
+    for (size_t i = 0; i < f->count; i++) { /* data order: tensors back to back */
+        const st_tensor_t *t = &f->tensors[i];
+        json_t *shape = json_array();
+        if (!shape) goto oom;
+        for (int d = 0; d < t->ndim; d++)
+            if (json_array_append_new(shape, json_integer(t->shape[d])) != 0) {
+                json_decref(shape);
+                goto oom;
+            }
+        json_t *entry = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kern_dtype_name(t->dtype), "shape", shape,
+                                  "data_offsets", (json_int_t)off, (json_int_t)(off + (int64_t)t->nbytes));
+        if (!entry || json_object_set_new(root, t->name, entry) != 0) goto oom;
+        part[i] = t->data;
+        plen[i] = t->nbytes;
+        off += (int64_t)t->nbytes;
+    }
+    if (!(hdr = dump_header(root, &hlen))) goto out;
+    rc = save_parts(path, hdr, hlen, part, plen, f->count);
+    goto out;
+oom:
+    kern_fail("%s: out of memory building the header", path);
+out:
+    json_decref(root);
+    free(part);
+    free(plen);
     free(hdr);
     return rc;
 }

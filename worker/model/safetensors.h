@@ -75,6 +75,47 @@ typedef struct {
  * message naming path. */
 int st_probe_fd(int fd, const char *path, st_probe_t *out);
 
+/* One tensor of a header read without its data (st_header_t). */
+typedef struct {
+    const char *name;                /* owned by the header */
+    kern_dtype_t dtype;
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+    uint64_t begin;                  /* where its bytes start in the data buffer */
+    size_t nbytes;                   /* numel * kern_dtype_size(dtype) */
+} st_entry_t;
+
+/* A file's length field and header, read and checked as st_open checks
+ * them (every entry's dtype, shape and offsets inside the data buffer the
+ * file's size leaves; no two entries sharing a byte), without its data:
+ * so a caller can judge a file (names, shapes, size) before reading the
+ * data, and read the data where it wants it (st_header_read_data). */
+typedef struct st_header st_header_t;
+/* Reads the length field and the header of the file open at fd (pread
+ * from 0; a regular file only), handing both to hook (NULL: none) in file
+ * order, as st_open_fd does. Returns the header (st_header_free), or NULL
+ * with a message naming path. */
+st_header_t *st_header_read(int fd, const char *path, st_read_hook_t hook, void *user);
+/* Reads the data buffer of the file h was read from (fd, the bytes after
+ * the header) into dst, which holds st_header_data_len(h) bytes, handing
+ * every chunk (at most 4 MiB) to hook after the header's: so a digest
+ * taken by the hook over both calls is of the whole file. dst NULL: the
+ * bytes go only to the hook (hashing without keeping). -1 with a message
+ * naming path on an I/O error, a file whose size changed since its header
+ * was read, or a hook that says stop ("reading stopped"). */
+int st_header_read_data(const st_header_t *h, int fd, const char *path, void *dst, st_read_hook_t hook, void *user);
+/* Entries in data order (ascending begin); NULL when i is out of range. */
+size_t st_header_count(const st_header_t *h);
+const st_entry_t *st_header_at(const st_header_t *h, size_t i);
+/* The "__metadata__" value for key, or NULL (no metadata, or no such key). */
+const char *st_header_meta(const st_header_t *h, const char *key);
+/* The header's JSON text (hlen bytes) as read, for st_adopt. */
+const char *st_header_text(const st_header_t *h, size_t *hlen);
+/* Bytes after the header in the file (the data buffer, gaps included). */
+uint64_t st_header_data_len(const st_header_t *h);
+/* Frees *h and sets *h = NULL; NULL-safe. Can't fail. */
+void st_header_free(st_header_t **h);
+
 /* As st_open, over `len` bytes at `buf`, which are copied (the caller keeps
  * buf). Messages name the source as "safetensors buffer". */
 st_file_t *st_parse(const void *buf, size_t len);
@@ -86,6 +127,18 @@ st_file_t *st_adopt(const char *origin, const char *hdr, size_t hlen, unsigned c
 /* The data buffer of f, taken from it (free() it, or reuse it): f's
  * tensors must not be read after. NULL for a file without data. */
 unsigned char *st_take_data(st_file_t *f);
+/* What f's messages name it (its path, or the origin given). Owned by f. */
+const char *st_origin(const st_file_t *f);
+/* Bytes in f's data buffer (gaps included). Can't fail. */
+size_t st_data_len(const st_file_t *f);
+/* Where tensor t (one of f's, from st_at or st_find) starts in f's data
+ * buffer. Can't fail. */
+uint64_t st_offset(const st_file_t *f, const st_tensor_t *t);
+/* Writes f whole to path as st_writer_save writes (atomically, header
+ * padded to 8 bytes, tensors back to back in data order, its
+ * "__metadata__" kept), straight from f's buffer: no copy of the data.
+ * 0, or -1 with a message naming the path (path untouched). */
+int st_save(const st_file_t *f, const char *path);
 /* Frees *f and everything it owns and sets *f = NULL. Does nothing when f
  * or *f is NULL. Can't fail. */
 void st_close(st_file_t **f);
