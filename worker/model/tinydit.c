@@ -8,6 +8,7 @@
 #include "tinydit.h"
 #include <jansson.h>
 #include "tinydit_impl.h"
+#include "wan_ckpt.h"
 #include "kernels/error.h"
 #include "kernels/names.h"
 #include "kernels/ops.h"
@@ -24,19 +25,35 @@
 
 /* ---- configs ----------------------------------------------------------- */
 
+/* The one table of built-in configs (README and docs/MODEL.md list it). */
 static const tdit_config_t builtin[] = {
-    { "tiny", 64, 4, 2, 128, 4, 32, 256 },
-    { "small", 384, 6, 12, 1024, 16, 256, 256 },
-    { "wan2.1-1.3b", 1536, 12, 30, 8960, 16, 4096, 256 },
+    { "tiny", 64, 4, 2, 128, 4, 32, 256, 0 },
+    { "small", 384, 6, 12, 1024, 16, 256, 256, 0 },
+    { "wan2.1-1.3b", 1536, 12, 30, 8960, 16, 4096, 256, 0 },
+    { "wan2.1-14b", 5120, 40, 40, 13824, 16, 4096, 256, 0 },
 };
+#define N_BUILTIN (sizeof builtin / sizeof builtin[0])
+
+const char *tdit_config_builtin_name(int i) {
+    return i >= 0 && (size_t)i < N_BUILTIN ? builtin[i].name : NULL;
+}
 
 int tdit_config_builtin(const char *name, tdit_config_t *out) {
-    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+    char list[N_BUILTIN * sizeof builtin[0].name + 2 * N_BUILTIN] = "";
+    for (size_t i = 0; i < N_BUILTIN; i++) {
         if (!strcmp(builtin[i].name, name)) {
             *out = builtin[i];
             return 0;
         }
-    return kern_fail("unknown config '%s' (built-in: tiny, small, wan2.1-1.3b)", name);
+        if (i) strcat(list, ", ");
+        strcat(list, builtin[i].name);
+    }
+    return kern_fail("unknown config '%s' (built-in: %s)", name, list);
+}
+
+bool tdit_config_same_network(const tdit_config_t *a, const tdit_config_t *b) {
+    return a->dim == b->dim && a->heads == b->heads && a->layers == b->layers && a->ffn_dim == b->ffn_dim &&
+           a->in_channels == b->in_channels && a->text_dim == b->text_dim && a->freq_dim == b->freq_dim;
 }
 
 int tdit_config_validate(const tdit_config_t *c) {
@@ -54,6 +71,8 @@ int tdit_config_validate(const tdit_config_t *c) {
     if (c->dim > (1 << 16) || c->layers > 512 || c->ffn_dim > (1 << 18) ||
         c->in_channels > 4096 || c->text_dim > (1 << 16) || c->freq_dim > 8192)
         return kern_fail("config %s: sizes beyond Reel's limits", c->name);
+    if (c->text_len < 0 || c->text_len > (1 << 16))
+        return kern_fail("config %s: text_len %" PRId64 " is outside 0..65536", c->name, c->text_len);
     return 0;
 }
 
@@ -89,14 +108,27 @@ int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_c
         }
         *keys[i].v = json_integer_value(v);
     }
+    json_t *tl = json_object_get(root, "text_len");
+    if (tl && !json_is_integer(tl)) {
+        kern_fail("%s: 'text_len' must be an integer", what);
+        goto out;
+    }
+    c->text_len = tl ? json_integer_value(tl) : 0;
     rc = tdit_config_validate(c);
 out:
     json_decref(root);
     return rc;
 }
 
-static int meta_int(const st_file_t *f, const char *key, int64_t *out) {
-    const char *v = st_meta(f, key);
+/* Metadata read through a getter, so a file and a header without its
+ * data (st_header_t) give the same config and the same messages. */
+typedef const char *(*meta_get_t)(const void *src, const char *key);
+
+static const char *file_meta(const void *f, const char *key) { return st_meta(f, key); }
+static const char *header_meta(const void *h, const char *key) { return st_header_meta(h, key); }
+
+static int meta_int(meta_get_t get, const void *f, const char *key, int64_t *out) {
+    const char *v = get(f, key);
     if (!v) return kern_fail("weights metadata lacks '%s'", key);
     char *end;
     long long x = strtoll(v, &end, 10);
@@ -105,27 +137,33 @@ static int meta_int(const st_file_t *f, const char *key, int64_t *out) {
     return 0;
 }
 
-int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out) {
-    const char *name = st_meta(f, "config");
-    if (st_meta(f, "dim")) {
+static int config_from(meta_get_t get, const void *f, tdit_config_t *out) {
+    const char *name = get(f, "config");
+    if (get(f, "dim")) {
         memset(out, 0, sizeof *out);
         if (snprintf(out->name, sizeof out->name, "%s", name ? name : "custom") >= (int)sizeof out->name)
             return kern_fail("weights metadata: config name '%.64s...' is longer than %zu bytes", name,
                              sizeof out->name - 1);
-        TRY(meta_int(f, "dim", &out->dim));
-        TRY(meta_int(f, "heads", &out->heads));
-        TRY(meta_int(f, "layers", &out->layers));
-        TRY(meta_int(f, "ffn_dim", &out->ffn_dim));
-        TRY(meta_int(f, "in_channels", &out->in_channels));
-        TRY(meta_int(f, "text_dim", &out->text_dim));
-        TRY(meta_int(f, "freq_dim", &out->freq_dim));
+        TRY(meta_int(get, f, "dim", &out->dim));
+        TRY(meta_int(get, f, "heads", &out->heads));
+        TRY(meta_int(get, f, "layers", &out->layers));
+        TRY(meta_int(get, f, "ffn_dim", &out->ffn_dim));
+        TRY(meta_int(get, f, "in_channels", &out->in_channels));
+        TRY(meta_int(get, f, "text_dim", &out->text_dim));
+        TRY(meta_int(get, f, "freq_dim", &out->freq_dim));
     } else if (name) {
         TRY(tdit_config_builtin(name, out));
     } else {
         return kern_fail("weights metadata names no config (need 'config' or the size keys)");
     }
+    out->text_len = 0;
+    if (get(f, "text_len")) TRY(meta_int(get, f, "text_len", &out->text_len));
     return tdit_config_validate(out);
 }
+
+int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out) { return config_from(file_meta, f, out); }
+
+int tdit_config_from_header(const st_header_t *h, tdit_config_t *out) { return config_from(header_meta, h, out); }
 
 /* ---- the weight table --------------------------------------------------- */
 
@@ -221,6 +259,30 @@ static int list_weights(const tdit_config_t *c, tdit_model_t *m, wlist_t *l) {
     return 0;
 }
 
+tdit_weight_t *tdit_config_weights(const tdit_config_t *c, size_t *n) {
+    wlist_t l = { 0 };
+    *n = 0;
+    if (list_weights(c, NULL, &l) != 0) {
+        free(l.e);
+        return NULL;
+    }
+    tdit_weight_t *w = malloc((l.n ? l.n : 1) * sizeof *w);
+    if (!w) {
+        free(l.e);
+        kern_fail("out of memory listing weights");
+        return NULL;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        snprintf(w[i].name, sizeof w[i].name, "%s", l.e[i].name);
+        w[i].ndim = l.e[i].ndim;
+        memcpy(w[i].shape, l.e[i].shape, sizeof w[i].shape);
+    }
+    *n = l.n;
+    free(l.e);
+    return w;
+}
+
 int64_t tdit_config_params(const tdit_config_t *c) {
     wlist_t l = { 0 };
     if (list_weights(c, NULL, &l) != 0) { free(l.e); return -1; }
@@ -262,6 +324,8 @@ int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path) {
         snprintf(v, sizeof v, "%" PRId64, kv[i].v);
         if (st_writer_meta(w, kv[i].k, v)) goto out;
     }
+    snprintf(v, sizeof v, "%" PRId64, c->text_len);
+    if (c->text_len && st_writer_meta(w, "text_len", v)) goto out;
     snprintf(v, sizeof v, "%" PRIu64, seed);
     if (st_writer_meta(w, "init_seed", v) || st_writer_meta(w, "format", "pt")) goto out;
     for (size_t i = 0; i < l.n; i++) {
@@ -410,9 +474,7 @@ err:
 int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
     tdit_config_t c;
     if (tdit_config_from_meta(f, &c) != 0) return -1;
-    if (c.dim != m->cfg.dim || c.heads != m->cfg.heads || c.layers != m->cfg.layers ||
-        c.ffn_dim != m->cfg.ffn_dim || c.in_channels != m->cfg.in_channels ||
-        c.text_dim != m->cfg.text_dim || c.freq_dim != m->cfg.freq_dim)
+    if (!tdit_config_same_network(&c, &m->cfg))
         return kern_fail("weights: config %s does not match the resident %s", c.name, m->cfg.name);
     wlist_t l = { 0 };
     int rc = list_weights(&m->cfg, NULL, &l);
@@ -424,7 +486,7 @@ int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
 }
 
 tdit_model_t *tdit_model_load_path(kern_backend_t *b, const char *path, kern_dtype_t dtype) {
-    st_file_t *f = st_open(path);
+    st_file_t *f = wan_ckpt_load(path);
     if (!f) return NULL;
     tdit_model_t *m = tdit_model_load(b, f, dtype);
     st_close(&f);

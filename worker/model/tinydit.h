@@ -31,26 +31,52 @@ typedef struct {
     int64_t in_channels;  /* C */
     int64_t text_dim;     /* T */
     int64_t freq_dim;     /* sinusoid width, 256 */
+    int64_t text_len;     /* Wan's text_len: contexts are padded with zero rows to it
+                           * (512 for a Wan2.1 release); 0: none (Reel-native) */
 } tdit_config_t;
 
-/* The built-in configs: "tiny", "small", "wan2.1-1.3b". -1 if unknown. */
+/* The built-in configs ("tiny", "small", "wan2.1-1.3b", "wan2.1-14b"; the
+ * table in tinydit.c is the one list): 0 with *out set, -1 with a message
+ * naming them if unknown. Built-in configs have text_len 0. */
 int tdit_config_builtin(const char *name, tdit_config_t *out);
-/* Checks sizes are positive, D % H == 0, head width even, freq even. */
+/* The i-th built-in config's name, NULL past the last. Can't fail. */
+const char *tdit_config_builtin_name(int i);
+/* Checks sizes are positive, D % H == 0, head width even, freq even,
+ * text_len in 0..65536. */
 int tdit_config_validate(const tdit_config_t *c);
+/* True when a and b describe the same network (every size; not the name,
+ * not text_len). Can't fail. */
+bool tdit_config_same_network(const tdit_config_t *a, const tdit_config_t *b);
 /* The config in a weights file's __metadata__: either every size key
  * ("dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim",
- * "freq_dim") or just "config" naming a built-in one. */
+ * "freq_dim") or just "config" naming a built-in one; "text_len" is
+ * optional (absent: 0). */
 int tdit_config_from_meta(const st_file_t *f, tdit_config_t *out);
+/* The same, from a header read without its data. */
+int tdit_config_from_header(const st_header_t *h, tdit_config_t *out);
 /* A config from JSON text {"name": ..., "dim": ..., "heads": ..., "layers":
  * ..., "ffn_dim": ..., "in_channels": ..., "text_dim": ..., "freq_dim": ...}
- * (name optional), checked by tdit_config_validate. `what` names the
- * source in messages. 0, or -1 with a message. */
+ * (name optional; "text_len" optional, 0 when absent), checked by
+ * tdit_config_validate. `what` names the source in messages. 0, or -1
+ * with a message. */
 int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_config_t *out);
 /* Parameters in the network. */
 int64_t tdit_config_params(const tdit_config_t *c);
 
+/* One weight tensor of a config: its name (TINYDIT.md = Wan's model.py)
+ * and shape. */
+typedef struct {
+    char name[80];
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+} tdit_weight_t;
+/* Every weight of c in file order (TINYDIT.md's list), malloc'd (free()
+ * it), *n of them; NULL with a message when out of memory. */
+tdit_weight_t *tdit_config_weights(const tdit_config_t *c, size_t *n);
+
 /* Writes deterministic random weights for c to path (F32, config in
- * __metadata__; distributions in docs/MODEL.md). 0, or -1 with a message. */
+ * __metadata__, "text_len" too when nonzero; distributions in
+ * docs/MODEL.md). 0, or -1 with a message. */
 int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path);
 
 typedef struct tdit_model tdit_model_t;
@@ -59,6 +85,9 @@ typedef struct tdit_model tdit_model_t;
  * (KERN_F32 on the CPU; F32 or BF16 on CUDA). Checks each tensor's presence,
  * dtype and shape; the message names the first bad tensor. NULL on failure. */
 tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
+/* As tdit_model_load, from a checkpoint path in any layout wan_ckpt.h
+ * reads (a Reel file, a Wan2.1 release file or folder, a sharded index, a
+ * diffusers folder or pipeline). */
 tdit_model_t *tdit_model_load_path(kern_backend_t *b, const char *path, kern_dtype_t dtype);
 void tdit_model_destroy(tdit_model_t **m);
 const tdit_config_t *tdit_model_config(const tdit_model_t *m);
