@@ -27,6 +27,7 @@
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
 #include "worker/wrk_weights.h"
+#include "worker/model/wan_ckpt.h"
 
 /* ---- command line ---------------------------------------------------------- */
 
@@ -847,6 +848,131 @@ START_TEST(test_a_huge_sparse_file_is_refused_by_its_size_before_a_byte_is_hashe
 }
 END_TEST
 
+/* The tiny weights as a Wan2.1 release sharded in two, in folder rel of
+ * the root: Wan's names, no Reel metadata, the index, Wan's config.json
+ * (config NULL: none; else its text). */
+static void write_release(const char *rel, const char *config) {
+    char src_path[256], p[300], idx[8192] = "{\"weight_map\":{";
+    snprintf(src_path, sizeof src_path, "%s", in_root("release-src.safetensors"));
+    if (access(src_path, F_OK) != 0) ck_assert_int_eq(tdit_weights_init(&tiny, 7, src_path), 0);
+    ck_assert_int_eq(mkdir(in_root(rel), 0700), 0);
+    st_file_t *src = st_open(src_path);
+    ck_assert_ptr_nonnull(src);
+    st_writer_t *w[2] = { st_writer_new(), st_writer_new() };
+    size_t n = st_count(src);
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor_t *t = st_at(src, i);
+        int s = i < n / 2 ? 0 : 1;
+        ck_assert_int_eq(st_writer_add(w[s], t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+        snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%s\"%s\":\"part-%d.safetensors\"", i ? "," : "",
+                 t->name, s + 1);
+    }
+    strcat(idx, "}}");
+    for (int s = 0; s < 2; s++) {
+        snprintf(p, sizeof p, "%s/%s/part-%d.safetensors", root, rel, s + 1);
+        ck_assert_int_eq(st_writer_save(w[s], p), 0);
+        st_writer_destroy(&w[s]);
+    }
+    snprintf(p, sizeof p, "%s/%s/diffusion_pytorch_model.safetensors.index.json", root, rel);
+    FILE *f = fopen(p, "w");
+    fputs(idx, f);
+    fclose(f);
+    if (config) {
+        snprintf(p, sizeof p, "%s/%s/config.json", root, rel);
+        f = fopen(p, "w");
+        fputs(config, f);
+        fclose(f);
+    }
+    st_close(&src);
+}
+
+static const char *tiny_wan_config =
+    "{\"_class_name\":\"WanModel\",\"dim\":64,\"eps\":1e-06,\"ffn_dim\":128,\"freq_dim\":256,\"in_dim\":4,"
+    "\"model_type\":\"t2v\",\"num_heads\":4,\"num_layers\":2,\"out_dim\":4,\"text_dim\":32,\"text_len\":512}";
+
+START_TEST(test_a_sync_by_path_may_name_a_release_folder_or_its_index_judged_like_a_file) {
+    write_release("rel", tiny_wan_config);
+    wan_ckpt_t *c = wan_ckpt_open(in_root("rel"), &(wan_opts_t){ .no_data = true }, NULL);
+    ck_assert_msg(c != NULL, "%s", kern_error());
+    const char *paths[] = { in_root("rel"), in_root("rel/diffusion_pytorch_model.safetensors.index.json") };
+    for (int i = 0; i < 2; i++) {
+        msg_sync_t m;
+        st_file_t *f = NULL;
+        char hex[65];
+        sync_msg(&m, "transformer", SHA_ABC, paths[i]);
+        ck_assert_msg(sread(&m, &f, hex) == 0, "%s: %s (%s)", paths[i], detail, wire);
+        ck_assert_str_eq(hex, wan_ckpt_identity(c)); /* the index's bytes, then each shard's digest */
+        ck_assert_str_eq(st_meta(f, "config"), "tiny");
+        ck_assert_str_eq(st_meta(f, "text_len"), "512");
+        ck_assert_ptr_nonnull(st_find(f, "blocks.1.cross_attn.norm_k.weight"));
+        ck_assert_int_eq(wrk_weights_finite(f, detail, sizeof detail), 0);
+        st_close(&f);
+    }
+    wan_ckpt_destroy(&c);
+    /* one shard alone is not the model; a raw whole file without config.json
+     * is judged against the running one */
+    ck_assert_str_eq(sync_answer(in_root("rel/part-1.safetensors")), WRK_E_MODEL);
+    ck_assert_ptr_nonnull(strstr(detail, "missing tensor"));
+    ck_assert_int_eq(mkdir(in_root("raw"), 0700), 0);
+    st_file_t *src = st_open(in_root("release-src.safetensors"));
+    st_writer_t *w = st_writer_new();
+    for (size_t i = 0; i < st_count(src); i++) {
+        const st_tensor_t *t = st_at(src, i);
+        st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+    }
+    ck_assert_int_eq(st_writer_save(w, in_root("raw/diffusion_pytorch_model.safetensors")), 0);
+    st_writer_destroy(&w);
+    st_close(&src);
+    ck_assert_str_eq(sync_answer(in_root("raw")), "ok");
+    ck_assert_str_eq(sync_answer(in_root("raw/diffusion_pytorch_model.safetensors")), "ok");
+}
+END_TEST
+
+START_TEST(test_a_release_folder_is_read_under_the_roots_rules_shard_by_shard) {
+    /* a shard through a symlink, even to a good file below the root */
+    write_release("link", tiny_wan_config);
+    ck_assert_int_eq(rename(in_root("link/part-2.safetensors"), in_root("part-2.safetensors")), 0);
+    ck_assert_int_eq(symlink(in_root("part-2.safetensors"), in_root("link/part-2.safetensors")), 0);
+    ck_assert_str_eq(sync_answer(in_root("link")), WRK_E_FILE);
+    ck_assert_ptr_nonnull(strstr(detail, "symlinks are not followed"));
+    /* config.json through a symlink */
+    write_release("cfglink", NULL);
+    FILE *f = fopen(in_root("config.json"), "w");
+    fputs(tiny_wan_config, f);
+    fclose(f);
+    ck_assert_int_eq(symlink(in_root("config.json"), in_root("cfglink/config.json")), 0);
+    ck_assert_str_eq(sync_answer(in_root("cfglink")), WRK_E_FILE);
+    /* a folder reached through a symlink */
+    ck_assert_int_eq(symlink(in_root("link"), in_root("alias")), 0);
+    ck_assert_str_eq(sync_answer(in_root("alias")), WRK_E_FILE);
+    /* an index reaching out of its folder */
+    write_release("out", tiny_wan_config);
+    f = fopen(in_root("out/diffusion_pytorch_model.safetensors.index.json"), "w");
+    fputs("{\"weight_map\":{\"patch_embedding.weight\":\"../release-src.safetensors\"}}", f);
+    fclose(f);
+    ck_assert_str_eq(sync_answer(in_root("out")), WRK_E_FILE);
+    ck_assert_ptr_nonnull(strstr(detail, "not a file in the index's folder"));
+    ck_assert_ptr_null(strstr(wire, "release-src"));
+}
+END_TEST
+
+START_TEST(test_a_release_of_another_model_is_not_weights_of_this_worker) {
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s", tiny_wan_config);
+    memcpy(strstr(cfg, "\"t2v\""), "\"i2v\"", 5);
+    write_release("i2v", cfg);
+    ck_assert_str_eq(sync_answer(in_root("i2v")), WRK_E_MODEL);
+    ck_assert_ptr_nonnull(strstr(detail, "model_type 'i2v'"));
+    snprintf(cfg, sizeof cfg, "%s", tiny_wan_config);
+    memcpy(strstr(cfg, "\"num_layers\":2"), "\"num_layers\":3", 14);
+    write_release("deeper", cfg);
+    ck_assert_str_eq(sync_answer(in_root("deeper")), WRK_E_MODEL);
+    ck_assert_ptr_nonnull(strstr(detail, "does not match the resident tiny"));
+    ck_assert_int_eq(mkdir(in_root("nothing"), 0700), 0);
+    ck_assert_str_eq(sync_answer(in_root("nothing")), WRK_E_FILE);
+}
+END_TEST
+
 static void *stop_later(void *arg) {
     (void)arg;
     struct timespec ts = { 0, 50 * 1000 * 1000 };
@@ -1227,6 +1353,9 @@ static Suite *suite(void) {
     tcase_add_test(t, test_missing_unreadable_and_junk_files_get_one_answer_that_tells_nothing);
     tcase_add_test(t, test_a_huge_sparse_file_is_refused_by_its_size_before_a_byte_is_hashed);
     tcase_add_test(t, test_a_stop_ends_a_weights_read_within_a_chunk);
+    tcase_add_test(t, test_a_sync_by_path_may_name_a_release_folder_or_its_index_judged_like_a_file);
+    tcase_add_test(t, test_a_release_folder_is_read_under_the_roots_rules_shard_by_shard);
+    tcase_add_test(t, test_a_release_of_another_model_is_not_weights_of_this_worker);
     suite_add_tcase(s, t);
     t = tcase_create("fetch");
     tcase_set_timeout(t, 30);

@@ -503,23 +503,18 @@ static int serve(link_t *l) {
 
 /* ---- startup and shutdown ---------------------------------------------------- */
 
-/* Loads the weights and their sha256, read once through one descriptor
- * (a regular file only: the operator's path may be a symlink, not a FIFO). */
+/* Loads the weights and their identity (the sha256 a sync announces),
+ * each file read once: a Reel file, or a Wan2.1 release in any layout
+ * wan_ckpt.h reads (the operator's path: symlinks followed, no FIFO). */
 static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     const char *path = w->opt->weights, *code;
     char detail[512];
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-        wrk_log(w, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
     tdit_model_t *m = NULL;
-    st_file_t *f = wrk_weights_read(fd, path, 0, &w->stop, sha, &code, detail, sizeof detail);
+    st_file_t *f = wrk_weights_load(NULL, path, NULL, 0, &w->stop, sha, &code, detail, sizeof detail);
     if (!f) wrk_log(w, "%s", detail);
     else if (wrk_weights_finite(f, detail, sizeof detail) != 0) wrk_log(w, "%s: %s", path, detail);
     else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, kern_error());
     st_close(&f);
-    close(fd);
     return m;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/error.h"
 #include "schema/sha256.h"
 #include "worker/model/tdit_program.h"
+#include "worker/model/wan_ckpt.h"
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_weights.h"
 
@@ -33,20 +34,16 @@ static int say(char *err, size_t len, const char *fmt, ...) {
     return -1;
 }
 
-/* Opens a path a peer named, under the weights roots, and reads it once,
- * judged by its size first and hashed as it is read (wrk_weights.h). */
+/* Reads the checkpoint a peer named (a file, an index or a folder), under
+ * the weights roots, judged against the running model and by its size
+ * first, each file read once and hashed as it is read (wrk_weights.h). */
 static st_file_t *open_path(const char *path, const tdit_config_t *cfg, const wrk_roots_t *roots,
                             const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
                             size_t errlen) {
-    const char *code;
-    int fd = wrk_weights_open(roots, path, &code, err, errlen);
-    st_file_t *f = NULL;
-    if (fd >= 0) {
-        /* Every parameter in F32: the most a file of this model holds. */
-        uint64_t max_data = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
-        f = wrk_weights_read(fd, path, max_data, stop, hex, &code, err, errlen);
-        close(fd);
-    }
+    const char *code = WRK_E_FILE;
+    /* Every parameter in F32: the most a file of this model holds. */
+    uint64_t max_data = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
+    st_file_t *f = wrk_weights_load(roots, path, cfg, max_data, stop, hex, &code, err, errlen);
     if (!f) snprintf(wire, wlen, "%s", code);
     return f;
 }
@@ -120,6 +117,13 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
         /* Every parameter in F32: the most data a file of this model holds. */
         uint64_t max = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
         *out = wrk_fetch(fetch, m, max, stop, hex, wire, wlen, err, errlen);
+        /* A release file uploaded as it is (no Reel metadata): judged
+         * against the running model, Wan's or diffusers' names made Reel's. */
+        wan_fail_t why;
+        if (*out && wan_ckpt_adopt(out, cfg, &why) != 0) {
+            say(err, errlen, "%s", kern_error());
+            snprintf(wire, wlen, "%s", why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE);
+        }
     } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
         snprintf(wire, wlen, "%s", WRK_E_FILE);
     }

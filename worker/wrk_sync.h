@@ -31,12 +31,17 @@
  * the fields msg_sync_decode does not (component must be "transformer";
  * exactly one of path, uploaded or tensors: msg_sync_validate). An
  * uploaded file is fetched from the broker through `fetch` (wrk_fetch.h;
- * NULL: refused), judged by its size like a path. A path is read as
- * wrk_weights.h says: under `roots` only, no symlink or "..", a regular
- * file, judged by its size against cfg's model before it is read once,
- * hashed as it is read, the read stopping when *stop is set. Returns 0
- * with *out open (st_close it) and hex set to the sha256 of what was read
- * (the file's bytes, or the inline tensor frames concatenated in order);
+ * NULL: refused), judged by its size like a path; one without Reel
+ * metadata (a Wan2.1 release file sent as it is) must hold cfg's tensors
+ * under Wan's or diffusers' names (wan_ckpt_adopt). A path -- a file, a
+ * sharded index or a checkpoint folder, any layout wan_ckpt.h reads -- is
+ * read as wrk_weights.h says: under `roots` only, no symlink or "..",
+ * regular files, each judged by its header against cfg's model before it
+ * is read once, hashed as it is read, the read stopping when *stop is
+ * set. Returns 0 with *out open (st_close it; Reel names and metadata)
+ * and hex set to the sha256 of what was read (the identity of the
+ * checkpoint, wan_ckpt.h: a file's bytes, or an index's then its shards'
+ * digests; or the inline tensor frames concatenated in order);
  * -1 with `wire` the text the ack may carry (a bad field as it is, any
  * file problem as one generic WRK_E_* text) and err the detail for the
  * log. `cfg` supplies the metadata inline tensors lack. Does not compare

@@ -13,6 +13,7 @@
 
 #include "kernels/error.h"
 #include "schema/sha256.h"
+#include "worker/model/wan_ckpt.h"
 
 static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -74,7 +75,8 @@ static bool plain_relative(const char *rel) {
     }
 }
 
-int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len) {
+int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **last, const char **wire, char *detail,
+                         size_t len) {
     const char *rel = NULL;
     int root = -1;
     if (!path || path[0] != '/')
@@ -93,30 +95,68 @@ int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, 
     if (dir < 0) return fail(wire, WRK_E_FILE, detail, len, "%s: %s", r->real[root], strerror(errno));
     for (const char *c = rel;;) {
         const char *e = strchr(c, '/');
-        size_t n = e ? (size_t)(e - c) : strlen(c);
+        if (!e) {
+            *last = c;
+            return dir;
+        }
+        size_t n = (size_t)(e - c);
         memcpy(comp, c, n);
         comp[n] = '\0';
         /* O_NOFOLLOW on every component: a symlink anywhere is ELOOP (or
-         * ENOTDIR), never followed. The last one opens without blocking. */
-        int flags = e ? O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
-                      : O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
-        int next = openat(dir, comp, flags);
+         * ENOTDIR), never followed. */
+        int next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         int err = errno;
         close(dir);
         if (next < 0)
             return fail(wire, WRK_E_FILE, detail, len, "%s: %s at '%s'%s", path, strerror(err), comp,
                         err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
-        if (!e) {
-            struct stat sb;
-            if (fstat(next, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-                close(next);
-                return fail(wire, WRK_E_FILE, detail, len, "%s: not a regular file", path);
-            }
-            return next;
-        }
         dir = next;
         c = e + 1;
     }
+}
+
+int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len) {
+    const char *last;
+    int dir = wrk_weights_open_dir(r, path, &last, wire, detail, len);
+    if (dir < 0) return -1;
+    /* The last one opens without blocking (a FIFO does not wait). */
+    int fd = openat(dir, last, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    int err = errno;
+    close(dir);
+    if (fd < 0)
+        return fail(wire, WRK_E_FILE, detail, len, "%s: %s at '%s'%s", path, strerror(err), last,
+                    err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return fail(wire, WRK_E_FILE, detail, len, "%s: not a regular file", path);
+    }
+    return fd;
+}
+
+st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_config_t *expect, uint64_t max_data,
+                            const atomic_bool *stop, char hex[65], const char **wire, char *detail, size_t len) {
+    wan_opts_t o = { .nofollow = r != NULL, .expect = expect, .max_data = max_data, .stop = stop };
+    wan_fail_t why = WAN_E_FILE;
+    wan_ckpt_t *c = NULL;
+    if (!r) {
+        c = wan_ckpt_open(path, &o, &why);
+    } else {
+        const char *last;
+        int dir = wrk_weights_open_dir(r, path, &last, wire, detail, len);
+        if (dir < 0) return NULL;
+        c = wan_ckpt_openat(dir, last, path, &o, &why);
+        close(dir);
+    }
+    if (!c) {
+        fail(wire, why == WAN_E_STOPPED ? WRK_E_STOPPED : why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE, detail, len,
+             "%s", kern_error());
+        return NULL;
+    }
+    snprintf(hex, 65, "%s", wan_ckpt_identity(c));
+    st_file_t *f = wan_ckpt_take(c);
+    wan_ckpt_destroy(&c);
+    return f;
 }
 
 int wrk_weights_finite(const st_file_t *f, char *why, size_t len) {

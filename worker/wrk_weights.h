@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "worker/model/safetensors.h"
+#include "worker/model/tinydit.h"
 
 #define WRK_MAX_ROOTS 8
 
@@ -63,6 +64,29 @@ int wrk_roots_add_dir_of(wrk_roots_t *r, const char *file);
  * answer, so the answer tells nothing of what is there) and the detail
  * in `detail`. */
 int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len);
+
+/* The directory holding the last component of path, reached as
+ * wrk_weights_open reaches a file (under a root, every directory opened
+ * with O_NOFOLLOW); *last points at that component inside path. The
+ * descriptor (the caller closes it), or -1 as wrk_weights_open. */
+int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **last, const char **wire, char *detail,
+                         size_t len);
+
+/* Reads the checkpoint at path in any layout worker/model/wan_ckpt.h reads
+ * (a Reel file, a Wan2.1 release file or folder, a sharded index or its
+ * folder, a diffusers folder or pipeline root). r NULL: the operator's
+ * path (--weights; symlinks followed); else a peer's: under the roots as
+ * above, and every file of the checkpoint below the directory reached,
+ * none through a symlink. Every file is judged by its header first
+ * (against expect: the running model, whose config also stands in for a
+ * file that carries none; and by size: at most max_data bytes of data
+ * and, with max_data, at least half of it in tensors), then read once and
+ * hashed as read; stop (NULL: never) ends the read within a chunk. Returns
+ * the weights under Reel's names with the config in their metadata, hex
+ * the identity a sync announces (wan_ckpt.h), or NULL with *wire one of
+ * WRK_E_PATH, WRK_E_FILE, WRK_E_MODEL, WRK_E_STOPPED and the detail. */
+st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_config_t *expect, uint64_t max_data,
+                            const atomic_bool *stop, char hex[65], const char **wire, char *detail, size_t len);
 
 /* Reads the weights file open at fd, judged first by its size: its
  * header must fit the file, and its data be at most max_data bytes (0: no
