@@ -1,8 +1,11 @@
-/* cmd_weights.c -- `reelctl weights init|info`: deterministic random weights
- * (nothing to download) and a summary of a weights file. */
+/* cmd_weights.c -- `reelctl weights init|inspect|info`: deterministic random
+ * weights (nothing to download), and what a checkpoint holds, in any layout
+ * worker/model/wan_ckpt.h reads (info is inspect's old name). */
 #include "ctl.h"
 #include "kernels/error.h"
 #include "worker/model/tinydit.h"
+#include "worker/model/wan_ckpt.h"
+#include <jansson.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -47,9 +50,13 @@ static int weights_init(int argc, char **argv) {
     if (!config || !out) return ctl_die(CTL_USAGE, "weights init needs --config and --out");
     tdit_config_t c;
     if (tdit_config_builtin(config, &c) != 0) {
+        char names[256] = "";
+        for (int i = 0; tdit_config_builtin_name(i); i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%.55s", i ? ", " : "",
+                     tdit_config_builtin_name(i));
         if (access(config, R_OK) != 0)
-            return ctl_die(CTL_USAGE, "--config: '%s' is neither a built-in config (tiny, small, "
-                           "wan2.1-1.3b) nor a readable JSON file", config);
+            return ctl_die(CTL_USAGE, "--config: '%s' is neither a built-in config (%s) nor a readable JSON file",
+                           config, names);
         if (config_from_json(config, &c) != 0)
             return ctl_die(CTL_USAGE, "--config %s: %s", config, kern_error());
     }
@@ -60,26 +67,80 @@ static int weights_init(int argc, char **argv) {
     return CTL_OK;
 }
 
-static int weights_info(int argc, char **argv) {
-    if (argc != 2) return ctl_die(CTL_USAGE, "usage: reelctl weights info W.safetensors");
-    st_file_t *f = st_open(argv[1]);
-    if (!f) return ctl_die(CTL_USAGE, "%s", kern_error());
-    tdit_config_t c;
-    if (tdit_config_from_meta(f, &c) != 0) {
-        st_close(&f);
-        return ctl_die(CTL_USAGE, "%s: %s", argv[1], kern_error());
+static json_t *file_json(const wan_file_t *f) {
+    return json_pack("{s:s, s:I, s:s}", "name", f->name, "bytes", (json_int_t)f->bytes, "sha256", f->sha256);
+}
+
+/* What a checkpoint holds, as text or JSON: its layout, config, size,
+ * files and the identity a sync by path would announce. */
+static int weights_inspect(int argc, char **argv, const char *cmd) {
+    const char *path = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (argv[i][0] == '-' && argv[i][1]) return ctl_die(CTL_USAGE, "weights %s: unknown option '%s'", cmd, argv[i]);
+        else if (path) return ctl_die(CTL_USAGE, "weights %s: unexpected argument '%s'", cmd, argv[i]);
+        else path = argv[i];
     }
-    printf("file        %s\nconfig      %s\ndim         %" PRId64 "\nheads       %" PRId64
-           "\nlayers      %" PRId64 "\nffn_dim     %" PRId64 "\nin_channels %" PRId64
-           "\ntext_dim    %" PRId64 "\nfreq_dim    %" PRId64 "\ntensors     %zu\nparameters  %" PRId64 "\n",
-           argv[1], c.name, c.dim, c.heads, c.layers, c.ffn_dim, c.in_channels, c.text_dim,
-           c.freq_dim, st_count(f), tdit_config_params(&c));
-    st_close(&f);
+    if (!path) return ctl_die(CTL_USAGE, "usage: reelctl weights %s PATH [--json] (a weights file, a sharded index or a "
+                              "folder: a Wan2.1 release, a diffusers transformer or pipeline)", cmd);
+    /* every byte hashed, nothing kept: a 14B release needs no 28 GB here */
+    wan_opts_t o = { .no_data = true };
+    wan_ckpt_t *ck = wan_ckpt_open(path, &o, NULL);
+    if (!ck) return ctl_die(CTL_USAGE, "%s", kern_error());
+    const tdit_config_t *c = wan_ckpt_config(ck);
+    wan_summary_t s;
+    wan_ckpt_summary(ck, &s);
+    const wan_file_t *idx = wan_ckpt_index(ck);
+    if (json) {
+        json_t *dt = json_object(), *files = json_array();
+        for (int d = 0; d < KERN_DTYPE_COUNT; d++)
+            if (s.dtype_count[d]) json_object_set_new(dt, kern_dtype_name((kern_dtype_t)d), json_integer((json_int_t)s.dtype_count[d]));
+        for (size_t i = 0; i < wan_ckpt_n_files(ck); i++) json_array_append_new(files, file_json(wan_ckpt_file_at(ck, i)));
+        json_t *cfg = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name", c->name, "dim",
+                                (json_int_t)c->dim, "heads", (json_int_t)c->heads, "layers", (json_int_t)c->layers,
+                                "ffn_dim", (json_int_t)c->ffn_dim, "in_channels", (json_int_t)c->in_channels,
+                                "text_dim", (json_int_t)c->text_dim, "freq_dim", (json_int_t)c->freq_dim, "text_len",
+                                (json_int_t)c->text_len);
+        json_t *root = json_pack("{s:s, s:s, s:o, s:I, s:I, s:o, s:I, s:I, s:o, s:o, s:s}", "path", path, "layout",
+                                 wan_layout_name(wan_ckpt_layout(ck)), "config", cfg, "tensors", (json_int_t)s.tensors,
+                                 "parameters", (json_int_t)s.parameters, "dtypes", dt, "tensor_bytes",
+                                 (json_int_t)s.tensor_bytes, "file_bytes", (json_int_t)s.file_bytes, "index",
+                                 idx ? file_json(idx) : json_null(), "files", files, "sha256", wan_ckpt_identity(ck));
+        char *text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text) printf("%s\n", text);
+        free(text);
+        json_decref(root);
+        wan_ckpt_destroy(&ck);
+        return text ? CTL_OK : ctl_die(CTL_FAIL, "out of memory");
+    }
+    char dts[64] = "";
+    for (int d = 0; d < KERN_DTYPE_COUNT; d++)
+        if (s.dtype_count[d])
+            snprintf(dts + strlen(dts), sizeof dts - strlen(dts), "%s%s %zu", dts[0] ? ", " : "",
+                     kern_dtype_name((kern_dtype_t)d), s.dtype_count[d]);
+    printf("path        %s\nlayout      %s\nconfig      %s\ndim         %" PRId64 "\nheads       %" PRId64
+           "\nlayers      %" PRId64 "\nffn_dim     %" PRId64 "\nin_channels %" PRId64 "\ntext_dim    %" PRId64
+           "\nfreq_dim    %" PRId64 "\ntext_len    %" PRId64 "%s\ntensors     %zu\nparameters  %" PRId64
+           "\ndtypes      %s\nbytes       %" PRIu64 " in tensors, %" PRIu64 " in %zu file(s)\n",
+           path, wan_layout_name(wan_ckpt_layout(ck)), c->name, c->dim, c->heads, c->layers, c->ffn_dim,
+           c->in_channels, c->text_dim, c->freq_dim, c->text_len, c->text_len ? "" : " (none: contexts are not padded)",
+           s.tensors, s.parameters, dts, s.tensor_bytes, s.file_bytes, wan_ckpt_n_files(ck));
+    if (idx) printf("index       %s  %" PRIu64 " bytes  sha256 %s\n", idx->name, idx->bytes, idx->sha256);
+    for (size_t i = 0; i < wan_ckpt_n_files(ck); i++) {
+        const wan_file_t *f = wan_ckpt_file_at(ck, i);
+        printf("file        %s  %" PRIu64 " bytes  sha256 %s\n", f->name, f->bytes, f->sha256);
+    }
+    printf("sha256      %s  (%s)\n", wan_ckpt_identity(ck),
+           idx ? "a sync by path announces it: the index's bytes, then each shard's sha256 (docs/PROTOCOL.md)"
+               : "a sync by path announces it: the file's bytes");
+    wan_ckpt_destroy(&ck);
     return CTL_OK;
 }
 
 int cmd_weights(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "info")) return weights_info(argc - 1, argv + 1);
-    return ctl_die(CTL_USAGE, "usage: reelctl weights init|info ...");
+    if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
+    if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
+    return ctl_die(CTL_USAGE, "usage: reelctl weights init|inspect|info ...");
 }
