@@ -18,8 +18,6 @@
 
 #include "kernels/error.h"
 
-
-
 static const char *const layout_names[] = { "reel", "wan-original", "wan-sharded", "diffusers", "diffusers-pipeline" };
 
 const char *wan_layout_name(wan_layout_t l) {
