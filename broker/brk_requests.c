@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <inttypes.h>
 #include <string.h>
 
 #include "broker/brk_log.h"
@@ -130,10 +131,30 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
     b->metrics.busy++;
 }
 
+/* The text_len a live worker announced for model (0: none, or no worker
+ * announced one): its workers pad every context to it, so every prompt
+ * length shares one key and one graph, and routing must say so too. */
+static int64_t model_text_len(const brk_t *b, const char *model) {
+    for (int i = 0; i < b->n_w; i++)
+        for (int c = 0; c < b->w[i]->n_configs; c++)
+            if (!strcmp(b->w[i]->configs[c].name, model)) return (int64_t)b->w[i]->configs[c].text_len;
+    return 0;
+}
+
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
     wire_msg_t *m = *mp;
     int64_t ctx[2] = { g->context->shape[0], g->context->shape[1] };
-    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, g->sde, g->latent_shape, ctx, g->uncond != NULL,
+    int64_t tl = model_text_len(b, g->model);
+    if (tl > 0) {
+        if (ctx[0] > tl || (g->uncond && g->uncond->shape[0] > tl)) {
+            brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
+                         "a context of %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
+                         " and takes at most that many", ctx[0] > tl ? ctx[0] : g->uncond->shape[0], g->model, tl);
+            return;
+        }
+        ctx[0] = tl;
+    }
+    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, brk_loop_kind(g->sde, msg_gen_solver(g)), g->latent_shape, ctx, g->uncond != NULL,
                                          (int64_t)msg_gen_n(g));
     if (!shard) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());

@@ -31,7 +31,13 @@ bool brk_component_served(const char *comp, char *why, size_t len) {
     return false;
 }
 
-uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
+int brk_loop_kind(bool sde, const char *solver) {
+    if (sde) return BRK_LOOP_SDE;
+    if (solver && !strcmp(solver, "unipc")) return BRK_LOOP_UNIPC;
+    return solver && !strcmp(solver, "dpm++") ? BRK_LOOP_DPMPP : BRK_LOOP_EULER;
+}
+
+uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch) {
     char full[CAP_MODEL_MAX];
     if (!model || !*model) {
@@ -43,28 +49,30 @@ uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
         return 0;
     }
     cap_key_t k;
-    if (cap_key_denoise_batch(&k, "", "", full, sde ? "sde" : "euler", KERN_F32, batch > 1 ? batch : 1, latent,
+    static const char *const kinds[] = { "euler", "sde", "unipc", "dpm++" };
+    const char *kind = loop >= 0 && loop < 4 ? kinds[loop] : "euler";
+    if (cap_key_denoise_batch(&k, "", "", full, kind, KERN_F32, batch > 1 ? batch : 1, latent,
                               context, cfg, BRK_COMPONENT, 0) < 0)
         return 0;
     return cap_key_shard_hash(&k);
 }
 
-uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, bool sde, const int64_t latent[4],
+uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, int loop, const int64_t latent[4],
                              const int64_t context[2], bool cfg, int64_t batch) {
     size_t len = model ? strnlen(model, BRK_NAME_MAX) : BRK_NAME_MAX;
     if (batch < 1) batch = 1;
-    if (len == 0 || len >= BRK_NAME_MAX) return brk_shard_hash(model, sde, latent, context, cfg, batch);
-    uint64_t h = brk_splitmix64(cap_hash_text(model) ^ (uint64_t)sde << 1 ^ (uint64_t)cfg ^ (uint64_t)batch << 2);
+    if (len == 0 || len >= BRK_NAME_MAX) return brk_shard_hash(model, loop, latent, context, cfg, batch);
+    uint64_t h = brk_splitmix64(cap_hash_text(model) ^ (uint64_t)loop << 1 ^ (uint64_t)cfg ^ (uint64_t)batch << 3);
     for (int i = 0; i < 4; i++) h = brk_splitmix64(h ^ (uint64_t)latent[i]);
     for (int i = 0; i < 2; i++) h = brk_splitmix64(h ^ (uint64_t)context[i]);
     brk_shard_memo_slot_t *s = &memo->slot[h % BRK_SHARD_MEMO];
-    if (!strcmp(s->model, model) && s->sde == sde && s->cfg == cfg && s->batch == batch &&
+    if (!strcmp(s->model, model) && s->loop == loop && s->cfg == cfg && s->batch == batch &&
         !memcmp(s->latent, latent, sizeof s->latent) && !memcmp(s->context, context, sizeof s->context))
         return s->hash;
-    uint64_t shard = brk_shard_hash(model, sde, latent, context, cfg, batch);
+    uint64_t shard = brk_shard_hash(model, loop, latent, context, cfg, batch);
     if (!shard) return 0;
     memcpy(s->model, model, len + 1);
-    s->sde = sde;
+    s->loop = loop;
     s->cfg = cfg;
     s->batch = batch;
     memcpy(s->latent, latent, sizeof s->latent);

@@ -37,8 +37,15 @@ uint64_t brk_splitmix64(uint64_t x);
  * FNV-1a 64 with 0 read as 1 (capture_cache/key.h). Can't fail. */
 uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
 
+/* The loop kind of a GEN's steps, as its capture key names it. */
+enum { BRK_LOOP_EULER = 0, BRK_LOOP_SDE = 1, BRK_LOOP_UNIPC = 2, BRK_LOOP_DPMPP = 3 };
+/* A GEN's loop kind from its sde flag and solver name ("" or "euler":
+ * Euler; "unipc", "dpm++"). Can't fail. */
+int brk_loop_kind(bool sde, const char *solver);
+
 /* The shard hash of a GEN (docs/CAPTURE.md, shard form): cap_key_denoise
- * with model "tinydit:<model>", loop "sde" or "euler", dtype F32, the
+ * with model "tinydit:<model>", loop "euler", "sde", "unipc" or "dpm++"
+ * (loop is a BRK_LOOP_*), dtype F32, the
  * latent and context shapes, cfg = uncond present, the GEN's batch n (a
  * group of n > 1 samples runs as one batched step: cap_key_denoise_batch),
  * component "transformer" at version 0, hashed without device, arch or
@@ -46,7 +53,7 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
  * valid hash) with a message in kern_error() when a field does not fit the
  * key (a model name empty, too long, or with characters outside
  * [A-Za-z0-9_.:+-]). */
-uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
+uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch);
 
 /* The shard hashes of recent inputs: requests of one model and shapes
@@ -56,7 +63,8 @@ uint64_t brk_shard_hash(const char *model, bool sde, const int64_t latent[4],
 #define BRK_SHARD_MEMO 16
 typedef struct {
     char model[BRK_NAME_MAX];    /* "" in an empty slot */
-    bool sde, cfg;
+    int loop;
+    bool cfg;
     int64_t latent[4], context[2];
     int64_t batch;
     uint64_t hash;
@@ -67,7 +75,7 @@ typedef struct {
 /* brk_shard_hash, looked up in memo first and stored there when it is
  * valid (0 is never stored: failures are computed again, with their
  * message). */
-uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, bool sde, const int64_t latent[4],
+uint64_t brk_shard_hash_memo(brk_shard_memo_t *memo, const char *model, int loop, const int64_t latent[4],
                              const int64_t context[2], bool cfg, int64_t batch);
 
 /* ---- workers as routing sees them ------------------------------------------ */

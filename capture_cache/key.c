@@ -172,6 +172,10 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
      * always was. */
     const int64_t lat5[5] = { batch, latent[0], latent[1], latent[2], latent[3] };
     bool sde = !strcmp(loop, "sde");
+    /* A multistep solver's step (UniPC, DPM++) reads its coefficients and
+     * keeps its history (three latents) in the workspace. */
+    bool ms = !strcmp(loop, "unipc") || !strcmp(loop, "dpm++");
+    int64_t lat_n = batch * latent[0] * latent[1] * latent[2] * latent[3];
     if ((batch == 1 ? cap_key_add_input(k, "latent", dt, 4, latent) : cap_key_add_input(k, "latent", dt, 5, lat5)) ||
         cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 }) ||
         cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 }) ||
@@ -180,6 +184,8 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
         /* An SDE step reads eta, seed and step from the workspace too. */
         (sde && (batch == 1 ? cap_key_add_input(k, "sde", KERN_F32, 1, (const int64_t[]){ 4 })
                             : cap_key_add_input(k, "sde", KERN_F32, 2, (const int64_t[]){ batch, 4 }))) ||
+        (ms && (cap_key_add_input(k, "solver", KERN_F32, 1, (const int64_t[]){ 16 }) ||
+                cap_key_add_input(k, "history", dt, 2, (const int64_t[]){ 3, lat_n }))) ||
         cap_key_add_component(k, component, version))
         return -1;
     k->graph.dtype = dt;

@@ -88,8 +88,10 @@ uint64_t cap_hash_bytes(const void *p, size_t n);
 
 /* The key of one step of a denoising loop, built the same way by the broker
  * (from a request) and the worker (from its model): model "tinydit:small",
- * loop "euler" or "sde", inputs latent [C,F,H,W] and context [L,T] of dtype
- * dt, sigmas F32[3], guidance F32[1], and uncond [L,T] when cfg; component
+ * loop "euler", "sde", "unipc" or "dpm++", inputs latent [C,F,H,W] and
+ * context [L,T] of dtype dt, sigmas F32[3], guidance F32[1], and uncond
+ * [L,T] when cfg; "sde" adds sde F32[4], "unipc" and "dpm++" (the multistep
+ * solvers) solver F32[16] and history [3, latent elements] of dt; component
  * `component` at `version`; graph dtype dt, cfg "cond" or "cond+uncond",
  * expert "-", sched "f32". device/arch may be "" for shard hashing only.
  * -1 with a message when a field does not fit. */

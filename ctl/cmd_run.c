@@ -6,6 +6,7 @@
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
 #include "worker/model/tdit_program.h"
+#include "worker/model/wan_ckpt.h"
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ typedef struct {
 
 static int parse(int argc, char **argv, run_opts_t *r) {
     enum { O_WEIGHTS = 1, O_LATENT, O_CONTEXT, O_UNCOND, O_STEPS, O_SHIFT, O_CFG, O_SDE, O_ETA,
-           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP, O_NOFALLBACK };
+           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP, O_NOFALLBACK, O_SOLVER };
     static const struct option opts[] = {
         { "weights", required_argument, 0, O_WEIGHTS }, { "latent", required_argument, 0, O_LATENT },
         { "context", required_argument, 0, O_CONTEXT }, { "uncond", required_argument, 0, O_UNCOND },
@@ -34,7 +35,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         { "backend", required_argument, 0, O_BACKEND }, { "dtype", required_argument, 0, O_DTYPE },
         { "out", required_argument, 0, O_OUT }, { "size", required_argument, 0, O_SIZE },
         { "graphs", required_argument, 0, O_GRAPHS }, { "warmup", required_argument, 0, O_WARMUP },
-        { "no-fallback", no_argument, 0, O_NOFALLBACK },
+        { "no-fallback", no_argument, 0, O_NOFALLBACK }, { "solver", required_argument, 0, O_SOLVER },
         { 0, 0, 0, 0 },
     };
     memset(r, 0, sizeof *r);
@@ -61,6 +62,9 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         case O_DTYPE: r->dtype = optarg; break;
         case O_SDE: r->loop.sde = true; break;
         case O_NOFALLBACK: r->no_fallback = true; break;
+        case O_SOLVER:
+            if (tdit_solver_parse(optarg, &r->loop.solver)) return ctl_die(CTL_USAGE, "--solver: %s", kern_error());
+            break;
         case O_STEPS:
             if (ctl_parse_int(optarg, &r->loop.steps)) return ctl_die(CTL_USAGE, "--steps: '%s' is not an integer", optarg);
             break;
@@ -121,7 +125,7 @@ static int write_output(const char *path, const int64_t *shape, const float *x, 
     rc = rc ? rc : st_writer_meta(w, "shift", v);
     snprintf(v, sizeof v, "%.9g", r->have_cfg ? r->loop.guidance : 0.0);
     rc = rc ? rc : st_writer_meta(w, "cfg", v);
-    rc = rc ? rc : st_writer_meta(w, "sampler", r->loop.sde ? "sde" : "euler");
+    rc = rc ? rc : st_writer_meta(w, "sampler", r->loop.sde ? "sde" : tdit_solver_name(r->loop.solver));
     rc = rc ? rc : st_writer_meta(w, "config", c->name);
     rc = rc ? rc : st_writer_save(w, path);
     st_writer_destroy(&w);
@@ -148,7 +152,7 @@ int cmd_run(int argc, char **argv) {
     cap_cache_t *cache = NULL;
     code = CTL_USAGE;
 
-    st_file_t *wf = st_open(r.weights);
+    st_file_t *wf = wan_ckpt_load(r.weights); /* any layout a Wan2.1 user has (wan_ckpt.h) */
     if (!wf) { ctl_die(CTL_USAGE, "%s", kern_error()); goto out; }
     tdit_config_t cfg;
     if (tdit_config_from_meta(wf, &cfg) != 0) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); goto out; }
@@ -170,10 +174,38 @@ int cmd_run(int argc, char **argv) {
                 r.context, cshape[1], cfg.name, cfg.text_dim);
         goto out;
     }
-    if (unc && (ushape[0] != cshape[0] || ushape[1] != cshape[1])) {
+    if (unc && ((cfg.text_len == 0 && ushape[0] != cshape[0]) || ushape[1] != cshape[1])) {
         ctl_die(CTL_USAGE, "%s: uncond context is [%" PRId64 ",%" PRId64 "], context is [%" PRId64 ",%" PRId64 "]",
                 r.uncond, ushape[0], ushape[1], cshape[0], cshape[1]);
         goto out;
+    }
+    if (cfg.text_len > 0) {
+        /* Wan pads every context with zero rows to text_len and attends to
+         * all of them (docs/MODEL.md): so does Reel for such a config. */
+        if (cshape[0] > cfg.text_len || (unc && ushape[0] > cfg.text_len)) {
+            ctl_die(CTL_USAGE, "%s: a context of %" PRId64 " rows; config %s pads contexts to text_len %" PRId64
+                    " and takes at most that many", cshape[0] > cfg.text_len ? r.context : r.uncond,
+                    cshape[0] > cfg.text_len ? cshape[0] : ushape[0], cfg.name, cfg.text_len);
+            goto out;
+        }
+        float *pc = calloc((size_t)(cfg.text_len * cfg.text_dim), sizeof *pc);
+        float *pu = unc ? calloc((size_t)(cfg.text_len * cfg.text_dim), sizeof *pu) : NULL;
+        if (!pc || (unc && !pu)) {
+            free(pc);
+            free(pu);
+            ctl_die(CTL_FAIL, "out of memory");
+            goto out;
+        }
+        memcpy(pc, ctx, (size_t)(cshape[0] * cshape[1]) * sizeof *pc);
+        free(ctx);
+        ctx = pc;
+        cshape[0] = cfg.text_len;
+        if (unc) {
+            memcpy(pu, unc, (size_t)(ushape[0] * ushape[1]) * sizeof *pu);
+            free(unc);
+            unc = pu;
+            ushape[0] = cfg.text_len;
+        }
     }
 
     code = CTL_FAIL;
@@ -192,7 +224,7 @@ int cmd_run(int argc, char **argv) {
     if (!(s = kern_stream_new(b))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
     if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
     st_close(&wf);
-    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL, 1 };
+    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL, 1, r.loop.solver };
     if (tdit_shape_validate(&shape) != 0) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     if (!r.graphs && !(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
     size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);
@@ -218,7 +250,8 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "reelctl: %s on %s (%s): latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "], "
             "%d %s steps%s, %.3f s (%.1f ms/step) -> %s\n",
             cfg.name, kern_backend_device_name(b), kern_backend_arch(b), lshape[0], lshape[1], lshape[2],
-            lshape[3], st.steps, r.loop.sde ? "SDE" : "Euler", unc ? " with CFG" : "",
+            lshape[3], st.steps, r.loop.sde ? "SDE" : r.loop.solver == TDIT_SOLVER_EULER ? "Euler" : tdit_solver_name(r.loop.solver),
+            unc ? " with CFG" : "",
             st.seconds, 1e3 * st.seconds / (st.steps ? st.steps : 1), r.out);
     fprintf(stderr, "reelctl: graphs %s: %d captured, %d replayed, %d eager", r.graphs ? "on" : "off",
             st.captured, st.replayed, st.eager);

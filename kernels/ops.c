@@ -282,6 +282,32 @@ int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tenso
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
 }
 
+int kern_timestep_embed_at(kern_stream_t *s, const kern_tensor_t *at, kern_tensor_t *emb) {
+    const char *op = "timestep_embed";
+    kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
+    if (check_scalars(s, op, "t", at, 1) || check(s, op, "emb", emb, dt)) return -1;
+    int64_t dim = kern_tensor_numel(emb);
+    if (dim < 2 || dim % 2) return shape_fail(op, "emb", emb, "an even width");
+    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(at), .emb = kern_tensor_ptr(emb),
+                               .dim = dim, .t_scale = 1.0f };
+    return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
+}
+
+int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v, kern_tensor_t *h,
+                          const kern_tensor_t *coef) {
+    const char *op = "multistep";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) || check(s, op, "h", h, dt) ||
+        check_scalars(s, op, "coef", coef, KERN_MS_COEFS))
+        return -1;
+    int64_t n = kern_tensor_numel(x);
+    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    if (kern_tensor_numel(h) != 3 * n) return shape_fail(op, "h", h, "3 times x's element count");
+    kern_multistep_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v), .h = kern_tensor_ptr(h),
+                                .coef = kern_tensor_ptr(coef), .n = n };
+    return kern_dispatch(s, KERN_OP_MULTISTEP, dt, &a);
+}
+
 int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tensor_t *vu,
                      const kern_tensor_t *g, kern_tensor_t *v) {
     const char *op = "cfg_combine";

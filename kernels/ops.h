@@ -187,6 +187,18 @@ int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tens
  * back bit for bit; never used as numbers). Can't fail. */
 void kern_sde_params_pack(float params[4], float eta, uint64_t seed, uint32_t step);
 
+/* KERN_MS_* (kernels/ops_args.h) index a multistep step's coefficients. */
+/* x ← predictor(corrector(x, history), m), history shifted: see
+ * kern_multistep_args_t. x, v: one dtype, n elements each; h: 3·n of it
+ * (h0 the last corrected sample, h1 and h2 the last two data
+ * predictions); coef F32 [KERN_MS_COEFS]. Arithmetic in double, rounded
+ * once per stored value. -1 with a message on a bad tensor. */
+int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v, kern_tensor_t *h,
+                          const kern_tensor_t *coef);
+/* emb = sinusoid(t) with t = at[0] itself (no 1000·σ scaling): the
+ * timestep a multistep solver's schedule hands the transformer. */
+int kern_timestep_embed_at(kern_stream_t *s, const kern_tensor_t *at, kern_tensor_t *emb);
+
 #ifdef __cplusplus
 }
 #endif

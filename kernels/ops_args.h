@@ -190,6 +190,31 @@ typedef struct {
     int64_t n;
 } kern_euler_args_t;
 
+/* The coefficients of one multistep solver step (UniPC, DPM++), F32
+ * [KERN_MS_COEFS] in device memory, indexed by KERN_MS_*; written by the
+ * caller before each step, read by the kernel when it runs (capturable).
+ * KERN_MS_T is the timestep the transformer sees (kern_timestep_embed_at). */
+enum {
+    KERN_MS_CM,   /* m = x + c_m·v: the data prediction x0 = x − σ_i·v */
+    KERN_MS_CX, KERN_MS_CXL, KERN_MS_CP1, KERN_MS_CP2, KERN_MS_CCM, /* the corrector's xc */
+    KERN_MS_DXC, KERN_MS_DM, KERN_MS_DP1, KERN_MS_DP2,              /* the predictor's x_{i+1} */
+    KERN_MS_T = 15,
+    KERN_MS_COEFS = 16
+};
+/* A multistep solver's update over n elements, every coefficient read from
+ * device memory when it runs (KERN_MS_* index coef): with m = x + c_m·v,
+ * xc = c_x·x + c_xl·h0 + c_p1·h1 + c_p2·h2 + c_cm·m (the corrector),
+ * x ← d_xc·xc + d_m·m + d_p1·h1 + d_p2·h2 (the predictor), then
+ * h0 ← xc, h2 ← h1, h1 ← m. h holds 3·n elements (h0, h1, h2). */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *v;
+    void *h;
+    const float *coef;
+    int64_t n;
+} kern_multistep_args_t;
+
 /* Flow-GRPO SDE step (TINYDIT.md) over n elements. sigmas = {σ_i, σ_{i+1},
  * σ_1}; noise ε for element j is kern_philox_normal(seed, step, j). SDE
  * takes eta, step and seed from the fields (baked into a launch: not

@@ -39,6 +39,7 @@ typedef enum {
     KERN_OP_RMSNORM_ROPE3D,  /* in place: RMSNorm over the row, then 3-D RoPE per head */
     KERN_OP_ATTENTION_SDPA,  /* attention by a library's fused SDPA (CUDA: cuDNN, BF16) */
     KERN_OP_SDE_DEV,         /* the SDE update with eta, seed and step read from device memory */
+    KERN_OP_MULTISTEP,       /* a multistep solver's update (UniPC, DPM++), coefficients read from memory */
     KERN_OP_COUNT
 } kern_op_t;
 

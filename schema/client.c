@@ -229,6 +229,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.shift = g->shift;
     m.cfg = g->cfg;
     m.sde = g->sde;
+    if (g->solver && strcmp(g->solver, "euler")) snprintf(m.solver, sizeof m.solver, "%s", g->solver);
     m.eta = g->eta;
     m.seed = g->seed;
     int n = g->n > 1 ? g->n : 1;
@@ -269,8 +270,13 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
             x->ndim = i == 2 ? 4 : 2;
             memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
         }
+        size_t ne = i == 2 ? nl : nc;
+        if (i == 1 && g->unc_rows > 0) { /* a negative prompt of its own length (models with text_len) */
+            x->shape[0] = g->unc_rows;
+            ne = (size_t)(g->unc_rows * g->ctx_shape[1]);
+        }
         x->data = src[i];
-        x->bytes = (i == 2 ? nl : nc) * sizeof(float);
+        x->bytes = ne * sizeof(float);
         *slot[i] = x;
     }
     wire_msg_t a;

@@ -34,6 +34,7 @@ typedef struct {
     int steps;
     double shift, cfg, eta;
     bool sde;
+    const char *solver;         /* NULL or "euler": Euler; "unipc", "dpm++" (not with sde) */
     uint64_t seed;
     int n;                      /* 0 or 1: one sample; 2..64: a group of n samples of this prompt */
     const uint64_t *seeds;      /* NULL, or n seeds (a group); none: seed + i */
@@ -42,6 +43,7 @@ typedef struct {
     const float *context;       /* [ctx_shape] */
     int64_t ctx_shape[2];       /* L, T */
     const float *uncond;        /* NULL: no CFG */
+    int64_t unc_rows;           /* uncond's L; 0: the context's (another L only for models with text_len) */
     bool progress;
     uint64_t deadline_ms;       /* broker-side deadline, 0 = broker default */
     struct reel_rollout *rollout; /* non-NULL: the rollout outputs it asks for are returned here */

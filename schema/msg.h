@@ -113,6 +113,7 @@ typedef struct {
     double cfg;                  /* 1.0; used with uncond */
     bool sde;                    /* false */
     double eta;                  /* 0.7; >= 0 when sde */
+    char solver[16];             /* "" (absent): "euler"; or "unipc", "dpm++" (not with sde) */
     uint64_t seed;               /* 0 */
     bool progress;               /* false */
     uint64_t deadline_ms;        /* 0: the broker's default */
@@ -125,6 +126,9 @@ typedef struct {
     int n_seeds;                 /* 0, or n */
     const wire_tensor_t *context, *uncond, *latent; /* context required; latent [n,C,F,H,W] when n > 1 */
 } msg_gen_t;
+
+/* The GEN's solver: "euler" when absent. Can't fail. */
+const char *msg_gen_solver(const msg_gen_t *g);
 
 /* PROGRESS */
 typedef struct {
@@ -274,6 +278,7 @@ typedef struct {
     uint64_t text_dim;           /* T of context */
     uint64_t patch;              /* H and W are multiples of it */
     uint64_t layers;
+    uint64_t text_len;           /* 0: any L; else contexts of at most text_len rows, padded to it (Wan) */
 } msg_model_t;
 
 /* READY */

@@ -66,6 +66,7 @@ static const msg_field_t gen_rows[] = {
     R_F64(msg_gen_t, cfg, "cfg", 0, 1.0),
     R_BOOL(msg_gen_t, sde, "sde", 0, false),
     R_F64(msg_gen_t, eta, "eta", 0, 0.7),
+    R_NAME(msg_gen_t, solver, "solver", F_OMIT, 15, NULL),
     R_U64(msg_gen_t, seed, "seed", 0, 0, UINT64_MAX, 0),
     R_BOOL(msg_gen_t, progress, "progress", 0, false),
     R_U64(msg_gen_t, deadline_ms, "deadline_ms", 0, 0, UINT64_MAX, 0),
@@ -232,6 +233,7 @@ static const msg_field_t model_rows[] = {
     R_U64(msg_model_t, text_dim, "text_dim", 0, 0, MSG_MAX_DIM, 0),
     R_U64(msg_model_t, patch, "patch", 0, 0, MSG_MAX_DIM, 1),
     R_U64(msg_model_t, layers, "layers", 0, 0, UINT32_MAX, 0),
+    R_U64(msg_model_t, text_len, "text_len", F_OMIT, 0, 65536, 0),
 };
 TABLE(model_tab, model_rows, msg_model_t);
 
@@ -404,9 +406,15 @@ static int gen_tensors_ok(const msg_gen_t *g, const msg_model_t *model, wire_err
     if (ctx->shape[0] < 1 || ctx->shape[0] > MSG_MAX_DIM || ctx->shape[1] < 1 || ctx->shape[1] > MSG_MAX_DIM)
         return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'context' is %s: L and T must be in 1..%d",
                       shape_text(ctx, d, sizeof d), MSG_MAX_DIM);
-    if (unc && (!is_f32(unc, 2) || unc->shape[0] != ctx->shape[0] || unc->shape[1] != ctx->shape[1]))
-        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' is %s, expected the context's %s",
-                      shape_text(unc, d, sizeof d), shape_text(ctx, w, sizeof w));
+    /* A model that pads contexts to text_len (Wan) takes the negative
+     * prompt at its own length; any other needs the context's shape. Without
+     * the model (the broker), only the width is checked here. */
+    bool own_len = !model || model->text_len > 0;
+    if (unc && (!is_f32(unc, 2) || (!own_len && unc->shape[0] != ctx->shape[0]) || unc->shape[1] != ctx->shape[1] ||
+                unc->shape[0] < 1 || unc->shape[0] > MSG_MAX_DIM))
+        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' is %s, expected the context's %s%s",
+                      shape_text(unc, d, sizeof d), shape_text(ctx, w, sizeof w),
+                      own_len ? " (or another L: the model pads both to its text_len)" : "");
     if (lat) {
         /* One sample: [C,F,H,W]; a group of n: [n,C,F,H,W]. */
         uint64_t n = msg_gen_n(g);
@@ -437,6 +445,14 @@ static int gen_fits_model(const msg_gen_t *g, const msg_model_t *model, wire_err
     if ((uint64_t)g->context->shape[1] != model->text_dim)
         return refuse(err, WIRE_E_BAD_REQUEST, "context width %" PRId64 ", model %s expects text_dim %" PRIu64,
                       g->context->shape[1], model->name, model->text_dim);
+    /* Wan pads every context with zero rows to text_len: a longer one has
+     * no place (its tail would be cut, as Wan's T5 truncates the prompt). */
+    for (int u = 0; u < 2 && model->text_len; u++) {
+        const wire_tensor_t *c = u ? g->uncond : g->context;
+        if (c && (uint64_t)c->shape[0] > model->text_len)
+            return refuse(err, WIRE_E_BAD_REQUEST, "%s has %" PRId64 " rows, model %s pads contexts to text_len %" PRIu64
+                          " and takes at most that many", c->name, c->shape[0], model->name, model->text_len);
+    }
     uint64_t p = model->patch ? model->patch : 1;
     if ((uint64_t)ls[2] % p || (uint64_t)ls[3] % p)
         return refuse(err, WIRE_E_BAD_REQUEST,
@@ -444,6 +460,8 @@ static int gen_fits_model(const msg_gen_t *g, const msg_model_t *model, wire_err
                       " W=%" PRId64 ")", p, model->name, ls[2], ls[3]);
     return 0;
 }
+
+const char *msg_gen_solver(const msg_gen_t *g) { return g->solver[0] ? g->solver : "euler"; }
 
 int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
     uint64_t bytes = 0;
@@ -462,6 +480,12 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
     if (fabs(g->cfg) > FLT_MAX) return refuse(err, WIRE_E_BAD_REQUEST, "'cfg' must fit a float (got %g)", g->cfg);
     if (g->sde && !(g->eta >= 0 && g->eta <= FLT_MAX))
         return refuse(err, WIRE_E_BAD_REQUEST, "'eta' must be >= 0 and fit a float (got %g)", g->eta);
+    const char *solver = msg_gen_solver(g);
+    if (strcmp(solver, "euler") && strcmp(solver, "unipc") && strcmp(solver, "dpm++"))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'solver' must be euler, unipc or dpm++ (got '%s')", solver);
+    if (g->sde && strcmp(solver, "euler"))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'solver' %s cannot run 'sde' steps (an SDE rollout is its own sampler)",
+                      solver);
     /* A log-probability needs noise: an SDE step with eta > 0. */
     if ((g->return_log_probs || g->return_means) && !(g->sde && g->eta > 0))
         return refuse(err, WIRE_E_BAD_REQUEST, "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0");

@@ -186,12 +186,13 @@ nok=$(grep -lE "reelctl: gen .* via " "$D"/b*.err 2>/dev/null | wc -l)
 [ "$nb" -ge 1 ] && [ $((nb + nok)) = 12 ] && ok "$nb of 12 answered BUSY, $nok served, none lost" || bad "BUSY under overload (busy $nb, ok $nok)"
 
 echo "== the catalog matches what the clients saw"
-sleep 0.5
+served=$(grep -lE "reelctl: gen .* via " "$D"/*.err | wc -l)
+wait_sql "$DB" "select count(*) from requests where status='ok'" "$served" 20
 "$R" requests --catalog "$DB" --json >"$D/req.json" 2>&1 && ok "reelctl requests reads the catalog while the broker writes" || bad "catalog readable"
 "$R" stats --catalog "$DB" >"$D/stats.txt" 2>&1 && grep -qi "captures" "$D/stats.txt" && ok "reelctl stats" || { bad "reelctl stats"; cat "$D/stats.txt"; }
-served=$(grep -lE "reelctl: gen .* via " "$D"/*.err | wc -l)
 rows=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok'" 2>/dev/null || echo 0)
 [ "$rows" = "$served" ] && ok "catalog has $rows ok requests for $served served gens" || bad "catalog requests ($rows) vs served ($served)"
+wait_sql "$DB" "select count(*) from evictions where reason='weight_sync'" 1 20
 ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight_sync'" 2>/dev/null || echo 0)
 [ "$ev" -ge 1 ] && ok "weight_sync evictions recorded ($ev)" || bad "weight_sync evictions recorded"
 

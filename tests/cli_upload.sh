@@ -74,7 +74,7 @@ grep -q "weights v2" "$D/g2.err" && "$R" tensor diff "$D/g2.safetensors" "$D/r2.
 as client "$R" sync --broker "$CE" --version 3 --upload "$D/tr/v3.safetensors" --timeout-ms 20000 2>"$D/c3.err"
 [ $? = 1 ] && grep -q "may not publish" "$D/c3.err" && ok "a client key may not upload" ||
     { bad "client upload refused"; show "$D/c3.err"; }
-[ "$(/usr/bin/sqlite3 "$D/reel.db" "select count(*) from audit where action='upload' and outcome like 'denied%'")" -ge 1 ] 2>/dev/null &&
+wait_sql "$D/reel.db" "select count(*) from audit where action='upload' and outcome like 'denied%'" 1 20 &&
     ok "the refused upload is audited" || bad "refused upload audited"
 
 # the raw protocol, from Python: a wrong digest, and an interrupted upload

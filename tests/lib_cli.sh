@@ -30,6 +30,19 @@ wait_count() {
 }
 wait_for() { wait_count "$1" "$2" 1 "$3"; }
 
+# wait_sql DB QUERY N SECONDS: until QUERY (a count) on the SQLite file DB
+# answers at least N: the catalog's writer thread stores rows after the
+# reply that caused them, so a test waits for the row, not for a moment.
+wait_sql() {
+    i=0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(/usr/bin/sqlite3 "$1" "$2" 2>/dev/null || echo 0)" -ge "$3" ] 2>/dev/null && return 0
+        sleep 0.1; i=$((i + 1))
+    done
+    echo "  (timed out waiting for $3 from: $2)"
+    return 1
+}
+
 # cli_broker LOG ARGS...: $B/reel-broker ARGS, its output in LOG; sets
 # BROKER; 0 once it logs ready (within 10 s).
 cli_broker() {

@@ -769,6 +769,29 @@ START_TEST(test_euler_update_matches_cpu) {
 }
 END_TEST
 
+/* The multistep solvers' fused update (UniPC, DPM++) on the GPU agrees
+ * with the CPU's, latent and history both, for a UniPC corrector+predictor
+ * step's coefficients and a timestep-at embedding of an integer t. */
+START_TEST(test_multistep_update_and_timestep_at_match_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    pair_t x = P1(dt, 1000, -1, 1), v = P1(dt, 1000, -1, 1), h = P2(dt, 3, 1000, -1, 1);
+    const float coef[16] = { -0.8f, 0.0f, 0.9f, -0.3f, 0.05f, 0.25f, 0.7f, 0.35f, -0.12f, 0.0f,
+                             0, 0, 0, 0, 0, 937.0f };
+    pair_t c = scalars(16, coef);
+    OK(kern_multistep_update(CS, &x.c, &v.c, &h.c, &c.c));
+    OK(kern_multistep_update(GS, &x.g, &v.g, &h.g, &c.g));
+    expect_nmse("multistep latent", dt, &x);
+    expect_nmse("multistep history", dt, &h);
+    kern_tensor_t tc = kern_tensor_make(c.c.data, KERN_F32, c.c.device, 1, (const int64_t[]){ 1 }),
+                  tg = kern_tensor_make(c.g.data, KERN_F32, c.g.device, 1, (const int64_t[]){ 1 });
+    tc.offset = tg.offset = 15 * sizeof(float);
+    pair_t e = P1(dt, 256, 0, 0);
+    OK(kern_timestep_embed_at(CS, &tc, &e.c));
+    OK(kern_timestep_embed_at(GS, &tg, &e.g));
+    expect_nmse("timestep_embed_at", dt, &e);
+}
+END_TEST
+
 /* The noise is Philox keyed by (seed, step, index) on both backends, so
  * the two agree element for element. Covers σ_i < 1, σ_i = 1 (σ' = σ_1)
  * and η = 0 (no drift correction). */
@@ -842,7 +865,7 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     OK(tdit_register_weights(cache, mg, 1));
     kern_stream_t *s2 = kern_stream_new(G);
     ck_assert_ptr_nonnull(s2);
-    const tdit_shape_t sh = { 2, 8, 8, 5, true, 1 };
+    const tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float lat[NL], ctx[NC], unc[NC], got[NL], ref[NL], cpu[NL];
     tdit_initial_latent(1, lat, NL);
@@ -906,7 +929,7 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     o.warmup = 1;
     cap_cache_t *cache = cap_cache_new(G, &o);
     OK(tdit_register_weights(cache, mg, 1));
-    const tdit_shape_t one = { 2, 8, 8, 5, true, 1 }, grp = { 2, 8, 8, 5, true, 4 };
+    const tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER }, grp = { 2, 8, 8, 5, true, 4, false };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float ctx[NC], unc[NC], gout[4 * NL], sout[NL];
     tdit_initial_latent(2, ctx, NC);
@@ -1478,6 +1501,7 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_timestep_embed_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_cfg_combine_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_euler_update_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_multistep_update_and_timestep_at_match_cpu, 0, 2);
     tcase_add_loop_test(tc, test_sde_update_matches_cpu_noise_and_all, 0, 2);
     tcase_add_loop_test(tc, test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde, 0, 2);
     tcase_add_loop_test(tc, test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at_replay, 0, 2);

@@ -7,6 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 #include "kernels/error.h"
+#include "kernels/ops.h"
+#include "kernels/ops_args.h"
+#include <math.h>
 #include "worker/model/loop.h"
 #include "worker/model/tinydit.h"
 
@@ -43,7 +46,7 @@ static void fx_open(fx_t *f, bool cfg) {
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
     ck_assert_msg(f->m != NULL, "%s", kern_error());
-    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1 };
+    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER };
     f->ws = tdit_ws_new(f->m, f->s, &sh);
     ck_assert_msg(f->ws != NULL, "%s", kern_error());
     f->n_lat = 4 * 2 * 8 * 8;
@@ -295,7 +298,7 @@ START_TEST(test_workspace_rejects_odd_latent_height) {
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
-    tdit_shape_t sh = { 1, 7, 8, 4, false, 1 };
+    tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER };
     ck_assert_ptr_null(tdit_ws_new(m, s, &sh));
     ck_assert_ptr_nonnull(strstr(kern_error(), "even"));
     tdit_model_destroy(&m);
@@ -312,6 +315,94 @@ START_TEST(test_schedule_endpoints_and_shift) {
     ck_assert_double_eq_tol(s[2], 0.75, 1e-15); /* 3·0.5/(1+2·0.5) */
 }
 END_TEST
+
+
+/* The schedules Wan's schedulers set up (values from numpy's linspace and
+ * the shift formula, as fm_solvers*.py compute them, for N = 4, shift 5):
+ * UniPC starts at float32(0.999) shifted, DPM++ at 1; both end at 0 and
+ * hand the transformer σ·1000 truncated. Euler is tdit_schedule. */
+START_TEST(test_solver_schedules_are_wans) {
+    double sg[5], ts[4], ref[5];
+    tdit_solver_schedule(TDIT_SOLVER_UNIPC, 4, 5.0, sg, ts);
+    const double us[4] = { 0.9997998476028442, 0.9372654557228088, 0.8330553770065308, 0.6246873736381531 };
+    const double ut[4] = { 999, 937, 833, 624 };
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(sg[i] == us[i], "unipc sigma %d: %.17g", i, sg[i]);
+        ck_assert_msg(ts[i] == ut[i], "unipc t %d: %.17g", i, ts[i]);
+    }
+    ck_assert_double_eq(sg[4], 0.0);
+    tdit_solver_schedule(TDIT_SOLVER_DPMPP, 4, 5.0, sg, ts);
+    const double ds[4] = { 1.0, 0.9375, 0.8333333134651184, 0.625 };
+    const double dt[4] = { 1000, 937, 833, 625 };
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(sg[i] == ds[i], "dpm++ sigma %d: %.17g", i, sg[i]);
+        ck_assert_msg(ts[i] == dt[i], "dpm++ t %d: %.17g", i, ts[i]);
+    }
+    ck_assert_double_eq(sg[4], 0.0);
+    tdit_solver_schedule(TDIT_SOLVER_EULER, 4, 5.0, sg, ts);
+    tdit_schedule(4, 5.0, ref);
+    for (int i = 0; i <= 4; i++) ck_assert_double_eq(sg[i], ref[i]);
+    for (int i = 0; i < 4; i++) ck_assert_double_eq(ts[i], 1000.0 * ref[i]);
+    tdit_solver_t so;
+    ck_assert_int_eq(tdit_solver_parse("dpm++", &so), 0);
+    ck_assert_int_eq(so, TDIT_SOLVER_DPMPP);
+    ck_assert_int_ne(tdit_solver_parse("ddim", &so), 0);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "unipc"));
+}
+END_TEST
+
+/* A velocity field whose data prediction is exact (v = (x − d)/σ: every
+ * x0 prediction is the data point d) is solved exactly by both solvers at
+ * every step count and shift: the last step lands on d, as the exponential
+ * integrators' formulas promise (and the first DPM++ step from σ = 1 is
+ * x = σ_1·x + (1 − σ_1)·d). Runs the fused kernel itself, coefficients
+ * from tdit_solver_coefs. */
+START_TEST(test_multistep_solvers_are_exact_when_the_data_prediction_is) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    kern_stream_t *s = kern_stream_new(b);
+    enum { N = 257 };
+    kern_tensor_t x = kern_tensor_alloc(b, KERN_F32, 1, (const int64_t[]){ N }),
+                  v = kern_tensor_alloc(b, KERN_F32, 1, (const int64_t[]){ N }),
+                  h = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ 3, N }),
+                  c = kern_tensor_alloc(b, KERN_F32, 1, (const int64_t[]){ 16 });
+    float *xp = kern_tensor_ptr(&x), *vp = kern_tensor_ptr(&v), *hp = kern_tensor_ptr(&h), *cp = kern_tensor_ptr(&c);
+    static float d[N];
+    tdit_initial_latent(5, d, N);
+    const int steps[] = { 1, 2, 3, 6, 11 };
+    const double shifts[] = { 1.0, 3.0, 5.0 };
+    for (int so = 0; so < 2; so++)
+        for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++)
+            for (size_t q = 0; q < sizeof shifts / sizeof shifts[0]; q++) {
+                tdit_solver_t sv = so ? TDIT_SOLVER_DPMPP : TDIT_SOLVER_UNIPC;
+                int n = steps[k];
+                double sg[12], ts[11];
+                tdit_solver_schedule(sv, n, shifts[q], sg, ts);
+                tdit_initial_latent(9, xp, N); /* the noise */
+                memset(hp, 0, 3 * N * sizeof *hp);
+                for (int i = 0; i < n; i++) {
+                    for (int j = 0; j < N; j++) vp[j] = (float)(((double)xp[j] - d[j]) / sg[i]);
+                    tdit_solver_coefs(sv, n, sg, ts, i, cp);
+                    ck_assert_int_eq(kern_multistep_update(s, &x, &v, &h, &c), 0);
+                    if (sv == TDIT_SOLVER_DPMPP && i == 0 && n > 1) {
+                        ck_assert_float_eq(cp[KERN_MS_DXC], (float)sg[1]);
+                        ck_assert_float_eq_tol(cp[KERN_MS_DM], (float)(1.0 - sg[1]), 1e-7);
+                    }
+                }
+                ck_assert_float_eq(cp[KERN_MS_DXC], 0.0f); /* the last step returns the data prediction */
+                ck_assert_float_eq(cp[KERN_MS_DM], 1.0f);
+                double err = 0;
+                for (int j = 0; j < N; j++) err = fmax(err, fabs((double)xp[j] - d[j]));
+                ck_assert_msg(err < 1e-5, "%s steps %d shift %g: max error %g", tdit_solver_name(sv), n, shifts[q], err);
+            }
+    kern_free(b, x.data);
+    kern_free(b, v.data);
+    kern_free(b, h.data);
+    kern_free(b, c.data);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
 
 int main(void) {
     Suite *su = suite_create("model");
@@ -330,6 +421,8 @@ int main(void) {
     tcase_add_test(tc, test_config_from_metadata_matches_builtin_and_rejects_bad_sizes);
     tcase_add_test(tc, test_workspace_rejects_odd_latent_height);
     tcase_add_test(tc, test_schedule_endpoints_and_shift);
+    tcase_add_test(tc, test_solver_schedules_are_wans);
+    tcase_add_test(tc, test_multistep_solvers_are_exact_when_the_data_prediction_is);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -112,7 +112,7 @@ static void expect_gen_refused(wire_val_t *h, const char *code, const char *want
 }
 
 static msg_model_t tiny_model(void) {
-    msg_model_t t = { "tiny", 4, 32, 2, 2 };
+    msg_model_t t = { "tiny", 4, 32, 2, 2, 0 };
     return t;
 }
 

@@ -31,7 +31,7 @@ static void teardown_dir(void) {
 }
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true, 1 };
+static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER };
 
 typedef struct {
     kern_backend_t *b;
@@ -366,7 +366,7 @@ START_TEST(test_a_batched_group_is_bitwise_the_single_requests_with_its_seeds) {
     const uint64_t seeds[3] = { 7, 900, 7 }; /* a repeated seed gives the same sample twice */
     for (int v = 0; v < 4; v++) {
         bool cfg = v & 1, sde = v & 2;
-        tdit_shape_t one = { 2, 8, 8, 5, cfg, 1 }, grp = one;
+        tdit_shape_t one = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER }, grp = one;
         grp.batch = 3;
         tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.8f };
         tdit_run_stats_t st1, st2;
@@ -410,7 +410,7 @@ END_TEST
  * single key and from another batch size, so their graphs never mix. */
 START_TEST(test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
-    tdit_shape_t one = { 2, 8, 8, 5, true, 1 }, g2 = one, g4 = one;
+    tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER }, g2 = one, g4 = one;
     g2.batch = 2;
     g4.batch = 4;
     tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 40 };
@@ -487,7 +487,7 @@ static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n; i++) {
             const mix_t *m = &mx[i];
-            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg, 1 };
+            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg, 1, TDIT_SOLVER_EULER };
             size_t nl = (size_t)(4 * m->F * m->H * m->W), nc = (size_t)(m->L * 32);
             float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *unc = malloc(nc * 4);
             float *a = malloc(nl * 4), *b = malloc(nl * 4);
@@ -510,6 +510,124 @@ static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out
     *replayed_out = replayed;
 }
 
+
+/* ---- multistep solvers (UniPC, DPM++) --------------------------------------- */
+
+static const tdit_solver_t MS_SOLVERS[2] = { TDIT_SOLVER_UNIPC, TDIT_SOLVER_DPMPP };
+
+/* Every UniPC and DPM++ step is one captured graph replayed for the rest of
+ * the loop, bitwise equal to the pure eager loop; a second request of the
+ * key replays every step. Each solver has its own key (loop "unipc" or
+ * "dpm++": what an operator reads in the catalog), and Euler's stays
+ * apart. CFG on and off. */
+START_TEST(test_multistep_solvers_capture_once_replay_rest_bitwise_equal_to_pure_eager) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    for (int v = 0; v < 4; v++) {
+        bool cfg = v & 1;
+        tdit_solver_t so = MS_SOLVERS[v >> 1];
+        tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, so };
+        tdit_loop_t p = { .steps = 6, .shift = 5.0, .guidance = 5.0f, .solver = so };
+        static float a[NL], b[NL], c[NL];
+        tdit_staging_t *stg = tdit_staging_new(f->m, &sh);
+        ck_assert_ptr_nonnull(stg);
+        tdit_run_stats_t st1, st2;
+        memset(&st1, 0, sizeof st1);
+        memset(&st2, 0, sizeof st2);
+        ck_assert_msg(tdit_generate_cached(f->m, f->c, f->s, stg, &sh, &p, f->lat, f->ctx, cfg ? f->unc : NULL, a,
+                                           &st1) == 0, "%s", kern_error());
+        ck_assert_msg(tdit_generate_cached(f->m, f->c, f->s, stg, &sh, &p, f->lat, f->ctx, cfg ? f->unc : NULL, b,
+                                           &st2) == 0, "%s", kern_error());
+        eager_shape(f, &sh, &p, f->lat, f->ctx, f->unc, c);
+        ck_assert_msg(memcmp(a, c, sizeof a) == 0, "%s cfg %d: captured loop differs from eager", tdit_solver_name(so), cfg);
+        ck_assert_int_eq(memcmp(b, c, sizeof b), 0);
+        ck_assert_int_eq(st1.captured, 1);
+        ck_assert_int_eq(st1.replayed, 3);
+        ck_assert_int_eq(st2.replayed, 6);
+        cap_key_t k;
+        ck_assert_int_eq(tdit_step_key(f->m, &sh, false, 1, &k), 0);
+        ck_assert_str_eq(k.loop, tdit_solver_name(so));
+        /* The result is not the input, and not Euler's. */
+        tdit_shape_t esh = sh;
+        esh.solver = TDIT_SOLVER_EULER;
+        tdit_loop_t ep = p;
+        ep.solver = TDIT_SOLVER_EULER;
+        eager_shape(f, &esh, &ep, f->lat, f->ctx, f->unc, b);
+        ck_assert_int_ne(memcmp(b, c, sizeof b), 0);
+        ck_assert_int_ne(memcmp(f->lat, c, sizeof c), 0);
+        tdit_staging_destroy(&stg);
+    }
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_eq(cs.graphs, 4); /* {unipc, dpm++} x {cfg, no cfg} */
+    fx_close(f);
+}
+END_TEST
+
+/* Requests whose steps interleave on one stream and one graph each keep
+ * their own history (it lives in the request's buffers, copied in and out
+ * of the shared workspace): each ends bitwise where it ends alone. */
+START_TEST(test_interleaved_multistep_requests_keep_their_own_history) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC }, shd = sh;
+    shd.solver = TDIT_SOLVER_DPMPP;
+    tdit_loop_t pa = { .steps = 5, .shift = 3.0, .guidance = 4.0f, .solver = TDIT_SOLVER_UNIPC, .seed = 1 };
+    tdit_loop_t pb = { .steps = 7, .shift = 5.0, .guidance = 2.0f, .solver = TDIT_SOLVER_DPMPP, .seed = 2 };
+    tdit_loop_t pc = { .steps = 4, .shift = 1.0, .guidance = 6.0f, .solver = TDIT_SOLVER_UNIPC, .seed = 3 };
+    const tdit_loop_t *ps[3] = { &pa, &pb, &pc };
+    const tdit_shape_t *shs[3] = { &sh, &shd, &sh };
+    tdit_req_t *r[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = tdit_req_new_group(f->m, f->s, NULL, shs[i], ps[i], NULL, NULL, f->ctx, f->unc);
+        ck_assert_msg(r[i] != NULL, "%s", kern_error());
+    }
+    for (bool any = true; any;) {
+        any = false;
+        for (int i = 0; i < 3; i++)
+            if (!tdit_req_done(r[i])) {
+                ck_assert_msg(tdit_req_step(r[i], f->c, f->s, NULL) == 0, "%s", kern_error());
+                any = true;
+            }
+    }
+    for (int i = 0; i < 3; i++) {
+        static float got[NL], want[NL], lat[NL];
+        ck_assert_int_eq(tdit_req_read(r[i], f->s, got, NL), 0);
+        tdit_initial_latent(ps[i]->seed, lat, NL);
+        eager_shape(f, shs[i], ps[i], lat, f->ctx, f->unc, want);
+        ck_assert_msg(memcmp(got, want, sizeof got) == 0, "request %d differs from its loop alone", i);
+        tdit_req_destroy(&r[i]);
+    }
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_gt(cs.replays, 0);
+    fx_close(f);
+}
+END_TEST
+
+/* A solver runs in a shape made for it (its key, its workspace) and a
+ * multistep solver never with SDE: each mismatch with a message, nothing
+ * run. */
+START_TEST(test_solver_and_shape_mismatches_are_refused) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    tdit_shape_t ms = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC }, plain = ms;
+    plain.solver = TDIT_SOLVER_EULER;
+    tdit_loop_t p = { .steps = 3, .shift = 3.0, .guidance = 4.0f, .solver = TDIT_SOLVER_UNIPC };
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &plain, &p, NULL, NULL, f->ctx, f->unc));
+    ck_assert_ptr_nonnull(strstr(kern_error(), "made for euler"));
+    p.solver = TDIT_SOLVER_EULER;
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
+    p.solver = TDIT_SOLVER_DPMPP;
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
+    ck_assert_ptr_nonnull(strstr(kern_error(), "made for unipc"));
+    ms.solver = TDIT_SOLVER_DPMPP;
+    p.sde = true;
+    p.eta = 0.7f;
+    ck_assert_int_ne(tdit_loop_validate(&p), 0);
+    ck_assert_ptr_nonnull(strstr(kern_error(), "SDE"));
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
+    fx_close(f);
+}
+END_TEST
+
 START_TEST(test_any_mix_of_shapes_cfg_and_sde_on_one_stream_is_served_bitwise_equal_to_eager) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
     int replayed = 0;
@@ -531,7 +649,7 @@ START_TEST(test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_f
     cap_options_t o = cap_options_default();
     o.log = quiet;
     /* Room for about one mid-size entry: big ones run in transient workspaces. */
-    tdit_shape_t mid = { 2, 8, 8, 5, true, 1 };
+    tdit_shape_t mid = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER };
     o.budget_bytes = tdit_ws_size(f->m, &mid) + 64 * 1024;
     f->c = cap_cache_new(f->b, &o);
     ck_assert_int_eq(tdit_register_weights(f->c, f->m, 1), 0);
@@ -591,6 +709,9 @@ int main(void) {
     tcase_add_test(tc, test_log_probs_of_an_euler_loop_are_refused);
     tcase_add_test(tc, test_a_batched_group_is_bitwise_the_single_requests_with_its_seeds);
     tcase_add_test(tc, test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key);
+    tcase_add_test(tc, test_multistep_solvers_capture_once_replay_rest_bitwise_equal_to_pure_eager);
+    tcase_add_test(tc, test_interleaved_multistep_requests_keep_their_own_history);
+    tcase_add_test(tc, test_solver_and_shape_mismatches_are_refused);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

@@ -28,6 +28,17 @@ void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out) {
     out->text_dim = (uint64_t)cfg->text_dim;
     out->patch = WRK_PATCH;
     out->layers = (uint64_t)cfg->layers;
+    out->text_len = (uint64_t)cfg->text_len;
+}
+
+/* A host copy of a context padded with zero rows to text_len rows, as
+ * Wan's DiT pads every prompt before its text embedding (the padded rows
+ * are attended to: they change the output). NULL with err set. */
+static float *pad_context(const float *x, int64_t rows, int64_t text_len, int64_t width, wire_err_t *err) {
+    float *p = calloc((size_t)(text_len * width), sizeof *p);
+    if (!p) { bad(err, WIRE_E_INTERNAL, "out of memory padding a context"); return NULL; }
+    memcpy(p, x, (size_t)(rows * width) * sizeof *p);
+    return p;
 }
 
 /* A host copy of an F32 tensor's frame (frames carry no alignment promise). */
@@ -88,9 +99,14 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
         return bad(err, WIRE_E_BAD_REQUEST, "worker at v%" PRIu64 ", request needs v%" PRIu64, applied, r->version);
     const int64_t *ls = r->latent_shape;
     /* The model's own checks stay the backstop of what the protocol allows. */
-    tdit_shape_t shape = { ls[1], ls[2], ls[3], r->context->shape[0], r->uncond != NULL, 1 };
+    tdit_solver_t solver;
+    if (tdit_solver_parse(msg_gen_solver(r), &solver) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
+    /* With the config's text_len, every context is padded to it (msg_gen_validate
+     * refused longer ones): one shape, one key, for every prompt length. */
+    int64_t L = cfg->text_len > 0 ? cfg->text_len : r->context->shape[0];
+    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, r->uncond != NULL, 1, solver };
     if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
-    tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed };
+    tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed, solver };
     if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
 
     wrk_job_t *j = calloc(1, sizeof *j);
@@ -112,6 +128,17 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
         (r->latent && !(j->latent = copy_f32(r->latent, err)))) {
         wrk_job_free(&j);
         return -1;
+    }
+    if (cfg->text_len > 0 && r->context->shape[0] < cfg->text_len) {
+        float *c = pad_context(j->context, r->context->shape[0], cfg->text_len, cfg->text_dim, err), *u = NULL;
+        if (c && r->uncond && !(u = pad_context(j->uncond, r->uncond->shape[0], cfg->text_len, cfg->text_dim, err))) {
+            free(c);
+            c = NULL;
+        }
+        if (!c) { wrk_job_free(&j); return -1; }
+        free(j->context);
+        j->context = c;
+        if (u) { free(j->uncond); j->uncond = u; }
     }
     *out = j;
     return 0;

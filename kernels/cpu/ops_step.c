@@ -50,6 +50,28 @@ static int euler_f32(void *ctx, const void *args) {
     return 0;
 }
 
+/* One multistep solver step (kern_multistep_args_t), per element in
+ * double: element-wise, so x and h are updated in place. Cannot fail. */
+static int multistep_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_multistep_args_t *a = args;
+    float *x = a->x, *h0 = a->h, *h1 = h0 + a->n, *h2 = h1 + a->n;
+    const float *v = a->v, *c = a->coef;
+    for (int64_t i = 0; i < a->n; i++) {
+        double xi = x[i], p1 = h1[i], p2 = h2[i];
+        double m = (double)(float)(xi + (double)c[KERN_MS_CM] * (double)v[i]);
+        double xc = (double)(float)((double)c[KERN_MS_CX] * xi + (double)c[KERN_MS_CXL] * (double)h0[i] +
+                                    (double)c[KERN_MS_CP1] * p1 + (double)c[KERN_MS_CP2] * p2 +
+                                    (double)c[KERN_MS_CCM] * m);
+        x[i] = (float)((double)c[KERN_MS_DXC] * xc + (double)c[KERN_MS_DM] * m + (double)c[KERN_MS_DP1] * p1 +
+                       (double)c[KERN_MS_DP2] * p2);
+        h0[i] = (float)xc;
+        h2[i] = (float)p1;
+        h1[i] = (float)m;
+    }
+    return 0;
+}
+
 /* x ← x + (v + std²/(2σ_i)·(x + (1 − σ_i)·v))·Δ + std·√(−Δ)·ε per element,
  * in double, with std = η·√(σ_i/(1 − σ')), σ' = σ_1 when σ_i = 1, else σ_i.
  * The drift correction std²/(2σ_i) is taken as 0 when std is 0 (η = 0), so
@@ -103,6 +125,9 @@ void kern_cpu_register_step(void) {
         { .op = KERN_OP_EULER, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
           .name = "euler_cpu", .fn = euler_f32,
           .args_size = sizeof(kern_euler_args_t), .capturable = true },
+        { .op = KERN_OP_MULTISTEP, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+          .name = "multistep_cpu", .fn = multistep_f32,
+          .args_size = sizeof(kern_multistep_args_t), .capturable = true },
         { .op = KERN_OP_SDE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
           .name = "sde_cpu", .fn = sde_f32,
           .args_size = sizeof(kern_sde_args_t), .capturable = false },

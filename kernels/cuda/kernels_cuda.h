@@ -47,6 +47,8 @@ int kern_cuda_sde_f32(void *ctx, const void *args);
 int kern_cuda_sde_bf16(void *ctx, const void *args);
 int kern_cuda_sde_dev_f32(void *ctx, const void *args);
 int kern_cuda_sde_dev_bf16(void *ctx, const void *args);
+int kern_cuda_multistep_f32(void *ctx, const void *args);
+int kern_cuda_multistep_bf16(void *ctx, const void *args);
 int kern_cuda_gemm_batched_f32(void *ctx, const void *args);
 int kern_cuda_gemm_batched_bf16(void *ctx, const void *args);
 int kern_cuda_softmax_f32(void *ctx, const void *args);

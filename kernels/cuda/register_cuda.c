@@ -36,6 +36,7 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(EULER, euler, kern_euler_args_t, true),
     CUDA_KERNEL_PAIR(SDE, sde, kern_sde_args_t, false),
     CUDA_KERNEL_PAIR(SDE_DEV, sde_dev, kern_sde_args_t, true),
+    CUDA_KERNEL_PAIR(MULTISTEP, multistep, kern_multistep_args_t, true),
     CUDA_KERNEL_PAIR(GEMM_BATCHED, gemm_batched, kern_gemm_batched_args_t, true),
     CUDA_KERNEL_PAIR(SOFTMAX, softmax, kern_softmax_args_t, true),
     CUDA_KERNEL_PAIR(GEMM_GELU, gemm_gelu, kern_gemm_args_t, true),

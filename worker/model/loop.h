@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "worker/model/solver.h"
 #include "worker/model/tinydit.h"
 
 #ifdef __cplusplus
@@ -22,6 +23,7 @@ typedef struct {
     bool sde;           /* Flow-GRPO SDE steps instead of Euler */
     float eta;          /* SDE noise level a */
     uint64_t seed;      /* SDE noise and the initial latent when none is given */
+    tdit_solver_t solver; /* euler (0, the default), unipc or dpm++; not with sde */
 } tdit_loop_t;
 
 typedef struct {
@@ -30,7 +32,8 @@ typedef struct {
     double seconds;     /* wall time of the steps, host clock */
 } tdit_loop_stats_t;
 
-/* Validates p: -1 with a message naming the bad field. */
+/* Validates p: -1 with a message naming the bad field (a multistep solver
+ * with sde is refused: Flow-GRPO's SDE step is its own sampler). */
 int tdit_loop_validate(const tdit_loop_t *p);
 
 /* Draws the initial latent from seed: x[j] = philox_normal(seed, 0xffffffff, j). */

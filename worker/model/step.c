@@ -37,6 +37,8 @@ struct tdit_ws {
     kern_tensor_t latent, context, uncond, sigmas, guidance;
     kern_tensor_t sde;      /* F32 [4] ([B,4]): eta, seed, step (kern_sde_params_pack) */
     kern_tensor_t mean;     /* the latent's shape: an SDE step's mean μ (for log-probabilities) */
+    kern_tensor_t solver;   /* F32 [16]: a multistep step's coefficients and timestep (KERN_MS_*) */
+    kern_tensor_t hist;     /* [3, latent elements]: a multistep solver's history */
     /* activations */
     kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
     kern_tensor_t txt_h, c, kc, vc;
@@ -93,6 +95,9 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
     carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
     if (B == 1) carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
     else carve(cv, &ws->sde, KERN_F32, 2, SHAPE(B, 4));
+    carve(cv, &ws->solver, KERN_F32, 1, SHAPE(KERN_MS_COEFS));
+    if (tdit_solver_multistep(ws->shape.solver))
+        carve(cv, &ws->hist, dt, 2, SHAPE(3, B * C * ws->shape.frames * ws->shape.height * ws->shape.width));
     carve(cv, &ws->tok, dt, 2, SHAPE(N, 4 * C));
     kern_tensor_t *nd[] = { &ws->x, &ws->a, &ws->q, &ws->k, &ws->v, &ws->o, &ws->o2 };
     for (size_t i = 0; i < sizeof nd / sizeof nd[0]; i++) carve(cv, nd[i], dt, 2, SHAPE(N, D));
@@ -119,7 +124,8 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
 
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
     return a->frames == b->frames && a->height == b->height && a->width == b->width &&
-           a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b);
+           a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b) &&
+           a->solver == b->solver;
 }
 
 int tdit_shape_validate(const tdit_shape_t *shape) {
@@ -192,6 +198,8 @@ kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws) { return &ws->guidance; }
 kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws) { return &ws->sde; }
 kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws) { return &ws->mean; }
 kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws) { return ws->shape.cfg ? &ws->v_comb : &ws->v_cond; }
+kern_tensor_t *tdit_ws_solver(tdit_ws_t *ws) { return &ws->solver; }
+kern_tensor_t *tdit_ws_history(tdit_ws_t *ws) { return &ws->hist; }
 
 /* Copies n host floats into t (converting to t's dtype); n must fit. */
 static int bind(kern_stream_t *s, kern_tensor_t *t, const float *src, size_t n, const char *what) {
@@ -223,6 +231,23 @@ int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], fl
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, 3 * sizeof(float)));
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->guidance), &guidance, sizeof(float)));
     return kern_stream_sync(s); /* the host values are stack memory */
+}
+
+int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("bind solver: this workspace has no multistep solver");
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->solver), coef, KERN_MS_COEFS * sizeof(float)));
+    return kern_stream_sync(s); /* the host values may be stack memory */
+}
+
+int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("clear history: this workspace has no multistep solver");
+    size_t bytes = kern_tensor_bytes(&ws->hist);
+    void *zero = calloc(1, bytes);
+    if (!zero) return kern_fail("out of memory");
+    int rc = kern_copy_h2d(s, kern_tensor_ptr(&ws->hist), zero, bytes);
+    if (rc == 0) rc = kern_stream_sync(s);
+    free(zero);
+    return rc;
 }
 
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n) {
@@ -351,7 +376,15 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
                    const kern_tensor_t *context, kern_tensor_t *v) {
     /* 1: time embedding from σ_i in device memory */
     kern_artifacts_set_region("embed.time");
-    TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
+    if (tdit_solver_multistep(ws->shape.solver)) {
+        /* A multistep solver hands the transformer its own timestep (Wan's
+         * int64 t), not 1000·σ_i. */
+        kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
+        t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
+        TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
+    } else {
+        TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
+    }
     TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
     TRY(kern_silu(s, &ws->e_h, &ws->e_h));
     TRY(linear(s, &ws->e_h, &m->time2, &ws->e));
@@ -431,6 +464,12 @@ int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
         TRY(kern_sde_update_dev_mean(s, &xb, &vb, &ws->sigmas, &pb, &mb));
     }
     return 0;
+}
+
+int tdit_step_multistep(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("tdit_step_multistep: the workspace has no multistep history");
+    TRY(velocity(m, ws, s));
+    return kern_multistep_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->hist, &ws->solver);
 }
 
 void tdit_schedule(int steps, double shift, double *sigmas) {

@@ -3,6 +3,7 @@
 #include "tdit_program.h"
 #include "kernels/error.h"
 #include "kernels/ops.h"
+#include "kernels/ops_args.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,9 @@ static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
     /* [C,F,H,W], or [B,C,F,H,W] for a batch */
     const int64_t *ls = key->inputs[IN_LATENT].shape + (key->inputs[IN_LATENT].ndim - 4);
     *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0], cfg,
-                          key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1 };
+                          key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1,
+                          TDIT_SOLVER_EULER };
+    if (!strcmp(key->loop, "unipc") || !strcmp(key->loop, "dpm++")) (void)tdit_solver_parse(key->loop, &sh->solver);
     return 0;
 }
 
@@ -57,23 +60,30 @@ static size_t ws_bytes(void *user, const void *ws) {
 }
 
 /* Inputs in key order: latent, sigmas, guidance, context, then uncond (CFG)
- * and the SDE parameters (SDE steps). */
+ * and the SDE parameters (SDE steps) or the solver's coefficients and
+ * history (multistep steps). */
 static kern_tensor_t *input(void *user, void *ws, int i) {
     (void)user;
+    const tdit_shape_t *sh = tdit_ws_shape(ws);
     switch (i) {
     case IN_LATENT: return tdit_ws_latent(ws);
     case IN_SIGMAS: return tdit_ws_sigmas(ws);
     case IN_GUIDANCE: return tdit_ws_guidance(ws);
     case IN_CONTEXT: return tdit_ws_context(ws);
-    case IN_UNCOND: return tdit_ws_shape(ws)->cfg ? tdit_ws_uncond(ws) : tdit_ws_sde(ws);
-    default: return tdit_ws_sde(ws);
+    default: break;
     }
+    int extra = i - IN_UNCOND - (sh->cfg ? 1 : 0);
+    if (extra < 0) return tdit_ws_uncond(ws);
+    if (!tdit_solver_multistep(sh->solver)) return tdit_ws_sde(ws);
+    return extra == 0 ? tdit_ws_solver(ws) : tdit_ws_history(ws);
 }
 
-/* Output 0: the updated latent; an SDE step's output 1: its mean μ. */
+/* Output 0: the updated latent; output 1: an SDE step's mean μ, or a
+ * multistep step's history. */
 static kern_tensor_t *output(void *user, void *ws, int i) {
     (void)user;
-    return i == 1 ? tdit_ws_mean(ws) : tdit_ws_latent(ws);
+    if (i == 0) return tdit_ws_latent(ws);
+    return tdit_solver_multistep(tdit_ws_shape(ws)->solver) ? tdit_ws_history(ws) : tdit_ws_mean(ws);
 }
 
 /* Every per-step value is read from the workspace, the SDE's eta, seed and
@@ -88,6 +98,12 @@ static int launch_sde(void *user, void *ws, const cap_const_t *k, int n, kern_st
     (void)k;
     (void)n;
     return tdit_step_sde_ws(user, ws, s);
+}
+
+static int launch_ms(void *user, void *ws, const cap_const_t *k, int n, kern_stream_t *s) {
+    (void)k;
+    (void)n;
+    return tdit_step_multistep(user, ws, s);
 }
 
 #define TDIT_PROGRAM(NAME, N, OUTS, LAUNCH, ...)                                            \
@@ -105,7 +121,19 @@ static const cap_program_t programs[2][2] = {
       TDIT_PROGRAM("tinydit-step-cfg-sde", 6, 2, launch_sde, 0, 0, 0, 1, 1, 0) },
 };
 
+/* Multistep: the history is copied in and out like the latent (it is the
+ * request's, and requests interleave on one workspace). */
+static const cap_program_t ms_programs[2] = {
+    TDIT_PROGRAM("tinydit-step-ms", 6, 2, launch_ms, 0, 0, 0, 1, 0, 0),
+    TDIT_PROGRAM("tinydit-step-cfg-ms", 7, 2, launch_ms, 0, 0, 0, 1, 1, 0, 0),
+};
+
 const cap_program_t *tdit_program(bool cfg, bool sde) { return &programs[cfg][sde]; }
+const cap_program_t *tdit_program_ms(bool cfg) { return &ms_programs[cfg]; }
+
+const char *tdit_step_loop(const tdit_shape_t *sh, bool sde) {
+    return tdit_solver_multistep(sh->solver) ? tdit_solver_name(sh->solver) : sde ? "sde" : "euler";
+}
 
 int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint64_t version,
                   cap_key_t *k) {
@@ -117,7 +145,7 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };
     const int64_t ctx[2] = { sh->text_len, c->text_dim };
     return cap_key_denoise_batch(k, kern_backend_device_name(b), kern_backend_arch(b), model,
-                                 sde ? "sde" : "euler", tdit_model_dtype(m), tdit_shape_batch(sh), lat, ctx,
+                                 tdit_step_loop(sh, sde), tdit_model_dtype(m), tdit_shape_batch(sh), lat, ctx,
                                  sh->cfg, TDIT_COMPONENT, version);
 }
 
@@ -135,7 +163,7 @@ static double now(void) {
 struct tdit_staging {
     kern_backend_t *b;
     tdit_shape_t shape;
-    kern_tensor_t t[CAP_MAX_INPUTS];  /* the SDE key's inputs: every tensor a step reads */
+    kern_tensor_t t[CAP_MAX_INPUTS];  /* the SDE (or multistep) key's inputs: every tensor a step reads */
     int n;
     kern_tensor_t mean;               /* an SDE step's mean μ, copied out with the latent */
 };
@@ -152,8 +180,9 @@ const tdit_shape_t *tdit_staging_shape(const tdit_staging_t *st) { return &st->s
 
 tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
     cap_key_t key;
-    /* The SDE key's inputs: every tensor an Euler or an SDE step reads. */
-    if (tdit_step_key(m, sh, true, 0, &key) != 0) return NULL;
+    /* The SDE key's inputs: every tensor an Euler or an SDE step reads; a
+     * multistep shape's: its solver's coefficients and history. */
+    if (tdit_step_key(m, sh, !tdit_solver_multistep(sh->solver), 0, &key) != 0) return NULL;
     tdit_staging_t *st = calloc(1, sizeof *st);
     if (!st) { kern_fail("out of memory"); return NULL; }
     st->b = tdit_model_backend(m);
@@ -206,7 +235,8 @@ struct tdit_req {
     tdit_loop_t loop;
     tdit_staging_t *stg;
     bool own_stg;          /* false: the caller's long-lived buffers */
-    double *sig;
+    double *sig;           /* [steps + 1] the solver's sigmas, then [steps] its timesteps */
+    double *ts;
     int done;
     uint64_t key_hash, shard_hash;
     tdit_run_stats_t stats;
@@ -244,12 +274,17 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
         kern_fail(sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
         return NULL;
     }
+    if (sh->solver != p->solver) {
+        kern_fail("solver %s runs in a shape made for %s", tdit_solver_name(p->solver), tdit_solver_name(sh->solver));
+        return NULL;
+    }
     tdit_req_t *r = calloc(1, sizeof *r);
     if (!r) { kern_fail("out of memory"); return NULL; }
     r->m = m;
     r->shape = *sh;
     r->loop = *p;
-    r->sig = malloc(((size_t)p->steps + 1) * sizeof *r->sig);
+    r->sig = malloc(((size_t)p->steps * 2 + 1) * sizeof *r->sig);
+    r->ts = r->sig ? r->sig + p->steps + 1 : NULL;
     r->versions = calloc((size_t)p->steps, sizeof *r->versions);
     r->batch = tdit_shape_batch(sh);
     r->seeds = malloc((size_t)r->batch * sizeof *r->seeds);
@@ -274,7 +309,17 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
     free(init);
     init = NULL;
     if (rc) goto err;
-    tdit_schedule(p->steps, p->shift, r->sig);
+    if (tdit_solver_multistep(sh->solver)) {
+        /* A new request starts with no history: step 0's coefficients read
+         * none of it, and zeros keep 0·h exact. */
+        kern_tensor_t *h = &r->stg->t[r->stg->n - 1];
+        float *zero = calloc((size_t)kern_tensor_numel(h), sizeof *zero);
+        if (!zero) { kern_fail("out of memory"); goto err; }
+        rc = req_upload(s, h, zero);
+        free(zero);
+        if (rc) goto err;
+    }
+    tdit_solver_schedule(p->solver, p->steps, p->shift, r->sig, r->ts);
     return r;
 err:
     free(init);
@@ -379,6 +424,12 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), &r->loop.guidance, sizeof r->loop.guidance) ||
         kern_stream_sync(s))
         return -1;
+    if (tdit_solver_multistep(r->shape.solver)) {
+        float coef[KERN_MS_COEFS];
+        tdit_solver_coefs(r->loop.solver, r->loop.steps, r->sig, r->ts, i, coef);
+        if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 2]), coef, sizeof coef) || kern_stream_sync(s))
+            return -1;
+    }
     if (r->loop.sde) {
         /* The noise is keyed by (seed, step, index): the step reads them from
          * device memory, so one captured SDE step serves every seed. */
@@ -393,11 +444,20 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
      * Outputs: the latent, and an SDE step's mean μ. */
     kern_tensor_t in[CAP_MAX_INPUTS], outs[2] = { st->t[IN_LATENT], st->mean };
     int n_in = 0;
-    for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
-    if (r->loop.sde) in[n_in++] = st->t[st->n - 1];
+    const cap_program_t *prog;
+    if (tdit_solver_multistep(r->shape.solver)) {
+        /* Every staging tensor, the history last; it comes back out too. */
+        for (int j = 0; j < st->n; j++) in[n_in++] = st->t[j];
+        outs[1] = st->t[st->n - 1];
+        prog = tdit_program_ms(r->shape.cfg);
+    } else {
+        for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
+        if (r->loop.sde) in[n_in++] = st->t[st->n - 1];
+        prog = tdit_program(r->shape.cfg, r->loop.sde);
+    }
     cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
     cap_result_t res;
-    if (cap_dispatch(c, s, tdit_program(r->shape.cfg, r->loop.sde), r->m, &call, &res) != 0) return -1;
+    if (cap_dispatch(c, s, prog, r->m, &call, &res) != 0) return -1;
     r->versions[i] = (uint64_t)version;
     if (r->rec && record_step(r, s, i, sv) != 0) return -1;
     r->key_hash = cap_key_hash(&key);

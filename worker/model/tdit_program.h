@@ -4,7 +4,8 @@
  * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
  * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
  * 4 uncond [L,T] (pinnable; CFG only), then for SDE steps sde F32 [4] (eta,
- * seed, step; copied). A batch of B samples (tdit_shape_t.batch) has latent
+ * seed, step; copied), for multistep steps (shape.solver unipc or dpm++)
+ * solver F32 [16] and history [3, latent elements] (copied in and out). A batch of B samples (tdit_shape_t.batch) has latent
  * [B,C,F,H,W] and sde F32 [B,4], batch B in its key. Output 0: the updated latent. The step reads weight
  * component "transformer" (the model's one allocation). */
 #ifndef REEL_WORKER_TDIT_PROGRAM_H
@@ -24,6 +25,13 @@ extern "C" {
  * (one more input: eta, seed and step, F32 [4], kern_sde_params_pack). Its
  * `user` is the tdit_model_t. Both kinds are capturable. */
 const cap_program_t *tdit_program(bool cfg, bool sde);
+/* The multistep step (UniPC, DPM++: tdit_step_multistep): inputs as above,
+ * then solver F32 [16] and history [3, latent elements] (both copied);
+ * outputs the latent and the history. */
+const cap_program_t *tdit_program_ms(bool cfg);
+/* The key's loop kind: the solver's name ("unipc", "dpm++") for a
+ * multistep shape, else "sde" or "euler". Can't fail. */
+const char *tdit_step_loop(const tdit_shape_t *shape, bool sde);
 
 /* The capture key of one step of m on backend b for shape; `version` is the
  * resident version of the transformer weights. -1 with a message when a

@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "worker/model/safetensors.h"
+#include "worker/model/solver.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,6 +124,8 @@ typedef struct {
     int64_t text_len;
     bool cfg;               /* evaluate an unconditional branch too */
     int64_t batch;          /* samples; 0 and 1 both mean one (initializers may omit it) */
+    tdit_solver_t solver;   /* the step's sampler: euler (0) for Euler and SDE steps; unipc or dpm++
+                             * (multistep: coefficients and history in the workspace) */
 } tdit_shape_t;
 
 /* The samples a shape holds: batch, or 1 when batch is 0. */
@@ -161,6 +164,9 @@ kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws);  /* F32 [1] */
 kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws);       /* F32 [4]: eta, seed, step (kern_sde_params_pack); [B,4] for a batch */
 kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws);      /* the latent's shape: the last SDE step's mean μ */
 kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws);  /* the latent's shape: the (combined) v */
+kern_tensor_t *tdit_ws_solver(tdit_ws_t *ws);    /* F32 [16]: a multistep step's coefficients (KERN_MS_*) */
+kern_tensor_t *tdit_ws_history(tdit_ws_t *ws);   /* [3, latent elements]: last corrected sample, last two
+                                                  * data predictions; data NULL unless shape.solver is multistep */
 
 /* Copies host F32 data into the workspace, ordered on s. Sizes are checked
  * against the workspace shape: -1 with a message if they do not fit. */
@@ -168,6 +174,13 @@ int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t 
 int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond);
 int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance);
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n);
+/* Writes a multistep step's coefficients (KERN_MS_COEFS floats). -1 with
+ * a message on a workspace without multistep. */
+int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef);
+/* Zeroes the history (before a request's first multistep step: the
+ * coefficients of step 0 read none of it, and 0·x stays 0 only for finite
+ * x). -1 with a message on a workspace without multistep. */
+int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s);
 
 /* One velocity evaluation v(latent, 1000·σ_i) for `context` into v. */
 int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
@@ -184,6 +197,12 @@ int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
  * bitwise equal to tdit_step_sde with the same values; also writes the
  * step's mean μ to tdit_ws_mean. */
 int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s);
+
+/* One multistep solver step (UniPC, DPM++): v (with CFG when the shape
+ * says so) at the timestep coef[KERN_MS_T], then the solver's update of the
+ * latent and the history with the coefficients in the workspace
+ * (tdit_ws_solver). Capturable. */
+int tdit_step_multistep(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s);
 
 /* The flow-matching schedule: sigmas[0..steps] for shift S (computed in
  * double). sigmas must hold steps + 1 values. */

@@ -324,7 +324,7 @@ class Client:
 
     def gen(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
             sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
-            return_trajectory=False, return_log_probs=False, return_means=False):
+            return_trajectory=False, return_log_probs=False, return_means=False, solver="euler"):
         """Runs one denoising loop on the cluster and returns a GenResult.
 
         context: [L, T] (T = the model's text width); uncond: [L, T] turns
@@ -333,10 +333,12 @@ class Client:
         transformer version it may run on (None: the current one);
         progress(step, steps) is called as steps finish. return_trajectory,
         return_log_probs and return_means (the last two: sde with eta > 0)
-        fill the GenResult's rollout fields."""
+        fill the GenResult's rollout fields. solver: "euler" (the default),
+        or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not
+        with sde)."""
         fields, tensors, torch_out = self._gen_message(
             model, context, steps=steps, latent_shape=latent_shape, latent=latent, uncond=uncond, cfg=cfg,
-            shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms,
+            shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms, solver=solver,
             progress=progress is not None, return_trajectory=return_trajectory, return_log_probs=return_log_probs,
             return_means=return_means)
         rid = next(self._ids)
@@ -418,7 +420,8 @@ class Client:
 
     def _gen_message(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0,
                      shift=1.0, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
-                     return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None):
+                     return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None,
+                     solver="euler"):
         """A GEN's fields and tensors, and whether the caller uses torch. n >
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
@@ -435,9 +438,15 @@ class Client:
                 latent_shape = lat.shape[-4:]
         if latent_shape is None or len(latent_shape) != 4:
             raise ValueError("latent_shape [C, F, H, W] is required when no latent is given")
+        if solver not in ("euler", "unipc", "dpm++"):
+            raise ValueError(f"solver must be 'euler', 'unipc' or 'dpm++', got {solver!r}")
+        if sde and solver != "euler":
+            raise ValueError(f"solver {solver!r} cannot run sde steps (an SDE rollout is its own sampler)")
         fields = {"model": str(model), "steps": int(steps), "latent_shape": [int(d) for d in latent_shape],
                   "shift": float(shift), "cfg": float(cfg), "sde": bool(sde), "eta": float(eta),
                   "seed": int(seed), "progress": bool(progress)}
+        if solver != "euler":
+            fields["solver"] = solver
         if n != 1:
             fields["n"] = int(n)
             if seeds is not None:

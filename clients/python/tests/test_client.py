@@ -118,7 +118,7 @@ class ClientTests(unittest.TestCase):
         cls.cluster.stop()
         shutil.rmtree(cls.dir, ignore_errors=True)
 
-    def reference(self, weights, steps, cfg=None, latent=True, seed=0, size=None, sde=False):
+    def reference(self, weights, steps, cfg=None, latent=True, seed=0, size=None, sde=False, solver=None):
         """reelctl run on the same inputs: the latent it writes."""
         out = os.path.join(self.dir, f"ref-{time.monotonic_ns()}.safetensors")
         args = [f"{BUILD}/reelctl", "run", "--weights", weights, "--context", os.path.join(self.dir, "ctx.safetensors"),
@@ -128,6 +128,8 @@ class ClientTests(unittest.TestCase):
         args += ["--latent", os.path.join(self.dir, "lat.safetensors")] if latent else ["--size", size, "--seed", seed]
         if sde:
             args += ["--sde", "--eta", "0.7"]
+        if solver:
+            args += ["--solver", solver]
         run(*args)
         t, _ = safetensors.load(out)
         return t["latent"]
@@ -254,6 +256,23 @@ class ClientTests(unittest.TestCase):
                 self.c.gen_group("tiny", rand((5, 7), 1), n=3, latent_shape=(4, 1, 4, 4), steps=1, batched=batched)
             self.assertEqual(e.exception.code, "bad_request")
         self.assertEqual(len(self.c.gen_group("tiny", self.ctx, n=1, latent_shape=(4, 1, 4, 4), steps=1)), 1)
+
+    def test_wan_solvers_equal_reelctl_run_and_replay_on_a_warm_key(self):
+        for solver in ("unipc", "dpm++"):
+            ref = self.reference(self.w1, 5, cfg=4, solver=solver)
+            for _ in range(2):
+                r = self.c.gen("tiny", self.ctx, uncond=self.unc, cfg=4.0, latent=self.lat, steps=5, shift=3.0,
+                               solver=solver)
+                self.assertTrue(np.array_equal(r.latent, ref), f"{solver}: latent differs from reelctl run")
+            self.assertEqual((r.replayed, r.eager), (5, 0), f"{solver} on a warm key: {r.stats}")
+        euler = self.c.gen("tiny", self.ctx, uncond=self.unc, cfg=4.0, latent=self.lat, steps=5, shift=3.0)
+        self.assertFalse(np.array_equal(euler.latent, ref))
+
+    def test_a_bad_solver_or_one_with_sde_is_a_value_error_at_once(self):
+        with self.assertRaises(ValueError):
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, solver="ddim")
+        with self.assertRaises(ValueError):
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, solver="unipc", sde=True)
 
     def test_sde_gen_equals_reelctl_run_sde(self):
         r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7)

@@ -1,0 +1,99 @@
+#!/bin/sh
+# cli_solvers.sh -- Wan's samplers and text_len through a real reel-broker
+# and reel-worker over ipc: `reelctl gen --solver unipc|dpm++` is bitwise
+# `reelctl run` with the same solver; a second gen of the key replays every
+# step; each solver has its own key (loop=unipc, loop=dpm++), which the
+# catalog's key report shows;
+# --solver with --sde and unknown solvers are refused. A model whose config
+# has text_len pads every context (and the negative prompt, at its own
+# length) to it: prompts of different lengths share one key, the result is
+# `reelctl run` with the same contexts, and a context longer than text_len
+# is bad_request.
+# Usage: cli_solvers.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-solvers.XXXXXX)
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+SUITE=solvers
+. "$(dirname "$0")/lib_cli.sh"
+
+"$R" weights init --config tiny --seed 7 --out "$D/w.safetensors" 2>/dev/null
+printf '{"name": "tinywan", "dim": 64, "heads": 4, "layers": 2, "ffn_dim": 128, "in_channels": 4, "text_dim": 32, "freq_dim": 256, "text_len": 12}' >"$D/tw.json"
+"$R" weights init --config "$D/tw.json" --seed 8 --out "$D/tw.safetensors" 2>"$D/init.err" ||
+    { bad "weights init with text_len"; show "$D/init.err"; }
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+"$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/unc.safetensors"
+"$R" tensor rand --name context --shape 9,32 --seed 4 --out "$D/ctx9.safetensors"
+"$R" tensor rand --name context --shape 3,32 --seed 5 --out "$D/unc3.safetensors"
+"$R" tensor rand --name context --shape 13,32 --seed 6 --out "$D/ctx13.safetensors"
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 ||
+    { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 ||
+    { bad "worker registers"; finish; }
+cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/tw.safetensors" --streams 1 --heartbeat-ms 200 ||
+    { bad "text_len worker registers"; finish; }
+
+gen() { # out model ctx unc extra...
+    o=$1; m=$2; c=$3; u=$4; shift 4
+    "$R" gen --broker "$CE" --model "$m" --channels 4 --context "$c" --uncond "$u" --cfg 5 --size 2x8x8 --seed 9 --steps 6 \
+        --shift 5 --timeout-ms 60000 --quiet --out "$D/$o.safetensors" "$@" 2>"$D/$o.err"
+}
+run() { # out weights ctx unc extra...
+    o=$1; w=$2; c=$3; u=$4; shift 4
+    "$R" run --weights "$w" --context "$c" --uncond "$u" --cfg 5 --size 2x8x8 --seed 9 --steps 6 --shift 5 \
+        --out "$D/$o.safetensors" "$@" 2>"$D/$o.err"
+}
+same() { "$R" tensor diff "$D/$1.safetensors" "$D/$2.safetensors" --name latent >/dev/null 2>&1; }
+
+for so in unipc dpm++; do
+    gen "g-$so" tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver "$so" &&
+        run "r-$so" "$D/w.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver "$so" &&
+        same "g-$so" "r-$so" && ok "gen --solver $so is bitwise reelctl run --solver $so" ||
+        { bad "gen --solver $so vs run"; show "$D/g-$so.err" "$D/r-$so.err"; }
+done
+same g-unipc g-dpm++ && bad "unipc and dpm++ gave the same latent" || ok "unipc and dpm++ differ"
+gen g-euler tiny "$D/ctx.safetensors" "$D/unc.safetensors" && ! same g-euler g-unipc &&
+    ok "no --solver is Euler, not unipc" || { bad "default solver"; show "$D/g-euler.err"; }
+grep -q "captured 1, replayed 3" "$D/g-dpm++.err" && ok "dpm++ captures a key of its own" ||
+    { bad "dpm++ key"; show "$D/g-dpm++.err"; }
+gen g-unipc2 tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc &&
+    grep -q "replayed 6, eager 0" "$D/g-unipc2.err" && same g-unipc g-unipc2 &&
+    ok "gen --solver unipc on a warm key: replays only, the same bits" || { bad "warm unipc"; show "$D/g-unipc2.err"; }
+
+gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc --sde
+[ $? = 2 ] && grep -q "cannot run --sde" "$D/x.err" && ok "--solver unipc --sde: usage error" || { bad "unipc with sde"; show "$D/x.err"; }
+gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver ddim
+[ $? = 2 ] && grep -q "not euler, unipc or dpm++" "$D/x.err" && ok "--solver ddim: usage error" || { bad "unknown solver"; show "$D/x.err"; }
+wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=unipc %'" 1 20 &&
+    wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=dpm++ %'" 1 20 &&
+    "$R" keys --catalog "$D/reel.db" >"$D/keys.txt" 2>&1 && grep -q "loop=unipc" "$D/keys.txt" && grep -q "loop=dpm++" "$D/keys.txt" &&
+    ok "reelctl keys shows each key's solver (loop=unipc, loop=dpm++)" || { bad "solver in the key report"; show "$D/keys.txt"; }
+
+# text_len 12: contexts of 5 and 9 rows, negative prompts of 5 and 3, all padded to 12.
+gen t1 tinywan "$D/ctx.safetensors" "$D/unc3.safetensors" --solver unipc &&
+    run rt1 "$D/tw.safetensors" "$D/ctx.safetensors" "$D/unc3.safetensors" --solver unipc && same t1 rt1 &&
+    ok "text_len: gen with context 5 and negative prompt 3 rows is bitwise reelctl run" ||
+    { bad "text_len gen vs run"; show "$D/t1.err" "$D/rt1.err"; }
+gen t2 tinywan "$D/ctx9.safetensors" "$D/unc.safetensors" --solver unipc &&
+    grep -q "replayed 6, eager 0" "$D/t2.err" && ok "text_len: a prompt of another length replays the same graphs" ||
+    { bad "text_len shares the key"; show "$D/t2.err"; }
+gen t3 tinywan "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same t1 t3 &&
+    ok "text_len: another negative prompt, another result" || { bad "negative prompt ignored"; show "$D/t3.err"; }
+gen t4 tinywan "$D/ctx13.safetensors" "$D/unc.safetensors"
+[ $? != 0 ] && grep -q "text_len 12" "$D/t4.err" && ok "text_len: a context of 13 rows is refused ($(grep -o 'bad_request.*' "$D/t4.err" | head -c 90))" ||
+    { bad "context longer than text_len"; show "$D/t4.err"; }
+run x "$D/tw.safetensors" "$D/ctx13.safetensors" "$D/unc.safetensors"
+[ $? = 2 ] && grep -q "text_len 12" "$D/x.err" && ok "text_len: reelctl run refuses 13 rows too" || { bad "run over text_len"; show "$D/x.err"; }
+gen x tiny "$D/ctx.safetensors" "$D/unc3.safetensors"
+[ $? != 0 ] && grep -q "expected the context's" "$D/x.err" && ok "without text_len a negative prompt of another length is bad_request" ||
+    { bad "uncond length without text_len"; show "$D/x.err"; }
+# Padding is not a no-op: the same prompt without text_len gives another result.
+printf '{"name": "tinynl", "dim": 64, "heads": 4, "layers": 2, "ffn_dim": 128, "in_channels": 4, "text_dim": 32, "freq_dim": 256}' >"$D/nl.json"
+"$R" weights init --config "$D/nl.json" --seed 8 --out "$D/nl.safetensors" 2>/dev/null
+run rn "$D/nl.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc &&
+    run rp "$D/tw.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same rn rp &&
+    ok "text_len padding changes the result (the padded rows are attended to)" || bad "padding changed nothing"
+grep -q "worker w1 ready" "$D/broker.log" && kill -0 "$BROKER" 2>/dev/null && ok "the broker is still up" || bad "broker alive"
+finish
