@@ -1,6 +1,7 @@
-/* cmd_weights.c -- `reelctl weights init|inspect|info`: deterministic random
- * weights (nothing to download), and what a checkpoint holds, in any layout
- * worker/model/wan_ckpt.h reads (info is inspect's old name). */
+/* cmd_weights.c -- `reelctl weights init|inspect|info|export`: deterministic
+ * random weights (nothing to download), what a checkpoint holds, in any
+ * layout worker/model/wan_ckpt.h reads (info is inspect's old name), and a
+ * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
 #include "kernels/error.h"
 #include "worker/model/tinydit.h"
@@ -12,6 +13,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A config from a JSON file {"name":..., "dim":..., ...}. */
@@ -138,9 +142,108 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     return CTL_OK;
 }
 
+/* Wan's config.json for c, as a T2V release ships it (text_len 512 when c
+ * has none: what Wan's T2V configs use). NULL when out of memory. */
+static json_t *wan_config_json(const tdit_config_t *c) {
+    return json_pack("{s:s, s:s, s:I, s:f, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:[iii], s:[ii], s:b, s:b}",
+                     "_class_name", "WanModel", "_diffusers_version", "0.30.0", "dim", (json_int_t)c->dim, "eps", 1e-6,
+                     "ffn_dim", (json_int_t)c->ffn_dim, "freq_dim", (json_int_t)c->freq_dim, "in_dim",
+                     (json_int_t)c->in_channels, "model_type", "t2v", "num_heads", (json_int_t)c->heads, "num_layers",
+                     (json_int_t)c->layers, "out_dim", (json_int_t)c->in_channels, "text_dim", (json_int_t)c->text_dim,
+                     "text_len", (json_int_t)(c->text_len ? c->text_len : 512), "patch_size", 1, 2, 2, "window_size",
+                     -1, -1, "qk_norm", 1, "cross_attn_norm", 1);
+}
+
+/* `weights export PATH --out DIR [--dtype f32|bf16|f16]`: the checkpoint at
+ * PATH (any layout) as the original Wan2.1 release layout, in DIR:
+ * diffusion_pytorch_model.safetensors (Wan's names, no Reel metadata) and
+ * Wan's config.json beside it. What a user hands Wan's own tools. */
+static int weights_export(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "out", required_argument, 0, 'o' }, { "dtype", required_argument, 0, 'd' }, { 0, 0, 0, 0 },
+    };
+    const char *out = NULL, *dts = "f32";
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (o == 'o') out = optarg;
+        else if (o == 'd') dts = optarg;
+        else return ctl_die(CTL_USAGE, "weights export: unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+    if (optind != argc - 1 || !out)
+        return ctl_die(CTL_USAGE, "usage: reelctl weights export PATH --out DIR [--dtype f32|bf16|f16]");
+    kern_dtype_t dt;
+    if (!strcmp(dts, "f32")) dt = KERN_F32;
+    else if (!strcmp(dts, "bf16")) dt = KERN_BF16;
+    else if (!strcmp(dts, "f16")) dt = KERN_F16;
+    else return ctl_die(CTL_USAGE, "--dtype: '%s' is not f32, bf16 or f16", dts);
+    const char *path = argv[optind];
+    int code = CTL_FAIL;
+    st_file_t *f = wan_ckpt_load(path); /* judged whole before anything is written */
+    tdit_config_t c;
+    size_t n = 0;
+    tdit_weight_t *ws = NULL;
+    st_writer_t *w = NULL;
+    float *buf = NULL;
+    uint16_t *half = NULL;
+    json_t *cj = NULL;
+    char fpath[PATH_MAX], cpath[PATH_MAX];
+    if (!f) { code = CTL_USAGE; ctl_die(code, "%s", kern_error()); goto out; }
+    if (mkdir(out, 0755) != 0 && errno != EEXIST) { ctl_die(code, "%s: cannot create: %s", out, strerror(errno)); goto out; }
+    if (tdit_config_from_meta(f, &c) != 0 || !(ws = tdit_config_weights(&c, &n)) || !(w = st_writer_new())) {
+        ctl_die(code, "%s: %s", path, kern_error());
+        goto out;
+    }
+    if ((size_t)snprintf(fpath, sizeof fpath, "%s/diffusion_pytorch_model.safetensors", out) >= sizeof fpath ||
+        (size_t)snprintf(cpath, sizeof cpath, "%s/config.json", out) >= sizeof cpath) {
+        code = CTL_USAGE;
+        ctl_die(code, "--out %s: path too long", out);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int64_t numel = 1;
+        for (int d = 0; d < ws[i].ndim; d++) numel *= ws[i].shape[d];
+        float *nb = realloc(buf, (size_t)numel * sizeof *buf);
+        uint16_t *nh = dt == KERN_F32 ? half : realloc(half, (size_t)numel * sizeof *half);
+        if (!nb || (dt != KERN_F32 && !nh)) {
+            free(nb ? nb : buf);
+            buf = NULL;
+            ctl_die(code, "out of memory");
+            goto out;
+        }
+        buf = nb;
+        half = nh;
+        if (st_read_f32(f, ws[i].name, ws[i].ndim, ws[i].shape, buf) != 0) { ctl_die(code, "%s", kern_error()); goto out; }
+        for (int64_t j = 0; dt != KERN_F32 && j < numel; j++)
+            half[j] = dt == KERN_BF16 ? kern_f32_to_bf16(buf[j]) : kern_f32_to_f16(buf[j]);
+        if (st_writer_add(w, ws[i].name, dt, ws[i].ndim, ws[i].shape, dt == KERN_F32 ? (const void *)buf : half) != 0) {
+            ctl_die(code, "%s", kern_error());
+            goto out;
+        }
+    }
+    if (st_writer_save(w, fpath) != 0) { ctl_die(code, "%s", kern_error()); goto out; }
+    if (!(cj = wan_config_json(&c)) || json_dump_file(cj, cpath, JSON_INDENT(2)) != 0) {
+        ctl_die(code, "%s: cannot write", cpath);
+        goto out;
+    }
+    fprintf(stderr, "reelctl: wrote %s as a Wan2.1 release: %s (%zu tensors, %s) and %s\n", path, fpath, n,
+            kern_dtype_name(dt), cpath);
+    code = CTL_OK;
+out:
+    json_decref(cj);
+    free(buf);
+    free(half);
+    free(ws);
+    st_writer_destroy(&w);
+    st_close(&f);
+    return code;
+}
+
 int cmd_weights(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "export")) return weights_export(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return ctl_die(CTL_USAGE, "usage: reelctl weights init|inspect|info ...");
+    return ctl_die(CTL_USAGE, "usage: reelctl weights init|inspect|info|export ...");
 }

@@ -1,10 +1,11 @@
 #!/bin/sh
 # demo.sh -- the main job: a local Reel cluster on the CPU backend. A broker
 # and two workers on loopback, with CURVE keys it makes (docs/SECURITY.md),
-# a client load over several capture keys with CFG, a trainer weight sync
-# in the middle (evictions, then recaptures), the capture report and the
-# audit of syncs read back from the catalog, a Python RL trainer. Exits 0
-# and leaves no process behind.
+# serving a checkpoint in the layout a Wan2.1 release ships; a client load
+# over several capture keys with CFG, part of it with Wan's UniPC sampler; a
+# trainer weight sync in the middle (evictions, then recaptures), the
+# capture report and the audit of syncs read back from the catalog, a
+# Python RL trainer. Exits 0 and leaves no process behind.
 set -eu
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
@@ -37,6 +38,10 @@ wait_for() { # FILE PATTERN SECONDS
 say "1. weights: the small config (25 M parameters, deterministic, nothing downloaded), v1 and a trainer's v2"
 "$R" weights init --config small --seed 1 --out "$D/w1.safetensors"
 "$R" weights init --config small --seed 2 --out "$D/w2.safetensors"
+echo "v1 as a Wan2.1 release ships it (diffusion_pytorch_model.safetensors in BF16, Wan's config.json beside it;"
+echo "text_len 512: the workers pad every prompt's context to it, as Wan does), what the workers load:"
+"$R" weights export "$D/w1.safetensors" --out "$D/wan-release" --dtype bf16
+"$R" weights inspect "$D/wan-release"
 
 say "2. keys (docs/SECURITY.md): the broker's pair, a trainer's, one per worker; CURVE on both sockets"
 K="$D/keys"
@@ -56,7 +61,7 @@ PIDS="$PIDS $!"
 wait_for "$D/broker.log" "reel-broker: ready" 10
 grep "keys:" "$D/broker.log"
 for w in w1 w2; do
-    "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/w1.safetensors" --streams 2 \
+    "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/wan-release" --streams 2 \
         --backend cpu --key "$K/$w.key" --broker-key "$K/broker.pub" --metrics 127.0.0.1:0 >"$D/$w.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/broker.log" "worker $w ready" 20
@@ -67,15 +72,17 @@ if env -u REEL_KEY -u REEL_BROKER_KEY "$R" status --broker "$CE" >/dev/null 2>&1
 fi
 echo "(and without a key: no answer, the handshake never completes)"
 
-say "4. client load: 3 capture keys (latent shapes) x 2 requests, 6 steps, CFG 5"
+say "4. client load: 3 capture keys (latent shapes) x 2 requests, 6 steps, CFG 5; the 4x8x8 key with Wan's UniPC sampler (--solver unipc), the others Euler"
 "$R" tensor rand --name context --shape 16,256 --seed 11 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 16,256 --seed 12 --out "$D/unc.safetensors"
 load() { # tag
     pids=""
     for size in 2x8x8 2x8x16 4x8x8; do
+        solver=euler
+        [ "$size" = 4x8x8 ] && solver=unipc
         for r in 1 2; do
             "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-                --cfg 5 --size "$size" --seed "$r" --steps 6 --shift 3 --quiet --timeout-ms 300000 \
+                --cfg 5 --size "$size" --seed "$r" --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 \
                 --out "$D/$1-$size-$r.safetensors" 2>>"$D/$1.log" &
             pids="$pids $!"
         done
@@ -87,7 +94,7 @@ load() { # tag
 }
 load before
 
-say "5. the trainer publishes transformer v2; the sync is a barrier over every worker"
+say "5. the trainer publishes transformer v2 (its own Reel file); the sync is a barrier over every worker"
 "$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors"
 
 say "6. the same load on v2: graphs that baked v1 were evicted, so each key warms up and captures again"
@@ -96,8 +103,10 @@ load after
 say "7. one more request per key: it lands on the worker that holds its graphs and replays from its first step"
 pids=""
 for size in 2x8x8 2x8x16 4x8x8; do
+    solver=euler
+    [ "$size" = 4x8x8 ] && solver=unipc
     "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-        --cfg 5 --size "$size" --seed 9 --steps 6 --shift 3 --quiet --timeout-ms 300000 \
+        --cfg 5 --size "$size" --seed 9 --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 \
         --out "$D/warm-$size.safetensors" 2>>"$D/warm.log" &
     pids="$pids $!"
 done
@@ -113,7 +122,7 @@ for f in "$D/broker.log" "$D/w1.log"; do
         grep -E '^reel_(broker_requests_total|broker_syncs_total|broker_workers|worker_captures_total|worker_replays_total|worker_evictions_total\{reason="weight_sync"\}|worker_weight_version)' | head -8
 done
 
-say "9. the capture report, from the catalog"
+say "9. the capture report, from the catalog (each key names its sampler: loop=euler, loop=unipc)"
 "$R" stats --catalog "$DB"
 echo
 "$R" keys --catalog "$DB"

@@ -113,6 +113,27 @@ for c in "original ref" "original/diffusion_pytorch_model.safetensors ref" "orig
     fi
 done
 
+echo "== reelctl weights export: any layout back to the one a Wan2.1 release ships"
+if "$R" weights export "$D/w.safetensors" --out "$D/exp-bf16" --dtype bf16 2>"$D/e.err" &&
+    "$R" weights inspect "$D/exp-bf16" >"$D/e.txt" 2>&1 && grep -q "^layout *wan-original\$" "$D/e.txt" &&
+    grep -q "^text_len *512\$" "$D/e.txt"; then
+    ok "export --dtype bf16: a wan-original folder, text_len 512"
+else
+    bad "export bf16"; show "$D/e.err" "$D/e.txt"
+fi
+cmp -s "$D/exp-bf16/diffusion_pytorch_model.safetensors" "$L/original-bf16/diffusion_pytorch_model.safetensors" &&
+    ok "its safetensors file is byte for byte the one tests/wan_layouts.py writes" || bad "exported bytes differ from Python's"
+"$R" run --weights "$D/exp-bf16" $IN --out "$D/o.safetensors" >/dev/null 2>&1 && same "$D/o.safetensors" "$D/ref-bf16.safetensors" &&
+    ok "run on the export: bitwise the native BF16 result" || bad "run on the bf16 export"
+"$R" weights export "$L/diffusers" --out "$D/exp-d" 2>/dev/null &&
+    "$R" run --weights "$D/exp-d" $IN --out "$D/o.safetensors" >/dev/null 2>&1 && same "$D/o.safetensors" "$D/ref-f16.safetensors" &&
+    ok "a diffusers folder exported (F32) runs bitwise as its F16 values" || bad "export of a diffusers folder"
+"$R" weights export "$D/w.safetensors" --out "$D/x" --dtype f64 2>"$D/e.err"
+[ $? = 2 ] && grep -q "not f32, bf16 or f16" "$D/e.err" && ok "export --dtype f64: usage error" || { bad "export bad dtype"; show "$D/e.err"; }
+"$R" weights export "$D/nonexistent" --out "$D/x2" 2>"$D/e.err"
+[ $? = 2 ] && [ ! -e "$D/x2" ] && ok "export of a missing checkpoint: usage error, nothing written" ||
+    { bad "export of a missing path"; show "$D/e.err"; }
+
 echo "== a worker on a release folder; syncs by path to a sharded folder and by upload of a raw diffusers file"
 mkdir -p "$D/store"
 cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "" --heartbeat-ms 200 \

@@ -804,7 +804,25 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
     if (!realpath(path, real)) return kern_fail("%s: %s", path, strerror(errno));
     wan_opts_t o = { .no_data = true };
     wan_ckpt_t *c = wan_ckpt_open(real, &o, NULL);
-    if (!c) return -1;
+    if (!c) {
+        /* One safetensors file whose config this side cannot know (no Reel
+         * metadata, no config.json: a raw release file, a trainer's dump)
+         * goes as it is: each worker judges it against the model it runs. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", kern_error());
+        struct stat sb;
+        char cfg[PATH_MAX + 16];
+        const char *slash = strrchr(real, '/');
+        snprintf(cfg, sizeof cfg, "%.*s/config.json", slash ? (int)(slash - real) : 0, real);
+        bool lone = stat(cfg, &sb) != 0; /* a config.json beside it was judged: its verdict stands */
+        int fd = lone && stat(real, &sb) == 0 && S_ISREG(sb.st_mode) ? open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+        st_probe_t pr;
+        bool raw = fd >= 0 && st_probe_fd(fd, real, &pr) == 0;
+        if (fd >= 0) close(fd);
+        if (!raw) return kern_fail("%s", why);
+        snprintf(out->path, sizeof out->path, "%s", real);
+        return reel_sha256_file(real, out->sha256);
+    }
     int rc = 0;
     if (!upload) {
         snprintf(out->path, sizeof out->path, "%s", real);

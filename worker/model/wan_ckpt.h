@@ -167,7 +167,10 @@ int wan_ckpt_pack(const char *path, const char *out_path);
  *   by upload: a checkpoint of one file sends that file (path = its
  *   realpath, sha256 = its bytes'); any other is packed into one Reel file
  *   in a new temporary folder (wan_sync_source_done removes it), and the
- *   identity announced is the packed file's. */
+ *   identity announced is the packed file's.
+ * One safetensors file this side cannot judge (no Reel metadata and no
+ * config.json beside it: its config is the running model's) goes as it
+ * is, path its realpath and sha256 its bytes': each worker judges it. */
 typedef struct {
     char path[PATH_MAX];
     char sha256[65];

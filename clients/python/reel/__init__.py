@@ -14,9 +14,9 @@ returned when the inputs are torch tensors, and never required.
 """
 
 from .client import (BusyError, Client, GenResult, ReelError, ReelTimeout, SyncFailed, SyncResult,
-                     read_key, sha256_file)
+                     checkpoint_identity, read_key, sha256_file)
 from . import safetensors
 
 __all__ = ["Client", "GenResult", "SyncResult", "ReelError", "BusyError", "ReelTimeout", "SyncFailed",
-           "sha256_file", "read_key", "safetensors"]
+           "sha256_file", "checkpoint_identity", "read_key", "safetensors"]
 __version__ = "0.1.0"

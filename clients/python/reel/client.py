@@ -7,6 +7,7 @@ deadline, so nothing hangs when the broker is gone.
 
 import hashlib
 import itertools
+import json
 import os
 import random
 import shutil
@@ -169,6 +170,46 @@ def sha256_file(path):
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+    return h.hexdigest()
+
+
+def _checkpoint_file(path, in_pipeline=False):
+    """The file that names the checkpoint at path as Reel's loader resolves
+    a folder (worker/model/wan_ckpt.c): a pipeline root's transformer/,
+    then diffusion_pytorch_model.safetensors, its index, the one index, or
+    the one safetensors file. ValueError when the folder holds none or
+    several."""
+    if not os.path.isdir(path):
+        return path
+    names = [n for n in os.listdir(path) if not n.startswith(".")]
+    st = sorted(n for n in names if n.endswith(".safetensors"))
+    idx = sorted(n for n in names if n.endswith(".safetensors.index.json"))
+    if not in_pipeline and ("model_index.json" in names or (not st and not idx and "transformer" in names)):
+        return _checkpoint_file(os.path.join(path, "transformer"), True)
+    if "diffusion_pytorch_model.safetensors" in st:
+        return os.path.join(path, "diffusion_pytorch_model.safetensors")
+    if "diffusion_pytorch_model.safetensors.index.json" in idx:
+        return os.path.join(path, "diffusion_pytorch_model.safetensors.index.json")
+    if len(idx) == 1:
+        return os.path.join(path, idx[0])
+    if not idx and len(st) == 1:
+        return os.path.join(path, st[0])
+    raise ValueError(f"{path}: {'several checkpoints' if st or idx else 'no safetensors file or index'} in this folder")
+
+
+def checkpoint_identity(path):
+    """The sha256 a SYNC announces for the checkpoint at path, in any layout
+    Reel loads (docs/PROTOCOL.md, "The identity of a checkpoint"): a file's
+    bytes; for a sharded checkpoint, sha256(index || sha256(shard)...) over
+    its shards in name order. What `reelctl weights inspect` prints."""
+    f = _checkpoint_file(path)
+    if not f.endswith(".index.json"):
+        return sha256_file(f)
+    with open(_regular_file(f), "rb") as fh:
+        raw = fh.read()
+    h = hashlib.sha256(raw)
+    for name in sorted(set(json.loads(raw)["weight_map"].values())):
+        h.update(bytes.fromhex(sha256_file(os.path.join(os.path.dirname(f), name))))
     return h.hexdigest()
 
 
@@ -540,8 +581,11 @@ class Client:
         lag). Raises SyncFailed when no worker applied it (nothing changed),
         ReelError (e.g. stale_version) when the broker refused it.
 
-        path: a safetensors file below every worker's --weights-dir
-        (docs/PROTOCOL.md, "Weight files"). state_dict: tensors
+        path: a checkpoint below every worker's --weights-dir
+        (docs/PROTOCOL.md, "Weight files"), in any layout Reel loads: a
+        safetensors file, a Wan2.1 release folder, a sharded index or its
+        folder, a diffusers transformer or pipeline; its identity is
+        computed here (checkpoint_identity). state_dict: tensors
         by Wan2.1 name (numpy or torch), written here as F32 safetensors into
         weights_dir (a fresh temporary folder by default; it must lie below
         every worker's --weights-dir, where workers read weights from, and
@@ -580,7 +624,14 @@ class Client:
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):
         path = os.path.abspath(path)
-        digest = (sha256 or sha256_file(path)).lower()
+        if upload:
+            # By value one file goes: a release folder's one file; several
+            # (shards) are for `reelctl sync --upload`, which packs them.
+            path = _checkpoint_file(path)
+            if path.endswith(".index.json"):
+                raise ValueError(f"{path}: a sharded checkpoint cannot be uploaded as one file here; "
+                                 "sync it by path, or use `reelctl sync --upload` (it packs the shards)")
+        digest = (sha256 or checkpoint_identity(path)).lower()
         fields = {"component": component, "version": int(version), "sha256": digest, "deadline_ms": int(deadline_ms)}
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
         if upload:

@@ -8,6 +8,7 @@ Prints one line per test and ends with "python: N passed, N failed".
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -437,6 +438,22 @@ class ClientTests(unittest.TestCase):
             self.c.sync(12, state_dict=sd, config=meta.get("config", "tiny"), upload=True)
         self.assertIn("--weights-dir", str(e.exception))
         self.assertEqual(set(glob.glob(os.path.join(tempfile.gettempdir(), "reel-sync-*"))), before)
+
+    def test_z6_sync_by_path_names_a_wan_release_folder_with_its_identity(self):
+        # w2 as a Wan2.1 release ships it (F32: the same values), synced by
+        # its folder: the client computes the identity reelctl prints.
+        rel = os.path.join(self.dir, "release-w2")
+        run(f"{BUILD}/reelctl", "weights", "export", self.w2, "--out", rel)
+        out = subprocess.run([f"{BUILD}/reelctl", "weights", "inspect", rel, "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        self.assertEqual(reel.checkpoint_identity(rel), json.loads(out)["sha256"])
+        versions = self.c.status().get("versions", {})
+        res = self.c.sync(versions.get("transformer", 1) + 20, path=rel)
+        self.assertTrue(res.complete, res.failed)
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0)
+        self.assertTrue(np.array_equal(r.latent, self.reference(self.w2, 3)))
+        with self.assertRaises(ValueError):
+            self.c.sync(99, path=self.dir)  # several checkpoints in one folder: name one
 
 
 class BusyTests(unittest.TestCase):
