@@ -58,8 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(body, 0, sizeof body);
     if (msg_decode(&m, t, body, &err) == 0) {
         if (t == MSG_GEN || t == MSG_REQUEST) {
-            const msg_model_t tiny = { "tiny", 4, 32, 2, 2 };
+            const msg_model_t tiny = { "tiny", 4, 32, 2, 2, 0 }, wan = { "tiny", 4, 32, 2, 2, 12 };
             (void)msg_gen_validate((const msg_gen_t *)body, &tiny, &err);
+            (void)msg_gen_validate((const msg_gen_t *)body, &wan, &err); /* contexts padded to text_len */
             (void)msg_gen_validate((const msg_gen_t *)body, NULL, &err);
         } else if (t == MSG_SYNC) {
             (void)msg_sync_validate((const msg_sync_t *)body, false, &err);
