@@ -603,6 +603,44 @@ START_TEST(test_interleaved_multistep_requests_keep_their_own_history) {
 }
 END_TEST
 
+/* A group of B samples under UniPC and DPM++ (one batched step, the
+ * coefficients shared, each sample's history its own rows) is sample for
+ * sample bitwise the single requests with its seeds, captured once and
+ * replayed; with CFG. */
+START_TEST(test_a_batched_multistep_group_is_bitwise_the_single_requests) {
+    fx_t *f = fx_open(CAP_POLICY_EVICT);
+    const uint64_t seeds[3] = { 4, 77, 4 };
+    for (int so = 0; so < 2; so++) {
+        tdit_solver_t sv = MS_SOLVERS[so];
+        tdit_shape_t one = { 2, 8, 8, 5, true, 1, sv }, grp = one;
+        grp.batch = 3;
+        tdit_loop_t p = { .steps = 5, .shift = 5.0, .guidance = 5.0f, .solver = sv };
+        tdit_staging_t *stg = tdit_staging_new(f->m, &grp);
+        ck_assert_ptr_nonnull(stg);
+        tdit_run_stats_t st1, st2;
+        tdit_req_t *g1 = run_req(f, stg, &grp, &p, seeds, &st1), *g2 = run_req(f, stg, &grp, &p, seeds, &st2);
+        ck_assert_int_eq(st1.captured, 1);
+        ck_assert_int_eq(st2.replayed, 5);
+        static float a[3 * NL], b[3 * NL];
+        ck_assert_int_eq(tdit_req_read(g1, f->s, a, 3 * NL), 0);
+        ck_assert_int_eq(tdit_req_read(g2, f->s, b, 3 * NL), 0);
+        ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+        for (int i = 0; i < 3; i++) {
+            static float lat[NL], want[NL];
+            tdit_initial_latent(seeds[i], lat, NL);
+            eager_shape(f, &one, &p, lat, f->ctx, f->unc, want);
+            ck_assert_msg(memcmp(a + (size_t)i * NL, want, sizeof want) == 0, "%s sample %d differs from its single loop",
+                          tdit_solver_name(sv), i);
+        }
+        ck_assert_int_ne(memcmp(a, a + NL, NL * sizeof(float)), 0);
+        tdit_req_destroy(&g1);
+        tdit_req_destroy(&g2);
+        tdit_staging_destroy(&stg);
+    }
+    fx_close(f);
+}
+END_TEST
+
 /* A solver runs in a shape made for it (its key, its workspace) and a
  * multistep solver never with SDE: each mismatch with a message, nothing
  * run. */
@@ -711,6 +749,7 @@ int main(void) {
     tcase_add_test(tc, test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key);
     tcase_add_test(tc, test_multistep_solvers_capture_once_replay_rest_bitwise_equal_to_pure_eager);
     tcase_add_test(tc, test_interleaved_multistep_requests_keep_their_own_history);
+    tcase_add_test(tc, test_a_batched_multistep_group_is_bitwise_the_single_requests);
     tcase_add_test(tc, test_solver_and_shape_mismatches_are_refused);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
