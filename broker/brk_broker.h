@@ -86,6 +86,7 @@ typedef struct brk_req {
     uint64_t bytes;            /* its tensor bytes, counted in brk_t.held_bytes */
     char model[BRK_NAME_MAX];
     uint64_t shard;
+    int loop;                  /* BRK_LOOP_*: only workers that run it may own it */
     uint64_t required;         /* transformer version it must run on */
     int steps;
     bool progress;

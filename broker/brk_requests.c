@@ -84,13 +84,16 @@ static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, con
 /* Sends r to its owner when the owner has a free slot. true when sent. A
  * failed send makes that worker unroutable and the next owner is tried. */
 static bool try_dispatch(brk_t *b, brk_req_t *r) {
-    const brk_peer_t *peers[b->n_w ? b->n_w : 1];
+    const brk_peer_t *all[b->n_w ? b->n_w : 1], *peers[b->n_w ? b->n_w : 1];
+    int idx[b->n_w ? b->n_w : 1];
     for (;;) {
-        for (int i = 0; i < b->n_w; i++) peers[i] = &b->w[i]->route;
-        int o = brk_owner(peers, b->n_w, r->shard, r->model, r->required);
+        for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
+        /* Only workers that run its loop kind (a solver they announced). */
+        int n = brk_peers_running(all, b->n_w, r->loop, peers, idx);
+        int o = brk_owner(peers, n, r->shard, r->model, r->required);
         if (o < 0) return false;
         r->had_owner = true;
-        brk_worker_t *w = b->w[o];
+        brk_worker_t *w = b->w[idx[o]];
         if (w->route.inflight >= w->route.max_inflight) return false;
         /* The REQUEST is the client's GEN, patched: the broker's id, the
          * version it needs and the ms the broker still waits for it (a
@@ -200,6 +203,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     memcpy(r->model, g->model, ml);
     r->model[ml] = '\0';
     r->shard = shard;
+    r->loop = brk_loop_kind(g->sde, msg_gen_solver(g));
     /* "version" is the oldest weights the request may run on: a trainer
      * asking for an older version than the current one may be served by a
      * worker that lags on the newest (brk_sync.c); without it, a request
@@ -356,9 +360,13 @@ void brk_req_timers(brk_t *b, int64_t now) {
         }
         long long waited = (long long)(now - r->accepted_ms);
         if (!r->had_owner) {
+            const char *solver = msg_gen_solver(&r->gen);
+            bool named = strcmp(solver, "euler") != 0;
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER,
-                           "no live worker serves model %s at %s version >= %llu (waited %lld ms)",
-                           r->model, BRK_COMPONENT, (unsigned long long)r->required, waited);
+                           "no live worker serves model %s at %s version >= %llu%s%s%s (waited %lld ms)",
+                           r->model, BRK_COMPONENT, (unsigned long long)r->required,
+                           named ? " with solver " : "", named ? solver : "",
+                           named ? " (a worker older than solvers runs Euler only)" : "", waited);
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {

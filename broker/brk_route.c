@@ -102,6 +102,25 @@ int brk_peer_set_version(brk_peer_t *p, const char *comp, uint64_t version) {
     return 0;
 }
 
+unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n) {
+    unsigned bits = 1u << BRK_LOOP_EULER | 1u << BRK_LOOP_SDE;
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(solvers[i], "unipc")) bits |= 1u << BRK_LOOP_UNIPC;
+        else if (!strcmp(solvers[i], "dpm++")) bits |= 1u << BRK_LOOP_DPMPP;
+    }
+    return bits;
+}
+
+int brk_peers_running(const brk_peer_t *const *peers, int n, int loop, const brk_peer_t **out, int *idx) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (peers[i]->loops & 1u << loop) {
+            out[k] = peers[i];
+            idx[k++] = i;
+        }
+    return k;
+}
+
 bool brk_peer_serves(const brk_peer_t *p, const char *model) {
     for (int i = 0; i < p->n_models; i++)
         if (!strcmp(p->models[i], model)) return true;

@@ -95,6 +95,8 @@ typedef struct {
     char models[BRK_MAX_MODELS][BRK_NAME_MAX];
     int n_versions;
     brk_version_t versions[BRK_MAX_COMPONENTS];  /* applied (acked) versions */
+    unsigned loops;                 /* bit BRK_LOOP_*: the loop kinds it runs (euler and sde always; the
+                                     * solvers its READY listed) */
 } brk_peer_t;
 
 /* The applied version of component `comp` (0 when never reported). */
@@ -102,6 +104,14 @@ uint64_t brk_peer_version(const brk_peer_t *p, const char *comp);
 /* Records that p runs `comp` at `version`. -1 when p already reports
  * BRK_MAX_COMPONENTS others (p unaltered). */
 int brk_peer_set_version(brk_peer_t *p, const char *comp, uint64_t version);
+/* The loops bits of a READY's solvers list: euler and sde, and each of
+ * "unipc", "dpm++" named. Can't fail. */
+unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n);
+/* Peers of peers[0..n) that run loop kind `loop` into out (their indexes
+ * in idx): a GEN's owner is chosen among them, so a GEN naming a solver
+ * never lands on a worker that would run Euler instead. Returns the count.
+ * Can't fail. */
+int brk_peers_running(const brk_peer_t *const *peers, int n, int loop, const brk_peer_t **out, int *idx);
 /* True when p lists `model`. */
 bool brk_peer_serves(const brk_peer_t *p, const char *model);
 /* True when p may run a request for `model` needing transformer weights at

@@ -204,16 +204,16 @@ static int weights_export(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) {
         int64_t numel = 1;
         for (int d = 0; d < ws[i].ndim; d++) numel *= ws[i].shape[d];
+        /* Each pointer kept as soon as its realloc succeeds: `out` frees
+         * exactly what is live, whichever of the two failed. */
         float *nb = realloc(buf, (size_t)numel * sizeof *buf);
-        uint16_t *nh = dt == KERN_F32 ? half : realloc(half, (size_t)numel * sizeof *half);
+        if (nb) buf = nb;
+        uint16_t *nh = dt == KERN_F32 || !nb ? half : realloc(half, (size_t)numel * sizeof *half);
+        if (nh) half = nh;
         if (!nb || (dt != KERN_F32 && !nh)) {
-            free(nb ? nb : buf);
-            buf = NULL;
             ctl_die(code, "out of memory");
             goto out;
         }
-        buf = nb;
-        half = nh;
         if (st_read_f32(f, ws[i].name, ws[i].ndim, ws[i].shape, buf) != 0) { ctl_die(code, "%s", kern_error()); goto out; }
         for (int64_t j = 0; dt != KERN_F32 && j < numel; j++)
             half[j] = dt == KERN_BF16 ? kern_f32_to_bf16(buf[j]) : kern_f32_to_f16(buf[j]);

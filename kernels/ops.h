@@ -191,8 +191,10 @@ void kern_sde_params_pack(float params[4], float eta, uint64_t seed, uint32_t st
 /* x ← predictor(corrector(x, history), m), history shifted: see
  * kern_multistep_args_t. x, v: one dtype, n elements each; h: 3·n of it
  * (h0 the last corrected sample, h1 and h2 the last two data
- * predictions); coef F32 [KERN_MS_COEFS]. Arithmetic in double, rounded
- * once per stored value. -1 with a message on a bad tensor. */
+ * predictions); coef F32 [KERN_MS_COEFS]. Arithmetic in double; m and
+ * the corrected sample are rounded to the dtype before they are used (the
+ * values the history keeps), x_{i+1} once when stored. -1 with a message
+ * on a bad tensor. */
 int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v, kern_tensor_t *h,
                           const kern_tensor_t *coef);
 /* emb = sinusoid(t) with t = at[0] itself (no 1000·σ scaling): the

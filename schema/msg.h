@@ -293,6 +293,9 @@ typedef struct {
     msg_versions_t versions;
     const msg_model_t *configs;    /* the config of each model (optional) */
     size_t n_configs;
+    const char (*solvers)[MSG_NAME_MAX]; /* the GEN solvers it runs besides euler (optional; absent:
+                                          * euler only: a worker older than `solver`) */
+    size_t n_solvers;
 } msg_ready_t;
 
 /* EVENTS entries */

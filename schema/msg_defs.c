@@ -247,6 +247,7 @@ static const msg_field_t ready_rows[] = {
     R_NAMES(msg_ready_t, models, n_models, "models", F_REQ),
     R_COUNTS(msg_ready_t, versions, "versions", 0),
     R_STRUCTS(msg_ready_t, configs, n_configs, msg_model_t, "configs", F_OMIT, model_tab),
+    R_NAMES(msg_ready_t, solvers, n_solvers, "solvers", F_OMIT),
 };
 TABLE(ready_tab, ready_rows, msg_ready_t);
 

@@ -8,7 +8,10 @@
 # has text_len pads every context (and the negative prompt, at its own
 # length) to it: prompts of different lengths share one key, the result is
 # `reelctl run` with the same contexts, and a context longer than text_len
-# is bad_request.
+# is bad_request. A worker older than solvers (its READY lists none) is
+# never handed a GEN naming one (it would answer Euler's result): with
+# only such a worker the GEN fails no_worker, saying why, while Euler GENs
+# still reach it.
 # Usage: cli_solvers.sh BUILD
 set -u
 B="${1:-build}"
@@ -16,6 +19,8 @@ R="$B/reelctl"
 D=$(mktemp -d /tmp/reel-solvers.XXXXXX)
 CE="ipc://$D/clients"
 WE="ipc://$D/workers"
+CE2="ipc://$D/clients2"
+WE2="ipc://$D/workers2"
 SUITE=solvers
 . "$(dirname "$0")/lib_cli.sh"
 
@@ -28,6 +33,7 @@ printf '{"name": "tinywan", "dim": 64, "heads": 4, "layers": 2, "ffn_dim": 128, 
 "$R" tensor rand --name context --shape 9,32 --seed 4 --out "$D/ctx9.safetensors"
 "$R" tensor rand --name context --shape 3,32 --seed 5 --out "$D/unc3.safetensors"
 "$R" tensor rand --name context --shape 13,32 --seed 6 --out "$D/ctx13.safetensors"
+"$R" tensor rand --name context --shape 12,32 --seed 7 --out "$D/ctx12.safetensors"
 cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$D/reel.db" --heartbeat-ms 200 ||
     { bad "broker starts"; finish; }
 cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w.safetensors" --streams 1 --heartbeat-ms 200 ||
@@ -79,6 +85,10 @@ gen t1 tinywan "$D/ctx.safetensors" "$D/unc3.safetensors" --solver unipc &&
 gen t2 tinywan "$D/ctx9.safetensors" "$D/unc.safetensors" --solver unipc &&
     grep -q "replayed 6, eager 0" "$D/t2.err" && ok "text_len: a prompt of another length replays the same graphs" ||
     { bad "text_len shares the key"; show "$D/t2.err"; }
+gen t5 tinywan "$D/ctx12.safetensors" "$D/unc3.safetensors" --solver dpm++ &&
+    run rt5 "$D/tw.safetensors" "$D/ctx12.safetensors" "$D/unc3.safetensors" --solver dpm++ && same t5 rt5 &&
+    ok "text_len: a context of exactly text_len rows beside a 3-row negative prompt is bitwise reelctl run" ||
+    { bad "full-length context, short negative prompt"; show "$D/t5.err" "$D/rt5.err"; }
 gen t3 tinywan "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same t1 t3 &&
     ok "text_len: another negative prompt, another result" || { bad "negative prompt ignored"; show "$D/t3.err"; }
 gen t4 tinywan "$D/ctx13.safetensors" "$D/unc.safetensors"
@@ -96,4 +106,22 @@ run rn "$D/nl.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver un
     run rp "$D/tw.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same rn rp &&
     ok "text_len padding changes the result (the padded rows are attended to)" || bad "padding changed nothing"
 grep -q "worker w1 ready" "$D/broker.log" && kill -0 "$BROKER" 2>/dev/null && ok "the broker is still up" || bad "broker alive"
+
+echo "== a worker older than solvers gets no GEN naming one"
+B1=$BROKER
+cli_broker "$D/broker2.log" --clients "$CE2" --workers "$WE2" --heartbeat-ms 200 || bad "second broker starts"
+/usr/bin/python3 "$(dirname "$0")/security_peer.py" --endpoint "$WE2" --id old --for 8 --heartbeat \
+    '{"type":"READY","name":"old","models":["tiny"],"versions":{"transformer":1}}' >"$D/old.out" 2>&1 &
+PIDS="$PIDS $!"; OLD=$!
+wait_for "$D/broker2.log" "worker old ready" 10 || bad "the old worker registers"
+"$R" gen --broker "$CE2" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --steps 2 --solver unipc \
+    --deadline-ms 1500 --timeout-ms 10000 --quiet --out "$D/o1.safetensors" 2>"$D/o1.err"
+[ $? != 0 ] && grep -q "no_worker" "$D/o1.err" && grep -q "with solver unipc" "$D/o1.err" &&
+    ok "with only an older worker a unipc GEN fails no_worker, naming the solver" || { bad "unipc to an old worker"; show "$D/o1.err"; }
+"$R" gen --broker "$CE2" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --steps 2 \
+    --deadline-ms 1500 --timeout-ms 10000 --quiet --out "$D/o2.safetensors" 2>"$D/o2.err"
+wait "$OLD"
+grep -q "peer: .* (1 REQUEST)" "$D/old.out" && ok "an Euler GEN still reaches it (the only REQUEST it got)" ||
+    { bad "euler to the old worker"; show "$D/old.out"; }
+BROKER=$B1
 finish

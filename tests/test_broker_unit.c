@@ -76,6 +76,44 @@ START_TEST(test_hash_building_blocks_are_the_published_functions) {
 }
 END_TEST
 
+/* A GEN naming a solver is owned only among workers that announced it;
+ * Euler and SDE run everywhere; the solver changes the shard key (each its
+ * own graphs) and the loop kind follows sde first. */
+START_TEST(test_solver_gens_are_owned_only_by_workers_that_run_the_solver) {
+    const brk_peer_t *all[4], *run[4];
+    int idx[4];
+    mk_fleet(4, all);
+    static const char both[2][MSG_NAME_MAX] = { "unipc", "dpm++" }, one[1][MSG_NAME_MAX] = { "dpm++" };
+    ((brk_peer_t *)all[0])->loops = brk_loops_from(NULL, 0);  /* an older worker: no solvers */
+    ((brk_peer_t *)all[1])->loops = brk_loops_from(both, 2);
+    ((brk_peer_t *)all[2])->loops = brk_loops_from(one, 1);
+    ((brk_peer_t *)all[3])->loops = brk_loops_from(both, 2);
+    ck_assert_int_eq(brk_peers_running(all, 4, BRK_LOOP_EULER, run, idx), 4);
+    ck_assert_int_eq(brk_peers_running(all, 4, BRK_LOOP_SDE, run, idx), 4);
+    ck_assert_int_eq(brk_peers_running(all, 4, BRK_LOOP_DPMPP, run, idx), 3);
+    int n = brk_peers_running(all, 4, BRK_LOOP_UNIPC, run, idx);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(idx[0], 1);
+    ck_assert_int_eq(idx[1], 3);
+    for (int i = 0; i < 64; i++) {
+        int o = brk_owner(run, n, key(i), "small", 1);
+        ck_assert(o == 0 || o == 1);
+        ck_assert(idx[o] == 1 || idx[o] == 3);
+    }
+    ck_assert_int_eq(brk_peers_running(all, 1, BRK_LOOP_UNIPC, run, idx), 0);
+    ck_assert_int_eq(brk_loop_kind(false, ""), BRK_LOOP_EULER);
+    ck_assert_int_eq(brk_loop_kind(false, "euler"), BRK_LOOP_EULER);
+    ck_assert_int_eq(brk_loop_kind(true, "euler"), BRK_LOOP_SDE);
+    ck_assert_int_eq(brk_loop_kind(false, "unipc"), BRK_LOOP_UNIPC);
+    ck_assert_int_eq(brk_loop_kind(false, "dpm++"), BRK_LOOP_DPMPP);
+    const int64_t lat[4] = { 4, 2, 8, 8 }, ctx[2] = { 5, 32 };
+    uint64_t e = brk_shard_hash("tiny", BRK_LOOP_EULER, lat, ctx, true, 1),
+             u = brk_shard_hash("tiny", BRK_LOOP_UNIPC, lat, ctx, true, 1),
+             d = brk_shard_hash("tiny", BRK_LOOP_DPMPP, lat, ctx, true, 1);
+    ck_assert(e && u && d && e != u && u != d && e != d);
+}
+END_TEST
+
 START_TEST(test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versions) {
     int64_t lat[4] = { 4, 2, 8, 8 }, ctx[2] = { 5, 32 };
     /* docs/CAPTURE.md: the shard form of the tiny CFG euler step */
@@ -2112,6 +2150,7 @@ static Suite *broker_unit_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hash_building_blocks_are_the_published_functions);
     tcase_add_test(tc, test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versions);
+    tcase_add_test(tc, test_solver_gens_are_owned_only_by_workers_that_run_the_solver);
     tcase_add_test(tc, test_same_key_same_owner_across_calls_and_worker_orderings);
     tcase_add_test(tc, test_keys_spread_evenly_over_workers);
     tcase_add_test(tc, test_removing_one_worker_moves_only_its_keys_and_adding_it_back_restores_them);

@@ -425,6 +425,56 @@ START_TEST(test_a_good_request_becomes_a_job_with_copies_of_its_tensors) {
 }
 END_TEST
 
+/* With a config's text_len (Wan: 512; here 12), the context and the
+ * negative prompt are each padded with zero rows to it, whatever either's
+ * own length: a prompt already text_len rows long beside a 3-row negative
+ * prompt, and the other way round; longer than text_len is bad_request;
+ * the job's shape is text_len rows, and the solver reaches the job. */
+START_TEST(test_contexts_are_each_padded_to_text_len_whatever_their_lengths) {
+    tdit_config_t wan = tiny;
+    wan.text_len = 12;
+    static float c12[12 * 32], u3[3 * 32], u13[13 * 32];
+    for (size_t i = 0; i < 12 * 32; i++) c12[i] = 1.0f + (float)i;
+    for (size_t i = 0; i < 3 * 32; i++) u3[i] = -1.0f - (float)i;
+    const int64_t s12[2] = { 12, 32 }, s3[2] = { 3, 32 }, s13[2] = { 13, 32 };
+    wire_tensor_t tc, tu;
+    for (int flip = 0; flip < 2; flip++) {
+        msg_gen_t g;
+        good_request(&g);
+        tensor(&tc, "context", KERN_F32, 2, flip ? s3 : s12, flip ? u3 : c12);
+        tensor(&tu, "uncond", KERN_F32, 2, flip ? s12 : s3, flip ? c12 : u3);
+        g.context = &tc;
+        g.uncond = &tu;
+        snprintf(g.solver, sizeof g.solver, "unipc");
+        wrk_job_t *j = NULL;
+        wire_err_t err;
+        ck_assert_msg(wrk_job_from_request(&g, 42, &wan, 1, &j, &err) == 0, "%s", err.message);
+        ck_assert_int_eq(j->shape.text_len, 12);
+        ck_assert_int_eq(j->shape.solver, TDIT_SOLVER_UNIPC);
+        ck_assert_int_eq(j->loop.solver, TDIT_SOLVER_UNIPC);
+        const float *full = flip ? j->uncond : j->context, *shortp = flip ? j->context : j->uncond;
+        ck_assert_mem_eq(full, c12, sizeof c12);
+        ck_assert_mem_eq(shortp, u3, sizeof u3);
+        for (size_t i = 3 * 32; i < 12 * 32; i++) ck_assert_msg(shortp[i] == 0.0f, "row %zu not zero", i / 32);
+        wrk_job_free(&j);
+    }
+    msg_gen_t g;
+    good_request(&g);
+    tensor(&tu, "uncond", KERN_F32, 2, s13, u13);
+    g.uncond = &tu;
+    wrk_job_t *j = (wrk_job_t *)1;
+    wire_err_t err;
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &wan, 1, &j, &err), -1);
+    ck_assert_ptr_null(j);
+    ck_assert_ptr_nonnull(strstr(err.message, "text_len 12"));
+    /* Without text_len a negative prompt of another length is refused. */
+    good_request(&g);
+    tensor(&tu, "uncond", KERN_F32, 2, s3, u3);
+    g.uncond = &tu;
+    expect_refused(&g, 1, "expected the context's");
+}
+END_TEST
+
 /* A group: n samples, seeds given or seed + i, the latents [n,...] copied
  * whole; a bad group is refused like any bad request. */
 START_TEST(test_a_group_request_becomes_one_job_of_n_samples) {
@@ -1330,6 +1380,7 @@ static Suite *suite(void) {
     t = tcase_create("request");
     tcase_add_checked_fixture(t, setup_tiny, NULL);
     tcase_add_test(t, test_a_good_request_becomes_a_job_with_copies_of_its_tensors);
+    tcase_add_test(t, test_contexts_are_each_padded_to_text_len_whatever_their_lengths);
     tcase_add_test(t, test_a_group_request_becomes_one_job_of_n_samples);
     tcase_add_test(t, test_a_latent_with_the_wrong_channel_count_is_refused);
     tcase_add_test(t, test_a_context_of_the_wrong_text_width_is_refused);

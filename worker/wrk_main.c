@@ -327,6 +327,12 @@ static int send_ready(link_t *l) {
     wrk_model_info(cfg, &config);
     r.configs = &config;
     r.n_configs = 1;
+    /* The solvers beyond Euler it runs: the broker routes a GEN naming one
+     * only to workers that said so (an older worker would ignore the field
+     * and answer Euler's result). */
+    static const char solvers[2][MSG_NAME_MAX] = { "unipc", "dpm++" };
+    r.solvers = solvers;
+    r.n_solvers = 2;
     r.versions.n = 1;
     snprintf(r.versions.e[0].name, sizeof r.versions.e[0].name, "%s", TDIT_COMPONENT);
     r.versions.e[0].n = atomic_load(&w->applied_version);

@@ -35,6 +35,10 @@ void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out) {
  * Wan's DiT pads every prompt before its text embedding (the padded rows
  * are attended to: they change the output). NULL with err set. */
 static float *pad_context(const float *x, int64_t rows, int64_t text_len, int64_t width, wire_err_t *err) {
+    if (rows < 1 || rows > text_len) { /* msg_gen_validate refused it already: never trust a size twice removed */
+        bad(err, WIRE_E_BAD_REQUEST, "a context of %" PRId64 " rows does not fit text_len %" PRId64, rows, text_len);
+        return NULL;
+    }
     float *p = calloc((size_t)(text_len * width), sizeof *p);
     if (!p) { bad(err, WIRE_E_INTERNAL, "out of memory padding a context"); return NULL; }
     memcpy(p, x, (size_t)(rows * width) * sizeof *p);
@@ -129,16 +133,17 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
         wrk_job_free(&j);
         return -1;
     }
-    if (cfg->text_len > 0 && r->context->shape[0] < cfg->text_len) {
-        float *c = pad_context(j->context, r->context->shape[0], cfg->text_len, cfg->text_dim, err), *u = NULL;
-        if (c && r->uncond && !(u = pad_context(j->uncond, r->uncond->shape[0], cfg->text_len, cfg->text_dim, err))) {
-            free(c);
-            c = NULL;
-        }
-        if (!c) { wrk_job_free(&j); return -1; }
-        free(j->context);
-        j->context = c;
-        if (u) { free(j->uncond); j->uncond = u; }
+    /* Each of them padded on its own: the negative prompt has its own
+     * length, shorter or longer than the prompt's (both at most text_len:
+     * msg_gen_validate). Every buffer the step reads is text_len rows. */
+    float **bufs[2] = { &j->context, &j->uncond };
+    const wire_tensor_t *ts[2] = { r->context, r->uncond };
+    for (int u = 0; u < 2 && cfg->text_len > 0; u++) {
+        if (!ts[u] || ts[u]->shape[0] == cfg->text_len) continue;
+        float *p = pad_context(*bufs[u], ts[u]->shape[0], cfg->text_len, cfg->text_dim, err);
+        if (!p) { wrk_job_free(&j); return -1; }
+        free(*bufs[u]);
+        *bufs[u] = p;
     }
     *out = j;
     return 0;

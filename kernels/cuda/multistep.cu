@@ -9,10 +9,12 @@ __global__ void multistep_kernel(T *x, const T *v, T *h, const float *c, int64_t
     KC_FOR(i, n) {
         T *h0 = h, *h1 = h + n, *h2 = h + 2 * n;
         double xi = (double)kc_f32(x[i]), p1 = (double)kc_f32(h1[i]), p2 = (double)kc_f32(h2[i]);
-        double m = (double)(float)(xi + (double)c[KERN_MS_CM] * (double)kc_f32(v[i]));
-        double xc = (double)(float)((double)c[KERN_MS_CX] * xi + (double)c[KERN_MS_CXL] * (double)kc_f32(h0[i]) +
-                                    (double)c[KERN_MS_CP1] * p1 + (double)c[KERN_MS_CP2] * p2 +
-                                    (double)c[KERN_MS_CCM] * m);
+        /* m and the corrected sample rounded to T, as the history stores
+         * them: the predictor reads the very values the next step will. */
+        double m = (double)kc_f32(kc_store_f64<T>(xi + (double)c[KERN_MS_CM] * (double)kc_f32(v[i])));
+        double xc = (double)kc_f32(kc_store_f64<T>((double)c[KERN_MS_CX] * xi + (double)c[KERN_MS_CXL] * (double)kc_f32(h0[i]) +
+                                                   (double)c[KERN_MS_CP1] * p1 + (double)c[KERN_MS_CP2] * p2 +
+                                                   (double)c[KERN_MS_CCM] * m));
         double xn = (double)c[KERN_MS_DXC] * xc + (double)c[KERN_MS_DM] * m + (double)c[KERN_MS_DP1] * p1 +
                     (double)c[KERN_MS_DP2] * p2;
         x[i] = kc_store_f64<T>(xn);
