@@ -166,12 +166,51 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
 }
 
 
+/* The usage of one command on stdout: every entry of `usage` whose head
+ * line (two spaces, then the command) names cmd, with its continuation
+ * lines. false (nothing printed) for a command the text does not name. */
+static bool command_usage(const char *cmd) {
+    size_t n = strlen(cmd);
+    bool any = false, in = false;
+    for (const char *l = usage; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) + 1 : strlen(l);
+        bool head = len > 2 && l[0] == ' ' && l[1] == ' ' && l[2] != ' ';
+        if (head) { /* its commands: the first word, and words after " | " ("stats | keys | ...") */
+            in = false;
+            for (const char *w = l + 2;;) {
+                size_t wl = strcspn(w, " \n");
+                if (wl == n && !strncmp(w, cmd, n)) in = true;
+                w += wl;
+                if (strncmp(w, " | ", 3)) break;
+                w += 3;
+            }
+        } else if (len <= 1 || l[0] != ' ') {
+            in = false;
+        }
+        if (in) {
+            if (!any) fputs("usage: reelctl <command> [options]\n\n", stdout);
+            fwrite(l, 1, len, stdout);
+            any = true;
+        }
+        l += len;
+    }
+    return any;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? CTL_USAGE : CTL_OK;
     }
     const char *cmd = argv[1];
+    /* `reelctl CMD ... --help` (or -h): that command's usage, on stdout, 0 */
+    for (int i = 2; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            if (command_usage(cmd)) return CTL_OK;
+            fputs(usage, stderr);
+            return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
+        }
     /* `sync --upload` sends 4 MiB chunks: the daemons' malloc settings keep
      * ZeroMQ's buffers for the next chunk instead of fresh mmaps */
     if (!strcmp(cmd, "sync")) wire_tune_malloc();

@@ -85,5 +85,19 @@ expect 0 "mini on cpu" -- $R run --weights "$D/mini.safetensors" --context "$D/c
 printf '{"name":"bad","dim":30,"heads":4,"layers":1,"ffn_dim":64,"in_channels":4,"text_dim":16,"freq_dim":256}' > "$D/bad.json"
 expect 2 "not divisible by heads" -- $R weights init --config "$D/bad.json" --out "$D/x.safetensors"
 
+# --help / -h anywhere after the command: its usage on stdout, exit 0 (an
+# unknown command stays a usage error)
+for c in "weights init" "weights inspect" run gen sync status top keys stats report metrics tensor kernels artifacts; do
+    set -- $c
+    if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -q "^  $1" "$D/h.out" && grep -q "^usage: reelctl" "$D/h.out"; then
+        pass=$((pass + 1)); echo "PASS reelctl $c --help: its usage on stdout, exit 0"
+    else
+        fail=$((fail + 1)); echo "FAIL reelctl $c --help"; sed 's/^/  | /' "$D/h.out" "$D/h.err" | head -5
+    fi
+done
+$R run --weights x -h >"$D/h.out" 2>&1 && grep -q "^  run --weights" "$D/h.out" && ! grep -q "^  gen " "$D/h.out" &&
+    { pass=$((pass + 1)); echo "PASS reelctl run ... -h: run's usage only"; } || { fail=$((fail + 1)); echo "FAIL run -h"; }
+expect 2 "unknown command 'bogus'" -- $R bogus --help
+
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]
