@@ -81,9 +81,12 @@ wait_for "$D/broker.log" "worker w1 ready" 30 && wait_for "$D/broker.log" "worke
     ok "both workers registered over TCP with CURVE" || { bad "workers register"; show "$D/broker.log"; finish; }
 
 export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
+# Bounded generously (the broker's deadline and the client's wait): a
+# 200-step request requeued to the other worker runs again from its first
+# step, and on a busy machine that outlasts the default 60 s.
 gen() { # SIZE STEPS OUT -> the worker that answered, on stdout
     nsx reelb "$R" gen --broker tcp://127.0.0.1:5555 --model small --context "$D/ctx.safetensors" --size "$1" \
-        --seed 1 --steps "$2" --timeout-ms 60000 --quiet --out "$3" 2>"$3.err" &&
+        --seed 1 --steps "$2" --deadline-ms 600000 --timeout-ms 600000 --quiet --out "$3" 2>"$3.err" &&
         sed -n 's/.*worker \(w[12]\),.*/\1/p' "$3.err"
 }
 # capture keys by latent size; each twice: the second lands where the first did
