@@ -106,6 +106,10 @@ fail() {
 
 on_exit() {
     local rc=$?
+    # Only the script itself says a verdict: a subshell (the watchdog, a
+    # command substitution) that ends must not print a second one (seen
+    # under make test-busy: 'stopped (exit 0)' after the real FAIL line).
+    [ "$BASHPID" = "$$" ] || return 0
     cleanup
     if [ -z "$VERDICT" ]; then
         print_table
@@ -152,7 +156,8 @@ done
 . "$REPO/deploy/gpu-common.sh" || fail "deploy/gpu-common.sh is missing from the tree"
 # The deadline, for anything a step limit does not bound; it goes away
 # within a second of the script.
-( end=$((SECONDS + BUDGET + 2))
+( trap - EXIT INT TERM HUP
+  end=$((SECONDS + BUDGET + 2))
   while [ $SECONDS -lt $end ]; do sleep 1; kill -0 $$ 2>/dev/null || exit 0; done
   kill -TERM $$ 2>/dev/null ) &
 WATCHDOG=$!

@@ -132,7 +132,7 @@ grep -q "applied transformer v3" "$D/w3.log" && ok "a worker joining later fetch
 # the broker restarts: v3 is restored from the catalog as uploaded, and a
 # worker that joins now fetches it from the broker's weights directory
 kill -TERM "$BROKER"
-i=0; while kill -0 "$BROKER" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+i=0; while kill -0 "$BROKER" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 broker && grep -q "restored transformer v3 from the catalog (uploaded)" "$D/broker.log" &&
     ok "after a restart the broker restores v3 as an uploaded version" ||
     { bad "restart restores the uploaded v3"; show "$D/broker.log"; }

@@ -44,25 +44,26 @@ wait_sql() {
 }
 
 # cli_broker LOG ARGS...: $B/reel-broker ARGS, its output in LOG; sets
-# BROKER; 0 once it logs ready (within 10 s).
+# BROKER; 0 once it logs ready (within 30 s: generous, for a busy machine;
+# a restart restores the catalog's versions and re-hashes stored uploads).
 cli_broker() {
     _log=$1; shift
     "$B/reel-broker" "$@" >"$_log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$_log" "reel-broker: ready" 10
+    wait_for "$_log" "reel-broker: ready" 30
 }
 
 # cli_worker NAME BROKER_LOG LOG ARGS...: $B/reel-worker --name NAME ARGS,
 # its output in LOG; sets WORKER; 0 once the broker logs it ready one more
-# time than before (within 20 s).
+# time than before (within 60 s: generous, for a busy machine).
 cli_worker() {
     _n=$1; _bl=$2; _log=$3; shift 3
     _before=$(grep -cE "worker $_n ready" "$_bl" 2>/dev/null)
     "$B/reel-worker" --name "$_n" "$@" >"$_log" 2>&1 &
     WORKER=$!
     PIDS="$PIDS $WORKER"
-    wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 20
+    wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 60
 }
 
 # py_checks OUT RC: counts the PASS/FAIL lines a Python check printed to
