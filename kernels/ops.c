@@ -271,26 +271,24 @@ static int check_scalars(kern_stream_t *s, const char *op, const char *name,
     return 0;
 }
 
-int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tensor_t *emb) {
+/* emb = sinusoid(t_scale·t[0]): t is σ (scaled by 1000) or the timestep itself. */
+static int timestep_embed(kern_stream_t *s, const char *name, const kern_tensor_t *t, float t_scale,
+                          kern_tensor_t *emb) {
     const char *op = "timestep_embed";
     kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
-    if (check_scalars(s, op, "sigma", sigma, 1) || check(s, op, "emb", emb, dt)) return -1;
+    if (check_scalars(s, op, name, t, 1) || check(s, op, "emb", emb, dt)) return -1;
     int64_t dim = kern_tensor_numel(emb);
     if (dim < 2 || dim % 2) return shape_fail(op, "emb", emb, "an even width");
-    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(sigma), .emb = kern_tensor_ptr(emb),
-                               .dim = dim, .t_scale = 1000.0f };
+    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(t), .emb = kern_tensor_ptr(emb), .dim = dim, .t_scale = t_scale };
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
 }
 
+int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tensor_t *emb) {
+    return timestep_embed(s, "sigma", sigma, 1000.0f, emb);
+}
+
 int kern_timestep_embed_at(kern_stream_t *s, const kern_tensor_t *at, kern_tensor_t *emb) {
-    const char *op = "timestep_embed";
-    kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
-    if (check_scalars(s, op, "t", at, 1) || check(s, op, "emb", emb, dt)) return -1;
-    int64_t dim = kern_tensor_numel(emb);
-    if (dim < 2 || dim % 2) return shape_fail(op, "emb", emb, "an even width");
-    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(at), .emb = kern_tensor_ptr(emb),
-                               .dim = dim, .t_scale = 1.0f };
-    return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
+    return timestep_embed(s, "t", at, 1.0f, emb);
 }
 
 int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v, kern_tensor_t *h,
