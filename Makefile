@@ -18,7 +18,7 @@ WARN     = -Wall -Wextra -Werror
 OPT     ?= -O2 -g
 SAN     ?=
 PKGS     = libzmq msgpack jansson sqlite3 libsodium libcrypto
-# Live /metrics and health (schema/http.c) use libmicrohttpd; the GPU bundle
+# Live /metrics and health (net/http.c) use libmicrohttpd; the GPU bundle
 # (deploy/gpu-bundle.sh) builds without it: the device check needs no HTTP.
 ifeq ($(REEL_GPU_BUNDLE),1)
 HTTP_PKG   =
@@ -44,7 +44,7 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -Xcompiler -Wall,-Wextra,-fPIC
 
 # --- sources -------------------------------------------------------------
-LIB_SRC  = $(wildcard kernels/*.c kernels/cpu/*.c worker/model/*.c capture_cache/*.c schema/*.c)
+LIB_SRC  = $(wildcard base/*.c schema/*.c net/*.c catalog/*.c kernels/*.c kernels/cpu/*.c capture_cache/*.c model/*.c clients/c/*.c)
 CUDA_C   = $(wildcard kernels/cuda/*.c)
 CUDA_CU  = $(wildcard kernels/cuda/*.cu)
 ifeq ($(CUDA),1)

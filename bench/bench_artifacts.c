@@ -13,10 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 #include "kernels/artifacts.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
-#include "worker/model/loop.h"
-#include "worker/model/tinydit.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
 #include "bench/bench.h"
 
 #define REPS 7

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "worker/model/tdit_program.h"
+#include "base/error.h"
+#include "model/tdit_program.h"
 #include "bench/bench.h"
 
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)

@@ -15,8 +15,8 @@
  * a new directory under /tmp, removed at the end). */
 #include "bench/bench.h"
 #include "bench/bench_proc.h"
-#include "kernels/error.h"
-#include "schema/catalog.h"
+#include "base/error.h"
+#include "catalog/catalog.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

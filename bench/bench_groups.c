@@ -19,8 +19,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "schema/client.h"
+#include "base/error.h"
+#include "clients/c/client.h"
 #include "bench/bench.h"
 #include "bench/bench_proc.h"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 #include <unistd.h>
-#include "schema/client.h"
+#include "clients/c/client.h"
 
 /* argv[0] (a path) with stdout to /dev/null and stderr to log; its pid. */
 static inline pid_t bench_spawn(char *const argv[], const char *log) {

@@ -32,9 +32,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "schema/client.h"
-#include "schema/sha256.h"
+#include "base/error.h"
+#include "clients/c/client.h"
+#include "base/sha256.h"
 #include "bench/bench.h"
 #include "bench/bench_proc.h"
 

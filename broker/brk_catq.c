@@ -3,7 +3,7 @@
  * SQLite, in batches, so a slow disk delays the catalog, never a reply.
  *
  * A queued record is one allocation: the record (cat_rec_t, the union of
- * every kind of schema/catalog_records.h) followed by copies of its
+ * every kind of catalog/catalog_records.h) followed by copies of its
  * strings. The pushes are generated from the same tables as the writers,
  * and the thread hands each record to cat_write as it is. */
 #include "broker/brk_catq.h"
@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "broker/brk_log.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 typedef struct cq_item {
     struct cq_item *next;

@@ -27,7 +27,7 @@
  * transactions between its batches.
  *
  * Every push copies its strings; NULL TEXT strings are stored as "", empty
- * OPT strings as NULL (schema/catalog_records.h). */
+ * OPT strings as NULL (catalog/catalog_records.h). */
 #ifndef REEL_BROKER_BRK_CATQ_H
 #define REEL_BROKER_BRK_CATQ_H
 
@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "schema/catalog.h"
+#include "catalog/catalog.h"
 
 #define BRK_CATQ_BATCH 256       /* records that wake the writer at once */
 #define BRK_CATQ_WAIT_MS 20      /* the longest a record waits for its batch */

@@ -8,7 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "schema/http.h"
+#include "net/http.h"
 
 #define BRK_OUTCOMES_MAX 24
 

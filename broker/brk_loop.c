@@ -21,7 +21,7 @@
 #include "broker/brk_upload.h"
 #include "broker/brk_workers.h"
 #include "broker/brk_zap.h"
-#include "schema/notify.h"
+#include "base/notify.h"
 
 #define DRAIN_MAX 256 /* messages taken from one socket before looking at the other */
 #define DRAIN_MS 20   /* ... or this long: heartbeats and deadlines are never starved */

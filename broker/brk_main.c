@@ -20,11 +20,11 @@
 #include "broker/brk_requests.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_zap.h"
-#include "schema/notify.h"
+#include "base/notify.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_upload.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 static volatile sig_atomic_t g_stop;
 

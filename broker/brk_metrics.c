@@ -8,7 +8,7 @@
 #include "broker/brk_catq.h"
 #include "broker/brk_log.h"
 #include "broker/brk_zap.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 /* An ERROR code as a label value: a worker's code is its own text, so
  * only [a-z0-9_] names of up to 31 bytes are kept; the rest is "other". */

@@ -1,7 +1,7 @@
 /* brk_metrics.h -- the broker's live metrics and health (issue 13,
  * docs/OPERATIONS.md "Metrics and health"): with --metrics ADDR:PORT, the
  * Prometheus text rendered from the counters (brk_counters.h) and the
- * broker's state every REEL_HTTP_PUBLISH_MS, served by schema/http.h.
+ * broker's state every REEL_HTTP_PUBLISH_MS, served by net/http.h.
  * The loop calls brk_metrics_publish; main starts and stops it. */
 #ifndef REEL_BROKER_BRK_METRICS_H
 #define REEL_BROKER_BRK_METRICS_H

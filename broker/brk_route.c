@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "capture_cache/key.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 uint64_t brk_splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;

@@ -41,7 +41,7 @@
 #include "broker/brk_msg.h"
 #include "broker/brk_upload.h"
 #include "broker/brk_zap.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 enum { M_WAITING, M_APPLIED, M_FAILED };
 

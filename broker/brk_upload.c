@@ -17,7 +17,7 @@
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
-#include "schema/sha256.h"
+#include "base/sha256.h"
 
 /* A FETCH of bytes an upload in progress has not brought yet: answered
  * when they come (or with ERROR when the upload fails). */

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "broker/brk_log.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 #define ZAP_POLL_MS 100        /* how soon the handler notices a stop */
 #define ZAP_FRAMES_MAX 8       /* a CURVE request has 7 */

@@ -1,6 +1,6 @@
 /* brk_zap.h -- who may talk to the broker (internal header): CURVE on both
  * ROUTERs, and a ZAP handler (ZeroMQ RFC 27) that admits a peer only when
- * its public key is in the allowlist (`--keys DIR`, schema/keys.h) with a
+ * its public key is in the allowlist (`--keys DIR`, net/keys.h) with a
  * role that socket takes: client or trainer on the client socket, worker
  * on the worker socket. It fails closed: libzmq admits any CURVE client
  * that knows the server key when no handler is bound, so the handler is
@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "broker/brk_broker.h"
-#include "schema/keys.h"
+#include "net/keys.h"
 
 #define BRK_ZAP_ENDPOINT "inproc://zeromq.zap.01" /* where libzmq sends ZAP requests */
 #define BRK_ZAP_CLIENTS "reel-clients"            /* ZAP domain of the client socket */

@@ -18,8 +18,8 @@
  * thread ever waits for a stream lock while holding another. */
 #include "cache.h"
 #include "kernels/artifacts.h"
-#include "kernels/error.h"
-#include "kernels/names.h"
+#include "base/error.h"
+#include "base/names.h"
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>

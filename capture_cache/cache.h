@@ -71,7 +71,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "schema/http.h"
+#include "base/metrics.h"
 #include "capture_cache/key.h"
 #include "kernels/backend.h"
 

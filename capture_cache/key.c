@@ -1,7 +1,7 @@
 /* key.c -- canonical text and hashes of capture keys (see key.h). */
 #include "key.h"
-#include "kernels/error.h"
-#include "kernels/names.h"
+#include "base/error.h"
+#include "base/names.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

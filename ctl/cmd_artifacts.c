@@ -18,8 +18,8 @@
 #include "ctl.h"
 #include "ctl/report.h"
 #include "kernels/artifacts.h"
-#include "kernels/error.h"
-#include "worker/model/tdit_program.h"
+#include "base/error.h"
+#include "model/tdit_program.h"
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  * Exit 0 with the report on stdout; 2 for a bad flag, an unknown report or
  * a catalog that does not exist; 1 when the catalog can not be read. */
 #include "ctl.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "ctl/report.h"
 #include <getopt.h>
 #include <stdio.h>

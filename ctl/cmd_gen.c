@@ -1,12 +1,12 @@
 /* cmd_gen.c -- client commands against a running broker: `reelctl gen`,
  * `reelctl sync` and `reelctl status`. */
 #include "ctl.h"
-#include "kernels/error.h"
-#include "schema/client.h"
-#include "schema/sha256.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/tinydit.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/error.h"
+#include "clients/c/client.h"
+#include "base/sha256.h"
+#include "model/safetensors.h"
+#include "model/tinydit.h"
+#include "model/wan_ckpt.h"
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>

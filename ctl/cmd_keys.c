@@ -1,10 +1,10 @@
 /* cmd_keys.c -- `reelctl keys new --role R [--name N] --out DIR`: a CURVE
  * key pair (zmq_curve_keypair) as DIR/N.key (both keys: the peer's secret)
  * and DIR/N.pub (the public key the broker's --keys directory holds), mode
- * 0600, never over an existing file (schema/keys.h, docs/SECURITY.md). */
+ * 0600, never over an existing file (net/keys.h, docs/SECURITY.md). */
 #include "ctl.h"
-#include "kernels/error.h"
-#include "schema/keys.h"
+#include "base/error.h"
+#include "net/keys.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>

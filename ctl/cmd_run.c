@@ -2,11 +2,11 @@
  * Inputs and output are safetensors files with tensors `latent` [C,F,H,W]
  * and `context` [L,T]. */
 #include "ctl.h"
-#include "kernels/error.h"
-#include "worker/model/loop.h"
-#include "worker/model/tinydit.h"
-#include "worker/model/tdit_program.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/error.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
+#include "model/tdit_program.h"
+#include "model/wan_ckpt.h"
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /* cmd_tensor.c -- `reelctl tensor rand|info|diff`: make input files and
  * inspect results without Python. */
 #include "ctl.h"
-#include "kernels/error.h"
-#include "worker/model/loop.h"
-#include "worker/model/safetensors.h"
+#include "base/error.h"
+#include "model/loop.h"
+#include "model/safetensors.h"
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>

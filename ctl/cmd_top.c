@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "ctl/ctl.h"
-#include "kernels/error.h"
-#include "schema/client.h"
+#include "base/error.h"
+#include "clients/c/client.h"
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int s) { (void)s; g_stop = 1; }

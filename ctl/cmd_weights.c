@@ -1,11 +1,11 @@
 /* cmd_weights.c -- `reelctl weights init|inspect|info|export`: deterministic
  * random weights (nothing to download), what a checkpoint holds, in any
- * layout worker/model/wan_ckpt.h reads (info is inspect's old name), and a
+ * layout model/wan_ckpt.h reads (info is inspect's old name), and a
  * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
-#include "kernels/error.h"
-#include "worker/model/tinydit.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/error.h"
+#include "model/tinydit.h"
+#include "model/wan_ckpt.h"
 #include <jansson.h>
 #include <errno.h>
 #include <getopt.h>

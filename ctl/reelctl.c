@@ -1,9 +1,9 @@
 /* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
 #include "ctl.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "schema/msg.h"
 #include "schema/wire.h"
-#include "worker/model/safetensors.h"
+#include "model/safetensors.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>

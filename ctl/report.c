@@ -1,5 +1,5 @@
 /* report.c -- reelctl's catalog reports (see report.h): the queries of
- * schema/catalog_query.h drawn as JSON on one line, as a table whose
+ * catalog/catalog_query.h drawn as JSON on one line, as a table whose
  * columns are listed here per report, or as Prometheus text. The table is
  * drawn from the same JSON, so the two forms can not disagree. */
 #include "ctl/report.h"
@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "ctl/report_table.h"
-#include "kernels/error.h"
-#include "schema/catalog_query.h"
+#include "base/error.h"
+#include "catalog/catalog_query.h"
 
 typedef json_t *(*query_fn)(cat_t *c);
 

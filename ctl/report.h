@@ -1,5 +1,5 @@
 /* report.h -- reelctl's catalog reports: each prints one query of
- * schema/catalog_query.h to out, as JSON on one line (json) or as a table
+ * catalog/catalog_query.h to out, as JSON on one line (json) or as a table
  * for people; metrics prints the stats as Prometheus text (counters end in
  * _total; labels worker and reason, and artifact, result and state for
  * kernel artifacts: no per-key cardinality). Each
@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "schema/catalog.h"
+#include "catalog/catalog.h"
 
 int ctl_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */
 int ctl_report_keys(cat_t *c, bool json, FILE *out);

@@ -20,9 +20,9 @@
 #include <unistd.h>
 
 #include "ctl/ctl.h"
-#include "kernels/error.h"
-#include "schema/catalog.h"
-#include "schema/catalog_query.h"
+#include "base/error.h"
+#include "catalog/catalog.h"
+#include "catalog/catalog_query.h"
 
 static void esc(FILE *o, const char *s) {
     for (; s && *s; s++) {

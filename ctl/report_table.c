@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 /* A growable string; every append is checked once, at the end, via ok. */
 typedef struct { char *p; size_t n, cap; bool ok; } buf_t;

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
 
 typedef struct {

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/error.h"
-#include "worker/model/safetensors.h"
+#include "base/error.h"
+#include "model/safetensors.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: gpu_compare GOT.safetensors REF.safetensors --nmse T [--max-rel R] "

@@ -23,7 +23,7 @@ int main(void) {
 #include <string.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 static int fail(const char *what, cudaError_t e) {
     printf("probe: FAIL %s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));

@@ -32,9 +32,9 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
-#include "worker/model/loop.h"
-#include "worker/model/tinydit.h"
+#include "base/error.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
 #include "bench/bench.h"
 
 #define MAX_ROUNDS 7

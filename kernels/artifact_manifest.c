@@ -6,8 +6,8 @@
  * (tests/fuzz/fuzz_manifest.c): every path returns 0 or -1 with a message,
  * whatever the bytes. */
 #include "artifact_impl.h"
-#include "error.h"
-#include "names.h"
+#include "base/error.h"
+#include "base/names.h"
 #include "ops_args.h"
 #include <ctype.h>
 #include <jansson.h>

@@ -2,7 +2,7 @@
  * artifact and per kernel key the calls, parity results, fallbacks and the
  * speedup against the native kernel with its spread, as text or JSON. */
 #include "artifact_impl.h"
-#include "error.h"
+#include "base/error.h"
 #include <math.h>
 #include <string.h>
 

@@ -12,7 +12,7 @@
  * holds), or while an event callback runs. */
 #include "artifact_impl.h"
 #include "backend_impl.h"
-#include "error.h"
+#include "base/error.h"
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

@@ -4,8 +4,8 @@
  * through the very descriptor its hash was recomputed from
  * (/proc/self/fd/N), so the bytes verified are the bytes loaded. */
 #include "artifact_impl.h"
-#include "error.h"
-#include "schema/sha256.h"
+#include "base/error.h"
+#include "base/sha256.h"
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>

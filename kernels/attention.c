@@ -20,7 +20,7 @@
  * allocates: the scratch is the workspace's (sized by
  * kern_attention_scratch_bytes) or the stream arena's. */
 #include "attention.h"
-#include "error.h"
+#include "base/error.h"
 #include "registry.h"
 #include <limits.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
  * error (it would invalidate its own capture, or deadlock); a free it asks
  * for is deferred until its capture ends. */
 #include "backend_impl.h"
-#include "error.h"
+#include "base/error.h"
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>

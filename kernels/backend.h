@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 #include <stdbool.h>
-#include "tensor.h"
+#include "base/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,7 +4,7 @@
 #include "ops.h"
 #include "ops_args.h"
 #include "attention.h"
-#include "error.h"
+#include "base/error.h"
 #include <math.h>
 #include <string.h>
 

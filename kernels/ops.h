@@ -10,7 +10,7 @@
 #define REEL_KERNELS_OPS_H
 
 #include "backend.h"
-#include "tensor.h"
+#include "base/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

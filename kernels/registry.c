@@ -2,7 +2,7 @@
  * enough: Reel registers tens of kernels, never thousands. */
 #include "registry.h"
 #include "backend_impl.h"
-#include "error.h"
+#include "base/error.h"
 #include <pthread.h>
 #include <stdatomic.h>
 

@@ -1,5 +1,5 @@
 -- catalog.sql -- the Reel catalog schema (PRAGMA user_version 7): the sum
--- of the migrations schema/catalog.c runs (1: these tables; 2: the state
+-- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
@@ -172,7 +172,7 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (t);
 
 -- Summaries (migration 7), kept up to date by the writer at each commit
--- (schema/catalog_rollup.c) so that reports read them, not the raw rows,
+-- (catalog/catalog_rollup.c) so that reports read them, not the raw rows,
 -- and kept when retention prunes raw rows (docs/OPERATIONS.md). hour and
 -- minute: UNIX seconds / 3600 and / 60, rounded down. version: the weight
 -- version a request ran on; for captures, replays and evictions the

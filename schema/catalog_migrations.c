@@ -1,8 +1,8 @@
 /* catalog_migrations.c -- the catalog's schema as its migrations, each the
- * SQL that takes PRAGMA user_version from i to i + 1 (schema/catalog.c runs
+ * SQL that takes PRAGMA user_version from i to i + 1 (catalog/catalog.c runs
  * them). Their text never changes once shipped: catalogs were built from
  * it. */
-#include "schema/catalog_impl.h"
+#include "schema/catalog_schema.h"
 
 /* Migration i (0-based) takes user_version i to i + 1. Migration 1 is the
  * first schema as it shipped (its text never changes: catalogs were built
@@ -12,7 +12,7 @@
  * contract). */
 const char cat_schema_v1_sql[] =
     "-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 1).\n"
-    "-- schema/catalog.c embeds this text verbatim as migration 1 and\n"
+    "-- catalog/catalog.c embeds this text verbatim as migration 1 and\n"
     "-- tests/test_catalog.c fails if the two differ. Times are UNIX seconds\n"
     "-- (REAL). Counters and versions are uint64 stored as SQLite INTEGER.\n"
     "\n"
@@ -221,7 +221,7 @@ const char cat_schema_v6_sql[] =
  * say it), and kept up to date by the writer (catalog_rollup.c). */
 const char cat_schema_v7_sql[] =
     "-- Summaries (migration 7), kept up to date by the writer at each commit\n"
-    "-- (schema/catalog_rollup.c) so that reports read them, not the raw rows,\n"
+    "-- (catalog/catalog_rollup.c) so that reports read them, not the raw rows,\n"
     "-- and kept when retention prunes raw rows (docs/OPERATIONS.md). hour and\n"
     "-- minute: UNIX seconds / 3600 and / 60, rounded down. version: the weight\n"
     "-- version a request ran on; for captures, replays and evictions the\n"

@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "schema/wire.h"
-#include "kernels/names.h"
+#include "base/names.h"
 
 #ifdef __cplusplus
 extern "C" {

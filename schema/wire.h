@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <zmq.h>
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

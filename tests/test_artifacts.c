@@ -20,9 +20,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "kernels/artifacts.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
-#include "worker/model/tdit_program.h"
+#include "model/tdit_program.h"
 
 static char build[PATH_MAX], dir[64], weights[128];
 

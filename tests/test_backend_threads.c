@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
-#include "worker/model/tdit_program.h"
+#include "model/tdit_program.h"
 
 static void nap_ms(int ms) {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

@@ -27,8 +27,8 @@
 #include "broker/brk_upload.h"
 #include "broker/brk_zap.h"
 #include "capture_cache/key.h"
-#include "kernels/error.h"
-#include "schema/sha256.h"
+#include "base/error.h"
+#include "base/sha256.h"
 
 #define NKEYS 10000
 #define MAXW 16

@@ -25,7 +25,7 @@
 #include "capture_cache/key.h"
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h" /* kern_stream_launch: the custom test kernels */
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
 
 #define WMAX 64          /* floats per weight buffer: the widest row a key uses */

@@ -9,9 +9,9 @@
  * (parsed with jansson) and, where the report does not show them, through
  * a raw sqlite3 connection. */
 #include "ctl/report.h"
-#include "schema/catalog.h"
-#include "schema/catalog_query.h"
-#include "kernels/error.h"
+#include "catalog/catalog.h"
+#include "catalog/catalog_query.h"
+#include "base/error.h"
 
 #include <check.h>
 #include <sys/stat.h>

@@ -9,9 +9,9 @@
  * counts the workload kept itself. Pruning is checked to remove only what
  * is old or past the cap, a bounded number of rows per call, and to leave
  * every report's totals as they were. */
-#include "schema/catalog.h"
-#include "schema/catalog_query.h"
-#include "kernels/error.h"
+#include "catalog/catalog.h"
+#include "catalog/catalog_query.h"
+#include "base/error.h"
 
 #include <check.h>
 #include <ftw.h>

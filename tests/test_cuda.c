@@ -31,10 +31,10 @@ int main(void) {
 #include <unistd.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
-#include "worker/model/tdit_program.h"
+#include "model/tdit_program.h"
 
 /* --- fixture: a CUDA and a CPU backend with one stream each; everything
  * allocated through the helpers is released (and accounted) in teardown. */

@@ -1,4 +1,4 @@
-/* test_http.c -- schema/http.h: the metrics and health server on a real
+/* test_http.c -- net/http.h: the metrics and health server on a real
  * loopback socket (requests written by hand, answers parsed here), the
  * exposition-text builders, the histogram, and bad addresses. */
 #include <arpa/inet.h>
@@ -11,8 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
-#include "schema/http.h"
+#include "base/error.h"
+#include "net/http.h"
 
 /* One request to 127.0.0.1:port; the whole answer into buf (NUL-ended). */
 static void ask(int port, const char *method, const char *path, char *buf, size_t len) {

@@ -1,10 +1,10 @@
-/* test_keys.c -- CURVE key files and the allowlist (schema/keys.h): what
+/* test_keys.c -- CURVE key files and the allowlist (net/keys.h): what
  * `reelctl keys new` writes (0600, exclusive, readable back), what a key
  * file reader refuses (every malformed field, modes that leak a secret, a
  * FIFO that would block), the allowlist (whole or nothing, duplicates,
  * lookups) and the keys a peer resolves from flags or the environment;
  * then a real CURVE handshake over ipc with the resolved keys. */
-#include "schema/keys.h"
+#include "net/keys.h"
 
 #include <check.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 static char dir[64];
 

@@ -6,12 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
 #include "kernels/ops_args.h"
 #include <math.h>
-#include "worker/model/loop.h"
-#include "worker/model/tinydit.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
 
 static char dir[64];
 static char wpath[128];

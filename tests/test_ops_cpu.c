@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/ops.h"
 #include "kernels/ops_args.h"
 #include "kernels/philox.h"
@@ -1265,7 +1265,7 @@ START_TEST(test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split) {
 }
 END_TEST
 
-/* The step workspace reserves ROPE3D's scratch contract (worker/model/
+/* The step workspace reserves ROPE3D's scratch contract (model/
  * step.c) and runs RMSNORM_ROPE3D in it: the two must ask for the same. */
 START_TEST(test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d) {
     const kern_impl_t *fused = kern_registry_lookup(KERN_OP_RMSNORM_ROPE3D, KERN_BACKEND_CPU,

@@ -4,8 +4,8 @@
  * Bad files are assembled by hand (length field + header JSON + data) and
  * written under a mkdtemp() directory that the unchecked fixture removes in
  * the parent process, so it goes even when a test fails. */
-#include "worker/model/safetensors.h"
-#include "kernels/error.h"
+#include "model/safetensors.h"
+#include "base/error.h"
 
 #include <check.h>
 #include <dirent.h>

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "worker/model/tdit_program.h"
+#include "base/error.h"
+#include "model/tdit_program.h"
 
 static char dir[64], w1[128], w2[128];
 

@@ -1,4 +1,4 @@
-/* test_wan_ckpt.c -- Wan2.1 checkpoints as published (worker/model/wan_ckpt.h):
+/* test_wan_ckpt.c -- Wan2.1 checkpoints as published (model/wan_ckpt.h):
  * a release-layout folder, a sharded index, a diffusers folder and a
  * pipeline root, written here from Reel's own weights (F32, BF16, F16),
  * load as the native file does, tensor by tensor and to the bit in a
@@ -19,11 +19,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/philox.h"
-#include "schema/sha256.h"
-#include "worker/model/tinydit.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/sha256.h"
+#include "model/tinydit.h"
+#include "model/wan_ckpt.h"
 
 static char dir[64];
 static char native[128];   /* tiny, text_len 512, F32, Reel metadata */

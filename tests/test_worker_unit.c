@@ -17,8 +17,8 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "schema/sha256.h"
+#include "base/error.h"
+#include "base/sha256.h"
 #include "worker/wrk.h"
 #include "worker/wrk_events.h"
 #include "worker/wrk_fetch.h"
@@ -27,7 +27,7 @@
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
 #include "worker/wrk_weights.h"
-#include "worker/model/wan_ckpt.h"
+#include "model/wan_ckpt.h"
 
 /* ---- command line ---------------------------------------------------------- */
 

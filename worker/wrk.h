@@ -21,11 +21,11 @@
 #include <stdint.h>
 #include "capture_cache/cache.h"
 #include "kernels/backend.h"
-#include "worker/model/tinydit.h"
+#include "model/tinydit.h"
 #include "worker/wrk_events.h"
 #include "worker/wrk_opts.h"
 #include "worker/wrk_weights.h"
-#include "schema/keys.h"
+#include "net/keys.h"
 
 /* Where stream and sync threads push finished messages for the main thread. */
 #define WRK_PIPE_ENDPOINT "inproc://reel-worker-out"

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "kernels/error.h"
-#include "worker/model/tdit_program.h"
+#include "base/error.h"
+#include "model/tdit_program.h"
 #include "worker/wrk_pipe.h"
 
 #define STG_POOL 8

@@ -28,8 +28,8 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "schema/sha256.h"
+#include "base/error.h"
+#include "base/sha256.h"
 #include "worker/wrk_weights.h"
 
 typedef struct {

@@ -12,9 +12,9 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "schema/keys.h"
+#include "net/keys.h"
 #include "schema/msg.h"
-#include "worker/model/safetensors.h"
+#include "model/safetensors.h"
 
 #define WRK_FETCH_WINDOW 4          /* FETCH requests in flight */
 #define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for the next chunk, re-asks included */

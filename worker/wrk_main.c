@@ -22,12 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "schema/msg.h"
-#include "schema/notify.h"
-#include "schema/http.h"
-#include "schema/sha256.h"
-#include "worker/model/tdit_program.h"
+#include "base/notify.h"
+#include "net/http.h"
+#include "base/sha256.h"
+#include "model/tdit_program.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
 #include "worker/wrk_pipe.h"
@@ -80,7 +80,7 @@ typedef struct {
     int64_t next_publish;
 } link_t;
 
-/* ---- live metrics and health (--metrics; schema/http.h) ------------------------------ */
+/* ---- live metrics and health (--metrics; net/http.h) ------------------------------ */
 
 static void prom_reasons(reel_text_t *t, const char *name, const char *help, const uint64_t *v, int n,
                          const char *(*reason)(int)) {

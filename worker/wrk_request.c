@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "kernels/error.h"
+#include "base/error.h"
 
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) {

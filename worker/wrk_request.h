@@ -14,9 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "schema/msg.h"
-#include "worker/model/loop.h"
-#include "worker/model/tdit_program.h"
-#include "worker/model/tinydit.h"
+#include "model/loop.h"
+#include "model/tdit_program.h"
+#include "model/tinydit.h"
 
 #define WRK_PATCH 2              /* tinydit patchifies 2 x 2 */
 

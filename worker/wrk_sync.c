@@ -16,10 +16,10 @@
 #include <time.h>
 #include <strings.h>
 #include <unistd.h>
-#include "kernels/error.h"
-#include "schema/sha256.h"
-#include "worker/model/tdit_program.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/error.h"
+#include "base/sha256.h"
+#include "model/tdit_program.h"
+#include "model/wan_ckpt.h"
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_weights.h"
 

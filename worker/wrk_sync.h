@@ -21,13 +21,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "schema/msg.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/tinydit.h"
+#include "model/safetensors.h"
+#include "model/tinydit.h"
 #include "worker/wrk.h"
 #include "worker/wrk_fetch.h"
 #include "worker/wrk_weights.h"
 
-/* The weights a SYNC carries, read and hashed (schema/sha256.h). Checks
+/* The weights a SYNC carries, read and hashed (base/sha256.h). Checks
  * the fields msg_sync_decode does not (component must be "transformer";
  * exactly one of path, uploaded or tensors: msg_sync_validate). An
  * uploaded file is fetched from the broker through `fetch` (wrk_fetch.h;

@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/error.h"
-#include "schema/sha256.h"
-#include "worker/model/wan_ckpt.h"
+#include "base/error.h"
+#include "base/sha256.h"
+#include "model/wan_ckpt.h"
 
 static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

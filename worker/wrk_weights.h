@@ -25,8 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/model/safetensors.h"
-#include "worker/model/tinydit.h"
+#include "model/safetensors.h"
+#include "model/tinydit.h"
 
 #define WRK_MAX_ROOTS 8
 
@@ -72,7 +72,7 @@ int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, 
 int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **last, const char **wire, char *detail,
                          size_t len);
 
-/* Reads the checkpoint at path in any layout worker/model/wan_ckpt.h reads
+/* Reads the checkpoint at path in any layout model/wan_ckpt.h reads
  * (a Reel file, a Wan2.1 release file or folder, a sharded index or its
  * folder, a diffusers folder or pipeline root). r NULL: the operator's
  * path (--weights; symlinks followed); else a peer's: under the roots as

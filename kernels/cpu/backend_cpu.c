@@ -4,7 +4,7 @@
  * A CPU stream runs each launch on the calling thread at launch time, so
  * sync is a no-op; capture diverts launches into a recorded list instead. */
 #include "../backend_impl.h"
-#include "../error.h"
+#include "base/error.h"
 #include <stdlib.h>
 #include <string.h>
 

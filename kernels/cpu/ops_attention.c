@@ -8,7 +8,7 @@
  * long the sequence; the block size depends only on (nq, nk), so a replay
  * repeats the eager computation exactly. */
 #include "../ops_args.h"
-#include "../error.h"
+#include "base/error.h"
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>

@@ -9,7 +9,7 @@
  * while it is in cache. Every row's inputs are read before its outputs are
  * written, so y may equal x. */
 #include "../ops_args.h"
-#include "../error.h"
+#include "base/error.h"
 #include "cpu_arith.h"
 
 /* y = LN(x)·(1 + scale) + shift per row; LN(x) is rounded to float first,

@@ -9,7 +9,7 @@
  * in the same order on every run: eager and replayed results are bitwise
  * equal. y must not alias x or w. */
 #include "../ops_args.h"
-#include "../error.h"
+#include "base/error.h"
 #include "cpu_arith.h"
 #include <cblas.h>
 #include <limits.h>

@@ -9,7 +9,7 @@
  * position of 0 leaves its values bit for bit unchanged. The table and the
  * rotation are cpu_arith.h's, shared with the fused RMSNORM_ROPE3D kernel. */
 #include "../ops_args.h"
-#include "../error.h"
+#include "base/error.h"
 #include "cpu_arith.h"
 
 static size_t rope_workspace(const void *args) {

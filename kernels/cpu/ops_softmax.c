@@ -7,7 +7,7 @@
  * attention kernel's softmax, with the scale applied here instead of in the
  * score GEMM. p may equal s: each element is read before it is written. */
 #include "../ops_args.h"
-#include "../error.h"
+#include "base/error.h"
 #include <math.h>
 
 /* Fails (nothing written) on an empty row or a row stride shorter than n. */

@@ -9,7 +9,7 @@
  * device first makes the backend's device current on the calling thread. */
 #include "cuda_common.h"
 #include "../backend_impl.h"
-#include "../error.h"
+#include "base/error.h"
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>

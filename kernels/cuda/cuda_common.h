@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
-#include "../error.h"
+#include "base/error.h"
 
 #ifdef __cplusplus
 extern "C" {

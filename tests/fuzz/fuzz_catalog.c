@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "ctl/report.h"
-#include "schema/catalog.h"
+#include "catalog/catalog.h"
 
 typedef struct { const uint8_t *p; size_t n; } in_t;
 

@@ -3,7 +3,7 @@
  * what it accepted. Anything accepted must satisfy tdit_config_validate. */
 #include <stdint.h>
 #include <stdlib.h>
-#include "worker/model/tinydit.h"
+#include "model/tinydit.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tdit_config_t c;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/artifacts.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 static void check(const kern_art_manifest_t *m) {
     if (!m->id[0] || !m->version[0] || !m->object[0]) abort();

@@ -6,9 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include "kernels/backend.h"
-#include "kernels/error.h"
-#include "worker/model/safetensors.h"
-#include "worker/model/tinydit.h"
+#include "base/error.h"
+#include "model/safetensors.h"
+#include "model/tinydit.h"
 
 /* A hostile size must be refused by Reel's own checks, not abort ASan. */
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }

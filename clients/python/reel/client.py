@@ -175,7 +175,7 @@ def sha256_file(path):
 
 def _checkpoint_file(path, in_pipeline=False):
     """The file that names the checkpoint at path as Reel's loader resolves
-    a folder (worker/model/wan_ckpt.c): a pipeline root's transformer/,
+    a folder (model/wan_ckpt.c): a pipeline root's transformer/,
     then diffusion_pytorch_model.safetensors, its index, the one index, or
     the one safetensors file. ValueError when the folder holds none or
     several."""
@@ -219,7 +219,7 @@ _KEY_FIELDS = ("role", "name", "public-key", "secret-key")
 def read_key(path, secret):
     """A Reel key file (docs/SECURITY.md, `reelctl keys new`) as a dict of
     role, name, public-key and, in a NAME.key (secret=True), secret-key.
-    Raises ValueError on anything schema/keys.c refuses: a field unknown,
+    Raises ValueError on anything net/keys.c refuses: a field unknown,
     twice or missing, a key that is not 40 z85 characters, a secret file
     its group or others may read, any key file they may write."""
     st = os.stat(path)

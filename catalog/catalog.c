@@ -1,0 +1,407 @@
+/* catalog.c -- the catalog store (see catalog.h): opening, migrating and
+ * writing. One writer connection in the broker, any number of read-only
+ * connections in reelctl or sqlite3.
+ *
+ * WAL mode lets readers and the writer run at once: a reader sees the last
+ * committed batch, never half of one, and never makes the writer wait.
+ * Writes start with BEGIN IMMEDIATE so the write lock is taken up front and
+ * a batch can not fail half-way with SQLITE_BUSY_SNAPSHOT. The schema is
+ * migrated by PRAGMA user_version inside one transaction; a catalog newer
+ * than this build is refused rather than written with an old idea of it.
+ *
+ * Every record kind is written by one function, cat_write: the kind's
+ * statement (catalog/catalog_records.h), its fields bound in order as ?1,
+ * ?2, ..., and for two kinds a second statement after it (a version made
+ * current supersedes the older current ones; replays with no capture to
+ * land on get a placeholder capture).
+ *
+ * uint64 values (versions, budgets, byte counts) are stored as SQLite's
+ * signed 64-bit INTEGER; values above INT64_MAX come back negative in
+ * reports. */
+#include "catalog/catalog_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+
+#define CAT_BUSY_TIMEOUT_MS 5000
+
+int cat_schema_version(void) { return cat_n_migrations; }
+
+const char *cat_path(const cat_t *c) { return c ? c->path : "(none)"; }
+
+int cat_db_fail(const cat_t *c, const char *what) {
+    return kern_fail("catalog %s: %s: %s", c->path, what, sqlite3_errmsg(c->db));
+}
+
+int cat_exec(cat_t *c, const char *sql, const char *what) {
+    char *msg = NULL;
+    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        kern_fail("catalog %s: %s: %s", c->path, what, msg ? msg : sqlite3_errmsg(c->db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+int cat_bind_text(sqlite3_stmt *s, int i, const char *v) {
+    return v ? sqlite3_bind_text(s, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(s, i);
+}
+
+/* ---- opening and migrating ---------------------------------------------- */
+
+/* Reads an integer PRAGMA (or any one-integer query) into *out. */
+static int query_int(cat_t *c, const char *sql, int *out) {
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, sql);
+    int rc = sqlite3_step(s);
+    if (rc != SQLITE_ROW) {
+        cat_db_fail(c, sql);
+        sqlite3_finalize(s);
+        return -1;
+    }
+    *out = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    return 0;
+}
+
+/* WAL is what lets people read while the broker writes; a filesystem that
+ * can not do it (network mounts) is an error, not a silent fallback. */
+static int enable_wal(cat_t *c) {
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "PRAGMA journal_mode=WAL", -1, &s, NULL) != SQLITE_OK)
+        return cat_db_fail(c, "journal_mode=WAL");
+    int rc = sqlite3_step(s);
+    const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(s, 0) : NULL;
+    int ret = 0;
+    if (!mode) ret = cat_db_fail(c, "journal_mode=WAL");
+    else if (strcmp(mode, "wal") != 0)
+        ret = kern_fail("catalog %s: WAL is not available here (journal_mode is %s)", c->path, mode);
+    sqlite3_finalize(s);
+    return ret;
+}
+
+static int schema_newer(const cat_t *c, int v) {
+    return kern_fail("%s: catalog schema %d is newer than this build's %d", c->path, v,
+                     cat_n_migrations);
+}
+
+/* Brings user_version up to cat_n_migrations in one transaction: either
+ * every step applies or none does. Does nothing on a current catalog. */
+static int migrate(cat_t *c) {
+    if (cat_exec(c, "BEGIN IMMEDIATE", "begin migration") != 0) return -1;
+    int v;
+    if (query_int(c, "PRAGMA user_version", &v) != 0) goto err;
+    if (v > cat_n_migrations) {
+        schema_newer(c, v);
+        goto err;
+    }
+    int others = 0; /* a file with tables but no Reel schema is someone else's: never written into */
+    if (v == 0 && query_int(c, "SELECT count(*) FROM sqlite_master", &others) != 0) goto err;
+    if (others > 0) {
+        kern_fail("catalog %s: not a Reel catalog (it holds %d other schema objects and no Reel schema): "
+                  "give a new or a Reel catalog file", c->path, others);
+        goto err;
+    }
+    for (int i = v; i < cat_n_migrations; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "migration to schema %d", i + 1);
+        if (cat_exec(c, cat_migrations[i], what) != 0) goto err;
+    }
+    if (v < cat_n_migrations) {
+        char sql[64];
+        snprintf(sql, sizeof sql, "PRAGMA user_version = %d", cat_n_migrations);
+        if (cat_exec(c, sql, "set user_version") != 0) goto err;
+    }
+    if (cat_exec(c, "COMMIT", "commit migration") != 0) goto err;
+    return 0;
+err:
+    sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
+static int check_readable_schema(cat_t *c) {
+    int v;
+    if (query_int(c, "PRAGMA user_version", &v) != 0) return -1;
+    if (v > cat_n_migrations) return schema_newer(c, v);
+    if (v == 0) return kern_fail("catalog %s: not a Reel catalog (no schema; user_version 0)", c->path);
+    if (v < cat_n_migrations)
+        return kern_fail("catalog %s: schema %d is older than this build's %d; the broker "
+                         "migrates it when it opens it", c->path, v, cat_n_migrations);
+    return 0;
+}
+
+cat_t *cat_open(const char *path, bool readonly) {
+    if (!path || !*path) {
+        kern_fail("catalog: empty path");
+        return NULL;
+    }
+    /* SQLite's CANTOPEN says neither which file nor why; say both. */
+    if (readonly && access(path, F_OK) != 0) {
+        kern_fail("catalog %s: cannot open read-only: %s", path, strerror(errno));
+        return NULL;
+    }
+    /* A FIFO would block SQLite's open (reelctl hung), a device or a
+     * directory fails obscurely: a catalog is a regular file. */
+    struct stat ps;
+    if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
+        kern_fail("catalog %s: not a regular file", path);
+        return NULL;
+    }
+    /* Debian's SQLite interprets "file:" URIs (query parameters can change
+     * modes and VFS); a catalog is a plain path. */
+    if (!strncmp(path, "file:", 5)) {
+        kern_fail("catalog %s: SQLite URIs are not accepted; give a plain file path", path);
+        return NULL;
+    }
+    /* The catalog holds the audit trail: create it readable by its owner
+     * only (SQLite gives its -wal and -shm files the same mode). */
+    if (!readonly) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            kern_fail("catalog %s: cannot open: %s", path, strerror(errno));
+            return NULL;
+        }
+        close(fd);
+    }
+    cat_t *c = calloc(1, sizeof *c);
+    if (!c || !(c->path = strdup(path))) {
+        kern_fail("catalog %s: out of memory", path);
+        goto err;
+    }
+    c->readonly = readonly;
+    int flags = (readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
+                SQLITE_OPEN_NOFOLLOW;
+    if (sqlite3_open_v2(path, &c->db, flags, NULL) != SQLITE_OK) {
+        if (c->db) cat_db_fail(c, "open");
+        else kern_fail("catalog %s: open: out of memory", path);
+        goto err;
+    }
+    sqlite3_busy_timeout(c->db, CAT_BUSY_TIMEOUT_MS);
+    if (readonly) {
+        if (check_readable_schema(c) != 0) goto err;
+        return c;
+    }
+    if (enable_wal(c) != 0) goto err;
+    if (cat_exec(c, "PRAGMA synchronous=NORMAL", "synchronous=NORMAL") != 0) goto err;
+    if (cat_exec(c, "PRAGMA foreign_keys=OFF", "foreign_keys=OFF") != 0) goto err;
+    if (migrate(c) != 0) goto err;
+    return c;
+err:
+    cat_close(&c);
+    return NULL;
+}
+
+void cat_close(cat_t **cp) {
+    if (!cp || !*cp) return;
+    cat_t *c = *cp;
+    for (int i = 0; i < CAT_ST_COUNT; i++) sqlite3_finalize(c->st[i]);
+    cat_roll_free(c);
+    /* An open batch is rolled back by SQLite on close. */
+    sqlite3_close(c->db);
+    free(c->path);
+    free(c);
+    *cp = NULL;
+}
+
+int cat_begin(cat_t *c) {
+    if (cat_exec(c, "BEGIN IMMEDIATE", "begin") != 0) return -1; /* a batch already open keeps its deltas */
+    cat_roll_reset(c);
+    return 0;
+}
+
+/* The batch's summaries go in before it commits (catalog_rollup.c). */
+int cat_commit(cat_t *c) {
+    if (cat_roll_flush(c) != 0) return -1;
+    return cat_exec(c, "COMMIT", "commit");
+}
+
+bool cat_failure_transient(const cat_t *c) {
+    if (cat_roll_failed(c)) return true; /* out of memory: the batch again, later */
+    switch (sqlite3_errcode(c->db) & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_CANTOPEN:
+    case SQLITE_NOMEM:
+    case SQLITE_READONLY:
+    case SQLITE_PROTOCOL:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Idempotent: with no batch open there is nothing to undo. */
+int cat_rollback(cat_t *c) {
+    cat_roll_reset(c);
+    if (sqlite3_get_autocommit(c->db)) return 0;
+    return cat_exec(c, "ROLLBACK", "rollback");
+}
+
+/* ---- writing records ------------------------------------------------------ */
+
+static const struct {
+    const char *sql;
+    const char *what;
+} statements[CAT_ST_COUNT] = {
+#define CAT_KIND_STATEMENT(n, N, what) [CAT_K_##N] = { CAT_SQL_##N, what },
+    CAT_RECORDS(CAT_KIND_STATEMENT)
+#undef CAT_KIND_STATEMENT
+    /* One current version per component: the one the broker resumes. */
+    [CAT_ST_SUPERSEDE] = { "UPDATE weight_versions SET state = 'superseded'"
+                           " WHERE component = ?1 AND version < ?2 AND state = 'current'",
+                           "supersede older versions" },
+    /* worker_applied: the newest version a worker applied (ok), kept as
+     * outcomes come; a version that turned failed gives way to the newest
+     * one still applied. */
+    [CAT_ST_APPLIED] = { "INSERT INTO worker_applied (worker, component, version) VALUES (?1, ?2, ?3)"
+                         " ON CONFLICT (worker, component) DO UPDATE SET version = max(version, excluded.version)",
+                         "applied version" },
+    [CAT_ST_UNAPPLIED] = { "DELETE FROM worker_applied WHERE worker = ?1 AND component = ?2 AND version = ?3",
+                           "applied version" },
+    [CAT_ST_REAPPLIED] = { "INSERT INTO worker_applied (worker, component, version) SELECT worker, component,"
+                           " max(version) FROM worker_versions WHERE worker = ?1 AND component = ?2 AND ok = 1"
+                           " GROUP BY worker, component ON CONFLICT (worker, component) DO NOTHING",
+                           "applied version" },
+    [CAT_ST_REPLAYS_NEW] = { "INSERT INTO captures (worker, key_hash, stream, replay_count, last_replay,"
+                             " placeholder, t) VALUES (?1, ?2, ?3, ?4, ?6, 1, ?6)",
+                             "replays without a capture" },
+};
+
+/* The cached statement `which`, prepared on first use; NULL with a message. */
+static sqlite3_stmt *writer(cat_t *c, int which) {
+    if (c->readonly) {
+        kern_fail("catalog %s: opened read-only; cannot write", c->path);
+        return NULL;
+    }
+    if (!c->st[which] && sqlite3_prepare_v3(c->db, statements[which].sql, -1, SQLITE_PREPARE_PERSISTENT,
+                                            &c->st[which], NULL) != SQLITE_OK) {
+        cat_db_fail(c, "prepare");
+        c->st[which] = NULL;
+    }
+    return c->st[which];
+}
+
+/* Binding by field type: each returns a SQLite result code (the callers OR
+ * them and compare the total with SQLITE_OK). */
+static int bind_TEXT(sqlite3_stmt *s, int i, const char *v) { return cat_bind_text(s, i, v); }
+static int bind_OPT(sqlite3_stmt *s, int i, const char *v) { return cat_bind_text(s, i, v && *v ? v : NULL); }
+static int bind_INT(sqlite3_stmt *s, int i, int v) { return sqlite3_bind_int(s, i, v); }
+static int bind_U64(sqlite3_stmt *s, int i, uint64_t v) { return sqlite3_bind_int64(s, i, (sqlite3_int64)v); }
+static int bind_F64(sqlite3_stmt *s, int i, double v) { return sqlite3_bind_double(s, i, v); }
+static int bind_BOOL(sqlite3_stmt *s, int i, bool v) { return sqlite3_bind_int(s, i, v ? 1 : 0); }
+static int bind_TIME(sqlite3_stmt *s, int i, double v) { return sqlite3_bind_double(s, i, v); }
+
+/* Binds the fields of r in order as ?1, ?2, ...; a statement with fewer
+ * parameters (the extra ones) takes the first of them. */
+#define CAT_F_BIND(T, m) if (++i <= np) rc |= bind_##T(s, i, x->m);
+static int bind(sqlite3_stmt *s, const cat_rec_t *r) {
+    int i = 0, rc = SQLITE_OK, np = sqlite3_bind_parameter_count(s);
+    switch (r->kind) {
+#define CAT_KIND_BIND(n, N, what)          \
+    case CAT_K_##N: {                      \
+        const cat_##n##_t *x = &r->u.n;    \
+        CAT_##N(CAT_F_BIND)                \
+        break;                             \
+    }
+        CAT_RECORDS(CAT_KIND_BIND)
+#undef CAT_KIND_BIND
+    case CAT_K_COUNT: break;
+    }
+    return rc;
+}
+#undef CAT_F_BIND
+
+/* Runs statement `which` bound to r once and leaves it reset. */
+static int run(cat_t *c, int which, const cat_rec_t *r) {
+    sqlite3_stmt *s = writer(c, which);
+    if (!s) return -1;
+    int ret = 0;
+    if (bind(s, r) != SQLITE_OK || sqlite3_step(s) != SQLITE_DONE) ret = cat_db_fail(c, statements[which].what);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return ret;
+}
+
+static bool known_state(const char *state) {
+    return state && (!strcmp(state, "current") || !strcmp(state, "failed") || !strcmp(state, "superseded") ||
+                     !strcmp(state, "pending"));
+}
+
+/* The record's statements, then its share of the summaries: a capture
+ * that changed nothing (reported before) counts once. */
+static int write_one(cat_t *c, const cat_rec_t *r) {
+    const char *state = r->u.weight_state.state;
+    if (run(c, (int)r->kind, r) != 0) return -1;
+    if (r->kind == CAT_K_WEIGHT_STATE && !strcmp(state, "current")) return run(c, CAT_ST_SUPERSEDE, r);
+    if (r->kind == CAT_K_WORKER_VERSION) {
+        if (r->u.worker_version.ok) return run(c, CAT_ST_APPLIED, r);
+        if (run(c, CAT_ST_UNAPPLIED, r) != 0) return -1;
+        return sqlite3_changes(c->db) ? run(c, CAT_ST_REAPPLIED, r) : 0;
+    }
+    if (r->kind == CAT_K_CAPTURE && sqlite3_changes(c->db) == 0) return 0;
+    if (r->kind == CAT_K_REPLAYS && sqlite3_changes(c->db) == 0 && run(c, CAT_ST_REPLAYS_NEW, r) != 0) return -1;
+    return cat_roll_add(c, r);
+}
+
+int cat_write(cat_t *c, const cat_rec_t *r) {
+    if (r->kind < 0 || r->kind >= CAT_K_COUNT) return kern_fail("catalog %s: no such record kind", c->path);
+    const char *state = r->u.weight_state.state;
+    if (r->kind == CAT_K_WEIGHT_STATE && !known_state(state))
+        return kern_fail("catalog %s: unknown weight version state '%s'", c->path, state ? state : "(null)");
+    if (c->readonly) return kern_fail("catalog %s: opened read-only; cannot write", c->path);
+    /* Outside a batch the record is a batch of its own, summaries and all. */
+    if (!sqlite3_get_autocommit(c->db)) return write_one(c, r);
+    if (cat_begin(c) != 0) return -1;
+    if (write_one(c, r) != 0 || cat_commit(c) != 0) {
+        cat_rollback(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* cat_worker_seen(c, ...) and the rest: each fills its record and writes it. */
+#define CAT_KIND_WRITER(n, N, what)                  \
+    int cat_##n(cat_t *c CAT_##N(CAT_F_PARAM)) {     \
+        cat_rec_t r = { .kind = CAT_K_##N };         \
+        cat_##n##_t *x = &r.u.n;                     \
+        CAT_##N(CAT_F_ASSIGN)                        \
+        return cat_write(c, &r);                     \
+    }
+CAT_RECORDS(CAT_KIND_WRITER)
+#undef CAT_KIND_WRITER
+
+/* ---- reading back what the broker resumes --------------------------------- */
+
+int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
+    sqlite3_stmt *q = NULL;
+    const char *sql = "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                      "FROM weight_versions w WHERE state = 'current' AND version = "
+                      "(SELECT max(version) FROM weight_versions WHERE component = w.component"
+                      " AND state = 'current') ORDER BY component";
+    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return cat_db_fail(c, "current versions");
+    int n = 0, rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW && n < max) {
+        cat_version_t *v = &out[n++];
+        snprintf(v->component, sizeof v->component, "%s", (const char *)sqlite3_column_text(q, 0));
+        v->version = (uint64_t)sqlite3_column_int64(q, 1);
+        snprintf(v->sha256, sizeof v->sha256, "%s", (const char *)sqlite3_column_text(q, 2));
+        const char *src = (const char *)sqlite3_column_text(q, 3);
+        v->cut = (size_t)sqlite3_column_bytes(q, 3) >= sizeof v->source;
+        snprintf(v->source, sizeof v->source, "%s", v->cut ? "" : src);
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        sqlite3_finalize(q);
+        return cat_db_fail(c, "current versions");
+    }
+    sqlite3_finalize(q);
+    return n;
+}
+

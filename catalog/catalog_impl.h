@@ -1,0 +1,47 @@
+/* catalog_impl.h -- what the catalog's own files share (internal to
+ * catalog/: catalog.c, the store; catalog_query.c, the report queries;
+ * catalog_rollup.c, the summaries). The schema it migrates to is
+ * schema/catalog_schema.h. */
+#ifndef REEL_CATALOG_CATALOG_IMPL_H
+#define REEL_CATALOG_CATALOG_IMPL_H
+
+#include <sqlite3.h>
+
+#include "catalog/catalog.h"
+#include "schema/catalog_schema.h"
+
+/* The writers' statements: one per record kind, then the extra ones a
+ * kind runs after its own (catalog.c). Each is prepared on first use and
+ * kept for the life of the connection. */
+enum { CAT_ST_SUPERSEDE = CAT_K_COUNT, CAT_ST_REPLAYS_NEW, CAT_ST_APPLIED, CAT_ST_UNAPPLIED, CAT_ST_REAPPLIED,
+       CAT_ST_COUNT };
+
+struct cat {
+    sqlite3 *db;
+    char *path;
+    bool readonly;
+    sqlite3_stmt *st[CAT_ST_COUNT];
+    struct cat_roll *roll;  /* the summaries' deltas of the open batch (catalog_rollup.c) */
+};
+
+/* The summaries (catalog_rollup.c). cat_roll_add: a record whose row went
+ * in adds to the deltas (the slowest requests are written at once); -1
+ * when it could not (the batch must then not commit: cat_roll_flush
+ * fails). cat_roll_flush: the deltas written, inside the open
+ * transaction, and emptied. cat_roll_reset: the deltas dropped (a
+ * rollback). cat_roll_failed: a delta was lost in this batch.
+ * cat_roll_free: at close. */
+int cat_roll_add(cat_t *c, const cat_rec_t *r);
+int cat_roll_flush(cat_t *c);
+void cat_roll_reset(cat_t *c);
+bool cat_roll_failed(const cat_t *c);
+void cat_roll_free(cat_t *c);
+
+/* Records "catalog PATH: what: sqlite's message" and returns -1. */
+int cat_db_fail(const cat_t *c, const char *what);
+/* Runs sql (no rows); -1 with "catalog PATH: what: ..." on failure. */
+int cat_exec(cat_t *c, const char *sql, const char *what);
+/* Binds v to parameter i: NULL binds NULL. A SQLite result code. */
+int cat_bind_text(sqlite3_stmt *s, int i, const char *v);
+
+#endif

@@ -1,0 +1,652 @@
+/* client.c -- the broker client (see client.h). */
+#include "client.h"
+#include "base/error.h"
+#include "net/keys.h"
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <time.h>
+
+struct reel_client {
+    void *ctx;
+    void *sock;
+    uint64_t next_id;
+};
+
+reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_keys(endpoint, NULL, NULL); }
+
+reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key) {
+    reel_curve_t curve;
+    if (reel_curve_resolve(key_file, broker_key, 1u << REEL_ROLE_CLIENT | 1u << REEL_ROLE_TRAINER, &curve) != 0)
+        return NULL;
+    reel_client_t *c = calloc(1, sizeof *c);
+    if (!c) { kern_fail("out of memory"); return NULL; }
+    c->ctx = zmq_ctx_new();
+    c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
+    if (c->sock && reel_curve_apply(c->sock, &curve) != 0) {
+        explicit_bzero(&curve, sizeof curve);
+        reel_client_destroy(&c);
+        return NULL;
+    }
+    explicit_bzero(&curve, sizeof curve); /* the socket has its copy */
+    if (!c->sock || wire_socket_limits(c->sock) != 0 || zmq_connect(c->sock, endpoint) != 0) {
+        kern_fail("cannot connect to broker '%s': %s", endpoint, zmq_strerror(zmq_errno()));
+        reel_client_destroy(&c);
+        return NULL;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->next_id = ((uint64_t)ts.tv_nsec << 16) ^ (uint64_t)ts.tv_sec; /* ids unique per client */
+    c->next_id &= 0x7fffffffffffull;
+    return c;
+}
+
+void reel_client_destroy(reel_client_t **cp) {
+    if (!cp || !*cp) return;
+    if ((*cp)->sock) zmq_close((*cp)->sock);
+    if ((*cp)->ctx) zmq_ctx_term((*cp)->ctx);
+    free(*cp);
+    *cp = NULL;
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_err(wire_err_t *err, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
+    snprintf(err->code, sizeof err->code, "%s", code);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Waits for the message answering `id` (skipping stale ones); PROGRESS is
+ * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
+static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline, wire_msg_t *m,
+                  reel_progress_fn fn, void *user, wire_err_t *err) {
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time");
+            return -1;
+        }
+        zmq_pollitem_t it = { c->sock, 0, ZMQ_POLLIN, 0 };
+        int rc = zmq_poll(&it, 1, (long)left);
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
+            return -1;
+        }
+        if (rc == 0) continue;
+        wire_err_t e;
+        rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
+        if (rc < 0) continue;
+        if (rc == 1 || (m->id != id && (!id2 || m->id != id2))) { /* malformed: not ours to trust; or stale */
+            wire_msg_close(m);
+            continue;
+        }
+        if (msg_type(m) == MSG_PROGRESS) {
+            msg_progress_t p;
+            if (fn && msg_progress_decode(m, &p, &e) == 0) fn(user, (int)p.step, (int)p.steps);
+            wire_msg_close(m);
+            continue;
+        }
+        return 0;
+    }
+}
+
+/* The answer to id (await2: to id or to id2, 0 = none; m->id says which). */
+static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m, reel_progress_fn fn, void *user,
+                 wire_err_t *err) {
+    return await2(c, id, 0, deadline, m, fn, user, err);
+}
+
+/* ERROR/BUSY -> 1 with err set; else 0. */
+static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
+    msg_type_t t = msg_type(m);
+    if (t != MSG_BUSY && t != MSG_ERROR) return 0;
+    union {
+        msg_error_t error;
+        msg_busy_t busy;
+    } *a = malloc(sizeof *a);
+    wire_err_t why;
+    if (!a) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+    } else if (t == MSG_BUSY ? msg_busy_decode(m, &a->busy, &why) : msg_error_decode(m, &a->error, &why)) {
+        set_err(err, WIRE_E_MALFORMED, "unreadable %s: %s", m->type, why.message);
+    } else if (t == MSG_BUSY) {
+        set_err(err, WIRE_E_BUSY, "%s", a->busy.message[0] ? a->busy.message : "broker busy");
+    } else {
+        set_err(err, a->error.code, "%s", a->error.message);
+    }
+    free(a);
+    return 1;
+}
+
+/* Sends a message of `type` (id, body) and waits for the answer to it: 0
+ * with *m holding it, 1 when the broker answered ERROR or BUSY (err set),
+ * -1 on transport failure or timeout (err set). */
+static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, int timeout_ms,
+                reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+    if (msg_send(c->sock, NULL, type, id, body, NULL) != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        return -1;
+    }
+    if (await(c, id, now_ms() + timeout_ms, m, fn, user, err) != 0) return -1;
+    if (answer_is_error(m, err)) {
+        wire_msg_close(m);
+        return 1;
+    }
+    return 0;
+}
+
+/* A RESULT's summary for the caller. */
+static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
+    memset(res, 0, sizeof *res);
+    snprintf(res->worker, sizeof res->worker, "%s", r->worker[0] ? r->worker : "?");
+    if (r->key_hash) msg_hex64(r->key_hash, res->key_hash);
+    res->version = r->version;
+    res->first_version = r->first_version;
+    res->captured = (int)r->stats.captured;
+    res->replayed = (int)r->stats.replayed;
+    res->eager = (int)r->stats.eager;
+    res->seconds = r->stats.seconds;
+    size_t off = 0;
+    for (int i = 0; i < r->stats.declines.n; i++) {
+        const msg_count_t *d = &r->stats.declines.e[i];
+        int w = snprintf(res->declines + off, sizeof res->declines - off, "%s%s=%llu", off ? "," : "", d->name,
+                         (unsigned long long)d->n);
+        if (w < 0 || (size_t)w >= sizeof res->declines - off) break;
+        off += (size_t)w;
+    }
+}
+
+void reel_rollout_free(reel_rollout_t *r) {
+    if (!r) return;
+    free(r->trajectory);
+    free(r->log_probs);
+    free(r->sigmas);
+    free(r->means);
+    r->trajectory = r->log_probs = r->sigmas = r->means = NULL;
+}
+
+/* A copy of tensor t's floats into *dst, its shape into shape[] (ndim
+ * dims expected). 0 when t is NULL (nothing asked or sent); -1 when it is
+ * not F32 of that rank or memory runs out. */
+static int take_f32(const wire_tensor_t *t, int ndim, float **dst, int64_t *shape) {
+    if (!t) return 0;
+    if (t->dtype != KERN_F32 || t->ndim != ndim) return -1;
+    if (!(*dst = malloc(t->bytes ? t->bytes : 1))) return -1;
+    memcpy(*dst, t->data, t->bytes);
+    if (shape) memcpy(shape, t->shape, (size_t)ndim * sizeof *shape);
+    return 0;
+}
+
+/* The rollout outputs of RESULT r into ro (what was asked). */
+static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_err_t *err) {
+    int64_t n1[2] = { 0 }, n2[1] = { 0 };
+    int g = n > 1; /* a group: a leading [n] */
+    reel_rollout_free(ro);
+    memset(ro->trajectory_shape, 0, sizeof ro->trajectory_shape);
+    memset(ro->means_shape, 0, sizeof ro->means_shape);
+    ro->steps = 0;
+    if (take_f32(r->trajectory, 5 + g, &ro->trajectory, ro->trajectory_shape) ||
+        take_f32(r->log_probs, 1 + g, &ro->log_probs, n1) || take_f32(r->sigmas, 1, &ro->sigmas, n2) ||
+        take_f32(r->means, 5 + g, &ro->means, ro->means_shape)) {
+        reel_rollout_free(ro);
+        set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");
+        return -1;
+    }
+    ro->n = n;
+    ro->steps = n1[g] ? n1[g] : ro->trajectory_shape[g] ? ro->trajectory_shape[g] - 1 : 0;
+    ro->n_runs = 0;
+    for (size_t i = 0; i < r->n_version_runs && ro->n_runs < 16; i++, ro->n_runs++) {
+        ro->run_from[ro->n_runs] = r->version_runs[i].from;
+        ro->run_version[ro->n_runs] = r->version_runs[i].version;
+    }
+    return 0;
+}
+
+int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
+             reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    msg_gen_t m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.model, sizeof m.model, "%s", g->model);
+    m.version = g->version;
+    m.steps = (uint64_t)g->steps;
+    m.shift = g->shift;
+    m.cfg = g->cfg;
+    m.sde = g->sde;
+    if (g->solver && strcmp(g->solver, "euler")) snprintf(m.solver, sizeof m.solver, "%s", g->solver);
+    m.eta = g->eta;
+    m.seed = g->seed;
+    int n = g->n > 1 ? g->n : 1;
+    m.n = (uint64_t)n;
+    if (g->seeds) {
+        if (n > MSG_MAX_GROUP) {
+            set_err(err, WIRE_E_BAD_REQUEST, "a group has at most %d samples (n = %d)", MSG_MAX_GROUP, n);
+            return -1;
+        }
+        memcpy(m.seeds, g->seeds, (size_t)n * sizeof *m.seeds);
+        m.n_seeds = n;
+    }
+    m.progress = g->progress;
+    m.deadline_ms = g->deadline_ms;
+    if (g->rollout) {
+        m.return_trajectory = g->rollout->want_trajectory;
+        m.return_log_probs = g->rollout->want_log_probs;
+        m.return_means = g->rollout->want_means;
+    }
+    memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
+    wire_tensor_t t[3];
+    memset(t, 0, sizeof t);
+    size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)n;
+    size_t nc = (size_t)(g->ctx_shape[0] * g->ctx_shape[1]);
+    const float *src[3] = { g->context, g->uncond, g->latent };
+    const char *names[3] = { "context", "uncond", "latent" };
+    const wire_tensor_t **slot[3] = { &m.context, &m.uncond, &m.latent };
+    for (int i = 0; i < 3; i++) {
+        if (!src[i]) continue;
+        wire_tensor_t *x = &t[i];
+        snprintf(x->name, sizeof x->name, "%s", names[i]);
+        x->dtype = KERN_F32;
+        if (i == 2 && n > 1) { /* a group's latents: [n,C,F,H,W] */
+            x->ndim = 5;
+            x->shape[0] = n;
+            memcpy(x->shape + 1, g->latent_shape, 4 * sizeof(int64_t));
+        } else {
+            x->ndim = i == 2 ? 4 : 2;
+            memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
+        }
+        size_t ne = i == 2 ? nl : nc;
+        if (i == 1 && g->unc_rows > 0) { /* a negative prompt of its own length (models with text_len) */
+            x->shape[0] = g->unc_rows;
+            ne = (size_t)(g->unc_rows * g->ctx_shape[1]);
+        }
+        x->data = src[i];
+        x->bytes = ne * sizeof(float);
+        *slot[i] = x;
+    }
+    wire_msg_t a;
+    int rc = call(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
+    if (rc != 0) return rc;
+    rc = -1;
+    msg_result_t r;
+    wire_err_t why;
+    if (msg_type(&a) != MSG_RESULT || msg_result_decode(&a, &r, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s%s%s", a.type,
+                msg_type(&a) == MSG_RESULT ? ": " : "", msg_type(&a) == MSG_RESULT ? why.message : "");
+        goto done;
+    }
+    if (!r.latent || r.latent->dtype != KERN_F32 || r.latent->bytes != nl * sizeof(float)) {
+        set_err(err, WIRE_E_MALFORMED, "RESULT latent %s", r.latent ? "of the wrong size" : "missing");
+        goto done;
+    }
+    memcpy(out, r.latent->data, r.latent->bytes);
+    if (res) result_summary(&r, res);
+    if (g->rollout && take_rollout(&r, n, g->rollout, err) != 0) goto done;
+    rc = 0;
+done:
+    wire_msg_close(&a);
+    return rc;
+}
+
+/* A chunk buffer handed to ZeroMQ to send without a copy: zmq gives it
+ * back (chunk_sent, on its I/O thread) once the bytes are on the socket.
+ * The upload keeps REEL_UPLOAD_WINDOW + 1 of them, allocated once: a
+ * fresh 4 MiB buffer per chunk (ZeroMQ's own copy of it) faulted its
+ * pages in anew each time, which cost the trainer as much as the copy. A
+ * buffer still in ZeroMQ when the upload ends (its socket has not sent
+ * it) is ORPHANED and freed by chunk_sent instead. */
+enum { BUF_FREE, BUF_IN_ZMQ, BUF_ORPHANED };
+typedef struct {
+    atomic_int state;
+    unsigned char p[];
+} chunk_buf_t;
+
+static void chunk_sent(void *data, void *hint) {
+    (void)data;
+    chunk_buf_t *b = hint;
+    int expect = BUF_IN_ZMQ;
+    if (!atomic_compare_exchange_strong(&b->state, &expect, BUF_FREE)) free(b); /* orphaned */
+}
+
+/* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) from buf as
+ * UPLOAD `id`; *sent its bytes. 0, or -1 with err. u->chunk points at
+ * this call's frame only while it runs: it is cleared before returning. */
+static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, chunk_buf_t *buf, uint64_t offset,
+                      uint64_t *sent, wire_err_t *err) {
+    uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
+    ssize_t got = pread(fd, buf->p, n, (off_t)offset);
+    if (got != (ssize_t)n) {
+        set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
+        return -1;
+    }
+    wire_msg_t *sh = calloc(1, sizeof *sh);
+    if (!sh) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    atomic_store(&buf->state, BUF_IN_ZMQ);
+    if (zmq_msg_init_data(&sh->frame[0], buf->p, n, chunk_sent, buf) != 0) {
+        atomic_store(&buf->state, BUF_FREE);
+        free(sh);
+        set_err(err, WIRE_E_INTERNAL, "zmq_msg_init_data: %s", zmq_strerror(errno));
+        return -1;
+    }
+    sh->n_tensors = 1;
+    sh->t[0] = msg_chunk(buf->p, n);
+    u->offset = offset;
+    u->chunk = &sh->t[0];
+    int rc = msg_send(c->sock, NULL, MSG_UPLOAD, id, u, sh);
+    int e = errno;
+    u->chunk = NULL;
+    zmq_msg_close(&sh->frame[0]); /* ours; zmq holds its own while it sends (chunk_sent when done) */
+    free(sh);
+    if (rc != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(e));
+        return -1;
+    }
+    *sent = n;
+    return 0;
+}
+
+/* An upload in flight (reel_upload, reel_publish). ends[]: where each
+ * chunk in flight ends, in the order sent; the broker answers each in
+ * that order. `ignore`: answers still to come for chunks sent past a gap
+ * (the broker wrote none of them). */
+#define UPLOAD_BUFS (REEL_UPLOAD_WINDOW + 1)
+typedef struct {
+    int fd;
+    chunk_buf_t *buf[UPLOAD_BUFS];
+    msg_upload_t u;
+    uint64_t id, next, received, ends[REEL_UPLOAD_WINDOW];
+    int n_ends, ignore;
+    bool complete;
+    reel_bytes_fn progress;
+    void *user;
+} upload_t;
+
+static int upload_open(reel_client_t *c, upload_t *p, const char *component, uint64_t version, const char *sha256,
+                       const char *path, reel_bytes_fn progress, void *user, wire_err_t *err) {
+    memset(p, 0, sizeof *p);
+    struct stat st;
+    p->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->fd < 0 || fstat(p->fd, &st) != 0 || st.st_size <= 0) {
+        set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, p->fd < 0 ? strerror(errno) : "empty or unreadable");
+        if (p->fd >= 0) close(p->fd);
+        return -1;
+    }
+    for (int i = 0; i < UPLOAD_BUFS; i++) {
+        if (!(p->buf[i] = malloc(sizeof *p->buf[i] + MSG_CHUNK_MAX))) {
+            set_err(err, WIRE_E_INTERNAL, "out of memory");
+            while (i--) free(p->buf[i]);
+            close(p->fd);
+            return -1;
+        }
+        atomic_init(&p->buf[i]->state, BUF_FREE);
+    }
+    snprintf(p->u.component, sizeof p->u.component, "%s", component);
+    p->u.version = version;
+    snprintf(p->u.sha256, sizeof p->u.sha256, "%s", sha256);
+    p->u.size = (uint64_t)st.st_size;
+    p->id = ++c->next_id;
+    p->progress = progress;
+    p->user = user;
+    return 0;
+}
+
+static void upload_close(upload_t *p) {
+    for (int i = 0; i < UPLOAD_BUFS; i++) {
+        int expect = BUF_IN_ZMQ; /* still queued in zmq: chunk_sent frees it */
+        if (!atomic_compare_exchange_strong(&p->buf[i]->state, &expect, BUF_ORPHANED)) free(p->buf[i]);
+    }
+    close(p->fd);
+}
+
+/* A buffer zmq gave back; NULL (err) when none came back within timeout_ms:
+ * every chunk acked was sent, so one is normally free at once. */
+static chunk_buf_t *free_buf(upload_t *p, int timeout_ms, wire_err_t *err) {
+    int64_t deadline = now_ms() + timeout_ms;
+    for (;;) {
+        for (int i = 0; i < UPLOAD_BUFS; i++)
+            if (atomic_load(&p->buf[i]->state) == BUF_FREE) return p->buf[i];
+        if (now_ms() > deadline) {
+            set_err(err, WIRE_E_TIMEOUT, "the chunks sent are not leaving the socket");
+            return NULL;
+        }
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Sends chunks while the window has room. 0, or -1 with err. */
+static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t *err) {
+    while (!p->complete && p->next < p->u.size && p->n_ends + p->ignore < REEL_UPLOAD_WINDOW) {
+        uint64_t sent = 0;
+        chunk_buf_t *b = free_buf(p, timeout_ms, err);
+        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, err) != 0) return -1;
+        p->next += sent;
+        p->ends[p->n_ends++] = p->next;
+    }
+    return 0;
+}
+
+/* The broker's answer a to p->id (closed here): 0 going on (p->complete
+ * once the broker holds it all), 1 on ERROR or BUSY, -1 malformed (err). */
+static int upload_answer(upload_t *p, wire_msg_t *a, wire_err_t *err) {
+    if (answer_is_error(a, err)) {
+        wire_msg_close(a);
+        return 1;
+    }
+    msg_upload_ack_t k;
+    wire_err_t why;
+    int bad = msg_type(a) != MSG_UPLOAD_ACK || msg_upload_ack_decode(a, &k, &why) != 0;
+    wire_msg_close(a);
+    if (bad || k.received > p->u.size) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
+        return -1;
+    }
+    if (k.complete) {
+        p->complete = true;
+        p->received = p->u.size;
+        if (p->progress) p->progress(p->user, p->u.size, p->u.size);
+        return 0;
+    }
+    if (p->ignore) {
+        p->ignore--;
+        return 0;
+    }
+    if (p->n_ends == 0) return 0; /* an answer to nothing in flight: not ours */
+    uint64_t want = p->ends[0];
+    memmove(p->ends, p->ends + 1, (size_t)--p->n_ends * sizeof *p->ends);
+    if (k.received != want) {
+        /* Not written (a resume: the broker's copy ends elsewhere): go on
+         * from where it ends; the chunks behind this one were not written
+         * either, and their answers are skipped. */
+        p->next = k.received;
+        p->ignore = p->n_ends;
+        p->n_ends = 0;
+    }
+    p->received = k.received;
+    if (p->progress) p->progress(p->user, k.received, p->u.size);
+    return 0;
+}
+
+int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
+    upload_t p;
+    if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) return -1;
+    int rc = 0;
+    while (rc == 0 && !p.complete) {
+        wire_msg_t a;
+        if (upload_fill(c, &p, timeout_ms, err) != 0 || await(c, p.id, now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) rc = -1;
+        else rc = upload_answer(&p, &a, err);
+    }
+    upload_close(&p);
+    return rc;
+}
+
+static msg_sync_t *sync_message(const char *component, uint64_t version, const char *sha256, const char *path,
+                                uint64_t deadline_ms, wire_err_t *err) {
+    msg_sync_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return NULL;
+    }
+    snprintf(s->component, sizeof s->component, "%s", component);
+    s->version = version;
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
+    if (path) snprintf(s->path, sizeof s->path, "%s", path);
+    else s->uploaded = true;
+    s->deadline_ms = deadline_ms;
+    return s;
+}
+
+/* The SYNC_DONE a (closed here) into res. 0, or -1 malformed. */
+static int sync_done(wire_msg_t *a, reel_sync_result_t *res, wire_err_t *err) {
+    msg_sync_done_t d;
+    wire_err_t why;
+    if (msg_type(a) != MSG_SYNC_DONE || msg_sync_done_decode(a, &d, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a->type);
+        wire_msg_close(a);
+        return -1;
+    }
+    if (res) {
+        res->complete = d.complete;
+        size_t off = 0;
+        res->applied[0] = res->failed[0] = '\0';
+        for (size_t i = 0; i < d.n_applied; i++) {
+            int w = snprintf(res->applied + off, sizeof res->applied - off, "%s%s", off ? "," : "", d.applied[i]);
+            if (w < 0 || (size_t)w >= sizeof res->applied - off) break;
+            off += (size_t)w;
+        }
+        off = 0;
+        for (size_t i = 0; i < d.n_failed; i++) {
+            int w = snprintf(res->failed + off, sizeof res->failed - off, "%s%s:%s", off ? "," : "",
+                             d.failed[i].worker, d.failed[i].reason);
+            if (w < 0 || (size_t)w >= sizeof res->failed - off) break;
+            off += (size_t)w;
+        }
+    }
+    wire_msg_close(a);
+    return 0;
+}
+
+int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                 uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
+                 wire_err_t *err) {
+    upload_t p;
+    msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
+    if (!s) return -1;
+    if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) {
+        free(s);
+        return -1;
+    }
+    uint64_t sid = 0;
+    bool synced = false; /* the SYNC's answer came */
+    int rc = 0;
+    for (;;) {
+        if (upload_fill(c, &p, timeout_ms, err) != 0) {
+            rc = -1;
+            break;
+        }
+        /* The SYNC goes once the broker holds an upload of these bytes:
+         * its workers fetch what came and wait for the rest. */
+        if (!sid && (p.received > 0 || p.complete)) {
+            sid = ++c->next_id;
+            if (msg_send(c->sock, NULL, MSG_SYNC, sid, s, NULL) != 0) {
+                set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                rc = -1;
+                break;
+            }
+        }
+        wire_msg_t a;
+        if (await2(c, p.complete ? sid : p.id, p.complete || synced ? 0 : sid, now_ms() + timeout_ms, &a, NULL, NULL,
+                   err) != 0) {
+            rc = -1;
+            break;
+        }
+        if (sid && a.id == sid) {
+            if (answer_is_error(&a, err)) { /* refused: the upload stops here (resumable) */
+                wire_msg_close(&a);
+                rc = 1;
+                break;
+            }
+            /* Answered before the last chunk went (no live worker, or every
+             * worker failed early): the upload still completes, so the
+             * broker holds the version and no slot is left open. */
+            if ((rc = sync_done(&a, res, err)) != 0) break;
+            synced = true;
+            if (p.complete) break;
+            continue;
+        }
+        if ((rc = upload_answer(&p, &a, err)) != 0) break;
+        if (synced && p.complete) break;
+    }
+    upload_close(&p);
+    free(s);
+    return rc;
+}
+
+int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
+              const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
+              wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    msg_sync_t *s = sync_message(component, version, sha256, path, deadline_ms, err);
+    if (!s) return -1;
+    wire_msg_t a;
+    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    free(s);
+    if (rc != 0) return rc;
+    return sync_done(&a, res, err);
+}
+
+struct reel_status {
+    wire_msg_t m;
+    msg_status_reply_t r;
+};
+
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    *out = NULL;
+    reel_status_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        return -1;
+    }
+    int rc = call(c, MSG_STATUS, id, NULL, timeout_ms, NULL, NULL, &s->m, err);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
+    wire_err_t why;
+    if (msg_type(&s->m) != MSG_STATUS_REPLY || msg_status_reply_decode(&s->m, &s->r, &why) != 0) {
+        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", s->m.type);
+        reel_status_free(&s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+const msg_status_reply_t *reel_status_reply(const reel_status_t *s) { return &s->r; }
+
+void reel_status_free(reel_status_t **sp) {
+    if (!sp || !*sp) return;
+    wire_msg_close(&(*sp)->m);
+    free(*sp);
+    *sp = NULL;
+}

@@ -1,0 +1,141 @@
+/* client.h -- a small client of the Reel broker (docs/PROTOCOL.md), used by
+ * reelctl and linkable by trainers and services: generate, sync weights,
+ * ask for status. One client = one DEALER socket; not thread-safe (one
+ * thread per client). Every call has a client-side deadline, so nothing
+ * hangs when the broker is gone (or never admits this client's key). */
+#ifndef REEL_CLIENTS_C_CLIENT_H
+#define REEL_CLIENTS_C_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "schema/msg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct reel_client reel_client_t;
+
+/* Connects to the broker's client endpoint, with CURVE when keys are
+ * given: key_file (this client's NAME.key, a client or trainer key) and
+ * broker_key (the broker's broker.pub), each NULL to take $REEL_KEY /
+ * $REEL_BROKER_KEY; neither anywhere: a plain connection (a broker with
+ * keys never answers it, and calls time out). NULL with a message in
+ * kern_error() on a bad endpoint or unusable keys (one without the other,
+ * an unreadable file, a worker's key). */
+reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key);
+/* reel_client_new_keys(endpoint, NULL, NULL): keys from the environment. */
+reel_client_t *reel_client_new(const char *endpoint);
+void reel_client_destroy(reel_client_t **c);
+
+typedef struct {
+    const char *model;          /* config name served by the workers */
+    uint64_t version;           /* transformer version wanted, 0 = current */
+    int steps;
+    double shift, cfg, eta;
+    bool sde;
+    const char *solver;         /* NULL or "euler": Euler; "unipc", "dpm++" (not with sde) */
+    uint64_t seed;
+    int n;                      /* 0 or 1: one sample; 2..64: a group of n samples of this prompt */
+    const uint64_t *seeds;      /* NULL, or n seeds (a group); none: seed + i */
+    int64_t latent_shape[4];    /* C, F, H, W (one sample's) */
+    const float *latent;        /* NULL: drawn from the seeds by the worker; n·C·F·H·W for a group */
+    const float *context;       /* [ctx_shape] */
+    int64_t ctx_shape[2];       /* L, T */
+    const float *uncond;        /* NULL: no CFG */
+    int64_t unc_rows;           /* uncond's L; 0: the context's (another L only for models with text_len) */
+    bool progress;
+    uint64_t deadline_ms;       /* broker-side deadline, 0 = broker default */
+    struct reel_rollout *rollout; /* non-NULL: the rollout outputs it asks for are returned here */
+} reel_gen_t;
+
+/* The rollout outputs of a GEN (docs/PROTOCOL.md, return_*): the caller
+ * sets what it wants; reel_gen fills the rest with copies (freed by
+ * reel_rollout_free). A tensor the RESULT did not carry stays NULL with
+ * its shape zeroed. */
+typedef struct reel_rollout {
+    bool want_trajectory, want_log_probs, want_means;
+    int n;                      /* samples: every shape below but sigmas' has a leading [n] when n > 1 */
+    float *trajectory;          /* [N+1, C, F, H, W]: x_0 .. x_N */
+    int64_t trajectory_shape[6];
+    float *log_probs;           /* [N] */
+    float *sigmas;              /* [N+1] */
+    int64_t steps;              /* N (0 when neither came) */
+    float *means;               /* [N, C, F, H, W] */
+    int64_t means_shape[6];
+    int n_runs;                 /* the weight version of each step: runs of steps */
+    uint64_t run_from[16], run_version[16];
+} reel_rollout_t;
+
+void reel_rollout_free(reel_rollout_t *r);
+
+typedef struct {
+    char worker[64];
+    uint64_t version;           /* weights of the last step */
+    uint64_t first_version;     /* ... of the first (differs if a sync landed in between) */
+    int captured, replayed, eager;
+    double seconds;
+    char key_hash[24];
+    char declines[256];         /* "warming_up=2,override=1" */
+} reel_gen_result_t;
+
+typedef void (*reel_progress_fn)(void *user, int step, int steps);
+
+/* Runs one generation (n samples of a group: one GEN). out receives
+ * n·C·F·H·W floats, sample after sample. Returns 0 on RESULT;
+ * 1 when the broker answered ERROR or BUSY (err->code "busy" for BUSY);
+ * -1 when no answer came within timeout_ms or the transport failed (err
+ * code "timeout" / "internal"). */
+int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
+             reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err);
+
+typedef struct {
+    bool complete;
+    char applied[512];          /* "w1,w2" */
+    char failed[512];           /* "w3:timeout" */
+} reel_sync_result_t;
+
+/* Publishes a weight sync by path (readable by the workers), or, with path
+ * NULL, of the version uploaded to the broker before (reel_upload); sha256
+ * is the hex digest of the file. Return values as reel_gen. */
+int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
+              const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
+              wire_err_t *err);
+
+/* Sends the file at path to the broker as `version` of component (UPLOAD
+ * chunks of MSG_CHUNK_MAX bytes, REEL_UPLOAD_WINDOW of them in flight),
+ * resuming where the broker's copy ends; sha256 is the file's digest (the
+ * broker checks it). progress, when not NULL, gets bytes sent and the
+ * size. 0 once the broker holds all of it; 1 on ERROR or BUSY; -1 on
+ * timeout (timeout_ms without an answer) or a local failure. */
+#define REEL_UPLOAD_WINDOW 4
+typedef void (*reel_bytes_fn)(void *user, uint64_t done, uint64_t size);
+int reel_upload(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err);
+
+/* reel_upload and reel_sync by value at once: the SYNC goes as soon as the
+ * broker holds the upload's first chunk, so workers fetch each chunk while
+ * the later ones still come, instead of after the last (docs/PROTOCOL.md,
+ * "Weights by value"). progress as reel_upload's; res, timeout_ms (per
+ * answer awaited) and the return values as reel_sync's. An upload that
+ * fails after the SYNC went (its bytes hash to another digest, or it is
+ * replaced) fails the workers' fetches: nothing of it is applied. */
+int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
+                 uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
+                 wire_err_t *err);
+
+/* A STATUS_REPLY and the message its strings and arrays live in. */
+typedef struct reel_status reel_status_t;
+
+/* STATUS: *out receives the reply (free with reel_status_free). Return
+ * values as reel_gen. */
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err);
+/* The decoded reply of s. */
+const msg_status_reply_t *reel_status_reply(const reel_status_t *s);
+/* Frees s; NULL-safe; sets *s = NULL. */
+void reel_status_free(reel_status_t **s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,480 @@
+/* step.c -- the step workspace and the capturable denoising step.
+ *
+ * Every buffer the forward pass touches is allocated by tdit_ws_new, in one
+ * block, before any step runs; the step only launches kernels over those
+ * addresses, reading σ and the guidance scale from device memory.
+ *
+ * A batch (shape.batch = B > 1) is B samples of one prompt in one step: the
+ * token activations hold B·N rows; the time and text embeddings, the
+ * modulation and the cross-attention keys and values are computed once for
+ * the group; row-wise ops (norms, modulation, gates, the CFG combine, the
+ * Euler update) run once over all B·N rows; what depends on a sample's
+ * place (patchify, RoPE, attention, unpatchify) or its seed (the SDE
+ * update) runs per sample over views. The GEMMs run per sample too: a BLAS
+ * sums an output row differently depending on where it falls in its M
+ * tiling (OpenBLAS on x86 does; cuBLAS picks its algorithm by M), and a
+ * batched sample must be bitwise the single request with its seed. */
+#include "tinydit.h"
+#include "kernels/artifacts.h"
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "kernels/ops_args.h"
+#include "kernels/registry.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tinydit_impl.h"
+
+struct tdit_ws {
+    tdit_model_t *model;
+    tdit_shape_t shape;
+    int64_t B, N, grid_h, grid_w;   /* samples, tokens per sample, patch grid */
+    void *block;          /* every buffer below, one allocation */
+    size_t bytes;
+    kern_scratch_t scratch; /* the kernels' scratch, inside block: owned, never shared */
+    /* inputs */
+    kern_tensor_t latent, context, uncond, sigmas, guidance;
+    kern_tensor_t sde;      /* F32 [4] ([B,4]): eta, seed, step (kern_sde_params_pack) */
+    kern_tensor_t mean;     /* the latent's shape: an SDE step's mean μ (for log-probabilities) */
+    kern_tensor_t solver;   /* F32 [16]: a multistep step's coefficients and timestep (KERN_MS_*) */
+    kern_tensor_t hist;     /* [3, latent elements]: a multistep solver's history */
+    /* activations */
+    kern_tensor_t tok, x, a, q, k, v, o, o2, h, y;
+    kern_tensor_t txt_h, c, kc, vc;
+    kern_tensor_t s_emb, e_h, e, e_silu, e6, mod, hshift, hscale;
+    kern_tensor_t v_cond, v_uncond, v_comb;
+};
+
+/* Carves tensors out of one block; first pass (base NULL) only sizes it. */
+typedef struct { char *base; size_t off; int device; } carver_t;
+
+static void carve(carver_t *c, kern_tensor_t *t, kern_dtype_t dt, int ndim, const int64_t *shape) {
+    *t = kern_tensor_make(c->base ? c->base + c->off : NULL, dt, c->device, ndim, shape);
+    c->off += (kern_tensor_bytes(t) + 255) & ~(size_t)255;
+}
+
+/* Scratch the step's kernels need, from their workspace_bytes contracts:
+ * the largest of attention's (self and cross: kern_attention_scratch_bytes,
+ * whichever path its rule picks at these sizes) and rope3d's, at the sizes
+ * the step calls them with. */
+static size_t scratch_needed(const tdit_ws_t *ws) {
+    kern_backend_kind_t bk = kern_backend_kind(ws->model->backend);
+    kern_dtype_t dt = ws->model->dtype;
+    const tdit_config_t *c = &ws->model->cfg;
+    const int64_t d = c->dim / c->heads;
+    size_t need = kern_attention_scratch_bytes(bk, dt, ws->N, ws->N, c->heads, d), n;
+    if ((n = kern_attention_scratch_bytes(bk, dt, ws->N, ws->shape.text_len, c->heads, d)) > need)
+        need = n;
+    const kern_impl_t *impl = kern_registry_lookup(KERN_OP_ROPE3D, bk, dt);
+    if (impl && impl->workspace_bytes) {
+        kern_rope3d_args_t r;
+        memset(&r, 0, sizeof r);
+        r.heads = c->heads;
+        r.head_dim = c->dim / c->heads;
+        r.frames = ws->shape.frames;
+        r.rows = ws->grid_h;
+        r.cols = ws->grid_w;
+        if ((n = impl->workspace_bytes(&r)) > need) need = n;
+    }
+    return need;
+}
+
+static void layout(tdit_ws_t *ws, carver_t *cv) {
+    const tdit_config_t *c = &ws->model->cfg;
+    kern_dtype_t dt = ws->model->dtype;
+    int64_t D = c->dim, C = c->in_channels, B = ws->B, N = ws->B * ws->N, L = ws->shape.text_len;
+    /* One sample: [C,F,H,W]; a batch: [B,C,F,H,W]. */
+    const int64_t lat5[5] = { B, C, ws->shape.frames, ws->shape.height, ws->shape.width };
+    const int64_t *lat = B == 1 ? lat5 + 1 : lat5;
+    const int lnd = B == 1 ? 4 : 5;
+    carve(cv, &ws->latent, dt, lnd, lat);
+    carve(cv, &ws->context, dt, 2, SHAPE(L, c->text_dim));
+    if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(L, c->text_dim));
+    carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
+    carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
+    if (B == 1) carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
+    else carve(cv, &ws->sde, KERN_F32, 2, SHAPE(B, 4));
+    carve(cv, &ws->solver, KERN_F32, 1, SHAPE(KERN_MS_COEFS));
+    if (tdit_solver_multistep(ws->shape.solver))
+        carve(cv, &ws->hist, dt, 2, SHAPE(3, B * C * ws->shape.frames * ws->shape.height * ws->shape.width));
+    carve(cv, &ws->tok, dt, 2, SHAPE(N, 4 * C));
+    kern_tensor_t *nd[] = { &ws->x, &ws->a, &ws->q, &ws->k, &ws->v, &ws->o, &ws->o2 };
+    for (size_t i = 0; i < sizeof nd / sizeof nd[0]; i++) carve(cv, nd[i], dt, 2, SHAPE(N, D));
+    carve(cv, &ws->h, dt, 2, SHAPE(N, c->ffn_dim));
+    carve(cv, &ws->y, dt, 2, SHAPE(N, 4 * C));
+    kern_tensor_t *ld[] = { &ws->txt_h, &ws->c, &ws->kc, &ws->vc };
+    for (size_t i = 0; i < sizeof ld / sizeof ld[0]; i++) carve(cv, ld[i], dt, 2, SHAPE(L, D));
+    carve(cv, &ws->s_emb, dt, 2, SHAPE(1, c->freq_dim));
+    kern_tensor_t *d1[] = { &ws->e_h, &ws->e, &ws->e_silu, &ws->hshift, &ws->hscale };
+    for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; i++) carve(cv, d1[i], dt, 2, SHAPE(1, D));
+    carve(cv, &ws->e6, dt, 2, SHAPE(6, D));
+    carve(cv, &ws->mod, dt, 2, SHAPE(6, D));
+    carve(cv, &ws->v_cond, dt, lnd, lat);
+    carve(cv, &ws->mean, dt, lnd, lat);
+    if (ws->shape.cfg) {
+        carve(cv, &ws->v_uncond, dt, lnd, lat);
+        carve(cv, &ws->v_comb, dt, lnd, lat);
+    }
+    size_t sb = scratch_needed(ws);
+    ws->scratch.base = cv->base ? cv->base + cv->off : NULL; /* bound even when 0 bytes */
+    ws->scratch.bytes = sb;
+    cv->off += (sb + 255) & ~(size_t)255;
+}
+
+bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
+    return a->frames == b->frames && a->height == b->height && a->width == b->width &&
+           a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b) &&
+           a->solver == b->solver;
+}
+
+int tdit_shape_validate(const tdit_shape_t *shape) {
+    if (shape->frames <= 0 || shape->height <= 0 || shape->width <= 0 ||
+        shape->height % 2 || shape->width % 2)
+        return kern_fail("latent frames/height/width must be positive and height, width even "
+                         "(got F=%lld H=%lld W=%lld)", (long long)shape->frames,
+                         (long long)shape->height, (long long)shape->width);
+    if (shape->text_len <= 0 || shape->text_len > 65536)
+        return kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
+    if (shape->batch < 0 || shape->batch > TDIT_MAX_BATCH)
+        return kern_fail("batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
+    if (shape->frames > (1 << 16) || shape->height > (1 << 16) || shape->width > (1 << 16) ||
+        shape->frames * shape->height * shape->width > (int64_t)1 << 24)
+        return kern_fail("latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
+                         (long long)shape->height, (long long)shape->width);
+    return 0;
+}
+
+static void ws_init(tdit_ws_t *ws, tdit_model_t *m, const tdit_shape_t *shape) {
+    ws->model = m;
+    ws->shape = *shape;
+    ws->B = tdit_shape_batch(shape);
+    ws->grid_h = shape->height / 2;
+    ws->grid_w = shape->width / 2;
+    ws->N = shape->frames * ws->grid_h * ws->grid_w;
+}
+
+size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape) {
+    if (tdit_shape_validate(shape) != 0) return 0;
+    tdit_ws_t ws;
+    memset(&ws, 0, sizeof ws);
+    ws_init(&ws, m, shape);
+    carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
+    layout(&ws, &cv);
+    return cv.off;
+}
+
+tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
+    if (tdit_shape_validate(shape) != 0) return NULL;
+    tdit_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) { kern_fail("out of memory"); return NULL; }
+    ws_init(ws, m, shape);
+    carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
+    layout(ws, &cv);
+    ws->bytes = cv.off;
+    ws->block = kern_alloc(m->backend, ws->bytes);
+    if (!ws->block) { free(ws); return NULL; }
+    cv.base = ws->block;
+    cv.off = 0;
+    layout(ws, &cv);
+    (void)s; /* the scratch is the workspace's own: nothing to reserve on s */
+    return ws;
+}
+
+void tdit_ws_destroy(tdit_ws_t **wp) {
+    if (!wp || !*wp) return;
+    kern_free((*wp)->model->backend, (*wp)->block);
+    free(*wp);
+    *wp = NULL;
+}
+
+const tdit_shape_t *tdit_ws_shape(const tdit_ws_t *ws) { return &ws->shape; }
+size_t tdit_ws_bytes(const tdit_ws_t *ws) { return ws->bytes; }
+kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws) { return &ws->latent; }
+kern_tensor_t *tdit_ws_context(tdit_ws_t *ws) { return &ws->context; }
+kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws) { return &ws->uncond; }
+kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws) { return &ws->sigmas; }
+kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws) { return &ws->guidance; }
+kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws) { return &ws->sde; }
+kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws) { return &ws->mean; }
+kern_tensor_t *tdit_ws_velocity(tdit_ws_t *ws) { return ws->shape.cfg ? &ws->v_comb : &ws->v_cond; }
+kern_tensor_t *tdit_ws_solver(tdit_ws_t *ws) { return &ws->solver; }
+kern_tensor_t *tdit_ws_history(tdit_ws_t *ws) { return &ws->hist; }
+
+/* Copies n host floats into t (converting to t's dtype); n must fit. */
+static int bind(kern_stream_t *s, kern_tensor_t *t, const float *src, size_t n, const char *what) {
+    if (!t->data) return kern_fail("bind %s: this workspace has no %s buffer", what, what);
+    if ((int64_t)n != kern_tensor_numel(t)) {
+        char d[96];
+        return kern_fail("bind %s: %zu values do not fit the workspace's %s", what, n,
+                         kern_tensor_describe(t, d, sizeof d));
+    }
+    if (t->dtype == KERN_F32) return kern_copy_h2d(s, kern_tensor_ptr(t), src, n * 4);
+    uint16_t *tmp = malloc(n * 2);
+    if (!tmp) return kern_fail("out of memory");
+    for (size_t i = 0; i < n; i++) tmp[i] = kern_f32_to_bf16(src[i]);
+    int rc = kern_copy_h2d(s, kern_tensor_ptr(t), tmp, n * 2);
+    if (rc == 0) rc = kern_stream_sync(s); /* tmp must outlive the copy */
+    free(tmp);
+    return rc;
+}
+
+int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t n) {
+    return bind(s, &ws->latent, x, n, "latent");
+}
+
+int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond) {
+    return bind(s, uncond ? &ws->uncond : &ws->context, ctx, n, uncond ? "uncond" : "context");
+}
+
+int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance) {
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, 3 * sizeof(float)));
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->guidance), &guidance, sizeof(float)));
+    return kern_stream_sync(s); /* the host values are stack memory */
+}
+
+int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("bind solver: this workspace has no multistep solver");
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->solver), coef, KERN_MS_COEFS * sizeof(float)));
+    return kern_stream_sync(s); /* the host values may be stack memory */
+}
+
+int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("clear history: this workspace has no multistep solver");
+    size_t bytes = kern_tensor_bytes(&ws->hist);
+    void *zero = calloc(1, bytes);
+    if (!zero) return kern_fail("out of memory");
+    int rc = kern_copy_h2d(s, kern_tensor_ptr(&ws->hist), zero, bytes);
+    if (rc == 0) rc = kern_stream_sync(s);
+    free(zero);
+    return rc;
+}
+
+int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n) {
+    kern_tensor_t *t = &ws->latent;
+    if ((int64_t)n != kern_tensor_numel(t))
+        return kern_fail("read latent: buffer of %zu values, latent has %lld", n,
+                         (long long)kern_tensor_numel(t));
+    if (t->dtype == KERN_F32) {
+        TRY(kern_copy_d2h(s, out, kern_tensor_ptr(t), n * 4));
+        return kern_stream_sync(s);
+    }
+    uint16_t *tmp = malloc(n * 2);
+    if (!tmp) return kern_fail("out of memory");
+    int rc = kern_copy_d2h(s, tmp, kern_tensor_ptr(t), n * 2);
+    if (rc == 0) rc = kern_stream_sync(s);
+    for (size_t i = 0; rc == 0 && i < n; i++) out[i] = kern_bf16_to_f32(tmp[i]);
+    free(tmp);
+    return rc;
+}
+
+/* ---- the forward pass ------------------------------------------------- */
+
+static int linear(kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern_tensor_t *y) {
+    return kern_gemm(s, x, &l->w, &l->b, y);
+}
+
+/* Rows [b·n, (b+1)·n) of a contiguous 2-D tensor: sample b's tokens. */
+static kern_tensor_t rows_of(const kern_tensor_t *t, int64_t b, int64_t n) {
+    kern_tensor_t v = kern_tensor_make(t->data, t->dtype, t->device, 2, SHAPE(n, t->shape[1]));
+    v.offset = t->offset + (size_t)(b * n * t->shape[1]) * kern_dtype_size(t->dtype);
+    return v;
+}
+
+/* Sample b of a latent-shaped tensor ([C,F,H,W] or [B,C,F,H,W]) or of the
+ * SDE parameters ([4] or [B,4]). */
+static kern_tensor_t sample_of(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b) {
+    return ws->B == 1 ? *t : kern_tensor_row(t, b);
+}
+
+/* y = x·wᵀ + bias (then GELU-tanh with gelu) over the token rows: one GEMM
+ * per sample, each the very call a single request makes (see the top). */
+static int token_linear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x,
+                        const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y, bool gelu) {
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t xb = ws->B == 1 ? *x : rows_of(x, b, ws->N), yb = ws->B == 1 ? *y : rows_of(y, b, ws->N);
+        TRY(gelu ? kern_gemm_gelu(s, &xb, w, bias, &yb) : kern_gemm(s, &xb, w, bias, &yb));
+    }
+    return 0;
+}
+
+static int tlinear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern_tensor_t *y) {
+    return token_linear(ws, s, x, &l->w, &l->b, y, false);
+}
+
+/* a = LN(x)·(1 + scale) + shift, LN without affine: one fused op (on the
+ * CPU bit for bit LN then modulate). */
+static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
+                       const kern_tensor_t *scale, kern_tensor_t *a) {
+    return kern_layernorm_modulate(s, x, shift, scale, LN_EPS, a);
+}
+
+/* t = RoPE(RMS(t)·g) in place, RMS over the whole width: one fused op (on
+ * the CPU bit for bit RMSNorm then RoPE; its scratch is RoPE's, which
+ * scratch_needed reserves). */
+static int rms_rope(tdit_ws_t *ws, kern_stream_t *s, kern_tensor_t *t, const kern_tensor_t *g,
+                    int64_t heads) {
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t tb = ws->B == 1 ? *t : rows_of(t, b, ws->N);
+        TRY(kern_rmsnorm_rope3d(s, &tb, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w));
+    }
+    return 0;
+}
+
+/* o = attention(q, k, v) per sample; k and v shared by the group when
+ * shared_kv (the text tokens of cross-attention). */
+static int attention(tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                     const kern_tensor_t *v, bool shared_kv, int64_t heads, kern_tensor_t *o) {
+    for (int64_t b = 0; b < ws->B; b++) {
+        if (ws->B == 1) return kern_attention(s, q, k, v, heads, o);
+        kern_tensor_t qb = rows_of(q, b, ws->N), ob = rows_of(o, b, ws->N);
+        kern_tensor_t kb = shared_kv ? *k : rows_of(k, b, ws->N), vb = shared_kv ? *v : rows_of(v, b, ws->N);
+        TRY(kern_attention(s, &qb, &kb, &vb, heads, &ob));
+    }
+    return 0;
+}
+
+static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
+    int64_t H = m->cfg.heads;
+    /* 4: m = modulation + e6, rows (shift1, scale1, gate1, shift2, scale2, gate2) */
+    TRY(kern_add(s, &b->modulation, &ws->e6, &ws->mod));
+    kern_tensor_t shift1 = kern_tensor_row(&ws->mod, 0), scale1 = kern_tensor_row(&ws->mod, 1),
+                  gate1 = kern_tensor_row(&ws->mod, 2), shift2 = kern_tensor_row(&ws->mod, 3),
+                  scale2 = kern_tensor_row(&ws->mod, 4), gate2 = kern_tensor_row(&ws->mod, 5);
+    /* self-attention */
+    kern_artifacts_set_region("block.self_attn");
+    TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
+    TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
+    TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
+    TRY(tlinear(ws, s, &ws->a, &b->sk, &ws->k));
+    TRY(rms_rope(ws, s, &ws->k, &b->s_norm_k, H));
+    TRY(tlinear(ws, s, &ws->a, &b->sv, &ws->v));
+    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, H, &ws->o));
+    TRY(tlinear(ws, s, &ws->o, &b->so, &ws->o2));
+    TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
+    /* cross-attention over the text tokens, no RoPE, no gate; their keys
+     * and values once for the group */
+    kern_artifacts_set_region("block.cross_attn");
+    TRY(kern_layernorm(s, &ws->x, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
+    TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
+    TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
+    TRY(linear(s, &ws->c, &b->ck, &ws->kc));
+    TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
+    TRY(linear(s, &ws->c, &b->cv, &ws->vc));
+    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, true, H, &ws->o));
+    TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
+    TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
+    /* feed-forward */
+    kern_artifacts_set_region("block.ffn");
+    TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
+    TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
+    TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
+    return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
+}
+
+static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                   const kern_tensor_t *context, kern_tensor_t *v) {
+    /* 1: time embedding from σ_i in device memory */
+    kern_artifacts_set_region("embed.time");
+    if (tdit_solver_multistep(ws->shape.solver)) {
+        /* A multistep solver hands the transformer its own timestep (Wan's
+         * int64 t), not 1000·σ_i. */
+        kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
+        t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
+        TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
+    } else {
+        TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
+    }
+    TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
+    TRY(kern_silu(s, &ws->e_h, &ws->e_h));
+    TRY(linear(s, &ws->e_h, &m->time2, &ws->e));
+    TRY(kern_silu(s, &ws->e, &ws->e_silu));
+    kern_tensor_t e6_flat = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
+                                             SHAPE(1, 6 * m->cfg.dim));
+    e6_flat.offset = ws->e6.offset;
+    TRY(linear(s, &ws->e_silu, &m->proj, &e6_flat));
+    /* 2: text embedding */
+    kern_artifacts_set_region("embed.text");
+    TRY(kern_gemm_gelu(s, context, &m->text0.w, &m->text0.b, &ws->txt_h));
+    TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
+    /* 3: tokens */
+    kern_artifacts_set_region("embed.patch");
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t lb = sample_of(ws, &ws->latent, b), tb = ws->B == 1 ? ws->tok : rows_of(&ws->tok, b, ws->N);
+        TRY(kern_patchify(s, &lb, &tb));
+    }
+    TRY(tlinear(ws, s, &ws->tok, &m->patch, &ws->x));
+    /* 4: blocks */
+    for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
+    /* 5: head, (shift, scale) = head.modulation + e */
+    kern_artifacts_set_region("head");
+    kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
+    TRY(kern_add(s, &hm0, &ws->e, &ws->hshift));
+    TRY(kern_add(s, &hm1, &ws->e, &ws->hscale));
+    TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
+    TRY(tlinear(ws, s, &ws->a, &m->head, &ws->y));
+    /* 6: unpatchify */
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t yb = ws->B == 1 ? ws->y : rows_of(&ws->y, b, ws->N), vb = sample_of(ws, v, b);
+        TRY(kern_unpatchify(s, &yb, &vb));
+    }
+    return 0;
+}
+
+/* The forward pass with the workspace's own scratch bound to s: whatever
+ * a capture bakes in belongs to this workspace, so workspaces of any
+ * shapes can hold live graphs on one stream. */
+int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                 const kern_tensor_t *context, kern_tensor_t *v) {
+    kern_scratch_t prev = kern_stream_bind_scratch(s, ws->scratch);
+    /* Each part names its region for kernel artifacts (kernels/artifacts.h). */
+    const char *region = kern_artifacts_set_region(NULL);
+    int rc = forward(m, ws, s, context, v);
+    kern_artifacts_set_region(region);
+    kern_stream_bind_scratch(s, prev);
+    return rc;
+}
+
+/* v for the current latent: conditional, and combined with CFG if set. */
+static int velocity(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(tdit_forward(m, ws, s, &ws->context, &ws->v_cond));
+    if (!ws->shape.cfg) return 0;
+    TRY(tdit_forward(m, ws, s, &ws->uncond, &ws->v_uncond));
+    return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
+}
+
+int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(velocity(m, ws, s));
+    return kern_euler_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
+}
+
+int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
+                  uint64_t seed, uint32_t step) {
+    if (ws->B != 1) return kern_fail("tdit_step_sde: a batch steps with tdit_step_sde_ws (a seed per sample)");
+    TRY(velocity(m, ws, s));
+    return kern_sde_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, eta, seed, step);
+}
+
+int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    TRY(velocity(m, ws, s));
+    /* Each sample draws its own noise: its row of the SDE parameters. */
+    for (int64_t b = 0; b < ws->B; b++) {
+        kern_tensor_t xb = sample_of(ws, &ws->latent, b), vb = sample_of(ws, tdit_ws_velocity(ws), b),
+                      pb = sample_of(ws, &ws->sde, b), mb = sample_of(ws, &ws->mean, b);
+        TRY(kern_sde_update_dev_mean(s, &xb, &vb, &ws->sigmas, &pb, &mb));
+    }
+    return 0;
+}
+
+int tdit_step_multistep(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
+    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("tdit_step_multistep: the workspace has no multistep history");
+    TRY(velocity(m, ws, s));
+    return kern_multistep_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->hist, &ws->solver);
+}
+
+void tdit_schedule(int steps, double shift, double *sigmas) {
+    for (int i = 0; i <= steps; i++) {
+        double u = 1.0 - (double)i / steps;
+        sigmas[i] = shift * u / (1.0 + (shift - 1.0) * u);
+    }
+}

@@ -1,0 +1,134 @@
+/* tdit_program.h -- the tinydit denoising step as a capture_cache program,
+ * and the denoising loop run through a capture cache.
+ *
+ * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
+ * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
+ * 4 uncond [L,T] (pinnable; CFG only), then for SDE steps sde F32 [4] (eta,
+ * seed, step; copied), for multistep steps (shape.solver unipc or dpm++)
+ * solver F32 [16] and history [3, latent elements] (copied in and out). A batch of B samples (tdit_shape_t.batch) has latent
+ * [B,C,F,H,W] and sde F32 [B,4], batch B in its key. Output 0: the updated latent. The step reads weight
+ * component "transformer" (the model's one allocation). */
+#ifndef REEL_MODEL_TDIT_PROGRAM_H
+#define REEL_MODEL_TDIT_PROGRAM_H
+
+#include "capture_cache/cache.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDIT_COMPONENT "transformer"
+
+/* The program for the CFG (5 inputs) or plain (4 inputs) step, Euler or SDE
+ * (one more input: eta, seed and step, F32 [4], kern_sde_params_pack). Its
+ * `user` is the tdit_model_t. Both kinds are capturable. */
+const cap_program_t *tdit_program(bool cfg, bool sde);
+/* The multistep step (UniPC, DPM++: tdit_step_multistep): inputs as above,
+ * then solver F32 [16] and history [3, latent elements] (both copied);
+ * outputs the latent and the history. */
+const cap_program_t *tdit_program_ms(bool cfg);
+/* The key's loop kind: the solver's name ("unipc", "dpm++") for a
+ * multistep shape, else "sde" or "euler". Can't fail. */
+const char *tdit_step_loop(const tdit_shape_t *shape, bool sde);
+
+/* The capture key of one step of m on backend b for shape; `version` is the
+ * resident version of the transformer weights. -1 with a message when a
+ * field does not fit the key. */
+int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *shape, bool sde, uint64_t version,
+                  cap_key_t *out);
+
+/* Registers m's weights with c as component "transformer" at version. */
+int tdit_register_weights(cap_cache_t *c, const tdit_model_t *m, uint64_t version);
+
+typedef struct {
+    int steps, captured, replayed, eager;
+    int declines[CAP_DECLINE_COUNT];
+    double seconds;
+} tdit_run_stats_t;
+
+/* Request staging buffers on the device for one shape: where a request's
+ * latent, per-step scalars and contexts live while it runs. Reused across
+ * requests on one stream, they stay put, so the graph reads the contexts in
+ * place (pinned) instead of copying them every step. NULL with a message. */
+typedef struct tdit_staging tdit_staging_t;
+tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *shape);
+/* The shape stg was made for. */
+const tdit_shape_t *tdit_staging_shape(const tdit_staging_t *stg);
+void tdit_staging_destroy(tdit_staging_t **st);
+
+/* The loop of loop.h, each step dispatched through c on stream s. stg holds
+ * the request (NULL: temporary buffers for this call only; their addresses
+ * differ from the last request's, so pinned inputs re-learn). Writes the
+ * final latent to out; stats may be NULL. 0, or -1 with a message. */
+int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,
+                         const tdit_shape_t *shape, const tdit_loop_t *p, const float *latent,
+                         const float *context, const float *uncond, float *out,
+                         tdit_run_stats_t *stats);
+
+/* One request as a sequence of steps, for executors that interleave the
+ * steps of several requests on a stream. The request owns its staging
+ * buffers (latent, per-step scalars, contexts, uploaded once). Each step
+ * builds its capture key with the transformer version registered in the
+ * cache at that moment, so a weight sync between steps is honoured. */
+typedef struct tdit_req tdit_req_t;
+
+/* Validates p and the shape, uploads the inputs on s, the caller's stream
+ * (latent NULL: drawn from p->seed); nothing creates a stream per request.
+ * NULL with a message. */
+tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape, const tdit_loop_t *p,
+                         const float *latent, const float *context, const float *uncond);
+/* As tdit_req_new, but the request runs in stg (made for the same shape),
+ * which the caller keeps across requests so inputs read in place stay put.
+ * The request does not own stg; give stg to one request at a time. */
+tdit_req_t *tdit_req_new_in(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *shape,
+                            const tdit_loop_t *p, const float *latent, const float *context,
+                            const float *uncond);
+/* A group: shape->batch = B samples of one prompt in one batched step,
+ * sample b with SDE seed (and, latent NULL, initial latent drawn from)
+ * seeds[b], or p->seed + b when seeds is NULL; latent, when given, is
+ * [B,C,F,H,W]. Each sample's result is bitwise the single request with its
+ * seed. tdit_req_new_in is this with seeds NULL. */
+tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t *stg, const tdit_shape_t *shape,
+                               const tdit_loop_t *p, const uint64_t *seeds, const float *latent,
+                               const float *context, const float *uncond);
+void tdit_req_destroy(tdit_req_t **r);
+/* Runs the next step through c on s; res may be NULL. -1 with a message. */
+int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *res);
+int tdit_req_steps_done(const tdit_req_t *r);
+int tdit_req_steps(const tdit_req_t *r);
+bool tdit_req_done(const tdit_req_t *r);
+/* The capture key hash (full) and shard hash of the last step run. */
+uint64_t tdit_req_key_hash(const tdit_req_t *r);
+uint64_t tdit_req_shard_hash(const tdit_req_t *r);
+/* Per-request counts (steps, captured, replayed, eager, declines). */
+const tdit_run_stats_t *tdit_req_stats(const tdit_req_t *r);
+/* What a request keeps as its steps run, for RL trainers. */
+enum {
+    TDIT_REC_TRAJECTORY = 1,  /* every latent x_0 ... x_N */
+    TDIT_REC_LOG_PROBS = 2,   /* each SDE step's Flow-GRPO log-probability (TINYDIT.md) */
+    TDIT_REC_MEANS = 4,       /* each SDE step's mean μ_i */
+};
+/* Asks r to keep `what` (TDIT_REC_*) on the host; call before its first
+ * step (x_0 is read now, on s). -1 with a message: log-probabilities and
+ * means need an SDE loop with eta > 0; out of memory. */
+int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what);
+/* What was kept (NULL when not asked): [B][steps+1][C·F·H·W],
+ * [B][steps][C·F·H·W], [B][steps] (B = 1 for a single request); the
+ * schedule σ_0 ... σ_N; the version each step ran on. */
+const float *tdit_req_trajectory(const tdit_req_t *r);
+const float *tdit_req_means(const tdit_req_t *r);
+const float *tdit_req_log_probs(const tdit_req_t *r);
+const double *tdit_req_sigmas(const tdit_req_t *r);
+const uint64_t *tdit_req_versions(const tdit_req_t *r);
+/* The samples B and each one's seed. */
+int64_t tdit_req_batch(const tdit_req_t *r);
+const uint64_t *tdit_req_seeds(const tdit_req_t *r);
+/* Copies the current latent (B·C·F·H·W floats) to out, ordered on s. */
+int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
