@@ -1,0 +1,229 @@
+/* test_base.c -- base/: the error value (code, public message, detail;
+ * per thread; converted to an exit status) and the one number parser
+ * (whole text, decimal, in range, the error naming the option). */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/parse.h"
+
+START_TEST(test_a_failure_records_code_message_and_detail_and_returns_minus_one) {
+    reel_err_clear();
+    ck_assert_int_eq(reel_err_code(), REEL_OK);
+    ck_assert_int_eq(reel_fail(REEL_E_NOT_FOUND, "unknown worker '%s'", "w9"), -1);
+    ck_assert_int_eq(reel_err()->code, REEL_E_NOT_FOUND);
+    ck_assert_str_eq(reel_err()->msg, "unknown worker 'w9'");
+    ck_assert_str_eq(reel_err()->detail, "");
+    ck_assert_str_eq(reel_err_text(), "unknown worker 'w9'");
+    ck_assert_int_eq(reel_fail_detail(REEL_E_IO, "/var/lib/reel/x.db: disk I/O error", "catalog write failed"), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_IO);
+    ck_assert_str_eq(reel_err()->msg, "catalog write failed");
+    ck_assert_str_eq(reel_err()->detail, "/var/lib/reel/x.db: disk I/O error");
+    ck_assert_str_eq(reel_err_text(), "catalog write failed (/var/lib/reel/x.db: disk I/O error)");
+    reel_err_clear();
+    ck_assert_int_eq(reel_err_code(), REEL_OK);
+    ck_assert_str_eq(reel_err_text(), "");
+}
+END_TEST
+
+START_TEST(test_errno_goes_to_the_detail_and_enomem_becomes_nomem) {
+    ck_assert_int_eq(reel_fail_errno(REEL_E_IO, ENOENT, "cannot open the weights"), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_IO);
+    ck_assert_str_eq(reel_err()->msg, "cannot open the weights");
+    ck_assert_str_eq(reel_err()->detail, strerror(ENOENT));
+    reel_fail_errno(REEL_E_IO, ENOMEM, "reading");
+    ck_assert_int_eq(reel_err_code(), REEL_E_NOMEM);
+}
+END_TEST
+
+START_TEST(test_a_prefix_adds_context_and_keeps_code_and_detail) {
+    reel_fail_detail(REEL_E_INVALID, "offset 12", "bad header");
+    ck_assert_int_eq(reel_fail_prefix("loading %s: ", "w.safetensors"), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_str_eq(reel_err()->msg, "loading w.safetensors: bad header");
+    ck_assert_str_eq(reel_err()->detail, "offset 12");
+    /* a message built from the previous one (the retired idiom) is safe */
+    reel_fail(REEL_E_STATE, "outer: %s", reel_err()->msg);
+    ck_assert_str_eq(reel_err()->msg, "outer: loading w.safetensors: bad header");
+}
+END_TEST
+
+START_TEST(test_long_messages_are_cut_never_overrun) {
+    char big[2000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    reel_fail_detail(REEL_E_INVALID, big, "%s", big);
+    ck_assert_uint_eq(strlen(reel_err()->msg), REEL_ERR_MSG - 1);
+    ck_assert_uint_eq(strlen(reel_err()->detail), REEL_ERR_DETAIL - 1);
+    ck_assert_uint_eq(strlen(reel_err_text()), REEL_ERR_MSG - 1 + REEL_ERR_DETAIL - 1 + 3);
+    reel_fail_prefix("%s", big);
+    ck_assert_uint_eq(strlen(reel_err()->msg), REEL_ERR_MSG - 1);
+}
+END_TEST
+
+static void *other_thread(void *arg) {
+    (void)arg;
+    /* a new thread starts with no error and its failures stay its own */
+    int clean = reel_err_code() == REEL_OK && reel_err()->msg[0] == '\0';
+    reel_fail(REEL_E_TIMEOUT, "other");
+    return (void *)(intptr_t)clean;
+}
+
+START_TEST(test_each_thread_has_its_own_error_value) {
+    reel_fail(REEL_E_LIMIT, "mine");
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, other_thread, NULL), 0);
+    void *clean;
+    ck_assert_int_eq(pthread_join(t, &clean), 0);
+    ck_assert_msg((intptr_t)clean, "a new thread saw another thread's error");
+    ck_assert_int_eq(reel_err_code(), REEL_E_LIMIT);
+    ck_assert_str_eq(reel_err()->msg, "mine");
+}
+END_TEST
+
+START_TEST(test_codes_have_names_and_exit_statuses) {
+    ck_assert_str_eq(reel_code_name(REEL_E_INVALID), "invalid");
+    ck_assert_str_eq(reel_code_name(REEL_E_NOT_FOUND), "not_found");
+    ck_assert_str_eq(reel_code_name(REEL_E_INTERNAL), "internal");
+    ck_assert_str_eq(reel_code_name((reel_code_t)99), "?");
+    ck_assert_int_eq(reel_exit_status(REEL_OK), 0);
+    ck_assert_int_eq(reel_exit_status(REEL_E_INVALID), 2);
+    ck_assert_int_eq(reel_exit_status(REEL_E_NOT_FOUND), 2);
+    ck_assert_int_eq(reel_exit_status(REEL_E_IO), 1);
+    ck_assert_int_eq(reel_exit_status(REEL_E_DEVICE), 1);
+    ck_assert_int_eq(reel_exit_status(REEL_E_INTERNAL), 1);
+    /* a code out of range is recorded as internal, never as ok */
+    reel_fail((reel_code_t)0, "no code given");
+    ck_assert_int_eq(reel_err_code(), REEL_E_INTERNAL);
+}
+END_TEST
+
+START_TEST(test_the_retired_kern_fail_still_records_an_internal_error) {
+    ck_assert_int_eq(kern_fail("old %d", 1), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INTERNAL);
+    ck_assert_str_eq(kern_error(), "old 1");
+    kern_error_clear();
+    ck_assert_str_eq(kern_error(), "");
+}
+END_TEST
+
+START_TEST(test_integers_parse_whole_and_in_range) {
+    int64_t v = 7;
+    ck_assert_int_eq(reel_parse_i64("-42", -100, 100, "--x", &v), 0);
+    ck_assert_int_eq(v, -42);
+    ck_assert_int_eq(reel_parse_i64("9223372036854775807", INT64_MIN, INT64_MAX, "--x", &v), 0);
+    ck_assert(v == INT64_MAX);
+    int i = 0;
+    ck_assert_int_eq(reel_parse_int("65535", 1, 65535, "--port", &i), 0);
+    ck_assert_int_eq(i, 65535);
+    uint64_t u = 0;
+    ck_assert_int_eq(reel_parse_u64("18446744073709551615", 0, UINT64_MAX, "--n", &u), 0);
+    ck_assert(u == UINT64_MAX);
+}
+END_TEST
+
+START_TEST(test_every_malformed_integer_is_refused_naming_the_option_and_the_text) {
+    static const char *bad[] = { "", " 5", "5 ", "+5", "5x", "0x10", "1e3", "1.5", "-", "--5", "five" };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        int64_t v = 123;
+        reel_err_clear();
+        ck_assert_msg(reel_parse_i64(bad[k], -1000, 1000, "--steps", &v) == -1, "'%s' was accepted", bad[k]);
+        ck_assert_int_eq(v, 123);
+        ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+        ck_assert_msg(strstr(reel_err()->msg, "--steps") != NULL, "%s", reel_err()->msg);
+    }
+    int64_t v;
+    ck_assert_int_eq(reel_parse_i64(NULL, 0, 1, "--steps", &v), -1);
+    /* overflow and range say so */
+    ck_assert_int_eq(reel_parse_i64("99999999999999999999", INT64_MIN, INT64_MAX, "--steps", &v), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err()->msg, "out of range"));
+    ck_assert_int_eq(reel_parse_i64("1001", -1000, 1000, "--steps", &v), -1);
+    ck_assert_str_eq(reel_err()->msg, "--steps: 1001 is out of range [-1000, 1000]");
+    int i;
+    ck_assert_int_eq(reel_parse_int("2147483648", 0, 2147483647, "--n", &i), -1);
+    uint64_t u;
+    ck_assert_int_eq(reel_parse_u64("-1", 0, 10, "--n", &u), -1);
+    ck_assert_int_eq(reel_parse_u64("18446744073709551616", 0, UINT64_MAX, "--n", &u), -1);
+    ck_assert_int_eq(reel_parse_u64("0", 1, 10, "--n", &u), -1);
+    /* a long argument is quoted cut short */
+    char longarg[300];
+    memset(longarg, '7', sizeof longarg - 1);
+    longarg[sizeof longarg - 1] = 'z';
+    longarg[sizeof longarg - 1] = '\0';
+    longarg[200] = 'z';
+    ck_assert_int_eq(reel_parse_u64(longarg, 0, 10, "--n", &u), -1);
+    ck_assert_uint_lt(strlen(reel_err()->msg), 120);
+}
+END_TEST
+
+START_TEST(test_floats_parse_finite_and_in_range) {
+    double d = 0;
+    ck_assert_int_eq(reel_parse_f64("0.5", 0, 1, "--eta", &d), 0);
+    ck_assert(d == 0.5);
+    ck_assert_int_eq(reel_parse_f64("1e-3", 0, 1, "--eta", &d), 0);
+    ck_assert(d == 1e-3);
+    ck_assert_int_eq(reel_parse_f64("-.25", -1, 1, "--x", &d), 0);
+    ck_assert(d == -0.25);
+    static const char *bad[] = { "", "nan", "inf", "-inf", "1e999", " 1", "1 ", "+1", "0.5x", "2" };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        double v = 9;
+        ck_assert_msg(reel_parse_f64(bad[k], 0, 1, "--eta", &v) == -1, "'%s' was accepted", bad[k]);
+        ck_assert(v == 9);
+        ck_assert_ptr_nonnull(strstr(reel_err()->msg, "--eta"));
+    }
+}
+END_TEST
+
+START_TEST(test_byte_counts_take_units_and_refuse_junk_and_overflow) {
+    uint64_t b = 0;
+    ck_assert_int_eq(reel_parse_bytes("4096", UINT64_MAX, "--budget", &b), 0);
+    ck_assert(b == 4096);
+    ck_assert_int_eq(reel_parse_bytes("512M", UINT64_MAX, "--budget", &b), 0);
+    ck_assert(b == 512ull << 20);
+    ck_assert_int_eq(reel_parse_bytes("64GiB", UINT64_MAX, "--budget", &b), 0);
+    ck_assert(b == 64ull << 30);
+    ck_assert_int_eq(reel_parse_bytes("2tb", UINT64_MAX, "--budget", &b), 0);
+    ck_assert(b == 2ull << 40);
+    ck_assert_int_eq(reel_parse_bytes("100B", UINT64_MAX, "--budget", &b), 0);
+    ck_assert(b == 100);
+    static const char *bad[] = { "", "G", "-1G", "1X", "1GiBx", "1 G", "99999999999T", "18446744073709551616" };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        uint64_t v = 5;
+        ck_assert_msg(reel_parse_bytes(bad[k], UINT64_MAX, "--budget", &v) == -1, "'%s' was accepted", bad[k]);
+        ck_assert(v == 5);
+    }
+    ck_assert_int_eq(reel_parse_bytes("2G", 1ull << 30, "--budget", &b), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err()->msg, "more than"));
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("base");
+    TCase *e = tcase_create("error");
+    tcase_add_test(e, test_a_failure_records_code_message_and_detail_and_returns_minus_one);
+    tcase_add_test(e, test_errno_goes_to_the_detail_and_enomem_becomes_nomem);
+    tcase_add_test(e, test_a_prefix_adds_context_and_keeps_code_and_detail);
+    tcase_add_test(e, test_long_messages_are_cut_never_overrun);
+    tcase_add_test(e, test_each_thread_has_its_own_error_value);
+    tcase_add_test(e, test_codes_have_names_and_exit_statuses);
+    tcase_add_test(e, test_the_retired_kern_fail_still_records_an_internal_error);
+    suite_add_tcase(s, e);
+    TCase *p = tcase_create("parse");
+    tcase_add_test(p, test_integers_parse_whole_and_in_range);
+    tcase_add_test(p, test_every_malformed_integer_is_refused_naming_the_option_and_the_text);
+    tcase_add_test(p, test_floats_parse_finite_and_in_range);
+    tcase_add_test(p, test_byte_counts_take_units_and_refuse_junk_and_overflow);
+    suite_add_tcase(s, p);
+    return s;
+}
+
+int main(void) {
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
