@@ -85,6 +85,8 @@ REELCTL  = $(BUILD)/reelctl
 
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# What the suites share (tests/support.h), linked into every one.
+TEST_SUPPORT = $(BUILD)/tests/support.o
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
@@ -134,28 +136,28 @@ endif
 $(REELCTL): $(CTL_OBJ) $(CTL_LAZY_OBJ) $(LIB) $(FLAGS_STAMP)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CTL_OBJ) $(CTL_LAZY_OBJ) $(LIB) $(CTL_LDLIBS)
 
-$(BUILD)/tests/test_cublas_lazy: tests/test_cublas_lazy.c $(CTL_LAZY_OBJ) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/tests/test_cublas_lazy: tests/test_cublas_lazy.c $(CTL_LAZY_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(CTL_LAZY_OBJ) $(LIB) $(CHECK_LIBS) $(CTL_LDLIBS)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(CTL_LAZY_OBJ) $(LIB) $(CHECK_LIBS) $(CTL_LDLIBS)
 
 # Unit tests of the daemons link the daemon's objects (all but main).
 BROKER_UNIT_OBJ = $(filter-out $(BUILD)/broker/brk_main.o,$(BROKER_OBJ))
 WORKER_UNIT_OBJ = $(filter-out $(BUILD)/worker/wrk_main.o,$(WORKER_OBJ))
-$(BUILD)/tests/test_broker_unit: tests/test_broker_unit.c $(BROKER_UNIT_OBJ) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/tests/test_broker_unit: tests/test_broker_unit.c $(BROKER_UNIT_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(BROKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(BROKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/test_catalog: tests/test_catalog.c $(REPORT_OBJ) $(LIB) $(FLAGS_STAMP)
+$(BUILD)/tests/test_catalog: tests/test_catalog.c $(REPORT_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(REPORT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(REPORT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
-$(BUILD)/tests/%: tests/%.c $(LIB) $(FLAGS_STAMP)
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
 # bench_routing measures the broker's own routing code.
 $(BUILD)/bench/bench_routing: bench/bench_routing.c $(BUILD)/broker/brk_route.o $(LIB) $(FLAGS_STAMP)

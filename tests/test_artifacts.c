@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "model/tdit_program.h"
+#include "tests/support.h"
 
 static char build[PATH_MAX], dir[64], weights[128];
 
@@ -32,8 +33,7 @@ static void setup(void) {
     ck_assert_int_gt(n, 0);
     exe[n] = '\0';
     snprintf(build, sizeof build, "%s", dirname(dirname(exe)));
-    strcpy(dir, "/tmp/reel-test-art.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "test-art");
     snprintf(weights, sizeof weights, "%s/w.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
@@ -41,9 +41,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (ts_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1122,9 +1120,5 @@ int main(void) {
     else
         printf("test_artifacts: the broker+worker process test runs in the main suite only (REEL_UNIT_ONLY)\n");
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(su);
 }

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "model/tdit_program.h"
+#include "tests/support.h"
 
 static void nap_ms(int ms) {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
@@ -250,9 +251,5 @@ int main(void) {
     tcase_add_test(tc, test_a_graph_replayed_on_another_stream_is_refused);
     tcase_add_test(tc, test_a_request_uploads_on_the_callers_stream_and_creates_no_stream);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/parse.h"
+#include "tests/support.h"
 
 START_TEST(test_a_failure_records_code_message_and_detail_and_returns_minus_one) {
     reel_err_clear();
@@ -221,9 +222,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *r = srunner_create(suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return ts_run(suite());
 }

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "schema/wire.h"
+#include "tests/support.h"
 
 static pid_t broker_pid;
 static void *ctx, *cli;
@@ -22,8 +23,7 @@ static int notify_fd = -1;   /* plays systemd: NOTIFY_SOCKET of the broker */
 static const char *extra_flag, *extra_value; /* one more broker flag for a test case */
 
 static void start(void) {
-    strcpy(dir, "/tmp/reel-test-brk.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "test-brk");
     snprintf(cep, sizeof cep, "ipc://%s/c", dir);
     snprintf(wep, sizeof wep, "ipc://%s/w", dir);
     char bin[256], db[128];
@@ -65,9 +65,7 @@ static void stop(void) {
         int st;
         waitpid(broker_pid, &st, 0);
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (ts_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* Sends raw frames (one header frame + n extra). */
@@ -325,9 +323,5 @@ int main(void) {
     tcase_set_timeout(th, 60);
     tcase_add_test(th, test_requests_beyond_the_held_bytes_limit_get_busy_not_memory);
     suite_add_tcase(su, th);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

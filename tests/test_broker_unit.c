@@ -29,6 +29,7 @@
 #include "capture_cache/key.h"
 #include "base/error.h"
 #include "base/sha256.h"
+#include "tests/support.h"
 
 #define NKEYS 10000
 #define MAXW 16
@@ -1155,9 +1156,7 @@ static void upload_box_open(box_t *x, char *dir, int keep) {
 /* Stops the uploads (again: harmless), removes dir, closes the box. */
 static void upload_box_close(box_t *x, const char *dir) {
     brk_upload_stop(&x->b);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(ts_rmtree(dir), 0);
     box_close(x);
 }
 
@@ -1789,9 +1788,7 @@ static long long sql_int(const char *path, const char *sql) {
 }
 
 static void remove_dir(const char *dir) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(ts_rmtree(dir), 0);
 }
 
 START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none) {
@@ -2212,9 +2209,5 @@ static Suite *broker_unit_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(broker_unit_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return ts_run(broker_unit_suite());
 }

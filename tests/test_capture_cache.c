@@ -27,6 +27,7 @@
 #include "kernels/backend_impl.h" /* kern_stream_launch: the custom test kernels */
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "tests/support.h"
 
 #define WMAX 64          /* floats per weight buffer: the widest row a key uses */
 #define ROWS 8
@@ -2734,9 +2735,5 @@ static Suite *capture_cache_suite(void) {
 
 
 int main(void) {
-    SRunner *sr = srunner_create(capture_cache_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return ts_run(capture_cache_suite());
 }

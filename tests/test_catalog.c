@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/support.h"
 
 /* The migrations as catalog.c embeds them (not in catalog.h: tests only):
  * 1 is the schema catalogs were first built with. */
@@ -1336,9 +1337,5 @@ static Suite *catalog_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(catalog_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ts_run(catalog_suite());
 }

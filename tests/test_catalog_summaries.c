@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "tests/support.h"
 
 extern const char *const cat_migrations[];
 
@@ -614,9 +615,5 @@ static Suite *summaries_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(summaries_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(summaries_suite());
 }

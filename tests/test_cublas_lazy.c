@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "tests/support.h"
 
 #ifdef HAVE_CUDA
 int reel_cublas_lazy_check(const char **reason);
@@ -44,10 +45,6 @@ int main(void) {
     TCase *tc = tcase_create("lazy");
     tcase_add_test(tc, test_cublas_is_not_loaded_at_start_and_every_function_resolves_on_first_use);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(s);
 #endif
 }

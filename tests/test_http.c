@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "net/http.h"
+#include "tests/support.h"
 
 /* One request to 127.0.0.1:port; the whole answer into buf (NUL-ended). */
 static void ask(int port, const char *method, const char *path, char *buf, size_t len) {
@@ -236,9 +237,5 @@ int main(void) {
     tcase_add_test(tc, test_bad_addresses_are_refused_naming_them);
     tcase_add_test(tc, test_text_builders_histogram_and_escaping);
     suite_add_tcase(s, tc);
-    SRunner *r = srunner_create(s);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return ts_run(s);
 }

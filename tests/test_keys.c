@@ -18,20 +18,18 @@
 #include <zmq.h>
 
 #include "base/error.h"
+#include "tests/support.h"
 
 static char dir[64];
 
 static void dir_up(void) {
-    snprintf(dir, sizeof dir, "/tmp/reel-keys-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "keys");
     unsetenv("REEL_KEY");
     unsetenv("REEL_BROKER_KEY");
 }
 
 static void dir_down(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(ts_rmtree(dir), 0);
 }
 
 static const char *path_of(const char *name) {
@@ -278,9 +276,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *r = srunner_create(suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return ts_run(suite());
 }

@@ -12,13 +12,13 @@
 #include <math.h>
 #include "model/loop.h"
 #include "model/tinydit.h"
+#include "tests/support.h"
 
 static char dir[64];
 static char wpath[128];
 
 static void setup_dir(void) {
-    strcpy(dir, "/tmp/reel-test-model.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "test-model");
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
@@ -26,9 +26,7 @@ static void setup_dir(void) {
 }
 
 static void teardown_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (ts_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 typedef struct {
@@ -424,9 +422,5 @@ int main(void) {
     tcase_add_test(tc, test_solver_schedules_are_wans);
     tcase_add_test(tc, test_multistep_solvers_are_exact_when_the_data_prediction_is);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

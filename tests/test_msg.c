@@ -15,6 +15,7 @@
 
 #include "schema/msg.h"
 #include "schema/wire_codec.h"
+#include "tests/support.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -1300,9 +1301,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *r = srunner_create(suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(suite());
 }

@@ -19,6 +19,7 @@
 #include "kernels/ops_args.h"
 #include "kernels/philox.h"
 #include "kernels/registry.h"
+#include "tests/support.h"
 
 /* --- fixture: one CPU backend and stream per test; everything allocated
  * through the helpers below is released (and accounted) in teardown. ---- */
@@ -1434,9 +1435,5 @@ static Suite *ops_cpu_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(ops_cpu_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return ts_run(ops_cpu_suite());
 }

@@ -10,12 +10,12 @@
 #include <unistd.h>
 #include "base/error.h"
 #include "model/tdit_program.h"
+#include "tests/support.h"
 
 static char dir[64], w1[128], w2[128];
 
 static void setup_dir(void) {
-    strcpy(dir, "/tmp/reel-test-tc.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "test-tc");
     snprintf(w1, sizeof w1, "%s/w1.safetensors", dir);
     snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
     tdit_config_t c;
@@ -25,9 +25,7 @@ static void setup_dir(void) {
 }
 
 static void teardown_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (ts_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
@@ -752,9 +750,5 @@ int main(void) {
     tcase_add_test(tc, test_a_batched_multistep_group_is_bitwise_the_single_requests);
     tcase_add_test(tc, test_solver_and_shape_mismatches_are_refused);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

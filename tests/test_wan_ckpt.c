@@ -24,6 +24,7 @@
 #include "base/sha256.h"
 #include "model/tinydit.h"
 #include "model/wan_ckpt.h"
+#include "tests/support.h"
 
 static char dir[64];
 static char native[128];   /* tiny, text_len 512, F32, Reel metadata */
@@ -197,8 +198,7 @@ static void write_native_as(const char *path, kern_dtype_t dt) {
 }
 
 static void setup(void) {
-    strcpy(dir, "/tmp/reel-test-wan.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ts_mkdtemp(dir, sizeof dir, "test-wan");
     ck_assert_int_eq(tdit_config_builtin("tiny", &tiny), 0);
     tiny.text_len = 512;
     snprintf(native, sizeof native, "%s/native.safetensors", dir);
@@ -220,9 +220,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    if (ts_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* ---- checks ----------------------------------------------------------------------- */
@@ -684,9 +682,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(suite());
 }

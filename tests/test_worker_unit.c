@@ -28,6 +28,7 @@
 #include "worker/wrk_sync.h"
 #include "worker/wrk_weights.h"
 #include "model/wan_ckpt.h"
+#include "tests/support.h"
 
 /* ---- command line ---------------------------------------------------------- */
 
@@ -720,17 +721,14 @@ static atomic_bool stop_flag;
 
 static void setup_root(void) {
     setup_tiny();
-    snprintf(root, sizeof root, "/tmp/reel-test-root-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(root));
+    ts_mkdtemp(root, sizeof root, "test-root");
     memset(&roots, 0, sizeof roots);
     ck_assert_int_eq(wrk_roots_add(&roots, root), 0);
     atomic_store(&stop_flag, false);
 }
 
 static void teardown_root(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(ts_rmtree(root), 0);
 }
 
 static const char *in_root(const char *name) {
@@ -1417,9 +1415,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *r = srunner_create(suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ts_run(suite());
 }

@@ -1,0 +1,57 @@
+/* support.h -- what the Check suites share: running a suite, a scratch
+ * directory, files, seeded data and the comparisons the backend tests
+ * make, and the wire tensor the protocol tests build. Every helper that
+ * can fail fails the running test (ck_assert) with the reason, so a test
+ * reads as its steps. Linked into every tests/test_* binary. */
+#ifndef REEL_TESTS_SUPPORT_H
+#define REEL_TESTS_SUPPORT_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/tensor.h"
+#include "schema/wire.h"
+
+/* Runs s (CK_NORMAL), frees the runner; the exit status for main: 0 when
+ * every test passed, 1 otherwise. */
+int ts_run(Suite *s);
+
+/* ---- scratch directories ---------------------------------------------------------- */
+
+/* Creates /tmp/reel-TAG-XXXXXX into buf (len >= 64) and returns buf; fails
+ * the test (or, outside one, aborts with the reason) when it cannot. */
+char *ts_mkdtemp(char *buf, size_t len, const char *tag);
+/* Removes dir and everything under it (no shell; links are removed, never
+ * followed). 0, or -1 when something could not be removed. NULL and a
+ * missing dir are fine. */
+int ts_rmtree(const char *dir);
+/* dir/name in one of 8 rotating static buffers (so a call may take a few). */
+const char *ts_join(const char *dir, const char *name);
+
+/* ---- files ------------------------------------------------------------------------- */
+
+/* Writes n bytes to path (created 0644, truncated); fails the test on error. */
+void ts_write_file(const char *path, const void *p, size_t n);
+/* The whole file, NUL-terminated (malloc; *n its length without the NUL);
+ * fails the test on error. */
+char *ts_read_file(const char *path, size_t *n);
+
+/* ---- data ------------------------------------------------------------------------- */
+
+/* n floats uniform in [lo, hi) from a seed (splitmix64: the same on every
+ * machine). */
+void ts_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* max |a[i] - b[i]| (NaN when either holds a NaN). */
+double ts_max_abs_diff(const float *a, const float *b, size_t n);
+/* Normalised mean squared error of x against ref: sum (x-ref)^2 / sum ref^2
+ * (0 for two zero vectors). */
+double ts_nmse(const float *ref, const float *x, size_t n);
+
+/* ---- wire ------------------------------------------------------------------------ */
+
+/* A wire tensor descriptor over data (not copied). */
+wire_tensor_t ts_wire_tensor(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape, const void *data,
+                             size_t bytes);
+
+#endif
