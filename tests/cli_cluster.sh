@@ -12,30 +12,8 @@ D=$(mktemp -d /tmp/reel-cluster.XXXXXX)
 CE="ipc://$D/clients"
 WE="ipc://$D/workers"
 DB="$D/reel.db"
-pass=0; fail=0
-PIDS=""
-
-cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
-}
-trap cleanup EXIT INT TERM
-
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-finish() { echo "cluster: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
-
-# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
-wait_for() {
-    i=0
-    while [ $i -lt $(($3 * 10)) ]; do
-        grep -qE "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    echo "  (timed out waiting for /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
-    return 1
-}
+SUITE=cluster
+. "$(dirname "$0")/lib_cli.sh"
 
 K="$D/keys"
 for k in "broker broker" "trainer trainer" "worker w1" "worker w2" "worker w3" "worker w4" "worker xd" "worker xs"; do
@@ -45,22 +23,15 @@ done
 export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
 
 start_broker() { # extra flags...
+    # a restart appends to the log: wait for one more "ready" than before
+    _ready=$(grep -c "reel-broker: ready" "$D/broker.log" 2>/dev/null)
     "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --keys "$K" "$@" \
         >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$D/broker.log" "reel-broker: ready" 10
+    wait_count "$D/broker.log" "reel-broker: ready" $((${_ready:-0} + 1)) 60
 }
 
-# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
-wait_count() {
-    i=0
-    while [ $i -lt $(($4 * 10)) ]; do
-        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; return 1
-}
 
 start_worker() { # name weights extra...
     n=$1; w=$2; shift 2
@@ -70,7 +41,7 @@ start_worker() { # name weights extra...
         >>"$D/$n.log" 2>&1 &
     eval "PID_$n=$!"
     PIDS="$PIDS $!"
-    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 10
+    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 60
 }
 
 "$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
@@ -122,7 +93,7 @@ allsame=yes
 for i in 1 2 3 4; do same "$D/k$i.safetensors" "$D/ref1_long.safetensors" || allsame=no; done
 [ "$lost" = 0 ] && [ "$allsame" = yes ] && ok "4 in-flight requests requeued and exact" || {
     bad "requests survive a killed worker (lost $lost, exact $allsame)"; cat "$D"/k*.err | tail -4; }
-wait_for "$D/broker.log" "worker $first lost" 5 && ok "the broker noticed $first died" || bad "dead worker detected"
+wait_for "$D/broker.log" "worker $first lost" 60 && ok "the broker noticed $first died" || bad "dead worker detected"
 start_worker "$first" "$D/w1.safetensors" || bad "$first restarts"
 
 echo "== a weight sync is a barrier; no request runs on stale weights"
@@ -138,7 +109,7 @@ grep -q "stale_version" "$D/s2.err" && ok "the same version with other weights i
 
 echo "== a late-joining worker catches up before serving"
 start_worker w3 "$D/w1.safetensors" || bad "w3 starts"
-wait_for "$D/w3.log" "applied transformer v2" 10 && ok "w3 applied v2 at join" || bad "w3 catches up"
+wait_for "$D/w3.log" "applied transformer v2" 60 && ok "w3 applied v2 at join" || bad "w3 catches up"
 "$R" status --broker "$CE" --json >"$D/status.json" 2>&1
 grep -q '"w3"' "$D/status.json" && ok "status lists w3" || { bad "status lists w3"; cat "$D/status.json"; }
 
@@ -163,18 +134,18 @@ echo "== a restarted broker gets its workers back"
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
 : >"$D/broker.log"
 start_broker --queue-max 64 || bad "broker restarts"
-wait_for "$D/broker.log" "worker w1 ready" 10 && wait_for "$D/broker.log" "worker w2 ready" 10 && ok "workers re-registered" || bad "workers re-register"
+wait_for "$D/broker.log" "worker w1 ready" 60 && wait_for "$D/broker.log" "worker w2 ready" 60 && ok "workers re-registered" || bad "workers re-register"
 $GEN --steps 6 --out "$D/o4.safetensors" 2>"$D/restart.err" && ok "serving after the restart" || { bad "serving after restart"; cat "$D/restart.err"; }
 grep -q "restored transformer v2 from the catalog" "$D/broker.log" && ok "the restarted broker resumed transformer v2 from the catalog" || bad "versions restored after restart"
 start_worker w4 "$D/w1.safetensors" || bad "w4 starts"
-wait_for "$D/w4.log" "applied transformer v2" 10 && ok "a worker joining the restarted broker is caught up to v2" || bad "catch-up after restart"
+wait_for "$D/w4.log" "applied transformer v2" 60 && ok "a worker joining the restarted broker is caught up to v2" || bad "catch-up after restart"
 grep -q "weights v2" "$D/restart.err" && same "$D/o4.safetensors" "$D/ref2.safetensors" && ok "no request ran on stale weights after the restart" || { bad "v2 after restart"; cat "$D/restart.err"; }
 
 echo "== BUSY under overload"
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
 : >"$D/broker.log"
 start_broker --queue-max 1 || bad "broker restarts with a tiny queue"
-wait_for "$D/broker.log" "worker w1 ready" 10
+wait_for "$D/broker.log" "worker w1 ready" 60
 pids=""
 for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
     $GEN --steps 300 --out "$D/b$i.safetensors" 2>"$D/b$i.err" &
@@ -187,12 +158,12 @@ nok=$(grep -lE "reelctl: gen .* via " "$D"/b*.err 2>/dev/null | wc -l)
 
 echo "== the catalog matches what the clients saw"
 served=$(grep -lE "reelctl: gen .* via " "$D"/*.err | wc -l)
-wait_sql "$DB" "select count(*) from requests where status='ok'" "$served" 20
+wait_sql "$DB" "select count(*) from requests where status='ok'" "$served" 60
 "$R" requests --catalog "$DB" --json >"$D/req.json" 2>&1 && ok "reelctl requests reads the catalog while the broker writes" || bad "catalog readable"
 "$R" stats --catalog "$DB" >"$D/stats.txt" 2>&1 && grep -qi "captures" "$D/stats.txt" && ok "reelctl stats" || { bad "reelctl stats"; cat "$D/stats.txt"; }
 rows=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok'" 2>/dev/null || echo 0)
 [ "$rows" = "$served" ] && ok "catalog has $rows ok requests for $served served gens" || bad "catalog requests ($rows) vs served ($served)"
-wait_sql "$DB" "select count(*) from evictions where reason='weight_sync'" 1 20
+wait_sql "$DB" "select count(*) from evictions where reason='weight_sync'" 1 60
 ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight_sync'" 2>/dev/null || echo 0)
 [ "$ev" -ge 1 ] && ok "weight_sync evictions recorded ($ev)" || bad "weight_sync evictions recorded"
 
@@ -203,12 +174,12 @@ solo() { # mode tag steps: a broker with one worker in that sync mode; runs the 
     "$B/reel-broker" --clients "ipc://$D/x/$t.c" --workers "ipc://$D/x/$t.w" --catalog "$D/x/$t.db" --keys "$K" \
         --heartbeat-ms 200 >"$D/x/$t.broker.log" 2>&1 &
     PIDS="$PIDS $!"
-    wait_for "$D/x/$t.broker.log" "reel-broker: ready" 10 || return 1
+    wait_for "$D/x/$t.broker.log" "reel-broker: ready" 60 || return 1
     "$B/reel-worker" --broker "ipc://$D/x/$t.w" --name "$t" --weights "$D/w1.safetensors" --streams 1 \
         --key "$K/$t.key" --broker-key "$K/broker.pub" \
         --heartbeat-ms 200 --sync-mode "$mode" >"$D/x/$t.log" 2>&1 &
     PIDS="$PIDS $!"
-    wait_for "$D/x/$t.broker.log" "worker $t ready" 10 || return 1
+    wait_for "$D/x/$t.broker.log" "worker $t ready" 60 || return 1
     "$R" gen --broker "ipc://$D/x/$t.c" --model tiny $IN --steps "$n" --timeout-ms 60000 --quiet \
         --out "$D/x/$t.safetensors" 2>"$D/x/$t.err" &
     g=$!

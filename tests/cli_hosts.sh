@@ -68,7 +68,7 @@ ip netns exec "reelb$$" "$B/reel-broker" --clients tcp://127.0.0.1:5555 --worker
     --catalog "$D/reel.db" --heartbeat-ms 200 --liveness 5 >"$D/broker.log" 2>&1 &
 BROKER=$!
 PIDS="$PIDS $BROKER"
-wait_for "$D/broker.log" "reel-broker: ready" 10 || { bad "broker starts"; show "$D/broker.log"; finish; }
+wait_for "$D/broker.log" "reel-broker: ready" 60 || { bad "broker starts"; show "$D/broker.log"; finish; }
 start_worker() { # NAME NS ADDR
     ip netns exec "$2$$" "$B/reel-worker" --name "$1" --broker "tcp://$3:5556" --weights "$D/v1.safetensors" --weights-dir "$D" \
         --key "$K/$1.key" --broker-key "$K/broker.pub" --heartbeat-ms 200 --liveness 5 --streams 1 \
@@ -77,7 +77,7 @@ start_worker() { # NAME NS ADDR
 }
 start_worker w1 reel1 10.77.1.1
 start_worker w2 reel2 10.77.2.1
-wait_for "$D/broker.log" "worker w1 ready" 30 && wait_for "$D/broker.log" "worker w2 ready" 30 &&
+wait_for "$D/broker.log" "worker w1 ready" 60 && wait_for "$D/broker.log" "worker w2 ready" 60 &&
     ok "both workers registered over TCP with CURVE" || { bad "workers register"; show "$D/broker.log"; finish; }
 
 export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub"
@@ -185,7 +185,7 @@ while [ $try -lt 3 ]; do
     lost=$(grep -c "worker w1 lost" "$D/broker.log")
     [ "$lost" -gt 1 ] || break # no flap: w2 answering is the failure
     echo "NOTE hosts: w1 dropped $((lost - 1)) time(s) since it rejoined (the lossy link was silent past the liveness); waiting for it to be back"
-    wait_count "$D/broker.log" "worker w1 ready" "$((lost + 1))" 30 || break
+    wait_count "$D/broker.log" "worker w1 ready" "$((lost + 1))" 60 || break
 done
 [ "$w" = w1 ] && grep -q "weights v3" "$D/back.safetensors.err" &&
     ok "w1 serves its key again on v3 over the impaired link" ||

@@ -14,31 +14,8 @@ B="${1:-build}"
 R="$B/reelctl"
 D=$(mktemp -d /tmp/reel-mixed.XXXXXX)
 W="$D/w.safetensors"
-pass=0; fail=0
-PIDS=""
-
-cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-finish() { echo "mixed: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
-
-# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
-wait_for() {
-    i=0
-    while [ $i -lt $(($3 * 10)) ]; do
-        grep -qE "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1; i=$((i + 1))
-    done
-    echo "  (timed out waiting for /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
-    return 1
-}
+SUITE=mixed
+. "$(dirname "$0")/lib_cli.sh"
 
 # ---- inputs, all drawn deterministically ----------------------------------
 "$R" weights init --config tiny --seed 7 --out "$W" 2>/dev/null || { bad "weights init"; finish; }
@@ -112,12 +89,12 @@ phase() { # tag streams [extra worker flags...]
     "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --queue-max 64 \
         >"$P/broker.log" 2>&1 &
     BROKER=$!; PIDS="$PIDS $BROKER"
-    wait_for "$P/broker.log" "reel-broker: ready" 10 || { bad "$tag: the broker starts"; return; }
+    wait_for "$P/broker.log" "reel-broker: ready" 60 || { bad "$tag: the broker starts"; return; }
     # shellcheck disable=SC2086
     "$B/reel-worker" --broker "$WE" --name "mx$S" --weights "$W" --streams "$S" --warmup 1 \
         --heartbeat-ms 200 $XF >"$P/worker.log" 2>&1 &
     WORKER=$!; PIDS="$PIDS $WORKER"
-    wait_for "$P/broker.log" "worker mx$S ready" 10 || { bad "$tag: the worker starts"; return; }
+    wait_for "$P/broker.log" "worker mx$S ready" 60 || { bad "$tag: the worker starts"; return; }
 
     n=0; served=0; exact=0; wrong=0; failed=0
     t0=$(date +%s)

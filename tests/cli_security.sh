@@ -47,11 +47,13 @@ wait_sql() {
 ms() { date +%s%3N; }
 
 start_broker() { # extra flags...
+    # a restart appends to the log: wait for one more "ready" than before
+    _ready=$(grep -c "reel-broker: ready" "$D/broker.log" 2>/dev/null)
     "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
         --sync-deadline-ms 10000 "$@" >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$D/broker.log" "reel-broker: ready" 10
+    wait_count "$D/broker.log" "reel-broker: ready" $((${_ready:-0} + 1)) 60
 }
 
 start_worker() { # name weights extra...
@@ -61,7 +63,7 @@ start_worker() { # name weights extra...
         >>"$D/$n.log" 2>&1 &
     eval "PID_$n=$!"
     PIDS="$PIDS $!"
-    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 10
+    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 60
 }
 
 # with KEYNAME cmd...: cmd with this peer's key and the broker's in the environment.
@@ -103,12 +105,12 @@ timeout 5 "$B/reel-broker" --clients "ipc://$D/c0" --workers "tcp://*:$PORT" --c
 [ $? = 2 ] && grep -q "refusing to serve tcp://\*:$PORT" "$D/open2.err" && ok "tcp://* for workers is refused too" || { bad "tcp://* refused"; show "$D/open2.err"; }
 "$B/reel-broker" --clients "tcp://0.0.0.0:$PORT" --workers "ipc://$D/w0" --catalog "" --insecure >"$D/insecure.log" 2>&1 &
 p=$!; PIDS="$PIDS $p"
-wait_for "$D/insecure.log" "reel-broker: ready" 10 && grep -q "no keys: every peer .* is admitted (--insecure)" "$D/insecure.log" &&
+wait_for "$D/insecure.log" "reel-broker: ready" 60 && grep -q "no keys: every peer .* is admitted (--insecure)" "$D/insecure.log" &&
     ok "--insecure starts it, and says so" || bad "--insecure starts"
 kill -TERM "$p"; wait "$p" 2>/dev/null
 "$B/reel-broker" --clients "tcp://127.0.0.1:$PORT" --workers "ipc://$D/w0" --catalog "" >"$D/lo.log" 2>&1 &
 p=$!; PIDS="$PIDS $p"
-wait_for "$D/lo.log" "reel-broker: ready" 10 && ok "loopback and ipc need no keys" || bad "loopback starts"
+wait_for "$D/lo.log" "reel-broker: ready" 60 && ok "loopback and ipc need no keys" || bad "loopback starts"
 kill -TERM "$p"; wait "$p" 2>/dev/null
 
 echo "== reelctl keys new: a pair, 0600, never over an existing one"
@@ -137,13 +139,13 @@ status='{"type":"STATUS","id":9}'
 peer - "$CE" 1 "$status" >"$D/plain.out"
 grep -q "peer: 0 messages" "$D/plain.out" && ok "a peer without a key gets no answer (before: anyone was served)" || { bad "plain peer refused"; show "$D/plain.out"; }
 peer stranger "$CE" 1 "$status" >"$D/stranger.out"
-grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*not in the allowlist" 3 &&
+grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*not in the allowlist" 60 &&
     ok "a key not in the allowlist gets no answer, and the broker logs it" || { bad "stranger refused"; show "$D/stranger.out"; }
 peer w2 "$CE" 1 "$status" >"$D/wrongsock.out"
-grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*key w2 is a worker key" 3 &&
+grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*key w2 is a worker key" 60 &&
     ok "a worker key on the client socket is refused" || { bad "worker key on the client socket"; show "$D/wrongsock.out"; }
 peer bob "$WE" 1 '{"type":"READY","name":"bob","models":["tiny"]}' >"$D/wrongsock2.out"
-grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refused a peer on the worker socket .*key bob is a client key" 3 &&
+grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refused a peer on the worker socket .*key bob is a client key" 60 &&
     ok "a client key on the worker socket is refused" || { bad "client key on the worker socket"; show "$D/wrongsock2.out"; }
 "$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetensors" --key "$K/bob.key" --broker-key "$K/broker.pub" >"$D/x.log" 2>&1
 [ $? = 2 ] && grep -q "a client key cannot be used here" "$D/x.log" && ok "reel-worker refuses a client key itself (exit 2)" || { bad "worker key role"; show "$D/x.log"; }
@@ -161,17 +163,17 @@ else bad "trainer sync"; show "$D/alicesync.err"; fi
     --broker-key "$K/broker.pub" 2>"$D/alicesync2.err" && grep -q "complete" "$D/alicesync2.err" &&
     ok "alice resends v2 with --key/--broker-key flags" || { bad "trainer sync by flags"; show "$D/alicesync2.err"; }
 wait_sql "select group_concat(key_name || ':' || role || ':' || substr(outcome, 1, 8), ',') from (select * from audit order by id)" \
-    "bob:client:denied: ,alice:trainer:accepted,alice:trainer:resend" 5 &&
+    "bob:client:denied: ,alice:trainer:accepted,alice:trainer:resend" 60 &&
     ok "the audit table: bob denied, alice accepted, alice resent" || bad "audit rows"
 
 echo "== a worker's name is bound to its key; no handover"
 kill -TERM "$PID_w1"; wait "$PID_w1" 2>/dev/null
-wait_for "$D/broker.log" "worker w1 lost" 5 || bad "w1 leaves"
+wait_for "$D/broker.log" "worker w1 lost" 60 || bad "w1 leaves"
 peer w2 "$WE" 1 '{"type":"READY","name":"w1","models":["tiny"],"versions":{"transformer":2}}' >"$D/steal.out"
 grep -q "ERROR bad_request READY: worker name w1 is bound to another worker key" "$D/steal.out" &&
     ok "w2's key claiming the name w1 is refused, w1 gone or not (before: accepted)" || { bad "name bound to key"; show "$D/steal.out"; }
 start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" && ok "w1 comes back with its own key" || bad "w1 restarts"
-wait_for "$D/w1.log" "applied transformer v2" 10 || bad "w1 caught up to v2"
+wait_for "$D/w1.log" "applied transformer v2" 60 || bad "w1 caught up to v2"
 
 echo "== SYNC paths no peer can abuse: only the weights directory, generic answers"
 sp() { # out seconds header: alice's raw SYNC, answer in out
@@ -234,7 +236,7 @@ long="$D/w/$(/usr/bin/python3 -c 'print("/".join(["d" * 200] * 6))')/x.safetenso
 sp "$D/long.out" 2 "$(sync_hdr 42 5 "$long")"
 grep -qE "ERROR bad_request SYNC: 'path' must be a string of at most 1023 bytes" "$D/long.out" &&
     ok "a path over 1023 bytes: a clear bad_request (before: accepted, restored cut short)" || { bad "long path"; show "$D/long.out"; }
-wait_sql "select count(*) from audit where key_name = 'alice' and outcome like 'refused: bad_request:%'" "2" 5 &&
+wait_sql "select count(*) from audit where key_name = 'alice' and outcome like 'refused: bad_request:%'" "2" 60 &&
     ok "the refused SYNCs are audited too" || bad "refusals audited"
 
 echo "== a worker acks only what it was sent"
@@ -244,7 +246,7 @@ ack2='{"type":"SYNC_ACK","component":"transformer","version":1844674407370955161
 $PEER --endpoint "$WE" --id fw --key "$K/w2.key" --broker-key "$K/broker.pub" --for 4 --heartbeat "$ready" "$ack1" "$ack2" \
     >"$D/fw.out" 2>&1 &
 fw=$!; PIDS="$PIDS $fw"
-wait_for "$D/broker.log" "worker fw acked transformer v9223372036854775807, which it was never sent: ignored" 3 &&
+wait_for "$D/broker.log" "worker fw acked transformer v9223372036854775807, which it was never sent: ignored" 60 &&
     ok "an ack of a version never sent is ignored (before: the worker became eligible for every version)" || bad "unsent ack ignored"
 with bob gen "$D/g3" --weights-version 9223372036854775807 --deadline-ms 1000
 wait "$fw"
@@ -256,28 +258,34 @@ echo "== SIGHUP reloads the allowlist: new keys admitted, removed ones no longer
 peer carol "$CE" 1 "$status" >"$D/carol0.out"
 cp "$D/later/carol.pub" "$K/"
 kill -HUP "$BROKER"
-wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 5 || bad "reload"
+wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 60 || bad "reload"
 peer carol "$CE" 1 "$status" >"$D/carol1.out"
 grep -q "peer: 0 messages" "$D/carol0.out" && grep -q "^STATUS_REPLY" "$D/carol1.out" &&
     ok "carol is heard only after her key was added and the broker reloaded" || { bad "carol admitted on reload"; show "$D/carol0.out" "$D/carol1.out"; }
 # carol keeps one connection; each HEARTBEAT on the client socket is
-# answered (unknown_type) while her key is allowed
-$PEER --endpoint "$CE" --key "$K/carol.key" --broker-key "$K/broker.pub" --for 3 --heartbeat >"$D/carol2.out" 2>&1 &
+# answered (unknown_type) while her key is allowed. The key is removed once
+# she has been heard (not after a moment: a busy machine may not have
+# answered yet), and once the broker says it dropped her message, at most
+# the one answer already in flight may still reach her.
+$PEER --endpoint "$CE" --key "$K/carol.key" --broker-key "$K/broker.pub" --for 8 --heartbeat >"$D/carol2.out" 2>&1 &
 c=$!; PIDS="$PIDS $c"
-sleep 1
+wait_count "$D/carol2.out" "^ERROR unknown_type" 2 60 || bad "carol's live connection is heard before the revocation"
 rm "$K/carol.pub"
 kill -HUP "$BROKER"
+wait_for "$D/broker.log" "dropped a message on the client socket from a key no longer allowed" 60
+dropped=$?
+n0=$(grep -c "^ERROR unknown_type" "$D/carol2.out")
 wait "$c"
 n=$(grep -c "^ERROR unknown_type" "$D/carol2.out")
-[ "$n" -ge 2 ] && [ "$n" -le 10 ] && grep -q "dropped a message on the client socket from a key no longer allowed" "$D/broker.log" &&
-    ok "removed: carol's open connection is no longer heard ($n of ~15 heartbeats answered)" || { bad "revocation on a live connection ($n)"; show "$D/carol2.out"; }
+[ "$dropped" = 0 ] && [ "$n" -le $((n0 + 1)) ] && grep -q "^peer: " "$D/carol2.out" &&
+    ok "removed: carol's open connection is no longer heard ($n answered before the revocation, none after)" || { bad "revocation on a live connection ($n0 then $n)"; show "$D/carol2.out"; }
 printf 'role = client\n' >"$K/broken.pub"
 kill -HUP "$BROKER"
-wait_for "$D/broker.log" "SIGHUP: keys NOT reloaded, the 4 loaded before stay" 5 && rm "$K/broken.pub" &&
+wait_for "$D/broker.log" "SIGHUP: keys NOT reloaded, the 4 loaded before stay" 60 && rm "$K/broken.pub" &&
     with bob gen "$D/g4" && ok "a broken allowlist is not loaded; the old one stays in force" || bad "broken reload"
 rm "$K/w1.pub"
 kill -HUP "$BROKER"
-wait_for "$D/broker.log" "worker w1 lost \(key revoked\)" 5 && ok "a worker whose key is removed is dropped" || bad "worker key revoked"
+wait_for "$D/broker.log" "worker w1 lost \(key revoked\)" 60 && ok "a worker whose key is removed is dropped" || bad "worker key revoked"
 
 echo "== no handover, even without keys: a second peer under a live worker's id takes nothing"
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null

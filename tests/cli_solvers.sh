@@ -72,8 +72,8 @@ gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc --sde
 [ $? = 2 ] && grep -q "cannot run --sde" "$D/x.err" && ok "--solver unipc --sde: usage error" || { bad "unipc with sde"; show "$D/x.err"; }
 gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver ddim
 [ $? = 2 ] && grep -q "not euler, unipc or dpm++" "$D/x.err" && ok "--solver ddim: usage error" || { bad "unknown solver"; show "$D/x.err"; }
-wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=unipc %'" 1 20 &&
-    wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=dpm++ %'" 1 20 &&
+wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=unipc %'" 1 60 &&
+    wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=dpm++ %'" 1 60 &&
     "$R" keys --catalog "$D/reel.db" >"$D/keys.txt" 2>&1 && grep -q "loop=unipc" "$D/keys.txt" && grep -q "loop=dpm++" "$D/keys.txt" &&
     ok "reelctl keys shows each key's solver (loop=unipc, loop=dpm++)" || { bad "solver in the key report"; show "$D/keys.txt"; }
 
@@ -113,7 +113,7 @@ cli_broker "$D/broker2.log" --clients "$CE2" --workers "$WE2" --heartbeat-ms 200
 /usr/bin/python3 "$(dirname "$0")/security_peer.py" --endpoint "$WE2" --id old --for 8 --heartbeat \
     '{"type":"READY","name":"old","models":["tiny"],"versions":{"transformer":1}}' >"$D/old.out" 2>&1 &
 PIDS="$PIDS $!"; OLD=$!
-wait_for "$D/broker2.log" "worker old ready" 10 || bad "the old worker registers"
+wait_for "$D/broker2.log" "worker old ready" 60 || bad "the old worker registers"
 "$R" gen --broker "$CE2" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --steps 2 --solver unipc \
     --deadline-ms 1500 --timeout-ms 10000 --quiet --out "$D/o1.safetensors" 2>"$D/o1.err"
 [ $? != 0 ] && grep -q "no_worker" "$D/o1.err" && grep -q "with solver unipc" "$D/o1.err" &&

@@ -30,11 +30,13 @@ wait_sql() {
 }
 
 start_broker() {
+    # a restart appends to the log: wait for one more "ready" than before
+    _ready=$(grep -c "reel-broker: ready" "$D/broker.log" 2>/dev/null)
     "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
         --sync-deadline-ms 10000 >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$D/broker.log" "reel-broker: ready" 10
+    wait_count "$D/broker.log" "reel-broker: ready" $((${_ready:-0} + 1)) 60
 }
 
 start_worker() { # name weights
@@ -43,7 +45,7 @@ start_worker() { # name weights
         >>"$D/$1.log" 2>&1 &
     eval "PID_$1=$!"
     PIDS="$PIDS $!"
-    wait_count "$D/broker.log" "worker $1 ready" $((before + 1)) 10
+    wait_count "$D/broker.log" "worker $1 ready" $((before + 1)) 60
 }
 
 sync_v() { # version weights out: reelctl sync, its stderr to out, its exit status kept
@@ -76,14 +78,14 @@ if sync_v 2 "$D/w2.safetensors" "$D/s0.err"; then bad "a sync nobody applied exi
 else grep -q "FAILED, no live worker" "$D/s0.err" && ok "sync v2 with no worker: FAILED, exit 1" || { bad "no-worker sync says why"; show "$D/s0.err"; }; fi
 status --json >"$D/st0.json"
 grep -q '"versions":{}' "$D/st0.json" && ok "the broker has no current version after it" || { bad "no current version"; show "$D/st0.json"; }
-wait_sql "select state from weight_versions where version = 2" "failed" 5 && ok "the catalog marks v2 failed" || bad "v2 failed in the catalog"
+wait_sql "select state from weight_versions where version = 2" "failed" 60 && ok "the catalog marks v2 failed" || bad "v2 failed in the catalog"
 
 echo "== the same version published again, with workers, becomes current"
 start_worker a1 "$D/w1.safetensors" || bad "a1 starts"
 start_worker a2 "$D/w1.safetensors" || bad "a2 starts"
 if sync_v 2 "$D/w2.safetensors" "$D/s1.err" && grep -q "complete" "$D/s1.err"; then ok "sync v2 complete on a1 and a2"
 else bad "sync v2 completes"; show "$D/s1.err"; fi
-wait_sql "select state from weight_versions where version = 2" "current" 5 && ok "the catalog marks v2 current" || bad "v2 current in the catalog"
+wait_sql "select state from weight_versions where version = 2" "current" 60 && ok "the catalog marks v2 current" || bad "v2 current in the catalog"
 
 echo "== a sync every worker rejects changes nothing"
 if sync_v 3 "$D/bad.safetensors" "$D/s2.err"; then bad "a rejected sync exits non-zero"; show "$D/s2.err"
@@ -98,13 +100,13 @@ grep -q '"versions":{"transformer":2}' "$D/st1.json" && grep -q '"pending":{}' "
 grep -q '"lagging":{"transformer"' "$D/st1.json" && { bad "nobody lags behind a failed version"; show "$D/st1.json"; } || ok "no worker shows as lagging"
 gen tiny "$D/g1" && grep -q "weights v2" "$D/g1.err" && same "$D/g1.safetensors" "$D/ref2.safetensors" &&
     ok "GEN still served, on v2, exactly" || { bad "GEN after a rejected sync (no_worker before the fix)"; show "$D/g1.err"; }
-wait_sql "select state || ':' || (reason like 'no worker applied it: a1 (bad_weights: not weights%a2 (%') from weight_versions where version = 3" "failed:1" 5 &&
+wait_sql "select state || ':' || (reason like 'no worker applied it: a1 (bad_weights: not weights%a2 (%') from weight_versions where version = 3" "failed:1" 60 &&
     ok "the catalog marks v3 failed with each worker's reason" || bad "v3 failed in the catalog"
 "$R" versions --catalog "$DB" >"$D/versions.txt" 2>&1
 grep -E "^transformer +3 +failed" "$D/versions.txt" >/dev/null && grep -E "^transformer +2 +current" "$D/versions.txt" >/dev/null &&
     ok "reelctl versions: v3 failed, v2 current" || { bad "reelctl versions shows states"; show "$D/versions.txt"; }
 start_worker a3 "$D/w1.safetensors" || bad "a3 starts"
-wait_for "$D/a3.log" "applied transformer v2" 10 && sleep 0.3 &&
+wait_for "$D/a3.log" "applied transformer v2" 60 && sleep 0.3 &&
     ! grep -qE "(to|transformer) v3" "$D/a3.log" && ok "a late joiner is caught up to v2, never sent v3" || { bad "late joiner gets v2 only"; show "$D/a3.log"; }
 
 echo "== a broker restart after the rejected sync resumes v2, not v3"
@@ -115,7 +117,7 @@ restart_broker() {
 }
 restart_broker || bad "the broker restarts"
 grep -q "restored transformer v2 from the catalog" "$D/broker.log" && ok "restored v2, the current version" || { bad "v2 restored"; show "$D/broker.log"; }
-for w in a1 a2 a3; do wait_for "$D/broker.log" "worker $w ready" 10 || bad "$w re-registers"; done
+for w in a1 a2 a3; do wait_for "$D/broker.log" "worker $w ready" 60 || bad "$w re-registers"; done
 sleep 0.3
 ! grep -q "transformer v3" "$D/broker.log" && ok "no worker is sent the rejected v3 again" || { bad "v3 not resent after the restart"; show "$D/broker.log"; }
 gen tiny "$D/g1r" && grep -q "weights v2" "$D/g1r.err" && same "$D/g1r.safetensors" "$D/ref2.safetensors" &&
@@ -132,7 +134,7 @@ grep -q "FAILED, no worker applied it" "$D/s5.err" && ok "a failed version may b
 
 echo "== partly applied: the failed worker lags, visibly, and serves only what asks for its version"
 start_worker odd "$D/odd.safetensors" || bad "odd starts"
-wait_for "$D/broker.log" "worker odd failed transformer v2" 10 || bad "odd is sent v2 at READY"
+wait_for "$D/broker.log" "worker odd failed transformer v2" 60 || bad "odd is sent v2 at READY"
 if sync_v 4 "$D/w3.safetensors" "$D/s6.err"; then bad "a partly applied sync exits non-zero"; show "$D/s6.err"
 else
     grep -q "INCOMPLETE (it is current" "$D/s6.err" && grep -q "applied a1,a2,a3" "$D/s6.err" &&
@@ -145,7 +147,7 @@ status >"$D/st2.txt"
 grep -q "transformer v4" "$D/st2.txt" && grep -E "^odd .* v1 .*lagging: v4: bad_weights: not weights of this worker.s model" "$D/st2.txt" >/dev/null &&
     grep -E "^a1 .* v4 .* ok$" "$D/st2.txt" >/dev/null &&
     ok "reelctl status: v4 current, odd lagging with its reason" || { bad "status shows the lagging worker"; show "$D/st2.txt"; }
-wait_sql "select count(*) from worker_versions where worker = 'odd' and version = 4 and ok = 0" "1" 5
+wait_sql "select count(*) from worker_versions where worker = 'odd' and version = 4 and ok = 0" "1" 60
 "$R" workers --catalog "$DB" --json >"$D/workers.json" 2>&1
 grep -q '"name":"odd".*"lagging":\[{"component":"transformer","version":4,"reason":"bad_weights: not weights of this worker.s model"}\]' "$D/workers.json" &&
     ok "reelctl workers: odd lagging on v4 with its reason" || { bad "reelctl workers shows lagging"; show "$D/workers.json"; }
@@ -168,8 +170,8 @@ grep -q "applied a1,a2,a3; failed odd:bad_weights" "$D/s7.err" && [ "$(grep -c "
 echo "== a broker restart resumes the current version only"
 restart_broker || bad "the broker restarts"
 grep -q "restored transformer v4 from the catalog" "$D/broker.log" && ok "restored v4 (current), not a failed version" || { bad "restore the current version"; show "$D/broker.log"; }
-for w in a1 a2 a3 odd; do wait_for "$D/broker.log" "worker $w ready" 10 || bad "$w re-registers"; done
-wait_for "$D/broker.log" "worker odd failed transformer v4" 10 && ok "odd, reconnecting, is sent v4 again" || bad "odd caught up after the restart"
+for w in a1 a2 a3 odd; do wait_for "$D/broker.log" "worker $w ready" 60 || bad "$w re-registers"; done
+wait_for "$D/broker.log" "worker odd failed transformer v4" 60 && ok "odd, reconnecting, is sent v4 again" || bad "odd caught up after the restart"
 ! grep -qE "transformer v3|v2 sent" "$D/broker.log" && ok "nobody is sent the failed v3 (or the old v2)" || { bad "no failed sync resent"; show "$D/broker.log"; }
 status >"$D/st3.txt"
 grep -E "^odd .*lagging: v4: bad_weights" "$D/st3.txt" >/dev/null && ok "still lagging, with the reason, after the restart" || { bad "lag after restart"; show "$D/st3.txt"; }
@@ -180,12 +182,12 @@ sync_v 4 "$D/w3.safetensors" "$D/s8.err"
 
 echo "== the lagging worker, fixed and reconnected, is caught up"
 eval "kill -9 \$PID_odd"
-wait_for "$D/broker.log" "worker odd lost" 5 || bad "odd's death noticed"
+wait_for "$D/broker.log" "worker odd lost" 60 || bad "odd's death noticed"
 start_worker odd "$D/w1.safetensors" || bad "odd restarts with tiny weights"
-wait_for "$D/odd.log" "applied transformer v4" 10 && ok "odd applied v4 at READY" || bad "odd catches up"
+wait_for "$D/odd.log" "applied transformer v4" 60 && ok "odd applied v4 at READY" || bad "odd catches up"
 status >"$D/st4.txt"
 grep -E "^odd .* v4 .* ok$" "$D/st4.txt" >/dev/null && ok "odd no longer lagging" || { bad "odd caught up in status"; show "$D/st4.txt"; }
-wait_sql "select ok from worker_versions where worker = 'odd' and version = 4" "1" 5
+wait_sql "select ok from worker_versions where worker = 'odd' and version = 4" "1" 60
 "$R" workers --catalog "$DB" --json >"$D/workers2.json" 2>&1
 grep -q '"name":"odd".*"lagging":\[\]' "$D/workers2.json" && ok "reelctl workers: odd not lagging" || { bad "catalog shows odd caught up"; show "$D/workers2.json"; }
 

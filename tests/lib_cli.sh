@@ -48,10 +48,13 @@ wait_sql() {
 # a restart restores the catalog's versions and re-hashes stored uploads).
 cli_broker() {
     _log=$1; shift
-    "$B/reel-broker" "$@" >"$_log" 2>&1 &
+    # emptied here, not by the background redirection: that may run after
+    # the wait below has already read a previous run's "ready"
+    : >"$_log"
+    "$B/reel-broker" "$@" >>"$_log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$_log" "reel-broker: ready" 30
+    wait_for "$_log" "reel-broker: ready" 60
 }
 
 # cli_worker NAME BROKER_LOG LOG ARGS...: $B/reel-worker --name NAME ARGS,
@@ -60,7 +63,8 @@ cli_broker() {
 cli_worker() {
     _n=$1; _bl=$2; _log=$3; shift 3
     _before=$(grep -cE "worker $_n ready" "$_bl" 2>/dev/null)
-    "$B/reel-worker" --name "$_n" "$@" >"$_log" 2>&1 &
+    : >"$_log"
+    "$B/reel-worker" --name "$_n" "$@" >>"$_log" 2>&1 &
     WORKER=$!
     PIDS="$PIDS $WORKER"
     wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 60
