@@ -18,6 +18,9 @@
  *   looking workers up), brk_route.c (pure routing rules), brk_catq.c (the
  *   catalog writer thread), brk_upload.c (weights by value: UPLOAD into
  *   --weights-dir, FETCH out of it), brk_zap.c, brk_opts.c, brk_log.c.
+ *   brk_check.c, the invariants (brk_check.h), reads the state the
+ *   modules own; the loop runs it after every message and timer pass in
+ *   builds with -DREEL_INVARIANTS.
  *
  * tests/cli_broker_graph.sh checks that the objects' calls keep this
  * shape. */
@@ -125,9 +128,12 @@ typedef struct {
     msg_sync_t *sync;          /* owned; NULL while version is 0 */
 } brk_current_t;
 
+/* A barrier member's state. */
+enum { BRK_MEMBER_WAITING, BRK_MEMBER_APPLIED, BRK_MEMBER_FAILED };
+
 typedef struct {
     char worker[BRK_NAME_MAX];
-    int state;                 /* 0 waiting, 1 applied, 2 failed */
+    int state;                 /* BRK_MEMBER_* */
     char reason[128];
 } brk_member_t;
 

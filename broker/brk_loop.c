@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/brk_check.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_requests.h"
@@ -246,6 +247,7 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
         on_client(b, mp, &u);
     }
     settle(b);
+    BRK_CHECK_INVARIANTS(b, worker_side ? "a message on the worker socket" : "a message on the client socket");
 }
 
 /* Handles up to DRAIN_MAX messages waiting on one socket, each received
@@ -307,6 +309,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_sync_timers(b, now);
         brk_upload_timers(b, now);
         settle(b);
+        BRK_CHECK_INVARIANTS(b, "the timers");
         brk_metrics_publish(b, now);
     }
     brk_msg_free(b, spare); /* empty: closed after its last message */

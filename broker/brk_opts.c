@@ -1,66 +1,94 @@
 /* brk_opts.c -- reel-broker's command line: defaults, parsing, usage. */
 #include "broker/brk_opts.h"
 
+#include "base/opts.h"
+
 #include <errno.h>
-#include <getopt.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] =
-    "usage: reel-broker [options]\n"
-    "  --clients ENDPOINT          client/trainer ROUTER (default tcp://127.0.0.1:5555)\n"
-    "  --workers ENDPOINT          worker ROUTER (default tcp://127.0.0.1:5556)\n"
-    "  --catalog PATH              SQLite catalog (default reel.db; \"\" = none)\n"
-    "  --heartbeat-ms N            heartbeat interval (default 1000)\n"
-    "  --liveness N                silent intervals before a worker is dropped (default 3)\n"
-    "  --queue-max N               waiting requests before BUSY (default 64)\n"
-    "  --max-held-mb N             request tensor bytes held at once before BUSY (default 2048)\n"
-    "  --sync-deadline-ms N        default weight-sync barrier deadline (default 30000)\n"
-    "  --request-deadline-ms N     default request deadline (default 60000)\n"
-    "  --keys DIR                  CURVE on both sockets: peers whose NAME.pub is in DIR, with\n"
-    "                              their roles (reelctl keys new); SIGHUP reloads it\n"
-    "  --key FILE                  the broker's own key pair (default DIR/broker.key)\n"
-    "  --insecure                  serve a non-loopback endpoint without keys (anyone who\n"
-    "                              reaches it may run or replace the models)\n"
-    "  --weights-dir DIR           keep weights trainers UPLOAD here and serve them to\n"
-    "                              workers (FETCH); without it uploads are refused\n"
-    "  --metrics ADDR:PORT         serve /metrics (Prometheus), /healthz and /readyz over\n"
-    "                              HTTP there (off by default; e.g. 127.0.0.1:9464)\n"
-    "  --weights-keep N            uploaded versions kept there: the current one and the\n"
-    "                              N-1 before it, and any newer (default 2; 0 = all);\n"
-    "                              the last 2 removed stay as DIR/.spare-N for the next\n"
-    "                              uploads to write over (removed when one finds the\n"
-    "                              disk full)\n"
-    "  --catalog-retain DAYS       prune raw catalog rows (requests, captures, evictions)\n"
-    "                              older than DAYS (fractions allowed); the summaries\n"
-    "                              reports read, versions and the audit trail are kept\n"
-    "  --catalog-max-rows N        keep at most about N raw rows per such table (0 = no cap)\n"
-    "  -h, --help                  this text\n"
-    "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
-    "are served, unless --insecure.\n";
+static int set_retain(void *dst, const char *v, char *err, size_t len);
+static int set_held(void *dst, const char *v, char *err, size_t len);
 
-/* Parses a number of days in (0, 36500]. false when s is not one. */
-static bool parse_days(const char *s, double *out) {
-    if (!s || !*s) return false;
+#define O(f) offsetof(brk_opts_t, f)
+/* Every option: its kind, where it goes, its range and its usage line. */
+static const reel_opt_t rows[] = {
+    { .name = "clients", .kind = REEL_OPT_STRING, .off = O(clients), .arg = "ENDPOINT",
+      .help = "client/trainer ROUTER (default tcp://127.0.0.1:5555)" },
+    { .name = "workers", .kind = REEL_OPT_STRING, .off = O(workers), .arg = "ENDPOINT",
+      .help = "worker ROUTER (default tcp://127.0.0.1:5556)" },
+    { .name = "catalog", .kind = REEL_OPT_STRING, .off = O(catalog), .arg = "PATH",
+      .help = "SQLite catalog (default reel.db; \"\" = none)" },
+    { .name = "heartbeat-ms", .kind = REEL_OPT_INT, .off = O(heartbeat_ms), .lo = 1, .hi = 3600000, .arg = "N",
+      .help = "heartbeat interval (default 1000)" },
+    { .name = "liveness", .kind = REEL_OPT_INT, .off = O(liveness), .lo = 1, .hi = 1000, .arg = "N",
+      .help = "silent intervals before a worker is dropped (default 3)" },
+    { .name = "queue-max", .kind = REEL_OPT_INT, .off = O(queue_max), .lo = 0, .hi = 10000000, .arg = "N",
+      .help = "waiting requests before BUSY (default 64)" },
+    { .name = "max-held-mb", .kind = REEL_OPT_SET, .set = set_held, .expect = "1..1073741824 (MiB)", .arg = "N",
+      .help = "request tensor bytes held at once before BUSY (default 2048)" },
+    { .name = "sync-deadline-ms", .kind = REEL_OPT_U64, .off = O(sync_deadline_ms), .ulo = 1, .uhi = UINT32_MAX,
+      .arg = "N", .help = "default weight-sync barrier deadline (default 30000)" },
+    { .name = "request-deadline-ms", .kind = REEL_OPT_U64, .off = O(request_deadline_ms), .ulo = 1,
+      .uhi = UINT32_MAX, .arg = "N", .help = "default request deadline (default 60000)" },
+    { .name = "keys", .kind = REEL_OPT_STRING, .off = O(keys), .arg = "DIR",
+      .help = "CURVE on both sockets: peers whose NAME.pub is in DIR, with\n"
+              "their roles (reelctl keys new); SIGHUP reloads it" },
+    { .name = "key", .kind = REEL_OPT_STRING, .off = O(key), .arg = "FILE",
+      .help = "the broker's own key pair (default DIR/broker.key)" },
+    { .name = "insecure", .kind = REEL_OPT_FLAG, .off = O(insecure),
+      .help = "serve a non-loopback endpoint without keys (anyone who\n"
+              "reaches it may run or replace the models)" },
+    { .name = "weights-dir", .kind = REEL_OPT_STRING, .off = O(weights_dir), .arg = "DIR",
+      .help = "keep weights trainers UPLOAD here and serve them to\n"
+              "workers (FETCH); without it uploads are refused" },
+    { .name = "metrics", .kind = REEL_OPT_STRING, .off = O(metrics), .arg = "ADDR:PORT",
+      .help = "serve /metrics (Prometheus), /healthz and /readyz over\n"
+              "HTTP there (off by default; e.g. 127.0.0.1:9464)" },
+    { .name = "weights-keep", .kind = REEL_OPT_INT, .off = O(weights_keep), .lo = 0, .hi = 1000000, .arg = "N",
+      .help = "uploaded versions kept there: the current one and the\n"
+              "N-1 before it, and any newer (default 2; 0 = all);\n"
+              "the last 2 removed stay as DIR/.spare-N for the next\n"
+              "uploads to write over (removed when one finds the\n"
+              "disk full)" },
+    { .name = "catalog-retain", .kind = REEL_OPT_SET, .set = set_retain, .expect = "days in (0, 36500]",
+      .arg = "DAYS",
+      .help = "prune raw catalog rows (requests, captures, evictions)\n"
+              "older than DAYS (fractions allowed); the summaries\n"
+              "reports read, versions and the audit trail are kept" },
+    { .name = "catalog-max-rows", .kind = REEL_OPT_I64, .off = O(catalog_max_rows), .lo = 0,
+      .hi = (long long)1 << 40, .arg = "N", .help = "keep at most about N raw rows per such table (0 = no cap)" },
+    { .name = "help", .short_name = 'h', .kind = REEL_OPT_HELP, .help = "this text" },
+};
+#undef O
+
+#define NROWS (sizeof rows / sizeof rows[0])
+
+/* A number of days in (0, 36500]. */
+static int set_retain(void *dst, const char *s, char *err, size_t len) {
+    (void)err, (void)len;
+    if (!s || !*s) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !(v > 0) || v > 36500) return false;
-    *out = v;
-    return true;
+    if (errno || *end || !(v > 0) || v > 36500) return -1;
+    ((brk_opts_t *)dst)->catalog_retain_days = v;
+    return 0;
 }
 
-/* Parses a decimal in [lo, hi]. false when s is not one. */
-static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
-    if (!s || !*s || *s == '-') return false;
+/* MiB in [1, 2^30], kept as bytes. */
+static int set_held(void *dst, const char *s, char *err, size_t len) {
+    (void)err, (void)len;
+    if (!s || !*s || *s == '-') return -1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
+    if (errno || *end || v < 1 || v > (1ull << 30)) return -1;
+    ((brk_opts_t *)dst)->max_held_bytes = (uint64_t)v << 20;
+    return 0;
 }
 
 static int check(const brk_opts_t *o);
@@ -80,96 +108,29 @@ static void defaults(brk_opts_t *o) {
     };
 }
 
+static void usage(void) {
+    char buf[4096] = "usage: reel-broker [options]\n";
+    reel_opts_usage(rows, NROWS, 30, buf, sizeof buf);
+    fputs(buf, stdout);
+    fputs("Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
+          "are served, unless --insecure.\n", stdout);
+}
+
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
-    enum { O_CLIENTS = 256, O_WORKERS, O_CATALOG, O_HB, O_LIVE, O_QMAX, O_SYNC, O_REQ, O_HELD, O_KEYS, O_KEY,
-           O_INSECURE, O_WDIR, O_WKEEP, O_METRICS, O_RETAIN, O_MAXROWS };
-    static const struct option longs[] = {
-        { "clients", required_argument, NULL, O_CLIENTS },
-        { "workers", required_argument, NULL, O_WORKERS },
-        { "catalog", required_argument, NULL, O_CATALOG },
-        { "heartbeat-ms", required_argument, NULL, O_HB },
-        { "liveness", required_argument, NULL, O_LIVE },
-        { "queue-max", required_argument, NULL, O_QMAX },
-        { "sync-deadline-ms", required_argument, NULL, O_SYNC },
-        { "request-deadline-ms", required_argument, NULL, O_REQ },
-        { "max-held-mb", required_argument, NULL, O_HELD },
-        { "keys", required_argument, NULL, O_KEYS },
-        { "key", required_argument, NULL, O_KEY },
-        { "insecure", no_argument, NULL, O_INSECURE },
-        { "weights-dir", required_argument, NULL, O_WDIR },
-        { "weights-keep", required_argument, NULL, O_WKEEP },
-        { "metrics", required_argument, NULL, O_METRICS },
-        { "catalog-retain", required_argument, NULL, O_RETAIN },
-        { "catalog-max-rows", required_argument, NULL, O_MAXROWS },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    opterr = 0; /* our own messages, one format */
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
-        uint64_t v = 0;
-        const char *bad = NULL;
-        switch (c) {
-        case 'h': fputs(usage, stdout); return 1;
-        case O_CLIENTS: o->clients = optarg; break;
-        case O_WORKERS: o->workers = optarg; break;
-        case O_CATALOG: o->catalog = optarg; break;
-        case O_KEYS: o->keys = optarg; break;
-        case O_KEY: o->key = optarg; break;
-        case O_INSECURE: o->insecure = true; break;
-        case O_WDIR: o->weights_dir = optarg; break;
-        case O_HB:
-            if (parse_u64(optarg, 1, 3600000, &v)) o->heartbeat_ms = (int)v;
-            else bad = "--heartbeat-ms";
-            break;
-        case O_LIVE:
-            if (parse_u64(optarg, 1, 1000, &v)) o->liveness = (int)v;
-            else bad = "--liveness";
-            break;
-        case O_QMAX:
-            if (parse_u64(optarg, 0, 10000000, &v)) o->queue_max = (int)v;
-            else bad = "--queue-max";
-            break;
-        case O_SYNC:
-            if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->sync_deadline_ms = v;
-            else bad = "--sync-deadline-ms";
-            break;
-        case O_REQ:
-            if (parse_u64(optarg, 1, UINT32_MAX, &v)) o->request_deadline_ms = v;
-            else bad = "--request-deadline-ms";
-            break;
-        case O_METRICS: o->metrics = optarg; break;
-        case O_WKEEP:
-            if (parse_u64(optarg, 0, 1000000, &v)) o->weights_keep = (int)v;
-            else bad = "--weights-keep";
-            break;
-        case O_RETAIN:
-            if (!parse_days(optarg, &o->catalog_retain_days)) bad = "--catalog-retain";
-            break;
-        case O_MAXROWS:
-            if (parse_u64(optarg, 0, (uint64_t)1 << 40, &v)) o->catalog_max_rows = (int64_t)v;
-            else bad = "--catalog-max-rows";
-            break;
-        case O_HELD:
-            if (parse_u64(optarg, 1, (uint64_t)1 << 30, &v)) o->max_held_bytes = v << 20;
-            else bad = "--max-held-mb";
-            break;
-        case ':':
-            fprintf(stderr, "reel-broker: option '%s' needs a value (try -h)\n", argv[optind - 1]);
-            return 2;
-        default:
-            fprintf(stderr, "reel-broker: unknown option '%s' (try -h)\n", argv[optind - 1]);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "reel-broker: bad value '%s' for %s (try -h)\n", optarg, bad);
-            return 2;
-        }
+    char err[512];
+    int rest = argc;
+    int rc = reel_opts_parse(rows, NROWS, o, argc, argv, &rest, err, sizeof err);
+    if (rc == 1) {
+        usage();
+        return 1;
     }
-    if (optind < argc) {
-        fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[optind]);
+    if (rc != 0) {
+        fprintf(stderr, "reel-broker: %s (try -h)\n", err);
+        return 2;
+    }
+    if (rest < argc) {
+        fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[rest]);
         return 2;
     }
     return check(o);

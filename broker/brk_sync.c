@@ -43,7 +43,7 @@
 #include "broker/brk_zap.h"
 #include "base/error.h"
 
-enum { M_WAITING, M_APPLIED, M_FAILED };
+enum { M_WAITING = BRK_MEMBER_WAITING, M_APPLIED = BRK_MEMBER_APPLIED, M_FAILED = BRK_MEMBER_FAILED };
 
 static const brk_current_t *find_current(const brk_t *b, const char *component) {
     for (int i = 0; i < b->n_cur; i++)

@@ -1,5 +1,6 @@
 /* brk_upload.c -- weights by value (see brk_upload.h). */
 #include "broker/brk_upload.h"
+#include "broker/brk_upload_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,32 +19,6 @@
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
 #include "base/sha256.h"
-
-/* A FETCH of bytes an upload in progress has not brought yet: answered
- * when they come (or with ERROR when the upload fails). */
-typedef struct {
-    unsigned char who[256];    /* the asking connection's routing id */
-    size_t who_len;
-    uint64_t id, offset, max;
-} parked_t;
-
-/* An upload's sha256, taken on a thread of its own: hashing is most of
- * what an upload costs the routing thread (SHA-256 runs at 1.6 GB/s a
- * core with SHA-NI, about as fast as loopback moves the bytes), and on a
- * machine with a core to spare the routing thread then only writes and
- * forwards. The chunks wait in order, shared with ZeroMQ (no copy), at
- * most HASH_QUEUE of them (the routing thread waits for room beyond). */
-#define HASH_QUEUE 4
-
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;           /* a chunk queued, one hashed, or quit */
-    zmq_msg_t q[HASH_QUEUE];     /* ring: chunks to hash, oldest at head */
-    int head, n;
-    bool busy, quit, threaded;   /* hashing one / stop / a thread runs (else inline) */
-    pthread_t th;
-    reel_sha256_t *h;            /* the thread's until it is joined */
-} hasher_t;
 
 static void *hasher_main(void *arg) {
     hasher_t *hs = arg;
@@ -144,60 +119,6 @@ static void hasher_end(hasher_t **hp, char hex[65]) {
     free(hs);
     *hp = NULL;
 }
-
-typedef struct {
-    bool open;
-    char component[MSG_NAME_MAX];
-    uint64_t version, size, received;
-    char sha256[65];           /* lowercase */
-    int fd;                    /* the .part file (read too: FETCH while it comes) */
-    hasher_t *h;               /* of its bytes so far */
-    bool recycled;             /* a spare written over (else a new file) */
-    uint64_t spare_size;       /* its length when it was opened: cut to size at the end if longer */
-    int64_t touched_ms;
-    parked_t *parked;          /* in the order they came; grows to BRK_FETCH_PARKED_MAX */
-    int n_parked, cap_parked;
-    char stalled[300];         /* why the last chunk could not be kept (a full disk); "" while it goes */
-} slot_t;
-
-/* A removal --weights-keep asked for: component's current version. */
-typedef struct {
-    char component[MSG_NAME_MAX];
-    uint64_t current;
-} prune_t;
-
-#define PRUNES_MAX 8
-
-/* A removed version's file kept for the next upload to write over: its
- * blocks and page-cache pages are there already, where a new file's must
- * be allocated, faulted in and zeroed (on this project's VMs writing 1.2
- * GB into a new file took 2.2 CPU-s, over an old one 0.12: docs/BENCH.md;
- * PostgreSQL recycles its WAL segments for the same reason). Named
- * DIR/.spare-N; at most SPARES_MAX, the oldest removed for a newer one. */
-typedef struct {
-    unsigned n;                  /* .spare-N */
-    uint64_t size;
-} spare_t;
-
-#define SPARES_MAX 2
-
-struct brk_uploads {
-    slot_t s[BRK_UPLOADS_MAX];
-    /* The removals run on a thread of their own, one at a time: freeing
-     * a big file's blocks takes a while (1 GB: 0.4 s on this project's
-     * VMs; a wan2.1-1.3b file is 5.7 GB), which the routing thread must
-     * not wait for. */
-    pthread_mutex_t mu;
-    prune_t q[PRUNES_MAX];       /* asked, not yet done (one per component) */
-    int nq;
-    bool running, started;       /* the thread: runs the queue / was created (join it) */
-    pthread_t th;
-    char *dir;                   /* --weights-dir, the thread's copy */
-    int keep;
-    spare_t spare[SPARES_MAX];   /* under mu; oldest first */
-    int nspare;
-    unsigned spare_seq;          /* the next .spare-N */
-};
 
 static void spare_path(const char *dir, unsigned n, char *buf, size_t len) {
     snprintf(buf, len, "%s/.spare-%u", dir, n);
@@ -1002,4 +923,69 @@ void brk_upload_stop(brk_t *b) {
     free(b->uploads->dir);
     free(b->uploads);
     b->uploads = NULL;
+}
+
+/* ---- invariants ---------------------------------------------------------------------- */
+
+#define BROKEN(...)                      \
+    do {                                 \
+        snprintf(why, len, __VA_ARGS__); \
+        return -1;                       \
+    } while (0)
+
+static int check_slot(const slot_t *s, int i, char *why, size_t len) {
+    if (!s->open) {
+        if (s->fd != -1 || s->h || s->parked || s->n_parked || s->cap_parked || s->received || s->stalled[0])
+            BROKEN("upload slot %d is closed but holds state", i);
+        return 0;
+    }
+    const char *c = s->component;
+    unsigned long long v = (unsigned long long)s->version;
+    if (s->fd < 0 || !s->h) BROKEN("upload %s v%llu is open without its file or hasher", c, v);
+    if (s->received > s->size)
+        BROKEN("upload %s v%llu received %llu of %llu bytes", c, v, (unsigned long long)s->received,
+               (unsigned long long)s->size);
+    if (!s->recycled && s->spare_size) BROKEN("upload %s v%llu: a new file with a spare's size", c, v);
+    /* what was counted is on disk: the .part is at least that long */
+    struct stat st;
+    if (fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < s->received)
+        BROKEN("upload %s v%llu counts %llu bytes, its file holds %lld", c, v, (unsigned long long)s->received,
+               (long long)st.st_size);
+    if (strlen(s->sha256) != 64) BROKEN("upload %s v%llu has no sha256", c, v);
+    if (s->n_parked < 0 || s->n_parked > s->cap_parked || s->cap_parked > BRK_FETCH_PARKED_MAX ||
+        (s->cap_parked && !s->parked))
+        BROKEN("upload %s v%llu: %d parked FETCHes in room for %d", c, v, s->n_parked, s->cap_parked);
+    for (int k = 0; k < s->n_parked; k++) {
+        const parked_t *p = &s->parked[k];
+        if (p->who_len == 0 || p->who_len > sizeof p->who)
+            BROKEN("upload %s v%llu: parked FETCH %d has a %zu-byte identity", c, v, k, p->who_len);
+        /* one whose bytes came is answered at once (serve_parked) */
+        if (ready(s, p->offset, p->max))
+            BROKEN("upload %s v%llu: a FETCH at %llu waits for bytes that came", c, v, (unsigned long long)p->offset);
+    }
+    if (s->stalled[0] && s->n_parked)
+        BROKEN("upload %s v%llu stalled with %d FETCHes still waiting", c, v, s->n_parked);
+    int queued;
+    pthread_mutex_lock((pthread_mutex_t *)&s->h->mu);
+    queued = s->h->n;
+    pthread_mutex_unlock((pthread_mutex_t *)&s->h->mu);
+    if (queued < 0 || queued > HASH_QUEUE) BROKEN("upload %s v%llu: %d chunks queued to hash", c, v, queued);
+    return 0;
+}
+
+int brk_upload_check(const brk_t *b, char *why, size_t len) {
+    const struct brk_uploads *u = b->uploads;
+    if (!u) return 0;
+    for (int i = 0; i < BRK_UPLOADS_MAX; i++) {
+        if (check_slot(&u->s[i], i, why, len)) return -1;
+        for (int j = 0; j < i && u->s[i].open; j++)
+            if (u->s[j].open && u->s[j].version == u->s[i].version && !strcmp(u->s[j].component, u->s[i].component))
+                BROKEN("two upload slots hold %s v%llu", u->s[i].component, (unsigned long long)u->s[i].version);
+    }
+    pthread_mutex_lock((pthread_mutex_t *)&u->mu);
+    int nspare = u->nspare, nq = u->nq;
+    pthread_mutex_unlock((pthread_mutex_t *)&u->mu);
+    if (nspare < 0 || nspare > SPARES_MAX) BROKEN("%d spares kept (at most %d)", nspare, SPARES_MAX);
+    if (nq < 0 || nq > PRUNES_MAX) BROKEN("%d removals queued (at most %d)", nq, PRUNES_MAX);
+    return 0;
 }

@@ -70,5 +70,9 @@ void brk_upload_timers(brk_t *b, int64_t now);
  * open uploads hold (shutdown: their .part files are removed too). */
 void brk_upload_start(brk_t *b);
 void brk_upload_stop(brk_t *b);
+/* The upload slots' invariants (brk_check.h): 0, or -1 with the first
+ * broken one in why[0..len). Takes and releases the upload and hashing
+ * locks; reads the state only. */
+int brk_upload_check(const brk_t *b, char *why, size_t len);
 
 #endif

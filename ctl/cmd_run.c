@@ -3,11 +3,12 @@
  * and `context` [L,T]. */
 #include "ctl.h"
 #include "base/error.h"
+#include "base/opts.h"
 #include "model/loop.h"
 #include "model/tinydit.h"
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
-#include <getopt.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,21 +24,59 @@ typedef struct {
     int64_t size[3];   /* F, H, W when no --latent */
 } run_opts_t;
 
+static int set_solver(void *dst, const char *v, char *err, size_t len) {
+    if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) == 0) return 0;
+    snprintf(err, len, "--solver: %s", kern_error());
+    return -1;
+}
+static int set_cfg(void *dst, const char *v, char *err, size_t len) {
+    (void)err, (void)len;
+    double d;
+    if (ctl_parse_double(v, &d)) return -1;
+    ((run_opts_t *)dst)->loop.guidance = (float)d;
+    ((run_opts_t *)dst)->have_cfg = true;
+    return 0;
+}
+static int set_seed(void *dst, const char *v, char *err, size_t len) {
+    (void)err, (void)len;
+    if (ctl_parse_u64(v, &((run_opts_t *)dst)->loop.seed)) return -1;
+    ((run_opts_t *)dst)->have_seed = true;
+    return 0;
+}
+static int set_size(void *dst, const char *v, char *err, size_t len) {
+    (void)err, (void)len;
+    return ctl_parse_size(v, ((run_opts_t *)dst)->size) != 0 ? -1 : 0;
+}
+
+static const char *const on_off[] = { "off", "on", NULL };
+
+#define O(f) offsetof(run_opts_t, f)
+/* `reelctl run`'s options (its usage is reelctl's, ctl/reelctl.c). */
+static const reel_opt_t run_rows[] = {
+    { .name = "weights", .kind = REEL_OPT_STRING, .off = O(weights) },
+    { .name = "latent", .kind = REEL_OPT_STRING, .off = O(latent) },
+    { .name = "context", .kind = REEL_OPT_STRING, .off = O(context) },
+    { .name = "uncond", .kind = REEL_OPT_STRING, .off = O(uncond) },
+    { .name = "steps", .kind = REEL_OPT_INT, .off = O(loop.steps), .lo = -2147483647LL, .hi = 2147483647LL,
+      .expect = "an integer" },
+    { .name = "shift", .kind = REEL_OPT_DOUBLE, .off = O(loop.shift) },
+    { .name = "cfg", .kind = REEL_OPT_SET, .set = set_cfg, .expect = "a number" },
+    { .name = "sde", .kind = REEL_OPT_FLAG, .off = O(loop.sde) },
+    { .name = "eta", .kind = REEL_OPT_FLOAT, .off = O(loop.eta) },
+    { .name = "seed", .kind = REEL_OPT_SET, .set = set_seed, .expect = "a non-negative integer" },
+    { .name = "backend", .kind = REEL_OPT_STRING, .off = O(backend) },
+    { .name = "dtype", .kind = REEL_OPT_STRING, .off = O(dtype) },
+    { .name = "out", .kind = REEL_OPT_STRING, .off = O(out) },
+    { .name = "size", .kind = REEL_OPT_SET, .set = set_size,
+      .expect = "FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24)" },
+    { .name = "graphs", .kind = REEL_OPT_BOOL_CHOICE, .off = O(graphs), .choices = on_off },
+    { .name = "warmup", .kind = REEL_OPT_INT, .off = O(warmup), .lo = 0, .hi = 1000 },
+    { .name = "no-fallback", .kind = REEL_OPT_FLAG, .off = O(no_fallback) },
+    { .name = "solver", .kind = REEL_OPT_SET, .set = set_solver },
+};
+#undef O
+
 static int parse(int argc, char **argv, run_opts_t *r) {
-    enum { O_WEIGHTS = 1, O_LATENT, O_CONTEXT, O_UNCOND, O_STEPS, O_SHIFT, O_CFG, O_SDE, O_ETA,
-           O_SEED, O_BACKEND, O_DTYPE, O_OUT, O_SIZE, O_GRAPHS, O_WARMUP, O_NOFALLBACK, O_SOLVER };
-    static const struct option opts[] = {
-        { "weights", required_argument, 0, O_WEIGHTS }, { "latent", required_argument, 0, O_LATENT },
-        { "context", required_argument, 0, O_CONTEXT }, { "uncond", required_argument, 0, O_UNCOND },
-        { "steps", required_argument, 0, O_STEPS }, { "shift", required_argument, 0, O_SHIFT },
-        { "cfg", required_argument, 0, O_CFG }, { "sde", no_argument, 0, O_SDE },
-        { "eta", required_argument, 0, O_ETA }, { "seed", required_argument, 0, O_SEED },
-        { "backend", required_argument, 0, O_BACKEND }, { "dtype", required_argument, 0, O_DTYPE },
-        { "out", required_argument, 0, O_OUT }, { "size", required_argument, 0, O_SIZE },
-        { "graphs", required_argument, 0, O_GRAPHS }, { "warmup", required_argument, 0, O_WARMUP },
-        { "no-fallback", no_argument, 0, O_NOFALLBACK }, { "solver", required_argument, 0, O_SOLVER },
-        { 0, 0, 0, 0 },
-    };
     memset(r, 0, sizeof *r);
     r->loop.steps = -1;
     r->loop.shift = 1.0;
@@ -47,60 +86,11 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     r->dtype = "f32";
     r->graphs = true;
     r->warmup = 2;
-    int o;
-    double d;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case O_WEIGHTS: r->weights = optarg; break;
-        case O_LATENT: r->latent = optarg; break;
-        case O_CONTEXT: r->context = optarg; break;
-        case O_UNCOND: r->uncond = optarg; break;
-        case O_OUT: r->out = optarg; break;
-        case O_BACKEND: r->backend = optarg; break;
-        case O_DTYPE: r->dtype = optarg; break;
-        case O_SDE: r->loop.sde = true; break;
-        case O_NOFALLBACK: r->no_fallback = true; break;
-        case O_SOLVER:
-            if (tdit_solver_parse(optarg, &r->loop.solver)) return ctl_die(CTL_USAGE, "--solver: %s", kern_error());
-            break;
-        case O_STEPS:
-            if (ctl_parse_int(optarg, &r->loop.steps)) return ctl_die(CTL_USAGE, "--steps: '%s' is not an integer", optarg);
-            break;
-        case O_SHIFT:
-            if (ctl_parse_double(optarg, &r->loop.shift)) return ctl_die(CTL_USAGE, "--shift: '%s' is not a number", optarg);
-            break;
-        case O_CFG:
-            if (ctl_parse_double(optarg, &d)) return ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", optarg);
-            r->loop.guidance = (float)d;
-            r->have_cfg = true;
-            break;
-        case O_ETA:
-            if (ctl_parse_double(optarg, &d)) return ctl_die(CTL_USAGE, "--eta: '%s' is not a number", optarg);
-            r->loop.eta = (float)d;
-            break;
-        case O_SEED:
-            if (ctl_parse_u64(optarg, &r->loop.seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
-            r->have_seed = true;
-            break;
-        case O_GRAPHS:
-            if (!strcmp(optarg, "on")) r->graphs = true;
-            else if (!strcmp(optarg, "off")) r->graphs = false;
-            else return ctl_die(CTL_USAGE, "--graphs: expected on or off, got '%s'", optarg);
-            break;
-        case O_WARMUP:
-            if (ctl_parse_int(optarg, &r->warmup) || r->warmup < 0 || r->warmup > 1000)
-                return ctl_die(CTL_USAGE, "--warmup: expected 0..1000, got '%s'", optarg);
-            break;
-        case O_SIZE:
-            if (ctl_parse_size(optarg, r->size) != 0)
-                return ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24), got '%s'", optarg);
-            break;
-        default: return ctl_die(CTL_USAGE, "run: unknown or incomplete option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return ctl_die(CTL_USAGE, "run: unexpected argument '%s'", argv[optind]);
+    char err[512];
+    int rest = argc;
+    if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest, err, sizeof err))
+        return ctl_die(CTL_USAGE, "run: %s", err);
+    if (rest < argc) return ctl_die(CTL_USAGE, "run: unexpected argument '%s'", argv[rest]);
     if (!r->weights || !r->context || !r->out)
         return ctl_die(CTL_USAGE, "run needs --weights, --context and --out");
     if (r->loop.steps < 0) return ctl_die(CTL_USAGE, "run needs --steps N");

@@ -1,0 +1,173 @@
+/* test_opts.c -- base/opts: the table-driven option parser the daemons and
+ * reelctl run share. Each kind stores its value where its row says, a value
+ * out of range or of the wrong form is refused naming the option and the
+ * value, an unknown option and a missing value are refused by name, a help
+ * row stops parsing, and usage lines line up at their column. */
+#include <check.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/opts.h"
+
+typedef struct {
+    bool flag, bf;
+    int n, pick;
+    int64_t big;
+    uint64_t u;
+    double d;
+    float f;
+    const char *s;
+    int sets;
+} o_t;
+
+static int set_even(void *dst, const char *v, char *err, size_t len) {
+    (void)err, (void)len;
+    if (strlen(v) % 2) return -1;
+    ((o_t *)dst)->sets++;
+    return 0;
+}
+static int set_says(void *dst, const char *v, char *err, size_t len) {
+    (void)dst;
+    snprintf(err, len, "--says: nothing like '%s'", v);
+    return -1;
+}
+
+static const char *const colours[] = { "red", "green", "blue", NULL };
+static const char *const onoff[] = { "off", "on", NULL };
+
+#define O(f) offsetof(o_t, f)
+static const reel_opt_t rows[] = {
+    { .name = "flag", .short_name = 'f', .kind = REEL_OPT_FLAG, .off = O(flag), .help = "a flag" },
+    { .name = "n", .short_name = 'n', .kind = REEL_OPT_INT, .off = O(n), .lo = 1, .hi = 10, .arg = "N",
+      .help = "a count\nof things" },
+    { .name = "big", .kind = REEL_OPT_I64, .off = O(big), .lo = -5, .hi = (long long)1 << 40, .arg = "N" },
+    { .name = "u", .kind = REEL_OPT_U64, .off = O(u), .ulo = 0, .uhi = UINT64_MAX, .arg = "U" },
+    { .name = "d", .kind = REEL_OPT_DOUBLE, .off = O(d), .dlo = 0, .dhi = 1 },
+    { .name = "f", .kind = REEL_OPT_FLOAT, .off = O(f) },
+    { .name = "s", .kind = REEL_OPT_STRING, .off = O(s), .arg = "A-VERY-LONG-METAVAR-NAME", .help = "text" },
+    { .name = "colour", .kind = REEL_OPT_CHOICE, .off = O(pick), .choices = colours },
+    { .name = "onoff", .kind = REEL_OPT_BOOL_CHOICE, .off = O(bf), .choices = onoff },
+    { .name = "even", .kind = REEL_OPT_SET, .set = set_even, .expect = "an even length" },
+    { .name = "says", .kind = REEL_OPT_SET, .set = set_says },
+    { .name = "help", .short_name = 'h', .kind = REEL_OPT_HELP },
+};
+#define N (sizeof rows / sizeof rows[0])
+
+static char err[256];
+static int rest;
+
+static int parse(o_t *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    err[0] = '\0';
+    return reel_opts_parse(rows, N, o, argc, argv, &rest, err, sizeof err);
+}
+#define PARSE(o, ...) parse(o, (int)(sizeof (char *[]){ "prog", __VA_ARGS__ } / sizeof(char *)), (char *[]){ "prog", __VA_ARGS__, NULL })
+
+START_TEST(test_each_kind_stores_its_value_where_its_row_says) {
+    o_t o;
+    ck_assert_int_eq(PARSE(&o, "-f", "--n", "7", "--big=-5", "--u", "18446744073709551615", "--d", "0.5", "--f",
+                           "2.5", "--s", "x y", "--colour", "blue", "--onoff", "on", "--even", "ab", "--even", "cdef"),
+                     0);
+    ck_assert(o.flag);
+    ck_assert_int_eq(o.n, 7);
+    ck_assert_int_eq(o.big, -5);
+    ck_assert_uint_eq(o.u, UINT64_MAX);
+    ck_assert_double_eq(o.d, 0.5);
+    ck_assert_float_eq(o.f, 2.5f);
+    ck_assert_str_eq(o.s, "x y");
+    ck_assert_int_eq(o.pick, 2);
+    ck_assert(o.bf);
+    ck_assert_int_eq(o.sets, 2);
+    ck_assert_int_eq(rest, 21);
+}
+END_TEST
+
+START_TEST(test_short_letters_prefixes_and_arguments_after_options_parse_as_getopt_long_does) {
+    o_t o;
+    ck_assert_int_eq(PARSE(&o, "-n", "3", "file", "--col", "red", "--", "--flag"), 0);
+    ck_assert_int_eq(o.n, 3);
+    ck_assert_int_eq(o.pick, 0);
+    ck_assert(!o.flag); /* after "--": an argument */
+    ck_assert_int_eq(rest, 6); /* permuted: "file" and "--flag" follow the options and "--" */
+}
+END_TEST
+
+START_TEST(test_values_out_of_range_or_of_the_wrong_form_name_the_option_and_the_value) {
+    o_t o;
+    ck_assert_int_eq(PARSE(&o, "--n", "11"), -1);
+    ck_assert_str_eq(err, "--n: '11' is a bad value: expected 1..10");
+    ck_assert_int_eq(PARSE(&o, "--n", " 5"), -1); /* no leading space */
+    ck_assert_int_eq(PARSE(&o, "--n", "5x"), -1);
+    ck_assert_int_eq(PARSE(&o, "--big", "-6"), -1);
+    ck_assert_int_eq(PARSE(&o, "--u", "-1"), -1);
+    ck_assert_str_eq(err, "--u: '-1' is a bad value: expected 0..18446744073709551615");
+    ck_assert_int_eq(PARSE(&o, "--u", "18446744073709551616"), -1);
+    ck_assert_int_eq(PARSE(&o, "--d", "1.5"), -1);
+    ck_assert_str_eq(err, "--d: '1.5' is a bad value: expected a number in 0..1");
+    ck_assert_int_eq(PARSE(&o, "--f", "inf"), -1);
+    ck_assert_int_eq(PARSE(&o, "--colour", "pink"), -1);
+    ck_assert_str_eq(err, "--colour: 'pink' is a bad value: expected red, green or blue");
+    ck_assert_int_eq(PARSE(&o, "--onoff", "maybe"), -1);
+    ck_assert_str_eq(err, "--onoff: 'maybe' is a bad value: expected off or on");
+    ck_assert_int_eq(PARSE(&o, "--even", "abc"), -1);
+    ck_assert_str_eq(err, "--even: 'abc' is a bad value: expected an even length");
+    ck_assert_int_eq(PARSE(&o, "--says", "hi"), -1); /* a setter's own message */
+    ck_assert_str_eq(err, "--says: nothing like 'hi'");
+}
+END_TEST
+
+START_TEST(test_an_unknown_option_and_a_missing_value_are_refused_by_name) {
+    o_t o;
+    ck_assert_int_eq(PARSE(&o, "--frobnicate"), -1);
+    ck_assert_str_eq(err, "unknown or incomplete option '--frobnicate'");
+    ck_assert_int_eq(PARSE(&o, "--flag=1"), -1); /* a flag takes no value */
+    ck_assert_str_eq(err, "unknown or incomplete option '--flag=1'");
+    ck_assert_int_eq(PARSE(&o, "-f", "--n"), -1);
+    ck_assert_str_eq(err, "option '--n' needs a value");
+    ck_assert_int_eq(PARSE(&o, "-n"), -1);
+    ck_assert_str_eq(err, "option '-n' needs a value");
+}
+END_TEST
+
+START_TEST(test_help_stops_parsing_and_returns_1) {
+    o_t o;
+    ck_assert_int_eq(PARSE(&o, "--n", "2", "-h", "--bogus"), 1);
+    ck_assert_int_eq(o.n, 2);
+    ck_assert_int_eq(PARSE(&o, "--bogus", "--help"), -1); /* an error before it still counts */
+}
+END_TEST
+
+START_TEST(test_usage_lines_up_help_at_its_column_and_leaves_out_rows_without_help) {
+    char buf[1024] = "usage: prog\n";
+    size_t need = reel_opts_usage(rows, N, 16, buf, sizeof buf);
+    ck_assert_str_eq(buf, "usage: prog\n"
+                          "  -f, --flag    a flag\n"
+                          "  -n, --n N     a count\n"
+                          "                of things\n"
+                          "  --s A-VERY-LONG-METAVAR-NAME  text\n");
+    ck_assert_uint_eq(need, strlen(buf));
+    char small[20] = "";
+    ck_assert_uint_eq(reel_opts_usage(rows, N, 16, small, sizeof small), need - strlen("usage: prog\n"));
+    ck_assert_uint_eq(strlen(small), sizeof small - 1); /* cut, ended */
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("opts");
+    TCase *tc = tcase_create("opts");
+    tcase_add_test(tc, test_each_kind_stores_its_value_where_its_row_says);
+    tcase_add_test(tc, test_short_letters_prefixes_and_arguments_after_options_parse_as_getopt_long_does);
+    tcase_add_test(tc, test_values_out_of_range_or_of_the_wrong_form_name_the_option_and_the_value);
+    tcase_add_test(tc, test_an_unknown_option_and_a_missing_value_are_refused_by_name);
+    tcase_add_test(tc, test_help_stops_parsing_and_returns_1);
+    tcase_add_test(tc, test_usage_lines_up_help_at_its_column_and_leaves_out_rows_without_help);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}
