@@ -185,6 +185,13 @@ void reel_thread_resume(reel_thread_t *t) {
     pthread_mutex_unlock(&t->mu);
 }
 
+void reel_thread_each(reel_thread_t *t, void (*fn)(void *arg, void *item), void *arg) {
+    pthread_mutex_lock(&t->mu);
+    assert(t->paused > 0 && !t->busy);
+    for (node_t *n = t->head; n; n = n->next) fn(arg, n->item);
+    pthread_mutex_unlock(&t->mu);
+}
+
 bool reel_thread_stopping(reel_thread_t *t) {
     pthread_mutex_lock(&t->mu);
     bool s = t->stopping;
@@ -232,6 +239,6 @@ void reel_owner_set(reel_owner_t *o) { atomic_store_explicit(&o->id, reel_thread
 
 void reel_owner_clear(reel_owner_t *o) { atomic_store_explicit(&o->id, 0, memory_order_relaxed); }
 
-bool reel_owner_mine(reel_owner_t *o) {
+bool reel_owner_mine(const reel_owner_t *o) {
     return atomic_load_explicit(&o->id, memory_order_relaxed) == reel_thread_self();
 }

@@ -71,6 +71,11 @@ void reel_thread_pause(reel_thread_t *t);
 /* Ends one pause; the thread goes on when none is left. Can't fail. */
 void reel_thread_resume(reel_thread_t *t);
 
+/* Calls fn(arg, item) on each queued item, oldest first; only while the
+ * thread is paused (assert), so what it sees holds still: for checks and
+ * reports; fn must not call this thread's functions. Can't fail. */
+void reel_thread_each(reel_thread_t *t, void (*fn)(void *arg, void *item), void *arg);
+
 /* True once reel_thread_stop was called: a long run or idle may end early. */
 bool reel_thread_stopping(reel_thread_t *t);
 
@@ -96,6 +101,6 @@ typedef struct {
 uintptr_t reel_thread_self(void);
 void reel_owner_set(reel_owner_t *o);
 void reel_owner_clear(reel_owner_t *o);
-bool reel_owner_mine(reel_owner_t *o);
+bool reel_owner_mine(const reel_owner_t *o);
 
 #endif
