@@ -149,6 +149,10 @@ $(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(L
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
+$(BUILD)/tests/test_worker_invariants: tests/test_worker_invariants.c $(WORKER_UNIT_OBJ) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
 $(BUILD)/tests/test_catalog: tests/test_catalog.c $(REPORT_OBJ) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(REPORT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)

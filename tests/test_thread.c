@@ -130,6 +130,12 @@ static void *pause_main(void *arg) {
     return NULL;
 }
 
+static void see_each(void *arg, void *item) {
+    int *next = arg;
+    ck_assert_int_eq((int)(intptr_t)item, *next);
+    (*next)++;
+}
+
 START_TEST(test_pause_waits_for_the_item_in_progress_and_holds_the_thread_until_resume) {
     seen_t s;
     seen_init(&s);
@@ -152,6 +158,9 @@ START_TEST(test_pause_waits_for_the_item_in_progress_and_holds_the_thread_until_
         sched_yield();
     }
     ck_assert_uint_eq(reel_thread_backlog(t), 100);
+    int next = 0;
+    reel_thread_each(t, see_each, &next); /* the queue, oldest first */
+    ck_assert_int_eq(next, 100);
     pthread_mutex_lock(&s.mu);
     ck_assert_int_eq(s.nran, 1);
     pthread_mutex_unlock(&s.mu);

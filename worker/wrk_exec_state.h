@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "base/thread.h"
+#include "worker/wrk_check.h"
 #include "worker/wrk_executor.h"
 
 #define WRK_STG_POOL 8
@@ -66,7 +67,7 @@ struct wrk_group {
 /* ---- invariants (wrk_invariants.c) ----------------------------------------
  * Each returns 0, or -1 with kern_error() naming the first invariant that
  * does not hold. Builds with -DREEL_INVARIANTS check them after every
- * state change and abort with that description (WRK_CHECK). */
+ * state change and abort with that description (WRK_CHECK, wrk_check.h). */
 
 /* One job of a stream's round (or queue): its sub-batch lies within its
  * samples, a running request is counted in wrk_t.running, a part's
@@ -86,18 +87,5 @@ int wrk_stream_invariants(const wrk_stream_t *st, int queued);
  * wrk_t.running equals the running single requests plus the parts left of
  * the started groups. */
 int wrk_exec_invariants(wrk_exec_t *x);
-
-#ifdef REEL_INVARIANTS
-#define WRK_CHECK(call)                                                                        \
-    do {                                                                                       \
-        if ((call) != 0) {                                                                     \
-            fprintf(stderr, "worker invariant violated: %s (%s:%d)\n", kern_error(), __FILE__, \
-                    __LINE__);                                                                 \
-            abort();                                                                           \
-        }                                                                                      \
-    } while (0)
-#else
-#define WRK_CHECK(call) ((void)0)
-#endif
 
 #endif
