@@ -151,6 +151,10 @@ $(BUILD)/tests/test_broker_invariants: tests/test_broker_invariants.c $(BROKER_U
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(BROKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
 
+$(BUILD)/tests/test_worker_invariants: tests/test_worker_invariants.c $(WORKER_UNIT_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)
+
 $(BUILD)/tests/test_worker_unit: tests/test_worker_unit.c $(WORKER_UNIT_OBJ) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(WORKER_UNIT_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS_ALL)

@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "base/thread.h"
 #include "capture_cache/cache.h"
 #include "kernels/backend.h"
 #include "model/tinydit.h"
@@ -51,13 +52,42 @@ typedef struct {
     atomic_bool stop;                /* shutting down: start nothing new */
     atomic_bool fatal;               /* weights are unusable: exit 1 (wrk_sync.h) */
     /* --sync-mode drain: while `draining`, stream threads start no new
-     * request; `running` counts requests between their first and last step. */
+     * request; `running` counts requests between their first and last step
+     * (changed through wrk_running_add/_done only: its drop to 0 wakes the
+     * drain). */
     atomic_bool draining;
     atomic_int running;
+    pthread_mutex_t idle_mu;         /* with idle_cv: the drain waits for running == 0 or stop */
+    pthread_cond_t idle_cv;
+    /* Called when a drain ends (wrk_drain_hook, by wrk_exec_new): the
+     * streams' held requests may start. Under idle_mu. */
+    void (*drain_ended)(void *arg);
+    void *drain_arg;
+    reel_owner_t step_writer;        /* who holds the write side of step_lock (base/thread.h) */
     /* Weight syncs applied and failed by the sync thread, and the seconds
      * of the applied ones (read + hash or fetch, drain, reload), in µs. */
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
 } wrk_t;
+
+/* idle_mu and idle_cv. -1 with a message in kern_error(). */
+int wrk_shared_init(wrk_t *w);
+/* Destroys what wrk_shared_init made (after every thread stopped). */
+void wrk_shared_fini(wrk_t *w);
+/* n more requests running (their first step comes). Can't fail. */
+void wrk_running_add(wrk_t *w, int n);
+/* One request no longer running; the last wakes a drain. Can't fail. */
+void wrk_running_done(wrk_t *w);
+/* Sets w->stop and wakes a drain waiting. Can't fail. */
+void wrk_stop(wrk_t *w);
+/* Waits until no request is running or the worker stops: condition
+ * variable, no polling. Can't fail. */
+void wrk_wait_drained(wrk_t *w);
+/* Ends a drain: held requests may start (calls the drain hook: the
+ * executor wakes its streams). Can't fail. */
+void wrk_drain_end(wrk_t *w);
+/* Sets what wrk_drain_end calls (NULL: nothing); once it returns, no call
+ * of the previous hook is in progress. Can't fail. */
+void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 
 /* "reel-worker NAME: <msg>\n" on stderr, one write. */
 void wrk_log(const wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

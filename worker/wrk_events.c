@@ -3,11 +3,13 @@
  * the callback the cache runs between steps does little more than a copy. */
 #include "worker/wrk_events.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/thread.h"
 
 #define MAP_MAX 256   /* cache stream numbers we translate; others pass through */
 
@@ -33,6 +35,7 @@ typedef struct {
 
 struct wrk_events {
     pthread_mutex_t mu;
+    reel_owner_t owner;          /* who holds mu (lock(), unlock()) */
     size_t max;                  /* n_ev + n_rep never exceeds it */
     entry_t *ev;
     size_t n_ev;
@@ -74,18 +77,30 @@ void wrk_events_destroy(wrk_events_t **ep) {
     *ep = NULL;
 }
 
+static void lock(wrk_events_t *e) {
+    pthread_mutex_lock(&e->mu);
+    reel_owner_set(&e->owner);
+}
+
+static void unlock(wrk_events_t *e) {
+    reel_owner_clear(&e->owner);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static bool full(const wrk_events_t *e) { return e->n_ev + e->n_rep >= e->max; }
 
-/* The worker stream of cache stream s. Caller holds the lock. */
+/* The worker stream of cache stream s. */
 static int translate(const wrk_events_t *e, int s) {
+    assert(reel_owner_mine(&e->owner));
     if (s >= 0 && s < MAP_MAX && e->map[s] >= 0) return e->map[s];
     return s;
 }
 
 /* The pending decline of (hash, reason) that a new one may merge into, or
  * NULL when a capture or eviction of the key came after it (or none is
- * pending). Caller holds the lock. */
+ * pending). */
 static entry_t *merge_target(wrk_events_t *e, uint64_t hash, const char *reason) {
+    assert(reel_owner_mine(&e->owner));
     for (size_t i = e->n_ev; i-- > 0;) {
         entry_t *x = &e->ev[i];
         if (x->key_hash != hash) continue;
@@ -98,7 +113,7 @@ static entry_t *merge_target(wrk_events_t *e, uint64_t hash, const char *reason)
 void wrk_events_on_cache(void *user, const cap_event_t *ev) {
     wrk_events_t *e = user;
     if (!e || !ev) return;
-    pthread_mutex_lock(&e->mu);
+    lock(e);
     /* Captures and declines are delivered on the thread of the entry's own
      * stream: that is where the two numberings meet. */
     if (tl_stream >= 0 && ev->stream >= 0 && ev->stream < MAP_MAX &&
@@ -138,14 +153,14 @@ void wrk_events_on_cache(void *user, const cap_event_t *ev) {
     x->count = 1;
     e->n_ev++;
 out:
-    pthread_mutex_unlock(&e->mu);
+    unlock(e);
 }
 
 void wrk_events_push(wrk_events_t *e, const msg_event_t *ev) {
     if (!e || !ev) return;
     char *key = strdup(ev->key ? ev->key : "");
     msg_event_t *raw = malloc(sizeof *raw);
-    pthread_mutex_lock(&e->mu);
+    lock(e);
     if (!key || !raw || full(e)) {
         e->dropped++;
         free(key);
@@ -159,25 +174,25 @@ void wrk_events_push(wrk_events_t *e, const msg_event_t *ev) {
         x->key_hash = ev->key_hash;
         x->raw = raw;
     }
-    pthread_mutex_unlock(&e->mu);
+    unlock(e);
 }
 
 void wrk_events_replay(wrk_events_t *e, uint64_t key_hash, int stream) {
     if (!e) return;
-    pthread_mutex_lock(&e->mu);
+    lock(e);
     size_t i;
     for (i = 0; i < e->n_rep; i++)
         if (e->rep[i].key_hash == key_hash && e->rep[i].stream == stream) break;
     if (i < e->n_rep) e->rep[i].count++;
     else if (full(e)) e->dropped++;
     else e->rep[e->n_rep++] = (replays_t){ key_hash, stream, 1 };
-    pthread_mutex_unlock(&e->mu);
+    unlock(e);
 }
 
 bool wrk_events_pending(wrk_events_t *e) {
-    pthread_mutex_lock(&e->mu);
+    lock(e);
     bool p = e->n_ev + e->n_rep > 0 || e->dropped > 0;
-    pthread_mutex_unlock(&e->mu);
+    unlock(e);
     return p;
 }
 
@@ -223,7 +238,7 @@ static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
 }
 
 msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *dropped) {
-    pthread_mutex_lock(&e->mu);
+    lock(e);
     if (dropped) {
         *dropped = e->dropped;
         e->dropped = 0;
@@ -254,6 +269,6 @@ msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *d
     memmove(e->rep, e->rep + n_rep, (e->n_rep - n_rep) * sizeof *e->rep);
     e->n_rep -= n_rep;
 out:
-    pthread_mutex_unlock(&e->mu);
+    unlock(e);
     return out;
 }

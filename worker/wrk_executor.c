@@ -11,56 +11,20 @@
 #include <time.h>
 #include "base/error.h"
 #include "model/tdit_program.h"
+#include "worker/wrk_exec_state.h"
 #include "worker/wrk_pipe.h"
 
-#define STG_POOL 8
+/* The group's lock; its invariants are checked on release. */
+static void glock(wrk_group_t *g) {
+    pthread_mutex_lock(&g->mu);
+    reel_owner_set(&g->owner);
+}
 
-typedef struct {
-    wrk_exec_t *x;
-    int idx;
-    pthread_t th;
-    bool started;
-    kern_stream_t *ks;
-    void *push;                  /* owned by the thread while it runs */
-    pthread_mutex_t mu;          /* guards q_head/q_tail */
-    pthread_cond_t cv;
-    wrk_job_t *q_head, *q_tail;  /* submitted, not yet taken */
-    atomic_int load;             /* jobs queued + active */
-    /* Staging sets reused across requests, so a key's graph keeps reading
-     * the contexts in place (pinned) from one request to the next. Only
-     * this stream's thread touches them. */
-    tdit_staging_t *pool[STG_POOL];
-    bool busy[STG_POOL];
-    uint64_t used[STG_POOL];     /* last take, for LRU replacement */
-    uint64_t clock;
-    int npool;
-} stream_t;
-
-struct wrk_exec {
-    wrk_t *w;
-    int n;
-    stream_t *s;
-};
-
-/* A group split over the streams (the CPU backend: a stream is a core's
- * thread): each part is a job of its own on its own stream, batched as a
- * group, writing its samples' outputs here; the part that finishes last
- * sends the one RESULT (or nothing, when a part failed: that part sent
- * the ERROR). Every part is bitwise the single requests of its seeds, so
- * the whole is too. */
-struct wrk_group {
-    pthread_mutex_t mu;
-    int parts, parts_left, parts_ok;
-    bool started;                /* counted in wrk_t.running, all parts at once */
-    atomic_bool failed;          /* a part sent ERROR: the others stop */
-    int n, steps;
-    float *out, *traj, *means, *logp;
-    uint64_t *vers;
-    tdit_run_stats_t stats;
-    uint64_t first_version, last_version;
-    bool have_version;
-    int progress_done, progress_total;
-};
+static void gunlock(wrk_group_t *g) {
+    WRK_CHECK(wrk_group_invariants(g));
+    reel_owner_clear(&g->owner);
+    pthread_mutex_unlock(&g->mu);
+}
 
 static void group_free(wrk_group_t *g) {
     if (!g) return;
@@ -75,9 +39,9 @@ static void group_free(wrk_group_t *g) {
 
 /* ---- messages ------------------------------------------------------------ */
 
-static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...)
+static void send_error(wrk_stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void send_error(stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...) {
+static void send_error(wrk_stream_t *st, const wrk_job_t *j, const char *code, const char *fmt, ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
@@ -152,7 +116,7 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
 
 /* RESULT {worker, version, first_version, stats, key_hash, version_runs,
  * n, seeds} + latent and the rollout tensors asked for. */
-static void send_outputs(stream_t *st, wrk_job_t *j, const outputs_t *o) {
+static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
     wrk_t *w = st->x->w;
     msg_result_t *r = calloc(1, sizeof *r);
     if (!r) {
@@ -205,7 +169,7 @@ out:
 }
 
 /* The RESULT of a single request, straight from its tdit_req. */
-static void send_result(stream_t *st, wrk_job_t *j) {
+static void send_result(wrk_stream_t *st, wrk_job_t *j) {
     float *out = malloc(j->n_latent * sizeof *out);
     if (!out) {
         send_error(st, j, WIRE_E_INTERNAL, "out of memory reading the result");
@@ -233,7 +197,7 @@ static void stats_add(tdit_run_stats_t *dst, const tdit_run_stats_t *src) {
     for (int i = 0; i < CAP_DECLINE_COUNT; i++) dst->declines[i] += src->declines[i];
 }
 
-static int gather(stream_t *st, wrk_job_t *j) {
+static int gather(wrk_stream_t *st, wrk_job_t *j) {
     const tdit_req_t *q = j->req;
     size_t n = (size_t)j->n, nl = j->n_latent, steps = (size_t)tdit_req_steps(q), b = (size_t)tdit_req_batch(q);
     if (!j->group && !j->g_out) {
@@ -260,7 +224,7 @@ static int gather(stream_t *st, wrk_job_t *j) {
     return 0;
 }
 
-static void send_group_result(stream_t *st, wrk_job_t *j) {
+static void send_group_result(wrk_stream_t *st, wrk_job_t *j) {
     outputs_t o = { j->n, tdit_req_steps(j->req), j->g_out, j->g_traj, j->g_means, j->g_logp, j->g_vers,
                     &j->g_stats };
     send_outputs(st, j, &o);
@@ -269,7 +233,7 @@ static void send_group_result(stream_t *st, wrk_job_t *j) {
 /* The RESULT of a split group, sent by its last part j (which still holds
  * its tdit_req: the schedule and the key hash). The group's seeds are
  * j's from base 0 on: every part carries the whole group's seeds. */
-static void send_split_result(stream_t *st, wrk_job_t *j, wrk_group_t *g) {
+static void send_split_result(wrk_stream_t *st, wrk_job_t *j, wrk_group_t *g) {
     j->first_version = g->first_version;
     j->ran_version = g->last_version;
     outputs_t o = { g->n, g->steps, g->out, g->traj, g->means, g->logp, g->vers, &g->stats };
@@ -282,14 +246,14 @@ static void send_split_result(stream_t *st, wrk_job_t *j, wrk_group_t *g) {
  * full, an idle set of another shape, least recently used, makes way), or
  * NULL: the request then allocates its own. Device memory is allocated
  * only when a shape is new to this stream, never per request. */
-static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
+static tdit_staging_t *take_staging(wrk_stream_t *st, const tdit_shape_t *sh) {
     for (int i = 0; i < st->npool; i++)
         if (!st->busy[i] && tdit_shape_equal(tdit_staging_shape(st->pool[i]), sh)) {
             st->busy[i] = true;
             st->used[i] = ++st->clock;
             return st->pool[i];
         }
-    int slot = st->npool < STG_POOL ? st->npool : -1;
+    int slot = st->npool < WRK_STG_POOL ? st->npool : -1;
     if (slot < 0)
         for (int i = 0; i < st->npool; i++)
             if (!st->busy[i] && (slot < 0 || st->used[i] < st->used[slot])) slot = i;
@@ -305,7 +269,7 @@ static tdit_staging_t *take_staging(stream_t *st, const tdit_shape_t *sh) {
 }
 
 /* Hands j's staging set back to the pool. */
-static void put_staging(stream_t *st, wrk_job_t *j) {
+static void put_staging(wrk_stream_t *st, wrk_job_t *j) {
     if (j->stg)
         for (int i = 0; i < st->npool; i++)
             if (st->pool[i] == j->stg) st->busy[i] = false;
@@ -315,20 +279,20 @@ static void put_staging(stream_t *st, wrk_job_t *j) {
 /* Frees j, handing its staging set back to the pool. The last part of a
  * split group to finish sends the group's RESULT when every part ran
  * (and the broker still waits for it), then frees the group. */
-static void job_done(stream_t *st, wrk_job_t **jp) {
+static void job_done(wrk_stream_t *st, wrk_job_t **jp) {
     wrk_job_t *j = *jp;
     wrk_group_t *g = j ? j->group : NULL;
-    if (j && !g && j->counted) atomic_fetch_sub(&st->x->w->running, 1);
+    if (j && !g && j->counted) wrk_running_done(st->x->w);
     if (j) put_staging(st, j);
     if (g) {
-        pthread_mutex_lock(&g->mu);
+        glock(g);
         /* Counted with its group when the group started, whether or not
          * this part ever ran a step. */
-        if (g->started) atomic_fetch_sub(&st->x->w->running, 1);
+        if (g->started) wrk_running_done(st->x->w);
         bool last = --g->parts_left == 0;
         if (j->ok) g->parts_ok++;
         bool send = last && g->parts_ok == g->parts && !atomic_load(&g->failed);
-        pthread_mutex_unlock(&g->mu);
+        gunlock(g);
         if (send && j->epoch == atomic_load(&st->x->w->epoch)) send_split_result(st, j, g);
         if (last) group_free(g);
     }
@@ -353,14 +317,14 @@ static int choose_chunk(const wrk_t *w, const wrk_job_t *j) {
  * (chunk samples, or what is left). A sub-batch that cannot be set up
  * (device memory) is tried again at half the size. 0, or -1 with a
  * message. */
-static int start_req(stream_t *st, wrk_job_t *j) {
+static int start_req(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (!j->chunk) {
         j->chunk = choose_chunk(w, j);
         if (j->group) { /* a part in several batches: more steps to report */
-            pthread_mutex_lock(&j->group->mu);
+            glock(j->group);
             j->group->progress_total += ((j->n + j->chunk - 1) / j->chunk - 1) * j->loop.steps;
-            pthread_mutex_unlock(&j->group->mu);
+            gunlock(j->group);
         }
         if (j->chunk < j->n)
             wrk_log(w, "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the %zu-byte budget)",
@@ -379,9 +343,9 @@ static int start_req(stream_t *st, wrk_job_t *j) {
         if (b == 1) return -1;
         j->chunk = (b + 1) / 2;
         if (j->group) { /* more batches to report */
-            pthread_mutex_lock(&j->group->mu);
+            glock(j->group);
             j->group->progress_total += ((left + j->chunk - 1) / j->chunk - (left + b - 1) / b) * j->loop.steps;
-            pthread_mutex_unlock(&j->group->mu);
+            gunlock(j->group);
         }
         wrk_log(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d", (unsigned long long)j->id,
                 b, kern_error(), j->chunk);
@@ -398,18 +362,18 @@ static int start_req(stream_t *st, wrk_job_t *j) {
 /* PROGRESS over a group counts the batched steps of every sub-batch (of
  * every part of a split group: each part reports the group's count as it
  * steps; two parts' messages may arrive a step out of order). */
-static void send_progress_job(stream_t *st, const wrk_job_t *j) {
+static void send_progress_job(wrk_stream_t *st, const wrk_job_t *j) {
     int steps = tdit_req_steps(j->req), b = (int)tdit_req_batch(j->req);
     int rest = j->n - j->at - b, more = rest > 0 ? (rest + j->chunk - 1) / j->chunk : 0;
     msg_progress_t p = { (uint64_t)(j->batches * steps + tdit_req_steps_done(j->req)),
                          (uint64_t)((j->batches + 1 + more) * steps) };
     if (j->group) {
         wrk_group_t *g = j->group;
-        pthread_mutex_lock(&g->mu);
+        glock(g);
         g->progress_done++;
         if (g->progress_total < g->progress_done) g->progress_total = g->progress_done;
         p = (msg_progress_t){ (uint64_t)g->progress_done, (uint64_t)g->progress_total };
-        pthread_mutex_unlock(&g->mu);
+        gunlock(g);
     }
     if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
         wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
@@ -417,9 +381,9 @@ static void send_progress_job(stream_t *st, const wrk_job_t *j) {
 
 /* j cannot go on: ERROR for its request, unless it is a part of a split
  * group whose other part already sent one (the others then stop). */
-static void part_failed(stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...)
+static void part_failed(wrk_stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static void part_failed(stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...) {
+static void part_failed(wrk_stream_t *st, wrk_job_t *j, const char *code, const char *fmt, ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
@@ -431,12 +395,20 @@ static void part_failed(stream_t *st, wrk_job_t *j, const char *code, const char
     send_error(st, j, code, "%s", msg);
 }
 
-/* Runs one step of j. Returns true when j is finished (done, failed or
- * abandoned) and must be freed. */
-static bool step_once(stream_t *st, wrk_job_t *j) {
+/* What one turn of a job in the round did. */
+typedef enum {
+    STEP_RAN,                    /* stepped (or started): it goes on next round */
+    STEP_HELD,                   /* not started: a drain holds new requests */
+    STEP_DONE,                   /* finished, failed or abandoned: free it */
+} step_t;
+
+/* True when j is over before its step: its broker session ended, another
+ * part of its group failed (that part's ERROR went out), or its deadline
+ * passed (ERROR timeout sent). */
+static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
-    if (j->group && atomic_load(&j->group->failed)) return true; /* another part failed: its ERROR went out */
+    if (j->group && atomic_load(&j->group->failed)) return true;
     if (j->deadline_at && wrk_mono_ms() > j->deadline_at) {
         /* The broker answered its client timeout: the rest of the steps
          * would be thrown away, and the worker is free for others now. */
@@ -444,38 +416,51 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
                     j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
         return true;
     }
-    if (!j->req) {
-        /* Held until the sync lands; a started group's next sub-batch is
-         * not: the drain waits for it. A split group's parts start all at
-         * once (counted together), so a drain never splits them across
-         * two versions. */
-        if (j->group && !j->counted) {
-            wrk_group_t *g = j->group;
-            pthread_mutex_lock(&g->mu);
-            bool go = g->started || !atomic_load(&w->draining);
-            if (go && !g->started) {
-                /* The parts still to come through job_done: one already
-                 * dropped (a new broker session) takes nothing off. */
-                g->started = true;
-                atomic_fetch_add(&w->running, g->parts_left);
-            }
-            pthread_mutex_unlock(&g->mu);
-            if (!go) return false;
-            j->counted = true; /* counted with its group */
+    return false;
+}
+
+/* j has no request running: counts it in wrk_t.running unless a drain
+ * holds it, then starts its request (or its next sub-batch). Held until
+ * the sync lands; a started group's next sub-batch is not: the drain waits
+ * for it. A split group's parts start all at once (counted together), so
+ * a drain never splits them across two versions. STEP_DONE when it cannot
+ * start (ERROR sent). */
+static step_t admit(wrk_stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
+    if (j->group && !j->counted) {
+        wrk_group_t *g = j->group;
+        glock(g);
+        bool go = g->started || !atomic_load(&w->draining);
+        if (go && !g->started) {
+            /* The parts still to come through job_done: one already
+             * dropped (a new broker session) takes nothing off. */
+            g->started = true;
+            wrk_running_add(w, g->parts_left);
         }
-        if (!j->counted && atomic_load(&w->draining)) return false;
-        if (!j->counted) atomic_fetch_add(&w->running, 1);
-        j->counted = true;
-        if (start_req(st, j) != 0) {
-            part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
-            return true;
-        }
+        gunlock(g);
+        if (!go) return STEP_HELD;
+        j->counted = true; /* counted with its group */
     }
+    if (!j->counted && atomic_load(&w->draining)) return STEP_HELD;
+    if (!j->counted) wrk_running_add(w, 1);
+    j->counted = true;
+    if (start_req(st, j) != 0) {
+        part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
+        return STEP_DONE;
+    }
+    return STEP_RAN;
+}
+
+/* One step of j's request under the read side of the step lock, and what
+ * it tells: the version it ran on, a replay, PROGRESS. 0, or -1 when j is
+ * over (the step failed: ERROR sent; or the weights are unusable). */
+static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
     cap_result_t res;
     pthread_rwlock_rdlock(&w->step_lock);
     if (atomic_load(&w->fatal)) { /* a reload failed part-way: never step on mixed weights */
         pthread_rwlock_unlock(&w->step_lock);
-        return true;
+        return -1;
     }
     int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
     /* Read under the same lock: the version this step ran on. */
@@ -484,13 +469,34 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     if (rc != 0) {
         part_failed(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
                     kern_error());
-        return true;
+        return -1;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
     if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
     if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
     if (j->progress) send_progress_job(st, j);
-    if (!tdit_req_done(j->req)) return false;
+    return 0;
+}
+
+/* A part that ran all its samples: its counts into the group's; the last
+ * part sends (job_done). */
+static void part_into_group(wrk_job_t *j) {
+    wrk_group_t *g = j->group;
+    const tdit_run_stats_t *a = &j->g_stats;
+    glock(g);
+    stats_add(&g->stats, a);
+    if (a->seconds > g->stats.seconds) g->stats.seconds = a->seconds; /* the parts run side by side */
+    if (!g->have_version || j->first_version < g->first_version) g->first_version = j->first_version;
+    if (!g->have_version || j->ran_version > g->last_version) g->last_version = j->ran_version;
+    g->have_version = true;
+    gunlock(g);
+    j->ok = true;
+}
+
+/* j's request ran its last step: the RESULT of a single request, or the
+ * sub-batch's samples gathered (the group's RESULT after its last). True
+ * when j is over; false when its next sub-batch starts next round. */
+static bool finish_req(wrk_stream_t *st, wrk_job_t *j) {
     if (j->n == 1 && !j->group) {
         send_result(st, j);
         return true;
@@ -502,21 +508,8 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     }
     j->at += (int)tdit_req_batch(j->req);
     if (j->at >= j->n) {
-        if (!j->group) {
-            send_group_result(st, j);
-            return true;
-        }
-        /* A part: its counts into the group's; the last part sends (job_done). */
-        wrk_group_t *g = j->group;
-        const tdit_run_stats_t *a = &j->g_stats;
-        pthread_mutex_lock(&g->mu);
-        stats_add(&g->stats, a);
-        if (a->seconds > g->stats.seconds) g->stats.seconds = a->seconds; /* the parts run side by side */
-        if (!g->have_version || j->first_version < g->first_version) g->first_version = j->first_version;
-        if (!g->have_version || j->ran_version > g->last_version) g->last_version = j->ran_version;
-        g->have_version = true;
-        pthread_mutex_unlock(&g->mu);
-        j->ok = true;
+        if (j->group) part_into_group(j);
+        else send_group_result(st, j);
         return true;
     }
     j->batches++;
@@ -524,60 +517,100 @@ static bool step_once(stream_t *st, wrk_job_t *j) {
     return false;
 }
 
-static void free_list(stream_t *st, wrk_job_t *j) {
-    while (j) {
-        wrk_job_t *next = j->next;
-        job_done(st, &j);
-        atomic_fetch_sub(&st->load, 1);
-        j = next;
+/* j's turn in the round: at most one step. */
+static step_t step_once(wrk_stream_t *st, wrk_job_t *j) {
+    if (abandoned(st, j)) return STEP_DONE;
+    if (!j->req) {
+        step_t a = admit(st, j);
+        if (a != STEP_RAN) return a;
+    }
+    if (step_locked(st, j) != 0) return STEP_DONE;
+    if (!tdit_req_done(j->req)) return STEP_RAN;
+    return finish_req(st, j) ? STEP_DONE : STEP_RAN;
+}
+
+/* ---- the stream thread (base/thread.h) ------------------------------------- */
+
+/* A job ends: off the load, then freed (its RESULT, a split group's, may
+ * go out in job_done). */
+static void job_end(wrk_stream_t *st, wrk_job_t *j) {
+    atomic_fetch_sub(&st->load, 1);
+    job_done(st, &j);
+}
+
+static void stream_enter(void *arg) {
+    wrk_stream_t *st = arg;
+    wrk_events_set_thread_stream(st->idx);
+}
+
+/* A submitted job joins the round at its end. */
+static void stream_take(void *arg, void *item) {
+    wrk_stream_t *st = arg;
+    wrk_job_t *j = item, **tail = &st->active;
+    while (*tail) tail = &(*tail)->next;
+    j->next = NULL;
+    *tail = j;
+    st->nactive++;
+    WRK_CHECK(wrk_stream_invariants(st, (int)reel_thread_backlog(st->th) - 1)); /* j still counts in the backlog */
+}
+
+/* One round: one step of every active job, in arrival order. Returns when
+ * to come back (reel_thread_t's idle): at once while a job stepped or
+ * ended; when only held jobs are left, at the nearest of their deadlines,
+ * or on a post or the drain's end (wrk_drain_end wakes the streams); on a
+ * post when none is left or the worker stops. */
+static int64_t stream_round(void *arg) {
+    wrk_stream_t *st = arg;
+    wrk_t *w = st->x->w;
+    if (!st->active) return -1; /* (the first call comes before st->th is set) */
+    bool moved = false;
+    int64_t due = 0;             /* the nearest deadline of a held job; 0: none */
+    for (wrk_job_t **pp = &st->active; *pp && !atomic_load(&w->stop);) {
+        wrk_job_t *j = *pp;
+        step_t r = step_once(st, j);
+        if (r == STEP_DONE) {
+            *pp = j->next;
+            j->next = NULL;
+            st->nactive--;
+            /* Off the load before the RESULT goes out: a client's next
+             * request, sent on that RESULT, must see this stream free
+             * (else it lands on another stream, one whose graphs for
+             * its key may not exist yet). */
+            job_end(st, j);
+            moved = true;
+            continue;
+        }
+        if (r == STEP_RAN) moved = true;
+        else if (j->deadline_at && (!due || j->deadline_at < due)) due = j->deadline_at;
+        pp = &j->next;
+    }
+    WRK_CHECK(wrk_stream_invariants(st, (int)reel_thread_backlog(st->th)));
+    if (atomic_load(&w->stop) || !st->active) return -1;
+    if (moved) return 0;
+    if (!due) return -1;
+    int64_t ms = due + 1 - wrk_mono_ms(); /* dropped once past it */
+    return ms > 0 ? ms : 0;
+}
+
+/* The thread's last act: what is still in the round ends with it. */
+static void stream_leave(void *arg) {
+    wrk_stream_t *st = arg;
+    while (st->active) {
+        wrk_job_t *j = st->active;
+        st->active = j->next;
+        st->nactive--;
+        job_end(st, j);
     }
 }
 
-static void *stream_main(void *arg) {
-    stream_t *st = arg;
-    wrk_t *w = st->x->w;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL); /* signals are the main thread's */
-    wrk_events_set_thread_stream(st->idx);
+/* A job that never joined the round (a stop, or a post that failed). */
+static void stream_discard(void *arg, void *item) { job_end(arg, item); }
 
-    wrk_job_t *active = NULL, **tail = &active;
-    for (;;) {
-        pthread_mutex_lock(&st->mu);
-        while (!atomic_load(&w->stop) && !st->q_head && !active) pthread_cond_wait(&st->cv, &st->mu);
-        if (st->q_head) { /* new jobs join the round at its end */
-            *tail = st->q_head;
-            tail = &st->q_tail->next;
-            st->q_head = st->q_tail = NULL;
-        }
-        pthread_mutex_unlock(&st->mu);
-        if (atomic_load(&w->stop)) break;
-        /* One round: one step of every active job, in arrival order. */
-        for (wrk_job_t **pp = &active; *pp && !atomic_load(&w->stop);) {
-            wrk_job_t *j = *pp;
-            if (step_once(st, j)) {
-                *pp = j->next;
-                j->next = NULL;
-                /* Off the load before the RESULT goes out: a client's next
-                 * request, sent on that RESULT, must see this stream free
-                 * (else it lands on another stream, one whose graphs for
-                 * its key may not exist yet). */
-                atomic_fetch_sub(&st->load, 1);
-                job_done(st, &j);
-            } else {
-                pp = &j->next;
-            }
-        }
-        for (tail = &active; *tail; tail = &(*tail)->next) {}
-        if (atomic_load(&w->draining)) { /* held requests: do not spin while a sync drains */
-            struct timespec ts = { 0, 2 * 1000 * 1000 };
-            nanosleep(&ts, NULL);
-        }
-    }
-    free_list(st, active);
-    return NULL;
+/* The drain ended: held jobs may start. */
+static void wake_streams(void *arg) {
+    wrk_exec_t *x = arg;
+    for (int i = 0; i < x->n; i++)
+        if (x->s[i].th) reel_thread_wake(x->s[i].th);
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -589,14 +622,10 @@ wrk_exec_t *wrk_exec_new(wrk_t *w) {
     x->s = calloc((size_t)w->opt->streams, sizeof *x->s);
     if (!x->s) { kern_fail("out of memory"); goto err; }
     for (int i = 0; i < w->opt->streams; i++) {
-        stream_t *st = &x->s[i];
+        wrk_stream_t *st = &x->s[i];
         st->x = x;
         st->idx = i;
         atomic_init(&st->load, 0);
-        if (pthread_mutex_init(&st->mu, NULL) || pthread_cond_init(&st->cv, NULL)) {
-            kern_fail("cannot create stream %d's lock", i);
-            goto err;
-        }
         x->n = i + 1;
         if (!(st->ks = kern_stream_new(w->backend))) goto err;
         if (!(st->push = wrk_pipe_push_new(w->zctx))) {
@@ -605,13 +634,14 @@ wrk_exec_t *wrk_exec_new(wrk_t *w) {
         }
     }
     for (int i = 0; i < x->n; i++) {
-        int e = pthread_create(&x->s[i].th, NULL, stream_main, &x->s[i]);
-        if (e) {
-            kern_fail("cannot start stream %d: %s", i, strerror(e));
-            goto err;
-        }
-        x->s[i].started = true;
+        char name[32];
+        snprintf(name, sizeof name, "stream %d", i);
+        reel_thread_opts_t o = { .name = name, .user = &x->s[i], .run = stream_take, .idle = stream_round,
+                                 .discard = stream_discard, .enter = stream_enter, .leave = stream_leave,
+                                 .block_signals = true /* signals are the main thread's */ };
+        if (!(x->s[i].th = reel_thread_start(&o))) goto err;
     }
+    wrk_drain_hook(w, wake_streams, x);
     return x;
 err:
     wrk_exec_destroy(&x);
@@ -636,7 +666,7 @@ static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, 
     size_t nc = (size_t)(j->shape.text_len * tdit_model_config(x->w->model)->text_dim);
     wrk_group_t *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    pthread_mutex_init(&g->mu, NULL);
+    pthread_mutex_init(&g->mu, NULL); /* g is calloc'd: owner nobody */
     atomic_init(&g->failed, false);
     g->parts = g->parts_left = P;
     g->n = j->n;
@@ -680,19 +710,16 @@ static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, 
 
 /* Onto stream `on` (0..n-1), or the least loaded one (-1). */
 static void enqueue(wrk_exec_t *x, wrk_job_t *job, int on) {
-    stream_t *best = &x->s[0];
+    wrk_stream_t *best = &x->s[0];
     if (on >= 0 && on < x->n) best = &x->s[on];
     else
         for (int i = 1; i < x->n; i++)
             if (atomic_load(&x->s[i].load) < atomic_load(&best->load)) best = &x->s[i];
     job->next = NULL;
-    atomic_fetch_add(&best->load, 1);
-    pthread_mutex_lock(&best->mu);
-    if (best->q_tail) best->q_tail->next = job;
-    else best->q_head = job;
-    best->q_tail = job;
-    pthread_cond_signal(&best->cv);
-    pthread_mutex_unlock(&best->mu);
+    uint64_t id = job->id;
+    atomic_fetch_add(&best->load, 1); /* before the post: the load never counts short */
+    if (reel_thread_post(best->th, job) != 0) /* the job was ended (stream_discard) */
+        wrk_log(x->w, "stream %d: %s; request %llu not run", best->idx, kern_error(), (unsigned long long)id);
 }
 
 void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
@@ -709,10 +736,12 @@ void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {
              * replays every step. Fewer parts than streams: the least
              * loaded. */
             for (int p = 0; p < np; p++) enqueue(x, parts[p], np == x->n ? p : -1);
+            WRK_CHECK(wrk_exec_invariants(x));
             return;
         }
     }
     enqueue(x, job, -1);
+    WRK_CHECK(wrk_exec_invariants(x));
 }
 
 int wrk_exec_streams(const wrk_exec_t *x) { return x ? x->n : 0; }
@@ -727,19 +756,11 @@ int wrk_exec_inflight(wrk_exec_t *x) {
 
 void wrk_exec_stop(wrk_exec_t *x) {
     if (!x) return;
-    atomic_store(&x->w->stop, true);
+    wrk_drain_hook(x->w, NULL, NULL); /* the sync thread wakes no stream from now on */
+    wrk_stop(x->w);
     for (int i = 0; i < x->n; i++) {
-        stream_t *st = &x->s[i];
-        pthread_mutex_lock(&st->mu);
-        pthread_cond_broadcast(&st->cv);
-        pthread_mutex_unlock(&st->mu);
-    }
-    for (int i = 0; i < x->n; i++) {
-        stream_t *st = &x->s[i];
-        if (st->started) pthread_join(st->th, NULL);
-        st->started = false;
-        free_list(st, st->q_head);
-        st->q_head = st->q_tail = NULL;
+        wrk_stream_t *st = &x->s[i];
+        reel_thread_stop(&st->th, REEL_THREAD_DISCARD); /* the round ends at the step in progress */
         if (st->push) zmq_close(st->push);
         st->push = NULL;
     }
@@ -750,11 +771,9 @@ void wrk_exec_destroy(wrk_exec_t **xp) {
     wrk_exec_t *x = *xp;
     wrk_exec_stop(x);
     for (int i = 0; i < x->n; i++) {
-        stream_t *st = &x->s[i];
+        wrk_stream_t *st = &x->s[i];
         for (int k = 0; k < st->npool; k++) tdit_staging_destroy(&st->pool[k]);
         kern_stream_destroy(&st->ks);
-        pthread_cond_destroy(&st->cv);
-        pthread_mutex_destroy(&st->mu);
     }
     free(x->s);
     free(x);

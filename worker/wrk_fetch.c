@@ -30,17 +30,8 @@
 #include <unistd.h>
 #include "base/error.h"
 #include "base/sha256.h"
+#include "worker/wrk_fetch_state.h"
 #include "worker/wrk_weights.h"
-
-typedef struct {
-    void *sock;
-    const msg_sync_t *m;
-    uint64_t next_id;
-    uint64_t asked;              /* the offset the next FETCH asks for */
-    uint64_t size;               /* the file's, from the first answer; UINT64_MAX before */
-    unsigned reasked;            /* times the broker's silence made it ask again */
-    unsigned dropped;            /* answers dropped: not the chunk needed next */
-} fetch_t;
 
 static int fail(char *err, size_t errlen, char *wire, size_t wlen, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -60,7 +51,7 @@ static int64_t now_ms(void) {
 }
 
 /* Asks for the chunk at f->asked. 0, or -1 (errno). */
-static int ask(fetch_t *f) {
+static int ask(wrk_fetch_t *f) {
     msg_fetch_t q;
     memset(&q, 0, sizeof q);
     snprintf(q.component, sizeof q.component, "%s", f->m->component);
@@ -76,7 +67,7 @@ static int ask(fetch_t *f) {
 /* The next answer within quiet_ms, while not stopping: 0 with *m (a
  * FETCH_DATA whose fields and chunk are checked), 1 when none came in
  * quiet_ms, -1 with the reason. */
-static int answer(fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d, char *why,
+static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d, char *why,
                   size_t len) {
     int64_t deadline = now_ms() + quiet_ms;
     for (;;) {
@@ -105,19 +96,6 @@ static int answer(fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t 
         return 0;
     }
 }
-
-/* The file in memory as it arrives: its length field, its header and its
- * data, each allocated once the length field is in. */
-typedef struct {
-    unsigned char len8[8];
-    char *hdr;
-    unsigned char *data;
-    size_t cap;                  /* data's size */
-    uint64_t hlen, dlen;
-    uint64_t max_data;           /* the model's data bytes; 0: no limit */
-    bool not_model;              /* refused: more data than the model holds */
-    wrk_fetch_buf_t *spare;
-} mem_t;
 
 /* A data buffer of at least n bytes, *cap its size: the spare one when it
  * is big enough, else a new one (free()d by the loaded file) on 2 MiB pages
@@ -153,9 +131,27 @@ void wrk_fetch_spare_release(wrk_fetch_buf_t *spare) {
     if (spare->p && e > a) (void)madvise((void *)a, e - a, MADV_FREE); /* a hint: without it the pages stay */
 }
 
+int wrk_fetch_invariants(const wrk_fetch_t *f, const wrk_fetch_mem_t *m, uint64_t done) {
+    bool sized = f->size != UINT64_MAX;
+    if (sized && done > f->size)
+        return kern_fail("fetch: %" PRIu64 " bytes came of a %" PRIu64 "-byte file", done, f->size);
+    if (f->asked < done) return kern_fail("fetch: asking at %" PRIu64 ", behind the %" PRIu64 " bytes that came", f->asked, done);
+    if (f->asked - done > (uint64_t)WRK_FETCH_WINDOW * MSG_CHUNK_MAX)
+        return kern_fail("fetch: %" PRIu64 " bytes asked ahead, more than %d chunks", f->asked - done, WRK_FETCH_WINDOW);
+    if (done < 8 && (m->hdr || m->data)) return kern_fail("fetch: buffers before the header's length came");
+    if (done >= 8) {
+        if (!m->hdr || !m->data) return kern_fail("fetch: the header's length came but a buffer is missing");
+        if (!sized || 8 + m->hlen + m->dlen != f->size)
+            return kern_fail("fetch: 8 + %" PRIu64 " header + %" PRIu64 " data bytes is not the file's size",
+                             m->hlen, m->dlen);
+        if (m->cap < m->dlen) return kern_fail("fetch: a %zu-byte buffer for %" PRIu64 " data bytes", m->cap, m->dlen);
+    }
+    return 0;
+}
+
 /* Copies the n bytes at file offset off into m. -1 with why: a header
  * length the file cannot hold, or no memory. */
-static int put(mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, size_t n, char *why, size_t wl) {
+static int put(wrk_fetch_mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, size_t n, char *why, size_t wl) {
     while (n) {
         size_t take;
         if (off < 8) {
@@ -194,7 +190,7 @@ static int put(mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, si
 }
 
 /* The whole file into m, hashed into hex. 0, or -1 with err/wire. */
-static int pull(fetch_t *f, mem_t *mem, const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
+static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
                 size_t errlen) {
     /* Every parameter, and room for the header: the most a file of this model holds. */
     uint64_t max_bytes = mem->max_data ? mem->max_data + 8 + ST_MAX_HEADER_BYTES : 0;
@@ -208,7 +204,9 @@ static int pull(fetch_t *f, mem_t *mem, const atomic_bool *stop, char hex[65], c
             goto out;
         }
     int64_t progress = now_ms(); /* when the last chunk came (or the fetch began) */
-    while (done < f->size) {
+    for (;;) {
+        WRK_CHECK(wrk_fetch_invariants(f, mem, done));
+        if (done >= f->size) break;
         wire_msg_t m;
         msg_fetch_data_t d;
         char why[400];
@@ -305,8 +303,8 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
         fail(err, errlen, wire, wlen, WRK_E_FETCH, "this worker cannot fetch from the broker");
         return NULL;
     }
-    fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0, 0 };
-    mem_t mem;
+    wrk_fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0, 0 };
+    wrk_fetch_mem_t mem;
     memset(&mem, 0, sizeof mem);
     mem.spare = src->spare;
     mem.max_data = max_data;

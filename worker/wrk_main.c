@@ -592,6 +592,10 @@ static int run(const wrk_opts_t *o) {
     atomic_init(&w.fatal, false);
     atomic_init(&w.draining, false);
     atomic_init(&w.running, 0);
+    if (wrk_shared_init(&w) != 0) {
+        wrk_log(&w, "%s", kern_error());
+        return 1;
+    }
     link_t l;
     memset(&l, 0, sizeof l);
     l.w = &w;
@@ -687,7 +691,7 @@ static int run(const wrk_opts_t *o) {
     reel_notify("STOPPING=1");
 
     /* Say goodbye first, so the broker requeues our requests at once. */
-    atomic_store(&w.stop, true);
+    wrk_stop(&w);
     if (l.dealer) {
         if (artifacts) push_keys(&w); /* the final counters */
         flush_events(&l);
@@ -696,7 +700,7 @@ static int run(const wrk_opts_t *o) {
         zmq_setsockopt(l.dealer, ZMQ_LINGER, &linger, sizeof linger);
     }
 out:
-    atomic_store(&w.stop, true);
+    wrk_stop(&w);
     reel_http_stop(&l.http); /* it reads nothing of ours: only what was published */
     if (l.dealer) zmq_close(l.dealer);
     wrk_exec_stop(l.exec);
@@ -711,6 +715,7 @@ out:
     tdit_model_destroy(&w.model);
     wrk_events_destroy(&w.events);
     kern_backend_destroy(&w.backend);
+    wrk_shared_fini(&w);
     return code;
 }
 

@@ -5,6 +5,7 @@
  * and what goes back in the ack is generic (wrk_weights.h). */
 #include "worker/wrk_sync.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 #include "base/error.h"
 #include "base/sha256.h"
+#include "base/thread.h"
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
 #include "worker/wrk_pipe.h"
@@ -130,22 +132,12 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
     return *out ? 0 : -1;
 }
 
-/* ---- the sync thread ------------------------------------------------------- */
-
-typedef struct node {
-    wire_msg_t *m;
-    struct node *next;
-} node_t;
+/* ---- the sync thread (base/thread.h) -------------------------------------- */
 
 struct wrk_syncer {
     wrk_t *w;
-    pthread_t th;
-    bool started;
-    void *push;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    node_t *head, *tail;
-    bool quit;
+    reel_thread_t *th;           /* takes the SYNC messages, in order */
+    void *push;                  /* the thread's while it runs */
     char applied_sha[65];        /* of the applied version; "" when unknown */
     wrk_fetch_buf_t spare;       /* a fetched file's data buffer, for the next fetch */
 };
@@ -172,138 +164,189 @@ static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *erro
         wrk_log(s->w, "cannot queue SYNC_ACK of v%" PRIu64, version);
 }
 
-static void process(wrk_syncer_t *s, wire_msg_t *wm) {
-    wrk_t *w = s->w;
-    char err[512], wire[MSG_REASON_MAX], hex[65];
-    wire_err_t e;
-    msg_sync_t *m = malloc(sizeof *m);
-    if (!m || msg_sync_decode(wm, m, &e) != 0) {
-        /* Its version may be what is wrong: the ack says 0. */
-        const char *why = m ? e.message : "out of memory";
-        wrk_log(w, "sync refused: %s", why);
-        ack(s, wm->id, 0, why);
-        free(m);
-        return;
-    }
-    uint64_t version = m->version, id = wm->id;
-    uint64_t applied = atomic_load(&w->applied_version);
-    const char *want = m->sha256;
-    st_file_t *f = NULL;
-    if (version < applied) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: stale (applied v%" PRIu64 ")", version, applied);
-        ack(s, id, version, "stale");
-        goto out;
-    }
-    unsigned reasked = 0;
-    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &s->spare, &reasked };
-    struct timespec t0, t1, tf, t2, t3;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (wrk_sync_read(m, tdit_model_config(w->model), w->roots, &src, &w->stop, &f, hex, wire, sizeof wire, err,
-                      sizeof err) != 0) {
-        /* The detail stays here; the broker (and the trainer) get the
-         * generic reason. */
-        wrk_log(w, "sync to v%" PRIu64 " refused: %s (answered: %s)", version, err, wire);
-        ack(s, id, version, wire);
-        goto out;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (reasked)
-        wrk_log(w, "fetch of v%" PRIu64 ": the broker went silent; asked again %u time(s) and resumed", version, reasked);
-    if (strcasecmp(hex, want) != 0) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", version, hex, want);
-        ack(s, id, version, "sha256 mismatch");
-    } else if (version == applied) {
-        /* A repeated SYNC (e.g. resent after a reconnect) is applied already. */
-        bool same = s->applied_sha[0] && !strcasecmp(s->applied_sha, hex);
-        if (!same) wrk_log(w, "sync to v%" PRIu64 " refused: stale (v%" PRIu64 " applied with other weights)", version, applied);
-        ack(s, id, version, same ? NULL : "stale");
-    } else if (wrk_weights_finite(f, err, sizeof err) != 0) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: %s", version, err);
-        ack(s, id, version, WRK_E_NONFINITE);
-    } else {
-        const char *fail = NULL;
-        clock_gettime(CLOCK_MONOTONIC, &tf); /* after the NaN check */
-        if (w->opt->sync_drain) {
-            /* Every request runs on one version: hold new requests and let
-             * the ones mid-way finish on the old weights first. */
-            atomic_store(&w->draining, true);
-            int n = atomic_load(&w->running);
-            if (n) wrk_log(w, "draining %d request(s) before applying v%" PRIu64, n, version);
-            while (atomic_load(&w->running) > 0 && !atomic_load(&w->stop)) {
-                struct timespec ts = { 0, 5 * 1000 * 1000 };
-                nanosleep(&ts, NULL);
-            }
-        }
-        clock_gettime(CLOCK_MONOTONIC, &t2);
-        pthread_rwlock_wrlock(&w->step_lock);
-        if (tdit_model_reload(w->model, f) != 0) {
-            snprintf(err, sizeof err, "%s", kern_error());
-            fail = WRK_E_MODEL; /* the tensor names and shapes stay in the log */
-            if (strstr(err, "part-way")) {
-                atomic_store(&w->fatal, true);
-                fail = "internal: the weights could not be loaded whole (worker exiting)";
-            }
-        } else if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model),
-                                        tdit_model_bytes(w->model), version) < 0) {
-            /* New weights under the old version's graphs and keys: unusable. */
-            snprintf(err, sizeof err, "%s", kern_error());
-            fail = "internal: the capture cache could not take the weights (worker exiting)";
-            atomic_store(&w->fatal, true);
-        } else {
-            atomic_store(&w->applied_version, version);
-        }
-        pthread_rwlock_unlock(&w->step_lock);
-        atomic_store(&w->draining, false);
-        clock_gettime(CLOCK_MONOTONIC, &t3);
-        if (!fail) {
-            atomic_fetch_add(&w->syncs_applied, 1);
-            atomic_fetch_add(&w->sync_us, (uint64_t)((double)(t3.tv_sec - t0.tv_sec) * 1e6 +
-                                                     (double)(t3.tv_nsec - t0.tv_nsec) / 1e3));
-        }
-        if (fail) {
-            wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", version, err,
-                    atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", fail);
-        } else {
-            snprintf(s->applied_sha, sizeof s->applied_sha, "%s", hex);
-            /* Where a sync's time went: reading (or fetching) and hashing
-             * the file, draining, and the weights copied in under the lock. */
+/* One SYNC on its way through the phases of process(): read, check, drain,
+ * apply, ack. */
+typedef struct {
+    wrk_syncer_t *s;
+    wrk_t *w;
+    msg_sync_t *m;               /* decoded */
+    uint64_t id, version, applied;
+    st_file_t *f;                /* the weights read */
+    char hex[65];                /* their sha256 */
+    char err[512];               /* the detail, for the log */
+    char wire[MSG_REASON_MAX];   /* the reason the ack carries */
+    const char *fail;            /* the apply's reason, NULL when it applied */
+    struct timespec t0, t1, tf, t2, t3; /* start, read, NaN checked, drained, applied */
+} sync_op_t;
+
 #define SECS(a, b) ((double)((b).tv_sec - (a).tv_sec) + 1e-9 * (double)((b).tv_nsec - (a).tv_nsec))
-            wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, NaN check %.3f s, drain %.3f s, reload %.3f s",
-                    TDIT_COMPONENT, version, cap_policy_name(w->opt->policy), m->uploaded ? "fetch + hash" : "read + hash",
-                    SECS(t0, t1), SECS(t1, tf), SECS(tf, t2), SECS(t2, t3));
-#undef SECS
-        }
-        ack(s, id, version, fail);
+
+/* Decodes the message. -1 after acking a refusal (its version may be what
+ * is wrong: the ack says 0). */
+static int sync_decode(sync_op_t *op, wire_msg_t *wm) {
+    wire_err_t e;
+    op->id = wm->id;
+    op->m = malloc(sizeof *op->m);
+    if (!op->m || msg_sync_decode(wm, op->m, &e) != 0) {
+        const char *why = op->m ? e.message : "out of memory";
+        wrk_log(op->w, "sync refused: %s", why);
+        ack(op->s, op->id, 0, why);
+        return -1;
     }
-out:
-    if (f && m->uploaded && !s->spare.p && (s->spare.p = st_take_data(f)))
-        wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
-    st_close(&f);
-    free(m);
+    op->version = op->m->version;
+    op->applied = atomic_load(&op->w->applied_version);
+    return 0;
 }
 
-static void *sync_main(void *arg) {
-    wrk_syncer_t *s = arg;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->quit && !s->head) pthread_cond_wait(&s->cv, &s->mu);
-        node_t *n = s->quit ? NULL : s->head;
-        if (n) {
-            s->head = n->next;
-            if (!s->head) s->tail = NULL;
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (!n) break;
-        process(s, n->m);
-        free_msg(&n->m);
-        free(n);
+/* Reads and hashes the weights, before any lock. -1 after acking a
+ * refusal (stale, or what wrk_sync_read answers). */
+static int sync_read_phase(sync_op_t *op) {
+    wrk_t *w = op->w;
+    if (op->version < op->applied) {
+        wrk_log(w, "sync to v%" PRIu64 " refused: stale (applied v%" PRIu64 ")", op->version, op->applied);
+        ack(op->s, op->id, op->version, "stale");
+        return -1;
     }
-    return NULL;
+    unsigned reasked = 0;
+    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &op->s->spare, &reasked };
+    clock_gettime(CLOCK_MONOTONIC, &op->t0);
+    if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex, op->wire,
+                      sizeof op->wire, op->err, sizeof op->err) != 0) {
+        /* The detail stays here; the broker (and the trainer) get the
+         * generic reason. */
+        wrk_log(w, "sync to v%" PRIu64 " refused: %s (answered: %s)", op->version, op->err, op->wire);
+        ack(op->s, op->id, op->version, op->wire);
+        return -1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &op->t1);
+    if (reasked)
+        wrk_log(w, "fetch of v%" PRIu64 ": the broker went silent; asked again %u time(s) and resumed", op->version,
+                reasked);
+    return 0;
+}
+
+/* The weights read against the SYNC: their sha256, a repeated version
+ * (acked ok when the same weights), no NaN or infinity. 0 when they are
+ * to be applied; -1 after acking. */
+static int sync_check(sync_op_t *op) {
+    wrk_t *w = op->w;
+    uint64_t v = op->version;
+    if (strcasecmp(op->hex, op->m->sha256) != 0) {
+        wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", v, op->hex, op->m->sha256);
+        ack(op->s, op->id, v, "sha256 mismatch");
+        return -1;
+    }
+    if (v == op->applied) {
+        /* A repeated SYNC (e.g. resent after a reconnect) is applied already. */
+        bool same = op->s->applied_sha[0] && !strcasecmp(op->s->applied_sha, op->hex);
+        if (!same) wrk_log(w, "sync to v%" PRIu64 " refused: stale (v%" PRIu64 " applied with other weights)", v, op->applied);
+        ack(op->s, op->id, v, same ? NULL : "stale");
+        return -1;
+    }
+    if (wrk_weights_finite(op->f, op->err, sizeof op->err) != 0) {
+        wrk_log(w, "sync to v%" PRIu64 " refused: %s", v, op->err);
+        ack(op->s, op->id, v, WRK_E_NONFINITE);
+        return -1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &op->tf); /* after the NaN check */
+    return 0;
+}
+
+/* --sync-mode drain: every request runs on one version: hold new requests
+ * and let the ones mid-way finish on the old weights first (sleeping until
+ * the last one ends, or the worker stops). */
+static void sync_drain(sync_op_t *op) {
+    wrk_t *w = op->w;
+    if (w->opt->sync_drain) {
+        atomic_store(&w->draining, true);
+        int n = atomic_load(&w->running);
+        if (n) wrk_log(w, "draining %d request(s) before applying v%" PRIu64, n, op->version);
+        wrk_wait_drained(w);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &op->t2);
+}
+
+/* The reload and the cache's update. The caller holds the write side of
+ * the step lock. Sets op->fail (and wrk_t.fatal when the weights are
+ * left unusable) on failure. */
+static void sync_apply_locked(sync_op_t *op) {
+    wrk_t *w = op->w;
+    assert(reel_owner_mine(&w->step_writer));
+    if (tdit_model_reload(w->model, op->f) != 0) {
+        snprintf(op->err, sizeof op->err, "%s", kern_error());
+        op->fail = WRK_E_MODEL; /* the tensor names and shapes stay in the log */
+        if (strstr(op->err, "part-way")) {
+            atomic_store(&w->fatal, true);
+            op->fail = "internal: the weights could not be loaded whole (worker exiting)";
+        }
+    } else if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model), tdit_model_bytes(w->model),
+                                    op->version) < 0) {
+        /* New weights under the old version's graphs and keys: unusable. */
+        snprintf(op->err, sizeof op->err, "%s", kern_error());
+        op->fail = "internal: the capture cache could not take the weights (worker exiting)";
+        atomic_store(&w->fatal, true);
+    } else {
+        atomic_store(&w->applied_version, op->version);
+    }
+}
+
+/* Applies between steps (steps in progress finish first), then ends the
+ * drain. */
+static void sync_apply(sync_op_t *op) {
+    wrk_t *w = op->w;
+    pthread_rwlock_wrlock(&w->step_lock);
+    reel_owner_set(&w->step_writer);
+    sync_apply_locked(op);
+    reel_owner_clear(&w->step_writer);
+    pthread_rwlock_unlock(&w->step_lock);
+    wrk_drain_end(w);
+    clock_gettime(CLOCK_MONOTONIC, &op->t3);
+}
+
+/* The applied sync's log line and counters, or the failure's; then the ack. */
+static void sync_ack(sync_op_t *op) {
+    wrk_t *w = op->w;
+    if (op->fail) {
+        wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", op->version, op->err,
+                atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", op->fail);
+    } else {
+        atomic_fetch_add(&w->syncs_applied, 1);
+        atomic_fetch_add(&w->sync_us, (uint64_t)(SECS(op->t0, op->t3) * 1e6));
+        snprintf(op->s->applied_sha, sizeof op->s->applied_sha, "%s", op->hex);
+        /* Where a sync's time went: reading (or fetching) and hashing
+         * the file, draining, and the weights copied in under the lock. */
+        wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, NaN check %.3f s, drain %.3f s, reload %.3f s",
+                TDIT_COMPONENT, op->version, cap_policy_name(w->opt->policy),
+                op->m->uploaded ? "fetch + hash" : "read + hash", SECS(op->t0, op->t1), SECS(op->t1, op->tf),
+                SECS(op->tf, op->t2), SECS(op->t2, op->t3));
+    }
+    ack(op->s, op->id, op->version, op->fail);
+}
+
+/* One SYNC, phase by phase; each refusal is acked where it is found. */
+static void process(wrk_syncer_t *s, wire_msg_t *wm) {
+    sync_op_t op = { .s = s, .w = s->w };
+    if (sync_decode(&op, wm) == 0 && sync_read_phase(&op) == 0 && sync_check(&op) == 0) {
+        sync_drain(&op);
+        sync_apply(&op);
+        sync_ack(&op);
+    }
+    if (op.f && op.m->uploaded && !s->spare.p && (s->spare.p = st_take_data(op.f)))
+        wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
+    st_close(&op.f);
+    free(op.m);
+}
+
+static void sync_run(void *arg, void *item) {
+    wire_msg_t *m = item;
+    process(arg, m);
+    free_msg(&m);
+}
+
+static void sync_discard(void *arg, void *item) {
+    (void)arg;
+    wire_msg_t *m = item;
+    free_msg(&m);
 }
 
 wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]) {
@@ -311,21 +354,13 @@ wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]) {
     if (!s) { kern_fail("out of memory"); return NULL; }
     s->w = w;
     if (initial_sha) snprintf(s->applied_sha, sizeof s->applied_sha, "%s", initial_sha);
-    if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL)) {
-        free(s);
-        kern_fail("cannot create the sync lock");
-        return NULL;
-    }
     if (!(s->push = wrk_pipe_push_new(w->zctx))) {
         kern_fail("sync pipe: %s", zmq_strerror(errno));
         goto err;
     }
-    int e = pthread_create(&s->th, NULL, sync_main, s);
-    if (e) {
-        kern_fail("cannot start the sync thread: %s", strerror(e));
-        goto err;
-    }
-    s->started = true;
+    reel_thread_opts_t o = { .name = "sync", .user = s, .run = sync_run, .discard = sync_discard,
+                             .block_signals = true };
+    if (!(s->th = reel_thread_start(&o))) goto err;
     return s;
 err:
     wrk_syncer_destroy(&s);
@@ -333,40 +368,17 @@ err:
 }
 
 void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m) {
-    node_t *n = malloc(sizeof *n);
-    if (!n) {
-        /* Not acked: the broker's deadline reports it. */
-        wrk_log(s->w, "out of memory queueing a SYNC; dropped");
-        free_msg(&m);
-        return;
-    }
-    n->m = m;
-    n->next = NULL;
-    pthread_mutex_lock(&s->mu);
-    if (s->tail) s->tail->next = n;
-    else s->head = n;
-    s->tail = n;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    /* Not acked when it fails (freed by sync_discard): the broker's
+     * deadline reports it. */
+    if (reel_thread_post(s->th, m) != 0) wrk_log(s->w, "%s: a SYNC dropped", kern_error());
 }
 
 void wrk_syncer_destroy(wrk_syncer_t **sp) {
     if (!sp || !*sp) return;
     wrk_syncer_t *s = *sp;
-    pthread_mutex_lock(&s->mu);
-    s->quit = true;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    if (s->started) pthread_join(s->th, NULL);
+    reel_thread_stop(&s->th, REEL_THREAD_DISCARD); /* after the sync in progress */
     free(s->spare.p);
-    for (node_t *n = s->head, *next; n; n = next) {
-        next = n->next;
-        free_msg(&n->m);
-        free(n);
-    }
     if (s->push) zmq_close(s->push);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
     free(s);
     *sp = NULL;
 }

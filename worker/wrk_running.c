@@ -1,0 +1,60 @@
+/* wrk_running.c -- wrk_t.running with a condition variable: the sync
+ * drain sleeps until the last running request finishes (or the worker
+ * stops) instead of polling, and wakes the streams when it ends. */
+#include <string.h>
+#include "base/error.h"
+#include "worker/wrk.h"
+
+int wrk_shared_init(wrk_t *w) {
+    if (pthread_mutex_init(&w->idle_mu, NULL) != 0) return kern_fail("cannot create the drain lock");
+    if (pthread_cond_init(&w->idle_cv, NULL) != 0) {
+        pthread_mutex_destroy(&w->idle_mu);
+        return kern_fail("cannot create the drain condition");
+    }
+    return 0;
+}
+
+void wrk_shared_fini(wrk_t *w) {
+    pthread_cond_destroy(&w->idle_cv);
+    pthread_mutex_destroy(&w->idle_mu);
+}
+
+void wrk_running_add(wrk_t *w, int n) { atomic_fetch_add(&w->running, n); }
+
+/* The broadcast is under idle_mu, after the decrement: a drain that saw
+ * running > 0 under idle_mu is already waiting, so it cannot miss it. */
+void wrk_running_done(wrk_t *w) {
+    if (atomic_fetch_sub(&w->running, 1) != 1) return;
+    pthread_mutex_lock(&w->idle_mu);
+    pthread_cond_broadcast(&w->idle_cv);
+    pthread_mutex_unlock(&w->idle_mu);
+}
+
+void wrk_stop(wrk_t *w) {
+    atomic_store(&w->stop, true);
+    pthread_mutex_lock(&w->idle_mu);
+    pthread_cond_broadcast(&w->idle_cv);
+    pthread_mutex_unlock(&w->idle_mu);
+}
+
+void wrk_wait_drained(wrk_t *w) {
+    pthread_mutex_lock(&w->idle_mu);
+    while (atomic_load(&w->running) > 0 && !atomic_load(&w->stop)) pthread_cond_wait(&w->idle_cv, &w->idle_mu);
+    pthread_mutex_unlock(&w->idle_mu);
+}
+
+void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&w->idle_mu);
+    w->drain_ended = fn;
+    w->drain_arg = arg;
+    pthread_mutex_unlock(&w->idle_mu);
+}
+
+/* The hook runs under idle_mu: wrk_drain_hook(NULL) returns only once no
+ * call of it is in progress, so the streams it wakes still exist. */
+void wrk_drain_end(wrk_t *w) {
+    atomic_store(&w->draining, false);
+    pthread_mutex_lock(&w->idle_mu);
+    if (w->drain_ended) w->drain_ended(w->drain_arg);
+    pthread_mutex_unlock(&w->idle_mu);
+}
