@@ -60,7 +60,11 @@ typedef struct entry {
     uint64_t hash;
     kern_stream_t *stream;
     int stream_idx;
-    const cap_program_t *prog;
+    const cap_program_t *prog_id;       /* the caller's table: identity only, never read (it
+                                         * may be gone by the time the entry is freed) */
+    cap_program_t prog;                 /* a copy of it, taken at creation: what the
+                                         * entry calls, including after its program and
+                                         * user are gone (cache.h, Lifetimes) */
     void *user;
     void *ws;
     size_t ws_bytes;                           /* the workspace's, plus snap's */
@@ -295,8 +299,8 @@ static void drop_graph(cap_cache_t *c, entry_t *e) {
 static void free_entry(cap_cache_t *c, entry_t *e) {
     assert(!e->transient || !e->graph);
     drop_graph(c, e);
-    for (int i = 0; i < e->prog->n_inputs; i++) *e->prog->input(e->user, e->ws, i) = e->static_in[i];
-    e->prog->ws_free(e->user, e->ws);
+    for (int i = 0; i < e->prog.n_inputs; i++) *e->prog.input(e->user, e->ws, i) = e->static_in[i];
+    e->prog.ws_free(e->user, e->ws);
     kern_free(c->backend, e->snap);
     if (!e->transient) {
         c->st.bytes_held -= e->ws_bytes;
@@ -370,10 +374,16 @@ static int resolve_components(const cap_cache_t *c, const cap_program_t *p, int 
     return 0;
 }
 
+/* True when e was made for program p: the same table at the same address
+ * (a table freed and another made at its address is another program). */
+static bool same_program(const entry_t *e, const cap_program_t *p) {
+    return e->prog_id == p && !memcmp(&e->prog, p, sizeof *p);
+}
+
 static entry_t *find(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user, uint64_t hash,
                      const char *text) {
     for (entry_t *e = c->head; e; e = e->next)
-        if (!e->doomed && e->hash == hash && e->stream == s && e->prog == p && e->user == user &&
+        if (!e->doomed && e->hash == hash && e->stream == s && same_program(e, p) && e->user == user &&
             !strcmp(e->text, text))
             return e;
     return NULL;
@@ -416,7 +426,8 @@ static entry_t *entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap
     e->hash = hash;
     e->stream = s;
     e->stream_idx = sidx;
-    e->prog = p;
+    e->prog_id = p;
+    memcpy(&e->prog, p, sizeof e->prog);
     e->user = user;
     memcpy(e->comp, comp, sizeof e->comp);
     e->ws_bytes = p->ws_bytes(user, e->ws);
@@ -465,7 +476,7 @@ static bool same_ident(const kern_tensor_t *a, const kern_tensor_t *b) {
 /* Checks every input against its static slot: -1 with a message if one
  * does not fit. */
 static int check_inputs(const entry_t *e, const cap_call_t *call) {
-    for (int i = 0; i < e->prog->n_inputs; i++) {
+    for (int i = 0; i < e->prog.n_inputs; i++) {
         const kern_tensor_t *in = &call->inputs[i], *st = &e->static_in[i];
         if (!kern_tensor_same_shape(in, st)) {
             char a[96], b[96];
@@ -511,8 +522,8 @@ static int copy_into(kern_stream_t *s, const kern_tensor_t *dst, const kern_tens
  * use_pins, at the caller's tensor) and copies what is not read in place. */
 static int bind(entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_pins, uint64_t *copied,
                 uint64_t *pinned) {
-    for (int i = 0; i < e->prog->n_inputs; i++) {
-        kern_tensor_t *slot = e->prog->input(e->user, e->ws, i);
+    for (int i = 0; i < e->prog.n_inputs; i++) {
+        kern_tensor_t *slot = e->prog.input(e->user, e->ws, i);
         size_t bytes = kern_tensor_bytes(&e->static_in[i]);
         if (use_pins && e->pinned[i]) {
             *slot = call->inputs[i];
@@ -527,8 +538,8 @@ static int bind(entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_p
 }
 
 static int copy_out(entry_t *e, kern_stream_t *s, const cap_call_t *call) {
-    for (int i = 0; i < e->prog->n_outputs; i++) {
-        const kern_tensor_t *src = e->prog->output(e->user, e->ws, i), *dst = &call->outputs[i];
+    for (int i = 0; i < e->prog.n_outputs; i++) {
+        const kern_tensor_t *src = e->prog.output(e->user, e->ws, i), *dst = &call->outputs[i];
         if (dst->dtype != src->dtype || kern_tensor_numel(dst) != kern_tensor_numel(src) ||
             !kern_tensor_is_contiguous(dst) || !dst->data) {
             char a[96], b[96];
@@ -557,10 +568,10 @@ static bool consts_equal(const entry_t *e, const cap_call_t *call) {
 
 /* True when some output destination overlaps an input read in place. */
 static bool output_aliases_pin(const entry_t *e, const cap_call_t *call) {
-    for (int o = 0; o < e->prog->n_outputs; o++) {
+    for (int o = 0; o < e->prog.n_outputs; o++) {
         const char *d0 = kern_tensor_ptr(&call->outputs[o]);
         const char *d1 = d0 + kern_tensor_bytes(&call->outputs[o]);
-        for (int i = 0; i < e->prog->n_inputs; i++) {
+        for (int i = 0; i < e->prog.n_inputs; i++) {
             if (!e->pinned[i]) continue;
             const char *p0 = kern_tensor_ptr(&call->inputs[i]);
             const char *p1 = p0 + kern_tensor_bytes(&call->inputs[i]);
@@ -575,7 +586,7 @@ static bool output_aliases_pin(const entry_t *e, const cap_call_t *call) {
 /* Records the weight buffers the graph bakes in (the program's listing
  * now). 0, or -1 with a message. */
 static int record_weights(entry_t *e) {
-    const cap_program_t *p = e->prog;
+    const cap_program_t *p = &e->prog;
     e->n_wid = 0;
     if (!p->weights) return 0;
     int n = p->weights(e->user, NULL, 0);
@@ -602,7 +613,7 @@ static int record_weights(entry_t *e) {
 /* True while every weight buffer the graph read is still where, as large
  * and of the dtype it was at capture (and no buffer was added). */
 static bool weights_same(const cap_cache_t *c, entry_t *e) {
-    const cap_program_t *p = e->prog;
+    const cap_program_t *p = &e->prog;
     if (!p->weights || !c->opt.check_weights) return true;
     if (!e->wid_now) return false;
     int n = p->weights(e->user, e->wid_now, e->n_wid + 1);
@@ -627,7 +638,7 @@ typedef struct {
  * copied ones) never writes the caller's buffer. */
 static int launch_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
     if (bind(e, s, call, false, &a->copied, &a->pinned) != 0) return -1;
-    return e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+    return e->prog.launch(e->user, e->ws, call->consts, call->n_consts, s);
 }
 
 static int run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acct_t *a) {
@@ -638,12 +649,12 @@ static int run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_
 /* Host copies of every output, for a bitwise comparison. */
 static int outputs_to_host(entry_t *e, kern_stream_t *s, unsigned char **buf, size_t *len) {
     size_t total = 0;
-    for (int i = 0; i < e->prog->n_outputs; i++) total += kern_tensor_bytes(e->prog->output(e->user, e->ws, i));
+    for (int i = 0; i < e->prog.n_outputs; i++) total += kern_tensor_bytes(e->prog.output(e->user, e->ws, i));
     unsigned char *h = malloc(total ? total : 1);
     if (!h) return kern_fail("out of memory");
     size_t off = 0;
-    for (int i = 0; i < e->prog->n_outputs; i++) {
-        const kern_tensor_t *t = e->prog->output(e->user, e->ws, i);
+    for (int i = 0; i < e->prog.n_outputs; i++) {
+        const kern_tensor_t *t = e->prog.output(e->user, e->ws, i);
         size_t b = kern_tensor_bytes(t);
         if (kern_copy_d2h(s, h + off, kern_tensor_ptr(t), b) != 0) { free(h); return -1; }
         off += b;
@@ -658,7 +669,7 @@ static int outputs_to_host(entry_t *e, kern_stream_t *s, unsigned char **buf, si
  * restored from it and, if *bad is still -1, named in *bad. 0, or -1 on
  * failure. */
 static int pinned_check(entry_t *e, kern_stream_t *s, const cap_call_t *call, unsigned char **hsnap, int *bad) {
-    for (int i = 0; i < e->prog->n_inputs; i++) {
+    for (int i = 0; i < e->prog.n_inputs; i++) {
         if (!hsnap[i]) continue;
         size_t bytes = kern_tensor_bytes(&call->inputs[i]);
         unsigned char *now = malloc(bytes ? bytes : 1);
@@ -692,7 +703,7 @@ static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t
     *bad = -1;
     /* Snapshot every input: copied ones because the step may update them in
      * place (legal), pinned ones to prove it does not write them. */
-    for (int i = 0; i < e->prog->n_inputs; i++) {
+    for (int i = 0; i < e->prog.n_inputs; i++) {
         if (e->pinned[i]) {
             size_t bytes = kern_tensor_bytes(&call->inputs[i]);
             if (!(hsnap[i] = malloc(bytes ? bytes : 1))) { kern_fail("out of memory"); goto out; }
@@ -706,17 +717,17 @@ static int verify(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_t
     if (kern_stream_sync(s) != 0) goto out;
     if (kern_graph_replay(e->graph, s) != 0 || outputs_to_host(e, s, &ha, &la) != 0) goto out;
     if (pinned_check(e, s, call, hsnap, bad) != 0) goto out;
-    for (int i = 0; i < e->prog->n_inputs; i++)
+    for (int i = 0; i < e->prog.n_inputs; i++)
         if (snap[i] && kern_copy_d2d(s, kern_tensor_ptr(&e->static_in[i]), snap[i],
                                      kern_tensor_bytes(&e->static_in[i])) != 0)
             goto out;
-    if (e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) goto out;
+    if (e->prog.launch(e->user, e->ws, call->consts, call->n_consts, s) != 0) goto out;
     if (outputs_to_host(e, s, &hb, &lb) != 0) goto out;
     if (pinned_check(e, s, call, hsnap, bad) != 0) goto out;
     rc = *bad >= 0 ? 2 : la == lb && memcmp(ha, hb, la) == 0;
 out:
     if (kern_stream_sync(s) != 0) rc = -1;
-    for (int i = 0; i < e->prog->n_inputs; i++) free(hsnap[i]);
+    for (int i = 0; i < e->prog.n_inputs; i++) free(hsnap[i]);
     free(ha);
     free(hb);
     return rc;
@@ -786,7 +797,7 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
         return 1;
     }
     tl.capturing = true;
-    int lrc = e->prog->launch(e->user, e->ws, call->consts, call->n_consts, s);
+    int lrc = e->prog.launch(e->user, e->ws, call->consts, call->n_consts, s);
     int erc = kern_capture_end(s, &g);
     tl.capturing = false;
     if (lrc != 0 || erc != 0) {
@@ -1349,13 +1360,13 @@ static bool invariants(const cap_cache_t *c) {
     for (const entry_t *e = c->head; e; prev = e, e = e->next) {
         INV(e->prev == prev);
         INV(!e->transient);
-        INV(e->ws != NULL && e->prog != NULL);
+        INV(e->ws != NULL && e->prog_id != NULL);
         INV(e->stream_idx >= 0 && e->stream_idx < c->n_streams);
         INV(c->streams[e->stream_idx]->s == e->stream);
         INV(!e->doomed || e->in_use);              /* a doomed entry is freed on release */
         INV(!e->admitted || e->graph != NULL);
         INV(e->admitted || e->graph_bytes == 0);
-        for (int i = 0; i < e->prog->n_components; i++) INV(e->comp[i] >= 0 && e->comp[i] < c->n_comp);
+        for (int i = 0; i < e->prog.n_components; i++) INV(e->comp[i] >= 0 && e->comp[i] < c->n_comp);
         if (!e->in_use) {
             /* Between calls a graph exists exactly when the entry may replay it. */
             INV((e->state == ST_READY || e->state == ST_REVERIFY) == (e->graph != NULL));
@@ -1366,7 +1377,8 @@ static bool invariants(const cap_cache_t *c) {
         if (n < 4096)
             for (const entry_t *f = e->next; f; f = f->next)
                 INV(e->doomed || f->doomed || !(e->hash == f->hash && e->stream == f->stream &&
-                                                e->prog == f->prog && e->user == f->user &&
+                                                e->prog_id == f->prog_id && !memcmp(&e->prog, &f->prog, sizeof e->prog) &&
+                                                e->user == f->user &&
                                                 !strcmp(e->text, f->text)));
         n++;
         ws += e->ws_bytes;
@@ -1513,7 +1525,7 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
             cap_key_set_version(&e->key, name, new_version);
             cap_key_text(&e->key, false, e->text, sizeof e->text);
             e->hash = cap_hash_text(e->text);
-            for (int i = 0; i < e->prog->n_components; i++)
+            for (int i = 0; i < e->prog.n_components; i++)
                 if (e->comp[i] == ci) e->comp_gen[i] = k->generation;
             if (e->state == ST_READY) e->state = ST_REVERIFY;
             else if (e->in_use) e->reverify_pending = true; /* capturing: verify again after */
