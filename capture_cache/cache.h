@@ -56,6 +56,15 @@
  * passes the failure on fails its capture (capture_failed), and the eager
  * run that serves that call dispatches normally.
  *
+ * Lifetimes: an entry keeps a copy of its program's table (taken when the
+ * entry is made) and its user pointer, never what the pointer points at.
+ * The program table and the user need live only while a dispatch that
+ * passes them runs: an entry is freed whenever it is evicted (another
+ * model's weight sync, the budget, a failed workspace allocation,
+ * cap_evict_key, cap_cache_destroy), which may be after its user is gone,
+ * so ws_free() and input() must not dereference user: a workspace keeps
+ * what it needs to free itself (its backend, taken at ws_new).
+ *
  * Program callbacks: weights(), ws_size(), ws_free() and input() may run
  * with the cache's mutex held. From them a program may call
  * cap_component_version() (it takes a lock of its own) and the key
@@ -202,8 +211,11 @@ typedef struct {
     /* Bytes ws_new would allocate for key (for admission before the
      * allocation); NULL: the cache allocates, then measures. */
     size_t (*ws_size)(void *user, const cap_key_t *key);
+    /* Frees ws. user may be gone (see Lifetimes): free from what ws holds. */
     void (*ws_free)(void *user, void *ws);
     size_t (*ws_bytes)(void *user, const void *ws);
+    /* Slot of input i inside ws; also called as an entry is freed, when
+     * user may be gone (see Lifetimes). */
     kern_tensor_t *(*input)(void *user, void *ws, int i);
     kern_tensor_t *(*output)(void *user, void *ws, int i);
     /* Launches one step on s reading only the workspace (and consts, which

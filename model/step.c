@@ -27,7 +27,10 @@
 #include "tinydit_impl.h"
 
 struct tdit_ws {
-    tdit_model_t *model;
+    /* No pointer to the model: a workspace held by a capture cache entry may
+     * be freed after its model (another model's sync, the budget, the
+     * cache's destruction), so it keeps what it needs to free itself. */
+    kern_backend_t *backend; /* the model's, taken at creation: frees block */
     tdit_shape_t shape;
     int64_t B, N, grid_h, grid_w;   /* samples, tokens per sample, patch grid */
     void *block;          /* every buffer below, one allocation */
@@ -58,10 +61,10 @@ static void carve(carver_t *c, kern_tensor_t *t, kern_dtype_t dt, int ndim, cons
  * the largest of attention's (self and cross: kern_attention_scratch_bytes,
  * whichever path its rule picks at these sizes) and rope3d's, at the sizes
  * the step calls them with. */
-static size_t scratch_needed(const tdit_ws_t *ws) {
-    kern_backend_kind_t bk = kern_backend_kind(ws->model->backend);
-    kern_dtype_t dt = ws->model->dtype;
-    const tdit_config_t *c = &ws->model->cfg;
+static size_t scratch_needed(const tdit_model_t *m, const tdit_ws_t *ws) {
+    kern_backend_kind_t bk = kern_backend_kind(m->backend);
+    kern_dtype_t dt = m->dtype;
+    const tdit_config_t *c = &m->cfg;
     const int64_t d = c->dim / c->heads;
     size_t need = kern_attention_scratch_bytes(bk, dt, ws->N, ws->N, c->heads, d), n;
     if ((n = kern_attention_scratch_bytes(bk, dt, ws->N, ws->shape.text_len, c->heads, d)) > need)
@@ -80,9 +83,9 @@ static size_t scratch_needed(const tdit_ws_t *ws) {
     return need;
 }
 
-static void layout(tdit_ws_t *ws, carver_t *cv) {
-    const tdit_config_t *c = &ws->model->cfg;
-    kern_dtype_t dt = ws->model->dtype;
+static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
+    const tdit_config_t *c = &m->cfg;
+    kern_dtype_t dt = m->dtype;
     int64_t D = c->dim, C = c->in_channels, B = ws->B, N = ws->B * ws->N, L = ws->shape.text_len;
     /* One sample: [C,F,H,W]; a batch: [B,C,F,H,W]. */
     const int64_t lat5[5] = { B, C, ws->shape.frames, ws->shape.height, ws->shape.width };
@@ -116,7 +119,7 @@ static void layout(tdit_ws_t *ws, carver_t *cv) {
         carve(cv, &ws->v_uncond, dt, lnd, lat);
         carve(cv, &ws->v_comb, dt, lnd, lat);
     }
-    size_t sb = scratch_needed(ws);
+    size_t sb = scratch_needed(m, ws);
     ws->scratch.base = cv->base ? cv->base + cv->off : NULL; /* bound even when 0 bytes */
     ws->scratch.bytes = sb;
     cv->off += (sb + 255) & ~(size_t)255;
@@ -146,7 +149,7 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
 }
 
 static void ws_init(tdit_ws_t *ws, tdit_model_t *m, const tdit_shape_t *shape) {
-    ws->model = m;
+    ws->backend = m->backend;
     ws->shape = *shape;
     ws->B = tdit_shape_batch(shape);
     ws->grid_h = shape->height / 2;
@@ -160,7 +163,7 @@ size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape) {
     memset(&ws, 0, sizeof ws);
     ws_init(&ws, m, shape);
     carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
-    layout(&ws, &cv);
+    layout(m, &ws, &cv);
     return cv.off;
 }
 
@@ -170,20 +173,20 @@ tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh
     if (!ws) { kern_fail("out of memory"); return NULL; }
     ws_init(ws, m, shape);
     carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
-    layout(ws, &cv);
+    layout(m, ws, &cv);
     ws->bytes = cv.off;
     ws->block = kern_alloc(m->backend, ws->bytes);
     if (!ws->block) { free(ws); return NULL; }
     cv.base = ws->block;
     cv.off = 0;
-    layout(ws, &cv);
+    layout(m, ws, &cv);
     (void)s; /* the scratch is the workspace's own: nothing to reserve on s */
     return ws;
 }
 
 void tdit_ws_destroy(tdit_ws_t **wp) {
     if (!wp || !*wp) return;
-    kern_free((*wp)->model->backend, (*wp)->block);
+    kern_free((*wp)->backend, (*wp)->block);
     free(*wp);
     *wp = NULL;
 }

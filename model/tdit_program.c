@@ -48,6 +48,8 @@ static int weights(void *user, cap_weight_t *out, int max) {
     return n;
 }
 
+/* user (the model) may be gone: the cache frees an entry's workspace when
+ * it evicts it (cache.h, Lifetimes); the workspace frees itself alone. */
 static void ws_free(void *user, void *ws) {
     (void)user;
     tdit_ws_t *w = ws;
@@ -63,7 +65,7 @@ static size_t ws_bytes(void *user, const void *ws) {
  * and the SDE parameters (SDE steps) or the solver's coefficients and
  * history (multistep steps). */
 static kern_tensor_t *input(void *user, void *ws, int i) {
-    (void)user;
+    (void)user; /* may be gone when an entry is freed */
     const tdit_shape_t *sh = tdit_ws_shape(ws);
     switch (i) {
     case IN_LATENT: return tdit_ws_latent(ws);

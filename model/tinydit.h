@@ -149,6 +149,9 @@ typedef struct tdit_ws tdit_ws_t;
  * depends on memory the stream owns. s is unused. NULL with a message on a
  * bad shape or OOM. */
 tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape);
+/* Frees *ws (NULL-safe) and sets it NULL. Reads nothing of its model,
+ * which may already be gone: a capture cache frees a workspace when it
+ * evicts the entry, whatever the order the caller destroys things in. */
 void tdit_ws_destroy(tdit_ws_t **ws);
 const tdit_shape_t *tdit_ws_shape(const tdit_ws_t *ws);
 /* Bytes held by the workspace. */
