@@ -36,6 +36,7 @@
 #ifndef REEL_CAPTURE_CACHE_IMPL_H
 #define REEL_CAPTURE_CACHE_IMPL_H
 
+#include "base/thread.h" /* reel_thread_self: the lock's owner */
 #include "cache.h"
 #include <assert.h>
 #include <pthread.h>
@@ -57,13 +58,11 @@
 typedef struct {
     pthread_mutex_t mu;
 #ifdef CAP_LOCK_CHECKS
-    _Atomic uintptr_t owner;    /* cap_thread_self() of the holder; 0: nobody */
+    _Atomic uintptr_t owner;    /* reel_thread_self() of the holder; 0: nobody */
     int depth;                  /* the owner's holds (a recursive lock nests) */
 #endif
 } cap_lock_t;
 
-/* A number naming the calling thread, never 0. Can't fail. */
-uintptr_t cap_thread_self(void);
 /* Prints what was expected of a lock, where, and aborts. */
 void cap_lock_violation(const char *what, const char *file, int line);
 /* 0, or -1 with a message when the mutex cannot be made. */
@@ -72,7 +71,7 @@ void cap_lock_destroy(cap_lock_t *l);
 
 static inline void cap_lock_took(cap_lock_t *l) {
 #ifdef CAP_LOCK_CHECKS
-    if (l->depth++ == 0) atomic_store_explicit(&l->owner, cap_thread_self(), memory_order_relaxed);
+    if (l->depth++ == 0) atomic_store_explicit(&l->owner, reel_thread_self(), memory_order_relaxed);
 #else
     (void)l;
 #endif
@@ -93,7 +92,7 @@ static inline bool cap_trylock(cap_lock_t *l) {
 /* True when this thread holds l (always true without CAP_LOCK_CHECKS). */
 static inline bool cap_lock_mine(const cap_lock_t *l) {
 #ifdef CAP_LOCK_CHECKS
-    return atomic_load_explicit(&((cap_lock_t *)l)->owner, memory_order_relaxed) == cap_thread_self();
+    return atomic_load_explicit(&((cap_lock_t *)l)->owner, memory_order_relaxed) == reel_thread_self();
 #else
     (void)l;
     return true;

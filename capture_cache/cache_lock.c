@@ -5,12 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-uintptr_t cap_thread_self(void) {
-    /* One byte per thread: its address names the thread while it lives. */
-    static __thread char self;
-    return (uintptr_t)&self;
-}
-
 void cap_lock_violation(const char *what, const char *file, int line) {
     fprintf(stderr, "capture cache lock check failed: %s (%s:%d)\n", what, file, line);
     abort();
