@@ -57,6 +57,16 @@ void reel_sha256_free(reel_sha256_t **h) {
     *h = NULL;
 }
 
+int reel_sha256_hook(void *user, const void *p, size_t n) {
+    reel_sha256_hook_t *k = user;
+    if (k->stop && atomic_load(k->stop)) {
+        k->stopped = true;
+        return -1;
+    }
+    reel_sha256_update(k->h, p, n);
+    return 0;
+}
+
 /* The one-shot forms: EVP_Digest needs no context of ours, so they cannot
  * fail for want of memory (sha256.h: "can't fail"). */
 void reel_sha256_parts(const void *const *p, const size_t *len, int n, char hex[65]) {

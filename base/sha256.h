@@ -7,6 +7,8 @@
 #ifndef REEL_BASE_SHA256_H
 #define REEL_BASE_SHA256_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -32,6 +34,19 @@ reel_sha256_t *reel_sha256_new(void);
 void reel_sha256_update(reel_sha256_t *h, const void *p, size_t len);
 void reel_sha256_final(reel_sha256_t **h, char hex[65]);
 void reel_sha256_free(reel_sha256_t **h);
+
+/* A file hashed as it is read, stoppable within a chunk: the state a
+ * reader's per-chunk hook (model/safetensors.h, st_read_hook_t) is handed
+ * as its user pointer. The caller owns h (new, then final or free). */
+typedef struct {
+    reel_sha256_t *h;          /* the digest the chunks feed */
+    const atomic_bool *stop;   /* NULL: never stops */
+    bool stopped;              /* a chunk was refused because *stop was set */
+} reel_sha256_hook_t;
+/* The hook: feeds the n bytes at p to ((reel_sha256_hook_t *)user)->h and
+ * returns 0; when *stop is set it hashes nothing, sets stopped and returns
+ * -1 (the reader then fails, and the caller tells a stop by `stopped`). */
+int reel_sha256_hook(void *user, const void *p, size_t n);
 
 #ifdef __cplusplus
 }

@@ -35,24 +35,6 @@ int cat_schema_version(void) { return cat_n_migrations; }
 
 const char *cat_path(const cat_t *c) { return c ? c->path : "(none)"; }
 
-int cat_db_fail(const cat_t *c, const char *what) {
-    return kern_fail("catalog %s: %s: %s", c->path, what, sqlite3_errmsg(c->db));
-}
-
-int cat_exec(cat_t *c, const char *sql, const char *what) {
-    char *msg = NULL;
-    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        kern_fail("catalog %s: %s: %s", c->path, what, msg ? msg : sqlite3_errmsg(c->db));
-        sqlite3_free(msg);
-        return -1;
-    }
-    return 0;
-}
-
-int cat_bind_text(sqlite3_stmt *s, int i, const char *v) {
-    return v ? sqlite3_bind_text(s, i, v, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(s, i);
-}
-
 /* ---- opening and migrating ---------------------------------------------- */
 
 /* Reads an integer PRAGMA (or any one-integer query) into *out. */

@@ -1,7 +1,8 @@
 /* catalog_impl.h -- what the catalog's own files share (internal to
- * catalog/: catalog.c, the store; catalog_query.c, the report queries;
- * catalog_rollup.c, the summaries). The schema it migrates to is
- * schema/catalog_schema.h. */
+ * catalog/: catalog_db.c, the SQLite helpers; catalog_rollup.c, the
+ * summaries; catalog.c, the store; catalog_prune.c, retention;
+ * catalog_query.c, the report queries -- each calls only the ones before
+ * it). The schema it migrates to is schema/catalog_schema.h. */
 #ifndef REEL_CATALOG_CATALOG_IMPL_H
 #define REEL_CATALOG_CATALOG_IMPL_H
 
@@ -37,7 +38,8 @@ void cat_roll_reset(cat_t *c);
 bool cat_roll_failed(const cat_t *c);
 void cat_roll_free(cat_t *c);
 
-/* Records "catalog PATH: what: sqlite's message" and returns -1. */
+/* The SQLite helpers (catalog_db.c).
+ * Records "catalog PATH: what: sqlite's message" and returns -1. */
 int cat_db_fail(const cat_t *c, const char *what);
 /* Runs sql (no rows); -1 with "catalog PATH: what: ..." on failure. */
 int cat_exec(cat_t *c, const char *sql, const char *what);

@@ -35,6 +35,8 @@ int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 
+/* ---- the helpers every subcommand uses (ctl_common.c) ---- */
+
 /* Prints "reelctl: <msg>" to stderr and returns code. */
 int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses a whole decimal integer / finite float; -1 on junk. */
@@ -49,9 +51,9 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
 /* Parses "FxHxW" (three positive integers, each at most 65536, F x H x W
  * at most 2^24 as a GEN's latent); -1 on anything else. */
 int ctl_parse_size(const char *s, int64_t out[3]);
-/* True when stderr is a terminal. */
 /* Monotonic seconds. */
 double ctl_now(void);
+/* True when stderr is a terminal. */
 bool ctl_tty(void);
 
 #endif

@@ -89,5 +89,9 @@ int art_dispatch_hook(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *arg
                       const kern_impl_t *native, int *rc);
 /* Frees the keys (artifact_run.c). Set not installed. */
 void art_run_free(kern_artifacts_t *set);
+/* Makes set (NULL: none) the one the hook routes through (artifact_run.c;
+ * kern_artifacts_installed reads it). Called only by kern_artifacts_install
+ * and _uninstall, under their lock. */
+void art_run_set_installed(kern_artifacts_t *set);
 
 #endif

@@ -15,9 +15,19 @@
 #include "base/error.h"
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* The set kern_dispatch routes through (one per process): set by
+ * kern_artifacts_install / _uninstall (artifacts.c) under their lock, read
+ * by the hook on every launch. */
+static _Atomic(kern_artifacts_t *) installed;
+
+kern_artifacts_t *kern_artifacts_installed(void) { return atomic_load(&installed); }
+
+void art_run_set_installed(kern_artifacts_t *set) { atomic_store(&installed, set); }
 
 static _Thread_local uint64_t tl_promoted, tl_demoted, tl_scope;
 static _Thread_local const char *tl_region;

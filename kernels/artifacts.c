@@ -11,14 +11,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The set kern_dispatch routes through (one per process). */
-static _Atomic(kern_artifacts_t *) installed;
+/* Serialises install and uninstall; the installed set itself is the
+ * dispatcher's (artifact_run.c). */
 static pthread_mutex_t install_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Records why bundle a is refused: "bundle NAME: <why>". Returns -1. */
@@ -344,7 +343,7 @@ static void index_candidates(kern_artifacts_t *set) {
 int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
     pthread_mutex_lock(&install_mu);
     int rc = 0;
-    if (atomic_load(&installed)) {
+    if (kern_artifacts_installed()) {
         rc = kern_fail("artifacts: another set is installed");
         goto out;
     }
@@ -363,7 +362,7 @@ int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
     index_candidates(set);
     set->timing = timing;
     set->installed = true;
-    atomic_store(&installed, set);
+    art_run_set_installed(set);
     kern_registry_set_hook(art_dispatch_hook);
 out:
     pthread_mutex_unlock(&install_mu);
@@ -372,15 +371,13 @@ out:
 
 void kern_artifacts_uninstall(kern_artifacts_t *set) {
     pthread_mutex_lock(&install_mu);
-    if (set && atomic_load(&installed) == set) {
+    if (set && kern_artifacts_installed() == set) {
         kern_registry_set_hook(NULL);
-        atomic_store(&installed, NULL);
+        art_run_set_installed(NULL);
     }
     if (set) set->installed = false;
     pthread_mutex_unlock(&install_mu);
 }
-
-kern_artifacts_t *kern_artifacts_installed(void) { return atomic_load(&installed); }
 
 void kern_artifacts_on_event(kern_artifacts_t *set, kern_art_event_fn fn, void *user) {
     pthread_mutex_lock(&set->mu);

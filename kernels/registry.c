@@ -40,10 +40,19 @@ int kern_registry_register(const kern_impl_t *impl) {
     return rc;
 }
 
+/* Registers every kernel a backend lists, in its order. A full table
+ * drops the rest (a lookup then names the missing kernel): Reel registers
+ * a few tens of the 256. */
+static void register_list(size_t (*list)(const kern_impl_t **out, size_t max)) {
+    const kern_impl_t *k[REGISTRY_MAX];
+    size_t n = list(k, REGISTRY_MAX);
+    for (size_t i = 0; i < n && i < REGISTRY_MAX; i++) (void)kern_registry_register(k[i]);
+}
+
 static void register_builtins(void) {
-    kern_cpu_register_all();
+    register_list(kern_cpu_kernels);
 #ifdef HAVE_CUDA
-    kern_cuda_register_all();
+    register_list(kern_cuda_kernels);
 #endif
 }
 

@@ -77,10 +77,14 @@ const kern_impl_t *kern_registry_lookup(kern_op_t op, kern_backend_kind_t b, ker
 /* Up to max entries in registration order; returns how many exist. */
 size_t kern_registry_list(const kern_impl_t **out, size_t max);
 
-/* Built-in registration hooks (one per backend). */
-void kern_cpu_register_all(void);
+/* The built-in kernels of a backend (kernels/cpu/ops_cpu.c,
+ * kernels/cuda/register_cuda.c): up to max pointers to its static tables'
+ * entries in out, in registration order; returns how many it has (more
+ * than max: the rest are not listed). Cannot fail. kern_registry_init
+ * registers them: a backend's files never call the registry. */
+size_t kern_cpu_kernels(const kern_impl_t **out, size_t max);
 #ifdef HAVE_CUDA
-void kern_cuda_register_all(void);
+size_t kern_cuda_kernels(const kern_impl_t **out, size_t max);
 #endif
 
 /* Launches the kernel registered for (op, stream's backend, dt) on s with

@@ -1,5 +1,6 @@
-/* tinydit_impl.h -- the model's private layout, shared by tinydit.c (loading)
- * and step.c (the forward pass). Nothing outside model includes it. */
+/* tinydit_impl.h -- the model's private layout, shared by tdit_config.c
+ * (the weight table), tinydit.c (loading) and step.c (the forward pass).
+ * Nothing outside model includes it. */
 #ifndef REEL_MODEL_TINYDIT_IMPL_H
 #define REEL_MODEL_TINYDIT_IMPL_H
 
@@ -35,5 +36,36 @@ struct tdit_model {
     kern_tensor_t **tensors; /* every weight tensor above, in file order */
     int n_tensors;
 };
+
+/* ---- the weight table (tdit_config.c) ---- */
+
+typedef enum { W_LINEAR, W_BIAS, W_NORM, W_NORM_BIAS, W_MOD } wkind_t;
+
+typedef struct {
+    char name[80];
+    int ndim;
+    int64_t shape[KERN_MAX_DIMS];
+    wkind_t kind;
+    int64_t fan_in;
+    kern_tensor_t *slot;   /* where the loaded tensor goes (NULL when listing) */
+} wentry_t;
+
+typedef struct {
+    wentry_t *e;
+    size_t n, cap;
+    int failed;
+} wlist_t;
+
+/* Lists every weight of c in file order into l (l->e is the caller's to
+ * free, also on failure); with m, each entry's slot points into m. 0, or
+ * -1 with a message (out of memory). */
+int tdit_list_weights(const tdit_config_t *c, tdit_model_t *m, wlist_t *l);
+
+/* The number of elements of w. */
+static inline int64_t numel_of(const wentry_t *w) {
+    int64_t k = 1;
+    for (int d = 0; d < w->ndim; d++) k *= w->shape[d];
+    return k;
+}
 
 #endif

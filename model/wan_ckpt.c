@@ -30,31 +30,15 @@
 
 /* ---- files --------------------------------------------------------------------------- */
 
-/* One safetensors file of the checkpoint. */
-typedef struct {
-    reel_sha256_t *h;
-    const atomic_bool *stop;
-    bool stopped;
-} hook_t;
-
+/* One safetensors file of the checkpoint, hashed as it is read. */
 typedef struct {
     char name[NAME_MAX + 1];  /* in the checkpoint's folder */
     char shown[PATH_MAX];     /* in messages */
     int fd;
     st_header_t *hdr;
-    hook_t hook;
+    reel_sha256_hook_t hook;
     uint64_t size, base;      /* the file's size; where its data goes in the buffer */
 } part_t;
-
-static int hash_chunk(void *user, const void *p, size_t n) {
-    hook_t *k = user;
-    if (k->stop && atomic_load(k->stop)) {
-        k->stopped = true;
-        return -1;
-    }
-    reel_sha256_update(k->h, p, n);
-    return 0;
-}
 
 typedef struct {
     wan_opts_t o;
@@ -374,7 +358,7 @@ static int read_headers(ctx_t *x) {
         if (fstat(p->fd, &sb) != 0 || !S_ISREG(sb.st_mode))
             return wan_fail(&x->why, WAN_E_FILE, "%s: not a regular file", p->shown);
         p->size = (uint64_t)sb.st_size;
-        if (!(p->hdr = st_header_read(p->fd, p->shown, hash_chunk, &p->hook)))
+        if (!(p->hdr = st_header_read(p->fd, p->shown, reel_sha256_hook, &p->hook)))
             return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", kern_error());
     }
     return 0;
@@ -556,7 +540,7 @@ static int read_data(ctx_t *x) {
     }
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = &x->parts[i];
-        if (st_header_read_data(p->hdr, p->fd, p->shown, x->data ? x->data + p->base : NULL, hash_chunk, &p->hook) != 0)
+        if (st_header_read_data(p->hdr, p->fd, p->shown, x->data ? x->data + p->base : NULL, reel_sha256_hook, &p->hook) != 0)
             return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", kern_error());
     }
     return 0;

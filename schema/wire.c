@@ -9,19 +9,9 @@
 #include <errno.h>
 #include <malloc.h>
 #include <stdalign.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void wire_set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
-    if (!err) return;
-    snprintf(err->code, sizeof err->code, "%s", code);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- the arena of a received message ------------------------------------------ */
 
@@ -423,16 +413,6 @@ wire_val_t *wire_hdr(const char *type, uint64_t id) {
         return NULL;
     }
     return h;
-}
-
-size_t wire_dtype_size(kern_dtype_t dt) { return dt == WIRE_U8 ? 1 : kern_dtype_size(dt); }
-const char *wire_dtype_name(kern_dtype_t dt) { return dt == WIRE_U8 ? "U8" : kern_dtype_name(dt); }
-int wire_dtype_parse(const char *name, kern_dtype_t *out) {
-    if (!strcmp(name, "U8")) {
-        *out = WIRE_U8;
-        return 0;
-    }
-    return kern_dtype_parse(name, out);
 }
 
 /* A sender-side check: what the receiver would reject is not sent. */

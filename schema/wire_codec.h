@@ -148,7 +148,7 @@ static inline const void *wire_msg_head(const wire_msg_t *m) {
     return zmq_msg_data((zmq_msg_t *)&m->head);
 }
 
-/* Sets *err (err may be NULL). */
+/* Sets *err (err may be NULL); wire_types.c. */
 void wire_set_err(wire_err_t *err, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

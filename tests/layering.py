@@ -16,12 +16,19 @@ from the built objects:
 
 Prints every violation, then "layering: N passed, N failed".
 Usage: layering.py --build BUILD
+       layering.py --self-test   the checker itself, on tiny trees it builds
+                                 with cc: it must find an upward include, an
+                                 upward call, a circle of calls and a cycle
+                                 of Uses: lines, each alone, and nothing on a
+                                 clean tree ("layering_self: N passed, N failed")
 """
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # folders checked, and what a sub-folder belongs to
@@ -32,17 +39,23 @@ INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 passed = 0
 failed = 0
+failures = []  # (message, details) of every FAIL, for the self-test
+quiet = False  # the self-test's runs print nothing
 
 
 def ok(msg):
     global passed
     passed += 1
-    print("PASS " + msg)
+    if not quiet:
+        print("PASS " + msg)
 
 
 def bad(msg, details=()):
     global failed
     failed += 1
+    failures.append((msg, list(details)))
+    if quiet:
+        return
     print("FAIL " + msg)
     for d in details:
         print("  | " + d)
@@ -249,16 +262,106 @@ def check_calls(uses, build):
         ok("no files call one another in a circle")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    a = ap.parse_args()
-    build = a.build if os.path.isabs(a.build) else os.path.join(ROOT, a.build)
+def check(build):
     uses = read_uses()
     check_folder_graph(uses)
     srcs = sources()
     check_includes(uses, srcs)
     check_calls(uses, build)
+
+
+# ---- the self-test: the checker must fail where it should ---------------------
+
+# A tiny tree of two folders, "low" and "high" (high may use low), clean:
+# high includes and calls low, low's two files call in one direction.
+CLEAN = {
+    "low/README.md": "# low\n\nUses: (nothing)\n",
+    "high/README.md": "# high\n\nUses: low\n",
+    "low/a.h": "int low_a(int x);\n",
+    "low/a.c": '#include "a.h"\nint low_a(int x) { return x + 1; }\n',
+    "low/b.c": '#include "a.h"\nint low_b(int x) { return low_a(x) * 2; }\n',
+    "high/h.h": "int high_h(int x);\n",
+    "high/h.c": '#include "high/h.h"\n#include "low/a.h"\nint high_h(int x) { return low_a(x); }\n',
+}
+# Each fault alone: (what, files added or replaced, the FAIL it must
+# raise, a text every detail line of that FAIL must hold between them).
+FAULTS = [
+    ("an upward include", {"low/up.c": '#include "high/h.h"\nint low_up(void) { return 0; }\n'},
+     "every include points down the layers", "low/up.c (low) includes high/h.h (high)"),
+    ("an upward call", {"low/up.c": "int high_h(int x);\nint low_up(void) { return high_h(1); }\n"},
+     "every call points down the layers", "low/up (low) calls high_h in high/h (high)"),
+    ("two files calling each other", {
+        "low/x.c": "int low_y(int);\nint low_x(int n) { return n ? low_y(n - 1) : 0; }\n",
+        "low/y.c": "int low_x(int);\nint low_y(int n) { return n ? low_x(n - 1) : 1; }\n"},
+     "files call one another in a circle", "low/x <-> low/y"),
+    ("a cycle of Uses: lines", {"low/README.md": "# low\n\nUses: high\n"},
+     "the folders' Uses: lines form a cycle", "high <-> low"),
+]
+
+
+def run_tree(files):
+    """Writes files into a fresh tree, compiles its .c files with cc -c
+    into TREE/build, runs every check on it quietly; returns the failures
+    (None when the tree did not compile)."""
+    global ROOT, FOLDERS, passed, failed, failures, quiet
+    tree = tempfile.mkdtemp(prefix="reel-layering.")
+    saved = (ROOT, FOLDERS, passed, failed, failures, quiet)
+    try:
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(tree, rel)), exist_ok=True)
+            with open(os.path.join(tree, rel), "w", encoding="utf-8") as f:
+                f.write(text)
+        for rel in files:
+            if rel.endswith(".c"):
+                obj = os.path.join(tree, "build", rel[:-2] + ".o")
+                os.makedirs(os.path.dirname(obj), exist_ok=True)
+                r = subprocess.run(["cc", "-c", "-I", tree, "-o", obj, os.path.join(tree, rel)],
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    print("  | cc -c %s: %s" % (rel, r.stderr.strip()))
+                    return None
+        ROOT, FOLDERS, passed, failed, failures, quiet = tree, ["low", "high"], 0, 0, [], True
+        check(os.path.join(tree, "build"))
+        return failures
+    finally:
+        ROOT, FOLDERS, passed, failed, failures, quiet = saved
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def self_test():
+    got = run_tree(CLEAN)
+    if got is None:
+        bad("the clean tiny tree compiles")
+    elif got:
+        bad("a clean tiny tree passes every check", ["%s: %s" % (m, "; ".join(d)) for m, d in got])
+    else:
+        ok("a clean tiny tree passes every check")
+    for what, extra, want, detail in FAULTS:
+        got = run_tree(dict(CLEAN, **extra))
+        if got is None:
+            bad("the tiny tree with %s compiles" % what)
+            continue
+        hits = [(m, d) for m, d in got if m.startswith(want) and detail in " ".join(d)]
+        others = [m for m, _d in got if not m.startswith(want)]
+        if hits and not others:
+            ok("%s is reported, and nothing else (%s: %s)" % (what, want, detail))
+        else:
+            bad("%s is reported, and nothing else" % what,
+                ["wanted: %s: ...%s..." % (want, detail)] +
+                (["got: %s: %s" % (m, "; ".join(d)) for m, d in got] or ["got: no failure"]))
+    print("layering_self: %d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--self-test", action="store_true")
+    a = ap.parse_args()
+    if a.self_test:
+        return self_test()
+    build = a.build if os.path.isabs(a.build) else os.path.join(ROOT, a.build)
+    check(build)
     print("layering: %d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 

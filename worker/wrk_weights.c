@@ -172,22 +172,6 @@ int wrk_weights_finite(const st_file_t *f, char *why, size_t len) {
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-typedef struct {
-    reel_sha256_t *h;
-    const atomic_bool *stop;
-    bool stopped;
-} hook_t;
-
-static int hash_chunk(void *user, const void *p, size_t n) {
-    hook_t *k = user;
-    if (k->stop && atomic_load(k->stop)) {
-        k->stopped = true;
-        return -1;
-    }
-    reel_sha256_update(k->h, p, n);
-    return 0;
-}
-
 st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65],
                             const char **wire, char *detail, size_t len) {
     st_probe_t p;
@@ -208,12 +192,12 @@ st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const a
              path, p.count, (unsigned long long)p.bytes, (unsigned long long)max_data);
         return NULL;
     }
-    hook_t k = { reel_sha256_new(), stop, false };
+    reel_sha256_hook_t k = { reel_sha256_new(), stop, false };
     if (!k.h) {
         fail(wire, WRK_E_FILE, detail, len, "out of memory");
         return NULL;
     }
-    st_file_t *f = st_open_fd(fd, path, hash_chunk, &k);
+    st_file_t *f = st_open_fd(fd, path, reel_sha256_hook, &k);
     if (!f) {
         fail(wire, k.stopped ? WRK_E_STOPPED : WRK_E_FILE, detail, len, "%s", kern_error());
         reel_sha256_free(&k.h);

@@ -80,17 +80,20 @@ static int attention_f32(void *ctx, const void *args) {
 
 /* ATTENTION_SDPA on the CPU is this same kernel: the reference a library's
  * fused attention (cuDNN on CUDA) is checked against. */
-void kern_cpu_register_attention(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_ATTENTION, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "attention_cpu", .fn = attention_f32,
-          .args_size = sizeof(kern_attention_args_t), .workspace_bytes = attention_workspace,
-          .capturable = true },
-        { .op = KERN_OP_ATTENTION_SDPA, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "attention_sdpa_cpu", .fn = attention_f32,
-          .args_size = sizeof(kern_attention_args_t), .workspace_bytes = attention_workspace,
-          .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_ATTENTION, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "attention_cpu", .fn = attention_f32,
+      .args_size = sizeof(kern_attention_args_t), .workspace_bytes = attention_workspace,
+      .capturable = true },
+    { .op = KERN_OP_ATTENTION_SDPA, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "attention_sdpa_cpu", .fn = attention_f32,
+      .args_size = sizeof(kern_attention_args_t), .workspace_bytes = attention_workspace,
+      .capturable = true },
+};
+
+size_t kern_cpu_attention_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -1,32 +1,39 @@
-/* ops_cpu.c -- registers every CPU F32 kernel with the registry.
+/* ops_cpu.c -- lists every CPU F32 kernel for the registry.
  *
  * The kernels live one job per file (ops_gemm.c, ops_norm.c, ...), each
- * exposing one registration hook; this file only calls them in op order.
- * Every CPU kernel is capturable except the SDE update, whose noise makes a
- * step an eager break by contract (DESIGN.md "Capturable step contract"). */
+ * holding one static table of its kernels; this file only gathers those
+ * tables in op order. The registry registers what it lists (registry.c):
+ * no kernel file calls the registry, so the registry calling down into
+ * them is no circle. Every CPU kernel is capturable except the SDE update,
+ * whose noise makes a step an eager break by contract (DESIGN.md
+ * "Capturable step contract"). */
 #include "../registry.h"
 
-/* Registration hooks of the kernel files in this directory. Each registers
- * its kernels for (op, KERN_BACKEND_CPU, KERN_F32); none can fail short of a
- * full registry table, in which case lookups later report the missing op. */
-void kern_cpu_register_gemm(void);        /* ops_gemm.c */
-void kern_cpu_register_norm(void);        /* ops_norm.c */
-void kern_cpu_register_elementwise(void); /* ops_elementwise.c */
-void kern_cpu_register_attention(void);   /* ops_attention.c */
-void kern_cpu_register_rope(void);        /* ops_rope.c */
-void kern_cpu_register_patch(void);       /* ops_patch.c */
-void kern_cpu_register_step(void);        /* ops_step.c */
-void kern_cpu_register_softmax(void);     /* ops_softmax.c */
-void kern_cpu_register_fused(void);       /* ops_fused.c */
+/* The tables of the kernel files in this directory: each sets *out to its
+ * kernels (op, KERN_BACKEND_CPU, KERN_F32) and returns how many; none can
+ * fail. */
+size_t kern_cpu_gemm_kernels(const kern_impl_t **out);        /* ops_gemm.c */
+size_t kern_cpu_norm_kernels(const kern_impl_t **out);        /* ops_norm.c */
+size_t kern_cpu_elementwise_kernels(const kern_impl_t **out); /* ops_elementwise.c */
+size_t kern_cpu_attention_kernels(const kern_impl_t **out);   /* ops_attention.c */
+size_t kern_cpu_rope_kernels(const kern_impl_t **out);        /* ops_rope.c */
+size_t kern_cpu_patch_kernels(const kern_impl_t **out);       /* ops_patch.c */
+size_t kern_cpu_step_kernels(const kern_impl_t **out);        /* ops_step.c */
+size_t kern_cpu_softmax_kernels(const kern_impl_t **out);     /* ops_softmax.c */
+size_t kern_cpu_fused_kernels(const kern_impl_t **out);       /* ops_fused.c */
 
-void kern_cpu_register_all(void) {
-    kern_cpu_register_gemm();
-    kern_cpu_register_norm();
-    kern_cpu_register_elementwise();
-    kern_cpu_register_attention();
-    kern_cpu_register_rope();
-    kern_cpu_register_patch();
-    kern_cpu_register_step();
-    kern_cpu_register_softmax();
-    kern_cpu_register_fused();
+size_t kern_cpu_kernels(const kern_impl_t **out, size_t max) {
+    size_t (*const files[])(const kern_impl_t **) = {
+        kern_cpu_gemm_kernels, kern_cpu_norm_kernels, kern_cpu_elementwise_kernels,
+        kern_cpu_attention_kernels, kern_cpu_rope_kernels, kern_cpu_patch_kernels,
+        kern_cpu_step_kernels, kern_cpu_softmax_kernels, kern_cpu_fused_kernels,
+    };
+    size_t n = 0;
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        const kern_impl_t *k;
+        size_t nk = files[f](&k);
+        for (size_t i = 0; i < nk; i++, n++)
+            if (n < max) out[n] = &k[i];
+    }
+    return n;
 }

@@ -73,24 +73,27 @@ static int silu_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_elementwise(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "modulate_cpu", .fn = modulate_f32,
-          .args_size = sizeof(kern_modulate_args_t), .capturable = true },
-        { .op = KERN_OP_GATED_RESIDUAL, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "gated_residual_cpu", .fn = gated_residual_f32,
-          .args_size = sizeof(kern_residual_args_t), .capturable = true },
-        { .op = KERN_OP_ADD, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "add_cpu", .fn = add_f32,
-          .args_size = sizeof(kern_binary_args_t), .capturable = true },
-        { .op = KERN_OP_GELU_TANH, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "gelu_tanh_cpu", .fn = gelu_tanh_f32,
-          .args_size = sizeof(kern_unary_args_t), .capturable = true },
-        { .op = KERN_OP_SILU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "silu_cpu", .fn = silu_f32,
-          .args_size = sizeof(kern_unary_args_t), .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "modulate_cpu", .fn = modulate_f32,
+      .args_size = sizeof(kern_modulate_args_t), .capturable = true },
+    { .op = KERN_OP_GATED_RESIDUAL, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "gated_residual_cpu", .fn = gated_residual_f32,
+      .args_size = sizeof(kern_residual_args_t), .capturable = true },
+    { .op = KERN_OP_ADD, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "add_cpu", .fn = add_f32,
+      .args_size = sizeof(kern_binary_args_t), .capturable = true },
+    { .op = KERN_OP_GELU_TANH, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "gelu_tanh_cpu", .fn = gelu_tanh_f32,
+      .args_size = sizeof(kern_unary_args_t), .capturable = true },
+    { .op = KERN_OP_SILU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "silu_cpu", .fn = silu_f32,
+      .args_size = sizeof(kern_unary_args_t), .capturable = true },
+};
+
+size_t kern_cpu_elementwise_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -81,17 +81,20 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_fused(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_LAYERNORM_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "layernorm_modulate_cpu", .fn = layernorm_modulate_f32,
-          .args_size = sizeof(kern_norm_modulate_args_t), .workspace_bytes = NULL,
-          .capturable = true },
-        { .op = KERN_OP_RMSNORM_ROPE3D, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "rmsnorm_rope3d_cpu", .fn = rmsnorm_rope3d_f32,
-          .args_size = sizeof(kern_rmsnorm_rope_args_t),
-          .workspace_bytes = rmsnorm_rope_workspace, .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_LAYERNORM_MODULATE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "layernorm_modulate_cpu", .fn = layernorm_modulate_f32,
+      .args_size = sizeof(kern_norm_modulate_args_t), .workspace_bytes = NULL,
+      .capturable = true },
+    { .op = KERN_OP_RMSNORM_ROPE3D, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "rmsnorm_rope3d_cpu", .fn = rmsnorm_rope3d_f32,
+      .args_size = sizeof(kern_rmsnorm_rope_args_t),
+      .workspace_bytes = rmsnorm_rope_workspace, .capturable = true },
+};
+
+size_t kern_cpu_fused_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -93,24 +93,22 @@ static int gemm_batched_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_gemm(void) {
-    const kern_impl_t impl = {
-        .op = KERN_OP_GEMM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-        .name = "gemm_openblas", .fn = gemm_f32, .args_size = sizeof(kern_gemm_args_t),
-        .workspace_bytes = NULL, .capturable = true,
-    };
-    (void)kern_registry_register(&impl);
-    const kern_impl_t gelu = {
-        .op = KERN_OP_GEMM_GELU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-        .name = "gemm_gelu_openblas", .fn = gemm_gelu_f32, .args_size = sizeof(kern_gemm_args_t),
-        .workspace_bytes = NULL, .capturable = true,
-    };
-    (void)kern_registry_register(&gelu);
-    const kern_impl_t batched = {
-        .op = KERN_OP_GEMM_BATCHED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-        .name = "gemm_batched_openblas", .fn = gemm_batched_f32,
-        .args_size = sizeof(kern_gemm_batched_args_t), .workspace_bytes = NULL,
-        .capturable = true,
-    };
-    (void)kern_registry_register(&batched);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_GEMM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "gemm_openblas", .fn = gemm_f32, .args_size = sizeof(kern_gemm_args_t),
+      .workspace_bytes = NULL, .capturable = true },
+    { .op = KERN_OP_GEMM_GELU, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "gemm_gelu_openblas", .fn = gemm_gelu_f32, .args_size = sizeof(kern_gemm_args_t),
+      .workspace_bytes = NULL, .capturable = true },
+    { .op = KERN_OP_GEMM_BATCHED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "gemm_batched_openblas", .fn = gemm_batched_f32,
+      .args_size = sizeof(kern_gemm_batched_args_t), .workspace_bytes = NULL,
+      .capturable = true },
+};
+
+size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -49,15 +49,18 @@ static int rmsnorm_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_norm(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_LAYERNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "layernorm_cpu", .fn = layernorm_f32, .args_size = sizeof(kern_norm_args_t),
-          .workspace_bytes = NULL, .capturable = true },
-        { .op = KERN_OP_RMSNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "rmsnorm_cpu", .fn = rmsnorm_f32, .args_size = sizeof(kern_norm_args_t),
-          .workspace_bytes = NULL, .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_LAYERNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "layernorm_cpu", .fn = layernorm_f32, .args_size = sizeof(kern_norm_args_t),
+      .workspace_bytes = NULL, .capturable = true },
+    { .op = KERN_OP_RMSNORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "rmsnorm_cpu", .fn = rmsnorm_f32, .args_size = sizeof(kern_norm_args_t),
+      .workspace_bytes = NULL, .capturable = true },
+};
+
+size_t kern_cpu_norm_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -47,15 +47,18 @@ static int unpatchify_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_patch(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_PATCHIFY, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "patchify_cpu", .fn = patchify_f32,
-          .args_size = sizeof(kern_patch_args_t), .capturable = true },
-        { .op = KERN_OP_UNPATCHIFY, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "unpatchify_cpu", .fn = unpatchify_f32,
-          .args_size = sizeof(kern_patch_args_t), .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_PATCHIFY, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "patchify_cpu", .fn = patchify_f32,
+      .args_size = sizeof(kern_patch_args_t), .capturable = true },
+    { .op = KERN_OP_UNPATCHIFY, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "unpatchify_cpu", .fn = unpatchify_f32,
+      .args_size = sizeof(kern_patch_args_t), .capturable = true },
+};
+
+size_t kern_cpu_patch_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -48,11 +48,15 @@ static int rope3d_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_rope(void) {
-    const kern_impl_t impl = {
-        .op = KERN_OP_ROPE3D, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-        .name = "rope3d_cpu", .fn = rope3d_f32, .args_size = sizeof(kern_rope3d_args_t),
-        .workspace_bytes = rope_workspace, .capturable = true,
-    };
-    (void)kern_registry_register(&impl);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_ROPE3D, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "rope3d_cpu", .fn = rope3d_f32, .args_size = sizeof(kern_rope3d_args_t),
+      .workspace_bytes = rope_workspace, .capturable = true },
+};
+
+size_t kern_cpu_rope_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

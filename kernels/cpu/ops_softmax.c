@@ -37,11 +37,15 @@ static int softmax_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_softmax(void) {
-    const kern_impl_t impl = {
-        .op = KERN_OP_SOFTMAX, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-        .name = "softmax_cpu", .fn = softmax_f32, .args_size = sizeof(kern_softmax_args_t),
-        .workspace_bytes = NULL, .capturable = true,
-    };
-    (void)kern_registry_register(&impl);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_SOFTMAX, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "softmax_cpu", .fn = softmax_f32, .args_size = sizeof(kern_softmax_args_t),
+      .workspace_bytes = NULL, .capturable = true },
+};
+
+size_t kern_cpu_softmax_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -114,27 +114,30 @@ static int sde_dev_f32(void *ctx, const void *args) {
     return 0;
 }
 
-void kern_cpu_register_step(void) {
-    const kern_impl_t impls[] = {
-        { .op = KERN_OP_TIMESTEP_EMBED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "timestep_embed_cpu", .fn = timestep_embed_f32,
-          .args_size = sizeof(kern_timestep_args_t), .capturable = true },
-        { .op = KERN_OP_CFG_COMBINE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "cfg_combine_cpu", .fn = cfg_combine_f32,
-          .args_size = sizeof(kern_cfg_args_t), .capturable = true },
-        { .op = KERN_OP_EULER, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "euler_cpu", .fn = euler_f32,
-          .args_size = sizeof(kern_euler_args_t), .capturable = true },
-        { .op = KERN_OP_MULTISTEP, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "multistep_cpu", .fn = multistep_f32,
-          .args_size = sizeof(kern_multistep_args_t), .capturable = true },
-        { .op = KERN_OP_SDE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "sde_cpu", .fn = sde_f32,
-          .args_size = sizeof(kern_sde_args_t), .capturable = false },
-        { .op = KERN_OP_SDE_DEV, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
-          .name = "sde_dev_cpu", .fn = sde_dev_f32,
-          .args_size = sizeof(kern_sde_args_t), .capturable = true },
-    };
-    for (size_t i = 0; i < sizeof impls / sizeof impls[0]; i++)
-        (void)kern_registry_register(&impls[i]);
+/* This file's kernels, in registration order; none can fail to be
+ * listed (a full registry table is the registry's to report). */
+static const kern_impl_t kernels[] = {
+    { .op = KERN_OP_TIMESTEP_EMBED, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "timestep_embed_cpu", .fn = timestep_embed_f32,
+      .args_size = sizeof(kern_timestep_args_t), .capturable = true },
+    { .op = KERN_OP_CFG_COMBINE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "cfg_combine_cpu", .fn = cfg_combine_f32,
+      .args_size = sizeof(kern_cfg_args_t), .capturable = true },
+    { .op = KERN_OP_EULER, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "euler_cpu", .fn = euler_f32,
+      .args_size = sizeof(kern_euler_args_t), .capturable = true },
+    { .op = KERN_OP_MULTISTEP, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "multistep_cpu", .fn = multistep_f32,
+      .args_size = sizeof(kern_multistep_args_t), .capturable = true },
+    { .op = KERN_OP_SDE, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "sde_cpu", .fn = sde_f32,
+      .args_size = sizeof(kern_sde_args_t), .capturable = false },
+    { .op = KERN_OP_SDE_DEV, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "sde_dev_cpu", .fn = sde_dev_f32,
+      .args_size = sizeof(kern_sde_args_t), .capturable = true },
+};
+
+size_t kern_cpu_step_kernels(const kern_impl_t **out) {
+    *out = kernels;
+    return sizeof kernels / sizeof kernels[0];
 }

@@ -1,9 +1,10 @@
-/* register_cuda.c -- registers every CUDA kernel (see registry.h): F32 and
- * BF16 for every op, no workspace (no kernel uses the stream arena; the
- * decomposed attention's score block is the op's, kernels/attention.c; the
- * cuBLAS(Lt) GEMMs use the stream's preallocated cuBLAS workspace), all
- * capturable except SDE, whose seed and step are launch arguments a graph
- * would bake in (SDE_DEV reads them from device memory and is capturable). */
+/* register_cuda.c -- lists every CUDA kernel for the registry (see
+ * registry.h, kern_cuda_kernels): F32 and BF16 for every op, no workspace
+ * (no kernel uses the stream arena; the decomposed attention's score block
+ * is the op's, kernels/attention.c; the cuBLAS(Lt) GEMMs use the stream's
+ * preallocated cuBLAS workspace), all capturable except SDE, whose seed
+ * and step are launch arguments a graph would bake in (SDE_DEV reads them
+ * from device memory and is capturable). */
 #include "kernels_cuda.h"
 #include "../ops_args.h"
 
@@ -52,14 +53,17 @@ static const kern_impl_t cudnn_kernels[] = {
 };
 #endif
 
-/* Called once by kern_registry_init. Cannot fail in practice: the table
- * holds 256 entries and Reel registers a few tens (a full table would drop
- * kernels, and the lookup would then name the missing one). */
-void kern_cuda_register_all(void) {
-    for (size_t i = 0; i < sizeof cuda_kernels / sizeof cuda_kernels[0]; i++)
-        (void)kern_registry_register(&cuda_kernels[i]);
+/* Listed once by kern_registry_init, which registers them (this file
+ * never calls the registry). Cannot fail: the registry's table holds 256
+ * entries and Reel registers a few tens (a full table would drop kernels,
+ * and the lookup would then name the missing one). */
+size_t kern_cuda_kernels(const kern_impl_t **out, size_t max) {
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof cuda_kernels / sizeof cuda_kernels[0]; i++, n++)
+        if (n < max) out[n] = &cuda_kernels[i];
 #ifdef HAVE_CUDNN
-    for (size_t i = 0; i < sizeof cudnn_kernels / sizeof cudnn_kernels[0]; i++)
-        (void)kern_registry_register(&cudnn_kernels[i]);
+    for (size_t i = 0; i < sizeof cudnn_kernels / sizeof cudnn_kernels[0]; i++, n++)
+        if (n < max) out[n] = &cudnn_kernels[i];
 #endif
+    return n;
 }
