@@ -582,140 +582,202 @@ static int setup_access(wrk_t *w, wrk_roots_t *roots, reel_curve_t *curve) {
     return 0;
 }
 
-static int run(const wrk_opts_t *o) {
+/* What run() builds, phase by phase, and tears down in one place. */
+typedef struct {
     wrk_t w;
-    memset(&w, 0, sizeof w);
-    w.opt = o;
-    atomic_init(&w.applied_version, o->weights_version);
-    atomic_init(&w.epoch, 1);
-    atomic_init(&w.stop, false);
-    atomic_init(&w.fatal, false);
-    atomic_init(&w.draining, false);
-    atomic_init(&w.running, 0);
-    if (wrk_shared_init(&w) != 0) {
-        wrk_log(&w, "%s", kern_error());
-        return 1;
-    }
     link_t l;
-    memset(&l, 0, sizeof l);
-    l.w = &w;
-    l.backoff_ms = BACKOFF_MIN_MS;
-    int code = 1;
-    bool lock_ok = false;
-    char sha[65] = "";
-    kern_artifacts_t *artifacts = NULL; /* --artifacts: installed until the graphs are gone */
+    bool lock_ok;
+    char sha[65];
+    kern_artifacts_t *artifacts; /* --artifacts: installed until the graphs are gone */
+} run_t;
 
-    static wrk_roots_t roots; /* large: not on the stack */
-    static reel_curve_t curve;
-    if (sodium_init() < 0) { wrk_log(&w, "libsodium cannot initialise"); return 1; }
-    if (setup_access(&w, &roots, &curve) != 0) return 2;
-    if (install_signals() != 0) { wrk_log(&w, "signals: %s", strerror(errno)); return 1; }
+/* The backend --backend asks for (CUDA falls back to the CPU unless
+ * --no-fallback) and the dtype it computes in. -1 with a logged message. */
+static int open_backend(run_t *r) {
+    wrk_t *w = &r->w;
+    const wrk_opts_t *o = w->opt;
     if (o->backend == KERN_BACKEND_CUDA) {
-        w.backend = kern_backend_cuda_new(o->device);
-        if (!w.backend && o->no_fallback) {
-            wrk_log(&w, "cuda unusable (%s), and --no-fallback was given", kern_error());
-            goto out;
+        w->backend = kern_backend_cuda_new(o->device);
+        if (!w->backend && o->no_fallback) {
+            wrk_log(w, "cuda unusable (%s), and --no-fallback was given", kern_error());
+            return -1;
         }
-        if (!w.backend) wrk_log(&w, "cuda unusable (%s); using the CPU backend", kern_error());
+        if (!w->backend) wrk_log(w, "cuda unusable (%s); using the CPU backend", kern_error());
     }
-    if (!w.backend && !(w.backend = kern_backend_cpu_new())) { wrk_log(&w, "%s", kern_error()); goto out; }
-    w.dtype = o->bf16 ? KERN_BF16 : KERN_F32;
-    if (o->bf16 && kern_backend_kind(w.backend) != KERN_BACKEND_CUDA) {
-        wrk_log(&w, "bf16 needs a CUDA device; computing in F32 on the CPU");
-        w.dtype = KERN_F32;
+    if (!w->backend && !(w->backend = kern_backend_cpu_new())) {
+        wrk_log(w, "%s", kern_error());
+        return -1;
     }
-    if (setup_artifacts(&w, &artifacts) != 0) { code = 2; goto out; }
-    if (!(w.model = load_model(&w, sha))) { code = 2; goto out; }
-    if (!(w.events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(&w, "out of memory"); goto out; }
-    if (artifacts) push_bundles(&w, artifacts); /* sent with the first EVENTS */
+    w->dtype = o->bf16 ? KERN_BF16 : KERN_F32;
+    if (o->bf16 && kern_backend_kind(w->backend) != KERN_BACKEND_CUDA) {
+        wrk_log(w, "bf16 needs a CUDA device; computing in F32 on the CPU");
+        w->dtype = KERN_F32;
+    }
+    return 0;
+}
 
+/* The capture cache over the model, and the step lock syncs take.
+ * -1 with a logged message. */
+static int open_cache(run_t *r) {
+    wrk_t *w = &r->w;
+    const wrk_opts_t *o = w->opt;
     cap_options_t co = cap_options_default();
     co.budget_bytes = o->budget;
     co.warmup = o->warmup;
     co.audit_every = o->audit_every;
     co.policy = o->policy;
     co.on_event = wrk_events_on_cache;
-    co.event_user = w.events;
+    co.event_user = w->events;
     co.log = log_cache;
-    co.log_user = &w;
-    if (!(w.cache = cap_cache_new(w.backend, &co)) ||
-        tdit_register_weights(w.cache, w.model, o->weights_version) != 0) {
-        wrk_log(&w, "capture cache: %s", kern_error());
-        goto out;
+    co.log_user = w;
+    if (!(w->cache = cap_cache_new(w->backend, &co)) ||
+        tdit_register_weights(w->cache, w->model, o->weights_version) != 0) {
+        wrk_log(w, "capture cache: %s", kern_error());
+        return -1;
     }
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     /* Writer preference: a sync waiting for the lock stops new steps from
      * starting, so streams stepping back to back cannot starve it. */
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    lock_ok = pthread_rwlock_init(&w.step_lock, &ra) == 0;
+    r->lock_ok = pthread_rwlock_init(&w->step_lock, &ra) == 0;
     pthread_rwlockattr_destroy(&ra);
-    if (!lock_ok) { wrk_log(&w, "cannot create the step lock"); goto out; }
+    if (!r->lock_ok) {
+        wrk_log(w, "cannot create the step lock");
+        return -1;
+    }
+    return 0;
+}
 
-    if (!(w.zctx = zmq_ctx_new())) { wrk_log(&w, "zmq: %s", zmq_strerror(errno)); goto out; }
-    if (!(l.pull = wrk_pipe_pull_new(w.zctx))) { wrk_log(&w, "pipe: %s", zmq_strerror(errno)); goto out; }
-    if (!(l.exec = wrk_exec_new(&w)) || !(l.sync = wrk_syncer_new(&w, sha))) {
-        wrk_log(&w, "%s", kern_error());
+/* ZeroMQ, the pipe the threads wake the loop through, the streams, the
+ * sync thread and --metrics. -1 with a logged message; *code 2 when the
+ * metrics address is the user's to fix. */
+static int open_links(run_t *r, int *code) {
+    wrk_t *w = &r->w;
+    link_t *l = &r->l;
+    if (!(w->zctx = zmq_ctx_new())) {
+        wrk_log(w, "zmq: %s", zmq_strerror(errno));
+        return -1;
+    }
+    if (!(l->pull = wrk_pipe_pull_new(w->zctx))) {
+        wrk_log(w, "pipe: %s", zmq_strerror(errno));
+        return -1;
+    }
+    if (!(l->exec = wrk_exec_new(w)) || !(l->sync = wrk_syncer_new(w, r->sha))) {
+        wrk_log(w, "%s", kern_error());
+        return -1;
+    }
+    if (w->opt->metrics) {
+        if (!(l->http = reel_http_start(w->opt->metrics))) {
+            wrk_log(w, "%s", kern_error());
+            *code = 2;
+            return -1;
+        }
+        wrk_log(w, "metrics and health on http://%s (port %d): /metrics, /healthz, /readyz", w->opt->metrics,
+                reel_http_port(l->http));
+    }
+    return 0;
+}
+
+/* The last words of a clean stop: the cache's counters, the artifacts'. */
+static void log_totals(run_t *r) {
+    wrk_t *w = &r->w;
+    cap_stats_t cs;
+    cap_cache_stats(w->cache, &cs);
+    wrk_log(w, "stopping; capture cache: %llu captures, %llu replays (%llu audited, %llu audit "
+            "mismatches), %llu eager (%llu in transient workspaces), %llu evictions",
+            (unsigned long long)cs.captures, (unsigned long long)cs.replays, (unsigned long long)cs.audits,
+            (unsigned long long)cs.declines[CAP_DECLINE_AUDIT_MISMATCH], (unsigned long long)cs.eager_runs,
+            (unsigned long long)cs.transient_runs,
+            (unsigned long long)(cs.evictions[CAP_EVICT_LRU] + cs.evictions[CAP_EVICT_WEIGHT_SYNC] +
+                                 cs.evictions[CAP_EVICT_AUDIT_MISMATCH] + cs.evictions[CAP_EVICT_EXPLICIT] +
+                                 cs.evictions[CAP_EVICT_SHAPE_CHANGE]));
+    if (r->artifacts) {
+        wrk_log(w, "stopping; artifacts (timing %s):", kern_art_timing_name(w->opt->artifact_timing));
+        kern_artifacts_print(r->artifacts, stderr, true, false);
+    }
+}
+
+/* Says goodbye first, so the broker requeues our requests at once. */
+static void say_goodbye(run_t *r) {
+    link_t *l = &r->l;
+    wrk_stop(&r->w);
+    if (!l->dealer) return;
+    if (r->artifacts) push_keys(&r->w); /* the final counters */
+    flush_events(l);
+    send_msg(l, MSG_DISCONNECT, NULL);
+    int linger = SHUTDOWN_LINGER_MS;
+    zmq_setsockopt(l->dealer, ZMQ_LINGER, &linger, sizeof linger);
+}
+
+/* Everything run() built, in the order that keeps each thing's users
+ * gone before it; safe on a half-built run. */
+static void teardown(run_t *r) {
+    wrk_t *w = &r->w;
+    link_t *l = &r->l;
+    wrk_stop(w);
+    reel_http_stop(&l->http); /* it reads nothing of ours: only what was published */
+    if (l->dealer) zmq_close(l->dealer);
+    wrk_exec_stop(l->exec);
+    wrk_syncer_destroy(&l->sync);
+    if (l->pull) zmq_close(l->pull);
+    if (w->zctx) zmq_ctx_term(w->zctx);
+    /* No step runs now; the cache goes before the streams its graphs used. */
+    cap_cache_destroy(&w->cache);
+    wrk_exec_destroy(&l->exec);
+    kern_artifacts_destroy(&r->artifacts); /* after every graph that may hold its kernels */
+    if (r->lock_ok) pthread_rwlock_destroy(&w->step_lock);
+    tdit_model_destroy(&w->model);
+    wrk_events_destroy(&w->events);
+    kern_backend_destroy(&w->backend);
+    wrk_shared_fini(w);
+}
+
+/* The worker's life: set up phase by phase, serve, stop. The exit status:
+ * 0 after a clean stop, 2 for what the user can fix (keys, artifacts, the
+ * model, the metrics address, the broker's address), 1 otherwise. */
+static int run(const wrk_opts_t *o) {
+    static run_t r; /* large (the roots, the link): not on the stack */
+    static wrk_roots_t roots;
+    static reel_curve_t curve;
+    memset(&r, 0, sizeof r);
+    wrk_t *w = &r.w;
+    w->opt = o;
+    atomic_init(&w->applied_version, o->weights_version);
+    atomic_init(&w->epoch, 1);
+    atomic_init(&w->stop, false);
+    atomic_init(&w->fatal, false);
+    atomic_init(&w->draining, false);
+    atomic_init(&w->running, 0);
+    if (wrk_shared_init(w) != 0) {
+        wrk_log(w, "%s", kern_error());
+        return 1;
+    }
+    r.l.w = w;
+    r.l.backoff_ms = BACKOFF_MIN_MS;
+    if (sodium_init() < 0) { wrk_log(w, "libsodium cannot initialise"); return 1; }
+    if (setup_access(w, &roots, &curve) != 0) return 2;
+    if (install_signals() != 0) { wrk_log(w, "signals: %s", strerror(errno)); return 1; }
+
+    int code = 1;
+    if (open_backend(&r) != 0) goto out;
+    if (setup_artifacts(w, &r.artifacts) != 0 || !(w->model = load_model(w, r.sha))) {
+        code = 2;
         goto out;
     }
-    if (o->metrics) {
-        if (!(l.http = reel_http_start(o->metrics))) {
-            wrk_log(&w, "%s", kern_error());
-            code = 2;
-            goto out;
-        }
-        wrk_log(&w, "metrics and health on http://%s (port %d): /metrics, /healthz, /readyz", o->metrics,
-                reel_http_port(l.http));
-    }
-    if (connect_broker(&l, wrk_mono_ms()) != 0) { code = 2; goto out; }
-    wrk_log(&w, "ready (%s, %d streams)", kern_backend_device_name(w.backend), o->streams);
+    if (!(w->events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(w, "out of memory"); goto out; }
+    if (r.artifacts) push_bundles(w, r.artifacts); /* sent with the first EVENTS */
+    if (open_cache(&r) != 0 || open_links(&r, &code) != 0) goto out;
+    if (connect_broker(&r.l, wrk_mono_ms()) != 0) { code = 2; goto out; }
+    wrk_log(w, "ready (%s, %d streams)", kern_backend_device_name(w->backend), o->streams);
     reel_notify("READY=1\nSTATUS=serving");
 
-    code = serve(&l);
-    if (code == 0) {
-        cap_stats_t cs;
-        cap_cache_stats(w.cache, &cs);
-        wrk_log(&w, "stopping; capture cache: %llu captures, %llu replays (%llu audited, %llu audit "
-                "mismatches), %llu eager (%llu in transient workspaces), %llu evictions",
-                (unsigned long long)cs.captures, (unsigned long long)cs.replays, (unsigned long long)cs.audits,
-                (unsigned long long)cs.declines[CAP_DECLINE_AUDIT_MISMATCH], (unsigned long long)cs.eager_runs,
-                (unsigned long long)cs.transient_runs,
-                (unsigned long long)(cs.evictions[CAP_EVICT_LRU] + cs.evictions[CAP_EVICT_WEIGHT_SYNC] +
-                                     cs.evictions[CAP_EVICT_AUDIT_MISMATCH] + cs.evictions[CAP_EVICT_EXPLICIT] +
-                                     cs.evictions[CAP_EVICT_SHAPE_CHANGE]));
-    }
-    if (code == 0 && artifacts) {
-        wrk_log(&w, "stopping; artifacts (timing %s):", kern_art_timing_name(o->artifact_timing));
-        kern_artifacts_print(artifacts, stderr, true, false);
-    }
+    code = serve(&r.l);
+    if (code == 0) log_totals(&r);
     reel_notify("STOPPING=1");
-
-    /* Say goodbye first, so the broker requeues our requests at once. */
-    wrk_stop(&w);
-    if (l.dealer) {
-        if (artifacts) push_keys(&w); /* the final counters */
-        flush_events(&l);
-        send_msg(&l, MSG_DISCONNECT, NULL);
-        int linger = SHUTDOWN_LINGER_MS;
-        zmq_setsockopt(l.dealer, ZMQ_LINGER, &linger, sizeof linger);
-    }
+    say_goodbye(&r);
 out:
-    wrk_stop(&w);
-    reel_http_stop(&l.http); /* it reads nothing of ours: only what was published */
-    if (l.dealer) zmq_close(l.dealer);
-    wrk_exec_stop(l.exec);
-    wrk_syncer_destroy(&l.sync);
-    if (l.pull) zmq_close(l.pull);
-    if (w.zctx) zmq_ctx_term(w.zctx);
-    /* No step runs now; the cache goes before the streams its graphs used. */
-    cap_cache_destroy(&w.cache);
-    wrk_exec_destroy(&l.exec);
-    kern_artifacts_destroy(&artifacts); /* after every graph that may hold its kernels */
-    if (lock_ok) pthread_rwlock_destroy(&w.step_lock);
-    tdit_model_destroy(&w.model);
-    wrk_events_destroy(&w.events);
-    kern_backend_destroy(&w.backend);
-    wrk_shared_fini(&w);
+    teardown(&r);
     return code;
 }
 
