@@ -17,7 +17,12 @@
  *   leaves, used by any of them: brk_msg.c (clock, identities, sends,
  *   looking workers up), brk_route.c (pure routing rules), brk_catq.c (the
  *   catalog writer thread), brk_upload.c (weights by value: UPLOAD into
- *   --weights-dir, FETCH out of it), brk_zap.c, brk_opts.c, brk_log.c.
+ *   --weights-dir, FETCH out of it; one module in files by phase, each
+ *   calling only those after it: brk_upload.c the core, brk_upload_recv.c
+ *   UPLOAD, brk_upload_hash.c its hashing thread, brk_upload_serve.c
+ *   FETCH, brk_upload_prune.c removals and spares, brk_upload_files.c
+ *   names and look-ups; brk_upload_int.h), brk_zap.c, brk_opts.c,
+ *   brk_log.c.
  *   brk_check.c, the invariants (brk_check.h), reads the state the
  *   modules own; the loop runs it after every message and timer pass in
  *   builds with -DREEL_INVARIANTS.

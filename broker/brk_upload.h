@@ -21,7 +21,8 @@
  * it hashes: the sha256 is taken off the routing thread, in order; the
  * last chunk's digest is waited for, a few ms).
  *
- * A leaf module: the loop calls the first two, brk_sync asks the third. */
+ * A leaf module: the loop calls the first two, brk_sync asks the third.
+ * Its files, one per phase, are listed in brk_upload_int.h. */
 #ifndef REEL_BROKER_BRK_UPLOAD_H
 #define REEL_BROKER_BRK_UPLOAD_H
 

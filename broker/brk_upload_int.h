@@ -1,7 +1,21 @@
-/* brk_upload_int.h -- the upload module's state (internal to broker/brk_upload*.c
- * and tests/test_broker_invariants.c): the slots of uploads in progress, the
+/* brk_upload_int.h -- the upload module's state and its files' shared
+ * functions (internal to broker/brk_upload*.c and
+ * tests/test_broker_invariants.c): the slots of uploads in progress, the
  * FETCHes parked on them, their hashing threads, the spares and the
- * removals queued. The module's interface is brk_upload.h. */
+ * removals queued. The module's interface is brk_upload.h.
+ *
+ * The module's files, each calling only those listed after it (no call
+ * cycle between them):
+ *   brk_upload.c        create/destroy, idle uploads given up, invariants
+ *   brk_upload_recv.c   UPLOAD: a slot opened or resumed, the chunk
+ *                       written, the upload finished and published
+ *   brk_upload_hash.c   an upload's sha256, on a thread of its own
+ *   brk_upload_serve.c  FETCH: served from a stored file or an upload in
+ *                       progress, parked until its bytes come
+ *   brk_upload_prune.c  --weights-keep removals on their thread, the
+ *                       spares, the weights dir found at startup
+ *   brk_upload_files.c  the weights dir's names, the slot of a version,
+ *                       stored and held versions */
 #ifndef REEL_BROKER_BRK_UPLOAD_INT_H
 #define REEL_BROKER_BRK_UPLOAD_INT_H
 
@@ -92,5 +106,63 @@ struct brk_uploads {
     int nspare;
     unsigned spare_seq;          /* the next .spare-N */
 };
+
+/* ---- brk_upload_recv.c ---- */
+
+/* Closes slot s (nothing when closed): its parked FETCHes answered ERROR,
+ * its file closed, its hashing thread stopped; with remove_part its .part
+ * removed. Can't fail. */
+void brk_upl_close_slot(brk_t *b, slot_t *s, bool remove_part);
+
+/* ---- brk_upload_hash.c ---- */
+
+/* NULL when out of memory. Without a thread (it could not start, or
+ * brk_upload_no_hash_thread) it hashes inline. */
+hasher_t *brk_upl_hasher_new(void);
+/* Queues the n bytes at p, which are frame's (NULL: no frame to share, so
+ * a copy is queued), to be hashed after those queued before. Out of
+ * memory: hashed here, in its turn. Can't fail. */
+void brk_upl_hasher_push(hasher_t *hs, const zmq_msg_t *frame, const void *p, size_t n);
+/* Stops the thread: with hex, after every chunk queued is hashed, the
+ * digest into hex; without, the chunks still queued are dropped. Frees
+ * *hp and sets it NULL. NULL-safe. */
+void brk_upl_hasher_end(hasher_t **hp, char hex[65]);
+
+/* ---- brk_upload_serve.c ---- */
+
+/* Whether a FETCH of (offset, max) can be answered whole from what the
+ * upload in s holds. */
+bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max);
+/* Answers the parked FETCHes the bytes have come for, in the order they
+ * came; those asking for exactly chunk u (in m; NULL: none) with its
+ * frame. One it has no memory for waits for the next chunk. */
+void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire_msg_t *m);
+/* Answers every parked FETCH of s ERROR with why, and forgets them. */
+void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *why);
+
+/* ---- brk_upload_prune.c ---- */
+
+/* Renames the spare that suits an upload of size bytes to part. True when
+ * one was taken; false when none suits or the rename failed. */
+bool brk_upl_take_spare(brk_t *b, uint64_t size, const char *part);
+/* Removes every spare (a full disk). Returns how many were dropped. */
+int brk_upl_drop_spares(brk_t *b);
+/* Startup: removes the .part files a previous run left and keeps its
+ * newest spares (those past SPARES_MAX, or not a spare's, removed). A
+ * weights dir that cannot be read is logged, and left for the uploads to
+ * fail on. */
+void brk_upl_scan_dir(brk_t *b);
+
+/* ---- brk_upload_files.c ---- */
+
+/* DIR/<prefix>COMPONENT-vVERSION<suffix> into buf (cut to len). */
+void brk_upl_path(const brk_t *b, const char *prefix, const char *comp, uint64_t v, const char *suffix, char *buf,
+                  size_t len);
+/* DIR/.spare-N into buf (cut to len). */
+void brk_upl_spare_path(const char *dir, unsigned n, char *buf, size_t len);
+/* The 64 hex digits at in, lowercase, into out. */
+void brk_upl_lower(const char *in, char out[65]);
+/* The open slot of comp's version v, or NULL. b->uploads must be set. */
+slot_t *brk_upl_slot(brk_t *b, const char *comp, uint64_t v);
 
 #endif

@@ -1,0 +1,337 @@
+/* brk_upload_recv.c -- UPLOAD, phase by phase (brk_upload_chunk): the
+ * chunk admitted (a weights dir, a component served, not stored already),
+ * its upload's slot found, replaced or opened (a new .part, or a spare
+ * written over), the chunk written in order and queued to hash, and the
+ * upload finished: its digest compared, the file published, the trainer
+ * answered. One chunk_t carries the chunk through them. FETCHes waiting
+ * for the bytes are answered as they come (brk_upload_serve.c). */
+#include "broker/brk_upload.h"
+#include "broker/brk_upload_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_zap.h"
+
+/* One UPLOAD chunk on its way through brk_upload_chunk's phases. */
+typedef struct {
+    brk_t *b;
+    const zmq_msg_t *from;     /* the trainer's connection */
+    uint64_t id;
+    const msg_upload_t *u;
+    const wire_msg_t *m;       /* the message u was decoded from (NULL: none) */
+    char sha[65];              /* u's sha256, lowercase */
+    slot_t *s;                 /* its upload's slot, once found or opened */
+    char why[300];
+    char digest[65];           /* the bytes' sha256, once all came */
+    brk_who_t who;             /* the trainer, for the audit, once all came */
+} chunk_t;
+
+static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, uint64_t received,
+                bool complete) {
+    msg_upload_ack_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.component, sizeof a.component, "%s", comp);
+    a.version = v;
+    a.received = received;
+    a.complete = complete;
+    if (msg_upload_ack_send(b->clients, to, id, &a) != 0) brk_undelivered(b, "UPLOAD_ACK");
+}
+
+void brk_upl_close_slot(brk_t *b, slot_t *s, bool remove_part) {
+    if (!s->open) return;
+    brk_upl_fail_parked(b, s, remove_part ? "the upload failed or was replaced" : "the upload closed");
+    free(s->parked);
+    if (s->fd >= 0) close(s->fd);
+    brk_upl_hasher_end(&s->h, NULL);
+    if (remove_part) {
+        char part[1024];
+        brk_upl_path(b, ".", s->component, s->version, ".part", part, sizeof part);
+        unlink(part);
+    }
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+/* ---- the slot ---------------------------------------------------------------------- */
+
+/* A free slot, or the one idle longest when it had no chunk for
+ * BRK_UPLOAD_STALE_MS (given up for the new upload); NULL when none. */
+static slot_t *free_slot(brk_t *b) {
+    slot_t *s = NULL, *idle = NULL;
+    for (int i = 0; i < BRK_UPLOADS_MAX && !s; i++)
+        if (!b->uploads->s[i].open) s = &b->uploads->s[i];
+        else if (!idle || b->uploads->s[i].touched_ms < idle->touched_ms) idle = &b->uploads->s[i];
+    if (!s && idle && brk_now_ms() - idle->touched_ms >= BRK_UPLOAD_STALE_MS) {
+        brk_log("upload %s v%" PRIu64 " given up for a new one: no chunk in %d s", idle->component,
+                idle->version, (int)((brk_now_ms() - idle->touched_ms) / 1000));
+        brk_upl_close_slot(b, idle, true);
+        s = idle;
+    }
+    return s;
+}
+
+/* A new upload of c->u in a free slot (.part created, empty, or a spare
+ * to write over). NULL with c->why and *code (busy: every slot is taken). */
+static slot_t *open_slot(chunk_t *c, const char **code) {
+    brk_t *b = c->b;
+    const msg_upload_t *u = c->u;
+    slot_t *s = free_slot(b);
+    if (!s) {
+        *code = WIRE_E_BUSY;
+        snprintf(c->why, sizeof c->why, "%d uploads are in progress; finish one first (or retry when one ends)",
+                 BRK_UPLOADS_MAX);
+        return NULL;
+    }
+    *code = WIRE_E_INTERNAL;
+    char part[1024];
+    brk_upl_path(b, ".", u->component, u->version, ".part", part, sizeof part);
+    bool spare = brk_upl_take_spare(b, u->size, part);
+    int fd = open(part, O_RDWR | O_CREAT | (spare ? 0 : O_TRUNC) | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* a spare's length now, not as recorded (cut at the end if longer) */
+    struct stat st = { 0 };
+    bool unsized = spare && fd >= 0 && fstat(fd, &st) != 0;
+    hasher_t *h = fd >= 0 && !unsized ? brk_upl_hasher_new() : NULL;
+    if (!h) {
+        snprintf(c->why, sizeof c->why, "cannot open %.200s: %s", part,
+                 fd < 0 || unsized ? strerror(errno) : "out of memory");
+        if (fd >= 0) close(fd);
+        if (spare) unlink(part); /* not left behind with old bytes in it */
+        return NULL;
+    }
+    *s = (slot_t){ .open = true, .version = u->version, .size = u->size, .fd = fd, .h = h, .recycled = spare,
+                   .spare_size = spare ? (uint64_t)st.st_size : 0, .touched_ms = brk_now_ms() };
+    snprintf(s->component, sizeof s->component, "%s", u->component);
+    snprintf(s->sha256, sizeof s->sha256, "%s", c->sha);
+    return s;
+}
+
+/* ---- the phases ------------------------------------------------------------------- */
+
+/* Whether the chunk may go on to its slot: this broker keeps uploads, the
+ * component is one a SYNC could name, and the version is not stored
+ * already (answered complete again) or with other weights (STALE).
+ * False when answered. */
+static bool chunk_admit(chunk_t *c) {
+    brk_t *b = c->b;
+    const msg_upload_t *u = c->u;
+    if (!b->opt.weights_dir || !b->uploads) {
+        brk_error_to(b, false, c->from, c->id, WIRE_E_BAD_REQUEST,
+                     "UPLOAD: this broker keeps no uploaded weights (start it with --weights-dir)");
+        return false;
+    }
+    if (!brk_component_served(u->component, c->why, sizeof c->why)) { /* nothing could ever sync it */
+        brk_error_to(b, false, c->from, c->id, WIRE_E_BAD_REQUEST, "UPLOAD: %s", c->why);
+        return false;
+    }
+    brk_upl_lower(u->sha256, c->sha);
+    if (brk_upload_stored(b, u->component, u->version, c->sha, c->why, sizeof c->why)) {
+        ack(b, c->from, c->id, u->component, u->version, u->size, true); /* sent again: it is there */
+        return false;
+    }
+    if (strstr(c->why, "other weights")) {
+        brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s", c->why);
+        return false;
+    }
+    return true;
+}
+
+/* c->s: the upload's slot, the one of other bytes replaced by a chunk at
+ * offset 0, or a new one; the chunk must be the one it waits for. False
+ * when answered: refused, or told where to go on (the slot's clock stays:
+ * that is not progress). */
+static bool chunk_slot(chunk_t *c) {
+    brk_t *b = c->b;
+    const msg_upload_t *u = c->u;
+    slot_t *s = brk_upl_slot(b, u->component, u->version);
+    if (s && (strcmp(s->sha256, c->sha) || s->size != u->size)) {
+        if (u->offset != 0) {
+            brk_error_to(b, false, c->from, c->id, WIRE_E_BAD_REQUEST,
+                         "UPLOAD: %s v%" PRIu64 " is being uploaded with %s (%" PRIu64 " bytes, sha256 %.16s...); "
+                         "offset 0 replaces it", u->component, u->version,
+                         strcmp(s->sha256, c->sha) ? "other weights" : "another size", s->size, s->sha256);
+            return false;
+        }
+        brk_upl_close_slot(b, s, true);
+        s = NULL;
+    }
+    if (!s && u->offset != 0) { /* nothing held: from the start */
+        ack(b, c->from, c->id, u->component, u->version, 0, false);
+        return false;
+    }
+    const char *code = WIRE_E_INTERNAL;
+    if (!s && !(s = open_slot(c, &code))) {
+        brk_error_to(b, false, c->from, c->id, code, "UPLOAD: %s", c->why);
+        return false;
+    }
+    c->s = s;
+    if (u->offset != s->received) { /* out of order: where to go on */
+        ack(b, c->from, c->id, u->component, u->version, s->received, false);
+        return false;
+    }
+    return true;
+}
+
+/* Appends the chunk at s->received (frame: its bytes' frame, NULL: none)
+ * and queues it to hash. A full disk: the spares are removed and the
+ * write tried once more. 0, or -1 with c->why (nothing counted, the file
+ * cut back to what was). */
+static int append(chunk_t *c, const zmq_msg_t *frame) {
+    slot_t *s = c->s;
+    const unsigned char *p = c->u->chunk->data;
+    size_t n = c->u->chunk->bytes, done = 0;
+    bool dropped = false;
+    while (done < n) {
+        ssize_t w = pwrite(s->fd, p + done, n - done, (off_t)(s->received + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == ENOSPC || errno == EDQUOT) && !dropped) {
+            dropped = true;
+            if (brk_upl_drop_spares(c->b) > 0) continue;
+        }
+        if (w <= 0) {
+            snprintf(c->why, sizeof c->why, "cannot write the upload: %s", w < 0 ? strerror(errno) : "no progress");
+            if (ftruncate(s->fd, (off_t)s->received) != 0) { /* the next try writes over it anyway */ }
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    brk_upl_hasher_push(s->h, frame, p, n);
+    s->received += n;
+    return 0;
+}
+
+/* The chunk written and counted. False when it cannot be kept (a full
+ * disk): the workers waiting for the bytes hear it now, and so does every
+ * FETCH of them until a chunk goes in again, not after their own timeout;
+ * the trainer is answered ERROR and the slot stays (it may resume when
+ * there is room). */
+static bool chunk_write(chunk_t *c) {
+    slot_t *s = c->s;
+    const zmq_msg_t *frame = NULL; /* the chunk's frame in m */
+    for (int k = 0; c->m && k < c->m->n_tensors && !frame; k++)
+        if (c->u->chunk == &c->m->t[k]) frame = &c->m->frame[k];
+    if (append(c, frame) != 0) {
+        brk_log("upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
+                s->received, s->size, c->why);
+        snprintf(s->stalled, sizeof s->stalled, "%s", c->why);
+        s->touched_ms = brk_now_ms(); /* a trainer retrying at the right offset keeps its slot */
+        brk_upl_fail_parked(c->b, s, c->why);
+        brk_error_to(c->b, false, c->from, c->id, WIRE_E_INTERNAL, "UPLOAD: %s", c->why);
+        return false;
+    }
+    s->stalled[0] = '\0';
+    s->touched_ms = brk_now_ms(); /* idle is measured from the last bytes kept */
+    return true;
+}
+
+/* ---- the end of an upload ------------------------------------------------------- */
+
+/* Renames the .part into place and writes DIR/C-vV.sha256 beside it (by
+ * a temporary file and a rename): from then on the version is served. No
+ * fsync: it would stall the routing loop for as long as the disk takes
+ * to write the whole file (seconds for a large model, and heartbeats
+ * missed meanwhile); a file a crash left short or torn is caught where it
+ * matters, by the worker's sha256 check of what it fetched, and the
+ * trainer uploads it again. 0, or -1 with why and errno. */
+static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
+    char part[1024], final[1024], sum[1024], tmp[1100];
+    brk_upl_path(b, ".", s->component, s->version, ".part", part, sizeof part);
+    brk_upl_path(b, "", s->component, s->version, ".safetensors", final, sizeof final);
+    brk_upl_path(b, "", s->component, s->version, ".sha256", sum, sizeof sum);
+    snprintf(tmp, sizeof tmp, "%s.tmp", sum);
+    /* (tried again after a full disk: the data may be in place already) */
+    if (rename(part, final) != 0 && !(errno == ENOENT && access(final, F_OK) == 0)) goto fail;
+    int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
+    if (!f) {
+        if (tfd >= 0) close(tfd);
+        goto fail;
+    }
+    int bad = fprintf(f, "%s\n", s->sha256) < 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, sum) != 0) goto fail;
+    return 0;
+fail:;
+    int e = errno;
+    snprintf(why, len, "cannot store the upload: %s", strerror(e));
+    unlink(tmp);
+    errno = e;
+    return -1;
+}
+
+/* Whether the bytes hash to the digest announced. False: refused (logged,
+ * audited, the trainer answered, the slot closed and its .part removed). */
+static bool finish_digest(chunk_t *c) {
+    slot_t *s = c->s;
+    if (strcmp(c->digest, s->sha256) == 0) return true;
+    brk_log("upload %s v%" PRIu64 " refused: its bytes hash to %.16s..., not %.16s...", s->component, s->version,
+            c->digest, s->sha256);
+    brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
+                 NULL, "refused: sha256 mismatch");
+    brk_error_to(c->b, false, c->from, c->id, WIRE_E_BAD_REQUEST, "UPLOAD: the bytes hash to %s, not the announced %s",
+                 c->digest, s->sha256);
+    brk_upl_close_slot(c->b, s, true);
+    return false;
+}
+
+/* The file cut to size (a longer spare written over) and published, once
+ * more after a full disk's spares are removed. False: the trainer answered
+ * ERROR, the slot closed and its .part removed. */
+static bool finish_store(chunk_t *c) {
+    brk_t *b = c->b;
+    slot_t *s = c->s;
+    char why[256];
+    int rc = 0;
+    if (s->spare_size > s->size && ftruncate(s->fd, (off_t)s->size) != 0) {
+        snprintf(why, sizeof why, "cannot cut the recycled file to size: %s", strerror(errno));
+        rc = -1;
+    } else {
+        rc = publish(b, s, why, sizeof why);
+        if (rc != 0 && (errno == ENOSPC || errno == EDQUOT) && brk_upl_drop_spares(b) > 0)
+            rc = publish(b, s, why, sizeof why);
+    }
+    if (rc == 0) return true;
+    brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, why);
+    brk_error_to(b, false, c->from, c->id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+    brk_upl_close_slot(b, s, true);
+    return false;
+}
+
+/* All of it came: hashed, compared, published; the FETCHes waiting for
+ * the last bytes answered (a SYNC that came first: its workers wait for
+ * them), the trainer answered complete, the slot closed. */
+static void chunk_finish(chunk_t *c) {
+    slot_t *s = c->s;
+    brk_upl_hasher_end(&s->h, c->digest);
+    brk_zap_sender(c->b->zap, &c->who);
+    if (!finish_digest(c) || !finish_store(c)) return;
+    char final[1024];
+    brk_upl_path(c->b, "", s->component, s->version, ".safetensors", final, sizeof final);
+    brk_upl_serve_parked(c->b, s, c->u, c->m);
+    brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
+            s->size, s->sha256, final);
+    brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
+                 final, "stored");
+    ack(c->b, c->from, c->id, s->component, s->version, s->size, true);
+    brk_upl_close_slot(c->b, s, false);
+}
+
+void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u, const wire_msg_t *m) {
+    chunk_t c = { .b = b, .from = from, .id = id, .u = u, .m = m };
+    if (!chunk_admit(&c) || !chunk_slot(&c) || !chunk_write(&c)) return;
+    slot_t *s = c.s;
+    if (s->received == s->size) {
+        chunk_finish(&c);
+    } else {
+        brk_upl_serve_parked(b, s, u, m);
+        ack(b, from, id, u->component, u->version, s->received, false);
+    }
+}

@@ -1,0 +1,234 @@
+/* brk_upload_serve.c -- FETCH: a stored version's bytes read from its
+ * file, or an upload in progress's as they come: what came is served, a
+ * FETCH of bytes still to come waits (parked) in the upload's slot until
+ * its chunk comes (answered with that chunk's frame, shared with ZeroMQ)
+ * or the upload fails (ERROR). A connection's answers keep its order. */
+#include "broker/brk_upload.h"
+#include "broker/brk_upload_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+
+/* One FETCH on its way through brk_upload_fetch's phases. */
+typedef struct {
+    brk_t *b;
+    const zmq_msg_t *from;     /* the asking worker's connection */
+    uint64_t id;
+    const msg_fetch_t *f;
+    uint64_t max;              /* f->max bounded by MSG_CHUNK_MAX */
+} fetch_t;
+
+static void free_chunk(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+/* FETCH_DATA: the bytes of fd from offset (at most max, none past end),
+ * the file being size bytes long; or ERROR when they cannot be read. The
+ * chunk's frame is the buffer it was read into, handed to ZeroMQ (freed
+ * once sent): no copy of it on the routing thread. */
+static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
+                  uint64_t offset, uint64_t max) {
+    uint64_t n = offset >= size ? 0 : size - offset < max ? size - offset : max;
+    unsigned char *buf = malloc(n ? n : 1);
+    ssize_t got = buf && n ? pread(fd, buf, n, (off_t)offset) : 0;
+    wire_msg_t *sh = buf && got == (ssize_t)n ? calloc(1, sizeof *sh) : NULL;
+    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, NULL) != 0) {
+        brk_error_to(b, true, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
+                     !buf || (sh == NULL && got == (ssize_t)n) ? "out of memory"
+                     : got < 0                                 ? strerror(errno)
+                     : got != (ssize_t)n                       ? "the file is shorter than it was"
+                                                               : "out of memory");
+        free(sh);
+        free(buf);
+        return;
+    }
+    sh->n_tensors = 1;
+    sh->t[0] = msg_chunk(buf, n);
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", comp);
+    d.version = v;
+    d.offset = offset;
+    d.size = size;
+    d.chunk = &sh->t[0];
+    if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, sh) != 0) brk_undelivered(b, "FETCH_DATA");
+    else b->fetch_bytes_read += n;
+    zmq_msg_close(&sh->frame[0]); /* zmq holds its own reference while it sends */
+    free(sh);
+}
+
+/* A worker asks for fixed offsets and takes each answer as the whole
+ * chunk, so a chunk is never sent short. */
+bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max) {
+    /* Past the end: answered empty, but only once all came, so that it
+     * does not overtake the same connection's FETCHes still waiting
+     * (a worker asks 4 ahead before it knows the size). */
+    if (offset >= s->size) return s->received >= s->size;
+    uint64_t end = s->size - offset < max ? s->size : offset + max;
+    return s->received >= end;
+}
+
+static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max) {
+    serve(b, to, id, s->component, s->version, s->fd, s->size, offset, max);
+}
+
+/* FETCH_DATA of the chunk u that just came, in m: when the FETCH asks for
+ * exactly those bytes (a worker's fixed offsets and the trainer's chunks
+ * line up, as they do at the default 4 MiB), its frame goes out shared
+ * with ZeroMQ (reference-counted: no read back from the file, no copy, for
+ * every worker that waits for it). False when the FETCH asks for other
+ * bytes. */
+static bool serve_arrived(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max,
+                          const msg_upload_t *u, const wire_msg_t *m) {
+    if (!u || !m || offset != u->offset || offset >= s->size) return false;
+    uint64_t n = s->size - offset < max ? s->size - offset : max;
+    if (n != u->chunk->bytes) return false;
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", s->component);
+    d.version = s->version;
+    d.offset = offset;
+    d.size = s->size;
+    d.chunk = u->chunk;
+    if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, m) != 0) brk_undelivered(b, "FETCH_DATA");
+    else b->fetch_bytes_shared += n;
+    return true;
+}
+
+static int grow_parked(slot_t *s) {
+    int cap = s->cap_parked ? 2 * s->cap_parked : 16;
+    if (cap > BRK_FETCH_PARKED_MAX) cap = BRK_FETCH_PARKED_MAX;
+    parked_t *p = realloc(s->parked, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    s->parked = p;
+    s->cap_parked = cap;
+    return 0;
+}
+
+/* The routing id of parked FETCH p as a message to send to. -1: no memory. */
+static int parked_to(const parked_t *p, zmq_msg_t *to) {
+    if (zmq_msg_init_size(to, p->who_len) != 0) return -1;
+    memcpy(zmq_msg_data(to), p->who, p->who_len);
+    return 0;
+}
+
+/* (one connection's answers must keep its order) */
+void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire_msg_t *m) {
+    int keep = 0;
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        if (!brk_upl_ready(s, p->offset, p->max)) {
+            s->parked[keep++] = *p;
+            continue;
+        }
+        zmq_msg_t to;
+        if (parked_to(p, &to) != 0) { /* out of memory: it waits for the next chunk */
+            s->parked[keep++] = *p;
+            continue;
+        }
+        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m)) serve_slot(b, s, &to, p->id, p->offset, p->max);
+        zmq_msg_close(&to);
+    }
+    s->n_parked = keep;
+}
+
+void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *why) {
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        zmq_msg_t to;
+        if (parked_to(p, &to) != 0) continue;
+        brk_error_to(b, true, &to, p->id, WIRE_E_BAD_REQUEST, "FETCH: %s v%" PRIu64 ": %s", s->component,
+                     s->version, why);
+        zmq_msg_close(&to);
+    }
+    s->n_parked = 0;
+}
+
+/* A FETCH from the connection `from` at offset that waits already (the
+ * worker asked again after a silence: docs/PROTOCOL.md, "Weights by
+ * value"): it takes the new id, keeping its place in the order. */
+static bool refold(slot_t *s, const zmq_msg_t *from, uint64_t id, uint64_t offset, uint64_t max) {
+    size_t n = zmq_msg_size(from);
+    const void *who = zmq_msg_data((zmq_msg_t *)from);
+    for (int i = 0; i < s->n_parked; i++) {
+        parked_t *p = &s->parked[i];
+        if (p->offset == offset && p->who_len == n && !memcmp(p->who, who, n)) {
+            p->id = id;
+            p->max = max;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The FETCH of an upload in progress of these bytes (slot s): what came
+ * is served, the rest when it comes (a SYNC may name a version still
+ * coming); refused while the upload stalls, or BUSY when no more may
+ * wait. */
+static void fetch_coming(fetch_t *q, slot_t *s) {
+    brk_t *b = q->b;
+    const msg_fetch_t *f = q->f;
+    if (brk_upl_ready(s, f->offset, q->max)) {
+        serve_slot(b, s, q->from, q->id, f->offset, q->max);
+    } else if (s->stalled[0]) {
+        brk_error_to(b, true, q->from, q->id, WIRE_E_INTERNAL, "FETCH: %s v%" PRIu64 ": the upload stalled: %s",
+                     s->component, s->version, s->stalled);
+    } else if (refold(s, q->from, q->id, f->offset, q->max)) {
+        /* a worker asking again for a chunk it waits for: one answer */
+    } else if (s->n_parked == BRK_FETCH_PARKED_MAX || zmq_msg_size(q->from) > sizeof s->parked[0].who ||
+               (s->n_parked == s->cap_parked && grow_parked(s) != 0)) {
+        brk_error_to(b, true, q->from, q->id, WIRE_E_BUSY, "FETCH: %d fetches already wait for %s v%" PRIu64,
+                     s->n_parked, s->component, s->version);
+    } else {
+        parked_t *p = &s->parked[s->n_parked++];
+        p->who_len = zmq_msg_size(q->from);
+        memcpy(p->who, zmq_msg_data((zmq_msg_t *)q->from), p->who_len);
+        p->id = q->id;
+        p->offset = f->offset;
+        p->max = q->max;
+    }
+}
+
+/* The FETCH of a stored version: read from its file, or ERROR when it is
+ * not stored or cannot be opened. */
+static void fetch_stored(fetch_t *q) {
+    brk_t *b = q->b;
+    const msg_fetch_t *f = q->f;
+    char why[300], path[1024];
+    if (!brk_upload_stored(b, f->component, f->version, f->sha256, why, sizeof why)) {
+        brk_error_to(b, true, q->from, q->id, WIRE_E_BAD_REQUEST, "FETCH: %s", why);
+        return;
+    }
+    brk_upl_path(b, "", f->component, f->version, ".safetensors", path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        brk_error_to(b, true, q->from, q->id, WIRE_E_INTERNAL, "FETCH: cannot open %s v%" PRIu64 ": %s",
+                     f->component, f->version, strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    serve(b, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max);
+    close(fd);
+}
+
+void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
+    fetch_t q = { .b = b, .from = from, .id = id, .f = f,
+                  .max = f->max && f->max < MSG_CHUNK_MAX ? f->max : MSG_CHUNK_MAX };
+    char sha[65];
+    brk_upl_lower(f->sha256, sha);
+    slot_t *s = b->uploads ? brk_upl_slot(b, f->component, f->version) : NULL;
+    if (s && !strcmp(s->sha256, sha)) fetch_coming(&q, s);
+    else fetch_stored(&q);
+}
