@@ -143,7 +143,7 @@ out:
     return NULL;
 }
 
-int reel_thread_post(reel_thread_t *t, void *item) {
+static int post(reel_thread_t *t, void *item, bool wake) {
     node_t *n = malloc(sizeof *n);
     pthread_mutex_lock(&t->mu);
     bool stopping = t->stopping;
@@ -154,7 +154,7 @@ int reel_thread_post(reel_thread_t *t, void *item) {
         else t->head = n;
         t->tail = n;
         t->backlog++;
-        pthread_cond_signal(&t->wake);
+        if (wake) pthread_cond_signal(&t->wake);
     }
     pthread_mutex_unlock(&t->mu);
     if (n && !stopping) return 0;
@@ -162,6 +162,10 @@ int reel_thread_post(reel_thread_t *t, void *item) {
     if (t->o.discard) t->o.discard(t->o.user, item);
     return kern_fail("thread %s: %s; item dropped", t->name, stopping ? "stopping" : "out of memory");
 }
+
+int reel_thread_post(reel_thread_t *t, void *item) { return post(t, item, true); }
+
+int reel_thread_post_quiet(reel_thread_t *t, void *item) { return post(t, item, false); }
 
 void reel_thread_wake(reel_thread_t *t) {
     pthread_mutex_lock(&t->mu);

@@ -10,8 +10,8 @@
  * thread is then between items and stays there until resumed).
  *
  * Every function may be called from any thread but the worker thread
- * itself, except reel_thread_post, reel_thread_wake, reel_thread_stopping
- * and reel_thread_backlog, which it may call too. */
+ * itself, except reel_thread_post, reel_thread_post_quiet, reel_thread_wake,
+ * reel_thread_stopping and reel_thread_backlog, which it may call too. */
 #ifndef REEL_BASE_THREAD_H
 #define REEL_BASE_THREAD_H
 
@@ -58,6 +58,13 @@ reel_thread_t *reel_thread_start(const reel_thread_opts_t *opts);
  * memory or the thread is stopping, item then handed to discard on the
  * calling thread. */
 int reel_thread_post(reel_thread_t *t, void *item);
+
+/* As reel_thread_post, but the thread is not woken: the item waits for
+ * its next wake (a post, reel_thread_wake, a resume, a stop, or the end of
+ * the wait idle asked for). For posters that batch, so that a sleeping
+ * thread is woken once per batch rather than once per item; the poster
+ * sees to it that a wake comes. Same ownership and failures. */
+int reel_thread_post_quiet(reel_thread_t *t, void *item);
 
 /* Makes the thread call idle again soon, however long idle asked to wait
  * (the state idle looks at changed). Can't fail. */

@@ -2,20 +2,32 @@
  * brk_catq.h). The routing loop only pushes; this thread alone touches
  * SQLite, in batches, so a slow disk delays the catalog, never a reply.
  *
+ * The thread is a base/thread.h worker: a push posts the record, `run`
+ * moves it onto the thread's own lists (kept, events), `idle` writes a
+ * batch when one is due, prunes when that is due, and answers how long
+ * until the next due time (the batch window, a retry's pause, the next
+ * pruning round); a draining stop runs every record posted, and `leave`
+ * writes what is left. What the pushes and the readers share with the
+ * thread -- the counts behind the bounds, the quotas, the counters, the
+ * retention settings -- sits under one mutex here. A push wakes the thread
+ * only when it starts the batch clock (the first record waiting) or
+ * completes a batch (BRK_CATQ_BATCH waiting); the others are posted quiet,
+ * so a steady stream costs a wake per batch, not one per record.
+ *
  * A queued record is one allocation: the record (cat_rec_t, the union of
  * every kind of catalog/catalog_records.h) followed by copies of its
  * strings. The pushes are generated from the same tables as the writers,
  * and the thread hands each record to cat_write as it is. */
 #include "broker/brk_catq.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "broker/brk_log.h"
 #include "base/error.h"
+#include "base/thread.h"
+#include "broker/brk_log.h"
 
 typedef struct cq_item {
     struct cq_item *next;
@@ -37,28 +49,30 @@ typedef struct {
 #define CQ_QUOTAS 64               /* workers tracked; later ones share the last slot */
 
 struct brk_catq {
-    cat_t *cat;                /* owned by the thread once started */
-    pthread_t thread;
+    reel_thread_t *th;         /* the writer; NULL without a catalog */
     pthread_mutex_t mu;
-    pthread_cond_t cv;         /* CLOCK_MONOTONIC */
-    /* guarded by mu: */
-    cq_list_t kept, events;    /* kept records are never shed; events may be */
+    /* guarded by mu (pushes, readers and the writer): */
+    size_t n_kept, n_events;   /* records pushed and not taken into a batch (a refused batch counts again) */
     size_t max_kept, max_events, worker_quota;
-    cq_quota_t quota[CQ_QUOTAS];
+    cq_quota_t quota[CQ_QUOTAS]; /* events pushed and not yet written, per worker */
     int n_quota;
     struct timespec oldest;    /* when the oldest record waiting was queued */
     uint64_t shed;             /* events not queued: their worker over its quota, or no room */
     uint64_t failures;         /* batches the store refused for now (retried) */
     uint64_t refused;          /* records SQLite refused outright (not retried) */
-    uint64_t lost;             /* records given up at shutdown (the store never came back) */
     uint64_t batches;
     double retain_s;           /* retention: raw rows older than this go (0: kept) */
     int64_t max_rows;          /* ... or past this many per table (0: no cap) */
     struct timespec next_prune; /* when the next pruning transaction is due */
     uint64_t pruned;           /* raw rows pruned so far */
-    uint64_t pruned_run;       /* ... in the current round (logged when it ends) */
+    /* the writer thread's alone (destroy reads `lost` after the join): */
+    cat_t *cat;
+    cq_list_t kept, events;    /* records run took, waiting for a batch; kept ones are never shed */
+    int tries;                 /* refusals in a row of the batch in front */
+    struct timespec retry_at;  /* tries > 0: no batch before this */
+    uint64_t pruned_run;       /* raw rows pruned in the current round (logged when it ends) */
     uint64_t prune_failures;
-    bool stop;
+    uint64_t lost;             /* records given up at shutdown (the store never came back) */
 };
 
 static double now_unix(void) {
@@ -88,7 +102,7 @@ static const char *event_worker(const cat_rec_t *r) {
     }
 }
 
-/* ---- the lists (mu held) ------------------------------------------------------ */
+/* ---- the lists (the writer's) and the quotas (mu held) ------------------------ */
 
 static void list_push(cq_list_t *l, cq_item_t *it) {
     it->next = NULL;
@@ -147,6 +161,34 @@ static void free_chain(cq_item_t *c) {
     }
 }
 
+static struct timespec mono_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t;
+}
+
+static struct timespec mono_after(struct timespec t, long ms) {
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+static bool reached(const struct timespec *now, const struct timespec *t) {
+    return now->tv_sec > t->tv_sec || (now->tv_sec == t->tv_sec && now->tv_nsec >= t->tv_nsec);
+}
+
+/* Milliseconds from now to t, rounded up so that idle never answers 0 ("at
+ * once") for a time not yet reached. */
+static int64_t ms_until(const struct timespec *now, const struct timespec *t) {
+    int64_t ns = (int64_t)(t->tv_sec - now->tv_sec) * 1000000000 + (t->tv_nsec - now->tv_nsec);
+    int64_t ms = (ns + 999999) / 1000000;
+    return ms > 0 ? ms : 1;
+}
+
 /* ---- the writer thread ------------------------------------------------------ */
 
 /* Writes chain in one transaction. 0; -1 when the store refused it for now
@@ -181,31 +223,58 @@ failed:
     return -1;
 }
 
+/* Takes the next batch off the lists -- up to BRK_CATQ_BATCH_MAX records,
+ * kept ones first, so an event flood never delays a request's row -- and
+ * writes it in one transaction. 0 when written (its records freed); -1
+ * when the store refused it for now: it is back in front of its lists as
+ * it was taken, counted and logged, and tries has gone up by one. */
+static int write_next(brk_catq_t *q) {
+    size_t nk, ne;
+    cq_item_t *kept = list_take(&q->kept, BRK_CATQ_BATCH_MAX, &nk);
+    cq_item_t *events = list_take(&q->events, BRK_CATQ_BATCH_MAX - nk, &ne);
+    pthread_mutex_lock(&q->mu);
+    q->n_kept -= nk;
+    q->n_events -= ne;
+    if (q->n_kept || q->n_events) q->oldest = mono_now(); /* the rest waits from now */
+    q->batches++;
+    pthread_mutex_unlock(&q->mu);
+    cq_item_t *lk = chain_last(kept);
+    if (lk) lk->next = events;
+    int rc = write_batch(q, lk ? kept : events);
+    if (lk) lk->next = NULL; /* the two lists apart again */
+    pthread_mutex_lock(&q->mu);
+    if (rc == 0) {
+        for (cq_item_t *e = events; e; e = e->next) q->quota[e->quota].n--;
+        pthread_mutex_unlock(&q->mu);
+        free_chain(kept);
+        free_chain(events);
+        q->tries = 0;
+        return 0;
+    }
+    q->n_kept += nk;
+    q->n_events += ne;
+    q->failures++;
+    if (worth_logging(q->failures))
+        brk_log("catalog: writing failed (%llu so far), %zu records kept for a retry: %s",
+                (unsigned long long)q->failures, q->n_kept + q->n_events, kern_error());
+    pthread_mutex_unlock(&q->mu);
+    list_unshift(&q->events, events, chain_last(events), ne);
+    list_unshift(&q->kept, kept, lk, nk);
+    q->tries++;
+    return -1;
+}
+
+/* (mu held) */
 static bool retaining(const brk_catq_t *q) { return q->retain_s > 0 || q->max_rows > 0; }
 
-static bool prune_due(const brk_catq_t *q) {
-    if (!retaining(q)) return false;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return now.tv_sec > q->next_prune.tv_sec ||
-           (now.tv_sec == q->next_prune.tv_sec && now.tv_nsec >= q->next_prune.tv_nsec);
-}
+/* (mu held) */
+static void prune_after(brk_catq_t *q, long ms) { q->next_prune = mono_after(mono_now(), ms); }
 
-static void prune_after(brk_catq_t *q, long ms) {
-    clock_gettime(CLOCK_MONOTONIC, &q->next_prune);
-    q->next_prune.tv_sec += ms / 1000;
-    q->next_prune.tv_nsec += (ms % 1000) * 1000000L;
-    if (q->next_prune.tv_nsec >= 1000000000L) {
-        q->next_prune.tv_sec++;
-        q->next_prune.tv_nsec -= 1000000000L;
-    }
-}
-
-/* One pruning transaction (mu held; released while SQLite works). Once a
- * round deleted nothing more it is logged and the next waits
- * BRK_CATQ_PRUNE_MS; while rows are left the next is due at once (after
- * any batch waiting). */
+/* One pruning transaction. Once a round deleted nothing more it is logged
+ * and the next waits BRK_CATQ_PRUNE_MS; while rows are left the next is
+ * due at once (after any batch waiting). */
 static void prune_step(brk_catq_t *q) {
+    pthread_mutex_lock(&q->mu);
     double before = q->retain_s > 0 ? now_unix() - q->retain_s : 0;
     int64_t max_rows = q->max_rows;
     pthread_mutex_unlock(&q->mu);
@@ -225,117 +294,86 @@ static void prune_step(brk_catq_t *q) {
         q->pruned_run = 0;
         prune_after(q, BRK_CATQ_PRUNE_MS);
     }
-}
-
-/* Waits (mu held) until a batch is due: BRK_CATQ_BATCH records, the oldest
- * BRK_CATQ_WAIT_MS old, or a stop; with nothing queued, a pruning
- * transaction that falls due runs meanwhile. false when stopping with
- * nothing left. */
-static bool await_batch(brk_catq_t *q) {
-    while (!q->kept.n && !q->events.n && !q->stop) {
-        if (prune_due(q)) prune_step(q);
-        else if (retaining(q)) pthread_cond_timedwait(&q->cv, &q->mu, &q->next_prune);
-        else pthread_cond_wait(&q->cv, &q->mu);
-    }
-    if (!q->kept.n && !q->events.n) return false;
-    struct timespec due = q->oldest;
-    due.tv_nsec += (long)BRK_CATQ_WAIT_MS * 1000000L;
-    if (due.tv_nsec >= 1000000000L) {
-        due.tv_sec += due.tv_nsec / 1000000000L;
-        due.tv_nsec %= 1000000000L;
-    }
-    while (q->kept.n + q->events.n < BRK_CATQ_BATCH && !q->stop)
-        if (pthread_cond_timedwait(&q->cv, &q->mu, &due) == ETIMEDOUT) break;
-    return true;
-}
-
-/* Sleeps ms (mu held) unless a stop comes first. */
-static void backoff(brk_catq_t *q, long ms) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += (ms % 1000) * 1000000L;
-    if (t.tv_nsec >= 1000000000L) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000L;
-    }
-    while (!q->stop && pthread_cond_timedwait(&q->cv, &q->mu, &t) != ETIMEDOUT) {}
-}
-
-/* A batch the store refused: back in front of its lists, kept records
- * first as they were taken. Then a pause that grows while the store stays
- * refusing (BRK_CATQ_RETRY_MS doubling to 16x), so a full disk costs a
- * few writes a second, not a spinning core. false when stopping and the
- * store has refused BRK_CATQ_STOP_TRIES times: the rest is given up. */
-static bool requeue(brk_catq_t *q, cq_item_t *kept, size_t nk, cq_item_t *events, size_t ne, int *tries) {
-    q->failures++;
-    if (worth_logging(q->failures))
-        brk_log("catalog: writing failed (%llu so far), %zu records kept for a retry: %s",
-                (unsigned long long)q->failures, nk + ne + q->kept.n + q->events.n, kern_error());
-    list_unshift(&q->events, events, chain_last(events), ne);
-    list_unshift(&q->kept, kept, chain_last(kept), nk);
-    ++*tries;
-    if (q->stop && *tries >= BRK_CATQ_STOP_TRIES) return false;
-    backoff(q, BRK_CATQ_RETRY_MS << (*tries < 5 ? *tries - 1 : 4));
-    return true;
-}
-
-static void *writer_main(void *arg) {
-    brk_catq_t *q = arg;
-    int tries = 0;
-    pthread_mutex_lock(&q->mu);
-    while (await_batch(q)) {
-        size_t nk, ne;
-        /* kept records first: an event flood never delays a request's row */
-        cq_item_t *kept = list_take(&q->kept, BRK_CATQ_BATCH_MAX, &nk);
-        cq_item_t *events = list_take(&q->events, BRK_CATQ_BATCH_MAX - nk, &ne);
-        if (q->kept.n || q->events.n) clock_gettime(CLOCK_MONOTONIC, &q->oldest); /* the rest waits from now */
-        q->batches++;
-        pthread_mutex_unlock(&q->mu);
-        cq_item_t *chain = kept;
-        cq_item_t *lk = chain_last(kept);
-        if (lk) lk->next = events;
-        else chain = events;
-        int rc = write_batch(q, chain);
-        if (lk) lk->next = NULL; /* the two lists apart again */
-        pthread_mutex_lock(&q->mu);
-        if (rc == 0) {
-            tries = 0;
-            for (cq_item_t *e = events; e; e = e->next) q->quota[e->quota].n--;
-            pthread_mutex_unlock(&q->mu);
-            free_chain(kept);
-            free_chain(events);
-            pthread_mutex_lock(&q->mu);
-            /* Under steady load the queue is never empty: pruning takes
-             * its turn between batches. */
-            if (!q->stop && prune_due(q)) prune_step(q);
-        } else if (!requeue(q, kept, nk, events, ne, &tries)) {
-            break;
-        }
-    }
-    q->lost = q->kept.n + q->events.n;
-    cq_item_t *k = q->kept.head, *e = q->events.head;
-    q->kept = q->events = (cq_list_t){ NULL, NULL, 0 };
     pthread_mutex_unlock(&q->mu);
-    free_chain(k);
-    free_chain(e);
-    return NULL;
+}
+
+/* True when retention is on and its next transaction is due. */
+static bool prune_due(brk_catq_t *q, const struct timespec *now, struct timespec *next) {
+    pthread_mutex_lock(&q->mu);
+    bool on = retaining(q), due = on && reached(now, &q->next_prune);
+    if (next) *next = on ? q->next_prune : (struct timespec){ -1, 0 };
+    pthread_mutex_unlock(&q->mu);
+    return due;
+}
+
+/* Takes a pushed record onto the lists; idle decides when it is written. */
+static void writer_run(void *arg, void *item) {
+    brk_catq_t *q = arg;
+    cq_item_t *it = item;
+    list_push(it->quota < 0 ? &q->kept : &q->events, it);
+}
+
+/* Between records (every record pushed so far is on the lists): the batch
+ * once it is due -- BRK_CATQ_BATCH records waiting or the oldest
+ * BRK_CATQ_WAIT_MS old, and no refused batch's pause running (a refusal
+ * pauses BRK_CATQ_RETRY_MS, doubling to 16x, so a full disk costs a few
+ * writes a second, not a spinning core) -- then at most one pruning
+ * transaction; with nothing waiting, pruning while it is due. Returns the
+ * milliseconds to the next due time, 0 for at once, -1 for none (until a
+ * push or brk_catq_retain). Can't fail: what fails is retried or counted. */
+static int64_t writer_idle(void *arg) {
+    brk_catq_t *q = arg;
+    struct timespec now = mono_now(), next;
+    if (!q->kept.n && !q->events.n) {
+        if (prune_due(q, &now, &next)) {
+            prune_step(q);
+            return 0;
+        }
+        return next.tv_sec < 0 ? -1 : ms_until(&now, &next);
+    }
+    if (q->tries && !reached(&now, &q->retry_at)) return ms_until(&now, &q->retry_at);
+    pthread_mutex_lock(&q->mu);
+    struct timespec due = mono_after(q->oldest, BRK_CATQ_WAIT_MS);
+    pthread_mutex_unlock(&q->mu);
+    if (q->kept.n + q->events.n < BRK_CATQ_BATCH && !reached(&now, &due)) return ms_until(&now, &due);
+    if (write_next(q) != 0) {
+        q->retry_at = mono_after(mono_now(), (long)BRK_CATQ_RETRY_MS << (q->tries < 5 ? q->tries - 1 : 4));
+        return 0;
+    }
+    /* Under steady load the lists are never empty: pruning takes its turn
+     * between batches (not once stopping: leave writes what is left). q->th
+     * is set: a batch needs a push, and pushes come after brk_catq_new. */
+    now = mono_now();
+    if (!reel_thread_stopping(q->th) && prune_due(q, &now, NULL)) prune_step(q);
+    return 0;
+}
+
+/* The last thing on the thread, once a draining stop has run every record
+ * pushed: writes what is left, batch after batch, without pausing. A
+ * batch the store keeps refusing is given up with the rest after
+ * BRK_CATQ_STOP_TRIES refusals in a row (refusals before the stop count):
+ * `lost`, which destroy logs. */
+static void writer_leave(void *arg) {
+    brk_catq_t *q = arg;
+    while (q->kept.n || q->events.n)
+        if (write_next(q) != 0 && q->tries >= BRK_CATQ_STOP_TRIES) break;
+    q->lost = q->kept.n + q->events.n;
+    free_chain(q->kept.head);
+    free_chain(q->events.head);
+    q->kept = q->events = (cq_list_t){ NULL, NULL, 0 };
+    pthread_mutex_lock(&q->mu);
+    q->n_kept = q->n_events = 0;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* A record whose post failed (out of memory); enqueue, which holds mu,
+ * uncounts it. */
+static void writer_discard(void *arg, void *item) {
+    (void)arg;
+    free(item);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------- */
-
-static int init_sync(brk_catq_t *q) {
-    pthread_condattr_t ca;
-    if (pthread_condattr_init(&ca)) return -1;
-    int bad = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(&q->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (bad) return -1;
-    if (pthread_mutex_init(&q->mu, NULL)) {
-        pthread_cond_destroy(&q->cv);
-        return -1;
-    }
-    return 0;
-}
 
 brk_catq_t *brk_catq_new(cat_t **cat, size_t max) {
     brk_catq_t *q = calloc(1, sizeof *q);
@@ -343,10 +381,17 @@ brk_catq_t *brk_catq_new(cat_t **cat, size_t max) {
     q->max_kept = q->max_events = max;
     q->worker_quota = max / 4 ? max / 4 : 1;
     if (!cat || !*cat) return q; /* no catalog: pushes are dropped */
-    if (init_sync(q)) goto err;
+    if (pthread_mutex_init(&q->mu, NULL)) goto err;
     q->cat = *cat;
-    if (pthread_create(&q->thread, NULL, writer_main, q)) {
-        pthread_cond_destroy(&q->cv);
+    reel_thread_opts_t o = { .name = "catalog",
+                             .user = q,
+                             .run = writer_run,
+                             .idle = writer_idle,
+                             .discard = writer_discard,
+                             .leave = writer_leave,
+                             .block_signals = true /* signals are the routing thread's */ };
+    q->th = reel_thread_start(&o);
+    if (!q->th) {
         pthread_mutex_destroy(&q->mu);
         goto err;
     }
@@ -361,14 +406,9 @@ err:
 void brk_catq_destroy(brk_catq_t **qp) {
     if (!qp || !*qp) return;
     brk_catq_t *q = *qp;
-    if (q->cat) {
-        pthread_mutex_lock(&q->mu);
-        q->stop = true;
-        pthread_cond_signal(&q->cv);
-        pthread_mutex_unlock(&q->mu);
-        pthread_join(q->thread, NULL);
+    if (q->th) {
+        reel_thread_stop(&q->th, REEL_THREAD_DRAIN); /* every record pushed reaches the lists; leave writes them */
         cat_close(&q->cat);
-        pthread_cond_destroy(&q->cv);
         pthread_mutex_destroy(&q->mu);
         if (q->shed) brk_log("catalog: %llu events shed (their worker over its quota)", (unsigned long long)q->shed);
         if (q->lost)
@@ -380,7 +420,7 @@ void brk_catq_destroy(brk_catq_t **qp) {
 }
 
 static uint64_t read_locked(brk_catq_t *q, const uint64_t *v) {
-    if (!q || !q->cat) return 0;
+    if (!q || !q->th) return 0;
     pthread_mutex_lock(&q->mu);
     uint64_t x = *v;
     pthread_mutex_unlock(&q->mu);
@@ -388,13 +428,13 @@ static uint64_t read_locked(brk_catq_t *q, const uint64_t *v) {
 }
 
 void brk_catq_retain(brk_catq_t *q, double retain_seconds, int64_t max_rows) {
-    if (!q || !q->cat) return;
+    if (!q || !q->th) return;
     pthread_mutex_lock(&q->mu);
     q->retain_s = retain_seconds > 0 ? retain_seconds : 0;
     q->max_rows = max_rows > 0 ? max_rows : 0;
     prune_after(q, 0);
-    pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
+    reel_thread_wake(q->th);
 }
 
 uint64_t brk_catq_pruned(brk_catq_t *q) { return q ? read_locked(q, &q->pruned) : 0; }
@@ -404,48 +444,63 @@ uint64_t brk_catq_failures(brk_catq_t *q) { return q ? read_locked(q, &q->failur
 uint64_t brk_catq_refused(brk_catq_t *q) { return q ? read_locked(q, &q->refused) : 0; }
 
 size_t brk_catq_pending(brk_catq_t *q) {
-    if (!q || !q->cat) return 0;
+    if (!q || !q->th) return 0;
     pthread_mutex_lock(&q->mu);
-    size_t n = q->kept.n + q->events.n;
+    size_t n = q->n_kept + q->n_events;
     pthread_mutex_unlock(&q->mu);
     return n;
 }
 
 bool brk_catq_behind(brk_catq_t *q) {
-    if (!q || !q->cat) return false;
+    if (!q || !q->th) return false;
     pthread_mutex_lock(&q->mu);
-    bool behind = q->kept.n >= q->max_kept;
+    bool behind = q->n_kept >= q->max_kept;
     pthread_mutex_unlock(&q->mu);
     return behind;
 }
 
 /* ---- pushing ------------------------------------------------------------------- */
 
-/* Queues it (NULL: out of memory, counted as shed). A kept record always
- * queues (the loop stops admitting requests while brk_catq_behind); an
- * event is shed when its worker has worker_quota events waiting or the
- * events list is full. The writer is woken by the first record (to start
- * its clock) and by the one that makes a batch; the others only queue. */
+/* Counts it and posts it to the writer (NULL: out of memory, counted as
+ * shed). A kept record always queues (the loop stops admitting requests
+ * while brk_catq_behind); an event is shed when its worker has
+ * worker_quota events waiting or max_events wait. The post wakes the
+ * writer for the first record waiting (to start its clock) and for the one
+ * that makes a batch; the others are quiet. It is made under mu, so that
+ * the counts are the records on the writer's lists and in its queue: a
+ * push that finds none waiting is the one that wakes it, and no record
+ * sits in the queue of a writer asleep with no due time. */
 static void enqueue(brk_catq_t *q, cq_item_t *it) {
     pthread_mutex_lock(&q->mu);
     bool ok = it != NULL;
     if (ok && is_event(it->rec.kind)) {
         int slot = quota_slot(q, event_worker(&it->rec));
-        ok = q->quota[slot].n < q->worker_quota && q->events.n < q->max_events;
+        ok = q->quota[slot].n < q->worker_quota && q->n_events < q->max_events;
         if (ok) {
             it->quota = slot;
             q->quota[slot].n++;
-            list_push(&q->events, it);
+            q->n_events++;
         }
     } else if (ok) {
         it->quota = -1;
-        list_push(&q->kept, it);
+        q->n_kept++;
     }
     if (ok) {
-        size_t n = q->kept.n + q->events.n;
-        if (n == 1) clock_gettime(CLOCK_MONOTONIC, &q->oldest);
-        if (n == 1 || n == BRK_CATQ_BATCH) pthread_cond_signal(&q->cv);
-        it = NULL;
+        size_t n = q->n_kept + q->n_events;
+        int slot = it->quota;
+        if (n == 1) q->oldest = mono_now();
+        int rc = n == 1 || n == BRK_CATQ_BATCH ? reel_thread_post(q->th, it) : reel_thread_post_quiet(q->th, it);
+        it = NULL; /* the writer's, or freed by writer_discard */
+        if (rc != 0) {
+            if (slot < 0) {
+                q->n_kept--;
+            } else {
+                q->n_events--;
+                q->quota[slot].n--;
+            }
+            if (worth_logging(++q->shed))
+                brk_log("catalog: a record was shed (%llu so far): %s", (unsigned long long)q->shed, kern_error());
+        }
     } else if (worth_logging(++q->shed)) {
         brk_log("catalog: an event was shed (%llu so far): its worker has %zu events waiting to be written",
                 (unsigned long long)q->shed, q->worker_quota);

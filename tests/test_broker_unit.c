@@ -1877,6 +1877,27 @@ START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
 END_TEST
 
 
+/* Records pushed just before the stop -- fewer than a batch, their window
+ * not over, most of them posted without waking the writer -- are all
+ * written by destroy: none is lost at shutdown. */
+START_TEST(test_records_still_waiting_at_destroy_are_all_written_before_it_returns) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    ck_assert_ptr_nonnull(q);
+    for (int i = 0; i < BRK_CATQ_BATCH / 2; i++) {
+        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok");
+        brk_cq_decline(q, "w0", "reel-key/1 x", "00000000000000aa", "warming_up", 1);
+    }
+    brk_catq_destroy(&q);
+    ck_assert_ptr_null(q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), BRK_CATQ_BATCH / 2);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(count) FROM declines"), BRK_CATQ_BATCH / 2);
+    remove_dir(dir);
+}
+END_TEST
+
+
 /* A batch whose summaries the store refuses for good (here a trigger on
  * rollups refuses worker "bad") is written again record by record: the
  * bad record is refused and counted, the rest of the batch lands, and the
@@ -2201,6 +2222,7 @@ static Suite *broker_unit_suite(void) {
     tcase_set_timeout(cq, 60);
     tcase_add_test(cq, test_the_catalog_writer_commits_many_records_in_a_few_transactions_and_loses_none);
     tcase_add_test(cq, test_a_lone_catalog_record_is_written_within_the_batch_window);
+    tcase_add_test(cq, test_records_still_waiting_at_destroy_are_all_written_before_it_returns);
     tcase_add_test(cq, test_a_batch_the_store_refuses_for_good_is_written_record_by_record);
     tcase_add_test(cq, test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them);
     tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);

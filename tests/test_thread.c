@@ -1,7 +1,7 @@
 /* test_thread.c -- base/thread.h: items run in posting order, a pause holds
  * the thread between items until resumed, a stop drains or discards what
  * is queued, many posters lose nothing, idle is called again on a wake,
- * and lock owners are known. Every wait here waits for the event it needs
+ * quiet posts run at the next wake, and lock owners are known. Every wait here waits for the event it needs
  * (a condition variable, or the thread's own state); no sleeps. */
 #include <check.h>
 #include <pthread.h>
@@ -318,6 +318,28 @@ START_TEST(test_idle_runs_at_start_after_items_and_on_a_wake_but_not_by_itself) 
 }
 END_TEST
 
+/* A quiet post does not wake the thread; its items wait for the next wake
+ * (here reel_thread_wake, then a post) and run in posting order, with the
+ * posts around them; a draining stop runs the ones no wake reached. */
+START_TEST(test_quiet_posts_run_in_order_at_the_next_wake_and_a_draining_stop_runs_them) {
+    seen_t s;
+    seen_init(&s);
+    reel_thread_t *t = start(&s, true);
+    for (int i = 0; i < 100; i++) ck_assert_int_eq(reel_thread_post_quiet(t, item_of(i)), 0);
+    reel_thread_wake(t);
+    wait_ran(&s, 100);
+    for (int i = 100; i < 199; i++) ck_assert_int_eq(reel_thread_post_quiet(t, item_of(i)), 0);
+    ck_assert_int_eq(reel_thread_post(t, item_of(199)), 0);
+    wait_ran(&s, 200);
+    for (int i = 200; i < 300; i++) ck_assert_int_eq(reel_thread_post_quiet(t, item_of(i)), 0);
+    reel_thread_stop(&t, REEL_THREAD_DRAIN);
+    ck_assert_int_eq(s.nran, 300);
+    for (int i = 0; i < 300; i++) ck_assert_int_eq(s.ran[i], i);
+    ck_assert_int_eq(s.ndiscarded, 0);
+    seen_fini(&s);
+}
+END_TEST
+
 static int64_t idle_again(void *user) {
     seen_t *s = user;
     pthread_mutex_lock(&s->mu);
@@ -388,6 +410,7 @@ int main(void) {
     tcase_add_test(t, test_many_posters_lose_nothing_and_each_posters_items_keep_their_order);
     tcase_add_test(t, test_idle_runs_at_start_after_items_and_on_a_wake_but_not_by_itself);
     tcase_add_test(t, test_idle_is_called_again_when_it_asks_for_it_at_once_or_after_a_while);
+    tcase_add_test(t, test_quiet_posts_run_in_order_at_the_next_wake_and_a_draining_stop_runs_them);
     tcase_add_test(t, test_stopping_a_null_thread_does_nothing);
     tcase_add_test(t, test_a_lock_owner_is_the_thread_that_set_it_and_nobody_after_clear);
     suite_add_tcase(s, t);
