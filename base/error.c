@@ -112,6 +112,6 @@ int kern_fail(const char *fmt, ...) {
     return -1;
 }
 
-const char *kern_error(void) { return err.msg; }
+const char *kern_error(void) { return reel_err_text(); }
 
 void kern_error_clear(void) { reel_err_clear(); }

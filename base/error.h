@@ -2,11 +2,11 @@
  *
  * Every fallible function returns 0 on success and -1 on failure (NULL for
  * constructors) and leaves one error value on its thread: a code (what
- * kind of failure, for the program to act on), a public message (one line
- * a remote caller may read: it names what was wrong, never a local path
- * or a library's internals) and a detail (for the log: the path, errno's
- * text, SQLite's or CUDA's message; may be empty). The value stays until
- * the next failure on the same thread.
+ * kind of failure, for the program to act on), a message (one line that
+ * names what was wrong and which input; what a caller is answered with)
+ * and a detail (errno's text, SQLite's or CUDA's message, for the log;
+ * may be empty). The value stays until the next failure on the same
+ * thread.
  *
  * It is converted in two places only: to a protocol error at the wire
  * (schema/msg.h: msg_err_from) and to an exit status in a program's main
@@ -38,11 +38,11 @@ typedef enum {
 
 typedef struct {
     reel_code_t code;            /* REEL_OK when nothing failed yet (or after a clear) */
-    char msg[REEL_ERR_MSG];      /* public: safe to send to a caller */
+    char msg[REEL_ERR_MSG];      /* what was wrong: a caller is answered with it */
     char detail[REEL_ERR_DETAIL];/* for the log; "" when none */
 } reel_err_t;
 
-/* Records code and the public message (printf format), clears the detail,
+/* Records code and the message (printf format), clears the detail,
  * and returns -1, so failing paths write `return reel_fail(...)`. */
 int reel_fail(reel_code_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The same with a detail for the log (detail may be NULL). */
@@ -74,7 +74,7 @@ int reel_exit_status(reel_code_t code);
  * tree migrates to the value above ---------------------------------------- */
 /* reel_fail(REEL_E_INTERNAL, ...): a code nobody has chosen yet. */
 int kern_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* The public message of this thread's error value. */
+/* reel_err_text(). */
 const char *kern_error(void);
 /* reel_err_clear(). */
 void kern_error_clear(void);

@@ -91,7 +91,7 @@ int reel_sha256_fd(int fd, char hex[65]) {
     reel_sha256_t *h = buf ? reel_sha256_new() : NULL;
     if (!h) {
         free(buf);
-        return kern_fail("out of memory");
+        return reel_fail(REEL_E_NOMEM, "out of memory");
     }
     for (;;) {
         ssize_t n = read(fd, buf, CHUNK);
@@ -100,7 +100,7 @@ int reel_sha256_fd(int fd, char hex[65]) {
             int e = errno;
             free(buf);
             reel_sha256_free(&h);
-            return kern_fail("read: %s", strerror(e));
+            return reel_fail(REEL_E_IO, "read: %s", strerror(e));
         }
         if (n == 0) break;
         reel_sha256_update(h, buf, (size_t)n);
@@ -112,13 +112,8 @@ int reel_sha256_fd(int fd, char hex[65]) {
 
 int reel_sha256_file(const char *path, char hex[65]) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kern_fail("%s: %s", path, strerror(errno));
+    if (fd < 0) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     int rc = reel_sha256_fd(fd, hex);
     close(fd);
-    if (rc != 0) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", kern_error()); /* kern_fail writes where kern_error reads */
-        return kern_fail("%s: %s", path, why);
-    }
-    return 0;
+    return rc != 0 ? reel_fail_prefix("%s: ", path) : 0;
 }

@@ -21,9 +21,9 @@ void reel_sha256_parts(const void *const *p, const size_t *len, int n, char hex[
 /* Of one buffer. Can't fail. */
 void reel_sha256_buf(const void *p, size_t len, char hex[65]);
 /* Of everything readable from fd, from its current offset. 0, or -1 with
- * a message in kern_error(). */
+ * an error value (base/error.h). */
 int reel_sha256_fd(int fd, char hex[65]);
-/* Of a file. 0, or -1 with a message naming it in kern_error(). */
+/* Of a file. 0, or -1 with an error naming it (base/error.h). */
 int reel_sha256_file(const char *path, char hex[65]);
 
 /* A digest fed piece by piece (bytes hashed as they are read elsewhere).

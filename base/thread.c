@@ -108,7 +108,7 @@ reel_thread_t *reel_thread_start(const reel_thread_opts_t *opts) {
     assert(opts && opts->run);
     reel_thread_t *t = calloc(1, sizeof *t);
     if (!t) {
-        kern_fail("thread %s: out of memory", opts->name ? opts->name : "");
+        reel_fail(REEL_E_NOMEM, "thread %s: out of memory", opts->name ? opts->name : "");
         return NULL;
     }
     t->o = *opts;
@@ -125,7 +125,7 @@ reel_thread_t *reel_thread_start(const reel_thread_opts_t *opts) {
         goto err;
     int e = pthread_create(&t->th, NULL, thread_main, t);
     if (e != 0) {
-        kern_fail("cannot start thread %s: %s", t->name, strerror(e));
+        reel_fail(REEL_E_IO, "cannot start thread %s: %s", t->name, strerror(e));
         goto out;
     }
     char os[16];
@@ -134,7 +134,7 @@ reel_thread_t *reel_thread_start(const reel_thread_opts_t *opts) {
     (void)pthread_setname_np(t->th, os); /* a name in top and gdb; nothing depends on it */
     return t;
 err:
-    kern_fail("thread %s: cannot create its lock", t->name);
+    reel_fail(REEL_E_IO, "thread %s: cannot create its lock", t->name);
 out:
     if (between) pthread_cond_destroy(&t->between);
     if (mu) pthread_mutex_destroy(&t->mu);
@@ -160,7 +160,8 @@ static int post(reel_thread_t *t, void *item, bool wake) {
     if (n && !stopping) return 0;
     free(n);
     if (t->o.discard) t->o.discard(t->o.user, item);
-    return kern_fail("thread %s: %s; item dropped", t->name, stopping ? "stopping" : "out of memory");
+    return reel_fail(stopping ? REEL_E_STATE : REEL_E_NOMEM, "thread %s: %s; item dropped", t->name,
+                     stopping ? "stopping" : "out of memory");
 }
 
 int reel_thread_post(reel_thread_t *t, void *item) { return post(t, item, true); }

@@ -49,7 +49,7 @@ typedef enum {
     REEL_THREAD_DISCARD,         /* stops after the item (or idle call) in progress; queued ones go to discard */
 } reel_thread_stop_t;
 
-/* Starts the thread (opts is copied). NULL with a message in kern_error()
+/* Starts the thread (opts is copied). NULL with an error value (base/error.h)
  * when the thread or its lock cannot be made (nothing is left running). */
 reel_thread_t *reel_thread_start(const reel_thread_opts_t *opts);
 

@@ -13,14 +13,14 @@
 cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
     cap_options_t o = opt ? *opt : cap_options_default();
     if (o.warmup < 0) o.warmup = 2;
-    if (o.warmup > 1000) { kern_fail("warmup %d is out of range (0..1000)", o.warmup); return NULL; }
-    if (o.audit_every < 0) { kern_fail("audit_every %d is negative (0 turns audits off)", o.audit_every); return NULL; }
+    if (o.warmup > 1000) { reel_fail(REEL_E_INVALID, "warmup %d is out of range (0..1000)", o.warmup); return NULL; }
+    if (o.audit_every < 0) { reel_fail(REEL_E_INVALID, "audit_every %d is negative (0 turns audits off)", o.audit_every); return NULL; }
     if (o.policy != CAP_POLICY_EVICT && o.policy != CAP_POLICY_INPLACE) {
-        kern_fail("unknown weight update policy %d", (int)o.policy);
+        reel_fail(REEL_E_INVALID, "unknown weight update policy %d", (int)o.policy);
         return NULL;
     }
     cap_cache_t *c = calloc(1, sizeof *c);
-    if (!c) { kern_fail("out of memory"); return NULL; }
+    if (!c) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     c->backend = b;
     c->opt = o;
     if (cap_lock_init(&c->lock, false) != 0) {
@@ -65,12 +65,12 @@ int cap_component_register(cap_cache_t *c, const char *name, const void *base, s
     int rc = 0;
     /* Keys must be able to name it (cap_key_add_component). */
     if (!reel_name_valid(name, CAP_NAME_MAX))
-        return kern_fail("bad component name '%s' (1..%d characters of [A-Za-z0-9_.:+-])", name ? name : "(null)",
+        return reel_fail(REEL_E_INVALID, "bad component name '%s' (1..%d characters of [A-Za-z0-9_.:+-])", name ? name : "(null)",
                          CAP_NAME_MAX - 1);
     cap_lock(&c->lock);
     cap_lock(&c->comp_lock);
-    if (cap_comp_find(c, name) >= 0) rc = kern_fail("component '%s' is already registered", name);
-    else if (c->n_comp == CAP_MAX_COMPONENTS) rc = kern_fail("more than %d components", CAP_MAX_COMPONENTS);
+    if (cap_comp_find(c, name) >= 0) rc = reel_fail(REEL_E_STATE, "component '%s' is already registered", name);
+    else if (c->n_comp == CAP_MAX_COMPONENTS) rc = reel_fail(REEL_E_LIMIT, "more than %d components", CAP_MAX_COMPONENTS);
     else {
         comp_t *k = &c->comp[c->n_comp];
         snprintf(k->name, sizeof k->name, "%s", name);
@@ -118,12 +118,12 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
     cap_lock(&c->lock);
     int ci = cap_comp_find(c, name);
     comp_t *k = ci >= 0 ? &c->comp[ci] : NULL;
-    if (!k) n = kern_fail("weight sync: unknown component '%s'", name);
+    if (!k) n = reel_fail(REEL_E_NOT_FOUND, "weight sync: unknown component '%s'", name);
     else if (new_version <= k->version)
-        n = kern_fail("weight sync: %s version %llu is not newer than the resident %llu", name,
+        n = reel_fail(REEL_E_INVALID, "weight sync: %s version %llu is not newer than the resident %llu", name,
                       (unsigned long long)new_version, (unsigned long long)k->version);
     else if (c->opt.policy == CAP_POLICY_INPLACE && (base != k->base || bytes != k->bytes))
-        n = kern_fail("weight sync: inplace policy needs %s at its resident address and size", name);
+        n = reel_fail(REEL_E_INVALID, "weight sync: inplace policy needs %s at its resident address and size", name);
     if (n == 0) {
         uint64_t from = k->version;
         cap_lock(&c->comp_lock);
@@ -154,7 +154,7 @@ int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reaso
     char text[CAP_KEY_TEXT_MAX];
     /* The other reasons are the cache's own: an event claiming one would lie. */
     if (reason != CAP_EVICT_EXPLICIT && reason != CAP_EVICT_SHAPE_CHANGE)
-        return kern_fail("evict key: reason %d is not explicit or shape_change", (int)reason);
+        return reel_fail(REEL_E_INVALID, "evict key: reason %d is not explicit or shape_change", (int)reason);
     if (cap_key_text(key, false, text, sizeof text) < 0) return -1;
     evq_t qq = { 0 }, *q = &qq;
     int n = 0;
@@ -254,15 +254,15 @@ int cap_stream_slot(cap_cache_t *c, kern_stream_t *s) {
     if (c->n_streams == c->cap_streams) {
         int cap = c->cap_streams ? c->cap_streams * 2 : 8;
         stream_slot_t **n = realloc(c->streams, (size_t)cap * sizeof *n);
-        if (!n) return kern_fail("out of memory");
+        if (!n) return reel_fail(REEL_E_NOMEM, "out of memory");
         c->streams = n;
         c->cap_streams = cap;
     }
     stream_slot_t *sl = calloc(1, sizeof *sl);
-    if (!sl) return kern_fail("out of memory");
+    if (!sl) return reel_fail(REEL_E_NOMEM, "out of memory");
     if (cap_lock_init(&sl->mu, true) != 0) {
         free(sl);
-        return kern_fail("cannot create a stream lock");
+        return reel_fail(REEL_E_IO, "cannot create a stream lock");
     }
     sl->s = s;
     c->streams[c->n_streams] = sl;
@@ -283,11 +283,11 @@ int cap_resolve_components(const cap_cache_t *c, const cap_program_t *p, int *co
     CAP_ASSERT_LOCKED(&c->lock);
     if (p->n_inputs > CAP_MAX_INPUTS || p->n_components > CAP_MAX_COMPONENTS || p->n_inputs < 0 ||
         p->n_outputs < 0 || p->n_components < 0)
-        return kern_fail("program %s: too many inputs or components", p->name);
+        return reel_fail(REEL_E_LIMIT, "program %s: too many inputs or components", p->name);
     for (int i = 0; i < p->n_components; i++) {
         comp[i] = cap_comp_find(c, p->components[i]);
         if (comp[i] < 0)
-            return kern_fail("program %s reads weight component '%s', which is not registered", p->name,
+            return reel_fail(REEL_E_INVALID, "program %s reads weight component '%s', which is not registered", p->name,
                              p->components[i]);
     }
     return 0;

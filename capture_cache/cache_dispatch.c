@@ -304,11 +304,11 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
  * their names on replay. */
 static int check_call(const cap_call_t *call) {
     if (call->n_consts < 0 || call->n_consts > CAP_MAX_CONSTS)
-        return kern_fail("dispatch: %d constants (a call has 0..%d)", call->n_consts, CAP_MAX_CONSTS);
-    if (call->n_consts > 0 && !call->consts) return kern_fail("dispatch: %d constants and no array", call->n_consts);
+        return reel_fail(REEL_E_INVALID, "dispatch: %d constants (a call has 0..%d)", call->n_consts, CAP_MAX_CONSTS);
+    if (call->n_consts > 0 && !call->consts) return reel_fail(REEL_E_INVALID, "dispatch: %d constants and no array", call->n_consts);
     for (int i = 0; i < call->n_consts; i++)
         if (!memchr(call->consts[i].name, 0, sizeof call->consts[i].name))
-            return kern_fail("dispatch: the name of constant %d is not terminated", i);
+            return reel_fail(REEL_E_INVALID, "dispatch: the name of constant %d is not terminated", i);
     return 0;
 }
 
@@ -335,7 +335,7 @@ static stream_slot_t *lock_stream(dispatch_t *d, int *si) {
     }
     if (cap_trylock(&sl->mu)) return sl;
     if (!osl || !cap_trylock(&osl->mu)) {
-        kern_fail("re-entrant dispatch: stream %d is busy on another thread and the outer call's stream "
+        reel_fail(REEL_E_STATE, "re-entrant dispatch: stream %d is busy on another thread and the outer call's stream "
                   "cannot serve it", *si);
         return NULL;
     }
@@ -350,9 +350,9 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     char text[CAP_KEY_TEXT_MAX];
     double t0 = reel_mono_s();
     if (cap_this_thread_captures())
-        return kern_fail("dispatch while this thread captures a step (a step may not dispatch from a launch "
+        return reel_fail(REEL_E_STATE, "dispatch while this thread captures a step (a step may not dispatch from a launch "
                          "being captured; the call may be made again outside the capture)");
-    if (kern_stream_backend(s) != c->backend) return kern_fail("dispatch: stream of another backend");
+    if (kern_stream_backend(s) != c->backend) return reel_fail(REEL_E_INVALID, "dispatch: stream of another backend");
     if (check_call(call) != 0 || cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
     uint64_t hash = cap_hash_text(text);
     dispatch_t dd = { .c = c, .s = s, .p = p, .user = user, .call = call, .reason = CAP_DECLINE_COUNT,
@@ -363,7 +363,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
     if (!sl) return -1;
     int rc;
     if (kern_stream_is_capturing(d->s))
-        rc = kern_fail("dispatch on a stream that is capturing (a step may not dispatch from its launch)");
+        rc = reel_fail(REEL_E_INVALID, "dispatch on a stream that is capturing (a step may not dispatch from its launch)");
     else {
         /* Kernel artifacts are judged per capture key (kernels/artifacts.h). */
         uint64_t scope = kern_artifacts_set_scope(hash);

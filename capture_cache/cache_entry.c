@@ -76,7 +76,7 @@ entry_t *cap_entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap_pr
                         const cap_key_t *key, uint64_t hash, const char *text, const int *comp) {
     CAP_ASSERT_UNLOCKED(&c->lock);
     entry_t *e = calloc(1, sizeof *e);
-    if (!e) { kern_fail("out of memory"); return NULL; }
+    if (!e) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     e->ws = p->ws_new(user, key, s);
     if (!e->ws) { free(e); return NULL; }
     e->key = *key;
@@ -143,10 +143,10 @@ int cap_check_inputs(const entry_t *e, const cap_call_t *call) {
         if (!kern_tensor_same_shape(in, st)) {
             char a[96], b[96];
             const char *name = i < e->key.n_inputs ? e->key.inputs[i].name : "?";
-            return kern_fail("bind: input %d '%s' is %s; the static workspace holds %s (nothing is resized)",
+            return reel_fail(REEL_E_INVALID, "bind: input %d '%s' is %s; the static workspace holds %s (nothing is resized)",
                              i, name, kern_tensor_describe(in, a, sizeof a), kern_tensor_describe(st, b, sizeof b));
         }
-        if (!in->data) return kern_fail("bind: input %d has no data", i);
+        if (!in->data) return reel_fail(REEL_E_INVALID, "bind: input %d has no data", i);
     }
     return 0;
 }
@@ -161,7 +161,7 @@ static int copy_into(kern_stream_t *s, const kern_tensor_t *dst, const kern_tens
         return kern_copy_d2d(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), bytes);
     }
     if (src->device != KERN_DEVICE_HOST || dst->device != KERN_DEVICE_HOST)
-        return kern_fail("bind: a non-contiguous input must be on the host");
+        return reel_fail(REEL_E_INVALID, "bind: a non-contiguous input must be on the host");
     /* Strided gather on the host, element by element. */
     if (kern_stream_sync(s) != 0) return -1;
     size_t es = kern_dtype_size(src->dtype);
@@ -205,7 +205,7 @@ int cap_copy_out(entry_t *e, kern_stream_t *s, const cap_call_t *call) {
         if (dst->dtype != src->dtype || kern_tensor_numel(dst) != kern_tensor_numel(src) ||
             !kern_tensor_is_contiguous(dst) || !dst->data) {
             char a[96], b[96];
-            return kern_fail("copy-out: output %d destination is %s, the step writes %s", i,
+            return reel_fail(REEL_E_INVALID, "copy-out: output %d destination is %s, the step writes %s", i,
                              kern_tensor_describe(dst, a, sizeof a), kern_tensor_describe(src, b, sizeof b));
         }
         size_t bytes = kern_tensor_bytes(src);
@@ -257,12 +257,12 @@ int cap_weights_record(entry_t *e) {
     if (!w || !now) {
         free(w);
         free(now);
-        return kern_fail("out of memory recording weight identities");
+        return reel_fail(REEL_E_NOMEM, "out of memory recording weight identities");
     }
     if (p->weights(e->user, w, n) != n) {
         free(w);
         free(now);
-        return kern_fail("program %s listed a different number of weights twice in a row", p->name);
+        return reel_fail(REEL_E_INVALID, "program %s listed a different number of weights twice in a row", p->name);
     }
     free(e->wid);
     free(e->wid_now);

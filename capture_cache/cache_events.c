@@ -31,7 +31,7 @@ const char *cap_policy_name(cap_policy_t p) {
 int cap_policy_parse(const char *s, cap_policy_t *out) {
     if (!strcmp(s, "evict")) *out = CAP_POLICY_EVICT;
     else if (!strcmp(s, "inplace")) *out = CAP_POLICY_INPLACE;
-    else return kern_fail("unknown weight update policy '%s' (expected evict or inplace)", s);
+    else return reel_fail(REEL_E_INVALID, "unknown weight update policy '%s' (expected evict or inplace)", s);
     return 0;
 }
 bool cap_reason_permanent(cap_reason_t r) {

@@ -16,7 +16,7 @@ int cap_lock_init(cap_lock_t *l, bool recursive) {
     if (recursive) pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
     int rc = pthread_mutex_init(&l->mu, &a);
     pthread_mutexattr_destroy(&a);
-    if (rc != 0) return kern_fail("cannot create a lock");
+    if (rc != 0) return reel_fail(REEL_E_IO, "cannot create a lock");
 #ifdef CAP_LOCK_CHECKS
     atomic_init(&l->owner, 0);
     l->depth = 0;

@@ -29,7 +29,7 @@ static int outputs_to_host(entry_t *e, kern_stream_t *s, unsigned char **buf, si
     size_t total = 0;
     for (int i = 0; i < e->prog.n_outputs; i++) total += kern_tensor_bytes(e->prog.output(e->user, e->ws, i));
     unsigned char *h = malloc(total ? total : 1);
-    if (!h) return kern_fail("out of memory");
+    if (!h) return reel_fail(REEL_E_NOMEM, "out of memory");
     size_t off = 0;
     for (int i = 0; i < e->prog.n_outputs; i++) {
         const kern_tensor_t *t = e->prog.output(e->user, e->ws, i);
@@ -51,7 +51,7 @@ static int pinned_check(entry_t *e, kern_stream_t *s, const cap_call_t *call, un
         if (!hsnap[i]) continue;
         size_t bytes = kern_tensor_bytes(&call->inputs[i]);
         unsigned char *now = malloc(bytes ? bytes : 1);
-        if (!now) return kern_fail("out of memory");
+        if (!now) return reel_fail(REEL_E_NOMEM, "out of memory");
         int rc = kern_copy_d2h(s, now, kern_tensor_ptr(&call->inputs[i]), bytes);
         if (rc == 0) rc = kern_stream_sync(s);
         bool changed = rc == 0 && memcmp(now, hsnap[i], bytes) != 0;
@@ -83,7 +83,7 @@ static int verify(entry_t *e, kern_stream_t *s, const cap_call_t *call, int *bad
     for (int i = 0; i < e->prog.n_inputs; i++) {
         if (e->pinned[i]) {
             size_t bytes = kern_tensor_bytes(&call->inputs[i]);
-            if (!(hsnap[i] = malloc(bytes ? bytes : 1))) { kern_fail("out of memory"); goto out; }
+            if (!(hsnap[i] = malloc(bytes ? bytes : 1))) { reel_fail(REEL_E_NOMEM, "out of memory"); goto out; }
             if (kern_copy_d2h(s, hsnap[i], kern_tensor_ptr(&call->inputs[i]), bytes) != 0) goto out;
             continue;
         }
@@ -136,7 +136,7 @@ static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, evq_t *q, doubl
 /* Logs a failed capture of e (or its preparation); returns 1 (nothing ran). */
 static int capture_failed(cap_cache_t *c, const entry_t *e) {
     char msg[CAP_KEY_TEXT_MAX + 560];
-    snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, kern_error());
+    snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, reel_err_text());
     cap_log(c, 2, msg);
     return 1;
 }

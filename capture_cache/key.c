@@ -12,21 +12,21 @@ static bool dtype_valid(kern_dtype_t dt) { return (unsigned)dt < KERN_DTYPE_COUN
 /* 0 when a tensor of dt and shape is one a workspace could hold: no
  * negative dim, and its byte size fits in int64. -1 with a message. */
 static int sig_check(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
-    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad input name '%s'", name ? name : "(null)");
-    if (!dtype_valid(dt)) return kern_fail("capture key: input '%s' has unknown dtype %d", name, (int)dt);
-    if (ndim < 0 || ndim > KERN_MAX_DIMS) return kern_fail("capture key: input '%s' has %d dims", name, ndim);
+    if (!reel_name_valid(name, CAP_NAME_MAX)) return reel_fail(REEL_E_INVALID, "capture key: bad input name '%s'", name ? name : "(null)");
+    if (!dtype_valid(dt)) return reel_fail(REEL_E_INVALID, "capture key: input '%s' has unknown dtype %d", name, (int)dt);
+    if (ndim < 0 || ndim > KERN_MAX_DIMS) return reel_fail(REEL_E_INVALID, "capture key: input '%s' has %d dims", name, ndim);
     int64_t bytes = (int64_t)kern_dtype_size(dt);
     for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0) return kern_fail("capture key: input '%s' dim %d is %lld", name, d, (long long)shape[d]);
+        if (shape[d] < 0) return reel_fail(REEL_E_INVALID, "capture key: input '%s' dim %d is %lld", name, d, (long long)shape[d]);
         if (shape[d] > 0 && bytes > INT64_MAX / shape[d])
-            return kern_fail("capture key: input '%s' is larger than int64 bytes", name);
+            return reel_fail(REEL_E_LIMIT, "capture key: input '%s' is larger than int64 bytes", name);
         bytes *= shape[d];
     }
     return 0;
 }
 
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
-    if (k->n_inputs >= CAP_MAX_INPUTS) return kern_fail("capture key: more than %d inputs", CAP_MAX_INPUTS);
+    if (k->n_inputs >= CAP_MAX_INPUTS) return reel_fail(REEL_E_LIMIT, "capture key: more than %d inputs", CAP_MAX_INPUTS);
     if (sig_check(name, dt, ndim, shape) != 0) return -1;
     cap_sig_t *s = &k->inputs[k->n_inputs++];
     memset(s, 0, sizeof *s);
@@ -39,9 +39,9 @@ int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim,
 
 int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version) {
     if (k->n_components >= CAP_MAX_COMPONENTS)
-        return kern_fail("capture key: more than %d components", CAP_MAX_COMPONENTS);
-    if (!reel_name_valid(name, CAP_NAME_MAX)) return kern_fail("capture key: bad component name '%s'", name);
-    if (cap_key_reads(k, name)) return kern_fail("capture key: component '%s' twice", name);
+        return reel_fail(REEL_E_LIMIT, "capture key: more than %d components", CAP_MAX_COMPONENTS);
+    if (!reel_name_valid(name, CAP_NAME_MAX)) return reel_fail(REEL_E_INVALID, "capture key: bad component name '%s'", name);
+    if (cap_key_reads(k, name)) return reel_fail(REEL_E_INVALID, "capture key: component '%s' twice", name);
     cap_component_ver_t *c = &k->components[k->n_components++];
     snprintf(c->name, sizeof c->name, "%s", name);
     c->version = version;
@@ -54,7 +54,7 @@ int cap_key_set_version(cap_key_t *k, const char *name, uint64_t version) {
             k->components[i].version = version;
             return 0;
         }
-    return kern_fail("capture key does not read component '%s'", name);
+    return reel_fail(REEL_E_INVALID, "capture key does not read component '%s'", name);
 }
 
 bool cap_key_reads(const cap_key_t *k, const char *name) {
@@ -90,19 +90,19 @@ static int parts_check(const cap_key_t *k) {
     }
     for (int i = 0; i < k->n_components; i++)
         if (!reel_name_valid(k->components[i].name, CAP_NAME_MAX))
-            return kern_fail("capture key: component %d has a bad name", i);
-    if (!dtype_valid(k->graph.dtype)) return kern_fail("capture key: unknown graph dtype %d", (int)k->graph.dtype);
+            return reel_fail(REEL_E_INVALID, "capture key: component %d has a bad name", i);
+    if (!dtype_valid(k->graph.dtype)) return reel_fail(REEL_E_INVALID, "capture key: unknown graph dtype %d", (int)k->graph.dtype);
     return 0;
 }
 
 int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
-    if (len == 0) return kern_fail("capture key: no room for the text");
+    if (len == 0) return reel_fail(REEL_E_INVALID, "capture key: no room for the text");
     if ((!shard && (!reel_name_valid(k->device, sizeof k->device) || !reel_name_valid(k->arch, sizeof k->arch))) ||
         !reel_name_valid(k->model, sizeof k->model) || !reel_name_valid(k->loop, sizeof k->loop) ||
         !reel_name_valid(k->graph.cfg, sizeof k->graph.cfg) || !reel_name_valid(k->graph.expert, sizeof k->graph.expert) ||
         !reel_name_valid(k->graph.sched, sizeof k->graph.sched) || k->n_inputs < 0 || k->n_inputs > CAP_MAX_INPUTS ||
         k->n_components < 0 || k->n_components > CAP_MAX_COMPONENTS)
-        return kern_fail("capture key: a field is empty or has characters outside [A-Za-z0-9_.:+-]");
+        return reel_fail(REEL_E_INVALID, "capture key: a field is empty or has characters outside [A-Za-z0-9_.:+-]");
     if (parts_check(k) != 0) return -1;
     out_t o = { buf, len, 0, 0 };
     put(&o, "reel-key/1");
@@ -125,7 +125,7 @@ int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
     }
     put(&o, " graph=dtype:%s,cfg:%s,expert:%s,sched:%s", kern_dtype_name(k->graph.dtype), k->graph.cfg,
         k->graph.expert, k->graph.sched);
-    if (o.overflow) return kern_fail("capture key text longer than %zu bytes", len - 1);
+    if (o.overflow) return reel_fail(REEL_E_INVALID, "capture key text longer than %zu bytes", len - 1);
     return (int)o.n;
 }
 
@@ -161,12 +161,12 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
                           const int64_t context[2], bool cfg, const char *component, uint64_t version) {
     memset(k, 0, sizeof *k);
     if (batch < 1 || batch > CAP_MAX_BATCH)
-        return kern_fail("capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
+        return reel_fail(REEL_E_INVALID, "capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
     if (snprintf(k->device, sizeof k->device, "%s", device) >= (int)sizeof k->device ||
         snprintf(k->arch, sizeof k->arch, "%s", arch) >= (int)sizeof k->arch ||
         snprintf(k->model, sizeof k->model, "%s", model) >= (int)sizeof k->model ||
         snprintf(k->loop, sizeof k->loop, "%s", loop) >= (int)sizeof k->loop)
-        return kern_fail("capture key: device, arch, model or loop name too long");
+        return reel_fail(REEL_E_LIMIT, "capture key: device, arch, model or loop name too long");
     /* A batch of B > 1 adds a leading dimension to the latent and gives
      * every sample its own SDE parameters; B = 1 is the single key, as it
      * always was. */

@@ -63,13 +63,13 @@ static int enable_wal(cat_t *c) {
     int ret = 0;
     if (!mode) ret = cat_db_fail(c, "journal_mode=WAL");
     else if (strcmp(mode, "wal") != 0)
-        ret = kern_fail("catalog %s: WAL is not available here (journal_mode is %s)", c->path, mode);
+        ret = reel_fail(REEL_E_INVALID, "catalog %s: WAL is not available here (journal_mode is %s)", c->path, mode);
     sqlite3_finalize(s);
     return ret;
 }
 
 static int schema_newer(const cat_t *c, int v) {
-    return kern_fail("%s: catalog schema %d is newer than this build's %d", c->path, v,
+    return reel_fail(REEL_E_INVALID, "%s: catalog schema %d is newer than this build's %d", c->path, v,
                      cat_n_migrations);
 }
 
@@ -86,7 +86,7 @@ static int migrate(cat_t *c) {
     int others = 0; /* a file with tables but no Reel schema is someone else's: never written into */
     if (v == 0 && query_int(c, "SELECT count(*) FROM sqlite_master", &others) != 0) goto err;
     if (others > 0) {
-        kern_fail("catalog %s: not a Reel catalog (it holds %d other schema objects and no Reel schema): "
+        reel_fail(REEL_E_INVALID, "catalog %s: not a Reel catalog (it holds %d other schema objects and no Reel schema): "
                   "give a new or a Reel catalog file", c->path, others);
         goto err;
     }
@@ -111,34 +111,34 @@ static int check_readable_schema(cat_t *c) {
     int v;
     if (query_int(c, "PRAGMA user_version", &v) != 0) return -1;
     if (v > cat_n_migrations) return schema_newer(c, v);
-    if (v == 0) return kern_fail("catalog %s: not a Reel catalog (no schema; user_version 0)", c->path);
+    if (v == 0) return reel_fail(REEL_E_INVALID, "catalog %s: not a Reel catalog (no schema; user_version 0)", c->path);
     if (v < cat_n_migrations)
-        return kern_fail("catalog %s: schema %d is older than this build's %d; the broker "
+        return reel_fail(REEL_E_INVALID, "catalog %s: schema %d is older than this build's %d; the broker "
                          "migrates it when it opens it", c->path, v, cat_n_migrations);
     return 0;
 }
 
 cat_t *cat_open(const char *path, bool readonly) {
     if (!path || !*path) {
-        kern_fail("catalog: empty path");
+        reel_fail(REEL_E_INVALID, "catalog: empty path");
         return NULL;
     }
     /* SQLite's CANTOPEN says neither which file nor why; say both. */
     if (readonly && access(path, F_OK) != 0) {
-        kern_fail("catalog %s: cannot open read-only: %s", path, strerror(errno));
+        reel_fail(REEL_E_IO, "catalog %s: cannot open read-only: %s", path, strerror(errno));
         return NULL;
     }
     /* A FIFO would block SQLite's open (reelctl hung), a device or a
      * directory fails obscurely: a catalog is a regular file. */
     struct stat ps;
     if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
-        kern_fail("catalog %s: not a regular file", path);
+        reel_fail(REEL_E_INVALID, "catalog %s: not a regular file", path);
         return NULL;
     }
     /* Debian's SQLite interprets "file:" URIs (query parameters can change
      * modes and VFS); a catalog is a plain path. */
     if (!strncmp(path, "file:", 5)) {
-        kern_fail("catalog %s: SQLite URIs are not accepted; give a plain file path", path);
+        reel_fail(REEL_E_INVALID, "catalog %s: SQLite URIs are not accepted; give a plain file path", path);
         return NULL;
     }
     /* The catalog holds the audit trail: create it readable by its owner
@@ -146,14 +146,14 @@ cat_t *cat_open(const char *path, bool readonly) {
     if (!readonly) {
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
-            kern_fail("catalog %s: cannot open: %s", path, strerror(errno));
+            reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
             return NULL;
         }
         close(fd);
     }
     cat_t *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
-        kern_fail("catalog %s: out of memory", path);
+        reel_fail(REEL_E_NOMEM, "catalog %s: out of memory", path);
         goto err;
     }
     c->readonly = readonly;
@@ -161,7 +161,7 @@ cat_t *cat_open(const char *path, bool readonly) {
                 SQLITE_OPEN_NOFOLLOW;
     if (sqlite3_open_v2(path, &c->db, flags, NULL) != SQLITE_OK) {
         if (c->db) cat_db_fail(c, "open");
-        else kern_fail("catalog %s: open: out of memory", path);
+        else reel_fail(REEL_E_NOMEM, "catalog %s: open: out of memory", path);
         goto err;
     }
     sqlite3_busy_timeout(c->db, CAT_BUSY_TIMEOUT_MS);
@@ -260,7 +260,7 @@ static const struct {
 /* The cached statement `which`, prepared on first use; NULL with a message. */
 static sqlite3_stmt *writer(cat_t *c, int which) {
     if (c->readonly) {
-        kern_fail("catalog %s: opened read-only; cannot write", c->path);
+        reel_fail(REEL_E_IO, "catalog %s: opened read-only; cannot write", c->path);
         return NULL;
     }
     if (!c->st[which] && sqlite3_prepare_v3(c->db, statements[which].sql, -1, SQLITE_PREPARE_PERSISTENT,
@@ -334,11 +334,11 @@ static int write_one(cat_t *c, const cat_rec_t *r) {
 }
 
 int cat_write(cat_t *c, const cat_rec_t *r) {
-    if (r->kind < 0 || r->kind >= CAT_K_COUNT) return kern_fail("catalog %s: no such record kind", c->path);
+    if (r->kind < 0 || r->kind >= CAT_K_COUNT) return reel_fail(REEL_E_NOT_FOUND, "catalog %s: no such record kind", c->path);
     const char *state = r->u.weight_state.state;
     if (r->kind == CAT_K_WEIGHT_STATE && !known_state(state))
-        return kern_fail("catalog %s: unknown weight version state '%s'", c->path, state ? state : "(null)");
-    if (c->readonly) return kern_fail("catalog %s: opened read-only; cannot write", c->path);
+        return reel_fail(REEL_E_INVALID, "catalog %s: unknown weight version state '%s'", c->path, state ? state : "(null)");
+    if (c->readonly) return reel_fail(REEL_E_IO, "catalog %s: opened read-only; cannot write", c->path);
     /* Outside a batch the record is a batch of its own, summaries and all. */
     if (!sqlite3_get_autocommit(c->db)) return write_one(c, r);
     if (cat_begin(c) != 0) return -1;

@@ -7,7 +7,7 @@
  * (reelctl, sqlite3) at once: WAL mode, busy_timeout, writes batched in
  * BEGIN IMMEDIATE transactions, schema migrations by PRAGMA user_version
  * (schema/catalog.sql holds the current schema). Every function returns 0
- * or -1 with a message in kern_error() (SQLite's message included). */
+ * or -1 with a message in reel_err_text() (SQLite's message included). */
 #ifndef REEL_CATALOG_CATALOG_H
 #define REEL_CATALOG_CATALOG_H
 

@@ -9,13 +9,13 @@
 #include "base/error.h"
 
 int cat_db_fail(const cat_t *c, const char *what) {
-    return kern_fail("catalog %s: %s: %s", c->path, what, sqlite3_errmsg(c->db));
+    return reel_fail(REEL_E_IO, "catalog %s: %s: %s", c->path, what, sqlite3_errmsg(c->db));
 }
 
 int cat_exec(cat_t *c, const char *sql, const char *what) {
     char *msg = NULL;
     if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        kern_fail("catalog %s: %s: %s", c->path, what, msg ? msg : sqlite3_errmsg(c->db));
+        reel_fail(REEL_E_IO, "catalog %s: %s: %s", c->path, what, msg ? msg : sqlite3_errmsg(c->db));
         sqlite3_free(msg);
         return -1;
     }

@@ -55,7 +55,7 @@ static const struct {
 };
 
 int64_t cat_prune(cat_t *c, double before, int64_t max_rows, int batch) {
-    if (c->readonly) return kern_fail("catalog %s: opened read-only; cannot prune", c->path);
+    if (c->readonly) return reel_fail(REEL_E_STATE, "catalog %s: opened read-only; cannot prune", c->path);
     if (batch <= 0 || (before <= 0 && max_rows <= 0)) return 0;
     if (cat_begin(c) != 0) return -1;
     int64_t deleted = 0;

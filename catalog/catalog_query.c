@@ -100,7 +100,7 @@ static json_t *collect(cat_t *c, sqlite3_stmt *s, char mode) {
     sqlite3_reset(s);
     return all;
 oom:
-    kern_fail("catalog %s: report: out of memory", c->path);
+    reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
     json_decref(all);
     sqlite3_reset(s);
     return NULL;
@@ -278,7 +278,7 @@ static int by_reason(cat_t *c, const char *sql, json_t *by_worker, json_t *overa
         bad |= add_count(json_object_get(overall, field), reason, n);
     }
     json_decref(rows);
-    return bad ? kern_fail("catalog %s: report: out of memory", c->path) : 0;
+    return bad ? reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path) : 0;
 }
 
 static json_t *build_stats_from(cat_t *c, const char *totals, const char *reasons) {
@@ -302,7 +302,7 @@ static json_t *build_stats_from(cat_t *c, const char *totals, const char *reason
     bad |= json_object_set_new(overall, "declines_by_reason", json_object());
     bad |= json_object_set_new(overall, "evictions_by_reason", json_object());
     if (bad) {
-        kern_fail("catalog %s: report: out of memory", c->path);
+        reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
         goto done;
     }
     if (by_reason(c, "SELECT worker, reason, sum(count) AS n FROM declines GROUP BY worker, reason"
@@ -315,12 +315,12 @@ static json_t *build_stats_from(cat_t *c, const char *totals, const char *reason
     bad |= hit_rate(overall);
     json_t *arts = bad ? NULL : query_rows(c, artifact_totals_sql); /* docs/ARTIFACTS.md */
     if (!arts) {
-        if (bad) kern_fail("catalog %s: report: out of memory", c->path);
+        if (bad) reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
         goto done;
     }
     pool_spread(arts);
     root = json_pack("{s:O, s:O, s:o}", "overall", overall, "workers", workers, "artifacts", arts);
-    if (!root) kern_fail("catalog %s: report: out of memory", c->path);
+    if (!root) reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
 done:
     json_decref(workers);
     json_decref(overall);
@@ -342,7 +342,7 @@ static json_t *build_artifacts(cat_t *c) {
                              " FROM artifact_keys ORDER BY id, worker, key");
     }
     if (arts && keys && !(root = json_pack("{s:O, s:O}", "artifacts", arts, "keys", keys)))
-        kern_fail("catalog %s: report: out of memory", c->path);
+        reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
     json_decref(arts);
     json_decref(keys);
     return root;
@@ -384,7 +384,7 @@ static json_t *build_keys_from(cat_t *c, const char *totals) {
         }
     }
     if (bad) {
-        if (rows) kern_fail("catalog %s: report: out of memory", c->path);
+        if (rows) reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
         goto fail;
     }
     json_decref(index);
@@ -601,7 +601,7 @@ static json_t *build_report(cat_t *c) {
                          json_object_get(r0, "requests"), "source", raw ? "requests" : "summaries", "timeline",
                          timeline, "syncs", syncs, "before_first_sync", json_array_get(before, 0), "declines",
                          declines, "slowest", slowest, "stats", stats, "keys", keys, "workers", workers);
-        if (!root) kern_fail("catalog %s: report: out of memory", c->path);
+        if (!root) reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
     }
 done:
     json_decref(range);

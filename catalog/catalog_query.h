@@ -5,7 +5,7 @@
  * JSON, as a table (ctl/report.h) or as Prometheus text.
  *
  * Every query returns a new reference the caller json_decref()s, or NULL
- * with a message in kern_error() (SQLite's, or out of memory). Strings that
+ * with a message in reel_err_text() (SQLite's, or out of memory). Strings that
  * are not UTF-8 (key texts and names come from the network) come back with
  * '?' for each byte >= 0x80. */
 #ifndef REEL_CATALOG_CATALOG_QUERY_H

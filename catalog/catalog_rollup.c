@@ -191,7 +191,7 @@ static roll_ent_t *ent(cat_t *c, int kind, const char *a, const char *b, uint64_
     return e;
 oom:
     r->failed = true;
-    kern_fail("catalog %s: summaries: out of memory", c->path);
+    reel_fail(REEL_E_NOMEM, "catalog %s: summaries: out of memory", c->path);
     return NULL;
 }
 
@@ -211,7 +211,7 @@ static void text_seen(cat_t *c, const char *key_hash, const char *text, double t
     char *dup = strdup(text);
     if (!dup) {
         c->roll->failed = true;
-        kern_fail("catalog %s: summaries: out of memory", c->path);
+        reel_fail(REEL_E_NOMEM, "catalog %s: summaries: out of memory", c->path);
         return;
     }
     free(e->b);
@@ -257,7 +257,7 @@ static int slow_add(cat_t *c, const cat_request_t *q) {
 
 int cat_roll_add(cat_t *c, const cat_rec_t *rec) {
     if (!c->roll && !(c->roll = calloc(1, sizeof *c->roll)))
-        return kern_fail("catalog %s: summaries: out of memory", c->path);
+        return reel_fail(REEL_E_NOMEM, "catalog %s: summaries: out of memory", c->path);
     roll_ent_t *e, *m;
     switch (rec->kind) {
     case CAT_K_REQUEST: {
@@ -385,7 +385,7 @@ static void clear(struct cat_roll *r) {
 int cat_roll_flush(cat_t *c) {
     struct cat_roll *r = c->roll;
     if (!r || (!r->n && !r->failed)) return 0;
-    if (r->failed) return kern_fail("catalog %s: summaries: a batch lost a delta (out of memory)", c->path);
+    if (r->failed) return reel_fail(REEL_E_NOMEM, "catalog %s: summaries: a batch lost a delta (out of memory)", c->path);
     for (size_t i = 0; i < r->cap; i++)
         if (r->slots[i] && flush_one(c, r->slots[i]) != 0) return -1;
     clear(r);

@@ -100,7 +100,7 @@ int kern_art_parity_parse(const char *s, kern_parity_kind_t *kind, double *max_r
             return 0;
         }
     }
-    return kern_fail("parity '%.40s': expected byte_equal or max_rel=R with 0 < R <= 1", s);
+    return reel_fail(REEL_E_INVALID, "parity '%.40s': expected byte_equal or max_rel=R with 0 < R <= 1", s);
 }
 
 const char *kern_art_timing_name(kern_art_timing_t t) {
@@ -112,7 +112,7 @@ int kern_art_timing_parse(const char *s, kern_art_timing_t *out) {
     if (!strcmp(s, "off")) *out = KERN_ART_TIMING_OFF;
     else if (!strcmp(s, "sync")) *out = KERN_ART_TIMING_SYNC;
     else if (!strcmp(s, "shadow")) *out = KERN_ART_TIMING_SHADOW;
-    else return kern_fail("artifact timing '%.40s': expected off, sync or shadow", s);
+    else return reel_fail(REEL_E_INVALID, "artifact timing '%.40s': expected off, sync or shadow", s);
     return 0;
 }
 
@@ -131,14 +131,14 @@ static int str_field(json_t *o, const char *key, bool required, char *dst, size_
                      bool (*ok)(const char *, size_t)) {
     json_t *v = json_object_get(o, key);
     if (!v) {
-        if (required) return kern_fail("manifest: \"%s\" is missing", key);
+        if (required) return reel_fail(REEL_E_INVALID, "manifest: \"%s\" is missing", key);
         dst[0] = '\0';
         return 0;
     }
-    if (!json_is_string(v)) return kern_fail("manifest: \"%s\" must be a string", key);
+    if (!json_is_string(v)) return reel_fail(REEL_E_INVALID, "manifest: \"%s\" must be a string", key);
     const char *s = json_string_value(v);
     if (strlen(s) != json_string_length(v) || !ok(s, max))
-        return kern_fail("manifest: \"%s\" must be 1..%zu characters of [A-Za-z0-9_.:+-]", key,
+        return reel_fail(REEL_E_INVALID, "manifest: \"%s\" must be 1..%zu characters of [A-Za-z0-9_.:+-]", key,
                          max - 1);
     memcpy(dst, s, strlen(s) + 1);
     return 0;
@@ -153,11 +153,11 @@ static const char *plain_string(json_t *v) {
 
 static int parse_arch(json_t *v, kern_art_manifest_t *m) {
     if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > KERN_ART_MAX_ARCH)
-        return kern_fail("manifest: \"arch\" must be an array of 1..%d names", KERN_ART_MAX_ARCH);
+        return reel_fail(REEL_E_INVALID, "manifest: \"arch\" must be an array of 1..%d names", KERN_ART_MAX_ARCH);
     for (size_t i = 0; i < json_array_size(v); i++) {
         const char *s = plain_string(json_array_get(v, i));
         if (!s || !reel_name_valid(s, KERN_ART_ARCH_MAX))
-            return kern_fail("manifest: \"arch\"[%zu] must be a name of [A-Za-z0-9_.:+-] "
+            return reel_fail(REEL_E_INVALID, "manifest: \"arch\"[%zu] must be a name of [A-Za-z0-9_.:+-] "
                              "(\"any\", \"cpu-avx2\", \"sm_90\")", i);
         memcpy(m->arch[m->n_arch++], s, strlen(s) + 1);
     }
@@ -166,14 +166,14 @@ static int parse_arch(json_t *v, kern_art_manifest_t *m) {
 
 static int parse_dtypes(json_t *v, kern_art_manifest_t *m) {
     if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > KERN_DTYPE_COUNT)
-        return kern_fail("manifest: \"dtypes\" must be an array of 1..%d dtype names",
+        return reel_fail(REEL_E_INVALID, "manifest: \"dtypes\" must be an array of 1..%d dtype names",
                          KERN_DTYPE_COUNT);
     for (size_t i = 0; i < json_array_size(v); i++) {
         const char *s = plain_string(json_array_get(v, i));
         kern_dtype_t dt;
         if (!s || kern_dtype_parse(s, &dt) != 0)
-            return kern_fail("manifest: \"dtypes\"[%zu] must be F32, BF16 or F16", i);
-        if (m->dtypes & (1u << dt)) return kern_fail("manifest: \"dtypes\" names %s twice", s);
+            return reel_fail(REEL_E_INVALID, "manifest: \"dtypes\"[%zu] must be F32, BF16 or F16", i);
+        if (m->dtypes & (1u << dt)) return reel_fail(REEL_E_INVALID, "manifest: \"dtypes\" names %s twice", s);
         m->dtypes |= 1u << dt;
     }
     return 0;
@@ -181,7 +181,7 @@ static int parse_dtypes(json_t *v, kern_art_manifest_t *m) {
 
 static int parse_shapes(json_t *v, kern_art_manifest_t *m) {
     const art_op_t *op = art_op(m->op);
-    if (!json_is_object(v)) return kern_fail("manifest: \"shapes\" must be an object");
+    if (!json_is_object(v)) return reel_fail(REEL_E_INVALID, "manifest: \"shapes\" must be an object");
     const char *key;
     json_t *r;
     json_object_foreach(v, key, r) {
@@ -194,16 +194,16 @@ static int parse_shapes(json_t *v, kern_art_manifest_t *m) {
                 strcat(names, i ? ", " : "");
                 strcat(names, op->dims[i]);
             }
-            return kern_fail("manifest: \"shapes\": op %s has no size \"%.32s\" (its sizes: %s)",
+            return reel_fail(REEL_E_INVALID, "manifest: \"shapes\": op %s has no size \"%.32s\" (its sizes: %s)",
                              kern_op_name(m->op), key, names);
         }
         if (!json_is_array(r) || json_array_size(r) != 2 ||
             !json_is_integer(json_array_get(r, 0)) || !json_is_integer(json_array_get(r, 1)))
-            return kern_fail("manifest: \"shapes\".%s must be [min, max] integers", key);
+            return reel_fail(REEL_E_INVALID, "manifest: \"shapes\".%s must be [min, max] integers", key);
         int64_t lo = json_integer_value(json_array_get(r, 0));
         int64_t hi = json_integer_value(json_array_get(r, 1));
         if (lo < 0 || hi < lo)
-            return kern_fail("manifest: \"shapes\".%s: need 0 <= min <= max", key);
+            return reel_fail(REEL_E_INVALID, "manifest: \"shapes\".%s: need 0 <= min <= max", key);
         kern_art_range_t *x = &m->shapes[m->n_shapes++];
         snprintf(x->name, sizeof x->name, "%s", key);
         x->min = lo;
@@ -221,17 +221,17 @@ static bool hex64(const char *s) {
 
 static int parse_files(json_t *v, kern_art_manifest_t *m) {
     if (!json_is_object(v) || json_object_size(v) < 1 || json_object_size(v) > KERN_ART_MAX_FILES)
-        return kern_fail("manifest: \"files\" must map 1..%d file names to sha256 digests",
+        return reel_fail(REEL_E_INVALID, "manifest: \"files\" must map 1..%d file names to sha256 digests",
                          KERN_ART_MAX_FILES);
     const char *key;
     json_t *h;
     json_object_foreach(v, key, h) {
         const char *s = plain_string(h);
         if (!file_name_ok(key) || !strcmp(key, "manifest.json"))
-            return kern_fail("manifest: \"files\": \"%.64s\" is not a plain file name of the "
+            return reel_fail(REEL_E_INVALID, "manifest: \"files\": \"%.64s\" is not a plain file name of the "
                              "bundle (no slash, no leading dot, not manifest.json)", key);
         if (!s || !hex64(s))
-            return kern_fail("manifest: \"files\".%s must be a sha256 digest (64 hex digits)", key);
+            return reel_fail(REEL_E_INVALID, "manifest: \"files\".%s must be a sha256 digest (64 hex digits)", key);
         kern_art_file_t *f = &m->files[m->n_files++];
         memcpy(f->name, key, strlen(key) + 1);
         for (int i = 0; i < 64; i++) f->sha256[i] = (char)tolower((unsigned char)s[i]);
@@ -246,14 +246,14 @@ static const char *const known_keys[] = {
 };
 
 static int parse_obj(json_t *o, kern_art_manifest_t *m) {
-    if (!json_is_object(o)) return kern_fail("manifest: not a JSON object");
+    if (!json_is_object(o)) return reel_fail(REEL_E_INVALID, "manifest: not a JSON object");
     const char *key;
     json_t *v;
     json_object_foreach(o, key, v) {
         bool known = false;
         for (size_t i = 0; i < sizeof known_keys / sizeof known_keys[0]; i++)
             if (!strcmp(key, known_keys[i])) known = true;
-        if (!known) return kern_fail("manifest: unknown key \"%.40s\"", key);
+        if (!known) return reel_fail(REEL_E_INVALID, "manifest: unknown key \"%.40s\"", key);
     }
     if (str_field(o, "id", true, m->id, sizeof m->id, reel_name_valid) ||
         str_field(o, "version", true, m->version, sizeof m->version, reel_name_valid) ||
@@ -264,52 +264,52 @@ static int parse_obj(json_t *o, kern_art_manifest_t *m) {
     for (size_t i = 0; i < sizeof regions / sizeof regions[0] && !region_known; i++)
         region_known = !strcmp(m->region, regions[i]);
     if (!region_known)
-        return kern_fail("manifest: \"region\": no region named \"%.40s\" (embed, embed.time, embed.text, "
+        return reel_fail(REEL_E_INVALID, "manifest: \"region\": no region named \"%.40s\" (embed, embed.time, embed.text, "
                          "embed.patch, block, block.self_attn, block.cross_attn, block.ffn, head, attention, ffn)",
                          m->region);
     const char *s = plain_string(json_object_get(o, "op"));
-    if (!s) return kern_fail("manifest: \"op\" must be a string (a registry op name)");
-    if (op_parse(s, &m->op) != 0) return kern_fail("manifest: \"op\": no op named \"%.40s\"", s);
+    if (!s) return reel_fail(REEL_E_INVALID, "manifest: \"op\" must be a string (a registry op name)");
+    if (op_parse(s, &m->op) != 0) return reel_fail(REEL_E_INVALID, "manifest: \"op\": no op named \"%.40s\"", s);
     if (!art_op(m->op))
-        return kern_fail("manifest: \"op\": %s cannot be replaced by an artifact (supported: "
+        return reel_fail(REEL_E_INVALID, "manifest: \"op\": %s cannot be replaced by an artifact (supported: "
                          "gemm, gemm_gelu, attention, gelu_tanh, silu, layernorm_modulate)", s);
     s = plain_string(json_object_get(o, "backend"));
     if (!s || (strcmp(s, "cpu") && strcmp(s, "cuda")))
-        return kern_fail("manifest: \"backend\" must be \"cpu\" or \"cuda\"");
+        return reel_fail(REEL_E_INVALID, "manifest: \"backend\" must be \"cpu\" or \"cuda\"");
     m->backend = !strcmp(s, "cuda") ? KERN_BACKEND_CUDA : KERN_BACKEND_CPU;
-    if (!json_object_get(o, "arch")) return kern_fail("manifest: \"arch\" is missing");
+    if (!json_object_get(o, "arch")) return reel_fail(REEL_E_INVALID, "manifest: \"arch\" is missing");
     if (parse_arch(json_object_get(o, "arch"), m)) return -1;
-    if (!json_object_get(o, "dtypes")) return kern_fail("manifest: \"dtypes\" is missing");
+    if (!json_object_get(o, "dtypes")) return reel_fail(REEL_E_INVALID, "manifest: \"dtypes\" is missing");
     if (parse_dtypes(json_object_get(o, "dtypes"), m)) return -1;
     if (json_object_get(o, "shapes") && parse_shapes(json_object_get(o, "shapes"), m)) return -1;
     s = plain_string(json_object_get(o, "parity"));
-    if (!s) return kern_fail("manifest: \"parity\" must be \"byte_equal\" or \"max_rel=R\"");
+    if (!s) return reel_fail(REEL_E_INVALID, "manifest: \"parity\" must be \"byte_equal\" or \"max_rel=R\"");
     if (kern_art_parity_parse(s, &m->parity, &m->max_rel) != 0) {
         char why[160];
-        snprintf(why, sizeof why, "%s", kern_error());
-        return kern_fail("manifest: %s", why);
+        snprintf(why, sizeof why, "%s", reel_err_text());
+        return reel_fail(REEL_E_INVALID, "manifest: %s", why);
     }
     json_t *abi = json_object_get(o, "abi");
     if (!json_is_integer(abi) || json_integer_value(abi) < 1 || json_integer_value(abi) > 1000000)
-        return kern_fail("manifest: \"abi\" must be a positive integer");
+        return reel_fail(REEL_E_INVALID, "manifest: \"abi\" must be a positive integer");
     m->abi = (uint32_t)json_integer_value(abi);
     s = plain_string(json_object_get(o, "object"));
-    if (!s || !file_name_ok(s)) return kern_fail("manifest: \"object\" must name the shared object file");
+    if (!s || !file_name_ok(s)) return reel_fail(REEL_E_INVALID, "manifest: \"object\" must name the shared object file");
     memcpy(m->object, s, strlen(s) + 1);
-    if (!json_object_get(o, "files")) return kern_fail("manifest: \"files\" is missing");
+    if (!json_object_get(o, "files")) return reel_fail(REEL_E_INVALID, "manifest: \"files\" is missing");
     if (parse_files(json_object_get(o, "files"), m)) return -1;
     for (int i = 0; i < m->n_files; i++)
         if (!strcmp(m->files[i].name, m->object)) return 0;
-    return kern_fail("manifest: the object %s has no digest in \"files\"", m->object);
+    return reel_fail(REEL_E_INVALID, "manifest: the object %s has no digest in \"files\"", m->object);
 }
 
 int kern_art_manifest_parse(const char *text, size_t len, kern_art_manifest_t *out) {
     memset(out, 0, sizeof *out);
     if (len > KERN_ART_MANIFEST_MAX)
-        return kern_fail("manifest: %zu bytes, more than %d", len, KERN_ART_MANIFEST_MAX);
+        return reel_fail(REEL_E_LIMIT, "manifest: %zu bytes, more than %d", len, KERN_ART_MANIFEST_MAX);
     json_error_t jerr;
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!o) return kern_fail("manifest: not JSON (line %d: %.120s)", jerr.line, jerr.text);
+    if (!o) return reel_fail(REEL_E_INVALID, "manifest: not JSON (line %d: %.120s)", jerr.line, jerr.text);
     int rc = parse_obj(o, out);
     json_decref(o);
     return rc;

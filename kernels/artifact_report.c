@@ -53,7 +53,7 @@ int kern_artifacts_totals(kern_artifacts_t *set, const char *id, kern_art_counts
     int p = 0, d = 0;
     bool found = false;
     for (size_t i = 0; i < set->n; i++) found |= set->b[i].parsed && !strcmp(set->b[i].m.id, id);
-    if (!found) return kern_fail("artifacts: no bundle has id '%.64s'", id);
+    if (!found) return reel_fail(REEL_E_INVALID, "artifacts: no bundle has id '%.64s'", id);
     double m2 = 0;
     pthread_mutex_lock(&set->mu);
     for (const art_key_t *k = set->first; k; k = k->all) {

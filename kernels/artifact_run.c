@@ -385,7 +385,7 @@ static int to_host(kern_stream_t *s, const void *x, const void *y, size_t bytes,
         return 0;
     }
     char *h = malloc(2 * bytes + 1);
-    if (!h) return kern_fail("out of memory");
+    if (!h) return reel_fail(REEL_E_NOMEM, "out of memory");
     if (kern_copy_d2h(s, h, x, bytes) || kern_copy_d2h(s, h + bytes, y, bytes) ||
         kern_stream_sync(s)) {
         free(h);
@@ -455,7 +455,7 @@ static int shadow_cmp(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     int ra = kern_launch_impl(s, &k->impl, blk);
     if (ra == 0) ra = kern_stream_sync(s);
     char fail[256];
-    if (ra != 0) snprintf(fail, sizeof fail, "runtime_failure: %s", kern_error());
+    if (ra != 0) snprintf(fail, sizeof fail, "runtime_failure: %s", reel_err_text());
     double t1 = now();
     int rn = kern_launch_impl(s, native, args);
     if (rn == 0) rn = kern_stream_sync(s);

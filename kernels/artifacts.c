@@ -53,7 +53,7 @@ static int read_manifest(art_bundle_t *a) {
     }
     int rc = kern_art_manifest_parse(buf, (size_t)n, &a->m);
     free(buf);
-    if (rc != 0) return refuse(a, "%s", kern_error());
+    if (rc != 0) return refuse(a, "%s", reel_err_text());
     a->parsed = true;
     return 0;
 }
@@ -90,7 +90,7 @@ static int check_files(art_bundle_t *a) {
         else if (!S_ISREG(st.st_mode))
             rc = refuse(a, "%s is not a regular file", f->name);
         else if (reel_sha256_file(p, hex) != 0)
-            rc = refuse(a, "%s", kern_error());
+            rc = refuse(a, "%s", reel_err_text());
         else if (strcmp(hex, f->sha256))
             rc = refuse(a, "hash mismatch for %s: the manifest says %.12s..., the file is %.12s...",
                         f->name, f->sha256, hex);
@@ -132,17 +132,17 @@ static void refuse_duplicates(kern_artifacts_t *set) {
 
 kern_artifacts_t *kern_artifacts_scan(const char *root) {
     kern_artifacts_t *set = calloc(1, sizeof *set);
-    if (!set) { kern_fail("out of memory"); return NULL; }
+    if (!set) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     pthread_mutex_init(&set->mu, NULL);
     snprintf(set->root, sizeof set->root, "%s", root);
     DIR *d = opendir(root);
     if (!d) {
-        kern_fail("artifacts: cannot read %s: %s", root, strerror(errno));
+        reel_fail(REEL_E_IO, "artifacts: cannot read %s: %s", root, strerror(errno));
         goto err;
     }
     if (!(set->b = calloc(KERN_ART_MAX_BUNDLES, sizeof *set->b))) {
         closedir(d);
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         goto err;
     }
     struct dirent *de;
@@ -154,7 +154,7 @@ kern_artifacts_t *kern_artifacts_scan(const char *root) {
         if (lstat(p, &st) != 0 || S_ISREG(st.st_mode)) continue; /* files beside bundles */
         if (set->n == KERN_ART_MAX_BUNDLES) {
             closedir(d);
-            kern_fail("artifacts: more than %d bundles under %s", KERN_ART_MAX_BUNDLES, root);
+            reel_fail(REEL_E_LIMIT, "artifacts: more than %d bundles under %s", KERN_ART_MAX_BUNDLES, root);
             goto err;
         }
         art_bundle_t *a = &set->b[set->n++];
@@ -209,7 +209,7 @@ static art_bundle_t *find_id(kern_artifacts_t *set, const char *id) {
 }
 
 int kern_artifacts_enable(kern_artifacts_t *set, const char *const *ids, size_t n) {
-    if (set->installed) return kern_fail("artifacts: enable after install");
+    if (set->installed) return reel_fail(REEL_E_INVALID, "artifacts: enable after install");
     for (size_t i = 0; ids && i < n; i++) {
         art_bundle_t *a = find_id(set, ids[i]);
         if (!a) {
@@ -219,12 +219,12 @@ int kern_artifacts_enable(kern_artifacts_t *set, const char *const *ids, size_t 
                     strcat(have, have[0] ? ", " : "");
                     strcat(have, set->b[j].m.id);
                 }
-            return kern_fail("artifacts: unknown id '%.64s' in the allowlist: no bundle under %s "
+            return reel_fail(REEL_E_NOT_FOUND, "artifacts: unknown id '%.64s' in the allowlist: no bundle under %s "
                              "provides it (verified: %s)", ids[i], set->root,
                              have[0] ? have : "none");
         }
         if (!a->verified)
-            return kern_fail("artifacts: '%.64s' is in the allowlist but its bundle is refused: %s",
+            return reel_fail(REEL_E_INVALID, "artifacts: '%.64s' is in the allowlist but its bundle is refused: %s",
                              ids[i], a->error);
     }
     for (size_t i = 0; i < set->n; i++) set->b[i].enabled = set->b[i].named = false;
@@ -244,13 +244,13 @@ int kern_artifacts_enable_list(kern_artifacts_t *set, const char *csv) {
     const char *ids[KERN_ART_MAX_BUNDLES];
     size_t n = 0;
     if (snprintf(buf, sizeof buf, "%s", csv) >= (int)sizeof buf)
-        return kern_fail("artifacts: allowlist longer than %zu bytes", sizeof buf - 1);
+        return reel_fail(REEL_E_INVALID, "artifacts: allowlist longer than %zu bytes", sizeof buf - 1);
     char *save = NULL, *p = buf;
     if (!*p || *p == ',' || p[strlen(p) - 1] == ',' || strstr(p, ",,"))
-        return kern_fail("artifacts: allowlist '%.64s' has an empty id", csv);
+        return reel_fail(REEL_E_INVALID, "artifacts: allowlist '%.64s' has an empty id", csv);
     for (char *t = strtok_r(p, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (n == KERN_ART_MAX_BUNDLES)
-            return kern_fail("artifacts: more than %d ids in the allowlist", KERN_ART_MAX_BUNDLES);
+            return reel_fail(REEL_E_LIMIT, "artifacts: more than %d ids in the allowlist", KERN_ART_MAX_BUNDLES);
         ids[n++] = t;
     }
     return kern_artifacts_enable(set, ids, n);
@@ -262,22 +262,22 @@ static int host_register(void *reg, const kern_impl_t *impl) {
     art_bundle_t *a = reg;
     const art_op_t *op = art_op(a->m.op);
     if (!impl || !impl->fn || !impl->name || !impl->name[0])
-        return kern_fail("a kernel without a function or a name");
+        return reel_fail(REEL_E_INVALID, "a kernel without a function or a name");
     if (impl->op != a->m.op || impl->backend != a->m.backend)
-        return kern_fail("kernel %.40s is for %s on %s; the manifest declares %s on %s",
+        return reel_fail(REEL_E_INVALID, "kernel %.40s is for %s on %s; the manifest declares %s on %s",
                          impl->name, kern_op_name(impl->op), kern_backend_kind_name(impl->backend),
                          kern_op_name(a->m.op), kern_backend_kind_name(a->m.backend));
     if ((unsigned)impl->dtype >= KERN_DTYPE_COUNT || !(a->m.dtypes & (1u << impl->dtype)))
-        return kern_fail("kernel %.40s is for %s, which the manifest does not declare", impl->name,
+        return reel_fail(REEL_E_INVALID, "kernel %.40s is for %s, which the manifest does not declare", impl->name,
                          kern_dtype_name(impl->dtype));
     if (impl->args_size != op->args_size)
-        return kern_fail("kernel %.40s takes a %zu-byte argument block; %s's is %zu bytes (built "
+        return reel_fail(REEL_E_INVALID, "kernel %.40s takes a %zu-byte argument block; %s's is %zu bytes (built "
                          "against other headers?)", impl->name, impl->args_size,
                          kern_op_name(a->m.op), op->args_size);
     for (int i = 0; i < a->n_k; i++)
         if (a->k[i].impl.dtype == impl->dtype)
-            return kern_fail("a second kernel for %s", kern_dtype_name(impl->dtype));
-    if (a->n_k == ART_MAX_KERNELS) return kern_fail("more than %d kernels", ART_MAX_KERNELS);
+            return reel_fail(REEL_E_INVALID, "a second kernel for %s", kern_dtype_name(impl->dtype));
+    if (a->n_k == ART_MAX_KERNELS) return reel_fail(REEL_E_LIMIT, "more than %d kernels", ART_MAX_KERNELS);
     art_kernel_t *k = &a->k[a->n_k++];
     k->impl = *impl;
     snprintf(k->name, sizeof k->name, "%s", impl->name);
@@ -320,7 +320,7 @@ static int load(art_bundle_t *a) {
     a->n_k = 0;
     if (init(&host) != 0) {
         a->n_k = 0;
-        return refuse(a, "%s: init failed: %s", a->m.object, kern_error());
+        return refuse(a, "%s: init failed: %s", a->m.object, reel_err_text());
     }
     if (a->n_k == 0) return refuse(a, "%s registered no kernel", a->m.object);
     a->loaded = true;
@@ -344,7 +344,7 @@ int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
     pthread_mutex_lock(&install_mu);
     int rc = 0;
     if (kern_artifacts_installed()) {
-        rc = kern_fail("artifacts: another set is installed");
+        rc = reel_fail(REEL_E_INVALID, "artifacts: another set is installed");
         goto out;
     }
     for (size_t i = 0; i < set->n; i++) {
@@ -353,7 +353,7 @@ int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
         if (load(a) != 0) {
             a->enabled = false;
             if (a->named && rc == 0)
-                rc = kern_fail("artifacts: '%s' is in the allowlist but cannot be loaded: %s",
+                rc = reel_fail(REEL_E_INVALID, "artifacts: '%s' is in the allowlist but cannot be loaded: %s",
                                a->m.id, a->error);
         }
     }

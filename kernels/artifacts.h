@@ -56,7 +56,7 @@
  * graph before the set. A loaded object stays mapped for the life of the
  * process (a graph may hold its code's addresses), so nothing dlcloses it.
  *
- * Convention: 0 / -1 with a message in kern_error(), NULL constructors. */
+ * Convention: 0 / -1 with a message in reel_err_text(), NULL constructors. */
 #ifndef REEL_KERNELS_ARTIFACTS_H
 #define REEL_KERNELS_ARTIFACTS_H
 

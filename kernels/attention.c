@@ -45,11 +45,11 @@ static int plan_fused(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64
     const kern_op_t op = path == KERN_ATTN_SDPA ? KERN_OP_ATTENTION_SDPA : KERN_OP_ATTENTION;
     const kern_impl_t *impl = kern_registry_lookup(op, bk, dt);
     if (!impl && path == KERN_ATTN_SDPA)
-        return kern_fail("attention: no SDPA kernel for %s on %s (on CUDA: cuDNN's fused "
+        return reel_fail(REEL_E_UNSUPPORTED, "attention: no SDPA kernel for %s on %s (on CUDA: cuDNN's fused "
                          "attention, BF16 only, in builds with cuDNN)", kern_dtype_name(dt),
                          kern_backend_kind_name(bk));
     if (!impl)
-        return kern_fail("attention: no fused attention kernel for %s on %s",
+        return reel_fail(REEL_E_INVALID, "attention: no fused attention kernel for %s on %s",
                          kern_dtype_name(dt), kern_backend_kind_name(bk));
     p->path = path;
     if (impl->workspace_bytes) {
@@ -71,12 +71,12 @@ static int plan_decomposed(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, 
                            int64_t H, size_t bound, kern_attn_plan_t *p) {
     if (!kern_registry_lookup(KERN_OP_GEMM_BATCHED, bk, dt) ||
         !kern_registry_lookup(KERN_OP_SOFTMAX, bk, dt))
-        return kern_fail("attention: no gemm_batched/softmax kernels for %s on %s, so the "
+        return reel_fail(REEL_E_INVALID, "attention: no gemm_batched/softmax kernels for %s on %s, so the "
                          "decomposed path cannot run", kern_dtype_name(dt),
                          kern_backend_kind_name(bk));
     const int64_t ld = (nk + 7) & ~(int64_t)7; /* rows of S and P start 32-byte aligned */
     if (ld > INT_MAX)
-        return kern_fail("attention: %lld keys exceed the GEMMs' int range", (long long)nk);
+        return reel_fail(REEL_E_INVALID, "attention: %lld keys exceed the GEMMs' int range", (long long)nk);
     const size_t pe = dt == KERN_F32 ? 0 : kern_dtype_size(dt); /* F32: P is S */
     const size_t per = (size_t)ld * (sizeof(float) + pe);     /* one row of one head */
     p->path = KERN_ATTN_DECOMPOSED;
@@ -108,11 +108,11 @@ int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int
                         kern_attn_plan_t *plan) {
     memset(plan, 0, sizeof *plan);
     if (nq < 0 || nk < 1 || heads < 1 || head_dim < 1)
-        return kern_fail("attention: nq=%lld nk=%lld heads=%lld head_dim=%lld: need nq >= 0 "
+        return reel_fail(REEL_E_INVALID, "attention: nq=%lld nk=%lld heads=%lld head_dim=%lld: need nq >= 0 "
                          "and the others >= 1", (long long)nq, (long long)nk, (long long)heads,
                          (long long)head_dim);
     if (nk > INT_MAX || head_dim > INT_MAX / heads)
-        return kern_fail("attention: nk=%lld, width %lld·%lld exceed the GEMMs' int range",
+        return reel_fail(REEL_E_INVALID, "attention: nk=%lld, width %lld·%lld exceed the GEMMs' int range",
                          (long long)nk, (long long)heads, (long long)head_dim);
     kern_attn_path_t path = opts ? opts->path : KERN_ATTN_AUTO;
     if (path == KERN_ATTN_AUTO) path = kern_attention_pick(nq, nk, head_dim);
@@ -125,7 +125,7 @@ int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int
                                opts && opts->block_bytes ? opts->block_bytes : default_bound(bk),
                                plan);
     default:
-        return kern_fail("attention: unknown path %d", (int)path);
+        return reel_fail(REEL_E_INVALID, "attention: unknown path %d", (int)path);
     }
 }
 
@@ -177,8 +177,8 @@ int kern_attention_run(kern_stream_t *s, kern_dtype_t dt, kern_attention_args_t 
     char *scores = kern_stream_scratch(s, p.scratch_bytes);
     if (!scores) {
         char why[256];
-        snprintf(why, sizeof why, "%s", kern_error());
-        return kern_fail("attention (decomposed): %s", why);
+        snprintf(why, sizeof why, "%s", reel_err_text());
+        return reel_fail(REEL_E_INVALID, "attention (decomposed): %s", why);
     }
     char *probs = p.probs_bytes ? scores + p.scores_bytes : scores;
     for (int64_t h0 = 0; h0 < a->heads; h0 += p.heads) {

@@ -62,7 +62,7 @@ const char *kern_backend_kind_name(kern_backend_kind_t k) {
 int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out) {
     if (!strcmp(s, "cpu")) *out = KERN_BACKEND_CPU;
     else if (!strcmp(s, "cuda")) *out = KERN_BACKEND_CUDA;
-    else return kern_fail("unknown backend '%s' (expected cpu or cuda)", s);
+    else return reel_fail(REEL_E_INVALID, "unknown backend '%s' (expected cpu or cuda)", s);
     return 0;
 }
 
@@ -83,7 +83,7 @@ static kern_backend_t *backend_common_init(kern_backend_t *b) {
     pthread_rwlockattr_destroy(&a);
     if (rc != 0 || pthread_mutex_init(&b->deferred_mu, NULL) != 0) {
         if (rc == 0) pthread_rwlock_destroy(&b->dev_lock);
-        kern_fail("cannot create the device lock");
+        reel_fail(REEL_E_IO, "cannot create the device lock");
         if (b->iface && b->iface->destroy) b->iface->destroy(b);
         free(b);
         return NULL;
@@ -97,12 +97,12 @@ kern_backend_t *kern_backend_cpu_new(void) { return backend_common_init(kern_bac
 kern_backend_t *kern_backend_cuda_new(int device) {
 #ifdef HAVE_CUDA
     kern_backend_t *b = calloc(1, sizeof *b);
-    if (!b) { kern_fail("out of memory"); return NULL; }
+    if (!b) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     if (kern_cuda_backend_init(b, device) != 0) { free(b); return NULL; }
     return backend_common_init(b);
 #else
     (void)device;
-    kern_fail("CUDA backend unavailable: Reel was built without CUDA (CUDA=0)");
+    reel_fail(REEL_E_UNSUPPORTED, "CUDA backend unavailable: Reel was built without CUDA (CUDA=0)");
     return NULL;
 #endif
 }
@@ -133,7 +133,7 @@ void kern_backend_destroy(kern_backend_t **bp) {
  * thread is capturing. */
 static int excl_begin(kern_backend_t *b, const char *what) {
     if (tl_capturing)
-        return kern_fail("%s while this thread captures a graph: it would invalidate the capture "
+        return reel_fail(REEL_E_STATE, "%s while this thread captures a graph: it would invalidate the capture "
                          "(reserve memory before capturing)", what);
     pthread_rwlock_wrlock(&b->dev_lock);
     assert(__atomic_load_n(&b->captures_active, __ATOMIC_ACQUIRE) == 0 &&
@@ -224,7 +224,7 @@ kern_tensor_t kern_tensor_alloc(kern_backend_t *b, kern_dtype_t dt, int ndim,
 
 kern_stream_t *kern_stream_new(kern_backend_t *b) {
     kern_stream_t *s = calloc(1, sizeof *s);
-    if (!s) { kern_fail("out of memory"); return NULL; }
+    if (!s) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     s->backend = b;
     /* A stream brings a cuBLAS handle and its workspace: device-wide. */
     if (excl_begin(b, "stream creation") != 0) { free(s); return NULL; }
@@ -258,7 +258,7 @@ bool kern_stream_is_capturing(const kern_stream_t *s) { return s->capturing; }
 size_t kern_stream_scratch_size(const kern_stream_t *s) { return s->arena_size; }
 
 int kern_stream_sync(kern_stream_t *s) {
-    if (s->capturing) return kern_fail("stream sync while capturing");
+    if (s->capturing) return reel_fail(REEL_E_STATE, "stream sync while capturing");
     return s->backend->iface->stream_sync(s->impl);
 }
 
@@ -288,7 +288,7 @@ static int record(kern_graph_t *g, kern_fn_t fn, const void *args, size_t size) 
     return 0;
 oom:
     g->failed = true;
-    return kern_fail("out of memory while recording a graph node");
+    return reel_fail(REEL_E_NOMEM, "out of memory while recording a graph node");
 }
 
 int kern_stream_launch(kern_stream_t *s, kern_fn_t fn, const void *args, size_t args_size) {
@@ -321,11 +321,11 @@ int kern_copy_d2d(kern_stream_t *s, void *d, const void *x, size_t n) { return c
 int kern_stream_reserve(kern_stream_t *s, size_t bytes) {
     if (bytes <= s->arena_size) return 0;
     if (s->capturing)
-        return kern_fail("scratch arena too small (%zu < %zu bytes) during capture: "
+        return reel_fail(REEL_E_INVALID, "scratch arena too small (%zu < %zu bytes) during capture: "
                          "reserve it before capturing", s->arena_size, bytes);
     size_t alive = __atomic_load_n(&s->graphs_alive, __ATOMIC_ACQUIRE);
     if (alive)
-        return kern_fail("scratch arena too small (%zu < %zu bytes) while %zu graph(s) "
+        return reel_fail(REEL_E_LIMIT, "scratch arena too small (%zu < %zu bytes) while %zu graph(s) "
                          "captured on this stream hold its address",
                          s->arena_size, bytes, alive);
     void *p = kern_alloc(s->backend, bytes);
@@ -350,7 +350,7 @@ kern_scratch_t kern_stream_bind_scratch(kern_stream_t *s, kern_scratch_t sc) {
 void *kern_stream_scratch(kern_stream_t *s, size_t bytes) {
     if (s->bound.base) {
         if (bytes <= s->bound.bytes) return s->bound.base;
-        kern_fail("bound scratch too small (%zu < %zu bytes): the workspace's scratch was not "
+        reel_fail(REEL_E_INVALID, "bound scratch too small (%zu < %zu bytes): the workspace's scratch was not "
                   "sized from its kernels' workspace_bytes contracts", s->bound.bytes, bytes);
         return NULL;
     }
@@ -359,10 +359,10 @@ void *kern_stream_scratch(kern_stream_t *s, size_t bytes) {
 }
 
 int kern_capture_begin(kern_stream_t *s) {
-    if (s->capturing) return kern_fail("stream is already capturing");
-    if (tl_capturing) return kern_fail("this thread is already capturing on another stream");
+    if (s->capturing) return reel_fail(REEL_E_STATE, "stream is already capturing");
+    if (tl_capturing) return reel_fail(REEL_E_STATE, "this thread is already capturing on another stream");
     kern_graph_t *g = calloc(1, sizeof *g);
-    if (!g) return kern_fail("out of memory");
+    if (!g) return reel_fail(REEL_E_NOMEM, "out of memory");
     g->backend = s->backend;
     g->origin = s;
     /* Shared: captures on other streams proceed, device-wide calls wait. */
@@ -400,7 +400,7 @@ static void graph_free(kern_graph_t *g) {
 
 int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
     *out = NULL;
-    if (!s->capturing) return kern_fail("stream is not capturing");
+    if (!s->capturing) return reel_fail(REEL_E_INVALID, "stream is not capturing");
     kern_backend_t *b = s->backend;
     kern_graph_t *g = s->pending;
     s->pending = NULL;
@@ -415,7 +415,7 @@ int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
         g->nodes = nodes;
         g->bytes = bytes;
     } else if (g->failed) {
-        rc = kern_fail("graph recording ran out of memory");
+        rc = reel_fail(REEL_E_NOMEM, "graph recording ran out of memory");
     } else {
         g->bytes = g->nodes * sizeof(rec_node_t) + g->args_len;
     }
@@ -432,11 +432,11 @@ int kern_capture_end(kern_stream_t *s, kern_graph_t **out) {
 }
 
 int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
-    if (s->capturing) return kern_fail("graph replay on a capturing stream");
-    if (s->backend != g->backend) return kern_fail("graph replayed on another backend");
+    if (s->capturing) return reel_fail(REEL_E_INVALID, "graph replay on a capturing stream");
+    if (s->backend != g->backend) return reel_fail(REEL_E_INVALID, "graph replayed on another backend");
     /* It baked its stream's scratch and cuBLAS workspace: replaying it on
      * another stream would race with that stream's own work. */
-    if (s != g->origin) return kern_fail("graph replayed on a stream other than the one that captured it");
+    if (s != g->origin) return reel_fail(REEL_E_INVALID, "graph replayed on a stream other than the one that captured it");
     int rc = 0;
     if (g->native) {
         rc = g->backend->iface->graph_launch(g->native, s->impl);

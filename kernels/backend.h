@@ -6,7 +6,7 @@
  * capture: keeping them valid is the caller's job (capture_cache does it).
  *
  * Convention: functions return 0 on success and -1 on failure with a message
- * in kern_error(); constructors return NULL on failure. _destroy(&p) accepts
+ * in reel_err_text(); constructors return NULL on failure. _destroy(&p) accepts
  * NULL and sets *p = NULL. */
 #ifndef REEL_KERNELS_BACKEND_H
 #define REEL_KERNELS_BACKEND_H
@@ -33,7 +33,7 @@ int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out);
 /* The CPU backend; cannot fail except on out-of-memory (NULL). */
 kern_backend_t *kern_backend_cpu_new(void);
 /* The CUDA backend on GPU `device`. Returns NULL with a one-line reason in
- * kern_error() when Reel was built without CUDA, no driver or device is
+ * reel_err_text() when Reel was built without CUDA, no driver or device is
  * present, or the device is unusable. */
 kern_backend_t *kern_backend_cuda_new(int device);
 /* Either of the above by kind. */

@@ -12,15 +12,15 @@
 static int check(kern_stream_t *s, const char *op, const char *name,
                  const kern_tensor_t *t, kern_dtype_t dt) {
     char d[96];
-    if (!t || !t->data) return kern_fail("%s: %s is missing", op, name);
+    if (!t || !t->data) return reel_fail(REEL_E_INVALID, "%s: %s is missing", op, name);
     if (t->dtype != dt)
-        return kern_fail("%s: %s is %s, expected dtype %s", op, name,
+        return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected dtype %s", op, name,
                          kern_tensor_describe(t, d, sizeof d), kern_dtype_name(dt));
     if (!kern_tensor_is_contiguous(t))
-        return kern_fail("%s: %s (%s) is not contiguous", op, name,
+        return reel_fail(REEL_E_INVALID, "%s: %s (%s) is not contiguous", op, name,
                          kern_tensor_describe(t, d, sizeof d));
     if (t->device != kern_backend_device(kern_stream_backend(s)))
-        return kern_fail("%s: %s lives on device %d, stream on %s", op, name,
+        return reel_fail(REEL_E_INVALID, "%s: %s lives on device %d, stream on %s", op, name,
                          t->device, kern_backend_device_name(kern_stream_backend(s)));
     return 0;
 }
@@ -30,7 +30,7 @@ static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->n
 
 static int shape_fail(const char *op, const char *name, const kern_tensor_t *t, const char *want) {
     char d[96];
-    return kern_fail("%s: %s is %s, expected %s", op, name, kern_tensor_describe(t, d, sizeof d), want);
+    return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected %s", op, name, kern_tensor_describe(t, d, sizeof d), want);
 }
 
 /* GEMM and GEMM_GELU: the same checks and argument block. */
@@ -74,8 +74,8 @@ static int norm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
     if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
     if (weight && kern_tensor_numel(weight) != D) return shape_fail(op, "weight", weight, "[D]");
     if (bias && kern_tensor_numel(bias) != D) return shape_fail(op, "bias", bias, "[D]");
-    if (bias && !weight) return kern_fail("%s: bias without weight", op);
-    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    if (bias && !weight) return reel_fail(REEL_E_INVALID, "%s: bias without weight", op);
+    if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_norm_args_t a = { .x = kern_tensor_ptr(x), .weight = weight ? kern_tensor_ptr(weight) : NULL,
                            .bias = bias ? kern_tensor_ptr(bias) : NULL, .y = kern_tensor_ptr(y),
                            .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D, .eps = eps };
@@ -89,7 +89,7 @@ int kern_layernorm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t
 
 int kern_rmsnorm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *weight,
                  float eps, kern_tensor_t *y) {
-    if (!weight) return kern_fail("rmsnorm: weight is missing");
+    if (!weight) return reel_fail(REEL_E_INVALID, "rmsnorm: weight is missing");
     return norm(s, KERN_OP_RMSNORM, "rmsnorm", x, weight, NULL, eps, y);
 }
 
@@ -173,12 +173,12 @@ int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tenso
         return -1;
     if (q->ndim != 2) return shape_fail(op, "q", q, "[Nq, H*d]");
     int64_t D = q->shape[1];
-    if (heads <= 0 || D % heads) return kern_fail("%s: width %lld not divisible by %lld heads", op,
+    if (heads <= 0 || D % heads) return reel_fail(REEL_E_INVALID, "%s: width %lld not divisible by %lld heads", op,
                                                  (long long)D, (long long)heads);
     if (k->ndim != 2 || k->shape[1] != D) return shape_fail(op, "k", k, "[Nk, H*d]");
     if (!kern_tensor_same_shape(k, v)) return shape_fail(op, "v", v, "k's shape");
     if (!kern_tensor_same_shape(q, o)) return shape_fail(op, "o", o, "q's shape");
-    if (k->shape[0] < 1) return kern_fail("%s: no keys", op);
+    if (k->shape[0] < 1) return reel_fail(REEL_E_INVALID, "%s: no keys", op);
     int64_t d = D / heads;
     kern_attention_args_t a = { .q = kern_tensor_ptr(q), .k = kern_tensor_ptr(k),
                                 .v = kern_tensor_ptr(v), .o = kern_tensor_ptr(o),
@@ -195,7 +195,7 @@ int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frame
     if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
         return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
     if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
-        return kern_fail("%s: head width must be even and divide the row", op);
+        return reel_fail(REEL_E_INVALID, "%s: head width must be even and divide the row", op);
     kern_rope3d_args_t a = { .x = kern_tensor_ptr(x), .heads = heads,
                              .head_dim = x->shape[1] / heads, .frames = frames,
                              .rows = rows, .cols = cols };
@@ -213,7 +213,7 @@ int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern
     if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
     if (kern_tensor_numel(shift) != D) return shape_fail(op, "shift", shift, "[D]");
     if (kern_tensor_numel(scale) != D) return shape_fail(op, "scale", scale, "[D]");
-    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_norm_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
                                     .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
                                     .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D,
@@ -229,9 +229,9 @@ int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
     if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
         return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
     if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
-        return kern_fail("%s: head width must be even and divide the row", op);
+        return reel_fail(REEL_E_INVALID, "%s: head width must be even and divide the row", op);
     if (kern_tensor_numel(weight) != x->shape[1]) return shape_fail(op, "weight", weight, "[H*d]");
-    if (!(eps > 0)) return kern_fail("%s: eps must be > 0", op);
+    if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_rmsnorm_rope_args_t a = { .x = kern_tensor_ptr(x), .weight = kern_tensor_ptr(weight),
                                    .heads = heads, .head_dim = x->shape[1] / heads,
                                    .frames = frames, .rows = rows, .cols = cols, .eps = eps };
@@ -252,13 +252,13 @@ static int patch(kern_stream_t *s, kern_op_t opc, const char *op, const kern_ten
 }
 
 int kern_patchify(kern_stream_t *s, const kern_tensor_t *latent, kern_tensor_t *tokens) {
-    if (!latent || !tokens) return kern_fail("patchify: missing tensor");
+    if (!latent || !tokens) return reel_fail(REEL_E_INVALID, "patchify: missing tensor");
     return patch(s, KERN_OP_PATCHIFY, "patchify", latent, tokens, kern_tensor_ptr(latent),
                  kern_tensor_ptr(tokens));
 }
 
 int kern_unpatchify(kern_stream_t *s, const kern_tensor_t *tokens, kern_tensor_t *latent) {
-    if (!latent || !tokens) return kern_fail("unpatchify: missing tensor");
+    if (!latent || !tokens) return reel_fail(REEL_E_INVALID, "unpatchify: missing tensor");
     return patch(s, KERN_OP_UNPATCHIFY, "unpatchify", latent, tokens, kern_tensor_ptr(tokens),
                  kern_tensor_ptr(latent));
 }
@@ -267,7 +267,7 @@ int kern_unpatchify(kern_stream_t *s, const kern_tensor_t *tokens, kern_tensor_t
 static int check_scalars(kern_stream_t *s, const char *op, const char *name,
                          const kern_tensor_t *t, int64_t n) {
     if (check(s, op, name, t, KERN_F32)) return -1;
-    if (kern_tensor_numel(t) < n) return kern_fail("%s: %s needs at least %lld F32 values", op, name, (long long)n);
+    if (kern_tensor_numel(t) < n) return reel_fail(REEL_E_INVALID, "%s: %s needs at least %lld F32 values", op, name, (long long)n);
     return 0;
 }
 
@@ -344,7 +344,7 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
         return -1;
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
-    if (!(eta >= 0) || !isfinite(eta)) return kern_fail("%s: eta must be finite and >= 0", op);
+    if (!(eta >= 0) || !isfinite(eta)) return reel_fail(REEL_E_INVALID, "%s: eta must be finite and >= 0", op);
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                           .sigmas = kern_tensor_ptr(sigmas), .eta = eta, .step = step,
                           .seed = seed, .n = n };

@@ -35,7 +35,7 @@ int kern_registry_register(const kern_impl_t *impl) {
             break;
     if (i < table_len) table[i] = *impl;
     else if (table_len < REGISTRY_MAX) table[table_len++] = *impl;
-    else rc = kern_fail("kernel registry full (%d entries)", REGISTRY_MAX);
+    else rc = reel_fail(REEL_E_INVALID, "kernel registry full (%d entries)", REGISTRY_MAX);
     pthread_mutex_unlock(&table_lock);
     return rc;
 }
@@ -91,7 +91,7 @@ int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args) {
     kern_backend_kind_t bk = kern_backend_kind(kern_stream_backend(s));
     const kern_impl_t *impl = kern_registry_lookup(op, bk, dt);
     if (!impl)
-        return kern_fail("no %s kernel for %s on %s", kern_op_name(op),
+        return reel_fail(REEL_E_INVALID, "no %s kernel for %s on %s", kern_op_name(op),
                          kern_dtype_name(dt), kern_backend_kind_name(bk));
     kern_dispatch_hook_t hook = atomic_load_explicit(&dispatch_hook, memory_order_relaxed);
     int rc;
@@ -101,7 +101,7 @@ int kern_dispatch(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *args) {
 
 int kern_launch_impl(kern_stream_t *s, const kern_impl_t *impl, void *args) {
     if (kern_stream_is_capturing(s) && !impl->capturable)
-        return kern_fail("kernel %s is not capturable", impl->name);
+        return reel_fail(REEL_E_INVALID, "kernel %s is not capturable", impl->name);
     kern_args_hdr_t *hdr = args;
     hdr->scratch = NULL;
     hdr->scratch_bytes = impl->workspace_bytes ? impl->workspace_bytes(args) : 0;

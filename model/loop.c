@@ -8,13 +8,13 @@
 #include <time.h>
 
 int tdit_loop_validate(const tdit_loop_t *p) {
-    if (p->steps < 1 || p->steps > 10000) return kern_fail("steps must be in 1..10000 (got %d)", p->steps);
-    if (!(p->shift > 0) || !isfinite(p->shift)) return kern_fail("shift must be finite and > 0");
-    if (!isfinite(p->guidance)) return kern_fail("guidance scale must be finite");
-    if (p->sde && (!(p->eta >= 0) || !isfinite(p->eta))) return kern_fail("eta must be finite and >= 0");
-    if ((unsigned)p->solver >= TDIT_SOLVER_COUNT) return kern_fail("unknown solver %d", (int)p->solver);
+    if (p->steps < 1 || p->steps > 10000) return reel_fail(REEL_E_INVALID, "steps must be in 1..10000 (got %d)", p->steps);
+    if (!(p->shift > 0) || !isfinite(p->shift)) return reel_fail(REEL_E_INVALID, "shift must be finite and > 0");
+    if (!isfinite(p->guidance)) return reel_fail(REEL_E_INVALID, "guidance scale must be finite");
+    if (p->sde && (!(p->eta >= 0) || !isfinite(p->eta))) return reel_fail(REEL_E_INVALID, "eta must be finite and >= 0");
+    if ((unsigned)p->solver >= TDIT_SOLVER_COUNT) return reel_fail(REEL_E_INVALID, "unknown solver %d", (int)p->solver);
     if (p->sde && p->solver != TDIT_SOLVER_EULER)
-        return kern_fail("solver %s cannot run SDE steps (sde rollouts use their own sampler)",
+        return reel_fail(REEL_E_INVALID, "solver %s cannot run SDE steps (sde rollouts use their own sampler)",
                          tdit_solver_name(p->solver));
     return 0;
 }
@@ -36,18 +36,18 @@ int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_l
     const tdit_shape_t *sh = tdit_ws_shape(ws);
     const tdit_config_t *c = tdit_model_config(m);
     if (sh->cfg != (uncond != NULL))
-        return kern_fail(sh->cfg ? "CFG workspace needs an unconditional context"
+        return reel_fail(REEL_E_INVALID, sh->cfg ? "CFG workspace needs an unconditional context"
                                  : "unconditional context given to a workspace without CFG");
     size_t n_lat = (size_t)(c->in_channels * sh->frames * sh->height * sh->width);
     size_t n_ctx = (size_t)(sh->text_len * c->text_dim);
     bool ms = tdit_solver_multistep(p->solver);
     if (sh->solver != p->solver)
-        return kern_fail("solver %s runs in a workspace made for %s", tdit_solver_name(p->solver),
+        return reel_fail(REEL_E_INVALID, "solver %s runs in a workspace made for %s", tdit_solver_name(p->solver),
                          tdit_solver_name(sh->solver));
     double *sig = malloc(((size_t)p->steps + 1) * 2 * sizeof *sig), *ts = sig ? sig + p->steps + 1 : NULL;
     float *init = latent ? NULL : malloc(n_lat * sizeof *init);
     int rc = -1;
-    if (!sig || (!latent && !init)) { kern_fail("out of memory"); goto out; }
+    if (!sig || (!latent && !init)) { reel_fail(REEL_E_NOMEM, "out of memory"); goto out; }
     if (!latent) {
         tdit_initial_latent(p->seed, init, n_lat);
         latent = init;

@@ -78,12 +78,12 @@ static int is_safetensors_dtype(const char *s) {
 /* Checks the header length field against what the file holds. */
 static int check_header_len(const char *origin, uint64_t total, uint64_t hlen) {
     if (hlen > ST_MAX_HEADER_BYTES)
-        return kern_fail("%s: header length %llu is absurd (limit %llu bytes); "
+        return reel_fail(REEL_E_INVALID, "%s: header length %llu is absurd (limit %llu bytes); "
                          "not a safetensors file or corrupt",
                          origin, (unsigned long long)hlen,
                          (unsigned long long)ST_MAX_HEADER_BYTES);
     if (hlen > total - 8)
-        return kern_fail("%s: header length %llu runs past the end of the "
+        return reel_fail(REEL_E_INVALID, "%s: header length %llu runs past the end of the "
                          "file (%llu bytes after the length field); truncated?",
                          origin, (unsigned long long)hlen,
                          (unsigned long long)(total - 8));
@@ -92,7 +92,7 @@ static int check_header_len(const char *origin, uint64_t total, uint64_t hlen) {
 
 static int check_min_len(const char *origin, uint64_t total) {
     if (total < 8)
-        return kern_fail("%s: file is %llu bytes, shorter than the 8-byte "
+        return reel_fail(REEL_E_INVALID, "%s: file is %llu bytes, shorter than the 8-byte "
                          "header length; truncated or not safetensors",
                          origin, (unsigned long long)total);
     return 0;
@@ -112,40 +112,40 @@ static int json_nonneg(const json_t *e, int64_t *out) {
 static int check_entry(const char *o, size_t data_len, const char *name, const json_t *e,
                        st_tensor_t *t, int64_t *at) {
     if (!json_is_object(e))
-        return kern_fail("%s: tensor \"%s\": entry is not a JSON object", o, name);
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": entry is not a JSON object", o, name);
 
     const json_t *jd = json_object_get(e, "dtype");
     const json_t *js = json_object_get(e, "shape");
     const json_t *jo = json_object_get(e, "data_offsets");
-    if (!jd) return kern_fail("%s: tensor \"%s\": missing \"dtype\"", o, name);
-    if (!js) return kern_fail("%s: tensor \"%s\": missing \"shape\"", o, name);
-    if (!jo) return kern_fail("%s: tensor \"%s\": missing \"data_offsets\"", o, name);
+    if (!jd) return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": missing \"dtype\"", o, name);
+    if (!js) return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": missing \"shape\"", o, name);
+    if (!jo) return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": missing \"data_offsets\"", o, name);
 
     if (!json_is_string(jd))
-        return kern_fail("%s: tensor \"%s\": \"dtype\" is not a string", o, name);
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": \"dtype\" is not a string", o, name);
     const char *ds = json_string_value(jd);
     if (kern_dtype_parse(ds, &t->dtype) != 0) {
         if (is_safetensors_dtype(ds))
-            return kern_fail("%s: tensor \"%s\": unsupported dtype %s "
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: tensor \"%s\": unsupported dtype %s "
                              "(Reel reads F32, BF16, F16)", o, name, ds);
-        return kern_fail("%s: tensor \"%s\": unknown dtype \"%s\"", o, name, ds);
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": unknown dtype \"%s\"", o, name, ds);
     }
 
     if (!json_is_array(js))
-        return kern_fail("%s: tensor \"%s\": \"shape\" is not an array", o, name);
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": \"shape\" is not an array", o, name);
     size_t nd = json_array_size(js);
     if (nd > KERN_MAX_DIMS)
-        return kern_fail("%s: tensor \"%s\": %zu dims, more than the %d supported",
+        return reel_fail(REEL_E_LIMIT, "%s: tensor \"%s\": %zu dims, more than the %d supported",
                          o, name, nd, KERN_MAX_DIMS);
     t->ndim = (int)nd;
     for (size_t i = 0; i < nd; i++)
         if (json_nonneg(json_array_get(js, i), &t->shape[i]) != 0)
-            return kern_fail("%s: tensor \"%s\": shape[%zu] is not a "
+            return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": shape[%zu] is not a "
                              "non-negative integer", o, name, i);
     int64_t want;
     if (shape_bytes(t->ndim, t->shape, kern_dtype_size(t->dtype), &want) != 0) {
         char sb[128];
-        return kern_fail("%s: tensor \"%s\": shape %s of %s overflows a 64-bit "
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": shape %s of %s overflows a 64-bit "
                          "byte count", o, name,
                          kern_shape_text(t->ndim, t->shape, sb, sizeof sb), ds);
     }
@@ -154,19 +154,19 @@ static int check_entry(const char *o, size_t data_len, const char *name, const j
     if (!json_is_array(jo) || json_array_size(jo) != 2 ||
         json_nonneg(json_array_get(jo, 0), &begin) != 0 ||
         json_nonneg(json_array_get(jo, 1), &end) != 0)
-        return kern_fail("%s: tensor \"%s\": \"data_offsets\" is not "
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": \"data_offsets\" is not "
                          "[begin, end] of non-negative integers", o, name);
     if (begin > end)
-        return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] end "
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": data_offsets [%lld,%lld] end "
                          "before they begin", o, name, (long long)begin,
                          (long long)end);
     if ((uint64_t)end > data_len)
-        return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] run past "
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": data_offsets [%lld,%lld] run past "
                          "the %zu-byte data buffer", o, name, (long long)begin,
                          (long long)end, data_len);
     if (end - begin != want) {
         char sb[128];
-        return kern_fail("%s: tensor \"%s\": data_offsets [%lld,%lld] span %lld "
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": data_offsets [%lld,%lld] span %lld "
                          "bytes, but %s %s needs %lld", o, name, (long long)begin,
                          (long long)end, (long long)(end - begin), ds,
                          kern_shape_text(t->ndim, t->shape, sb, sizeof sb),
@@ -205,7 +205,7 @@ static int check_overlap(const st_file_t *f) {
         if (t->nbytes == 0) continue;
         const unsigned char *b = t->data;
         if (reach && b < (const unsigned char *)reach->data + reach->nbytes)
-            return kern_fail("%s: tensors \"%s\" [%td,%td] and \"%s\" [%td,%td] "
+            return reel_fail(REEL_E_INVALID, "%s: tensors \"%s\" [%td,%td] and \"%s\" [%td,%td] "
                              "overlap", f->origin, reach->name,
                              (const unsigned char *)reach->data - f->data,
                              (const unsigned char *)reach->data - f->data +
@@ -221,12 +221,12 @@ static int check_overlap(const st_file_t *f) {
 
 static int parse_metadata(const char *origin, const json_t *m) {
     if (!json_is_object(m))
-        return kern_fail("%s: \"__metadata__\" is not a JSON object", origin);
+        return reel_fail(REEL_E_INVALID, "%s: \"__metadata__\" is not a JSON object", origin);
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)m, k, v)
         if (!json_is_string(v))
-            return kern_fail("%s: \"__metadata__\" value for \"%s\" is not a "
+            return reel_fail(REEL_E_INVALID, "%s: \"__metadata__\" value for \"%s\" is not a "
                              "string", origin, k);
     return 0;
 }
@@ -237,14 +237,14 @@ static json_t *load_header_json(const char *origin, const char *hdr, size_t hlen
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         if (json_error_code(&je) == json_error_duplicate_key)
-            kern_fail("%s: duplicate tensor name in header: %s", origin, je.text);
+            reel_fail(REEL_E_INVALID, "%s: duplicate tensor name in header: %s", origin, je.text);
         else
-            kern_fail("%s: header is not valid JSON: %s (line %d, column %d)",
+            reel_fail(REEL_E_INVALID, "%s: header is not valid JSON: %s (line %d, column %d)",
                       origin, je.text, je.line, je.column);
         return NULL;
     }
     if (!json_is_object(root)) {
-        kern_fail("%s: header is not a JSON object", origin);
+        reel_fail(REEL_E_INVALID, "%s: header is not a JSON object", origin);
         json_decref(root);
         return NULL;
     }
@@ -258,14 +258,14 @@ static st_file_t *parse_parts(const char *origin, const char *hdr, size_t hlen,
     st_file_t *f = calloc(1, sizeof *f);
     if (!f) {
         free(data);
-        kern_fail("%s: out of memory", origin);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory", origin);
         return NULL;
     }
     f->data = data;
     f->data_len = dlen;
     f->origin = strdup(origin);
     if (!f->origin) {
-        kern_fail("%s: out of memory", origin);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory", origin);
         goto err;
     }
 
@@ -279,7 +279,7 @@ static st_file_t *parse_parts(const char *origin, const char *hdr, size_t hlen,
     }
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) {
-        kern_fail("%s: out of memory for %zu tensors", origin, n);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu tensors", origin, n);
         goto err;
     }
     const char *name;
@@ -321,7 +321,7 @@ st_file_t *st_parse(const void *buf, size_t len) {
     /* A separate malloc'd copy keeps offset-0 tensors maximally aligned. */
     unsigned char *data = malloc(dlen ? dlen : 1);
     if (!data) {
-        kern_fail("%s: out of memory for %zu data bytes", ST_BUFFER_ORIGIN, dlen);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu data bytes", ST_BUFFER_ORIGIN, dlen);
         return NULL;
     }
     if (dlen) memcpy(data, p + 8 + hlen, dlen);
@@ -340,9 +340,9 @@ static int read_at(int fd, const char *path, void *buf, size_t len, uint64_t *of
         size_t chunk = len > ((size_t)4 << 20) ? ((size_t)4 << 20) : len;
         ssize_t r = pread(fd, p, chunk, (off_t)*off);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return kern_fail("%s: read failed: %s", path, strerror(errno));
-        if (r == 0) return kern_fail("%s: file shrank while being read", path);
-        if (hook && hook(user, p, (size_t)r) != 0) return kern_fail("%s: reading stopped", path);
+        if (r < 0) return reel_fail(REEL_E_IO, "%s: read failed: %s", path, strerror(errno));
+        if (r == 0) return reel_fail(REEL_E_IO, "%s: file shrank while being read", path);
+        if (hook && hook(user, p, (size_t)r) != 0) return reel_fail(REEL_E_INVALID, "%s: reading stopped", path);
         p += r;
         *off += (uint64_t)r;
         len -= (size_t)r;
@@ -353,9 +353,9 @@ static int read_at(int fd, const char *path, void *buf, size_t len, uint64_t *of
 /* fstat: a regular file, at least the length field; *total its size. */
 static int regular_size(int fd, const char *path, uint64_t *total) {
     struct stat sb;
-    if (fstat(fd, &sb) != 0) return kern_fail("%s: cannot stat: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) return reel_fail(REEL_E_IO, "%s: cannot stat: %s", path, strerror(errno));
     /* A FIFO or a device has no size to check and may never end. */
-    if (!S_ISREG(sb.st_mode)) return kern_fail("%s: not a regular file", path);
+    if (!S_ISREG(sb.st_mode)) return reel_fail(REEL_E_INVALID, "%s: not a regular file", path);
     *total = (uint64_t)sb.st_size;
     return check_min_len(path, *total);
 }
@@ -386,7 +386,7 @@ static int check_entries_overlap(const char *origin, const st_entry_t *e, size_t
     for (size_t i = 0; i < n; i++) {
         if (e[i].nbytes == 0) continue;
         if (reach && e[i].begin < reach->begin + reach->nbytes)
-            return kern_fail("%s: tensors \"%s\" [%llu,%llu] and \"%s\" [%llu,%llu] overlap", origin, reach->name,
+            return reel_fail(REEL_E_INVALID, "%s: tensors \"%s\" [%llu,%llu] and \"%s\" [%llu,%llu] overlap", origin, reach->name,
                              (unsigned long long)reach->begin, (unsigned long long)(reach->begin + reach->nbytes),
                              e[i].name, (unsigned long long)e[i].begin,
                              (unsigned long long)(e[i].begin + e[i].nbytes));
@@ -416,7 +416,7 @@ st_header_t *st_header_read(int fd, const char *path, st_read_hook_t hook, void 
     st_header_t *h = calloc(1, sizeof *h);
     if (!h || !(h->text = malloc(hlen ? (size_t)hlen : 1))) {
         free(h);
-        kern_fail("%s: out of memory for a %llu-byte header", path, (unsigned long long)hlen);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for a %llu-byte header", path, (unsigned long long)hlen);
         return NULL;
     }
     h->hlen = (size_t)hlen;
@@ -431,7 +431,7 @@ st_header_t *st_header_read(int fd, const char *path, st_read_hook_t hook, void 
         n--;
     }
     if (!(h->e = calloc(n ? n : 1, sizeof *h->e))) {
-        kern_fail("%s: out of memory for %zu tensors", path, n);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu tensors", path, n);
         goto err;
     }
     const char *name;
@@ -460,18 +460,18 @@ err:
 int st_header_read_data(const st_header_t *h, int fd, const char *path, void *dst, st_read_hook_t hook, void *user) {
     assert(h && path);
     struct stat sb;
-    if (fstat(fd, &sb) != 0) return kern_fail("%s: cannot stat: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) return reel_fail(REEL_E_IO, "%s: cannot stat: %s", path, strerror(errno));
     if ((uint64_t)sb.st_size != h->total)
-        return kern_fail("%s: changed size while being read (%llu bytes, %llu when its header was read)", path,
+        return reel_fail(REEL_E_IO, "%s: changed size while being read (%llu bytes, %llu when its header was read)", path,
                          (unsigned long long)sb.st_size, (unsigned long long)h->total);
-    if (h->data_len > SIZE_MAX) return kern_fail("%s: %llu data bytes do not fit in memory", path,
+    if (h->data_len > SIZE_MAX) return reel_fail(REEL_E_INVALID, "%s: %llu data bytes do not fit in memory", path,
                                                  (unsigned long long)h->data_len);
     uint64_t off = 8 + h->hlen;
     if (dst) return read_at(fd, path, dst, (size_t)h->data_len, &off, hook, user);
     /* Hashing without keeping: through one scratch chunk. */
     size_t chunk = (size_t)4 << 20;
     unsigned char *buf = malloc(chunk);
-    if (!buf) return kern_fail("%s: out of memory", path);
+    if (!buf) return reel_fail(REEL_E_NOMEM, "%s: out of memory", path);
     int rc = 0;
     for (uint64_t left = h->data_len; rc == 0 && left;) {
         size_t n = left < chunk ? (size_t)left : chunk;
@@ -535,7 +535,7 @@ st_file_t *st_open_fd(int fd, const char *path, st_read_hook_t hook, void *user)
     uint64_t hlen = load_le64(lenbuf);
     if (check_header_len(path, total, hlen) != 0) return NULL;
     if (total > SIZE_MAX) {
-        kern_fail("%s: %llu bytes do not fit in memory", path,
+        reel_fail(REEL_E_INVALID, "%s: %llu bytes do not fit in memory", path,
                   (unsigned long long)total);
         return NULL;
     }
@@ -545,7 +545,7 @@ st_file_t *st_open_fd(int fd, const char *path, st_read_hook_t hook, void *user)
     hdr = malloc(hlen ? (size_t)hlen : 1);
     data = malloc(dlen ? dlen : 1);
     if (!hdr || !data) {
-        kern_fail("%s: out of memory for %llu bytes", path,
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %llu bytes", path,
                   (unsigned long long)total);
         goto err;
     }
@@ -567,7 +567,7 @@ st_file_t *st_open(const char *path) {
      * then refuses anything but a regular file. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        kern_fail("%s: cannot open: %s", path, strerror(errno));
+        reel_fail(REEL_E_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     st_file_t *f = st_open_fd(fd, path, NULL, NULL);
@@ -627,13 +627,13 @@ int st_read_f32(const st_file_t *f, const char *name, int ndim,
                 const int64_t *shape, float *dst) {
     assert(f && name && (ndim <= 0 || shape));
     const st_tensor_t *t = st_find(f, name);
-    if (!t) return kern_fail("%s: %s: no such tensor", f->origin, name);
+    if (!t) return reel_fail(REEL_E_NOT_FOUND, "%s: %s: no such tensor", f->origin, name);
     if (ndim >= 0) {
         int same = t->ndim == ndim;
         for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
         if (!same) {
             char got[128], want[128];
-            return kern_fail("%s: %s: shape %s, expected %s", f->origin, name,
+            return reel_fail(REEL_E_INVALID, "%s: %s: shape %s, expected %s", f->origin, name,
                              kern_shape_text(t->ndim, t->shape, got, sizeof got),
                              kern_shape_text(ndim, shape, want, sizeof want));
         }
@@ -661,7 +661,7 @@ int st_read_f32(const st_file_t *f, const char *name, int ndim,
         }
         return 0;
     default:
-        return kern_fail("%s: %s: unsupported dtype %s", f->origin, name,
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: %s: unsupported dtype %s", f->origin, name,
                          kern_dtype_name(t->dtype));
     }
 }
@@ -692,7 +692,7 @@ st_writer_t *st_writer_new(void) {
     return w;
 err:
     st_writer_destroy(&w);
-    kern_fail("st_writer_new: out of memory");
+    reel_fail(REEL_E_NOMEM, "st_writer_new: out of memory");
     return NULL;
 }
 
@@ -722,34 +722,34 @@ int st_writer_add(st_writer_t *w, const char *name, kern_dtype_t dt, int ndim,
                   const int64_t *shape, const void *data) {
     assert(w && name);
     if (!strcmp(name, "__metadata__") || !is_utf8(name))
-        return kern_fail("st_writer_add: \"%s\" is not a usable tensor name", name);
+        return reel_fail(REEL_E_INVALID, "st_writer_add: \"%s\" is not a usable tensor name", name);
     if ((int)dt < 0 || dt >= KERN_DTYPE_COUNT)
-        return kern_fail("st_writer_add: %s: dtype %d is not F32, BF16 or F16",
+        return reel_fail(REEL_E_INVALID, "st_writer_add: %s: dtype %d is not F32, BF16 or F16",
                          name, (int)dt);
     if (ndim < 0 || ndim > KERN_MAX_DIMS)
-        return kern_fail("st_writer_add: %s: %d dims, expected 0..%d", name,
+        return reel_fail(REEL_E_INVALID, "st_writer_add: %s: %d dims, expected 0..%d", name,
                          ndim, KERN_MAX_DIMS);
     assert(shape || ndim == 0);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
-            return kern_fail("st_writer_add: %s: shape[%d] = %lld is negative",
+            return reel_fail(REEL_E_INVALID, "st_writer_add: %s: shape[%d] = %lld is negative",
                              name, i, (long long)shape[i]);
     int64_t nb;
     if (shape_bytes(ndim, shape, kern_dtype_size(dt), &nb) != 0 ||
         nb > INT64_MAX - w->total || (uint64_t)nb > SIZE_MAX) {
         char sb[128];
-        return kern_fail("st_writer_add: %s: shape %s is too large", name,
+        return reel_fail(REEL_E_LIMIT, "st_writer_add: %s: shape %s is too large", name,
                          kern_shape_text(ndim, shape, sb, sizeof sb));
     }
     assert(data || nb == 0);
     for (size_t i = 0; i < w->n; i++)
         if (!strcmp(w->v[i].name, name))
-            return kern_fail("st_writer_add: %s: duplicate tensor name", name);
+            return reel_fail(REEL_E_INVALID, "st_writer_add: %s: duplicate tensor name", name);
 
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 16;
         wr_entry_t *v = realloc(w->v, cap * sizeof *v);
-        if (!v) return kern_fail("st_writer_add: %s: out of memory", name);
+        if (!v) return reel_fail(REEL_E_NOMEM, "st_writer_add: %s: out of memory", name);
         w->v = v;
         w->cap = cap;
     }
@@ -760,7 +760,7 @@ int st_writer_add(st_writer_t *w, const char *name, kern_dtype_t dt, int ndim,
     if (!e->name || !e->data) {
         free(e->name);
         free(e->data);
-        return kern_fail("st_writer_add: %s: out of memory for %lld bytes",
+        return reel_fail(REEL_E_NOMEM, "st_writer_add: %s: out of memory for %lld bytes",
                          name, (long long)nb);
     }
     if (nb) memcpy(e->data, data, (size_t)nb);
@@ -782,10 +782,10 @@ int st_writer_meta(st_writer_t *w, const char *key, const char *value) {
     assert(w && key && value);
     json_t *v = json_string(value);
     if (!v)
-        return kern_fail("st_writer_meta: value for \"%s\" is not valid UTF-8", key);
+        return reel_fail(REEL_E_INVALID, "st_writer_meta: value for \"%s\" is not valid UTF-8", key);
     /* json_object_set_new steals v even when it fails. */
     if (json_object_set_new(w->meta, key, v) != 0)
-        return kern_fail("st_writer_meta: key \"%s\" is not valid UTF-8 "
+        return reel_fail(REEL_E_INVALID, "st_writer_meta: key \"%s\" is not valid UTF-8 "
                          "(or out of memory)", key);
     return 0;
 }
@@ -800,7 +800,7 @@ static char *dump_header(const json_t *root, size_t *len) {
         memset(out + n, ' ', padded - n);
         *len = padded;
     } else {
-        kern_fail("st_writer_save: out of memory building the header");
+        reel_fail(REEL_E_NOMEM, "st_writer_save: out of memory building the header");
     }
     free(s);
     return out;
@@ -837,7 +837,7 @@ static char *build_header(const st_writer_t *w, size_t *len) {
     return out;
 oom:
     json_decref(root);
-    kern_fail("st_writer_save: out of memory building the header");
+    reel_fail(REEL_E_NOMEM, "st_writer_save: out of memory building the header");
     return NULL;
 }
 
@@ -847,7 +847,7 @@ static int write_full(int fd, const char *path, const void *buf, size_t len) {
         size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
         ssize_t r = write(fd, p, chunk);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return kern_fail("%s: write failed: %s", path, strerror(errno));
+        if (r < 0) return reel_fail(REEL_E_IO, "%s: write failed: %s", path, strerror(errno));
         p += r;
         len -= (size_t)r;
     }
@@ -878,18 +878,18 @@ static int save_parts(const char *path, const char *hdr, size_t hlen, const void
      * would be lost: /dev/null turned into a file). */
     struct stat ps;
     if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode))
-        return kern_fail("%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
+        return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
                          "replaced)", path);
     size_t plen_path = strlen(path);
     char *tmp = malloc(plen_path + 5);
-    if (!tmp) return kern_fail("%s: out of memory", path);
+    if (!tmp) return reel_fail(REEL_E_NOMEM, "%s: out of memory", path);
     memcpy(tmp, path, plen_path);
     memcpy(tmp + plen_path, ".tmp", 5);
 
     int rc = -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
-        kern_fail("%s: cannot create: %s", tmp, strerror(errno));
+        reel_fail(REEL_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
     unsigned char lenbuf[8];
@@ -900,17 +900,17 @@ static int save_parts(const char *path, const char *hdr, size_t hlen, const void
     for (size_t i = 0; i < n; i++)
         if (write_full(fd, tmp, part[i], plen[i]) != 0) goto fail;
     if (fsync(fd) != 0) {
-        kern_fail("%s: fsync failed: %s", tmp, strerror(errno));
+        reel_fail(REEL_E_IO, "%s: fsync failed: %s", tmp, strerror(errno));
         goto fail;
     }
     int cfd = fd;
     fd = -1;
     if (close(cfd) != 0) {
-        kern_fail("%s: close failed: %s", tmp, strerror(errno));
+        reel_fail(REEL_E_IO, "%s: close failed: %s", tmp, strerror(errno));
         goto fail;
     }
     if (rename(tmp, path) != 0) {
-        kern_fail("%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
+        reel_fail(REEL_E_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
         goto fail;
     }
     sync_parent_dir(path);
@@ -929,7 +929,7 @@ int st_writer_save(st_writer_t *w, const char *path) {
     assert(w && path);
     struct stat ps;
     if (lstat(path, &ps) == 0 && !S_ISREG(ps.st_mode))
-        return kern_fail("%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
+        return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file (a device, FIFO, directory or symlink is never "
                          "replaced)", path);
     size_t hlen;
     char *hdr = build_header(w, &hlen);
@@ -938,7 +938,7 @@ int st_writer_save(st_writer_t *w, const char *path) {
     size_t *plen = malloc((w->n ? w->n : 1) * sizeof *plen);
     int rc = -1;
     if (!part || !plen) {
-        kern_fail("%s: out of memory", path);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory", path);
     } else {
         for (size_t i = 0; i < w->n; i++) {
             part[i] = w->v[i].data;
@@ -982,7 +982,7 @@ int st_save(const st_file_t *f, const char *path) {
     rc = save_parts(path, hdr, hlen, part, plen, f->count);
     goto out;
 oom:
-    kern_fail("%s: out of memory building the header", path);
+    reel_fail(REEL_E_NOMEM, "%s: out of memory building the header", path);
 out:
     json_decref(root);
     free(part);

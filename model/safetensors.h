@@ -7,7 +7,7 @@
  * a st_file_t that exists never points outside its own buffer. Only F32,
  * BF16 and F16 tensors are accepted; a file holding any other dtype is
  * rejected as a whole. Every failure returns -1 / NULL and leaves a message
- * in kern_error() naming the file and, where one is involved, the tensor. */
+ * in reel_err_text() naming the file and, where one is involved, the tensor. */
 #ifndef REEL_MODEL_SAFETENSORS_H
 #define REEL_MODEL_SAFETENSORS_H
 
@@ -43,7 +43,7 @@ typedef struct {
 
 /* Reads and validates the whole file at `path` (opened without blocking:
  * a FIFO, a device or anything but a regular file is refused). Returns a
- * new handle the caller frees with st_close(), or NULL with a kern_error()
+ * new handle the caller frees with st_close(), or NULL with a reel_err_text()
  * message that names the path and the problem (I/O error, truncation, bad
  * header, bad entry). */
 st_file_t *st_open(const char *path);

@@ -25,7 +25,7 @@ int tdit_solver_parse(const char *name, tdit_solver_t *out) {
             *out = (tdit_solver_t)i;
             return 0;
         }
-    return kern_fail("unknown solver '%s' (euler, unipc or dpm++)", name ? name : "(null)");
+    return reel_fail(REEL_E_INVALID, "unknown solver '%s' (euler, unipc or dpm++)", name ? name : "(null)");
 }
 
 bool tdit_solver_multistep(tdit_solver_t s) { return s == TDIT_SOLVER_UNIPC || s == TDIT_SOLVER_DPMPP; }

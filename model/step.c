@@ -134,16 +134,16 @@ bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
 int tdit_shape_validate(const tdit_shape_t *shape) {
     if (shape->frames <= 0 || shape->height <= 0 || shape->width <= 0 ||
         shape->height % 2 || shape->width % 2)
-        return kern_fail("latent frames/height/width must be positive and height, width even "
+        return reel_fail(REEL_E_INVALID, "latent frames/height/width must be positive and height, width even "
                          "(got F=%lld H=%lld W=%lld)", (long long)shape->frames,
                          (long long)shape->height, (long long)shape->width);
     if (shape->text_len <= 0 || shape->text_len > 65536)
-        return kern_fail("context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
+        return reel_fail(REEL_E_INVALID, "context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
     if (shape->batch < 0 || shape->batch > TDIT_MAX_BATCH)
-        return kern_fail("batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
+        return reel_fail(REEL_E_INVALID, "batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
     if (shape->frames > (1 << 16) || shape->height > (1 << 16) || shape->width > (1 << 16) ||
         shape->frames * shape->height * shape->width > (int64_t)1 << 24)
-        return kern_fail("latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
+        return reel_fail(REEL_E_LIMIT, "latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
                          (long long)shape->height, (long long)shape->width);
     return 0;
 }
@@ -170,7 +170,7 @@ size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape) {
 tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *shape) {
     if (tdit_shape_validate(shape) != 0) return NULL;
     tdit_ws_t *ws = calloc(1, sizeof *ws);
-    if (!ws) { kern_fail("out of memory"); return NULL; }
+    if (!ws) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     ws_init(ws, m, shape);
     carver_t cv = { NULL, 0, kern_backend_device(m->backend) };
     layout(m, ws, &cv);
@@ -206,15 +206,15 @@ kern_tensor_t *tdit_ws_history(tdit_ws_t *ws) { return &ws->hist; }
 
 /* Copies n host floats into t (converting to t's dtype); n must fit. */
 static int bind(kern_stream_t *s, kern_tensor_t *t, const float *src, size_t n, const char *what) {
-    if (!t->data) return kern_fail("bind %s: this workspace has no %s buffer", what, what);
+    if (!t->data) return reel_fail(REEL_E_INVALID, "bind %s: this workspace has no %s buffer", what, what);
     if ((int64_t)n != kern_tensor_numel(t)) {
         char d[96];
-        return kern_fail("bind %s: %zu values do not fit the workspace's %s", what, n,
+        return reel_fail(REEL_E_INVALID, "bind %s: %zu values do not fit the workspace's %s", what, n,
                          kern_tensor_describe(t, d, sizeof d));
     }
     if (t->dtype == KERN_F32) return kern_copy_h2d(s, kern_tensor_ptr(t), src, n * 4);
     uint16_t *tmp = malloc(n * 2);
-    if (!tmp) return kern_fail("out of memory");
+    if (!tmp) return reel_fail(REEL_E_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) tmp[i] = kern_f32_to_bf16(src[i]);
     int rc = kern_copy_h2d(s, kern_tensor_ptr(t), tmp, n * 2);
     if (rc == 0) rc = kern_stream_sync(s); /* tmp must outlive the copy */
@@ -237,16 +237,16 @@ int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], fl
 }
 
 int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef) {
-    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("bind solver: this workspace has no multistep solver");
+    if (!tdit_solver_multistep(ws->shape.solver)) return reel_fail(REEL_E_INVALID, "bind solver: this workspace has no multistep solver");
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->solver), coef, KERN_MS_COEFS * sizeof(float)));
     return kern_stream_sync(s); /* the host values may be stack memory */
 }
 
 int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s) {
-    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("clear history: this workspace has no multistep solver");
+    if (!tdit_solver_multistep(ws->shape.solver)) return reel_fail(REEL_E_INVALID, "clear history: this workspace has no multistep solver");
     size_t bytes = kern_tensor_bytes(&ws->hist);
     void *zero = calloc(1, bytes);
-    if (!zero) return kern_fail("out of memory");
+    if (!zero) return reel_fail(REEL_E_NOMEM, "out of memory");
     int rc = kern_copy_h2d(s, kern_tensor_ptr(&ws->hist), zero, bytes);
     if (rc == 0) rc = kern_stream_sync(s);
     free(zero);
@@ -256,14 +256,14 @@ int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s) {
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n) {
     kern_tensor_t *t = &ws->latent;
     if ((int64_t)n != kern_tensor_numel(t))
-        return kern_fail("read latent: buffer of %zu values, latent has %lld", n,
+        return reel_fail(REEL_E_INVALID, "read latent: buffer of %zu values, latent has %lld", n,
                          (long long)kern_tensor_numel(t));
     if (t->dtype == KERN_F32) {
         TRY(kern_copy_d2h(s, out, kern_tensor_ptr(t), n * 4));
         return kern_stream_sync(s);
     }
     uint16_t *tmp = malloc(n * 2);
-    if (!tmp) return kern_fail("out of memory");
+    if (!tmp) return reel_fail(REEL_E_NOMEM, "out of memory");
     int rc = kern_copy_d2h(s, tmp, kern_tensor_ptr(t), n * 2);
     if (rc == 0) rc = kern_stream_sync(s);
     for (size_t i = 0; rc == 0 && i < n; i++) out[i] = kern_bf16_to_f32(tmp[i]);
@@ -453,7 +453,7 @@ int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
 
 int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
                   uint64_t seed, uint32_t step) {
-    if (ws->B != 1) return kern_fail("tdit_step_sde: a batch steps with tdit_step_sde_ws (a seed per sample)");
+    if (ws->B != 1) return reel_fail(REEL_E_INVALID, "tdit_step_sde: a batch steps with tdit_step_sde_ws (a seed per sample)");
     TRY(velocity(m, ws, s));
     return kern_sde_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas, eta, seed, step);
 }
@@ -470,7 +470,7 @@ int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
 }
 
 int tdit_step_multistep(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
-    if (!tdit_solver_multistep(ws->shape.solver)) return kern_fail("tdit_step_multistep: the workspace has no multistep history");
+    if (!tdit_solver_multistep(ws->shape.solver)) return reel_fail(REEL_E_INVALID, "tdit_step_multistep: the workspace has no multistep history");
     TRY(velocity(m, ws, s));
     return kern_multistep_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->hist, &ws->solver);
 }

@@ -40,7 +40,7 @@ int tdit_config_builtin(const char *name, tdit_config_t *out) {
         if (i) strcat(list, ", ");
         strcat(list, builtin[i].name);
     }
-    return kern_fail("unknown config '%s' (built-in: %s)", name, list);
+    return reel_fail(REEL_E_NOT_FOUND, "unknown config '%s' (built-in: %s)", name, list);
 }
 
 bool tdit_config_same_network(const tdit_config_t *a, const tdit_config_t *b) {
@@ -50,41 +50,41 @@ bool tdit_config_same_network(const tdit_config_t *a, const tdit_config_t *b) {
 
 int tdit_config_validate(const tdit_config_t *c) {
     if (!reel_name_valid(c->name, sizeof c->name))
-        return kern_fail("config name '%s': 1..%zu of [A-Za-z0-9_.:+-] (it names the model on the wire)", c->name,
+        return reel_fail(REEL_E_INVALID, "config name '%s': 1..%zu of [A-Za-z0-9_.:+-] (it names the model on the wire)", c->name,
                          sizeof c->name - 1);
     if (c->dim <= 0 || c->heads <= 0 || c->layers <= 0 || c->ffn_dim <= 0 ||
         c->in_channels <= 0 || c->text_dim <= 0 || c->freq_dim <= 0)
-        return kern_fail("config %s: every size must be positive", c->name);
+        return reel_fail(REEL_E_INVALID, "config %s: every size must be positive", c->name);
     if (c->dim % c->heads)
-        return kern_fail("config %s: dim %" PRId64 " not divisible by heads %" PRId64,
+        return reel_fail(REEL_E_INVALID, "config %s: dim %" PRId64 " not divisible by heads %" PRId64,
                          c->name, c->dim, c->heads);
-    if ((c->dim / c->heads) % 2) return kern_fail("config %s: head width must be even", c->name);
-    if (c->freq_dim % 2) return kern_fail("config %s: freq_dim must be even", c->name);
+    if ((c->dim / c->heads) % 2) return reel_fail(REEL_E_INVALID, "config %s: head width must be even", c->name);
+    if (c->freq_dim % 2) return reel_fail(REEL_E_INVALID, "config %s: freq_dim must be even", c->name);
     if (c->dim > (1 << 16) || c->layers > 512 || c->ffn_dim > (1 << 18) ||
         c->in_channels > 4096 || c->text_dim > (1 << 16) || c->freq_dim > 8192)
-        return kern_fail("config %s: sizes beyond Reel's limits", c->name);
+        return reel_fail(REEL_E_INVALID, "config %s: sizes beyond Reel's limits", c->name);
     if (c->text_len < 0 || c->text_len > (1 << 16))
-        return kern_fail("config %s: text_len %" PRId64 " is outside 0..65536", c->name, c->text_len);
+        return reel_fail(REEL_E_INVALID, "config %s: text_len %" PRId64 " is outside 0..65536", c->name, c->text_len);
     return 0;
 }
 
 int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_config_t *c) {
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return kern_fail("%s:%d: %s", what, je.line, je.text);
+    if (!root) return reel_fail(REEL_E_INVALID, "%s:%d: %s", what, je.line, je.text);
     int rc = -1;
     if (!json_is_object(root)) {
-        kern_fail("%s: not a JSON object", what);
+        reel_fail(REEL_E_INVALID, "%s: not a JSON object", what);
         goto out;
     }
     memset(c, 0, sizeof *c);
     json_t *name = json_object_get(root, "name");
     if (name && !json_is_string(name)) {
-        kern_fail("%s: 'name' must be a string", what);
+        reel_fail(REEL_E_INVALID, "%s: 'name' must be a string", what);
         goto out;
     }
     if (snprintf(c->name, sizeof c->name, "%s", name ? json_string_value(name) : "custom") >= (int)sizeof c->name) {
-        kern_fail("%s: name '%.64s...' is longer than %zu bytes", what, json_string_value(name), sizeof c->name - 1);
+        reel_fail(REEL_E_INVALID, "%s: name '%.64s...' is longer than %zu bytes", what, json_string_value(name), sizeof c->name - 1);
         goto out;
     }
     struct { const char *k; int64_t *v; } keys[] = {
@@ -95,14 +95,14 @@ int tdit_config_from_json(const char *text, size_t len, const char *what, tdit_c
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         json_t *v = json_object_get(root, keys[i].k);
         if (!json_is_integer(v)) {
-            kern_fail("%s: '%s' must be an integer", what, keys[i].k);
+            reel_fail(REEL_E_INVALID, "%s: '%s' must be an integer", what, keys[i].k);
             goto out;
         }
         *keys[i].v = json_integer_value(v);
     }
     json_t *tl = json_object_get(root, "text_len");
     if (tl && !json_is_integer(tl)) {
-        kern_fail("%s: 'text_len' must be an integer", what);
+        reel_fail(REEL_E_INVALID, "%s: 'text_len' must be an integer", what);
         goto out;
     }
     c->text_len = tl ? json_integer_value(tl) : 0;
@@ -121,10 +121,10 @@ static const char *header_meta(const void *h, const char *key) { return st_heade
 
 static int meta_int(meta_get_t get, const void *f, const char *key, int64_t *out) {
     const char *v = get(f, key);
-    if (!v) return kern_fail("weights metadata lacks '%s'", key);
+    if (!v) return reel_fail(REEL_E_INVALID, "weights metadata lacks '%s'", key);
     char *end;
     long long x = strtoll(v, &end, 10);
-    if (end == v || *end) return kern_fail("weights metadata '%s' = '%s' is not an integer", key, v);
+    if (end == v || *end) return reel_fail(REEL_E_INVALID, "weights metadata '%s' = '%s' is not an integer", key, v);
     *out = x;
     return 0;
 }
@@ -134,7 +134,7 @@ static int config_from(meta_get_t get, const void *f, tdit_config_t *out) {
     if (get(f, "dim")) {
         memset(out, 0, sizeof *out);
         if (snprintf(out->name, sizeof out->name, "%s", name ? name : "custom") >= (int)sizeof out->name)
-            return kern_fail("weights metadata: config name '%.64s...' is longer than %zu bytes", name,
+            return reel_fail(REEL_E_INVALID, "weights metadata: config name '%.64s...' is longer than %zu bytes", name,
                              sizeof out->name - 1);
         TRY(meta_int(get, f, "dim", &out->dim));
         TRY(meta_int(get, f, "heads", &out->heads));
@@ -146,7 +146,7 @@ static int config_from(meta_get_t get, const void *f, tdit_config_t *out) {
     } else if (name) {
         TRY(tdit_config_builtin(name, out));
     } else {
-        return kern_fail("weights metadata names no config (need 'config' or the size keys)");
+        return reel_fail(REEL_E_INVALID, "weights metadata names no config (need 'config' or the size keys)");
     }
     out->text_len = 0;
     if (get(f, "text_len")) TRY(meta_int(get, f, "text_len", &out->text_len));
@@ -229,7 +229,7 @@ int tdit_list_weights(const tdit_config_t *c, tdit_model_t *m, wlist_t *l) {
     }
     add(l, m ? &m->head_mod : NULL, W_MOD, D, 3, SHAPE(1, 2, D), "head.modulation");
     add_linear(l, m ? &m->head : NULL, 4 * C, D, "head.head");
-    if (l->failed) return kern_fail("out of memory listing weights");
+    if (l->failed) return reel_fail(REEL_E_NOMEM, "out of memory listing weights");
     return 0;
 }
 
@@ -243,7 +243,7 @@ tdit_weight_t *tdit_config_weights(const tdit_config_t *c, size_t *n) {
     tdit_weight_t *w = malloc((l.n ? l.n : 1) * sizeof *w);
     if (!w) {
         free(l.e);
-        kern_fail("out of memory listing weights");
+        reel_fail(REEL_E_NOMEM, "out of memory listing weights");
         return NULL;
     }
     for (size_t i = 0; i < l.n; i++) {

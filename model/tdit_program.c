@@ -16,7 +16,7 @@ enum { IN_LATENT, IN_SIGMAS, IN_GUIDANCE, IN_CONTEXT, IN_UNCOND };
 static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
     if (key->n_inputs < 4 || (key->inputs[IN_LATENT].ndim != 4 && key->inputs[IN_LATENT].ndim != 5) ||
         key->inputs[IN_CONTEXT].ndim != 2)
-        return kern_fail("tinydit program: key has no latent/context signature");
+        return reel_fail(REEL_E_INVALID, "tinydit program: key has no latent/context signature");
     bool cfg = key->n_inputs > IN_UNCOND && !strcmp(key->inputs[IN_UNCOND].name, "uncond");
     /* [C,F,H,W], or [B,C,F,H,W] for a batch */
     const int64_t *ls = key->inputs[IN_LATENT].shape + (key->inputs[IN_LATENT].ndim - 4);
@@ -143,7 +143,7 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
     kern_backend_t *b = tdit_model_backend(m);
     char model[CAP_MODEL_MAX];
     if ((size_t)snprintf(model, sizeof model, "tinydit:%s", c->name) >= sizeof model)
-        return kern_fail("model name %s too long for a capture key", c->name);
+        return reel_fail(REEL_E_LIMIT, "model name %s too long for a capture key", c->name);
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };
     const int64_t ctx[2] = { sh->text_len, c->text_dim };
     return cap_key_denoise_batch(k, kern_backend_device_name(b), kern_backend_arch(b), model,
@@ -186,7 +186,7 @@ tdit_staging_t *tdit_staging_new(tdit_model_t *m, const tdit_shape_t *sh) {
      * multistep shape's: its solver's coefficients and history. */
     if (tdit_step_key(m, sh, !tdit_solver_multistep(sh->solver), 0, &key) != 0) return NULL;
     tdit_staging_t *st = calloc(1, sizeof *st);
-    if (!st) { kern_fail("out of memory"); return NULL; }
+    if (!st) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     st->b = tdit_model_backend(m);
     st->shape = *sh;
     for (int i = 0; i < key.n_inputs; i++) {
@@ -206,7 +206,7 @@ static int req_upload(kern_stream_t *s, kern_tensor_t *t, const float *src) {
         return kern_stream_sync(s);
     }
     uint16_t *tmp = malloc(n * 2);
-    if (!tmp) return kern_fail("out of memory");
+    if (!tmp) return reel_fail(REEL_E_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) tmp[i] = kern_f32_to_bf16(src[i]);
     int rc = kern_copy_h2d(s, kern_tensor_ptr(t), tmp, n * 2);
     if (rc == 0) rc = kern_stream_sync(s);
@@ -221,7 +221,7 @@ static int req_download(kern_stream_t *s, const kern_tensor_t *t, float *dst) {
         return kern_stream_sync(s);
     }
     uint16_t *tmp = malloc(n * 2);
-    if (!tmp) return kern_fail("out of memory");
+    if (!tmp) return reel_fail(REEL_E_NOMEM, "out of memory");
     int rc = kern_copy_d2h(s, tmp, kern_tensor_ptr(t), n * 2);
     if (rc == 0) rc = kern_stream_sync(s);
     for (size_t i = 0; rc == 0 && i < n; i++) dst[i] = kern_bf16_to_f32(tmp[i]);
@@ -269,19 +269,19 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
                                const float *context, const float *uncond) {
     if (tdit_loop_validate(p) != 0 || tdit_shape_validate(sh) != 0) return NULL;
     if (stg && !tdit_shape_equal(&stg->shape, sh)) {
-        kern_fail("staging buffers were made for another shape");
+        reel_fail(REEL_E_INVALID, "staging buffers were made for another shape");
         return NULL;
     }
     if (sh->cfg != (uncond != NULL)) {
-        kern_fail(sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
+        reel_fail(REEL_E_INVALID, sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
         return NULL;
     }
     if (sh->solver != p->solver) {
-        kern_fail("solver %s runs in a shape made for %s", tdit_solver_name(p->solver), tdit_solver_name(sh->solver));
+        reel_fail(REEL_E_INVALID, "solver %s runs in a shape made for %s", tdit_solver_name(p->solver), tdit_solver_name(sh->solver));
         return NULL;
     }
     tdit_req_t *r = calloc(1, sizeof *r);
-    if (!r) { kern_fail("out of memory"); return NULL; }
+    if (!r) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     r->m = m;
     r->shape = *sh;
     r->loop = *p;
@@ -294,7 +294,7 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
     r->stg = stg ? stg : tdit_staging_new(m, sh);
     float *init = NULL;
     if (!r->sig || !r->versions || !r->seeds || !r->stg) {
-        if (!r->sig || !r->versions || !r->seeds) kern_fail("out of memory");
+        if (!r->sig || !r->versions || !r->seeds) reel_fail(REEL_E_NOMEM, "out of memory");
         goto err;
     }
     /* Sample b's seed: seeds[b], or p->seed + b. */
@@ -302,7 +302,7 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
     size_t n_lat = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
     r->n = n_lat / (size_t)r->batch;
     if (!latent) {
-        if (!(init = malloc(n_lat * sizeof *init))) { kern_fail("out of memory"); goto err; }
+        if (!(init = malloc(n_lat * sizeof *init))) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
         for (int64_t b = 0; b < r->batch; b++) tdit_initial_latent(r->seeds[b], init + (size_t)b * r->n, r->n);
         latent = init;
     }
@@ -316,7 +316,7 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
          * none of it, and zeros keep 0·h exact. */
         kern_tensor_t *h = &r->stg->t[r->stg->n - 1];
         float *zero = calloc((size_t)kern_tensor_numel(h), sizeof *zero);
-        if (!zero) { kern_fail("out of memory"); goto err; }
+        if (!zero) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
         rc = req_upload(s, h, zero);
         free(zero);
         if (rc) goto err;
@@ -383,9 +383,9 @@ static int record_step(tdit_req_t *r, kern_stream_t *s, int i, const float sv[3]
 }
 
 int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what) {
-    if (r->done) return kern_fail("record: the request has already run %d steps", r->done);
+    if (r->done) return reel_fail(REEL_E_STATE, "record: the request has already run %d steps", r->done);
     if ((what & (TDIT_REC_LOG_PROBS | TDIT_REC_MEANS)) && !(r->loop.sde && r->loop.eta > 0))
-        return kern_fail("log-probabilities and means need an SDE loop with eta > 0");
+        return reel_fail(REEL_E_INVALID, "log-probabilities and means need an SDE loop with eta > 0");
     size_t steps = (size_t)r->loop.steps, B = (size_t)r->batch, bn = B * r->n;
     if (!what) return 0;
     if (!(r->cur = malloc(bn * sizeof *r->cur))) goto oom;
@@ -401,7 +401,7 @@ int tdit_req_record(tdit_req_t *r, kern_stream_t *s, unsigned what) {
         memcpy(rec_at(r, r->traj, (int)steps + 1, (int64_t)b, 0), r->cur + b * r->n, r->n * sizeof *r->cur);
     return 0;
 oom:
-    return kern_fail("out of memory recording a request's trajectory");
+    return reel_fail(REEL_E_NOMEM, "out of memory recording a request's trajectory");
 }
 
 const float *tdit_req_trajectory(const tdit_req_t *r) { return r->traj; }
@@ -413,9 +413,9 @@ int64_t tdit_req_batch(const tdit_req_t *r) { return r->batch; }
 const uint64_t *tdit_req_seeds(const tdit_req_t *r) { return r->seeds; }
 
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *out) {
-    if (r->done >= r->loop.steps) return kern_fail("request already finished its %d steps", r->loop.steps);
+    if (r->done >= r->loop.steps) return reel_fail(REEL_E_STATE, "request already finished its %d steps", r->loop.steps);
     int64_t version = cap_component_version(c, TDIT_COMPONENT);
-    if (version < 0) return kern_fail("weights are not registered with the capture cache");
+    if (version < 0) return reel_fail(REEL_E_INVALID, "weights are not registered with the capture cache");
     cap_key_t key;
     if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &key) != 0) return -1;
     int i = r->done;
@@ -487,7 +487,7 @@ const tdit_run_stats_t *tdit_req_stats(const tdit_req_t *r) { return &r->stats; 
 int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n) {
     const kern_tensor_t *t = &r->stg->t[IN_LATENT];
     if ((int64_t)n != kern_tensor_numel(t))
-        return kern_fail("read: buffer of %zu values, latent has %lld", n, (long long)kern_tensor_numel(t));
+        return reel_fail(REEL_E_INVALID, "read: buffer of %zu values, latent has %lld", n, (long long)kern_tensor_numel(t));
     return req_download(s, t, out);
 }
 

@@ -50,7 +50,7 @@ int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path) {
         const wentry_t *e = &l.e[i];
         int64_t n = numel_of(e);
         float *nb = realloc(buf, (size_t)n * sizeof *buf);
-        if (!nb) { kern_fail("out of memory initialising %s", e->name); goto out; }
+        if (!nb) { reel_fail(REEL_E_NOMEM, "out of memory initialising %s", e->name); goto out; }
         buf = nb;
         /* Tensor i draws from its own Philox stream (seed, i): adding a
          * tensor never changes the values of the others. */
@@ -89,14 +89,14 @@ static int check_file(const st_file_t *f, const wlist_t *l) {
     for (size_t i = 0; i < l->n; i++) {
         const wentry_t *e = &l->e[i];
         const st_tensor_t *t = st_find(f, e->name);
-        if (!t) return kern_fail("weights: missing tensor %s", e->name);
+        if (!t) return reel_fail(REEL_E_INVALID, "weights: missing tensor %s", e->name);
         bool ok = t->ndim == e->ndim;
         for (int d = 0; ok && d < e->ndim; d++) ok = t->shape[d] == e->shape[d];
         if (!ok) {
             char a[96], b[96];
             kern_tensor_t ta = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, t->ndim, t->shape);
             kern_tensor_t tb = kern_tensor_make(NULL, t->dtype, KERN_DEVICE_HOST, e->ndim, e->shape);
-            return kern_fail("weights: %s is %s, the config needs %s", e->name,
+            return reel_fail(REEL_E_INVALID, "weights: %s is %s, the config needs %s", e->name,
                              kern_tensor_describe(&ta, a, sizeof a), kern_tensor_describe(&tb, b, sizeof b));
         }
     }
@@ -118,7 +118,7 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
     kern_stream_t *s = kern_stream_new(m->backend);
     int rc = -1;
     if (!s) goto out;
-    if ((!direct && !host) || (m->dtype != KERN_F32 && !narrow)) { kern_fail("out of memory"); goto out; }
+    if ((!direct && !host) || (m->dtype != KERN_F32 && !narrow)) { reel_fail(REEL_E_NOMEM, "out of memory"); goto out; }
     size_t off = 0;
     for (size_t i = 0; i < l->n; i++) {
         const wentry_t *e = &l->e[i];
@@ -153,17 +153,17 @@ out:
 tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype) {
     tdit_model_t *m = calloc(1, sizeof *m);
     wlist_t l = { 0 };
-    if (!m) { kern_fail("out of memory"); return NULL; }
+    if (!m) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     m->backend = b;
     m->dtype = dtype;
     if (dtype != KERN_F32 && !(dtype == KERN_BF16 && kern_backend_kind(b) == KERN_BACKEND_CUDA)) {
-        kern_fail("model dtype %s is not supported on %s (CPU computes in F32)",
+        reel_fail(REEL_E_UNSUPPORTED, "model dtype %s is not supported on %s (CPU computes in F32)",
                   kern_dtype_name(dtype), kern_backend_device_name(b));
         goto err;
     }
     if (tdit_config_from_meta(f, &m->cfg) != 0) goto err;
     m->blocks = calloc((size_t)m->cfg.layers, sizeof *m->blocks);
-    if (!m->blocks) { kern_fail("out of memory"); goto err; }
+    if (!m->blocks) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
     if (tdit_list_weights(&m->cfg, m, &l) != 0 || check_file(f, &l) != 0) goto err;
     /* One allocation, each tensor 256-byte aligned inside it. */
     size_t total = 0, esz = kern_dtype_size(dtype);
@@ -178,7 +178,7 @@ tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_
     m->head_mod = view2(&m->head_mod, 2, D);
     for (int64_t i = 0; i < m->cfg.layers; i++)
         m->blocks[i].modulation = view2(&m->blocks[i].modulation, 6, D);
-    if (!(m->tensors = malloc(l.n * sizeof *m->tensors))) { kern_fail("out of memory"); goto err; }
+    if (!(m->tensors = malloc(l.n * sizeof *m->tensors))) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
     for (size_t i = 0; i < l.n; i++) m->tensors[i] = l.e[i].slot;
     m->n_tensors = (int)l.n;
     free(l.e);
@@ -193,12 +193,12 @@ int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
     tdit_config_t c;
     if (tdit_config_from_meta(f, &c) != 0) return -1;
     if (!tdit_config_same_network(&c, &m->cfg))
-        return kern_fail("weights: config %s does not match the resident %s", c.name, m->cfg.name);
+        return reel_fail(REEL_E_INVALID, "weights: config %s does not match the resident %s", c.name, m->cfg.name);
     wlist_t l = { 0 };
     int rc = tdit_list_weights(&m->cfg, NULL, &l);
     if (rc == 0) rc = check_file(f, &l);
     if (rc == 0 && copy_weights(m, f, &l, false) != 0)
-        rc = kern_fail("weights: reload failed part-way, resident weights are mixed: %s", kern_error());
+        rc = reel_fail_prefix("weights: reload failed part-way, resident weights are mixed: ");
     free(l.e);
     return rc;
 }

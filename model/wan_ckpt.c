@@ -359,7 +359,7 @@ static int read_headers(ctx_t *x) {
             return wan_fail(&x->why, WAN_E_FILE, "%s: not a regular file", p->shown);
         p->size = (uint64_t)sb.st_size;
         if (!(p->hdr = st_header_read(p->fd, p->shown, reel_sha256_hook, &p->hook)))
-            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", kern_error());
+            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", reel_err_text());
     }
     return 0;
 }
@@ -431,7 +431,7 @@ static int find_files(ctx_t *x, int dirfd, const char *name) {
 static int judge_config(ctx_t *x, tdit_config_t *c) {
     if (x->reel) {
         if (tdit_config_from_header(x->parts[0].hdr, c) != 0)
-            return wan_fail(&x->why, WAN_E_MODEL, "%s: %s", x->parts[0].shown, kern_error());
+            return wan_fail(&x->why, WAN_E_MODEL, "%s: %s", x->parts[0].shown, reel_err_text());
     } else {
         bool absent, diffusers;
         char where[PATH_MAX];
@@ -541,7 +541,7 @@ static int read_data(ctx_t *x) {
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = &x->parts[i];
         if (st_header_read_data(p->hdr, p->fd, p->shown, x->data ? x->data + p->base : NULL, reel_sha256_hook, &p->hook) != 0)
-            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", kern_error());
+            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", reel_err_text());
     }
     return 0;
 }
@@ -785,7 +785,7 @@ int wan_ckpt_pack(const char *path, const char *out_path) {
 int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
     memset(out, 0, sizeof *out);
     char real[PATH_MAX];
-    if (!realpath(path, real)) return kern_fail("%s: %s", path, strerror(errno));
+    if (!realpath(path, real)) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     wan_opts_t o = { .no_data = true };
     wan_ckpt_t *c = wan_ckpt_open(real, &o, NULL);
     if (!c) {
@@ -793,7 +793,7 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
          * metadata, no config.json: a raw release file, a trainer's dump)
          * goes as it is: each worker judges it against the model it runs. */
         char why[512];
-        snprintf(why, sizeof why, "%s", kern_error());
+        snprintf(why, sizeof why, "%s", reel_err_text());
         struct stat sb;
         char cfg[PATH_MAX + 16];
         const char *slash = strrchr(real, '/');
@@ -803,7 +803,7 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
         st_probe_t pr;
         bool raw = fd >= 0 && st_probe_fd(fd, real, &pr) == 0;
         if (fd >= 0) close(fd);
-        if (!raw) return kern_fail("%s", why);
+        if (!raw) return reel_fail(REEL_E_INVALID, "%s", why);
         snprintf(out->path, sizeof out->path, "%s", real);
         return reel_sha256_file(real, out->sha256);
     }
@@ -816,7 +816,7 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
         if (stat(real, &sb) == 0 && S_ISDIR(sb.st_mode)) {
             if (snprintf(out->path, sizeof out->path, "%s/%s", real, wan_ckpt_file_at(c, 0)->name) >=
                 (int)sizeof out->path)
-                rc = kern_fail("%s: path too long", real);
+                rc = reel_fail(REEL_E_LIMIT, "%s: path too long", real);
         } else {
             snprintf(out->path, sizeof out->path, "%s", real);
         }
@@ -824,19 +824,19 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
     } else {
         snprintf(out->tmpdir, sizeof out->tmpdir, "/tmp/reel-pack-XXXXXX");
         if (!mkdtemp(out->tmpdir)) {
-            rc = kern_fail("cannot create a temporary folder: %s", strerror(errno));
+            rc = reel_fail(REEL_E_IO, "cannot create a temporary folder: %s", strerror(errno));
             out->tmpdir[0] = '\0';
         } else {
             if (snprintf(out->path, sizeof out->path, "%s/transformer.safetensors", out->tmpdir) >=
                 (int)sizeof out->path)
-                rc = kern_fail("%s: path too long", out->tmpdir);
+                rc = reel_fail(REEL_E_LIMIT, "%s: path too long", out->tmpdir);
             if (rc == 0) rc = wan_ckpt_pack(real, out->path);
             if (rc == 0) rc = reel_sha256_file(out->path, out->sha256);
             if (rc != 0) {
                 char why[512];
-                snprintf(why, sizeof why, "%s", kern_error());
+                snprintf(why, sizeof why, "%s", reel_err_text());
                 wan_sync_source_done(out);
-                kern_fail("%s", why);
+                reel_fail(REEL_E_INVALID, "%s", why);
             }
         }
     }

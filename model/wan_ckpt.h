@@ -43,7 +43,7 @@
  * index file's bytes followed by the 32-byte sha256 of each shard's bytes,
  * shards in byte order of their names.
  *
- * Every failure returns -1 / NULL with a message in kern_error() naming
+ * Every failure returns -1 / NULL with a message in reel_err_text() naming
  * the file and, where one is involved, the tensor and the shard. */
 #ifndef REEL_MODEL_WAN_CKPT_H
 #define REEL_MODEL_WAN_CKPT_H

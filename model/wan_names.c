@@ -31,7 +31,7 @@ int wan_fail(wan_fail_t *why, wan_fail_t kind, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     *why = kind;
-    return kern_fail("%s", buf);
+    return reel_fail(REEL_E_INVALID, "%s", buf);
 }
 
 /* ---- names ------------------------------------------------------------------------ */
@@ -133,7 +133,7 @@ int wan_match_init(match_t *m, const tdit_config_t *c, bool reel) {
     m->slot = calloc(m->n, sizeof *m->slot);
     if (!m->dname || !m->wan || !m->diff || !m->slot) {
         wan_match_free(m);
-        return kern_fail("out of memory for the weight table");
+        return reel_fail(REEL_E_NOMEM, "out of memory for the weight table");
     }
     for (size_t i = 0; i < m->n; i++) {
         diffusers_name(m->w[i].name, m->dname[i], WAN_DNAME);
@@ -254,7 +254,7 @@ char *wan_reel_header(const match_t *m, const tdit_config_t *c, wan_layout_t lay
 out:
     json_decref(meta);
     json_decref(root);
-    if (!text) kern_fail("out of memory building a Reel header");
+    if (!text) reel_fail(REEL_E_NOMEM, "out of memory building a Reel header");
     return text;
 }
 
@@ -412,7 +412,7 @@ int wan_json_config(const json_t *j, const char *where, tdit_config_t *c, bool *
     *diffusers = cn ? !strcmp(cn, "WanTransformer3DModel") : json_object_get(j, "num_attention_heads") != NULL;
     if ((*diffusers ? diffusers_config : wan_config)(j, where, c, why) != 0) return -1;
     name_config(c);
-    if (tdit_config_validate(c) != 0) return wan_fail(why, WAN_E_MODEL, "%s: %s", where, kern_error());
+    if (tdit_config_validate(c) != 0) return wan_fail(why, WAN_E_MODEL, "%s: %s", where, reel_err_text());
     return 0;
 }
 

@@ -26,7 +26,7 @@
 #ifdef REEL_NO_HTTP
 
 reel_http_t *reel_http_start(const char *addr_port) {
-    kern_fail("--metrics %s: this build has no HTTP server (built without libmicrohttpd)", addr_port);
+    reel_fail(REEL_E_UNSUPPORTED, "--metrics %s: this build has no HTTP server (built without libmicrohttpd)", addr_port);
     return NULL;
 }
 int reel_http_port(const reel_http_t *h) { (void)h; return 0; }
@@ -106,23 +106,23 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 /* "ADDR:PORT" into a socket address. 0, or -1 with a message. */
 static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len) {
     const char *colon = strrchr(s ? s : "", ':');
-    if (!s || !colon || colon == s || !colon[1]) return kern_fail("--metrics '%s': not ADDR:PORT", s ? s : "");
+    if (!s || !colon || colon == s || !colon[1]) return reel_fail(REEL_E_INVALID, "--metrics '%s': not ADDR:PORT", s ? s : "");
     char host[64];
     size_t hl = (size_t)(colon - s);
-    if (hl >= sizeof host) return kern_fail("--metrics '%s': address too long", s);
+    if (hl >= sizeof host) return reel_fail(REEL_E_LIMIT, "--metrics '%s': address too long", s);
     memcpy(host, s, hl);
     host[hl] = '\0';
     char *end;
     errno = 0;
     long port = strtol(colon + 1, &end, 10);
-    if (errno || *end || port < 0 || port > 65535) return kern_fail("--metrics '%s': bad port", s);
+    if (errno || *end || port < 0 || port > 65535) return reel_fail(REEL_E_INVALID, "--metrics '%s': bad port", s);
     memset(ss, 0, sizeof *ss);
     if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
         host[hl - 1] = '\0';
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
         a->sin6_family = AF_INET6;
         a->sin6_port = htons((uint16_t)port);
-        if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1) return kern_fail("--metrics '%s': bad IPv6 address", s);
+        if (inet_pton(AF_INET6, host + 1, &a->sin6_addr) != 1) return reel_fail(REEL_E_INVALID, "--metrics '%s': bad IPv6 address", s);
         *len = sizeof *a;
         return 0;
     }
@@ -130,7 +130,7 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len
     a->sin_family = AF_INET;
     a->sin_port = htons((uint16_t)port);
     if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
-    if (inet_pton(AF_INET, host, &a->sin_addr) != 1) return kern_fail("--metrics '%s': bad IPv4 address", s);
+    if (inet_pton(AF_INET, host, &a->sin_addr) != 1) return reel_fail(REEL_E_INVALID, "--metrics '%s': bad IPv4 address", s);
     *len = sizeof *a;
     return 0;
 }
@@ -142,7 +142,7 @@ reel_http_t *reel_http_start(const char *addr_port) {
     reel_http_t *h = calloc(1, sizeof *h);
     if (!h || pthread_mutex_init(&h->mu, NULL) != 0) {
         free(h);
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
     /* AUTO: epoll or poll, not select (a broker's sockets can pass FD_SETSIZE) */
@@ -153,7 +153,7 @@ reel_http_t *reel_http_start(const char *addr_port) {
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         free(h);
-        kern_fail("--metrics %s: cannot serve HTTP there (address in use, or not this host's)", addr_port);
+        reel_fail(REEL_E_IO, "--metrics %s: cannot serve HTTP there (address in use, or not this host's)", addr_port);
         return NULL;
     }
     const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -168,7 +168,7 @@ uint64_t reel_http_scrapes(const reel_http_t *h) { return h ? atomic_load(&((ree
 int reel_http_publish(reel_http_t *h, const char *metrics, size_t len, bool healthy, bool ready,
                       const char *why) {
     char *copy = malloc(len ? len : 1);
-    if (!copy) return kern_fail("out of memory");
+    if (!copy) return reel_fail(REEL_E_NOMEM, "out of memory");
     if (len) memcpy(copy, metrics, len);
     pthread_mutex_lock(&h->mu);
     free(h->metrics);

@@ -15,7 +15,7 @@
  *
  * Built without libmicrohttpd (REEL_NO_HTTP: the GPU bundle, docs/GPU.md),
  * reel_http_start fails saying so. Convention: NULL / -1 with a message in
- * kern_error(). */
+ * base/error.h. */
 #ifndef REEL_NET_HTTP_H
 #define REEL_NET_HTTP_H
 

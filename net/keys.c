@@ -35,7 +35,7 @@ int reel_role_parse(const char *s, reel_role_t *out) {
             *out = (reel_role_t)r;
             return 0;
         }
-    return kern_fail("unknown role '%.32s' (client, trainer, worker or broker)", s ? s : "");
+    return reel_fail(REEL_E_INVALID, "unknown role '%.32s' (client, trainer, worker or broker)", s ? s : "");
 }
 
 bool reel_key_z85_valid(const char *s) {
@@ -63,7 +63,7 @@ static int parse_key(const char *path, char *text, reel_key_t *k) {
         char *s = trim(l);
         if (!*s || *s == '#') continue;
         char *eq = strchr(s, '=');
-        if (!eq) return kern_fail("%s: line %d: expected 'field = value'", path, line);
+        if (!eq) return reel_fail(REEL_E_INVALID, "%s: line %d: expected 'field = value'", path, line);
         *eq = '\0';
         char *f = trim(s), *v = trim(eq + 1);
         size_t vn = strlen(v);
@@ -73,27 +73,27 @@ static int parse_key(const char *path, char *text, reel_key_t *k) {
         }
         int i = 0;
         while (i < 4 && strcmp(f, fields[i])) i++;
-        if (i == 4) return kern_fail("%s: line %d: unknown field '%.32s'", path, line, f);
-        if (seen[i]) return kern_fail("%s: line %d: '%s' given twice", path, line, f);
+        if (i == 4) return reel_fail(REEL_E_INVALID, "%s: line %d: unknown field '%.32s'", path, line, f);
+        if (seen[i]) return reel_fail(REEL_E_INVALID, "%s: line %d: '%s' given twice", path, line, f);
         seen[i] = true;
         switch (i) {
         case 0:
-            if (reel_role_parse(v, &k->role) != 0) return kern_fail("%s: line %d: unknown role '%.32s'", path, line, v);
+            if (reel_role_parse(v, &k->role) != 0) return reel_fail(REEL_E_INVALID, "%s: line %d: unknown role '%.32s'", path, line, v);
             break;
         case 1:
             if (!reel_name_valid(v, REEL_KEY_NAME_MAX))
-                return kern_fail("%s: line %d: a name is 1..%d characters of [A-Za-z0-9_.:+-]", path, line,
+                return reel_fail(REEL_E_INVALID, "%s: line %d: a name is 1..%d characters of [A-Za-z0-9_.:+-]", path, line,
                                  REEL_KEY_NAME_MAX - 1);
             snprintf(k->name, sizeof k->name, "%s", v);
             break;
         default:
-            if (!reel_key_z85_valid(v)) return kern_fail("%s: line %d: '%s' is not a z85 CURVE key (40 characters)", path, line, f);
+            if (!reel_key_z85_valid(v)) return reel_fail(REEL_E_INVALID, "%s: line %d: '%s' is not a z85 CURVE key (40 characters)", path, line, f);
             snprintf(i == 2 ? k->public_key : k->secret_key, REEL_KEY_Z85, "%s", v);
             break;
         }
     }
     for (int i = 0; i < 3; i++)
-        if (!seen[i]) return kern_fail("%s: no '%s' field", path, fields[i]);
+        if (!seen[i]) return reel_fail(REEL_E_INVALID, "%s: no '%s' field", path, fields[i]);
     return 0;
 }
 
@@ -101,29 +101,29 @@ int reel_key_read(const char *path, bool secret, reel_key_t *out) {
     memset(out, 0, sizeof *out);
     char text[REEL_KEY_FILE_MAX + 1];
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) return kern_fail("%s: %s", path, strerror(errno));
+    if (fd < 0) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     struct stat sb;
     ssize_t n = -1;
     int rc = -1;
-    if (fstat(fd, &sb) != 0) kern_fail("%s: %s", path, strerror(errno));
-    else if (!S_ISREG(sb.st_mode)) kern_fail("%s: not a regular file", path);
-    else if (sb.st_size > REEL_KEY_FILE_MAX) kern_fail("%s: larger than a key file (%d bytes)", path, REEL_KEY_FILE_MAX);
-    else if (sb.st_mode & 022) kern_fail("%s: group or others may write it (chmod 600)", path);
-    else if (secret && (sb.st_mode & 077)) kern_fail("%s: a secret key its group or others may read (chmod 600)", path);
-    else if ((n = read(fd, text, REEL_KEY_FILE_MAX)) < 0) kern_fail("%s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode)) reel_fail(REEL_E_INVALID, "%s: not a regular file", path);
+    else if (sb.st_size > REEL_KEY_FILE_MAX) reel_fail(REEL_E_LIMIT, "%s: larger than a key file (%d bytes)", path, REEL_KEY_FILE_MAX);
+    else if (sb.st_mode & 022) reel_fail(REEL_E_INVALID, "%s: group or others may write it (chmod 600)", path);
+    else if (secret && (sb.st_mode & 077)) reel_fail(REEL_E_INVALID, "%s: a secret key its group or others may read (chmod 600)", path);
+    else if ((n = read(fd, text, REEL_KEY_FILE_MAX)) < 0) reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     else rc = 0;
     close(fd);
     if (rc != 0) return -1;
     text[n] = '\0';
-    if (memchr(text, '\0', (size_t)n)) return kern_fail("%s: not a key file (a NUL byte)", path);
+    if (memchr(text, '\0', (size_t)n)) return reel_fail(REEL_E_INVALID, "%s: not a key file (a NUL byte)", path);
     if (parse_key(path, text, out) != 0) return -1;
-    if (secret && !out->secret_key[0]) return kern_fail("%s: no 'secret-key' field: a public key file?", path);
+    if (secret && !out->secret_key[0]) return reel_fail(REEL_E_INVALID, "%s: no 'secret-key' field: a public key file?", path);
     if (!secret && out->secret_key[0])
-        return kern_fail("%s: holds a secret key: give the NAME.pub file, not NAME.key", path);
+        return reel_fail(REEL_E_INVALID, "%s: holds a secret key: give the NAME.pub file, not NAME.key", path);
     if (secret) {
         char pub[REEL_KEY_Z85];
         if (zmq_curve_public(pub, out->secret_key) != 0 || strcmp(pub, out->public_key))
-            return kern_fail("%s: its public key is not its secret key's", path);
+            return reel_fail(REEL_E_INVALID, "%s: its public key is not its secret key's", path);
     }
     return 0;
 }
@@ -132,7 +132,7 @@ int reel_key_read(const char *path, bool secret, reel_key_t *out) {
  * (nothing left behind). */
 static int write_new(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) return kern_fail("%s: %s", path, strerror(errno));
+    if (fd < 0) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     size_t len = strlen(text);
     bool ok = fchmod(fd, 0600) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
     int e = errno;
@@ -142,26 +142,26 @@ static int write_new(const char *path, const char *text) {
     }
     if (!ok) {
         unlink(path);
-        return kern_fail("%s: %s", path, strerror(e));
+        return reel_fail(REEL_E_IO, "%s: %s", path, strerror(e));
     }
     return 0;
 }
 
 int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t *out) {
     memset(out, 0, sizeof *out);
-    if (role <= REEL_ROLE_NONE || role > REEL_ROLE_BROKER) return kern_fail("no such role");
+    if (role <= REEL_ROLE_NONE || role > REEL_ROLE_BROKER) return reel_fail(REEL_E_INVALID, "no such role");
     if (!reel_name_valid(name, REEL_KEY_NAME_MAX))
-        return kern_fail("key name '%.80s': 1..%d characters of [A-Za-z0-9_.:+-]", name, REEL_KEY_NAME_MAX - 1);
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return kern_fail("%s: %s", dir, strerror(errno));
+        return reel_fail(REEL_E_INVALID, "key name '%.80s': 1..%d characters of [A-Za-z0-9_.:+-]", name, REEL_KEY_NAME_MAX - 1);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return reel_fail(REEL_E_IO, "%s: %s", dir, strerror(errno));
     if (zmq_curve_keypair(out->public_key, out->secret_key) != 0)
-        return kern_fail("zmq_curve_keypair: %s (libzmq without CURVE?)", zmq_strerror(zmq_errno()));
+        return reel_fail(REEL_E_IO, "zmq_curve_keypair: %s (libzmq without CURVE?)", zmq_strerror(zmq_errno()));
     out->role = role;
     snprintf(out->name, sizeof out->name, "%s", name);
 
     char key_path[4096], pub_path[4096], text[512];
     if ((size_t)snprintf(key_path, sizeof key_path, "%s/%s.key", dir, name) >= sizeof key_path ||
         (size_t)snprintf(pub_path, sizeof pub_path, "%s/%s.pub", dir, name) >= sizeof pub_path)
-        return kern_fail("%s: path too long", dir);
+        return reel_fail(REEL_E_LIMIT, "%s: path too long", dir);
     snprintf(text, sizeof text,
              "# Reel CURVE key pair (reelctl keys new): the SECRET key of %s %s.\n"
              "# Keep it private; give the broker %s.pub.\n"
@@ -200,32 +200,32 @@ reel_keyring_t *reel_keyring_load(const char *dir) {
     DIR *d = NULL;
     size_t cap = 0;
     if (!k) {
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
     struct stat sb;
     if (stat(dir, &sb) != 0) {
-        kern_fail("keys directory %s: %s", dir, strerror(errno));
+        reel_fail(REEL_E_IO, "keys directory %s: %s", dir, strerror(errno));
         goto err;
     }
     if (!S_ISDIR(sb.st_mode)) {
-        kern_fail("keys directory %s: not a directory", dir);
+        reel_fail(REEL_E_INVALID, "keys directory %s: not a directory", dir);
         goto err;
     }
     /* Whoever may add a file here may add a key. */
     if (sb.st_mode & 002) {
-        kern_fail("keys directory %s: others may write it (chmod o-w)", dir);
+        reel_fail(REEL_E_INVALID, "keys directory %s: others may write it (chmod o-w)", dir);
         goto err;
     }
     if (!(d = opendir(dir))) {
-        kern_fail("keys directory %s: %s", dir, strerror(errno));
+        reel_fail(REEL_E_IO, "keys directory %s: %s", dir, strerror(errno));
         goto err;
     }
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.' || !ends_with(e->d_name, ".pub")) continue;
         char path[4096];
         if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path) {
-            kern_fail("%s/%s: path too long", dir, e->d_name);
+            reel_fail(REEL_E_LIMIT, "%s/%s: path too long", dir, e->d_name);
             goto err;
         }
         reel_key_t key;
@@ -233,13 +233,13 @@ reel_keyring_t *reel_keyring_load(const char *dir) {
         if (key.role == REEL_ROLE_BROKER) continue; /* the broker's own, for its peers */
         if (k->n == cap) {
             if (cap >= KEYRING_MAX) {
-                kern_fail("keys directory %s: more than %d keys", dir, KEYRING_MAX);
+                reel_fail(REEL_E_LIMIT, "keys directory %s: more than %d keys", dir, KEYRING_MAX);
                 goto err;
             }
             size_t nc = cap ? cap * 2 : 16;
             reel_key_t *nk = realloc(k->k, nc * sizeof *nk);
             if (!nk) {
-                kern_fail("out of memory");
+                reel_fail(REEL_E_NOMEM, "out of memory");
                 goto err;
             }
             k->k = nk;
@@ -252,14 +252,14 @@ reel_keyring_t *reel_keyring_load(const char *dir) {
     if (k->n > 1) qsort(k->k, k->n, sizeof *k->k, cmp_key);
     for (size_t i = 0; i + 1 < k->n; i++)
         if (!strcmp(k->k[i].public_key, k->k[i + 1].public_key)) {
-            kern_fail("keys directory %s: keys %s and %s are one public key", dir, k->k[i].name, k->k[i + 1].name);
+            reel_fail(REEL_E_INVALID, "keys directory %s: keys %s and %s are one public key", dir, k->k[i].name, k->k[i + 1].name);
             goto err;
         }
     /* Names are what the catalog's audit records: one key each. */
     for (size_t i = 0; i < k->n; i++)
         for (size_t j = i + 1; j < k->n; j++)
             if (!strcmp(k->k[i].name, k->k[j].name)) {
-                kern_fail("keys directory %s: two keys named %s", dir, k->k[i].name);
+                reel_fail(REEL_E_INVALID, "keys directory %s: two keys named %s", dir, k->k[i].name);
                 goto err;
             }
     return k;
@@ -297,14 +297,14 @@ int reel_curve_resolve(const char *key_file, const char *broker_key, unsigned ro
     memset(c, 0, sizeof *c);
     const char *kf = given(key_file, "REEL_KEY"), *bk = given(broker_key, "REEL_BROKER_KEY");
     if (!kf && !bk) return 0;
-    if (!kf) return kern_fail("the broker's key is given but not this peer's own (--key FILE or REEL_KEY)");
-    if (!bk) return kern_fail("a key is given but not the broker's public key (--broker-key FILE or REEL_BROKER_KEY)");
+    if (!kf) return reel_fail(REEL_E_INVALID, "the broker's key is given but not this peer's own (--key FILE or REEL_KEY)");
+    if (!bk) return reel_fail(REEL_E_INVALID, "a key is given but not the broker's public key (--broker-key FILE or REEL_BROKER_KEY)");
     reel_key_t server;
     if (reel_key_read(kf, true, &c->self) != 0 || reel_key_read(bk, false, &server) != 0) return -1;
     if (roles && !(roles & (1u << c->self.role)))
-        return kern_fail("%s: a %s key cannot be used here", kf, reel_role_name(c->self.role));
+        return reel_fail(REEL_E_INVALID, "%s: a %s key cannot be used here", kf, reel_role_name(c->self.role));
     if (server.role != REEL_ROLE_BROKER)
-        return kern_fail("%s: a %s key, not the broker's (role broker)", bk, reel_role_name(server.role));
+        return reel_fail(REEL_E_INVALID, "%s: a %s key, not the broker's (role broker)", bk, reel_role_name(server.role));
     snprintf(c->server_key, sizeof c->server_key, "%s", server.public_key);
     c->on = true;
     return 0;
@@ -315,6 +315,6 @@ int reel_curve_apply(void *sock, const reel_curve_t *c) {
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, c->server_key, 40) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, c->self.public_key, 40) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, c->self.secret_key, 40) != 0)
-        return kern_fail("cannot set CURVE keys: %s", zmq_strerror(zmq_errno()));
+        return reel_fail(REEL_E_IO, "cannot set CURVE keys: %s", zmq_strerror(zmq_errno()));
     return 0;
 }

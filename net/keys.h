@@ -18,7 +18,7 @@
  *
  * Nothing here allocates per key read; the keyring is one array. Every
  * function returns 0 / a pointer on success and -1 / NULL with a message
- * in kern_error() on failure. The z85 text and zmq_curve_keypair are
+ * in an error value (base/error.h) on failure. The z85 text and zmq_curve_keypair are
  * libzmq's (built with libsodium: zmq_has("curve")). */
 #ifndef REEL_NET_KEYS_H
 #define REEL_NET_KEYS_H

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <zmq.h>
+#include "base/error.h"
 #include "base/tensor.h"
 
 #ifdef __cplusplus
@@ -59,6 +60,15 @@ typedef struct {
     char code[24];
     char message[256];
 } wire_err_t;
+
+/* The one place a library error (base/error.h) becomes a protocol error:
+ * invalid, not_found and unsupported are bad_request; limit is too_large;
+ * state is busy; timeout is timeout; io, device, nomem and internal are
+ * internal. */
+const char *wire_err_code_of(reel_code_t code);
+/* e from r: the code above and r's message, after `what` when given
+ * ("UPLOAD: "). Cut to fit; never fails. */
+void wire_err_from(wire_err_t *e, const reel_err_t *r, const char *what);
 
 /* ---- values: the header tree ------------------------------------------- */
 

@@ -27,3 +27,25 @@ int wire_dtype_parse(const char *name, kern_dtype_t *out) {
     }
     return kern_dtype_parse(name, out);
 }
+
+const char *wire_err_code_of(reel_code_t code) {
+    switch (code) {
+    case REEL_E_INVALID:
+    case REEL_E_NOT_FOUND:
+    case REEL_E_UNSUPPORTED: return WIRE_E_BAD_REQUEST;
+    case REEL_E_LIMIT: return WIRE_E_TOO_LARGE;
+    case REEL_E_STATE: return WIRE_E_BUSY;
+    case REEL_E_TIMEOUT: return WIRE_E_TIMEOUT;
+    default: return WIRE_E_INTERNAL;
+    }
+}
+
+void wire_err_from(wire_err_t *e, const reel_err_t *r, const char *what) {
+    snprintf(e->code, sizeof e->code, "%s", wire_err_code_of(r->code));
+    /* what, then as much of the message as fits */
+    size_t cap = sizeof e->message - 1, n = strnlen(what ? what : "", cap);
+    memcpy(e->message, what ? what : "", n);
+    size_t m = strnlen(r->msg, cap - n);
+    memcpy(e->message + n, r->msg, m);
+    e->message[n + m] = '\0';
+}

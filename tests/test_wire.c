@@ -1894,6 +1894,31 @@ END_TEST
 
 /* ---- runner -------------------------------------------------------------- */
 
+START_TEST(test_library_errors_become_protocol_errors_in_one_place) {
+    static const struct { reel_code_t c; const char *wire; } map[] = {
+        { REEL_E_INVALID, WIRE_E_BAD_REQUEST }, { REEL_E_NOT_FOUND, WIRE_E_BAD_REQUEST },
+        { REEL_E_UNSUPPORTED, WIRE_E_BAD_REQUEST }, { REEL_E_LIMIT, WIRE_E_TOO_LARGE },
+        { REEL_E_STATE, WIRE_E_BUSY }, { REEL_E_TIMEOUT, WIRE_E_TIMEOUT }, { REEL_E_IO, WIRE_E_INTERNAL },
+        { REEL_E_DEVICE, WIRE_E_INTERNAL }, { REEL_E_NOMEM, WIRE_E_INTERNAL }, { REEL_E_INTERNAL, WIRE_E_INTERNAL },
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        ck_assert_str_eq(wire_err_code_of(map[i].c), map[i].wire);
+    reel_fail_detail(REEL_E_LIMIT, "disk detail stays in the log", "v3 is larger than %d bytes", 10);
+    wire_err_t e;
+    wire_err_from(&e, reel_err(), "UPLOAD: ");
+    ck_assert_str_eq(e.code, WIRE_E_TOO_LARGE);
+    ck_assert_str_eq(e.message, "UPLOAD: v3 is larger than 10 bytes");
+    /* a long message is cut to the frame's field, never overrun */
+    char big[600];
+    memset(big, 'm', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    reel_fail(REEL_E_INVALID, "%s", big);
+    wire_err_from(&e, reel_err(), NULL);
+    ck_assert_str_eq(e.code, WIRE_E_BAD_REQUEST);
+    ck_assert_uint_eq(strlen(e.message), sizeof e.message - 1);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("wire");
     TCase *rt = tcase_create("round_trips");
@@ -1958,6 +1983,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_duplicate_keys_are_found_in_maps_of_every_size);
     tcase_add_test(lim, test_non_string_or_nul_bearing_map_keys_are_malformed);
     tcase_add_test(lim, test_ext_bin_and_reserved_types_are_malformed);
+    tcase_add_test(lim, test_library_errors_become_protocol_errors_in_one_place);
     tcase_add_test(lim, test_random_bytes_and_mutated_headers_never_crash_the_decoder);
     suite_add_tcase(s, lim);
     return s;

@@ -69,7 +69,7 @@ typedef struct {
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
 } wrk_t;
 
-/* idle_mu and idle_cv. -1 with a message in kern_error(). */
+/* idle_mu and idle_cv. -1 with a message in reel_err_text(). */
 int wrk_shared_init(wrk_t *w);
 /* Destroys what wrk_shared_init made (after every thread stopped). */
 void wrk_shared_fini(wrk_t *w);

@@ -1,5 +1,5 @@
 /* wrk_check.h -- WRK_CHECK(call): in builds with -DREEL_INVARIANTS, an
- * invariant check (0, or -1 with kern_error() naming what broke) whose
+ * invariant check (0, or -1 with reel_err_text() naming what broke) whose
  * failure prints the description and aborts; nothing in other builds. */
 #ifndef REEL_WORKER_WRK_CHECK_H
 #define REEL_WORKER_WRK_CHECK_H
@@ -12,7 +12,7 @@
 #define WRK_CHECK(call)                                                                        \
     do {                                                                                       \
         if ((call) != 0) {                                                                     \
-            fprintf(stderr, "worker invariant violated: %s (%s:%d)\n", kern_error(), __FILE__, \
+            fprintf(stderr, "worker invariant violated: %s (%s:%d)\n", reel_err_text(), __FILE__, \
                     __LINE__);                                                                 \
             abort();                                                                           \
         }                                                                                      \

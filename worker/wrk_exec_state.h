@@ -65,7 +65,7 @@ struct wrk_group {
 };
 
 /* ---- invariants (wrk_invariants.c) ----------------------------------------
- * Each returns 0, or -1 with kern_error() naming the first invariant that
+ * Each returns 0, or -1 with reel_err_text() naming the first invariant that
  * does not hold. Builds with -DREEL_INVARIANTS check them after every
  * state change and abort with that description (WRK_CHECK, wrk_check.h). */
 

@@ -176,7 +176,7 @@ static void send_result(wrk_stream_t *st, wrk_job_t *j) {
         return;
     }
     if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", kern_error());
+        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", reel_err_text());
         free(out);
         return;
     }
@@ -205,7 +205,7 @@ static int gather(wrk_stream_t *st, wrk_job_t *j) {
             ((j->rec & TDIT_REC_TRAJECTORY) && !(j->g_traj = malloc(n * (steps + 1) * nl * sizeof *j->g_traj))) ||
             ((j->rec & TDIT_REC_MEANS) && !(j->g_means = malloc(n * steps * nl * sizeof *j->g_means))) ||
             ((j->rec & TDIT_REC_LOG_PROBS) && !(j->g_logp = malloc(n * steps * sizeof *j->g_logp))))
-            return kern_fail("out of memory gathering a group of %zu", n);
+            return reel_fail(REEL_E_NOMEM, "out of memory gathering a group of %zu", n);
     }
     /* A part writes straight into its group's buffers, at its samples. */
     wrk_group_t *gr = j->group;
@@ -348,7 +348,7 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
             gunlock(j->group);
         }
         wrk_log(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d", (unsigned long long)j->id,
-                b, kern_error(), j->chunk);
+                b, reel_err_text(), j->chunk);
     }
     if (j->at + (int)tdit_req_batch(j->req) >= j->n) { /* the last start: the host copies are uploaded */
         free(j->latent);
@@ -445,7 +445,7 @@ static step_t admit(wrk_stream_t *st, wrk_job_t *j) {
     if (!j->counted) wrk_running_add(w, 1);
     j->counted = true;
     if (start_req(st, j) != 0) {
-        part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", kern_error());
+        part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", reel_err_text());
         return STEP_DONE;
     }
     return STEP_RAN;
@@ -468,7 +468,7 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
     pthread_rwlock_unlock(&w->step_lock);
     if (rc != 0) {
         part_failed(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
-                    kern_error());
+                    reel_err_text());
         return -1;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
@@ -503,7 +503,7 @@ static bool finish_req(wrk_stream_t *st, wrk_job_t *j) {
     }
     if (gather(st, j) != 0) {
         part_failed(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->base + j->at,
-                    j->base + j->at + (int)tdit_req_batch(j->req) - 1, kern_error());
+                    j->base + j->at + (int)tdit_req_batch(j->req) - 1, reel_err_text());
         return true;
     }
     j->at += (int)tdit_req_batch(j->req);
@@ -617,10 +617,10 @@ static void wake_streams(void *arg) {
 
 wrk_exec_t *wrk_exec_new(wrk_t *w) {
     wrk_exec_t *x = calloc(1, sizeof *x);
-    if (!x) { kern_fail("out of memory"); return NULL; }
+    if (!x) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     x->w = w;
     x->s = calloc((size_t)w->opt->streams, sizeof *x->s);
-    if (!x->s) { kern_fail("out of memory"); goto err; }
+    if (!x->s) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
     for (int i = 0; i < w->opt->streams; i++) {
         wrk_stream_t *st = &x->s[i];
         st->x = x;
@@ -629,7 +629,7 @@ wrk_exec_t *wrk_exec_new(wrk_t *w) {
         x->n = i + 1;
         if (!(st->ks = kern_stream_new(w->backend))) goto err;
         if (!(st->push = wrk_pipe_push_new(w->zctx))) {
-            kern_fail("stream %d: pipe: %s", i, zmq_strerror(errno));
+            reel_fail(REEL_E_IO, "stream %d: pipe: %s", i, zmq_strerror(errno));
             goto err;
         }
     }
@@ -719,7 +719,7 @@ static void enqueue(wrk_exec_t *x, wrk_job_t *job, int on) {
     uint64_t id = job->id;
     atomic_fetch_add(&best->load, 1); /* before the post: the load never counts short */
     if (reel_thread_post(best->th, job) != 0) /* the job was ended (stream_discard) */
-        wrk_log(x->w, "stream %d: %s; request %llu not run", best->idx, kern_error(), (unsigned long long)id);
+        wrk_log(x->w, "stream %d: %s; request %llu not run", best->idx, reel_err_text(), (unsigned long long)id);
 }
 
 void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job) {

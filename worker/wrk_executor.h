@@ -17,7 +17,7 @@
 typedef struct wrk_exec wrk_exec_t;
 
 /* Creates w->opt->streams streams and starts their threads. NULL with a
- * message in kern_error() (nothing left running). */
+ * message in reel_err_text() (nothing left running). */
 wrk_exec_t *wrk_exec_new(wrk_t *w);
 /* Queues job on the stream with the fewest jobs (queued + active), taking
  * ownership. Can't fail. */

@@ -134,17 +134,17 @@ void wrk_fetch_spare_release(wrk_fetch_buf_t *spare) {
 int wrk_fetch_invariants(const wrk_fetch_t *f, const wrk_fetch_mem_t *m, uint64_t done) {
     bool sized = f->size != UINT64_MAX;
     if (sized && done > f->size)
-        return kern_fail("fetch: %" PRIu64 " bytes came of a %" PRIu64 "-byte file", done, f->size);
-    if (f->asked < done) return kern_fail("fetch: asking at %" PRIu64 ", behind the %" PRIu64 " bytes that came", f->asked, done);
+        return reel_fail(REEL_E_INTERNAL, "fetch: %" PRIu64 " bytes came of a %" PRIu64 "-byte file", done, f->size);
+    if (f->asked < done) return reel_fail(REEL_E_INTERNAL, "fetch: asking at %" PRIu64 ", behind the %" PRIu64 " bytes that came", f->asked, done);
     if (f->asked - done > (uint64_t)WRK_FETCH_WINDOW * MSG_CHUNK_MAX)
-        return kern_fail("fetch: %" PRIu64 " bytes asked ahead, more than %d chunks", f->asked - done, WRK_FETCH_WINDOW);
-    if (done < 8 && (m->hdr || m->data)) return kern_fail("fetch: buffers before the header's length came");
+        return reel_fail(REEL_E_INTERNAL, "fetch: %" PRIu64 " bytes asked ahead, more than %d chunks", f->asked - done, WRK_FETCH_WINDOW);
+    if (done < 8 && (m->hdr || m->data)) return reel_fail(REEL_E_INTERNAL, "fetch: buffers before the header's length came");
     if (done >= 8) {
-        if (!m->hdr || !m->data) return kern_fail("fetch: the header's length came but a buffer is missing");
+        if (!m->hdr || !m->data) return reel_fail(REEL_E_INTERNAL, "fetch: the header's length came but a buffer is missing");
         if (!sized || 8 + m->hlen + m->dlen != f->size)
-            return kern_fail("fetch: 8 + %" PRIu64 " header + %" PRIu64 " data bytes is not the file's size",
+            return reel_fail(REEL_E_INTERNAL, "fetch: 8 + %" PRIu64 " header + %" PRIu64 " data bytes is not the file's size",
                              m->hlen, m->dlen);
-        if (m->cap < m->dlen) return kern_fail("fetch: a %zu-byte buffer for %" PRIu64 " data bytes", m->cap, m->dlen);
+        if (m->cap < m->dlen) return reel_fail(REEL_E_INTERNAL, "fetch: a %zu-byte buffer for %" PRIu64 " data bytes", m->cap, m->dlen);
     }
     return 0;
 }
@@ -318,7 +318,7 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
         out = st_adopt(origin, mem.hdr, (size_t)mem.hlen, mem.data, (size_t)mem.dlen);
         if (out && src->spare) src->spare->cap = mem.cap; /* for st_take_data's buffer after */
         mem.data = NULL;
-        if (!out) fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", kern_error());
+        if (!out) fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", reel_err_text());
     }
     if (src->reasked) *src->reasked = f.reasked;
     if (f.sock) zmq_close(f.sock);

@@ -37,7 +37,7 @@ typedef struct {
  * neither behind what came nor more than the window's slots ahead; the
  * buffers exist exactly once the header's length came, header and data
  * adding up to the file, the data buffer big enough. 0, or -1 with
- * kern_error() naming the first that does not hold. Checked at every
+ * reel_err_text() naming the first that does not hold. Checked at every
  * answer with -DREEL_INVARIANTS. */
 int wrk_fetch_invariants(const wrk_fetch_t *f, const wrk_fetch_mem_t *m, uint64_t done);
 

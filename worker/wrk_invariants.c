@@ -7,7 +7,7 @@
 
 #define INV(cond, ...)                                      \
     do {                                                    \
-        if (!(cond)) return kern_fail(__VA_ARGS__);         \
+        if (!(cond)) return reel_fail(REEL_E_INTERNAL, __VA_ARGS__);         \
     } while (0)
 
 int wrk_job_invariants(const wrk_job_t *j) {

@@ -162,7 +162,7 @@ static void publish_metrics(link_t *l, int64_t now, int64_t silent_ms) {
                     : !ready ? "the broker has not answered within the heartbeat liveness"
                              : NULL;
     if (!t.failed && reel_http_publish(l->http, t.p, t.n, healthy, ready, why) != 0)
-        wrk_log(w, "metrics: %s", kern_error());
+        wrk_log(w, "metrics: %s", reel_err_text());
     reel_text_free(&t);
 }
 
@@ -519,7 +519,7 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     st_file_t *f = wrk_weights_load(NULL, path, NULL, 0, &w->stop, sha, &code, detail, sizeof detail);
     if (!f) wrk_log(w, "%s", detail);
     else if (wrk_weights_finite(f, detail, sizeof detail) != 0) wrk_log(w, "%s: %s", path, detail);
-    else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, kern_error());
+    else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, reel_err_text());
     st_close(&f);
     return m;
 }
@@ -535,7 +535,7 @@ static int setup_artifacts(wrk_t *w, kern_artifacts_t **out) {
     if (!o->artifacts) return 0;
     kern_artifacts_t *set = kern_artifacts_scan(o->artifacts);
     if (!set) {
-        wrk_log(w, "artifacts: %s", kern_error());
+        wrk_log(w, "artifacts: %s", reel_err_text());
         return 2;
     }
     int rc = o->artifacts_enable ? kern_artifacts_enable_list(set, o->artifacts_enable)
@@ -551,7 +551,7 @@ static int setup_artifacts(wrk_t *w, kern_artifacts_t **out) {
                      b.loaded ? ", loaded" : ", not enabled");
     }
     if (rc != 0) {
-        wrk_log(w, "%s", kern_error());
+        wrk_log(w, "%s", reel_err_text());
         kern_artifacts_destroy(&set);
         return 2;
     }
@@ -568,12 +568,12 @@ static int setup_access(wrk_t *w, wrk_roots_t *roots, reel_curve_t *curve) {
     for (int i = 0; i < o->n_weights_dirs && rc == 0; i++) rc = wrk_roots_add(roots, o->weights_dirs[i]);
     if (rc == 0 && o->n_weights_dirs == 0) rc = wrk_roots_add_dir_of(roots, o->weights);
     if (rc != 0) {
-        wrk_log(w, "%s", kern_error());
+        wrk_log(w, "%s", reel_err_text());
         return -1;
     }
     for (int i = 0; i < roots->n; i++) wrk_log(w, "syncs read weights under %s", roots->real[i]);
     if (reel_curve_resolve(o->key, o->broker_key, 1u << REEL_ROLE_WORKER, curve) != 0) {
-        wrk_log(w, "keys: %s", kern_error());
+        wrk_log(w, "keys: %s", reel_err_text());
         return -1;
     }
     if (curve->on) wrk_log(w, "CURVE: key %s, broker key %.8s...", curve->self.name, curve->server_key);
@@ -599,13 +599,13 @@ static int open_backend(run_t *r) {
     if (o->backend == KERN_BACKEND_CUDA) {
         w->backend = kern_backend_cuda_new(o->device);
         if (!w->backend && o->no_fallback) {
-            wrk_log(w, "cuda unusable (%s), and --no-fallback was given", kern_error());
+            wrk_log(w, "cuda unusable (%s), and --no-fallback was given", reel_err_text());
             return -1;
         }
-        if (!w->backend) wrk_log(w, "cuda unusable (%s); using the CPU backend", kern_error());
+        if (!w->backend) wrk_log(w, "cuda unusable (%s); using the CPU backend", reel_err_text());
     }
     if (!w->backend && !(w->backend = kern_backend_cpu_new())) {
-        wrk_log(w, "%s", kern_error());
+        wrk_log(w, "%s", reel_err_text());
         return -1;
     }
     w->dtype = o->bf16 ? KERN_BF16 : KERN_F32;
@@ -632,7 +632,7 @@ static int open_cache(run_t *r) {
     co.log_user = w;
     if (!(w->cache = cap_cache_new(w->backend, &co)) ||
         tdit_register_weights(w->cache, w->model, o->weights_version) != 0) {
-        wrk_log(w, "capture cache: %s", kern_error());
+        wrk_log(w, "capture cache: %s", reel_err_text());
         return -1;
     }
     pthread_rwlockattr_t ra;
@@ -664,12 +664,12 @@ static int open_links(run_t *r, int *code) {
         return -1;
     }
     if (!(l->exec = wrk_exec_new(w)) || !(l->sync = wrk_syncer_new(w, r->sha))) {
-        wrk_log(w, "%s", kern_error());
+        wrk_log(w, "%s", reel_err_text());
         return -1;
     }
     if (w->opt->metrics) {
         if (!(l->http = reel_http_start(w->opt->metrics))) {
-            wrk_log(w, "%s", kern_error());
+            wrk_log(w, "%s", reel_err_text());
             *code = 2;
             return -1;
         }
@@ -750,7 +750,7 @@ static int run(const wrk_opts_t *o) {
     atomic_init(&w->draining, false);
     atomic_init(&w->running, 0);
     if (wrk_shared_init(w) != 0) {
-        wrk_log(w, "%s", kern_error());
+        wrk_log(w, "%s", reel_err_text());
         return 1;
     }
     r.l.w = w;

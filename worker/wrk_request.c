@@ -104,14 +104,14 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     const int64_t *ls = r->latent_shape;
     /* The model's own checks stay the backstop of what the protocol allows. */
     tdit_solver_t solver;
-    if (tdit_solver_parse(msg_gen_solver(r), &solver) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
+    if (tdit_solver_parse(msg_gen_solver(r), &solver) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     /* With the config's text_len, every context is padded to it (msg_gen_validate
      * refused longer ones): one shape, one key, for every prompt length. */
     int64_t L = cfg->text_len > 0 ? cfg->text_len : r->context->shape[0];
     tdit_shape_t shape = { ls[1], ls[2], ls[3], L, r->uncond != NULL, 1, solver };
-    if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
+    if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed, solver };
-    if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", kern_error());
+    if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
 
     wrk_job_t *j = calloc(1, sizeof *j);
     if (!j) return bad(err, WIRE_E_INTERNAL, "out of memory");

@@ -6,10 +6,10 @@
 #include "worker/wrk.h"
 
 int wrk_shared_init(wrk_t *w) {
-    if (pthread_mutex_init(&w->idle_mu, NULL) != 0) return kern_fail("cannot create the drain lock");
+    if (pthread_mutex_init(&w->idle_mu, NULL) != 0) return reel_fail(REEL_E_IO, "cannot create the drain lock");
     if (pthread_cond_init(&w->idle_cv, NULL) != 0) {
         pthread_mutex_destroy(&w->idle_mu);
-        return kern_fail("cannot create the drain condition");
+        return reel_fail(REEL_E_IO, "cannot create the drain condition");
     }
     return 0;
 }

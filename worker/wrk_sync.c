@@ -66,11 +66,11 @@ static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, cha
     st_writer_t *w = st_writer_new();
     char dir[] = "/tmp/reel-worker-sync-XXXXXX", path[sizeof dir + 32];
     bool have_dir = false;
-    if (!w) { say(err, errlen, "%s", kern_error()); goto out; }
+    if (!w) { say(err, errlen, "%s", reel_err_text()); goto out; }
     for (int i = 0; i < m->n_tensors; i++)
         if (st_writer_add(w, m->tensors[i]->name, m->tensors[i]->dtype, m->tensors[i]->ndim, m->tensors[i]->shape,
                           m->tensors[i]->data) != 0) {
-            say(err, errlen, "%s", kern_error());
+            say(err, errlen, "%s", reel_err_text());
             goto out;
         }
     char v[32];
@@ -84,11 +84,11 @@ static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, cha
         snprintf(v, sizeof v, "%" PRId64, meta[i].v);
         rc = st_writer_meta(w, meta[i].k, v);
     }
-    if (rc != 0) { say(err, errlen, "%s", kern_error()); goto out; }
+    if (rc != 0) { say(err, errlen, "%s", reel_err_text()); goto out; }
     if (!mkdtemp(dir)) { say(err, errlen, "cannot create a temporary directory: %s", strerror(errno)); goto out; }
     have_dir = true;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    if (st_writer_save(w, path) != 0 || !(f = st_open(path))) say(err, errlen, "inline weights: %s", kern_error());
+    if (st_writer_save(w, path) != 0 || !(f = st_open(path))) say(err, errlen, "inline weights: %s", reel_err_text());
     unlink(path);
 out:
     if (have_dir) rmdir(dir);
@@ -123,7 +123,7 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
          * against the running model, Wan's or diffusers' names made Reel's. */
         wan_fail_t why;
         if (*out && wan_ckpt_adopt(out, cfg, &why) != 0) {
-            say(err, errlen, "%s", kern_error());
+            say(err, errlen, "%s", reel_err_text());
             snprintf(wire, wlen, "%s", why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE);
         }
     } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
@@ -273,7 +273,7 @@ static void sync_apply_locked(sync_op_t *op) {
     wrk_t *w = op->w;
     assert(reel_owner_mine(&w->step_writer));
     if (tdit_model_reload(w->model, op->f) != 0) {
-        snprintf(op->err, sizeof op->err, "%s", kern_error());
+        snprintf(op->err, sizeof op->err, "%s", reel_err_text());
         op->fail = WRK_E_MODEL; /* the tensor names and shapes stay in the log */
         if (strstr(op->err, "part-way")) {
             atomic_store(&w->fatal, true);
@@ -282,7 +282,7 @@ static void sync_apply_locked(sync_op_t *op) {
     } else if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model), tdit_model_bytes(w->model),
                                     op->version) < 0) {
         /* New weights under the old version's graphs and keys: unusable. */
-        snprintf(op->err, sizeof op->err, "%s", kern_error());
+        snprintf(op->err, sizeof op->err, "%s", reel_err_text());
         op->fail = "internal: the capture cache could not take the weights (worker exiting)";
         atomic_store(&w->fatal, true);
     } else {
@@ -351,11 +351,11 @@ static void sync_discard(void *arg, void *item) {
 
 wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]) {
     wrk_syncer_t *s = calloc(1, sizeof *s);
-    if (!s) { kern_fail("out of memory"); return NULL; }
+    if (!s) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     s->w = w;
     if (initial_sha) snprintf(s->applied_sha, sizeof s->applied_sha, "%s", initial_sha);
     if (!(s->push = wrk_pipe_push_new(w->zctx))) {
-        kern_fail("sync pipe: %s", zmq_strerror(errno));
+        reel_fail(REEL_E_IO, "sync pipe: %s", zmq_strerror(errno));
         goto err;
     }
     reel_thread_opts_t o = { .name = "sync", .user = s, .run = sync_run, .discard = sync_discard,
@@ -370,7 +370,7 @@ err:
 void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m) {
     /* Not acked when it fails (freed by sync_discard): the broker's
      * deadline reports it. */
-    if (reel_thread_post(s->th, m) != 0) wrk_log(s->w, "%s: a SYNC dropped", kern_error());
+    if (reel_thread_post(s->th, m) != 0) wrk_log(s->w, "%s: a SYNC dropped", reel_err_text());
 }
 
 void wrk_syncer_destroy(wrk_syncer_t **sp) {

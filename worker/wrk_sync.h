@@ -54,7 +54,7 @@ int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, const wrk_roots
 typedef struct wrk_syncer wrk_syncer_t;
 
 /* Starts the sync thread. initial_sha: hex sha256 of the weights loaded at
- * startup (the applied version's). NULL with a message in kern_error(). */
+ * startup (the applied version's). NULL with a message in reel_err_text(). */
 wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]);
 /* Queues SYNC m (heap-allocated; ownership taken: closed and freed by the
  * sync thread). Can't fail. */

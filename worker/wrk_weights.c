@@ -29,12 +29,12 @@ static int fail(const char **wire, const char *code, char *detail, size_t len, c
 /* ---- roots -------------------------------------------------------------------- */
 
 int wrk_roots_add(wrk_roots_t *r, const char *dir) {
-    if (r->n >= WRK_MAX_ROOTS) return kern_fail("more than %d weights directories", WRK_MAX_ROOTS);
-    if (strlen(dir) >= PATH_MAX) return kern_fail("weights directory %.64s...: path too long", dir);
+    if (r->n >= WRK_MAX_ROOTS) return reel_fail(REEL_E_LIMIT, "more than %d weights directories", WRK_MAX_ROOTS);
+    if (strlen(dir) >= PATH_MAX) return reel_fail(REEL_E_LIMIT, "weights directory %.64s...: path too long", dir);
     char real[PATH_MAX];
     struct stat sb;
-    if (!realpath(dir, real)) return kern_fail("weights directory %s: %s", dir, strerror(errno));
-    if (stat(real, &sb) != 0 || !S_ISDIR(sb.st_mode)) return kern_fail("weights directory %s: not a directory", dir);
+    if (!realpath(dir, real)) return reel_fail(REEL_E_IO, "weights directory %s: %s", dir, strerror(errno));
+    if (stat(real, &sb) != 0 || !S_ISDIR(sb.st_mode)) return reel_fail(REEL_E_INVALID, "weights directory %s: not a directory", dir);
     snprintf(r->given[r->n], PATH_MAX, "%s", dir);
     /* "/srv/w/" names the same root as "/srv/w" */
     for (size_t n = strlen(r->given[r->n]); n > 1 && r->given[r->n][n - 1] == '/'; n--) r->given[r->n][n - 1] = '\0';
@@ -45,7 +45,7 @@ int wrk_roots_add(wrk_roots_t *r, const char *dir) {
 
 int wrk_roots_add_dir_of(wrk_roots_t *r, const char *file) {
     char real[PATH_MAX];
-    if (!realpath(file, real)) return kern_fail("%s: %s", file, strerror(errno));
+    if (!realpath(file, real)) return reel_fail(REEL_E_IO, "%s: %s", file, strerror(errno));
     char *slash = strrchr(real, '/');
     if (slash == real) slash[1] = '\0'; /* a file in / */
     else if (slash) *slash = '\0';
@@ -150,7 +150,7 @@ st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_c
     }
     if (!c) {
         fail(wire, why == WAN_E_STOPPED ? WRK_E_STOPPED : why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE, detail, len,
-             "%s", kern_error());
+             "%s", reel_err_text());
         return NULL;
     }
     snprintf(hex, 65, "%s", wan_ckpt_identity(c));
@@ -176,7 +176,7 @@ st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const a
                             const char **wire, char *detail, size_t len) {
     st_probe_t p;
     if (st_probe_fd(fd, path, &p) != 0) {
-        fail(wire, WRK_E_FILE, detail, len, "%s", kern_error());
+        fail(wire, WRK_E_FILE, detail, len, "%s", reel_err_text());
         return NULL;
     }
     /* Before a byte of data is read: a file larger than the model could
@@ -199,7 +199,7 @@ st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const a
     }
     st_file_t *f = st_open_fd(fd, path, reel_sha256_hook, &k);
     if (!f) {
-        fail(wire, k.stopped ? WRK_E_STOPPED : WRK_E_FILE, detail, len, "%s", kern_error());
+        fail(wire, k.stopped ? WRK_E_STOPPED : WRK_E_FILE, detail, len, "%s", reel_err_text());
         reel_sha256_free(&k.h);
         return NULL;
     }

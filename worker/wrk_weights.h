@@ -50,7 +50,7 @@ typedef struct {
 } wrk_roots_t;
 
 /* Adds the directory dir (it must exist) as a root. 0, or -1 with a
- * message in kern_error() (missing, not a directory, more than
+ * message in reel_err_text() (missing, not a directory, more than
  * WRK_MAX_ROOTS). */
 int wrk_roots_add(wrk_roots_t *r, const char *dir);
 /* Adds the directory holding file (the default root: where --weights is). */

@@ -26,7 +26,7 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
     if (reel_curve_resolve(key_file, broker_key, 1u << REEL_ROLE_CLIENT | 1u << REEL_ROLE_TRAINER, &curve) != 0)
         return NULL;
     reel_client_t *c = calloc(1, sizeof *c);
-    if (!c) { kern_fail("out of memory"); return NULL; }
+    if (!c) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     c->ctx = zmq_ctx_new();
     c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
     if (c->sock && reel_curve_apply(c->sock, &curve) != 0) {
@@ -36,7 +36,7 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
     }
     explicit_bzero(&curve, sizeof curve); /* the socket has its copy */
     if (!c->sock || wire_socket_limits(c->sock) != 0 || zmq_connect(c->sock, endpoint) != 0) {
-        kern_fail("cannot connect to broker '%s': %s", endpoint, zmq_strerror(zmq_errno()));
+        reel_fail(REEL_E_IO, "cannot connect to broker '%s': %s", endpoint, zmq_strerror(zmq_errno()));
         reel_client_destroy(&c);
         return NULL;
     }

@@ -21,7 +21,7 @@ typedef struct reel_client reel_client_t;
  * broker_key (the broker's broker.pub), each NULL to take $REEL_KEY /
  * $REEL_BROKER_KEY; neither anywhere: a plain connection (a broker with
  * keys never answers it, and calls time out). NULL with a message in
- * kern_error() on a bad endpoint or unusable keys (one without the other,
+ * an error (base/error.h) on a bad endpoint or unusable keys (one without the other,
  * an unreadable file, a worker's key). */
 reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key);
 /* reel_client_new_keys(endpoint, NULL, NULL): keys from the environment. */

@@ -16,7 +16,7 @@ static void *cpu_alloc(kern_backend_t *b, size_t bytes) {
     size_t total = CPU_ALIGN + ((bytes + CPU_ALIGN - 1) & ~(size_t)(CPU_ALIGN - 1));
     unsigned char *p = aligned_alloc(CPU_ALIGN, total);
     if (!p) {
-        kern_fail("cpu: out of memory allocating %zu bytes", bytes);
+        reel_fail(REEL_E_NOMEM, "cpu: out of memory allocating %zu bytes", bytes);
         return NULL;
     }
     memcpy(p, &bytes, sizeof bytes);
@@ -85,7 +85,7 @@ static const char *cpu_arch(void) {
 kern_backend_t *kern_backend_cpu_new_impl(void) {
     kern_backend_t *b = calloc(1, sizeof *b);
     if (!b) {
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
     b->iface = &cpu_iface;

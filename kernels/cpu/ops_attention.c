@@ -52,13 +52,13 @@ static int attention_f32(void *ctx, const void *args) {
     const kern_attention_args_t *a = args;
     int64_t nq = a->nq, nk = a->nk, H = a->heads, d = a->head_dim, ld = H * d;
     if (nq <= 0 || H <= 0 || d <= 0) return 0;
-    if (nk <= 0) return kern_fail("attention_cpu: no keys");
+    if (nk <= 0) return reel_fail(REEL_E_INVALID, "attention_cpu: no keys");
     if (nq > INT_MAX || nk > INT_MAX || ld > INT_MAX)
-        return kern_fail("attention_cpu: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
+        return reel_fail(REEL_E_INVALID, "attention_cpu: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
                          (long long)nq, (long long)nk, (long long)ld);
     int64_t rows = attn_block_rows(nq, nk);
     if (!a->hdr.scratch || a->hdr.scratch_bytes < (size_t)(rows * nk) * sizeof(float))
-        return kern_fail("attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
+        return reel_fail(REEL_E_INVALID, "attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
                          (size_t)(rows * nk) * sizeof(float));
     float *s = a->hdr.scratch;
     const float *q = a->q, *k = a->k, *v = a->v;

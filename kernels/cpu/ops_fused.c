@@ -54,10 +54,10 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
     const kern_rmsnorm_rope_args_t *a = args;
     int64_t H = a->heads, d = a->head_dim, F = a->frames, R = a->rows, C = a->cols;
     if (H <= 0 || d <= 0 || F <= 0 || R <= 0 || C <= 0) return 0;
-    if (d % 2) return kern_fail("rmsnorm_rope3d_cpu: head width %lld is odd", (long long)d);
+    if (d % 2) return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d_cpu: head width %lld is odd", (long long)d);
     size_t need = rmsnorm_rope_workspace(a);
     if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
-        return kern_fail("rmsnorm_rope3d_cpu: scratch of %zu bytes, needs %zu",
+        return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d_cpu: scratch of %zu bytes, needs %zu",
                          a->hdr.scratch_bytes, need);
     cpu_rope_tables_t t = cpu_rope_tables(a->hdr.scratch, d, F, R, C);
     const float *wt = a->weight;

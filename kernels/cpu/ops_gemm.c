@@ -22,7 +22,7 @@ static int gemm_run(const kern_gemm_args_t *a) {
     int64_t M = a->M, N = a->N, K = a->K;
     if (M <= 0 || N <= 0) return 0;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
-        return kern_fail("gemm_openblas: M=%lld N=%lld K=%lld exceed the BLAS int range",
+        return reel_fail(REEL_E_INVALID, "gemm_openblas: M=%lld N=%lld K=%lld exceed the BLAS int range",
                          (long long)M, (long long)N, (long long)K);
     float beta = 0.0f;
     if (bias) {
@@ -63,13 +63,13 @@ static int gemm_gelu_f32(void *ctx, const void *args) {
  * than its row, or a size does not fit OpenBLAS's ints. */
 static int gemm_batched_check(const kern_gemm_batched_args_t *a) {
     if (a->m < 1 || a->n < 1 || a->k < 1)
-        return kern_fail("gemm_batched_openblas: m=%lld n=%lld k=%lld must all be >= 1",
+        return reel_fail(REEL_E_INVALID, "gemm_batched_openblas: m=%lld n=%lld k=%lld must all be >= 1",
                          (long long)a->m, (long long)a->n, (long long)a->k);
     if (a->m > INT_MAX || a->n > INT_MAX || a->k > INT_MAX || a->lda > INT_MAX ||
         a->ldb > INT_MAX || a->ldc > INT_MAX)
-        return kern_fail("gemm_batched_openblas: sizes exceed the BLAS int range");
+        return reel_fail(REEL_E_INVALID, "gemm_batched_openblas: sizes exceed the BLAS int range");
     if (a->lda < a->k || a->ldb < (a->trans_b ? a->k : a->n) || a->ldc < a->n)
-        return kern_fail("gemm_batched_openblas: a leading dim is shorter than its row "
+        return reel_fail(REEL_E_INVALID, "gemm_batched_openblas: a leading dim is shorter than its row "
                          "(lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld)",
                          (long long)a->lda, (long long)a->ldb, (long long)a->ldc,
                          (long long)a->m, (long long)a->n, (long long)a->k);

@@ -16,7 +16,7 @@ static int softmax_f32(void *ctx, const void *args) {
     const kern_softmax_args_t *a = args;
     if (a->rows <= 0) return 0;
     if (a->n < 1 || a->lds < a->n || a->ldp < a->n)
-        return kern_fail("softmax_cpu: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
+        return reel_fail(REEL_E_INVALID, "softmax_cpu: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
                          (long long)a->n, (long long)a->lds, (long long)a->ldp);
     const float scale = a->scale;
     const int64_t n = a->n;

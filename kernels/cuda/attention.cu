@@ -165,7 +165,7 @@ static int attention_shape(const kern_cuda_ctx_t *c, const kern_attention_args_t
     const int d = (int)a->head_dim, dq = (d + 3) & ~3;
     const size_t smem = sizeof(float) * ((size_t)BQ * dq + (size_t)BK * (dq + 1) + (size_t)BQ * BK);
     const int64_t tiles = (a->nq + BQ - 1) / BQ;
-    if (tiles > INT_MAX) return kern_fail("attention: %lld queries exceed the CUDA grid",
+    if (tiles > INT_MAX) return reel_fail(REEL_E_LIMIT, "attention: %lld queries exceed the CUDA grid",
                                           (long long)a->nq);
     dim3 grid((unsigned)tiles, (unsigned)a->heads);
     attention_kernel<T, DMAX, R, BK><<<grid, ATTN_WARPS * 32, smem, c->stream>>>(
@@ -180,13 +180,13 @@ static int attention_launch(void *ctx, const void *args) {
     const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
     const kern_attention_args_t *a = (const kern_attention_args_t *)args;
     if (a->nq <= 0 || a->heads <= 0) return 0;
-    if (a->nk <= 0) return kern_fail("attention: no keys");
+    if (a->nk <= 0) return reel_fail(REEL_E_INVALID, "attention: no keys");
     if (a->heads > 65535)
-        return kern_fail("attention: %lld heads exceed the CUDA grid (65535)", (long long)a->heads);
+        return reel_fail(REEL_E_LIMIT, "attention: %lld heads exceed the CUDA grid (65535)", (long long)a->heads);
     if (a->head_dim <= 64) return attention_shape<T, 64, 8, 64>(c, a);
     if (a->head_dim <= 128) return attention_shape<T, 128, 8, 32>(c, a);
     if (a->head_dim <= 256) return attention_shape<T, 256, 2, 32>(c, a);
-    return kern_fail("attention: head_dim %lld exceeds the CUDA kernel's limit of 256",
+    return reel_fail(REEL_E_LIMIT, "attention: head_dim %lld exceeds the CUDA kernel's limit of 256",
                      (long long)a->head_dim);
 }
 

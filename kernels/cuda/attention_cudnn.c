@@ -65,7 +65,7 @@ typedef struct {
 static int dnn_fail(cudnnStatus_t st, const char *stmt, const char *func, int line) {
     char last[256] = "";
     cudnnGetLastErrorString(last, sizeof last);
-    return kern_fail("cuDNN error: %s in `%s` (%s at %s:%d)%s%s", cudnnGetErrorString(st), stmt,
+    return reel_fail(REEL_E_DEVICE, "cuDNN error: %s in `%s` (%s at %s:%d)%s%s", cudnnGetErrorString(st), stmt,
                      func, __FILE__, line, last[0] ? ": " : "", last);
 }
 
@@ -231,7 +231,7 @@ static int build_plan(kern_cuda_ctx_t *c, sdpa_plan_t *p, cudnnBackendDescriptor
             return 0;
         }
     }
-    return kern_fail("attention_sdpa: cuDNN has no plan for nq=%lld nk=%lld heads=%lld d=%lld "
+    return reel_fail(REEL_E_DEVICE, "attention_sdpa: cuDNN has no plan for nq=%lld nk=%lld heads=%lld d=%lld "
                      "BF16: %s", (long long)p->nq, (long long)p->nk, (long long)p->heads,
                      (long long)p->d, why);
 err:
@@ -255,7 +255,7 @@ static int plan_get(kern_cuda_ctx_t *c, const kern_attention_args_t *a, const sd
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
     if (cs != cudaStreamCaptureStatusNone)
-        return kern_fail("attention_sdpa: no cuDNN plan yet for nq=%lld nk=%lld heads=%lld d=%lld "
+        return reel_fail(REEL_E_DEVICE, "attention_sdpa: no cuDNN plan yet for nq=%lld nk=%lld heads=%lld d=%lld "
                          "on this stream, and none is made inside a capture: run the shape "
                          "eagerly on this stream before capturing it", (long long)a->nq,
                          (long long)a->nk, (long long)a->heads, (long long)a->head_dim);
@@ -289,13 +289,13 @@ int kern_cuda_attention_sdpa_bf16(void *ctx, const void *args) {
     if (a->nq <= 0) return 0;
     if (!c->dnn) {
         const sdpa_plans_t *ps = c->dnn_plans;
-        return kern_fail("attention_sdpa: this stream has no cuDNN handle (cudnnCreate: %s)",
+        return reel_fail(REEL_E_DEVICE, "attention_sdpa: this stream has no cuDNN handle (cudnnCreate: %s)",
                          ps ? cudnnGetErrorString(ps->create_status) : "out of memory");
     }
     const void *ptr[4] = { a->q, a->k, a->v, a->o };
     for (int i = 0; i < 4; i++)
         if ((uintptr_t)ptr[i] % 16)
-            return kern_fail("attention_sdpa: q, k, v and o must be 16-byte aligned for cuDNN");
+            return reel_fail(REEL_E_INVALID, "attention_sdpa: q, k, v and o must be 16-byte aligned for cuDNN");
     const sdpa_plan_t *p = NULL;
     if (plan_get(c, a, &p)) return -1;
     float scale = a->scale; /* by value: read when the call is enqueued (a graph bakes it) */

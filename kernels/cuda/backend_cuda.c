@@ -71,7 +71,7 @@ static int cuda_track(cuda_impl_t *im, void *p, size_t bytes) {
             im->block = nb;
             im->cap = cap;
         } else {
-            rc = kern_fail("cuda: out of host memory tracking device allocations");
+            rc = reel_fail(REEL_E_NOMEM, "cuda: out of host memory tracking device allocations");
         }
     }
     if (rc == 0) im->block[im->len++] = (cuda_block_t){ p, bytes };
@@ -100,8 +100,8 @@ static void *cuda_alloc(kern_backend_t *b, size_t bytes) {
     void *p = NULL;
     if (cuda_malloc(b->device, bytes, &p) != 0) {
         char why[400];
-        snprintf(why, sizeof why, "%s", kern_error());
-        kern_fail("%s: cannot allocate %zu bytes: %s", b->device_name, bytes, why);
+        snprintf(why, sizeof why, "%s", reel_err_text());
+        reel_fail(REEL_E_NOMEM, "%s: cannot allocate %zu bytes: %s", b->device_name, bytes, why);
         return NULL;
     }
     if (cuda_track(b->impl, p, bytes) != 0) {
@@ -113,7 +113,7 @@ static void *cuda_alloc(kern_backend_t *b, size_t bytes) {
 
 /* Returns the bytes freed. Freeing a pointer this backend did not allocate
  * is a programmer error (asserted). A failing cudaFree (a sticky error from
- * an earlier kernel) is recorded in kern_error() but still counts the block
+ * an earlier kernel) is recorded in reel_err_text() but still counts the block
  * as freed: the memory is gone with the context either way. */
 static size_t cuda_free(kern_backend_t *b, void *p) {
     size_t bytes = cuda_untrack(b->impl, p);
@@ -179,16 +179,16 @@ static void *cuda_stream_new(kern_backend_t *b) {
     char why[480];
     kern_cuda_ctx_t *c = calloc(1, sizeof *c);
     if (!c) {
-        kern_fail("cuda: out of memory");
+        reel_fail(REEL_E_NOMEM, "cuda: out of memory");
         return NULL;
     }
     if (cuda_stream_open(b, c) != 0) goto err;
     return c;
 err:
-    snprintf(why, sizeof why, "%s", kern_error());
+    snprintf(why, sizeof why, "%s", reel_err_text());
     cuda_stream_close(c);
     free(c);
-    kern_fail("%s: cannot create a stream: %s", b->device_name, why);
+    reel_fail(REEL_E_IO, "%s: cannot create a stream: %s", b->device_name, why);
     return NULL;
 }
 
@@ -263,7 +263,7 @@ static int cuda_capture_end(void *st, void **graph, size_t *nodes, size_t *bytes
         cudaGraph_t lost = NULL;
         if (cudaStreamEndCapture(c->stream, &lost) == cudaSuccess && lost) cudaGraphDestroy(lost);
         (void)cudaGetLastError();
-        return kern_fail("cuda: out of memory ending a capture");
+        return reel_fail(REEL_E_NOMEM, "cuda: out of memory ending a capture");
     }
     if (cuda_graph_build(c, g, nodes) != 0) {
         cuda_graph_free(g);
@@ -317,28 +317,28 @@ int kern_cuda_backend_init(kern_backend_t *b, int device) {
         (void)cudaRuntimeGetVersion(&rt);
         (void)cudaGetLastError();
         if (drv == 0)
-            return kern_fail("CUDA backend unavailable: no CUDA driver installed "
+            return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: no CUDA driver installed "
                              "(cudaGetDeviceCount: %s)", cudaGetErrorString(e));
         if (e == cudaErrorInsufficientDriver)
-            return kern_fail("CUDA backend unavailable: the CUDA driver (%d.%d) is older than "
+            return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: the CUDA driver (%d.%d) is older than "
                              "the runtime Reel was built with (%d.%d)", drv / 1000,
                              drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
-        return kern_fail("CUDA backend unavailable: no CUDA device (cudaGetDeviceCount: %s)",
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: no CUDA device (cudaGetDeviceCount: %s)",
                          cudaGetErrorString(e));
     }
     if (count <= 0)
-        return kern_fail("CUDA backend unavailable: no CUDA device (cudaGetDeviceCount: 0)");
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: no CUDA device (cudaGetDeviceCount: 0)");
     if (device < 0 || device >= count)
-        return kern_fail("CUDA backend unavailable: no CUDA device %d (%d present)", device, count);
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: no CUDA device %d (%d present)", device, count);
     struct cudaDeviceProp prop;
     e = cudaGetDeviceProperties(&prop, device);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return kern_fail("CUDA backend unavailable: cuda:%d: cudaGetDeviceProperties: %s", device,
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: cuda:%d: cudaGetDeviceProperties: %s", device,
                          cudaGetErrorString(e));
     }
     if (prop.major < CUDA_MIN_MAJOR)
-        return kern_fail("CUDA backend unavailable: cuda:%d (%s) is sm_%d%d, Reel's kernels need "
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: cuda:%d (%s) is sm_%d%d, Reel's kernels need "
                          "sm_%d0 or newer", device, prop.name, prop.major, prop.minor,
                          CUDA_MIN_MAJOR);
     /* Creating the context now turns "device busy or prohibited" into a
@@ -347,14 +347,14 @@ int kern_cuda_backend_init(kern_backend_t *b, int device) {
     if (e == cudaSuccess) e = cudaFree(NULL);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return kern_fail("CUDA backend unavailable: cuda:%d is unusable: %s", device,
+        return reel_fail(REEL_E_DEVICE, "CUDA backend unavailable: cuda:%d is unusable: %s", device,
                          cudaGetErrorString(e));
     }
     cuda_impl_t *im = calloc(1, sizeof *im);
-    if (!im) return kern_fail("cuda: out of memory");
+    if (!im) return reel_fail(REEL_E_NOMEM, "cuda: out of memory");
     if (pthread_mutex_init(&im->lock, NULL) != 0) {
         free(im);
-        return kern_fail("cuda: cannot create the allocation table's mutex");
+        return reel_fail(REEL_E_DEVICE, "cuda: cannot create the allocation table's mutex");
     }
     b->iface = &cuda_iface;
     b->kind = KERN_BACKEND_CUDA;

@@ -3,7 +3,7 @@
  *
  * Every CUDA runtime or cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK:
  * on failure they record "<error> in `<statement>` (<function> at
- * <file>:<line>)" through kern_fail() and return -1 from the enclosing
+ * <file>:<line>)" through reel_fail(REEL_E_INVALID, ) and return -1 from the enclosing
  * function. They never abort: a CUDA error is the caller's to handle.
  * Shared by the C files (gcc) and the .cu files (nvcc). */
 #ifndef REEL_KERNELS_CUDA_COMMON_H
@@ -62,14 +62,14 @@ void kern_cuda_dnn_close(kern_cuda_ctx_t *c);
 static inline int kern_cuda_fail(cudaError_t e, const char *stmt, const char *func,
                                  const char *file, int line) {
     (void)cudaGetLastError();
-    return kern_fail("CUDA error: %s (%s) in `%s` (%s at %s:%d)", cudaGetErrorString(e),
+    return reel_fail(REEL_E_DEVICE, "CUDA error: %s (%s) in `%s` (%s at %s:%d)", cudaGetErrorString(e),
                      cudaGetErrorName(e), stmt, func, file, line);
 }
 
 /* Records a cuBLAS failure and returns -1. */
 static inline int kern_cublas_fail(cublasStatus_t st, const char *stmt, const char *func,
                                    const char *file, int line) {
-    return kern_fail("cuBLAS error: %s in `%s` (%s at %s:%d)", cublasGetStatusString(st),
+    return reel_fail(REEL_E_DEVICE, "cuBLAS error: %s in `%s` (%s at %s:%d)", cublasGetStatusString(st),
                      stmt, func, file, line);
 }
 

@@ -25,7 +25,7 @@ static int lt_gemm(void *ctx, const void *args, kern_dtype_t dt, bool gelu) {
     const kern_gemm_args_t *a = (const kern_gemm_args_t *)args;
     if (a->M <= 0 || a->N <= 0) return 0;
     if (a->K < 1)
-        return kern_fail("%s: K=%lld, cuBLASLt needs K >= 1", gelu ? "gemm_gelu" : "gemm",
+        return reel_fail(REEL_E_INVALID, "%s: K=%lld, cuBLASLt needs K >= 1", gelu ? "gemm_gelu" : "gemm",
                          (long long)a->K);
     const kern_lt_plan_t *p = NULL;
     if (kern_lt_plan_get(c, a, dt, gelu, &p) != 0) return -1;

@@ -20,13 +20,13 @@
  * size does not fit cuBLAS's int. */
 static int gemm_batched_check(const kern_gemm_batched_args_t *a) {
     if (a->m < 1 || a->n < 1 || a->k < 1)
-        return kern_fail("gemm_batched: m=%lld n=%lld k=%lld must all be >= 1",
+        return reel_fail(REEL_E_INVALID, "gemm_batched: m=%lld n=%lld k=%lld must all be >= 1",
                          (long long)a->m, (long long)a->n, (long long)a->k);
     if (a->m > INT_MAX || a->n > INT_MAX || a->k > INT_MAX || a->lda > INT_MAX ||
         a->ldb > INT_MAX || a->ldc > INT_MAX || a->batch > INT_MAX)
-        return kern_fail("gemm_batched: sizes exceed cuBLAS's int range");
+        return reel_fail(REEL_E_LIMIT, "gemm_batched: sizes exceed cuBLAS's int range");
     if (a->lda < a->k || a->ldb < (a->trans_b ? a->k : a->n) || a->ldc < a->n)
-        return kern_fail("gemm_batched: a leading dim is shorter than its row "
+        return reel_fail(REEL_E_INVALID, "gemm_batched: a leading dim is shorter than its row "
                          "(lda=%lld ldb=%lld ldc=%lld for m=%lld n=%lld k=%lld)",
                          (long long)a->lda, (long long)a->ldb, (long long)a->ldc,
                          (long long)a->m, (long long)a->n, (long long)a->k);

@@ -43,7 +43,7 @@ struct kern_lt_plans {
 
 kern_lt_plans_t *kern_cuda_lt_plans_new(void) {
     kern_lt_plans_t *p = calloc(1, sizeof *p);
-    if (!p) kern_fail("cuda: out of memory for the GEMM plan cache");
+    if (!p) reel_fail(REEL_E_NOMEM, "cuda: out of memory for the GEMM plan cache");
     return p;
 }
 
@@ -159,7 +159,7 @@ static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, k
         if (set_epilogue(p, k->bias, false) != 0 || heuristic(c, k, p, &found) != 0) goto err;
     }
     if (!found) {
-        kern_fail("gemm: cuBLASLt has no algorithm for %s M=%lld N=%lld K=%lld%s%s "
+        reel_fail(REEL_E_DEVICE, "gemm: cuBLASLt has no algorithm for %s M=%lld N=%lld K=%lld%s%s "
                   "(alignments x %u, w %u, y %u, bias %u bytes; workspace %zu bytes)",
                   kern_dtype_name(k->dt), (long long)k->M, (long long)k->N, (long long)k->K,
                   k->bias ? " +bias" : "", k->gelu ? " +gelu" : "", k->al_x, k->al_w, k->al_y,
@@ -177,7 +177,7 @@ static int refuse_in_capture(kern_cuda_ctx_t *c, const lt_key_t *k) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
     if (cs == cudaStreamCaptureStatusNone) return 0;
-    return kern_fail("gemm: no cuBLASLt plan yet for %s M=%lld N=%lld K=%lld%s%s on this stream, "
+    return reel_fail(REEL_E_DEVICE, "gemm: no cuBLASLt plan yet for %s M=%lld N=%lld K=%lld%s%s on this stream, "
                      "and none is made inside a capture: run the shape eagerly on this stream "
                      "before capturing it", kern_dtype_name(k->dt), (long long)k->M,
                      (long long)k->N, (long long)k->K, k->bias ? " +bias" : "",

@@ -38,7 +38,7 @@ static int layernorm_modulate_launch(void *ctx, const void *args) {
     const kern_norm_modulate_args_t *a = (const kern_norm_modulate_args_t *)args;
     if (a->rows <= 0 || a->dim <= 0) return 0;
     if (a->rows > INT_MAX)
-        return kern_fail("layernorm_modulate: %lld rows exceed the CUDA grid (one block per row)",
+        return reel_fail(REEL_E_LIMIT, "layernorm_modulate: %lld rows exceed the CUDA grid (one block per row)",
                          (long long)a->rows);
     const int threads = kc_row_threads(a->dim);
     layernorm_modulate_kernel<T><<<(unsigned)a->rows, threads, 0, c->stream>>>(

@@ -25,9 +25,9 @@ static int rmsnorm_launch(void *ctx, const void *args) {
     const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
     const kern_norm_args_t *a = (const kern_norm_args_t *)args;
     if (a->rows <= 0 || a->dim <= 0) return 0;
-    if (!a->weight) return kern_fail("rmsnorm: weight is required");
+    if (!a->weight) return reel_fail(REEL_E_INVALID, "rmsnorm: weight is required");
     if (a->rows > INT_MAX)
-        return kern_fail("rmsnorm: %lld rows exceed the CUDA grid (one block per row)",
+        return reel_fail(REEL_E_LIMIT, "rmsnorm: %lld rows exceed the CUDA grid (one block per row)",
                          (long long)a->rows);
     int threads = kc_row_threads(a->dim);
     rmsnorm_kernel<T><<<(unsigned)a->rows, threads, 0, c->stream>>>(

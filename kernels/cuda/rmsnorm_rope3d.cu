@@ -64,10 +64,10 @@ static int rmsnorm_rope3d_launch(void *ctx, const void *args) {
     const int64_t ntok = a->frames * a->rows * a->cols;
     if (ntok <= 0 || a->heads <= 0 || a->head_dim <= 0) return 0;
     if (a->head_dim % 2)
-        return kern_fail("rmsnorm_rope3d: head_dim %lld is odd", (long long)a->head_dim);
-    if (!a->weight) return kern_fail("rmsnorm_rope3d: weight is required");
+        return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d: head_dim %lld is odd", (long long)a->head_dim);
+    if (!a->weight) return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d: weight is required");
     if (ntok > INT_MAX)
-        return kern_fail("rmsnorm_rope3d: %lld tokens exceed the CUDA grid (one block per token)",
+        return reel_fail(REEL_E_LIMIT, "rmsnorm_rope3d: %lld tokens exceed the CUDA grid (one block per token)",
                          (long long)ntok);
     const int threads = kc_row_threads(a->heads * a->head_dim);
     rmsnorm_rope3d_kernel<T><<<(unsigned)ntok, threads, 0, c->stream>>>(

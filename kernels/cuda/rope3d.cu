@@ -39,7 +39,7 @@ static int rope3d_launch(void *ctx, const void *args) {
     const kern_rope3d_args_t *a = (const kern_rope3d_args_t *)args;
     const int64_t ntok = a->frames * a->rows * a->cols, n = ntok * (a->head_dim / 2);
     if (n <= 0 || a->heads <= 0) return 0;
-    if (a->head_dim % 2) return kern_fail("rope3d: head_dim %lld is odd", (long long)a->head_dim);
+    if (a->head_dim % 2) return reel_fail(REEL_E_INVALID, "rope3d: head_dim %lld is odd", (long long)a->head_dim);
     rope3d_kernel<T><<<kc_blocks(n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
         (T *)a->x, a->heads, a->head_dim, a->rows, a->cols, ntok);
     CUDA_CHECK(cudaGetLastError());

@@ -48,7 +48,7 @@ static int softmax_launch(void *ctx, const void *args) {
     const kern_softmax_args_t *a = (const kern_softmax_args_t *)args;
     if (a->rows <= 0) return 0;
     if (a->n < 1 || a->lds < a->n || a->ldp < a->n)
-        return kern_fail("softmax: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
+        return reel_fail(REEL_E_INVALID, "softmax: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
                          (long long)a->n, (long long)a->lds, (long long)a->ldp);
     const int threads = kc_row_threads(a->n);
     const unsigned blocks = (unsigned)(a->rows < 65536 ? a->rows : 65536);
