@@ -226,9 +226,19 @@ def check_calls(uses, build):
         bad("no objects under %s (build first)" % build)
         return
     src_of = {}
+    stale = []
     for o in objs:
         rel = os.path.relpath(o, build)
-        src_of[o] = rel[:-len(".cu.o")] if rel.endswith(".cu.o") else rel[:-len(".o")]
+        src = rel[:-len(".cu.o")] if rel.endswith(".cu.o") else rel[:-len(".o")]
+        ext = ".cu" if rel.endswith(".cu.o") else ".c"
+        if not os.path.isfile(os.path.join(ROOT, src + ext)):
+            stale.append(o)  # left in a reused build folder by a file since moved or deleted
+            continue
+        src_of[o] = src
+    objs = [o for o in objs if o in src_of]
+    if stale:
+        print("  (%d objects whose source is gone were left out: %s)" % (len(stale), " ".join(
+            sorted(os.path.relpath(o, build) for o in stale)[:5])))
     defs = {}
     for o in objs:
         for s in nm(o, True) or []:
