@@ -19,6 +19,7 @@
 #include "ctl/report.h"
 #include "kernels/artifacts.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "model/tdit_program.h"
 #include <getopt.h>
 #include <math.h>
@@ -61,40 +62,40 @@ static int parse(int argc, char **argv, art_opts_t *o) {
         case O_JSON: o->json = true; break;
         case O_CATALOG: o->catalog = optarg; break;
         case O_TIMING:
-            if (kern_art_timing_parse(optarg, &o->timing)) return ctl_die(CTL_USAGE, "%s", kern_error());
+            if (kern_art_timing_parse(optarg, &o->timing)) return ctl_fail_as(REEL_E_INVALID, NULL);
             break;
         case O_SIZE:
-            if (ctl_parse_size(optarg, o->size)) return ctl_die(CTL_USAGE, "--size: '%s' is not FxHxW", optarg);
+            if (ctl_size_parse(optarg, "--size", o->size)) return -1;
             break;
         case O_STEPS:
-            if (ctl_parse_int(optarg, &o->steps) || o->steps < 1 || o->steps > 1000)
-                return ctl_die(CTL_USAGE, "--steps: '%s' is not in 1..1000", optarg);
+            if (reel_parse_int(optarg, 1, 1000, "--steps", &o->steps)) return -1;
             break;
         case O_GRAPHS:
             if (strcmp(optarg, "on") && strcmp(optarg, "off"))
-                return ctl_die(CTL_USAGE, "--graphs: on or off, not '%s'", optarg);
+                return reel_fail(REEL_E_INVALID, "--graphs: on or off, not '%s'", optarg);
             o->graphs = !strcmp(optarg, "on");
             break;
         default:
-            return ctl_die(CTL_USAGE, "artifacts: unknown option '%s'", argv[optind - 1]);
+            return reel_fail(REEL_E_INVALID, "artifacts: unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (o->catalog && optind == argc) return CTL_OK; /* report --catalog: no directory */
-    if (optind != argc - 1) return ctl_die(CTL_USAGE, "artifacts: give one bundle directory");
+    if (o->catalog && optind == argc) return 0; /* report --catalog: no directory */
+    if (optind != argc - 1) return reel_fail(REEL_E_INVALID, "artifacts: give one bundle directory");
     o->dir = argv[optind];
-    return CTL_OK;
+    return 0;
 }
 
-/* Scans o->dir and applies the allowlist: NULL after printing why. */
-static kern_artifacts_t *open_set(const art_opts_t *o, int *code) {
+/* Scans o->dir and applies the allowlist: NULL with the error value set
+ * (a missing directory, an unknown id: exit 2). */
+static kern_artifacts_t *open_set(const art_opts_t *o) {
     kern_artifacts_t *set = kern_artifacts_scan(o->dir);
     if (!set) {
-        *code = ctl_die(CTL_USAGE, "%s", kern_error());
+        ctl_fail_as(REEL_E_INVALID, NULL);
         return NULL;
     }
     int rc = o->enable ? kern_artifacts_enable_list(set, o->enable) : kern_artifacts_enable(set, NULL, 0);
     if (rc != 0) {
-        *code = ctl_die(CTL_USAGE, "%s", kern_error());
+        ctl_fail_as(REEL_E_INVALID, NULL);
         kern_artifacts_destroy(&set);
         return NULL;
     }
@@ -108,10 +109,11 @@ static void print_refusals(kern_artifacts_t *set) {
     }
 }
 
+/* list, or verify (load): 0, CTL_NO when a bundle is refused or fails to
+ * load, -1 when loading failed as a whole. */
 static int cmd_list(const art_opts_t *o, bool load) {
-    int code = CTL_OK;
-    kern_artifacts_t *set = open_set(o, &code);
-    if (!set) return code;
+    kern_artifacts_t *set = open_set(o);
+    if (!set) return -1;
     int rc = 0;
     if (load) {
         rc = kern_artifacts_install(set, KERN_ART_TIMING_OFF);
@@ -123,9 +125,9 @@ static int cmd_list(const art_opts_t *o, bool load) {
         for (size_t i = 0; i < kern_artifacts_count(set); i++)
             bad |= kern_artifacts_bundle(set, i).error[0] != '\0';
     if (load) print_refusals(set);
-    if (rc != 0) ctl_die(CTL_FAIL, "%s", kern_error());
+    if (rc != 0) ctl_fail_as(REEL_E_IO, NULL);
     kern_artifacts_destroy(&set);
-    return load && bad ? CTL_FAIL : CTL_OK;
+    return rc != 0 ? -1 : load && bad ? CTL_NO : 0;
 }
 
 
@@ -148,19 +150,19 @@ static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const 
 }
 
 static int artifacts_report(const art_opts_t *o) {
-    int code = CTL_OK;
-    kern_artifacts_t *set = open_set(o, &code);
-    if (!set) return code;
+    kern_artifacts_t *set = open_set(o);
+    if (!set) return -1;
     print_refusals(set);
     tdit_config_t cfg;
     char dir[] = "/tmp/reelctl-artifacts.XXXXXX", wpath[64];
     if (tdit_config_builtin(o->config, &cfg) != 0) {
+        ctl_fail_as(REEL_E_INVALID, "--config: ");
         kern_artifacts_destroy(&set);
-        return ctl_die(CTL_USAGE, "--config: %s", kern_error());
+        return -1;
     }
     if (!mkdtemp(dir)) {
         kern_artifacts_destroy(&set);
-        return ctl_die(CTL_FAIL, "cannot make a temporary directory");
+        return reel_fail(REEL_E_IO, "cannot make a temporary directory");
     }
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
     tdit_shape_t shape = { o->size[0], o->size[1], o->size[2], 8, false, 1, TDIT_SOLVER_EULER };
@@ -173,30 +175,29 @@ static int artifacts_report(const art_opts_t *o) {
     tdit_loop_t p = { .steps = o->steps, .shift = 3.0, .guidance = 1.0f };
     double tn = 0, ta = 0;
     tdit_run_stats_t st;
-    code = CTL_FAIL;
+    int code = -1;
     if (!lat || !ctx || !a || !b_ || !s) {
-        ctl_die(CTL_FAIL, "out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         goto out;
     }
     if (tdit_weights_init(&cfg, 7, wpath) != 0 || !(m = tdit_model_load_path(be, wpath, KERN_F32))) {
-        ctl_die(CTL_FAIL, "%s", kern_error());
+        ctl_fail_as(REEL_E_IO, NULL);
         goto out;
     }
     tdit_initial_latent(1, lat, nl);
     tdit_initial_latent(2, ctx, nc);
     if (run_loop(m, be, s, &shape, &p, o->graphs, lat, ctx, a, &tn, &st) != 0) {
-        ctl_die(CTL_FAIL, "native run: %s", kern_error());
+        ctl_fail_as(REEL_E_INTERNAL, "native run: ");
         goto out;
     }
     if (kern_artifacts_install(set, o->timing) != 0) {
-        ctl_die(CTL_USAGE, "%s", kern_error());
-        code = CTL_USAGE;
+        ctl_fail_as(REEL_E_INVALID, NULL);
         goto out;
     }
     int rc = run_loop(m, be, s, &shape, &p, o->graphs, lat, ctx, b_, &ta, &st);
     kern_artifacts_uninstall(set);
     if (rc != 0) {
-        ctl_die(CTL_FAIL, "run with artifacts: %s", kern_error());
+        ctl_fail_as(REEL_E_INTERNAL, "run with artifacts: ");
         goto out;
     }
     double maxd = 0;
@@ -220,7 +221,7 @@ static int artifacts_report(const art_opts_t *o) {
         if (!equal) printf("largest |difference| %.3g\n\n", maxd);
         kern_artifacts_print(set, stdout, true, false);
     }
-    code = CTL_OK;
+    code = 0;
 out:
     tdit_model_destroy(&m);
     kern_stream_destroy(&s);
@@ -236,19 +237,18 @@ out:
 }
 
 int cmd_artifacts(int argc, char **argv) {
-    if (argc < 2) return ctl_die(CTL_USAGE, "artifacts: list, verify or report");
+    if (argc < 2) return reel_fail(REEL_E_INVALID, "artifacts: list, verify or report");
     const char *sub = argv[1];
     if (strcmp(sub, "list") && strcmp(sub, "verify") && strcmp(sub, "report"))
-        return ctl_die(CTL_USAGE, "artifacts: unknown subcommand '%s' (list, verify, report)", sub);
+        return reel_fail(REEL_E_INVALID, "artifacts: unknown subcommand '%s' (list, verify, report)", sub);
     art_opts_t o;
-    int rc = parse(argc, argv, &o);
-    if (rc != CTL_OK) return rc;
+    if (parse(argc, argv, &o) != 0) return -1;
     if (o.catalog && (strcmp(sub, "report") || o.dir))
-        return ctl_die(CTL_USAGE, "artifacts: --catalog goes with report, without a directory");
+        return reel_fail(REEL_E_INVALID, "artifacts: --catalog goes with report, without a directory");
     if (o.catalog) {
         cat_t *c = cat_open(o.catalog, true);
-        if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
-        rc = ctl_report_artifacts(c, o.json, stdout) == 0 ? CTL_OK : ctl_die(CTL_FAIL, "%s", kern_error());
+        if (!c) return ctl_fail_as(REEL_E_IO, NULL);
+        int rc = ctl_report_artifacts(c, o.json, stdout) == 0 ? 0 : ctl_fail_as(REEL_E_IO, NULL);
         cat_close(&c);
         return rc;
     }

@@ -4,7 +4,8 @@
  *
  * The catalog is "reel.db" unless $REEL_CATALOG or --catalog says otherwise.
  * Exit 0 with the report on stdout; 2 for a bad flag, an unknown report or
- * a catalog that does not exist; 1 when the catalog can not be read. */
+ * a catalog that does not exist (invalid, not_found); 1 when the catalog
+ * can not be read (io). */
 #include "ctl.h"
 #include "base/error.h"
 #include "ctl/report.h"
@@ -47,11 +48,11 @@ static const struct {
     " --all for every one)"
 
 int cmd_catalog(int argc, char **argv) {
-    if (argc < 1 || !argv[0]) return ctl_die(CTL_USAGE, USAGE);
+    if (argc < 1 || !argv[0]) return reel_fail(REEL_E_INVALID, USAGE);
     report_fn fn = NULL;
     for (size_t i = 0; i < sizeof reports / sizeof reports[0]; i++)
         if (strcmp(argv[0], reports[i].name) == 0) fn = reports[i].fn;
-    if (!fn) return ctl_die(CTL_USAGE, "unknown report '%s'; " USAGE, argv[0]);
+    if (!fn) return reel_fail(REEL_E_INVALID, "unknown report '%s'; " USAGE, argv[0]);
 
     static const struct option opts[] = {
         { "catalog", required_argument, 0, 'c' }, { "json", no_argument, 0, 'j' },
@@ -70,31 +71,30 @@ int cmd_catalog(int argc, char **argv) {
         switch (o) {
         case 'c': path = optarg; break;
         case 'b':
-            if (fn != metrics) return ctl_die(CTL_USAGE, "%s: --broker is for metrics", argv[0]);
+            if (fn != metrics) return reel_fail(REEL_E_INVALID, "%s: --broker is for metrics", argv[0]);
             broker = optarg;
             break;
         case 'j': json = true; break;
         case 'a':
-            if (fn != versions) return ctl_die(CTL_USAGE, "%s: --all is for versions", argv[0]);
+            if (fn != versions) return reel_fail(REEL_E_INVALID, "%s: --all is for versions", argv[0]);
             versions_all = true;
             break;
-        case 'h': printf("%s\n", USAGE); return CTL_OK;
-        default: return ctl_die(CTL_USAGE, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
+        case 'h': printf("%s\n", USAGE); return 0;
+        default: return reel_fail(REEL_E_INVALID, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "%s: unexpected argument '%s'", argv[0], argv[optind]);
-    if (!*path) return ctl_die(CTL_USAGE, "--catalog: empty path");
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "%s: unexpected argument '%s'", argv[0], argv[optind]);
+    if (!*path) return reel_fail(REEL_E_INVALID, "--catalog: empty path");
     /* The broker's counters first: they still answer when its disk is full. */
-    if (broker && ctl_broker_metrics(broker, stdout) != 0) return ctl_die(CTL_FAIL, "metrics: %s", kern_error());
-    if (broker && access(path, F_OK) != 0) return CTL_OK; /* no catalog here: the broker's counters alone */
-    /* A missing catalog is a wrong path (usage), not a failure of the catalog. */
+    if (broker && ctl_broker_metrics(broker, stdout) != 0) return ctl_fail_as(REEL_E_IO, "metrics: ");
+    if (broker && access(path, F_OK) != 0) return 0; /* no catalog here: the broker's counters alone */
+    /* A missing catalog is a wrong path (the user's to fix), not a failure of the catalog. */
     if (access(path, F_OK) != 0)
-        return ctl_die(CTL_USAGE, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
+        return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
 
     cat_t *c = cat_open(path, true);
-    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
     int rc = fn(c, json, stdout);
     cat_close(&c);
-    if (rc != 0) return ctl_die(CTL_FAIL, "%s: %s", argv[0], kern_error());
-    return CTL_OK;
+    return rc != 0 ? ctl_fail_as(REEL_E_IO, "%s: ", argv[0]) : 0;
 }

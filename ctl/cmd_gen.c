@@ -2,11 +2,13 @@
  * `reelctl sync` and `reelctl status`. */
 #include "ctl.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "clients/c/client.h"
 #include "base/sha256.h"
 #include "model/safetensors.h"
 #include "model/tinydit.h"
 #include "model/wan_ckpt.h"
+#include <float.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -46,86 +48,65 @@ enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
        O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER };
 
-/* "7,9,100" into seeds[]; the count, or -1. */
+/* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
     char buf[MSG_MAX_GROUP * 21 + 1];
-    if (strlen(arg) >= sizeof buf) return -1;
-    strcpy(buf, arg);
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == max || ctl_parse_u64(tok, &seeds[n])) return -1;
-        n++;
-    }
-    return n ? n : -1;
+    bool ok = strlen(arg) < sizeof buf;
+    if (ok) strcpy(buf, arg);
+    for (char *save = NULL, *tok = ok ? strtok_r(buf, ",", &save) : NULL; ok && tok; tok = strtok_r(NULL, ",", &save))
+        ok = n < max && reel_parse_u64(tok, 0, UINT64_MAX, "--seeds", &seeds[n++]) == 0;
+    if (!ok || !n)
+        return reel_fail(REEL_E_INVALID, "--seeds: '%s' is not a list of 1..%d seeds (7,9,100)", arg, max);
+    return n;
 }
 
-/* One option of gen with its argument into o. CTL_OK, or the exit code
- * after printing why (CTL_USAGE). */
+/* One option of gen with its argument into o. 0, or -1 with an invalid
+ * error naming the option. */
 static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     reel_gen_t *g = &o->g;
     switch (opt) {
-    case O_BROKER: o->broker = arg; return CTL_OK;
-    case O_KEY: o->key = arg; return CTL_OK;
-    case O_BKEY: o->broker_key = arg; return CTL_OK;
-    case O_MODEL: g->model = arg; return CTL_OK;
-    case O_CONTEXT: o->ctx_path = arg; return CTL_OK;
-    case O_UNCOND: o->unc_path = arg; return CTL_OK;
-    case O_LATENT: o->lat_path = arg; return CTL_OK;
-    case O_OUT: o->out = arg; return CTL_OK;
-    case O_SDE: g->sde = true; return CTL_OK;
+    case O_BROKER: o->broker = arg; return 0;
+    case O_KEY: o->key = arg; return 0;
+    case O_BKEY: o->broker_key = arg; return 0;
+    case O_MODEL: g->model = arg; return 0;
+    case O_CONTEXT: o->ctx_path = arg; return 0;
+    case O_UNCOND: o->unc_path = arg; return 0;
+    case O_LATENT: o->lat_path = arg; return 0;
+    case O_OUT: o->out = arg; return 0;
+    case O_SDE: g->sde = true; return 0;
     case O_SOLVER:
         if (strcmp(arg, "euler") && strcmp(arg, "unipc") && strcmp(arg, "dpm++"))
-            return ctl_die(CTL_USAGE, "--solver: '%s' is not euler, unipc or dpm++", arg);
+            return reel_fail(REEL_E_INVALID, "--solver: '%s' is not euler, unipc or dpm++", arg);
         g->solver = arg;
-        return CTL_OK;
-    case O_QUIET: o->quiet = true; return CTL_OK;
-    case O_TRAJ: o->rollout.want_trajectory = true; return CTL_OK;
-    case O_LOGP: o->rollout.want_log_probs = true; return CTL_OK;
-    case O_MEANS: o->rollout.want_means = true; return CTL_OK;
-    case O_N:
-        return ctl_parse_int(arg, &g->n) || g->n < 1 || g->n > MSG_MAX_GROUP
-                   ? ctl_die(CTL_USAGE, "--n: '%s' is not a group size in 1..%d", arg, MSG_MAX_GROUP)
-                   : CTL_OK;
-    case O_SEEDS:
-        return (o->n_seeds = parse_seeds(arg, o->seeds, MSG_MAX_GROUP)) < 0
-                   ? ctl_die(CTL_USAGE, "--seeds: '%s' is not a list of 1..%d seeds (7,9,100)", arg, MSG_MAX_GROUP)
-                   : CTL_OK;
-    case O_VERSION:
-        return ctl_parse_u64(arg, &g->version) ? ctl_die(CTL_USAGE, "--weights-version: '%s' is not a version", arg)
-                                               : CTL_OK;
+        return 0;
+    case O_QUIET: o->quiet = true; return 0;
+    case O_TRAJ: o->rollout.want_trajectory = true; return 0;
+    case O_LOGP: o->rollout.want_log_probs = true; return 0;
+    case O_MEANS: o->rollout.want_means = true; return 0;
+    case O_N: /* tests/cli_group.sh reads this message */
+        return reel_parse_int(arg, 1, MSG_MAX_GROUP, "--n", &g->n)
+                   ? reel_fail(REEL_E_INVALID, "--n: '%s' is not a group size in 1..%d", arg, MSG_MAX_GROUP)
+                   : 0;
+    case O_SEEDS: return (o->n_seeds = parse_seeds(arg, o->seeds, MSG_MAX_GROUP)) < 0 ? -1 : 0;
+    case O_VERSION: return reel_parse_u64(arg, 0, UINT64_MAX, "--weights-version", &g->version);
     case O_CFG:
         o->have_cfg = true;
-        return ctl_parse_double(arg, &g->cfg) ? ctl_die(CTL_USAGE, "--cfg: '%s' is not a number", arg) : CTL_OK;
-    case O_SHIFT:
-        return ctl_parse_double(arg, &g->shift) ? ctl_die(CTL_USAGE, "--shift: '%s' is not a number", arg) : CTL_OK;
-    case O_ETA:
-        return ctl_parse_double(arg, &g->eta) ? ctl_die(CTL_USAGE, "--eta: '%s' is not a number", arg) : CTL_OK;
-    case O_STEPS:
-        return ctl_parse_int(arg, &g->steps) || g->steps < 1
-                   ? ctl_die(CTL_USAGE, "--steps: '%s' is not a positive integer", arg)
-                   : CTL_OK;
-    case O_SEED:
-        return ctl_parse_u64(arg, &g->seed) ? ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", arg)
-                                            : CTL_OK;
-    case O_TIMEOUT:
-        return ctl_parse_int(arg, &o->timeout_ms) || o->timeout_ms < 1 ? ctl_die(CTL_USAGE, "--timeout-ms: '%s'", arg)
-                                                                       : CTL_OK;
-    case O_DEADLINE:
-        return ctl_parse_u64(arg, &g->deadline_ms) ? ctl_die(CTL_USAGE, "--deadline-ms: '%s'", arg) : CTL_OK;
-    case O_CHANNELS:
-        return ctl_parse_int(arg, &o->channels) || o->channels < 1 ? ctl_die(CTL_USAGE, "--channels: '%s'", arg)
-                                                                   : CTL_OK;
-    case O_SIZE:
-        return ctl_parse_size(arg, o->size) != 0
-                   ? ctl_die(CTL_USAGE, "--size: expected FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most "
-                             "2^24), got '%s'", arg)
-                   : CTL_OK;
+        return reel_parse_f64(arg, -DBL_MAX, DBL_MAX, "--cfg", &g->cfg);
+    case O_SHIFT: return reel_parse_f64(arg, -DBL_MAX, DBL_MAX, "--shift", &g->shift);
+    case O_ETA: return reel_parse_f64(arg, -DBL_MAX, DBL_MAX, "--eta", &g->eta);
+    case O_STEPS: return reel_parse_int(arg, 1, INT_MAX, "--steps", &g->steps);
+    case O_SEED: return reel_parse_u64(arg, 0, UINT64_MAX, "--seed", &g->seed);
+    case O_TIMEOUT: return reel_parse_int(arg, 1, INT_MAX, "--timeout-ms", &o->timeout_ms);
+    case O_DEADLINE: return reel_parse_u64(arg, 0, UINT64_MAX, "--deadline-ms", &g->deadline_ms);
+    case O_CHANNELS: return reel_parse_int(arg, 1, INT_MAX, "--channels", &o->channels);
+    case O_SIZE: return ctl_size_parse(arg, "--size", o->size);
     }
-    return CTL_USAGE;
+    return reel_fail(REEL_E_INTERNAL, "gen: option %d has no handler", opt);
 }
 
-/* The command line into o, and what must go together. CTL_OK, or the
- * exit code after printing why. */
+/* The command line into o, and what must go together. 0, or -1 with an
+ * invalid error. */
 static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     static const struct option opts[] = {
         { "broker", required_argument, 0, O_BROKER }, { "model", required_argument, 0, O_MODEL },
@@ -151,70 +132,75 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     o->g.eta = 0.7;
     o->g.steps = -1;
     o->timeout_ms = 120000;
-    int opt, rc;
+    int opt;
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (opt < O_BROKER || opt > O_SOLVER) return ctl_die(CTL_USAGE, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
-        if ((rc = gen_option(o, opt, optarg)) != CTL_OK) return rc;
+        if (opt < O_BROKER || opt > O_SOLVER)
+            return reel_fail(REEL_E_INVALID, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+        if (gen_option(o, opt, optarg) != 0) return -1;
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "gen: unexpected argument '%s'", argv[optind]);
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "gen: unexpected argument '%s'", argv[optind]);
     /* Never give up before the broker does: it would run the request for nobody. */
     uint64_t dl = o->g.deadline_ms;
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     if (!o->g.model || !o->ctx_path || !o->out || o->g.steps < 0)
-        return ctl_die(CTL_USAGE, "gen needs --model, --context, --steps and --out");
-    if (!!o->unc_path != o->have_cfg) return ctl_die(CTL_USAGE, "--uncond and --cfg go together");
-    if (!o->lat_path == !o->size[0]) return ctl_die(CTL_USAGE, "gen needs --latent FILE or --size FxHxW (with --seed)");
+        return reel_fail(REEL_E_INVALID, "gen needs --model, --context, --steps and --out");
+    if (!!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
+    if (!o->lat_path == !o->size[0])
+        return reel_fail(REEL_E_INVALID, "gen needs --latent FILE or --size FxHxW (with --seed)");
     if (o->g.sde && o->g.solver && strcmp(o->g.solver, "euler"))
-        return ctl_die(CTL_USAGE, "--solver %s cannot run --sde steps (an SDE rollout is its own sampler)", o->g.solver);
+        return reel_fail(REEL_E_UNSUPPORTED, "--solver %s cannot run --sde steps (an SDE rollout is its own sampler)",
+                         o->g.solver);
     if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
-        return ctl_die(CTL_USAGE, "--log-probs and --means are for SDE rollouts (--sde)");
+        return reel_fail(REEL_E_INVALID, "--log-probs and --means are for SDE rollouts (--sde)");
     if (o->n_seeds) {
         if (!o->g.n) o->g.n = o->n_seeds; /* --seeds alone: one sample per seed */
         if (o->n_seeds != o->g.n)
-            return ctl_die(CTL_USAGE, "--seeds gives %d seeds for --n %d samples", o->n_seeds, o->g.n);
+            return reel_fail(REEL_E_INVALID, "--seeds gives %d seeds for --n %d samples", o->n_seeds, o->g.n);
         o->g.seeds = o->seeds;
     }
     if (!o->g.n) o->g.n = 1;
     reel_rollout_t *ro = &o->rollout;
     if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
-    return CTL_OK;
+    return 0;
 }
 
 /* Reads the tensors the options name into o->g (the caller frees
- * g.context, g.uncond, g.latent). CTL_OK, or CTL_USAGE after printing why. */
+ * g.context, g.uncond, g.latent). 0, or -1 with the error value set (exit
+ * status 2). */
 static int gen_inputs(gen_opts_t *o) {
     reel_gen_t *g = &o->g;
     float *t;
-    if (!(t = ctl_read_tensor(o->ctx_path, "context", 2, g->ctx_shape))) return CTL_USAGE;
+    if (!(t = ctl_read_tensor(o->ctx_path, "context", 2, g->ctx_shape))) return -1;
     g->context = t;
     if (o->unc_path) {
         int64_t us[2];
-        if (!(t = ctl_read_tensor(o->unc_path, "context", 2, us))) return CTL_USAGE;
+        if (!(t = ctl_read_tensor(o->unc_path, "context", 2, us))) return -1;
         g->uncond = t;
         /* Another L is the worker's to judge: a model with text_len pads both. */
         if (us[1] != g->ctx_shape[1])
-            return ctl_die(CTL_USAGE, "%s: uncond width differs from the context's", o->unc_path);
+            return reel_fail(REEL_E_INVALID, "%s: uncond width differs from the context's", o->unc_path);
         g->unc_rows = us[0];
     }
     if (o->lat_path) {
         /* A group's latents: [n,C,F,H,W]. */
         int64_t ls[5];
         int grp = g->n > 1;
-        if (!(t = ctl_read_tensor(o->lat_path, "latent", 4 + grp, ls))) return CTL_USAGE;
+        if (!(t = ctl_read_tensor(o->lat_path, "latent", 4 + grp, ls))) return -1;
         g->latent = t;
         if (grp && ls[0] != g->n)
-            return ctl_die(CTL_USAGE, "%s: latent holds %lld samples, --n is %d", o->lat_path, (long long)ls[0], g->n);
+            return reel_fail(REEL_E_INVALID, "%s: latent holds %lld samples, --n is %d", o->lat_path,
+                             (long long)ls[0], g->n);
         memcpy(g->latent_shape, ls + grp, sizeof g->latent_shape);
-        return CTL_OK;
+        return 0;
     }
     tdit_config_t cfg;
     if (!o->channels && tdit_config_builtin(g->model, &cfg) == 0) o->channels = (int)cfg.in_channels;
-    if (!o->channels) return ctl_die(CTL_USAGE, "--size with a custom model needs --channels C");
+    if (!o->channels) return reel_fail(REEL_E_INVALID, "--size with a custom model needs --channels C");
     g->latent_shape[0] = o->channels;
     memcpy(g->latent_shape + 1, o->size, sizeof o->size);
-    return CTL_OK;
+    return 0;
 }
 
 /* The rollout outputs that came, as tensors of the output file (names as
@@ -248,8 +234,8 @@ static int add_rollout(st_writer_t *w, const reel_rollout_t *ro) {
 }
 
 /* Writes the result latent to o->out (safetensors, with the worker, the
- * weights version and the config) and says so on stderr. CTL_OK or
- * CTL_FAIL after printing why. */
+ * weights version and the config) and says so on stderr. 0, or -1 with
+ * the error value set (exit status 1). */
 static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float *res_lat) {
     st_writer_t *w = st_writer_new();
     char v[32];
@@ -262,7 +248,7 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
               st_writer_meta(w, "weights_version", v) || st_writer_meta(w, "config", o->g.model) ||
               st_writer_save(w, o->out);
     st_writer_destroy(&w);
-    if (wrc) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (wrc) return ctl_fail_as(REEL_E_IO, NULL);
     char vers[48];
     if (r->first_version != r->version)
         snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r->first_version, r->version);
@@ -274,32 +260,31 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
             "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", o->g.model, o->broker, r->worker, vers,
             o->g.steps, grp_text, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines,
             r->seconds, o->out);
-    return CTL_OK;
+    return 0;
 }
 
 int cmd_gen(int argc, char **argv) {
     gen_opts_t o;
-    int code = gen_parse(argc, argv, &o);
-    if (code != CTL_OK) return code;
+    if (gen_parse(argc, argv, &o) != 0) return -1;
     float *res_lat = NULL;
     reel_client_t *c = NULL;
-    if ((code = gen_inputs(&o)) != CTL_OK) goto done;
+    int code = -1;
+    if (gen_inputs(&o) != 0) goto done;
     reel_gen_t *g = &o.g;
     g->progress = !o.quiet && ctl_tty();
     size_t n = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)g->n;
-    code = CTL_FAIL;
     if (!(res_lat = malloc(n * sizeof *res_lat))) {
-        ctl_die(CTL_FAIL, "out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
     if (!(c = reel_client_new_keys(o.broker, o.key, o.broker_key))) {
-        ctl_die(CTL_FAIL, "%s", kern_error());
+        ctl_fail_as(REEL_E_IO, NULL);
         goto done;
     }
     reel_gen_result_t r;
     wire_err_t err;
     if (reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err) != 0) {
-        ctl_die(CTL_FAIL, "gen: %s: %s", err.code, err.message);
+        ctl_fail_wire(&err, "gen");
         goto done;
     }
     code = gen_save(&o, &r, res_lat);
@@ -350,31 +335,32 @@ int cmd_sync(int argc, char **argv) {
             upload = true;
             break;
         case 'v':
-            if (ctl_parse_u64(optarg, &version)) return ctl_die(CTL_USAGE, "--version: '%s' is not a version", optarg);
+            if (reel_parse_u64(optarg, 0, UINT64_MAX, "--version", &version)) return -1;
             have_version = true;
             break;
         case 't':
-            if (ctl_parse_int(optarg, &timeout_ms) || timeout_ms < 1) return ctl_die(CTL_USAGE, "--timeout-ms: '%s'", optarg);
+            if (reel_parse_int(optarg, 1, INT_MAX, "--timeout-ms", &timeout_ms)) return -1;
             break;
         case 'd':
-            if (ctl_parse_u64(optarg, &deadline)) return ctl_die(CTL_USAGE, "--deadline-ms: '%s'", optarg);
+            if (reel_parse_u64(optarg, 0, UINT64_MAX, "--deadline-ms", &deadline)) return -1;
             break;
-        default: return ctl_die(CTL_USAGE, "sync: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return reel_fail(REEL_E_INVALID, "sync: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "sync: unexpected argument '%s'", argv[optind]);
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "sync: unexpected argument '%s'", argv[optind]);
     if (!weights || !have_version)
-        return ctl_die(CTL_USAGE, "sync needs --version V and --weights W.safetensors (or --upload W.safetensors)");
+        return reel_fail(REEL_E_INVALID, "sync needs --version V and --weights W.safetensors (or --upload W.safetensors)");
     /* Any layout a Wan2.1 user has (a file, an index, a folder): judged here
      * as the workers will judge it, with the identity they will check; an
      * upload of several files goes packed into one (wan_ckpt.h). */
     wan_sync_source_t src;
-    if (wan_sync_source(weights, upload, &src) != 0) return ctl_die(CTL_USAGE, "%s", kern_error());
+    if (wan_sync_source(weights, upload, &src) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     const char *path = src.path, *hex = src.sha256;
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
     if (!c) {
+        ctl_fail_as(REEL_E_IO, NULL);
         wan_sync_source_done(&src);
-        return ctl_die(CTL_FAIL, "%s", kern_error());
+        return -1;
     }
     reel_sync_result_t r;
     wire_err_t err;
@@ -389,7 +375,7 @@ int cmd_sync(int argc, char **argv) {
     }
     reel_client_destroy(&c);
     wan_sync_source_done(&src);
-    if (rc != 0) return ctl_die(CTL_FAIL, "sync: %s: %s", err.code, err.message);
+    if (rc != 0) return ctl_fail_wire(&err, "sync");
     /* The broker makes a version current once some worker applied it: with
      * nobody in `applied` nothing changed, otherwise the failed workers lag
      * (docs/PROTOCOL.md, "Weight syncs"). */
@@ -399,7 +385,7 @@ int cmd_sync(int argc, char **argv) {
                         : "INCOMPLETE (it is current; the failed workers lag until a reconnect or a resend catches them up)";
     fprintf(stderr, "reelctl: sync %s v%" PRIu64 ": %s; applied %s; failed %s\n", component, version, state,
             r.applied[0] ? r.applied : "-", r.failed[0] ? r.failed : "-");
-    return r.complete ? CTL_OK : CTL_FAIL;
+    return r.complete ? 0 : CTL_NO; /* the line above said why */
 }
 
 static json_t *versions_json(const msg_versions_t *v) {
@@ -506,7 +492,7 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     wire_err_t err;
     int rc = reel_status(c, &s, 5000, &err);
     reel_client_destroy(&c);
-    if (rc != 0) return kern_fail("broker %s: %s: %s", broker, err.code, err.message);
+    if (rc != 0) return ctl_fail_wire(&err, "broker %s", broker);
     const msg_status_reply_t *r = reel_status_reply(s);
     /* By state, with the label set of the broker's live /metrics (one
      * name, one label set, whichever source Prometheus scrapes); STATUS
@@ -530,7 +516,7 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
          "Catalog batches the store refused for now (kept and retried).", r->catalog_failures);
     prom(out, "reel_catalog_pending", "gauge", "Catalog records waiting to be written.", r->catalog_pending);
     reel_status_free(&s);
-    return fflush(out) == 0 ? 0 : kern_fail("writing the metrics failed");
+    return fflush(out) == 0 ? 0 : reel_fail(REEL_E_IO, "writing the metrics failed");
 }
 
 int cmd_status(int argc, char **argv) {
@@ -541,15 +527,15 @@ int cmd_status(int argc, char **argv) {
         else if (!strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
         else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
         else if (!strcmp(argv[i], "--broker-key") && i + 1 < argc) broker_key = argv[++i];
-        else return ctl_die(CTL_USAGE, "status: unknown option '%s'", argv[i]);
+        else return reel_fail(REEL_E_INVALID, "status: unknown option '%s'", argv[i]);
     }
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
     reel_status_t *s = NULL;
     wire_err_t err;
     int rc = reel_status(c, &s, 5000, &err);
     reel_client_destroy(&c);
-    if (rc != 0) return ctl_die(CTL_FAIL, "status: %s: %s", err.code, err.message);
+    if (rc != 0) return ctl_fail_wire(&err, "status");
     if (json) {
         status_json(reel_status_reply(s), stdout);
         fputc('\n', stdout);
@@ -557,5 +543,5 @@ int cmd_status(int argc, char **argv) {
         status_text(reel_status_reply(s), broker);
     }
     reel_status_free(&s);
-    return CTL_OK;
+    return 0;
 }

@@ -25,19 +25,19 @@ int cmd_keys(int argc, char **argv) {
         case 'r': role_s = optarg; break;
         case 'n': name = optarg; break;
         case 'o': out = optarg; break;
-        default: return ctl_die(CTL_USAGE, "keys new: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return reel_fail(REEL_E_INVALID, "keys new: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "keys new: unexpected argument '%s'", argv[optind]);
-    if (!role_s || !out) return ctl_die(CTL_USAGE, "keys new needs --role client|trainer|worker|broker and --out DIR");
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "keys new: unexpected argument '%s'", argv[optind]);
+    if (!role_s || !out) return reel_fail(REEL_E_INVALID, "keys new needs --role client|trainer|worker|broker and --out DIR");
     reel_role_t role;
-    if (reel_role_parse(role_s, &role) != 0) return ctl_die(CTL_USAGE, "keys new: %s", kern_error());
+    if (reel_role_parse(role_s, &role) != 0) return ctl_fail_as(REEL_E_INVALID, "keys new: ");
     if (!name) name = role_s; /* one key per role, named after it, unless told */
     reel_key_t k;
-    if (reel_key_new(out, role, name, &k) != 0) return ctl_die(CTL_FAIL, "keys new: %s", kern_error());
+    if (reel_key_new(out, role, name, &k) != 0) return ctl_fail_as(REEL_E_IO, "keys new: ");
     printf("%s/%s.key\n%s/%s.pub\n", out, name, out, name);
     fprintf(stderr, "reelctl: %s key %s: public key %s (give the broker %s/%s.pub%s)\n", reel_role_name(role), name,
             k.public_key, out, name, role == REEL_ROLE_BROKER ? "; its peers too, as --broker-key" : "");
     explicit_bzero(&k, sizeof k);
-    return CTL_OK;
+    return 0;
 }

@@ -4,10 +4,12 @@
 #include "ctl.h"
 #include "base/error.h"
 #include "base/opts.h"
+#include "base/parse.h"
 #include "model/loop.h"
 #include "model/tinydit.h"
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
+#include <float.h>
 #include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,26 +28,27 @@ typedef struct {
 
 static int set_solver(void *dst, const char *v, char *err, size_t len) {
     if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) == 0) return 0;
-    snprintf(err, len, "--solver: %s", kern_error());
+    snprintf(err, len, "--solver: %s", reel_err_text());
     return -1;
 }
+/* The next three leave err empty: reel_opts says the row's "expected". */
 static int set_cfg(void *dst, const char *v, char *err, size_t len) {
     (void)err, (void)len;
     double d;
-    if (ctl_parse_double(v, &d)) return -1;
+    if (reel_parse_f64(v, -FLT_MAX, FLT_MAX, "--cfg", &d)) return -1;
     ((run_opts_t *)dst)->loop.guidance = (float)d;
     ((run_opts_t *)dst)->have_cfg = true;
     return 0;
 }
 static int set_seed(void *dst, const char *v, char *err, size_t len) {
     (void)err, (void)len;
-    if (ctl_parse_u64(v, &((run_opts_t *)dst)->loop.seed)) return -1;
+    if (reel_parse_u64(v, 0, UINT64_MAX, "--seed", &((run_opts_t *)dst)->loop.seed)) return -1;
     ((run_opts_t *)dst)->have_seed = true;
     return 0;
 }
 static int set_size(void *dst, const char *v, char *err, size_t len) {
     (void)err, (void)len;
-    return ctl_parse_size(v, ((run_opts_t *)dst)->size) != 0 ? -1 : 0;
+    return ctl_size_parse(v, "--size", ((run_opts_t *)dst)->size);
 }
 
 static const char *const on_off[] = { "off", "on", NULL };
@@ -76,6 +79,8 @@ static const reel_opt_t run_rows[] = {
 };
 #undef O
 
+/* The command line into r, and what must go together. 0, or -1 with an
+ * invalid error. */
 static int parse(int argc, char **argv, run_opts_t *r) {
     memset(r, 0, sizeof *r);
     r->loop.steps = -1;
@@ -89,177 +94,221 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     char err[512];
     int rest = argc;
     if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest, err, sizeof err))
-        return ctl_die(CTL_USAGE, "run: %s", err);
-    if (rest < argc) return ctl_die(CTL_USAGE, "run: unexpected argument '%s'", argv[rest]);
+        return reel_fail(REEL_E_INVALID, "run: %s", err);
+    if (rest < argc) return reel_fail(REEL_E_INVALID, "run: unexpected argument '%s'", argv[rest]);
     if (!r->weights || !r->context || !r->out)
-        return ctl_die(CTL_USAGE, "run needs --weights, --context and --out");
-    if (r->loop.steps < 0) return ctl_die(CTL_USAGE, "run needs --steps N");
+        return reel_fail(REEL_E_INVALID, "run needs --weights, --context and --out");
+    if (r->loop.steps < 0) return reel_fail(REEL_E_INVALID, "run needs --steps N");
     if (!r->latent && !r->size[0])
-        return ctl_die(CTL_USAGE, "run needs --latent FILE, or --size FxHxW (with --seed K, default 0) to draw one");
-    if (r->latent && r->size[0]) return ctl_die(CTL_USAGE, "--latent and --size exclude each other");
-    if (r->uncond && !r->have_cfg) return ctl_die(CTL_USAGE, "--uncond needs --cfg G");
-    if (r->have_cfg && !r->uncond) return ctl_die(CTL_USAGE, "--cfg needs --uncond U.safetensors");
-    if (tdit_loop_validate(&r->loop) != 0) return ctl_die(CTL_USAGE, "%s", kern_error());
+        return reel_fail(REEL_E_INVALID,
+                         "run needs --latent FILE, or --size FxHxW (with --seed K, default 0) to draw one");
+    if (r->latent && r->size[0]) return reel_fail(REEL_E_INVALID, "--latent and --size exclude each other");
+    if (r->uncond && !r->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond needs --cfg G");
+    if (r->have_cfg && !r->uncond) return reel_fail(REEL_E_INVALID, "--cfg needs --uncond U.safetensors");
+    if (tdit_loop_validate(&r->loop) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     return 0;
 }
 
-static int write_output(const char *path, const int64_t *shape, const float *x, const run_opts_t *r,
-                        const tdit_config_t *c) {
+/* One `reelctl run`: what was asked, read, opened and computed; run_done
+ * releases all of it, whichever phase failed. */
+typedef struct {
+    run_opts_t o;
+    kern_backend_kind_t kind;
+    kern_dtype_t dtype;
+    st_file_t *wf;                  /* the weights, until the model holds them */
+    tdit_config_t cfg;
+    float *lat, *ctx, *unc, *out;   /* lat NULL: drawn from --seed */
+    int64_t lshape[4], cshape[2], ushape[2];
+    kern_backend_t *b;
+    kern_stream_t *s;
+    tdit_model_t *m;
+    tdit_ws_t *ws;                  /* --graphs off */
+    cap_cache_t *cache;             /* --graphs on */
+    tdit_shape_t shape;
+    tdit_run_stats_t st;
+} run_t;
+
+/* --backend and --dtype, the weights' config and the input tensors. 0, or
+ * -1 with the error value set (exit status 2: the input is the user's to
+ * fix, whatever the library called it). */
+static int read_inputs(run_t *r) {
+    if (kern_backend_kind_parse(r->o.backend, &r->kind) != 0) return ctl_fail_as(REEL_E_INVALID, "--backend: ");
+    if (!strcmp(r->o.dtype, "f32")) r->dtype = KERN_F32;
+    else if (!strcmp(r->o.dtype, "bf16")) r->dtype = KERN_BF16;
+    else return reel_fail(REEL_E_INVALID, "--dtype: '%s' is not f32 or bf16", r->o.dtype);
+    r->wf = wan_ckpt_load(r->o.weights); /* any layout a Wan2.1 user has (wan_ckpt.h) */
+    if (!r->wf) return ctl_fail_as(REEL_E_INVALID, NULL);
+    if (tdit_config_from_meta(r->wf, &r->cfg) != 0) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
+    if (r->o.latent && !(r->lat = ctl_read_tensor(r->o.latent, "latent", 4, r->lshape))) return -1;
+    if (!(r->ctx = ctl_read_tensor(r->o.context, "context", 2, r->cshape))) return -1;
+    if (r->o.uncond && !(r->unc = ctl_read_tensor(r->o.uncond, "context", 2, r->ushape))) return -1;
+    if (!r->o.latent) {
+        r->lshape[0] = r->cfg.in_channels;
+        memcpy(r->lshape + 1, r->o.size, sizeof r->o.size);
+    }
+    return 0;
+}
+
+/* The inputs against the config: channels, context width, the uncond's
+ * shape, and at most text_len rows where the config pads. 0, or -1 with
+ * an invalid error. */
+static int check_inputs(const run_t *r) {
+    const tdit_config_t *c = &r->cfg;
+    const int64_t *cs = r->cshape, *us = r->ushape;
+    if (r->lshape[0] != c->in_channels)
+        return reel_fail(REEL_E_INVALID, "%s: latent has %" PRId64 " channels, config %s expects %" PRId64,
+                         r->o.latent, r->lshape[0], c->name, c->in_channels);
+    if (cs[1] != c->text_dim)
+        return reel_fail(REEL_E_INVALID, "%s: context width %" PRId64 ", config %s expects text_dim %" PRId64,
+                         r->o.context, cs[1], c->name, c->text_dim);
+    if (r->unc && ((c->text_len == 0 && us[0] != cs[0]) || us[1] != cs[1]))
+        return reel_fail(REEL_E_INVALID,
+                         "%s: uncond context is [%" PRId64 ",%" PRId64 "], context is [%" PRId64 ",%" PRId64 "]",
+                         r->o.uncond, us[0], us[1], cs[0], cs[1]);
+    if (c->text_len > 0 && (cs[0] > c->text_len || (r->unc && us[0] > c->text_len)))
+        return reel_fail(REEL_E_INVALID,
+                         "%s: a context of %" PRId64 " rows; config %s pads contexts to text_len %" PRId64
+                         " and takes at most that many", cs[0] > c->text_len ? r->o.context : r->o.uncond,
+                         cs[0] > c->text_len ? cs[0] : us[0], c->name, c->text_len);
+    return 0;
+}
+
+/* *x of rows x width, grown with zero rows to text_len (the new buffer
+ * replaces it; rows too). 0, or -1 with a nomem error (*x unchanged). */
+static int pad_rows(float **x, int64_t *rows, int64_t width, int64_t text_len) {
+    float *p = calloc((size_t)(text_len * width), sizeof *p);
+    if (!p) return reel_fail(REEL_E_NOMEM, "out of memory");
+    memcpy(p, *x, (size_t)(*rows * width) * sizeof *p);
+    free(*x);
+    *x = p;
+    *rows = text_len;
+    return 0;
+}
+
+/* Wan pads every context with zero rows to text_len and attends to all of
+ * them (docs/MODEL.md): so does Reel for such a config. 0, or -1. */
+static int pad_contexts(run_t *r) {
+    int64_t tl = r->cfg.text_len;
+    if (tl <= 0) return 0;
+    if (pad_rows(&r->ctx, &r->cshape[0], r->cshape[1], tl) != 0) return -1;
+    return r->unc ? pad_rows(&r->unc, &r->ushape[0], r->ushape[1], tl) : 0;
+}
+
+/* The backend (the CPU in place of an unusable CUDA, unless
+ * --no-fallback), a stream, the model on it and the step shape. 0, or -1
+ * with the error value set: the backend's failures exit 1, the model's
+ * and the shape's 2 (as reelctl always has). */
+static int open_model(run_t *r) {
+    r->b = kern_backend_new(r->kind, 0);
+    if (!r->b && r->kind == KERN_BACKEND_CUDA && r->o.no_fallback) {
+        /* A device check must never compare the CPU with itself. */
+        ctl_fail_as(REEL_E_DEVICE, NULL); /* exit 1, even in a build without CUDA */
+        return reel_fail(reel_err_code(), "%s (and --no-fallback was given)", reel_err_text());
+    }
+    if (!r->b && r->kind == KERN_BACKEND_CUDA) {
+        fprintf(stderr, "reelctl: %s; using the CPU backend\n", reel_err_text());
+        r->b = kern_backend_cpu_new();
+        r->dtype = KERN_F32;
+    }
+    if (!r->b) return ctl_fail_as(REEL_E_DEVICE, NULL);
+    if (!(r->s = kern_stream_new(r->b))) return ctl_fail_as(REEL_E_DEVICE, NULL);
+    if (!(r->m = tdit_model_load(r->b, r->wf, r->dtype))) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
+    st_close(&r->wf);
+    r->shape = (tdit_shape_t){ r->lshape[1], r->lshape[2], r->lshape[3], r->cshape[0], r->unc != NULL, 1,
+                               r->o.loop.solver };
+    if (tdit_shape_validate(&r->shape) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
+    if (!r->o.graphs && !(r->ws = tdit_ws_new(r->m, r->s, &r->shape))) return ctl_fail_as(REEL_E_INVALID, NULL);
+    return 0;
+}
+
+/* The loop: through a capture cache (--graphs on), or eagerly, every step
+ * then counted eager (declined: override). 0, or -1 with the error value
+ * set (exit status 1). */
+static int generate(run_t *r) {
+    size_t n = (size_t)(r->lshape[0] * r->lshape[1] * r->lshape[2] * r->lshape[3]);
+    if (!(r->out = malloc(n * sizeof *r->out))) return reel_fail(REEL_E_NOMEM, "out of memory");
+    if (r->o.graphs) {
+        cap_options_t co = cap_options_default();
+        co.warmup = r->o.warmup;
+        r->cache = cap_cache_new(r->b, &co);
+        if (!r->cache || tdit_register_weights(r->cache, r->m, 1) != 0 ||
+            tdit_generate_cached(r->m, r->cache, r->s, NULL, &r->shape, &r->o.loop, r->lat, r->ctx, r->unc, r->out,
+                                 &r->st) != 0)
+            return ctl_fail_as(REEL_E_INTERNAL, NULL);
+        return 0;
+    }
+    tdit_loop_stats_t es = { 0 };
+    if (tdit_generate(r->m, r->ws, r->s, &r->o.loop, r->lat, r->ctx, r->unc, r->out, &es) != 0)
+        return ctl_fail_as(REEL_E_INTERNAL, NULL);
+    r->st.steps = r->st.eager = es.steps_run;
+    r->st.declines[CAP_DECLINE_OVERRIDE] = es.steps_run;
+    r->st.seconds = es.seconds;
+    return 0;
+}
+
+/* The result to --out, with what made it as metadata. 0, or -1 with the
+ * error value set (exit status 1: the output is not the user's input). */
+static int write_output(const run_t *r) {
     st_writer_t *w = st_writer_new();
     if (!w) return -1;
     char v[64];
-    int rc = st_writer_add_f32(w, "latent", 4, shape, x);
-    snprintf(v, sizeof v, "%d", r->loop.steps);
+    int rc = st_writer_add_f32(w, "latent", 4, r->lshape, r->out);
+    snprintf(v, sizeof v, "%d", r->o.loop.steps);
     rc = rc ? rc : st_writer_meta(w, "steps", v);
-    snprintf(v, sizeof v, "%.9g", r->loop.shift);
+    snprintf(v, sizeof v, "%.9g", r->o.loop.shift);
     rc = rc ? rc : st_writer_meta(w, "shift", v);
-    snprintf(v, sizeof v, "%.9g", r->have_cfg ? r->loop.guidance : 0.0);
+    snprintf(v, sizeof v, "%.9g", r->o.have_cfg ? r->o.loop.guidance : 0.0);
     rc = rc ? rc : st_writer_meta(w, "cfg", v);
-    rc = rc ? rc : st_writer_meta(w, "sampler", r->loop.sde ? "sde" : tdit_solver_name(r->loop.solver));
-    rc = rc ? rc : st_writer_meta(w, "config", c->name);
-    rc = rc ? rc : st_writer_save(w, path);
+    rc = rc ? rc : st_writer_meta(w, "sampler", r->o.loop.sde ? "sde" : tdit_solver_name(r->o.loop.solver));
+    rc = rc ? rc : st_writer_meta(w, "config", r->cfg.name);
+    rc = rc ? rc : st_writer_save(w, r->o.out);
     st_writer_destroy(&w);
-    return rc;
+    return rc ? ctl_fail_as(REEL_E_IO, NULL) : 0;
 }
 
-int cmd_run(int argc, char **argv) {
-    run_opts_t r;
-    int code = parse(argc, argv, &r);
-    if (code) return code;
-    kern_backend_kind_t kind;
-    if (kern_backend_kind_parse(r.backend, &kind) != 0) return ctl_die(CTL_USAGE, "--backend: %s", kern_error());
-    kern_dtype_t dtype;
-    if (!strcmp(r.dtype, "f32")) dtype = KERN_F32;
-    else if (!strcmp(r.dtype, "bf16")) dtype = KERN_BF16;
-    else return ctl_die(CTL_USAGE, "--dtype: '%s' is not f32 or bf16", r.dtype);
-
-    float *lat = NULL, *ctx = NULL, *unc = NULL, *out = NULL;
-    int64_t lshape[4] = { 0 }, cshape[2], ushape[2];
-    kern_backend_t *b = NULL;
-    kern_stream_t *s = NULL;
-    tdit_model_t *m = NULL;
-    tdit_ws_t *ws = NULL;
-    cap_cache_t *cache = NULL;
-    code = CTL_USAGE;
-
-    st_file_t *wf = wan_ckpt_load(r.weights); /* any layout a Wan2.1 user has (wan_ckpt.h) */
-    if (!wf) { ctl_die(CTL_USAGE, "%s", kern_error()); goto out; }
-    tdit_config_t cfg;
-    if (tdit_config_from_meta(wf, &cfg) != 0) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); goto out; }
-    if (r.latent && !(lat = ctl_read_tensor(r.latent, "latent", 4, lshape))) goto out;
-    if (!(ctx = ctl_read_tensor(r.context, "context", 2, cshape))) goto out;
-    if (r.uncond && !(unc = ctl_read_tensor(r.uncond, "context", 2, ushape))) goto out;
-    code = CTL_USAGE;
-    if (!r.latent) {
-        lshape[0] = cfg.in_channels;
-        memcpy(lshape + 1, r.size, sizeof r.size);
-    }
-    if (lshape[0] != cfg.in_channels) {
-        ctl_die(CTL_USAGE, "%s: latent has %" PRId64 " channels, config %s expects %" PRId64,
-                r.latent, lshape[0], cfg.name, cfg.in_channels);
-        goto out;
-    }
-    if (cshape[1] != cfg.text_dim) {
-        ctl_die(CTL_USAGE, "%s: context width %" PRId64 ", config %s expects text_dim %" PRId64,
-                r.context, cshape[1], cfg.name, cfg.text_dim);
-        goto out;
-    }
-    if (unc && ((cfg.text_len == 0 && ushape[0] != cshape[0]) || ushape[1] != cshape[1])) {
-        ctl_die(CTL_USAGE, "%s: uncond context is [%" PRId64 ",%" PRId64 "], context is [%" PRId64 ",%" PRId64 "]",
-                r.uncond, ushape[0], ushape[1], cshape[0], cshape[1]);
-        goto out;
-    }
-    if (cfg.text_len > 0) {
-        /* Wan pads every context with zero rows to text_len and attends to
-         * all of them (docs/MODEL.md): so does Reel for such a config. */
-        if (cshape[0] > cfg.text_len || (unc && ushape[0] > cfg.text_len)) {
-            ctl_die(CTL_USAGE, "%s: a context of %" PRId64 " rows; config %s pads contexts to text_len %" PRId64
-                    " and takes at most that many", cshape[0] > cfg.text_len ? r.context : r.uncond,
-                    cshape[0] > cfg.text_len ? cshape[0] : ushape[0], cfg.name, cfg.text_len);
-            goto out;
-        }
-        float *pc = calloc((size_t)(cfg.text_len * cfg.text_dim), sizeof *pc);
-        float *pu = unc ? calloc((size_t)(cfg.text_len * cfg.text_dim), sizeof *pu) : NULL;
-        if (!pc || (unc && !pu)) {
-            free(pc);
-            free(pu);
-            ctl_die(CTL_FAIL, "out of memory");
-            goto out;
-        }
-        memcpy(pc, ctx, (size_t)(cshape[0] * cshape[1]) * sizeof *pc);
-        free(ctx);
-        ctx = pc;
-        cshape[0] = cfg.text_len;
-        if (unc) {
-            memcpy(pu, unc, (size_t)(ushape[0] * ushape[1]) * sizeof *pu);
-            free(unc);
-            unc = pu;
-            ushape[0] = cfg.text_len;
-        }
-    }
-
-    code = CTL_FAIL;
-    b = kern_backend_new(kind, 0);
-    if (!b && kind == KERN_BACKEND_CUDA && r.no_fallback) {
-        /* A device check must never compare the CPU with itself. */
-        ctl_die(CTL_FAIL, "%s (and --no-fallback was given)", kern_error());
-        goto out;
-    }
-    if (!b && kind == KERN_BACKEND_CUDA) {
-        fprintf(stderr, "reelctl: %s; using the CPU backend\n", kern_error());
-        b = kern_backend_cpu_new();
-        dtype = KERN_F32;
-    }
-    if (!b) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
-    if (!(s = kern_stream_new(b))) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
-    if (!(m = tdit_model_load(b, wf, dtype))) { ctl_die(CTL_USAGE, "%s: %s", r.weights, kern_error()); code = CTL_USAGE; goto out; }
-    st_close(&wf);
-    tdit_shape_t shape = { lshape[1], lshape[2], lshape[3], cshape[0], unc != NULL, 1, r.loop.solver };
-    if (tdit_shape_validate(&shape) != 0) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
-    if (!r.graphs && !(ws = tdit_ws_new(m, s, &shape))) { ctl_die(CTL_USAGE, "%s", kern_error()); code = CTL_USAGE; goto out; }
-    size_t n = (size_t)(lshape[0] * lshape[1] * lshape[2] * lshape[3]);
-    if (!(out = malloc(n * sizeof *out))) { ctl_die(CTL_FAIL, "out of memory"); goto out; }
-    tdit_run_stats_t st = { 0 };
-    if (r.graphs) {
-        cap_options_t co = cap_options_default();
-        co.warmup = r.warmup;
-        cache = cap_cache_new(b, &co);
-        if (!cache || tdit_register_weights(cache, m, 1) != 0 ||
-            tdit_generate_cached(m, cache, s, NULL, &shape, &r.loop, lat, ctx, unc, out, &st) != 0) {
-            ctl_die(CTL_FAIL, "%s", kern_error());
-            goto out;
-        }
-    } else {
-        tdit_loop_stats_t es = { 0 };
-        if (tdit_generate(m, ws, s, &r.loop, lat, ctx, unc, out, &es) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
-        st.steps = st.eager = es.steps_run;
-        st.declines[CAP_DECLINE_OVERRIDE] = es.steps_run;
-        st.seconds = es.seconds;
-    }
-    if (write_output(r.out, lshape, out, &r, &cfg) != 0) { ctl_die(CTL_FAIL, "%s", kern_error()); goto out; }
+/* What ran, on what, how fast, and what the capture cache did: two lines
+ * on stderr. Can't fail. */
+static void report(const run_t *r) {
+    const tdit_run_stats_t *st = &r->st;
+    const tdit_loop_t *p = &r->o.loop;
+    const int64_t *ls = r->lshape;
     fprintf(stderr, "reelctl: %s on %s (%s): latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "], "
             "%d %s steps%s, %.3f s (%.1f ms/step) -> %s\n",
-            cfg.name, kern_backend_device_name(b), kern_backend_arch(b), lshape[0], lshape[1], lshape[2],
-            lshape[3], st.steps, r.loop.sde ? "SDE" : r.loop.solver == TDIT_SOLVER_EULER ? "Euler" : tdit_solver_name(r.loop.solver),
-            unc ? " with CFG" : "",
-            st.seconds, 1e3 * st.seconds / (st.steps ? st.steps : 1), r.out);
-    fprintf(stderr, "reelctl: graphs %s: %d captured, %d replayed, %d eager", r.graphs ? "on" : "off",
-            st.captured, st.replayed, st.eager);
+            r->cfg.name, kern_backend_device_name(r->b), kern_backend_arch(r->b), ls[0], ls[1], ls[2], ls[3],
+            st->steps, p->sde ? "SDE" : p->solver == TDIT_SOLVER_EULER ? "Euler" : tdit_solver_name(p->solver),
+            r->unc ? " with CFG" : "", st->seconds, 1e3 * st->seconds / (st->steps ? st->steps : 1), r->o.out);
+    fprintf(stderr, "reelctl: graphs %s: %d captured, %d replayed, %d eager", r->o.graphs ? "on" : "off",
+            st->captured, st->replayed, st->eager);
     const char *sep = " (";
     for (int i = 0; i < CAP_DECLINE_COUNT; i++)
-        if (st.declines[i]) {
-            fprintf(stderr, "%s%s %d", sep, cap_reason_name((cap_reason_t)i), st.declines[i]);
+        if (st->declines[i]) {
+            fprintf(stderr, "%s%s %d", sep, cap_reason_name((cap_reason_t)i), st->declines[i]);
             sep = ", ";
         }
     fprintf(stderr, "%s\n", sep[0] == ',' ? ")" : "");
-    code = CTL_OK;
-out:
-    cap_cache_destroy(&cache);
-    tdit_ws_destroy(&ws);
-    tdit_model_destroy(&m);
-    kern_stream_destroy(&s);
-    kern_backend_destroy(&b);
-    st_close(&wf);
-    free(lat); free(ctx); free(unc); free(out);
-    return code;
+}
+
+/* Releases what the phases made; the error value is left as it was. */
+static void run_done(run_t *r) {
+    cap_cache_destroy(&r->cache);
+    tdit_ws_destroy(&r->ws);
+    tdit_model_destroy(&r->m);
+    kern_stream_destroy(&r->s);
+    kern_backend_destroy(&r->b);
+    st_close(&r->wf);
+    free(r->lat);
+    free(r->ctx);
+    free(r->unc);
+    free(r->out);
+}
+
+int cmd_run(int argc, char **argv) {
+    run_t r = { 0 };
+    int rc = parse(argc, argv, &r.o) != 0 || read_inputs(&r) != 0 || check_inputs(&r) != 0 ||
+                     pad_contexts(&r) != 0 || open_model(&r) != 0 || generate(&r) != 0 || write_output(&r) != 0
+                 ? -1
+                 : 0;
+    if (rc == 0) report(&r);
+    run_done(&r);
+    return rc;
 }

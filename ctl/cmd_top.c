@@ -4,9 +4,11 @@
  * broker started, and every worker (state, in flight, version, lag), from
  * one STATUS per interval. On a terminal it redraws in place; piped, it
  * prints plain lines, one block per interval with its time, no escape
- * codes. --count N stops after N views (0: until interrupted). */
+ * codes. --count N stops after N views (0: until interrupted). Exit 1
+ * (CTL_NO) when the broker did not answer the last view. */
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 
 #include "ctl/ctl.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "clients/c/client.h"
 
 static volatile sig_atomic_t g_stop;
@@ -114,18 +117,17 @@ int cmd_top(int argc, char **argv) {
         case 'k': key = optarg; break;
         case 'K': broker_key = optarg; break;
         case 'i':
-            if (ctl_parse_int(optarg, &interval) || interval < 100 || interval > 3600000)
-                return ctl_die(CTL_USAGE, "--interval-ms: expected 100..3600000, got '%s'", optarg);
+            if (reel_parse_int(optarg, 100, 3600000, "--interval-ms", &interval)) return -1;
             break;
         case 'n':
-            if (ctl_parse_int(optarg, &count) || count < 0) return ctl_die(CTL_USAGE, "--count: '%s'", optarg);
+            if (reel_parse_int(optarg, 0, INT_MAX, "--count", &count)) return -1;
             break;
-        default: return ctl_die(CTL_USAGE, "top: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return reel_fail(REEL_E_INVALID, "top: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "top: unexpected argument '%s'", argv[optind]);
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "top: unexpected argument '%s'", argv[optind]);
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -133,7 +135,7 @@ int cmd_top(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     bool tty = isatty(STDOUT_FILENO);
     sample_t prev = { 0 };
-    int rc = CTL_OK;
+    int rc = 0;
     for (int n = 0; !g_stop && (count == 0 || n < count); n++) {
         if (n) {
             struct timespec ts = { interval / 1000, (long)(interval % 1000) * 1000000L };
@@ -149,10 +151,10 @@ int cmd_top(int argc, char **argv) {
                     clean(err.message, msg, sizeof msg));
             fflush(stdout);
             prev.have = false;
-            rc = CTL_FAIL;
+            rc = CTL_NO;
             continue;
         }
-        rc = CTL_OK;
+        rc = 0;
         view(stdout, broker, reel_status_reply(s), &prev, tty);
         reel_status_free(&s);
     }

@@ -4,6 +4,7 @@
  * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "model/tinydit.h"
 #include "model/wan_ckpt.h"
 #include <jansson.h>
@@ -18,15 +19,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A config from a JSON file {"name":..., "dim":..., ...}. */
+/* A config from a JSON file {"name":..., "dim":..., ...}. 0, or -1 with
+ * the error value set. */
 static int config_from_json(const char *path, tdit_config_t *c) {
     FILE *f = fopen(path, "rb");
-    if (!f) return kern_fail("%s: cannot open: %s", path, strerror(errno));
+    if (!f) return reel_fail(REEL_E_IO, "%s: cannot open: %s", path, strerror(errno));
     char buf[64 * 1024];
     size_t n = fread(buf, 1, sizeof buf, f);
     bool more = !feof(f) && fgetc(f) != EOF;
     fclose(f);
-    if (more) return kern_fail("%s: larger than %zu bytes: not a model config", path, sizeof buf);
+    if (more) return reel_fail(REEL_E_LIMIT, "%s: larger than %zu bytes: not a model config", path, sizeof buf);
     return tdit_config_from_json(buf, n, path, c);
 }
 
@@ -45,13 +47,13 @@ static int weights_init(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'o': out = optarg; break;
         case 's':
-            if (ctl_parse_u64(optarg, &seed)) return ctl_die(CTL_USAGE, "--seed: '%s' is not a non-negative integer", optarg);
+            if (reel_parse_u64(optarg, 0, UINT64_MAX, "--seed", &seed)) return -1;
             break;
-        default: return ctl_die(CTL_USAGE, "weights init: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return reel_fail(REEL_E_INVALID, "weights init: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "weights init: unexpected argument '%s'", argv[optind]);
-    if (!config || !out) return ctl_die(CTL_USAGE, "weights init needs --config and --out");
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "weights init: unexpected argument '%s'", argv[optind]);
+    if (!config || !out) return reel_fail(REEL_E_INVALID, "weights init needs --config and --out");
     tdit_config_t c;
     if (tdit_config_builtin(config, &c) != 0) {
         char names[256] = "";
@@ -59,16 +61,15 @@ static int weights_init(int argc, char **argv) {
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%.55s", i ? ", " : "",
                      tdit_config_builtin_name(i));
         if (access(config, R_OK) != 0)
-            return ctl_die(CTL_USAGE, "--config: '%s' is neither a built-in config (%s) nor a readable JSON file",
-                           config, names);
-        if (config_from_json(config, &c) != 0)
-            return ctl_die(CTL_USAGE, "--config %s: %s", config, kern_error());
+            return reel_fail(REEL_E_NOT_FOUND,
+                             "--config: '%s' is neither a built-in config (%s) nor a readable JSON file", config, names);
+        if (config_from_json(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config %s: ", config);
     }
-    if (tdit_weights_init(&c, seed, out) != 0) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (tdit_weights_init(&c, seed, out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
     fprintf(stderr, "reelctl: wrote %s: config %s (D=%" PRId64 " H=%" PRId64 " layers=%" PRId64
             "), %" PRId64 " parameters, seed %" PRIu64 "\n", out, c.name, c.dim, c.heads, c.layers,
             tdit_config_params(&c), seed);
-    return CTL_OK;
+    return 0;
 }
 
 static json_t *file_json(const wan_file_t *f) {
@@ -82,16 +83,17 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
-        else if (argv[i][0] == '-' && argv[i][1]) return ctl_die(CTL_USAGE, "weights %s: unknown option '%s'", cmd, argv[i]);
-        else if (path) return ctl_die(CTL_USAGE, "weights %s: unexpected argument '%s'", cmd, argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1]) return reel_fail(REEL_E_INVALID, "weights %s: unknown option '%s'", cmd, argv[i]);
+        else if (path) return reel_fail(REEL_E_INVALID, "weights %s: unexpected argument '%s'", cmd, argv[i]);
         else path = argv[i];
     }
-    if (!path) return ctl_die(CTL_USAGE, "usage: reelctl weights %s PATH [--json] (a weights file, a sharded index or a "
-                              "folder: a Wan2.1 release, a diffusers transformer or pipeline)", cmd);
+    if (!path)
+        return reel_fail(REEL_E_INVALID, "usage: reelctl weights %s PATH [--json] (a weights file, a sharded index or "
+                         "a folder: a Wan2.1 release, a diffusers transformer or pipeline)", cmd);
     /* every byte hashed, nothing kept: a 14B release needs no 28 GB here */
     wan_opts_t o = { .no_data = true };
     wan_ckpt_t *ck = wan_ckpt_open(path, &o, NULL);
-    if (!ck) return ctl_die(CTL_USAGE, "%s", kern_error());
+    if (!ck) return ctl_fail_as(REEL_E_INVALID, NULL);
     const tdit_config_t *c = wan_ckpt_config(ck);
     wan_summary_t s;
     wan_ckpt_summary(ck, &s);
@@ -116,7 +118,7 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
         free(text);
         json_decref(root);
         wan_ckpt_destroy(&ck);
-        return text ? CTL_OK : ctl_die(CTL_FAIL, "out of memory");
+        return text ? 0 : reel_fail(REEL_E_NOMEM, "out of memory");
     }
     char dts[64] = "";
     for (int d = 0; d < KERN_DTYPE_COUNT; d++)
@@ -139,7 +141,7 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
            idx ? "a sync by path announces it: the index's bytes, then each shard's sha256 (docs/PROTOCOL.md)"
                : "a sync by path announces it: the file's bytes");
     wan_ckpt_destroy(&ck);
-    return CTL_OK;
+    return 0;
 }
 
 /* Wan's config.json for c, as a T2V release ships it (text_len 512 when c
@@ -169,17 +171,17 @@ static int weights_export(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o == 'o') out = optarg;
         else if (o == 'd') dts = optarg;
-        else return ctl_die(CTL_USAGE, "weights export: unknown or incomplete option '%s'", argv[optind - 1]);
+        else return reel_fail(REEL_E_INVALID, "weights export: unknown or incomplete option '%s'", argv[optind - 1]);
     }
     if (optind != argc - 1 || !out)
-        return ctl_die(CTL_USAGE, "usage: reelctl weights export PATH --out DIR [--dtype f32|bf16|f16]");
+        return reel_fail(REEL_E_INVALID, "usage: reelctl weights export PATH --out DIR [--dtype f32|bf16|f16]");
     kern_dtype_t dt;
     if (!strcmp(dts, "f32")) dt = KERN_F32;
     else if (!strcmp(dts, "bf16")) dt = KERN_BF16;
     else if (!strcmp(dts, "f16")) dt = KERN_F16;
-    else return ctl_die(CTL_USAGE, "--dtype: '%s' is not f32, bf16 or f16", dts);
+    else return reel_fail(REEL_E_INVALID, "--dtype: '%s' is not f32, bf16 or f16", dts);
     const char *path = argv[optind];
-    int code = CTL_FAIL;
+    int code = -1;
     st_file_t *f = wan_ckpt_load(path); /* judged whole before anything is written */
     tdit_config_t c;
     size_t n = 0;
@@ -189,16 +191,22 @@ static int weights_export(int argc, char **argv) {
     uint16_t *half = NULL;
     json_t *cj = NULL;
     char fpath[PATH_MAX], cpath[PATH_MAX];
-    if (!f) { code = CTL_USAGE; ctl_die(code, "%s", kern_error()); goto out; }
-    if (mkdir(out, 0755) != 0 && errno != EEXIST) { ctl_die(code, "%s: cannot create: %s", out, strerror(errno)); goto out; }
+    if (!f) {
+        ctl_fail_as(REEL_E_INVALID, NULL);
+        goto out;
+    }
+    if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+        reel_fail(REEL_E_IO, "%s: cannot create: %s", out, strerror(errno));
+        goto out;
+    }
+    /* the checkpoint loaded whole: its config and layout read back (exit 1, as always) */
     if (tdit_config_from_meta(f, &c) != 0 || !(ws = tdit_config_weights(&c, &n)) || !(w = st_writer_new())) {
-        ctl_die(code, "%s: %s", path, kern_error());
+        ctl_fail_as(REEL_E_INTERNAL, "%s: ", path);
         goto out;
     }
     if ((size_t)snprintf(fpath, sizeof fpath, "%s/diffusion_pytorch_model.safetensors", out) >= sizeof fpath ||
         (size_t)snprintf(cpath, sizeof cpath, "%s/config.json", out) >= sizeof cpath) {
-        code = CTL_USAGE;
-        ctl_die(code, "--out %s: path too long", out);
+        reel_fail(REEL_E_LIMIT, "--out %s: path too long", out);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -211,25 +219,31 @@ static int weights_export(int argc, char **argv) {
         uint16_t *nh = dt == KERN_F32 || !nb ? half : realloc(half, (size_t)numel * sizeof *half);
         if (nh) half = nh;
         if (!nb || (dt != KERN_F32 && !nh)) {
-            ctl_die(code, "out of memory");
+            reel_fail(REEL_E_NOMEM, "out of memory");
             goto out;
         }
-        if (st_read_f32(f, ws[i].name, ws[i].ndim, ws[i].shape, buf) != 0) { ctl_die(code, "%s", kern_error()); goto out; }
+        if (st_read_f32(f, ws[i].name, ws[i].ndim, ws[i].shape, buf) != 0) {
+            ctl_fail_as(REEL_E_IO, NULL);
+            goto out;
+        }
         for (int64_t j = 0; dt != KERN_F32 && j < numel; j++)
             half[j] = dt == KERN_BF16 ? kern_f32_to_bf16(buf[j]) : kern_f32_to_f16(buf[j]);
         if (st_writer_add(w, ws[i].name, dt, ws[i].ndim, ws[i].shape, dt == KERN_F32 ? (const void *)buf : half) != 0) {
-            ctl_die(code, "%s", kern_error());
+            ctl_fail_as(REEL_E_INTERNAL, NULL); /* a tensor of our own list: a bug */
             goto out;
         }
     }
-    if (st_writer_save(w, fpath) != 0) { ctl_die(code, "%s", kern_error()); goto out; }
+    if (st_writer_save(w, fpath) != 0) {
+        ctl_fail_as(REEL_E_IO, NULL);
+        goto out;
+    }
     if (!(cj = wan_config_json(&c)) || json_dump_file(cj, cpath, JSON_INDENT(2)) != 0) {
-        ctl_die(code, "%s: cannot write", cpath);
+        reel_fail(REEL_E_IO, "%s: cannot write", cpath);
         goto out;
     }
     fprintf(stderr, "reelctl: wrote %s as a Wan2.1 release: %s (%zu tensors, %s) and %s\n", path, fpath, n,
             kern_dtype_name(dt), cpath);
-    code = CTL_OK;
+    code = 0;
 out:
     json_decref(cj);
     free(buf);
@@ -245,5 +259,5 @@ int cmd_weights(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return ctl_die(CTL_USAGE, "usage: reelctl weights init|inspect|info|export ...");
+    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|inspect|info|export ...");
 }

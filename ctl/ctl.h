@@ -1,17 +1,25 @@
-/* ctl.h -- shared pieces of reelctl's subcommands. Exit codes: 0 success,
- * 1 a runtime failure, 2 bad usage or bad input (wrong shapes, missing
- * tensors, unknown flags). */
+/* ctl.h -- shared pieces of reelctl's subcommands.
+ *
+ * Each cmd_* returns 0 when it did its job; CTL_NO when it ran and its
+ * answer is no, already said on its output (tensor diff: the tensors
+ * differ; sync: not every worker applied it; artifacts verify: a bundle
+ * was refused; top: the broker did not answer the last view); or -1 with
+ * the error value of base/error.h set. Only reelctl's main prints that
+ * value ("reelctl: <message>" on stderr) and turns its code into the exit
+ * status (reel_exit_status): 2 for what the user can fix in the command
+ * line or the input files (invalid, not_found, unsupported, limit), 1 for
+ * a failure at run time (io, device, nomem, timeout, state, internal). */
 #ifndef REEL_CTL_H
 #define REEL_CTL_H
 
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "base/error.h"
 #include "schema/msg.h"
 
-#define CTL_OK 0
-#define CTL_FAIL 1
-#define CTL_USAGE 2
+/* The command ran and its answer is no (see above): exit status 1. */
+#define CTL_NO 1
 
 int cmd_weights(int argc, char **argv);
 int cmd_run(int argc, char **argv);
@@ -30,27 +38,36 @@ uint64_t ctl_version_of(const msg_versions_t *v, const char *name, bool *found);
 const char *ctl_lag_of(const msg_worker_status_t *w, const char *component);
 int cmd_report(int argc, char **argv);
 /* The broker's live counters (STATUS_REPLY) in the Prometheus text format
- * on out: `reelctl metrics --broker EP`. 0, or -1 with kern_error set. */
+ * on out: `reelctl metrics --broker EP`. 0, or -1 with the error value
+ * set (the broker's own error as ctl_fail_wire says it). */
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 
-/* Prints "reelctl: <msg>" to stderr and returns code. */
-int ctl_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Parses a whole decimal integer / finite float; -1 on junk. */
-int ctl_parse_u64(const char *s, uint64_t *out);
-int ctl_parse_int(const char *s, int *out);
-int ctl_parse_double(const char *s, double *out);
+/* This thread's failure, reported as reelctl has always reported it: the
+ * text of fmt (NULL: none; a prefix like "%s: ") in front of its message,
+ * its detail kept, and its code kept when that gives the same exit status
+ * as code, else code. Where a library calls a failure invalid that
+ * reelctl has always counted a runtime failure (exit 1), or the reverse,
+ * the exit status stays. Returns -1. */
+int ctl_fail_as(reel_code_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A request the broker (or the way to it) failed, as the error value:
+ * "<fmt's text>: <e's code>: <e's message>", exit status 1 whatever the
+ * broker's code (timeout for "timeout"; state when it was busy, had no
+ * worker, a stale version or lost the worker; io otherwise). -1. */
+int ctl_fail_wire(const wire_err_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Reads tensor `name` of safetensors file `path` widened to F32; it must
- * have rank ndim; its shape goes to shape. NULL after printing a message
- * (the caller exits CTL_USAGE), also for NaN or infinite values (a model
- * input is judged as a worker judges it). The caller frees. */
+ * have rank ndim; its shape goes to shape. NULL with the error value set,
+ * its code one of exit status 2 (invalid, not_found, limit), also for NaN
+ * or infinite values (a model input is judged as a worker judges it). The
+ * caller frees. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape);
-/* Parses "FxHxW" (three positive integers, each at most 65536, F x H x W
- * at most 2^24 as a GEN's latent); -1 on anything else. */
-int ctl_parse_size(const char *s, int64_t out[3]);
+/* Parses "FxHxW" into out: three integers in 1..MSG_MAX_DIM with F x H x
+ * W at most MSG_MAX_FHW (what a GEN's latent may be). 0, or -1 with a
+ * REEL_E_INVALID error naming `what` (the option) and the text. */
+int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
 /* Monotonic seconds. */
 double ctl_now(void);
 /* True when stderr is a terminal. */

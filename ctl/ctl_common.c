@@ -1,56 +1,46 @@
 /* ctl_common.c -- the helpers every reelctl subcommand uses (ctl.h):
- * messages and exit codes, number and size parsing, reading an input
- * tensor, the clock and the terminal test. It calls no subcommand, so the
- * cmd_*.c files and reelctl.c's dispatch never call one another in a
- * circle. */
+ * failures reported the way reelctl always has, the size of a latent,
+ * reading an input tensor, the clock and the terminal test. It calls no
+ * subcommand, so the cmd_*.c files and reelctl.c's dispatch never call one
+ * another in a circle. */
 #include "ctl.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "schema/msg.h"
 #include "model/safetensors.h"
-#include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-int ctl_die(int code, const char *fmt, ...) {
+int ctl_fail_as(reel_code_t code, const char *fmt, ...) {
+    char pre[REEL_ERR_MSG] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(pre, sizeof pre, fmt, ap);
+        va_end(ap);
+    }
+    const reel_err_t *e = reel_err();
+    reel_code_t keep = reel_exit_status(e->code) == reel_exit_status(code) ? e->code : code;
+    /* reel_fail_detail copies message and detail before it writes them */
+    return reel_fail_detail(keep, e->detail, "%s%s", pre, e->msg);
+}
+
+int ctl_fail_wire(const wire_err_t *e, const char *fmt, ...) {
+    char what[REEL_ERR_MSG];
     va_list ap;
     va_start(ap, fmt);
-    fputs("reelctl: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return code;
-}
-
-int ctl_parse_u64(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (!*s || *s == '-') return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end) return -1;
-    *out = v;
-    return 0;
-}
-
-int ctl_parse_int(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !*s || *end || v < -2147483647L || v > 2147483647L) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-int ctl_parse_double(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || !*s || *end || !isfinite(v)) return -1;
-    *out = v;
-    return 0;
+    reel_code_t code = REEL_E_IO;
+    if (!strcmp(e->code, WIRE_E_TIMEOUT)) code = REEL_E_TIMEOUT;
+    else if (!strcmp(e->code, WIRE_E_BUSY) || !strcmp(e->code, WIRE_E_NO_WORKER) ||
+             !strcmp(e->code, WIRE_E_STALE) || !strcmp(e->code, WIRE_E_WORKER_LOST))
+        code = REEL_E_STATE;
+    return reel_fail(code, "%s: %s: %s", what, e->code, e->message);
 }
 
 bool ctl_tty(void) { return isatty(2); }
@@ -61,40 +51,52 @@ double ctl_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int ctl_parse_size(const char *s, int64_t out[3]) {
-    long long f, h, w;
-    char tail;
-    if (sscanf(s, "%lldx%lldx%lld%c", &f, &h, &w, &tail) != 3 || f <= 0 || h <= 0 || w <= 0) return -1;
+int ctl_size_parse(const char *s, const char *what, int64_t out[3]) {
     /* what a GEN may carry (docs/PROTOCOL.md): never a 64 GiB allocation here */
-    if (f > MSG_MAX_DIM || h > MSG_MAX_DIM || w > MSG_MAX_DIM || f * h * w > MSG_MAX_FHW) return -1;
-    out[0] = f;
-    out[1] = h;
-    out[2] = w;
+    char buf[64], *part[3] = { buf };
+    int64_t v[3];
+    bool ok = strlen(s) < sizeof buf;
+    if (ok) strcpy(buf, s);
+    for (int i = 1; ok && i < 3; i++) { /* "FxHxW": a third 'x' is junk in W */
+        char *x = strchr(part[i - 1], 'x');
+        if ((ok = x != NULL)) *x = '\0', part[i] = x + 1;
+    }
+    for (int i = 0; ok && i < 3; i++) ok = reel_parse_i64(part[i], 1, MSG_MAX_DIM, what, &v[i]) == 0;
+    if (!ok || v[0] * v[1] * v[2] > MSG_MAX_FHW)
+        return reel_fail(REEL_E_INVALID, "%s: expected FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24), "
+                         "got '%.64s'", what, s);
+    memcpy(out, v, sizeof v);
     return 0;
 }
 
-/* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL (and
- * a message, exit code 2) on any problem. */
+/* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL with
+ * the error value set (exit status 2) on any problem. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {
     st_file_t *f = st_open(path);
-    if (!f) { ctl_die(CTL_USAGE, "%s", kern_error()); return NULL; }
+    if (!f) {
+        ctl_fail_as(REEL_E_INVALID, NULL);
+        return NULL;
+    }
     const st_tensor_t *t = st_find(f, name);
     float *buf = NULL;
-    if (!t) ctl_die(CTL_USAGE, "%s: no tensor named '%s'", path, name);
-    else if (t->ndim != ndim) ctl_die(CTL_USAGE, "%s: tensor '%s' has %d dimensions, expected %d", path, name, t->ndim, ndim);
+    if (!t) reel_fail(REEL_E_NOT_FOUND, "%s: no tensor named '%s'", path, name);
+    else if (t->ndim != ndim)
+        reel_fail(REEL_E_INVALID, "%s: tensor '%s' has %d dimensions, expected %d", path, name, t->ndim, ndim);
     else {
         int64_t n = 1;
         for (int i = 0; i < ndim; i++) { shape[i] = t->shape[i]; n *= t->shape[i]; }
         buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
-        if (!buf || st_read_f32(f, name, ndim, shape, buf) != 0) {
-            ctl_die(CTL_USAGE, "%s: %s", path, buf ? kern_error() : "out of memory");
-            free(buf);
-            buf = NULL;
-        } else if (!kern_all_finite(buf, (size_t)n, KERN_F32)) { /* a model input: as a worker judges it */
-            ctl_die(CTL_USAGE, "%s: tensor '%s' holds NaN or infinite values", path, name);
-            free(buf);
-            buf = NULL;
+        /* an input too large for this machine: a limit of the input (exit 2), as always */
+        if (!buf) reel_fail(REEL_E_LIMIT, "%s: out of memory", path);
+        else if (st_read_f32(f, name, ndim, shape, buf) != 0) ctl_fail_as(REEL_E_INVALID, "%s: ", path);
+        else if (!kern_all_finite(buf, (size_t)n, KERN_F32)) /* a model input: as a worker judges it */
+            reel_fail(REEL_E_INVALID, "%s: tensor '%s' holds NaN or infinite values", path, name);
+        else {
+            st_close(&f);
+            return buf;
         }
+        free(buf);
+        buf = NULL;
     }
     st_close(&f);
     return buf;

@@ -1,5 +1,6 @@
 /* reelctl.c -- the Reel operator and client CLI: subcommand dispatch. */
 #include "ctl.h"
+#include "base/error.h"
 #include "schema/wire.h"
 #include <stdio.h>
 #include <string.h>
@@ -103,18 +104,16 @@ static bool command_usage(const char *cmd) {
     return any;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-        fputs(usage, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CTL_USAGE : CTL_OK;
-    }
+/* The command argv names: its return (ctl.h: 0, CTL_NO or -1 with the
+ * error value set). */
+static int dispatch(int argc, char **argv) {
     const char *cmd = argv[1];
     /* `reelctl CMD ... --help` (or -h): that command's usage, on stdout, 0 */
     for (int i = 2; i < argc && strcmp(argv[i], "--"); i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            if (command_usage(cmd)) return CTL_OK;
+            if (command_usage(cmd)) return 0;
             fputs(usage, stderr);
-            return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
+            return reel_fail(REEL_E_INVALID, "unknown command '%s'", cmd);
         }
     /* `sync --upload` sends 4 MiB chunks: the daemons' malloc settings keep
      * ZeroMQ's buffers for the next chunk instead of fresh mmaps */
@@ -135,5 +134,19 @@ int main(int argc, char **argv) {
         !strcmp(cmd, "metrics"))
         return cmd_catalog(argc - 1, argv + 1);
     fputs(usage, stderr);
-    return ctl_die(CTL_USAGE, "unknown command '%s'", cmd);
+    return reel_fail(REEL_E_INVALID, "unknown command '%s'", cmd);
+}
+
+/* The one place a failure is printed and becomes an exit status. */
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? reel_exit_status(REEL_E_INVALID) : 0;
+    }
+    int rc = dispatch(argc, argv);
+    if (rc >= 0) return rc;
+    if (reel_err_code() == REEL_OK) /* a bug: never exit 0 for a failure */
+        reel_fail(REEL_E_INTERNAL, "%s failed without saying why", argv[1]);
+    fprintf(stderr, "reelctl: %s\n", reel_err_text());
+    return reel_exit_status(reel_err_code());
 }

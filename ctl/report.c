@@ -22,7 +22,7 @@ static int table(cat_t *c, FILE *out, const json_t *rows, const ctl_col_t *cols,
 /* ret, or -1 with a message when out could not be written. */
 static int flushed(cat_t *c, FILE *out, int ret) {
     if (ret == 0 && (fflush(out) != 0 || ferror(out)))
-        ret = kern_fail("catalog %s: report: write failed: %s", cat_path(c), strerror(errno));
+        ret = reel_fail(REEL_E_IO, "catalog %s: report: write failed: %s", cat_path(c), strerror(errno));
     return ret;
 }
 
@@ -33,7 +33,7 @@ static int report(cat_t *c, query_fn query, bool json, FILE *out, const ctl_col_
     int ret;
     if (json) {
         char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(15));
-        ret = text ? 0 : kern_fail("catalog %s: report: cannot encode JSON", cat_path(c));
+        ret = text ? 0 : reel_fail(REEL_E_NOMEM, "catalog %s: report: cannot encode JSON", cat_path(c));
         if (text) fprintf(out, "%s\n", text);
         free(text);
     } else {
@@ -185,7 +185,7 @@ int ctl_report_stats(cat_t *c, bool json, FILE *out) {
     json_t *rows = json_object_get(root, "workers"), *all = json_object_get(root, "overall");
     int ret;
     if (json_object_set_new(all, "worker", json_string("(all)")) != 0 || json_array_append(rows, all) != 0)
-        ret = kern_fail("catalog %s: report: out of memory", cat_path(c));
+        ret = reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", cat_path(c));
     else
         ret = table(c, out, rows, stats_cols, CTL_NCOLS(stats_cols));
     json_t *arts = json_object_get(root, "artifacts");
@@ -277,7 +277,7 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
     if (!rows || !shown) {
         json_decref(rows);
         json_decref(shown);
-        return rows ? kern_fail("catalog %s: report: out of memory", cat_path(c)) : -1;
+        return rows ? reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", cat_path(c)) : -1;
     }
     size_t i, run = 0;
     json_t *r;

@@ -3,9 +3,9 @@
  * for people; metrics prints the stats as Prometheus text (counters end in
  * _total; labels worker and reason, and artifact, result and state for
  * kernel artifacts: no per-key cardinality). Each
- * reads one snapshot of the catalog. 0, or -1 with a message in
- * kern_error() (the catalog could not be read, or out could not be
- * written). */
+ * reads one snapshot of the catalog. 0, or -1 with the error value of
+ * base/error.h set: the catalog's own when it could not be read, io when
+ * out could not be written, nomem. */
 #ifndef REEL_CTL_REPORT_H
 #define REEL_CTL_REPORT_H
 

@@ -9,6 +9,7 @@
  * Every string from the catalog (key texts, names, reasons: they came over
  * the network) is HTML-escaped. */
 #include <fcntl.h>
+#include <float.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 
 #include "ctl/ctl.h"
 #include "base/error.h"
+#include "base/parse.h"
 #include "catalog/catalog.h"
 #include "catalog/catalog_query.h"
 
@@ -256,7 +258,7 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     table(o, json_object_get(r, "slowest"), sc, sh, 11);
     fputs("</body></html>\n", o);
     json_decref(r);
-    return ferror(o) ? kern_fail("writing the report failed") : 0;
+    return ferror(o) ? reel_fail(REEL_E_IO, "writing the report failed") : 0;
 }
 
 int cmd_report(int argc, char **argv) {
@@ -276,24 +278,26 @@ int cmd_report(int argc, char **argv) {
         case 'c': path = optarg; break;
         case 's': {
             /* UNIX seconds, or -N: the last N seconds */
-            char *end;
-            double v = strtod(optarg, &end);
-            if (end == optarg || *end || !isfinite(v)) return ctl_die(CTL_USAGE, "--since: '%s' is not a time", optarg);
+            double v;
+            if (reel_parse_f64(optarg, -DBL_MAX, DBL_MAX, "--since", &v))
+                return reel_fail(REEL_E_INVALID, "--since: '%s' is not a time", optarg);
             since = v < 0 ? (double)time(NULL) + v : v;
             break;
         }
-        default: return ctl_die(CTL_USAGE, "report: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return reel_fail(REEL_E_INVALID, "report: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc) return ctl_die(CTL_USAGE, "report: unexpected argument '%s'", argv[optind]);
-    if (!out) return ctl_die(CTL_USAGE, "report needs --html OUT.html");
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "report: unexpected argument '%s'", argv[optind]);
+    if (!out) return reel_fail(REEL_E_INVALID, "report needs --html OUT.html");
     if (access(path, F_OK) != 0)
-        return ctl_die(CTL_USAGE, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
+        return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
     cat_t *c = cat_open(path, true);
-    if (!c) return ctl_die(CTL_FAIL, "%s", kern_error());
+    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
     struct stat os;
-    if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) /* replaced by rename: only a regular file may be */
-        return ctl_die(CTL_USAGE, "%s: exists and is not a regular file", out);
+    if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) { /* replaced by rename: only a regular file may be */
+        cat_close(&c);
+        return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file", out);
+    }
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -301,15 +305,15 @@ int cmd_report(int argc, char **argv) {
     if (!f) {
         if (tfd >= 0) close(tfd);
         cat_close(&c);
-        return ctl_die(CTL_FAIL, "%s: cannot write", tmp);
+        return reel_fail(REEL_E_IO, "%s: cannot write", tmp);
     }
     int rc = ctl_report_html(c, since, f);
     cat_close(&c);
-    if (fclose(f) != 0) rc = -1;
+    if (fclose(f) != 0 && rc == 0) rc = reel_fail(REEL_E_IO, "writing the report failed");
     if (rc != 0 || rename(tmp, out) != 0) {
         unlink(tmp);
-        return ctl_die(CTL_FAIL, "report: %s", rc ? kern_error() : "cannot rename into place");
+        return rc ? ctl_fail_as(REEL_E_IO, "report: ") : reel_fail(REEL_E_IO, "report: cannot rename into place");
     }
     fprintf(stderr, "reelctl: report written to %s\n", out);
-    return CTL_OK;
+    return 0;
 }

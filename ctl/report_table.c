@@ -147,7 +147,7 @@ int ctl_table_print(const char *what, FILE *out, const json_t *rows, const ctl_c
     if (nrows == 0) fputs("(none)\n", out);
     ret = 0;
 out:
-    if (ret != 0) kern_fail("%s: report: out of memory", what);
+    if (ret != 0) reel_fail(REEL_E_NOMEM, "%s: report: out of memory", what);
     if (cells)
         for (size_t i = 0; i < nrows * ncols; i++) free(cells[i]);
     free(cells);

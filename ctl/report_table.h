@@ -29,8 +29,9 @@ typedef struct {
 /* Prints rows (an array of objects) as a table: a header line, then one
  * line per row, columns two spaces apart, numbers right-aligned, control
  * characters shown as '?', long cells cut with "..."; "(none)" after the
- * header when there are no rows. -1 with "WHAT: report: out of memory" in
- * kern_error() when a cell cannot be built (nothing printed then). */
+ * header when there are no rows. -1 with a REEL_E_NOMEM error "WHAT:
+ * report: out of memory" (base/error.h) when a cell cannot be built
+ * (nothing printed then). */
 int ctl_table_print(const char *what, FILE *out, const json_t *rows, const ctl_col_t *cols, size_t ncols);
 
 #endif
