@@ -200,19 +200,19 @@ static int write_batch(brk_catq_t *q, cq_item_t *chain) {
     for (cq_item_t *it = chain; it; it = it->next) {
         if (cat_write(q->cat, &it->rec) == 0) continue;
         if (cat_failure_transient(q->cat)) goto failed;
-        if (worth_logging(++refused)) brk_log("catalog: a record was refused: %s", kern_error());
+        if (worth_logging(++refused)) brk_log("catalog: a record was refused: %s", reel_err_text());
     }
     if (cat_commit(q->cat) != 0) {
         if (cat_failure_transient(q->cat)) goto failed;
         /* The store refused what the batch adds up to for good (its
          * summaries): each record again as a batch of its own, so a bad
          * record costs itself, never the batch and the queue behind it. */
-        brk_log("catalog: a batch was refused (%s); writing its records one by one", kern_error());
+        brk_log("catalog: a batch was refused (%s); writing its records one by one", reel_err_text());
         cat_rollback(q->cat);
         refused = 0;
         for (cq_item_t *it = chain; it; it = it->next)
             if (cat_write(q->cat, &it->rec) != 0 && worth_logging(++refused))
-                brk_log("catalog: a record was refused: %s", kern_error());
+                brk_log("catalog: a record was refused: %s", reel_err_text());
     }
     pthread_mutex_lock(&q->mu);
     q->refused += refused;
@@ -256,7 +256,7 @@ static int write_next(brk_catq_t *q) {
     q->failures++;
     if (worth_logging(q->failures))
         brk_log("catalog: writing failed (%llu so far), %zu records kept for a retry: %s",
-                (unsigned long long)q->failures, q->n_kept + q->n_events, kern_error());
+                (unsigned long long)q->failures, q->n_kept + q->n_events, reel_err_text());
     pthread_mutex_unlock(&q->mu);
     list_unshift(&q->events, events, chain_last(events), ne);
     list_unshift(&q->kept, kept, lk, nk);
@@ -281,7 +281,7 @@ static void prune_step(brk_catq_t *q) {
     int64_t n = cat_prune(q->cat, before, max_rows, BRK_CATQ_PRUNE_BATCH);
     pthread_mutex_lock(&q->mu);
     if (n < 0) {
-        if (worth_logging(++q->prune_failures)) brk_log("catalog: pruning failed: %s", kern_error());
+        if (worth_logging(++q->prune_failures)) brk_log("catalog: pruning failed: %s", reel_err_text());
         prune_after(q, BRK_CATQ_PRUNE_MS);
     } else if (n > 0) {
         q->pruned += (uint64_t)n;
@@ -499,7 +499,7 @@ static void enqueue(brk_catq_t *q, cq_item_t *it) {
                 q->quota[slot].n--;
             }
             if (worth_logging(++q->shed))
-                brk_log("catalog: a record was shed (%llu so far): %s", (unsigned long long)q->shed, kern_error());
+                brk_log("catalog: a record was shed (%llu so far): %s", (unsigned long long)q->shed, reel_err_text());
         }
     } else if (worth_logging(++q->shed)) {
         brk_log("catalog: an event was shed (%llu so far): its worker has %zu events waiting to be written",

@@ -7,13 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "broker/brk_upload.h"
 
-#define BROKEN(...)                          \
-    do {                                     \
-        snprintf(why, len, __VA_ARGS__);     \
-        return -1;                           \
-    } while (0)
+/* An invariant broken is a bug: REEL_E_INTERNAL. */
+#define BROKEN(...) return reel_fail(REEL_E_INTERNAL, __VA_ARGS__)
 
 static int cmp_ptr(const void *a, const void *b) {
     uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
@@ -29,7 +27,7 @@ static int worker_index(const brk_t *b, const brk_worker_t *w) {
 /* ---- requests ------------------------------------------------------------------ */
 
 /* The live-request list, its id buckets and held_bytes; n_out: how many. */
-static int check_list(const brk_t *b, size_t *n_out, char *why, size_t len) {
+static int check_list(const brk_t *b, size_t *n_out) {
     size_t n = 0;
     uint64_t bytes = 0;
     const brk_req_t *prev = NULL;
@@ -66,7 +64,7 @@ static int check_list(const brk_t *b, size_t *n_out, char *why, size_t len) {
 }
 
 /* Each request's state against the queue and its worker. */
-static int check_states(const brk_t *b, size_t n, char *why, size_t len) {
+static int check_states(const brk_t *b, size_t n) {
     size_t queued = 0;
     for (const brk_req_t *r = b->reqs; r; r = r->next) {
         switch (r->state) {
@@ -102,14 +100,12 @@ static int check_states(const brk_t *b, size_t n, char *why, size_t len) {
     for (size_t i = 0; i < q && rc == 0; i++) {
         const brk_req_t *const *hit = bsearch(&inq[i], live, n, sizeof *live, cmp_ptr);
         if (!hit) {
-            snprintf(why, len, "the queue holds a request that is not live");
-            rc = -1;
+            rc = reel_fail(REEL_E_INTERNAL, "the queue holds a request that is not live");
         } else if ((*hit)->state != REQ_QUEUED) {
-            snprintf(why, len, "the queue holds request %llu, which is not queued", (unsigned long long)(*hit)->id);
-            rc = -1;
+            rc = reel_fail(REEL_E_INTERNAL, "the queue holds request %llu, which is not queued",
+                           (unsigned long long)(*hit)->id);
         } else if (i > 0 && inq[i] == inq[i - 1]) {
-            snprintf(why, len, "the queue holds request %llu twice", (unsigned long long)(*hit)->id);
-            rc = -1;
+            rc = reel_fail(REEL_E_INTERNAL, "the queue holds request %llu twice", (unsigned long long)(*hit)->id);
         }
     }
     free(live);
@@ -119,7 +115,7 @@ static int check_states(const brk_t *b, size_t n, char *why, size_t len) {
 
 /* ---- workers ---------------------------------------------------------------------- */
 
-static int check_workers(const brk_t *b, char *why, size_t len) {
+static int check_workers(const brk_t *b) {
     if (b->n_w < 0 || b->n_w > b->cap_w) BROKEN("%d workers in an array of %d", b->n_w, b->cap_w);
     for (int i = 0; i < b->n_w; i++) {
         const brk_worker_t *w = b->w[i];
@@ -153,7 +149,7 @@ static const brk_worker_t *named(const brk_t *b, const char *name) {
     return NULL;
 }
 
-static int check_barrier(const brk_t *b, const brk_barrier_t *s, char *why, size_t len) {
+static int check_barrier(const brk_t *b, const brk_barrier_t *s) {
     const char *c = s->component;
     unsigned long long v = (unsigned long long)s->version;
     if (s->n_trainers < 1 || !s->trainers) BROKEN("barrier %s v%llu answers no trainer", c, v);
@@ -184,7 +180,7 @@ static int check_barrier(const brk_t *b, const brk_barrier_t *s, char *why, size
     return 0;
 }
 
-static int check_syncs(const brk_t *b, char *why, size_t len) {
+static int check_syncs(const brk_t *b) {
     if (b->n_cur < 0 || b->n_cur > BRK_MAX_COMPONENTS) BROKEN("%d current components", b->n_cur);
     for (int i = 0; i < b->n_cur; i++) {
         const brk_current_t *c = &b->cur[i];
@@ -198,24 +194,22 @@ static int check_syncs(const brk_t *b, char *why, size_t len) {
                    c->sync->component, (unsigned long long)c->sync->version);
     }
     for (const brk_barrier_t *s = b->barriers; s; s = s->next)
-        if (check_barrier(b, s, why, len)) return -1;
+        if (check_barrier(b, s)) return -1;
     return 0;
 }
 
 /* ---- all of it ----------------------------------------------------------------------- */
 
-int brk_check(const brk_t *b, char *why, size_t len) {
+int brk_check(const brk_t *b) {
     size_t n = 0;
-    if (check_list(b, &n, why, len) || check_states(b, n, why, len) || check_workers(b, why, len) ||
-        check_syncs(b, why, len) || brk_upload_check(b, why, len))
+    if (check_list(b, &n) || check_states(b, n) || check_workers(b) || check_syncs(b) || brk_upload_check(b))
         return -1;
     return 0;
 }
 
 void brk_check_or_die(const brk_t *b, const char *where) {
-    char why[512];
-    if (brk_check(b, why, sizeof why) == 0) return;
-    fprintf(stderr, "broker invariant violated after %s: %s\n", where, why);
+    if (brk_check(b) == 0) return;
+    fprintf(stderr, "broker invariant violated after %s: %s\n", where, reel_err_text());
     fflush(stderr);
     abort();
 }

@@ -29,15 +29,16 @@
 
 #include "broker/brk_broker.h"
 
-/* 0 when every invariant above holds; -1 with the first broken one
- * described in why[0..len) (what, and which request, worker or barrier).
- * Reads b only (the upload locks are taken and released). Can't fail
- * otherwise: out of memory, the checks that need a scratch array are
- * skipped. */
-int brk_check(const brk_t *b, char *why, size_t len);
+/* 0 when every invariant above holds; -1 with the first broken one as a
+ * REEL_E_INTERNAL error (base/error.h) whose message says what, and which
+ * request, worker or barrier. Reads b only (the upload locks are taken
+ * and released). Can't fail otherwise: out of memory, the checks that
+ * need a scratch array are skipped. */
+int brk_check(const brk_t *b);
 
-/* brk_check, aborting with "broker invariant violated after WHERE: why"
- * on stderr when one is broken. For the loop, under REEL_INVARIANTS. */
+/* brk_check, aborting with "broker invariant violated after WHERE: " and
+ * the error's text on stderr when one is broken. For the loop, under
+ * REEL_INVARIANTS. */
 void brk_check_or_die(const brk_t *b, const char *where);
 
 #ifdef REEL_INVARIANTS

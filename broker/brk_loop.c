@@ -118,10 +118,10 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
         BAD_REPLY(b, true, m, err.code, "READY: %s", err.message);
         return;
     }
-    char why[160];
-    if (brk_workers_refuse(b, r->name, old, why, sizeof why)) {
-        brk_log("READY refused: %s", why);
-        BAD_REPLY(b, true, m, WIRE_E_BAD_REQUEST, "READY: %s", why);
+    if (brk_workers_refuse(b, r->name, old) != 0) {
+        brk_log("READY refused: %s", reel_err()->msg);
+        if (brk_reply_allowed(b, &m->identity)) /* as BAD_REPLY */
+            brk_error_from(b, true, &m->identity, m->id, reel_err(), "READY: "); /* invalid: bad_request */
         return;
     }
     if (old) {
@@ -140,10 +140,10 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
 
 /* A final reply that cannot be read still ends the request: the client is
  * answered internal rather than left waiting for its deadline. */
-static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire_err_t *why, msg_error_t *e) {
-    brk_log("worker %s sent a bad %s: %s", w->route.name, m->type, why->message);
+static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire_err_t *bad, msg_error_t *e) {
+    brk_log("worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
     snprintf(e->code, sizeof e->code, "%s", WIRE_E_INTERNAL);
-    snprintf(e->message, sizeof e->message, "worker %s sent a bad %s: %s", w->route.name, m->type, why->message);
+    snprintf(e->message, sizeof e->message, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
     brk_req_error(b, w, m->id, e);
 }
 

@@ -56,7 +56,7 @@ static void *router(brk_t *b, const char *endpoint, bool worker_side, const char
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo) < 0)
         goto err;
     if (b->zap && brk_zap_server(b->zap, s, worker_side) < 0) {
-        brk_log("%s", kern_error());
+        brk_log("%s", reel_err_text());
         zmq_close(s);
         return NULL;
     }
@@ -87,7 +87,7 @@ static int start_keys(brk_t *b) {
         key = own;
     }
     if (!(b->zap = brk_zap_new(b->ctx, b->opt.keys, key))) {
-        brk_log("cannot use the keys: %s", kern_error());
+        brk_log("cannot use the keys: %s", reel_err_text());
         return -1;
     }
     brk_log("keys: CURVE on both sockets, %zu peer key%s from %s (SIGHUP reloads)", brk_zap_keys(b->zap),
@@ -142,10 +142,10 @@ static void tune_malloc(uint64_t max_held) {
  * resuming it would send every worker a sync none took, so it fails. */
 static void resume_versions(brk_t *b, cat_t *cat) {
     if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
-        brk_log("cannot mark pending weight versions failed: %s", kern_error());
+        brk_log("cannot mark pending weight versions failed: %s", reel_err_text());
     cat_version_t v[BRK_MAX_COMPONENTS];
     int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);
-    if (n < 0) brk_log("cannot read weight versions from the catalog: %s", kern_error());
+    if (n < 0) brk_log("cannot read weight versions from the catalog: %s", reel_err_text());
     for (int i = 0; i < n; i++) {
         if (v[i].version == 0 || v[i].version > MSG_VERSION_MAX) {
             /* A catalog written before versions were bounded. */
@@ -160,7 +160,7 @@ static void resume_versions(brk_t *b, cat_t *cat) {
             brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
                     v[i].component, (unsigned long long)v[i].version);
         } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
-            brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, kern_error());
+            brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, reel_err_text());
         } else {
             brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
                     (unsigned long long)v[i].version, v[i].source);
@@ -175,7 +175,7 @@ static int start_catalog(brk_t *b) {
     if (b->opt.catalog[0]) {
         cat = cat_open(b->opt.catalog, false);
         if (!cat) {
-            brk_log("cannot open the catalog %s: %s", b->opt.catalog, kern_error());
+            brk_log("cannot open the catalog %s: %s", b->opt.catalog, reel_err_text());
             return -1;
         }
         resume_versions(b, cat);
@@ -250,7 +250,7 @@ int main(int argc, char **argv) {
     int rc = 1;
     if (start_sockets(&b) != 0) goto out;
     if (brk_metrics_start(&b) != 0) {
-        brk_log("%s", kern_error());
+        brk_log("%s", reel_err_text());
         goto out;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -149,7 +149,7 @@ void brk_metrics_publish(brk_t *b, int64_t now) {
     if (!t.failed) {
         /* Ready once it serves: its sockets are bound and the loop runs. */
         if (reel_http_publish(m->http, t.p, t.n, true, true, NULL) != 0)
-            brk_log("metrics: %s", kern_error());
+            brk_log("metrics: %s", reel_err_text());
     }
     reel_text_free(&t);
 }

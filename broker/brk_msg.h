@@ -5,6 +5,7 @@
 #define REEL_BROKER_BRK_MSG_H
 
 #include "broker/brk_broker.h"
+#include "base/error.h"
 
 /* Monotonic milliseconds. */
 int64_t brk_now_ms(void);
@@ -25,6 +26,12 @@ void brk_undelivered(brk_t *b, const char *what);
  * socket, never waiting; a failure is counted (brk_undelivered). */
 void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *code,
                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The same for a failure a broker function reported (base/error.h): the
+ * one place the broker turns an error value into an ERROR. Its code is
+ * wire_err_code_of(r->code), its message `what` ("UPLOAD: "; NULL: none)
+ * then r's message (never its detail: that is for the log). */
+void brk_error_from(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const reel_err_t *r,
+                    const char *what);
 /* Whether a peer may be answered about a bad message it sent: true while
  * its budget lasts (BRK_REPLY_BURST at once, BRK_REPLY_RATE per second);
  * otherwise the answer is counted in replies_suppressed and not sent, so

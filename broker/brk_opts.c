@@ -2,8 +2,8 @@
 #include "broker/brk_opts.h"
 
 #include "base/opts.h"
+#include "base/parse.h"
 
-#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -67,27 +67,22 @@ static const reel_opt_t rows[] = {
 
 #define NROWS (sizeof rows / sizeof rows[0])
 
-/* A number of days in (0, 36500]. */
+/* A number of days in (0, 36500]. -1 with err left empty: the row's
+ * generic message names the option and what it expects. */
 static int set_retain(void *dst, const char *s, char *err, size_t len) {
     (void)err, (void)len;
-    if (!s || !*s) return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v > 0) || v > 36500) return -1;
+    double v;
+    if (reel_parse_f64(s, 0, 36500, "--catalog-retain", &v) != 0 || !(v > 0)) return -1;
     ((brk_opts_t *)dst)->catalog_retain_days = v;
     return 0;
 }
 
-/* MiB in [1, 2^30], kept as bytes. */
+/* MiB in [1, 2^30], kept as bytes. -1 as above. */
 static int set_held(void *dst, const char *s, char *err, size_t len) {
     (void)err, (void)len;
-    if (!s || !*s || *s == '-') return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < 1 || v > (1ull << 30)) return -1;
-    ((brk_opts_t *)dst)->max_held_bytes = (uint64_t)v << 20;
+    uint64_t v;
+    if (reel_parse_u64(s, 1, 1ull << 30, "--max-held-mb", &v) != 0) return -1;
+    ((brk_opts_t *)dst)->max_held_bytes = v << 20;
     return 0;
 }
 

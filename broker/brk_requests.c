@@ -160,7 +160,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, brk_loop_kind(g->sde, msg_gen_solver(g)), g->latent_shape, ctx, g->uncond != NULL,
                                          (int64_t)msg_gen_n(g));
     if (!shard) {
-        brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST, "%s", kern_error());
+        brk_error_from(b, false, &m->identity, m->id, reel_err(), NULL); /* invalid: bad_request */
         return;
     }
     uint64_t bytes = 0;
@@ -260,14 +260,14 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
     brk_req_t *r = held_by(b, w, id, MSG_RESULT, NULL);
     if (!r) return;
-    wire_err_t why;
-    if (r->state != REQ_ABANDONED && msg_result_check(res, &r->gen, r->required, &why) != 0) {
+    wire_err_t bad;
+    if (r->state != REQ_ABANDONED && msg_result_check(res, &r->gen, r->required, &bad) != 0) {
         /* A RESULT a client could not use ends the request as the worker's fault. */
         msg_error_t e;
         memset(&e, 0, sizeof e);
-        brk_log("worker %s sent a bad RESULT: %s", w->route.name, why.message);
+        brk_log("worker %s sent a bad RESULT: %s", w->route.name, bad.message);
         snprintf(e.code, sizeof e.code, "%s", WIRE_E_INTERNAL);
-        snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, why.message);
+        snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, bad.message);
         brk_req_error(b, w, id, &e);
         return;
     }

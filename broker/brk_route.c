@@ -25,9 +25,9 @@ uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name) {
     return brk_splitmix64(shard_hash ^ cap_hash_text(name));
 }
 
-bool brk_component_served(const char *comp, char *why, size_t len) {
+bool brk_component_served(const char *comp) {
     if (!strcmp(comp, BRK_COMPONENT)) return true;
-    snprintf(why, len, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
+    reel_fail(REEL_E_UNSUPPORTED, "workers serve component \"%s\" only, not \"%s\"", BRK_COMPONENT, comp);
     return false;
 }
 
@@ -41,19 +41,24 @@ uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch) {
     char full[CAP_MODEL_MAX];
     if (!model || !*model) {
-        kern_fail("GEN: empty model name");
+        reel_fail(REEL_E_INVALID, "GEN: empty model name");
         return 0;
     }
     if (snprintf(full, sizeof full, "tinydit:%s", model) >= (int)sizeof full) {
-        kern_fail("model name '%.64s' is too long", model);
+        reel_fail(REEL_E_INVALID, "model name '%.64s' is too long", model);
         return 0;
     }
     cap_key_t k;
     static const char *const kinds[] = { "euler", "sde", "unipc", "dpm++" };
     const char *kind = loop >= 0 && loop < 4 ? kinds[loop] : "euler";
     if (cap_key_denoise_batch(&k, "", "", full, kind, KERN_F32, batch > 1 ? batch : 1, latent,
-                              context, cfg, BRK_COMPONENT, 0) < 0)
+                              context, cfg, BRK_COMPONENT, 0) < 0) {
+        /* Whatever the key refused (a name, a size past its limits) is the
+         * GEN's fault: invalid, whichever code the key gave it. */
+        reel_err_t e = *reel_err();
+        reel_fail_detail(REEL_E_INVALID, e.detail[0] ? e.detail : NULL, "%s", e.msg);
         return 0;
+    }
     return cap_key_shard_hash(&k);
 }
 

@@ -25,8 +25,9 @@
 #define BRK_COMPONENT "transformer" /* the component a GEN's version names */
 
 /* True when workers serve component comp (a SYNC or an UPLOAD of another
- * could never be applied); else false with why. */
-bool brk_component_served(const char *comp, char *why, size_t len);
+ * could never be applied); else false with a REEL_E_UNSUPPORTED error
+ * (base/error.h) naming both. */
+bool brk_component_served(const char *comp);
 
 /* ---- hashing ------------------------------------------------------------- */
 
@@ -49,10 +50,10 @@ int brk_loop_kind(bool sde, const char *solver);
  * latent and context shapes, cfg = uncond present, the GEN's batch n (a
  * group of n > 1 samples runs as one batched step: cap_key_denoise_batch),
  * component "transformer" at version 0, hashed without device, arch or
- * versions. Returns 0 (never a
- * valid hash) with a message in kern_error() when a field does not fit the
- * key (a model name empty, too long, or with characters outside
- * [A-Za-z0-9_.:+-]). */
+ * versions. Returns 0 (never a valid hash) with a REEL_E_INVALID error
+ * (base/error.h: the GEN is refused bad_request with its message) when a
+ * field does not fit the key (a model name empty, too long, or with
+ * characters outside [A-Za-z0-9_.:+-]). */
 uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
                         const int64_t context[2], bool cfg, int64_t batch);
 

@@ -221,17 +221,17 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     if (s->sync) {
         /* Still pending: no worker applied it before a newer version became
          * current (superseded), or none applied it at all (failed). */
-        char why[600];
+        char reason[600];
         if (applied)
-            snprintf(why, sizeof why, "applied after v%llu became current", (unsigned long long)cur);
+            snprintf(reason, sizeof reason, "applied after v%llu became current", (unsigned long long)cur);
         else if (s->n == 0)
-            snprintf(why, sizeof why, "no live worker");
+            snprintf(reason, sizeof reason, "no live worker");
         else
-            snprintf(why, sizeof why, "no worker applied it: %s", f);
-        brk_cq_weight_state(b->cat, s->component, s->version, applied ? "superseded" : "failed", why);
+            snprintf(reason, sizeof reason, "no worker applied it: %s", f);
+        brk_cq_weight_state(b->cat, s->component, s->version, applied ? "superseded" : "failed", reason);
         if (!applied)
             brk_log("sync %s v%llu failed, nothing changed (%s stays v%llu): %s", s->component,
-                    (unsigned long long)s->version, s->component, (unsigned long long)cur, why);
+                    (unsigned long long)s->version, s->component, (unsigned long long)cur, reason);
         free_sync(&s->sync);
     }
     /* With no live worker nothing was applied: not complete (a trainer
@@ -365,11 +365,13 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
     settle_barriers(b);
 }
 
-/* Why SYNC m cannot be accepted (writes why, returns the ERROR code), or
- * NULL. *running / *cur receive the barrier or current version it
- * repeats, *resend whether it is a resend (same version and sha256). */
-static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **running, brk_current_t **cur,
-                           bool *resend, char *why, size_t len) {
+/* Whether SYNC m can be accepted: 0, or -1 with why as the thread's error
+ * value: REEL_E_STATE when it is not newer than the version current or
+ * pending (answered stale_version), another code when it is refused
+ * bad_request (one that maps to it: wire_err_code_of). *running / *cur
+ * receive the barrier or current version it repeats, *resend whether it
+ * is a resend (same version and sha256). */
+static int refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **running, brk_current_t **cur, bool *resend) {
     const char *comp = m->component;
     uint64_t version = m->version, cv = brk_current_version(b, comp), pv = newest_pending(b, comp);
     const char *known_sha = NULL;
@@ -380,42 +382,45 @@ static const char *refusal(brk_t *b, const msg_sync_t *m, brk_barrier_t **runnin
     /* sha256 compares either case: it names the same bytes. */
     *resend = known_sha && !strcasecmp(m->sha256, known_sha);
     uint64_t floor = cv > pv ? cv : pv;
-    if (!brk_component_served(comp, why, len)) return WIRE_E_BAD_REQUEST;
+    if (!brk_component_served(comp)) return -1; /* unsupported */
     if (!*resend && version <= floor) {
         if (known_sha)
-            snprintf(why, len, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,
-                     (unsigned long long)version, *running && (*running)->sync ? "pending" : "current", known_sha);
-        else if (pv > cv && version <= pv)
-            snprintf(why, len, "%s version %llu is not newer than v%llu, still pending", comp,
-                     (unsigned long long)version, (unsigned long long)pv);
-        else
-            snprintf(why, len, "%s version %llu is not newer than the current version %llu", comp,
-                     (unsigned long long)version, (unsigned long long)cv);
-        return WIRE_E_STALE;
+            return reel_fail(REEL_E_STATE, "%s v%llu is %s with other weights (sha256 %.16s...)", comp,
+                             (unsigned long long)version, *running && (*running)->sync ? "pending" : "current",
+                             known_sha);
+        if (pv > cv && version <= pv)
+            return reel_fail(REEL_E_STATE, "%s version %llu is not newer than v%llu, still pending", comp,
+                             (unsigned long long)version, (unsigned long long)pv);
+        return reel_fail(REEL_E_STATE, "%s version %llu is not newer than the current version %llu", comp,
+                         (unsigned long long)version, (unsigned long long)cv);
     }
-    /* Weights by value: the broker must hold that file (brk_upload.h). */
-    if (!*resend && m->uploaded && !brk_upload_held(b, comp, version, m->sha256, why, len)) return WIRE_E_BAD_REQUEST;
-    /* The slot is taken now so that promotion can not fail later. */
-    if (!*resend && !current_slot(b, comp)) {
-        snprintf(why, len, "more than %d weight components", BRK_MAX_COMPONENTS);
-        return WIRE_E_BAD_REQUEST;
-    }
-    return NULL;
+    /* Weights by value: the broker must hold that file (brk_upload.h; its
+     * reasons are unsupported, not_found or invalid: bad_request). */
+    if (!*resend && m->uploaded && !brk_upload_held(b, comp, version, m->sha256)) return -1;
+    /* The slot is taken now so that promotion can not fail later. Over a
+     * bound, but answered bad_request as always (not too_large): the
+     * trainer can do nothing but name a component already known. */
+    if (!*resend && !current_slot(b, comp))
+        return reel_fail(REEL_E_UNSUPPORTED, "more than %d weight components", BRK_MAX_COMPONENTS);
+    return 0;
 }
 
 void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *m) {
-    char why[256], outcome[300];
+    char outcome[600];
     brk_barrier_t *running;
     brk_current_t *cur;
     bool resend;
     brk_who_t who; /* the loop admitted it: its key is allowed */
     brk_zap_sender(b->zap, &who);
-    const char *code = refusal(b, m, &running, &cur, &resend, why, sizeof why);
-    if (code) {
-        brk_log("SYNC refused: %s", why);
-        snprintf(outcome, sizeof outcome, "refused: %s: %s", code, why);
+    if (refusal(b, m, &running, &cur, &resend) != 0) {
+        const reel_err_t e = *reel_err(); /* a copy: the audit may fail on its own */
+        /* stale_version has no library code of its own: the one code
+         * refusal gives only for it (REEL_E_STATE) is answered so here */
+        const char *code = e.code == REEL_E_STATE ? WIRE_E_STALE : wire_err_code_of(e.code);
+        brk_log("SYNC refused: %s", e.msg);
+        snprintf(outcome, sizeof outcome, "refused: %s: %s", code, e.msg);
         brk_zap_audit(b, &who, "sync", m, outcome);
-        brk_error_to(b, false, from, id, code, "SYNC: %s", why);
+        brk_error_to(b, false, from, id, code, "SYNC: %s", e.msg);
         return;
     }
     brk_zap_audit(b, &who, "sync", m, resend ? "resend" : "accepted");
@@ -438,8 +443,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
     kept->n_tensors = 0; /* syncs go by path: the loop refused inline tensors */
     /* A file still coming: the deadline counts from its last chunk (the
      * workers wait for it; the upload's time is the trainer's). */
-    char ignored[256];
-    if (m->uploaded && !brk_upload_stored(b, m->component, m->version, m->sha256, ignored, sizeof ignored))
+    if (m->uploaded && !brk_upload_stored(b, m->component, m->version, m->sha256))
         s->deadline_ms = INT64_MAX;
     /* Its source in the catalog: the path, or "uploaded" (restored as such). */
     brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->uploaded ? BRK_SOURCE_UPLOADED : m->path);
@@ -546,9 +550,8 @@ void brk_sync_timers(brk_t *b, int64_t now) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         /* A SYNC that named an upload still coming: its deadline starts
          * when the upload ends (stored, refused or given up). */
-        char why[256];
-        if (s->deadline_ms == INT64_MAX && !(brk_upload_held(b, s->component, s->version, s->sha256, why, sizeof why) &&
-                                             !brk_upload_stored(b, s->component, s->version, s->sha256, why, sizeof why)))
+        if (s->deadline_ms == INT64_MAX && !(brk_upload_held(b, s->component, s->version, s->sha256) &&
+                                             !brk_upload_stored(b, s->component, s->version, s->sha256)))
             s->deadline_ms = now + s->wait_ms;
         if (now < s->deadline_ms) continue;
         for (int i = 0; i < s->n; i++) {
@@ -597,9 +600,9 @@ void brk_sync_shutdown(brk_t *b) {
 
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path) {
     brk_current_t *cur = current_slot(b, component);
-    if (!cur) return kern_fail("more than %d weight components", BRK_MAX_COMPONENTS);
+    if (!cur) return reel_fail(REEL_E_LIMIT, "more than %d weight components", BRK_MAX_COMPONENTS);
     msg_sync_t *s = calloc(1, sizeof *s);
-    if (!s) return kern_fail("out of memory");
+    if (!s) return reel_fail(REEL_E_NOMEM, "out of memory");
     snprintf(s->component, sizeof s->component, "%s", component);
     s->version = version;
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);

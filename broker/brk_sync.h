@@ -32,7 +32,8 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
 /* Makes a sync recorded current in the catalog (by path) the component's
  * current one again: after a broker restart, late joiners are still caught
  * up, requests still need it and a resend of it is still an ack. 0, or -1
- * with a message in kern_error(). */
+ * with the error value (base/error.h): REEL_E_LIMIT past
+ * BRK_MAX_COMPONENTS components, REEL_E_NOMEM. */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path);
 /* Fails the members of expired barriers ("timeout") and settles them. */
 void brk_sync_timers(brk_t *b, int64_t now);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/error.h"
 #include "broker/brk_log.h"
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -59,16 +60,12 @@ void brk_upload_timers(brk_t *b, int64_t now) {
 
 /* ---- invariants ---------------------------------------------------------------------- */
 
-#define BROKEN(...)                      \
-    do {                                 \
-        snprintf(why, len, __VA_ARGS__); \
-        return -1;                       \
-    } while (0)
+#define BROKEN(...) return reel_fail(REEL_E_INTERNAL, __VA_ARGS__)
 
 /* The FETCHes parked on open slot s: each with an identity, none whose
  * bytes came (one whose bytes came is answered at once), none while the
  * upload stalls. */
-static int check_parked(const slot_t *s, char *why, size_t len) {
+static int check_parked(const slot_t *s) {
     const char *c = s->component;
     unsigned long long v = (unsigned long long)s->version;
     if (s->n_parked < 0 || s->n_parked > s->cap_parked || s->cap_parked > BRK_FETCH_PARKED_MAX ||
@@ -86,7 +83,7 @@ static int check_parked(const slot_t *s, char *why, size_t len) {
     return 0;
 }
 
-static int check_slot(const slot_t *s, int i, char *why, size_t len) {
+static int check_slot(const slot_t *s, int i) {
     if (!s->open) {
         if (s->fd != -1 || s->h || s->parked || s->n_parked || s->cap_parked || s->received || s->stalled[0])
             BROKEN("upload slot %d is closed but holds state", i);
@@ -105,7 +102,7 @@ static int check_slot(const slot_t *s, int i, char *why, size_t len) {
         BROKEN("upload %s v%llu counts %llu bytes, its file holds %lld", c, v, (unsigned long long)s->received,
                (long long)st.st_size);
     if (strlen(s->sha256) != 64) BROKEN("upload %s v%llu has no sha256", c, v);
-    if (check_parked(s, why, len)) return -1;
+    if (check_parked(s)) return -1;
     int queued;
     pthread_mutex_lock((pthread_mutex_t *)&s->h->mu);
     queued = s->h->n;
@@ -114,11 +111,11 @@ static int check_slot(const slot_t *s, int i, char *why, size_t len) {
     return 0;
 }
 
-int brk_upload_check(const brk_t *b, char *why, size_t len) {
+int brk_upload_check(const brk_t *b) {
     const struct brk_uploads *u = b->uploads;
     if (!u) return 0;
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) {
-        if (check_slot(&u->s[i], i, why, len)) return -1;
+        if (check_slot(&u->s[i], i)) return -1;
         for (int j = 0; j < i && u->s[i].open; j++)
             if (u->s[j].open && u->s[j].version == u->s[i].version && !strcmp(u->s[j].component, u->s[i].component))
                 BROKEN("two upload slots hold %s v%llu", u->s[i].component, (unsigned long long)u->s[i].version);

@@ -48,14 +48,17 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
 /* One FETCH from `from` on the worker socket: FETCH_DATA or ERROR. */
 void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f);
 /* True when version `version` of component is stored complete with this
- * sha256 (either case); else false with why. */
-bool brk_upload_stored(brk_t *b, const char *component, uint64_t version, const char *sha256, char *why,
-                       size_t len);
+ * sha256 (either case); else false with why as the thread's error value
+ * (base/error.h): REEL_E_UNSUPPORTED without a weights dir,
+ * REEL_E_NOT_FOUND when the version is not stored, REEL_E_INVALID when it
+ * is stored with other weights (each answered bad_request; an UPLOAD of
+ * other weights is stale_version). */
+bool brk_upload_stored(brk_t *b, const char *component, uint64_t version, const char *sha256);
 /* The same, or an upload of exactly these bytes is in progress: a SYNC
  * may name it before its last chunk came, and workers' FETCHes of bytes
- * still to come wait for them (answered ERROR if the upload fails). */
-bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const char *sha256, char *why,
-                     size_t len);
+ * still to come wait for them (answered ERROR if the upload fails).
+ * False with why as above; REEL_E_INVALID when other bytes are coming. */
+bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const char *sha256);
 /* Retention (--weights-keep N): component's current version is now
  * `current`; the files of uploaded versions older than it are removed but
  * for the N-1 newest (versions newer than current, pending or coming, are
@@ -72,8 +75,8 @@ void brk_upload_timers(brk_t *b, int64_t now);
 void brk_upload_start(brk_t *b);
 void brk_upload_stop(brk_t *b);
 /* The upload slots' invariants (brk_check.h): 0, or -1 with the first
- * broken one in why[0..len). Takes and releases the upload and hashing
- * locks; reads the state only. */
-int brk_upload_check(const brk_t *b, char *why, size_t len);
+ * broken one as a REEL_E_INTERNAL error (base/error.h). Takes and
+ * releases the upload and hashing locks; reads the state only. */
+int brk_upload_check(const brk_t *b);
 
 #endif

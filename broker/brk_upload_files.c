@@ -11,6 +11,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "base/error.h"
+
 void brk_upl_path(const brk_t *b, const char *prefix, const char *comp, uint64_t v, const char *suffix, char *buf,
                   size_t len) {
     snprintf(buf, len, "%s/%s%s-v%" PRIu64 "%s", b->opt.weights_dir, prefix, comp, v, suffix);
@@ -32,9 +34,9 @@ slot_t *brk_upl_slot(brk_t *b, const char *comp, uint64_t v) {
     return NULL;
 }
 
-bool brk_upload_stored(brk_t *b, const char *comp, uint64_t v, const char *sha256, char *why, size_t len) {
+bool brk_upload_stored(brk_t *b, const char *comp, uint64_t v, const char *sha256) {
     if (!b->opt.weights_dir) {
-        snprintf(why, len, "this broker keeps no uploaded weights (start it with --weights-dir)");
+        reel_fail(REEL_E_UNSUPPORTED, "this broker keeps no uploaded weights (start it with --weights-dir)");
         return false;
     }
     char path[1024], got[80] = "";
@@ -46,32 +48,32 @@ bool brk_upload_stored(brk_t *b, const char *comp, uint64_t v, const char *sha25
     }
     got[strcspn(got, "\r\n")] = '\0';
     if (strlen(got) != 64) {
-        snprintf(why, len, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
+        reel_fail(REEL_E_NOT_FOUND, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
         return false;
     }
     if (strcasecmp(got, sha256) != 0) {
-        snprintf(why, len, "%s v%" PRIu64 " was uploaded with other weights (sha256 %.16s...)", comp, v, got);
+        reel_fail(REEL_E_INVALID, "%s v%" PRIu64 " was uploaded with other weights (sha256 %.16s...)", comp, v, got);
         return false;
     }
     /* A digest without its file: a --weights-keep removal under way, or
      * cut short (it removes the data first): no longer stored. */
     brk_upl_path(b, "", comp, v, ".safetensors", path, sizeof path);
     if (access(path, F_OK) != 0) {
-        snprintf(why, len, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
+        reel_fail(REEL_E_NOT_FOUND, "%s v%" PRIu64 " was not uploaded to this broker (UPLOAD it first)", comp, v);
         return false;
     }
     return true;
 }
 
-bool brk_upload_held(brk_t *b, const char *comp, uint64_t v, const char *sha256, char *why, size_t len) {
-    if (brk_upload_stored(b, comp, v, sha256, why, len)) return true;
+bool brk_upload_held(brk_t *b, const char *comp, uint64_t v, const char *sha256) {
+    if (brk_upload_stored(b, comp, v, sha256)) return true;
     char sha[65];
     brk_upl_lower(sha256, sha);
     slot_t *s = b->uploads ? brk_upl_slot(b, comp, v) : NULL;
     if (s && strcmp(s->sha256, sha) != 0) {
-        snprintf(why, len, "%s v%" PRIu64 " is being uploaded with other weights (sha256 %.16s...)", comp, v,
-                 s->sha256);
+        reel_fail(REEL_E_INVALID, "%s v%" PRIu64 " is being uploaded with other weights (sha256 %.16s...)", comp, v,
+                  s->sha256);
         return false;
     }
-    return s != NULL;
+    return s != NULL; /* none coming: brk_upload_stored's reason stays */
 }

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "base/parse.h"
 #include "broker/brk_log.h"
 
 /* ---- spares ------------------------------------------------------------------------ */
@@ -118,10 +120,15 @@ static uint64_t *older_versions(const char *dir, const char *comp, uint64_t curr
         if (len < plen + 10 || strncmp(s, comp, plen) || strncmp(s + plen, "-v", 2) ||
             strcmp(s + len - 7, ".sha256"))
             continue;
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s + plen + 2, &end, 10);
-        if (errno || end != s + len - 7 || v == 0 || v >= current) continue;
+        /* N: all of what lies between, decimal (the dir is anybody's: a
+         * name is read as strictly as a peer's text) */
+        char digits[24];
+        size_t nd = len - 7 - (plen + 2);
+        uint64_t v;
+        if (nd >= sizeof digits) continue;
+        memcpy(digits, s + plen + 2, nd);
+        digits[nd] = '\0';
+        if (reel_parse_u64(digits, 1, UINT64_MAX, "a stored version", &v) != 0 || v >= current) continue;
         if (*n == cap) {
             uint64_t *g = realloc(older, (cap = cap ? 2 * cap : 16) * sizeof *older);
             if (!g) break;
@@ -232,18 +239,13 @@ typedef struct {
 
 /* The N of a file named .spare-N (text: what follows "-"), as
  * brk_upl_spare_path writes it: decimal digits, no sign, no leading zero,
- * below 2^31. NULL, or why it is not one. */
-static const char *spare_name(const char *text, unsigned *n) {
-    size_t len = strlen(text);
-    if (len == 0 || len > 10 || (text[0] == '0' && len > 1)) return "not a name a spare has";
-    unsigned long long k = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] < '0' || text[i] > '9') return "not a name a spare has";
-        k = k * 10 + (unsigned long long)(text[i] - '0');
-    }
-    if (k >= (1ull << 31)) return "not a name a spare has";
+ * below 2^31. 0 with *n, or -1 with a REEL_E_INVALID error. */
+static int spare_name(const char *text, unsigned *n) {
+    uint64_t k;
+    if ((text[0] == '0' && text[1]) || reel_parse_u64(text, 0, INT32_MAX, "a spare's number", &k) != 0)
+        return reel_fail(REEL_E_INVALID, "not a name a spare has");
     *n = (unsigned)k;
-    return NULL;
+    return 0;
 }
 
 static int cmp_spare(const void *a, const void *b) {
@@ -271,18 +273,19 @@ static bool scan_displace(scan_t *sc, unsigned sn, uint64_t size) {
 static void scan_spare(scan_t *sc, const char *name, const char *path) {
     struct stat st;
     unsigned sn = 0;
-    const char *why = spare_name(name + 7, &sn);
-    if (!why && (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) why = "not a file of its own";
-    if (!why && sc->nfound == FOUND_MAX) {
+    const char *reason = spare_name(name + 7, &sn) != 0 ? reel_err()->msg : NULL;
+    if (!reason && (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1))
+        reason = "not a file of its own";
+    if (!reason && sc->nfound == FOUND_MAX) {
         if (scan_displace(sc, sn, (uint64_t)st.st_size)) return;
-        why = "a spare past those kept";
+        reason = "a spare past those kept";
     }
-    if (!why) {
+    if (!reason) {
         sc->found[sc->nfound++] = (spare_t){ .n = sn, .size = (uint64_t)st.st_size };
         return;
     }
-    if (unlink(path) == 0) brk_log("removed %s: %s", path, why);
-    else brk_log("%s is in the way of the spares (%s): remove it", path, why);
+    if (unlink(path) == 0) brk_log("removed %s: %s", path, reason);
+    else brk_log("%s is in the way of the spares (%s): remove it", path, reason);
 }
 
 /* The spares found, oldest first (numbers grow): the newest SPARES_MAX

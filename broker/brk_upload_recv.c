@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
@@ -30,7 +31,6 @@ typedef struct {
     const wire_msg_t *m;       /* the message u was decoded from (NULL: none) */
     char sha[65];              /* u's sha256, lowercase */
     slot_t *s;                 /* its upload's slot, once found or opened */
-    char why[300];
     char digest[65];           /* the bytes' sha256, once all came */
     brk_who_t who;             /* the trainer, for the audit, once all came */
 } chunk_t;
@@ -80,18 +80,18 @@ static slot_t *free_slot(brk_t *b) {
 }
 
 /* A new upload of c->u in a free slot (.part created, empty, or a spare
- * to write over). NULL with c->why and *code (busy: every slot is taken). */
-static slot_t *open_slot(chunk_t *c, const char **code) {
+ * to write over). NULL with the error value: REEL_E_STATE when every slot
+ * is taken (busy), REEL_E_IO or REEL_E_NOMEM when the file cannot be
+ * opened (internal). */
+static slot_t *open_slot(chunk_t *c) {
     brk_t *b = c->b;
     const msg_upload_t *u = c->u;
     slot_t *s = free_slot(b);
     if (!s) {
-        *code = WIRE_E_BUSY;
-        snprintf(c->why, sizeof c->why, "%d uploads are in progress; finish one first (or retry when one ends)",
-                 BRK_UPLOADS_MAX);
+        reel_fail(REEL_E_STATE, "%d uploads are in progress; finish one first (or retry when one ends)",
+                  BRK_UPLOADS_MAX);
         return NULL;
     }
-    *code = WIRE_E_INTERNAL;
     char part[1024];
     brk_upl_path(b, ".", u->component, u->version, ".part", part, sizeof part);
     bool spare = brk_upl_take_spare(b, u->size, part);
@@ -101,8 +101,9 @@ static slot_t *open_slot(chunk_t *c, const char **code) {
     bool unsized = spare && fd >= 0 && fstat(fd, &st) != 0;
     hasher_t *h = fd >= 0 && !unsized ? brk_upl_hasher_new() : NULL;
     if (!h) {
-        snprintf(c->why, sizeof c->why, "cannot open %.200s: %s", part,
-                 fd < 0 || unsized ? strerror(errno) : "out of memory");
+        /* strerror in the message, not the detail: the trainer is told */
+        reel_fail(fd < 0 || unsized ? REEL_E_IO : REEL_E_NOMEM, "cannot open %.200s: %s", part,
+                  fd < 0 || unsized ? strerror(errno) : "out of memory");
         if (fd >= 0) close(fd);
         if (spare) unlink(part); /* not left behind with old bytes in it */
         return NULL;
@@ -128,17 +129,19 @@ static bool chunk_admit(chunk_t *c) {
                      "UPLOAD: this broker keeps no uploaded weights (start it with --weights-dir)");
         return false;
     }
-    if (!brk_component_served(u->component, c->why, sizeof c->why)) { /* nothing could ever sync it */
-        brk_error_to(b, false, c->from, c->id, WIRE_E_BAD_REQUEST, "UPLOAD: %s", c->why);
+    if (!brk_component_served(u->component)) { /* nothing could ever sync it: unsupported, bad_request */
+        brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: ");
         return false;
     }
     brk_upl_lower(u->sha256, c->sha);
-    if (brk_upload_stored(b, u->component, u->version, c->sha, c->why, sizeof c->why)) {
+    if (brk_upload_stored(b, u->component, u->version, c->sha)) {
         ack(b, c->from, c->id, u->component, u->version, u->size, true); /* sent again: it is there */
         return false;
     }
-    if (strstr(c->why, "other weights")) {
-        brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s", c->why);
+    /* Stored with other weights (invalid): this version is taken for
+     * good, and stale_version has no library code to come from. */
+    if (reel_err_code() == REEL_E_INVALID) {
+        brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s", reel_err()->msg);
         return false;
     }
     return true;
@@ -167,9 +170,8 @@ static bool chunk_slot(chunk_t *c) {
         ack(b, c->from, c->id, u->component, u->version, 0, false);
         return false;
     }
-    const char *code = WIRE_E_INTERNAL;
-    if (!s && !(s = open_slot(c, &code))) {
-        brk_error_to(b, false, c->from, c->id, code, "UPLOAD: %s", c->why);
+    if (!s && !(s = open_slot(c))) {
+        brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: "); /* busy or internal */
         return false;
     }
     c->s = s;
@@ -182,8 +184,8 @@ static bool chunk_slot(chunk_t *c) {
 
 /* Appends the chunk at s->received (frame: its bytes' frame, NULL: none)
  * and queues it to hash. A full disk: the spares are removed and the
- * write tried once more. 0, or -1 with c->why (nothing counted, the file
- * cut back to what was). */
+ * write tried once more. 0, or -1 with a REEL_E_IO error (nothing
+ * counted, the file cut back to what was). */
 static int append(chunk_t *c, const zmq_msg_t *frame) {
     slot_t *s = c->s;
     const unsigned char *p = c->u->chunk->data;
@@ -197,7 +199,7 @@ static int append(chunk_t *c, const zmq_msg_t *frame) {
             if (brk_upl_drop_spares(c->b) > 0) continue;
         }
         if (w <= 0) {
-            snprintf(c->why, sizeof c->why, "cannot write the upload: %s", w < 0 ? strerror(errno) : "no progress");
+            reel_fail(REEL_E_IO, "cannot write the upload: %s", w < 0 ? strerror(errno) : "no progress");
             if (ftruncate(s->fd, (off_t)s->received) != 0) { /* the next try writes over it anyway */ }
             return -1;
         }
@@ -219,12 +221,13 @@ static bool chunk_write(chunk_t *c) {
     for (int k = 0; c->m && k < c->m->n_tensors && !frame; k++)
         if (c->u->chunk == &c->m->t[k]) frame = &c->m->frame[k];
     if (append(c, frame) != 0) {
+        const reel_err_t e = *reel_err(); /* a copy: answering the FETCHes may fail on its own */
         brk_log("upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
-                s->received, s->size, c->why);
-        snprintf(s->stalled, sizeof s->stalled, "%s", c->why);
+                s->received, s->size, e.msg);
+        snprintf(s->stalled, sizeof s->stalled, "%.299s", e.msg); /* its messages are shorter */
         s->touched_ms = brk_now_ms(); /* a trainer retrying at the right offset keeps its slot */
-        brk_upl_fail_parked(c->b, s, c->why);
-        brk_error_to(c->b, false, c->from, c->id, WIRE_E_INTERNAL, "UPLOAD: %s", c->why);
+        brk_upl_fail_parked(c->b, s, e.msg);
+        brk_error_from(c->b, false, c->from, c->id, &e, "UPLOAD: "); /* io: internal */
         return false;
     }
     s->stalled[0] = '\0';
@@ -240,8 +243,8 @@ static bool chunk_write(chunk_t *c) {
  * to write the whole file (seconds for a large model, and heartbeats
  * missed meanwhile); a file a crash left short or torn is caught where it
  * matters, by the worker's sha256 check of what it fetched, and the
- * trainer uploads it again. 0, or -1 with why and errno. */
-static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
+ * trainer uploads it again. 0, or -1 with a REEL_E_IO error and errno. */
+static int publish(brk_t *b, const slot_t *s) {
     char part[1024], final[1024], sum[1024], tmp[1100];
     brk_upl_path(b, ".", s->component, s->version, ".part", part, sizeof part);
     brk_upl_path(b, "", s->component, s->version, ".safetensors", final, sizeof final);
@@ -261,7 +264,7 @@ static int publish(brk_t *b, const slot_t *s, char *why, size_t len) {
     return 0;
 fail:;
     int e = errno;
-    snprintf(why, len, "cannot store the upload: %s", strerror(e));
+    reel_fail(REEL_E_IO, "cannot store the upload: %s", strerror(e));
     unlink(tmp);
     errno = e;
     return -1;
@@ -288,19 +291,16 @@ static bool finish_digest(chunk_t *c) {
 static bool finish_store(chunk_t *c) {
     brk_t *b = c->b;
     slot_t *s = c->s;
-    char why[256];
     int rc = 0;
     if (s->spare_size > s->size && ftruncate(s->fd, (off_t)s->size) != 0) {
-        snprintf(why, sizeof why, "cannot cut the recycled file to size: %s", strerror(errno));
-        rc = -1;
+        rc = reel_fail(REEL_E_IO, "cannot cut the recycled file to size: %s", strerror(errno));
     } else {
-        rc = publish(b, s, why, sizeof why);
-        if (rc != 0 && (errno == ENOSPC || errno == EDQUOT) && brk_upl_drop_spares(b) > 0)
-            rc = publish(b, s, why, sizeof why);
+        rc = publish(b, s);
+        if (rc != 0 && (errno == ENOSPC || errno == EDQUOT) && brk_upl_drop_spares(b) > 0) rc = publish(b, s);
     }
     if (rc == 0) return true;
-    brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, why);
-    brk_error_to(b, false, c->from, c->id, WIRE_E_INTERNAL, "UPLOAD: %s", why);
+    brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, reel_err()->msg);
+    brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: "); /* io: internal */
     brk_upl_close_slot(b, s, true);
     return false;
 }

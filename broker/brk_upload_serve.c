@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 
@@ -142,13 +143,13 @@ void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire
     s->n_parked = keep;
 }
 
-void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *why) {
+void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *reason) {
     for (int i = 0; i < s->n_parked; i++) {
         parked_t *p = &s->parked[i];
         zmq_msg_t to;
         if (parked_to(p, &to) != 0) continue;
         brk_error_to(b, true, &to, p->id, WIRE_E_BAD_REQUEST, "FETCH: %s v%" PRIu64 ": %s", s->component,
-                     s->version, why);
+                     s->version, reason);
         zmq_msg_close(&to);
     }
     s->n_parked = 0;
@@ -204,9 +205,9 @@ static void fetch_coming(fetch_t *q, slot_t *s) {
 static void fetch_stored(fetch_t *q) {
     brk_t *b = q->b;
     const msg_fetch_t *f = q->f;
-    char why[300], path[1024];
-    if (!brk_upload_stored(b, f->component, f->version, f->sha256, why, sizeof why)) {
-        brk_error_to(b, true, q->from, q->id, WIRE_E_BAD_REQUEST, "FETCH: %s", why);
+    char path[1024];
+    if (!brk_upload_stored(b, f->component, f->version, f->sha256)) { /* unsupported, not_found, invalid */
+        brk_error_from(b, true, q->from, q->id, reel_err(), "FETCH: "); /* all bad_request */
         return;
     }
     brk_upl_path(b, "", f->component, f->version, ".safetensors", path, sizeof path);

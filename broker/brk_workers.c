@@ -13,18 +13,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
 
-const char *brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self, char *buf, size_t len) {
+int brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self) {
     const brk_worker_t *same = brk_worker_named(b, name);
     char key[REEL_KEY_Z85];
-    if (same && same != self) snprintf(buf, len, "worker name %s is taken by a live worker", name);
-    else if (brk_zap_bind_worker(b->zap, name, key) != 0)
-        snprintf(buf, len, "worker name %s is bound to another worker key", name);
-    else return NULL;
-    return buf;
+    /* invalid, not state: a READY naming a name it cannot have is answered
+     * bad_request, and waiting would not make it the worker's */
+    if (same && same != self) return reel_fail(REEL_E_INVALID, "worker name %s is taken by a live worker", name);
+    if (brk_zap_bind_worker(b->zap, name, key) != 0)
+        return reel_fail(REEL_E_INVALID, "worker name %s is bound to another worker key", name);
+    return 0;
 }
 
 brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r) {

@@ -8,11 +8,12 @@
 
 #include "broker/brk_broker.h"
 
-/* Why the READY of worker `name` being handled is refused, written into
- * buf (NULL when it is not): a live worker other than `self` is
- * registered under the name, or another key holds it (brk_zap.h; the
- * name is bound to the sender's key when it is free). */
-const char *brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self, char *buf, size_t len);
+/* Whether the READY of worker `name` being handled is refused: 0 when it
+ * is not (the name is bound to the sender's key when it was free); -1
+ * with a REEL_E_INVALID error (base/error.h) when a live worker other
+ * than `self` is registered under the name, or another key holds it
+ * (brk_zap.h). */
+int brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self);
 /* Registers the worker that sent READY r (decoded and validated) from
  * identity. NULL on out-of-memory (nothing changed). */
 brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r);

@@ -108,9 +108,11 @@ static void frame_text(zmq_msg_t *f, char *buf, size_t len) {
 }
 
 /* Decides one request of n frames (the first min(n, ZAP_FRAMES_MAX) in
- * f). Writes the status code, the
- * status text and the user id; the decision is logged. */
-static const char *decide(brk_zap_t *z, zmq_msg_t *f, int n, char *why, size_t wlen, char *user) {
+ * f): 0 with the user id when the peer is admitted; -1 with why as the
+ * thread's error value (the status text), REEL_E_INVALID when it is not a
+ * ZAP request at all (status 500), another code when the peer is refused
+ * (400). A refusal is logged. */
+static int decide(brk_zap_t *z, zmq_msg_t *f, int n, char *user) {
     char addr[64] = "?", domain[32] = "?";
     user[0] = '\0';
     if (n >= 4) frame_text(&f[3], addr, sizeof addr);
@@ -118,29 +120,26 @@ static const char *decide(brk_zap_t *z, zmq_msg_t *f, int n, char *why, size_t w
     bool workers = n >= 3 && frame_is(&f[2], BRK_ZAP_WORKERS);
     reel_key_t k;
     char z85[REEL_KEY_Z85] = "";
-    const char *code = "400";
     if (n < 6 || !frame_is(&f[0], "1.0")) {
-        snprintf(why, wlen, "not a ZAP 1.0 request");
-        code = "500";
+        reel_fail(REEL_E_INVALID, "not a ZAP 1.0 request");
     } else if (!workers && !frame_is(&f[2], BRK_ZAP_CLIENTS)) {
-        snprintf(why, wlen, "unknown domain");
+        reel_fail(REEL_E_NOT_FOUND, "unknown domain");
     } else if (!frame_is(&f[5], "CURVE") || n != 7 || zmq_msg_size(&f[6]) != 32) {
-        snprintf(why, wlen, "not a CURVE handshake");
+        reel_fail(REEL_E_UNSUPPORTED, "not a CURVE handshake");
     } else if (!zmq_z85_encode(z85, zmq_msg_data(&f[6]), 32) || !lookup(z, z85, &k)) {
-        snprintf(why, wlen, "key %.12s... is not in the allowlist", z85);
+        reel_fail(REEL_E_NOT_FOUND, "key %.12s... is not in the allowlist", z85);
     } else if (!role_fits(k.role, workers)) {
-        snprintf(why, wlen, "key %s is a %s key", k.name, reel_role_name(k.role));
+        reel_fail(REEL_E_UNSUPPORTED, "key %s is a %s key", k.name, reel_role_name(k.role));
     } else {
-        snprintf(why, wlen, "OK");
         snprintf(user, REEL_KEY_Z85, "%s", z85);
-        return "200";
+        return 0;
     }
     uint64_t r = atomic_fetch_add(&z->refused, 1) + 1;
     if (worth_logging(r))
         brk_log("refused a peer on the %s socket from %s: %s (%llu refused so far)",
-                workers ? "worker" : !strcmp(domain, BRK_ZAP_CLIENTS) ? "client" : domain, addr, why,
+                workers ? "worker" : !strcmp(domain, BRK_ZAP_CLIENTS) ? "client" : domain, addr, reel_err()->msg,
                 (unsigned long long)r);
-    return code;
+    return -1;
 }
 
 /* Reads one request and answers it. -1 on ETERM (the context is ending). */
@@ -161,12 +160,16 @@ static int handle_one(brk_zap_t *z) {
         if (n < ZAP_FRAMES_MAX) f[n++] = part;
         else zmq_msg_close(&part); /* a longer request is refused: decide() sees the count */
     }
-    char why[160], user[REEL_KEY_Z85];
-    const char *code = decide(z, f, total, why, sizeof why, user);
+    char user[REEL_KEY_Z85];
+    /* The one place a decision becomes a ZAP reply: 200 "OK", or the
+     * refusal's message with 500 for what is not a ZAP request, else 400. */
+    bool admitted = decide(z, f, total, user) == 0;
+    const char *code = admitted ? "200" : reel_err_code() == REEL_E_INVALID ? "500" : "400";
+    const char *text = admitted ? "OK" : reel_err()->msg;
     /* version, request id (echoed), status code, status text, user id, metadata */
     if (send_part(z->rep, "1.0", 3, true) < 0 ||
         send_part(z->rep, n >= 2 ? zmq_msg_data(&f[1]) : "", n >= 2 ? zmq_msg_size(&f[1]) : 0, true) < 0 ||
-        send_part(z->rep, code, 3, true) < 0 || send_part(z->rep, why, strlen(why), true) < 0 ||
+        send_part(z->rep, code, 3, true) < 0 || send_part(z->rep, text, strlen(text), true) < 0 ||
         send_part(z->rep, user, strlen(user), true) < 0 || send_part(z->rep, "", 0, false) < 0)
         rc = zmq_errno() == ETERM ? -1 : 0;
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
@@ -193,7 +196,7 @@ static void *zap_main(void *arg) {
                 brk_log("SIGHUP: keys reloaded from %s: %zu key%s (were %zu)", z->keys_dir, brk_zap_keys(z),
                         brk_zap_keys(z) == 1 ? "" : "s", before);
             else
-                brk_log("SIGHUP: keys NOT reloaded, the %zu loaded before stay: %s", before, kern_error());
+                brk_log("SIGHUP: keys NOT reloaded, the %zu loaded before stay: %s", before, reel_err_text());
         }
         if (it[0].revents & ZMQ_POLLIN)
             for (int i = 0; i < 64; i++) {
@@ -208,7 +211,7 @@ static void *zap_main(void *arg) {
 brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
     brk_zap_t *z = calloc(1, sizeof *z);
     if (!z) {
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
     z->ctx = ctx;
@@ -217,20 +220,20 @@ brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
     atomic_init(&z->refused, 0);
     bool mu = pthread_mutex_init(&z->mu, NULL) == 0;
     if (!mu) {
-        kern_fail("cannot create a mutex");
+        reel_fail(REEL_E_IO, "cannot create a mutex");
         goto err;
     }
     if (!zmq_has("curve")) {
-        kern_fail("this libzmq has no CURVE (built without libsodium)");
+        reel_fail(REEL_E_UNSUPPORTED, "this libzmq has no CURVE (built without libsodium)");
         goto err;
     }
     if (!(z->keys_dir = strdup(keys_dir))) {
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         goto err;
     }
     if (reel_key_read(key_file, true, &z->self) != 0) goto err;
     if (z->self.role != REEL_ROLE_BROKER) {
-        kern_fail("%s: a %s key, not the broker's (reelctl keys new --role broker)", key_file,
+        reel_fail(REEL_E_INVALID, "%s: a %s key, not the broker's (reelctl keys new --role broker)", key_file,
                   reel_role_name(z->self.role));
         goto err;
     }
@@ -239,7 +242,7 @@ brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
     sigemptyset(&hup);
     sigaddset(&hup, SIGHUP);
     if ((z->sigfd = signalfd(-1, &hup, SFD_NONBLOCK | SFD_CLOEXEC)) < 0) {
-        kern_fail("signalfd: %s", strerror(errno));
+        reel_fail(REEL_E_IO, "signalfd: %s", strerror(errno));
         goto err;
     }
     /* Bound before any CURVE socket exists: no handshake is ever made
@@ -247,12 +250,12 @@ brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
     int linger = 0;
     if (!(z->rep = zmq_socket(ctx, ZMQ_REP)) || zmq_setsockopt(z->rep, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_bind(z->rep, BRK_ZAP_ENDPOINT) != 0) {
-        kern_fail("cannot bind the ZAP handler at %s: %s", BRK_ZAP_ENDPOINT, zmq_strerror(zmq_errno()));
+        reel_fail(REEL_E_IO, "cannot bind the ZAP handler at %s: %s", BRK_ZAP_ENDPOINT, zmq_strerror(zmq_errno()));
         goto err;
     }
     int e = pthread_create(&z->th, NULL, zap_main, z);
     if (e) {
-        kern_fail("cannot start the ZAP handler: %s", strerror(e));
+        reel_fail(REEL_E_IO, "cannot start the ZAP handler: %s", strerror(e));
         goto err;
     }
     z->started = true;
@@ -288,7 +291,7 @@ int brk_zap_server(brk_zap_t *z, void *sock, bool worker_side) {
     if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, z->self.secret_key, 40) != 0)
-        return kern_fail("cannot make the %s socket a CURVE server: %s", worker_side ? "worker" : "client",
+        return reel_fail(REEL_E_IO, "cannot make the %s socket a CURVE server: %s", worker_side ? "worker" : "client",
                          zmq_strerror(zmq_errno()));
     return 0;
 }

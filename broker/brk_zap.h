@@ -52,17 +52,18 @@ typedef struct {
 /* Loads the allowlist from keys_dir and the broker's own pair from
  * key_file (role broker), binds the ZAP handler in ctx and starts its
  * thread. Call before any socket of ctx binds, with SIGHUP blocked in
- * every thread (the handler takes it through a signalfd). NULL with a
- * message in kern_error() on any failure: the broker must not start. */
+ * every thread (the handler takes it through a signalfd). NULL with the
+ * error value (base/error.h) on any failure: the broker must not start. */
 brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file);
 /* Stops the handler and closes its socket (before zmq_ctx_term); frees.
  * NULL-safe; sets *z = NULL. */
 void brk_zap_destroy(brk_zap_t **z);
 /* Makes sock (not yet bound) a CURVE server with the broker's key in the
- * client or worker ZAP domain. 0, or -1 with a message. */
+ * client or worker ZAP domain. 0, or -1 with a REEL_E_IO error. */
 int brk_zap_server(brk_zap_t *z, void *sock, bool worker_side);
-/* Reads the allowlist again: 0 with it swapped in, -1 with a message and
- * the old one kept (a half-read directory never replaces a whole one). */
+/* Reads the allowlist again: 0 with it swapped in, -1 with the error
+ * value (base/error.h) and the old one kept (a half-read directory never
+ * replaces a whole one). */
 int brk_zap_reload(brk_zap_t *z);
 /* Keys in the allowlist now. */
 size_t brk_zap_keys(brk_zap_t *z);

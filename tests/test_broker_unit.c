@@ -127,13 +127,20 @@ START_TEST(test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versio
     ck_assert_uint_ne(brk_shard_hash("tiny", false, lat2, ctx, true, 1), base);
     /* names that could forge the key text are refused */
     ck_assert_uint_eq(brk_shard_hash("tiny model=x", false, lat, ctx, true, 1), 0);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID); /* the GEN's fault: answered bad_request */
     ck_assert_uint_eq(brk_shard_hash("", false, lat, ctx, true, 1), 0);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    /* a latent past the key's size limits is the GEN's fault too, not too_large */
+    int64_t huge[4] = { INT64_MAX / 2, 4, 8, 8 };
+    ck_assert_uint_eq(brk_shard_hash("tiny", false, huge, ctx, true, 1), 0);
+    ck_assert_str_eq(wire_err_code_of(reel_err_code()), WIRE_E_BAD_REQUEST);
     /* every model name the protocol admits (1..55 bytes) has a key */
     char name[MSG_MODEL_NAME_MAX + 1];
     for (size_t n = 1; n < MSG_MODEL_NAME_MAX; n++) {
         memset(name, 'm', n);
         name[n] = '\0';
-        ck_assert_msg(brk_shard_hash(name, false, lat, ctx, true, 1) != 0, "a %zu-byte model name: %s", n, kern_error());
+        ck_assert_msg(brk_shard_hash(name, false, lat, ctx, true, 1) != 0, "a %zu-byte model name: %s", n,
+                      reel_err_text());
     }
     /* a group's batch is part of the key: each size its own graph, and its
      * own worker; 0 and 1 both mean one sample */
@@ -1179,17 +1186,18 @@ static unsigned char *pattern(uint32_t mul, int shift, char sha[65]) {
  * ERROR. */
 START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it) {
     box_t x;
-    char dir[] = "/tmp/reel-brk-upload.XXXXXX", sha[65], why[256];
+    char dir[] = "/tmp/reel-brk-upload.XXXXXX", sha[65];
     upload_box_open(&x, dir, 0);
     unsigned char *bytes = pattern(2654435761u, 13, sha);
     wire_msg_t *a = upload_piece(&x, 10, 2, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
     /* held while it comes: a SYNC may name it; not stored yet */
-    ck_assert(brk_upload_held(&x.b, "transformer", 2, sha, why, sizeof why));
-    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
-    ck_assert(!brk_upload_held(&x.b, "transformer", 2, SHA_B, why, sizeof why));
-    ck_assert_msg(strstr(why, "being uploaded with other weights"), "%s", why);
+    ck_assert(brk_upload_held(&x.b, "transformer", 2, sha));
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha));
+    ck_assert(!brk_upload_held(&x.b, "transformer", 2, SHA_B));
+    ck_assert_msg(strstr(reel_err()->msg, "being uploaded with other weights"), "%s", reel_err()->msg);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID); /* SYNC: bad_request */
     /* 1.5 MiB came: worker 0 asks 4 ahead as a worker does before it knows
      * the size (the last past the end): all wait */
     fetch_at(&x, 0, 20, 2, sha, 0);
@@ -1218,7 +1226,7 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     expect_data(&x, 0, 24, bytes, (uint64_t)8 << 20, (size_t)1 << 20); /* the re-ask's id, once */
     expect_data(&x, 0, 23, bytes, (uint64_t)12 << 20, 0);
     ck_assert(!has_msg(x.w[0], "FETCH_DATA")); /* the folded one was answered once */
-    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha, why, sizeof why));
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha));
     /* 1.5 MiB chunks never line up with a 4 MiB FETCH: every answer read back */
     ck_assert_uint_eq(x.b.fetch_bytes_shared, 0);
     ck_assert_uint_eq(x.b.fetch_bytes_read, 3 * ((uint64_t)4 << 20) + ((uint64_t)1 << 20));
@@ -1258,7 +1266,7 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
         ck_assert_uint_eq(m->id, 100 + (uint64_t)i);
         drop_msg(&m);
     }
-    ck_assert(!brk_upload_held(&x.b, "transformer", 3, sha3, why, sizeof why));
+    ck_assert(!brk_upload_held(&x.b, "transformer", 3, sha3));
     x.w[2] = w2;
     zmq_close(big);
 
@@ -1268,10 +1276,10 @@ START_TEST(test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail
     drop_msg(&a);
     fetch_at(&x, 0, 60, 4, sha, (uint64_t)4 << 20);
     brk_upload_timers(&x.b, brk_now_ms() + 1000);
-    ck_assert(brk_upload_held(&x.b, "transformer", 4, sha, why, sizeof why)); /* not yet */
+    ck_assert(brk_upload_held(&x.b, "transformer", 4, sha)); /* not yet */
     ck_assert(!has_msg(x.w[0], "ERROR"));
     brk_upload_timers(&x.b, brk_now_ms() + BRK_UPLOAD_IDLE_MS + 1000);
-    ck_assert(!brk_upload_held(&x.b, "transformer", 4, sha, why, sizeof why));
+    ck_assert(!brk_upload_held(&x.b, "transformer", 4, sha));
     m = take(x.w[0], false);
     ck_assert_str_eq(m->type, "ERROR");
     ck_assert_uint_eq(m->id, 60);
@@ -1335,14 +1343,13 @@ END_TEST
  * digest only and served to worker w with new's bytes. */
 static void check_replaced_half_way(box_t *x, uint64_t v, int w, const unsigned char *old, const char *sha_old,
                                     const unsigned char *new, const char *sha_new) {
-    char why[256];
     upload_acked(x, 10, v, sha_old, old, 0, 3 * UP_PIECE);
     wire_msg_t *a = upload_piece(x, 11, v, sha_new, new, UP_PIECE, UP_PIECE);
     ck_assert_str_eq(a->type, "ERROR");
     drop_msg(&a);
     upload_acked(x, 12, v, sha_new, new, 0, UP_SIZE);
-    ck_assert_msg(brk_upload_stored(&x->b, "transformer", v, sha_new, why, sizeof why), "%s", why);
-    ck_assert(!brk_upload_stored(&x->b, "transformer", v, sha_old, why, sizeof why));
+    ck_assert_msg(brk_upload_stored(&x->b, "transformer", v, sha_new), "%s", reel_err_text());
+    ck_assert(!brk_upload_stored(&x->b, "transformer", v, sha_old));
     fetch_at(x, w, 20, v, sha_new, 0);
     expect_data(x, w, 20, new, 0, (size_t)4 << 20);
 }
@@ -1368,7 +1375,7 @@ END_TEST
  * stored with the new bytes only. */
 START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes) {
     box_t x;
-    char dir[] = "/tmp/reel-brk-inline.XXXXXX", sha_a[65], sha_b[65], why[256];
+    char dir[] = "/tmp/reel-brk-inline.XXXXXX", sha_a[65], sha_b[65];
     brk_upload_no_hash_thread = true;
     upload_box_open(&x, dir, 0);
     unsigned char *a = pattern(2654435761u, 13, sha_a), *b = pattern(2246822519u, 7, sha_b);
@@ -1386,7 +1393,7 @@ START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same
     r = upload_piece(&x, 12, 2, sha_a, a, 2 * M4, UP_SIZE - 2 * M4);
     ck_assert_str_eq(r->type, "UPLOAD_ACK");
     drop_msg(&r);
-    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 2, sha_a, why, sizeof why), "%s", why);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 2, sha_a), "%s", reel_err_text());
     /* v3: announced as a's digest, b's bytes: refused at the last chunk */
     for (size_t off = 0; off < UP_SIZE; off += UP_PIECE) {
         r = upload_piece(&x, 30 + off / UP_PIECE, 3, sha_a, b, off, UP_PIECE);
@@ -1399,7 +1406,7 @@ START_TEST(test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same
         }
         drop_msg(&r);
     }
-    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha_a, why, sizeof why));
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha_a));
     char path[300];
     struct stat st;
     snprintf(path, sizeof path, "%s/transformer-v3.safetensors", dir);
@@ -1446,10 +1453,17 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     wire_msg_t *a = upload_piece(&x, 20, 6, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "ERROR");
     ck_assert_str_eq(wv_get_str(a->hdr, "code"), "busy");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(a->hdr, "message"), "UPLOAD: 4 uploads are in progress; finish one first"));
     drop_msg(&a);
     upload_acked(&x, 30, 2, sha, bytes, UP_PIECE, UP_SIZE); /* v2 ends */
     a = upload_piece(&x, 21, 6, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    /* v2 is stored: other weights under its number are stale_version */
+    a = upload_piece(&x, 22, 2, SHA_B, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "ERROR");
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(a->hdr, "message"), "UPLOAD: transformer v2 was uploaded with other weights"));
     drop_msg(&a);
     free(bytes);
     upload_box_close(&x, dir);
@@ -1480,17 +1494,17 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
         }
     /* a digest without its data (a removal under way or cut short) is not stored */
     const char *sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-    char why[256];
     snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     fprintf(f, "%s\n", sha);
     fclose(f);
-    ck_assert(brk_upload_stored(&x.b, "transformer", 3, sha, why, sizeof why));
+    ck_assert(brk_upload_stored(&x.b, "transformer", 3, sha));
     snprintf(path, sizeof path, "%s/transformer-v3.safetensors", dir);
     ck_assert_int_eq(unlink(path), 0);
-    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha, why, sizeof why));
-    ck_assert_msg(strstr(why, "was not uploaded"), "%s", why);
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha));
+    ck_assert_msg(strstr(reel_err()->msg, "was not uploaded"), "%s", reel_err()->msg);
+    ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND); /* FETCH, SYNC: bad_request */
     brk_upload_prune(&x.b, "transformer", 5);
     brk_upload_prune(&x.b, "transformer", 5); /* asked twice: one removal */
     snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
@@ -1540,7 +1554,7 @@ static int count_spares(const char *dir) {
  * and a restarted broker's spares are written over too. */
 START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     box_t x;
-    char dir[] = "/tmp/reel-brk-spare.XXXXXX", path[256], why[256];
+    char dir[] = "/tmp/reel-brk-spare.XXXXXX", path[256];
     upload_box_open(&x, dir, 2);
     /* v1 shorter than the upload to come, v2 longer, v3 kept */
     fill_file(dir, "transformer-v1.safetensors", UP_SIZE - 12345, 0xAA);
@@ -1577,7 +1591,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     upload_acked(&x, 11, 5, sha, bytes, UP_PIECE, UP_SIZE);
     expect_data(&x, 0, 20, bytes, 0, (size_t)4 << 20);
     expect_data(&x, 0, 21, bytes, (uint64_t)8 << 20, (size_t)1 << 20);
-    ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha, why, sizeof why));
+    ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha));
     snprintf(path, sizeof path, "%s/transformer-v5.safetensors", dir);
     ck_assert_int_eq(stat(path, &st), 0);
     ck_assert_uint_eq(st.st_ino, st1.st_ino);
@@ -1771,7 +1785,7 @@ static cat_t *temp_catalog(char *dir, char *path, size_t len) {
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, len, "%s/c.db", dir);
     cat_t *c = cat_open(path, false);
-    ck_assert_msg(c != NULL, "%s", kern_error());
+    ck_assert_msg(c != NULL, "%s", reel_err_text());
     return c;
 }
 
