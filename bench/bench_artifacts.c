@@ -20,7 +20,7 @@
 #include "bench/bench.h"
 
 #define REPS 7
-#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
 
 typedef int (*call_fn)(void *ctx);
 

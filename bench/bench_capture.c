@@ -13,7 +13,7 @@
 #include "model/tdit_program.h"
 #include "bench/bench.h"
 
-#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
 
 static void quiet(void *u, int l, const char *m) { (void)u; (void)l; (void)m; }
 
@@ -222,7 +222,7 @@ int main(void) {
     bench_backend(cpu, dir, false);
     kern_backend_destroy(&cpu);
     kern_backend_t *gpu = kern_backend_cuda_new(0);
-    if (!gpu) printf("cuda: SKIP: %s\n", kern_error());
+    if (!gpu) printf("cuda: SKIP: %s\n", reel_err_text());
     else {
         tdit_config_t c;
         char p[256];

@@ -51,7 +51,7 @@ static uint64_t next_rand(void) {
 }
 
 static void die(const char *what) {
-    fprintf(stderr, "bench_catalog: %s: %s\n", what, kern_error());
+    fprintf(stderr, "bench_catalog: %s: %s\n", what, reel_err_text());
     exit(1);
 }
 

@@ -48,7 +48,7 @@ static void *run_one(void *arg) {
     reel_client_t *c = reel_client_new(o->ep);
     wire_err_t err;
     o->rc = c ? reel_gen(c, &o->g, o->out, NULL, NULL, NULL, 600000, &err) : -1;
-    if (o->rc) fprintf(stderr, "bench_groups: single gen: %s %s\n", c ? err.code : "", c ? err.message : kern_error());
+    if (o->rc) fprintf(stderr, "bench_groups: single gen: %s %s\n", c ? err.code : "", c ? err.message : reel_err_text());
     reel_client_destroy(&c);
     return NULL;
 }
@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
                           "--warmup", "1", NULL };
         pid_t pb = bench_spawn(bargv, blog), pw = bench_spawn(wargv, wlog);
         reel_client_t *c = reel_client_new(cep);
-        if (!c) DIE("%s", kern_error());
+        if (!c) DIE("%s", reel_err_text());
         bench_wait_workers(c, 1, "bench_groups");
         size_t nl = (size_t)(k->lat[0] * k->lat[1] * k->lat[2] * k->lat[3]), nc = (size_t)(k->ctx[0] * k->ctx[1]);
         float *ctx = malloc(nc * sizeof *ctx), *unc = malloc(nc * sizeof *unc);

@@ -15,7 +15,7 @@
 #include "bench/bench.h"
 
 #define REPS 7
-#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", kern_error()); exit(1); } while (0)
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
 
 static void fill(kern_stream_t *s, kern_tensor_t *t, uint64_t seed) {
     size_t n = (size_t)kern_tensor_numel(t);
@@ -183,7 +183,7 @@ int main(void) {
     kern_backend_destroy(&cpu);
     kern_backend_t *gpu = kern_backend_cuda_new(0);
     if (!gpu) {
-        printf("cuda: SKIP: %s\n", kern_error());
+        printf("cuda: SKIP: %s\n", reel_err_text());
     } else {
         printf("cuda arch: %s\n", kern_backend_arch(gpu));
         bench_backend(gpu, dir);

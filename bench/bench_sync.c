@@ -176,7 +176,7 @@ static double by_value(reel_client_t *c, const char *path, uint64_t version, boo
                        double *hash_s) {
     char hex[65];
     double h0 = bench_now();
-    if (reel_sha256_file(path, hex) != 0) DIE("%s", kern_error());
+    if (reel_sha256_file(path, hex) != 0) DIE("%s", reel_err_text());
     if (hash_s) *hash_s = bench_now() - h0;
     wire_err_t err;
     reel_sync_result_t r;
@@ -241,7 +241,7 @@ int main(int argc, char **argv) {
         pids[1 + i] = bench_spawn(wargv, wlog);
     }
     reel_client_t *c = reel_client_new(cep);
-    if (!c) DIE("%s", kern_error());
+    if (!c) DIE("%s", reel_err_text());
     bench_wait_workers(c, 2, "bench_sync");
     void *ctx = zmq_ctx_new();
     struct stat st;

@@ -140,7 +140,7 @@ static int upload(kern_stream_t *s, kern_tensor_t *t, const float *h) {
     void *buf = (void *)h;
     if (t->dtype == KERN_BF16) {
         uint16_t *b = malloc(n * sizeof *b);
-        if (!b) return kern_fail("out of memory");
+        if (!b) return reel_fail(REEL_E_NOMEM, "out of memory");
         for (size_t i = 0; i < n; i++) b[i] = kern_f32_to_bf16(h[i]);
         buf = b;
     }
@@ -153,7 +153,7 @@ static int upload(kern_stream_t *s, kern_tensor_t *t, const float *h) {
 static int poison(kern_stream_t *s, kern_tensor_t *t) {
     size_t bytes = kern_tensor_bytes(t);
     void *p = malloc(bytes);
-    if (!p) return kern_fail("out of memory");
+    if (!p) return reel_fail(REEL_E_NOMEM, "out of memory");
     memset(p, 0xff, bytes); /* NaN in F32 and BF16 */
     int rc = kern_copy_h2d(s, kern_tensor_ptr(t), p, bytes);
     if (rc == 0) rc = kern_stream_sync(s);
@@ -183,7 +183,7 @@ static int run(const opts_t *o) {
     }
     if (kern_backend_kind_parse(o->backend, &kind) != 0 || !(b = kern_backend_new(kind, 0)) ||
         !(s = kern_stream_new(b))) {
-        printf("%s: FAIL %s\n", what, kern_error());
+        printf("%s: FAIL %s\n", what, reel_err_text());
         goto out;
     }
     snprintf(what, sizeof what, "attention %s %s q %lld kv %lld heads %lld d %lld", o->dtype,
@@ -198,7 +198,7 @@ static int run(const opts_t *o) {
     to = kern_tensor_alloc(b, dt, 2, (int64_t[]){ o->tokens, D });
     if (!tq.data || !tk.data || !tv.data || !to.data || upload(s, &tq, q) || upload(s, &tk, k) ||
         upload(s, &tv, v)) {
-        printf("%s: FAIL %s\n", what, kern_error());
+        printf("%s: FAIL %s\n", what, reel_err_text());
         goto out;
     }
     /* The first run loads modules and sizes scratch; the second is timed
@@ -206,18 +206,18 @@ static int run(const opts_t *o) {
     double t0 = 0, t1 = 0;
     for (int pass = 0; pass < 2; pass++) {
         if (poison(s, &to) != 0) {
-            printf("%s: FAIL %s\n", what, kern_error());
+            printf("%s: FAIL %s\n", what, reel_err_text());
             goto out;
         }
         t0 = now();
         if (kern_attention(s, &tq, &tk, &tv, o->heads, &to) != 0 || kern_stream_sync(s) != 0) {
-            printf("%s: FAIL %s\n", what, kern_error());
+            printf("%s: FAIL %s\n", what, reel_err_text());
             goto out;
         }
         t1 = now();
     }
     if (kern_copy_d2h(s, raw, kern_tensor_ptr(&to), kern_tensor_bytes(&to)) != 0 || kern_stream_sync(s) != 0) {
-        printf("%s: FAIL %s\n", what, kern_error());
+        printf("%s: FAIL %s\n", what, reel_err_text());
         goto out;
     }
     size_t nonfinite = 0;

@@ -41,7 +41,7 @@ static bool parse_pos(const char *s, double *out) {
 static float *load(const char *path, const char *name, st_tensor_t *t) {
     st_file_t *f = st_open(path);
     if (!f) {
-        printf("compare: FAIL %s\n", kern_error());
+        printf("compare: FAIL %s\n", reel_err_text());
         return NULL;
     }
     float *x = NULL;
@@ -57,7 +57,7 @@ static float *load(const char *path, const char *name, st_tensor_t *t) {
     for (int i = 0; i < e->ndim; i++) n *= (size_t)e->shape[i];
     x = malloc((n ? n : 1) * sizeof *x);
     if (!x || st_read_f32(f, name, -1, NULL, x) != 0) {
-        printf("compare: FAIL %s: %s\n", path, x ? kern_error() : "out of memory");
+        printf("compare: FAIL %s: %s\n", path, x ? reel_err_text() : "out of memory");
         free(x);
         x = NULL;
     }

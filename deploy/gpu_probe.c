@@ -94,7 +94,7 @@ int main(void) {
     }
     kern_backend_t *b = kern_backend_cuda_new(0);
     if (!b) {
-        printf("probe: FAIL Reel's CUDA backend is unavailable: %s\n", kern_error());
+        printf("probe: FAIL Reel's CUDA backend is unavailable: %s\n", reel_err_text());
         return 1;
     }
     printf("reel backend: %s, %s\n", kern_backend_device_name(b), kern_backend_arch(b));

@@ -94,7 +94,7 @@ static int make_weights(const tdit_config_t *c, const char *path) {
         uint16_t *nb = realloc(bf, (n ? n : 1) * sizeof *bf);
         if (nx) x = nx;
         if (nb) bf = nb;
-        if (!nx || !nb) { kern_fail("out of memory"); goto out; }
+        if (!nx || !nb) { reel_fail(REEL_E_NOMEM, "out of memory"); goto out; }
         if (st_read_f32(f, t->name, -1, NULL, x) != 0) goto out;
         for (size_t j = 0; j < n; j++) bf[j] = kern_f32_to_bf16(x[j]);
         if (strncmp(t->name, "blocks.0.", 9) != 0) {
@@ -154,7 +154,7 @@ static int run(const opts_t *o) {
     size_t nl = (size_t)(c.in_channels * o->F * o->H * o->W), nc = (size_t)(o->L * c.text_dim);
     lat = malloc(nl * 4); ctx = malloc(nc * 4); unc = malloc(nc * 4);
     eager = malloc(nl * 4); replay = malloc(nl * 4);
-    if (!lat || !ctx || !unc || !eager || !replay) { kern_fail("out of host memory"); goto fail; }
+    if (!lat || !ctx || !unc || !eager || !replay) { reel_fail(REEL_E_NOMEM, "out of host memory"); goto fail; }
     tdit_initial_latent(1, lat, nl);
     tdit_initial_latent(2, ctx, nc);
     tdit_initial_latent(3, unc, nc);
@@ -192,11 +192,11 @@ static int run(const opts_t *o) {
         if (!isfinite(eager[i])) nonfinite++;
     }
     if (nonfinite) {
-        kern_fail("%zu of %zu latent values after the eager step are NaN/Inf", nonfinite, nl);
+        reel_fail(REEL_E_INTERNAL, "%zu of %zu latent values after the eager step are NaN/Inf", nonfinite, nl);
         goto fail;
     }
     if (differ) {
-        kern_fail("graph replay differs from the eager step in %zu of %zu latent values", differ, nl);
+        reel_fail(REEL_E_INTERNAL, "graph replay differs from the eager step in %zu of %zu latent values", differ, nl);
         goto fail;
     }
 
@@ -239,7 +239,7 @@ static int run(const opts_t *o) {
     rc = 0;
     goto out;
 fail:
-    printf("%s: FAIL %s\n", what, kern_error());
+    printf("%s: FAIL %s\n", what, reel_err_text());
 out:
     if (path[0]) unlink(path);
     kern_graph_destroy(&g);

@@ -37,7 +37,7 @@ static void setup(void) {
     snprintf(weights, sizeof weights, "%s/w.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, weights) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&c, 11, weights) == 0, "%s", reel_err_text());
 }
 
 static void teardown(void) {
@@ -90,7 +90,7 @@ static const kern_art_bundle_t *bundle_named(kern_artifacts_t *set, const char *
 
 static kern_artifacts_t *scan(const char *root) {
     kern_artifacts_t *set = kern_artifacts_scan(root);
-    ck_assert_msg(set != NULL, "%s", kern_error());
+    ck_assert_msg(set != NULL, "%s", reel_err_text());
     return set;
 }
 
@@ -120,13 +120,13 @@ static void refused(const char *from, const char *to, const char *field) {
              p + strlen(from));
     kern_art_manifest_t m;
     ck_assert_msg(kern_art_manifest_parse(text, strlen(text), &m) == -1, "accepted: %s", text);
-    ck_assert_msg(strstr(kern_error(), field) != NULL, "'%s' does not name %s", kern_error(), field);
+    ck_assert_msg(strstr(reel_err_text(), field) != NULL, "'%s' does not name %s", reel_err_text(), field);
 }
 
 START_TEST(test_manifest_schema_accepts_a_good_one_and_names_every_bad_field) {
     kern_art_manifest_t m;
     ck_assert_msg(kern_art_manifest_parse(good_manifest, strlen(good_manifest), &m) == 0, "%s",
-                  kern_error());
+                  reel_err_text());
     ck_assert_str_eq(m.id, "x-1");
     ck_assert_int_eq(m.op, KERN_OP_GEMM_GELU);
     ck_assert_int_eq(m.parity, KERN_PARITY_MAX_REL);
@@ -180,7 +180,7 @@ START_TEST(test_example_bundles_verify_and_load_and_list_shows_them) {
     ck_assert_uint_eq(kern_artifacts_count(set), 2);
     ck_assert_uint_eq(kern_artifacts_refused(set), 0);
     ck_assert_int_eq(kern_artifacts_enable(set, NULL, 0), 0);
-    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", kern_error());
+    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", reel_err_text());
     ck_assert_ptr_eq(kern_artifacts_installed(), set);
     for (size_t i = 0; i < 2; i++) ck_assert(kern_artifacts_bundle(set, i).loaded);
     char *text = NULL;
@@ -206,7 +206,7 @@ static void expect_refused(const char *root, const char *bad, const char *why) {
     ck_assert_msg(strstr(b->error, why) && strstr(b->error, bad), "error '%s' (wanted %s, %s)",
                   b->error, why, bad);
     ck_assert_int_eq(kern_artifacts_enable(set, NULL, 0), 0);
-    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", kern_error());
+    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", reel_err_text());
     ck_assert(!bundle_named(set, bad)->loaded);
     ck_assert(bundle_named(set, "cpu_gemm_gelu_epilogue")->loaded);
     kern_artifacts_destroy(&set);
@@ -248,7 +248,7 @@ START_TEST(test_object_built_for_another_abi_is_refused_at_load_and_named) {
     const char *ids[] = { "test-abi2-gemm-gelu" };
     ck_assert_int_eq(kern_artifacts_enable(set, ids, 1), 0);
     ck_assert_int_eq(kern_artifacts_install(set, KERN_ART_TIMING_OFF), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "test-abi2-gemm-gelu"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "test-abi2-gemm-gelu"));
     ck_assert_ptr_null(kern_artifacts_installed());
     kern_artifacts_destroy(&set);
 }
@@ -281,7 +281,7 @@ START_TEST(test_duplicate_id_refuses_both_bundles) {
     ck_assert(bundle_named(set, "cpu_gemm_gelu_epilogue")->verified);
     const char *ids[] = { "cpu-attention-parsoftmax" };
     ck_assert_int_eq(kern_artifacts_enable(set, ids, 1), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "duplicate id"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "duplicate id"));
     kern_artifacts_destroy(&set);
 }
 END_TEST
@@ -290,8 +290,8 @@ START_TEST(test_unknown_id_in_the_allowlist_is_an_error_naming_it) {
     const char *root = root_with("cpu_gemm_gelu_epilogue", NULL);
     kern_artifacts_t *set = scan(root);
     ck_assert_int_eq(kern_artifacts_enable_list(set, "cpu-gemm-gelu-epilogue,no-such-kernel"), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "unknown id 'no-such-kernel'"));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "cpu-gemm-gelu-epilogue")); /* what there is */
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "unknown id 'no-such-kernel'"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "cpu-gemm-gelu-epilogue")); /* what there is */
     ck_assert(!kern_artifacts_bundle(set, 0).enabled);
     ck_assert_int_eq(kern_artifacts_enable_list(set, "cpu-gemm-gelu-epilogue,"), -1);
     ck_assert_int_eq(kern_artifacts_enable_list(set, ""), -1);
@@ -306,7 +306,7 @@ START_TEST(test_allowlist_naming_a_refused_bundle_is_an_error) {
     sh("printf 'x' >> '%s/wrong/libtest_wrong.so'", root);
     kern_artifacts_t *set = scan(root);
     ck_assert_int_eq(kern_artifacts_enable_list(set, "test-wrong-gemm-gelu"), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "hash mismatch"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "hash mismatch"));
     kern_artifacts_destroy(&set);
 }
 END_TEST
@@ -358,14 +358,14 @@ static void gg_close(gg_t *g) {
 
 static void gg_run(gg_t *g, float *out) {
     memset(g->y.data, 0xff, kern_tensor_bytes(&g->y));
-    ck_assert_msg(kern_gemm_gelu(g->s, &g->x, &g->w, &g->bias, &g->y) == 0, "%s", kern_error());
+    ck_assert_msg(kern_gemm_gelu(g->s, &g->x, &g->w, &g->bias, &g->y) == 0, "%s", reel_err_text());
     memcpy(out, g->y.data, kern_tensor_bytes(&g->y));
 }
 
 static kern_artifacts_t *install_only(const char *root, const char *ids, kern_art_timing_t t) {
     kern_artifacts_t *set = scan(root);
-    ck_assert_msg(kern_artifacts_enable_list(set, ids) == 0, "%s", kern_error());
-    ck_assert_msg(kern_artifacts_install(set, t) == 0, "%s", kern_error());
+    ck_assert_msg(kern_artifacts_enable_list(set, ids) == 0, "%s", reel_err_text());
+    ck_assert_msg(kern_artifacts_install(set, t) == 0, "%s", reel_err_text());
     return set;
 }
 
@@ -517,7 +517,7 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
         float *r[3] = { malloc(bytes), malloc(bytes), malloc(bytes) };
         for (int j = 0; j < 3; j++) {
             if (j == 2) kern_artifacts_uninstall(set);
-            ck_assert_msg(kern_attention(s, &q, &k, &v, H, &o) == 0, "%s", kern_error());
+            ck_assert_msg(kern_attention(s, &q, &k, &v, H, &o) == 0, "%s", reel_err_text());
             memcpy(r[j], o.data, bytes);
         }
         ck_assert_int_eq(kern_artifacts_install(set, KERN_ART_TIMING_OFF), 0);
@@ -728,7 +728,7 @@ static model_t *model_open(void) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, weights, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", kern_error());
+    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
     tdit_initial_latent(1, f->lat, NL);
     tdit_initial_latent(2, f->ctx, NC);
     tdit_initial_latent(3, f->unc, NC);
@@ -749,7 +749,7 @@ static const tdit_loop_t LOOP = { .steps = 6, .shift = 3.0, .guidance = 4.0f };
 static void eager(model_t *f, float *out) {
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &SHAPE);
     ck_assert_msg(tdit_generate(f->m, ws, f->s, &LOOP, f->lat, f->ctx, f->unc, out, NULL) == 0,
-                  "%s", kern_error());
+                  "%s", reel_err_text());
     tdit_ws_destroy(&ws);
 }
 
@@ -763,7 +763,7 @@ static void cached(model_t *f, int warmup, float *out, tdit_run_stats_t *st) {
     ck_assert_int_eq(tdit_register_weights(c, f->m, 1), 0);
     memset(st, 0, sizeof *st);
     ck_assert_msg(tdit_generate_cached(f->m, c, f->s, NULL, &SHAPE, &LOOP, f->lat, f->ctx, f->unc,
-                                       out, st) == 0, "%s", kern_error());
+                                       out, st) == 0, "%s", reel_err_text());
     ck_assert(cap_cache_invariants(c));
     cap_cache_destroy(&c);
 }
@@ -868,12 +868,12 @@ START_TEST(test_shadow_mode_catches_an_artifact_going_wrong_inside_a_capture_and
     cap_cache_t *c = cap_cache_new(f->b, &o);
     ck_assert_int_eq(tdit_register_weights(c, f->m, 1), 0);
     tdit_req_t *r = tdit_req_new(f->m, f->s, &SHAPE, &LOOP, f->lat, f->ctx, f->unc);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     cap_result_t res[LOOP.steps];
     for (int i = 0; i < LOOP.steps; i++) {
         /* Promoted in warmup; from the capture on it is one ulp off. */
         if (i == 2) setenv("REEL_TEST_ARTIFACT_WRONG", "1", 1);
-        ck_assert_msg(tdit_req_step(r, c, f->s, &res[i]) == 0, "%s", kern_error());
+        ck_assert_msg(tdit_req_step(r, c, f->s, &res[i]) == 0, "%s", reel_err_text());
     }
     unsetenv("REEL_TEST_ARTIFACT_WRONG");
     /* The capture's verify ran the artifact in the replay and, in shadow,
@@ -1072,7 +1072,7 @@ END_TEST
 
 START_TEST(test_an_unreadable_root_is_an_error_naming_it) {
     ck_assert_ptr_null(kern_artifacts_scan("/nonexistent/reel-artifacts"));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "/nonexistent/reel-artifacts"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "/nonexistent/reel-artifacts"));
 }
 END_TEST
 

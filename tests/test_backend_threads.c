@@ -47,13 +47,13 @@ START_TEST(test_a_capturing_thread_cannot_allocate_and_its_frees_wait_for_the_ca
     launches(s, x, 64);
     /* Allocating would invalidate the capture (or deadlock): refused. */
     ck_assert_ptr_null(kern_alloc(b, 128));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "captures a graph"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "captures a graph"));
     ck_assert_ptr_null(kern_stream_new(b));
     /* Freeing is deferred: the memory is still accounted until the end. */
     kern_free(b, victim);
     ck_assert_uint_eq(kern_bytes_in_use(b), before);
     kern_graph_t *g = NULL;
-    ck_assert_msg(kern_capture_end(s, &g) == 0, "%s", kern_error());
+    ck_assert_msg(kern_capture_end(s, &g) == 0, "%s", reel_err_text());
     ck_assert_int_eq(kern_backend_captures_active(b), 0);
     ck_assert_uint_eq(kern_bytes_in_use(b), before - (1 << 20));
     /* And the thread may allocate again. */
@@ -191,7 +191,7 @@ START_TEST(test_a_graph_replayed_on_another_stream_is_refused) {
     ck_assert_int_eq(kern_capture_end(s1, &g), 0);
     ck_assert_ptr_eq(kern_graph_stream(g), s1);
     ck_assert_int_eq(kern_graph_replay(g, s2), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "other than the one that captured it"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "other than the one that captured it"));
     ck_assert_uint_eq(kern_graph_replays(g), 0);
     ck_assert_int_eq(kern_graph_replay(g, s1), 0);
     kern_graph_destroy(&g);
@@ -211,7 +211,7 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     ck_assert_int_eq(tdit_weights_init(&cfg, 3, path), 0);
     kern_backend_t *b = kern_backend_cpu_new();
     tdit_model_t *m = tdit_model_load_path(b, path, KERN_F32);
-    ck_assert_msg(m != NULL, "%s", kern_error());
+    ck_assert_msg(m != NULL, "%s", reel_err_text());
     kern_stream_t *s = kern_stream_new(b);
     cap_cache_t *c = cap_cache_new(b, NULL);
     ck_assert_int_eq(tdit_register_weights(c, m, 1), 0);
@@ -223,9 +223,9 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     size_t streams = kern_backend_streams_alive(b);
     for (int r = 0; r < 3; r++) {
         tdit_req_t *q = tdit_req_new(m, s, &sh, &p, lat, ctx, NULL);
-        ck_assert_msg(q != NULL, "%s", kern_error());
+        ck_assert_msg(q != NULL, "%s", reel_err_text());
         while (!tdit_req_done(q)) {
-            ck_assert_msg(tdit_req_step(q, c, s, NULL) == 0, "%s", kern_error());
+            ck_assert_msg(tdit_req_step(q, c, s, NULL) == 0, "%s", reel_err_text());
             ck_assert_uint_eq(kern_backend_streams_alive(b), streams);
         }
         tdit_req_destroy(&q);

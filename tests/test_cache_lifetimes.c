@@ -21,8 +21,8 @@ static void setup_dir(void) {
     snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", kern_error());
-    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", reel_err_text());
+    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", reel_err_text());
 }
 
 static void teardown_dir(void) {
@@ -79,7 +79,7 @@ static void fx_close(fx_t *f) {
 
 static tdit_model_t *load(fx_t *f, const char *path) {
     tdit_model_t *m = tdit_model_load_path(f->b, path, KERN_F32);
-    ck_assert_msg(m != NULL, "%s", kern_error());
+    ck_assert_msg(m != NULL, "%s", reel_err_text());
     return m;
 }
 
@@ -87,14 +87,14 @@ static tdit_model_t *load(fx_t *f, const char *path) {
 static void run_cached(fx_t *f, tdit_model_t *m, float *out, tdit_run_stats_t *st) {
     memset(st, 0, sizeof *st);
     int rc = tdit_generate_cached(m, f->c, f->s, NULL, &SHAPE, &LOOP, f->lat, f->ctx, f->unc, out, st);
-    ck_assert_msg(rc == 0, "%s", kern_error());
+    ck_assert_msg(rc == 0, "%s", reel_err_text());
 }
 
 /* The pure eager loop of m (no cache). */
 static void run_eager(fx_t *f, tdit_model_t *m, float *out) {
     tdit_ws_t *ws = tdit_ws_new(m, f->s, &SHAPE);
     ck_assert_ptr_nonnull(ws);
-    ck_assert_msg(tdit_generate(m, ws, f->s, &LOOP, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_generate(m, ws, f->s, &LOOP, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", reel_err_text());
     tdit_ws_destroy(&ws);
 }
 
@@ -107,7 +107,7 @@ static tdit_model_t *model_a_with_an_entry(fx_t *f, cap_key_t *key) {
     tdit_run_stats_t st;
     run_cached(f, a, out, &st);
     ck_assert_int_eq(st.captured, 1);
-    ck_assert_msg(tdit_step_key(a, &SHAPE, false, 1, key) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_step_key(a, &SHAPE, false, 1, key) == 0, "%s", reel_err_text());
     cap_stats_t cs;
     cap_cache_stats(f->c, &cs);
     ck_assert_uint_eq(cs.entries, 1);
@@ -146,7 +146,7 @@ static void *toy_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
     (void)key;
     if (u->fail_allocs > 0) {
         u->fail_allocs--;
-        kern_fail("simulated: out of device memory");
+        reel_fail(REEL_E_NOMEM, "simulated: out of device memory");
         return NULL;
     }
     toy_ws_t *ws = calloc(1, sizeof *ws);
@@ -205,8 +205,8 @@ static cap_key_t toy_key(fx_t *f) {
     snprintf(k.model, sizeof k.model, "toy");
     snprintf(k.loop, sizeof k.loop, "euler");
     const int64_t shape[2] = { TOY_ROWS, TOY_COLS };
-    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", kern_error());
-    ck_assert_msg(cap_key_add_component(&k, "toy", 1) == 0, "%s", kern_error());
+    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
+    ck_assert_msg(cap_key_add_component(&k, "toy", 1) == 0, "%s", reel_err_text());
     k.graph.dtype = KERN_F32;
     snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
     snprintf(k.graph.expert, sizeof k.graph.expert, "-");
@@ -225,13 +225,13 @@ static void toy_call(fx_t *f, const cap_program_t *p, toy_user_t *u, cap_result_
     kern_tensor_t in = kern_tensor_make(x, KERN_F32, KERN_DEVICE_HOST, 2, shape);
     kern_tensor_t out = kern_tensor_make(y, KERN_F32, KERN_DEVICE_HOST, 2, shape);
     cap_call_t call = { .key = &key, .inputs = &in, .outputs = &out };
-    ck_assert_msg(cap_dispatch(f->c, f->s, p, u, &call, res) == 0, "%s", kern_error());
+    ck_assert_msg(cap_dispatch(f->c, f->s, p, u, &call, res) == 0, "%s", reel_err_text());
     for (int i = 0; i < TOY_ROWS * TOY_COLS; i++) ck_assert_float_eq(y[i], 2.f * x[i]);
 }
 
 static void register_toy(fx_t *f) {
     ck_assert_msg(cap_component_register(f->c, "toy", toy_weights, sizeof toy_weights, 1) == 0, "%s",
-                  kern_error());
+                  reel_err_text());
 }
 
 /* ---- the tests -------------------------------------------------------------- */
@@ -245,7 +245,7 @@ START_TEST(test_model_destroyed_before_a_weight_sync_to_another_model_leaves_the
      * workspace must free itself without A. */
     tdit_model_t *b = load(f, w2);
     int n = cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(b), tdit_model_bytes(b), 2);
-    ck_assert_msg(n == 1, "entries affected: %d (%s)", n, kern_error());
+    ck_assert_msg(n == 1, "entries affected: %d (%s)", n, reel_err_text());
     ck_assert_int_eq(f->evicts[CAP_EVICT_WEIGHT_SYNC], 1);
     ck_assert(cap_cache_invariants(f->c));
     /* B is served from the same cache, exactly as pure eager. */

@@ -154,17 +154,17 @@ static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
         u->sync_to = 0;
     }
     if (key->n_inputs < 2) {
-        kern_fail("synthetic step: the key needs two inputs");
+        reel_fail(REEL_E_INVALID, "synthetic step: the key needs two inputs");
         return NULL;
     }
     const cap_sig_t *a = &key->inputs[0], *c = &key->inputs[1];
     if (a->ndim < 1 || a->shape[a->ndim - 1] > WMAX) {
-        kern_fail("synthetic step: rows wider than %d", WMAX);
+        reel_fail(REEL_E_INVALID, "synthetic step: rows wider than %d", WMAX);
         return NULL;
     }
     step_ws_t *ws = calloc(1, sizeof *ws);
     if (!ws) {
-        kern_fail("out of memory");
+        reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
     ws->b = kern_stream_backend(s);
@@ -205,7 +205,7 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
     if (kern_stream_is_capturing(s) && u->capture_fails_left > 0) {
         /* What an invalidated CUDA capture looks like to the cache. */
         u->capture_fails_left--;
-        return kern_fail("simulated: the capture was invalidated");
+        return reel_fail(REEL_E_INVALID, "simulated: the capture was invalidated");
     }
     if (u->kind == STEP_WRITES_CTX) {
         scale_args_t a = { kern_tensor_ptr(&ws->ctx), kern_tensor_numel(&ws->ctx) };
@@ -218,7 +218,7 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
         u->reenter_left--;
         if (u->meet) pthread_barrier_wait(u->meet);
         u->inner_rc = req_try(u->cache, u->inner_stream ? u->inner_stream : s, u->inner, &u->inner_res);
-        if (u->inner_rc != 0) snprintf(u->inner_err, sizeof u->inner_err, "%s", kern_error());
+        if (u->inner_rc != 0) snprintf(u->inner_err, sizeof u->inner_err, "%s", reel_err_text());
         if (u->meet) pthread_barrier_wait(u->meet);
     }
     if (u->kind == STEP_YIELD) {
@@ -246,7 +246,7 @@ static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_c
 static int step_weights(void *user, cap_weight_t *out, int max) {
     step_user_t *u = user;
     query_cache(u);
-    if (u->weights_fail) return kern_fail("synthetic step: weights() failed");
+    if (u->weights_fail) return reel_fail(REEL_E_INVALID, "synthetic step: weights() failed");
     if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 0 };
     return 1;
 }
@@ -402,7 +402,7 @@ static void *host_alloc(size_t bytes) {
 static float *dev_floats(size_t n) {
     ck_assert_int_lt(n_dev_owned, MAX_OWNED);
     float *p = kern_alloc(B, n * sizeof(float));
-    ck_assert_msg(p != NULL, "kern_alloc: %s", kern_error());
+    ck_assert_msg(p != NULL, "kern_alloc: %s", reel_err_text());
     dev_owned[n_dev_owned++] = p;
     return p;
 }
@@ -411,7 +411,7 @@ static kern_stream_t *extra_stream(void) {
     for (int i = 0; i < MAX_STREAMS; i++)
         if (!XS[i]) {
             XS[i] = kern_stream_new(B);
-            ck_assert_msg(XS[i] != NULL, "stream: %s", kern_error());
+            ck_assert_msg(XS[i] != NULL, "stream: %s", reel_err_text());
             return XS[i];
         }
     ck_abort_msg("too many streams");
@@ -425,9 +425,9 @@ static kern_tensor_t weight_tensor(float *w) {
 
 static void setup(void) {
     B = kern_backend_cpu_new();
-    ck_assert_msg(B != NULL, "cpu backend: %s", kern_error());
+    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
     S = kern_stream_new(B);
-    ck_assert_msg(S != NULL, "cpu stream: %s", kern_error());
+    ck_assert_msg(S != NULL, "cpu stream: %s", reel_err_text());
     memset(XS, 0, sizeof XS);
     C = C2 = NULL;
     n_dev_owned = n_host_owned = 0;
@@ -466,9 +466,9 @@ static cap_options_t test_options(void) {
 
 static cap_cache_t *new_cache(const cap_options_t *o) {
     cap_cache_t *c = cap_cache_new(B, o);
-    ck_assert_msg(c != NULL, "cap_cache_new: %s", kern_error());
-    ck_assert_msg(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1) == 0, "%s", kern_error());
-    ck_assert_msg(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1) == 0, "%s", kern_error());
+    ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
+    ck_assert_msg(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1) == 0, "%s", reel_err_text());
+    ck_assert_msg(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1) == 0, "%s", reel_err_text());
     return c;
 }
 
@@ -488,9 +488,9 @@ static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, const c
     snprintf(k.model, sizeof k.model, "%s", model);
     snprintf(k.loop, sizeof k.loop, "euler");
     int64_t shape[2] = { rows, cols };
-    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", kern_error());
-    ck_assert_msg(cap_key_add_input(&k, "context", KERN_F32, 2, shape) == 0, "%s", kern_error());
-    if (comp) ck_assert_msg(cap_key_add_component(&k, comp, ver) == 0, "%s", kern_error());
+    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
+    ck_assert_msg(cap_key_add_input(&k, "context", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
+    if (comp) ck_assert_msg(cap_key_add_component(&k, comp, ver) == 0, "%s", reel_err_text());
     k.graph.dtype = KERN_F32;
     snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
     snprintf(k.graph.expert, sizeof k.graph.expert, "-");
@@ -550,7 +550,7 @@ static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t
 static cap_result_t req_call(cap_cache_t *c, kern_stream_t *s, req_t *r) {
     cap_result_t res;
     int rc = req_try(c, s, r, &res);
-    ck_assert_msg(rc == 0, "cap_dispatch failed: %s", kern_error());
+    ck_assert_msg(rc == 0, "cap_dispatch failed: %s", reel_err_text());
     return res;
 }
 
@@ -589,10 +589,10 @@ static void gather(const kern_tensor_t *t, float *dst) {
 static void eager_ref(step_user_t *u, const cap_key_t *key, const float *x, const float *ctx,
                       const cap_const_t *consts, int n_consts, float *out) {
     step_ws_t *ws = step_ws_new(u, key, S);
-    ck_assert_msg(ws != NULL, "reference workspace: %s", kern_error());
+    ck_assert_msg(ws != NULL, "reference workspace: %s", reel_err_text());
     memcpy(kern_tensor_ptr(&ws->x), x, kern_tensor_bytes(&ws->x));
     memcpy(kern_tensor_ptr(&ws->ctx), ctx, kern_tensor_bytes(&ws->ctx));
-    ck_assert_msg(step_launch(u, ws, consts, n_consts, S) == 0, "reference launch: %s", kern_error());
+    ck_assert_msg(step_launch(u, ws, consts, n_consts, S) == 0, "reference launch: %s", reel_err_text());
     ck_assert_int_eq(kern_stream_sync(S), 0);
     memcpy(out, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
     step_ws_free(u, ws);
@@ -976,19 +976,19 @@ START_TEST(test_bind_with_wrong_shape_or_dtype_fails_clearly) {
 
     a.in[0] = tall;
     ck_assert_int_eq(req_try(C, S, &a, &res), -1);
-    ck_assert_msg(strstr(kern_error(), "latent") && strstr(kern_error(), "F32[9,8]") &&
-                      strstr(kern_error(), "F32[8,8]"),
-                  "message should name the input and both shapes: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "latent") && strstr(reel_err_text(), "F32[9,8]") &&
+                      strstr(reel_err_text(), "F32[8,8]"),
+                  "message should name the input and both shapes: %s", reel_err_text());
     a.in[0] = good_x;
     a.in[1] = bf16;
     ck_assert_int_eq(req_try(C, S, &a, &res), -1);
-    ck_assert_msg(strstr(kern_error(), "context") && strstr(kern_error(), "BF16[8,8]") &&
-                      strstr(kern_error(), "F32[8,8]"),
-                  "message should name the input and both dtypes: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "context") && strstr(reel_err_text(), "BF16[8,8]") &&
+                      strstr(reel_err_text(), "F32[8,8]"),
+                  "message should name the input and both dtypes: %s", reel_err_text());
     a.in[1] = good_ctx;
     a.in[0] = flat_x;
     ck_assert_int_eq(req_try(C, S, &a, &res), -1);
-    ck_assert_msg(strstr(kern_error(), "latent") && strstr(kern_error(), "F32[64]"), "%s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "latent") && strstr(reel_err_text(), "F32[64]"), "%s", reel_err_text());
     a.in[0] = good_x;
     cap_stats_t st = stats(C);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 3);
@@ -1007,7 +1007,7 @@ START_TEST(test_bind_with_wrong_shape_or_dtype_fails_clearly) {
     /* A bad call against a live graph fails the same way and leaves it. */
     a.in[0] = tall;
     ck_assert_int_eq(req_try(C, S, &a, &res), -1);
-    ck_assert_msg(strstr(kern_error(), "latent"), "%s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "latent"), "%s", reel_err_text());
     a.in[0] = good_x;
     fill(a.x, N, -1.f, 1.f);
     expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "good call after a bad one", 0);
@@ -1322,7 +1322,7 @@ START_TEST(test_failed_copy_out_after_capture_keeps_one_graph_and_no_leak) {
     a.out_t.shape[0] = 1;
     cap_result_t res;
     ck_assert_int_eq(req_try(C, S, &a, &res), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "copy-out"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "copy-out"));
     a.out_t = good;
     for (int i = 0; i < 3; i++) {
         fill(a.x, N, -1.f, 1.f);
@@ -1405,7 +1405,7 @@ static void *worker_main(void *arg) {
         memcpy(w->r->x, w->inputs + (size_t)k * N, N * sizeof(float));
         cap_result_t res;
         if (req_try(w->c, w->s, w->r, &res) != 0) {
-            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, kern_error());
+            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, reel_err_text());
             continue;
         }
         if (memcmp(w->r->out, w->expect + (size_t)k * N, N * sizeof(float)) != 0) w->mismatches++;
@@ -1648,7 +1648,7 @@ START_TEST(test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_an
         ck_assert_int_eq(k.n_inputs, 3);
         ck_assert_msg(cap_key_add_component(&k, bad[i], 1) == -1, "component name '%s' accepted", bad[i]);
         ck_assert_int_eq(k.n_components, 0);
-        ck_assert_msg(strlen(kern_error()) > 0, "no message for '%s'", bad[i]);
+        ck_assert_msg(strlen(reel_err_text()) > 0, "no message for '%s'", bad[i]);
     }
     ck_assert_int_eq(cap_key_add_component(&k1, "transformer", 5), -1); /* twice */
     cap_key_t full_in = example_key();
@@ -1696,7 +1696,7 @@ static void *shared_worker_main(void *arg) {
         memcpy(w->r->x, w->inputs + (size_t)k * N, N * sizeof(float));
         cap_result_t res;
         if (req_try(w->c, w->s, w->r, &res) != 0) {
-            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, kern_error());
+            if (!w->errors++) snprintf(w->first_error, sizeof w->first_error, "call %d: %s", k, reel_err_text());
             continue;
         }
         if (memcmp(w->r->out, w->expect + (size_t)k * N, N * sizeof(float)) != 0) w->mismatches++;
@@ -1883,7 +1883,7 @@ START_TEST(test_weights_freed_and_reallocated_without_a_sync_decline_weights_mov
     cap_options_t o = test_options();
     C = new_cache(&o);
     float *w1 = kern_alloc(B, WMAX * sizeof(float)); /* freed by this test, not by teardown */
-    ck_assert_msg(w1 != NULL, "kern_alloc: %s", kern_error());
+    ck_assert_msg(w1 != NULL, "kern_alloc: %s", reel_err_text());
     fill(w1, WMAX, -0.5f, 0.5f);
     step_user_t uw = { .w = weight_tensor(w1), .kind = STEP_PLAIN };
     req_t a;
@@ -2135,7 +2135,7 @@ START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invar
             fill_st(&st_rng, r->x, (size_t)r->n, -1.f, 1.f);
             cap_result_t res;
             int rc = req_try(C, s, r, &res);
-            ck_assert_msg(rc == 0, "op %d: cap_dispatch failed: %s", op, kern_error());
+            ck_assert_msg(rc == 0, "op %d: cap_dispatch failed: %s", op, reel_err_text());
             ck_assert_msg(res.ran >= CAP_RAN_EAGER && res.ran <= CAP_RAN_REPLAYED, "op %d: ran %d", op, res.ran);
             ran[res.ran]++;
             req_expect_eager_bits(r, "dispatch op", op);
@@ -2152,7 +2152,7 @@ START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invar
                 for (int i = 0; i < WMAX; i++) now[i] = 1e6f;
             }
             int n = cap_component_update(C, names[k], dst, WMAX * sizeof(float), ++ver[k]);
-            ck_assert_msg(n >= 0, "op %d: sync: %s", op, kern_error());
+            ck_assert_msg(n >= 0, "op %d: sync: %s", op, reel_err_text());
             for (int i = 0; i < nr; i++)
                 if (rq[i].comp == names[k]) ck_assert_int_eq(cap_key_set_version(&rq[i].r.key, names[k], ver[k]), 0);
         } else if (pick < 98) {
@@ -2461,7 +2461,7 @@ START_TEST(test_evict_key_refuses_a_reason_other_than_explicit_or_shape_change) 
                         CAP_EVICT_COUNT, 99 };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(cap_evict_key(C, &a.key, (cap_evict_reason_t)bad[i]), -1);
-        ck_assert_msg(strstr(kern_error(), "reason") != NULL, "message: %s", kern_error());
+        ck_assert_msg(strstr(reel_err_text(), "reason") != NULL, "message: %s", reel_err_text());
     }
     cap_stats_t st = stats(C);
     for (int r = 0; r < CAP_EVICT_COUNT; r++) ck_assert_uint_eq(st.evictions[r], 0);
@@ -2522,19 +2522,19 @@ START_TEST(test_a_call_with_constants_outside_zero_to_cap_max_consts_or_an_unter
     for (int i = 0; i < 2; i++) {
         call.n_consts = refused[i];
         ck_assert_int_eq(cap_dispatch(C, S, &PROG_A, &uc, &call, &res), -1);
-        ck_assert_msg(strstr(kern_error(), "constants") != NULL, "message: %s", kern_error());
+        ck_assert_msg(strstr(reel_err_text(), "constants") != NULL, "message: %s", reel_err_text());
     }
     call.n_consts = 1;
     memset(k[0].name, 'a', sizeof k[0].name);
     ck_assert_int_eq(cap_dispatch(C, S, &PROG_A, &uc, &call, &res), -1);
-    ck_assert_msg(strstr(kern_error(), "terminated") != NULL, "message: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "terminated") != NULL, "message: %s", reel_err_text());
     ck_assert_uint_eq(stats(C).entries, 0);
 
     /* CAP_MAX_CONSTS is a limit a call may reach: it captures and replays. */
     snprintf(k[0].name, sizeof k[0].name, "k0");
     call.n_consts = CAP_MAX_CONSTS;
     for (int i = 0; i < 4; i++) {
-        ck_assert_msg(cap_dispatch(C, S, &PROG_A, &uc, &call, &res) == 0, "%s", kern_error());
+        ck_assert_msg(cap_dispatch(C, S, &PROG_A, &uc, &call, &res) == 0, "%s", reel_err_text());
         if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
         else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
     }

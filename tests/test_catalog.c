@@ -73,11 +73,11 @@ static void remove_tmpdir(void) { remove_tree(tmpdir); }
 
 static cat_t *open_ok(bool readonly) {
     cat_t *c = cat_open(dbpath, readonly);
-    ck_assert_msg(c != NULL, "cat_open(%s, %d): %s", dbpath, readonly, kern_error());
+    ck_assert_msg(c != NULL, "cat_open(%s, %d): %s", dbpath, readonly, reel_err_text());
     return c;
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, kern_error())
+#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 
@@ -89,7 +89,7 @@ static char *report_text(cat_t *c, report_fn fn, bool json) {
     ck_assert_ptr_nonnull(f);
     int rc = fn(c, json, f);
     fclose(f);
-    ck_assert_msg(rc == 0, "report: %s", kern_error());
+    ck_assert_msg(rc == 0, "report: %s", reel_err_text());
     return buf;
 }
 
@@ -236,11 +236,11 @@ START_TEST(test_newer_user_version_is_refused_with_clear_message) {
     snprintf(want, sizeof want, "catalog schema %d is newer than this build's %d", newer,
              cat_schema_version());
     for (int ro = 0; ro < 2; ro++) {
-        kern_error_clear();
+        reel_err_clear();
         c = cat_open(dbpath, ro);
         ck_assert_ptr_null(c);
-        ck_assert_msg(strstr(kern_error(), want) != NULL, "message: %s", kern_error());
-        ck_assert_msg(strstr(kern_error(), dbpath) != NULL, "message lacks the path: %s", kern_error());
+        ck_assert_msg(strstr(reel_err_text(), want) != NULL, "message: %s", reel_err_text());
+        ck_assert_msg(strstr(reel_err_text(), dbpath) != NULL, "message lacks the path: %s", reel_err_text());
     }
     db = raw_open(true);
     ck_assert_int_eq(raw_int(db, "PRAGMA user_version"), newer); /* left alone */
@@ -257,9 +257,9 @@ START_TEST(test_a_foreign_database_or_a_non_file_is_refused_untouched) {
     raw_exec(db, "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)");
     sqlite3_close(db);
     for (int ro = 0; ro < 2; ro++) {
-        kern_error_clear();
+        reel_err_clear();
         ck_assert_ptr_null(cat_open(dbpath, ro));
-        ck_assert_msg(strstr(kern_error(), "not a Reel catalog"), "%s", kern_error());
+        ck_assert_msg(strstr(reel_err_text(), "not a Reel catalog"), "%s", reel_err_text());
     }
     db = raw_open(true);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM sqlite_master"), 1); /* left alone */
@@ -275,17 +275,17 @@ START_TEST(test_a_foreign_database_or_a_non_file_is_refused_untouched) {
     const char *paths[] = { fifo, dir, link };
     for (int i = 0; i < 3; i++)
         for (int ro = 0; ro < 2; ro++) {
-            kern_error_clear();
+            reel_err_clear();
             ck_assert_ptr_null(cat_open(paths[i], ro));
-            ck_assert_msg(strstr(kern_error(), "not a regular file"), "%s: %s", paths[i], kern_error());
+            ck_assert_msg(strstr(reel_err_text(), "not a regular file"), "%s: %s", paths[i], reel_err_text());
         }
 }
 END_TEST
 
 START_TEST(test_readonly_open_of_missing_file_fails_naming_the_path) {
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_ptr_null(cat_open(dbpath, true));
-    ck_assert_msg(strstr(kern_error(), dbpath) != NULL, "message: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), dbpath) != NULL, "message: %s", reel_err_text());
     ck_assert_int_ne(access(dbpath, F_OK), 0); /* nothing was created */
 }
 END_TEST
@@ -294,9 +294,9 @@ START_TEST(test_readonly_catalog_refuses_writes_with_message) {
     cat_t *w = open_ok(false);
     cat_close(&w);
     cat_t *r = open_ok(true);
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1, 1), -1);
-    ck_assert_msg(strstr(kern_error(), "read-only") != NULL, "message: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "read-only") != NULL, "message: %s", reel_err_text());
     cat_close(&r);
 }
 END_TEST
@@ -519,7 +519,7 @@ START_TEST(test_reader_opened_during_write_transaction_reads_and_never_blocks_wr
 END_TEST
 
 static void child_fail(const char *what) {
-    fprintf(stderr, "child: %s: %s\n", what, kern_error());
+    fprintf(stderr, "child: %s: %s\n", what, reel_err_text());
     _exit(1);
 }
 
@@ -880,9 +880,9 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
     ck_assert_str_eq(v[1].source, "inline");
     ck_assert_int_eq(cat_current_versions(w, v, 1), 1); /* max respected */
 
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(cat_weight_state(w, "transformer", 2, "bogus", NULL), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "bogus"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "bogus"));
 
     /* v3 published again (a fixed file): pending, its old reason gone;
      * then the broker restarts before anyone applied it. */
@@ -1128,7 +1128,7 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_close(&c);
     c = open_ok(true);
     json_t *r = cat_query_report(c, 0);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     ck_assert_int_eq(jint(r, "requests"), 10);
     json_int_t reqs = 0, steps = 0, replayed = 0, failed = 0;
     size_t i;
@@ -1238,7 +1238,7 @@ START_TEST(test_sqlite_uris_and_symlinked_catalogs_are_refused) {
     char uri[4200];
     snprintf(uri, sizeof uri, "file:%s?mode=memory", dbpath);
     ck_assert_ptr_null(cat_open(uri, false));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "URIs are not accepted"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "URIs are not accepted"));
     char target[4200], link[4200];
     snprintf(target, sizeof target, "%s/elsewhere.db", tmpdir);
     snprintf(link, sizeof link, "%s/link.db", tmpdir);

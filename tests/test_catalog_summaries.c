@@ -50,11 +50,11 @@ static void remove_tmpdir(void) {
     if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, kern_error())
+#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 static cat_t *open_ok(bool readonly) {
     cat_t *c = cat_open(dbpath, readonly);
-    ck_assert_msg(c != NULL, "cat_open: %s", kern_error());
+    ck_assert_msg(c != NULL, "cat_open: %s", reel_err_text());
     return c;
 }
 
@@ -235,7 +235,7 @@ static void check_summaries_match_raw(sqlite3 *db) {
 
 static void check_stats(cat_t *c, const load_t *l) {
     json_t *st = cat_query_stats(c);
-    ck_assert_msg(st != NULL, "%s", kern_error());
+    ck_assert_msg(st != NULL, "%s", reel_err_text());
     const sums_t *want[NW + 1];
     json_t *got[NW + 1];
     for (int w = 0; w < NW; w++) {
@@ -345,7 +345,7 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
         total += n;
         ck_assert_int_lt(++calls, 1000);
     }
-    ck_assert_msg(n == 0, "%s", kern_error());
+    ck_assert_msg(n == 0, "%s", reel_err_text());
     ck_assert_int_gt(calls, 4);
     snprintf(sql, sizeof sql, "SELECT count(*) FROM requests WHERE t < %.17g", cutoff);
     ck_assert_int_eq(raw_int(db, sql), 0);
@@ -366,7 +366,7 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
     ck_assert_msg(json_equal(keys_before, keys_after), "keys changed by pruning");
     /* The report has lost its early raw rows: it reads the summaries. */
     json_t *r = cat_query_report(c, 0);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
     ck_assert_int_eq(jint(r, "requests"), l.all.requests);
     json_int_t in_buckets = 0;
@@ -395,7 +395,7 @@ START_TEST(test_prune_by_row_cap_keeps_the_newest_rows_of_each_table) {
     OK(cat_commit(c));
     int64_t n;
     while ((n = cat_prune(c, 0, 120, 50)) > 0) ck_assert_int_le(n, 150);
-    ck_assert_msg(n == 0, "%s", kern_error());
+    ck_assert_msg(n == 0, "%s", reel_err_text());
     cat_close(&c);
     sqlite3 *db = raw_open();
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM requests"), 120);
@@ -407,7 +407,7 @@ START_TEST(test_prune_by_row_cap_keeps_the_newest_rows_of_each_table) {
     sqlite3_close(db);
     c = open_ok(true);
     ck_assert_int_eq(cat_prune(c, 1, 0, 10), -1); /* a read-only catalog is not pruned */
-    ck_assert_ptr_nonnull(strstr(kern_error(), "read-only"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "read-only"));
     cat_close(&c);
 }
 END_TEST
@@ -473,7 +473,7 @@ START_TEST(test_report_since_counts_stats_and_keys_from_the_hours_in_range) {
         OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", h0 + 7200 + i));
     OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, h0 + 7210));
     json_t *r = cat_query_report(c, h0 + 7200);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     json_t *all = json_object_get(json_object_get(r, "stats"), "overall");
     ck_assert_int_eq(jint(all, "requests"), 4);
     ck_assert_int_eq(jint(all, "captures"), 1);
@@ -558,7 +558,7 @@ START_TEST(test_prune_by_age_is_not_stopped_by_graphs_still_replayed) {
     OK(cat_commit(c));
     int64_t n;
     while ((n = cat_prune(c, 8.0e5, 0, 2000)) > 0) {}
-    ck_assert_msg(n == 0, "%s", kern_error());
+    ck_assert_msg(n == 0, "%s", reel_err_text());
     sqlite3 *db = raw_open();
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures WHERE t < 8.0e5"), 0);
     OK(cat_replays(c, "w0", "0000000000000000", 0, 3, 1, 9.5e5)); /* a graph still live */
@@ -585,7 +585,7 @@ START_TEST(test_report_since_counts_evictions_from_the_summaries_after_pruning) 
     ck_assert_int_eq(jint(json_object_get(all, "evictions_by_reason"), "lru"), 3);
     int64_t n;
     while ((n = cat_prune(c, h0 + 3600.0 * 8, 0, 3)) > 0) {}
-    ck_assert_msg(n == 0, "%s", kern_error());
+    ck_assert_msg(n == 0, "%s", reel_err_text());
     json_t *after = cat_query_report(c, h0 + 3600.0 * 4);
     ck_assert_msg(json_equal(json_object_get(before, "stats"), json_object_get(after, "stats")),
                   "the stats of the range changed when raw rows were pruned");

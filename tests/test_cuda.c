@@ -52,13 +52,13 @@ static uint64_t rng;
 
 static void setup(void) {
     G = kern_backend_cuda_new(0);
-    ck_assert_msg(G != NULL, "cuda backend: %s", kern_error());
+    ck_assert_msg(G != NULL, "cuda backend: %s", reel_err_text());
     C = kern_backend_cpu_new();
-    ck_assert_msg(C != NULL, "cpu backend: %s", kern_error());
+    ck_assert_msg(C != NULL, "cpu backend: %s", reel_err_text());
     GS = kern_stream_new(G);
-    ck_assert_msg(GS != NULL, "cuda stream: %s", kern_error());
+    ck_assert_msg(GS != NULL, "cuda stream: %s", reel_err_text());
     CS = kern_stream_new(C);
-    ck_assert_msg(CS != NULL, "cpu stream: %s", kern_error());
+    ck_assert_msg(CS != NULL, "cpu stream: %s", reel_err_text());
     n_g_owned = n_c_owned = n_h_owned = n_graphs = 0;
     rng = 0x9e3779b97f4a7c15ull;
 }
@@ -85,7 +85,7 @@ static void teardown(void) {
     ck_assert_msg(cb == 0, "%zu bytes leaked on the CPU backend", cb);
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, kern_error())
+#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 static kern_dtype_t dtype_of(int loop) { return loop ? KERN_BF16 : KERN_F32; }
 
@@ -117,7 +117,7 @@ static kern_graph_t *own_graph(kern_graph_t *g) {
 
 static kern_tensor_t gpu_tensor(kern_dtype_t dt, int ndim, const int64_t *shape) {
     kern_tensor_t t = kern_tensor_alloc(G, dt, ndim, shape);
-    ck_assert_msg(t.data != NULL, "cuda alloc: %s", kern_error());
+    ck_assert_msg(t.data != NULL, "cuda alloc: %s", reel_err_text());
     ck_assert_int_lt(n_g_owned, MAX_OWNED);
     g_owned[n_g_owned++] = t.data;
     return t;
@@ -125,7 +125,7 @@ static kern_tensor_t gpu_tensor(kern_dtype_t dt, int ndim, const int64_t *shape)
 
 static kern_tensor_t cpu_tensor(int ndim, const int64_t *shape) {
     kern_tensor_t t = kern_tensor_alloc(C, KERN_F32, ndim, shape);
-    ck_assert_msg(t.data != NULL, "cpu alloc: %s", kern_error());
+    ck_assert_msg(t.data != NULL, "cpu alloc: %s", reel_err_text());
     ck_assert_int_lt(n_c_owned, MAX_OWNED);
     c_owned[n_c_owned++] = t.data;
     return t;
@@ -145,7 +145,7 @@ static void upload(kern_tensor_t *g, const float *h) {
     int rc = kern_copy_h2d(GS, kern_tensor_ptr(g), buf, bytes);
     if (rc == 0) rc = kern_stream_sync(GS);
     free(buf);
-    ck_assert_msg(rc == 0, "upload: %s", kern_error());
+    ck_assert_msg(rc == 0, "upload: %s", reel_err_text());
 }
 
 /* The raw bytes of a device tensor (after the stream's queued work). */
@@ -246,11 +246,11 @@ START_TEST(test_cuda_backend_names_its_device_and_sm_arch) {
 END_TEST
 
 START_TEST(test_cuda_new_on_a_missing_ordinal_fails_with_a_one_line_reason) {
-    kern_error_clear();
+    reel_err_clear();
     kern_backend_t *b = kern_backend_cuda_new(4096);
     ck_assert_ptr_null(b);
-    ck_assert_msg(strstr(kern_error(), "CUDA backend unavailable") != NULL, "'%s'", kern_error());
-    ck_assert_msg(strchr(kern_error(), '\n') == NULL, "reason spans lines: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "CUDA backend unavailable") != NULL, "'%s'", reel_err_text());
+    ck_assert_msg(strchr(reel_err_text(), '\n') == NULL, "reason spans lines: '%s'", reel_err_text());
 }
 END_TEST
 
@@ -259,7 +259,7 @@ START_TEST(test_alloc_and_free_account_every_byte) {
     void *p[3];
     for (int i = 0; i < 3; i++) {
         p[i] = kern_alloc(G, sizes[i]);
-        ck_assert_msg(p[i] != NULL, "alloc %zu: %s", sizes[i], kern_error());
+        ck_assert_msg(p[i] != NULL, "alloc %zu: %s", sizes[i], reel_err_text());
         ck_assert_msg(((uintptr_t)p[i] & 63) == 0, "allocation not 64-byte aligned");
         total += sizes[i];
         ck_assert_uint_eq(kern_bytes_in_use(G), total);
@@ -277,7 +277,7 @@ START_TEST(test_copies_round_trip_host_device_device_host_bit_for_bit) {
     float *h = hmalloc(n * sizeof(float)), *back = hmalloc(n * sizeof(float));
     for (int i = 0; i < n; i++) h[i] = uniform(-1e3f, 1e3f);
     void *a = kern_alloc(G, n * sizeof(float)), *b = kern_alloc(G, n * sizeof(float));
-    ck_assert_msg(a && b, "alloc: %s", kern_error());
+    ck_assert_msg(a && b, "alloc: %s", reel_err_text());
     g_owned[n_g_owned++] = a;
     g_owned[n_g_owned++] = b;
     OK(kern_copy_h2d(GS, a, h, n * sizeof(float)));
@@ -463,11 +463,11 @@ END_TEST
 START_TEST(test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel_refuses_it) {
     kern_tensor_t q = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
     kern_tensor_t o = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
-    kern_error_clear();
+    reel_err_clear();
     kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
     ck_assert_int_eq(kern_attention_ex(GS, &q, &q, &q, 1, &o, &fused), -1);
-    ck_assert_msg(strstr(kern_error(), "attention") && strstr(kern_error(), "256"),
-                  "message should name the op and the limit: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "attention") && strstr(reel_err_text(), "256"),
+                  "message should name the op and the limit: '%s'", reel_err_text());
     pair_t a = P1(KERN_F32, 100, -1, 1), b = P1(KERN_F32, 100, -1, 1), y = P1(KERN_F32, 100, 0, 0);
     OK(kern_add(CS, &a.c, &b.c, &y.c));
     OK(kern_add(GS, &a.g, &b.g, &y.g));
@@ -562,7 +562,7 @@ START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
                   kern_graph_nodes(gr));
 
     void *scratch = kern_stream_scratch(GS, plan.scratch_bytes);
-    ck_assert_msg(scratch != NULL, "scratch: %s", kern_error());
+    ck_assert_msg(scratch != NULL, "scratch: %s", reel_err_text());
     unsigned char *poison = hmalloc(plan.scratch_bytes);
     memset(poison, 0xff, plan.scratch_bytes);
     for (int rep = 0; rep < 2; rep++) {
@@ -857,7 +857,7 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     OK(tdit_config_builtin("tiny", &cfg));
     OK(tdit_weights_init(&cfg, 5, path));
     tdit_model_t *mg = tdit_model_load_path(G, path, dt), *mc = tdit_model_load_path(C, path, KERN_F32);
-    ck_assert_msg(mg && mc, "%s", kern_error());
+    ck_assert_msg(mg && mc, "%s", reel_err_text());
     cap_options_t o = cap_options_default();
     o.warmup = 1;
     o.audit_every = 2;
@@ -924,7 +924,7 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     OK(tdit_config_builtin("tiny", &cfg));
     OK(tdit_weights_init(&cfg, 5, path));
     tdit_model_t *mg = tdit_model_load_path(G, path, dt);
-    ck_assert_msg(mg != NULL, "%s", kern_error());
+    ck_assert_msg(mg != NULL, "%s", reel_err_text());
     cap_options_t o = cap_options_default();
     o.warmup = 1;
     cap_cache_t *cache = cap_cache_new(G, &o);
@@ -940,7 +940,7 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     ck_assert_ptr_nonnull(stg);
     for (int r = 0; r < 3; r++) { /* warm-up, capture, replay */
         tdit_req_t *q = tdit_req_new_group(mg, GS, stg, &grp, &p, seeds, NULL, ctx, unc);
-        ck_assert_msg(q != NULL, "%s", kern_error());
+        ck_assert_msg(q != NULL, "%s", reel_err_text());
         while (!tdit_req_done(q)) OK(tdit_req_step(q, cache, GS, NULL));
         if (r == 2) ck_assert_int_eq(tdit_req_stats(q)->replayed, 4);
         OK(tdit_req_read(q, GS, gout, 4 * NL));
@@ -1121,10 +1121,10 @@ START_TEST(test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerl
     pair_t s = scalars(3, (const float[]){ 0.6f, 0.5f, 0.95f });
     OK(kern_capture_begin(GS));
     OK(kern_add(GS, &x.g, &v.g, &y.g));
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0), -1);
-    ck_assert_msg(strstr(kern_error(), "capturable") && strstr(kern_error(), "sde"),
-                  "message should say the sde kernel is not capturable: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "capturable") && strstr(reel_err_text(), "sde"),
+                  "message should say the sde kernel is not capturable: '%s'", reel_err_text());
     kern_graph_t *gr = NULL;
     OK(kern_capture_end(GS, &gr));
     own_graph(gr);
@@ -1334,10 +1334,10 @@ START_TEST(test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_capt
     pair_t x = P2(KERN_F32, 19, 29, -1, 1), w = P2(KERN_F32, 23, 29, -1, 1);
     pair_t b = P1(KERN_F32, 23, -1, 1), y = P2(KERN_F32, 19, 23, 0, 0);
     OK(kern_capture_begin(GS));
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g), -1);
-    ck_assert_msg(strstr(kern_error(), "no cuBLASLt plan") && strstr(kern_error(), "M=19 N=23 K=29"),
-                  "message should name the missing plan and the shape: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "no cuBLASLt plan") && strstr(reel_err_text(), "M=19 N=23 K=29"),
+                  "message should name the missing plan and the shape: '%s'", reel_err_text());
     kern_graph_t *gr = NULL;
     if (kern_capture_end(GS, &gr) == 0) kern_graph_destroy(&gr);
     ck_assert(!kern_stream_is_capturing(GS));
@@ -1524,7 +1524,7 @@ static Suite *cuda_suite(void) {
 int main(void) {
     kern_backend_t *probe = kern_backend_cuda_new(0);
     if (!probe) {
-        printf("test_cuda: SKIP: %s\n", kern_error());
+        printf("test_cuda: SKIP: %s\n", reel_err_text());
         return 0;
     }
     kern_backend_destroy(&probe);

@@ -73,7 +73,7 @@ START_TEST(test_keys_new_writes_a_pair_0600_that_reads_back_and_never_overwrites
     /* A second pair under the name fails and leaves the first intact. */
     reel_key_t again;
     ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_TRAINER, "alice", &again), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "alice.key"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "alice.key"));
     ck_assert_int_eq(reel_key_read(path_of("alice.key"), true, &sec), 0);
     ck_assert_str_eq(sec.secret_key, k.secret_key);
     /* Bad names never make a file. */
@@ -88,7 +88,7 @@ START_TEST(test_key_files_that_leak_or_lie_are_refused_with_the_reason) {
     /* A secret key others may read is not used (as ssh refuses). */
     ck_assert_int_eq(chmod(path_of("w1.key"), 0640), 0);
     ck_assert_int_eq(reel_key_read(path_of("w1.key"), true, &k), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "chmod 600"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "chmod 600"));
     ck_assert_int_eq(chmod(path_of("w1.key"), 0600), 0);
     /* A public key file others may write could be swapped. */
     ck_assert_int_eq(chmod(path_of("w1.pub"), 0666), 0);
@@ -97,7 +97,7 @@ START_TEST(test_key_files_that_leak_or_lie_are_refused_with_the_reason) {
     ck_assert_int_eq(reel_key_read(path_of("w1.pub"), false, &k), 0);
     /* The secret file where the public one is asked for, and back. */
     ck_assert_int_eq(reel_key_read(path_of("w1.key"), false, &k), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "NAME.pub"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "NAME.pub"));
     ck_assert_int_eq(reel_key_read(path_of("w1.pub"), true, &k), -1);
 
     char pk[41], sk[41], pk2[41], sk2[41], text[512];
@@ -116,13 +116,13 @@ START_TEST(test_key_files_that_leak_or_lie_are_refused_with_the_reason) {
         snprintf(text, sizeof text, bad[i].text, pk);
         write_file("bad.pub", text, 0600);
         ck_assert_msg(reel_key_read(path_of("bad.pub"), false, &k) == -1, "case %zu read", i);
-        ck_assert_msg(strstr(kern_error(), bad[i].why), "case %zu: '%s' lacks '%s'", i, kern_error(), bad[i].why);
+        ck_assert_msg(strstr(reel_err_text(), bad[i].why), "case %zu: '%s' lacks '%s'", i, reel_err_text(), bad[i].why);
     }
     /* A secret key whose public half is another key's. */
     snprintf(text, sizeof text, "role = worker\nname = x\npublic-key = %s\nsecret-key = %s\n", pk2, sk);
     write_file("lie.key", text, 0600);
     ck_assert_int_eq(reel_key_read(path_of("lie.key"), true, &k), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "not its secret key"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "not its secret key"));
     /* zcert's quoted values and comments read. */
     snprintf(text, sizeof text, "# a comment\n  role = \"client\"\nname=\"bob\"\npublic-key = \"%s\"\n", pk);
     write_file("bob.pub", text, 0600);
@@ -137,7 +137,7 @@ START_TEST(test_a_fifo_or_a_device_named_as_a_key_file_is_refused_without_blocki
     reel_key_t k;
     time_t t0 = time(NULL);
     ck_assert_int_eq(reel_key_read(path_of("fifo.pub"), false, &k), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "not a regular file"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "not a regular file"));
     ck_assert_int_eq(reel_key_read("/dev/zero", false, &k), -1);
     ck_assert_int_le(time(NULL) - t0, 1);
     char big[REEL_KEY_FILE_MAX + 2];
@@ -156,7 +156,7 @@ START_TEST(test_the_allowlist_reads_every_pub_skips_the_brokers_and_fails_whole)
     ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_BROKER, "broker", &brk), 0);
     write_file("notes.txt", "not a key\n", 0600);
     reel_keyring_t *k = reel_keyring_load(dir);
-    ck_assert_msg(k != NULL, "%s", kern_error());
+    ck_assert_msg(k != NULL, "%s", reel_err_text());
     ck_assert_uint_eq(reel_keyring_count(k), 3);
     const reel_key_t *f = reel_keyring_find(k, a.public_key);
     ck_assert_ptr_nonnull(f);
@@ -171,14 +171,14 @@ START_TEST(test_the_allowlist_reads_every_pub_skips_the_brokers_and_fails_whole)
     /* One bad file: nothing is loaded (a reload keeps the old allowlist). */
     write_file("zz.pub", "role = worker\n", 0600);
     ck_assert_ptr_null(reel_keyring_load(dir));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "zz.pub"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "zz.pub"));
     unlink(path_of("zz.pub"));
     /* The same public key under two names. */
     char text[256];
     snprintf(text, sizeof text, "role = client\nname = copy\npublic-key = %s\n", a.public_key);
     write_file("copy.pub", text, 0600);
     ck_assert_ptr_null(reel_keyring_load(dir));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "one public key"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "one public key"));
     unlink(path_of("copy.pub"));
     /* A directory anyone may write to. */
     ck_assert_int_eq(chmod(dir, 0777), 0);
@@ -198,7 +198,7 @@ START_TEST(test_a_peer_takes_its_keys_from_flags_or_the_environment_both_or_none
     ck_assert_int_eq(reel_curve_resolve(NULL, NULL, 0, &c), 0);
     ck_assert(!c.on);
     ck_assert_int_eq(reel_curve_resolve(path_of("alice.key"), NULL, 0, &c), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "REEL_BROKER_KEY"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "REEL_BROKER_KEY"));
     ck_assert_int_eq(reel_curve_resolve(NULL, path_of("broker.pub"), 0, &c), -1);
     ck_assert_int_eq(reel_curve_resolve(path_of("alice.key"), path_of("broker.pub"), 0, &c), 0);
     ck_assert(c.on);
@@ -208,7 +208,7 @@ START_TEST(test_a_peer_takes_its_keys_from_flags_or_the_environment_both_or_none
     unsigned client_roles = 1u << REEL_ROLE_CLIENT | 1u << REEL_ROLE_TRAINER;
     ck_assert_int_eq(reel_curve_resolve(path_of("w1.key"), path_of("broker.pub"), client_roles, &c), -1);
     ck_assert_int_eq(reel_curve_resolve(path_of("alice.key"), path_of("w1.pub"), 0, &c), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "not the broker's"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "not the broker's"));
     /* The environment, when no flag is given; a flag wins. */
     setenv("REEL_KEY", path_of("alice.key"), 1);
     setenv("REEL_BROKER_KEY", path_of("broker.pub"), 1);

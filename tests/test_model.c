@@ -22,7 +22,7 @@ static void setup_dir(void) {
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, wpath) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&c, 11, wpath) == 0, "%s", reel_err_text());
 }
 
 static void teardown_dir(void) {
@@ -43,10 +43,10 @@ static void fx_open(fx_t *f, bool cfg) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", kern_error());
+    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
     tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER };
     f->ws = tdit_ws_new(f->m, f->s, &sh);
-    ck_assert_msg(f->ws != NULL, "%s", kern_error());
+    ck_assert_msg(f->ws != NULL, "%s", reel_err_text());
     f->n_lat = 4 * 2 * 8 * 8;
     f->n_ctx = 5 * 32;
     f->lat = malloc(f->n_lat * sizeof(float));
@@ -70,7 +70,7 @@ static float *run_loop(fx_t *f, const tdit_loop_t *p, const float *lat) {
     float *out = malloc(f->n_lat * sizeof(float));
     int rc = tdit_generate(f->m, f->ws, f->s, p, lat, f->ctx, tdit_ws_shape(f->ws)->cfg ? f->unc : NULL,
                            out, NULL);
-    ck_assert_msg(rc == 0, "%s", kern_error());
+    ck_assert_msg(rc == 0, "%s", reel_err_text());
     return out;
 }
 
@@ -135,7 +135,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
     ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.unc, f.n_ctx, true), 0);
     for (int i = 0; i < STEPS; i++) {
         bind_step(&f, sig, i, 4.0f);
-        ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", kern_error());
+        ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", reel_err_text());
     }
     ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, eager, f.n_lat), 0);
 
@@ -144,7 +144,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
     ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat), 0);
     kern_graph_t *g = NULL;
     ck_assert_int_eq(kern_capture_begin(f.s), 0);
-    ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", reel_err_text());
     ck_assert_int_eq(kern_capture_end(f.s, &g), 0);
     ck_assert_ptr_nonnull(g);
     float *after_capture = malloc(f.n_lat * sizeof(float));
@@ -153,7 +153,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
                   "capture must record, not run");
     for (int i = 0; i < STEPS; i++) {
         bind_step(&f, sig, i, 4.0f);
-        ck_assert_msg(kern_graph_replay(g, f.s) == 0, "%s", kern_error());
+        ck_assert_msg(kern_graph_replay(g, f.s) == 0, "%s", reel_err_text());
     }
     ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, replay, f.n_lat), 0);
     ck_assert_uint_eq(kern_graph_replays(g), STEPS);
@@ -174,7 +174,7 @@ START_TEST(test_sde_step_refuses_capture_and_leaves_stream_usable) {
     fx_open(&f, false);
     ck_assert_int_eq(kern_capture_begin(f.s), 0);
     ck_assert_int_eq(tdit_step_sde(f.m, f.ws, f.s, 0.7f, 1, 0), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "not capturable"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "not capturable"));
     kern_graph_t *g = NULL;
     ck_assert_int_eq(kern_capture_end(f.s, &g), 0);
     kern_graph_destroy(&g);
@@ -188,9 +188,9 @@ START_TEST(test_bind_with_wrong_size_fails_clearly) {
     fx_t f;
     fx_open(&f, false);
     ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat - 1), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "latent"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "latent"));
     ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.unc, f.n_ctx, true), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "uncond"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "uncond"));
     fx_close(&f);
 }
 END_TEST
@@ -224,7 +224,7 @@ START_TEST(test_model_load_names_tensor_with_wrong_shape) {
     kern_backend_t *b = kern_backend_cpu_new();
     tdit_model_t *m = tdit_model_load_path(b, p, KERN_F32);
     ck_assert_ptr_null(m);
-    ck_assert_msg(strstr(kern_error(), "blocks.1.ffn.0.bias") != NULL, "message: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.bias") != NULL, "message: %s", reel_err_text());
     ck_assert_uint_eq(kern_bytes_in_use(b), 0);
     kern_backend_destroy(&b);
 }
@@ -237,7 +237,7 @@ START_TEST(test_model_load_names_missing_tensor) {
     kern_backend_t *b = kern_backend_cpu_new();
     tdit_model_t *m = tdit_model_load_path(b, p, KERN_F32);
     ck_assert_ptr_null(m);
-    ck_assert_msg(strstr(kern_error(), "head.head.weight") != NULL, "message: %s", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "head.head.weight") != NULL, "message: %s", reel_err_text());
     ck_assert_uint_eq(kern_bytes_in_use(b), 0);
     kern_backend_destroy(&b);
 }
@@ -272,11 +272,11 @@ START_TEST(test_config_names_are_model_names_kept_whole_or_refused) {
         snprintf(json, sizeof json, "{\"name\":\"%s\",%s}", name, sizes);
         int rc = tdit_config_from_json(json, strlen(json), "test", &c);
         if (n <= 55) {
-            ck_assert_msg(rc == 0, "%d bytes: %s", n, kern_error());
+            ck_assert_msg(rc == 0, "%d bytes: %s", n, reel_err_text());
             ck_assert_str_eq(c.name, name);
         } else {
             ck_assert_int_eq(rc, -1);
-            ck_assert_ptr_nonnull(strstr(kern_error(), "longer than 55"));
+            ck_assert_ptr_nonnull(strstr(reel_err_text(), "longer than 55"));
         }
     }
     const char *bad[] = { "", "a b", "x=y", "caf\u00e9" };
@@ -298,7 +298,7 @@ START_TEST(test_workspace_rejects_odd_latent_height) {
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
     tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER };
     ck_assert_ptr_null(tdit_ws_new(m, s, &sh));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "even"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "even"));
     tdit_model_destroy(&m);
     kern_stream_destroy(&s);
     kern_backend_destroy(&b);
@@ -345,7 +345,7 @@ START_TEST(test_solver_schedules_are_wans) {
     ck_assert_int_eq(tdit_solver_parse("dpm++", &so), 0);
     ck_assert_int_eq(so, TDIT_SOLVER_DPMPP);
     ck_assert_int_ne(tdit_solver_parse("ddim", &so), 0);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "unipc"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "unipc"));
 }
 END_TEST
 

@@ -36,9 +36,9 @@ static uint64_t rng;
 
 static void setup(void) {
     B = kern_backend_cpu_new();
-    ck_assert_msg(B != NULL, "cpu backend: %s", kern_error());
+    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
     S = kern_stream_new(B);
-    ck_assert_msg(S != NULL, "cpu stream: %s", kern_error());
+    ck_assert_msg(S != NULL, "cpu stream: %s", reel_err_text());
     n_dev_owned = n_host_owned = 0;
     rng = 0x9e3779b97f4a7c15ull;
 }
@@ -67,7 +67,7 @@ static float uniform(float lo, float hi) {
 /* A contiguous F32 tensor, freed in teardown. */
 static kern_tensor_t tens(int ndim, const int64_t *shape) {
     kern_tensor_t t = kern_tensor_alloc(B, KERN_F32, ndim, shape);
-    ck_assert_msg(t.data != NULL, "alloc: %s", kern_error());
+    ck_assert_msg(t.data != NULL, "alloc: %s", reel_err_text());
     ck_assert_int_lt(n_dev_owned, MAX_OWNED);
     dev_owned[n_dev_owned++] = t.data;
     return t;
@@ -136,7 +136,7 @@ static void gemm_check(int with_bias) {
     fill(&x, -1, 1);
     fill(&w, -1, 1);
     fill(&b, -1, 1);
-    ck_assert_msg(kern_gemm(S, &x, &w, with_bias ? &b : NULL, &y) == 0, "gemm: %s", kern_error());
+    ck_assert_msg(kern_gemm(S, &x, &w, with_bias ? &b : NULL, &y) == 0, "gemm: %s", reel_err_text());
     double *ref = dbuf(M * Nn), *tol = dbuf(M * Nn);
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < Nn; j++) {
@@ -164,11 +164,11 @@ START_TEST(test_gemm_rejects_mismatched_k_with_a_message_naming_the_op) {
     fill(&x, -1, 1);
     fill(&w, -1, 1);
     for (int64_t i = 0; i < N(&y); i++) F(&y)[i] = 42.0f;
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_gemm(S, &x, &w, NULL, &y), -1);
-    ck_assert_msg(strstr(kern_error(), "gemm") != NULL, "message lacks the op name: '%s'",
-                  kern_error());
-    ck_assert_msg(strstr(kern_error(), "w") != NULL, "message lacks the tensor: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "gemm") != NULL, "message lacks the op name: '%s'",
+                  reel_err_text());
+    ck_assert_msg(strstr(reel_err_text(), "w") != NULL, "message lacks the tensor: '%s'", reel_err_text());
     for (int64_t i = 0; i < N(&y); i++) ck_assert_float_eq(F(&y)[i], 42.0f);
 }
 END_TEST
@@ -178,10 +178,10 @@ START_TEST(test_attention_rejects_width_not_divisible_by_heads_naming_the_op) {
     fill(&q, -1, 1);
     fill(&k, -1, 1);
     fill(&v, -1, 1);
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_attention(S, &q, &k, &v, 3, &o), -1);
-    ck_assert_msg(strstr(kern_error(), "attention") != NULL, "message lacks the op name: '%s'",
-                  kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "attention") != NULL, "message lacks the op name: '%s'",
+                  reel_err_text());
 }
 END_TEST
 
@@ -215,7 +215,7 @@ static void layernorm_check(int affine) {
     fill(&w, -1, 1);
     fill(&b, -1, 1);
     ck_assert_msg(kern_layernorm(S, &x, affine ? &w : NULL, affine ? &b : NULL, eps, &y) == 0,
-                  "layernorm: %s", kern_error());
+                  "layernorm: %s", reel_err_text());
     double *ref = dbuf(rows * D);
     layernorm_ref(F(&x), affine ? F(&w) : NULL, affine ? F(&b) : NULL, rows, D, eps, ref);
     expect_close(affine ? "layernorm affine" : "layernorm plain", F(&y), ref, rows * D, 1e-6,
@@ -235,7 +235,7 @@ START_TEST(test_layernorm_in_place_gives_the_same_bits_as_out_of_place) {
     fill(&w, -1, 1);
     fill(&b, -1, 1);
     ck_assert_int_eq(kern_layernorm(S, &x, &w, &b, 1e-6f, &y), 0);
-    ck_assert_msg(kern_layernorm(S, &x, &w, &b, 1e-6f, &x) == 0, "in place: %s", kern_error());
+    ck_assert_msg(kern_layernorm(S, &x, &w, &b, 1e-6f, &x) == 0, "in place: %s", reel_err_text());
     ck_assert_msg(memcmp(F(&x), F(&y), kern_tensor_bytes(&x)) == 0,
                   "layernorm with y == x differs from y != x");
 }
@@ -248,7 +248,7 @@ START_TEST(test_rmsnorm_matches_double_reference) {
     kern_tensor_t x = T2(rows, D), w = T1(D), y = T2(rows, D);
     fill(&x, -2, 2);
     fill(&w, -1, 1);
-    ck_assert_msg(kern_rmsnorm(S, &x, &w, eps, &y) == 0, "rmsnorm: %s", kern_error());
+    ck_assert_msg(kern_rmsnorm(S, &x, &w, eps, &y) == 0, "rmsnorm: %s", reel_err_text());
     double *ref = dbuf(rows * D);
     for (int64_t r = 0; r < rows; r++) {
         double ms = 0;
@@ -270,7 +270,7 @@ START_TEST(test_modulate_matches_double_reference) {
     fill(&x, -1, 1);
     fill(&sh, -1, 1);
     fill(&sc, -1, 1);
-    ck_assert_msg(kern_modulate(S, &x, &sh, &sc, &y) == 0, "modulate: %s", kern_error());
+    ck_assert_msg(kern_modulate(S, &x, &sh, &sc, &y) == 0, "modulate: %s", reel_err_text());
     double *ref = dbuf(rows * D);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < D; i++)
@@ -288,7 +288,7 @@ static void residual_check(int gated) {
     fill(&g, -1, 1);
     float *x0 = snapshot(&x);
     ck_assert_msg(kern_gated_residual(S, &x, &y, gated ? &g : NULL) == 0, "gated_residual: %s",
-                  kern_error());
+                  reel_err_text());
     double *ref = dbuf(rows * D);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < D; i++)
@@ -308,7 +308,7 @@ START_TEST(test_add_matches_double_reference) {
     kern_tensor_t a = T1(1001), b = T1(1001), y = T1(1001);
     fill(&a, -5, 5);
     fill(&b, -5, 5);
-    ck_assert_msg(kern_add(S, &a, &b, &y) == 0, "add: %s", kern_error());
+    ck_assert_msg(kern_add(S, &a, &b, &y) == 0, "add: %s", reel_err_text());
     double *ref = dbuf(1001);
     for (int64_t i = 0; i < 1001; i++) ref[i] = (double)F(&a)[i] + F(&b)[i];
     expect_close("add", F(&y), ref, 1001, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
@@ -321,7 +321,7 @@ START_TEST(test_gelu_tanh_matches_double_reference) {
     kern_tensor_t x = T1(n), y = T1(n);
     fill(&x, -6, 6);
     F(&x)[0] = 0.0f;
-    ck_assert_msg(kern_gelu_tanh(S, &x, &y) == 0, "gelu: %s", kern_error());
+    ck_assert_msg(kern_gelu_tanh(S, &x, &y) == 0, "gelu: %s", reel_err_text());
     double *ref = dbuf(n);
     for (int64_t i = 0; i < n; i++) {
         double u = F(&x)[i];
@@ -337,7 +337,7 @@ START_TEST(test_silu_matches_double_reference) {
     kern_tensor_t x = T1(n), y = T1(n);
     fill(&x, -20, 20);
     F(&x)[0] = -100.0f; /* e^100 overflows float: the result must still be ~0, not NaN */
-    ck_assert_msg(kern_silu(S, &x, &y) == 0, "silu: %s", kern_error());
+    ck_assert_msg(kern_silu(S, &x, &y) == 0, "silu: %s", reel_err_text());
     double *ref = dbuf(n);
     for (int64_t i = 0; i < n; i++) ref[i] = F(&x)[i] / (1.0 + exp(-(double)F(&x)[i]));
     expect_close("silu", F(&y), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
@@ -380,7 +380,7 @@ START_TEST(test_attention_matches_double_reference) {
     fill(&q, -3, 3);
     fill(&k, -1, 1);
     fill(&v, -1, 1);
-    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
     double *ref = dbuf(nq * H * d);
     attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
     expect_close("attention", F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
@@ -405,7 +405,7 @@ START_TEST(test_attention_over_long_sequence_matches_reference_with_bounded_scra
         kern_attn_opts_t opts = { fused ? KERN_ATTN_FUSED : KERN_ATTN_AUTO, 0 };
         memset(F(&o), 0, kern_tensor_bytes(&o));
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
-                      kern_error());
+                      reel_err_text());
         ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)16 << 20),
                       "attention used %zu bytes of scratch, more than 16 MiB",
                       kern_stream_scratch_size(S));
@@ -420,7 +420,7 @@ END_TEST
 /* Device scratch that is not a tensor, freed in teardown. */
 static void *dev_bytes(size_t bytes) {
     void *p = kern_alloc(B, bytes);
-    ck_assert_msg(p != NULL, "alloc %zu: %s", bytes, kern_error());
+    ck_assert_msg(p != NULL, "alloc %zu: %s", bytes, reel_err_text());
     ck_assert_int_lt(n_dev_owned, MAX_OWNED);
     dev_owned[n_dev_owned++] = p;
     return p;
@@ -435,7 +435,7 @@ static kern_attn_plan_t plan_of(int64_t nq, int64_t nk, int64_t H, int64_t d,
                                 const kern_attn_opts_t *o) {
     kern_attn_plan_t p;
     ck_assert_msg(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, o, &p) == 0,
-                  "plan: %s", kern_error());
+                  "plan: %s", reel_err_text());
     return p;
 }
 
@@ -458,7 +458,7 @@ static void decomposed_case(int64_t nq, int64_t nk, int64_t H, int64_t d, size_t
     fill(&k, -1, 1);
     fill(&v, -1, 1);
     ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
-                  kern_error());
+                  reel_err_text());
     ck_assert_msg(p.scratch_bytes <= (bound ? bound : KERN_ATTN_BLOCK_BYTES_CPU),
                   "decomposition plans %zu bytes of scratch over a bound of %zu",
                   p.scratch_bytes, bound);
@@ -495,7 +495,7 @@ START_TEST(test_decomposed_attention_with_a_single_key_returns_v_exactly) {
     fill(&k, -1, 1);
     fill(&v, -1, 1);
     ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
-                  kern_error());
+                  reel_err_text());
     for (int64_t i = 0; i < nq; i++)
         ck_assert_msg(memcmp(F(&o) + i * H * d, F(&v), (size_t)(H * d) * sizeof(float)) == 0,
                       "row %lld of o is not v's only row", (long long)i);
@@ -517,9 +517,9 @@ START_TEST(test_decomposed_attention_agrees_with_the_fused_cpu_kernel) {
         kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
         kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 16) };
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &fused) == 0, "fused: %s",
-                      kern_error());
+                      reel_err_text());
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &dec) == 0, "decomposed: %s",
-                      kern_error());
+                      reel_err_text());
         double num = 0, den = 0;
         for (int64_t i = 0; i < N(&o1); i++) {
             double e = (double)F(&o2)[i] - F(&o1)[i];
@@ -573,7 +573,7 @@ START_TEST(test_attention_runs_the_path_its_rule_picks) {
         fill(&v, -1, 1);
         ck_assert_int_eq(kern_stream_reserve(S, p.scratch_bytes), 0);
         ck_assert_int_eq(kern_capture_begin(S), 0);
-        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", kern_error());
+        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
         kern_graph_t *g = NULL;
         ck_assert_int_eq(kern_capture_end(S, &g), 0);
         size_t want = p.path == KERN_ATTN_FUSED ? 1 : (size_t)(3 * p.blocks);
@@ -620,7 +620,7 @@ START_TEST(test_attention_plan_keeps_each_block_within_its_memory_bound) {
 #ifdef HAVE_CUDA
     kern_attn_plan_t w;
     ck_assert_msg(kern_attention_plan(KERN_BACKEND_CUDA, KERN_BF16, 32760, 32760, 12, 128, NULL,
-                                      &w) == 0, "cuda plan: %s", kern_error());
+                                      &w) == 0, "cuda plan: %s", reel_err_text());
     ck_assert_int_eq(w.path, KERN_ATTN_DECOMPOSED);
     ck_assert_int_eq(w.rows, 227);
     ck_assert_int_eq(w.heads, 12);
@@ -634,14 +634,14 @@ END_TEST
 START_TEST(test_attention_plan_rejects_bad_sizes_and_unknown_paths_with_a_message) {
     kern_attn_plan_t p;
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 0, 2, 4, NULL, &p), -1);
-    ck_assert_msg(strstr(kern_error(), "attention") != NULL, "'%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "attention") != NULL, "'%s'", reel_err_text());
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 4, 2, 4,
                                          &(kern_attn_opts_t){ (kern_attn_path_t)7, 0 }, &p), -1);
-    ck_assert_msg(strstr(kern_error(), "unknown path") != NULL, "'%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "unknown path") != NULL, "'%s'", reel_err_text());
     /* the CPU has F32 kernels only: BF16 names what is missing */
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_BF16, 4096, 4096, 2, 4, NULL, &p),
                      -1);
-    ck_assert_msg(strstr(kern_error(), "gemm_batched") != NULL, "'%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "gemm_batched") != NULL, "'%s'", reel_err_text());
     ck_assert_uint_eq(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, 4, 0, 2, 4), 0);
 }
 END_TEST
@@ -661,18 +661,18 @@ START_TEST(test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scr
     fill(&v, -1, 1);
     kern_scratch_t ws = { dev_bytes(p.scratch_bytes), p.scratch_bytes };
     kern_scratch_t prev = kern_stream_bind_scratch(S, ws);
-    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "eager: %s", kern_error());
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "eager: %s", reel_err_text());
     float *eager = snapshot(&o);
     memset(F(&o), 0, kern_tensor_bytes(&o));
     ck_assert_int_eq(kern_capture_begin(S), 0);
-    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "capture: %s", kern_error());
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "capture: %s", reel_err_text());
     kern_graph_t *g = NULL;
     ck_assert_int_eq(kern_capture_end(S, &g), 0);
     ck_assert_uint_eq(kern_graph_nodes(g), 3 * 5);
     for (int rep = 0; rep < 2; rep++) {
         memset(F(&o), 0, kern_tensor_bytes(&o));
         memset(ws.base, 0xff, ws.bytes); /* stale scores must not matter */
-        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", reel_err_text());
         ck_assert_msg(memcmp(F(&o), eager, kern_tensor_bytes(&o)) == 0,
                       "replay %d of the decomposed attention differs from eager", rep);
     }
@@ -680,10 +680,10 @@ START_TEST(test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scr
     ck_assert_uint_eq(kern_stream_scratch_size(S), 0);
 
     kern_stream_bind_scratch(S, (kern_scratch_t){ ws.base, ws.bytes - 1 });
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), -1);
-    ck_assert_msg(strstr(kern_error(), "attention") && strstr(kern_error(), "scratch"),
-                  "message should name attention and its scratch: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "attention") && strstr(reel_err_text(), "scratch"),
+                  "message should name attention and its scratch: '%s'", reel_err_text());
     kern_stream_bind_scratch(S, prev);
 }
 END_TEST
@@ -725,7 +725,7 @@ START_TEST(test_rope3d_matches_pairwise_rotation_reference) {
         fill(&x, -1, 1);
         double *ref = dbuf(n);
         rope_ref(F(&x), H, d, Fr, R, C, ref);
-        ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+        ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", reel_err_text());
         char what[64];
         snprintf(what, sizeof what, "rope3d d=%lld", (long long)d);
         expect_close(what, F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
@@ -740,7 +740,7 @@ START_TEST(test_rope3d_rotates_each_part_by_its_own_position_only) {
     kern_tensor_t x = T2(Fr * R * C, W);
     fill(&x, -1, 1);
     float *x0 = snapshot(&x);
-    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", reel_err_text());
     ck_assert_msg(memcmp(F(&x), x0, (size_t)W * sizeof(float)) == 0,
                   "token at position (0,0,0) changed");
     const struct { int64_t t, lo, hi; } moved[] = {
@@ -773,7 +773,7 @@ START_TEST(test_rope3d_preserves_the_norm_of_every_pair) {
     kern_tensor_t x = T2(Fr * R * C, H * d);
     fill(&x, -1, 1);
     float *x0 = snapshot(&x);
-    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+    ck_assert_msg(kern_rope3d(S, &x, H, Fr, R, C) == 0, "rope3d: %s", reel_err_text());
     double *ref = dbuf(n / 2), *got = dbuf(n / 2);
     float *gotf = hmalloc((size_t)(n / 2) * sizeof(float));
     for (int64_t i = 0; i < n / 2; i++) {
@@ -795,7 +795,7 @@ START_TEST(test_patchify_places_each_value_by_the_c_ph_pw_index_formula) {
     kern_tensor_t lat = T4(C, Fr, H, W), tok = T2(Fr * Hp * Wp, 4 * C);
     for (int64_t i = 0; i < N(&lat); i++) F(&lat)[i] = (float)i;
     for (int64_t i = 0; i < N(&tok); i++) F(&tok)[i] = NAN;
-    ck_assert_msg(kern_patchify(S, &lat, &tok) == 0, "patchify: %s", kern_error());
+    ck_assert_msg(kern_patchify(S, &lat, &tok) == 0, "patchify: %s", reel_err_text());
     for (int64_t f = 0; f < Fr; f++)
         for (int64_t h = 0; h < Hp; h++)
             for (int64_t w = 0; w < Wp; w++)
@@ -817,7 +817,7 @@ START_TEST(test_unpatchify_places_each_value_by_the_ph_pw_c_index_formula) {
     kern_tensor_t lat = T4(C, Fr, H, W), tok = T2(Fr * Hp * Wp, 4 * C);
     for (int64_t i = 0; i < N(&tok); i++) F(&tok)[i] = (float)i;
     for (int64_t i = 0; i < N(&lat); i++) F(&lat)[i] = NAN;
-    ck_assert_msg(kern_unpatchify(S, &tok, &lat) == 0, "unpatchify: %s", kern_error());
+    ck_assert_msg(kern_unpatchify(S, &tok, &lat) == 0, "unpatchify: %s", reel_err_text());
     /* The loops below visit every latent element once, so a NaN left
      * anywhere (an element never written) fails too. */
     for (int64_t f = 0; f < Fr; f++)
@@ -858,7 +858,7 @@ START_TEST(test_timestep_embed_matches_double_formula) {
     const float sigmas[] = { 0.731f, 1.0f, 0.0f };
     for (size_t i = 0; i < 3; i++) {
         F(&sigma)[0] = sigmas[i];
-        ck_assert_msg(kern_timestep_embed(S, &sigma, &emb) == 0, "timestep: %s", kern_error());
+        ck_assert_msg(kern_timestep_embed(S, &sigma, &emb) == 0, "timestep: %s", reel_err_text());
         timestep_ref(sigmas[i], dim, ref);
         expect_close("timestep_embed", F(&emb), ref, dim, 2.5e-7, 0, NULL, "2.5e-7 absolute");
     }
@@ -872,7 +872,7 @@ START_TEST(test_cfg_combine_matches_double_reference) {
     fill(&vc, -1, 1);
     fill(&vu, -1, 1);
     F(&g)[0] = 4.5f;
-    ck_assert_msg(kern_cfg_combine(S, &vc, &vu, &g, &v) == 0, "cfg: %s", kern_error());
+    ck_assert_msg(kern_cfg_combine(S, &vc, &vu, &g, &v) == 0, "cfg: %s", reel_err_text());
     double *ref = dbuf(n), *tol = dbuf(n);
     for (int64_t i = 0; i < n; i++) {
         double d = (double)F(&g)[0] * ((double)F(&vc)[i] - F(&vu)[i]);
@@ -892,7 +892,7 @@ START_TEST(test_euler_update_matches_double_reference) {
     F(&sig)[0] = 0.8f;
     F(&sig)[1] = 0.75f;
     float *x0 = snapshot(&x);
-    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", kern_error());
+    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", reel_err_text());
     double *ref = dbuf(n);
     for (int64_t i = 0; i < n; i++)
         ref[i] = x0[i] + ((double)F(&sig)[1] - F(&sig)[0]) * F(&v)[i];
@@ -930,7 +930,7 @@ START_TEST(test_sde_update_matches_double_reference) {
         memcpy(F(&sig), cases[c].s, sizeof cases[c].s);
         sde_ref(F(&x), F(&v), F(&sig), cases[c].eta, cases[c].seed, cases[c].step, n, ref);
         ck_assert_msg(kern_sde_update(S, &x, &v, &sig, cases[c].eta, cases[c].seed,
-                                      cases[c].step) == 0, "sde: %s", kern_error());
+                                      cases[c].step) == 0, "sde: %s", reel_err_text());
         expect_close(c ? "sde at sigma 1" : "sde", F(&x), ref, n, 1e-6, 1e-6, NULL,
                      "1e-6 * (1 + |ref|)");
     }
@@ -948,7 +948,7 @@ START_TEST(test_sde_with_zero_eta_is_the_noiseless_euler_step) {
     F(&sig)[1] = 0.4f;
     F(&sig)[2] = 0.9f;
     float *x0 = snapshot(&x);
-    ck_assert_msg(kern_sde_update(S, &x, &v, &sig, 0.0f, 99, 1) == 0, "sde: %s", kern_error());
+    ck_assert_msg(kern_sde_update(S, &x, &v, &sig, 0.0f, 99, 1) == 0, "sde: %s", reel_err_text());
     float *first = snapshot(&x);
     double *ref = dbuf(n);
     for (int64_t i = 0; i < n; i++) ref[i] = x0[i] + ((double)F(&sig)[1] - F(&sig)[0]) * F(&v)[i];
@@ -964,7 +964,7 @@ END_TEST
 static void sde_run(const float *x0, kern_tensor_t *x, const kern_tensor_t *v,
                     const kern_tensor_t *sig, uint64_t seed, uint32_t step, float *out) {
     memcpy(F(x), x0, kern_tensor_bytes(x));
-    ck_assert_msg(kern_sde_update(S, x, v, sig, 0.8f, seed, step) == 0, "sde: %s", kern_error());
+    ck_assert_msg(kern_sde_update(S, x, v, sig, 0.8f, seed, step) == 0, "sde: %s", reel_err_text());
     memcpy(out, F(x), kern_tensor_bytes(x));
 }
 
@@ -1005,13 +1005,13 @@ START_TEST(test_sde_refuses_to_launch_on_a_capturing_stream) {
     F(&sig)[1] = 0.5f;
     F(&sig)[2] = 0.95f;
     float *x0 = snapshot(&x);
-    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
-    kern_error_clear();
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", reel_err_text());
+    reel_err_clear();
     ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig, 0.7f, 1, 0), -1);
-    ck_assert_msg(strstr(kern_error(), "capturable") && strstr(kern_error(), "sde"),
-                  "message should say the sde kernel is not capturable: '%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "capturable") && strstr(reel_err_text(), "sde"),
+                  "message should say the sde kernel is not capturable: '%s'", reel_err_text());
     kern_graph_t *g = NULL;
-    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", kern_error());
+    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", reel_err_text());
     ck_assert_ptr_nonnull(g);
     ck_assert_uint_eq(kern_graph_nodes(g), 0);
     kern_graph_destroy(&g);
@@ -1039,7 +1039,7 @@ START_TEST(test_sde_dev_reads_eta_seed_and_step_from_memory_bitwise_equal_to_sde
         memcpy(want, F(&x), kern_tensor_bytes(&x));
         memcpy(F(&x), x0, kern_tensor_bytes(&x));
         kern_sde_params_pack(F(&prm), cases[c].eta, cases[c].seed, cases[c].step);
-        ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev: %s", kern_error());
+        ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev: %s", reel_err_text());
         ck_assert_msg(memcmp(F(&x), want, kern_tensor_bytes(&x)) == 0, "case %zu: sde_dev != sde", c);
     }
 }
@@ -1056,9 +1056,9 @@ START_TEST(test_a_captured_sde_dev_replays_for_new_seeds_and_steps_written_betwe
     float *x0 = snapshot(&x), *want = hmalloc(n * 4);
     kern_sde_params_pack(F(&prm), 0.7f, 1, 0);
     kern_graph_t *g = NULL;
-    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
-    ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev while capturing: %s", kern_error());
-    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", kern_error());
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", reel_err_text());
+    ck_assert_msg(kern_sde_update_dev(S, &x, &v, &sig, &prm) == 0, "sde_dev while capturing: %s", reel_err_text());
+    ck_assert_msg(kern_capture_end(S, &g) == 0, "end capture: %s", reel_err_text());
     ck_assert_msg(memcmp(F(&x), x0, kern_tensor_bytes(&x)) == 0, "capturing ran the kernel");
     for (uint32_t k = 0; k < 4; k++) {
         uint64_t seed = 1000 + k;
@@ -1068,7 +1068,7 @@ START_TEST(test_a_captured_sde_dev_replays_for_new_seeds_and_steps_written_betwe
         memcpy(want, F(&x), kern_tensor_bytes(&x));
         memcpy(F(&x), x0, kern_tensor_bytes(&x));
         kern_sde_params_pack(F(&prm), eta, seed, k);
-        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", reel_err_text());
         ck_assert_msg(memcmp(F(&x), want, kern_tensor_bytes(&x)) == 0, "replay %u != eager sde", k);
     }
     kern_graph_destroy(&g);
@@ -1101,24 +1101,24 @@ START_TEST(test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_lau
     fill(&lw, -1, 1);
     fill(&lb, -1, 1);
     ck_assert_msg(run_chain(&x, &w, &b, &h, &g, &k, &v, &o, &lw, &lb) == 0, "eager: %s",
-                  kern_error());
+                  reel_err_text());
     float *eh = snapshot(&h), *eg = snapshot(&g), *eo = snapshot(&o);
     memset(F(&h), 0, kern_tensor_bytes(&h));
     memset(F(&g), 0, kern_tensor_bytes(&g));
     memset(F(&o), 0, kern_tensor_bytes(&o));
 
-    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
+    ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", reel_err_text());
     ck_assert_msg(run_chain(&x, &w, &b, &h, &g, &k, &v, &o, &lw, &lb) == 0, "capture: %s",
-                  kern_error());
+                  reel_err_text());
     kern_graph_t *gr = NULL;
-    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", kern_error());
+    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", reel_err_text());
     ck_assert_uint_eq(kern_graph_nodes(gr), 5);
     for (int64_t i = 0; i < N(&o); i++)
         ck_assert_msg(F(&o)[i] == 0.0f, "capture ran a kernel instead of recording it");
 
     for (int rep = 0; rep < 2; rep++) {
         memset(F(&o), 0, kern_tensor_bytes(&o));
-        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", reel_err_text());
         ck_assert_msg(memcmp(F(&h), eh, kern_tensor_bytes(&h)) == 0, "replayed gemm differs");
         ck_assert_msg(memcmp(F(&g), eg, kern_tensor_bytes(&g)) == 0, "replayed gelu differs");
         ck_assert_msg(memcmp(F(&o), eo, kern_tensor_bytes(&o)) == 0,
@@ -1140,15 +1140,15 @@ START_TEST(test_captured_timestep_and_euler_read_sigma_at_replay_time) {
     fill(&v, -1, 1);
     float *x0 = snapshot(&x);
     ck_assert_int_eq(kern_capture_begin(S), 0);
-    ck_assert_msg(kern_timestep_embed(S, &sig, &emb) == 0, "timestep: %s", kern_error());
-    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", kern_error());
+    ck_assert_msg(kern_timestep_embed(S, &sig, &emb) == 0, "timestep: %s", reel_err_text());
+    ck_assert_msg(kern_euler_update(S, &x, &v, &sig) == 0, "euler: %s", reel_err_text());
     kern_graph_t *gr = NULL;
     ck_assert_int_eq(kern_capture_end(S, &gr), 0);
     ck_assert_uint_eq(kern_graph_nodes(gr), 2);
 
     F(&sig)[0] = 0.6f;
     F(&sig)[1] = 0.55f;
-    ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+    ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", reel_err_text());
     double *ref = dbuf(dim), *xr = dbuf(n);
     timestep_ref(0.6f, dim, ref);
     expect_close("replayed timestep_embed", F(&emb), ref, dim, 2.5e-7, 0, NULL, "2.5e-7 absolute");
@@ -1170,10 +1170,10 @@ START_TEST(test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit) 
     kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0 }, fused = { KERN_ATTN_FUSED, 0 };
     kern_attn_plan_t p;
     ck_assert_msg(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, &sdpa, &p) == 0,
-                  "plan: %s", kern_error());
+                  "plan: %s", reel_err_text());
     ck_assert_int_eq(p.path, KERN_ATTN_SDPA);
-    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &sdpa) == 0, "sdpa: %s", kern_error());
-    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &fused) == 0, "fused: %s", kern_error());
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &sdpa) == 0, "sdpa: %s", reel_err_text());
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &fused) == 0, "fused: %s", reel_err_text());
     ck_assert_msg(memcmp(F(&o1), F(&o2), kern_tensor_bytes(&o1)) == 0,
                   "SDPA on the CPU differs from the fused kernel");
     for (int64_t nqs = 1; nqs < 5000; nqs *= 7)
@@ -1205,9 +1205,9 @@ START_TEST(test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh) {
             fill(&w, -0.3f, 0.3f);
             fill(&b, -1, 1);
             ck_assert_msg(kern_gemm_gelu(S, &x, &w, bias ? &b : NULL, &y) == 0, "gemm_gelu: %s",
-                          kern_error());
-            ck_assert_msg(kern_gemm(S, &x, &w, bias ? &b : NULL, &u) == 0, "gemm: %s", kern_error());
-            ck_assert_msg(kern_gelu_tanh(S, &u, &u) == 0, "gelu: %s", kern_error());
+                          reel_err_text());
+            ck_assert_msg(kern_gemm(S, &x, &w, bias ? &b : NULL, &u) == 0, "gemm: %s", reel_err_text());
+            ck_assert_msg(kern_gelu_tanh(S, &u, &u) == 0, "gelu: %s", reel_err_text());
             char what[80];
             snprintf(what, sizeof what, "gemm_gelu M=%lld N=%lld K=%lld%s", (long long)M,
                      (long long)Nn, (long long)K, bias ? " +bias" : "");
@@ -1228,12 +1228,12 @@ START_TEST(test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out
         fill(&sh, -1, 1);
         fill(&sc, -1, 1);
         ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &y) == 0,
-                      "layernorm_modulate: %s", kern_error());
-        ck_assert_msg(kern_layernorm(S, &x, NULL, NULL, 1e-6f, &u) == 0, "ln: %s", kern_error());
-        ck_assert_msg(kern_modulate(S, &u, &sh, &sc, &u) == 0, "modulate: %s", kern_error());
+                      "layernorm_modulate: %s", reel_err_text());
+        ck_assert_msg(kern_layernorm(S, &x, NULL, NULL, 1e-6f, &u) == 0, "ln: %s", reel_err_text());
+        ck_assert_msg(kern_modulate(S, &u, &sh, &sc, &u) == 0, "modulate: %s", reel_err_text());
         expect_same_bits("layernorm_modulate", F(&y), F(&u), rows * D);
         ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &x) == 0,
-                      "layernorm_modulate in place: %s", kern_error());
+                      "layernorm_modulate in place: %s", reel_err_text());
         expect_same_bits("layernorm_modulate in place", F(&x), F(&u), rows * D);
     }
 }
@@ -1255,9 +1255,9 @@ START_TEST(test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split) {
         fill(&g, -1.5f, 1.5f);
         memcpy(F(&u), F(&x), kern_tensor_bytes(&x));
         ck_assert_msg(kern_rmsnorm_rope3d(S, &x, &g, 1e-6f, H, Fr, R, C) == 0,
-                      "rmsnorm_rope3d: %s", kern_error());
-        ck_assert_msg(kern_rmsnorm(S, &u, &g, 1e-6f, &u) == 0, "rmsnorm: %s", kern_error());
-        ck_assert_msg(kern_rope3d(S, &u, H, Fr, R, C) == 0, "rope3d: %s", kern_error());
+                      "rmsnorm_rope3d: %s", reel_err_text());
+        ck_assert_msg(kern_rmsnorm(S, &u, &g, 1e-6f, &u) == 0, "rmsnorm: %s", reel_err_text());
+        ck_assert_msg(kern_rope3d(S, &u, H, Fr, R, C) == 0, "rope3d: %s", reel_err_text());
         char what[64];
         snprintf(what, sizeof what, "rmsnorm_rope3d heads=%lld d=%lld", (long long)H,
                  (long long)d);
@@ -1295,25 +1295,25 @@ END_TEST
 /* Bad inputs fail with a message naming the fused op and the tensor. */
 START_TEST(test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op) {
     kern_tensor_t x = T2(12, 24), w = T2(8, 20), y = T2(12, 8), d24 = T1(24), d7 = T1(7);
-    kern_error_clear();
+    reel_err_clear();
     ck_assert_int_eq(kern_gemm_gelu(S, &x, &w, NULL, &y), -1);
-    ck_assert_msg(strstr(kern_error(), "gemm_gelu") && strstr(kern_error(), "w"), "'%s'",
-                  kern_error());
-    kern_error_clear();
+    ck_assert_msg(strstr(reel_err_text(), "gemm_gelu") && strstr(reel_err_text(), "w"), "'%s'",
+                  reel_err_text());
+    reel_err_clear();
     ck_assert_int_eq(kern_layernorm_modulate(S, &x, &d7, &d24, 1e-6f, &x), -1);
-    ck_assert_msg(strstr(kern_error(), "layernorm_modulate") && strstr(kern_error(), "shift"),
-                  "'%s'", kern_error());
-    kern_error_clear();
+    ck_assert_msg(strstr(reel_err_text(), "layernorm_modulate") && strstr(reel_err_text(), "shift"),
+                  "'%s'", reel_err_text());
+    reel_err_clear();
     ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d7, 1e-6f, 2, 2, 2, 3), -1);
-    ck_assert_msg(strstr(kern_error(), "rmsnorm_rope3d") && strstr(kern_error(), "weight"),
-                  "'%s'", kern_error());
-    kern_error_clear();
+    ck_assert_msg(strstr(reel_err_text(), "rmsnorm_rope3d") && strstr(reel_err_text(), "weight"),
+                  "'%s'", reel_err_text());
+    reel_err_clear();
     ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d24, 1e-6f, 2, 2, 2, 2), -1);
-    ck_assert_msg(strstr(kern_error(), "rmsnorm_rope3d") && strstr(kern_error(), "x"), "'%s'",
-                  kern_error());
-    kern_error_clear();
+    ck_assert_msg(strstr(reel_err_text(), "rmsnorm_rope3d") && strstr(reel_err_text(), "x"), "'%s'",
+                  reel_err_text());
+    reel_err_clear();
     ck_assert_int_eq(kern_rmsnorm_rope3d(S, &x, &d24, 1e-6f, 5, 2, 2, 3), -1);
-    ck_assert_msg(strstr(kern_error(), "head width"), "'%s'", kern_error());
+    ck_assert_msg(strstr(reel_err_text(), "head width"), "'%s'", reel_err_text());
 }
 END_TEST
 
@@ -1336,16 +1336,16 @@ START_TEST(test_fused_ops_replay_bitwise_equal_to_eager_one_node_each) {
         memcpy(F(&q), F(&q0), kern_tensor_bytes(&q));
         memset(F(&a), 0, kern_tensor_bytes(&a));
         memset(F(&h), 0, kern_tensor_bytes(&h));
-        if (pass == 1) ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", kern_error());
-        ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &a) == 0, "%s", kern_error());
-        ck_assert_msg(kern_gemm_gelu(S, &a, &w, &b, &h) == 0, "%s", kern_error());
-        ck_assert_msg(kern_rmsnorm_rope3d(S, &q, &g, 1e-6f, H, 2, 2, 3) == 0, "%s", kern_error());
+        if (pass == 1) ck_assert_msg(kern_capture_begin(S) == 0, "capture: %s", reel_err_text());
+        ck_assert_msg(kern_layernorm_modulate(S, &x, &sh, &sc, 1e-6f, &a) == 0, "%s", reel_err_text());
+        ck_assert_msg(kern_gemm_gelu(S, &a, &w, &b, &h) == 0, "%s", reel_err_text());
+        ck_assert_msg(kern_rmsnorm_rope3d(S, &q, &g, 1e-6f, H, 2, 2, 3) == 0, "%s", reel_err_text());
         if (pass == 1) break;
         ea = snapshot(&a), eh = snapshot(&h), eq = snapshot(&q);
         ck_assert_msg(memcmp(eq, F(&q0), kern_tensor_bytes(&q)) != 0, "rmsnorm_rope3d did nothing");
     }
     kern_graph_t *gr = NULL;
-    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", kern_error());
+    ck_assert_msg(kern_capture_end(S, &gr) == 0, "end capture: %s", reel_err_text());
     ck_assert_uint_eq(kern_graph_nodes(gr), 3);
     ck_assert_msg(memcmp(F(&q), F(&q0), kern_tensor_bytes(&q)) == 0,
                   "capture ran rmsnorm_rope3d instead of recording it");
@@ -1353,7 +1353,7 @@ START_TEST(test_fused_ops_replay_bitwise_equal_to_eager_one_node_each) {
         memset(F(&a), 0, kern_tensor_bytes(&a));
         memset(F(&h), 0, kern_tensor_bytes(&h));
         memcpy(F(&q), F(&q0), kern_tensor_bytes(&q));
-        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", kern_error());
+        ck_assert_msg(kern_graph_replay(gr, S) == 0, "replay: %s", reel_err_text());
         expect_same_bits("replayed layernorm_modulate", F(&a), ea, T * D);
         expect_same_bits("replayed gemm_gelu", F(&h), eh, T * Fd);
         expect_same_bits("replayed rmsnorm_rope3d", F(&q), eq, T * D);

@@ -20,8 +20,8 @@ static void setup_dir(void) {
     snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", kern_error());
-    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", reel_err_text());
+    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", reel_err_text());
 }
 
 static void teardown_dir(void) {
@@ -53,7 +53,7 @@ static fx_t *fx_open(cap_policy_t policy) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, w1, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", kern_error());
+    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
     cap_options_t o = cap_options_default();
     o.policy = policy;
     o.on_event = on_event;
@@ -82,14 +82,14 @@ static void fx_close(fx_t *f) {
 /* The pure eager loop (no cache at all) with m's current weights. */
 static void eager(fx_t *f, const tdit_loop_t *p, float *out) {
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &SHAPE_CFG);
-    ck_assert_msg(tdit_generate(f->m, ws, f->s, p, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_generate(f->m, ws, f->s, p, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", reel_err_text());
     tdit_ws_destroy(&ws);
 }
 
 static void cached_in(fx_t *f, tdit_staging_t *stg, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
     memset(st, 0, sizeof *st);
     int rc = tdit_generate_cached(f->m, f->c, f->s, stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc, out, st);
-    ck_assert_msg(rc == 0, "%s", kern_error());
+    ck_assert_msg(rc == 0, "%s", reel_err_text());
 }
 
 static void cached(fx_t *f, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
@@ -185,10 +185,10 @@ END_TEST
 static void sync_to_w2(fx_t *f) {
     st_file_t *nf = st_open(w2);
     ck_assert_ptr_nonnull(nf);
-    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", reel_err_text());
     st_close(&nf);
     int n = cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 2);
-    ck_assert_msg(n == 1, "entries affected: %d (%s)", n, kern_error());
+    ck_assert_msg(n == 1, "entries affected: %d (%s)", n, reel_err_text());
 }
 
 START_TEST(test_weight_sync_evict_policy_drops_graph_and_recaptures_with_new_weights) {
@@ -230,7 +230,7 @@ END_TEST
 START_TEST(test_stale_weight_version_is_refused) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
     ck_assert_int_eq(cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 1), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "not newer"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "not newer"));
     fx_close(f);
 }
 END_TEST
@@ -267,7 +267,7 @@ START_TEST(test_reload_puts_every_tensor_of_the_new_file_in_place) {
     ck_assert_int_lt(tensors_from(f->m, w2), n); /* w2 differs from w1 */
     st_file_t *nf = st_open(w2);
     ck_assert_ptr_nonnull(nf);
-    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", reel_err_text());
     st_close(&nf);
     ck_assert_int_eq(tensors_from(f->m, w2), n);
     ck_assert_int_lt(tensors_from(f->m, w1), n);
@@ -288,7 +288,7 @@ START_TEST(test_reload_with_other_config_fails_and_keeps_weights) {
     static float a[NL], b[NL];
     eager(f, &p, a);
     ck_assert_int_eq(tdit_model_reload(f->m, nf), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "does not match"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "does not match"));
     eager(f, &p, b);
     ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
     st_close(&nf);
@@ -300,10 +300,10 @@ END_TEST
 /* One request run step by step with everything recorded. */
 static tdit_req_t *recorded(fx_t *f, const tdit_loop_t *p, tdit_run_stats_t *st) {
     tdit_req_t *r = tdit_req_new_in(f->m, f->s, f->stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     ck_assert_msg(tdit_req_record(r, f->s, TDIT_REC_TRAJECTORY | TDIT_REC_LOG_PROBS | TDIT_REC_MEANS) == 0, "%s",
-                  kern_error());
-    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", kern_error());
+                  reel_err_text());
+    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", reel_err_text());
     *st = *tdit_req_stats(r);
     return r;
 }
@@ -346,10 +346,10 @@ END_TEST
 static tdit_req_t *run_req(fx_t *f, tdit_staging_t *stg, const tdit_shape_t *sh, const tdit_loop_t *p,
                            const uint64_t *seeds, tdit_run_stats_t *st) {
     tdit_req_t *r = tdit_req_new_group(f->m, f->s, stg, sh, p, seeds, NULL, f->ctx, sh->cfg ? f->unc : NULL);
-    ck_assert_msg(r != NULL, "%s", kern_error());
+    ck_assert_msg(r != NULL, "%s", reel_err_text());
     unsigned what = TDIT_REC_TRAJECTORY | (p->sde ? TDIT_REC_LOG_PROBS | TDIT_REC_MEANS : 0);
-    ck_assert_msg(tdit_req_record(r, f->s, what) == 0, "%s", kern_error());
-    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_req_record(r, f->s, what) == 0, "%s", reel_err_text());
+    while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", reel_err_text());
     if (st) *st = *tdit_req_stats(r);
     return r;
 }
@@ -448,7 +448,7 @@ START_TEST(test_log_probs_of_an_euler_loop_are_refused) {
     tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f };
     tdit_req_t *r = tdit_req_new_in(f->m, f->s, f->stg, &SHAPE_CFG, &p, f->lat, f->ctx, f->unc);
     ck_assert_int_eq(tdit_req_record(r, f->s, TDIT_REC_LOG_PROBS), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "eta > 0"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "eta > 0"));
     ck_assert_int_eq(tdit_req_record(r, f->s, TDIT_REC_TRAJECTORY), 0);
     tdit_req_destroy(&r);
     fx_close(f);
@@ -461,9 +461,9 @@ END_TEST
 static void eager_shape(fx_t *f, const tdit_shape_t *sh, const tdit_loop_t *p, const float *lat,
                         const float *ctx, const float *unc, float *out) {
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, sh);
-    ck_assert_msg(ws != NULL, "%s", kern_error());
+    ck_assert_msg(ws != NULL, "%s", reel_err_text());
     ck_assert_msg(tdit_generate(f->m, ws, f->s, p, lat, ctx, sh->cfg ? unc : NULL, out, NULL) == 0, "%s",
-                  kern_error());
+                  reel_err_text());
     tdit_ws_destroy(&ws);
 }
 
@@ -499,7 +499,7 @@ static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out
             int rc = tdit_generate_cached(f->m, f->c, f->s, NULL, &sh, &p, lat, ctx, m->cfg ? unc : NULL, a, &st);
             ck_assert_msg(rc == 0, "request %d (rep %d, F=%lld H=%lld W=%lld L=%lld cfg=%d sde=%d): %s", i, rep,
                           (long long)m->F, (long long)m->H, (long long)m->W, (long long)m->L, m->cfg, m->sde,
-                          kern_error());
+                          reel_err_text());
             eager_shape(f, &sh, &p, lat, ctx, unc, b);
             ck_assert_msg(memcmp(a, b, nl * 4) == 0, "request %d (rep %d) differs from pure eager", i, rep);
             replayed += st.replayed;
@@ -532,9 +532,9 @@ START_TEST(test_multistep_solvers_capture_once_replay_rest_bitwise_equal_to_pure
         memset(&st1, 0, sizeof st1);
         memset(&st2, 0, sizeof st2);
         ck_assert_msg(tdit_generate_cached(f->m, f->c, f->s, stg, &sh, &p, f->lat, f->ctx, cfg ? f->unc : NULL, a,
-                                           &st1) == 0, "%s", kern_error());
+                                           &st1) == 0, "%s", reel_err_text());
         ck_assert_msg(tdit_generate_cached(f->m, f->c, f->s, stg, &sh, &p, f->lat, f->ctx, cfg ? f->unc : NULL, b,
-                                           &st2) == 0, "%s", kern_error());
+                                           &st2) == 0, "%s", reel_err_text());
         eager_shape(f, &sh, &p, f->lat, f->ctx, f->unc, c);
         ck_assert_msg(memcmp(a, c, sizeof a) == 0, "%s cfg %d: captured loop differs from eager", tdit_solver_name(so), cfg);
         ck_assert_int_eq(memcmp(b, c, sizeof b), 0);
@@ -576,13 +576,13 @@ START_TEST(test_interleaved_multistep_requests_keep_their_own_history) {
     tdit_req_t *r[3];
     for (int i = 0; i < 3; i++) {
         r[i] = tdit_req_new_group(f->m, f->s, NULL, shs[i], ps[i], NULL, NULL, f->ctx, f->unc);
-        ck_assert_msg(r[i] != NULL, "%s", kern_error());
+        ck_assert_msg(r[i] != NULL, "%s", reel_err_text());
     }
     for (bool any = true; any;) {
         any = false;
         for (int i = 0; i < 3; i++)
             if (!tdit_req_done(r[i])) {
-                ck_assert_msg(tdit_req_step(r[i], f->c, f->s, NULL) == 0, "%s", kern_error());
+                ck_assert_msg(tdit_req_step(r[i], f->c, f->s, NULL) == 0, "%s", reel_err_text());
                 any = true;
             }
     }
@@ -648,17 +648,17 @@ START_TEST(test_solver_and_shape_mismatches_are_refused) {
     plain.solver = TDIT_SOLVER_EULER;
     tdit_loop_t p = { .steps = 3, .shift = 3.0, .guidance = 4.0f, .solver = TDIT_SOLVER_UNIPC };
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &plain, &p, NULL, NULL, f->ctx, f->unc));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "made for euler"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "made for euler"));
     p.solver = TDIT_SOLVER_EULER;
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
     p.solver = TDIT_SOLVER_DPMPP;
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
-    ck_assert_ptr_nonnull(strstr(kern_error(), "made for unipc"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "made for unipc"));
     ms.solver = TDIT_SOLVER_DPMPP;
     p.sde = true;
     p.eta = 0.7f;
     ck_assert_int_ne(tdit_loop_validate(&p), 0);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "SDE"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "SDE"));
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
     fx_close(f);
 }
@@ -710,7 +710,7 @@ START_TEST(test_weights_relocated_without_a_sync_decline_weights_moved_and_match
     /* Re-home every weight and free the old block, with no versioned update:
      * a replay would read freed memory (ASan) or stale weights. */
     const void *old = tdit_model_weights(f->m);
-    ck_assert_msg(tdit_model_relocate(f->m) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_model_relocate(f->m) == 0, "%s", reel_err_text());
     ck_assert_ptr_ne(tdit_model_weights(f->m), old);
     cached(f, &p, a, &st);
     ck_assert_int_eq(st.declines[CAP_DECLINE_WEIGHTS_MOVED], 1);

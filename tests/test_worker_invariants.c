@@ -13,10 +13,10 @@
 /* ck_assert that call fails naming `what`. */
 #define ASSERT_NAMES(call, what)                                                                 \
     do {                                                                                         \
-        kern_error_clear();                                                                      \
+        reel_err_clear();                                                                      \
         ck_assert_int_eq((call), -1);                                                            \
-        ck_assert_msg(strstr(kern_error(), (what)) != NULL, "expected '%s' in '%s'", (what),   \
-                      kern_error());                                                             \
+        ck_assert_msg(strstr(reel_err_text(), (what)) != NULL, "expected '%s' in '%s'", (what),   \
+                      reel_err_text());                                                             \
     } while (0)
 
 static wrk_job_t job(uint64_t id, int n) {
@@ -240,7 +240,7 @@ START_TEST(test_a_sound_executor_passes_with_its_stream_paused) {
     exec_fixture_t e;
     exec_fixture(&e);
     int rc = wrk_exec_invariants(&e.x);
-    ck_assert_msg(rc == 0, "%s", kern_error());
+    ck_assert_msg(rc == 0, "%s", reel_err_text());
     exec_fixture_done(&e);
 }
 END_TEST

@@ -32,7 +32,7 @@ static void check(const kern_art_manifest_t *m) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kern_art_manifest_t m;
     if (kern_art_manifest_parse((const char *)data, size, &m) == 0) check(&m);
-    else if (!kern_error()[0]) abort(); /* a refusal always says why */
+    else if (!reel_err_text()[0]) abort(); /* a refusal always says why */
     /* The same bytes as a parity rule and a timing name (NUL-terminated). */
     if (size < 64) {
         char s[64];
