@@ -92,7 +92,7 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
                          "a folder: a Wan2.1 release, a diffusers transformer or pipeline)", cmd);
     /* every byte hashed, nothing kept: a 14B release needs no 28 GB here */
     wan_opts_t o = { .no_data = true };
-    wan_ckpt_t *ck = wan_ckpt_open(path, &o, NULL);
+    wan_ckpt_t *ck = wan_ckpt_open(path, &o);
     if (!ck) return ctl_fail_as(REEL_E_INVALID, NULL);
     const tdit_config_t *c = wan_ckpt_config(ck);
     wan_summary_t s;

@@ -42,7 +42,6 @@ typedef struct {
 
 typedef struct {
     wan_opts_t o;
-    wan_fail_t why;
     const char *shown;            /* the path as given */
     char where[PATH_MAX];         /* the checkpoint's folder, as shown */
     char prefix[16];              /* "transformer/" in a pipeline */
@@ -94,8 +93,8 @@ static int open_in(ctx_t *x, int dir, const char *name, int flags, bool missing_
     if (missing_ok && e == ENOENT) return -2;
     char s[PATH_MAX];
     shown_in(x, name, s, sizeof s);
-    wan_fail(&x->why, WAN_E_FILE, "%s: cannot open: %s%s", s, strerror(e),
-         x->o.nofollow && (e == ELOOP || e == ENOTDIR) ? " (symlinks are not followed)" : "");
+    reel_fail(wan_errno_code(e), "%s: cannot open: %s%s", s, strerror(e),
+              x->o.nofollow && (e == ELOOP || e == ENOTDIR) ? " (symlinks are not followed)" : "");
     return -1;
 }
 
@@ -117,32 +116,32 @@ static json_t *read_json(ctx_t *x, int fd, const char *name, size_t max, bool mi
     json_t *j = NULL;
     size_t n = 0;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        wan_fail(&x->why, WAN_E_FILE, "%s: not a regular file", s);
+        reel_fail(REEL_E_INVALID, "%s: not a regular file", s);
         goto out;
     }
     if ((uint64_t)sb.st_size > max) {
-        wan_fail(&x->why, WAN_E_FILE, "%s: %lld bytes, more than the %zu a %s may have", s, (long long)sb.st_size, max,
-             max == WAN_MAX_INDEX ? "index" : "config");
+        reel_fail(REEL_E_LIMIT, "%s: %lld bytes, more than the %zu a %s may have", s, (long long)sb.st_size, max,
+                  max == WAN_MAX_INDEX ? "index" : "config");
         goto out;
     }
     if (!(b = malloc((size_t)sb.st_size + 1))) {
-        wan_fail(&x->why, WAN_E_FILE, "%s: out of memory", s);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory", s);
         goto out;
     }
     while (n < (size_t)sb.st_size) {
         ssize_t r = pread(fd, b + n, (size_t)sb.st_size - n, (off_t)n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            wan_fail(&x->why, WAN_E_FILE, "%s: read failed: %s", s, r < 0 ? strerror(errno) : "file shrank");
+            reel_fail(REEL_E_IO, "%s: read failed: %s", s, r < 0 ? strerror(errno) : "file shrank");
             goto out;
         }
         n += (size_t)r;
     }
     json_error_t je;
     if (!(j = json_loadb((const char *)b, n, JSON_REJECT_DUPLICATES, &je)))
-        wan_fail(&x->why, WAN_E_FILE, "%s: not valid JSON: %s (line %d, column %d)", s, je.text, je.line, je.column);
+        reel_fail(REEL_E_INVALID, "%s: not valid JSON: %s (line %d, column %d)", s, je.text, je.line, je.column);
     else if (!json_is_object(j)) {
-        wan_fail(&x->why, WAN_E_FILE, "%s: not a JSON object", s);
+        reel_fail(REEL_E_INVALID, "%s: not a JSON object", s);
         json_decref(j);
         j = NULL;
     }
@@ -171,8 +170,9 @@ static int list_folder(ctx_t *x, listing_t *l) {
     int fd = fcntl(x->dir, F_DUPFD_CLOEXEC, 0);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
+        int e = errno;
         if (fd >= 0) close(fd);
-        return wan_fail(&x->why, WAN_E_FILE, "%s: cannot list: %s", x->where, strerror(errno));
+        return reel_fail(wan_errno_code(e), "%s: cannot list: %s", x->where, strerror(e));
     }
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -212,15 +212,19 @@ static int in_folder(ctx_t *x) {
             const json_t *t2 = json_object_get(mi, "transformer_2");
             int rc = 0;
             if (cls && strcmp(cls, "WanPipeline") && strcmp(cls, "WanVideoToVideoPipeline"))
-                rc = wan_fail(&x->why, WAN_E_MODEL, "%s/model_index.json: pipeline '%.64s' is not a Wan text-to-video "
-                          "pipeline (WanPipeline)", x->where, cls);
+                rc = reel_fail(REEL_E_UNSUPPORTED,
+                               "%s/model_index.json: pipeline '%.64s' is not a Wan text-to-video "
+                               "pipeline (WanPipeline)",
+                               x->where, cls);
             else if (t2 && json_is_array(t2) && json_array_size(t2) && !json_is_null(json_array_get(t2, 0)))
-                rc = wan_fail(&x->why, WAN_E_MODEL, "%s/model_index.json: two transformers (transformer_2): a two-expert "
-                          "pipeline; name one expert's folder", x->where);
+                rc = reel_fail(REEL_E_UNSUPPORTED,
+                               "%s/model_index.json: two transformers (transformer_2): a two-expert "
+                               "pipeline; name one expert's folder",
+                               x->where);
             json_decref(mi);
             if (rc) return -1;
             if (!l.transformer)
-                return wan_fail(&x->why, WAN_E_FILE, "%s: a pipeline root without transformer/", x->where);
+                return reel_fail(REEL_E_NOT_FOUND, "%s: a pipeline root without transformer/", x->where);
         }
         int sub = open_in(x, x->dir, "transformer", O_RDONLY | O_DIRECTORY, false);
         if (sub < 0) return -1;
@@ -237,30 +241,30 @@ static int in_folder(ctx_t *x) {
     else if (l.n_idx == 1) snprintf(x->index_name, sizeof x->index_name, "%s", l.idx_one);
     else if (l.n_idx == 0 && l.n_st == 1) snprintf(x->single, sizeof x->single, "%s", l.st_one);
     else if (weights_here)
-        return wan_fail(&x->why, WAN_E_FILE, "%s: several checkpoints (%s): name the file or the index", x->where, l.seen);
+        return reel_fail(REEL_E_INVALID, "%s: several checkpoints (%s): name the file or the index", x->where, l.seen);
     else
-        return wan_fail(&x->why, WAN_E_FILE, "%s: no safetensors file or index (*.safetensors.index.json) in this folder",
-                    x->where);
+        return reel_fail(REEL_E_NOT_FOUND, "%s: no safetensors file or index (*.safetensors.index.json) in this folder",
+                         x->where);
     return 0;
 }
 
 static int locate(ctx_t *x, int dirfd, const char *name) {
     if (!name || !*name) {
         if ((x->dir = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0)
-            return wan_fail(&x->why, WAN_E_FILE, "%s: %s", x->shown, strerror(errno));
+            return reel_fail(REEL_E_IO, "%s: %s", x->shown, strerror(errno));
         return in_folder(x);
     }
-    if (!wan_plain_name(name)) return wan_fail(&x->why, WAN_E_FILE, "%s: not one plain file name", name);
+    if (!wan_plain_name(name)) return reel_fail(REEL_E_INVALID, "%s: not one plain file name", name);
     int fd = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | (x->o.nofollow ? O_NOFOLLOW : 0));
     if (fd < 0) {
         int e = errno;
-        return wan_fail(&x->why, WAN_E_FILE, "%s: cannot open: %s%s", x->shown, strerror(e),
-                    x->o.nofollow && (e == ELOOP || e == ENOTDIR) ? " (symlinks are not followed)" : "");
+        return reel_fail(wan_errno_code(e), "%s: cannot open: %s%s", x->shown, strerror(e),
+                         x->o.nofollow && (e == ELOOP || e == ENOTDIR) ? " (symlinks are not followed)" : "");
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
-        return wan_fail(&x->why, WAN_E_FILE, "%s: cannot stat: %s", x->shown, strerror(errno));
+        return reel_fail(REEL_E_IO, "%s: cannot stat: %s", x->shown, strerror(errno));
     }
     if (S_ISDIR(sb.st_mode)) {
         x->dir = fd;
@@ -268,11 +272,11 @@ static int locate(ctx_t *x, int dirfd, const char *name) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return wan_fail(&x->why, WAN_E_FILE, "%s: not a regular file", x->shown);
+        return reel_fail(REEL_E_INVALID, "%s: not a regular file", x->shown);
     }
     if ((x->dir = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
         close(fd);
-        return wan_fail(&x->why, WAN_E_FILE, "%s: %s", x->shown, strerror(errno));
+        return reel_fail(REEL_E_IO, "%s: %s", x->shown, strerror(errno));
     }
     x->given_file = true;
     x->pre_fd = fd;
@@ -282,8 +286,10 @@ static int locate(ctx_t *x, int dirfd, const char *name) {
     else snprintf(x->where, sizeof x->where, "%.*s", (int)(slash == x->shown ? 1 : slash - x->shown), x->shown);
     if (wan_ends_with(name, ".json")) {
         if (!wan_ends_with(name, ".index.json"))
-            return wan_fail(&x->why, WAN_E_FILE, "%s: a JSON file but no safetensors index (*.safetensors.index.json): "
-                        "name the folder, the index or the weights", x->shown);
+            return reel_fail(REEL_E_INVALID,
+                             "%s: a JSON file but no safetensors index (*.safetensors.index.json): "
+                             "name the folder, the index or the weights",
+                             x->shown);
         snprintf(x->index_name, sizeof x->index_name, "%s", name);
     } else {
         snprintf(x->single, sizeof x->single, "%s", name);
@@ -300,11 +306,11 @@ static int index_parts(ctx_t *x, const json_t *idx) {
     char s[PATH_MAX];
     shown_in(x, x->index_name, s, sizeof s);
     const json_t *wm = json_object_get(idx, "weight_map");
-    if (!json_is_object(wm)) return wan_fail(&x->why, WAN_E_FILE, "%s: no \"weight_map\" object", s);
+    if (!json_is_object(wm)) return reel_fail(REEL_E_INVALID, "%s: no \"weight_map\" object", s);
     size_t n = json_object_size(wm);
-    if (n == 0) return wan_fail(&x->why, WAN_E_FILE, "%s: an empty weight_map", s);
+    if (n == 0) return reel_fail(REEL_E_INVALID, "%s: an empty weight_map", s);
     const char **names = malloc(n * sizeof *names);
-    if (!names) return wan_fail(&x->why, WAN_E_FILE, "%s: out of memory", s);
+    if (!names) return reel_fail(REEL_E_NOMEM, "%s: out of memory", s);
     size_t k = 0;
     const char *t;
     const json_t *v;
@@ -312,12 +318,12 @@ static int index_parts(ctx_t *x, const json_t *idx) {
     json_object_foreach((json_t *)wm, t, v) {
         const char *f = json_string_value(v);
         if (!f) {
-            rc = wan_fail(&x->why, WAN_E_FILE, "%s: weight_map[\"%.96s\"] is not a file name", s, t);
+            rc = reel_fail(REEL_E_INVALID, "%s: weight_map[\"%.96s\"] is not a file name", s, t);
             break;
         }
         if (!wan_plain_name(f)) {
-            rc = wan_fail(&x->why, WAN_E_FILE, "%s: weight_map puts '%.96s' in '%.128s': not a file in the index's folder",
-                      s, t, f);
+            rc = reel_fail(REEL_E_INVALID, "%s: weight_map puts '%.96s' in '%.128s': not a file in the index's folder",
+                           s, t, f);
             break;
         }
         names[k++] = f;
@@ -327,8 +333,10 @@ static int index_parts(ctx_t *x, const json_t *idx) {
         size_t u = 0;
         for (size_t i = 0; i < k; i++)
             if (!u || strcmp(names[u - 1], names[i])) names[u++] = names[i];
-        if (u > WAN_MAX_SHARDS) rc = wan_fail(&x->why, WAN_E_FILE, "%s: %zu shards, more than %d", s, u, WAN_MAX_SHARDS);
-        else if (!(x->parts = calloc(u, sizeof *x->parts))) rc = wan_fail(&x->why, WAN_E_FILE, "%s: out of memory", s);
+        if (u > WAN_MAX_SHARDS)
+            rc = reel_fail(REEL_E_LIMIT, "%s: %zu shards, more than %d", s, u, WAN_MAX_SHARDS);
+        else if (!(x->parts = calloc(u, sizeof *x->parts)))
+            rc = reel_fail(REEL_E_NOMEM, "%s: out of memory", s);
         else {
             for (size_t i = 0; i < u; i++) {
                 snprintf(x->parts[i].name, sizeof x->parts[i].name, "%s", names[i]);
@@ -346,7 +354,7 @@ static int read_headers(ctx_t *x) {
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = &x->parts[i];
         shown_in(x, p->name, p->shown, sizeof p->shown);
-        if (!(p->hook.h = reel_sha256_new())) return wan_fail(&x->why, WAN_E_FILE, "out of memory");
+        if (!(p->hook.h = reel_sha256_new())) return reel_fail(REEL_E_NOMEM, "out of memory");
         p->hook.stop = x->o.stop;
         if (x->pre_fd >= 0 && x->single[0] && !strcmp(p->name, x->single)) {
             p->fd = x->pre_fd;
@@ -356,10 +364,10 @@ static int read_headers(ctx_t *x) {
         }
         struct stat sb;
         if (fstat(p->fd, &sb) != 0 || !S_ISREG(sb.st_mode))
-            return wan_fail(&x->why, WAN_E_FILE, "%s: not a regular file", p->shown);
+            return reel_fail(REEL_E_INVALID, "%s: not a regular file", p->shown);
         p->size = (uint64_t)sb.st_size;
         if (!(p->hdr = st_header_read(p->fd, p->shown, reel_sha256_hook, &p->hook)))
-            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", reel_err_text());
+            return wan_file_problem(p->hook.stopped);
     }
     return 0;
 }
@@ -389,12 +397,12 @@ static bool reel_meta(const st_header_t *h) { return st_header_meta(h, "config")
  * (max_data given), too few tensor bytes to hold it. */
 static int judge_size(ctx_t *x, uint64_t max) {
     if (max && x->data_total > max)
-        return wan_fail(&x->why, WAN_E_MODEL, "%s: %llu data bytes, more than the model's %llu", x->at,
-                        (unsigned long long)x->data_total, (unsigned long long)max);
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: %llu data bytes, more than the model's %llu", x->at,
+                         (unsigned long long)x->data_total, (unsigned long long)max);
     if (x->o.max_data && x->tensor_bytes < x->o.max_data / 2)
-        return wan_fail(&x->why, WAN_E_MODEL, "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in "
-                        "F32)", x->at, x->n_items, (unsigned long long)x->tensor_bytes,
-                        (unsigned long long)x->o.max_data);
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in F32)",
+                         x->at, x->n_items, (unsigned long long)x->tensor_bytes, (unsigned long long)x->o.max_data);
     return 0;
 }
 
@@ -415,7 +423,7 @@ static int find_files(ctx_t *x, int dirfd, const char *name) {
             index_parts(x, x->index) != 0)
             return -1;
     } else {
-        if (!(x->parts = calloc(1, sizeof *x->parts))) return wan_fail(&x->why, WAN_E_FILE, "out of memory");
+        if (!(x->parts = calloc(1, sizeof *x->parts))) return reel_fail(REEL_E_NOMEM, "out of memory");
         snprintf(x->parts[0].name, sizeof x->parts[0].name, "%s", x->single);
         x->parts[0].fd = -1;
         x->n_parts = 1;
@@ -431,24 +439,26 @@ static int find_files(ctx_t *x, int dirfd, const char *name) {
 static int judge_config(ctx_t *x, tdit_config_t *c) {
     if (x->reel) {
         if (tdit_config_from_header(x->parts[0].hdr, c) != 0)
-            return wan_fail(&x->why, WAN_E_MODEL, "%s: %s", x->parts[0].shown, reel_err_text());
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: %s", x->parts[0].shown, reel_err_text());
     } else {
         bool absent, diffusers;
         char where[PATH_MAX];
         if (snprintf(where, sizeof where, "%s/config.json", x->where) >= (int)sizeof where) where[sizeof where - 1] = '\0';
         json_t *j = read_json(x, -1, "config.json", WAN_MAX_JSON, true, &absent, NULL, NULL);
-        int rc = j ? wan_json_config(j, where, c, &diffusers, &x->why) : 0;
+        int rc = j ? wan_json_config(j, where, c, &diffusers) : 0;
         json_decref(j);
         if (rc != 0 || (!j && !absent)) return -1;
         if (!j && !x->o.expect)
-            return wan_fail(&x->why, WAN_E_FILE, "%s: no Reel metadata and no config.json beside it: its config is "
-                            "unknown", x->at);
+            return reel_fail(REEL_E_INVALID,
+                             "%s: no Reel metadata and no config.json beside it: its config is unknown",
+                             x->at);
         if (!j) *c = *x->o.expect;
     }
     if (x->o.expect && !tdit_config_same_network(c, x->o.expect))
-        return wan_fail(&x->why, WAN_E_MODEL, "%s: config %s (dim %" PRId64 ", %" PRId64 " layers) does not match the "
-                        "resident %s (dim %" PRId64 ", %" PRId64 " layers)", x->at, c->name, c->dim, c->layers,
-                        x->o.expect->name, x->o.expect->dim, x->o.expect->layers);
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: config %s (dim %" PRId64 ", %" PRId64 " layers) does not match the "
+                         "resident %s (dim %" PRId64 ", %" PRId64 " layers)",
+                         x->at, c->name, c->dim, c->layers, x->o.expect->name, x->o.expect->dim, x->o.expect->layers);
     return 0;
 }
 
@@ -459,11 +469,11 @@ static int index_says(ctx_t *x, size_t i, const char *tensor) {
     if (!said) {
         char s[PATH_MAX];
         shown_in(x, x->index_name, s, sizeof s);
-        return wan_fail(&x->why, WAN_E_MODEL, "%s: tensor '%s' is not in the index %s", x->parts[i].shown, tensor, s);
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: tensor '%s' is not in the index %s", x->parts[i].shown, tensor, s);
     }
     if (strcmp(said, x->parts[i].name))
-        return wan_fail(&x->why, WAN_E_MODEL, "%s: tensor '%s' is here, but the index puts it in %s",
-                        x->parts[i].shown, tensor, said);
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: tensor '%s' is here, but the index puts it in %s", x->parts[i].shown,
+                         tensor, said);
     return 0;
 }
 
@@ -483,7 +493,7 @@ static int judge_tensors(ctx_t *x, wan_ckpt_t *c) {
     }
     x->items = calloc(n ? n : 1, sizeof *x->items);
     x->part_names = calloc(x->n_parts, sizeof *x->part_names);
-    if (!x->items || !x->part_names) return wan_fail(&x->why, WAN_E_FILE, "out of memory");
+    if (!x->items || !x->part_names) return reel_fail(REEL_E_NOMEM, "out of memory");
     for (size_t i = 0; i < x->n_parts; i++) {
         const st_header_t *h = x->parts[i].hdr;
         x->part_names[i] = x->parts[i].shown;
@@ -499,13 +509,10 @@ static int judge_tensors(ctx_t *x, wan_ckpt_t *c) {
                  : x->reel ? 0 : (uint64_t)tdit_config_params(&c->cfg) * sizeof(float);
     if (x->o.max_data && judge_size(x, max) != 0) return -1;
 
-    if (wan_match_init(&x->m, &c->cfg, x->reel) != 0) {
-        x->why = WAN_E_FILE;
-        return -1;
-    }
+    if (wan_match_init(&x->m, &c->cfg, x->reel) != 0) return wan_file_problem(false);
     for (size_t k = 0; k < x->n_items; k++) {
         const item_t *it = &x->items[k];
-        if (wan_match_add(&x->m, it, x->parts[it->part].shown, x->part_names, &x->why) != 0) return -1;
+        if (wan_match_add(&x->m, it, x->parts[it->part].shown, x->part_names) != 0) return -1;
         if (x->index && index_says(x, it->part, it->name) != 0) return -1;
     }
     const json_t *wm = x->index ? json_object_get(x->index, "weight_map") : NULL;
@@ -518,12 +525,12 @@ static int judge_tensors(ctx_t *x, wan_ckpt_t *c) {
             if (!held) {
                 char s[PATH_MAX];
                 shown_in(x, x->index_name, s, sizeof s);
-                return wan_fail(&x->why, WAN_E_MODEL, "%s: the index puts tensor '%s' in %s, which does not hold it",
-                                s, t, json_string_value(v));
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: the index puts tensor '%s' in %s, which does not hold it", s,
+                                 t, json_string_value(v));
             }
         }
     }
-    if (wan_match_missing(&x->m, x->index ? x->shown : x->at, &x->why) != 0) return -1;
+    if (wan_match_missing(&x->m, x->index ? x->shown : x->at) != 0) return -1;
     if (!x->o.max_data && judge_size(x, max) != 0) return -1;
     c->layout = x->reel ? WAN_LAYOUT_REEL : wan_layout_by_names(x->m.names, x->index != NULL, x->pipeline);
     return 0;
@@ -534,14 +541,14 @@ static int judge_tensors(ctx_t *x, wan_ckpt_t *c) {
 static int read_data(ctx_t *x) {
     if (!x->o.no_data) {
         if (x->total > SIZE_MAX || !(x->data = malloc(x->total ? (size_t)x->total : 1)))
-            return wan_fail(&x->why, WAN_E_FILE, "%s: out of memory for %llu bytes of weights", x->shown,
-                            (unsigned long long)x->total);
+            return reel_fail(REEL_E_NOMEM, "%s: out of memory for %llu bytes of weights", x->shown,
+                             (unsigned long long)x->total);
         if (x->total > x->data_total) memset(x->data, 0, (size_t)x->total); /* alignment gaps: no stale heap */
     }
     for (size_t i = 0; i < x->n_parts; i++) {
         part_t *p = &x->parts[i];
         if (st_header_read_data(p->hdr, p->fd, p->shown, x->data ? x->data + p->base : NULL, reel_sha256_hook, &p->hook) != 0)
-            return wan_fail(&x->why, p->hook.stopped ? WAN_E_STOPPED : WAN_E_FILE, "%s", reel_err_text());
+            return wan_file_problem(p->hook.stopped);
     }
     return 0;
 }
@@ -552,7 +559,7 @@ static int finish(ctx_t *x, wan_ckpt_t *c) {
     unsigned char (*digest)[32] = malloc(x->n_parts * 32);
     if (!digest || !(c->files = calloc(x->n_parts, sizeof *c->files))) {
         free(digest);
-        return wan_fail(&x->why, WAN_E_FILE, "out of memory");
+        return reel_fail(REEL_E_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < x->n_parts; i++) {
         char hex[65];
@@ -598,14 +605,10 @@ static int finish(ctx_t *x, wan_ckpt_t *c) {
         else c->file = st_adopt(x->shown, text, hlen, data, (size_t)x->total);
         free(text);
     }
-    if (!c->file) {
-        x->why = WAN_E_FILE;
-        return -1;
-    }
-    return 0;
+    return c->file ? 0 : wan_file_problem(false);
 }
 
-wan_ckpt_t *wan_ckpt_openat(int dirfd, const char *name, const char *shown, const wan_opts_t *o, wan_fail_t *whyp) {
+wan_ckpt_t *wan_ckpt_openat(int dirfd, const char *name, const char *shown, const wan_opts_t *o) {
     ctx_t x;
     memset(&x, 0, sizeof x);
     x.o = o ? *o : (wan_opts_t){ 0 };
@@ -614,23 +617,20 @@ wan_ckpt_t *wan_ckpt_openat(int dirfd, const char *name, const char *shown, cons
     x.dir = -1;
     x.pre_fd = -1;
     wan_ckpt_t *c = calloc(1, sizeof *c);
-    int rc = c ? 0 : wan_fail(&x.why, WAN_E_FILE, "out of memory");
+    int rc = c ? 0 : reel_fail(REEL_E_NOMEM, "out of memory");
     if (rc == 0) rc = find_files(&x, dirfd, name);
     if (rc == 0) rc = judge_config(&x, &c->cfg);
     if (rc == 0) rc = judge_tensors(&x, c);
     if (rc == 0) rc = read_data(&x);
     if (rc == 0) rc = finish(&x, c);
     if (rc != 0) wan_ckpt_destroy(&c);
-    if (whyp) *whyp = rc == 0 ? WAN_OK : x.why ? x.why : WAN_E_FILE;
     ctx_free(&x);
     return c;
 }
 
-wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o, wan_fail_t *why) {
-    wan_fail_t dummy;
-    if (!why) why = &dummy;
+wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o) {
     if (!path || !*path) {
-        wan_fail(why, WAN_E_FILE, "no checkpoint path");
+        reel_fail(REEL_E_INVALID, "no checkpoint path");
         return NULL;
     }
     /* the parent folder and the last component, so siblings are read relative to it */
@@ -638,7 +638,7 @@ wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o, wan_fail_t *why
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') n--; /* "folder/" names the folder */
     if (n >= sizeof dir) {
-        wan_fail(why, WAN_E_FILE, "%.64s...: path too long", path);
+        reel_fail(REEL_E_LIMIT, "%.64s...: path too long", path);
         return NULL;
     }
     memcpy(dir, path, n);
@@ -649,15 +649,15 @@ wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o, wan_fail_t *why
         /* "/", ".", "..": the folder itself */
         int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0) {
-            wan_fail(why, WAN_E_FILE, "%s: cannot open: %s", path, strerror(errno));
+            reel_fail(wan_errno_code(errno), "%s: cannot open: %s", path, strerror(errno));
             return NULL;
         }
-        wan_ckpt_t *c = wan_ckpt_openat(fd, NULL, path, o, why);
+        wan_ckpt_t *c = wan_ckpt_openat(fd, NULL, path, o);
         close(fd);
         return c;
     }
     if (strlen(base) > NAME_MAX) {
-        wan_fail(why, WAN_E_FILE, "%s: a name longer than %d bytes", path, NAME_MAX);
+        reel_fail(REEL_E_LIMIT, "%s: a name longer than %d bytes", path, NAME_MAX);
         return NULL;
     }
     memcpy(last, base, strlen(base) + 1);
@@ -666,12 +666,12 @@ wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o, wan_fail_t *why
     else snprintf(dir, sizeof dir, ".");
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        wan_fail(why, WAN_E_FILE, "%s: cannot open: %s", path, strerror(errno));
+        reel_fail(wan_errno_code(errno), "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     char shown[PATH_MAX];
     snprintf(shown, sizeof shown, "%.*s", (int)n, path);
-    wan_ckpt_t *c = wan_ckpt_openat(fd, last, shown, o, why);
+    wan_ckpt_t *c = wan_ckpt_openat(fd, last, shown, o);
     close(fd);
     return c;
 }
@@ -705,7 +705,7 @@ const wan_file_t *wan_ckpt_index(const wan_ckpt_t *c) { return c->has_index ? &c
 void wan_ckpt_summary(const wan_ckpt_t *c, wan_summary_t *out) { *out = c->sum; }
 
 st_file_t *wan_ckpt_load(const char *path) {
-    wan_ckpt_t *c = wan_ckpt_open(path, NULL, NULL);
+    wan_ckpt_t *c = wan_ckpt_open(path, NULL);
     st_file_t *f = c ? wan_ckpt_take(c) : NULL;
     wan_ckpt_destroy(&c);
     return f;
@@ -713,13 +713,9 @@ st_file_t *wan_ckpt_load(const char *path) {
 
 /* ---- a file in memory ------------------------------------------------------------------ */
 
-int wan_ckpt_adopt(st_file_t **fp, const tdit_config_t *cfg, wan_fail_t *whyp) {
-    wan_fail_t why = WAN_E_MODEL;
+int wan_ckpt_adopt(st_file_t **fp, const tdit_config_t *cfg) {
     st_file_t *f = *fp;
-    if (st_meta(f, "config") || st_meta(f, "dim")) {
-        if (whyp) *whyp = WAN_OK;
-        return 0;
-    }
+    if (st_meta(f, "config") || st_meta(f, "dim")) return 0;
     size_t n = st_count(f);
     item_t *items = calloc(n ? n : 1, sizeof *items);
     const char *origin = st_origin(f);
@@ -729,53 +725,48 @@ int wan_ckpt_adopt(st_file_t **fp, const tdit_config_t *cfg, wan_fail_t *whyp) {
     char *text = NULL, *org = strdup(origin);
     int rc = -1;
     if (!items || !org) {
-        wan_fail(&why, WAN_E_FILE, "%s: out of memory", origin);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory", origin);
         goto out;
     }
     if (!cfg) {
-        wan_fail(&why, WAN_E_FILE, "%s: no Reel metadata and no config to judge it by", origin);
+        reel_fail(REEL_E_INVALID, "%s: no Reel metadata and no config to judge it by", origin);
         goto out;
     }
     if (wan_match_init(&m, cfg, false) != 0) {
-        why = WAN_E_FILE;
+        wan_file_problem(false);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         const st_tensor_t *t = st_at(f, i);
         items[i] = (item_t){ t->name, t->dtype, t->ndim, { 0 }, st_offset(f, t), t->nbytes, 0 };
         memcpy(items[i].shape, t->shape, sizeof items[i].shape);
-        if (wan_match_add(&m, &items[i], origin, names, &why) != 0) goto out;
+        if (wan_match_add(&m, &items[i], origin, names) != 0) goto out;
     }
-    if (wan_match_missing(&m, origin, &why) != 0) goto out;
+    if (wan_match_missing(&m, origin) != 0) goto out;
     size_t hlen;
     tdit_config_t c = *cfg;
-    if (!(text = wan_reel_header(&m, &c, wan_layout_by_names(m.names, false, false), &hlen))) {
-        why = WAN_E_FILE;
-        goto out;
-    }
+    if (!(text = wan_reel_header(&m, &c, wan_layout_by_names(m.names, false, false), &hlen))) goto out;
     size_t dlen = st_data_len(f);
     unsigned char *data = st_take_data(f);
     st_close(fp);
     if (!(*fp = st_adopt(org, text, hlen, data, dlen))) {
-        why = WAN_E_FILE;
+        wan_file_problem(false);
         goto out;
     }
     rc = 0;
-    why = WAN_OK;
 out:
     if (rc != 0) st_close(fp);
     wan_match_free(&m);
     free(items);
     free(text);
     free(org);
-    if (whyp) *whyp = why;
     return rc;
 }
 
 /* ---- packing and syncs -------------------------------------------------------------------- */
 
 int wan_ckpt_pack(const char *path, const char *out_path) {
-    wan_ckpt_t *c = wan_ckpt_open(path, NULL, NULL);
+    wan_ckpt_t *c = wan_ckpt_open(path, NULL);
     if (!c) return -1;
     int rc = st_save(wan_ckpt_file(c), out_path);
     wan_ckpt_destroy(&c);
@@ -787,13 +778,12 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
     char real[PATH_MAX];
     if (!realpath(path, real)) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     wan_opts_t o = { .no_data = true };
-    wan_ckpt_t *c = wan_ckpt_open(real, &o, NULL);
+    wan_ckpt_t *c = wan_ckpt_open(real, &o);
     if (!c) {
         /* One safetensors file whose config this side cannot know (no Reel
          * metadata, no config.json: a raw release file, a trainer's dump)
          * goes as it is: each worker judges it against the model it runs. */
-        char why[512];
-        snprintf(why, sizeof why, "%s", reel_err_text());
+        reel_err_t verdict = *reel_err(); /* stands unless the file goes as it is */
         struct stat sb;
         char cfg[PATH_MAX + 16];
         const char *slash = strrchr(real, '/');
@@ -803,7 +793,7 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
         st_probe_t pr;
         bool raw = fd >= 0 && st_probe_fd(fd, real, &pr) == 0;
         if (fd >= 0) close(fd);
-        if (!raw) return reel_fail(REEL_E_INVALID, "%s", why);
+        if (!raw) return reel_fail_detail(verdict.code, verdict.detail, "%s", verdict.msg);
         snprintf(out->path, sizeof out->path, "%s", real);
         return reel_sha256_file(real, out->sha256);
     }
@@ -832,12 +822,7 @@ int wan_sync_source(const char *path, bool upload, wan_sync_source_t *out) {
                 rc = reel_fail(REEL_E_LIMIT, "%s: path too long", out->tmpdir);
             if (rc == 0) rc = wan_ckpt_pack(real, out->path);
             if (rc == 0) rc = reel_sha256_file(out->path, out->sha256);
-            if (rc != 0) {
-                char why[512];
-                snprintf(why, sizeof why, "%s", reel_err_text());
-                wan_sync_source_done(out);
-                reel_fail(REEL_E_INVALID, "%s", why);
-            }
+            if (rc != 0) wan_sync_source_done(out); /* can't fail: the error stays the packing's */
         }
     }
     wan_ckpt_destroy(&c);

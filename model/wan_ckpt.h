@@ -43,8 +43,20 @@
  * index file's bytes followed by the 32-byte sha256 of each shard's bytes,
  * shards in byte order of their names.
  *
- * Every failure returns -1 / NULL with a message in reel_err_text() naming
- * the file and, where one is involved, the tensor and the shard. */
+ * Every failure returns -1 / NULL with the error value (base/error.h): a
+ * message naming the file and, where one is involved, the tensor and the
+ * shard, and a code that says what kind of failure it was, so a worker can
+ * answer a generic reason:
+ *   REEL_E_NOT_FOUND    a file missing (the checkpoint, a shard, transformer/);
+ *   REEL_E_IO           a file there but unreadable (permissions, a read error);
+ *   REEL_E_INVALID      a file malformed or not allowed: not a regular file,
+ *                       not safetensors, a bad config.json or index, a
+ *                       symlink with nofollow, no checkpoint in a folder;
+ *   REEL_E_LIMIT        a path, config.json, index or shard count over its bound;
+ *   REEL_E_NOMEM        out of memory;
+ *   REEL_E_UNSUPPORTED  a checkpoint, but not of the model wanted: foreign,
+ *                       another config, sizes or tensors;
+ *   REEL_E_STATE        opts.stop was set while reading. */
 #ifndef REEL_MODEL_WAN_CKPT_H
 #define REEL_MODEL_WAN_CKPT_H
 
@@ -71,14 +83,6 @@ typedef enum {
 
 /* "reel", "wan-original", "wan-sharded", "diffusers", "diffusers-pipeline". */
 const char *wan_layout_name(wan_layout_t l);
-
-/* What kind of failure (so a worker can answer a generic reason). */
-typedef enum {
-    WAN_OK = 0,
-    WAN_E_FILE,    /* a file missing, unreadable, not a regular file, not safetensors, a bad config.json or index */
-    WAN_E_MODEL,   /* a checkpoint, but not of the model wanted: foreign, wrong config, sizes or tensors */
-    WAN_E_STOPPED, /* opts.stop was set while reading */
-} wan_fail_t;
 
 typedef struct {
     bool nofollow;                /* no symlink followed anywhere (a sync a peer named) */
@@ -113,13 +117,13 @@ typedef struct wan_ckpt wan_ckpt_t;
 /* Opens the checkpoint at path (a file, an index or a folder), reads and
  * judges it as the header comment says. o NULL: defaults (symlinks
  * followed, data kept, no expectation). Returns it (wan_ckpt_destroy), or
- * NULL with a message and, when why is not NULL, *why the kind. */
-wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o, wan_fail_t *why);
+ * NULL with the error value (its code the kind, as above). */
+wan_ckpt_t *wan_ckpt_open(const char *path, const wan_opts_t *o);
 /* As wan_ckpt_open, for the entry `name` (a file or a folder; one plain
  * component) of the open directory dirfd, or the directory itself when
  * name is NULL or "". dirfd stays the caller's. `shown` names the
  * checkpoint in messages (the path as given). */
-wan_ckpt_t *wan_ckpt_openat(int dirfd, const char *name, const char *shown, const wan_opts_t *o, wan_fail_t *why);
+wan_ckpt_t *wan_ckpt_openat(int dirfd, const char *name, const char *shown, const wan_opts_t *o);
 /* Frees *c (and its file unless taken) and sets *c = NULL; NULL-safe. */
 void wan_ckpt_destroy(wan_ckpt_t **c);
 
@@ -149,10 +153,11 @@ st_file_t *wan_ckpt_load(const char *path);
  * Reel file: a Reel file stays as it is; one without Reel metadata must
  * hold exactly cfg's tensors under Wan's or diffusers' names, which it
  * gets under Reel's names with cfg as its metadata, over the same data
- * buffer (no copy). 0 with *f replaced, or -1 with *f closed, a message
- * naming the tensor, and *why (NULL: not set) WAN_E_MODEL (or WAN_E_FILE
- * when cfg is NULL and there is no config to judge by). */
-int wan_ckpt_adopt(st_file_t **f, const tdit_config_t *cfg, wan_fail_t *why);
+ * buffer (no copy). 0 with *f replaced, or -1 with *f closed and a
+ * message naming the tensor: REEL_E_UNSUPPORTED (not cfg's model),
+ * REEL_E_INVALID when cfg is NULL and there is no config to judge it by,
+ * REEL_E_NOMEM. */
+int wan_ckpt_adopt(st_file_t **f, const tdit_config_t *cfg);
 
 /* Writes the checkpoint at path as one Reel file at out_path (Reel names,
  * the config with text_len in __metadata__, dtypes kept), atomically as

@@ -9,13 +9,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "model/wan_ckpt.h"
 
 #define WAN_TEXT_LEN 512   /* Wan2.1 T2V's text_len; diffusers' WanPipeline pads to it too */
 #define WAN_DNAME 112      /* longest diffusers name Reel derives, with room */
 
-/* Records a message (kern_fail) and *why = kind; returns -1. */
-int wan_fail(wan_fail_t *why, wan_fail_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The error recorded on this thread (by safetensors, the sha256 hook, a
+ * config) made a file problem as wan_ckpt.h's codes say: REEL_E_STATE
+ * when stopped, else its own code unless that says "not this model" or
+ * "not now" (REEL_E_UNSUPPORTED, REEL_E_STATE), which a file that cannot
+ * be read is not: REEL_E_INVALID. Message and detail kept; returns -1. */
+int wan_file_problem(bool stopped);
+/* The code of a file that cannot be opened or read with errno e:
+ * REEL_E_NOT_FOUND (ENOENT), REEL_E_INVALID (a symlink refused: ELOOP,
+ * ENOTDIR), REEL_E_NOMEM, else REEL_E_IO. */
+reel_code_t wan_errno_code(int e);
 
 /* A plain file name: one component, not "." or "..". */
 bool wan_plain_name(const char *s);
@@ -56,12 +65,12 @@ typedef struct {
 int wan_match_init(match_t *m, const tdit_config_t *c, bool reel);
 void wan_match_free(match_t *m);
 /* Records one tensor of file `where` (part_name[it->part] names its file);
- * -1 with *why on a tensor that is not the model's (foreign: an image
- * embedding..., or unknown), a second copy, a mixed naming or a wrong
- * shape. it must live as long as m. */
-int wan_match_add(match_t *m, const item_t *it, const char *where, const char *const *part_name, wan_fail_t *why);
-/* -1 naming the first weight no file held, else 0. */
-int wan_match_missing(const match_t *m, const char *where, wan_fail_t *why);
+ * -1 with REEL_E_UNSUPPORTED on a tensor that is not the model's (foreign:
+ * an image embedding..., or unknown), a second copy, a mixed naming or a
+ * wrong shape. it must live as long as m. */
+int wan_match_add(match_t *m, const item_t *it, const char *where, const char *const *part_name);
+/* -1 (REEL_E_UNSUPPORTED) naming the first weight no file held, else 0. */
+int wan_match_missing(const match_t *m, const char *where);
 /* A Reel header over every weight found (after wan_match_missing): c as
  * __metadata__, Reel's names, each tensor where its item says. Malloc'd
  * JSON text of *len bytes, or NULL with a message. */
@@ -70,8 +79,8 @@ wan_layout_t wan_layout_by_names(names_t names, bool sharded, bool pipeline);
 
 /* The config of config.json j, Wan's own or diffusers' (*diffusers says
  * which), named after the built-in config of its network ("custom" else).
- * -1 with *why WAN_E_FILE (malformed) or WAN_E_MODEL (a model Reel does
- * not serve) and a message naming `where`. */
-int wan_json_config(const json_t *j, const char *where, tdit_config_t *c, bool *diffusers, wan_fail_t *why);
+ * -1 with REEL_E_INVALID (malformed) or REEL_E_UNSUPPORTED (a model Reel
+ * does not serve) and a message naming `where`. */
+int wan_json_config(const json_t *j, const char *where, tdit_config_t *c, bool *diffusers);
 
 #endif

@@ -8,10 +8,10 @@
  * (tdit_config_weights) answers for both. */
 #include "model/wan_ckpt_impl.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +24,16 @@ const char *wan_layout_name(wan_layout_t l) {
     return (unsigned)l < sizeof layout_names / sizeof layout_names[0] ? layout_names[l] : "?";
 }
 
-int wan_fail(wan_fail_t *why, wan_fail_t kind, const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    *why = kind;
-    return reel_fail(REEL_E_INVALID, "%s", buf);
+int wan_file_problem(bool stopped) {
+    reel_code_t c = reel_err_code();
+    if (stopped) c = REEL_E_STATE;
+    else if (c == REEL_E_UNSUPPORTED || c == REEL_E_STATE || c == REEL_OK) c = REEL_E_INVALID;
+    return reel_fail_detail(c, reel_err()->detail, "%s", reel_err()->msg);
+}
+
+reel_code_t wan_errno_code(int e) {
+    return e == ENOENT ? REEL_E_NOT_FOUND : e == ELOOP || e == ENOTDIR ? REEL_E_INVALID : e == ENOMEM ? REEL_E_NOMEM
+                                                                                                      : REEL_E_IO;
 }
 
 /* ---- names ------------------------------------------------------------------------ */
@@ -161,41 +163,45 @@ static char *shape_text(int ndim, const int64_t *shape, char *buf, size_t len) {
     return kern_shape_text(ndim, shape, buf, len);
 }
 
-/* Records one tensor of file `where`; -1 with *why on a tensor that is not
- * the model's (foreign, unknown), a second copy, a mixed naming or a wrong
- * shape. */
-int wan_match_add(match_t *m, const item_t *it, const char *where, const char *const *part_name, wan_fail_t *why) {
+/* Records one tensor of file `where`; -1 (REEL_E_UNSUPPORTED) on a tensor
+ * that is not the model's (foreign, unknown), a second copy, a mixed
+ * naming or a wrong shape. */
+int wan_match_add(match_t *m, const item_t *it, const char *where, const char *const *part_name) {
     names_t how;
     long i = lookup(m, it->name, &how);
     if (i < 0) {
         if (m->reel) return 0; /* a Reel file may carry more */
         const char *kind = foreign_kind(it->name);
         if (kind)
-            return wan_fail(why, WAN_E_MODEL, "%s: tensor '%s' is %s: Reel serves Wan2.1 text-to-video transformers only",
-                        where, it->name, kind);
-        return wan_fail(why, WAN_E_MODEL, "%s: unknown tensor '%s': not a tensor of this Wan2.1 text-to-video transformer "
-                    "(config: %zu tensors)", where, it->name, m->n);
+            return reel_fail(REEL_E_UNSUPPORTED,
+                             "%s: tensor '%s' is %s: Reel serves Wan2.1 text-to-video transformers only", where,
+                             it->name, kind);
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: unknown tensor '%s': not a tensor of this Wan2.1 text-to-video transformer "
+                         "(config: %zu tensors)",
+                         where, it->name, m->n);
     }
     if (how != NAMES_ANY) {
         if (m->names != NAMES_ANY && m->names != how)
-            return wan_fail(why, WAN_E_MODEL, "%s: '%s' is a %s name, but '%s' is a %s name: one checkpoint, one naming",
-                        where, it->name, how == NAMES_WAN ? "Wan" : "diffusers", m->named_by,
-                        m->names == NAMES_WAN ? "Wan" : "diffusers");
+            return reel_fail(REEL_E_UNSUPPORTED,
+                             "%s: '%s' is a %s name, but '%s' is a %s name: one checkpoint, one naming", where,
+                             it->name, how == NAMES_WAN ? "Wan" : "diffusers", m->named_by,
+                             m->names == NAMES_WAN ? "Wan" : "diffusers");
         m->names = how;
         m->named_by = it->name;
     }
     /* one naming: a second copy can only come from another file */
     if (m->slot[i])
-        return wan_fail(why, WAN_E_MODEL, "tensor '%s' is in two files: %s and %s", it->name,
-                    part_name[m->slot[i]->part], part_name[it->part]);
+        return reel_fail(REEL_E_UNSUPPORTED, "tensor '%s' is in two files: %s and %s", it->name,
+                         part_name[m->slot[i]->part], part_name[it->part]);
     const tdit_weight_t *w = &m->w[i];
     bool same = it->ndim == w->ndim;
     for (int d = 0; same && d < w->ndim; d++) same = it->shape[d] == w->shape[d];
     if (!same) {
         char a[96], b[96];
-        return wan_fail(why, WAN_E_MODEL, "%s: %s is %s %s, the config needs %s", where, it->name,
-                    kern_dtype_name(it->dtype), shape_text(it->ndim, it->shape, a, sizeof a),
-                    shape_text(w->ndim, w->shape, b, sizeof b));
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: %s is %s %s, the config needs %s", where, it->name,
+                         kern_dtype_name(it->dtype), shape_text(it->ndim, it->shape, a, sizeof a),
+                         shape_text(w->ndim, w->shape, b, sizeof b));
     }
     m->slot[i] = it;
     return 0;
@@ -207,11 +213,11 @@ static const char *name_in(const match_t *m, size_t i) {
 }
 
 /* Every weight found? -1 naming the first missing one otherwise. */
-int wan_match_missing(const match_t *m, const char *where, wan_fail_t *why) {
+int wan_match_missing(const match_t *m, const char *where) {
     for (size_t i = 0; i < m->n; i++)
         if (!m->slot[i]) {
-            if (m->reel) return wan_fail(why, WAN_E_MODEL, "weights: missing tensor %s", m->w[i].name);
-            return wan_fail(why, WAN_E_MODEL, "%s: missing tensor %s", where, name_in(m, i));
+            if (m->reel) return reel_fail(REEL_E_UNSUPPORTED, "weights: missing tensor %s", m->w[i].name);
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: missing tensor %s", where, name_in(m, i));
         }
     return 0;
 }
@@ -279,82 +285,88 @@ static void name_config(tdit_config_t *c) {
 }
 
 /* j[key] as an integer into *out (def when absent and not required). */
-static int jint(const json_t *j, const char *key, bool required, int64_t def, int64_t *out, const char *where,
-                wan_fail_t *why) {
+static int jint(const json_t *j, const char *key, bool required, int64_t def, int64_t *out, const char *where) {
     const json_t *v = json_object_get(j, key);
     if (!v) {
-        if (required) return wan_fail(why, WAN_E_FILE, "%s: no '%s'", where, key);
+        if (required) return reel_fail(REEL_E_INVALID, "%s: no '%s'", where, key);
         *out = def;
         return 0;
     }
-    if (!json_is_integer(v)) return wan_fail(why, WAN_E_FILE, "%s: '%s' is not an integer", where, key);
+    if (!json_is_integer(v)) return reel_fail(REEL_E_INVALID, "%s: '%s' is not an integer", where, key);
     json_int_t x = json_integer_value(v);
-    if (x < 0 || x > ((json_int_t)1 << 30)) return wan_fail(why, WAN_E_MODEL, "%s: '%s' = %lld is out of range", where, key,
-                                                        (long long)x);
+    if (x < 0 || x > ((json_int_t)1 << 30))
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: '%s' = %lld is out of range", where, key, (long long)x);
     *out = (int64_t)x;
     return 0;
 }
 
 /* What Reel computes the same way or not at all: patch (1, 2, 2), eps 1e-6. */
-static int check_common(const json_t *j, const char *where, wan_fail_t *why) {
+static int check_common(const json_t *j, const char *where) {
     const json_t *p = json_object_get(j, "patch_size");
     if (p && !json_is_null(p)) {
         bool ok = json_is_array(p) && json_array_size(p) == 3;
         for (size_t i = 0; ok && i < 3; i++)
             ok = json_is_integer(json_array_get(p, i)) && json_integer_value(json_array_get(p, i)) == (i ? 2 : 1);
-        if (!ok) return wan_fail(why, WAN_E_MODEL, "%s: patch_size is not [1, 2, 2] (Reel patchifies by 1x2x2)", where);
+        if (!ok)
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: patch_size is not [1, 2, 2] (Reel patchifies by 1x2x2)", where);
     }
     const json_t *e = json_object_get(j, "eps");
     if (e && (!json_is_number(e) || fabs(json_number_value(e) - 1e-6) > 1e-12))
-        return wan_fail(why, WAN_E_MODEL, "%s: eps %g: Reel's norms use 1e-6", where, json_is_number(e) ? json_number_value(e) : NAN);
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: eps %g: Reel's norms use 1e-6", where,
+                         json_is_number(e) ? json_number_value(e) : NAN);
     return 0;
 }
 
-static int require_true(const json_t *j, const char *key, const char *what, const char *where, wan_fail_t *why) {
+static int require_true(const json_t *j, const char *key, const char *what, const char *where) {
     const json_t *v = json_object_get(j, key);
-    if (v && !json_is_true(v)) return wan_fail(why, WAN_E_MODEL, "%s: %s is not true: Reel's blocks %s", where, key, what);
+    if (v && !json_is_true(v))
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: %s is not true: Reel's blocks %s", where, key, what);
     return 0;
 }
 
 /* Wan's own config.json (wan/modules/model.py's WanModel arguments; absent
  * keys take its defaults, except the sizes, which must be there). */
-static int wan_config(const json_t *j, const char *where, tdit_config_t *c, wan_fail_t *why) {
+static int wan_config(const json_t *j, const char *where, tdit_config_t *c) {
     const json_t *mt = json_object_get(j, "model_type");
     if (mt) {
         const char *t = json_string_value(mt);
-        if (!t) return wan_fail(why, WAN_E_FILE, "%s: 'model_type' is not a string", where);
+        if (!t) return reel_fail(REEL_E_INVALID, "%s: 'model_type' is not a string", where);
         if (strcmp(t, "t2v")) {
             const char *what = !strcmp(t, "i2v") ? "an image-to-video model"
                              : !strcmp(t, "flf2v") ? "a first-last-frame-to-video model"
                              : !strcmp(t, "vace") ? "a VACE (video editing) model"
                              : "not a text-to-video model";
-            return wan_fail(why, WAN_E_MODEL, "%s: model_type '%.32s' is %s: Reel serves Wan2.1 text-to-video (t2v) only",
-                        where, t, what);
+            return reel_fail(REEL_E_UNSUPPORTED,
+                             "%s: model_type '%.32s' is %s: Reel serves Wan2.1 text-to-video (t2v) only", where, t,
+                             what);
         }
     }
     int64_t out_dim;
     memset(c, 0, sizeof *c);
-    if (jint(j, "dim", true, 0, &c->dim, where, why) || jint(j, "num_heads", true, 0, &c->heads, where, why) ||
-        jint(j, "num_layers", true, 0, &c->layers, where, why) || jint(j, "ffn_dim", true, 0, &c->ffn_dim, where, why) ||
-        jint(j, "in_dim", true, 0, &c->in_channels, where, why) || jint(j, "out_dim", false, 16, &out_dim, where, why) ||
-        jint(j, "text_dim", false, 4096, &c->text_dim, where, why) ||
-        jint(j, "freq_dim", false, 256, &c->freq_dim, where, why) ||
-        jint(j, "text_len", false, WAN_TEXT_LEN, &c->text_len, where, why))
+    if (jint(j, "dim", true, 0, &c->dim, where) || jint(j, "num_heads", true, 0, &c->heads, where) ||
+        jint(j, "num_layers", true, 0, &c->layers, where) || jint(j, "ffn_dim", true, 0, &c->ffn_dim, where) ||
+        jint(j, "in_dim", true, 0, &c->in_channels, where) || jint(j, "out_dim", false, 16, &out_dim, where) ||
+        jint(j, "text_dim", false, 4096, &c->text_dim, where) ||
+        jint(j, "freq_dim", false, 256, &c->freq_dim, where) ||
+        jint(j, "text_len", false, WAN_TEXT_LEN, &c->text_len, where))
         return -1;
     if (c->in_channels != out_dim)
-        return wan_fail(why, WAN_E_MODEL, "%s: in_dim %" PRId64 " != out_dim %" PRId64 ": the input carries more than the "
-                    "latent (an image- or video-conditioned model); Reel serves text-to-video only", where,
-                    c->in_channels, out_dim);
-    if (c->text_len < 1) return wan_fail(why, WAN_E_MODEL, "%s: text_len %" PRId64 " must be positive", where, c->text_len);
-    if (check_common(j, where, why) || require_true(j, "qk_norm", "normalise q and k (RMS)", where, why) ||
-        require_true(j, "cross_attn_norm", "normalise before cross-attention (norm3)", where, why))
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: in_dim %" PRId64 " != out_dim %" PRId64 ": the input carries more than the "
+                         "latent (an image- or video-conditioned model); Reel serves text-to-video only",
+                         where, c->in_channels, out_dim);
+    if (c->text_len < 1)
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: text_len %" PRId64 " must be positive", where, c->text_len);
+    if (check_common(j, where) || require_true(j, "qk_norm", "normalise q and k (RMS)", where) ||
+        require_true(j, "cross_attn_norm", "normalise before cross-attention (norm3)", where))
         return -1;
     const json_t *w = json_object_get(j, "window_size");
     if (w && !json_is_null(w)) {
         bool ok = json_is_array(w) && json_array_size(w) == 2;
         for (size_t i = 0; ok && i < 2; i++)
             ok = json_is_integer(json_array_get(w, i)) && json_integer_value(json_array_get(w, i)) == -1;
-        if (!ok) return wan_fail(why, WAN_E_MODEL, "%s: window_size is not [-1, -1]: Reel's attention is global", where);
+        if (!ok)
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: window_size is not [-1, -1]: Reel's attention is global", where);
     }
     return 0;
 }
@@ -362,7 +374,7 @@ static int wan_config(const json_t *j, const char *where, tdit_config_t *c, wan_
 /* diffusers' WanTransformer3DModel config.json (its defaults for absent
  * keys, except the sizes). diffusers has no text_len: WanPipeline pads
  * every prompt to max_sequence_length 512, as Wan does. */
-static int diffusers_config(const json_t *j, const char *where, tdit_config_t *c, wan_fail_t *why) {
+static int diffusers_config(const json_t *j, const char *where, tdit_config_t *c) {
     static const struct { const char *k, *what; } image[] = {
         { "image_dim", "an image-to-video transformer (image embedding)" },
         { "added_kv_proj_dim", "an image-to-video transformer (image cross-attention)" },
@@ -371,48 +383,53 @@ static int diffusers_config(const json_t *j, const char *where, tdit_config_t *c
     for (size_t i = 0; i < sizeof image / sizeof image[0]; i++) {
         const json_t *v = json_object_get(j, image[i].k);
         if (v && !json_is_null(v))
-            return wan_fail(why, WAN_E_MODEL, "%s: %s is set: %s; Reel serves Wan2.1 text-to-video only", where,
-                        image[i].k, image[i].what);
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: %s is set: %s; Reel serves Wan2.1 text-to-video only", where,
+                             image[i].k, image[i].what);
     }
     int64_t heads, head_dim, out_ch;
     memset(c, 0, sizeof *c);
-    if (jint(j, "num_attention_heads", true, 0, &heads, where, why) ||
-        jint(j, "attention_head_dim", true, 0, &head_dim, where, why) ||
-        jint(j, "num_layers", true, 0, &c->layers, where, why) || jint(j, "ffn_dim", true, 0, &c->ffn_dim, where, why) ||
-        jint(j, "in_channels", true, 0, &c->in_channels, where, why) ||
-        jint(j, "out_channels", false, 16, &out_ch, where, why) ||
-        jint(j, "text_dim", false, 4096, &c->text_dim, where, why) ||
-        jint(j, "freq_dim", false, 256, &c->freq_dim, where, why))
+    if (jint(j, "num_attention_heads", true, 0, &heads, where) ||
+        jint(j, "attention_head_dim", true, 0, &head_dim, where) ||
+        jint(j, "num_layers", true, 0, &c->layers, where) || jint(j, "ffn_dim", true, 0, &c->ffn_dim, where) ||
+        jint(j, "in_channels", true, 0, &c->in_channels, where) ||
+        jint(j, "out_channels", false, 16, &out_ch, where) ||
+        jint(j, "text_dim", false, 4096, &c->text_dim, where) ||
+        jint(j, "freq_dim", false, 256, &c->freq_dim, where))
         return -1;
     c->heads = heads;
     c->dim = heads * head_dim;
     c->text_len = WAN_TEXT_LEN;
     if (c->in_channels != out_ch)
-        return wan_fail(why, WAN_E_MODEL, "%s: in_channels %" PRId64 " != out_channels %" PRId64 ": an image- or "
-                    "video-conditioned model; Reel serves text-to-video only", where, c->in_channels, out_ch);
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: in_channels %" PRId64 " != out_channels %" PRId64 ": an image- or "
+                         "video-conditioned model; Reel serves text-to-video only",
+                         where, c->in_channels, out_ch);
     const json_t *q = json_object_get(j, "qk_norm");
     if (q && (!json_is_string(q) || strcmp(json_string_value(q), "rms_norm_across_heads")))
-        return wan_fail(why, WAN_E_MODEL, "%s: qk_norm is not \"rms_norm_across_heads\": Reel normalises q and k over the "
-                    "whole width", where);
-    if (check_common(j, where, why) ||
-        require_true(j, "cross_attn_norm", "normalise before cross-attention (norm2)", where, why))
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: qk_norm is not \"rms_norm_across_heads\": Reel normalises q and k over the whole width",
+                         where);
+    if (check_common(j, where) ||
+        require_true(j, "cross_attn_norm", "normalise before cross-attention (norm2)", where))
         return -1;
     return 0;
 }
 
 /* The config of config.json j, either kind; *diffusers says which. */
-int wan_json_config(const json_t *j, const char *where, tdit_config_t *c, bool *diffusers, wan_fail_t *why) {
-    if (!json_is_object(j)) return wan_fail(why, WAN_E_FILE, "%s: not a JSON object", where);
+int wan_json_config(const json_t *j, const char *where, tdit_config_t *c, bool *diffusers) {
+    if (!json_is_object(j)) return reel_fail(REEL_E_INVALID, "%s: not a JSON object", where);
     const json_t *cls = json_object_get(j, "_class_name");
     const char *cn = json_string_value(cls);
-    if (cls && !cn) return wan_fail(why, WAN_E_FILE, "%s: '_class_name' is not a string", where);
+    if (cls && !cn) return reel_fail(REEL_E_INVALID, "%s: '_class_name' is not a string", where);
     if (cn && strcmp(cn, "WanModel") && strcmp(cn, "WanTransformer3DModel"))
-        return wan_fail(why, WAN_E_MODEL, "%s: class '%.64s' is not a Wan2.1 text-to-video transformer (WanModel or "
-                    "WanTransformer3DModel)", where, cn);
+        return reel_fail(REEL_E_UNSUPPORTED,
+                         "%s: class '%.64s' is not a Wan2.1 text-to-video transformer (WanModel or "
+                         "WanTransformer3DModel)",
+                         where, cn);
     *diffusers = cn ? !strcmp(cn, "WanTransformer3DModel") : json_object_get(j, "num_attention_heads") != NULL;
-    if ((*diffusers ? diffusers_config : wan_config)(j, where, c, why) != 0) return -1;
+    if ((*diffusers ? diffusers_config : wan_config)(j, where, c) != 0) return -1;
     name_config(c);
-    if (tdit_config_validate(c) != 0) return wan_fail(why, WAN_E_MODEL, "%s: %s", where, reel_err_text());
+    if (tdit_config_validate(c) != 0) return reel_fail(REEL_E_UNSUPPORTED, "%s: %s", where, reel_err_text());
     return 0;
 }
 

@@ -125,7 +125,7 @@ static void add_as(st_writer_t *w, const st_file_t *src, const st_tensor_t *t, c
     for (size_t i = 0; i < n; i++) h[i] = dt == KERN_BF16 ? kern_f32_to_bf16(v[i]) : kern_f32_to_f16(v[i]);
     int64_t one[1] = { (int64_t)n };
     ck_assert_msg(st_writer_add(w, name, dt, flat ? 1 : t->ndim, flat ? one : t->shape,
-                                dt == KERN_F32 ? (const void *)v : (const void *)h) == 0, "%s", kern_error());
+                                dt == KERN_F32 ? (const void *)v : (const void *)h) == 0, "%s", reel_err_text());
     free(v);
     free(h);
 }
@@ -168,7 +168,7 @@ static void write_layout(const char *folder, const lay_t *l) {
     char p[PATH_MAX];
     for (int s = 0; s < nf; s++) {
         snprintf(p, sizeof p, "%s/%s", folder, fname[s]);
-        ck_assert_msg(st_writer_save(w[s], p) == 0, "%s", kern_error());
+        ck_assert_msg(st_writer_save(w[s], p) == 0, "%s", reel_err_text());
         st_writer_destroy(&w[s]);
     }
     if (l->shards) {
@@ -202,7 +202,7 @@ static void setup(void) {
     ck_assert_int_eq(tdit_config_builtin("tiny", &tiny), 0);
     tiny.text_len = 512;
     snprintf(native, sizeof native, "%s/native.safetensors", dir);
-    ck_assert_msg(tdit_weights_init(&tiny, 11, native) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_weights_init(&tiny, 11, native) == 0, "%s", reel_err_text());
     write_native_as(at("native-bf16.safetensors"), KERN_BF16);
     write_native_as(at("native-f16.safetensors"), KERN_F16);
     write_layout(at("original"), &(lay_t){ .dt = KERN_F32 });
@@ -246,7 +246,7 @@ static void same_weights(const st_file_t *got, const char *want_path) {
         free(b);
     }
     tdit_config_t c;
-    ck_assert_msg(tdit_config_from_meta(got, &c) == 0, "%s", kern_error());
+    ck_assert_msg(tdit_config_from_meta(got, &c) == 0, "%s", reel_err_text());
     ck_assert(tdit_config_same_network(&c, &tiny));
     ck_assert_str_eq(c.name, "tiny");
     ck_assert_int_eq(c.text_len, 512);
@@ -254,10 +254,8 @@ static void same_weights(const st_file_t *got, const char *want_path) {
 }
 
 static wan_ckpt_t *open_ok(const char *path, const wan_opts_t *o) {
-    wan_fail_t why = WAN_E_MODEL;
-    wan_ckpt_t *c = wan_ckpt_open(path, o, &why);
-    ck_assert_msg(c != NULL, "%s: %s", path, kern_error());
-    ck_assert_int_eq(why, WAN_OK);
+    wan_ckpt_t *c = wan_ckpt_open(path, o);
+    ck_assert_msg(c != NULL, "%s: %s", path, reel_err_text());
     return c;
 }
 
@@ -297,11 +295,11 @@ static float *two_steps(const char *weights) {
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, weights, KERN_F32);
-    ck_assert_msg(m != NULL, "%s: %s", weights, kern_error());
+    ck_assert_msg(m != NULL, "%s: %s", weights, reel_err_text());
     ck_assert_int_eq(tdit_model_config(m)->text_len, 512);
     tdit_shape_t sh = { .frames = 2, .height = 8, .width = 8, .text_len = 5, .cfg = true, .batch = 1 };
     tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
-    ck_assert_msg(ws != NULL, "%s", kern_error());
+    ck_assert_msg(ws != NULL, "%s", reel_err_text());
     size_t nl = 4 * 2 * 8 * 8, nc = 5 * 32;
     float *lat = malloc(nl * 4), ctx[5 * 32], unc[5 * 32];
     for (size_t j = 0; j < nl; j++) lat[j] = kern_philox_normal(1, 0, j);
@@ -317,7 +315,7 @@ static float *two_steps(const char *weights) {
     for (int i = 0; i < 2; i++) {
         const float sv[3] = { (float)sig[i], (float)sig[i + 1], (float)sig[1] };
         ck_assert_int_eq(tdit_ws_bind_step(ws, s, sv, 4.0f), 0);
-        ck_assert_msg(tdit_step(m, ws, s) == 0, "%s", kern_error());
+        ck_assert_msg(tdit_step(m, ws, s) == 0, "%s", reel_err_text());
     }
     ck_assert_int_eq(tdit_ws_read_latent(ws, s, lat, nl), 0);
     ck_assert_int_eq(kern_stream_sync(s), 0);
@@ -384,51 +382,51 @@ START_TEST(test_the_identity_is_the_file_bytes_or_the_index_then_each_shard_dige
 }
 END_TEST
 
-/* Opens path, which must fail as kind with every substring in the message. */
-#define expect_refused(path, o, kind, ...)                                                           \
+/* Opens path, which must fail with code with every substring in the message. */
+#define expect_refused(path, o, code, ...)                                                           \
     do {                                                                                             \
-        wan_fail_t why_ = WAN_OK;                                                                    \
-        kern_error_clear();                                                                          \
-        wan_ckpt_t *c_ = wan_ckpt_open((path), (o), &why_);                                          \
+        reel_err_clear();                                                                            \
+        wan_ckpt_t *c_ = wan_ckpt_open((path), (o));                                                 \
         ck_assert_msg(c_ == NULL, "%s loaded", (path));                                              \
-        ck_assert_msg(why_ == (kind), "%s: kind %d, wanted %d: %s", (path), why_, (kind), kern_error()); \
+        ck_assert_msg(reel_err_code() == (code), "%s: code %s, wanted %s: %s", (path),               \
+                      reel_code_name(reel_err_code()), reel_code_name(code), reel_err_text());      \
         const char *subs_[] = { __VA_ARGS__ };                                                       \
         for (size_t i_ = 0; i_ < sizeof subs_ / sizeof subs_[0]; i_++)                               \
-            ck_assert_msg(strstr(kern_error(), subs_[i_]), "'%s' lacks '%s'", kern_error(), subs_[i_]); \
+            ck_assert_msg(strstr(reel_err_text(), subs_[i_]), "'%s' lacks '%s'", reel_err_text(), subs_[i_]); \
     } while (0)
 
 START_TEST(test_incomplete_duplicated_and_extra_tensors_are_refused_naming_tensor_and_shard) {
     write_layout(at("missing"), &(lay_t){ .dt = KERN_F32, .shards = 2, .drop = "blocks.1.ffn.2.bias" });
-    expect_refused(at("missing"), NULL, WAN_E_MODEL, "missing tensor blocks.1.ffn.2.bias");
+    expect_refused(at("missing"), NULL, REEL_E_UNSUPPORTED, "missing tensor blocks.1.ffn.2.bias");
     write_layout(at("missing-d"), &(lay_t){ .diffusers = true, .dt = KERN_F32, .drop = "blocks.0.norm3.weight" });
-    expect_refused(at("missing-d"), NULL, WAN_E_MODEL, "missing tensor blocks.0.norm2.weight"); /* its diffusers name */
+    expect_refused(at("missing-d"), NULL, REEL_E_UNSUPPORTED, "missing tensor blocks.0.norm2.weight"); /* its diffusers name */
     write_layout(at("dup"), &(lay_t){ .dt = KERN_F32, .shards = 3, .dup = "blocks.0.self_attn.q.weight" });
-    expect_refused(at("dup"), NULL, WAN_E_MODEL, "blocks.0.self_attn.q.weight", "two files",
+    expect_refused(at("dup"), NULL, REEL_E_UNSUPPORTED, "blocks.0.self_attn.q.weight", "two files",
                    "diffusion_pytorch_model-00001-of-00003.safetensors",
                    "diffusion_pytorch_model-00002-of-00003.safetensors");
     write_layout(at("extra"), &(lay_t){ .dt = KERN_F32, .shards = 2, .extra = "blocks.0.lora_A.weight" });
-    expect_refused(at("extra"), NULL, WAN_E_MODEL, "unknown tensor 'blocks.0.lora_A.weight'",
+    expect_refused(at("extra"), NULL, REEL_E_UNSUPPORTED, "unknown tensor 'blocks.0.lora_A.weight'",
                    "diffusion_pytorch_model-00002-of-00002.safetensors");
     write_layout(at("shape"), &(lay_t){ .dt = KERN_BF16, .reshape = "head.modulation" });
-    expect_refused(at("shape"), NULL, WAN_E_MODEL, "head.modulation is BF16 [128]", "[1,2,64]");
+    expect_refused(at("shape"), NULL, REEL_E_UNSUPPORTED, "head.modulation is BF16 [128]", "[1,2,64]");
     write_layout(at("mixed"), &(lay_t){ .dt = KERN_F32, .config = diff_json, .extra = "proj_out.weight" });
-    expect_refused(at("mixed"), NULL, WAN_E_MODEL, "proj_out.weight");
+    expect_refused(at("mixed"), NULL, REEL_E_UNSUPPORTED, "proj_out.weight");
 }
 END_TEST
 
 START_TEST(test_a_missing_shard_or_an_index_reaching_outside_its_folder_is_refused) {
     write_layout(at("noshard"), &(lay_t){ .dt = KERN_F32, .shards = 3 });
     ck_assert_int_eq(unlink(at("noshard/diffusion_pytorch_model-00002-of-00003.safetensors")), 0);
-    expect_refused(at("noshard"), NULL, WAN_E_FILE, "diffusion_pytorch_model-00002-of-00003.safetensors",
+    expect_refused(at("noshard"), NULL, REEL_E_NOT_FOUND, "diffusion_pytorch_model-00002-of-00003.safetensors",
                    "No such file");
     write_layout(at("escape"), &(lay_t){ .dt = KERN_F32, .shards = 2, .shard_name = "../native.safetensors" });
-    expect_refused(at("escape"), NULL, WAN_E_FILE, "'../native.safetensors'", "not a file in the index's folder");
+    expect_refused(at("escape"), NULL, REEL_E_INVALID, "'../native.safetensors'", "not a file in the index's folder");
     write_layout(at("escape2"), &(lay_t){ .dt = KERN_F32, .shards = 2, .shard_name = "sub/x.safetensors" });
-    expect_refused(at("escape2"), NULL, WAN_E_FILE, "'sub/x.safetensors'");
+    expect_refused(at("escape2"), NULL, REEL_E_INVALID, "'sub/x.safetensors'");
     /* the index names a file that holds other tensors than it says */
     write_layout(at("liar"), &(lay_t){ .dt = KERN_F32, .shards = 2,
                                        .shard_name = "diffusion_pytorch_model-00002-of-00002.safetensors" });
-    expect_refused(at("liar"), NULL, WAN_E_MODEL, "which does not hold it");
+    expect_refused(at("liar"), NULL, REEL_E_UNSUPPORTED, "which does not hold it");
     /* a tensor of shard 2 the index puts in shard 1 */
     write_layout(at("moved"), &(lay_t){ .dt = KERN_F32, .shards = 2 });
     FILE *f = fopen(at("moved/diffusion_pytorch_model.safetensors.index.json"), "r");
@@ -438,7 +436,7 @@ START_TEST(test_a_missing_shard_or_an_index_reaching_outside_its_folder_is_refus
     put_text(at("moved/diffusion_pytorch_model.safetensors.index.json"),
              subst(moved, sizeof moved, idx, "\"head.head.bias\":\"diffusion_pytorch_model-00002",
                    "\"head.head.bias\":\"diffusion_pytorch_model-00001"));
-    expect_refused(at("moved"), NULL, WAN_E_MODEL, "head.head.bias", "00002-of-00002.safetensors",
+    expect_refused(at("moved"), NULL, REEL_E_UNSUPPORTED, "head.head.bias", "00002-of-00002.safetensors",
                    "is here, but the index puts it in diffusion_pytorch_model-00001-of-00002.safetensors");
 }
 END_TEST
@@ -447,63 +445,63 @@ START_TEST(test_foreign_wan_models_are_refused_naming_what_was_found) {
     char cfg[1024];
     subst(cfg, sizeof cfg, wan_json, "\"t2v\"", "\"i2v\"");
     write_layout(at("i2v"), &(lay_t){ .dt = KERN_F32, .config = cfg });
-    expect_refused(at("i2v"), NULL, WAN_E_MODEL, "model_type 'i2v'", "image-to-video");
+    expect_refused(at("i2v"), NULL, REEL_E_UNSUPPORTED, "model_type 'i2v'", "image-to-video");
     subst(cfg, sizeof cfg, wan_json, "\"t2v\"", "\"flf2v\"");
     write_layout(at("flf2v"), &(lay_t){ .dt = KERN_F32, .config = cfg });
-    expect_refused(at("flf2v"), NULL, WAN_E_MODEL, "flf2v");
+    expect_refused(at("flf2v"), NULL, REEL_E_UNSUPPORTED, "flf2v");
     write_layout(at("inout"), &(lay_t){ .dt = KERN_F32, .config = "{\"dim\":64,\"num_heads\":4,\"num_layers\":2,"
                                         "\"ffn_dim\":128,\"in_dim\":36,\"out_dim\":4,\"text_dim\":32}" });
-    expect_refused(at("inout"), NULL, WAN_E_MODEL, "in_dim 36 != out_dim 4");
+    expect_refused(at("inout"), NULL, REEL_E_UNSUPPORTED, "in_dim 36 != out_dim 4");
     write_layout(at("img"), &(lay_t){ .dt = KERN_F32, .extra = "img_emb.proj.1.weight" });
-    expect_refused(at("img"), NULL, WAN_E_MODEL, "img_emb.proj.1.weight", "image embedding");
+    expect_refused(at("img"), NULL, REEL_E_UNSUPPORTED, "img_emb.proj.1.weight", "image embedding");
     write_layout(at("kimg"), &(lay_t){ .dt = KERN_F32, .extra = "blocks.0.cross_attn.k_img.weight" });
-    expect_refused(at("kimg"), NULL, WAN_E_MODEL, "k_img", "image-to-video");
+    expect_refused(at("kimg"), NULL, REEL_E_UNSUPPORTED, "k_img", "image-to-video");
     write_layout(at("dimg"), &(lay_t){ .diffusers = true, .dt = KERN_F32, .extra = "blocks.1.attn2.add_k_proj.weight" });
-    expect_refused(at("dimg"), NULL, WAN_E_MODEL, "add_k_proj");
+    expect_refused(at("dimg"), NULL, REEL_E_UNSUPPORTED, "add_k_proj");
     subst(cfg, sizeof cfg, diff_json, "\"image_dim\":null", "\"image_dim\":1280");
     write_layout(at("dimgcfg"), &(lay_t){ .diffusers = true, .dt = KERN_F32, .config = cfg });
-    expect_refused(at("dimgcfg"), NULL, WAN_E_MODEL, "image_dim");
+    expect_refused(at("dimgcfg"), NULL, REEL_E_UNSUPPORTED, "image_dim");
     write_layout(at("vace"), &(lay_t){ .dt = KERN_F32, .config = "{\"_class_name\":\"VaceWanModel\",\"dim\":64}" });
-    expect_refused(at("vace"), NULL, WAN_E_MODEL, "class 'VaceWanModel'");
+    expect_refused(at("vace"), NULL, REEL_E_UNSUPPORTED, "class 'VaceWanModel'");
     snprintf(cfg, sizeof cfg, "%.*s,\"qk_norm\":false}", (int)(strlen(wan_json) - 1), wan_json);
     write_layout(at("noqk"), &(lay_t){ .dt = KERN_F32, .config = cfg });
-    expect_refused(at("noqk"), NULL, WAN_E_MODEL, "qk_norm");
+    expect_refused(at("noqk"), NULL, REEL_E_UNSUPPORTED, "qk_norm");
     subst(cfg, sizeof cfg, wan_json, "1e-06", "1e-05");
     write_layout(at("eps"), &(lay_t){ .dt = KERN_F32, .config = cfg });
-    expect_refused(at("eps"), NULL, WAN_E_MODEL, "eps");
+    expect_refused(at("eps"), NULL, REEL_E_UNSUPPORTED, "eps");
     ck_assert_int_eq(mkdir(at("pipe-i2v"), 0700), 0);
     put_text(at("pipe-i2v/model_index.json"), "{\"_class_name\":\"WanImageToVideoPipeline\"}");
     write_layout(at("pipe-i2v/transformer"), &(lay_t){ .diffusers = true, .dt = KERN_F32 });
-    expect_refused(at("pipe-i2v"), NULL, WAN_E_MODEL, "WanImageToVideoPipeline");
+    expect_refused(at("pipe-i2v"), NULL, REEL_E_UNSUPPORTED, "WanImageToVideoPipeline");
 }
 END_TEST
 
 START_TEST(test_a_missing_or_malformed_config_json_is_refused) {
     write_layout(at("nocfg"), &(lay_t){ .dt = KERN_F32, .config = "-" });
-    expect_refused(at("nocfg"), NULL, WAN_E_FILE, "no Reel metadata and no config.json");
+    expect_refused(at("nocfg"), NULL, REEL_E_INVALID, "no Reel metadata and no config.json");
     write_layout(at("badcfg"), &(lay_t){ .dt = KERN_F32, .config = "{\"dim\": 64," });
-    expect_refused(at("badcfg"), NULL, WAN_E_FILE, "config.json", "not valid JSON");
+    expect_refused(at("badcfg"), NULL, REEL_E_INVALID, "config.json", "not valid JSON");
     write_layout(at("cfgtype"), &(lay_t){ .dt = KERN_F32, .config = "{\"dim\":\"64\"}" });
-    expect_refused(at("cfgtype"), NULL, WAN_E_FILE, "'dim' is not an integer");
+    expect_refused(at("cfgtype"), NULL, REEL_E_INVALID, "'dim' is not an integer");
     write_layout(at("cfgarr"), &(lay_t){ .dt = KERN_F32, .config = "[1,2]" });
-    expect_refused(at("cfgarr"), NULL, WAN_E_FILE, "not a JSON object");
+    expect_refused(at("cfgarr"), NULL, REEL_E_INVALID, "not a JSON object");
     /* another size: refused against the model expected, loads on its own as a custom config */
     char cfg[1024];
     subst(cfg, sizeof cfg, wan_json, "\"ffn_dim\":128", "\"ffn_dim\":256");
     write_layout(at("other"), &(lay_t){ .dt = KERN_F32, .config = cfg });
-    expect_refused(at("other"), NULL, WAN_E_MODEL, "the config needs");
+    expect_refused(at("other"), NULL, REEL_E_UNSUPPORTED, "the config needs");
     expect_refused(at("original"), (&(wan_opts_t){ .expect = &(tdit_config_t){ "small", 384, 6, 12, 1024, 16, 256, 256, 0 } }),
-                   WAN_E_MODEL, "does not match the resident small");
+                   REEL_E_UNSUPPORTED, "does not match the resident small");
     /* a folder of nothing, of two checkpoints, and a FIFO */
     ck_assert_int_eq(mkdir(at("empty"), 0700), 0);
-    expect_refused(at("empty"), NULL, WAN_E_FILE, "no safetensors file or index");
+    expect_refused(at("empty"), NULL, REEL_E_NOT_FOUND, "no safetensors file or index");
     ck_assert_int_eq(mkdir(at("two"), 0700), 0);
     ck_assert_int_eq(tdit_weights_init(&tiny, 1, at("two/a.safetensors")), 0);
     ck_assert_int_eq(tdit_weights_init(&tiny, 2, at("two/b.safetensors")), 0);
-    expect_refused(at("two"), NULL, WAN_E_FILE, "several checkpoints", "a.safetensors", "b.safetensors");
+    expect_refused(at("two"), NULL, REEL_E_INVALID, "several checkpoints", "a.safetensors", "b.safetensors");
     ck_assert_int_eq(mkfifo(at("fifo.safetensors"), 0600), 0);
-    expect_refused(at("fifo.safetensors"), NULL, WAN_E_FILE, "not a regular file");
-    expect_refused(at("original/config.json"), NULL, WAN_E_FILE, "no safetensors index");
+    expect_refused(at("fifo.safetensors"), NULL, REEL_E_INVALID, "not a regular file");
+    expect_refused(at("original/config.json"), NULL, REEL_E_INVALID, "no safetensors index");
 }
 END_TEST
 
@@ -518,7 +516,7 @@ START_TEST(test_without_its_config_a_raw_file_is_judged_against_the_model_expect
     ck_assert_int_eq(tdit_config_builtin("small", &small), 0);
     o.expect = &small;
     o.max_data = (uint64_t)tdit_config_params(&small) * 4;
-    expect_refused(at("raw"), &o, WAN_E_MODEL, "cannot hold the model");
+    expect_refused(at("raw"), &o, REEL_E_UNSUPPORTED, "cannot hold the model");
 }
 END_TEST
 
@@ -529,14 +527,14 @@ START_TEST(test_symlinks_inside_a_checkpoint_are_followed_only_when_allowed) {
     wan_ckpt_t *c = open_ok(at("linked"), NULL); /* a Hugging Face cache snapshot is all symlinks */
     same_weights(wan_ckpt_file(c), native);
     wan_ckpt_destroy(&c);
-    expect_refused(at("linked"), (&(wan_opts_t){ .nofollow = true }), WAN_E_FILE, "symlinks are not followed",
+    expect_refused(at("linked"), (&(wan_opts_t){ .nofollow = true }), REEL_E_INVALID, "symlinks are not followed",
                    "00002-of-00002");
 }
 END_TEST
 
 START_TEST(test_a_stop_ends_the_read_with_its_own_kind) {
     static atomic_bool stop = true;
-    expect_refused(at("sharded"), (&(wan_opts_t){ .stop = &stop }), WAN_E_STOPPED, "reading stopped");
+    expect_refused(at("sharded"), (&(wan_opts_t){ .stop = &stop }), REEL_E_STATE, "reading stopped");
 }
 END_TEST
 
@@ -547,8 +545,7 @@ START_TEST(test_an_uploaded_release_file_in_memory_gets_reel_names_without_a_cop
     const void *lo = data;
     for (size_t i = 0; i < st_count(f); i++)
         if (st_at(f, i)->data < lo) lo = st_at(f, i)->data;
-    wan_fail_t why;
-    ck_assert_msg(wan_ckpt_adopt(&f, &tiny, &why) == 0, "%s", kern_error());
+    ck_assert_msg(wan_ckpt_adopt(&f, &tiny) == 0, "%s", reel_err_text());
     same_weights(f, at("native-f16.safetensors"));
     const void *lo2 = st_at(f, 0)->data;
     for (size_t i = 0; i < st_count(f); i++)
@@ -557,24 +554,24 @@ START_TEST(test_an_uploaded_release_file_in_memory_gets_reel_names_without_a_cop
     st_close(&f);
     /* a Reel file stays as it is */
     f = st_open(native);
-    ck_assert_int_eq(wan_ckpt_adopt(&f, &tiny, &why), 0);
+    ck_assert_int_eq(wan_ckpt_adopt(&f, &tiny), 0);
     ck_assert_str_eq(st_meta(f, "config"), "tiny");
     st_close(&f);
     /* an image model's file: refused, closed */
     write_layout(at("upimg"), &(lay_t){ .dt = KERN_F32, .extra = "img_emb.proj.0.weight", .config = "-" });
     f = st_open(at("upimg/diffusion_pytorch_model.safetensors"));
-    ck_assert_int_eq(wan_ckpt_adopt(&f, &tiny, &why), -1);
+    ck_assert_int_eq(wan_ckpt_adopt(&f, &tiny), -1);
     ck_assert_ptr_null(f);
-    ck_assert_int_eq(why, WAN_E_MODEL);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "img_emb.proj.0.weight"));
+    ck_assert_int_eq(reel_err_code(), REEL_E_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "img_emb.proj.0.weight"));
     f = st_open(at("original/diffusion_pytorch_model.safetensors"));
-    ck_assert_int_eq(wan_ckpt_adopt(&f, NULL, &why), -1);
-    ck_assert_int_eq(why, WAN_E_FILE);
+    ck_assert_int_eq(wan_ckpt_adopt(&f, NULL), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
 }
 END_TEST
 
 START_TEST(test_a_packed_checkpoint_is_one_reel_file_that_carries_text_len) {
-    ck_assert_msg(wan_ckpt_pack(at("sharded"), at("packed.safetensors")) == 0, "%s", kern_error());
+    ck_assert_msg(wan_ckpt_pack(at("sharded"), at("packed.safetensors")) == 0, "%s", reel_err_text());
     wan_ckpt_t *c = open_ok(at("packed.safetensors"), NULL);
     ck_assert_str_eq(wan_layout_name(wan_ckpt_layout(c)), "reel");
     same_weights(wan_ckpt_file(c), at("native-bf16.safetensors"));
@@ -632,7 +629,7 @@ START_TEST(test_configs_carry_text_len_and_know_wan2_1_14b) {
     int64_t p = tdit_config_params(&c);
     ck_assert_msg(p > 14000000000LL && p < 14400000000LL, "%lld parameters", (long long)p);
     ck_assert_int_eq(tdit_config_builtin("wan2.1-15b", &c), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "wan2.1-14b"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "wan2.1-14b"));
     /* text_len in a Reel file's metadata and in a JSON config; absent is 0 */
     st_file_t *f = st_open(native);
     ck_assert_int_eq(tdit_config_from_meta(f, &c), 0);

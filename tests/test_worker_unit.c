@@ -692,7 +692,7 @@ START_TEST(test_sha256_of_abc_matches_the_fips_180_2_digest_whole_in_parts_and_f
     reel_sha256_parts(parts, lens, 2, hex);
     ck_assert_str_eq(hex, SHA_ABC);
     ck_assert_int_eq(reel_sha256_file("/nonexistent/x", hex), -1);
-    ck_assert_ptr_nonnull(strstr(kern_error(), "/nonexistent/x"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "/nonexistent/x"));
     unlink(path);
 }
 END_TEST
@@ -713,7 +713,8 @@ static void add_tensor(msg_sync_t *m, const char *name, kern_dtype_t dt, int ndi
     m->n_tensors++;
 }
 
-/* A weights root of its own per test (the fixture), and what a read said. */
+/* A weights root of its own per test (the fixture), and what a read said:
+ * the answer (the error value's message) and the detail for the log. */
 static char root[64];
 static wrk_roots_t roots;
 static char wire[MSG_REASON_MAX], detail[512];
@@ -741,8 +742,11 @@ static const char *in_root(const char *name) {
 
 /* wrk_sync_read of m under the test's root. */
 static int sread(const msg_sync_t *m, st_file_t **f, char hex[65]) {
-    wire[0] = detail[0] = '\0';
-    return wrk_sync_read(m, &tiny, &roots, NULL, &stop_flag, f, hex, wire, sizeof wire, detail, sizeof detail);
+    reel_err_clear();
+    int rc = wrk_sync_read(m, &tiny, &roots, NULL, &stop_flag, f, hex);
+    snprintf(wire, sizeof wire, "%s", rc == 0 ? "" : reel_err()->msg);
+    snprintf(detail, sizeof detail, "%s", rc == 0 ? "" : reel_err()->detail);
+    return rc;
 }
 
 /* SYNC of `path`, read under the root: what the ack would carry. */
@@ -822,7 +826,7 @@ START_TEST(test_a_symlink_anywhere_below_a_root_is_never_followed) {
     msg_sync_t m;
     st_file_t *f = NULL;
     sync_msg(&m, "transformer", SHA_ABC, p);
-    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &r2, NULL, NULL, &f, hex, wire, sizeof wire, detail, sizeof detail), 0);
+    ck_assert_int_eq(wrk_sync_read(&m, &tiny, &r2, NULL, NULL, &f, hex), 0);
     st_close(&f);
     unlink(via);
 }
@@ -940,8 +944,8 @@ static const char *tiny_wan_config =
 
 START_TEST(test_a_sync_by_path_may_name_a_release_folder_or_its_index_judged_like_a_file) {
     write_release("rel", tiny_wan_config);
-    wan_ckpt_t *c = wan_ckpt_open(in_root("rel"), &(wan_opts_t){ .no_data = true }, NULL);
-    ck_assert_msg(c != NULL, "%s", kern_error());
+    wan_ckpt_t *c = wan_ckpt_open(in_root("rel"), &(wan_opts_t){ .no_data = true });
+    ck_assert_msg(c != NULL, "%s", reel_err_text());
     const char *paths[] = { in_root("rel"), in_root("rel/diffusion_pytorch_model.safetensors.index.json") };
     for (int i = 0; i < 2; i++) {
         msg_sync_t m;
@@ -953,7 +957,7 @@ START_TEST(test_a_sync_by_path_may_name_a_release_folder_or_its_index_judged_lik
         ck_assert_str_eq(st_meta(f, "config"), "tiny");
         ck_assert_str_eq(st_meta(f, "text_len"), "512");
         ck_assert_ptr_nonnull(st_find(f, "blocks.1.cross_attn.norm_k.weight"));
-        ck_assert_int_eq(wrk_weights_finite(f, detail, sizeof detail), 0);
+        ck_assert_int_eq(wrk_weights_finite(f), 0);
         st_close(&f);
     }
     wan_ckpt_destroy(&c);
@@ -1039,14 +1043,14 @@ START_TEST(test_a_stop_ends_a_weights_read_within_a_chunk) {
     ck_assert_int_eq(pthread_create(&th, NULL, stop_later, NULL), 0);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    const char *code = NULL;
     char hex[65];
-    st_file_t *f = wrk_weights_read(fd, "big.safetensors", 0, &stop_flag, hex, &code, detail, sizeof detail);
+    st_file_t *f = wrk_weights_read(fd, "big.safetensors", 0, &stop_flag, hex);
     clock_gettime(CLOCK_MONOTONIC, &b);
     pthread_join(th, NULL);
     close(fd);
     ck_assert_ptr_null(f);
-    ck_assert_str_eq(code, WRK_E_STOPPED);
+    ck_assert_str_eq(reel_err()->msg, WRK_E_STOPPED);
+    ck_assert_int_eq(reel_err_code(), REEL_E_STATE);
     /* A bound only against a hang: wall time is no measure under the
      * sanitizers (TSan took 2 s here to map the 1 GiB buffer alone). */
     ck_assert_int_lt((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000, 60000);
@@ -1054,11 +1058,11 @@ START_TEST(test_a_stop_ends_a_weights_read_within_a_chunk) {
     atomic_store(&stop_flag, true);
     fd = open(in_root("big.safetensors"), O_RDONLY);
     ck_assert_int_ge(fd, 0);
-    code = NULL;
-    f = wrk_weights_read(fd, "big.safetensors", 0, &stop_flag, hex, &code, detail, sizeof detail);
+    reel_err_clear();
+    f = wrk_weights_read(fd, "big.safetensors", 0, &stop_flag, hex);
     close(fd);
     ck_assert_ptr_null(f);
-    ck_assert_str_eq(code, WRK_E_STOPPED);
+    ck_assert_str_eq(reel_err()->msg, WRK_E_STOPPED);
 }
 END_TEST
 
@@ -1166,12 +1170,16 @@ typedef struct {
     atomic_bool stop, done;
     uint64_t max_data;           /* the model's data bytes; 0: no limit */
     st_file_t *out;
-    char hex[65], wire[128], err[512];
+    char hex[65], wire[REEL_ERR_MSG], err[REEL_ERR_DETAIL];
 } fetch_job_t;
 
 static void *fetch_thread(void *arg) {
     fetch_job_t *j = arg;
-    j->out = wrk_fetch(&j->src, &j->m, j->max_data, &j->stop, j->hex, j->wire, sizeof j->wire, j->err, sizeof j->err);
+    j->out = wrk_fetch(&j->src, &j->m, j->max_data, &j->stop, j->hex);
+    if (!j->out) { /* the error value is this thread's */
+        snprintf(j->wire, sizeof j->wire, "%s", reel_err()->msg);
+        snprintf(j->err, sizeof j->err, "%s", reel_err()->detail);
+    }
     atomic_store(&j->done, true);
     return NULL;
 }

@@ -21,7 +21,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,17 +31,6 @@
 #include "base/sha256.h"
 #include "worker/wrk_fetch_state.h"
 #include "worker/wrk_weights.h"
-
-static int fail(char *err, size_t errlen, char *wire, size_t wlen, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static int fail(char *err, size_t errlen, char *wire, size_t wlen, const char *code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    snprintf(wire, wlen, "%s", code);
-    return -1;
-}
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -66,12 +54,13 @@ static int ask(wrk_fetch_t *f) {
 
 /* The next answer within quiet_ms, while not stopping: 0 with *m (a
  * FETCH_DATA whose fields and chunk are checked), 1 when none came in
- * quiet_ms, -1 with the reason. */
-static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d, char *why,
-                  size_t len) {
+ * quiet_ms, -1 with the reason as the message: REEL_E_STATE when
+ * stopping, REEL_E_INVALID for an answer that is not one, REEL_E_IO when
+ * the broker answered ERROR. */
+static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d) {
     int64_t deadline = now_ms() + quiet_ms;
     for (;;) {
-        if (stop && atomic_load(stop)) return snprintf(why, len, "stopping"), -1;
+        if (stop && atomic_load(stop)) return reel_fail(REEL_E_STATE, "stopping");
         int64_t left = deadline - now_ms();
         if (left <= 0) return 1;
         zmq_pollitem_t it = { f->sock, 0, ZMQ_POLLIN, 0 };
@@ -79,17 +68,19 @@ static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_ms
         wire_err_t e;
         int rc = msg_recv(f->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
-        if (rc == 1) return snprintf(why, len, "an unreadable answer: %s", e.message), -1;
+        if (rc == 1) return reel_fail(REEL_E_INVALID, "an unreadable answer: %s", e.message);
         if (msg_type(m) == MSG_ERROR) {
             msg_error_t er;
-            if (msg_error_decode(m, &er, &e) == 0) snprintf(why, len, "the broker answered %s: %.300s", er.code, er.message);
-            else snprintf(why, len, "the broker answered ERROR");
+            if (msg_error_decode(m, &er, &e) == 0)
+                reel_fail(REEL_E_IO, "the broker answered %s: %.300s", er.code, er.message);
+            else
+                reel_fail(REEL_E_IO, "the broker answered ERROR");
             wire_msg_close(m);
             return -1;
         }
         if (msg_type(m) != MSG_FETCH_DATA || msg_fetch_data_decode(m, d, &e) != 0 ||
             msg_fetch_data_validate(d, &e) != 0) {
-            snprintf(why, len, "a bad answer %s: %s", m->type, msg_type(m) == MSG_FETCH_DATA ? e.message : "");
+            reel_fail(REEL_E_INVALID, "a bad answer %s: %s", m->type, msg_type(m) == MSG_FETCH_DATA ? e.message : "");
             wire_msg_close(m);
             return -1;
         }
@@ -149,9 +140,10 @@ int wrk_fetch_invariants(const wrk_fetch_t *f, const wrk_fetch_mem_t *m, uint64_
     return 0;
 }
 
-/* Copies the n bytes at file offset off into m. -1 with why: a header
- * length the file cannot hold, or no memory. */
-static int put(wrk_fetch_mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, size_t n, char *why, size_t wl) {
+/* Copies the n bytes at file offset off into m. -1 with the reason as
+ * the message: a header length the file cannot hold (REEL_E_INVALID),
+ * more data than the model holds (REEL_E_UNSUPPORTED), no memory. */
+static int put(wrk_fetch_mem_t *m, uint64_t size, uint64_t off, const unsigned char *p, size_t n) {
     while (n) {
         size_t take;
         if (off < 8) {
@@ -159,21 +151,16 @@ static int put(wrk_fetch_mem_t *m, uint64_t size, uint64_t off, const unsigned c
             memcpy(m->len8 + off, p, take);
             if (off + take == 8) {
                 for (int i = 7; i >= 0; i--) m->hlen = m->hlen << 8 | m->len8[i];
-                if (m->hlen > size - 8 || m->hlen > (uint64_t)100 << 20) {
-                    snprintf(why, wl, "a header of %" PRIu64 " bytes in a %" PRIu64 "-byte file", m->hlen, size);
-                    return -1;
-                }
+                if (m->hlen > size - 8 || m->hlen > (uint64_t)100 << 20)
+                    return reel_fail(REEL_E_INVALID, "a header of %" PRIu64 " bytes in a %" PRIu64 "-byte file",
+                                     m->hlen, size);
                 m->dlen = size - 8 - m->hlen;
-                if (m->max_data && m->dlen > m->max_data) { /* as a file read by path is judged */
-                    snprintf(why, wl, "%" PRIu64 " data bytes, more than the model's %" PRIu64, m->dlen, m->max_data);
-                    m->not_model = true;
-                    return -1;
-                }
+                if (m->max_data && m->dlen > m->max_data) /* as a file read by path is judged */
+                    return reel_fail(REEL_E_UNSUPPORTED, "%" PRIu64 " data bytes, more than the model's %" PRIu64,
+                                     m->dlen, m->max_data);
                 if (m->dlen > SIZE_MAX || !(m->hdr = malloc(m->hlen ? (size_t)m->hlen : 1)) ||
-                    !(m->data = data_buffer((size_t)m->dlen, m->spare, &m->cap))) {
-                    snprintf(why, wl, "out of memory for %" PRIu64 " bytes", size);
-                    return -1;
-                }
+                    !(m->data = data_buffer((size_t)m->dlen, m->spare, &m->cap)))
+                    return reel_fail(REEL_E_NOMEM, "out of memory for %" PRIu64 " bytes", size);
             }
         } else if (off < 8 + m->hlen) {
             take = n < 8 + m->hlen - off ? n : (size_t)(8 + m->hlen - off);
@@ -189,18 +176,17 @@ static int put(wrk_fetch_mem_t *m, uint64_t size, uint64_t off, const unsigned c
     return 0;
 }
 
-/* The whole file into m, hashed into hex. 0, or -1 with err/wire. */
-static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
-                size_t errlen) {
+/* The whole file into m, hashed into hex. 0, or -1 as wrk_fetch fails. */
+static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, char hex[65]) {
     /* Every parameter, and room for the header: the most a file of this model holds. */
     uint64_t max_bytes = mem->max_data ? mem->max_data + 8 + ST_MAX_HEADER_BYTES : 0;
     reel_sha256_t *h = reel_sha256_new();
     uint64_t done = 0;
     int rc = -1;
-    if (!h) return fail(err, errlen, wire, wlen, WRK_E_FETCH, "out of memory");
+    if (!h) return wrk_refuse(REEL_E_NOMEM, WRK_E_FETCH, "out of memory");
     for (int i = 0; i < WRK_FETCH_WINDOW; i++)
         if (ask(f) != 0) {
-            fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+            wrk_refuse(REEL_E_IO, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
             goto out;
         }
     int64_t progress = now_ms(); /* when the last chunk came (or the fetch began) */
@@ -209,16 +195,14 @@ static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, c
         if (done >= f->size) break;
         wire_msg_t m;
         msg_fetch_data_t d;
-        char why[400];
         int64_t left = progress + WRK_FETCH_TIMEOUT_MS - now_ms();
-        int arc = left > 0 ? answer(f, stop, left < WRK_FETCH_RESEND_MS ? (int)left : WRK_FETCH_RESEND_MS, &m, &d, why,
-                                    sizeof why)
-                           : 1;
+        int arc = left > 0 ? answer(f, stop, left < WRK_FETCH_RESEND_MS ? (int)left : WRK_FETCH_RESEND_MS, &m, &d) : 1;
         if (arc == 1) { /* silence */
             if (now_ms() - progress >= WRK_FETCH_TIMEOUT_MS) {
-                fail(err, errlen, wire, wlen, WRK_E_FETCH, "no answer from the broker in %d ms (at %" PRIu64
-                     " of %" PRIu64 " bytes; asked again %u time(s), %u answer(s) dropped)", WRK_FETCH_TIMEOUT_MS,
-                     done, f->size == UINT64_MAX ? 0 : f->size, f->reasked, f->dropped);
+                wrk_refuse(REEL_E_TIMEOUT, WRK_E_FETCH,
+                           "no answer from the broker in %d ms (at %" PRIu64 " of %" PRIu64
+                           " bytes; asked again %u time(s), %u answer(s) dropped)",
+                           WRK_FETCH_TIMEOUT_MS, done, f->size == UINT64_MAX ? 0 : f->size, f->reasked, f->dropped);
                 goto out;
             }
             /* What was in flight may be lost: ask for the next chunk
@@ -226,27 +210,31 @@ static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, c
             f->asked = done;
             f->reasked++;
             if (ask(f) != 0) {
-                fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+                wrk_refuse(REEL_E_IO, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
                 goto out;
             }
             continue;
         }
         if (arc != 0) {
-            fail(err, errlen, wire, wlen, stop && atomic_load(stop) ? WRK_E_STOPPED : WRK_E_FETCH, "%s", why);
+            if (stop && atomic_load(stop))
+                wrk_refuse(REEL_E_STATE, WRK_E_STOPPED, "%s", reel_err()->msg);
+            else
+                wrk_refuse(reel_err_code(), WRK_E_FETCH, "%s", reel_err()->msg);
             goto out;
         }
         if (f->size == UINT64_MAX) {
             f->size = d.size;
             if (max_bytes && d.size > max_bytes) {
                 wire_msg_close(&m);
-                fail(err, errlen, wire, wlen, WRK_E_MODEL, "the uploaded file is %" PRIu64 " bytes, more than %" PRIu64
-                     " this model holds", d.size, max_bytes);
+                wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_MODEL,
+                           "the uploaded file is %" PRIu64 " bytes, more than %" PRIu64 " this model holds", d.size,
+                           max_bytes);
                 goto out;
             }
             if (d.size < 8) {
                 wire_msg_close(&m);
-                fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file is %" PRIu64 " bytes: no safetensors file",
-                     d.size);
+                wrk_refuse(REEL_E_INVALID, WRK_E_FILE, "the uploaded file is %" PRIu64 " bytes: no safetensors file",
+                           d.size);
                 goto out;
             }
         }
@@ -260,13 +248,16 @@ static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, c
         bool bad = d.size != f->size || d.offset != done || (d.chunk->bytes == 0 && done < f->size) ||
                    d.chunk->bytes > f->size - done;
         size_t n = d.chunk->bytes;
-        char why2[200] = "";
-        bool kept = !bad && put(mem, f->size, done, d.chunk->data, n, why2, sizeof why2) == 0;
+        bool kept = !bad && put(mem, f->size, done, d.chunk->data, n) == 0;
         if (kept) reel_sha256_update(h, d.chunk->data, n);
         wire_msg_close(&m);
-        if (bad || !kept) {
-            fail(err, errlen, wire, wlen, bad ? WRK_E_FETCH : mem->not_model ? WRK_E_MODEL : WRK_E_FILE, "%s at %" PRIu64,
-                 bad ? "answers out of order" : why2, done);
+        if (bad) {
+            wrk_refuse(REEL_E_INVALID, WRK_E_FETCH, "answers out of order at %" PRIu64, done);
+            goto out;
+        }
+        if (!kept) {
+            wrk_refuse(reel_err_code(), reel_err_code() == REEL_E_UNSUPPORTED ? WRK_E_MODEL : WRK_E_FILE,
+                       "%s at %" PRIu64, reel_err()->msg, done);
             goto out;
         }
         done += n;
@@ -276,7 +267,7 @@ static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, c
         if (f->asked < done) f->asked = done;
         while (f->asked < f->size && f->asked - done < (uint64_t)WRK_FETCH_WINDOW * MSG_CHUNK_MAX)
             if (ask(f) != 0) {
-                fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+                wrk_refuse(REEL_E_IO, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
                 goto out;
             }
     }
@@ -297,10 +288,10 @@ static void *connect_to(const wrk_fetch_src_t *src) {
 }
 
 st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_data, const atomic_bool *stop,
-                     char hex[65], char *wire, size_t wlen, char *err, size_t errlen) {
+                     char hex[65]) {
     hex[0] = '\0';
     if (!src || !src->zctx) {
-        fail(err, errlen, wire, wlen, WRK_E_FETCH, "this worker cannot fetch from the broker");
+        wrk_refuse(REEL_E_STATE, WRK_E_FETCH, "this worker cannot fetch from the broker");
         return NULL;
     }
     wrk_fetch_t f = { connect_to(src), m, 0, 0, UINT64_MAX, 0, 0 };
@@ -312,13 +303,13 @@ st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t m
     char origin[MSG_NAME_MAX + 48];
     snprintf(origin, sizeof origin, "uploaded %s v%" PRIu64, m->component, m->version);
     if (!f.sock) {
-        fail(err, errlen, wire, wlen, WRK_E_FETCH, "cannot connect to the broker");
-    } else if (pull(&f, &mem, stop, hex, wire, wlen, err, errlen) == 0) {
+        wrk_refuse(REEL_E_IO, WRK_E_FETCH, "cannot connect to the broker");
+    } else if (pull(&f, &mem, stop, hex) == 0) {
         /* The data buffer goes to the file (freed by it, or on failure). */
         out = st_adopt(origin, mem.hdr, (size_t)mem.hlen, mem.data, (size_t)mem.dlen);
         if (out && src->spare) src->spare->cap = mem.cap; /* for st_take_data's buffer after */
         mem.data = NULL;
-        if (!out) fail(err, errlen, wire, wlen, WRK_E_FILE, "the uploaded file: %s", reel_err_text());
+        if (!out) wrk_refuse(reel_err_code(), WRK_E_FILE, "the uploaded file: %s", reel_err_text());
     }
     if (src->reasked) *src->reasked = f.reasked;
     if (f.sock) zmq_close(f.sock);

@@ -54,10 +54,14 @@ typedef struct {
  * soon as the header's length came). A broker silent for
  * WRK_FETCH_RESEND_MS is asked again from where the file stopped; one
  * silent for WRK_FETCH_TIMEOUT_MS fails the fetch. Returns it open (st_close it)
- * with hex the sha256 of its bytes, or NULL with `wire` a generic text for
- * the ack (WRK_E_FETCH, WRK_E_MODEL for a size no model of this worker's
- * holds, WRK_E_FILE, WRK_E_STOPPED) and err the detail for the log. */
+ * with hex the sha256 of its bytes, or NULL with the error value's message
+ * a generic text for the ack and its detail the reason, for the log
+ * (wrk_weights.h): WRK_E_FETCH (REEL_E_IO: no connection, the broker
+ * answered an error; REEL_E_TIMEOUT: silent; REEL_E_INVALID: a bad
+ * answer), WRK_E_MODEL (REEL_E_UNSUPPORTED: a size no model of this
+ * worker's holds), WRK_E_FILE (not a safetensors file), WRK_E_STOPPED
+ * (REEL_E_STATE). */
 st_file_t *wrk_fetch(const wrk_fetch_src_t *src, const msg_sync_t *m, uint64_t max_data, const atomic_bool *stop,
-                     char hex[65], char *wire, size_t wlen, char *err, size_t errlen);
+                     char hex[65]);
 
 #endif

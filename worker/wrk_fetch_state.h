@@ -29,7 +29,6 @@ typedef struct {
     size_t cap;                  /* data's size */
     uint64_t hlen, dlen;
     uint64_t max_data;           /* the model's data bytes; 0: no limit */
-    bool not_model;              /* refused: more data than the model holds */
     wrk_fetch_buf_t *spare;
 } wrk_fetch_mem_t;
 

@@ -1,6 +1,7 @@
 /* wrk_invariants.c -- the executor's invariants (wrk_exec_state.h), in the
  * capture cache's style: each check names the first rule that does not
- * hold, through kern_fail, so tests can corrupt a state and read which. */
+ * hold, through reel_fail (REEL_E_INTERNAL), so tests can corrupt a state
+ * and read which. */
 #include <stdlib.h>
 #include "base/error.h"
 #include "worker/wrk_exec_state.h"

@@ -513,12 +513,12 @@ static int serve(link_t *l) {
  * each file read once: a Reel file, or a Wan2.1 release in any layout
  * wan_ckpt.h reads (the operator's path: symlinks followed, no FIFO). */
 static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
-    const char *path = w->opt->weights, *code;
-    char detail[512];
+    const char *path = w->opt->weights;
     tdit_model_t *m = NULL;
-    st_file_t *f = wrk_weights_load(NULL, path, NULL, 0, &w->stop, sha, &code, detail, sizeof detail);
-    if (!f) wrk_log(w, "%s", detail);
-    else if (wrk_weights_finite(f, detail, sizeof detail) != 0) wrk_log(w, "%s: %s", path, detail);
+    /* the operator's own file: the reason (the detail) says it all */
+    st_file_t *f = wrk_weights_load(NULL, path, NULL, 0, &w->stop, sha);
+    if (!f) wrk_log(w, "%s", reel_err()->detail);
+    else if (wrk_weights_finite(f) != 0) wrk_log(w, "%s: %s", path, reel_err()->detail);
     else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, reel_err_text());
     st_close(&f);
     return m;

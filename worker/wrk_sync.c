@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,33 +26,26 @@
 
 /* ---- reading the weights a SYNC carries ----------------------------------- */
 
-static int say(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int say(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* Reads the checkpoint a peer named (a file, an index or a folder), under
  * the weights roots, judged against the running model and by its size
  * first, each file read once and hashed as it is read (wrk_weights.h). */
 static st_file_t *open_path(const char *path, const tdit_config_t *cfg, const wrk_roots_t *roots,
-                            const atomic_bool *stop, char hex[65], char *wire, size_t wlen, char *err,
-                            size_t errlen) {
-    const char *code = WRK_E_FILE;
+                            const atomic_bool *stop, char hex[65]) {
     /* Every parameter in F32: the most a file of this model holds. */
     uint64_t max_data = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
-    st_file_t *f = wrk_weights_load(roots, path, cfg, max_data, stop, hex, &code, err, errlen);
-    if (!f) snprintf(wire, wlen, "%s", code);
-    return f;
+    return wrk_weights_load(roots, path, cfg, max_data, stop, hex);
+}
+
+/* The failure just recorded, answered as what it is to a peer: inline
+ * tensors that do not make a weights file. */
+static void not_a_file(const char *what) {
+    wrk_refuse(reel_err_code(), WRK_E_FILE, "%s%s", what, reel_err_text());
 }
 
 /* Writes the inline tensors (with cfg as metadata, which tdit_model_reload
- * needs) to a private temporary file and opens it. */
-static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, char hex[65], char *err,
-                              size_t errlen) {
+ * needs) to a private temporary file and opens it. NULL with WRK_E_FILE
+ * and the reason. */
+static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, char hex[65]) {
     const void *part[WIRE_MAX_TENSORS];
     size_t len[WIRE_MAX_TENSORS];
     for (int i = 0; i < m->n_tensors; i++) {
@@ -66,11 +58,11 @@ static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, cha
     st_writer_t *w = st_writer_new();
     char dir[] = "/tmp/reel-worker-sync-XXXXXX", path[sizeof dir + 32];
     bool have_dir = false;
-    if (!w) { say(err, errlen, "%s", reel_err_text()); goto out; }
+    if (!w) { not_a_file(""); goto out; }
     for (int i = 0; i < m->n_tensors; i++)
         if (st_writer_add(w, m->tensors[i]->name, m->tensors[i]->dtype, m->tensors[i]->ndim, m->tensors[i]->shape,
                           m->tensors[i]->data) != 0) {
-            say(err, errlen, "%s", reel_err_text());
+            not_a_file("");
             goto out;
         }
     char v[32];
@@ -84,11 +76,14 @@ static st_file_t *open_inline(const msg_sync_t *m, const tdit_config_t *cfg, cha
         snprintf(v, sizeof v, "%" PRId64, meta[i].v);
         rc = st_writer_meta(w, meta[i].k, v);
     }
-    if (rc != 0) { say(err, errlen, "%s", reel_err_text()); goto out; }
-    if (!mkdtemp(dir)) { say(err, errlen, "cannot create a temporary directory: %s", strerror(errno)); goto out; }
+    if (rc != 0) { not_a_file(""); goto out; }
+    if (!mkdtemp(dir)) {
+        wrk_refuse(REEL_E_IO, WRK_E_FILE, "cannot create a temporary directory: %s", strerror(errno));
+        goto out;
+    }
     have_dir = true;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    if (st_writer_save(w, path) != 0 || !(f = st_open(path))) say(err, errlen, "inline weights: %s", reel_err_text());
+    if (st_writer_save(w, path) != 0 || !(f = st_open(path))) not_a_file("inline weights: ");
     unlink(path);
 out:
     if (have_dir) rmdir(dir);
@@ -97,37 +92,26 @@ out:
 }
 
 int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots_t *roots,
-                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65], char *wire,
-                  size_t wlen, char *err, size_t errlen) {
+                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65]) {
     *out = NULL;
     wire_err_t e;
     /* What is wrong with the message itself is said as it is: it tells
      * the sender nothing it did not send. */
-    if (strcmp(m->component, TDIT_COMPONENT) != 0) {
-        say(err, errlen, "unknown component '%.64s' (this worker has '%s')", m->component, TDIT_COMPONENT);
-        snprintf(wire, wlen, "%s", err);
-        return -1;
-    }
-    if (msg_sync_validate(m, true, &e) != 0) {
-        say(err, errlen, "%s", e.message);
-        snprintf(wire, wlen, "%s", err);
-        return -1;
-    }
+    if (strcmp(m->component, TDIT_COMPONENT) != 0)
+        return reel_fail(REEL_E_NOT_FOUND, "unknown component '%.64s' (this worker has '%s')", m->component,
+                         TDIT_COMPONENT);
+    if (msg_sync_validate(m, true, &e) != 0) return reel_fail(REEL_E_INVALID, "%s", e.message);
     if (m->path[0]) {
-        *out = open_path(m->path, cfg, roots, stop, hex, wire, wlen, err, errlen);
+        *out = open_path(m->path, cfg, roots, stop, hex);
     } else if (m->uploaded) {
         /* Every parameter in F32: the most data a file of this model holds. */
         uint64_t max = cfg ? (uint64_t)tdit_config_params(cfg) * sizeof(float) : 0;
-        *out = wrk_fetch(fetch, m, max, stop, hex, wire, wlen, err, errlen);
+        *out = wrk_fetch(fetch, m, max, stop, hex);
         /* A release file uploaded as it is (no Reel metadata): judged
          * against the running model, Wan's or diffusers' names made Reel's. */
-        wan_fail_t why;
-        if (*out && wan_ckpt_adopt(out, cfg, &why) != 0) {
-            say(err, errlen, "%s", reel_err_text());
-            snprintf(wire, wlen, "%s", why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE);
-        }
-    } else if (!(*out = open_inline(m, cfg, hex, err, errlen))) {
-        snprintf(wire, wlen, "%s", WRK_E_FILE);
+        if (*out && wan_ckpt_adopt(out, cfg) != 0) wrk_weights_refused();
+    } else {
+        *out = open_inline(m, cfg, hex);
     }
     return *out ? 0 : -1;
 }
@@ -169,55 +153,43 @@ static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *erro
 typedef struct {
     wrk_syncer_t *s;
     wrk_t *w;
-    msg_sync_t *m;               /* decoded */
+    msg_sync_t *m;               /* decoded once `decoded` */
+    bool decoded;
     uint64_t id, version, applied;
     st_file_t *f;                /* the weights read */
     char hex[65];                /* their sha256 */
-    char err[512];               /* the detail, for the log */
-    char wire[MSG_REASON_MAX];   /* the reason the ack carries */
-    const char *fail;            /* the apply's reason, NULL when it applied */
+    bool applying;               /* past the checks: a failure now is the apply's */
     struct timespec t0, t1, tf, t2, t3; /* start, read, NaN checked, drained, applied */
 } sync_op_t;
 
 #define SECS(a, b) ((double)((b).tv_sec - (a).tv_sec) + 1e-9 * (double)((b).tv_nsec - (a).tv_nsec))
 
-/* Decodes the message. -1 after acking a refusal (its version may be what
- * is wrong: the ack says 0). */
+/* Each phase below returns 0 to go on, or -1 with the error value: its
+ * message is what the ack answers, its detail (the path, errno, what the
+ * file said) is for the log only (wrk_weights.h). sync_ack answers. */
+
+/* Decodes the message (a refusal's ack says version 0: the version may be
+ * what is wrong). */
 static int sync_decode(sync_op_t *op, wire_msg_t *wm) {
     wire_err_t e;
     op->id = wm->id;
-    op->m = malloc(sizeof *op->m);
-    if (!op->m || msg_sync_decode(wm, op->m, &e) != 0) {
-        const char *why = op->m ? e.message : "out of memory";
-        wrk_log(op->w, "sync refused: %s", why);
-        ack(op->s, op->id, 0, why);
-        return -1;
-    }
+    if (!(op->m = malloc(sizeof *op->m))) return reel_fail(REEL_E_NOMEM, "out of memory");
+    if (msg_sync_decode(wm, op->m, &e) != 0) return reel_fail(REEL_E_INVALID, "%s", e.message);
+    op->decoded = true;
     op->version = op->m->version;
     op->applied = atomic_load(&op->w->applied_version);
     return 0;
 }
 
-/* Reads and hashes the weights, before any lock. -1 after acking a
- * refusal (stale, or what wrk_sync_read answers). */
+/* Reads and hashes the weights, before any lock: stale, or what
+ * wrk_sync_read answers. */
 static int sync_read_phase(sync_op_t *op) {
     wrk_t *w = op->w;
-    if (op->version < op->applied) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: stale (applied v%" PRIu64 ")", op->version, op->applied);
-        ack(op->s, op->id, op->version, "stale");
-        return -1;
-    }
+    if (op->version < op->applied) return wrk_refuse(REEL_E_STATE, "stale", "applied v%" PRIu64, op->applied);
     unsigned reasked = 0;
     const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &op->s->spare, &reasked };
     clock_gettime(CLOCK_MONOTONIC, &op->t0);
-    if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex, op->wire,
-                      sizeof op->wire, op->err, sizeof op->err) != 0) {
-        /* The detail stays here; the broker (and the trainer) get the
-         * generic reason. */
-        wrk_log(w, "sync to v%" PRIu64 " refused: %s (answered: %s)", op->version, op->err, op->wire);
-        ack(op->s, op->id, op->version, op->wire);
-        return -1;
-    }
+    if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex) != 0) return -1;
     clock_gettime(CLOCK_MONOTONIC, &op->t1);
     if (reasked)
         wrk_log(w, "fetch of v%" PRIu64 ": the broker went silent; asked again %u time(s) and resumed", op->version,
@@ -226,28 +198,18 @@ static int sync_read_phase(sync_op_t *op) {
 }
 
 /* The weights read against the SYNC: their sha256, a repeated version
- * (acked ok when the same weights), no NaN or infinity. 0 when they are
- * to be applied; -1 after acking. */
+ * (1: the same weights, applied already: acked ok), no NaN or infinity.
+ * 0 when they are to be applied. */
 static int sync_check(sync_op_t *op) {
-    wrk_t *w = op->w;
     uint64_t v = op->version;
-    if (strcasecmp(op->hex, op->m->sha256) != 0) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: sha256 mismatch (got %s, expected %s)", v, op->hex, op->m->sha256);
-        ack(op->s, op->id, v, "sha256 mismatch");
-        return -1;
-    }
+    if (strcasecmp(op->hex, op->m->sha256) != 0)
+        return wrk_refuse(REEL_E_INVALID, "sha256 mismatch", "got %s, expected %s", op->hex, op->m->sha256);
     if (v == op->applied) {
         /* A repeated SYNC (e.g. resent after a reconnect) is applied already. */
         bool same = op->s->applied_sha[0] && !strcasecmp(op->s->applied_sha, op->hex);
-        if (!same) wrk_log(w, "sync to v%" PRIu64 " refused: stale (v%" PRIu64 " applied with other weights)", v, op->applied);
-        ack(op->s, op->id, v, same ? NULL : "stale");
-        return -1;
+        return same ? 1 : wrk_refuse(REEL_E_STATE, "stale", "v%" PRIu64 " applied with other weights", op->applied);
     }
-    if (wrk_weights_finite(op->f, op->err, sizeof op->err) != 0) {
-        wrk_log(w, "sync to v%" PRIu64 " refused: %s", v, op->err);
-        ack(op->s, op->id, v, WRK_E_NONFINITE);
-        return -1;
-    }
+    if (wrk_weights_finite(op->f) != 0) return -1;
     clock_gettime(CLOCK_MONOTONIC, &op->tf); /* after the NaN check */
     return 0;
 }
@@ -267,49 +229,57 @@ static void sync_drain(sync_op_t *op) {
 }
 
 /* The reload and the cache's update. The caller holds the write side of
- * the step lock. Sets op->fail (and wrk_t.fatal when the weights are
- * left unusable) on failure. */
-static void sync_apply_locked(sync_op_t *op) {
+ * the step lock. -1 (the cause's code, its text the detail; wrk_t.fatal
+ * set when the weights are left unusable) on failure. */
+static int sync_apply_locked(sync_op_t *op) {
     wrk_t *w = op->w;
     assert(reel_owner_mine(&w->step_writer));
     if (tdit_model_reload(w->model, op->f) != 0) {
-        snprintf(op->err, sizeof op->err, "%s", reel_err_text());
-        op->fail = WRK_E_MODEL; /* the tensor names and shapes stay in the log */
-        if (strstr(op->err, "part-way")) {
+        if (strstr(reel_err()->msg, "part-way")) {
             atomic_store(&w->fatal, true);
-            op->fail = "internal: the weights could not be loaded whole (worker exiting)";
+            return reel_fail_detail(reel_err_code(), reel_err_text(),
+                                    "internal: the weights could not be loaded whole (worker exiting)");
         }
-    } else if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model), tdit_model_bytes(w->model),
-                                    op->version) < 0) {
-        /* New weights under the old version's graphs and keys: unusable. */
-        snprintf(op->err, sizeof op->err, "%s", reel_err_text());
-        op->fail = "internal: the capture cache could not take the weights (worker exiting)";
-        atomic_store(&w->fatal, true);
-    } else {
-        atomic_store(&w->applied_version, op->version);
+        /* the tensor names and shapes stay in the log */
+        return reel_fail_detail(reel_err_code(), reel_err_text(), "%s", WRK_E_MODEL);
     }
+    if (cap_component_update(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model), tdit_model_bytes(w->model),
+                             op->version) < 0) {
+        /* New weights under the old version's graphs and keys: unusable. */
+        atomic_store(&w->fatal, true);
+        return reel_fail_detail(reel_err_code(), reel_err_text(),
+                                "internal: the capture cache could not take the weights (worker exiting)");
+    }
+    atomic_store(&w->applied_version, op->version);
+    return 0;
 }
 
 /* Applies between steps (steps in progress finish first), then ends the
  * drain. */
-static void sync_apply(sync_op_t *op) {
+static int sync_apply(sync_op_t *op) {
     wrk_t *w = op->w;
+    op->applying = true;
     pthread_rwlock_wrlock(&w->step_lock);
     reel_owner_set(&w->step_writer);
-    sync_apply_locked(op);
+    int rc = sync_apply_locked(op);
     reel_owner_clear(&w->step_writer);
     pthread_rwlock_unlock(&w->step_lock);
     wrk_drain_end(w);
     clock_gettime(CLOCK_MONOTONIC, &op->t3);
+    return rc;
 }
 
-/* The applied sync's log line and counters, or the failure's; then the ack. */
-static void sync_ack(sync_op_t *op) {
+/* The one place a SYNC is answered, after its phases returned rc: 0
+ * applied (its log line and counters), 1 applied already (ok, nothing
+ * done), -1 refused or failed: the error value's message is the answer,
+ * reel_err_text() (with the detail) the log line. */
+static void sync_ack(sync_op_t *op, int rc) {
     wrk_t *w = op->w;
-    if (op->fail) {
-        wrk_log(w, "sync to v%" PRIu64 " failed: %s%s (answered: %s)", op->version, op->err,
-                atomic_load(&w->fatal) ? " (weights unusable: exiting)" : "", op->fail);
-    } else {
+    if (rc < 0 && !op->decoded) {
+        wrk_log(w, "sync refused: %s", reel_err_text());
+    } else if (rc < 0) {
+        wrk_log(w, "sync to v%" PRIu64 " %s: %s", op->version, op->applying ? "failed" : "refused", reel_err_text());
+    } else if (rc == 0) {
         atomic_fetch_add(&w->syncs_applied, 1);
         atomic_fetch_add(&w->sync_us, (uint64_t)(SECS(op->t0, op->t3) * 1e6));
         snprintf(op->s->applied_sha, sizeof op->s->applied_sha, "%s", op->hex);
@@ -320,17 +290,20 @@ static void sync_ack(sync_op_t *op) {
                 op->m->uploaded ? "fetch + hash" : "read + hash", SECS(op->t0, op->t1), SECS(op->t1, op->tf),
                 SECS(op->tf, op->t2), SECS(op->t2, op->t3));
     }
-    ack(op->s, op->id, op->version, op->fail);
+    ack(op->s, op->id, op->decoded ? op->version : 0, rc < 0 ? reel_err()->msg : NULL);
 }
 
-/* One SYNC, phase by phase; each refusal is acked where it is found. */
+/* One SYNC, phase by phase, answered once. */
 static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     sync_op_t op = { .s = s, .w = s->w };
-    if (sync_decode(&op, wm) == 0 && sync_read_phase(&op) == 0 && sync_check(&op) == 0) {
+    int rc = sync_decode(&op, wm);
+    if (rc == 0) rc = sync_read_phase(&op);
+    if (rc == 0) rc = sync_check(&op);
+    if (rc == 0) {
         sync_drain(&op);
-        sync_apply(&op);
-        sync_ack(&op);
+        rc = sync_apply(&op);
     }
+    sync_ack(&op, rc);
     if (op.f && op.m->uploaded && !s->spare.p && (s->spare.p = st_take_data(op.f)))
         wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
     st_close(&op.f);

@@ -42,14 +42,14 @@
  * and hex set to the sha256 of what was read (the identity of the
  * checkpoint, wan_ckpt.h: a file's bytes, or an index's then its shards'
  * digests; or the inline tensor frames concatenated in order);
- * -1 with `wire` the text the ack may carry (a bad field as it is, any
- * file problem as one generic WRK_E_* text) and err the detail for the
- * log. `cfg` supplies the metadata inline tensors lack. Does not compare
- * the sha256 (the caller does: the version check decides what a mismatch
- * means). */
+ * -1 with the error value: its message the text the ack carries (a bad
+ * field said as it is: REEL_E_NOT_FOUND for another component,
+ * REEL_E_INVALID; any file problem as one generic WRK_E_* text,
+ * wrk_weights.h), its detail the reason, for the log only. `cfg`
+ * supplies the metadata inline tensors lack. Does not compare the sha256
+ * (the caller does: the version check decides what a mismatch means). */
 int wrk_sync_read(const msg_sync_t *s, const tdit_config_t *cfg, const wrk_roots_t *roots,
-                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65], char *wire,
-                  size_t wlen, char *err, size_t errlen);
+                  const wrk_fetch_src_t *fetch, const atomic_bool *stop, st_file_t **out, char hex[65]);
 
 typedef struct wrk_syncer wrk_syncer_t;
 

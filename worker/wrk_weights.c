@@ -15,15 +15,26 @@
 #include "base/sha256.h"
 #include "model/wan_ckpt.h"
 
-static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fail(const char **wire, const char *code, char *detail, size_t len, const char *fmt, ...) {
-    *wire = code;
+int wrk_refuse(reel_code_t code, const char *answer, const char *fmt, ...) {
+    char detail[REEL_ERR_DETAIL];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, len, fmt, ap);
+    vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    return -1;
+    return reel_fail_detail(code, detail, "%s", answer);
+}
+
+int wrk_weights_refused(void) {
+    reel_code_t c = reel_err_code();
+    const char *answer = c == REEL_E_STATE ? WRK_E_STOPPED : c == REEL_E_UNSUPPORTED ? WRK_E_MODEL : WRK_E_FILE;
+    return reel_fail_detail(c, reel_err_text(), "%s", answer);
+}
+
+/* What a file that cannot be opened with errno e is: missing, refused (a
+ * symlink met with O_NOFOLLOW), or unreadable. */
+static reel_code_t errno_code(int e) {
+    return e == ENOENT ? REEL_E_NOT_FOUND : e == ELOOP || e == ENOTDIR ? REEL_E_INVALID : e == ENOMEM ? REEL_E_NOMEM
+                                                                                                      : REEL_E_IO;
 }
 
 /* ---- roots -------------------------------------------------------------------- */
@@ -75,24 +86,25 @@ static bool plain_relative(const char *rel) {
     }
 }
 
-int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **last, const char **wire, char *detail,
-                         size_t len) {
+int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **last) {
     const char *rel = NULL;
     int root = -1;
     if (!path || path[0] != '/')
-        return fail(wire, WRK_E_PATH, detail, len, "%s: not an absolute path", path ? path : "(none)");
-    if (strlen(path) >= PATH_MAX) return fail(wire, WRK_E_PATH, detail, len, "path of %zu bytes: too long", strlen(path));
+        return wrk_refuse(REEL_E_INVALID, WRK_E_PATH, "%s: not an absolute path", path ? path : "(none)");
+    if (strlen(path) >= PATH_MAX)
+        return wrk_refuse(REEL_E_LIMIT, WRK_E_PATH, "path of %zu bytes: too long", strlen(path));
     for (int i = 0; i < r->n && !rel; i++) {
         root = i;
         if (!(rel = below(path, r->real[i]))) rel = below(path, r->given[i]);
     }
-    if (!rel) return fail(wire, WRK_E_PATH, detail, len, "%s: not under any weights directory", path);
+    if (!rel) return wrk_refuse(REEL_E_INVALID, WRK_E_PATH, "%s: not under any weights directory", path);
     if (!plain_relative(rel))
-        return fail(wire, WRK_E_PATH, detail, len, "%s: an empty, '.' or '..' component below %s", path, r->real[root]);
+        return wrk_refuse(REEL_E_INVALID, WRK_E_PATH, "%s: an empty, '.' or '..' component below %s", path,
+                          r->real[root]);
 
     char comp[NAME_MAX + 1];
     int dir = open(r->real[root], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) return fail(wire, WRK_E_FILE, detail, len, "%s: %s", r->real[root], strerror(errno));
+    if (dir < 0) return wrk_refuse(errno_code(errno), WRK_E_FILE, "%s: %s", r->real[root], strerror(errno));
     for (const char *c = rel;;) {
         const char *e = strchr(c, '/');
         if (!e) {
@@ -108,49 +120,47 @@ int wrk_weights_open_dir(const wrk_roots_t *r, const char *path, const char **la
         int err = errno;
         close(dir);
         if (next < 0)
-            return fail(wire, WRK_E_FILE, detail, len, "%s: %s at '%s'%s", path, strerror(err), comp,
-                        err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
+            return wrk_refuse(errno_code(err), WRK_E_FILE, "%s: %s at '%s'%s", path, strerror(err), comp,
+                              err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
         dir = next;
         c = e + 1;
     }
 }
 
-int wrk_weights_open(const wrk_roots_t *r, const char *path, const char **wire, char *detail, size_t len) {
+int wrk_weights_open(const wrk_roots_t *r, const char *path) {
     const char *last;
-    int dir = wrk_weights_open_dir(r, path, &last, wire, detail, len);
+    int dir = wrk_weights_open_dir(r, path, &last);
     if (dir < 0) return -1;
     /* The last one opens without blocking (a FIFO does not wait). */
     int fd = openat(dir, last, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     int err = errno;
     close(dir);
     if (fd < 0)
-        return fail(wire, WRK_E_FILE, detail, len, "%s: %s at '%s'%s", path, strerror(err), last,
-                    err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
+        return wrk_refuse(errno_code(err), WRK_E_FILE, "%s: %s at '%s'%s", path, strerror(err), last,
+                          err == ELOOP || err == ENOTDIR ? " (symlinks are not followed)" : "");
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return fail(wire, WRK_E_FILE, detail, len, "%s: not a regular file", path);
+        return wrk_refuse(REEL_E_INVALID, WRK_E_FILE, "%s: not a regular file", path);
     }
     return fd;
 }
 
 st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_config_t *expect, uint64_t max_data,
-                            const atomic_bool *stop, char hex[65], const char **wire, char *detail, size_t len) {
+                            const atomic_bool *stop, char hex[65]) {
     wan_opts_t o = { .nofollow = r != NULL, .expect = expect, .max_data = max_data, .stop = stop };
-    wan_fail_t why = WAN_E_FILE;
     wan_ckpt_t *c = NULL;
     if (!r) {
-        c = wan_ckpt_open(path, &o, &why);
+        c = wan_ckpt_open(path, &o);
     } else {
         const char *last;
-        int dir = wrk_weights_open_dir(r, path, &last, wire, detail, len);
+        int dir = wrk_weights_open_dir(r, path, &last);
         if (dir < 0) return NULL;
-        c = wan_ckpt_openat(dir, last, path, &o, &why);
+        c = wan_ckpt_openat(dir, last, path, &o);
         close(dir);
     }
     if (!c) {
-        fail(wire, why == WAN_E_STOPPED ? WRK_E_STOPPED : why == WAN_E_MODEL ? WRK_E_MODEL : WRK_E_FILE, detail, len,
-             "%s", reel_err_text());
+        wrk_weights_refused();
         return NULL;
     }
     snprintf(hex, 65, "%s", wan_ckpt_identity(c));
@@ -159,47 +169,48 @@ st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_c
     return f;
 }
 
-int wrk_weights_finite(const st_file_t *f, char *why, size_t len) {
+int wrk_weights_finite(const st_file_t *f) {
     for (size_t i = 0; i < st_count(f); i++) {
         const st_tensor_t *t = st_at(f, i);
-        if (!kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype)) {
-            snprintf(why, len, "tensor %s holds NaN or infinite values", t->name);
-            return -1;
-        }
+        if (!kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
+            return wrk_refuse(REEL_E_INVALID, WRK_E_NONFINITE, "tensor %s holds NaN or infinite values", t->name);
     }
     return 0;
 }
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65],
-                            const char **wire, char *detail, size_t len) {
+st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65]) {
     st_probe_t p;
     if (st_probe_fd(fd, path, &p) != 0) {
-        fail(wire, WRK_E_FILE, detail, len, "%s", reel_err_text());
+        wrk_refuse(reel_err_code(), WRK_E_FILE, "%s", reel_err_text());
         return NULL;
     }
     /* Before a byte of data is read: a file larger than the model could
      * be (or a sparse 50 GiB one) is refused now, not after a minute of
      * hashing; one whose tensors cannot hold the model, too. */
     if (max_data && p.data_len > max_data) {
-        fail(wire, WRK_E_MODEL, detail, len, "%s: %llu data bytes, more than the model's %llu", path,
-             (unsigned long long)p.data_len, (unsigned long long)max_data);
+        wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_MODEL, "%s: %llu data bytes, more than the model's %llu", path,
+                   (unsigned long long)p.data_len, (unsigned long long)max_data);
         return NULL;
     }
     if (max_data && p.bytes < max_data / 2) {
-        fail(wire, WRK_E_MODEL, detail, len, "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in F32)",
-             path, p.count, (unsigned long long)p.bytes, (unsigned long long)max_data);
+        wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_MODEL,
+                   "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in F32)",
+                   path, p.count, (unsigned long long)p.bytes, (unsigned long long)max_data);
         return NULL;
     }
     reel_sha256_hook_t k = { reel_sha256_new(), stop, false };
     if (!k.h) {
-        fail(wire, WRK_E_FILE, detail, len, "out of memory");
+        wrk_refuse(REEL_E_NOMEM, WRK_E_FILE, "out of memory");
         return NULL;
     }
     st_file_t *f = st_open_fd(fd, path, reel_sha256_hook, &k);
     if (!f) {
-        fail(wire, k.stopped ? WRK_E_STOPPED : WRK_E_FILE, detail, len, "%s", reel_err_text());
+        if (k.stopped)
+            wrk_refuse(REEL_E_STATE, WRK_E_STOPPED, "%s", reel_err_text());
+        else
+            wrk_refuse(reel_err_code(), WRK_E_FILE, "%s", reel_err_text());
         reel_sha256_free(&k.h);
         return NULL;
     }
