@@ -101,17 +101,3 @@ int reel_exit_status(reel_code_t code) {
     default: return 1;
     }
 }
-
-/* ---- being retired --------------------------------------------------------------- */
-
-int kern_fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    record(REEL_E_INTERNAL, NULL, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-const char *kern_error(void) { return reel_err_text(); }
-
-void kern_error_clear(void) { reel_err_clear(); }

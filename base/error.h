@@ -34,7 +34,7 @@ typedef enum {
 } reel_code_t;
 
 #define REEL_ERR_MSG 512
-#define REEL_ERR_DETAIL 256
+#define REEL_ERR_DETAIL 512
 
 typedef struct {
     reel_code_t code;            /* REEL_OK when nothing failed yet (or after a clear) */
@@ -69,15 +69,6 @@ const char *reel_code_name(reel_code_t code);
  * 2 for what the caller can fix in their input (invalid, not_found,
  * unsupported, limit), 1 for everything else. */
 int reel_exit_status(reel_code_t code);
-
-/* ---- being retired (issue 25 §3): the first convention, kept while the
- * tree migrates to the value above ---------------------------------------- */
-/* reel_fail(REEL_E_INTERNAL, ...): a code nobody has chosen yet. */
-int kern_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* reel_err_text(). */
-const char *kern_error(void);
-/* reel_err_clear(). */
-void kern_error_clear(void);
 
 #ifdef __cplusplus
 }

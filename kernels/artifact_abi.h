@@ -54,7 +54,8 @@ typedef struct kern_art_host {
     /* Registers one kernel (copied). 0, or -1 with a message (wrong op,
      * backend, dtype or args_size, a second kernel for one dtype). */
     int (*register_kernel)(void *reg, const kern_impl_t *impl);
-    /* Records a message (printf format) and returns -1: kern_fail. */
+    /* Records the artifact's failure (printf format; the host's error value,
+     * base/error.h, code internal) and returns -1. */
     int (*fail)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 } kern_art_host_t;
 

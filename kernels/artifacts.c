@@ -258,6 +258,17 @@ int kern_artifacts_enable_list(kern_artifacts_t *set, const char *csv) {
 
 /* ---- loading ----------------------------------------------------------------- */
 
+/* What an artifact records when it fails (kern_art_host_t.fail): the
+ * artifact's own failure, not the caller's input. */
+__attribute__((format(printf, 1, 2))) static int host_fail(const char *fmt, ...) {
+    char msg[REEL_ERR_MSG];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reel_fail(REEL_E_INTERNAL, "%s", msg);
+}
+
 static int host_register(void *reg, const kern_impl_t *impl) {
     art_bundle_t *a = reg;
     const art_op_t *op = art_op(a->m.op);
@@ -316,7 +327,7 @@ static int load(art_bundle_t *a) {
         return refuse(a, "ABI mismatch: %s says it was built for artifact ABI %u, the manifest "
                       "says %u", a->m.object, *abi, a->m.abi);
     const kern_art_host_t host = { .abi = KERN_ART_ABI, .id = a->m.id, .reg = a,
-                                   .register_kernel = host_register, .fail = kern_fail };
+                                   .register_kernel = host_register, .fail = host_fail };
     a->n_k = 0;
     if (init(&host) != 0) {
         a->n_k = 0;

@@ -102,15 +102,6 @@ START_TEST(test_codes_have_names_and_exit_statuses) {
 }
 END_TEST
 
-START_TEST(test_the_retired_kern_fail_still_records_an_internal_error) {
-    ck_assert_int_eq(kern_fail("old %d", 1), -1);
-    ck_assert_int_eq(reel_err_code(), REEL_E_INTERNAL);
-    ck_assert_str_eq(kern_error(), "old 1");
-    kern_error_clear();
-    ck_assert_str_eq(kern_error(), "");
-}
-END_TEST
-
 START_TEST(test_integers_parse_whole_and_in_range) {
     int64_t v = 7;
     ck_assert_int_eq(reel_parse_i64("-42", -100, 100, "--x", &v), 0);
@@ -210,7 +201,6 @@ static Suite *suite(void) {
     tcase_add_test(e, test_long_messages_are_cut_never_overrun);
     tcase_add_test(e, test_each_thread_has_its_own_error_value);
     tcase_add_test(e, test_codes_have_names_and_exit_statuses);
-    tcase_add_test(e, test_the_retired_kern_fail_still_records_an_internal_error);
     suite_add_tcase(s, e);
     TCase *p = tcase_create("parse");
     tcase_add_test(p, test_integers_parse_whole_and_in_range);

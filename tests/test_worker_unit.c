@@ -28,6 +28,7 @@
 #include "worker/wrk_sync.h"
 #include "worker/wrk_weights.h"
 #include "model/wan_ckpt.h"
+#include "base/parse.h"
 #include "tests/support.h"
 
 /* ---- command line ---------------------------------------------------------- */
@@ -86,27 +87,22 @@ START_TEST(test_unknown_flags_and_missing_required_options_are_usage_errors) {
 END_TEST
 
 START_TEST(test_byte_counts_take_binary_suffixes_and_reject_junk) {
-    size_t b = 7;
-    ck_assert_int_eq(wrk_parse_bytes("0", &b), 0);
-    ck_assert_uint_eq(b, 0);
-    ck_assert_int_eq(wrk_parse_bytes("1048576", &b), 0);
-    ck_assert_uint_eq(b, 1048576);
-    ck_assert_int_eq(wrk_parse_bytes("4k", &b), 0);
-    ck_assert_uint_eq(b, 4096);
-    ck_assert_int_eq(wrk_parse_bytes("512M", &b), 0);
-    ck_assert_uint_eq(b, (size_t)512 << 20);
-    ck_assert_int_eq(wrk_parse_bytes("2GiB", &b), 0);
-    ck_assert_uint_eq(b, (size_t)2 << 30);
-    ck_assert_int_eq(wrk_parse_bytes("3GB", &b), 0);
-    ck_assert_uint_eq(b, (size_t)3 << 30);
-    b = 7;
-    ck_assert_int_eq(wrk_parse_bytes("", &b), -1);
-    ck_assert_int_eq(wrk_parse_bytes("-1", &b), -1);
-    ck_assert_int_eq(wrk_parse_bytes("1.5G", &b), -1);
-    ck_assert_int_eq(wrk_parse_bytes("G", &b), -1);
-    ck_assert_int_eq(wrk_parse_bytes("99999999999999999999", &b), -1);
-    ck_assert_int_eq(wrk_parse_bytes("17179869184G", &b), -1);   /* 2^34 GiB overflows */
-    ck_assert_uint_eq(b, 7);
+    /* --budget is read by base/parse.h's reel_parse_bytes */
+    static const struct { const char *s; uint64_t v; } good[] = {
+        { "0", 0 }, { "1048576", 1048576 }, { "4k", 4096 }, { "512M", 512ull << 20 },
+        { "2GiB", 2ull << 30 }, { "3GB", 3ull << 30 },
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        uint64_t b = 7;
+        ck_assert_msg(reel_parse_bytes(good[i].s, SIZE_MAX, "--budget", &b) == 0, "%s: %s", good[i].s, reel_err_text());
+        ck_assert(b == good[i].v);
+    }
+    static const char *bad[] = { "", "-1", "1.5G", "G", "99999999999999999999", "17179869184G" /* 2^34 GiB */ };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t b = 7;
+        ck_assert_msg(reel_parse_bytes(bad[i], SIZE_MAX, "--budget", &b) == -1, "'%s' was accepted", bad[i]);
+        ck_assert(b == 7);
+    }
 }
 END_TEST
 

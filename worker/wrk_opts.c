@@ -1,6 +1,7 @@
 /* wrk_opts.c -- reel-worker's command line (see wrk_opts.h). Every value is
  * range-checked here; a bad one is a usage error (exit 2), never a clamp. */
 #include "worker/wrk_opts.h"
+#include "base/parse.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,29 +24,6 @@ static int usage_error(char *err, size_t len, const char *fmt, ...) {
     return -1;
 }
 
-int wrk_parse_bytes(const char *s, size_t *out) {
-    if (!s || !isdigit((unsigned char)*s)) return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno) return -1;
-    unsigned shift = 0;
-    switch (tolower((unsigned char)*end)) {
-    case 'k': shift = 10; end++; break;
-    case 'm': shift = 20; end++; break;
-    case 'g': shift = 30; end++; break;
-    case 't': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && (!strcmp(end, "iB") || !strcmp(end, "ib"))) end += 2;
-    else if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
-    if (shift && v > (SIZE_MAX >> shift)) return -1;
-    if (v > SIZE_MAX) return -1;
-    *out = (size_t)v << shift;
-    return 0;
-}
-
 static int set_backend(void *dst, const char *v, char *err, size_t len) {
     (void)err, (void)len;
     return kern_backend_kind_parse(v, &((wrk_opts_t *)dst)->backend) != 0 ? -1 : 0;
@@ -60,7 +38,10 @@ static int set_timing(void *dst, const char *v, char *err, size_t len) {
 }
 static int set_budget(void *dst, const char *v, char *err, size_t len) {
     (void)err, (void)len;
-    return wrk_parse_bytes(v, &((wrk_opts_t *)dst)->budget);
+    uint64_t b;
+    if (reel_parse_bytes(v, SIZE_MAX, "--budget", &b) != 0) return -1;
+    ((wrk_opts_t *)dst)->budget = (size_t)b;
+    return 0;
 }
 /* Repeatable: at most 8, each absolute. */
 static int set_weights_dir(void *dst, const char *v, char *err, size_t len) {

@@ -58,11 +58,6 @@ typedef struct {
  * caller exits 2. Can't fail otherwise; keeps pointers into argv. */
 int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen);
 
-/* Parses a byte count with an optional K, M, G or T suffix (powers of
- * 1024, case-insensitive, optionally followed by "B" or "iB"): "512M",
- * "2g", "1048576". -1 on junk or overflow, *out untouched. */
-int wrk_parse_bytes(const char *s, size_t *out);
-
 /* The usage text (for --help and after a usage error). */
 const char *wrk_usage(void);
 
