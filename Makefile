@@ -41,7 +41,7 @@ CUDA := $(if $(wildcard $(NVCC)),1,0)
 endif
 CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -Xcompiler -Wall,-Wextra,-fPIC
+NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -MMD -MP -Xcompiler -Wall,-Wextra,-fPIC
 
 # --- sources -------------------------------------------------------------
 LIB_SRC  = $(wildcard base/*.c schema/*.c net/*.c catalog/*.c kernels/*.c kernels/cpu/*.c capture_cache/*.c model/*.c clients/c/*.c)
