@@ -26,19 +26,21 @@ void brk_upload_start(brk_t *b) {
     }
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) b->uploads->s[i].fd = -1;
     pthread_mutex_init(&b->uploads->mu, NULL);
+    pthread_cond_init(&b->uploads->done, NULL);
     b->uploads->dir = strdup(b->opt.weights_dir); /* NULL: removals run inline */
     b->uploads->keep = b->opt.weights_keep;
     brk_upl_scan_dir(b);
+    brk_upl_prune_start(b); /* after the scan: the spares it found are in place */
 }
 
 void brk_upload_stop(brk_t *b) {
     if (!b->uploads) return;
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) brk_upl_close_slot(b, &b->uploads->s[i], true);
-    /* removals asked for finish first (the queue is a few entries) */
-    pthread_mutex_lock(&b->uploads->mu);
-    bool started = b->uploads->started;
-    pthread_mutex_unlock(&b->uploads->mu);
-    if (started) pthread_join(b->uploads->th, NULL);
+    /* the hashing threads are stopped with their slots; the removals
+     * asked for finish before the state they touch goes (the queue is a
+     * few entries) */
+    brk_upl_prune_stop(b);
+    pthread_cond_destroy(&b->uploads->done);
     pthread_mutex_destroy(&b->uploads->mu);
     free(b->uploads->dir);
     free(b->uploads);
@@ -103,11 +105,21 @@ static int check_slot(const slot_t *s, int i) {
                (long long)st.st_size);
     if (strlen(s->sha256) != 64) BROKEN("upload %s v%llu has no sha256", c, v);
     if (check_parked(s)) return -1;
-    int queued;
-    pthread_mutex_lock((pthread_mutex_t *)&s->h->mu);
-    queued = s->h->n;
-    pthread_mutex_unlock((pthread_mutex_t *)&s->h->mu);
-    if (queued < 0 || queued > HASH_QUEUE) BROKEN("upload %s v%llu: %d chunks queued to hash", c, v, queued);
+    /* The bound's count is at most HASH_QUEUE waiting behind the chunk
+     * being hashed, and never more than the thread holds: a count the
+     * thread will not lower would leave the routing thread waiting for
+     * room. (The backlog is read first: only the routing thread posts, and a run
+     * lowers `pending` before the thread lowers its backlog, so the
+     * second read can only be lower.) */
+    hasher_t *h = s->h;
+    size_t backlog = h->th ? reel_thread_backlog(h->th) : 0;
+    pthread_mutex_lock(&h->mu);
+    int pending = h->pending;
+    pthread_mutex_unlock(&h->mu);
+    if (pending < 0 || pending > HASH_QUEUE + 1)
+        BROKEN("upload %s v%llu: %d chunks pending to hash (at most %d)", c, v, pending, HASH_QUEUE + 1);
+    if ((size_t)pending > backlog)
+        BROKEN("upload %s v%llu counts %d chunks pending to hash, its thread holds %zu", c, v, pending, backlog);
     return 0;
 }
 

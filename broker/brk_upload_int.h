@@ -25,6 +25,7 @@
 #include <zmq.h>
 
 #include "base/sha256.h"
+#include "base/thread.h"
 #include "broker/brk_upload.h"
 
 /* A FETCH of bytes an upload in progress has not brought yet: answered
@@ -35,22 +36,23 @@ typedef struct {
     uint64_t id, offset, max;
 } parked_t;
 
-/* An upload's sha256, taken on a thread of its own: hashing is most of
- * what an upload costs the routing thread (SHA-256 runs at 1.6 GB/s a
- * core with SHA-NI, about as fast as loopback moves the bytes), and on a
- * machine with a core to spare the routing thread then only writes and
- * forwards. The chunks wait in order, shared with ZeroMQ (no copy), at
- * most HASH_QUEUE of them (the routing thread waits for room beyond). */
+/* An upload's sha256, taken on a thread of its own (base/thread.h):
+ * hashing is most of what an upload costs the routing thread (SHA-256
+ * runs at 1.6 GB/s a core with SHA-NI, about as fast as loopback moves
+ * the bytes), and on a machine with a core to spare the routing thread
+ * then only writes and forwards. Each chunk is posted as its frame,
+ * shared with ZeroMQ (no copy), and hashed in posting order; at most
+ * HASH_QUEUE wait behind the one being hashed (the routing thread waits
+ * for room beyond: the thread's queue has no bound of its own, so the
+ * bound is `pending`, under mu, and `room` its condition). */
 #define HASH_QUEUE 4
 
 typedef struct {
+    reel_thread_t *th;           /* NULL: no thread (it could not start, or brk_upload_no_hash_thread): inline */
     pthread_mutex_t mu;
-    pthread_cond_t cv;           /* a chunk queued, one hashed, or quit */
-    zmq_msg_t q[HASH_QUEUE];     /* ring: chunks to hash, oldest at head */
-    int head, n;
-    bool busy, quit, threaded;   /* hashing one / stop / a thread runs (else inline) */
-    pthread_t th;
-    reel_sha256_t *h;            /* the thread's until it is joined */
+    pthread_cond_t room;         /* to the routing thread: a chunk hashed */
+    int pending;                 /* under mu: chunks posted whose hashing has not ended (<= HASH_QUEUE + 1) */
+    reel_sha256_t *h;            /* the thread's until it is stopped (inline: the routing thread's) */
 } hasher_t;
 
 typedef struct {
@@ -91,15 +93,17 @@ typedef struct {
 
 struct brk_uploads {
     slot_t s[BRK_UPLOADS_MAX];
-    /* The removals run on a thread of their own, one at a time: freeing
-     * a big file's blocks takes a while (1 GB: 0.4 s on this project's
-     * VMs; a wan2.1-1.3b file is 5.7 GB), which the routing thread must
-     * not wait for. */
+    /* The removals run on a thread of their own (base/thread.h), one at
+     * a time: freeing a big file's blocks takes a while (1 GB: 0.4 s on
+     * this project's VMs; a wan2.1-1.3b file is 5.7 GB), which the
+     * routing thread must not wait for. It has no items: its `idle` takes
+     * the next removal off q, and a removal queued wakes it. */
+    reel_thread_t *th;           /* NULL: none (--weights-keep 0), or removals inline (no thread, no copy of the dir) */
     pthread_mutex_t mu;
-    prune_t q[PRUNES_MAX];       /* asked, not yet done (one per component) */
+    pthread_cond_t done;         /* to brk_upl_prunes_wait: a removal ended with none left */
+    prune_t q[PRUNES_MAX];       /* under mu: asked, not yet begun (one per component) */
     int nq;
-    bool running, started;       /* the thread: runs the queue / was created (join it) */
-    pthread_t th;
+    bool removing;               /* under mu: one taken off q and under way */
     char *dir;                   /* --weights-dir, the thread's copy */
     int keep;
     spare_t spare[SPARES_MAX];   /* under mu; oldest first */
@@ -148,6 +152,15 @@ void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *reason);
 bool brk_upl_take_spare(brk_t *b, uint64_t size, const char *part);
 /* Removes every spare (a full disk). Returns how many were dropped. */
 int brk_upl_drop_spares(brk_t *b);
+/* Waits until every removal asked so far is done (what a test checks
+ * the dir after). Can't fail. */
+void brk_upl_prunes_wait(brk_t *b);
+/* Starts the removal thread (brk_upload_start; none with --weights-keep
+ * 0; without the dir's copy, or when it cannot start (logged), the
+ * removals run inline)
+ * and stops it once the removals asked are done (brk_upload_stop). */
+void brk_upl_prune_start(brk_t *b);
+void brk_upl_prune_stop(brk_t *b);
 /* Startup: removes the .part files a previous run left and keeps its
  * newest spares (those past SPARES_MAX, or not a spare's, removed). A
  * weights dir that cannot be read is logged, and left for the uploads to

@@ -1,7 +1,9 @@
 /* brk_upload_prune.c -- the weights dir's housekeeping: --weights-keep
  * removals, run on a thread of their own one at a time (freeing a big
  * file's blocks takes a while, which the routing thread must not wait
- * for); the spares, removed versions' data files kept for the next
+ * for: a base/thread.h worker whose `idle` takes the next removal off
+ * the queue, woken when one is queued, and whose `leave` does those still
+ * queued at a stop); the spares, removed versions' data files kept for the next
  * uploads to write over (brk_upload_int.h, spare_t); and the dir as a
  * previous run left it (its .part files removed, its spares kept). */
 #include "broker/brk_upload.h"
@@ -11,7 +13,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,20 +167,70 @@ static void prune_dir(struct brk_uploads *u, const char *dir, int keep, const ch
     free(older);
 }
 
-static void *prune_main(void *arg) {
-    struct brk_uploads *u = arg;
+/* Takes the next removal off the queue and does it. False when none
+ * was queued. */
+static bool prune_next(struct brk_uploads *u) {
+    prune_t p = { .current = 0 };
     pthread_mutex_lock(&u->mu);
-    while (u->nq > 0) {
-        prune_t p = u->q[0];
+    bool any = u->nq > 0;
+    if (any) {
+        p = u->q[0];
         memmove(u->q, u->q + 1, (size_t)(u->nq - 1) * sizeof *u->q);
         u->nq--;
-        pthread_mutex_unlock(&u->mu);
-        prune_dir(u, u->dir, u->keep, p.component, p.current);
-        pthread_mutex_lock(&u->mu);
+        u->removing = true;
     }
-    u->running = false;
     pthread_mutex_unlock(&u->mu);
-    return NULL;
+    if (!any) return false;
+    prune_dir(u, u->dir, u->keep, p.component, p.current);
+    pthread_mutex_lock(&u->mu);
+    u->removing = false;
+    if (u->nq == 0) pthread_cond_broadcast(&u->done);
+    pthread_mutex_unlock(&u->mu);
+    return true;
+}
+
+/* Between wakes: one removal, then at once the next (0), or sleep until
+ * brk_upload_prune queues one (-1). Can't fail: a removal that fails is
+ * logged. */
+static int64_t prune_idle(void *user) { return prune_next(user) ? 0 : -1; }
+
+/* The last thing on the thread (a stop): the removals still queued, so
+ * that every one asked is done before the state goes. */
+static void prune_leave(void *user) {
+    while (prune_next(user)) {
+    }
+}
+
+/* No items are posted: the queue is q. */
+static void prune_run(void *user, void *item) {
+    (void)user;
+    (void)item;
+}
+
+void brk_upl_prune_start(brk_t *b) {
+    struct brk_uploads *u = b->uploads;
+    if (!u->dir || u->keep <= 0) return; /* nothing to remove, or inline (out of memory) */
+    reel_thread_opts_t o = { .name = "upload-prune",
+                             .user = u,
+                             .run = prune_run,
+                             .idle = prune_idle,
+                             .leave = prune_leave,
+                             .block_signals = true /* the stop signal must interrupt the routing thread's poll */ };
+    if (!(u->th = reel_thread_start(&o)))
+        brk_log("cannot start the --weights-keep removal thread (%s): removals run on the routing thread",
+                reel_err_text());
+}
+
+void brk_upl_prune_stop(brk_t *b) {
+    reel_thread_stop(&b->uploads->th, REEL_THREAD_DRAIN); /* leave does what is queued */
+}
+
+void brk_upl_prunes_wait(brk_t *b) {
+    struct brk_uploads *u = b->uploads;
+    if (!u) return;
+    pthread_mutex_lock(&u->mu);
+    while (u->nq > 0 || u->removing) pthread_cond_wait(&u->done, &u->mu);
+    pthread_mutex_unlock(&u->mu);
 }
 
 /* Queues comp's removal (u->mu held): one per component, the newest
@@ -195,34 +246,20 @@ static void prune_queue(struct brk_uploads *u, const char *comp, uint64_t curren
     if (i < u->nq && current > u->q[i].current) u->q[i].current = current; /* the newest asked wins */
 }
 
-/* Starts the removal thread when none runs and removals wait (u->mu
- * held). True when it could not start: the caller runs the queue itself. */
-static bool prune_start(struct brk_uploads *u) {
-    if (u->running || u->nq == 0) return false;
-    if (u->started) pthread_join(u->th, NULL); /* done with its queue: it only returns now */
-    /* Without SIGINT/SIGTERM, as every thread but the routing one:
-     * the stop signal must interrupt the routing thread's poll. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    u->started = u->running = pthread_create(&u->th, NULL, prune_main, u) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return !u->started;
-}
-
 void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
     int keep = b->opt.weights_keep;
     if (!b->opt.weights_dir || keep <= 0) return;
     struct brk_uploads *u = b->uploads;
-    if (!u || !u->dir) { /* no thread to hand it to (out of memory at start) */
+    if (!u || !u->dir) { /* no copy of the dir for a thread (out of memory at start) */
         prune_dir(NULL, b->opt.weights_dir, keep, comp, current);
         return;
     }
     pthread_mutex_lock(&u->mu);
     prune_queue(u, comp, current);
-    bool inline_run = prune_start(u);
     pthread_mutex_unlock(&u->mu);
-    if (inline_run) prune_main(u); /* no thread: here, as before */
+    if (u->th) reel_thread_wake(u->th);
+    else while (prune_next(u)) { /* no thread: here, as it could not start */
+    }
 }
 
 /* ---- the dir a previous run left ------------------------------------------------- */

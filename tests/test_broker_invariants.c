@@ -458,6 +458,34 @@ START_TEST(test_upload_slots_whose_counts_do_not_match_what_they_hold_are_named)
 }
 END_TEST
 
+/* The bound on an upload's hashing thread is a count beside the thread's
+ * own queue: one past HASH_QUEUE waiting behind the chunk in progress, or
+ * one counting a chunk the thread does not hold (a routing thread that
+ * would wait for room nobody makes), is named. */
+START_TEST(test_a_hashing_count_past_its_bound_or_past_what_its_thread_holds_is_named) {
+    hasher_t *h = open_slot()->h;
+    ck_assert_ptr_nonnull(h->th);
+    pthread_mutex_lock(&h->mu);
+    while (h->pending > 0) pthread_cond_wait(&h->room, &h->mu); /* the first piece hashed */
+    pthread_mutex_unlock(&h->mu);
+    reel_thread_pause(h->th); /* between chunks, holding none, until resumed */
+    holds();
+    pthread_mutex_lock(&h->mu);
+    h->pending = 1;
+    pthread_mutex_unlock(&h->mu);
+    broken("counts 1 chunks pending to hash, its thread holds 0");
+    pthread_mutex_lock(&h->mu);
+    h->pending = HASH_QUEUE + 2;
+    pthread_mutex_unlock(&h->mu);
+    broken("pending to hash (at most");
+    pthread_mutex_lock(&h->mu);
+    h->pending = 0;
+    pthread_mutex_unlock(&h->mu);
+    reel_thread_resume(h->th);
+    holds();
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("broker_invariants");
     TCase *tc = tcase_create("checker");
@@ -475,6 +503,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_two_barriers_for_one_version_or_a_sync_not_the_barrier_s_own_are_named);
     tcase_add_test(tc, test_a_current_version_without_its_sync_is_named);
     tcase_add_test(tc, test_upload_slots_whose_counts_do_not_match_what_they_hold_are_named);
+    tcase_add_test(tc, test_a_hashing_count_past_its_bound_or_past_what_its_thread_holds_is_named);
     suite_add_tcase(s, tc);
     return s;
 }

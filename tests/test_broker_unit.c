@@ -25,6 +25,7 @@
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_upload.h"
+#include "broker/brk_upload_int.h"
 #include "broker/brk_zap.h"
 #include "capture_cache/key.h"
 #include "base/error.h"
@@ -1508,7 +1509,8 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
     brk_upload_prune(&x.b, "transformer", 5);
     brk_upload_prune(&x.b, "transformer", 5); /* asked twice: one removal */
     snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
-    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    brk_upl_prunes_wait(&x.b);
+    ck_assert_int_eq(access(path, F_OK), -1);
     /* another component then, its queue slot the one transformer used:
      * vae v2 is current, v3 newer (pending): nothing of vae goes */
     brk_upload_prune(&x.b, "vae", 2);
@@ -1571,7 +1573,8 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(stat(path, &st2), 0);
     brk_upload_prune(&x.b, "transformer", 4); /* v1 and v2 go: spares */
     snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
-    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    brk_upl_prunes_wait(&x.b);
+    ck_assert_int_eq(access(path, F_OK), -1);
     ck_assert_int_eq(access(path, F_OK), -1);
     ck_assert_int_eq(count_spares(dir), 2);
 
@@ -1608,7 +1611,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     fill_file(dir, "transformer-v6.sha256", 3, 'x');
     brk_upload_prune(&x.b, "transformer", 6); /* v3 goes, v5 stays */
     snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
-    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    brk_upl_prunes_wait(&x.b);
     ck_assert_int_eq(access(path, F_OK), -1);
     ck_assert_int_eq(count_spares(dir), 1);
     ck_assert_int_eq(stat(link3, &st), 0);
@@ -1637,7 +1640,8 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     fill_file(dir, "transformer-v7.safetensors", 10, 'x');
     brk_upload_prune(&x.b, "transformer", 7); /* v5 goes: .spare-902 */
     snprintf(path, sizeof path, "%s/transformer-v5.sha256", dir);
-    for (int i = 0; i < 500 && access(path, F_OK) == 0; i++) usleep(10000);
+    brk_upl_prunes_wait(&x.b);
+    ck_assert_int_eq(access(path, F_OK), -1);
     brk_upload_stop(&x.b);
     snprintf(path, sizeof path, "%s/.spare-902", dir);
     ck_assert_int_eq(access(path, F_OK), 0);
