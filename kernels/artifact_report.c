@@ -7,7 +7,7 @@
 #include <string.h>
 
 size_t kern_artifacts_keys(kern_artifacts_t *set, kern_art_key_stats_t *out, size_t max) {
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     size_t n = 0;
     for (const art_key_t *k = set->first; k; k = k->all, n++) {
         if (n >= max) continue;
@@ -19,7 +19,7 @@ size_t kern_artifacts_keys(kern_artifacts_t *set, kern_art_key_stats_t *out, siz
         o->n = k->n;
         if (!k->n.timed) o->n.speedup_min = 0;
     }
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
     return n;
 }
 
@@ -55,14 +55,14 @@ int kern_artifacts_totals(kern_artifacts_t *set, const char *id, kern_art_counts
     for (size_t i = 0; i < set->n; i++) found |= set->b[i].parsed && !strcmp(set->b[i].m.id, id);
     if (!found) return reel_fail(REEL_E_INVALID, "artifacts: no bundle has id '%.64s'", id);
     double m2 = 0;
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     for (const art_key_t *k = set->first; k; k = k->all) {
         if (strcmp(k->k->art->m.id, id)) continue;
         merge(out, &m2, &k->n, k->m2);
         p += k->state == KERN_ART_PROMOTED;
         d += k->state == KERN_ART_DEMOTED;
     }
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
     if (promoted) *promoted = p;
     if (demoted) *demoted = d;
     return 0;
@@ -167,7 +167,7 @@ static void print_keys(kern_artifacts_t *set, FILE *f, bool json) {
     bool first = true;
     if (!json) fprintf(f, "\n%-28s %-10s %8s %6s %6s %9s  %s\n", "ARTIFACT", "STATE", "CALLS",
                        "PASS", "FAIL", "SPEEDUP", "KEY / REASON");
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     for (const art_key_t *k = set->first; k; k = k->all) {
         const kern_art_counts_t *c = &k->n;
         double sp = c->artifact_s > 0 ? c->native_s / c->artifact_s : 0;
@@ -195,7 +195,7 @@ static void print_keys(kern_artifacts_t *set, FILE *f, bool json) {
         }
         first = false;
     }
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
 }
 
 int kern_artifacts_print(kern_artifacts_t *set, FILE *f, bool keys, bool json) {

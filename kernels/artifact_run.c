@@ -6,10 +6,11 @@
  * Nothing here changes what the native path computes: a key that is not
  * promoted runs the native kernel on the caller's block, untouched, and the
  * shadow run gives the artifact a copy of the block whose output points at
- * a buffer of the set's. The set's mutex guards keys, counters and shadow
- * buffers and is never held while a kernel runs, while memory is allocated
- * or freed (that takes the device lock, which a capture on another thread
- * holds), or while an event callback runs. */
+ * a buffer of the set's. The set's mutex guards keys and counters and is
+ * never held while a kernel runs, while backend memory is allocated or
+ * freed (that takes the device lock, which a capture on another thread
+ * holds), or while an event callback runs: each of those places checks it
+ * (ART_ASSERT_UNLOCKED, artifact_impl.h). */
 #include "artifact_impl.h"
 #include "backend_impl.h"
 #include "base/error.h"
@@ -21,13 +22,16 @@
 #include <time.h>
 
 /* The set kern_dispatch routes through (one per process): set by
- * kern_artifacts_install / _uninstall (artifacts.c) under their lock, read
- * by the hook on every launch. */
+ * kern_artifacts_install / _uninstall (artifacts.c) under the install lock,
+ * read by the hook on every launch. */
 static _Atomic(kern_artifacts_t *) installed;
 
 kern_artifacts_t *kern_artifacts_installed(void) { return atomic_load(&installed); }
 
-void art_run_set_installed(kern_artifacts_t *set) { atomic_store(&installed, set); }
+void art_run_set_installed(kern_artifacts_t *set) {
+    ART_CHECK(art_install_lock_mine(), "art_run_set_installed needs the install lock held");
+    atomic_store(&installed, set);
+}
 
 static _Thread_local uint64_t tl_promoted, tl_demoted, tl_scope;
 static _Thread_local const char *tl_region;
@@ -95,11 +99,11 @@ static art_key_t *key_get(kern_artifacts_t *set, const art_kernel_t *k, const ar
                           const char *arch, const int64_t *sz, kern_art_state_t *state) {
     uint64_t scope = tl_scope;
     uint64_t h = key_hash(k, scope, arch, sz, od->n_dims);
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     if (!set->bucket) {
         set->n_bucket = 256;
         if (!(set->bucket = calloc(set->n_bucket, sizeof *set->bucket))) {
-            pthread_mutex_unlock(&set->mu);
+            art_unlock(set);
             return NULL;
         }
     }
@@ -130,7 +134,7 @@ static art_key_t *key_get(kern_artifacts_t *set, const art_kernel_t *k, const ar
         set->n_keys++;
     }
     if (key) *state = key->state;
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
     return key;
 }
 
@@ -149,11 +153,15 @@ void art_run_free(kern_artifacts_t *set) {
 
 static void emit(kern_artifacts_t *set, kern_art_event_kind_t kind, const art_key_t *key,
                  const char *reason) {
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     kern_art_event_fn fn = set->on_event;
     void *user = set->event_user;
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
     if (!fn) return;
+    /* No artifact lock is held (artifacts.h): the listener may call back
+     * into the set (kern_artifacts_keys) without deadlocking. */
+    ART_ASSERT_UNLOCKED(set);
+    ART_CHECK(!art_install_lock_mine(), "an event is delivered with the install lock held");
     kern_art_event_t ev = { .kind = kind, .id = key->k->art->m.id, .key = key->text,
                             .reason = reason };
     fn(user, &ev);
@@ -163,11 +171,11 @@ static void emit(kern_artifacts_t *set, kern_art_event_kind_t kind, const art_ke
 static void decide(kern_artifacts_t *set, art_key_t *key, kern_art_state_t st, const char *why) {
     char reason[192];
     snprintf(reason, sizeof reason, "%s", why);
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     bool changed = key->state != st;
     key->state = st;
     if (changed) snprintf(key->reason, sizeof key->reason, "%s", why);
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
     if (!changed) return;
     if (st == KERN_ART_PROMOTED) tl_promoted++;
     if (st == KERN_ART_DEMOTED) tl_demoted++;
@@ -179,9 +187,9 @@ static void decide(kern_artifacts_t *set, art_key_t *key, kern_art_state_t st, c
 }
 
 static void count(kern_artifacts_t *set, uint64_t *field) {
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     (*field)++;
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
 }
 
 /* ---- the trampoline ------------------------------------------------------------- */
@@ -200,7 +208,7 @@ typedef struct {
 #define TRAMP_OFF 256
 _Static_assert(TRAMP_OFF + sizeof(tramp_t) <= ART_BLOCK_MAX, "trampoline block");
 
-static void timed(art_key_t *key, double tn, double ta);
+static void timed(kern_artifacts_t *set, art_key_t *key, double tn, double ta);
 static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
                     const kern_art_manifest_t *m, double *rel, char *why, size_t wl);
 
@@ -233,14 +241,14 @@ static int replay_shadow(const tramp_t *t, void *ctx, const void *blk) {
     double rel = 0;
     char why[192] = "";
     bool pass = compare(sh, real, ne, dt, &t->k->art->m, &rel, why, sizeof why);
-    pthread_mutex_lock(&t->set->mu);
+    art_lock(t->set);
     art_key_t *key = t->key;
     key->n.calls++;
     if (pass) key->n.parity_pass++;
     else key->n.parity_fail++;
     if (rel > key->n.max_rel_seen) key->n.max_rel_seen = rel;
-    timed(key, t2 - t1, t1 - t0);
-    pthread_mutex_unlock(&t->set->mu);
+    timed(t->set, key, t2 - t1, t1 - t0);
+    art_unlock(t->set);
     if (!pass) decide(t->set, key, KERN_ART_DEMOTED, why);
     else if (t->k->art->m.parity != KERN_PARITY_BYTE_EQUAL) memcpy(real, sh, bytes);
     free(sh);
@@ -255,10 +263,11 @@ static int replay_shadow(const tramp_t *t, void *ctx, const void *blk) {
 static int trampoline(void *ctx, const void *blk) {
     tramp_t t;
     memcpy(&t, (const char *)blk + TRAMP_OFF, sizeof t);
+    ART_ASSERT_UNLOCKED(t.set); /* kernels run here, eager or in a replay */
     if (t.replayed) {
-        pthread_mutex_lock(&t.set->mu);
+        art_lock(t.set);
         kern_art_state_t st = t.key->state;
-        pthread_mutex_unlock(&t.set->mu);
+        art_unlock(t.set);
         if (st != KERN_ART_PROMOTED) {
             count(t.set, &t.key->n.native_calls);
             return t.native(ctx, blk);
@@ -269,11 +278,11 @@ static int trampoline(void *ctx, const void *blk) {
             int r = t.k->impl.fn(ctx, blk);
             double t1 = now();
             if (r == 0) {
-                pthread_mutex_lock(&t.set->mu);
+                art_lock(t.set);
                 t.key->n.calls++;
                 t.key->n.sync_timed++;
                 t.key->n.sync_s += t1 - t0;
-                pthread_mutex_unlock(&t.set->mu);
+                art_unlock(t.set);
                 return 0;
             }
             count(t.set, &t.key->n.fallbacks);
@@ -397,7 +406,10 @@ static int to_host(kern_stream_t *s, const void *x, const void *y, size_t bytes,
     return 0;
 }
 
-static void timed(art_key_t *key, double tn, double ta) {
+/* Adds one timed call (native tn, artifact ta seconds) to key's counters
+ * and its running speedup statistics. The set's mutex held (checked). */
+static void timed(kern_artifacts_t *set, art_key_t *key, double tn, double ta) {
+    ART_ASSERT_LOCKED(set);
     kern_art_counts_t *c = &key->n;
     c->timed++;
     c->native_s += tn;
@@ -427,7 +439,9 @@ static int shadow_run(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     const size_t bytes = (size_t)od->out_elems(args) * kern_dtype_size(dt);
     /* The shadow output lives for this run only: a set never holds memory
      * of a backend or stream that may go away before it. Allocated and
-     * freed outside the timed region (never while s captures). */
+     * freed outside the timed region (never while s captures), and
+     * without the set's mutex (the allocator may wait for a capture). */
+    ART_ASSERT_UNLOCKED(set);
     void *sh = bytes ? kern_alloc(kern_stream_backend(s), bytes) : NULL;
     if (bytes && !sh) { /* no room to compare: native, still undecided */
         count(set, &key->n.native_calls);
@@ -435,6 +449,7 @@ static int shadow_run(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     }
     int rc = shadow_cmp(set, s, k, key, native, od, dt, args, deciding, sh);
     if (sh && kern_stream_sync(s) != 0) rc = -1; /* the copy out of sh, if any, is done */
+    ART_ASSERT_UNLOCKED(set);
     kern_free(kern_stream_backend(s), sh);
     return rc;
 }
@@ -442,6 +457,7 @@ static int shadow_run(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
 static int shadow_cmp(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_t *k,
                       art_key_t *key, const kern_impl_t *native, const art_op_t *od,
                       kern_dtype_t dt, void *args, bool deciding, void *sh) {
+    ART_ASSERT_UNLOCKED(set); /* both kernels run here */
     const kern_art_manifest_t *m = &k->art->m;
     const int64_t ne = od->out_elems(args);
     const size_t bytes = (size_t)ne * kern_dtype_size(dt);
@@ -462,10 +478,10 @@ static int shadow_cmp(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     double t2 = now();
     if (rn != 0) return -1; /* the call fails as the native kernel did */
     if (ra != 0) {
-        pthread_mutex_lock(&set->mu);
+        art_lock(set);
         key->n.fallbacks++;
         bool give_up = key->state == KERN_ART_UNDECIDED && ++key->fail_streak >= 3;
-        pthread_mutex_unlock(&set->mu);
+        art_unlock(set);
         if (give_up) decide(set, key, KERN_ART_FAILED, fail);
         return 0;
     }
@@ -476,14 +492,14 @@ static int shadow_cmp(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     char why[192] = "";
     bool pass = compare(ha, hn, ne, dt, m, &rel, why, sizeof why);
     free(own);
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     key->n.calls++;
     key->fail_streak = 0;
     if (pass) key->n.parity_pass++;
     else key->n.parity_fail++;
     if (rel > key->n.max_rel_seen) key->n.max_rel_seen = rel;
-    timed(key, t2 - t1, t1 - t0);
-    pthread_mutex_unlock(&set->mu);
+    timed(set, key, t2 - t1, t1 - t0);
+    art_unlock(set);
     if (!pass) decide(set, key, KERN_ART_DEMOTED, why);
     else if (deciding) decide(set, key, KERN_ART_PROMOTED, "");
     else if (m->parity != KERN_PARITY_BYTE_EQUAL && bytes)
@@ -553,11 +569,11 @@ static int run_key(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_t *
     if (*rc == 0) *rc = kern_stream_sync(s);
     double t1 = now();
     if (*rc == 0) {
-        pthread_mutex_lock(&set->mu);
+        art_lock(set);
         key->n.calls++;
         key->n.sync_timed++;
         key->n.sync_s += t1 - t0;
-        pthread_mutex_unlock(&set->mu);
+        art_unlock(set);
     }
     return HANDLED;
 }
@@ -566,6 +582,7 @@ int art_dispatch_hook(kern_stream_t *s, kern_op_t op, kern_dtype_t dt, void *arg
                       const kern_impl_t *native, int *rc) {
     kern_artifacts_t *set = kern_artifacts_installed();
     if (!set || (unsigned)op >= KERN_OP_COUNT || (unsigned)dt >= KERN_DTYPE_COUNT) return 0;
+    ART_ASSERT_UNLOCKED(set); /* a kernel runs next: the artifact or the native one */
     kern_backend_t *b = kern_stream_backend(s);
     const kern_backend_kind_t bk = kern_backend_kind(b);
     const int nc = set->n_cand[op][bk][dt];

@@ -16,10 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Serialises install and uninstall; the installed set itself is the
- * dispatcher's (artifact_run.c). */
-static pthread_mutex_t install_mu = PTHREAD_MUTEX_INITIALIZER;
-
 /* Records why bundle a is refused: "bundle NAME: <why>". Returns -1. */
 static int refuse(art_bundle_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int refuse(art_bundle_t *a, const char *fmt, ...) {
@@ -176,6 +172,7 @@ err:
 void kern_artifacts_destroy(kern_artifacts_t **sp) {
     if (!sp || !*sp) return;
     kern_artifacts_t *set = *sp;
+    ART_ASSERT_UNLOCKED(set);
     kern_artifacts_uninstall(set);
     art_run_free(set);
     /* Loaded objects stay mapped: a graph may still hold their code. */
@@ -352,7 +349,7 @@ static void index_candidates(kern_artifacts_t *set) {
 }
 
 int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
-    pthread_mutex_lock(&install_mu);
+    art_install_lock();
     int rc = 0;
     if (kern_artifacts_installed()) {
         rc = reel_fail(REEL_E_INVALID, "artifacts: another set is installed");
@@ -376,23 +373,23 @@ int kern_artifacts_install(kern_artifacts_t *set, kern_art_timing_t timing) {
     art_run_set_installed(set);
     kern_registry_set_hook(art_dispatch_hook);
 out:
-    pthread_mutex_unlock(&install_mu);
+    art_install_unlock();
     return rc;
 }
 
 void kern_artifacts_uninstall(kern_artifacts_t *set) {
-    pthread_mutex_lock(&install_mu);
+    art_install_lock();
     if (set && kern_artifacts_installed() == set) {
         kern_registry_set_hook(NULL);
         art_run_set_installed(NULL);
     }
     if (set) set->installed = false;
-    pthread_mutex_unlock(&install_mu);
+    art_install_unlock();
 }
 
 void kern_artifacts_on_event(kern_artifacts_t *set, kern_art_event_fn fn, void *user) {
-    pthread_mutex_lock(&set->mu);
+    art_lock(set);
     set->on_event = fn;
     set->event_user = user;
-    pthread_mutex_unlock(&set->mu);
+    art_unlock(set);
 }

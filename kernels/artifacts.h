@@ -50,7 +50,8 @@
  * capture cache.
  *
  * Threads: any stream thread may dispatch through an installed set (its
- * tables are guarded by one mutex, never held while a kernel runs).
+ * tables are guarded by one mutex, never held while a kernel runs: debug
+ * builds check it, artifact_impl.h).
  * Install, uninstall and destroy run when no stream dispatches. A graph
  * captured while a set was installed holds the set's kernels: destroy the
  * graph before the set. A loaded object stays mapped for the life of the
@@ -185,7 +186,8 @@ void kern_artifacts_uninstall(kern_artifacts_t *set);
 kern_artifacts_t *kern_artifacts_installed(void);
 
 /* Events, for logs and the catalog. Called on the dispatching thread with
- * no lock held; key and reason valid during the call only. */
+ * no artifact lock held (debug builds check it), so the listener may call
+ * into the set; key and reason valid during the call only. */
 typedef enum {
     KERN_ART_EV_PROMOTED,           /* parity passed at a key */
     KERN_ART_EV_DEMOTED,            /* parity failed (reason artifact_parity) */
