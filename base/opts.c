@@ -1,49 +1,20 @@
 /* opts.c -- table-driven command lines (see opts.h). */
 #include "base/opts.h"
 
-#include <ctype.h>
-#include <errno.h>
+#include <float.h>
 #include <getopt.h>
-#include <math.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
+
+#include "base/error.h"
+#include "base/parse.h"
 
 #define OPTS_MAX 64 /* rows one table may have (a programmer's limit) */
 
 static bool takes_value(reel_opt_kind_t k) { return k != REEL_OPT_FLAG && k != REEL_OPT_HELP; }
-
-static bool parse_ll(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return false;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_ull(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out) {
-    if (!s || !*s || *s == '-' || isspace((unsigned char)*s)) return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_d(const char *s, double lo, double hi, double *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || (lo != hi && (v < lo || v > hi))) return false;
-    *out = v;
-    return true;
-}
 
 /* What a bad value of row r was expected to be, into buf. */
 static const char *expected(const reel_opt_t *r, char *buf, size_t len) {
@@ -72,60 +43,68 @@ static const char *expected(const reel_opt_t *r, char *buf, size_t len) {
     return buf;
 }
 
-/* Stores value into dst by row r. 0, or -1 with err. */
-static int store(const reel_opt_t *r, void *dst, const char *v, char *err, size_t len) {
+/* Reads v by row r into dst. 0, or -1 with the error value set: the
+ * row's "bad value" message, or a setter's own error (opts.h). The number
+ * parsers' own wording is replaced by the row's: one message shape for
+ * every option, and the one the scripts and operators know. */
+static int store(const reel_opt_t *r, void *dst, const char *v) {
     char *p = (char *)dst + r->off;
-    long long ll;
-    unsigned long long ull;
+    char what[80];
+    snprintf(what, sizeof what, "--%s", r->name);
+    int64_t i;
+    uint64_t u;
     double d;
     bool ok = true;
-    err[0] = '\0';
     switch (r->kind) {
     case REEL_OPT_FLAG: *(bool *)p = true; break;
     case REEL_OPT_STRING: *(const char **)p = v; break;
     case REEL_OPT_INT:
-        if ((ok = parse_ll(v, r->lo, r->hi, &ll))) *(int *)p = (int)ll;
+        /* the row's range, cut to what an int holds */
+        if ((ok = reel_parse_i64(v, r->lo > INT_MIN ? r->lo : INT_MIN, r->hi < INT_MAX ? r->hi : INT_MAX,
+                                 what, &i) == 0))
+            *(int *)p = (int)i;
         break;
     case REEL_OPT_I64:
-        if ((ok = parse_ll(v, r->lo, r->hi, &ll))) *(int64_t *)p = (int64_t)ll;
+        if ((ok = reel_parse_i64(v, r->lo, r->hi, what, &i) == 0)) *(int64_t *)p = i;
         break;
     case REEL_OPT_U64:
-        if ((ok = parse_ull(v, r->ulo, r->uhi, &ull))) *(uint64_t *)p = (uint64_t)ull;
+        if ((ok = reel_parse_u64(v, r->ulo, r->uhi, what, &u) == 0)) *(uint64_t *)p = u;
         break;
     case REEL_OPT_DOUBLE:
-        if ((ok = parse_d(v, r->dlo, r->dhi, &d))) *(double *)p = d;
+        if ((ok = reel_parse_f64(v, r->dlo != r->dhi ? r->dlo : -DBL_MAX, r->dlo != r->dhi ? r->dhi : DBL_MAX, what,
+                                 &d) == 0))
+            *(double *)p = d;
         break;
     case REEL_OPT_FLOAT:
-        if ((ok = parse_d(v, r->dlo, r->dhi, &d))) *(float *)p = (float)d;
+        /* "any" is what a float holds: 1e300 would be stored as inf */
+        if ((ok = reel_parse_f64(v, r->dlo != r->dhi ? r->dlo : -FLT_MAX, r->dlo != r->dhi ? r->dhi : FLT_MAX, what,
+                                 &d) == 0))
+            *(float *)p = (float)d;
         break;
     case REEL_OPT_CHOICE:
     case REEL_OPT_BOOL_CHOICE: {
-        int i = 0;
-        while (r->choices[i] && strcmp(r->choices[i], v)) i++;
-        ok = r->choices[i] != NULL;
-        if (ok && r->kind == REEL_OPT_CHOICE) *(int *)p = i;
-        if (ok && r->kind == REEL_OPT_BOOL_CHOICE) *(bool *)p = i != 0;
+        int k = 0;
+        while (r->choices[k] && strcmp(r->choices[k], v)) k++;
+        ok = r->choices[k] != NULL;
+        if (ok && r->kind == REEL_OPT_CHOICE) *(int *)p = k;
+        if (ok && r->kind == REEL_OPT_BOOL_CHOICE) *(bool *)p = k != 0;
         break;
     }
     case REEL_OPT_SET:
-        ok = r->set(dst, v, err, len) == 0;
-        if (!ok && err[0]) return -1; /* the setter said why */
+        reel_err_clear(); /* so that a setter which recorded nothing is told from one which did */
+        ok = r->set(dst, v) == 0;
+        if (!ok && !r->expect && reel_err_code() != REEL_OK) return -1; /* the setter said why */
         break;
     case REEL_OPT_HELP: break;
     }
     if (ok) return 0;
     char e[256];
-    snprintf(err, len, "--%s: '%s' is a bad value: expected %s", r->name, v, expected(r, e, sizeof e));
-    return -1;
+    return reel_fail(REEL_E_INVALID, "%s: '%s' is a bad value: expected %s", what, v, expected(r, e, sizeof e));
 }
 
-int reel_opts_parse(const reel_opt_t *t, size_t n, void *dst, int argc, char **argv, int *rest, char *err,
-                    size_t len) {
-    /* programmer errors: the table is the program's own */
-    if (n > OPTS_MAX) {
-        snprintf(err, len, "option table of %zu rows (at most %d)", n, OPTS_MAX);
-        return -1;
-    }
+int reel_opts_parse(const reel_opt_t *t, size_t n, void *dst, int argc, char **argv, int *rest) {
+    /* a programmer's error: the table is the program's own */
+    if (n > OPTS_MAX) return reel_fail(REEL_E_INTERNAL, "option table of %zu rows (at most %d)", n, OPTS_MAX);
     struct option longs[OPTS_MAX + 1];
     char shorts[2 * OPTS_MAX + 2];
     size_t ns = 0;
@@ -148,16 +127,10 @@ int reel_opts_parse(const reel_opt_t *t, size_t n, void *dst, int argc, char **a
         if (c >= 256 && c < 256 + (int)n) r = &t[c - 256];
         for (size_t i = 0; !r && c > 0 && c < 256 && i < n; i++)
             if (t[i].short_name == c) r = &t[i];
-        if (c == ':') {
-            snprintf(err, len, "option '%s' needs a value", argv[optind - 1]);
-            return -1;
-        }
-        if (!r) {
-            snprintf(err, len, "unknown or incomplete option '%s'", argv[optind - 1]);
-            return -1;
-        }
+        if (c == ':') return reel_fail(REEL_E_INVALID, "option '%s' needs a value", argv[optind - 1]);
+        if (!r) return reel_fail(REEL_E_INVALID, "unknown or incomplete option '%s'", argv[optind - 1]);
         if (r->kind == REEL_OPT_HELP) return 1;
-        if (store(r, dst, optarg, err, len) != 0) return -1;
+        if (store(r, dst, optarg) != 0) return -1;
     }
     if (rest) *rest = optind;
     return 0;

@@ -234,8 +234,14 @@ int main(int argc, char **argv) {
     brk_t b;
     memset(&b, 0, sizeof b);
     int prc = brk_opts_parse(&b.opt, argc, argv);
-    if (prc == 1) return 0;
-    if (prc) return 2;
+    if (prc == 1) {
+        fputs(brk_usage(), stdout);
+        return 0;
+    }
+    if (prc) {
+        fprintf(stderr, "reel-broker: %s\n", reel_err_text());
+        return reel_exit_status(reel_err_code());
+    }
     tune_malloc(b.opt.max_held_bytes);
     sigset_t old;
     block_stop_signals(&old);

@@ -1,6 +1,7 @@
 /* brk_opts.c -- reel-broker's command line: defaults, parsing, usage. */
 #include "broker/brk_opts.h"
 
+#include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
 
@@ -10,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int set_retain(void *dst, const char *v, char *err, size_t len);
-static int set_held(void *dst, const char *v, char *err, size_t len);
+static int set_retain(void *dst, const char *v);
+static int set_held(void *dst, const char *v);
 
 #define O(f) offsetof(brk_opts_t, f)
 /* Every option: its kind, where it goes, its range and its usage line. */
@@ -67,10 +68,9 @@ static const reel_opt_t rows[] = {
 
 #define NROWS (sizeof rows / sizeof rows[0])
 
-/* A number of days in (0, 36500]. -1 with err left empty: the row's
- * generic message names the option and what it expects. */
-static int set_retain(void *dst, const char *s, char *err, size_t len) {
-    (void)err, (void)len;
+/* A number of days in (0, 36500]. -1: the row's expect gives the message
+ * (base/opts.h). */
+static int set_retain(void *dst, const char *s) {
     double v;
     if (reel_parse_f64(s, 0, 36500, "--catalog-retain", &v) != 0 || !(v > 0)) return -1;
     ((brk_opts_t *)dst)->catalog_retain_days = v;
@@ -78,8 +78,7 @@ static int set_retain(void *dst, const char *s, char *err, size_t len) {
 }
 
 /* MiB in [1, 2^30], kept as bytes. -1 as above. */
-static int set_held(void *dst, const char *s, char *err, size_t len) {
-    (void)err, (void)len;
+static int set_held(void *dst, const char *s) {
     uint64_t v;
     if (reel_parse_u64(s, 1, 1ull << 30, "--max-held-mb", &v) != 0) return -1;
     ((brk_opts_t *)dst)->max_held_bytes = v << 20;
@@ -103,53 +102,43 @@ static void defaults(brk_opts_t *o) {
     };
 }
 
-static void usage(void) {
-    char buf[4096] = "usage: reel-broker [options]\n";
-    reel_opts_usage(rows, NROWS, 30, buf, sizeof buf);
-    fputs(buf, stdout);
-    fputs("Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
-          "are served, unless --insecure.\n", stdout);
+const char *brk_usage(void) {
+    static char text[4096];
+    if (!text[0]) {
+        char buf[sizeof text] = "usage: reel-broker [options]\n";
+        reel_opts_usage(rows, NROWS, 30, buf, sizeof buf);
+        size_t k = strlen(buf); /* what fitted */
+        snprintf(buf + k, sizeof buf - k, "%s",
+                 "Without --keys only loopback (tcp://127.0.0.1, [::1], localhost) and ipc endpoints\n"
+                 "are served, unless --insecure.\n");
+        memcpy(text, buf, sizeof text);
+    }
+    return text;
 }
 
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
     defaults(o);
-    char err[512];
     int rest = argc;
-    int rc = reel_opts_parse(rows, NROWS, o, argc, argv, &rest, err, sizeof err);
-    if (rc == 1) {
-        usage();
-        return 1;
-    }
-    if (rc != 0) {
-        fprintf(stderr, "reel-broker: %s (try -h)\n", err);
-        return 2;
-    }
-    if (rest < argc) {
-        fprintf(stderr, "reel-broker: unexpected argument '%s' (try -h)\n", argv[rest]);
-        return 2;
-    }
+    int rc = reel_opts_parse(rows, NROWS, o, argc, argv, &rest);
+    if (rc == 1) return 1;
+    /* a mistake in the syntax: the usage says how it goes */
+    if (rc != 0) return reel_fail(reel_err_code(), "%s (try -h)", reel_err()->msg);
+    if (rest < argc) return reel_fail(REEL_E_INVALID, "unexpected argument '%s' (try -h)", argv[rest]);
     return check(o);
 }
 
-/* The rules across options, after parsing. 0, or 2 with a message. */
+/* The rules across options, after parsing. 0, or -1 with an invalid error. */
 static int check(const brk_opts_t *o) {
-    if (o->key && !o->keys) {
-        fprintf(stderr, "reel-broker: --key needs --keys DIR (the peers it admits)\n");
-        return 2;
-    }
-    if (o->keys && o->insecure) {
-        fprintf(stderr, "reel-broker: --keys and --insecure exclude each other\n");
-        return 2;
-    }
+    if (o->key && !o->keys) return reel_fail(REEL_E_INVALID, "--key needs --keys DIR (the peers it admits)");
+    if (o->keys && o->insecure) return reel_fail(REEL_E_INVALID, "--keys and --insecure exclude each other");
     /* Secure by default: without keys, anyone who reaches a port may run
      * requests, publish weights and pose as a worker. */
     const char *open_ep = !brk_endpoint_local(o->clients) ? o->clients
                         : !brk_endpoint_local(o->workers) ? o->workers : NULL;
-    if (open_ep && !o->keys && !o->insecure) {
-        fprintf(stderr, "reel-broker: refusing to serve %s without keys: give --keys DIR (reelctl keys new) "
-                        "or --insecure\n", open_ep);
-        return 2;
-    }
+    if (open_ep && !o->keys && !o->insecure)
+        return reel_fail(REEL_E_INVALID,
+                         "refusing to serve %s without keys: give --keys DIR (reelctl keys new) or --insecure",
+                         open_ep);
     return 0;
 }
 

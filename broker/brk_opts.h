@@ -26,11 +26,16 @@ typedef struct {
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was
- * asked (usage printed to stdout: exit 0); 2 on an unknown flag, a missing
- * or bad value or a stray argument, and when an endpoint other than
- * loopback or ipc would be served without keys and without --insecure
- * (one line on stderr: exit 2). */
+ * asked (the caller prints brk_usage()); -1 with a REEL_E_INVALID error
+ * (base/error.h), one line for after "reel-broker: ", on an unknown
+ * flag, a missing or bad value or a stray argument (these end in
+ * "(try -h)"), on options that exclude or need each other, and when an
+ * endpoint other than loopback or ipc would be served without keys and
+ * without --insecure. Prints nothing; keeps pointers into argv. */
 int brk_opts_parse(brk_opts_t *o, int argc, char **argv);
+
+/* The text of -h, ending in a newline. Can't fail; static storage. */
+const char *brk_usage(void);
 
 /* True when endpoint reaches this host only: ipc://, inproc://, or tcp://
  * on 127.0.0.0/8, [::1] or localhost. Can't fail. */

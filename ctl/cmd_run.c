@@ -26,30 +26,25 @@ typedef struct {
     int64_t size[3];   /* F, H, W when no --latent */
 } run_opts_t;
 
-static int set_solver(void *dst, const char *v, char *err, size_t len) {
+/* tdit_solver_parse's message, naming the option. */
+static int set_solver(void *dst, const char *v) {
     if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) == 0) return 0;
-    snprintf(err, len, "--solver: %s", reel_err_text());
-    return -1;
+    return reel_fail_prefix("--solver: ");
 }
-/* The next three leave err empty: reel_opts says the row's "expected". */
-static int set_cfg(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+/* The next three fail through their rows' expect (base/opts.h). */
+static int set_cfg(void *dst, const char *v) {
     double d;
     if (reel_parse_f64(v, -FLT_MAX, FLT_MAX, "--cfg", &d)) return -1;
     ((run_opts_t *)dst)->loop.guidance = (float)d;
     ((run_opts_t *)dst)->have_cfg = true;
     return 0;
 }
-static int set_seed(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+static int set_seed(void *dst, const char *v) {
     if (reel_parse_u64(v, 0, UINT64_MAX, "--seed", &((run_opts_t *)dst)->loop.seed)) return -1;
     ((run_opts_t *)dst)->have_seed = true;
     return 0;
 }
-static int set_size(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
-    return ctl_size_parse(v, "--size", ((run_opts_t *)dst)->size);
-}
+static int set_size(void *dst, const char *v) { return ctl_size_parse(v, "--size", ((run_opts_t *)dst)->size); }
 
 static const char *const on_off[] = { "off", "on", NULL };
 
@@ -91,10 +86,9 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     r->dtype = "f32";
     r->graphs = true;
     r->warmup = 2;
-    char err[512];
     int rest = argc;
-    if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest, err, sizeof err))
-        return reel_fail(REEL_E_INVALID, "run: %s", err);
+    if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest))
+        return reel_fail_prefix("run: ");
     if (rest < argc) return reel_fail(REEL_E_INVALID, "run: unexpected argument '%s'", argv[rest]);
     if (!r->weights || !r->context || !r->out)
         return reel_fail(REEL_E_INVALID, "run needs --weights, --context and --out");

@@ -2126,12 +2126,7 @@ static int opts(brk_opts_t *o, ...) {
     va_start(ap, o);
     for (char *a; (a = va_arg(ap, char *)) && argc < 15;) argv[argc++] = a;
     va_end(ap);
-    FILE *saved = stderr;
-    stderr = fopen("/dev/null", "w"); /* the refusals' one line */
-    int rc = brk_opts_parse(o, argc, argv);
-    fclose(stderr);
-    stderr = saved;
-    return rc;
+    return brk_opts_parse(o, argc, argv);
 }
 
 /* Before: a broker bound 0.0.0.0 with nothing asked of its peers. */
@@ -2152,14 +2147,23 @@ START_TEST(test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_i
     brk_opts_t o;
     ck_assert_int_eq(opts(&o, NULL), 0); /* the defaults are loopback */
     ck_assert_ptr_null(o.keys);
-    ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", NULL), 2);
-    ck_assert_int_eq(opts(&o, "--workers", "tcp://*:5556", NULL), 2);
+    ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", NULL), -1);
+    ck_assert_str_eq(reel_err()->msg, "refusing to serve tcp://0.0.0.0:5555 without keys: give --keys DIR "
+                                      "(reelctl keys new) or --insecure");
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_int_eq(opts(&o, "--workers", "tcp://*:5556", NULL), -1);
     ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", "--insecure", NULL), 0);
     ck_assert(o.insecure);
     ck_assert_int_eq(opts(&o, "--clients", "tcp://0.0.0.0:5555", "--keys", "/etc/reel/keys", NULL), 0);
     ck_assert_str_eq(o.keys, "/etc/reel/keys");
-    ck_assert_int_eq(opts(&o, "--keys", "/k", "--insecure", NULL), 2);
-    ck_assert_int_eq(opts(&o, "--key", "/k/broker.key", NULL), 2);
+    ck_assert_int_eq(opts(&o, "--keys", "/k", "--insecure", NULL), -1);
+    ck_assert_int_eq(opts(&o, "--key", "/k/broker.key", NULL), -1);
+    ck_assert_str_eq(reel_err()->msg, "--key needs --keys DIR (the peers it admits)");
+    ck_assert_int_eq(opts(&o, "--liveness", "0", NULL), -1); /* a syntax error points at -h */
+    ck_assert_str_eq(reel_err()->msg, "--liveness: '0' is a bad value: expected 1..1000 (try -h)");
+    ck_assert_int_eq(opts(&o, "stray", NULL), -1);
+    ck_assert_str_eq(reel_err()->msg, "unexpected argument 'stray' (try -h)");
+    ck_assert_int_eq(opts(&o, "-h", NULL), 1);
 }
 END_TEST
 

@@ -784,10 +784,9 @@ out:
 int main(int argc, char **argv) {
     wire_tune_malloc();
     wrk_opts_t o;
-    char err[512];
-    if (wrk_opts_parse(argc, argv, &o, err, sizeof err) != 0) {
-        fprintf(stderr, "reel-worker: %s\n%s", err, wrk_usage());
-        return 2;
+    if (wrk_opts_parse(argc, argv, &o) != 0) {
+        fprintf(stderr, "reel-worker: %s\n%s", reel_err_text(), wrk_usage());
+        return reel_exit_status(reel_err_code());
     }
     if (o.help) {
         fputs(wrk_usage(), stdout);

@@ -1,54 +1,38 @@
 /* wrk_opts.c -- reel-worker's command line (see wrk_opts.h). Every value is
  * range-checked here; a bad one is a usage error (exit 2), never a clamp. */
 #include "worker/wrk_opts.h"
-#include "base/parse.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "base/opts.h"
+#include "base/parse.h"
 #include "schema/msg.h"
 
-static int usage_error(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int usage_error(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int set_backend(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+/* The next four fail through their rows' expect (base/opts.h). */
+static int set_backend(void *dst, const char *v) {
     return kern_backend_kind_parse(v, &((wrk_opts_t *)dst)->backend) != 0 ? -1 : 0;
 }
-static int set_policy(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+static int set_policy(void *dst, const char *v) {
     return cap_policy_parse(v, &((wrk_opts_t *)dst)->policy) != 0 ? -1 : 0;
 }
-static int set_timing(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+static int set_timing(void *dst, const char *v) {
     return kern_art_timing_parse(v, &((wrk_opts_t *)dst)->artifact_timing) ? -1 : 0;
 }
-static int set_budget(void *dst, const char *v, char *err, size_t len) {
-    (void)err, (void)len;
+static int set_budget(void *dst, const char *v) {
     uint64_t b;
     if (reel_parse_bytes(v, SIZE_MAX, "--budget", &b) != 0) return -1;
     ((wrk_opts_t *)dst)->budget = (size_t)b;
     return 0;
 }
-/* Repeatable: at most 8, each absolute. */
-static int set_weights_dir(void *dst, const char *v, char *err, size_t len) {
+/* Repeatable: at most 8, each absolute. -1 with its own message. */
+static int set_weights_dir(void *dst, const char *v) {
     wrk_opts_t *o = dst;
     int max = (int)(sizeof o->weights_dirs / sizeof o->weights_dirs[0]);
-    if (o->n_weights_dirs >= max) return snprintf(err, len, "--weights-dir: at most %d directories", max), -1;
-    if (v[0] != '/') return snprintf(err, len, "--weights-dir: '%s' must be an absolute path", v), -1;
+    if (o->n_weights_dirs >= max) return reel_fail(REEL_E_INVALID, "--weights-dir: at most %d directories", max);
+    if (v[0] != '/') return reel_fail(REEL_E_INVALID, "--weights-dir: '%s' must be an absolute path", v);
     o->weights_dirs[o->n_weights_dirs++] = v;
     return 0;
 }
@@ -140,7 +124,7 @@ const char *wrk_usage(void) {
     return text;
 }
 
-int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen) {
+int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     memset(o, 0, sizeof *o);
     o->broker = "tcp://127.0.0.1:5556";
     o->weights_version = 1;
@@ -155,17 +139,18 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errle
     o->liveness = 3;
     o->events_ms = 200;
     int rest = argc;
-    if (reel_opts_parse(rows, NROWS, o, argc, argv, &rest, err, errlen) != 0) return -1;
+    if (reel_opts_parse(rows, NROWS, o, argc, argv, &rest) != 0) return -1;
     if (o->help) return 0;
-    if (rest < argc) return usage_error(err, errlen, "unexpected argument '%s'", argv[rest]);
-    if (!o->name) return usage_error(err, errlen, "--name NAME is required");
+    if (rest < argc) return reel_fail(REEL_E_INVALID, "unexpected argument '%s'", argv[rest]);
+    if (!o->name) return reel_fail(REEL_E_INVALID, "--name NAME is required");
     if (!reel_name_valid(o->name, WRK_NAME_MAX))
-        return usage_error(err, errlen, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name, WRK_NAME_MAX - 1);
-    if (!o->weights) return usage_error(err, errlen, "--weights W.safetensors is required");
+        return reel_fail(REEL_E_INVALID, "--name: '%s' must be 1..%d characters of [A-Za-z0-9_.:+-]", o->name,
+                         WRK_NAME_MAX - 1);
+    if (!o->weights) return reel_fail(REEL_E_INVALID, "--weights W.safetensors is required");
     if (o->artifacts_enable && !o->artifacts)
-        return usage_error(err, errlen, "--artifacts-enable needs --artifacts DIR");
+        return reel_fail(REEL_E_INVALID, "--artifacts-enable needs --artifacts DIR");
     if (o->no_fallback && o->backend != KERN_BACKEND_CUDA)
-        return usage_error(err, errlen, "--no-fallback is for --backend cuda");
+        return reel_fail(REEL_E_INVALID, "--no-fallback is for --backend cuda");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
     return 0;
 }

@@ -53,10 +53,11 @@ typedef struct {
     bool help;                       /* --help was given: print usage, exit 0 */
 } wrk_opts_t;
 
-/* Parses argv into *o (defaults first). Returns 0, or -1 with a one-line
- * message in err (unknown flag, bad value, missing --name/--weights); the
- * caller exits 2. Can't fail otherwise; keeps pointers into argv. */
-int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o, char *err, size_t errlen);
+/* Parses argv into *o (defaults first). Returns 0, or -1 with a
+ * REEL_E_INVALID error (base/error.h), one line (unknown flag, bad value,
+ * missing --name/--weights); the caller prints it and the usage and exits
+ * 2. Can't fail otherwise; prints nothing; keeps pointers into argv. */
+int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o);
 
 /* The usage text (for --help and after a usage error). */
 const char *wrk_usage(void);
