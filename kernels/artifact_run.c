@@ -209,8 +209,8 @@ typedef struct {
 _Static_assert(TRAMP_OFF + sizeof(tramp_t) <= ART_BLOCK_MAX, "trampoline block");
 
 static void timed(kern_artifacts_t *set, art_key_t *key, double tn, double ta);
-static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
-                    const kern_art_manifest_t *m, double *rel, char *why, size_t wl);
+static int compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
+                   const kern_art_manifest_t *m, double *rel);
 
 /* A replay on a host backend under SHADOW timing: what shadow_cmp does for
  * an eager call, inside the graph. The artifact into a buffer of its own,
@@ -239,8 +239,9 @@ static int replay_shadow(const tramp_t *t, void *ctx, const void *blk) {
         return rn;
     }
     double rel = 0;
-    char why[192] = "";
-    bool pass = compare(sh, real, ne, dt, &t->k->art->m, &rel, why, sizeof why);
+    bool pass = compare(sh, real, ne, dt, &t->k->art->m, &rel) == 0;
+    char why[REEL_ERR_MSG] = "";
+    if (!pass) snprintf(why, sizeof why, "%s", reel_err()->msg); /* before anything else may fail */
     art_lock(t->set);
     art_key_t *key = t->key;
     key->n.calls++;
@@ -333,24 +334,23 @@ static float elem(const void *p, kern_dtype_t dt, int64_t i) {
  * m's rule. max_rel: every element's |a − n| / max(|n|, 1e-3·max|n|) is at
  * most R (the floor keeps values that cancel to nearly zero from reading
  * as huge relative errors); non-finite values must be identical. Sets
- * *rel to the largest relative difference seen and why to a sentence on a
- * failure. */
-static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
-                    const kern_art_manifest_t *m, double *rel, char *why, size_t wl) {
+ * *rel to the largest relative difference seen: 0 within the manifest's
+ * parity, -1 with the sentence saying how not in the error value. */
+static int compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
+                   const kern_art_manifest_t *m, double *rel) {
     size_t esz = kern_dtype_size(dt);
     *rel = 0;
     if (m->parity == KERN_PARITY_BYTE_EQUAL) {
-        if (!memcmp(a, n, (size_t)ne * esz)) return true;
+        if (!memcmp(a, n, (size_t)ne * esz)) return 0;
         int64_t first = -1, differ = 0;
         for (int64_t i = 0; i < ne; i++)
             if (memcmp((const char *)a + i * esz, (const char *)n + i * esz, esz)) {
                 if (first < 0) first = i;
                 differ++;
             }
-        snprintf(why, wl, "artifact_parity: byte_equal: %lld of %lld elements differ (first at "
+        return reel_fail(REEL_E_INVALID, "artifact_parity: byte_equal: %lld of %lld elements differ (first at "
                  "%lld: native %.9g, artifact %.9g)", (long long)differ, (long long)ne,
                  (long long)first, elem(n, dt, first), elem(a, dt, first));
-        return false;
     }
     double scale = 0;
     for (int64_t i = 0; i < ne; i++) {
@@ -363,10 +363,9 @@ static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
         double x = elem(a, dt, i), y = elem(n, dt, i);
         if (!isfinite(x) || !isfinite(y)) {
             if (memcmp((const char *)a + i * esz, (const char *)n + i * esz, esz)) {
-                snprintf(why, wl, "artifact_parity: element %lld is %.9g, native %.9g",
-                         (long long)i, x, y);
                 *rel = INFINITY;
-                return false;
+                return reel_fail(REEL_E_INVALID, "artifact_parity: element %lld is %.9g, native %.9g",
+                                 (long long)i, x, y);
             }
             continue;
         }
@@ -376,11 +375,10 @@ static bool compare(const void *a, const void *n, int64_t ne, kern_dtype_t dt,
             worst = i;
         }
     }
-    if (*rel <= m->max_rel) return true;
-    snprintf(why, wl, "artifact_parity: max relative difference %.3g > %.3g (element %lld: "
+    if (*rel <= m->max_rel) return 0;
+    return reel_fail(REEL_E_INVALID, "artifact_parity: max relative difference %.3g > %.3g (element %lld: "
              "native %.9g, artifact %.9g)", *rel, m->max_rel, (long long)worst,
              elem(n, dt, worst), elem(a, dt, worst));
-    return false;
 }
 
 /* Host views of the two outputs: the buffers themselves on the CPU, copies
@@ -489,8 +487,9 @@ static int shadow_cmp(kern_artifacts_t *set, kern_stream_t *s, const art_kernel_
     void *own;
     if (to_host(s, sh, real, bytes, &ha, &hn, &own) != 0) return -1;
     double rel = 0;
-    char why[192] = "";
-    bool pass = compare(ha, hn, ne, dt, m, &rel, why, sizeof why);
+    bool pass = compare(ha, hn, ne, dt, m, &rel) == 0;
+    char why[REEL_ERR_MSG] = "";
+    if (!pass) snprintf(why, sizeof why, "%s", reel_err()->msg); /* before anything else may fail */
     free(own);
     art_lock(set);
     key->n.calls++;
