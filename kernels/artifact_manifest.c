@@ -6,6 +6,7 @@
  * (tests/fuzz/fuzz_manifest.c): every path returns 0 or -1 with a message,
  * whatever the bytes. */
 #include "artifact_impl.h"
+#include "base/parse.h"
 #include "base/error.h"
 #include "base/names.h"
 #include "ops_args.h"
@@ -91,10 +92,9 @@ int kern_art_parity_parse(const char *s, kern_parity_kind_t *kind, double *max_r
         *max_rel = 0;
         return 0;
     }
-    if (!strncmp(s, "max_rel=", 8) && s[8] && !isspace((unsigned char)s[8])) {
-        char *end;
-        double r = strtod(s + 8, &end);
-        if (!*end && isfinite(r) && r > 0 && r <= 1) {
+    double r;
+    if (!strncmp(s, "max_rel=", 8) && reel_parse_f64(s + 8, 0, 1, "max_rel", &r) == 0) {
+        if (r > 0) {
             *kind = KERN_PARITY_MAX_REL;
             *max_rel = r;
             return 0;

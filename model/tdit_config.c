@@ -7,6 +7,7 @@
 #include "tinydit.h"
 #include <jansson.h>
 #include "tinydit_impl.h"
+#include "base/parse.h"
 #include "base/error.h"
 #include "base/names.h"
 #include <inttypes.h>
@@ -122,10 +123,8 @@ static const char *header_meta(const void *h, const char *key) { return st_heade
 static int meta_int(meta_get_t get, const void *f, const char *key, int64_t *out) {
     const char *v = get(f, key);
     if (!v) return reel_fail(REEL_E_INVALID, "weights metadata lacks '%s'", key);
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end) return reel_fail(REEL_E_INVALID, "weights metadata '%s' = '%s' is not an integer", key, v);
-    *out = x;
+    if (reel_parse_i64(v, INT64_MIN, INT64_MAX, key, out) != 0)
+        return reel_fail(REEL_E_INVALID, "weights metadata '%s' = '%s' is not an integer", key, v);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/parse.h"
 #include "base/error.h"
 
 #ifndef REEL_NO_HTTP
@@ -112,10 +113,9 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *len
     if (hl >= sizeof host) return reel_fail(REEL_E_LIMIT, "--metrics '%s': address too long", s);
     memcpy(host, s, hl);
     host[hl] = '\0';
-    char *end;
-    errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (errno || *end || port < 0 || port > 65535) return reel_fail(REEL_E_INVALID, "--metrics '%s': bad port", s);
+    int port;
+    if (reel_parse_int(colon + 1, 0, 65535, "--metrics port", &port) != 0)
+        return reel_fail(REEL_E_INVALID, "--metrics '%s': bad port", s);
     memset(ss, 0, sizeof *ss);
     if (host[0] == '[' && hl > 2 && host[hl - 1] == ']') {
         host[hl - 1] = '\0';

@@ -11,6 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "model/tinydit.h"
+
 int ts_run(Suite *s) {
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
@@ -126,4 +129,10 @@ wire_tensor_t ts_wire_tensor(const char *name, kern_dtype_t dt, int ndim, const 
     t.data = data;
     t.bytes = bytes;
     return t;
+}
+
+void ts_tiny_weights(uint64_t seed, const char *path) {
+    tdit_config_t c;
+    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
+    ck_assert_msg(tdit_weights_init(&c, seed, path) == 0, "tiny weights %s: %s", path, reel_err_text());
 }

@@ -48,6 +48,13 @@ double ts_max_abs_diff(const float *a, const float *b, size_t n);
  * (0 for two zero vectors). */
 double ts_nmse(const float *ref, const float *x, size_t n);
 
+/* ---- models --------------------------------------------------------------------- */
+
+/* Writes the `tiny` config's deterministic weights for seed to path (what
+ * `reelctl weights init --config tiny --seed SEED` writes); fails the test
+ * with the reason when it cannot. */
+void ts_tiny_weights(uint64_t seed, const char *path);
+
 /* ---- wire ------------------------------------------------------------------------ */
 
 /* A wire tensor descriptor over data (not copied). */

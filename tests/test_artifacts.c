@@ -35,9 +35,7 @@ static void setup(void) {
     snprintf(build, sizeof build, "%s", dirname(dirname(exe)));
     ts_mkdtemp(dir, sizeof dir, "test-art");
     snprintf(weights, sizeof weights, "%s/w.safetensors", dir);
-    tdit_config_t c;
-    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, weights) == 0, "%s", reel_err_text());
+    ts_tiny_weights(11, weights);
 }
 
 static void teardown(void) {

@@ -206,9 +206,7 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     char dir[] = "/tmp/reel-test-bt.XXXXXX", path[96];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/w.safetensors", dir);
-    tdit_config_t cfg;
-    ck_assert_int_eq(tdit_config_builtin("tiny", &cfg), 0);
-    ck_assert_int_eq(tdit_weights_init(&cfg, 3, path), 0);
+    ts_tiny_weights(3, path);
     kern_backend_t *b = kern_backend_cpu_new();
     tdit_model_t *m = tdit_model_load_path(b, path, KERN_F32);
     ck_assert_msg(m != NULL, "%s", reel_err_text());

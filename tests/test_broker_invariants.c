@@ -21,6 +21,7 @@
 #include "broker/brk_upload.h"
 #include "broker/brk_upload_int.h"
 #include "base/sha256.h"
+#include "tests/support.h"
 
 #define SHA_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 #define SHA_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -114,15 +115,8 @@ static void gen(uint64_t id) {
     wv_set(h, "model", wv_str("tiny"));
     wv_set(h, "steps", wv_u64(2));
     wv_set(h, "latent_shape", ls);
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "context");
-    t.dtype = KERN_F32;
-    t.ndim = 2;
-    t.shape[0] = 5;
-    t.shape[1] = 32;
-    t.data = ctx;
-    t.bytes = sizeof ctx;
+    const int64_t cs[2] = { 5, 32 };
+    wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, cs, ctx, sizeof ctx);
     ck_assert_int_eq(wire_send(X.trainer, NULL, h, &t, 1), 0);
     wv_free(&h);
     deliver(false);
@@ -509,9 +503,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return ts_run(suite());
 }

@@ -117,15 +117,8 @@ static wire_val_t *good_gen(uint64_t id) {
 
 static void send_gen(wire_val_t *h) {
     static float c[5 * 32];
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "context");
-    t.dtype = KERN_F32;
-    t.ndim = 2;
-    t.shape[0] = 5;
-    t.shape[1] = 32;
-    t.data = c;
-    t.bytes = sizeof c;
+    const int64_t cs[2] = { 5, 32 };
+    wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, cs, c, sizeof c);
     ck_assert_int_eq(wire_send(cli, NULL, h, &t, 1), 0);
     wv_free(&h);
 }
@@ -270,21 +263,9 @@ START_TEST(test_requests_beyond_the_held_bytes_limit_get_busy_not_memory) {
         wv_set(h, "latent_shape", ls);
         wv_set(h, "deadline_ms", wv_u64(1500));
         static float c[5 * 32];
-        wire_tensor_t t[2];
-        memset(t, 0, sizeof t);
-        snprintf(t[0].name, sizeof t[0].name, "context");
-        t[0].dtype = KERN_F32;
-        t[0].ndim = 2;
-        t[0].shape[0] = 5;
-        t[0].shape[1] = 32;
-        t[0].data = c;
-        t[0].bytes = sizeof c;
-        snprintf(t[1].name, sizeof t[1].name, "latent");
-        t[1].dtype = KERN_F32;
-        t[1].ndim = 4;
-        memcpy(t[1].shape, shape, sizeof shape);
-        t[1].data = lat;
-        t[1].bytes = sizeof lat;
+        const int64_t cs[2] = { 5, 32 };
+        wire_tensor_t t[2] = { ts_wire_tensor("context", KERN_F32, 2, cs, c, sizeof c),
+                               ts_wire_tensor("latent", KERN_F32, 4, shape, lat, sizeof lat) };
         ck_assert_int_eq(wire_send(cli, NULL, h, t, 2), 0);
         wv_free(&h);
     }

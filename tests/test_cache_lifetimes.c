@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #include "model/tdit_program.h"
+#include "tests/support.h"
 
 static char dir[64], w1[128], w2[128];
 
@@ -19,10 +20,8 @@ static void setup_dir(void) {
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(w1, sizeof w1, "%s/w1.safetensors", dir);
     snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
-    tdit_config_t c;
-    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", reel_err_text());
-    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", reel_err_text());
+    ts_tiny_weights(11, w1);
+    ts_tiny_weights(12, w2);
 }
 
 static void teardown_dir(void) {
@@ -373,9 +372,5 @@ int main(void) {
     add(su, "budget", test_model_destroyed_before_another_programs_admission_is_evicted_for_budget);
     add(su, "alloc_retry", test_model_destroyed_before_another_programs_failed_allocation_is_evicted_to_retry);
     add(su, "program", test_program_table_freed_after_its_calls_leaves_entries_that_free_themselves);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "base/error.h"
 #include "capture_cache/cache_impl.h"
+#include "tests/support.h"
 
 static void *mine_on_other_thread(void *l) {
     static bool mine;
@@ -134,9 +135,5 @@ int main(void) {
     tcase_add_test(tc, test_a_recursive_lock_stays_owned_until_its_last_release);
     tcase_add_test(tc, test_a_function_that_needs_the_cache_lock_aborts_when_called_without_it);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ts_run(su);
 }

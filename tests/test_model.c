@@ -20,9 +20,7 @@ static char wpath[128];
 static void setup_dir(void) {
     ts_mkdtemp(dir, sizeof dir, "test-model");
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
-    tdit_config_t c;
-    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, wpath) == 0, "%s", reel_err_text());
+    ts_tiny_weights(11, wpath);
 }
 
 static void teardown_dir(void) {

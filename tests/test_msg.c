@@ -68,19 +68,9 @@ static void receive_tree(wire_msg_t *m, wire_val_t *h, const wire_tensor_t *t, i
 }
 
 static wire_tensor_t tensor(const char *name, kern_dtype_t dt, int ndim, const int64_t *shape, const void *data) {
-    wire_tensor_t t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "%s", name);
-    t.dtype = dt;
-    t.ndim = ndim;
     size_t n = kern_dtype_size(dt);
-    for (int i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        n *= (size_t)shape[i];
-    }
-    t.data = data;
-    t.bytes = n;
-    return t;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    return ts_wire_tensor(name, dt, ndim, shape, data, n);
 }
 
 static float g_ctx[5 * 32], g_unc[5 * 32], g_lat[4 * 2 * 8 * 8];

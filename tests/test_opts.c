@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
+#include "tests/support.h"
 
 typedef struct {
     bool flag, bf;
@@ -215,9 +216,5 @@ int main(void) {
     tcase_add_test(tc, test_help_stops_parsing_and_returns_1);
     tcase_add_test(tc, test_usage_lines_up_help_at_its_column_and_leaves_out_rows_without_help);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return ts_run(s);
 }

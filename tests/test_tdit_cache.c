@@ -18,10 +18,8 @@ static void setup_dir(void) {
     ts_mkdtemp(dir, sizeof dir, "test-tc");
     snprintf(w1, sizeof w1, "%s/w1.safetensors", dir);
     snprintf(w2, sizeof w2, "%s/w2.safetensors", dir);
-    tdit_config_t c;
-    ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
-    ck_assert_msg(tdit_weights_init(&c, 11, w1) == 0, "%s", reel_err_text());
-    ck_assert_msg(tdit_weights_init(&c, 12, w2) == 0, "%s", reel_err_text());
+    ts_tiny_weights(11, w1);
+    ts_tiny_weights(12, w2);
 }
 
 static void teardown_dir(void) {

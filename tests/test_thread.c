@@ -12,6 +12,7 @@
 #include <string.h>
 #include "base/error.h"
 #include "base/thread.h"
+#include "tests/support.h"
 
 /* What the callbacks saw. */
 typedef struct {
@@ -414,9 +415,5 @@ int main(void) {
     tcase_add_test(t, test_stopping_a_null_thread_does_nothing);
     tcase_add_test(t, test_a_lock_owner_is_the_thread_that_set_it_and_nobody_after_clear);
     suite_add_tcase(s, t);
-    SRunner *r = srunner_create(s);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return ts_run(s);
 }

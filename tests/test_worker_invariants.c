@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "worker/wrk_exec_state.h"
 #include "worker/wrk_fetch_state.h"
+#include "tests/support.h"
 
 /* ck_assert that call fails naming `what`. */
 #define ASSERT_NAMES(call, what)                                                                 \
@@ -365,9 +366,5 @@ int main(void) {
     tcase_add_test(f, test_a_sound_fetch_passes_before_and_after_its_header_came);
     tcase_add_test(f, test_each_broken_fetch_rule_is_named);
     suite_add_tcase(s, f);
-    SRunner *r = srunner_create(s);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return ts_run(s);
 }
