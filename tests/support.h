@@ -10,8 +10,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "base/tensor.h"
 #include "schema/wire.h"
+
+/* call (an int-returning library call) is 0, else the test fails naming
+ * the call and the thread's error value (base/error.h). */
+#define TS_OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
+/* expr (a constructor) is not NULL, else the test fails the same way. */
+#define TS_NEW(expr) ck_assert_msg((expr) != NULL, "%s: %s", #expr, reel_err_text())
 
 /* Runs s (CK_NORMAL), frees the runner; the exit status for main: 0 when
  * every test passed, 1 otherwise. */

@@ -88,7 +88,7 @@ static const kern_art_bundle_t *bundle_named(kern_artifacts_t *set, const char *
 
 static kern_artifacts_t *scan(const char *root) {
     kern_artifacts_t *set = kern_artifacts_scan(root);
-    ck_assert_msg(set != NULL, "%s", reel_err_text());
+    TS_NEW(set);
     return set;
 }
 
@@ -178,7 +178,7 @@ START_TEST(test_example_bundles_verify_and_load_and_list_shows_them) {
     ck_assert_uint_eq(kern_artifacts_count(set), 2);
     ck_assert_uint_eq(kern_artifacts_refused(set), 0);
     ck_assert_int_eq(kern_artifacts_enable(set, NULL, 0), 0);
-    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", reel_err_text());
+    TS_OK(kern_artifacts_install(set, KERN_ART_TIMING_OFF));
     ck_assert_ptr_eq(kern_artifacts_installed(), set);
     for (size_t i = 0; i < 2; i++) ck_assert(kern_artifacts_bundle(set, i).loaded);
     char *text = NULL;
@@ -204,7 +204,7 @@ static void expect_refused(const char *root, const char *bad, const char *why) {
     ck_assert_msg(strstr(b->error, why) && strstr(b->error, bad), "error '%s' (wanted %s, %s)",
                   b->error, why, bad);
     ck_assert_int_eq(kern_artifacts_enable(set, NULL, 0), 0);
-    ck_assert_msg(kern_artifacts_install(set, KERN_ART_TIMING_OFF) == 0, "%s", reel_err_text());
+    TS_OK(kern_artifacts_install(set, KERN_ART_TIMING_OFF));
     ck_assert(!bundle_named(set, bad)->loaded);
     ck_assert(bundle_named(set, "cpu_gemm_gelu_epilogue")->loaded);
     kern_artifacts_destroy(&set);
@@ -356,14 +356,14 @@ static void gg_close(gg_t *g) {
 
 static void gg_run(gg_t *g, float *out) {
     memset(g->y.data, 0xff, kern_tensor_bytes(&g->y));
-    ck_assert_msg(kern_gemm_gelu(g->s, &g->x, &g->w, &g->bias, &g->y) == 0, "%s", reel_err_text());
+    TS_OK(kern_gemm_gelu(g->s, &g->x, &g->w, &g->bias, &g->y));
     memcpy(out, g->y.data, kern_tensor_bytes(&g->y));
 }
 
 static kern_artifacts_t *install_only(const char *root, const char *ids, kern_art_timing_t t) {
     kern_artifacts_t *set = scan(root);
-    ck_assert_msg(kern_artifacts_enable_list(set, ids) == 0, "%s", reel_err_text());
-    ck_assert_msg(kern_artifacts_install(set, t) == 0, "%s", reel_err_text());
+    TS_OK(kern_artifacts_enable_list(set, ids));
+    TS_OK(kern_artifacts_install(set, t));
     return set;
 }
 
@@ -515,7 +515,7 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
         float *r[3] = { malloc(bytes), malloc(bytes), malloc(bytes) };
         for (int j = 0; j < 3; j++) {
             if (j == 2) kern_artifacts_uninstall(set);
-            ck_assert_msg(kern_attention(s, &q, &k, &v, H, &o) == 0, "%s", reel_err_text());
+            TS_OK(kern_attention(s, &q, &k, &v, H, &o));
             memcpy(r[j], o.data, bytes);
         }
         ck_assert_int_eq(kern_artifacts_install(set, KERN_ART_TIMING_OFF), 0);
@@ -726,7 +726,7 @@ static model_t *model_open(void) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, weights, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
+    TS_NEW(f->m);
     tdit_initial_latent(1, f->lat, NL);
     tdit_initial_latent(2, f->ctx, NC);
     tdit_initial_latent(3, f->unc, NC);
@@ -866,12 +866,12 @@ START_TEST(test_shadow_mode_catches_an_artifact_going_wrong_inside_a_capture_and
     cap_cache_t *c = cap_cache_new(f->b, &o);
     ck_assert_int_eq(tdit_register_weights(c, f->m, 1), 0);
     tdit_req_t *r = tdit_req_new(f->m, f->s, &SHAPE, &LOOP, f->lat, f->ctx, f->unc);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     cap_result_t res[LOOP.steps];
     for (int i = 0; i < LOOP.steps; i++) {
         /* Promoted in warmup; from the capture on it is one ulp off. */
         if (i == 2) setenv("REEL_TEST_ARTIFACT_WRONG", "1", 1);
-        ck_assert_msg(tdit_req_step(r, c, f->s, &res[i]) == 0, "%s", reel_err_text());
+        TS_OK(tdit_req_step(r, c, f->s, &res[i]));
     }
     unsetenv("REEL_TEST_ARTIFACT_WRONG");
     /* The capture's verify ran the artifact in the replay and, in shadow,

@@ -53,7 +53,7 @@ START_TEST(test_a_capturing_thread_cannot_allocate_and_its_frees_wait_for_the_ca
     kern_free(b, victim);
     ck_assert_uint_eq(kern_bytes_in_use(b), before);
     kern_graph_t *g = NULL;
-    ck_assert_msg(kern_capture_end(s, &g) == 0, "%s", reel_err_text());
+    TS_OK(kern_capture_end(s, &g));
     ck_assert_int_eq(kern_backend_captures_active(b), 0);
     ck_assert_uint_eq(kern_bytes_in_use(b), before - (1 << 20));
     /* And the thread may allocate again. */
@@ -209,7 +209,7 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     ts_tiny_weights(3, path);
     kern_backend_t *b = kern_backend_cpu_new();
     tdit_model_t *m = tdit_model_load_path(b, path, KERN_F32);
-    ck_assert_msg(m != NULL, "%s", reel_err_text());
+    TS_NEW(m);
     kern_stream_t *s = kern_stream_new(b);
     cap_cache_t *c = cap_cache_new(b, NULL);
     ck_assert_int_eq(tdit_register_weights(c, m, 1), 0);
@@ -221,9 +221,9 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     size_t streams = kern_backend_streams_alive(b);
     for (int r = 0; r < 3; r++) {
         tdit_req_t *q = tdit_req_new(m, s, &sh, &p, lat, ctx, NULL);
-        ck_assert_msg(q != NULL, "%s", reel_err_text());
+        TS_NEW(q);
         while (!tdit_req_done(q)) {
-            ck_assert_msg(tdit_req_step(q, c, s, NULL) == 0, "%s", reel_err_text());
+            TS_OK(tdit_req_step(q, c, s, NULL));
             ck_assert_uint_eq(kern_backend_streams_alive(b), streams);
         }
         tdit_req_destroy(&q);

@@ -1751,7 +1751,7 @@ static cat_t *temp_catalog(char *dir, char *path, size_t len) {
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, len, "%s/c.db", dir);
     cat_t *c = cat_open(path, false);
-    ck_assert_msg(c != NULL, "%s", reel_err_text());
+    TS_NEW(c);
     return c;
 }
 

@@ -78,7 +78,7 @@ static void fx_close(fx_t *f) {
 
 static tdit_model_t *load(fx_t *f, const char *path) {
     tdit_model_t *m = tdit_model_load_path(f->b, path, KERN_F32);
-    ck_assert_msg(m != NULL, "%s", reel_err_text());
+    TS_NEW(m);
     return m;
 }
 
@@ -86,14 +86,14 @@ static tdit_model_t *load(fx_t *f, const char *path) {
 static void run_cached(fx_t *f, tdit_model_t *m, float *out, tdit_run_stats_t *st) {
     memset(st, 0, sizeof *st);
     int rc = tdit_generate_cached(m, f->c, f->s, NULL, &SHAPE, &LOOP, f->lat, f->ctx, f->unc, out, st);
-    ck_assert_msg(rc == 0, "%s", reel_err_text());
+    TS_OK(rc);
 }
 
 /* The pure eager loop of m (no cache). */
 static void run_eager(fx_t *f, tdit_model_t *m, float *out) {
     tdit_ws_t *ws = tdit_ws_new(m, f->s, &SHAPE);
     ck_assert_ptr_nonnull(ws);
-    ck_assert_msg(tdit_generate(m, ws, f->s, &LOOP, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", reel_err_text());
+    TS_OK(tdit_generate(m, ws, f->s, &LOOP, f->lat, f->ctx, f->unc, out, NULL));
     tdit_ws_destroy(&ws);
 }
 
@@ -106,7 +106,7 @@ static tdit_model_t *model_a_with_an_entry(fx_t *f, cap_key_t *key) {
     tdit_run_stats_t st;
     run_cached(f, a, out, &st);
     ck_assert_int_eq(st.captured, 1);
-    ck_assert_msg(tdit_step_key(a, &SHAPE, false, 1, key) == 0, "%s", reel_err_text());
+    TS_OK(tdit_step_key(a, &SHAPE, false, 1, key));
     cap_stats_t cs;
     cap_cache_stats(f->c, &cs);
     ck_assert_uint_eq(cs.entries, 1);
@@ -204,8 +204,8 @@ static cap_key_t toy_key(fx_t *f) {
     snprintf(k.model, sizeof k.model, "toy");
     snprintf(k.loop, sizeof k.loop, "euler");
     const int64_t shape[2] = { TOY_ROWS, TOY_COLS };
-    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
-    ck_assert_msg(cap_key_add_component(&k, "toy", 1) == 0, "%s", reel_err_text());
+    TS_OK(cap_key_add_input(&k, "latent", KERN_F32, 2, shape));
+    TS_OK(cap_key_add_component(&k, "toy", 1));
     k.graph.dtype = KERN_F32;
     snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
     snprintf(k.graph.expert, sizeof k.graph.expert, "-");
@@ -224,7 +224,7 @@ static void toy_call(fx_t *f, const cap_program_t *p, toy_user_t *u, cap_result_
     kern_tensor_t in = kern_tensor_make(x, KERN_F32, KERN_DEVICE_HOST, 2, shape);
     kern_tensor_t out = kern_tensor_make(y, KERN_F32, KERN_DEVICE_HOST, 2, shape);
     cap_call_t call = { .key = &key, .inputs = &in, .outputs = &out };
-    ck_assert_msg(cap_dispatch(f->c, f->s, p, u, &call, res) == 0, "%s", reel_err_text());
+    TS_OK(cap_dispatch(f->c, f->s, p, u, &call, res));
     for (int i = 0; i < TOY_ROWS * TOY_COLS; i++) ck_assert_float_eq(y[i], 2.f * x[i]);
 }
 

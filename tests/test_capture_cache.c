@@ -467,8 +467,8 @@ static cap_options_t test_options(void) {
 static cap_cache_t *new_cache(const cap_options_t *o) {
     cap_cache_t *c = cap_cache_new(B, o);
     ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
-    ck_assert_msg(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1) == 0, "%s", reel_err_text());
-    ck_assert_msg(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1) == 0, "%s", reel_err_text());
+    TS_OK(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1));
+    TS_OK(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1));
     return c;
 }
 
@@ -488,8 +488,8 @@ static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, const c
     snprintf(k.model, sizeof k.model, "%s", model);
     snprintf(k.loop, sizeof k.loop, "euler");
     int64_t shape[2] = { rows, cols };
-    ck_assert_msg(cap_key_add_input(&k, "latent", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
-    ck_assert_msg(cap_key_add_input(&k, "context", KERN_F32, 2, shape) == 0, "%s", reel_err_text());
+    TS_OK(cap_key_add_input(&k, "latent", KERN_F32, 2, shape));
+    TS_OK(cap_key_add_input(&k, "context", KERN_F32, 2, shape));
     if (comp) ck_assert_msg(cap_key_add_component(&k, comp, ver) == 0, "%s", reel_err_text());
     k.graph.dtype = KERN_F32;
     snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
@@ -2534,7 +2534,7 @@ START_TEST(test_a_call_with_constants_outside_zero_to_cap_max_consts_or_an_unter
     snprintf(k[0].name, sizeof k[0].name, "k0");
     call.n_consts = CAP_MAX_CONSTS;
     for (int i = 0; i < 4; i++) {
-        ck_assert_msg(cap_dispatch(C, S, &PROG_A, &uc, &call, &res) == 0, "%s", reel_err_text());
+        TS_OK(cap_dispatch(C, S, &PROG_A, &uc, &call, &res));
         if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "call", i);
         else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "call", i);
     }

@@ -77,7 +77,6 @@ static cat_t *open_ok(bool readonly) {
     return c;
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 
@@ -165,7 +164,7 @@ static json_int_t captures_seen(cat_t *c) {
 static void capture(cat_t *c, const char *worker, const char *key, int stream, double t) {
     char text[64];
     snprintf(text, sizeof text, "text-of-%s", key);
-    OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, 1, t));
+    TS_OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, 1, t));
 }
 
 /* ---- migrations and opening -------------------------------------------- */
@@ -463,19 +462,19 @@ END_TEST
 START_TEST(test_batch_is_visible_to_readonly_connection_only_after_commit) {
     cat_t *w = open_ok(false);
     cat_t *r = open_ok(true);
-    OK(cat_begin(w));
+    TS_OK(cat_begin(w));
     for (int i = 0; i < 3; i++) capture(w, "w1", "k", i, 100 + i);
-    OK(cat_decline(w, "w1", "t", "k", "override", 1, 100));
+    TS_OK(cat_decline(w, "w1", "t", "k", "override", 1, 100));
     ck_assert_int_eq(captures_seen(r), 0);
     ck_assert_int_eq(captures_seen(w), 3); /* the writer sees its own batch */
-    OK(cat_commit(w));
+    TS_OK(cat_commit(w));
     ck_assert_int_eq(captures_seen(r), 3);
 
     /* A rolled-back batch is never seen. */
-    OK(cat_begin(w));
+    TS_OK(cat_begin(w));
     capture(w, "w1", "k", 9, 200);
-    OK(cat_rollback(w));
-    OK(cat_rollback(w)); /* nothing open: no-op */
+    TS_OK(cat_rollback(w));
+    TS_OK(cat_rollback(w)); /* nothing open: no-op */
     ck_assert_int_eq(captures_seen(r), 3);
     cat_close(&r);
     cat_close(&w);
@@ -485,7 +484,7 @@ END_TEST
 START_TEST(test_reader_opened_during_write_transaction_reads_and_never_blocks_writer) {
     cat_t *w = open_ok(false);
     capture(w, "w1", "k", 0, 1);
-    OK(cat_begin(w));
+    TS_OK(cat_begin(w));
     capture(w, "w1", "k", 1, 2);
 
     /* Opened while the writer holds its transaction open. */
@@ -498,7 +497,7 @@ START_TEST(test_reader_opened_during_write_transaction_reads_and_never_blocks_wr
     raw_exec(db, "BEGIN");
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
     sqlite3_busy_timeout(db, 0);
-    OK(cat_commit(w));
+    TS_OK(cat_commit(w));
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 1);
     raw_exec(db, "COMMIT");
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 2);
@@ -507,9 +506,9 @@ START_TEST(test_reader_opened_during_write_transaction_reads_and_never_blocks_wr
     /* And the writer can start the next batch while the reader reads. */
     raw_exec(db, "BEGIN");
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures"), 2);
-    OK(cat_begin(w));
+    TS_OK(cat_begin(w));
     capture(w, "w1", "k", 2, 3);
-    OK(cat_commit(w));
+    TS_OK(cat_commit(w));
     raw_exec(db, "COMMIT");
     sqlite3_close(db);
     ck_assert_int_eq(captures_seen(r), 3);
@@ -593,9 +592,9 @@ START_TEST(test_replays_accumulate_on_newest_capture_of_worker_key_and_stream) {
     capture(c, "w1", "k", 0, 200); /* newest for stream 0 */
     capture(c, "w1", "k", 1, 150);
     capture(c, "w2", "k", 0, 300); /* another worker */
-    OK(cat_replays(c, "w1", "k", 0, 4, 1, 250));
-    OK(cat_replays(c, "w1", "k", 0, 6, 1, 260));
-    OK(cat_replays(c, "w1", "k", 1, 1, 1, 270));
+    TS_OK(cat_replays(c, "w1", "k", 0, 4, 1, 250));
+    TS_OK(cat_replays(c, "w1", "k", 0, 6, 1, 260));
+    TS_OK(cat_replays(c, "w1", "k", 1, 1, 1, 270));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
@@ -611,8 +610,8 @@ END_TEST
 
 START_TEST(test_replays_without_a_capture_create_a_placeholder_row_and_are_not_lost) {
     cat_t *c = open_ok(false);
-    OK(cat_replays(c, "w1", "lost", 2, 5, 1, 100));
-    OK(cat_replays(c, "w1", "lost", 2, 3, 1, 110)); /* lands on the same row */
+    TS_OK(cat_replays(c, "w1", "lost", 2, 5, 1, 100));
+    TS_OK(cat_replays(c, "w1", "lost", 2, 3, 1, 110)); /* lands on the same row */
     json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
     ck_assert_int_eq(jint(all, "captures"), 0); /* a placeholder is not a capture */
@@ -630,10 +629,10 @@ END_TEST
 
 START_TEST(test_decline_upserts_count_per_worker_key_and_reason) {
     cat_t *c = open_ok(false);
-    OK(cat_decline(c, "w1", "t", "k", "override", 2, 100));
-    OK(cat_decline(c, "w1", "t", "k", "override", 3, 90));
-    OK(cat_decline(c, "w1", "t", "k", "shape_mismatch", 1, 95));
-    OK(cat_decline(c, "w2", "t", "k", "override", 7, 96));
+    TS_OK(cat_decline(c, "w1", "t", "k", "override", 2, 100));
+    TS_OK(cat_decline(c, "w1", "t", "k", "override", 3, 90));
+    TS_OK(cat_decline(c, "w1", "t", "k", "shape_mismatch", 1, 95));
+    TS_OK(cat_decline(c, "w2", "t", "k", "override", 7, 96));
     cat_close(&c);
     sqlite3 *db = raw_open(true);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM declines"), 3);
@@ -646,13 +645,13 @@ END_TEST
 
 START_TEST(test_worker_seen_again_after_gone_is_live_and_keeps_first_seen) {
     cat_t *c = open_ok(false);
-    OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, 100));
-    OK(cat_worker_gone(c, "w1", "missed heartbeats", 150));
+    TS_OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, 100));
+    TS_OK(cat_worker_gone(c, "w1", "missed heartbeats", 150));
     json_t *j = report_json(c, ctl_report_workers);
     json_t *w = find(j, "name", "w1");
     ck_assert_str_eq(jstr(w, "gone_reason"), "missed heartbeats");
     json_decref(j);
-    OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, 200));
+    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, 200));
     j = report_json(c, ctl_report_workers);
     w = find(j, "name", "w1");
     ck_assert(json_is_null(json_object_get(w, "gone_at")));
@@ -669,32 +668,32 @@ END_TEST
 /* Two workers: w1 with 3 captures, 10 replays, requests of 20 steps of which
  * 10 replayed; w2 with declines and evictions only. */
 static void write_facts(cat_t *c) {
-    OK(cat_begin(c));
-    OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 1000));
-    OK(cat_worker_seen(c, "w2", "cpu", "x86_64", 1, 1u << 30, 1001));
-    OK(cat_worker_gone(c, "w2", "missed heartbeats", 1500));
-    OK(cat_weight_version(c, "dit", 1, "aa11", "/w/v1.safetensors", 1002));
-    OK(cat_weight_version(c, "dit", 2, "bb22", "inline", 1100));
-    OK(cat_worker_version(c, "w1", "dit", 1, true, NULL, 1003));
-    OK(cat_worker_version(c, "w2", "dit", 1, true, NULL, 1004));
-    OK(cat_worker_version(c, "w1", "dit", 2, true, NULL, 1101));
-    OK(cat_worker_version(c, "w2", "dit", 2, false, "sha256 mismatch", 1102));
-    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1010));
-    OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1, 1011));
-    OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1, 1012));
-    OK(cat_replays(c, "w1", "k1", 0, 6, 1, 1020));
-    OK(cat_replays(c, "w1", "k1", 1, 3, 1, 1021));
-    OK(cat_replays(c, "w1", "k2", 0, 1, 1, 1022));
-    OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 1030));
-    OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 1031));
-    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
-    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
-    OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
-    OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1, 1050));
-    OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1, 1100));
-    OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1, 1101));
-    OK(cat_artifact(c, "matmul-cuda", "matmul", "cuda", "cc33", "ok", NULL, 1060));
-    OK(cat_commit(c));
+    TS_OK(cat_begin(c));
+    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 1000));
+    TS_OK(cat_worker_seen(c, "w2", "cpu", "x86_64", 1, 1u << 30, 1001));
+    TS_OK(cat_worker_gone(c, "w2", "missed heartbeats", 1500));
+    TS_OK(cat_weight_version(c, "dit", 1, "aa11", "/w/v1.safetensors", 1002));
+    TS_OK(cat_weight_version(c, "dit", 2, "bb22", "inline", 1100));
+    TS_OK(cat_worker_version(c, "w1", "dit", 1, true, NULL, 1003));
+    TS_OK(cat_worker_version(c, "w2", "dit", 1, true, NULL, 1004));
+    TS_OK(cat_worker_version(c, "w1", "dit", 2, true, NULL, 1101));
+    TS_OK(cat_worker_version(c, "w2", "dit", 2, false, "sha256 mismatch", 1102));
+    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1010));
+    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1, 1011));
+    TS_OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1, 1012));
+    TS_OK(cat_replays(c, "w1", "k1", 0, 6, 1, 1020));
+    TS_OK(cat_replays(c, "w1", "k1", 1, 3, 1, 1021));
+    TS_OK(cat_replays(c, "w1", "k2", 0, 1, 1, 1022));
+    TS_OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 1030));
+    TS_OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 1031));
+    TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
+    TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
+    TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
+    TS_OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1, 1050));
+    TS_OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1, 1100));
+    TS_OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1, 1101));
+    TS_OK(cat_artifact(c, "matmul-cuda", "matmul", "cuda", "cc33", "ok", NULL, 1060));
+    TS_OK(cat_commit(c));
 }
 
 START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons) {
@@ -747,8 +746,8 @@ END_TEST
 START_TEST(test_stats_hit_rate_falls_back_to_capture_counters_without_requests) {
     cat_t *c = open_ok(false);
     for (int i = 0; i < 3; i++) capture(c, "w1", "k", i, 10 + i);
-    OK(cat_replays(c, "w1", "k", 0, 10, 1, 20));
-    OK(cat_decline(c, "w1", "t", "k", "warming_up", 2, 21));
+    TS_OK(cat_replays(c, "w1", "k", 0, 10, 1, 20));
+    TS_OK(cat_decline(c, "w1", "t", "k", "warming_up", 2, 21));
     json_t *j = report_json(c, ctl_report_stats);
     json_t *all = json_object_get(j, "overall");
     ck_assert_int_eq(jint(all, "captures"), 3);
@@ -763,7 +762,7 @@ END_TEST
 START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
     cat_t *w = open_ok(false);
     write_facts(w);
-    OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1200));
+    TS_OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1200));
     cat_t *c = open_ok(true);
     json_t *j = report_json(c, ctl_report_keys);
     ck_assert_int_eq(json_array_size(j), 3);
@@ -810,9 +809,9 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
                   "table: %s", t);
     free(t);
 
-    OK(cat_begin(w));
-    for (int i = 0; i < 60; i++) OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 1, 2000 + i));
-    OK(cat_commit(w));
+    TS_OK(cat_begin(w));
+    for (int i = 0; i < 60; i++) TS_OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 1, 2000 + i));
+    TS_OK(cat_commit(w));
     j = report_json(c, ctl_report_evictions);
     ck_assert_int_eq(json_array_size(j), 50);
     ck_assert_int_eq(json_number_value(json_object_get(json_array_get(j, 0), "t")), 2059);
@@ -825,9 +824,9 @@ END_TEST
 START_TEST(test_metrics_are_prometheus_counters_by_worker_and_reason) {
     cat_t *w = open_ok(false);
     write_facts(w);
-    OK(cat_begin(w));
-    OK(cat_decline(w, "we\"ird\\", "k", "k9", "override", 1, 2000)); /* a label that needs escaping */
-    OK(cat_commit(w));
+    TS_OK(cat_begin(w));
+    TS_OK(cat_decline(w, "we\"ird\\", "k", "k9", "override", 1, 2000)); /* a label that needs escaping */
+    TS_OK(cat_commit(w));
     cat_t *c = open_ok(true);
     char *buf = NULL;
     size_t len = 0;
@@ -858,18 +857,18 @@ END_TEST
 START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed) {
     cat_t *w = open_ok(false);
     ck_assert_int_eq(cat_begin(w), 0);
-    OK(cat_weight_version(w, "transformer", 1, "aa", "/w/v1.safetensors", 1.0));
-    OK(cat_weight_version(w, "transformer", 3, "cc", "/w/v3.safetensors", 3.0));
-    OK(cat_weight_version(w, "transformer", 2, "bb", "/w/v2.safetensors", 4.0));
-    OK(cat_weight_version(w, "vae", 7, "dd", "inline", 2.0));
+    TS_OK(cat_weight_version(w, "transformer", 1, "aa", "/w/v1.safetensors", 1.0));
+    TS_OK(cat_weight_version(w, "transformer", 3, "cc", "/w/v3.safetensors", 3.0));
+    TS_OK(cat_weight_version(w, "transformer", 2, "bb", "/w/v2.safetensors", 4.0));
+    TS_OK(cat_weight_version(w, "vae", 7, "dd", "inline", 2.0));
     ck_assert_int_eq(cat_commit(w), 0);
     cat_version_t v[4];
     ck_assert_int_eq(cat_current_versions(w, v, 4), 0); /* published is not applied */
 
-    OK(cat_weight_state(w, "transformer", 1, "current", NULL));
-    OK(cat_weight_state(w, "transformer", 2, "current", NULL));
-    OK(cat_weight_state(w, "transformer", 3, "failed", "no worker applied it: w1 (not a transformer)"));
-    OK(cat_weight_state(w, "vae", 7, "current", NULL));
+    TS_OK(cat_weight_state(w, "transformer", 1, "current", NULL));
+    TS_OK(cat_weight_state(w, "transformer", 2, "current", NULL));
+    TS_OK(cat_weight_state(w, "transformer", 3, "failed", "no worker applied it: w1 (not a transformer)"));
+    TS_OK(cat_weight_state(w, "vae", 7, "current", NULL));
     int n = cat_current_versions(w, v, 4);
     ck_assert_int_eq(n, 2);
     ck_assert_str_eq(v[0].component, "transformer"); /* by name */
@@ -886,8 +885,8 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
 
     /* v3 published again (a fixed file): pending, its old reason gone;
      * then the broker restarts before anyone applied it. */
-    OK(cat_weight_version(w, "transformer", 3, "c2", "/w/v3b.safetensors", 5.0));
-    OK(cat_weight_fail_pending(w, "the broker stopped before any worker applied it"));
+    TS_OK(cat_weight_version(w, "transformer", 3, "c2", "/w/v3b.safetensors", 5.0));
+    TS_OK(cat_weight_fail_pending(w, "the broker stopped before any worker applied it"));
     cat_t *r = open_ok(true);
     json_t *j = report_json(r, ctl_report_versions);
     json_t *v1 = json_array_get(j, 2), *v2 = json_array_get(j, 1), *v3 = json_array_get(j, 0);
@@ -962,17 +961,17 @@ END_TEST
 
 START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_with_their_reason) {
     cat_t *w = open_ok(false);
-    OK(cat_begin(w));
+    TS_OK(cat_begin(w));
     const char *names[] = { "up", "failed", "silent", "gone" };
-    for (int i = 0; i < 4; i++) OK(cat_worker_seen(w, names[i], "cpu", "x86_64", 1, 0, 10 + i));
-    OK(cat_worker_gone(w, "gone", "expired", 50));
-    OK(cat_weight_version(w, "transformer", 2, "bb", "/w/2", 20));
-    OK(cat_weight_version(w, "transformer", 3, "cc", "/w/3", 30));
-    for (int i = 0; i < 4; i++) OK(cat_worker_version(w, names[i], "transformer", 2, true, NULL, 21));
-    OK(cat_worker_version(w, "up", "transformer", 3, true, NULL, 31));
-    OK(cat_worker_version(w, "failed", "transformer", 3, false, "config tiny does not match", 31));
-    OK(cat_worker_version(w, "gone", "transformer", 3, false, "timeout", 31));
-    OK(cat_commit(w));
+    for (int i = 0; i < 4; i++) TS_OK(cat_worker_seen(w, names[i], "cpu", "x86_64", 1, 0, 10 + i));
+    TS_OK(cat_worker_gone(w, "gone", "expired", 50));
+    TS_OK(cat_weight_version(w, "transformer", 2, "bb", "/w/2", 20));
+    TS_OK(cat_weight_version(w, "transformer", 3, "cc", "/w/3", 30));
+    for (int i = 0; i < 4; i++) TS_OK(cat_worker_version(w, names[i], "transformer", 2, true, NULL, 21));
+    TS_OK(cat_worker_version(w, "up", "transformer", 3, true, NULL, 31));
+    TS_OK(cat_worker_version(w, "failed", "transformer", 3, false, "config tiny does not match", 31));
+    TS_OK(cat_worker_version(w, "gone", "transformer", 3, false, "timeout", 31));
+    TS_OK(cat_commit(w));
     cat_t *c = open_ok(true);
     json_t *j = report_json(c, ctl_report_workers);
     /* v3 still pending: nobody lags behind a version that is not current */
@@ -980,8 +979,8 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
         ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", names[i]), "lagging")), 0);
     json_decref(j);
 
-    OK(cat_weight_state(w, "transformer", 2, "current", NULL));
-    OK(cat_weight_state(w, "transformer", 3, "current", NULL));
+    TS_OK(cat_weight_state(w, "transformer", 2, "current", NULL));
+    TS_OK(cat_weight_state(w, "transformer", 3, "current", NULL));
     j = report_json(c, ctl_report_workers);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "up"), "lagging")), 0);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "gone"), "lagging")), 0);
@@ -997,7 +996,7 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
     free(t);
 
     /* caught up later (a reconnect): no longer lagging */
-    OK(cat_worker_version(w, "failed", "transformer", 3, true, NULL, 40));
+    TS_OK(cat_worker_version(w, "failed", "transformer", 3, true, NULL, 40));
     j = report_json(c, ctl_report_workers);
     ck_assert_int_eq(json_array_size(json_object_get(find(j, "name", "failed"), "lagging")), 0);
     json_decref(j);
@@ -1075,9 +1074,9 @@ END_TEST
  * their mean; the text table and the metrics say the same. */
 START_TEST(test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing) {
     cat_t *c = open_ok(false);
-    OK(cat_artifact_seen(c, "a1", "1", "gemm_gelu", "cpu", NULL, true, true, "loaded", NULL, 1));
-    OK(cat_artifact_key(c, "w1", "a1", "k1 @01", "promoted", NULL, 3, 0, 1, 0, 0, 3, 1.2, 0.2, 4, 0.002, 2));
-    OK(cat_artifact_key(c, "w2", "a1", "k1 @02", "promoted", NULL, 2, 0, 1, 0, 0, 2, 2.0, 0.0, 6, 0.009, 3));
+    TS_OK(cat_artifact_seen(c, "a1", "1", "gemm_gelu", "cpu", NULL, true, true, "loaded", NULL, 1));
+    TS_OK(cat_artifact_key(c, "w1", "a1", "k1 @01", "promoted", NULL, 3, 0, 1, 0, 0, 3, 1.2, 0.2, 4, 0.002, 2));
+    TS_OK(cat_artifact_key(c, "w2", "a1", "k1 @02", "promoted", NULL, 2, 0, 1, 0, 0, 2, 2.0, 0.0, 6, 0.009, 3));
     cat_close(&c);
     c = open_ok(true);
     json_t *j = report_json(c, ctl_report_artifacts);
@@ -1115,20 +1114,20 @@ END_TEST
  * evictions between it and the next, --since narrows the range. */
 START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_t *c = open_ok(false);
-    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1005));          /* before the first sync */
-    OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
-    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
-    OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1012));
-    OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, 1013));
-    OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
-    OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
+    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1005));          /* before the first sync */
+    TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
+    TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
+    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1012));
+    TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, 1013));
+    TS_OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
+    TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
-        OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
                        i == 9 ? "timeout" : "ok", 1000 + 3 * i));
     cat_close(&c);
     c = open_ok(true);
     json_t *r = cat_query_report(c, 0);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     ck_assert_int_eq(jint(r, "requests"), 10);
     json_int_t reqs = 0, steps = 0, replayed = 0, failed = 0;
     size_t i;
@@ -1167,16 +1166,16 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
     static const char *hash = "h'||'x";
     cat_t *c = open_ok(false);
-    OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
-    OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, 2));
-    OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
-    OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
-    OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 1, 5));
-    OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
-    OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
-    OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
-    OK(cat_artifact_seen(c, "a'; DROP TABLE artifacts; --", "1", "op", "cpu", NULL, true, false, "v'd", "r'", 9));
-    OK(cat_artifact_key(c, worker, "a'; --", "k'ey", "s'", "r'", 1, 2, 3, 4, 5, 6, 1.5, 0.1, 7, 0.25, 10));
+    TS_OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
+    TS_OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, 2));
+    TS_OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
+    TS_OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
+    TS_OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 1, 5));
+    TS_OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 6));
+    TS_OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
+    TS_OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
+    TS_OK(cat_artifact_seen(c, "a'; DROP TABLE artifacts; --", "1", "op", "cpu", NULL, true, false, "v'd", "r'", 9));
+    TS_OK(cat_artifact_key(c, worker, "a'; --", "k'ey", "s'", "r'", 1, 2, 3, 4, 5, 6, 1.5, 0.1, 7, 0.25, 10));
     cat_close(&c);
 
     sqlite3 *db = raw_open(true);
@@ -1212,7 +1211,7 @@ END_TEST
 
 START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
     cat_t *c = open_ok(false);
-    OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1, 1));
+    TS_OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1, 1));
     json_t *j = report_json(c, ctl_report_keys); /* still valid JSON */
     ck_assert_ptr_nonnull(strstr(jstr(json_array_get(j, 0), "key_text"), "line\none"));
     json_decref(j);
@@ -1257,8 +1256,8 @@ END_TEST
  * --json with one, agree on what they list. */
 START_TEST(test_versions_report_lists_the_newest_of_each_component_and_says_when_it_cut) {
     cat_t *c = open_ok(false);
-    for (int v = 1; v <= 15; v++) OK(cat_weight_version(c, "transformer", (uint64_t)v, "aa", "/w", 100 + v));
-    for (int v = 1; v <= 3; v++) OK(cat_weight_version(c, "vae", (uint64_t)v, "bb", "/v", 200 + v));
+    for (int v = 1; v <= 15; v++) TS_OK(cat_weight_version(c, "transformer", (uint64_t)v, "aa", "/w", 100 + v));
+    for (int v = 1; v <= 3; v++) TS_OK(cat_weight_version(c, "vae", (uint64_t)v, "bb", "/v", 200 + v));
     json_t *all = cat_query_versions(c), *some = cat_query_versions_recent(c, 10);
     ck_assert_uint_eq(json_array_size(all), 18);
     ck_assert_uint_eq(json_array_size(some), 13);

@@ -50,7 +50,6 @@ static void remove_tmpdir(void) {
     if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 static cat_t *open_ok(bool readonly) {
     cat_t *c = cat_open(dbpath, readonly);
@@ -135,7 +134,7 @@ static void one_record(cat_t *c, load_t *l, sums_t *into_w, sums_t *into_all, lo
         int steps = 4, cap = (int)(rnd(l) % 2), rep = steps - cap - (int)(rnd(l) % 2);
         double secs = 0.001 * (double)(rnd(l) % 100000) + 1e-7 * (double)(l->id % 1000);
         bool ok = rnd(l) % 10 != 0;
-        OK(cat_request(c, ++l->id, workers[w], keys[k], v, steps, cap, rep, steps - cap - rep, secs, ok ? "ok" : "timeout",
+        TS_OK(cat_request(c, ++l->id, workers[w], keys[k], v, steps, cap, rep, steps - cap - rep, secs, ok ? "ok" : "timeout",
                        l->t));
         if (into_w) {
             into_w[w].requests++, into_all->requests++;
@@ -143,15 +142,15 @@ static void one_record(cat_t *c, load_t *l, sums_t *into_w, sums_t *into_all, lo
             into_w[w].replayed += rep, into_all->replayed += rep;
         }
     } else if (kind < 7) {
-        OK(cat_capture(c, workers[w], text, keys[k], 0, 100, 10, 0.5, v, l->t));
+        TS_OK(cat_capture(c, workers[w], text, keys[k], 0, 100, 10, 0.5, v, l->t));
         if (into_w) into_w[w].captures++, into_all->captures++, cap_at[v]++;
     } else if (kind < 9) {
         uint64_t n = 1 + rnd(l) % 5;
-        OK(cat_replays(c, workers[w], keys[k], 0, n, v, l->t));
+        TS_OK(cat_replays(c, workers[w], keys[k], 0, n, v, l->t));
         if (into_w) into_w[w].replays += (long long)n, into_all->replays += (long long)n;
     } else {
         bool sync = rnd(l) % 2;
-        OK(cat_eviction(c, workers[w], text, keys[k], sync ? "weight_sync" : "lru", sync ? "transformer" : NULL,
+        TS_OK(cat_eviction(c, workers[w], text, keys[k], sync ? "weight_sync" : "lru", sync ? "transformer" : NULL,
                         sync ? v : 0, sync ? v + 1 : 0, v, l->t));
         if (into_w) into_w[w].evictions++, into_all->evictions++;
     }
@@ -166,20 +165,20 @@ static void workload(cat_t *c, load_t *l, int batches) {
             one_record(c, l, l->by_worker, &l->all, l->captures_at);
             continue;
         }
-        OK(cat_begin(c));
+        TS_OK(cat_begin(c));
         int n = 1 + (int)(rnd(l) % 40);
         sums_t junk_w[NW], junk;
         long long junk_cap[NV + 1];
         for (int i = 0; i < n; i++)
             one_record(c, l, rollback ? junk_w : l->by_worker, rollback ? &junk : &l->all,
                        rollback ? junk_cap : l->captures_at);
-        if (rollback) OK(cat_rollback(c));
-        else OK(cat_commit(c));
+        if (rollback) TS_OK(cat_rollback(c));
+        else TS_OK(cat_commit(c));
     }
     /* The same capture twice (a resent EVENTS): one capture. */
     l->t += 1;
-    OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
-    OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
+    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
+    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
     l->by_worker[0].captures++, l->all.captures++, l->captures_at[1]++;
 }
 
@@ -235,7 +234,7 @@ static void check_summaries_match_raw(sqlite3 *db) {
 
 static void check_stats(cat_t *c, const load_t *l) {
     json_t *st = cat_query_stats(c);
-    ck_assert_msg(st != NULL, "%s", reel_err_text());
+    TS_NEW(st);
     const sums_t *want[NW + 1];
     json_t *got[NW + 1];
     for (int w = 0; w < NW; w++) {
@@ -298,16 +297,16 @@ END_TEST
  * both. */
 START_TEST(test_report_inside_a_batch_sees_its_summaries_and_rollback_drops_them) {
     cat_t *c = open_ok(false);
-    OK(cat_request(c, 1, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9));
-    OK(cat_begin(c));
-    OK(cat_request(c, 2, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9 + 1));
-    OK(cat_capture(c, "w0", "t", keys[1], 0, 1, 1, 0.1, 1, 1.7e9 + 2));
+    TS_OK(cat_request(c, 1, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9));
+    TS_OK(cat_begin(c));
+    TS_OK(cat_request(c, 2, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9 + 1));
+    TS_OK(cat_capture(c, "w0", "t", keys[1], 0, 1, 1, 0.1, 1, 1.7e9 + 2));
     json_t *st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 2);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "captures"), 1);
     json_decref(st);
-    OK(cat_request(c, 3, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9 + 3));
-    OK(cat_rollback(c));
+    TS_OK(cat_request(c, 3, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9 + 3));
+    TS_OK(cat_rollback(c));
     st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 1);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "captures"), 0);
@@ -326,9 +325,9 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
     cat_t *c = open_ok(false);
     load_t l = { .rng = 99, .t = 1.7e9 };
     workload(c, &l, 200);
-    OK(cat_weight_version(c, "transformer", 2, "aa", "/w/2", 1.7e9));
-    OK(cat_audit(c, "alice", "trainer", "sync", "transformer", 2, "aa", "/w/2", "accepted", 1.7e9));
-    OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1.7e9));
+    TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/2", 1.7e9));
+    TS_OK(cat_audit(c, "alice", "trainer", "sync", "transformer", 2, "aa", "/w/2", "accepted", 1.7e9));
+    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1.7e9));
     json_t *before = cat_query_stats(c), *keys_before = cat_query_keys(c);
     double cutoff = 1.7e9 + (l.t - 1.7e9) / 2;
     sqlite3 *db = raw_open();
@@ -345,7 +344,7 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
         total += n;
         ck_assert_int_lt(++calls, 1000);
     }
-    ck_assert_msg(n == 0, "%s", reel_err_text());
+    TS_OK(n);
     ck_assert_int_gt(calls, 4);
     snprintf(sql, sizeof sql, "SELECT count(*) FROM requests WHERE t < %.17g", cutoff);
     ck_assert_int_eq(raw_int(db, sql), 0);
@@ -366,7 +365,7 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
     ck_assert_msg(json_equal(keys_before, keys_after), "keys changed by pruning");
     /* The report has lost its early raw rows: it reads the summaries. */
     json_t *r = cat_query_report(c, 0);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
     ck_assert_int_eq(jint(r, "requests"), l.all.requests);
     json_int_t in_buckets = 0;
@@ -387,15 +386,15 @@ END_TEST
 /* With a row cap, each raw table keeps its newest max_rows rows. */
 START_TEST(test_prune_by_row_cap_keeps_the_newest_rows_of_each_table) {
     cat_t *c = open_ok(false);
-    OK(cat_begin(c));
+    TS_OK(cat_begin(c));
     for (int i = 0; i < 500; i++) {
-        OK(cat_request(c, (uint64_t)i, "w0", keys[i % NK], 1, 4, 0, 4, 0, 0.01 * i, "ok", 1.7e9 + i));
-        OK(cat_eviction(c, "w0", "t", keys[i % NK], "lru", NULL, 0, 0, 1, 1.7e9 + i));
+        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[i % NK], 1, 4, 0, 4, 0, 0.01 * i, "ok", 1.7e9 + i));
+        TS_OK(cat_eviction(c, "w0", "t", keys[i % NK], "lru", NULL, 0, 0, 1, 1.7e9 + i));
     }
-    OK(cat_commit(c));
+    TS_OK(cat_commit(c));
     int64_t n;
     while ((n = cat_prune(c, 0, 120, 50)) > 0) ck_assert_int_le(n, 150);
-    ck_assert_msg(n == 0, "%s", reel_err_text());
+    TS_OK(n);
     cat_close(&c);
     sqlite3 *db = raw_open();
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM requests"), 120);
@@ -467,13 +466,13 @@ END_TEST
 START_TEST(test_report_since_counts_stats_and_keys_from_the_hours_in_range) {
     cat_t *c = open_ok(false);
     double h0 = 3600.0 * 500000;
-    for (int i = 0; i < 6; i++) OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", h0 + 10 + i));
-    OK(cat_capture(c, "w0", "t0", keys[0], 0, 1, 1, 0.1, 1, h0 + 20));
+    for (int i = 0; i < 6; i++) TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", h0 + 10 + i));
+    TS_OK(cat_capture(c, "w0", "t0", keys[0], 0, 1, 1, 0.1, 1, h0 + 20));
     for (int i = 0; i < 4; i++)
-        OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", h0 + 7200 + i));
-    OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, h0 + 7210));
+        TS_OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", h0 + 7200 + i));
+    TS_OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, h0 + 7210));
     json_t *r = cat_query_report(c, h0 + 7200);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     json_t *all = json_object_get(json_object_get(r, "stats"), "overall");
     ck_assert_int_eq(jint(all, "requests"), 4);
     ck_assert_int_eq(jint(all, "captures"), 1);
@@ -503,10 +502,10 @@ START_TEST(test_worker_applied_follows_outcomes_and_a_failed_version_gives_way) 
         { 1, true, 1 }, { 3, true, 3 }, { 2, true, 3 }, { 3, false, 2 }, { 3, true, 3 },
         { 2, false, 3 }, { 3, false, 1 }, { 1, false, -1 },
     };
-    OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1));
+    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1));
     for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
-        OK(cat_worker_version(c, "w0", "transformer", steps[i].v, steps[i].ok, steps[i].ok ? NULL : "bad", 10.0 + i));
-        OK(cat_worker_version(c, "w1", "vae", 7, true, NULL, 10.0 + i)); /* another worker and component */
+        TS_OK(cat_worker_version(c, "w0", "transformer", steps[i].v, steps[i].ok, steps[i].ok ? NULL : "bad", 10.0 + i));
+        TS_OK(cat_worker_version(c, "w1", "vae", 7, true, NULL, 10.0 + i)); /* another worker and component */
         ck_assert_int_eq(raw_int(db, same), 0);
         ck_assert_int_eq(raw_int(db, back), 0);
         json_t *w = cat_query_workers(c);
@@ -526,7 +525,7 @@ END_TEST
  * counted under the empty key. */
 START_TEST(test_a_request_without_a_key_hash_is_stored_and_counted) {
     cat_t *c = open_ok(false);
-    OK(cat_request(c, 1, "w0", NULL, 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9));
+    TS_OK(cat_request(c, 1, "w0", NULL, 1, 4, 0, 4, 0, 0.5, "ok", 1.7e9));
     json_t *st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 1);
     json_decref(st);
@@ -545,23 +544,23 @@ END_TEST
 START_TEST(test_prune_by_age_is_not_stopped_by_graphs_still_replayed) {
     cat_t *c = open_ok(false);
     char key[17];
-    OK(cat_begin(c));
+    TS_OK(cat_begin(c));
     for (int i = 0; i < 3000; i++) { /* captured early, replayed until now */
         snprintf(key, sizeof key, "%016x", i);
-        OK(cat_capture(c, "w0", "t", key, 0, 1, 1, 0.1, 1, 1000.0 + i));
-        OK(cat_replays(c, "w0", key, 0, 2, 1, 9.0e5));
+        TS_OK(cat_capture(c, "w0", "t", key, 0, 1, 1, 0.1, 1, 1000.0 + i));
+        TS_OK(cat_replays(c, "w0", key, 0, 2, 1, 9.0e5));
     }
     for (int i = 0; i < 5000; i++) { /* captured and evicted long ago */
         snprintf(key, sizeof key, "%016x", 100000 + i);
-        OK(cat_capture(c, "w1", "t", key, 0, 1, 1, 0.1, 1, 5000.0 + i));
+        TS_OK(cat_capture(c, "w1", "t", key, 0, 1, 1, 0.1, 1, 5000.0 + i));
     }
-    OK(cat_commit(c));
+    TS_OK(cat_commit(c));
     int64_t n;
     while ((n = cat_prune(c, 8.0e5, 0, 2000)) > 0) {}
-    ck_assert_msg(n == 0, "%s", reel_err_text());
+    TS_OK(n);
     sqlite3 *db = raw_open();
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures WHERE t < 8.0e5"), 0);
-    OK(cat_replays(c, "w0", "0000000000000000", 0, 3, 1, 9.5e5)); /* a graph still live */
+    TS_OK(cat_replays(c, "w0", "0000000000000000", 0, 3, 1, 9.5e5)); /* a graph still live */
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM captures WHERE placeholder = 1"), 1);
     ck_assert_int_eq(raw_int(db, "SELECT sum(replays) FROM key_totals"), 3000 * 2 + 3);
     ck_assert_int_eq(raw_int(db, "SELECT sum(captures) FROM key_totals"), 8000);
@@ -576,8 +575,8 @@ START_TEST(test_report_since_counts_evictions_from_the_summaries_after_pruning) 
     cat_t *c = open_ok(false);
     double h0 = 3600.0 * 500000;
     for (int i = 0; i < 10; i++) {
-        OK(cat_eviction(c, "w0", "t", keys[0], i % 2 ? "lru" : "weight_sync", NULL, 0, 0, 1, h0 + 3600.0 * i));
-        OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", h0 + 3600.0 * i + 1));
+        TS_OK(cat_eviction(c, "w0", "t", keys[0], i % 2 ? "lru" : "weight_sync", NULL, 0, 0, 1, h0 + 3600.0 * i));
+        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", h0 + 3600.0 * i + 1));
     }
     json_t *before = cat_query_report(c, h0 + 3600.0 * 4);
     json_t *all = json_object_get(json_object_get(before, "stats"), "overall");
@@ -585,7 +584,7 @@ START_TEST(test_report_since_counts_evictions_from_the_summaries_after_pruning) 
     ck_assert_int_eq(jint(json_object_get(all, "evictions_by_reason"), "lru"), 3);
     int64_t n;
     while ((n = cat_prune(c, h0 + 3600.0 * 8, 0, 3)) > 0) {}
-    ck_assert_msg(n == 0, "%s", reel_err_text());
+    TS_OK(n);
     json_t *after = cat_query_report(c, h0 + 3600.0 * 4);
     ck_assert_msg(json_equal(json_object_get(before, "stats"), json_object_get(after, "stats")),
                   "the stats of the range changed when raw rows were pruned");

@@ -35,6 +35,7 @@ int main(void) {
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "model/tdit_program.h"
+#include "tests/support.h"
 
 /* --- fixture: a CUDA and a CPU backend with one stream each; everything
  * allocated through the helpers is released (and accounted) in teardown. */
@@ -85,7 +86,6 @@ static void teardown(void) {
     ck_assert_msg(cb == 0, "%zu bytes leaked on the CPU backend", cb);
 }
 
-#define OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 
 static kern_dtype_t dtype_of(int loop) { return loop ? KERN_BF16 : KERN_F32; }
 
@@ -151,8 +151,8 @@ static void upload(kern_tensor_t *g, const float *h) {
 /* The raw bytes of a device tensor (after the stream's queued work). */
 static void *download_raw(const kern_tensor_t *g) {
     void *h = hmalloc(kern_tensor_bytes(g));
-    OK(kern_copy_d2h(GS, h, kern_tensor_ptr(g), kern_tensor_bytes(g)));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_copy_d2h(GS, h, kern_tensor_ptr(g), kern_tensor_bytes(g)));
+    TS_OK(kern_stream_sync(GS));
     return h;
 }
 
@@ -280,10 +280,10 @@ START_TEST(test_copies_round_trip_host_device_device_host_bit_for_bit) {
     ck_assert_msg(a && b, "alloc: %s", reel_err_text());
     g_owned[n_g_owned++] = a;
     g_owned[n_g_owned++] = b;
-    OK(kern_copy_h2d(GS, a, h, n * sizeof(float)));
-    OK(kern_copy_d2d(GS, b, a, n * sizeof(float)));
-    OK(kern_copy_d2h(GS, back, b, n * sizeof(float)));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_copy_h2d(GS, a, h, n * sizeof(float)));
+    TS_OK(kern_copy_d2d(GS, b, a, n * sizeof(float)));
+    TS_OK(kern_copy_d2h(GS, back, b, n * sizeof(float)));
+    TS_OK(kern_stream_sync(GS));
     ck_assert_msg(memcmp(h, back, n * sizeof(float)) == 0, "round trip changed the bytes");
 }
 END_TEST
@@ -293,8 +293,8 @@ END_TEST
 static void gemm_case(kern_dtype_t dt, int64_t M, int64_t N, int64_t K, int bias) {
     pair_t x = P2(dt, M, K, -1, 1), w = P2(dt, N, K, -1, 1), b = P1(dt, N, -1, 1);
     pair_t y = P2(dt, M, N, -1, 1);
-    OK(kern_gemm(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
-    OK(kern_gemm(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+    TS_OK(kern_gemm(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
+    TS_OK(kern_gemm(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
     char what[96];
     snprintf(what, sizeof what, "gemm M=%lld N=%lld K=%lld%s", (long long)M, (long long)N,
              (long long)K, bias ? " +bias" : "");
@@ -316,8 +316,8 @@ END_TEST
 static void layernorm_case(kern_dtype_t dt, int64_t rows, int64_t D, int affine) {
     pair_t x = P2(dt, rows, D, 2, 4), w = P1(dt, D, -1, 1), b = P1(dt, D, -1, 1);
     pair_t y = P2(dt, rows, D, 0, 0);
-    OK(kern_layernorm(CS, &x.c, affine ? &w.c : NULL, affine ? &b.c : NULL, 1e-6f, &y.c));
-    OK(kern_layernorm(GS, &x.g, affine ? &w.g : NULL, affine ? &b.g : NULL, 1e-6f, &y.g));
+    TS_OK(kern_layernorm(CS, &x.c, affine ? &w.c : NULL, affine ? &b.c : NULL, 1e-6f, &y.c));
+    TS_OK(kern_layernorm(GS, &x.g, affine ? &w.g : NULL, affine ? &b.g : NULL, 1e-6f, &y.g));
     expect_nmse(affine ? "layernorm affine" : "layernorm plain", dt, &y);
 }
 
@@ -335,8 +335,8 @@ START_TEST(test_layernorm_in_place_gives_the_same_bits_as_out_of_place) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P2(dt, 7, 300, -2, 2), w = P1(dt, 300, -1, 1), b = P1(dt, 300, -1, 1);
     pair_t y = P2(dt, 7, 300, 0, 0);
-    OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &y.g));
-    OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &x.g));
+    TS_OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &y.g));
+    TS_OK(kern_layernorm(GS, &x.g, &w.g, &b.g, 1e-6f, &x.g));
     void *a = download_raw(&x.g), *c = download_raw(&y.g);
     ck_assert_msg(memcmp(a, c, kern_tensor_bytes(&x.g)) == 0,
                   "layernorm with y == x differs from y != x");
@@ -349,8 +349,8 @@ START_TEST(test_rmsnorm_matches_cpu) {
     for (int k = 0; k < 3; k++) {
         int64_t rows = cases[k][0], D = cases[k][1];
         pair_t x = P2(dt, rows, D, -2, 2), w = P1(dt, D, -1, 1), y = P2(dt, rows, D, 0, 0);
-        OK(kern_rmsnorm(CS, &x.c, &w.c, 1e-6f, &y.c));
-        OK(kern_rmsnorm(GS, &x.g, &w.g, 1e-6f, &y.g));
+        TS_OK(kern_rmsnorm(CS, &x.c, &w.c, 1e-6f, &y.c));
+        TS_OK(kern_rmsnorm(GS, &x.g, &w.g, 1e-6f, &y.g));
         expect_nmse("rmsnorm", dt, &y);
     }
 }
@@ -362,8 +362,8 @@ START_TEST(test_modulate_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P2(dt, 10, 333, -1, 1), sh = P1(dt, 333, -1, 1), sc = P1(dt, 333, -1, 1);
     pair_t y = P2(dt, 10, 333, 0, 0);
-    OK(kern_modulate(CS, &x.c, &sh.c, &sc.c, &y.c));
-    OK(kern_modulate(GS, &x.g, &sh.g, &sc.g, &y.g));
+    TS_OK(kern_modulate(CS, &x.c, &sh.c, &sc.c, &y.c));
+    TS_OK(kern_modulate(GS, &x.g, &sh.g, &sc.g, &y.g));
     expect_nmse("modulate", dt, &y);
 }
 END_TEST
@@ -372,8 +372,8 @@ START_TEST(test_gated_residual_with_and_without_gate_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     for (int gated = 0; gated < 2; gated++) {
         pair_t x = P2(dt, 6, 210, -1, 1), y = P2(dt, 6, 210, -1, 1), g = P1(dt, 210, -1, 1);
-        OK(kern_gated_residual(CS, &x.c, &y.c, gated ? &g.c : NULL));
-        OK(kern_gated_residual(GS, &x.g, &y.g, gated ? &g.g : NULL));
+        TS_OK(kern_gated_residual(CS, &x.c, &y.c, gated ? &g.c : NULL));
+        TS_OK(kern_gated_residual(GS, &x.g, &y.g, gated ? &g.g : NULL));
         expect_nmse(gated ? "gated residual" : "residual without gate", dt, &x);
     }
 }
@@ -383,8 +383,8 @@ END_TEST
 START_TEST(test_add_matches_cpu_over_many_blocks) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t a = P1(dt, 100003, -5, 5), b = P1(dt, 100003, -5, 5), y = P1(dt, 100003, 0, 0);
-    OK(kern_add(CS, &a.c, &b.c, &y.c));
-    OK(kern_add(GS, &a.g, &b.g, &y.g));
+    TS_OK(kern_add(CS, &a.c, &b.c, &y.c));
+    TS_OK(kern_add(GS, &a.g, &b.g, &y.g));
     expect_nmse("add", dt, &y);
 }
 END_TEST
@@ -392,8 +392,8 @@ END_TEST
 START_TEST(test_gelu_tanh_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P1(dt, 2001, -6, 6), y = P1(dt, 2001, 0, 0);
-    OK(kern_gelu_tanh(CS, &x.c, &y.c));
-    OK(kern_gelu_tanh(GS, &x.g, &y.g));
+    TS_OK(kern_gelu_tanh(CS, &x.c, &y.c));
+    TS_OK(kern_gelu_tanh(GS, &x.g, &y.g));
     expect_nmse("gelu_tanh", dt, &y);
 }
 END_TEST
@@ -402,8 +402,8 @@ END_TEST
 START_TEST(test_silu_matches_cpu_including_overflowing_exponentials) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P1(dt, 2001, -100, 20), y = P1(dt, 2001, 0, 0);
-    OK(kern_silu(CS, &x.c, &y.c));
-    OK(kern_silu(GS, &x.g, &y.g));
+    TS_OK(kern_silu(CS, &x.c, &y.c));
+    TS_OK(kern_silu(GS, &x.g, &y.g));
     expect_nmse("silu", dt, &y);
 }
 END_TEST
@@ -411,8 +411,8 @@ END_TEST
 START_TEST(test_silu_in_place_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P1(dt, 777, -8, 8);
-    OK(kern_silu(CS, &x.c, &x.c));
-    OK(kern_silu(GS, &x.g, &x.g));
+    TS_OK(kern_silu(CS, &x.c, &x.c));
+    TS_OK(kern_silu(GS, &x.g, &x.g));
     expect_nmse("silu in place", dt, &x);
 }
 END_TEST
@@ -422,8 +422,8 @@ END_TEST
 static void attention_case(kern_dtype_t dt, int64_t nq, int64_t nk, int64_t H, int64_t d) {
     pair_t q = P2(dt, nq, H * d, -1, 1), k = P2(dt, nk, H * d, -1, 1);
     pair_t v = P2(dt, nk, H * d, -1, 1), o = P2(dt, nq, H * d, 0, 0);
-    OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
-    OK(kern_attention(GS, &q.g, &k.g, &v.g, H, &o.g));
+    TS_OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+    TS_OK(kern_attention(GS, &q.g, &k.g, &v.g, H, &o.g));
     char what[96];
     snprintf(what, sizeof what, "attention nq=%lld nk=%lld heads=%lld d=%lld", (long long)nq,
              (long long)nk, (long long)H, (long long)d);
@@ -451,8 +451,8 @@ START_TEST(test_attention_with_large_logits_stays_finite_and_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t q = P2(dt, 48, 64, -10, 10), k = P2(dt, 200, 64, -10, 10);
     pair_t v = P2(dt, 200, 64, -1, 1), o = P2(dt, 48, 64, 0, 0);
-    OK(kern_attention(CS, &q.c, &k.c, &v.c, 1, &o.c));
-    OK(kern_attention(GS, &q.g, &k.g, &v.g, 1, &o.g));
+    TS_OK(kern_attention(CS, &q.c, &k.c, &v.c, 1, &o.c));
+    TS_OK(kern_attention(GS, &q.g, &k.g, &v.g, 1, &o.g));
     expect_nmse("attention with large logits", dt, &o);
 }
 END_TEST
@@ -469,8 +469,8 @@ START_TEST(test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel
     ck_assert_msg(strstr(reel_err_text(), "attention") && strstr(reel_err_text(), "256"),
                   "message should name the op and the limit: '%s'", reel_err_text());
     pair_t a = P1(KERN_F32, 100, -1, 1), b = P1(KERN_F32, 100, -1, 1), y = P1(KERN_F32, 100, 0, 0);
-    OK(kern_add(CS, &a.c, &b.c, &y.c));
-    OK(kern_add(GS, &a.g, &b.g, &y.g));
+    TS_OK(kern_add(CS, &a.c, &b.c, &y.c));
+    TS_OK(kern_add(GS, &a.g, &b.g, &y.g));
     expect_nmse("add after a refused attention", KERN_F32, &y);
     for (int l = 0; l < 2; l++) {
         kern_dtype_t dt = dtype_of(l);
@@ -513,9 +513,9 @@ START_TEST(test_attention_decomposed_matches_cpu_and_the_online_kernel) {
         pair_t q = P2(dt, nq, H * d, -2, 2), k = P2(dt, nk, H * d, -1, 1);
         pair_t v = P2(dt, nk, H * d, -1, 1), o = P2(dt, nq, H * d, 0, 0);
         kern_tensor_t on = gpu_tensor(dt, 2, (int64_t[]){ nq, H * d });
-        OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
-        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &dec));
-        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &on, &fused));
+        TS_OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+        TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &dec));
+        TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &on, &fused));
         char what[128];
         snprintf(what, sizeof what, "decomposed attention nq=%lld nk=%lld H=%lld d=%lld",
                  (long long)nq, (long long)nk, (long long)H, (long long)d);
@@ -538,7 +538,7 @@ START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
     size_t pe = dt == KERN_F32 ? 4 : 6;
     kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, (size_t)(nk * (int64_t)pe * H * 128) };
     kern_attn_plan_t plan;
-    OK(kern_attention_plan(KERN_BACKEND_CUDA, dt, nq, nk, H, d, &dec, &plan));
+    TS_OK(kern_attention_plan(KERN_BACKEND_CUDA, dt, nq, nk, H, d, &dec, &plan));
     ck_assert_int_eq(plan.rows, 128);
     ck_assert_int_eq(plan.blocks, 6);
     ck_assert_int_eq(kern_attention_pick(nqs, nks, d), KERN_ATTN_FUSED);
@@ -547,16 +547,16 @@ START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
     pair_t vs = P2(dt, nks, H * d, -1, 1);
     kern_tensor_t o = gpu_tensor(dt, 2, (int64_t[]){ nq, H * d });
     kern_tensor_t os = gpu_tensor(dt, 2, (int64_t[]){ nqs, H * d });
-    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
-    OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
+    TS_OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
+    TS_OK(kern_stream_sync(GS));
     void *eo = download_raw(&o), *eos = download_raw(&os);
 
-    OK(kern_capture_begin(GS));
-    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
-    OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
+    TS_OK(kern_capture_begin(GS));
+    TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o, &dec));
+    TS_OK(kern_attention(GS, &qs.g, &ks.g, &vs.g, H, &os));
     kern_graph_t *gr = NULL;
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     ck_assert_msg(kern_graph_nodes(gr) >= (size_t)(3 * plan.blocks + 1), "%zu nodes",
                   kern_graph_nodes(gr));
@@ -566,12 +566,12 @@ START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
     unsigned char *poison = hmalloc(plan.scratch_bytes);
     memset(poison, 0xff, plan.scratch_bytes);
     for (int rep = 0; rep < 2; rep++) {
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(&os), poison, kern_tensor_bytes(&os)));
-        OK(kern_copy_h2d(GS, scratch, poison, plan.scratch_bytes));
-        OK(kern_stream_sync(GS));
-        OK(kern_graph_replay(gr, GS));
-        OK(kern_stream_sync(GS));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&os), poison, kern_tensor_bytes(&os)));
+        TS_OK(kern_copy_h2d(GS, scratch, poison, plan.scratch_bytes));
+        TS_OK(kern_stream_sync(GS));
+        TS_OK(kern_graph_replay(gr, GS));
+        TS_OK(kern_stream_sync(GS));
         ck_assert_msg(memcmp(download_raw(&o), eo, kern_tensor_bytes(&o)) == 0,
                       "replay %d: decomposed attention differs from eager (%s)", rep,
                       kern_dtype_name(dt));
@@ -608,7 +608,7 @@ START_TEST(test_wan_shaped_bf16_attention_matches_cpu_reference_on_sampled_rows)
     const int64_t nq = 32760, nk = 32760, H = 12, d = 128, D = H * d;
     enum { R = 256 };
     kern_attn_plan_t plan;
-    OK(kern_attention_plan(KERN_BACKEND_CUDA, KERN_BF16, nq, nk, H, d, NULL, &plan));
+    TS_OK(kern_attention_plan(KERN_BACKEND_CUDA, KERN_BF16, nq, nk, H, d, NULL, &plan));
     ck_assert_int_eq(plan.path, KERN_ATTN_DECOMPOSED);
     int64_t rows[R];
     const int64_t seams[] = { 0, 1, plan.rows - 1, plan.rows, 2 * plan.rows - 1, 2 * plan.rows,
@@ -644,17 +644,17 @@ START_TEST(test_wan_shaped_bf16_attention_matches_cpu_reference_on_sampled_rows)
     free(h);
 
     kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
-    OK(kern_attention_ex(CS, &qc, &kc, &vc, H, &oc, &fused));
-    OK(kern_attention_ex(CS, &qc, &kc, &va, H, &ac, &fused));
+    TS_OK(kern_attention_ex(CS, &qc, &kc, &vc, H, &oc, &fused));
+    TS_OK(kern_attention_ex(CS, &qc, &kc, &va, H, &ac, &fused));
 
-    OK(kern_attention(GS, &qg, &kg, &vg, H, &og)); /* warm-up: scratch, cuBLAS */
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_attention(GS, &qg, &kg, &vg, H, &og)); /* warm-up: scratch, cuBLAS */
+    TS_OK(kern_stream_sync(GS));
     double t0 = now_ms();
-    OK(kern_attention(GS, &qg, &kg, &vg, H, &og));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_attention(GS, &qg, &kg, &vg, H, &og));
+    TS_OK(kern_stream_sync(GS));
     double t1 = now_ms();
-    OK(kern_attention_ex(GS, &qg, &kg, &vg, H, &og2, &fused));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_attention_ex(GS, &qg, &kg, &vg, H, &og2, &fused));
+    TS_OK(kern_stream_sync(GS));
     double t2 = now_ms();
     printf("test_cuda: wan attention 32760x12x128 bf16: decomposed %.1f ms (%lld blocks of %lld "
            "rows), online kernel %.1f ms\n", t1 - t0, (long long)plan.blocks,
@@ -703,8 +703,8 @@ START_TEST(test_rope3d_matches_cpu_for_every_split_of_the_head) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int64_t *c = cases[i];
         pair_t x = P2(dt, c[2] * c[3] * c[4], c[0] * c[1], -1, 1);
-        OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
-        OK(kern_rope3d(GS, &x.g, c[0], c[2], c[3], c[4]));
+        TS_OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
+        TS_OK(kern_rope3d(GS, &x.g, c[0], c[2], c[3], c[4]));
         char what[64];
         snprintf(what, sizeof what, "rope3d heads=%lld d=%lld", (long long)c[0], (long long)c[1]);
         expect_nmse(what, dt, &x);
@@ -718,8 +718,8 @@ START_TEST(test_patchify_equals_cpu_exactly) {
     kern_dtype_t dt = dtype_of(_i);
     const int64_t Cc = 4, F = 3, H = 6, W = 8;
     pair_t lat = P4(dt, Cc, F, H, W, -1, 1), tok = P2(dt, F * (H / 2) * (W / 2), 4 * Cc, 0, 0);
-    OK(kern_patchify(CS, &lat.c, &tok.c));
-    OK(kern_patchify(GS, &lat.g, &tok.g));
+    TS_OK(kern_patchify(CS, &lat.c, &tok.c));
+    TS_OK(kern_patchify(GS, &lat.g, &tok.g));
     expect_exact("patchify", dt, &tok);
 }
 END_TEST
@@ -728,8 +728,8 @@ START_TEST(test_unpatchify_equals_cpu_exactly) {
     kern_dtype_t dt = dtype_of(_i);
     const int64_t Cc = 5, F = 2, H = 4, W = 10;
     pair_t tok = P2(dt, F * (H / 2) * (W / 2), 4 * Cc, -1, 1), lat = P4(dt, Cc, F, H, W, 0, 0);
-    OK(kern_unpatchify(CS, &tok.c, &lat.c));
-    OK(kern_unpatchify(GS, &tok.g, &lat.g));
+    TS_OK(kern_unpatchify(CS, &tok.c, &lat.c));
+    TS_OK(kern_unpatchify(GS, &tok.g, &lat.g));
     expect_exact("unpatchify", dt, &lat);
 }
 END_TEST
@@ -742,8 +742,8 @@ START_TEST(test_timestep_embed_matches_cpu) {
     const int64_t dims[] = { 256, 64, 2 };
     for (int k = 0; k < 3; k++) {
         pair_t s = scalars(1, &sig[k]), e = P1(dt, dims[k], 0, 0);
-        OK(kern_timestep_embed(CS, &s.c, &e.c));
-        OK(kern_timestep_embed(GS, &s.g, &e.g));
+        TS_OK(kern_timestep_embed(CS, &s.c, &e.c));
+        TS_OK(kern_timestep_embed(GS, &s.g, &e.g));
         expect_nmse("timestep_embed", dt, &e);
     }
 }
@@ -753,8 +753,8 @@ START_TEST(test_cfg_combine_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t vc = P1(dt, 1000, -1, 1), vu = P1(dt, 1000, -1, 1), v = P1(dt, 1000, 0, 0);
     pair_t g = scalars(1, (const float[]){ 4.5f });
-    OK(kern_cfg_combine(CS, &vc.c, &vu.c, &g.c, &v.c));
-    OK(kern_cfg_combine(GS, &vc.g, &vu.g, &g.g, &v.g));
+    TS_OK(kern_cfg_combine(CS, &vc.c, &vu.c, &g.c, &v.c));
+    TS_OK(kern_cfg_combine(GS, &vc.g, &vu.g, &g.g, &v.g));
     expect_nmse("cfg_combine", dt, &v);
 }
 END_TEST
@@ -763,8 +763,8 @@ START_TEST(test_euler_update_matches_cpu) {
     kern_dtype_t dt = dtype_of(_i);
     pair_t x = P1(dt, 1000, -1, 1), v = P1(dt, 1000, -1, 1);
     pair_t s = scalars(2, (const float[]){ 0.8f, 0.75f });
-    OK(kern_euler_update(CS, &x.c, &v.c, &s.c));
-    OK(kern_euler_update(GS, &x.g, &v.g, &s.g));
+    TS_OK(kern_euler_update(CS, &x.c, &v.c, &s.c));
+    TS_OK(kern_euler_update(GS, &x.g, &v.g, &s.g));
     expect_nmse("euler", dt, &x);
 }
 END_TEST
@@ -778,16 +778,16 @@ START_TEST(test_multistep_update_and_timestep_at_match_cpu) {
     const float coef[16] = { -0.8f, 0.0f, 0.9f, -0.3f, 0.05f, 0.25f, 0.7f, 0.35f, -0.12f, 0.0f,
                              0, 0, 0, 0, 0, 937.0f };
     pair_t c = scalars(16, coef);
-    OK(kern_multistep_update(CS, &x.c, &v.c, &h.c, &c.c));
-    OK(kern_multistep_update(GS, &x.g, &v.g, &h.g, &c.g));
+    TS_OK(kern_multistep_update(CS, &x.c, &v.c, &h.c, &c.c));
+    TS_OK(kern_multistep_update(GS, &x.g, &v.g, &h.g, &c.g));
     expect_nmse("multistep latent", dt, &x);
     expect_nmse("multistep history", dt, &h);
     kern_tensor_t tc = kern_tensor_make(c.c.data, KERN_F32, c.c.device, 1, (const int64_t[]){ 1 }),
                   tg = kern_tensor_make(c.g.data, KERN_F32, c.g.device, 1, (const int64_t[]){ 1 });
     tc.offset = tg.offset = 15 * sizeof(float);
     pair_t e = P1(dt, 256, 0, 0);
-    OK(kern_timestep_embed_at(CS, &tc, &e.c));
-    OK(kern_timestep_embed_at(GS, &tg, &e.g));
+    TS_OK(kern_timestep_embed_at(CS, &tc, &e.c));
+    TS_OK(kern_timestep_embed_at(GS, &tg, &e.g));
     expect_nmse("timestep_embed_at", dt, &e);
 }
 END_TEST
@@ -801,8 +801,8 @@ START_TEST(test_sde_update_matches_cpu_noise_and_all) {
     static const float eta[] = { 0.7f, 0.7f, 0.0f };
     for (int k = 0; k < 3; k++) {
         pair_t x = P1(dt, 4099, -1, 1), v = P1(dt, 4099, -1, 1), s = scalars(3, sig[k]);
-        OK(kern_sde_update(CS, &x.c, &v.c, &s.c, eta[k], 1234567ull + (uint64_t)k, 7));
-        OK(kern_sde_update(GS, &x.g, &v.g, &s.g, eta[k], 1234567ull + (uint64_t)k, 7));
+        TS_OK(kern_sde_update(CS, &x.c, &v.c, &s.c, eta[k], 1234567ull + (uint64_t)k, 7));
+        TS_OK(kern_sde_update(GS, &x.g, &v.g, &s.g, eta[k], 1234567ull + (uint64_t)k, 7));
         expect_nmse("sde", dt, &x);
     }
 }
@@ -821,22 +821,22 @@ START_TEST(test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde)
     pair_t y = P1(dt, 4099, 0, 0); /* the eager by-value run, on the GPU only */
     void *x0 = download_raw(&x.g);
     kern_graph_t *gr = NULL;
-    OK(kern_capture_begin(GS));
-    OK(kern_sde_update_dev(GS, &x.g, &v.g, &s.g, &prm.g));
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_begin(GS));
+    TS_OK(kern_sde_update_dev(GS, &x.g, &v.g, &s.g, &prm.g));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     for (uint32_t k = 0; k < 3; k++) {
         uint64_t seed = 0x100000000ull * (k + 1) + 17;
         float eta = 0.3f + 0.2f * (float)k;
         /* eager by value into y, from the same start */
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), x0, kern_tensor_bytes(&x.g)));
-        OK(kern_sde_update(GS, &y.g, &v.g, &s.g, eta, seed, k));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), x0, kern_tensor_bytes(&x.g)));
+        TS_OK(kern_sde_update(GS, &y.g, &v.g, &s.g, eta, seed, k));
         void *want = download_raw(&y.g);
         /* the graph, after writing the new values */
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(&x.g), x0, kern_tensor_bytes(&x.g)));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&x.g), x0, kern_tensor_bytes(&x.g)));
         kern_sde_params_pack(packed, eta, seed, k);
         upload(&prm.g, packed);
-        OK(kern_graph_replay(gr, GS));
+        TS_OK(kern_graph_replay(gr, GS));
         void *got = download_raw(&x.g);
         ck_assert_msg(memcmp(got, want, kern_tensor_bytes(&x.g)) == 0, "replay %u != eager SDE", k);
     }
@@ -854,15 +854,15 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     ck_assert_int_ge(fd, 0);
     close(fd);
     tdit_config_t cfg;
-    OK(tdit_config_builtin("tiny", &cfg));
-    OK(tdit_weights_init(&cfg, 5, path));
+    TS_OK(tdit_config_builtin("tiny", &cfg));
+    TS_OK(tdit_weights_init(&cfg, 5, path));
     tdit_model_t *mg = tdit_model_load_path(G, path, dt), *mc = tdit_model_load_path(C, path, KERN_F32);
     ck_assert_msg(mg && mc, "%s", reel_err_text());
     cap_options_t o = cap_options_default();
     o.warmup = 1;
     o.audit_every = 2;
     cap_cache_t *cache = cap_cache_new(G, &o);
-    OK(tdit_register_weights(cache, mg, 1));
+    TS_OK(tdit_register_weights(cache, mg, 1));
     kern_stream_t *s2 = kern_stream_new(G);
     ck_assert_ptr_nonnull(s2);
     const tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER };
@@ -874,8 +874,8 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     for (int sde = 0; sde < 2; sde++) {
         tdit_loop_t p = { .steps = 6, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.7f, .seed = 9 };
         tdit_ws_t *wg = tdit_ws_new(mg, GS, &sh), *wc = tdit_ws_new(mc, CS, &sh);
-        OK(tdit_generate(mg, wg, GS, &p, lat, ctx, unc, ref, NULL));
-        OK(tdit_generate(mc, wc, CS, &p, lat, ctx, unc, cpu, NULL));
+        TS_OK(tdit_generate(mg, wg, GS, &p, lat, ctx, unc, ref, NULL));
+        TS_OK(tdit_generate(mc, wc, CS, &p, lat, ctx, unc, cpu, NULL));
         tdit_ws_destroy(&wg);
         tdit_ws_destroy(&wc);
         kern_stream_t *streams[2] = { GS, s2 };
@@ -885,7 +885,7 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
             for (int r = 0; r < 2; r++) {
                 tdit_run_stats_t st;
                 memset(&st, 0, sizeof st);
-                OK(tdit_generate_cached(mg, cache, streams[k], stg, &sh, &p, lat, ctx, unc, got, &st));
+                TS_OK(tdit_generate_cached(mg, cache, streams[k], stg, &sh, &p, lat, ctx, unc, got, &st));
                 if (r == 0) ck_assert_int_ge(st.captured, 1);
                 else ck_assert_int_eq(st.replayed, 6);
                 ck_assert_msg(memcmp(got, ref, sizeof got) == 0, "%s stream %d request %d: cached != eager on the GPU",
@@ -921,14 +921,14 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     ck_assert_int_ge(fd, 0);
     close(fd);
     tdit_config_t cfg;
-    OK(tdit_config_builtin("tiny", &cfg));
-    OK(tdit_weights_init(&cfg, 5, path));
+    TS_OK(tdit_config_builtin("tiny", &cfg));
+    TS_OK(tdit_weights_init(&cfg, 5, path));
     tdit_model_t *mg = tdit_model_load_path(G, path, dt);
-    ck_assert_msg(mg != NULL, "%s", reel_err_text());
+    TS_NEW(mg);
     cap_options_t o = cap_options_default();
     o.warmup = 1;
     cap_cache_t *cache = cap_cache_new(G, &o);
-    OK(tdit_register_weights(cache, mg, 1));
+    TS_OK(tdit_register_weights(cache, mg, 1));
     const tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER }, grp = { 2, 8, 8, 5, true, 4, false };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float ctx[NC], unc[NC], gout[4 * NL], sout[NL];
@@ -940,16 +940,16 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     ck_assert_ptr_nonnull(stg);
     for (int r = 0; r < 3; r++) { /* warm-up, capture, replay */
         tdit_req_t *q = tdit_req_new_group(mg, GS, stg, &grp, &p, seeds, NULL, ctx, unc);
-        ck_assert_msg(q != NULL, "%s", reel_err_text());
-        while (!tdit_req_done(q)) OK(tdit_req_step(q, cache, GS, NULL));
+        TS_NEW(q);
+        while (!tdit_req_done(q)) TS_OK(tdit_req_step(q, cache, GS, NULL));
         if (r == 2) ck_assert_int_eq(tdit_req_stats(q)->replayed, 4);
-        OK(tdit_req_read(q, GS, gout, 4 * NL));
+        TS_OK(tdit_req_read(q, GS, gout, 4 * NL));
         tdit_req_destroy(&q);
     }
     for (int b = 0; b < 4; b++) {
         tdit_loop_t q1 = p;
         q1.seed = seeds[b];
-        OK(tdit_generate_cached(mg, cache, GS, NULL, &one, &q1, NULL, ctx, unc, sout, NULL));
+        TS_OK(tdit_generate_cached(mg, cache, GS, NULL, &one, &q1, NULL, ctx, unc, sout, NULL));
         ck_assert_msg(memcmp(gout + (size_t)b * NL, sout, sizeof sout) == 0, "%s sample %d: group != single",
                       dt == KERN_F32 ? "F32" : "BF16", b);
     }
@@ -1043,11 +1043,11 @@ static void chain_reset(chain_t *t) {
     memset(poison, 0xff, big);
     for (int i = 0; i < CHAIN_OUTPUTS; i++) {
         kern_tensor_t *o = chain_output(t, i);
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(o), poison, kern_tensor_bytes(o)));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(o), poison, kern_tensor_bytes(o)));
     }
-    OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->res), kern_tensor_ptr(&t->res0), big));
-    OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->lat), kern_tensor_ptr(&t->lat0), big));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->res), kern_tensor_ptr(&t->res0), big));
+    TS_OK(kern_copy_d2d(GS, kern_tensor_ptr(&t->lat), kern_tensor_ptr(&t->lat0), big));
+    TS_OK(kern_stream_sync(GS));
 }
 
 static void chain_snapshot(chain_t *t, void *out[CHAIN_OUTPUTS]) {
@@ -1071,16 +1071,16 @@ START_TEST(test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at
 
     chain_scalars(&t, 0.9f, 0.85f, 3.0f);
     chain_reset(&t);
-    OK(chain_run(&t)); /* also the warm-up: modules load and cuBLAS picks kernels */
-    OK(kern_stream_sync(GS));
+    TS_OK(chain_run(&t)); /* also the warm-up: modules load and cuBLAS picks kernels */
+    TS_OK(kern_stream_sync(GS));
     chain_snapshot(&t, eager1);
 
     chain_reset(&t);
-    OK(kern_capture_begin(GS));
+    TS_OK(kern_capture_begin(GS));
     ck_assert(kern_stream_is_capturing(GS));
-    OK(chain_run(&t));
+    TS_OK(chain_run(&t));
     kern_graph_t *gr = NULL;
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     ck_assert(!kern_stream_is_capturing(GS));
     ck_assert_msg(kern_graph_nodes(gr) >= CHAIN_LAUNCHES, "%zu nodes for %d launches",
@@ -1092,24 +1092,24 @@ START_TEST(test_cuda_graph_replay_is_bitwise_equal_to_eager_and_reads_scalars_at
     ck_assert_msg(memcmp(still, poison, sizeof poison) == 0,
                   "capture ran the kernels instead of recording them");
 
-    OK(kern_graph_replay(gr, GS));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_graph_replay(gr, GS));
+    TS_OK(kern_stream_sync(GS));
     chain_snapshot(&t, replay1);
     expect_same_bits(&t, eager1, replay1, "first replay");
 
     /* New σ and guidance in the same device buffers: the graph must see them. */
     chain_scalars(&t, 0.6f, 0.52f, 5.5f);
     chain_reset(&t);
-    OK(chain_run(&t));
-    OK(kern_stream_sync(GS));
+    TS_OK(chain_run(&t));
+    TS_OK(kern_stream_sync(GS));
     chain_snapshot(&t, eager2);
     ck_assert_msg(memcmp(eager1[7], eager2[7], kern_tensor_bytes(&t.lat)) != 0,
                   "euler ignored the new sigmas");
     ck_assert_msg(memcmp(eager1[8], eager2[8], kern_tensor_bytes(&t.emb)) != 0,
                   "timestep_embed ignored the new sigma");
     chain_reset(&t);
-    OK(kern_graph_replay(gr, GS));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_graph_replay(gr, GS));
+    TS_OK(kern_stream_sync(GS));
     chain_snapshot(&t, replay2);
     expect_same_bits(&t, eager2, replay2, "replay after new scalars");
     ck_assert_uint_eq(kern_graph_replays(gr), 2);
@@ -1119,19 +1119,19 @@ END_TEST
 START_TEST(test_sde_refuses_to_launch_on_a_capturing_cuda_stream_and_runs_eagerly_after) {
     pair_t x = P1(KERN_F32, 256, -1, 1), v = P1(KERN_F32, 256, -1, 1), y = P1(KERN_F32, 256, 0, 0);
     pair_t s = scalars(3, (const float[]){ 0.6f, 0.5f, 0.95f });
-    OK(kern_capture_begin(GS));
-    OK(kern_add(GS, &x.g, &v.g, &y.g));
+    TS_OK(kern_capture_begin(GS));
+    TS_OK(kern_add(GS, &x.g, &v.g, &y.g));
     reel_err_clear();
     ck_assert_int_eq(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0), -1);
     ck_assert_msg(strstr(reel_err_text(), "capturable") && strstr(reel_err_text(), "sde"),
                   "message should say the sde kernel is not capturable: '%s'", reel_err_text());
     kern_graph_t *gr = NULL;
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     ck_assert_uint_ge(kern_graph_nodes(gr), 1);
 
-    OK(kern_sde_update(CS, &x.c, &v.c, &s.c, 0.7f, 1, 0));
-    OK(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0));
+    TS_OK(kern_sde_update(CS, &x.c, &v.c, &s.c, 0.7f, 1, 0));
+    TS_OK(kern_sde_update(GS, &x.g, &v.g, &s.g, 0.7f, 1, 0));
     expect_nmse("sde after a refused capture", KERN_F32, &x);
 }
 END_TEST
@@ -1153,8 +1153,8 @@ START_TEST(test_gemm_gelu_with_and_without_bias_matches_cpu) {
             const float ws = 1.5f / sqrtf((float)K); /* pre-activations of order 1 */
             pair_t x = P2(dt, M, K, -1, 1), w = P2(dt, N, K, -ws, ws), b = P1(dt, N, -1, 1);
             pair_t y = P2(dt, M, N, 0, 0);
-            OK(kern_gemm_gelu(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
-            OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+            TS_OK(kern_gemm_gelu(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c));
+            TS_OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
             char what[96];
             snprintf(what, sizeof what, "gemm_gelu M=%lld N=%lld K=%lld%s", (long long)M,
                      (long long)N, (long long)K, bias ? " +bias" : "");
@@ -1186,7 +1186,7 @@ START_TEST(test_cublaslt_gelu_epilogue_is_the_tanh_form_of_tinydit) {
     pair_t w = pair_from(KERN_F32, 2, (int64_t[]){ N, 1 }, ones);
     pair_t b = P1(KERN_F32, N, 0, 0), y = P2(KERN_F32, M, N, 0, 0);
     for (int bias = 0; bias < 2; bias++) {
-        OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
+        TS_OK(kern_gemm_gelu(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g));
         const float *got = download(&y.g);
         double sse_t = 0, sse_e = 0, max_t = 0, max_e = 0, worst = 0;
         int64_t wi = 0;
@@ -1224,11 +1224,11 @@ START_TEST(test_layernorm_modulate_matches_cpu_and_in_place_gives_the_same_bits)
         const int64_t rows = cases[c][0], D = cases[c][1];
         pair_t x = P2(dt, rows, D, 2, 4), sh = P1(dt, D, -1, 1), sc = P1(dt, D, -1, 1);
         pair_t y = P2(dt, rows, D, 0, 0);
-        OK(kern_layernorm(CS, &x.c, NULL, NULL, 1e-6f, &y.c));
-        OK(kern_modulate(CS, &y.c, &sh.c, &sc.c, &y.c));
-        OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &y.g));
+        TS_OK(kern_layernorm(CS, &x.c, NULL, NULL, 1e-6f, &y.c));
+        TS_OK(kern_modulate(CS, &y.c, &sh.c, &sc.c, &y.c));
+        TS_OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &y.g));
         expect_nmse("layernorm_modulate", dt, &y);
-        OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &x.g));
+        TS_OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &x.g));
         ck_assert_msg(memcmp(download_raw(&x.g), download_raw(&y.g), kern_tensor_bytes(&x.g)) == 0,
                       "layernorm_modulate with y == x differs from y != x (%s)",
                       kern_dtype_name(dt));
@@ -1249,9 +1249,9 @@ START_TEST(test_rmsnorm_rope3d_matches_cpu_for_every_split_of_the_head) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int64_t *c = cases[i], D = c[0] * c[1];
         pair_t x = P2(dt, c[2] * c[3] * c[4], D, -3, 3), g = P1(dt, D, -1.5f, 1.5f);
-        OK(kern_rmsnorm(CS, &x.c, &g.c, 1e-6f, &x.c));
-        OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
-        OK(kern_rmsnorm_rope3d(GS, &x.g, &g.g, 1e-6f, c[0], c[2], c[3], c[4]));
+        TS_OK(kern_rmsnorm(CS, &x.c, &g.c, 1e-6f, &x.c));
+        TS_OK(kern_rope3d(CS, &x.c, c[0], c[2], c[3], c[4]));
+        TS_OK(kern_rmsnorm_rope3d(GS, &x.g, &g.g, 1e-6f, c[0], c[2], c[3], c[4]));
         char what[64];
         snprintf(what, sizeof what, "rmsnorm_rope3d heads=%lld d=%lld", (long long)c[0],
                  (long long)c[1]);
@@ -1288,28 +1288,28 @@ START_TEST(test_fused_ops_and_cublaslt_gemms_in_a_cuda_graph_replay_bitwise_equa
     kern_graph_t *gr = NULL;
     for (int pass = 0; pass < 4; pass++) { /* 0 eager, 1 capture, 2 and 3 replays */
         for (int i = 0; i < OUTS; i++)
-            OK(kern_copy_h2d(GS, kern_tensor_ptr(&out[i]), poison, kern_tensor_bytes(&out[i])));
-        OK(kern_copy_d2d(GS, kern_tensor_ptr(&out[5]), kern_tensor_ptr(&q0.g),
+            TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&out[i]), poison, kern_tensor_bytes(&out[i])));
+        TS_OK(kern_copy_d2d(GS, kern_tensor_ptr(&out[5]), kern_tensor_ptr(&q0.g),
                          kern_tensor_bytes(&out[5])));
-        OK(kern_stream_sync(GS));
+        TS_OK(kern_stream_sync(GS));
         if (pass >= 2) {
-            OK(kern_graph_replay(gr, GS));
+            TS_OK(kern_graph_replay(gr, GS));
         } else {
-            if (pass == 1) OK(kern_capture_begin(GS));
-            OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &out[0]));
-            OK(kern_gemm_gelu(GS, &out[0], &w1.g, &b1.g, &out[1]));
-            OK(kern_gemm_gelu(GS, &out[0], &w1.g, NULL, &out[2]));
-            OK(kern_gemm(GS, &out[1], &w2.g, &b2.g, &out[3]));
-            OK(kern_gemm(GS, &out[2], &w2.g, NULL, &out[4]));
-            OK(kern_rmsnorm_rope3d(GS, &out[5], &g.g, 1e-6f, H, 2, 4, 6));
+            if (pass == 1) TS_OK(kern_capture_begin(GS));
+            TS_OK(kern_layernorm_modulate(GS, &x.g, &sh.g, &sc.g, 1e-6f, &out[0]));
+            TS_OK(kern_gemm_gelu(GS, &out[0], &w1.g, &b1.g, &out[1]));
+            TS_OK(kern_gemm_gelu(GS, &out[0], &w1.g, NULL, &out[2]));
+            TS_OK(kern_gemm(GS, &out[1], &w2.g, &b2.g, &out[3]));
+            TS_OK(kern_gemm(GS, &out[2], &w2.g, NULL, &out[4]));
+            TS_OK(kern_rmsnorm_rope3d(GS, &out[5], &g.g, 1e-6f, H, 2, 4, 6));
             if (pass == 1) {
-                OK(kern_capture_end(GS, &gr));
+                TS_OK(kern_capture_end(GS, &gr));
                 own_graph(gr);
                 ck_assert_msg(kern_graph_nodes(gr) >= OUTS, "%zu nodes for %d launches",
                               kern_graph_nodes(gr), OUTS);
             }
         }
-        OK(kern_stream_sync(GS));
+        TS_OK(kern_stream_sync(GS));
         for (int i = 0; i < OUTS; i++) {
             void *now = download_raw(&out[i]);
             if (pass == 0) eager[i] = now;
@@ -1333,7 +1333,7 @@ END_TEST
 START_TEST(test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_captures_after_eager) {
     pair_t x = P2(KERN_F32, 19, 29, -1, 1), w = P2(KERN_F32, 23, 29, -1, 1);
     pair_t b = P1(KERN_F32, 23, -1, 1), y = P2(KERN_F32, 19, 23, 0, 0);
-    OK(kern_capture_begin(GS));
+    TS_OK(kern_capture_begin(GS));
     reel_err_clear();
     ck_assert_int_eq(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g), -1);
     ck_assert_msg(strstr(reel_err_text(), "no cuBLASLt plan") && strstr(reel_err_text(), "M=19 N=23 K=29"),
@@ -1341,19 +1341,19 @@ START_TEST(test_gemm_shape_first_seen_inside_a_capture_fails_naming_it_then_capt
     kern_graph_t *gr = NULL;
     if (kern_capture_end(GS, &gr) == 0) kern_graph_destroy(&gr);
     ck_assert(!kern_stream_is_capturing(GS));
-    OK(kern_gemm(CS, &x.c, &w.c, &b.c, &y.c));
-    OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
+    TS_OK(kern_gemm(CS, &x.c, &w.c, &b.c, &y.c));
+    TS_OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
     expect_nmse("gemm after a refused capture", KERN_F32, &y);
     void *eager = download_raw(&y.g);
-    OK(kern_capture_begin(GS));
-    OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_begin(GS));
+    TS_OK(kern_gemm(GS, &x.g, &w.g, &b.g, &y.g));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     unsigned char *poison = hmalloc(kern_tensor_bytes(&y.g));
     memset(poison, 0xff, kern_tensor_bytes(&y.g));
-    OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), poison, kern_tensor_bytes(&y.g)));
-    OK(kern_graph_replay(gr, GS));
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&y.g), poison, kern_tensor_bytes(&y.g)));
+    TS_OK(kern_graph_replay(gr, GS));
+    TS_OK(kern_stream_sync(GS));
     ck_assert_msg(memcmp(download_raw(&y.g), eager, kern_tensor_bytes(&y.g)) == 0,
                   "replayed gemm differs from eager");
 }
@@ -1373,8 +1373,8 @@ START_TEST(test_gemm_plan_cache_recycles_its_oldest_plans_and_replans_them) {
             kern_tensor_t xg = kern_tensor_make(x.g.data, KERN_F32, x.g.device, 2, sx);
             kern_tensor_t yc = kern_tensor_make(y.c.data, KERN_F32, y.c.device, 2, sy);
             kern_tensor_t yg = kern_tensor_make(y.g.data, KERN_F32, y.g.device, 2, sy);
-            OK(kern_gemm(CS, &xc, &w.c, &b.c, &yc));
-            OK(kern_gemm(GS, &xg, &w.g, &b.g, &yg));
+            TS_OK(kern_gemm(CS, &xc, &w.c, &b.c, &yc));
+            TS_OK(kern_gemm(GS, &xg, &w.g, &b.g, &yg));
             pair_t p = { yc, yg };
             char what[48];
             snprintf(what, sizeof what, "gemm M=%lld (pass %d)", (long long)m, pass);
@@ -1403,9 +1403,9 @@ START_TEST(test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise)
         pair_t q = P2(KERN_BF16, nq, H * d, -2, 2), k = P2(KERN_BF16, nk, H * d, -1, 1);
         pair_t v = P2(KERN_BF16, nk, H * d, -1, 1), o = P2(KERN_BF16, nq, H * d, 0, 0);
         kern_tensor_t od = gpu_tensor(KERN_BF16, 2, (int64_t[]){ nq, H * d });
-        OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
-        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &sdpa));
-        OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &od, &dec));
+        TS_OK(kern_attention(CS, &q.c, &k.c, &v.c, H, &o.c));
+        TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &o.g, &sdpa));
+        TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, H, &od, &dec));
         char what[96];
         snprintf(what, sizeof what, "cudnn sdpa nq=%lld nk=%lld H=%lld d=%lld", (long long)nq,
                  (long long)nk, (long long)H, (long long)d);
@@ -1417,20 +1417,20 @@ START_TEST(test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise)
     pair_t q = P2(KERN_BF16, 300, 512, -2, 2), k = P2(KERN_BF16, 200, 512, -1, 1);
     pair_t v = P2(KERN_BF16, 200, 512, -1, 1);
     kern_tensor_t o = gpu_tensor(KERN_BF16, 2, (int64_t[]){ 300, 512 });
-    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa)); /* plans the shape */
-    OK(kern_stream_sync(GS));
+    TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa)); /* plans the shape */
+    TS_OK(kern_stream_sync(GS));
     void *eager = download_raw(&o);
-    OK(kern_capture_begin(GS));
-    OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa));
+    TS_OK(kern_capture_begin(GS));
+    TS_OK(kern_attention_ex(GS, &q.g, &k.g, &v.g, 4, &o, &sdpa));
     kern_graph_t *gr = NULL;
-    OK(kern_capture_end(GS, &gr));
+    TS_OK(kern_capture_end(GS, &gr));
     own_graph(gr);
     unsigned char *poison = hmalloc(kern_tensor_bytes(&o));
     memset(poison, 0xff, kern_tensor_bytes(&o));
     for (int rep = 0; rep < 2; rep++) {
-        OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
-        OK(kern_graph_replay(gr, GS));
-        OK(kern_stream_sync(GS));
+        TS_OK(kern_copy_h2d(GS, kern_tensor_ptr(&o), poison, kern_tensor_bytes(&o)));
+        TS_OK(kern_graph_replay(gr, GS));
+        TS_OK(kern_stream_sync(GS));
         ck_assert_msg(memcmp(download_raw(&o), eager, kern_tensor_bytes(&o)) == 0,
                       "replay %d of cuDNN SDPA differs from eager", rep);
     }

@@ -41,10 +41,10 @@ static void fx_open(fx_t *f, bool cfg) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
+    TS_NEW(f->m);
     tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER };
     f->ws = tdit_ws_new(f->m, f->s, &sh);
-    ck_assert_msg(f->ws != NULL, "%s", reel_err_text());
+    TS_NEW(f->ws);
     f->n_lat = 4 * 2 * 8 * 8;
     f->n_ctx = 5 * 32;
     f->lat = malloc(f->n_lat * sizeof(float));
@@ -68,7 +68,7 @@ static float *run_loop(fx_t *f, const tdit_loop_t *p, const float *lat) {
     float *out = malloc(f->n_lat * sizeof(float));
     int rc = tdit_generate(f->m, f->ws, f->s, p, lat, f->ctx, tdit_ws_shape(f->ws)->cfg ? f->unc : NULL,
                            out, NULL);
-    ck_assert_msg(rc == 0, "%s", reel_err_text());
+    TS_OK(rc);
     return out;
 }
 
@@ -133,7 +133,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
     ck_assert_int_eq(tdit_ws_bind_context(f.ws, f.s, f.unc, f.n_ctx, true), 0);
     for (int i = 0; i < STEPS; i++) {
         bind_step(&f, sig, i, 4.0f);
-        ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", reel_err_text());
+        TS_OK(tdit_step(f.m, f.ws, f.s));
     }
     ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, eager, f.n_lat), 0);
 
@@ -142,7 +142,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
     ck_assert_int_eq(tdit_ws_bind_latent(f.ws, f.s, f.lat, f.n_lat), 0);
     kern_graph_t *g = NULL;
     ck_assert_int_eq(kern_capture_begin(f.s), 0);
-    ck_assert_msg(tdit_step(f.m, f.ws, f.s) == 0, "%s", reel_err_text());
+    TS_OK(tdit_step(f.m, f.ws, f.s));
     ck_assert_int_eq(kern_capture_end(f.s, &g), 0);
     ck_assert_ptr_nonnull(g);
     float *after_capture = malloc(f.n_lat * sizeof(float));
@@ -151,7 +151,7 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
                   "capture must record, not run");
     for (int i = 0; i < STEPS; i++) {
         bind_step(&f, sig, i, 4.0f);
-        ck_assert_msg(kern_graph_replay(g, f.s) == 0, "%s", reel_err_text());
+        TS_OK(kern_graph_replay(g, f.s));
     }
     ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, replay, f.n_lat), 0);
     ck_assert_uint_eq(kern_graph_replays(g), STEPS);

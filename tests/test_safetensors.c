@@ -123,7 +123,7 @@ START_TEST(test_round_trip_preserves_names_dtypes_shapes_bytes_and_metadata) {
     ck_assert_ptr_null(w);
 
     st_file_t *f = st_open(tmp_path("rt.safetensors"));
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_count(f), 6);
 
     struct { const char *name; kern_dtype_t dt; int ndim; const int64_t *shape;
@@ -256,7 +256,7 @@ START_TEST(test_bf16_and_f16_widen_exactly_to_f32) {
     st_writer_destroy(&w);
 
     st_file_t *f = st_open(tmp_path("widen.safetensors"));
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     float out[6];
     uint32_t bits[6];
     ck_assert_int_eq(st_read_f32(f, "bf", 2, sh, out), 0);
@@ -277,7 +277,7 @@ START_TEST(test_hand_built_file_with_metadata_and_gaps_opens) {
         "\"__metadata__\":{\"k\":\"v\"},"
         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}   ",
         d, sizeof d);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_count(f), 2);
     ck_assert_str_eq(st_at(f, 0)->name, "a");   /* data order */
     ck_assert_str_eq(st_at(f, 1)->name, "z");
@@ -297,7 +297,7 @@ START_TEST(test_parse_copies_the_buffer_so_the_caller_may_free_it) {
         "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", d,
         sizeof d, &len);
     st_file_t *f = st_parse(b, len);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     memset(b, 0xff, len);
     free(b);
     float out[2];
@@ -317,7 +317,7 @@ START_TEST(test_adopt_owns_the_data_buffer_and_checks_the_header) {
     const float d[2] = { 7, 8 };
     memcpy(data, d, sizeof d);
     st_file_t *f = st_adopt("fetched v2", hdr, strlen(hdr), data, 8);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_ptr_eq(st_find(f, "t")->data, data); /* no copy */
     float out[2];
     ck_assert_int_eq(st_read_f32(f, "t", -1, NULL, out), 0);
@@ -341,7 +341,7 @@ START_TEST(test_empty_tensors_overlap_nothing) {
         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
         "\"e\":{\"dtype\":\"BF16\",\"shape\":[0,3],\"data_offsets\":[4,4]}}",
         d, sizeof d);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_find(f, "e")->nbytes, 0);
     st_close(&f);
 }
@@ -413,7 +413,7 @@ START_TEST(test_every_truncation_of_a_valid_file_fails_cleanly) {
     size_t len = fread(buf, 1, sizeof buf, fp);
     fclose(fp);
     st_file_t *f = st_parse(buf, len);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     st_close(&f);
     for (size_t n = 0; n < len; n++) {
         /* Exact-size heap copies so ASan catches any read past the end. */
@@ -568,7 +568,7 @@ static st_file_t *one_tensor_file(void) {
     ck_assert_int_eq(st_writer_save(w, tmp_path("one.safetensors")), 0);
     st_writer_destroy(&w);
     st_file_t *f = st_open(tmp_path("one.safetensors"));
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     return f;
 }
 
@@ -635,7 +635,7 @@ START_TEST(test_writer_rejects_duplicate_names_and_bad_shapes_leaving_itself_unc
     ck_assert_int_eq(st_writer_save(w, tmp_path("unchanged.safetensors")), 0);
     st_writer_destroy(&w);
     st_file_t *f = st_open(tmp_path("unchanged.safetensors"));
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_count(f), 1);
     ck_assert_ptr_null(st_meta(f, "k"));
     st_close(&f);
@@ -659,7 +659,7 @@ START_TEST(test_save_replaces_an_existing_file_whole) {
     ck_assert_int_eq(st_writer_save(w, p), 0);
     st_writer_destroy(&w);
     st_file_t *f = st_open(tmp_path("replace.safetensors"));
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_count(f), 1);
     st_close(&f);
     ck_assert_int_eq(access(tmp_path("replace.safetensors.tmp"), F_OK), -1);
@@ -697,7 +697,7 @@ START_TEST(test_header_then_data_read_every_byte_once_in_order) {
     int fd = fileno(fp);
     sink_t k = { .n = 0 };
     st_header_t *h = st_header_read(fd, p, sink, &k);
-    ck_assert_msg(h != NULL, "%s", reel_err_text());
+    TS_NEW(h);
     ck_assert_uint_eq(st_header_count(h), 2);
     ck_assert_str_eq(st_header_at(h, 0)->name, "a"); /* data order */
     ck_assert_uint_eq(st_header_at(h, 1)->begin, 8);
@@ -766,13 +766,13 @@ START_TEST(test_save_writes_an_open_file_back_whole) {
                                 "\"data_offsets\":[0,8]},\"h\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[10,16]}}",
                                 data, sizeof data, &len);
     st_file_t *f = st_parse(b, len);
-    ck_assert_msg(f != NULL, "%s", reel_err_text());
+    TS_NEW(f);
     ck_assert_uint_eq(st_data_len(f), 16);
     ck_assert_uint_eq(st_offset(f, st_find(f, "h")), 10);
     ck_assert_str_eq(st_origin(f), "safetensors buffer");
     ck_assert_int_eq(st_save(f, tmp_path("saved.safetensors")), 0);
     st_file_t *g = st_open(tmp_path("saved.safetensors"));
-    ck_assert_msg(g != NULL, "%s", reel_err_text());
+    TS_NEW(g);
     ck_assert_str_eq(st_meta(g, "config"), "tiny");
     ck_assert_uint_eq(st_data_len(g), 14); /* no gap */
     ck_assert_int_eq(st_find(g, "h")->dtype, KERN_BF16);

@@ -51,7 +51,7 @@ static fx_t *fx_open(cap_policy_t policy) {
     f->b = kern_backend_cpu_new();
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, w1, KERN_F32);
-    ck_assert_msg(f->m != NULL, "%s", reel_err_text());
+    TS_NEW(f->m);
     cap_options_t o = cap_options_default();
     o.policy = policy;
     o.on_event = on_event;
@@ -80,14 +80,14 @@ static void fx_close(fx_t *f) {
 /* The pure eager loop (no cache at all) with m's current weights. */
 static void eager(fx_t *f, const tdit_loop_t *p, float *out) {
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &SHAPE_CFG);
-    ck_assert_msg(tdit_generate(f->m, ws, f->s, p, f->lat, f->ctx, f->unc, out, NULL) == 0, "%s", reel_err_text());
+    TS_OK(tdit_generate(f->m, ws, f->s, p, f->lat, f->ctx, f->unc, out, NULL));
     tdit_ws_destroy(&ws);
 }
 
 static void cached_in(fx_t *f, tdit_staging_t *stg, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
     memset(st, 0, sizeof *st);
     int rc = tdit_generate_cached(f->m, f->c, f->s, stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc, out, st);
-    ck_assert_msg(rc == 0, "%s", reel_err_text());
+    TS_OK(rc);
 }
 
 static void cached(fx_t *f, const tdit_loop_t *p, float *out, tdit_run_stats_t *st) {
@@ -183,7 +183,7 @@ END_TEST
 static void sync_to_w2(fx_t *f) {
     st_file_t *nf = st_open(w2);
     ck_assert_ptr_nonnull(nf);
-    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", reel_err_text());
+    TS_OK(tdit_model_reload(f->m, nf));
     st_close(&nf);
     int n = cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 2);
     ck_assert_msg(n == 1, "entries affected: %d (%s)", n, reel_err_text());
@@ -265,7 +265,7 @@ START_TEST(test_reload_puts_every_tensor_of_the_new_file_in_place) {
     ck_assert_int_lt(tensors_from(f->m, w2), n); /* w2 differs from w1 */
     st_file_t *nf = st_open(w2);
     ck_assert_ptr_nonnull(nf);
-    ck_assert_msg(tdit_model_reload(f->m, nf) == 0, "%s", reel_err_text());
+    TS_OK(tdit_model_reload(f->m, nf));
     st_close(&nf);
     ck_assert_int_eq(tensors_from(f->m, w2), n);
     ck_assert_int_lt(tensors_from(f->m, w1), n);
@@ -298,7 +298,7 @@ END_TEST
 /* One request run step by step with everything recorded. */
 static tdit_req_t *recorded(fx_t *f, const tdit_loop_t *p, tdit_run_stats_t *st) {
     tdit_req_t *r = tdit_req_new_in(f->m, f->s, f->stg, &SHAPE_CFG, p, f->lat, f->ctx, f->unc);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     ck_assert_msg(tdit_req_record(r, f->s, TDIT_REC_TRAJECTORY | TDIT_REC_LOG_PROBS | TDIT_REC_MEANS) == 0, "%s",
                   reel_err_text());
     while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", reel_err_text());
@@ -344,9 +344,9 @@ END_TEST
 static tdit_req_t *run_req(fx_t *f, tdit_staging_t *stg, const tdit_shape_t *sh, const tdit_loop_t *p,
                            const uint64_t *seeds, tdit_run_stats_t *st) {
     tdit_req_t *r = tdit_req_new_group(f->m, f->s, stg, sh, p, seeds, NULL, f->ctx, sh->cfg ? f->unc : NULL);
-    ck_assert_msg(r != NULL, "%s", reel_err_text());
+    TS_NEW(r);
     unsigned what = TDIT_REC_TRAJECTORY | (p->sde ? TDIT_REC_LOG_PROBS | TDIT_REC_MEANS : 0);
-    ck_assert_msg(tdit_req_record(r, f->s, what) == 0, "%s", reel_err_text());
+    TS_OK(tdit_req_record(r, f->s, what));
     while (!tdit_req_done(r)) ck_assert_msg(tdit_req_step(r, f->c, f->s, NULL) == 0, "%s", reel_err_text());
     if (st) *st = *tdit_req_stats(r);
     return r;
@@ -459,7 +459,7 @@ END_TEST
 static void eager_shape(fx_t *f, const tdit_shape_t *sh, const tdit_loop_t *p, const float *lat,
                         const float *ctx, const float *unc, float *out) {
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, sh);
-    ck_assert_msg(ws != NULL, "%s", reel_err_text());
+    TS_NEW(ws);
     ck_assert_msg(tdit_generate(f->m, ws, f->s, p, lat, ctx, sh->cfg ? unc : NULL, out, NULL) == 0, "%s",
                   reel_err_text());
     tdit_ws_destroy(&ws);
@@ -574,13 +574,13 @@ START_TEST(test_interleaved_multistep_requests_keep_their_own_history) {
     tdit_req_t *r[3];
     for (int i = 0; i < 3; i++) {
         r[i] = tdit_req_new_group(f->m, f->s, NULL, shs[i], ps[i], NULL, NULL, f->ctx, f->unc);
-        ck_assert_msg(r[i] != NULL, "%s", reel_err_text());
+        TS_NEW(r[i]);
     }
     for (bool any = true; any;) {
         any = false;
         for (int i = 0; i < 3; i++)
             if (!tdit_req_done(r[i])) {
-                ck_assert_msg(tdit_req_step(r[i], f->c, f->s, NULL) == 0, "%s", reel_err_text());
+                TS_OK(tdit_req_step(r[i], f->c, f->s, NULL));
                 any = true;
             }
     }
@@ -708,7 +708,7 @@ START_TEST(test_weights_relocated_without_a_sync_decline_weights_moved_and_match
     /* Re-home every weight and free the old block, with no versioned update:
      * a replay would read freed memory (ASan) or stale weights. */
     const void *old = tdit_model_weights(f->m);
-    ck_assert_msg(tdit_model_relocate(f->m) == 0, "%s", reel_err_text());
+    TS_OK(tdit_model_relocate(f->m));
     ck_assert_ptr_ne(tdit_model_weights(f->m), old);
     cached(f, &p, a, &st);
     ck_assert_int_eq(st.declines[CAP_DECLINE_WEIGHTS_MOVED], 1);

@@ -79,7 +79,7 @@ static reel_thread_t *start(seen_t *s, bool with_idle) {
     reel_thread_opts_t o = { .name = "test", .user = s, .run = run_item, .discard = discard_item,
                              .idle = with_idle ? idle_count : NULL, .block_signals = true };
     reel_thread_t *t = reel_thread_start(&o);
-    ck_assert_msg(t != NULL, "%s", reel_err_text());
+    TS_NEW(t);
     return t;
 }
 

@@ -168,7 +168,7 @@ static void write_layout(const char *folder, const lay_t *l) {
     char p[PATH_MAX];
     for (int s = 0; s < nf; s++) {
         snprintf(p, sizeof p, "%s/%s", folder, fname[s]);
-        ck_assert_msg(st_writer_save(w[s], p) == 0, "%s", reel_err_text());
+        TS_OK(st_writer_save(w[s], p));
         st_writer_destroy(&w[s]);
     }
     if (l->shards) {
@@ -202,7 +202,7 @@ static void setup(void) {
     ck_assert_int_eq(tdit_config_builtin("tiny", &tiny), 0);
     tiny.text_len = 512;
     snprintf(native, sizeof native, "%s/native.safetensors", dir);
-    ck_assert_msg(tdit_weights_init(&tiny, 11, native) == 0, "%s", reel_err_text());
+    TS_OK(tdit_weights_init(&tiny, 11, native));
     write_native_as(at("native-bf16.safetensors"), KERN_BF16);
     write_native_as(at("native-f16.safetensors"), KERN_F16);
     write_layout(at("original"), &(lay_t){ .dt = KERN_F32 });
@@ -246,7 +246,7 @@ static void same_weights(const st_file_t *got, const char *want_path) {
         free(b);
     }
     tdit_config_t c;
-    ck_assert_msg(tdit_config_from_meta(got, &c) == 0, "%s", reel_err_text());
+    TS_OK(tdit_config_from_meta(got, &c));
     ck_assert(tdit_config_same_network(&c, &tiny));
     ck_assert_str_eq(c.name, "tiny");
     ck_assert_int_eq(c.text_len, 512);
@@ -299,7 +299,7 @@ static float *two_steps(const char *weights) {
     ck_assert_int_eq(tdit_model_config(m)->text_len, 512);
     tdit_shape_t sh = { .frames = 2, .height = 8, .width = 8, .text_len = 5, .cfg = true, .batch = 1 };
     tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
-    ck_assert_msg(ws != NULL, "%s", reel_err_text());
+    TS_NEW(ws);
     size_t nl = 4 * 2 * 8 * 8, nc = 5 * 32;
     float *lat = malloc(nl * 4), ctx[5 * 32], unc[5 * 32];
     for (size_t j = 0; j < nl; j++) lat[j] = kern_philox_normal(1, 0, j);
@@ -315,7 +315,7 @@ static float *two_steps(const char *weights) {
     for (int i = 0; i < 2; i++) {
         const float sv[3] = { (float)sig[i], (float)sig[i + 1], (float)sig[1] };
         ck_assert_int_eq(tdit_ws_bind_step(ws, s, sv, 4.0f), 0);
-        ck_assert_msg(tdit_step(m, ws, s) == 0, "%s", reel_err_text());
+        TS_OK(tdit_step(m, ws, s));
     }
     ck_assert_int_eq(tdit_ws_read_latent(ws, s, lat, nl), 0);
     ck_assert_int_eq(kern_stream_sync(s), 0);
@@ -545,7 +545,7 @@ START_TEST(test_an_uploaded_release_file_in_memory_gets_reel_names_without_a_cop
     const void *lo = data;
     for (size_t i = 0; i < st_count(f); i++)
         if (st_at(f, i)->data < lo) lo = st_at(f, i)->data;
-    ck_assert_msg(wan_ckpt_adopt(&f, &tiny) == 0, "%s", reel_err_text());
+    TS_OK(wan_ckpt_adopt(&f, &tiny));
     same_weights(f, at("native-f16.safetensors"));
     const void *lo2 = st_at(f, 0)->data;
     for (size_t i = 0; i < st_count(f); i++)
@@ -571,7 +571,7 @@ START_TEST(test_an_uploaded_release_file_in_memory_gets_reel_names_without_a_cop
 END_TEST
 
 START_TEST(test_a_packed_checkpoint_is_one_reel_file_that_carries_text_len) {
-    ck_assert_msg(wan_ckpt_pack(at("sharded"), at("packed.safetensors")) == 0, "%s", reel_err_text());
+    TS_OK(wan_ckpt_pack(at("sharded"), at("packed.safetensors")));
     wan_ckpt_t *c = open_ok(at("packed.safetensors"), NULL);
     ck_assert_str_eq(wan_layout_name(wan_ckpt_layout(c)), "reel");
     same_weights(wan_ckpt_file(c), at("native-bf16.safetensors"));

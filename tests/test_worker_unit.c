@@ -941,7 +941,7 @@ static const char *tiny_wan_config =
 START_TEST(test_a_sync_by_path_may_name_a_release_folder_or_its_index_judged_like_a_file) {
     write_release("rel", tiny_wan_config);
     wan_ckpt_t *c = wan_ckpt_open(in_root("rel"), &(wan_opts_t){ .no_data = true });
-    ck_assert_msg(c != NULL, "%s", reel_err_text());
+    TS_NEW(c);
     const char *paths[] = { in_root("rel"), in_root("rel/diffusion_pytorch_model.safetensors.index.json") };
     for (int i = 0; i < 2; i++) {
         msg_sync_t m;
