@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,4 +136,24 @@ void ts_tiny_weights(uint64_t seed, const char *path) {
     tdit_config_t c;
     ck_assert_int_eq(tdit_config_builtin("tiny", &c), 0);
     ck_assert_msg(tdit_weights_init(&c, seed, path) == 0, "tiny weights %s: %s", path, reel_err_text());
+}
+
+typedef struct {
+    bool (*fn)(void *);
+    void *arg;
+    bool answer;
+} other_t;
+
+static void *other_main(void *p) {
+    other_t *o = p;
+    o->answer = o->fn(o->arg);
+    return NULL;
+}
+
+bool ts_on_other_thread(bool (*fn)(void *), void *arg) {
+    other_t o = { fn, arg, false };
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, other_main, &o), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    return o.answer;
 }

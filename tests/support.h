@@ -7,6 +7,7 @@
 #define REEL_TESTS_SUPPORT_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,10 @@
 #define TS_OK(call) ck_assert_msg((call) == 0, "%s: %s", #call, reel_err_text())
 /* expr (a constructor) is not NULL, else the test fails the same way. */
 #define TS_NEW(expr) ck_assert_msg((expr) != NULL, "%s: %s", #expr, reel_err_text())
+
+/* fn(arg) run on a new thread (joined); its answer. For checks that
+ * something holds only on the calling thread (a lock's owner). */
+bool ts_on_other_thread(bool (*fn)(void *), void *arg);
 
 /* Runs s (CK_NORMAL), frees the runner; the exit status for main: 0 when
  * every test passed, 1 otherwise. */

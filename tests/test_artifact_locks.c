@@ -68,19 +68,9 @@ static bool aborts(void (*fn)(void)) {
 
 /* ---- ownership ------------------------------------------------------------------ */
 
-static void *mine_on_other_thread(void *set) {
-    static bool mine;
-    mine = reel_owner_mine(&((kern_artifacts_t *)set)->mu_owner);
-    return &mine;
-}
+static bool mine(void *set) { return reel_owner_mine(&((kern_artifacts_t *)set)->mu_owner); }
 
-static bool mine_elsewhere(kern_artifacts_t *set) {
-    pthread_t t;
-    void *r;
-    ck_assert_int_eq(pthread_create(&t, NULL, mine_on_other_thread, set), 0);
-    ck_assert_int_eq(pthread_join(t, &r), 0);
-    return *(bool *)r;
-}
+static bool mine_elsewhere(kern_artifacts_t *set) { return ts_on_other_thread(mine, set); }
 
 START_TEST(test_the_set_mutex_is_owned_by_the_thread_that_holds_it_and_no_other) {
     SKIP_WITHOUT_CHECKS();

@@ -13,19 +13,9 @@
 #include "capture_cache/cache_impl.h"
 #include "tests/support.h"
 
-static void *mine_on_other_thread(void *l) {
-    static bool mine;
-    mine = cap_lock_mine(l);
-    return &mine;
-}
+static bool mine(void *l) { return cap_lock_mine(l); }
 
-static bool mine_elsewhere(cap_lock_t *l) {
-    pthread_t t;
-    void *r;
-    ck_assert_int_eq(pthread_create(&t, NULL, mine_on_other_thread, l), 0);
-    ck_assert_int_eq(pthread_join(t, &r), 0);
-    return *(bool *)r;
-}
+static bool mine_elsewhere(cap_lock_t *l) { return ts_on_other_thread(mine, l); }
 
 START_TEST(test_a_lock_is_owned_by_the_thread_that_holds_it_and_no_other) {
 #ifndef CAP_LOCK_CHECKS
