@@ -47,6 +47,7 @@ start_worker() { # name weights extra...
 "$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
 "$R" weights init --config tiny --seed 8 --out "$D/w2.safetensors" 2>/dev/null
 "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/lat.safetensors"
+"$R" tensor rand --name latent --shape 4,2,16,16 --seed 4 --out "$D/lat16.safetensors"
 "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/unc.safetensors"
 IN="--context $D/ctx.safetensors --uncond $D/unc.safetensors --cfg 4 --latent $D/lat.safetensors --shift 3"
@@ -58,6 +59,22 @@ GEN="$R gen --broker $CE --model tiny $IN --timeout-ms 60000 --quiet"
 "$R" run --weights "$D/w1.safetensors" $IN --steps 400 --out "$D/ref1_long.safetensors" 2>/dev/null
 
 same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
+# status_field EXPR: a Python expression over the STATUS reply s, printed
+status_field() {
+    "$R" status --broker "$CE" --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+try: s = json.load(sys.stdin)
+except ValueError: sys.exit(0)
+print('"$1"')' 2>/dev/null
+}
+# slots_of WORKER FIELD MIN: wait (bounded) until WORKER's FIELD in STATUS is at least MIN
+slots_of() {
+    for _i in $(seq 1 600); do
+        [ "$(status_field 'int(any(w["name"] == "'"$1"'" and w["'"$2"'"] >= '"$3"' for w in s["workers"]))')" = 1 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
 worker_of() { sed -n 's/.*worker \([a-z0-9]*\),.*/\1/p' "$1" | head -1; }
 
 echo "== a broker and two workers"
@@ -85,7 +102,8 @@ for i in 1 2 3 4; do
     $GEN --steps 400 --out "$D/k$i.safetensors" 2>"$D/k$i.err" &
     pids="$pids $!"
 done
-sleep 0.4
+# kill it once it runs some of them (its slots taken), not after a guess
+slots_of "$first" inflight 1 || bad "$first takes requests before the kill"
 eval "kill -9 \$PID_$first"
 lost=0
 for p in $pids; do wait "$p" || lost=$((lost + 1)); done
@@ -142,19 +160,42 @@ wait_for "$D/w4.log" "applied transformer v2" 60 && ok "a worker joining the res
 grep -q "weights v2" "$D/restart.err" && same "$D/o4.safetensors" "$D/ref2.safetensors" && ok "no request ran on stale weights after the restart" || { bad "v2 after restart"; cat "$D/restart.err"; }
 
 echo "== BUSY under overload"
+# One worker, a queue of one. Its slots and the queue are filled with
+# requests far too long to finish (10000 steps of 4x larger latents,
+# interleaved) that are dropped at their deadline; only once STATUS shows them all
+# taken does the burst go out, so every request of the burst must be BUSY
+# however slow or fast the machine is.
+for n in w2 w3 w4; do eval "kill -TERM \$PID_$n"; eval "wait \$PID_$n" 2>/dev/null; done
 kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
 : >"$D/broker.log"
 start_broker --queue-max 1 || bad "broker restarts with a tiny queue"
 wait_for "$D/broker.log" "worker w1 ready" 60
+nslots=$(status_field 'sum(w["max_inflight"] for w in s["workers"])')
 pids=""
-for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
-    $GEN --steps 300 --out "$D/b$i.safetensors" 2>"$D/b$i.err" &
+for i in $(seq 1 $((${nslots:-0} + 1))); do
+    "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" --cfg 4 \
+        --latent "$D/lat16.safetensors" --steps 10000 --deadline-ms 20000 --timeout-ms 60000 --quiet \
+        --out "$D/hold$i.safetensors" 2>"$D/hold$i.err" &
     pids="$pids $!"
 done
+full=no
+for i in $(seq 1 600); do
+    [ "$(status_field 'int(sum(w["inflight"] for w in s["workers"]) == '"${nslots:-0}"' and s["queue"] == 1)')" = 1 ] && { full=yes; break; }
+    sleep 0.1
+done
+[ "${nslots:-0}" -ge 1 ] && [ "$full" = yes ] && ok "w1's $nslots slots and the queue of one are taken" || bad "slots and queue filled (slots ${nslots:-?})"
+nb=0
+for i in 1 2 3 4 5 6; do
+    $GEN --steps 6 --out "$D/b$i.safetensors" 2>"$D/b$i.err"
+    grep -q "busy" "$D/b$i.err" && nb=$((nb + 1))
+done
+[ "$nb" = 6 ] && ok "6 of 6 requests past a full queue answered BUSY at once" || { bad "BUSY under overload (busy $nb of 6)"; show "$D/b1.err"; }
+nto=0
 for p in $pids; do wait "$p"; done
-nb=$(grep -l "busy" "$D"/b*.err 2>/dev/null | wc -l)
-nok=$(grep -lE "reelctl: gen .* via " "$D"/b*.err 2>/dev/null | wc -l)
-[ "$nb" -ge 1 ] && [ $((nb + nok)) = 12 ] && ok "$nb of 12 answered BUSY, $nok served, none lost" || bad "BUSY under overload (busy $nb, ok $nok)"
+for f in "$D"/hold*.err; do grep -q "timeout" "$f" && nto=$((nto + 1)); done
+[ "$nto" = $((${nslots:-0} + 1)) ] && ok "the $nto held requests were answered timeout at their deadline" || { bad "held requests answered ($nto timeouts)"; show "$D/hold1.err"; }
+$GEN --steps 6 --out "$D/b7.safetensors" 2>"$D/b7.err" && grep -q "weights v2" "$D/b7.err" && same "$D/b7.safetensors" "$D/ref2.safetensors" &&
+    ok "once the queue drains the next request is served, exactly" || { bad "served after the overload"; show "$D/b7.err"; }
 
 echo "== the catalog matches what the clients saw"
 served=$(grep -lE "reelctl: gen .* via " "$D"/*.err | wc -l)
