@@ -20,18 +20,31 @@ SAN     ?=
 PKGS     = libzmq msgpack jansson sqlite3 libsodium libcrypto
 # Live /metrics and health (net/http.c) use libmicrohttpd; the GPU bundle
 # (deploy/gpu-bundle.sh) builds without it: the device check needs no HTTP.
+# Prompts and videos (media/: libsentencepiece, FFmpeg's libavformat and
+# libavcodec) are left out of it too: it checks the DiT's step.
 ifeq ($(REEL_GPU_BUNDLE),1)
 HTTP_PKG   =
-HTTP_FLAGS = -DREEL_NO_HTTP
+HTTP_FLAGS = -DREEL_NO_HTTP -DREEL_NO_MEDIA
+MEDIA_PKG  =
 else
 HTTP_PKG   = libmicrohttpd
 HTTP_FLAGS =
+MEDIA_PKG  = sentencepiece libavformat libavcodec libswscale libavutil
 endif
-PKGS    += $(HTTP_PKG)
+PKGS    += $(HTTP_PKG) $(MEDIA_PKG)
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) $(HTTP_FLAGS) -D_GNU_SOURCE -pthread -MMD -MP \
              -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS_ALL = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lopenblas -lm -pthread
+# The media libraries are linked --as-needed: a binary that never writes a
+# video or tokenizes does not load FFmpeg's dependency tree at start.
+PKGS_CORE  = $(filter-out $(MEDIA_PKG),$(PKGS))
+LDLIBS_ALL = $(shell pkg-config --libs $(PKGS_CORE) 2>/dev/null) \
+             $(if $(MEDIA_PKG),-Wl,--as-needed $(shell pkg-config --libs $(MEDIA_PKG) 2>/dev/null) -lstdc++ -Wl,--no-as-needed) \
+             -lopenblas -lm -pthread
+CXX      ?= c++
+# The one C++ file: media/spm_shim.cc, a C face over libsentencepiece's C++ API.
+CXXFLAGS_ALL = -std=c++17 -Wall -Wextra -Werror $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP -I. \
+             $(shell pkg-config --cflags sentencepiece 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
 CUDA_HOME ?= /usr/local/cuda
@@ -44,7 +57,8 @@ CUDA_ARCHS = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS  = -std=c++17 -O2 -g $(CUDA_ARCHS) -I. -DHAVE_CUDA -MMD -MP -Xcompiler -Wall,-Wextra,-fPIC
 
 # --- sources -------------------------------------------------------------
-LIB_SRC  = $(wildcard base/*.c schema/*.c net/*.c catalog/*.c kernels/*.c kernels/cpu/*.c capture_cache/*.c model/*.c clients/c/*.c)
+LIB_SRC  = $(wildcard base/*.c schema/*.c net/*.c catalog/*.c kernels/*.c kernels/cpu/*.c capture_cache/*.c model/*.c media/*.c clients/c/*.c)
+LIB_CC   = $(if $(MEDIA_PKG),$(wildcard media/*.cc))
 CUDA_C   = $(wildcard kernels/cuda/*.c)
 CUDA_CU  = $(wildcard kernels/cuda/*.cu)
 ifeq ($(CUDA),1)
@@ -59,7 +73,7 @@ CFLAGS_ALL += -DHAVE_CUDNN
 LDLIBS_ALL += -lcudnn
 endif
 endif
-LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_CC:%.cc=$(BUILD)/%.cc.o)
 ifeq ($(CUDA),1)
 LIB_OBJ += $(CUDA_CU:%.cu=$(BUILD)/%.cu.o)
 endif
@@ -108,6 +122,10 @@ deps:
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/%.cc.o: %.cc $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_ALL) -c $< -o $@
 
 $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -231,7 +249,7 @@ tsan: deps
 FUZZ_SECONDS ?= 60
 FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 fuzz-build: deps
-	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang OPT="-O1 -g" \
+	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang CXX=clang++ OPT="-O1 -g" \
 	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a \
 	  $(REPORT_SRC:%.c=build-fuzz/%.o)
 	@mkdir -p build-fuzz/fuzz

@@ -32,9 +32,9 @@ import tempfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # folders checked, and what a sub-folder belongs to
-FOLDERS = ["base", "schema", "net", "catalog", "kernels", "capture_cache", "model", "clients/c",
+FOLDERS = ["base", "schema", "net", "catalog", "kernels", "capture_cache", "model", "media", "clients/c",
            "broker", "worker", "ctl"]
-SOURCE_EXT = (".c", ".h", ".cu", ".cuh")
+SOURCE_EXT = (".c", ".cc", ".h", ".cu", ".cuh")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 passed = 0

@@ -1,0 +1,73 @@
+/* vae.h -- Wan2.1's VAE decoder (wan/modules/vae.py): latents to video.
+ *
+ * z [z_dim, F, H, W] (the DiT's output) is un-normalised with the
+ * per-channel latent mean and std (z/ (1/std) + mean: Wan's scale), passed
+ * through conv2 (a 1x1x1 causal conv), then decoded one latent frame at a
+ * time, exactly as upstream: causal 3-D convolutions that keep a per-chunk
+ * feature cache (the last 2 frames of each conv's input), RMS norms over
+ * channels (F.normalize · √C · gamma + bias), SiLU, residual blocks, the
+ * single-head middle attention per frame, the up-sampling blocks (nearest
+ * 2x in space then a 3x3 conv; upsample3d also a time conv that doubles
+ * frames after the first chunk), the head, and a clamp to [-1, 1]. Memory
+ * stays bounded by one chunk. The video has 1+4(F-1) frames of 8H x 8W.
+ *
+ * The latent mean and std: Wan's published 16 values when z_dim is 16 (or
+ * the file's "latents_mean"/"latents_std" metadata, JSON arrays, when
+ * present); 0 and 1 for other test sizes without metadata.
+ *
+ * Weights under the names of Wan's WanVAE_ state dict (Wan2.1_VAE.pth:
+ * conv2.*, decoder.conv1.*, decoder.middle.*, decoder.upsamples.*,
+ * decoder.head.*; the encoder's tensors are present and ignored).
+ *
+ * Convention: 0 on success, -1 with a message in reel_err_text();
+ * constructors return NULL with a message. */
+#ifndef REEL_MODEL_VAE_H
+#define REEL_MODEL_VAE_H
+
+#include <stdint.h>
+#include "kernels/backend.h"
+#include "base/tensor.h"
+#include "model/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    char name[32];
+    int64_t dim;        /* 96 for Wan2.1 */
+    int64_t z_dim;      /* 16 */
+    int64_t dim_mult[4];/* 1, 2, 4, 4 */
+    int64_t num_res_blocks; /* 2 */
+} vae_config_t;
+
+/* "wan2.1" (dim 96, z_dim 16) and "vae-tiny" (small sizes, z_dim 4, for
+ * tests and the demo): 0 with *out set, -1 naming the known ones. */
+int vae_config_builtin(const char *name, vae_config_t *out);
+/* The config of a checkpoint from its tensor shapes (dim and z_dim). */
+int vae_config_from_weights(const st_file_t *f, vae_config_t *out);
+
+/* Frames of video a latent of F frames decodes to: 1 + 4(F-1). */
+static inline int64_t vae_video_frames(int64_t latent_frames) { return 1 + 4 * (latent_frames - 1); }
+
+typedef struct vae_model vae_model_t;
+vae_model_t *vae_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
+void vae_model_destroy(vae_model_t **m);
+const vae_config_t *vae_model_config(const vae_model_t *m);
+size_t vae_model_bytes(const vae_model_t *m);
+
+/* Decodes latent [z_dim, F, H, W] (host F32) into video [3, 1+4(F-1), 8H,
+ * 8W] (host F32, in [-1, 1]). progress, when not NULL, is called after each
+ * latent frame (done of total). */
+typedef void (*vae_progress_fn)(void *user, int64_t done, int64_t total);
+int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F, int64_t H, int64_t W,
+               float *video, vae_progress_fn progress, void *user);
+
+/* Random weights of config c under the release's names (the decoder's
+ * and conv2's; F32) to a safetensors file: for tests and the demo. */
+int vae_weights_init(const vae_config_t *c, uint64_t seed, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
