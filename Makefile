@@ -38,9 +38,10 @@ CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) $(HTTP_FLAGS) -D_GNU_SOURCE -pthread 
 # The media libraries are linked --as-needed: a binary that never writes a
 # video or tokenizes does not load FFmpeg's dependency tree at start.
 PKGS_CORE  = $(filter-out $(MEDIA_PKG),$(PKGS))
-LDLIBS_ALL = $(shell pkg-config --libs $(PKGS_CORE) 2>/dev/null) \
-             $(if $(MEDIA_PKG),-Wl,--as-needed $(shell pkg-config --libs $(MEDIA_PKG) 2>/dev/null) -lstdc++ -Wl,--no-as-needed) \
-             -lopenblas -lm -pthread
+ifneq ($(MEDIA_PKG),)
+MEDIA_LDLIBS = -Wl,--as-needed $(shell pkg-config --libs $(MEDIA_PKG) 2>/dev/null) -lstdc++ -Wl,--no-as-needed
+endif
+LDLIBS_ALL = $(shell pkg-config --libs $(PKGS_CORE) 2>/dev/null) $(MEDIA_LDLIBS) -lopenblas -lm -pthread
 CXX      ?= c++
 # The one C++ file: media/spm_shim.cc, a C face over libsentencepiece's C++ API.
 CXXFLAGS_ALL = -std=c++17 -Wall -Wextra -Werror $(OPT) $(SAN) -D_GNU_SOURCE -pthread -MMD -MP -I. \
