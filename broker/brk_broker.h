@@ -95,6 +95,8 @@ typedef struct brk_req {
     char model[BRK_NAME_MAX];
     uint64_t shard;
     int loop;                  /* BRK_LOOP_*: only workers that run it may own it */
+    unsigned needs;            /* 1u << loop, and BRK_CAP_* bits (a prompt, a decoded output): only workers
+                                * holding all of them may own it */
     uint64_t required;         /* transformer version it must run on */
     int steps;
     bool progress;

@@ -89,7 +89,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
     for (;;) {
         for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
         /* Only workers that run its loop kind (a solver they announced). */
-        int n = brk_peers_running(all, b->n_w, r->loop, peers, idx);
+        int n = brk_peers_able(all, b->n_w, r->needs, peers, idx);
         int o = brk_owner(peers, n, r->shard, r->model, r->required);
         if (o < 0) return false;
         r->had_owner = true;
@@ -137,18 +137,49 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
 /* The text_len a live worker announced for model (0: none, or no worker
  * announced one): its workers pad every context to it, so every prompt
  * length shares one key and one graph, and routing must say so too. */
-static int64_t model_text_len(const brk_t *b, const char *model) {
+static const msg_model_t *model_config(const brk_t *b, const char *model) {
     for (int i = 0; i < b->n_w; i++)
         for (int c = 0; c < b->w[i]->n_configs; c++)
-            if (!strcmp(b->w[i]->configs[c].name, model)) return (int64_t)b->w[i]->configs[c].text_len;
-    return 0;
+            if (!strcmp(b->w[i]->configs[c].name, model)) return &b->w[i]->configs[c];
+    return NULL;
+}
+static int64_t model_text_len(const brk_t *b, const char *model) {
+    const msg_model_t *c = model_config(b, model);
+    return c ? (int64_t)c->text_len : 0;
+}
+
+/* The context shape a prompt GEN shards with: [text_len, text_dim] of the
+ * model as its workers announced it (the worker pads the encoded prompt to
+ * text_len, so every prompt shares one key). false when the broker cannot
+ * know it, with the client answered. */
+static bool prompt_context(brk_t *b, const wire_msg_t *m, const msg_gen_t *g, int64_t ctx[2]) {
+    const msg_model_t *c = model_config(b, g->model);
+    if (c && c->text_len > 0 && c->text_dim > 0) {
+        ctx[0] = (int64_t)c->text_len;
+        ctx[1] = (int64_t)c->text_dim;
+        return true;
+    }
+    if (c)
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
+                     "model %s takes no 'prompt': its config has no text_len (send a 'context')", g->model);
+    else
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_NO_WORKER,
+                     "no live worker announces model %s, so a 'prompt' cannot be placed yet (its text_len is unknown)",
+                     g->model);
+    return false;
 }
 
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
     wire_msg_t *m = *mp;
-    int64_t ctx[2] = { g->context->shape[0], g->context->shape[1] };
+    int64_t ctx[2] = { 0, 0 };
     int64_t tl = model_text_len(b, g->model);
-    if (tl > 0) {
+    bool prompt = g->prompt && *g->prompt;
+    if (prompt && !prompt_context(b, m, g, ctx)) return;
+    if (!prompt) {
+        ctx[0] = g->context->shape[0];
+        ctx[1] = g->context->shape[1];
+    }
+    if (!prompt && tl > 0) {
         if (ctx[0] > tl || (g->uncond && g->uncond->shape[0] > tl)) {
             brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
                          "a context of %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
@@ -157,7 +188,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
         }
         ctx[0] = tl;
     }
-    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, brk_loop_kind(g->sde, msg_gen_solver(g)), g->latent_shape, ctx, g->uncond != NULL,
+    uint64_t shard = brk_shard_hash_memo(&b->shard_memo, g->model, brk_loop_kind(g->sde, msg_gen_solver(g)), g->latent_shape, ctx, msg_gen_guided(g),
                                          (int64_t)msg_gen_n(g));
     if (!shard) {
         brk_error_from(b, false, &m->identity, m->id, reel_err(), NULL); /* invalid: bad_request */
@@ -204,6 +235,8 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->model[ml] = '\0';
     r->shard = shard;
     r->loop = brk_loop_kind(g->sde, msg_gen_solver(g));
+    r->needs = 1u << r->loop | (g->prompt && *g->prompt ? 1u << BRK_CAP_PROMPT : 0u) |
+               (msg_gen_decodes(g) ? 1u << BRK_CAP_DECODE : 0u);
     /* "version" is the oldest weights the request may run on: a trainer
      * asking for an older version than the current one may be served by a
      * worker that lags on the newest (brk_sync.c); without it, a request
@@ -362,11 +395,14 @@ void brk_req_timers(brk_t *b, int64_t now) {
         if (!r->had_owner) {
             const char *solver = msg_gen_solver(&r->gen);
             bool named = strcmp(solver, "euler") != 0;
+            bool text = r->needs & 1u << BRK_CAP_PROMPT, vae = r->needs & 1u << BRK_CAP_DECODE;
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER,
-                           "no live worker serves model %s at %s version >= %llu%s%s%s (waited %lld ms)",
+                           "no live worker serves model %s at %s version >= %llu%s%s%s%s%s (waited %lld ms)",
                            r->model, BRK_COMPONENT, (unsigned long long)r->required,
                            named ? " with solver " : "", named ? solver : "",
-                           named ? " (a worker older than solvers runs Euler only)" : "", waited);
+                           named ? " (a worker older than solvers runs Euler only)" : "",
+                           text ? " with a text encoder (for the 'prompt')" : "",
+                           vae ? " with a VAE (for output frames or video)" : "", waited);
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {

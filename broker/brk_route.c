@@ -116,14 +116,22 @@ unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n) {
     return bits;
 }
 
-int brk_peers_running(const brk_peer_t *const *peers, int n, int loop, const brk_peer_t **out, int *idx) {
+unsigned brk_caps_from(const char *text_encoder, const char *vae) {
+    return (text_encoder && *text_encoder ? 1u << BRK_CAP_PROMPT : 0u) | (vae && *vae ? 1u << BRK_CAP_DECODE : 0u);
+}
+
+int brk_peers_able(const brk_peer_t *const *peers, int n, unsigned needs, const brk_peer_t **out, int *idx) {
     int k = 0;
     for (int i = 0; i < n; i++)
-        if (peers[i]->loops & 1u << loop) {
+        if ((peers[i]->loops & needs) == needs) {
             out[k] = peers[i];
             idx[k++] = i;
         }
     return k;
+}
+
+int brk_peers_running(const brk_peer_t *const *peers, int n, int loop, const brk_peer_t **out, int *idx) {
+    return brk_peers_able(peers, n, 1u << loop, out, idx);
 }
 
 bool brk_peer_serves(const brk_peer_t *p, const char *model) {

@@ -97,7 +97,7 @@ typedef struct {
     int n_versions;
     brk_version_t versions[BRK_MAX_COMPONENTS];  /* applied (acked) versions */
     unsigned loops;                 /* bit BRK_LOOP_*: the loop kinds it runs (euler and sde always; the
-                                     * solvers its READY listed) */
+                                     * solvers its READY listed); bit BRK_CAP_*: what else it can do */
 } brk_peer_t;
 
 /* The applied version of component `comp` (0 when never reported). */
@@ -113,6 +113,16 @@ unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n);
  * never lands on a worker that would run Euler instead. Returns the count.
  * Can't fail. */
 int brk_peers_running(const brk_peer_t *const *peers, int n, int loop, const brk_peer_t **out, int *idx);
+/* What a worker can do besides its loops, as bits of brk_peer_t.loops
+ * beside the BRK_LOOP_* ones: encode a GEN's prompt (its READY named a
+ * text_encoder) and decode its output to frames or a video (a vae). */
+enum { BRK_CAP_PROMPT = 8, BRK_CAP_DECODE = 9 };
+/* The capability bits of a READY's text_encoder and vae ("" : none). Can't fail. */
+unsigned brk_caps_from(const char *text_encoder, const char *vae);
+/* Peers of peers[0..n) whose loops bits hold every bit of needs (1u <<
+ * BRK_LOOP_* | 1u << BRK_CAP_*) into out (indexes in idx); the count.
+ * brk_peers_running is this with one loop bit. Can't fail. */
+int brk_peers_able(const brk_peer_t *const *peers, int n, unsigned needs, const brk_peer_t **out, int *idx);
 /* True when p lists `model`. */
 bool brk_peer_serves(const brk_peer_t *p, const char *model);
 /* True when p may run a request for `model` needing transformer weights at

@@ -45,7 +45,7 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     for (size_t i = 0; i < r->n_models && i < BRK_MAX_MODELS; i++)
         snprintf(w->route.models[w->route.n_models++], BRK_NAME_MAX, "%s", r->models[i]);
     for (size_t i = 0; i < r->n_configs && i < BRK_MAX_MODELS; i++) w->configs[w->n_configs++] = r->configs[i];
-    w->route.loops = brk_loops_from(r->solvers, r->n_solvers);
+    w->route.loops = brk_loops_from(r->solvers, r->n_solvers) | brk_caps_from(r->text_encoder, r->vae);
     /* What it runs already: routing trusts it, and no sync it has is sent
      * again (brk_sync.c keeps w->syncs). */
     for (int i = 0; i < r->versions.n; i++) brk_peer_set_version(&w->route, r->versions.e[i].name, r->versions.e[i].n);

@@ -124,8 +124,26 @@ typedef struct {
     uint64_t n;                  /* samples of this prompt, 1..MSG_MAX_GROUP (a group when > 1); 0: absent, 1 */
     uint64_t seeds[MSG_MAX_GROUP]; /* each sample's seed; none: seed + i */
     int n_seeds;                 /* 0, or n */
-    const wire_tensor_t *context, *uncond, *latent; /* context required; latent [n,C,F,H,W] when n > 1 */
+    const wire_tensor_t *context, *uncond, *latent; /* context (or prompt) required; latent [n,C,F,H,W] when n > 1 */
+    const char *prompt;          /* "" (absent): the client sends context; else the worker encodes it */
+    const char *negative_prompt; /* "" (absent): with a prompt and cfg != 1, Wan's default negative prompt */
+    char output[16];             /* "" (absent): "latent"; or "frames", "video" (decoded by the worker's VAE) */
 } msg_gen_t;
+
+/* The GEN's output: "latent" when absent. Can't fail. */
+const char *msg_gen_output(const msg_gen_t *g);
+/* True when the GEN asks for a decoded output ("frames" or "video"). */
+bool msg_gen_decodes(const msg_gen_t *g);
+/* True when the GEN runs with guidance: it sends uncond, or it sends a
+ * prompt with cfg != 1 (the negative prompt, given or Wan's default, is
+ * encoded by the worker). Can't fail. */
+bool msg_gen_guided(const msg_gen_t *g);
+/* Longest prompt or negative prompt, in bytes. */
+#define MSG_MAX_PROMPT_BYTES 16384
+/* The video a latent of F x H x W decodes to (Wan2.1's VAE): 1 + 4(F-1)
+ * frames of 8H x 8W. */
+#define MSG_VAE_TIME 4
+#define MSG_VAE_SPACE 8
 
 /* The GEN's solver: "euler" when absent. Can't fail. */
 const char *msg_gen_solver(const msg_gen_t *g);
@@ -173,6 +191,9 @@ typedef struct {
     size_t n_version_runs;
     const wire_tensor_t *latent;
     const wire_tensor_t *trajectory, *log_probs, *sigmas, *means; /* when asked */
+    const wire_tensor_t *frames; /* output "frames": U8 [F',H',W',3] ([n,...] for a group) */
+    const wire_tensor_t *video;  /* output "video": U8 [bytes], an MP4 (a group: sample 0's... see PROTOCOL.md) */
+    double encode_seconds, decode_seconds; /* time spent encoding the prompt(s) and decoding (0: none) */
     uint64_t n;                  /* 0 (absent) or 1; a group's n: every tensor above but sigmas gains a leading [n] */
     uint64_t seeds[MSG_MAX_GROUP]; /* a group's seeds, in sample order (none for n = 1) */
     int n_seeds;
@@ -296,6 +317,8 @@ typedef struct {
     const char (*solvers)[MSG_NAME_MAX]; /* the GEN solvers it runs besides euler (optional; absent:
                                           * euler only: a worker older than `solver`) */
     size_t n_solvers;
+    char text_encoder[MSG_NAME_MAX]; /* "" (absent): no text encoder; else its config name: takes GEN prompt */
+    char vae[MSG_NAME_MAX];          /* "" (absent): no VAE; else its config name: takes GEN output frames/video */
 } msg_ready_t;
 
 /* EVENTS entries */

@@ -76,6 +76,9 @@ static const msg_field_t gen_rows[] = {
     R_BOOL(msg_gen_t, return_means, "return_means", F_OMIT, false),
     R_U64(msg_gen_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0), /* absent (0 in the struct): 1 */
     R_U64S(msg_gen_t, seeds, n_seeds, "seeds", F_OMIT | F_NONEMPTY),
+    R_STR(msg_gen_t, prompt, "prompt", F_OMIT),
+    R_STR(msg_gen_t, negative_prompt, "negative_prompt", F_OMIT),
+    R_NAME(msg_gen_t, output, "output", F_OMIT, 15, NULL),
 };
 TABLE(gen_tab, gen_rows, msg_gen_t);
 
@@ -119,6 +122,8 @@ static const msg_field_t result_rows[] = {
               version_run_tab),
     R_U64(msg_result_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0),
     R_U64S(msg_result_t, seeds, n_seeds, "seeds", F_OMIT),
+    R_F64(msg_result_t, encode_seconds, "encode_seconds", F_OMIT, 0),
+    R_F64(msg_result_t, decode_seconds, "decode_seconds", F_OMIT, 0),
 };
 TABLE(result_tab, result_rows, msg_result_t);
 
@@ -128,6 +133,8 @@ static const msg_slot_t result_slots[] = {
     { "log_probs", offsetof(msg_result_t, log_probs) },
     { "sigmas", offsetof(msg_result_t, sigmas) },
     { "means", offsetof(msg_result_t, means) },
+    { "frames", offsetof(msg_result_t, frames) },
+    { "video", offsetof(msg_result_t, video) },
     { NULL, 0 },
 };
 
@@ -248,6 +255,8 @@ static const msg_field_t ready_rows[] = {
     R_COUNTS(msg_ready_t, versions, "versions", 0),
     R_STRUCTS(msg_ready_t, configs, n_configs, msg_model_t, "configs", F_OMIT, model_tab),
     R_NAMES(msg_ready_t, solvers, n_solvers, "solvers", F_OMIT),
+    R_NAME(msg_ready_t, text_encoder, "text_encoder", F_OMIT, 0, NULL),
+    R_NAME(msg_ready_t, vae, "vae", F_OMIT, 0, NULL),
 };
 TABLE(ready_tab, ready_rows, msg_ready_t);
 
@@ -394,24 +403,71 @@ static int latent_shape_ok(const int64_t *ls, wire_err_t *err) {
     return 0;
 }
 
+/* Text is UTF-8 with no control characters but tab, newline and CR. */
+static bool text_ok(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2 : (*p & 0xF8) == 0xF0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xC2) || (n == 3 && *p > 0xF4)) return false;
+        if (n == 0 && *p < 0x20 && *p != '\t' && *p != '\n' && *p != '\r') return false;
+        uint32_t c = n == 0 ? *p : *p & (0x3F >> n);
+        for (int i = 1; i <= n; i++) {
+            if ((p[i] & 0xC0) != 0x80) return false;
+            c = c << 6 | (p[i] & 0x3F);
+        }
+        if ((n == 2 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) || (n == 3 && (c < 0x10000 || c > 0x10FFFF)))
+            return false;
+        p += n + 1;
+    }
+    return true;
+}
+
+/* prompt / negative_prompt / output: the text form of a GEN. */
+static int gen_text_ok(const msg_gen_t *g, wire_err_t *err) {
+    const char *out = msg_gen_output(g);
+    if (strcmp(out, "latent") && strcmp(out, "frames") && strcmp(out, "video"))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'output' must be latent, frames or video (got '%s')", out);
+    const char *texts[2] = { g->prompt, g->negative_prompt }, *names[2] = { "prompt", "negative_prompt" };
+    for (int i = 0; i < 2; i++) {
+        if (!texts[i] || !*texts[i]) continue;
+        if (strlen(texts[i]) > MSG_MAX_PROMPT_BYTES)
+            return refuse(err, WIRE_E_BAD_REQUEST, "'%s' is %zu bytes, longer than %d", names[i], strlen(texts[i]),
+                          MSG_MAX_PROMPT_BYTES);
+        if (!text_ok(texts[i]))
+            return refuse(err, WIRE_E_BAD_REQUEST, "'%s' is not UTF-8 text (or holds control characters)", names[i]);
+    }
+    if (!strcmp(out, "video") && msg_gen_n(g) > 1)
+        return refuse(err, WIRE_E_BAD_REQUEST, "output 'video' is one MP4 of one sample; a group (n > 1) asks for 'frames'");
+    bool prompt = g->prompt && *g->prompt;
+    if (prompt && g->context)
+        return refuse(err, WIRE_E_BAD_REQUEST, "give a 'prompt' or a tensor 'context', not both");
+    if (prompt && g->uncond)
+        return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' goes with a 'context'; with a 'prompt', give 'negative_prompt'");
+    if (!prompt && g->negative_prompt && *g->negative_prompt)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'negative_prompt' needs a 'prompt' (with a 'context', send tensor 'uncond')");
+    return 0;
+}
+
 /* The tensors against each other and latent_shape. */
 static int gen_tensors_ok(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
     const wire_tensor_t *ctx = g->context, *unc = g->uncond, *lat = g->latent;
     char d[96], w[96];
-    if (!ctx || !is_f32(ctx, 2)) {
+    if (g->prompt && *g->prompt) {
+        /* the worker encodes it: nothing of the context to check here */
+    } else if (!ctx || !is_f32(ctx, 2)) {
         if (model) snprintf(w, sizeof w, "F32[L,%" PRIu64 "]", model->text_dim);
         else snprintf(w, sizeof w, "F32[L,T]");
-        if (!ctx) return refuse(err, WIRE_E_BAD_REQUEST, "missing tensor 'context' %s", w);
+        if (!ctx) return refuse(err, WIRE_E_BAD_REQUEST, "missing tensor 'context' %s (or a 'prompt')", w);
         return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'context' is %s, expected %s", shape_text(ctx, d, sizeof d), w);
     }
-    if (ctx->shape[0] < 1 || ctx->shape[0] > MSG_MAX_DIM || ctx->shape[1] < 1 || ctx->shape[1] > MSG_MAX_DIM)
+    if (ctx && (ctx->shape[0] < 1 || ctx->shape[0] > MSG_MAX_DIM || ctx->shape[1] < 1 || ctx->shape[1] > MSG_MAX_DIM))
         return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'context' is %s: L and T must be in 1..%d",
                       shape_text(ctx, d, sizeof d), MSG_MAX_DIM);
     /* A model that pads contexts to text_len (Wan) takes the negative
      * prompt at its own length; any other needs the context's shape. Without
      * the model (the broker), only the width is checked here. */
     bool own_len = !model || model->text_len > 0;
-    if (unc && (!is_f32(unc, 2) || (!own_len && unc->shape[0] != ctx->shape[0]) || unc->shape[1] != ctx->shape[1] ||
+    if (ctx && unc && (!is_f32(unc, 2) || (!own_len && unc->shape[0] != ctx->shape[0]) || unc->shape[1] != ctx->shape[1] ||
                 unc->shape[0] < 1 || unc->shape[0] > MSG_MAX_DIM))
         return refuse(err, WIRE_E_BAD_REQUEST, "tensor 'uncond' is %s, expected the context's %s%s",
                       shape_text(unc, d, sizeof d), shape_text(ctx, w, sizeof w),
@@ -443,7 +499,10 @@ static int gen_fits_model(const msg_gen_t *g, const msg_model_t *model, wire_err
     if ((uint64_t)ls[0] != model->in_channels)
         return refuse(err, WIRE_E_BAD_REQUEST, "latent has %" PRId64 " channels, model %s expects %" PRIu64, ls[0],
                       model->name, model->in_channels);
-    if ((uint64_t)g->context->shape[1] != model->text_dim)
+    if (g->prompt && *g->prompt && !model->text_len)
+        return refuse(err, WIRE_E_BAD_REQUEST, "model %s takes no 'prompt': its config has no text_len (send a 'context')",
+                      model->name);
+    if (g->context && (uint64_t)g->context->shape[1] != model->text_dim)
         return refuse(err, WIRE_E_BAD_REQUEST, "context width %" PRId64 ", model %s expects text_dim %" PRIu64,
                       g->context->shape[1], model->name, model->text_dim);
     /* Wan pads every context with zero rows to text_len: a longer one has
@@ -463,6 +522,9 @@ static int gen_fits_model(const msg_gen_t *g, const msg_model_t *model, wire_err
 }
 
 const char *msg_gen_solver(const msg_gen_t *g) { return g->solver[0] ? g->solver : "euler"; }
+const char *msg_gen_output(const msg_gen_t *g) { return g->output[0] ? g->output : "latent"; }
+bool msg_gen_decodes(const msg_gen_t *g) { return g->output[0] && strcmp(g->output, "latent") != 0; }
+bool msg_gen_guided(const msg_gen_t *g) { return g->uncond || (g->prompt && *g->prompt && g->cfg != 1.0); }
 
 int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *err) {
     uint64_t bytes = 0;
@@ -473,6 +535,7 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
         return refuse(err, WIRE_E_TOO_LARGE, "tensors of %llu bytes, more than a GEN may carry (%llu MiB)",
                       (unsigned long long)bytes, (unsigned long long)(MSG_MAX_GEN_BYTES >> 20));
     if (latent_shape_ok(g->latent_shape, err)) return -1;
+    if (gen_text_ok(g, err)) return -1;
     if (g->n_seeds && (uint64_t)g->n_seeds != msg_gen_n(g))
         return refuse(err, WIRE_E_BAD_REQUEST, "'seeds' has %d entries, 'n' is %" PRIu64 " (give one seed per sample, or none)",
                       g->n_seeds, msg_gen_n(g));
@@ -500,6 +563,14 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
         (g->return_means && lat * g->steps > (uint64_t)WIRE_MAX_FRAME))
         return refuse(err, WIRE_E_TOO_LARGE, "a trajectory or means of %llu steps of %" PRIu64 " such latents exceed %llu MiB",
                       (unsigned long long)g->steps, msg_gen_n(g), (unsigned long long)(WIRE_MAX_FRAME >> 20));
+    /* Decoded: n videos of 1 + 4(F-1) frames of 8H x 8W x 3 bytes in one frame. */
+    uint64_t vframes = 1 + MSG_VAE_TIME * (uint64_t)(g->latent_shape[1] - 1);
+    uint64_t vbytes = vframes * MSG_VAE_SPACE * (uint64_t)g->latent_shape[2] * MSG_VAE_SPACE *
+                      (uint64_t)g->latent_shape[3] * 3 * msg_gen_n(g);
+    if (msg_gen_decodes(g) && vbytes > (uint64_t)WIRE_MAX_FRAME)
+        return refuse(err, WIRE_E_TOO_LARGE, "%" PRIu64 " decoded video(s) of this latent shape are %" PRIu64
+                      " MiB of frames, more than a RESULT carries (%llu MiB)", msg_gen_n(g), vbytes >> 20,
+                      (unsigned long long)(WIRE_MAX_FRAME >> 20));
     return model ? gen_fits_model(g, model, err) : 0;
 }
 
@@ -515,6 +586,28 @@ static bool shape_is(const wire_tensor_t *t, int nl, const int64_t *lead, int ns
 
 static const char *describe(const wire_tensor_t *t, char *buf, size_t len) {
     return t ? shape_text(t, buf, len) : "absent";
+}
+
+/* A RESULT's frames / video against the GEN's output. */
+static int decoded_ok(const msg_result_t *r, const msg_gen_t *g, wire_err_t *err) {
+    const char *out = msg_gen_output(g);
+    bool frames = !strcmp(out, "frames"), video = !strcmp(out, "video");
+    char a[96];
+    if ((r->frames && !frames) || (r->video && !video))
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: %s, which the request did not ask for", r->frames ? "frames" : "video");
+    if (video && (!r->video || r->video->dtype != WIRE_U8 || r->video->ndim != 1 || r->video->bytes == 0))
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: video is %s, not the U8 bytes of an MP4", describe(r->video, a, sizeof a));
+    if (!frames) return 0;
+    uint64_t n = msg_gen_n(g);
+    int nl = n > 1;
+    int64_t want[5] = { (int64_t)n, 1 + MSG_VAE_TIME * (g->latent_shape[1] - 1), MSG_VAE_SPACE * g->latent_shape[2],
+                        MSG_VAE_SPACE * g->latent_shape[3], 3 };
+    bool same = r->frames && r->frames->dtype == WIRE_U8 && r->frames->ndim == 4 + nl;
+    for (int d = 0; same && d < 4 + nl; d++) same = r->frames->shape[d] == want[d + !nl];
+    if (!same)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: frames is %s, expected U8[%s%" PRId64 ",%" PRId64 ",%" PRId64 ",3]",
+                      describe(r->frames, a, sizeof a), nl ? "n," : "", want[1], want[2], want[3]);
+    return 0;
 }
 
 int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err) {
@@ -547,6 +640,7 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
                           describe(want[i].t, a, sizeof a));
     }
+    if (decoded_ok(r, g, err)) return -1;
     if (group ? r->n != n || (uint64_t)r->n_seeds != n : r->n > 1 || r->n_seeds != 0)
         return refuse(err, WIRE_E_INTERNAL, "RESULT: n %" PRIu64 " with %d seeds, the request asked for %" PRIu64
                       " sample(s)", r->n, r->n_seeds, n);

@@ -78,6 +78,35 @@ START_TEST(test_hash_building_blocks_are_the_published_functions) {
 }
 END_TEST
 
+/* A prompt GEN is owned only among workers with a text encoder, a decoded
+ * output only among workers with a VAE, and both need both (and the
+ * loop); a worker without either still runs every latent GEN. */
+START_TEST(test_prompt_and_decoded_gens_are_owned_only_by_workers_that_can_do_them) {
+    const brk_peer_t *all[4], *run[4];
+    int idx[4];
+    mk_fleet(4, all);
+    static const char both[2][MSG_NAME_MAX] = { "unipc", "dpm++" };
+    ((brk_peer_t *)all[0])->loops = brk_loops_from(NULL, 0);
+    ((brk_peer_t *)all[1])->loops = brk_loops_from(NULL, 0) | brk_caps_from("umt5-xxl", "");
+    ((brk_peer_t *)all[2])->loops = brk_loops_from(both, 2) | brk_caps_from("umt5-xxl", "wan2.1");
+    ((brk_peer_t *)all[3])->loops = brk_loops_from(NULL, 0) | brk_caps_from(NULL, "wan2.1");
+    ck_assert_uint_eq(brk_caps_from("", ""), 0);
+    ck_assert_uint_eq(brk_caps_from(NULL, NULL), 0);
+    unsigned euler = 1u << BRK_LOOP_EULER, text = 1u << BRK_CAP_PROMPT, vae = 1u << BRK_CAP_DECODE;
+    ck_assert_int_eq(brk_peers_able(all, 4, euler, run, idx), 4);
+    ck_assert_int_eq(brk_peers_able(all, 4, euler | text, run, idx), 2);
+    ck_assert_int_eq(idx[0], 1);
+    ck_assert_int_eq(idx[1], 2);
+    ck_assert_int_eq(brk_peers_able(all, 4, euler | vae, run, idx), 2);
+    ck_assert_int_eq(idx[0], 2);
+    ck_assert_int_eq(idx[1], 3);
+    ck_assert_int_eq(brk_peers_able(all, 4, euler | text | vae, run, idx), 1);
+    ck_assert_int_eq(idx[0], 2);
+    ck_assert_int_eq(brk_peers_able(all, 4, 1u << BRK_LOOP_UNIPC | text | vae, run, idx), 1);
+    ck_assert_int_eq(brk_peers_able(all, 2, euler | vae, run, idx), 0);
+}
+END_TEST
+
 /* A GEN naming a solver is owned only among workers that announced it;
  * Euler and SDE run everywhere; the solver changes the shard key (each its
  * own graphs) and the loop kind follows sde first. */
@@ -2153,6 +2182,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_hash_building_blocks_are_the_published_functions);
     tcase_add_test(tc, test_shard_hash_matches_the_capture_doc_and_ignores_device_and_versions);
     tcase_add_test(tc, test_solver_gens_are_owned_only_by_workers_that_run_the_solver);
+    tcase_add_test(tc, test_prompt_and_decoded_gens_are_owned_only_by_workers_that_can_do_them);
     tcase_add_test(tc, test_same_key_same_owner_across_calls_and_worker_orderings);
     tcase_add_test(tc, test_keys_spread_evenly_over_workers);
     tcase_add_test(tc, test_removing_one_worker_moves_only_its_keys_and_adding_it_back_restores_them);

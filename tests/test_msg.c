@@ -738,6 +738,119 @@ static void expect_invalid(const msg_gen_t *g, const msg_model_t *model, const c
     ck_assert_msg(strstr(err.message, want), "'%s' lacks '%s'", err.message, want);
 }
 
+/* Prompts and decoded outputs (issue 26): prompt, negative_prompt and
+ * output round-trip; a prompt replaces context (never both, uncond never
+ * with it, negative_prompt never without it); output is one of three
+ * names; text must be UTF-8 and bounded; a model without text_len takes
+ * no prompt; a RESULT's frames/video must be what the GEN asked for. */
+START_TEST(test_a_prompt_gen_round_trips_and_its_text_rules_hold) {
+    wire_tensor_t t[3];
+    msg_gen_t g = good_gen(t), back;
+    g.context = g.uncond = NULL;
+    g.prompt = "a cat on a skateboard, \xe5\x8a\xa8\xe7\x94\xbb";
+    g.negative_prompt = "blurry";
+    g.cfg = 5.0;
+    snprintf(g.output, sizeof g.output, "frames");
+    msg_model_t wan = tiny_model();
+    wan.text_len = 16;
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_validate(&g, &wan, &err), 0);
+    ck_assert(msg_gen_guided(&g));
+    ck_assert(msg_gen_decodes(&g));
+    wire_msg_t m;
+    round_trip(&m, MSG_GEN, 9, &g, &t[2], 1);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_str_eq(back.prompt, g.prompt);
+    ck_assert_str_eq(back.negative_prompt, "blurry");
+    ck_assert_str_eq(msg_gen_output(&back), "frames");
+    ck_assert_ptr_null(back.context);
+    ck_assert_int_eq(msg_gen_validate(&back, &wan, &err), 0);
+    wire_msg_close(&m);
+    /* absent: output latent, no prompt, nothing on the wire */
+    msg_gen_t plain = good_gen(t);
+    round_trip(&m, MSG_GEN, 10, &plain, t, 3);
+    ck_assert_uint_eq(wire_tok_find(&m.tok, wire_msg_head(&m), 0, "output"), 0);
+    ck_assert_uint_eq(wire_tok_find(&m.tok, wire_msg_head(&m), 0, "prompt"), 0);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_str_eq(msg_gen_output(&back), "latent");
+    ck_assert(!msg_gen_decodes(&back));
+    wire_msg_close(&m);
+    /* guidance with a prompt: cfg != 1 */
+    g.cfg = 1.0;
+    ck_assert(!msg_gen_guided(&g));
+    g.cfg = 5.0;
+    /* the rules */
+    msg_gen_t b = g;
+    b.context = &t[0];
+    expect_invalid(&b, NULL, "bad_request", "give a 'prompt' or a tensor 'context', not both");
+    b = g;
+    b.uncond = &t[1];
+    expect_invalid(&b, NULL, "bad_request", "with a 'prompt', give 'negative_prompt'");
+    b = good_gen(t);
+    b.negative_prompt = "x";
+    expect_invalid(&b, NULL, "bad_request", "'negative_prompt' needs a 'prompt'");
+    b = g;
+    snprintf(b.output, sizeof b.output, "gif");
+    expect_invalid(&b, NULL, "bad_request", "'output' must be latent, frames or video (got 'gif')");
+    b = g;
+    b.prompt = "\xff\xfe bad";
+    expect_invalid(&b, NULL, "bad_request", "'prompt' is not UTF-8");
+    b.prompt = "over\xc0\xaflong";
+    expect_invalid(&b, NULL, "bad_request", "'prompt' is not UTF-8");
+    b.prompt = "bell\x07";
+    expect_invalid(&b, NULL, "bad_request", "control characters");
+    static char big[MSG_MAX_PROMPT_BYTES + 2];
+    memset(big, 'a', sizeof big - 1);
+    b.prompt = big;
+    expect_invalid(&b, NULL, "bad_request", "'prompt' is 16385 bytes, longer than 16384");
+    b = g;
+    expect_invalid(&b, &(msg_model_t){ "tiny", 4, 32, 2, 2, 0 }, "bad_request", "model tiny takes no 'prompt'");
+    b = g;
+    b.context = NULL;
+    b.prompt = b.negative_prompt = NULL;
+    expect_invalid(&b, NULL, "bad_request", "missing tensor 'context' F32[L,T] (or a 'prompt')");
+    b = g;
+    b.n = 2;
+    snprintf(b.output, sizeof b.output, "video");
+    expect_invalid(&b, NULL, "bad_request", "a group (n > 1) asks for 'frames'");
+    b = g;
+    b.latent = NULL;
+    b.latent_shape[1] = 64; /* 253 frames of 512 x 512 x 3: 190 MiB; fine. Wider: too large */
+    b.latent_shape[2] = b.latent_shape[3] = 256;
+    expect_invalid(&b, NULL, "too_large", "decoded video(s)");
+    /* RESULT: frames of the decoded shape, and only when asked */
+    static uint8_t px[5 * 64 * 64 * 3];
+    const int64_t fshape[4] = { 5, 64, 64, 3 }, bad_shape[4] = { 5, 64, 64, 4 };
+    static float lat[4 * 2 * 8 * 8];
+    wire_tensor_t lt = tensor("latent", KERN_F32, 4, LAT, lat), ft = tensor("frames", WIRE_U8, 4, fshape, px);
+    msg_result_t r;
+    memset(&r, 0, sizeof r);
+    r.version = 1;
+    r.latent = &lt;
+    r.frames = &ft;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0);
+    wire_tensor_t bt = tensor("frames", WIRE_U8, 4, bad_shape, px);
+    r.frames = &bt;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+    ck_assert_msg(strstr(err.message, "expected U8[5,64,64,3]"), "%s", err.message);
+    r.frames = NULL;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+    r.frames = &ft;
+    msg_gen_t lat_only = good_gen(t);
+    ck_assert_int_eq(msg_result_check(&r, &lat_only, 1, &err), -1);
+    ck_assert_msg(strstr(err.message, "frames, which the request did not ask for"), "%s", err.message);
+    /* a video is a non-empty U8 byte string */
+    snprintf(g.output, sizeof g.output, "video");
+    const int64_t vlen[1] = { 5 };
+    wire_tensor_t vt = tensor("video", WIRE_U8, 1, vlen, px);
+    r.frames = NULL;
+    r.video = &vt;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0);
+    r.video = NULL;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+}
+END_TEST
+
 /* Groups: n and seeds round-trip (GEN and RESULT), n absent is 1, a
  * group's latent is [n,C,F,H,W], and every bad group is refused with the
  * field named. */
@@ -1286,6 +1399,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_gen_decodes_and_validates_without_touching_the_heap);
     tcase_add_test(t, test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_without_unknown_fields);
     tcase_add_test(t, test_skipping_a_value_lands_where_the_tokenizer_ends_it_and_its_token_starts);
+    tcase_add_test(t, test_a_prompt_gen_round_trips_and_its_text_rules_hold);
     suite_add_tcase(s, t);
     return s;
 }
