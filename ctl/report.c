@@ -324,6 +324,8 @@ int ctl_report_requests(cat_t *c, bool json, FILE *out) {
         { "replayed", "replayed", CTL_F_NUM, 0 },
         { "eager", "eager", CTL_F_NUM, 0 },
         { "seconds", "seconds", CTL_F_SECS, 0 },
+        { "encode_seconds", "encode", CTL_F_SECS, 0 },
+        { "decode_seconds", "decode", CTL_F_SECS, 0 },
         { "status", "status", CTL_F_TEXT, 24 },
         { "key_hash", "key_hash", CTL_F_TEXT, 16 },
     };

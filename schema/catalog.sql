@@ -1,4 +1,4 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 7): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 8): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
@@ -289,3 +289,8 @@ CREATE TABLE IF NOT EXISTS worker_applied (
     version   INTEGER NOT NULL,
     PRIMARY KEY (worker, component)
 ) WITHOUT ROWID;
+
+-- Migration 8: where a request's time went besides the loop (`seconds`):
+-- the worker encoding its prompt and decoding its output.
+ALTER TABLE requests ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;

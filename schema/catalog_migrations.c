@@ -372,7 +372,13 @@ const char cat_schema_v7_sql[] =
     " (SELECT CAST(t / 3600 AS INTEGER) AS hour, *, row_number() OVER (PARTITION BY CAST(t / 3600 AS INTEGER) ORDER BY seconds DESC, rowid) AS n FROM requests)\n"
     " WHERE n <= 20;\n";
 
+/* Migration 8 (issue 26): where a request's time went besides the loop
+ * (`seconds`): encoding its prompt and decoding its output, on the worker. */
+const char cat_schema_v8_sql[] =
+    "ALTER TABLE requests ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE requests ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
-                                       cat_schema_v7_sql };
+                                       cat_schema_v7_sql, cat_schema_v8_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

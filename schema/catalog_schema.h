@@ -14,6 +14,7 @@ extern const char cat_schema_v4_sql[];
 extern const char cat_schema_v5_sql[];
 extern const char cat_schema_v6_sql[];
 extern const char cat_schema_v7_sql[];
+extern const char cat_schema_v8_sql[];
 extern const char *const cat_migrations[];
 extern const int cat_n_migrations;
 
