@@ -492,6 +492,10 @@ typedef struct {
     size_t count, cap;
 } pv_t;
 
+/* Objects one pickle may make: a state dict of thousands of tensors makes
+ * tens of thousands; the cap keeps a hostile pickle's memory bounded. */
+#define PK_MAX_OBJECTS ((size_t)1 << 22)
+
 typedef struct {
     uint32_t storage;        /* a PV_STORAGE node */
     int64_t offset;
@@ -546,7 +550,7 @@ static int pk_take_uint(pk_t *k, int n, uint64_t *v) {
 
 /* A new node of kind; its index in *at. */
 static int pk_new(pk_t *k, pv_kind_t kind, uint32_t *at) {
-    if (k->nv >= UINT32_MAX) return pk_bad(k, "too many objects");
+    if (k->nv >= PK_MAX_OBJECTS) return pk_bad(k, "more objects than a state dict holds");
     if (grow(&k->v, &k->capv, k->nv + 1, sizeof *k->v, k->origin) != 0) return -1;
     memset(&k->v[k->nv], 0, sizeof k->v[k->nv]);
     k->v[k->nv].kind = kind;
@@ -1109,14 +1113,18 @@ static int resolve_item(const char *origin, const zip_t *z, item_t *it) {
     return 0;
 }
 
-/* Lays the tensors out back to back, each 64-byte aligned. */
-static int layout(const char *origin, plan_t *p) {
-    uint64_t at = 0;
+/* Lays the tensors out back to back, each 64-byte aligned. Stride-0
+ * views (expanded dims) could ask for any number of bytes from a tiny
+ * storage; a real checkpoint's tensors are its storages, so the total may
+ * not pass twice the archive's size (plus 1 MiB). */
+static int layout(const src_t *s, plan_t *p) {
+    uint64_t at = 0, cap = s->size * 2 + ((uint64_t)1 << 20);
     for (size_t i = 0; i < p->n; i++) {
         at = (at + 63) & ~(uint64_t)63;
         p->it[i].begin = at;
-        if (__builtin_add_overflow(at, p->it[i].nbytes, &at) || at > (uint64_t)SIZE_MAX / 2)
-            return reel_fail(REEL_E_LIMIT, "%s: tensors total more bytes than this machine can hold", origin);
+        if (__builtin_add_overflow(at, p->it[i].nbytes, &at) || at > cap)
+            return reel_fail(REEL_E_LIMIT, "%s: tensor \"%s\": the tensors come to more than twice the archive's "
+                             "%llu bytes (expanded views?)", s->origin, p->it[i].name, (unsigned long long)s->size);
     }
     p->total = at;
     return 0;
@@ -1237,7 +1245,7 @@ static int make_plan(const src_t *s, const zip_t *z, const pk_t *k, plan_t *p) {
     if (collect_items(k, p) != 0) return -1;
     for (size_t i = 0; i < p->n; i++)
         if (resolve_item(s->origin, z, &p->it[i]) != 0) return -1;
-    return layout(s->origin, p);
+    return layout(s, p);
 }
 
 /* Fills the one data buffer from the records and hands it to st_adopt. */

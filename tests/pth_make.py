@@ -311,6 +311,8 @@ def main(out):
     ghost = Storage("F32", 7, 4, record=False)
     bad("missing", torch_zip("archive", records(dumps({"w.ghost": Tensor(ghost, 0, (4,), (1,))}),
                                                   storages_of([small[0][1]]))))
+    one = Storage("F32", 0, 1)
+    bad("expand", torch_zip("archive", records(dumps({"w.expand": Tensor(one, 0, (1 << 20,), (0,))}), [one])))
     bad("list", torch_zip("archive", records(dumps([t for _, t in small]), small_sts)))
     bad("opcode", torch_zip("archive", records(b"\x80\x02}q\x00\xfe.", [])))
     bad("not_tensor", torch_zip("archive", records(dumps(collections.OrderedDict(small + [("n", 3)])), small_sts)))

@@ -197,6 +197,11 @@ START_TEST(test_storage_too_small_for_the_view_is_refused_naming_the_tensor) {
 }
 END_TEST
 
+START_TEST(test_view_expanded_far_past_the_archive_size_is_refused) {
+    assert_refused("bad_expand.pth", "w.expand", "twice the archive");
+}
+END_TEST
+
 START_TEST(test_missing_storage_record_is_refused_naming_it) {
     assert_refused("bad_missing.pth", "archive/data/7", "w.ghost");
 }
@@ -246,6 +251,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_local_header_disagreeing_with_central_directory_is_refused);
     tcase_add_test(tc, test_declared_size_past_the_end_of_the_file_is_refused);
     tcase_add_test(tc, test_storage_too_small_for_the_view_is_refused_naming_the_tensor);
+    tcase_add_test(tc, test_view_expanded_far_past_the_archive_size_is_refused);
     tcase_add_test(tc, test_missing_storage_record_is_refused_naming_it);
     tcase_add_test(tc, test_top_level_list_is_refused);
     tcase_add_test(tc, test_unknown_opcode_is_refused_naming_the_byte);
