@@ -65,6 +65,14 @@ int video_decode_rgb(const char *path, uint8_t **rgb, video_info_t *info) {
 #include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libswscale/swscale.h>
+#include <pthread.h>
+
+/* libx264 reports statistics at FFmpeg's info level on every encode;
+ * Reel says what failed in its own error value, so FFmpeg's log (shared
+ * by the whole process, whose only FFmpeg user is this file) keeps errors
+ * only. */
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static void quiet_ffmpeg(void) { av_log_set_level(AV_LOG_ERROR); }
 
 /* FFmpeg's error code as text, for an error's detail. */
 static const char *av_text(int e, char buf[AV_ERROR_MAX_STRING_SIZE]) {
@@ -158,12 +166,14 @@ static int encode_send(AVCodecContext *enc, AVFrame *frame, AVPacket *pkt, AVFor
 /* Encodes the frames into an MP4 through pb (the caller's, already open;
  * not closed here). 0, or -1 with the error value set. */
 static int mux_mp4(AVIOContext *pb, const uint8_t *rgb, int64_t frames, int64_t height, int64_t width, int fps) {
+    pthread_once(&log_once, quiet_ffmpeg);
     AVFormatContext *oc = NULL;
     AVCodecContext *enc = NULL;
     AVFrame *frame = NULL;
     AVPacket *pkt = NULL;
     struct SwsContext *sws = NULL;
     AVDictionary *opts = NULL;
+    uint8_t *padded = NULL;
     int rc = -1, e;
     bool header = false;
 
@@ -189,7 +199,13 @@ static int mux_mp4(AVIOContext *pb, const uint8_t *rgb, int64_t frames, int64_t 
     enc->time_base = (AVRational){ 1, fps };
     enc->framerate = (AVRational){ fps, 1 };
     enc->gop_size = 12 * fps; /* one key frame for a Wan clip's 81 frames at 16 fps */
-    enc->thread_count = 1;   /* one thread: the same frames give the same bytes */
+    /* one thread: no thread timing in the output. The bytes are still not
+     * a pure function of the frames: Debian's libx264 (0.164, its SIMD
+     * code; x264-params asm=0 makes it exact, at several times the cost)
+     * gave a few bytes more or less for the same frames on some encodes
+     * within one process, whatever the buffers Reel hands it (zeroed,
+     * padded). The decoded frames agree to the codec's loss. */
+    enc->thread_count = 1;
     enc->flags |= AV_CODEC_FLAG_BITEXACT;
     enc->color_range = AVCOL_RANGE_MPEG;
     enc->colorspace = AVCOL_SPC_SMPTE170M;
@@ -229,13 +245,25 @@ static int mux_mp4(AVIOContext *pb, const uint8_t *rgb, int64_t frames, int64_t 
                   (long long)width);
         goto out;
     }
+    /* x264 copies whole rows of the frame's planes, alignment padding too:
+     * defined bytes there keep the output a function of the frames alone */
+    for (int i = 0; i < AV_NUM_DATA_POINTERS && frame->buf[i]; i++)
+        memset(frame->buf[i]->data, 0, frame->buf[i]->size);
+    /* swscale's SIMD reads up to 16 bytes past a frame's last pixel: each
+     * frame is copied into a padded buffer so it never reads the caller's
+     * memory beyond the array (whose bytes would also change the output) */
     const size_t fbytes = (size_t)(height * width * 3);
+    if (!(padded = av_mallocz(fbytes + 64))) {
+        reel_fail(REEL_E_NOMEM, "video: out of memory");
+        goto out;
+    }
     for (int64_t f = 0; f < frames; f++) {
         if ((e = av_frame_make_writable(frame)) < 0) {
             fail_av(e, REEL_E_NOMEM, "video: frame buffer");
             goto out;
         }
-        const uint8_t *src[1] = { rgb + (size_t)f * fbytes };
+        memcpy(padded, rgb + (size_t)f * fbytes, fbytes);
+        const uint8_t *src[1] = { padded };
         const int stride[1] = { (int)width * 3 };
         sws_scale(sws, src, stride, 0, (int)height, frame->data, frame->linesize);
         frame->pts = f;
@@ -251,6 +279,7 @@ static int mux_mp4(AVIOContext *pb, const uint8_t *rgb, int64_t frames, int64_t 
 out:
     if (header) av_write_trailer(oc); /* frees the muxer's state after a failure */
     av_dict_free(&opts);
+    av_free(padded);
     sws_freeContext(sws);
     av_packet_free(&pkt);
     av_frame_free(&frame);
@@ -327,6 +356,7 @@ static int read_video(const char *path, video_info_t *info, uint8_t **rgb) {
     int rc = -1, e;
     memset(info, 0, sizeof *info);
     if (rgb) *rgb = NULL;
+    pthread_once(&log_once, quiet_ffmpeg);
 
     if ((e = avformat_open_input(&ic, path, NULL, NULL)) < 0) {
         char b[AV_ERROR_MAX_STRING_SIZE];

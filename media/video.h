@@ -3,8 +3,11 @@
  * Frames are uint8 RGB [F,H,W,3], row-major, what a decoded Wan video
  * becomes (video_frames_from_f32). The writer encodes H.264 (libx264,
  * yuv420p, so H and W must be even) in an MP4 at `fps` frames per second
- * (Wan2.1 writes 16), deterministic for the same frames (one encoder
- * thread). The probe reads a file's stream back with libavformat: what a
+ * (Wan2.1 writes 16), one encoder thread. The bytes are NOT guaranteed
+ * identical from one encode of the same frames to the next: Debian's
+ * libx264 SIMD code was seen to vary a few bytes within one process
+ * (media/video.c says more); what a reader decodes agrees to the codec's
+ * loss. The probe reads a file's stream back with libavformat: what a
  * test or an operator checks a written video with.
  *
  * Encoder settings: libx264, preset medium, CRF 18, one thread, a key
@@ -51,7 +54,8 @@ int video_write_mp4(const char *path, const uint8_t *rgb, int64_t frames, int64_
 /* The same MP4 into a malloc'd buffer (*out, *len; the caller frees;
  * NULL and 0 on failure): what a GEN with output "video" carries back.
  * Muxed through a custom AVIOContext over a seekable growable memory
- * buffer (no temp file); the bytes equal video_write_mp4's. Failures as
+ * buffer (no temp file), the same muxing code as video_write_mp4: it
+ * probes identically and decodes to the same frames. Failures as
  * video_write_mp4's. */
 int video_encode_mp4(const uint8_t *rgb, int64_t frames, int64_t height, int64_t width, int fps,
                      uint8_t **out, size_t *len);
