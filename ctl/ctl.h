@@ -43,6 +43,8 @@ int cmd_report(int argc, char **argv);
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
+int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c; a test driver, not in the usage) */
+int cmd_video(int argc, char **argv);      /* video probe (cmd_text.c) */
 
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 

@@ -34,6 +34,7 @@ static const char usage[] =
     "                              a tensor of N(0,1) values (inputs for run)\n"
     "  tensor info F.safetensors   shape and statistics of every tensor\n"
     "  tensor diff A B [--name N]  bitwise comparison (exit 0 equal, 1 different)\n"
+    "  video probe FILE [--json]   a video's decoded frame count, size, frame rate and codec\n"
     "\n"
     "  against a running broker (default tcp://127.0.0.1:5555, --broker EP):\n"
     "  gen --model NAME --context C.safetensors [--uncond U.safetensors --cfg G]\n"
@@ -123,6 +124,8 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
     if (!strcmp(cmd, "artifacts")) return cmd_artifacts(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
+    if (!strcmp(cmd, "video")) return cmd_video(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);

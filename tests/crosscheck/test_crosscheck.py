@@ -14,6 +14,10 @@ After the Euler cases below, the run also does test_solvers.py's work (issue
 cross-check of `reelctl run --solver unipc|dpm++` against it at 1e-5.
 `--no-solvers` leaves them out; `test_solvers.py --selftest` exercises their
 comparison path against fake_reelctl.py.
+
+Then test_tokenizer.py's cross-check (issue 26): `reelctl tokenize` against
+Python's sentencepiece with Wan's prompt cleaning, on a model spm_train makes
+(`--no-tokenizer` leaves it out).
 """
 
 import argparse
@@ -29,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import safetensors_np  # noqa: E402
 import test_solvers  # noqa: E402
+import test_tokenizer  # noqa: E402
 import tinydit_ref as ref  # noqa: E402
 
 TOL = 1e-4
@@ -367,6 +372,7 @@ def main():
     ap.add_argument("--workdir", help="directory for weights, inputs and outputs")
     ap.add_argument("--selftest", action="store_true", help="check the numpy model alone (no reelctl needed)")
     ap.add_argument("--no-solvers", action="store_true", help="Euler cases only (no UniPC / DPM++)")
+    ap.add_argument("--no-tokenizer", action="store_true", help="leave out the tokenizer cross-check")
     a = ap.parse_args()
     if a.selftest:
         return selftest()
@@ -379,6 +385,11 @@ def main():
         sp, sf, _ = test_solvers.crosscheck_solvers(a.reelctl, a.workdir)
         passed += rp + sp
         failed += rf + sf
+    if not a.no_tokenizer:
+        print("-- tokenizer (issue 26): reelctl tokenize vs Python's sentencepiece and Wan's cleaning")
+        tp, tf = test_tokenizer.crosscheck_tokenizer(a.reelctl, os.path.join(a.workdir, "tokenizer"))
+        passed += tp
+        failed += tf
     print("crosscheck: %d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 
