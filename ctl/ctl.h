@@ -43,6 +43,7 @@ int cmd_report(int argc, char **argv);
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
+int cmd_encode(int argc, char **argv);     /* encode: ids through the umT5 encoder (cmd_encode.c) */
 
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 

@@ -463,7 +463,7 @@ int t5_weights_init(const t5_config_t *c, uint64_t seed, kern_dtype_t dtype, con
         int64_t cnt = e[i].shape[0] * (e[i].ndim == 2 ? e[i].shape[1] : 1);
         float *nb = realloc(buf, (size_t)cnt * sizeof *buf);
         uint16_t *nh = dtype == KERN_BF16 ? realloc(half, (size_t)cnt * sizeof *half) : half;
-        if (!nb || !nh) {
+        if (!nb || (dtype == KERN_BF16 && !nh)) {
             if (nb) buf = nb;
             if (nh) half = nh;
             reel_fail(REEL_E_NOMEM, "out of memory initialising %s", e[i].name);
