@@ -5,6 +5,7 @@
 #include "ctl.h"
 #include "base/error.h"
 #include "base/parse.h"
+#include "model/t5.h"
 #include "model/tinydit.h"
 #include "model/wan_ckpt.h"
 #include <jansson.h>
@@ -254,10 +255,49 @@ out:
     return code;
 }
 
+/* `weights init-t5 --config NAME --seed S [--dtype f32|bf16] --out PATH`:
+ * random umT5 encoder weights under the release's names (model/t5.h). */
+static int weights_init_t5(int argc, char **argv) {
+    static const struct option opts[] = {
+        { "config", required_argument, 0, 'c' }, { "seed", required_argument, 0, 's' },
+        { "dtype", required_argument, 0, 'd' }, { "out", required_argument, 0, 'o' }, { 0, 0, 0, 0 },
+    };
+    const char *config = NULL, *out = NULL;
+    uint64_t seed = 0;
+    kern_dtype_t dt = KERN_F32;
+    int o;
+    opterr = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': config = optarg; break;
+        case 'o': out = optarg; break;
+        case 's':
+            if (reel_parse_u64(optarg, 0, UINT64_MAX, "--seed", &seed)) return -1;
+            break;
+        case 'd':
+            if (!strcmp(optarg, "f32")) dt = KERN_F32;
+            else if (!strcmp(optarg, "bf16")) dt = KERN_BF16;
+            else return reel_fail(REEL_E_INVALID, "--dtype: '%s' is not f32 or bf16", optarg);
+            break;
+        default: return reel_fail(REEL_E_INVALID, "weights init-t5: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return reel_fail(REEL_E_INVALID, "weights init-t5: unexpected argument '%s'", argv[optind]);
+    if (!config || !out) return reel_fail(REEL_E_INVALID, "weights init-t5 needs --config and --out");
+    t5_config_t c;
+    if (t5_config_builtin(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config: ");
+    if (t5_weights_init(&c, seed, dt, out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    fprintf(stderr, "reelctl: wrote %s: t5 config %s (vocab %" PRId64 " dim %" PRId64 " layers %" PRId64 "), %s, seed %"
+            PRIu64 "\n", out, c.name, c.vocab, c.dim, c.layers, kern_dtype_name(dt), seed);
+    return 0;
+}
+
 int cmd_weights(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "init-t5")) return weights_init_t5(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "export")) return weights_export(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|inspect|info|export ...");
+    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|init-t5|inspect|info|export ...");
 }

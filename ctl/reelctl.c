@@ -11,6 +11,8 @@ static const char usage[] =
     "commands:\n"
     "  weights init --config tiny|small|wan2.1-1.3b|wan2.1-14b|FILE.json --seed N --out W.safetensors\n"
     "                              write deterministic random weights\n"
+    "  weights init-t5 --config t5-tiny|t5-small|umt5-xxl --seed N [--dtype f32|bf16] --out T5.safetensors\n"
+    "                              random umT5 text-encoder weights under the release's names\n"
     "  weights inspect PATH [--json]  a checkpoint's layout, config, parameters, dtypes, bytes,\n"
     "                              files and the sha256 a sync announces; PATH: a Reel file, a\n"
     "                              Wan2.1 release file or folder, a sharded index or its folder,\n"
@@ -25,6 +27,8 @@ static const char usage[] =
     "      [--dtype f32|bf16] [--graphs on|off] [--warmup N] --out OUT.safetensors\n"
     "                              one denoising loop in this process (no broker)\n"
     "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
+    "  encode --t5 T5.safetensors --ids 5,17,1 [--pad-to N] [--backend cpu|cuda] [--dtype f32|bf16]\n"
+    "      -o OUT.safetensors      token ids through the umT5 encoder: OUT holds context [n, dim] F32\n"
     "  kernels [--json]            list the registered kernels\n"
     "  artifacts list|verify|report DIR [--enable ID,..] [--timing off|sync|shadow] [--json]\n"
     "                              kernel bundles under DIR (docs/ARTIFACTS.md); report\n"
@@ -121,6 +125,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "sync")) wire_tune_malloc();
     if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "encode")) return cmd_encode(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
     if (!strcmp(cmd, "artifacts")) return cmd_artifacts(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);

@@ -201,6 +201,26 @@ int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_
  * timestep a multistep solver's schedule hands the transformer. */
 int kern_timestep_embed_at(kern_stream_t *s, const kern_tensor_t *at, kern_tensor_t *emb);
 
+/* Text-encoder ops (kernels/text_ops.c; the umT5 encoder, model/t5.h).
+ *
+ * Attention with an additive relative-position bias and a key mask, as T5
+ * runs it: for each head h and query i, with r = j − i,
+ *   o_i,h = Σ_{j < nk_valid} softmax_j(scale·q_i,h·k_j,h + rel[h, r + nq − 1])·v_j,h
+ * q, o [Nq, H·d], k, v [Nk, H·d] in one dtype; rel F32 [H, Nq + Nk − 1]
+ * (a bias that depends only on the offset j − i, so T5's [H, Nq, Nk] bias
+ * costs 1/Nq of its memory), or NULL for none; keys at and after
+ * nk_valid (1..Nk) are masked: they get weight exactly 0, as T5's
+ * finfo.min fill gives. T5 passes scale 1 (no 1/√d). Scores and softmax in
+ * F32 (the CPU's sum in double). CPU scratch: a block of scores, bounded
+ * as kern_attention's. CUDA: one block per (query, head), the row of
+ * scores in shared memory: nk_valid + head_dim <= 12,000 or the launch is
+ * refused (REEL_E_LIMIT). -1 with a message naming the op and tensor. */
+int kern_attention_bias(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                        const kern_tensor_t *v, const kern_tensor_t *rel, int64_t heads,
+                        int64_t nk_valid, float scale, kern_tensor_t *o);
+/* y = a·b elementwise, same element count, one dtype; y may alias a or b. */
+int kern_mul(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y);
+
 #ifdef __cplusplus
 }
 #endif

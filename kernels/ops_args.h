@@ -234,6 +234,24 @@ typedef struct {
     int64_t n;
 } kern_sde_args_t;
 
+/* ATTENTION_BIAS (T5's attention), for each head h and query i:
+ *   o[i, h·d:(h+1)·d] = Σ_{j<nk_valid} softmax_j(scale·q_i,h·k_j,hᵀ + b_h(j − i))·v_j,h
+ * with b_h(r) = rel[h·(nq + nk − 1) + r + nq − 1] (r = j − i runs from
+ * −(nq − 1) to nk − 1), or 0 when rel is NULL. Keys j >= nk_valid are
+ * masked out (weight exactly 0); 1 <= nk_valid <= nk. q, o [nq, heads·
+ * head_dim], k, v [nk, heads·head_dim] in the op's dtype; rel is F32 in
+ * device memory. o aliases none of the inputs. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    const void *q, *k, *v;
+    const float *rel;
+    void *o;
+    int64_t nq, nk, nk_valid, heads, head_dim;
+    float scale;
+} kern_attention_bias_args_t;
+
+/* MUL takes kern_binary_args_t: y = a·b over n elements (y may alias a or b). */
+
 #ifdef __cplusplus
 }
 #endif

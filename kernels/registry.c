@@ -18,7 +18,7 @@ static const char *op_names[KERN_OP_COUNT] = {
     "gelu_tanh", "silu", "attention", "rope3d", "patchify", "unpatchify",
     "timestep_embed", "cfg_combine", "euler", "sde", "gemm_batched", "softmax",
     "gemm_gelu", "layernorm_modulate", "rmsnorm_rope3d", "attention_sdpa", "sde_dev",
-    "multistep",
+    "multistep", "attention_bias", "mul",
 };
 
 const char *kern_op_name(kern_op_t op) {

@@ -40,6 +40,8 @@ typedef enum {
     KERN_OP_ATTENTION_SDPA,  /* attention by a library's fused SDPA (CUDA: cuDNN, BF16) */
     KERN_OP_SDE_DEV,         /* the SDE update with eta, seed and step read from device memory */
     KERN_OP_MULTISTEP,       /* a multistep solver's update (UniPC, DPM++), coefficients read from memory */
+    KERN_OP_ATTENTION_BIAS,  /* softmax(scale·q·kᵀ + relative-position bias, key mask)·v (T5) */
+    KERN_OP_MUL,             /* y = a·b elementwise (T5's gated feed-forward) */
     KERN_OP_COUNT
 } kern_op_t;
 

@@ -62,6 +62,9 @@ if [ "${REEL_UNIT_ONLY:-0}" != 1 ]; then
     echo "=== crosscheck (numpy implementation of TINYDIT.md vs reelctl run)"
     mkdir -p "$log/xc"
     run_script crosscheck "$PY" tests/crosscheck/test_crosscheck.py --reelctl "$BUILD/reelctl" --workdir "$log/xc"
+    echo "=== t5 (numpy umT5 encoder from wan/modules/t5.py vs reelctl encode)"
+    mkdir -p "$log/t5"
+    run_script t5 "$PY" tests/crosscheck/test_t5.py --reelctl "$BUILD/reelctl" --workdir "$log/t5"
     echo "=== python client (clients/python against a real broker and worker)"
     run_script python "$PY" clients/python/tests/test_client.py --build "$BUILD"
     for s in tests/cli_*.sh; do

@@ -59,6 +59,11 @@ int kern_cuda_layernorm_modulate_f32(void *ctx, const void *args);
 int kern_cuda_layernorm_modulate_bf16(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_f32(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_bf16(void *ctx, const void *args);
+/* The text encoder's (attention_bias.cu, mul.cu). */
+int kern_cuda_attention_bias_f32(void *ctx, const void *args);
+int kern_cuda_attention_bias_bf16(void *ctx, const void *args);
+int kern_cuda_mul_f32(void *ctx, const void *args);
+int kern_cuda_mul_bf16(void *ctx, const void *args);
 /* attention_cudnn.c, in builds with cuDNN (HAVE_CUDNN) only. */
 int kern_cuda_attention_sdpa_bf16(void *ctx, const void *args);
 
