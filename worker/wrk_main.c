@@ -32,7 +32,7 @@
 #include "model/tdit_program.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
-#include "worker/wrk_media.h"
+#include "model/t2v.h"
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
@@ -337,8 +337,8 @@ static int send_ready(link_t *l) {
     r.solvers = solvers;
     r.n_solvers = 2;
     /* What else it does: prompts in, frames and videos out. */
-    if (w->text) snprintf(r.text_encoder, sizeof r.text_encoder, "%s", wrk_text_name(w->text));
-    if (w->vae) snprintf(r.vae, sizeof r.vae, "%s", wrk_vae_name(w->vae));
+    if (w->text) snprintf(r.text_encoder, sizeof r.text_encoder, "%s", t2v_text_name(w->text));
+    if (w->vae) snprintf(r.vae, sizeof r.vae, "%s", t2v_vae_name(w->vae));
     r.versions.n = 1;
     snprintf(r.versions.e[0].name, sizeof r.versions.e[0].name, "%s", TDIT_COMPONENT);
     r.versions.e[0].n = atomic_load(&w->applied_version);
@@ -592,17 +592,17 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
     const char *tok = o->tokenizer ? o->tokenizer : t5 ? rel.tokenizer : NULL;
     const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
     const tdit_config_t *cfg = tdit_model_config(w->model);
-    if (t5 && !(w->text = wrk_text_new(w->backend, t5, tok, cfg->text_len, cfg->text_dim, o->text_cache))) {
+    if (t5 && !(w->text = t2v_text_new(w->backend, t5, tok, cfg->text_len, cfg->text_dim, o->text_cache))) {
         wrk_log(w, "%s", reel_err_text());
         return -1;
     }
-    if (vae && !(w->vae = wrk_vae_new(w->backend, vae, cfg->in_channels))) {
+    if (vae && !(w->vae = t2v_vae_new(w->backend, vae, cfg->in_channels))) {
         wrk_log(w, "%s", reel_err_text());
         return -1;
     }
-    size_t used = (w->text ? wrk_text_bytes(w->text) + o->text_cache : 0) + (w->vae ? wrk_vae_bytes(w->vae) : 0);
-    if (w->text) wrk_log(w, "text encoder %s (%s, tokenizer %s): prompts accepted", wrk_text_name(w->text), t5, tok);
-    if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", wrk_vae_name(w->vae), vae);
+    size_t used = (w->text ? t2v_text_bytes(w->text) + o->text_cache : 0) + (w->vae ? t2v_vae_bytes(w->vae) : 0);
+    if (w->text) wrk_log(w, "text encoder %s (%s, tokenizer %s): prompts accepted", t2v_text_name(w->text), t5, tok);
+    if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", t2v_vae_name(w->vae), vae);
     *cache_budget = o->budget;
     if (o->budget && used >= o->budget) {
         wrk_log(w, "--budget %zu bytes is used up by the text encoder, its cache and the VAE (%zu bytes)", o->budget,
@@ -782,8 +782,8 @@ static void teardown(run_t *r) {
     kern_artifacts_destroy(&r->artifacts); /* after every graph that may hold its kernels */
     if (r->lock_ok) pthread_rwlock_destroy(&w->step_lock);
     tdit_model_destroy(&w->model);
-    wrk_text_destroy(&w->text);
-    wrk_vae_destroy(&w->vae);
+    t2v_text_destroy(&w->text);
+    t2v_vae_destroy(&w->vae);
     wrk_events_destroy(&w->events);
     kern_backend_destroy(&w->backend);
     wrk_shared_fini(w);

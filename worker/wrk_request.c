@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include "base/error.h"
-#include "worker/wrk_media.h"
+#include "model/t2v.h"
 
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) {
@@ -99,7 +99,7 @@ int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_t
 /* The job's prompt and, when guided, its negative prompt (the GEN's, or
  * Wan's default), copied. */
 static int job_prompts(wrk_job_t *j, const msg_gen_t *r, wire_err_t *err) {
-    const char *neg = r->negative_prompt && *r->negative_prompt ? r->negative_prompt : WRK_WAN_NEG_PROMPT;
+    const char *neg = r->negative_prompt && *r->negative_prompt ? r->negative_prompt : T2V_WAN_NEG_PROMPT;
     if (!(j->prompt = strdup(r->prompt)) || (msg_gen_guided(r) && !(j->neg_prompt = strdup(neg))))
         return bad(err, WIRE_E_INTERNAL, "out of memory copying the prompt");
     return 0;

@@ -1,6 +1,6 @@
-/* wrk_media.c -- the worker's text encoder, prompt cache and VAE (see
- * wrk_media.h). */
-#include "worker/wrk_media.h"
+/* t2v.c -- text to video around the DiT: the text encoder with its prompt
+ * cache, and the VAE to frames and MP4 (see t2v.h). */
+#include "model/t2v.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 #include "model/t5.h"
 #include "model/vae.h"
 
-const char WRK_WAN_NEG_PROMPT[] =
+const char T2V_WAN_NEG_PROMPT[] =
     "\xe8\x89\xb2\xe8\xb0\x83\xe8\x89\xb3\xe4\xb8\xbd\xef\xbc\x8c\xe8\xbf\x87\xe6\x9b\x9d\xef\xbc\x8c\xe9\x9d\x99"
     "\xe6\x80\x81\xef\xbc\x8c\xe7\xbb\x86\xe8\x8a\x82\xe6\xa8\xa1\xe7\xb3\x8a\xe4\xb8\x8d\xe6\xb8\x85\xef\xbc\x8c"
     "\xe5\xad\x97\xe5\xb9\x95\xef\xbc\x8c\xe9\xa3\x8e\xe6\xa0\xbc\xef\xbc\x8c\xe4\xbd\x9c\xe5\x93\x81\xef\xbc\x8c"
@@ -42,14 +42,14 @@ typedef struct entry {
     size_t bytes;                /* what it counts against the bound */
 } entry_t;
 
-struct wrk_text {
+struct t2v_text {
     pthread_mutex_t mu;          /* one encode at a time; guards the cache */
     tok_t *tok;
     t5_model_t *t5;
     int64_t text_len, dim;
     size_t max_bytes;
     entry_t *head, *tail;
-    wrk_text_stats_t st;
+    t2v_text_stats_t st;
 };
 
 static uint64_t fnv1a(const char *s) {
@@ -58,7 +58,7 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-static void unlink_entry(wrk_text_t *t, entry_t *e) {
+static void unlink_entry(t2v_text_t *t, entry_t *e) {
     if (e->prev) e->prev->next = e->next;
     else t->head = e->next;
     if (e->next) e->next->prev = e->prev;
@@ -66,7 +66,7 @@ static void unlink_entry(wrk_text_t *t, entry_t *e) {
     e->prev = e->next = NULL;
 }
 
-static void push_front(wrk_text_t *t, entry_t *e) {
+static void push_front(t2v_text_t *t, entry_t *e) {
     e->next = t->head;
     e->prev = NULL;
     if (t->head) t->head->prev = e;
@@ -81,7 +81,7 @@ static void entry_free(entry_t *e) {
     free(e);
 }
 
-static entry_t *cache_find(wrk_text_t *t, const char *text, uint64_t h) {
+static entry_t *cache_find(t2v_text_t *t, const char *text, uint64_t h) {
     for (entry_t *e = t->head; e; e = e->next)
         if (e->hash == h && !strcmp(e->text, text)) return e;
     return NULL;
@@ -89,7 +89,7 @@ static entry_t *cache_find(wrk_text_t *t, const char *text, uint64_t h) {
 
 /* Keeps e (most recent) and drops the least recent past the bound; an
  * entry larger than the bound on its own is not kept (freed). */
-static void cache_put(wrk_text_t *t, entry_t *e) {
+static void cache_put(t2v_text_t *t, entry_t *e) {
     if (e->bytes > t->max_bytes) {
         entry_free(e);
         return;
@@ -109,13 +109,13 @@ static void cache_put(wrk_text_t *t, entry_t *e) {
 
 /* ---- the text encoder ------------------------------------------------------------ */
 
-wrk_text_t *wrk_text_new(kern_backend_t *b, const char *t5_path, const char *tok_path, int64_t text_len,
+t2v_text_t *t2v_text_new(kern_backend_t *b, const char *t5_path, const char *tok_path, int64_t text_len,
                          int64_t text_dim, size_t cache_bytes) {
     if (text_len < 1) {
         reel_fail(REEL_E_INVALID, "a text encoder needs a model with text_len (the DiT's config has none)");
         return NULL;
     }
-    wrk_text_t *t = calloc(1, sizeof *t);
+    t2v_text_t *t = calloc(1, sizeof *t);
     if (!t) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
@@ -128,7 +128,7 @@ wrk_text_t *wrk_text_new(kern_backend_t *b, const char *t5_path, const char *tok
         !(t->t5 = t5_model_load(b, f, KERN_F32))) {
         reel_fail_prefix("text encoder: ");
         st_close(&f);
-        wrk_text_destroy(&t);
+        t2v_text_destroy(&t);
         return NULL;
     }
     st_close(&f);
@@ -138,15 +138,15 @@ wrk_text_t *wrk_text_new(kern_backend_t *b, const char *t5_path, const char *tok
         reel_fail(REEL_E_INVALID, "text encoder: %s is %lld wide with a vocabulary of %lld; the DiT takes text_dim "
                   "%lld and the tokenizer has %d pieces", t5_path, (long long)c->dim, (long long)c->vocab,
                   (long long)text_dim, tok_vocab_size(t->tok));
-        wrk_text_destroy(&t);
+        t2v_text_destroy(&t);
         return NULL;
     }
     return t;
 }
 
-void wrk_text_destroy(wrk_text_t **tp) {
+void t2v_text_destroy(t2v_text_t **tp) {
     if (!tp || !*tp) return;
-    wrk_text_t *t = *tp;
+    t2v_text_t *t = *tp;
     for (entry_t *e = t->head, *n; e; e = n) {
         n = e->next;
         entry_free(e);
@@ -158,17 +158,17 @@ void wrk_text_destroy(wrk_text_t **tp) {
     *tp = NULL;
 }
 
-const char *wrk_text_name(const wrk_text_t *t) { return t5_model_config(t->t5)->name; }
-size_t wrk_text_bytes(const wrk_text_t *t) { return t5_model_bytes(t->t5); }
+const char *t2v_text_name(const t2v_text_t *t) { return t5_model_config(t->t5)->name; }
+size_t t2v_text_bytes(const t2v_text_t *t) { return t5_model_bytes(t->t5); }
 
-void wrk_text_stats(wrk_text_t *t, wrk_text_stats_t *out) {
+void t2v_text_stats(t2v_text_t *t, t2v_text_stats_t *out) {
     pthread_mutex_lock(&t->mu);
     *out = t->st;
     pthread_mutex_unlock(&t->mu);
 }
 
 /* A new cache entry: text tokenized and encoded at its real length. */
-static entry_t *encode(wrk_text_t *t, kern_stream_t *s, const char *text, uint64_t h) {
+static entry_t *encode(t2v_text_t *t, kern_stream_t *s, const char *text, uint64_t h) {
     int32_t *ids = malloc((size_t)t->text_len * sizeof *ids);
     entry_t *e = calloc(1, sizeof *e);
     int n = ids && e ? tok_encode(t->tok, text, (int)t->text_len, ids, (int)t->text_len) : -1;
@@ -187,7 +187,7 @@ static entry_t *encode(wrk_text_t *t, kern_stream_t *s, const char *text, uint64
     return e;
 }
 
-int wrk_text_context(wrk_text_t *t, kern_stream_t *s, const char *text, float **out, int64_t *rows) {
+int t2v_text_context(t2v_text_t *t, kern_stream_t *s, const char *text, float **out, int64_t *rows) {
     *out = NULL;
     float *ctx = calloc((size_t)(t->text_len * t->dim), sizeof *ctx);
     if (!ctx) return reel_fail(REEL_E_NOMEM, "out of memory for a context of %lld rows", (long long)t->text_len);
@@ -218,13 +218,13 @@ int wrk_text_context(wrk_text_t *t, kern_stream_t *s, const char *text, float **
 
 /* ---- the VAE --------------------------------------------------------------------- */
 
-struct wrk_vae {
+struct t2v_vae {
     pthread_mutex_t mu;
     vae_model_t *m;
 };
 
-wrk_vae_t *wrk_vae_new(kern_backend_t *b, const char *path, int64_t in_channels) {
-    wrk_vae_t *v = calloc(1, sizeof *v);
+t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels) {
+    t2v_vae_t *v = calloc(1, sizeof *v);
     if (!v) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
@@ -234,20 +234,20 @@ wrk_vae_t *wrk_vae_new(kern_backend_t *b, const char *path, int64_t in_channels)
     if (!f || !(v->m = vae_model_load(b, f, KERN_F32))) {
         reel_fail_prefix("VAE: ");
         st_close(&f);
-        wrk_vae_destroy(&v);
+        t2v_vae_destroy(&v);
         return NULL;
     }
     st_close(&f);
     if (vae_model_config(v->m)->z_dim != in_channels) {
         reel_fail(REEL_E_INVALID, "VAE: %s decodes %lld latent channels; the DiT makes %lld", path,
                   (long long)vae_model_config(v->m)->z_dim, (long long)in_channels);
-        wrk_vae_destroy(&v);
+        t2v_vae_destroy(&v);
         return NULL;
     }
     return v;
 }
 
-void wrk_vae_destroy(wrk_vae_t **vp) {
+void t2v_vae_destroy(t2v_vae_t **vp) {
     if (!vp || !*vp) return;
     vae_model_destroy(&(*vp)->m);
     pthread_mutex_destroy(&(*vp)->mu);
@@ -255,10 +255,10 @@ void wrk_vae_destroy(wrk_vae_t **vp) {
     *vp = NULL;
 }
 
-const char *wrk_vae_name(const wrk_vae_t *v) { return vae_model_config(v->m)->name; }
-size_t wrk_vae_bytes(const wrk_vae_t *v) { return vae_model_bytes(v->m); }
+const char *t2v_vae_name(const t2v_vae_t *v) { return vae_model_config(v->m)->name; }
+size_t t2v_vae_bytes(const t2v_vae_t *v) { return vae_model_bytes(v->m); }
 
-int wrk_vae_decode(wrk_vae_t *v, kern_stream_t *s, const float *latents, int n, const int64_t shape[4],
+int t2v_vae_decode(t2v_vae_t *v, kern_stream_t *s, const float *latents, int n, const int64_t shape[4],
                    uint8_t **frames, uint8_t **mp4, size_t *mp4_len) {
     *frames = NULL;
     if (mp4) *mp4 = NULL;
