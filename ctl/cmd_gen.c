@@ -37,6 +37,8 @@ typedef struct {
     const char *key, *broker_key; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
     reel_gen_t g;
     reel_rollout_t rollout;     /* --trajectory, --log-probs, --means */
+    reel_decoded_t decoded;     /* --output frames / video (or --out X.mp4) */
+    const char *video_out;      /* --out X.mp4: the video goes there, the latent to X.mp4.safetensors */
     bool have_cfg, quiet;
     int timeout_ms, channels;
     int64_t size[3];
@@ -46,7 +48,7 @@ typedef struct {
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
-       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER };
+       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT };
 
 /* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
@@ -81,6 +83,13 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
         g->solver = arg;
         return 0;
     case O_QUIET: o->quiet = true; return 0;
+    case O_PROMPT: g->prompt = arg; return 0;
+    case O_NEG: g->negative_prompt = arg; return 0;
+    case O_OUTPUT:
+        if (strcmp(arg, "latent") && strcmp(arg, "frames") && strcmp(arg, "video"))
+            return reel_fail(REEL_E_INVALID, "--output: '%s' is not latent, frames or video", arg);
+        g->output = arg;
+        return 0;
     case O_TRAJ: o->rollout.want_trajectory = true; return 0;
     case O_LOGP: o->rollout.want_log_probs = true; return 0;
     case O_MEANS: o->rollout.want_means = true; return 0;
@@ -123,6 +132,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "trajectory", no_argument, 0, O_TRAJ }, { "log-probs", no_argument, 0, O_LOGP },
         { "means", no_argument, 0, O_MEANS }, { "n", required_argument, 0, O_N },
         { "seeds", required_argument, 0, O_SEEDS }, { "solver", required_argument, 0, O_SOLVER },
+        { "prompt", required_argument, 0, O_PROMPT }, { "negative-prompt", required_argument, 0, O_NEG },
+        { "output", required_argument, 0, O_OUTPUT }, { "o", required_argument, 0, O_OUT },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
@@ -136,7 +147,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (opt < O_BROKER || opt > O_SOLVER)
+        if (opt < O_BROKER || opt > O_OUTPUT)
             return reel_fail(REEL_E_INVALID, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if (gen_option(o, opt, optarg) != 0) return -1;
     }
@@ -144,9 +155,21 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     /* Never give up before the broker does: it would run the request for nobody. */
     uint64_t dl = o->g.deadline_ms;
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
-    if (!o->g.model || !o->ctx_path || !o->out || o->g.steps < 0)
-        return reel_fail(REEL_E_INVALID, "gen needs --model, --context, --steps and --out");
-    if (!!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
+    if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
+        return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
+    if (o->g.prompt && (o->ctx_path || o->unc_path))
+        return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
+    if (o->g.negative_prompt && !o->g.prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
+    if (!o->g.prompt && !!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
+    /* --out X.mp4: the video itself (the latent beside it, X.mp4.safetensors) */
+    size_t ol = strlen(o->out);
+    if (ol > 4 && !strcmp(o->out + ol - 4, ".mp4")) {
+        if (o->g.output && strcmp(o->g.output, "video"))
+            return reel_fail(REEL_E_INVALID, "--out %s is a video; --output %s does not make one", o->out, o->g.output);
+        o->g.output = "video";
+        o->video_out = o->out;
+    }
+    if (o->g.output && strcmp(o->g.output, "latent")) o->g.decoded = &o->decoded;
     if (!o->lat_path == !o->size[0])
         return reel_fail(REEL_E_INVALID, "gen needs --latent FILE or --size FxHxW (with --seed)");
     if (o->g.sde && o->g.solver && strcmp(o->g.solver, "euler"))
@@ -172,8 +195,10 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
 static int gen_inputs(gen_opts_t *o) {
     reel_gen_t *g = &o->g;
     float *t;
-    if (!(t = ctl_read_tensor(o->ctx_path, "context", 2, g->ctx_shape))) return -1;
-    g->context = t;
+    if (o->ctx_path) {
+        if (!(t = ctl_read_tensor(o->ctx_path, "context", 2, g->ctx_shape))) return -1;
+        g->context = t;
+    }
     if (o->unc_path) {
         int64_t us[2];
         if (!(t = ctl_read_tensor(o->unc_path, "context", 2, us))) return -1;
@@ -233,6 +258,15 @@ static int add_rollout(st_writer_t *w, const reel_rollout_t *ro) {
     return st_writer_meta(w, "version_runs", runs);
 }
 
+/* ", encode 0.012 s, decode 0.300 s" when there was either. */
+static const char *media_text(const reel_decoded_t *d) {
+    static char buf[96];
+    buf[0] = 0;
+    if (d->encode_seconds > 0 || d->decode_seconds > 0)
+        snprintf(buf, sizeof buf, " (+ encode %.3f s, decode %.3f s)", d->encode_seconds, d->decode_seconds);
+    return buf;
+}
+
 /* Writes the result latent to o->out (safetensors, with the worker, the
  * weights version and the config) and says so on stderr. 0, or -1 with
  * the error value set (exit status 1). */
@@ -243,10 +277,27 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     int grp = o->g.n > 1;
     int64_t ls[5] = { o->g.n };
     memcpy(ls + 1, o->g.latent_shape, sizeof o->g.latent_shape);
+    char lat_path[PATH_MAX];
+    const char *dst = o->out;
+    if (o->video_out) { /* the video to -o, the latent beside it */
+        if (ctl_write_bytes(o->video_out, o->decoded.video, o->decoded.video_bytes) != 0) {
+            st_writer_destroy(&w);
+            return ctl_fail_as(REEL_E_IO, NULL);
+        }
+        snprintf(lat_path, sizeof lat_path, "%s.safetensors", o->out);
+        dst = lat_path;
+    }
+    const reel_decoded_t *d = &o->decoded;
+    char npy[PATH_MAX];
+    snprintf(npy, sizeof npy, "%s.frames.npy", o->out);
+    if (d->frames && ctl_write_npy_u8(npy, d->frames, d->frames_ndim, d->frames_shape) != 0) {
+        st_writer_destroy(&w);
+        return ctl_fail_as(REEL_E_IO, NULL);
+    }
     int wrc = !w || st_writer_add_f32(w, "latent", 4 + grp, grp ? ls : ls + 1, res_lat) ||
               add_rollout(w, &o->rollout) || st_writer_meta(w, "worker", r->worker) ||
               st_writer_meta(w, "weights_version", v) || st_writer_meta(w, "config", o->g.model) ||
-              st_writer_save(w, o->out);
+              st_writer_save(w, dst);
     st_writer_destroy(&w);
     if (wrc) return ctl_fail_as(REEL_E_IO, NULL);
     char vers[48];
@@ -257,9 +308,9 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     char grp_text[48] = "";
     if (grp) snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps", o->g.n);
     fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps%s (captured %d, "
-            "replayed %d, eager %d%s%s), %.3f s on the worker -> %s\n", o->g.model, o->broker, r->worker, vers,
+            "replayed %d, eager %d%s%s), %.3f s on the worker%s -> %s\n", o->g.model, o->broker, r->worker, vers,
             o->g.steps, grp_text, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines,
-            r->seconds, o->out);
+            r->seconds, media_text(d), o->out);
     return 0;
 }
 
@@ -295,6 +346,7 @@ done:
     free((void *)o.g.latent);
     free(res_lat);
     reel_rollout_free(&o.rollout);
+    reel_decoded_free(&o.decoded);
     return code;
 }
 

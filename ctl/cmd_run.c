@@ -6,10 +6,14 @@
 #include "base/opts.h"
 #include "base/parse.h"
 #include "model/loop.h"
+#include "model/release.h"
+#include "model/t2v.h"
 #include "model/tinydit.h"
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
 #include <float.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <stddef.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,6 +22,10 @@
 
 typedef struct {
     const char *weights, *latent, *context, *uncond, *out, *backend, *dtype;
+    const char *prompt, *neg_prompt; /* --prompt, --negative-prompt: encoded here (issue 26) */
+    const char *t5, *tokenizer, *vae; /* else a release folder's (--weights DIR) */
+    int frame_num;                  /* --frame_num N with a pixel --size W*H (Wan's generate.py) */
+    int64_t pixels[2];              /* W, H of a pixel --size; 0: latent units */
     tdit_loop_t loop;
     bool have_cfg, have_seed;
     bool graphs;
@@ -44,7 +52,24 @@ static int set_seed(void *dst, const char *v) {
     ((run_opts_t *)dst)->have_seed = true;
     return 0;
 }
-static int set_size(void *dst, const char *v) { return ctl_size_parse(v, "--size", ((run_opts_t *)dst)->size); }
+/* --size FxHxW in latent units, or Wan's pixel form W*H ("832*480"),
+ * whose frames come from --frame_num (81). */
+static int set_size(void *dst, const char *v) {
+    run_opts_t *r = dst;
+    const char *star = strchr(v, '*');
+    if (!star) return ctl_size_parse(v, "--size", r->size);
+    char w[32];
+    size_t n = (size_t)(star - v);
+    if (n >= sizeof w) return reel_fail(REEL_E_INVALID, "--size: '%s' is not W*H", v);
+    memcpy(w, v, n);
+    w[n] = 0;
+    if (reel_parse_i64(w, 8, 8 * 65536, "--size width", &r->pixels[0]) || reel_parse_i64(star + 1, 8, 8 * 65536, "--size height", &r->pixels[1]))
+        return -1;
+    if (r->pixels[0] % 16 || r->pixels[1] % 16)
+        return reel_fail(REEL_E_INVALID, "--size %s: width and height must be multiples of 16 (8 for the VAE, "
+                         "x2 for the DiT's patches)", v);
+    return 0;
+}
 
 static const char *const on_off[] = { "off", "on", NULL };
 
@@ -71,6 +96,14 @@ static const reel_opt_t run_rows[] = {
     { .name = "warmup", .kind = REEL_OPT_INT, .off = O(warmup), .lo = 0, .hi = 1000 },
     { .name = "no-fallback", .kind = REEL_OPT_FLAG, .off = O(no_fallback) },
     { .name = "solver", .kind = REEL_OPT_SET, .set = set_solver },
+    { .name = "prompt", .kind = REEL_OPT_STRING, .off = O(prompt) },
+    { .name = "negative-prompt", .kind = REEL_OPT_STRING, .off = O(neg_prompt) },
+    { .name = "t5", .kind = REEL_OPT_STRING, .off = O(t5) },
+    { .name = "tokenizer", .kind = REEL_OPT_STRING, .off = O(tokenizer) },
+    { .name = "vae", .kind = REEL_OPT_STRING, .off = O(vae) },
+    { .name = "o", .kind = REEL_OPT_STRING, .off = O(out) },
+    { .name = "frame_num", .kind = REEL_OPT_INT, .off = O(frame_num), .lo = 1, .hi = 4 * 65535 + 1,
+      .expect = "1 + 4k frames (81)" },
 };
 #undef O
 
@@ -90,15 +123,26 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest))
         return reel_fail_prefix("run: ");
     if (rest < argc) return reel_fail(REEL_E_INVALID, "run: unexpected argument '%s'", argv[rest]);
-    if (!r->weights || !r->context || !r->out)
-        return reel_fail(REEL_E_INVALID, "run needs --weights, --context and --out");
+    if (!r->weights || !(r->context || r->prompt) || !r->out)
+        return reel_fail(REEL_E_INVALID, "run needs --weights, --context (or --prompt) and --out");
+    if (r->prompt && (r->context || r->uncond))
+        return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
+    if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
+    if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
+        int fn = r->frame_num ? r->frame_num : 81;
+        if ((fn - 1) % 4) return reel_fail(REEL_E_INVALID, "--frame_num %d: Wan's VAE makes 1 + 4k frames", fn);
+        int64_t sz[3] = { (fn - 1) / 4 + 1, r->pixels[1] / 8, r->pixels[0] / 8 };
+        memcpy(r->size, sz, sizeof sz);
+    } else if (r->frame_num) {
+        return reel_fail(REEL_E_INVALID, "--frame_num goes with a pixel --size W*H (e.g. 832*480)");
+    }
     if (r->loop.steps < 0) return reel_fail(REEL_E_INVALID, "run needs --steps N");
     if (!r->latent && !r->size[0])
         return reel_fail(REEL_E_INVALID,
                          "run needs --latent FILE, or --size FxHxW (with --seed K, default 0) to draw one");
     if (r->latent && r->size[0]) return reel_fail(REEL_E_INVALID, "--latent and --size exclude each other");
     if (r->uncond && !r->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond needs --cfg G");
-    if (r->have_cfg && !r->uncond) return reel_fail(REEL_E_INVALID, "--cfg needs --uncond U.safetensors");
+    if (r->have_cfg && !r->uncond && !r->prompt) return reel_fail(REEL_E_INVALID, "--cfg needs --uncond U.safetensors");
     if (tdit_loop_validate(&r->loop) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     return 0;
 }
@@ -112,6 +156,9 @@ typedef struct {
     st_file_t *wf;                  /* the weights, until the model holds them */
     tdit_config_t cfg;
     float *lat, *ctx, *unc, *out;   /* lat NULL: drawn from --seed */
+    t2v_text_t *text;               /* --prompt: the text encoder */
+    t2v_vae_t *vae;                 /* --out X.mp4: the VAE */
+    double encode_s, decode_s;
     int64_t lshape[4], cshape[2], ushape[2];
     kern_backend_t *b;
     kern_stream_t *s;
@@ -134,8 +181,15 @@ static int read_inputs(run_t *r) {
     if (!r->wf) return ctl_fail_as(REEL_E_INVALID, NULL);
     if (tdit_config_from_meta(r->wf, &r->cfg) != 0) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
     if (r->o.latent && !(r->lat = ctl_read_tensor(r->o.latent, "latent", 4, r->lshape))) return -1;
-    if (!(r->ctx = ctl_read_tensor(r->o.context, "context", 2, r->cshape))) return -1;
+    if (r->o.context && !(r->ctx = ctl_read_tensor(r->o.context, "context", 2, r->cshape))) return -1;
     if (r->o.uncond && !(r->unc = ctl_read_tensor(r->o.uncond, "context", 2, r->ushape))) return -1;
+    if (r->o.prompt) { /* encoded once the backend is open: a context of text_len rows */
+        r->cshape[0] = r->ushape[0] = r->cfg.text_len;
+        r->cshape[1] = r->ushape[1] = r->cfg.text_dim;
+        if (r->cfg.text_len < 1)
+            return reel_fail(REEL_E_INVALID, "--prompt: config %s has no text_len (a Wan2.1 release has 512)",
+                             r->cfg.name);
+    }
     if (!r->o.latent) {
         r->lshape[0] = r->cfg.in_channels;
         memcpy(r->lshape + 1, r->o.size, sizeof r->o.size);
@@ -183,9 +237,52 @@ static int pad_rows(float **x, int64_t *rows, int64_t width, int64_t text_len) {
  * them (docs/MODEL.md): so does Reel for such a config. 0, or -1. */
 static int pad_contexts(run_t *r) {
     int64_t tl = r->cfg.text_len;
-    if (tl <= 0) return 0;
+    if (tl <= 0 || r->o.prompt) return 0;
     if (pad_rows(&r->ctx, &r->cshape[0], r->cshape[1], tl) != 0) return -1;
     return r->unc ? pad_rows(&r->unc, &r->ushape[0], r->ushape[1], tl) : 0;
+}
+
+/* True when path names a video file (.mp4). */
+static bool is_mp4(const char *path) {
+    size_t n = strlen(path);
+    return n > 4 && !strcmp(path + n - 4, ".mp4");
+}
+
+/* --prompt: the text encoder (--t5/--tokenizer, else the release folder's)
+ * encodes it, and, with --cfg, the negative prompt (Wan's default when
+ * none); --out X.mp4: the VAE (--vae, else the folder's). 0, or -1 with the
+ * error value set (exit 2: a missing part is the user's to give). */
+static int open_media(run_t *r) {
+    const run_opts_t *o = &r->o;
+    release_parts_t rel;
+    memset(&rel, 0, sizeof rel);
+    struct stat st;
+    if (stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode)) release_find(o->weights, &rel);
+    if (o->prompt) {
+        const char *t5 = o->t5 ? o->t5 : rel.t5[0] ? rel.t5 : NULL;
+        const char *tok = o->tokenizer ? o->tokenizer : rel.tokenizer[0] ? rel.tokenizer : NULL;
+        if (!t5 || !tok)
+            return reel_fail(REEL_E_INVALID, "--prompt needs a text encoder and its tokenizer: --t5 FILE --tokenizer "
+                             "PATH, or --weights on a release folder holding %s and %s/", RELEASE_T5_NAME,
+                             RELEASE_TOKENIZER_DIR);
+        double t0 = ctl_now();
+        int64_t rows;
+        bool guided = o->have_cfg && o->loop.guidance != 1.0f;
+        if (!(r->text = t2v_text_new(r->b, t5, tok, r->cfg.text_len, r->cfg.text_dim, 0)) ||
+            t2v_text_context(r->text, r->s, o->prompt, &r->ctx, &rows) != 0 ||
+            (guided && t2v_text_context(r->text, r->s, o->neg_prompt ? o->neg_prompt : T2V_WAN_NEG_PROMPT, &r->unc,
+                                        &rows) != 0))
+            return ctl_fail_as(REEL_E_INVALID, NULL);
+        r->encode_s = ctl_now() - t0;
+    }
+    if (is_mp4(o->out)) {
+        const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
+        if (!vae)
+            return reel_fail(REEL_E_INVALID, "--out %s needs the VAE: --vae FILE, or --weights on a release folder "
+                             "holding %s", o->out, RELEASE_VAE_NAME);
+        if (!(r->vae = t2v_vae_new(r->b, vae, r->cfg.in_channels))) return ctl_fail_as(REEL_E_INVALID, NULL);
+    }
+    return 0;
 }
 
 /* The backend (the CPU in place of an unusable CUDA, unless
@@ -208,7 +305,9 @@ static int open_model(run_t *r) {
     if (!(r->s = kern_stream_new(r->b))) return ctl_fail_as(REEL_E_DEVICE, NULL);
     if (!(r->m = tdit_model_load(r->b, r->wf, r->dtype))) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
     st_close(&r->wf);
-    r->shape = (tdit_shape_t){ r->lshape[1], r->lshape[2], r->lshape[3], r->cshape[0], r->unc != NULL, 1,
+    if (open_media(r) != 0) return -1;
+    bool guided = r->unc != NULL || (r->o.prompt && r->o.have_cfg && r->o.loop.guidance != 1.0f);
+    r->shape = (tdit_shape_t){ r->lshape[1], r->lshape[2], r->lshape[3], r->cshape[0], guided, 1,
                                r->o.loop.solver };
     if (tdit_shape_validate(&r->shape) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     if (!r->o.graphs && !(r->ws = tdit_ws_new(r->m, r->s, &r->shape))) return ctl_fail_as(REEL_E_INVALID, NULL);
@@ -242,7 +341,22 @@ static int generate(run_t *r) {
 
 /* The result to --out, with what made it as metadata. 0, or -1 with the
  * error value set (exit status 1: the output is not the user's input). */
-static int write_output(const run_t *r) {
+static int write_output(run_t *r) {
+    char lat_path[PATH_MAX];
+    const char *dst = r->o.out;
+    if (r->vae) { /* the video to --out, the latent beside it */
+        uint8_t *frames = NULL, *mp4 = NULL;
+        size_t len = 0;
+        double t0 = ctl_now();
+        int rc = t2v_vae_decode(r->vae, r->s, r->out, 1, r->lshape, &frames, &mp4, &len);
+        r->decode_s = ctl_now() - t0;
+        rc = rc ? rc : ctl_write_bytes(r->o.out, mp4, len);
+        free(frames);
+        free(mp4);
+        if (rc) return ctl_fail_as(REEL_E_IO, NULL);
+        snprintf(lat_path, sizeof lat_path, "%s.safetensors", r->o.out);
+        dst = lat_path;
+    }
     st_writer_t *w = st_writer_new();
     if (!w) return -1;
     char v[64];
@@ -255,7 +369,7 @@ static int write_output(const run_t *r) {
     rc = rc ? rc : st_writer_meta(w, "cfg", v);
     rc = rc ? rc : st_writer_meta(w, "sampler", r->o.loop.sde ? "sde" : tdit_solver_name(r->o.loop.solver));
     rc = rc ? rc : st_writer_meta(w, "config", r->cfg.name);
-    rc = rc ? rc : st_writer_save(w, r->o.out);
+    rc = rc ? rc : st_writer_save(w, dst);
     st_writer_destroy(&w);
     return rc ? ctl_fail_as(REEL_E_IO, NULL) : 0;
 }
@@ -280,11 +394,15 @@ static void report(const run_t *r) {
             sep = ", ";
         }
     fprintf(stderr, "%s\n", sep[0] == ',' ? ")" : "");
+    if (r->text || r->vae)
+        fprintf(stderr, "reelctl: prompt encoded in %.3f s, video decoded in %.3f s\n", r->encode_s, r->decode_s);
 }
 
 /* Releases what the phases made; the error value is left as it was. */
 static void run_done(run_t *r) {
     cap_cache_destroy(&r->cache);
+    t2v_text_destroy(&r->text);
+    t2v_vae_destroy(&r->vae);
     tdit_ws_destroy(&r->ws);
     tdit_model_destroy(&r->m);
     kern_stream_destroy(&r->s);

@@ -73,6 +73,12 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
 /* Monotonic seconds. */
 double ctl_now(void);
+/* Writes n bytes to path (replaced whole, through a temporary file). 0, or
+ * -1 with an IO error naming the path. */
+int ctl_write_bytes(const char *path, const void *p, size_t n);
+/* Writes uint8 data of shape[0..ndim) as a NumPy .npy file (format 1.0,
+ * '|u1', C order): what `np.load` reads. 0 or -1 as ctl_write_bytes. */
+int ctl_write_npy_u8(const char *path, const uint8_t *data, int ndim, const int64_t *shape);
 /* True when stderr is a terminal. */
 bool ctl_tty(void);
 

@@ -8,7 +8,11 @@
 #include "base/parse.h"
 #include "schema/msg.h"
 #include "model/safetensors.h"
+#include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,4 +104,47 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
     }
     st_close(&f);
     return buf;
+}
+
+int ctl_write_bytes(const char *path, const void *p, size_t n) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return reel_fail(REEL_E_INVALID, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return reel_fail_errno(REEL_E_IO, errno, "%s", tmp);
+    bool ok = fwrite(p, 1, n, f) == n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return reel_fail_errno(REEL_E_IO, e, "writing %s", path);
+    }
+    return 0;
+}
+
+int ctl_write_npy_u8(const char *path, const uint8_t *data, int ndim, const int64_t *shape) {
+    char dict[256];
+    int at = snprintf(dict, sizeof dict, "{'descr': '|u1', 'fortran_order': False, 'shape': (");
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        at += snprintf(dict + at, sizeof dict - (size_t)at, "%lld,%s", (long long)shape[i], i + 1 < ndim ? " " : "");
+        n *= (size_t)shape[i];
+    }
+    at += snprintf(dict + at, sizeof dict - (size_t)at, "), }");
+    /* magic (6) + version (2) + header length (2) + dict, padded with spaces to 64 and ended by \n */
+    size_t hl = (size_t)at + 1, total = 10 + hl;
+    size_t pad = (64 - total % 64) % 64;
+    hl += pad;
+    unsigned char *buf = malloc(10 + hl + n);
+    if (!buf) return reel_fail(REEL_E_NOMEM, "out of memory writing %s", path);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)(hl & 0xff);
+    buf[9] = (unsigned char)(hl >> 8);
+    memcpy(buf + 10, dict, (size_t)at);
+    memset(buf + 10 + at, ' ', pad);
+    buf[10 + hl - 1] = '\n';
+    memcpy(buf + 10 + hl, data, n);
+    int rc = ctl_write_bytes(path, buf, 10 + hl + n);
+    free(buf);
+    return rc;
 }

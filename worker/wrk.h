@@ -37,6 +37,8 @@ typedef struct {
     kern_backend_t *backend;
     kern_dtype_t dtype;              /* weights and activations: F32, or BF16 on CUDA */
     tdit_model_t *model;
+    struct t2v_text *text;           /* the text encoder (model/t2v.h), or NULL: no prompts */
+    struct t2v_vae *vae;             /* the VAE, or NULL: no decoded outputs */
     cap_cache_t *cache;
     wrk_events_t *events;
     const wrk_roots_t *roots;        /* where a SYNC's path may lead (wrk_weights.h) */

@@ -1,6 +1,7 @@
 /* wrk_executor.c -- stream threads interleaving request steps (see
  * wrk_executor.h). */
 #include "worker/wrk_executor.h"
+#include "model/t2v.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "base/clock.h"
 #include "base/error.h"
 #include "model/tdit_program.h"
 #include "worker/wrk_exec_state.h"
@@ -67,6 +69,17 @@ static void tensor_of(wire_tensor_t *t, const char *name, int nlead, const int64
     t->bytes = (size_t)n * sizeof(float);
 }
 
+/* t = the U8 tensor `name` of shape dims[0..ndim) over data. */
+static void u8_tensor_of(wire_tensor_t *t, const char *name, int ndim, const int64_t *dims, const uint8_t *data) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = WIRE_U8;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= (t->shape[t->ndim++] = dims[d]);
+    t->data = (void *)data;
+    t->bytes = (size_t)n;
+}
+
 /* What a RESULT reports, from one request or a group's gathered
  * sub-batches: n samples, each's outputs in sample order. */
 typedef struct {
@@ -114,6 +127,33 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
     return 0;
 }
 
+/* The decoded output the GEN asked for (frames, or an MP4) into t[0] and
+ * r, with the seconds it took; *frames and *mp4 are the caller's to free.
+ * 0 when none was asked; -1 with the ERROR sent. */
+static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_result_t *r, wire_tensor_t *t,
+                   uint8_t **frames, uint8_t **mp4) {
+    bool video = !strcmp(j->output, "video");
+    if (!video && strcmp(j->output, "frames")) return 0;
+    wrk_t *w = st->x->w;
+    size_t len = 0;
+    double t0 = reel_mono_s();
+    if (t2v_vae_decode(w->vae, st->ks, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len) != 0) {
+        send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
+        return -1;
+    }
+    r->decode_seconds = reel_mono_s() - t0;
+    int64_t n1 = (int64_t)len;
+    int64_t dims[5] = { o->n, 1 + 4 * (j->latent_shape[1] - 1), 8 * j->latent_shape[2], 8 * j->latent_shape[3], 3 };
+    if (video) {
+        u8_tensor_of(t, "video", 1, &n1, *mp4);
+        r->video = t;
+    } else {
+        u8_tensor_of(t, "frames", o->n > 1 ? 5 : 4, o->n > 1 ? dims : dims + 1, *frames);
+        r->frames = t;
+    }
+    return 0;
+}
+
 /* RESULT {worker, version, first_version, stats, key_hash, version_runs,
  * n, seeds} + latent and the rollout tensors asked for. */
 static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
@@ -149,8 +189,9 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
         r->n_seeds = o->n;
         memcpy(r->seeds, j->seeds, (size_t)o->n * sizeof *r->seeds);
     }
-    wire_tensor_t t[5];
+    wire_tensor_t t[7];
     float *sig = NULL;
+    uint8_t *frames = NULL, *mp4 = NULL;
     msg_version_run_t *runs = NULL;
     if (result_extras(j, o, r, t, &sig, &runs) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "out of memory building the RESULT");
@@ -159,11 +200,15 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
     int64_t g = o->n;
     tensor_of(&t[0], "latent", o->n > 1, &g, 4, j->latent_shape, o->out);
     r->latent = &t[0];
+    if (decoded(st, j, o, r, &t[5], &frames, &mp4) != 0) goto out;
+    r->encode_seconds = j->encode_s;
     if (wrk_pipe_send(st->push, j->epoch, MSG_RESULT, j->id, r) != 0)
         wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
                 zmq_strerror(errno));
 out:
     free(sig);
+    free(frames);
+    free(mp4);
     free(runs);
     free(r);
 }
@@ -419,6 +464,19 @@ static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
     return false;
 }
 
+/* The contexts of j's prompt (and, guided, its negative prompt), padded
+ * to text_len, by the worker's text encoder on this stream. */
+static int encode_prompts(wrk_stream_t *st, wrk_job_t *j) {
+    wrk_t *w = st->x->w;
+    int64_t rows;
+    double t0 = reel_mono_s();
+    if (t2v_text_context(w->text, st->ks, j->prompt, &j->context, &rows) != 0 ||
+        (j->neg_prompt && t2v_text_context(w->text, st->ks, j->neg_prompt, &j->uncond, &rows) != 0))
+        return -1;
+    j->encode_s = reel_mono_s() - t0;
+    return 0;
+}
+
 /* j has no request running: counts it in wrk_t.running unless a drain
  * holds it, then starts its request (or its next sub-batch). Held until
  * the sync lands; a started group's next sub-batch is not: the drain waits
@@ -444,6 +502,11 @@ static step_t admit(wrk_stream_t *st, wrk_job_t *j) {
     if (!j->counted && atomic_load(&w->draining)) return STEP_HELD;
     if (!j->counted) wrk_running_add(w, 1);
     j->counted = true;
+    if (j->prompt && !j->context && encode_prompts(st, j) != 0) {
+        part_failed(st, j, reel_err_code() == REEL_E_INVALID ? WIRE_E_BAD_REQUEST : WIRE_E_INTERNAL,
+                    "cannot encode the prompt: %s", reel_err_text());
+        return STEP_DONE;
+    }
     if (start_req(st, j) != 0) {
         part_failed(st, j, WIRE_E_INTERNAL, "cannot start: %s", reel_err_text());
         return STEP_DONE;
@@ -693,6 +756,9 @@ static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, 
         c->latent = dup_f32(j->latent ? j->latent + (size_t)from * nl : NULL, (size_t)c->n * nl, &ok);
         c->context = dup_f32(j->context, nc, &ok);
         c->uncond = dup_f32(j->uncond, nc, &ok);
+        c->prompt = c->neg_prompt = NULL; /* each part its own copies (encoded once: the cache) */
+        if ((j->prompt && !(c->prompt = strdup(j->prompt))) || (j->neg_prompt && !(c->neg_prompt = strdup(j->neg_prompt))))
+            ok = false;
         parts[p] = c;
         if (!ok) { made++; break; }
     }

@@ -21,15 +21,18 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "base/error.h"
 #include "schema/msg.h"
 #include "base/notify.h"
 #include "net/http.h"
 #include "base/sha256.h"
+#include "model/release.h"
 #include "model/tdit_program.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
+#include "model/t2v.h"
 #include "worker/wrk_pipe.h"
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
@@ -333,6 +336,9 @@ static int send_ready(link_t *l) {
     static const char solvers[2][MSG_NAME_MAX] = { "unipc", "dpm++" };
     r.solvers = solvers;
     r.n_solvers = 2;
+    /* What else it does: prompts in, frames and videos out. */
+    if (w->text) snprintf(r.text_encoder, sizeof r.text_encoder, "%s", t2v_text_name(w->text));
+    if (w->vae) snprintf(r.vae, sizeof r.vae, "%s", t2v_vae_name(w->vae));
     r.versions.n = 1;
     snprintf(r.versions.e[0].name, sizeof r.versions.e[0].name, "%s", TDIT_COMPONENT);
     r.versions.e[0].n = atomic_load(&w->applied_version);
@@ -385,6 +391,18 @@ static int connect_broker(link_t *l, int64_t now) {
     return 0;
 }
 
+/* A prompt needs the text encoder, a decoded output the VAE (the broker
+ * routes neither here without them; an older broker might). */
+static int media_fits(const wrk_t *w, const msg_gen_t *r, wire_err_t *err) {
+    const char *why = r->prompt && *r->prompt && !w->text ? "a 'prompt': this worker has no text encoder (--t5)"
+                      : msg_gen_decodes(r) && !w->vae   ? "a decoded 'output': this worker has no VAE (--vae)"
+                                                        : NULL;
+    if (!why) return 0;
+    snprintf(err->code, sizeof err->code, "%s", WIRE_E_BAD_REQUEST);
+    snprintf(err->message, sizeof err->message, "%s", why);
+    return -1;
+}
+
 static void handle_request(link_t *l, wire_msg_t *m) {
     wrk_t *w = l->w;
     wrk_job_t *job = NULL;
@@ -392,6 +410,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     msg_gen_t r;
     if (msg_request_decode(m, &r, &err) != 0 ||
         wrk_request_fits(&r, tdit_model_config(w->model), w->opt->max_tokens, &err) != 0 ||
+        media_fits(w, &r, &err) != 0 ||
         wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
@@ -559,6 +578,41 @@ static int setup_artifacts(wrk_t *w, kern_artifacts_t **out) {
     return 0;
 }
 
+/* The text encoder and the VAE: by flag, else a release folder's parts
+ * when --weights is one. Their bytes and the prompt cache's bound count
+ * against --budget: the cache gets what is left. -1 with a logged message
+ * (a usage error: exit 2). */
+static int open_media(wrk_t *w, size_t *cache_budget) {
+    const wrk_opts_t *o = w->opt;
+    release_parts_t rel;
+    memset(&rel, 0, sizeof rel);
+    struct stat st;
+    if (stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode) && release_find(o->weights, &rel) != 0) rel.t5[0] = 0;
+    const char *t5 = o->t5 ? o->t5 : rel.t5[0] && rel.tokenizer[0] ? rel.t5 : NULL;
+    const char *tok = o->tokenizer ? o->tokenizer : t5 ? rel.tokenizer : NULL;
+    const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
+    const tdit_config_t *cfg = tdit_model_config(w->model);
+    if (t5 && !(w->text = t2v_text_new(w->backend, t5, tok, cfg->text_len, cfg->text_dim, o->text_cache))) {
+        wrk_log(w, "%s", reel_err_text());
+        return -1;
+    }
+    if (vae && !(w->vae = t2v_vae_new(w->backend, vae, cfg->in_channels))) {
+        wrk_log(w, "%s", reel_err_text());
+        return -1;
+    }
+    size_t used = (w->text ? t2v_text_bytes(w->text) + o->text_cache : 0) + (w->vae ? t2v_vae_bytes(w->vae) : 0);
+    if (w->text) wrk_log(w, "text encoder %s (%s, tokenizer %s): prompts accepted", t2v_text_name(w->text), t5, tok);
+    if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", t2v_vae_name(w->vae), vae);
+    *cache_budget = o->budget;
+    if (o->budget && used >= o->budget) {
+        wrk_log(w, "--budget %zu bytes is used up by the text encoder, its cache and the VAE (%zu bytes)", o->budget,
+                used);
+        return -1;
+    }
+    if (o->budget) *cache_budget = o->budget - used;
+    return 0;
+}
+
 /* The weights roots and the keys, from the options. -1 (logged) on a bad
  * one: a usage error, exit 2. */
 static int setup_access(wrk_t *w, wrk_roots_t *roots, reel_curve_t *curve) {
@@ -618,11 +672,11 @@ static int open_backend(run_t *r) {
 
 /* The capture cache over the model, and the step lock syncs take.
  * -1 with a logged message. */
-static int open_cache(run_t *r) {
+static int open_cache(run_t *r, size_t budget) {
     wrk_t *w = &r->w;
     const wrk_opts_t *o = w->opt;
     cap_options_t co = cap_options_default();
-    co.budget_bytes = o->budget;
+    co.budget_bytes = budget;
     co.warmup = o->warmup;
     co.audit_every = o->audit_every;
     co.policy = o->policy;
@@ -728,6 +782,8 @@ static void teardown(run_t *r) {
     kern_artifacts_destroy(&r->artifacts); /* after every graph that may hold its kernels */
     if (r->lock_ok) pthread_rwlock_destroy(&w->step_lock);
     tdit_model_destroy(&w->model);
+    t2v_text_destroy(&w->text);
+    t2v_vae_destroy(&w->vae);
     wrk_events_destroy(&w->events);
     kern_backend_destroy(&w->backend);
     wrk_shared_fini(w);
@@ -767,7 +823,12 @@ static int run(const wrk_opts_t *o) {
     }
     if (!(w->events = wrk_events_new(EVENTS_MAX_PENDING))) { wrk_log(w, "out of memory"); goto out; }
     if (r.artifacts) push_bundles(w, r.artifacts); /* sent with the first EVENTS */
-    if (open_cache(&r) != 0 || open_links(&r, &code) != 0) goto out;
+    size_t budget = o->budget;
+    if (open_media(w, &budget) != 0) {
+        code = 2;
+        goto out;
+    }
+    if (open_cache(&r, budget) != 0 || open_links(&r, &code) != 0) goto out;
     if (connect_broker(&r.l, wrk_mono_ms()) != 0) { code = 2; goto out; }
     wrk_log(w, "ready (%s, %d streams)", kern_backend_device_name(w->backend), o->streams);
     reel_notify("READY=1\nSTATUS=serving");

@@ -27,6 +27,12 @@ static int set_budget(void *dst, const char *v) {
     ((wrk_opts_t *)dst)->budget = (size_t)b;
     return 0;
 }
+static int set_text_cache(void *dst, const char *v) {
+    uint64_t b;
+    if (reel_parse_bytes(v, SIZE_MAX, "--text-cache", &b) != 0) return -1;
+    ((wrk_opts_t *)dst)->text_cache = (size_t)b;
+    return 0;
+}
 /* Repeatable: at most 8, each absolute. -1 with its own message. */
 static int set_weights_dir(void *dst, const char *v) {
     wrk_opts_t *o = dst;
@@ -108,6 +114,17 @@ static const reel_opt_t rows[] = {
               "no verified bundle provides stops the start" },
     { .name = "artifact-timing", .kind = REEL_OPT_SET, .set = set_timing, .expect = "off, sync or shadow",
       .arg = "off|sync|shadow", .help = "measure artifacts against native (off)" },
+    { .name = "t5", .kind = REEL_OPT_STRING, .off = O(t5), .arg = "FILE",
+      .help = "the text encoder (Wan's models_t5_umt5-xxl-enc-bf16.pth,\n"
+              "or a safetensors copy): GENs may carry a prompt (with\n"
+              "--tokenizer; both default to a release folder's)" },
+    { .name = "tokenizer", .kind = REEL_OPT_STRING, .off = O(tokenizer), .arg = "PATH",
+      .help = "its tokenizer: spiece.model or the folder holding it" },
+    { .name = "vae", .kind = REEL_OPT_STRING, .off = O(vae), .arg = "FILE",
+      .help = "the VAE (Wan2.1_VAE.pth or a safetensors copy): GENs may\n"
+              "ask for output frames or video" },
+    { .name = "text-cache", .kind = REEL_OPT_SET, .set = set_text_cache, .expect = "bytes with an optional K/M/G suffix",
+      .arg = "BYTES", .help = "encoded prompts kept, LRU (64M); counts against --budget" },
     { .name = "help", .kind = REEL_OPT_FLAG, .off = O(help) }, /* not listed */
 };
 #undef O
@@ -115,7 +132,7 @@ static const reel_opt_t rows[] = {
 #define NROWS (sizeof rows / sizeof rows[0])
 
 const char *wrk_usage(void) {
-    static char text[4096];
+    static char text[8192];
     if (!text[0]) {
         char buf[sizeof text] = "usage: reel-worker --name NAME --weights W.safetensors [options]\n";
         reel_opts_usage(rows, NROWS, 24, buf, sizeof buf);
@@ -138,6 +155,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->heartbeat_ms = 1000;
     o->liveness = 3;
     o->events_ms = 200;
+    o->text_cache = (size_t)64 << 20;
     int rest = argc;
     if (reel_opts_parse(rows, NROWS, o, argc, argv, &rest) != 0) return -1;
     if (o->help) return 0;
@@ -152,5 +170,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     if (o->no_fallback && o->backend != KERN_BACKEND_CUDA)
         return reel_fail(REEL_E_INVALID, "--no-fallback is for --backend cuda");
     if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
+    if (!o->t5 != !o->tokenizer && (o->t5 || o->tokenizer))
+        return reel_fail(REEL_E_INVALID, "--t5 and --tokenizer go together (a text encoder needs its tokenizer)");
     return 0;
 }

@@ -48,6 +48,11 @@ typedef struct {
     const char *key;                 /* --key NAME.key (else $REEL_KEY): CURVE */
     const char *broker_key;          /* --broker-key broker.pub (else $REEL_BROKER_KEY) */
     const char *artifacts;           /* --artifacts DIR: kernel bundles (docs/ARTIFACTS.md) */
+    const char *t5;                  /* --t5 FILE: the text encoder (.pth or safetensors); else the
+                                      * release folder's, when --weights is one */
+    const char *tokenizer;           /* --tokenizer PATH: spiece.model or its folder (likewise) */
+    const char *vae;                 /* --vae FILE: the VAE (likewise) */
+    size_t text_cache;               /* --text-cache BYTES: encoded prompts kept (64 MiB) */
     const char *artifacts_enable;    /* --artifacts-enable ID,ID: the allowlist (NULL: all verified) */
     kern_art_timing_t artifact_timing; /* --artifact-timing off|sync|shadow (off) */
     bool help;                       /* --help was given: print usage, exit 0 */

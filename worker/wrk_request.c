@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include "base/error.h"
+#include "model/t2v.h"
 
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(wire_err_t *err, const char *code, const char *fmt, ...) {
@@ -69,6 +70,8 @@ void wrk_job_free(wrk_job_t **jp) {
     free(j->latent);
     free(j->context);
     free(j->uncond);
+    free(j->prompt);
+    free(j->neg_prompt);
     free(j);
     *jp = NULL;
 }
@@ -93,6 +96,15 @@ int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_t
     return 0;
 }
 
+/* The job's prompt and, when guided, its negative prompt (the GEN's, or
+ * Wan's default), copied. */
+static int job_prompts(wrk_job_t *j, const msg_gen_t *r, wire_err_t *err) {
+    const char *neg = r->negative_prompt && *r->negative_prompt ? r->negative_prompt : T2V_WAN_NEG_PROMPT;
+    if (!(j->prompt = strdup(r->prompt)) || (msg_gen_guided(r) && !(j->neg_prompt = strdup(neg))))
+        return bad(err, WIRE_E_INTERNAL, "out of memory copying the prompt");
+    return 0;
+}
+
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied,
                          wrk_job_t **out, wire_err_t *err) {
     *out = NULL;
@@ -107,8 +119,9 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     if (tdit_solver_parse(msg_gen_solver(r), &solver) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     /* With the config's text_len, every context is padded to it (msg_gen_validate
      * refused longer ones): one shape, one key, for every prompt length. */
+    bool prompt = r->prompt && *r->prompt; /* msg_gen_validate: then text_len > 0 */
     int64_t L = cfg->text_len > 0 ? cfg->text_len : r->context->shape[0];
-    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, r->uncond != NULL, 1, solver };
+    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, msg_gen_guided(r), 1, solver };
     if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed, solver };
     if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
@@ -128,10 +141,19 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     for (int i = 0; i < j->n; i++) j->seeds[i] = r->n_seeds ? r->seeds[i] : r->seed + (uint64_t)i;
     memcpy(j->latent_shape, ls, sizeof j->latent_shape);
     j->n_latent = (size_t)(ls[0] * ls[1] * ls[2] * ls[3]);
-    if (!(j->context = copy_f32(r->context, err)) || (r->uncond && !(j->uncond = copy_f32(r->uncond, err))) ||
+    snprintf(j->output, sizeof j->output, "%s", msg_gen_output(r));
+    if (prompt && job_prompts(j, r, err) != 0) {
+        wrk_job_free(&j);
+        return -1;
+    }
+    if ((!prompt && !(j->context = copy_f32(r->context, err))) || (r->uncond && !(j->uncond = copy_f32(r->uncond, err))) ||
         (r->latent && !(j->latent = copy_f32(r->latent, err)))) {
         wrk_job_free(&j);
         return -1;
+    }
+    if (prompt) {
+        *out = j;
+        return 0;
     }
     /* Each of them padded on its own: the negative prompt has its own
      * length, shorter or longer than the prompt's (both at most text_len:

@@ -35,7 +35,12 @@ struct wrk_job {
     int64_t latent_shape[4];     /* C, F, H, W */
     size_t n_latent;             /* C*F*H*W, one sample */
     float *latent;               /* host copies (owned); latent NULL: drawn from the seeds */
-    float *context, *uncond;     /* uncond NULL without CFG */
+    float *context, *uncond;     /* uncond NULL without CFG; both NULL until a prompt is encoded */
+    /* A GEN with a prompt (docs/PROTOCOL.md "Prompts and videos"): the
+     * stream encodes them into context/uncond when the request starts. */
+    char *prompt, *neg_prompt;   /* owned; neg_prompt NULL without guidance */
+    char output[16];             /* "latent", "frames" or "video" */
+    double encode_s, decode_s;   /* seconds spent encoding and decoding */
     /* A group (GEN n > 1): n samples of one prompt, run as batched steps
      * of `chunk` samples (fewer when the budget or memory demands), one
      * sub-batch after another; their outputs are gathered here, sample by

@@ -218,6 +218,40 @@ static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_e
     return 0;
 }
 
+void reel_decoded_free(reel_decoded_t *d) {
+    if (!d) return;
+    free(d->frames);
+    free(d->video);
+    memset(d, 0, sizeof *d);
+}
+
+/* The RESULT's frames / video copied into d (checked against the GEN by
+ * msg_result_decode's caller: the broker), with the seconds. */
+static int take_decoded(const msg_result_t *r, reel_decoded_t *d, wire_err_t *err) {
+    memset(d, 0, sizeof *d);
+    d->encode_seconds = r->encode_seconds;
+    d->decode_seconds = r->decode_seconds;
+    const wire_tensor_t *src[2] = { r->frames, r->video };
+    uint8_t **dst[2] = { &d->frames, &d->video };
+    size_t *len[2] = { &d->frames_bytes, &d->video_bytes };
+    for (int i = 0; i < 2; i++) {
+        if (!src[i]) continue;
+        if (src[i]->dtype != WIRE_U8 || !(*dst[i] = malloc(src[i]->bytes ? src[i]->bytes : 1))) {
+            reel_decoded_free(d);
+            set_err(err, src[i]->dtype != WIRE_U8 ? WIRE_E_MALFORMED : WIRE_E_INTERNAL, "RESULT %s %s", src[i]->name,
+                    src[i]->dtype != WIRE_U8 ? "is not U8" : "does not fit in memory");
+            return -1;
+        }
+        memcpy(*dst[i], src[i]->data, src[i]->bytes);
+        *len[i] = src[i]->bytes;
+    }
+    if (r->frames) {
+        d->frames_ndim = r->frames->ndim;
+        memcpy(d->frames_shape, r->frames->shape, (size_t)r->frames->ndim * sizeof(int64_t));
+    }
+    return 0;
+}
+
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
@@ -250,6 +284,13 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         m.return_means = g->rollout->want_means;
     }
     memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
+    m.prompt = g->prompt;
+    m.negative_prompt = g->negative_prompt;
+    if (g->output && strcmp(g->output, "latent")) snprintf(m.output, sizeof m.output, "%s", g->output);
+    if (msg_gen_decodes(&m) && !g->decoded) {
+        set_err(err, WIRE_E_BAD_REQUEST, "output %s needs a reel_decoded_t to return it in", g->output);
+        return -1;
+    }
     wire_tensor_t t[3];
     memset(t, 0, sizeof t);
     size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)n;
@@ -297,6 +338,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     memcpy(out, r.latent->data, r.latent->bytes);
     if (res) result_summary(&r, res);
     if (g->rollout && take_rollout(&r, n, g->rollout, err) != 0) goto done;
+    if (g->decoded && take_decoded(&r, g->decoded, err) != 0) goto done;
     rc = 0;
 done:
     wire_msg_close(&a);

@@ -47,7 +47,25 @@ typedef struct {
     bool progress;
     uint64_t deadline_ms;       /* broker-side deadline, 0 = broker default */
     struct reel_rollout *rollout; /* non-NULL: the rollout outputs it asks for are returned here */
+    const char *prompt;         /* non-NULL: sent instead of context (the worker encodes it) */
+    const char *negative_prompt;/* with prompt and cfg != 1 (NULL: Wan's default) */
+    const char *output;         /* NULL or "latent"; "frames" or "video": needs decoded */
+    struct reel_decoded *decoded; /* where frames / the video / the seconds are returned */
 } reel_gen_t;
+
+/* A GEN's decoded output (output "frames" or "video") and the worker's
+ * encode and decode seconds: copies, freed by reel_decoded_free. */
+typedef struct reel_decoded {
+    uint8_t *frames;            /* [F',H',W',3] ([n,...] for a group), or NULL */
+    int frames_ndim;
+    int64_t frames_shape[5];
+    size_t frames_bytes;
+    uint8_t *video;             /* the MP4's bytes, or NULL */
+    size_t video_bytes;
+    double encode_seconds, decode_seconds;
+} reel_decoded_t;
+
+void reel_decoded_free(reel_decoded_t *d);
 
 /* The rollout outputs of a GEN (docs/PROTOCOL.md, return_*): the caller
  * sets what it wants; reel_gen fills the rest with copies (freed by

@@ -72,7 +72,10 @@ class GenResult:
     .key_hash and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
-    None when not asked for. .seed: the sample's seed when it came from a
+    None when not asked for. With output="frames": .frames, uint8 [F', H',
+    W', 3] (F' = 1+4(F-1), H' = 8H, W' = 8W); with output="video": .video,
+    the MP4's bytes; .encode_seconds and .decode_seconds: the worker's time
+    encoding the prompt and decoding. .seed: the sample's seed when it came from a
     group (gen_group), else None. A group's samples share .stats and
     .seconds (the group's batched steps)."""
 
@@ -103,6 +106,12 @@ class GenResult:
         self.log_probs = convert(pick(tensors["log_probs"])) if "log_probs" in tensors else None
         self.sigmas = convert(tensors["sigmas"]) if "sigmas" in tensors else None
         self.means = convert(pick(tensors["means"])) if "means" in tensors else None
+        # output="frames": uint8 [F', H', W', 3] (numpy, whatever the inputs);
+        # output="video": the MP4's bytes
+        self.frames = pick(tensors["frames"]) if "frames" in tensors else None
+        self.video = tensors["video"].tobytes() if "video" in tensors else None
+        self.encode_seconds = float(hdr.get("encode_seconds", 0.0) or 0.0)
+        self.decode_seconds = float(hdr.get("decode_seconds", 0.0) or 0.0)
 
     @property
     def captured(self):
@@ -356,16 +365,18 @@ class Client:
                 raise BusyError(hdr.get("message", "busy"), rid)
             tensors = {}
             for desc, frame in zip(hdr.get("tensors", []) or [], frames[1:]):
-                if desc.get("dtype") != "F32":
+                kind = {"F32": "<f4", "U8": "u1"}.get(desc.get("dtype"))
+                if kind is None:
                     raise ReelError("malformed", f"reply tensor {desc.get('name')} is {desc.get('dtype')}", rid)
-                tensors[desc["name"]] = np.frombuffer(frame, dtype="<f4").reshape(desc["shape"]).copy()
+                tensors[desc["name"]] = np.frombuffer(frame, dtype=kind).reshape(desc["shape"]).copy()
             return rid, hdr, tensors
 
     # ---- calls ---------------------------------------------------------
 
-    def gen(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
+    def gen(self, model, context=None, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
             sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
-            return_trajectory=False, return_log_probs=False, return_means=False, solver="euler"):
+            return_trajectory=False, return_log_probs=False, return_means=False, solver="euler",
+            prompt=None, negative_prompt=None, output="latent"):
         """Runs one denoising loop on the cluster and returns a GenResult.
 
         context: [L, T] (T = the model's text width); uncond: [L, T] turns
@@ -376,12 +387,18 @@ class Client:
         return_log_probs and return_means (the last two: sde with eta > 0)
         fill the GenResult's rollout fields. solver: "euler" (the default),
         or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not
-        with sde)."""
+        with sde).
+
+        prompt (text) instead of context: the worker encodes it with its
+        text encoder (with cfg != 1 also negative_prompt, or Wan's default
+        negative prompt). output: "latent" (the default), "frames" (the
+        decoded video as uint8 [F', H', W', 3] in .frames) or "video" (an
+        MP4's bytes in .video); the worker needs a VAE for those."""
         fields, tensors, torch_out = self._gen_message(
             model, context, steps=steps, latent_shape=latent_shape, latent=latent, uncond=uncond, cfg=cfg,
             shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms, solver=solver,
             progress=progress is not None, return_trajectory=return_trajectory, return_log_probs=return_log_probs,
-            return_means=return_means)
+            return_means=return_means, prompt=prompt, negative_prompt=negative_prompt, output=output)
         rid = next(self._ids)
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
         t0 = time.monotonic()
@@ -389,7 +406,7 @@ class Client:
         hdr, out = self._recv(rid, t0 + wait, progress)
         return self._gen_result(rid, hdr, out, steps, torch_out, t0)
 
-    def gen_group(self, model, context, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
+    def gen_group(self, model, context=None, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
                   timeout=None, deadline_ms=None, batched=True, progress=None, **kw):
         """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
         them: sample i is gen(..., seed=seeds[i]) (or seed + i), with
@@ -462,14 +479,23 @@ class Client:
     def _gen_message(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0,
                      shift=1.0, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
                      return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None,
-                     solver="euler"):
+                     solver="euler", prompt=None, negative_prompt=None, output="latent"):
         """A GEN's fields and tensors, and whether the caller uses torch. n >
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty name, got {model!r}")
-        torch_out = _is_torch(context)
-        ctx = _f32("context", context, 2)
-        tensors = [("context", ctx)]
+        if (prompt is None) == (context is None):
+            raise ValueError("give a prompt or a context, not both and not neither")
+        if prompt is not None and uncond is not None:
+            raise ValueError("uncond goes with a context; with a prompt, give negative_prompt")
+        if negative_prompt is not None and prompt is None:
+            raise ValueError("negative_prompt needs a prompt")
+        if output not in ("latent", "frames", "video"):
+            raise ValueError(f"output must be 'latent', 'frames' or 'video', got {output!r}")
+        torch_out = _is_torch(context) if context is not None else _is_torch(latent)
+        tensors = []
+        if context is not None:
+            tensors.append(("context", _f32("context", context, 2)))
         if uncond is not None:
             tensors.append(("uncond", _f32("uncond", uncond, 2)))
         if latent is not None:
@@ -488,6 +514,12 @@ class Client:
                   "seed": int(seed), "progress": bool(progress)}
         if solver != "euler":
             fields["solver"] = solver
+        if prompt is not None:
+            fields["prompt"] = str(prompt)
+        if negative_prompt is not None:
+            fields["negative_prompt"] = str(negative_prompt)
+        if output != "latent":
+            fields["output"] = output
         if n != 1:
             fields["n"] = int(n)
             if seeds is not None:

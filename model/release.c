@@ -1,0 +1,58 @@
+/* release.c -- a release folder's parts by name (see release.h). */
+#include "model/release.h"
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/error.h"
+
+static bool is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* dir/name into out when it is a file. */
+static bool try_file(const char *dir, const char *name, char *out) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p || !is_file(p)) return false;
+    snprintf(out, PATH_MAX, "%s", p);
+    return true;
+}
+
+/* The text encoder: its release name, its safetensors copy, else the first
+ * models_t5_* checkpoint in name order. */
+static void find_t5(const char *dir, char *out) {
+    if (try_file(dir, RELEASE_T5_NAME, out) || try_file(dir, "models_t5_umt5-xxl-enc-bf16.safetensors", out)) return;
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    for (int i = 0; i < n; i++) {
+        const char *s = names[i]->d_name;
+        if (!out[0] && !strncmp(s, "models_t5_", 10) && (ends_with(s, ".pth") || ends_with(s, ".safetensors")))
+            try_file(dir, s, out);
+        free(names[i]);
+    }
+    free(names);
+}
+
+int release_find(const char *dir, release_parts_t *out) {
+    memset(out, 0, sizeof *out);
+    struct stat st;
+    if (stat(dir, &st) != 0) return reel_fail_errno(REEL_E_IO, errno, "%s", dir);
+    if (!S_ISDIR(st.st_mode)) return reel_fail(REEL_E_INVALID, "%s is not a release folder", dir);
+    find_t5(dir, out->t5);
+    if (!try_file(dir, RELEASE_VAE_NAME, out->vae)) try_file(dir, "Wan2.1_VAE.safetensors", out->vae);
+    char tok[PATH_MAX];
+    if (snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_TOKENIZER_DIR) < (int)sizeof tok && is_file(tok))
+        snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_TOKENIZER_DIR);
+    return 0;
+}

@@ -1,0 +1,29 @@
+/* release.h -- the parts of a Wan2.1 release folder, found by their release
+ * names (docs/MODEL.md "Which releases load").
+ *
+ * A Wan2.1-T2V folder holds, beside the DiT (model/wan_ckpt.h reads it):
+ *   models_t5_umt5-xxl-enc-bf16.pth   the umT5-XXL text encoder (model/t5.h)
+ *   google/umt5-xxl/spiece.model      its tokenizer (media/tokenizer.h)
+ *   Wan2.1_VAE.pth                    the VAE (model/vae.h)
+ * Safetensors copies load as well: the same names with .safetensors (and
+ * any models_t5_*.pth / .safetensors for the encoder). */
+#ifndef REEL_MODEL_RELEASE_H
+#define REEL_MODEL_RELEASE_H
+
+#include <limits.h>
+
+#define RELEASE_T5_NAME "models_t5_umt5-xxl-enc-bf16.pth"
+#define RELEASE_TOKENIZER_DIR "google/umt5-xxl"
+#define RELEASE_VAE_NAME "Wan2.1_VAE.pth"
+
+typedef struct {
+    char t5[PATH_MAX];          /* "" when the folder has none */
+    char tokenizer[PATH_MAX];   /* the folder holding spiece.model, or "" */
+    char vae[PATH_MAX];         /* "" when none */
+} release_parts_t;
+
+/* Fills *out with the parts dir holds (each "" when absent). -1 with a
+ * message when dir is not a readable directory. */
+int release_find(const char *dir, release_parts_t *out);
+
+#endif
