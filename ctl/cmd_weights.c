@@ -257,7 +257,8 @@ out:
 int cmd_weights(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "export")) return weights_export(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "init-vae")) return cmd_weights_init_vae(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|inspect|info|export ...");
+    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|init-vae|inspect|info|export ...");
 }

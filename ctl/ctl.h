@@ -43,6 +43,8 @@ int cmd_report(int argc, char **argv);
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
+int cmd_decode(int argc, char **argv);     /* decode (cmd_decode.c) */
+int cmd_weights_init_vae(int argc, char **argv); /* weights init-vae (cmd_decode.c) */
 
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 

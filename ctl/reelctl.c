@@ -25,6 +25,11 @@ static const char usage[] =
     "      [--dtype f32|bf16] [--graphs on|off] [--warmup N] --out OUT.safetensors\n"
     "                              one denoising loop in this process (no broker)\n"
     "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
+    "  weights init-vae --config wan2.1|vae-tiny [--dim D] [--z-dim Z] --seed N --out V.safetensors\n"
+    "                              random weights of Wan2.1's VAE decoder (release names)\n"
+    "  decode --vae V.safetensors LATENT.safetensors -o OUT.safetensors [--backend cpu|cuda]\n"
+    "      [--quiet]               latent [z,F,H,W] to video [3,1+4(F-1),8H,8W] in [-1,1]\n"
+    "                              through the VAE decoder, one latent frame at a time\n"
     "  kernels [--json]            list the registered kernels\n"
     "  artifacts list|verify|report DIR [--enable ID,..] [--timing off|sync|shadow] [--json]\n"
     "                              kernel bundles under DIR (docs/ARTIFACTS.md); report\n"
@@ -121,6 +126,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "weights")) return cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
+    if (!strcmp(cmd, "decode")) return cmd_decode(argc - 1, argv + 1);
     if (!strcmp(cmd, "artifacts")) return cmd_artifacts(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);

@@ -44,7 +44,17 @@ typedef struct {
 /* "wan2.1" (dim 96, z_dim 16) and "vae-tiny" (small sizes, z_dim 4, for
  * tests and the demo): 0 with *out set, -1 naming the known ones. */
 int vae_config_builtin(const char *name, vae_config_t *out);
-/* The config of a checkpoint from its tensor shapes (dim and z_dim). */
+/* The i-th built-in config's name (i from 0), NULL past the last: for
+ * messages and usage. Can't fail. */
+const char *vae_config_builtin_name(int i);
+/* 0 when c is a config this decoder runs: dim 1..4096, z_dim 1..64,
+ * dim_mult 1,2,4,4 and 2 residual blocks (Wan2.1's structure); -1 with a
+ * message naming c otherwise. */
+int vae_config_validate(const vae_config_t *c);
+/* The config of a checkpoint from its tensor shapes: decoder.conv1.weight
+ * [4·dim, z_dim, 3, 3, 3]; the name of the built-in of that dim and z_dim,
+ * else "custom". -1 with a message naming the file when that tensor is
+ * missing or misshapen, or the blocks are not Wan2.1's. */
 int vae_config_from_weights(const st_file_t *f, vae_config_t *out);
 
 /* Frames of video a latent of F frames decodes to: 1 + 4(F-1). */
