@@ -102,7 +102,7 @@ int vae_config_from_weights(const st_file_t *f, vae_config_t *out) {
                        .num_res_blocks = 2 };
     snprintf(c.name, sizeof c.name, "custom");
     for (size_t i = 0; i < N_BUILTINS; i++)
-        if (builtins[i].dim == c.dim && builtins[i].z_dim == c.z_dim) snprintf(c.name, sizeof c.name, "%s", builtins[i].name);
+        if (builtins[i].dim == c.dim && builtins[i].z_dim == c.z_dim) memcpy(c.name, builtins[i].name, sizeof c.name);
     if (!st_find(f, "decoder.upsamples.3.resample.1.weight") || st_find(f, "decoder.upsamples.15.residual.0.gamma"))
         return reel_fail(REEL_E_UNSUPPORTED, "%s: the decoder's blocks are not Wan2.1's (3 residual blocks "
                          "per stage, then a resample)", origin);

@@ -62,6 +62,9 @@ if [ "${REEL_UNIT_ONLY:-0}" != 1 ]; then
     echo "=== crosscheck (numpy implementation of TINYDIT.md vs reelctl run)"
     mkdir -p "$log/xc"
     run_script crosscheck "$PY" tests/crosscheck/test_crosscheck.py --reelctl "$BUILD/reelctl" --workdir "$log/xc"
+    echo "=== vae crosscheck (numpy implementation of Wan2.1's VAE decoder vs reelctl decode)"
+    mkdir -p "$log/vae"
+    run_script vae-crosscheck "$PY" tests/crosscheck/test_vae.py --reelctl "$BUILD/reelctl" --workdir "$log/vae"
     echo "=== python client (clients/python against a real broker and worker)"
     run_script python "$PY" clients/python/tests/test_client.py --build "$BUILD"
     for s in tests/cli_*.sh; do
