@@ -84,7 +84,8 @@ size_t vae_model_bytes(const vae_model_t *m);
  * latent frame (done of total). s must be a stream of the model's backend;
  * the decode is synchronous (it returns with video written). Device memory
  * for one chunk (activations, column block, caches) is allocated on entry
- * and freed before return. -1 with a message on sizes out of range (F 1..
+ * and freed before return. The causal caches live in the model: one
+ * decode at a time per model. -1 with a message on sizes out of range (F 1..
  * 100000, H and W 1..4096), a failed allocation or launch; video is then
  * partly written. */
 typedef void (*vae_progress_fn)(void *user, int64_t done, int64_t total);
