@@ -297,7 +297,8 @@ int cmd_weights(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "init-t5")) return weights_init_t5(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "export")) return weights_export(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "init")) return weights_init(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "init-vae")) return cmd_weights_init_vae(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|init-t5|inspect|info|export ...");
+    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|init-t5|init-vae|inspect|info|export ...");
 }

@@ -46,6 +46,8 @@ int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c; a test driver, not in the usage) */
 int cmd_video(int argc, char **argv);      /* video probe (cmd_text.c) */
 int cmd_encode(int argc, char **argv);     /* encode: ids through the umT5 encoder (cmd_encode.c) */
+int cmd_decode(int argc, char **argv);     /* decode (cmd_decode.c) */
+int cmd_weights_init_vae(int argc, char **argv); /* weights init-vae (cmd_decode.c) */
 
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 

@@ -29,6 +29,11 @@ static const char usage[] =
     "      (--size FxHxW --seed K draws the initial latent instead of --latent)\n"
     "  encode --t5 T5.safetensors --ids 5,17,1 [--pad-to N] [--backend cpu|cuda] [--dtype f32|bf16]\n"
     "      -o OUT.safetensors      token ids through the umT5 encoder: OUT holds context [n, dim] F32\n"
+    "  weights init-vae --config wan2.1|vae-tiny [--dim D] [--z-dim Z] --seed N --out V.safetensors\n"
+    "                              random weights of Wan2.1's VAE decoder (release names)\n"
+    "  decode --vae V.safetensors LATENT.safetensors -o OUT.safetensors [--backend cpu|cuda]\n"
+    "      [--quiet]               latent [z,F,H,W] to video [3,1+4(F-1),8H,8W] in [-1,1]\n"
+    "                              through the VAE decoder, one latent frame at a time\n"
     "  kernels [--json]            list the registered kernels\n"
     "  artifacts list|verify|report DIR [--enable ID,..] [--timing off|sync|shadow] [--json]\n"
     "                              kernel bundles under DIR (docs/ARTIFACTS.md); report\n"
@@ -127,6 +132,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "encode")) return cmd_encode(argc - 1, argv + 1);
     if (!strcmp(cmd, "kernels")) return cmd_kernels(argc - 1, argv + 1);
+    if (!strcmp(cmd, "decode")) return cmd_decode(argc - 1, argv + 1);
     if (!strcmp(cmd, "artifacts")) return cmd_artifacts(argc - 1, argv + 1);
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
     if (!strcmp(cmd, "video")) return cmd_video(argc - 1, argv + 1);

@@ -42,6 +42,9 @@ typedef enum {
     KERN_OP_MULTISTEP,       /* a multistep solver's update (UniPC, DPM++), coefficients read from memory */
     KERN_OP_ATTENTION_BIAS,  /* softmax(scale·q·kᵀ + relative-position bias, key mask)·v (T5) */
     KERN_OP_MUL,             /* y = a·b elementwise (T5's gated feed-forward) */
+    KERN_OP_IM2COL3D,        /* columns of a causal 3-D conv, channels-last (ops_video.h) */
+    KERN_OP_UPSAMPLE2X,      /* nearest 2x in space, [T,H,W,C] -> [T,2H,2W,C] */
+    KERN_OP_FRAME_INTERLEAVE,/* [T,H,W,2C] -> [2T,H,W,C]: Wan's upsample3d frame doubling */
     KERN_OP_COUNT
 } kern_op_t;
 

@@ -11,6 +11,11 @@
  * frames after the first chunk), the head, and a clamp to [-1, 1]. Memory
  * stays bounded by one chunk. The video has 1+4(F-1) frames of 8H x 8W.
  *
+ * On the backend, channels-last ([T, H, W, C] activations): convs are
+ * kern_conv3d_causal (kernels/ops_video.h: IM2COL3D + GEMM in bounded
+ * column blocks), channel norms kern_rmsnorm rows, the attention
+ * kern_attention with one head. F32 only. docs/MODEL.md "VAE decoder". 
+ *
  * The latent mean and std: Wan's published 16 values when z_dim is 16 (or
  * the file's "latents_mean"/"latents_std" metadata, JSON arrays, when
  * present); 0 and 1 for other test sizes without metadata.
@@ -44,27 +49,54 @@ typedef struct {
 /* "wan2.1" (dim 96, z_dim 16) and "vae-tiny" (small sizes, z_dim 4, for
  * tests and the demo): 0 with *out set, -1 naming the known ones. */
 int vae_config_builtin(const char *name, vae_config_t *out);
-/* The config of a checkpoint from its tensor shapes (dim and z_dim). */
+/* The i-th built-in config's name (i from 0), NULL past the last: for
+ * messages and usage. Can't fail. */
+const char *vae_config_builtin_name(int i);
+/* 0 when c is a config this decoder runs: dim 1..4096, z_dim 1..64,
+ * dim_mult 1,2,4,4 and 2 residual blocks (Wan2.1's structure); -1 with a
+ * message naming c otherwise. */
+int vae_config_validate(const vae_config_t *c);
+/* The config of a checkpoint from its tensor shapes: decoder.conv1.weight
+ * [4·dim, z_dim, 3, 3, 3]; the name of the built-in of that dim and z_dim,
+ * else "custom". -1 with a message naming the file when that tensor is
+ * missing or misshapen, or the blocks are not Wan2.1's. */
 int vae_config_from_weights(const st_file_t *f, vae_config_t *out);
 
 /* Frames of video a latent of F frames decodes to: 1 + 4(F-1). */
 static inline int64_t vae_video_frames(int64_t latent_frames) { return 1 + 4 * (latent_frames - 1); }
 
 typedef struct vae_model vae_model_t;
+/* The decoder of f (config from vae_config_from_weights) on backend b,
+ * weights widened to F32 and copied to the device (f may be closed after).
+ * dtype is the compute dtype: only KERN_F32 (anything else: NULL,
+ * REEL_E_UNSUPPORTED). NULL with a message naming the file and tensor on a
+ * missing or misshapen tensor, a NaN or infinity in one, malformed
+ * latents_mean/latents_std metadata, or out of memory. */
 vae_model_t *vae_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
+/* Frees the weights; NULL and *m NULL are fine; sets *m = NULL. */
 void vae_model_destroy(vae_model_t **m);
 const vae_config_t *vae_model_config(const vae_model_t *m);
+/* Device bytes the weights hold. */
 size_t vae_model_bytes(const vae_model_t *m);
 
 /* Decodes latent [z_dim, F, H, W] (host F32) into video [3, 1+4(F-1), 8H,
  * 8W] (host F32, in [-1, 1]). progress, when not NULL, is called after each
- * latent frame (done of total). */
+ * latent frame (done of total). s must be a stream of the model's backend;
+ * the decode is synchronous (it returns with video written). Device memory
+ * for one chunk (activations, column block, caches) is allocated on entry
+ * and freed before return. The causal caches live in the model: one
+ * decode at a time per model. -1 with a message on sizes out of range (F 1..
+ * 100000, H and W 1..4096), a failed allocation or launch; video is then
+ * partly written. */
 typedef void (*vae_progress_fn)(void *user, int64_t done, int64_t total);
 int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F, int64_t H, int64_t W,
                float *video, vae_progress_fn progress, void *user);
 
 /* Random weights of config c under the release's names (the decoder's
- * and conv2's; F32) to a safetensors file: for tests and the demo. */
+ * and conv2's; F32) to a safetensors file: for tests and the demo. Conv
+ * weights N(0, 1/fan_in), gammas 1 + 0.1·N(0,1), biases 0.05·N(0,1), tensor
+ * i from Philox stream (seed, i). -1 with a message on an invalid config
+ * or an I/O error (path untouched). */
 int vae_weights_init(const vae_config_t *c, uint64_t seed, const char *path);
 
 #ifdef __cplusplus

@@ -65,6 +65,9 @@ if [ "${REEL_UNIT_ONLY:-0}" != 1 ]; then
     echo "=== t5 (numpy umT5 encoder from wan/modules/t5.py vs reelctl encode)"
     mkdir -p "$log/t5"
     run_script t5 "$PY" tests/crosscheck/test_t5.py --reelctl "$BUILD/reelctl" --workdir "$log/t5"
+    echo "=== vae crosscheck (numpy implementation of Wan2.1's VAE decoder vs reelctl decode)"
+    mkdir -p "$log/vae"
+    run_script vae-crosscheck "$PY" tests/crosscheck/test_vae.py --reelctl "$BUILD/reelctl" --workdir "$log/vae"
     echo "=== python client (clients/python against a real broker and worker)"
     run_script python "$PY" clients/python/tests/test_client.py --build "$BUILD"
     for s in tests/cli_*.sh; do

@@ -22,6 +22,7 @@ size_t kern_cpu_step_kernels(const kern_impl_t **out);        /* ops_step.c */
 size_t kern_cpu_softmax_kernels(const kern_impl_t **out);     /* ops_softmax.c */
 size_t kern_cpu_fused_kernels(const kern_impl_t **out);       /* ops_fused.c */
 size_t kern_cpu_text_kernels(const kern_impl_t **out);        /* ops_text.c */
+size_t kern_cpu_video_kernels(const kern_impl_t **out);       /* ops_video.c */
 
 size_t kern_cpu_kernels(const kern_impl_t **out, size_t max) {
     size_t (*const files[])(const kern_impl_t **) = {
@@ -29,6 +30,7 @@ size_t kern_cpu_kernels(const kern_impl_t **out, size_t max) {
         kern_cpu_attention_kernels, kern_cpu_rope_kernels, kern_cpu_patch_kernels,
         kern_cpu_step_kernels, kern_cpu_softmax_kernels, kern_cpu_fused_kernels,
         kern_cpu_text_kernels,
+        kern_cpu_video_kernels,
     };
     size_t n = 0;
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {

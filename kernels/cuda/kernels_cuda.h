@@ -67,6 +67,14 @@ int kern_cuda_mul_bf16(void *ctx, const void *args);
 /* attention_cudnn.c, in builds with cuDNN (HAVE_CUDNN) only. */
 int kern_cuda_attention_sdpa_bf16(void *ctx, const void *args);
 
+/* The video ops (ops_video.h): im2col3d.cu, upsample2x.cu, frame_interleave.cu. */
+int kern_cuda_im2col3d_f32(void *ctx, const void *args);
+int kern_cuda_im2col3d_bf16(void *ctx, const void *args);
+int kern_cuda_upsample2x_f32(void *ctx, const void *args);
+int kern_cuda_upsample2x_bf16(void *ctx, const void *args);
+int kern_cuda_frame_interleave_f32(void *ctx, const void *args);
+int kern_cuda_frame_interleave_bf16(void *ctx, const void *args);
+
 #ifdef __cplusplus
 }
 #endif

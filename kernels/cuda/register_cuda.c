@@ -7,6 +7,7 @@
  * from device memory and is capturable). */
 #include "kernels_cuda.h"
 #include "../ops_args.h"
+#include "../ops_video_args.h"
 
 /* One entry: OP is the kern_op_t suffix, stem the kernel's file stem. */
 #define CUDA_KERNEL(OP, stem, DT, dt, args_t, cap)                            \
@@ -45,6 +46,9 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(RMSNORM_ROPE3D, rmsnorm_rope3d, kern_rmsnorm_rope_args_t, true),
     CUDA_KERNEL_PAIR(ATTENTION_BIAS, attention_bias, kern_attention_bias_args_t, true),
     CUDA_KERNEL_PAIR(MUL, mul, kern_binary_args_t, true),
+    CUDA_KERNEL_PAIR(IM2COL3D, im2col3d, kern_im2col3d_args_t, true),
+    CUDA_KERNEL_PAIR(UPSAMPLE2X, upsample2x, kern_video_args_t, true),
+    CUDA_KERNEL_PAIR(FRAME_INTERLEAVE, frame_interleave, kern_video_args_t, true),
 };
 
 /* cuDNN's fused attention (attention_cudnn.c): BF16 only, and only in
