@@ -6,9 +6,10 @@
  * time, exactly as upstream: causal 3-D convolutions that keep a per-chunk
  * feature cache (the last 2 frames of each conv's input), RMS norms over
  * channels (F.normalize · √C · gamma + bias), SiLU, residual blocks, the
- * single-head middle attention per frame, the up-sampling blocks (nearest
- * 2x in space then a 3x3 conv; upsample3d also a time conv that doubles
- * frames after the first chunk), the head, and a clamp to [-1, 1]. Memory
+ * single-head middle attention per frame, the up-sampling blocks (upsample3d
+ * first runs a time conv to 2C channels whose halves become two frames, on
+ * every chunk but the first; then, as upsample2d, nearest 2x in space and a
+ * 3x3 conv to C/2), the head, and a clamp to [-1, 1]. Memory
  * stays bounded by one chunk. The video has 1+4(F-1) frames of 8H x 8W.
  *
  * On the backend, channels-last ([T, H, W, C] activations): convs are
