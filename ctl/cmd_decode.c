@@ -7,6 +7,8 @@
 #include "base/error.h"
 #include "base/opts.h"
 #include "model/safetensors.h"
+#include "media/video.h"
+#include "model/pth.h"
 #include "model/vae.h"
 #include "kernels/backend.h"
 #include <inttypes.h>
@@ -36,13 +38,29 @@ static void progress(void *user, int64_t done, int64_t total) {
             ctl_now() - *t0);
 }
 
+static bool is_mp4(const char *path) {
+    size_t n = strlen(path);
+    return n > 4 && !strcmp(path + n - 4, ".mp4");
+}
+
+/* video [3,F,H,W] in [-1,1] as an H.264 MP4 at Wan's 16 fps, its frames
+ * converted as Wan's cache_video does (media/video.h). 0 or -1. */
+static int write_mp4(const char *path, const float *video, const int64_t vs[4]) {
+    uint8_t *rgb = malloc((size_t)(vs[1] * vs[2] * vs[3] * 3));
+    if (!rgb) return reel_fail(REEL_E_NOMEM, "out of memory for the frames");
+    video_frames_from_f32(video, vs[1], vs[2], vs[3], rgb);
+    int rc = video_write_mp4(path, rgb, vs[1], vs[2], vs[3], VIDEO_FPS_WAN);
+    free(rgb);
+    return rc;
+}
+
 int cmd_decode(int argc, char **argv) {
     decode_opts_t o = { .backend = "cpu" };
     int rest = argc;
     if (reel_opts_parse(decode_rows, sizeof decode_rows / sizeof decode_rows[0], &o, argc, argv, &rest))
         return reel_fail_prefix("decode: ");
     if (rest != argc - 1 || !o.vae || !o.out)
-        return reel_fail(REEL_E_INVALID, "usage: reelctl decode --vae W.safetensors LATENT.safetensors -o OUT.safetensors");
+        return reel_fail(REEL_E_INVALID, "usage: reelctl decode --vae VAE LATENT.safetensors -o OUT.safetensors|OUT.mp4");
     const char *lpath = argv[rest];
     kern_backend_kind_t kind;
     if (kern_backend_kind_parse(o.backend, &kind) != 0) return ctl_fail_as(REEL_E_INVALID, "--backend: ");
@@ -55,7 +73,7 @@ int cmd_decode(int argc, char **argv) {
     st_writer_t *w = NULL;
     int rc = -1;
     if (!(lat = ctl_read_tensor(lpath, "latent", 4, ls))) goto out;
-    if (!(wf = st_open(o.vae))) { ctl_fail_as(REEL_E_INVALID, "--vae: "); goto out; }
+    if (!(wf = weights_open_any(o.vae))) { ctl_fail_as(REEL_E_INVALID, "--vae: "); goto out; }
     if (!(b = kern_backend_new(kind, 0)) || !(s = kern_stream_new(b))) { ctl_fail_as(REEL_E_DEVICE, NULL); goto out; }
     if (!(m = vae_model_load(b, wf, KERN_F32))) { ctl_fail_as(REEL_E_INVALID, NULL); goto out; } /* names the file */
     st_close(&wf);
@@ -76,8 +94,9 @@ int cmd_decode(int argc, char **argv) {
         goto out;
     }
     double secs = ctl_now() - t0;
-    if (!(w = st_writer_new()) || st_writer_add_f32(w, "video", 4, vs, video) ||
-        st_writer_meta(w, "vae_config", c->name) || st_writer_save(w, o.out)) {
+    if (is_mp4(o.out) ? write_mp4(o.out, video, vs) != 0
+                      : (!(w = st_writer_new()) || st_writer_add_f32(w, "video", 4, vs, video) ||
+                         st_writer_meta(w, "vae_config", c->name) || st_writer_save(w, o.out))) {
         ctl_fail_as(REEL_E_IO, NULL);
         goto out;
     }

@@ -7,6 +7,8 @@
 #include "ctl.h"
 #include "base/error.h"
 #include "base/parse.h"
+#include "media/tokenizer.h"
+#include "model/pth.h"
 #include "model/t5.h"
 #include <getopt.h>
 #include <inttypes.h>
@@ -57,6 +59,25 @@ static int parse_ids(const char *s, int32_t **ids, int64_t *n) {
     return 0;
 }
 
+/* The ids of prompt as Wan's T5EncoderModel makes them (media/tokenizer.h:
+ * cleaned, the end-of-sequence id, at most text_len): the context is then
+ * the prompt's real length, as Wan cuts it. 0, or -1 (exit 2). */
+static int prompt_ids(const char *tokenizer, const char *prompt, int64_t text_len, int32_t **ids, int64_t *n) {
+    tok_t *t = tok_open(tokenizer);
+    if (!t) return ctl_fail_as(REEL_E_INVALID, "--tokenizer: ");
+    int32_t *v = malloc((size_t)text_len * sizeof *v);
+    int got = v ? tok_encode(t, prompt, (int)text_len, v, (int)text_len) : -1;
+    if (!v) reel_fail(REEL_E_NOMEM, "out of memory");
+    tok_close(&t);
+    if (got < 1) {
+        free(v);
+        return ctl_fail_as(REEL_E_INVALID, "--prompt: ");
+    }
+    *ids = v;
+    *n = got;
+    return 0;
+}
+
 /* Encodes ids[0..n) with the weights o->t5 and writes o->out. 0, or -1
  * with the error value set (a bad file or id exits 2, a device 1). */
 static int encode_ids(const encode_opts_t *o, const int32_t *ids, int64_t n) {
@@ -66,7 +87,7 @@ static int encode_ids(const encode_opts_t *o, const int32_t *ids, int64_t n) {
     t5_model_t *m = NULL;
     st_writer_t *w = NULL;
     float *ctx = NULL;
-    st_file_t *f = st_open(o->t5);
+    st_file_t *f = weights_open_any(o->t5); /* the release's .pth, or a safetensors copy */
     if (!f) {
         ctl_fail_as(REEL_E_INVALID, "--t5: ");
         goto out;
@@ -116,8 +137,12 @@ int cmd_encode(int argc, char **argv) {
         { "t5", required_argument, 0, 't' },     { "ids", required_argument, 0, 'i' },
         { "pad-to", required_argument, 0, 'p' }, { "out", required_argument, 0, 'o' },
         { "backend", required_argument, 0, 'b' }, { "dtype", required_argument, 0, 'd' },
+        { "prompt", required_argument, 0, 'P' }, { "tokenizer", required_argument, 0, 'T' },
+        { "text-len", required_argument, 0, 'L' },
         { 0, 0, 0, 0 },
     };
+    const char *prompt = NULL, *tokenizer = NULL;
+    int64_t text_len = 512;
     encode_opts_t o = { .kind = KERN_BACKEND_CPU, .dtype = KERN_F32 };
     const char *ids_text = NULL;
     int c;
@@ -128,6 +153,11 @@ int cmd_encode(int argc, char **argv) {
         case 't': o.t5 = optarg; break;
         case 'i': ids_text = optarg; break;
         case 'o': o.out = optarg; break;
+        case 'P': prompt = optarg; break;
+        case 'T': tokenizer = optarg; break;
+        case 'L':
+            if (reel_parse_i64(optarg, 1, ENCODE_MAX_IDS, "--text-len", &text_len)) return -1;
+            break;
         case 'p':
             if (reel_parse_i64(optarg, 1, ENCODE_MAX_IDS, "--pad-to", &o.pad_to)) return -1;
             break;
@@ -143,11 +173,12 @@ int cmd_encode(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "encode: unexpected argument '%s'", argv[optind]);
-    if (!o.t5 || !ids_text || !o.out)
-        return reel_fail(REEL_E_INVALID, "usage: reelctl encode --t5 T5.safetensors --ids 5,17,1 [--pad-to N] -o OUT.safetensors");
+    if (!o.t5 || !o.out || !ids_text == !prompt || !prompt != !tokenizer)
+        return reel_fail(REEL_E_INVALID, "usage: reelctl encode --t5 T5 (--tokenizer PATH --prompt TEXT [--text-len N] | "
+                         "--ids 5,17,1) [--pad-to N] -o OUT.safetensors");
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (parse_ids(ids_text, &ids, &n)) return -1;
+    if (prompt ? prompt_ids(tokenizer, prompt, text_len, &ids, &n) : parse_ids(ids_text, &ids, &n)) return -1;
     if (o.pad_to && o.pad_to < n) {
         free(ids);
         return reel_fail(REEL_E_INVALID, "--pad-to %" PRId64 " is shorter than the %" PRId64 " ids", o.pad_to, n);

@@ -269,8 +269,8 @@ static int open_media(run_t *r) {
         int64_t rows;
         bool guided = o->have_cfg && o->loop.guidance != 1.0f;
         if (!(r->text = t2v_text_new(r->b, t5, tok, r->cfg.text_len, r->cfg.text_dim, 0)) ||
-            t2v_text_context(r->text, r->s, o->prompt, &r->ctx, &rows) != 0 ||
-            (guided && t2v_text_context(r->text, r->s, o->neg_prompt ? o->neg_prompt : T2V_WAN_NEG_PROMPT, &r->unc,
+            t2v_text_context(r->text, o->prompt, &r->ctx, &rows) != 0 ||
+            (guided && t2v_text_context(r->text, o->neg_prompt ? o->neg_prompt : T2V_WAN_NEG_PROMPT, &r->unc,
                                         &rows) != 0))
             return ctl_fail_as(REEL_E_INVALID, NULL);
         r->encode_s = ctl_now() - t0;
@@ -348,7 +348,7 @@ static int write_output(run_t *r) {
         uint8_t *frames = NULL, *mp4 = NULL;
         size_t len = 0;
         double t0 = ctl_now();
-        int rc = t2v_vae_decode(r->vae, r->s, r->out, 1, r->lshape, &frames, &mp4, &len);
+        int rc = t2v_vae_decode(r->vae, r->out, 1, r->lshape, &frames, &mp4, &len);
         r->decode_s = ctl_now() - t0;
         rc = rc ? rc : ctl_write_bytes(r->o.out, mp4, len);
         free(frames);

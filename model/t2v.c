@@ -46,6 +46,7 @@ struct t2v_text {
     pthread_mutex_t mu;          /* one encode at a time; guards the cache */
     tok_t *tok;
     t5_model_t *t5;
+    kern_stream_t *s;            /* its own: the callers' streams hold captured graphs */
     int64_t text_len, dim;
     size_t max_bytes;
     entry_t *head, *tail;
@@ -125,7 +126,7 @@ t2v_text_t *t2v_text_new(kern_backend_t *b, const char *t5_path, const char *tok
     t->max_bytes = cache_bytes;
     st_file_t *f = NULL;
     if (!(t->tok = tok_open(tok_path)) || !(f = weights_open_any(t5_path)) ||
-        !(t->t5 = t5_model_load(b, f, KERN_F32))) {
+        !(t->t5 = t5_model_load(b, f, KERN_F32)) || !(t->s = kern_stream_new(b))) {
         reel_fail_prefix("text encoder: ");
         st_close(&f);
         t2v_text_destroy(&t);
@@ -151,6 +152,7 @@ void t2v_text_destroy(t2v_text_t **tp) {
         n = e->next;
         entry_free(e);
     }
+    kern_stream_destroy(&t->s);
     t5_model_destroy(&t->t5);
     tok_close(&t->tok);
     pthread_mutex_destroy(&t->mu);
@@ -168,13 +170,13 @@ void t2v_text_stats(t2v_text_t *t, t2v_text_stats_t *out) {
 }
 
 /* A new cache entry: text tokenized and encoded at its real length. */
-static entry_t *encode(t2v_text_t *t, kern_stream_t *s, const char *text, uint64_t h) {
+static entry_t *encode(t2v_text_t *t, const char *text, uint64_t h) {
     int32_t *ids = malloc((size_t)t->text_len * sizeof *ids);
     entry_t *e = calloc(1, sizeof *e);
     int n = ids && e ? tok_encode(t->tok, text, (int)t->text_len, ids, (int)t->text_len) : -1;
     if (!ids || !e) reel_fail(REEL_E_NOMEM, "out of memory encoding a prompt");
     if (n < 1 || !(e->rows = malloc((size_t)n * (size_t)t->dim * sizeof *e->rows)) || !(e->text = strdup(text)) ||
-        t5_encode(t->t5, s, ids, n, 0, e->rows) != 0) {
+        t5_encode(t->t5, t->s, ids, n, 0, e->rows) != 0) {
         if (n >= 1 && (!e->rows || !e->text)) reel_fail(REEL_E_NOMEM, "out of memory encoding a prompt");
         free(ids);
         entry_free(e);
@@ -187,7 +189,7 @@ static entry_t *encode(t2v_text_t *t, kern_stream_t *s, const char *text, uint64
     return e;
 }
 
-int t2v_text_context(t2v_text_t *t, kern_stream_t *s, const char *text, float **out, int64_t *rows) {
+int t2v_text_context(t2v_text_t *t, const char *text, float **out, int64_t *rows) {
     *out = NULL;
     float *ctx = calloc((size_t)(t->text_len * t->dim), sizeof *ctx);
     if (!ctx) return reel_fail(REEL_E_NOMEM, "out of memory for a context of %lld rows", (long long)t->text_len);
@@ -200,7 +202,7 @@ int t2v_text_context(t2v_text_t *t, kern_stream_t *s, const char *text, float **
         t->st.entries--;
         t->st.hits++;
     } else {
-        e = encode(t, s, text, h);
+        e = encode(t, text, h);
         t->st.misses++;
     }
     if (!e) {
@@ -221,6 +223,7 @@ int t2v_text_context(t2v_text_t *t, kern_stream_t *s, const char *text, float **
 struct t2v_vae {
     pthread_mutex_t mu;
     vae_model_t *m;
+    kern_stream_t *s;            /* its own, as the text encoder's */
 };
 
 t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels) {
@@ -231,7 +234,7 @@ t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels)
     }
     pthread_mutex_init(&v->mu, NULL);
     st_file_t *f = weights_open_any(path);
-    if (!f || !(v->m = vae_model_load(b, f, KERN_F32))) {
+    if (!f || !(v->m = vae_model_load(b, f, KERN_F32)) || !(v->s = kern_stream_new(b))) {
         reel_fail_prefix("VAE: ");
         st_close(&f);
         t2v_vae_destroy(&v);
@@ -249,6 +252,7 @@ t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels)
 
 void t2v_vae_destroy(t2v_vae_t **vp) {
     if (!vp || !*vp) return;
+    kern_stream_destroy(&(*vp)->s);
     vae_model_destroy(&(*vp)->m);
     pthread_mutex_destroy(&(*vp)->mu);
     free(*vp);
@@ -258,7 +262,7 @@ void t2v_vae_destroy(t2v_vae_t **vp) {
 const char *t2v_vae_name(const t2v_vae_t *v) { return vae_model_config(v->m)->name; }
 size_t t2v_vae_bytes(const t2v_vae_t *v) { return vae_model_bytes(v->m); }
 
-int t2v_vae_decode(t2v_vae_t *v, kern_stream_t *s, const float *latents, int n, const int64_t shape[4],
+int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4],
                    uint8_t **frames, uint8_t **mp4, size_t *mp4_len) {
     *frames = NULL;
     if (mp4) *mp4 = NULL;
@@ -274,7 +278,7 @@ int t2v_vae_decode(t2v_vae_t *v, kern_stream_t *s, const float *latents, int n, 
     int rc = 0;
     pthread_mutex_lock(&v->mu);
     for (int i = 0; i < n && rc == 0; i++) {
-        rc = vae_decode(v->m, s, latents + (size_t)i * lat, shape[1], shape[2], shape[3], video, NULL, NULL);
+        rc = vae_decode(v->m, v->s, latents + (size_t)i * lat, shape[1], shape[2], shape[3], video, NULL, NULL);
         if (rc == 0) video_frames_from_f32(video, F, H, W, rgb + (size_t)i * px * 3);
     }
     pthread_mutex_unlock(&v->mu);

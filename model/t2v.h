@@ -40,8 +40,9 @@ size_t t2v_text_bytes(const t2v_text_t *t);
 /* The context of text: encoded (or found in the cache), cut to its real
  * length, padded with zero rows to text_len, into a malloc'd [text_len,
  * text_dim] F32 buffer (*out; the caller frees). *rows: the real length.
- * s is a stream of the backend that is not capturing. */
-int t2v_text_context(t2v_text_t *t, kern_stream_t *s, const char *text, float **out, int64_t *rows);
+ * Runs on the encoder's own stream (a stream that captured graphs cannot
+ * grow its scratch), under its lock. */
+int t2v_text_context(t2v_text_t *t, const char *text, float **out, int64_t *rows);
 /* Cache counters, for logs and tests. */
 typedef struct { uint64_t hits, misses, evictions; size_t bytes, entries; } t2v_text_stats_t;
 void t2v_text_stats(t2v_text_t *t, t2v_text_stats_t *out);
@@ -55,8 +56,8 @@ size_t t2v_vae_bytes(const t2v_vae_t *v);
 /* Decodes n latents [n][C,F,H,W] (host F32) to frames [n][F',H',W',3]
  * (uint8, malloc'd into *frames; F' = 1+4(F-1), H' = 8H, W' = 8W) and,
  * when mp4 is not NULL (n must be 1), also an MP4 of them (*mp4, *mp4_len;
- * malloc'd). s: a stream of the backend that is not capturing. */
-int t2v_vae_decode(t2v_vae_t *v, kern_stream_t *s, const float *latents, int n, const int64_t shape[4],
+ * malloc'd). Runs on the VAE's own stream, under its lock. */
+int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4],
                    uint8_t **frames, uint8_t **mp4, size_t *mp4_len);
 
 #endif

@@ -137,7 +137,7 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
     wrk_t *w = st->x->w;
     size_t len = 0;
     double t0 = reel_mono_s();
-    if (t2v_vae_decode(w->vae, st->ks, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len) != 0) {
+    if (t2v_vae_decode(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
         return -1;
     }
@@ -470,8 +470,8 @@ static int encode_prompts(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     int64_t rows;
     double t0 = reel_mono_s();
-    if (t2v_text_context(w->text, st->ks, j->prompt, &j->context, &rows) != 0 ||
-        (j->neg_prompt && t2v_text_context(w->text, st->ks, j->neg_prompt, &j->uncond, &rows) != 0))
+    if (t2v_text_context(w->text, j->prompt, &j->context, &rows) != 0 ||
+        (j->neg_prompt && t2v_text_context(w->text, j->neg_prompt, &j->uncond, &rows) != 0))
         return -1;
     j->encode_s = reel_mono_s() - t0;
     return 0;
