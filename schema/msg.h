@@ -138,8 +138,10 @@ bool msg_gen_decodes(const msg_gen_t *g);
  * prompt with cfg != 1 (the negative prompt, given or Wan's default, is
  * encoded by the worker). Can't fail. */
 bool msg_gen_guided(const msg_gen_t *g);
-/* Longest prompt or negative prompt, in bytes. */
-#define MSG_MAX_PROMPT_BYTES 16384
+/* Longest prompt or negative prompt, in bytes: the wire's longest string
+ * (a longer one is refused too_large while the message is read). umT5's
+ * 512 tokens are about 2 KiB of English or CJK text. */
+#define MSG_MAX_PROMPT_BYTES WIRE_MAX_STR
 /* The video a latent of F x H x W decodes to (Wan2.1's VAE): 1 + 4(F-1)
  * frames of 8H x 8W. */
 #define MSG_VAE_TIME 4

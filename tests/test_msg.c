@@ -802,7 +802,7 @@ START_TEST(test_a_prompt_gen_round_trips_and_its_text_rules_hold) {
     static char big[MSG_MAX_PROMPT_BYTES + 2];
     memset(big, 'a', sizeof big - 1);
     b.prompt = big;
-    expect_invalid(&b, NULL, "bad_request", "'prompt' is 16385 bytes, longer than 16384");
+    expect_invalid(&b, NULL, "bad_request", "'prompt' is 4097 bytes, longer than 4096");
     b = g;
     expect_invalid(&b, &(msg_model_t){ "tiny", 4, 32, 2, 2, 0 }, "bad_request", "model tiny takes no 'prompt'");
     b = g;

@@ -321,10 +321,10 @@ class Client:
     # ---- framing -------------------------------------------------------
 
     def _send(self, mtype, rid, fields, tensors=()):
-        hdr = dict(fields)
-        hdr["proto"] = PROTO
-        hdr["type"] = mtype
-        hdr["id"] = rid
+        # proto, type and id first: a receiver that refuses a later field
+        # (a string too long) has read the id and answers it
+        hdr = {"proto": PROTO, "type": mtype, "id": rid}
+        hdr.update(fields)
         frames = []
         if tensors:
             hdr["tensors"] = []

@@ -571,6 +571,140 @@ class CurveTests(unittest.TestCase):
             reel.Client(self.cluster.ce, key=os.path.join(k, "client.key"), broker_key=None)
 
 
+def make_text_video_parts(d):
+    """A DiT config with text_len, a umT5 encoder (t5-tiny), its tokenizer
+    (trained here with spm_train, umT5's special ids) and a VAE (vae-tiny):
+    the small stand-ins of a Wan2.1 release's parts."""
+    corpus = os.path.join(d, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write("a cat on a skateboard in the park\nthe quick brown fox jumps over the lazy dog\n"
+                "a red car driving at night in the rain\nmountains, rivers and a blue sky at dawn\n")
+        for i in range(40):
+            f.write(f"line {i} with words like ocean mountain river sky cloud sun moon star tree flower bird\n")
+    run("spm_train", f"--input={corpus}", f"--model_prefix={d}/spiece", "--vocab_size=300", "--model_type=unigram",
+        "--pad_id=0", "--eos_id=1", "--unk_id=2", "--bos_id=-1", "--byte_fallback=true", "--character_coverage=1.0",
+        "--hard_vocab_limit=false")
+    cfg = os.path.join(d, "tinyt.json")
+    with open(cfg, "w") as f:
+        json.dump({"name": "tinyt", "dim": 64, "heads": 4, "layers": 2, "ffn_dim": 128, "in_channels": 4,
+                   "text_dim": 32, "freq_dim": 256, "text_len": 16}, f)
+    parts = {k: os.path.join(d, f"{k}.safetensors") for k in ("dit", "t5", "vae")}
+    run(f"{BUILD}/reelctl", "weights", "init", "--config", cfg, "--seed", "7", "--out", parts["dit"])
+    run(f"{BUILD}/reelctl", "weights", "init-t5", "--config", "t5-tiny", "--seed", "3", "--out", parts["t5"])
+    run(f"{BUILD}/reelctl", "weights", "init-vae", "--config", "vae-tiny", "--seed", "5", "--out", parts["vae"])
+    parts["tokenizer"] = os.path.join(d, "spiece.model")
+    return parts
+
+
+def frames_of(video):
+    """[3, F, H, W] in [-1, 1] to uint8 [F, H, W, 3] as Wan's cache_video
+    does, in float32: clamp, (x + 1) / 2, x 255, truncate."""
+    x = np.clip(video.astype(np.float32), np.float32(-1), np.float32(1))
+    x = (x + np.float32(1)) / np.float32(2)
+    x = np.clip(x, np.float32(0), np.float32(1)) * np.float32(255)
+    return x.astype(np.uint8).transpose(1, 2, 3, 0)
+
+
+class PromptTests(unittest.TestCase):
+    """Prompt in, frames or a video out (issue 26): a worker with a text
+    encoder and a VAE; every latent bitwise reelctl run --prompt, every
+    frame the decode of that latent."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="reel-pyt2v-")
+        cls.p = make_text_video_parts(cls.dir)
+        cls.cluster = Cluster(cls.dir, cls.p["dit"], worker_flags=("--t5", cls.p["t5"], "--tokenizer",
+                                                                    cls.p["tokenizer"], "--vae", cls.p["vae"]))
+        cls.c = reel.Client(cls.cluster.ce, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.cluster.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def run_prompt(self, prompt, out, cfg=None, neg=None, seed=1):
+        args = [f"{BUILD}/reelctl", "run", "--weights", self.p["dit"], "--t5", self.p["t5"], "--tokenizer",
+                self.p["tokenizer"], "--vae", self.p["vae"], "--prompt", prompt, "--size", "2x8x8", "--seed", seed,
+                "--steps", "4", "--shift", "3", "--out", out]
+        if cfg is not None:
+            args += ["--cfg", cfg]
+        if neg is not None:
+            args += ["--negative-prompt", neg]
+        run(*args)
+
+    def test_prompt_to_frames_equals_reelctl_run_and_the_decoded_latent(self):
+        r = self.c.gen("tinyt", prompt="a cat on a skateboard", cfg=4.0, negative_prompt="blurry", steps=4,
+                       shift=3.0, seed=1, latent_shape=(4, 2, 8, 8), output="frames")
+        self.assertEqual(r.frames.shape, (5, 64, 64, 3))
+        self.assertEqual(r.frames.dtype, np.uint8)
+        out = os.path.join(self.dir, "run.mp4")
+        self.run_prompt("a cat on a skateboard", out, cfg=4, neg="blurry")
+        ref, _ = safetensors.load(out + ".safetensors")
+        self.assertTrue(np.array_equal(r.latent, ref["latent"]), "the latent differs from reelctl run --prompt")
+        dec = os.path.join(self.dir, "dec.safetensors")
+        lat = os.path.join(self.dir, "lat-t2v.safetensors")
+        safetensors.save(lat, {"latent": r.latent})
+        run(f"{BUILD}/reelctl", "decode", "--vae", self.p["vae"], lat, "-o", dec, "--quiet")
+        v, _ = safetensors.load(dec)
+        self.assertTrue(np.array_equal(r.frames, frames_of(v["video"])), "frames are not the decoded latent")
+        self.assertGreater(r.decode_seconds, 0.0)
+        self.assertGreater(r.encode_seconds, 0.0)
+
+    def test_a_video_output_is_an_mp4_of_the_decoded_frames(self):
+        r = self.c.gen("tinyt", prompt="a red car at night", steps=3, seed=2, latent_shape=(4, 3, 8, 8),
+                       output="video")
+        self.assertIsNone(r.frames)
+        self.assertEqual(r.video[4:8], b"ftyp")
+        path = os.path.join(self.dir, "v.mp4")
+        with open(path, "wb") as f:
+            f.write(r.video)
+        p = run(f"{BUILD}/reelctl", "video", "probe", path, "--json")
+        info = json.loads(p.stdout.decode().strip().splitlines()[0])
+        self.assertEqual((info["frames"], info["height"], info["width"], info["codec"]), (9, 64, 64, "h264"))
+
+    def test_guidance_without_a_negative_prompt_uses_wans_default(self):
+        r = self.c.gen("tinyt", prompt="mountains at dawn", cfg=5.0, steps=3, shift=3.0, seed=4,
+                       latent_shape=(4, 2, 8, 8))
+        out = os.path.join(self.dir, "neg.mp4")
+        self.run_prompt("mountains at dawn", out, cfg=5, seed=4)  # reelctl run also defaults to Wan's
+        ref, _ = safetensors.load(out + ".safetensors")
+        self.assertFalse(np.array_equal(r.latent, ref["latent"]))  # 3 steps vs 4: differ
+        r4 = self.c.gen("tinyt", prompt="mountains at dawn", cfg=5.0, steps=4, shift=3.0, seed=4,
+                        latent_shape=(4, 2, 8, 8))
+        self.assertTrue(np.array_equal(r4.latent, ref["latent"]))
+        other = self.c.gen("tinyt", prompt="mountains at dawn", cfg=5.0, negative_prompt="a cat", steps=4,
+                           shift=3.0, seed=4, latent_shape=(4, 2, 8, 8))
+        self.assertFalse(np.array_equal(other.latent, r4.latent), "a negative prompt changes nothing")
+
+    def test_a_group_of_one_prompt_returns_each_samples_frames(self):
+        rs = self.c.gen_group("tinyt", prompt="a cat on a skateboard", n=2, seeds=[5, 6], steps=3,
+                              latent_shape=(4, 2, 8, 8), output="frames")
+        self.assertEqual([r.frames.shape for r in rs], [(5, 64, 64, 3)] * 2)
+        one = self.c.gen("tinyt", prompt="a cat on a skateboard", steps=3, seed=6, latent_shape=(4, 2, 8, 8),
+                         output="frames")
+        self.assertTrue(np.array_equal(rs[1].frames, one.frames))
+
+    def test_prompt_arguments_are_checked_before_sending(self):
+        ctx = rand((5, 32), 1)
+        for kw in ({"prompt": "x", "context": ctx}, {"negative_prompt": "x", "context": ctx},
+                   {"prompt": "x", "output": "gif"}, {}):
+            with self.assertRaises(ValueError, msg=str(kw)):
+                self.c.gen("tinyt", steps=2, latent_shape=(4, 2, 8, 8), **kw)
+
+    def test_bad_text_is_refused_by_the_broker_and_the_cluster_keeps_serving(self):
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("tinyt", prompt="x" * 20000, steps=2, latent_shape=(4, 2, 8, 8))
+        self.assertEqual(e.exception.code, "too_large")
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen("tinyt", prompt="a bell \x07", steps=2, latent_shape=(4, 2, 8, 8))
+        self.assertEqual(e.exception.code, "bad_request")
+        self.assertIn("control characters", str(e.exception))
+        r = self.c.gen("tinyt", prompt="still serving", steps=2, latent_shape=(4, 2, 8, 8))
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+
+
 class Result(unittest.TextTestResult):
     pass
 
@@ -586,6 +720,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
+    suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     res = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     bad = len(res.failures) + len(res.errors)
     for t, why in res.skipped:
