@@ -89,7 +89,7 @@ static const reel_opt_t run_rows[] = {
     { .name = "seed", .kind = REEL_OPT_SET, .set = set_seed, .expect = "a non-negative integer" },
     { .name = "backend", .kind = REEL_OPT_STRING, .off = O(backend) },
     { .name = "dtype", .kind = REEL_OPT_STRING, .off = O(dtype) },
-    { .name = "out", .kind = REEL_OPT_STRING, .off = O(out) },
+    { .name = "out", .short_name = 'o', .kind = REEL_OPT_STRING, .off = O(out) },
     { .name = "size", .kind = REEL_OPT_SET, .set = set_size,
       .expect = "FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24)" },
     { .name = "graphs", .kind = REEL_OPT_BOOL_CHOICE, .off = O(graphs), .choices = on_off },
@@ -101,7 +101,6 @@ static const reel_opt_t run_rows[] = {
     { .name = "t5", .kind = REEL_OPT_STRING, .off = O(t5) },
     { .name = "tokenizer", .kind = REEL_OPT_STRING, .off = O(tokenizer) },
     { .name = "vae", .kind = REEL_OPT_STRING, .off = O(vae) },
-    { .name = "o", .kind = REEL_OPT_STRING, .off = O(out) },
     { .name = "frame_num", .kind = REEL_OPT_INT, .off = O(frame_num), .lo = 1, .hi = 4 * 65535 + 1,
       .expect = "1 + 4k frames (81)" },
 };

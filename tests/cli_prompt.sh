@@ -1,0 +1,126 @@
+#!/bin/sh
+# cli_prompt.sh -- prompt in, video out, through real processes (issue 26):
+# a release folder found by its release names (the DiT exported, the text
+# encoder and the VAE as .pth files torch.save would write, the tokenizer
+# under google/umt5-xxl/), `reelctl run --prompt -o X.mp4` on it, and a
+# broker with two workers, one with a text encoder and a VAE and one
+# without: prompt GENs and decoded outputs go only to the first, the
+# video is the decode of the latent, which is bitwise reelctl run's, the
+# catalog records the encode and decode seconds, and every refusal says
+# why. Every wait is bounded; every process is killed on exit.
+# Usage: cli_prompt.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-prompt.XXXXXX)
+SUITE=prompt
+HERE=$(dirname "$0")
+. "$HERE/lib_cli.sh"
+PY=/usr/bin/python3
+CE="ipc://$D/c"
+WE="ipc://$D/w"
+DB="$D/reel.db"
+
+# The parts: a DiT with text_len, umT5 (t5-tiny), its tokenizer, a VAE.
+{
+    echo "a cat on a skateboard in the park"; echo "a red car driving at night in the rain"
+    for i in $(seq 1 40); do echo "line $i with ocean mountain river sky cloud sun moon star tree flower bird"; done
+} >"$D/corpus.txt"
+spm_train --input="$D/corpus.txt" --model_prefix="$D/spiece" --vocab_size=300 --model_type=unigram --pad_id=0 \
+    --eos_id=1 --unk_id=2 --bos_id=-1 --byte_fallback=true --character_coverage=1.0 --hard_vocab_limit=false \
+    >"$D/spm.log" 2>&1 || { bad "spm_train trains a tokenizer"; show "$D/spm.log"; finish; }
+echo '{"name":"tinyt","dim":64,"heads":4,"layers":2,"ffn_dim":128,"in_channels":4,"text_dim":32,"freq_dim":256,"text_len":16}' >"$D/tinyt.json"
+"$R" weights init --config "$D/tinyt.json" --seed 7 --out "$D/dit.safetensors" 2>/dev/null &&
+    "$R" weights init-t5 --config t5-tiny --seed 3 --dtype bf16 --out "$D/t5.safetensors" 2>/dev/null &&
+    "$R" weights init-vae --config vae-tiny --seed 5 --out "$D/vae.safetensors" 2>/dev/null &&
+    "$R" weights init --config tiny --seed 7 --out "$D/plain.safetensors" 2>/dev/null || { bad "weights"; finish; }
+
+echo "== a release folder: its parts found by their release names, .pth files read without unpickling"
+REL="$D/Wan2.1-T2V-tiny"
+"$R" weights export "$D/dit.safetensors" --out "$REL" >/dev/null 2>&1 &&
+    mkdir -p "$REL/google/umt5-xxl" && cp "$D/spiece.model" "$REL/google/umt5-xxl/" &&
+    $PY "$HERE/st_to_pth.py" "$D/t5.safetensors" "$REL/models_t5_umt5-xxl-enc-bf16.pth" &&
+    $PY "$HERE/st_to_pth.py" "$D/vae.safetensors" "$REL/Wan2.1_VAE.pth" || { bad "the release folder is built"; finish; }
+P="a cat on a skateboard"
+RUN="$R run --size 2x8x8 --steps 4 --shift 3 --seed 1 --cfg 4"
+if $RUN --weights "$REL" --prompt "$P" -o "$D/rel.mp4" 2>"$D/rel.err"; then
+    "$R" video probe "$D/rel.mp4" --json >"$D/rel.json" 2>&1
+    grep -q '"frames":5,"height":64,"width":64,"fps":16,"codec":"h264"' "$D/rel.json" &&
+        ok "reelctl run --weights FOLDER --prompt -o X.mp4: 5 frames of 64x64, H.264 at 16 fps" ||
+        { bad "the video of the release folder"; show "$D/rel.json"; }
+else bad "reelctl run on the release folder"; show "$D/rel.err"; fi
+$RUN --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --vae "$D/vae.safetensors" \
+    --prompt "$P" -o "$D/parts.mp4" 2>"$D/parts.err" &&
+    "$R" tensor diff "$D/rel.mp4.safetensors" "$D/parts.mp4.safetensors" >/dev/null 2>&1 &&
+    ok "the same parts by flag (safetensors copies) give the bitwise same latent as the release's .pth files" ||
+    { bad "flags vs release folder"; show "$D/parts.err"; }
+"$R" run --weights "$D/dit.safetensors" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/np.err"
+[ $? = 2 ] && grep -q "needs a text encoder and its tokenizer" "$D/np.err" &&
+    ok "a prompt without a text encoder is a usage error naming what to give" || { bad "prompt without t5"; show "$D/np.err"; }
+"$R" run --weights "$D/plain.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --prompt "$P" \
+    --size 2x8x8 --steps 2 -o "$D/x.safetensors" 2>"$D/tl.err"
+[ $? = 2 ] && grep -q "has no text_len" "$D/tl.err" && ok "a model without text_len takes no prompt (exit 2)" ||
+    { bad "prompt to a model without text_len"; show "$D/tl.err"; }
+printf 'not a checkpoint' >"$D/junk.pth"
+"$R" encode --t5 "$D/junk.pth" --tokenizer "$D/spiece.model" --prompt "$P" -o "$D/x.safetensors" 2>"$D/junk.err"
+[ $? != 0 ] && grep -q "junk.pth" "$D/junk.err" && ok "a corrupt checkpoint is refused, naming the file" ||
+    { bad "corrupt .pth refused"; show "$D/junk.err"; }
+
+echo "== a cluster: prompts and decoded outputs go only to the worker that can do them"
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 || { bad "broker"; finish; }
+cli_worker wt "$D/broker.log" "$D/wt.log" --broker "$WE" --weights "$REL" --heartbeat-ms 200 || bad "wt starts"
+TW=$WORKER
+# wp: the same DiT exported alone (a release folder's model is named by its
+# config: "tiny" here, as the exported config matches that built-in's sizes)
+"$R" weights export "$D/dit.safetensors" --out "$D/dit-only" >/dev/null 2>&1
+cli_worker wp "$D/broker.log" "$D/wp.log" --broker "$WE" --weights "$D/dit-only" --heartbeat-ms 200 || bad "wp starts"
+grep -q "text encoder t5-tiny" "$D/wt.log" && grep -q "VAE vae-tiny" "$D/wt.log" &&
+    ok "the worker found the release folder's text encoder and VAE" || { bad "worker release parts"; show "$D/wt.log"; }
+GEN="$R gen --broker $CE --model tiny --channels 4 --size 2x8x8 --steps 4 --shift 3 --seed 1 --cfg 4 --timeout-ms 60000 --quiet"
+$GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
+    "$R" tensor diff "$D/g.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
+    ok "gen --prompt -o X.mp4: the latent is bitwise reelctl run --prompt's" || { bad "gen --prompt"; show "$D/g.err"; }
+"$R" video probe "$D/g.mp4" --json 2>/dev/null | grep -q '"frames":5,"height":64,"width":64' &&
+    ok "and the video came back as an MP4 of 5 frames" || bad "gen's video"
+allwt=yes
+for i in 1 2 3 4 5 6; do
+    $GEN --prompt "prompt number $i" --output frames --out "$D/f$i.safetensors" 2>"$D/f$i.err" || allwt=no
+    grep -q "worker wt," "$D/f$i.err" || allwt=no
+done
+[ "$allwt" = yes ] && ok "6 prompt GENs with decoded frames all ran on wt (wp has neither)" ||
+    { bad "prompts routed to the capable worker"; show "$D/f1.err"; }
+$PY -c "
+import numpy as np, sys
+a = np.load(sys.argv[1])
+sys.exit(0 if a.shape == (5, 64, 64, 3) and a.dtype == np.uint8 else 1)" "$D/f1.safetensors.frames.npy" &&
+    ok "--output frames: uint8 [5,64,64,3] in OUT.frames.npy" || bad "frames file"
+"$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/dec.mp4" --quiet 2>"$D/dec.err" &&
+    "$R" video probe "$D/dec.mp4" 2>/dev/null | grep -q "frames 5" &&
+    ok "reelctl decode --vae Wan2.1_VAE.pth LATENT -o X.mp4" || { bad "decode to mp4"; show "$D/dec.err"; }
+wait_sql "$DB" "select count(*) from requests where status='ok' and decode_seconds > 0 and encode_seconds > 0" 7 60 &&
+    ok "the catalog records encode and decode seconds for each prompt request" ||
+    { bad "catalog encode/decode seconds"; /usr/bin/sqlite3 "$DB" "select id, worker, encode_seconds, decode_seconds from requests" | show; }
+
+echo "== without the worker that can, a prompt waits and fails no_worker saying why; the rest keeps serving"
+kill -TERM "$TW"; wait "$TW" 2>/dev/null
+wait_for "$D/broker.log" "worker wt (lost|gone|left|disconnected)" 60 || true
+$GEN --prompt "$P" --deadline-ms 1500 --out "$D/n.safetensors" 2>"$D/n.err"
+grep -q "no_worker" "$D/n.err" && grep -q "with a text encoder" "$D/n.err" &&
+    ok "a prompt GEN with no text encoder in the cluster: no_worker naming the text encoder" || { bad "no_worker for prompts"; show "$D/n.err"; }
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" >/dev/null 2>&1
+$GEN --context "$D/ctx.safetensors" --uncond "$D/ctx.safetensors" --out "$D/c.safetensors" 2>"$D/c.err" &&
+    grep -q "worker wp," "$D/c.err" && ok "a context GEN still runs on wp" || { bad "context GEN on wp"; show "$D/c.err"; }
+$GEN --context "$D/ctx.safetensors" --uncond "$D/ctx.safetensors" --output frames --deadline-ms 1500 \
+    --out "$D/v.safetensors" 2>"$D/v.err"
+grep -q "with a VAE" "$D/v.err" && ok "frames from a cluster without a VAE: no_worker naming the VAE" || { bad "no_worker for frames"; show "$D/v.err"; }
+
+echo "== the worker's own refusals"
+"$B/reel-worker" --name bad --broker "$WE" --weights "$D/plain.safetensors" --t5 "$D/t5.safetensors" \
+    --tokenizer "$D/spiece.model" >"$D/bad.log" 2>&1
+[ $? = 2 ] && grep -q "needs a model with text_len" "$D/bad.log" &&
+    ok "a text encoder for a model without text_len: the worker exits 2 saying so" || { bad "worker t5 without text_len"; show "$D/bad.log"; }
+"$B/reel-worker" --name bad --broker "$WE" --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" >"$D/bad2.log" 2>&1
+[ $? = 2 ] && grep -q "go together" "$D/bad2.log" && ok "--t5 without --tokenizer is a usage error" || { bad "t5 alone"; show "$D/bad2.log"; }
+"$B/reel-worker" --name bad --broker "$WE" --weights "$D/dit.safetensors" --vae "$D/t5.safetensors" >"$D/bad3.log" 2>&1
+[ $? = 2 ] && grep -qi "vae" "$D/bad3.log" && ok "a VAE file that is not one: exit 2, naming it" || { bad "bad vae"; show "$D/bad3.log"; }
+finish
