@@ -20,6 +20,7 @@ typedef struct {
     uint64_t steps_replayed, steps_eager, steps_captured; /* of the RESULTs, by how they ran */
     uint64_t syncs_complete, syncs_incomplete, syncs_failed;
     reel_hist_t request_s, queue_wait_s, sync_s;
+    reel_hist_t encode_s, decode_s;  /* RESULTs that encoded a prompt / decoded an output: the worker's seconds */
     reel_http_t *http;
     int64_t next_publish_ms;
 } brk_metrics_t;

@@ -73,6 +73,12 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_queue_wait_seconds", "histogram",
                      "Time from a GEN's arrival to its dispatch to a worker.");
     reel_prom_hist(t, "reel_broker_queue_wait_seconds", "", &m->queue_wait_s);
+    reel_prom_family(t, "reel_broker_encode_seconds", "histogram",
+                     "A worker's time encoding a GEN's prompt (and negative prompt): GENs with a prompt.");
+    reel_prom_hist(t, "reel_broker_encode_seconds", "", &m->encode_s);
+    reel_prom_family(t, "reel_broker_decode_seconds", "histogram",
+                     "A worker's time decoding a GEN's output to frames or a video: GENs asking for one.");
+    reel_prom_hist(t, "reel_broker_decode_seconds", "", &m->decode_s);
     int routable = 0, unroutable = 0, dead = 0, inflight = 0;
     for (int i = 0; i < b->n_w; i++) {
         const brk_worker_t *w = b->w[i];

@@ -322,6 +322,8 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     b->metrics.steps_replayed += res->stats.replayed;
     b->metrics.steps_eager += res->stats.eager;
     b->metrics.steps_captured += res->stats.captured;
+    if (r->gen.prompt && *r->gen.prompt) reel_hist_observe(&b->metrics.encode_s, res->encode_seconds);
+    if (msg_gen_decodes(&r->gen)) reel_hist_observe(&b->metrics.decode_s, res->decode_seconds);
     char hex[17];
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,

@@ -133,7 +133,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "means", no_argument, 0, O_MEANS }, { "n", required_argument, 0, O_N },
         { "seeds", required_argument, 0, O_SEEDS }, { "solver", required_argument, 0, O_SOLVER },
         { "prompt", required_argument, 0, O_PROMPT }, { "negative-prompt", required_argument, 0, O_NEG },
-        { "output", required_argument, 0, O_OUTPUT }, { "o", required_argument, 0, O_OUT },
+        { "output", required_argument, 0, O_OUTPUT },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
@@ -146,7 +146,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     int opt;
     opterr = 0;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (opt == 'o') opt = O_OUT; /* -o X: --out X */
         if (opt < O_BROKER || opt > O_OUTPUT)
             return reel_fail(REEL_E_INVALID, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if (gen_option(o, opt, optarg) != 0) return -1;

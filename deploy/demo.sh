@@ -5,7 +5,9 @@
 # over several capture keys with CFG, part of it with Wan's UniPC sampler; a
 # trainer weight sync in the middle (evictions, then recaptures), the
 # capture report and the audit of syncs read back from the catalog, a
-# Python RL trainer. Exits 0 and leaves no process behind.
+# Python RL trainer rewarding decoded frames, and a prompt in, a video out
+# (the release folder's text encoder, tokenizer and VAE; ffprobe checks the
+# MP4). Exits 0 and leaves no process behind.
 set -eu
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.."
@@ -42,6 +44,21 @@ echo "v1 as a Wan2.1 release ships it (diffusion_pytorch_model.safetensors in BF
 echo "text_len 512: the workers pad every prompt's context to it, as Wan does), what the workers load:"
 "$R" weights export "$D/w1.safetensors" --out "$D/wan-release" --dtype bf16
 "$R" weights inspect "$D/wan-release"
+echo "and beside it, under their release names, the parts that turn a prompt into a video (small stand-ins,"
+echo "random weights): the umT5 text encoder (t5-small, 256 wide like small's text_dim) and the VAE as"
+echo ".pth files laid out as torch.save writes them, the tokenizer (trained here) in google/umt5-xxl/:"
+"$R" weights init-t5 --config t5-small --seed 3 --dtype bf16 --out "$D/t5.safetensors" >/dev/null
+"$R" weights init-vae --config vae-tiny --z-dim 16 --seed 5 --out "$D/vae.safetensors" >/dev/null
+/usr/bin/python3 tests/st_to_pth.py "$D/t5.safetensors" "$D/wan-release/models_t5_umt5-xxl-enc-bf16.pth"
+/usr/bin/python3 tests/st_to_pth.py "$D/vae.safetensors" "$D/wan-release/Wan2.1_VAE.pth"
+mkdir -p "$D/wan-release/google/umt5-xxl"
+for i in $(seq 1 30); do
+    echo "a cat on a skateboard, a red ball rolling on a beach, a city street at night in the rain, line $i"
+done >"$D/corpus.txt"
+spm_train --input="$D/corpus.txt" --model_prefix="$D/wan-release/google/umt5-xxl/spiece" --vocab_size=400 \
+    --model_type=unigram --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1 --byte_fallback=true \
+    --character_coverage=1.0 --hard_vocab_limit=false >/dev/null 2>&1
+ls -R "$D/wan-release" | sed 's/^/  /'
 
 say "2. keys (docs/SECURITY.md): the broker's pair, a trainer's, one per worker; CURVE on both sockets"
 K="$D/keys"
@@ -66,6 +83,7 @@ for w in w1 w2; do
     PIDS="$PIDS $!"
     wait_for "$D/broker.log" "worker $w ready" 20
 done
+grep -h "text encoder\|VAE" "$D/w1.log"
 "$R" status --broker "$CE"
 if env -u REEL_KEY -u REEL_BROKER_KEY "$R" status --broker "$CE" >/dev/null 2>&1; then
     echo "demo: a client without a key was answered" >&2; exit 1
@@ -82,7 +100,7 @@ load() { # tag
         [ "$size" = 4x8x8 ] && solver=unipc
         for r in 1 2; do
             "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-                --cfg 5 --size "$size" --seed "$r" --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 \
+                --cfg 5 --size "$size" --seed "$r" --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 --deadline-ms 290000 \
                 --out "$D/$1-$size-$r.safetensors" 2>>"$D/$1.log" &
             pids="$pids $!"
         done
@@ -106,7 +124,7 @@ for size in 2x8x8 2x8x16 4x8x8; do
     solver=euler
     [ "$size" = 4x8x8 ] && solver=unipc
     "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" \
-        --cfg 5 --size "$size" --seed 9 --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 \
+        --cfg 5 --size "$size" --seed 9 --steps 6 --shift 3 --solver "$solver" --quiet --timeout-ms 300000 --deadline-ms 290000 \
         --out "$D/warm-$size.safetensors" 2>>"$D/warm.log" &
     pids="$pids $!"
 done
@@ -139,8 +157,25 @@ REPORT=/tmp/reel-demo-report.html
 "$R" report --html "$REPORT" --catalog "$DB" && echo "the same as a page to look at (charts, no network): $REPORT"
 echo
 
-say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts with log-probs, a toy update published by value, the next rollouts on the new version"
+say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts of a prompt with log-probs, a toy reward on their decoded frames, an update published by value, the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
-    --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D"
+    --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D" --prompt "a red ball rolling on a beach"
+echo
+
+say "11. a prompt in, a video out: the worker encodes the prompt (and Wan's default negative prompt, for CFG), runs the loop and decodes the latent with its VAE"
+"$R" gen --broker "$CE" --model small --prompt "a cat on a skateboard" --cfg 5 --size 3x8x8 --seed 7 --steps 6 \
+    --shift 3 --solver unipc --quiet --timeout-ms 300000 --deadline-ms 290000 --out "$D/cat.mp4"
+VIDEO=/tmp/reel-demo-cat.mp4
+cp "$D/cat.mp4" "$VIDEO"
+if command -v ffprobe >/dev/null 2>&1; then
+    echo "ffprobe $VIDEO: $(ffprobe -v error -count_frames -select_streams v:0 -show_entries \
+        stream=codec_name,width,height,nb_read_frames,r_frame_rate -of csv=p=0 "$VIDEO")"
+fi
+"$R" video probe "$VIDEO" | tr '\n' ' '
+echo
+frames=$("$R" video probe "$VIDEO" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["frames"])')
+[ "$frames" = 9 ] || { echo "demo: the video has $frames frames, not 9" >&2; exit 1; }
+echo "(9 frames of 64x64: 1 + 4(F-1) frames of 8H x 8W from the 3x8x8 latent; random weights draw noise)"
+"$R" requests --catalog "$DB" | head -3
 echo
 echo "demo: done"

@@ -27,7 +27,7 @@
 static const t5_config_t builtins[] = {
     { "umt5-xxl", 256384, 4096, 4096, 10240, 64, 24, 32, 128 },
     { "t5-tiny", 320, 32, 32, 64, 4, 2, 32, 128 },
-    { "t5-small", 1000, 128, 128, 256, 4, 4, 32, 128 },
+    { "t5-small", 1000, 256, 256, 512, 4, 4, 32, 128 },
 };
 #define N_BUILTINS (sizeof builtins / sizeof builtins[0])
 

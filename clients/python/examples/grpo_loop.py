@@ -1,8 +1,10 @@
 """A toy Flow-GRPO loop against a Reel cluster.
 
 Each iteration: a group of G SDE rollouts of one prompt (different seeds)
-with their per-step log-probabilities; a reward from each final latent
-(closeness to a fixed target); group-normalised advantages; a toy policy
+with their per-step log-probabilities; a reward from each rollout: with
+--prompt, on its decoded frames (the workers encode the text and decode the
+latent with their VAE: output="frames"; the toy reward is how red the video
+is), else on its final latent (closeness to a fixed target); group-normalised advantages; a toy policy
 update (a small perturbation of the weights, signed by the advantage-weighted
 log-probability: a stand-in for a real gradient step, which needs autograd);
 a sync of the new weights by value (written here as safetensors with the
@@ -30,6 +32,25 @@ import reel  # noqa: E402
 from reel import safetensors  # noqa: E402
 
 
+def rollout(c, a, context, seed, latent_shape):
+    """A group of SDE rollouts with log-probs: of --prompt with decoded
+    frames, else of a fixed context."""
+    kw = dict(n=a.group, seed=seed, latent_shape=latent_shape, steps=a.steps, shift=3.0, sde=True, eta=0.7,
+              return_log_probs=True, deadline_ms=590000)
+    if a.prompt:
+        return c.gen_group(a.model, prompt=a.prompt, output="frames", **kw)
+    return c.gen_group(a.model, context, **kw)
+
+
+def reward(r, target):
+    """The toy reward: how red its frames are (uint8 [F, H, W, 3]), or how
+    close its latent is to a target."""
+    if r.frames is not None:
+        f = r.frames.astype(np.float32) / 255.0
+        return float(np.mean(f[..., 0] - 0.5 * (f[..., 1] + f[..., 2])))
+    return -float(np.mean((r.latent - target) ** 2))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--broker", default="tcp://127.0.0.1:5555")
@@ -43,6 +64,8 @@ def main():
     ap.add_argument("--upload", action="store_true",
                     help="publish by value: the bytes go through the broker (its --weights-dir), no shared files")
     ap.add_argument("--start-version", type=int, default=None, help="first version to publish (default: current+1)")
+    ap.add_argument("--prompt", default=None,
+                    help="a text prompt (workers with a text encoder and a VAE): the reward is computed on frames")
     a = ap.parse_args()
 
     sd, meta = safetensors.load(a.weights)
@@ -60,14 +83,13 @@ def main():
     with reel.Client(a.broker, timeout=600) as c:
         version = a.start_version or (c.status().get("versions", {}).get("transformer", 1) + 1)
         print(f"grpo: model {a.model}, group {a.group}, {a.steps} SDE steps, latent {C}x{a.latent}, "
-              f"publishing from v{version}")
+              f"publishing from v{version}" + (f", prompt {a.prompt!r}, reward on decoded frames" if a.prompt else ""))
         print(f"{'iter':>4} {'version':>7} {'reward mean':>11} {'reward std':>10} {'log p mean':>10} "
               f"{'replayed':>8} {'seconds':>7}")
         for it in range(a.iters):
             t0 = time.monotonic()
-            rollouts = c.gen_group(a.model, prompt, n=a.group, seed=1000 * it, latent_shape=(C, F, H, W),
-                                   steps=a.steps, shift=3.0, sde=True, eta=0.7, return_log_probs=True)
-            rewards = np.array([-float(np.mean((r.latent - target) ** 2)) for r in rollouts])
+            rollouts = rollout(c, a, prompt, 1000 * it, (C, F, H, W))
+            rewards = np.array([reward(r, target) for r in rollouts])
             adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
             logp = np.array([float(r.log_probs.sum()) for r in rollouts])
             want = version - 1 if it else None
@@ -88,8 +110,7 @@ def main():
                   f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
             version += 1
         # One more group: every step must run on the last published version.
-        last = c.gen_group(a.model, prompt, n=a.group, seed=99, latent_shape=(C, F, H, W), steps=a.steps, shift=3.0,
-                           sde=True, eta=0.7, return_log_probs=True)
+        last = rollout(c, a, prompt, 99, (C, F, H, W))
         seen = sorted({v for r in last for v in r.versions})
         print(f"grpo: the next rollouts ran on v{seen}")
         ok = ok and seen == [version - 1]
