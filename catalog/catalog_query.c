@@ -517,7 +517,7 @@ static json_t *build_report(cat_t *c) {
     double since = report_since;
     long long m_since = since > 0 && since < 9e15 ? (long long)(since / 60) : 0;
     json_t *range = NULL, *timeline = NULL, *syncs = NULL, *before = NULL, *declines = NULL, *slowest = NULL,
-           *stats = NULL, *keys = NULL, *workers = NULL, *root = NULL;
+           *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
     snprintf(sql, sizeof sql,
              /* max and min as subqueries of their own: each is one seek
               * (in one SELECT together they scan the table) */
@@ -567,6 +567,16 @@ static json_t *build_report(cat_t *c) {
                  " FROM timeline WHERE minute >= %lld AND requests > 0 GROUP BY bucket ORDER BY bucket", t0, w,
                  REPORT_BUCKETS - 1, m_since);
     timeline = query_rows(c, sql);
+    /* where the workers' time went: the loops, encoding prompts, decoding outputs */
+    if (raw)
+        snprintf(sql, sizeof sql, "SELECT coalesce(sum(seconds), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
+                 " AS encode_seconds, coalesce(sum(decode_seconds), 0) AS decode_seconds FROM requests WHERE t >= %.17g",
+                 since);
+    else
+        snprintf(sql, sizeof sql, "SELECT coalesce(sum(seconds), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
+                 " AS encode_seconds, coalesce(sum(decode_seconds), 0) AS decode_seconds FROM timeline"
+                 " WHERE minute >= %lld", m_since);
+    split = query_rows(c, sql);
     snprintf(sql, sizeof sql, raw ? syncs_raw_sql : syncs_sum_sql, since);
     syncs = query_rows(c, sql);
     if (raw) snprintf(sql, sizeof sql, before_raw_sql, since);
@@ -595,12 +605,16 @@ static json_t *build_report(cat_t *c) {
         keys = build_keys(c);
     }
     workers = build_workers(c);
-    if (timeline && syncs && before && declines && slowest && stats && keys && workers) {
+    if (timeline && syncs && before && declines && slowest && stats && keys && workers && split) {
         root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:O, s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "since",
                          since, "t0", t0, "t1", t1, "bucket_seconds", w, "buckets", REPORT_BUCKETS, "requests",
                          json_object_get(r0, "requests"), "source", raw ? "requests" : "summaries", "timeline",
                          timeline, "syncs", syncs, "before_first_sync", json_array_get(before, 0), "declines",
                          declines, "slowest", slowest, "stats", stats, "keys", keys, "workers", workers);
+        if (root && json_object_set(root, "time_split", json_array_get(split, 0)) != 0) {
+            json_decref(root);
+            root = NULL;
+        }
         if (!root) reel_fail(REEL_E_NOMEM, "catalog %s: report: out of memory", c->path);
     }
 done:
@@ -613,6 +627,7 @@ done:
     json_decref(stats);
     json_decref(keys);
     json_decref(workers);
+    json_decref(split);
     return root;
 }
 

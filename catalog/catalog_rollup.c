@@ -24,6 +24,7 @@
 typedef struct {
     int64_t requests, failed, steps, captured, replayed, eager, captures, replays, evictions;
     double seconds, seconds_max, capture_seconds;
+    double encode_seconds, decode_seconds; /* MINUTE */
     double last_replay; /* < 0: none */
 } roll_sums_t;
 
@@ -62,11 +63,14 @@ static const char *const roll_sql[S_COUNT] = {
                 " VALUES (?1, ?2, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
                 " ON CONFLICT (key_hash, worker) DO UPDATE SET" ROLL_SUMS,
     [S_MINUTE] = "INSERT INTO timeline (minute, requests, failed, steps, replayed, seconds, captures,"
-                 " evictions) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (minute) DO UPDATE SET"
+                 " evictions, encode_seconds, decode_seconds) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                 " ON CONFLICT (minute) DO UPDATE SET"
                  " requests = requests + excluded.requests, failed = failed + excluded.failed,"
                  " steps = steps + excluded.steps, replayed = replayed + excluded.replayed,"
                  " seconds = seconds + excluded.seconds, captures = captures + excluded.captures,"
-                 " evictions = evictions + excluded.evictions",
+                 " evictions = evictions + excluded.evictions,"
+                 " encode_seconds = encode_seconds + excluded.encode_seconds,"
+                 " decode_seconds = decode_seconds + excluded.decode_seconds",
     [S_REASON] = "INSERT INTO eviction_reasons (worker, reason, count) VALUES (?1, ?2, ?3)"
                  " ON CONFLICT (worker, reason) DO UPDATE SET count = count + excluded.count",
     [S_REASON_HOUR] = "INSERT INTO eviction_hours (hour, worker, reason, count) VALUES (?4, ?1, ?2, ?3)"
@@ -279,6 +283,8 @@ int cat_roll_add(cat_t *c, const cat_rec_t *rec) {
         m->s.steps += (int64_t)q->captured + q->replayed + q->eager; /* the steps that ran */
         m->s.replayed += q->replayed;
         m->s.seconds += dur(q->seconds);
+        m->s.encode_seconds += dur(q->encode_seconds);
+        m->s.decode_seconds += dur(q->decode_seconds);
         return slow_add(c, q);
     }
     case CAT_K_CAPTURE: {
@@ -353,7 +359,9 @@ static int flush_one(cat_t *c, const roll_ent_t *e) {
                          sqlite3_bind_int64(s, 1, e->slot) | sqlite3_bind_int64(s, 2, e->s.requests) |
                              sqlite3_bind_int64(s, 3, e->s.failed) | sqlite3_bind_int64(s, 4, e->s.steps) |
                              sqlite3_bind_int64(s, 5, e->s.replayed) | sqlite3_bind_double(s, 6, e->s.seconds) |
-                             sqlite3_bind_int64(s, 7, e->s.captures) | sqlite3_bind_int64(s, 8, e->s.evictions),
+                             sqlite3_bind_int64(s, 7, e->s.captures) | sqlite3_bind_int64(s, 8, e->s.evictions) |
+                             sqlite3_bind_double(s, 9, e->s.encode_seconds) |
+                             sqlite3_bind_double(s, 10, e->s.decode_seconds),
                          "timeline");
     case R_REASON: /* all time, and per hour */
         for (int w = S_REASON; w <= S_REASON_HOUR; w++) {

@@ -141,6 +141,19 @@ static void chart_bars(FILE *o, const char *id, const char *aria, json_t *rows, 
     fputs("</svg>\n", o);
 }
 
+/* Where the workers' time went: the loops, encoding prompts, decoding
+ * outputs (seconds and shares); nothing when no request took any. */
+static void time_split(FILE *o, const json_t *t) {
+    double loop = json_number_value(json_object_get(t, "loop_seconds")),
+           enc = json_number_value(json_object_get(t, "encode_seconds")),
+           dec = json_number_value(json_object_get(t, "decode_seconds")), all = loop + enc + dec;
+    if (!(all > 0)) return;
+    fprintf(o, "<h2>Where the workers' time went</h2>\n<table><tr><th>denoising loops</th><th>encoding prompts"
+               "</th><th>decoding outputs</th></tr>\n<tr><td>%.3f s (%.1f%%)</td><td>%.3f s (%.1f%%)</td>"
+               "<td>%.3f s (%.1f%%)</td></tr></table>\n",
+            loop, 100 * loop / all, enc, 100 * enc / all, dec, 100 * dec / all);
+}
+
 static void table(FILE *o, json_t *rows, const char *const *cols, const char *const *heads, int n) {
     fputs("<table><tr>", o);
     for (int k = 0; k < n; k++) fprintf(o, "<th>%s</th>", heads[k]);
@@ -224,6 +237,7 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     if (summaries)
         fputs("<p class=\"tick\">From the catalog's summaries (its raw rows are many, or pruned): the timeline "
               "per minute, the slowest requests of each hour, syncs counted per minute.</p>\n", o);
+    time_split(o, json_object_get(r, "time_split"));
     fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each sync and the next "
           "(the first row: before the first sync).</p>\n", o);
     json_t *per = json_array();

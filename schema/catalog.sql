@@ -291,6 +291,9 @@ CREATE TABLE IF NOT EXISTS worker_applied (
 ) WITHOUT ROWID;
 
 -- Migration 8: where a request's time went besides the loop (`seconds`):
--- the worker encoding its prompt and decoding its output.
+-- the worker encoding its prompt and decoding its output; per request and
+-- summed per minute in the timeline.
 ALTER TABLE requests ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;
 ALTER TABLE requests ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE timeline ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE timeline ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;

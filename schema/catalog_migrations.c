@@ -373,10 +373,13 @@ const char cat_schema_v7_sql[] =
     " WHERE n <= 20;\n";
 
 /* Migration 8 (issue 26): where a request's time went besides the loop
- * (`seconds`): encoding its prompt and decoding its output, on the worker. */
+ * (`seconds`): encoding its prompt and decoding its output, on the worker;
+ * per request, and summed per minute in the timeline (reports read that). */
 const char cat_schema_v8_sql[] =
     "ALTER TABLE requests ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;\n"
-    "ALTER TABLE requests ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;\n";
+    "ALTER TABLE requests ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE timeline ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;\n"
+    "ALTER TABLE timeline ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;\n";
 
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,

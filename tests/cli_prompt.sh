@@ -54,6 +54,13 @@ $RUN --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spi
     "$R" tensor diff "$D/rel.mp4.safetensors" "$D/parts.mp4.safetensors" >/dev/null 2>&1 &&
     ok "the same parts by flag (safetensors copies) give the bitwise same latent as the release's .pth files" ||
     { bad "flags vs release folder"; show "$D/parts.err"; }
+# Wan's generate.py form: --size W*H in pixels and --frame_num; 64*64 with 5 frames is the latent 2x8x8
+$RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>"$D/px.err" &&
+    "$R" tensor diff "$D/px.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
+    ok "--size 64*64 --frame_num 5 (Wan's pixel form) is the latent size 2x8x8" || { bad "pixel --size"; show "$D/px.err"; }
+$RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 6 -o "$D/px6.mp4" 2>"$D/px6.err"
+[ $? = 2 ] && grep -q "1 + 4k frames" "$D/px6.err" && ok "--frame_num 6 is refused: Wan's VAE makes 1 + 4k frames" ||
+    { bad "frame_num 6 refused"; show "$D/px6.err"; }
 "$R" run --weights "$D/dit.safetensors" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/np.err"
 [ $? = 2 ] && grep -q "needs a text encoder and its tokenizer" "$D/np.err" &&
     ok "a prompt without a text encoder is a usage error naming what to give" || { bad "prompt without t5"; show "$D/np.err"; }
@@ -100,6 +107,10 @@ sys.exit(0 if a.shape == (5, 64, 64, 3) and a.dtype == np.uint8 else 1)" "$D/f1.
 wait_sql "$DB" "select count(*) from requests where status='ok' and decode_seconds > 0 and encode_seconds > 0" 7 60 &&
     ok "the catalog records encode and decode seconds for each prompt request" ||
     { bad "catalog encode/decode seconds"; /usr/bin/sqlite3 "$DB" "select id, worker, encode_seconds, decode_seconds from requests" | show; }
+
+"$R" report --html "$D/report.html" --catalog "$DB" >/dev/null 2>&1 &&
+    grep -q "Where the workers' time went" "$D/report.html" && grep -q "decoding outputs" "$D/report.html" &&
+    ok "the HTML report splits the workers' time into loops, encoding and decoding" || bad "report time split"
 
 echo "== without the worker that can, a prompt waits and fails no_worker saying why; the rest keeps serving"
 kill -TERM "$TW"; wait "$TW" 2>/dev/null
