@@ -22,13 +22,7 @@
 
 static void progress_bar(void *user, int step, int steps) {
     (void)user;
-    if (!ctl_tty() || steps <= 0) return;
-    int w = 30, fill = step * w / steps;
-    fprintf(stderr, "\r[");
-    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
-    fprintf(stderr, "] step %d/%d", step, steps);
-    if (step == steps) fputc('\n', stderr);
-    fflush(stderr);
+    ctl_progress("step", step, steps);
 }
 
 /* What `reelctl gen` was asked, after the command line. */

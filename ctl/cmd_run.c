@@ -241,6 +241,16 @@ static int pad_contexts(run_t *r) {
     return r->unc ? pad_rows(&r->unc, &r->ushape[0], r->ushape[1], tl) : 0;
 }
 
+/* Progress bars on a terminal: the loop's steps, the decode's latent frames. */
+static void step_bar(void *user, int done, int steps) {
+    (void)user;
+    ctl_progress("step", done, steps);
+}
+static void decode_bar(void *user, int64_t done, int64_t total) {
+    (void)user;
+    ctl_progress("decode, latent frame", done, total);
+}
+
 /* True when path names a video file (.mp4). */
 static bool is_mp4(const char *path) {
     size_t n = strlen(path);
@@ -324,8 +334,8 @@ static int generate(run_t *r) {
         co.warmup = r->o.warmup;
         r->cache = cap_cache_new(r->b, &co);
         if (!r->cache || tdit_register_weights(r->cache, r->m, 1) != 0 ||
-            tdit_generate_cached(r->m, r->cache, r->s, NULL, &r->shape, &r->o.loop, r->lat, r->ctx, r->unc, r->out,
-                                 &r->st) != 0)
+            tdit_generate_cached_progress(r->m, r->cache, r->s, NULL, &r->shape, &r->o.loop, r->lat, r->ctx, r->unc,
+                                          r->out, &r->st, step_bar, NULL) != 0)
             return ctl_fail_as(REEL_E_INTERNAL, NULL);
         return 0;
     }
@@ -347,7 +357,7 @@ static int write_output(run_t *r) {
         uint8_t *frames = NULL, *mp4 = NULL;
         size_t len = 0;
         double t0 = ctl_now();
-        int rc = t2v_vae_decode(r->vae, r->out, 1, r->lshape, &frames, &mp4, &len);
+        int rc = t2v_vae_decode_progress(r->vae, r->out, 1, r->lshape, &frames, &mp4, &len, decode_bar, NULL);
         r->decode_s = ctl_now() - t0;
         rc = rc ? rc : ctl_write_bytes(r->o.out, mp4, len);
         free(frames);

@@ -75,6 +75,9 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
 /* Monotonic seconds. */
 double ctl_now(void);
+/* A progress bar on stderr when it is a terminal ("\r[####....] what 3/8",
+ * a newline at done == total); nothing otherwise. */
+void ctl_progress(const char *what, int64_t done, int64_t total);
 /* Writes n bytes to path (replaced whole, through a temporary file). 0, or
  * -1 with an IO error naming the path. */
 int ctl_write_bytes(const char *path, const void *p, size_t n);

@@ -148,3 +148,13 @@ int ctl_write_npy_u8(const char *path, const uint8_t *data, int ndim, const int6
     free(buf);
     return rc;
 }
+
+void ctl_progress(const char *what, int64_t done, int64_t total) {
+    if (!ctl_tty() || total <= 0) return;
+    int w = 30, fill = (int)(done * w / total);
+    fprintf(stderr, "\r[");
+    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %s %lld/%lld", what, (long long)done, (long long)total);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}

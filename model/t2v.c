@@ -262,8 +262,26 @@ void t2v_vae_destroy(t2v_vae_t **vp) {
 const char *t2v_vae_name(const t2v_vae_t *v) { return vae_model_config(v->m)->name; }
 size_t t2v_vae_bytes(const t2v_vae_t *v) { return vae_model_bytes(v->m); }
 
+/* Progress over a sample's latent frames, reported over all n samples. */
+typedef struct {
+    vae_progress_fn fn;
+    void *user;
+    int64_t base, total;
+} decode_progress_t;
+
+static void sample_progress(void *user, int64_t done, int64_t total) {
+    (void)total;
+    decode_progress_t *p = user;
+    p->fn(p->user, p->base + done, p->total);
+}
+
 int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4],
                    uint8_t **frames, uint8_t **mp4, size_t *mp4_len) {
+    return t2v_vae_decode_progress(v, latents, n, shape, frames, mp4, mp4_len, NULL, NULL);
+}
+
+int t2v_vae_decode_progress(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4], uint8_t **frames,
+                            uint8_t **mp4, size_t *mp4_len, vae_progress_fn progress, void *user) {
     *frames = NULL;
     if (mp4) *mp4 = NULL;
     int64_t F = vae_video_frames(shape[1]), H = 8 * shape[2], W = 8 * shape[3];
@@ -277,8 +295,11 @@ int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shap
     }
     int rc = 0;
     pthread_mutex_lock(&v->mu);
+    decode_progress_t dp = { progress, user, 0, (int64_t)n * shape[1] };
     for (int i = 0; i < n && rc == 0; i++) {
-        rc = vae_decode(v->m, v->s, latents + (size_t)i * lat, shape[1], shape[2], shape[3], video, NULL, NULL);
+        dp.base = (int64_t)i * shape[1];
+        rc = vae_decode(v->m, v->s, latents + (size_t)i * lat, shape[1], shape[2], shape[3], video,
+                        progress ? sample_progress : NULL, &dp);
         if (rc == 0) video_frames_from_f32(video, F, H, W, rgb + (size_t)i * px * 3);
     }
     pthread_mutex_unlock(&v->mu);

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels/backend.h"
+#include "model/vae.h"
 
 typedef struct t2v_text t2v_text_t;
 typedef struct t2v_vae t2v_vae_t;
@@ -59,5 +60,9 @@ size_t t2v_vae_bytes(const t2v_vae_t *v);
  * malloc'd). Runs on the VAE's own stream, under its lock. */
 int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4],
                    uint8_t **frames, uint8_t **mp4, size_t *mp4_len);
+/* The same, calling progress(user, done, total) after each latent frame of
+ * each sample (total: n·F). */
+int t2v_vae_decode_progress(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4], uint8_t **frames,
+                            uint8_t **mp4, size_t *mp4_len, vae_progress_fn progress, void *user);
 
 #endif

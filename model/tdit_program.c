@@ -495,10 +495,21 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
                          const tdit_shape_t *sh, const tdit_loop_t *p, const float *latent,
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats) {
+    return tdit_generate_cached_progress(m, c, s, stg, sh, p, latent, context, uncond, out, stats, NULL, NULL);
+}
+
+int tdit_generate_cached_progress(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,
+                                  const tdit_shape_t *sh, const tdit_loop_t *p, const float *latent,
+                                  const float *context, const float *uncond, float *out,
+                                  tdit_run_stats_t *stats, void (*progress)(void *user, int done, int steps),
+                                  void *user) {
     tdit_req_t *r = tdit_req_new_in(m, s, stg, sh, p, latent, context, uncond);
     if (!r) return -1;
     int rc = 0;
-    while (rc == 0 && !tdit_req_done(r)) rc = tdit_req_step(r, c, s, NULL);
+    while (rc == 0 && !tdit_req_done(r)) {
+        rc = tdit_req_step(r, c, s, NULL);
+        if (rc == 0 && progress) progress(user, tdit_req_steps_done(r), p->steps);
+    }
     size_t n = (size_t)kern_tensor_numel(&r->stg->t[IN_LATENT]);
     if (rc == 0) rc = tdit_req_read(r, s, out, n);
     if (stats) {

@@ -66,6 +66,13 @@ int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit
                          const tdit_shape_t *shape, const tdit_loop_t *p, const float *latent,
                          const float *context, const float *uncond, float *out,
                          tdit_run_stats_t *stats);
+/* The same, calling progress(user, done, steps) after each step (progress
+ * may be NULL). */
+int tdit_generate_cached_progress(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,
+                                  const tdit_shape_t *shape, const tdit_loop_t *p, const float *latent,
+                                  const float *context, const float *uncond, float *out,
+                                  tdit_run_stats_t *stats, void (*progress)(void *user, int done, int steps),
+                                  void *user);
 
 /* One request as a sequence of steps, for executors that interleave the
  * steps of several requests on a stream. The request owns its staging
