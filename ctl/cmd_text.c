@@ -4,8 +4,8 @@
  * `reelctl tokenize --tokenizer PATH --prompt TEXT [--max-len N]` prints
  * the ids media/tokenizer.h gives (Wan's cleaning, the end-of-sequence id,
  * truncation to N, default 512: Wan2.1's text_len) on one line, comma
- * separated. It is a test driver (tests/crosscheck/test_tokenizer.py)
- * left out of reelctl's usage text; docs/MODEL.md documents it.
+ * separated: what tests/crosscheck/test_tokenizer.py compares with Python,
+ * and what a user checks a prompt with (docs/MODEL.md).
  *
  * `reelctl video probe FILE [--json]` prints the frames decoded, the size,
  * the frame rate and the codec (media/video.h, video_probe). */

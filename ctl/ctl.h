@@ -43,7 +43,7 @@ int cmd_report(int argc, char **argv);
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
-int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c; a test driver, not in the usage) */
+int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c) */
 int cmd_video(int argc, char **argv);      /* video probe (cmd_text.c) */
 int cmd_encode(int argc, char **argv);     /* encode: ids through the umT5 encoder (cmd_encode.c) */
 int cmd_decode(int argc, char **argv);     /* decode (cmd_decode.c) */

@@ -87,7 +87,7 @@ expect 2 "not divisible by heads" -- $R weights init --config "$D/bad.json" --ou
 
 # --help / -h anywhere after the command: its usage on stdout, exit 0 (an
 # unknown command stays a usage error)
-for c in "weights init" "weights inspect" run decode gen sync status top keys stats report metrics tensor kernels artifacts; do
+for c in "weights init" "weights init-t5" "weights init-vae" "weights inspect" run encode decode tokenize "video probe" gen sync status top keys stats report metrics tensor kernels artifacts; do
     set -- $c
     if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -q "^  $1" "$D/h.out" && grep -q "^usage: reelctl" "$D/h.out"; then
         pass=$((pass + 1)); echo "PASS reelctl $c --help: its usage on stdout, exit 0"
