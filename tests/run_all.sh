@@ -41,7 +41,7 @@ run_script() {
     timeout 900 "$@" >"$out" 2>&1
     rc=$?
     cat "$out"
-    line=$(grep -E '^[a-z_-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+    line=$(grep -E '^[a-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
     if [ -z "$line" ]; then
         echo "$name: FAILED (exit $rc, no summary line)"
         fail=$((fail + 1)); failed="$failed $name"; return
