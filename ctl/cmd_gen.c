@@ -22,7 +22,7 @@
 
 static void progress_bar(void *user, int step, int steps) {
     (void)user;
-    ctl_progress("step", step, steps);
+    ctl_progress("(steps, then the decode's frames)", step, steps);
 }
 
 /* What `reelctl gen` was asked, after the command line. */

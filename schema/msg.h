@@ -153,6 +153,9 @@ const char *msg_gen_solver(const msg_gen_t *g);
 /* PROGRESS */
 typedef struct {
     uint64_t step, steps;
+    /* After the last step of a GEN whose output is decoded: latent frames
+     * decoded so far, of decode_frames (both 0, absent, otherwise). */
+    uint64_t decoded, decode_frames;
 } msg_progress_t;
 
 typedef struct {

@@ -94,6 +94,8 @@ static const msg_slot_t gen_slots[] = {
 static const msg_field_t progress_rows[] = {
     R_U64(msg_progress_t, step, "step", 0, 0, UINT64_MAX, 0),
     R_U64(msg_progress_t, steps, "steps", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_progress_t, decoded, "decoded", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_progress_t, decode_frames, "decode_frames", F_OMIT, 0, UINT64_MAX, 0),
 };
 TABLE(progress_tab, progress_rows, msg_progress_t);
 

@@ -199,11 +199,20 @@ START_TEST(test_result_progress_error_and_busy_round_trip) {
                           "b6d4e43bdf155e32")); /* 16 lowercase hex digits on the wire */
     wire_msg_close(&m);
 
-    msg_progress_t p = { 3, 10 }, pb;
+    msg_progress_t p = { 3, 10, 0, 0 }, pb;
     round_trip(&m, MSG_PROGRESS, 9, &p, NULL, 0);
     ck_assert_int_eq(msg_progress_decode(&m, &pb, &err), 0);
     ck_assert_uint_eq(pb.step, 3);
     ck_assert_uint_eq(pb.steps, 10);
+    ck_assert_uint_eq(pb.decode_frames, 0);
+    ck_assert_uint_eq(wire_tok_find(&m.tok, wire_msg_head(&m), 0, "decoded"), 0); /* absent when 0 */
+    wire_msg_close(&m);
+    /* a decode's progress: every step done, frames decoded of all */
+    msg_progress_t d = { 10, 10, 2, 3 };
+    round_trip(&m, MSG_PROGRESS, 9, &d, NULL, 0);
+    ck_assert_int_eq(msg_progress_decode(&m, &pb, &err), 0);
+    ck_assert_uint_eq(pb.decoded, 2);
+    ck_assert_uint_eq(pb.decode_frames, 3);
     wire_msg_close(&m);
 
     msg_error_t e = { "no_worker", "nobody serves tiny" }, eb;

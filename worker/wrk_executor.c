@@ -127,6 +127,22 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
     return 0;
 }
 
+/* PROGRESS while the output decodes: every step done, `decoded` of
+ * `decode_frames` latent frames (docs/PROTOCOL.md). */
+typedef struct {
+    wrk_stream_t *st;
+    const wrk_job_t *j;
+    uint64_t steps;
+} decode_progress_t;
+
+static void decode_progress(void *user, int64_t done, int64_t total) {
+    decode_progress_t *d = user;
+    msg_progress_t p = { d->steps, d->steps, (uint64_t)done, (uint64_t)total };
+    if (wrk_pipe_send(d->st->push, d->j->epoch, MSG_PROGRESS, d->j->id, &p) != 0)
+        wrk_log(d->st->x->w, "stream %d: cannot queue PROGRESS of request %llu", d->st->idx,
+                (unsigned long long)d->j->id);
+}
+
 /* The decoded output the GEN asked for (frames, or an MP4) into t[0] and
  * r, with the seconds it took; *frames and *mp4 are the caller's to free.
  * 0 when none was asked; -1 with the ERROR sent. */
@@ -137,7 +153,18 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
     wrk_t *w = st->x->w;
     size_t len = 0;
     double t0 = reel_mono_s();
-    if (t2v_vae_decode(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len) != 0) {
+    decode_progress_t dp = { st, j, 0 };
+    if (j->progress) { /* the loop's steps, all done: the decode's frames follow */
+        if (j->group) {
+            glock(j->group);
+            dp.steps = j->group->progress_total;
+            gunlock(j->group);
+        } else {
+            dp.steps = (uint64_t)((j->n + j->chunk - 1) / (j->chunk ? j->chunk : 1)) * (uint64_t)j->loop.steps;
+        }
+    }
+    if (t2v_vae_decode_progress(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len,
+                                j->progress ? decode_progress : NULL, &dp) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
         return -1;
     }
@@ -411,13 +438,13 @@ static void send_progress_job(wrk_stream_t *st, const wrk_job_t *j) {
     int steps = tdit_req_steps(j->req), b = (int)tdit_req_batch(j->req);
     int rest = j->n - j->at - b, more = rest > 0 ? (rest + j->chunk - 1) / j->chunk : 0;
     msg_progress_t p = { (uint64_t)(j->batches * steps + tdit_req_steps_done(j->req)),
-                         (uint64_t)((j->batches + 1 + more) * steps) };
+                         (uint64_t)((j->batches + 1 + more) * steps), 0, 0 };
     if (j->group) {
         wrk_group_t *g = j->group;
         glock(g);
         g->progress_done++;
         if (g->progress_total < g->progress_done) g->progress_total = g->progress_done;
-        p = (msg_progress_t){ (uint64_t)g->progress_done, (uint64_t)g->progress_total };
+        p = (msg_progress_t){ (uint64_t)g->progress_done, (uint64_t)g->progress_total, 0, 0 };
         gunlock(g);
     }
     if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)

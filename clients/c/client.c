@@ -98,7 +98,9 @@ static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline,
         }
         if (msg_type(m) == MSG_PROGRESS) {
             msg_progress_t p;
-            if (fn && msg_progress_decode(m, &p, &e) == 0) fn(user, (int)p.step, (int)p.steps);
+            /* the decode's frames continue the steps: one bar over both */
+            if (fn && msg_progress_decode(m, &p, &e) == 0)
+                fn(user, (int)(p.step + p.decoded), (int)(p.steps + p.decode_frames));
             wire_msg_close(m);
             continue;
         }

@@ -97,6 +97,10 @@ typedef struct {
     char declines[256];         /* "warming_up=2,override=1" */
 } reel_gen_result_t;
 
+/* Called on each PROGRESS: steps done of steps; for a GEN whose output is
+ * decoded, the decode's latent frames are counted after the steps (done =
+ * steps + frames decoded, of steps + the frames to decode: the total grows
+ * when the decode starts). */
 typedef void (*reel_progress_fn)(void *user, int step, int steps);
 
 /* Runs one generation (n samples of a group: one GEN). out receives

@@ -356,8 +356,9 @@ class Client:
             rid = hdr["id"]
             mtype = hdr.get("type")
             if mtype == "PROGRESS":
-                if on_progress:
-                    on_progress(hdr.get("step", 0), hdr.get("steps", 0))
+                if on_progress:  # a decode's latent frames continue the steps: one count over both
+                    on_progress(hdr.get("step", 0) + hdr.get("decoded", 0),
+                                hdr.get("steps", 0) + hdr.get("decode_frames", 0))
                 continue
             if mtype == "ERROR":
                 raise ReelError(hdr.get("code", "internal"), hdr.get("message", ""), rid)

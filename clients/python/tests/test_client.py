@@ -678,6 +678,19 @@ class PromptTests(unittest.TestCase):
                            shift=3.0, seed=4, latent_shape=(4, 2, 8, 8))
         self.assertFalse(np.array_equal(other.latent, r4.latent), "a negative prompt changes nothing")
 
+    def test_progress_counts_the_steps_then_the_decodes_latent_frames(self):
+        seen = []
+        r = self.c.gen("tinyt", prompt="a red car at night", steps=3, seed=2, latent_shape=(4, 3, 8, 8),
+                       output="frames", progress=lambda step, steps: seen.append((step, steps)))
+        self.assertEqual(r.frames.shape, (9, 64, 64, 3))
+        # the steps (of 3), then the decode's 3 latent frames after them (of 3 + 3)
+        self.assertEqual(seen[-4:], [(3, 3), (4, 6), (5, 6), (6, 6)], f"progress: {seen}")
+        self.assertEqual([a for a, _ in seen], sorted(a for a, _ in seen))
+        seen.clear()
+        self.c.gen("tinyt", prompt="a red car at night", steps=3, seed=2, latent_shape=(4, 3, 8, 8),
+                   progress=lambda step, steps: seen.append((step, steps)))
+        self.assertEqual(seen[-1], (3, 3), "a latent output reports the steps only")
+
     def test_a_group_of_one_prompt_returns_each_samples_frames(self):
         rs = self.c.gen_group("tinyt", prompt="a cat on a skateboard", n=2, seeds=[5, 6], steps=3,
                               latent_shape=(4, 2, 8, 8), output="frames")
