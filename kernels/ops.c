@@ -3,19 +3,22 @@
  * replays with none. */
 #include "ops.h"
 #include "ops_args.h"
+#include "ops_check.h"
 #include "attention.h"
 #include "base/error.h"
 #include <math.h>
 #include <string.h>
 
-/* Fails unless t is contiguous, on s's device, with dtype dt. */
-static int check(kern_stream_t *s, const char *op, const char *name,
-                 const kern_tensor_t *t, kern_dtype_t dt) {
+int kern_op_check(kern_stream_t *s, const char *op, const char *name, const kern_tensor_t *t, kern_dtype_t dt,
+                  int ndim) {
     char d[96];
     if (!t || !t->data) return reel_fail(REEL_E_INVALID, "%s: %s is missing", op, name);
     if (t->dtype != dt)
         return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected dtype %s", op, name,
                          kern_tensor_describe(t, d, sizeof d), kern_dtype_name(dt));
+    if (ndim >= 0 && t->ndim != ndim)
+        return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected %d dims", op, name,
+                         kern_tensor_describe(t, d, sizeof d), ndim);
     if (!kern_tensor_is_contiguous(t))
         return reel_fail(REEL_E_INVALID, "%s: %s (%s) is not contiguous", op, name,
                          kern_tensor_describe(t, d, sizeof d));
@@ -25,13 +28,18 @@ static int check(kern_stream_t *s, const char *op, const char *name,
     return 0;
 }
 
-/* Last dim of t (1 for a scalar). */
-static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
-
-static int shape_fail(const char *op, const char *name, const kern_tensor_t *t, const char *want) {
+int kern_op_shape_fail(const char *op, const char *name, const kern_tensor_t *t, const char *want) {
     char d[96];
     return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected %s", op, name, kern_tensor_describe(t, d, sizeof d), want);
 }
+
+/* Fails unless t is contiguous, on s's device, with dtype dt. */
+static int check(kern_stream_t *s, const char *op, const char *name, const kern_tensor_t *t, kern_dtype_t dt) {
+    return kern_op_check(s, op, name, t, dt, -1);
+}
+
+/* Last dim of t (1 for a scalar). */
+static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
 /* GEMM and GEMM_GELU: the same checks and argument block. */
 static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
@@ -40,13 +48,13 @@ static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
     if (check(s, op, "x", x, dt) || check(s, op, "w", w, dt) || check(s, op, "y", y, dt) ||
         (bias && check(s, op, "bias", bias, dt)))
         return -1;
-    if (w->ndim != 2) return shape_fail(op, "w", w, "[N, K]");
+    if (w->ndim != 2) return kern_op_shape_fail(op, "w", w, "[N, K]");
     int64_t K = last_dim(x), N = w->shape[0];
-    if (K <= 0 || N <= 0) return shape_fail(op, "w", w, "[N, K] with N, K > 0");
-    if (w->shape[1] != K) return shape_fail(op, "w", w, "[N, K] with K = x's last dim");
+    if (K <= 0 || N <= 0) return kern_op_shape_fail(op, "w", w, "[N, K] with N, K > 0");
+    if (w->shape[1] != K) return kern_op_shape_fail(op, "w", w, "[N, K] with K = x's last dim");
     int64_t M = K ? kern_tensor_numel(x) / K : 0;
-    if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return shape_fail(op, "y", y, "[M, N]");
-    if (bias && kern_tensor_numel(bias) != N) return shape_fail(op, "bias", bias, "[N]");
+    if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return kern_op_shape_fail(op, "y", y, "[M, N]");
+    if (bias && kern_tensor_numel(bias) != N) return kern_op_shape_fail(op, "bias", bias, "[N]");
     kern_gemm_args_t a = { .x = kern_tensor_ptr(x), .w = kern_tensor_ptr(w),
                            .bias = bias ? kern_tensor_ptr(bias) : NULL,
                            .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K };
@@ -71,9 +79,9 @@ static int norm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
         (weight && check(s, op, "weight", weight, dt)) || (bias && check(s, op, "bias", bias, dt)))
         return -1;
     int64_t D = last_dim(x);
-    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
-    if (weight && kern_tensor_numel(weight) != D) return shape_fail(op, "weight", weight, "[D]");
-    if (bias && kern_tensor_numel(bias) != D) return shape_fail(op, "bias", bias, "[D]");
+    if (!kern_tensor_same_shape(x, y)) return kern_op_shape_fail(op, "y", y, "x's shape");
+    if (weight && kern_tensor_numel(weight) != D) return kern_op_shape_fail(op, "weight", weight, "[D]");
+    if (bias && kern_tensor_numel(bias) != D) return kern_op_shape_fail(op, "bias", bias, "[D]");
     if (bias && !weight) return reel_fail(REEL_E_INVALID, "%s: bias without weight", op);
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_norm_args_t a = { .x = kern_tensor_ptr(x), .weight = weight ? kern_tensor_ptr(weight) : NULL,
@@ -101,9 +109,9 @@ int kern_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t 
         check(s, op, "scale", scale, dt) || check(s, op, "y", y, dt))
         return -1;
     int64_t D = last_dim(x);
-    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
-    if (kern_tensor_numel(shift) != D) return shape_fail(op, "shift", shift, "[D]");
-    if (kern_tensor_numel(scale) != D) return shape_fail(op, "scale", scale, "[D]");
+    if (!kern_tensor_same_shape(x, y)) return kern_op_shape_fail(op, "y", y, "x's shape");
+    if (kern_tensor_numel(shift) != D) return kern_op_shape_fail(op, "shift", shift, "[D]");
+    if (kern_tensor_numel(scale) != D) return kern_op_shape_fail(op, "scale", scale, "[D]");
     kern_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
                                .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
                                .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D };
@@ -119,32 +127,41 @@ int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
         return -1;
     int64_t D = last_dim(x);
     if (kern_tensor_numel(y) != kern_tensor_numel(x) || last_dim(y) != D)
-        return shape_fail(op, "y", y, "x's shape");
-    if (gate && kern_tensor_numel(gate) != D) return shape_fail(op, "gate", gate, "[D]");
+        return kern_op_shape_fail(op, "y", y, "x's shape");
+    if (gate && kern_tensor_numel(gate) != D) return kern_op_shape_fail(op, "gate", gate, "[D]");
     kern_residual_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y),
                                .gate = gate ? kern_tensor_ptr(gate) : NULL,
                                .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D };
     return kern_dispatch(s, KERN_OP_GATED_RESIDUAL, dt, &a);
 }
 
-int kern_add(kern_stream_t *s, const kern_tensor_t *a_, const kern_tensor_t *b_, kern_tensor_t *y) {
-    const char *op = "add";
+/* ADD and MUL: y = a (op) b over the same element count. */
+static int binary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *a_, const kern_tensor_t *b_,
+                  kern_tensor_t *y) {
     kern_dtype_t dt = a_ ? a_->dtype : KERN_F32;
     if (check(s, op, "a", a_, dt) || check(s, op, "b", b_, dt) || check(s, op, "y", y, dt))
         return -1;
     int64_t n = kern_tensor_numel(a_);
-    if (kern_tensor_numel(b_) != n) return shape_fail(op, "b", b_, "a's element count");
-    if (kern_tensor_numel(y) != n) return shape_fail(op, "y", y, "a's element count");
+    if (kern_tensor_numel(b_) != n) return kern_op_shape_fail(op, "b", b_, "a's element count");
+    if (kern_tensor_numel(y) != n) return kern_op_shape_fail(op, "y", y, "a's element count");
     kern_binary_args_t a = { .a = kern_tensor_ptr(a_), .b = kern_tensor_ptr(b_),
                              .y = kern_tensor_ptr(y), .n = n };
-    return kern_dispatch(s, KERN_OP_ADD, dt, &a);
+    return kern_dispatch(s, opc, dt, &a);
+}
+
+int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y) {
+    return binary(s, KERN_OP_ADD, "add", a, b, y);
+}
+
+int kern_mul(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y) {
+    return binary(s, KERN_OP_MUL, "mul", a, b, y);
 }
 
 static int unary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
                  kern_tensor_t *y) {
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt)) return -1;
-    if (kern_tensor_numel(y) != kern_tensor_numel(x)) return shape_fail(op, "y", y, "x's element count");
+    if (kern_tensor_numel(y) != kern_tensor_numel(x)) return kern_op_shape_fail(op, "y", y, "x's element count");
     kern_unary_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y), .n = kern_tensor_numel(x) };
     return kern_dispatch(s, opc, dt, &a);
 }
@@ -171,13 +188,13 @@ int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tenso
     if (check(s, op, "q", q, dt) || check(s, op, "k", k, dt) || check(s, op, "v", v, dt) ||
         check(s, op, "o", o, dt))
         return -1;
-    if (q->ndim != 2) return shape_fail(op, "q", q, "[Nq, H*d]");
+    if (q->ndim != 2) return kern_op_shape_fail(op, "q", q, "[Nq, H*d]");
     int64_t D = q->shape[1];
     if (heads <= 0 || D % heads) return reel_fail(REEL_E_INVALID, "%s: width %lld not divisible by %lld heads", op,
                                                  (long long)D, (long long)heads);
-    if (k->ndim != 2 || k->shape[1] != D) return shape_fail(op, "k", k, "[Nk, H*d]");
-    if (!kern_tensor_same_shape(k, v)) return shape_fail(op, "v", v, "k's shape");
-    if (!kern_tensor_same_shape(q, o)) return shape_fail(op, "o", o, "q's shape");
+    if (k->ndim != 2 || k->shape[1] != D) return kern_op_shape_fail(op, "k", k, "[Nk, H*d]");
+    if (!kern_tensor_same_shape(k, v)) return kern_op_shape_fail(op, "v", v, "k's shape");
+    if (!kern_tensor_same_shape(q, o)) return kern_op_shape_fail(op, "o", o, "q's shape");
     if (k->shape[0] < 1) return reel_fail(REEL_E_INVALID, "%s: no keys", op);
     int64_t d = D / heads;
     kern_attention_args_t a = { .q = kern_tensor_ptr(q), .k = kern_tensor_ptr(k),
@@ -193,7 +210,7 @@ int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frame
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt)) return -1;
     if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
-        return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
+        return kern_op_shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
     if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
         return reel_fail(REEL_E_INVALID, "%s: head width must be even and divide the row", op);
     kern_rope3d_args_t a = { .x = kern_tensor_ptr(x), .heads = heads,
@@ -210,9 +227,9 @@ int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern
         check(s, op, "scale", scale, dt) || check(s, op, "y", y, dt))
         return -1;
     int64_t D = last_dim(x);
-    if (!kern_tensor_same_shape(x, y)) return shape_fail(op, "y", y, "x's shape");
-    if (kern_tensor_numel(shift) != D) return shape_fail(op, "shift", shift, "[D]");
-    if (kern_tensor_numel(scale) != D) return shape_fail(op, "scale", scale, "[D]");
+    if (!kern_tensor_same_shape(x, y)) return kern_op_shape_fail(op, "y", y, "x's shape");
+    if (kern_tensor_numel(shift) != D) return kern_op_shape_fail(op, "shift", shift, "[D]");
+    if (kern_tensor_numel(scale) != D) return kern_op_shape_fail(op, "scale", scale, "[D]");
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_norm_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
                                     .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
@@ -227,10 +244,10 @@ int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "weight", weight, dt)) return -1;
     if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
-        return shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
+        return kern_op_shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
     if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
         return reel_fail(REEL_E_INVALID, "%s: head width must be even and divide the row", op);
-    if (kern_tensor_numel(weight) != x->shape[1]) return shape_fail(op, "weight", weight, "[H*d]");
+    if (kern_tensor_numel(weight) != x->shape[1]) return kern_op_shape_fail(op, "weight", weight, "[H*d]");
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_rmsnorm_rope_args_t a = { .x = kern_tensor_ptr(x), .weight = kern_tensor_ptr(weight),
                                    .heads = heads, .head_dim = x->shape[1] / heads,
@@ -243,10 +260,10 @@ static int patch(kern_stream_t *s, kern_op_t opc, const char *op, const kern_ten
     kern_dtype_t dt = latent ? latent->dtype : KERN_F32;
     if (check(s, op, "latent", latent, dt) || check(s, op, "tokens", tokens, dt)) return -1;
     if (latent->ndim != 4 || latent->shape[2] % 2 || latent->shape[3] % 2)
-        return shape_fail(op, "latent", latent, "[C, F, H, W] with H, W even");
+        return kern_op_shape_fail(op, "latent", latent, "[C, F, H, W] with H, W even");
     int64_t C = latent->shape[0], F = latent->shape[1], H = latent->shape[2], W = latent->shape[3];
     if (tokens->ndim != 2 || tokens->shape[0] != F * (H / 2) * (W / 2) || tokens->shape[1] != 4 * C)
-        return shape_fail(op, "tokens", tokens, "[F*H/2*W/2, 4C]");
+        return kern_op_shape_fail(op, "tokens", tokens, "[F*H/2*W/2, 4C]");
     kern_patch_args_t a = { .src = src, .dst = dst, .C = C, .F = F, .H = H, .W = W };
     return kern_dispatch(s, opc, dt, &a);
 }
@@ -278,7 +295,7 @@ static int timestep_embed(kern_stream_t *s, const char *name, const kern_tensor_
     kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
     if (check_scalars(s, op, name, t, 1) || check(s, op, "emb", emb, dt)) return -1;
     int64_t dim = kern_tensor_numel(emb);
-    if (dim < 2 || dim % 2) return shape_fail(op, "emb", emb, "an even width");
+    if (dim < 2 || dim % 2) return kern_op_shape_fail(op, "emb", emb, "an even width");
     kern_timestep_args_t a = { .sigma = kern_tensor_ptr(t), .emb = kern_tensor_ptr(emb), .dim = dim, .t_scale = t_scale };
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
 }
@@ -299,8 +316,8 @@ int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_
         check_scalars(s, op, "coef", coef, KERN_MS_COEFS))
         return -1;
     int64_t n = kern_tensor_numel(x);
-    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
-    if (kern_tensor_numel(h) != 3 * n) return shape_fail(op, "h", h, "3 times x's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
+    if (kern_tensor_numel(h) != 3 * n) return kern_op_shape_fail(op, "h", h, "3 times x's element count");
     kern_multistep_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v), .h = kern_tensor_ptr(h),
                                 .coef = kern_tensor_ptr(coef), .n = n };
     return kern_dispatch(s, KERN_OP_MULTISTEP, dt, &a);
@@ -314,8 +331,8 @@ int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tenso
         check_scalars(s, op, "g", g, 1))
         return -1;
     int64_t n = kern_tensor_numel(vc);
-    if (kern_tensor_numel(vu) != n) return shape_fail(op, "vu", vu, "vc's element count");
-    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "vc's element count");
+    if (kern_tensor_numel(vu) != n) return kern_op_shape_fail(op, "vu", vu, "vc's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "vc's element count");
     kern_cfg_args_t a = { .vc = kern_tensor_ptr(vc), .vu = kern_tensor_ptr(vu),
                           .g = kern_tensor_ptr(g), .v = kern_tensor_ptr(v), .n = n };
     return kern_dispatch(s, KERN_OP_CFG_COMBINE, dt, &a);
@@ -329,7 +346,7 @@ int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v
         check_scalars(s, op, "sigmas", sigmas, 2))
         return -1;
     int64_t n = kern_tensor_numel(x);
-    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     kern_euler_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                             .sigmas = kern_tensor_ptr(sigmas), .n = n };
     return kern_dispatch(s, KERN_OP_EULER, dt, &a);
@@ -343,7 +360,7 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
         check_scalars(s, op, "sigmas", sigmas, 3))
         return -1;
     int64_t n = kern_tensor_numel(x);
-    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     if (!(eta >= 0) || !isfinite(eta)) return reel_fail(REEL_E_INVALID, "%s: eta must be finite and >= 0", op);
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                           .sigmas = kern_tensor_ptr(sigmas), .eta = eta, .step = step,
@@ -366,8 +383,8 @@ int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tens
         (mean && check(s, op, "mean", mean, dt)))
         return -1;
     int64_t n = kern_tensor_numel(x);
-    if (kern_tensor_numel(v) != n) return shape_fail(op, "v", v, "x's element count");
-    if (mean && kern_tensor_numel(mean) != n) return shape_fail(op, "mean", mean, "x's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
+    if (mean && kern_tensor_numel(mean) != n) return kern_op_shape_fail(op, "mean", mean, "x's element count");
     /* eta is checked by the caller that packs it: the kernel cannot refuse. */
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                           .sigmas = kern_tensor_ptr(sigmas), .params = kern_tensor_ptr(params),

@@ -3,36 +3,10 @@
  * 3-D convolution, written once over IM2COL3D and GEMM. */
 #include "ops_video.h"
 #include "ops_video_args.h"
+#include "ops_check.h"
 #include "ops.h"
 #include "base/error.h"
 #include <string.h>
-
-/* Fails unless t is contiguous, on s's device, with dtype dt and rank
- * ndim (ndim < 0: any). */
-static int check(kern_stream_t *s, const char *op, const char *name, const kern_tensor_t *t,
-                 kern_dtype_t dt, int ndim) {
-    char d[96];
-    if (!t || !t->data) return reel_fail(REEL_E_INVALID, "%s: %s is missing", op, name);
-    if (t->dtype != dt)
-        return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected dtype %s", op, name,
-                         kern_tensor_describe(t, d, sizeof d), kern_dtype_name(dt));
-    if (ndim >= 0 && t->ndim != ndim)
-        return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected %d dims", op, name,
-                         kern_tensor_describe(t, d, sizeof d), ndim);
-    if (!kern_tensor_is_contiguous(t))
-        return reel_fail(REEL_E_INVALID, "%s: %s (%s) is not contiguous", op, name,
-                         kern_tensor_describe(t, d, sizeof d));
-    if (t->device != kern_backend_device(kern_stream_backend(s)))
-        return reel_fail(REEL_E_INVALID, "%s: %s lives on device %d, stream on %s", op, name,
-                         t->device, kern_backend_device_name(kern_stream_backend(s)));
-    return 0;
-}
-
-static int shape_fail(const char *op, const char *name, const kern_tensor_t *t, const char *want) {
-    char d[96];
-    return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected %s", op, name,
-                     kern_tensor_describe(t, d, sizeof d), want);
-}
 
 /* kernel sizes: kt >= 1, kh and kw odd and >= 1. */
 static int check_kernel(const char *op, int64_t kt, int64_t kh, int64_t kw) {
@@ -47,12 +21,12 @@ static int check_kernel(const char *op, int64_t kt, int64_t kh, int64_t kw) {
 static int check_clip(kern_stream_t *s, const char *op, const kern_tensor_t *prev,
                       const kern_tensor_t *x, int64_t kt) {
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
-    if (check(s, op, "x", x, dt, 4) || (prev && check(s, op, "prev", prev, dt, 4))) return -1;
+    if (kern_op_check(s, op, "x", x, dt, 4) || (prev && kern_op_check(s, op, "prev", prev, dt, 4))) return -1;
     for (int i = 0; i < 4; i++)
-        if (x->shape[i] < 1) return shape_fail(op, "x", x, "[T, H, W, C] with every dim >= 1");
+        if (x->shape[i] < 1) return kern_op_shape_fail(op, "x", x, "[T, H, W, C] with every dim >= 1");
     if (prev && (prev->shape[0] > kt - 1 || prev->shape[1] != x->shape[1] ||
                  prev->shape[2] != x->shape[2] || prev->shape[3] != x->shape[3]))
-        return shape_fail(op, "prev", prev, "[P <= kt-1, H, W, C] of x's H, W, C");
+        return kern_op_shape_fail(op, "prev", prev, "[P <= kt-1, H, W, C] of x's H, W, C");
     return 0;
 }
 
@@ -60,10 +34,10 @@ int kern_im2col3d(kern_stream_t *s, const kern_tensor_t *prev, const kern_tensor
                   int64_t kt, int64_t kh, int64_t kw, int64_t row0, kern_tensor_t *cols) {
     const char *op = "im2col3d";
     if (check_kernel(op, kt, kh, kw) || check_clip(s, op, prev, x, kt) ||
-        check(s, op, "cols", cols, x->dtype, 2))
+        kern_op_check(s, op, "cols", cols, x->dtype, 2))
         return -1;
     int64_t T = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
-    if (cols->shape[1] != kt * kh * kw * C) return shape_fail(op, "cols", cols, "[rows, kt*kh*kw*C]");
+    if (cols->shape[1] != kt * kh * kw * C) return kern_op_shape_fail(op, "cols", cols, "[rows, kt*kh*kw*C]");
     int64_t rows = cols->shape[0];
     if (row0 < 0 || rows < 0 || row0 + rows > T * H * W)
         return reel_fail(REEL_E_INVALID, "%s: rows %lld..%lld outside the %lld output rows", op,
@@ -90,20 +64,20 @@ int kern_conv3d_causal(kern_stream_t *s, const kern_tensor_t *prev, const kern_t
     const char *op = "conv3d_causal";
     if (check_kernel(op, kt, kh, kw) || check_clip(s, op, prev, x, kt)) return -1;
     kern_dtype_t dt = x->dtype;
-    if (check(s, op, "w", w, dt, 2) || check(s, op, "y", y, dt, 4) ||
-        (bias && check(s, op, "bias", bias, dt, -1)))
+    if (kern_op_check(s, op, "w", w, dt, 2) || kern_op_check(s, op, "y", y, dt, 4) ||
+        (bias && kern_op_check(s, op, "bias", bias, dt, -1)))
         return -1;
     int64_t T = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
     int64_t K = kt * kh * kw * C, N = w->shape[0], M = T * H * W;
-    if (w->shape[1] != K) return shape_fail(op, "w", w, "[Cout, kt*kh*kw*Cin]");
+    if (w->shape[1] != K) return kern_op_shape_fail(op, "w", w, "[Cout, kt*kh*kw*Cin]");
     if (y->shape[0] != T || y->shape[1] != H || y->shape[2] != W || y->shape[3] != N)
-        return shape_fail(op, "y", y, "[T, H, W, Cout] of x's T, H, W and w's Cout");
+        return kern_op_shape_fail(op, "y", y, "[T, H, W, Cout] of x's T, H, W and w's Cout");
     if (kt * kh * kw == 1) { /* no neighbours: the conv is x · wᵀ */
         kern_tensor_t xv = view2(x, 0, M, C), yv = view2(y, 0, M, N);
         return kern_gemm(s, &xv, w, bias, &yv);
     }
-    if (check(s, op, "cols", cols, dt, 2)) return -1;
-    if (cols->shape[1] != K || cols->shape[0] < 1) return shape_fail(op, "cols", cols, "[R >= 1, kt*kh*kw*Cin]");
+    if (kern_op_check(s, op, "cols", cols, dt, 2)) return -1;
+    if (cols->shape[1] != K || cols->shape[0] < 1) return kern_op_shape_fail(op, "cols", cols, "[R >= 1, kt*kh*kw*Cin]");
     int64_t R = cols->shape[0];
     for (int64_t r0 = 0; r0 < M; r0 += R) {
         int64_t n = M - r0 < R ? M - r0 : R;
@@ -117,10 +91,10 @@ int kern_conv3d_causal(kern_stream_t *s, const kern_tensor_t *prev, const kern_t
 int kern_upsample2x(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) {
     const char *op = "upsample2x";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
-    if (check(s, op, "x", x, dt, 4) || check(s, op, "y", y, dt, 4)) return -1;
+    if (kern_op_check(s, op, "x", x, dt, 4) || kern_op_check(s, op, "y", y, dt, 4)) return -1;
     if (y->shape[0] != x->shape[0] || y->shape[1] != 2 * x->shape[1] || y->shape[2] != 2 * x->shape[2] ||
         y->shape[3] != x->shape[3])
-        return shape_fail(op, "y", y, "[T, 2H, 2W, C] of x [T, H, W, C]");
+        return kern_op_shape_fail(op, "y", y, "[T, 2H, 2W, C] of x [T, H, W, C]");
     kern_video_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y), .T = x->shape[0],
                             .H = x->shape[1], .W = x->shape[2], .C = x->shape[3] };
     if (kern_tensor_numel(x) == 0) return 0;
@@ -130,11 +104,11 @@ int kern_upsample2x(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) 
 int kern_frame_interleave(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y) {
     const char *op = "frame_interleave";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
-    if (check(s, op, "x", x, dt, 4) || check(s, op, "y", y, dt, 4)) return -1;
-    if (x->shape[3] % 2) return shape_fail(op, "x", x, "[T, H, W, 2C]");
+    if (kern_op_check(s, op, "x", x, dt, 4) || kern_op_check(s, op, "y", y, dt, 4)) return -1;
+    if (x->shape[3] % 2) return kern_op_shape_fail(op, "x", x, "[T, H, W, 2C]");
     if (y->shape[0] != 2 * x->shape[0] || y->shape[1] != x->shape[1] || y->shape[2] != x->shape[2] ||
         y->shape[3] * 2 != x->shape[3])
-        return shape_fail(op, "y", y, "[2T, H, W, C] of x [T, H, W, 2C]");
+        return kern_op_shape_fail(op, "y", y, "[2T, H, W, C] of x [T, H, W, 2C]");
     kern_video_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y), .T = x->shape[0],
                             .H = x->shape[1], .W = x->shape[2], .C = y->shape[3] };
     if (kern_tensor_numel(x) == 0) return 0;
