@@ -4,6 +4,7 @@
  * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
 #include "base/error.h"
+#include "base/opts.h"
 #include "base/parse.h"
 #include "model/t5.h"
 #include "model/tinydit.h"
@@ -11,6 +12,7 @@
 #include <jansson.h>
 #include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -255,41 +257,38 @@ out:
     return code;
 }
 
+typedef struct {
+    const char *config, *out;
+    uint64_t seed;
+    bool bf16;
+} init_t5_opts_t;
+
+static const char *const t5_dtypes[] = { "f32", "bf16", NULL };
+
+#define O(f) offsetof(init_t5_opts_t, f)
+static const reel_opt_t init_t5_rows[] = {
+    { .name = "config", .kind = REEL_OPT_STRING, .off = O(config) },
+    { .name = "out", .kind = REEL_OPT_STRING, .off = O(out) },
+    { .name = "seed", .kind = REEL_OPT_U64, .off = O(seed), .ulo = 0, .uhi = UINT64_MAX },
+    { .name = "dtype", .kind = REEL_OPT_BOOL_CHOICE, .off = O(bf16), .choices = t5_dtypes },
+};
+#undef O
+
 /* `weights init-t5 --config NAME --seed S [--dtype f32|bf16] --out PATH`:
  * random umT5 encoder weights under the release's names (model/t5.h). */
 static int weights_init_t5(int argc, char **argv) {
-    static const struct option opts[] = {
-        { "config", required_argument, 0, 'c' }, { "seed", required_argument, 0, 's' },
-        { "dtype", required_argument, 0, 'd' }, { "out", required_argument, 0, 'o' }, { 0, 0, 0, 0 },
-    };
-    const char *config = NULL, *out = NULL;
-    uint64_t seed = 0;
-    kern_dtype_t dt = KERN_F32;
-    int o;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c': config = optarg; break;
-        case 'o': out = optarg; break;
-        case 's':
-            if (reel_parse_u64(optarg, 0, UINT64_MAX, "--seed", &seed)) return -1;
-            break;
-        case 'd':
-            if (!strcmp(optarg, "f32")) dt = KERN_F32;
-            else if (!strcmp(optarg, "bf16")) dt = KERN_BF16;
-            else return reel_fail(REEL_E_INVALID, "--dtype: '%s' is not f32 or bf16", optarg);
-            break;
-        default: return reel_fail(REEL_E_INVALID, "weights init-t5: unknown or incomplete option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return reel_fail(REEL_E_INVALID, "weights init-t5: unexpected argument '%s'", argv[optind]);
-    if (!config || !out) return reel_fail(REEL_E_INVALID, "weights init-t5 needs --config and --out");
+    init_t5_opts_t o = { 0 };
+    int rest = argc;
+    if (reel_opts_parse(init_t5_rows, sizeof init_t5_rows / sizeof init_t5_rows[0], &o, argc, argv, &rest))
+        return reel_fail_prefix("weights init-t5: ");
+    if (rest < argc) return reel_fail(REEL_E_INVALID, "weights init-t5: unexpected argument '%s'", argv[rest]);
+    if (!o.config || !o.out) return reel_fail(REEL_E_INVALID, "weights init-t5 needs --config and --out");
+    kern_dtype_t dt = o.bf16 ? KERN_BF16 : KERN_F32;
     t5_config_t c;
-    if (t5_config_builtin(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config: ");
-    if (t5_weights_init(&c, seed, dt, out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    if (t5_config_builtin(o.config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config: ");
+    if (t5_weights_init(&c, o.seed, dt, o.out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
     fprintf(stderr, "reelctl: wrote %s: t5 config %s (vocab %" PRId64 " dim %" PRId64 " layers %" PRId64 "), %s, seed %"
-            PRIu64 "\n", out, c.name, c.vocab, c.dim, c.layers, kern_dtype_name(dt), seed);
+            PRIu64 "\n", o.out, c.name, c.vocab, c.dim, c.layers, kern_dtype_name(dt), o.seed);
     return 0;
 }
 

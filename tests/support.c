@@ -1,5 +1,7 @@
 /* support.c -- the Check suites' shared helpers (tests/support.h). */
 #include "tests/support.h"
+#include "base/error.h"
+#include "kernels/backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +19,22 @@
 
 int ts_run(Suite *s) {
     SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
+
+int ts_run_cuda(Suite *s, const char *name) {
+    kern_backend_t *probe = kern_backend_cuda_new(0);
+    if (!probe) {
+        printf("%s: SKIP: %s\n", name, reel_err_text());
+        srunner_free(srunner_create(s)); /* frees s */
+        return 0;
+    }
+    kern_backend_destroy(&probe);
+    SRunner *r = srunner_create(s);
+    srunner_set_fork_status(r, CK_NOFORK);
     srunner_run_all(r, CK_NORMAL);
     int failed = srunner_ntests_failed(r);
     srunner_free(r);

@@ -28,6 +28,10 @@ bool ts_on_other_thread(bool (*fn)(void *), void *arg);
 /* Runs s (CK_NORMAL), frees the runner; the exit status for main: 0 when
  * every test passed, 1 otherwise. */
 int ts_run(Suite *s);
+/* A CUDA suite: "NAME: SKIP: why" and exit status 0 when no CUDA device is
+ * usable (no driver, a build without CUDA); else runs s without fork (a
+ * CUDA context does not survive fork()), as ts_run. */
+int ts_run_cuda(Suite *s, const char *name);
 
 /* ---- scratch directories ---------------------------------------------------------- */
 

@@ -1521,19 +1521,6 @@ static Suite *cuda_suite(void) {
     return s;
 }
 
-int main(void) {
-    kern_backend_t *probe = kern_backend_cuda_new(0);
-    if (!probe) {
-        printf("test_cuda: SKIP: %s\n", reel_err_text());
-        return 0;
-    }
-    kern_backend_destroy(&probe);
-    SRunner *sr = srunner_create(cuda_suite());
-    srunner_set_fork_status(sr, CK_NOFORK); /* a CUDA context does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
-}
+int main(void) { return ts_run_cuda(cuda_suite(), "test_cuda"); }
 
 #endif /* HAVE_CUDA */
