@@ -107,14 +107,18 @@ START_TEST(test_the_prompt_cache_keeps_the_most_recent_within_its_bound) {
     parts();
     kern_backend_t *b;
     TS_NEW(b = kern_backend_cpu_new());
-    /* each entry: its rows (at most 16 x 32 floats, 2 KiB) + text + bookkeeping:
-     * 5 KiB holds two prompts of this size, not three */
     t2v_text_t *t;
+    /* Prompts long enough to be cut at text_len 16, whatever the tokenizer
+     * makes of them: every entry holds 16 rows of 32 floats (2 KiB) plus its
+     * text (64 bytes) and its bookkeeping, so 5000 bytes hold two, not three. */
     TS_NEW(t = t2v_text_new(b, g_t5, g_tok, 16, 32, 5000));
-    const char *p[3] = { "a cat on a skateboard", "a bird over the river", "a tree by the ocean" };
+    const char *p[3] = { "a cat on a skateboard, ocean river sky tree bird, line 1 line 2 line 3 !!!",
+                         "a bird over the river, ocean river sky tree bird, line 4 line 5 line 6 ???",
+                         "a tree by the ocean, sky tree bird ocean river sky, line 7 line 8 line 9 ..." };
     float *c0, *again, *x;
     int64_t r;
     TS_OK(t2v_text_context(t, p[0], &c0, &r));
+    ck_assert_int_eq(r, 16); /* cut at text_len: the sizes above hold */
     TS_OK(t2v_text_context(t, p[0], &again, &r));
     ck_assert_int_eq(memcmp(c0, again, 16 * 32 * sizeof(float)), 0);
     free(again);
