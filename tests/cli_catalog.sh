@@ -129,7 +129,7 @@ sleep 3
 t_kill=$(ms)
 kill -9 "$BROKER"
 touch "$D/stop"
-wait "$G" 2>/dev/null
+reap "$G" 120
 kill -9 "$WORKER" 2>/dev/null
 served=$(wc -l <"$D/k9.done")
 [ "$(sql "$D/k9.db" "PRAGMA integrity_check")" = ok ] && ok "integrity_check ok after kill -9" ||

@@ -106,7 +106,7 @@ done
 slots_of "$first" inflight 1 || bad "$first takes requests before the kill"
 eval "kill -9 \$PID_$first"
 lost=0
-for p in $pids; do wait "$p" || lost=$((lost + 1)); done
+for p in $pids; do reap "$p" 120 || lost=$((lost + 1)); done
 allsame=yes
 for i in 1 2 3 4; do same "$D/k$i.safetensors" "$D/ref1_long.safetensors" || allsame=no; done
 [ "$lost" = 0 ] && [ "$allsame" = yes ] && ok "4 in-flight requests requeued and exact" || {
@@ -149,7 +149,7 @@ done
     { bad "the worker drops a request past its deadline"; tail -3 "$D"/w*.log; }
 
 echo "== a restarted broker gets its workers back"
-kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 : >"$D/broker.log"
 start_broker --queue-max 64 || bad "broker restarts"
 wait_for "$D/broker.log" "worker w1 ready" 60 && wait_for "$D/broker.log" "worker w2 ready" 60 && ok "workers re-registered" || bad "workers re-register"
@@ -165,8 +165,8 @@ echo "== BUSY under overload"
 # interleaved) that are dropped at their deadline; only once STATUS shows them all
 # taken does the burst go out, so every request of the burst must be BUSY
 # however slow or fast the machine is.
-for n in w2 w3 w4; do eval "kill -TERM \$PID_$n"; eval "wait \$PID_$n" 2>/dev/null; done
-kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+for n in w2 w3 w4; do eval "stop_proc \$PID_$n" || bad "$n stops on SIGTERM"; done
+stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 : >"$D/broker.log"
 start_broker --queue-max 1 || bad "broker restarts with a tiny queue"
 wait_for "$D/broker.log" "worker w1 ready" 60
@@ -191,7 +191,7 @@ for i in 1 2 3 4 5 6; do
 done
 [ "$nb" = 6 ] && ok "6 of 6 requests past a full queue answered BUSY at once" || { bad "BUSY under overload (busy $nb of 6)"; show "$D/b1.err"; }
 nto=0
-for p in $pids; do wait "$p"; done
+for p in $pids; do reap "$p" 120; done
 for f in "$D"/hold*.err; do grep -q "timeout" "$f" && nto=$((nto + 1)); done
 [ "$nto" = $((${nslots:-0} + 1)) ] && ok "the $nto held requests were answered timeout at their deadline" || { bad "held requests answered ($nto timeouts)"; show "$D/hold1.err"; }
 $GEN --steps 6 --out "$D/b7.safetensors" 2>"$D/b7.err" && grep -q "weights v2" "$D/b7.err" && same "$D/b7.safetensors" "$D/ref2.safetensors" &&
@@ -231,7 +231,7 @@ solo() { # mode tag steps: a broker with one worker in that sync mode; runs the 
         sleep 0.05; i=$((i + 1))
     done
     "$R" sync --broker "ipc://$D/x/$t.c" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 2>"$D/x/$t.sync"
-    wait "$g"
+    reap "$g" 120
 }
 solo drain xd 1500
 "$R" run --weights "$D/w1.safetensors" $IN --steps 1500 --out "$D/ref1_1500.safetensors" 2>/dev/null

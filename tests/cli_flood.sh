@@ -90,6 +90,6 @@ else
     [ $((t1 - t0)) -le 2000 ] && ok "SIGTERM under the flood: the broker exited in $((t1 - t0)) ms" ||
         bad "SIGTERM took $((t1 - t0)) ms"
 fi
-for f in $F1 $F2 $F3; do wait "$f" 2>/dev/null; done
+for f in $F1 $F2 $F3; do reap "$f" 120; done
 grep -h "^flood:" "$D"/flood.*.out | sed 's/^/  /'
 finish

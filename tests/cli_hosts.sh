@@ -128,7 +128,7 @@ ms=$(( (t1 - t0) / 1000000 ))
 grep -q "worker w1 lost (expired)" "$D/broker.log" && [ "$ms" -le 2500 ] &&
     ok "the cut link is detected in $ms ms (liveness: 5 x 200 ms heartbeats)" ||
     { bad "cut detected in $ms ms"; show "$D/broker.log"; }
-wait "$GEN"
+reap "$GEN" 120
 [ "$(cat "$D/cut.worker")" = w2 ] && grep -q "requeued after losing w1" "$D/broker.log" &&
     ok "its request was requeued to w2 and answered: nothing lost" ||
     { bad "the request in flight on w1 (answered by '$(cat "$D/cut.worker")')"; show "$D/broker.log"; show "$D/cut.safetensors.err"; }

@@ -112,7 +112,7 @@ phase() { # tag streams [extra worker flags...]
         set -- $pids
         for nc in $names; do
             i=${nc%%:*}; c=${nc#*:}
-            wait "$1"; rc=$?; shift
+            reap "$1" 300; rc=$?; shift
             what="$tag #$i $c [$grp]"
             if [ "$rc" != 0 ]; then
                 failed=$((failed + 1))
@@ -179,7 +179,7 @@ phase() { # tag streams [extra worker flags...]
     i=0; while [ $i -lt 50 ] && { kill -0 "$WORKER" 2>/dev/null || kill -0 "$BROKER" 2>/dev/null; }; do
         sleep 0.1; i=$((i + 1)); done
     kill -9 "$WORKER" "$BROKER" 2>/dev/null
-    wait "$WORKER" "$BROKER" 2>/dev/null
+    reap "$WORKER" 60; reap "$BROKER" 60
     # The worker's closing line counts audits: with --audit-every 1 every
     # replay after a capture is one, so a phase that audits must show some.
     aud=$(sed -n 's/.*replays (\([0-9]*\) audited, \([0-9]*\) audit mismatches).*/\1 \2/p' "$P/worker.log" | tail -1)

@@ -113,7 +113,7 @@ wait_sql "$DB" "select count(*) from requests where status='ok' and decode_secon
     ok "the HTML report splits the workers' time into loops, encoding and decoding" || bad "report time split"
 
 echo "== without the worker that can, a prompt waits and fails no_worker saying why; the rest keeps serving"
-kill -TERM "$TW"; wait "$TW" 2>/dev/null
+stop_proc "$TW" || bad "the text worker stops on SIGTERM"
 # the broker must know it is gone (else the GEN would wait for it: timeout, not no_worker)
 wait_for "$D/broker.log" "worker wt lost" 60 || bad "the broker drops wt"
 $GEN --prompt "$P" --deadline-ms 1500 --out "$D/n.safetensors" 2>"$D/n.err"

@@ -34,7 +34,8 @@ load
 "$R" sync --broker "ipc://$D/c" --version 2 --weights "$D/v2.safetensors" --timeout-ms 30000 2>"$D/sync.err" ||
     bad "sync v2"
 load
-kill -TERM "$WORKER" "$BROKER"; wait "$WORKER" "$BROKER" 2>/dev/null
+stop_proc "$WORKER" || bad "the worker stops on SIGTERM"
+stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 
 "$R" report --html "$D/r.html" --catalog "$D/reel.db" 2>"$D/report.err" && [ -s "$D/r.html" ] &&
     ok "reelctl report --html wrote $(wc -c <"$D/r.html") bytes" || { bad "report"; show "$D/report.err"; finish; }

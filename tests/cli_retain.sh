@@ -21,7 +21,7 @@ PY=/usr/bin/python3
 . "$(dirname "$0")/lib_cli.sh"
 
 sql() { /usr/bin/sqlite3 "$D/reel.db" "$1" 2>&1; }
-stop() { kill "$1" 2>/dev/null; i=0; while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; }
+stop() { stop_proc "$1" || bad "process $1 stops on SIGTERM"; }
 gens() { # FROM TO: gens with seeds FROM..TO-1
     i=$1
     while [ "$i" -lt "$2" ]; do

@@ -27,7 +27,7 @@ SUITE=security
 wait_gone() {
     i=0
     while [ $i -lt $(($2 * 10)) ]; do
-        kill -0 "$1" 2>/dev/null || return 0
+        gone "$1" && return 0
         sleep 0.1; i=$((i + 1))
     done
     return 1
@@ -53,17 +53,18 @@ start_broker() { # extra flags...
         --sync-deadline-ms 10000 "$@" >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_count "$D/broker.log" "reel-broker: ready" $((${_ready:-0} + 1)) 60
+    wait_count "$D/broker.log" "reel-broker: ready" $((${_ready:-0} + 1)) 60 "$BROKER"
 }
 
 start_worker() { # name weights extra...
     n=$1; w=$2; shift 2
-    before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null)
+    before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null || true)
     "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 1 --heartbeat-ms 200 "$@" \
         >>"$D/$n.log" 2>&1 &
-    eval "PID_$n=$!"
-    PIDS="$PIDS $!"
-    wait_count "$D/broker.log" "worker $n ready" $((before + 1)) 60
+    _p=$!
+    eval "PID_$n=$_p"
+    PIDS="$PIDS $_p"
+    wait_count "$D/broker.log" "worker $n ready" $((${before:-0} + 1)) 60 "$_p"
 }
 
 # with KEYNAME cmd...: cmd with this peer's key and the broker's in the environment.
@@ -107,11 +108,11 @@ timeout 5 "$B/reel-broker" --clients "ipc://$D/c0" --workers "tcp://*:$PORT" --c
 p=$!; PIDS="$PIDS $p"
 wait_for "$D/insecure.log" "reel-broker: ready" 60 && grep -q "no keys: every peer .* is admitted (--insecure)" "$D/insecure.log" &&
     ok "--insecure starts it, and says so" || bad "--insecure starts"
-kill -TERM "$p"; wait "$p" 2>/dev/null
+stop_proc "$p" || bad "the --insecure broker stops on SIGTERM"
 "$B/reel-broker" --clients "tcp://127.0.0.1:$PORT" --workers "ipc://$D/w0" --catalog "" >"$D/lo.log" 2>&1 &
 p=$!; PIDS="$PIDS $p"
 wait_for "$D/lo.log" "reel-broker: ready" 60 && ok "loopback and ipc need no keys" || bad "loopback starts"
-kill -TERM "$p"; wait "$p" 2>/dev/null
+stop_proc "$p" || bad "the loopback broker stops on SIGTERM"
 
 echo "== reelctl keys new: a pair, 0600, never over an existing one"
 "$R" keys new --role broker --out "$K" >/dev/null 2>&1 &&
@@ -147,7 +148,7 @@ grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refus
 peer bob "$WE" 1 '{"type":"READY","name":"bob","models":["tiny"]}' >"$D/wrongsock2.out"
 grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refused a peer on the worker socket .*key bob is a client key" 60 &&
     ok "a client key on the worker socket is refused" || { bad "client key on the worker socket"; show "$D/wrongsock2.out"; }
-"$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetensors" --key "$K/bob.key" --broker-key "$K/broker.pub" >"$D/x.log" 2>&1
+timeout 60 "$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetensors" --key "$K/bob.key" --broker-key "$K/broker.pub" >"$D/x.log" 2>&1
 [ $? = 2 ] && grep -q "a client key cannot be used here" "$D/x.log" && ok "reel-worker refuses a client key itself (exit 2)" || { bad "worker key role"; show "$D/x.log"; }
 peer bob "$CE" 1 "$status" >"$D/bob.out"
 grep -q "^STATUS_REPLY" "$D/bob.out" && ok "the same raw peer with bob's key is answered" || { bad "bob answered"; show "$D/bob.out"; }
@@ -167,7 +168,7 @@ wait_sql "select group_concat(key_name || ':' || role || ':' || substr(outcome, 
     ok "the audit table: bob denied, alice accepted, alice resent" || bad "audit rows"
 
 echo "== a worker's name is bound to its key; no handover"
-kill -TERM "$PID_w1"; wait "$PID_w1" 2>/dev/null
+stop_proc "$PID_w1" || bad "w1 stops on SIGTERM"
 wait_for "$D/broker.log" "worker w1 lost" 60 || bad "w1 leaves"
 peer w2 "$WE" 1 '{"type":"READY","name":"w1","models":["tiny"],"versions":{"transformer":2}}' >"$D/steal.out"
 grep -q "ERROR bad_request READY: worker name w1 is bound to another worker key" "$D/steal.out" &&
@@ -204,7 +205,7 @@ grep -q "bad_weights: not a safetensors file" "$D/fifo.out" && grep -q "not a re
 t0=$(ms)
 kill -TERM "$PID_w1"
 if wait_gone "$PID_w1" 2; then ok "SIGTERM: w1 exits in $(($(ms) - t0)) ms (under 2 s)"; else bad "w1 hangs after SIGTERM"; kill -9 "$PID_w1"; fi
-wait "$PID_w1" 2>/dev/null
+reap "$PID_w1" 60
 start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" || bad "w1 restarts"
 
 echo "== a 50 GiB sparse file is judged by its size, and the next sync is not held up"
@@ -249,7 +250,7 @@ fw=$!; PIDS="$PIDS $fw"
 wait_for "$D/broker.log" "worker fw acked transformer v9223372036854775807, which it was never sent: ignored" 60 &&
     ok "an ack of a version never sent is ignored (before: the worker became eligible for every version)" || bad "unsent ack ignored"
 with bob gen "$D/g3" --weights-version 9223372036854775807 --deadline-ms 1000
-wait "$fw"
+reap "$fw" 60
 grep -q "no_worker" "$D/g3.err" && grep -q "peer: .* (0 REQUEST)" "$D/fw.out" &&
     grep -q "ERROR bad_request SYNC_ACK: 'version' must be in 0..9223372036854775807" "$D/fw.out" &&
     ok "no request reaches it; an ack of 2^64-1 is bad_request" || { bad "fake worker got work"; show "$D/g3.err" "$D/fw.out"; }
@@ -275,7 +276,7 @@ kill -HUP "$BROKER"
 wait_for "$D/broker.log" "dropped a message on the client socket from a key no longer allowed" 60
 dropped=$?
 n0=$(grep -c "^ERROR unknown_type" "$D/carol2.out")
-wait "$c"
+reap "$c" 60
 n=$(grep -c "^ERROR unknown_type" "$D/carol2.out")
 [ "$dropped" = 0 ] && [ "$n" -le $((n0 + 1)) ] && grep -q "^peer: " "$D/carol2.out" &&
     ok "removed: carol's open connection is no longer heard ($n answered before the revocation, none after)" || { bad "revocation on a live connection ($n0 then $n)"; show "$D/carol2.out"; }
@@ -288,7 +289,7 @@ kill -HUP "$BROKER"
 wait_for "$D/broker.log" "worker w1 lost \(key revoked\)" 60 && ok "a worker whose key is removed is dropped" || bad "worker key revoked"
 
 echo "== no handover, even without keys: a second peer under a live worker's id takes nothing"
-kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 : >"$D/broker.log"
 start_broker --catalog "$D/plain.db" || bad "the broker restarts without keys"
 start_worker h1 "$D/w/w1.safetensors" || bad "h1 starts"
@@ -301,7 +302,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do
     gen "$D/h$i" --weights-version 1 && served=$((served + 1))
     same "$D/h$i.safetensors" "$D/ref1.safetensors" && exact=$((exact + 1))
 done
-wait "$imp"
+reap "$imp" 60
 [ "$served" = 10 ] && [ "$exact" = 10 ] && grep -q "peer: 0 messages (0 REQUEST)" "$D/imp.out" &&
     ok "10 of 10 requests served by the real h1, none by the impostor (before: 20 of 20 stolen)" || {
     bad "handover ($served served, $exact exact)"; show "$D/imp.out"; }

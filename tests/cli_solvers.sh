@@ -120,7 +120,7 @@ wait_for "$D/broker2.log" "worker old ready" 60 || bad "the old worker registers
     ok "with only an older worker a unipc GEN fails no_worker, naming the solver" || { bad "unipc to an old worker"; show "$D/o1.err"; }
 "$R" gen --broker "$CE2" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --steps 2 \
     --deadline-ms 1500 --timeout-ms 10000 --quiet --out "$D/o2.safetensors" 2>"$D/o2.err"
-wait "$OLD"
+reap "$OLD" 60
 grep -q "peer: .* (1 REQUEST)" "$D/old.out" && ok "an Euler GEN still reaches it (the only REQUEST it got)" ||
     { bad "euler to the old worker"; show "$D/old.out"; }
 BROKER=$B1

@@ -111,7 +111,7 @@ wait_for "$D/a3.log" "applied transformer v2" 60 && sleep 0.3 &&
 
 echo "== a broker restart after the rejected sync resumes v2, not v3"
 restart_broker() {
-    kill -TERM "$BROKER"; wait "$BROKER" 2>/dev/null
+    stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
     cat "$D/broker.log" >>"$D/broker.old.log"; : >"$D/broker.log"
     start_broker
 }

@@ -101,7 +101,7 @@ cmp -s "$FS/transformer-v2.safetensors" "$D/tr/v2.safetensors" && ok "byte for b
 [ -n "$(find "$FS" -name '*.part')" ] && ok "v3 stalled half-way: its partial file is there" ||
     { bad "no partial v3"; ls -la "$FS"; show "$D/sync3.out"; }
 kill -9 "$BROKER"
-wait "$BROKER" 2>/dev/null
+reap "$BROKER" 60
 cli_broker "$D/broker2.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
     --weights-dir "$FS" --heartbeat-ms 200 || { bad "broker restarts"; show "$D/broker2.log"; finish; }
 grep -q "restored transformer v2 from the catalog (uploaded)" "$D/broker2.log" &&
@@ -126,8 +126,7 @@ rm -f "$FS/transformer-v2.safetensors" "$FS/transformer-v2.sha256" # room for v3
 # write over; one too long for v4 (130 MB > 100 MB + 1/8) is not taken, so
 # on this disk v4 runs out of room 30 MB in: the broker removes the spare
 # and goes on, and nothing of it shows to the trainer.
-kill "$BROKER"
-wait "$BROKER" 2>/dev/null
+stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 rm -f "$FS"/transformer-v*
 dd if=/dev/zero of="$FS/.spare-9" bs=1M count=130 2>/dev/null
 cli_broker "$D/broker3.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \

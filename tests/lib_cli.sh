@@ -11,24 +11,72 @@ cleanup() {
     wait 2>/dev/null
     [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# A signal (run_all.sh's time limit, ^C) ends the script here: cleanup runs
+# once, from the EXIT trap, and nothing goes on without D.
+trap 'echo "$SUITE: stopped by a signal (run_all.sh allows a suite 900 s)"; exit 143' INT TERM
 
 ok() { pass=$((pass + 1)); echo "PASS $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 finish() { echo "$SUITE: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit $?; }
 show() { sed 's/^/  | /' "$@" 2>/dev/null | tail -8; }
 
-# wait_count FILE PATTERN N SECONDS: until FILE has at least N matching lines.
+# wait_count FILE PATTERN N SECONDS [PID]: until FILE has at least N
+# matching lines; with PID, 1 at once when that process has ended first
+# (a daemon that exited will never log what is awaited).
 wait_count() {
     i=0
     while [ $i -lt $(($4 * 10)) ]; do
-        [ "$(grep -cE "$2" "$1" 2>/dev/null)" -ge "$3" ] && return 0
+        _c=$(grep -cE "$2" "$1" 2>/dev/null)
+        [ "${_c:-0}" -ge "$3" ] && return 0
+        if [ -n "${5:-}" ] && gone "$5"; then
+            _c=$(grep -cE "$2" "$1" 2>/dev/null)
+            [ "${_c:-0}" -ge "$3" ] && return 0
+            echo "  (process $5 ended before $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
+            return 1
+        fi
         sleep 0.1; i=$((i + 1))
     done
     echo "  (timed out waiting for $3 x /$2/ in $(basename "$1"))"; tail -5 "$1" 2>/dev/null | sed 's/^/  | /'
     return 1
 }
 wait_for() { wait_count "$1" "$2" 1 "$3"; }
+
+# gone PID: the process has ended (a zombie not yet reaped counts).
+gone() {
+    _s=$(sed -E 's/^[0-9]+ [(].*[)] (.).*/\1/' "/proc/$1/stat" 2>/dev/null)
+    [ -z "$_s" ] || [ "$_s" = Z ]
+}
+
+# stacks PID: what a process that outlived its bound is doing: its command
+# line and, where gdb is installed, every thread's stack.
+stacks() {
+    echo "  (process $1 still running after its bound: $(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | cut -c1-200))"
+    command -v gdb >/dev/null 2>&1 || return 0
+    timeout 60 gdb -p "$1" -batch -ex 'thread apply all bt' 2>/dev/null | grep -E '^(Thread|#)' | head -80 | sed 's/^/  | /'
+}
+
+# reap PID SECONDS: the exit status of a child once it ends, within
+# SECONDS; past that its stacks are shown, it is killed, and 124 returned.
+# Every wait for a process is bounded: one that hangs fails its check and
+# says where, instead of holding the suite until run_all.sh's limit.
+reap() {
+    _t=0
+    while ! gone "$1"; do
+        if [ $_t -ge $(($2 * 10)) ]; then
+            stacks "$1"
+            kill -9 "$1" 2>/dev/null
+            wait "$1" 2>/dev/null
+            return 124
+        fi
+        sleep 0.1; _t=$((_t + 1))
+    done
+    wait "$1" 2>/dev/null
+}
+
+# stop_proc PID [SECONDS]: SIGTERM, then reap within SECONDS (60); 124 when it
+# did not stop, after showing why.
+stop_proc() { kill -TERM "$1" 2>/dev/null; reap "$1" "${2:-60}"; }
 
 # wait_sql DB QUERY N SECONDS: until QUERY (a count) on the SQLite file DB
 # answers at least N: the catalog's writer thread stores rows after the
@@ -54,7 +102,7 @@ cli_broker() {
     "$B/reel-broker" "$@" >>"$_log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
-    wait_for "$_log" "reel-broker: ready" 60
+    wait_count "$_log" "reel-broker: ready" 1 60 "$BROKER"
 }
 
 # cli_worker NAME BROKER_LOG LOG ARGS...: $B/reel-worker --name NAME ARGS,
@@ -67,7 +115,7 @@ cli_worker() {
     "$B/reel-worker" --name "$_n" "$@" >>"$_log" 2>&1 &
     WORKER=$!
     PIDS="$PIDS $WORKER"
-    wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 60
+    wait_count "$_bl" "worker $_n ready" $((${_before:-0} + 1)) 60 "$WORKER"
 }
 
 # py_checks OUT RC: counts the PASS/FAIL lines a Python check printed to

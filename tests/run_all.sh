@@ -16,9 +16,12 @@ trap 'rm -rf "$log"' EXIT
 run_check() {
     name=$(basename "$1")
     out="$log/$name.out"
-    timeout 600 "$1" >"$out" 2>&1
+    t0=$(date +%s)
+    timeout -k 30 600 "$1" >"$out" 2>&1
     rc=$?
     cat "$out"
+    echo "$name: took $(($(date +%s) - t0)) s"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "$name: TIMED OUT (600 s): the last lines above are where it was"
     if grep -q '^[a-z_]*: SKIP' "$out"; then
         skip=$((skip + 1)); return
     fi
@@ -38,9 +41,12 @@ run_check() {
 run_script() {
     name=$1; shift
     out="$log/$name.out"
-    timeout 900 "$@" >"$out" 2>&1
+    t0=$(date +%s)
+    timeout -k 30 900 "$@" >"$out" 2>&1
     rc=$?
     cat "$out"
+    echo "$name: took $(($(date +%s) - t0)) s"
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "$name: TIMED OUT (900 s): the last lines above are where it was"
     line=$(grep -E '^[a-z0-9_-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
     if [ -z "$line" ]; then
         echo "$name: FAILED (exit $rc, no summary line)"
