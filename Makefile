@@ -253,13 +253,14 @@ fuzz-build: deps
 	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang CXX=clang++ OPT="-O1 -g" \
 	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a \
 	  $(REPORT_SRC:%.c=build-fuzz/%.o)
-	@mkdir -p build-fuzz/fuzz
+	@mkdir -p build-fuzz/fuzz build-fuzz/fuzz-obj
 	@for f in $(FUZZ_SRC); do \
 	  echo "clang $$f"; \
 	  clang $(CSTD) $(WARN) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	    -D_GNU_SOURCE -I. \
-	    -o build-fuzz/fuzz/$$(basename $$f .c) $$f $(REPORT_SRC:%.c=build-fuzz/%.o) build-fuzz/libreel.a \
-	    $(LDLIBS_ALL) || exit 1; \
+	    -D_GNU_SOURCE -I. -c -o build-fuzz/fuzz-obj/$$(basename $$f .c).o $$f || exit 1; \
+	  clang++ -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    -o build-fuzz/fuzz/$$(basename $$f .c) build-fuzz/fuzz-obj/$$(basename $$f .c).o \
+	    $(REPORT_SRC:%.c=build-fuzz/%.o) build-fuzz/libreel.a $(LDLIBS_ALL) || exit 1; \
 	done
 
 fuzz: fuzz-build

@@ -6,6 +6,8 @@
  * truncation to N, default 512: Wan2.1's text_len) on one line, comma
  * separated: what tests/crosscheck/test_tokenizer.py compares with Python,
  * and what a user checks a prompt with (docs/MODEL.md).
+ * `reelctl tokenize --clean --prompt TEXT` prints the cleaned prompt itself
+ * (Wan's ftfy, html.unescape and whitespace steps; no tokenizer needed).
  *
  * `reelctl video probe FILE [--json]` prints the frames decoded, the size,
  * the frame rate and the codec (media/video.h, video_probe). */
@@ -27,9 +29,11 @@ int cmd_tokenize(int argc, char **argv) {
         { "tokenizer", required_argument, 0, 't' },
         { "prompt", required_argument, 0, 'p' },
         { "max-len", required_argument, 0, 'm' },
+        { "clean", no_argument, 0, 'c' },
         { 0, 0, 0, 0 },
     };
     const char *path = NULL, *prompt = NULL;
+    bool clean = false;
     int max_len = TOKENIZE_DEFAULT_LEN, o;
     opterr = 0;
     optind = 1;
@@ -37,6 +41,7 @@ int cmd_tokenize(int argc, char **argv) {
         switch (o) {
         case 't': path = optarg; break;
         case 'p': prompt = optarg; break;
+        case 'c': clean = true; break;
         case 'm':
             if (reel_parse_int(optarg, 1, TOKENIZE_MAX_LEN, "--max-len", &max_len)) return -1;
             break;
@@ -44,8 +49,18 @@ int cmd_tokenize(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "tokenize: unexpected argument '%s'", argv[optind]);
-    if (!path || !prompt)
-        return reel_fail(REEL_E_INVALID, "usage: reelctl tokenize --tokenizer PATH --prompt TEXT [--max-len N]");
+    if (clean && prompt && !path) {
+        size_t cap = strlen(prompt) * 4 + 16; /* no reference or fix grows text 4-fold */
+        char *out = malloc(cap);
+        if (!out) return reel_fail(REEL_E_NOMEM, "out of memory");
+        int rc = tok_clean(prompt, out, cap);
+        if (rc == 0) printf("%s\n", out);
+        free(out);
+        return rc == 0 ? 0 : ctl_fail_as(REEL_E_INVALID, NULL);
+    }
+    if (!path || !prompt || clean)
+        return reel_fail(REEL_E_INVALID, "usage: reelctl tokenize --tokenizer PATH --prompt TEXT [--max-len N]\n"
+                                         "       reelctl tokenize --clean --prompt TEXT");
     tok_t *t = tok_open(path);
     if (!t) return ctl_fail_as(REEL_E_INVALID, NULL);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);

@@ -40,7 +40,7 @@ static void sb_put(sbuf_t *b, const void *p, size_t n) {
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, p, n);
+    if (n) memcpy(b->p + b->n, p, n);
     b->n += n;
     b->p[b->n] = '\0';
 }
@@ -216,6 +216,232 @@ static void html_unescape(const char *s, size_t len, sbuf_t *b) {
     }
 }
 
+/* ---- ftfy.fix_text (ftfy 6), the fixers that do not guess -------------------------- */
+
+/* Wan's basic_clean runs ftfy.fix_text before html.unescape. fix_text
+ * works line by line (each segment ends after a '\n'); from the first
+ * segment holding a '<' on, it unescapes no HTML. Each segment is fixed
+ * to a fixed point of: unescape_html, [fix_encoding: not done], the C1
+ * controls as Windows-1252, Latin ligatures, character width, curly
+ * quotes, line breaks, [surrogates: none in UTF-8], terminal escapes,
+ * control characters, [NFC: left to sentencepiece's NFKC]. */
+
+typedef struct {
+    uint32_t cp;
+    const char *utf8;
+} cp_map_t;
+
+static const cp_map_t ftfy_width[] = {
+#define FTFY_WIDTH
+#include "media/ftfy_tables.inc"
+#undef FTFY_WIDTH
+};
+
+static const entity_t ftfy_upper[] = {
+#define FTFY_UPPER
+#include "media/ftfy_tables.inc"
+#undef FTFY_UPPER
+};
+
+static const uint32_t ftfy_digits[][2] = {
+#define FTFY_DIGITS
+#include "media/ftfy_tables.inc"
+#undef FTFY_DIGITS
+};
+
+/* ftfy's LIGATURES: Latin ligatures and digraphs, taken apart. */
+static const cp_map_t ftfy_ligatures[] = {
+    { 0x0132, "IJ" },          { 0x0133, "ij" },          { 0x0149, "\xCA\xBCn" },     { 0x01C4, "D\xC5\xBD" },
+    { 0x01C5, "D\xC5\xBE" },   { 0x01C6, "d\xC5\xBE" },   { 0x01C7, "LJ" },            { 0x01C8, "Lj" },
+    { 0x01C9, "lj" },          { 0x01CA, "NJ" },          { 0x01CB, "Nj" },            { 0x01CC, "nj" },
+    { 0x01F1, "DZ" },          { 0x01F2, "Dz" },          { 0x01F3, "dz" },            { 0xFB00, "ff" },
+    { 0xFB01, "fi" },          { 0xFB02, "fl" },          { 0xFB03, "ffi" },           { 0xFB04, "ffl" },
+    { 0xFB05, "\xC5\xBFt" },   { 0xFB06, "st" },
+};
+
+/* The replacement of cp in a table sorted by code point, or NULL. */
+static const char *cp_map_find(const cp_map_t *m, size_t n, uint32_t cp) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m[mid].cp == cp) return m[mid].utf8;
+        if (m[mid].cp < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* What \d matches in the stdlib `re` (Unicode category Nd). */
+static bool is_nd(uint32_t cp) {
+    size_t lo = 0, hi = sizeof ftfy_digits / sizeof ftfy_digits[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp < ftfy_digits[mid][0]) hi = mid;
+        else if (cp > ftfy_digits[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+static bool is_alnum_ascii(unsigned char c) {
+    return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+}
+
+/* ftfy's upper-case entity "NAME;" (s[0..n), its ';' included), or NULL. */
+static const char *upper_find(const char *s, size_t n) {
+    size_t lo = 0, hi = sizeof ftfy_upper / sizeof ftfy_upper[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strncmp(ftfy_upper[mid].name, s, n);
+        if (c == 0 && ftfy_upper[mid].name[n] != '\0') c = 1;
+        if (c == 0) return ftfy_upper[mid].utf8;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* ftfy's unescape_html: each match of &#?[0-9A-Za-z]{1,24}; left to right.
+ * A name with its ';' in the HTML5 list (or one of ftfy's upper-case
+ * forms) becomes its character; a numeric reference becomes what
+ * html.unescape makes of it unless that keeps a ';' (a reference not all
+ * digits, or one to ';' itself); anything else stays. */
+static void ftfy_unescape(const char *s, size_t len, sbuf_t *b) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        const char *amp = memchr(s + i, '&', len - i);
+        size_t at = amp ? (size_t)(amp - s) : len;
+        sb_put(b, s + i, at - i);
+        if (!amp) break;
+        size_t j = at + 1;
+        bool num = j < len && u[j] == '#';
+        if (num) j++;
+        size_t k = j;
+        while (k < len && k - j < 25 && is_alnum_ascii(u[k])) k++;
+        if (k == j || k - j > 24 || k >= len || u[k] != ';') {
+            sb_put(b, "&", 1); /* no match here: the scan goes on after the '&' */
+            i = at + 1;
+            continue;
+        }
+        const char *rep = NULL;
+        sbuf_t ref = { 0 };
+        if (!num) {
+            rep = entity_find(s + j, k + 1 - j);
+            if (!rep) rep = upper_find(s + j, k + 1 - j);
+        } else {
+            bool hex = (u[j] | 0x20) == 'x';
+            size_t d = j + hex;
+            bool all = d < k;
+            uint32_t v = 0;
+            for (size_t x = d; x < k && all; x++) {
+                if (hex ? !is_hex(u[x]) : !(u[x] >= '0' && u[x] <= '9')) all = false;
+                unsigned dv = u[x] <= '9' ? u[x] - '0' : (u[x] | 0x20) - 'a' + 10;
+                v = v > 0x10FFFF ? v : v * (hex ? 16 : 10) + dv;
+            }
+            if (all && v != ';') {
+                put_charref(&ref, v);
+                rep = ref.oom ? NULL : ref.p ? ref.p : "";
+            }
+        }
+        if (rep) sb_put(b, rep, strlen(rep));
+        else sb_put(b, s + at, k + 1 - at);
+        free(ref.p);
+        i = k + 1;
+    }
+}
+
+/* One pass of the character fixers after unescape_html, in ftfy's order. */
+static void ftfy_chars(const char *s, size_t len, sbuf_t *b) {
+    const unsigned char *u = (const unsigned char *)s;
+    sbuf_t t1 = { 0 }, t2 = { 0 };
+    /* fix_c1_controls, fix_latin_ligatures, fix_character_width and
+     * uncurl_quotes: each maps characters one by one, so one loop applies
+     * them in that order (a ligature's letters are uncurled too: 'ŉ'). */
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t k = utf8_at(u, len, i, &cp);
+        if (cp >= 0x80 && cp <= 0x9F) cp = cp1252_80[cp - 0x80];
+        const char *rep = cp_map_find(ftfy_ligatures, sizeof ftfy_ligatures / sizeof ftfy_ligatures[0], cp);
+        if (!rep) rep = cp_map_find(ftfy_width, sizeof ftfy_width / sizeof ftfy_width[0], cp);
+        size_t rn = rep ? strlen(rep) : 0;
+        for (size_t r = 0; r < (rep ? rn : 1);) {
+            uint32_t c = cp;
+            r += rep ? utf8_at((const unsigned char *)rep, rn, r, &c) : 1;
+            if (c == 0x02BC || (c >= 0x2018 && c <= 0x201B)) c = '\'';
+            else if (c >= 0x201C && c <= 0x201F) c = '"';
+            sb_put_cp(&t1, c);
+        }
+        i += k;
+    }
+    /* fix_line_breaks */
+    const unsigned char *v = (const unsigned char *)(t1.p ? t1.p : "");
+    for (size_t i = 0; i < t1.n;) {
+        uint32_t cp;
+        size_t k = utf8_at(v, t1.n, i, &cp);
+        if (cp == '\r' && i + 1 < t1.n && v[i + 1] == '\n') k = 2, cp = '\n';
+        if (cp == '\r' || cp == 0x2028 || cp == 0x2029 || cp == 0x85) cp = '\n';
+        sb_put_cp(&t2, cp);
+        i += k;
+    }
+    /* remove_terminal_escapes: \033\[(\d|;)*[a-zA-Z]; remove_control_chars */
+    const unsigned char *w = (const unsigned char *)(t2.p ? t2.p : "");
+    for (size_t i = 0; i < t2.n;) {
+        uint32_t cp;
+        size_t k = utf8_at(w, t2.n, i, &cp);
+        if (cp == 0x1B && i + 1 < t2.n && w[i + 1] == '[') {
+            size_t j = i + 2;
+            uint32_t c2 = 0;
+            size_t k2 = 0;
+            while (j < t2.n && (k2 = utf8_at(w, t2.n, j, &c2)) && (c2 == ';' || is_nd(c2))) j += k2;
+            if (j < t2.n && ((w[j] | 0x20) >= 'a' && (w[j] | 0x20) <= 'z')) {
+                i = j + 1;
+                continue;
+            }
+        }
+        bool control = cp <= 0x08 || cp == 0x0B || (cp >= 0x0E && cp <= 0x1F) || cp == 0x7F ||
+                       (cp >= 0x206A && cp <= 0x206F) || cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFC);
+        if (!control) sb_put(b, w + i, k);
+        i += k;
+    }
+    if (t1.oom || t2.oom) b->oom = true;
+    free(t1.p);
+    free(t2.p);
+}
+
+#define FTFY_MAX_PASSES 64 /* a fixed point comes in a few; the bound is for safety */
+
+/* ftfy.fix_text's deterministic part of valid UTF-8 s[0..len) into b. */
+static void ftfy_fix(const char *s, size_t len, sbuf_t *b) {
+    bool unescape = true;
+    size_t pos = 0;
+    while (pos < len && !b->oom) {
+        const char *nl = memchr(s + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - s) + 1 : len;
+        if (memchr(s + pos, '<', end - pos)) unescape = false; /* and stays off */
+        sbuf_t cur = { 0 };
+        sb_put(&cur, s + pos, end - pos);
+        bool oom = cur.oom;
+        for (int pass = 0; pass < FTFY_MAX_PASSES && !oom; pass++) {
+            sbuf_t un = { 0 }, next = { 0 };
+            const char *c = cur.p ? cur.p : ""; /* an empty buffer has no storage */
+            if (unescape) ftfy_unescape(c, cur.n, &un);
+            else sb_put(&un, c, cur.n);
+            if (!un.oom) ftfy_chars(un.p ? un.p : "", un.n, &next);
+            oom = un.oom || next.oom;
+            free(un.p);
+            bool same = !oom && next.n == cur.n && !memcmp(next.p ? next.p : "", c, cur.n);
+            free(cur.p);
+            cur = next;
+            if (same) break;
+        }
+        if (oom) b->oom = true;
+        else sb_put(b, cur.p ? cur.p : "", cur.n);
+        free(cur.p);
+        pos = end;
+    }
+}
+
 /* ---- whitespace --------------------------------------------------------------------- */
 
 /* What the `regex` module's \s matches in a str pattern (Wan's
@@ -261,8 +487,11 @@ static char *clean_alloc(const char *text, size_t *n) {
         }
         i += k;
     }
-    sbuf_t once = { 0 }, twice = { 0 }, out = { 0 };
-    html_unescape(text, len, &once); /* html.unescape(html.unescape(text)) */
+    sbuf_t fixed = { 0 }, once = { 0 }, twice = { 0 }, out = { 0 };
+    ftfy_fix(text, len, &fixed); /* ftfy.fix_text(text) */
+    if (!fixed.oom) html_unescape(fixed.p ? fixed.p : "", fixed.n, &once); /* html.unescape(html.unescape(text)) */
+    else once.oom = true;
+    free(fixed.p);
     if (!once.oom) html_unescape(once.p ? once.p : "", once.n, &twice);
     free(once.p);
     if (!twice.oom) {

@@ -9,8 +9,29 @@
  * end-of-sequence id kept last (what the Hugging Face tokenizer gives with
  * truncation=True). No padding: the caller's real length is the count.
  *
- * The cleaning, exactly (Wan's tokenizers.py, which imports `regex as re`):
- *   html.unescape twice; str.strip(); re.sub(r'\s+', ' '); str.strip().
+ * The cleaning, exactly (Wan's tokenizers.py: basic_clean, which imports
+ * ftfy and `regex as re`): ftfy.fix_text; html.unescape twice; str.strip();
+ * re.sub(r'\s+', ' '); str.strip().
+ * - ftfy.fix_text is ftfy 6's with its defaults, less two steps (below):
+ *   it works per line (a segment ends after '\n'), and
+ *   from the first line holding a '<' on it unescapes no HTML; each line
+ *   is fixed to a fixed point of: unescape_html (&#?[0-9A-Za-z]{1,24};
+ *   only: HTML5 names with ';', ftfy's upper-case forms such as &NTILDE;,
+ *   numeric references that html.unescape decodes whole and not to ';'),
+ *   C1 controls (U+0080..U+009F) read as Windows-1252, Latin ligatures
+ *   and digraphs taken apart (ftfy's list), half/full-width forms and
+ *   U+3000 to their NFKC forms, curly quotes (U+02BC, U+2018..U+201F) to
+ *   ' and ", line breaks (CR LF, CR, U+2028, U+2029, U+0085) to LF, ANSI
+ *   terminal escapes (ESC [ digits-or-';' letter) removed, and control
+ *   characters (U+0000..U+0008, U+000B, U+000E..U+001F, U+007F,
+ *   U+206A..U+206F, U+FEFF, U+FFF9..U+FFFC) removed. Tables from Python's
+ *   own data: media/ftfy_tables.inc (media/gen_ftfy_tables.py).
+ * - NOT done of ftfy: fix_encoding (the mojibake repair, which runs only
+ *   on text its badness heuristic flags, e.g. "cafÃ©"), and NFC (the
+ *   sentencepiece model's NFKC normaliser covers it for the ids, except
+ *   for canonical singletons that would complete an HTML reference, such
+ *   as U+037E for ';'). A prompt with mojibake may tokenize differently
+ *   from Wan2.1's; every other prompt tokenizes the same.
  * - html.unescape is Python's: numeric references (&#NNN; &#xHH;, the ';'
  *   optional, Python's replacements for 0, CR, 0x80..0x9F (Windows-1252),
  *   surrogates and values past U+10FFFF (U+FFFD), and the control and
@@ -23,11 +44,6 @@
  *   U+205F, U+3000). strip() is Python's str.strip: the same set plus
  *   U+001C..U+001F (which the stdlib `re` would also collapse; `regex`
  *   does not, so Reel does not).
- * - NOT done: ftfy.fix_text, which Wan runs first. Its repairs (mojibake,
- *   curly quotes to straight, Latin ligatures, full-width forms, terminal
- *   escapes and control characters removed, NFC) are not reproduced: a
- *   prompt they would change may tokenize differently from Wan2.1. Plain
- *   UTF-8 prompts are unaffected except for those characters.
  * Encoding is libsentencepiece's (its model's own normaliser included), the
  * algorithm the Hugging Face "slow" T5 tokenizer runs; Wan's fast tokenizer
  * is a conversion of the same model.

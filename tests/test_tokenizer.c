@@ -79,17 +79,33 @@ START_TEST(test_clean_collapses_unicode_whitespace_runs_and_strips_the_ends) {
     CLEAN_IS("a\xe3\x80\x80" "b", "a b");               /* U+3000 */
     CLEAN_IS("a\xe2\x80\x83\xe2\x80\x8a" "b", "a b");   /* U+2003 U+200A */
     CLEAN_IS("a\xe2\x80\xa8" "b\xe2\x80\xa9" "c", "a b c"); /* U+2028 U+2029 */
-    CLEAN_IS("a\xc2\x85" "b", "a b");                   /* U+0085 */
+    CLEAN_IS("a\xc2\x85" "b", "a\xe2\x80\xa6" "b");     /* U+0085: ftfy reads a C1 control as Windows-1252 */
     CLEAN_IS("a\xe2\x80\x8b" "b", "a\xe2\x80\x8b" "b"); /* U+200B is not whitespace */
     CLEAN_IS("", "");
     CLEAN_IS(" \t\xe3\x80\x80 ", "");
 }
 END_TEST
 
-START_TEST(test_clean_keeps_inner_information_separators_as_the_regex_module_does_but_strips_them_at_the_ends) {
-    /* Wan imports `regex as re`: its \s leaves U+001C..U+001F, str.strip() removes them */
-    CLEAN_IS("\x1c" "a\x1f" "b\x1d", "a\x1f" "b");
-    CLEAN_IS("a \x1e b", "a \x1e b");
+START_TEST(test_clean_runs_ftfy_fixers_first_quotes_c1_ligatures_width_escapes_controls) {
+    CLEAN_IS("cat\xe2\x80\x99s \xe2\x80\x9c" "best\xe2\x80\x9d", "cat's \"best\"");  /* curly quotes */
+    CLEAN_IS("\xc2\x93q\xc2\x94 \xc2\x85", "\"q\" \xe2\x80\xa6");   /* C1 as Windows-1252, then uncurled */
+    CLEAN_IS("\xef\xac\x81" "ne \xc5\x89", "fine 'n");                      /* fi ligature; U+0149 to U+02BC n to 'n */
+    CLEAN_IS("\xef\xbc\xa1\xe3\x80\x80\xef\xbd\x82", "A b");           /* fullwidth A, U+3000, fullwidth b */
+    CLEAN_IS("\x1b[36;44mblue\x1b[0m", "blue");                              /* ANSI escapes */
+    CLEAN_IS("a\x0b" "b\x0c" "c\xef\xbb\xbf" "d", "ab c" "d");             /* VT and BOM removed, FF kept */
+    CLEAN_IS("caf&EACUTE; STRA&SZLIG;E &nTILDE;", "caf\xc3\x89 STRASSE &nTILDE;");
+    CLEAN_IS("&amp;amp;amp;lt;", "<");                                         /* ftfy to a fixed point, then twice */
+    CLEAN_IS("&#59; &#x41g;", "; Ag;");                                        /* ftfy keeps both; html.unescape does not */
+    CLEAN_IS("&amp;amp;\n<b>&amp;amp;amp;</b>", "& <b>&amp;</b>");             /* no ftfy unescape from the '<' line on */
+    CLEAN_IS("\xef\xbc\x86" "lt\xef\xbc\x9b", "<");                           /* fullwidth & and ; make an entity */
+}
+END_TEST
+
+START_TEST(test_clean_removes_information_separators_as_ftfy_does_before_the_whitespace_steps) {
+    /* U+001C..U+001F are control characters to ftfy (removed), so neither
+     * the `regex` module's \s nor str.strip() ever sees them */
+    CLEAN_IS("\x1c" "a\x1f" "b\x1d", "ab");
+    CLEAN_IS("a \x1e b", "a b");
 }
 END_TEST
 
@@ -97,7 +113,8 @@ START_TEST(test_clean_unescapes_html_twice_as_python_does) {
     CLEAN_IS("&amp; &lt; &gt; &quot; &#39; &apos;", "& < > \" ' '");
     CLEAN_IS("&#65;&#x42;&#X43;&#68", "ABCD");
     CLEAN_IS("&amp;lt;b&amp;gt;", "<b>");      /* twice */
-    CLEAN_IS("&amp;amp;lt;", "&lt;");          /* but not three times */
+    CLEAN_IS("&amp;amp;lt;", "<");             /* ftfy's unescape first, then twice */
+    CLEAN_IS("<i>&amp;amp;lt;", "<i>&lt;");    /* twice only: ftfy unescapes no line with a '<' */
     CLEAN_IS("fish &amp chips", "fish & chips"); /* legacy name without ';' */
     CLEAN_IS("&ampx &notit;", "&x \xc2\xacit;"); /* longest listed prefix */
     CLEAN_IS("&foo; & &#; &#x; &", "&foo; & &#; &#x; &");
@@ -229,7 +246,8 @@ static Suite *suite(void) {
     tcase_add_unchecked_fixture(tc, make_models, remove_models);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_clean_collapses_unicode_whitespace_runs_and_strips_the_ends);
-    tcase_add_test(tc, test_clean_keeps_inner_information_separators_as_the_regex_module_does_but_strips_them_at_the_ends);
+    tcase_add_test(tc, test_clean_removes_information_separators_as_ftfy_does_before_the_whitespace_steps);
+    tcase_add_test(tc, test_clean_runs_ftfy_fixers_first_quotes_c1_ligatures_width_escapes_controls);
     tcase_add_test(tc, test_clean_unescapes_html_twice_as_python_does);
     tcase_add_test(tc, test_clean_refuses_invalid_utf8_and_an_output_that_does_not_fit);
     tcase_add_test(tc, test_open_reads_a_file_or_a_release_folder_with_eos_pad_vocab_and_identity);
