@@ -6,6 +6,7 @@
 #include "base/opts.h"
 #include "base/parse.h"
 #include "model/loop.h"
+#include "model/lora.h"
 #include "model/release.h"
 #include "model/t2v.h"
 #include "model/tinydit.h"
@@ -24,6 +25,7 @@ typedef struct {
     const char *weights, *latent, *context, *uncond, *out, *backend, *dtype;
     const char *prompt, *neg_prompt; /* --prompt, --negative-prompt: encoded here (issue 26) */
     const char *t5, *tokenizer, *vae; /* else a release folder's (--weights DIR) */
+    const char *lora;               /* --lora DIR: a PEFT adapter merged into the weights (model/lora.h) */
     int frame_num;                  /* --frame_num N with a pixel --size W*H (Wan's generate.py) */
     int64_t pixels[2];              /* W, H of a pixel --size; 0: latent units */
     tdit_loop_t loop;
@@ -101,6 +103,7 @@ static const reel_opt_t run_rows[] = {
     { .name = "t5", .kind = REEL_OPT_STRING, .off = O(t5) },
     { .name = "tokenizer", .kind = REEL_OPT_STRING, .off = O(tokenizer) },
     { .name = "vae", .kind = REEL_OPT_STRING, .off = O(vae) },
+    { .name = "lora", .kind = REEL_OPT_STRING, .off = O(lora) },
     { .name = "frame_num", .kind = REEL_OPT_INT, .off = O(frame_num), .lo = 1, .hi = 4 * 65535 + 1,
       .expect = "1 + 4k frames (81)" },
 };
@@ -312,7 +315,18 @@ static int open_model(run_t *r) {
     }
     if (!r->b) return ctl_fail_as(REEL_E_DEVICE, NULL);
     if (!(r->s = kern_stream_new(r->b))) return ctl_fail_as(REEL_E_DEVICE, NULL);
-    if (!(r->m = tdit_model_load(r->b, r->wf, r->dtype))) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
+    lora_t *lora = NULL;
+    if (r->o.lora) {
+        tdit_config_t c;
+        if (tdit_config_from_meta(r->wf, &c) != 0 || !(lora = lora_open(r->o.lora)) || lora_check(lora, &c) != 0) {
+            lora_close(&lora);
+            return ctl_fail_as(REEL_E_INVALID, "--lora %s: ", r->o.lora);
+        }
+    }
+    tdit_weight_edit_t edit = lora ? lora_edit(lora, false) : (tdit_weight_edit_t){ 0 };
+    r->m = tdit_model_load_edit(r->b, r->wf, r->dtype, lora ? &edit : NULL);
+    lora_close(&lora);
+    if (!r->m) return ctl_fail_as(REEL_E_INVALID, "%s: ", r->o.weights);
     st_close(&r->wf);
     if (open_media(r) != 0) return -1;
     bool guided = r->unc != NULL || (r->o.prompt && r->o.have_cfg && r->o.loop.guidance != 1.0f);

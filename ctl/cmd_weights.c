@@ -3,6 +3,7 @@
  * layout model/wan_ckpt.h reads (info is inspect's old name), and a
  * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
+#include "model/lora.h"
 #include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
@@ -81,6 +82,49 @@ static json_t *file_json(const wan_file_t *f) {
 
 /* What a checkpoint holds, as text or JSON: its layout, config, size,
  * files and the identity a sync by path would announce. */
+/* A PEFT adapter folder (adapter_config.json) rather than weights. */
+static bool lora_is_adapter(const char *path) {
+    char cfg[4096];
+    struct stat st;
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", path);
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(cfg, &st) == 0;
+}
+
+/* `weights inspect ADAPTER`: rank, alpha, scale, layout, targets. */
+static int lora_inspect(const char *path, bool json) {
+    lora_t *l = lora_open(path);
+    if (!l) return ctl_fail_as(REEL_E_INVALID, NULL);
+    int n = lora_n_targets(l);
+    if (json) {
+        json_t *targets = json_array();
+        for (int i = 0; i < n; i++) {
+            const lora_target_t *t = lora_target(l, i);
+            json_array_append_new(targets, json_pack("{s:s, s:I, s:I}", "weight", t->weight, "out", (json_int_t)t->out,
+                                                     "in", (json_int_t)t->in));
+        }
+        json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:f, s:b, s:f, s:I, s:s, s:o}", "path", path, "kind", "lora",
+                                 "layout", lora_layout(l), "rank", lora_rank(l), "alpha", lora_alpha(l), "rslora",
+                                 lora_rslora(l), "scale", (double)lora_scale(l), "bytes", (json_int_t)lora_bytes(l),
+                                 "sha256", lora_sha256(l), "targets", targets);
+        char *text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text) printf("%s\n", text);
+        free(text);
+        json_decref(root);
+        lora_close(&l);
+        return text ? 0 : reel_fail(REEL_E_NOMEM, "out of memory");
+    }
+    printf("%s: LoRA adapter (PEFT, %s names)\n", path, lora_layout(l));
+    printf("  rank %d, alpha %g%s: scale %g\n", lora_rank(l), lora_alpha(l), lora_rslora(l) ? ", rsLoRA" : "",
+           (double)lora_scale(l));
+    printf("  %d targets, %zu bytes, sha256 %s\n", n, lora_bytes(l), lora_sha256(l));
+    for (int i = 0; i < n; i++) {
+        const lora_target_t *t = lora_target(l, i);
+        printf("  %-32s [%lld, %lld]\n", t->weight, (long long)t->out, (long long)t->in);
+    }
+    lora_close(&l);
+    return 0;
+}
+
 static int weights_inspect(int argc, char **argv, const char *cmd) {
     const char *path = NULL;
     bool json = false;
@@ -93,6 +137,7 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     if (!path)
         return reel_fail(REEL_E_INVALID, "usage: reelctl weights %s PATH [--json] (a weights file, a sharded index or "
                          "a folder: a Wan2.1 release, a diffusers transformer or pipeline)", cmd);
+    if (lora_is_adapter(path)) return lora_inspect(path, json);
     /* every byte hashed, nothing kept: a 14B release needs no 28 GB here */
     wan_opts_t o = { .no_data = true };
     wan_ckpt_t *ck = wan_ckpt_open(path, &o);

@@ -14,6 +14,7 @@
 #include "kernels/ops_args.h"
 #include "kernels/philox.h"
 #include "kernels/registry.h"
+#include <assert.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -104,8 +105,11 @@ static int check_file(const st_file_t *f, const wlist_t *l) {
 }
 
 /* Copies every tensor of l from f into m's arena, in list order, each
- * 256-byte aligned; with set_slots, points the model's tensors at them. */
-static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, bool set_slots) {
+ * 256-byte aligned; with set_slots, points the model's tensors at them.
+ * An edit (or NULL) picks the tensors copied and adjusts their values. */
+static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, bool set_slots,
+                        const tdit_weight_edit_t *edit) {
+    assert(!set_slots || !edit || !edit->want); /* a first load copies every tensor */
     size_t esz = kern_dtype_size(m->dtype), maxn = 0;
     /* F32 on the CPU: each tensor is read straight into the arena (one
      * copy, and no staging buffer: a fresh one costs a fault and a
@@ -125,13 +129,19 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         size_t n = (size_t)numel_of(e);
         kern_tensor_t t = kern_tensor_make((char *)m->arena + off, m->dtype,
                                            kern_backend_device(m->backend), e->ndim, e->shape);
+        if (edit && edit->want && !edit->want(edit->user, e->name)) {
+            off += (n * esz + 255) & ~(size_t)255;
+            continue;
+        }
         if (direct) {
             if (st_read_f32(f, e->name, e->ndim, e->shape, kern_tensor_ptr(&t)) != 0) goto out;
+            if (edit && edit->adjust && edit->adjust(edit->user, e->name, kern_tensor_ptr(&t), (int64_t)n) != 0) goto out;
             if (set_slots) *e->slot = t;
             off += (n * esz + 255) & ~(size_t)255;
             continue;
         }
         if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto out;
+        if (edit && edit->adjust && edit->adjust(edit->user, e->name, host, (int64_t)n) != 0) goto out;
         if (set_slots) *e->slot = t;
         const void *src = host;
         if (m->dtype == KERN_BF16) {
@@ -151,6 +161,15 @@ out:
 }
 
 tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype) {
+    return tdit_model_load_edit(b, f, dtype, NULL);
+}
+
+tdit_model_t *tdit_model_load_edit(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype,
+                                   const tdit_weight_edit_t *edit) {
+    if (edit && edit->want) {
+        reel_fail(REEL_E_INVALID, "a first load copies every weight (an edit's `want` is for reloads)");
+        return NULL;
+    }
     tdit_model_t *m = calloc(1, sizeof *m);
     wlist_t l = { 0 };
     if (!m) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
@@ -171,7 +190,7 @@ tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_
     m->arena = kern_alloc(b, total);
     if (!m->arena) goto err;
     m->bytes = total;
-    if (copy_weights(m, f, &l, true) != 0) goto err;
+    if (copy_weights(m, f, &l, true, edit) != 0) goto err;
     /* Views the forward pass wants. */
     int64_t D = m->cfg.dim;
     m->patch.w = view2(&m->patch.w, D, 4 * m->cfg.in_channels);
@@ -189,7 +208,9 @@ err:
     return NULL;
 }
 
-int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
+int tdit_model_reload(tdit_model_t *m, const st_file_t *f) { return tdit_model_reload_edit(m, f, NULL); }
+
+int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit) {
     tdit_config_t c;
     if (tdit_config_from_meta(f, &c) != 0) return -1;
     if (!tdit_config_same_network(&c, &m->cfg))
@@ -197,7 +218,7 @@ int tdit_model_reload(tdit_model_t *m, const st_file_t *f) {
     wlist_t l = { 0 };
     int rc = tdit_list_weights(&m->cfg, NULL, &l);
     if (rc == 0) rc = check_file(f, &l);
-    if (rc == 0 && copy_weights(m, f, &l, false) != 0)
+    if (rc == 0 && copy_weights(m, f, &l, false, edit) != 0)
         rc = reel_fail_prefix("weights: reload failed part-way, resident weights are mixed: ");
     free(l.e);
     return rc;

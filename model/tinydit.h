@@ -82,6 +82,16 @@ int tdit_weights_init(const tdit_config_t *c, uint64_t seed, const char *path);
 
 typedef struct tdit_model tdit_model_t;
 
+/* A change to weights as they are copied in from a file (a LoRA merge,
+ * model/lora.h): `want` says which weights are copied (NULL: all; a
+ * weight not wanted keeps its resident values), `adjust` may change the
+ * F32 values of each one copied before they are stored (NULL: none). */
+typedef struct {
+    bool (*want)(void *user, const char *name);
+    int (*adjust)(void *user, const char *name, float *w, int64_t numel);
+    void *user;
+} tdit_weight_edit_t;
+
 /* Loads every weight of the config in f's metadata onto b in dtype
  * (KERN_F32 on the CPU; F32 or BF16 on CUDA). Checks each tensor's presence,
  * dtype and shape; the message names the first bad tensor. NULL on failure. */
@@ -113,6 +123,11 @@ int tdit_model_relocate(tdit_model_t *m);
  * message naming the first bad tensor otherwise, the old weights intact
  * unless a tensor was already copied (the message says so). */
 int tdit_model_reload(tdit_model_t *m, const st_file_t *f);
+/* tdit_model_load and tdit_model_reload with an edit applied to the
+ * weights on their way in (a NULL edit is none). */
+tdit_model_t *tdit_model_load_edit(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype,
+                                   const tdit_weight_edit_t *edit);
+int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit);
 
 /* Shapes of one step: latent [C, frames, height, width], text tokens L;
  * with batch B > 1, B samples of one prompt (one context, one σ schedule,

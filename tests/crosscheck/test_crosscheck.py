@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import safetensors_np  # noqa: E402
 import test_solvers  # noqa: E402
+import test_lora  # noqa: E402
 import test_tokenizer  # noqa: E402
 import tinydit_ref as ref  # noqa: E402
 
@@ -390,6 +391,10 @@ def main():
         tp, tf = test_tokenizer.crosscheck_tokenizer(a.reelctl, os.path.join(a.workdir, "tokenizer"))
         passed += tp
         failed += tf
+    print("-- LoRA (issue 27): reelctl run --lora vs numpy's W + s*B@A in a full file; refusals by name")
+    lp, lf = test_lora.crosscheck_lora(a.reelctl, os.path.join(a.workdir, "lora"))
+    passed += lp
+    failed += lf
     print("crosscheck: %d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
 

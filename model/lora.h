@@ -1,0 +1,95 @@
+/* lora.h -- LoRA adapters as trainers save them (PEFT), applied to the
+ * transformer's Linears by merging: W = W_base + s·B·A.
+ *
+ * An adapter is a PEFT folder: `adapter_config.json` (peft_type "LORA",
+ * r, lora_alpha, use_rslora, target_modules) and
+ * `adapter_model.safetensors` (or PEFT's older `adapter_model.bin`, read
+ * by the restricted .pth reader, model/pth.h), with per target
+ * `lora_A.weight` [r, in] and `lora_B.weight` [out, r], F32, BF16 or F16.
+ * Keys name the target in either layout Reel reads:
+ *   Wan's:      base_model.model.blocks.N.self_attn.q.lora_A.weight
+ *   diffusers': transformer.blocks.N.attn1.to_q.lora_A.weight
+ * (the prefixes base_model.model., transformer. and diffusion_model. are
+ * accepted, or none; PEFT's in-memory adapter name ".default" too). A
+ * target is one of the blocks' Linears: self_attn/attn1 and
+ * cross_attn/attn2 q, k, v, o (to_q, to_k, to_v, to_out.0) and the FFN's
+ * ffn.0 / ffn.2 (ffn.net.0.proj / ffn.net.2). The scale is
+ * s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+ *
+ * Refused by name, nothing changed: DoRA (use_dora, lora_magnitude_vector
+ * keys), bias training (bias other than "none", lora_bias, bias keys),
+ * modules_to_save, rank_pattern / alpha_pattern, fan_in_fan_out, a rank
+ * above LORA_MAX_RANK, a peft_type other than LORA, a key that names no
+ * block Linear (an unknown target), an A without its B, ranks that
+ * disagree with r, non-finite values, and (lora_check) a target the
+ * model does not have or whose shape differs.
+ *
+ * Merging never subtracts a previous adapter: the weights are always
+ * recomputed from the exact base (tdit_model_reload_edit with
+ * lora_edit), so any number of syncs leaves no drift.
+ *
+ * Convention: 0 on success, -1 with a message in reel_err_text();
+ * constructors return NULL with a message. */
+#ifndef REEL_MODEL_LORA_H
+#define REEL_MODEL_LORA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/tinydit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LORA_MAX_RANK 256
+#define LORA_MAX_TARGETS 4096
+
+typedef struct lora lora_t;
+
+/* One adapted Linear. */
+typedef struct {
+    char weight[80];        /* the base weight it changes, Reel's (= Wan's) name: blocks.3.self_attn.q.weight */
+    int64_t out, in, rank;
+    const float *a;         /* [rank, in] */
+    const float *b;         /* [out, rank] */
+} lora_target_t;
+
+/* Reads the adapter at path: a PEFT folder, or its weights file with
+ * adapter_config.json beside it. NULL with a message naming what is
+ * refused. */
+lora_t *lora_open(const char *path);
+void lora_close(lora_t **l);
+
+/* 0 when every target is a weight of c with the shape [out, in] the
+ * adapter needs, else -1 naming the first that is not. */
+int lora_check(const lora_t *l, const tdit_config_t *c);
+
+int lora_rank(const lora_t *l);           /* r of the config */
+double lora_alpha(const lora_t *l);
+bool lora_rslora(const lora_t *l);
+float lora_scale(const lora_t *l);        /* s */
+const char *lora_layout(const lora_t *l); /* "wan" or "diffusers" (the keys' names) */
+const char *lora_sha256(const lora_t *l); /* of the weights file's bytes */
+size_t lora_bytes(const lora_t *l);       /* of the A and B tensors as stored */
+int lora_n_targets(const lora_t *l);
+const lora_target_t *lora_target(const lora_t *l, int i);
+/* The target changing weight `name`, or NULL. */
+const lora_target_t *lora_find(const lora_t *l, const char *name);
+
+/* W += s·B·A, for w the F32 values of weight `name` ([out, in]); a weight
+ * the adapter does not target is left as it is. 0, or -1 on a shape the
+ * target does not have. */
+int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel);
+
+/* The edit tdit_model_load_edit / tdit_model_reload_edit take: every
+ * weight from the base file, each target merged (targets_only: only the
+ * targets are copied, the rest of the resident weights being the same
+ * base already). */
+tdit_weight_edit_t lora_edit(const lora_t *l, bool targets_only);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,235 @@
+#!/usr/bin/python3
+"""Cross-check LoRA adapters (model/lora.h) against numpy: a PEFT adapter
+folder written here (adapter_config.json + adapter_model.safetensors, keys
+in Wan's or diffusers' names, F32/BF16/F16, plain or rsLoRA scale) is
+applied by `reelctl run --lora DIR`; numpy merges the same adapter into a
+full weights file, W + s * B @ A with s = lora_alpha / r (lora_alpha /
+sqrt(r) with use_rslora) as PEFT's LoraLayer computes it, and
+`reelctl run` on that file must give the same latent to float rounding.
+Refusals (DoRA, bias training, modules_to_save, rank above 256, unknown
+targets, shape mismatches, A without B, a rank not r, NaN) must exit 2
+naming the cause. `reelctl weights inspect` must describe the adapter.
+
+Usage:
+  /usr/bin/python3 tests/crosscheck/test_lora.py --reelctl build/reelctl --workdir DIR
+Prints one line per check; the last is `lora: P passed, F failed`.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_np  # noqa: E402
+
+TIMEOUT_S = 120
+WAN_MODULES = ["self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o",
+               "cross_attn.q", "cross_attn.k", "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2"]
+DIFFUSERS = {"self_attn.q": "attn1.to_q", "self_attn.k": "attn1.to_k", "self_attn.v": "attn1.to_v",
+             "self_attn.o": "attn1.to_out.0", "cross_attn.q": "attn2.to_q", "cross_attn.k": "attn2.to_k",
+             "cross_attn.v": "attn2.to_v", "cross_attn.o": "attn2.to_out.0", "ffn.0": "ffn.net.0.proj",
+             "ffn.2": "ffn.net.2"}
+
+
+def encode(a, dtype):
+    """(stored bytes, the values as read back) of a float array in dtype."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if dtype == "F32":
+        return a.astype("<f4").tobytes(), a.copy()
+    if dtype == "F16":
+        h = a.astype("<f2")
+        return h.tobytes(), h.astype(np.float32)
+    u = a.view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")  # round to nearest even
+    return r.tobytes(), (r.astype(np.uint32) << 16).view(np.float32)
+
+
+def write_adapter(d, base, layers, modules, r, alpha, rslora=False, layout="wan", dtype="F32", seed=0,
+                  config_extra=None, extra_tensors=None, drop=None, bad_rank=False):
+    """A PEFT adapter folder; returns {weight name: (A, B) as read back}."""
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors, pairs = {}, {}
+    for n in layers:
+        for m in modules:
+            w = base["blocks.%d.%s.weight" % (n, m)]
+            out_f, in_f = w.shape
+            ra = r + 1 if bad_rank else r
+            a = rng.standard_normal((ra, in_f)).astype(np.float32) * 0.2
+            b = rng.standard_normal((out_f, r)).astype(np.float32) * 0.2
+            if layout == "wan":
+                key = "base_model.model.blocks.%d.%s" % (n, m)
+            else:
+                key = "transformer.blocks.%d.%s" % (n, DIFFUSERS[m])
+            ra_bytes, a_back = encode(a, dtype)
+            rb_bytes, b_back = encode(b, dtype)
+            if drop != key + ".lora_A.weight":
+                tensors[key + ".lora_A.weight"] = (dtype, a.shape, ra_bytes)
+            if drop != key + ".lora_B.weight":
+                tensors[key + ".lora_B.weight"] = (dtype, b.shape, rb_bytes)
+            pairs["blocks.%d.%s.weight" % (n, m)] = (a_back, b_back)
+    for k, v in (extra_tensors or {}).items():
+        raw, _ = encode(v, "F32")
+        tensors[k] = ("F32", v.shape, raw)
+    safetensors_np.save_raw(os.path.join(d, "adapter_model.safetensors"), tensors)
+    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": rslora, "use_dora": False,
+           "bias": "none", "modules_to_save": None, "target_modules": sorted(set(m.split(".")[-1] for m in modules)),
+           "rank_pattern": {}, "alpha_pattern": {}, "fan_in_fan_out": False}
+    cfg.update(config_extra or {})
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return pairs
+
+
+def merged(base, pairs, r, alpha, rslora):
+    s = alpha / np.sqrt(r) if rslora else alpha / r
+    out = dict(base)
+    for name, (a, b) in pairs.items():
+        out[name] = (base[name].astype(np.float64) + s * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+    return out
+
+
+def run(reelctl, args):
+    return subprocess.run([reelctl] + args, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def crosscheck_lora(reelctl, workdir):
+    os.makedirs(workdir, exist_ok=True)
+    passed = failed = 0
+
+    def check(ok, what, detail=""):
+        nonlocal passed, failed
+        passed += bool(ok)
+        failed += not ok
+        print("%s lora %s%s" % ("ok  " if ok else "FAIL", what, "" if ok else "  " + detail))
+
+    w = os.path.join(workdir, "base.safetensors")
+    r0 = run(reelctl, ["weights", "init", "--config", "tiny", "--seed", "11", "--out", w])
+    if r0.returncode != 0:
+        check(False, "weights init", r0.stderr)
+        return passed, failed
+    base, meta = safetensors_np.load(w)
+    layers = int(meta.get("layers", 2))
+    lat, ctx = os.path.join(workdir, "lat.safetensors"), os.path.join(workdir, "ctx.safetensors")
+    rng = np.random.default_rng(3)
+    c_in, dim_t = base["patch_embedding.weight"].shape[1], base["text_embedding.0.weight"].shape[1]
+    safetensors_np.save(lat, {"latent": rng.standard_normal((c_in, 1, 8, 8)).astype(np.float32)})
+    safetensors_np.save(ctx, {"context": rng.standard_normal((5, dim_t)).astype(np.float32)})
+    io = ["--latent", lat, "--context", ctx, "--steps", "3", "--shift", "3"]
+    ref0 = os.path.join(workdir, "ref0.safetensors")
+    r0 = run(reelctl, ["run", "--weights", w] + io + ["--out", ref0])
+    base_out = safetensors_np.load(ref0)[0]["latent"] if r0.returncode == 0 else None
+
+    cases = [
+        ("wan names, F32, q k v o of both attentions", dict(layout="wan", dtype="F32", r=4, alpha=8,
+                                                            modules=WAN_MODULES[:8])),
+        ("diffusers names, BF16, every Linear", dict(layout="diffusers", dtype="BF16", r=2, alpha=3,
+                                                     modules=WAN_MODULES)),
+        ("wan names, F16, rsLoRA, the FFN only", dict(layout="wan", dtype="F16", r=8, alpha=16, rslora=True,
+                                                      modules=["ffn.0", "ffn.2"])),
+        ("one layer's self-attention q, rank 1", dict(layout="wan", dtype="F32", r=1, alpha=1,
+                                                      modules=["self_attn.q"], only_layer=0)),
+    ]
+    for i, (name, c) in enumerate(cases):
+        d = os.path.join(workdir, "adapter%d" % i)
+        lay = [c["only_layer"]] if "only_layer" in c else list(range(layers))
+        pairs = write_adapter(d, base, lay, c["modules"], c["r"], c["alpha"], c.get("rslora", False), c["layout"],
+                              c["dtype"], seed=i)
+        full = os.path.join(workdir, "merged%d.safetensors" % i)
+        safetensors_np.save(full, merged(base, pairs, c["r"], c["alpha"], c.get("rslora", False)), meta)
+        o1, o2 = os.path.join(workdir, "lora%d.safetensors" % i), os.path.join(workdir, "full%d.safetensors" % i)
+        r1 = run(reelctl, ["run", "--weights", w, "--lora", d] + io + ["--out", o1])
+        r2 = run(reelctl, ["run", "--weights", full] + io + ["--out", o2])
+        if r1.returncode or r2.returncode:
+            check(False, name, "rc %d %s / rc %d %s" % (r1.returncode, r1.stderr.strip(), r2.returncode,
+                                                       r2.stderr.strip()))
+            continue
+        a, b = safetensors_np.load(o1)[0]["latent"], safetensors_np.load(o2)[0]["latent"]
+        err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+        moved = base_out is not None and float(np.max(np.abs(a - base_out))) > 1e-3
+        check(err < 1e-4 and moved, "%s: run --lora = numpy's merged file (rel. err %.2e), and not the base"
+              % (name, err), "err %.3e moved %s" % (err, moved))
+        if i == 0:
+            r3 = run(reelctl, ["weights", "inspect", d, "--json"])
+            try:
+                j = json.loads(r3.stdout)
+                ok = (j["kind"] == "lora" and j["rank"] == 4 and j["alpha"] == 8 and abs(j["scale"] - 2) < 1e-6 and
+                      j["layout"] == "wan" and len(j["targets"]) == 8 * layers and not j["rslora"])
+            except (ValueError, KeyError):
+                ok = False
+            check(ok, "weights inspect --json describes the adapter (rank 4, alpha 8, scale 2, %d targets)"
+                  % (8 * layers), r3.stdout + r3.stderr)
+            r4 = run(reelctl, ["run", "--weights", w, "--lora", os.path.join(d, "adapter_model.safetensors")] + io
+                     + ["--out", o1 + ".2"])
+            same = r4.returncode == 0 and np.array_equal(safetensors_np.load(o1 + ".2")[0]["latent"], a)
+            check(same, "the adapter's .safetensors path (config beside it) gives the folder's result bitwise",
+                  r4.stderr)
+
+    refusals = [
+        ("DoRA (use_dora)", dict(config_extra={"use_dora": True}), "DoRA"),
+        ("DoRA magnitude keys", dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector":
+                                                    np.ones(4, np.float32)}), "DoRA"),
+        ("bias training", dict(config_extra={"bias": "lora_only"}), "bias training"),
+        ("modules_to_save", dict(config_extra={"modules_to_save": ["head"]}), "modules_to_save"),
+        ("rank above 256", dict(config_extra={"r": 300}), "above 256"),
+        ("peft_type other than LORA", dict(config_extra={"peft_type": "LOHA"}), "peft_type"),
+        ("rank_pattern", dict(config_extra={"rank_pattern": {"q": 8}}), "rank_pattern"),
+        ("unknown target", dict(extra_tensors={"base_model.model.blocks.0.norm3.lora_A.weight":
+                                               np.ones((4, 8), np.float32)}), "unknown target"),
+        ("a target outside the blocks", dict(extra_tensors={"base_model.model.head.head.lora_A.weight":
+                                                            np.ones((4, 8), np.float32)}), "unknown target"),
+        ("A without B", dict(drop="base_model.model.blocks.0.self_attn.k.lora_B.weight"), "without lora_B"),
+        ("a rank that is not r", dict(bad_rank=True), "is not the config's r"),
+        ("a layer the model lacks", dict(layers_override=[0, layers + 3]), "does not have"),
+    ]
+    for i, (name, c, needle) in enumerate(refusals):
+        d = os.path.join(workdir, "bad%d" % i)
+        lay = c.pop("layers_override", [0])
+        if lay[-1] >= layers:  # a block the model does not have: build its matrices from block 0's shapes
+            base2 = dict(base)
+            for m in WAN_MODULES[:4]:
+                base2["blocks.%d.%s.weight" % (lay[-1], m)] = base["blocks.0.%s.weight" % m]
+            write_adapter(d, base2, lay, WAN_MODULES[:4], 4, 8, **c)
+        else:
+            write_adapter(d, base, lay, WAN_MODULES[:4], 4, 8, **c)
+        r1 = run(reelctl, ["run", "--weights", w, "--lora", d] + io + ["--out", os.path.join(d, "o.safetensors")])
+        check(r1.returncode == 2 and needle in r1.stderr and not os.path.exists(os.path.join(d, "o.safetensors")),
+              "refused: %s (exit 2, '%s')" % (name, needle), "rc %d: %s" % (r1.returncode, r1.stderr.strip()))
+    # a shape mismatch: an adapter made for a wider model
+    d = os.path.join(workdir, "wide")
+    wide = {"blocks.0.self_attn.q.weight": np.zeros((base["blocks.0.self_attn.q.weight"].shape[0] * 2,
+                                                     base["blocks.0.self_attn.q.weight"].shape[1]), np.float32)}
+    write_adapter(d, wide, [0], ["self_attn.q"], 4, 8)
+    r1 = run(reelctl, ["run", "--weights", w, "--lora", d] + io + ["--out", os.path.join(d, "o.safetensors")])
+    check(r1.returncode == 2 and "shape mismatch" in r1.stderr, "refused: a shape mismatch names the weight",
+          "rc %d: %s" % (r1.returncode, r1.stderr.strip()))
+    d = os.path.join(workdir, "nan")
+    write_adapter(d, base, [0], ["self_attn.q"], 4, 8,
+                  extra_tensors={"base_model.model.blocks.0.self_attn.k.lora_A.weight":
+                                 np.full((4, base["blocks.0.self_attn.k.weight"].shape[1]), np.nan, np.float32),
+                                 "base_model.model.blocks.0.self_attn.k.lora_B.weight":
+                                 np.ones((base["blocks.0.self_attn.k.weight"].shape[0], 4), np.float32)})
+    r1 = run(reelctl, ["run", "--weights", w, "--lora", d] + io + ["--out", os.path.join(d, "o.safetensors")])
+    check(r1.returncode == 2 and "NaN" in r1.stderr, "refused: NaN values", r1.stderr.strip())
+    r1 = run(reelctl, ["run", "--weights", w, "--lora", os.path.join(workdir, "missing")] + io +
+             ["--out", os.path.join(workdir, "o.safetensors")])
+    check(r1.returncode == 2 and "no such adapter" in r1.stderr, "refused: a missing adapter", r1.stderr.strip())
+    return passed, failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reelctl", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    p, f = crosscheck_lora(a.reelctl, a.workdir)
+    print("lora: %d passed, %d failed" % (p, f))
+    return 0 if f == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+/* test_lora.c -- model/lora.h: PEFT adapters read in both key layouts, the
+ * merge W + s·B·A (s = alpha/r, alpha/sqrt(r) with rsLoRA) against a plain
+ * triple loop, refusals that name their cause, and merges always
+ * recomputed from the exact base: alternating two adapters a thousand
+ * times on a loaded model leaves its weights bitwise what the first
+ * application gave, and a reload without an adapter returns the base.
+ * tests/crosscheck/test_lora.py checks whole runs against numpy. */
+#include "model/lora.h"
+#include "base/error.h"
+#include "kernels/backend.h"
+#include "model/safetensors.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/support.h"
+
+static char dir[64];
+static tdit_config_t tiny;
+
+static void setup(void) {
+    ts_mkdtemp(dir, sizeof dir, "lora");
+    ck_assert_int_eq(tdit_config_builtin("tiny", &tiny), 0);
+}
+
+static void teardown(void) { ts_rmtree(dir); }
+
+/* An adapter folder dir/name: config text cfg, and for each module m of
+ * mods[] in every layer, A [r, in] and B [out, r] (values from seed),
+ * under prefix + "blocks.N." + module name. */
+static const char *make_adapter(const char *name, const char *cfg, const char *prefix, const char *const *mods,
+                                int nmods, int r, uint64_t seed, kern_dtype_t dt) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", path);
+    ck_assert_int_eq(system(cmd), 0);
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    st_writer_t *w = st_writer_new();
+    ck_assert_ptr_nonnull(w);
+    for (int64_t n = 0; n < tiny.layers; n++)
+        for (int i = 0; i < nmods; i++) {
+            bool ffn0 = strstr(mods[i], "ffn.0") || strstr(mods[i], "net.0"), ffn2 = strstr(mods[i], "ffn.2") ||
+                                                                                    strstr(mods[i], "net.2");
+            int64_t out = ffn0 ? tiny.ffn_dim : tiny.dim, in = ffn2 ? tiny.ffn_dim : tiny.dim;
+            int64_t sa[2] = { r, in }, sb[2] = { out, r };
+            float *a = malloc((size_t)(r * in) * sizeof *a), *b = malloc((size_t)(out * r) * sizeof *b);
+            ts_fill_uniform(a, (size_t)(r * in), seed + 2 * (uint64_t)(n * 16 + i), -0.5f, 0.5f);
+            ts_fill_uniform(b, (size_t)(out * r), seed + 2 * (uint64_t)(n * 16 + i) + 1, -0.5f, 0.5f);
+            char ka[160], kb[160];
+            snprintf(ka, sizeof ka, "%sblocks.%lld.%s.lora_A.weight", prefix, (long long)n, mods[i]);
+            snprintf(kb, sizeof kb, "%sblocks.%lld.%s.lora_B.weight", prefix, (long long)n, mods[i]);
+            if (dt == KERN_F32) {
+                ck_assert_int_eq(st_writer_add_f32(w, ka, 2, sa, a), 0);
+                ck_assert_int_eq(st_writer_add_f32(w, kb, 2, sb, b), 0);
+            } else {
+                uint16_t *ha = malloc((size_t)(r * in) * 2), *hb = malloc((size_t)(out * r) * 2);
+                for (int64_t j = 0; j < r * in; j++) ha[j] = kern_f32_to_bf16(a[j]);
+                for (int64_t j = 0; j < out * r; j++) hb[j] = kern_f32_to_bf16(b[j]);
+                ck_assert_int_eq(st_writer_add(w, ka, KERN_BF16, 2, sa, ha), 0);
+                ck_assert_int_eq(st_writer_add(w, kb, KERN_BF16, 2, sb, hb), 0);
+                free(ha);
+                free(hb);
+            }
+            free(a);
+            free(b);
+        }
+    ck_assert_int_eq(st_writer_save(w, ts_join(path, "adapter_model.safetensors")), 0);
+    st_writer_destroy(&w);
+    return path;
+}
+
+static const char *const attn[] = { "self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o" };
+static const char *const every[] = { "self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q",
+                                     "cross_attn.k", "cross_attn.v", "cross_attn.o", "ffn.0", "ffn.2" };
+static const char *const every_diffusers[] = { "attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                               "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+                                               "ffn.net.0.proj", "ffn.net.2" };
+#define CFG(r, alpha, extra) "{\"peft_type\": \"LORA\", \"r\": " #r ", \"lora_alpha\": " #alpha extra "}"
+
+START_TEST(test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r) {
+    for (int rs = 0; rs < 2; rs++) {
+        const char *p = make_adapter(rs ? "rs" : "plain", rs ? CFG(4, 6, ", \"use_rslora\": true") : CFG(4, 6, ""),
+                                     "base_model.model.", attn, 4, 4, 100, KERN_F32);
+        lora_t *l;
+        TS_NEW(l = lora_open(p));
+        ck_assert_float_eq_tol(lora_scale(l), rs ? 6.0f / 2.0f : 6.0f / 4.0f, 1e-7f);
+        ck_assert_int_eq(lora_n_targets(l), (int)(4 * tiny.layers));
+        ck_assert_str_eq(lora_layout(l), "wan");
+        TS_OK(lora_check(l, &tiny));
+        const lora_target_t *t = lora_find(l, "blocks.1.self_attn.o.weight");
+        ck_assert_ptr_nonnull(t);
+        int64_t D = tiny.dim, r = t->rank;
+        float *w = malloc((size_t)(D * D) * sizeof *w), *want = malloc((size_t)(D * D) * sizeof *want);
+        ts_fill_uniform(w, (size_t)(D * D), 7, -1, 1);
+        for (int64_t i = 0; i < D; i++)
+            for (int64_t j = 0; j < D; j++) {
+                double acc = 0;
+                for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * D + j];
+                want[i * D + j] = (float)(w[i * D + j] + (double)lora_scale(l) * acc);
+            }
+        TS_OK(lora_merge_into(l, "blocks.1.self_attn.o.weight", w, D * D));
+        ck_assert_double_le(ts_max_abs_diff(w, want, (size_t)(D * D)), 1e-5);
+        /* a weight it does not target is left alone; a wrong size is refused */
+        float keep = w[0];
+        TS_OK(lora_merge_into(l, "blocks.0.ffn.0.weight", w, D * D));
+        ck_assert_float_eq(w[0], keep);
+        ck_assert_int_eq(lora_merge_into(l, "blocks.1.self_attn.o.weight", w, D * D - 1), -1);
+        free(w);
+        free(want);
+        lora_close(&l);
+    }
+}
+END_TEST
+
+START_TEST(test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names) {
+    const char *p = make_adapter("dif", CFG(2, 2, ""), "transformer.", every_diffusers, 10, 2, 5, KERN_BF16);
+    lora_t *l;
+    TS_NEW(l = lora_open(p));
+    ck_assert_str_eq(lora_layout(l), "diffusers");
+    ck_assert_int_eq(lora_n_targets(l), (int)(10 * tiny.layers));
+    for (int i = 0; i < 10; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "blocks.0.%s.weight", every[i]);
+        ck_assert_msg(lora_find(l, want) != NULL, "%s", want);
+    }
+    int64_t D = tiny.dim, H = tiny.ffn_dim, r = 2; /* BF16: 2 bytes a value */
+    ck_assert_uint_eq(lora_bytes(l), (size_t)(tiny.layers * (8 * (r * D + D * r) + (r * D + H * r) + (r * H + D * r)) * 2));
+    TS_OK(lora_check(l, &tiny));
+    lora_close(&l);
+}
+END_TEST
+
+/* lora_open(path) must fail naming `needle`. */
+static void refused(const char *path, const char *needle) {
+    lora_t *l = lora_open(path);
+    ck_assert_msg(l == NULL, "%s: accepted", path);
+    ck_assert_msg(strstr(reel_err_text(), needle) != NULL, "%s: '%s' does not name '%s'", path, reel_err_text(),
+                  needle);
+}
+
+START_TEST(test_refusals_name_their_cause) {
+    refused(make_adapter("dora", CFG(4, 8, ", \"use_dora\": true"), "", attn, 4, 4, 1, KERN_F32), "DoRA");
+    refused(make_adapter("bias", CFG(4, 8, ", \"bias\": \"all\""), "", attn, 4, 4, 1, KERN_F32), "bias training");
+    refused(make_adapter("mts", CFG(4, 8, ", \"modules_to_save\": [\"head\"]"), "", attn, 4, 4, 1, KERN_F32),
+            "modules_to_save");
+    refused(make_adapter("big", CFG(257, 8, ""), "", attn, 4, 4, 1, KERN_F32), "above 256");
+    refused(make_adapter("norank", "{\"lora_alpha\": 8}", "", attn, 4, 4, 1, KERN_F32), "r must be");
+    refused(make_adapter("loha", CFG(4, 8, ", \"peft_type\": \"LOHA\""), "", attn, 4, 4, 1, KERN_F32), "peft_type");
+    refused(make_adapter("rank", CFG(8, 8, ""), "", attn, 4, 4, 1, KERN_F32), "is not the config's r");
+    static const char *const norm[] = { "norm3" };
+    refused(make_adapter("norm", CFG(4, 8, ""), "", norm, 1, 4, 1, KERN_F32), "unknown target");
+    const char *p = make_adapter("badjson", CFG(4, 8, ""), "", attn, 4, 4, 1, KERN_F32);
+    ts_write_file(ts_join(p, "adapter_config.json"), "{\"r\": 4,", 8);
+    refused(p, "adapter_config.json");
+    char missing[128];
+    snprintf(missing, sizeof missing, "%s/none", dir);
+    refused(missing, "no such adapter");
+    /* a shape the model does not have: lora_check names the weight */
+    lora_t *l;
+    TS_NEW(l = lora_open(make_adapter("ok", CFG(4, 8, ""), "", attn, 4, 4, 1, KERN_F32)));
+    tdit_config_t wide = tiny;
+    wide.dim *= 2;
+    wide.heads *= 2;
+    ck_assert_int_eq(lora_check(l, &wide), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "shape mismatch"));
+    tdit_config_t shallow = tiny;
+    shallow.layers = 1;
+    ck_assert_int_eq(lora_check(l, &shallow), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "does not have"));
+    lora_close(&l);
+}
+END_TEST
+
+/* The model's weights, copied to the host. */
+static float *snapshot(const tdit_model_t *m, size_t *n) {
+    size_t bytes = tdit_model_bytes(m);
+    float *p = malloc(bytes);
+    memcpy(p, tdit_model_weights(m), bytes); /* CPU backend: the arena is host memory */
+    *n = bytes / sizeof(float);
+    return p;
+}
+
+START_TEST(test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base) {
+    char wpath[128];
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    ts_tiny_weights(3, wpath);
+    st_file_t *f;
+    TS_NEW(f = st_open(wpath));
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    lora_t *x, *y;
+    TS_NEW(x = lora_open(make_adapter("x", CFG(4, 8, ""), "base_model.model.", every, 10, 4, 11, KERN_F32)));
+    TS_NEW(y = lora_open(make_adapter("y", CFG(2, 4, ", \"use_rslora\": true"), "transformer.", every_diffusers, 10,
+                                      2, 12, KERN_BF16)));
+    tdit_model_t *m;
+    TS_NEW(m = tdit_model_load(b, f, KERN_F32));
+    size_t n;
+    float *base = snapshot(m, &n);
+    tdit_weight_edit_t ex = lora_edit(x, true), ey = lora_edit(y, true);
+    TS_OK(tdit_model_reload_edit(m, f, &ex));
+    float *first_x = snapshot(m, &n);
+    ck_assert_int_ne(memcmp(first_x, base, n * sizeof(float)), 0);
+    TS_OK(tdit_model_reload_edit(m, f, &ey));
+    float *first_y = snapshot(m, &n);
+    for (int i = 0; i < 1000; i++) {
+        TS_OK(tdit_model_reload_edit(m, f, (i & 1) ? &ey : &ex));
+        const float *want = (i & 1) ? first_y : first_x;
+        ck_assert_msg(!memcmp(tdit_model_weights(m), want, n * sizeof(float)), "sync %d drifted", i);
+    }
+    TS_OK(tdit_model_reload(m, f));
+    ck_assert_msg(!memcmp(tdit_model_weights(m), base, n * sizeof(float)), "a reload without an adapter is the base");
+    /* a first load with the adapter equals the base plus a reload with it */
+    tdit_weight_edit_t all = lora_edit(x, false);
+    tdit_model_t *m2;
+    TS_NEW(m2 = tdit_model_load_edit(b, f, KERN_F32, &all));
+    ck_assert(!memcmp(tdit_model_weights(m2), first_x, n * sizeof(float)));
+    ck_assert_ptr_null(tdit_model_load_edit(b, f, KERN_F32, &ex)); /* a first load copies every weight */
+    tdit_model_destroy(&m2);
+    free(base);
+    free(first_x);
+    free(first_y);
+    tdit_model_destroy(&m);
+    lora_close(&x);
+    lora_close(&y);
+    kern_backend_destroy(&b);
+    st_close(&f);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("lora");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r);
+    tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
+    tcase_add_test(tc, test_refusals_name_their_cause);
+    tcase_add_test(tc, test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_run(suite()); }
