@@ -113,6 +113,11 @@ static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci) {
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                          uint64_t new_version) {
+    return cap_component_update_policy(c, name, base, bytes, new_version, c->opt.policy);
+}
+
+int cap_component_update_policy(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                                uint64_t new_version, cap_policy_t policy) {
     evq_t qq = { 0 }, *q = &qq;
     int n = 0;
     cap_lock(&c->lock);
@@ -122,7 +127,7 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
     else if (new_version <= k->version)
         n = reel_fail(REEL_E_INVALID, "weight sync: %s version %llu is not newer than the resident %llu", name,
                       (unsigned long long)new_version, (unsigned long long)k->version);
-    else if (c->opt.policy == CAP_POLICY_INPLACE && (base != k->base || bytes != k->bytes))
+    else if (policy == CAP_POLICY_INPLACE && (base != k->base || bytes != k->bytes))
         n = reel_fail(REEL_E_INVALID, "weight sync: inplace policy needs %s at its resident address and size", name);
     if (n == 0) {
         uint64_t from = k->version;
@@ -137,7 +142,7 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
             next = e->next;
             if (e->doomed || !cap_key_reads(&e->key, name)) continue;
             n++;
-            if (c->opt.policy == CAP_POLICY_EVICT) {
+            if (policy == CAP_POLICY_EVICT) {
                 cap_evict(c, e, CAP_EVICT_WEIGHT_SYNC, q, name, from, new_version);
                 continue;
             }

@@ -290,6 +290,11 @@ int cap_component_register(cap_cache_t *c, const char *name, const void *base, s
  * Returns the number of entries affected, or -1 with a message. */
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                          uint64_t new_version);
+/* cap_component_update under `policy` for this sync only, whatever the
+ * cache's: a LoRA sync rewrites the resident buffers in place and keeps
+ * every graph (inplace) even in a cache that evicts on full syncs. */
+int cap_component_update_policy(cap_cache_t *c, const char *name, const void *base, size_t bytes,
+                                uint64_t new_version, cap_policy_t policy);
 /* The registered version of `name`; -1 (as int64) if unknown. Safe to call
  * from a program callback (see Program callbacks). */
 int64_t cap_component_version(const cap_cache_t *c, const char *name);

@@ -1,6 +1,7 @@
 /* cmd_gen.c -- client commands against a running broker: `reelctl gen`,
  * `reelctl sync` and `reelctl status`. */
 #include "ctl.h"
+#include "model/lora.h"
 #include "base/error.h"
 #include "base/parse.h"
 #include "clients/c/client.h"
@@ -8,6 +9,7 @@
 #include "model/safetensors.h"
 #include "model/tinydit.h"
 #include "model/wan_ckpt.h"
+#include <errno.h>
 #include <float.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -354,14 +356,61 @@ static void upload_done(void *user, uint64_t done, uint64_t size) {
     if (done == size && k->done_s < 0) k->done_s = ctl_now();
 }
 
+/* `reelctl sync --lora DIR --base B --version V`: the adapter checked here
+ * as the workers will check it (its sha256 the identity they compare),
+ * its folder sent as an absolute path; `--lora none --weights BASE`: the
+ * base again (BASE's identity). */
+static int sync_adapter(const char *broker, const char *key, const char *broker_key, const char *component,
+                        uint64_t version, bool have_version, uint64_t base, const char *lora, const char *weights,
+                        bool upload, uint64_t deadline, int timeout_ms) {
+    if (!lora || !base || !have_version)
+        return reel_fail(REEL_E_INVALID, "sync of an adapter needs --version V --base B --lora DIR (or --lora none "
+                         "--weights BASE for the base again)");
+    if (upload) return reel_fail(REEL_E_INVALID, "sync --lora: adapters go by path (--upload: not yet)");
+    char path[4096] = "", sha[65];
+    if (strcmp(lora, "none")) {
+        if (weights) return reel_fail(REEL_E_INVALID, "sync --lora DIR: no --weights (the base is the workers')");
+        lora_t *l = lora_open(lora);
+        if (!l) return ctl_fail_as(REEL_E_INVALID, "--lora %s: ", lora);
+        snprintf(sha, sizeof sha, "%s", lora_sha256(l));
+        fprintf(stderr, "reelctl: adapter %s: rank %d, alpha %g, %d targets, %zu bytes\n", lora, lora_rank(l),
+                lora_alpha(l), lora_n_targets(l), lora_bytes(l));
+        lora_close(&l);
+        if (!realpath(lora, path)) return reel_fail(REEL_E_INVALID, "--lora %s: %s", lora, strerror(errno));
+    } else {
+        if (!weights) return reel_fail(REEL_E_INVALID, "sync --lora none: --weights BASE gives the base's identity");
+        wan_sync_source_t src;
+        if (wan_sync_source(weights, false, &src) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
+        snprintf(sha, sizeof sha, "%s", src.sha256);
+        wan_sync_source_done(&src);
+    }
+    reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
+    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
+    reel_sync_result_t r;
+    wire_err_t err;
+    int rc = reel_sync_adapter(c, component, version, base, sha, path, deadline, &r, timeout_ms, &err);
+    reel_client_destroy(&c);
+    if (rc != 0) return ctl_fail_wire(&err, "sync");
+    const char *state = r.complete ? "complete"
+                        : !r.applied[0] ? "FAILED, no worker applied it (the broker's current version is unchanged)"
+                        : "INCOMPLETE (it is current; the failed workers lag)";
+    fprintf(stderr, "reelctl: sync %s v%" PRIu64 " (%s on base v%" PRIu64 "): %s; applied %s; failed %s\n", component,
+            version, path[0] ? "adapter" : "no adapter", base, state, r.applied[0] ? r.applied : "-",
+            r.failed[0] ? r.failed : "-");
+    return r.complete ? 0 : CTL_NO;
+}
+
 int cmd_sync(int argc, char **argv) {
     static const struct option opts[] = {
         { "broker", required_argument, 0, 'b' }, { "component", required_argument, 0, 'c' },
         { "version", required_argument, 0, 'v' }, { "weights", required_argument, 0, 'w' },
         { "timeout-ms", required_argument, 0, 't' }, { "deadline-ms", required_argument, 0, 'd' },
         { "key", required_argument, 0, 'k' }, { "broker-key", required_argument, 0, 'K' },
-        { "upload", required_argument, 0, 'u' }, { 0, 0, 0, 0 },
+        { "upload", required_argument, 0, 'u' }, { "lora", required_argument, 0, 'l' },
+        { "base", required_argument, 0, 'B' }, { 0, 0, 0, 0 },
     };
+    const char *lora = NULL; /* --lora DIR|none with --base B: an adapter on base B, or B again */
+    uint64_t base = 0;
     const char *broker = DEFAULT_BROKER, *component = "transformer", *weights = NULL;
     bool upload = false; /* by value: the file's bytes go through the broker */
     const char *key = NULL, *broker_key = NULL; /* NULL: $REEL_KEY, $REEL_BROKER_KEY */
@@ -377,6 +426,10 @@ int cmd_sync(int argc, char **argv) {
         case 'K': broker_key = optarg; break;
         case 'c': component = optarg; break;
         case 'w': weights = optarg; break;
+        case 'l': lora = optarg; break;
+        case 'B':
+            if (reel_parse_u64(optarg, 1, UINT64_MAX, "--base", &base)) return -1;
+            break;
         case 'u':
             weights = optarg;
             upload = true;
@@ -395,6 +448,8 @@ int cmd_sync(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "sync: unexpected argument '%s'", argv[optind]);
+    if (lora || base) return sync_adapter(broker, key, broker_key, component, version, have_version, base, lora,
+                                          weights, upload, deadline, timeout_ms);
     if (!weights || !have_version)
         return reel_fail(REEL_E_INVALID, "sync needs --version V and --weights W.safetensors (or --upload W.safetensors)");
     /* Any layout a Wan2.1 user has (a file, an index, a folder): judged here

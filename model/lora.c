@@ -100,9 +100,9 @@ static bool unset(const json_t *v) {
            (json_is_object(v) && json_object_size(v) == 0) || (json_is_string(v) && !strcmp(json_string_value(v), "none"));
 }
 
-static int read_config(lora_t *l, const char *path) {
+static int read_config(lora_t *l, const char *text, size_t len, const char *path) {
     json_error_t e;
-    json_t *j = json_load_file(path, 0, &e);
+    json_t *j = json_loadb(text, len, 0, &e);
     if (!j) return reel_fail(REEL_E_INVALID, "%s: %s (line %d)", path, e.text, e.line);
     int rc = -1;
     const json_t *pt = json_object_get(j, "peft_type"), *r = json_object_get(j, "r"),
@@ -214,18 +214,15 @@ static int locate(const char *path, char *cfg, char *weights, size_t len) {
     return 0;
 }
 
-lora_t *lora_open(const char *path) {
-    char cfg[4096], weights[4096];
-    if (locate(path, cfg, weights, sizeof cfg) != 0) return NULL;
+lora_t *lora_parse(const char *config, size_t config_len, const char *config_name, const st_file_t *f,
+                   const char *sha256) {
     lora_t *l = calloc(1, sizeof *l);
     if (!l) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
-    st_file_t *f = NULL;
-    if (read_config(l, cfg) != 0) goto err;
-    if (reel_sha256_file(weights, l->sha) != 0) goto err;
-    if (!(f = weights_open_any(weights))) goto err;
+    snprintf(l->sha, sizeof l->sha, "%s", sha256 ? sha256 : "");
+    if (read_config(l, config, config_len, config_name) != 0) goto err;
     size_t cap = st_count(f) < LORA_MAX_TARGETS ? st_count(f) : LORA_MAX_TARGETS;
     if (!(l->t = calloc(cap ? cap : 1, sizeof *l->t))) {
         reel_fail(REEL_E_NOMEM, "out of memory");
@@ -233,25 +230,48 @@ lora_t *lora_open(const char *path) {
     }
     for (size_t i = 0; i < st_count(f); i++)
         if (add_tensor(l, f, st_at(f, i), cap) != 0) {
-            reel_fail_prefix("%s: ", weights);
+            reel_fail_prefix("%s: ", st_origin(f));
             goto err;
         }
     if (l->n == 0) {
-        reel_fail(REEL_E_INVALID, "%s: no LoRA tensors", weights);
+        reel_fail(REEL_E_INVALID, "%s: no LoRA tensors", st_origin(f));
         goto err;
     }
     for (int i = 0; i < l->n; i++)
         if (!l->t[i].a || !l->t[i].b) {
-            reel_fail(REEL_E_INVALID, "%s: %s has lora_%c without lora_%c", weights, l->t[i].weight,
+            reel_fail(REEL_E_INVALID, "%s: %s has lora_%c without lora_%c", st_origin(f), l->t[i].weight,
                       l->t[i].a ? 'A' : 'B', l->t[i].a ? 'B' : 'A');
             goto err;
         }
-    st_close(&f);
     return l;
 err:
-    st_close(&f);
     lora_close(&l);
     return NULL;
+}
+
+lora_t *lora_open(const char *path) {
+    char cfg[4096], weights[4096], sha[65];
+    if (locate(path, cfg, weights, sizeof cfg) != 0) return NULL;
+    FILE *cf = fopen(cfg, "rb");
+    if (!cf) {
+        reel_fail(REEL_E_IO, "%s: cannot read it", cfg);
+        return NULL;
+    }
+    char *text = malloc(LORA_CONFIG_MAX + 1);
+    size_t n = text ? fread(text, 1, LORA_CONFIG_MAX + 1, cf) : 0;
+    fclose(cf);
+    if (!text) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    lora_t *l = NULL;
+    st_file_t *f = NULL;
+    if (n > LORA_CONFIG_MAX) reel_fail(REEL_E_LIMIT, "%s: larger than %d bytes", cfg, LORA_CONFIG_MAX);
+    else if (reel_sha256_file(weights, sha) == 0 && (f = weights_open_any(weights)))
+        l = lora_parse(text, n, cfg, f, sha);
+    st_close(&f);
+    free(text);
+    return l;
 }
 
 void lora_close(lora_t **lp) {

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/safetensors.h"
 #include "model/tinydit.h"
 
 #ifdef __cplusplus
@@ -45,6 +46,7 @@ extern "C" {
 
 #define LORA_MAX_RANK 256
 #define LORA_MAX_TARGETS 4096
+#define LORA_CONFIG_MAX (64 << 10) /* bytes of adapter_config.json */
 
 typedef struct lora lora_t;
 
@@ -60,6 +62,11 @@ typedef struct {
  * adapter_config.json beside it. NULL with a message naming what is
  * refused. */
 lora_t *lora_open(const char *path);
+/* The same from an adapter_config.json's text (config_name names it in
+ * messages) and the weights file's tensors (copied: f may be closed
+ * after), with sha256 (may be NULL) as its identity. */
+lora_t *lora_parse(const char *config, size_t config_len, const char *config_name, const st_file_t *f,
+                   const char *sha256);
 void lora_close(lora_t **l);
 
 /* 0 when every target is a weight of c with the shape [out, in] the

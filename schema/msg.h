@@ -223,6 +223,11 @@ typedef struct {
     char path[MSG_PATH_MAX];       /* "" when none; at most 1023 bytes */
     uint64_t deadline_ms;          /* 0: the broker's default */
     bool uploaded;                 /* the file was sent to the broker (UPLOAD): workers FETCH it */
+    /* > 0: this version is version `base_version` (a full version the
+     * worker holds as its base) with the LoRA adapter at `path` merged in
+     * (sha256: of its adapter_model.safetensors), or, with no path, the
+     * base itself again (sha256: the base's). 0: a full version. */
+    uint64_t base_version;
     int n_tensors;                 /* inline weights (any names) */
     const wire_tensor_t *tensors[WIRE_MAX_TENSORS];
 } msg_sync_t;

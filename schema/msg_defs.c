@@ -167,6 +167,7 @@ static const msg_field_t sync_rows[] = {
     R_TEXT(msg_sync_t, path, "path", F_OMIT, ""),
     R_U64(msg_sync_t, deadline_ms, "deadline_ms", F_OMIT, 0, UINT64_MAX, 0),
     R_BOOL(msg_sync_t, uploaded, "uploaded", F_OMIT, false),
+    R_U64(msg_sync_t, base_version, "base_version", F_OMIT, 0, MSG_VERSION_MAX, 0),
 };
 TABLE(sync_tab, sync_rows, msg_sync_t);
 
@@ -660,6 +661,16 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
     if (strlen(s->path) > MSG_PATH_MAX - 1)
         return refuse(err, WIRE_E_BAD_REQUEST, "'path' is %zu bytes, longer than %d", strlen(s->path), MSG_PATH_MAX - 1);
     int sources = (s->path[0] != 0) + (s->n_tensors > 0) + s->uploaded;
+    if (s->base_version) {
+        /* An adapter on a base the workers hold, or that base again. */
+        if (s->base_version >= s->version)
+            return refuse(err, WIRE_E_BAD_REQUEST, "'base_version' %" PRIu64 " must be below 'version' %" PRIu64,
+                          s->base_version, s->version);
+        if (s->uploaded || s->n_tensors > 0)
+            return refuse(err, WIRE_E_BAD_REQUEST, "an adapter goes by 'path' (its PEFT folder), or with no "
+                          "source for the base itself");
+        return 0;
+    }
     if (sources > 1) return refuse(err, WIRE_E_BAD_REQUEST, "give one of 'path', 'uploaded' and inline tensors");
     if (sources == 0) return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path', 'uploaded' nor inline tensors given");
     /* A message carries at most 8 tensors and a model has more: workers

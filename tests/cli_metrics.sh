@@ -152,8 +152,14 @@ def want(expr, ok, what):
     print(("PASS " if v is not None and ok(v) else "FAIL ") + "%s (%s = %s)" % (what, expr, v), flush=True)
 want('count(up{job="reel"} == 1)', lambda v: v == 3, "Prometheus scrapes all three daemons")
 want('sum(reel_broker_requests_total{outcome="ok"})', lambda v: v == n, "the broker counted the %d gens ok" % n)
+# A busy machine can stall a worker past the broker's liveness (5 x 200 ms):
+# its requests are requeued and run again elsewhere, so each requeue may
+# add up to one request's steps. Every step ran at least once, and no more
+# than the requeues explain.
+requeues = lambda: q('sum(reel_broker_requeues_total)') or 0
 want('sum(reel_worker_captures_total) + sum(reel_worker_replays_total) + sum(reel_worker_eager_steps_total)',
-     lambda v: v == 4 * n, "the workers ran every step of the gens once (4 x %d)" % n)
+     lambda v: 4 * n <= v <= 4 * (n + requeues()),
+     "the workers ran every step of the gens once (4 x %d), plus at most the requeued requests' again" % n)
 want('sum(reel_worker_replays_total)', lambda v: v > 0, "some steps were replayed")
 want('sum(reel_broker_syncs_total{result="complete"})', lambda v: v == 1, "one complete sync")
 want('count(reel_worker_weight_version{component="transformer"} == 2)', lambda v: v == 2,

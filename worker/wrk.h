@@ -69,6 +69,16 @@ typedef struct {
     /* Weight syncs applied and failed by the sync thread, and the seconds
      * of the applied ones (read + hash or fetch, drain, reload), in µs. */
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
+    /* --lora: what every adapter is merged from (model/lora.h): the last
+     * full version applied, kept whole in host memory, and the adapter
+     * merged into the resident weights now. The sync thread's (set at
+     * startup before it runs). */
+    struct {
+        st_file_t *file;             /* NULL without --lora */
+        uint64_t version;
+        char sha[65];
+        struct lora *applied;        /* NULL: the base itself is resident */
+    } base;
 } wrk_t;
 
 /* idle_mu and idle_cv. -1 with a message in reel_err_text(). */

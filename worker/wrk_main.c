@@ -30,6 +30,7 @@
 #include "base/sha256.h"
 #include "model/release.h"
 #include "model/tdit_program.h"
+#include "model/lora.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
 #include "model/t2v.h"
@@ -539,6 +540,12 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     if (!f) wrk_log(w, "%s", reel_err()->detail);
     else if (wrk_weights_finite(f) != 0) wrk_log(w, "%s: %s", path, reel_err()->detail);
     else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, reel_err_text());
+    if (m && w->opt->lora) { /* the base adapters merge from */
+        w->base.file = f;
+        w->base.version = w->opt->weights_version;
+        snprintf(w->base.sha, sizeof w->base.sha, "%s", sha);
+        f = NULL;
+    }
     st_close(&f);
     return m;
 }
@@ -600,13 +607,16 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
         wrk_log(w, "%s", reel_err_text());
         return -1;
     }
-    size_t used = (w->text ? t2v_text_bytes(w->text) + o->text_cache : 0) + (w->vae ? t2v_vae_bytes(w->vae) : 0);
+    size_t base = w->base.file ? st_data_len(w->base.file) : 0;
+    size_t used = (w->text ? t2v_text_bytes(w->text) + o->text_cache : 0) + (w->vae ? t2v_vae_bytes(w->vae) : 0) + base;
+    if (w->base.file)
+        wrk_log(w, "LoRA syncs accepted: base v%" PRIu64 " kept for them (%zu bytes)", w->base.version, base);
     if (w->text) wrk_log(w, "text encoder %s (%s, tokenizer %s): prompts accepted", t2v_text_name(w->text), t5, tok);
     if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", t2v_vae_name(w->vae), vae);
     *cache_budget = o->budget;
     if (o->budget && used >= o->budget) {
-        wrk_log(w, "--budget %zu bytes is used up by the text encoder, its cache and the VAE (%zu bytes)", o->budget,
-                used);
+        wrk_log(w, "--budget %zu bytes is used up by the text encoder, its cache, the VAE and the LoRA base "
+                "(%zu bytes)", o->budget, used);
         return -1;
     }
     if (o->budget) *cache_budget = o->budget - used;
@@ -784,6 +794,8 @@ static void teardown(run_t *r) {
     tdit_model_destroy(&w->model);
     t2v_text_destroy(&w->text);
     t2v_vae_destroy(&w->vae);
+    st_close(&w->base.file);
+    lora_close(&w->base.applied);
     wrk_events_destroy(&w->events);
     kern_backend_destroy(&w->backend);
     wrk_shared_fini(w);

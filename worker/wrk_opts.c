@@ -125,6 +125,9 @@ static const reel_opt_t rows[] = {
               "ask for output frames or video" },
     { .name = "text-cache", .kind = REEL_OPT_SET, .set = set_text_cache, .expect = "bytes with an optional K/M/G suffix",
       .arg = "BYTES", .help = "encoded prompts kept, LRU (64M); counts against --budget" },
+    { .name = "lora", .kind = REEL_OPT_FLAG, .off = O(lora),
+      .help = "take LoRA syncs (SYNC with base_version): keeps a host\n"
+              "copy of the base weights, counted against --budget" },
     { .name = "help", .kind = REEL_OPT_FLAG, .off = O(help) }, /* not listed */
 };
 #undef O

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/sha256.h"
 #include "base/thread.h"
+#include "model/lora.h"
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
 #include "worker/wrk_pipe.h"
@@ -156,7 +157,9 @@ typedef struct {
     msg_sync_t *m;               /* decoded once `decoded` */
     bool decoded;
     uint64_t id, version, applied;
-    st_file_t *f;                /* the weights read */
+    st_file_t *f;                /* the weights read (a full version) */
+    bool adapter;                /* base_version given: an adapter on the base, or the base again */
+    lora_t *lora;                /* the adapter read (NULL with `adapter`: the base itself) */
     char hex[65];                /* their sha256 */
     bool applying;               /* past the checks: a failure now is the apply's */
     struct timespec t0, t1, tf, t2, t3; /* start, read, NaN checked, drained, applied */
@@ -176,9 +179,97 @@ static int sync_decode(sync_op_t *op, wire_msg_t *wm) {
     if (!(op->m = malloc(sizeof *op->m))) return reel_fail(REEL_E_NOMEM, "out of memory");
     if (msg_sync_decode(wm, op->m, &e) != 0) return reel_fail(REEL_E_INVALID, "%s", e.message);
     op->decoded = true;
+    op->adapter = op->m->base_version > 0;
     op->version = op->m->version;
     op->applied = atomic_load(&op->w->applied_version);
     return 0;
+}
+
+/* The text of an adapter_config.json open at fd: at most LORA_CONFIG_MAX
+ * bytes into a malloc'd buffer (*n). NULL with WRK_E_FILE. */
+static char *read_config(int fd, const char *path, size_t *n) {
+    char *text = malloc(LORA_CONFIG_MAX + 1);
+    if (!text) {
+        wrk_refuse(REEL_E_NOMEM, WRK_E_FILE, "out of memory");
+        return NULL;
+    }
+    *n = 0;
+    for (;;) {
+        ssize_t r = read(fd, text + *n, LORA_CONFIG_MAX + 1 - *n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            wrk_refuse(REEL_E_IO, WRK_E_FILE, "%s: %s", path, strerror(errno));
+            free(text);
+            return NULL;
+        }
+        *n += (size_t)r;
+        if (r == 0 || *n > LORA_CONFIG_MAX) break;
+    }
+    if (*n > LORA_CONFIG_MAX) {
+        wrk_refuse(REEL_E_LIMIT, WRK_E_FILE, "%s: larger than %d bytes", path, LORA_CONFIG_MAX);
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* The most data an adapter of the model can hold: rank LORA_MAX_RANK on
+ * every Linear of every block, in F32. */
+static uint64_t adapter_max_bytes(const tdit_config_t *c) {
+    uint64_t D = (uint64_t)c->dim, F = (uint64_t)c->ffn_dim;
+    return (uint64_t)c->layers * LORA_MAX_RANK * (8 * 2 * D + 2 * (D + F)) * sizeof(float);
+}
+
+/* The adapter a SYNC with base_version names (wrk_weights.h's rules for
+ * a path: under the roots, regular files, judged by size first, read
+ * once and hashed as read), checked against the model; or, with no path,
+ * the base again (its sha256 is the base's). What the adapter has wrong
+ * (DoRA, an unknown target, a shape) is answered by name. */
+static int adapter_read(sync_op_t *op) {
+    wrk_t *w = op->w;
+    const msg_sync_t *m = op->m;
+    if (!w->base.file) return wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_NO_LORA, "a SYNC with base_version");
+    if (m->base_version != w->base.version)
+        return wrk_refuse(REEL_E_STATE, WRK_E_BASE, "base v%" PRIu64 " asked, this worker's base is v%" PRIu64,
+                          m->base_version, w->base.version);
+    if (!m->path[0]) {
+        snprintf(op->hex, sizeof op->hex, "%s", w->base.sha);
+        return 0;
+    }
+    char cfg[MSG_PATH_MAX + 32], wts[MSG_PATH_MAX + 32];
+    size_t len = strlen(m->path);
+    if (len > 12 && !strcmp(m->path + len - 12, ".safetensors")) {
+        const char *slash = strrchr(m->path, '/');
+        snprintf(cfg, sizeof cfg, "%.*s/adapter_config.json", slash ? (int)(slash - m->path) : 0, m->path);
+        snprintf(wts, sizeof wts, "%s", m->path);
+    } else {
+        snprintf(cfg, sizeof cfg, "%s/adapter_config.json", m->path);
+        snprintf(wts, sizeof wts, "%s/adapter_model.safetensors", m->path);
+    }
+    int fd = wrk_weights_open(w->roots, cfg);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    char *text = read_config(fd, cfg, &n);
+    close(fd);
+    if (!text) return -1;
+    st_file_t *f = NULL;
+    if ((fd = wrk_weights_open(w->roots, wts)) >= 0) {
+        f = wrk_adapter_read(fd, wts, adapter_max_bytes(tdit_model_config(w->model)), &w->stop, op->hex);
+        close(fd);
+    }
+    if (f) {
+        op->lora = lora_parse(text, n, cfg, f, op->hex);
+        if (!op->lora || lora_check(op->lora, tdit_model_config(w->model)) != 0) {
+            char answer[REEL_ERR_MSG];
+            snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
+            wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
+                       reel_err_text());
+            lora_close(&op->lora);
+        }
+    }
+    st_close(&f);
+    free(text);
+    return op->lora ? 0 : -1;
 }
 
 /* Reads and hashes the weights, before any lock: stale, or what
@@ -189,7 +280,11 @@ static int sync_read_phase(sync_op_t *op) {
     unsigned reasked = 0;
     const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &op->s->spare, &reasked };
     clock_gettime(CLOCK_MONOTONIC, &op->t0);
-    if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex) != 0) return -1;
+    if (op->adapter) {
+        if (adapter_read(op) != 0) return -1;
+    } else if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex) != 0) {
+        return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &op->t1);
     if (reasked)
         wrk_log(w, "fetch of v%" PRIu64 ": the broker went silent; asked again %u time(s) and resumed", op->version,
@@ -209,7 +304,7 @@ static int sync_check(sync_op_t *op) {
         bool same = op->s->applied_sha[0] && !strcasecmp(op->s->applied_sha, op->hex);
         return same ? 1 : wrk_refuse(REEL_E_STATE, "stale", "v%" PRIu64 " applied with other weights", op->applied);
     }
-    if (wrk_weights_finite(op->f) != 0) return -1;
+    if (op->f && wrk_weights_finite(op->f) != 0) return -1; /* an adapter's values were checked as read */
     clock_gettime(CLOCK_MONOTONIC, &op->tf); /* after the NaN check */
     return 0;
 }
@@ -231,9 +326,53 @@ static void sync_drain(sync_op_t *op) {
 /* The reload and the cache's update. The caller holds the write side of
  * the step lock. -1 (the cause's code, its text the detail; wrk_t.fatal
  * set when the weights are left unusable) on failure. */
+/* Which weights an adapter sync copies: the new adapter's targets, and
+ * the previous one's (they go back to the base's values). */
+typedef struct {
+    const lora_t *next, *prev;
+} adapter_edit_t;
+
+static bool adapter_want(void *user, const char *name) {
+    const adapter_edit_t *e = user;
+    return (e->next && lora_find(e->next, name)) || (e->prev && lora_find(e->prev, name));
+}
+
+static int adapter_adjust(void *user, const char *name, float *w, int64_t numel) {
+    const adapter_edit_t *e = user;
+    return e->next ? lora_merge_into(e->next, name, w, numel) : 0;
+}
+
+/* An adapter (or the base again) merged from the exact base into the
+ * resident buffers: only the weights either adapter touches are
+ * rewritten, every address stays, and every captured graph is kept and
+ * re-verified on its next replay (the inplace path, whatever --policy
+ * says: docs/CAPTURE.md). The caller holds the write lock. */
+static int adapter_apply_locked(sync_op_t *op) {
+    wrk_t *w = op->w;
+    adapter_edit_t ae = { op->lora, w->base.applied };
+    tdit_weight_edit_t edit = { adapter_want, adapter_adjust, &ae };
+    if (tdit_model_reload_edit(w->model, w->base.file, &edit) != 0) {
+        atomic_store(&w->fatal, true);
+        return reel_fail_detail(reel_err_code(), reel_err_text(),
+                                "internal: the adapter could not be merged whole (worker exiting)");
+    }
+    if (cap_component_update_policy(w->cache, TDIT_COMPONENT, tdit_model_weights(w->model), tdit_model_bytes(w->model),
+                                    op->version, CAP_POLICY_INPLACE) < 0) {
+        atomic_store(&w->fatal, true);
+        return reel_fail_detail(reel_err_code(), reel_err_text(),
+                                "internal: the capture cache could not take the weights (worker exiting)");
+    }
+    lora_close(&w->base.applied);
+    w->base.applied = op->lora;
+    op->lora = NULL;
+    atomic_store(&w->applied_version, op->version);
+    return 0;
+}
+
 static int sync_apply_locked(sync_op_t *op) {
     wrk_t *w = op->w;
     assert(reel_owner_mine(&w->step_writer));
+    if (op->adapter) return adapter_apply_locked(op);
     if (tdit_model_reload(w->model, op->f) != 0) {
         if (strstr(reel_err()->msg, "part-way")) {
             atomic_store(&w->fatal, true);
@@ -251,6 +390,14 @@ static int sync_apply_locked(sync_op_t *op) {
                                 "internal: the capture cache could not take the weights (worker exiting)");
     }
     atomic_store(&w->applied_version, op->version);
+    if (w->base.file) { /* a full version is the new base adapters merge from */
+        st_close(&w->base.file);
+        w->base.file = op->f;
+        op->f = NULL;
+        w->base.version = op->version;
+        snprintf(w->base.sha, sizeof w->base.sha, "%s", op->hex);
+        lora_close(&w->base.applied);
+    }
     return 0;
 }
 
@@ -285,10 +432,16 @@ static void sync_ack(sync_op_t *op, int rc) {
         snprintf(op->s->applied_sha, sizeof op->s->applied_sha, "%s", op->hex);
         /* Where a sync's time went: reading (or fetching) and hashing
          * the file, draining, and the weights copied in under the lock. */
-        wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, NaN check %.3f s, drain %.3f s, reload %.3f s",
-                TDIT_COMPONENT, op->version, cap_policy_name(w->opt->policy),
-                op->m->uploaded ? "fetch + hash" : "read + hash", SECS(op->t0, op->t1), SECS(op->t1, op->tf),
-                SECS(op->tf, op->t2), SECS(op->t2, op->t3));
+        if (op->adapter)
+            wrk_log(w, "applied %s v%" PRIu64 " (%s on base v%" PRIu64 ", graphs kept): read + hash %.3f s, drain "
+                    "%.3f s, merge %.3f s", TDIT_COMPONENT, op->version,
+                    w->base.applied ? "LoRA adapter" : "no adapter", op->m->base_version, SECS(op->t0, op->t1),
+                    SECS(op->tf, op->t2), SECS(op->t2, op->t3));
+        else
+            wrk_log(w, "applied %s v%" PRIu64 " (%s): %s %.3f s, NaN check %.3f s, drain %.3f s, reload %.3f s",
+                    TDIT_COMPONENT, op->version, cap_policy_name(w->opt->policy),
+                    op->m->uploaded ? "fetch + hash" : "read + hash", SECS(op->t0, op->t1), SECS(op->t1, op->tf),
+                    SECS(op->tf, op->t2), SECS(op->t2, op->t3));
     }
     ack(op->s, op->id, op->decoded ? op->version : 0, rc < 0 ? reel_err()->msg : NULL);
 }
@@ -307,6 +460,7 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     if (op.f && op.m->uploaded && !s->spare.p && (s->spare.p = st_take_data(op.f)))
         wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
     st_close(&op.f);
+    lora_close(&op.lora);
     free(op.m);
 }
 

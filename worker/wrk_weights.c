@@ -180,7 +180,19 @@ int wrk_weights_finite(const st_file_t *f) {
 
 /* ---- reading ------------------------------------------------------------------------ */
 
+static st_file_t *read_judged(int fd, const char *path, uint64_t max_data, bool whole_model, const atomic_bool *stop,
+                              char hex[65]);
+
 st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65]) {
+    return read_judged(fd, path, max_data, true, stop, hex);
+}
+
+st_file_t *wrk_adapter_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65]) {
+    return read_judged(fd, path, max_data, false, stop, hex);
+}
+
+static st_file_t *read_judged(int fd, const char *path, uint64_t max_data, bool whole_model, const atomic_bool *stop,
+                              char hex[65]) {
     st_probe_t p;
     if (st_probe_fd(fd, path, &p) != 0) {
         wrk_refuse(reel_err_code(), WRK_E_FILE, "%s", reel_err_text());
@@ -194,7 +206,7 @@ st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const a
                    (unsigned long long)p.data_len, (unsigned long long)max_data);
         return NULL;
     }
-    if (max_data && p.bytes < max_data / 2) {
+    if (max_data && whole_model && p.bytes < max_data / 2) {
         wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_MODEL,
                    "%s: %zu tensors of %llu bytes cannot hold the model (%llu bytes in F32)",
                    path, p.count, (unsigned long long)p.bytes, (unsigned long long)max_data);

@@ -41,6 +41,8 @@
 #define WRK_E_MODEL "bad_weights: not weights of this worker's model"
 #define WRK_E_STOPPED "worker stopping"
 #define WRK_E_NONFINITE "bad_weights: NaN or infinite values"
+#define WRK_E_NO_LORA "bad_adapter: this worker takes no LoRA syncs (start it with --lora)"
+#define WRK_E_BASE "bad_adapter: its base version is not this worker's base"
 
 /* Records a refusal: code, `answer` (what the peer is told) as the
  * message and the printf-formatted reason as the detail. Returns -1. */
@@ -111,5 +113,8 @@ st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_c
  * (REEL_E_UNSUPPORTED: sizes no file of the model has) or WRK_E_STOPPED
  * (REEL_E_STATE). */
 st_file_t *wrk_weights_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65]);
+/* wrk_weights_read for a LoRA adapter's weights: at most max_data bytes
+ * of data, however few (an adapter is a sliver of the model). */
+st_file_t *wrk_adapter_read(int fd, const char *path, uint64_t max_data, const atomic_bool *stop, char hex[65]);
 
 #endif

@@ -658,6 +658,20 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     return sync_done(&a, res, err);
 }
 
+int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version, uint64_t base_version,
+                      const char *sha256, const char *path, uint64_t deadline_ms, reel_sync_result_t *res,
+                      int timeout_ms, wire_err_t *err) {
+    uint64_t id = ++c->next_id;
+    msg_sync_t *s = sync_message(component, version, sha256, path ? path : "", deadline_ms, err);
+    if (!s) return -1;
+    s->base_version = base_version;
+    wire_msg_t a;
+    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    free(s);
+    if (rc != 0) return rc;
+    return sync_done(&a, res, err);
+}
+
 struct reel_status {
     wire_msg_t m;
     msg_status_reply_t r;

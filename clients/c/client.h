@@ -124,6 +124,15 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err);
 
+/* reel_sync of a LoRA adapter: `version` is base_version (a full version
+ * the workers hold) with the PEFT adapter folder at path (as the workers
+ * see it) merged in, sha256 the digest of its adapter_model.safetensors;
+ * path "" or NULL: the base itself again (sha256: the base's). Workers
+ * keep every captured graph (docs/PROTOCOL.md, "LoRA adapters"). */
+int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version, uint64_t base_version,
+                      const char *sha256, const char *path, uint64_t deadline_ms, reel_sync_result_t *res,
+                      int timeout_ms, wire_err_t *err);
+
 /* Sends the file at path to the broker as `version` of component (UPLOAD
  * chunks of MSG_CHUNK_MAX bytes, REEL_UPLOAD_WINDOW of them in flight),
  * resuming where the broker's copy ends; sha256 is the file's digest (the

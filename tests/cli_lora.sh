@@ -1,0 +1,136 @@
+#!/bin/sh
+# cli_lora.sh -- process-level tests of issue 27's LoRA syncs: a real
+# reel-broker and reel-worker (--lora) over ipc, PEFT adapters written by
+# tests/crosscheck/test_lora.py's writer, published with `reelctl sync
+# --lora DIR --base B`. Every GEN after a LoRA sync must equal `reelctl run
+# --lora` on the same base bitwise (itself checked against numpy's
+# W + s*B@A by the cross-check); switching adapters back and forth gives
+# bitwise the first result again; `--lora none` returns to the base; the
+# one graph captured before the syncs serves every version after them
+# (the worker's closing counts: 1 capture, 0 evictions); a full sync makes
+# a new base; bad adapters, a wrong base and a worker without --lora are
+# refused by name and change nothing. Every wait is bounded.
+# Usage: cli_lora.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+HERE=$(cd "$(dirname "$0")" && pwd)
+D=$(mktemp -d /tmp/reel-lora.XXXXXX)
+SUITE=lora
+. "$(dirname "$0")/lib_cli.sh"
+CE="ipc://$D/clients.ipc"
+WE="ipc://$D/workers.ipc"
+
+mkdir -p "$D/w"
+"$R" weights init --config tiny --seed 7 --out "$D/w/base.safetensors" 2>/dev/null &&
+    "$R" weights init --config tiny --seed 8 --out "$D/w/base2.safetensors" 2>/dev/null || { bad "weights init"; finish; }
+/usr/bin/python3 - "$HERE/crosscheck" "$D/w" <<'EOF' || { bad "adapters written"; finish; }
+import sys
+sys.path.insert(0, sys.argv[1])
+import safetensors_np, test_lora
+d = sys.argv[2]
+base, meta = safetensors_np.load(d + "/base.safetensors")
+L = range(int(meta["layers"]))
+test_lora.write_adapter(d + "/x", base, L, test_lora.WAN_MODULES[:8], 4, 8, seed=1)
+test_lora.write_adapter(d + "/y", base, L, ["ffn.0", "ffn.2", "self_attn.q"], 2, 4, rslora=True,
+                        layout="diffusers", dtype="BF16", seed=2)
+test_lora.write_adapter(d + "/dora", base, L, test_lora.WAN_MODULES[:4], 4, 8, config_extra={"use_dora": True})
+EOF
+mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/outside/x"
+"$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors" &&
+    "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" || { bad "inputs"; finish; }
+IN="--context $D/ctx.safetensors --latent $D/lat.safetensors --steps 2 --shift 3"
+run() { # out weights [--lora DIR]
+    o=$1; shift
+    "$R" run --weights "$@" $IN --out "$o" 2>"$o.err" || { bad "reelctl run $*"; show "$o.err"; }
+}
+run "$D/ref_base.safetensors" "$D/w/base.safetensors"
+run "$D/ref_x.safetensors" "$D/w/base.safetensors" --lora "$D/w/x"
+run "$D/ref_y.safetensors" "$D/w/base.safetensors" --lora "$D/w/y"
+run "$D/ref_b2x.safetensors" "$D/w/base2.safetensors" --lora "$D/w/x"
+same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
+gen() { # out: reelctl gen, stderr to out.err
+    "$R" gen --broker "$CE" --model tiny $IN --timeout-ms 30000 --quiet --out "$1" 2>"$1.err"
+}
+lsync() { # out args...: reelctl sync, its stderr in out
+    o=$1; shift
+    "$R" sync --broker "$CE" --timeout-ms 30000 "$@" 2>"$o"
+}
+
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "" --heartbeat-ms 200 ||
+    { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w/base.safetensors" --streams 1 \
+    --heartbeat-ms 200 --lora --warmup 1 --policy evict || { bad "worker starts"; show "$D/w1.log"; finish; }
+W1=$WORKER
+grep -q "LoRA syncs accepted: base v1 kept" "$D/w1.log" && ok "--lora: the worker keeps base v1 for adapters" ||
+    { bad "base kept"; show "$D/w1.log"; }
+
+echo "== GENs on the base, then adapters by path: no graph evicted or captured again"
+gen "$D/g1.safetensors" && gen "$D/g1b.safetensors" && same "$D/g1.safetensors" "$D/ref_base.safetensors" &&
+    ok "GEN on base v1 equals reelctl run" || { bad "GEN on v1"; show "$D/g1.safetensors.err"; }
+lsync "$D/s2.err" --version 2 --base 1 --lora "$D/w/x" && grep -q "complete; applied w1" "$D/s2.err" &&
+    ok "sync --lora x --base 1 as v2: complete" || { bad "sync v2"; show "$D/s2.err"; }
+grep -q "applied transformer v2 (LoRA adapter on base v1, graphs kept)" "$D/w1.log" &&
+    ok "the worker merged it on base v1 and kept its graphs (--policy evict notwithstanding)" ||
+    { bad "worker log v2"; show "$D/w1.log"; }
+gen "$D/g2.safetensors" && same "$D/g2.safetensors" "$D/ref_x.safetensors" &&
+    ok "GEN on v2 equals reelctl run --lora x bitwise" || { bad "GEN on v2"; show "$D/g2.safetensors.err"; }
+lsync "$D/s3.err" --version 3 --base 1 --lora "$D/w/y" && gen "$D/g3.safetensors" &&
+    same "$D/g3.safetensors" "$D/ref_y.safetensors" &&
+    ok "v3 = adapter y (diffusers names, BF16, rsLoRA, other targets): GEN equals run --lora y" ||
+    { bad "v3"; show "$D/s3.err" "$D/g3.safetensors.err"; }
+ok_alt=yes
+for v in 4 5 6 7 8 9; do
+    a=x; [ $((v % 2)) = 1 ] && a=y
+    lsync "$D/s$v.err" --version $v --base 1 --lora "$D/w/$a" && gen "$D/g$v.safetensors" &&
+        same "$D/g$v.safetensors" "$D/ref_$a.safetensors" || { ok_alt=no; show "$D/s$v.err"; }
+done
+[ $ok_alt = yes ] && ok "x and y alternated six times: every GEN bitwise what the first one gave" ||
+    bad "alternating adapters drifted"
+lsync "$D/s10.err" --version 10 --base 1 --lora none --weights "$D/w/base.safetensors" && gen "$D/g10.safetensors" &&
+    same "$D/g10.safetensors" "$D/ref_base.safetensors" &&
+    ok "v10 = --lora none: back to the base, bitwise" || { bad "back to base"; show "$D/s10.err"; }
+
+echo "== refused by name, nothing changed"
+lsync "$D/r1.err" --version 11 --base 1 --lora "$D/w/dora"
+[ $? != 0 ] && grep -q "DoRA" "$D/r1.err" && ok "a DoRA adapter: refused locally, naming DoRA" ||
+    { bad "DoRA refused"; show "$D/r1.err"; }
+/usr/bin/python3 "$HERE/security_peer.py" --endpoint "$CE" --for 5 \
+    "{\"type\":\"SYNC\",\"id\":7,\"component\":\"transformer\",\"version\":11,\"base_version\":1,\"sha256\":\"$(sha256sum "$D/w/dora/adapter_model.safetensors" | cut -c1-64)\",\"path\":\"$D/w/dora\"}" \
+    >"$D/r2.out" 2>&1
+grep -q "bad_adapter: .*DoRA" "$D/r2.out" && ok "the same adapter sent raw: the worker answers bad_adapter naming DoRA" ||
+    { bad "worker DoRA"; show "$D/r2.out"; }
+lsync "$D/r3.err" --version 12 --base 2 --lora "$D/w/x"
+[ $? != 0 ] && grep -q "its base version is not this worker's base" "$D/r3.err" &&
+    ok "an adapter on base v2 (not the worker's base, v1): refused" || { bad "wrong base"; show "$D/r3.err"; }
+lsync "$D/r4.err" --version 13 --base 1 --lora "$D/outside/x"
+[ $? != 0 ] && grep -q "bad_weights: path not under the worker.s weights directories" "$D/r4.err" &&
+    ok "an adapter outside the weights directories: refused as any path is" || { bad "outside roots"; show "$D/r4.err"; }
+gen "$D/g14.safetensors" && same "$D/g14.safetensors" "$D/ref_base.safetensors" &&
+    ok "after the refusals GEN still runs on v10 (the base) exactly" || bad "GEN after refusals"
+
+echo "== a full sync is the new base"
+lsync "$D/s15.err" --version 15 --weights "$D/w/base2.safetensors" && grep -q complete "$D/s15.err" &&
+    ok "full sync v15 applied" || { bad "full sync"; show "$D/s15.err"; }
+lsync "$D/s16.err" --version 16 --base 15 --lora "$D/w/x" && gen "$D/g16.safetensors" &&
+    same "$D/g16.safetensors" "$D/ref_b2x.safetensors" &&
+    ok "v16 = x on base v15: GEN equals run --weights base2 --lora x" || { bad "x on the new base"; show "$D/s16.err"; }
+lsync "$D/r17.err" --version 17 --base 1 --lora "$D/w/x"
+[ $? != 0 ] && grep -q "not this worker's base" "$D/r17.err" && ok "the old base v1 is no longer one: refused" ||
+    { bad "old base"; show "$D/r17.err"; }
+
+echo "== the graphs: captured once, before the syncs, never evicted"
+stop_proc "$W1" || bad "w1 stops on SIGTERM"
+line=$(grep "stopping; capture cache:" "$D/w1.log")
+echo "  | $line"
+echo "$line" | grep -qE ": 2 captures, [0-9]+ replays .* 1 evictions$" &&
+    ok "two captures: one before the adapters (serving v1 to v10), one after the full sync v15 evicted it (--policy evict)" ||
+    bad "captures and evictions: $line"
+
+echo "== a worker without --lora says how to take adapters"
+cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 16 \
+    --streams 1 --heartbeat-ms 200 || { bad "w2 starts"; show "$D/w2.log"; finish; }
+lsync "$D/r18.err" --version 18 --base 16 --lora "$D/w/x"
+[ $? != 0 ] && grep -q "start it with --lora" "$D/r18.err" && ok "w2 (no --lora): refused, naming --lora" ||
+    { bad "no --lora"; show "$D/r18.err"; }
+finish
