@@ -655,6 +655,68 @@ class Client:
                     shutil.rmtree(d, ignore_errors=True)
         return self._sync_file(version, path, component, sha256, deadline_ms, timeout, upload)
 
+    def sync_lora(self, version, base, *, lora=None, lora_config=None, weights_dir=None, component="transformer",
+                  base_sha256=None, deadline_ms=0, timeout=None):
+        """Publishes a LoRA adapter as `version`: the full version `base`
+        (which every worker holds as its base; they run with --lora) with
+        the adapter merged in, keeping every captured graph (docs/PROTOCOL.md,
+        "LoRA adapters"). Returns a SyncResult; raises as sync() does.
+
+        lora: a PEFT adapter folder (adapter_config.json and
+        adapter_model.safetensors, as peft's save_pretrained writes it) below
+        every worker's --weights-dir; or a state dict in PEFT's names
+        ("base_model.model.blocks.0.self_attn.q.lora_A.weight" or diffusers'
+        "transformer.blocks.0.attn1.to_q.lora_A.weight"; numpy arrays or
+        torch tensors) with lora_config (adapter_config.json as a dict: r,
+        lora_alpha, use_rslora, target_modules, ...), written here as a PEFT
+        folder into weights_dir (it must lie below the workers'
+        --weights-dir; a fresh temporary folder by default, for workers on
+        this machine). lora=None with base_sha256 (the base file's identity,
+        checkpoint_identity): the base itself again."""
+        if lora is None:
+            if not base_sha256:
+                raise ValueError("lora=None (the base again) needs base_sha256=, the base's identity")
+            fields = {"component": component, "version": int(version), "base_version": int(base),
+                      "sha256": base_sha256.lower(), "deadline_ms": int(deadline_ms)}
+            return self._sync_fields(fields, deadline_ms, timeout)
+        if isinstance(lora, (str, os.PathLike)):
+            folder = os.path.abspath(lora)
+            if lora_config is not None:
+                raise ValueError("lora_config= goes with a state dict; a folder holds its adapter_config.json")
+        else:
+            if not isinstance(lora_config, dict) or "r" not in lora_config:
+                raise ValueError("a state dict adapter needs lora_config= (a dict with at least r and lora_alpha)")
+            folder = os.path.join(weights_dir or tempfile.mkdtemp(prefix="reel-lora-"),
+                                  f"{component}-v{int(version)}-lora")
+            os.makedirs(folder, exist_ok=True)
+            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
+            cfg.update(lora_config)
+            with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                json.dump(cfg, f)
+            safetensors.save(os.path.join(folder, "adapter_model.safetensors"), dict(lora))
+        weights = os.path.join(folder, "adapter_model.safetensors")
+        if not os.path.isfile(weights) or not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            raise ValueError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+        h = hashlib.sha256()
+        with open(weights, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        fields = {"component": component, "version": int(version), "base_version": int(base),
+                  "sha256": h.hexdigest(), "path": folder, "deadline_ms": int(deadline_ms)}
+        return self._sync_fields(fields, deadline_ms, timeout)
+
+    def _sync_fields(self, fields, deadline_ms, timeout):
+        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
+        rid = next(self._ids)
+        self._send("SYNC", rid, fields)
+        hdr, _ = self._recv(rid, time.monotonic() + wait)
+        if hdr.get("type") != "SYNC_DONE":
+            raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", rid)
+        res = SyncResult(hdr)
+        if not res.applied:
+            raise SyncFailed(res, rid)
+        return res
+
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):
         path = os.path.abspath(path)
         if upload:

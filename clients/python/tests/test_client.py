@@ -718,6 +718,98 @@ class PromptTests(unittest.TestCase):
         self.assertEqual(r.latent.shape, (4, 2, 8, 8))
 
 
+class LoraTests(unittest.TestCase):
+    """LoRA syncs (issue 27): a PEFT state dict published with sync_lora,
+    merged by a worker run with --lora; every GEN bitwise reelctl run
+    --lora on the folder it was written to; the base back; refusals."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="reel-pylora-")
+        cls.w = os.path.join(cls.dir, "base.safetensors")
+        run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "7", "--out", cls.w)
+        cls.ctx, cls.lat = rand((5, 32), 2), rand((4, 1, 8, 8), 1)
+        safetensors.save(os.path.join(cls.dir, "ctx.safetensors"), {"context": cls.ctx})
+        safetensors.save(os.path.join(cls.dir, "lat.safetensors"), {"latent": cls.lat})
+        cls.cluster = Cluster(cls.dir, cls.w, worker_flags=("--lora",))
+        cls.c = reel.Client(cls.cluster.ce, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.cluster.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def adapter(self, seed, modules=("q", "k", "v", "o"), r=4, torch_tensors=False):
+        rng = np.random.default_rng(seed)
+        sd = {}
+        for n in range(2):
+            for m in modules:
+                key = f"base_model.model.blocks.{n}.self_attn.{m}"
+                sd[key + ".lora_A.weight"] = (rng.standard_normal((r, 64)) * 0.2).astype(np.float32)
+                sd[key + ".lora_B.weight"] = (rng.standard_normal((64, r)) * 0.2).astype(np.float32)
+        if torch_tensors:
+            import torch
+            sd = {k: torch.from_numpy(v) for k, v in sd.items()}
+        return sd
+
+    def reference(self, lora=None):
+        out = os.path.join(self.dir, f"ref-{time.monotonic_ns()}.safetensors")
+        args = [f"{BUILD}/reelctl", "run", "--weights", self.w, "--context", os.path.join(self.dir, "ctx.safetensors"),
+                "--latent", os.path.join(self.dir, "lat.safetensors"), "--steps", "3", "--shift", "3", "--out", out]
+        if lora:
+            args += ["--lora", lora]
+        run(*args)
+        return safetensors.load(out)[0]["latent"]
+
+    def gen(self):
+        return self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0).latent
+
+    def next_version(self):
+        return (self.c.status().get("versions", {}).get("transformer") or 1) + 1
+
+    def test_a_state_dict_adapter_is_merged_and_back_to_the_base(self):
+        base = self.gen()
+        self.assertTrue(np.array_equal(base, self.reference()))
+        try:
+            import torch  # noqa: F401
+            torch_ok = True
+        except ImportError:
+            torch_ok = False
+        v = self.next_version()
+        res = self.c.sync_lora(v, 1, lora=self.adapter(1, torch_tensors=torch_ok),
+                               lora_config={"r": 4, "lora_alpha": 8, "target_modules": ["q", "k", "v", "o"]},
+                               weights_dir=self.dir)
+        self.assertTrue(res.complete, res)
+        folder = os.path.join(self.dir, f"transformer-v{v}-lora")
+        got = self.gen()
+        self.assertTrue(np.array_equal(got, self.reference(folder)), "GEN after the LoRA sync != run --lora")
+        self.assertFalse(np.array_equal(got, base))
+        # a PEFT folder by path, then the base again
+        v2 = self.next_version()
+        self.c.sync_lora(v2, 1, lora=folder)
+        self.assertTrue(np.array_equal(self.gen(), got))
+        ident = reel.checkpoint_identity(self.w)
+        self.c.sync_lora(self.next_version(), 1, base_sha256=ident)
+        self.assertTrue(np.array_equal(self.gen(), base), "the base again is not the base")
+
+    def test_refused_adapters_name_their_cause_and_change_nothing(self):
+        before = self.gen()
+        v = self.next_version()
+        with self.assertRaises(reel.SyncFailed) as e:
+            self.c.sync_lora(v, 1, lora=self.adapter(2), lora_config={"r": 4, "lora_alpha": 8, "use_dora": True},
+                             weights_dir=self.dir)
+        self.assertIn("DoRA", str(e.exception.result.failed))
+        with self.assertRaises(reel.SyncFailed) as e:
+            sd = self.adapter(3)
+            sd["base_model.model.blocks.0.norm3.lora_A.weight"] = np.ones((4, 64), np.float32)
+            self.c.sync_lora(v, 1, lora=sd, lora_config={"r": 4, "lora_alpha": 8}, weights_dir=self.dir)
+        self.assertIn("unknown target", str(e.exception.result.failed))
+        with self.assertRaises(ValueError):
+            self.c.sync_lora(v, 1, lora=self.adapter(4))  # a state dict without its config
+        self.assertTrue(np.array_equal(self.gen(), before), "a refused adapter changed the weights")
+
+
 class Result(unittest.TextTestResult):
     pass
 
@@ -734,6 +826,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
+    suite.addTests(loader.loadTestsFromTestCase(LoraTests))
     res = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     bad = len(res.failures) + len(res.errors)
     for t, why in res.skipped:
