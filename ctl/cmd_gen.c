@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 
@@ -356,18 +357,42 @@ static void upload_done(void *user, uint64_t done, uint64_t size) {
     if (done == size && k->done_s < 0) k->done_s = ctl_now();
 }
 
+/* The text of the file at path (at most max bytes), malloc'd and
+ * NUL-terminated; NULL with a message. */
+static char *read_text(const char *path, size_t max, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        reel_fail(REEL_E_NOT_FOUND, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *t = malloc(max + 2);
+    *n = t ? fread(t, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!t) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    if (*n > max) {
+        free(t);
+        reel_fail(REEL_E_LIMIT, "%s: more than %zu bytes", path, max);
+        return NULL;
+    }
+    t[*n] = '\0';
+    return t;
+}
+
 /* `reelctl sync --lora DIR --base B --version V`: the adapter checked here
  * as the workers will check it (its sha256 the identity they compare),
- * its folder sent as an absolute path; `--lora none --weights BASE`: the
- * base again (BASE's identity). */
+ * its folder sent as an absolute path; `--lora-upload DIR`: by value (its
+ * weights file uploaded through the broker, its config in the SYNC);
+ * `--lora none --weights BASE`: the base again (BASE's identity). */
 static int sync_adapter(const char *broker, const char *key, const char *broker_key, const char *component,
                         uint64_t version, bool have_version, uint64_t base, const char *lora, const char *weights,
                         bool upload, uint64_t deadline, int timeout_ms) {
     if (!lora || !base || !have_version)
         return reel_fail(REEL_E_INVALID, "sync of an adapter needs --version V --base B --lora DIR (or --lora none "
                          "--weights BASE for the base again)");
-    if (upload) return reel_fail(REEL_E_INVALID, "sync --lora: adapters go by path (--upload: not yet)");
-    char path[4096] = "", sha[65];
+    char path[4096] = "", sha[65], *config = NULL;
     if (strcmp(lora, "none")) {
         if (weights) return reel_fail(REEL_E_INVALID, "sync --lora DIR: no --weights (the base is the workers')");
         lora_t *l = lora_open(lora);
@@ -377,7 +402,22 @@ static int sync_adapter(const char *broker, const char *key, const char *broker_
                 lora_alpha(l), lora_n_targets(l), lora_bytes(l));
         lora_close(&l);
         if (!realpath(lora, path)) return reel_fail(REEL_E_INVALID, "--lora %s: %s", lora, strerror(errno));
+        if (upload) { /* by value: its weights file uploaded, its config in the SYNC */
+            char cfg[4200];
+            struct stat st;
+            bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+            snprintf(cfg, sizeof cfg, "%s%sadapter_config.json", dir ? path : "", dir ? "/" : "");
+            if (!dir) {
+                const char *slash = strrchr(path, '/');
+                snprintf(cfg, sizeof cfg, "%.*s/adapter_config.json", slash ? (int)(slash - path) : 0, path);
+            } else {
+                strncat(path, "/adapter_model.safetensors", sizeof path - strlen(path) - 1);
+            }
+            size_t n = 0;
+            if (!(config = read_text(cfg, MSG_LORA_CONFIG_MAX - 1, &n))) return ctl_fail_as(REEL_E_INVALID, NULL);
+        }
     } else {
+        if (upload) return reel_fail(REEL_E_INVALID, "sync --lora none: nothing to upload (the base is the workers')");
         if (!weights) return reel_fail(REEL_E_INVALID, "sync --lora none: --weights BASE gives the base's identity");
         wan_sync_source_t src;
         if (wan_sync_source(weights, false, &src) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
@@ -385,11 +425,17 @@ static int sync_adapter(const char *broker, const char *key, const char *broker_
         wan_sync_source_done(&src);
     }
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
+    if (!c) {
+        free(config);
+        return ctl_fail_as(REEL_E_IO, NULL);
+    }
     reel_sync_result_t r;
     wire_err_t err;
-    int rc = reel_sync_adapter(c, component, version, base, sha, path, deadline, &r, timeout_ms, &err);
+    int rc = config ? reel_publish_adapter(c, component, version, base, sha, path, config, deadline, NULL, NULL, &r,
+                                           timeout_ms, &err)
+                    : reel_sync_adapter(c, component, version, base, sha, path, deadline, &r, timeout_ms, &err);
     reel_client_destroy(&c);
+    free(config);
     if (rc != 0) return ctl_fail_wire(&err, "sync");
     const char *state = r.complete ? "complete"
                         : !r.applied[0] ? "FAILED, no worker applied it (the broker's current version is unchanged)"
@@ -407,6 +453,7 @@ int cmd_sync(int argc, char **argv) {
         { "timeout-ms", required_argument, 0, 't' }, { "deadline-ms", required_argument, 0, 'd' },
         { "key", required_argument, 0, 'k' }, { "broker-key", required_argument, 0, 'K' },
         { "upload", required_argument, 0, 'u' }, { "lora", required_argument, 0, 'l' },
+        { "lora-upload", required_argument, 0, 'L' },
         { "base", required_argument, 0, 'B' }, { 0, 0, 0, 0 },
     };
     const char *lora = NULL; /* --lora DIR|none with --base B: an adapter on base B, or B again */
@@ -427,6 +474,10 @@ int cmd_sync(int argc, char **argv) {
         case 'c': component = optarg; break;
         case 'w': weights = optarg; break;
         case 'l': lora = optarg; break;
+        case 'L':
+            lora = optarg;
+            upload = true;
+            break;
         case 'B':
             if (reel_parse_u64(optarg, 1, UINT64_MAX, "--base", &base)) return -1;
             break;

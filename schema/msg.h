@@ -216,6 +216,7 @@ typedef struct {
 } msg_busy_t;
 
 /* SYNC (trainer -> broker, broker -> worker) */
+#define MSG_LORA_CONFIG_MAX 4096       /* bytes of an uploaded adapter's config, NUL included */
 typedef struct {
     char component[MSG_NAME_MAX];  /* required */
     uint64_t version;              /* required */
@@ -228,6 +229,9 @@ typedef struct {
      * (sha256: of its adapter_model.safetensors), or, with no path, the
      * base itself again (sha256: the base's). 0: a full version. */
     uint64_t base_version;
+    /* With base_version and uploaded: the adapter's adapter_config.json
+     * (its adapter_model.safetensors is the uploaded file). */
+    char lora_config[MSG_LORA_CONFIG_MAX];
     int n_tensors;                 /* inline weights (any names) */
     const wire_tensor_t *tensors[WIRE_MAX_TENSORS];
 } msg_sync_t;

@@ -168,6 +168,7 @@ static const msg_field_t sync_rows[] = {
     R_U64(msg_sync_t, deadline_ms, "deadline_ms", F_OMIT, 0, UINT64_MAX, 0),
     R_BOOL(msg_sync_t, uploaded, "uploaded", F_OMIT, false),
     R_U64(msg_sync_t, base_version, "base_version", F_OMIT, 0, MSG_VERSION_MAX, 0),
+    R_TEXT(msg_sync_t, lora_config, "lora_config", F_OMIT, ""),
 };
 TABLE(sync_tab, sync_rows, msg_sync_t);
 
@@ -666,11 +667,15 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
         if (s->base_version >= s->version)
             return refuse(err, WIRE_E_BAD_REQUEST, "'base_version' %" PRIu64 " must be below 'version' %" PRIu64,
                           s->base_version, s->version);
-        if (s->uploaded || s->n_tensors > 0)
-            return refuse(err, WIRE_E_BAD_REQUEST, "an adapter goes by 'path' (its PEFT folder), or with no "
-                          "source for the base itself");
+        if (s->n_tensors > 0 || sources > 1)
+            return refuse(err, WIRE_E_BAD_REQUEST, "an adapter goes by 'path' (its PEFT folder) or 'uploaded' "
+                          "(its adapter_model.safetensors, with 'lora_config'), or with neither for the base itself");
+        if (s->uploaded != (s->lora_config[0] != 0))
+            return refuse(err, WIRE_E_BAD_REQUEST, "'lora_config' (the adapter_config.json text) goes with "
+                          "'uploaded', and only with it");
         return 0;
     }
+    if (s->lora_config[0]) return refuse(err, WIRE_E_BAD_REQUEST, "'lora_config' needs 'base_version'");
     if (sources > 1) return refuse(err, WIRE_E_BAD_REQUEST, "give one of 'path', 'uploaded' and inline tensors");
     if (sources == 0) return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path', 'uploaded' nor inline tensors given");
     /* A message carries at most 8 tensors and a model has more: workers

@@ -36,7 +36,7 @@ test_lora.write_adapter(d + "/y", base, L, ["ffn.0", "ffn.2", "self_attn.q"], 2,
                         layout="diffusers", dtype="BF16", seed=2)
 test_lora.write_adapter(d + "/dora", base, L, test_lora.WAN_MODULES[:4], 4, 8, config_extra={"use_dora": True})
 EOF
-mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/outside/x"
+mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/outside/"
 "$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors" &&
     "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" || { bad "inputs"; finish; }
 IN="--context $D/ctx.safetensors --latent $D/lat.safetensors --steps 2 --shift 3"
@@ -48,6 +48,7 @@ run "$D/ref_base.safetensors" "$D/w/base.safetensors"
 run "$D/ref_x.safetensors" "$D/w/base.safetensors" --lora "$D/w/x"
 run "$D/ref_y.safetensors" "$D/w/base.safetensors" --lora "$D/w/y"
 run "$D/ref_b2x.safetensors" "$D/w/base2.safetensors" --lora "$D/w/x"
+run "$D/ref_b2y.safetensors" "$D/w/base2.safetensors" --lora "$D/w/y"
 same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
 gen() { # out: reelctl gen, stderr to out.err
     "$R" gen --broker "$CE" --model tiny $IN --timeout-ms 30000 --quiet --out "$1" 2>"$1.err"
@@ -57,7 +58,8 @@ lsync() { # out args...: reelctl sync, its stderr in out
     "$R" sync --broker "$CE" --timeout-ms 30000 "$@" 2>"$o"
 }
 
-cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "" --heartbeat-ms 200 ||
+mkdir -p "$D/up"
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "" --heartbeat-ms 200 --weights-dir "$D/up" ||
     { bad "broker starts"; finish; }
 cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w/base.safetensors" --streams 1 \
     --heartbeat-ms 200 --lora --warmup 1 --policy evict || { bad "worker starts"; show "$D/w1.log"; finish; }
@@ -115,9 +117,13 @@ lsync "$D/s15.err" --version 15 --weights "$D/w/base2.safetensors" && grep -q co
 lsync "$D/s16.err" --version 16 --base 15 --lora "$D/w/x" && gen "$D/g16.safetensors" &&
     same "$D/g16.safetensors" "$D/ref_b2x.safetensors" &&
     ok "v16 = x on base v15: GEN equals run --weights base2 --lora x" || { bad "x on the new base"; show "$D/s16.err"; }
-lsync "$D/r17.err" --version 17 --base 1 --lora "$D/w/x"
-[ $? != 0 ] && grep -q "not this worker's base" "$D/r17.err" && ok "the old base v1 is no longer one: refused" ||
-    { bad "old base"; show "$D/r17.err"; }
+lsync "$D/s17.err" --version 17 --base 15 --lora-upload "$D/outside/y" && gen "$D/g17.safetensors" &&
+    same "$D/g17.safetensors" "$D/ref_b2y.safetensors" &&
+    ok "v17 = y uploaded from outside the workers' directories (by value): GEN equals run --lora y" ||
+    { bad "adapter by upload"; show "$D/s17.err" "$D/g17.safetensors.err"; }
+lsync "$D/r18.err" --version 18 --base 1 --lora "$D/w/x"
+[ $? != 0 ] && grep -q "not this worker's base" "$D/r18.err" && ok "the old base v1 is no longer one: refused" ||
+    { bad "old base"; show "$D/r18.err"; }
 
 echo "== the graphs: captured once, before the syncs, never evicted"
 stop_proc "$W1" || bad "w1 stops on SIGTERM"
@@ -128,9 +134,9 @@ echo "$line" | grep -qE ": 2 captures, [0-9]+ replays .* 1 evictions$" &&
     bad "captures and evictions: $line"
 
 echo "== a worker without --lora says how to take adapters"
-cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 16 \
+cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
     --streams 1 --heartbeat-ms 200 || { bad "w2 starts"; show "$D/w2.log"; finish; }
-lsync "$D/r18.err" --version 18 --base 16 --lora "$D/w/x"
-[ $? != 0 ] && grep -q "start it with --lora" "$D/r18.err" && ok "w2 (no --lora): refused, naming --lora" ||
-    { bad "no --lora"; show "$D/r18.err"; }
+lsync "$D/r19.err" --version 19 --base 15 --lora "$D/w/x"
+[ $? != 0 ] && grep -q "start it with --lora" "$D/r19.err" && ok "w2 (no --lora): refused, naming --lora" ||
+    { bad "no --lora"; show "$D/r19.err"; }
 finish

@@ -220,18 +220,38 @@ static uint64_t adapter_max_bytes(const tdit_config_t *c) {
     return (uint64_t)c->layers * LORA_MAX_RANK * (8 * 2 * D + 2 * (D + F)) * sizeof(float);
 }
 
+/* op->lora from a config's text and the weights read, checked against
+ * the model; on a refusal NULL, answered `bad_adapter: <why>`. */
+static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char *what, const st_file_t *f) {
+    op->lora = lora_parse(text, n, what, f, op->hex);
+    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) return;
+    char answer[REEL_ERR_MSG];
+    snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
+    wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
+               reel_err_text());
+    lora_close(&op->lora);
+}
+
 /* The adapter a SYNC with base_version names (wrk_weights.h's rules for
  * a path: under the roots, regular files, judged by size first, read
  * once and hashed as read), checked against the model; or, with no path,
  * the base again (its sha256 is the base's). What the adapter has wrong
  * (DoRA, an unknown target, a shape) is answered by name. */
-static int adapter_read(sync_op_t *op) {
+static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
     wrk_t *w = op->w;
     const msg_sync_t *m = op->m;
     if (!w->base.file) return wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_NO_LORA, "a SYNC with base_version");
     if (m->base_version != w->base.version)
         return wrk_refuse(REEL_E_STATE, WRK_E_BASE, "base v%" PRIu64 " asked, this worker's base is v%" PRIu64,
                           m->base_version, w->base.version);
+    uint64_t max = adapter_max_bytes(tdit_model_config(w->model));
+    if (m->uploaded) { /* its weights from the broker, its config in the SYNC */
+        st_file_t *f = wrk_fetch(src, m, max, &w->stop, op->hex);
+        if (!f) return -1;
+        adapter_parse(op, m->lora_config, strlen(m->lora_config), "lora_config", f);
+        st_close(&f);
+        return op->lora ? 0 : -1;
+    }
     if (!m->path[0]) {
         snprintf(op->hex, sizeof op->hex, "%s", w->base.sha);
         return 0;
@@ -254,19 +274,10 @@ static int adapter_read(sync_op_t *op) {
     if (!text) return -1;
     st_file_t *f = NULL;
     if ((fd = wrk_weights_open(w->roots, wts)) >= 0) {
-        f = wrk_adapter_read(fd, wts, adapter_max_bytes(tdit_model_config(w->model)), &w->stop, op->hex);
+        f = wrk_adapter_read(fd, wts, max, &w->stop, op->hex);
         close(fd);
     }
-    if (f) {
-        op->lora = lora_parse(text, n, cfg, f, op->hex);
-        if (!op->lora || lora_check(op->lora, tdit_model_config(w->model)) != 0) {
-            char answer[REEL_ERR_MSG];
-            snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
-            wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
-                       reel_err_text());
-            lora_close(&op->lora);
-        }
-    }
+    if (f) adapter_parse(op, text, n, cfg, f);
     st_close(&f);
     free(text);
     return op->lora ? 0 : -1;
@@ -281,7 +292,7 @@ static int sync_read_phase(sync_op_t *op) {
     const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &op->s->spare, &reasked };
     clock_gettime(CLOCK_MONOTONIC, &op->t0);
     if (op->adapter) {
-        if (adapter_read(op) != 0) return -1;
+        if (adapter_read(op, &src) != 0) return -1;
     } else if (wrk_sync_read(op->m, tdit_model_config(w->model), w->roots, &src, &w->stop, &op->f, op->hex) != 0) {
         return -1;
     }

@@ -589,12 +589,38 @@ static int sync_done(wire_msg_t *a, reel_sync_result_t *res, wire_err_t *err) {
     return 0;
 }
 
+static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes_fn progress, void *user,
+                   reel_sync_result_t *res, int timeout_ms, wire_err_t *err);
+
 int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
                  uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
                  wire_err_t *err) {
-    upload_t p;
     msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
     if (!s) return -1;
+    return publish(c, s, path, progress, user, res, timeout_ms, err);
+}
+
+int reel_publish_adapter(reel_client_t *c, const char *component, uint64_t version, uint64_t base_version,
+                         const char *sha256, const char *path, const char *config, uint64_t deadline_ms,
+                         reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
+    if (strlen(config) >= MSG_LORA_CONFIG_MAX) {
+        set_err(err, WIRE_E_BAD_REQUEST, "the adapter's config is %zu bytes, more than %d", strlen(config),
+                MSG_LORA_CONFIG_MAX - 1);
+        return -1;
+    }
+    msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
+    if (!s) return -1;
+    s->base_version = base_version;
+    snprintf(s->lora_config, sizeof s->lora_config, "%s", config);
+    return publish(c, s, path, progress, user, res, timeout_ms, err);
+}
+
+/* Uploads path and sends SYNC s (freed here) with its first chunk. */
+static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes_fn progress, void *user,
+                   reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
+    upload_t p;
+    const char *component = s->component, *sha256 = s->sha256;
+    uint64_t version = s->version;
     if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) {
         free(s);
         return -1;

@@ -155,6 +155,14 @@ int reel_publish(reel_client_t *c, const char *component, uint64_t version, cons
                  uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
                  wire_err_t *err);
 
+/* reel_publish of a LoRA adapter: its adapter_model.safetensors at path
+ * uploaded, config the text of its adapter_config.json (at most
+ * MSG_LORA_CONFIG_MAX - 1 bytes), merged by the workers into
+ * base_version (docs/PROTOCOL.md, "LoRA adapters"). */
+int reel_publish_adapter(reel_client_t *c, const char *component, uint64_t version, uint64_t base_version,
+                         const char *sha256, const char *path, const char *config, uint64_t deadline_ms,
+                         reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms, wire_err_t *err);
+
 /* A STATUS_REPLY and the message its strings and arrays live in. */
 typedef struct reel_status reel_status_t;
 

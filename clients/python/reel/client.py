@@ -656,7 +656,7 @@ class Client:
         return self._sync_file(version, path, component, sha256, deadline_ms, timeout, upload)
 
     def sync_lora(self, version, base, *, lora=None, lora_config=None, weights_dir=None, component="transformer",
-                  base_sha256=None, deadline_ms=0, timeout=None):
+                  base_sha256=None, deadline_ms=0, timeout=None, upload=False):
         """Publishes a LoRA adapter as `version`: the full version `base`
         (which every worker holds as its base; they run with --lora) with
         the adapter merged in, keeping every captured graph (docs/PROTOCOL.md,
@@ -672,13 +672,20 @@ class Client:
         folder into weights_dir (it must lie below the workers'
         --weights-dir; a fresh temporary folder by default, for workers on
         this machine). lora=None with base_sha256 (the base file's identity,
-        checkpoint_identity): the base itself again."""
+        checkpoint_identity): the base itself again.
+
+        upload=True: by value, for a trainer that shares no filesystem with
+        the workers: adapter_model.safetensors goes through the broker (it
+        needs --weights-dir) as sync(upload=True) sends a file, and the
+        config travels in the SYNC (lora_config, at most 4095 bytes); a
+        folder written here from a state dict is removed after."""
         if lora is None:
             if not base_sha256:
                 raise ValueError("lora=None (the base again) needs base_sha256=, the base's identity")
             fields = {"component": component, "version": int(version), "base_version": int(base),
                       "sha256": base_sha256.lower(), "deadline_ms": int(deadline_ms)}
             return self._sync_fields(fields, deadline_ms, timeout)
+        made = None
         if isinstance(lora, (str, os.PathLike)):
             folder = os.path.abspath(lora)
             if lora_config is not None:
@@ -686,8 +693,9 @@ class Client:
         else:
             if not isinstance(lora_config, dict) or "r" not in lora_config:
                 raise ValueError("a state dict adapter needs lora_config= (a dict with at least r and lora_alpha)")
-            folder = os.path.join(weights_dir or tempfile.mkdtemp(prefix="reel-lora-"),
-                                  f"{component}-v{int(version)}-lora")
+            if not weights_dir:
+                made = weights_dir = tempfile.mkdtemp(prefix="reel-lora-")
+            folder = os.path.join(weights_dir, f"{component}-v{int(version)}-lora")
             os.makedirs(folder, exist_ok=True)
             cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
             cfg.update(lora_config)
@@ -702,8 +710,28 @@ class Client:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         fields = {"component": component, "version": int(version), "base_version": int(base),
-                  "sha256": h.hexdigest(), "path": folder, "deadline_ms": int(deadline_ms)}
-        return self._sync_fields(fields, deadline_ms, timeout)
+                  "sha256": h.hexdigest(), "deadline_ms": int(deadline_ms)}
+        if not upload:
+            fields["path"] = folder
+            return self._sync_fields(fields, deadline_ms, timeout)
+        try:
+            with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
+                fields["lora_config"] = f.read()
+            if len(fields["lora_config"].encode()) > 4095:
+                raise ValueError("adapter_config.json is over 4095 bytes: sync it by path")
+            fields["uploaded"] = True
+            wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
+            _, hdr = self._upload(version, weights, component=component, sha256=fields["sha256"], timeout=wait,
+                                  sync_fields=fields)
+            if hdr.get("type") != "SYNC_DONE":
+                raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", hdr.get("id", 0))
+            res = SyncResult(hdr)
+            if not res.applied:
+                raise SyncFailed(res, hdr.get("id", 0))
+            return res
+        finally:
+            if made:
+                shutil.rmtree(made, ignore_errors=True)
 
     def _sync_fields(self, fields, deadline_ms, timeout):
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)

@@ -731,7 +731,9 @@ class LoraTests(unittest.TestCase):
         cls.ctx, cls.lat = rand((5, 32), 2), rand((4, 1, 8, 8), 1)
         safetensors.save(os.path.join(cls.dir, "ctx.safetensors"), {"context": cls.ctx})
         safetensors.save(os.path.join(cls.dir, "lat.safetensors"), {"latent": cls.lat})
-        cls.cluster = Cluster(cls.dir, cls.w, worker_flags=("--lora",))
+        os.makedirs(os.path.join(cls.dir, "up"))
+        cls.cluster = Cluster(cls.dir, cls.w, broker_flags=("--weights-dir", os.path.join(cls.dir, "up")),
+                              worker_flags=("--lora",))
         cls.c = reel.Client(cls.cluster.ce, timeout=60)
 
     @classmethod
@@ -792,6 +794,18 @@ class LoraTests(unittest.TestCase):
         ident = reel.checkpoint_identity(self.w)
         self.c.sync_lora(self.next_version(), 1, base_sha256=ident)
         self.assertTrue(np.array_equal(self.gen(), base), "the base again is not the base")
+
+    def test_an_adapter_by_value_is_uploaded_and_merged(self):
+        v = self.next_version()
+        sd = self.adapter(5, modules=("q", "o"), r=2)
+        cfg = {"r": 2, "lora_alpha": 3, "use_rslora": True}
+        res = self.c.sync_lora(v, 1, lora=sd, lora_config=cfg, upload=True)  # its folder made and removed here
+        self.assertTrue(res.complete, res)
+        folder = tempfile.mkdtemp(dir=self.dir)  # the same adapter, for the reference run
+        with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+            json.dump(dict(cfg, peft_type="LORA"), f)
+        safetensors.save(os.path.join(folder, "adapter_model.safetensors"), sd)
+        self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "GEN after an uploaded adapter != run --lora")
 
     def test_refused_adapters_name_their_cause_and_change_nothing(self):
         before = self.gen()
