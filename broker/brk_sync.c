@@ -447,6 +447,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         s->deadline_ms = INT64_MAX;
     /* Its source in the catalog: the path, or "uploaded" (restored as such). */
     brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->uploaded ? BRK_SOURCE_UPLOADED : m->path);
+    if (m->base_version) brk_cq_weight_base(b->cat, m->component, m->version, m->base_version);
     s->sync = kept;
     s->sync_id = b->next_id++;
     s->next = b->barriers;
@@ -494,6 +495,7 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
         return;
     }
     brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
+    if (ok && a->adapter[0]) brk_cq_weight_adapter(b->cat, comp, version, a->adapter);
     if (ws && version >= ws->sent) ws->waiting = false;
     if (ok) {
         if (version > brk_peer_version(&w->route, comp) &&

@@ -413,7 +413,8 @@ static int versions_limit; /* set by cat_query_versions_recent for the build bel
 static json_t *build_versions(cat_t *c) {
     char sql[512];
     snprintf(sql, sizeof sql,
-             "SELECT component, version, state, reason, sha256, source, t FROM (SELECT *, row_number() OVER"
+             "SELECT component, version, state, reason, sha256, source, t, base_version, adapter FROM (SELECT *,"
+             " row_number() OVER"
              " (PARTITION BY component ORDER BY version DESC) AS n FROM weight_versions) WHERE %d = 0 OR n <= %d"
              " ORDER BY component, version DESC", versions_limit, versions_limit);
     json_t *rows = query_rows(c, sql);

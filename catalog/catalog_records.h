@@ -26,6 +26,8 @@
     X(worker_gone, WORKER_GONE, "worker gone")               \
     X(weight_version, WEIGHT_VERSION, "weight version")      \
     X(weight_state, WEIGHT_STATE, "weight version state")    \
+    X(weight_base, WEIGHT_BASE, "weight version base")       \
+    X(weight_adapter, WEIGHT_ADAPTER, "weight version adapter") \
     X(weight_fail_pending, WEIGHT_FAIL_PENDING, "fail pending versions") \
     X(worker_version, WORKER_VERSION, "worker version")      \
     X(capture, CAPTURE, "capture")                           \
@@ -71,6 +73,17 @@
     " ON CONFLICT (component, version) DO UPDATE SET sha256 = excluded.sha256,"                    \
     " source = coalesce(excluded.source, source), t = excluded.t, state = 'pending',"              \
     " reason = NULL"
+
+/* A published version that is a LoRA adapter on base_version. */
+#define CAT_WEIGHT_BASE(F) F(TEXT, component) F(U64, version) F(U64, base_version)
+#define CAT_SQL_WEIGHT_BASE \
+    "UPDATE weight_versions SET base_version = ?3, adapter = NULL WHERE component = ?1 AND version = ?2"
+
+/* The adapter a worker applied as that version (JSON: rank, alpha,
+ * rslora, scale, targets, modules, bytes, sha256, layout). */
+#define CAT_WEIGHT_ADAPTER(F) F(TEXT, component) F(U64, version) F(TEXT, adapter)
+#define CAT_SQL_WEIGHT_ADAPTER \
+    "UPDATE weight_versions SET adapter = ?3 WHERE component = ?1 AND version = ?2"
 
 /* The state of a recorded version: "pending", "current" (a worker applied
  * it; older current versions of the component become "superseded"),

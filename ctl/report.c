@@ -267,6 +267,8 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
         { "applied", "applied_by", CTL_F_LIST, 60 },
         { "failed", "failed", CTL_F_LIST, 60 },
         { "source", "source", CTL_F_TEXT, 48 },
+        { "base_version", "base", CTL_F_NUM, 0 },
+        { "adapter", "adapter", CTL_F_TEXT, 60 },
         { "reason", "reason", CTL_F_TEXT, 60 },
     };
     versions_limit = limit;

@@ -335,6 +335,28 @@ int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel) 
     return 0;
 }
 
+int lora_describe(const lora_t *l, char *buf, size_t len) {
+    char mods[256] = "";
+    for (int i = 0; i < l->n; i++) {
+        const char *m = strchr(l->t[i].weight + strlen("blocks."), '.');
+        if (!m) continue;
+        char one[48];
+        snprintf(one, sizeof one, "%.*s", (int)(strlen(m + 1) - strlen(".weight")), m + 1);
+        char tok[52];
+        snprintf(tok, sizeof tok, ",%s,", one);
+        char have[260];
+        snprintf(have, sizeof have, ",%s,", mods);
+        if (!strstr(have, tok) && strlen(mods) + strlen(one) + 2 < sizeof mods)
+            snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s%s", mods[0] ? "," : "", one);
+    }
+    int n = snprintf(buf, len,
+                     "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"modules\":\"%s\","
+                     "\"bytes\":%zu,\"sha256\":\"%s\",\"layout\":\"%s\"}",
+                     l->r, l->alpha, l->rslora ? "true" : "false", (double)l->scale, l->n, mods, l->bytes, l->sha,
+                     l->layout ? l->layout : "");
+    return n > 0 && (size_t)n < len ? 0 : reel_fail(REEL_E_LIMIT, "adapter description over %zu bytes", len);
+}
+
 static bool edit_want(void *user, const char *name) { return lora_find(user, name) != NULL; }
 
 static int edit_adjust(void *user, const char *name, float *w, int64_t numel) {

@@ -85,6 +85,11 @@ const lora_target_t *lora_target(const lora_t *l, int i);
 /* The target changing weight `name`, or NULL. */
 const lora_target_t *lora_find(const lora_t *l, const char *name);
 
+/* A one-line JSON of the adapter (rank, alpha, rslora, scale, targets,
+ * modules, bytes, sha256, layout) into buf: what the worker reports and
+ * the catalog records. 0, or -1 when it does not fit. */
+int lora_describe(const lora_t *l, char *buf, size_t len);
+
 /* W += s·B·A, for w the F32 values of weight `name` ([out, in]); a weight
  * the adapter does not target is left as it is. 0, or -1 on a shape the
  * target does not have. */

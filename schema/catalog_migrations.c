@@ -381,7 +381,13 @@ const char cat_schema_v8_sql[] =
     "ALTER TABLE timeline ADD COLUMN encode_seconds REAL NOT NULL DEFAULT 0;\n"
     "ALTER TABLE timeline ADD COLUMN decode_seconds REAL NOT NULL DEFAULT 0;\n";
 
+/* Migration 9 (issue 27): a version may be a LoRA adapter on a base
+ * version; the adapter a worker applied, as JSON. */
+const char cat_schema_v9_sql[] =
+    "ALTER TABLE weight_versions ADD COLUMN base_version INTEGER;\n"
+    "ALTER TABLE weight_versions ADD COLUMN adapter TEXT;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
-                                       cat_schema_v7_sql, cat_schema_v8_sql };
+                                       cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

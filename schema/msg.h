@@ -304,6 +304,7 @@ typedef struct {
     uint64_t version;              /* required */
     bool ok;                       /* required */
     char error[MSG_REASON_MAX];    /* "" when ok */
+    char adapter[MSG_REASON_MAX];  /* ok of a LoRA sync: the adapter applied, as JSON (rank, alpha, ...) */
 } msg_sync_ack_t;
 
 /* What a client needs to know of a model to send it a fitting GEN. */

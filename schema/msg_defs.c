@@ -233,6 +233,7 @@ static const msg_field_t sync_ack_rows[] = {
     R_U64(msg_sync_ack_t, version, "version", F_REQ, 0, MSG_VERSION_MAX, 0),
     R_BOOL(msg_sync_ack_t, ok, "ok", F_REQ, false),
     R_TEXT(msg_sync_ack_t, error, "error", F_OMIT, ""),
+    R_TEXT(msg_sync_ack_t, adapter, "adapter", F_OMIT, ""),
 };
 TABLE(sync_ack_tab, sync_ack_rows, msg_sync_ack_t);
 

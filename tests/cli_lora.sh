@@ -59,7 +59,8 @@ lsync() { # out args...: reelctl sync, its stderr in out
 }
 
 mkdir -p "$D/up"
-cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "" --heartbeat-ms 200 --weights-dir "$D/up" ||
+DB="$D/reel.db"
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
     { bad "broker starts"; finish; }
 cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "$WE" --weights "$D/w/base.safetensors" --streams 1 \
     --heartbeat-ms 200 --lora --warmup 1 --policy evict || { bad "worker starts"; show "$D/w1.log"; finish; }
@@ -92,6 +93,16 @@ done
 lsync "$D/s10.err" --version 10 --base 1 --lora none --weights "$D/w/base.safetensors" && gen "$D/g10.safetensors" &&
     same "$D/g10.safetensors" "$D/ref_base.safetensors" &&
     ok "v10 = --lora none: back to the base, bitwise" || { bad "back to base"; show "$D/s10.err"; }
+
+echo "== the catalog: each adapter version with its base and what was applied"
+wait_sql "$DB" "select count(*) from weight_versions where version = 2 and base_version = 1 and json_extract(adapter, '$.rank') = 4 and json_extract(adapter, '$.targets') = 16 and json_extract(adapter, '$.sha256') = '$(sha256sum "$D/w/x/adapter_model.safetensors" | cut -c1-64)'" 1 60 &&
+    ok "weight_versions: v2 is an adapter on base v1 (rank 4, 16 targets, its sha256)" || bad "catalog v2 adapter"
+wait_sql "$DB" "select count(*) from weight_versions where version = 3 and json_extract(adapter, '$.rslora') = 1 and json_extract(adapter, '$.layout') = 'diffusers' and json_extract(adapter, '$.modules') = 'ffn.0,ffn.2,self_attn.q'" 1 60 &&
+    ok "v3: rsLoRA, diffusers names, its modules" || bad "catalog v3 adapter"
+wait_sql "$DB" "select count(*) from weight_versions where version = 10 and base_version = 1 and adapter is null and state in ('current', 'superseded')" 1 60 &&
+    ok "v10 (--lora none): the base again, no adapter" || bad "catalog v10"
+"$R" versions --catalog "$DB" >"$D/versions.txt" 2>&1 && grep -E "^transformer +2 .*\"rank\":4" "$D/versions.txt" >/dev/null &&
+    ok "reelctl versions shows the base and the adapter" || { bad "reelctl versions"; show "$D/versions.txt"; }
 
 echo "== refused by name, nothing changed"
 lsync "$D/r1.err" --version 11 --base 1 --lora "$D/w/dora"

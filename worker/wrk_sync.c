@@ -134,12 +134,13 @@ static void free_msg(wire_msg_t **mp) {
     *mp = NULL;
 }
 
-static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *error) {
+static void ack(wrk_syncer_t *s, uint64_t id, uint64_t version, const char *error, const char *adapter) {
     msg_sync_ack_t a;
     memset(&a, 0, sizeof a);
     snprintf(a.component, sizeof a.component, "%s", TDIT_COMPONENT);
     a.version = version;
     a.ok = error == NULL;
+    if (adapter) snprintf(a.adapter, sizeof a.adapter, "%s", adapter);
     if (error) {
         snprintf(a.error, sizeof a.error, "%s", error);
         atomic_fetch_add(&s->w->syncs_failed, 1); /* refused or failed: its reason is in the log */
@@ -454,7 +455,10 @@ static void sync_ack(sync_op_t *op, int rc) {
                     op->m->uploaded ? "fetch + hash" : "read + hash", SECS(op->t0, op->t1), SECS(op->t1, op->tf),
                     SECS(op->tf, op->t2), SECS(op->t2, op->t3));
     }
-    ack(op->s, op->id, op->decoded ? op->version : 0, rc < 0 ? reel_err()->msg : NULL);
+    char adapter[MSG_REASON_MAX] = "";
+    if (rc >= 0 && op->adapter && w->base.applied && lora_describe(w->base.applied, adapter, sizeof adapter) != 0)
+        adapter[0] = '\0'; /* too long to report: the sync stands */
+    ack(op->s, op->id, op->decoded ? op->version : 0, rc < 0 ? reel_err()->msg : NULL, adapter[0] ? adapter : NULL);
 }
 
 /* One SYNC, phase by phase, answered once. */
