@@ -78,7 +78,7 @@ PIDS="$PIDS $!"
 wait_for "$D/broker.log" "reel-broker: ready" 10
 grep "keys:" "$D/broker.log"
 for w in w1 w2; do
-    "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/wan-release" --streams 2 \
+    "$BUILD/reel-worker" --broker "$WE" --name "$w" --weights "$D/wan-release" --streams 2 --lora \
         --backend cpu --key "$K/$w.key" --broker-key "$K/broker.pub" --metrics 127.0.0.1:0 >"$D/$w.log" 2>&1 &
     PIDS="$PIDS $!"
     wait_for "$D/broker.log" "worker $w ready" 20
@@ -157,7 +157,7 @@ REPORT=/tmp/reel-demo-report.html
 "$R" report --html "$REPORT" --catalog "$DB" && echo "the same as a page to look at (charts, no network): $REPORT"
 echo
 
-say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts of a prompt with log-probs, a toy reward on their decoded frames, an update published by value, the next rollouts on the new version"
+say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts of a prompt with log-probs, a toy reward on their decoded frames, a LoRA adapter update published by value on base v2 (the workers run with --lora: no graph evicted), the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
     --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D" --prompt "a red ball rolling on a beach"
 echo

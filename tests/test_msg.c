@@ -261,11 +261,18 @@ START_TEST(test_sync_messages_round_trip) {
     ck_assert_uint_eq(db.current, 2);
     wire_msg_close(&m);
 
-    msg_sync_ack_t a = { "transformer", 2, false, "stale" }, ab;
+    msg_sync_ack_t a = { .component = "transformer", .version = 2, .ok = false, .error = "stale" }, ab;
     round_trip(&m, MSG_SYNC_ACK, 4, &a, NULL, 0);
     ck_assert_int_eq(msg_sync_ack_decode(&m, &ab, &err), 0);
     ck_assert(!ab.ok);
     ck_assert_str_eq(ab.error, "stale");
+    ck_assert_str_eq(ab.adapter, "");
+    wire_msg_close(&m);
+    msg_sync_ack_t la = { .component = "transformer", .version = 3, .ok = true, .adapter = "{\"rank\":4}" };
+    round_trip(&m, MSG_SYNC_ACK, 5, &la, NULL, 0);
+    ck_assert_int_eq(msg_sync_ack_decode(&m, &ab, &err), 0);
+    ck_assert(ab.ok);
+    ck_assert_str_eq(ab.adapter, "{\"rank\":4}");
     wire_msg_close(&m);
 }
 END_TEST
@@ -717,6 +724,39 @@ START_TEST(test_a_type_carries_only_its_own_tensors) {
     ck_assert_int_eq(msg_sync_validate(&s, true, &err), -1);
     ck_assert_str_eq(err.message, "give one of 'path', 'uploaded' and inline tensors");
     wire_msg_close(&m);
+}
+END_TEST
+
+/* base_version makes a SYNC a LoRA adapter (docs/PROTOCOL.md, "LoRA
+ * adapters"): by path, by value with its config, or neither (the base
+ * again); never inline, never both, the config only with an upload. */
+START_TEST(test_an_adapter_sync_goes_by_path_by_value_with_its_config_or_is_the_base_again) {
+    wire_err_t err;
+    msg_sync_t s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.component, sizeof s.component, "transformer");
+    s.version = 5;
+    s.base_version = 2;
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), 0); /* the base again */
+    snprintf(s.path, sizeof s.path, "/w/adapter");
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), 0);
+    s.uploaded = true;
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1); /* both */
+    s.path[0] = '\0';
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1); /* uploaded without its config */
+    ck_assert_ptr_nonnull(strstr(err.message, "lora_config"));
+    snprintf(s.lora_config, sizeof s.lora_config, "{\"r\": 4}");
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), 0);
+    s.uploaded = false;
+    snprintf(s.path, sizeof s.path, "/w/adapter");
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1); /* a config with a path */
+    s.lora_config[0] = '\0';
+    s.base_version = 5;
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1); /* the base must be older */
+    ck_assert_ptr_nonnull(strstr(err.message, "must be below"));
+    s.base_version = 0;
+    snprintf(s.lora_config, sizeof s.lora_config, "{}");
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1); /* a config without base_version */
 }
 END_TEST
 
@@ -1384,6 +1424,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_gen_and_request_round_trip_with_every_field_and_tensor);
     tcase_add_test(t, test_result_progress_error_and_busy_round_trip);
     tcase_add_test(t, test_sync_messages_round_trip);
+    tcase_add_test(t, test_an_adapter_sync_goes_by_path_by_value_with_its_config_or_is_the_base_again);
     tcase_add_test(t, test_worker_messages_round_trip);
     tcase_add_test(t, test_status_reply_round_trips_with_workers_lagging_keys_and_models);
     suite_add_tcase(s, t);

@@ -5,14 +5,17 @@ with their per-step log-probabilities; a reward from each rollout: with
 --prompt, on its decoded frames (the workers encode the text and decode the
 latent with their VAE: output="frames"; the toy reward is how red the video
 is), else on its final latent (closeness to a fixed target); group-normalised advantages; a toy policy
-update (a small perturbation of the weights, signed by the advantage-weighted
-log-probability: a stand-in for a real gradient step, which needs autograd);
-a sync of the new weights by value (written here as safetensors with the
-Wan2.1 names); and the next group's rollouts, which must report the new
-weight version on every step.
+update (a small perturbation, signed by the advantage-weighted
+log-probability: a stand-in for a real gradient step, which needs autograd)
+of a LoRA adapter on the attention projections (rank --rank, alpha twice
+it, as Flow-GRPO trains: PEFT's key names, B starting at zero), published
+as an adapter on the workers' base version (they run with --lora: every
+captured graph is kept); with --full, of every weight, published whole
+(written as safetensors with the Wan2.1 names); and the next group's
+rollouts, which must report the new weight version on every step.
 
     python3 grpo_loop.py --broker tcp://127.0.0.1:5555 --weights W.safetensors \\
-        --model small --iters 3 --group 4
+        --model small --iters 3 --group 4 [--full]
 
 Exit status 0 when every rollout of every iteration ran on the version the
 loop had just published.
@@ -64,6 +67,10 @@ def main():
     ap.add_argument("--upload", action="store_true",
                     help="publish by value: the bytes go through the broker (its --weights-dir), no shared files")
     ap.add_argument("--start-version", type=int, default=None, help="first version to publish (default: current+1)")
+    ap.add_argument("--full", action="store_true", help="publish whole weights, not a LoRA adapter")
+    ap.add_argument("--rank", type=int, default=8, help="the adapter's rank r (lora_alpha = 2r)")
+    ap.add_argument("--base", type=int, default=None,
+                    help="the full version the workers hold as their base (default: the current version)")
     ap.add_argument("--prompt", default=None,
                     help="a text prompt (workers with a text encoder and a VAE): the reward is computed on frames")
     a = ap.parse_args()
@@ -79,9 +86,29 @@ def main():
     config = meta.get("config") or {k: meta[k] for k in ("dim", "heads", "layers", "ffn_dim", "in_channels",
                                                           "text_dim", "freq_dim")}
 
+    # The adapter: PEFT's names and initialisation (A random, B zero), on
+    # the q, k, v, o of both attentions of every block.
+    layers = sorted({int(k.split(".")[1]) for k in sd if k.startswith("blocks.")})
+    modules = [f"{a_}.{p}" for a_ in ("self_attn", "cross_attn") for p in ("q", "k", "v", "o")]
+    lora = {}
+    for n in layers:
+        for m in modules:
+            out_f, in_f = sd[f"blocks.{n}.{m}.weight"].shape
+            key = f"base_model.model.blocks.{n}.{m}"
+            lora[key + ".lora_A.weight"] = (rng.standard_normal((a.rank, in_f)) / np.sqrt(in_f)).astype(np.float32)
+            lora[key + ".lora_B.weight"] = np.zeros((out_f, a.rank), np.float32)
+    lora_config = {"r": a.rank, "lora_alpha": 2 * a.rank, "target_modules": ["q", "k", "v", "o"]}
+    full_bytes = sum(w.size * 4 for w in sd.values())
+    lora_bytes = sum(w.size * 4 for w in lora.values())
+
     ok = True
     with reel.Client(a.broker, timeout=600) as c:
-        version = a.start_version or (c.status().get("versions", {}).get("transformer", 1) + 1)
+        current = c.status().get("versions", {}).get("transformer", 1) or 1
+        base = a.base or current
+        version = a.start_version or current + 1
+        if not a.full:
+            print(f"grpo: LoRA rank {a.rank} on {len(layers) * len(modules)} Linears, {lora_bytes} bytes a sync "
+                  f"({100.0 * lora_bytes / full_bytes:.1f}% of the {full_bytes} of the whole model), on base v{base}")
         print(f"grpo: model {a.model}, group {a.group}, {a.steps} SDE steps, latent {C}x{a.latent}, "
               f"publishing from v{version}" + (f", prompt {a.prompt!r}, reward on decoded frames" if a.prompt else ""))
         print(f"{'iter':>4} {'version':>7} {'reward mean':>11} {'reward std':>10} {'log p mean':>10} "
@@ -102,11 +129,19 @@ def main():
                   f"{logp.mean() / a.steps:>10.4f} {replayed:>8} {time.monotonic() - t0:>7.2f}")
             # The toy update: nudge every weight along a fixed random direction,
             # signed and scaled by the advantage-weighted log-probability.
-            step = 1e-4 * float(np.sign(np.dot(adv, logp - logp.mean())) or 1.0)
-            for name, w in sd.items():
-                sd[name] = (w + step * rng.standard_normal(w.shape)).astype(np.float32)
-            res = c.sync(version, state_dict=sd, config=config, weights_dir=wdir, upload=a.upload)
-            print(f"grpo: published v{version}: applied by {','.join(res.applied)}"
+            sign = float(np.sign(np.dot(adv, logp - logp.mean())) or 1.0)
+            if a.full:
+                for name, w in sd.items():
+                    sd[name] = (w + 1e-4 * sign * rng.standard_normal(w.shape)).astype(np.float32)
+                res = c.sync(version, state_dict=sd, config=config, weights_dir=wdir, upload=a.upload)
+                what = "whole weights"
+            else:
+                for name, w in lora.items():
+                    lora[name] = (w + 1e-2 * sign * rng.standard_normal(w.shape)).astype(np.float32)
+                res = c.sync_lora(version, base, lora=lora, lora_config=lora_config, weights_dir=wdir,
+                                  upload=a.upload)
+                what = f"adapter on base v{base}"
+            print(f"grpo: published v{version} ({what}): applied by {','.join(res.applied)}"
                   f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
             version += 1
         # One more group: every step must run on the last published version.

@@ -405,7 +405,8 @@ class ClientTests(unittest.TestCase):
         ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
         p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w2, "--model", "tiny",
                             "--iters", "2", "--group", "3", "--latent", "1x4x4", "--weights-dir", self.dir,
-                            "--start-version", "10"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                            "--start-version", "10", "--full"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=300)
         out = p.stdout.decode()
         self.assertEqual(p.returncode, 0, out)
         self.assertIn("published v10", out)
@@ -806,6 +807,18 @@ class LoraTests(unittest.TestCase):
             json.dump(dict(cfg, peft_type="LORA"), f)
         safetensors.save(os.path.join(folder, "adapter_model.safetensors"), sd)
         self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "GEN after an uploaded adapter != run --lora")
+
+    def test_the_grpo_example_trains_and_publishes_an_adapter(self):
+        ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
+        v, base = self.next_version(), 1  # the worker's base: its startup weights (no full sync here)
+        p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w, "--model", "tiny",
+                            "--iters", "2", "--group", "2", "--latent", "1x4x4", "--weights-dir", self.dir, "--rank", "4",
+                            "--base", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        out = p.stdout.decode()
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn(f"published v{v} (adapter on base v{base})", out)
+        self.assertIn(f"the next rollouts ran on v[{v + 1}]", out)
 
     def test_refused_adapters_name_their_cause_and_change_nothing(self):
         before = self.gen()
