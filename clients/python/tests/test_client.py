@@ -820,6 +820,41 @@ class LoraTests(unittest.TestCase):
         self.assertIn(f"published v{v} (adapter on base v{base})", out)
         self.assertIn(f"the next rollouts ran on v[{v + 1}]", out)
 
+    def test_a_thousand_alternating_adapter_syncs_leave_the_output_bitwise_the_first(self):
+        folders = []
+        for seed in (11, 12):
+            d = tempfile.mkdtemp(dir=self.dir)
+            with open(os.path.join(d, "adapter_config.json"), "w") as f:
+                json.dump({"peft_type": "LORA", "r": 4, "lora_alpha": 8}, f)
+            safetensors.save(os.path.join(d, "adapter_model.safetensors"), self.adapter(seed))
+            folders.append(d)
+        v = self.next_version()
+        self.c.sync_lora(v, 1, lora=folders[0])
+        first = self.gen()
+        # W + s*B@A merged by numpy into a full file: GEN matches it to float rounding
+        w, meta = safetensors.load(self.w)
+        a_sd = self.adapter(11)
+        for n in range(2):
+            for m in ("q", "k", "v", "o"):
+                key = f"base_model.model.blocks.{n}.self_attn.{m}"
+                name = f"blocks.{n}.self_attn.{m}.weight"
+                w[name] = (w[name].astype(np.float64) + 2.0 * (a_sd[key + ".lora_B.weight"].astype(np.float64) @
+                                                               a_sd[key + ".lora_A.weight"])).astype(np.float32)
+        merged = os.path.join(self.dir, "merged.safetensors")
+        safetensors.save(merged, w, meta)
+        out = os.path.join(self.dir, "merged-run.safetensors")
+        run(f"{BUILD}/reelctl", "run", "--weights", merged, "--context", os.path.join(self.dir, "ctx.safetensors"),
+            "--latent", os.path.join(self.dir, "lat.safetensors"), "--steps", "3", "--shift", "3", "--out", out)
+        ref = safetensors.load(out)[0]["latent"]
+        err = float(np.max(np.abs(first - ref)) / np.max(np.abs(ref)))
+        self.assertLess(err, 1e-4, f"GEN after the LoRA sync vs the merged full file: rel. err {err}")
+        for i in range(1, 1001):  # the other adapter, then this one, ... ending on this one (i = 1000)
+            v += 1
+            self.c.sync_lora(v, 1, lora=folders[i % 2])
+            if i == 1:
+                self.assertFalse(np.array_equal(self.gen(), first), "the second adapter changed nothing")
+        self.assertTrue(np.array_equal(self.gen(), first), "1000 syncs later the adapter's output moved")
+
     def test_refused_adapters_name_their_cause_and_change_nothing(self):
         before = self.gen()
         v = self.next_version()
