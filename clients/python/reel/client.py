@@ -305,6 +305,7 @@ class Client:
         self._sock.connect(broker)
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self.timeout = timeout
+        self._base = None  # the last full version this client published
         self.broker = broker
 
     def close(self):
@@ -608,7 +609,7 @@ class Client:
                     self._send("SYNC", sid, sync_fields)
 
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
-             deadline_ms=0, weights_dir=None, timeout=None, upload=False):
+             deadline_ms=0, weights_dir=None, timeout=None, upload=False, lora=None, lora_config=None, base=None):
         """Publishes transformer weights as `version` and waits for the
         broker's barrier; returns a SyncResult (check .complete: a worker may
         lag). Raises SyncFailed when no worker applied it (nothing changed),
@@ -635,7 +636,19 @@ class Client:
         --weights-dir. A state_dict's file written into a temporary folder
         made here is removed after an upload (the broker keeps the bytes);
         by path it stays (workers that join later read it). A path that is
-        not a regular file is a ValueError."""
+        not a regular file is a ValueError.
+
+        lora=: a LoRA adapter instead (a PEFT folder, or a state dict with
+        lora_config=), as sync_lora() publishes it, on base= (default: the
+        last full version this client published, else the broker's current
+        version)."""
+        if lora is not None:
+            if path is not None or state_dict is not None:
+                raise ValueError("give lora= alone (an adapter), or path=/state_dict= (whole weights)")
+            if base is None:
+                base = self._base or (self.status().get("versions", {}).get(component) or 1)
+            return self.sync_lora(version, base, lora=lora, lora_config=lora_config, weights_dir=weights_dir,
+                                  component=component, deadline_ms=deadline_ms, timeout=timeout, upload=upload)
         if (path is None) == (state_dict is None):
             raise ValueError("give exactly one of path= and state_dict=")
         if state_dict is not None:
@@ -774,4 +787,5 @@ class Client:
         res = SyncResult(hdr)
         if not res.applied:
             raise SyncFailed(res, rid)
+        self._base = int(fields["version"])  # the base later adapters merge into (sync(lora=...))
         return res

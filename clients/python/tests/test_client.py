@@ -800,7 +800,7 @@ class LoraTests(unittest.TestCase):
         v = self.next_version()
         sd = self.adapter(5, modules=("q", "o"), r=2)
         cfg = {"r": 2, "lora_alpha": 3, "use_rslora": True}
-        res = self.c.sync_lora(v, 1, lora=sd, lora_config=cfg, upload=True)  # its folder made and removed here
+        res = self.c.sync(v, lora=sd, lora_config=cfg, base=1, upload=True)  # its folder made and removed here
         self.assertTrue(res.complete, res)
         folder = tempfile.mkdtemp(dir=self.dir)  # the same adapter, for the reference run
         with open(os.path.join(folder, "adapter_config.json"), "w") as f:
