@@ -9,10 +9,17 @@
 #
 # Full mode finishes in under 480 s, --quick (a re-run) in under 120 s; each
 # step has a time limit and the whole run a deadline (the limits sum to the
-# budget, under the device's 600 s per call). The last line is always the
-# verdict: "gpu-check: PASS" after a table of the numbers, or, after the
-# table so far, one "gpu-check: FAIL <reason>" line; the exit status is 0
-# only with PASS. Steps (docs/GPU.md says why each one cannot pass falsely):
+# budget, under the device's 600 s per call). Steps 0 and 1 must pass for
+# anything else to run; from step 2 on a failing step is one FAIL row and
+# the next step runs all the same, so one attempt yields every number the
+# device can give. The last line is always the verdict, after the table
+# (one row per check: PASS, FAIL with the first error, or SKIP):
+# "gpu-check: PASS", or "gpu-check: FAIL <the first failure>" (and how many
+# more rows failed); the exit status is 0 only with PASS. The steps run in
+# the order of what their numbers are worth: the probe, the CFG steps
+# (6), the Wan-size attention (5), the CUDA suite (2), reelctl run (3),
+# the capture cache (4), the opt-in cuDNN attention (7). Steps (docs/GPU.md
+# says why each one cannot pass falsely):
 #   0  preflight: shell tools, the bundle, built from this very tree (source
 #      hashes), glibc new enough, every library found (ldd; the CUDA libraries
 #      are looked for in the toolkit and in Python's nvidia packages), the
@@ -34,6 +41,8 @@
 #   6  one CFG step eager vs graph replay in BF16 on CUDA (replay bitwise
 #      equal to eager first): tiny, small and, in full mode, wan2.1-1.3b at
 #      81 frames 480x832 (latent 16x21x60x104, 32,760 tokens)
+#   7  opt-in: cuDNN's fused attention (the test_cuda case "cudnn"), its
+#      own row: SKIP when the bundle has no cuDNN
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
 set -u -o pipefail
 
@@ -70,38 +79,79 @@ PIDS=""
 CHILD=""
 WATCHDOG=""
 ENV_LINE="(GPU not probed yet)"
-T_WHAT=(); T_RESULT=(); T_LIMIT=()
+ROWS=""        # the table's rows, one per line (tab-separated): a step in a subshell adds its own
+IN_STEP=""     # set inside a step's subshell: its failures are rows, not the verdict
+STEP_PID=""
 
 left() { echo $((BUDGET - (SECONDS - T0))); }
 
-# row WHAT RESULT [LIMIT]: one line of the final table.
-row() { T_WHAT+=("$1"); T_RESULT+=("$2"); T_LIMIT+=("${3:-}"); }
+# row WHAT RESULT [LIMIT] [STATUS]: one line of the final table (STATUS
+# PASS unless given: FAIL, SKIP).
+SEP=$'\x1f' # between a row's fields: no whitespace, which read would merge
+row() {
+    local r=${2//$SEP/ }
+    printf '%s%s%s%s%s%s%s\n' "$1" "$SEP" "${r//$'\n'/ }" "$SEP" "${3:-}" "$SEP" "${4:-PASS}" >>"${ROWS:-/dev/null}"
+}
 
 print_table() {
     echo
     echo "gpu-check: $MODE mode, $((SECONDS - T0)) s of $BUDGET s; $ENV_LINE"
-    local i bar=------------------------------------------------------------------------
-    printf '| %-52s | %-70s | %-24s |\n' "check" "result" "limit"
-    printf '|%s|%s|%s|\n' "${bar:0:54}" "${bar:0:72}" "${bar:0:26}"
-    for ((i = 0; i < ${#T_WHAT[@]}; i++)); do
-        printf '| %-52s | %-70s | %-24s |\n' "${T_WHAT[$i]}" "${T_RESULT[$i]}" "${T_LIMIT[$i]}"
-    done
+    local bar=------------------------------------------------------------------------ what res lim st
+    printf '| %-4s | %-52s | %-70s | %-24s |\n' "" "check" "result" "limit"
+    printf '|%s|%s|%s|%s|\n' "${bar:0:6}" "${bar:0:54}" "${bar:0:72}" "${bar:0:26}"
+    [ -n "$ROWS" ] && [ -f "$ROWS" ] || return 0
+    while IFS=$SEP read -r what res lim st; do
+        printf '| %-4s | %-52s | %-70s | %-24s |\n' "$st" "$what" "$res" "$lim"
+    done <"$ROWS"
+}
+
+# kill_tree PID: the process and everything it started.
+kill_tree() {
+    local c
+    for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$c"; done
+    kill -KILL "$1" 2>/dev/null
 }
 
 cleanup() {
     local p
+    if [ -n "$STEP_PID" ]; then
+        disown "$STEP_PID" 2>/dev/null # no "Killed" notice after the verdict
+        kill_tree "$STEP_PID"
+    fi
     [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null # timeout(1) passes it on to the command
     for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
     [ -n "$WATCHDOG" ] && kill "$WATCHDOG" 2>/dev/null
     if [ -n "$WORK" ] && [ -z "${GPU_CHECK_KEEP:-}" ]; then rm -rf "$WORK" 2>/dev/null; fi
 }
 
-# fail REASON: the table so far, then the one verdict line; exit 1.
+# fail REASON: in a step (run_step), a FAIL row and the end of that step
+# (its processes stopped); the next step runs. Outside one (preflight, the
+# probe, the deadline): the table so far, then the one verdict line; exit 1.
 fail() {
+    if [ -n "$IN_STEP" ] && [ "$BASHPID" != "$$" ]; then
+        row "$IN_STEP" "$*" "" FAIL
+        [ -s "$WORK/first-failure" ] || printf '%s\n' "$*" >"$WORK/first-failure"
+        local p
+        [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
+        for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
+        exit 1
+    fi
     VERDICT=fail
     print_table
     echo "gpu-check: FAIL $*"
     exit 1
+}
+
+# run_step NAME FUNCTION: FUNCTION in a subshell, in the background and
+# waited for (a signal to this shell, the deadline, acts at once); a
+# failure inside it is a FAIL row named NAME, and the script goes on.
+run_step() {
+    local name=$1
+    shift
+    ( IN_STEP=$name; trap - EXIT INT TERM HUP; "$@" ) &
+    STEP_PID=$!
+    wait "$STEP_PID"
+    STEP_PID=""
 }
 
 on_exit() {
@@ -171,6 +221,8 @@ mval() { sed -n "s/^$1=//p" "$BUNDLE/MANIFEST" | head -1; }
 echo "  bundle: built $(mval built_at) on $(mval built_on), commit $(mval git_head) (+$(mval sources_changed_since_head) changed), nvcc $(mval nvcc)"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/reel-gpu-check.XXXXXX") || fail "cannot create a temp folder"
+ROWS="$WORK/rows"
+: >"$ROWS"
 # A bundle built from other sources would test other code: the tree here
 # must hash to the same sources, file for file.
 gpu_sources | tr '\n' '\0' | xargs -0 sha256sum >"$WORK/sources.now" 2>/dev/null
@@ -285,41 +337,37 @@ ENV_LINE="$(pv gpu | cut -d, -f1-2), driver ${driver:-?} (CUDA $(pv 'cuda driver
 row "GPU and Reel's CUDA backend" "$(pv 'reel backend'); $(pv gpu | cut -d, -f3-5 | sed 's/^ //')"
 
 # --- 2. the CUDA suite -------------------------------------------------------------
-SUITE_MIN=40 # checks in tests/test_cuda.c when this was written; a suite that runs fewer proves less
-if [ "$MODE" = full ]; then lim=120; else lim=45; fi
-echo "== 2. CUDA suite (tests/test_cuda, limit $lim s)"
-t=$SECONDS
-run_logged cuda-suite "$lim" "$BIN/test_cuda"
-log="$WORK/cuda-suite.log"
-skip=$(grep -m1 -E '(^|[^A-Za-z])SKIP' "$log")
-[ -z "$skip" ] || fail "the CUDA suite skipped on a GPU machine: $skip"
-sum=$(grep -E '^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+' "$log" | tail -1)
-[ -n "$sum" ] || fail "the CUDA suite printed no Check summary (exit $RC): $(lastline "$log")"
-n=$(echo "$sum" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
-nf=$(echo "$sum" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
-ne=$(echo "$sum" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
-[ "$nf" = 0 ] && [ "$ne" = 0 ] ||
-    fail "the CUDA suite: $nf failures, $ne errors in $n checks; first: $(grep -m1 -E ':[FE]:' "$log")"
-[ "$RC" = 0 ] || fail "the CUDA suite exited $RC after '$sum'"
-[ "$n" -ge "$SUITE_MIN" ] || fail "the CUDA suite ran $n checks, fewer than the $SUITE_MIN it had when gpu-check.sh was written"
-row "CUDA suite (tests/test_cuda)" "$n checks, 0 failures, 0 skipped, $((SECONDS - t)) s" "all pass, none skips"
+step_suite() {
+    SUITE_MIN=40 # checks in tests/test_cuda.c when this was written; a suite that runs fewer proves less
+    if [ "$MODE" = full ]; then lim=120; else lim=45; fi
+    echo "== 2. CUDA suite (tests/test_cuda, limit $lim s)"
+    t=$SECONDS
+    run_logged cuda-suite "$lim" env CK_RUN_CASE=cuda_vs_cpu "$BIN/test_cuda"
+    log="$WORK/cuda-suite.log"
+    skip=$(grep -m1 -E '(^|[^A-Za-z])SKIP' "$log")
+    [ -z "$skip" ] || fail "the CUDA suite skipped on a GPU machine: $skip"
+    sum=$(grep -E '^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+' "$log" | tail -1)
+    [ -n "$sum" ] || fail "the CUDA suite printed no Check summary (exit $RC): $(lastline "$log")"
+    n=$(echo "$sum" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
+    nf=$(echo "$sum" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
+    ne=$(echo "$sum" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
+    [ "$nf" = 0 ] && [ "$ne" = 0 ] ||
+        fail "the CUDA suite: $nf failures, $ne errors in $n checks; first: $(grep -m1 -E ':[FE]:' "$log")"
+    [ "$RC" = 0 ] || fail "the CUDA suite exited $RC after '$sum'"
+    [ "$n" -ge "$SUITE_MIN" ] || fail "the CUDA suite ran $n checks, fewer than the $SUITE_MIN it had when gpu-check.sh was written"
+    row "CUDA suite (tests/test_cuda)" "$n checks, 0 failures, 0 skipped, $((SECONDS - t)) s" "all pass, none skips"
+}
 
 # --- 3. reelctl run: CUDA against the CPU --------------------------------------------
-echo "== 3. reelctl run: CUDA vs CPU"
 R="$BIN/reelctl"
 D="$WORK/run"
 BAD_REASONS='verify_mismatch|capture_failed|audit_mismatch|wrong_stream|backend_unavailable'
 NMSE_F32=1e-5; REL_F32=1e-2   # F32 end to end: cuBLAS vs OpenBLAS order, fast exp/tanh
 NMSE_BF16=5e-3; REL_BF16=1e-1 # BF16 weights and activations against the CPU in F32
-t=$SECONDS
 prep() { # make weights/tensors, failing on any error
     run_logged "$1" 60 "${@:2}"
     [ "$RC" = 0 ] || fail "$1 failed: $(lastline "$WORK/$1.log")"
 }
-prep weights-tiny "$R" weights init --config tiny --seed 7 --out "$D/tiny.st"
-prep latent-tiny "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/tiny-lat.st"
-prep ctx-tiny "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/tiny-ctx.st"
-prep unc-tiny "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/tiny-unc.st"
 
 # run_case TAG BACKEND DTYPE GRAPHS WEIGHTS PREFIX STEPS LIMIT [extra flags]: one
 # reelctl run; on CUDA it must say it ran on cuda (no CPU fallback) and, with
@@ -368,41 +416,40 @@ same_bits() {
     row "$1" "bitwise equal" "bitwise"
 }
 
-run_case tiny-cpu cpu f32 off "$D/tiny.st" tiny 8 60
-for dt in f32 bf16; do
-    run_case "tiny-cuda-$dt" cuda "$dt" on "$D/tiny.st" tiny 8 60
-    run_case "tiny-cuda-$dt-eager" cuda "$dt" off "$D/tiny.st" tiny 8 60
-    if [ "$dt" = f32 ]; then tol=$NMSE_F32; rel=$REL_F32; else tol=$NMSE_BF16; rel=$REL_BF16; fi
-    compare "tiny $dt run (8 steps, CFG), CUDA vs CPU" "tiny-cuda-$dt" tiny-cpu "$tol" "$rel" --differ
-    same_bits "tiny $dt run on CUDA, graphs on vs off" "tiny-cuda-$dt" "tiny-cuda-$dt-eager"
-done
-
-if [ "$MODE" = full ]; then
-    cat >"$D/wanblock.json" <<'EOF'
-{"name": "wan2.1-1.3b-block", "dim": 1536, "heads": 12, "layers": 1, "ffn_dim": 8960, "in_channels": 16, "text_dim": 4096, "freq_dim": 256}
-EOF
-    prep weights-wanblock "$R" weights init --config "$D/wanblock.json" --seed 11 --out "$D/wanblock.st"
-    prep latent-wanblock "$R" tensor rand --name latent --shape 16,4,30,52 --seed 4 --out "$D/wanblock-lat.st"
-    prep ctx-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 5 --out "$D/wanblock-ctx.st"
-    prep unc-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 6 --out "$D/wanblock-unc.st"
-    # 3 steps with --warmup 1: eager, capture + verify, replay.
-    run_case wanblock-cpu cpu f32 off "$D/wanblock.st" wanblock 3 90
-    for dt in bf16 f32; do
-        run_case "wanblock-cuda-$dt" cuda "$dt" on "$D/wanblock.st" wanblock 3 60 --warmup 1
+step_runs() {
+    echo "== 3. reelctl run: CUDA vs CPU"
+    t=$SECONDS
+    prep weights-tiny "$R" weights init --config tiny --seed 7 --out "$D/tiny.st"
+    prep latent-tiny "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/tiny-lat.st"
+    prep ctx-tiny "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/tiny-ctx.st"
+    prep unc-tiny "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/tiny-unc.st"
+    run_case tiny-cpu cpu f32 off "$D/tiny.st" tiny 8 60
+    for dt in f32 bf16; do
+        run_case "tiny-cuda-$dt" cuda "$dt" on "$D/tiny.st" tiny 8 60
+        run_case "tiny-cuda-$dt-eager" cuda "$dt" off "$D/tiny.st" tiny 8 60
         if [ "$dt" = f32 ]; then tol=$NMSE_F32; rel=$REL_F32; else tol=$NMSE_BF16; rel=$REL_BF16; fi
-        compare "wan2.1-1.3b block $dt (1560 tok), CUDA vs CPU" "wanblock-cuda-$dt" wanblock-cpu "$tol" "$rel" --differ
+        compare "tiny $dt run (8 steps, CFG), CUDA vs CPU" "tiny-cuda-$dt" tiny-cpu "$tol" "$rel" --differ
+        same_bits "tiny $dt run on CUDA, graphs on vs off" "tiny-cuda-$dt" "tiny-cuda-$dt-eager"
     done
-fi
-echo "  (runs in $((SECONDS - t)) s)"
+
+    if [ "$MODE" = full ]; then
+        printf '%s\n' '{"name": "wan2.1-1.3b-block", "dim": 1536, "heads": 12, "layers": 1, "ffn_dim": 8960, "in_channels": 16, "text_dim": 4096, "freq_dim": 256}' >"$D/wanblock.json"
+        prep weights-wanblock "$R" weights init --config "$D/wanblock.json" --seed 11 --out "$D/wanblock.st"
+        prep latent-wanblock "$R" tensor rand --name latent --shape 16,4,30,52 --seed 4 --out "$D/wanblock-lat.st"
+        prep ctx-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 5 --out "$D/wanblock-ctx.st"
+        prep unc-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 6 --out "$D/wanblock-unc.st"
+        # 3 steps with --warmup 1: eager, capture + verify, replay.
+        run_case wanblock-cpu cpu f32 off "$D/wanblock.st" wanblock 3 90
+        for dt in bf16 f32; do
+            run_case "wanblock-cuda-$dt" cuda "$dt" on "$D/wanblock.st" wanblock 3 60 --warmup 1
+            if [ "$dt" = f32 ]; then tol=$NMSE_F32; rel=$REL_F32; else tol=$NMSE_BF16; rel=$REL_BF16; fi
+            compare "wan2.1-1.3b block $dt (1560 tok), CUDA vs CPU" "wanblock-cuda-$dt" wanblock-cpu "$tol" "$rel" --differ
+        done
+    fi
+    echo "  (runs in $((SECONDS - t)) s)"
+}
 
 # --- 4. the capture cache with 2 streams: broker + CUDA worker --------------------------
-echo "== 4. capture cache, 2 streams: broker + CUDA worker, every replay audited"
-prep latent-b "$R" tensor rand --name latent --shape 4,1,8,12 --seed 21 --out "$D/keyb-lat.st"
-prep ctx-b "$R" tensor rand --name context --shape 7,32 --seed 22 --out "$D/keyb-ctx.st"
-prep unc-b "$R" tensor rand --name context --shape 7,32 --seed 23 --out "$D/keyb-unc.st"
-cp "$D/tiny-lat.st" "$D/keya-lat.st" && cp "$D/tiny-ctx.st" "$D/keya-ctx.st" && cp "$D/tiny-unc.st" "$D/keya-unc.st" ||
-    fail "cannot copy the inputs"
-
 # wait_for FILE PATTERN SECONDS: 0 once FILE has a line matching PATTERN.
 wait_for() {
     local i=0
@@ -488,11 +535,19 @@ cache_phase() { # DTYPE LIMIT
     done
     row "cache $dt, 2 streams: 8 requests, 2 keys" "$caps captures, $reps replays, $auds audited, 0 mismatches; $same/8 bitwise = eager, $((SECONDS - t)) s" "audits exact; nmse <= $tol"
 }
-cache_phase bf16 45
-[ "$MODE" = full ] && cache_phase f32 40
+
+step_cache() {
+    echo "== 4. capture cache, 2 streams: broker + CUDA worker, every replay audited"
+    prep latent-b "$R" tensor rand --name latent --shape 4,1,8,12 --seed 21 --out "$D/keyb-lat.st"
+    prep ctx-b "$R" tensor rand --name context --shape 7,32 --seed 22 --out "$D/keyb-ctx.st"
+    prep unc-b "$R" tensor rand --name context --shape 7,32 --seed 23 --out "$D/keyb-unc.st"
+    cp "$D/tiny-lat.st" "$D/keya-lat.st" && cp "$D/tiny-ctx.st" "$D/keya-ctx.st" && cp "$D/tiny-unc.st" "$D/keya-unc.st" ||
+        fail "cannot copy the inputs"
+    cache_phase bf16 45
+    [ "$MODE" != full ] || cache_phase f32 40
+}
 
 # --- 5. BF16 attention at Wan size -------------------------------------------------------
-echo "== 5. BF16 attention at Wan size against a double-precision CPU reference"
 attn() { # TAG LIMIT flags...
     local tag=$1 lim=$2
     shift 2
@@ -503,11 +558,13 @@ attn() { # TAG LIMIT flags...
     echo "$line" | grep -qE "^attention bf16 cuda:[0-9]+ " || fail "attention $tag did not run on cuda: $line"
     row "attention bf16 $tag" "$(echo "$line" | sed -n 's/.*: \([0-9.]* ms\); .* nmse \([^ ]*\) .* = \([^ ]*\) of max.*/\1, nmse \2, max err \3 of max|ref|/p')" "nmse <= 1e-4, <= 1/32"
 }
-attn "self 32760x12x128" 60 --tokens 32760 --sigma 1.5
-[ "$MODE" = full ] && attn "cross 32760 x 512 text" 40 --tokens 32760 --kv 512 --sigma 1.0
+step_attention() {
+    echo "== 5. BF16 attention at Wan size against a double-precision CPU reference"
+    attn "self 32760x12x128" 60 --tokens 32760 --sigma 1.5
+    [ "$MODE" != full ] || attn "cross 32760 x 512 text" 40 --tokens 32760 --kv 512 --sigma 1.0
+}
 
 # --- 6. one step, eager vs graph replay, BF16 on CUDA ------------------------------------
-echo "== 6. one CFG step, eager vs graph replay, BF16 on CUDA"
 step_time() { # CONFIG SIZE TEXT LIMIT BUDGET
     run_logged "step-$1" "$4" "$BIN/gpu_step_time" --config "$1" --size "$2" --text "$3" --dtype bf16 --backend cuda --budget-s "$5"
     local line
@@ -517,10 +574,44 @@ step_time() { # CONFIG SIZE TEXT LIMIT BUDGET
     row "step $1 bf16 ($2, text $3): eager / replay" \
         "$(echo "$line" | sed -n 's/.*eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')" "replay == eager bitwise"
 }
-step_time tiny 2x8x8 5 30 4
-step_time small 4x16x16 16 40 8
-[ "$MODE" = full ] && step_time wan2.1-1.3b 21x60x104 512 150 30
+step_steps() {
+    echo "== 6. one CFG step, eager vs graph replay, BF16 on CUDA"
+    step_time tiny 2x8x8 5 30 4
+    step_time small 4x16x16 16 40 8
+    [ "$MODE" != full ] || step_time wan2.1-1.3b 21x60x104 512 150 30
+}
 
+# --- 7. opt-in: cuDNN's fused attention -------------------------------------------------
+step_cudnn() {
+    echo "== 7. opt-in: cuDNN SDPA attention (test_cuda case cudnn)"
+    run_logged cudnn-suite 60 env CK_RUN_CASE=cudnn "$BIN/test_cuda"
+    local log="$WORK/cudnn-suite.log" sum
+    if grep -q "SKIP cudnn" "$log"; then
+        row "cuDNN SDPA attention (opt-in)" "$(grep -m1 'SKIP cudnn' "$log" | sed 's/^.*SKIP //')" "" SKIP
+        return 0
+    fi
+    sum=$(grep -E '^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+' "$log" | tail -1)
+    [ -n "$sum" ] || fail "the cuDNN case printed no Check summary (exit $RC): $(lastline "$log")"
+    [ "$RC" = 0 ] && echo "$sum" | grep -q "Failures: 0, Errors: 0" ||
+        fail "the cuDNN case: $sum; first: $(grep -m1 -E ':[FE]:' "$log")"
+    row "cuDNN SDPA attention (opt-in)" "$sum" "matches the decomposition"
+}
+
+# --- the steps, by the worth of their numbers ---------------------------------------------
+run_step "one CFG step, eager vs replay (step 6)" step_steps
+run_step "attention at Wan size (step 5)" step_attention
+run_step "CUDA suite (step 2)" step_suite
+run_step "reelctl run, CUDA vs CPU (step 3)" step_runs
+run_step "capture cache, 2 streams (step 4)" step_cache
+run_step "cuDNN SDPA attention, opt-in (step 7)" step_cudnn
+
+if [ -s "$WORK/first-failure" ]; then
+    VERDICT=fail
+    print_table
+    nf=$(grep -c "${SEP}FAIL\$" "$ROWS")
+    echo "gpu-check: FAIL $(head -1 "$WORK/first-failure")$([ "$nf" -gt 1 ] && echo " (and $((nf - 1)) more failed rows above)")"
+    exit 1
+fi
 VERDICT=pass
 print_table
 echo "gpu-check: PASS"

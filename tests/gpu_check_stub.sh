@@ -36,6 +36,17 @@ gpu_probe)
     echo "reel backend: cuda:0, sm_90"
     exit 0 ;;
 test_cuda)
+    if [ "${CK_RUN_CASE:-}" = cudnn ]; then # the opt-in cuDNN case (step 7)
+        echo "Running suite(s): cuda"
+        fault cudnn_missing && echo "test_cuda: SKIP cudnn sdpa: built without cuDNN (no cudnn.h beside the toolkit)"
+        if fault cudnn_fail; then
+            echo "0%: Checks: 1, Failures: 1, Errors: 0"
+            echo "tests/test_cuda.c:1420:F:cudnn:test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise:0: cudnn sdpa: plan failed"
+            exit 1
+        fi
+        echo "100%: Checks: 1, Failures: 0, Errors: 0"
+        exit 0
+    fi
     fault suite_skip && { echo "test_cuda: SKIP: CUDA backend unavailable: no CUDA driver installed"; exit 0; }
     fault suite_hang && { sleep 300; exit 0; }
     fault suite_crash && { echo "Running suite(s): cuda"; exit 139; }
