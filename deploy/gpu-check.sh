@@ -328,6 +328,20 @@ nvv=$([ -n "$nvcc" ] && "$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0
 echo "  nvcc: ${nvv:-not found} (not used: the bundle was built with nvcc $(mval nvcc))"
 ENV_LINE="nvidia-smi: $smi; nvcc ${nvv:-none}"
 run_logged probe 30 "$BIN/gpu_probe"
+# A driver older than the CUDA the bundle needs: the toolkit's forward-
+# compatibility libraries (a libcuda for the newer CUDA over the old
+# kernel module), when the machine has them, are tried once before failing.
+COMPAT=${CUDA_COMPAT_DIR:-/usr/local/cuda/compat}
+if [ "$RC" != 0 ] && grep -qiE "driver version is insufficient|driver.*too old|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" \
+    "$WORK/probe.log" && [ -e "$COMPAT/libcuda.so.1" ]; then
+    echo "  the driver is older than this CUDA needs: trying the forward-compatibility libraries in $COMPAT"
+    export LD_LIBRARY_PATH="$COMPAT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    run_logged probe-compat 30 "$BIN/gpu_probe"
+    if [ "$RC" = 0 ]; then
+        cp "$WORK/probe-compat.log" "$WORK/probe.log"
+        row "CUDA forward compatibility" "the driver is too old for this CUDA: running with $COMPAT"
+    fi
+fi
 [ "$RC" = 0 ] || fail "no usable GPU: $(grep -m1 '^probe: FAIL' "$WORK/probe.log" | sed 's/^probe: FAIL //' || lastline "$WORK/probe.log")"
 pv() { sed -n "s/^$1: //p" "$WORK/probe.log" | head -1; }
 driver=$(echo "$smi" | awk -F', ' 'NF >= 2 { print $2 }')

@@ -97,6 +97,19 @@ last=$(printf '%s\n' "$out" | tail -1)
     ok "two failing steps: two FAIL rows, the verdict names the first and counts the other" ||
     { bad "two failures: last '$last'"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
 check "no cuDNN in the bundle: the opt-in row SKIPs, the rest passes" pass "" cudnn_missing -- --quick
+# An old driver: the toolkit's forward-compatibility libcuda is tried before failing.
+mkdir -p "$T/compat" && echo "not really a library" >"$T/compat/libcuda.so.1"
+rehash
+out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=old_driver CUDA_COMPAT_DIR="$T/compat" OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
+rc=$?
+[ "$rc" = 0 ] && printf '%s\n' "$out" | grep -q '^| PASS | CUDA forward compatibility *| the driver is too old for this CUDA' &&
+    ok "an old driver: the forward-compatibility libraries are tried, and the check passes with them" ||
+    { bad "old driver with compat: exit $rc"; printf '%s\n' "$out" | tail -5 | sed 's/^/  | /'; }
+rehash
+out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=old_driver CUDA_COMPAT_DIR="$T/none" OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
+rc=$?; last=$(printf '%s\n' "$out" | tail -1)
+[ "$rc" != 0 ] && [[ $last == "gpu-check: FAIL no usable GPU: cudaGetDeviceCount: CUDA driver version is insufficient"* ]] &&
+    ok "an old driver and no compat libraries: one FAIL naming the driver" || bad "old driver without compat: '$last'"
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=cudnn_missing OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
 printf '%s\n' "$out" | grep -q '^| SKIP | cuDNN SDPA attention (opt-in) *| cudnn sdpa: built without cuDNN' &&

@@ -32,6 +32,12 @@ gpu_probe)
     echo "cublas: 13.0.0"
     echo "cudnn: 9.13.0 (/usr/local/cuda/lib64/libcudnn.so.9)"
     if fault probe; then echo "probe: FAIL no NVIDIA driver (libcuda.so.1 not loadable)"; exit 1; fi
+    if fault old_driver; then # passes only with the forward-compatibility libcuda first on the path
+        case ":${LD_LIBRARY_PATH:-}:" in
+        *":${CUDA_COMPAT_DIR:-/usr/local/cuda/compat}:"*) ;;
+        *) echo "probe: FAIL cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime version"; exit 1 ;;
+        esac
+    fi
     echo "gpu: NVIDIA H200, sm_90, 132 SMs, 139.8 GiB, L2 60 MiB, 1 device(s)"
     echo "reel backend: cuda:0, sm_90"
     exit 0 ;;
