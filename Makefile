@@ -71,7 +71,9 @@ LIB_SRC  += $(CUDA_C)
 CUDNN ?= $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),1,0)
 ifeq ($(CUDNN),1)
 CFLAGS_ALL += -DHAVE_CUDNN
-LDLIBS_ALL += -lcudnn
+# opened on first use (kernels/cuda/cudnn_lazy.c): a machine without cuDNN
+# (or with an older one) still runs everything but the fused attention
+LDLIBS_ALL += -ldl
 endif
 endif
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_CC:%.cc=$(BUILD)/%.cc.o)

@@ -1390,10 +1390,19 @@ END_TEST
  * single key, and a Wan-like 2048 × 2048 × 12 × 128; then the SDPA call in a
  * CUDA graph replays bit for bit equal to eager. Skipped, loudly, in builds
  * without cuDNN. */
+#ifdef HAVE_CUDNN
+int reel_cudnn_lazy_check(const char **reason); /* kernels/cuda/cudnn_lazy.c */
+#endif
+
 START_TEST(test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise) {
 #ifndef HAVE_CUDNN
     printf("test_cuda: SKIP cudnn sdpa: built without cuDNN (no cudnn.h beside the toolkit)\n");
 #else
+    const char *why = NULL;
+    if (reel_cudnn_lazy_check(&why) != 0) { /* opened on first use: a machine without it runs all else */
+        printf("test_cuda: SKIP cudnn sdpa: %s\n", why ? why : "cuDNN could not be loaded");
+        return;
+    }
     static const int64_t cases[][4] = { /* nq, nk, H, d */
         { 256, 256, 2, 64 }, { 300, 77, 4, 128 }, { 64, 1, 2, 128 }, { 2048, 2048, 12, 128 },
     };
