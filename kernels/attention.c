@@ -23,6 +23,9 @@
 #include "base/error.h"
 #include "registry.h"
 #include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +35,92 @@ kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim) {
     /* nq·nk >= MIN, without forming the product */
     return nq >= (KERN_ATTN_DECOMPOSE_MIN_SCORES + nk - 1) / nk ? KERN_ATTN_DECOMPOSED
                                                                  : KERN_ATTN_FUSED;
+}
+
+/* ---- which path AUTO takes ------------------------------------------------- */
+
+static pthread_mutex_t mode_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool mode_set;
+static kern_attn_mode_t mode_now;
+static bool env_bad;
+static bool sdpa_ready;
+static char sdpa_why[256] = "no CUDA backend has come up in this process";
+
+int kern_attention_mode_parse(const char *s, kern_attn_mode_t *out) {
+    if (!strcmp(s, "auto")) *out = KERN_ATTN_MODE_AUTO;
+    else if (!strcmp(s, "fused")) *out = KERN_ATTN_MODE_FUSED;
+    else if (!strcmp(s, "decomposed")) *out = KERN_ATTN_MODE_DECOMPOSED;
+    else return reel_fail(REEL_E_INVALID, "attention mode '%s': auto, fused or decomposed", s);
+    return 0;
+}
+
+const char *kern_attention_mode_name(kern_attn_mode_t m) {
+    return m == KERN_ATTN_MODE_FUSED ? "fused" : m == KERN_ATTN_MODE_DECOMPOSED ? "decomposed" : "auto";
+}
+
+kern_attn_mode_t kern_attention_mode(void) {
+    pthread_mutex_lock(&mode_mu);
+    if (!mode_set) {
+        const char *e = getenv("REEL_ATTN");
+        kern_attn_mode_t m = KERN_ATTN_MODE_AUTO;
+        if (e && *e && kern_attention_mode_parse(e, &m) != 0) env_bad = true;
+        mode_now = m;
+        mode_set = true;
+    }
+    kern_attn_mode_t m = mode_now;
+    pthread_mutex_unlock(&mode_mu);
+    return m;
+}
+
+void kern_attention_set_mode(kern_attn_mode_t m) {
+    pthread_mutex_lock(&mode_mu);
+    mode_now = m;
+    mode_set = true;
+    env_bad = false;
+    pthread_mutex_unlock(&mode_mu);
+}
+
+void kern_attention_set_sdpa_ready(bool ready, const char *why) {
+    pthread_mutex_lock(&mode_mu);
+    sdpa_ready = ready;
+    snprintf(sdpa_why, sizeof sdpa_why, "%s", why ? why : "");
+    pthread_mutex_unlock(&mode_mu);
+}
+
+kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
+                                       int64_t head_dim, const char **why) {
+    static const char *const not_cuda_bf16 = "not CUDA in BF16: the pick rule";
+    static const char *const decomposed = "REEL_ATTN=decomposed";
+    static const char *const head = "the head is wider than cuDNN SDPA takes (or not a multiple of 8)";
+    static const char *const no_kernel = "this build has no cuDNN SDPA kernel";
+    static const char *const fused = "cuDNN's fused SDPA";
+    kern_attn_mode_t m = kern_attention_mode();
+    const char *w = fused;
+    bool sdpa = false;
+    if (bk != KERN_BACKEND_CUDA || dt != KERN_BF16) w = not_cuda_bf16;
+    else if (m == KERN_ATTN_MODE_DECOMPOSED) w = decomposed;
+    else if (head_dim > KERN_ATTN_SDPA_MAX_HEAD_DIM || head_dim % 8) w = head;
+    else if (!kern_registry_lookup(KERN_OP_ATTENTION_SDPA, bk, dt)) w = no_kernel;
+    else {
+        pthread_mutex_lock(&mode_mu);
+        sdpa = sdpa_ready;
+        if (!sdpa) w = sdpa_why; /* process-lifetime: rewritten only by the backend's start */
+        pthread_mutex_unlock(&mode_mu);
+    }
+    if (why) *why = w;
+    return sdpa ? KERN_ATTN_SDPA : kern_attention_pick(nq, nk, head_dim);
+}
+
+void kern_attention_describe(kern_backend_kind_t bk, char *buf, size_t len) {
+    const char *why;
+    kern_attn_mode_t m = kern_attention_mode();
+    kern_attn_path_t p = kern_attention_choose(bk, KERN_BF16, 32760, 32760, 128, &why);
+    pthread_mutex_lock(&mode_mu);
+    bool bad = env_bad;
+    pthread_mutex_unlock(&mode_mu);
+    snprintf(buf, len, "attention %s (mode %s%s): %s%s", p == KERN_ATTN_SDPA ? "fused" : "decomposed",
+             kern_attention_mode_name(m), bad ? ", REEL_ATTN not understood" : "", why,
+             m == KERN_ATTN_MODE_FUSED && p != KERN_ATTN_SDPA ? " (WARNING: fused was asked for)" : "");
 }
 
 static size_t default_bound(kern_backend_kind_t bk) {
@@ -115,7 +204,7 @@ int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int
         return reel_fail(REEL_E_INVALID, "attention: nk=%lld, width %lld·%lld exceed the GEMMs' int range",
                          (long long)nk, (long long)heads, (long long)head_dim);
     kern_attn_path_t path = opts ? opts->path : KERN_ATTN_AUTO;
-    if (path == KERN_ATTN_AUTO) path = kern_attention_pick(nq, nk, head_dim);
+    if (path == KERN_ATTN_AUTO) path = kern_attention_choose(bk, dt, nq, nk, head_dim, NULL);
     switch (path) {
     case KERN_ATTN_FUSED:
     case KERN_ATTN_SDPA:

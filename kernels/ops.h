@@ -62,9 +62,11 @@ int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t
  * that is cuDNN's SDPA_FWD operation (backend graph API, cuDNN >= 9.13),
  * BF16 only, present when Reel was built with cuDNN (HAVE_CUDNN: the
  * Makefile finds cudnn.h); on the CPU it is the FUSED kernel, the reference
- * it is checked against. kern_attention_pick never returns it: the cuDNN
- * path is trusted only after tests/test_cuda.c has compared it with the
- * cuBLAS decomposition on a device (it has not yet run on one). */
+ * it is checked against. kern_attention_pick never returns it; AUTO takes
+ * it on CUDA in BF16 wherever cuDNN loads (kern_attention_choose below;
+ * REEL_ATTN=decomposed turns it off). tests/test_cuda.c compares it with
+ * the cuBLAS decomposition on a device (it has not yet run on one: the
+ * first GPU session's deploy/gpu-check.sh says whether it holds). */
 typedef enum {
     KERN_ATTN_AUTO = 0,   /* kern_attention_pick decides */
     KERN_ATTN_FUSED,
@@ -82,6 +84,35 @@ typedef enum {
 #define KERN_ATTN_DECOMPOSE_MIN_SCORES ((int64_t)1 << 20)
 #define KERN_ATTN_FUSED_MAX_HEAD_DIM 256
 kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim);
+
+/* Which attention AUTO runs on CUDA in BF16 (REEL_ATTN, or the worker's
+ * --attention): auto and fused take cuDNN's fused SDPA wherever it is
+ * ready (a CUDA backend came up, sm_80 or newer, and cuDNN loaded: the
+ * backend says so through kern_attention_set_sdpa_ready) and the head fits
+ * it (head_dim <= KERN_ATTN_SDPA_MAX_HEAD_DIM, a multiple of 8); anything
+ * else, and decomposed, keeps kern_attention_pick's rule (the reference,
+ * and the fallback). fused differs from auto only in that a fallback is
+ * reported as a warning. Every other backend and dtype: the pick rule. */
+typedef enum { KERN_ATTN_MODE_AUTO = 0, KERN_ATTN_MODE_FUSED, KERN_ATTN_MODE_DECOMPOSED } kern_attn_mode_t;
+#define KERN_ATTN_SDPA_MAX_HEAD_DIM 128
+/* "auto", "fused", "decomposed" into *out; -1 with a message otherwise. */
+int kern_attention_mode_parse(const char *s, kern_attn_mode_t *out);
+const char *kern_attention_mode_name(kern_attn_mode_t m);
+/* The mode in force: the last kern_attention_set_mode, else $REEL_ATTN
+ * (read once; an unknown value is auto, reported by
+ * kern_attention_describe), else auto. */
+kern_attn_mode_t kern_attention_mode(void);
+void kern_attention_set_mode(kern_attn_mode_t m);
+/* Whether the fused SDPA can run in this process, and if not why (copied;
+ * NULL: no reason). Set by the CUDA backend when it comes up. */
+void kern_attention_set_sdpa_ready(bool ready, const char *why);
+/* The path AUTO takes for these sizes on bk in dt, and why (a static or
+ * process-lifetime string). Can't fail. */
+kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
+                                       int64_t head_dim, const char **why);
+/* One line for a log or a metric label: the mode, what AUTO takes for
+ * Wan's self-attention head (BF16, head_dim 128) on bk, and why. */
+void kern_attention_describe(kern_backend_kind_t bk, char *buf, size_t len);
 
 /* Memory bound of one block of scores (and probabilities) when the caller
  * gives none: 16 MiB on the CPU (cache-sized blocks), 512 MiB on CUDA

@@ -125,6 +125,9 @@ EOF
 )
 [ "${same#* }" = "-" ] && [ "${same%% *}" -ge 4 ] && ok "the ${same%% *} names both sources print have the same label sets" ||
     bad "label sets differ between reelctl metrics --broker and /metrics: $same"
+grep -q '^reel_worker_attention_info{path="decomposed",mode="auto",reason="not CUDA in BF16: the pick rule"} 1$' "$D/m$P1.txt" &&
+    ok "a CPU worker exports its attention path, mode and why" ||
+    { bad "reel_worker_attention_info"; grep attention "$D/m$P1.txt" | head -3; }
 if grep -qiE '(key|key_hash|request|id)="' "$D/m$BP.txt" "$D/m$P1.txt" "$D/m$P2.txt"; then
     bad "a capture-key or request-id label"; grep -iE '(key|key_hash|request|id)="' "$D"/m*.txt | head -3
 else
@@ -203,6 +206,10 @@ r=$(get "http://127.0.0.1:$P1/healthz"); case "$r" in "200 ok") ok "... and its 
 rc=$?
 [ $rc != 0 ] && grep -q "not ADDR:PORT" "$D/bad1.log" && ok "--metrics nonsense: the broker refuses to start (exit $rc)" ||
     { bad "--metrics nonsense (exit $rc)"; show "$D/bad1.log"; }
+timeout 20 "$B/reel-worker" --name w8 --broker "ipc://$D/w" --weights "$D/v1.safetensors" --attention flash >"$D/bad3.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "auto, fused or decomposed" "$D/bad3.log" && ok "--attention flash: a usage error naming the modes (exit 2)" ||
+    { bad "--attention flash (exit $rc)"; show "$D/bad3.log"; }
 timeout 20 "$B/reel-worker" --name w9 --broker "ipc://$D/w" --weights "$D/v1.safetensors" --metrics "127.0.0.1:$P2" \
     >"$D/bad2.log" 2>&1
 rc=$?

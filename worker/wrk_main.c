@@ -31,6 +31,7 @@
 #include "model/release.h"
 #include "model/tdit_program.h"
 #include "model/lora.h"
+#include "kernels/ops.h"
 #include "worker/wrk.h"
 #include "worker/wrk_executor.h"
 #include "model/t2v.h"
@@ -105,6 +106,19 @@ static void render_metrics(link_t *l, reel_text_t *t) {
     cap_cache_stats(w->cache, &st);
     reel_prom_family(t, "reel_worker_captures_total", "counter", "Graphs captured and verified.");
     reel_prom_sample(t, "reel_worker_captures_total", "", (double)st.captures);
+    {
+        /* the attention path and why, as labels (quotes and backslashes made harmless) */
+        char reason[sizeof w->attention], lb[sizeof w->attention + 96];
+        const char *c = strstr(w->attention, "): ");
+        snprintf(reason, sizeof reason, "%s", c ? c + 3 : w->attention);
+        for (char *q = reason; *q; q++)
+            if (*q == '"' || *q == '\\' || *q == '\n') *q = '\'';
+        snprintf(lb, sizeof lb, "path=\"%s\",mode=\"%s\",reason=\"%s\"", w->attention_fused ? "fused" : "decomposed",
+                 kern_attention_mode_name(kern_attention_mode()), reason);
+        reel_prom_family(t, "reel_worker_attention_info", "gauge",
+                         "The attention path for Wan's head on this worker (BF16, d 128), its mode and why.");
+        reel_prom_sample(t, "reel_worker_attention_info", lb, 1);
+    }
     reel_prom_family(t, "reel_worker_replays_total", "counter", "Steps served by graph replay.");
     reel_prom_sample(t, "reel_worker_replays_total", "", (double)st.replays);
     reel_prom_family(t, "reel_worker_eager_steps_total", "counter", "Steps run eagerly (warmup, declines, captures).");
@@ -672,6 +686,15 @@ static int open_backend(run_t *r) {
         wrk_log(w, "%s", reel_err_text());
         return -1;
     }
+    if (o->attention) {
+        kern_attn_mode_t m = KERN_ATTN_MODE_AUTO;
+        kern_attention_mode_parse(o->attention, &m); /* checked with the options */
+        kern_attention_set_mode(m);
+    }
+    kern_backend_kind_t bk = kern_backend_kind(w->backend);
+    kern_attention_describe(bk, w->attention, sizeof w->attention);
+    w->attention_fused = kern_attention_choose(bk, KERN_BF16, 32760, 32760, 128, NULL) == KERN_ATTN_SDPA;
+    if (bk == KERN_BACKEND_CUDA) wrk_log(w, "%s", w->attention);
     w->dtype = o->bf16 ? KERN_BF16 : KERN_F32;
     if (o->bf16 && kern_backend_kind(w->backend) != KERN_BACKEND_CUDA) {
         wrk_log(w, "bf16 needs a CUDA device; computing in F32 on the CPU");

@@ -1,6 +1,7 @@
 /* wrk_opts.c -- reel-worker's command line (see wrk_opts.h). Every value is
  * range-checked here; a bad one is a usage error (exit 2), never a clamp. */
 #include "worker/wrk_opts.h"
+#include "kernels/ops.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +28,13 @@ static int set_budget(void *dst, const char *v) {
     ((wrk_opts_t *)dst)->budget = (size_t)b;
     return 0;
 }
+static int set_attention(void *dst, const char *v) {
+    kern_attn_mode_t m;
+    if (kern_attention_mode_parse(v, &m) != 0) return -1;
+    ((wrk_opts_t *)dst)->attention = v;
+    return 0;
+}
+
 static int set_text_cache(void *dst, const char *v) {
     uint64_t b;
     if (reel_parse_bytes(v, SIZE_MAX, "--text-cache", &b) != 0) return -1;
@@ -125,6 +133,10 @@ static const reel_opt_t rows[] = {
               "ask for output frames or video" },
     { .name = "text-cache", .kind = REEL_OPT_SET, .set = set_text_cache, .expect = "bytes with an optional K/M/G suffix",
       .arg = "BYTES", .help = "encoded prompts kept, LRU (64M); counts against --budget" },
+    { .name = "attention", .kind = REEL_OPT_SET, .set = set_attention, .expect = "auto, fused or decomposed",
+      .arg = "auto|fused|decomposed",
+      .help = "attention on CUDA in BF16: cuDNN's fused SDPA where it\n"
+              "loads (auto, fused) or the decomposition (default: $REEL_ATTN, else auto)" },
     { .name = "lora", .kind = REEL_OPT_FLAG, .off = O(lora),
       .help = "take LoRA syncs (SYNC with base_version): keeps a host\n"
               "copy of the base weights, counted against --budget" },

@@ -54,6 +54,7 @@ typedef struct {
     const char *vae;                 /* --vae FILE: the VAE (likewise) */
     size_t text_cache;               /* --text-cache BYTES: encoded prompts kept (64 MiB) */
     bool lora;                       /* --lora: take LoRA syncs, keeping the base weights (model/lora.h) */
+    const char *attention;           /* --attention auto|fused|decomposed (NULL: $REEL_ATTN, else auto) */
     const char *artifacts_enable;    /* --artifacts-enable ID,ID: the allowlist (NULL: all verified) */
     kern_art_timing_t artifact_timing; /* --artifact-timing off|sync|shadow (off) */
     bool help;                       /* --help was given: print usage, exit 0 */

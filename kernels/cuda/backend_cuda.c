@@ -10,6 +10,10 @@
 #include "cuda_common.h"
 #include "../backend_impl.h"
 #include "base/error.h"
+#include "kernels/ops.h"
+#ifdef HAVE_CUDNN
+int reel_cudnn_lazy_check(const char **reason); /* kernels/cuda/cudnn_lazy.c */
+#endif
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -362,5 +366,14 @@ int kern_cuda_backend_init(kern_backend_t *b, int device) {
     snprintf(b->device_name, sizeof b->device_name, "cuda:%d", device);
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", prop.major, prop.minor);
     b->impl = im;
+    /* The fused attention runs where cuDNN loads (every device here is
+     * sm_80 or newer): kernels/ops.h, kern_attention_choose. */
+#ifdef HAVE_CUDNN
+    const char *why = NULL;
+    bool dnn = reel_cudnn_lazy_check(&why) == 0;
+    kern_attention_set_sdpa_ready(dnn, dnn ? NULL : why);
+#else
+    kern_attention_set_sdpa_ready(false, "built without cuDNN (no cudnn.h beside the toolkit)");
+#endif
     return 0;
 }
