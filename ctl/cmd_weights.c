@@ -23,18 +23,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A config from a JSON file {"name":..., "dim":..., ...}. 0, or -1 with
- * the error value set. */
-static int config_from_json(const char *path, tdit_config_t *c) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return reel_fail(REEL_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    char buf[64 * 1024];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    bool more = !feof(f) && fgetc(f) != EOF;
-    fclose(f);
-    if (more) return reel_fail(REEL_E_LIMIT, "%s: larger than %zu bytes: not a model config", path, sizeof buf);
-    return tdit_config_from_json(buf, n, path, c);
-}
 
 static int weights_init(int argc, char **argv) {
     static const struct option opts[] = {
@@ -67,7 +55,7 @@ static int weights_init(int argc, char **argv) {
         if (access(config, R_OK) != 0)
             return reel_fail(REEL_E_NOT_FOUND,
                              "--config: '%s' is neither a built-in config (%s) nor a readable JSON file", config, names);
-        if (config_from_json(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config %s: ", config);
+        if (ctl_config_from_json(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config %s: ", config);
     }
     if (tdit_weights_init(&c, seed, out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
     fprintf(stderr, "reelctl: wrote %s: config %s (D=%" PRId64 " H=%" PRId64 " layers=%" PRId64

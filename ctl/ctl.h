@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include "base/error.h"
 #include "schema/msg.h"
+#include "model/tinydit.h"
 
 /* The command ran and its answer is no (see above): exit status 1. */
 #define CTL_NO 1
@@ -44,6 +45,7 @@ int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c) */
+int cmd_plan(int argc, char **argv);       /* plan (cmd_plan.c) */
 int cmd_video(int argc, char **argv);      /* video probe (cmd_text.c) */
 int cmd_encode(int argc, char **argv);     /* encode: ids through the umT5 encoder (cmd_encode.c) */
 int cmd_decode(int argc, char **argv);     /* decode (cmd_decode.c) */
@@ -73,6 +75,9 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
  * W at most MSG_MAX_FHW (what a GEN's latent may be). 0, or -1 with a
  * REEL_E_INVALID error naming `what` (the option) and the text. */
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
+/* A model config from a JSON file {"name": ..., "dim": ..., ...} (at most
+ * 64 KiB). 0, or -1 with the error value set. */
+int ctl_config_from_json(const char *path, tdit_config_t *c);
 /* Monotonic seconds. */
 double ctl_now(void);
 /* A progress bar on stderr when it is a terminal ("\r[####....] what 3/8",

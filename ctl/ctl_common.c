@@ -158,3 +158,20 @@ void ctl_progress(const char *what, int64_t done, int64_t total) {
     if (done == total) fputc('\n', stderr);
     fflush(stderr);
 }
+
+int ctl_config_from_json(const char *path, tdit_config_t *c) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return reel_fail(REEL_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(64 * 1024);
+    if (!buf) {
+        fclose(f);
+        return reel_fail(REEL_E_NOMEM, "out of memory");
+    }
+    size_t n = fread(buf, 1, 64 * 1024, f);
+    bool more = !feof(f) && fgetc(f) != EOF;
+    fclose(f);
+    int rc = more ? reel_fail(REEL_E_LIMIT, "%s: larger than %d bytes: not a model config", path, 64 * 1024)
+                  : tdit_config_from_json(buf, n, path, c);
+    free(buf);
+    return rc;
+}

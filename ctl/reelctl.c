@@ -61,6 +61,10 @@ static const char usage[] =
     "                              the ids Wan's tokenizer gives a prompt (cleaned, eos last, at\n"
     "                              most N: 512), comma separated: what encode feeds the encoder\n"
     "  tokenize --clean --prompt TEXT   the prompt as Wan's cleaning (ftfy, html, spaces) leaves it\n"
+    "  plan --config NAME|FILE.json --size FxHxW [--text L] [--cfg] [--gpu h200|h100|a100]\n"
+    "      [--attention fused|decomposed]\n"
+    "                              one step on paper: each op group's FLOPs, bytes and time\n"
+    "                              at the GPU's published peaks; last line the step total\n"
     "  video probe FILE [--json]   a video's decoded frame count, size, frame rate and codec\n"
     "\n"
     "  against a running broker (default tcp://127.0.0.1:5555, --broker EP):\n"
@@ -161,6 +165,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "tensor")) return cmd_tensor(argc - 1, argv + 1);
     if (!strcmp(cmd, "video")) return cmd_video(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(cmd, "sync")) return cmd_sync(argc - 1, argv + 1);
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);

@@ -23,6 +23,7 @@ Python's sentencepiece with Wan's prompt cleaning, on a model spm_train makes
 import argparse
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -391,6 +392,13 @@ def main():
         tp, tf = test_tokenizer.crosscheck_tokenizer(a.reelctl, os.path.join(a.workdir, "tokenizer"))
         passed += tp
         failed += tf
+    print("-- reelctl plan (issue 28): its FLOPs against the block's matrix products written in Python")
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_plan.py"),
+                        "--reelctl", a.reelctl], capture_output=True, text=True, timeout=300)
+    print(r.stdout, end="")
+    m = re.search(r"^plan: (\d+) passed, (\d+) failed", r.stdout, re.M)
+    passed += int(m.group(1)) if m else 0
+    failed += int(m.group(2)) if m else 1
     print("-- LoRA (issue 27): reelctl run --lora vs numpy's W + s*B@A in a full file; refusals by name")
     lp, lf = test_lora.crosscheck_lora(a.reelctl, os.path.join(a.workdir, "lora"))
     passed += lp
