@@ -585,8 +585,16 @@ step_time() { # CONFIG SIZE TEXT LIMIT BUDGET
     line=$(grep -m1 '^step' "$WORK/step-$1.log")
     [ "$RC" = 0 ] || fail "step $1: ${line:-$(lastline "$WORK/step-$1.log")}"
     echo "$line" | grep -qE "^step $1 bf16 cuda:[0-9]+ sm_" || fail "step $1 did not run on cuda: $line"
+    # next to the measurement: reelctl plan's estimate of the same step on this GPU (CFG, BF16)
+    local est="" gpu=""
+    case $ENV_LINE in *H200*) gpu=h200 ;; *H100*) gpu=h100 ;; *A100*) gpu=a100 ;; esac
+    if [ -n "$gpu" ] && "$BIN/reelctl" plan --config "$1" --size "$2" --text "$3" --cfg --gpu "$gpu" \
+        >"$WORK/plan-$1.log" 2>&1; then
+        est=$(sed -n 's/^total: .* bytes, \([0-9.]*\) s$/\1/p' "$WORK/plan-$1.log" | tail -1)
+        [ -n "$est" ] && est="; reelctl plan on $gpu: $(awk -v s="$est" 'BEGIN { printf "%.3f", s * 1000 }') ms"
+    fi
     row "step $1 bf16 ($2, text $3): eager / replay" \
-        "$(echo "$line" | sed -n 's/.*eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')" "replay == eager bitwise"
+        "$(echo "$line" | sed -n 's/.*eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')$est" "replay == eager bitwise"
 }
 step_steps() {
     echo "== 6. one CFG step, eager vs graph replay, BF16 on CUDA"

@@ -72,7 +72,7 @@ check "all well, full" pass "" "" --
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE= OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
 printf '%s\n' "$out" | grep -q '^| PASS | CUDA suite (tests/test_cuda) *| 48 checks, 0 failures' &&
-    printf '%s\n' "$out" | grep -q '^| PASS | step small bf16 .*eager / replay *| 1.234 / 0.321 ms (3.84x)' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | step small bf16 .*eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan on h200: 2.000 ms' &&
     printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (opt-in) *| 100%: Checks: 1' &&
     ok "the PASS comes after one table of the numbers, a row per check" || bad "no table of numbers before the PASS"
 
