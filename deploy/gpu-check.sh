@@ -18,7 +18,7 @@
 # more rows failed); the exit status is 0 only with PASS. The steps run in
 # the order of what their numbers are worth: the probe, the CFG steps
 # (6), the Wan-size attention (5), the CUDA suite (2), reelctl run (3),
-# the capture cache (4), the opt-in cuDNN attention (7). Steps (docs/GPU.md
+# the capture cache (4), the fused cuDNN attention (7). Steps (docs/GPU.md
 # says why each one cannot pass falsely):
 #   0  preflight: shell tools, the bundle, built from this very tree (source
 #      hashes), glibc new enough, every library found (ldd; the CUDA libraries
@@ -41,8 +41,8 @@
 #   6  one CFG step eager vs graph replay in BF16 on CUDA (replay bitwise
 #      equal to eager first): tiny, small and, in full mode, wan2.1-1.3b at
 #      81 frames 480x832 (latent 16x21x60x104, 32,760 tokens)
-#   7  opt-in: cuDNN's fused attention (the test_cuda case "cudnn"), its
-#      own row: SKIP when the bundle has no cuDNN
+#   7  cuDNN's fused attention (the test_cuda case "cudnn": AUTO's path on
+#      CUDA in BF16 where cuDNN loads), its own row: SKIP when it cannot load
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
 set -u -o pipefail
 
@@ -131,10 +131,17 @@ fail() {
     if [ -n "$IN_STEP" ] && [ "$BASHPID" != "$$" ]; then
         row "$IN_STEP" "$*" "" FAIL
         [ -s "$WORK/first-failure" ] || printf '%s\n' "$*" >"$WORK/first-failure"
-        local p
+        local p me=$BASHPID
         [ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null
         for p in $PIDS; do kill -KILL "$p" 2>/dev/null; done
+        for p in $(ps -o pid= --ppid "$me" 2>/dev/null); do kill_tree "$p"; done # requests still in flight
         exit 1
+    fi
+    trap '' INT TERM HUP # one verdict: a late signal waits for the exit
+    if [ -n "$STEP_PID" ]; then # the step stops before the table, so nothing of it follows the verdict
+        disown "$STEP_PID" 2>/dev/null
+        kill_tree "$STEP_PID"
+        STEP_PID=""
     fi
     VERDICT=fail
     print_table
@@ -198,7 +205,7 @@ lastline() { grep -v '^[[:space:]]*$' "$1" | tail -1; }
 # --- 0. preflight -------------------------------------------------------------
 echo "== 0. preflight ($MODE mode, deadline $BUDGET s)"
 missing=""
-for c in bash tar gzip sha256sum timeout awk sed grep sort find mktemp getconf cmp xargs tr head tail kill sleep; do
+for c in bash tar gzip sha256sum timeout awk sed grep sort find mktemp getconf cmp xargs tr head tail kill sleep ps; do
     command -v "$c" >/dev/null 2>&1 || missing="$missing $c"
 done
 [ -z "$missing" ] || fail "missing commands on this machine:$missing"
@@ -603,20 +610,20 @@ step_steps() {
     [ "$MODE" != full ] || step_time wan2.1-1.3b 21x60x104 512 150 30
 }
 
-# --- 7. opt-in: cuDNN's fused attention -------------------------------------------------
+# --- 7. cuDNN's fused attention --------------------------------------------------------
 step_cudnn() {
-    echo "== 7. opt-in: cuDNN SDPA attention (test_cuda case cudnn)"
+    echo "== 7. the fused path: cuDNN SDPA attention (test_cuda case cudnn)"
     run_logged cudnn-suite 60 env CK_RUN_CASE=cudnn "$BIN/test_cuda"
     local log="$WORK/cudnn-suite.log" sum
     if grep -q "SKIP cudnn" "$log"; then
-        row "cuDNN SDPA attention (opt-in)" "$(grep -m1 'SKIP cudnn' "$log" | sed 's/^.*SKIP //')" "" SKIP
+        row "cuDNN SDPA attention (the fused path)" "$(grep -m1 'SKIP cudnn' "$log" | sed 's/^.*SKIP //')" "" SKIP
         return 0
     fi
     sum=$(grep -E '^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+' "$log" | tail -1)
     [ -n "$sum" ] || fail "the cuDNN case printed no Check summary (exit $RC): $(lastline "$log")"
     [ "$RC" = 0 ] && echo "$sum" | grep -q "Failures: 0, Errors: 0" ||
         fail "the cuDNN case: $sum; first: $(grep -m1 -E ':[FE]:' "$log")"
-    row "cuDNN SDPA attention (opt-in)" "$sum" "matches the decomposition"
+    row "cuDNN SDPA attention (the fused path)" "$sum" "matches the decomposition"
 }
 
 # --- the steps, by the worth of their numbers ---------------------------------------------
@@ -625,8 +632,9 @@ run_step "attention at Wan size (step 5)" step_attention
 run_step "CUDA suite (step 2)" step_suite
 run_step "reelctl run, CUDA vs CPU (step 3)" step_runs
 run_step "capture cache, 2 streams (step 4)" step_cache
-run_step "cuDNN SDPA attention, opt-in (step 7)" step_cudnn
+run_step "cuDNN SDPA attention, the fused path (step 7)" step_cudnn
 
+trap '' INT TERM HUP # the verdict is being written: one, whatever comes now
 if [ -s "$WORK/first-failure" ]; then
     VERDICT=fail
     print_table

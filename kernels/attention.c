@@ -37,55 +37,7 @@ kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim) {
                                                                  : KERN_ATTN_FUSED;
 }
 
-/* ---- which path AUTO takes ------------------------------------------------- */
-
-static pthread_mutex_t mode_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool mode_set;
-static kern_attn_mode_t mode_now;
-static bool env_bad;
-static bool sdpa_ready;
-static char sdpa_why[256] = "no CUDA backend has come up in this process";
-
-int kern_attention_mode_parse(const char *s, kern_attn_mode_t *out) {
-    if (!strcmp(s, "auto")) *out = KERN_ATTN_MODE_AUTO;
-    else if (!strcmp(s, "fused")) *out = KERN_ATTN_MODE_FUSED;
-    else if (!strcmp(s, "decomposed")) *out = KERN_ATTN_MODE_DECOMPOSED;
-    else return reel_fail(REEL_E_INVALID, "attention mode '%s': auto, fused or decomposed", s);
-    return 0;
-}
-
-const char *kern_attention_mode_name(kern_attn_mode_t m) {
-    return m == KERN_ATTN_MODE_FUSED ? "fused" : m == KERN_ATTN_MODE_DECOMPOSED ? "decomposed" : "auto";
-}
-
-kern_attn_mode_t kern_attention_mode(void) {
-    pthread_mutex_lock(&mode_mu);
-    if (!mode_set) {
-        const char *e = getenv("REEL_ATTN");
-        kern_attn_mode_t m = KERN_ATTN_MODE_AUTO;
-        if (e && *e && kern_attention_mode_parse(e, &m) != 0) env_bad = true;
-        mode_now = m;
-        mode_set = true;
-    }
-    kern_attn_mode_t m = mode_now;
-    pthread_mutex_unlock(&mode_mu);
-    return m;
-}
-
-void kern_attention_set_mode(kern_attn_mode_t m) {
-    pthread_mutex_lock(&mode_mu);
-    mode_now = m;
-    mode_set = true;
-    env_bad = false;
-    pthread_mutex_unlock(&mode_mu);
-}
-
-void kern_attention_set_sdpa_ready(bool ready, const char *why) {
-    pthread_mutex_lock(&mode_mu);
-    sdpa_ready = ready;
-    snprintf(sdpa_why, sizeof sdpa_why, "%s", why ? why : "");
-    pthread_mutex_unlock(&mode_mu);
-}
+/* ---- which path AUTO takes (the mode and readiness live in attn_policy.c) ---- */
 
 kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
                                        int64_t head_dim, const char **why) {
@@ -102,22 +54,19 @@ kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, 
     else if (head_dim > KERN_ATTN_SDPA_MAX_HEAD_DIM || head_dim % 8) w = head;
     else if (!kern_registry_lookup(KERN_OP_ATTENTION_SDPA, bk, dt)) w = no_kernel;
     else {
-        pthread_mutex_lock(&mode_mu);
-        sdpa = sdpa_ready;
-        if (!sdpa) w = sdpa_why; /* process-lifetime: rewritten only by the backend's start */
-        pthread_mutex_unlock(&mode_mu);
+        static _Thread_local char reason[256]; /* the caller's copy: a backend may rewrite the state's */
+        sdpa = kern_attention_sdpa_state(reason, sizeof reason);
+        if (!sdpa) w = reason;
     }
     if (why) *why = w;
     return sdpa ? KERN_ATTN_SDPA : kern_attention_pick(nq, nk, head_dim);
 }
 
-void kern_attention_describe(kern_backend_kind_t bk, char *buf, size_t len) {
+void kern_attention_describe(kern_backend_kind_t bk, kern_dtype_t dt, char *buf, size_t len) {
     const char *why;
     kern_attn_mode_t m = kern_attention_mode();
-    kern_attn_path_t p = kern_attention_choose(bk, KERN_BF16, 32760, 32760, 128, &why);
-    pthread_mutex_lock(&mode_mu);
-    bool bad = env_bad;
-    pthread_mutex_unlock(&mode_mu);
+    kern_attn_path_t p = kern_attention_choose(bk, dt, 32760, 32760, 128, &why);
+    bool bad = kern_attention_env_bad();
     snprintf(buf, len, "attention %s (mode %s%s): %s%s", p == KERN_ATTN_SDPA ? "fused" : "decomposed",
              kern_attention_mode_name(m), bad ? ", REEL_ATTN not understood" : "", why,
              m == KERN_ATTN_MODE_FUSED && p != KERN_ATTN_SDPA ? " (WARNING: fused was asked for)" : "");

@@ -106,13 +106,18 @@ void kern_attention_set_mode(kern_attn_mode_t m);
 /* Whether the fused SDPA can run in this process, and if not why (copied;
  * NULL: no reason). Set by the CUDA backend when it comes up. */
 void kern_attention_set_sdpa_ready(bool ready, const char *why);
-/* The path AUTO takes for these sizes on bk in dt, and why (a static or
- * process-lifetime string). Can't fail. */
+/* Whether it can, and why not (copied into why[0..len)). */
+bool kern_attention_sdpa_state(char *why, size_t len);
+/* Whether $REEL_ATTN held a value that is not a mode. */
+bool kern_attention_env_bad(void);
+/* The path AUTO takes for these sizes on bk in dt, and why (a static
+ * string, or the calling thread's copy of the backend's reason, valid
+ * until its next call). Can't fail. */
 kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int64_t nk,
                                        int64_t head_dim, const char **why);
 /* One line for a log or a metric label: the mode, what AUTO takes for
- * Wan's self-attention head (BF16, head_dim 128) on bk, and why. */
-void kern_attention_describe(kern_backend_kind_t bk, char *buf, size_t len);
+ * Wan's self-attention head (head_dim 128) on bk in dt, and why. */
+void kern_attention_describe(kern_backend_kind_t bk, kern_dtype_t dt, char *buf, size_t len);
 
 /* Memory bound of one block of scores (and probabilities) when the caller
  * gives none: 16 MiB on the CPU (cache-sized blocks), 512 MiB on CUDA

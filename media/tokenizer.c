@@ -344,6 +344,7 @@ static void ftfy_unescape(const char *s, size_t len, sbuf_t *b) {
                 rep = ref.oom ? NULL : ref.p ? ref.p : "";
             }
         }
+        if (ref.oom) b->oom = true;
         if (rep) sb_put(b, rep, strlen(rep));
         else sb_put(b, s + at, k + 1 - at);
         free(ref.p);
@@ -409,7 +410,8 @@ static void ftfy_chars(const char *s, size_t len, sbuf_t *b) {
     free(t2.p);
 }
 
-#define FTFY_MAX_PASSES 64 /* a fixed point comes in a few; the bound is for safety */
+#define FTFY_MAX_PASSES 64 /* a fixed point comes in a few; the bound is for safety (ftfy has none:
+                              * a reference escaped more than 64 times deep differs) */
 
 /* ftfy.fix_text's deterministic part of valid UTF-8 s[0..len) into b. */
 static void ftfy_fix(const char *s, size_t len, sbuf_t *b) {

@@ -311,6 +311,18 @@ int lora_check(const lora_t *l, const tdit_config_t *c) {
     return rc;
 }
 
+double lora_max_delta(const lora_t *l) {
+    double worst = 0;
+    for (int i = 0; i < l->n; i++) {
+        const lora_target_t *t = &l->t[i];
+        double ma = 0, mb = 0;
+        for (int64_t j = 0; j < t->rank * t->in; j++) ma = fmax(ma, fabs((double)t->a[j]));
+        for (int64_t j = 0; j < t->out * t->rank; j++) mb = fmax(mb, fabs((double)t->b[j]));
+        worst = fmax(worst, fabs((double)l->scale) * (double)t->rank * ma * mb);
+    }
+    return worst;
+}
+
 int lora_rank(const lora_t *l) { return l->r; }
 double lora_alpha(const lora_t *l) { return l->alpha; }
 bool lora_rslora(const lora_t *l) { return l->rslora; }

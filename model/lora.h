@@ -85,6 +85,11 @@ const lora_target_t *lora_target(const lora_t *l, int i);
 /* The target changing weight `name`, or NULL. */
 const lora_target_t *lora_find(const lora_t *l, const char *name);
 
+/* The largest |s·(B·A)[i][j]| any target can add: |s|·r·max|B|·max|A|
+ * over the targets (an upper bound; a merge stays finite below F32's
+ * range minus the base's values). */
+double lora_max_delta(const lora_t *l);
+
 /* A one-line JSON of the adapter (rank, alpha, rslora, scale, targets,
  * modules, bytes, sha256, layout) into buf: what the worker reports and
  * the catalog records. 0, or -1 when it does not fit. */

@@ -73,7 +73,7 @@ rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE= OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
 printf '%s\n' "$out" | grep -q '^| PASS | CUDA suite (tests/test_cuda) *| 48 checks, 0 failures' &&
     printf '%s\n' "$out" | grep -q '^| PASS | step small bf16 .*eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan on h200: 2.000 ms' &&
-    printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (opt-in) *| 100%: Checks: 1' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (the fused path) *| 100%: Checks: 1' &&
     ok "the PASS comes after one table of the numbers, a row per check" || bad "no table of numbers before the PASS"
 
 # --- a failing step is a row; every later step still runs -------------------------
@@ -85,7 +85,7 @@ printf '%s\n' "$out" | grep -q '^| FAIL | CUDA suite (step 2) *| the CUDA suite:
     printf '%s\n' "$out" | grep -q '^| PASS | step small bf16' &&
     printf '%s\n' "$out" | grep -q '^| PASS | tiny bf16 run on CUDA, graphs on vs off' &&
     printf '%s\n' "$out" | grep -q '^| PASS | cache bf16, 2 streams' &&
-    printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (opt-in)' && [ "$rc" != 0 ] &&
+    printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (the fused path)' && [ "$rc" != 0 ] &&
     [[ $last == "gpu-check: FAIL the CUDA suite: 2 failures"* ]] &&
     ok "a failing suite is one FAIL row; the runs, the cache and cuDNN after it still give their rows" ||
     { bad "a failing step stopped the rest (exit $rc, last '$last')"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
@@ -96,7 +96,7 @@ last=$(printf '%s\n' "$out" | tail -1)
     printf '%s\n' "$out" | grep -q '^| FAIL | reelctl run, CUDA vs CPU (step 3) *| tiny f32 run on CUDA, graphs on vs off' &&
     ok "two failing steps: two FAIL rows, the verdict names the first and counts the other" ||
     { bad "two failures: last '$last'"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
-check "no cuDNN in the bundle: the opt-in row SKIPs, the rest passes" pass "" cudnn_missing -- --quick
+check "no cuDNN on the machine: the fused-path row SKIPs, the rest passes" pass "" cudnn_missing -- --quick
 # An old driver: the toolkit's forward-compatibility libcuda is tried before failing.
 mkdir -p "$T/compat" && echo "not really a library" >"$T/compat/libcuda.so.1"
 rehash
@@ -112,9 +112,9 @@ rc=$?; last=$(printf '%s\n' "$out" | tail -1)
     ok "an old driver and no compat libraries: one FAIL naming the driver" || bad "old driver without compat: '$last'"
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=cudnn_missing OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
-printf '%s\n' "$out" | grep -q '^| SKIP | cuDNN SDPA attention (opt-in) *| cudnn sdpa: built without cuDNN' &&
+printf '%s\n' "$out" | grep -q '^| SKIP | cuDNN SDPA attention (the fused path) *| cudnn sdpa: built without cuDNN' &&
     ok "the SKIP row says why" || bad "no SKIP row for a missing cuDNN"
-check "the opt-in cuDNN case fails: its own row, the verdict FAIL" fail "the cuDNN case: 0%: Checks: 1, Failures: 1" cudnn_fail -- --quick
+check "the fused cuDNN case fails: its own row, the verdict FAIL" fail "the cuDNN case: 0%: Checks: 1, Failures: 1" cudnn_fail -- --quick
 
 # --- each fault fails the check, in one line ------------------------------------
 check "no GPU (the probe fails)" fail "no usable GPU: no NVIDIA driver" probe -- --quick

@@ -42,7 +42,7 @@ gpu_probe)
     echo "reel backend: cuda:0, sm_90"
     exit 0 ;;
 test_cuda)
-    if [ "${CK_RUN_CASE:-}" = cudnn ]; then # the opt-in cuDNN case (step 7)
+    if [ "${CK_RUN_CASE:-}" = cudnn ]; then # the fused path's cuDNN case (step 7)
         echo "Running suite(s): cuda"
         fault cudnn_missing && echo "test_cuda: SKIP cudnn sdpa: built without cuDNN (no cudnn.h beside the toolkit)"
         if fault cudnn_fail; then

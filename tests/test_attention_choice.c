@@ -61,12 +61,12 @@ START_TEST(test_decomposed_mode_keeps_the_pick_rule_even_when_the_fused_path_is_
     ck_assert_str_eq(why, "REEL_ATTN=decomposed");
     ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CUDA, KERN_BF16, 16, 16, 64, NULL), KERN_ATTN_FUSED);
     char line[320];
-    kern_attention_describe(KERN_BACKEND_CUDA, line, sizeof line);
+    kern_attention_describe(KERN_BACKEND_CUDA, KERN_BF16, line, sizeof line);
     ck_assert_str_eq(line, "attention decomposed (mode decomposed): REEL_ATTN=decomposed");
     kern_attention_set_mode(KERN_ATTN_MODE_FUSED);
     kern_attention_set_sdpa_ready(false, "cuDNN has no cudnnBackendExecute (libcudnn.so.9 is too old: the fused "
                                          "attention is off)");
-    kern_attention_describe(KERN_BACKEND_CUDA, line, sizeof line);
+    kern_attention_describe(KERN_BACKEND_CUDA, KERN_BF16, line, sizeof line);
     ck_assert_msg(strstr(line, "attention decomposed (mode fused): ") == line, "%s", line);
     ck_assert_msg(strstr(line, "(WARNING: fused was asked for)") != NULL, "%s", line);
     kern_attention_set_mode(KERN_ATTN_MODE_AUTO);
@@ -94,7 +94,7 @@ static int env_child(const char *value, kern_attn_mode_t want, const char *line_
     if (p == 0) {
         setenv("REEL_ATTN", value, 1);
         char line[320];
-        kern_attention_describe(KERN_BACKEND_CUDA, line, sizeof line);
+        kern_attention_describe(KERN_BACKEND_CUDA, KERN_BF16, line, sizeof line);
         int ok = kern_attention_mode() == want && strstr(line, line_has) != NULL;
         if (!ok) printf("  REEL_ATTN=%s: mode %s, line '%s'\n", value, kern_attention_mode_name(kern_attention_mode()), line);
         fflush(stdout);

@@ -1526,8 +1526,8 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise, 0, 2);
     tcase_add_loop_test(tc, test_a_batched_group_on_cuda_is_bitwise_the_single_requests, 0, 2);
     suite_add_tcase(s, tc);
-    /* The opt-in fused path the model does not use yet: its own case, so
-     * deploy/gpu-check.sh runs it as its own row (CK_RUN_CASE=cudnn). */
+    /* The fused path (AUTO's on CUDA in BF16 where cuDNN loads): its own
+     * case, so deploy/gpu-check.sh runs it as its own row (CK_RUN_CASE=cudnn). */
     TCase *dnn = tcase_create("cudnn");
     tcase_add_checked_fixture(dnn, setup, teardown);
     tcase_add_test(dnn, test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise);

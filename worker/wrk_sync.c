@@ -225,7 +225,13 @@ static uint64_t adapter_max_bytes(const tdit_config_t *c) {
  * the model; on a refusal NULL, answered `bad_adapter: <why>`. */
 static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char *what, const st_file_t *f) {
     op->lora = lora_parse(text, n, what, f, op->hex);
-    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) return;
+    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) {
+        /* |s·B·A| <= |s|·r·max|B|·max|A|: a merge that could leave F32's
+         * range would serve NaN; refused before the lock, not after */
+        if (lora_max_delta(op->lora) < 1e37) return;
+        reel_fail(REEL_E_INVALID, "its merge could overflow F32 (|s|·r·max|B|·max|A| = %g)",
+                  lora_max_delta(op->lora));
+    }
     char answer[REEL_ERR_MSG];
     snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
     wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
@@ -241,6 +247,11 @@ static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char 
 static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
     wrk_t *w = op->w;
     const msg_sync_t *m = op->m;
+    wire_err_t e;
+    if (strcmp(m->component, TDIT_COMPONENT) != 0)
+        return reel_fail(REEL_E_NOT_FOUND, "unknown component '%.64s' (this worker has '%s')", m->component,
+                         TDIT_COMPONENT);
+    if (msg_sync_validate(m, false, &e) != 0) return reel_fail(REEL_E_INVALID, "%s", e.message);
     if (!w->base.file) return wrk_refuse(REEL_E_UNSUPPORTED, WRK_E_NO_LORA, "a SYNC with base_version");
     if (m->base_version != w->base.version)
         return wrk_refuse(REEL_E_STATE, WRK_E_BASE, "base v%" PRIu64 " asked, this worker's base is v%" PRIu64,
@@ -261,7 +272,8 @@ static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
     size_t len = strlen(m->path);
     if (len > 12 && !strcmp(m->path + len - 12, ".safetensors")) {
         const char *slash = strrchr(m->path, '/');
-        snprintf(cfg, sizeof cfg, "%.*s/adapter_config.json", slash ? (int)(slash - m->path) : 0, m->path);
+        if (slash) snprintf(cfg, sizeof cfg, "%.*s/adapter_config.json", (int)(slash - m->path), m->path);
+        else snprintf(cfg, sizeof cfg, "adapter_config.json"); /* refused as any relative path is */
         snprintf(wts, sizeof wts, "%s", m->path);
     } else {
         snprintf(cfg, sizeof cfg, "%s/adapter_config.json", m->path);

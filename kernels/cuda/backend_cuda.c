@@ -12,7 +12,7 @@
 #include "base/error.h"
 #include "kernels/ops.h"
 #ifdef HAVE_CUDNN
-int reel_cudnn_lazy_check(const char **reason); /* kernels/cuda/cudnn_lazy.c */
+int reel_cudnn_sdpa_ready(const char **why); /* kernels/cuda/cudnn_lazy.c */
 #endif
 #include <assert.h>
 #include <pthread.h>
@@ -370,7 +370,7 @@ int kern_cuda_backend_init(kern_backend_t *b, int device) {
      * sm_80 or newer): kernels/ops.h, kern_attention_choose. */
 #ifdef HAVE_CUDNN
     const char *why = NULL;
-    bool dnn = reel_cudnn_lazy_check(&why) == 0;
+    bool dnn = reel_cudnn_sdpa_ready(&why) == 1;
     kern_attention_set_sdpa_ready(dnn, dnn ? NULL : why);
 #else
     kern_attention_set_sdpa_ready(false, "built without cuDNN (no cudnn.h beside the toolkit)");

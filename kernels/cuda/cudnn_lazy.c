@@ -109,6 +109,40 @@ void CUDNNWINAPI cudnnGetLastErrorString(char *message, size_t max_size) {
     }
 }
 
+size_t CUDNNWINAPI cudnnGetVersion(void) {
+    static void *slot;
+    size_t (*fn)(void) = (size_t (*)(void))lazy_sym("cudnnGetVersion", &slot);
+    return fn ? fn() : 0;
+}
+
+/* Whether the fused SDPA can run here: every function resolves, the
+ * library is 9.13 or newer (SDPA_FWD's first release in the backend API
+ * Reel uses), and a handle can be made on the current device. 1, or 0
+ * with the reason in *why (static). */
+int reel_cudnn_sdpa_ready(const char **why);
+int reel_cudnn_lazy_check(const char **reason);
+int reel_cudnn_sdpa_ready(const char **why) {
+    static char buf[160];
+    if (reel_cudnn_lazy_check(why) != 0) return 0;
+    size_t v = cudnnGetVersion();
+    if (v < 91300) {
+        snprintf(buf, sizeof buf, "cuDNN %zu.%zu.%zu is older than 9.13 (its fused SDPA): the fused attention is off",
+                 v / 10000, v / 100 % 100, v % 100);
+        *why = buf;
+        return 0;
+    }
+    cudnnHandle_t h = NULL;
+    cudnnStatus_t st = cudnnCreate(&h);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        snprintf(buf, sizeof buf, "cudnnCreate: %s: the fused attention is off", cudnnGetErrorString(st));
+        *why = buf;
+        return 0;
+    }
+    cudnnDestroy(h);
+    *why = NULL;
+    return 1;
+}
+
 /* For tests/test_cudnn_lazy.c: whether the library is mapped yet, and a
  * resolution of every function above (0, or -1 with the reason). */
 int reel_cudnn_lazy_check(const char **reason);
@@ -116,7 +150,7 @@ int reel_cudnn_lazy_check(const char **reason) {
     static const char *const all[] = { "cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnBackendCreateDescriptor",
                                        "cudnnBackendDestroyDescriptor", "cudnnBackendFinalize",
                                        "cudnnBackendSetAttribute", "cudnnBackendGetAttribute", "cudnnBackendExecute",
-                                       "cudnnGetErrorString", "cudnnGetLastErrorString" };
+                                       "cudnnGetErrorString", "cudnnGetLastErrorString", "cudnnGetVersion" };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         void *slot = NULL;
         if (!lazy_sym(all[i], &slot)) {

@@ -640,13 +640,16 @@ class Client:
 
         lora=: a LoRA adapter instead (a PEFT folder, or a state dict with
         lora_config=), as sync_lora() publishes it, on base= (default: the
-        last full version this client published, else the broker's current
-        version)."""
+        last full version this client published; without one, base= is
+        required)."""
         if lora is not None:
             if path is not None or state_dict is not None:
                 raise ValueError("give lora= alone (an adapter), or path=/state_dict= (whole weights)")
             if base is None:
-                base = self._base or (self.status().get("versions", {}).get(component) or 1)
+                if self._base is None:
+                    raise ValueError("sync(lora=...) needs base= (the full version the workers hold) unless this "
+                                     "client published it: the broker's current version may be an adapter")
+                base = self._base
             return self.sync_lora(version, base, lora=lora, lora_config=lora_config, weights_dir=weights_dir,
                                   component=component, deadline_ms=deadline_ms, timeout=timeout, upload=upload)
         if (path is None) == (state_dict is None):
