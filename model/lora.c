@@ -308,6 +308,9 @@ int lora_check(const lora_t *l, const tdit_config_t *c) {
                            (long long)(m->ndim > 1 ? m->shape[1] : 0));
     }
     free(w);
+    if (rc == 0 && lora_max_delta(l) >= LORA_MAX_DELTA)
+        rc = reel_fail(REEL_E_INVALID, "its merge could overflow F32: |s|·r·max|B|·max|A| = %g (lora_alpha %g, r %d)",
+                       lora_max_delta(l), l->alpha, l->r);
     return rc;
 }
 

@@ -47,6 +47,7 @@ extern "C" {
 #define LORA_MAX_RANK 256
 #define LORA_MAX_TARGETS 4096
 #define LORA_CONFIG_MAX (64 << 10) /* bytes of adapter_config.json */
+#define LORA_MAX_DELTA 1e37         /* lora_check refuses a merge that could add more (F32 ends at 3.4e38) */
 
 typedef struct lora lora_t;
 
@@ -70,7 +71,8 @@ lora_t *lora_parse(const char *config, size_t config_len, const char *config_nam
 void lora_close(lora_t **l);
 
 /* 0 when every target is a weight of c with the shape [out, in] the
- * adapter needs, else -1 naming the first that is not. */
+ * adapter needs and no merge could leave F32's range (lora_max_delta below
+ * LORA_MAX_DELTA), else -1 naming the first problem. */
 int lora_check(const lora_t *l, const tdit_config_t *c);
 
 int lora_rank(const lora_t *l);           /* r of the config */

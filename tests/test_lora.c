@@ -171,6 +171,11 @@ START_TEST(test_refusals_name_their_cause) {
     ck_assert_int_eq(lora_check(l, &shallow), -1);
     ck_assert_ptr_nonnull(strstr(reel_err_text(), "does not have"));
     lora_close(&l);
+    /* a scale that would take the merged weights past F32's range */
+    TS_NEW(l = lora_open(make_adapter("huge", CFG(4, 1e38, ""), "", attn, 4, 4, 1, KERN_F32)));
+    ck_assert_int_eq(lora_check(l, &tiny), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "could overflow F32"));
+    lora_close(&l);
 }
 END_TEST
 

@@ -225,13 +225,9 @@ static uint64_t adapter_max_bytes(const tdit_config_t *c) {
  * the model; on a refusal NULL, answered `bad_adapter: <why>`. */
 static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char *what, const st_file_t *f) {
     op->lora = lora_parse(text, n, what, f, op->hex);
-    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) {
-        /* |s·B·A| <= |s|·r·max|B|·max|A|: a merge that could leave F32's
-         * range would serve NaN; refused before the lock, not after */
-        if (lora_max_delta(op->lora) < 1e37) return;
-        reel_fail(REEL_E_INVALID, "its merge could overflow F32 (|s|·r·max|B|·max|A| = %g)",
-                  lora_max_delta(op->lora));
-    }
+    /* lora_check also refuses a merge that could leave F32's range (it
+     * would serve NaN): before the lock, not after */
+    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) return;
     char answer[REEL_ERR_MSG];
     snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
     wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
