@@ -7,7 +7,14 @@ PIDS=""
 pass=0; fail=0
 
 cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    # TERM first: a `timeout CMD` passes it on to CMD (a KILL of timeout
+    # would leave CMD running, orphaned); then KILL whatever is left.
+    for p in $PIDS; do kill -TERM "$p" 2>/dev/null; done
+    for p in $PIDS; do
+        _w=0
+        while ! gone "$p" && [ $_w -lt 20 ]; do sleep 0.1; _w=$((_w + 1)); done
+        kill -9 "$p" 2>/dev/null
+    done
     wait 2>/dev/null
     [ -n "${REEL_KEEP:-}" ] || rm -rf "$D"
 }
