@@ -44,6 +44,13 @@ kern_attn_mode_t kern_attention_mode(void) {
     return m;
 }
 
+void kern_attention_mode_reload(void) {
+    pthread_mutex_lock(&mode_mu);
+    mode_set = false;
+    env_bad = false;
+    pthread_mutex_unlock(&mode_mu);
+}
+
 void kern_attention_set_mode(kern_attn_mode_t m) {
     pthread_mutex_lock(&mode_mu);
     mode_now = m;

@@ -103,6 +103,9 @@ const char *kern_attention_mode_name(kern_attn_mode_t m);
  * kern_attention_describe), else auto. */
 kern_attn_mode_t kern_attention_mode(void);
 void kern_attention_set_mode(kern_attn_mode_t m);
+/* Forgets the mode set or read: the next kern_attention_mode reads
+ * $REEL_ATTN again (for a process that changed it; tests). */
+void kern_attention_mode_reload(void);
 /* Whether the fused SDPA can run in this process, and if not why (copied;
  * NULL: no reason). Set by the CUDA backend when it comes up. */
 void kern_attention_set_sdpa_ready(bool ready, const char *why);

@@ -93,6 +93,7 @@ static int env_child(const char *value, kern_attn_mode_t want, const char *line_
     pid_t p = fork();
     if (p == 0) {
         setenv("REEL_ATTN", value, 1);
+        kern_attention_mode_reload(); /* the parent (one process for every case, CK_FORK=no) may have set it */
         char line[320];
         kern_attention_describe(KERN_BACKEND_CUDA, KERN_BF16, line, sizeof line);
         int ok = kern_attention_mode() == want && strstr(line, line_has) != NULL;
