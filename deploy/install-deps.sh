@@ -10,7 +10,7 @@ libsqlite3-dev sqlite3 check libsubunit-dev libopenblas-dev libjansson-dev \
 python3-numpy python3-zmq python3-msgpack clang libclang-rt-14-dev \
 libmicrohttpd-dev prometheus python3-yaml iproute2 iptables chromium \
 libsentencepiece-dev sentencepiece python3-sentencepiece \
-libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg"
+libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg procps gdb"
 
 missing=""
 for p in $PKGS; do
