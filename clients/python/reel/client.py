@@ -736,30 +736,33 @@ class Client:
             if len(fields["lora_config"].encode()) > 4095:
                 raise ValueError("adapter_config.json is over 4095 bytes: sync it by path")
             fields["uploaded"] = True
-            wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
-            _, hdr = self._upload(version, weights, component=component, sha256=fields["sha256"], timeout=wait,
-                                  sync_fields=fields)
-            if hdr.get("type") != "SYNC_DONE":
-                raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", hdr.get("id", 0))
-            res = SyncResult(hdr)
-            if not res.applied:
-                raise SyncFailed(res, hdr.get("id", 0))
-            return res
+            _, hdr = self._upload(version, weights, component=component, sha256=fields["sha256"],
+                                  timeout=self._sync_wait(deadline_ms, timeout), sync_fields=fields)
+            return self._sync_done(hdr, hdr.get("id", 0))
         finally:
             if made:
                 shutil.rmtree(made, ignore_errors=True)
 
-    def _sync_fields(self, fields, deadline_ms, timeout):
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
-        rid = next(self._ids)
-        self._send("SYNC", rid, fields)
-        hdr, _ = self._recv(rid, time.monotonic() + wait)
+    def _sync_wait(self, deadline_ms, timeout):
+        """Seconds to wait for a SYNC_DONE: timeout, else the sync's deadline and 5 s."""
+        return timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
+
+    @staticmethod
+    def _sync_done(hdr, rid):
+        """The SyncResult of answer hdr; SyncFailed when no worker applied it."""
         if hdr.get("type") != "SYNC_DONE":
             raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", rid)
         res = SyncResult(hdr)
         if not res.applied:
             raise SyncFailed(res, rid)
         return res
+
+    def _sync_fields(self, fields, deadline_ms, timeout):
+        """A SYNC by path (or of nothing: the base again) and its SYNC_DONE."""
+        rid = next(self._ids)
+        self._send("SYNC", rid, fields)
+        hdr, _ = self._recv(rid, time.monotonic() + self._sync_wait(deadline_ms, timeout))
+        return self._sync_done(hdr, rid)
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):
         path = os.path.abspath(path)
@@ -772,23 +775,15 @@ class Client:
                                  "sync it by path, or use `reelctl sync --upload` (it packs the shards)")
         digest = (sha256 or checkpoint_identity(path)).lower()
         fields = {"component": component, "version": int(version), "sha256": digest, "deadline_ms": int(deadline_ms)}
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
         if upload:
             # The SYNC goes with the first chunk the broker holds: workers
             # fetch each chunk while the later ones still come.
             fields["uploaded"] = True
-            _, hdr = self._upload(version, path, component=component, sha256=digest, timeout=wait,
-                                  sync_fields=fields)
-            rid = hdr.get("id")
+            _, hdr = self._upload(version, path, component=component, sha256=digest,
+                                  timeout=self._sync_wait(deadline_ms, timeout), sync_fields=fields)
+            res = self._sync_done(hdr, hdr.get("id", 0))
         else:
             fields["path"] = path
-            rid = next(self._ids)
-            self._send("SYNC", rid, fields)
-            hdr, _ = self._recv(rid, time.monotonic() + wait)
-        if hdr.get("type") != "SYNC_DONE":
-            raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", rid)
-        res = SyncResult(hdr)
-        if not res.applied:
-            raise SyncFailed(res, rid)
+            res = self._sync_fields(fields, deadline_ms, timeout)
         self._base = int(fields["version"])  # the base later adapters merge into (sync(lora=...))
         return res
