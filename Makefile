@@ -304,8 +304,14 @@ $(BUILD)/deploy/gpu_%: deploy/gpu_%.c $(LIB) $(FLAGS_STAMP)
 # .so files that the bundle carries (a static OpenBLAS is 26 MB per binary);
 # only the libraries a binary uses are recorded.
 ifeq ($(REEL_GPU_BUNDLE),1)
+# The RPATH names the bundle's lib/ only (DT_RPATH, not RUNPATH: RUNPATH
+# would not reach the libraries libzmq loads from there): the toolkit's
+# folder of this machine is left out, so on the GPU machine the CUDA
+# libraries are found where LD_LIBRARY_PATH and its loader cache say.
+comma := ,
 GPU_LDPRE     = -Wl,-rpath,\$$ORIGIN/../lib -Wl,--disable-new-dtags -Wl,--as-needed -L$(BUILD)/static
-LDLIBS_ALL   := $(GPU_LDPRE) $(patsubst -lcudart,-lcudart_static -ldl -lrt,$(LDLIBS_ALL))
+LDLIBS_ALL   := $(GPU_LDPRE) $(patsubst -lcudart,-lcudart_static -ldl -lrt,\
+                 $(filter-out -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64,$(LDLIBS_ALL)))
 BROKER_LDLIBS := $(GPU_LDPRE) $(BROKER_LDLIBS)
 endif
 

@@ -101,6 +101,15 @@ libdir=$(cd "$STAGE/lib" && pwd -P)
 cat "$STAGE/LDD.txt"
 grep -q "NOT ALLOWED" "$STAGE/LDD.txt" && die "a binary loads a library outside the bundle and the list (above)"
 
+# The RPATH of each binary names the bundle's lib/ and nothing else: the
+# CUDA libraries are the GPU machine's, chosen by its LD_LIBRARY_PATH and
+# loader cache, never a folder of this build machine.
+for f in "$STAGE"/bin/*; do
+    rp=$(readelf -d "$f" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]$/\1=\2/p' | tr '\n' ' ')
+    [ "$rp" = 'RPATH=$ORIGIN/../lib ' ] || die "$(basename "$f") has '${rp:-no RPATH}', not RPATH=\$ORIGIN/../lib alone"
+done
+note "every binary's RPATH is \$ORIGIN/../lib alone: LD_LIBRARY_PATH chooses the CUDA libraries"
+
 # The newest glibc / libstdc++ symbol versions anything in the bundle needs.
 vmax() { readelf -V -W "$STAGE"/bin/* "$STAGE"/lib/* 2>/dev/null | grep -o "Name: $1_[0-9.]*" |
          sed "s/Name: $1_//" | sort -V | tail -1; }
@@ -161,8 +170,27 @@ ns_proof() {
         l=$(basename "$l")
         [ -e "$T/$l" ] && { echo "  ($l is also a shell tool's library: removed from the namespace)"; rm -f "$T/$l"; }
     done
+    # the folders cuDNN is found in (the loader's cache, the toolkit's), hidden in the namespace
+    local cudnn_dirs
+    cudnn_dirs=$( { ldconfig -p 2>/dev/null | awk '/libcudnn/ { print $NF }'; ls "$CUDA_HOME"/lib64/libcudnn* 2>/dev/null; } |
+                 xargs -r -n1 readlink -f | xargs -r -n1 dirname | grep -v "^$ML\$" | sort -u | tr '\n' ' ')
     unshare -m --propagation private bash -c '
         set -u
+        # cuDNN hidden as well (first: mount needs libmount, hidden next): it is
+        # opened on first use, so nothing may need it to start
+        for dir in $4; do
+            side=$(mktemp -d "$1.cudnn.XXXXXX") && mkdir "$side/orig" "$side/filtered" || exit 3
+            mount --bind "$dir" "$side/orig" || exit 3
+            for f in "$side/orig"/* "$side/orig"/.[!.]*; do
+                [ -e "$f" ] || [ -L "$f" ] || continue
+                case ${f##*/} in libcudnn*) ;; *) ln -s "$f" "$side/filtered/" ;; esac
+            done
+            mount --bind "$side/filtered" "$dir" || exit 3
+        done
+        for dir in $4; do
+            ls "$dir"/libcudnn* >/dev/null 2>&1 && { echo "  cuDNN is still visible in $dir"; exit 3; }
+        done
+        echo "  cuDNN hidden (${4:-it was not installed here})"
         mount --bind "$1" /usr/lib/x86_64-linux-gnu || exit 3
         echo "  /usr/lib/x86_64-linux-gnu now holds $(ls /usr/lib/x86_64-linux-gnu | wc -l) files: glibc, libstdc++ and the shell tools'"'"' libraries"
         for l in libzmq.so.5 libopenblas.so.0 libsqlite3.so.0 libjansson.so.4 libmsgpackc.so.2 libsodium.so.23 libcrypto.so.3; do
@@ -174,6 +202,18 @@ ns_proof() {
             if echo "$out" | grep -q "not found"; then echo "  $(basename "$f"): $(echo "$out" | grep "not found" | tr "\n" " ")"; exit 4; fi
         done
         echo "  every bundled binary resolves all its libraries"
+        for f in "$D"/bin/*; do
+            out=$(LD_TRACE_LOADED_OBJECTS=1 "$f" 2>&1) || { echo "  without cuDNN: $(basename "$f"): $out"; exit 4; }
+            echo "$out" | grep -q "not found\|libcudnn" && { echo "  without cuDNN: $(basename "$f"): $(echo "$out" | grep "not found\|libcudnn" | tr "\n" " ")"; exit 4; }
+        done
+        "$D/bin/reel-worker" --help >/dev/null || { echo "  reel-worker --help failed without cuDNN"; exit 4; }
+        "$D/bin/reelctl" weights init --config tiny --seed 1 --out "$D/w.st" >/dev/null 2>&1 &&
+            "$D/bin/reelctl" tensor rand --name latent --shape 4,1,4,4 --seed 2 --out "$D/l.st" >/dev/null &&
+            "$D/bin/reelctl" tensor rand --name context --shape 3,32 --seed 3 --out "$D/c.st" >/dev/null &&
+            "$D/bin/reelctl" run --weights "$D/w.st" --latent "$D/l.st" --context "$D/c.st" --steps 2 \
+                --backend cpu --out "$D/o.st" >/dev/null 2>&1 ||
+            { echo "  reelctl run on the CPU failed without cuDNN"; exit 4; }
+        echo "  without cuDNN: the binaries start and reelctl runs a step"
         "$D/bin/reelctl" kernels >/dev/null || { echo "  reelctl kernels failed"; exit 4; }
         "$D/bin/gpu_compare" 2>/dev/null; [ $? = 2 ] || { echo "  gpu_compare did not start"; exit 4; }
         echo "  reelctl and gpu_compare start"
@@ -185,9 +225,9 @@ ns_proof() {
         echo "  gpu-check.sh --quick: exit $rc, last line: $last"
         [ "$rc" != 0 ] && [ "${last#gpu-check: FAIL }" != "$last" ] || exit 5
         echo "$out" | grep -q "^  libraries: all found" || { echo "  gpu-check did not get past its library check"; exit 5; }
-        exit 0' _ "$T" "$BUNDLE" "$gpu_here"
+        exit 0' _ "$T" "$BUNDLE" "$gpu_here" "$cudnn_dirs"
     local rc=$?
-    rm -rf "$T"
+    rm -rf "$T" "$T".cudnn.*
     return $rc
 }
 if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then

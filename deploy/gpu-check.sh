@@ -17,7 +17,8 @@
 # "gpu-check: PASS", or "gpu-check: FAIL <the first failure>" (and how many
 # more rows failed); the exit status is 0 only with PASS. The steps run in
 # the order of what their numbers are worth: the probe, the CFG steps
-# (6), the Wan-size attention (5), the CUDA suite (2), reelctl run (3),
+# (6, and 6b: the Wan step on the other attention path), the Wan-size
+# attention (5), the CUDA suite (2), reelctl run (3),
 # the capture cache (4), the fused cuDNN attention (7). Steps (docs/GPU.md
 # says why each one cannot pass falsely):
 #   0  preflight: shell tools, the bundle, built from this very tree (source
@@ -40,7 +41,11 @@
 #      the cross attention over 512 text tokens
 #   6  one CFG step eager vs graph replay in BF16 on CUDA (replay bitwise
 #      equal to eager first): tiny, small and, in full mode, wan2.1-1.3b at
-#      81 frames 480x832 (latent 16x21x60x104, 32,760 tokens)
+#      81 frames 480x832 (latent 16x21x60x104, 32,760 tokens) on AUTO's
+#      attention (cuDNN's SDPA where it loads); each row names the path
+#      taken and carries reelctl plan's estimate for it
+#   6b (full mode) the same Wan step on the decomposed path, and its latent
+#      against the fused step's (NMSE, as BF16 CUDA vs CPU)
 #   7  cuDNN's fused attention (the test_cuda case "cudnn": AUTO's path on
 #      CUDA in BF16 where cuDNN loads), its own row: SKIP when it cannot load
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
@@ -586,28 +591,55 @@ step_attention() {
 }
 
 # --- 6. one step, eager vs graph replay, BF16 on CUDA ------------------------------------
-step_time() { # CONFIG SIZE TEXT LIMIT BUDGET
-    run_logged "step-$1" "$4" "$BIN/gpu_step_time" --config "$1" --size "$2" --text "$3" --dtype bf16 --backend cuda --budget-s "$5"
-    local line
-    line=$(grep -m1 '^step' "$WORK/step-$1.log")
-    [ "$RC" = 0 ] || fail "step $1: ${line:-$(lastline "$WORK/step-$1.log")}"
-    echo "$line" | grep -qE "^step $1 bf16 cuda:[0-9]+ sm_" || fail "step $1 did not run on cuda: $line"
-    # next to the measurement: reelctl plan's estimate of the same step on this GPU (CFG, BF16)
-    local est="" gpu=""
+# step_time CONFIG SIZE TEXT LIMIT BUDGET [ATTENTION]: one gpu_step_time row;
+# with ATTENTION (auto|decomposed) the mode is set, the eager latent kept in
+# $D/step-CONFIG-ATTENTION.st and the path taken in $WORK/path-CONFIG-ATTENTION.
+step_time() {
+    local attn=${6:-} tag=$1${6:+-$6}
+    run_logged "step-$tag" "$4" "$BIN/gpu_step_time" --config "$1" --size "$2" --text "$3" --dtype bf16 --backend cuda \
+        --budget-s "$5" ${attn:+--attention "$attn" --out "$D/step-$tag.st"}
+    local line path
+    line=$(grep -m1 '^step' "$WORK/step-$tag.log")
+    [ "$RC" = 0 ] || fail "step $tag: ${line:-$(lastline "$WORK/step-$tag.log")}"
+    echo "$line" | grep -qE "^step $1 bf16 cuda:[0-9]+ sm_" || fail "step $tag did not run on cuda: $line"
+    path=$(echo "$line" | sed -n 's/.* CFG, attention \([a-z-]*\) .*/\1/p')
+    [ -n "$attn" ] && echo "${path:-?}" >"$WORK/path-$tag"
+    # next to the measurement: reelctl plan's estimate of the same step on this GPU (CFG, BF16, the path taken)
+    local est="" gpu="" pa=""
     case $ENV_LINE in *H200*) gpu=h200 ;; *H100*) gpu=h100 ;; *A100*) gpu=a100 ;; esac
-    if [ -n "$gpu" ] && "$BIN/reelctl" plan --config "$1" --size "$2" --text "$3" --cfg --gpu "$gpu" \
-        >"$WORK/plan-$1.log" 2>&1; then
-        est=$(sed -n 's/^total: .* bytes, \([0-9.]*\) s$/\1/p' "$WORK/plan-$1.log" | tail -1)
+    case $path in sdpa) pa="--attention fused" ;; decomposed) pa="--attention decomposed" ;; esac
+    # shellcheck disable=SC2086
+    if [ -n "$gpu" ] && "$BIN/reelctl" plan --config "$1" --size "$2" --text "$3" --cfg --gpu "$gpu" $pa \
+        >"$WORK/plan-$tag.log" 2>&1; then
+        est=$(sed -n 's/^total: .* bytes, \([0-9.]*\) s$/\1/p' "$WORK/plan-$tag.log" | tail -1)
         [ -n "$est" ] && est="; reelctl plan on $gpu: $(awk -v s="$est" 'BEGIN { printf "%.3f", s * 1000 }') ms"
     fi
-    row "step $1 bf16 ($2, text $3): eager / replay" \
-        "$(echo "$line" | sed -n 's/.*eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')$est" "replay == eager bitwise"
+    row "step $1 bf16 ($2, text $3), attention ${path:-?}: eager / replay" \
+        "$(echo "$line" | sed -n 's/.*: eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')$est" "replay == eager bitwise"
 }
+WAN_SIZE=21x60x104 # wan2.1-1.3b at 81 frames 480x832: latent 16x21x60x104, 32,760 tokens
 step_steps() {
     echo "== 6. one CFG step, eager vs graph replay, BF16 on CUDA"
     step_time tiny 2x8x8 5 30 4
     step_time small 4x16x16 16 40 8
-    [ "$MODE" != full ] || step_time wan2.1-1.3b 21x60x104 512 150 30
+    [ "$MODE" != full ] || step_time wan2.1-1.3b "$WAN_SIZE" 512 150 30 auto
+}
+# 6b, its own step (a failure of the fused one above must not cost this
+# number): the Wan step on the decomposition, and its latent against the
+# fused step's, where AUTO took cuDNN's SDPA.
+step_steps_decomposed() {
+    echo "== 6b. the wan2.1-1.3b step on the decomposed path, and fused vs decomposed"
+    step_time wan2.1-1.3b "$WAN_SIZE" 512 120 15 decomposed
+    local took
+    took=$(cat "$WORK/path-wan2.1-1.3b-auto" 2>/dev/null)
+    if [ "$took" != sdpa ]; then
+        row "wan2.1-1.3b step: fused SDPA vs decomposed" \
+            "not compared: AUTO took ${took:-nothing (its step failed)}, so the row above is the only path" "" SKIP
+        return 0
+    fi
+    # One step from the same inputs; BF16 attention in a different order on each path.
+    compare "wan2.1-1.3b step: fused SDPA vs decomposed latent" step-wan2.1-1.3b-auto step-wan2.1-1.3b-decomposed \
+        "$NMSE_BF16" "$REL_BF16" --differ
 }
 
 # --- 7. cuDNN's fused attention --------------------------------------------------------
@@ -628,6 +660,7 @@ step_cudnn() {
 
 # --- the steps, by the worth of their numbers ---------------------------------------------
 run_step "one CFG step, eager vs replay (step 6)" step_steps
+[ "$MODE" != full ] || run_step "wan2.1-1.3b step, decomposed path (step 6b)" step_steps_decomposed
 run_step "attention at Wan size (step 5)" step_attention
 run_step "CUDA suite (step 2)" step_suite
 run_step "reelctl run, CUDA vs CPU (step 3)" step_runs

@@ -17,10 +17,13 @@ GPU_ALLOWED_RE='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\
 # Uses find, not git: the GPU machine gets a copy of the tree without .git.
 gpu_sources() {
     {
-        find kernels ctl worker capture_cache schema broker -type f \
-            \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.sql' -o -name '*.inc' \)
+        # every folder the library and the binaries are built from (Makefile's LIB_SRC and mains)
+        find base schema net catalog kernels capture_cache model media clients/c ctl worker broker -type f \
+            \( -name '*.c' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.sql' -o -name '*.inc' \)
         find deploy -maxdepth 1 -type f -name 'gpu_*.c'
         echo tests/test_cuda.c
+        echo tests/support.c
+        echo tests/support.h
         echo Makefile
     } | LC_ALL=C sort
 }

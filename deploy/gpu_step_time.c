@@ -5,6 +5,13 @@
  *   gpu_step_time --config tiny|small|wan2.1-1.3b --size FxHxW --text L
  *                 [--layers N] [--dtype bf16|f32] [--backend cuda|cpu]
  *                 [--budget-s 30] [--tmp DIR]
+ *                 [--attention auto|fused|decomposed] [--out FILE]
+ *
+ * --attention sets the mode (as $REEL_ATTN does) and the line names the
+ * path the step's self-attention took (sdpa: cuDNN's fused SDPA;
+ * fused-kernel: Reel's own one-launch kernel; decomposed) and why; --out writes the eager step's
+ * latent (F32, tensor "latent") so two runs (fused and decomposed) can be
+ * compared by gpu_compare.
  *
  * Weights are drawn here (nothing is read from disk but what this writes):
  * tdit_weights_init for configs under 200 M parameters; above that, one
@@ -33,14 +40,16 @@
 
 #include "kernels/backend.h"
 #include "base/error.h"
+#include "kernels/ops.h"
 #include "model/loop.h"
+#include "model/safetensors.h"
 #include "model/tinydit.h"
 #include "bench/bench.h"
 
 #define MAX_ROUNDS 7
 
 typedef struct {
-    const char *config, *dtype, *backend, *tmp;
+    const char *config, *dtype, *backend, *tmp, *attention, *out;
     int64_t F, H, W, L, layers;
     double budget;
 } opts_t;
@@ -139,6 +148,15 @@ static int run(const opts_t *o) {
         goto fail;
     snprintf(what, sizeof what, "step %s %s %s %s", o->config, o->dtype, kern_backend_device_name(b),
              kern_backend_arch(b));
+    if (o->attention) {
+        kern_attn_mode_t am;
+        if (kern_attention_mode_parse(o->attention, &am)) goto fail;
+        kern_attention_set_mode(am);
+    }
+    const int64_t N = o->F * (o->H / 2) * (o->W / 2);
+    const char *attn_why = "";
+    const kern_attn_path_t attn = kern_attention_choose(kind, dt, N, N, c.dim / c.heads, &attn_why);
+    const char *attn_name = attn == KERN_ATTN_SDPA ? "sdpa" : attn == KERN_ATTN_FUSED ? "fused-kernel" : "decomposed";
 
     double tw = bench_now();
     snprintf(path, sizeof path, "%s/reel-gpu-step-%ld-%s.safetensors",
@@ -176,6 +194,14 @@ static int run(const opts_t *o) {
         t_eager1 = bench_now() - t0;
     }
     if (tdit_ws_read_latent(ws, s, eager, nl) || kern_stream_sync(s)) goto fail;
+    if (o->out) {
+        st_writer_t *wr = st_writer_new();
+        const int64_t shape[4] = { c.in_channels, o->F, o->H, o->W };
+        int wrc = !wr || st_writer_add_f32(wr, "latent", 4, shape, eager) || st_writer_save(wr, o->out);
+        if (!wr) reel_fail(REEL_E_NOMEM, "out of host memory");
+        st_writer_destroy(&wr);
+        if (wrc) goto fail;
+    }
 
     if (tdit_ws_bind_latent(ws, s, lat, nl) || kern_stream_sync(s)) goto fail;
     t0 = bench_now();
@@ -232,9 +258,9 @@ static int run(const opts_t *o) {
         rp = tg[rounds / 2];
     }
     printf("%s: latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] tokens %" PRId64 " text %" PRId64
-           " layers %" PRId64 " CFG: eager %.3f ms, replay %.3f ms, eager/replay %.2fx (median of %d rounds x %d), "
+           " layers %" PRId64 " CFG, attention %s (%s): eager %.3f ms, replay %.3f ms, eager/replay %.2fx (median of %d rounds x %d), "
            "%zu nodes, capture %.1f ms, first step %.1f ms, weights %.1f s; replay == eager bitwise: OK\n",
-           what, c.in_channels, o->F, o->H, o->W, o->F * (o->H / 2) * (o->W / 2), o->L, c.layers, e * 1e3,
+           what, c.in_channels, o->F, o->H, o->W, N, o->L, c.layers, attn_name, attn_why, e * 1e3,
            rp * 1e3, e / rp, rounds ? rounds : 1, iters, kern_graph_nodes(g), t_cap * 1e3, t_first * 1e3, tw);
     rc = 0;
     goto out;
@@ -253,12 +279,13 @@ out:
 
 static int usage(void) {
     fprintf(stderr, "usage: gpu_step_time --config tiny|small|wan2.1-1.3b --size FxHxW --text L [--layers N] "
-                    "[--dtype bf16|f32] [--backend cuda|cpu] [--budget-s S] [--tmp DIR]\n");
+                    "[--dtype bf16|f32] [--backend cuda|cpu] [--budget-s S] [--tmp DIR] "
+                    "[--attention auto|fused|decomposed] [--out FILE]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
-    opts_t o = { NULL, "bf16", "cuda", NULL, 0, 0, 0, 0, 0, 30.0 };
+    opts_t o = { NULL, "bf16", "cuda", NULL, NULL, NULL, 0, 0, 0, 0, 0, 30.0 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
@@ -268,6 +295,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dtype")) o.dtype = val;
         else if (!strcmp(a, "--backend")) o.backend = val;
         else if (!strcmp(a, "--tmp")) o.tmp = val;
+        else if (!strcmp(a, "--attention")) o.attention = val;
+        else if (!strcmp(a, "--out")) o.out = val;
         else if (!strcmp(a, "--text")) o.L = strtoll(val, &end, 10);
         else if (!strcmp(a, "--layers")) o.layers = strtoll(val, &end, 10);
         else if (!strcmp(a, "--budget-s")) o.budget = strtod(val, &end);

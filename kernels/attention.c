@@ -54,9 +54,15 @@ kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, 
     else if (head_dim > KERN_ATTN_SDPA_MAX_HEAD_DIM || head_dim % 8) w = head;
     else if (!kern_registry_lookup(KERN_OP_ATTENTION_SDPA, bk, dt)) w = no_kernel;
     else {
-        static _Thread_local char reason[256]; /* the caller's copy: a backend may rewrite the state's */
+        static _Thread_local char reason[320]; /* the caller's copy: a backend may rewrite the state's */
+        char msg[256];
         sdpa = kern_attention_sdpa_state(reason, sizeof reason);
         if (!sdpa) w = reason;
+        else if (kern_attention_sdpa_failed(nq, nk, head_dim, msg, sizeof msg)) {
+            snprintf(reason, sizeof reason, "cuDNN's fused SDPA failed for this shape: %s", msg);
+            w = reason;
+            sdpa = false;
+        }
     }
     if (why) *why = w;
     return sdpa ? KERN_ATTN_SDPA : kern_attention_pick(nq, nk, head_dim);
@@ -74,6 +80,12 @@ void kern_attention_describe(kern_backend_kind_t bk, kern_dtype_t dt, char *buf,
 
 static size_t default_bound(kern_backend_kind_t bk) {
     return bk == KERN_BACKEND_CUDA ? KERN_ATTN_BLOCK_BYTES_CUDA : KERN_ATTN_BLOCK_BYTES_CPU;
+}
+
+/* The decomposition's bound when it stands in for a failed SDPA. */
+static size_t fallback_bound(kern_backend_kind_t bk) {
+    size_t b = default_bound(bk);
+    return b < KERN_ATTN_FALLBACK_BYTES ? b : KERN_ATTN_FALLBACK_BYTES;
 }
 
 /* FUSED (op ATTENTION) and SDPA (op ATTENTION_SDPA): one launch of the
@@ -153,11 +165,24 @@ int kern_attention_plan(kern_backend_kind_t bk, kern_dtype_t dt, int64_t nq, int
         return reel_fail(REEL_E_INVALID, "attention: nk=%lld, width %lld·%lld exceed the GEMMs' int range",
                          (long long)nk, (long long)heads, (long long)head_dim);
     kern_attn_path_t path = opts ? opts->path : KERN_ATTN_AUTO;
-    if (path == KERN_ATTN_AUTO) path = kern_attention_choose(bk, dt, nq, nk, head_dim, NULL);
+    bool fallback = opts && opts->fallback;
+    if (path == KERN_ATTN_AUTO) {
+        path = kern_attention_choose(bk, dt, nq, nk, head_dim, NULL);
+        fallback = true;
+    }
     switch (path) {
     case KERN_ATTN_FUSED:
-    case KERN_ATTN_SDPA:
         return plan_fused(bk, dt, nq, nk, heads, head_dim, path, plan);
+    case KERN_ATTN_SDPA: {
+        if (plan_fused(bk, dt, nq, nk, heads, head_dim, path, plan)) return -1;
+        if (!fallback) return 0;
+        /* room for the decomposition too, should SDPA fail when it runs */
+        kern_attn_plan_t d;
+        if (plan_decomposed(bk, dt, nq, nk, heads, fallback_bound(bk), &d)) return -1;
+        plan->fallback = true;
+        if (d.scratch_bytes > plan->scratch_bytes) plan->scratch_bytes = d.scratch_bytes;
+        return 0;
+    }
     case KERN_ATTN_DECOMPOSED:
         return plan_decomposed(bk, dt, nq, nk, heads,
                                opts && opts->block_bytes ? opts->block_bytes : default_bound(bk),
@@ -204,13 +229,33 @@ static int run_block(kern_stream_t *s, kern_dtype_t dt, const kern_attention_arg
     return kern_dispatch(s, KERN_OP_GEMM_BATCHED, dt, &pv);
 }
 
+/* SDPA failed for a's shape: remembered (logged the first time), and p
+ * becomes the decomposition's plan within the fallback bound, which the
+ * SDPA plan's scratch covers. */
+static int sdpa_fall_back(kern_backend_kind_t bk, kern_dtype_t dt, const kern_attention_args_t *a,
+                          kern_attn_plan_t *p) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", reel_err_text());
+    if (kern_attention_sdpa_fail(a->nq, a->nk, a->head_dim, msg))
+        fprintf(stderr, "reel: attention: cuDNN's fused SDPA failed for nq=%lld nk=%lld heads=%lld d=%lld: %s; "
+                "this shape runs the decomposition from now on\n", (long long)a->nq, (long long)a->nk,
+                (long long)a->heads, (long long)a->head_dim, msg);
+    kern_attn_opts_t fo = { .path = KERN_ATTN_DECOMPOSED, .block_bytes = fallback_bound(bk) };
+    return kern_attention_plan(bk, dt, a->nq, a->nk, a->heads, a->head_dim, &fo, p);
+}
+
 int kern_attention_run(kern_stream_t *s, kern_dtype_t dt, kern_attention_args_t *a,
                        const kern_attn_opts_t *opts) {
     kern_backend_kind_t bk = kern_backend_kind(kern_stream_backend(s));
     kern_attn_plan_t p;
     if (kern_attention_plan(bk, dt, a->nq, a->nk, a->heads, a->head_dim, opts, &p)) return -1;
     if (p.path == KERN_ATTN_FUSED) return kern_dispatch(s, KERN_OP_ATTENTION, dt, a);
-    if (p.path == KERN_ATTN_SDPA) return kern_dispatch(s, KERN_OP_ATTENTION_SDPA, dt, a);
+    if (p.path == KERN_ATTN_SDPA) {
+        if (kern_dispatch(s, KERN_OP_ATTENTION_SDPA, dt, a) == 0) return 0;
+        /* state: a shape first met inside a capture, which is tried again, not a failure of SDPA */
+        if (!p.fallback || reel_err_code() == REEL_E_STATE) return -1;
+        if (sdpa_fall_back(bk, dt, a, &p)) return -1;
+    }
     if (a->nq == 0) return 0;
     char *scores = kern_stream_scratch(s, p.scratch_bytes);
     if (!scores) {

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,4 +81,62 @@ bool kern_attention_env_bad(void) {
     bool bad = env_bad;
     pthread_mutex_unlock(&mode_mu);
     return bad;
+}
+
+/* ---- shapes whose fused SDPA failed at run time ---- */
+
+#define FAILED_MAX 64 /* shapes remembered; past that, the oldest is overwritten */
+
+typedef struct {
+    int64_t nq, nk, d;
+    char msg[256];
+} failed_shape_t;
+
+static failed_shape_t failed[FAILED_MAX];
+static int failed_n, failed_next;
+static uint64_t fallbacks;
+
+static int failed_find(int64_t nq, int64_t nk, int64_t d) {
+    for (int i = 0; i < failed_n; i++)
+        if (failed[i].nq == nq && failed[i].nk == nk && failed[i].d == d) return i;
+    return -1;
+}
+
+bool kern_attention_sdpa_fail(int64_t nq, int64_t nk, int64_t head_dim, const char *msg) {
+    pthread_mutex_lock(&mode_mu);
+    fallbacks++;
+    bool fresh = failed_find(nq, nk, head_dim) < 0;
+    if (fresh) {
+        failed_shape_t *f = &failed[failed_next];
+        failed_next = (failed_next + 1) % FAILED_MAX;
+        if (failed_n < FAILED_MAX) failed_n++;
+        f->nq = nq;
+        f->nk = nk;
+        f->d = head_dim;
+        snprintf(f->msg, sizeof f->msg, "%s", msg ? msg : "");
+    }
+    pthread_mutex_unlock(&mode_mu);
+    return fresh;
+}
+
+bool kern_attention_sdpa_failed(int64_t nq, int64_t nk, int64_t head_dim, char *why, size_t len) {
+    pthread_mutex_lock(&mode_mu);
+    int i = failed_find(nq, nk, head_dim);
+    if (i >= 0 && why && len) snprintf(why, len, "%s", failed[i].msg);
+    pthread_mutex_unlock(&mode_mu);
+    return i >= 0;
+}
+
+uint64_t kern_attention_sdpa_fallbacks(void) {
+    pthread_mutex_lock(&mode_mu);
+    uint64_t n = fallbacks;
+    pthread_mutex_unlock(&mode_mu);
+    return n;
+}
+
+void kern_attention_sdpa_forget(void) {
+    pthread_mutex_lock(&mode_mu);
+    failed_n = failed_next = 0;
+    fallbacks = 0;
+    pthread_mutex_unlock(&mode_mu);
 }

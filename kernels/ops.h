@@ -113,6 +113,22 @@ void kern_attention_set_sdpa_ready(bool ready, const char *why);
 bool kern_attention_sdpa_state(char *why, size_t len);
 /* Whether $REEL_ATTN held a value that is not a mode. */
 bool kern_attention_env_bad(void);
+/* A fused SDPA that fails when it runs (cuDNN has no plan for the shape,
+ * or its execution fails), where AUTO chose it or opts->fallback allows:
+ * the shape (nq, nk, head_dim) is remembered as failed, the failure is
+ * logged once per shape with cuDNN's own message, and the call runs the
+ * decomposition instead, within KERN_ATTN_FALLBACK_BYTES of scratch (which
+ * the plan of such a call reserves beside SDPA's). Every later call of
+ * that shape then takes the decomposition, and kern_attention_choose says
+ * why. kern_attention_sdpa_fail records one (msg copied; true the first
+ * time for the shape), _failed tells whether a shape failed and copies the
+ * first message, _fallbacks counts the calls that fell back, and _forget
+ * clears the record (tests; a process that changed its cuDNN). */
+#define KERN_ATTN_FALLBACK_BYTES ((size_t)128 << 20)
+bool kern_attention_sdpa_fail(int64_t nq, int64_t nk, int64_t head_dim, const char *msg);
+bool kern_attention_sdpa_failed(int64_t nq, int64_t nk, int64_t head_dim, char *why, size_t len);
+uint64_t kern_attention_sdpa_fallbacks(void);
+void kern_attention_sdpa_forget(void);
 /* The path AUTO takes for these sizes on bk in dt, and why (a static
  * string, or the calling thread's copy of the backend's reason, valid
  * until its next call). Can't fail. */
@@ -131,6 +147,7 @@ void kern_attention_describe(kern_backend_kind_t bk, kern_dtype_t dt, char *buf,
 typedef struct {
     kern_attn_path_t path; /* AUTO: kern_attention_pick */
     size_t block_bytes;    /* DECOMPOSED memory bound; 0: the backend default */
+    bool fallback;         /* SDPA: a failure runs the decomposition (AUTO's SDPA always may) */
 } kern_attn_opts_t;
 
 /* How an attention of given sizes will run. For DECOMPOSED: heads are
@@ -146,6 +163,7 @@ typedef struct {
     int64_t rows, heads, ld;
     int64_t blocks;         /* DECOMPOSED: ⌈H/heads⌉·⌈nq/rows⌉ blocks, 3 launches each */
     size_t scores_bytes, probs_bytes, scratch_bytes;
+    bool fallback;          /* SDPA: may fall back; scratch_bytes covers the decomposition's too */
 } kern_attn_plan_t;
 
 /* Fills *plan for attention on backend bk in dtype dt (opts NULL: AUTO,

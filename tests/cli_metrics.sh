@@ -128,6 +128,9 @@ EOF
 grep -q '^reel_worker_attention_info{path="decomposed",mode="auto",reason="not CUDA in BF16: the pick rule"} 1$' "$D/m$P1.txt" &&
     ok "a CPU worker exports its attention path, mode and why" ||
     { bad "reel_worker_attention_info"; grep attention "$D/m$P1.txt" | head -3; }
+grep -q '^reel_worker_attention_fallbacks_total 0$' "$D/m$P1.txt" &&
+    ok "a CPU worker counts no fused-attention fallbacks" ||
+    { bad "reel_worker_attention_fallbacks_total"; grep fallbacks "$D/m$P1.txt" | head -3; }
 if grep -qiE '(key|key_hash|request|id)="' "$D/m$BP.txt" "$D/m$P1.txt" "$D/m$P2.txt"; then
     bad "a capture-key or request-id label"; grep -iE '(key|key_hash|request|id)="' "$D"/m*.txt | head -3
 else

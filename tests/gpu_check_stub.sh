@@ -159,7 +159,14 @@ gpu_step_time)
     c=$(arg --config "$@")
     fault step_replay && { echo "step $c bf16 cuda:0 sm_90: FAIL graph replay differs from the eager step in 12 of 512 latent values"; exit 1; }
     dev="cuda:0 sm_90"; fault step_cpu && dev="cpu cpu-avx512"
-    echo "step $c bf16 $dev: latent [16,2,8,8] tokens 32 text 5 layers 2 CFG: eager 1.234 ms, replay 0.321 ms, eager/replay 3.84x (median of 7 rounds x 40), 148 nodes, capture 2.1 ms, first step 40.0 ms, weights 0.1 s; replay == eager bitwise: OK"
+    a=$(arg --attention "$@"); out=$(arg --out "$@")
+    path=sdpa; why="cuDNN's fused SDPA"
+    if [ "$a" = decomposed ]; then path=decomposed; why=REEL_ATTN=decomposed
+    elif fault no_sdpa; then path=decomposed; why="cuDNN could not be loaded (the fused attention is off)"; fi
+    fault step_wan_fused && [ "$c" = wan2.1-1.3b ] && [ "$path" = sdpa ] &&
+        { echo "step $c bf16 cuda:0 sm_90: FAIL attention_sdpa: cuDNN has no plan for nq=32760"; exit 1; }
+    [ -n "$out" ] && echo "latent of $c on $path" >"$out"
+    echo "step $c bf16 $dev: latent [16,2,8,8] tokens 32 text 5 layers 2 CFG, attention $path ($why): eager 1.234 ms, replay 0.321 ms, eager/replay 3.84x (median of 7 rounds x 40), 148 nodes, capture 2.1 ms, first step 40.0 ms, weights 0.1 s; replay == eager bitwise: OK"
     exit 0 ;;
 esac
 echo "gpu_check_stub: called as unknown '$me'" >&2

@@ -464,7 +464,7 @@ START_TEST(test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel
     kern_tensor_t q = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
     kern_tensor_t o = gpu_tensor(KERN_F32, 2, (int64_t[]){ 4, 512 });
     reel_err_clear();
-    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0, false };
     ck_assert_int_eq(kern_attention_ex(GS, &q, &q, &q, 1, &o, &fused), -1);
     ck_assert_msg(strstr(reel_err_text(), "attention") && strstr(reel_err_text(), "256"),
                   "message should name the op and the limit: '%s'", reel_err_text());
@@ -508,8 +508,8 @@ START_TEST(test_attention_decomposed_matches_cpu_and_the_online_kernel) {
         int64_t nq = cases[c][0], nk = cases[c][1], H = cases[c][2], d = cases[c][3];
         size_t pe = dt == KERN_F32 ? 4 : 6;
         kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED,
-                                 (size_t)(((nk + 7) & ~7) * (int64_t)pe * H * cases[c][4]) };
-        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+                                 (size_t)(((nk + 7) & ~7) * (int64_t)pe * H * cases[c][4]), false };
+        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0, false };
         pair_t q = P2(dt, nq, H * d, -2, 2), k = P2(dt, nk, H * d, -1, 1);
         pair_t v = P2(dt, nk, H * d, -1, 1), o = P2(dt, nq, H * d, 0, 0);
         kern_tensor_t on = gpu_tensor(dt, 2, (int64_t[]){ nq, H * d });
@@ -536,7 +536,7 @@ START_TEST(test_attention_d128_in_a_cuda_graph_replays_bitwise_equal_to_eager) {
     kern_dtype_t dt = dtype_of(_i);
     const int64_t H = 2, d = 128, nq = 700, nk = 1536, nqs = 300, nks = 200;
     size_t pe = dt == KERN_F32 ? 4 : 6;
-    kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, (size_t)(nk * (int64_t)pe * H * 128) };
+    kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, (size_t)(nk * (int64_t)pe * H * 128), false };
     kern_attn_plan_t plan;
     TS_OK(kern_attention_plan(KERN_BACKEND_CUDA, dt, nq, nk, H, d, &dec, &plan));
     ck_assert_int_eq(plan.rows, 128);
@@ -643,7 +643,7 @@ START_TEST(test_wan_shaped_bf16_attention_matches_cpu_reference_on_sampled_rows)
     for (int64_t i = 0; i < nk * D; i++) vap[i] = fabsf(h[i]);
     free(h);
 
-    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
+    kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0, false };
     TS_OK(kern_attention_ex(CS, &qc, &kc, &vc, H, &oc, &fused));
     TS_OK(kern_attention_ex(CS, &qc, &kc, &va, H, &ac, &fused));
 
@@ -1406,7 +1406,7 @@ START_TEST(test_cudnn_sdpa_matches_the_cublas_decomposition_and_replays_bitwise)
     static const int64_t cases[][4] = { /* nq, nk, H, d */
         { 256, 256, 2, 64 }, { 300, 77, 4, 128 }, { 64, 1, 2, 128 }, { 2048, 2048, 12, 128 },
     };
-    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0 }, dec = { KERN_ATTN_DECOMPOSED, 0 };
+    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0, false }, dec = { KERN_ATTN_DECOMPOSED, 0, false };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t nq = cases[c][0], nk = cases[c][1], H = cases[c][2], d = cases[c][3];
         pair_t q = P2(KERN_BF16, nq, H * d, -2, 2), k = P2(KERN_BF16, nk, H * d, -1, 1);

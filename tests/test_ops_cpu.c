@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/backend.h"
 #include "base/error.h"
@@ -43,7 +44,10 @@ static void setup(void) {
     rng = 0x9e3779b97f4a7c15ull;
 }
 
+static void restore_sdpa(void);
+
 static void teardown(void) {
+    restore_sdpa();
     for (int i = 0; i < n_dev_owned; i++) kern_free(B, dev_owned[i]);
     for (int i = 0; i < n_host_owned; i++) free(host_owned[i]);
     kern_stream_destroy(&S);
@@ -402,7 +406,7 @@ START_TEST(test_attention_over_long_sequence_matches_reference_with_bounded_scra
     attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
     ck_assert_int_eq(kern_attention_pick(nq, nk, d), KERN_ATTN_DECOMPOSED);
     for (int fused = 0; fused < 2; fused++) {
-        kern_attn_opts_t opts = { fused ? KERN_ATTN_FUSED : KERN_ATTN_AUTO, 0 };
+        kern_attn_opts_t opts = { fused ? KERN_ATTN_FUSED : KERN_ATTN_AUTO, 0, false };
         memset(F(&o), 0, kern_tensor_bytes(&o));
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s",
                       reel_err_text());
@@ -446,7 +450,7 @@ static kern_attn_plan_t plan_of(int64_t nq, int64_t nk, int64_t H, int64_t d,
  * stays near 1e-6 here, as the fused kernel's test shows. */
 static void decomposed_case(int64_t nq, int64_t nk, int64_t H, int64_t d, size_t bound,
                             int64_t want_rows, int64_t want_heads) {
-    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound };
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound, false };
     kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
     ck_assert_int_eq(p.path, KERN_ATTN_DECOMPOSED);
     ck_assert_msg(p.rows == want_rows && p.heads == want_heads,
@@ -488,7 +492,7 @@ END_TEST
  * bit, in every block. */
 START_TEST(test_decomposed_attention_with_a_single_key_returns_v_exactly) {
     const int64_t nq = 13, H = 3, d = 8;
-    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(1, H, 4) };
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(1, H, 4), false };
     ck_assert_int_eq(plan_of(nq, 1, H, d, &opts).rows, 4);
     kern_tensor_t q = T2(nq, H * d), k = T2(1, H * d), v = T2(1, H * d), o = T2(nq, H * d);
     fill(&q, -3, 3);
@@ -514,8 +518,8 @@ START_TEST(test_decomposed_attention_agrees_with_the_fused_cpu_kernel) {
         fill(&q, -2, 2);
         fill(&k, -1, 1);
         fill(&v, -1, 1);
-        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0 };
-        kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 16) };
+        kern_attn_opts_t fused = { KERN_ATTN_FUSED, 0, false };
+        kern_attn_opts_t dec = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 16), false };
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o1, &fused) == 0, "fused: %s",
                       reel_err_text());
         ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o2, &dec) == 0, "decomposed: %s",
@@ -597,7 +601,7 @@ START_TEST(test_attention_plan_keeps_each_block_within_its_memory_bound) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (size_t j = 0; j < sizeof bounds / sizeof bounds[0]; j++) {
             int64_t nq = shapes[i][0], nk = shapes[i][1], H = shapes[i][2], d = shapes[i][3];
-            kern_attn_opts_t o = { KERN_ATTN_DECOMPOSED, bounds[j] };
+            kern_attn_opts_t o = { KERN_ATTN_DECOMPOSED, bounds[j], false };
             kern_attn_plan_t p = plan_of(nq, nk, H, d, &o);
             size_t bound = bounds[j] ? bounds[j] : KERN_ATTN_BLOCK_BYTES_CPU;
             size_t row = (size_t)p.ld * sizeof(float);
@@ -615,7 +619,7 @@ START_TEST(test_attention_plan_keeps_each_block_within_its_memory_bound) {
             ck_assert_uint_eq(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d),
                               plan_of(nq, nk, H, d, NULL).scratch_bytes);
         }
-    kern_attn_plan_t none = plan_of(0, 10, 2, 4, &(kern_attn_opts_t){ KERN_ATTN_DECOMPOSED, 0 });
+    kern_attn_plan_t none = plan_of(0, 10, 2, 4, &(kern_attn_opts_t){ KERN_ATTN_DECOMPOSED, 0, false });
     ck_assert(none.blocks == 0 && none.scratch_bytes == 0);
 #ifdef HAVE_CUDA
     kern_attn_plan_t w;
@@ -636,7 +640,7 @@ START_TEST(test_attention_plan_rejects_bad_sizes_and_unknown_paths_with_a_messag
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 0, 2, 4, NULL, &p), -1);
     ck_assert_msg(strstr(reel_err_text(), "attention") != NULL, "'%s'", reel_err_text());
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, 4, 4, 2, 4,
-                                         &(kern_attn_opts_t){ (kern_attn_path_t)7, 0 }, &p), -1);
+                                         &(kern_attn_opts_t){ (kern_attn_path_t)7, 0, false }, &p), -1);
     ck_assert_msg(strstr(reel_err_text(), "unknown path") != NULL, "'%s'", reel_err_text());
     /* the CPU has F32 kernels only: BF16 names what is missing */
     ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_BF16, 4096, 4096, 2, 4, NULL, &p),
@@ -652,7 +656,7 @@ END_TEST
  * same call with a bound scratch one byte short fails, naming attention. */
 START_TEST(test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scratch) {
     const int64_t nq = 301, nk = 3500, H = 3, d = 16;
-    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 64) };
+    kern_attn_opts_t opts = { KERN_ATTN_DECOMPOSED, bound_for_rows(nk, H, 64), false };
     kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
     ck_assert_int_eq(p.blocks, 5); /* 4 × 64 + 45 */
     kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
@@ -1167,7 +1171,7 @@ START_TEST(test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit) 
     fill(&q, -2, 2);
     fill(&k, -1, 1);
     fill(&v, -1, 1);
-    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0 }, fused = { KERN_ATTN_FUSED, 0 };
+    kern_attn_opts_t sdpa = { KERN_ATTN_SDPA, 0, false }, fused = { KERN_ATTN_FUSED, 0, false };
     kern_attn_plan_t p;
     ck_assert_msg(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, &sdpa, &p) == 0,
                   "plan: %s", reel_err_text());
@@ -1178,6 +1182,167 @@ START_TEST(test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit) 
                   "SDPA on the CPU differs from the fused kernel");
     for (int64_t nqs = 1; nqs < 5000; nqs *= 7)
         ck_assert_int_ne(kern_attention_pick(nqs, 4096, 128), KERN_ATTN_SDPA);
+}
+END_TEST
+
+/* A fused SDPA that fails when it runs (cuDNN with no plan for a shape):
+ * the CPU's SDPA kernel is swapped for one that fails as cuDNN would, and
+ * put back in teardown. */
+static kern_impl_t sdpa_saved;
+static bool sdpa_swapped;
+static int fake_sdpa_calls;
+static reel_code_t fake_sdpa_code = REEL_E_DEVICE;
+
+static int fake_sdpa(void *ctx, const void *args) {
+    (void)ctx;
+    (void)args;
+    fake_sdpa_calls++;
+    return reel_fail(fake_sdpa_code, "fake cuDNN: no engine config finalized for this shape");
+}
+
+static void swap_in_failing_sdpa(reel_code_t code) {
+    const kern_impl_t *cur = kern_registry_lookup(KERN_OP_ATTENTION_SDPA, KERN_BACKEND_CPU, KERN_F32);
+    ck_assert_ptr_nonnull(cur);
+    if (!sdpa_swapped) sdpa_saved = *cur;
+    kern_impl_t fake = sdpa_saved;
+    fake.name = "fake_failing_sdpa";
+    fake.fn = fake_sdpa;
+    fake.workspace_bytes = NULL;
+    ck_assert_int_eq(kern_registry_register(&fake), 0);
+    sdpa_swapped = true;
+    fake_sdpa_calls = 0;
+    fake_sdpa_code = code;
+}
+
+static void restore_sdpa(void) {
+    if (sdpa_swapped) (void)kern_registry_register(&sdpa_saved);
+    sdpa_swapped = false;
+    kern_attention_sdpa_forget();
+}
+
+/* What the process writes to stderr while fn runs, into buf. */
+static void stderr_of(void (*fn)(void *), void *arg, char *buf, size_t len) {
+    char path[] = "/tmp/reel-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_ge(saved, 0);
+    dup2(fd, 2);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+}
+
+typedef struct {
+    kern_tensor_t *q, *k, *v, *o;
+    int64_t H;
+    kern_attn_opts_t opts;
+    int rc;
+} attn_call_t;
+
+static void attn_call(void *arg) {
+    attn_call_t *c = arg;
+    c->rc = kern_attention_ex(S, c->q, c->k, c->v, c->H, c->o, &c->opts);
+}
+
+/* The fallback runs the decomposition within its bound, bit for bit what
+ * the decomposition gives when asked for by name; the failure is logged
+ * once per shape with the library's message, counted every time, and
+ * remembered, so AUTO on CUDA takes the decomposition for that shape and
+ * says why (other shapes keep SDPA). A plan that may fall back reserves
+ * the decomposition's scratch. */
+START_TEST(test_a_failing_sdpa_falls_back_to_the_decomposition_and_the_shape_remembers) {
+    const int64_t nq = 300, nk = 4096, H = 2, d = 16;
+    kern_attention_sdpa_forget();
+    swap_in_failing_sdpa(REEL_E_DEVICE);
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d);
+    kern_tensor_t o = T2(nq, H * d), ref = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_attn_opts_t dec = { .path = KERN_ATTN_DECOMPOSED, .block_bytes = KERN_ATTN_BLOCK_BYTES_CPU };
+    ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &ref, &dec) == 0, "decomposed: %s", reel_err_text());
+
+    kern_attn_plan_t p, pd;
+    kern_attn_opts_t fb = { .path = KERN_ATTN_SDPA, .fallback = true };
+    ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, &fb, &p), 0);
+    ck_assert_int_eq(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d, &dec, &pd), 0);
+    ck_assert(p.path == KERN_ATTN_SDPA && p.fallback);
+    ck_assert_uint_ge(p.scratch_bytes, pd.scratch_bytes);
+
+    char err[2048];
+    attn_call_t c = { &q, &k, &v, &o, H, fb, -1 };
+    stderr_of(attn_call, &c, err, sizeof err);
+    ck_assert_msg(c.rc == 0, "fallback: %s", reel_err_text());
+    ck_assert_int_eq(fake_sdpa_calls, 1);
+    ck_assert_msg(memcmp(F(&o), F(&ref), kern_tensor_bytes(&o)) == 0, "the fallback differs from the decomposition");
+    ck_assert_msg(strstr(err, "cuDNN's fused SDPA failed for nq=300 nk=4096 heads=2 d=16: fake cuDNN: no engine "
+                              "config finalized for this shape; this shape runs the decomposition") != NULL,
+                  "stderr: %s", err);
+    ck_assert_uint_eq(kern_attention_sdpa_fallbacks(), 1);
+    char why[256];
+    ck_assert(kern_attention_sdpa_failed(nq, nk, d, why, sizeof why));
+    ck_assert_str_eq(why, "fake cuDNN: no engine config finalized for this shape");
+    ck_assert(!kern_attention_sdpa_failed(nq + 1, nk, d, NULL, 0));
+
+    /* again: counted, not logged again */
+    memset(F(&o), 0, kern_tensor_bytes(&o));
+    stderr_of(attn_call, &c, err, sizeof err);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_str_eq(err, "");
+    ck_assert_uint_eq(kern_attention_sdpa_fallbacks(), 2);
+    ck_assert_msg(memcmp(F(&o), F(&ref), kern_tensor_bytes(&o)) == 0, "the second fallback differs");
+
+    /* AUTO on CUDA in BF16: the failed shape takes the decomposition and says why */
+    kern_attn_mode_t mode = kern_attention_mode();
+    kern_attention_set_mode(KERN_ATTN_MODE_AUTO);
+    kern_attention_set_sdpa_ready(true, NULL);
+    if (kern_registry_lookup(KERN_OP_ATTENTION_SDPA, KERN_BACKEND_CUDA, KERN_BF16)) {
+        const char *w = NULL;
+        ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CUDA, KERN_BF16, nq, nk, d, &w), KERN_ATTN_DECOMPOSED);
+        ck_assert_str_eq(w, "cuDNN's fused SDPA failed for this shape: fake cuDNN: no engine config finalized "
+                            "for this shape");
+        ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CUDA, KERN_BF16, nq, nk + 8, d, &w), KERN_ATTN_SDPA);
+    }
+    kern_attention_set_sdpa_ready(false, "no CUDA backend has come up in this process");
+    kern_attention_set_mode(mode);
+    restore_sdpa();
+}
+END_TEST
+
+/* Without leave to fall back (SDPA asked for by name) the failure is the
+ * caller's, with the library's message, and nothing is remembered; a shape
+ * first met inside a capture (code state: the capture is tried again after
+ * an eager run) never falls back. */
+START_TEST(test_sdpa_by_name_or_in_a_capture_does_not_fall_back) {
+    const int64_t nq = 37, nk = 53, H = 3, d = 16;
+    kern_attention_sdpa_forget();
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    swap_in_failing_sdpa(REEL_E_DEVICE);
+    kern_attn_opts_t named = { .path = KERN_ATTN_SDPA };
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &named), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_DEVICE);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "fake cuDNN"));
+    ck_assert(!kern_attention_sdpa_failed(nq, nk, d, NULL, 0));
+    ck_assert_uint_eq(kern_attention_sdpa_fallbacks(), 0);
+    swap_in_failing_sdpa(REEL_E_STATE);
+    kern_attn_opts_t fb = { .path = KERN_ATTN_SDPA, .fallback = true };
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &fb), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_STATE);
+    ck_assert_int_eq(fake_sdpa_calls, 1);
+    ck_assert(!kern_attention_sdpa_failed(nq, nk, d, NULL, 0));
+    restore_sdpa();
+    /* put back: SDPA on the CPU is the fused kernel again */
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &fb), 0);
 }
 END_TEST
 
@@ -1423,6 +1588,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_cpu_capture_replays_bitwise_equal_to_eager_with_one_node_per_launch);
     tcase_add_test(tc, test_captured_timestep_and_euler_read_sigma_at_replay_time);
     tcase_add_test(tc, test_attention_sdpa_path_on_the_cpu_is_the_fused_kernel_bit_for_bit);
+    tcase_add_test(tc, test_a_failing_sdpa_falls_back_to_the_decomposition_and_the_shape_remembers);
+    tcase_add_test(tc, test_sdpa_by_name_or_in_a_capture_does_not_fall_back);
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);

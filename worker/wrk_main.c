@@ -118,6 +118,9 @@ static void render_metrics(link_t *l, reel_text_t *t) {
         reel_prom_family(t, "reel_worker_attention_info", "gauge",
                          "The attention path for Wan's head on this worker (BF16, d 128), its mode and why.");
         reel_prom_sample(t, "reel_worker_attention_info", lb, 1);
+        reel_prom_family(t, "reel_worker_attention_fallbacks_total", "counter",
+                         "Attention calls whose fused SDPA failed and ran the decomposition instead.");
+        reel_prom_sample(t, "reel_worker_attention_fallbacks_total", "", (double)kern_attention_sdpa_fallbacks());
     }
     reel_prom_family(t, "reel_worker_replays_total", "counter", "Steps served by graph replay.");
     reel_prom_sample(t, "reel_worker_replays_total", "", (double)st.replays);

@@ -18,8 +18,10 @@
  * with a message). Forward SDPA uses no atomics and the plan is fixed per
  * shape, so a replay should repeat an eager run bit for bit:
  * tests/test_cuda.c checks that, and checks the results against the cuBLAS
- * decomposition, on a device. This file has never run on a GPU: it is
- * compiled and registered, but kern_attention_pick never picks it. */
+ * decomposition, on a device. AUTO takes it on CUDA in BF16 once cuDNN
+ * loads (kernels/ops.h, kern_attention_choose); a failure here other than
+ * the capture case above makes kern_attention_run fall back to the
+ * decomposition for that shape. This file has never run on a GPU. */
 #include "cuda_common.h"
 #include "kernels_cuda.h"
 #include "../ops_args.h"
@@ -32,6 +34,7 @@ void kern_cuda_dnn_close(kern_cuda_ctx_t *c) { (void)c; }
 #else
 
 #include <cudnn.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +70,20 @@ static int dnn_fail(cudnnStatus_t st, const char *stmt, const char *func, int li
     cudnnGetLastErrorString(last, sizeof last);
     return reel_fail(REEL_E_DEVICE, "cuDNN error: %s in `%s` (%s at %s:%d)%s%s", cudnnGetErrorString(st), stmt,
                      func, __FILE__, line, last[0] ? ": " : "", last);
+}
+
+/* why = "<what>: <cuDNN's last error string>" (what alone when it has
+ * none): a failure that is passed over keeps cuDNN's reason for the
+ * message that follows. */
+static void last_error(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void last_error(char *why, size_t len, const char *fmt, ...) {
+    char last[200] = "";
+    cudnnGetLastErrorString(last, sizeof last);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    if (last[0] && n >= 0 && (size_t)n < len) snprintf(why + n, len - (size_t)n, ": %s", last);
 }
 
 /* On failure: the message, then a jump to `err`. */
@@ -198,7 +215,10 @@ static int build_plan(kern_cuda_ctx_t *c, sdpa_plan_t *p, cudnnBackendDescriptor
                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
         DNN_TRY(cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE,
                                          1, &modes[m]));
-        if (cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS) continue;
+        if (cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS) {
+            last_error(why, sizeof why, "the heuristics (mode %s) did not finalize", m ? "FALLBACK" : "A");
+            continue;
+        }
         for (int i = 0; i < SDPA_CONFIGS; i++)
             if (create(p, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[i])) return -1;
         if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
@@ -217,6 +237,8 @@ static int build_plan(kern_cuda_ctx_t *c, sdpa_plan_t *p, cudnnBackendDescriptor
                 cudnnBackendFinalize(plan) != CUDNN_STATUS_SUCCESS ||
                 cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                          CUDNN_TYPE_INT64, 1, &nws, &ws) != CUDNN_STATUS_SUCCESS) {
+                last_error(why, sizeof why, "engine config %lld of %lld did not finalize",
+                           (long long)i + 1, (long long)count);
                 (void)cudnnBackendDestroyDescriptor(plan);
                 continue;
             }
@@ -254,8 +276,8 @@ static int plan_get(kern_cuda_ctx_t *c, const kern_attention_args_t *a, const sd
     }
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone)
-        return reel_fail(REEL_E_DEVICE, "attention_sdpa: no cuDNN plan yet for nq=%lld nk=%lld heads=%lld d=%lld "
+    if (cs != cudaStreamCaptureStatusNone) /* state: the capture is tried again once an eager run made it */
+        return reel_fail(REEL_E_STATE, "attention_sdpa: no cuDNN plan yet for nq=%lld nk=%lld heads=%lld d=%lld "
                          "on this stream, and none is made inside a capture: run the shape "
                          "eagerly on this stream before capturing it", (long long)a->nq,
                          (long long)a->nk, (long long)a->heads, (long long)a->head_dim);
