@@ -394,6 +394,27 @@ prep() { # make weights/tensors, failing on any error
     run_logged "$1" 60 "${@:2}"
     [ "$RC" = 0 ] || fail "$1 failed: $(lastline "$WORK/$1.log")"
 }
+# prep_bg NAME CMD...: prep in the background (the draws of a step run at
+# once, one core each); prep_wait waits for them all and fails on the first
+# that failed. A failure or the deadline stops them with the step.
+PREPS=""
+prep_bg() {
+    local l; l=$(left)
+    [ "$l" -ge 5 ] || fail "out of time before '$1' ($BUDGET s budget)"
+    [ "$l" -le 60 ] || l=60
+    timeout -k 5 "$l" "${@:2}" >"$WORK/$1.log" 2>&1 &
+    PREPS="$PREPS $1=$!"
+}
+prep_wait() {
+    local e rc bad=""
+    for e in $PREPS; do
+        wait "${e#*=}"; rc=$?
+        sed 's/^/  | /' "$WORK/${e%%=*}.log"
+        [ "$rc" = 0 ] || [ -n "$bad" ] || bad="${e%%=*} failed (exit $rc): $(lastline "$WORK/${e%%=*}.log")"
+    done
+    PREPS=""
+    [ -z "$bad" ] || fail "$bad"
+}
 
 # run_case TAG BACKEND DTYPE GRAPHS WEIGHTS PREFIX STEPS LIMIT [extra flags]: one
 # reelctl run; on CUDA it must say it ran on cuda (no CPU fallback) and, with
@@ -445,10 +466,11 @@ same_bits() {
 step_runs() {
     echo "== 3. reelctl run: CUDA vs CPU"
     t=$SECONDS
-    prep weights-tiny "$R" weights init --config tiny --seed 7 --out "$D/tiny.st"
-    prep latent-tiny "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/tiny-lat.st"
-    prep ctx-tiny "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/tiny-ctx.st"
-    prep unc-tiny "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/tiny-unc.st"
+    prep_bg weights-tiny "$R" weights init --config tiny --seed 7 --out "$D/tiny.st"
+    prep_bg latent-tiny "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/tiny-lat.st"
+    prep_bg ctx-tiny "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/tiny-ctx.st"
+    prep_bg unc-tiny "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/tiny-unc.st"
+    prep_wait
     run_case tiny-cpu cpu f32 off "$D/tiny.st" tiny 8 60
     for dt in f32 bf16; do
         run_case "tiny-cuda-$dt" cuda "$dt" on "$D/tiny.st" tiny 8 60
@@ -460,10 +482,11 @@ step_runs() {
 
     if [ "$MODE" = full ]; then
         printf '%s\n' '{"name": "wan2.1-1.3b-block", "dim": 1536, "heads": 12, "layers": 1, "ffn_dim": 8960, "in_channels": 16, "text_dim": 4096, "freq_dim": 256}' >"$D/wanblock.json"
-        prep weights-wanblock "$R" weights init --config "$D/wanblock.json" --seed 11 --out "$D/wanblock.st"
-        prep latent-wanblock "$R" tensor rand --name latent --shape 16,4,30,52 --seed 4 --out "$D/wanblock-lat.st"
-        prep ctx-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 5 --out "$D/wanblock-ctx.st"
-        prep unc-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 6 --out "$D/wanblock-unc.st"
+        prep_bg weights-wanblock "$R" weights init --config "$D/wanblock.json" --seed 11 --out "$D/wanblock.st"
+        prep_bg latent-wanblock "$R" tensor rand --name latent --shape 16,4,30,52 --seed 4 --out "$D/wanblock-lat.st"
+        prep_bg ctx-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 5 --out "$D/wanblock-ctx.st"
+        prep_bg unc-wanblock "$R" tensor rand --name context --shape 512,4096 --seed 6 --out "$D/wanblock-unc.st"
+        prep_wait
         # 3 steps with --warmup 1: eager, capture + verify, replay.
         run_case wanblock-cpu cpu f32 off "$D/wanblock.st" wanblock 3 90
         for dt in bf16 f32; do
@@ -564,9 +587,10 @@ cache_phase() { # DTYPE LIMIT
 
 step_cache() {
     echo "== 4. capture cache, 2 streams: broker + CUDA worker, every replay audited"
-    prep latent-b "$R" tensor rand --name latent --shape 4,1,8,12 --seed 21 --out "$D/keyb-lat.st"
-    prep ctx-b "$R" tensor rand --name context --shape 7,32 --seed 22 --out "$D/keyb-ctx.st"
-    prep unc-b "$R" tensor rand --name context --shape 7,32 --seed 23 --out "$D/keyb-unc.st"
+    prep_bg latent-b "$R" tensor rand --name latent --shape 4,1,8,12 --seed 21 --out "$D/keyb-lat.st"
+    prep_bg ctx-b "$R" tensor rand --name context --shape 7,32 --seed 22 --out "$D/keyb-ctx.st"
+    prep_bg unc-b "$R" tensor rand --name context --shape 7,32 --seed 23 --out "$D/keyb-unc.st"
+    prep_wait
     cp "$D/tiny-lat.st" "$D/keya-lat.st" && cp "$D/tiny-ctx.st" "$D/keya-ctx.st" && cp "$D/tiny-unc.st" "$D/keya-unc.st" ||
         fail "cannot copy the inputs"
     cache_phase bf16 45
@@ -586,8 +610,12 @@ attn() { # TAG LIMIT flags...
 }
 step_attention() {
     echo "== 5. BF16 attention at Wan size against a double-precision CPU reference"
-    attn "self 32760x12x128" 60 --tokens 32760 --sigma 1.5
-    [ "$MODE" != full ] || attn "cross 32760 x 512 text" 40 --tokens 32760 --kv 512 --sigma 1.0
+    if [ "$MODE" = full ]; then
+        attn "self 32760x12x128" 60 --tokens 32760 --sigma 1.5
+        attn "cross 32760 x 512 text" 40 --tokens 32760 --kv 512 --sigma 1.0
+    else # --quick: nothing at Wan size; the same kernels at 4096 tokens
+        attn "self 4096x12x128" 30 --tokens 4096 --sigma 1.5
+    fi
 }
 
 # --- 6. one step, eager vs graph replay, BF16 on CUDA ------------------------------------
