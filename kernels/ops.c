@@ -135,6 +135,54 @@ int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
     return kern_dispatch(s, KERN_OP_GATED_RESIDUAL, dt, &a);
 }
 
+/* Whether the bytes of a and b overlap. */
+static bool overlap(const kern_tensor_t *a, const kern_tensor_t *b) {
+    const char *pa = kern_tensor_ptr(a), *pb = kern_tensor_ptr(b);
+    return pa < pb + kern_tensor_bytes(b) && pb < pa + kern_tensor_bytes(a);
+}
+
+/* RESIDUAL_NORM: x += gate·y, then out = LN(x) modulated (p0 shift, p1
+ * scale) or affine (p0 weight, p1 bias). */
+static int residual_norm(kern_stream_t *s, const char *op, kern_tensor_t *x, const kern_tensor_t *y,
+                         const kern_tensor_t *gate, const kern_tensor_t *p0, const kern_tensor_t *p1,
+                         bool modulate, float eps, kern_tensor_t *out) {
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    const char *n0 = modulate ? "shift" : "weight", *n1 = modulate ? "scale" : "bias";
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) || check(s, op, "out", out, dt) ||
+        (gate && check(s, op, "gate", gate, dt)) || ((modulate || p0) && check(s, op, n0, p0, dt)) ||
+        ((modulate || p1) && check(s, op, n1, p1, dt)))
+        return -1;
+    int64_t D = last_dim(x);
+    if (kern_tensor_numel(y) != kern_tensor_numel(x) || last_dim(y) != D)
+        return kern_op_shape_fail(op, "y", y, "x's shape");
+    if (!kern_tensor_same_shape(x, out)) return kern_op_shape_fail(op, "out", out, "x's shape");
+    if (gate && kern_tensor_numel(gate) != D) return kern_op_shape_fail(op, "gate", gate, "[D]");
+    if (p0 && kern_tensor_numel(p0) != D) return kern_op_shape_fail(op, n0, p0, "[D]");
+    if (p1 && kern_tensor_numel(p1) != D) return kern_op_shape_fail(op, n1, p1, "[D]");
+    if (p1 && !p0) return reel_fail(REEL_E_INVALID, "%s: bias without weight", op);
+    if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
+    if (overlap(out, x) || overlap(out, y))
+        return reel_fail(REEL_E_INVALID, "%s: out overlaps x or y (the fused pass reads them while it writes out)", op);
+    kern_residual_norm_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y),
+                                    .gate = gate ? kern_tensor_ptr(gate) : NULL,
+                                    .p0 = p0 ? kern_tensor_ptr(p0) : NULL, .p1 = p1 ? kern_tensor_ptr(p1) : NULL,
+                                    .out = kern_tensor_ptr(out), .rows = D ? kern_tensor_numel(x) / D : 0,
+                                    .dim = D, .eps = eps, .modulate = modulate };
+    return kern_dispatch(s, KERN_OP_RESIDUAL_NORM, dt, &a);
+}
+
+int kern_residual_layernorm_modulate(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
+                                     const kern_tensor_t *gate, const kern_tensor_t *shift,
+                                     const kern_tensor_t *scale, float eps, kern_tensor_t *out) {
+    return residual_norm(s, "residual_layernorm_modulate", x, y, gate, shift, scale, true, eps, out);
+}
+
+int kern_residual_layernorm(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
+                            const kern_tensor_t *gate, const kern_tensor_t *weight,
+                            const kern_tensor_t *bias, float eps, kern_tensor_t *out) {
+    return residual_norm(s, "residual_layernorm", x, y, gate, weight, bias, false, eps, out);
+}
+
 /* ADD and MUL: y = a (op) b over the same element count. */
 static int binary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *a_, const kern_tensor_t *b_,
                   kern_tensor_t *y) {

@@ -209,6 +209,18 @@ int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern
  * (TINYDIT.md: q and k are normalised over the full width D), then 3-D RoPE
  * per head. Equals kern_rmsnorm(x, weight, eps, x) then kern_rope3d. Its
  * scratch is kern_rope3d's at the same sizes. */
+/* x += gate·y (gate NULL: x += y), then out = LN(x)·(1 + scale) + shift:
+ * kern_gated_residual then kern_layernorm_modulate, bit for bit, in one
+ * pass over each row. out must not alias x or y. */
+int kern_residual_layernorm_modulate(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
+                                     const kern_tensor_t *gate, const kern_tensor_t *shift,
+                                     const kern_tensor_t *scale, float eps, kern_tensor_t *out);
+/* x += gate·y (gate NULL: x += y), then out = LN(x)·weight + bias (weight,
+ * bias optional as kern_layernorm's): kern_gated_residual then
+ * kern_layernorm, bit for bit, in one pass over each row. */
+int kern_residual_layernorm(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
+                            const kern_tensor_t *gate, const kern_tensor_t *weight,
+                            const kern_tensor_t *bias, float eps, kern_tensor_t *out);
 int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *weight,
                         float eps, int64_t heads, int64_t frames, int64_t rows, int64_t cols);
 /* latent [C,F,H,W] -> tokens [F·H/2·W/2, 4C]. */

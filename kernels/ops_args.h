@@ -138,6 +138,23 @@ typedef struct {
     float eps;
 } kern_norm_modulate_args_t;
 
+/* RESIDUAL_NORM over [rows, dim]: x += gate·y (x += y when gate is NULL),
+ * then out = LN(x)·(1 + p1) + p0 when modulate (p0 the shift, p1 the
+ * scale, both required), else LN(x)·p0 + p1 (p0 the weight, p1 the bias;
+ * either may be NULL, p1 only with p0). GATED_RESIDUAL then
+ * LAYERNORM_MODULATE or LAYERNORM in one pass over each row, bit for bit
+ * the pair on every backend: the residual's sum is stored in x and LN reads
+ * it as stored. out must not alias x or y. */
+typedef struct {
+    kern_args_hdr_t hdr;
+    void *x;
+    const void *y, *gate, *p0, *p1;
+    void *out;
+    int64_t rows, dim;
+    float eps;
+    bool modulate;
+} kern_residual_norm_args_t;
+
 /* RMSNORM_ROPE3D in place on x [frames·rows·cols, heads·head_dim]: each
  * row becomes x/√(mean(x²) + eps)·weight (the mean over the whole row, all
  * heads: TINYDIT.md), then every head of it turns by the 3-D RoPE of the

@@ -19,7 +19,7 @@ static const char *op_names[KERN_OP_COUNT] = {
     "timestep_embed", "cfg_combine", "euler", "sde", "gemm_batched", "softmax",
     "gemm_gelu", "layernorm_modulate", "rmsnorm_rope3d", "attention_sdpa", "sde_dev",
     "multistep", "attention_bias", "mul",
-    "im2col3d", "upsample2x", "frame_interleave",
+    "im2col3d", "upsample2x", "frame_interleave", "residual_norm",
 };
 
 const char *kern_op_name(kern_op_t op) {

@@ -45,6 +45,7 @@ typedef enum {
     KERN_OP_IM2COL3D,        /* columns of a causal 3-D conv, channels-last (ops_video.h) */
     KERN_OP_UPSAMPLE2X,      /* nearest 2x in space, [T,H,W,C] -> [T,2H,2W,C] */
     KERN_OP_FRAME_INTERLEAVE,/* [T,H,W,2C] -> [2T,H,W,C]: Wan's upsample3d frame doubling */
+    KERN_OP_RESIDUAL_NORM,   /* x += gate·y, then LN(x) modulated or affine: the pair in one pass */
     KERN_OP_COUNT
 } kern_op_t;
 

@@ -354,11 +354,11 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(tlinear(ws, s, &ws->a, &b->sv, &ws->v));
     TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->so, &ws->o2));
-    TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate1));
     /* cross-attention over the text tokens, no RoPE, no gate; their keys
-     * and values once for the group */
+     * and values once for the group. Its norm is fused with the residual
+     * before it: x += gate1·o2, a = LN(x)·w + b (bit for bit the pair). */
     kern_artifacts_set_region("block.cross_attn");
-    TRY(kern_layernorm(s, &ws->x, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
+    TRY(kern_residual_layernorm(s, &ws->x, &ws->o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
     TRY(linear(s, &ws->c, &b->ck, &ws->kc));
@@ -366,10 +366,10 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(linear(s, &ws->c, &b->cv, &ws->vc));
     TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, true, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
-    TRY(kern_gated_residual(s, &ws->x, &ws->o2, NULL));
-    /* feed-forward */
+    /* feed-forward; its adaLN fused with the residual before it: x += o2,
+     * a = LN(x)·(1 + scale2) + shift2 */
     kern_artifacts_set_region("block.ffn");
-    TRY(ln_modulate(s, &ws->x, &shift2, &scale2, &ws->a));
+    TRY(kern_residual_layernorm_modulate(s, &ws->x, &ws->o2, NULL, &shift2, &scale2, LN_EPS, &ws->a));
     TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
     TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
     return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);

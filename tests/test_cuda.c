@@ -417,6 +417,131 @@ START_TEST(test_silu_in_place_matches_cpu) {
 }
 END_TEST
 
+/* --- the 16-byte paths against the scalar ones ---------------------------- */
+
+/* n host values drawn in [lo, hi], rounded to dt's precision. */
+static float *hrand(kern_dtype_t dt, int64_t n, float lo, float hi) {
+    float *h = hmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = uniform(lo, hi);
+        if (dt == KERN_BF16) h[i] = kern_bf16_to_f32(kern_f32_to_bf16(h[i]));
+    }
+    return h;
+}
+
+/* h on the device, 16-byte aligned (off 0: the kernels' vector path) or
+ * one element past it (off 1: their scalar path). */
+static kern_tensor_t dev_at(kern_dtype_t dt, int ndim, const int64_t *shape, const float *h, int off) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    kern_tensor_t big = gpu_tensor(dt, 1, (int64_t[]){ n + 8 });
+    kern_tensor_t v = kern_tensor_make(big.data, dt, big.device, ndim, shape);
+    v.offset = big.offset + (size_t)off * kern_dtype_size(dt);
+    upload(&v, h);
+    return v;
+}
+
+static void expect_same_raw(const char *what, const kern_tensor_t *a, const kern_tensor_t *b) {
+    ck_assert_msg(memcmp(download_raw(a), download_raw(b), kern_tensor_bytes(a)) == 0,
+                  "%s: the 16-byte path differs from the scalar path", what);
+}
+
+static void expect_close_raw(const char *what, const kern_tensor_t *a, const kern_tensor_t *b, double tol) {
+    int64_t n = kern_tensor_numel(a);
+    const float *x = download(a), *y = download(b);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        den += (double)y[i] * y[i];
+    }
+    ck_assert_msg(num <= tol * den, "%s: 16-byte vs scalar path nmse %g > %g", what, num / den, tol);
+}
+
+/* The element-wise kernels give the scalar path's bits (the same
+ * arithmetic per value); the row kernels, which sum each thread's 8 values
+ * first, agree within rounding. Rows of 1536 (Wan's width). */
+START_TEST(test_the_16_byte_paths_match_the_scalar_paths) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t R = 6, D = 1536, rd[2] = { R, D }, d1[1] = { D };
+    const float *hx = hrand(dt, R * D, -3, 3), *hy = hrand(dt, R * D, -1, 1), *hg = hrand(dt, D, -1, 1);
+    const float *hs = hrand(dt, D, -1, 1);
+    for (int gated = 0; gated < 2; gated++) {
+        kern_tensor_t t[2][3];
+        for (int off = 0; off < 2; off++) {
+            t[off][0] = dev_at(dt, 2, rd, hx, off);
+            t[off][1] = dev_at(dt, 2, rd, hy, off);
+            t[off][2] = dev_at(dt, 1, d1, hg, off);
+            TS_OK(kern_gated_residual(GS, &t[off][0], &t[off][1], gated ? &t[off][2] : NULL));
+        }
+        expect_same_raw(gated ? "gated residual" : "residual", &t[0][0], &t[1][0]);
+    }
+    for (int f = 0; f < 2; f++) {
+        kern_tensor_t x[2], y[2];
+        for (int off = 0; off < 2; off++) {
+            x[off] = dev_at(dt, 2, rd, hx, off);
+            y[off] = dev_at(dt, 2, rd, hy, off);
+            TS_OK(f ? kern_silu(GS, &x[off], &y[off]) : kern_gelu_tanh(GS, &x[off], &y[off]));
+        }
+        expect_same_raw(f ? "silu" : "gelu_tanh", &y[0], &y[1]);
+    }
+    const double tol = dt == KERN_F32 ? 1e-12 : 1e-5;
+    for (int k = 0; k < 4; k++) {
+        kern_tensor_t x[2], y[2], a[2], b[2];
+        for (int off = 0; off < 2; off++) {
+            x[off] = dev_at(dt, 2, rd, hx, off);
+            y[off] = dev_at(dt, 2, rd, hy, off);
+            a[off] = dev_at(dt, 1, d1, hg, off);
+            b[off] = dev_at(dt, 1, d1, hs, off);
+            if (k == 0) TS_OK(kern_layernorm_modulate(GS, &x[off], &a[off], &b[off], 1e-6f, &y[off]));
+            if (k == 1) TS_OK(kern_layernorm(GS, &x[off], &a[off], &b[off], 1e-6f, &y[off]));
+            if (k == 2) TS_OK(kern_rmsnorm(GS, &x[off], &a[off], 1e-6f, &y[off]));
+            if (k == 3) TS_OK(kern_rmsnorm_rope3d(GS, &x[off], &a[off], 1e-6f, 12, 1, 2, 3));
+        }
+        static const char *names[4] = { "layernorm_modulate", "layernorm", "rmsnorm", "rmsnorm_rope3d" };
+        if (k == 3) expect_close_raw(names[k], &x[0], &x[1], tol);
+        else expect_close_raw(names[k], &y[0], &y[1], tol);
+    }
+}
+END_TEST
+
+/* RESIDUAL_NORM on the GPU: x and out bit for bit GATED_RESIDUAL then the
+ * LayerNorm (modulated and affine, gated or not), on the 16-byte path
+ * (aligned) and the scalar one (one element off), and near the CPU. */
+START_TEST(test_residual_norm_is_bitwise_the_pair_on_both_paths_and_matches_cpu) {
+    kern_dtype_t dt = dtype_of(_i);
+    const int64_t R = 5, D = 1536, rd[2] = { R, D }, d1[1] = { D };
+    const float *hx = hrand(dt, R * D, 2, 4), *hy = hrand(dt, R * D, -1, 1), *hg = hrand(dt, D, -1, 1);
+    const float *h0 = hrand(dt, D, -1, 1), *h1 = hrand(dt, D, -1, 1);
+    for (int off = 0; off < 2; off++)
+        for (int gated = 0; gated < 2; gated++)
+            for (int mod = 0; mod < 2; mod++) {
+                kern_tensor_t x = dev_at(dt, 2, rd, hx, off), xu = dev_at(dt, 2, rd, hx, off);
+                kern_tensor_t y = dev_at(dt, 2, rd, hy, off), g = dev_at(dt, 1, d1, hg, off);
+                kern_tensor_t p0 = dev_at(dt, 1, d1, h0, off), p1 = dev_at(dt, 1, d1, h1, off);
+                kern_tensor_t out = dev_at(dt, 2, rd, hy, off), u = dev_at(dt, 2, rd, hy, off);
+                const kern_tensor_t *gp = gated ? &g : NULL;
+                if (mod) TS_OK(kern_residual_layernorm_modulate(GS, &x, &y, gp, &p0, &p1, 1e-6f, &out));
+                else TS_OK(kern_residual_layernorm(GS, &x, &y, gp, &p0, &p1, 1e-6f, &out));
+                TS_OK(kern_gated_residual(GS, &xu, &y, gp));
+                if (mod) TS_OK(kern_layernorm_modulate(GS, &xu, &p0, &p1, 1e-6f, &u));
+                else TS_OK(kern_layernorm(GS, &xu, &p0, &p1, 1e-6f, &u));
+                char what[96];
+                snprintf(what, sizeof what, "residual_norm %s %s %s", off ? "scalar" : "16-byte",
+                         gated ? "gated" : "plain", mod ? "modulate" : "affine");
+                ck_assert_msg(memcmp(download_raw(&x), download_raw(&xu), kern_tensor_bytes(&x)) == 0,
+                              "%s: x differs from gated_residual's", what);
+                ck_assert_msg(memcmp(download_raw(&out), download_raw(&u), kern_tensor_bytes(&u)) == 0,
+                              "%s: out differs from the unfused pair's", what);
+            }
+    pair_t x = P2(dt, R, D, 2, 4), y = P2(dt, R, D, -1, 1), g = P1(dt, D, -1, 1);
+    pair_t sh = P1(dt, D, -1, 1), sc = P1(dt, D, -1, 1), out = P2(dt, R, D, 0, 0);
+    TS_OK(kern_residual_layernorm_modulate(CS, &x.c, &y.c, &g.c, &sh.c, &sc.c, 1e-6f, &out.c));
+    TS_OK(kern_residual_layernorm_modulate(GS, &x.g, &y.g, &g.g, &sh.g, &sc.g, 1e-6f, &out.g));
+    expect_nmse("residual_layernorm_modulate vs cpu", dt, &out);
+    expect_nmse("residual_layernorm_modulate's x vs cpu", dt, &x);
+}
+END_TEST
+
 /* --- attention -------------------------------------------------------- */
 
 static void attention_case(kern_dtype_t dt, int64_t nq, int64_t nk, int64_t H, int64_t d) {
@@ -1498,6 +1623,8 @@ static Suite *cuda_suite(void) {
     tcase_add_loop_test(tc, test_gelu_tanh_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_silu_matches_cpu_including_overflowing_exponentials, 0, 2);
     tcase_add_loop_test(tc, test_silu_in_place_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_the_16_byte_paths_match_the_scalar_paths, 0, 2);
+    tcase_add_loop_test(tc, test_residual_norm_is_bitwise_the_pair_on_both_paths_and_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_attention_matches_cpu_across_head_dims_and_ragged_tiles, 0, 2);
     tcase_add_loop_test(tc, test_attention_with_large_logits_stays_finite_and_matches_cpu, 0, 2);
     tcase_add_test(tc, test_attention_over_head_dim_256_runs_decomposed_and_the_fused_kernel_refuses_it);

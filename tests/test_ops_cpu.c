@@ -1458,6 +1458,72 @@ START_TEST(test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d) {
 END_TEST
 
 /* Bad inputs fail with a message naming the fused op and the tensor. */
+/* x += gate·y then LN(x) modulated, affine (weight and bias, weight
+ * alone) or plain, fused against GATED_RESIDUAL then LAYERNORM_MODULATE or
+ * LAYERNORM as the step ran them: x and out bit for bit, gated or not, for
+ * rows of 67, Wan's 1536, 5 and 1. */
+START_TEST(test_residual_norm_is_bitwise_gated_residual_then_the_layernorm) {
+    const int64_t cases[][2] = { { 13, 67 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t rows = cases[c][0], D = cases[c][1];
+        kern_tensor_t x0 = T2(rows, D), y = T2(rows, D), g = T1(D), p0 = T1(D), p1 = T1(D);
+        kern_tensor_t x = T2(rows, D), xu = T2(rows, D), out = T2(rows, D), u = T2(rows, D);
+        for (int gated = 0; gated < 2; gated++)
+            for (int form = 0; form < 4; form++) { /* modulate, weight + bias, weight, plain */
+                fill(&x0, 2, 4);
+                fill(&y, -1, 1);
+                fill(&g, -1, 1);
+                fill(&p0, -1, 1);
+                fill(&p1, -1, 1);
+                memcpy(F(&x), F(&x0), kern_tensor_bytes(&x));
+                memcpy(F(&xu), F(&x0), kern_tensor_bytes(&x));
+                const kern_tensor_t *gp = gated ? &g : NULL, *w = form == 1 || form == 2 ? &p0 : NULL,
+                                    *b = form == 1 ? &p1 : NULL;
+                if (form == 0) TS_OK(kern_residual_layernorm_modulate(S, &x, &y, gp, &p0, &p1, 1e-6f, &out));
+                else TS_OK(kern_residual_layernorm(S, &x, &y, gp, w, b, 1e-6f, &out));
+                TS_OK(kern_gated_residual(S, &xu, &y, gp));
+                if (form == 0) TS_OK(kern_layernorm_modulate(S, &xu, &p0, &p1, 1e-6f, &u));
+                else TS_OK(kern_layernorm(S, &xu, w, b, 1e-6f, &u));
+                char what[96];
+                snprintf(what, sizeof what, "residual_norm %lldx%lld %s form %d", (long long)rows, (long long)D,
+                         gated ? "gated" : "plain", form);
+                expect_same_bits(what, F(&x), F(&xu), rows * D);
+                expect_same_bits(what, F(&out), F(&u), rows * D);
+            }
+    }
+}
+END_TEST
+
+/* Out on top of x or y is refused (the fused pass reads them while it
+ * writes out), as are a missing shift, a bias without a weight and a
+ * gate of the wrong width; x is left as it was. */
+START_TEST(test_residual_norm_refuses_aliasing_and_bad_shapes_and_leaves_x) {
+    kern_tensor_t x = T2(4, 24), y = T2(4, 24), out = T2(4, 24), d24 = T1(24), d7 = T1(7);
+    fill(&x, -1, 1);
+    fill(&y, -1, 1);
+    float *x0 = snapshot(&x);
+    const struct { int rc; const char *want; } want[] = {
+        { kern_residual_layernorm_modulate(S, &x, &y, NULL, &d24, &d24, 1e-6f, &x), "overlaps" },
+        { kern_residual_layernorm(S, &x, &y, NULL, NULL, NULL, 1e-6f, &y), "overlaps" },
+        { kern_residual_layernorm_modulate(S, &x, &y, NULL, NULL, &d24, 1e-6f, &out), "shift" },
+        { kern_residual_layernorm(S, &x, &y, NULL, NULL, &d24, 1e-6f, &out), "bias without weight" },
+        { kern_residual_layernorm(S, &x, &y, &d7, NULL, NULL, 1e-6f, &out), "gate" },
+        { kern_residual_layernorm(S, &x, &y, NULL, NULL, NULL, 0.0f, &out), "eps" },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) ck_assert_int_eq(want[i].rc, -1);
+    /* each message, one at a time (the error value is the last call's) */
+    reel_err_clear();
+    ck_assert_int_eq(kern_residual_layernorm_modulate(S, &x, &y, NULL, &d24, &d24, 1e-6f, &x), -1);
+    ck_assert_msg(strstr(reel_err_text(), "residual_layernorm_modulate: out overlaps"), "'%s'", reel_err_text());
+    ck_assert_int_eq(kern_residual_layernorm(S, &x, &y, NULL, NULL, &d24, 1e-6f, &out), -1);
+    ck_assert_msg(strstr(reel_err_text(), "bias without weight"), "'%s'", reel_err_text());
+    ck_assert_int_eq(kern_residual_layernorm(S, &x, &y, &d7, NULL, NULL, 1e-6f, &out), -1);
+    ck_assert_msg(strstr(reel_err_text(), "residual_layernorm") && strstr(reel_err_text(), "gate"), "'%s'",
+                  reel_err_text());
+    ck_assert_msg(memcmp(F(&x), x0, kern_tensor_bytes(&x)) == 0, "a refused call changed x");
+}
+END_TEST
+
 START_TEST(test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op) {
     kern_tensor_t x = T2(12, 24), w = T2(8, 20), y = T2(12, 8), d24 = T1(24), d7 = T1(7);
     reel_err_clear();
@@ -1595,6 +1661,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);
     tcase_add_test(tc, test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d);
     tcase_add_test(tc, test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op);
+    tcase_add_test(tc, test_residual_norm_is_bitwise_gated_residual_then_the_layernorm);
+    tcase_add_test(tc, test_residual_norm_refuses_aliasing_and_bad_shapes_and_leaves_x);
     tcase_add_test(tc, test_fused_ops_replay_bitwise_equal_to_eager_one_node_each);
     tcase_add_test(tc, test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable);
     suite_add_tcase(s, tc);

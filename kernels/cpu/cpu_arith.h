@@ -47,6 +47,22 @@ static inline float cpu_layernorm_value(float x, double mean, double rstd) {
     return (float)(((double)x - mean) * rstd);
 }
 
+/* One LayerNorm output with affine: (x − mean)·rstd·w + b in double
+ * (b NULL: no bias), rounded once to float. */
+static inline float cpu_layernorm_affine_value(float x, double mean, double rstd, float w, const float *b) {
+    double v = ((double)x - mean) * rstd;
+    v = v * (double)w + (b ? (double)*b : 0.0);
+    return (float)v;
+}
+
+/* x[0..D) += g[i]·y[i], or += y[i] without a gate, in float. */
+static inline void cpu_residual_row(float *x, const float *y, const float *g, int64_t D) {
+    if (g)
+        for (int64_t i = 0; i < D; i++) x[i] += g[i] * y[i];
+    else
+        for (int64_t i = 0; i < D; i++) x[i] += y[i];
+}
+
 /* 1/√(mean(x²) + eps) of x[0..D), D >= 1, accumulated in double. */
 static inline double cpu_rms_scale(const float *x, int64_t D, float eps) {
     double sq = 0.0;

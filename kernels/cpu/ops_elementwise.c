@@ -28,14 +28,8 @@ static int gated_residual_f32(void *ctx, const void *args) {
     const kern_residual_args_t *a = args;
     const float *g = a->gate;
     int64_t D = a->dim;
-    for (int64_t r = 0; r < a->rows; r++) {
-        float *x = (float *)a->x + r * D;
-        const float *y = (const float *)a->y + r * D;
-        if (g)
-            for (int64_t i = 0; i < D; i++) x[i] += g[i] * y[i];
-        else
-            for (int64_t i = 0; i < D; i++) x[i] += y[i];
-    }
+    for (int64_t r = 0; r < a->rows; r++)
+        cpu_residual_row((float *)a->x + r * D, (const float *)a->y + r * D, g, D);
     return 0;
 }
 

@@ -1,5 +1,6 @@
-/* ops_fused.c -- the fused norm ops on the CPU: LayerNorm + adaLN modulate
- * and RMSNorm + 3-D RoPE, each one pass over its rows.
+/* ops_fused.c -- the fused norm ops on the CPU: LayerNorm + adaLN modulate,
+ * RMSNorm + 3-D RoPE, and a residual + LayerNorm (modulated or affine),
+ * each one pass over its rows.
  *
  * Each is bit for bit the unfused pair of CPU kernels (ops.h): the same
  * cpu_arith.h expressions in the same order, with the intermediate rounded
@@ -81,6 +82,32 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
     return 0;
 }
 
+/* Per row: x += gate·y (cpu_residual_row, as GATED_RESIDUAL), then out =
+ * LN(x) modulated (as LAYERNORM_MODULATE) or affine (as LAYERNORM) while
+ * the row is in cache. Cannot fail. */
+static int residual_norm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_residual_norm_args_t *a = args;
+    const float *g = a->gate, *p0 = a->p0, *p1 = a->p1;
+    const int64_t D = a->dim;
+    if (D <= 0) return 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        float *x = (float *)a->x + r * D, *out = (float *)a->out + r * D;
+        cpu_residual_row(x, (const float *)a->y + r * D, g, D);
+        double mean, rstd;
+        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
+        if (a->modulate)
+            for (int64_t i = 0; i < D; i++)
+                out[i] = cpu_modulate_value(cpu_layernorm_value(x[i], mean, rstd), p0[i], p1[i]);
+        else if (p0)
+            for (int64_t i = 0; i < D; i++)
+                out[i] = cpu_layernorm_affine_value(x[i], mean, rstd, p0[i], p1 ? &p1[i] : NULL);
+        else
+            for (int64_t i = 0; i < D; i++) out[i] = cpu_layernorm_value(x[i], mean, rstd);
+    }
+    return 0;
+}
+
 /* This file's kernels, in registration order; none can fail to be
  * listed (a full registry table is the registry's to report). */
 static const kern_impl_t kernels[] = {
@@ -92,6 +119,9 @@ static const kern_impl_t kernels[] = {
       .name = "rmsnorm_rope3d_cpu", .fn = rmsnorm_rope3d_f32,
       .args_size = sizeof(kern_rmsnorm_rope_args_t),
       .workspace_bytes = rmsnorm_rope_workspace, .capturable = true },
+    { .op = KERN_OP_RESIDUAL_NORM, .backend = KERN_BACKEND_CPU, .dtype = KERN_F32,
+      .name = "residual_norm_cpu", .fn = residual_norm_f32,
+      .args_size = sizeof(kern_residual_norm_args_t), .workspace_bytes = NULL, .capturable = true },
 };
 
 size_t kern_cpu_fused_kernels(const kern_impl_t **out) {

@@ -24,11 +24,7 @@ static int layernorm_f32(void *ctx, const void *args) {
             for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_value(x[i], mean, rstd);
             continue;
         }
-        for (int64_t i = 0; i < D; i++) {
-            double v = ((double)x[i] - mean) * rstd;
-            v = v * (double)w[i] + (b ? (double)b[i] : 0.0);
-            y[i] = (float)v;
-        }
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_affine_value(x[i], mean, rstd, w[i], b ? &b[i] : NULL);
     }
     return 0;
 }

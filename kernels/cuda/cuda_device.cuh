@@ -88,6 +88,53 @@ static inline int kc_row_threads(int64_t dim) {
     return (int)(t < 32 ? 32 : t > 256 ? 256 : t);
 }
 
+/* ---- 16-byte vectors: 8 values a load ----
+ * The BF16 kernels move 8 values per 16-byte load and store (an F32 one
+ * makes two), where the sizes and addresses allow it (kc_vec_ok); each
+ * value's arithmetic is the scalar path's, so an element-wise kernel gives
+ * the same bits either way. Row kernels reduce each thread's 8 values in
+ * order, then as the scalar path does: a different but fixed order. */
+#define KC_VEC 8
+
+static inline bool kc_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Every pointer 16-byte aligned (NULL counts as aligned) and n a multiple of 8. */
+static inline bool kc_vec_ok(int64_t n, const void *a, const void *b = NULL, const void *c = NULL,
+                             const void *d = NULL) {
+    return n % KC_VEC == 0 && kc_aligned16(a) && kc_aligned16(b) && kc_aligned16(c) && kc_aligned16(d);
+}
+
+static __device__ __forceinline__ void kc_load8(const float *p, float v[KC_VEC]) {
+    const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+static __device__ __forceinline__ void kc_load8(const __nv_bfloat16 *p, float v[KC_VEC]) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(h[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+
+static __device__ __forceinline__ void kc_store8(float *p, const float v[KC_VEC]) {
+    reinterpret_cast<float4 *>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4 *>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+/* Rounds each value to nearest even once, as kc_store<__nv_bfloat16>. */
+static __device__ __forceinline__ void kc_store8(__nv_bfloat16 *p, const float v[KC_VEC]) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4 *>(p) = u;
+}
+
 /* Threads per block of the elementwise kernels. */
 #define KC_THREADS 256
 
@@ -103,5 +150,42 @@ static inline unsigned kc_blocks(int64_t n, int threads) {
 #define KC_FOR(i, n)                                                          \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- y = f(x) value by value (GELU_TANH, SILU): F is a functor with
+ * `__device__ float operator()(float) const`. Where n is a multiple of 8
+ * and x, y are 16-byte aligned the values go 8 a load, through the same F:
+ * the same bits either way. y may equal x. ---- */
+template <typename T, typename F>
+__global__ void kc_unary_kernel(const T *x, T *y, int64_t n) {
+    const F f;
+    KC_FOR(i, n) y[i] = kc_store<T>(f(kc_f32(x[i])));
+}
+
+template <typename T, typename F>
+__global__ void kc_unary_vec_kernel(const T *x, T *y, int64_t chunks) {
+    const F f;
+    KC_FOR(c, chunks) {
+        float v[KC_VEC];
+        kc_load8(x + c * KC_VEC, v);
+#pragma unroll
+        for (int k = 0; k < KC_VEC; k++) v[k] = f(v[k]);
+        kc_store8(y + c * KC_VEC, v);
+    }
+}
+
+template <typename T, typename F>
+static int kc_unary_launch(void *ctx, const void *args) {
+    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
+    const kern_unary_args_t *a = (const kern_unary_args_t *)args;
+    if (a->n <= 0) return 0;
+    if (kc_vec_ok(a->n, a->x, a->y))
+        kc_unary_vec_kernel<T, F><<<kc_blocks(a->n / KC_VEC, KC_THREADS), KC_THREADS, 0, c->stream>>>(
+            (const T *)a->x, (T *)a->y, a->n / KC_VEC);
+    else
+        kc_unary_kernel<T, F><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
+            (const T *)a->x, (T *)a->y, a->n);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
 
 #endif

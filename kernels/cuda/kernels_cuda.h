@@ -57,6 +57,8 @@ int kern_cuda_gemm_gelu_f32(void *ctx, const void *args);
 int kern_cuda_gemm_gelu_bf16(void *ctx, const void *args);
 int kern_cuda_layernorm_modulate_f32(void *ctx, const void *args);
 int kern_cuda_layernorm_modulate_bf16(void *ctx, const void *args);
+int kern_cuda_residual_norm_f32(void *ctx, const void *args);
+int kern_cuda_residual_norm_bf16(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_f32(void *ctx, const void *args);
 int kern_cuda_rmsnorm_rope3d_bf16(void *ctx, const void *args);
 /* The text encoder's (attention_bias.cu, mul.cu). */

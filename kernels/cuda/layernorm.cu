@@ -1,33 +1,16 @@
 /* layernorm.cu -- LAYERNORM over the last dim of [rows, dim]:
  * (x − mean)/√(var + eps), then ·weight + bias when weight != NULL (bias may
- * be NULL). One block per row; mean and variance are two F32 passes over the
- * row (the second over x − mean, so no cancellation), each reduced per
- * thread, then per warp, then across warps. y may equal x: every read of the
- * row happens before the first write (the reductions are block barriers). */
-#include "cuda_device.cuh"
+ * be NULL). One block per row (norm_rows.cuh: two F32 passes for mean and
+ * variance, then the store; 16-byte loads where dim % 8 == 0 and the
+ * pointers are aligned). y may equal x. */
+#include "norm_rows.cuh"
 #include <limits.h>
 
-template <typename T>
-__global__ void layernorm_kernel(const T *x, const T *weight, const T *bias, T *y,
-                                 int64_t dim, float eps) {
+template <typename T, bool VEC>
+__global__ void layernorm_kernel(const T *x, const T *weight, const T *bias, T *y, int64_t dim, float eps) {
     __shared__ float sh[33];
-    const T *xr = x + (int64_t)blockIdx.x * dim;
-    T *yr = y + (int64_t)blockIdx.x * dim;
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) s += kc_f32(xr[i]);
-    const float mean = kc_block_sum(s, sh) / (float)dim;
-    float q = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float d = kc_f32(xr[i]) - mean;
-        q += d * d;
-    }
-    const float var = kc_block_sum(q, sh) / (float)dim;
-    const float rstd = 1.0f / sqrtf(var + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float o = (kc_f32(xr[i]) - mean) * rstd;
-        if (weight) o = o * kc_f32(weight[i]) + (bias ? kc_f32(bias[i]) : 0.0f);
-        yr[i] = kc_store<T>(o);
-    }
+    const int64_t r = blockIdx.x;
+    kc_ln_row<T, VEC>(x + r * dim, weight, bias, y + r * dim, dim, eps, sh);
 }
 
 template <typename T>
@@ -38,9 +21,12 @@ static int layernorm_launch(void *ctx, const void *args) {
     if (a->rows > INT_MAX)
         return reel_fail(REEL_E_LIMIT, "layernorm: %lld rows exceed the CUDA grid (one block per row)",
                          (long long)a->rows);
-    int threads = kc_row_threads(a->dim);
-    layernorm_kernel<T><<<(unsigned)a->rows, threads, 0, c->stream>>>(
-        (const T *)a->x, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->dim, a->eps);
+    if (kc_vec_ok(a->dim, a->x, a->y, a->weight, a->bias))
+        layernorm_kernel<T, true><<<(unsigned)a->rows, kc_norm_threads<true>(a->dim), 0, c->stream>>>(
+            (const T *)a->x, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->dim, a->eps);
+    else
+        layernorm_kernel<T, false><<<(unsigned)a->rows, kc_norm_threads<false>(a->dim), 0, c->stream>>>(
+            (const T *)a->x, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->dim, a->eps);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

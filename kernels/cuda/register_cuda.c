@@ -43,6 +43,7 @@ static const kern_impl_t cuda_kernels[] = {
     CUDA_KERNEL_PAIR(SOFTMAX, softmax, kern_softmax_args_t, true),
     CUDA_KERNEL_PAIR(GEMM_GELU, gemm_gelu, kern_gemm_args_t, true),
     CUDA_KERNEL_PAIR(LAYERNORM_MODULATE, layernorm_modulate, kern_norm_modulate_args_t, true),
+    CUDA_KERNEL_PAIR(RESIDUAL_NORM, residual_norm, kern_residual_norm_args_t, true),
     CUDA_KERNEL_PAIR(RMSNORM_ROPE3D, rmsnorm_rope3d, kern_rmsnorm_rope_args_t, true),
     CUDA_KERNEL_PAIR(ATTENTION_BIAS, attention_bias, kern_attention_bias_args_t, true),
     CUDA_KERNEL_PAIR(MUL, mul, kern_binary_args_t, true),

@@ -5,8 +5,9 @@
  * column parts 2q; pair j of a part of r dims turns by pos·10000^(−2j/r)).
  *
  * One block per token row. Pass 1 reduces the sum of squares in F32 (per
- * thread, per warp, across warps: a tree fixed by the row width, so every
- * run sums in the same order). Pass 2 reads each pair once, normalises it
+ * thread, by 16-byte loads of 8 values where the row allows, per warp,
+ * across warps: a tree fixed by the row width, so every run sums in the
+ * same order). Pass 2 reads each pair once, normalises it
  * in F32 (as rmsnorm.cu), turns it in double by the angle computed in
  * double (as rope3d.cu, so position 0 leaves a pair as RMSNorm left it) and
  * stores it rounded once to T: the unfused pair writes and re-reads the
@@ -20,14 +21,23 @@
 
 template <typename T>
 __global__ void rmsnorm_rope3d_kernel(T *x, const T *weight, int64_t heads, int64_t d,
-                                      int64_t rows, int64_t cols, float eps) {
+                                      int64_t rows, int64_t cols, float eps, bool vec) {
     __shared__ float sh[33];
     const int64_t D = heads * d, tok = blockIdx.x;
     T *xr = x + tok * D;
     float q = 0.0f;
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-        const float v = kc_f32(xr[i]);
-        q += v * v;
+    if (vec) { /* 8 values a 16-byte load (D % 8 == 0, x aligned) */
+        float v[KC_VEC];
+        for (int64_t c = threadIdx.x; c < D / KC_VEC; c += blockDim.x) {
+            kc_load8(xr + c * KC_VEC, v);
+#pragma unroll
+            for (int k = 0; k < KC_VEC; k++) q += v[k] * v[k];
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+            const float v = kc_f32(xr[i]);
+            q += v * v;
+        }
     }
     const float r = 1.0f / sqrtf(kc_block_sum(q, sh) / (float)D + eps);
     const int64_t half = d / 2, q6 = d / 6, n0 = d - 4 * q6; /* n0: real dims of the frame part */
@@ -71,7 +81,8 @@ static int rmsnorm_rope3d_launch(void *ctx, const void *args) {
                          (long long)ntok);
     const int threads = kc_row_threads(a->heads * a->head_dim);
     rmsnorm_rope3d_kernel<T><<<(unsigned)ntok, threads, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->weight, a->heads, a->head_dim, a->rows, a->cols, a->eps);
+        (T *)a->x, (const T *)a->weight, a->heads, a->head_dim, a->rows, a->cols, a->eps,
+        kc_vec_ok(a->heads * a->head_dim, a->x));
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
