@@ -25,6 +25,7 @@
 #include "cuda_common.h"
 #include "kernels_cuda.h"
 #include "../ops_args.h"
+#include "../plan_cache.h"
 
 #ifndef HAVE_CUDNN
 
@@ -53,13 +54,12 @@ typedef struct {
     cudnnBackendDescriptor_t keep[SDPA_KEEP]; /* what the plan was built from */
     int nkeep;
     int64_t ws_bytes;
-    uint64_t used;
 } sdpa_plan_t;
 
+/* A stream's plans (kernels/plan_cache.h: by shape, made outside captures,
+ * least recently used recycled) and how its cuDNN handle came up. */
 typedef struct {
-    sdpa_plan_t slot[SDPA_PLANS];
-    int n;
-    uint64_t tick;
+    kern_plan_cache_t *cache;
     cudnnStatus_t create_status; /* why dnn is NULL, when it is */
 } sdpa_plans_t;
 
@@ -102,9 +102,20 @@ static void plan_free(sdpa_plan_t *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* kern_plan_free_fn: a cached plan and its descriptors. */
+static void cached_plan_free(void *ctx, void *plan) {
+    (void)ctx;
+    plan_free(plan);
+    free(plan);
+}
+
 void kern_cuda_dnn_open(kern_cuda_ctx_t *c) {
     sdpa_plans_t *ps = calloc(1, sizeof *ps);
     if (!ps) return;
+    if (!(ps->cache = kern_plan_cache_new(SDPA_PLANS, cached_plan_free, NULL))) {
+        free(ps);
+        return;
+    }
     c->dnn_plans = ps;
     cudnnHandle_t h = NULL;
     ps->create_status = cudnnCreate(&h);
@@ -120,7 +131,7 @@ void kern_cuda_dnn_open(kern_cuda_ctx_t *c) {
 void kern_cuda_dnn_close(kern_cuda_ctx_t *c) {
     sdpa_plans_t *ps = c->dnn_plans;
     if (ps) {
-        for (int i = 0; i < ps->n; i++) plan_free(&ps->slot[i]);
+        kern_plan_cache_destroy(&ps->cache);
         free(ps);
         c->dnn_plans = NULL;
     }
@@ -260,44 +271,37 @@ err:
     return -1;
 }
 
-/* The plan for a's sizes on c's stream: cached, or built outside a capture. */
-static int plan_get(kern_cuda_ctx_t *c, const kern_attention_args_t *a, const sdpa_plan_t **out) {
-    sdpa_plans_t *ps = c->dnn_plans;
-    ps->tick++;
-    int lru = 0;
-    for (int i = 0; i < ps->n; i++) {
-        sdpa_plan_t *s = &ps->slot[i];
-        if (s->nq == a->nq && s->nk == a->nk && s->heads == a->heads && s->d == a->head_dim) {
-            s->used = ps->tick;
-            *out = s;
-            return 0;
-        }
-        if (s->used < ps->slot[lru].used) lru = i;
-    }
-    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
-    if (cs != cudaStreamCaptureStatusNone) /* state: the capture is tried again once an eager run made it */
-        return reel_fail(REEL_E_STATE, "attention_sdpa: no cuDNN plan yet for nq=%lld nk=%lld heads=%lld d=%lld "
-                         "on this stream, and none is made inside a capture: run the shape "
-                         "eagerly on this stream before capturing it", (long long)a->nq,
-                         (long long)a->nk, (long long)a->heads, (long long)a->head_dim);
-    sdpa_plan_t fresh;
-    memset(&fresh, 0, sizeof fresh);
-    fresh.nq = a->nq;
-    fresh.nk = a->nk;
-    fresh.heads = a->heads;
-    fresh.d = a->head_dim;
+/* kern_plan_make_fn: the graph and the plan for one shape, on c's handle. */
+static int plan_make(void *ctx, const kern_plan_shape_t *sh, void **out) {
+    kern_cuda_ctx_t *c = ctx;
+    sdpa_plan_t *p = calloc(1, sizeof *p);
+    if (!p) return reel_fail(REEL_E_NOMEM, "attention_sdpa: out of memory");
+    p->nq = sh->nq;
+    p->nk = sh->nk;
+    p->heads = sh->heads;
+    p->d = sh->d;
     cudnnBackendDescriptor_t graph = NULL;
-    if (build_graph((cudnnHandle_t)c->dnn, &fresh, &graph) || build_plan(c, &fresh, graph)) {
-        plan_free(&fresh);
+    if (build_graph((cudnnHandle_t)c->dnn, p, &graph) || build_plan(c, p, graph)) {
+        plan_free(p);
+        free(p);
         return -1;
     }
-    int i = lru;
-    if (ps->n < SDPA_PLANS) i = ps->n++;
-    else plan_free(&ps->slot[i]);
-    ps->slot[i] = fresh;
-    ps->slot[i].used = ps->tick;
-    *out = &ps->slot[i];
+    *out = p;
+    return 0;
+}
+
+/* The plan for a's sizes on c's stream: cached, or made outside a capture
+ * (a shape first met inside one fails with code state, and the capture is
+ * tried again after an eager run has made it). */
+static int plan_get(kern_cuda_ctx_t *c, const kern_attention_args_t *a, const sdpa_plan_t **out) {
+    sdpa_plans_t *ps = c->dnn_plans;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+    const kern_plan_shape_t sh = { a->nq, a->nk, a->heads, a->head_dim };
+    void *p = NULL;
+    if (kern_plan_cache_get(ps->cache, &sh, cs != cudaStreamCaptureStatusNone, plan_make, c, &p))
+        return reel_fail_prefix("attention_sdpa: ");
+    *out = p;
     return 0;
 }
 
