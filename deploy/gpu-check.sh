@@ -17,7 +17,7 @@
 # "gpu-check: PASS", or "gpu-check: FAIL <the first failure>" (and how many
 # more rows failed); the exit status is 0 only with PASS. The steps run in
 # the order of what their numbers are worth: the probe, the CFG steps
-# (6, and 6b: the Wan step on the other attention path), the Wan-size
+# (6 and 6b: the Wan step on both attention paths; 6c: tiny, small), the Wan-size
 # attention (5), the CUDA suite (2), reelctl run (3),
 # the capture cache (4), the fused cuDNN attention (7). Steps (docs/GPU.md
 # says why each one cannot pass falsely):
@@ -46,6 +46,7 @@
 #      taken and carries reelctl plan's estimate for it
 #   6b (full mode) the same Wan step on the decomposed path, and its latent
 #      against the fused step's (NMSE, as BF16 CUDA vs CPU)
+#   6c (full mode) tiny and small after them (--quick runs these as 6)
 #   7  cuDNN's fused attention (the test_cuda case "cudnn": AUTO's path on
 #      CUDA in BF16 where cuDNN loads), its own row: SKIP when it cannot load
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
@@ -646,11 +647,16 @@ step_time() {
         "$(echo "$line" | sed -n 's/.*: eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')$est" "replay == eager bitwise"
 }
 WAN_SIZE=21x60x104 # wan2.1-1.3b at 81 frames 480x832: latent 16x21x60x104, 32,760 tokens
+# Full mode: the Wan step first (6), on the other path next (6b), then
+# tiny and small (6c); --quick: tiny and small only.
 step_steps() {
     echo "== 6. one CFG step, eager vs graph replay, BF16 on CUDA"
+    if [ "$MODE" = full ]; then step_time wan2.1-1.3b "$WAN_SIZE" 512 150 30 auto
+    else step_steps_small; fi
+}
+step_steps_small() {
     step_time tiny 2x8x8 5 30 4
     step_time small 4x16x16 16 40 8
-    [ "$MODE" != full ] || step_time wan2.1-1.3b "$WAN_SIZE" 512 150 30 auto
 }
 # 6b, its own step (a failure of the fused one above must not cost this
 # number): the Wan step on the decomposition, and its latent against the
@@ -689,6 +695,7 @@ step_cudnn() {
 # --- the steps, by the worth of their numbers ---------------------------------------------
 run_step "one CFG step, eager vs replay (step 6)" step_steps
 [ "$MODE" != full ] || run_step "wan2.1-1.3b step, decomposed path (step 6b)" step_steps_decomposed
+[ "$MODE" != full ] || run_step "tiny and small steps (step 6c)" step_steps_small
 run_step "attention at Wan size (step 5)" step_attention
 run_step "CUDA suite (step 2)" step_suite
 run_step "reelctl run, CUDA vs CPU (step 3)" step_runs

@@ -106,42 +106,30 @@ check "no cuDNN on the machine: the fused-path row SKIPs, the rest passes" pass 
 # --- the Wan step on both attention paths (full mode) -------------------------------
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE= OUT= deploy/gpu-check.sh --bundle "$T/bundle" 2>&1)
-printf '%s
-' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention sdpa: eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan' &&
-    printf '%s
-' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention decomposed: eager / replay' &&
-    printf '%s
-' "$out" | grep -q '^| PASS | wan2.1-1.3b step: fused SDPA vs decomposed latent *| nmse' &&
-    [ "$(printf '%s
-' "$out" | grep -n '^| PASS | step wan2.1-1.3b' | head -1 | cut -d: -f1)" -lt \
-      "$(printf '%s
-' "$out" | grep -n '^| PASS | attention bf16 self' | cut -d: -f1)" ] &&
-    ok "full mode: the Wan step on the fused and on the decomposed path, their latents compared, before the attention rows" ||
-    { bad "full mode: no Wan step on both paths"; printf '%s
-' "$out" | grep '^|' | sed 's/^/  | /'; }
+printf '%s\n' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention sdpa: eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention decomposed: eager / replay' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | wan2.1-1.3b step: fused SDPA vs decomposed latent *| nmse' &&
+    [ "$(printf '%s\n' "$out" | grep -n '^| PASS | wan2.1-1.3b step: fused SDPA vs decomposed' | cut -d: -f1)" -lt \
+      "$(printf '%s\n' "$out" | grep -n '^| PASS | step tiny bf16' | cut -d: -f1)" ] &&
+    [ "$(printf '%s\n' "$out" | grep -n '^| PASS | step small bf16' | cut -d: -f1)" -lt \
+      "$(printf '%s\n' "$out" | grep -n '^| PASS | attention bf16 self' | cut -d: -f1)" ] &&
+    ok "full mode: the Wan step on the fused and on the decomposed path and their comparison first, then tiny and small, then the attention rows" ||
+    { bad "full mode: no Wan step on both paths"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=step_wan_fused OUT= deploy/gpu-check.sh --bundle "$T/bundle" 2>&1)
 last=$(printf '%s\n' "$out" | tail -1)
-printf '%s
-' "$out" | grep -q '^| FAIL | one CFG step, eager vs replay (step 6) *| step wan2.1-1.3b-auto: .*cuDNN has no plan' &&
-    printf '%s
-' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention decomposed' &&
-    printf '%s
-' "$out" | grep -q '^| SKIP | wan2.1-1.3b step: fused SDPA vs decomposed *| not compared: AUTO took nothing (its step failed)' &&
+printf '%s\n' "$out" | grep -q '^| FAIL | one CFG step, eager vs replay (step 6) *| step wan2.1-1.3b-auto: .*cuDNN has no plan' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention decomposed' &&
+    printf '%s\n' "$out" | grep -q '^| SKIP | wan2.1-1.3b step: fused SDPA vs decomposed *| not compared: AUTO took nothing (its step failed)' &&
     [[ $last == "gpu-check: FAIL step wan2.1-1.3b-auto: "* ]] &&
     ok "a failing fused Wan step is a FAIL row; the decomposed Wan step still gives its number" ||
-    { bad "fused Wan step failure (last '$last')"; printf '%s
-' "$out" | grep '^|' | sed 's/^/  | /'; }
+    { bad "fused Wan step failure (last '$last')"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=no_sdpa OUT= deploy/gpu-check.sh --bundle "$T/bundle" 2>&1)
-printf '%s
-' "$out" | grep -q '^| SKIP | wan2.1-1.3b step: fused SDPA vs decomposed *| not compared: AUTO took decomposed' &&
-    [ "$(printf '%s
-' "$out" | tail -1)" = "gpu-check: PASS" ] &&
+printf '%s\n' "$out" | grep -q '^| SKIP | wan2.1-1.3b step: fused SDPA vs decomposed *| not compared: AUTO took decomposed' &&
+    [ "$(printf '%s\n' "$out" | tail -1)" = "gpu-check: PASS" ] &&
     ok "no fused path: the comparison SKIPs and says AUTO took the decomposition" ||
-    { bad "no fused path"; printf '%s
-' "$out" | grep '^|' | sed 's/^/  | /'; printf '%s
-' "$out" | tail -1; }
+    { bad "no fused path"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; printf '%s\n' "$out" | tail -1; }
 # An old driver: the toolkit's forward-compatibility libcuda is tried before failing.
 mkdir -p "$T/compat" && echo "not really a library" >"$T/compat/libcuda.so.1"
 rehash
