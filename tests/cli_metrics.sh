@@ -172,6 +172,10 @@ want('count(reel_worker_weight_version{component="transformer"} == 2)', lambda v
      "both workers report weight version 2")
 want('sum(reel_broker_workers{state="routable"})', lambda v: v == 2, "two routable workers")
 want('sum(reel_broker_request_seconds_count)', lambda v: v == n, "the latency histogram counted every request")
+steps = lambda: q('sum(reel_worker_captures_total) + sum(reel_worker_replays_total) + sum(reel_worker_eager_steps_total)')
+want('sum(reel_worker_step_samples_count)', lambda v: v == steps(), "the samples-per-step histogram counted every step")
+want('sum(reel_worker_step_samples_bucket{le="1"})', lambda v: v == steps(), "every step of single gens ran one sample")
+want('sum(reel_worker_step_samples_sum)', lambda v: v == steps(), "and the samples sum to the steps")
 EOF
 py_checks "$D/query.out" $?
 
@@ -195,6 +199,22 @@ r=$(get "http://127.0.0.1:$BP/healthz"); case "$r" in "200 ok") ok "broker /heal
 r=$(get "http://127.0.0.1:$P1/readyz"); case "$r" in "200 ok") ok "worker /readyz: $r" ;; *) bad "worker /readyz: $r" ;; esac
 r=$(get "http://127.0.0.1:$BP/nope"); case "$r" in 404*) ok "an unknown path is 404" ;; *) bad "unknown path: $r" ;; esac
 r=$(get "http://127.0.0.1:$BP/metrics" POST); case "$r" in 405*) ok "a POST is 405" ;; *) bad "POST: $r" ;; esac
+
+# A group of 3 runs as batched steps: 12 samples more in the sum over its
+# 4 steps (in one batch, or in sub-batches: the executor's choice), and
+# some step ran more than one sample, on whichever worker ran it.
+hist() { # FIELD: the sum over both workers of reel_worker_step_samples FIELD now
+    for p in "$P1" "$P2"; do
+        $PY -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$p/metrics', timeout=5).read().decode())"
+    done | awk -v f="$1" '$1 == "reel_worker_step_samples" f { s += $2 } END { print s + 0 }'
+}
+le1=$(hist '_bucket{le="1"}'); n0=$(hist _count); sum0=$(hist _sum)
+"$R" gen --broker "ipc://$D/c" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 5 --n 3 \
+    --steps 4 --timeout-ms 30000 --quiet --out "$D/grp.safetensors" 2>"$D/grp.err" || { bad "a group of 3"; show "$D/grp.err"; }
+le1b=$(hist '_bucket{le="1"}'); n1=$(hist _count); sum1=$(hist _sum)
+[ "$sum1" = "$((sum0 + 12))" ] && [ $((n1 - n0)) -ge 4 ] && [ $((n1 - n0)) -lt 12 ] && [ $((le1b - le1)) -lt 12 ] &&
+    ok "a group of 3 x 4 steps: $((n1 - n0)) steps of 12 samples in reel_worker_step_samples, some of more than one" ||
+    bad "reel_worker_step_samples after a group of 3: count $n0 -> $n1, le1 $le1 -> $le1b, sum $sum0 -> $sum1"
 
 # the broker goes: a worker stays healthy but is no longer ready
 kill -TERM "$BROKER"

@@ -28,6 +28,9 @@
 #include "worker/wrk_weights.h"
 #include "net/keys.h"
 
+/* Buckets of samples per step (wrk_t.step_samples): 1, 2, 4, ... 64. */
+#define WRK_SAMPLE_BUCKETS 7
+
 /* Where stream and sync threads push finished messages for the main thread. */
 #define WRK_PIPE_ENDPOINT "inproc://reel-worker-out"
 
@@ -66,6 +69,11 @@ typedef struct {
     void (*drain_ended)(void *arg);
     void *drain_arg;
     reel_owner_t step_writer;        /* who holds the write side of step_lock (base/thread.h) */
+    /* Denoising steps run, by the samples in each (a batched group's step
+     * counts its batch): counts per bound of wrk_step_sample_bounds (1, 2,
+     * 4, ... 64), the last above them all, and the samples summed. Bumped
+     * by the stream threads (wrk_count_step), read by the metrics. */
+    _Atomic uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
     /* Weight syncs applied and failed by the sync thread, and the seconds
      * of the applied ones (read + hash or fetch, drain, reload), in µs. */
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
@@ -102,6 +110,11 @@ void wrk_drain_end(wrk_t *w);
 /* Sets what wrk_drain_end calls (NULL: nothing); once it returns, no call
  * of the previous hook is in progress. Can't fail. */
 void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
+
+/* One step of `samples` samples ran (wrk_t.step_samples). Can't fail. */
+void wrk_count_step(wrk_t *w, int64_t samples);
+/* The upper bound of bucket i < WRK_SAMPLE_BUCKETS: 2^i. */
+static inline int64_t wrk_step_sample_bound(int i) { return (int64_t)1 << i; }
 
 /* "reel-worker NAME: <msg>\n" on stderr, one write. */
 void wrk_log(const wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

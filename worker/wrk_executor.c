@@ -562,6 +562,7 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
         return -1;
     }
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
+    wrk_count_step(w, tdit_req_batch(j->req));
     if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
     if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
     if (j->progress) send_progress_job(st, j);

@@ -21,6 +21,13 @@ void wrk_shared_fini(wrk_t *w) {
 
 void wrk_running_add(wrk_t *w, int n) { atomic_fetch_add(&w->running, n); }
 
+void wrk_count_step(wrk_t *w, int64_t samples) {
+    int i = 0;
+    while (i < WRK_SAMPLE_BUCKETS && samples > wrk_step_sample_bound(i)) i++;
+    atomic_fetch_add(&w->step_samples[i], 1);
+    atomic_fetch_add(&w->step_samples_sum, (uint64_t)samples);
+}
+
 /* The broadcast is under idle_mu, after the decrement: a drain that saw
  * running > 0 under idle_mu is already waiting, so it cannot miss it. */
 void wrk_running_done(wrk_t *w) {
