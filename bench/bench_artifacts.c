@@ -135,7 +135,7 @@ static void attention_case(kern_backend_t *be, kern_artifacts_t *off, kern_artif
 #define STEP_REPS 3
 static void step_times(kern_backend_t *be, tdit_model_t *m, double *eager, double *replay) {
     kern_stream_t *s = kern_stream_new(be);
-    tdit_shape_t sh = { 4, 16, 32, 16, true, 1, TDIT_SOLVER_EULER };
+    tdit_shape_t sh = { 4, 16, 32, 16, true, 1, TDIT_SOLVER_EULER, false };
     tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
     if (!ws) DIE("workspace");
     const tdit_config_t *c = tdit_model_config(m);

@@ -331,7 +331,7 @@ static int open_model(run_t *r) {
     if (open_media(r) != 0) return -1;
     bool guided = r->unc != NULL || (r->o.prompt && r->o.have_cfg && r->o.loop.guidance != 1.0f);
     r->shape = (tdit_shape_t){ r->lshape[1], r->lshape[2], r->lshape[3], r->cshape[0], guided, 1,
-                               r->o.loop.solver };
+                               r->o.loop.solver, false };
     if (tdit_shape_validate(&r->shape) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     if (!r->o.graphs && !(r->ws = tdit_ws_new(r->m, r->s, &r->shape))) return ctl_fail_as(REEL_E_INVALID, NULL);
     return 0;

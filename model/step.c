@@ -13,7 +13,15 @@
  * update) runs per sample over views. The GEMMs run per sample too: a BLAS
  * sums an output row differently depending on where it falls in its M
  * tiling (OpenBLAS on x86 does; cuBLAS picks its algorithm by M), and a
- * batched sample must be bitwise the single request with its seed. */
+ * batched sample must be bitwise the single request with its seed.
+ *
+ * A mixed batch (shape.mixed) is B requests: what a group shares is each
+ * sample's own (S = B rows of σ, guidance, the time embedding and its
+ * modulation; B·L rows of context and text embedding, cross-attention keys
+ * and values), computed per sample by the very calls a single request
+ * makes; row-wise ops whose parameters are a sample's (adaLN modulation,
+ * gates) run per sample over its rows; those with shared parameters
+ * (RMSNorm, the cross-attention LayerNorm's affine) still run once. */
 #include "tinydit.h"
 #include "kernels/artifacts.h"
 #include "base/error.h"
@@ -48,6 +56,13 @@ struct tdit_ws {
     kern_tensor_t s_emb, e_h, e, e_silu, e6, mod, hshift, hscale;
     kern_tensor_t v_cond, v_uncond, v_comb;
 };
+
+/* Views, defined with the forward pass below. */
+static kern_tensor_t rows_of(const kern_tensor_t *t, int64_t b, int64_t n);
+static kern_tensor_t sample_of(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b);
+static kern_tensor_t own_sigmas(const tdit_ws_t *ws, int64_t b);
+static kern_tensor_t own_guidance(const tdit_ws_t *ws, int64_t b);
+static int read_tensor(kern_stream_t *s, const kern_tensor_t *t, float *out, size_t n);
 
 /* Carves tensors out of one block; first pass (base NULL) only sizes it. */
 typedef struct { char *base; size_t off; int device; } carver_t;
@@ -87,15 +102,21 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
     const tdit_config_t *c = &m->cfg;
     kern_dtype_t dt = m->dtype;
     int64_t D = c->dim, C = c->in_channels, B = ws->B, N = ws->B * ws->N, L = ws->shape.text_len;
+    const int64_t S = ws->shape.mixed ? B : 1; /* rows of what a group shares and a mixed batch does not */
     /* One sample: [C,F,H,W]; a batch: [B,C,F,H,W]. */
     const int64_t lat5[5] = { B, C, ws->shape.frames, ws->shape.height, ws->shape.width };
     const int64_t *lat = B == 1 ? lat5 + 1 : lat5;
     const int lnd = B == 1 ? 4 : 5;
     carve(cv, &ws->latent, dt, lnd, lat);
-    carve(cv, &ws->context, dt, 2, SHAPE(L, c->text_dim));
-    if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(L, c->text_dim));
-    carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
-    carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
+    carve(cv, &ws->context, dt, 2, SHAPE(S * L, c->text_dim));
+    if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(S * L, c->text_dim));
+    if (S == 1) {
+        carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
+        carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
+    } else {
+        carve(cv, &ws->sigmas, KERN_F32, 2, SHAPE(S, 3));
+        carve(cv, &ws->guidance, KERN_F32, 2, SHAPE(S, 1));
+    }
     if (B == 1) carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
     else carve(cv, &ws->sde, KERN_F32, 2, SHAPE(B, 4));
     carve(cv, &ws->solver, KERN_F32, 1, SHAPE(KERN_MS_COEFS));
@@ -107,12 +128,12 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
     carve(cv, &ws->h, dt, 2, SHAPE(N, c->ffn_dim));
     carve(cv, &ws->y, dt, 2, SHAPE(N, 4 * C));
     kern_tensor_t *ld[] = { &ws->txt_h, &ws->c, &ws->kc, &ws->vc };
-    for (size_t i = 0; i < sizeof ld / sizeof ld[0]; i++) carve(cv, ld[i], dt, 2, SHAPE(L, D));
-    carve(cv, &ws->s_emb, dt, 2, SHAPE(1, c->freq_dim));
+    for (size_t i = 0; i < sizeof ld / sizeof ld[0]; i++) carve(cv, ld[i], dt, 2, SHAPE(S * L, D));
+    carve(cv, &ws->s_emb, dt, 2, SHAPE(S, c->freq_dim));
     kern_tensor_t *d1[] = { &ws->e_h, &ws->e, &ws->e_silu, &ws->hshift, &ws->hscale };
-    for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; i++) carve(cv, d1[i], dt, 2, SHAPE(1, D));
-    carve(cv, &ws->e6, dt, 2, SHAPE(6, D));
-    carve(cv, &ws->mod, dt, 2, SHAPE(6, D));
+    for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; i++) carve(cv, d1[i], dt, 2, SHAPE(S, D));
+    carve(cv, &ws->e6, dt, 2, SHAPE(S * 6, D));
+    carve(cv, &ws->mod, dt, 2, SHAPE(S * 6, D));
     carve(cv, &ws->v_cond, dt, lnd, lat);
     carve(cv, &ws->mean, dt, lnd, lat);
     if (ws->shape.cfg) {
@@ -128,7 +149,7 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
     return a->frames == b->frames && a->height == b->height && a->width == b->width &&
            a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b) &&
-           a->solver == b->solver;
+           a->solver == b->solver && a->mixed == b->mixed;
 }
 
 int tdit_shape_validate(const tdit_shape_t *shape) {
@@ -141,6 +162,9 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
         return reel_fail(REEL_E_INVALID, "context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
     if (shape->batch < 0 || shape->batch > TDIT_MAX_BATCH)
         return reel_fail(REEL_E_INVALID, "batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
+    if (shape->mixed && tdit_solver_multistep(shape->solver))
+        return reel_fail(REEL_E_UNSUPPORTED, "a mixed batch (different requests in one step) runs Euler and SDE steps "
+                         "only, not %s", tdit_solver_name(shape->solver));
     if (shape->frames > (1 << 16) || shape->height > (1 << 16) || shape->width > (1 << 16) ||
         shape->frames * shape->height * shape->width > (int64_t)1 << 24)
         return reel_fail(REEL_E_LIMIT, "latent too large (F=%lld H=%lld W=%lld)", (long long)shape->frames,
@@ -231,6 +255,8 @@ int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size
 }
 
 int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance) {
+    if (ws->shape.mixed)
+        return reel_fail(REEL_E_INVALID, "bind step: a mixed batch binds each sample's σ and guidance (tdit_ws_bind_sample)");
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, 3 * sizeof(float)));
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->guidance), &guidance, sizeof(float)));
     return kern_stream_sync(s); /* the host values are stack memory */
@@ -253,8 +279,50 @@ int tdit_ws_clear_history(tdit_ws_t *ws, kern_stream_t *s) {
     return rc;
 }
 
+static int sample_index(const tdit_ws_t *ws, int64_t b, const char *what) {
+    if (b < 0 || b >= ws->B)
+        return reel_fail(REEL_E_INVALID, "%s: sample %lld of a batch of %lld", what, (long long)b, (long long)ws->B);
+    return 0;
+}
+
+int tdit_ws_bind_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *x, size_t n) {
+    TRY(sample_index(ws, b, "bind sample latent"));
+    kern_tensor_t t = sample_of(ws, &ws->latent, b);
+    return bind(s, &t, x, n, "latent");
+}
+
+int tdit_ws_bind_sample(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *ctx, const float *uncond,
+                        size_t n_ctx, const float sigmas[3], float guidance) {
+    TRY(sample_index(ws, b, "bind sample"));
+    if (!ws->shape.mixed)
+        return reel_fail(REEL_E_INVALID, "bind sample: the samples of a group share their context, σ and guidance "
+                         "(tdit_ws_bind_context, tdit_ws_bind_step); only a mixed batch binds them per sample");
+    const int64_t L = ws->shape.text_len;
+    kern_tensor_t c = rows_of(&ws->context, b, L);
+    TRY(bind(s, &c, ctx, n_ctx, "context"));
+    if (ws->shape.cfg) {
+        if (!uncond) return reel_fail(REEL_E_INVALID, "bind sample: this workspace runs CFG and needs an uncond");
+        kern_tensor_t u = rows_of(&ws->uncond, b, L);
+        TRY(bind(s, &u, uncond, n_ctx, "uncond"));
+    }
+    kern_tensor_t sig = own_sigmas(ws, b), g = own_guidance(ws, b);
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&sig), sigmas, 3 * sizeof(float)));
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&g), &guidance, sizeof(float)));
+    return kern_stream_sync(s); /* the host values may be stack memory */
+}
+
+int tdit_ws_read_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, float *out, size_t n) {
+    TRY(sample_index(ws, b, "read sample latent"));
+    kern_tensor_t t = sample_of(ws, &ws->latent, b);
+    return read_tensor(s, &t, out, n);
+}
+
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n) {
-    kern_tensor_t *t = &ws->latent;
+    return read_tensor(s, &ws->latent, out, n);
+}
+
+/* n floats of t (widened from BF16) into out. */
+static int read_tensor(kern_stream_t *s, const kern_tensor_t *t, float *out, size_t n) {
     if ((int64_t)n != kern_tensor_numel(t))
         return reel_fail(REEL_E_INVALID, "read latent: buffer of %zu values, latent has %lld", n,
                          (long long)kern_tensor_numel(t));
@@ -288,6 +356,25 @@ static kern_tensor_t rows_of(const kern_tensor_t *t, int64_t b, int64_t n) {
  * SDE parameters ([4] or [B,4]). */
 static kern_tensor_t sample_of(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b) {
     return ws->B == 1 ? *t : kern_tensor_row(t, b);
+}
+
+/* What a sample owns in a mixed batch and a group shares: the number of
+ * owners (B mixed, else 1), and owner b's view of a tensor of n rows per
+ * owner (the whole tensor when shared). */
+static int64_t owners(const tdit_ws_t *ws) { return ws->shape.mixed ? ws->B : 1; }
+static kern_tensor_t own(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b, int64_t n) {
+    return ws->shape.mixed ? rows_of(t, b, n) : *t;
+}
+/* Owner b's row k of the block modulation (shift1, scale1, gate1, shift2, scale2, gate2). */
+static kern_tensor_t mod_row(const tdit_ws_t *ws, int64_t b, int k) {
+    return kern_tensor_row(&ws->mod, (ws->shape.mixed ? b * 6 : 0) + k);
+}
+/* Owner b's σ row [3] and guidance [1]. */
+static kern_tensor_t own_sigmas(const tdit_ws_t *ws, int64_t b) {
+    return ws->shape.mixed ? kern_tensor_row(&ws->sigmas, b) : ws->sigmas;
+}
+static kern_tensor_t own_guidance(const tdit_ws_t *ws, int64_t b) {
+    return ws->shape.mixed ? kern_tensor_row(&ws->guidance, b) : ws->guidance;
 }
 
 /* y = x·wᵀ + bias (then GELU-tanh with gelu) over the token rows: one GEMM
@@ -325,81 +412,114 @@ static int rms_rope(tdit_ws_t *ws, kern_stream_t *s, kern_tensor_t *t, const ker
 }
 
 /* o = attention(q, k, v) per sample; k and v shared by the group when
- * shared_kv (the text tokens of cross-attention). */
+ * shared_kv (a group's text tokens in cross-attention), else sample b's
+ * kv_rows rows. */
 static int attention(tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
-                     const kern_tensor_t *v, bool shared_kv, int64_t heads, kern_tensor_t *o) {
+                     const kern_tensor_t *v, bool shared_kv, int64_t kv_rows, int64_t heads, kern_tensor_t *o) {
     for (int64_t b = 0; b < ws->B; b++) {
         if (ws->B == 1) return kern_attention(s, q, k, v, heads, o);
         kern_tensor_t qb = rows_of(q, b, ws->N), ob = rows_of(o, b, ws->N);
-        kern_tensor_t kb = shared_kv ? *k : rows_of(k, b, ws->N), vb = shared_kv ? *v : rows_of(v, b, ws->N);
+        kern_tensor_t kb = shared_kv ? *k : rows_of(k, b, kv_rows), vb = shared_kv ? *v : rows_of(v, b, kv_rows);
         TRY(kern_attention(s, &qb, &kb, &vb, heads, &ob));
     }
     return 0;
 }
 
 static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
-    int64_t H = m->cfg.heads;
-    /* 4: m = modulation + e6, rows (shift1, scale1, gate1, shift2, scale2, gate2) */
-    TRY(kern_add(s, &b->modulation, &ws->e6, &ws->mod));
-    kern_tensor_t shift1 = kern_tensor_row(&ws->mod, 0), scale1 = kern_tensor_row(&ws->mod, 1),
-                  gate1 = kern_tensor_row(&ws->mod, 2), shift2 = kern_tensor_row(&ws->mod, 3),
-                  scale2 = kern_tensor_row(&ws->mod, 4), gate2 = kern_tensor_row(&ws->mod, 5);
+    const int64_t H = m->cfg.heads, N = ws->N, L = ws->shape.text_len, S = owners(ws);
+    /* 4: m = modulation + e6, rows (shift1, scale1, gate1, shift2, scale2, gate2), per owner */
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t e6 = own(ws, &ws->e6, i, 6), mod = own(ws, &ws->mod, i, 6);
+        TRY(kern_add(s, &b->modulation, &e6, &mod));
+    }
     /* self-attention */
     kern_artifacts_set_region("block.self_attn");
-    TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t x = own(ws, &ws->x, i, N), a = own(ws, &ws->a, i, N);
+        kern_tensor_t shift1 = mod_row(ws, i, 0), scale1 = mod_row(ws, i, 1);
+        TRY(ln_modulate(s, &x, &shift1, &scale1, &a));
+    }
     TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
     TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
     TRY(tlinear(ws, s, &ws->a, &b->sk, &ws->k));
     TRY(rms_rope(ws, s, &ws->k, &b->s_norm_k, H));
     TRY(tlinear(ws, s, &ws->a, &b->sv, &ws->v));
-    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, H, &ws->o));
+    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, N, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->so, &ws->o2));
     /* cross-attention over the text tokens, no RoPE, no gate; their keys
-     * and values once for the group. Its norm is fused with the residual
-     * before it: x += gate1·o2, a = LN(x)·w + b (bit for bit the pair). */
+     * and values once for a group (per sample in a mixed batch). Its norm
+     * is fused with the residual before it: x += gate1·o2, a = LN(x)·w + b
+     * (bit for bit the pair). */
     kern_artifacts_set_region("block.cross_attn");
-    TRY(kern_residual_layernorm(s, &ws->x, &ws->o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), a = own(ws, &ws->a, i, N);
+        kern_tensor_t gate1 = mod_row(ws, i, 2);
+        TRY(kern_residual_layernorm(s, &x, &o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &a));
+    }
     TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
-    TRY(linear(s, &ws->c, &b->ck, &ws->kc));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t c = own(ws, &ws->c, i, L), kc = own(ws, &ws->kc, i, L);
+        TRY(linear(s, &c, &b->ck, &kc));
+    }
     TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
-    TRY(linear(s, &ws->c, &b->cv, &ws->vc));
-    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, true, H, &ws->o));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t c = own(ws, &ws->c, i, L), vc = own(ws, &ws->vc, i, L);
+        TRY(linear(s, &c, &b->cv, &vc));
+    }
+    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, !ws->shape.mixed, L, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
     /* feed-forward; its adaLN fused with the residual before it: x += o2,
      * a = LN(x)·(1 + scale2) + shift2 */
     kern_artifacts_set_region("block.ffn");
-    TRY(kern_residual_layernorm_modulate(s, &ws->x, &ws->o2, NULL, &shift2, &scale2, LN_EPS, &ws->a));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), a = own(ws, &ws->a, i, N);
+        kern_tensor_t shift2 = mod_row(ws, i, 3), scale2 = mod_row(ws, i, 4);
+        TRY(kern_residual_layernorm_modulate(s, &x, &o2, NULL, &shift2, &scale2, LN_EPS, &a));
+    }
     TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
     TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
-    return kern_gated_residual(s, &ws->x, &ws->o2, &gate2);
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), gate2 = mod_row(ws, i, 5);
+        TRY(kern_gated_residual(s, &x, &o2, &gate2));
+    }
+    return 0;
 }
 
 static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
                    const kern_tensor_t *context, kern_tensor_t *v) {
     /* 1: time embedding from σ_i in device memory */
     kern_artifacts_set_region("embed.time");
-    if (tdit_solver_multistep(ws->shape.solver)) {
-        /* A multistep solver hands the transformer its own timestep (Wan's
-         * int64 t), not 1000·σ_i. */
-        kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
-        t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
-        TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
-    } else {
-        TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
+    const int64_t S = owners(ws), L = ws->shape.text_len;
+    kern_tensor_t e6_all = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
+                                            SHAPE(S, 6 * m->cfg.dim));
+    e6_all.offset = ws->e6.offset;
+    for (int64_t i = 0; i < S; i++) { /* per owner: the calls of a single request, over its row */
+        kern_tensor_t s_emb = own(ws, &ws->s_emb, i, 1), e_h = own(ws, &ws->e_h, i, 1), e = own(ws, &ws->e, i, 1),
+                      e_silu = own(ws, &ws->e_silu, i, 1), e6_flat = own(ws, &e6_all, i, 1);
+        if (tdit_solver_multistep(ws->shape.solver)) {
+            /* A multistep solver hands the transformer its own timestep (Wan's
+             * int64 t), not 1000·σ_i. (Never mixed: tdit_shape_validate.) */
+            kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
+            t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
+            TRY(kern_timestep_embed_at(s, &t, &s_emb));
+        } else {
+            kern_tensor_t sig = own_sigmas(ws, i);
+            TRY(kern_timestep_embed(s, &sig, &s_emb));
+        }
+        TRY(linear(s, &s_emb, &m->time0, &e_h));
+        TRY(kern_silu(s, &e_h, &e_h));
+        TRY(linear(s, &e_h, &m->time2, &e));
+        TRY(kern_silu(s, &e, &e_silu));
+        TRY(linear(s, &e_silu, &m->proj, &e6_flat));
     }
-    TRY(linear(s, &ws->s_emb, &m->time0, &ws->e_h));
-    TRY(kern_silu(s, &ws->e_h, &ws->e_h));
-    TRY(linear(s, &ws->e_h, &m->time2, &ws->e));
-    TRY(kern_silu(s, &ws->e, &ws->e_silu));
-    kern_tensor_t e6_flat = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
-                                             SHAPE(1, 6 * m->cfg.dim));
-    e6_flat.offset = ws->e6.offset;
-    TRY(linear(s, &ws->e_silu, &m->proj, &e6_flat));
     /* 2: text embedding */
     kern_artifacts_set_region("embed.text");
-    TRY(kern_gemm_gelu(s, context, &m->text0.w, &m->text0.b, &ws->txt_h));
-    TRY(linear(s, &ws->txt_h, &m->text2, &ws->c));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t ctx = own(ws, context, i, L), txt_h = own(ws, &ws->txt_h, i, L), c = own(ws, &ws->c, i, L);
+        TRY(kern_gemm_gelu(s, &ctx, &m->text0.w, &m->text0.b, &txt_h));
+        TRY(linear(s, &txt_h, &m->text2, &c));
+    }
     /* 3: tokens */
     kern_artifacts_set_region("embed.patch");
     for (int64_t b = 0; b < ws->B; b++) {
@@ -412,9 +532,13 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     /* 5: head, (shift, scale) = head.modulation + e */
     kern_artifacts_set_region("head");
     kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
-    TRY(kern_add(s, &hm0, &ws->e, &ws->hshift));
-    TRY(kern_add(s, &hm1, &ws->e, &ws->hscale));
-    TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t e = own(ws, &ws->e, i, 1), hshift = own(ws, &ws->hshift, i, 1), hscale = own(ws, &ws->hscale, i, 1);
+        kern_tensor_t x = own(ws, &ws->x, i, ws->N), a = own(ws, &ws->a, i, ws->N);
+        TRY(kern_add(s, &hm0, &e, &hshift));
+        TRY(kern_add(s, &hm1, &e, &hscale));
+        TRY(ln_modulate(s, &x, &hshift, &hscale, &a));
+    }
     TRY(tlinear(ws, s, &ws->a, &m->head, &ws->y));
     /* 6: unpatchify */
     for (int64_t b = 0; b < ws->B; b++) {
@@ -443,12 +567,24 @@ static int velocity(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     TRY(tdit_forward(m, ws, s, &ws->context, &ws->v_cond));
     if (!ws->shape.cfg) return 0;
     TRY(tdit_forward(m, ws, s, &ws->uncond, &ws->v_uncond));
-    return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
+    if (!ws->shape.mixed) return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
+    for (int64_t b = 0; b < ws->B; b++) { /* each sample its own guidance */
+        kern_tensor_t vc = sample_of(ws, &ws->v_cond, b), vu = sample_of(ws, &ws->v_uncond, b),
+                      g = own_guidance(ws, b), out = sample_of(ws, &ws->v_comb, b);
+        TRY(kern_cfg_combine(s, &vc, &vu, &g, &out));
+    }
+    return 0;
 }
 
 int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     TRY(velocity(m, ws, s));
-    return kern_euler_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
+    if (!ws->shape.mixed) return kern_euler_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
+    for (int64_t b = 0; b < ws->B; b++) { /* each sample its own σ */
+        kern_tensor_t x = sample_of(ws, &ws->latent, b), v = sample_of(ws, tdit_ws_velocity(ws), b),
+                      sig = own_sigmas(ws, b);
+        TRY(kern_euler_update(s, &x, &v, &sig));
+    }
+    return 0;
 }
 
 int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,
@@ -463,8 +599,8 @@ int tdit_step_sde_ws(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     /* Each sample draws its own noise: its row of the SDE parameters. */
     for (int64_t b = 0; b < ws->B; b++) {
         kern_tensor_t xb = sample_of(ws, &ws->latent, b), vb = sample_of(ws, tdit_ws_velocity(ws), b),
-                      pb = sample_of(ws, &ws->sde, b), mb = sample_of(ws, &ws->mean, b);
-        TRY(kern_sde_update_dev_mean(s, &xb, &vb, &ws->sigmas, &pb, &mb));
+                      pb = sample_of(ws, &ws->sde, b), mb = sample_of(ws, &ws->mean, b), sig = own_sigmas(ws, b);
+        TRY(kern_sde_update_dev_mean(s, &xb, &vb, &sig, &pb, &mb));
     }
     return 0;
 }

@@ -22,7 +22,7 @@ static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
     const int64_t *ls = key->inputs[IN_LATENT].shape + (key->inputs[IN_LATENT].ndim - 4);
     *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0], cfg,
                           key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1,
-                          TDIT_SOLVER_EULER };
+                          TDIT_SOLVER_EULER, false };
     if (!strcmp(key->loop, "unipc") || !strcmp(key->loop, "dpm++")) (void)tdit_solver_parse(key->loop, &sh->solver);
     return 0;
 }

@@ -132,7 +132,12 @@ int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weigh
 /* Shapes of one step: latent [C, frames, height, width], text tokens L;
  * with batch B > 1, B samples of one prompt (one context, one σ schedule,
  * each its own latent and SDE seed) run as one step over latent
- * [B, C, frames, height, width]. */
+ * [B, C, frames, height, width]. With `mixed`, the B samples are B
+ * requests: each also its own context and uncond (rows [b·L, (b+1)·L) of
+ * [B·L, T]), σ (row b of [B, 3]) and guidance (row b of [B, 1]), at any
+ * point of its own loop; Euler and SDE steps only (a multistep mixed
+ * batch is refused). Each sample's result is bitwise the same request
+ * stepped alone (tdit_ws_bind_sample*). */
 #define TDIT_MAX_BATCH 64
 typedef struct {
     int64_t frames, height, width;
@@ -141,6 +146,7 @@ typedef struct {
     int64_t batch;          /* samples; 0 and 1 both mean one (initializers may omit it) */
     tdit_solver_t solver;   /* the step's sampler: euler (0) for Euler and SDE steps; unipc or dpm++
                              * (multistep: coefficients and history in the workspace) */
+    bool mixed;             /* the samples are different requests (see above) */
 } tdit_shape_t;
 
 /* The samples a shape holds: batch, or 1 when batch is 0. */
@@ -192,6 +198,17 @@ int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t 
 int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond);
 int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance);
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n);
+/* Sample b's own inputs and output in a batch (b < B; on a mixed
+ * workspace also its context, uncond, σ and guidance): its latent
+ * [C,F,H,W], its context and uncond [L,T] (uncond NULL without cfg), its
+ * σ_i, σ_{i+1}, σ_1 and guidance. -1 with a message when b is out of
+ * range or a size does not fit; the context, σ and guidance of a
+ * workspace that is not mixed are the group's (tdit_ws_bind_context and
+ * _step). */
+int tdit_ws_bind_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *x, size_t n);
+int tdit_ws_read_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, float *out, size_t n);
+int tdit_ws_bind_sample(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *ctx, const float *uncond,
+                        size_t n_ctx, const float sigmas[3], float guidance);
 /* Writes a multistep step's coefficients (KERN_MS_COEFS floats). -1 with
  * a message on a workspace without multistep. */
 int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef);

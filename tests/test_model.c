@@ -42,7 +42,7 @@ static void fx_open(fx_t *f, bool cfg) {
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
     TS_NEW(f->m);
-    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER };
+    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false };
     f->ws = tdit_ws_new(f->m, f->s, &sh);
     TS_NEW(f->ws);
     f->n_lat = 4 * 2 * 8 * 8;
@@ -294,7 +294,7 @@ START_TEST(test_workspace_rejects_odd_latent_height) {
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
-    tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER };
+    tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER, false };
     ck_assert_ptr_null(tdit_ws_new(m, s, &sh));
     ck_assert_ptr_nonnull(strstr(reel_err_text(), "even"));
     tdit_model_destroy(&m);

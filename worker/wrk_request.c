@@ -121,7 +121,7 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
      * refused longer ones): one shape, one key, for every prompt length. */
     bool prompt = r->prompt && *r->prompt; /* msg_gen_validate: then text_len > 0 */
     int64_t L = cfg->text_len > 0 ? cfg->text_len : r->context->shape[0];
-    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, msg_gen_guided(r), 1, solver };
+    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, msg_gen_guided(r), 1, solver, false };
     if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed, solver };
     if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
