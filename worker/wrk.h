@@ -72,8 +72,11 @@ typedef struct {
     /* Denoising steps run, by the samples in each (a batched group's step
      * counts its batch): counts per bound of wrk_step_sample_bounds (1, 2,
      * 4, ... 64), the last above them all, and the samples summed. Bumped
-     * by the stream threads (wrk_count_step), read by the metrics. */
-    _Atomic uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
+     * by the stream threads (wrk_count_step), read by the metrics
+     * (wrk_step_samples_read); both under samples_mu, so a scrape's count
+     * and sum agree. */
+    pthread_mutex_t samples_mu;
+    uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
     /* Weight syncs applied and failed by the sync thread, and the seconds
      * of the applied ones (read + hash or fetch, drain, reload), in µs. */
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;
@@ -113,6 +116,9 @@ void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 
 /* One step of `samples` samples ran (wrk_t.step_samples). Can't fail. */
 void wrk_count_step(wrk_t *w, int64_t samples);
+/* One consistent copy of the counts per bucket (not cumulative) and the
+ * samples' sum. */
+void wrk_step_samples_read(wrk_t *w, uint64_t counts[WRK_SAMPLE_BUCKETS + 1], uint64_t *sum);
 /* The upper bound of bucket i < WRK_SAMPLE_BUCKETS: 2^i. */
 static inline int64_t wrk_step_sample_bound(int i) { return (int64_t)1 << i; }
 

@@ -126,15 +126,16 @@ static void render_metrics(link_t *l, reel_text_t *t) {
         /* samples per step, as a histogram over 1, 2, 4, ... 64 */
         reel_prom_family(t, "reel_worker_step_samples", "histogram",
                          "Denoising steps by the samples each ran (a batched group's step counts its batch).");
-        uint64_t cum = 0;
+        uint64_t counts[WRK_SAMPLE_BUCKETS + 1], sum, cum = 0;
         char lb[32];
+        wrk_step_samples_read(w, counts, &sum);
         for (int i = 0; i <= WRK_SAMPLE_BUCKETS; i++) {
-            cum += atomic_load(&w->step_samples[i]);
+            cum += counts[i];
             if (i < WRK_SAMPLE_BUCKETS) snprintf(lb, sizeof lb, "le=\"%lld\"", (long long)wrk_step_sample_bound(i));
             else snprintf(lb, sizeof lb, "le=\"+Inf\"");
             reel_prom_sample(t, "reel_worker_step_samples_bucket", lb, (double)cum);
         }
-        reel_prom_sample(t, "reel_worker_step_samples_sum", "", (double)atomic_load(&w->step_samples_sum));
+        reel_prom_sample(t, "reel_worker_step_samples_sum", "", (double)sum);
         reel_prom_sample(t, "reel_worker_step_samples_count", "", (double)cum);
     }
     reel_prom_family(t, "reel_worker_replays_total", "counter", "Steps served by graph replay.");

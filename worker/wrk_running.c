@@ -11,10 +11,16 @@ int wrk_shared_init(wrk_t *w) {
         pthread_mutex_destroy(&w->idle_mu);
         return reel_fail(REEL_E_IO, "cannot create the drain condition");
     }
+    if (pthread_mutex_init(&w->samples_mu, NULL) != 0) {
+        pthread_cond_destroy(&w->idle_cv);
+        pthread_mutex_destroy(&w->idle_mu);
+        return reel_fail(REEL_E_IO, "cannot create the step counters' lock");
+    }
     return 0;
 }
 
 void wrk_shared_fini(wrk_t *w) {
+    pthread_mutex_destroy(&w->samples_mu);
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->idle_mu);
 }
@@ -24,8 +30,17 @@ void wrk_running_add(wrk_t *w, int n) { atomic_fetch_add(&w->running, n); }
 void wrk_count_step(wrk_t *w, int64_t samples) {
     int i = 0;
     while (i < WRK_SAMPLE_BUCKETS && samples > wrk_step_sample_bound(i)) i++;
-    atomic_fetch_add(&w->step_samples[i], 1);
-    atomic_fetch_add(&w->step_samples_sum, (uint64_t)samples);
+    pthread_mutex_lock(&w->samples_mu);
+    w->step_samples[i]++;
+    w->step_samples_sum += (uint64_t)samples;
+    pthread_mutex_unlock(&w->samples_mu);
+}
+
+void wrk_step_samples_read(wrk_t *w, uint64_t counts[WRK_SAMPLE_BUCKETS + 1], uint64_t *sum) {
+    pthread_mutex_lock(&w->samples_mu);
+    memcpy(counts, w->step_samples, sizeof w->step_samples);
+    *sum = w->step_samples_sum;
+    pthread_mutex_unlock(&w->samples_mu);
 }
 
 /* The broadcast is under idle_mu, after the decrement: a drain that saw
