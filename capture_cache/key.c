@@ -156,9 +156,9 @@ int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const ch
     return cap_key_denoise_batch(k, device, arch, model, loop, dt, 1, latent, context, cfg, component, version);
 }
 
-int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, const char *model,
-                          const char *loop, kern_dtype_t dt, int64_t batch, const int64_t latent[4],
-                          const int64_t context[2], bool cfg, const char *component, uint64_t version) {
+static int key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model, const char *loop,
+                       kern_dtype_t dt, int64_t batch, bool mixed, const int64_t latent[4], const int64_t context[2],
+                       bool cfg, const char *component, uint64_t version) {
     memset(k, 0, sizeof *k);
     if (batch < 1 || batch > CAP_MAX_BATCH)
         return reel_fail(REEL_E_INVALID, "capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
@@ -176,11 +176,19 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
      * keeps its history (three latents) in the workspace. */
     bool ms = !strcmp(loop, "unipc") || !strcmp(loop, "dpm++");
     int64_t lat_n = batch * latent[0] * latent[1] * latent[2] * latent[3];
+    if (mixed && ms)
+        return reel_fail(REEL_E_UNSUPPORTED, "capture key: a mixed batch runs Euler and SDE steps only, not %s", loop);
+    if (mixed && (context[0] <= 0 || context[0] > INT64_MAX / batch))
+        return reel_fail(REEL_E_INVALID, "capture key: a mixed batch's context rows overflow");
+    /* A mixed batch: every sample its own σ, guidance and context rows. */
+    const int64_t ctx_m[2] = { mixed ? batch * context[0] : context[0], context[1] };
     if ((batch == 1 ? cap_key_add_input(k, "latent", dt, 4, latent) : cap_key_add_input(k, "latent", dt, 5, lat5)) ||
-        cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 }) ||
-        cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 }) ||
-        cap_key_add_input(k, "context", dt, 2, context) ||
-        (cfg && cap_key_add_input(k, "uncond", dt, 2, context)) ||
+        (mixed ? cap_key_add_input(k, "sigmas", KERN_F32, 2, (const int64_t[]){ batch, 3 })
+               : cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 })) ||
+        (mixed ? cap_key_add_input(k, "guidance", KERN_F32, 2, (const int64_t[]){ batch, 1 })
+               : cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 })) ||
+        cap_key_add_input(k, "context", dt, 2, ctx_m) ||
+        (cfg && cap_key_add_input(k, "uncond", dt, 2, ctx_m)) ||
         /* An SDE step reads eta, seed and step from the workspace too. */
         (sde && (batch == 1 ? cap_key_add_input(k, "sde", KERN_F32, 1, (const int64_t[]){ 4 })
                             : cap_key_add_input(k, "sde", KERN_F32, 2, (const int64_t[]){ batch, 4 }))) ||
@@ -193,4 +201,18 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
     snprintf(k->graph.expert, sizeof k->graph.expert, "-");
     snprintf(k->graph.sched, sizeof k->graph.sched, "f32");
     return 0;
+}
+
+int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, const char *model,
+                          const char *loop, kern_dtype_t dt, int64_t batch, const int64_t latent[4],
+                          const int64_t context[2], bool cfg, const char *component, uint64_t version) {
+    return key_denoise(k, device, arch, model, loop, dt, batch, false, latent, context, cfg, component, version);
+}
+
+int cap_key_denoise_mixed(cap_key_t *k, const char *device, const char *arch, const char *model,
+                          const char *loop, kern_dtype_t dt, int64_t batch, const int64_t latent[4],
+                          const int64_t context[2], bool cfg, const char *component, uint64_t version) {
+    if (batch < 2) return reel_fail(REEL_E_INVALID, "capture key: a mixed batch holds 2..%d samples, not %lld",
+                                    CAP_MAX_BATCH, (long long)batch);
+    return key_denoise(k, device, arch, model, loop, dt, batch, true, latent, context, cfg, component, version);
 }

@@ -5,6 +5,7 @@
 #include "kernels/ops.h"
 #include "kernels/ops_args.h"
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +19,15 @@ static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
         key->inputs[IN_CONTEXT].ndim != 2)
         return reel_fail(REEL_E_INVALID, "tinydit program: key has no latent/context signature");
     bool cfg = key->n_inputs > IN_UNCOND && !strcmp(key->inputs[IN_UNCOND].name, "uncond");
-    /* [C,F,H,W], or [B,C,F,H,W] for a batch */
+    /* [C,F,H,W], or [B,C,F,H,W] for a batch; a mixed batch's σ is [B,3]
+     * and its context [B·L,T] */
     const int64_t *ls = key->inputs[IN_LATENT].shape + (key->inputs[IN_LATENT].ndim - 4);
-    *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0], cfg,
-                          key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1,
-                          TDIT_SOLVER_EULER, false };
+    int64_t B = key->inputs[IN_LATENT].ndim == 5 ? key->inputs[IN_LATENT].shape[0] : 1;
+    bool mixed = key->inputs[IN_SIGMAS].ndim == 2;
+    if (mixed && (B < 2 || key->inputs[IN_CONTEXT].shape[0] % B))
+        return reel_fail(REEL_E_INVALID, "tinydit program: a mixed key's context is not B rows of L");
+    *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0] / (mixed ? B : 1), cfg, B,
+                          TDIT_SOLVER_EULER, mixed };
     if (!strcmp(key->loop, "unipc") || !strcmp(key->loop, "dpm++")) (void)tdit_solver_parse(key->loop, &sh->solver);
     return 0;
 }
@@ -146,6 +151,10 @@ int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint6
         return reel_fail(REEL_E_LIMIT, "model name %s too long for a capture key", c->name);
     const int64_t lat[4] = { c->in_channels, sh->frames, sh->height, sh->width };
     const int64_t ctx[2] = { sh->text_len, c->text_dim };
+    if (sh->mixed)
+        return cap_key_denoise_mixed(k, kern_backend_device_name(b), kern_backend_arch(b), model,
+                                     tdit_step_loop(sh, sde), tdit_model_dtype(m), tdit_shape_batch(sh), lat, ctx,
+                                     sh->cfg, TDIT_COMPONENT, version);
     return cap_key_denoise_batch(k, kern_backend_device_name(b), kern_backend_arch(b), model,
                                  tdit_step_loop(sh, sde), tdit_model_dtype(m), tdit_shape_batch(sh), lat, ctx,
                                  sh->cfg, TDIT_COMPONENT, version);
@@ -251,7 +260,10 @@ struct tdit_req {
     float *means;          /* [B][steps][n] with MEANS */
     float *logp;           /* [B][steps] with LOG_PROBS */
     float *cur, *mu;       /* [B][n]: one step's x_{i+1} and μ_i, as read back */
+    uint64_t uid;          /* unique in the process: what a mixed batch's rows remember */
 };
+
+static _Atomic uint64_t next_uid = 1;
 
 tdit_req_t *tdit_req_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh, const tdit_loop_t *p,
                          const float *latent, const float *context, const float *uncond) {
@@ -285,6 +297,7 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
     r->m = m;
     r->shape = *sh;
     r->loop = *p;
+    r->uid = atomic_fetch_add(&next_uid, 1);
     r->sig = malloc(((size_t)p->steps * 2 + 1) * sizeof *r->sig);
     r->ts = r->sig ? r->sig + p->steps + 1 : NULL;
     r->versions = calloc((size_t)p->steps, sizeof *r->versions);
@@ -412,6 +425,34 @@ const uint64_t *tdit_req_versions(const tdit_req_t *r) { return r->versions; }
 int64_t tdit_req_batch(const tdit_req_t *r) { return r->batch; }
 const uint64_t *tdit_req_seeds(const tdit_req_t *r) { return r->seeds; }
 
+/* Step i's σ_i, σ_{i+1}, σ_1 as the step reads them. */
+static void req_sigmas(const tdit_req_t *r, int i, float sv[3]) {
+    sv[0] = (float)r->sig[i];
+    sv[1] = (float)r->sig[i + 1];
+    sv[2] = (float)r->sig[1];
+}
+
+/* What follows step i of r, however it ran (alone or in a mixed batch):
+ * its version, records, key and counts. key is r's own step key. */
+static int req_after(tdit_req_t *r, kern_stream_t *s, const cap_key_t *key, uint64_t version, const float sv[3],
+                     const cap_result_t *res, double t0) {
+    int i = r->done;
+    r->versions[i] = version;
+    if (r->rec && record_step(r, s, i, sv) != 0) return -1;
+    r->key_hash = cap_key_hash(key);
+    r->shard_hash = cap_key_shard_hash(key);
+    r->done++;
+    r->stats.steps++;
+    r->stats.seconds += now() - t0;
+    if (res->ran == CAP_RAN_CAPTURED) r->stats.captured++;
+    else if (res->ran == CAP_RAN_REPLAYED) r->stats.replayed++;
+    else {
+        r->stats.eager++;
+        r->stats.declines[res->reason]++;
+    }
+    return 0;
+}
+
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *out) {
     if (r->done >= r->loop.steps) return reel_fail(REEL_E_STATE, "request already finished its %d steps", r->loop.steps);
     int64_t version = cap_component_version(c, TDIT_COMPONENT);
@@ -420,7 +461,8 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
     if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &key) != 0) return -1;
     int i = r->done;
     tdit_staging_t *st = r->stg;
-    const float sv[3] = { (float)r->sig[i], (float)r->sig[i + 1], (float)r->sig[1] };
+    float sv[3];
+    req_sigmas(r, i, sv);
     double t0 = now();
     if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sv, sizeof sv) ||
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), &r->loop.guidance, sizeof r->loop.guidance) ||
@@ -460,18 +502,151 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
     cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
     cap_result_t res;
     if (cap_dispatch(c, s, prog, r->m, &call, &res) != 0) return -1;
-    r->versions[i] = (uint64_t)version;
-    if (r->rec && record_step(r, s, i, sv) != 0) return -1;
-    r->key_hash = cap_key_hash(&key);
-    r->shard_hash = cap_key_shard_hash(&key);
-    r->done++;
-    r->stats.steps++;
-    r->stats.seconds += now() - t0;
-    if (res.ran == CAP_RAN_CAPTURED) r->stats.captured++;
-    else if (res.ran == CAP_RAN_REPLAYED) r->stats.replayed++;
-    else {
-        r->stats.eager++;
-        r->stats.declines[res.reason]++;
+    if (req_after(r, s, &key, (uint64_t)version, sv, &res, t0) != 0) return -1;
+    if (out) *out = res;
+    return 0;
+}
+
+/* ---- a mixed batch: different requests in one step ------------------------ */
+
+struct tdit_mix {
+    tdit_model_t *m;
+    tdit_shape_t one;          /* the members' shape */
+    tdit_shape_t shape;        /* the batch's: one, B samples, mixed */
+    bool sde;
+    tdit_staging_t *stg;       /* the batch's inputs, [B,...] */
+    size_t lat_bytes, ctx_bytes; /* one sample's latent, one sample's context */
+    uint64_t ctx_of[TDIT_MAX_BATCH]; /* the request (uid) whose contexts row b holds; 0: none */
+};
+
+bool tdit_req_mixable(const tdit_req_t *r) {
+    return r->batch == 1 && !tdit_solver_multistep(r->shape.solver) && r->done < r->loop.steps;
+}
+
+bool tdit_req_same_class(const tdit_req_t *a, const tdit_req_t *b) {
+    return a->m == b->m && a->loop.sde == b->loop.sde && tdit_shape_equal(&a->shape, &b->shape);
+}
+
+bool tdit_mix_fits(const tdit_mix_t *x, const tdit_req_t *r) {
+    return tdit_req_mixable(r) && r->m == x->m && r->loop.sde == x->sde && tdit_shape_equal(&r->shape, &x->one);
+}
+
+int64_t tdit_mix_capacity(const tdit_mix_t *x) { return x->shape.batch; }
+
+tdit_mix_t *tdit_mix_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *one, bool sde, int64_t B) {
+    if (tdit_shape_validate(one) != 0) return NULL;
+    if (tdit_shape_batch(one) != 1 || one->mixed || tdit_solver_multistep(one->solver)) {
+        reel_fail(REEL_E_INVALID, "a mixed batch is made of single Euler or SDE requests");
+        return NULL;
+    }
+    if (B < 2 || B > TDIT_MAX_BATCH) {
+        reel_fail(REEL_E_INVALID, "a mixed batch holds 2..%d requests, not %lld", TDIT_MAX_BATCH, (long long)B);
+        return NULL;
+    }
+    tdit_mix_t *x = calloc(1, sizeof *x);
+    if (!x) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
+    x->m = m;
+    x->one = *one;
+    x->shape = *one;
+    x->shape.batch = B;
+    x->shape.mixed = true;
+    x->sde = sde;
+    if (!(x->stg = tdit_staging_new(m, &x->shape))) goto err;
+    const kern_tensor_t *lat = &x->stg->t[IN_LATENT], *ctx = &x->stg->t[IN_CONTEXT];
+    x->lat_bytes = kern_tensor_bytes(lat) / (size_t)B;
+    x->ctx_bytes = kern_tensor_bytes(ctx) / (size_t)B;
+    /* Rows no request holds run too (a padded batch): zeros, never garbage. */
+    size_t most = kern_tensor_bytes(lat) > kern_tensor_bytes(ctx) ? kern_tensor_bytes(lat) : kern_tensor_bytes(ctx);
+    void *zero = calloc(1, most);
+    if (!zero) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < x->stg->n; i++)
+        if (i == IN_LATENT || i == IN_CONTEXT || (i == IN_UNCOND && one->cfg))
+            rc = kern_copy_h2d(s, kern_tensor_ptr(&x->stg->t[i]), zero, kern_tensor_bytes(&x->stg->t[i]));
+    if (rc == 0) rc = kern_stream_sync(s);
+    free(zero);
+    if (rc != 0) goto err;
+    return x;
+err:
+    tdit_mix_destroy(&x);
+    return NULL;
+}
+
+void tdit_mix_destroy(tdit_mix_t **xp) {
+    if (!xp || !*xp) return;
+    tdit_staging_destroy(&(*xp)->stg);
+    free(*xp);
+    *xp = NULL;
+}
+
+/* dst = src, n bytes, on s (device to device). */
+static int d2d(kern_stream_t *s, void *dst, const void *src, size_t n) { return kern_copy_d2d(s, dst, src, n); }
+
+int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c, kern_stream_t *s,
+                  cap_result_t *out, bool *advanced) {
+    *advanced = false;
+    const int64_t B = x->shape.batch;
+    if (n < 1 || n > B) return reel_fail(REEL_E_INVALID, "mixed step: %d requests in a batch of %lld", n, (long long)B);
+    for (int b = 0; b < n; b++) {
+        if (!tdit_mix_fits(x, reqs[b]))
+            return reel_fail(REEL_E_INVALID, "mixed step: request %d is not of this batch's kind (shape, loop, or done)", b);
+        for (int o = 0; o < b; o++)
+            if (reqs[o] == reqs[b]) return reel_fail(REEL_E_INVALID, "mixed step: request %d is in the batch twice", b);
+    }
+    int64_t version = cap_component_version(c, TDIT_COMPONENT);
+    if (version < 0) return reel_fail(REEL_E_INVALID, "weights are not registered with the capture cache");
+    cap_key_t key;
+    if (tdit_step_key(x->m, &x->shape, x->sde, (uint64_t)version, &key) != 0) return -1;
+    tdit_staging_t *st = x->stg;
+    float sig[3 * TDIT_MAX_BATCH], gd[TDIT_MAX_BATCH], sde[4 * TDIT_MAX_BATCH];
+    double t0 = now();
+    for (int64_t b = 0; b < B; b++) {
+        /* a padded row repeats row 0's scalars: finite, and thrown away */
+        const tdit_req_t *r = reqs[b < n ? b : 0];
+        req_sigmas(r, r->done, sig + 3 * b);
+        gd[b] = r->loop.guidance;
+        kern_sde_params_pack(sde + 4 * b, r->loop.eta, r->seeds[0], (uint32_t)r->done);
+    }
+    char *lat = kern_tensor_ptr(&st->t[IN_LATENT]), *ctx = kern_tensor_ptr(&st->t[IN_CONTEXT]);
+    char *unc = x->one.cfg ? kern_tensor_ptr(&st->t[IN_UNCOND]) : NULL;
+    for (int b = 0; b < n; b++) {
+        tdit_staging_t *rs = reqs[b]->stg;
+        if (d2d(s, lat + (size_t)b * x->lat_bytes, kern_tensor_ptr(&rs->t[IN_LATENT]), x->lat_bytes)) return -1;
+        if (x->ctx_of[b] == reqs[b]->uid) continue; /* its contexts are there from its last step */
+        x->ctx_of[b] = 0;
+        if (d2d(s, ctx + (size_t)b * x->ctx_bytes, kern_tensor_ptr(&rs->t[IN_CONTEXT]), x->ctx_bytes) ||
+            (unc && d2d(s, unc + (size_t)b * x->ctx_bytes, kern_tensor_ptr(&rs->t[IN_UNCOND]), x->ctx_bytes)))
+            return -1;
+        x->ctx_of[b] = reqs[b]->uid;
+    }
+    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sig, (size_t)B * 3 * sizeof *sig) ||
+        kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), gd, (size_t)B * sizeof *gd) ||
+        (x->sde && kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, (size_t)B * 4 * sizeof *sde)) ||
+        kern_stream_sync(s))
+        return -1;
+    kern_tensor_t in[CAP_MAX_INPUTS], outs[2] = { st->t[IN_LATENT], st->mean };
+    int n_in = 0;
+    for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
+    if (x->sde) in[n_in++] = st->t[st->n - 1];
+    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
+    cap_result_t res;
+    if (cap_dispatch(c, s, tdit_program(x->one.cfg, x->sde), x->m, &call, &res) != 0) return -1;
+    /* From here on the requests have moved: a failure fails them all. */
+    *advanced = true;
+    const char *mean = kern_tensor_ptr(&st->mean);
+    for (int b = 0; b < n; b++) {
+        tdit_staging_t *rs = reqs[b]->stg;
+        if (d2d(s, kern_tensor_ptr(&rs->t[IN_LATENT]), lat + (size_t)b * x->lat_bytes, x->lat_bytes) ||
+            (x->sde && d2d(s, kern_tensor_ptr(&rs->mean), mean + (size_t)b * x->lat_bytes, x->lat_bytes)))
+            return -1;
+    }
+    if (kern_stream_sync(s)) return -1;
+    for (int b = 0; b < n; b++) {
+        tdit_req_t *r = reqs[b];
+        cap_key_t own;
+        if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &own) != 0 ||
+            req_after(r, s, &own, (uint64_t)version, sig + 3 * b, &res, t0) != 0)
+            return -1;
     }
     if (out) *out = res;
     return 0;

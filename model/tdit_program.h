@@ -135,6 +135,39 @@ const uint64_t *tdit_req_seeds(const tdit_req_t *r);
 /* Copies the current latent (B·C·F·H·W floats) to out, ordered on s. */
 int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
 
+/* ---- mixed batches: different requests in one step ----------------------
+ * Requests of one kind (tdit_req_same_class: one model, shape and loop
+ * kind, Euler or SDE; each a single sample) may step together: each at its
+ * own point of its own loop, with its own σ schedule, guidance, seed, eta
+ * and contexts. Their step runs as one batch of B rows (the shape's
+ * `mixed`, key cap_key_denoise_mixed), n <= B of them holding requests and
+ * the rest padding; each request's step is bitwise the step it would have
+ * run alone, and everything that follows a step (records, versions, counts)
+ * is the same too. */
+typedef struct tdit_mix tdit_mix_t;
+
+/* True when r can step in a mixed batch: one sample, not a multistep
+ * solver, steps left. */
+bool tdit_req_mixable(const tdit_req_t *r);
+/* True when a and b may share a mixed batch. */
+bool tdit_req_same_class(const tdit_req_t *a, const tdit_req_t *b);
+
+/* The buffers of a batch of B (2..TDIT_MAX_BATCH) rows for requests of
+ * shape `one` (a single, Euler or SDE) and loop kind sde; zeroed on s.
+ * NULL with a message. */
+tdit_mix_t *tdit_mix_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *one, bool sde, int64_t B);
+void tdit_mix_destroy(tdit_mix_t **x);
+int64_t tdit_mix_capacity(const tdit_mix_t *x);
+/* True when r may be a row of x (tdit_req_mixable and of x's kind). */
+bool tdit_mix_fits(const tdit_mix_t *x, const tdit_req_t *r);
+/* The next step of each of reqs[0..n), 1 <= n <= capacity, distinct, each
+ * fitting x, as one step through c on s (rows n.. padded). 0; or -1 with a
+ * message, *advanced false when no request moved (the caller may step them
+ * alone), true when they did and are now in an unknown state. res (may be
+ * NULL): how the batch's step ran, which every member counts as its own. */
+int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c, kern_stream_t *s,
+                  cap_result_t *res, bool *advanced);
+
 #ifdef __cplusplus
 }
 #endif
