@@ -423,6 +423,8 @@ const float *tdit_req_log_probs(const tdit_req_t *r) { return r->logp; }
 const double *tdit_req_sigmas(const tdit_req_t *r) { return r->sig; }
 const uint64_t *tdit_req_versions(const tdit_req_t *r) { return r->versions; }
 int64_t tdit_req_batch(const tdit_req_t *r) { return r->batch; }
+const tdit_shape_t *tdit_req_shape(const tdit_req_t *r) { return &r->shape; }
+const tdit_loop_t *tdit_req_loop(const tdit_req_t *r) { return &r->loop; }
 const uint64_t *tdit_req_seeds(const tdit_req_t *r) { return r->seeds; }
 
 /* Step i's σ_i, σ_{i+1}, σ_1 as the step reads them. */

@@ -129,6 +129,9 @@ const float *tdit_req_means(const tdit_req_t *r);
 const float *tdit_req_log_probs(const tdit_req_t *r);
 const double *tdit_req_sigmas(const tdit_req_t *r);
 const uint64_t *tdit_req_versions(const tdit_req_t *r);
+/* The shape and loop r runs. */
+const tdit_shape_t *tdit_req_shape(const tdit_req_t *r);
+const tdit_loop_t *tdit_req_loop(const tdit_req_t *r);
 /* The samples B and each one's seed. */
 int64_t tdit_req_batch(const tdit_req_t *r);
 const uint64_t *tdit_req_seeds(const tdit_req_t *r);

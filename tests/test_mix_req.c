@@ -11,15 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/error.h"
+#include "model/safetensors.h"
 #include "model/tdit_program.h"
 #include "tests/support.h"
 
-static char dir[64], wpath[128];
+static char dir[64], wpath[128], w2path[128];
 
 static void setup_dir(void) {
     ts_mkdtemp(dir, sizeof dir, "test-mixreq");
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    snprintf(w2path, sizeof w2path, "%s/w2.safetensors", dir);
     ts_tiny_weights(21, wpath);
+    ts_tiny_weights(22, w2path);
 }
 
 static void teardown_dir(void) {
@@ -183,6 +186,68 @@ static int run_mixed(fx_t *f, bool cfg, bool sde, uint64_t salt) {
     return replayed;
 }
 
+/* The weights change between two rounds (a sync landing between steps):
+ * new weights in place, version 2 in both caches. */
+static void sync_weights(fx_t *f) {
+    st_file_t *nf = st_open(w2path);
+    TS_NEW(nf);
+    TS_OK(tdit_model_reload(f->m, nf));
+    st_close(&nf);
+    ck_assert_int_ge(cap_component_update(f->c, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 2), 0);
+    ck_assert_int_ge(cap_component_update(f->ref, TDIT_COMPONENT, tdit_model_weights(f->m), tdit_model_bytes(f->m), 2), 0);
+}
+
+/* Requests join and step in mixes of 2 and 4 as in run_mixed while each
+ * one's twin steps alone in the same round; the weights change after
+ * round `at`: requests mid-way run their first steps on v1 and the rest
+ * on v2, in the batch as alone. */
+static void run_sync(fx_t *f, bool cfg, bool sde, int at) {
+    spec_t sp[K];
+    tdit_req_t *alone[K] = { 0 }, *mixed[K] = { 0 };
+    tdit_shape_t sh = one(cfg);
+    tdit_mix_t *m4 = tdit_mix_new(f->m, f->s, &sh, sde, 4);
+    TS_NEW(m4);
+    int joined = 0, finished = 0, both = 0;
+    for (int round = 0; finished < K; round++) {
+        if (round == at) sync_weights(f);
+        for (int j = 0; j < 2 && joined < K; j++, joined++) {
+            spec(&sp[joined], joined, sde, 17);
+            mixed[joined] = start(f, &sp[joined], cfg);
+            alone[joined] = start(f, &sp[joined], cfg);
+        }
+        tdit_req_t *act[K];
+        int n = 0;
+        for (int k = 0; k < joined; k++)
+            if (mixed[k] && !tdit_req_done(mixed[k])) {
+                act[n++] = mixed[k];
+                TS_OK(tdit_req_step(alone[k], f->ref, f->s, NULL));
+            }
+        for (int at2 = 0; at2 < n; at2 += 4) {
+            bool adv;
+            TS_OK(tdit_mix_step(m4, act + at2, n - at2 < 4 ? n - at2 : 4, f->c, f->s, NULL, &adv));
+        }
+        for (int k = 0; k < joined; k++)
+            if (mixed[k] && tdit_req_done(mixed[k])) {
+                const uint64_t *v = tdit_req_versions(mixed[k]);
+                both += v[0] == 1 && v[sp[k].p.steps - 1] == 2;
+                same(f, alone[k], mixed[k], &sp[k], k);
+                tdit_req_destroy(&mixed[k]);
+                tdit_req_destroy(&alone[k]);
+                finished++;
+            }
+    }
+    ck_assert_msg(both > 0, "some request ran on v1 then v2");
+    tdit_mix_destroy(&m4);
+}
+
+START_TEST(test_a_sync_between_mixed_steps_is_bitwise_the_requests_alone_across_it) {
+    fx_t f;
+    fx_open(&f);
+    run_sync(&f, _i & 1, _i & 2, 2);
+    fx_close(&f);
+}
+END_TEST
+
 START_TEST(test_requests_in_random_mixes_with_joins_and_leaves_are_each_bitwise_alone) {
     fx_t f;
     fx_open(&f);
@@ -333,6 +398,7 @@ int main(void) {
     tcase_add_test(tc, test_requests_in_random_mixes_with_joins_and_leaves_are_each_bitwise_alone);
     tcase_add_test(tc, test_a_mixed_step_captures_once_per_batch_size_and_replays_for_new_members);
     tcase_add_test(tc, test_mixes_refuse_what_they_cannot_run_and_leave_the_requests_as_they_were);
+    tcase_add_loop_test(tc, test_a_sync_between_mixed_steps_is_bitwise_the_requests_alone_across_it, 0, 4);
     tcase_add_test(tc, test_a_mixed_key_differs_from_a_group_key_and_refuses_multistep);
     suite_add_tcase(s, tc);
     return ts_run(s);

@@ -48,7 +48,9 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", NULL), 0);
     ck_assert_str_eq(o.broker, "tcp://127.0.0.1:5556");
     ck_assert_int_eq(o.streams, 2);
-    ck_assert_int_eq(o.max_inflight, 8);
+    ck_assert_int_eq(o.max_batch, 8);
+    ck_assert(!o.batch_exact);
+    ck_assert_int_eq(o.max_inflight, 16); /* streams x max(4, max_batch) */
     ck_assert_uint_eq(o.weights_version, 1);
     ck_assert_uint_eq(o.budget, 0);
     ck_assert_int_eq(o.policy, CAP_POLICY_EVICT);
@@ -61,9 +63,20 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--streams", "3", "--budget", "512M",
                       "--policy", "inplace", "--max-tokens", "0", NULL), 0);
     ck_assert_int_eq(o.max_tokens, 0);
-    ck_assert_int_eq(o.max_inflight, 12);
+    ck_assert_int_eq(o.max_inflight, 24);
     ck_assert_uint_eq(o.budget, (size_t)512 << 20);
     ck_assert_int_eq(o.policy, CAP_POLICY_INPLACE);
+    /* batching off: 4 per stream; exact sizes; bounds */
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--streams", "3", "--max-batch", "1",
+                           "--batch-sizes", "exact", NULL), 0);
+    ck_assert_int_eq(o.max_batch, 1);
+    ck_assert(o.batch_exact);
+    ck_assert_int_eq(o.max_inflight, 12);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "16", NULL), 0);
+    ck_assert_int_eq(o.max_inflight, 32);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "0", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "65", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--batch-sizes", "pow2", NULL), -1);
 }
 END_TEST
 

@@ -77,6 +77,9 @@ typedef struct {
      * and sum agree. */
     pthread_mutex_t samples_mu;
     uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
+    /* Mixed steps (several requests in one step) run, and the padded rows
+     * they computed for nobody (--batch-sizes ladder). */
+    _Atomic uint64_t mixed_steps, padded_rows;
     /* Weight syncs applied and failed by the sync thread, and the seconds
      * of the applied ones (read + hash or fetch, drain, reload), in µs. */
     _Atomic uint64_t syncs_applied, syncs_failed, sync_us;

@@ -18,6 +18,7 @@
 #include "worker/wrk_executor.h"
 
 #define WRK_STG_POOL 8
+#define WRK_MIX_POOL 8
 
 typedef struct {
     wrk_exec_t *x;
@@ -35,6 +36,11 @@ typedef struct {
     uint64_t used[WRK_STG_POOL]; /* last take, for LRU replacement */
     uint64_t clock;
     int npool;
+    /* Mixed batches (model/tdit_program.h tdit_mix_*): the buffers of the
+     * batches this stream ran lately, one per kind and size, LRU. */
+    tdit_mix_t *mix[WRK_MIX_POOL];
+    uint64_t mix_used[WRK_MIX_POOL];
+    int nmix;
 } wrk_stream_t;
 
 struct wrk_exec {

@@ -541,6 +541,16 @@ static step_t admit(wrk_stream_t *st, wrk_job_t *j) {
     return STEP_RAN;
 }
 
+/* What follows a step of j's request that ran on version v (alone or in
+ * a mixed batch): the version, a replay, PROGRESS. */
+static void after_step(wrk_stream_t *st, wrk_job_t *j, int64_t v, const cap_result_t *res) {
+    wrk_t *w = st->x->w;
+    j->ran_version = v < 0 ? 0 : (uint64_t)v;
+    if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
+    if (res->ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
+    if (j->progress) send_progress_job(st, j);
+}
+
 /* One step of j's request under the read side of the step lock, and what
  * it tells: the version it ran on, a replay, PROGRESS. 0, or -1 when j is
  * over (the step failed: ERROR sent; or the weights are unusable). */
@@ -561,12 +571,111 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
                     reel_err_text());
         return -1;
     }
-    j->ran_version = v < 0 ? 0 : (uint64_t)v;
     wrk_count_step(w, tdit_req_batch(j->req));
-    if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
-    if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
-    if (j->progress) send_progress_job(st, j);
+    after_step(st, j, v, &res);
     return 0;
+}
+
+/* ---- mixed batches ---------------------------------------------------------- */
+
+/* The rows a batch of n runs as: n (--batch-sizes exact), else the next
+ * power of two, at most --max-batch. */
+static int batch_rows(const wrk_t *w, int n) {
+    if (w->opt->batch_exact) return n;
+    int b = 2;
+    while (b < n) b *= 2;
+    return b < w->opt->max_batch ? b : w->opt->max_batch;
+}
+
+/* The stream's batch buffers for requests like r, `rows` rows: one it
+ * has, or a new one in place of the least recently used. NULL with a
+ * message (out of memory: the caller steps them alone). */
+static tdit_mix_t *mix_for(wrk_stream_t *st, const tdit_req_t *r, int rows, bool sde) {
+    wrk_t *w = st->x->w;
+    int lru = 0;
+    for (int i = 0; i < st->nmix; i++) {
+        if (tdit_mix_capacity(st->mix[i]) == rows && tdit_mix_fits(st->mix[i], r)) {
+            st->mix_used[i] = ++st->clock;
+            return st->mix[i];
+        }
+        if (st->mix_used[i] < st->mix_used[lru]) lru = i;
+    }
+    int at = st->nmix < WRK_MIX_POOL ? st->nmix : lru;
+    tdit_shape_t one = *tdit_req_shape(r);
+    tdit_mix_t *x = tdit_mix_new(w->model, st->ks, &one, sde, rows);
+    if (!x) return NULL;
+    if (at < st->nmix) tdit_mix_destroy(&st->mix[at]);
+    else st->nmix++;
+    st->mix[at] = x;
+    st->mix_used[at] = ++st->clock;
+    return x;
+}
+
+/* One step of each of jobs[0..n) (n >= 2, each request mixable, all of one
+ * kind) as one mixed step. Each job's turn: STEPPED, or FAILED (ERROR
+ * sent). When the batch cannot run and nobody moved (no buffers, or the
+ * step refused before it ran), each steps alone instead. */
+static void step_mixed(wrk_stream_t *st, wrk_job_t **jobs, int n) {
+    wrk_t *w = st->x->w;
+    tdit_req_t *reqs[TDIT_MAX_BATCH];
+    for (int i = 0; i < n; i++) reqs[i] = jobs[i]->req;
+    int rows = batch_rows(w, n);
+    tdit_mix_t *x = mix_for(st, reqs[0], rows, tdit_req_loop(reqs[0])->sde);
+    bool advanced = false;
+    int rc = -1;
+    cap_result_t res;
+    int64_t v = 0;
+    if (x) {
+        pthread_rwlock_rdlock(&w->step_lock);
+        if (atomic_load(&w->fatal)) {
+            pthread_rwlock_unlock(&w->step_lock);
+            for (int i = 0; i < n; i++) jobs[i]->turn = WRK_TURN_FAILED;
+            return;
+        }
+        rc = tdit_mix_step(x, reqs, n, w->cache, st->ks, &res, &advanced);
+        v = cap_component_version(w->cache, TDIT_COMPONENT);
+        pthread_rwlock_unlock(&w->step_lock);
+    }
+    if (rc != 0 && !advanced) {
+        wrk_log(w, "stream %d: a batch of %d could not run (%s); each steps alone", st->idx, n, reel_err_text());
+        for (int i = 0; i < n; i++) jobs[i]->turn = step_locked(st, jobs[i]) == 0 ? WRK_TURN_STEPPED : WRK_TURN_FAILED;
+        return;
+    }
+    if (rc != 0) {
+        for (int i = 0; i < n; i++) {
+            part_failed(st, jobs[i], WIRE_E_INTERNAL, "step %d of %d (in a batch of %d) failed: %s",
+                        tdit_req_steps_done(jobs[i]->req) + 1, tdit_req_steps(jobs[i]->req), n, reel_err_text());
+            jobs[i]->turn = WRK_TURN_FAILED;
+        }
+        return;
+    }
+    wrk_count_step(w, n);
+    atomic_fetch_add(&w->mixed_steps, 1);
+    atomic_fetch_add(&w->padded_rows, (uint64_t)(rows - n));
+    for (int i = 0; i < n; i++) {
+        after_step(st, jobs[i], v, &res);
+        jobs[i]->turn = WRK_TURN_STEPPED;
+    }
+}
+
+/* Steps every READY job of the round's ready list once: the mixable ones
+ * of one kind together, --max-batch at a time, in arrival order; the rest
+ * alone. */
+static void step_ready(wrk_stream_t *st, wrk_job_t *ready) {
+    wrk_t *w = st->x->w;
+    for (wrk_job_t *j = ready; j; j = j->rnext) {
+        if (j->turn != WRK_TURN_READY) continue;
+        wrk_job_t *batch[TDIT_MAX_BATCH];
+        int n = 0;
+        if (w->opt->max_batch > 1 && tdit_req_mixable(j->req)) {
+            batch[n++] = j;
+            for (wrk_job_t *k = j->rnext; k && n < w->opt->max_batch; k = k->rnext)
+                if (k->turn == WRK_TURN_READY && tdit_req_mixable(k->req) && tdit_req_same_class(j->req, k->req))
+                    batch[n++] = k;
+        }
+        if (n >= 2) step_mixed(st, batch, n);
+        else j->turn = step_locked(st, j) == 0 ? WRK_TURN_STEPPED : WRK_TURN_FAILED;
+    }
 }
 
 /* A part that ran all its samples: its counts into the group's; the last
@@ -608,14 +717,17 @@ static bool finish_req(wrk_stream_t *st, wrk_job_t *j) {
     return false;
 }
 
-/* j's turn in the round: at most one step. */
-static step_t step_once(wrk_stream_t *st, wrk_job_t *j) {
+/* j's turn in the round, before any step: over (DONE), held (HELD), or
+ * ready to step (RAN: its request is running). */
+static step_t step_prepare(wrk_stream_t *st, wrk_job_t *j) {
     if (abandoned(st, j)) return STEP_DONE;
-    if (!j->req) {
-        step_t a = admit(st, j);
-        if (a != STEP_RAN) return a;
-    }
-    if (step_locked(st, j) != 0) return STEP_DONE;
+    if (!j->req) return admit(st, j);
+    return STEP_RAN;
+}
+
+/* j stepped (or failed to): what follows. */
+static step_t step_finish(wrk_stream_t *st, wrk_job_t *j) {
+    if (j->turn == WRK_TURN_FAILED) return STEP_DONE;
     if (!tdit_req_done(j->req)) return STEP_RAN;
     return finish_req(st, j) ? STEP_DONE : STEP_RAN;
 }
@@ -656,9 +768,42 @@ static int64_t stream_round(void *arg) {
     if (!st->active) return -1; /* (the first call comes before st->th is set) */
     bool moved = false;
     int64_t due = 0;             /* the nearest deadline of a held job; 0: none */
+    /* 1: who steps: jobs over leave, held ones wait, the rest are ready */
+    wrk_job_t *ready = NULL, **rtail = &ready;
     for (wrk_job_t **pp = &st->active; *pp && !atomic_load(&w->stop);) {
         wrk_job_t *j = *pp;
-        step_t r = step_once(st, j);
+        j->turn = WRK_TURN_NONE;
+        step_t r = step_prepare(st, j);
+        if (r == STEP_DONE) {
+            *pp = j->next;
+            j->next = NULL;
+            st->nactive--;
+            job_end(st, j);
+            moved = true;
+            continue;
+        }
+        if (r == STEP_RAN) {
+            j->turn = WRK_TURN_READY;
+            j->rnext = NULL;
+            *rtail = j;
+            rtail = &j->rnext;
+        } else if (j->deadline_at && (!due || j->deadline_at < due)) {
+            due = j->deadline_at;
+        }
+        pp = &j->next;
+    }
+    /* 2: one step each, batched where they can share one */
+    if (ready && !atomic_load(&w->stop)) step_ready(st, ready);
+    /* 3: what follows, in arrival order */
+    for (wrk_job_t **pp = &st->active; *pp;) {
+        wrk_job_t *j = *pp;
+        if (j->turn != WRK_TURN_STEPPED && j->turn != WRK_TURN_FAILED) {
+            pp = &j->next;
+            continue;
+        }
+        moved = true;
+        step_t r = step_finish(st, j);
+        j->turn = WRK_TURN_NONE;
         if (r == STEP_DONE) {
             *pp = j->next;
             j->next = NULL;
@@ -668,11 +813,8 @@ static int64_t stream_round(void *arg) {
              * (else it lands on another stream, one whose graphs for
              * its key may not exist yet). */
             job_end(st, j);
-            moved = true;
             continue;
         }
-        if (r == STEP_RAN) moved = true;
-        else if (j->deadline_at && (!due || j->deadline_at < due)) due = j->deadline_at;
         pp = &j->next;
     }
     WRK_CHECK(wrk_stream_invariants(st, (int)reel_thread_backlog(st->th)));
@@ -867,6 +1009,7 @@ void wrk_exec_destroy(wrk_exec_t **xp) {
     for (int i = 0; i < x->n; i++) {
         wrk_stream_t *st = &x->s[i];
         for (int k = 0; k < st->npool; k++) tdit_staging_destroy(&st->pool[k]);
+        for (int k = 0; k < st->nmix; k++) tdit_mix_destroy(&st->mix[k]);
         kern_stream_destroy(&st->ks);
     }
     free(x->s);

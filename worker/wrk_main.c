@@ -138,6 +138,12 @@ static void render_metrics(link_t *l, reel_text_t *t) {
         reel_prom_sample(t, "reel_worker_step_samples_sum", "", (double)sum);
         reel_prom_sample(t, "reel_worker_step_samples_count", "", (double)cum);
     }
+    reel_prom_family(t, "reel_worker_mixed_steps_total", "counter",
+                     "Steps that ran several requests together as one batch (--max-batch).");
+    reel_prom_sample(t, "reel_worker_mixed_steps_total", "", (double)atomic_load(&w->mixed_steps));
+    reel_prom_family(t, "reel_worker_batch_padded_rows_total", "counter",
+                     "Rows of mixed steps computed for no request (--batch-sizes ladder pads to the next size).");
+    reel_prom_sample(t, "reel_worker_batch_padded_rows_total", "", (double)atomic_load(&w->padded_rows));
     reel_prom_family(t, "reel_worker_replays_total", "counter", "Steps served by graph replay.");
     reel_prom_sample(t, "reel_worker_replays_total", "", (double)st.replays);
     reel_prom_family(t, "reel_worker_eager_steps_total", "counter", "Steps run eagerly (warmup, declines, captures).");

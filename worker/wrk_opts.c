@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
+#include "model/tinydit.h"
 #include "schema/msg.h"
 
 /* The next four fail through their rows' expect (base/opts.h). */
@@ -53,6 +54,7 @@ static int set_weights_dir(void *dst, const char *v) {
 
 static const char *const dtypes[] = { "f32", "bf16", NULL };   /* bf16: true */
 static const char *const sync_modes[] = { "steps", "drain", NULL }; /* drain: true */
+static const char *const batch_sizes[] = { "ladder", "exact", NULL }; /* exact: true */
 
 #define O(f) offsetof(wrk_opts_t, f)
 /* Every option: its kind, where it goes, its range and its usage line. */
@@ -83,7 +85,14 @@ static const reel_opt_t rows[] = {
               "tokens, F x H/2 x W/2 (65536; 0 = no limit): a step cannot\n"
               "be stopped half-way, and attention costs N^2" },
     { .name = "max-inflight", .kind = REEL_OPT_INT, .off = O(max_inflight), .lo = 1, .hi = 4096, .arg = "K",
-      .help = "requests the broker may route here at once (4*S)" },
+      .help = "requests the broker may route here at once (S x max(4, N))" },
+    { .name = "max-batch", .kind = REEL_OPT_INT, .off = O(max_batch), .lo = 1, .hi = TDIT_MAX_BATCH, .arg = "N",
+      .help = "requests a stream steps together as one batch when they\n"
+              "share a model, shape and loop kind (8; 1 = each alone)" },
+    { .name = "batch-sizes", .kind = REEL_OPT_BOOL_CHOICE, .off = O(batch_exact), .choices = batch_sizes,
+      .arg = "ladder|exact",
+      .help = "a batch of n runs padded to the next power of two (ladder:\n"
+              "fewer graphs) or as n rows (exact: no padding)" },
     { .name = "policy", .kind = REEL_OPT_SET, .set = set_policy, .expect = "evict or inplace",
       .arg = "evict|inplace", .help = "weight sync policy for captured graphs (evict)" },
     { .name = "sync-mode", .kind = REEL_OPT_BOOL_CHOICE, .off = O(sync_drain), .choices = sync_modes,
@@ -164,6 +173,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->streams = 2;
     o->max_tokens = WRK_MAX_TOKENS;
     o->max_inflight = -1;
+    o->max_batch = 8;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;
     o->audit_every = 256;
@@ -184,7 +194,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
         return reel_fail(REEL_E_INVALID, "--artifacts-enable needs --artifacts DIR");
     if (o->no_fallback && o->backend != KERN_BACKEND_CUDA)
         return reel_fail(REEL_E_INVALID, "--no-fallback is for --backend cuda");
-    if (o->max_inflight < 0) o->max_inflight = 4 * o->streams;
+    if (o->max_inflight < 0) o->max_inflight = o->streams * (o->max_batch > 4 ? o->max_batch : 4);
     if (!o->t5 != !o->tokenizer && (o->t5 || o->tokenizer))
         return reel_fail(REEL_E_INVALID, "--t5 and --tokenizer go together (a text encoder needs its tokenizer)");
     return 0;

@@ -30,7 +30,10 @@ typedef struct {
     size_t budget;                   /* bytes; 0 = unlimited */
     int64_t max_tokens;              /* --max-tokens: a sample's tokens (F x H/p x W/p) at most;
                                       * 0 = unlimited; default WRK_MAX_TOKENS */
-    int max_inflight;                /* default 4 * streams */
+    int max_inflight;                /* default streams * max(4, max_batch) */
+    int max_batch;                   /* --max-batch: requests in one mixed step (1: off), default 8 */
+    bool batch_exact;                /* --batch-sizes exact: a batch of n runs as n rows; ladder
+                                      * (default): the next power of two, padded */
     cap_policy_t policy;             /* default evict */
     bool bf16;                       /* --dtype bf16 (CUDA only) */
     bool no_fallback;                /* --no-fallback: an unusable CUDA device is an error */

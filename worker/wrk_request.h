@@ -63,6 +63,10 @@ struct wrk_job {
     uint64_t first_version;      /* ... and of the first (a sync may land in between) */
     bool counted;                /* counted in wrk_t.running (started, not finished) */
     wrk_job_t *next;
+    /* this round's turn (wrk_executor.c stream_round): ready to step, in
+     * the round's ready list, then how its step went */
+    wrk_job_t *rnext;
+    enum { WRK_TURN_NONE, WRK_TURN_READY, WRK_TURN_STEPPED, WRK_TURN_FAILED } turn;
 };
 
 /* What clients learn of cfg (READY "configs", STATUS "models"). Can't fail. */

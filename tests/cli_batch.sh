@@ -1,0 +1,224 @@
+#!/bin/sh
+# cli_batch.sh -- requests of many clients batched into one step (issue 29)
+# through a real reel-broker and reel-worker over ipc. Ten clients send
+# single GENs at once (different contexts, seeds, guidance, shifts, step
+# counts; Euler and SDE with trajectories and log-probs; CFG and not).
+# They queue at the broker before the worker starts, so the worker holds
+# several at a time. With --max-batch 1 each runs alone (no mixed step);
+# with --max-batch 4 (ladder: padded to 2 or 4 rows) and with --batch-sizes
+# exact, requests of one kind share steps, and every result (latent,
+# trajectory, means, log-probs) is bitwise the one served alone, its latent
+# bitwise `reelctl run`. A sync landing among batched requests: with
+# --sync-mode drain each request runs on one version, bitwise `reelctl run`
+# on it; with steps every request is answered and names its versions.
+# Usage: cli_batch.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-batch.XXXXXX)
+SUITE=batch
+PY=/usr/bin/python3
+. "$(dirname "$0")/lib_cli.sh"
+
+"$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
+"$R" weights init --config tiny --seed 8 --out "$D/w2.safetensors" 2>/dev/null
+for i in 0 1 2 3 4 5; do
+    "$R" tensor rand --name context --shape 5,32 --seed $((10 + i)) --out "$D/c$i.safetensors" >/dev/null
+done
+"$R" tensor rand --name context --shape 5,32 --seed 20 --out "$D/unc.safetensors" >/dev/null
+
+# request k: its context, guidance (none: no CFG), steps, shift, seed, SDE
+# eta (none: Euler), what it records
+N=10
+spec() {
+    case $1 in
+    0) echo "c0 3 4 3 1 - -" ;;
+    1) echo "c1 5 6 2 2 - -" ;;
+    2) echo "c2 3 3 5 3 0.7 --trajectory --log-probs --means" ;;
+    3) echo "c3 2 5 1 4 0.4 --log-probs" ;;
+    4) echo "c4 - 4 3 5 - -" ;;
+    5) echo "c5 - 5 3 6 0.5 --log-probs" ;;
+    6) echo "c0 4 4 3 7 - -" ;;
+    7) echo "c1 3 7 3 8 0.9 --trajectory" ;;
+    8) echo "c2 - 3 4 9 - -" ;;
+    9) echo "c3 6 4 2 10 - -" ;;
+    esac
+}
+# args k [STEPS]: the flags request k shares between `gen` and `run` (its
+# steps, or STEPS), then its records (gen only) after a '|'
+args() {
+    st=${2:-}
+    set -- $(spec "$1")
+    a="--context $D/$1.safetensors --steps ${st:-$3} --shift $4 --seed $5 --size 2x8x8"
+    [ "$2" != - ] && a="$a --uncond $D/unc.safetensors --cfg $2"
+    [ "$6" != - ] && a="$a --sde --eta $6"
+    shift 6
+    r="$*"
+    [ "$r" = - ] && r=""
+    echo "$a|$r"
+}
+
+# same_all A B k: every tensor request k's result holds (its latent and
+# what it records) bitwise equal in A and B
+same_all() {
+    names="latent"
+    case "$(spec "$3")" in *--trajectory*) names="$names trajectory" ;; esac
+    case "$(spec "$3")" in *--means*) names="$names means" ;; esac
+    case "$(spec "$3")" in *--log-probs*) names="$names log_probs" ;; esac
+    for nm in $names; do
+        "$R" tensor diff "$1" "$2" --name "$nm" >/dev/null 2>&1 || return 1
+    done
+}
+
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --heartbeat-ms 200 || { bad "broker starts"; show "$D/broker.log"; finish; }
+
+port_of() { sed -n 's/.*metrics and health on http:\/\/[^ ]* (port \([0-9]*\)).*/\1/p' "$1" | head -1; }
+metric() { # PORT NAME: the value of sample NAME on that /metrics (waits for the publish after the last step)
+    $PY - "$1" "$2" <<'EOF'
+import sys, urllib.request
+body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode()
+for line in body.splitlines():
+    f = line.split()
+    if len(f) == 2 and f[0] == sys.argv[2]:
+        print(int(float(f[1])))
+        break
+else:
+    print(-1)
+EOF
+}
+queued() { "$R" status --broker "ipc://$D/c" --json 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["queue"])' 2>/dev/null; }
+
+# round TAG WORKER_ARGS...: the ten GENs queued, then a worker with those
+# flags serves them; each GEN's output in $D/TAG.k.safetensors
+round() {
+    t=$1; shift
+    gp=""
+    k=0
+    while [ $k -lt $N ]; do
+        a=$(args $k)
+        "$R" gen --broker "ipc://$D/c" --model tiny ${a%%|*} ${a#*|} --timeout-ms 120000 --out "$D/$t.$k.safetensors" \
+            2>"$D/$t.$k.err" &
+        gp="$gp $!"
+        k=$((k + 1))
+    done
+    i=0
+    while [ "$(queued)" != "$N" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    [ "$(queued)" = "$N" ] && ok "$t: the ten GENs wait at the broker" || bad "$t: queued $(queued) of $N"
+    cli_worker "$t" "$D/broker.log" "$D/$t.log" --broker "ipc://$D/w" --weights "$D/w1.safetensors" \
+        --streams 1 --warmup 1 --heartbeat-ms 200 --metrics 127.0.0.1:0 "$@" || { bad "$t registers"; show "$D/$t.log"; }
+    failed=0
+    for p in $gp; do reap "$p" 180 || failed=$((failed + 1)); done
+    [ $failed = 0 ] && ok "$t: all ten GENs answered" || bad "$t: $failed GENs failed"
+    P=$(port_of "$D/$t.log")
+    # the metrics page is published every 500 ms: wait for the one that counts every step
+    want=$(k=0; s=0; while [ $k -lt $N ]; do set -- $(spec $k); s=$((s + $3)); k=$((k + 1)); done; echo $s)
+    i=0
+    while [ "$(metric "$P" reel_worker_step_samples_sum)" != "$want" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    MIXED=$(metric "$P" reel_worker_mixed_steps_total)
+    PADDED=$(metric "$P" reel_worker_batch_padded_rows_total)
+    STEPS=$(metric "$P" reel_worker_step_samples_count)
+    SAMPLES=$(metric "$P" reel_worker_step_samples_sum)
+    echo "  ($t: $STEPS steps ran $SAMPLES request steps; $MIXED mixed, $PADDED padded rows)"
+    stop_proc "$WORKER" || bad "$t stops"
+}
+
+round alone --max-batch 1
+[ "$MIXED" = 0 ] && [ "$STEPS" = "$SAMPLES" ] && ok "--max-batch 1: every request stepped alone ($STEPS steps)" ||
+    bad "--max-batch 1: $MIXED mixed steps, $STEPS steps for $SAMPLES request steps"
+
+# the references: each latent from reelctl run, in this process, alone
+k=0
+while [ $k -lt $N ]; do
+    a=$(args $k)
+    "$R" run --weights "$D/w1.safetensors" ${a%%|*} --out "$D/ref.$k.safetensors" 2>"$D/ref.$k.err" || bad "reelctl run $k"
+    k=$((k + 1))
+done
+k=0; n=0
+while [ $k -lt $N ]; do
+    "$R" tensor diff "$D/alone.$k.safetensors" "$D/ref.$k.safetensors" --name latent >/dev/null 2>&1 && n=$((n + 1))
+    k=$((k + 1))
+done
+[ $n = $N ] && ok "alone: every latent is bitwise reelctl run" || bad "alone: $n of $N latents equal reelctl run"
+
+for mode in ladder exact; do
+    round "$mode" --max-batch 4 --batch-sizes "$mode"
+    [ "$MIXED" -gt 0 ] && [ "$STEPS" -lt "$SAMPLES" ] &&
+        ok "$mode: $MIXED mixed steps; $STEPS steps ran the $SAMPLES request steps" ||
+        bad "$mode: no batching ($MIXED mixed steps, $STEPS steps for $SAMPLES)"
+    if [ "$mode" = exact ]; then
+        [ "$PADDED" = 0 ] && ok "exact: no padded rows" || bad "exact: $PADDED padded rows"
+    else
+        [ "$PADDED" -ge 0 ] && ok "ladder: $PADDED padded rows counted" || bad "ladder: padded rows metric missing"
+    fi
+    k=0; n=0; bad_ones=""
+    while [ $k -lt $N ]; do
+        if same_all "$D/$mode.$k.safetensors" "$D/alone.$k.safetensors" $k; then n=$((n + 1)); else bad_ones="$bad_ones $k"; fi
+        k=$((k + 1))
+    done
+    [ $n = $N ] && ok "$mode: every result (latent, trajectory, means, log-probs) is bitwise the request served alone" ||
+        bad "$mode: requests$bad_ones differ from alone"
+done
+
+# A sync lands while batched requests run: once the worker holds them.
+sync_round() { # TAG WEIGHTS VERSION WORKER_ARGS...: the worker starts on WEIGHTS at VERSION; the sync brings $V
+    t=$1; wf=$2; wv=$3; shift 3
+    gp=""
+    k=0
+    while [ $k -lt $N ]; do
+        a=$(args $k 40)
+        "$R" gen --broker "ipc://$D/c" --model tiny ${a%%|*} --timeout-ms 120000 \
+            --out "$D/$t.$k.safetensors" 2>"$D/$t.$k.err" &
+        gp="$gp $!"
+        k=$((k + 1))
+    done
+    i=0
+    while [ "$(queued)" != "$N" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    cli_worker "$t" "$D/broker.log" "$D/$t.log" --broker "ipc://$D/w" --weights "$D/$wf.safetensors" \
+        --weights-version "$wv" --streams 1 --warmup 1 --heartbeat-ms 200 --max-batch 4 "$@" ||
+        { bad "$t registers"; show "$D/$t.log"; }
+    i=0
+    while [ $i -lt 600 ] && ! "$R" status --json --broker "ipc://$D/c" 2>/dev/null | grep -q '"inflight":[1-9]'; do
+        sleep 0.05; i=$((i + 1))
+    done
+    "$R" sync --broker "ipc://$D/c" --version "$V" --weights "$D/w$(( (V + 1) % 2 + 1 )).safetensors" \
+        --timeout-ms 120000 2>"$D/$t.sync" || { bad "$t: the sync"; show "$D/$t.sync"; }
+    failed=0
+    for p in $gp; do reap "$p" 240 || failed=$((failed + 1)); done
+    [ $failed = 0 ] && ok "$t: all ten GENs answered across the sync" || bad "$t: $failed GENs failed"
+    stop_proc "$WORKER" || bad "$t stops"
+}
+# v2 holds w2's weights, v3 w1's again (the sync before names the file)
+V=2
+sync_round drain w1 1 --sync-mode drain
+grep -q "complete" "$D/drain.sync" && ok "drain: the sync completed" || { bad "drain: sync"; show "$D/drain.sync"; }
+k=0; n=0; mixed=0; bad_ones=""
+while [ $k -lt $N ]; do
+    a=$(args $k 40)
+    if grep -q "weights v1->" "$D/drain.$k.err"; then
+        mixed=$((mixed + 1))
+    else
+        v=$(sed -n 's/.*weights v\([0-9]*\),.*/\1/p' "$D/drain.$k.err" | head -1)
+        w=$([ "$v" = 2 ] && echo w2 || echo w1)
+        "$R" run --weights "$D/$w.safetensors" ${a%%|*} --out "$D/dref.$k.safetensors" 2>/dev/null
+        if "$R" tensor diff "$D/drain.$k.safetensors" "$D/dref.$k.safetensors" --name latent >/dev/null 2>&1; then
+            n=$((n + 1))
+        else
+            bad_ones="$bad_ones $k(v$v)"
+        fi
+    fi
+    k=$((k + 1))
+done
+[ $mixed = 0 ] && [ $n = $N ] && ok "drain: each request ran on one version, bitwise reelctl run on it" ||
+    bad "drain: $mixed requests ran on two versions; differ from reelctl run:$bad_ones"
+V=3
+sync_round steps w2 2 --sync-mode steps
+grep -q "complete" "$D/steps.sync" && ok "steps: the sync completed" || { bad "steps: sync"; show "$D/steps.sync"; }
+k=0; n=0
+while [ $k -lt $N ]; do
+    grep -q "weights v[0-9]" "$D/steps.$k.err" && n=$((n + 1))
+    k=$((k + 1))
+done
+[ $n = $N ] && ok "steps: every request names the versions it ran on" || bad "steps: $n of $N name their versions"
+
+finish
