@@ -32,6 +32,12 @@ int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out);
 
 /* The CPU backend; cannot fail except on out-of-memory (NULL). */
 kern_backend_t *kern_backend_cpu_new(void);
+/* The threads the CPU backend's BLAS uses for one GEMM call: process-wide
+ * (OpenBLAS keeps one pool). A worker whose stream threads already use
+ * the cores gives each GEMM fewer (reel-worker --blas-threads): threads
+ * that outnumber the cores spin and yield instead of working. n >= 1. */
+void kern_cpu_blas_threads_set(int n);
+int kern_cpu_blas_threads(void);
 /* The CUDA backend on GPU `device`. Returns NULL with a one-line reason in
  * reel_err_text() when Reel was built without CUDA, no driver or device is
  * present, or the device is unusable. */

@@ -11,9 +11,11 @@
  * Euler update) run once over all B·N rows; what depends on a sample's
  * place (patchify, RoPE, attention, unpatchify) or its seed (the SDE
  * update) runs per sample over views. The GEMMs run per sample too: a BLAS
- * sums an output row differently depending on where it falls in its M
- * tiling (OpenBLAS on x86 does; cuBLAS picks its algorithm by M), and a
- * batched sample must be bitwise the single request with its seed.
+ * may sum an output row differently depending on where it falls in its M
+ * tiling (OpenBLAS on x86 does for small M; cuBLAS picks its algorithm by
+ * M), and a batched sample must be bitwise the single request with its
+ * seed; the token GEMMs run as one over all B·N rows only where that was
+ * found bitwise the same for their shape (tdit_gemm_merge_ok).
  *
  * A mixed batch (shape.mixed) is B requests: what a group shares is each
  * sample's own (S = B rows of σ, guidance, the time embedding and its
@@ -205,6 +207,15 @@ tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh
     cv.off = 0;
     layout(m, ws, &cv);
     (void)s; /* the scratch is the workspace's own: nothing to reserve on s */
+    if (ws->B > 1 && m->cfg.layers > 0) {
+        /* Ask now, outside any capture, whether the token GEMMs merge: a
+         * captured step finds the verdicts kept (tdit_gemm_merge_ok). */
+        const block_t *b0 = &m->blocks[0];
+        const kern_tensor_t *ws_w[] = { &m->patch.w, &b0->sq.w, &b0->ffn0.w, &b0->ffn2.w, &m->head.w };
+        for (size_t i = 0; i < sizeof ws_w / sizeof ws_w[0]; i++)
+            (void)tdit_gemm_merge_ok(m->backend, m->dtype, ws->N, ws->B, ws_w[i]->shape[1], ws_w[i]->shape[0],
+                                     ws_w[i] == &b0->ffn0.w);
+    }
     return ws;
 }
 
@@ -381,6 +392,8 @@ static kern_tensor_t own_guidance(const tdit_ws_t *ws, int64_t b) {
  * per sample, each the very call a single request makes (see the top). */
 static int token_linear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x,
                         const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y, bool gelu) {
+    if (ws->B > 1 && tdit_gemm_merge_ok(ws->backend, x->dtype, ws->N, ws->B, w->shape[1], w->shape[0], gelu))
+        return gelu ? kern_gemm_gelu(s, x, w, bias, y) : kern_gemm(s, x, w, bias, y); /* bitwise the loop below */
     for (int64_t b = 0; b < ws->B; b++) {
         kern_tensor_t xb = ws->B == 1 ? *x : rows_of(x, b, ws->N), yb = ws->B == 1 ? *y : rows_of(y, b, ws->N);
         TRY(gelu ? kern_gemm_gelu(s, &xb, w, bias, &yb) : kern_gemm(s, &xb, w, bias, &yb));

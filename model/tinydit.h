@@ -159,6 +159,20 @@ bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b);
  * batch in 0..TDIT_MAX_BATCH. -1 with a message naming the problem. */
 int tdit_shape_validate(const tdit_shape_t *shape);
 
+/* Token GEMMs of a batch (B > 1 samples of n token rows each): one GEMM
+ * of B·n rows where that is bit for bit the B GEMMs of n rows a request
+ * alone runs, asked once per shape by running both ways on random
+ * operands (model/gemm_merge.c); the CPU backend in F32 only. The verdicts
+ * are kept for the process; tdit_ws_new asks for its shape's GEMMs, so a
+ * step (which may be captured, and then allocates nothing) finds them.
+ * tdit_gemm_merge_ok: may a step merge a GEMM of K inputs to N outputs
+ * (+ GELU)? REEL_GEMM_MERGE=0 in the environment, or the policy NEVER:
+ * never. tdit_gemm_merge_probe asks afresh (for tests). */
+enum { TDIT_MERGE_AUTO, TDIT_MERGE_NEVER };
+bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu);
+bool tdit_gemm_merge_probe(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu);
+void tdit_gemm_merge_set_policy(int policy);
+
 /* The step workspace: address-stable buffers for one shape. Inputs are
  * written by the caller (tdit_ws_bind_*), the step updates `latent` in
  * place. */

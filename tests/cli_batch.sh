@@ -6,7 +6,7 @@
 # They queue at the broker before the worker starts, so the worker holds
 # several at a time. With --max-batch 1 each runs alone (no mixed step);
 # with --max-batch 4 (ladder: padded to 2 or 4 rows) and with --batch-sizes
-# exact, requests of one kind share steps, and every result (latent,
+# exact (--batching always), requests of one kind share steps, and every result (latent,
 # trajectory, means, log-probs) is bitwise the one served alone, its latent
 # bitwise `reelctl run`. A sync landing among batched requests: with
 # --sync-mode drain each request runs on one version, bitwise `reelctl run`
@@ -142,7 +142,7 @@ done
 [ $n = $N ] && ok "alone: every latent is bitwise reelctl run" || bad "alone: $n of $N latents equal reelctl run"
 
 for mode in ladder exact; do
-    round "$mode" --max-batch 4 --batch-sizes "$mode"
+    round "$mode" --max-batch 4 --batch-sizes "$mode" --batching always
     [ "$MIXED" -gt 0 ] && [ "$STEPS" -lt "$SAMPLES" ] &&
         ok "$mode: $MIXED mixed steps; $STEPS steps ran the $SAMPLES request steps" ||
         bad "$mode: no batching ($MIXED mixed steps, $STEPS steps for $SAMPLES)"
@@ -160,6 +160,16 @@ for mode in ladder exact; do
         bad "$mode: requests$bad_ones differ from alone"
 done
 
+# --batching auto: batches only while they cost a request less (measured
+# as it runs); whatever it chose, every result is the request alone
+round auto --max-batch 4
+k=0; n=0
+while [ $k -lt $N ]; do
+    same_all "$D/auto.$k.safetensors" "$D/alone.$k.safetensors" $k && n=$((n + 1))
+    k=$((k + 1))
+done
+[ $n = $N ] && ok "auto: $MIXED mixed steps; every result bitwise the request served alone" || bad "auto: $n of $N equal"
+
 # A sync lands while batched requests run: once the worker holds them.
 sync_round() { # TAG WEIGHTS VERSION WORKER_ARGS...: the worker starts on WEIGHTS at VERSION; the sync brings $V
     t=$1; wf=$2; wv=$3; shift 3
@@ -175,7 +185,7 @@ sync_round() { # TAG WEIGHTS VERSION WORKER_ARGS...: the worker starts on WEIGHT
     i=0
     while [ "$(queued)" != "$N" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
     cli_worker "$t" "$D/broker.log" "$D/$t.log" --broker "ipc://$D/w" --weights "$D/$wf.safetensors" \
-        --weights-version "$wv" --streams 1 --warmup 1 --heartbeat-ms 200 --max-batch 4 "$@" ||
+        --weights-version "$wv" --streams 1 --warmup 1 --heartbeat-ms 200 --max-batch 4 --batching always "$@" ||
         { bad "$t registers"; show "$D/$t.log"; }
     i=0
     while [ $i -lt 600 ] && ! "$R" status --json --broker "ipc://$D/c" 2>/dev/null | grep -q '"inflight":[1-9]'; do

@@ -48,9 +48,11 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", NULL), 0);
     ck_assert_str_eq(o.broker, "tcp://127.0.0.1:5556");
     ck_assert_int_eq(o.streams, 2);
-    ck_assert_int_eq(o.max_batch, 8);
+    ck_assert_int_eq(o.max_batch, 1); /* the CPU's: batching asked for */
     ck_assert(!o.batch_exact);
-    ck_assert_int_eq(o.max_inflight, 16); /* streams x max(4, max_batch) */
+    ck_assert(!o.batch_always);
+    ck_assert_int_eq(o.blas_threads, 0);
+    ck_assert_int_eq(o.max_inflight, 8); /* streams x max(4, max_batch) */
     ck_assert_uint_eq(o.weights_version, 1);
     ck_assert_uint_eq(o.budget, 0);
     ck_assert_int_eq(o.policy, CAP_POLICY_EVICT);
@@ -63,7 +65,7 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--streams", "3", "--budget", "512M",
                       "--policy", "inplace", "--max-tokens", "0", NULL), 0);
     ck_assert_int_eq(o.max_tokens, 0);
-    ck_assert_int_eq(o.max_inflight, 24);
+    ck_assert_int_eq(o.max_inflight, 12);
     ck_assert_uint_eq(o.budget, (size_t)512 << 20);
     ck_assert_int_eq(o.policy, CAP_POLICY_INPLACE);
     /* batching off: 4 per stream; exact sizes; bounds */
@@ -74,9 +76,18 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(o.max_inflight, 12);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "16", NULL), 0);
     ck_assert_int_eq(o.max_inflight, 32);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--backend", "cuda", NULL), 0);
+    ck_assert_int_eq(o.max_batch, 8); /* CUDA batches by default */
+    ck_assert_int_eq(o.max_inflight, 16);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "0", NULL), -1);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-batch", "65", NULL), -1);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--batch-sizes", "pow2", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--batching", "always", "--blas-threads", "-1",
+                           NULL), 0);
+    ck_assert(o.batch_always);
+    ck_assert_int_eq(o.blas_threads, -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--batching", "never", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--blas-threads", "-2", NULL), -1);
 }
 END_TEST
 

@@ -20,6 +20,18 @@
 #define WRK_STG_POOL 8
 #define WRK_MIX_POOL 8
 
+/* What batching costs a stream, per kind of request (--batching auto): the
+ * seconds a request's step took alone and in a mixed step (the step's
+ * time over its requests), as moving averages of replayed and eager steps
+ * (captures, far slower, are left out). */
+typedef struct {
+    tdit_shape_t one;
+    bool sde;
+    double alone_s, mixed_s;
+    int n_alone, n_mixed;
+    uint32_t turns;              /* batching decisions taken */
+} wrk_batch_cost_t;
+
 typedef struct {
     wrk_exec_t *x;
     int idx;
@@ -41,6 +53,8 @@ typedef struct {
     tdit_mix_t *mix[WRK_MIX_POOL];
     uint64_t mix_used[WRK_MIX_POOL];
     int nmix;
+    wrk_batch_cost_t cost[WRK_MIX_POOL]; /* the kinds seen lately (replaced in turn) */
+    int ncost, cost_next;
 } wrk_stream_t;
 
 struct wrk_exec {

@@ -541,6 +541,42 @@ static step_t admit(wrk_stream_t *st, wrk_job_t *j) {
     return STEP_RAN;
 }
 
+/* ---- what batching costs (--batching auto) ------------------------------ */
+
+/* The stream's costs for requests of r's kind: kept, or a fresh entry in
+ * place of the oldest. */
+static wrk_batch_cost_t *cost_of(wrk_stream_t *st, const tdit_req_t *r) {
+    const tdit_shape_t *sh = tdit_req_shape(r);
+    bool sde = tdit_req_loop(r)->sde;
+    for (int i = 0; i < st->ncost; i++)
+        if (st->cost[i].sde == sde && tdit_shape_equal(&st->cost[i].one, sh)) return &st->cost[i];
+    int at = st->ncost < WRK_MIX_POOL ? st->ncost++ : st->cost_next++ % WRK_MIX_POOL;
+    st->cost[at] = (wrk_batch_cost_t){ .one = *sh, .sde = sde };
+    return &st->cost[at];
+}
+
+/* A request's step took s seconds, alone or (its share) in a mixed step. */
+static void cost_note(wrk_batch_cost_t *c, bool mixed, double s) {
+    double *avg = mixed ? &c->mixed_s : &c->alone_s;
+    int *n = mixed ? &c->n_mixed : &c->n_alone;
+    *avg = *n ? 0.8 * *avg + 0.2 * s : s;
+    if (*n < 1000) (*n)++;
+}
+
+#define WRK_BATCH_LEARN 3      /* steps of each way before choosing */
+#define WRK_BATCH_EXPLORE 16   /* then one turn in this many the other way, to follow changes */
+
+/* Whether requests of c's kind that can share a step should (auto): each
+ * way measured a few times first, then the cheaper per request, the other
+ * way now and then so a change (load, sizes) is seen. */
+static bool cost_says_batch(wrk_batch_cost_t *c) {
+    c->turns++;
+    if (c->n_alone < WRK_BATCH_LEARN) return false;
+    if (c->n_mixed < WRK_BATCH_LEARN) return true;
+    bool better = c->mixed_s < c->alone_s;
+    return c->turns % WRK_BATCH_EXPLORE == 0 ? !better : better;
+}
+
 /* What follows a step of j's request that ran on version v (alone or in
  * a mixed batch): the version, a replay, PROGRESS. */
 static void after_step(wrk_stream_t *st, wrk_job_t *j, int64_t v, const cap_result_t *res) {
@@ -562,10 +598,15 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
         pthread_rwlock_unlock(&w->step_lock);
         return -1;
     }
+    double t0 = reel_mono_s();
     int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
+    double dt = reel_mono_s() - t0;
     /* Read under the same lock: the version this step ran on. */
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
     pthread_rwlock_unlock(&w->step_lock);
+    if (rc == 0 && res.ran != CAP_RAN_CAPTURED && tdit_req_batch(j->req) == 1 &&
+        !tdit_solver_multistep(tdit_req_shape(j->req)->solver))
+        cost_note(cost_of(st, j->req), false, dt);
     if (rc != 0) {
         part_failed(st, j, WIRE_E_INTERNAL, "step %d of %d failed: %s", tdit_req_steps_done(j->req) + 1, tdit_req_steps(j->req),
                     reel_err_text());
@@ -632,9 +673,12 @@ static void step_mixed(wrk_stream_t *st, wrk_job_t **jobs, int n) {
             for (int i = 0; i < n; i++) jobs[i]->turn = WRK_TURN_FAILED;
             return;
         }
+        double t0 = reel_mono_s();
         rc = tdit_mix_step(x, reqs, n, w->cache, st->ks, &res, &advanced);
+        double dt = reel_mono_s() - t0;
         v = cap_component_version(w->cache, TDIT_COMPONENT);
         pthread_rwlock_unlock(&w->step_lock);
+        if (rc == 0 && res.ran != CAP_RAN_CAPTURED) cost_note(cost_of(st, reqs[0]), true, dt / n);
     }
     if (rc != 0 && !advanced) {
         wrk_log(w, "stream %d: a batch of %d could not run (%s); each steps alone", st->idx, n, reel_err_text());
@@ -673,8 +717,14 @@ static void step_ready(wrk_stream_t *st, wrk_job_t *ready) {
                 if (k->turn == WRK_TURN_READY && tdit_req_mixable(k->req) && tdit_req_same_class(j->req, k->req))
                     batch[n++] = k;
         }
-        if (n >= 2) step_mixed(st, batch, n);
-        else j->turn = step_locked(st, j) == 0 ? WRK_TURN_STEPPED : WRK_TURN_FAILED;
+        if (n >= 2 && (w->opt->batch_always || cost_says_batch(cost_of(st, j->req)))) {
+            step_mixed(st, batch, n);
+            continue;
+        }
+        /* alone: j, and (when a batch was declined) the others of its kind in their turn */
+        j->turn = step_locked(st, j) == 0 ? WRK_TURN_STEPPED : WRK_TURN_FAILED;
+        for (int i = 1; i < n; i++)
+            batch[i]->turn = step_locked(st, batch[i]) == 0 ? WRK_TURN_STEPPED : WRK_TURN_FAILED;
     }
 }
 

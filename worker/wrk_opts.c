@@ -55,6 +55,7 @@ static int set_weights_dir(void *dst, const char *v) {
 static const char *const dtypes[] = { "f32", "bf16", NULL };   /* bf16: true */
 static const char *const sync_modes[] = { "steps", "drain", NULL }; /* drain: true */
 static const char *const batch_sizes[] = { "ladder", "exact", NULL }; /* exact: true */
+static const char *const batchings[] = { "auto", "always", NULL };     /* always: true */
 
 #define O(f) offsetof(wrk_opts_t, f)
 /* Every option: its kind, where it goes, its range and its usage line. */
@@ -86,9 +87,17 @@ static const reel_opt_t rows[] = {
               "be stopped half-way, and attention costs N^2" },
     { .name = "max-inflight", .kind = REEL_OPT_INT, .off = O(max_inflight), .lo = 1, .hi = 4096, .arg = "K",
       .help = "requests the broker may route here at once (S x max(4, N))" },
+    { .name = "blas-threads", .kind = REEL_OPT_INT, .off = O(blas_threads), .lo = -1, .hi = 1024, .arg = "N",
+      .help = "threads per GEMM on the CPU backend (0: the BLAS's own\n"
+              "default, every core; -1: cores / streams, at least 1)" },
     { .name = "max-batch", .kind = REEL_OPT_INT, .off = O(max_batch), .lo = 1, .hi = TDIT_MAX_BATCH, .arg = "N",
       .help = "requests a stream steps together as one batch when they\n"
-              "share a model, shape and loop kind (8; 1 = each alone)" },
+              "share a model, shape and loop kind (cuda 8, cpu 1: each alone)" },
+    { .name = "batching", .kind = REEL_OPT_BOOL_CHOICE, .off = O(batch_always), .choices = batchings,
+      .arg = "auto|always",
+      .help = "batch requests while a batched step costs each of them\n"
+              "less than stepping alone, measured as it runs (auto), or\n"
+              "whenever two can share a step (always)" },
     { .name = "batch-sizes", .kind = REEL_OPT_BOOL_CHOICE, .off = O(batch_exact), .choices = batch_sizes,
       .arg = "ladder|exact",
       .help = "a batch of n runs padded to the next power of two (ladder:\n"
@@ -173,7 +182,8 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->streams = 2;
     o->max_tokens = WRK_MAX_TOKENS;
     o->max_inflight = -1;
-    o->max_batch = 8;
+    o->max_batch = 0; /* the backend's: below */
+    o->blas_threads = 0;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;
     o->audit_every = 256;
@@ -194,6 +204,10 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
         return reel_fail(REEL_E_INVALID, "--artifacts-enable needs --artifacts DIR");
     if (o->no_fallback && o->backend != KERN_BACKEND_CUDA)
         return reel_fail(REEL_E_INVALID, "--no-fallback is for --backend cuda");
+    /* Batching pays where a step costs more than its arithmetic (CUDA:
+     * launches, small GEMMs); on the CPU a batch costs its requests about
+     * what they cost alone (docs/BENCH.md), so it is asked for there. */
+    if (!o->max_batch) o->max_batch = o->backend == KERN_BACKEND_CUDA ? 8 : 1;
     if (o->max_inflight < 0) o->max_inflight = o->streams * (o->max_batch > 4 ? o->max_batch : 4);
     if (!o->t5 != !o->tokenizer && (o->t5 || o->tokenizer))
         return reel_fail(REEL_E_INVALID, "--t5 and --tokenizer go together (a text encoder needs its tokenizer)");

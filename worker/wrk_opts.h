@@ -31,7 +31,12 @@ typedef struct {
     int64_t max_tokens;              /* --max-tokens: a sample's tokens (F x H/p x W/p) at most;
                                       * 0 = unlimited; default WRK_MAX_TOKENS */
     int max_inflight;                /* default streams * max(4, max_batch) */
-    int max_batch;                   /* --max-batch: requests in one mixed step (1: off), default 8 */
+    int blas_threads;                /* --blas-threads: threads per GEMM on the CPU backend; 0 (default):
+                                      * the BLAS's own default; -1: max(1, cores / streams) */
+    bool batch_always;               /* --batching always: batch whenever two requests can share a
+                                      * step; auto (default): only while it costs a request less */
+    int max_batch;                   /* --max-batch: requests in one mixed step (1: off); default
+                                      * 8 with --backend cuda, 1 on the CPU */
     bool batch_exact;                /* --batch-sizes exact: a batch of n runs as n rows; ladder
                                       * (default): the next power of two, padded */
     cap_policy_t policy;             /* default evict */

@@ -112,3 +112,6 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
     *out = kernels;
     return sizeof kernels / sizeof kernels[0];
 }
+
+void kern_cpu_blas_threads_set(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+int kern_cpu_blas_threads(void) { return openblas_get_num_threads(); }

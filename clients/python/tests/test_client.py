@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 import numpy as np
 
@@ -499,6 +500,93 @@ class BusyTests(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+class BatchingTests(unittest.TestCase):
+    """Many clients' single requests batched into shared steps by a worker
+    (--max-batch): each result, rollout fields included, bitwise the same
+    request served alone by a worker that never batches."""
+
+    def serve(self, d, tag, w, jobs, *worker_flags):
+        """jobs queued at a fresh broker first, then a worker with those
+        flags starts: it holds several at once. Results by job, and the
+        worker's mixed steps (from its /metrics)."""
+        ce, we = f"ipc://{d}/{tag}.c", f"ipc://{d}/{tag}.w"
+        logs = [open(os.path.join(d, f"{tag}.{n}.log"), "wb") for n in ("broker", "worker")]
+        broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", ce, "--workers", we, "--catalog",
+                                   os.path.join(d, f"{tag}.db"), "--heartbeat-ms", "200"],
+                                  stdout=logs[0], stderr=subprocess.STDOUT)
+        worker = None
+        try:
+            out, errors = {}, []
+
+            def one(k, kw):
+                try:
+                    with reel.Client(ce, timeout=120) as c:
+                        out[k] = c.gen("tiny", **kw)
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=one, args=(k, kw)) for k, kw in enumerate(jobs)]
+            for t in threads:
+                t.start()
+            with reel.Client(ce, timeout=10) as c:
+                end = time.monotonic() + 60
+                while c.status(timeout=5).get("queue") != len(jobs) and time.monotonic() < end:
+                    time.sleep(0.05)
+            worker = subprocess.Popen([f"{BUILD}/reel-worker", "--broker", we, "--name", tag, "--weights", w,
+                                       "--streams", "1", "--heartbeat-ms", "200", "--warmup", "1",
+                                       "--metrics", "127.0.0.1:0", *worker_flags],
+                                      stdout=logs[1], stderr=subprocess.STDOUT)
+            for t in threads:
+                t.join(180)
+            self.assertEqual(errors, [])
+            log = open(os.path.join(d, f"{tag}.worker.log")).read()
+            port = log.split("(port ")[1].split(")")[0]
+            want = sum(kw["steps"] for kw in jobs)
+            end = time.monotonic() + 30
+            while True:  # the page is published every 500 ms: wait for the one with every step
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+                m = {ln.split()[0]: float(ln.split()[1]) for ln in page.splitlines()
+                     if ln and not ln.startswith("#") and len(ln.split()) == 2}
+                if m.get("reel_worker_step_samples_sum") == want or time.monotonic() > end:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(m.get("reel_worker_step_samples_sum"), want)
+            return out, m["reel_worker_mixed_steps_total"]
+        finally:
+            for p in (worker, broker):
+                if p and p.poll() is None:
+                    p.terminate()
+                    p.wait(30)
+            for f in logs:
+                f.close()
+
+    def test_single_requests_of_many_clients_share_steps_and_each_is_bitwise_alone(self):
+        d = tempfile.mkdtemp(prefix="reel-py-batch-")
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "3", "--out", w)
+            unc = rand((5, 32), 99)
+            jobs = []
+            for k in range(8):
+                kw = dict(context=rand((5, 32), 10 + k), latent_shape=(4, 2, 8, 8), steps=3 + k % 4,
+                          shift=1.0 + k % 3, seed=500 + k, uncond=unc, cfg=2.0 + k)
+                if k % 2:
+                    kw.update(sde=True, eta=0.3 + 0.1 * (k % 3), return_log_probs=True, return_trajectory=True)
+                jobs.append(kw)
+            alone, mixed0 = self.serve(d, "alone", w, jobs, "--max-batch", "1")
+            self.assertEqual(mixed0, 0)
+            batched, mixed = self.serve(d, "batched", w, jobs, "--max-batch", "4", "--batching", "always")
+            self.assertGreater(mixed, 0, "the queued requests shared steps")
+            for k, kw in enumerate(jobs):
+                a, b = alone[k], batched[k]
+                self.assertTrue(np.array_equal(a.latent, b.latent), f"request {k}: latent")
+                if kw.get("sde"):
+                    self.assertTrue(np.array_equal(a.log_probs, b.log_probs), f"request {k}: log-probs")
+                    self.assertTrue(np.array_equal(a.trajectory, b.trajectory), f"request {k}: trajectory")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""
     k = os.path.join(d, "keys")
@@ -886,6 +974,7 @@ def main():
     loader = unittest.TestLoader()
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
+    suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     suite.addTests(loader.loadTestsFromTestCase(LoraTests))

@@ -1,0 +1,110 @@
+/* test_gemm_merge.c -- may a batch's token GEMMs run as one
+ * (model/gemm_merge.c)? The verdict of the probe holds for operands it
+ * never saw: for token counts small and large, batches of 2 to 8 and the
+ * tiny and small configs' GEMM shapes, one GEMM over B·n rows is bitwise
+ * the B GEMMs of n rows exactly when the probe said so, on values drawn
+ * here. The policy NEVER, BF16 and single samples never merge. (That a
+ * batch step is bitwise its requests alone, merged or not: test_mix_req,
+ * test_mixed_batch, test_tdit_cache.) */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "base/error.h"
+#include "kernels/ops.h"
+#include "model/tinydit.h"
+#include "tests/support.h"
+
+/* merged vs per-sample on values from seed: true when bitwise equal */
+static bool same_here(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu, uint64_t seed) {
+    kern_stream_t *s = kern_stream_new(b);
+    TS_NEW(s);
+    size_t nx = (size_t)(B * n * K), nw = (size_t)(N * K), ny = (size_t)(B * n * N);
+    float *hx = malloc(nx * 4), *hw = malloc(nw * 4), *hb = malloc((size_t)N * 4), *r1 = malloc(ny * 4),
+          *r2 = malloc(ny * 4);
+    ts_fill_uniform(hx, nx, seed, -3, 3);
+    ts_fill_uniform(hw, nw, seed + 1, -0.5f, 0.5f);
+    ts_fill_uniform(hb, (size_t)N, seed + 2, -1, 1);
+    kern_tensor_t x = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, K });
+    kern_tensor_t w = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ N, K });
+    kern_tensor_t bias = kern_tensor_alloc(b, KERN_F32, 1, (const int64_t[]){ N });
+    kern_tensor_t y1 = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, N });
+    kern_tensor_t y2 = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, N });
+    TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&x), hx, nx * 4));
+    TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&w), hw, nw * 4));
+    TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&bias), hb, (size_t)N * 4));
+    TS_OK(gelu ? kern_gemm_gelu(s, &x, &w, &bias, &y1) : kern_gemm(s, &x, &w, &bias, &y1));
+    for (int64_t i = 0; i < B; i++) {
+        kern_tensor_t xb = kern_tensor_make(x.data, KERN_F32, x.device, 2, (const int64_t[]){ n, K });
+        kern_tensor_t yb = kern_tensor_make(y2.data, KERN_F32, y2.device, 2, (const int64_t[]){ n, N });
+        xb.offset = x.offset + (size_t)(i * n * K) * 4;
+        yb.offset = y2.offset + (size_t)(i * n * N) * 4;
+        TS_OK(gelu ? kern_gemm_gelu(s, &xb, &w, &bias, &yb) : kern_gemm(s, &xb, &w, &bias, &yb));
+    }
+    TS_OK(kern_copy_d2h(s, r1, kern_tensor_ptr(&y1), ny * 4));
+    TS_OK(kern_copy_d2h(s, r2, kern_tensor_ptr(&y2), ny * 4));
+    TS_OK(kern_stream_sync(s));
+    bool eq = !memcmp(r1, r2, ny * 4);
+    kern_free(b, x.data);
+    kern_free(b, w.data);
+    kern_free(b, bias.data);
+    kern_free(b, y1.data);
+    kern_free(b, y2.data);
+    free(hx);
+    free(hw);
+    free(hb);
+    free(r1);
+    free(r2);
+    kern_stream_destroy(&s);
+    return eq;
+}
+
+START_TEST(test_the_probe_verdict_holds_for_operands_it_never_saw) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    TS_NEW(b);
+    /* (K, N, gelu): tiny's and small's token GEMMs */
+    static const int64_t kn[][3] = { { 16, 64, 0 }, { 64, 64, 0 }, { 64, 128, 1 }, { 128, 64, 0 }, { 64, 16, 0 },
+                                     { 64, 384, 0 }, { 384, 384, 0 }, { 384, 1024, 1 }, { 1024, 384, 0 } };
+    static const int64_t ns[] = { 5, 16, 32, 64, 128 }, bs[] = { 2, 3, 8 };
+    int yes = 0, no = 0;
+    for (size_t i = 0; i < sizeof kn / sizeof kn[0]; i++)
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+            for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++) {
+                bool v = tdit_gemm_merge_probe(b, ns[j], bs[k], kn[i][0], kn[i][1], kn[i][2]);
+                bool ok = tdit_gemm_merge_ok(b, KERN_F32, ns[j], bs[k], kn[i][0], kn[i][1], kn[i][2]);
+                ck_assert_msg(v == ok, "the kept verdict is the probe's");
+                for (uint64_t seed = 100; seed < 102; seed++)
+                    ck_assert_msg(!v || same_here(b, ns[j], bs[k], kn[i][0], kn[i][1], kn[i][2], seed),
+                                  "n %lld B %lld K %lld N %lld: probed bitwise, differs on new operands",
+                                  (long long)ns[j], (long long)bs[k], (long long)kn[i][0], (long long)kn[i][1]);
+                yes += v;
+                no += !v;
+            }
+    fprintf(stderr, "test_gemm_merge: %d shapes merge bitwise here, %d do not\n", yes, no);
+    ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+START_TEST(test_never_bf16_and_single_samples_do_not_merge) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    TS_NEW(b);
+    ck_assert(!tdit_gemm_merge_ok(b, KERN_F32, 64, 1, 64, 64, false));
+    ck_assert(!tdit_gemm_merge_ok(b, KERN_BF16, 64, 4, 64, 64, false));
+    ck_assert(!tdit_gemm_merge_probe(b, 64, 1, 64, 64, false));
+    tdit_gemm_merge_set_policy(TDIT_MERGE_NEVER);
+    for (int64_t n = 16; n <= 256; n *= 2) ck_assert(!tdit_gemm_merge_ok(b, KERN_F32, n, 4, 64, 64, false));
+    tdit_gemm_merge_set_policy(TDIT_MERGE_AUTO);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("gemm_merge");
+    TCase *tc = tcase_create("merge");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_the_probe_verdict_holds_for_operands_it_never_saw);
+    tcase_add_test(tc, test_never_bf16_and_single_samples_do_not_merge);
+    suite_add_tcase(s, tc);
+    return ts_run(s);
+}
