@@ -11,6 +11,7 @@
 # bitwise `reelctl run`. A sync landing among batched requests: with
 # --sync-mode drain each request runs on one version, bitwise `reelctl run`
 # on it; with steps every request is answered and names its versions.
+# Under load, two workers: one key's requests all run on its owner, batched.
 # Usage: cli_batch.sh BUILD
 set -u
 B="${1:-build}"
@@ -230,5 +231,38 @@ while [ $k -lt $N ]; do
     k=$((k + 1))
 done
 [ $n = $N ] && ok "steps: every request names the versions it ran on" || bad "steps: $n of $N name their versions"
+
+# Under load a key stays with its owner (rendezvous; a busy owner keeps its
+# keys, the request waits for a slot), so its requests meet where its
+# graphs are and batch there: two workers, twelve GENs of one key at once.
+cli_broker "$D/b2.log" --clients "ipc://$D/c2" --workers "ipc://$D/w2" --catalog "$D/r2.db" --heartbeat-ms 200 ||
+    bad "second broker starts"
+for w in wa wb; do
+    cli_worker "$w" "$D/b2.log" "$D/$w.log" --broker "ipc://$D/w2" --weights "$D/w1.safetensors" --streams 1 \
+        --warmup 1 --heartbeat-ms 200 --max-batch 4 --batching always --max-inflight 4 --metrics 127.0.0.1:0 ||
+        bad "$w registers"
+done
+gp=""
+k=0
+while [ $k -lt 12 ]; do
+    "$R" gen --broker "ipc://$D/c2" --model tiny --context "$D/c$((k % 6)).safetensors" --uncond "$D/unc.safetensors" \
+        --cfg $((2 + k % 5)) --steps 20 --shift 3 --seed $((900 + k)) --size 2x8x8 --timeout-ms 120000 --quiet \
+        --out "$D/key.$k.safetensors" 2>"$D/key.$k.err" &
+    gp="$gp $!"
+    k=$((k + 1))
+done
+failed=0
+for p in $gp; do reap "$p" 180 || failed=$((failed + 1)); done
+[ $failed = 0 ] && ok "twelve GENs of one key answered by a cluster of two" || bad "$failed GENs of one key failed"
+wait_sql "$D/r2.db" "select count(*) from requests where status='ok'" 12 60
+owners=$(/usr/bin/sqlite3 "$D/r2.db" "select count(distinct worker) || ' ' || count(*) from requests where status='ok'")
+[ "$owners" = "1 12" ] && ok "all twelve ran on the key's owner, four slots at a time" ||
+    bad "one key spread over workers (distinct workers, rows): $owners"
+owner=$(/usr/bin/sqlite3 "$D/r2.db" "select worker from requests where status='ok' limit 1")
+P=$(port_of "$D/$owner.log")
+i=0 # the page is published every 500 ms
+while [ "$(metric "$P" reel_worker_step_samples_sum)" -lt 240 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+m=$(metric "$P" reel_worker_mixed_steps_total)
+[ "${m:-0}" -gt 0 ] && ok "... where they shared steps ($m mixed steps on $owner)" || bad "no mixed steps on the owner $owner"
 
 finish
