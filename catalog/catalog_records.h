@@ -159,11 +159,11 @@
 #define CAT_REQUEST(F)                                                                             \
     F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(INT, captured)    \
     F(INT, replayed) F(INT, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \
-    F(F64, decode_seconds) F(TIME, t)
+    F(F64, decode_seconds) F(INT, batched_steps) F(TIME, t)
 #define CAT_SQL_REQUEST                                                                            \
     "INSERT INTO requests (id, worker, key_hash, version, steps, captured, replayed, eager,"       \
-    " seconds, status, encode_seconds, decode_seconds, t)"                                         \
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+    " seconds, status, encode_seconds, decode_seconds, batched_steps, t)"                          \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
 
 /* A kernel artifact built or checked on a backend. */
 #define CAT_ARTIFACT(F)                                                                            \

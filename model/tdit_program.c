@@ -649,6 +649,7 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
         if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &own) != 0 ||
             req_after(r, s, &own, (uint64_t)version, sig + 3 * b, &res, t0) != 0)
             return -1;
+        r->stats.batched++;
     }
     if (out) *out = res;
     return 0;

@@ -46,6 +46,7 @@ typedef struct {
     int steps, captured, replayed, eager;
     int declines[CAP_DECLINE_COUNT];
     double seconds;
+    int batched;           /* of the steps, those run in a mixed batch with other requests */
 } tdit_run_stats_t;
 
 /* Request staging buffers on the device for one shape: where a request's

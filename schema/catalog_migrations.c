@@ -387,7 +387,12 @@ const char cat_schema_v9_sql[] =
     "ALTER TABLE weight_versions ADD COLUMN base_version INTEGER;\n"
     "ALTER TABLE weight_versions ADD COLUMN adapter TEXT;\n";
 
+/* Migration 10 (issue 29): of a request's steps, those run in a mixed
+ * batch with other requests. */
+const char cat_schema_v10_sql[] = "ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
-                                       cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql };
+                                       cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
+                                       cat_schema_v10_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -178,6 +178,7 @@ typedef struct {
     uint64_t captured, replayed, eager;
     msg_counts_t declines;       /* by reason name; names a reader does not know are kept */
     double seconds;
+    uint64_t batched;            /* steps run in a mixed batch with other requests (0: none; omitted) */
 } msg_stats_t;
 
 /* Steps from `from` (0-based) on, up to the next run's, ran on `version`. */

@@ -147,6 +147,16 @@ for mode in ladder exact; do
     [ "$MIXED" -gt 0 ] && [ "$STEPS" -lt "$SAMPLES" ] &&
         ok "$mode: $MIXED mixed steps; $STEPS steps ran the $SAMPLES request steps" ||
         bad "$mode: no batching ($MIXED mixed steps, $STEPS steps for $SAMPLES)"
+    if [ "$mode" = ladder ]; then
+        # the catalog: each request's steps run in a batch (the alone round's rows add 0)
+        wait_sql "$D/reel.db" "select count(*) from requests where status='ok'" 20 60
+        bs=$(/usr/bin/sqlite3 "$D/reel.db" "select sum(batched_steps) from requests" 2>/dev/null)
+        [ "$bs" = "$((SAMPLES - (STEPS - MIXED)))" ] &&
+            ok "ladder: the catalog's batched_steps ($bs) are the request steps of the $MIXED mixed steps" ||
+            bad "ladder: catalog batched_steps $bs, expected $((SAMPLES - (STEPS - MIXED)))"
+        nb=$(cat "$D"/ladder.*.err | grep -c "batched with other requests")
+        [ "$nb" -gt 0 ] && ok "ladder: reelctl gen says so for $nb requests" || { bad "ladder: gen never says batched"; show "$D/ladder.0.err"; }
+    fi
     if [ "$mode" = exact ]; then
         [ "$PADDED" = 0 ] && ok "exact: no padded rows" || bad "exact: $PADDED padded rows"
     else

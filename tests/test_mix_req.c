@@ -287,6 +287,8 @@ START_TEST(test_a_mixed_step_captures_once_per_batch_size_and_replays_for_new_me
         for (int k = 0; k < 3; k++) {
             same(&f, a[k], r[k], &sp[k], k + 3 * wave);
             ck_assert_int_eq(tdit_req_stats(r[k])->replayed + tdit_req_stats(r[k])->captured + tdit_req_stats(r[k])->eager, 4);
+            ck_assert_int_eq(tdit_req_stats(r[k])->batched, 4);  /* every step in the mix */
+            ck_assert_int_eq(tdit_req_stats(a[k])->batched, 0);  /* its twin alone */
             tdit_req_destroy(&r[k]);
             tdit_req_destroy(&a[k]);
         }

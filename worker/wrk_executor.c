@@ -198,6 +198,7 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
     r->stats.replayed = (uint64_t)rs->replayed;
     r->stats.eager = (uint64_t)rs->eager;
     r->stats.seconds = rs->seconds;
+    r->stats.batched = (uint64_t)rs->batched;
     for (int i = 0; i < CAP_DECLINE_COUNT && r->stats.declines.n < MSG_MAX_COUNTS; i++) {
         if (!rs->declines[i]) continue;
         msg_count_t *c = &r->stats.declines.e[r->stats.declines.n++];
@@ -266,6 +267,7 @@ static void stats_add(tdit_run_stats_t *dst, const tdit_run_stats_t *src) {
     dst->captured += src->captured;
     dst->replayed += src->replayed;
     dst->eager += src->eager;
+    dst->batched += src->batched;
     for (int i = 0; i < CAP_DECLINE_COUNT; i++) dst->declines[i] += src->declines[i];
 }
 

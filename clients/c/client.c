@@ -162,6 +162,7 @@ static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
     res->first_version = r->first_version;
     res->captured = (int)r->stats.captured;
     res->replayed = (int)r->stats.replayed;
+    res->batched = (int)r->stats.batched;
     res->eager = (int)r->stats.eager;
     res->seconds = r->stats.seconds;
     size_t off = 0;

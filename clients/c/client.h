@@ -92,6 +92,7 @@ typedef struct {
     uint64_t version;           /* weights of the last step */
     uint64_t first_version;     /* ... of the first (differs if a sync landed in between) */
     int captured, replayed, eager;
+    int batched;                /* of the steps, those run batched with other requests */
     double seconds;
     char key_hash[24];
     char declines[256];         /* "warming_up=2,override=1" */

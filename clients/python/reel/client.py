@@ -68,7 +68,7 @@ class GenResult:
     """What a GEN returned: .latent (numpy, or torch when the inputs were
     torch tensors), .worker, .version (weights of its last step),
     .first_version, .versions (the weight version of every step), .stats
-    (the RESULT's stats map: captured, replayed, eager, declines, seconds),
+    (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched),
     .key_hash and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
@@ -124,6 +124,12 @@ class GenResult:
     @property
     def eager(self):
         return self.stats.get("eager", 0)
+
+    @property
+    def batched(self):
+        """Of its steps, those the worker ran in one step with other requests
+        (each bitwise the step alone)."""
+        return self.stats.get("batched", 0)
 
     @property
     def declines(self):

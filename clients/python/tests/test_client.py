@@ -577,6 +577,8 @@ class BatchingTests(unittest.TestCase):
             self.assertEqual(mixed0, 0)
             batched, mixed = self.serve(d, "batched", w, jobs, "--max-batch", "4", "--batching", "always")
             self.assertGreater(mixed, 0, "the queued requests shared steps")
+            self.assertEqual(sum(r.batched for r in alone.values()), 0)
+            self.assertGreater(sum(r.batched for r in batched.values()), 0, "results say which steps were batched")
             for k, kw in enumerate(jobs):
                 a, b = alone[k], batched[k]
                 self.assertTrue(np.array_equal(a.latent, b.latent), f"request {k}: latent")
