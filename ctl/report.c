@@ -325,6 +325,7 @@ int ctl_report_requests(cat_t *c, bool json, FILE *out) {
         { "captured", "captured", CTL_F_NUM, 0 },
         { "replayed", "replayed", CTL_F_NUM, 0 },
         { "eager", "eager", CTL_F_NUM, 0 },
+        { "batched_steps", "batched", CTL_F_NUM, 0 },
         { "seconds", "seconds", CTL_F_SECS, 0 },
         { "encode_seconds", "encode", CTL_F_SECS, 0 },
         { "decode_seconds", "decode", CTL_F_SECS, 0 },

@@ -154,6 +154,10 @@ for mode in ladder exact; do
         [ "$bs" = "$((SAMPLES - (STEPS - MIXED)))" ] &&
             ok "ladder: the catalog's batched_steps ($bs) are the request steps of the $MIXED mixed steps" ||
             bad "ladder: catalog batched_steps $bs, expected $((SAMPLES - (STEPS - MIXED)))"
+        rb=$("$R" requests --catalog "$D/reel.db" --json 2>/dev/null |
+            $PY -c 'import json,sys; print(sum(r["batched_steps"] for r in json.load(sys.stdin)))' 2>/dev/null)
+        [ "$rb" = "$bs" ] && "$R" requests --catalog "$D/reel.db" 2>/dev/null | head -1 | grep -q batched &&
+            ok "ladder: reelctl requests shows them (a batched column; $rb in all)" || bad "reelctl requests: batched $rb"
         nb=$(cat "$D"/ladder.*.err | grep -c "batched with other requests")
         [ "$nb" -gt 0 ] && ok "ladder: reelctl gen says so for $nb requests" || { bad "ladder: gen never says batched"; show "$D/ladder.0.err"; }
     fi
