@@ -81,6 +81,15 @@ out:
     return rc;
 }
 
+/* The kept verdict for a shape, or NULL. The caller holds mu. */
+static const verdict_t *find(int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
+    for (int i = 0; i < nverdicts; i++) {
+        const verdict_t *v = &verdicts[i];
+        if (v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu) return v;
+    }
+    return NULL;
+}
+
 void tdit_gemm_merge_set_policy(int p) {
     pthread_mutex_lock(&mu);
     policy = p;
@@ -115,13 +124,11 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
         pthread_mutex_unlock(&mu);
         return false;
     }
-    for (int i = 0; i < nverdicts; i++) {
-        const verdict_t *v = &verdicts[i];
-        if (v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu) {
-            bool ok = v->ok;
-            pthread_mutex_unlock(&mu);
-            return ok;
-        }
+    const verdict_t *known = find(n, B, K, N, gelu);
+    if (known) {
+        bool ok = known->ok;
+        pthread_mutex_unlock(&mu);
+        return ok;
     }
     pthread_mutex_unlock(&mu);
     /* Asked outside the lock (a probe runs GEMMs); two threads may ask
@@ -131,13 +138,9 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
     if (r < 0) return false; /* not asked: no verdict kept, asked again next time */
     bool ok = r == 1;
     pthread_mutex_lock(&mu);
-    bool known = false;
-    for (int i = 0; i < nverdicts && !known; i++) {
-        const verdict_t *v = &verdicts[i];
-        known = v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu;
-    }
-    if (!known && nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ n, B, K, N, gelu, ok };
-    else if (!known) ok = false;
+    if ((known = find(n, B, K, N, gelu))) ok = known->ok; /* another thread asked first */
+    else if (nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ n, B, K, N, gelu, ok };
+    else ok = false;
     pthread_mutex_unlock(&mu);
     return ok;
 }

@@ -606,7 +606,9 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
     /* Read under the same lock: the version this step ran on. */
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
     pthread_rwlock_unlock(&w->step_lock);
-    if (rc == 0 && res.ran != CAP_RAN_CAPTURED && tdit_req_batch(j->req) == 1 &&
+    /* what a step alone costs, for --batching auto to weigh (only where it batches) */
+    if (rc == 0 && res.ran != CAP_RAN_CAPTURED && w->opt->max_batch > 1 && !w->opt->batch_always &&
+        tdit_req_batch(j->req) == 1 &&
         !tdit_solver_multistep(tdit_req_shape(j->req)->solver))
         cost_note(cost_of(st, j->req), false, dt);
     if (rc != 0) {
@@ -680,7 +682,8 @@ static void step_mixed(wrk_stream_t *st, wrk_job_t **jobs, int n) {
         double dt = reel_mono_s() - t0;
         v = cap_component_version(w->cache, TDIT_COMPONENT);
         pthread_rwlock_unlock(&w->step_lock);
-        if (rc == 0 && res.ran != CAP_RAN_CAPTURED) cost_note(cost_of(st, reqs[0]), true, dt / n);
+        if (rc == 0 && res.ran != CAP_RAN_CAPTURED && !w->opt->batch_always)
+            cost_note(cost_of(st, reqs[0]), true, dt / n);
     }
     if (rc != 0 && !advanced) {
         wrk_log(w, "stream %d: a batch of %d could not run (%s); each steps alone", st->idx, n, reel_err_text());
