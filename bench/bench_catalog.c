@@ -107,7 +107,7 @@ static double build(const char *path, long n, long *captures, long *evictions, i
         int cap = !captured[k];
         if (cap) {
             snprintf(text, sizeof text, "dit step 16x32x32 w%d k%d", w, k);
-            if (cat_capture(c, worker[w], text, key[k], 0, 1 << 20, 420, 0.8, version, t) != 0) die("capture");
+            if (cat_capture(c, worker[w], text, key[k], 0, 1 << 20, 420, 0.8, version, NULL, t) != 0) die("capture");
             captured[k] = true;
             (*captures)++;
             records++;

@@ -39,6 +39,7 @@
 #include "broker/brk_counters.h"
 #include "broker/brk_catq.h"
 #include "broker/brk_opts.h"
+#include "broker/brk_hot.h"
 #include "broker/brk_route.h"
 #include "schema/msg.h"
 
@@ -76,6 +77,8 @@ typedef struct brk_worker {
     int n_syncs;
     uint64_t keys[BRK_KEYS_RECENT];
     int n_keys;
+    int prewarm_want;          /* READY "prewarm": hot keys it asked for (0: none) */
+    bool prewarm_sent;         /* its PREWARM went out (once its join syncs were answered) */
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;
     char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
@@ -202,6 +205,8 @@ typedef struct {
     uint64_t replies_suppressed;     /* answers to bad messages not sent: over the peer's budget, or an unknown worker */
     brk_bucket_t replies[BRK_REPLY_SLOTS];
     brk_shard_memo_t shard_memo;     /* shard hashes of recent GENs' inputs */
+    brk_hot_t hot;                   /* the keys hot lately, with their shapes (brk_hot.h): prewarm */
+    uint64_t prewarm_keys_sent;      /* keys sent in PREWARMs */
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */

@@ -237,6 +237,15 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->loop = brk_loop_kind(g->sde, msg_gen_solver(g));
     r->needs = 1u << r->loop | (g->prompt && *g->prompt ? 1u << BRK_CAP_PROMPT : 0u) |
                (msg_gen_decodes(g) ? 1u << BRK_CAP_DECODE : 0u);
+    {
+        /* its key heats up: what a starting worker captures first (prewarm) */
+        brk_hot_key_t hk = { .hash = shard, .cfg = msg_gen_guided(g), .loop = r->loop, .needs = r->needs,
+                             .n = (int64_t)msg_gen_n(g) };
+        memcpy(hk.model, r->model, sizeof hk.model);
+        memcpy(hk.latent, g->latent_shape, sizeof hk.latent);
+        memcpy(hk.context, ctx, sizeof hk.context);
+        brk_hot_note(&b->hot, &hk, brk_now_ms());
+    }
     /* "version" is the oldest weights the request may run on: a trainer
      * asking for an older version than the current one may be served by a
      * worker that lags on the newest (brk_sync.c); without it, a request

@@ -58,6 +58,7 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     w->streams = (int)r->streams;
     w->budget = r->budget;
     w->ready_ms = w->seen_ms = brk_now_ms();
+    w->prewarm_want = (int)r->prewarm;
     b->w[b->n_w++] = w;
 
     brk_log("worker %s ready (%s, %d stream%s)", w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");
@@ -92,7 +93,8 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         }
         msg_hex64(e->key_hash, hash);
         if (!strcmp(e->kind, "capture"))
-            brk_cq_capture(b->cat, wn, e->key, hash, (int)e->stream, e->bytes, e->nodes, e->seconds, version);
+            brk_cq_capture(b->cat, wn, e->key, hash, (int)e->stream, e->bytes, e->nodes, e->seconds, version,
+                           !strcmp(e->reason, "prewarm") ? "prewarm" : "demand");
         else if (!strcmp(e->kind, "decline") && e->reason[0])
             brk_cq_decline(b->cat, wn, e->key, hash, e->reason, e->count);
         else if (!strcmp(e->kind, "evict") && e->reason[0])
@@ -112,7 +114,56 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
     if (skipped) brk_log("worker %s: %zu bad EVENTS entr%s skipped", wn, skipped, skipped == 1 ? "y" : "ies");
 }
 
+/* Keys heated by at least one request within about a half-life. */
+#define PREWARM_MIN_HEAT 0.5
+
+static const char *loop_solver(int loop) {
+    return loop == BRK_LOOP_UNIPC ? "unipc" : loop == BRK_LOOP_DPMPP ? "dpm++" : "euler";
+}
+
+/* w's PREWARM, once: the hottest keys it owns now, sent after the syncs
+ * it was sent on joining are answered (so it captures on the version it
+ * will serve). An empty list goes too: the worker stops waiting. */
+static void prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
+    if (!w->prewarm_want || w->prewarm_sent || w->dead || !w->route.routable) return;
+    for (int i = 0; i < w->n_syncs; i++)
+        if (w->syncs[i].waiting) return;
+    const brk_peer_t *peers[b->n_w ? b->n_w : 1];
+    int n = 0, self = -1;
+    for (int i = 0; i < b->n_w; i++) {
+        if (b->w[i]->dead) continue;
+        if (b->w[i] == w) self = n;
+        peers[n++] = &b->w[i]->route;
+    }
+    const brk_hot_key_t *hot[MSG_MAX_PREWARM];
+    int want = w->prewarm_want < MSG_MAX_PREWARM ? w->prewarm_want : MSG_MAX_PREWARM;
+    int k = brk_hot_owned(&b->hot, now, peers, n, self, PREWARM_MIN_HEAT, hot, want);
+    msg_prewarm_key_t keys[MSG_MAX_PREWARM];
+    for (int i = 0; i < k; i++) {
+        msg_prewarm_key_t *x = &keys[i];
+        memset(x, 0, sizeof *x);
+        snprintf(x->model, sizeof x->model, "%s", hot[i]->model);
+        memcpy(x->latent_shape, hot[i]->latent, sizeof x->latent_shape);
+        x->text_len = (uint64_t)hot[i]->context[0];
+        x->text_dim = (uint64_t)hot[i]->context[1];
+        x->cfg = hot[i]->cfg;
+        x->n = hot[i]->n > 1 ? (uint64_t)hot[i]->n : 1;
+        snprintf(x->solver, sizeof x->solver, "%s", loop_solver(hot[i]->loop));
+        x->sde = hot[i]->loop == BRK_LOOP_SDE;
+        x->key_hash = hot[i]->hash;
+        double heat = brk_hot_heat(hot[i], now);
+        x->requests = heat < 1 ? 1 : (uint64_t)(heat + 0.5);
+    }
+    msg_prewarm_t p = { keys, (size_t)k };
+    if (brk_worker_send(b, w, MSG_PREWARM, 0, &p, NULL) != 0) return; /* unreachable: again when it speaks */
+    w->prewarm_sent = true;
+    b->prewarm_keys_sent += (uint64_t)k;
+    brk_log("worker %s: PREWARM with %d of the %d hot key%s it owns asked", w->route.name, k, w->prewarm_want,
+            w->prewarm_want == 1 ? "" : "s");
+}
+
 void brk_workers_timers(brk_t *b, int64_t now) {
+    for (int i = 0; i < b->n_w; i++) prewarm(b, b->w[i], now);
     if (now >= b->next_heartbeat_ms) {
         b->next_heartbeat_ms = now + b->opt.heartbeat_ms;
         for (int i = 0; i < b->n_w; i++) {

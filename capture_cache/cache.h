@@ -141,10 +141,15 @@ bool cap_reason_permanent(cap_reason_t r);
 #define CAP_CAPTURE_TRIES 3
 
 typedef enum { CAP_EV_CAPTURE, CAP_EV_DECLINE, CAP_EV_EVICT } cap_event_kind_t;
+/* A CAPTURE event's reason: what asked for the capture. */
+typedef enum { CAP_CAPTURE_DEMAND = 0, CAP_CAPTURE_PREWARM = 1 } cap_capture_origin_t;
+/* "demand", "prewarm"; "?" when out of range. */
+const char *cap_capture_origin_name(int origin);
 
 typedef struct {
     cap_event_kind_t kind;
-    int reason;                 /* cap_reason_t (DECLINE) or cap_evict_reason_t (EVICT) */
+    int reason;                 /* cap_reason_t (DECLINE), cap_evict_reason_t (EVICT) or
+                                 * cap_capture_origin_t (CAPTURE) */
     const char *key_text;       /* valid during the callback only */
     uint64_t key_hash;
     int stream;                 /* stream index in this cache, from 0 */
@@ -240,6 +245,10 @@ typedef struct {
     int n_consts;                    /* 0..CAP_MAX_CONSTS */
     bool not_capturable;             /* eager break: SDE step, no static form */
     bool override;                   /* eager break: interceptor override */
+    bool prewarm;                    /* capture now if the entry is still in warmup (its
+                                      * first call: no input pinned); the CAPTURE event's
+                                      * reason says CAP_CAPTURE_PREWARM. A call like any
+                                      * other otherwise (an entry READY replays) */
 } cap_call_t;
 
 typedef enum { CAP_RAN_EAGER, CAP_RAN_CAPTURED, CAP_RAN_REPLAYED } cap_ran_t;
@@ -251,6 +260,7 @@ typedef struct {
 
 typedef struct {
     uint64_t calls, captures, replays, eager_runs, verifies, reverifies;
+    uint64_t prewarm_captures;       /* of captures: asked by a prewarm call (cap_call_t) */
     uint64_t audits;                 /* replays audited against eager (mismatches: declines) */
     uint64_t transient_runs;         /* eager calls in a transient workspace (busy, budget) */
     uint64_t declines[CAP_DECLINE_COUNT];

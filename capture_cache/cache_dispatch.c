@@ -157,7 +157,10 @@ static void decide(dispatch_t *d) {
         d->reason = e->disabled_reason;
         break;
     case ST_WARMUP:
-        d->reason = CAP_DECLINE_WARMING_UP;
+        /* A prewarm skips the rest of warmup: nothing is pinned (no
+         * address was seen twice), so any later call's inputs fit. */
+        if (d->call->prewarm) d->path = P_CAPTURE;
+        else d->reason = CAP_DECLINE_WARMING_UP;
         break;
     case ST_BUDGET:
         if (!c->opt.budget_bytes || c->st.bytes_held + e->budget_need <= c->opt.budget_bytes)

@@ -25,6 +25,9 @@ const char *cap_reason_name(cap_reason_t r) {
 const char *cap_evict_reason_name(cap_evict_reason_t r) {
     return (unsigned)r < CAP_EVICT_COUNT ? evict_names[r] : "?";
 }
+const char *cap_capture_origin_name(int origin) {
+    return origin == CAP_CAPTURE_DEMAND ? "demand" : origin == CAP_CAPTURE_PREWARM ? "prewarm" : "?";
+}
 const char *cap_policy_name(cap_policy_t p) {
     return p == CAP_POLICY_EVICT ? "evict" : p == CAP_POLICY_INPLACE ? "inplace" : "?";
 }

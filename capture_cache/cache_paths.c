@@ -115,18 +115,19 @@ out:
 /* The verified graph g of e is held if the budget has room for it (LRU
  * entries are evicted to make it): true when held, its capture counted
  * and queued as an event. */
-static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, evq_t *q, double t0, double *secs) {
+static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, bool prewarm, evq_t *q, double t0, double *secs) {
     size_t gb = kern_graph_bytes(g);
     cap_lock(&c->lock);
     bool fits = cap_make_room(c, e, gb, q);
     if (fits) {
         cap_admit_graph(c, e, gb);
         c->st.captures++;
+        if (prewarm) c->st.prewarm_captures++;
         c->st.verifies++;
         *secs = reel_mono_s() - t0;
         c->st.capture_seconds += *secs;
         reel_hist_observe(&c->st.capture_hist, *secs);
-        cap_evq_push(q, CAP_EV_CAPTURE, 0, e, gb + e->ws_bytes, kern_graph_nodes(g), *secs, NULL, 0, 0);
+        cap_evq_push(q, CAP_EV_CAPTURE, prewarm ? CAP_CAPTURE_PREWARM : CAP_CAPTURE_DEMAND, e, gb + e->ws_bytes, kern_graph_nodes(g), *secs, NULL, 0, 0);
     }
     cap_unlock(&c->lock);
     if (!fits) e->budget_need = gb;
@@ -171,7 +172,7 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
     }
     e->graph = g;
     int v = verify(e, s, call, bad);
-    if (v == 1 && publish(c, e, g, q, t0, secs)) return 0;
+    if (v == 1 && publish(c, e, g, call->prewarm, q, t0, secs)) return 0;
     e->graph = NULL;
     kern_graph_destroy(&g);
     if (v < 0) return -1;

@@ -358,11 +358,15 @@ static json_t *build_keys_from(cat_t *c, const char *totals) {
              " max(last_replay) AS last_replay FROM %s GROUP BY key_hash"
              " HAVING sum(captures) + sum(replays) > 0),"
              " d AS (SELECT key_hash, sum(count) AS declines FROM declines GROUP BY key_hash),"
+             " p AS (SELECT key_hash, count(*) AS prewarms FROM captures WHERE origin = 'prewarm'"
+             " AND placeholder = 0 GROUP BY key_hash),"
              " a AS (SELECT key_hash FROM k UNION SELECT key_hash FROM d)"
              " SELECT a.key_hash AS key_hash, x.key_text AS key_text, coalesce(k.captures, 0) AS captures,"
+             " coalesce(p.prewarms, 0) AS prewarms,"
              " coalesce(k.replays, 0) AS replays, coalesce(d.declines, 0) AS declines,"
              " k.last_replay AS last_replay FROM a LEFT JOIN k ON k.key_hash = a.key_hash"
-             " LEFT JOIN d ON d.key_hash = a.key_hash LEFT JOIN key_texts x ON x.key_hash = a.key_hash"
+             " LEFT JOIN d ON d.key_hash = a.key_hash LEFT JOIN p ON p.key_hash = a.key_hash"
+             " LEFT JOIN key_texts x ON x.key_hash = a.key_hash"
              " ORDER BY replays DESC, a.key_hash", totals);
     json_t *rows = query_rows(c, sql), *index = json_object(), *pairs = NULL;
     int bad = !rows || !index;

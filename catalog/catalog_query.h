@@ -20,7 +20,7 @@
  * replays, steps, replayed_steps, eager_breaks, declines, evictions,
  * hit_rate, hit_rate_from, declines_by_reason, evictions_by_reason}. */
 json_t *cat_query_stats(cat_t *c);
-/* [{key_hash, key_text, captures, replays, declines, last_replay,
+/* [{key_hash, key_text, captures, prewarms (captures a prewarm made), replays, declines, last_replay,
  * workers}], most replayed first. */
 json_t *cat_query_keys(cat_t *c);
 /* The 50 newest evictions, newest first. */

@@ -112,17 +112,18 @@
 
 /* A graph captured and verified. version: the weight version the worker
  * ran when the broker got the event (the summaries' version; not a column
- * of captures). The same capture reported twice is one capture: the
+ * of captures). origin: "demand" (NULL: the same) or "prewarm" (a capture
+ * a starting worker made before any request of the key: --prewarm). The same capture reported twice is one capture: the
  * second changes nothing (it only turns a placeholder row into a capture). */
 #define CAT_CAPTURE(F)                                                                             \
     F(TEXT, worker) F(TEXT, key_text) F(TEXT, key_hash) F(INT, stream) F(U64, bytes) F(U64, nodes) \
-    F(F64, seconds) F(U64, version) F(TIME, t)
+    F(F64, seconds) F(U64, version) F(OPT, origin) F(TIME, t)
 #define CAT_SQL_CAPTURE                                                                            \
-    "INSERT INTO captures (worker, stream, key_text, key_hash, capture_seconds, bytes, nodes, t)"  \
-    " VALUES (?1, ?4, ?2, ?3, ?7, ?5, ?6, ?9)"                                                     \
+    "INSERT INTO captures (worker, stream, key_text, key_hash, capture_seconds, bytes, nodes,"     \
+    " origin, t) VALUES (?1, ?4, ?2, ?3, ?7, ?5, ?6, coalesce(?9, 'demand'), ?10)"                 \
     " ON CONFLICT (worker, key_hash, stream, t) DO UPDATE SET key_text = excluded.key_text,"       \
     " capture_seconds = excluded.capture_seconds, bytes = excluded.bytes,"                         \
-    " nodes = excluded.nodes, placeholder = 0 WHERE placeholder = 1"
+    " nodes = excluded.nodes, origin = excluded.origin, placeholder = 0 WHERE placeholder = 1"
 
 /* `count` more replays of the newest capture of (worker, key_hash,
  * stream). Replays whose capture was never reported (a lost message, a

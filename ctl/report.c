@@ -230,6 +230,7 @@ int ctl_report_keys(cat_t *c, bool json, FILE *out) {
         { "key_hash", "key_hash", CTL_F_TEXT, 16 },
         { "workers", "workers", CTL_F_LIST, 40 },
         { "captures", "captures", CTL_F_NUM, 0 },
+        { "prewarms", "prewarmed", CTL_F_NUM, 0 },
         { "replays", "replays", CTL_F_NUM, 0 },
         { "declines", "declines", CTL_F_NUM, 0 },
         { "last_replay", "last_replay", CTL_F_TIME, 0 },

@@ -261,7 +261,10 @@ struct tdit_req {
     float *logp;           /* [B][steps] with LOG_PROBS */
     float *cur, *mu;       /* [B][n]: one step's x_{i+1} and μ_i, as read back */
     uint64_t uid;          /* unique in the process: what a mixed batch's rows remember */
+    bool prewarm;          /* its steps ask the cache to capture at once (tdit_req_set_prewarm) */
 };
+
+void tdit_req_set_prewarm(tdit_req_t *r, bool on) { r->prewarm = on; }
 
 static _Atomic uint64_t next_uid = 1;
 
@@ -501,7 +504,7 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
         if (r->loop.sde) in[n_in++] = st->t[st->n - 1];
         prog = tdit_program(r->shape.cfg, r->loop.sde);
     }
-    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
+    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs, .prewarm = r->prewarm };
     cap_result_t res;
     if (cap_dispatch(c, s, prog, r->m, &call, &res) != 0) return -1;
     if (req_after(r, s, &key, (uint64_t)version, sv, &res, t0) != 0) return -1;

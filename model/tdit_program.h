@@ -102,6 +102,11 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
                                const tdit_loop_t *p, const uint64_t *seeds, const float *latent,
                                const float *context, const float *uncond);
 void tdit_req_destroy(tdit_req_t **r);
+/* Marks r a prewarm: each of its steps asks the cache to capture its key
+ * at once, skipping warmup (cap_call_t.prewarm), so a later request of the
+ * same key replays from its first step. For a request whose inputs do not
+ * matter (zeros): its results are never read. */
+void tdit_req_set_prewarm(tdit_req_t *r, bool on);
 /* Runs the next step through c on s; res may be NULL. -1 with a message. */
 int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t *res);
 int tdit_req_steps_done(const tdit_req_t *r);

@@ -1,10 +1,10 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 10): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 11): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
 -- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
--- puts them; 7: the summaries reports read; 8, 9 and 10 at the end of this file).
+-- puts them; 7: the summaries reports read; 8 to 11 at the end of this file).
 -- tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
@@ -307,3 +307,8 @@ ALTER TABLE weight_versions ADD COLUMN adapter TEXT;
 -- Migration 10: of a request's steps, those run in a mixed batch with
 -- other requests (reel-worker --max-batch; docs/CAPTURE.md).
 ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;
+
+-- Migration 11: what asked for a capture: a request ('demand') or a
+-- starting worker's prewarm of a key hot lately ('prewarm', reel-worker
+-- --prewarm; docs/CAPTURE.md).
+ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';

@@ -391,8 +391,12 @@ const char cat_schema_v9_sql[] =
  * batch with other requests. */
 const char cat_schema_v10_sql[] = "ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;\n";
 
+/* Migration 11 (issue 29): what asked for a capture: a request
+ * ('demand') or a starting worker's prewarm ('prewarm'). */
+const char cat_schema_v11_sql[] = "ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
-                                       cat_schema_v10_sql };
+                                       cat_schema_v10_sql, cat_schema_v11_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

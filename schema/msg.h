@@ -61,6 +61,7 @@ extern "C" {
 #define MSG_MAX_COMPONENTS 8             /* weight components one worker reports */
 #define MSG_MAX_COUNTS 32                /* reasons in RESULT stats.declines */
 #define MSG_KEYS_RECENT 32               /* shard keys STATUS lists per worker */
+#define MSG_MAX_PREWARM 64               /* keys one PREWARM carries (READY "prewarm" at most) */
 #define MSG_VERSION_MAX ((uint64_t)INT64_MAX) /* weight versions: [1, 2^63) (0: none/current) */
 #define MSG_PATH_MAX 1024                /* a SYNC path: at most 1023 bytes (incl. NUL) */
 
@@ -87,7 +88,8 @@ extern "C" {
     X(UPLOAD, upload, msg_upload_t)                   \
     X(UPLOAD_ACK, upload_ack, msg_upload_ack_t)       \
     X(FETCH, fetch, msg_fetch_t)                      \
-    X(FETCH_DATA, fetch_data, msg_fetch_data_t)
+    X(FETCH_DATA, fetch_data, msg_fetch_data_t)      \
+    X(PREWARM, prewarm, msg_prewarm_t)
 
 typedef enum {
 #define MSG_ENUM(T, n, S) MSG_##T,
@@ -335,7 +337,30 @@ typedef struct {
     size_t n_solvers;
     char text_encoder[MSG_NAME_MAX]; /* "" (absent): no text encoder; else its config name: takes GEN prompt */
     char vae[MSG_NAME_MAX];          /* "" (absent): no VAE; else its config name: takes GEN output frames/video */
+    uint64_t prewarm;                /* 0 (absent); else 1..MSG_MAX_PREWARM: the hot keys it will own that
+                                      * it asks for (PREWARM) to capture before their requests come */
 } msg_ready_t;
+
+/* PREWARM (broker -> worker): the keys a starting worker is expected to
+ * serve that were hot lately, hottest first: each as the shapes a GEN of
+ * it has (what its capture key is made of; docs/PROTOCOL.md "Routing"). */
+typedef struct {
+    char model[MSG_NAME_MAX];    /* required */
+    int64_t latent_shape[4];     /* required: [C, F, H, W] */
+    uint64_t text_len;           /* required: context rows L (the key's, after padding) */
+    uint64_t text_dim;           /* required: T */
+    bool cfg;                    /* an unconditional branch too */
+    uint64_t n;                  /* samples (1: a single request; a group's n) */
+    char solver[16];             /* "euler" (default), "unipc" or "dpm++" */
+    bool sde;
+    uint64_t key_hash;           /* required: its shard hash */
+    uint64_t requests;           /* requests of it the broker routed lately (decayed count), 0 */
+} msg_prewarm_key_t;
+
+typedef struct {
+    const msg_prewarm_key_t *keys;
+    size_t n_keys;
+} msg_prewarm_t;
 
 /* EVENTS entries */
 typedef struct {
@@ -492,6 +517,7 @@ int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const ch
 #define MSG_TYPED_msg_upload_ack_t(T, n) MSG_TYPED_BODY(T, n, msg_upload_ack_t)
 #define MSG_TYPED_msg_fetch_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_t)
 #define MSG_TYPED_msg_fetch_data_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_data_t)
+#define MSG_TYPED_msg_prewarm_t(T, n) MSG_TYPED_BODY(T, n, msg_prewarm_t)
 /* msg_gen_decode, msg_gen_send, msg_gen_forward, ... for every type with a
  * body; types without one use msg_send(sock, to, MSG_X, id, NULL, NULL). */
 #define MSG_TYPED(T, n, S) MSG_TYPED_##S(T, n)
@@ -522,6 +548,9 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
 /* READY: at most 16 models, each a model name, configs only of them. */
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
+/* PREWARM: at most MSG_MAX_PREWARM keys, each a latent shape GEN would
+ * take, a known solver (not with sde), n 1..MSG_MAX_GROUP. */
+int msg_prewarm_validate(const msg_prewarm_t *p, wire_err_t *err);
 /* The "chunk" tensor of UPLOAD and FETCH_DATA: n bytes at p as U8 [n]. */
 wire_tensor_t msg_chunk(const void *p, size_t n);
 /* A chunk: U8, one dimension, 1..MSG_CHUNK_MAX bytes, inside `size`. */

@@ -263,6 +263,7 @@ static const msg_field_t ready_rows[] = {
     R_NAMES(msg_ready_t, solvers, n_solvers, "solvers", F_OMIT),
     R_NAME(msg_ready_t, text_encoder, "text_encoder", F_OMIT, 0, NULL),
     R_NAME(msg_ready_t, vae, "vae", F_OMIT, 0, NULL),
+    R_U64(msg_ready_t, prewarm, "prewarm", F_OMIT, 0, MSG_MAX_PREWARM, 0),
 };
 TABLE(ready_tab, ready_rows, msg_ready_t);
 
@@ -303,6 +304,25 @@ static const msg_field_t events_rows[] = {
     R_U64(msg_events_t, dropped, "dropped", F_OMIT, 0, UINT64_MAX, 0),
 };
 TABLE(events_tab, events_rows, msg_events_t);
+
+static const msg_field_t prewarm_key_rows[] = {
+    R_NAME(msg_prewarm_key_t, model, "model", F_REQ, MSG_MODEL_NAME_MAX - 1, NULL),
+    R_SHAPE4(msg_prewarm_key_t, latent_shape, "latent_shape", F_REQ),
+    R_U64(msg_prewarm_key_t, text_len, "text_len", F_REQ, 1, MSG_MAX_DIM, 0),
+    R_U64(msg_prewarm_key_t, text_dim, "text_dim", F_REQ, 1, MSG_MAX_DIM, 0),
+    R_BOOL(msg_prewarm_key_t, cfg, "cfg", 0, false),
+    R_U64(msg_prewarm_key_t, n, "n", 0, 1, MSG_MAX_GROUP, 1),
+    R_NAME(msg_prewarm_key_t, solver, "solver", F_OMIT, 15, NULL),
+    R_BOOL(msg_prewarm_key_t, sde, "sde", 0, false),
+    R_HASH(msg_prewarm_key_t, key_hash, "key_hash", F_REQ),
+    R_U64(msg_prewarm_key_t, requests, "requests", F_OMIT, 0, UINT64_MAX, 0),
+};
+TABLE(prewarm_key_tab, prewarm_key_rows, msg_prewarm_key_t);
+
+static const msg_field_t prewarm_rows[] = {
+    R_STRUCTS(msg_prewarm_t, keys, n_keys, msg_prewarm_key_t, "keys", F_REQ, prewarm_key_tab),
+};
+TABLE(prewarm_tab, prewarm_rows, msg_prewarm_t);
 
 /* ---- status ------------------------------------------------------------------------- */
 
@@ -369,6 +389,7 @@ const msg_desc_t msg_descs[MSG_UNKNOWN] = {
     [MSG_UPLOAD_ACK] = { "UPLOAD_ACK", &upload_ack_tab, NULL, NULL, false, NULL },
     [MSG_FETCH] = { "FETCH", &fetch_tab, NULL, NULL, false, NULL },
     [MSG_FETCH_DATA] = { "FETCH_DATA", &fetch_data_tab, fetch_data_slots, "chunk", false, NULL },
+    [MSG_PREWARM] = { "PREWARM", &prewarm_tab, NULL, NULL, false, NULL },
 };
 
 /* ---- rules across fields ---------------------------------------------------------------- */
@@ -740,6 +761,22 @@ int msg_ready_validate(const msg_ready_t *r, wire_err_t *err) {
         bool listed = false;
         for (size_t j = 0; j < r->n_models && !listed; j++) listed = !strcmp(r->configs[i].name, r->models[j]);
         if (!listed) return refuse(err, WIRE_E_BAD_REQUEST, "'configs' names model '%s', not in 'models'", r->configs[i].name);
+    }
+    return 0;
+}
+
+int msg_prewarm_validate(const msg_prewarm_t *p, wire_err_t *err) {
+    if (p->n_keys > MSG_MAX_PREWARM)
+        return refuse(err, WIRE_E_BAD_REQUEST, "'keys' must list at most %d keys (got %zu)", MSG_MAX_PREWARM, p->n_keys);
+    for (size_t i = 0; i < p->n_keys; i++) {
+        const msg_prewarm_key_t *k = &p->keys[i];
+        if (latent_shape_ok(k->latent_shape, err) != 0) return -1;
+        const char *solver = k->solver[0] ? k->solver : "euler";
+        if (strcmp(solver, "euler") && strcmp(solver, "unipc") && strcmp(solver, "dpm++"))
+            return refuse(err, WIRE_E_BAD_REQUEST, "'keys' %zu: 'solver' must be euler, unipc or dpm++ (got '%s')", i,
+                          solver);
+        if (k->sde && strcmp(solver, "euler"))
+            return refuse(err, WIRE_E_BAD_REQUEST, "'keys' %zu: 'solver' %s cannot run 'sde' steps", i, solver);
     }
     return 0;
 }

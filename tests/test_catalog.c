@@ -164,7 +164,7 @@ static json_int_t captures_seen(cat_t *c) {
 static void capture(cat_t *c, const char *worker, const char *key, int stream, double t) {
     char text[64];
     snprintf(text, sizeof text, "text-of-%s", key);
-    TS_OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, 1, t));
+    TS_OK(cat_capture(c, worker, text, key, stream, 4096, 12, 0.25, 1, NULL, t));
 }
 
 /* ---- migrations and opening -------------------------------------------- */
@@ -294,7 +294,7 @@ START_TEST(test_readonly_catalog_refuses_writes_with_message) {
     cat_close(&w);
     cat_t *r = open_ok(true);
     reel_err_clear();
-    ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1, 1), -1);
+    ck_assert_int_eq(cat_capture(r, "w", "t", "k", 0, 1, 1, 0.1, 1, NULL, 1), -1);
     ck_assert_msg(strstr(reel_err_text(), "read-only") != NULL, "message: %s", reel_err_text());
     cat_close(&r);
 }
@@ -535,7 +535,7 @@ static void forked_writer(int ready_fd, int go_fd) {
     if (!c) child_fail("open");
     if (cat_begin(c) != 0) child_fail("begin");
     for (int i = 0; i < 5; i++)
-        if (cat_capture(c, "child", "text", "kc", i, 1, 1, 0.1, 1, 500 + i) != 0) child_fail("capture");
+        if (cat_capture(c, "child", "text", "kc", i, 1, 1, 0.1, 1, NULL, 500 + i) != 0) child_fail("capture");
     if (write(ready_fd, "r", 1) != 1) child_fail("write pipe");
     char b;
     if (read(go_fd, &b, 1) != 1) child_fail("read pipe");
@@ -682,9 +682,9 @@ static void write_facts(cat_t *c) {
     TS_OK(cat_worker_version(c, "w2", "dit", 1, true, NULL, 1004));
     TS_OK(cat_worker_version(c, "w1", "dit", 2, true, NULL, 1101));
     TS_OK(cat_worker_version(c, "w2", "dit", 2, false, "sha256 mismatch", 1102));
-    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1010));
-    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1, 1011));
-    TS_OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1, 1012));
+    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, NULL, 1010));
+    TS_OK(cat_capture(c, "w1", "dit step 64x64", "k1", 1, 1000, 10, 0.5, 1, NULL, 1011));
+    TS_OK(cat_capture(c, "w1", "dit step 32x32", "k2", 0, 500, 8, 0.25, 1, NULL, 1012));
     TS_OK(cat_replays(c, "w1", "k1", 0, 6, 1, 1020));
     TS_OK(cat_replays(c, "w1", "k1", 1, 3, 1, 1021));
     TS_OK(cat_replays(c, "w1", "k2", 0, 1, 1, 1022));
@@ -766,7 +766,7 @@ END_TEST
 START_TEST(test_keys_report_lists_each_key_with_workers_captures_and_replays) {
     cat_t *w = open_ok(false);
     write_facts(w);
-    TS_OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, 1200));
+    TS_OK(cat_capture(w, "w2", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, NULL, 1200));
     cat_t *c = open_ok(true);
     json_t *j = report_json(c, ctl_report_keys);
     ck_assert_int_eq(json_array_size(j), 3);
@@ -1118,11 +1118,11 @@ END_TEST
  * evictions between it and the next, --since narrows the range. */
 START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1005));          /* before the first sync */
+    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1005));          /* before the first sync */
     TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
-    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, 1012));
-    TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, 1013));
+    TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1012));
+    TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, NULL, 1013));
     TS_OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
@@ -1171,7 +1171,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *hash = "h'||'x";
     cat_t *c = open_ok(false);
     TS_OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
-    TS_OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, 2));
+    TS_OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, NULL, 2));
     TS_OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
     TS_OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
     TS_OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 1, 5));
@@ -1215,7 +1215,7 @@ END_TEST
 
 START_TEST(test_control_characters_and_non_utf8_do_not_break_reports) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1, 1));
+    TS_OK(cat_capture(c, "w1", "line\none\ttab \xff\xfe", "k", 0, 1, 1, 0.1, 1, NULL, 1));
     json_t *j = report_json(c, ctl_report_keys); /* still valid JSON */
     ck_assert_ptr_nonnull(strstr(jstr(json_array_get(j, 0), "key_text"), "line\none"));
     json_decref(j);

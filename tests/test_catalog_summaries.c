@@ -142,7 +142,7 @@ static void one_record(cat_t *c, load_t *l, sums_t *into_w, sums_t *into_all, lo
             into_w[w].replayed += rep, into_all->replayed += rep;
         }
     } else if (kind < 7) {
-        TS_OK(cat_capture(c, workers[w], text, keys[k], 0, 100, 10, 0.5, v, l->t));
+        TS_OK(cat_capture(c, workers[w], text, keys[k], 0, 100, 10, 0.5, v, NULL, l->t));
         if (into_w) into_w[w].captures++, into_all->captures++, cap_at[v]++;
     } else if (kind < 9) {
         uint64_t n = 1 + rnd(l) % 5;
@@ -177,8 +177,8 @@ static void workload(cat_t *c, load_t *l, int batches) {
     }
     /* The same capture twice (a resent EVENTS): one capture. */
     l->t += 1;
-    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
-    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, l->t));
+    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, NULL, l->t));
+    TS_OK(cat_capture(c, "w0", "dup", keys[0], 0, 1, 1, 0.1, 1, NULL, l->t));
     l->by_worker[0].captures++, l->all.captures++, l->captures_at[1]++;
 }
 
@@ -300,7 +300,7 @@ START_TEST(test_report_inside_a_batch_sees_its_summaries_and_rollback_drops_them
     TS_OK(cat_request(c, 1, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 1.7e9));
     TS_OK(cat_begin(c));
     TS_OK(cat_request(c, 2, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 1.7e9 + 1));
-    TS_OK(cat_capture(c, "w0", "t", keys[1], 0, 1, 1, 0.1, 1, 1.7e9 + 2));
+    TS_OK(cat_capture(c, "w0", "t", keys[1], 0, 1, 1, 0.1, 1, NULL, 1.7e9 + 2));
     json_t *st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 2);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "captures"), 1);
@@ -467,10 +467,10 @@ START_TEST(test_report_since_counts_stats_and_keys_from_the_hours_in_range) {
     cat_t *c = open_ok(false);
     double h0 = 3600.0 * 500000;
     for (int i = 0; i < 6; i++) TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, h0 + 10 + i));
-    TS_OK(cat_capture(c, "w0", "t0", keys[0], 0, 1, 1, 0.1, 1, h0 + 20));
+    TS_OK(cat_capture(c, "w0", "t0", keys[0], 0, 1, 1, 0.1, 1, NULL, h0 + 20));
     for (int i = 0; i < 4; i++)
         TS_OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", 0.0, 0.0, 0, h0 + 7200 + i));
-    TS_OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, h0 + 7210));
+    TS_OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, NULL, h0 + 7210));
     json_t *r = cat_query_report(c, h0 + 7200);
     TS_NEW(r);
     json_t *all = json_object_get(json_object_get(r, "stats"), "overall");
@@ -547,12 +547,12 @@ START_TEST(test_prune_by_age_is_not_stopped_by_graphs_still_replayed) {
     TS_OK(cat_begin(c));
     for (int i = 0; i < 3000; i++) { /* captured early, replayed until now */
         snprintf(key, sizeof key, "%016x", i);
-        TS_OK(cat_capture(c, "w0", "t", key, 0, 1, 1, 0.1, 1, 1000.0 + i));
+        TS_OK(cat_capture(c, "w0", "t", key, 0, 1, 1, 0.1, 1, NULL, 1000.0 + i));
         TS_OK(cat_replays(c, "w0", key, 0, 2, 1, 9.0e5));
     }
     for (int i = 0; i < 5000; i++) { /* captured and evicted long ago */
         snprintf(key, sizeof key, "%016x", 100000 + i);
-        TS_OK(cat_capture(c, "w1", "t", key, 0, 1, 1, 0.1, 1, 5000.0 + i));
+        TS_OK(cat_capture(c, "w1", "t", key, 0, 1, 1, 0.1, 1, NULL, 5000.0 + i));
     }
     TS_OK(cat_commit(c));
     int64_t n;

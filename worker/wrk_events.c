@@ -121,7 +121,7 @@ void wrk_events_on_cache(void *user, const cap_event_t *ev) {
         e->map[ev->stream] = tl_stream;
     const char *reason = ev->kind == CAP_EV_EVICT ? cap_evict_reason_name((cap_evict_reason_t)ev->reason)
                          : ev->kind == CAP_EV_DECLINE ? cap_reason_name((cap_reason_t)ev->reason)
-                                                      : NULL;
+                                                      : cap_capture_origin_name(ev->reason);
     if (ev->kind == CAP_EV_DECLINE) {
         entry_t *m = merge_target(e, ev->key_hash, reason);
         if (m) {
@@ -215,6 +215,7 @@ static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
     ev->count = 1;
     switch (x->kind) {
     case CAP_EV_CAPTURE:
+        if (x->reason) snprintf(ev->reason, sizeof ev->reason, "%s", x->reason); /* demand or prewarm */
         ev->stream = x->stream;
         ev->bytes = x->bytes;
         ev->nodes = x->nodes;

@@ -55,6 +55,12 @@ typedef struct {
     int nmix;
     wrk_batch_cost_t cost[WRK_MIX_POOL]; /* the kinds seen lately (replaced in turn) */
     int ncost, cost_next;
+    /* Keys to prewarm (wrk_exec_prewarm): handed in under pw_mu by the
+     * main thread, taken one per round by the stream thread. */
+    pthread_mutex_t pw_mu;
+    wrk_prewarm_t *pw;           /* pw[pw_at..npw) still to try */
+    int npw, pw_at;
+    atomic_int pw_left;          /* npw - pw_at, readable from any thread */
 } wrk_stream_t;
 
 struct wrk_exec {

@@ -342,11 +342,16 @@ static tdit_staging_t *take_staging(wrk_stream_t *st, const tdit_shape_t *sh) {
     return stg;
 }
 
+/* Hands staging set stg (taken by take_staging; NULL: none) back. */
+static void release_staging(wrk_stream_t *st, tdit_staging_t *stg) {
+    if (stg)
+        for (int i = 0; i < st->npool; i++)
+            if (st->pool[i] == stg) st->busy[i] = false;
+}
+
 /* Hands j's staging set back to the pool. */
 static void put_staging(wrk_stream_t *st, wrk_job_t *j) {
-    if (j->stg)
-        for (int i = 0; i < st->npool; i++)
-            if (st->pool[i] == j->stg) st->busy[i] = false;
+    release_staging(st, j->stg);
     j->stg = NULL;
 }
 
@@ -373,12 +378,12 @@ static void job_done(wrk_stream_t *st, wrk_job_t **jp) {
     wrk_job_free(jp);
 }
 
-/* A group's samples per batched step: all of them when that workspace fits
- * the cache budget, else halved until it does (1 at worst). */
-static int choose_chunk(const wrk_t *w, const wrk_job_t *j) {
-    int b = j->n;
+/* A group's samples per batched step: all n of them when that workspace
+ * fits the cache budget, else halved until it does (1 at worst). */
+static int chunk_for(const wrk_t *w, const tdit_shape_t *shape, int n) {
+    int b = n;
     while (b > 1 && w->opt->budget) {
-        tdit_shape_t sh = j->shape;
+        tdit_shape_t sh = *shape;
         sh.batch = b;
         size_t need = tdit_ws_size(w->model, &sh);
         if (need && need <= w->opt->budget) break;
@@ -386,6 +391,8 @@ static int choose_chunk(const wrk_t *w, const wrk_job_t *j) {
     }
     return b;
 }
+
+static int choose_chunk(const wrk_t *w, const wrk_job_t *j) { return chunk_for(w, &j->shape, j->n); }
 
 /* Starts j's request: the single request, or the group's next sub-batch
  * (chunk samples, or what is left). A sub-batch that cannot be set up
@@ -787,6 +794,114 @@ static step_t step_finish(wrk_stream_t *st, wrk_job_t *j) {
     return finish_req(st, j) ? STEP_DONE : STEP_RAN;
 }
 
+/* ---- prewarm ------------------------------------------------------------------ */
+
+/* Captures key p on this stream: one step of a request of its shape, with
+ * zero contexts, asking the cache to capture at once. Its outputs are
+ * never read; the capture (or why there was none) is logged, and the
+ * cache reports it (EVENTS: a capture with reason "prewarm"). */
+static void prewarm_one(wrk_stream_t *st, const wrk_prewarm_t *p) {
+    wrk_t *w = st->x->w;
+    const tdit_config_t *cfg = tdit_model_config(w->model);
+    size_t nc = (size_t)p->shape.text_len * (size_t)cfg->text_dim;
+    float *ctx = calloc(nc ? nc : 1, sizeof *ctx), *unc = p->shape.cfg ? calloc(nc ? nc : 1, sizeof *unc) : NULL;
+    uint64_t seeds[TDIT_MAX_BATCH] = { 0 };
+    tdit_staging_t *stg = NULL;
+    tdit_req_t *r = NULL;
+    cap_result_t res = { CAP_RAN_EAGER, CAP_DECLINE_COUNT };
+    int rc = -1;
+    double t0 = reel_mono_s();
+    if (!ctx || (p->shape.cfg && !unc)) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        goto out;
+    }
+    stg = take_staging(st, &p->shape);
+    if (!(r = tdit_req_new_group(w->model, st->ks, stg, &p->shape, &p->loop, seeds, NULL, ctx, unc))) goto out;
+    tdit_req_set_prewarm(r, true);
+    pthread_rwlock_rdlock(&w->step_lock);
+    if (atomic_load(&w->fatal)) reel_fail(REEL_E_STATE, "the weights are unusable");
+    else rc = tdit_req_step(r, w->cache, st->ks, &res);
+    pthread_rwlock_unlock(&w->step_lock);
+out:
+    if (rc != 0)
+        wrk_log(w, "stream %d: prewarm of key %016llx failed: %s", st->idx, (unsigned long long)p->shard,
+                reel_err_text());
+    else if (res.ran == CAP_RAN_CAPTURED)
+        wrk_log(w, "stream %d: prewarmed key %016llx (batch %lld) in %.3f s", st->idx,
+                (unsigned long long)p->shard, (long long)tdit_shape_batch(&p->shape), reel_mono_s() - t0);
+    else if (res.ran == CAP_RAN_REPLAYED)
+        wrk_log(w, "stream %d: key %016llx was captured already", st->idx, (unsigned long long)p->shard);
+    else
+        wrk_log(w, "stream %d: prewarm of key %016llx ran eager: %s", st->idx, (unsigned long long)p->shard,
+                cap_reason_name(res.reason));
+    tdit_req_destroy(&r);
+    release_staging(st, stg);
+    free(ctx);
+    free(unc);
+}
+
+/* Tries the next key to prewarm, unless a drain holds requests (the sync
+ * it waits for would evict the capture). True when one was tried. */
+static bool prewarm_next(wrk_stream_t *st) {
+    wrk_t *w = st->x->w;
+    if (atomic_load(&st->pw_left) == 0 || atomic_load(&w->draining) || atomic_load(&w->stop)) return false;
+    wrk_prewarm_t p;
+    pthread_mutex_lock(&st->pw_mu);
+    bool have = st->pw_at < st->npw;
+    if (have) {
+        p = st->pw[st->pw_at++];
+        atomic_store(&st->pw_left, st->npw - st->pw_at);
+    }
+    pthread_mutex_unlock(&st->pw_mu);
+    if (have) prewarm_one(st, &p);
+    return have;
+}
+
+/* The batch a request of p's shape runs with on stream i: a group is split
+ * over the streams on the CPU (wrk_exec_submit: part i, or one sample each
+ * when it has fewer samples than streams), and runs in sub-batches that
+ * fit the budget (chunk_for). */
+static int64_t prewarm_batch(const wrk_exec_t *x, const wrk_prewarm_t *p, int i) {
+    int n = (int)tdit_shape_batch(&p->shape);
+    if (n > 1 && x->n > 1 && kern_backend_kind(x->w->backend) == KERN_BACKEND_CPU)
+        n = x->n <= n ? (i + 1) * n / x->n - i * n / x->n : 1;
+    return chunk_for(x->w, &p->shape, n);
+}
+
+int wrk_exec_prewarm(wrk_exec_t *x, const wrk_prewarm_t *p, int n) {
+    if (!x || n <= 0) return 0;
+    wrk_prewarm_t *lists[WRK_MAX_STREAMS] = { 0 };
+    for (int i = 0; i < x->n; i++) {
+        if (!(lists[i] = malloc((size_t)n * sizeof *lists[i]))) {
+            for (int k = 0; k < i; k++) free(lists[k]);
+            return reel_fail(REEL_E_NOMEM, "out of memory");
+        }
+        for (int k = 0; k < n; k++) {
+            lists[i][k] = p[k];
+            lists[i][k].shape.batch = prewarm_batch(x, &p[k], i);
+        }
+    }
+    for (int i = 0; i < x->n; i++) {
+        wrk_stream_t *st = &x->s[i];
+        pthread_mutex_lock(&st->pw_mu);
+        wrk_prewarm_t *old = st->pw;
+        st->pw = lists[i];
+        st->npw = n;
+        st->pw_at = 0;
+        atomic_store(&st->pw_left, n);
+        pthread_mutex_unlock(&st->pw_mu);
+        free(old);
+        if (st->th) reel_thread_wake(st->th);
+    }
+    return 0;
+}
+
+int wrk_exec_prewarm_left(wrk_exec_t *x) {
+    int n = 0;
+    for (int i = 0; x && i < x->n; i++) n += atomic_load(&x->s[i].pw_left);
+    return n;
+}
+
 /* ---- the stream thread (base/thread.h) ------------------------------------- */
 
 /* A job ends: off the load, then freed (its RESULT, a split group's, may
@@ -820,7 +935,8 @@ static void stream_take(void *arg, void *item) {
 static int64_t stream_round(void *arg) {
     wrk_stream_t *st = arg;
     wrk_t *w = st->x->w;
-    if (!st->active) return -1; /* (the first call comes before st->th is set) */
+    if (!st->active) /* (the first call comes before st->th is set) */
+        return prewarm_next(st) && !atomic_load(&w->stop) ? 0 : -1;
     bool moved = false;
     int64_t due = 0;             /* the nearest deadline of a held job; 0: none */
     /* 1: who steps: jobs over leave, held ones wait, the rest are ready */
@@ -873,7 +989,10 @@ static int64_t stream_round(void *arg) {
         pp = &j->next;
     }
     WRK_CHECK(wrk_stream_invariants(st, (int)reel_thread_backlog(st->th)));
-    if (atomic_load(&w->stop) || !st->active) return -1;
+    /* one key to prewarm per round: the requests wait at most one capture */
+    if (prewarm_next(st)) moved = true;
+    if (atomic_load(&w->stop)) return -1;
+    if (!st->active) return moved ? 0 : -1;
     if (moved) return 0;
     if (!due) return -1;
     int64_t ms = due + 1 - wrk_mono_ms(); /* dropped once past it */
@@ -914,6 +1033,8 @@ wrk_exec_t *wrk_exec_new(wrk_t *w) {
         st->x = x;
         st->idx = i;
         atomic_init(&st->load, 0);
+        pthread_mutex_init(&st->pw_mu, NULL);
+        atomic_init(&st->pw_left, 0);
         x->n = i + 1;
         if (!(st->ks = kern_stream_new(w->backend))) goto err;
         if (!(st->push = wrk_pipe_push_new(w->zctx))) {
@@ -1066,6 +1187,8 @@ void wrk_exec_destroy(wrk_exec_t **xp) {
         for (int k = 0; k < st->npool; k++) tdit_staging_destroy(&st->pool[k]);
         for (int k = 0; k < st->nmix; k++) tdit_mix_destroy(&st->mix[k]);
         kern_stream_destroy(&st->ks);
+        free(st->pw);
+        pthread_mutex_destroy(&st->pw_mu);
     }
     free(x->s);
     free(x);

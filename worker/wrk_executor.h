@@ -22,6 +22,15 @@ wrk_exec_t *wrk_exec_new(wrk_t *w);
 /* Queues job on the stream with the fewest jobs (queued + active), taking
  * ownership. Can't fail. */
 void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job);
+/* Hands the keys p[0..n) to every stream (a request may land on any): each
+ * stream captures them in order, one per round of its requests, with zero
+ * inputs and the shape a request of the key would run there (a group's
+ * part on that stream, its sub-batch under the budget). Held while a
+ * drain holds requests. The keys are copied. 0, or -1 with a message (out
+ * of memory: nothing handed). */
+int wrk_exec_prewarm(wrk_exec_t *x, const wrk_prewarm_t *p, int n);
+/* Keys handed to the streams and not yet tried, over all streams. */
+int wrk_exec_prewarm_left(wrk_exec_t *x);
 /* The streams, and the jobs (queued + running) on stream i. */
 int wrk_exec_streams(const wrk_exec_t *x);
 int wrk_exec_stream_load(wrk_exec_t *x, int i);

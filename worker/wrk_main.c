@@ -83,6 +83,7 @@ typedef struct {
     int backoff_ms;
     reel_http_t *http;           /* --metrics; NULL without */
     int64_t next_publish;
+    bool prewarmed;              /* a PREWARM came: READY asks for none again */
 } link_t;
 
 /* ---- live metrics and health (--metrics; net/http.h) ------------------------------ */
@@ -106,6 +107,9 @@ static void render_metrics(link_t *l, reel_text_t *t) {
     cap_cache_stats(w->cache, &st);
     reel_prom_family(t, "reel_worker_captures_total", "counter", "Graphs captured and verified.");
     reel_prom_sample(t, "reel_worker_captures_total", "", (double)st.captures);
+    reel_prom_family(t, "reel_worker_prewarm_captures_total", "counter",
+                     "Of the captures, those a prewarm asked for (--prewarm) before any request of the key.");
+    reel_prom_sample(t, "reel_worker_prewarm_captures_total", "", (double)st.prewarm_captures);
     {
         /* the attention path and why, as labels (quotes and backslashes made harmless) */
         char reason[sizeof w->attention], lb[sizeof w->attention + 96];
@@ -382,6 +386,8 @@ static int send_ready(link_t *l) {
     r.versions.n = 1;
     snprintf(r.versions.e[0].name, sizeof r.versions.e[0].name, "%s", TDIT_COMPONENT);
     r.versions.e[0].n = atomic_load(&w->applied_version);
+    /* The hot keys it will own, asked until a PREWARM comes (once) */
+    r.prewarm = l->prewarmed ? 0 : (uint64_t)o->prewarm;
     return send_msg(l, MSG_READY, &r);
 }
 
@@ -460,6 +466,37 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     wrk_exec_submit(l->exec, job);
 }
 
+/* PREWARM: the keys this worker will own that were hot lately, to
+ * capture in the background (the streams, between their requests). Taken
+ * once; a key this worker cannot run is logged and skipped. */
+static void handle_prewarm(link_t *l, wire_msg_t *m) {
+    wrk_t *w = l->w;
+    wire_err_t err;
+    msg_prewarm_t p;
+    if (msg_prewarm_decode(m, &p, &err) != 0 || msg_prewarm_validate(&p, &err) != 0) {
+        wrk_log(w, "bad PREWARM: %s", err.message);
+        msg_send_error(l->dealer, NULL, m->id, err.code, "PREWARM: %s", err.message);
+        return;
+    }
+    if (l->prewarmed || !w->opt->prewarm) {
+        wrk_log(w, "PREWARM ignored: %s", l->prewarmed ? "one came already" : "--prewarm 0");
+        return;
+    }
+    l->prewarmed = true;
+    wrk_prewarm_t keys[MSG_MAX_PREWARM];
+    int n = 0;
+    for (size_t i = 0; i < p.n_keys && n < w->opt->prewarm; i++) {
+        if (wrk_prewarm_from_key(&p.keys[i], tdit_model_config(w->model), w->opt->max_tokens, &keys[n], &err) != 0) {
+            wrk_log(w, "prewarm: key %016llx skipped: %s", (unsigned long long)p.keys[i].key_hash, err.message);
+            continue;
+        }
+        n++;
+    }
+    wrk_log(w, "prewarm: %d key%s of %zu to capture on each of %d stream%s", n, n == 1 ? "" : "s", p.n_keys,
+            wrk_exec_streams(l->exec), wrk_exec_streams(l->exec) == 1 ? "" : "s");
+    if (n && wrk_exec_prewarm(l->exec, keys, n) != 0) wrk_log(w, "prewarm: %s", reel_err_text());
+}
+
 /* Handles one message from the broker. Returns 1 when one was handled, 0
  * when none was waiting, -1 on a socket error. */
 static int handle_broker(link_t *l) {
@@ -485,6 +522,8 @@ static int handle_broker(link_t *l) {
     } else if (type == MSG_SYNC) {
         wrk_syncer_submit(l->sync, m); /* the sync thread owns it now */
         return 1;
+    } else if (type == MSG_PREWARM) {
+        if (!atomic_load(&w->stop)) handle_prewarm(l, m);
     } else if (type == MSG_HEARTBEAT) {
         /* counted above */
     } else if (type == MSG_RECONNECT) {

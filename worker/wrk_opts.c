@@ -102,6 +102,10 @@ static const reel_opt_t rows[] = {
       .arg = "ladder|exact",
       .help = "a batch of n runs padded to the next power of two (ladder:\n"
               "fewer graphs) or as n rows (exact: no padding)" },
+    { .name = "prewarm", .kind = REEL_OPT_INT, .off = O(prewarm), .lo = 0, .hi = MSG_MAX_PREWARM, .arg = "K",
+      .help = "at start, capture the K keys the broker saw hot lately\n"
+              "that this worker will own, in the background while it\n"
+              "serves (8; 0: off)" },
     { .name = "policy", .kind = REEL_OPT_SET, .set = set_policy, .expect = "evict or inplace",
       .arg = "evict|inplace", .help = "weight sync policy for captured graphs (evict)" },
     { .name = "sync-mode", .kind = REEL_OPT_BOOL_CHOICE, .off = O(sync_drain), .choices = sync_modes,
@@ -184,6 +188,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->max_inflight = -1;
     o->max_batch = 0; /* the backend's: below */
     o->blas_threads = 0;
+    o->prewarm = 8;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;
     o->audit_every = 256;

@@ -39,6 +39,8 @@ typedef struct {
                                       * 8 with --backend cuda, 1 on the CPU */
     bool batch_exact;                /* --batch-sizes exact: a batch of n runs as n rows; ladder
                                       * (default): the next power of two, padded */
+    int prewarm;                     /* --prewarm K: at start, capture the K keys hot lately that this
+                                      * worker will own (the broker names them); 0: off; default 8 */
     cap_policy_t policy;             /* default evict */
     bool bf16;                       /* --dtype bf16 (CUDA only) */
     bool no_fallback;                /* --no-fallback: an unusable CUDA device is an error */

@@ -96,6 +96,42 @@ int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_t
     return 0;
 }
 
+int wrk_prewarm_from_key(const msg_prewarm_key_t *k, const tdit_config_t *cfg, int64_t max_tokens,
+                         wrk_prewarm_t *out, wire_err_t *err) {
+    msg_model_t model;
+    wrk_model_info(cfg, &model);
+    const int64_t *ls = k->latent_shape;
+    if (strcmp(k->model, model.name)) return bad(err, WIRE_E_BAD_REQUEST, "model %s is not this worker's (%s)", k->model, model.name);
+    if (ls[0] != (int64_t)model.in_channels)
+        return bad(err, WIRE_E_BAD_REQUEST, "a latent of %" PRId64 " channels; model %s takes %" PRIu64, ls[0],
+                   model.name, model.in_channels);
+    if (k->text_dim != model.text_dim)
+        return bad(err, WIRE_E_BAD_REQUEST, "contexts %" PRIu64 " wide; model %s takes %" PRIu64, k->text_dim,
+                   model.name, model.text_dim);
+    if (model.text_len > 0 && k->text_len != model.text_len)
+        return bad(err, WIRE_E_BAD_REQUEST, "contexts of %" PRIu64 " rows; model %s pads them to %" PRIu64,
+                   k->text_len, model.name, model.text_len);
+    int64_t p = model.patch ? (int64_t)model.patch : 1;
+    for (int d = 1; d < 4; d++)
+        if (ls[d] <= 0 || ls[d] > MSG_MAX_DIM) return bad(err, WIRE_E_BAD_REQUEST, "latent_shape is not a shape");
+    int64_t tokens = ls[1] * (ls[2] / p) * (ls[3] / p);
+    if (max_tokens > 0 && tokens > max_tokens)
+        return bad(err, WIRE_E_TOO_LARGE, "a sample of %" PRId64 " tokens, more than --max-tokens %" PRId64, tokens,
+                   max_tokens);
+    tdit_solver_t solver;
+    if (tdit_solver_parse(k->solver[0] ? k->solver : "euler", &solver) != 0)
+        return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
+    memset(out, 0, sizeof *out);
+    out->shape = (tdit_shape_t){ ls[1], ls[2], ls[3], (int64_t)k->text_len, k->cfg, k->n > 1 ? (int64_t)k->n : 1,
+                                 solver, false };
+    if (tdit_shape_validate(&out->shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
+    /* The key does not depend on the schedule: any valid loop of its kind. */
+    out->loop = (tdit_loop_t){ 2, 1.0, 1.0f, k->sde, 0.7f, 0, solver };
+    if (tdit_loop_validate(&out->loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
+    out->shard = k->key_hash;
+    return 0;
+}
+
 /* The job's prompt and, when guided, its negative prompt (the GEN's, or
  * Wan's default), copied. */
 static int job_prompts(wrk_job_t *j, const msg_gen_t *r, wire_err_t *err) {

@@ -91,4 +91,18 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
  * sets *j = NULL. */
 void wrk_job_free(wrk_job_t **j);
 
+/* A key to capture before its requests come (--prewarm): the shape and
+ * loop a request of it would run. */
+typedef struct {
+    tdit_shape_t shape;          /* batch: the GEN's n (a group's samples) */
+    tdit_loop_t loop;
+    uint64_t shard;              /* its shard hash, as the broker named it */
+} wrk_prewarm_t;
+/* A PREWARM key as what this worker would run for it: -1 with err set
+ * (bad_request) when it names another model, a latent of other channels,
+ * contexts of another width or of another length than its text_len, a
+ * shape the model refuses, or more tokens than max_tokens (> 0). */
+int wrk_prewarm_from_key(const msg_prewarm_key_t *k, const tdit_config_t *cfg, int64_t max_tokens,
+                         wrk_prewarm_t *out, wire_err_t *err);
+
 #endif
