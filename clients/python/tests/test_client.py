@@ -589,6 +589,59 @@ class BatchingTests(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+class PrewarmTests(unittest.TestCase):
+    """A worker that restarts with --prewarm captures the keys it served
+    before, in the background; a client's first request of such a key
+    then replays every step, and its result is bitwise the one before."""
+
+    def test_a_restarted_worker_replays_hot_keys_from_their_first_request(self):
+        import sqlite3
+        d = tempfile.mkdtemp(prefix="reel-py-prewarm-")
+        cl = None
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "5", "--out", w)
+            cl = Cluster(d, w, worker_flags=("--prewarm", "0"))
+            jobs = [dict(context=rand((5, 32), 1), latent_shape=(4, 2, 8, 8), steps=4, seed=11),
+                    dict(context=rand((5, 32), 2), uncond=rand((5, 32), 3), cfg=3.0, latent_shape=(4, 2, 8, 16),
+                         steps=3, seed=12, sde=True, eta=0.5, return_log_probs=True)]
+            before = []
+            with cl.client(timeout=60) as c:
+                for kw in jobs:
+                    for _ in range(2):
+                        r = c.gen("tiny", **kw)
+                    before.append(r)
+            cl.worker.kill()
+            cl.worker.wait(30)
+            log = open(os.path.join(d, "worker2.log"), "wb")
+            cl.worker = subprocess.Popen([f"{BUILD}/reel-worker", "--broker", f"ipc://{d}/workers", "--name", "py0",
+                                          "--weights", w, "--streams", "2", "--heartbeat-ms", "200", "--warmup", "1",
+                                          "--prewarm", "8"], stdout=log, stderr=subprocess.STDOUT)
+            db = os.path.join(d, "reel.db")
+            end, rows = time.monotonic() + 60, 0
+            while time.monotonic() < end and rows < 4:  # 2 keys, on each of 2 streams
+                try:
+                    with sqlite3.connect(db, timeout=5) as con:
+                        rows = con.execute("SELECT count(*) FROM captures WHERE origin = 'prewarm'").fetchone()[0]
+                except sqlite3.Error:
+                    pass
+                time.sleep(0.1)
+            log.close()
+            self.assertEqual(rows, 4, "each hot key captured on each stream, recorded as prewarm")
+            with cl.client(timeout=60) as c:
+                for kw, b in zip(jobs, before):
+                    r = c.gen("tiny", **kw)
+                    self.assertEqual((r.captured, r.eager, r.replayed), (0, 0, kw["steps"]),
+                                     f"replayed from the first step: {r.stats}")
+                    self.assertTrue(np.array_equal(r.latent, b.latent), "bitwise the result before the restart")
+                    if kw.get("sde"):
+                        self.assertTrue(np.array_equal(r.log_probs, b.log_probs))
+        finally:
+            if cl:
+                cl.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""
     k = os.path.join(d, "keys")
@@ -977,6 +1030,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
+    suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     suite.addTests(loader.loadTestsFromTestCase(LoraTests))

@@ -1,0 +1,160 @@
+#!/bin/sh
+# cli_prewarm.sh -- a restarted worker warm before its requests come
+# (issue 29 §2) through a real reel-broker and reel-worker over ipc. Four
+# keys get hot (Euler, a CFG group of 3, UniPC, SDE); the worker is killed
+# and restarted:
+#   - with --prewarm 0 the first request of a hot key runs eager steps;
+#   - with --prewarm 2 the broker names 2 keys, the hottest among them;
+#   - with --prewarm 8 it names all 4, the worker captures each on each of
+#     its 2 streams (catalog captures with origin 'prewarm'), and the first
+#     request of every key then replays every step (captured 0, eager 0),
+#     bitwise the result before the restart (and `reelctl run`);
+#   - a request queued while the worker starts is answered, bitwise;
+#   - with two workers, the restarted one is sent only the keys it owns:
+#     exactly the keys that then route to it, each replayed from its first
+#     step.
+# Usage: cli_prewarm.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-prewarm.XXXXXX)
+SUITE=prewarm
+. "$(dirname "$0")/lib_cli.sh"
+
+"$R" weights init --config tiny --seed 7 --out "$D/w.safetensors" 2>/dev/null
+for i in 0 1 2 3 4; do
+    "$R" tensor rand --name context --shape 5,32 --seed $((10 + i)) --out "$D/c$i.safetensors" >/dev/null
+done
+"$R" tensor rand --name context --shape 5,32 --seed 20 --out "$D/unc.safetensors" >/dev/null
+
+# key k: the flags its GENs share (`gen` and `run`; the group's are gen's)
+spec() {
+    case $1 in
+    1) echo "--context $D/c1.safetensors --steps 4 --seed 31 --size 2x8x8" ;;
+    2) echo "--context $D/c2.safetensors --uncond $D/unc.safetensors --cfg 3 --steps 3 --size 2x8x16 --n 3 --seeds 41,42,43" ;;
+    3) echo "--context $D/c3.safetensors --steps 4 --seed 51 --size 2x8x8 --solver unipc" ;;
+    4) echo "--context $D/c4.safetensors --steps 3 --seed 61 --size 2x16x8 --sde --eta 0.6" ;;
+    5) echo "--context $D/c0.safetensors --steps 3 --seed 71 --size 2x16x16" ;;
+    esac
+}
+# gen K OUT: one GEN of key K through the broker; its line in OUT.err
+gen() {
+    "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1") --timeout-ms 120000 --out "$D/$2.safetensors" \
+        >"$D/$2.err" 2>&1
+}
+replayed_all() { grep -q "captured 0, replayed [1-9][0-9]*, eager 0)" "$D/$1.err"; }
+prewarm_rows() { /usr/bin/sqlite3 "$D/reel.db" "SELECT count(*) FROM captures WHERE origin = 'prewarm'" 2>/dev/null || echo 0; }
+
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --heartbeat-ms 200 || { bad "broker starts"; show "$D/broker.log"; finish; }
+# start_w1 LOG FLAGS...: w1 with 2 streams
+start_w1() {
+    _l=$1; shift
+    cli_worker w1 "$D/broker.log" "$D/$_l" --broker "ipc://$D/w" --weights "$D/w.safetensors" --streams 2 \
+        --heartbeat-ms 200 "$@"
+}
+crash() { kill -9 "$1" 2>/dev/null; reap "$1" 30; }
+
+# 1. the keys get hot: key 1 four times, 2 and 3 twice, 4 once
+start_w1 w1a.log --prewarm 0 || { bad "w1 starts"; show "$D/w1a.log"; finish; }
+W1=$WORKER
+okay=1
+for k in 1 1 1 1 2 2 3 3 4; do gen $k "before$k" || { okay=0; show "$D/before$k.err"; }; done
+[ $okay = 1 ] && ok "nine GENs of four keys answered" || bad "GENs of the four keys"
+"$R" run --weights "$D/w.safetensors" $(spec 1) --out "$D/run1.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/before1.safetensors" "$D/run1.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "key 1's result is bitwise reelctl run" || bad "key 1 against reelctl run"
+crash "$W1"
+
+# 2. without prewarm the first request after a restart runs eager steps
+start_w1 w1b.log --prewarm 0 || bad "w1 restarts without prewarm"
+W1=$WORKER
+gen 1 cold1 && ! replayed_all cold1 && grep -q "eager [1-9]" "$D/cold1.err" &&
+    ok "--prewarm 0: the first request of a hot key runs eager ($(sed -n 's/.*(\(captured[^)]*\)).*/\1/p' "$D/cold1.err"))" ||
+    { bad "--prewarm 0: first request"; show "$D/cold1.err"; }
+grep -q "PREWARM" "$D/broker.log" && bad "a worker with --prewarm 0 was sent a PREWARM" ||
+    ok "a worker with --prewarm 0 asks for nothing"
+crash "$W1"
+
+# 3. --prewarm 2: the two hottest keys it owns (key 1 is the hottest)
+rows0=$(prewarm_rows)
+start_w1 w1c.log --prewarm 2 || bad "w1 restarts with --prewarm 2"
+W1=$WORKER
+wait_for "$D/broker.log" "worker w1: PREWARM with 2 of the 2 hot keys" 30 &&
+    ok "--prewarm 2: the broker names 2 of the 4 hot keys" || bad "--prewarm 2: PREWARM"
+wait_sql "$D/reel.db" "SELECT count(*) FROM captures WHERE origin = 'prewarm'" $((rows0 + 4)) 60 &&
+    ok "--prewarm 2: 2 keys captured on each of 2 streams" || { bad "--prewarm 2 captures"; show "$D/w1c.log"; }
+gen 1 warm2 && replayed_all warm2 && ok "--prewarm 2: the hottest key replays from its first request" ||
+    { bad "--prewarm 2: key 1"; show "$D/warm2.err"; }
+crash "$W1"
+[ "$(prewarm_rows)" = $((rows0 + 4)) ] && ok "--prewarm 2: no more than 2 keys captured" ||
+    bad "--prewarm 2: $(($(prewarm_rows) - rows0)) prewarm captures, not 4"
+
+# 4. --prewarm 8: every hot key, replayed from its first request, bitwise;
+#    a request of a new key (5), queued while no worker runs, is served as
+#    the worker starts and prewarms (and is hot too: 5 keys)
+rows0=$(prewarm_rows)
+gen 5 queued5 &
+QP=$!
+queued() { "$R" status --broker "ipc://$D/c" --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["queue"])' 2>/dev/null; }
+i=0
+while [ "$(queued)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+[ "$(queued)" = 1 ] || bad "the GEN of key 5 waits at the broker"
+start_w1 w1d.log --prewarm 8 || bad "w1 restarts with --prewarm 8"
+W1=$WORKER
+wait_for "$D/broker.log" "worker w1: PREWARM with 5 of the 8 hot keys" 30 &&
+    ok "--prewarm 8: the broker names the 5 hot keys" || bad "--prewarm 8: PREWARM"
+reap "$QP" 120 && "$R" run --weights "$D/w.safetensors" $(spec 5) --out "$D/run5.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/queued5.safetensors" "$D/run5.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "a request arriving as the worker prewarms is served, bitwise reelctl run" ||
+    { bad "the request queued during prewarm"; show "$D/queued5.err"; }
+# every key tried on both streams (key 5 may have been captured by its request first)
+wait_count "$D/w1d.log" "prewarmed key|captured already|prewarm of key" 10 60 ||
+    { bad "--prewarm 8: 5 keys tried on 2 streams"; show "$D/w1d.log"; }
+[ "$(prewarm_rows)" -ge $((rows0 + 8)) ] &&
+    ok "--prewarm 8: the 4 older keys captured on each of 2 streams, recorded as prewarm" ||
+    { bad "--prewarm 8 captures: $(($(prewarm_rows) - rows0))"; show "$D/w1d.log"; }
+for k in 1 2 3 4; do
+    gen $k warm$k && replayed_all warm$k && ok "key $k: replayed from its first request after the restart" ||
+        { bad "key $k after prewarm"; show "$D/warm$k.err"; }
+    same=1
+    for nm in latent; do
+        "$R" tensor diff "$D/before$k.safetensors" "$D/warm$k.safetensors" --name $nm >/dev/null 2>&1 || same=0
+    done
+    [ $same = 1 ] && ok "key $k: bitwise its result before the restart" || bad "key $k: result differs"
+done
+# (a group's parts on the two streams are two capture keys: batch 1 and 2)
+"$R" keys --catalog "$D/reel.db" >"$D/keys.txt" 2>&1 && grep -q prewarmed "$D/keys.txt" &&
+    [ "$(awk 'NR > 1 { s += $4 } END { print s }' "$D/keys.txt")" = "$(prewarm_rows)" ] &&
+    [ "$(awk 'NR > 1 && $4 >= 1' "$D/keys.txt" | wc -l)" -ge 5 ] &&
+    ok "reelctl keys: the prewarm captures of each key" || { bad "reelctl keys"; show "$D/keys.txt"; }
+
+# 5. two workers: the restarted one is sent only the keys it owns
+cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "ipc://$D/w" --weights "$D/w.safetensors" --streams 2 \
+    --heartbeat-ms 200 --prewarm 0 || bad "w2 starts"
+crash "$W1"
+wait_for "$D/broker.log" "worker w1 lost" 30 || bad "the broker notices w1's end"
+for k in 1 2 3 4 5; do gen $k onw2_$k || bad "key $k on w2 alone"; done
+before=$(grep -c "worker w1: PREWARM" "$D/broker.log")
+start_w1 w1e.log --prewarm 8 || bad "w1 restarts beside w2"
+W1=$WORKER
+wait_count "$D/broker.log" "worker w1: PREWARM" $((before + 1)) 30 || bad "w1's PREWARM beside w2"
+K=$(grep "worker w1: PREWARM" "$D/broker.log" | tail -1 | sed 's/.*PREWARM with \([0-9]*\) of.*/\1/')
+wait_for "$D/w1e.log" "prewarm: $K key" 30 || bad "w1 takes $K keys"
+i=0
+while [ "$(grep -cE 'prewarmed key|captured already|prewarm of key' "$D/w1e.log")" -lt $((K * 2)) ] && [ $i -lt 600 ]; do
+    sleep 0.1; i=$((i + 1))
+done
+on1=0; warm=1
+for k in 1 2 3 4 5; do
+    gen $k two_$k || { bad "key $k with two workers"; continue; }
+    if grep -q "worker w1," "$D/two_$k.err"; then
+        on1=$((on1 + 1))
+        replayed_all two_$k || { warm=0; show "$D/two_$k.err"; }
+    fi
+done
+[ "$on1" = "$K" ] && ok "two workers: w1 was sent exactly the $K hot keys that route to it" ||
+    bad "two workers: $K keys prewarmed, $on1 route to w1"
+[ $warm = 1 ] && ok "two workers: each key that routes to w1 replays from its first request" ||
+    bad "two workers: a key routed to w1 ran eager"
+finish
