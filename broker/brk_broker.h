@@ -9,7 +9,8 @@
  *     |             dead workers are dropped here (one clean-up for all)
  *     +- brk_requests.c  GEN: shard, queue, dispatch; PROGRESS, RESULT and
  *     |                  ERROR back to the client; deadlines
- *     +- brk_workers.c   READY, liveness and heartbeats, EVENTS
+ *     +- brk_workers.c   READY, liveness and heartbeats, EVENTS, PREWARM
+ *     |                  (the hot keys a starting worker owns: brk_hot.c)
  *     +- brk_sync.c      SYNC, SYNC_ACK, barriers, current versions,
  *     |                  catching workers up
  *     +- brk_status.c    STATUS_REPLY (reads the state; asks brk_sync why a
