@@ -136,6 +136,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
         return;
     }
     brk_sync_joined(b, w);
+    brk_workers_prewarm(b, w, brk_now_ms());
 }
 
 /* A final reply that cannot be read still ends the request: the client is
@@ -194,6 +195,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     case MSG_SYNC_ACK:
         if (msg_sync_ack_decode(m, &u->ack, &err) == 0) {
             brk_sync_ack(b, w, m->id, &u->ack);
+            brk_workers_prewarm(b, w, brk_now_ms());
         } else {
             brk_log("worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
             BAD_REPLY(b, true, m, err.code, "SYNC_ACK: %s", err.message);

@@ -121,10 +121,7 @@ static const char *loop_solver(int loop) {
     return loop == BRK_LOOP_UNIPC ? "unipc" : loop == BRK_LOOP_DPMPP ? "dpm++" : "euler";
 }
 
-/* w's PREWARM, once: the hottest keys it owns now, sent after the syncs
- * it was sent on joining are answered (so it captures on the version it
- * will serve). An empty list goes too: the worker stops waiting. */
-static void prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
+void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
     if (!w->prewarm_want || w->prewarm_sent || w->dead || !w->route.routable) return;
     for (int i = 0; i < w->n_syncs; i++)
         if (w->syncs[i].waiting) return;
@@ -163,7 +160,7 @@ static void prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
 }
 
 void brk_workers_timers(brk_t *b, int64_t now) {
-    for (int i = 0; i < b->n_w; i++) prewarm(b, b->w[i], now);
+    for (int i = 0; i < b->n_w; i++) brk_workers_prewarm(b, b->w[i], now);
     if (now >= b->next_heartbeat_ms) {
         b->next_heartbeat_ms = now + b->opt.heartbeat_ms;
         for (int i = 0; i < b->n_w; i++) {

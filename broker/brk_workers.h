@@ -26,6 +26,12 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev);
 /* Sends HEARTBEAT to every worker when due; marks silent ones dead, and
  * those whose key left the allowlist (a reload). */
 void brk_workers_timers(brk_t *b, int64_t now);
+/* w's PREWARM, once, when its READY asked (`prewarm` K): the K hottest
+ * keys it owns now (brk_hot.h), sent once the syncs it was sent on joining
+ * are answered (so it captures on the version it will serve); called at
+ * READY and SYNC_ACK, before requests are routed to it (so the PREWARM
+ * comes first), and by the timers. An empty list goes too. */
+void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now);
 /* Index of a dead worker in b->w, or -1 when none is. */
 int brk_workers_next_dead(const brk_t *b);
 /* Takes worker i out of b->w (the catalog hears why) and returns it; the

@@ -108,8 +108,11 @@ reap "$QP" 120 && "$R" run --weights "$D/w.safetensors" $(spec 5) --out "$D/run5
     "$R" tensor diff "$D/queued5.safetensors" "$D/run5.safetensors" --name latent >/dev/null 2>&1 &&
     ok "a request arriving as the worker prewarms is served, bitwise reelctl run" ||
     { bad "the request queued during prewarm"; show "$D/queued5.err"; }
+# its key was in the PREWARM (sent before it): its first step captured, no warmup
+grep -q "eager 0)" "$D/queued5.err" && ok "the request that came before its key's prewarm ran no eager step" ||
+    { bad "the request before its prewarm ran eager"; show "$D/queued5.err"; }
 # every key tried on both streams (key 5 may have been captured by its request first)
-wait_count "$D/w1d.log" "prewarmed key|captured already|prewarm of key" 10 60 ||
+wait_count "$D/w1d.log" "prewarmed key|captured already|prewarm of key|came before its prewarm" 10 60 ||
     { bad "--prewarm 8: 5 keys tried on 2 streams"; show "$D/w1d.log"; }
 [ "$(prewarm_rows)" -ge $((rows0 + 8)) ] &&
     ok "--prewarm 8: the 4 older keys captured on each of 2 streams, recorded as prewarm" ||
@@ -142,7 +145,7 @@ wait_count "$D/broker.log" "worker w1: PREWARM" $((before + 1)) 30 || bad "w1's 
 K=$(grep "worker w1: PREWARM" "$D/broker.log" | tail -1 | sed 's/.*PREWARM with \([0-9]*\) of.*/\1/')
 wait_for "$D/w1e.log" "prewarm: $K key" 30 || bad "w1 takes $K keys"
 i=0
-while [ "$(grep -cE 'prewarmed key|captured already|prewarm of key' "$D/w1e.log")" -lt $((K * 2)) ] && [ $i -lt 600 ]; do
+while [ "$(grep -cE 'prewarmed key|captured already|prewarm of key|came before its prewarm' "$D/w1e.log")" -lt $((K * 2)) ] && [ $i -lt 600 ]; do
     sleep 0.1; i=$((i + 1))
 done
 on1=0; warm=1

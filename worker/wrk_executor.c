@@ -394,6 +394,34 @@ static int chunk_for(const wrk_t *w, const tdit_shape_t *shape, int n) {
 
 static int choose_chunk(const wrk_t *w, const wrk_job_t *j) { return chunk_for(w, &j->shape, j->n); }
 
+/* When r's shape and loop kind is a key still to prewarm on st: takes it
+ * off the list and marks r a prewarm (its first step captures at once,
+ * skipping warmup: the key is hot). True when taken. */
+static bool prewarm_claim(wrk_stream_t *st, tdit_req_t *r) {
+    if (atomic_load(&st->pw_left) == 0) return false;
+    bool got = false;
+    uint64_t shard = 0;
+    pthread_mutex_lock(&st->pw_mu);
+    for (int i = st->pw_at; i < st->npw && !got; i++) {
+        wrk_prewarm_t *p = &st->pw[i];
+        if (!tdit_shape_equal(&p->shape, tdit_req_shape(r)) || p->loop.sde != tdit_req_loop(r)->sde) continue;
+        shard = p->shard;
+        wrk_prewarm_t t = st->pw[st->pw_at];
+        st->pw[st->pw_at] = *p;
+        *p = t;
+        st->pw_at++;
+        atomic_store(&st->pw_left, st->npw - st->pw_at);
+        got = true;
+    }
+    pthread_mutex_unlock(&st->pw_mu);
+    if (got) {
+        tdit_req_set_prewarm(r, true);
+        wrk_log(st->x->w, "stream %d: a request of key %016llx came before its prewarm: its first step captures",
+                st->idx, (unsigned long long)shard);
+    }
+    return got;
+}
+
 /* Starts j's request: the single request, or the group's next sub-batch
  * (chunk samples, or what is left). A sub-batch that cannot be set up
  * (device memory) is tried again at half the size. 0, or -1 with a
@@ -420,7 +448,10 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
         j->req = tdit_req_new_group(w->model, st->ks, j->stg, &j->shape, &j->loop, j->seeds + j->base + j->at, lat,
                                     j->context, j->uncond);
         if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
-        if (j->req) break;
+        if (j->req) {
+            prewarm_claim(st, j->req); /* a hot key's request before its prewarm: it captures at once */
+            break;
+        }
         if (b == 1) return -1;
         j->chunk = (b + 1) / 2;
         if (j->group) { /* more batches to report */
@@ -609,6 +640,7 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
     }
     double t0 = reel_mono_s();
     int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
+    tdit_req_set_prewarm(j->req, false); /* (prewarm_claim) its first step only */
     double dt = reel_mono_s() - t0;
     /* Read under the same lock: the version this step ran on. */
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
