@@ -73,7 +73,7 @@ static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, con
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
-                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0);
+                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0);
 }
 
 /* The client's identity: its held GEN keeps it. */
@@ -337,7 +337,8 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,
                    (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
-                   res->encode_seconds, res->decode_seconds, (int)res->stats.batched);
+                   res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
+                   (int)res->stats.padded_rows);
     req_free(b, r);
 }
 

@@ -303,10 +303,11 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
         snprintf(vers, sizeof vers, "v%" PRIu64 "->v%" PRIu64, r->first_version, r->version);
     else
         snprintf(vers, sizeof vers, "v%" PRIu64, r->version);
-    char grp_text[96] = "";
+    char grp_text[128] = "";
     if (grp) snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps", o->g.n);
     if (!grp && r->batched)
-        snprintf(grp_text, sizeof grp_text, ", %d batched with other requests", r->batched);
+        snprintf(grp_text, sizeof grp_text, ", %d batched with other requests (%.1f a batch, %d padded rows)",
+                 r->batched, (double)r->batch_rows / r->batched, r->padded_rows);
     fprintf(stderr, "reelctl: gen %s via %s: worker %s, weights %s, %d steps%s (captured %d, "
             "replayed %d, eager %d%s%s), %.3f s on the worker%s -> %s\n", o->g.model, o->broker, r->worker, vers,
             o->g.steps, grp_text, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines,

@@ -327,6 +327,8 @@ int ctl_report_requests(cat_t *c, bool json, FILE *out) {
         { "replayed", "replayed", CTL_F_NUM, 0 },
         { "eager", "eager", CTL_F_NUM, 0 },
         { "batched_steps", "batched", CTL_F_NUM, 0 },
+        { "mean_batch", "batch", CTL_F_NUM, 0 },
+        { "padded_rows", "padded", CTL_F_NUM, 0 },
         { "seconds", "seconds", CTL_F_SECS, 0 },
         { "encode_seconds", "encode", CTL_F_SECS, 0 },
         { "decode_seconds", "decode", CTL_F_SECS, 0 },

@@ -653,6 +653,8 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
             req_after(r, s, &own, (uint64_t)version, sig + 3 * b, &res, t0) != 0)
             return -1;
         r->stats.batched++;
+        r->stats.batch_rows += n;
+        r->stats.padded_rows += (int)(x->shape.batch - n);
     }
     if (out) *out = res;
     return 0;

@@ -47,6 +47,8 @@ typedef struct {
     int declines[CAP_DECLINE_COUNT];
     double seconds;
     int batched;           /* of the steps, those run in a mixed batch with other requests */
+    int batch_rows;        /* the requests in each of those batches, summed */
+    int padded_rows;       /* the padding rows of those batches, summed */
 } tdit_run_stats_t;
 
 /* Request staging buffers on the device for one shape: where a request's

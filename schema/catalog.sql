@@ -310,5 +310,9 @@ ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;
 
 -- Migration 11: what asked for a capture: a request ('demand') or a
 -- starting worker's prewarm of a key hot lately ('prewarm', reel-worker
--- --prewarm; docs/CAPTURE.md).
+-- --prewarm; docs/CAPTURE.md); of a request's batched steps, the requests
+-- in those batches summed (batch_rows: their mean size is batch_rows /
+-- batched_steps) and the padding rows computed and thrown away.
 ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';
+ALTER TABLE requests ADD COLUMN batch_rows INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN padded_rows INTEGER NOT NULL DEFAULT 0;

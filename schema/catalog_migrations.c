@@ -392,8 +392,11 @@ const char cat_schema_v9_sql[] =
 const char cat_schema_v10_sql[] = "ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;\n";
 
 /* Migration 11 (issue 29): what asked for a capture: a request
- * ('demand') or a starting worker's prewarm ('prewarm'). */
-const char cat_schema_v11_sql[] = "ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';\n";
+ * ('demand') or a starting worker's prewarm ('prewarm'); the size and
+ * padding of the mixed batches a request's steps ran in. */
+const char cat_schema_v11_sql[] = "ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';\n"
+                                  "ALTER TABLE requests ADD COLUMN batch_rows INTEGER NOT NULL DEFAULT 0;\n"
+                                  "ALTER TABLE requests ADD COLUMN padded_rows INTEGER NOT NULL DEFAULT 0;\n";
 
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,

@@ -181,6 +181,8 @@ typedef struct {
     msg_counts_t declines;       /* by reason name; names a reader does not know are kept */
     double seconds;
     uint64_t batched;            /* steps run in a mixed batch with other requests (0: none; omitted) */
+    uint64_t batch_rows;         /* the requests in each of those batches, summed (0: omitted) */
+    uint64_t padded_rows;        /* the padding rows of those batches, summed (0: omitted) */
 } msg_stats_t;
 
 /* Steps from `from` (0-based) on, up to the next run's, ran on `version`. */

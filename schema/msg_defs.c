@@ -106,6 +106,8 @@ static const msg_field_t stats_rows[] = {
     R_COUNTS(msg_stats_t, declines, "declines", 0),
     R_F64(msg_stats_t, seconds, "seconds", 0, 0),
     R_U64(msg_stats_t, batched, "batched", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_stats_t, batch_rows, "batch_rows", F_OMIT, 0, UINT64_MAX, 0),
+    R_U64(msg_stats_t, padded_rows, "padded_rows", F_OMIT, 0, UINT64_MAX, 0),
 };
 TABLE(stats_tab, stats_rows, msg_stats_t);
 

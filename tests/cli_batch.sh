@@ -158,11 +158,23 @@ for mode in ladder exact; do
             $PY -c 'import json,sys; print(sum(r["batched_steps"] for r in json.load(sys.stdin)))' 2>/dev/null)
         [ "$rb" = "$bs" ] && "$R" requests --catalog "$D/reel.db" 2>/dev/null | head -1 | grep -q batched &&
             ok "ladder: reelctl requests shows them (a batched column; $rb in all)" || bad "reelctl requests: batched $rb"
+        # each batched step was in a batch of 2..4 requests; padding as the metric saw it
+        br=$(/usr/bin/sqlite3 "$D/reel.db" "select sum(batch_rows) || ' ' || sum(padded_rows) from requests where worker = 'ladder'" 2>/dev/null)
+        set -- $br
+        pc=n; [ "${2:-0}" -gt 0 ] && pc=y
+        pm=n; [ "$PADDED" -gt 0 ] && pm=y
+        [ "${1:-0}" -ge $((2 * bs)) ] && [ "${1:-0}" -le $((4 * bs)) ] && [ $pc = $pm ] &&
+            ok "ladder: the catalog's batch_rows ($1, $(awk "BEGIN { printf \"%.2f\", $1 / $bs }") a batch) and padded_rows ($2)" ||
+            bad "ladder: catalog batch_rows/padded_rows '$br' for $bs batched steps, $PADDED padded rows in the metric"
         nb=$(cat "$D"/ladder.*.err | grep -c "batched with other requests")
         [ "$nb" -gt 0 ] && ok "ladder: reelctl gen says so for $nb requests" || { bad "ladder: gen never says batched"; show "$D/ladder.0.err"; }
     fi
     if [ "$mode" = exact ]; then
         [ "$PADDED" = 0 ] && ok "exact: no padded rows" || bad "exact: $PADDED padded rows"
+        wait_sql "$D/reel.db" "select count(*) from requests where worker = 'exact'" $N 60
+        ep=$(/usr/bin/sqlite3 "$D/reel.db" "select sum(padded_rows) || ' ' || sum(batch_rows >= 2 * batched_steps) from requests where worker = 'exact'" 2>/dev/null)
+        [ "$ep" = "0 $N" ] && ok "exact: the catalog records no padded rows and batches of 2 or more" ||
+            bad "exact: catalog padded rows / requests with batches of 2+: $ep"
     else
         [ "$PADDED" -ge 0 ] && ok "ladder: $PADDED padded rows counted" || bad "ladder: padded rows metric missing"
     fi

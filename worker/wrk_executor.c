@@ -199,6 +199,8 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
     r->stats.eager = (uint64_t)rs->eager;
     r->stats.seconds = rs->seconds;
     r->stats.batched = (uint64_t)rs->batched;
+    r->stats.batch_rows = (uint64_t)rs->batch_rows;
+    r->stats.padded_rows = (uint64_t)rs->padded_rows;
     for (int i = 0; i < CAP_DECLINE_COUNT && r->stats.declines.n < MSG_MAX_COUNTS; i++) {
         if (!rs->declines[i]) continue;
         msg_count_t *c = &r->stats.declines.e[r->stats.declines.n++];
@@ -268,6 +270,8 @@ static void stats_add(tdit_run_stats_t *dst, const tdit_run_stats_t *src) {
     dst->replayed += src->replayed;
     dst->eager += src->eager;
     dst->batched += src->batched;
+    dst->batch_rows += src->batch_rows;
+    dst->padded_rows += src->padded_rows;
     for (int i = 0; i < CAP_DECLINE_COUNT; i++) dst->declines[i] += src->declines[i];
 }
 

@@ -163,6 +163,8 @@ static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
     res->captured = (int)r->stats.captured;
     res->replayed = (int)r->stats.replayed;
     res->batched = (int)r->stats.batched;
+    res->batch_rows = (int)r->stats.batch_rows;
+    res->padded_rows = (int)r->stats.padded_rows;
     res->eager = (int)r->stats.eager;
     res->seconds = r->stats.seconds;
     size_t off = 0;

@@ -93,6 +93,8 @@ typedef struct {
     uint64_t first_version;     /* ... of the first (differs if a sync landed in between) */
     int captured, replayed, eager;
     int batched;                /* of the steps, those run batched with other requests */
+    int batch_rows;             /* the requests in those batches, summed (mean size: batch_rows / batched) */
+    int padded_rows;            /* the padding rows of those batches, summed */
     double seconds;
     char key_hash[24];
     char declines[256];         /* "warming_up=2,override=1" */

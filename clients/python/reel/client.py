@@ -68,7 +68,8 @@ class GenResult:
     """What a GEN returned: .latent (numpy, or torch when the inputs were
     torch tensors), .worker, .version (weights of its last step),
     .first_version, .versions (the weight version of every step), .stats
-    (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched),
+    (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
+    batch_rows, padded_rows),
     .key_hash and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
@@ -130,6 +131,18 @@ class GenResult:
         """Of its steps, those the worker ran in one step with other requests
         (each bitwise the step alone)."""
         return self.stats.get("batched", 0)
+
+    @property
+    def mean_batch(self):
+        """The mean number of requests in the batches of its batched steps
+        (0.0 when none ran batched)."""
+        b = self.stats.get("batched", 0)
+        return self.stats.get("batch_rows", 0) / b if b else 0.0
+
+    @property
+    def padded_rows(self):
+        """Padding rows (computed and thrown away) in those batches, summed."""
+        return self.stats.get("padded_rows", 0)
 
     @property
     def declines(self):

@@ -579,6 +579,11 @@ class BatchingTests(unittest.TestCase):
             self.assertGreater(mixed, 0, "the queued requests shared steps")
             self.assertEqual(sum(r.batched for r in alone.values()), 0)
             self.assertGreater(sum(r.batched for r in batched.values()), 0, "results say which steps were batched")
+            self.assertEqual({r.mean_batch for r in alone.values()}, {0.0})
+            for r in batched.values():  # --max-batch 4, ladder: batches of 2..4 requests padded to 2 or 4 rows
+                if r.batched:
+                    self.assertTrue(2 <= r.mean_batch <= 4, r.stats)
+                    self.assertLessEqual(r.padded_rows, r.batched, r.stats)
             for k, kw in enumerate(jobs):
                 a, b = alone[k], batched[k]
                 self.assertTrue(np.array_equal(a.latent, b.latent), f"request {k}: latent")
