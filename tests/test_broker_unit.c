@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "broker/brk_broker.h"
+#include "broker/brk_hot.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_requests.h"
@@ -370,6 +371,317 @@ START_TEST(test_recent_keys_move_to_front_and_keep_the_newest_32) {
     ck_assert_uint_eq(keys[0], 80);
     ck_assert_uint_eq(keys[1], 99);
     ck_assert_uint_eq(keys[BRK_KEYS_RECENT - 1], 68);
+}
+END_TEST
+
+/* ---- hot keys (prewarm) ------------------------------------------------------ */
+
+#define HALF BRK_HOT_HALF_LIFE_MS
+
+/* A key of `model` with hash h that needs `needs` (its shapes made up). */
+static brk_hot_key_t hot_key(uint64_t h, const char *model, unsigned needs) {
+    brk_hot_key_t k;
+    memset(&k, 0, sizeof k);
+    k.hash = h;
+    snprintf(k.model, sizeof k.model, "%s", model);
+    k.latent[0] = 4, k.latent[1] = 2, k.latent[2] = 8, k.latent[3] = 8;
+    k.context[0] = 5, k.context[1] = 32;
+    k.cfg = true;
+    k.loop = BRK_LOOP_EULER;
+    k.needs = needs;
+    k.n = 1;
+    return k;
+}
+
+/* The slot of (h, model) in t, or NULL. */
+static const brk_hot_key_t *hot_find(const brk_hot_t *t, uint64_t h, const char *model) {
+    for (int i = 0; i < t->n; i++)
+        if (t->k[i].hash == h && !strcmp(t->k[i].model, model)) return &t->k[i];
+    return NULL;
+}
+
+static const unsigned EULER = 1u << BRK_LOOP_EULER;
+
+/* A key's heat counts its requests and halves every half-life; noting it
+ * again adds one to what is left; its shapes are kept; hash 0 is no key;
+ * the same hash of another model is another key. */
+START_TEST(test_a_hot_key_counts_its_requests_and_halves_every_half_life) {
+    static brk_hot_t t;
+    memset(&t, 0, sizeof t);
+    const int64_t t0 = 5000;
+    brk_hot_key_t a = hot_key(0xa11ce, "small", EULER);
+    a.n = 4;
+    a.loop = BRK_LOOP_UNIPC;
+    for (int i = 0; i < 3; i++) brk_hot_note(&t, &a, t0);
+    ck_assert_int_eq(t.n, 1);
+    const brk_hot_key_t *k = hot_find(&t, 0xa11ce, "small");
+    ck_assert_ptr_nonnull(k);
+    ck_assert(brk_hot_heat(k, t0) == 3.0);
+    ck_assert(brk_hot_heat(k, t0 - 1) == 3.0); /* a clock read before the note: not hotter */
+    ck_assert(brk_hot_heat(k, t0 + HALF) == 1.5);
+    ck_assert(brk_hot_heat(k, t0 + 2 * HALF) == 0.75);
+    ck_assert(brk_hot_heat(k, t0 + HALF / 2) < 3.0 && brk_hot_heat(k, t0 + HALF / 2) > 1.5);
+    ck_assert_int_eq(k->n, 4);
+    ck_assert_int_eq(k->loop, BRK_LOOP_UNIPC);
+    ck_assert_int_eq(k->latent[3], 8);
+    ck_assert_int_eq(k->context[1], 32);
+    brk_hot_note(&t, &a, t0 + HALF); /* 1.5 left, and one more */
+    ck_assert_int_eq(t.n, 1);
+    ck_assert(brk_hot_heat(k, t0 + HALF) == 2.5);
+    ck_assert(brk_hot_heat(k, t0 + 2 * HALF) == 1.25);
+
+    brk_hot_key_t z = hot_key(0, "small", EULER);
+    brk_hot_note(&t, &z, t0);
+    ck_assert_int_eq(t.n, 1);
+    ck_assert(brk_hot_heat(&z, t0) == 0);
+    brk_hot_key_t other = hot_key(0xa11ce, "tiny", EULER);
+    brk_hot_note(&t, &other, t0 + HALF);
+    ck_assert_int_eq(t.n, 2);
+    ck_assert(brk_hot_heat(hot_find(&t, 0xa11ce, "tiny"), t0 + HALF) == 1.0);
+    ck_assert(brk_hot_heat(hot_find(&t, 0xa11ce, "small"), t0 + HALF) == 2.5);
+}
+END_TEST
+
+/* A full table gives the slot of its coldest key (heat decayed to now) to
+ * a new one, never a hotter key's. */
+START_TEST(test_a_full_hot_table_gives_a_new_key_the_coldest_slot) {
+    static brk_hot_t t;
+    memset(&t, 0, sizeof t);
+    const int64_t t0 = 1000;
+    for (int i = 0; i < BRK_HOT_MAX; i++) {
+        brk_hot_key_t k = hot_key(key(i), "small", EULER);
+        brk_hot_note(&t, &k, t0);
+        if (i != 17) brk_hot_note(&t, &k, t0);
+    }
+    ck_assert_int_eq(t.n, BRK_HOT_MAX);
+    brk_hot_key_t x = hot_key(key(BRK_HOT_MAX), "small", EULER), y = hot_key(key(BRK_HOT_MAX + 1), "small", EULER);
+    brk_hot_note(&t, &x, t0);
+    ck_assert_int_eq(t.n, BRK_HOT_MAX);
+    ck_assert_ptr_null(hot_find(&t, key(17), "small"));
+    ck_assert_ptr_nonnull(hot_find(&t, key(BRK_HOT_MAX), "small"));
+    for (int i = 0; i < BRK_HOT_MAX; i++)
+        if (i != 17) ck_assert_msg(hot_find(&t, key(i), "small") != NULL, "key %d (heat 2) was replaced", i);
+    /* now x (heat 1) is the coldest: y takes its slot, the heat-2 keys stay */
+    brk_hot_note(&t, &y, t0);
+    ck_assert_ptr_null(hot_find(&t, key(BRK_HOT_MAX), "small"));
+    ck_assert_ptr_nonnull(hot_find(&t, key(BRK_HOT_MAX + 1), "small"));
+    for (int i = 0; i < BRK_HOT_MAX; i++)
+        if (i != 17) ck_assert_msg(hot_find(&t, key(i), "small") != NULL, "key %d (heat 2) was replaced", i);
+    /* coldest by heat now: key 5 noted 10 times long ago decays below keys
+     * noted once lately */
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < BRK_HOT_MAX; i++) {
+        brk_hot_key_t k = hot_key(key(i), "small", EULER);
+        int64_t when = i == 5 ? t0 : t0 + 10 * (int64_t)HALF;
+        for (int r = 0; r < (i == 5 ? 10 : 1); r++) brk_hot_note(&t, &k, when);
+    }
+    brk_hot_note(&t, &x, t0 + 10 * (int64_t)HALF);
+    ck_assert_ptr_null(hot_find(&t, key(5), "small"));
+    ck_assert_ptr_nonnull(hot_find(&t, key(BRK_HOT_MAX), "small"));
+    ck_assert_int_eq(t.n, BRK_HOT_MAX);
+}
+END_TEST
+
+/* out[0..n) is hottest first, ties the lower hash first. */
+static void expect_sorted(const brk_hot_key_t **out, int n, int64_t now) {
+    for (int i = 1; i < n; i++) {
+        double a = brk_hot_heat(out[i - 1], now), b = brk_hot_heat(out[i], now);
+        ck_assert_msg(a > b || (a == b && out[i - 1]->hash < out[i]->hash),
+                      "out[%d] (heat %g, %016llx) before out[%d] (heat %g, %016llx)", i - 1, a,
+                      (unsigned long long)out[i - 1]->hash, i, b, (unsigned long long)out[i]->hash);
+    }
+}
+
+/* Is k among out[0..n)? */
+static bool hot_in(const brk_hot_key_t *const *out, int n, const brk_hot_key_t *k) {
+    for (int i = 0; i < n; i++)
+        if (out[i] == k) return true;
+    return false;
+}
+
+/* With one worker, the order: hottest first, a key noted again moves up,
+ * equal heats by hash; max and min_heat cut the list. */
+START_TEST(test_hot_keys_are_listed_hottest_first_and_a_key_noted_again_moves_up) {
+    static brk_hot_t t;
+    memset(&t, 0, sizeof t);
+    const brk_peer_t *peers[1] = { mk_peer(0, "w0", "small", 1) };
+    g_peer[0].loops = brk_loops_from(NULL, 0);
+    const int64_t t0 = 100;
+    brk_hot_key_t a = hot_key(0x30, "small", EULER), b = hot_key(0x20, "small", EULER),
+                  c = hot_key(0x10, "small", EULER);
+    brk_hot_note(&t, &a, t0);
+    brk_hot_note(&t, &b, t0);
+    brk_hot_note(&t, &b, t0);
+    brk_hot_note(&t, &c, t0);
+    const brk_hot_key_t *out[8];
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, out, 8), 3);
+    ck_assert_uint_eq(out[0]->hash, 0x20); /* heat 2 */
+    ck_assert_uint_eq(out[1]->hash, 0x10); /* heat 1, the lower hash */
+    ck_assert_uint_eq(out[2]->hash, 0x30);
+    /* a noted twice more: first */
+    brk_hot_note(&t, &a, t0 + 10);
+    brk_hot_note(&t, &a, t0 + 10);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 8), 3);
+    ck_assert_uint_eq(out[0]->hash, 0x30);
+    ck_assert_uint_eq(out[1]->hash, 0x20);
+    ck_assert_uint_eq(out[2]->hash, 0x10);
+    expect_sorted(out, 3, t0 + 10);
+    /* max: the hottest max of them */
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 2), 2);
+    ck_assert_uint_eq(out[0]->hash, 0x30);
+    ck_assert_uint_eq(out[1]->hash, 0x20);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 1), 1);
+    ck_assert_uint_eq(out[0]->hash, 0x30);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 0), 0);
+    /* min_heat: a (~3) and b (~2) are at least 1.5, c (~1) is not; a
+     * half-life later only a is still over 1.4 */
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 1.5, out, 8), 2);
+    ck_assert_uint_eq(out[0]->hash, 0x30);
+    ck_assert_uint_eq(out[1]->hash, 0x20);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10 + HALF, peers, 1, 0, 1.4, out, 8), 1);
+    ck_assert_uint_eq(out[0]->hash, 0x30);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 100, out, 8), 0);
+    /* self out of range, or unable to take work: nothing */
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 1, 0, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, -1, 0, out, 8), 0);
+    g_peer[0].routable = false;
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, out, 8), 0);
+}
+END_TEST
+
+/* With 3 workers each is listed exactly the hot keys brk_owner gives it
+ * (checked key by key over many random ones), hottest first; max keeps
+ * the hottest of them and min_heat drops the cooler. */
+START_TEST(test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns) {
+    static brk_hot_t t;
+    const brk_peer_t *peers[3];
+    mk_fleet(3, peers);
+    for (int i = 0; i < 3; i++) g_peer[i].loops = brk_loops_from(NULL, 0);
+    const int64_t t0 = 777;
+    uint64_t rs = 0x5eedull;
+    int total_keys = 0;
+    for (int round = 0; round < 4; round++) {
+        memset(&t, 0, sizeof t);
+        for (int i = 0; i < 200; i++) {
+            rs = brk_splitmix64(rs);
+            brk_hot_key_t k = hot_key(rs | 1, "small", EULER);
+            for (int r = 0; r <= i % 5; r++) brk_hot_note(&t, &k, t0 - (int64_t)(i % 3) * 1000);
+        }
+        ck_assert_int_eq(t.n, 200);
+        total_keys += t.n;
+        int listed = 0;
+        for (int self = 0; self < 3; self++) {
+            const brk_hot_key_t *out[BRK_HOT_MAX], *top[7], *warm[BRK_HOT_MAX];
+            int n = brk_hot_owned(&t, t0, peers, 3, self, 0, out, BRK_HOT_MAX);
+            listed += n;
+            int mine = 0;
+            for (int i = 0; i < t.n; i++) {
+                bool owns = brk_owner(peers, 3, t.k[i].hash, "small", 1) == self;
+                mine += owns;
+                ck_assert_msg(owns == hot_in(out, n, &t.k[i]), "key %016llx: owner %d, listed for w%d: %d",
+                              (unsigned long long)t.k[i].hash, brk_owner(peers, 3, t.k[i].hash, "small", 1), self,
+                              hot_in(out, n, &t.k[i]));
+            }
+            ck_assert_int_eq(n, mine);
+            ck_assert_int_gt(n, 30); /* about a third each */
+            expect_sorted(out, n, t0);
+            /* max 7: the first 7 of the whole list */
+            ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, self, 0, top, 7), 7);
+            for (int i = 0; i < 7; i++) ck_assert_ptr_eq(top[i], out[i]);
+            /* min_heat 3: exactly the listed ones at least that hot */
+            int hot3 = 0;
+            for (int i = 0; i < n; i++) hot3 += brk_hot_heat(out[i], t0) >= 3.0;
+            int w = brk_hot_owned(&t, t0, peers, 3, self, 3.0, warm, BRK_HOT_MAX);
+            ck_assert_int_eq(w, hot3);
+            ck_assert_int_gt(w, 0);
+            ck_assert_int_lt(w, n);
+            for (int i = 0; i < w; i++) ck_assert_ptr_eq(warm[i], out[i]);
+        }
+        ck_assert_int_eq(listed, t.n); /* every key listed once, to its owner */
+    }
+    ck_assert_int_eq(total_keys, 800);
+}
+END_TEST
+
+/* A key is owned among the workers able to run it (its loop, a prompt):
+ * a worker without unipc is never listed a unipc key, even one it would
+ * own among all; with nobody able, nobody is. The version required is the
+ * one self runs: a worker behind it does not count, one ahead does. A
+ * worker that does not serve the key's model is never listed it. */
+START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
+    static brk_hot_t t;
+    memset(&t, 0, sizeof t);
+    const brk_peer_t *peers[3];
+    mk_fleet(3, peers);
+    static const char both[2][MSG_NAME_MAX] = { "unipc", "dpm++" };
+    g_peer[0].loops = brk_loops_from(NULL, 0);                   /* euler and sde only */
+    g_peer[1].loops = brk_loops_from(both, 2);
+    g_peer[2].loops = brk_loops_from(both, 2) | brk_caps_from("umt5-xxl", "");
+    const unsigned unipc = 1u << BRK_LOOP_UNIPC, prompt = 1u << BRK_CAP_PROMPT;
+    const int64_t t0 = 0;
+    for (int i = 0; i < 150; i++) {
+        brk_hot_key_t k = hot_key(key(i), "small", i % 3 == 0 ? EULER : i % 3 == 1 ? unipc : EULER | prompt);
+        k.loop = i % 3 == 1 ? BRK_LOOP_UNIPC : BRK_LOOP_EULER;
+        brk_hot_note(&t, &k, t0);
+    }
+    const brk_hot_key_t *out[3][BRK_HOT_MAX];
+    int n[3];
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX);
+    ck_assert_int_eq(n[0] + n[1] + n[2], 150);
+    int w0_would = 0;
+    for (int i = 0; i < t.n; i++) {
+        const brk_hot_key_t *k = &t.k[i];
+        const brk_peer_t *able[3];
+        int idx[3];
+        int m = brk_peers_able(peers, 3, k->needs, able, idx);
+        int o = brk_owner(able, m, k->hash, "small", 1);
+        ck_assert_int_ge(o, 0);
+        for (int s = 0; s < 3; s++) ck_assert(hot_in(out[s], n[s], k) == (idx[o] == s));
+        if (k->needs != EULER) {
+            ck_assert(!hot_in(out[0], n[0], k));
+            if (brk_owner(peers, 3, k->hash, "small", 1) == 0) w0_would++;
+        }
+        if (k->needs & prompt) ck_assert(hot_in(out[2], n[2], k));
+    }
+    ck_assert_int_gt(w0_would, 0); /* keys w0 would own among all went to others */
+    /* with w0 alone nobody can run the unipc and prompt keys */
+    const brk_hot_key_t *alone[BRK_HOT_MAX];
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, alone, BRK_HOT_MAX), 50);
+    for (int i = 0; i < 50; i++) ck_assert_uint_eq(alone[i]->needs, EULER);
+
+    /* versions: w0 at 1, w1 and w2 at 2 */
+    brk_peer_set_version(&g_peer[1], BRK_COMPONENT, 2);
+    brk_peer_set_version(&g_peer[2], BRK_COMPONENT, 2);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX);
+    int both_claim = 0;
+    for (int i = 0; i < t.n; i++) {
+        const brk_hot_key_t *k = &t.k[i];
+        const brk_peer_t *able[3];
+        int idx[3];
+        int m = brk_peers_able(peers, 3, k->needs, able, idx);
+        for (int s = 0; s < 3; s++) {
+            uint64_t v = brk_peer_version(&g_peer[s], BRK_COMPONENT);
+            int o = brk_owner(able, m, k->hash, "small", v);
+            ck_assert(hot_in(out[s], n[s], k) == (o >= 0 && idx[o] == s));
+        }
+        /* w0 (v1) still counts w1 and w2, but they do not count w0 */
+        if (hot_in(out[0], n[0], k)) {
+            ck_assert(hot_in(out[1], n[1], k) || hot_in(out[2], n[2], k));
+            both_claim++;
+        }
+    }
+    ck_assert_int_gt(both_claim, 0);
+    ck_assert_int_eq(n[1] + n[2], 150); /* among the v2 workers every key has its owner */
+
+    /* another model: only the worker serving it */
+    memset(&t, 0, sizeof t);
+    snprintf(g_peer[1].models[g_peer[1].n_models++], BRK_NAME_MAX, "tiny");
+    for (int i = 0; i < 20; i++) {
+        brk_hot_key_t k = hot_key(key(i), "tiny", EULER);
+        brk_hot_note(&t, &k, t0);
+    }
+    for (int s = 0; s < 3; s++)
+        ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX), s == 1 ? 20 : 0);
 }
 END_TEST
 
@@ -2192,6 +2504,11 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_versions_are_tracked_per_component);
     tcase_add_test(tc, test_full_queue_refuses_new_items_and_keeps_fifo_order);
     tcase_add_test(tc, test_recent_keys_move_to_front_and_keep_the_newest_32);
+    tcase_add_test(tc, test_a_hot_key_counts_its_requests_and_halves_every_half_life);
+    tcase_add_test(tc, test_a_full_hot_table_gives_a_new_key_the_coldest_slot);
+    tcase_add_test(tc, test_hot_keys_are_listed_hottest_first_and_a_key_noted_again_moves_up);
+    tcase_add_test(tc, test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns);
+    tcase_add_test(tc, test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version);
     suite_add_tcase(s, tc);
     TCase *sy = tcase_create("sync");
     tcase_set_timeout(sy, 60);

@@ -513,7 +513,7 @@ typedef struct req {
     kern_tensor_t in[2], out_t;
     cap_const_t consts[4];
     int n_consts;
-    bool not_capturable, override;
+    bool not_capturable, override, prewarm;
 } req_t;
 
 static void req_init(req_t *r, const cap_program_t *p, step_user_t *u, const char *model, int64_t rows,
@@ -540,6 +540,7 @@ static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t
     cap_call_t call = {
         .key = &r->key, .inputs = r->in, .outputs = &r->out_t, .consts = r->consts,
         .n_consts = r->n_consts, .not_capturable = r->not_capturable, .override = r->override,
+        .prewarm = r->prewarm,
     };
     res->ran = (cap_ran_t)-1;
     res->reason = CAP_DECLINE_COUNT;
@@ -2678,6 +2679,168 @@ START_TEST(test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_o
 }
 END_TEST
 
+/* ---- prewarm ------------------------------------------------------------------ */
+
+/* A prewarm call on a key never seen captures on that very call: no
+ * warmup runs, no warming_up decline, one CAPTURE event whose reason says
+ * prewarm, counted in prewarm_captures. Nothing is pinned (no address was
+ * seen twice), so later ordinary calls replay whatever their buffers'
+ * addresses, bitwise the pure eager result. An entry that had one warmup
+ * call is still in warmup: a prewarm captures it too. */
+START_TEST(test_a_prewarm_call_captures_a_fresh_key_at_once_and_ordinary_calls_then_replay_it) {
+    cap_options_t o = test_options();
+    o.warmup = -1; /* the default, 2 */
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:prewarm", ROWS, COLS, "wA", 1);
+    r.prewarm = true;
+    cap_result_t res = req_call(C, S, &r);
+    expect_ran(res, CAP_RAN_CAPTURED, "prewarm call", 0);
+    req_expect_eager_bits(&r, "prewarm call", 0);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.calls, 1);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.prewarm_captures, 1);
+    ck_assert_uint_eq(st.verifies, 1);
+    ck_assert_uint_eq(st.eager_runs, 0);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 0);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.bind_bytes_pinned, 0);
+    ck_assert_int_eq(count_events(CAP_EV_DECLINE, -1), 0);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM), 1);
+    const rec_event_t *cap = find_event(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM, 0);
+    ck_assert_uint_eq(cap->key_hash, cap_key_hash(&r.key));
+    ck_assert_uint_eq(cap->bytes, st.ws_bytes + st.graph_bytes);
+    ck_assert_str_eq(cap_capture_origin_name(cap->reason), "prewarm");
+
+    /* Ordinary calls replay, each with its context somewhere new: nothing
+     * was pinned, so nothing can have moved. */
+    r.prewarm = false;
+    for (int i = 1; i <= 4; i++) {
+        float *ctx = host_alloc(N * sizeof(float));
+        fill(ctx, N, -1.f, 1.f);
+        r.in[1] = host_tensor(ctx, ROWS, COLS);
+        fill(r.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "call after the prewarm", i);
+        req_expect_eager_bits(&r, "call after the prewarm", i);
+    }
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.prewarm_captures, 1);
+    ck_assert_uint_eq(st.replays, 4);
+    ck_assert_uint_eq(st.bind_bytes_pinned, 0);
+    for (int k = 0; k < CAP_DECLINE_COUNT; k++)
+        ck_assert_msg(st.declines[k] == 0, "unexpected %s declines", cap_reason_name((cap_reason_t)k));
+
+    /* Half-way through warmup (one ordinary call made): still a capture. */
+    req_t m;
+    req_init(&m, &PROG_A, &uA, "syn:prewarm-mid", ROWS, COLS, "wA", 1);
+    expect_eager(req_call(C, S, &m), CAP_DECLINE_WARMING_UP, "warmup call", 0);
+    m.prewarm = true;
+    fill(m.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &m), CAP_RAN_CAPTURED, "prewarm after one warmup call", 1);
+    req_expect_eager_bits(&m, "prewarm after one warmup call", 1);
+    m.prewarm = false;
+    fill(m.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &m), CAP_RAN_REPLAYED, "call", 2);
+    req_expect_eager_bits(&m, "call", 2);
+    st = stats(C);
+    ck_assert_uint_eq(st.captures, 2);
+    ck_assert_uint_eq(st.prewarm_captures, 2);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM), 2);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_DEMAND), 0);
+    ck_assert_int_eq(n_warnings, 0);
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+/* A capture after warmup is a demand one: its event says so and
+ * prewarm_captures stays 0. The names of the two origins. */
+START_TEST(test_a_capture_after_warmup_is_a_demand_capture_not_counted_as_prewarm) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:demand", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &r, 2);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.prewarm_captures, 0);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 2);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_DEMAND), 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM), 0);
+    ck_assert_str_eq(cap_capture_origin_name(find_event(CAP_EV_CAPTURE, -1, 0)->reason), "demand");
+    ck_assert_str_eq(cap_capture_origin_name(CAP_CAPTURE_DEMAND), "demand");
+    ck_assert_str_eq(cap_capture_origin_name(CAP_CAPTURE_PREWARM), "prewarm");
+    ck_assert_str_eq(cap_capture_origin_name(2), "?");
+    ck_assert_str_eq(cap_capture_origin_name(-1), "?");
+}
+END_TEST
+
+/* With graphs off a prewarm call is an eager call like any other (reason
+ * override), every time; an eager break (not_capturable) stays one. */
+START_TEST(test_a_prewarm_call_with_graphs_off_or_an_eager_break_runs_eager_and_captures_nothing) {
+    cap_options_t o = test_options();
+    o.graphs = false;
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:prewarm-off", ROWS, COLS, "wA", 1);
+    r.prewarm = true;
+    for (int i = 0; i < 3; i++) {
+        fill(r.x, N, -1.f, 1.f);
+        expect_eager(req_call(C, S, &r), CAP_DECLINE_OVERRIDE, "prewarm call, graphs off", i);
+        req_expect_eager_bits(&r, "prewarm call, graphs off", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.prewarm_captures, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.eager_runs, 3);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_OVERRIDE], 3);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), 0);
+
+    cap_options_t g = test_options();
+    C2 = new_cache(&g);
+    req_t b;
+    req_init(&b, &PROG_A, &uA, "syn:prewarm-break", ROWS, COLS, "wA", 1);
+    b.prewarm = true;
+    b.not_capturable = true;
+    expect_eager(req_call(C2, S, &b), CAP_DECLINE_NOT_CAPTURABLE, "prewarm eager break", 0);
+    req_expect_eager_bits(&b, "prewarm eager break", 0);
+    st = stats(C2);
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.prewarm_captures, 0);
+}
+END_TEST
+
+/* On an entry already READY a prewarm call replays like any call: no new
+ * capture, no new event, prewarm_captures unchanged. */
+START_TEST(test_a_prewarm_call_on_a_ready_entry_replays_and_captures_nothing_new) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:prewarm-ready", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &r, 2);
+    cap_stats_t before = stats(C);
+    int caps = count_events(CAP_EV_CAPTURE, -1);
+    r.prewarm = true;
+    for (int i = 0; i < 3; i++) {
+        fill(r.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "prewarm call on a ready entry", i);
+        req_expect_eager_bits(&r, "prewarm call on a ready entry", i);
+    }
+    cap_stats_t after = stats(C);
+    ck_assert_uint_eq(after.captures, before.captures);
+    ck_assert_uint_eq(after.prewarm_captures, 0);
+    ck_assert_uint_eq(after.verifies, before.verifies);
+    ck_assert_uint_eq(after.replays - before.replays, 3);
+    ck_assert_uint_eq(after.graphs, 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1), caps);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM), 0);
+}
+END_TEST
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -2729,6 +2892,10 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_component_register_refuses_names_a_key_cannot_carry);
     tcase_add_test(tc, test_a_key_naming_another_version_than_the_registered_one_runs_transient_and_never_gets_an_entry);
     tcase_add_test(tc, test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_out);
+    tcase_add_test(tc, test_a_prewarm_call_captures_a_fresh_key_at_once_and_ordinary_calls_then_replay_it);
+    tcase_add_test(tc, test_a_capture_after_warmup_is_a_demand_capture_not_counted_as_prewarm);
+    tcase_add_test(tc, test_a_prewarm_call_with_graphs_off_or_an_eager_break_runs_eager_and_captures_nothing);
+    tcase_add_test(tc, test_a_prewarm_call_on_a_ready_entry_replays_and_captures_nothing_new);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1417,6 +1417,227 @@ START_TEST(test_skipping_a_value_lands_where_the_tokenizer_ends_it_and_its_token
 }
 END_TEST
 
+/* ---- prewarm ------------------------------------------------------------------------ */
+
+/* A PREWARM key's header map: every required field, one left out by name. */
+static wire_val_t *prewarm_key_tree(const char *omit) {
+    wire_val_t *k = wv_map(), *ls = wv_arr();
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)LAT[i]));
+    wv_set(k, "model", wv_str("tiny"));
+    if (strcmp(omit, "latent_shape")) wv_set(k, "latent_shape", ls);
+    else wv_free(&ls);
+    if (strcmp(omit, "text_len")) wv_set(k, "text_len", wv_u64(5));
+    wv_set(k, "text_dim", wv_u64(32));
+    if (strcmp(omit, "key_hash")) wv_set(k, "key_hash", wv_str("b6d4e43bdf155e32"));
+    return k;
+}
+
+/* Two keys, every field set, come back as they went; the list validates. */
+START_TEST(test_a_prewarm_round_trips_with_every_field_of_each_key) {
+    msg_prewarm_key_t k[2];
+    memset(k, 0, sizeof k);
+    snprintf(k[0].model, sizeof k[0].model, "tiny");
+    memcpy(k[0].latent_shape, LAT, sizeof LAT);
+    k[0].text_len = 5;
+    k[0].text_dim = 32;
+    k[0].cfg = true;
+    k[0].n = 4;
+    snprintf(k[0].solver, sizeof k[0].solver, "unipc");
+    k[0].key_hash = 0xb6d4e43bdf155e32ull;
+    k[0].requests = 17;
+    snprintf(k[1].model, sizeof k[1].model, "wan2.1-t2v-1.3b");
+    const int64_t lat1[4] = { 16, 21, 60, 104 };
+    memcpy(k[1].latent_shape, lat1, sizeof lat1);
+    k[1].text_len = 512;
+    k[1].text_dim = 4096;
+    k[1].cfg = false;
+    k[1].n = 1;
+    snprintf(k[1].solver, sizeof k[1].solver, "euler");
+    k[1].sde = true;
+    k[1].key_hash = UINT64_MAX;
+    k[1].requests = 1;
+    msg_prewarm_t p = { k, 2 }, pb;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_PREWARM, 9, &p, NULL, 0);
+    ck_assert_str_eq(msg_type_name(MSG_PREWARM), "PREWARM");
+    ck_assert_int_eq(msg_prewarm_decode(&m, &pb, &err), 0);
+    ck_assert_int_eq(msg_prewarm_validate(&pb, &err), 0);
+    ck_assert_uint_eq(pb.n_keys, 2);
+    for (int i = 0; i < 2; i++) {
+        const msg_prewarm_key_t *a = &k[i], *b = &pb.keys[i];
+        ck_assert_str_eq(b->model, a->model);
+        ck_assert_mem_eq(b->latent_shape, a->latent_shape, sizeof a->latent_shape);
+        ck_assert_uint_eq(b->text_len, a->text_len);
+        ck_assert_uint_eq(b->text_dim, a->text_dim);
+        ck_assert(b->cfg == a->cfg);
+        ck_assert_uint_eq(b->n, a->n);
+        ck_assert_str_eq(b->solver, a->solver);
+        ck_assert(b->sde == a->sde);
+        ck_assert_uint_eq(b->key_hash, a->key_hash);
+        ck_assert_uint_eq(b->requests, a->requests);
+    }
+    wire_msg_close(&m);
+    /* an empty list is a PREWARM too (the broker's "none of yours is hot") */
+    msg_prewarm_t none = { NULL, 0 };
+    round_trip(&m, MSG_PREWARM, 10, &none, NULL, 0);
+    ck_assert_int_eq(msg_prewarm_decode(&m, &pb, &err), 0);
+    ck_assert_uint_eq(pb.n_keys, 0);
+    ck_assert_int_eq(msg_prewarm_validate(&pb, &err), 0);
+    wire_msg_close(&m);
+}
+END_TEST
+
+/* Optional fields left out take their defaults (n 1, solver "" for
+ * euler, no sde, no cfg, requests 0); key_hash, latent_shape and
+ * text_len are required, named with their path. */
+START_TEST(test_a_prewarm_key_takes_defaults_and_needs_its_hash_shape_and_text_len) {
+    wire_val_t *h = wire_hdr("PREWARM", 3), *keys = wv_arr();
+    wv_push(keys, prewarm_key_tree(""));
+    wv_set(h, "keys", keys);
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, h, NULL, 0);
+    msg_prewarm_t p;
+    ck_assert_int_eq(msg_prewarm_decode(&m, &p, &err), 0);
+    ck_assert_uint_eq(p.n_keys, 1);
+    ck_assert_str_eq(p.keys[0].model, "tiny");
+    ck_assert_mem_eq(p.keys[0].latent_shape, LAT, sizeof LAT);
+    ck_assert_uint_eq(p.keys[0].text_len, 5);
+    ck_assert_uint_eq(p.keys[0].text_dim, 32);
+    ck_assert_uint_eq(p.keys[0].key_hash, 0xb6d4e43bdf155e32ull);
+    ck_assert_uint_eq(p.keys[0].n, 1);
+    ck_assert_str_eq(p.keys[0].solver, "");
+    ck_assert(!p.keys[0].sde);
+    ck_assert(!p.keys[0].cfg);
+    ck_assert_uint_eq(p.keys[0].requests, 0);
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
+    wire_msg_close(&m);
+
+    static const char *required[] = { "key_hash", "latent_shape", "text_len" };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        h = wire_hdr("PREWARM", 4);
+        keys = wv_arr();
+        wv_push(keys, prewarm_key_tree(""));
+        wv_push(keys, prewarm_key_tree(required[i]));
+        wv_set(h, "keys", keys);
+        receive_tree(&m, h, NULL, 0);
+        ck_assert_int_eq(msg_prewarm_decode(&m, &p, &err), -1);
+        ck_assert_str_eq(err.code, "bad_request");
+        char want[64];
+        snprintf(want, sizeof want, "missing 'keys[1].%s'", required[i]);
+        ck_assert_str_eq(err.message, want);
+        wire_msg_close(&m);
+    }
+    /* the list itself is required */
+    receive_tree(&m, wire_hdr("PREWARM", 5), NULL, 0);
+    ck_assert_int_eq(msg_prewarm_decode(&m, &p, &err), -1);
+    ck_assert_str_eq(err.message, "missing 'keys'");
+    wire_msg_close(&m);
+}
+END_TEST
+
+/* Validation: at most MSG_MAX_PREWARM keys, a known solver, sde only
+ * with euler, a latent shape a GEN could have. */
+START_TEST(test_a_prewarm_of_too_many_keys_an_unknown_solver_sde_with_unipc_or_a_bad_shape_is_refused) {
+    static msg_prewarm_key_t k[MSG_MAX_PREWARM + 1];
+    memset(k, 0, sizeof k);
+    for (int i = 0; i <= MSG_MAX_PREWARM; i++) {
+        snprintf(k[i].model, sizeof k[i].model, "tiny");
+        memcpy(k[i].latent_shape, LAT, sizeof LAT);
+        k[i].text_len = 5;
+        k[i].text_dim = 32;
+        k[i].n = 1;
+        k[i].key_hash = (uint64_t)i + 1;
+    }
+    wire_err_t err;
+    msg_prewarm_t p = { k, MSG_MAX_PREWARM };
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
+    p.n_keys = MSG_MAX_PREWARM + 1;
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_msg(strstr(err.message, "at most 64 keys (got 65)"), "%s", err.message);
+
+    p.n_keys = 3;
+    static const char *good[] = { "", "euler", "unipc", "dpm++" };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(k[2].solver, sizeof k[2].solver, "%s", good[i]);
+        ck_assert_msg(msg_prewarm_validate(&p, &err) == 0, "solver '%s': %s", good[i], err.message);
+    }
+    snprintf(k[2].solver, sizeof k[2].solver, "ddim");
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_msg(strstr(err.message, "'keys' 2: 'solver' must be euler, unipc or dpm++ (got 'ddim')"), "%s",
+                  err.message);
+
+    k[2].sde = true;
+    k[2].solver[0] = '\0';
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0); /* sde: Euler's */
+    snprintf(k[2].solver, sizeof k[2].solver, "euler");
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
+    snprintf(k[2].solver, sizeof k[2].solver, "unipc");
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_msg(strstr(err.message, "'keys' 2: 'solver' unipc cannot run 'sde' steps"), "%s", err.message);
+    snprintf(k[2].solver, sizeof k[2].solver, "dpm++");
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    k[2].sde = false;
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
+
+    k[1].latent_shape[3] = 0;
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_msg(strstr(err.message, "'latent_shape' W must be in 1..65536 (got 0)"), "%s", err.message);
+    k[1].latent_shape[3] = LAT[3];
+    k[1].latent_shape[1] = 4096;
+    k[1].latent_shape[2] = 4096;
+    k[1].latent_shape[3] = 2;
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_msg(strstr(err.message, "F x H x W must be at most 16777216"), "%s", err.message);
+    memcpy(k[1].latent_shape, LAT, sizeof LAT);
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
+}
+END_TEST
+
+/* READY's "prewarm": how many hot keys a worker asks for, 0..64; absent 0. */
+START_TEST(test_ready_prewarm_round_trips_and_more_than_64_is_refused_at_decode) {
+    char models[1][MSG_NAME_MAX] = { "tiny" };
+    msg_ready_t r = { 0 }, rb;
+    snprintf(r.name, sizeof r.name, "w0");
+    r.streams = 1;
+    r.models = models;
+    r.n_models = 1;
+    wire_msg_t m;
+    wire_err_t err;
+    const uint64_t asks[] = { 0, 8, MSG_MAX_PREWARM };
+    for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+        r.prewarm = asks[i];
+        round_trip(&m, MSG_READY, 0, &r, NULL, 0);
+        ck_assert_int_eq(msg_ready_decode(&m, &rb, &err), 0);
+        ck_assert_int_eq(msg_ready_validate(&rb, &err), 0);
+        ck_assert_uint_eq(rb.prewarm, asks[i]);
+        wire_msg_close(&m);
+    }
+    for (uint64_t v = MSG_MAX_PREWARM; v <= MSG_MAX_PREWARM + 1; v++) {
+        wire_val_t *h = wire_hdr("READY", 0), *ms = wv_arr();
+        wv_push(ms, wv_str("tiny"));
+        wv_set(h, "name", wv_str("w0"));
+        wv_set(h, "models", ms);
+        wv_set(h, "prewarm", wv_u64(v));
+        receive_tree(&m, h, NULL, 0);
+        int rc = msg_ready_decode(&m, &rb, &err);
+        if (v == MSG_MAX_PREWARM) {
+            ck_assert_int_eq(rc, 0);
+            ck_assert_uint_eq(rb.prewarm, MSG_MAX_PREWARM);
+        } else {
+            ck_assert_int_eq(rc, -1);
+            ck_assert_str_eq(err.code, "bad_request");
+            ck_assert_msg(strstr(err.message, "'prewarm' must be in 0..64 (got 65)"), "%s", err.message);
+        }
+        wire_msg_close(&m);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("msg");
     TCase *t = tcase_create("round trips");
@@ -1427,6 +1648,8 @@ static Suite *suite(void) {
     tcase_add_test(t, test_an_adapter_sync_goes_by_path_by_value_with_its_config_or_is_the_base_again);
     tcase_add_test(t, test_worker_messages_round_trip);
     tcase_add_test(t, test_status_reply_round_trips_with_workers_lagging_keys_and_models);
+    tcase_add_test(t, test_a_prewarm_round_trips_with_every_field_of_each_key);
+    tcase_add_test(t, test_ready_prewarm_round_trips_and_more_than_64_is_refused_at_decode);
     suite_add_tcase(s, t);
     t = tcase_create("fields");
     tcase_add_test(t, test_absent_optional_fields_take_the_documented_defaults);
@@ -1438,6 +1661,8 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_type_carries_only_its_own_tensors);
     tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);
     tcase_add_test(t, test_a_group_round_trips_and_every_bad_group_is_refused);
+    tcase_add_test(t, test_a_prewarm_key_takes_defaults_and_needs_its_hash_shape_and_text_len);
+    tcase_add_test(t, test_a_prewarm_of_too_many_keys_an_unknown_solver_sde_with_unipc_or_a_bad_shape_is_refused);
     suite_add_tcase(s, t);
     t = tcase_create("errors and interop");
     tcase_add_test(t, test_an_error_found_while_decoding_echoes_the_id_read_before_it);

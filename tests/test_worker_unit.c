@@ -91,6 +91,23 @@ START_TEST(test_options_default_to_the_documented_values) {
 }
 END_TEST
 
+/* --prewarm K: 8 by default, 0 turns it off, at most MSG_MAX_PREWARM (64). */
+START_TEST(test_prewarm_takes_0_to_64_keys_and_defaults_to_8) {
+    wrk_opts_t o;
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", NULL), 0);
+    ck_assert_int_eq(o.prewarm, 8);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", "0", NULL), 0);
+    ck_assert_int_eq(o.prewarm, 0);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", "64", NULL), 0);
+    ck_assert_int_eq(o.prewarm, MSG_MAX_PREWARM);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", "65", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err()->msg, "--prewarm"));
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", "-1", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", "some", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--prewarm", NULL), -1);
+}
+END_TEST
+
 START_TEST(test_unknown_flags_and_missing_required_options_are_usage_errors) {
     wrk_opts_t o;
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--frobnicate", NULL), -1);
@@ -245,6 +262,28 @@ START_TEST(test_a_capture_between_declines_keeps_the_key_lifecycle_in_order) {
     ck_assert_str_eq(EV(t, 3)->component, "transformer");
     ck_assert_uint_eq(EV(t, 3)->from, 1);
     ck_assert_uint_eq(EV(t, 3)->to, 2);
+    untake(&t);
+    wrk_events_destroy(&b);
+}
+END_TEST
+
+/* A capture's EVENTS entry says what asked for it: "demand" after a
+ * warmup, "prewarm" when a PREWARM key was captured before its requests
+ * (the broker's catalog records it as the capture's origin). */
+START_TEST(test_a_capture_event_says_whether_a_demand_or_a_prewarm_asked_for_it) {
+    wrk_events_t *b = wrk_events_new(64);
+    cap_event_t p = ev_of(CAP_EV_CAPTURE, CAP_CAPTURE_PREWARM, 0xa, 0);
+    cap_event_t d = ev_of(CAP_EV_CAPTURE, CAP_CAPTURE_DEMAND, 0xb, 0);
+    wrk_events_on_cache(b, &p);
+    wrk_events_on_cache(b, &d);
+    taken_t *t = take(b, 100, NULL);
+    ck_assert_uint_eq(t->ev.n_events, 2);
+    ck_assert_str_eq(EV(t, 0)->kind, "capture");
+    ck_assert_uint_eq(EV(t, 0)->key_hash, 0xa);
+    ck_assert_str_eq(EV(t, 0)->reason, "prewarm");
+    ck_assert_str_eq(EV(t, 1)->kind, "capture");
+    ck_assert_uint_eq(EV(t, 1)->key_hash, 0xb);
+    ck_assert_str_eq(EV(t, 1)->reason, "demand");
     untake(&t);
     wrk_events_destroy(&b);
 }
@@ -683,6 +722,133 @@ START_TEST(test_a_request_for_an_older_version_runs_on_a_newer_worker) {
     ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 5, &j, &err), 0);
     ck_assert_uint_eq(j->version, 2);
     wrk_job_free(&j);
+}
+END_TEST
+
+/* ---- prewarm keys ------------------------------------------------------------ */
+
+/* A PREWARM key for the tiny model: latent [4,2,8,8], contexts [5,32], CFG. */
+static msg_prewarm_key_t good_key(void) {
+    msg_prewarm_key_t k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.model, sizeof k.model, "tiny");
+    const int64_t l[4] = { 4, 2, 8, 8 };
+    memcpy(k.latent_shape, l, sizeof l);
+    k.text_len = 5;
+    k.text_dim = 32;
+    k.cfg = true;
+    k.n = 1;
+    k.key_hash = 0xb6d4e43bdf155e32ull;
+    return k;
+}
+
+/* Expects k refused with code `code` and a message holding `want`. */
+static void expect_key_refused(const msg_prewarm_key_t *k, const tdit_config_t *cfg, int64_t max_tokens,
+                               const char *code, const char *want) {
+    wrk_prewarm_t p;
+    wire_err_t err;
+    memset(&err, 0, sizeof err);
+    ck_assert_int_eq(wrk_prewarm_from_key(k, cfg, max_tokens, &p, &err), -1);
+    ck_assert_str_eq(err.code, code);
+    ck_assert_msg(strstr(err.message, want) != NULL, "message '%s' lacks '%s'", err.message, want);
+}
+
+/* A key this worker can run becomes the shape and loop a request of it
+ * would: F, H, W, the context rows, cfg, batch n, the solver (sde an
+ * Euler loop), and the broker's shard hash. */
+START_TEST(test_a_prewarm_key_becomes_the_shape_and_loop_its_requests_run) {
+    msg_prewarm_key_t k = good_key();
+    k.n = 4;
+    snprintf(k.solver, sizeof k.solver, "unipc");
+    wrk_prewarm_t p;
+    wire_err_t err;
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 65536, &p, &err), 0);
+    ck_assert_int_eq(p.shape.frames, 2);
+    ck_assert_int_eq(p.shape.height, 8);
+    ck_assert_int_eq(p.shape.width, 8);
+    ck_assert_int_eq(p.shape.text_len, 5);
+    ck_assert(p.shape.cfg);
+    ck_assert_int_eq(p.shape.batch, 4);
+    ck_assert_int_eq(p.shape.solver, TDIT_SOLVER_UNIPC);
+    ck_assert(!p.shape.mixed);
+    ck_assert_int_eq(p.loop.solver, TDIT_SOLVER_UNIPC);
+    ck_assert(!p.loop.sde);
+    ck_assert_int_eq(tdit_loop_validate(&p.loop), 0);
+    ck_assert_int_eq(tdit_shape_validate(&p.shape), 0);
+    ck_assert_uint_eq(p.shard, 0xb6d4e43bdf155e32ull);
+
+    /* one sample, no CFG, SDE (solver left out: Euler's) */
+    k = good_key();
+    k.cfg = false;
+    k.sde = true;
+    k.key_hash = 7;
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 65536, &p, &err), 0);
+    ck_assert_int_eq(p.shape.batch, 1);
+    ck_assert(!p.shape.cfg);
+    ck_assert_int_eq(p.shape.solver, TDIT_SOLVER_EULER);
+    ck_assert(p.loop.sde);
+    ck_assert_int_eq(p.loop.solver, TDIT_SOLVER_EULER);
+    ck_assert_uint_eq(p.shard, 7);
+    k = good_key();
+    snprintf(k.solver, sizeof k.solver, "dpm++");
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 0, &p, &err), 0);
+    ck_assert_int_eq(p.shape.solver, TDIT_SOLVER_DPMPP);
+    ck_assert_int_eq(p.loop.solver, TDIT_SOLVER_DPMPP);
+    snprintf(k.solver, sizeof k.solver, "euler");
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 0, &p, &err), 0);
+    ck_assert_int_eq(p.shape.solver, TDIT_SOLVER_EULER);
+
+    /* a config with text_len (Wan's 512; here 12): the key's rows are it */
+    tdit_config_t wan = tiny;
+    wan.text_len = 12;
+    k = good_key();
+    k.text_len = 12;
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &wan, 65536, &p, &err), 0);
+    ck_assert_int_eq(p.shape.text_len, 12);
+}
+END_TEST
+
+/* A key of another model, latent channels, context width or length, a
+ * shape the model refuses (odd height), an unknown solver or sde with a
+ * multistep one is bad_request; more tokens than --max-tokens too_large. */
+START_TEST(test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason) {
+    msg_prewarm_key_t k = good_key();
+    snprintf(k.model, sizeof k.model, "small");
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "model small is not this worker's (tiny)");
+    k = good_key();
+    k.latent_shape[0] = 3;
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "a latent of 3 channels; model tiny takes 4");
+    k = good_key();
+    k.text_dim = 16;
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "contexts 16 wide; model tiny takes 32");
+    tdit_config_t wan = tiny;
+    wan.text_len = 12;
+    k = good_key(); /* 5 rows */
+    expect_key_refused(&k, &wan, 65536, "bad_request", "contexts of 5 rows; model tiny pads them to 12");
+    k.text_len = 13;
+    expect_key_refused(&k, &wan, 65536, "bad_request", "contexts of 13 rows; model tiny pads them to 12");
+    k = good_key();
+    k.latent_shape[2] = 7;
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "height, width even");
+    k = good_key();
+    k.latent_shape[3] = 0;
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "latent_shape is not a shape");
+    k = good_key();
+    snprintf(k.solver, sizeof k.solver, "ddim");
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "unknown solver 'ddim'");
+    snprintf(k.solver, sizeof k.solver, "unipc");
+    k.sde = true;
+    expect_key_refused(&k, &tiny, 65536, "bad_request", "cannot run SDE steps");
+
+    /* tokens F x H/2 x W/2: 16 x 64 x 64 = 65536 at the limit, 17 frames over */
+    wrk_prewarm_t p;
+    wire_err_t err;
+    k = good_key();
+    k.latent_shape[1] = 16, k.latent_shape[2] = 128, k.latent_shape[3] = 128;
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 65536, &p, &err), 0);
+    k.latent_shape[1] = 17;
+    expect_key_refused(&k, &tiny, 65536, "too_large", "a sample of 69632 tokens, more than --max-tokens 65536");
+    ck_assert_int_eq(wrk_prewarm_from_key(&k, &tiny, 0, &p, &err), 0); /* 0: no limit */
 }
 END_TEST
 
@@ -1392,10 +1558,12 @@ static Suite *suite(void) {
     tcase_add_test(t, test_byte_counts_take_binary_suffixes_and_reject_junk);
     tcase_add_test(t, test_weights_directories_and_keys_are_options);
     tcase_add_test(t, test_no_fallback_is_an_option_of_the_cuda_backend_only);
+    tcase_add_test(t, test_prewarm_takes_0_to_64_keys_and_defaults_to_8);
     suite_add_tcase(s, t);
     t = tcase_create("events");
     tcase_add_test(t, test_repeated_declines_of_a_key_and_reason_become_one_event_with_a_count);
     tcase_add_test(t, test_a_capture_between_declines_keeps_the_key_lifecycle_in_order);
+    tcase_add_test(t, test_a_capture_event_says_whether_a_demand_or_a_prewarm_asked_for_it);
     tcase_add_test(t, test_replays_are_counted_per_key_and_stream);
     tcase_add_test(t, test_events_report_the_worker_stream_numbers_not_the_cache_order);
     tcase_add_test(t, test_a_full_event_buffer_drops_and_counts_instead_of_growing);
@@ -1414,6 +1582,8 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_request_for_an_older_version_runs_on_a_newer_worker);
     tcase_add_test(t, test_a_sample_of_more_tokens_than_max_tokens_is_too_large);
     tcase_add_test(t, test_a_nan_or_infinite_input_is_refused_by_name);
+    tcase_add_test(t, test_a_prewarm_key_becomes_the_shape_and_loop_its_requests_run);
+    tcase_add_test(t, test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);
