@@ -8,8 +8,10 @@
  * --prewarm 8 in turn, the worker is killed (SIGKILL, as a crash), the
  * broker lets it go, and a new worker is started while CLIENTS client
  * threads send GENs of the hot keys round robin, without pause, for
- * WINDOW seconds from its start (the traffic never stopped: GENs wait at
- * the broker until it registers). Reported from the RESULTs (their
+ * WINDOW seconds from its start (live: the traffic never stopped, GENs
+ * wait at the broker until it registers), and again with the traffic
+ * coming back 1 s after it registered (after: a restart the traffic was
+ * drained from; a window of at most 15 s). Reported from the RESULTs (their
  * stats): the time from the worker's start to its registration, to the
  * first RESULT holding a replayed step and to the first RESULT whose every
  * step replayed (an upper bound: the RESULT comes after its steps), the
@@ -46,7 +48,9 @@ typedef struct {
     const char *ep;
     const case_t *k;
     const float *ctx, *unc;
-    double t0, until;
+    double t0;
+    _Atomic double until;                          /* written by the main thread while clients run */
+    _Atomic double start_at;                       /* clients send from then on (0: at once) */
     pthread_mutex_t mu;
     double registered, first_replay, all_replayed; /* s after t0; < 0: not seen */
     int requests, eager, replayed;
@@ -73,6 +77,7 @@ static void *client_run(void *arg) {
         if (n > nl) nl = n;
     }
     float *out = malloc(nl * sizeof *out);
+    while (bench_now() < r->start_at) usleep(1000);
     for (int i = 0; out && bench_now() < r->until; i++) {
         int key = (cl->idx + i) % KEYS;
         reel_gen_t g = { .model = r->k->config, .steps = r->k->steps, .shift = 3.0, .cfg = 4.0,
@@ -144,11 +149,12 @@ int main(int argc, char **argv) {
         { "small", { { 16, 2, 8, 16 }, { 16, 2, 16, 16 }, { 16, 2, 8, 8 }, { 16, 2, 16, 8 } }, { 16, 256 }, 4 },
     };
     static const char *const modes[2] = { "0", "8" };
+    static const char *const arrivals[2] = { "live", "+1 s" };
     printf("bench_prewarm: a worker (CPU, --streams 2, warmup 2) killed and restarted into %d clients' GENs of\n"
            "%d hot keys (CFG Euler, 4 steps), with --prewarm 0 and 8; times from its start; the window is %.0f s\n",
            CLIENTS, KEYS, window);
-    printf("%-6s %-8s %10s %14s %14s %9s %12s %16s\n", "config", "prewarm", "ready s", "1st replay s",
-           "1st warm req s", "requests", "eager steps", "eager/1st req");
+    printf("%-6s %-8s %-8s %8s %10s %14s %14s %9s %12s %16s\n", "config", "traffic", "prewarm", "window", "ready s",
+           "1st replay s", "1st warm req s", "requests", "eager steps", "eager/1st req");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const case_t *k = &cases[ci];
         if (only && strcmp(only, k->config)) continue;
@@ -186,7 +192,9 @@ int main(int argc, char **argv) {
                 free(out);
             }
         }
-        for (int m = 0; m < 2; m++) {
+        for (int run = 0; run < 4; run++) {
+            int m = run % 2, late = run / 2;
+            double win = late && window > 15 ? 15 : window;
             crash(pw, c);
             run_t r = { .ep = cep, .k = k, .ctx = ctx, .unc = ctx + nc, .registered = -1, .first_replay = -1,
                         .all_replayed = -1 };
@@ -194,7 +202,8 @@ int main(int argc, char **argv) {
             atomic_init(&r.failed, 0);
             for (int i = 0; i < KEYS; i++) r.first_eager[i] = -1;
             r.t0 = bench_now();
-            r.until = r.t0 + window;
+            r.start_at = late ? 1e300 : 0; /* set once it registered */
+            r.until = r.t0 + win;
             pthread_t th[CLIENTS];
             client_t cl[CLIENTS];
             for (int i = 0; i < CLIENTS; i++) {
@@ -205,6 +214,12 @@ int main(int argc, char **argv) {
             pw = spawn_worker(build, wep, wpath, modes[m], wlog);
             for (int i = 0; i < 6000 && workers(c) < 1; i++) usleep(5000);
             r.registered = bench_now() - r.t0;
+            if (late) { /* the window counts from the traffic's return */
+                pthread_mutex_lock(&r.mu);
+                r.until = bench_now() + 1 + win;
+                pthread_mutex_unlock(&r.mu);
+                r.start_at = bench_now() + 1;
+            }
             for (int i = 0; i < CLIENTS; i++) pthread_join(th[i], NULL);
             if (atomic_load(&r.failed)) DIE("%d clients failed", atomic_load(&r.failed));
             double fe = 0;
@@ -214,8 +229,8 @@ int main(int argc, char **argv) {
                     fe += r.first_eager[i];
                     nk++;
                 }
-            printf("%-6s %-8s %10.3f %14.3f %14.3f %9d %12d %16.2f\n", k->config, modes[m], r.registered,
-                   r.first_replay, r.all_replayed, r.requests, r.eager, nk ? fe / nk : 0.0);
+            printf("%-6s %-8s %-8s %8.0f %10.3f %14.3f %14.3f %9d %12d %16.2f\n", k->config, arrivals[late], modes[m],
+                   win, r.registered, r.first_replay, r.all_replayed, r.requests, r.eager, nk ? fe / nk : 0.0);
             fflush(stdout);
             pthread_mutex_destroy(&r.mu);
         }

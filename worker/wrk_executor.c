@@ -1025,8 +1025,10 @@ static int64_t stream_round(void *arg) {
         pp = &j->next;
     }
     WRK_CHECK(wrk_stream_invariants(st, (int)reel_thread_backlog(st->th)));
-    /* one key to prewarm per round: the requests wait at most one capture */
-    if (prewarm_next(st)) moved = true;
+    /* A key to prewarm in a round where no request stepped: requests never
+     * wait for a prewarm. (A request of a key still on the list captures
+     * at its own first step: prewarm_claim.) */
+    if (!ready && prewarm_next(st)) moved = true;
     if (atomic_load(&w->stop)) return -1;
     if (!st->active) return moved ? 0 : -1;
     if (moved) return 0;
