@@ -56,7 +56,8 @@ typedef struct {
     wrk_batch_cost_t cost[WRK_MIX_POOL]; /* the kinds seen lately (replaced in turn) */
     int ncost, cost_next;
     /* Keys to prewarm (wrk_exec_prewarm): handed in under pw_mu by the
-     * main thread, taken one per round by the stream thread. */
+     * main thread, taken by the stream thread (one in a round where no
+     * request stepped, or by a request of the key: prewarm_claim). */
     pthread_mutex_t pw_mu;
     wrk_prewarm_t *pw;           /* pw[pw_at..npw) still to try */
     int npw, pw_at;

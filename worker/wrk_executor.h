@@ -23,8 +23,9 @@ wrk_exec_t *wrk_exec_new(wrk_t *w);
  * ownership. Can't fail. */
 void wrk_exec_submit(wrk_exec_t *x, wrk_job_t *job);
 /* Hands the keys p[0..n) to every stream (a request may land on any): each
- * stream captures them in order, one per round of its requests, with zero
- * inputs and the shape a request of the key would run there (a group's
+ * stream captures them in order, one in each round where no request
+ * stepped, with zero inputs and the shape a request of the key would run
+ * there (a request of a key still listed captures it at its first step) (a group's
  * part on that stream, its sub-batch under the budget). Held while a
  * drain holds requests. The keys are copied. 0, or -1 with a message (out
  * of memory: nothing handed). */
