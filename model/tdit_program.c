@@ -522,7 +522,10 @@ struct tdit_mix {
     tdit_staging_t *stg;       /* the batch's inputs, [B,...] */
     size_t lat_bytes, ctx_bytes; /* one sample's latent, one sample's context */
     uint64_t ctx_of[TDIT_MAX_BATCH]; /* the request (uid) whose contexts row b holds; 0: none */
+    bool prewarm;              /* its steps ask the cache to capture at once (tdit_mix_set_prewarm) */
 };
+
+void tdit_mix_set_prewarm(tdit_mix_t *x, bool on) { x->prewarm = on; }
 
 bool tdit_req_mixable(const tdit_req_t *r) {
     return r->batch == 1 && !tdit_solver_multistep(r->shape.solver) && r->done < r->loop.steps;
@@ -633,7 +636,7 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
     int n_in = 0;
     for (int j = 0; j < st->n - 1; j++) in[n_in++] = st->t[j];
     if (x->sde) in[n_in++] = st->t[st->n - 1];
-    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs };
+    cap_call_t call = { .key = &key, .inputs = in, .outputs = outs, .prewarm = x->prewarm };
     cap_result_t res;
     if (cap_dispatch(c, s, tdit_program(x->one.cfg, x->sde), x->m, &call, &res) != 0) return -1;
     /* From here on the requests have moved: a failure fails them all. */

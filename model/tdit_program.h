@@ -178,6 +178,9 @@ bool tdit_mix_fits(const tdit_mix_t *x, const tdit_req_t *r);
  * NULL): how the batch's step ran, which every member counts as its own. */
 int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c, kern_stream_t *s,
                   cap_result_t *res, bool *advanced);
+/* Marks x's steps prewarm calls (as tdit_req_set_prewarm): a batch of its
+ * size captures at once, skipping warmup. */
+void tdit_mix_set_prewarm(tdit_mix_t *x, bool on);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,10 @@
 #   - a request queued while the worker starts is answered, bitwise;
 #   - with two workers, the restarted one is sent only the keys it owns:
 #     exactly the keys that then route to it, each replayed from its first
-#     step.
+#     step;
+#   - batching (--max-batch 4): a hot single key's mixed batches of 2 and 4
+#     rows are prewarmed too, and requests that then share steps run no
+#     eager step.
 # Usage: cli_prewarm.sh BUILD
 set -u
 B="${1:-build}"
@@ -135,6 +138,7 @@ done
 # 5. two workers: the restarted one is sent only the keys it owns
 cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "ipc://$D/w" --weights "$D/w.safetensors" --streams 2 \
     --heartbeat-ms 200 --prewarm 0 || bad "w2 starts"
+W2=$WORKER
 crash "$W1"
 wait_for "$D/broker.log" "worker w1 lost" 30 || bad "the broker notices w1's end"
 for k in 1 2 3 4 5; do gen $k onw2_$k || bad "key $k on w2 alone"; done
@@ -160,4 +164,45 @@ done
     bad "two workers: $K keys prewarmed, $on1 route to w1"
 [ $warm = 1 ] && ok "two workers: each key that routes to w1 replays from its first request" ||
     bad "two workers: a key routed to w1 ran eager"
+crash "$W1"
+stop_proc "$W2" || bad "w2 stops"
+
+# 6. batching (--max-batch 4, ladder): the mixed batches of 2 and 4 rows of
+#    a hot single key are prewarmed too; six requests of it at once then
+#    run no eager step, in mixed batches, bitwise reelctl run
+gen_s() { # K SEED OUT: a GEN of key K with another seed
+    "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1" | sed "s/--seed [0-9]*/--seed $2/") --timeout-ms 120000 \
+        --out "$D/$3.safetensors" >"$D/$3.err" 2>&1
+}
+start_w1 w1f.log --prewarm 8 --max-batch 4 --batching always --streams 1 || bad "w1 starts batching"
+W1=$WORKER
+i=0
+while [ "$(grep -cE 'prewarmed key|captured already|prewarm of key|came before its prewarm' "$D/w1f.log")" -lt 1 ] &&
+    [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+wait_for "$D/w1f.log" "prewarmed key [0-9a-f]* .a mixed batch of 2" 60 && wait_for "$D/w1f.log" "prewarmed key [0-9a-f]* .a mixed batch of 4" 60 &&
+    ok "batching: a hot key's mixed batches of 2 and 4 rows prewarmed" || { bad "batching: mixed prewarm"; show "$D/w1f.log"; }
+# a long request of the key holds the stream; six short ones join its
+# steps as they come (mixed batches of 2 to 4 rows, padded to 2 or 4)
+"$R" gen --broker "ipc://$D/c" --model tiny $(spec 1 | sed "s/--steps [0-9]*/--steps 3000/") --timeout-ms 120000 \
+    --out "$D/long.safetensors" >"$D/long.err" 2>&1 &
+LP=$!
+inflight() { "$R" status --broker "ipc://$D/c" --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(sum(w["inflight"] for w in json.load(sys.stdin)["workers"]))' 2>/dev/null; }
+i=0
+while [ "$(inflight)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+gp=""
+for sd in 81 82 83 84 85 86; do gen_s 1 $sd mix$sd & gp="$gp $!"; done
+failed=0
+for p in $gp $LP; do reap "$p" 120 || failed=$((failed + 1)); done
+[ $failed = 0 ] && ok "batching: a long GEN and six short ones answered" || bad "batching: $failed GENs failed"
+noeager=0; nb=0
+for f in mix81 mix82 mix83 mix84 mix85 mix86 long; do
+    grep -q "eager 0)" "$D/$f.err" && noeager=$((noeager + 1))
+    grep -q "batched with other requests" "$D/$f.err" && nb=$((nb + 1))
+done
+[ $nb -ge 2 ] && ok "batching: $nb of the seven ran steps in mixed batches" || { bad "batching: only $nb batched"; show "$D/long.err"; }
+[ $noeager = 7 ] && ok "batching: no eager step in any of the seven" ||
+    { bad "batching: $noeager of 7 without eager steps"; show "$D/mix81.err"; show "$D/long.err"; }
+"$R" run --weights "$D/w.safetensors" $(spec 1 | sed "s/--seed [0-9]*/--seed 83/") --out "$D/run83.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/mix83.safetensors" "$D/run83.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "batching: a batched result after prewarm is bitwise reelctl run" || bad "batching: result differs from reelctl run"
 finish

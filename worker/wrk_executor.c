@@ -401,14 +401,29 @@ static int choose_chunk(const wrk_t *w, const wrk_job_t *j) { return chunk_for(w
 /* When r's shape and loop kind is a key still to prewarm on st: takes it
  * off the list and marks r a prewarm (its first step captures at once,
  * skipping warmup: the key is hot). True when taken. */
+static bool claim(wrk_stream_t *st, const tdit_req_t *r, int rows, uint64_t *shard_out);
+
 static bool prewarm_claim(wrk_stream_t *st, tdit_req_t *r) {
+    uint64_t shard;
+    if (!claim(st, r, 0, &shard)) return false;
+    tdit_req_set_prewarm(r, true);
+    wrk_log(st->x->w, "stream %d: a request of key %016llx came before its prewarm: its first step captures",
+            st->idx, (unsigned long long)shard);
+    return true;
+}
+
+/* Takes the listed key of r's shape and loop kind, as itself (rows 0) or
+ * as a mixed batch of `rows` rows, off st's prewarm list. True when it
+ * was there (*shard_out: its shard hash). */
+static bool claim(wrk_stream_t *st, const tdit_req_t *r, int rows, uint64_t *shard_out) {
     if (atomic_load(&st->pw_left) == 0) return false;
     bool got = false;
     uint64_t shard = 0;
     pthread_mutex_lock(&st->pw_mu);
     for (int i = st->pw_at; i < st->npw && !got; i++) {
         wrk_prewarm_t *p = &st->pw[i];
-        if (!tdit_shape_equal(&p->shape, tdit_req_shape(r)) || p->loop.sde != tdit_req_loop(r)->sde) continue;
+        if (p->rows != rows || !tdit_shape_equal(&p->shape, tdit_req_shape(r)) || p->loop.sde != tdit_req_loop(r)->sde)
+            continue;
         shard = p->shard;
         wrk_prewarm_t t = st->pw[st->pw_at];
         st->pw[st->pw_at] = *p;
@@ -418,11 +433,7 @@ static bool prewarm_claim(wrk_stream_t *st, tdit_req_t *r) {
         got = true;
     }
     pthread_mutex_unlock(&st->pw_mu);
-    if (got) {
-        tdit_req_set_prewarm(r, true);
-        wrk_log(st->x->w, "stream %d: a request of key %016llx came before its prewarm: its first step captures",
-                st->idx, (unsigned long long)shard);
-    }
+    *shard_out = shard;
     return got;
 }
 
@@ -714,14 +725,22 @@ static void step_mixed(wrk_stream_t *st, wrk_job_t **jobs, int n) {
     cap_result_t res;
     int64_t v = 0;
     if (x) {
+        uint64_t shard;
+        if (claim(st, reqs[0], rows, &shard)) { /* a batch of a hot key before its prewarm: captures at once */
+            tdit_mix_set_prewarm(x, true);
+            wrk_log(w, "stream %d: a batch of %d of key %016llx came before its prewarm: its step captures", st->idx,
+                    rows, (unsigned long long)shard);
+        }
         pthread_rwlock_rdlock(&w->step_lock);
         if (atomic_load(&w->fatal)) {
             pthread_rwlock_unlock(&w->step_lock);
+            tdit_mix_set_prewarm(x, false);
             for (int i = 0; i < n; i++) jobs[i]->turn = WRK_TURN_FAILED;
             return;
         }
         double t0 = reel_mono_s();
         rc = tdit_mix_step(x, reqs, n, w->cache, st->ks, &res, &advanced);
+        tdit_mix_set_prewarm(x, false);
         double dt = reel_mono_s() - t0;
         v = cap_component_version(w->cache, TDIT_COMPONENT);
         pthread_rwlock_unlock(&w->step_lock);
@@ -853,18 +872,31 @@ static void prewarm_one(wrk_stream_t *st, const wrk_prewarm_t *p) {
     }
     stg = take_staging(st, &p->shape);
     if (!(r = tdit_req_new_group(w->model, st->ks, stg, &p->shape, &p->loop, seeds, NULL, ctx, unc))) goto out;
-    tdit_req_set_prewarm(r, true);
+    tdit_mix_t *x = NULL;
+    /* a mixed batch: the stream's own buffers for that size (a real batch
+     * steps in them later), one zero request in it, the rest padding */
+    if (p->rows >= 2 && !(x = mix_for(st, r, p->rows, p->loop.sde))) goto out;
+    if (x) tdit_mix_set_prewarm(x, true);
+    else tdit_req_set_prewarm(r, true);
     pthread_rwlock_rdlock(&w->step_lock);
-    if (atomic_load(&w->fatal)) reel_fail(REEL_E_STATE, "the weights are unusable");
-    else rc = tdit_req_step(r, w->cache, st->ks, &res);
+    if (atomic_load(&w->fatal)) {
+        reel_fail(REEL_E_STATE, "the weights are unusable");
+    } else if (x) {
+        bool advanced;
+        rc = tdit_mix_step(x, &r, 1, w->cache, st->ks, &res, &advanced);
+    } else {
+        rc = tdit_req_step(r, w->cache, st->ks, &res);
+    }
     pthread_rwlock_unlock(&w->step_lock);
+    if (x) tdit_mix_set_prewarm(x, false);
 out:
     if (rc != 0)
         wrk_log(w, "stream %d: prewarm of key %016llx failed: %s", st->idx, (unsigned long long)p->shard,
                 reel_err_text());
     else if (res.ran == CAP_RAN_CAPTURED)
-        wrk_log(w, "stream %d: prewarmed key %016llx (batch %lld) in %.3f s", st->idx,
-                (unsigned long long)p->shard, (long long)tdit_shape_batch(&p->shape), reel_mono_s() - t0);
+        wrk_log(w, "stream %d: prewarmed key %016llx (%s %lld) in %.3f s", st->idx, (unsigned long long)p->shard,
+                p->rows ? "a mixed batch of" : "batch", (long long)(p->rows ? p->rows : tdit_shape_batch(&p->shape)),
+                reel_mono_s() - t0);
     else if (res.ran == CAP_RAN_REPLAYED)
         wrk_log(w, "stream %d: key %016llx was captured already", st->idx, (unsigned long long)p->shard);
     else
@@ -904,19 +936,44 @@ static int64_t prewarm_batch(const wrk_exec_t *x, const wrk_prewarm_t *p, int i)
     return chunk_for(x->w, &p->shape, n);
 }
 
+/* The sizes of the mixed batches requests like p's run in (--max-batch >
+ * 1; a single Euler or SDE request): the ladder's rungs 2, 4, ... up to
+ * --max-batch, or every size 2..--max-batch with --batch-sizes exact.
+ * The count written to rows. */
+static int prewarm_rows(const wrk_t *w, const wrk_prewarm_t *p, int rows[TDIT_MAX_BATCH]) {
+    int n = 0;
+    if (w->opt->max_batch < 2 || tdit_shape_batch(&p->shape) != 1 || tdit_solver_multistep(p->shape.solver)) return 0;
+    for (int b = 2; b <= w->opt->max_batch; b++)
+        if (batch_rows(w, b) == b) rows[n++] = b;
+    return n;
+}
+
 int wrk_exec_prewarm(wrk_exec_t *x, const wrk_prewarm_t *p, int n) {
     if (!x || n <= 0) return 0;
     wrk_prewarm_t *lists[WRK_MAX_STREAMS] = { 0 };
+    /* every key first, hottest first; then the mixed batches of each */
+    int rows[MSG_MAX_PREWARM][TDIT_MAX_BATCH], nrows[MSG_MAX_PREWARM], total = n;
+    for (int k = 0; k < n && k < MSG_MAX_PREWARM; k++) total += nrows[k] = prewarm_rows(x->w, &p[k], rows[k]);
+    if (n > MSG_MAX_PREWARM) return reel_fail(REEL_E_INVALID, "%d keys to prewarm (at most %d)", n, MSG_MAX_PREWARM);
     for (int i = 0; i < x->n; i++) {
-        if (!(lists[i] = malloc((size_t)n * sizeof *lists[i]))) {
+        if (!(lists[i] = malloc((size_t)total * sizeof *lists[i]))) {
             for (int k = 0; k < i; k++) free(lists[k]);
             return reel_fail(REEL_E_NOMEM, "out of memory");
         }
+        int at = 0;
         for (int k = 0; k < n; k++) {
-            lists[i][k] = p[k];
-            lists[i][k].shape.batch = prewarm_batch(x, &p[k], i);
+            lists[i][at] = p[k];
+            lists[i][at].rows = 0;
+            lists[i][at++].shape.batch = prewarm_batch(x, &p[k], i);
         }
+        for (int k = 0; k < n; k++)
+            for (int r = 0; r < nrows[k]; r++) {
+                lists[i][at] = p[k];
+                lists[i][at].shape.batch = 1;
+                lists[i][at++].rows = rows[k][r];
+            }
     }
+    n = total;
     for (int i = 0; i < x->n; i++) {
         wrk_stream_t *st = &x->s[i];
         pthread_mutex_lock(&st->pw_mu);

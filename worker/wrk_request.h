@@ -97,6 +97,8 @@ typedef struct {
     tdit_shape_t shape;          /* batch: the GEN's n (a group's samples) */
     tdit_loop_t loop;
     uint64_t shard;              /* its shard hash, as the broker named it */
+    int rows;                    /* 0: the key itself; >= 2: a mixed batch of that many rows of its
+                                  * requests (a single Euler or SDE key, --max-batch > 1) */
 } wrk_prewarm_t;
 /* A PREWARM key as what this worker would run for it: -1 with err set
  * (bad_request) when it names another model, a latent of other channels,
