@@ -62,6 +62,19 @@ int wrk_stream_invariants(const wrk_stream_t *st, int queued) {
     }
     int load = atomic_load(&((wrk_stream_t *)st)->load);
     INV(load >= n + queued, "stream %d: load %d, but %d jobs active and %d queued", st->idx, load, n, queued);
+    /* the prewarm list: what is left is counted, and every key left is one
+     * a request could run on this stream */
+    pthread_mutex_t *mu = &((wrk_stream_t *)st)->pw_mu;
+    pthread_mutex_lock(mu);
+    int at = st->pw_at, np = st->npw, left = atomic_load(&((wrk_stream_t *)st)->pw_left), bad = -1;
+    for (int i = at; i < np && bad < 0; i++)
+        if (st->pw[i].rows < 0 || st->pw[i].rows == 1 || (st->pw[i].rows >= 2 && tdit_shape_batch(&st->pw[i].shape) != 1) ||
+            tdit_shape_validate(&st->pw[i].shape) != 0)
+            bad = i;
+    pthread_mutex_unlock(mu);
+    INV(at >= 0 && at <= np && (np == 0 || st->pw), "stream %d: prewarm list at %d of %d", st->idx, at, np);
+    INV(left == np - at, "stream %d: %d keys left to prewarm, the list says %d", st->idx, left, np - at);
+    INV(bad < 0, "stream %d: prewarm key %d is no shape a request runs", st->idx, bad);
     return 0;
 }
 
