@@ -111,6 +111,8 @@ typedef struct brk_req {
     brk_worker_t *worker;      /* INFLIGHT / ABANDONED: who runs it */
     struct brk_req *prev, *next; /* all live requests (brk_t.reqs) */
     struct brk_req *id_next;   /* its bucket of brk_t.by_id */
+    uint64_t client;           /* the GEN's client token (0: none): (client, client_id) names it to a resend */
+    struct brk_req *ck_next;   /* its bucket of brk_t.by_client (client != 0 only) */
 } brk_req_t;
 
 /* A peer's budget of answers to its bad messages (brk_msg.h): a token
@@ -191,6 +193,9 @@ typedef struct {
     int n_w, cap_w;
     brk_req_t *reqs;                 /* every live request */
     brk_req_t *by_id[BRK_ID_BUCKETS]; /* the same, chained by id % BRK_ID_BUCKETS */
+    brk_req_t *by_client[BRK_ID_BUCKETS]; /* those with a client token, by (client, client_id) */
+    uint64_t resends;                /* GENs resent while their request was live: attached to it */
+    uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */
     brk_queue_t queue;               /* REQ_QUEUED requests, FIFO */
     uint64_t next_id;
     uint64_t held_bytes;       /* tensor bytes of live requests (bounded: BUSY beyond) */

@@ -59,6 +59,20 @@ static int check_list(const brk_t *b, size_t *n_out) {
         while (e && e != r) e = e->id_next;
         if (!e) BROKEN("id buckets: request %llu is not in its bucket", (unsigned long long)r->id);
     }
+    /* the client index: exactly the live requests with a token, no two
+     * with the same (client, client id) */
+    size_t with_token = 0, in_index = 0;
+    for (const brk_req_t *r = b->reqs; r; r = r->next) with_token += r->client != 0;
+    for (int i = 0; i < BRK_ID_BUCKETS; i++)
+        for (const brk_req_t *e = b->by_client[i]; e; e = e->ck_next) {
+            if (++in_index > with_token) BROKEN("client index holds more than the %zu requests with a token", with_token);
+            if (!e->client) BROKEN("client index: request %llu has no token", (unsigned long long)e->id);
+            for (const brk_req_t *f = e->ck_next; f; f = f->ck_next)
+                if (f->client == e->client && f->client_id == e->client_id)
+                    BROKEN("client index: requests %llu and %llu are both client id %llu", (unsigned long long)e->id,
+                           (unsigned long long)f->id, (unsigned long long)e->client_id);
+        }
+    if (in_index != with_token) BROKEN("client index holds %zu requests, %zu have a token", in_index, with_token);
     *n_out = n;
     return 0;
 }

@@ -251,6 +251,7 @@ int main(int argc, char **argv) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     b.next_id = ((uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000) << 12 | 1;
+    b.boot = b.next_id; /* as unique across restarts */
     if (start_catalog(&b) != 0) return 1;
     brk_upload_start(&b);
     int rc = 1;

@@ -29,6 +29,17 @@
 /* ---- the request list ------------------------------------------------------- */
 
 static brk_req_t **bucket(brk_t *b, uint64_t id) { return &b->by_id[id % BRK_ID_BUCKETS]; }
+static brk_req_t **client_bucket(brk_t *b, uint64_t client, uint64_t id) {
+    return &b->by_client[(client ^ (id * 0x9e3779b97f4a7c15ull)) % BRK_ID_BUCKETS];
+}
+
+static void client_unlink(brk_t *b, brk_req_t *r) {
+    if (!r->client) return;
+    brk_req_t **h = client_bucket(b, r->client, r->client_id);
+    while (*h && *h != r) h = &(*h)->ck_next;
+    if (*h) *h = r->ck_next;
+    r->client = 0;
+}
 
 static void req_link(brk_t *b, brk_req_t *r) {
     r->prev = NULL;
@@ -38,6 +49,11 @@ static void req_link(brk_t *b, brk_req_t *r) {
     brk_req_t **h = bucket(b, r->id);
     r->id_next = *h;
     *h = r;
+    if (r->client) {
+        h = client_bucket(b, r->client, r->client_id);
+        r->ck_next = *h;
+        *h = r;
+    }
 }
 
 /* Unlinks and frees r (not in the queue: the caller removed it). */
@@ -48,6 +64,7 @@ static void req_free(brk_t *b, brk_req_t *r) {
     brk_req_t **h = bucket(b, r->id);
     while (*h != r) h = &(*h)->id_next;
     *h = r->id_next;
+    client_unlink(b, r);
     b->held_bytes -= r->bytes;
     brk_msg_free(b, r->msg);
     free(r);
@@ -169,8 +186,45 @@ static bool prompt_context(brk_t *b, const wire_msg_t *m, const msg_gen_t *g, in
     return false;
 }
 
+/* A GEN resent (same client token and id) while its request is live: the
+ * client lost the broker, or its answer, and asks again (a new socket,
+ * perhaps). The request's answers go to the sender of the resend from now
+ * on; nothing runs twice. True when m was such a resend (answered, or
+ * attached); false when it is a new request. A request already abandoned
+ * (answered timeout) leaves the index: the resend is a new request. */
+static bool resent(brk_t *b, const wire_msg_t *m, const msg_gen_t *g) {
+    if (!g->client) return false;
+    brk_req_t *r = *client_bucket(b, g->client, m->id);
+    while (r && (r->client != g->client || r->client_id != m->id)) r = r->ck_next;
+    if (!r) return false;
+    if (r->state == REQ_ABANDONED) {
+        client_unlink(b, r);
+        return false;
+    }
+    const msg_gen_t *o = &r->gen;
+    if (strcmp(o->model, g->model) || o->steps != g->steps || o->seed != g->seed || o->sde != g->sde ||
+        msg_gen_n(o) != msg_gen_n(g) || memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape)) {
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
+                     "id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one", m->id,
+                     g->client);
+        return true;
+    }
+    zmq_msg_t to;
+    if (zmq_msg_init(&to) == 0 && zmq_msg_copy(&to, (zmq_msg_t *)&m->identity) == 0) {
+        zmq_msg_close(&r->msg->identity);
+        r->msg->identity = to;
+    } else {
+        zmq_msg_close(&to);
+    }
+    b->resends++;
+    brk_log("GEN %" PRIu64 " of client %016" PRIx64 " resent while request %" PRIu64 " %s: its answer goes to the "
+            "resend", m->id, g->client, r->id, r->state == REQ_QUEUED ? "waits" : "runs");
+    return true;
+}
+
 void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t current) {
     wire_msg_t *m = *mp;
+    if (resent(b, m, g)) return;
     int64_t ctx[2] = { 0, 0 };
     int64_t tl = model_text_len(b, g->model);
     bool prompt = g->prompt && *g->prompt;
@@ -228,6 +282,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     b->held_bytes += bytes;
     r->id = b->next_id++;
     r->client_id = m->id;
+    r->client = g->client;
     r->msg = m;
     r->gen = *g;
     size_t ml = strnlen(g->model, sizeof r->model - 1); /* validated: a name that fits */

@@ -85,6 +85,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->n_workers = (size_t)b->n_w;
     r->queue = brk_queue_len(&b->queue);
     r->queue_max = b->queue.max;
+    r->boot = b->boot;
     for (int i = 0; i < b->n_cur; i++)
         if (b->cur[i].version) /* a component whose only sync is pending has none yet */
             note_version(&r->versions, b->cur[i].component, b->cur[i].version);

@@ -23,6 +23,18 @@
 #include <unistd.h>
 
 
+/* Said at once (a waiting operator, and tests, see it happen). */
+static void resent(void *user, uint64_t id, int silent_ms) {
+    (void)user;
+    if (silent_ms)
+        fprintf(stderr, "reelctl: gen: no word from the broker for %d ms: GEN %llu sent again (the same request)\n",
+                silent_ms, (unsigned long long)id);
+    else
+        fprintf(stderr, "reelctl: gen: the broker restarted: GEN %llu sent again (the same request)\n",
+                (unsigned long long)id);
+    fflush(stderr);
+}
+
 static void progress_bar(void *user, int step, int steps) {
     (void)user;
     ctl_progress("(steps, then the decode's frames)", step, steps);
@@ -333,6 +345,7 @@ int cmd_gen(int argc, char **argv) {
         ctl_fail_as(REEL_E_IO, NULL);
         goto done;
     }
+    reel_client_on_resend(c, resent, NULL);
     reel_gen_result_t r;
     wire_err_t err;
     if (reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err) != 0) {

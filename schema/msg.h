@@ -130,6 +130,9 @@ typedef struct {
     const char *prompt;          /* "" (absent): the client sends context; else the worker encodes it */
     const char *negative_prompt; /* "" (absent): with a prompt and cfg != 1, Wan's default negative prompt */
     char output[16];             /* "" (absent): "latent"; or "frames", "video" (decoded by the worker's VAE) */
+    uint64_t client;             /* 0 (absent); else the sender's token, one per client for its lifetime: a
+                                  * GEN resent with the same client and id while the first is live is the
+                                  * same request (docs/PROTOCOL.md "Delivery") */
 } msg_gen_t;
 
 /* The GEN's output: "latent" when absent. Can't fail. */
@@ -441,6 +444,8 @@ typedef struct {
     uint64_t steps_replayed, steps_eager, steps_captured;
     const msg_model_t *models;   /* each model a live worker serves, with its config */
     size_t n_models;
+    uint64_t boot;               /* this broker process's id, new at every start (0: an older broker): a
+                                  * client that sees it change knows its requests were lost */
 } msg_status_reply_t;
 
 /* ---- receiving, decoding, sending --------------------------------------------- */

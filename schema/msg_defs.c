@@ -79,6 +79,7 @@ static const msg_field_t gen_rows[] = {
     R_STR(msg_gen_t, prompt, "prompt", F_OMIT),
     R_STR(msg_gen_t, negative_prompt, "negative_prompt", F_OMIT),
     R_NAME(msg_gen_t, output, "output", F_OMIT, 15, NULL),
+    R_HASH(msg_gen_t, client, "client", F_OMIT),
 };
 TABLE(gen_tab, gen_rows, msg_gen_t);
 
@@ -362,6 +363,7 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, steps_eager, "steps_eager", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, steps_captured, "steps_captured", 0, 0, UINT64_MAX, 0),
     R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
+    R_HASH(msg_status_reply_t, boot, "boot", F_OMIT),
 };
 TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);
 

@@ -17,7 +17,21 @@ struct reel_client {
     void *ctx;
     void *sock;
     uint64_t next_id;
+    uint64_t token;             /* GEN "client": names this client's requests to a resend */
+    int liveness_ms;            /* silence before a STATUS ping, and before a resend; 0: off */
+    uint64_t resends;
+    reel_resend_fn on_resend;
+    void *resend_user;
 };
+
+#define LIVENESS_DEFAULT_MS 3000
+
+void reel_client_set_liveness(reel_client_t *c, int liveness_ms) { c->liveness_ms = liveness_ms > 0 ? liveness_ms : 0; }
+uint64_t reel_client_resends(const reel_client_t *c) { return c->resends; }
+void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user) {
+    c->on_resend = fn;
+    c->resend_user = user;
+}
 
 reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_keys(endpoint, NULL, NULL); }
 
@@ -44,6 +58,14 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
     clock_gettime(CLOCK_REALTIME, &ts);
     c->next_id = ((uint64_t)ts.tv_nsec << 16) ^ (uint64_t)ts.tv_sec; /* ids unique per client */
     c->next_id &= 0x7fffffffffffull;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &c->token, sizeof c->token) != (ssize_t)sizeof c->token) /* unlikely: still unique enough */
+        c->token = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 16);
+    if (fd >= 0) close(fd);
+    if (!c->token) c->token = 1;
+    const char *lv = getenv("REEL_CLIENT_LIVENESS_MS");
+    c->liveness_ms = lv && *lv ? atoi(lv) : LIVENESS_DEFAULT_MS;
+    if (c->liveness_ms < 0) c->liveness_ms = 0;
     return c;
 }
 
@@ -146,6 +168,84 @@ static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body
         return -1;
     }
     if (await(c, id, now_ms() + timeout_ms, m, fn, user, err) != 0) return -1;
+    if (answer_is_error(m, err)) {
+        wire_msg_close(m);
+        return 1;
+    }
+    return 0;
+}
+
+/* The boot id in a STATUS_REPLY m (0: none, or unreadable). */
+static uint64_t boot_of(wire_msg_t *m) {
+    msg_status_reply_t *r = malloc(sizeof *r);
+    wire_err_t e;
+    uint64_t boot = r && msg_type(m) == MSG_STATUS_REPLY && msg_status_reply_decode(m, r, &e) == 0 ? r->boot : 0;
+    free(r);
+    return boot;
+}
+
+/* call() for a GEN, sent so that a lost broker does not lose it: a STATUS
+ * goes just before it (the broker that answers it is the one the GEN
+ * reached: its boot id); after every liveness_ms of silence a STATUS again.
+ * The GEN is sent again (same id and token; a broker that holds it only
+ * attaches the resend) when that STATUS is not answered within liveness_ms
+ * (the broker is gone or stuck), or is answered by another broker (a new
+ * boot id: a restart lost it), or when no boot id was learnt. */
+static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int timeout_ms, reel_progress_fn fn,
+                     void *user, wire_msg_t *m, wire_err_t *err) {
+    if (!c->liveness_ms) return call(c, MSG_GEN, id, g, timeout_ms, fn, user, m, err);
+    int64_t deadline = now_ms() + timeout_ms;
+    uint64_t ping = ++c->next_id, boot = 0;
+    if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0 || msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        return -1;
+    }
+    bool asked = true; /* a STATUS (ping) is out */
+    bool first = true; /* ... the one sent just before the GEN */
+    int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
+    for (;;) {
+        int64_t until = now_ms() + c->liveness_ms;
+        if (await2(c, id, ping, until < deadline ? until : deadline, m, fn, user, err) == 0) {
+            if (m->id == id) break; /* the answer */
+            uint64_t now_boot = boot_of(m);
+            wire_msg_close(m);
+            asked = false;
+            bool was_first = first;
+            first = false;
+            if (was_first && now_boot) {
+                boot = now_boot; /* the broker that holds the GEN */
+                continue;
+            }
+            /* the same broker: it still runs (a broker that names no boot
+             * is older than resends: it is never sent one on its word) */
+            if (!now_boot || (!was_first && now_boot == boot)) continue;
+            boot = now_boot; /* another broker (a restart lost it), or none known: send again */
+            silent = 0;
+        } else {
+            if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= deadline) return -1;
+            if (!asked) { /* silent for liveness_ms: is it there? */
+                ping = ++c->next_id;
+                if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
+                    set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                    return -1;
+                }
+                asked = true;
+                first = false;
+                continue;
+            }
+            /* that STATUS went unanswered for liveness_ms too: gone or stuck */
+            asked = false;
+            first = false;
+            silent = 2 * c->liveness_ms;
+        }
+        /* the GEN again, as the same request (the socket reconnects by itself) */
+        c->resends++;
+        if (c->on_resend) c->on_resend(c->resend_user, id, silent);
+        if (msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
+            set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+            return -1;
+        }
+    }
     if (answer_is_error(m, err)) {
         wire_msg_close(m);
         return 1;
@@ -325,8 +425,9 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         x->bytes = ne * sizeof(float);
         *slot[i] = x;
     }
+    m.client = c->token;
     wire_msg_t a;
-    int rc = call(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
+    int rc = call_live(c, id, &m, timeout_ms, progress, user, &a, err);
     if (rc != 0) return rc;
     rc = -1;
     msg_result_t r;

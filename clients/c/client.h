@@ -28,6 +28,25 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
 reel_client_t *reel_client_new(const char *endpoint);
 void reel_client_destroy(reel_client_t **c);
 
+/* A GEN carries this client's token (random, nonzero, for the client's
+ * lifetime), and a STATUS goes just before it (its answer's boot id names
+ * the broker that got the GEN). While it waits for the answer, the client
+ * asks for STATUS after every `liveness_ms` without a message; when that
+ * goes unanswered for `liveness_ms` too (the broker died, or is stuck), or
+ * another broker answers it (a new boot id: a restart), it sends the GEN
+ * again, with its id and token: a broker that still holds the request
+ * answers it once (to the resend); a restarted one runs it again, with the
+ * same result (docs/PROTOCOL.md "Delivery"). Default 3000 ms, or
+ * $REEL_CLIENT_LIVENESS_MS; 0: never resend. */
+void reel_client_set_liveness(reel_client_t *c, int liveness_ms);
+/* GENs this client sent again (above), over its lifetime. */
+uint64_t reel_client_resends(const reel_client_t *c);
+/* fn(user, id, silent_ms) as a GEN is sent again (NULL: none): silent_ms
+ * without an answer to it or a STATUS, or 0 when another broker (a new
+ * boot id) answered the STATUS. */
+typedef void (*reel_resend_fn)(void *user, uint64_t id, int silent_ms);
+void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user);
+
 typedef struct {
     const char *model;          /* config name served by the workers */
     uint64_t version;           /* transformer version wanted, 0 = current */

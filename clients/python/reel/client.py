@@ -300,9 +300,18 @@ class Client:
     (a client key, or a trainer key to sync) and the broker's broker.pub,
     for a broker started with --keys (CURVE); when not given, $REEL_KEY and
     $REEL_BROKER_KEY; neither: a plain connection, which a broker with keys
-    never answers (calls raise ReelTimeout)."""
+    never answers (calls raise ReelTimeout).
 
-    def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None, key=None, broker_key=None):
+    liveness: seconds of silence while a GEN waits before the client asks
+    the broker for STATUS; when that goes unanswered as long, the broker is
+    taken for gone and the GEN is sent again with its id and this client's
+    token (a broker that still holds it answers it once; a restarted one
+    runs it again, with the same result: docs/PROTOCOL.md "Delivery").
+    Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend.
+    .resends counts the GENs sent again."""
+
+    def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None, key=None, broker_key=None,
+                 liveness=None):
         key = key or os.environ.get("REEL_KEY") or None
         broker_key = broker_key or os.environ.get("REEL_BROKER_KEY") or None
         if bool(key) != bool(broker_key):
@@ -323,6 +332,11 @@ class Client:
             self._sock.curve_secretkey = mine["secret-key"].encode()
         self._sock.connect(broker)
         self._ids = itertools.count(random.randrange(1, 1 << 30))
+        self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
+        if liveness is None:
+            liveness = int(os.environ.get("REEL_CLIENT_LIVENESS_MS") or 3000) / 1000.0
+        self.liveness = max(0.0, float(liveness))
+        self.resends = 0
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
@@ -352,6 +366,56 @@ class Client:
                 hdr["tensors"].append({"name": name, "dtype": "F32", "shape": list(a.shape), "bytes": a.nbytes})
                 frames.append(a.tobytes())
         self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True)] + frames, copy=False)
+
+    def _send_gen(self, rid, fields, tensors):
+        self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors)
+
+    def _send_gens(self, sent):
+        """The GENs of sent (rid -> (fields, tensors)), a STATUS just before
+        them (its answer names the broker that got them: its boot id). The
+        waiting state _recv_live keeps across its calls."""
+        st = {"ping": None, "boot": None, "first": False, "asked": False}
+        if self.liveness:
+            st.update(ping=next(self._ids), first=True, asked=True)
+            self._send("STATUS", st["ping"], {})
+        for rid, (fields, tensors) in sent.items():
+            self._send_gen(rid, fields, tensors)
+        return st
+
+    def _recv_live(self, rids, deadline, sent, st, on_progress=None):
+        """_recv_any for GENs sent by _send_gens: after `liveness` seconds of
+        silence a STATUS; every GEN still waited for is sent again (same id
+        and token) when that is not answered in as long either, or another
+        broker answers (a new boot id: a restart lost them). A broker that
+        still holds a GEN attaches the resend to it."""
+        if not self.liveness:
+            return self._recv_any(rids, deadline, on_progress)
+        while True:
+            try:
+                ids = set(rids) | ({st["ping"]} if st["asked"] else set())
+                got = self._recv_any(ids, min(deadline, time.monotonic() + self.liveness), on_progress)
+                if got[0] != st["ping"]:
+                    return got
+                was_first = st["first"]
+                st.update(asked=False, first=False)
+                now_boot = int(got[1].get("boot") or "0", 16)
+                if was_first and now_boot:
+                    st["boot"] = now_boot  # the broker that got the GENs
+                    continue
+                if not now_boot or (not was_first and now_boot == st["boot"]):
+                    continue  # the same broker (or one older than resends): they still run
+                st["boot"] = now_boot  # another broker: a restart lost them
+            except ReelTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+                if not st["asked"]:  # silent for `liveness`: is it there?
+                    st.update(ping=next(self._ids), asked=True, first=False)
+                    self._send("STATUS", st["ping"], {})
+                    continue
+                st.update(asked=False, first=False)  # gone, or stuck
+            self.resends += 1
+            for rid in rids:
+                self._send_gen(rid, *sent[rid])
 
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
@@ -423,8 +487,9 @@ class Client:
         rid = next(self._ids)
         wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
         t0 = time.monotonic()
-        self._send("GEN", rid, fields, tensors)
-        hdr, out = self._recv(rid, t0 + wait, progress)
+        sent = {rid: (fields, tensors)}
+        st = self._send_gens(sent)
+        _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, progress)
         return self._gen_result(rid, hdr, out, steps, torch_out, t0)
 
     def gen_group(self, model, context=None, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
@@ -462,8 +527,9 @@ class Client:
             if latents is not None and _is_torch(latents[0]):
                 torch_out = True
             rid = next(self._ids)
-            self._send("GEN", rid, fields, tensors)
-            hdr, out = self._recv(rid, t0 + wait, progress)
+            sent = {rid: (fields, tensors)}
+            st = self._send_gens(sent)
+            _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, progress)
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
                 one.seed = seeds[0]
@@ -471,7 +537,7 @@ class Client:
             if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
                 raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
             return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
-        order, torch_out = {}, False
+        order, torch_out, sent = {}, False, {}
         for i in range(n):
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape,
@@ -479,11 +545,12 @@ class Client:
                 progress=False, **kw)
             rid = next(self._ids)
             order[rid] = i
-            self._send("GEN", rid, fields, tensors)
+            sent[rid] = (fields, tensors)
+        st = self._send_gens(sent)
         results = [None] * n
         pending = set(order)
         while pending:
-            rid, hdr, out = self._recv_any(pending, t0 + wait)
+            rid, hdr, out = self._recv_live(pending, t0 + wait, sent, st)
             pending.discard(rid)
             results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
         return results

@@ -647,6 +647,54 @@ class PrewarmTests(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+class BrokerRestartTests(unittest.TestCase):
+    """A GEN survives its broker: killed (SIGKILL) and restarted on the
+    same endpoints while the GEN runs, the client (liveness 0.2 s) sends
+    it again, and gets one result, bitwise the one an undisturbed run
+    gives."""
+
+    def test_a_gen_in_flight_when_the_broker_dies_is_sent_again_and_answered_once(self):
+        d = tempfile.mkdtemp(prefix="reel-py-brestart-")
+        cl = None
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "5", "--out", w)
+            cl = Cluster(d, w, worker_flags=("--streams", "1"))
+            kw = dict(context=rand((5, 32), 1), latent_shape=(4, 2, 8, 8), steps=4000, seed=21)
+            with cl.client(timeout=120) as c:
+                want = c.gen("tiny", **kw)
+                self.assertEqual(c.resends, 0)
+            out, errors = {}, []
+
+            def one():
+                try:
+                    with cl.client(timeout=120, liveness=0.2) as c:
+                        out["r"] = c.gen("tiny", **kw)
+                        out["resends"] = c.resends
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=one)
+            t.start()
+            with cl.client(timeout=10, liveness=0) as c:
+                end = time.monotonic() + 30
+                while time.monotonic() < end and not sum(x.get("inflight", 0) for x in c.status()["workers"]):
+                    time.sleep(0.02)
+            cl.broker.kill()
+            cl.broker.wait(30)
+            cl.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", cl.ce, "--workers", f"ipc://{d}/workers",
+                                          "--catalog", os.path.join(d, "reel.db"), "--heartbeat-ms", "200"],
+                                         stdout=cl.blog, stderr=subprocess.STDOUT)
+            t.join(120)
+            self.assertEqual(errors, [])
+            self.assertGreaterEqual(out["resends"], 1, "the client sent its GEN again")
+            self.assertTrue(np.array_equal(out["r"].latent, want.latent), "bitwise the undisturbed result")
+        finally:
+            if cl:
+                cl.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""
     k = os.path.join(d, "keys")
@@ -1036,6 +1084,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
+    suite.addTests(loader.loadTestsFromTestCase(BrokerRestartTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     suite.addTests(loader.loadTestsFromTestCase(LoraTests))
