@@ -20,6 +20,7 @@ struct reel_client {
     uint64_t token;             /* GEN "client": names this client's requests to a resend */
     int liveness_ms;            /* silence before a STATUS ping, and before a resend; 0: off */
     uint64_t resends;
+    uint64_t boot;              /* the broker's boot id last seen (0: none yet) */
     reel_resend_fn on_resend;
     void *resend_user;
 };
@@ -195,13 +196,17 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
                      void *user, wire_msg_t *m, wire_err_t *err) {
     if (!c->liveness_ms) return call(c, MSG_GEN, id, g, timeout_ms, fn, user, m, err);
     int64_t deadline = now_ms() + timeout_ms;
-    uint64_t ping = ++c->next_id, boot = 0;
-    if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0 || msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
+    /* The broker's boot id, known from an earlier call or learnt now: a
+     * STATUS just before the GEN (the first call only). Known, a restart
+     * before the GEN got there only costs a resend the new broker attaches. */
+    uint64_t ping = c->boot ? 0 : ++c->next_id, boot = c->boot;
+    if ((ping && msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) ||
+        msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
         set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
         return -1;
     }
-    bool asked = true; /* a STATUS (ping) is out */
-    bool first = true; /* ... the one sent just before the GEN */
+    bool asked = ping != 0; /* a STATUS (ping) is out */
+    bool first = ping != 0; /* ... the one sent just before the GEN */
     int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
     for (;;) {
         int64_t until = now_ms() + c->liveness_ms;
@@ -213,13 +218,13 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
             bool was_first = first;
             first = false;
             if (was_first && now_boot) {
-                boot = now_boot; /* the broker that holds the GEN */
+                boot = c->boot = now_boot; /* the broker that holds the GEN */
                 continue;
             }
             /* the same broker: it still runs (a broker that names no boot
              * is older than resends: it is never sent one on its word) */
             if (!now_boot || (!was_first && now_boot == boot)) continue;
-            boot = now_boot; /* another broker (a restart lost it), or none known: send again */
+            boot = c->boot = now_boot; /* another broker (a restart lost it), or none known: send again */
             silent = 0;
         } else {
             if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= deadline) return -1;

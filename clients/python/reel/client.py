@@ -337,6 +337,7 @@ class Client:
             liveness = int(os.environ.get("REEL_CLIENT_LIVENESS_MS") or 3000) / 1000.0
         self.liveness = max(0.0, float(liveness))
         self.resends = 0
+        self._boot = None  # the broker's boot id last seen
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
@@ -371,11 +372,11 @@ class Client:
         self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors)
 
     def _send_gens(self, sent):
-        """The GENs of sent (rid -> (fields, tensors)), a STATUS just before
-        them (its answer names the broker that got them: its boot id). The
-        waiting state _recv_live keeps across its calls."""
-        st = {"ping": None, "boot": None, "first": False, "asked": False}
-        if self.liveness:
+        """The GENs of sent (rid -> (fields, tensors)); before this client's
+        first, a STATUS (its answer names the broker that got them: its boot
+        id). The waiting state _recv_live keeps across its calls."""
+        st = {"ping": None, "boot": self._boot, "first": False, "asked": False}
+        if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
             self._send("STATUS", st["ping"], {})
         for rid, (fields, tensors) in sent.items():
@@ -400,11 +401,11 @@ class Client:
                 st.update(asked=False, first=False)
                 now_boot = int(got[1].get("boot") or "0", 16)
                 if was_first and now_boot:
-                    st["boot"] = now_boot  # the broker that got the GENs
+                    st["boot"] = self._boot = now_boot  # the broker that got the GENs
                     continue
                 if not now_boot or (not was_first and now_boot == st["boot"]):
                     continue  # the same broker (or one older than resends): they still run
-                st["boot"] = now_boot  # another broker: a restart lost them
+                st["boot"] = self._boot = now_boot  # another broker: a restart lost them
             except ReelTimeout:
                 if time.monotonic() >= deadline:
                     raise
