@@ -289,6 +289,40 @@ START_TEST(test_a_request_missing_from_its_id_bucket_is_named) {
 }
 END_TEST
 
+/* The client index (brk_t.by_client: requests a resend may name) holds
+ * exactly the live requests with a client token, and no two of one token
+ * and id: one left out, one in it twice over, one in it without a token
+ * are each named. */
+START_TEST(test_a_client_index_that_disagrees_with_the_requests_tokens_is_named) {
+    brk_req_t *q = req_in(REQ_QUEUED), *f = req_in(REQ_INFLIGHT);
+    ck_assert_ptr_ne(q, f);
+    for (int i = 0; i < BRK_ID_BUCKETS; i++) ck_assert_ptr_null(X.b.by_client[i]); /* no GEN had a token */
+    q->client = 0x77; /* a token, but not in the index */
+    broken("client index holds 0 requests, 1 have a token");
+    X.b.by_client[3] = q; /* now it is */
+    holds();
+    uint64_t f_id = f->client_id;
+    f->client = 0x77; /* another request of the same token and id, indexed too */
+    f->client_id = q->client_id;
+    q->ck_next = f;
+    broken("are both client id");
+    f->client_id = f_id; /* its own id: fine */
+    holds();
+    f->client = 0; /* indexed without a token (and a third request with one, so the counts agree) */
+    brk_req_t *o = NULL;
+    for (brk_req_t *r = X.b.reqs; r && !o; r = r->next)
+        if (r != q && r != f) o = r;
+    o->client = 0x99;
+    broken("has no token");
+    o->client = 0;
+    broken("holds more than the 1 requests with a token");
+    q->ck_next = NULL;
+    X.b.by_client[3] = NULL;
+    q->client = 0;
+    holds();
+}
+END_TEST
+
 START_TEST(test_a_queue_that_disagrees_with_the_queued_requests_is_named) {
     void *first = X.b.queue.v[0], *second = X.b.queue.v[1];
     X.b.queue.n--; /* one queued request lost from the queue */
@@ -488,6 +522,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_broker_with_work_of_every_kind_passes_and_the_state_is_what_the_test_built);
     tcase_add_test(tc, test_a_broken_prev_link_in_the_requests_list_is_named);
     tcase_add_test(tc, test_a_request_missing_from_its_id_bucket_is_named);
+    tcase_add_test(tc, test_a_client_index_that_disagrees_with_the_requests_tokens_is_named);
     tcase_add_test(tc, test_a_queue_that_disagrees_with_the_queued_requests_is_named);
     tcase_add_test(tc, test_a_request_in_flight_on_no_registered_worker_is_named);
     tcase_add_test(tc, test_a_worker_inflight_count_off_by_one_is_named);

@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "schema/msg.h"
 #include "schema/wire.h"
 #include "tests/support.h"
 
@@ -22,13 +23,24 @@ static char dir[64], cep[128], wep[128];
 static int notify_fd = -1;   /* plays systemd: NOTIFY_SOCKET of the broker */
 static const char *extra_flag, *extra_value; /* one more broker flag for a test case */
 
+/* Starts the broker process on dir's endpoints and catalog. */
+static void spawn(void) {
+    char bin[256], db[128];
+    snprintf(bin, sizeof bin, "%s/reel-broker", getenv("BUILD") ? getenv("BUILD") : "build");
+    snprintf(db, sizeof db, "%s/c.db", dir);
+    broker_pid = fork();
+    if (broker_pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) _exit(126);
+        execl(bin, bin, "--clients", cep, "--workers", wep, "--catalog", db, extra_flag, extra_value,
+              (char *)NULL);
+        _exit(127);
+    }
+}
+
 static void start(void) {
     ts_mkdtemp(dir, sizeof dir, "test-brk");
     snprintf(cep, sizeof cep, "ipc://%s/c", dir);
     snprintf(wep, sizeof wep, "ipc://%s/w", dir);
-    char bin[256], db[128];
-    snprintf(bin, sizeof bin, "%s/reel-broker", getenv("BUILD") ? getenv("BUILD") : "build");
-    snprintf(db, sizeof db, "%s/c.db", dir);
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
@@ -39,13 +51,7 @@ static void start(void) {
     struct timeval tv = { 5, 0 };
     setsockopt(notify_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setenv("NOTIFY_SOCKET", sa.sun_path, 1);
-    broker_pid = fork();
-    if (broker_pid == 0) {
-        if (!freopen("/dev/null", "w", stderr)) _exit(126);
-        execl(bin, bin, "--clients", cep, "--workers", wep, "--catalog", db, extra_flag, extra_value,
-              (char *)NULL);
-        _exit(127);
-    }
+    spawn();
     ctx = zmq_ctx_new();
     cli = zmq_socket(ctx, ZMQ_DEALER);
     wire_socket_limits(cli);
@@ -244,6 +250,45 @@ START_TEST(test_broker_tells_systemd_ready_watchdog_and_stopping) {
 }
 END_TEST
 
+/* The boot id of the broker answering a STATUS (docs/PROTOCOL.md
+ * "Delivery"): 0 when it names none. */
+static uint64_t status_boot(void) {
+    wire_val_t *h = wire_hdr("STATUS", 78);
+    ck_assert_int_eq(wire_send(cli, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    wire_msg_t m;
+    char code[32];
+    ck_assert_str_eq(answer(&m, code, sizeof code), "STATUS_REPLY");
+    ck_assert_uint_eq(m.id, 78);
+    msg_status_reply_t *r = malloc(sizeof *r);
+    wire_err_t err;
+    ck_assert_ptr_nonnull(r);
+    ck_assert_msg(msg_status_reply_decode(&m, r, &err) == 0, "%s", err.message);
+    uint64_t boot = r->boot;
+    free(r);
+    wire_msg_close(&m);
+    return boot;
+}
+
+/* A STATUS_REPLY names the broker process: the same boot id for as long
+ * as it runs, another once it was restarted (what tells a client its
+ * requests were lost with the old one). */
+START_TEST(test_status_names_a_boot_id_that_is_new_at_every_start) {
+    uint64_t first = status_boot();
+    ck_assert_uint_ne(first, 0);
+    ck_assert_uint_eq(status_boot(), first);
+    kill(broker_pid, SIGTERM);
+    int st;
+    waitpid(broker_pid, &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "broker exit status %d", st);
+    spawn(); /* the same endpoints: the client socket reconnects by itself */
+    uint64_t second = status_boot();
+    ck_assert_uint_ne(second, 0);
+    ck_assert_uint_ne(second, first);
+    ck_assert_uint_eq(status_boot(), second);
+}
+END_TEST
+
 static void start_small_hold(void) {
     extra_flag = "--max-held-mb";
     extra_value = "1";
@@ -298,6 +343,7 @@ int main(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_malformed_truncated_and_oversized_messages_get_errors_and_broker_keeps_serving);
     tcase_add_test(tc, test_broker_tells_systemd_ready_watchdog_and_stopping);
+    tcase_add_test(tc, test_status_names_a_boot_id_that_is_new_at_every_start);
     suite_add_tcase(su, tc);
     TCase *th = tcase_create("held bytes");
     tcase_add_checked_fixture(th, start_small_hold, stop);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "broker/brk_broker.h"
+#include "broker/brk_check.h"
 #include "broker/brk_hot.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_msg.h"
@@ -1314,6 +1315,305 @@ START_TEST(test_more_requests_in_flight_than_id_buckets_are_each_answered_under_
 }
 END_TEST
 
+/* ---- resends (docs/PROTOCOL.md "Delivery") ------------------------------------------ */
+
+#define TOKEN_A 0x5eedf00d12345678ull
+/* another token with TOKEN_A's low bits: its requests share TOKEN_A's
+ * buckets of the client index, so only comparing tokens tells them apart */
+#define TOKEN_B (TOKEN_A ^ 0x0badc0ff00000000ull)
+
+/* Another client socket: a DEALER of its own, so another routing identity
+ * (a client that lost its connection and made a new one). */
+static void *client_sock(box_t *x) {
+    void *s = sock(x->b.ctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_connect(s, "inproc://clients"), 0);
+    return s;
+}
+
+/* A GEN of the tiny shape from socket s with client token `token` (0:
+ * none) and `seed`, handled by the broker. */
+static void gen_from(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress) {
+    static float ctx[5 * 32];
+    wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
+    const int64_t l[4] = { 4, 2, 8, 8 };
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
+    wv_set(h, "model", wv_str("tiny"));
+    wv_set(h, "steps", wv_u64(2));
+    wv_set(h, "seed", wv_u64(seed));
+    wv_set(h, "latent_shape", ls);
+    if (progress) wv_set(h, "progress", wv_bool(true));
+    if (token) {
+        char hex[17];
+        wv_set(h, "client", wv_str(msg_hex64(token, hex)));
+    }
+    const int64_t c[2] = { 5, 32 };
+    wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, c, ctx, sizeof ctx);
+    ck_assert_int_eq(wire_send(s, NULL, h, &t, 1), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* Nothing waits on s: whatever the broker sends, it sent before deliver()
+ * returned, so a bounded look is enough. */
+static void quiet(void *s, const char *who) {
+    zmq_pollitem_t it = { s, 0, ZMQ_POLLIN, 0 };
+    if (zmq_poll(&it, 1, 100) > 0) {
+        wire_msg_t *m = take(s, false);
+        ck_abort_msg("%s got %s %llu, expected nothing", who, m->type, (unsigned long long)m->id);
+    }
+}
+
+/* Worker i's next message is a REQUEST: its (broker) id. */
+static uint64_t request_on(box_t *x, int i) {
+    wire_msg_t *q = take(x->w[i], false);
+    ck_assert_str_eq(q->type, "REQUEST");
+    uint64_t id = q->id;
+    drop_msg(&q);
+    return id;
+}
+
+/* The next message on s is `type` under client id `id` (an ERROR's code
+ * `code` when not NULL). */
+static void expect_on(void *s, const char *type, uint64_t id, const char *code) {
+    wire_msg_t *d = take(s, false);
+    ck_assert_msg(!strcmp(d->type, type), "got %s %llu, expected %s %llu", d->type, (unsigned long long)d->id, type,
+                  (unsigned long long)id);
+    ck_assert_uint_eq(d->id, id);
+    if (code) ck_assert_str_eq(wv_get_str(d->hdr, "code"), code);
+    drop_msg(&d);
+}
+
+/* Worker 0 answers request rid with a RESULT of the tiny shape. */
+static void serve(box_t *x, uint64_t rid) { worker_result(x, 0, wire_hdr("RESULT", rid), 1, 4, 2); }
+
+static int live_requests(const box_t *x) {
+    int n = 0;
+    for (const brk_req_t *r = x->b.reqs; r; r = r->next) n++;
+    return n;
+}
+
+/* Nothing live, nothing indexed, and the invariants hold. */
+static void all_answered(box_t *x) {
+    ck_assert_ptr_null(x->b.reqs);
+    for (int i = 0; i < BRK_ID_BUCKETS; i++) ck_assert_ptr_null(x->b.by_client[i]);
+    TS_OK(brk_check(&x->b));
+}
+
+/* A GEN sent again from another socket (same client token, same id) while
+ * its request waits for a worker is attached to it: no second request, and
+ * when a worker serves it, its one RESULT goes to the resend's socket, none
+ * to the first. The same while it runs: its PROGRESS follows the resend
+ * too, and the worker is not sent it again. */
+START_TEST(test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x), *c3 = client_sock(&x);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false); /* no worker yet: it waits */
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    gen_from(&x, c2, 5, TOKEN_A, 7, false); /* the client again, on a new socket */
+    ck_assert_uint_eq(x.b.resends, 1);
+    ck_assert_int_eq(live_requests(&x), 1);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    TS_OK(brk_check(&x.b));
+    quiet(c1, "the first sender");
+    quiet(c2, "the resend's sender");
+    ready(&x, 0, 1); /* a worker: the request runs */
+    uint64_t rid = request_on(&x, 0);
+    quiet(x.w[0], "the worker (one request)");
+    serve(&x, rid);
+    expect_on(c2, "RESULT", 5, NULL);
+    quiet(c2, "the resend's sender (one RESULT)");
+    quiet(c1, "the first sender");
+    all_answered(&x);
+
+    /* resent while it runs: the PROGRESS before goes to the first sender,
+     * the PROGRESS and RESULT after to the resend's */
+    gen_from(&x, c1, 6, TOKEN_A, 7, true);
+    rid = request_on(&x, 0);
+    wire_val_t *p = wire_hdr("PROGRESS", rid);
+    wv_set(p, "step", wv_u64(1));
+    wv_set(p, "steps", wv_u64(2));
+    from_worker(&x, 0, p);
+    expect_on(c1, "PROGRESS", 6, NULL);
+    gen_from(&x, c3, 6, TOKEN_A, 7, true);
+    ck_assert_uint_eq(x.b.resends, 2);
+    ck_assert_int_eq(live_requests(&x), 1);
+    TS_OK(brk_check(&x.b));
+    quiet(x.w[0], "the worker (a resend is not run again)");
+    p = wire_hdr("PROGRESS", rid);
+    wv_set(p, "step", wv_u64(2));
+    wv_set(p, "steps", wv_u64(2));
+    from_worker(&x, 0, p);
+    expect_on(c3, "PROGRESS", 6, NULL);
+    serve(&x, rid);
+    expect_on(c3, "RESULT", 6, NULL);
+    quiet(c3, "the resend's sender (one RESULT)");
+    quiet(c1, "the first sender");
+    quiet(c2, "a bystander");
+    all_answered(&x);
+    zmq_close(c2);
+    zmq_close(c3);
+    box_close(&x);
+}
+END_TEST
+
+/* A GEN under a live request's client token and id whose fields differ
+ * (here its seed) is not that request: bad_request to its sender, and the
+ * live request goes on, answered to its own sender -- whether it runs or
+ * waits. */
+START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x);
+    ready(&x, 0, 1); /* one request at a time */
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t r5 = request_on(&x, 0);
+    /* id 5 + BRK_ID_BUCKETS: the same bucket of the client index as 5, so
+     * only comparing ids tells them apart; it waits for the slot */
+    gen_from(&x, c1, 5 + BRK_ID_BUCKETS, TOKEN_A, 7, false);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    gen_from(&x, c2, 5, TOKEN_A, 8, false); /* another seed: not the running one */
+    wire_msg_t *d = take(c2, false);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_uint_eq(d->id, 5);
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), "bad_request");
+    ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), "names a live request that is not this one"), "'%s'",
+                  wv_get_str(d->hdr, "message"));
+    drop_msg(&d);
+    gen_from(&x, c2, 5 + BRK_ID_BUCKETS, TOKEN_A, 1, false); /* nor the waiting one */
+    expect_on(c2, "ERROR", 5 + BRK_ID_BUCKETS, "bad_request");
+    ck_assert_uint_eq(x.b.resends, 0);
+    ck_assert_int_eq(live_requests(&x), 2);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    TS_OK(brk_check(&x.b));
+    quiet(x.w[0], "the worker");
+    quiet(c1, "the first sender");
+    serve(&x, r5);
+    expect_on(c1, "RESULT", 5, NULL);
+    uint64_t r2 = request_on(&x, 0);
+    serve(&x, r2);
+    expect_on(c1, "RESULT", 5 + BRK_ID_BUCKETS, NULL);
+    quiet(c1, "the first sender");
+    quiet(c2, "the refused sender");
+    all_answered(&x);
+    zmq_close(c2);
+    box_close(&x);
+}
+END_TEST
+
+/* A client id is only unique per client token: the same id under another
+ * token, or under none, is a request of its own, each answered to its
+ * sender. */
+START_TEST(test_the_same_id_under_another_token_or_none_is_a_request_of_its_own) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x), *c3 = client_sock(&x);
+    ready(&x, 0, 1);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t ra = request_on(&x, 0);
+    gen_from(&x, c2, 5, TOKEN_B, 7, false);
+    gen_from(&x, c3, 5, 0, 7, false);
+    ck_assert_uint_eq(x.b.resends, 0);
+    ck_assert_int_eq(live_requests(&x), 3);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 2);
+    TS_OK(brk_check(&x.b));
+    quiet(c2, "the second client");
+    quiet(c3, "the third client");
+    serve(&x, ra);
+    expect_on(c1, "RESULT", 5, NULL);
+    uint64_t rb = request_on(&x, 0); /* FIFO: token B's, then the untokened one */
+    ck_assert_uint_ne(rb, ra);
+    serve(&x, rb);
+    expect_on(c2, "RESULT", 5, NULL);
+    uint64_t rn = request_on(&x, 0);
+    ck_assert_uint_ne(rn, rb);
+    serve(&x, rn);
+    expect_on(c3, "RESULT", 5, NULL);
+    quiet(c1, "the first client");
+    quiet(c2, "the second client");
+    quiet(c3, "the third client");
+    all_answered(&x);
+    zmq_close(c2);
+    zmq_close(c3);
+    box_close(&x);
+}
+END_TEST
+
+/* Once answered, a request is forgotten: its client token and id sent
+ * again is a new request, run and answered again (from either socket). */
+START_TEST(test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x);
+    ready(&x, 0, 1);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t r1 = request_on(&x, 0);
+    serve(&x, r1);
+    expect_on(c1, "RESULT", 5, NULL);
+    all_answered(&x);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t r2 = request_on(&x, 0);
+    ck_assert_uint_ne(r2, r1);
+    serve(&x, r2);
+    expect_on(c1, "RESULT", 5, NULL);
+    all_answered(&x);
+    gen_from(&x, c2, 5, TOKEN_A, 7, false);
+    uint64_t r3 = request_on(&x, 0);
+    ck_assert_uint_ne(r3, r2);
+    serve(&x, r3);
+    expect_on(c2, "RESULT", 5, NULL);
+    ck_assert_uint_eq(x.b.resends, 0);
+    quiet(c1, "the first socket");
+    quiet(c2, "the second socket");
+    all_answered(&x);
+    zmq_close(c2);
+    box_close(&x);
+}
+END_TEST
+
+/* A request given up at its deadline (answered timeout while its worker
+ * still holds it) leaves the client index: its token and id sent again is
+ * a new request, which a further resend attaches to; the worker's late
+ * RESULT of the old one reaches nobody. */
+START_TEST(test_a_resend_of_an_abandoned_request_is_a_new_request) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x), *c3 = client_sock(&x);
+    ready(&x, 0, 1);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t r1 = request_on(&x, 0);
+    brk_req_timers(&x.b, brk_now_ms() + 1000000);
+    expect_on(c1, "ERROR", 5, "timeout");
+    ck_assert_int_eq(x.b.reqs->state, REQ_ABANDONED);
+    TS_OK(brk_check(&x.b));
+    gen_from(&x, c2, 5, TOKEN_A, 7, false); /* a new request: it waits for the abandoned one's slot */
+    ck_assert_uint_eq(x.b.resends, 0);
+    ck_assert_int_eq(live_requests(&x), 2);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    TS_OK(brk_check(&x.b));
+    quiet(c2, "the resend's sender");
+    gen_from(&x, c3, 5, TOKEN_A, 7, false); /* attached to the new one, not the abandoned */
+    ck_assert_uint_eq(x.b.resends, 1);
+    ck_assert_int_eq(live_requests(&x), 2);
+    TS_OK(brk_check(&x.b));
+    serve(&x, r1); /* late: discarded, its slot freed, the new request runs */
+    uint64_t r2 = request_on(&x, 0);
+    ck_assert_uint_ne(r2, r1);
+    quiet(c1, "the first sender (the late RESULT is not forwarded)");
+    quiet(c2, "the second sender");
+    quiet(c3, "the third sender");
+    serve(&x, r2);
+    expect_on(c3, "RESULT", 5, NULL);
+    quiet(c1, "the first sender");
+    quiet(c2, "the second sender");
+    quiet(c3, "the third sender (one RESULT)");
+    all_answered(&x);
+    zmq_close(c2);
+    zmq_close(c3);
+    box_close(&x);
+}
+END_TEST
+
 /* Answers to bad messages are budgeted per peer (brk_reply_allowed): a
  * client sending junk gets BRK_REPLY_BURST answers and then only counts,
  * another client still gets its answers, and junk on the worker socket
@@ -2527,6 +2827,11 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
+    tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
+    tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
+    tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
+    tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);
+    tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);

@@ -384,6 +384,103 @@ START_TEST(test_status_reply_round_trips_with_workers_lagging_keys_and_models) {
 }
 END_TEST
 
+/* Encodes body as type (with the tensors t) and receives it back into m
+ * with its header as a value tree: what was written, field by field. */
+static void round_trip_tree(wire_msg_t *m, msg_type_t type, uint64_t id, const void *body, const wire_tensor_t *t,
+                            int nt) {
+    size_t len = 0;
+    unsigned char *b = msg_encode(type, id, body, &len);
+    ck_assert_ptr_nonnull(b);
+    zmq_msg_t f[1 + WIRE_MAX_TENSORS];
+    zmq_msg_init_size(&f[0], len);
+    memcpy(zmq_msg_data(&f[0]), b, len);
+    free(b);
+    for (int i = 0; i < nt; i++) {
+        zmq_msg_init_size(&f[1 + i], t[i].bytes);
+        if (t[i].bytes) memcpy(zmq_msg_data(&f[1 + i]), t[i].data, t[i].bytes);
+    }
+    wire_err_t err;
+    ck_assert_msg(wire_decode_as(m, f, (size_t)(1 + nt), &err, true) == 0, "%s: %s", err.code, err.message);
+    ck_assert_ptr_nonnull(m->hdr);
+}
+
+/* Delivery (docs/PROTOCOL.md): a GEN's `client` token and a STATUS_REPLY's
+ * `boot` are hashes (16 hex digits on the wire), both optional: 0 is
+ * "none", never written, and what an older peer's message decodes as. */
+START_TEST(test_a_gen_client_token_and_a_status_reply_boot_round_trip_and_are_absent_as_0) {
+    wire_tensor_t t = tensor("context", KERN_F32, 2, CTX, g_ctx);
+    msg_gen_t g = { 0 }, back;
+    snprintf(g.model, sizeof g.model, "tiny");
+    g.steps = 2;
+    g.shift = g.cfg = 1.0;
+    g.eta = 0.7;
+    memcpy(g.latent_shape, LAT, sizeof LAT);
+    g.context = &t;
+    const uint64_t tokens[] = { 0xfedcba9876543210ull, 1, UINT64_MAX, 0 };
+    for (size_t k = 0; k < sizeof tokens / sizeof tokens[0]; k++) {
+        g.client = tokens[k];
+        for (int type = MSG_GEN; type <= MSG_REQUEST; type++) { /* a REQUEST carries it on as well */
+            wire_msg_t m;
+            wire_err_t err;
+            round_trip_tree(&m, (msg_type_t)type, 5, &g, &t, 1);
+            const char *hex = wv_get_str(m.hdr, "client");
+            if (tokens[k]) {
+                char want[17];
+                ck_assert_ptr_nonnull(hex);
+                ck_assert_str_eq(hex, msg_hex64(tokens[k], want));
+            } else {
+                ck_assert_msg(wv_get(m.hdr, "client") == NULL, "a GEN without a token wrote 'client'");
+            }
+            memset(&back, 0xa5, sizeof back);
+            ck_assert_int_eq(msg_decode(&m, (msg_type_t)type, &back, &err), 0);
+            ck_assert_uint_eq(back.client, tokens[k]);
+            ck_assert_int_eq(msg_gen_validate(&back, NULL, &err), 0);
+            wire_msg_close(&m);
+        }
+    }
+    /* written by hand: fewer digits and capitals read as the number; an
+     * older client's GEN (no 'client') is token 0 */
+    wire_val_t *h = gen_tree(6);
+    wv_set(h, "client", wv_str("ABC"));
+    wire_msg_t m;
+    wire_err_t err;
+    receive_tree(&m, h, &t, 1);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_uint_eq(back.client, 0xabc);
+    wire_msg_close(&m);
+    receive_tree(&m, gen_tree(7), &t, 1);
+    memset(&back, 0xa5, sizeof back);
+    ck_assert_int_eq(msg_gen_decode(&m, &back, &err), 0);
+    ck_assert_uint_eq(back.client, 0);
+    wire_msg_close(&m);
+    /* anything but 1..16 hex digits is refused */
+    wire_val_t *bad[] = { wv_str("xyz"), wv_str("12g4"), wv_str(""), wv_str("0123456789abcdef0"), wv_u64(5),
+                          wv_str("-1") };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        h = gen_tree(8);
+        wv_set(h, "client", bad[k]);
+        expect_gen_refused(h, "bad_request", "'client' must be 1..16 hex digits");
+    }
+
+    msg_status_reply_t s = { 0 }, sb;
+    const uint64_t boots[] = { 0x0123456789abcdefull, UINT64_MAX, 0 };
+    for (size_t k = 0; k < sizeof boots / sizeof boots[0]; k++) {
+        s.boot = boots[k];
+        round_trip_tree(&m, MSG_STATUS_REPLY, 9, &s, NULL, 0);
+        if (boots[k]) {
+            char want[17];
+            ck_assert_str_eq(wv_get_str(m.hdr, "boot"), msg_hex64(boots[k], want));
+        } else {
+            ck_assert_msg(wv_get(m.hdr, "boot") == NULL, "a STATUS_REPLY without a boot wrote 'boot'");
+        }
+        memset(&sb, 0xa5, sizeof sb);
+        ck_assert_int_eq(msg_status_reply_decode(&m, &sb, &err), 0);
+        ck_assert_uint_eq(sb.boot, boots[k]); /* an older broker's (no 'boot'): 0 */
+        wire_msg_close(&m);
+    }
+}
+END_TEST
+
 /* ---- defaults, types, unknown and required fields ----------------------------------- */
 
 START_TEST(test_absent_optional_fields_take_the_documented_defaults) {
@@ -1648,6 +1745,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_an_adapter_sync_goes_by_path_by_value_with_its_config_or_is_the_base_again);
     tcase_add_test(t, test_worker_messages_round_trip);
     tcase_add_test(t, test_status_reply_round_trips_with_workers_lagging_keys_and_models);
+    tcase_add_test(t, test_a_gen_client_token_and_a_status_reply_boot_round_trip_and_are_absent_as_0);
     tcase_add_test(t, test_a_prewarm_round_trips_with_every_field_of_each_key);
     tcase_add_test(t, test_ready_prewarm_round_trips_and_more_than_64_is_refused_at_decode);
     suite_add_tcase(s, t);

@@ -1,0 +1,406 @@
+/* test_client.c -- the C client library (clients/c/client.h) against a
+ * fake broker: a ROUTER socket in the test thread reads what the client
+ * sends and answers as each test says, while reel_gen runs on a thread of
+ * its own. Checked: the delivery rules of docs/PROTOCOL.md ("Delivery") --
+ * a STATUS just before the GEN; a STATUS after every liveness period of
+ * silence; the GEN sent again (same id, same client token) when a STATUS
+ * goes unanswered, when another boot answers it, or when no boot was
+ * learnt before one answers, and never when the same boot answers, when a
+ * broker without a boot answers, or with liveness 0; reel_client_resends
+ * and the on_resend hook (silent_ms > 0 for silence, 0 for a new boot).
+ *
+ * Assertions are on the messages the fake broker receives, never on time.
+ * One thing time can do: on a loaded machine a reply of the fake broker
+ * may reach the client after its liveness period (50 ms), and the client
+ * then rightly resends for silence. The client's own account (its hook
+ * says "silence", silent_ms > 0) marks such a try as disturbed, and the
+ * test runs again (at most TRIES times); a resend the rules do not allow
+ * (silent_ms 0 where no new boot answered) fails at once. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/c/client.h"
+#include "schema/msg.h"
+#include "tests/support.h"
+
+#define LIVENESS_MS 50
+#define TRIES 3
+#define BOOT_A 0x1111aaaa2222bbbbull
+#define BOOT_B 0x3333cccc4444ddddull
+#define LOG_MAX 64
+
+static float g_ctx[5 * 32], g_lat[4 * 2 * 8 * 8];
+
+/* What the on_resend hook was told, in order. */
+typedef struct {
+    pthread_mutex_t mu;
+    int n;
+    uint64_t id[LOG_MAX];
+    int silent[LOG_MAX];
+} resend_log_t;
+
+typedef struct {
+    char dir[64], ep[128];
+    void *ctx, *router;
+    reel_client_t *c;
+    pthread_t th;
+    bool running;
+    /* the client thread's: reel_gen's return and what it left */
+    int rc;
+    wire_err_t err;
+    float out[4 * 2 * 8 * 8];
+    uint64_t resends;
+    resend_log_t log;
+    /* the fake broker's: what it received */
+    zmq_msg_t who;     /* the client's routing identity */
+    bool have_who;
+    uint64_t gen_id, token;
+    int gens, statuses;
+    bool answered;     /* its RESULT went */
+} fake_t;
+
+enum { DONE = 0, DISTURBED = 1 };
+
+static void on_resend(void *user, uint64_t id, int silent_ms) {
+    resend_log_t *l = user;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < LOG_MAX) {
+        l->id[l->n] = id;
+        l->silent[l->n] = silent_ms;
+    }
+    l->n++;
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* The silent_ms the hook got for resend k (0-based); -1 when it got none
+ * (yet). The hook runs before the GEN is sent: once the fake broker has
+ * a resend, its entry is there. */
+static int silent_of(fake_t *f, int k) {
+    pthread_mutex_lock(&f->log.mu);
+    int s = k < f->log.n && k < LOG_MAX ? f->log.silent[k] : -1;
+    pthread_mutex_unlock(&f->log.mu);
+    return s;
+}
+
+static void *client_main(void *p) {
+    fake_t *f = p;
+    reel_gen_t g;
+    memset(&g, 0, sizeof g);
+    g.model = "tiny";
+    g.steps = 2;
+    g.shift = g.cfg = 1.0;
+    g.seed = 7;
+    g.latent_shape[0] = 4;
+    g.latent_shape[1] = 2;
+    g.latent_shape[2] = g.latent_shape[3] = 8;
+    g.context = g_ctx;
+    g.ctx_shape[0] = 5;
+    g.ctx_shape[1] = 32;
+    reel_gen_result_t res;
+    f->rc = reel_gen(f->c, &g, f->out, &res, NULL, NULL, 20000, &f->err);
+    f->resends = reel_client_resends(f->c);
+    return NULL;
+}
+
+/* A fake broker and a client of it (liveness_ms; < 0: the client's own,
+ * from the environment) whose reel_gen is running. */
+static void fake_open(fake_t *f, int liveness_ms) {
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->log.mu, NULL);
+    ts_mkdtemp(f->dir, sizeof f->dir, "test-client");
+    snprintf(f->ep, sizeof f->ep, "ipc://%s/b", f->dir);
+    ck_assert_ptr_nonnull(f->ctx = zmq_ctx_new());
+    ck_assert_ptr_nonnull(f->router = zmq_socket(f->ctx, ZMQ_ROUTER));
+    ck_assert_int_eq(wire_socket_limits(f->router), 0);
+    int tmo = 5000;
+    zmq_setsockopt(f->router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(f->router, f->ep), 0);
+    TS_NEW(f->c = reel_client_new(f->ep));
+    if (liveness_ms >= 0) reel_client_set_liveness(f->c, liveness_ms);
+    reel_client_on_resend(f->c, on_resend, &f->log);
+    ck_assert_int_eq(pthread_create(&f->th, NULL, client_main, f), 0);
+    f->running = true;
+}
+
+/* The next message the client sent (within 5 s): a STATUS, or a GEN --
+ * after the first, always the first one's id and client token. Its id in
+ * *id. */
+static msg_type_t next(fake_t *f, uint64_t *id) {
+    wire_msg_t m;
+    wire_err_t err;
+    ck_assert_msg(msg_recv(f->router, true, 0, &m, &err) == 0, "nothing (readable) from the client within 5 s");
+    if (!f->have_who) {
+        zmq_msg_init(&f->who);
+        ck_assert_int_eq(zmq_msg_copy(&f->who, &m.identity), 0);
+        f->have_who = true;
+    }
+    msg_type_t t = msg_type(&m);
+    if (id) *id = m.id;
+    if (t == MSG_STATUS) {
+        f->statuses++;
+        ck_assert_int_eq(msg_decode(&m, MSG_STATUS, NULL, &err), 0);
+        ck_assert_msg(!f->gens || m.id != f->gen_id, "a STATUS under the GEN's id");
+    } else {
+        ck_assert_msg(t == MSG_GEN, "the client sent %s", m.type);
+        msg_gen_t g;
+        ck_assert_msg(msg_gen_decode(&m, &g, &err) == 0, "%s", err.message);
+        ck_assert_msg(g.client != 0, "a GEN without a client token");
+        ck_assert_uint_eq(g.seed, 7);
+        if (!f->gens) {
+            f->gen_id = m.id;
+            f->token = g.client;
+        } else { /* the same request: its id and token */
+            ck_assert_uint_eq(m.id, f->gen_id);
+            ck_assert_uint_eq(g.client, f->token);
+        }
+        f->gens++;
+    }
+    wire_msg_close(&m);
+    return t;
+}
+
+/* STATUS_REPLY to STATUS `id`, naming boot `boot` (0: an older broker's, without one). */
+static void reply_status(fake_t *f, uint64_t id, uint64_t boot) {
+    msg_status_reply_t s;
+    memset(&s, 0, sizeof s);
+    s.boot = boot;
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_STATUS_REPLY, id, &s, NULL), 0);
+}
+
+/* The GEN's RESULT (latent g_lat), then reel_gen's return. */
+static void finish(fake_t *f) {
+    if (!f->answered && f->have_who) {
+        msg_result_t r;
+        memset(&r, 0, sizeof r);
+        r.version = 1;
+        const int64_t ls[4] = { 4, 2, 8, 8 };
+        wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, g_lat, sizeof g_lat);
+        r.latent = &t;
+        ck_assert_int_eq(msg_send(f->router, &f->who, MSG_RESULT, f->gen_id, &r, NULL), 0);
+        f->answered = true;
+    }
+    if (f->running) pthread_join(f->th, NULL);
+    f->running = false;
+}
+
+/* finish(), checking reel_gen got the RESULT; then reads the rest of what
+ * the client sent before it got it: every GEN it counts as sent (1 +
+ * its resends) reached the fake broker, and no other. */
+static void finish_ok(fake_t *f) {
+    finish(f);
+    ck_assert_msg(f->rc == 0, "reel_gen: %d %s: %s", f->rc, f->err.code, f->err.message);
+    ck_assert_mem_eq(f->out, g_lat, sizeof g_lat);
+    while (f->gens < 1 + (int)f->resends) next(f, NULL);
+    zmq_pollitem_t it = { f->router, 0, ZMQ_POLLIN, 0 };
+    while (zmq_poll(&it, 1, 50) > 0) next(f, NULL);
+    ck_assert_int_eq(f->gens, 1 + (int)f->resends);
+    pthread_mutex_lock(&f->log.mu);
+    ck_assert_int_eq(f->log.n, (int)f->resends); /* the hook saw every one */
+    for (int k = 0; k < f->log.n && k < LOG_MAX; k++) ck_assert_uint_eq(f->log.id[k], f->gen_id);
+    pthread_mutex_unlock(&f->log.mu);
+}
+
+static void fake_close(fake_t *f) {
+    finish(f);
+    reel_client_destroy(&f->c);
+    if (f->have_who) zmq_msg_close(&f->who);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+    pthread_mutex_destroy(&f->log.mu);
+    if (ts_rmtree(f->dir)) fprintf(stderr, "could not remove %s\n", f->dir);
+}
+
+/* A GEN where none was due (resend k): a resend for silence (a reply of
+ * the fake broker came too late: the try is disturbed), or one the rules
+ * do not allow (fails). */
+static int unexpected_resend(fake_t *f, int k, const char *why) {
+    int s = silent_of(f, k);
+    ck_assert_msg(s > 0, "the GEN was sent again (silent_ms %d) %s", s, why);
+    return DISTURBED;
+}
+
+/* Any resend for silence at all, from resend k on: a reply came too late. */
+static bool silence_from(fake_t *f, int k) {
+    for (int i = k; i < (int)f->resends; i++)
+        if (silent_of(f, i) > 0) return true;
+    return false;
+}
+
+/* The start of every GEN with a liveness: a STATUS, then the GEN. *ping:
+ * the STATUS's id. */
+static void status_then_gen(fake_t *f, uint64_t *ping) {
+    uint64_t gid;
+    ck_assert_msg(next(f, ping) == MSG_STATUS, "the client's first message is not a STATUS");
+    ck_assert_msg(next(f, &gid) == MSG_GEN, "the client's second message is not the GEN");
+    ck_assert_uint_ne(*ping, gid);
+    ck_assert_int_eq(f->statuses, 1);
+}
+
+static void run(int (*scenario)(fake_t *), int liveness_ms, const char *name) {
+    for (int k = 0; k < TRIES; k++) {
+        fake_t *f = calloc(1, sizeof *f);
+        ck_assert_ptr_nonnull(f);
+        fake_open(f, liveness_ms);
+        int r = scenario(f);
+        fake_close(f);
+        free(f);
+        if (r == DONE) return;
+        fprintf(stderr, "%s: try %d disturbed (a reply reached the client after its liveness period); again\n", name,
+                k + 1);
+    }
+    ck_abort_msg("%s: all %d tries disturbed", name, TRIES);
+}
+
+/* ---- the scenarios ------------------------------------------------------------------ */
+
+/* The broker answers the first STATUS (boot A), then nothing: the client
+ * asks again (a STATUS) and, that unanswered too, sends the GEN again. */
+static int silence(fake_t *f) {
+    uint64_t ping, id;
+    status_then_gen(f, &ping);
+    reply_status(f, ping, BOOT_A);
+    msg_type_t t = next(f, &id); /* silent from here on */
+    if (t == MSG_GEN) return unexpected_resend(f, 0, "before a STATUS went unanswered");
+    ck_assert_uint_ne(id, ping);
+    ck_assert_int_eq(next(f, NULL), MSG_GEN); /* that STATUS unanswered: the GEN again */
+    ck_assert_int_ge(silent_of(f, 0), LIVENESS_MS);
+    finish_ok(f);
+    ck_assert_uint_ge(f->resends, 1);
+    for (int k = 0; k < (int)f->resends; k++) /* no new boot ever answered: each was for silence */
+        ck_assert_int_gt(silent_of(f, k), 0);
+    return DONE;
+}
+
+/* STATUSes answered by the same boot never resend; one answered by
+ * another (a restarted broker) resends at once, silent_ms 0; the new boot
+ * answering after that does not again. */
+static int new_boot(fake_t *f) {
+    uint64_t ping;
+    status_then_gen(f, &ping);
+    reply_status(f, ping, BOOT_A);
+    for (int k = 0; k < 2; k++) { /* the same broker, still there */
+        if (next(f, &ping) == MSG_GEN) return unexpected_resend(f, f->gens - 2, "though the same boot answered");
+        reply_status(f, ping, BOOT_A);
+    }
+    if (next(f, &ping) == MSG_GEN) return unexpected_resend(f, f->gens - 2, "though the same boot answered");
+    reply_status(f, ping, BOOT_B); /* another broker */
+    ck_assert_int_eq(next(f, NULL), MSG_GEN);
+    if (silent_of(f, f->gens - 2) > 0) return DISTURBED; /* a resend for silence crossed the reply */
+    for (int k = 0; k < 2; k++) { /* the new broker, still there */
+        if (next(f, &ping) == MSG_GEN) return unexpected_resend(f, f->gens - 2, "though the same new boot answered");
+        reply_status(f, ping, BOOT_B);
+    }
+    finish_ok(f);
+    if (silence_from(f, 0)) return DISTURBED;
+    ck_assert_uint_eq(f->resends, 1);
+    ck_assert_int_eq(silent_of(f, 0), 0);
+    ck_assert_int_ge(f->statuses, 5);
+    return DONE;
+}
+
+/* A broker without a boot (older than resends) is never resent to on its
+ * word: its answers keep the GEN where it is. */
+static int no_boot_broker(fake_t *f) {
+    uint64_t ping;
+    status_then_gen(f, &ping);
+    reply_status(f, ping, 0);
+    for (int k = 0; k < 3; k++) {
+        if (next(f, &ping) == MSG_GEN)
+            return unexpected_resend(f, f->gens - 2, "though a broker without boot answered");
+        reply_status(f, ping, 0);
+    }
+    finish_ok(f);
+    if (silence_from(f, 0)) return DISTURBED;
+    ck_assert_uint_eq(f->resends, 0);
+    return DONE;
+}
+
+/* The first STATUS unanswered: the GEN again for silence; when a later
+ * STATUS is answered, the client had no boot to compare: it sends the GEN
+ * once more (silent_ms 0), and not again while that boot answers. */
+static int no_boot_learnt(fake_t *f) {
+    uint64_t ping;
+    status_then_gen(f, &ping);
+    ck_assert_int_eq(next(f, NULL), MSG_GEN); /* the first STATUS unanswered */
+    ck_assert_int_gt(silent_of(f, 0), 0);
+    ck_assert_msg(next(f, &ping) == MSG_STATUS, "sent the GEN twice without asking in between");
+    reply_status(f, ping, BOOT_A);
+    ck_assert_int_eq(next(f, NULL), MSG_GEN);
+    if (silent_of(f, f->gens - 2) > 0) return DISTURBED;
+    for (int k = 0; k < 2; k++) {
+        if (next(f, &ping) == MSG_GEN) return unexpected_resend(f, f->gens - 2, "though the boot it learnt answered");
+        reply_status(f, ping, BOOT_A);
+    }
+    finish_ok(f);
+    if (silence_from(f, 2)) return DISTURBED;
+    ck_assert_uint_eq(f->resends, 2);
+    ck_assert_int_gt(silent_of(f, 0), 0);
+    ck_assert_int_eq(silent_of(f, 1), 0);
+    return DONE;
+}
+
+/* Liveness 0: the GEN alone (still with its token), no STATUS however long
+ * the broker is silent, never sent again. */
+static int no_liveness(fake_t *f) {
+    ck_assert_msg(next(f, NULL) == MSG_GEN, "with liveness 0 the first message is not the GEN");
+    zmq_pollitem_t it = { f->router, 0, ZMQ_POLLIN, 0 };
+    ck_assert_msg(zmq_poll(&it, 1, 4 * LIVENESS_MS) == 0, "with liveness 0 the client sent more than the GEN");
+    finish_ok(f);
+    ck_assert_int_eq(f->statuses, 0);
+    ck_assert_uint_eq(f->resends, 0);
+    return DONE;
+}
+
+START_TEST(test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered) {
+    run(silence, LIVENESS_MS, "silence");
+}
+END_TEST
+
+START_TEST(test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does) {
+    run(new_boot, LIVENESS_MS, "new boot");
+}
+END_TEST
+
+START_TEST(test_a_broker_without_a_boot_is_never_resent_to_on_its_word) {
+    run(no_boot_broker, LIVENESS_MS, "no boot");
+}
+END_TEST
+
+START_TEST(test_a_boot_learnt_only_after_a_silence_resends_once_more) {
+    run(no_boot_learnt, LIVENESS_MS, "no boot learnt");
+}
+END_TEST
+
+START_TEST(test_liveness_0_sends_no_status_and_never_resends) {
+    run(no_liveness, 0, "liveness 0");
+    setenv("REEL_CLIENT_LIVENESS_MS", "0", 1); /* the same from the environment */
+    run(no_liveness, -1, "REEL_CLIENT_LIVENESS_MS=0");
+    unsetenv("REEL_CLIENT_LIVENESS_MS");
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("client");
+    TCase *tc = tcase_create("delivery");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered);
+    tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
+    tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);
+    tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);
+    tcase_add_test(tc, test_liveness_0_sends_no_status_and_never_resends);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    /* a plain connection to the fake broker, whatever the caller's environment */
+    unsetenv("REEL_KEY");
+    unsetenv("REEL_BROKER_KEY");
+    unsetenv("REEL_CLIENT_LIVENESS_MS");
+    ts_fill_uniform(g_ctx, sizeof g_ctx / sizeof g_ctx[0], 1, -1.f, 1.f);
+    ts_fill_uniform(g_lat, sizeof g_lat / sizeof g_lat[0], 2, -1.f, 1.f);
+    return ts_run(suite());
+}
