@@ -30,8 +30,8 @@ static void resent(void *user, uint64_t id, int silent_ms) {
         fprintf(stderr, "reelctl: gen: no word from the broker for %d ms: GEN %llu sent again (the same request)\n",
                 silent_ms, (unsigned long long)id);
     else
-        fprintf(stderr, "reelctl: gen: the broker restarted: GEN %llu sent again (the same request)\n",
-                (unsigned long long)id);
+        fprintf(stderr, "reelctl: gen: a broker that may not hold GEN %llu answers (a restart): sent again (the same "
+                "request)\n", (unsigned long long)id);
     fflush(stderr);
 }
 

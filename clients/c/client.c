@@ -208,6 +208,7 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
     bool asked = ping != 0; /* a STATUS (ping) is out */
     bool first = ping != 0; /* ... the one sent just before the GEN */
     int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
+    bool resent_since_ping = false; /* the GEN went again after the STATUS now out was sent */
     for (;;) {
         int64_t until = now_ms() + c->liveness_ms;
         if (await2(c, id, ping, until < deadline ? until : deadline, m, fn, user, err) == 0) {
@@ -224,6 +225,10 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
             /* the same broker: it still runs (a broker that names no boot
              * is older than resends: it is never sent one on its word) */
             if (!now_boot || (!was_first && now_boot == boot)) continue;
+            if (!boot && resent_since_ping) { /* a late answer: the resend went after it, to this broker */
+                boot = c->boot = now_boot;
+                continue;
+            }
             boot = c->boot = now_boot; /* another broker (a restart lost it), or none known: send again */
             silent = 0;
         } else {
@@ -236,15 +241,18 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
                 }
                 asked = true;
                 first = false;
+                resent_since_ping = false;
                 continue;
             }
-            /* that STATUS went unanswered for liveness_ms too: gone or stuck */
+            /* that STATUS went unanswered for liveness_ms too (the one sent
+             * with the GEN: for liveness_ms): gone or stuck */
+            silent = first ? c->liveness_ms : 2 * c->liveness_ms;
             asked = false;
             first = false;
-            silent = 2 * c->liveness_ms;
         }
         /* the GEN again, as the same request (the socket reconnects by itself) */
         c->resends++;
+        resent_since_ping = true;
         if (c->on_resend) c->on_resend(c->resend_user, id, silent);
         if (msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
             set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
