@@ -375,7 +375,7 @@ class Client:
         """The GENs of sent (rid -> (fields, tensors)); before this client's
         first, a STATUS (its answer names the broker that got them: its boot
         id). The waiting state _recv_live keeps across its calls."""
-        st = {"ping": None, "boot": self._boot, "first": False, "asked": False}
+        st = {"ping": None, "boot": self._boot, "first": False, "asked": False, "resent": False}
         if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
             self._send("STATUS", st["ping"], {})
@@ -405,16 +405,20 @@ class Client:
                     continue
                 if not now_boot or (not was_first and now_boot == st["boot"]):
                     continue  # the same broker (or one older than resends): they still run
+                if not st["boot"] and st["resent"]:  # a late answer: the resend went after it, to this broker
+                    st["boot"] = self._boot = now_boot
+                    continue
                 st["boot"] = self._boot = now_boot  # another broker: a restart lost them
             except ReelTimeout:
                 if time.monotonic() >= deadline:
                     raise
                 if not st["asked"]:  # silent for `liveness`: is it there?
-                    st.update(ping=next(self._ids), asked=True, first=False)
+                    st.update(ping=next(self._ids), asked=True, first=False, resent=False)
                     self._send("STATUS", st["ping"], {})
                     continue
                 st.update(asked=False, first=False)  # gone, or stuck
             self.resends += 1
+            st["resent"] = True
             for rid in rids:
                 self._send_gen(rid, *sent[rid])
 
