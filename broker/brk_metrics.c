@@ -63,6 +63,11 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_sample(t, "reel_broker_busy_total", "", (double)m->busy);
     reel_prom_family(t, "reel_broker_requeues_total", "counter", "Requests requeued after their worker died.");
     reel_prom_sample(t, "reel_broker_requeues_total", "", (double)m->requeues);
+    reel_prom_family(t, "reel_broker_gen_resends_total", "counter",
+                     "GENs a client sent again while their request was live: attached to it, not run twice.");
+    reel_prom_sample(t, "reel_broker_gen_resends_total", "", (double)b->resends);
+    reel_prom_family(t, "reel_broker_prewarm_keys_total", "counter", "Hot keys sent to starting workers (PREWARM).");
+    reel_prom_sample(t, "reel_broker_prewarm_keys_total", "", (double)b->prewarm_keys_sent);
     reel_prom_family(t, "reel_broker_queue_depth", "gauge", "Requests waiting for a worker slot.");
     reel_prom_sample(t, "reel_broker_queue_depth", "", (double)brk_queue_len(&b->queue));
     reel_prom_family(t, "reel_broker_held_bytes", "gauge", "Tensor bytes of live requests the broker holds.");
