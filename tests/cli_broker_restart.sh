@@ -47,13 +47,14 @@ wait_inflight() { # N: until the broker says at least N requests run (30 s)
     [ "$(inflight)" -ge "$1" ] 2>/dev/null
 }
 
-cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" ||
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" --heartbeat-ms 3000 ||
     { bad "broker starts"; show "$D/broker.log"; finish; }
 BP=$BROKER
 cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "ipc://$D/w" --weights "$D/w.safetensors" --streams 1 \
-    --heartbeat-ms 1000 --metrics 127.0.0.1:0 || { bad "worker starts"; show "$D/w1.log"; finish; }
+    --heartbeat-ms 3000 --metrics 127.0.0.1:0 || { bad "worker starts"; show "$D/w1.log"; finish; }
 
-# 1. a frozen broker: the resend attaches to the live request
+# 1. a frozen broker: the resend attaches to the live request (the
+#    worker's liveness, 3 x 3 s, outlasts the freeze: it stays registered)
 LONG=4000
 gen_bg 1 $LONG
 GP=$!
@@ -92,7 +93,7 @@ for k in 2 3 4; do gen_bg $k $LONG; gp="$gp $!"; done
 wait_inflight 1 || bad "the GENs run"
 kill -9 "$BP"
 reap "$BP" 30
-cli_broker "$D/broker2.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" ||
+cli_broker "$D/broker2.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" --heartbeat-ms 3000 ||
     { bad "the broker restarts"; show "$D/broker2.log"; finish; }
 failed=0
 for p in $gp; do reap "$p" 120 || failed=$((failed + 1)); done
