@@ -128,6 +128,12 @@ typedef struct {
 } brk_bucket_t;
 
 #define BRK_ID_BUCKETS 1024    /* live requests by id: ids are sequential, so id % buckets spreads them */
+
+/* The bucket of brk_t.by_client that a request of client token `client`
+ * and client id `id` is in. */
+static inline unsigned brk_client_bucket(uint64_t client, uint64_t id) {
+    return (unsigned)((client ^ (id * 0x9e3779b97f4a7c15ull)) % BRK_ID_BUCKETS);
+}
 #define BRK_MSG_POOL 64        /* spare message structs kept for reuse */
 
 /* The current SYNC of one component: the newest version at least one

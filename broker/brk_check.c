@@ -67,6 +67,8 @@ static int check_list(const brk_t *b, size_t *n_out) {
         for (const brk_req_t *e = b->by_client[i]; e; e = e->ck_next) {
             if (++in_index > with_token) BROKEN("client index holds more than the %zu requests with a token", with_token);
             if (!e->client) BROKEN("client index: request %llu has no token", (unsigned long long)e->id);
+            if (brk_client_bucket(e->client, e->client_id) != (unsigned)i)
+                BROKEN("client index: request %llu is in bucket %d, not its own", (unsigned long long)e->id, i);
             for (const brk_req_t *f = e->ck_next; f; f = f->ck_next)
                 if (f->client == e->client && f->client_id == e->client_id)
                     BROKEN("client index: requests %llu and %llu are both client id %llu", (unsigned long long)e->id,

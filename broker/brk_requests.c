@@ -30,7 +30,7 @@
 
 static brk_req_t **bucket(brk_t *b, uint64_t id) { return &b->by_id[id % BRK_ID_BUCKETS]; }
 static brk_req_t **client_bucket(brk_t *b, uint64_t client, uint64_t id) {
-    return &b->by_client[(client ^ (id * 0x9e3779b97f4a7c15ull)) % BRK_ID_BUCKETS];
+    return &b->by_client[brk_client_bucket(client, id)];
 }
 
 static void client_unlink(brk_t *b, brk_req_t *r) {
