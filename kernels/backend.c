@@ -468,3 +468,11 @@ kern_stream_t *kern_graph_stream(const kern_graph_t *g) { return g->origin; }
 size_t kern_graph_nodes(const kern_graph_t *g) { return g->nodes; }
 size_t kern_graph_bytes(const kern_graph_t *g) { return g->bytes; }
 size_t kern_graph_replays(const kern_graph_t *g) { return g->replays; }
+
+int kern_graph_node(const kern_graph_t *g, size_t i, int (**fn)(void *ctx, const void *args),
+                    const void **args) {
+    if (g->native || i >= g->nodes) return -1;
+    *fn = g->node[i].fn;
+    *args = g->args + g->node[i].args_off;
+    return 0;
+}

@@ -32,12 +32,14 @@ int kern_backend_kind_parse(const char *s, kern_backend_kind_t *out);
 
 /* The CPU backend; cannot fail except on out-of-memory (NULL). */
 kern_backend_t *kern_backend_cpu_new(void);
-/* The threads the CPU backend's BLAS uses for one GEMM call: process-wide
- * (OpenBLAS keeps one pool). A worker whose stream threads already use
- * the cores gives each GEMM fewer (reel-worker --blas-threads): threads
- * that outnumber the cores spin and yield instead of working. n >= 1. */
-void kern_cpu_blas_threads_set(int n);
-int kern_cpu_blas_threads(void);
+/* The CPU backend's thread pool (kernels/cpu/cpu_pool.h), process-wide:
+ * the threads that may run one kernel's tasks, the caller included, shared
+ * by every stream. n >= 1 sets it; n <= 0 goes back to the default:
+ * REEL_THREADS, else the cores this process may run on. OpenBLAS itself
+ * runs single-threaded inside the pool's tasks. Results do not depend on
+ * the size. */
+void kern_cpu_threads_set(int n);
+int kern_cpu_threads(void);
 /* The CUDA backend on GPU `device`. Returns NULL with a one-line reason in
  * reel_err_text() when Reel was built without CUDA, no driver or device is
  * present, or the device is unusable. */
@@ -135,6 +137,11 @@ size_t kern_graph_nodes(const kern_graph_t *g);
 size_t kern_graph_bytes(const kern_graph_t *g);
 /* Times g has been replayed. */
 size_t kern_graph_replays(const kern_graph_t *g);
+/* Node i of a recorded graph (the CPU's): its kernel function and argument
+ * block, as the dispatcher recorded them, for profiles (bench_cpu_step
+ * runs nodes one by one). -1 for a native graph or i >= its nodes. */
+int kern_graph_node(const kern_graph_t *g, size_t i, int (**fn)(void *ctx, const void *args),
+                    const void **args);
 
 #ifdef __cplusplus
 }

@@ -1381,6 +1381,94 @@ START_TEST(test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh) {
 }
 END_TEST
 
+/* The pool (kernels/cpu/cpu_pool.h) may cut a GEMM into column slices and
+ * run attention's heads side by side, differently for each pool size; the
+ * bits must not move. Each op at the model's shapes (tiny, small, the
+ * wan2.1-1.3b widths) on pools of 1, 2, 3 and 5 threads, against the same
+ * op on one thread. */
+static void each_pool_size(void (*run)(float *out, void *ctx), void *ctx, int64_t n, const char *what) {
+    float *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+    ck_assert(ref && got);
+    kern_cpu_threads_set(1);
+    ck_assert_int_eq(kern_cpu_threads(), 1);
+    run(ref, ctx);
+    static const int sizes[] = { 2, 3, 5 };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        kern_cpu_threads_set(sizes[i]);
+        ck_assert_int_eq(kern_cpu_threads(), sizes[i]);
+        memset(got, 0xff, (size_t)n * 4);
+        run(got, ctx);
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s on %d threads against 1", what, sizes[i]);
+        /* memcmp first: an assertion per element is slow in Check */
+        if (memcmp(got, ref, (size_t)n * 4) != 0) expect_same_bits(msg, got, ref, n);
+    }
+    kern_cpu_threads_set(0);
+    free(ref);
+    free(got);
+}
+
+typedef struct { kern_tensor_t x, w, b, y; bool gelu, bias; } gemm_case_t;
+
+static void run_gemm(float *out, void *ctx) {
+    gemm_case_t *c = ctx;
+    int rc = c->gelu ? kern_gemm_gelu(S, &c->x, &c->w, c->bias ? &c->b : NULL, &c->y)
+                     : kern_gemm(S, &c->x, &c->w, c->bias ? &c->b : NULL, &c->y);
+    ck_assert_msg(rc == 0, "gemm: %s", reel_err_text());
+    memcpy(out, F(&c->y), kern_tensor_bytes(&c->y));
+}
+
+START_TEST(test_gemm_bits_do_not_depend_on_the_pool_size) {
+    const int64_t cases[][3] = { { 256, 384, 384 }, { 256, 1024, 384 }, { 256, 384, 1024 }, { 32, 64, 64 },
+                                 { 16, 768, 384 }, { 130, 1536, 1536 }, { 64, 8960, 1536 }, { 77, 200, 129 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t M = cases[i][0], Nn = cases[i][1], K = cases[i][2];
+        gemm_case_t c = { .x = T2(M, K), .w = T2(Nn, K), .b = T1(Nn), .y = T2(M, Nn) };
+        fill(&c.x, -2, 2);
+        fill(&c.w, -0.3f, 0.3f);
+        fill(&c.b, -1, 1);
+        for (int v = 0; v < 3; v++) {
+            c.gelu = v == 2;
+            c.bias = v != 0;
+            char what[96];
+            snprintf(what, sizeof what, "%s M=%lld N=%lld K=%lld%s", c.gelu ? "gemm_gelu" : "gemm", (long long)M,
+                     (long long)Nn, (long long)K, c.bias ? " +bias" : "");
+            each_pool_size(run_gemm, &c, M * Nn, what);
+        }
+    }
+}
+END_TEST
+
+typedef struct { kern_tensor_t q, k, v, o; int64_t H; } attn_case_t;
+
+static void run_attention(float *out, void *ctx) {
+    attn_case_t *c = ctx;
+    kern_attn_opts_t opts = { KERN_ATTN_FUSED, 0, false };
+    ck_assert_msg(kern_attention_ex(S, &c->q, &c->k, &c->v, c->H, &c->o, &opts) == 0, "attention: %s",
+                  reel_err_text());
+    memcpy(out, F(&c->o), kern_tensor_bytes(&c->o));
+}
+
+/* Heads and query blocks side by side: the fused kernel's lanes (one block
+ * per head at small sizes, several blocks at 1100 x 4096 queries x keys). */
+START_TEST(test_attention_bits_do_not_depend_on_the_pool_size) {
+    const int64_t cases[][4] = { { 256, 256, 6, 64 }, { 32, 32, 4, 16 }, { 1100, 1024, 3, 8 }, { 300, 16, 12, 128 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
+        attn_case_t c = { .q = T2(nq, H * d), .k = T2(nk, H * d), .v = T2(nk, H * d), .o = T2(nq, H * d), .H = H };
+        fill(&c.q, -2, 2);
+        fill(&c.k, -1, 1);
+        fill(&c.v, -1, 1);
+        char what[96];
+        snprintf(what, sizeof what, "attention nq=%lld nk=%lld H=%lld d=%lld", (long long)nq, (long long)nk,
+                 (long long)H, (long long)d);
+        each_pool_size(run_attention, &c, nq * H * d, what);
+        ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)16 << 20), "%s: %zu bytes of scratch", what,
+                      kern_stream_scratch_size(S));
+    }
+}
+END_TEST
+
 /* LN(x)·(1 + scale) + shift fused against LAYERNORM (no affine) then
  * MODULATE in place, as the step ran them; inputs on an offset of 3, the
  * fused op out of place and in place (y == x). */
@@ -1657,6 +1745,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_a_failing_sdpa_falls_back_to_the_decomposition_and_the_shape_remembers);
     tcase_add_test(tc, test_sdpa_by_name_or_in_a_capture_does_not_fall_back);
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
+    tcase_add_test(tc, test_gemm_bits_do_not_depend_on_the_pool_size);
+    tcase_add_test(tc, test_attention_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);
     tcase_add_test(tc, test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d);

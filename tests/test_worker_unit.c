@@ -52,6 +52,7 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert(!o.batch_exact);
     ck_assert(!o.batch_always);
     ck_assert_int_eq(o.blas_threads, 0);
+    ck_assert_int_eq(o.threads, 0);
     ck_assert_int_eq(o.max_inflight, 8); /* streams x max(4, max_batch) */
     ck_assert_uint_eq(o.weights_version, 1);
     ck_assert_uint_eq(o.budget, 0);
@@ -88,6 +89,10 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(o.blas_threads, -1);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--batching", "never", NULL), -1);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--blas-threads", "-2", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--threads", "3", NULL), 0);
+    ck_assert_int_eq(o.threads, 3);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--threads", "-1", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--threads", "257", NULL), -1);
 }
 END_TEST
 

@@ -757,21 +757,16 @@ static int open_backend(run_t *r) {
     }
     kern_backend_kind_t bk = kern_backend_kind(w->backend);
     if (bk == KERN_BACKEND_CPU) {
-        /* each stream is a thread stepping requests: its GEMMs share the cores with the others' */
+        /* one pool for every stream's kernels (kernels/cpu/cpu_pool.h) */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (o->blas_threads != 0)
-            kern_cpu_blas_threads_set(o->blas_threads > 0 ? o->blas_threads
-                                                          : (int)(cores > o->streams ? cores / o->streams : 1));
-        int bt = kern_cpu_blas_threads();
-        /* A batch's merged GEMMs are large enough for the BLAS to use all
-         * its threads: with streams x threads above the cores they spin
-         * against each other (measured: tiny at half the throughput), so
-         * they merge only where the cores are not oversubscribed. */
-        bool over = o->streams > 1 && (long)bt * o->streams > cores;
-        if (over) tdit_gemm_merge_set_policy(TDIT_MERGE_NEVER);
-        wrk_log(w, "CPU backend: %d stream%s x %d BLAS thread%s per GEMM on %ld cores; batches' GEMMs %s", o->streams,
-                o->streams == 1 ? "" : "s", bt, bt == 1 ? "" : "s", cores,
-                over ? "per request (--blas-threads -1 lets them merge)" : "merged where bitwise");
+        int threads = o->threads;
+        if (threads == 0 && o->blas_threads > 0) threads = o->blas_threads;
+        if (threads == 0 && o->blas_threads < 0) threads = (int)(cores > o->streams ? cores / o->streams : 1);
+        if (o->blas_threads != 0) wrk_log(w, "--blas-threads is deprecated: it sets --threads %d", threads);
+        kern_cpu_threads_set(threads);
+        int pt = kern_cpu_threads();
+        wrk_log(w, "CPU backend: %d stream%s sharing a pool of %d thread%s on %ld cores", o->streams,
+                o->streams == 1 ? "" : "s", pt, pt == 1 ? "" : "s", cores);
     }
     w->dtype = o->bf16 ? KERN_BF16 : KERN_F32;
     if (o->bf16 && bk != KERN_BACKEND_CUDA) w->dtype = KERN_F32;

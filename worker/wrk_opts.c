@@ -87,9 +87,12 @@ static const reel_opt_t rows[] = {
               "be stopped half-way, and attention costs N^2" },
     { .name = "max-inflight", .kind = REEL_OPT_INT, .off = O(max_inflight), .lo = 1, .hi = 4096, .arg = "K",
       .help = "requests the broker may route here at once (S x max(4, N))" },
+    { .name = "threads", .kind = REEL_OPT_INT, .off = O(threads), .lo = 0, .hi = 256, .arg = "N",
+      .help = "the CPU backend's thread pool, shared by every stream's\n"
+              "GEMMs and attention (0: REEL_THREADS, else the cores this\n"
+              "process may run on)" },
     { .name = "blas-threads", .kind = REEL_OPT_INT, .off = O(blas_threads), .lo = -1, .hi = 1024, .arg = "N",
-      .help = "threads per GEMM on the CPU backend (0: the BLAS's own\n"
-              "default, every core; -1: cores / streams, at least 1)" },
+      .help = "deprecated: N is --threads N; -1 is --threads cores / streams" },
     { .name = "max-batch", .kind = REEL_OPT_INT, .off = O(max_batch), .lo = 1, .hi = TDIT_MAX_BATCH, .arg = "N",
       .help = "requests a stream steps together as one batch when they\n"
               "share a model, shape and loop kind (cuda 8, cpu 1: each alone)" },
@@ -188,6 +191,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->max_inflight = -1;
     o->max_batch = 0; /* the backend's: below */
     o->blas_threads = 0;
+    o->threads = 0;
     o->prewarm = 8;
     o->policy = CAP_POLICY_EVICT;
     o->warmup = 2;

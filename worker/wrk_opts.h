@@ -31,8 +31,10 @@ typedef struct {
     int64_t max_tokens;              /* --max-tokens: a sample's tokens (F x H/p x W/p) at most;
                                       * 0 = unlimited; default WRK_MAX_TOKENS */
     int max_inflight;                /* default streams * max(4, max_batch) */
-    int blas_threads;                /* --blas-threads: threads per GEMM on the CPU backend; 0 (default):
-                                      * the BLAS's own default; -1: max(1, cores / streams) */
+    int threads;                     /* --threads: the CPU backend's pool, shared by the streams; 0
+                                      * (default): REEL_THREADS, else the cores this process may use */
+    int blas_threads;                /* --blas-threads (deprecated): N > 0 is --threads N; -1 is
+                                      * --threads max(1, cores / streams); 0 (default): unset */
     bool batch_always;               /* --batching always: batch whenever two requests can share a
                                       * step; auto (default): only while it costs a request less */
     int max_batch;                   /* --max-batch: requests in one mixed step (1: off); default

@@ -1,12 +1,12 @@
 /* kernel.c -- artifact cpu-gemm-gelu-epilogue: GEMM_GELU on the CPU with
  * its GELU-tanh epilogue spread over every core.
  *
- * The native kernel (kernels/cpu/ops_gemm.c) writes the bias into y, runs
- * one sgemm over it (beta = 1; OpenBLAS uses every core), then applies
- * GELU-tanh to y on the calling thread alone: for the FFN's [tokens,
- * ffn_dim] output that single-threaded tanhf pass costs about as much as
- * the GEMM. Here the bias and the sgemm are the native kernel's, call for
- * call, and the epilogue runs in slices on one thread per core. Every
+ * The native kernel (kernels/cpu/ops_gemm.c) cuts y into tiles (bias, one
+ * sgemm onto it, the GELU-tanh of cpu_vmath.h while the tile is in cache)
+ * and runs them on its thread pool. Here the tiles' bias and sgemm are the
+ * native kernel's, call for call (cpu_gemm_tiles.h), run one after the
+ * other, and the epilogue runs afterwards in slices on one thread per core:
+ * an example of an artifact, no longer faster than the native kernel. Every
  * element goes through the same operations in the same order (the GELU is
  * element-wise, so who computes it does not matter), so the manifest asks
  * for byte_equal; the parity gate proves it per kernel key on live inputs.
@@ -15,6 +15,8 @@
  * the GEMM). A thread that cannot be started is not a failure: its slice
  * runs inline. */
 #include "kernels/artifact_abi.h"
+#include "kernels/cpu/cpu_gemm_tiles.h"
+#include "kernels/cpu/cpu_vmath.h"
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -29,18 +31,15 @@ static long cpus = 1; /* cores online, read once at init (sysconf reads a file) 
 #define MAX_THREADS 16
 #define MIN_PARALLEL ((int64_t)1 << 18)
 
-/* The native GELU-tanh expression, written the same way (float, no
- * contraction under -std=c17), so the bytes match. */
-static inline float gelu_tanh(float u) {
-    const float k = 0.7978845608028654f; /* √(2/π) */
-    return 0.5f * u * (1.0f + tanhf(k * (u + 0.044715f * u * u * u)));
-}
+/* The native GELU-tanh: cpu_vmath.h's, whose bits do not depend on the ISA
+ * it is compiled for or on where an element falls in its slice. */
+CPU_VEC_DISPATCH static void gelu_range(float *y, int64_t n) { cpu_gelu_tanh_n(y, y, n); }
 
 typedef struct { float *y; int64_t lo, hi; } slice_t;
 
 static void *gelu_slice(void *p) {
     const slice_t *s = p;
-    for (int64_t i = s->lo; i < s->hi; i++) s->y[i] = gelu_tanh(s->y[i]);
+    gelu_range(s->y + s->lo, s->hi - s->lo);
     return NULL;
 }
 
@@ -70,16 +69,11 @@ static int gemm_gelu_par(void *ctx, const void *args) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return fail("gemm_gelu_epilogue: M=%lld N=%lld K=%lld exceed the BLAS int range",
                     (long long)M, (long long)N, (long long)K);
-    float beta = 0.0f;
-    if (bias) {
-        for (int64_t i = 0; i < M; i++) memcpy(y + i * N, bias, (size_t)N * sizeof(float));
-        beta = 1.0f;
+    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K); /* the native kernel's calls, one by one */
+    for (int64_t i = 0; i < t.mtiles * t.ntiles; i++) {
+        int64_t r0, c0, rows, cols;
+        cpu_gemm_tile(x, w, bias, y, M, N, K, &t, i, &r0, &c0, &rows, &cols);
     }
-    if (K > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K,
-                    1.0f, x, (blasint)K, w, (blasint)K, beta, y, (blasint)N);
-    else if (!bias)
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
     gelu_all(y, M * N);
     return 0;
 }

@@ -16,6 +16,8 @@
  *           contract grants: ineligible
  *   abi2    correct, but its object says it speaks artifact ABI 2 */
 #include "kernels/artifact_abi.h"
+#include "kernels/cpu/cpu_gemm_tiles.h"
+#include "kernels/cpu/cpu_vmath.h"
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -25,10 +27,8 @@
 const uint32_t reel_artifact_abi = KERN_ART_OBJECT_ABI;
 static int (*fail)(const char *fmt, ...);
 
-static inline float gelu_tanh(float u) {
-    const float k = 0.7978845608028654f;
-    return 0.5f * u * (1.0f + tanhf(k * (u + 0.044715f * u * u * u)));
-}
+/* The native GELU-tanh's bits, one element at a time. */
+static inline float gelu_tanh(float u) { return cpu_gelu_tanh1(u); }
 
 static int run(void *ctx, const void *args) {
     (void)ctx;
@@ -41,16 +41,11 @@ static int run(void *ctx, const void *args) {
 #endif
     if (M <= 0 || N <= 0) return 0;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX) return fail("sizes exceed the BLAS int range");
-    float beta = 0.0f;
-    if (bias) {
-        for (int64_t i = 0; i < M; i++) memcpy(y + i * N, bias, (size_t)N * sizeof(float));
-        beta = 1.0f;
+    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K); /* the native kernel's sgemm calls */
+    for (int64_t i = 0; i < t.mtiles * t.ntiles; i++) {
+        int64_t r0, c0, rows, cols;
+        cpu_gemm_tile(x, w, bias, y, M, N, K, &t, i, &r0, &c0, &rows, &cols);
     }
-    if (K > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K,
-                    1.0f, x, (blasint)K, w, (blasint)K, beta, y, (blasint)N);
-    else if (!bias)
-        memset(y, 0, (size_t)(M * N) * sizeof(float));
     for (int64_t i = 0; i < M * N; i++) {
 #if defined(ART_VARIANT_wrong)
         y[i] = 0.5f * y[i] * (1.0f + erff(y[i] * 0.70710678f));

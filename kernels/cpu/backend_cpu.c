@@ -10,6 +10,8 @@
 
 #define CPU_ALIGN 64
 
+void kern_cpu_blas_single(void); /* ops_gemm.c */
+
 /* Each block carries its size in a 64-byte header so free can account. */
 static void *cpu_alloc(kern_backend_t *b, size_t bytes) {
     (void)b;
@@ -88,6 +90,7 @@ kern_backend_t *kern_backend_cpu_new_impl(void) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;
     }
+    kern_cpu_blas_single(); /* the pool shares out the work (cpu_pool.h) */
     b->iface = &cpu_iface;
     b->kind = KERN_BACKEND_CPU;
     b->device = KERN_DEVICE_HOST;

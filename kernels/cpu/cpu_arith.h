@@ -1,6 +1,6 @@
 /* cpu_arith.h -- the arithmetic that a CPU kernel and its fused twin must
- * share bit for bit: GELU-tanh, LayerNorm and RMSNorm row statistics, and
- * the 3-D RoPE table and rotation.
+ * share bit for bit: LayerNorm and RMSNorm row statistics, and the 3-D
+ * RoPE table and rotation (GELU-tanh, SiLU and softmax are cpu_vmath.h's).
  *
  * The fused CPU kernels (ops_fused.c) promise results identical to the
  * unfused sequence (ops.h); writing each expression once, here, and calling
@@ -13,32 +13,69 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))), in float. */
-static inline float cpu_gelu_tanh(float u) {
-    const float k = 0.7978845608028654f; /* √(2/π) */
-    return 0.5f * u * (1.0f + tanhf(k * (u + 0.044715f * u * u * u)));
-}
+#include "cpu_vmath.h"
 
 /* adaLN modulation of one value: x·(1 + scale) + shift, in float. */
 static inline float cpu_modulate_value(float x, float shift, float scale) {
     return x * (1.0f + scale) + shift;
 }
 
+/* Row sums in double: 16 lanes (two vectors of 8 doubles) over the whole
+ * vectors of x, reduced in a fixed order, then the tail in order. The
+ * order depends on D alone, so a row's statistics are the same bits
+ * wherever the row is, on any ISA (cpu_vmath.h). */
+typedef float cpu_vh __attribute__((vector_size(CPU_VW * 2))); /* 8 floats */
+
+CPU_VINLINE void cpu_vsplit_d(cpu_vf v, cpu_vd *lo, cpu_vd *hi) {
+    cpu_vh l, h;
+    memcpy(&l, &v, sizeof l);
+    memcpy(&h, (const char *)&v + sizeof l, sizeof h);
+    *lo = __builtin_convertvector(l, cpu_vd);
+    *hi = __builtin_convertvector(h, cpu_vd);
+}
+
+/* Σ x[i]. */
+CPU_VINLINE double cpu_row_sum(const float *x, int64_t D) {
+    cpu_vd a0 = { 0 }, a1 = { 0 };
+    int64_t i = 0;
+    for (; i + CPU_VW <= D; i += CPU_VW) {
+        cpu_vd lo, hi;
+        cpu_vsplit_d(cpu_vload(x + i), &lo, &hi);
+        a0 += lo;
+        a1 += hi;
+    }
+    double s = cpu_vsum_d(a0, a1);
+    for (; i < D; i++) s += x[i];
+    return s;
+}
+
+/* Σ (x[i] − m)². */
+CPU_VINLINE double cpu_row_sumsq_centered(const float *x, int64_t D, double m) {
+    cpu_vd a0 = { 0 }, a1 = { 0 };
+    const cpu_vd vm = { m, m, m, m, m, m, m, m };
+    int64_t i = 0;
+    for (; i + CPU_VW <= D; i += CPU_VW) {
+        cpu_vd lo, hi;
+        cpu_vsplit_d(cpu_vload(x + i), &lo, &hi);
+        lo -= vm;
+        hi -= vm;
+        a0 += lo * lo;
+        a1 += hi * hi;
+    }
+    double s = cpu_vsum_d(a0, a1);
+    for (; i < D; i++) {
+        double c = (double)x[i] - m;
+        s += c * c;
+    }
+    return s;
+}
+
 /* Mean and 1/√(var + eps) of x[0..D), D >= 1, accumulated in double, the
  * variance by a second pass over x − mean (no cancellation). */
-static inline void cpu_layernorm_stats(const float *x, int64_t D, float eps, double *mean,
-                                       double *rstd) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < D; i++) sum += x[i];
-    const double m = sum / (double)D;
-    double sq = 0.0;
-    for (int64_t i = 0; i < D; i++) {
-        double c = (double)x[i] - m;
-        sq += c * c;
-    }
+CPU_VINLINE void cpu_layernorm_stats(const float *x, int64_t D, float eps, double *mean, double *rstd) {
+    const double m = cpu_row_sum(x, D) / (double)D;
     *mean = m;
-    *rstd = 1.0 / sqrt(sq / (double)D + (double)eps);
+    *rstd = 1.0 / sqrt(cpu_row_sumsq_centered(x, D, m) / (double)D + (double)eps);
 }
 
 /* One LayerNorm output without affine: (x − mean)·rstd in double, rounded
@@ -64,10 +101,8 @@ static inline void cpu_residual_row(float *x, const float *y, const float *g, in
 }
 
 /* 1/√(mean(x²) + eps) of x[0..D), D >= 1, accumulated in double. */
-static inline double cpu_rms_scale(const float *x, int64_t D, float eps) {
-    double sq = 0.0;
-    for (int64_t i = 0; i < D; i++) sq += (double)x[i] * (double)x[i];
-    return 1.0 / sqrt(sq / (double)D + (double)eps);
+CPU_VINLINE double cpu_rms_scale(const float *x, int64_t D, float eps) {
+    return 1.0 / sqrt(cpu_row_sumsq_centered(x, D, 0.0) / (double)D + (double)eps);
 }
 
 /* One RMSNorm output: x·rrms·w in double, rounded once to float. */

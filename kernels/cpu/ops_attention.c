@@ -3,17 +3,21 @@
  * Per head, OpenBLAS computes a block of scores from the strided head slices
  * (leading dimension heads·head_dim, no repacking), a row softmax turns them
  * into weights in place, and a second sgemm writes the block's outputs
- * straight into o's head slice. Queries are taken in blocks so the scores
- * never need more than ATTN_SCRATCH_CAP bytes of the stream arena, however
- * long the sequence; the block size depends only on (nq, nk), so a replay
- * repeats the eager computation exactly. */
+ * straight into o's head slice. Queries are taken in blocks of at most
+ * ATTN_SCRATCH_CAP bytes of scores, and up to ATTN_LANES (head, block)
+ * items run at once on the pool (cpu_pool.h), each lane with its own
+ * block of scratch: at most 16 MiB of the stream arena however long the
+ * sequence. Block size and lanes depend only on (nq, nk, heads), so a
+ * replay repeats the eager computation exactly, on any number of threads. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include <cblas.h>
 #include <limits.h>
-#include <math.h>
+#include "cpu_pool.h"
+#include "cpu_vmath.h"
 
-#define ATTN_SCRATCH_CAP ((int64_t)16 << 20) /* bytes of scores per block */
+#define ATTN_LANES 8                          /* blocks in flight at once, at most */
+#define ATTN_SCRATCH_CAP ((int64_t)2 << 20)   /* bytes of scores per block */
 
 /* Query rows per block: all of them when the scores fit the cap. */
 static int64_t attn_block_rows(int64_t nq, int64_t nk) {
@@ -23,25 +27,46 @@ static int64_t attn_block_rows(int64_t nq, int64_t nk) {
     return rows < nq ? rows : nq;
 }
 
-static size_t attention_workspace(const void *args) {
-    const kern_attention_args_t *a = args;
-    return (size_t)(attn_block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+/* Lanes: each works through every lanes-th (head, block) item with its own
+ * block of scratch; a function of the sizes alone, never of the threads. */
+static int64_t attn_lanes(int64_t nq, int64_t nk, int64_t heads) {
+    int64_t rows = attn_block_rows(nq, nk);
+    if (rows <= 0 || heads <= 0) return 0;
+    int64_t items = heads * ((nq + rows - 1) / rows);
+    return items < ATTN_LANES ? items : ATTN_LANES;
 }
 
-/* Softmax of each of `rows` rows of width n, in place. The max is subtracted
- * first so no exponential overflows; the sum is kept in double. */
-static void softmax_rows(float *s, int64_t rows, int64_t n) {
-    for (int64_t i = 0; i < rows; i++) {
-        float *row = s + i * n;
-        float m = row[0];
-        for (int64_t j = 1; j < n; j++) m = fmaxf(m, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-            row[j] = expf(row[j] - m);
-            sum += row[j];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < n; j++) row[j] *= inv;
+static size_t attention_workspace(const void *args) {
+    const kern_attention_args_t *a = args;
+    return (size_t)(attn_lanes(a->nq, a->nk, a->heads) * attn_block_rows(a->nq, a->nk) * a->nk) *
+           sizeof(float);
+}
+
+typedef struct {
+    const kern_attention_args_t *a;
+    int64_t rows, blocks, lanes;
+} attn_job_t;
+
+/* Lane t: items t, t + lanes, ... of (head, query block), one sgemm for the
+ * scores, the row softmax, one sgemm into o's head slice. A block's
+ * results do not depend on the lane or thread that computes it. */
+static void attention_lane(void *ctx, int64_t t) {
+    const attn_job_t *j = ctx;
+    const kern_attention_args_t *a = j->a;
+    const int64_t nq = a->nq, nk = a->nk, d = a->head_dim, ld = a->heads * d;
+    float *s = (float *)a->hdr.scratch + t * j->rows * nk;
+    const float *q = a->q, *k = a->k, *v = a->v;
+    float *o = a->o;
+    for (int64_t it = t; it < a->heads * j->blocks; it += j->lanes) {
+        const int64_t h = it / j->blocks, i0 = (it % j->blocks) * j->rows;
+        const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
+                    (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld,
+                    k + h * d, (blasint)ld, 0.0f, s, (blasint)nk);
+        cpu_vec_softmax_rows(s, nk, s, nk, m, nk, 1.0f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
+                    (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
+                    o + i0 * ld + h * d, (blasint)ld);
     }
 }
 
@@ -56,24 +81,21 @@ static int attention_f32(void *ctx, const void *args) {
     if (nq > INT_MAX || nk > INT_MAX || ld > INT_MAX)
         return reel_fail(REEL_E_INVALID, "attention_cpu: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
                          (long long)nq, (long long)nk, (long long)ld);
-    int64_t rows = attn_block_rows(nq, nk);
-    if (!a->hdr.scratch || a->hdr.scratch_bytes < (size_t)(rows * nk) * sizeof(float))
+    size_t need = attention_workspace(a);
+    if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
         return reel_fail(REEL_E_INVALID, "attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
-                         (size_t)(rows * nk) * sizeof(float));
-    float *s = a->hdr.scratch;
-    const float *q = a->q, *k = a->k, *v = a->v;
-    float *o = a->o;
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t i0 = 0; i0 < nq; i0 += rows) {
-            int64_t m = nq - i0 < rows ? nq - i0 : rows;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
-                        (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld,
-                        k + h * d, (blasint)ld, 0.0f, s, (blasint)nk);
-            softmax_rows(s, m, nk);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
-                        (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
-                        o + i0 * ld + h * d, (blasint)ld);
-        }
+                         need);
+    attn_job_t j = { .a = a, .rows = attn_block_rows(nq, nk) };
+    j.blocks = (nq + j.rows - 1) / j.rows;
+    j.lanes = attn_lanes(nq, nk, H);
+    /* below about a million multiply-adds the threads cost more than they save */
+    int64_t lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : j.lanes;
+    if (lanes == 1) {
+        attn_job_t one = j;
+        one.lanes = 1;
+        attention_lane(&one, 0);
+    } else {
+        cpu_par_for(lanes, attention_lane, &j);
     }
     return 0;
 }

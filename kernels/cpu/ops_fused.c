@@ -8,20 +8,18 @@
  * bitwise test of the step depend on that. What the fusion saves is the
  * intermediate row's trip through memory: the row is normalised and finished
  * while it is in cache. Every row's inputs are read before its outputs are
- * written, so y may equal x. */
+ * written, so y may equal x. Rows are independent: the pool (cpu_pool.h)
+ * runs them in chunks, which changes no result. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include "cpu_arith.h"
+#include "cpu_pool.h"
 
-/* y = LN(x)·(1 + scale) + shift per row; LN(x) is rounded to float first,
- * as LAYERNORM stores it. Cannot fail. */
-static int layernorm_modulate_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_norm_modulate_args_t *a = args;
+static CPU_VEC_DISPATCH void layernorm_modulate_rows(void *ctx, int64_t r0, int64_t r1) {
+    const kern_norm_modulate_args_t *a = ctx;
     const float *sh = a->shift, *sc = a->scale;
     const int64_t D = a->dim;
-    if (D <= 0) return 0;
-    for (int64_t r = 0; r < a->rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
         double mean, rstd;
@@ -29,6 +27,14 @@ static int layernorm_modulate_f32(void *ctx, const void *args) {
         for (int64_t i = 0; i < D; i++)
             y[i] = cpu_modulate_value(cpu_layernorm_value(x[i], mean, rstd), sh[i], sc[i]);
     }
+}
+
+/* y = LN(x)·(1 + scale) + shift per row; LN(x) is rounded to float first,
+ * as LAYERNORM stores it. Cannot fail. */
+static int layernorm_modulate_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_norm_modulate_args_t *a = args;
+    if (a->dim > 0) cpu_par_rows(a->rows, a->dim, layernorm_modulate_rows, (void *)a);
     return 0;
 }
 
@@ -47,9 +53,36 @@ static void norm_turn(float *x, const float *w, double rrms, const double *cs, i
     }
 }
 
-/* Per token row: the RMS over the whole row, then each head normalised and
- * rotated pair by pair. Fails (x untouched) when the head width is odd or
- * the scratch is short. */
+typedef struct {
+    const kern_rmsnorm_rope_args_t *a;
+    cpu_rope_tables_t t;
+} rope_job_t;
+
+/* Token rows [r0, r1): the RMS over the whole row, then each head
+ * normalised and rotated pair by pair. */
+static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1) {
+    const rope_job_t *j = ctx;
+    const kern_rmsnorm_rope_args_t *a = j->a;
+    const cpu_rope_tables_t t = j->t;
+    const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d;
+    const float *wt = a->weight;
+    for (int64_t tok = r0; tok < r1; tok++) {
+        const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
+        float *row = (float *)a->x + tok * D;
+        const double rrms = cpu_rms_scale(row, D, a->eps);
+        for (int64_t hd = 0; hd < H; hd++) {
+            float *xh = row + hd * d;
+            const float *wh = wt + hd * d;
+            norm_turn(xh, wh, rrms, t.f + f * t.p.rf, t.p.rf / 2);
+            norm_turn(xh + t.p.rf, wh + t.p.rf, rrms, t.r + h * t.p.rr, t.p.rr / 2);
+            norm_turn(xh + t.p.rf + t.p.rr, wh + t.p.rf + t.p.rr, rrms, t.c + w * t.p.rc, t.p.rc / 2);
+        }
+    }
+}
+
+/* Per token row, the rows shared out over the pool: the RMS over the whole
+ * row, then each head normalised and rotated pair by pair. Fails (x
+ * untouched) when the head width is odd or the scratch is short. */
 static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_rmsnorm_rope_args_t *a = args;
@@ -60,38 +93,16 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
     if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
         return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d_cpu: scratch of %zu bytes, needs %zu",
                          a->hdr.scratch_bytes, need);
-    cpu_rope_tables_t t = cpu_rope_tables(a->hdr.scratch, d, F, R, C);
-    const float *wt = a->weight;
-    const int64_t D = H * d;
-    float *x = a->x;
-    int64_t tok = 0;
-    for (int64_t f = 0; f < F; f++)
-        for (int64_t h = 0; h < R; h++)
-            for (int64_t w = 0; w < C; w++, tok++) {
-                float *row = x + tok * D;
-                const double rrms = cpu_rms_scale(row, D, a->eps);
-                for (int64_t hd = 0; hd < H; hd++) {
-                    float *xh = row + hd * d;
-                    const float *wh = wt + hd * d;
-                    norm_turn(xh, wh, rrms, t.f + f * t.p.rf, t.p.rf / 2);
-                    norm_turn(xh + t.p.rf, wh + t.p.rf, rrms, t.r + h * t.p.rr, t.p.rr / 2);
-                    norm_turn(xh + t.p.rf + t.p.rr, wh + t.p.rf + t.p.rr, rrms,
-                              t.c + w * t.p.rc, t.p.rc / 2);
-                }
-            }
+    rope_job_t j = { a, cpu_rope_tables(a->hdr.scratch, d, F, R, C) };
+    cpu_par_rows(F * R * C, H * d, rmsnorm_rope_rows, &j);
     return 0;
 }
 
-/* Per row: x += gate·y (cpu_residual_row, as GATED_RESIDUAL), then out =
- * LN(x) modulated (as LAYERNORM_MODULATE) or affine (as LAYERNORM) while
- * the row is in cache. Cannot fail. */
-static int residual_norm_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_residual_norm_args_t *a = args;
+static CPU_VEC_DISPATCH void residual_norm_rows(void *ctx, int64_t r0, int64_t r1) {
+    const kern_residual_norm_args_t *a = ctx;
     const float *g = a->gate, *p0 = a->p0, *p1 = a->p1;
     const int64_t D = a->dim;
-    if (D <= 0) return 0;
-    for (int64_t r = 0; r < a->rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         float *x = (float *)a->x + r * D, *out = (float *)a->out + r * D;
         cpu_residual_row(x, (const float *)a->y + r * D, g, D);
         double mean, rstd;
@@ -105,6 +116,15 @@ static int residual_norm_f32(void *ctx, const void *args) {
         else
             for (int64_t i = 0; i < D; i++) out[i] = cpu_layernorm_value(x[i], mean, rstd);
     }
+}
+
+/* Per row: x += gate·y (cpu_residual_row, as GATED_RESIDUAL), then out =
+ * LN(x) modulated (as LAYERNORM_MODULATE) or affine (as LAYERNORM) while
+ * the row is in cache. Cannot fail. */
+static int residual_norm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_residual_norm_args_t *a = args;
+    if (a->dim > 0) cpu_par_rows(a->rows, a->dim, residual_norm_rows, (void *)a);
     return 0;
 }
 

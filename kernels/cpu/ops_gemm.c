@@ -3,60 +3,67 @@
  * of the decomposed attention (one sgemm per batch member: this OpenBLAS
  * has no cblas_sgemm_batch).
  *
- * The bias is written into y's rows first and sgemm accumulates onto it
- * (beta = 1), so the op is one pass over y. OpenBLAS splits work across its
- * threads by rows and columns of y, never along K, so each output is summed
- * in the same order on every run: eager and replayed results are bitwise
- * equal. y must not alias x or w. */
+ * OpenBLAS runs single-threaded; a large GEMM is cut into tiles of y (256
+ * rows by 64 or 128 columns, cpu_gemm_tiles.h), one sgemm each, run on the
+ * pool (cpu_pool.h). The bias is written into a tile's rows first and
+ * sgemm accumulates onto it (beta = 1). The tiles depend on the GEMM's
+ * shape alone and never on the pool's size: the bits are the same on any
+ * number of threads (tests/test_ops_cpu.c), and eager and replayed results
+ * are bitwise equal. y must not alias x or w. */
 #include "../ops_args.h"
 #include "base/error.h"
-#include "cpu_arith.h"
+#include "cpu_gemm_tiles.h"
+#include "cpu_pool.h"
+#include "cpu_vmath.h"
 #include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
-/* Fails (nothing written) when a size does not fit OpenBLAS's 32-bit ints. */
-static int gemm_run(const kern_gemm_args_t *a) {
-    const float *x = a->x, *w = a->w, *bias = a->bias;
-    float *y = a->y;
+typedef struct {
+    const kern_gemm_args_t *a;
+    cpu_gemm_tiles_t t;
+    bool gelu;
+} gemm_job_t;
+
+/* Tile i of y (cpu_gemm_tiles.h), then its GELU while in cache. */
+static void gemm_tile(void *ctx, int64_t i) {
+    const gemm_job_t *j = ctx;
+    const kern_gemm_args_t *a = j->a;
+    int64_t r0, c0, rows, cols;
+    cpu_gemm_tile(a->x, a->w, a->bias, a->y, a->M, a->N, a->K, &j->t, i, &r0, &c0, &rows, &cols);
+    if (j->gelu)
+        for (int64_t r = r0; r < r0 + rows; r++) {
+            float *y = (float *)a->y + r * a->N + c0;
+            cpu_vec_gelu_tanh(y, y, cols);
+        }
+}
+
+/* Fails (nothing written) when a size does not fit OpenBLAS's 32-bit ints.
+ * The tiles run on the pool; they are the shape's alone, so the bits are
+ * the same on any number of threads. */
+static int gemm_run(const kern_gemm_args_t *a, bool gelu) {
     int64_t M = a->M, N = a->N, K = a->K;
     if (M <= 0 || N <= 0) return 0;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return reel_fail(REEL_E_INVALID, "gemm_openblas: M=%lld N=%lld K=%lld exceed the BLAS int range",
                          (long long)M, (long long)N, (long long)K);
-    float beta = 0.0f;
-    if (bias) {
-        for (int64_t i = 0; i < M; i++) memcpy(y + i * N, bias, (size_t)N * sizeof(float));
-        beta = 1.0f;
-    }
-    if (K <= 0) { /* an empty sum: y is the bias, or zero; lda = 0 is invalid BLAS */
-        if (!bias) memset(y, 0, (size_t)(M * N) * sizeof(float));
-        return 0;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)M, (blasint)N, (blasint)K,
-                1.0f, x, (blasint)K, w, (blasint)K, beta, y, (blasint)N);
+    gemm_job_t j = { .a = a, .t = cpu_gemm_tiles(M, N, K), .gelu = gelu };
+    cpu_par_for(j.t.mtiles * j.t.ntiles, gemm_tile, &j);
     return 0;
 }
 
 static int gemm_f32(void *ctx, const void *args) {
     (void)ctx;
-    return gemm_run(args);
+    return gemm_run(args, false);
 }
 
-/* The GEMM, then GELU_TANH's arithmetic over y: bit for bit kern_gemm then
- * kern_gelu_tanh. A second pass over y, kept on purpose: running the GELU
- * per block of rows while they are in cache would mean splitting the sgemm,
- * and OpenBLAS may sum an element differently in another partition. The
- * CPU is the reference; the fusion pays on CUDA (one cuBLASLt epilogue).
- * Fails as gemm_f32 (nothing written). */
+/* The GEMM, then GELU_TANH's arithmetic (cpu_vmath.h) over each tile while
+ * it is in cache: bit for bit kern_gemm then kern_gelu_tanh, since the
+ * tiles are kern_gemm's and the GELU of an element does not depend on its
+ * neighbours. Fails as gemm_f32 (nothing written). */
 static int gemm_gelu_f32(void *ctx, const void *args) {
     (void)ctx;
-    const kern_gemm_args_t *a = args;
-    if (gemm_run(a)) return -1;
-    float *y = a->y;
-    const int64_t n = a->M > 0 && a->N > 0 ? a->M * a->N : 0;
-    for (int64_t i = 0; i < n; i++) y[i] = cpu_gelu_tanh(y[i]);
-    return 0;
+    return gemm_run(args, true);
 }
 
 /* Fails (nothing written) when a size is < 1, a leading dim is shorter
@@ -76,20 +83,36 @@ static int gemm_batched_check(const kern_gemm_batched_args_t *a) {
     return 0;
 }
 
-/* One sgemm per batch member, in order: each output is summed exactly as a
- * lone sgemm of that member would sum it, on every run. */
+typedef struct {
+    const kern_gemm_batched_args_t *a;
+    int64_t per; /* members per task */
+} batched_job_t;
+
+static void batched_slice(void *ctx, int64_t t) {
+    const batched_job_t *j = ctx;
+    const kern_gemm_batched_args_t *a = j->a;
+    const float *x = a->a, *w = a->b;
+    float *y = a->c;
+    for (int64_t b = t * j->per; b < a->batch && b < (t + 1) * j->per; b++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, a->trans_b ? CblasTrans : CblasNoTrans,
+                    (blasint)a->m, (blasint)a->n, (blasint)a->k, a->alpha,
+                    x + b * a->stride_a, (blasint)a->lda, w + b * a->stride_b, (blasint)a->ldb,
+                    0.0f, y + b * a->stride_c, (blasint)a->ldc);
+}
+
+/* One sgemm per batch member, the members shared out over the pool: each
+ * output is summed exactly as a lone sgemm of that member would sum it, on
+ * every run. */
 static int gemm_batched_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_gemm_batched_args_t *a = args;
     if (a->batch <= 0) return 0;
     if (gemm_batched_check(a)) return -1;
-    const float *x = a->a, *w = a->b;
-    float *y = a->c;
-    for (int64_t b = 0; b < a->batch; b++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, a->trans_b ? CblasTrans : CblasNoTrans,
-                    (blasint)a->m, (blasint)a->n, (blasint)a->k, a->alpha,
-                    x + b * a->stride_a, (blasint)a->lda, w + b * a->stride_b, (blasint)a->ldb,
-                    0.0f, y + b * a->stride_c, (blasint)a->ldc);
+    batched_job_t j = { .a = a, .per = a->batch };
+    int threads = cpu_pool_threads();
+    if (threads > 1 && a->batch > 1 && 2 * a->m * a->n * a->k * a->batch >= CPU_GEMM_TILE_FLOPS)
+        j.per = (a->batch + threads - 1) / threads;
+    cpu_par_for((a->batch + j.per - 1) / j.per, batched_slice, &j);
     return 0;
 }
 
@@ -113,5 +136,8 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
     return sizeof kernels / sizeof kernels[0];
 }
 
-void kern_cpu_blas_threads_set(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
-int kern_cpu_blas_threads(void) { return openblas_get_num_threads(); }
+/* OpenBLAS runs on the calling thread: the pool (cpu_pool.h) shares out
+ * the work. Called when a CPU backend is made. */
+void kern_cpu_blas_single(void) {
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}

@@ -4,18 +4,18 @@
  * large mean does not cancel the variance away) and each output is computed
  * in double and rounded to float once. Every row's inputs are fully read
  * before its outputs are written, which is what lets y equal x. The row
- * statistics are cpu_arith.h's, shared with the fused kernels (ops_fused.c). */
+ * statistics are cpu_arith.h's, shared with the fused kernels (ops_fused.c).
+ * Rows are independent: they are shared out over the pool (cpu_pool.h),
+ * which changes no result. */
 #include "../ops_args.h"
 #include "cpu_arith.h"
+#include "cpu_pool.h"
 
-/* Cannot fail. */
-static int layernorm_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_norm_args_t *a = args;
+static CPU_VEC_DISPATCH void layernorm_rows(void *ctx, int64_t r0, int64_t r1) {
+    const kern_norm_args_t *a = ctx;
     const float *w = a->weight, *b = a->bias;
-    int64_t D = a->dim;
-    if (D <= 0) return 0;
-    for (int64_t r = 0; r < a->rows; r++) {
+    const int64_t D = a->dim;
+    for (int64_t r = r0; r < r1; r++) {
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
         double mean, rstd;
@@ -26,22 +26,33 @@ static int layernorm_f32(void *ctx, const void *args) {
         }
         for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_affine_value(x[i], mean, rstd, w[i], b ? &b[i] : NULL);
     }
+}
+
+/* Rows shared out over the pool (cpu_pool.h). Cannot fail. */
+static int layernorm_f32(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_norm_args_t *a = args;
+    if (a->dim > 0) cpu_par_rows(a->rows, a->dim, layernorm_rows, (void *)a);
     return 0;
+}
+
+static CPU_VEC_DISPATCH void rmsnorm_rows(void *ctx, int64_t r0, int64_t r1) {
+    const kern_norm_args_t *a = ctx;
+    const float *w = a->weight;
+    const int64_t D = a->dim;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)a->x + r * D;
+        float *y = (float *)a->y + r * D;
+        double rrms = cpu_rms_scale(x, D, a->eps);
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_rms_value(x[i], rrms, w[i]);
+    }
 }
 
 /* Cannot fail. */
 static int rmsnorm_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_norm_args_t *a = args;
-    const float *w = a->weight;
-    int64_t D = a->dim;
-    if (D <= 0) return 0;
-    for (int64_t r = 0; r < a->rows; r++) {
-        const float *x = (const float *)a->x + r * D;
-        float *y = (float *)a->y + r * D;
-        double rrms = cpu_rms_scale(x, D, a->eps);
-        for (int64_t i = 0; i < D; i++) y[i] = cpu_rms_value(x[i], rrms, w[i]);
-    }
+    if (a->dim > 0) cpu_par_rows(a->rows, a->dim, rmsnorm_rows, (void *)a);
     return 0;
 }
 

@@ -1,14 +1,14 @@
 /* ops_softmax.c -- SOFTMAX on the CPU: p = softmax(scale·s) per row, the
  * fused scale + softmax step of the decomposed attention (ops_args.h).
  *
- * Per row: x_j = scale·s_j, m = max x_j (subtracted first, so no
- * exponential overflows), e_j = e^(x_j − m) summed in double, p_j =
- * e_j·(1/Σ) rounded once to float. The same arithmetic as the fused CPU
+ * Per row (cpu_softmax_row, cpu_vmath.h): x_j = scale·s_j, m = max x_j
+ * (subtracted first, so no exponential overflows), e_j = e^(x_j − m)
+ * summed in double, p_j = e_j·(1/Σ) rounded once to float. The same arithmetic as the fused CPU
  * attention kernel's softmax, with the scale applied here instead of in the
  * score GEMM. p may equal s: each element is read before it is written. */
 #include "../ops_args.h"
 #include "base/error.h"
-#include <math.h>
+#include "cpu_vmath.h"
 
 /* Fails (nothing written) on an empty row or a row stride shorter than n. */
 static int softmax_f32(void *ctx, const void *args) {
@@ -18,22 +18,7 @@ static int softmax_f32(void *ctx, const void *args) {
     if (a->n < 1 || a->lds < a->n || a->ldp < a->n)
         return reel_fail(REEL_E_INVALID, "softmax_cpu: n=%lld lds=%lld ldp=%lld: need n >= 1 and strides >= n",
                          (long long)a->n, (long long)a->lds, (long long)a->ldp);
-    const float scale = a->scale;
-    const int64_t n = a->n;
-    for (int64_t r = 0; r < a->rows; r++) {
-        const float *s = a->s + r * a->lds;
-        float *p = (float *)a->p + r * a->ldp;
-        float m = s[0] * scale;
-        for (int64_t j = 1; j < n; j++) m = fmaxf(m, s[j] * scale);
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-            float e = expf(s[j] * scale - m);
-            p[j] = e;
-            sum += e;
-        }
-        float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < n; j++) p[j] *= inv;
-    }
+    cpu_vec_softmax_rows(a->p, a->ldp, a->s, a->lds, a->rows, a->n, a->scale);
     return 0;
 }
 

@@ -13,7 +13,7 @@
 #include "base/error.h"
 #include <cblas.h>
 #include <limits.h>
-#include <math.h>
+#include "cpu_vmath.h"
 
 #define ATTN_BIAS_SCRATCH_CAP ((int64_t)16 << 20) /* bytes of scores per block */
 
@@ -64,15 +64,7 @@ static int attention_bias_f32(void *ctx, const void *args) {
                 int64_t i = i0 + r;
                 if (rel)
                     for (int64_t j = 0; j < nv; j++) row[j] += rel[j - i + nq - 1];
-                float mx = row[0];
-                for (int64_t j = 1; j < nv; j++) mx = fmaxf(mx, row[j]);
-                double sum = 0.0;
-                for (int64_t j = 0; j < nv; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
-                }
-                float inv = (float)(1.0 / sum);
-                for (int64_t j = 0; j < nv; j++) row[j] *= inv;
+                cpu_vec_softmax_rows(row, nv, row, nv, 1, nv, 1.0f);
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
                         (blasint)nv, 1.0f, s, (blasint)nv, v + h * d, (blasint)ld, 0.0f,

@@ -1,0 +1,226 @@
+/* bench_cpu_step.c -- the CPU step at its floor (issue 31): one CFG step of
+ * tiny, small and a wan2.1-1.3b-width model (2 of its 30 layers: the
+ * widths, dim 1536 and ffn 8960, are what matter for the kernels, and 2
+ * layers keep a step near a second on 2 cores), all from one run:
+ *   - the step eager and replayed (the captured graph);
+ *   - the same GEMMs alone: the graph's GEMM and GEMM_GELU nodes, same
+ *     shapes, same kernel and tiles, same pool, nothing else (a GEMM_GELU
+ *     node runs as the plain GEMM); step / GEMMs is the goal's ratio;
+ *   - a profile: every node of the graph timed alone, summed by op;
+ *   - each at the default pool (REEL_THREADS, else the cores) and at 1.
+ * PyTorch eager on the same weights is bench/torch_step.py's, run here when
+ * python3-torch is installed (one line says so when it is not).
+ * Usage: bench_cpu_step [BUILD] [tiny|small|wan]... (all three by default). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "base/error.h"
+#include "bench/bench.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+#include "model/loop.h"
+#include "model/tinydit.h"
+
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
+
+typedef struct {
+    const char *label, *config;
+    int64_t layers; /* 0: the config's */
+    int64_t F, H, W, L;
+    int reps;
+} step_case_t;
+
+static const step_case_t cases[] = {
+    { "tiny", "tiny", 0, 2, 8, 8, 5, 41 },
+    { "small", "small", 0, 4, 16, 16, 16, 9 },
+    { "wan", "wan2.1-1.3b", 2, 4, 32, 32, 64, 3 },
+};
+
+typedef int (*node_fn_t)(void *ctx, const void *args);
+
+/* The op of a node, by its kernel function; KERN_OP_COUNT if unknown. */
+static kern_op_t op_of(node_fn_t fn) {
+    const kern_impl_t *all[256];
+    size_t n = kern_registry_list(all, 256);
+    for (size_t i = 0; i < n && i < 256; i++)
+        if (all[i]->fn == fn && all[i]->backend == KERN_BACKEND_CPU) return all[i]->op;
+    return KERN_OP_COUNT;
+}
+
+typedef struct {
+    double eager, replay, gemms;
+    double by_op[KERN_OP_COUNT + 1];
+    size_t nodes, gemm_nodes;
+} result_t;
+
+static double run_nodes(kern_graph_t *g, const kern_op_t *ops, size_t n, node_fn_t gemm, bool gemms_only) {
+    double t0 = bench_now();
+    for (size_t i = 0; i < n; i++) {
+        node_fn_t fn;
+        const void *args;
+        kern_graph_node(g, i, &fn, &args);
+        if (!gemms_only) fn(NULL, args);
+        else if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) gemm(NULL, args);
+    }
+    return bench_now() - t0;
+}
+
+static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    kern_stream_t *s = kern_stream_new(b);
+    tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
+    if (!m) DIE("load %s", wpath);
+    tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false };
+    tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
+    if (!ws) DIE("workspace");
+    const tdit_config_t *c = tdit_model_config(m);
+    size_t nl = (size_t)(c->in_channels * sc->F * sc->H * sc->W), nc = (size_t)(sc->L * c->text_dim);
+    float *lat = malloc(nl * 4), *ctx = malloc(nc * 4);
+    tdit_initial_latent(1, lat, nl);
+    tdit_initial_latent(2, ctx, nc);
+    const float sig[3] = { 0.9f, 0.8f, 0.9f };
+    if (tdit_ws_bind_latent(ws, s, lat, nl) || tdit_ws_bind_context(ws, s, ctx, nc, false) ||
+        tdit_ws_bind_context(ws, s, ctx, nc, true) || tdit_ws_bind_step(ws, s, sig, 5.0f))
+        DIE("bind");
+    if (tdit_step(m, ws, s)) DIE("warmup");
+    kern_graph_t *g = NULL;
+    if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
+    double te[64], tg[64], tm[64];
+    memset(r, 0, sizeof *r);
+    r->nodes = kern_graph_nodes(g);
+    kern_op_t *ops = calloc(r->nodes, sizeof *ops);
+    for (size_t i = 0; i < r->nodes; i++) {
+        node_fn_t fn;
+        const void *args;
+        if (kern_graph_node(g, i, &fn, &args)) DIE("node %zu", i);
+        ops[i] = op_of(fn);
+        if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) r->gemm_nodes++;
+    }
+    const kern_impl_t *gi = kern_registry_lookup(KERN_OP_GEMM, KERN_BACKEND_CPU, KERN_F32);
+    if (!gi) DIE("no cpu gemm");
+    for (int k = 0; k < sc->reps; k++) {
+        double t0 = bench_now();
+        if (tdit_step(m, ws, s) || kern_stream_sync(s)) DIE("step");
+        te[k] = bench_now() - t0;
+        t0 = bench_now();
+        if (kern_graph_replay(g, s) || kern_stream_sync(s)) DIE("replay");
+        tg[k] = bench_now() - t0;
+        tm[k] = run_nodes(g, ops, r->nodes, gi->fn, true);
+    }
+    r->eager = bench_median(te, sc->reps);
+    r->replay = bench_median(tg, sc->reps);
+    r->gemms = bench_median(tm, sc->reps);
+    /* the profile: each node alone, reps times, summed by op (median of the
+     * per-rep sums would cost reps x nodes clock reads; the mean is enough
+     * for shares) */
+    for (int k = 0; k < sc->reps; k++)
+        for (size_t i = 0; i < r->nodes; i++) {
+            node_fn_t fn;
+            const void *args;
+            kern_graph_node(g, i, &fn, &args);
+            double t0 = bench_now();
+            fn(NULL, args);
+            r->by_op[ops[i]] += (bench_now() - t0) / sc->reps;
+        }
+    free(ops);
+    kern_graph_destroy(&g);
+    tdit_ws_destroy(&ws);
+    tdit_model_destroy(&m);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&b);
+    free(lat);
+    free(ctx);
+}
+
+static void report(const step_case_t *sc, int threads, const result_t *r) {
+    printf("cpu step %-5s threads=%d latent [16|4,%lld,%lld,%lld] L=%lld CFG: eager %9.3f ms, replay %9.3f ms, "
+           "GEMMs alone %9.3f ms (%zu of %zu nodes), step/GEMMs %.3f\n",
+           sc->label, threads, (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L,
+           r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
+    double total = 0;
+    for (int o = 0; o <= KERN_OP_COUNT; o++) total += r->by_op[o];
+    for (int shown = 0; shown < 6; shown++) { /* the top ops, largest first */
+        int best = -1;
+        for (int o = 0; o <= KERN_OP_COUNT; o++)
+            if (r->by_op[o] > 0 && (best < 0 || r->by_op[o] > r->by_op[best])) best = o;
+        if (best < 0) break;
+        printf("    %-20s %9.3f ms %5.1f%%\n", best == KERN_OP_COUNT ? "(other)" : kern_op_name((kern_op_t)best),
+               r->by_op[best] * 1e3, 100.0 * r->by_op[best] / total);
+        ((result_t *)r)->by_op[best] = -r->by_op[best]; /* shown: skip it */
+    }
+    for (int o = 0; o <= KERN_OP_COUNT; o++)
+        if (r->by_op[o] < 0) ((result_t *)r)->by_op[o] = -r->by_op[o];
+}
+
+/* PyTorch eager on the same weights and inputs, when python3-torch is
+ * installed: bench/torch_step.py prints "torch step <label> threads=N ms". */
+static void torch_step(const step_case_t *sc, const char *wpath, double reel_ms) {
+    static int have = -1;
+    if (have < 0) have = system("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (!have) {
+        printf("torch step %-5s: SKIP: python3-torch is not installed (apt-get install python3-torch)\n", sc->label);
+        return;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "python3 bench/torch_step.py %s %s %lld %lld %lld %lld %d", wpath, sc->label,
+             (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L, sc->reps);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        printf("torch step %-5s: FAILED to start\n", sc->label);
+        return;
+    }
+    char line[512];
+    double best = 0;
+    while (fgets(line, sizeof line, p)) {
+        fputs(line, stdout);
+        double ms;
+        int th;
+        if (sscanf(line, "torch step %*s threads=%d %lf ms", &th, &ms) == 2 && (best == 0 || ms < best)) best = ms;
+    }
+    if (pclose(p) != 0 || best == 0) {
+        printf("torch step %-5s: FAILED (see above)\n", sc->label);
+        return;
+    }
+    printf("torch/reel %-5s: %.3f (PyTorch eager's best thread count against Reel's default pool)\n", sc->label,
+           best / reel_ms);
+}
+
+int main(int argc, char **argv) {
+    char dir[] = "/tmp/reel-bench-step.XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    int first = argc > 1 && !strchr("tsw", argv[1][0]) ? 2 : 1; /* argv[1] may be BUILD */
+    int def = kern_cpu_threads();
+    printf("cpu pool: %d threads by default (REEL_THREADS, else the cores); OpenBLAS single-threaded inside\n", def);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const step_case_t *sc = &cases[i];
+        bool want = argc <= first;
+        for (int a = first; a < argc; a++) want |= strcmp(argv[a], sc->label) == 0;
+        if (!want) continue;
+        tdit_config_t c;
+        if (tdit_config_builtin(sc->config, &c)) DIE("config");
+        if (sc->layers) {
+            c.layers = sc->layers;
+            snprintf(c.name, sizeof c.name, "%s-%lldlayers", sc->config, (long long)sc->layers);
+        }
+        char p[256];
+        snprintf(p, sizeof p, "%s/%s.safetensors", dir, sc->label);
+        if (tdit_weights_init(&c, 1, p)) DIE("weights init");
+        result_t r1, rn;
+        kern_cpu_threads_set(def);
+        measure(sc, p, &rn);
+        report(sc, def, &rn);
+        if (def > 1) {
+            kern_cpu_threads_set(1);
+            measure(sc, p, &r1);
+            report(sc, 1, &r1);
+            printf("cpu step %-5s: %d threads / 1 thread speedup %.2fx\n", sc->label, def, r1.eager / rn.eager);
+            kern_cpu_threads_set(0);
+        }
+        torch_step(sc, p, rn.eager * 1e3);
+        remove(p);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) != 0;
+}

@@ -1,0 +1,198 @@
+/* cpu_pool.c -- the CPU backend's thread pool (cpu_pool.h).
+ *
+ * One mutex guards everything: the list of jobs with tasks left to claim,
+ * each job's claim and done counts, and the size. Tasks are coarse (a
+ * GEMM's column slice, a head of attention: tens of microseconds at
+ * least), so a lock per claim costs nothing measurable. Workers start on
+ * the first parallel call, one fewer than the size (the caller is one),
+ * live as long as the process, and sleep whenever no job has a task left.
+ * A job lives on its caller's stack: it leaves the list when its last task
+ * is claimed, and the caller returns only when every task is done, so no
+ * worker touches a job after that. */
+#include "cpu_pool.h"
+#include "../backend.h"
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define POOL_MAX 256
+
+typedef struct job {
+    cpu_task_fn fn;
+    void *ctx;
+    int64_t n, next, done;
+    int helpers, max_helpers; /* workers on it now; at most size − 1 */
+    struct job *link;
+} job_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER; /* a job was posted */
+static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER; /* a job's last task finished */
+static job_t *jobs;    /* jobs with unclaimed tasks, oldest first */
+static int size;       /* 0: not read yet */
+static int workers;    /* started */
+static bool atfork_set;
+
+/* The cores this process may run on. */
+static int cores_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static int clamp_size(long n) { return n < 1 ? 1 : n > POOL_MAX ? POOL_MAX : (int)n; }
+
+/* Under mu. */
+static int size_locked(void) {
+    if (size == 0) {
+        const char *e = getenv("REEL_THREADS");
+        char *end;
+        long n = e && *e ? strtol(e, &end, 10) : 0;
+        size = clamp_size(e && *e && *end == '\0' && n > 0 ? n : cores_allowed());
+    }
+    return size;
+}
+
+/* A fork's child has no workers: it starts its own when it needs them. */
+static void after_fork_child(void) {
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&work_cv, NULL);
+    pthread_cond_init(&done_cv, NULL);
+    jobs = NULL;
+    workers = 0;
+}
+
+static void unlink_job(job_t *j) {
+    for (job_t **p = &jobs; *p; p = &(*p)->link)
+        if (*p == j) {
+            *p = j->link;
+            return;
+        }
+}
+
+/* Claims a task of j (under mu); the last claim takes j off the list. */
+static int64_t claim(job_t *j) {
+    int64_t t = j->next++;
+    if (j->next == j->n) unlink_job(j);
+    return t;
+}
+
+/* Runs task t of j outside the lock and counts it done; returns with mu held. */
+static void run_task(job_t *j, int64_t t) {
+    pthread_mutex_unlock(&mu);
+    j->fn(j->ctx, t);
+    pthread_mutex_lock(&mu);
+    if (++j->done == j->n) pthread_cond_broadcast(&done_cv);
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        job_t *j = jobs;
+        while (j && j->helpers >= j->max_helpers) j = j->link;
+        if (!j) {
+            pthread_cond_wait(&work_cv, &mu);
+            continue;
+        }
+        /* every touch of j is under mu, and its caller returns only after
+         * taking mu and seeing every task done: j is valid here */
+        j->helpers++;
+        while (j->next < j->n) run_task(j, claim(j));
+        j->helpers--;
+    }
+    return NULL;
+}
+
+/* Starts workers up to size − 1 (under mu); one that cannot start is not a
+ * failure: the caller and the others run its share. */
+static void grow_locked(void) {
+    if (!atfork_set) {
+        pthread_atfork(NULL, NULL, after_fork_child);
+        atfork_set = true;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals are the main thread's */
+    while (workers < size - 1) {
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &at, worker_main, NULL);
+        pthread_attr_destroy(&at);
+        if (rc != 0) break;
+        workers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+void cpu_par_for(int64_t n, cpu_task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    pthread_mutex_lock(&mu);
+    int sz = size_locked();
+    if (n == 1 || sz == 1) {
+        pthread_mutex_unlock(&mu);
+        for (int64_t t = 0; t < n; t++) fn(ctx, t);
+        return;
+    }
+    if (workers < sz - 1) grow_locked();
+    job_t j = { .fn = fn, .ctx = ctx, .n = n, .max_helpers = sz - 1 };
+    job_t **tail = &jobs;
+    while (*tail) tail = &(*tail)->link;
+    *tail = &j;
+    int wake = (int)(n - 1 < sz - 1 ? n - 1 : sz - 1);
+    for (int i = 0; i < wake; i++) pthread_cond_signal(&work_cv);
+    while (j.next < j.n) run_task(&j, claim(&j));
+    while (j.done < j.n) pthread_cond_wait(&done_cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+#define ROWS_PAR_ELEMS ((int64_t)1 << 15) /* elements below which rows stay on the caller */
+
+typedef struct {
+    cpu_rows_fn fn;
+    void *ctx;
+    int64_t rows, chunks;
+} rows_job_t;
+
+static void rows_task(void *ctx, int64_t t) {
+    const rows_job_t *j = ctx;
+    j->fn(j->ctx, j->rows * t / j->chunks, j->rows * (t + 1) / j->chunks);
+}
+
+void cpu_par_rows(int64_t rows, int64_t width, cpu_rows_fn fn, void *ctx) {
+    if (rows <= 0) return;
+    int64_t chunks = rows * (width > 0 ? width : 1) < ROWS_PAR_ELEMS ? 1 : cpu_pool_threads();
+    if (chunks > rows) chunks = rows;
+    if (chunks <= 1) {
+        fn(ctx, 0, rows);
+        return;
+    }
+    rows_job_t j = { fn, ctx, rows, chunks };
+    cpu_par_for(chunks, rows_task, &j);
+}
+
+int cpu_pool_threads(void) {
+    pthread_mutex_lock(&mu);
+    int n = size_locked();
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+void kern_cpu_threads_set(int n) {
+    pthread_mutex_lock(&mu);
+    size = 0;
+    if (n > 0) size = clamp_size(n);
+    else size_locked(); /* back to REEL_THREADS or the cores */
+    pthread_mutex_unlock(&mu);
+}
+
+int kern_cpu_threads(void) { return cpu_pool_threads(); }

@@ -1,0 +1,208 @@
+/* cpu_vmath.h -- the CPU backend's element-wise transcendentals, 16 floats
+ * at a time: e^x, GELU-tanh, SiLU and the row softmax.
+ *
+ * Written with GCC's vector extensions over a 16-float vector and nothing
+ * but IEEE +, −, ×, ÷, compares and bit operations (-std=c17 leaves no
+ * multiply-add contracted), so every lane computes the same bits whether
+ * the compiler emits AVX-512, AVX2, SSE2 or NEON: a kernel compiled for
+ * each (CPU_VEC_DISPATCH, runtime dispatch on x86) and an artifact compiled
+ * with its own flags agree byte for byte. An array's tail goes through the
+ * same vector code (copied into a padded vector), so an element's result
+ * never depends on where it falls in its array: a request batched with
+ * others gets the bits it gets alone.
+ *
+ * e^x: Cody-Waite reduction x = n·ln2 + r, |r| <= ln2/2, and Cephes'
+ * degree-7 expf polynomial; 2^n applied as two exact powers so results in
+ * the subnormal range round once. Measured against double exp over every
+ * float in [−87, 88] (tests/test_ops_cpu.c): at most 2 ulp. x above 88.72
+ * gives +inf, below −103.9 gives +0, NaN gives NaN.
+ *
+ * GELU-tanh: 0.5·u·(1 + tanh(z)) = u·σ(2z) = u / (1 + e^(−2z)), z =
+ * √(2/π)·(u + 0.044715·u³): one exponential and a division, no cancellation
+ * near u → −∞ (where 1 + tanh z loses every digit in float).
+ *
+ * Only kernels/cpu/ and the CPU artifacts include this. */
+#ifndef REEL_KERNELS_CPU_VMATH_H
+#define REEL_KERNELS_CPU_VMATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Compiles the function for AVX-512, AVX2 and baseline x86-64 and picks one
+ * at load time (an ifunc); elsewhere, and under ASan or TSan (whose
+ * instrumented resolvers run before the runtime is up and crash), one
+ * generic build: the same bits either way. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define CPU_VEC_DISPATCH __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_VEC_DISPATCH
+
+#endif
+
+/* Every helper is inlined into its caller, so a vector never crosses a call
+ * (whose ABI would depend on the ISA: GCC's -Wpsabi warning, silenced in
+ * the files that include this). */
+#define CPU_VINLINE static inline __attribute__((always_inline))
+#pragma GCC diagnostic ignored "-Wpsabi" /* to the end of the file: GCC reports it there */
+
+#define CPU_VW 16 /* floats per vector */
+typedef float cpu_vf __attribute__((vector_size(CPU_VW * 4)));
+typedef int32_t cpu_vi __attribute__((vector_size(CPU_VW * 4)));
+typedef uint32_t cpu_vu __attribute__((vector_size(CPU_VW * 4)));
+typedef double cpu_vd __attribute__((vector_size(CPU_VW * 4))); /* 8 doubles */
+
+CPU_VINLINE cpu_vf cpu_vsplat(float v) {
+    cpu_vf r = { v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v };
+    return r;
+}
+
+CPU_VINLINE cpu_vf cpu_vload(const float *p) {
+    cpu_vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+CPU_VINLINE void cpu_vstore(float *p, cpu_vf v) { memcpy(p, &v, sizeof v); }
+
+/* The first n < CPU_VW floats of p, the rest `fill`. */
+CPU_VINLINE cpu_vf cpu_vload_part(const float *p, int64_t n, float fill) {
+    float t[CPU_VW];
+    for (int i = 0; i < CPU_VW; i++) t[i] = i < n ? p[i] : fill;
+    return cpu_vload(t);
+}
+
+CPU_VINLINE void cpu_vstore_part(float *p, cpu_vf v, int64_t n) {
+    float t[CPU_VW];
+    cpu_vstore(t, v);
+    memcpy(p, t, (size_t)n * sizeof(float));
+}
+
+/* 0, 1, ..., 15. */
+CPU_VINLINE cpu_vi cpu_vlanes(void) {
+    cpu_vi r = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
+    return r;
+}
+
+/* m ? a : b per lane (m from a compare: all ones or zero). */
+CPU_VINLINE cpu_vf cpu_vsel(cpu_vi m, cpu_vf a, cpu_vf b) {
+    return (cpu_vf)(((cpu_vi)a & m) | ((cpu_vi)b & ~m));
+}
+
+/* max(a, b) per lane; a NaN b gives a. */
+CPU_VINLINE cpu_vf cpu_vmax2(cpu_vf a, cpu_vf b) { return cpu_vsel(b > a, b, a); }
+
+/* e^x per lane (see the header comment for range and error). */
+CPU_VINLINE cpu_vf cpu_vexp(cpu_vf x) {
+    const cpu_vf hi = cpu_vsplat(88.8f), lo = cpu_vsplat(-104.0f);
+    x = cpu_vsel(x > hi, hi, x); /* NaN compares false: it stays */
+    x = cpu_vsel(x < lo, lo, x);
+    /* n = round(x·log2 e): adding 1.5·2^23 leaves n in the low mantissa bits */
+    const cpu_vf magic = cpu_vsplat(12582912.0f);
+    cpu_vf t = x * cpu_vsplat(1.44269504088896341f) + magic;
+    cpu_vf n = t - magic;
+    cpu_vf r = x - n * cpu_vsplat(0.693359375f); /* ln 2 in two parts: the first exact in n·c */
+    r = r - n * cpu_vsplat(-2.12194440e-4f);
+    cpu_vf z = r * r;
+    cpu_vf p = cpu_vsplat(1.9875691500e-4f);
+    p = p * r + cpu_vsplat(1.3981999507e-3f);
+    p = p * r + cpu_vsplat(8.3334519073e-3f);
+    p = p * r + cpu_vsplat(4.1665795894e-2f);
+    p = p * r + cpu_vsplat(1.6666665459e-1f);
+    p = p * r + cpu_vsplat(5.0000001201e-1f);
+    p = p * z + r + cpu_vsplat(1.0f);
+    /* 2^n as 2^n1·2^n2, each a normal float for n in [−150, 128] */
+    cpu_vi ni = (cpu_vi)((cpu_vu)t - (cpu_vu)magic);
+    cpu_vi n1 = ni >> 1, n2 = ni - n1; /* ni in [−150, 128] unless x is NaN */
+    cpu_vf s1 = (cpu_vf)(((cpu_vu)n1 + 127u) << 23), s2 = (cpu_vf)(((cpu_vu)n2 + 127u) << 23);
+    return p * s1 * s2;
+}
+
+/* GELU-tanh per lane: u / (1 + e^(−2z)). */
+CPU_VINLINE cpu_vf cpu_vgelu_tanh(cpu_vf u) {
+    const cpu_vf k2 = cpu_vsplat(-1.5957691216057308f); /* −2·√(2/π) */
+    cpu_vf z2 = k2 * (u + cpu_vsplat(0.044715f) * u * u * u);
+    return u / (cpu_vsplat(1.0f) + cpu_vexp(z2));
+}
+
+/* SiLU per lane: u / (1 + e^(−u)); e^(−u) = +inf gives −0, the limit. */
+CPU_VINLINE cpu_vf cpu_vsilu(cpu_vf u) { return u / (cpu_vsplat(1.0f) + cpu_vexp(-u)); }
+
+/* One lane's result for a scalar, the same bits as in an array. */
+CPU_VINLINE float cpu_gelu_tanh1(float u) { return cpu_vgelu_tanh(cpu_vsplat(u))[0]; }
+
+/* y[i] = f(x[i]) for i < n over the whole array, tail included; y may
+ * equal x. */
+#define CPU_VMAP(y, x, n, f)                                                   \
+    do {                                                                       \
+        int64_t i_ = 0;                                                        \
+        for (; i_ + CPU_VW <= (n); i_ += CPU_VW)                               \
+            cpu_vstore((y) + i_, f(cpu_vload((x) + i_)));                      \
+        if (i_ < (n))                                                          \
+            cpu_vstore_part((y) + i_, f(cpu_vload_part((x) + i_, (n) - i_, 0.0f)), (n) - i_); \
+    } while (0)
+
+CPU_VINLINE void cpu_gelu_tanh_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x, n, cpu_vgelu_tanh); }
+CPU_VINLINE void cpu_silu_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x, n, cpu_vsilu); }
+CPU_VINLINE void cpu_exp_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x, n, cpu_vexp); }
+
+/* The 16 lanes' sum in double, in a fixed order. */
+CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
+    cpu_vd s = a + b;
+    double t[8];
+    memcpy(t, &s, sizeof t);
+    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
+
+/* One softmax row: x_j = scale·s_j, m = max x_j, e_j = e^(x_j − m), summed
+ * in double over 16 lanes, p_j = e_j·(float)(1/Σ). n >= 1; p may equal s.
+ * Each step is a function of the row alone: the same row gives the same
+ * bits wherever it is. */
+CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scale) {
+    cpu_vf vs = cpu_vsplat(scale), mv = cpu_vsplat(-INFINITY);
+    int64_t j = 0;
+    for (; j + CPU_VW <= n; j += CPU_VW) mv = cpu_vmax2(mv, cpu_vload(s + j) * vs);
+    float t[CPU_VW];
+    cpu_vstore(t, mv);
+    float m = t[0];
+    for (int i = 1; i < CPU_VW; i++) m = t[i] > m ? t[i] : m;
+    for (; j < n; j++) { /* the tail, element by element: the same products */
+        float v = s[j] * scale;
+        m = v > m ? v : m;
+    }
+    const cpu_vf vm = cpu_vsplat(m);
+    cpu_vd acc0 = { 0 }, acc1 = { 0 };
+    typedef float half_t __attribute__((vector_size(32)));
+    for (j = 0; j < n; j += CPU_VW) {
+        int64_t k = n - j < CPU_VW ? n - j : CPU_VW;
+        cpu_vf e;
+        if (k == CPU_VW) {
+            e = cpu_vexp(cpu_vload(s + j) * vs - vm);
+            cpu_vstore(p + j, e);
+        } else { /* padded lanes count 0 in the sum */
+            e = cpu_vexp(cpu_vload_part(s + j, k, 0.0f) * vs - vm);
+            cpu_vstore_part(p + j, e, k);
+            e = cpu_vsel(cpu_vlanes() < (int32_t)k, e, cpu_vsplat(0.0f));
+        }
+        half_t lo, hi;
+        memcpy(&lo, &e, sizeof lo);
+        memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
+        acc0 += __builtin_convertvector(lo, cpu_vd);
+        acc1 += __builtin_convertvector(hi, cpu_vd);
+    }
+    const float inv = (float)(1.0 / cpu_vsum_d(acc0, acc1));
+    const cpu_vf vi = cpu_vsplat(inv);
+    for (j = 0; j + CPU_VW <= n; j += CPU_VW) cpu_vstore(p + j, cpu_vload(p + j) * vi);
+    for (; j < n; j++) p[j] *= inv;
+}
+
+/* The dispatched array forms (cpu_vec.c). y may equal x; p may equal s
+ * (lds == ldp); rows of n >= 1. */
+void cpu_vec_gelu_tanh(float *y, const float *x, int64_t n);
+void cpu_vec_silu(float *y, const float *x, int64_t n);
+void cpu_vec_exp(float *y, const float *x, int64_t n);
+void cpu_vec_softmax_rows(float *p, int64_t ldp, const float *s, int64_t lds, int64_t rows, int64_t n,
+                          float scale);
+
+#endif
