@@ -134,7 +134,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
 }
 
 static void report(const step_case_t *sc, int threads, const result_t *r) {
-    printf("cpu step %-5s threads=%d latent [16|4,%lld,%lld,%lld] L=%lld CFG: eager %9.3f ms, replay %9.3f ms, "
+    printf("cpu step %-5s threads=%d latent F,H,W [%lld,%lld,%lld] L=%lld CFG: eager %9.3f ms, replay %9.3f ms, "
            "GEMMs alone %9.3f ms (%zu of %zu nodes), step/GEMMs %.3f\n",
            sc->label, threads, (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L,
            r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
@@ -157,13 +157,13 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
  * installed: bench/torch_step.py prints "torch step <label> threads=N ms". */
 static void torch_step(const step_case_t *sc, const char *wpath, double reel_ms) {
     static int have = -1;
-    if (have < 0) have = system("python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (have < 0) have = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (!have) {
         printf("torch step %-5s: SKIP: python3-torch is not installed (apt-get install python3-torch)\n", sc->label);
         return;
     }
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "python3 bench/torch_step.py %s %s %lld %lld %lld %lld %d", wpath, sc->label,
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 bench/torch_step.py %s %s %lld %lld %lld %lld %d", wpath, sc->label,
              (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L, sc->reps);
     FILE *p = popen(cmd, "r");
     if (!p) {

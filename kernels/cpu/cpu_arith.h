@@ -143,19 +143,36 @@ static inline double *cpu_rope_fill(double *tab, int64_t npos, int64_t r) {
 /* The three parts of the table, filled by cpu_rope_tables. */
 typedef struct { const double *f, *r, *c; cpu_rope_split_t p; } cpu_rope_tables_t;
 
-/* Fills the table at `scratch` (cpu_rope_table_bytes of room). */
-static inline cpu_rope_tables_t cpu_rope_tables(void *scratch, int64_t head_dim, int64_t frames,
-                                                int64_t rows, int64_t cols) {
+/* The parts of a filled table at tab. */
+static inline cpu_rope_tables_t cpu_rope_parts(const double *tab, int64_t head_dim, int64_t frames,
+                                               int64_t rows) {
     cpu_rope_tables_t t;
     t.p = cpu_rope_split(head_dim);
-    double *tf = scratch;
-    double *tr = cpu_rope_fill(tf, frames, t.p.rf);
-    double *tc = cpu_rope_fill(tr, rows, t.p.rr);
-    cpu_rope_fill(tc, cols, t.p.rc);
-    t.f = tf;
-    t.r = tr;
-    t.c = tc;
+    t.f = tab;
+    t.r = t.f + frames * (t.p.rf / 2) * 2;
+    t.c = t.r + rows * (t.p.rr / 2) * 2;
     return t;
+}
+
+/* The table of a shape, computed once per process and kept (cpu_vec.c; at
+ * most 32 shapes, then NULL: the caller fills its scratch). The same
+ * values cpu_rope_fill writes: a cached table changes no result. */
+const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols);
+
+/* The table: the cached one, else filled at `scratch` (cpu_rope_table_bytes
+ * of room). */
+static inline cpu_rope_tables_t cpu_rope_tables(void *scratch, int64_t head_dim, int64_t frames,
+                                                int64_t rows, int64_t cols) {
+    const double *tab = cpu_rope_cached(head_dim, frames, rows, cols);
+    if (!tab) {
+        cpu_rope_split_t p = cpu_rope_split(head_dim);
+        double *tf = scratch;
+        double *tr = cpu_rope_fill(tf, frames, p.rf);
+        double *tc = cpu_rope_fill(tr, rows, p.rr);
+        cpu_rope_fill(tc, cols, p.rc);
+        tab = tf;
+    }
+    return cpu_rope_parts(tab, head_dim, frames, rows);
 }
 
 /* Rotates the pair (u, w) by (c, s) in double, each result rounded once. */

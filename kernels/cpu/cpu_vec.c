@@ -1,8 +1,12 @@
 /* cpu_vec.c -- the out-of-line, runtime-dispatched faces of cpu_vmath.h:
  * each is compiled for AVX-512, AVX2 and baseline x86-64 (CPU_VEC_DISPATCH)
- * and computes the same bits on all three (cpu_vmath.h says why). The CPU
- * kernels call these; none can fail. */
+ * and computes the same bits on all three (cpu_vmath.h says why); and the
+ * cache of RoPE tables (cpu_arith.h). The CPU kernels call these; none can
+ * fail (an allocation that fails leaves a table uncached). */
+#include "cpu_arith.h"
 #include "cpu_vmath.h"
+#include <pthread.h>
+#include <stdlib.h>
 
 CPU_VEC_DISPATCH void cpu_vec_gelu_tanh(float *y, const float *x, int64_t n) { cpu_gelu_tanh_n(y, x, n); }
 
@@ -13,4 +17,40 @@ CPU_VEC_DISPATCH void cpu_vec_exp(float *y, const float *x, int64_t n) { cpu_exp
 CPU_VEC_DISPATCH void cpu_vec_softmax_rows(float *p, int64_t ldp, const float *s, int64_t lds,
                                            int64_t rows, int64_t n, float scale) {
     for (int64_t r = 0; r < rows; r++) cpu_softmax_row(p + r * ldp, s + r * lds, n, scale);
+}
+
+/* RoPE tables by shape (cpu_arith.h): filled once, kept for the process,
+ * never freed or moved, so a pointer handed out stays valid for every
+ * thread. 32 shapes at most; later ones are filled per call. */
+#define ROPE_CACHE 32
+static struct { int64_t d, f, r, c; const double *tab; } rope_cache[ROPE_CACHE];
+static int rope_cached_n;
+static pthread_mutex_t rope_mu = PTHREAD_MUTEX_INITIALIZER;
+
+const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols) {
+    const double *hit = NULL;
+    pthread_mutex_lock(&rope_mu);
+    for (int i = 0; i < rope_cached_n && !hit; i++)
+        if (rope_cache[i].d == head_dim && rope_cache[i].f == frames && rope_cache[i].r == rows &&
+            rope_cache[i].c == cols)
+            hit = rope_cache[i].tab;
+    if (!hit && rope_cached_n < ROPE_CACHE) {
+        size_t bytes = cpu_rope_table_bytes(head_dim, frames, rows, cols);
+        double *tab = bytes ? malloc(bytes) : NULL;
+        if (tab) {
+            cpu_rope_split_t p = cpu_rope_split(head_dim);
+            double *tr = cpu_rope_fill(tab, frames, p.rf);
+            double *tc = cpu_rope_fill(tr, rows, p.rr);
+            cpu_rope_fill(tc, cols, p.rc);
+            rope_cache[rope_cached_n].d = head_dim;
+            rope_cache[rope_cached_n].f = frames;
+            rope_cache[rope_cached_n].r = rows;
+            rope_cache[rope_cached_n].c = cols;
+            rope_cache[rope_cached_n].tab = tab;
+            rope_cached_n++;
+            hit = tab;
+        }
+    }
+    pthread_mutex_unlock(&rope_mu);
+    return hit;
 }

@@ -53,6 +53,9 @@ typedef int32_t cpu_vi __attribute__((vector_size(CPU_VW * 4)));
 typedef uint32_t cpu_vu __attribute__((vector_size(CPU_VW * 4)));
 typedef double cpu_vd __attribute__((vector_size(CPU_VW * 4))); /* 8 doubles */
 
+/* v in every lane. For constants and once-per-row values: GCC 12 builds a
+ * splat of a value loaded in a loop with 16 masked inserts, so hot loops
+ * multiply by the scalar instead (vector · scalar broadcasts once). */
 CPU_VINLINE cpu_vf cpu_vsplat(float v) {
     cpu_vf r = { v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v };
     return r;

@@ -45,7 +45,7 @@ static size_t rmsnorm_rope_workspace(const void *args) {
 
 /* Normalises the npairs pairs at x (weights at w) by rrms, rounding each to
  * float as RMSNORM stores it, and turns them by the (cos, sin) pairs of cs. */
-static void norm_turn(float *x, const float *w, double rrms, const double *cs, int64_t npairs) {
+static inline __attribute__((always_inline)) void norm_turn(float *x, const float *w, double rrms, const double *cs, int64_t npairs) {
     for (int64_t j = 0; j < npairs; j++) {
         float u = cpu_rms_value(x[2 * j], rrms, w[2 * j]);
         float v = cpu_rms_value(x[2 * j + 1], rrms, w[2 * j + 1]);

@@ -18,7 +18,7 @@ static size_t rope_workspace(const void *args) {
 }
 
 /* Rotates the npairs pairs of x by the (cos, sin) pairs of cs. */
-static void rope_apply(float *x, const double *cs, int64_t npairs) {
+static inline __attribute__((always_inline)) void rope_apply(float *x, const double *cs, int64_t npairs) {
     for (int64_t j = 0; j < npairs; j++)
         cpu_rope_turn(x[2 * j], x[2 * j + 1], cs[2 * j], cs[2 * j + 1], &x[2 * j], &x[2 * j + 1]);
 }
