@@ -124,7 +124,9 @@ round() {
     stop_proc "$WORKER" || bad "$t stops"
 }
 
-round alone --max-batch 1
+round alone --max-batch 1 --threads 1
+grep -q "sharing a pool of 1 thread on" "$D/alone.log" && ok "alone: --threads 1 sizes the CPU pool" ||
+    bad "alone: the worker's log does not say a pool of 1 thread"
 [ "$MIXED" = 0 ] && [ "$STEPS" = "$SAMPLES" ] && ok "--max-batch 1: every request stepped alone ($STEPS steps)" ||
     bad "--max-batch 1: $MIXED mixed steps, $STEPS steps for $SAMPLES request steps"
 
@@ -143,7 +145,9 @@ done
 [ $n = $N ] && ok "alone: every latent is bitwise reelctl run" || bad "alone: $n of $N latents equal reelctl run"
 
 for mode in ladder exact; do
-    round "$mode" --max-batch 4 --batch-sizes "$mode" --batching always
+    round "$mode" --max-batch 4 --batch-sizes "$mode" --batching always --threads 3
+    grep -q "sharing a pool of 3 threads on" "$D/$mode.log" && ok "$mode: --threads 3 sizes the CPU pool" ||
+        bad "$mode: the worker's log does not say a pool of 3 threads"
     [ "$MIXED" -gt 0 ] && [ "$STEPS" -lt "$SAMPLES" ] &&
         ok "$mode: $MIXED mixed steps; $STEPS steps ran the $SAMPLES request steps" ||
         bad "$mode: no batching ($MIXED mixed steps, $STEPS steps for $SAMPLES)"
