@@ -126,7 +126,8 @@ deps:
 # 12's -O2 "very cheap" model leaves such loops scalar). Nothing is
 # reassociated (no -ffast-math, no contraction under -std=c17), so a lane
 # computes the bits the scalar loop would.
-$(BUILD)/kernels/cpu/%.o: CFLAGS_ALL += -fvect-cost-model=dynamic
+# (GCC only: clang, which builds the fuzzers, has no such flag.)
+$(BUILD)/kernels/cpu/%.o: CFLAGS_ALL += $(if $(findstring clang,$(CC)),,-fvect-cost-model=dynamic)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -189,7 +189,12 @@ static void torch_step(const step_case_t *sc, const char *wpath, double reel_ms)
 int main(int argc, char **argv) {
     char dir[] = "/tmp/reel-bench-step.XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    int first = argc > 1 && !strchr("tsw", argv[1][0]) ? 2 : 1; /* argv[1] may be BUILD */
+    int first = 1; /* argv[1] is BUILD unless it names a case */
+    if (argc > 1) {
+        first = 2;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            if (!strcmp(argv[1], cases[i].label)) first = 1;
+    }
     int def = kern_cpu_threads();
     printf("cpu pool: %d threads by default (REEL_THREADS, else the cores); OpenBLAS single-threaded inside\n", def);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
