@@ -1469,6 +1469,44 @@ START_TEST(test_attention_bits_do_not_depend_on_the_pool_size) {
 }
 END_TEST
 
+typedef struct { kern_tensor_t x, w, b, sh, sc, y, x2; int op; } rows_case_t;
+
+/* Row-wise ops over 300 rows of 384 (chunked on the pool from 2^15
+ * elements) and GELU/SiLU over 300·384 elements (blocks of 4096). */
+static void run_rows(float *out, void *ctx) {
+    rows_case_t *c = ctx;
+    int rc = 0;
+    switch (c->op) {
+    case 0: rc = kern_layernorm(S, &c->x, &c->w, &c->b, 1e-6f, &c->y); break;
+    case 1: rc = kern_rmsnorm(S, &c->x, &c->w, 1e-6f, &c->y); break;
+    case 2: rc = kern_layernorm_modulate(S, &c->x, &c->sh, &c->sc, 1e-6f, &c->y); break;
+    case 3: rc = kern_gelu_tanh(S, &c->x, &c->y); break;
+    case 4: rc = kern_silu(S, &c->x, &c->y); break;
+    case 5: /* in place on a copy: RMSNorm + RoPE over 5 x 6 x 10 tokens of 6 heads of 64 */
+        memcpy(F(&c->x2), F(&c->x), kern_tensor_bytes(&c->x2));
+        rc = kern_rmsnorm_rope3d(S, &c->x2, &c->w, 1e-6f, 6, 5, 6, 10);
+        memcpy(F(&c->y), F(&c->x2), kern_tensor_bytes(&c->y));
+        break;
+    }
+    ck_assert_msg(rc == 0, "row op %d: %s", c->op, reel_err_text());
+    memcpy(out, F(&c->y), kern_tensor_bytes(&c->y));
+}
+
+START_TEST(test_row_wise_ops_bits_do_not_depend_on_the_pool_size) {
+    const int64_t R = 300, D = 384;
+    rows_case_t c = { .x = T2(R, D), .w = T1(D), .b = T1(D), .sh = T1(D), .sc = T1(D), .y = T2(R, D),
+                      .x2 = T2(R, D) };
+    fill(&c.x, -3, 3);
+    fill(&c.w, 0.5f, 1.5f);
+    fill(&c.b, -1, 1);
+    fill(&c.sh, -1, 1);
+    fill(&c.sc, -0.5f, 0.5f);
+    static const char *names[] = { "layernorm", "rmsnorm", "layernorm_modulate", "gelu_tanh", "silu",
+                                   "rmsnorm_rope3d" };
+    for (c.op = 0; c.op < 6; c.op++) each_pool_size(run_rows, &c, R * D, names[c.op]);
+}
+END_TEST
+
 /* LN(x)·(1 + scale) + shift fused against LAYERNORM (no affine) then
  * MODULATE in place, as the step ran them; inputs on an offset of 3, the
  * fused op out of place and in place (y == x). */
@@ -1747,6 +1785,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
     tcase_add_test(tc, test_gemm_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_attention_bits_do_not_depend_on_the_pool_size);
+    tcase_add_test(tc, test_row_wise_ops_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);
     tcase_add_test(tc, test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d);
