@@ -1,14 +1,17 @@
 /* test_cpu_pool.c -- the CPU backend's thread pool (kernels/cpu/cpu_pool.h):
  * every task runs exactly once, the caller returns only when all are done,
  * several callers (a worker's streams) share the pool at once, a task may
- * itself call cpu_par_for, and the size follows kern_cpu_threads_set and
- * REEL_THREADS. Run under TSan by make tsan. */
+ * itself call cpu_par_for, the size follows kern_cpu_threads_set and
+ * REEL_THREADS, and a forked child gets a working pool. Run under TSan by
+ * make tsan. */
 #include <check.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_pool.h"
@@ -142,6 +145,37 @@ START_TEST(test_the_size_follows_reel_threads_and_the_setter) {
 }
 END_TEST
 
+/* A child forked after the pool started (its workers are not copied) runs
+ * a parallel job to the end on workers of its own, and the parent's pool
+ * still works after the fork. */
+START_TEST(test_a_forked_child_gets_a_working_pool) {
+    kern_cpu_threads_set(3);
+    count_ctx_t c = { calloc(50, sizeof(int)), 50, 2000 };
+    ck_assert_ptr_nonnull(c.hits);
+    cpu_par_for(c.n, count_task, &c); /* workers started */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+#ifdef __SANITIZE_THREAD__
+        kern_cpu_threads_set(1); /* TSan cannot start threads after a multi-threaded fork */
+#endif
+        memset(c.hits, 0, 50 * sizeof(int));
+        cpu_par_for(c.n, count_task, &c);
+        for (int t = 0; t < 50; t++)
+            if (c.hits[t] != 1) _exit(1);
+        _exit(0);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's job did not complete (status %d)", st);
+    memset(c.hits, 0, 50 * sizeof(int));
+    cpu_par_for(c.n, count_task, &c);
+    expect_each_once(&c, "parent after fork");
+    free(c.hits);
+    kern_cpu_threads_set(0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cpu_pool");
     TCase *tc = tcase_create("pool");
@@ -150,6 +184,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_concurrent_callers_share_the_pool_and_each_gets_all_its_tasks);
     tcase_add_test(tc, test_a_task_may_call_par_for_without_deadlock);
     tcase_add_test(tc, test_the_size_follows_reel_threads_and_the_setter);
+    tcase_add_test(tc, test_a_forked_child_gets_a_working_pool);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -26,7 +26,7 @@ typedef struct {
 /* The tiles of an [M, N] output summing over K; M, N >= 1. */
 static inline cpu_gemm_tiles_t cpu_gemm_tiles(int64_t M, int64_t N, int64_t K) {
     cpu_gemm_tiles_t t = { M, N, 1, 1 };
-    if (2 * M * N * (K > 0 ? K : 0) >= CPU_GEMM_TILE_FLOPS) {
+    if (2.0 * (double)M * (double)N * (double)(K > 0 ? K : 0) >= (double)CPU_GEMM_TILE_FLOPS) {
         const int64_t cols = N >= 1024 ? 128 : 64;
         t.tm = M < CPU_GEMM_TILE_M ? M : CPU_GEMM_TILE_M;
         t.tn = N < cols ? N : cols;

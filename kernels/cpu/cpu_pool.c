@@ -60,13 +60,17 @@ static int size_locked(void) {
     return size;
 }
 
-/* A fork's child has no workers: it starts its own when it needs them. */
+/* fork: mu is held across it (prepare), so the child's copy is in a known
+ * state; the child, whose only thread is the forking one, has no workers
+ * and no jobs, and starts its own workers when it needs them. */
+static void before_fork(void) { pthread_mutex_lock(&mu); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&mu); }
 static void after_fork_child(void) {
-    pthread_mutex_init(&mu, NULL);
     pthread_cond_init(&work_cv, NULL);
     pthread_cond_init(&done_cv, NULL);
     jobs = NULL;
     workers = 0;
+    pthread_mutex_unlock(&mu);
 }
 
 static void unlink_job(job_t *j) {
@@ -115,12 +119,16 @@ static void *worker_main(void *arg) {
  * failure: the caller and the others run its share. */
 static void grow_locked(void) {
     if (!atfork_set) {
-        pthread_atfork(NULL, NULL, after_fork_child);
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
         atfork_set = true;
     }
+    /* Signals are the main thread's; a fault (SIGSEGV and the like) must
+     * still reach its handler (ASan's report) on the thread that faults. */
     sigset_t all, old;
     sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals are the main thread's */
+    static const int faults[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS };
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++) sigdelset(&all, faults[i]);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     while (workers < size - 1) {
         pthread_t th;
         pthread_attr_t at;

@@ -26,9 +26,16 @@ CPU_VEC_DISPATCH void cpu_vec_softmax_rows(float *p, int64_t ldp, const float *s
 static struct { int64_t d, f, r, c; const double *tab; } rope_cache[ROPE_CACHE];
 static int rope_cached_n;
 static pthread_mutex_t rope_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t rope_once = PTHREAD_ONCE_INIT;
+
+/* rope_mu is held across a fork, so the child's copy is never mid-fill. */
+static void rope_lock(void) { pthread_mutex_lock(&rope_mu); }
+static void rope_unlock(void) { pthread_mutex_unlock(&rope_mu); }
+static void rope_atfork(void) { pthread_atfork(rope_lock, rope_unlock, rope_unlock); }
 
 const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols) {
     const double *hit = NULL;
+    pthread_once(&rope_once, rope_atfork);
     pthread_mutex_lock(&rope_mu);
     for (int i = 0; i < rope_cached_n && !hit; i++)
         if (rope_cache[i].d == head_dim && rope_cache[i].f == frames && rope_cache[i].r == rows &&

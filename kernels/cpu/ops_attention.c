@@ -6,8 +6,8 @@
  * straight into o's head slice. Queries are taken in blocks of at most
  * ATTN_SCRATCH_CAP bytes of scores, and up to ATTN_LANES (head, block)
  * items run at once on the pool (cpu_pool.h), each lane with its own
- * block of scratch: at most 16 MiB of the stream arena however long the
- * sequence. Block size and lanes depend only on (nq, nk, heads), so a
+ * block of scratch: at most 16 MiB of the stream arena for any sequence
+ * of up to 2^19 keys (beyond, a block is one query row of scores per lane). Block size and lanes depend only on (nq, nk, heads), so a
  * replay repeats the eager computation exactly, on any number of threads. */
 #include "../ops_args.h"
 #include "base/error.h"

@@ -110,7 +110,7 @@ static int gemm_batched_f32(void *ctx, const void *args) {
     if (gemm_batched_check(a)) return -1;
     batched_job_t j = { .a = a, .per = a->batch };
     int threads = cpu_pool_threads();
-    if (threads > 1 && a->batch > 1 && 2 * a->m * a->n * a->k * a->batch >= CPU_GEMM_TILE_FLOPS)
+    if (threads > 1 && a->batch > 1 && 2.0 * (double)a->m * (double)a->n * (double)a->k * (double)a->batch >= (double)CPU_GEMM_TILE_FLOPS)
         j.per = (a->batch + threads - 1) / threads;
     cpu_par_for((a->batch + j.per - 1) / j.per, batched_slice, &j);
     return 0;
