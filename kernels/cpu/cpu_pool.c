@@ -34,6 +34,7 @@ static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER; /* a job's last task f
 static job_t *jobs;    /* jobs with unclaimed tasks, oldest first */
 static int size;       /* 0: not read yet */
 static int workers;    /* started */
+static int busy;       /* workers on a job now */
 static bool atfork_set;
 
 /* The cores this process may run on. */
@@ -69,7 +70,7 @@ static void after_fork_child(void) {
     pthread_cond_init(&work_cv, NULL);
     pthread_cond_init(&done_cv, NULL);
     jobs = NULL;
-    workers = 0;
+    workers = busy = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -100,7 +101,9 @@ static void *worker_main(void *arg) {
     (void)arg;
     pthread_mutex_lock(&mu);
     for (;;) {
-        job_t *j = jobs;
+        /* at most size − 1 workers busy in all: a pool made smaller keeps
+         * its extra threads asleep */
+        job_t *j = busy < size_locked() - 1 ? jobs : NULL;
         while (j && j->helpers >= j->max_helpers) j = j->link;
         if (!j) {
             pthread_cond_wait(&work_cv, &mu);
@@ -109,7 +112,9 @@ static void *worker_main(void *arg) {
         /* every touch of j is under mu, and its caller returns only after
          * taking mu and seeing every task done: j is valid here */
         j->helpers++;
+        busy++;
         while (j->next < j->n) run_task(j, claim(j));
+        busy--;
         j->helpers--;
     }
     return NULL;
