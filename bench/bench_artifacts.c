@@ -18,6 +18,7 @@
 #include "model/loop.h"
 #include "model/tinydit.h"
 #include "bench/bench.h"
+#include "bench/bench_step.h"
 
 #define REPS 7
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
@@ -136,17 +137,8 @@ static void attention_case(kern_backend_t *be, kern_artifacts_t *off, kern_artif
 static void step_times(kern_backend_t *be, tdit_model_t *m, double *eager, double *replay) {
     kern_stream_t *s = kern_stream_new(be);
     tdit_shape_t sh = { 4, 16, 32, 16, true, 1, TDIT_SOLVER_EULER, false };
-    tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
+    tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
-    const tdit_config_t *c = tdit_model_config(m);
-    size_t nl = (size_t)(c->in_channels * sh.frames * sh.height * sh.width), nc = (size_t)(sh.text_len * c->text_dim);
-    float *lat = malloc(nl * 4), *ctx = malloc(nc * 4);
-    tdit_initial_latent(1, lat, nl);
-    tdit_initial_latent(2, ctx, nc);
-    const float sig[3] = { 0.9f, 0.8f, 0.9f };
-    if (tdit_ws_bind_latent(ws, s, lat, nl) || tdit_ws_bind_context(ws, s, ctx, nc, false) ||
-        tdit_ws_bind_context(ws, s, ctx, nc, true) || tdit_ws_bind_step(ws, s, sig, 5.0f))
-        DIE("bind");
     if (tdit_step(m, ws, s) || tdit_step(m, ws, s)) DIE("warmup"); /* decides every key */
     kern_graph_t *g = NULL;
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
@@ -168,8 +160,6 @@ static void step_times(kern_backend_t *be, tdit_model_t *m, double *eager, doubl
     kern_graph_destroy(&g);
     tdit_ws_destroy(&ws);
     kern_stream_destroy(&s);
-    free(lat);
-    free(ctx);
 }
 
 int main(int argc, char **argv) {

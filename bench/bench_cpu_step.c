@@ -16,6 +16,7 @@
 #include <string.h>
 #include "base/error.h"
 #include "bench/bench.h"
+#include "bench/bench_step.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -72,17 +73,8 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
     if (!m) DIE("load %s", wpath);
     tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false };
-    tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
+    tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
-    const tdit_config_t *c = tdit_model_config(m);
-    size_t nl = (size_t)(c->in_channels * sc->F * sc->H * sc->W), nc = (size_t)(sc->L * c->text_dim);
-    float *lat = malloc(nl * 4), *ctx = malloc(nc * 4);
-    tdit_initial_latent(1, lat, nl);
-    tdit_initial_latent(2, ctx, nc);
-    const float sig[3] = { 0.9f, 0.8f, 0.9f };
-    if (tdit_ws_bind_latent(ws, s, lat, nl) || tdit_ws_bind_context(ws, s, ctx, nc, false) ||
-        tdit_ws_bind_context(ws, s, ctx, nc, true) || tdit_ws_bind_step(ws, s, sig, 5.0f))
-        DIE("bind");
     if (tdit_step(m, ws, s)) DIE("warmup");
     kern_graph_t *g = NULL;
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
@@ -129,8 +121,6 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     tdit_model_destroy(&m);
     kern_stream_destroy(&s);
     kern_backend_destroy(&b);
-    free(lat);
-    free(ctx);
 }
 
 static void report(const step_case_t *sc, int threads, const result_t *r) {

@@ -13,6 +13,7 @@
 #include "model/loop.h"
 #include "model/tinydit.h"
 #include "bench/bench.h"
+#include "bench/bench_step.h"
 
 #define REPS 7
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, ": %s\n", reel_err_text()); exit(1); } while (0)
@@ -94,17 +95,9 @@ static void bench_step(kern_backend_t *b, const char *wpath, const step_case_t *
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
     if (!m) DIE("load %s", wpath);
     tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false };
-    tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
+    tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
     const tdit_config_t *c = tdit_model_config(m);
-    size_t nl = (size_t)(c->in_channels * sc->F * sc->H * sc->W), nc = (size_t)(sc->L * c->text_dim);
-    float *lat = malloc(nl * 4), *ctx = malloc(nc * 4);
-    tdit_initial_latent(1, lat, nl);
-    tdit_initial_latent(2, ctx, nc);
-    const float sig[3] = { 0.9f, 0.8f, 0.9f };
-    if (tdit_ws_bind_latent(ws, s, lat, nl) || tdit_ws_bind_context(ws, s, ctx, nc, false) ||
-        tdit_ws_bind_context(ws, s, ctx, nc, true) || tdit_ws_bind_step(ws, s, sig, 5.0f))
-        DIE("bind");
     int iters = sc->L > 8 ? 3 : 20;
     double te[REPS], tg[REPS];
     if (tdit_step(m, ws, s)) DIE("warmup");
@@ -133,7 +126,6 @@ static void bench_step(kern_backend_t *b, const char *wpath, const step_case_t *
     tdit_ws_destroy(&ws);
     tdit_model_destroy(&m);
     kern_stream_destroy(&s);
-    free(lat); free(ctx);
 }
 
 static void bench_backend(kern_backend_t *b, const char *dir) {

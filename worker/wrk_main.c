@@ -761,7 +761,11 @@ static int open_backend(run_t *r) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int threads = o->threads;
         if (threads == 0 && o->blas_threads > 0) threads = o->blas_threads;
-        if (threads == 0 && o->blas_threads < 0) threads = (int)(cores > o->streams ? cores / o->streams : 1);
+        if (threads == 0 && o->blas_threads < 0) { /* the default pool, shared out over the streams */
+            kern_cpu_threads_set(0);
+            int def = kern_cpu_threads();
+            threads = def > o->streams ? def / o->streams : 1;
+        }
         if (o->blas_threads != 0) wrk_log(w, "--blas-threads is deprecated: it sets --threads %d", threads);
         kern_cpu_threads_set(threads);
         int pt = kern_cpu_threads();

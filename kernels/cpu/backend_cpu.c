@@ -4,13 +4,12 @@
  * A CPU stream runs each launch on the calling thread at launch time, so
  * sync is a no-op; capture diverts launches into a recorded list instead. */
 #include "../backend_impl.h"
+#include "cpu_pool.h"
 #include "base/error.h"
 #include <stdlib.h>
 #include <string.h>
 
 #define CPU_ALIGN 64
-
-void kern_cpu_blas_single(void); /* ops_gemm.c */
 
 /* Each block carries its size in a 64-byte header so free can account. */
 static void *cpu_alloc(kern_backend_t *b, size_t bytes) {

@@ -140,6 +140,14 @@ static inline double *cpu_rope_fill(double *tab, int64_t npos, int64_t r) {
     return tab;
 }
 
+/* Fills the whole table at tab (cpu_rope_table_bytes of room): the frame
+ * part, then the row part, then the column part. */
+static inline void cpu_rope_fill_all(double *tab, int64_t head_dim, int64_t frames, int64_t rows,
+                                     int64_t cols) {
+    cpu_rope_split_t p = cpu_rope_split(head_dim);
+    cpu_rope_fill(cpu_rope_fill(cpu_rope_fill(tab, frames, p.rf), rows, p.rr), cols, p.rc);
+}
+
 /* The three parts of the table, filled by cpu_rope_tables. */
 typedef struct { const double *f, *r, *c; cpu_rope_split_t p; } cpu_rope_tables_t;
 
@@ -165,12 +173,8 @@ static inline cpu_rope_tables_t cpu_rope_tables(void *scratch, int64_t head_dim,
                                                 int64_t rows, int64_t cols) {
     const double *tab = cpu_rope_cached(head_dim, frames, rows, cols);
     if (!tab) {
-        cpu_rope_split_t p = cpu_rope_split(head_dim);
-        double *tf = scratch;
-        double *tr = cpu_rope_fill(tf, frames, p.rf);
-        double *tc = cpu_rope_fill(tr, rows, p.rr);
-        cpu_rope_fill(tc, cols, p.rc);
-        tab = tf;
+        cpu_rope_fill_all(scratch, head_dim, frames, rows, cols);
+        tab = scratch;
     }
     return cpu_rope_parts(tab, head_dim, frames, rows);
 }

@@ -35,6 +35,10 @@ typedef void (*cpu_rows_fn)(void *ctx, int64_t r0, int64_t r1);
  * the chunks change nothing in the results. */
 void cpu_par_rows(int64_t rows, int64_t width, cpu_rows_fn fn, void *ctx);
 
+/* Sets OpenBLAS single-threaded (ops_gemm.c): the pool shares out the
+ * work. Called when a CPU backend is made. Cannot fail. */
+void kern_cpu_blas_single(void);
+
 /* The pool's size: threads that may run one cpu_par_for's tasks, the
  * caller included (>= 1). */
 int cpu_pool_threads(void);

@@ -45,10 +45,7 @@ const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, in
         size_t bytes = cpu_rope_table_bytes(head_dim, frames, rows, cols);
         double *tab = bytes ? malloc(bytes) : NULL;
         if (tab) {
-            cpu_rope_split_t p = cpu_rope_split(head_dim);
-            double *tr = cpu_rope_fill(tab, frames, p.rf);
-            double *tc = cpu_rope_fill(tr, rows, p.rr);
-            cpu_rope_fill(tc, cols, p.rc);
+            cpu_rope_fill_all(tab, head_dim, frames, rows, cols);
             rope_cache[rope_cached_n].d = head_dim;
             rope_cache[rope_cached_n].f = frames;
             rope_cache[rope_cached_n].r = rows;

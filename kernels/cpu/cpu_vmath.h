@@ -202,7 +202,8 @@ CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scal
 }
 
 /* The dispatched array forms (cpu_vec.c). y may equal x; p may equal s
- * (lds == ldp); rows of n >= 1. */
+ * (lds == ldp); rows of n >= 1. The kernels call GELU, SiLU and the
+ * softmax; exp stands alone for tests/test_vmath.c (the softmax's own). */
 void cpu_vec_gelu_tanh(float *y, const float *x, int64_t n);
 void cpu_vec_silu(float *y, const float *x, int64_t n);
 void cpu_vec_exp(float *y, const float *x, int64_t n);

@@ -7,8 +7,9 @@
  * ATTN_SCRATCH_CAP bytes of scores, and up to ATTN_LANES (head, block)
  * items run at once on the pool (cpu_pool.h), each lane with its own
  * block of scratch: at most 16 MiB of the stream arena for any sequence
- * of up to 2^19 keys (beyond, a block is one query row of scores per lane). Block size and lanes depend only on (nq, nk, heads), so a
- * replay repeats the eager computation exactly, on any number of threads. */
+ * of up to 2^19 keys (beyond, a block is one query row of scores per
+ * lane). Block size and lanes depend only on (nq, nk, heads), so a replay
+ * repeats the eager computation exactly, on any number of threads. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include <cblas.h>
@@ -87,16 +88,10 @@ static int attention_f32(void *ctx, const void *args) {
                          need);
     attn_job_t j = { .a = a, .rows = attn_block_rows(nq, nk) };
     j.blocks = (nq + j.rows - 1) / j.rows;
-    j.lanes = attn_lanes(nq, nk, H);
-    /* below about a million multiply-adds the threads cost more than they save */
-    int64_t lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : j.lanes;
-    if (lanes == 1) {
-        attn_job_t one = j;
-        one.lanes = 1;
-        attention_lane(&one, 0);
-    } else {
-        cpu_par_for(lanes, attention_lane, &j);
-    }
+    /* below about a million multiply-adds the threads cost more than they
+     * save: one lane takes every item (lane 0's scratch) */
+    j.lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : attn_lanes(nq, nk, H);
+    cpu_par_for(j.lanes, attention_lane, &j);
     return 0;
 }
 

@@ -55,15 +55,17 @@ typedef struct {
     int op; /* 0 add, 1 GELU-tanh, 2 SiLU */
 } ew_job_t;
 
-static CPU_VEC_DISPATCH void ew_rows(void *ctx, int64_t r0, int64_t r1) {
+/* Blocks [r0, r1): the add here (memory-bound: plain vectorised C), GELU
+ * and SiLU through cpu_vec.c's dispatched faces. */
+static void ew_rows(void *ctx, int64_t r0, int64_t r1) {
     const ew_job_t *j = ctx;
     const int64_t lo = r0 * EW_BLOCK, hi = r1 * EW_BLOCK < j->n ? r1 * EW_BLOCK : j->n;
     if (j->op == 0)
         for (int64_t i = lo; i < hi; i++) j->y[i] = j->p[i] + j->q[i];
     else if (j->op == 1)
-        cpu_gelu_tanh_n(j->y + lo, j->p + lo, hi - lo);
+        cpu_vec_gelu_tanh(j->y + lo, j->p + lo, hi - lo);
     else
-        cpu_silu_n(j->y + lo, j->p + lo, hi - lo);
+        cpu_vec_silu(j->y + lo, j->p + lo, hi - lo);
 }
 
 static void ew_run(const float *p, const float *q, float *y, int64_t n, int op) {

@@ -136,8 +136,6 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
     return sizeof kernels / sizeof kernels[0];
 }
 
-/* OpenBLAS runs on the calling thread: the pool (cpu_pool.h) shares out
- * the work. Called when a CPU backend is made. */
 void kern_cpu_blas_single(void) {
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }

@@ -3,9 +3,10 @@
  *
  * Per row (cpu_softmax_row, cpu_vmath.h): x_j = scale·s_j, m = max x_j
  * (subtracted first, so no exponential overflows), e_j = e^(x_j − m)
- * summed in double, p_j = e_j·(1/Σ) rounded once to float. The same arithmetic as the fused CPU
- * attention kernel's softmax, with the scale applied here instead of in the
- * score GEMM. p may equal s: each element is read before it is written. */
+ * summed in double, p_j = e_j·(1/Σ) rounded once to float. The same
+ * arithmetic as the fused CPU attention kernel's softmax, with the scale
+ * applied here instead of in the score GEMM. p may equal s: each element
+ * is read before it is written. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include "cpu_vmath.h"
