@@ -333,7 +333,7 @@ endif
 ART_CFLAGS = $(CSTD) $(WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -fPIC -shared -I. \
              -I/usr/include/x86_64-linux-gnu/openblas-pthread
 ART_DEPS   = artifacts/bundle.sh kernels/artifact_abi.h kernels/ops_args.h kernels/registry.h \
-             kernels/cpu/cpu_vmath.h kernels/cpu/cpu_gemm_tiles.h \
+             kernels/cpu/cpu_vmath.h kernels/cpu/cpu_gemm_tiles.h kernels/cpu/cpu_attn.h \
              $(FLAGS_STAMP)
 ART_CPU    = $(patsubst artifacts/%/kernel.c,%,$(wildcard artifacts/cpu_*/kernel.c))
 ART_CUDA   = $(patsubst artifacts/%/kernel.cu,%,$(wildcard artifacts/cuda_*/kernel.cu))

@@ -46,11 +46,18 @@ kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, 
     static const char *const head = "the head is wider than cuDNN SDPA takes (or not a multiple of 8)";
     static const char *const no_kernel = "this build has no cuDNN SDPA kernel";
     static const char *const fused = "cuDNN's fused SDPA";
+    static const char *const cpu = "the CPU's attention kernel: whole rows below 2^20 scores per head, "
+                                   "flash-style blocks from there on";
     kern_attn_mode_t m = kern_attention_mode();
+    if (bk == KERN_BACKEND_CPU && m != KERN_ATTN_MODE_DECOMPOSED && kern_registry_lookup(KERN_OP_ATTENTION, bk, dt)) {
+        /* every size (kernels/cpu/cpu_attn.h): its scratch stays bounded */
+        if (why) *why = cpu;
+        return KERN_ATTN_FUSED;
+    }
     const char *w = fused;
     bool sdpa = false;
-    if (bk != KERN_BACKEND_CUDA || dt != KERN_BF16) w = not_cuda_bf16;
-    else if (m == KERN_ATTN_MODE_DECOMPOSED) w = decomposed;
+    if (m == KERN_ATTN_MODE_DECOMPOSED) w = decomposed;
+    else if (bk != KERN_BACKEND_CUDA || dt != KERN_BF16) w = not_cuda_bf16;
     else if (head_dim > KERN_ATTN_SDPA_MAX_HEAD_DIM || head_dim % 8) w = head;
     else if (!kern_registry_lookup(KERN_OP_ATTENTION_SDPA, bk, dt)) w = no_kernel;
     else {
@@ -73,9 +80,9 @@ void kern_attention_describe(kern_backend_kind_t bk, kern_dtype_t dt, char *buf,
     kern_attn_mode_t m = kern_attention_mode();
     kern_attn_path_t p = kern_attention_choose(bk, dt, 32760, 32760, 128, &why);
     bool bad = kern_attention_env_bad();
-    snprintf(buf, len, "attention %s (mode %s%s): %s%s", p == KERN_ATTN_SDPA ? "fused" : "decomposed",
+    snprintf(buf, len, "attention %s (mode %s%s): %s%s", p == KERN_ATTN_DECOMPOSED ? "decomposed" : "fused",
              kern_attention_mode_name(m), bad ? ", REEL_ATTN not understood" : "", why,
-             m == KERN_ATTN_MODE_FUSED && p != KERN_ATTN_SDPA ? " (WARNING: fused was asked for)" : "");
+             m == KERN_ATTN_MODE_FUSED && p == KERN_ATTN_DECOMPOSED ? " (WARNING: fused was asked for)" : "");
 }
 
 static size_t default_bound(kern_backend_kind_t bk) {

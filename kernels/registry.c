@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #define REGISTRY_MAX 256
 
@@ -108,7 +109,11 @@ int kern_launch_impl(kern_stream_t *s, const kern_impl_t *impl, void *args) {
     hdr->scratch_bytes = impl->workspace_bytes ? impl->workspace_bytes(args) : 0;
     if (hdr->scratch_bytes) {
         hdr->scratch = kern_stream_scratch(s, hdr->scratch_bytes);
-        if (!hdr->scratch) return -1;
+        if (!hdr->scratch) { /* the caller learns which kernel wanted it */
+            char why[256];
+            snprintf(why, sizeof why, "%s", reel_err_text());
+            return reel_fail(reel_err_code(), "kernel %s: %s", impl->name, why);
+        }
     }
     return kern_stream_launch(s, impl->fn, args, impl->args_size);
 }

@@ -496,7 +496,8 @@ END_TEST
 
 START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape) {
     static const int64_t shapes[][4] = { { 32, 32, 2, 16 }, { 32, 5, 2, 16 }, { 300, 300, 4, 32 },
-                                         { 1100, 500, 3, 64 } }; /* the last: softmax on every core */
+                                         { 1100, 500, 3, 64 },   /* softmax on every core */
+                                         { 1100, 1000, 2, 16 } }; /* >= 2^20 scores a head: flash */
     kern_artifacts_t *set = install_only(root_with("cpu_attention_parsoftmax", NULL),
                                          "cpu-attention-parsoftmax", KERN_ART_TIMING_OFF);
     kern_backend_t *b = kern_backend_cpu_new();
@@ -530,7 +531,7 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
     int promoted = 0;
     kern_art_counts_t t;
     ck_assert_int_eq(kern_artifacts_totals(set, "cpu-attention-parsoftmax", &t, &promoted, NULL), 0);
-    ck_assert_int_eq(promoted, 4);
+    ck_assert_int_eq(promoted, 5);
     ck_assert(t.max_rel_seen == 0);
     kern_artifacts_destroy(&set);
     kern_stream_destroy(&s);

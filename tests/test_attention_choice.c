@@ -74,6 +74,41 @@ START_TEST(test_decomposed_mode_keeps_the_pick_rule_even_when_the_fused_path_is_
 }
 END_TEST
 
+/* On the CPU in F32 AUTO takes the CPU's own kernel at every size: whole
+ * rows below 2^20 scores per head, flash-style beyond (kernels/cpu/
+ * cpu_attn.h), whose scratch is bounded whatever the sequence, for heads
+ * of any width; decomposed mode keeps the pick rule there too, and the
+ * worker's line says which. A dtype with no CPU kernel keeps the rule. */
+START_TEST(test_auto_on_the_cpu_takes_its_own_kernel_at_every_size_unless_decomposed_is_asked) {
+    static const int64_t sizes[][3] = { { 32760, 32760, 128 }, { 32760, 512, 128 }, { 1, (int64_t)1 << 24, 16 },
+                                        { 4, 4, 512 }, { 16, 16, 64 }, { 1024, 1024, 64 } };
+    const char *why = NULL;
+    kern_attention_set_mode(KERN_ATTN_MODE_AUTO);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CPU, KERN_F32, sizes[i][0], sizes[i][1], sizes[i][2], &why),
+                         KERN_ATTN_FUSED);
+        ck_assert_ptr_nonnull(strstr(why, "flash-style"));
+        kern_attn_plan_t plan;
+        TS_OK(kern_attention_plan(KERN_BACKEND_CPU, KERN_F32, sizes[i][0], sizes[i][1], 2, sizes[i][2], NULL, &plan));
+        ck_assert_int_eq(plan.path, KERN_ATTN_FUSED);
+        ck_assert_msg(plan.scratch_bytes <= ((size_t)16 << 20), "%lld x %lld: %zu bytes of scratch",
+                      (long long)sizes[i][0], (long long)sizes[i][1], plan.scratch_bytes);
+    }
+    char line[320];
+    kern_attention_describe(KERN_BACKEND_CPU, KERN_F32, line, sizeof line);
+    ck_assert_msg(strstr(line, "attention fused (mode auto): the CPU's attention kernel") == line, "%s", line);
+    kern_attention_set_mode(KERN_ATTN_MODE_DECOMPOSED);
+    ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CPU, KERN_F32, 32760, 32760, 128, &why), KERN_ATTN_DECOMPOSED);
+    ck_assert_str_eq(why, "REEL_ATTN=decomposed");
+    ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CPU, KERN_F32, 16, 16, 64, NULL), KERN_ATTN_FUSED);
+    kern_attention_describe(KERN_BACKEND_CPU, KERN_F32, line, sizeof line);
+    ck_assert_str_eq(line, "attention decomposed (mode decomposed): REEL_ATTN=decomposed");
+    kern_attention_set_mode(KERN_ATTN_MODE_AUTO);
+    ck_assert_int_eq(kern_attention_choose(KERN_BACKEND_CPU, KERN_BF16, 32760, 32760, 128, &why), KERN_ATTN_DECOMPOSED);
+    ck_assert_str_eq(why, "not CUDA in BF16: the pick rule");
+}
+END_TEST
+
 START_TEST(test_modes_parse_by_name_and_nothing_else) {
     kern_attn_mode_t m;
     TS_OK(kern_attention_mode_parse("fused", &m));
@@ -119,6 +154,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_auto_takes_the_fused_sdpa_on_cuda_bf16_only_once_it_is_ready);
     tcase_add_test(tc, test_decomposed_mode_keeps_the_pick_rule_even_when_the_fused_path_is_ready);
+    tcase_add_test(tc, test_auto_on_the_cpu_takes_its_own_kernel_at_every_size_unless_decomposed_is_asked);
     tcase_add_test(tc, test_modes_parse_by_name_and_nothing_else);
     tcase_add_test(tc, test_reel_attn_sets_the_mode_and_a_value_not_understood_is_auto_and_said);
     suite_add_tcase(s, tc);

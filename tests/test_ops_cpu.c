@@ -555,37 +555,143 @@ START_TEST(test_attention_pick_rule_routes_by_scores_per_head_and_head_width) {
     ck_assert_int_eq(kern_attention_pick(256, 256, 16), KERN_ATTN_FUSED);      /* demo self */
     ck_assert_int_eq(kern_attention_pick(32760, 32760, 128), KERN_ATTN_DECOMPOSED); /* Wan self */
     ck_assert_int_eq(kern_attention_pick(32760, 512, 128), KERN_ATTN_DECOMPOSED);   /* Wan cross */
+    /* the rule is CUDA's: on the CPU AUTO takes the CPU kernel at every size */
     kern_attn_plan_t p = plan_of(100, 100, 2, 8, NULL);
     ck_assert_int_eq(p.path, KERN_ATTN_FUSED);
     p = plan_of(1024, 1024, 2, 8, NULL);
-    ck_assert_int_eq(p.path, KERN_ATTN_DECOMPOSED);
+    ck_assert_int_eq(p.path, KERN_ATTN_FUSED);
 }
 END_TEST
 
-/* kern_attention follows the rule: captured just below the threshold it is
- * one launch (the fused kernel); at the threshold three launches per block
- * of the default plan. */
+/* On the CPU, AUTO is one launch of the CPU kernel on either side of 2^20
+ * scores per head (whole rows below, flash from there on); the
+ * decomposition, asked for by name, is three launches per block of its
+ * plan. */
 START_TEST(test_attention_runs_the_path_its_rule_picks) {
     const int64_t H = 2, d = 4;
-    const int64_t shapes[2][2] = { { 1023, 1024 }, { 1024, 1024 } };
-    for (int c = 0; c < 2; c++) {
+    const int64_t shapes[3][2] = { { 1023, 1024 }, { 1024, 1024 }, { 1024, 1024 } };
+    for (int c = 0; c < 3; c++) {
         int64_t nq = shapes[c][0], nk = shapes[c][1];
-        kern_attn_plan_t p = plan_of(nq, nk, H, d, NULL);
+        kern_attn_opts_t opts = { c == 2 ? KERN_ATTN_DECOMPOSED : KERN_ATTN_AUTO, 0, false };
+        kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
         kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
         fill(&q, -1, 1);
         fill(&k, -1, 1);
         fill(&v, -1, 1);
         ck_assert_int_eq(kern_stream_reserve(S, p.scratch_bytes), 0);
         ck_assert_int_eq(kern_capture_begin(S), 0);
-        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
+        ck_assert_msg(kern_attention_ex(S, &q, &k, &v, H, &o, &opts) == 0, "attention: %s", reel_err_text());
         kern_graph_t *g = NULL;
         ck_assert_int_eq(kern_capture_end(S, &g), 0);
         size_t want = p.path == KERN_ATTN_FUSED ? 1 : (size_t)(3 * p.blocks);
         ck_assert_msg(kern_graph_nodes(g) == want, "nq=%lld nk=%lld: %zu launches, expected %zu",
                       (long long)nq, (long long)nk, kern_graph_nodes(g), want);
-        ck_assert_int_eq(p.path, c == 0 ? KERN_ATTN_FUSED : KERN_ATTN_DECOMPOSED);
+        ck_assert_int_eq(p.path, c == 2 ? KERN_ATTN_DECOMPOSED : KERN_ATTN_FUSED);
         kern_graph_destroy(&g);
     }
+}
+END_TEST
+
+/* --- flash-style CPU attention (kernels/cpu/cpu_attn.h) ------------------ */
+
+/* The CPU kernel against the double reference at sizes from 2^20 scores
+ * per head, where it walks the keys in blocks of 256 with a running max
+ * and sum: queries and keys that the blocks do not divide (1100 = 8·128 +
+ * 76 queries, 1000 = 3·256 + 232 keys), one query over 2^20 keys, 2^18 + 1
+ * queries over 4 keys (one short key block), 129 queries over 8,200 keys
+ * (a last query block of 1), and a head of 128. Outputs are convex combinations of v in [-1, 1]:
+ * 1e-5 absolute, as for the other paths. */
+START_TEST(test_flash_attention_matches_double_reference_on_ragged_blocks) {
+    static const int64_t cases[][4] = { { 1100, 1000, 2, 16 }, { 1, (int64_t)1 << 20, 1, 4 },
+                                        { ((int64_t)1 << 18) + 1, 4, 1, 2 }, { 129, 8200, 1, 8 },
+                                        { 1024, 1024, 1, 128 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
+        ck_assert_int_eq(kern_attention_pick(nq, nk, d), KERN_ATTN_DECOMPOSED); /* >= 2^20 scores */
+        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+        fill(&q, -2, 2);
+        fill(&k, -1, 1);
+        fill(&v, -1, 1);
+        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
+        ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)9 << 20), "%zu bytes of scratch",
+                      kern_stream_scratch_size(S));
+        double *ref = dbuf(nq * H * d);
+        attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+        char what[128];
+        snprintf(what, sizeof what, "flash attention nq=%lld nk=%lld H=%lld d=%lld", (long long)nq,
+                 (long long)nk, (long long)H, (long long)d);
+        expect_close(what, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    }
+}
+END_TEST
+
+/* The running max must rescale what came before: scores that rise from
+ * key block to key block (every block holds a new max, the first blocks'
+ * weights end near e^-40 of the last's), that fall (the first block holds
+ * the max), and one spike in the middle block. Exact in the reference; in
+ * the kernel a wrong or missing rescale moves the outputs by O(1). */
+START_TEST(test_flash_attention_rescales_when_a_later_key_block_holds_the_max) {
+    const int64_t nq = 300, nk = 3600, H = 1, d = 4;
+    for (int shape = 0; shape < 3; shape++) {
+        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+        fill(&q, -0.1f, 0.1f);
+        fill(&k, -0.1f, 0.1f);
+        fill(&v, -1, 1);
+        float *qf = F(&q), *kf = F(&k);
+        for (int64_t i = 0; i < nq; i++) qf[i * d] = 4.0f + (float)(i % 7) * 0.25f;
+        for (int64_t j = 0; j < nk; j++) {
+            float x = (float)j / (float)nk; /* 0 .. 1 */
+            kf[j * d] = shape == 0 ? 20.0f * x : shape == 1 ? 20.0f * (1.0f - x)
+                                                            : (j == nk / 2 ? 25.0f : 5.0f * x);
+        }
+        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
+        double *ref = dbuf(nq * H * d);
+        attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+        static const char *const names[] = { "rising scores", "falling scores", "a spike mid-sequence" };
+        expect_close(names[shape], F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    }
+}
+END_TEST
+
+/* A captured flash attention is one node whose replays repeat the eager
+ * bytes, whatever stale data the scratch holds; its scratch is a few lanes
+ * of one score block, the same for 2^20 keys as for 1000 (Wan's 32,760
+ * tokens ask for the same); one byte short is refused with a message. */
+START_TEST(test_flash_attention_replays_bitwise_equal_to_eager_in_its_bounded_scratch) {
+    const int64_t nq = 1100, nk = 1000, H = 2, d = 16;
+    size_t need = kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, nq, nk, H, d);
+    ck_assert_uint_gt(need, 0);
+    ck_assert_uint_eq(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, 32760, 32760, 12, 128),
+                      kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, 32760, (int64_t)1 << 24, 12, 128));
+    ck_assert_uint_le(kern_attention_scratch_bytes(KERN_BACKEND_CPU, KERN_F32, 32760, 32760, 12, 128),
+                      (size_t)9 << 20);
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_scratch_t ws = { dev_bytes(need), need };
+    kern_scratch_t prev = kern_stream_bind_scratch(S, ws);
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "eager: %s", reel_err_text());
+    float *eager = snapshot(&o);
+    ck_assert_int_eq(kern_capture_begin(S), 0);
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "capture: %s", reel_err_text());
+    kern_graph_t *g = NULL;
+    ck_assert_int_eq(kern_capture_end(S, &g), 0);
+    ck_assert_uint_eq(kern_graph_nodes(g), 1);
+    for (int rep = 0; rep < 2; rep++) {
+        memset(F(&o), 0, kern_tensor_bytes(&o));
+        memset(ws.base, rep ? 0xff : 0x7f, ws.bytes); /* stale scores, maxima and sums must not matter */
+        ck_assert_msg(kern_graph_replay(g, S) == 0, "replay: %s", reel_err_text());
+        ck_assert_msg(memcmp(F(&o), eager, kern_tensor_bytes(&o)) == 0,
+                      "replay %d of the flash attention differs from eager", rep);
+    }
+    kern_graph_destroy(&g);
+    kern_stream_bind_scratch(S, (kern_scratch_t){ ws.base, ws.bytes - 1 });
+    reel_err_clear();
+    ck_assert_int_eq(kern_attention(S, &q, &k, &v, H, &o), -1);
+    ck_assert_msg(strstr(reel_err_text(), "attention") && strstr(reel_err_text(), "scratch"),
+                  "message should name attention and its scratch: '%s'", reel_err_text());
+    kern_stream_bind_scratch(S, prev);
 }
 END_TEST
 
@@ -1450,9 +1556,11 @@ static void run_attention(float *out, void *ctx) {
 }
 
 /* Heads and query blocks side by side: the fused kernel's lanes (one block
- * per head at small sizes, several blocks at 1100 x 4096 queries x keys). */
+ * per head at small sizes, two blocks a head at 1000 x 1048 queries x keys,
+ * flash items at 1100 x 1000). */
 START_TEST(test_attention_bits_do_not_depend_on_the_pool_size) {
-    const int64_t cases[][4] = { { 256, 256, 6, 64 }, { 32, 32, 4, 16 }, { 1100, 1024, 3, 8 }, { 300, 16, 12, 128 } };
+    const int64_t cases[][4] = { { 256, 256, 6, 64 }, { 32, 32, 4, 16 }, { 1000, 1048, 3, 8 }, { 300, 16, 12, 128 },
+                                 { 1100, 1000, 2, 16 } /* flash */ };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
         attn_case_t c = { .q = T2(nq, H * d), .k = T2(nk, H * d), .v = T2(nk, H * d), .o = T2(nq, H * d), .H = H };
@@ -1760,6 +1868,9 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_decomposed_attention_agrees_with_the_fused_cpu_kernel);
     tcase_add_test(tc, test_attention_pick_rule_routes_by_scores_per_head_and_head_width);
     tcase_add_test(tc, test_attention_runs_the_path_its_rule_picks);
+    tcase_add_test(tc, test_flash_attention_matches_double_reference_on_ragged_blocks);
+    tcase_add_test(tc, test_flash_attention_rescales_when_a_later_key_block_holds_the_max);
+    tcase_add_test(tc, test_flash_attention_replays_bitwise_equal_to_eager_in_its_bounded_scratch);
     tcase_add_test(tc, test_attention_plan_keeps_each_block_within_its_memory_bound);
     tcase_add_test(tc, test_attention_plan_rejects_bad_sizes_and_unknown_paths_with_a_message);
     tcase_add_test(tc, test_decomposed_attention_replays_bitwise_equal_to_eager_in_bound_scratch);

@@ -1,19 +1,23 @@
 /* kernel.c -- artifact cpu-attention-parsoftmax: the fused attention on
  * the CPU with its row softmax spread over every core.
  *
- * The native kernel (kernels/cpu/ops_attention.c) takes, per head, as many
- * queries as fit 2 MiB of scores; for each block one sgemm makes the
- * scores, a row softmax turns them into weights, and a second sgemm writes
- * the outputs, up to 8 (head, block) items at once on its thread pool.
- * Here the blocks and the sgemm calls are the native kernel's exactly, one
- * block at a time, and the softmax of a block runs in slices of rows on
- * one thread per core (an example of an artifact, no longer faster than
- * the native kernel). Every row goes through the same operations in the
- * same order, so the manifest asks for byte_equal. Blocks under 512 Ki
- * scores stay on the calling thread (the threads cost more than they save
- * there); a thread that cannot be started is not a failure: its rows run
- * inline. */
+ * The native kernel (kernels/cpu/ops_attention.c, plan and arithmetic in
+ * kernels/cpu/cpu_attn.h) takes, below 2^20 scores per head, as many
+ * queries per head as fit 2 MiB of scores; for each block one sgemm makes
+ * the scores, a row softmax turns them into weights, and a second sgemm
+ * writes the outputs, up to 8 (head, block) items at once on its thread
+ * pool. Here the blocks and the sgemm calls are the native kernel's
+ * exactly, one block at a time, and the softmax of a block runs in slices
+ * of rows on one thread per core (an example of an artifact, no longer
+ * faster than the native kernel). From 2^20 scores per head on, the native
+ * kernel goes flash-style; so does this one, through the same
+ * cpu_attn_flash_item, one item at a time. Every row goes through the same
+ * operations in the same order, so the manifest asks for byte_equal.
+ * Blocks under 512 Ki scores stay on the calling thread (the threads cost
+ * more than they save there); a thread that cannot be started is not a
+ * failure: its rows run inline. */
 #include "kernels/artifact_abi.h"
+#include "kernels/cpu/cpu_attn.h"
 #include "kernels/cpu/cpu_vmath.h"
 #include <cblas.h>
 #include <limits.h>
@@ -25,21 +29,19 @@ const uint32_t reel_artifact_abi = KERN_ART_OBJECT_ABI;
 static int (*fail)(const char *fmt, ...);
 static long cpus = 1; /* cores online, read once at init (sysconf reads a file) */
 
-#define NATIVE_CAP ((int64_t)2 << 20) /* the native kernel's bytes of scores per block */
 #define MAX_THREADS 16
 #define MIN_PARALLEL ((int64_t)1 << 19)
 
-/* The native kernel's query rows per block. */
-static int64_t block_rows(int64_t nq, int64_t nk) {
-    if (nq <= 0 || nk <= 0) return 0;
-    int64_t rows = NATIVE_CAP / (nk * (int64_t)sizeof(float));
-    if (rows < 1) rows = 1;
-    return rows < nq ? rows : nq;
-}
-
 static size_t workspace(const void *args) {
     const kern_attention_args_t *a = args;
-    return (size_t)(block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+    if (cpu_attn_flash(a->nq, a->nk)) return CPU_ATTN_FLASH_LANE_BYTES;
+    return (size_t)(cpu_attn_block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+}
+
+/* The native flash rows, compiled here the same way. */
+CPU_VEC_DISPATCH static void flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
+                                        float *c) {
+    cpu_flash_rows(s, lds, rows, n, m, l, c);
 }
 
 /* The native row softmax: cpu_vmath.h's, the same bits on any ISA. */
@@ -82,13 +84,21 @@ static int attention_par(void *ctx, const void *args) {
     if (nq > INT_MAX || nk > INT_MAX || ld > INT_MAX)
         return fail("attention_parsoftmax: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
                     (long long)nq, (long long)nk, (long long)ld);
-    const int64_t rows = block_rows(nq, nk);
-    if (!a->hdr.scratch || a->hdr.scratch_bytes < (size_t)(rows * nk) * sizeof(float))
-        return fail("attention_parsoftmax: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
-                    (size_t)(rows * nk) * sizeof(float));
+    if (!a->hdr.scratch || a->hdr.scratch_bytes < workspace(a))
+        return fail("attention_parsoftmax: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes, workspace(a));
     float *s = a->hdr.scratch;
     const float *q = a->q, *k = a->k, *v = a->v;
     float *o = a->o;
+    if (cpu_attn_flash(nq, nk)) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i0 = 0; i0 < nq; i0 += CPU_ATTN_FLASH_BQ) {
+                const int64_t m = nq - i0 < CPU_ATTN_FLASH_BQ ? nq - i0 : CPU_ATTN_FLASH_BQ;
+                cpu_attn_flash_item(q + i0 * ld + h * d, k + h * d, v + h * d, o + i0 * ld + h * d, m, nk, d, ld,
+                                    a->scale, s, flash_rows);
+            }
+        return 0;
+    }
+    const int64_t rows = cpu_attn_block_rows(nq, nk);
     for (int64_t h = 0; h < H; h++) {
         for (int64_t i0 = 0; i0 < nq; i0 += rows) {
             const int64_t m = nq - i0 < rows ? nq - i0 : rows;

@@ -4,6 +4,7 @@
  * cache of RoPE tables (cpu_arith.h). The CPU kernels call these; none can
  * fail (an allocation that fails leaves a table uncached). */
 #include "cpu_arith.h"
+#include "cpu_attn.h"
 #include "cpu_vmath.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,6 +18,11 @@ CPU_VEC_DISPATCH void cpu_vec_exp(float *y, const float *x, int64_t n) { cpu_exp
 CPU_VEC_DISPATCH void cpu_vec_softmax_rows(float *p, int64_t ldp, const float *s, int64_t lds,
                                            int64_t rows, int64_t n, float scale) {
     for (int64_t r = 0; r < rows; r++) cpu_softmax_row(p + r * ldp, s + r * lds, n, scale);
+}
+
+CPU_VEC_DISPATCH void cpu_vec_flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
+                                         float *c) {
+    cpu_flash_rows(s, lds, rows, n, m, l, c);
 }
 
 /* RoPE tables by shape (cpu_arith.h): filled once, kept for the process,

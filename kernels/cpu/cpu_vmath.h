@@ -159,11 +159,8 @@ CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
     return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
 }
 
-/* One softmax row: x_j = scale·s_j, m = max x_j, e_j = e^(x_j − m), summed
- * in double over 16 lanes, p_j = e_j·(float)(1/Σ). n >= 1; p may equal s.
- * Each step is a function of the row alone: the same row gives the same
- * bits wherever it is. */
-CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scale) {
+/* max_j scale·s_j over a row of n >= 1 (−inf for a row of −inf). */
+CPU_VINLINE float cpu_row_max(const float *s, int64_t n, float scale) {
     cpu_vf vs = cpu_vsplat(scale), mv = cpu_vsplat(-INFINITY);
     int64_t j = 0;
     for (; j + CPU_VW <= n; j += CPU_VW) mv = cpu_vmax2(mv, cpu_vload(s + j) * vs);
@@ -175,10 +172,16 @@ CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scal
         float v = s[j] * scale;
         m = v > m ? v : m;
     }
-    const cpu_vf vm = cpu_vsplat(m);
+    return m;
+}
+
+/* p_j = e^(scale·s_j − m) for j < n (p may equal s), and their sum in
+ * double over 16 lanes in a fixed order. */
+CPU_VINLINE double cpu_exp_shift_sum(float *p, const float *s, int64_t n, float scale, float m) {
+    const cpu_vf vs = cpu_vsplat(scale), vm = cpu_vsplat(m);
     cpu_vd acc0 = { 0 }, acc1 = { 0 };
     typedef float half_t __attribute__((vector_size(32)));
-    for (j = 0; j < n; j += CPU_VW) {
+    for (int64_t j = 0; j < n; j += CPU_VW) {
         int64_t k = n - j < CPU_VW ? n - j : CPU_VW;
         cpu_vf e;
         if (k == CPU_VW) {
@@ -195,9 +198,19 @@ CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scal
         acc0 += __builtin_convertvector(lo, cpu_vd);
         acc1 += __builtin_convertvector(hi, cpu_vd);
     }
-    const float inv = (float)(1.0 / cpu_vsum_d(acc0, acc1));
+    return cpu_vsum_d(acc0, acc1);
+}
+
+/* One softmax row: x_j = scale·s_j, m = max x_j, e_j = e^(x_j − m), summed
+ * in double over 16 lanes, p_j = e_j·(float)(1/Σ). n >= 1; p may equal s.
+ * Each step is a function of the row alone: the same row gives the same
+ * bits wherever it is. */
+CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scale) {
+    const float m = cpu_row_max(s, n, scale);
+    const float inv = (float)(1.0 / cpu_exp_shift_sum(p, s, n, scale, m));
     const cpu_vf vi = cpu_vsplat(inv);
-    for (j = 0; j + CPU_VW <= n; j += CPU_VW) cpu_vstore(p + j, cpu_vload(p + j) * vi);
+    int64_t j = 0;
+    for (; j + CPU_VW <= n; j += CPU_VW) cpu_vstore(p + j, cpu_vload(p + j) * vi);
     for (; j < n; j++) p[j] *= inv;
 }
 

@@ -1,46 +1,24 @@
-/* ops_attention.c -- multi-head softmax(q·kᵀ·scale)·v on the CPU.
- *
- * Per head, OpenBLAS computes a block of scores from the strided head slices
- * (leading dimension heads·head_dim, no repacking), a row softmax turns them
- * into weights in place, and a second sgemm writes the block's outputs
- * straight into o's head slice. Queries are taken in blocks of at most
- * ATTN_SCRATCH_CAP bytes of scores, and up to ATTN_LANES (head, block)
- * items run at once on the pool (cpu_pool.h), each lane with its own
- * block of scratch: at most 16 MiB of the stream arena for any sequence
- * of up to 2^19 keys (beyond, a block is one query row of scores per
- * lane). Block size and lanes depend only on (nq, nk, heads), so a replay
+/* ops_attention.c -- multi-head softmax(q·kᵀ·scale)·v on the CPU, for
+ * every size: whole rows of scores below 2^20 scores per head, flash-style
+ * (one pass over key blocks with a running max and sum) from there on
+ * (cpu_attn.h has the plan and the arithmetic, shared with the CPU
+ * attention artifact). OpenBLAS computes the scores from the strided head
+ * slices (leading dimension heads·head_dim, no repacking) and writes the
+ * outputs straight into o's head slice; the (head, query block) items run
+ * on the pool (cpu_pool.h), up to a fixed number of lanes, each lane with
+ * its own scratch: at most 16 MiB for whole rows, 64 lanes of 130 KiB for
+ * flash. Blocks and lanes depend only on (nq, nk, heads), so a replay
  * repeats the eager computation exactly, on any number of threads. */
 #include "../ops_args.h"
 #include "base/error.h"
-#include <cblas.h>
 #include <limits.h>
+#include "cpu_attn.h"
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
 
-#define ATTN_LANES 8                          /* blocks in flight at once, at most */
-#define ATTN_SCRATCH_CAP ((int64_t)2 << 20)   /* bytes of scores per block */
-
-/* Query rows per block: all of them when the scores fit the cap. */
-static int64_t attn_block_rows(int64_t nq, int64_t nk) {
-    if (nq <= 0 || nk <= 0) return 0;
-    int64_t rows = ATTN_SCRATCH_CAP / (nk * (int64_t)sizeof(float));
-    if (rows < 1) rows = 1;
-    return rows < nq ? rows : nq;
-}
-
-/* Lanes: each works through every lanes-th (head, block) item with its own
- * block of scratch; a function of the sizes alone, never of the threads. */
-static int64_t attn_lanes(int64_t nq, int64_t nk, int64_t heads) {
-    int64_t rows = attn_block_rows(nq, nk);
-    if (rows <= 0 || heads <= 0) return 0;
-    int64_t items = heads * ((nq + rows - 1) / rows);
-    return items < ATTN_LANES ? items : ATTN_LANES;
-}
-
 static size_t attention_workspace(const void *args) {
     const kern_attention_args_t *a = args;
-    return (size_t)(attn_lanes(a->nq, a->nk, a->heads) * attn_block_rows(a->nq, a->nk) * a->nk) *
-           sizeof(float);
+    return cpu_attn_workspace(a->nq, a->nk, a->heads);
 }
 
 typedef struct {
@@ -48,9 +26,9 @@ typedef struct {
     int64_t rows, blocks, lanes;
 } attn_job_t;
 
-/* Lane t: items t, t + lanes, ... of (head, query block), one sgemm for the
- * scores, the row softmax, one sgemm into o's head slice. A block's
- * results do not depend on the lane or thread that computes it. */
+/* Whole rows, lane t: items t, t + lanes, ... of (head, query block), one
+ * sgemm for the scores, the row softmax, one sgemm into o's head slice. A
+ * block's results do not depend on the lane or thread that computes it. */
 static void attention_lane(void *ctx, int64_t t) {
     const attn_job_t *j = ctx;
     const kern_attention_args_t *a = j->a;
@@ -71,6 +49,21 @@ static void attention_lane(void *ctx, int64_t t) {
     }
 }
 
+/* Flash, lane t: items t, t + lanes, ... of (head, block of BQ queries). */
+static void attention_flash_lane(void *ctx, int64_t t) {
+    const attn_job_t *j = ctx;
+    const kern_attention_args_t *a = j->a;
+    const int64_t nq = a->nq, d = a->head_dim, ld = a->heads * d;
+    void *lane = (char *)a->hdr.scratch + (size_t)t * CPU_ATTN_FLASH_LANE_BYTES;
+    for (int64_t it = t; it < a->heads * j->blocks; it += j->lanes) {
+        const int64_t h = it / j->blocks, i0 = (it % j->blocks) * j->rows;
+        const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
+        cpu_attn_flash_item((const float *)a->q + i0 * ld + h * d, (const float *)a->k + h * d,
+                            (const float *)a->v + h * d, (float *)a->o + i0 * ld + h * d, m, a->nk, d, ld,
+                            a->scale, lane, cpu_vec_flash_rows);
+    }
+}
+
 /* Fails (o untouched) when there are no keys, the scratch is short, or a
  * size exceeds the BLAS int range. */
 static int attention_f32(void *ctx, const void *args) {
@@ -86,12 +79,14 @@ static int attention_f32(void *ctx, const void *args) {
     if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
         return reel_fail(REEL_E_INVALID, "attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
                          need);
-    attn_job_t j = { .a = a, .rows = attn_block_rows(nq, nk) };
+    const bool flash = cpu_attn_flash(nq, nk);
+    attn_job_t j = { .a = a, .rows = flash ? CPU_ATTN_FLASH_BQ : cpu_attn_block_rows(nq, nk) };
+    if (j.rows > nq) j.rows = nq;
     j.blocks = (nq + j.rows - 1) / j.rows;
     /* below about a million multiply-adds the threads cost more than they
      * save: one lane takes every item (lane 0's scratch) */
-    j.lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : attn_lanes(nq, nk, H);
-    cpu_par_for(j.lanes, attention_lane, &j);
+    j.lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : cpu_attn_lanes(nq, nk, H);
+    cpu_par_for(j.lanes, flash ? attention_flash_lane : attention_lane, &j);
     return 0;
 }
 
