@@ -180,8 +180,8 @@ int main(int argc, char **argv) {
                                      { 2048, 8960, 256 } };
     for (size_t i = 0; i < sizeof gg / sizeof gg[0]; i++)
         gemm_gelu_case(be, off, sh, gg[i][0], gg[i][1], gg[i][2]);
-    /* Fused attention (forced: the pick rule sends >= 2^20 scores per head
-     * to the decomposition, which no artifact replaces). */
+    /* The CPU attention kernel (named: AUTO takes it too on the CPU; from
+     * 2^20 scores a head it and the artifact go flash-style). */
     static const int64_t at[][4] = { { 32, 32, 4, 16 }, { 1000, 600, 6, 64 }, { 1024, 1024, 6, 64 },
                                      { 2048, 2048, 6, 64 } };
     for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)

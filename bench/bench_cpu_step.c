@@ -52,6 +52,7 @@ static kern_op_t op_of(node_fn_t fn) {
 typedef struct {
     double eager, replay, gemms;
     double by_op[KERN_OP_COUNT + 1];
+    size_t count[KERN_OP_COUNT + 1]; /* nodes of each op */
     size_t nodes, gemm_nodes;
 } result_t;
 
@@ -114,6 +115,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
             double t0 = bench_now();
             fn(NULL, args);
             r->by_op[ops[i]] += (bench_now() - t0) / sc->reps;
+            if (k == 0) r->count[ops[i]]++;
         }
     free(ops);
     kern_graph_destroy(&g);
@@ -130,13 +132,14 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
            r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
     double total = 0;
     for (int o = 0; o <= KERN_OP_COUNT; o++) total += r->by_op[o];
-    for (int shown = 0; shown < 6; shown++) { /* the top ops, largest first */
+    for (int shown = 0; shown < 8; shown++) { /* the top ops, largest first */
         int best = -1;
         for (int o = 0; o <= KERN_OP_COUNT; o++)
             if (r->by_op[o] > 0 && (best < 0 || r->by_op[o] > r->by_op[best])) best = o;
         if (best < 0) break;
-        printf("    %-20s %9.3f ms %5.1f%%\n", best == KERN_OP_COUNT ? "(other)" : kern_op_name((kern_op_t)best),
-               r->by_op[best] * 1e3, 100.0 * r->by_op[best] / total);
+        printf("    %-20s %9.3f ms %5.1f%%  %3zu nodes, %8.2f us each\n",
+               best == KERN_OP_COUNT ? "(other)" : kern_op_name((kern_op_t)best), r->by_op[best] * 1e3,
+               100.0 * r->by_op[best] / total, r->count[best], r->by_op[best] * 1e6 / (double)r->count[best]);
         ((result_t *)r)->by_op[best] = -r->by_op[best]; /* shown: skip it */
     }
     for (int o = 0; o <= KERN_OP_COUNT; o++)
