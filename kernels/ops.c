@@ -41,9 +41,10 @@ static int check(kern_stream_t *s, const char *op, const char *name, const kern_
 /* Last dim of t (1 for a scalar). */
 static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
-/* GEMM and GEMM_GELU: the same checks and argument block. */
+/* GEMM and GEMM_GELU: the same checks and argument block; group as in
+ * kern_gemm_grouped (0: none). */
 static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
-                const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y) {
+                const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y, int64_t group) {
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "w", w, dt) || check(s, op, "y", y, dt) ||
         (bias && check(s, op, "bias", bias, dt)))
@@ -55,20 +56,45 @@ static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
     int64_t M = K ? kern_tensor_numel(x) / K : 0;
     if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return kern_op_shape_fail(op, "y", y, "[M, N]");
     if (bias && kern_tensor_numel(bias) != N) return kern_op_shape_fail(op, "bias", bias, "[N]");
+    if (group && (group < 0 || M % group))
+        return reel_fail(REEL_E_INVALID, "%s: groups of %lld rows do not divide x's %lld rows", op,
+                         (long long)group, (long long)M);
+    if (group == M) group = 0;
+    if (group && kern_backend_kind(kern_stream_backend(s)) != KERN_BACKEND_CPU) {
+        /* elsewhere a group is one GEMM of its own rows, call by call */
+        const size_t esz = kern_dtype_size(dt);
+        for (int64_t g = 0; g < M / group; g++) {
+            kern_tensor_t xg = kern_tensor_make(x->data, dt, x->device, 2, (const int64_t[]){ group, K });
+            kern_tensor_t yg = kern_tensor_make(y->data, dt, y->device, 2, (const int64_t[]){ group, N });
+            xg.offset = x->offset + (size_t)(g * group * K) * esz;
+            yg.offset = y->offset + (size_t)(g * group * N) * esz;
+            if (gemm(s, opc, op, &xg, w, bias, &yg, 0)) return -1;
+        }
+        return 0;
+    }
     kern_gemm_args_t a = { .x = kern_tensor_ptr(x), .w = kern_tensor_ptr(w),
                            .bias = bias ? kern_tensor_ptr(bias) : NULL,
-                           .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K };
+                           .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K, .group = group };
     return kern_dispatch(s, opc, dt, &a);
 }
 
 int kern_gemm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
               const kern_tensor_t *bias, kern_tensor_t *y) {
-    return gemm(s, KERN_OP_GEMM, "gemm", x, w, bias, y);
+    return gemm(s, KERN_OP_GEMM, "gemm", x, w, bias, y, 0);
 }
 
 int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
                    const kern_tensor_t *bias, kern_tensor_t *y) {
-    return gemm(s, KERN_OP_GEMM_GELU, "gemm_gelu", x, w, bias, y);
+    return gemm(s, KERN_OP_GEMM_GELU, "gemm_gelu", x, w, bias, y, 0);
+}
+
+int kern_gemm_grouped(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+                      const kern_tensor_t *bias, kern_tensor_t *y, int64_t group, bool gelu) {
+    if (group < 1)
+        return reel_fail(REEL_E_INVALID, "%s: groups of %lld rows: need at least 1", gelu ? "gemm_gelu" : "gemm",
+                         (long long)group);
+    return gelu ? gemm(s, KERN_OP_GEMM_GELU, "gemm_gelu", x, w, bias, y, group)
+                : gemm(s, KERN_OP_GEMM, "gemm", x, w, bias, y, group);
 }
 
 static int norm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,

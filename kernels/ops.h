@@ -200,6 +200,15 @@ int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frame
  * GELU_BIAS (or GELU) epilogue; kern_gemm runs the BIAS (or DEFAULT) one. */
 int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
                    const kern_tensor_t *bias, kern_tensor_t *y);
+/* A grouped GEMM (GELU-tanh after it with gelu): x's rows are groups of
+ * `group` rows (a batch's samples stacked; group divides them), and each
+ * group's rows of y are bitwise what kern_gemm (kern_gemm_gelu) gives for
+ * that group alone. On the CPU one launch whose tiles cut each group as
+ * the GEMM alone would (cpu/cpu_gemm_tiles.h) and share the pool; on other
+ * backends one launch per group. Fails as kern_gemm does, and when group
+ * is < 1 or does not divide x's rows. */
+int kern_gemm_grouped(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
+                      const kern_tensor_t *bias, kern_tensor_t *y, int64_t group, bool gelu);
 /* y = LN(x)·(1 + scale) + shift over the last dim, LN without affine;
  * shift, scale [D]; y may equal x. Equals kern_layernorm(x, NULL, NULL,
  * eps, y) then kern_modulate(y, shift, scale, y). */

@@ -17,12 +17,16 @@ extern "C" {
 #endif
 
 /* y[M,N] = x[M,K] · w[N,K]ᵀ + bias[N]; bias may be NULL; y aliases neither
- * x nor w (BLAS forbids it). */
+ * x nor w (BLAS forbids it). group: 0, or rows per group of a grouped GEMM
+ * (kern_gemm_grouped; divides M), whose every group the CPU kernel
+ * computes exactly as a GEMM of its rows alone (cpu/cpu_gemm_tiles.h);
+ * other backends are never given one. */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *x, *w, *bias;
     void *y;
     int64_t M, N, K;
+    int64_t group;
 } kern_gemm_args_t;
 
 /* Row-wise over [rows, dim]. LAYERNORM: (x − mean)/√(var + eps), then

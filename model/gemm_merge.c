@@ -2,14 +2,18 @@
  * tdit_gemm_merge_ok)?
  *
  * A batch's sample b must be bitwise the request alone, whose GEMM has n
- * rows. One GEMM over the B·n rows of the whole batch is cheaper (one
- * call, better tiles), but a BLAS may sum a row differently depending on
- * M: OpenBLAS on x86 takes its small-matrix kernels below a size, and
- * cuBLAS picks its algorithm by M. Whether it does is a property of the
- * library, the machine and the shape, not of the values, so it is asked
- * once per shape: both ways on the same random operands, twice with other
- * values, compared bit for bit. Only where every comparison holds does the
- * step merge. CUDA and BF16 never merge (cuBLAS gives no such promise). */
+ * rows. A BLAS may sum a row differently depending on the call's shape
+ * (OpenBLAS on x86 takes its small-matrix kernels below a size; cuBLAS
+ * picks its algorithm by M), so the merged GEMM is a grouped one
+ * (kern_gemm_grouped): one launch over the B·n rows whose CPU tiles cut
+ * every sample's n rows exactly as its GEMM alone, each call the very call
+ * the sample makes alone, the B samples' tiles sharing the pool. That
+ * holds by construction as long as OpenBLAS's result depends only on a
+ * call's operands and shape; whether it does is a property of the
+ * library and the machine, so it is still asked once per shape: both ways
+ * on the same random operands, three times with other values, compared
+ * bit for bit. Only where every comparison holds does the step merge.
+ * CUDA and BF16 never merge (cuBLAS gives no such promise). */
 #include "tinydit.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -58,7 +62,7 @@ static int compare(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N
     if (kern_copy_h2d(s, kern_tensor_ptr(&x), hx, nx * 4) || kern_copy_h2d(s, kern_tensor_ptr(&w), hw, nw * 4) ||
         kern_copy_h2d(s, kern_tensor_ptr(&bias), hb, (size_t)N * 4))
         goto out;
-    if (gelu ? kern_gemm_gelu(s, &x, &w, &bias, &y1) : kern_gemm(s, &x, &w, &bias, &y1)) goto out;
+    if (kern_gemm_grouped(s, &x, &w, &bias, &y1, n, gelu)) goto out;
     for (int64_t i = 0; i < B; i++) {
         kern_tensor_t xb = kern_tensor_make(x.data, KERN_F32, x.device, 2, (const int64_t[]){ n, K });
         kern_tensor_t yb = kern_tensor_make(y2.data, KERN_F32, y2.device, 2, (const int64_t[]){ n, N });

@@ -393,7 +393,7 @@ static kern_tensor_t own_guidance(const tdit_ws_t *ws, int64_t b) {
 static int token_linear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x,
                         const kern_tensor_t *w, const kern_tensor_t *bias, kern_tensor_t *y, bool gelu) {
     if (ws->B > 1 && tdit_gemm_merge_ok(ws->backend, x->dtype, ws->N, ws->B, w->shape[1], w->shape[0], gelu))
-        return gelu ? kern_gemm_gelu(s, x, w, bias, y) : kern_gemm(s, x, w, bias, y); /* bitwise the loop below */
+        return kern_gemm_grouped(s, x, w, bias, y, ws->N, gelu); /* bitwise the loop below */
     for (int64_t b = 0; b < ws->B; b++) {
         kern_tensor_t xb = ws->B == 1 ? *x : rows_of(x, b, ws->N), yb = ws->B == 1 ? *y : rows_of(y, b, ws->N);
         TRY(gelu ? kern_gemm_gelu(s, &xb, w, bias, &yb) : kern_gemm(s, &xb, w, bias, &yb));

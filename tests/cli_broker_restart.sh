@@ -27,10 +27,10 @@ export REEL_CLIENT_LIVENESS_MS=200
 for i in 1 2 3 4; do
     "$R" tensor rand --name context --shape 5,32 --seed $((10 + i)) --out "$D/c$i.safetensors" >/dev/null
 done
-# spec K STEPS: the flags of GEN k (its context and seed)
-spec() { echo "--context $D/c$1.safetensors --steps $2 --seed $((40 + $1)) --size 2x8x8"; }
-gen_bg() { # K STEPS: in the background; $! its pid
-    "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1" "$2") --timeout-ms 120000 --out "$D/g$1.safetensors" \
+# spec K STEPS: the flags of GEN k (its context and seed; SIZE: the latent, else 2x8x8)
+spec() { echo "--context $D/c$1.safetensors --steps $2 --seed $((40 + $1)) --size ${SIZE:-2x8x8}"; }
+gen_bg() { # K STEPS: in the background; $! its pid (GEN_ENV: VAR=VALUE for reelctl, or empty)
+    env $GEN_ENV "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1" "$2") --timeout-ms 120000 --out "$D/g$1.safetensors" \
         >"$D/g$1.err" 2>&1 &
 }
 same_as_run() { # K STEPS
@@ -54,10 +54,17 @@ cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "ipc://$D/w" --weights "$D/w.
     --heartbeat-ms 3000 --metrics 127.0.0.1:0 || { bad "worker starts"; show "$D/w1.log"; finish; }
 
 # 1. a frozen broker: the resend attaches to the live request (the
-#    worker's liveness, 3 x 3 s, outlasts the freeze: it stays registered)
-LONG=4000
+#    worker's liveness, 3 x 3 s, outlasts the freeze: it stays registered).
+#    The client resends after 2 x 1 s of silence (REEL_CLIENT_LIVENESS_MS);
+#    the request must still run when the thawed broker reads the resend, so
+#    it is long: 5,000 steps of a 4x16x16 latent, about 8 s at 1.6 ms a
+#    step, as fast as that has run (replayed, on a 2-core AVX-512 machine).
+LONG=5000
+SIZE=4x16x16
+GEN_ENV=REEL_CLIENT_LIVENESS_MS=1000
 gen_bg 1 $LONG
 GP=$!
+GEN_ENV=
 wait_inflight 1 || bad "the long GEN runs"
 kill -STOP "$BP"
 wait_for "$D/g1.err" "GEN [0-9]* sent again" 30 && ok "frozen broker: the client sends its GEN again" ||
@@ -67,6 +74,7 @@ reap "$GP" 120 && ok "frozen broker: the GEN is answered" || { bad "frozen broke
 wait_for "$D/broker.log" "resent while request [0-9]* runs" 30 &&
     ok "frozen broker: the resend attached to the running request" || { bad "no attach"; show "$D/broker.log"; }
 same_as_run 1 $LONG && ok "frozen broker: bitwise reelctl run" || bad "frozen broker: result differs"
+SIZE=
 [ "$(grep -c "sent again" "$D/g1.err")" -ge 1 ] && [ "$(grep -c "^reelctl: gen tiny" "$D/g1.err")" = 1 ] &&
     ok "frozen broker: one answer" || { bad "frozen broker: answers"; show "$D/g1.err"; }
 wait_sql "$D/reel.db" "select count(*) from requests where status = 'ok'" 1 30
@@ -88,8 +96,9 @@ done
 [ "$steps" = $LONG ] && ok "frozen broker: the worker ran its $LONG steps once" || bad "frozen broker: the worker ran $steps steps"
 
 # 2. a killed broker, restarted: each client sends again, each gets one answer
+MID=4000
 gp=""
-for k in 2 3 4; do gen_bg $k $LONG; gp="$gp $!"; done
+for k in 2 3 4; do gen_bg $k $MID; gp="$gp $!"; done
 wait_inflight 1 || bad "the GENs run"
 kill -9 "$BP"
 reap "$BP" 30
@@ -101,7 +110,7 @@ for p in $gp; do reap "$p" 120 || failed=$((failed + 1)); done
     { bad "killed broker: $failed GENs failed"; show "$D/g2.err"; }
 n=0; once=0; again=0
 for k in 2 3 4; do
-    same_as_run $k $LONG && n=$((n + 1))
+    same_as_run $k $MID && n=$((n + 1))
     [ "$(grep -c "^reelctl: gen tiny" "$D/g$k.err")" = 1 ] && once=$((once + 1))
     grep -q "sent again" "$D/g$k.err" && again=$((again + 1))
 done

@@ -117,7 +117,8 @@ grep -q "eager 0)" "$D/queued5.err" && ok "the request that came before its key'
 # every key tried on both streams (key 5 may have been captured by its request first)
 wait_count "$D/w1d.log" "prewarmed key|captured already|prewarm of key|came before its prewarm" 10 60 ||
     { bad "--prewarm 8: 5 keys tried on 2 streams"; show "$D/w1d.log"; }
-[ "$(prewarm_rows)" -ge $((rows0 + 8)) ] &&
+# the catalog's rows arrive after the log lines (events through the broker): wait for them
+wait_sql "$D/reel.db" "SELECT count(*) FROM captures WHERE origin = 'prewarm'" $((rows0 + 8)) 30 &&
     ok "--prewarm 8: the 4 older keys captured on each of 2 streams, recorded as prewarm" ||
     { bad "--prewarm 8 captures: $(($(prewarm_rows) - rows0))"; show "$D/w1d.log"; }
 for k in 1 2 3 4; do

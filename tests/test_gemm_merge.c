@@ -1,9 +1,11 @@
 /* test_gemm_merge.c -- may a batch's token GEMMs run as one
  * (model/gemm_merge.c)? The verdict of the probe holds for operands it
  * never saw: for token counts small and large, batches of 2 to 8 and the
- * tiny and small configs' GEMM shapes, one GEMM over B·n rows is bitwise
- * the B GEMMs of n rows exactly when the probe said so, on values drawn
- * here. The policy NEVER, BF16 and single samples never merge. (That a
+ * tiny and small configs' GEMM shapes, one grouped GEMM over B·n rows is
+ * bitwise the B GEMMs of n rows exactly when the probe said so, on values
+ * drawn here; and on the CPU the grouped GEMM is bitwise its groups alone
+ * at every shape (its tiles are theirs), so every shape merges. The policy
+ * NEVER, BF16 and single samples never merge. (That a
  * batch step is bitwise its requests alone, merged or not: test_mix_req,
  * test_mixed_batch, test_tdit_cache.) */
 #include <check.h>
@@ -33,7 +35,7 @@ static bool same_here(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_
     TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&x), hx, nx * 4));
     TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&w), hw, nw * 4));
     TS_OK(kern_copy_h2d(s, kern_tensor_ptr(&bias), hb, (size_t)N * 4));
-    TS_OK(gelu ? kern_gemm_gelu(s, &x, &w, &bias, &y1) : kern_gemm(s, &x, &w, &bias, &y1));
+    TS_OK(kern_gemm_grouped(s, &x, &w, &bias, &y1, n, gelu));
     for (int64_t i = 0; i < B; i++) {
         kern_tensor_t xb = kern_tensor_make(x.data, KERN_F32, x.device, 2, (const int64_t[]){ n, K });
         kern_tensor_t yb = kern_tensor_make(y2.data, KERN_F32, y2.device, 2, (const int64_t[]){ n, N });
@@ -81,7 +83,58 @@ START_TEST(test_the_probe_verdict_holds_for_operands_it_never_saw) {
                 no += !v;
             }
     fprintf(stderr, "test_gemm_merge: %d shapes merge bitwise here, %d do not\n", yes, no);
+    ck_assert_msg(no == 0, "%d shapes do not merge: a grouped GEMM's tiles are its groups' own calls", no);
     ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+/* Groups large enough to be cut in tiles (300 rows = 256 + 44, 1,536
+ * columns in 128s, 8,960 in the FFN), on pools of 1, 2 and 3 threads: each
+ * group's rows are its GEMM alone, bit for bit, GELU or not. */
+START_TEST(test_a_grouped_gemm_is_bitwise_its_groups_alone_when_tiled_on_any_pool) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    TS_NEW(b);
+    static const int64_t shapes[][5] = { /* n, B, K, N, gelu */
+        { 300, 2, 256, 1536, 0 }, { 300, 3, 1536, 256, 1 }, { 64, 4, 1536, 1536, 0 }, { 1024, 2, 64, 8960, 1 } };
+    static const int threads[] = { 1, 2, 3 };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            kern_cpu_threads_set(threads[t]);
+            ck_assert_msg(same_here(b, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 7 + t),
+                          "n %lld B %lld K %lld N %lld on %d threads: a group differs from its GEMM alone",
+                          (long long)shapes[i][0], (long long)shapes[i][1], (long long)shapes[i][2],
+                          (long long)shapes[i][3], threads[t]);
+        }
+    kern_cpu_threads_set(0);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+/* Groups that do not divide the rows, or of no rows, are refused with a
+ * message naming the op; y is not written. */
+START_TEST(test_a_grouped_gemm_refuses_groups_that_do_not_divide_its_rows) {
+    kern_backend_t *b = kern_backend_cpu_new();
+    TS_NEW(b);
+    kern_stream_t *s = kern_stream_new(b);
+    kern_tensor_t x = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ 10, 4 });
+    kern_tensor_t w = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ 3, 4 });
+    kern_tensor_t y = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ 10, 3 });
+    memset(x.data, 0, 160);
+    memset(w.data, 0, 48);
+    memset(y.data, 0x7f, 120);
+    ck_assert_int_eq(kern_gemm_grouped(s, &x, &w, NULL, &y, 3, false), -1);
+    ck_assert_msg(strstr(reel_err_text(), "gemm: groups of 3 rows do not divide x's 10 rows"), "%s", reel_err_text());
+    ck_assert_int_eq(kern_gemm_grouped(s, &x, &w, NULL, &y, 0, true), -1);
+    ck_assert_msg(strstr(reel_err_text(), "gemm_gelu: groups of 0 rows"), "%s", reel_err_text());
+    ck_assert_int_eq(((unsigned char *)y.data)[0], 0x7f);
+    TS_OK(kern_gemm_grouped(s, &x, &w, NULL, &y, 5, false));
+    TS_OK(kern_stream_sync(s));
+    ck_assert(((float *)y.data)[0] == 0.0f);
+    kern_free(b, x.data);
+    kern_free(b, w.data);
+    kern_free(b, y.data);
+    kern_stream_destroy(&s);
     kern_backend_destroy(&b);
 }
 END_TEST
@@ -105,6 +158,8 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_the_probe_verdict_holds_for_operands_it_never_saw);
     tcase_add_test(tc, test_never_bf16_and_single_samples_do_not_merge);
+    tcase_add_test(tc, test_a_grouped_gemm_is_bitwise_its_groups_alone_when_tiled_on_any_pool);
+    tcase_add_test(tc, test_a_grouped_gemm_refuses_groups_that_do_not_divide_its_rows);
     suite_add_tcase(s, tc);
     return ts_run(s);
 }

@@ -88,7 +88,7 @@ typedef struct {
      * merged into the resident weights now. The sync thread's (set at
      * startup before it runs). */
     char attention[320];             /* kern_attention_describe's line, logged at start */
-    bool attention_fused;            /* what AUTO takes for Wan's head: fused SDPA (else decomposed) */
+    bool attention_fused;            /* what AUTO takes for Wan's head: a fused kernel (CUDA: SDPA; CPU: its own), else decomposed */
     struct {
         st_file_t *file;             /* NULL without --lora */
         uint64_t version;

@@ -775,7 +775,7 @@ static int open_backend(run_t *r) {
     w->dtype = o->bf16 ? KERN_BF16 : KERN_F32;
     if (o->bf16 && bk != KERN_BACKEND_CUDA) w->dtype = KERN_F32;
     kern_attention_describe(bk, w->dtype, w->attention, sizeof w->attention);
-    w->attention_fused = kern_attention_choose(bk, w->dtype, 32760, 32760, 128, NULL) == KERN_ATTN_SDPA;
+    w->attention_fused = kern_attention_choose(bk, w->dtype, 32760, 32760, 128, NULL) != KERN_ATTN_DECOMPOSED;
     if (bk == KERN_BACKEND_CUDA) wrk_log(w, "%s", w->attention);
     if (o->bf16 && kern_backend_kind(w->backend) != KERN_BACKEND_CUDA) {
         wrk_log(w, "bf16 needs a CUDA device; computing in F32 on the CPU");

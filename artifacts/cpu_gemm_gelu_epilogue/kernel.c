@@ -69,8 +69,8 @@ static int gemm_gelu_par(void *ctx, const void *args) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return fail("gemm_gelu_epilogue: M=%lld N=%lld K=%lld exceed the BLAS int range",
                     (long long)M, (long long)N, (long long)K);
-    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K); /* the native kernel's calls, one by one */
-    for (int64_t i = 0; i < t.mtiles * t.ntiles; i++) {
+    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K, a->group); /* the native kernel's calls, one by one */
+    for (int64_t i = 0; i < cpu_gemm_tile_count(&t); i++) {
         int64_t r0, c0, rows, cols;
         cpu_gemm_tile(x, w, bias, y, M, N, K, &t, i, &r0, &c0, &rows, &cols);
     }

@@ -41,8 +41,8 @@ static int run(void *ctx, const void *args) {
 #endif
     if (M <= 0 || N <= 0) return 0;
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX) return fail("sizes exceed the BLAS int range");
-    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K); /* the native kernel's sgemm calls */
-    for (int64_t i = 0; i < t.mtiles * t.ntiles; i++) {
+    const cpu_gemm_tiles_t t = cpu_gemm_tiles(M, N, K, a->group); /* the native kernel's sgemm calls */
+    for (int64_t i = 0; i < cpu_gemm_tile_count(&t); i++) {
         int64_t r0, c0, rows, cols;
         cpu_gemm_tile(x, w, bias, y, M, N, K, &t, i, &r0, &c0, &rows, &cols);
     }

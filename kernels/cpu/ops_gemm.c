@@ -47,8 +47,8 @@ static int gemm_run(const kern_gemm_args_t *a, bool gelu) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return reel_fail(REEL_E_INVALID, "gemm_openblas: M=%lld N=%lld K=%lld exceed the BLAS int range",
                          (long long)M, (long long)N, (long long)K);
-    gemm_job_t j = { .a = a, .t = cpu_gemm_tiles(M, N, K), .gelu = gelu };
-    cpu_par_for(j.t.mtiles * j.t.ntiles, gemm_tile, &j);
+    gemm_job_t j = { .a = a, .t = cpu_gemm_tiles(M, N, K, a->group), .gelu = gelu };
+    cpu_par_for(cpu_gemm_tile_count(&j.t), gemm_tile, &j);
     return 0;
 }
 
