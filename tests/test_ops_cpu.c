@@ -592,6 +592,55 @@ START_TEST(test_attention_runs_the_path_its_rule_picks) {
 }
 END_TEST
 
+/* --- direct CPU attention (kernels/cpu/cpu_attn.h) ----------------------- */
+
+/* Up to 64 keys and head width the CPU kernel runs without BLAS: against
+ * the double reference at the edges (64 keys of 64, one key, one column,
+ * widths and key counts that are not whole vectors, query counts that
+ * leave 1, 2 or 3 rows of the last group of four), and on either side of
+ * the edge (65 keys, a head of 65: the BLAS ways). 1e-5 absolute. */
+START_TEST(test_direct_attention_matches_double_reference_at_its_edges) {
+    static const int64_t cases[][4] = { { 37, 64, 2, 64 }, { 9, 1, 3, 16 }, { 6, 17, 2, 1 }, { 7, 5, 4, 24 },
+                                        { 33, 31, 3, 48 }, { 300, 16, 6, 64 }, { 12, 65, 2, 16 }, { 12, 20, 1, 65 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
+        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+        fill(&q, -2, 2);
+        fill(&k, -1, 1);
+        fill(&v, -1, 1);
+        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
+        double *ref = dbuf(nq * H * d);
+        attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
+        char what[128];
+        snprintf(what, sizeof what, "attention nq=%lld nk=%lld H=%lld d=%lld (%s)", (long long)nq, (long long)nk,
+                 (long long)H, (long long)d, nk <= 64 && d <= 64 ? "direct" : "BLAS");
+        expect_close(what, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    }
+}
+END_TEST
+
+/* A query row's result is a function of that row alone: the same query
+ * placed at every position of a block of four (and alone) gives the same
+ * bytes. */
+START_TEST(test_direct_attention_gives_a_row_the_same_bits_wherever_it_sits) {
+    const int64_t nk = 29, H = 2, d = 40, nq = 9;
+    kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
+    kern_tensor_t q1 = T2(1, H * d), o1 = T2(1, H * d);
+    fill(&q, -2, 2);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    fill(&q1, -2, 2);
+    ck_assert_int_eq(kern_attention(S, &q1, &k, &v, H, &o1), 0);
+    for (int64_t at = 0; at < nq; at++) {
+        memcpy(F(&q) + at * H * d, F(&q1), (size_t)(H * d) * sizeof(float));
+        ck_assert_int_eq(kern_attention(S, &q, &k, &v, H, &o), 0);
+        ck_assert_msg(memcmp(F(&o) + at * H * d, F(&o1), (size_t)(H * d) * sizeof(float)) == 0,
+                      "the row at %lld differs from the same query alone", (long long)at);
+        fill(&q, -2, 2);
+    }
+}
+END_TEST
+
 /* --- flash-style CPU attention (kernels/cpu/cpu_attn.h) ------------------ */
 
 /* The CPU kernel against the double reference at sizes from 2^20 scores
@@ -1560,7 +1609,7 @@ static void run_attention(float *out, void *ctx) {
  * flash items at 1100 x 1000). */
 START_TEST(test_attention_bits_do_not_depend_on_the_pool_size) {
     const int64_t cases[][4] = { { 256, 256, 6, 64 }, { 32, 32, 4, 16 }, { 1000, 1048, 3, 8 }, { 300, 16, 12, 128 },
-                                 { 1100, 1000, 2, 16 } /* flash */ };
+                                 { 1100, 1000, 2, 16 } /* flash */, { 700, 16, 6, 64 } /* direct, 36 items */ };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
         attn_case_t c = { .q = T2(nq, H * d), .k = T2(nk, H * d), .v = T2(nk, H * d), .o = T2(nq, H * d), .H = H };
@@ -1868,6 +1917,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_decomposed_attention_agrees_with_the_fused_cpu_kernel);
     tcase_add_test(tc, test_attention_pick_rule_routes_by_scores_per_head_and_head_width);
     tcase_add_test(tc, test_attention_runs_the_path_its_rule_picks);
+    tcase_add_test(tc, test_direct_attention_matches_double_reference_at_its_edges);
+    tcase_add_test(tc, test_direct_attention_gives_a_row_the_same_bits_wherever_it_sits);
     tcase_add_test(tc, test_flash_attention_matches_double_reference_on_ragged_blocks);
     tcase_add_test(tc, test_flash_attention_rescales_when_a_later_key_block_holds_the_max);
     tcase_add_test(tc, test_flash_attention_replays_bitwise_equal_to_eager_in_its_bounded_scratch);

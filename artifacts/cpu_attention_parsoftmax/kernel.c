@@ -11,7 +11,8 @@
  * of rows on one thread per core (an example of an artifact, no longer
  * faster than the native kernel). From 2^20 scores per head on, the native
  * kernel goes flash-style; so does this one, through the same
- * cpu_attn_flash_item, one item at a time. Every row goes through the same
+ * cpu_attn_flash_item, one item at a time; and up to 64 keys and head
+ * width both go direct, through the same cpu_attn_direct_rows. Every row goes through the same
  * operations in the same order, so the manifest asks for byte_equal.
  * Blocks under 512 Ki scores stay on the calling thread (the threads cost
  * more than they save there); a thread that cannot be started is not a
@@ -34,8 +35,17 @@ static long cpus = 1; /* cores online, read once at init (sysconf reads a file) 
 
 static size_t workspace(const void *args) {
     const kern_attention_args_t *a = args;
-    if (cpu_attn_flash(a->nq, a->nk)) return CPU_ATTN_FLASH_LANE_BYTES;
-    return (size_t)(cpu_attn_block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+    switch (cpu_attn_way(a->nq, a->nk, a->head_dim)) {
+    case CPU_ATTN_DIRECT: return 0;
+    case CPU_ATTN_FLASH: return CPU_ATTN_FLASH_LANE_BYTES;
+    default: return (size_t)(cpu_attn_block_rows(a->nq, a->nk) * a->nk) * sizeof(float);
+    }
+}
+
+/* The native direct rows, compiled here the same way. */
+CPU_VEC_DISPATCH static void direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                         int64_t nk, int64_t d, int64_t ld, float scale) {
+    cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale);
 }
 
 /* The native flash rows, compiled here the same way. */
@@ -84,11 +94,15 @@ static int attention_par(void *ctx, const void *args) {
     if (nq > INT_MAX || nk > INT_MAX || ld > INT_MAX)
         return fail("attention_parsoftmax: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
                     (long long)nq, (long long)nk, (long long)ld);
-    if (!a->hdr.scratch || a->hdr.scratch_bytes < workspace(a))
+    if (workspace(a) && (!a->hdr.scratch || a->hdr.scratch_bytes < workspace(a)))
         return fail("attention_parsoftmax: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes, workspace(a));
     float *s = a->hdr.scratch;
     const float *q = a->q, *k = a->k, *v = a->v;
     float *o = a->o;
+    if (cpu_attn_direct(nk, d)) { /* the native rows, here all of a head at once */
+        for (int64_t h = 0; h < H; h++) direct_rows(q + h * d, k + h * d, v + h * d, o + h * d, nq, nk, d, ld, a->scale);
+        return 0;
+    }
     if (cpu_attn_flash(nq, nk)) {
         for (int64_t h = 0; h < H; h++)
             for (int64_t i0 = 0; i0 < nq; i0 += CPU_ATTN_FLASH_BQ) {

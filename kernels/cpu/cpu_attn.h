@@ -2,8 +2,17 @@
  * shared by the native kernel (ops_attention.c) and the CPU attention
  * artifact, which must give its bytes.
  *
- * Two ways, chosen by the sizes alone (scores per head, nq·nk):
- * - below CPU_ATTN_FLASH_MIN (2^20): whole rows. Per head, as many queries
+ * Three ways, chosen by the sizes alone:
+ * - up to CPU_ATTN_DIRECT_MAX (64) keys and head width: direct, no BLAS
+ *   and no scratch. Per head, the keys are packed transposed and the
+ *   values padded to whole vectors (on the stack), then per query row the
+ *   scores are 16 keys at a time (Σ_c q_c·k_c in order of c, IEEE multiply
+ *   then add, then ×scale), cpu_softmax_row, and o's row 16 columns at a
+ *   time (Σ_j p_j·v_j in order of j); four rows go through each pass
+ *   together (four independent sums), which changes no row's bits. Tiny's heads (16 wide, 32 or 5 keys) and every cross-
+ *   attention over a short text: a BLAS call per head and step cost more
+ *   than the arithmetic there.
+ * - otherwise, below CPU_ATTN_FLASH_MIN (2^20) scores per head: whole rows. Per head, as many queries
  *   as fit CPU_ATTN_CAP bytes of scores make one block: one sgemm for the
  *   scores (scale folded in), cpu_softmax_row over each whole row, one
  *   sgemm straight into o's head slice. Up to CPU_ATTN_LANES blocks at once.
@@ -31,7 +40,10 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
+#define CPU_ATTN_DIRECT_MAX 64                    /* keys and head width the direct way takes */
+#define CPU_ATTN_DIRECT_ROWS 128                  /* query rows per direct item */
 #define CPU_ATTN_LANES 8                          /* whole-row blocks in flight at once, at most */
 #define CPU_ATTN_CAP ((int64_t)2 << 20)           /* bytes of scores per whole-row block */
 #define CPU_ATTN_FLASH_MIN ((int64_t)1 << 20)     /* scores per head from which items go flash */
@@ -42,10 +54,21 @@
 #define CPU_ATTN_FLASH_LANE_BYTES \
     ((size_t)CPU_ATTN_FLASH_BQ * CPU_ATTN_FLASH_BK * 4 + (size_t)CPU_ATTN_FLASH_BQ * 16)
 
+/* Whether attention with nk keys of head width d runs direct. */
+static inline bool cpu_attn_direct(int64_t nk, int64_t d) {
+    return nk >= 1 && nk <= CPU_ATTN_DIRECT_MAX && d >= 1 && d <= CPU_ATTN_DIRECT_MAX;
+}
+
 /* Whether attention of these sizes runs flash-style: nq·nk >= 2^20,
- * without forming the product. */
+ * without forming the product (and not direct: see cpu_attn_way). */
 static inline bool cpu_attn_flash(int64_t nq, int64_t nk) {
     return nq > 0 && nk > 0 && nq >= (CPU_ATTN_FLASH_MIN + nk - 1) / nk;
+}
+
+typedef enum { CPU_ATTN_DIRECT, CPU_ATTN_ROWS, CPU_ATTN_FLASH } cpu_attn_way_t;
+
+static inline cpu_attn_way_t cpu_attn_way(int64_t nq, int64_t nk, int64_t d) {
+    return cpu_attn_direct(nk, d) ? CPU_ATTN_DIRECT : cpu_attn_flash(nq, nk) ? CPU_ATTN_FLASH : CPU_ATTN_ROWS;
 }
 
 /* Whole rows: query rows per block (all of them when the scores fit). */
@@ -56,26 +79,104 @@ static inline int64_t cpu_attn_block_rows(int64_t nq, int64_t nk) {
     return rows < nq ? rows : nq;
 }
 
-/* Items (head, query block) of either way. */
-static inline int64_t cpu_attn_items(int64_t nq, int64_t nk, int64_t heads) {
+/* Query rows per item of the way these sizes take. */
+static inline int64_t cpu_attn_item_rows(int64_t nq, int64_t nk, int64_t d) {
+    switch (cpu_attn_way(nq, nk, d)) {
+    case CPU_ATTN_DIRECT: return CPU_ATTN_DIRECT_ROWS;
+    case CPU_ATTN_FLASH: return CPU_ATTN_FLASH_BQ;
+    default: return cpu_attn_block_rows(nq, nk);
+    }
+}
+
+/* Items (head, query block) of the way these sizes take. */
+static inline int64_t cpu_attn_items(int64_t nq, int64_t nk, int64_t heads, int64_t d) {
     if (nq <= 0 || nk <= 0 || heads <= 0) return 0;
-    int64_t rows = cpu_attn_flash(nq, nk) ? CPU_ATTN_FLASH_BQ : cpu_attn_block_rows(nq, nk);
+    int64_t rows = cpu_attn_item_rows(nq, nk, d);
     return heads * ((nq + rows - 1) / rows);
 }
 
-/* Lanes: each works through every lanes-th item with its own scratch. */
-static inline int64_t cpu_attn_lanes(int64_t nq, int64_t nk, int64_t heads) {
-    int64_t items = cpu_attn_items(nq, nk, heads);
-    int64_t cap = cpu_attn_flash(nq, nk) ? CPU_ATTN_FLASH_LANES : CPU_ATTN_LANES;
+/* Lanes: each works through every lanes-th item with its own scratch
+ * (direct: no scratch, a lane per item). */
+static inline int64_t cpu_attn_lanes(int64_t nq, int64_t nk, int64_t heads, int64_t d) {
+    int64_t items = cpu_attn_items(nq, nk, heads, d);
+    cpu_attn_way_t w = cpu_attn_way(nq, nk, d);
+    if (w == CPU_ATTN_DIRECT) return items;
+    int64_t cap = w == CPU_ATTN_FLASH ? CPU_ATTN_FLASH_LANES : CPU_ATTN_LANES;
     return items < cap ? items : cap;
 }
 
 /* Bytes of scratch the kernel needs for these sizes. */
-static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads) {
-    int64_t lanes = cpu_attn_lanes(nq, nk, heads);
-    if (cpu_attn_flash(nq, nk)) return (size_t)lanes * CPU_ATTN_FLASH_LANE_BYTES;
-    return (size_t)(lanes * cpu_attn_block_rows(nq, nk) * nk) * sizeof(float);
+static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads, int64_t d) {
+    switch (cpu_attn_way(nq, nk, d)) {
+    case CPU_ATTN_DIRECT: return 0;
+    case CPU_ATTN_FLASH: return (size_t)cpu_attn_lanes(nq, nk, heads, d) * CPU_ATTN_FLASH_LANE_BYTES;
+    default:
+        return (size_t)(cpu_attn_lanes(nq, nk, heads, d) * cpu_attn_block_rows(nq, nk) * nk) * sizeof(float);
+    }
 }
+
+/* Direct: rows query rows q [rows × d] (stride ld) of one head against its
+ * nk keys and values k, v [nk × d] (stride ld), into o (stride ld); all
+ * already offset to the head's slice; nk, d <= CPU_ATTN_DIRECT_MAX. Each
+ * row's bits are a function of that row and the head's keys and values
+ * alone. Callers wrap it in a CPU_VEC_DISPATCH function
+ * (cpu_vec_attn_direct). */
+CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                      int64_t nk, int64_t d, int64_t ld, float scale) {
+    enum { MX = CPU_ATTN_DIRECT_MAX, R = 4 }; /* R rows at once: R independent sums per vector */
+    float kt[MX * MX], vp[MX * MX], sv[R][MX], ov[MX], zero[MX];
+    const int64_t nkv = (nk + CPU_VW - 1) / CPU_VW, dv = (d + CPU_VW - 1) / CPU_VW;
+    const int64_t nkp = nkv * CPU_VW, dp = dv * CPU_VW;
+    for (int64_t c = 0; c < d; c++) /* kᵀ, the keys padded with zeros */
+        for (int64_t j = 0; j < nkp; j++) kt[c * nkp + j] = j < nk ? k[j * ld + c] : 0.0f;
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < dp; c++) vp[j * dp + c] = c < d ? v[j * ld + c] : 0.0f;
+    memset(zero, 0, sizeof zero);
+    for (int64_t r = 0; r < rows; r += R) {
+        const int64_t rb = rows - r < R ? rows - r : R;
+        const float *q0 = q + r * ld, *q1 = rb > 1 ? q0 + ld : zero, *q2 = rb > 2 ? q0 + 2 * ld : zero,
+                    *q3 = rb > 3 ? q0 + 3 * ld : zero;
+        /* scores: row i's sum over c in order, whatever rows share the pass */
+        for (int64_t u = 0; u < nkv; u++) {
+            cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            const float *kc = kt + u * CPU_VW;
+            for (int64_t c = 0; c < d; c++, kc += nkp) {
+                const cpu_vf kv = cpu_vload(kc);
+                a0 = a0 + kv * q0[c];
+                a1 = a1 + kv * q1[c];
+                a2 = a2 + kv * q2[c];
+                a3 = a3 + kv * q3[c];
+            }
+            cpu_vstore(sv[0] + u * CPU_VW, a0 * scale);
+            cpu_vstore(sv[1] + u * CPU_VW, a1 * scale);
+            cpu_vstore(sv[2] + u * CPU_VW, a2 * scale);
+            cpu_vstore(sv[3] + u * CPU_VW, a3 * scale);
+        }
+        for (int64_t i = 0; i < rb; i++) cpu_softmax_row(sv[i], sv[i], nk, 1.0f);
+        for (int64_t i = rb; i < R; i++) memset(sv[i], 0, sizeof sv[i]);
+        for (int64_t u = 0; u < dv; u++) {
+            cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            const float *vj = vp + u * CPU_VW;
+            for (int64_t j = 0; j < nk; j++, vj += dp) {
+                const cpu_vf vv = cpu_vload(vj);
+                a0 = a0 + vv * sv[0][j];
+                a1 = a1 + vv * sv[1][j];
+                a2 = a2 + vv * sv[2][j];
+                a3 = a3 + vv * sv[3][j];
+            }
+            const cpu_vf out[R] = { a0, a1, a2, a3 };
+            for (int64_t i = 0; i < rb; i++) {
+                cpu_vstore(ov, out[i]);
+                const int64_t w = d - u * CPU_VW < CPU_VW ? d - u * CPU_VW : CPU_VW;
+                memcpy(o + (r + i) * ld + u * CPU_VW, ov, (size_t)w * sizeof(float));
+            }
+        }
+    }
+}
+
+/* cpu_attn_direct_rows compiled for each ISA and dispatched (cpu_vec.c). */
+void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
+                         int64_t d, int64_t ld, float scale);
 
 /* The flash rows of one key block: s [rows × n] (stride lds) becomes the
  * block's weights e^(s − m'), m and l are updated and c[r] = e^(m − m')

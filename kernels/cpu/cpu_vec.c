@@ -25,6 +25,11 @@ CPU_VEC_DISPATCH void cpu_vec_flash_rows(float *s, int64_t lds, int64_t rows, in
     cpu_flash_rows(s, lds, rows, n, m, l, c);
 }
 
+CPU_VEC_DISPATCH void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                          int64_t nk, int64_t d, int64_t ld, float scale) {
+    cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale);
+}
+
 /* RoPE tables by shape (cpu_arith.h): filled once, kept for the process,
  * never freed or moved, so a pointer handed out stays valid for every
  * thread. 32 shapes at most; later ones are filled per call. */

@@ -1,6 +1,7 @@
 /* ops_attention.c -- multi-head softmax(q·kᵀ·scale)·v on the CPU, for
- * every size: whole rows of scores below 2^20 scores per head, flash-style
- * (one pass over key blocks with a running max and sum) from there on
+ * every size: direct (no BLAS, no scratch) up to 64 keys and head width,
+ * else whole rows of scores below 2^20 scores per head, flash-style (one
+ * pass over key blocks with a running max and sum) from there on
  * (cpu_attn.h has the plan and the arithmetic, shared with the CPU
  * attention artifact). OpenBLAS computes the scores from the strided head
  * slices (leading dimension heads·head_dim, no repacking) and writes the
@@ -18,7 +19,7 @@
 
 static size_t attention_workspace(const void *args) {
     const kern_attention_args_t *a = args;
-    return cpu_attn_workspace(a->nq, a->nk, a->heads);
+    return cpu_attn_workspace(a->nq, a->nk, a->heads, a->head_dim);
 }
 
 typedef struct {
@@ -64,6 +65,17 @@ static void attention_flash_lane(void *ctx, int64_t t) {
     }
 }
 
+/* Direct, item t of (head, block of CPU_ATTN_DIRECT_ROWS queries). */
+static void attention_direct_item(void *ctx, int64_t t) {
+    const attn_job_t *j = ctx;
+    const kern_attention_args_t *a = j->a;
+    const int64_t nq = a->nq, d = a->head_dim, ld = a->heads * d;
+    const int64_t h = t / j->blocks, i0 = (t % j->blocks) * j->rows;
+    const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
+    cpu_vec_attn_direct((const float *)a->q + i0 * ld + h * d, (const float *)a->k + h * d,
+                        (const float *)a->v + h * d, (float *)a->o + i0 * ld + h * d, m, a->nk, d, ld, a->scale);
+}
+
 /* Fails (o untouched) when there are no keys, the scratch is short, or a
  * size exceeds the BLAS int range. */
 static int attention_f32(void *ctx, const void *args) {
@@ -76,17 +88,26 @@ static int attention_f32(void *ctx, const void *args) {
         return reel_fail(REEL_E_INVALID, "attention_cpu: nq=%lld nk=%lld width=%lld exceed the BLAS int range",
                          (long long)nq, (long long)nk, (long long)ld);
     size_t need = attention_workspace(a);
-    if (!a->hdr.scratch || a->hdr.scratch_bytes < need)
+    if (need && (!a->hdr.scratch || a->hdr.scratch_bytes < need))
         return reel_fail(REEL_E_INVALID, "attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
                          need);
-    const bool flash = cpu_attn_flash(nq, nk);
-    attn_job_t j = { .a = a, .rows = flash ? CPU_ATTN_FLASH_BQ : cpu_attn_block_rows(nq, nk) };
+    const cpu_attn_way_t way = cpu_attn_way(nq, nk, d);
+    attn_job_t j = { .a = a, .rows = cpu_attn_item_rows(nq, nk, d) };
     if (j.rows > nq) j.rows = nq;
     j.blocks = (nq + j.rows - 1) / j.rows;
     /* below about a million multiply-adds the threads cost more than they
      * save: one lane takes every item (lane 0's scratch) */
-    j.lanes = nq * nk * ld < ((int64_t)1 << 20) ? 1 : cpu_attn_lanes(nq, nk, H);
-    cpu_par_for(j.lanes, flash ? attention_flash_lane : attention_lane, &j);
+    const bool one = nq * nk * ld < ((int64_t)1 << 20);
+    if (way == CPU_ATTN_DIRECT) {
+        const int64_t items = H * j.blocks;
+        if (one)
+            for (int64_t t = 0; t < items; t++) attention_direct_item(&j, t);
+        else
+            cpu_par_for(items, attention_direct_item, &j);
+        return 0;
+    }
+    j.lanes = one ? 1 : cpu_attn_lanes(nq, nk, H, d);
+    cpu_par_for(j.lanes, way == CPU_ATTN_FLASH ? attention_flash_lane : attention_lane, &j);
     return 0;
 }
 
