@@ -358,6 +358,6 @@ $(BUILD)/artifacts/%/manifest.json: artifacts/%/kernel.cu artifacts/%/manifest.i
 
 $(BUILD)/artifacts-test/%/manifest.json: artifacts/test_gemm_gelu/kernel.c artifacts/test_gemm_gelu/%.json $(ART_DEPS)
 	@rm -rf $(dir $@) && mkdir -p $(dir $@)
-	$(CC) $(ART_CFLAGS) -DART_VARIANT_$* $(if $(filter abi2,$*),-DKERN_ART_OBJECT_ABI=2u) \
+	$(CC) $(ART_CFLAGS) -DART_VARIANT_$* $(if $(filter abi2,$*),-DKERN_ART_OBJECT_ABI=1u) \
 	  -o $(dir $@)libtest_$*.so $< -lopenblas -lm
 	artifacts/bundle.sh $(dir $@) artifacts/test_gemm_gelu/$*.json

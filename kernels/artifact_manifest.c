@@ -21,7 +21,7 @@
 
 static void gemm_sizes(const void *args, int64_t *o) {
     const kern_gemm_args_t *a = args;
-    o[0] = a->M, o[1] = a->N, o[2] = a->K, o[3] = a->bias != NULL;
+    o[0] = a->M, o[1] = a->N, o[2] = a->K, o[3] = a->bias != NULL, o[4] = a->group;
 }
 static int64_t gemm_out(const void *args) {
     const kern_gemm_args_t *a = args;
@@ -53,9 +53,9 @@ static int64_t lnmod_out(const void *args) {
  * (rope3d, gated_residual, the step updates) are left out: their output is
  * their input, so a shadow run would need a copy of it first. */
 static const art_op_t ops[] = {
-    { KERN_OP_GEMM, sizeof(kern_gemm_args_t), 4, { "M", "N", "K", "bias" }, gemm_sizes,
+    { KERN_OP_GEMM, sizeof(kern_gemm_args_t), 5, { "M", "N", "K", "bias", "group" }, gemm_sizes,
       offsetof(kern_gemm_args_t, y), gemm_out },
-    { KERN_OP_GEMM_GELU, sizeof(kern_gemm_args_t), 4, { "M", "N", "K", "bias" }, gemm_sizes,
+    { KERN_OP_GEMM_GELU, sizeof(kern_gemm_args_t), 5, { "M", "N", "K", "bias", "group" }, gemm_sizes,
       offsetof(kern_gemm_args_t, y), gemm_out },
     { KERN_OP_ATTENTION, sizeof(kern_attention_args_t), 4, { "nq", "nk", "heads", "head_dim" },
       attn_sizes, offsetof(kern_attention_args_t, o), attn_out },

@@ -46,8 +46,8 @@ kern_attn_path_t kern_attention_choose(kern_backend_kind_t bk, kern_dtype_t dt, 
     static const char *const head = "the head is wider than cuDNN SDPA takes (or not a multiple of 8)";
     static const char *const no_kernel = "this build has no cuDNN SDPA kernel";
     static const char *const fused = "cuDNN's fused SDPA";
-    static const char *const cpu = "the CPU's attention kernel: whole rows below 2^20 scores per head, "
-                                   "flash-style blocks from there on";
+    static const char *const cpu = "the CPU's attention kernel: direct up to 64 keys and head width, else whole "
+                                   "rows below 2^20 scores per head, flash-style blocks from there on";
     kern_attn_mode_t m = kern_attention_mode();
     if (bk == KERN_BACKEND_CPU && m != KERN_ATTN_MODE_DECOMPOSED && kern_registry_lookup(KERN_OP_ATTENTION, bk, dt)) {
         /* every size (kernels/cpu/cpu_attn.h): its scratch stays bounded */

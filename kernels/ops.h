@@ -36,7 +36,7 @@ int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, k
 int kern_gelu_tanh(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 /* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d, by the path
- * kern_attention_pick chooses (see below). Its scratch (the
+ * kern_attention_choose takes (see below). Its scratch (the
  * kern_attention_scratch_bytes of its sizes) comes from the scratch bound
  * to s, else from s's arena. */
 int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
@@ -44,8 +44,9 @@ int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t
 
 /* Attention runs one of two ways:
  * - FUSED: the backend's one-launch kernel (CUDA: online softmax in
- *   registers, F32 SIMT, no scratch, head widths up to 256; CPU: per head,
- *   scores of a block of queries in scratch).
+ *   registers, F32 SIMT, no scratch, head widths up to 256; CPU,
+ *   cpu/cpu_attn.h: direct up to 64 keys and head width, whole rows of
+ *   scores below 2^20 scores per head, flash-style beyond, at any width).
  * - DECOMPOSED: the same on every backend, written once at the op level
  *   (kernels/attention.c) over two backend primitives. Heads are batched
  *   and queries taken in blocks sized so one block's scores fit a memory
@@ -74,13 +75,14 @@ typedef enum {
     KERN_ATTN_SDPA,       /* by name only: cuDNN's fused SDPA on CUDA (see above) */
 } kern_attn_path_t;
 
-/* The pick rule: DECOMPOSED when one head's score matrix holds at least
+/* The pick rule (CUDA's, and every backend's in decomposed mode; on the
+ * CPU in F32, AUTO takes the CPU's own kernel at every size:
+ * kern_attention_choose): DECOMPOSED when one head's score matrix holds at least
  * KERN_ATTN_DECOMPOSE_MIN_SCORES scores (nq·nk >= 2^20, i.e. 4 MiB of F32)
  * or the head is wider than KERN_ATTN_FUSED_MAX_HEAD_DIM (the CUDA fused
  * kernel's limit); FUSED otherwise. Small attentions stay one launch with
  * little or no scratch; long ones go to GEMMs (tensor cores on CUDA, where
- * the fused kernel's F32 SIMT math would dominate the step). The rule is
- * the same for every backend and dtype. Can't fail. */
+ * the fused kernel's F32 SIMT math would dominate the step). Can't fail. */
 #define KERN_ATTN_DECOMPOSE_MIN_SCORES ((int64_t)1 << 20)
 #define KERN_ATTN_FUSED_MAX_HEAD_DIM 256
 kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim);
@@ -92,7 +94,9 @@ kern_attn_path_t kern_attention_pick(int64_t nq, int64_t nk, int64_t head_dim);
  * it (head_dim <= KERN_ATTN_SDPA_MAX_HEAD_DIM, a multiple of 8); anything
  * else, and decomposed, keeps kern_attention_pick's rule (the reference,
  * and the fallback). fused differs from auto only in that a fallback is
- * reported as a warning. Every other backend and dtype: the pick rule. */
+ * reported as a warning. The CPU in F32: its own kernel at every size
+ * (decomposed mode: the pick rule). Every other backend and dtype: the
+ * pick rule. */
 typedef enum { KERN_ATTN_MODE_AUTO = 0, KERN_ATTN_MODE_FUSED, KERN_ATTN_MODE_DECOMPOSED } kern_attn_mode_t;
 #define KERN_ATTN_SDPA_MAX_HEAD_DIM 128
 /* "auto", "fused", "decomposed" into *out; -1 with a message otherwise. */

@@ -125,7 +125,7 @@ EOF
 )
 [ "${same#* }" = "-" ] && [ "${same%% *}" -ge 4 ] && ok "the ${same%% *} names both sources print have the same label sets" ||
     bad "label sets differ between reelctl metrics --broker and /metrics: $same"
-grep -q '^reel_worker_attention_info{path="fused",mode="auto",reason="the CPU.s attention kernel: whole rows below 2^20 scores per head, flash-style blocks from there on"} 1$' "$D/m$P1.txt" &&
+grep -q '^reel_worker_attention_info{path="fused",mode="auto",reason="the CPU.s attention kernel: direct up to 64 keys and head width, else whole rows below 2^20 scores per head, flash-style blocks from there on"} 1$' "$D/m$P1.txt" &&
     ok "a CPU worker exports its attention path, mode and why" ||
     { bad "reel_worker_attention_info"; grep attention "$D/m$P1.txt" | head -3; }
 grep -q '^reel_worker_attention_fallbacks_total 0$' "$D/m$P1.txt" &&

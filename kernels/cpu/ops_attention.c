@@ -7,9 +7,11 @@
  * slices (leading dimension heads·head_dim, no repacking) and writes the
  * outputs straight into o's head slice; the (head, query block) items run
  * on the pool (cpu_pool.h), up to a fixed number of lanes, each lane with
- * its own scratch: at most 16 MiB for whole rows, 64 lanes of 130 KiB for
- * flash. Blocks and lanes depend only on (nq, nk, heads), so a replay
- * repeats the eager computation exactly, on any number of threads. */
+ * its own scratch: for whole rows 8 lanes of at most 2 MiB of scores (or
+ * of one row, for rows longer than that), 64 lanes of 130 KiB for flash,
+ * none direct. Blocks and lanes depend only on (nq, nk, heads, head_dim),
+ * so a replay repeats the eager computation exactly, on any number of
+ * threads. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include <limits.h>
