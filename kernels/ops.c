@@ -56,7 +56,7 @@ static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
     int64_t M = K ? kern_tensor_numel(x) / K : 0;
     if (last_dim(y) != N || kern_tensor_numel(y) != M * N) return kern_op_shape_fail(op, "y", y, "[M, N]");
     if (bias && kern_tensor_numel(bias) != N) return kern_op_shape_fail(op, "bias", bias, "[N]");
-    if (group && (group < 0 || M % group))
+    if (group && M % group) /* group >= 1: kern_gemm_grouped */
         return reel_fail(REEL_E_INVALID, "%s: groups of %lld rows do not divide x's %lld rows", op,
                          (long long)group, (long long)M);
     if (group == M) group = 0;

@@ -376,19 +376,30 @@ static void attention_ref(const float *q, const float *k, const float *v, int64_
     free(p);
 }
 
-/* q spans [-3, 3] so the softmax is peaked. Outputs are convex combinations
- * of v in [-1, 1]: tolerance 1e-5 absolute. */
-START_TEST(test_attention_matches_double_reference) {
-    const int64_t nq = 11, nk = 7, H = 3, d = 8;
+/* kern_attention (AUTO) on q in [-qmax, qmax], k and v in [-1, 1] against
+ * attention_ref, 1e-5 absolute (outputs are convex combinations of v);
+ * the call's scratch at most max_scratch bytes (0: unchecked). what names
+ * the case in a failure. */
+static void attention_vs_ref(const char *what, int64_t nq, int64_t nk, int64_t H, int64_t d, float qmax,
+                             size_t max_scratch) {
     kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
-    fill(&q, -3, 3);
+    fill(&q, -qmax, qmax);
     fill(&k, -1, 1);
     fill(&v, -1, 1);
-    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
+    char name[160];
+    snprintf(name, sizeof name, "%s nq=%lld nk=%lld H=%lld d=%lld", what, (long long)nq, (long long)nk,
+             (long long)H, (long long)d);
+    ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "%s: %s", name, reel_err_text());
+    if (max_scratch)
+        ck_assert_msg(kern_stream_scratch_size(S) <= max_scratch, "%s: %zu bytes of scratch", name,
+                      kern_stream_scratch_size(S));
     double *ref = dbuf(nq * H * d);
     attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
-    expect_close("attention", F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+    expect_close(name, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
 }
+
+/* q spans [-3, 3] so the softmax is peaked. */
+START_TEST(test_attention_matches_double_reference) { attention_vs_ref("attention", 11, 7, 3, 8, 3, 0); }
 END_TEST
 
 /* 1100 queries over 4096 keys need more score rows than either path keeps
@@ -603,18 +614,9 @@ START_TEST(test_direct_attention_matches_double_reference_at_its_edges) {
     static const int64_t cases[][4] = { { 37, 64, 2, 64 }, { 9, 1, 3, 16 }, { 6, 17, 2, 1 }, { 7, 5, 4, 24 },
                                         { 33, 31, 3, 48 }, { 300, 16, 6, 64 }, { 12, 65, 2, 16 }, { 12, 20, 1, 65 } };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
-        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
-        fill(&q, -2, 2);
-        fill(&k, -1, 1);
-        fill(&v, -1, 1);
-        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
-        double *ref = dbuf(nq * H * d);
-        attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
-        char what[128];
-        snprintf(what, sizeof what, "attention nq=%lld nk=%lld H=%lld d=%lld (%s)", (long long)nq, (long long)nk,
-                 (long long)H, (long long)d, nk <= 64 && d <= 64 ? "direct" : "BLAS");
-        expect_close(what, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+        const int64_t nk = cases[i][1], d = cases[i][3];
+        attention_vs_ref(nk <= 64 && d <= 64 ? "direct attention" : "BLAS attention", cases[i][0], nk, cases[i][2],
+                         d, 2, 0);
     }
 }
 END_TEST
@@ -657,19 +659,7 @@ START_TEST(test_flash_attention_matches_double_reference_on_ragged_blocks) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
         ck_assert_int_eq(kern_attention_pick(nq, nk, d), KERN_ATTN_DECOMPOSED); /* >= 2^20 scores */
-        kern_tensor_t q = T2(nq, H * d), k = T2(nk, H * d), v = T2(nk, H * d), o = T2(nq, H * d);
-        fill(&q, -2, 2);
-        fill(&k, -1, 1);
-        fill(&v, -1, 1);
-        ck_assert_msg(kern_attention(S, &q, &k, &v, H, &o) == 0, "attention: %s", reel_err_text());
-        ck_assert_msg(kern_stream_scratch_size(S) <= ((size_t)9 << 20), "%zu bytes of scratch",
-                      kern_stream_scratch_size(S));
-        double *ref = dbuf(nq * H * d);
-        attention_ref(F(&q), F(&k), F(&v), nq, nk, H, d, ref);
-        char what[128];
-        snprintf(what, sizeof what, "flash attention nq=%lld nk=%lld H=%lld d=%lld", (long long)nq,
-                 (long long)nk, (long long)H, (long long)d);
-        expect_close(what, F(&o), ref, nq * H * d, 1e-5, 0, NULL, "1e-5 absolute");
+        attention_vs_ref("flash attention", nq, nk, H, d, 2, (size_t)9 << 20);
     }
 }
 END_TEST

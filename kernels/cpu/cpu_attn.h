@@ -9,11 +9,12 @@
  *   scores are 16 keys at a time (Σ_c q_c·k_c in order of c, IEEE multiply
  *   then add, then ×scale), cpu_softmax_row, and o's row 16 columns at a
  *   time (Σ_j p_j·v_j in order of j); four rows go through each pass
- *   together (four independent sums), which changes no row's bits. Tiny's heads (16 wide, 32 or 5 keys) and every cross-
- *   attention over a short text: a BLAS call per head and step cost more
- *   than the arithmetic there.
- * - otherwise, below CPU_ATTN_FLASH_MIN (2^20) scores per head: whole rows. Per head, as many queries
- *   as fit CPU_ATTN_CAP bytes of scores make one block: one sgemm for the
+ *   together (four independent sums), which changes no row's bits. For
+ *   tiny's heads (16 wide, 32 or 5 keys) and every cross-attention over a
+ *   short text, where a BLAS call per head costs more than the arithmetic.
+ * - otherwise, below CPU_ATTN_FLASH_MIN (2^20) scores per head: whole
+ *   rows. Per head, as many queries as fit CPU_ATTN_CAP bytes of scores
+ *   make one block: one sgemm for the
  *   scores (scale folded in), cpu_softmax_row over each whole row, one
  *   sgemm straight into o's head slice. Up to CPU_ATTN_LANES blocks at once.
  * - from 2^20 on: flash-style, one pass. A (head, block of CPU_ATTN_FLASH_BQ
