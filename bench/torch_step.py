@@ -51,10 +51,17 @@ def attention(q, k, v, H):
     return (p @ vh).transpose(0, 1).reshape(N, D)
 
 
-def forward(P, cfg, latent, context, sigma, cos, sin):
+def time_sinusoid(cfg, sigma, like):
+    return torch.from_numpy(tinydit_ref.sinusoid(1000.0 * sigma, cfg.freq_dim, np.float32)).to(like)
+
+
+def forward(P, cfg, latent, context, sigma, cos, sin, s=None):
+    """s: time_sinusoid(cfg, sigma, latent), when the caller made it already
+    (a CUDA graph's capture cannot copy from the host)."""
     D, H, C, d = cfg.dim, cfg.heads, cfg.in_channels, cfg.head_dim
     _, F, Hh, Ww = latent.shape
-    s = torch.from_numpy(tinydit_ref.sinusoid(1000.0 * sigma, cfg.freq_dim, np.float32))
+    if s is None:
+        s = time_sinusoid(cfg, sigma, latent)
     e = Fn.linear(Fn.silu(Fn.linear(s, P["time_embedding.0.weight"], P["time_embedding.0.bias"])),
                   P["time_embedding.2.weight"], P["time_embedding.2.bias"])
     e6 = Fn.linear(Fn.silu(e), P["time_projection.1.weight"], P["time_projection.1.bias"]).view(6, D)

@@ -178,6 +178,6 @@ int cmd_plan(int argc, char **argv) {
         tb += by;
         tt += t;
     }
-    printf("total: %.4e FLOP, %.4e bytes, %.3f s\n", tf, tb, tt);
+    printf("total: %.4e FLOP, %.4e bytes, %.4g s\n", tf, tb, tt); /* %g: tiny's step is µs */
     return 0;
 }

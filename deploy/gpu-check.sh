@@ -19,7 +19,7 @@
 # the order of what their numbers are worth: the probe, the CFG steps
 # (6 and 6b: the Wan step on both attention paths; 6c: tiny, small), the Wan-size
 # attention (5), the CUDA suite (2), reelctl run (3),
-# the capture cache (4), the fused cuDNN attention (7). Steps (docs/GPU.md
+# the capture cache (4), the fused cuDNN attention (7), the VAE (8). Steps (docs/GPU.md
 # says why each one cannot pass falsely):
 #   0  preflight: shell tools, the bundle, built from this very tree (source
 #      hashes), glibc new enough, every library found (ldd; the CUDA libraries
@@ -49,6 +49,9 @@
 #   6c (full mode) tiny and small after them (--quick runs these as 6)
 #   7  cuDNN's fused attention (the test_cuda case "cudnn": AUTO's path on
 #      CUDA in BF16 where cuDNN loads), its own row: SKIP when it cannot load
+#   8  the VAE decoder (tests/test_vae_cuda): video ops bitwise, decodes by
+#      NMSE against the CPU, none skipped; full mode also times one decode
+#      at Wan size (latent 16x21x60x104) on CUDA
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
 set -u -o pipefail
 
@@ -640,8 +643,8 @@ step_time() {
     # shellcheck disable=SC2086
     if [ -n "$gpu" ] && "$BIN/reelctl" plan --config "$1" --size "$2" --text "$3" --cfg --gpu "$gpu" $pa \
         >"$WORK/plan-$tag.log" 2>&1; then
-        est=$(sed -n 's/^total: .* bytes, \([0-9.]*\) s$/\1/p' "$WORK/plan-$tag.log" | tail -1)
-        [ -n "$est" ] && est="; reelctl plan on $gpu: $(awk -v s="$est" 'BEGIN { printf "%.3f", s * 1000 }') ms"
+        est=$(sed -n 's/^total: .* bytes, \([0-9.e+-]*\) s$/\1/p' "$WORK/plan-$tag.log" | tail -1)
+        [ -n "$est" ] && est="; reelctl plan on $gpu: $(awk -v s="$est" 'BEGIN { printf "%.4g", s * 1000 }') ms"
     fi
     row "step $1 bf16 ($2, text $3), attention ${path:-?}: eager / replay" \
         "$(echo "$line" | sed -n 's/.*: eager \([0-9.]*\) ms, replay \([0-9.]*\) ms, eager\/replay \([0-9.]*x\).*, \([0-9]*\) nodes.*/\1 \/ \2 ms (\3), \4 nodes/p')$est" "replay == eager bitwise"
@@ -692,6 +695,34 @@ step_cudnn() {
     row "cuDNN SDPA attention (the fused path)" "$sum" "matches the decomposition"
 }
 
+# --- 8. the VAE decoder on CUDA -------------------------------------------------------
+# tests/test_vae_cuda: the video ops bitwise and two decodes by NMSE against
+# the CPU, none skipped; full mode then times one decode at Wan size on CUDA
+# (latent 16x21x60x104 -> 81 frames of 480x832, random weights of the
+# wan2.1 config), the number docs/GPU.md could only estimate before.
+step_vae() {
+    echo "== 8. the VAE decoder on CUDA (tests/test_vae_cuda)"
+    run_logged vae-suite 120 "$BIN/test_vae_cuda"
+    local log="$WORK/vae-suite.log" sum skip line
+    skip=$(grep -m1 -E '(^|[^A-Za-z])SKIP' "$log")
+    [ -z "$skip" ] || fail "the VAE suite skipped on a GPU machine: $skip"
+    sum=$(grep -E '^[0-9]+%: Checks: [0-9]+, Failures: [0-9]+, Errors: [0-9]+' "$log" | tail -1)
+    [ -n "$sum" ] || fail "the VAE suite printed no Check summary (exit $RC): $(lastline "$log")"
+    [ "$RC" = 0 ] && echo "$sum" | grep -q "Failures: 0, Errors: 0" ||
+        fail "the VAE suite: $sum; first: $(grep -m1 -E ':[FE]:' "$log")"
+    row "VAE on CUDA (tests/test_vae_cuda)" "$sum" "video ops bitwise; decodes by nmse"
+    [ "$MODE" = full ] || return 0
+    prep vae-weights "$R" weights init-vae --config wan2.1 --seed 3 --out "$D/vae.st"
+    prep vae-latent "$R" tensor rand --name latent --shape 16,21,60,104 --seed 5 --out "$D/vae-lat.st"
+    run_logged vae-decode 150 "$R" decode --vae "$D/vae.st" "$D/vae-lat.st" -o "$D/vae-video.st" --backend cuda --quiet
+    line=$(grep -m1 '^reelctl: decoded latent' "$WORK/vae-decode.log")
+    [ "$RC" = 0 ] && [ -n "$line" ] || fail "reelctl decode on CUDA failed (exit $RC): $(lastline "$WORK/vae-decode.log")"
+    echo "$line" | grep -q " on cuda:" || fail "reelctl decode did not run on CUDA: $line"
+    rm -f "$D/vae-video.st"
+    row "VAE decode wan2.1 on CUDA (latent 16x21x60x104, 81x480x832)" \
+        "$(echo "$line" | sed -n 's/.* in \([0-9.]*\) s (\([0-9.]*\) s per latent frame).*/\1 s, \2 s a latent frame/p')" "runs on cuda"
+}
+
 # --- the steps, by the worth of their numbers ---------------------------------------------
 run_step "one CFG step, eager vs replay (step 6)" step_steps
 [ "$MODE" != full ] || run_step "wan2.1-1.3b step, decomposed path (step 6b)" step_steps_decomposed
@@ -701,6 +732,7 @@ run_step "CUDA suite (step 2)" step_suite
 run_step "reelctl run, CUDA vs CPU (step 3)" step_runs
 run_step "capture cache, 2 streams (step 4)" step_cache
 run_step "cuDNN SDPA attention, the fused path (step 7)" step_cudnn
+run_step "the VAE decoder on CUDA (step 8)" step_vae
 
 trap '' INT TERM HUP # the verdict is being written: one, whatever comes now
 if [ -s "$WORK/first-failure" ]; then

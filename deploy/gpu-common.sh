@@ -3,7 +3,7 @@
 # shellcheck shell=bash
 
 # The binaries the bundle carries, as paths under the build folder.
-GPU_BINS="tests/test_cuda reelctl reel-broker reel-worker deploy/gpu_probe deploy/gpu_compare deploy/gpu_attn_wan deploy/gpu_step_time"
+GPU_BINS="tests/test_cuda tests/test_vae_cuda reelctl reel-broker reel-worker deploy/gpu_probe deploy/gpu_compare deploy/gpu_attn_wan deploy/gpu_step_time"
 
 # Libraries a bundled binary may load from outside the bundle, by soname:
 # glibc (libc, libm, libpthread, libdl, librt, libresolv, the loader), the
@@ -22,6 +22,7 @@ gpu_sources() {
             \( -name '*.c' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.sql' -o -name '*.inc' \)
         find deploy -maxdepth 1 -type f -name 'gpu_*.c'
         echo tests/test_cuda.c
+        echo tests/test_vae_cuda.c
         echo tests/support.c
         echo tests/support.h
         echo Makefile

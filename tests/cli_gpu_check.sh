@@ -77,7 +77,7 @@ echo "info: --quick with the stand-in binaries took $(echo "$(date +%s.%N) $t0" 
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE= OUT= deploy/gpu-check.sh --bundle "$T/bundle" --quick 2>&1)
 printf '%s\n' "$out" | grep -q '^| PASS | CUDA suite (tests/test_cuda) *| 48 checks, 0 failures' &&
-    printf '%s\n' "$out" | grep -q '^| PASS | step small bf16 .*eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan on h200: 2.000 ms' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | step small bf16 .*eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan on h200: 2 ms' &&
     printf '%s\n' "$out" | grep -q '^| PASS | cuDNN SDPA attention (the fused path) *| 100%: Checks: 1' &&
     ok "the PASS comes after one table of the numbers, a row per check" || bad "no table of numbers before the PASS"
 
@@ -109,11 +109,13 @@ out=$(PATH="$T/fakebin:$PATH" GPU_FAKE= OUT= deploy/gpu-check.sh --bundle "$T/bu
 printf '%s\n' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention sdpa: eager / replay *| 1.234 / 0.321 ms (3.84x), 148 nodes; reelctl plan' &&
     printf '%s\n' "$out" | grep -q '^| PASS | step wan2.1-1.3b bf16 (21x60x104, text 512), attention decomposed: eager / replay' &&
     printf '%s\n' "$out" | grep -q '^| PASS | wan2.1-1.3b step: fused SDPA vs decomposed latent *| nmse' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | VAE on CUDA (tests/test_vae_cuda) *| 100%: Checks: 4' &&
+    printf '%s\n' "$out" | grep -q '^| PASS | VAE decode wan2.1 on CUDA (latent 16x21x60x104, 81x480x832) *| 12.345 s, 0.588 s a latent frame' &&
     [ "$(printf '%s\n' "$out" | grep -n '^| PASS | wan2.1-1.3b step: fused SDPA vs decomposed' | cut -d: -f1)" -lt \
       "$(printf '%s\n' "$out" | grep -n '^| PASS | step tiny bf16' | cut -d: -f1)" ] &&
     [ "$(printf '%s\n' "$out" | grep -n '^| PASS | step small bf16' | cut -d: -f1)" -lt \
       "$(printf '%s\n' "$out" | grep -n '^| PASS | attention bf16 self' | cut -d: -f1)" ] &&
-    ok "full mode: the Wan step on the fused and on the decomposed path and their comparison first, then tiny and small, then the attention rows" ||
+    ok "full mode: the Wan step on the fused and on the decomposed path and their comparison first, then tiny and small, then the attention rows; the VAE's suite and its decode at Wan size" ||
     { bad "full mode: no Wan step on both paths"; printf '%s\n' "$out" | grep '^|' | sed 's/^/  | /'; }
 rehash
 out=$(PATH="$T/fakebin:$PATH" GPU_FAKE=step_wan_fused OUT= deploy/gpu-check.sh --bundle "$T/bundle" 2>&1)
@@ -150,6 +152,9 @@ printf '%s\n' "$out" | grep -q '^| SKIP | cuDNN SDPA attention (the fused path) 
 check "the fused cuDNN case fails: its own row, the verdict FAIL" fail "the cuDNN case: 0%: Checks: 1, Failures: 1" cudnn_fail -- --quick
 
 # --- each fault fails the check, in one line ------------------------------------
+check "the VAE suite prints SKIP" fail "the VAE suite skipped on a GPU machine" vae_skip -- --quick
+check "the VAE suite fails" fail "the VAE suite: 75%: Checks: 4, Failures: 1" vae_fail -- --quick
+check "the Wan-size VAE decode fails (full mode)" fail "reelctl decode on CUDA failed \(exit 1\): reelctl: decode: out of device memory" decode_fail --
 check "no GPU (the probe fails)" fail "no usable GPU: no NVIDIA driver" probe -- --quick
 check "suite prints SKIP and exits 0" fail "CUDA suite skipped" suite_skip -- --quick
 check "suite skips one test loudly, passes the rest" fail "CUDA suite skipped" suite_loud_skip -- --quick

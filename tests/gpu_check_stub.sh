@@ -68,9 +68,25 @@ test_cuda)
     fault suite_loud_skip && echo "test_wan_attention: SKIP: no GPU"
     echo "100%: Checks: 48, Failures: 0, Errors: 0"
     exit 0 ;;
+test_vae_cuda)
+    fault vae_skip && { echo "test_vae_cuda: SKIP: CUDA backend unavailable: no CUDA driver installed"; exit 0; }
+    echo "Running suite(s): vae_cuda"
+    if fault vae_fail; then
+        echo "75%: Checks: 4, Failures: 1, Errors: 0"
+        echo "tests/test_vae_cuda.c:160:F:vae_cuda:test_wan21_config_decodes_on_cuda_as_on_the_cpu:0: wan2.1: NMSE 0.2 > 1e-07"
+        exit 1
+    fi
+    echo "100%: Checks: 4, Failures: 0, Errors: 0"
+    exit 0 ;;
 reelctl)
     sub=$1; shift
     case $sub in
+    decode)
+        out=$(arg -o "$@")
+        fault decode_fail && { echo "reelctl: decode: out of device memory" >&2; exit 1; }
+        echo stub >"$out"
+        echo "reelctl: decoded latent [16,21,60,104] with VAE wan2.1 on cuda:0 to video [3,81,480,832] in 12.345 s (0.588 s per latent frame): $out" >&2
+        exit 0 ;;
     kernels) echo "gemm cpu f32 cuda f32 bf16"; exit 0 ;;
     plan) echo "total: 1.2340e+09 FLOP, 5.6780e+07 bytes, 0.002 s"; exit 0 ;;
     weights|tensor)

@@ -96,6 +96,16 @@ static inline int kc_row_threads(int64_t dim) {
  * order, then as the scalar path does: a different but fixed order. */
 #define KC_VEC 8
 
+/* The gated residual's value, x + g·y, rounded twice (product, then sum) by
+ * intrinsics the compiler never contracts into one FMA: every kernel that
+ * updates a residual (gated_residual.cu, residual_norm.cu) gives the same
+ * bits, whatever each kernel's code generation, and the CPU's bits in F32
+ * (its C is compiled without contraction). A plain `x + g * y` was
+ * contracted in one kernel and not in the other on an H200 (sm_90). */
+static __device__ __forceinline__ float kc_residual(float x, float g, float y) {
+    return __fadd_rn(x, __fmul_rn(g, y));
+}
+
 static inline bool kc_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Every pointer 16-byte aligned (NULL counts as aligned) and n a multiple of 8. */

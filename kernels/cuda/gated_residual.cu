@@ -1,5 +1,6 @@
 /* gated_residual.cu -- GATED_RESIDUAL: x[r,i] += gate[i]·y[r,i] over
- * [rows, dim], or x += y when gate is NULL; F32 arithmetic. Where dim is a
+ * [rows, dim], or x += y when gate is NULL; F32 arithmetic (kc_residual:
+ * never an FMA, so the CPU's bits in F32). Where dim is a
  * multiple of 8 and x, y, gate are 16-byte aligned, each thread moves 8
  * values a load (cuda_device.cuh, kc_load8): the same arithmetic per
  * value, so the same bits as the scalar loop. */
@@ -9,7 +10,7 @@ template <typename T>
 __global__ void gated_residual_kernel(T *x, const T *y, const T *gate, int64_t n, int64_t dim) {
     KC_FOR(i, n) {
         float g = gate ? kc_f32(gate[i % dim]) : 1.0f;
-        x[i] = kc_store<T>(kc_f32(x[i]) + g * kc_f32(y[i]));
+        x[i] = kc_store<T>(kc_residual(kc_f32(x[i]), g, kc_f32(y[i])));
     }
 }
 
@@ -23,7 +24,7 @@ __global__ void gated_residual_vec_kernel(T *x, const T *y, const T *gate, int64
         kc_load8(y + i, yv);
         if (gate) kc_load8(gate + i % dim, gv);
 #pragma unroll
-        for (int k = 0; k < KC_VEC; k++) xv[k] = xv[k] + (gate ? gv[k] : 1.0f) * yv[k];
+        for (int k = 0; k < KC_VEC; k++) xv[k] = kc_residual(xv[k], gate ? gv[k] : 1.0f, yv[k]);
         kc_store8(x + i, xv);
     }
 }

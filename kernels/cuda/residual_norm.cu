@@ -25,13 +25,13 @@ __global__ void residual_norm_kernel(T *x, const T *y, const T *gate, const T *p
             kc_load8(yr + c * KC_VEC, yv);
             if (gate) kc_load8(gate + c * KC_VEC, gv);
 #pragma unroll
-            for (int k = 0; k < KC_VEC; k++) xv[k] = xv[k] + (gate ? gv[k] : 1.0f) * yv[k];
+            for (int k = 0; k < KC_VEC; k++) xv[k] = kc_residual(xv[k], gate ? gv[k] : 1.0f, yv[k]);
             kc_store8(xr + c * KC_VEC, xv);
         }
     } else {
         for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
             const float g = gate ? kc_f32(gate[i]) : 1.0f;
-            xr[i] = kc_store<T>(kc_f32(xr[i]) + g * kc_f32(yr[i]));
+            xr[i] = kc_store<T>(kc_residual(kc_f32(xr[i]), g, kc_f32(yr[i])));
         }
     }
     __syncthreads(); /* the row as stored, whichever thread stored it */

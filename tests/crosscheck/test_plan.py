@@ -20,7 +20,7 @@ CONFIGS = {  # dim, heads, layers, ffn, in_channels, text_dim, freq_dim (TINYDIT
     "wan2.1-1.3b": (1536, 12, 30, 8960, 16, 4096, 256),
     "wan2.1-14b": (5120, 40, 40, 13824, 16, 4096, 256),
 }
-TOTAL = re.compile(r"^total: ([0-9.]+e[+-][0-9]+) FLOP, ([0-9.]+e[+-][0-9]+) bytes, ([0-9.]+) s$")
+TOTAL = re.compile(r"^total: ([0-9.]+e[+-][0-9]+) FLOP, ([0-9.]+e[+-][0-9]+) bytes, ([0-9.]+(?:e[+-][0-9]+)?) s$")
 
 
 def flops(cfg, f, h, w, text, guided):
