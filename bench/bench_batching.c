@@ -16,7 +16,9 @@
  * untimed load round (graphs captured); the setups' order rotates over
  * the reps; medians. Every result of the batched workers is
  * checked bitwise against the unbatched worker's for the same request.
- * Usage: bench_batching [BUILD_DIR [REPS [CLIENTS [MAX_BATCH [CONFIG]]]]] */
+ * BACKEND cuda runs the workers on CUDA in BF16 (--no-fallback: no CPU
+ * stand-in); the default is the CPU in F32.
+ * Usage: bench_batching [BUILD_DIR [REPS [CLIENTS [MAX_BATCH [CONFIG|all [BACKEND]]]]]] */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -106,6 +108,8 @@ typedef struct {
     char cep[300];
 } setup_t;
 
+static const char *g_backend = "cpu";
+
 static void start(setup_t *s, const char *build, const char *dir, int idx, const char *wpath) {
     char broker[300], worker[300], wep[300], db[300], blog[300], wlog[300];
     snprintf(broker, sizeof broker, "%s/reel-broker", build);
@@ -118,7 +122,13 @@ static void start(setup_t *s, const char *build, const char *dir, int idx, const
     char *bargv[] = { broker, "--clients", s->cep, "--workers", wep, "--catalog", db, NULL };
     char *wargv[] = { worker, "--broker", wep, "--name", "w1", "--weights", (char *)wpath, "--warmup", "1",
                       "--max-batch", (char *)s->max_batch, "--batch-sizes", (char *)s->sizes,
-                      "--batching", (char *)s->batching, NULL };
+                      "--batching", (char *)s->batching, NULL, NULL, NULL, NULL, NULL, NULL };
+    if (!strcmp(g_backend, "cuda")) {
+        static char *cuda_args[] = { "--backend", "cuda", "--no-fallback", "--dtype", "bf16" };
+        size_t n = 0;
+        while (wargv[n]) n++;
+        memcpy(wargv + n, cuda_args, sizeof cuda_args);
+    }
     s->pb = bench_spawn(bargv, blog);
     s->pw = bench_spawn(wargv, wlog);
     reel_client_t *c = reel_client_new(s->cep);
@@ -139,7 +149,9 @@ int main(int argc, char **argv) {
     int reps = argc > 2 ? atoi(argv[2]) : 3;
     int nclients = argc > 3 ? atoi(argv[3]) : 16;
     const char *maxb = argc > 4 ? argv[4] : "8";
-    const char *only = argc > 5 ? argv[5] : NULL; /* one config */
+    const char *only = argc > 5 && strcmp(argv[5], "all") ? argv[5] : NULL; /* one config */
+    if (argc > 6) g_backend = argv[6];
+    if (strcmp(g_backend, "cpu") && strcmp(g_backend, "cuda")) DIE("backend must be cpu or cuda");
     if (reps < 1 || reps > REPS_MAX) DIE("reps must be 1..%d", REPS_MAX);
     if (nclients < 1 || nclients > CLIENTS_MAX) DIE("clients must be 1..%d", CLIENTS_MAX);
     char dir[] = "/tmp/reel-bench-batching.XXXXXX", cmd[1024], ctl[300];
@@ -150,11 +162,11 @@ int main(int argc, char **argv) {
         { "tiny", { 4, 2, 8, 8 }, { 5, 32 }, 4 },        /* 32 tokens a sample */
         { "small", { 16, 2, 8, 16 }, { 16, 256 }, 4 },   /* 64 tokens a sample */
     };
-    printf("bench_batching: %d clients x %d single CFG Euler GENs (own prompt, own seeds) on one worker (CPU,\n"
+    printf("bench_batching: %d clients x %d single CFG Euler GENs (own prompt, own seeds) on one worker (%s,\n"
            "--streams 2): --max-batch 1 (each request alone) vs --max-batch %s --batching auto, always (ladder,\n"
            "exact); graphs warm, "
            "%d reps rotating, medians; lone: p50 of %d requests one at a time on an idle worker\n",
-           nclients, REQS, maxb, reps, LONE);
+           nclients, REQS, strcmp(g_backend, "cuda") ? "CPU, F32" : "CUDA, BF16", maxb, reps, LONE);
     printf("%-6s %-14s %10s %8s %12s %8s  %s\n", "config", "worker", "smp/s", "vs off", "lone p50 ms", "vs off",
            "bitwise");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
