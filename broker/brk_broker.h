@@ -182,8 +182,25 @@ typedef struct brk_barrier {
     int64_t wait_ms;
     int n;
     brk_member_t *m;
+    bool hold;                 /* a resend of an interrupted sync (brk_interrupted_t) made
+                                * before any worker registered again: workers that register
+                                * join it, and it waits for them until its deadline */
     struct brk_barrier *next;
 } brk_barrier_t;
+
+/* A sync the previous broker process accepted and no worker had applied
+ * when it stopped (the catalog's pending rows at start; brk_main.c). The
+ * catalog marks it failed at once; a worker that registers running it
+ * makes it current again (it was applied after all), and a trainer's
+ * resend of it waits for the workers to register instead of failing with
+ * no live worker (brk_sync.c). */
+#define BRK_MAX_INTERRUPTED 8
+typedef struct {
+    char component[BRK_NAME_MAX];
+    uint64_t version;
+    char sha256[65];
+    char source[MSG_PATH_MAX];  /* a path, or BRK_SOURCE_UPLOADED */
+} brk_interrupted_t;
 
 struct brk_zap;
 struct brk_uploads;
@@ -208,6 +225,8 @@ typedef struct {
     brk_current_t cur[BRK_MAX_COMPONENTS];
     int n_cur;
     brk_barrier_t *barriers;
+    brk_interrupted_t interrupted[BRK_MAX_INTERRUPTED];
+    int n_interrupted;
 
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */

@@ -138,9 +138,29 @@ static void tune_malloc(uint64_t max_held) {
 }
 
 /* Resumes the current weight versions a previous run published. A
- * version still pending was applied by nobody before that run stopped:
- * resuming it would send every worker a sync none took, so it fails. */
+ * version still pending was applied by nobody the previous run heard of
+ * before it stopped: resuming it would send every worker a sync none took,
+ * so it fails. But an ack may have been lost with that run: such versions
+ * are kept as interrupted (brk_interrupted_t), and a worker that registers
+ * running one makes it current again (brk_sync_joined). */
 static void resume_versions(brk_t *b, cat_t *cat) {
+    cat_version_t *p = calloc(BRK_MAX_INTERRUPTED, sizeof *p);
+    int np = p ? cat_pending_versions(cat, p, BRK_MAX_INTERRUPTED) : 0;
+    if (np < 0) brk_log("cannot read pending weight versions from the catalog: %s", reel_err_text());
+    for (int i = 0; i < np; i++) {
+        if (p[i].cut || !p[i].source[0] || !strcmp(p[i].source, "inline") || p[i].version == 0 ||
+            p[i].version > MSG_VERSION_MAX || strlen(p[i].component) >= BRK_NAME_MAX)
+            continue;
+        brk_interrupted_t *e = &b->interrupted[b->n_interrupted++];
+        snprintf(e->component, sizeof e->component, "%s", p[i].component);
+        e->version = p[i].version;
+        snprintf(e->sha256, sizeof e->sha256, "%s", p[i].sha256);
+        snprintf(e->source, sizeof e->source, "%s", p[i].source);
+        brk_log("sync %s v%llu was in flight when the previous broker stopped: failed, unless a worker that "
+                "registers runs it (then it is current again); a trainer's resend of it waits for the workers",
+                e->component, (unsigned long long)e->version);
+    }
+    free(p);
     if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
         brk_log("cannot mark pending weight versions failed: %s", reel_err_text());
     cat_version_t v[BRK_MAX_COMPONENTS];

@@ -25,6 +25,14 @@
  * gets a new barrier that retries the lagging workers (complete at once
  * when none lags). The same version with other weights is stale_version.
  *
+ * A broker that stopped mid-sync leaves the version pending in the
+ * catalog; the next one marks it failed at start but remembers it
+ * (brk_interrupted_t): a worker that registers running it applied it after
+ * all, so it becomes current again (with a catalog row saying so), and a
+ * trainer's resend of it (the client libraries resend a SYNC whose broker
+ * went silent or restarted) is held for the workers to register instead
+ * of failing at once with no live worker.
+ *
  * Only a trainer may SYNC (brk_zap.c refuses the others before they get
  * here); every SYNC that gets here is audited with its key's name and
  * what became of it. A deadline is clamped to BRK_SYNC_DEADLINE_MAX_MS,
@@ -104,6 +112,14 @@ static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component)
 /* Forwards SYNC s (broker id sync_id) to w and notes it sent and awaiting
  * its ack. 0, or -1 with the failure logged (w is marked unreachable when
  * its pipe is gone or full). */
+/* The index of (component, version) among the syncs a broker restart
+ * interrupted, or -1. */
+static int interrupted_at(const brk_t *b, const char *component, uint64_t version) {
+    for (int i = 0; i < b->n_interrupted; i++)
+        if (b->interrupted[i].version == version && !strcmp(b->interrupted[i].component, component)) return i;
+    return -1;
+}
+
 static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
     if (!w->route.routable || brk_worker_send(b, w, MSG_SYNC, sync_id, s, NULL) != 0) return -1;
     brk_wsync_t *ws = worker_sync(w, s->component, true);
@@ -129,6 +145,59 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
     }
 }
 
+static void promote(brk_t *b, brk_barrier_t *s, const char *by);
+static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *sync);
+static brk_member_t *member(brk_barrier_t *s, const char *worker);
+static void settle_barriers(brk_t *b);
+
+/* Worker w registered: it joins every held barrier (a resend of an
+ * interrupted sync waiting for workers), and a version of an interrupted
+ * sync it runs becomes current again, applied by it. */
+static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
+    for (brk_barrier_t *s = b->barriers; s; s = s->next) {
+        if (!s->hold || !s->sync || member(s, w->route.name)) continue;
+        brk_member_t *m = realloc(s->m, (size_t)(s->n + 1) * sizeof *m);
+        if (!m) {
+            brk_log("sync %s v%llu: out of memory: worker %s not added", s->component,
+                    (unsigned long long)s->version, w->route.name);
+            continue;
+        }
+        s->m = m;
+        add_member(b, s, w, s->sync_id, s->sync);
+        if (s->m[s->n - 1].state == M_APPLIED) promote(b, s, w->route.name);
+    }
+    for (int i = 0; i < b->n_interrupted;) {
+        brk_interrupted_t *e = &b->interrupted[i];
+        uint64_t cv = brk_current_version(b, e->component);
+        if (e->version <= cv) { /* current (a held barrier promoted it) or older: settled */
+            b->interrupted[i] = b->interrupted[--b->n_interrupted];
+            continue;
+        }
+        if (brk_peer_version(&w->route, e->component) != e->version || barrier_of(b, e->component, e->version)) {
+            i++;
+            continue;
+        }
+        /* Applied, and the ack lost with the previous broker: current again. */
+        if (brk_sync_restore(b, e->component, e->version, e->sha256, e->source) != 0) {
+            brk_log("cannot make %s v%llu current again: %s", e->component, (unsigned long long)e->version,
+                    reel_err_text());
+            i++;
+            continue;
+        }
+        char why[256];
+        snprintf(why, sizeof why, "applied by %s before a broker restart (it said so when it registered again)",
+                 w->route.name);
+        brk_cq_worker_version(b->cat, w->route.name, e->component, e->version, true, NULL);
+        brk_cq_weight_state(b->cat, e->component, e->version, "current", why);
+        brk_log("%s v%llu is current again: %s", e->component, (unsigned long long)e->version, why);
+        brk_upload_prune(b, e->component, e->version);
+        for (int k = 0; k < b->n_w; k++)
+            if (!b->w[k]->dead && b->w[k] != w) brk_catch_up(b, b->w[k]);
+        b->interrupted[i] = b->interrupted[--b->n_interrupted];
+    }
+    settle_barriers(b);
+}
+
 void brk_sync_joined(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < w->route.n_versions; i++) {
         brk_wsync_t *ws = worker_sync(w, w->route.versions[i].name, true);
@@ -137,6 +206,7 @@ void brk_sync_joined(brk_t *b, brk_worker_t *w) {
             ws->sent_id = 0;
         }
     }
+    rejoin_interrupted(b, w);
     brk_catch_up(b, w);
 }
 
@@ -250,7 +320,7 @@ static void finish(brk_t *b, brk_barrier_t *s) {
 static void settle_barriers(brk_t *b) {
     for (brk_barrier_t **p = &b->barriers; *p;) {
         brk_barrier_t *s = *p;
-        bool waiting = false;
+        bool waiting = s->hold && s->n == 0; /* held for workers to register */
         for (int i = 0; i < s->n && !waiting; i++) waiting = s->m[i].state == M_WAITING;
         if (waiting) {
             p = &s->next;
@@ -461,6 +531,13 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         if (s->m[s->n - 1].state == M_APPLIED && !first) first = b->w[i]->route.name;
     }
     if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
+    /* The resend of a sync a broker restart interrupted: its workers may not
+     * have registered again yet. Those that do join it (brk_sync_joined). */
+    if (interrupted_at(b, s->component, s->version) >= 0) {
+        s->hold = true;
+        brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
+                s->component, (unsigned long long)s->version, (long long)s->wait_ms);
+    }
     /* a worker that already runs this version (it said so at READY) applied it */
     if (first) promote(b, s, first);
     settle_barriers(b);
@@ -556,6 +633,7 @@ void brk_sync_timers(brk_t *b, int64_t now) {
                                              !brk_upload_stored(b, s->component, s->version, s->sha256)))
             s->deadline_ms = now + s->wait_ms;
         if (now < s->deadline_ms) continue;
+        s->hold = false;
         for (int i = 0; i < s->n; i++) {
             if (s->m[i].state != M_WAITING) continue;
             member_failed(b, s, &s->m[i], "timeout");

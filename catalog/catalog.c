@@ -362,13 +362,10 @@ CAT_RECORDS(CAT_KIND_WRITER)
 
 /* ---- reading back what the broker resumes --------------------------------- */
 
-int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
+/* The rows of sql (component, version, sha256, source) into out. */
+static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_t *out, int max) {
     sqlite3_stmt *q = NULL;
-    const char *sql = "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
-                      "FROM weight_versions w WHERE state = 'current' AND version = "
-                      "(SELECT max(version) FROM weight_versions WHERE component = w.component"
-                      " AND state = 'current') ORDER BY component";
-    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return cat_db_fail(c, "current versions");
+    if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return cat_db_fail(c, what);
     int n = 0, rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW && n < max) {
         cat_version_t *v = &out[n++];
@@ -381,9 +378,25 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         sqlite3_finalize(q);
-        return cat_db_fail(c, "current versions");
+        return cat_db_fail(c, what);
     }
     sqlite3_finalize(q);
     return n;
+}
+
+int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
+    return versions_of(c,
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "FROM weight_versions w WHERE state = 'current' AND version = "
+                       "(SELECT max(version) FROM weight_versions WHERE component = w.component"
+                       " AND state = 'current') ORDER BY component",
+                       "current versions", out, max);
+}
+
+int cat_pending_versions(cat_t *c, cat_version_t *out, int max) {
+    return versions_of(c,
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "FROM weight_versions WHERE state = 'pending' ORDER BY component, version DESC",
+                       "pending versions", out, max);
 }
 

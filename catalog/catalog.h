@@ -104,6 +104,10 @@ typedef struct {
                            * handed out shortened; SYNC paths are at most 1023 bytes) */
 } cat_version_t;
 int cat_current_versions(cat_t *c, cat_version_t *out, int max);
+/* Every version still "pending" (a sync no worker had applied yet), newest
+ * first within each component: what a broker that stopped mid-sync left
+ * (read before cat_weight_fail_pending settles them). Same returns. */
+int cat_pending_versions(cat_t *c, cat_version_t *out, int max);
 
 #ifdef __cplusplus
 }

@@ -23,15 +23,16 @@
 #include <unistd.h>
 
 
-/* Said at once (a waiting operator, and tests, see it happen). */
+/* Said at once (a waiting operator, and tests, see it happen); user is
+ * the message's name, "GEN" or "SYNC". */
 static void resent(void *user, uint64_t id, int silent_ms) {
-    (void)user;
+    const char *what = user, *cmd = strcmp(what, "GEN") ? "sync" : "gen";
     if (silent_ms)
-        fprintf(stderr, "reelctl: gen: no word from the broker for %d ms: GEN %llu sent again (the same request)\n",
-                silent_ms, (unsigned long long)id);
+        fprintf(stderr, "reelctl: %s: no word from the broker for %d ms: %s %llu sent again (the same request)\n",
+                cmd, silent_ms, what, (unsigned long long)id);
     else
-        fprintf(stderr, "reelctl: gen: a broker that may not hold GEN %llu answers (a restart): sent again (the same "
-                "request)\n", (unsigned long long)id);
+        fprintf(stderr, "reelctl: %s: a broker that may not hold %s %llu answers (a restart): sent again (the same "
+                "request)\n", cmd, what, (unsigned long long)id);
     fflush(stderr);
 }
 
@@ -345,7 +346,7 @@ int cmd_gen(int argc, char **argv) {
         ctl_fail_as(REEL_E_IO, NULL);
         goto done;
     }
-    reel_client_on_resend(c, resent, NULL);
+    reel_client_on_resend(c, resent, "GEN");
     reel_gen_result_t r;
     wire_err_t err;
     if (reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err) != 0) {
@@ -445,6 +446,7 @@ static int sync_adapter(const char *broker, const char *key, const char *broker_
         free(config);
         return ctl_fail_as(REEL_E_IO, NULL);
     }
+    reel_client_on_resend(c, resent, "SYNC");
     reel_sync_result_t r;
     wire_err_t err;
     int rc = config ? reel_publish_adapter(c, component, version, base, sha, path, config, deadline, NULL, NULL, &r,
@@ -531,6 +533,7 @@ int cmd_sync(int argc, char **argv) {
         wan_sync_source_done(&src);
         return -1;
     }
+    reel_client_on_resend(c, resent, "SYNC");
     reel_sync_result_t r;
     wire_err_t err;
     int rc = 0;

@@ -890,7 +890,14 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
     /* v3 published again (a fixed file): pending, its old reason gone;
      * then the broker restarts before anyone applied it. */
     TS_OK(cat_weight_version(w, "transformer", 3, "c2", "/w/v3b.safetensors", 5.0));
+    /* what the restarting broker reads first: the interrupted syncs */
+    ck_assert_int_eq(cat_pending_versions(w, v, 4), 1);
+    ck_assert_str_eq(v[0].component, "transformer");
+    ck_assert_uint_eq(v[0].version, 3);
+    ck_assert_str_eq(v[0].sha256, "c2");
+    ck_assert_str_eq(v[0].source, "/w/v3b.safetensors");
     TS_OK(cat_weight_fail_pending(w, "the broker stopped before any worker applied it"));
+    ck_assert_int_eq(cat_pending_versions(w, v, 4), 0); /* failed now: nothing pending */
     cat_t *r = open_ok(true);
     json_t *j = report_json(r, ctl_report_versions);
     json_t *v1 = json_array_get(j, 2), *v2 = json_array_get(j, 1), *v3 = json_array_get(j, 0);

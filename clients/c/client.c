@@ -185,23 +185,25 @@ static uint64_t boot_of(wire_msg_t *m) {
     return boot;
 }
 
-/* call() for a GEN, sent so that a lost broker does not lose it: a STATUS
- * goes just before it (the broker that answers it is the one the GEN
- * reached: its boot id); after every liveness_ms of silence a STATUS again.
- * The GEN is sent again (same id and token; a broker that holds it only
- * attaches the resend) when that STATUS is not answered within liveness_ms
- * (the broker is gone or stuck), or is answered by another broker (a new
- * boot id: a restart lost it), or when no boot id was learnt. */
-static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int timeout_ms, reel_progress_fn fn,
-                     void *user, wire_msg_t *m, wire_err_t *err) {
-    if (!c->liveness_ms) return call(c, MSG_GEN, id, g, timeout_ms, fn, user, m, err);
+/* call() for a GEN or a SYNC, sent so that a lost broker does not lose
+ * it: a STATUS goes just before it (the broker that answers it is the one
+ * the message reached: its boot id); after every liveness_ms of silence a
+ * STATUS again. The message is sent again (same id; a GEN with the same
+ * token, which a broker that holds it only attaches; a SYNC, which is
+ * idempotent: docs/PROTOCOL.md "Weight syncs") when that STATUS is not
+ * answered within liveness_ms (the broker is gone or stuck), or is
+ * answered by another broker (a new boot id: a restart lost it), or when
+ * no boot id was learnt. */
+static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void *g, int timeout_ms,
+                     reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+    if (!c->liveness_ms) return call(c, type, id, g, timeout_ms, fn, user, m, err);
     int64_t deadline = now_ms() + timeout_ms;
     /* The broker's boot id, known from an earlier call or learnt now: a
      * STATUS just before the GEN (the first call only). Known, a restart
      * before the GEN got there only costs a resend the new broker attaches. */
     uint64_t ping = c->boot ? 0 : ++c->next_id, boot = c->boot;
     if ((ping && msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) ||
-        msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
+        msg_send(c->sock, NULL, type, id, g, NULL) != 0) {
         set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
         return -1;
     }
@@ -250,11 +252,11 @@ static int call_live(reel_client_t *c, uint64_t id, const msg_gen_t *g, int time
             asked = false;
             first = false;
         }
-        /* the GEN again, as the same request (the socket reconnects by itself) */
+        /* the message again, as the same request (the socket reconnects by itself) */
         c->resends++;
         resent_since_ping = true;
         if (c->on_resend) c->on_resend(c->resend_user, id, silent);
-        if (msg_send(c->sock, NULL, MSG_GEN, id, g, NULL) != 0) {
+        if (msg_send(c->sock, NULL, type, id, g, NULL) != 0) {
             set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
             return -1;
         }
@@ -440,7 +442,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     }
     m.client = c->token;
     wire_msg_t a;
-    int rc = call_live(c, id, &m, timeout_ms, progress, user, &a, err);
+    int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
     if (rc != 0) return rc;
     rc = -1;
     msg_result_t r;
@@ -795,7 +797,7 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     msg_sync_t *s = sync_message(component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
-    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    int rc = call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -809,7 +811,7 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;
-    int rc = call(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    int rc = call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);

@@ -371,16 +371,19 @@ class Client:
     def _send_gen(self, rid, fields, tensors):
         self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors)
 
-    def _send_gens(self, sent):
-        """The GENs of sent (rid -> (fields, tensors)); before this client's
-        first, a STATUS (its answer names the broker that got them: its boot
-        id). The waiting state _recv_live keeps across its calls."""
-        st = {"ping": None, "boot": self._boot, "first": False, "asked": False, "resent": False}
+    def _send_gens(self, sent, send=None):
+        """The GENs of sent (rid -> (fields, tensors)), or the messages
+        send(rid, fields, tensors) sends (a SYNC: idempotent, so it may go
+        again too); before this client's first, a STATUS (its answer names
+        the broker that got them: its boot id). The waiting state
+        _recv_live keeps across its calls."""
+        send = send or self._send_gen
+        st = {"ping": None, "boot": self._boot, "first": False, "asked": False, "resent": False, "send": send}
         if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
             self._send("STATUS", st["ping"], {})
         for rid, (fields, tensors) in sent.items():
-            self._send_gen(rid, fields, tensors)
+            send(rid, fields, tensors)
         return st
 
     def _recv_live(self, rids, deadline, sent, st, on_progress=None):
@@ -420,7 +423,7 @@ class Client:
             self.resends += 1
             st["resent"] = True
             for rid in rids:
-                self._send_gen(rid, *sent[rid])
+                st["send"](rid, *sent[rid])
 
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
@@ -849,10 +852,13 @@ class Client:
         return res
 
     def _sync_fields(self, fields, deadline_ms, timeout):
-        """A SYNC by path (or of nothing: the base again) and its SYNC_DONE."""
+        """A SYNC by path (or of nothing: the base again) and its SYNC_DONE.
+        Sent again, as GENs are, when the broker goes silent or restarts
+        (a SYNC is idempotent: docs/PROTOCOL.md "Weight syncs")."""
         rid = next(self._ids)
-        self._send("SYNC", rid, fields)
-        hdr, _ = self._recv(rid, time.monotonic() + self._sync_wait(deadline_ms, timeout))
+        sent = {rid: (fields, ())}
+        st = self._send_gens(sent, lambda r, f, t: self._send("SYNC", r, f, t))
+        _, hdr, _ = self._recv_live({rid}, time.monotonic() + self._sync_wait(deadline_ms, timeout), sent, st)
         return self._sync_done(hdr, rid)
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):

@@ -694,6 +694,81 @@ class BrokerRestartTests(unittest.TestCase):
                 cl.stop()
             shutil.rmtree(d, ignore_errors=True)
 
+    def test_a_sync_whose_broker_dies_before_the_ack_is_sent_again_and_completes(self):
+        """A raw worker (tests/security_peer.py) gets SYNC v2 and does not
+        ack; the broker is killed and restarted; the worker registers again
+        running v2 (its ack was lost with the broker). The client (liveness
+        0.2 s) sends the SYNC again to the new broker, and its sync ends
+        complete, applied by that worker; STATUS says v2 is current."""
+        d = tempfile.mkdtemp(prefix="reel-py-srestart-")
+        procs = []
+        peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "security_peer.py")
+        ce, we = f"ipc://{d}/clients", f"ipc://{d}/workers"
+
+        def broker():
+            p = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", ce, "--workers", we, "--catalog",
+                                  os.path.join(d, "reel.db"), "--heartbeat-ms", "200"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            procs.append(p)
+            return p
+
+        def raw_worker(version, out):
+            ready = json.dumps({"type": "READY", "name": "raw", "models": ["tiny"],
+                                "versions": {"transformer": version}})
+            p = subprocess.Popen([sys.executable, peer, "--endpoint", we, "--id", f"raw{version}", "--for", "60",
+                                  "--heartbeat", ready], stdout=open(out, "w"), stderr=subprocess.STDOUT)
+            procs.append(p)
+            return p
+
+        def until(cond, what, secs=30):
+            end = time.monotonic() + secs
+            while time.monotonic() < end:
+                if cond():
+                    return
+                time.sleep(0.02)
+            self.fail(f"no {what} within {secs} s")
+
+        def registered(c):
+            return any(w.get("name") == "raw" for w in c.status(timeout=2).get("workers", []))
+
+        try:
+            w2 = os.path.join(d, "w2.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "6", "--out", w2)
+            b = broker()
+            p1 = raw_worker(1, os.path.join(d, "p1.out"))
+            with reel.Client(ce, timeout=5, liveness=0) as c:
+                until(lambda: registered(c), "registration")
+            out, errors = {}, []
+
+            def one():
+                try:
+                    with reel.Client(ce, timeout=120, liveness=0.2) as c:
+                        out["r"] = c.sync(2, path=w2)
+                        out["resends"] = c.resends
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=one)
+            t.start()
+            until(lambda: '"type": "SYNC"' in open(os.path.join(d, "p1.out")).read(), "SYNC at the raw worker")
+            b.kill()
+            b.wait(30)
+            p1.kill()
+            p1.wait(30)
+            broker()
+            raw_worker(2, os.path.join(d, "p2.out"))
+            t.join(120)
+            self.assertEqual(errors, [])
+            self.assertGreaterEqual(out["resends"], 1, "the client sent its SYNC again")
+            self.assertTrue(out["r"].complete, out["r"])
+            self.assertEqual(out["r"].applied, ["raw"])
+            with reel.Client(ce, timeout=10, liveness=0) as c:
+                self.assertEqual(c.status()["versions"].get("transformer"), 2)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(30)
+            shutil.rmtree(d, ignore_errors=True)
 
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""

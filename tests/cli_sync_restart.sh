@@ -1,0 +1,144 @@
+#!/bin/sh
+# cli_sync_restart.sh -- a weight sync survives its broker (issue 30 §1)
+# through a real reel-broker over ipc. The trainer is `reelctl sync` with
+# REEL_CLIENT_LIVENESS_MS=300: it sends its SYNC again, same id, when the
+# broker goes silent or restarts. Workers are raw peers
+# (tests/security_peer.py) where the test must choose what a worker
+# applied, and a real reel-worker where only the outcome matters.
+#   1. A worker got SYNC v2, its ack was lost with the broker (SIGKILL
+#      before any ack): the restarted broker marks v2 failed but holds the
+#      trainer's resend for the workers to register; the worker registers
+#      running v2: v2 is current again, the trainer's sync ends complete,
+#      the catalog says current.
+#   2. No trainer waits (its reelctl killed too): a worker that registers
+#      running v3 makes v3 current again, with a catalog reason saying so,
+#      and a worker still at v2 that registers after is sent v3. (Each
+#      raw worker has a name of its own: a name still live at the broker,
+#      until it misses its heartbeats, is refused.)
+#   3. A real worker, the broker killed while the sync runs, at whatever
+#      point the kill lands: the sync ends complete on the restarted
+#      broker, the worker serves the new version (a GEN bitwise `reelctl
+#      run` on it), the catalog says current and passes integrity_check.
+# Usage: cli_sync_restart.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-syncrestart.XXXXXX)
+SUITE=sync_restart
+PY=/usr/bin/python3
+PEER="$(dirname "$0")/security_peer.py"
+. "$(dirname "$0")/lib_cli.sh"
+export REEL_CLIENT_LIVENESS_MS=300
+CE="ipc://$D/c"
+WE="ipc://$D/w"
+DB="$D/reel.db"
+
+for v in 1 2 3 4; do "$R" weights init --config tiny --seed $((6 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
+state() { /usr/bin/sqlite3 "$DB" "select state from weight_versions where component = 'transformer' and version = $1"; }
+broker() { # LOG: a broker on the test's endpoints and catalog
+    cli_broker "$1" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 ||
+        { bad "broker starts ($1)"; show "$1"; finish; }
+}
+NPEER=0
+peer() { # NAME VERSION OUT SECONDS: a raw worker running VERSION, in the background ($!)
+    NPEER=$((NPEER + 1))
+    $PY "$PEER" --endpoint "$WE" --id "$1-$NPEER" --for "$4" --heartbeat \
+        "{\"type\":\"READY\",\"name\":\"$1\",\"models\":[\"tiny\"],\"versions\":{\"transformer\":$2}}" >"$3" 2>&1 &
+}
+sync_bg() { # V: reelctl sync of w$V in the background ($!), its output in sync$V.err
+    "$R" sync --broker "$CE" --version "$1" --weights "$D/w$1.safetensors" --deadline-ms 30000 --timeout-ms 60000 \
+        >"$D/sync$1.err" 2>&1 &
+}
+
+echo "== 1. the ack lost with the broker: the resend is held, the worker registers at v2"
+broker "$D/b1.log"
+BP=$BROKER
+peer w1 1 "$D/p1.out" 60
+P1=$!
+wait_for "$D/b1.log" "worker w1 ready" 30 || bad "the raw worker registers"
+sync_bg 2
+S2=$!
+wait_for "$D/p1.out" '"type": "SYNC"' 30 && ok "the worker got SYNC v2" || { bad "no SYNC reached the worker"; show "$D/p1.out"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 2 and state = 'pending'" 1 30 ||
+    bad "v2 pending in the catalog"
+kill -9 "$BP"
+reap "$BP" 30
+kill "$P1" 2>/dev/null
+reap "$P1" 30
+broker "$D/b2.log"
+BP=$BROKER
+grep -q "sync transformer v2 was in flight when the previous broker stopped" "$D/b2.log" &&
+    ok "the restarted broker names the interrupted sync" || { bad "no word of the interrupted sync"; show "$D/b2.log"; }
+[ "$(state 2)" = failed ] && ok "the restarted broker marks v2 failed (no worker has said it runs it)" ||
+    bad "v2 is '$(state 2)' after the restart"
+wait_for "$D/b2.log" "held for workers to register" 30 && ok "the trainer's resend is held for the workers" ||
+    { bad "no held resend"; show "$D/b2.log"; show "$D/sync2.err"; }
+grep -q "SYNC [0-9]*.*sent again" "$D/sync2.err" && ok "reelctl sync says it sent the SYNC again" ||
+    { bad "reelctl sync does not say it resent"; show "$D/sync2.err"; }
+peer w1 2 "$D/p2.out" 60
+P2=$!
+reap "$S2" 60 && grep -q "sync transformer v2: complete; applied w1" "$D/sync2.err" &&
+    ok "the trainer's sync ends complete, applied by w1" || { bad "the sync did not complete"; show "$D/sync2.err"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 2 and state = 'current'" 1 30 &&
+    ok "the catalog says v2 is current" || bad "v2 is '$(state 2)' in the catalog"
+grep -q '"type": "SYNC"' "$D/p2.out" && bad "the worker at v2 was sent v2 again" ||
+    ok "the worker that runs v2 is not sent it again"
+kill "$P2" 2>/dev/null
+reap "$P2" 30
+
+[ -n "${ONLY1:-}" ] && finish
+echo "== 2. nobody waits: a worker that registers running v3 makes it current"
+peer t1 2 "$D/p3.out" 60
+P3=$!
+wait_for "$D/b2.log" "worker t1 ready" 30 || bad "t1 registers"
+sync_bg 3
+S3=$!
+wait_for "$D/p3.out" '"version": 3' 30 || { bad "no SYNC v3 reached the worker"; show "$D/p3.out"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 3 and state = 'pending'" 1 30 ||
+    bad "v3 pending in the catalog"
+kill -9 "$S3" "$BP"
+reap "$BP" 30
+reap "$S3" 30
+kill "$P3" 2>/dev/null
+reap "$P3" 30
+broker "$D/b3.log"
+BP=$BROKER
+peer t1 3 "$D/p4.out" 60
+P4=$!
+wait_for "$D/b3.log" "transformer v3 is current again: applied by t1 before a broker restart" 30 &&
+    ok "a worker running the interrupted v3 makes it current again" || { bad "v3 not adopted"; show "$D/b3.log"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 3 and state = 'current' and reason like '%applied by t1%'" 1 30 &&
+    ok "the catalog says v3 is current, and why" || bad "v3 is '$(state 3)': $(/usr/bin/sqlite3 "$DB" "select reason from weight_versions where version = 3")"
+peer t2 2 "$D/p5.out" 30
+P5=$!
+wait_for "$D/p5.out" '"version": 3' 30 && ok "a worker still at v2 that registers after is sent v3" ||
+    { bad "t2 was not caught up"; show "$D/p5.out"; }
+"$R" status --broker "$CE" --json 2>/dev/null | $PY -c 'import json,sys; s=json.load(sys.stdin); print("PASS status: current v3" if s["versions"].get("transformer")==3 else "FAIL status versions %r" % s["versions"])' >"$D/st.out" 2>&1
+py_checks "$D/st.out" $?
+kill "$P4" "$P5" 2>/dev/null
+reap "$P4" 30
+reap "$P5" 30
+
+echo "== 3. a real worker, the broker killed mid-sync: the sync completes after the restart"
+cli_worker w3 "$D/b3.log" "$D/w3.log" --broker "$WE" --weights "$D/w3.safetensors" --weights-version 3 \
+    --streams 1 --heartbeat-ms 200 || { bad "worker starts"; show "$D/w3.log"; finish; }
+sync_bg 4
+S4=$!
+wait_sql "$DB" "select count(*) from weight_versions where version = 4" 1 30 || bad "v4 recorded"
+kill -9 "$BP"
+reap "$BP" 30
+broker "$D/b4.log"
+BP=$BROKER
+reap "$S4" 60 && grep -q "sync transformer v4: complete" "$D/sync4.err" && ok "the sync ends complete on the restarted broker" ||
+    { bad "sync v4 did not complete"; show "$D/sync4.err"; show "$D/b4.log"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 4 and state = 'current'" 1 30 &&
+    ok "the catalog says v4 is current" || bad "v4 is '$(state 4)'"
+"$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/ctx.safetensors" >/dev/null
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --steps 3 --seed 5 --timeout-ms 60000 \
+    --quiet --out "$D/g.safetensors" 2>"$D/g.err" || { bad "gen after the restart"; show "$D/g.err"; }
+"$R" run --weights "$D/w4.safetensors" --context "$D/ctx.safetensors" --size 2x8x8 --steps 3 --seed 5 \
+    --out "$D/r.safetensors" 2>/dev/null
+"$R" tensor diff "$D/g.safetensors" "$D/r.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "the worker serves v4: a GEN bitwise reelctl run on w4" || bad "the GEN after the restart is not v4's"
+[ "$(/usr/bin/sqlite3 "$DB" "pragma integrity_check")" = ok ] && ok "the catalog is intact" || bad "catalog integrity"
+finish
