@@ -107,7 +107,7 @@ TEST_SUPPORT = $(BUILD)/tests/support.o
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test test-busy test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench clean FORCE
+.PHONY: all deps test test-busy test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench soak-broker clean FORCE
 all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN) artifacts
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
@@ -274,6 +274,12 @@ fuzz-build: deps
 
 fuzz: fuzz-build
 	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
+# The broker SIGKILLed at random moments under load, 20 times (issue 30;
+# tests/cli_broker_kill.sh runs 3 rounds in make test). SOAK_SEED=N replays.
+soak-broker: deps
+	$(MAKE) all
+	SOAK_SEED=$(SOAK_SEED) sh tests/soak_broker_kill.sh $(BUILD) 20
 
 bench: deps
 	$(MAKE) all

@@ -182,9 +182,10 @@ typedef struct brk_barrier {
     int64_t wait_ms;
     int n;
     brk_member_t *m;
-    bool hold;                 /* a resend of an interrupted sync (brk_interrupted_t) made
-                                * before any worker registered again: workers that register
-                                * join it, and it waits for them until its deadline */
+    bool hold;                 /* no worker yet, and it may be one that has not registered
+                                * again (brk_sync.c): workers that register join it, and it
+                                * waits for them until hold_until_ms */
+    int64_t hold_until_ms;
     struct brk_barrier *next;
 } brk_barrier_t;
 
@@ -219,6 +220,7 @@ typedef struct {
     brk_req_t *by_client[BRK_ID_BUCKETS]; /* those with a client token, by (client, client_id) */
     uint64_t resends;                /* GENs resent while their request was live: attached to it */
     uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */
+    int64_t started_ms;              /* brk_now_ms() at start: a SYNC in the workers' rejoin window is held */
     brk_queue_t queue;               /* REQ_QUEUED requests, FIFO */
     uint64_t next_id;
     uint64_t held_bytes;       /* tensor bytes of live requests (bounded: BUSY beyond) */

@@ -155,7 +155,10 @@ static void settle_barriers(brk_t *b);
  * sync it runs becomes current again, applied by it. */
 static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
-        if (!s->hold || !s->sync || member(s, w->route.name)) continue;
+        /* pending (its own SYNC), or a resend of the current version */
+        const brk_current_t *c = s->sync ? NULL : find_current(b, s->component);
+        const msg_sync_t *sync = s->sync ? s->sync : c && c->version == s->version ? c->sync : NULL;
+        if (!s->hold || !sync || member(s, w->route.name)) continue;
         brk_member_t *m = realloc(s->m, (size_t)(s->n + 1) * sizeof *m);
         if (!m) {
             brk_log("sync %s v%llu: out of memory: worker %s not added", s->component,
@@ -163,8 +166,8 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
             continue;
         }
         s->m = m;
-        add_member(b, s, w, s->sync_id, s->sync);
-        if (s->m[s->n - 1].state == M_APPLIED) promote(b, s, w->route.name);
+        add_member(b, s, w, s->sync_id, sync);
+        if (s->sync && s->m[s->n - 1].state == M_APPLIED) promote(b, s, w->route.name);
     }
     for (int i = 0; i < b->n_interrupted;) {
         brk_interrupted_t *e = &b->interrupted[i];
@@ -397,6 +400,27 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
     }
 }
 
+/* No worker yet, where workers may not have registered again: the resend
+ * of a sync a broker restart interrupted (held to its deadline), or any
+ * SYNC in this broker's first moments (held for two worker liveness
+ * periods: a restart's workers notice and register within one). Workers
+ * that register join it (rejoin_interrupted). */
+static void maybe_hold(brk_t *b, brk_barrier_t *s) {
+    int64_t rejoin = 2 * (int64_t)b->opt.heartbeat_ms * b->opt.liveness, now = brk_now_ms();
+    if (s->sync && interrupted_at(b, s->component, s->version) >= 0) {
+        s->hold = true;
+        s->hold_until_ms = s->deadline_ms;
+        brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
+                s->component, (unsigned long long)s->version, (long long)s->wait_ms);
+    } else if (s->n == 0 && now < b->started_ms + rejoin) {
+        s->hold = true;
+        s->hold_until_ms = b->started_ms + rejoin < s->deadline_ms ? b->started_ms + rejoin : s->deadline_ms;
+        brk_log("sync %s v%llu: no worker registered yet %lld ms after the broker started: held for workers to "
+                "register (up to %lld ms)", s->component, (unsigned long long)s->version,
+                (long long)(now - b->started_ms), (long long)(s->hold_until_ms - now));
+    }
+}
+
 /* The trainer repeats a SYNC the broker has (same version and sha256):
  * the running barrier answers it too, or, for the current version, a new
  * barrier retries every worker that lags. */
@@ -432,6 +456,7 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
     b->barriers = s;
     brk_log("sync %s v%llu resent (current): %d lagging worker%s retried", s->component,
             (unsigned long long)s->version, retried, retried == 1 ? "" : "s");
+    maybe_hold(b, s);
     settle_barriers(b);
 }
 
@@ -531,13 +556,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         if (s->m[s->n - 1].state == M_APPLIED && !first) first = b->w[i]->route.name;
     }
     if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
-    /* The resend of a sync a broker restart interrupted: its workers may not
-     * have registered again yet. Those that do join it (brk_sync_joined). */
-    if (interrupted_at(b, s->component, s->version) >= 0) {
-        s->hold = true;
-        brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
-                s->component, (unsigned long long)s->version, (long long)s->wait_ms);
-    }
+    maybe_hold(b, s);
     /* a worker that already runs this version (it said so at READY) applied it */
     if (first) promote(b, s, first);
     settle_barriers(b);
@@ -632,6 +651,7 @@ void brk_sync_timers(brk_t *b, int64_t now) {
         if (s->deadline_ms == INT64_MAX && !(brk_upload_held(b, s->component, s->version, s->sha256) &&
                                              !brk_upload_stored(b, s->component, s->version, s->sha256)))
             s->deadline_ms = now + s->wait_ms;
+        if (s->hold && now >= s->hold_until_ms) s->hold = false;
         if (now < s->deadline_ms) continue;
         s->hold = false;
         for (int i = 0; i < s->n; i++) {
@@ -653,8 +673,10 @@ void brk_sync_timers(brk_t *b, int64_t now) {
 
 int64_t brk_sync_next_deadline(const brk_t *b) {
     int64_t t = INT64_MAX;
-    for (const brk_barrier_t *s = b->barriers; s; s = s->next)
+    for (const brk_barrier_t *s = b->barriers; s; s = s->next) {
         if (s->deadline_ms < t) t = s->deadline_ms;
+        if (s->hold && s->hold_until_ms < t) t = s->hold_until_ms;
+    }
     return t;
 }
 

@@ -84,6 +84,8 @@ typedef struct {
     reel_http_t *http;           /* --metrics; NULL without */
     int64_t next_publish;
     bool prewarmed;              /* a PREWARM came: READY asks for none again */
+    int64_t ready_at;            /* when the last READY went */
+    bool heard_since_ready;      /* the broker sent something but RECONNECT since */
 } link_t;
 
 /* ---- live metrics and health (--metrics; net/http.h) ------------------------------ */
@@ -388,6 +390,8 @@ static int send_ready(link_t *l) {
     r.versions.e[0].n = atomic_load(&w->applied_version);
     /* The hot keys it will own, asked until a PREWARM comes (once) */
     r.prewarm = l->prewarmed ? 0 : (uint64_t)o->prewarm;
+    l->ready_at = wrk_mono_ms();
+    l->heard_since_ready = false;
     return send_msg(l, MSG_READY, &r);
 }
 
@@ -514,6 +518,7 @@ static int handle_broker(link_t *l) {
     l->heard = wrk_mono_ms();
     l->backoff_ms = BACKOFF_MIN_MS;
     msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
+    if (type != MSG_RECONNECT) l->heard_since_ready = true;
     if (r == 1) {
         wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
@@ -527,8 +532,27 @@ static int handle_broker(link_t *l) {
     } else if (type == MSG_HEARTBEAT) {
         /* counted above */
     } else if (type == MSG_RECONNECT) {
+        /* A restarted broker answers RECONNECT to every message of the old
+         * session that reaches it (a RESULT, an ack, a heartbeat) before it
+         * reads our READY: those come after the READY went and before
+         * anything the broker sends once it registered us (one connection
+         * keeps order). Each one obeyed would register us again, and the
+         * broker takes a second READY from a live worker for a restart: it
+         * requeues what we run, and a request that sees two such losses
+         * fails. So a RECONNECT is obeyed only once the broker said
+         * something else since our READY, or after a liveness period
+         * without (a READY it refused, or lost). */
+        int64_t quiet = (int64_t)w->opt->heartbeat_ms * w->opt->liveness;
+        if (!l->heard_since_ready && wrk_mono_ms() - l->ready_at < quiet) {
+            wire_msg_close(m);
+            free(m);
+            return 1;
+        }
         new_session(l);
         if (send_ready(l) != 0) wrk_log(w, "cannot send READY: %s", zmq_strerror(errno));
+        wire_msg_close(m);
+        free(m);
+        return 1;
     } else if (type == MSG_ERROR) {
         msg_error_t *e = malloc(sizeof *e);
         if (e && msg_error_decode(m, e, &err) == 0)
