@@ -4,7 +4,8 @@
 # real reel-workers (--sync-mode drain: every result on one version) over
 # ipc, and in every round three clients (`reelctl gen`, each GEN its own
 # seed, steps and context) and a trainer (`reelctl sync` of the next
-# version, by path) in flight when the kill lands (each GEN 300-3300 steps
+# version, by path in odd rounds, uploaded through the broker in even ones)
+# in flight when the kill lands (each GEN 300-3300 steps
 # of tiny: 0.1-1.5 s here). The moment is drawn (0-400 ms after the round's
 # traffic starts; SOAK_SEED replays a run's draws): a random moment is what
 # this tests, so that sleep is the one wait here that is not for an event.
@@ -41,10 +42,11 @@ while [ $i -le $V ]; do "$R" weights init --config tiny --seed $((100 + i)) --ou
 for k in 1 2 3; do "$R" tensor rand --name context --shape 5,32 --seed $((20 + k)) --out "$D/c$k.safetensors" >/dev/null; done
 
 start_broker() { # LOG
-    cli_broker "$1" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 ||
+    cli_broker "$1" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
         { bad "broker starts ($1)"; show "$1"; finish; }
     BP=$BROKER
 }
+mkdir -p "$D/up"
 start_broker "$D/b0.log"
 for w in wa wb; do
     cli_worker $w "$D/b0.log" "$D/$w.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
@@ -64,7 +66,9 @@ while [ $r -le "$ROUNDS" ]; do
         gp="$gp $!"
     done
     nv=$((r + 1))
-    "$R" sync --broker "$CE" --version $nv --weights "$D/w$nv.safetensors" --deadline-ms 30000 --timeout-ms 120000 \
+    how=--weights
+    [ $((r % 2)) = 0 ] && how=--upload # every other round by value, through the broker
+    "$R" sync --broker "$CE" --version $nv $how "$D/w$nv.safetensors" --deadline-ms 30000 --timeout-ms 120000 \
         >"$D/s$r.err" 2>&1 &
     sp=$!
     ms=$(draw $r 0)

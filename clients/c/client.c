@@ -96,7 +96,7 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
 
 /* Waits for the message answering `id` (skipping stale ones); PROGRESS is
  * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
-static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline, wire_msg_t *m,
+static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
                   reel_progress_fn fn, void *user, wire_err_t *err) {
     for (;;) {
         int64_t left = deadline - now_ms();
@@ -115,7 +115,7 @@ static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline,
         wire_err_t e;
         rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
-        if (rc == 1 || (m->id != id && (!id2 || m->id != id2))) { /* malformed: not ours to trust; or stale */
+        if (rc == 1 || (m->id != id && (!id2 || m->id != id2) && (!id3 || m->id != id3))) { /* malformed: not ours to trust; or stale */
             wire_msg_close(m);
             continue;
         }
@@ -129,6 +129,12 @@ static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline,
         }
         return 0;
     }
+}
+
+/* await3 for two ids (id2 0: none; m->id says which). */
+static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline, wire_msg_t *m,
+                  reel_progress_fn fn, void *user, wire_err_t *err) {
+    return await3(c, id, id2, 0, deadline, m, fn, user, err);
 }
 
 /* The answer to id (await2: to id or to id2, 0 = none; m->id says which). */
@@ -734,18 +740,37 @@ int reel_publish_adapter(reel_client_t *c, const char *component, uint64_t versi
     return publish(c, s, path, progress, user, res, timeout_ms, err);
 }
 
-/* Uploads path and sends SYNC s (freed here) with its first chunk. */
-static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes_fn progress, void *user,
-                   reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
+/* One attempt of publish(): the upload from where the broker's copy ends,
+ * and the SYNC unless its answer came (*synced) in an earlier one. With
+ * liveness on, a broker silent for liveness_ms is asked for STATUS; one
+ * that does not answer within liveness_ms more, or answers with another
+ * boot id (a restart), ends the attempt with *lost set, for publish() to
+ * make another (the upload resumes, the SYNC goes again: idempotent). */
+typedef struct {
+    bool synced;        /* the SYNC's answer came */
+    bool lost;          /* the attempt ended on a lost or restarted broker */
+    int silent_ms;      /* ... after this long without an answer (0: another broker answered) */
+    uint64_t sent_id;   /* the last SYNC's id */
+    int64_t heard;      /* when the broker last answered anything */
+} publish_state_t;
+
+static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *path, reel_bytes_fn progress,
+                           void *user, reel_sync_result_t *res, int timeout_ms, publish_state_t *st,
+                           wire_err_t *err) {
     upload_t p;
-    const char *component = s->component, *sha256 = s->sha256;
-    uint64_t version = s->version;
-    if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) {
-        free(s);
+    bool *synced = &st->synced;
+    st->lost = false;
+    if (upload_open(c, &p, s->component, s->version, s->sha256, path, progress, user, err) != 0) return -1;
+    uint64_t sid = 0;
+    /* the broker this attempt talks to: its boot id, asked first when unknown */
+    uint64_t ping = c->liveness_ms && !c->boot ? ++c->next_id : 0;
+    bool first = ping != 0;
+    if (ping && msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
+        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+        upload_close(&p);
         return -1;
     }
-    uint64_t sid = 0;
-    bool synced = false; /* the SYNC's answer came */
+    int64_t answer_by = now_ms() + timeout_ms, ping_by = 0;
     int rc = 0;
     for (;;) {
         if (upload_fill(c, &p, timeout_ms, err) != 0) {
@@ -754,20 +779,59 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
         }
         /* The SYNC goes once the broker holds an upload of these bytes:
          * its workers fetch what came and wait for the rest. */
-        if (!sid && (p.received > 0 || p.complete)) {
-            sid = ++c->next_id;
+        if (!sid && !*synced && (p.received > 0 || p.complete)) {
+            sid = st->sent_id = ++c->next_id;
             if (msg_send(c->sock, NULL, MSG_SYNC, sid, s, NULL) != 0) {
                 set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
                 rc = -1;
                 break;
             }
         }
+        if (*synced && p.complete) break;
         wire_msg_t a;
-        if (await2(c, p.complete ? sid : p.id, p.complete || synced ? 0 : sid, now_ms() + timeout_ms, &a, NULL, NULL,
+        int64_t until = ping ? (first ? answer_by : ping_by) : c->liveness_ms ? now_ms() + c->liveness_ms : answer_by;
+        if (until > answer_by) until = answer_by;
+        if (await3(c, p.complete ? sid : p.id, p.complete || *synced ? 0 : sid, ping, until, &a, NULL, NULL,
                    err) != 0) {
+            if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= answer_by) {
+                rc = -1;
+                break;
+            }
+            if (!ping) { /* silent for liveness_ms: is it there? */
+                ping = ++c->next_id;
+                ping_by = now_ms() + c->liveness_ms;
+                if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
+                    set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                    rc = -1;
+                    break;
+                }
+                continue;
+            }
+            st->lost = true; /* that STATUS unanswered too: gone or stuck */
+            st->silent_ms = 2 * c->liveness_ms;
             rc = -1;
             break;
         }
+        st->heard = now_ms();
+        if (ping && a.id == ping) {
+            uint64_t boot = boot_of(&a);
+            wire_msg_close(&a);
+            ping = 0;
+            if (first || !c->boot) { /* the broker this attempt began with */
+                first = false;
+                if (boot) c->boot = boot;
+                continue;
+            }
+            if (boot && boot != c->boot) { /* another broker: a restart lost what was in flight */
+                c->boot = boot;
+                st->lost = true;
+                st->silent_ms = 0;
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        answer_by = now_ms() + timeout_ms; /* timeout_ms per answer awaited */
         if (sid && a.id == sid) {
             if (answer_is_error(&a, err)) { /* refused: the upload stops here (resumable) */
                 wire_msg_close(&a);
@@ -778,14 +842,34 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
              * worker failed early): the upload still completes, so the
              * broker holds the version and no slot is left open. */
             if ((rc = sync_done(&a, res, err)) != 0) break;
-            synced = true;
+            *synced = true;
             if (p.complete) break;
             continue;
         }
         if ((rc = upload_answer(&p, &a, err)) != 0) break;
-        if (synced && p.complete) break;
+        if (*synced && p.complete) break;
     }
     upload_close(&p);
+    return rc;
+}
+
+/* Uploads path and sends SYNC s (freed here) with its first chunk; a lost
+ * or restarted broker (publish_attempt) costs another attempt, which
+ * resumes the upload where the broker's copy ends, while timeout_ms has
+ * not passed without an answer. */
+static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes_fn progress, void *user,
+                   reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
+    publish_state_t st = { .heard = now_ms() };
+    int rc;
+    for (;;) {
+        rc = publish_attempt(c, s, path, progress, user, res, timeout_ms, &st, err);
+        /* again while the broker has answered within timeout_ms (a restart
+         * answers soon); a broker gone for good ends it as a timeout */
+        if (!st.lost || now_ms() - st.heard >= timeout_ms) break;
+        c->resends++;
+        if (c->on_resend) c->on_resend(c->resend_user, st.sent_id, st.silent_ms);
+    }
+    if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms", timeout_ms);
     free(s);
     return rc;
 }
