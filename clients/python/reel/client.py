@@ -46,6 +46,14 @@ class BusyError(ReelError):
         super().__init__("busy", message, request_id)
 
 
+class _BrokerLost(Exception):
+    """An upload attempt ended on a silent or restarted broker (Client._upload)."""
+
+    def __init__(self, done, heard):
+        super().__init__("broker lost")
+        self.done, self.heard = done, heard
+
+
 class ReelTimeout(ReelError):
     """No answer within the client's timeout (the broker may be down)."""
 
@@ -651,56 +659,103 @@ class Client:
                 sync_fields=None):
         """upload(); with sync_fields, also the SYNC (those fields) as soon
         as the broker holds the first chunk, so workers fetch while the rest
-        comes: returns (digest, the SYNC_DONE header)."""
+        comes: returns (digest, the SYNC_DONE header). The broker is watched
+        as a GEN's is (liveness): silent, or another broker answering (a
+        restart), the upload starts again from where the new broker's copy
+        ends and the SYNC goes again (.resends counts it)."""
         if int(window) < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         path = _regular_file(os.path.abspath(path))
         digest = (sha256 or sha256_file(path)).lower()
         size = os.path.getsize(path)
-        rid = next(self._ids)
-        sid, done = None, None
         wait = timeout if timeout is not None else self.timeout
-        chunk = 4 << 20
-        ends, nxt, ignore, complete = [], 0, 0, False
+        done = None
+        heard = time.monotonic()
         with open(path, "rb") as f:
             while True:
-                while not complete and nxt < size and len(ends) + ignore < window:
-                    f.seek(nxt)
-                    data = f.read(min(chunk, size - nxt))
-                    hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
-                           "version": int(version), "sha256": digest, "size": size, "offset": nxt,
-                           "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
-                    self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
-                    nxt += len(data)
-                    ends.append(nxt)
-                if complete and sync_fields is None:
-                    return digest
-                if complete and done is not None:
-                    return digest, done
-                pending = {sid} if complete else ({rid, sid} if sid is not None and done is None else {rid})
-                got, hdr, _ = self._recv_any(pending, time.monotonic() + wait)
-                if got == sid:
-                    if hdr.get("type") != "SYNC_DONE":
-                        raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", sid)
-                    # Answered before the last chunk went (no live worker, or
-                    # every worker failed early): the upload still completes.
-                    done = hdr
+                try:
+                    return self._upload_attempt(f, version, component, digest, size, wait, window, sync_fields, done)
+                except _BrokerLost as lost:
+                    done = lost.done
+                    heard = lost.heard or heard
+                    if time.monotonic() - heard >= wait:
+                        raise ReelTimeout(f"no reply from {self.broker} in time", 0)
+                    self.resends += 1
+
+    def _upload_attempt(self, f, version, component, digest, size, wait, window, sync_fields, done):
+        rid = next(self._ids)
+        sid = None
+        chunk = 4 << 20
+        ends, nxt, ignore, complete = [], 0, 0, False
+        ping, first, ping_by = None, False, 0.0
+        if self.liveness and not self._boot:  # learn which broker this attempt talks to
+            ping, first = next(self._ids), True
+            self._send("STATUS", ping, {})
+        answer_by = time.monotonic() + wait
+        heard = None
+        while True:
+            while not complete and nxt < size and len(ends) + ignore < window:
+                f.seek(nxt)
+                data = f.read(min(chunk, size - nxt))
+                hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
+                       "version": int(version), "sha256": digest, "size": size, "offset": nxt,
+                       "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
+                self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
+                nxt += len(data)
+                ends.append(nxt)
+            if complete and sync_fields is None:
+                return digest
+            if complete and done is not None:
+                return digest, done
+            pending = {sid} if complete else ({rid, sid} if sid is not None and done is None else {rid})
+            pending.discard(None)
+            until = answer_by
+            if self.liveness:
+                until = min(answer_by, answer_by if first else ping_by if ping else time.monotonic() + self.liveness)
+            try:
+                got, hdr, _ = self._recv_any(pending | ({ping} if ping else set()), until)
+            except ReelTimeout:
+                if time.monotonic() >= answer_by:
+                    raise
+                if not ping:  # silent for `liveness`: is it there?
+                    ping, ping_by = next(self._ids), time.monotonic() + self.liveness
+                    self._send("STATUS", ping, {})
                     continue
-                if hdr.get("type") != "UPLOAD_ACK":
-                    raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
-                if hdr.get("complete"):
-                    complete = True
-                elif ignore:
-                    ignore -= 1
-                    continue
-                elif ends:
-                    want = ends.pop(0)
-                    if hdr.get("received") != want:  # not written: go on from where the broker's copy ends
-                        nxt, ignore, ends = hdr.get("received", 0), len(ends), []
-                # The SYNC goes once the broker holds an upload of these bytes.
-                if sync_fields is not None and sid is None and (complete or hdr.get("received", 0) > 0):
-                    sid = next(self._ids)
-                    self._send("SYNC", sid, sync_fields)
+                raise _BrokerLost(done, heard)  # that STATUS unanswered too: gone or stuck
+            heard = time.monotonic()
+            if got == ping:
+                boot = int(hdr.get("boot") or "0", 16)
+                ping = None
+                if first or not self._boot:
+                    first = False
+                    self._boot = boot or self._boot
+                elif boot and boot != self._boot:  # another broker: a restart lost what was in flight
+                    self._boot = boot
+                    raise _BrokerLost(done, heard)
+                continue
+            answer_by = time.monotonic() + wait
+            if got == sid:
+                if hdr.get("type") != "SYNC_DONE":
+                    raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", sid)
+                # Answered before the last chunk went (no live worker, or
+                # every worker failed early): the upload still completes.
+                done = hdr
+                continue
+            if hdr.get("type") != "UPLOAD_ACK":
+                raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
+            if hdr.get("complete"):
+                complete = True
+            elif ignore:
+                ignore -= 1
+                continue
+            elif ends:
+                want = ends.pop(0)
+                if hdr.get("received") != want:  # not written: go on from where the broker's copy ends
+                    nxt, ignore, ends = hdr.get("received", 0), len(ends), []
+            # The SYNC goes once the broker holds an upload of these bytes.
+            if sync_fields is not None and sid is None and done is None and (complete or hdr.get("received", 0) > 0):
+                sid = next(self._ids)
+                self._send("SYNC", sid, sync_fields)
 
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
              deadline_ms=0, weights_dir=None, timeout=None, upload=False, lora=None, lora_config=None, base=None):

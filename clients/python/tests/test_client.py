@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -769,6 +770,70 @@ class BrokerRestartTests(unittest.TestCase):
                 p.kill()
                 p.wait(30)
             shutil.rmtree(d, ignore_errors=True)
+    def test_a_sync_by_value_whose_broker_dies_mid_upload_uploads_again_and_completes(self):
+        """sync(upload=True) of small's weights (100 MB); the broker frozen
+        as soon as it logs the SYNC, then killed and restarted: the client
+        uploads again to the new broker, sends the SYNC again and ends
+        complete; the new broker holds the file byte for byte."""
+        d = tempfile.mkdtemp(prefix="reel-py-urestart-")
+        procs = []
+        ce, we, up = f"ipc://{d}/clients", f"ipc://{d}/workers", os.path.join(d, "up")
+        os.mkdir(up)
+        blog = os.path.join(d, "broker.log")
+
+        def broker(log):
+            p = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", ce, "--workers", we, "--catalog",
+                                  os.path.join(d, "reel.db"), "--heartbeat-ms", "200", "--weights-dir", up],
+                                 stdout=open(log, "w"), stderr=subprocess.STDOUT)
+            procs.append(p)
+            return p
+
+        try:
+            s1, s2 = os.path.join(d, "s1.safetensors"), os.path.join(d, "s2.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "small", "--seed", "11", "--out", s1)
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "small", "--seed", "12", "--out", s2)
+            b = broker(blog)
+            procs.append(subprocess.Popen([f"{BUILD}/reel-worker", "--broker", we, "--name", "pyu", "--weights", s1,
+                                           "--streams", "1", "--heartbeat-ms", "200"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+            with reel.Client(ce, timeout=5, liveness=0) as c:
+                end = time.monotonic() + 60
+                while time.monotonic() < end and not any(w.get("name") == "pyu" for w in c.status(timeout=2)["workers"]):
+                    time.sleep(0.02)
+            out, errors = {}, []
+
+            def one():
+                try:
+                    with reel.Client(ce, timeout=60, liveness=0.2) as c:
+                        out["r"] = c.sync(2, path=s2, upload=True)
+                        out["resends"] = c.resends
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=one)
+            t.start()
+            end = time.monotonic() + 60
+            while time.monotonic() < end and "sync transformer v2 accepted" not in open(blog).read():
+                time.sleep(0.005)
+            b.send_signal(signal.SIGSTOP)
+            stored = os.path.exists(os.path.join(up, "transformer-v2.safetensors"))
+            b.kill()
+            b.wait(30)
+            broker(os.path.join(d, "broker2.log"))
+            t.join(120)
+            self.assertEqual(errors, [])
+            self.assertTrue(out["r"].complete, out["r"])
+            if not stored:  # else the upload ended before the freeze (a few ms' race): nothing went again
+                self.assertGreaterEqual(out["resends"], 1, "the client uploaded and synced again")
+            with open(os.path.join(up, "transformer-v2.safetensors"), "rb") as a, open(s2, "rb") as want:
+                self.assertTrue(a.read() == want.read(), "the new broker holds the file byte for byte")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(30)
+            shutil.rmtree(d, ignore_errors=True)
+
 
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""
