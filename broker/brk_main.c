@@ -154,7 +154,7 @@ static void resume_versions(brk_t *b, cat_t *cat) {
         brk_interrupted_t *e = &b->interrupted[b->n_interrupted++];
         snprintf(e->component, sizeof e->component, "%s", p[i].component);
         e->version = p[i].version;
-        snprintf(e->sha256, sizeof e->sha256, "%s", p[i].sha256);
+        snprintf(e->sha256, sizeof e->sha256, "%.64s", p[i].sha256); /* hex sha256: 64 */
         snprintf(e->source, sizeof e->source, "%s", p[i].source);
         brk_log("sync %s v%llu was in flight when the previous broker stopped: failed, unless a worker that "
                 "registers runs it (then it is current again); a trainer's resend of it waits for the workers",
