@@ -188,8 +188,7 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
             continue;
         }
         char why[256];
-        snprintf(why, sizeof why, "applied by %s before a broker restart (it said so when it registered again)",
-                 w->route.name);
+        snprintf(why, sizeof why, "applied by %s, sent by the broker before a restart", w->route.name);
         brk_cq_worker_version(b->cat, w->route.name, e->component, e->version, true, NULL);
         brk_cq_weight_state(b->cat, e->component, e->version, "current", why);
         brk_log("%s v%llu is current again: %s", e->component, (unsigned long long)e->version, why);
@@ -323,8 +322,14 @@ static void finish(brk_t *b, brk_barrier_t *s) {
 static void settle_barriers(brk_t *b) {
     for (brk_barrier_t **p = &b->barriers; *p;) {
         brk_barrier_t *s = *p;
-        bool waiting = s->hold && s->n == 0; /* held for workers to register */
-        for (int i = 0; i < s->n && !waiting; i++) waiting = s->m[i].state == M_WAITING;
+        bool waiting = false, live = false;
+        for (int i = 0; i < s->n && !waiting; i++) {
+            waiting = s->m[i].state == M_WAITING;
+            live = live || s->m[i].state == M_APPLIED;
+        }
+        /* held for workers to register while none has applied it or waits on
+         * it (one that registered and was lost does not end the hold) */
+        waiting = waiting || (s->hold && !live);
         if (waiting) {
             p = &s->next;
         } else {
@@ -573,6 +578,17 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
     uint64_t version = a->version;
     bool ok = a->ok;
     brk_wsync_t *ws = worker_sync(w, comp, true);
+    /* The ack of an interrupted sync (sent by the broker before a restart,
+     * applied after this worker registered here at the version before): it
+     * was sent, by that broker; taken, and the version made current again
+     * below (rejoin_interrupted). */
+    bool late = ok && ws && version > ws->sent && interrupted_at(b, comp, version) >= 0;
+    if (late) {
+        brk_log("worker %s applied %s v%llu, sent by the broker before a restart", w->route.name, comp,
+                (unsigned long long)version);
+        ws->sent = version;
+        ws->sent_id = 0;
+    }
     /* A worker applies only what it was sent: an ack of a version it never
      * got (2^63-1, say) would make it eligible for every request. */
     if (!ws || version > ws->sent) {
@@ -625,6 +641,7 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
         }
     }
     if (ok && mine) promote(b, mine, w->route.name);
+    if (late) rejoin_interrupted(b, w); /* settles too */
     settle_barriers(b);
 }
 

@@ -23,6 +23,9 @@
 #      mid-upload after it got the SYNC: the client notices, uploads again
 #      to the new broker (it kept no part of the old copy), sends the SYNC
 #      again, and its sync ends complete.
+#   5. The ack comes late: a worker registers with the new broker at the
+#      old version (it was still loading the new one) and then acks the
+#      interrupted version: that version is current again.
 # Usage: cli_sync_restart.sh BUILD
 set -u
 B="${1:-build}"
@@ -113,7 +116,7 @@ broker "$D/b3.log"
 BP=$BROKER
 peer t1 3 "$D/p4.out" 60
 P4=$!
-wait_for "$D/b3.log" "transformer v3 is current again: applied by t1 before a broker restart" 30 &&
+wait_for "$D/b3.log" "transformer v3 is current again: applied by t1, sent by the broker before a restart" 30 &&
     ok "a worker running the interrupted v3 makes it current again" || { bad "v3 not adopted"; show "$D/b3.log"; }
 wait_sql "$DB" "select count(*) from weight_versions where version = 3 and state = 'current' and reason like '%applied by t1%'" 1 30 &&
     ok "the catalog says v3 is current, and why" || bad "v3 is '$(state 3)': $(/usr/bin/sqlite3 "$DB" "select reason from weight_versions where version = 3")"
@@ -193,4 +196,35 @@ wait_sql "$DB" "select count(*) from weight_versions where version = 2 and state
     ok "the catalog says v2 (uploaded) is current" || bad "uploaded v2 is '$(state 2)'"
 cmp -s "$D/up/transformer-v2.safetensors" "$D/s2.safetensors" && ok "the broker holds the whole file, byte for byte" ||
     bad "the stored upload differs from the trainer's file"
+
+echo "== 5. the ack comes late: the worker registered at v1 while still applying the interrupted v2"
+# A raw worker registers with the restarted broker at v1 and only then
+# acks v2 (what a worker still loading vN when its broker died does):
+# the broker never sent it v2, but its predecessor did: v2 is current.
+CE="ipc://$D/c5"; WE="ipc://$D/w5"; DB="$D/reel5.db"
+broker "$D/b7.log"
+peer u1 1 "$D/p7.out" 60
+P7=$!
+wait_for "$D/b7.log" "worker u1 ready" 30 || bad "u1 registers"
+sync_bg 2
+S7=$!
+wait_for "$D/p7.out" '"version": 2' 30 || { bad "no SYNC v2 reached u1"; show "$D/p7.out"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 2 and state = 'pending'" 1 30 || bad "v2 pending"
+kill -9 "$S7" "$BP"
+reap "$BP" 30
+reap "$S7" 30
+kill "$P7" 2>/dev/null
+reap "$P7" 30
+broker "$D/b8.log"
+NPEER=$((NPEER + 1))
+$PY "$PEER" --endpoint "$WE" --id "u1-$NPEER" --for 30 --heartbeat \
+    '{"type":"READY","name":"u1","models":["tiny"],"versions":{"transformer":1}}' \
+    '{"type":"SYNC_ACK","id":0,"component":"transformer","version":2,"ok":true}' >"$D/p8.out" 2>&1 &
+P8=$!
+wait_for "$D/b8.log" "transformer v2 is current again: applied by u1" 30 &&
+    ok "a late ack of the interrupted v2 (after READY at v1) makes it current again" || { bad "late ack ignored"; show "$D/b8.log"; }
+wait_sql "$DB" "select count(*) from weight_versions where version = 2 and state = 'current'" 1 30 &&
+    ok "the catalog says v2 is current" || bad "v2 is '$(state 2)'"
+kill "$P8" 2>/dev/null
+reap "$P8" 30
 finish
