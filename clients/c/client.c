@@ -863,9 +863,25 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
     int rc;
     for (;;) {
         rc = publish_attempt(c, s, path, progress, user, res, timeout_ms, &st, err);
-        /* again while the broker has answered within timeout_ms (a restart
-         * answers soon); a broker gone for good ends it as a timeout */
-        if (!st.lost || now_ms() - st.heard >= timeout_ms) break;
+        if (!st.lost) break;
+        /* No chunk goes again before a broker answers a STATUS: chunks sent
+         * to nobody would only queue in the socket (megabytes an attempt).
+         * A broker gone for good, silent for timeout_ms, ends it. */
+        bool back = false;
+        while (!back && now_ms() - st.heard < timeout_ms) {
+            uint64_t ping = ++c->next_id;
+            wire_msg_t a;
+            wire_err_t e;
+            if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) break;
+            if (await(c, ping, now_ms() + c->liveness_ms, &a, NULL, NULL, &e) == 0) {
+                uint64_t boot = boot_of(&a);
+                wire_msg_close(&a);
+                if (boot) c->boot = boot;
+                st.heard = now_ms();
+                back = true;
+            }
+        }
+        if (!back) break;
         c->resends++;
         if (c->on_resend) c->on_resend(c->resend_user, st.sent_id, st.silent_ms);
     }

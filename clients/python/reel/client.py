@@ -678,8 +678,18 @@ class Client:
                 except _BrokerLost as lost:
                     done = lost.done
                     heard = lost.heard or heard
-                    if time.monotonic() - heard >= wait:
-                        raise ReelTimeout(f"no reply from {self.broker} in time", 0)
+                    # No chunk goes again before a broker answers a STATUS:
+                    # chunks sent to nobody would only queue in the socket.
+                    while True:
+                        if time.monotonic() - heard >= wait:
+                            raise ReelTimeout(f"no reply from {self.broker} in time", 0)
+                        try:
+                            st = self.status(timeout=self.liveness)
+                        except ReelTimeout:
+                            continue
+                        self._boot = int(st.get("boot") or "0", 16) or self._boot
+                        heard = time.monotonic()
+                        break
                     self.resends += 1
 
     def _upload_attempt(self, f, version, component, digest, size, wait, window, sync_fields, done):
