@@ -12,6 +12,9 @@
 #   make CUDA=0     build without CUDA even where nvcc exists
 
 BUILD   ?= build
+# Parallel compiles for the builds that make test, demo and the sanitizer
+# targets start (CI runs a plain `make test`); `make JOBS=1 test` for one.
+JOBS    ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 CC      ?= cc
 CSTD     = -std=c17
 WARN     = -Wall -Wextra -Werror -Wno-psabi
@@ -206,7 +209,7 @@ $(BUILD)/bench/%: bench/%.c $(LIB) $(FLAGS_STAMP)
 
 # Every suite, then the unit suites again under ASan/UBSan and TSan.
 test: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	BUILD=$(BUILD) tests/run_all.sh
 	$(MAKE) asan
 	$(MAKE) tsan
@@ -221,21 +224,21 @@ test-busy: deps
 # namespaces over veth pairs; make test runs it too (it skips with one line
 # where ip netns is not permitted).
 test-hosts: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	sh tests/cli_hosts.sh $(BUILD)
 
 demo: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	BUILD=$(BUILD) deploy/demo.sh
 
 # The single-process tour: reelctl run with and without graphs, SDE.
 demo-local: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	BUILD=$(BUILD) deploy/demo_local.sh
 
 # Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
 asan: deps
-	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
@@ -243,14 +246,14 @@ asan: deps
 # The process-level scripts (tests/cli_*.sh) against ASan + UBSan builds of
 # the daemons and reelctl: any sanitizer report fails it.
 asan-cli: deps
-	$(MAKE) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
 	BUILD=build-asan tests/run_asan_cli.sh
 
 # Unit suites under ThreadSanitizer (the threaded capture_cache tests are
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
 tsan: deps
-	$(MAKE) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" all
+	$(MAKE) -j$(JOBS) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" all
 	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 
@@ -259,7 +262,7 @@ tsan: deps
 FUZZ_SECONDS ?= 60
 FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 fuzz-build: deps
-	$(MAKE) BUILD=build-fuzz CUDA=0 CC=clang CXX=clang++ OPT="-O1 -g" \
+	$(MAKE) -j$(JOBS) BUILD=build-fuzz CUDA=0 CC=clang CXX=clang++ OPT="-O1 -g" \
 	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all" build-fuzz/libreel.a \
 	  $(REPORT_SRC:%.c=build-fuzz/%.o)
 	@mkdir -p build-fuzz/fuzz build-fuzz/fuzz-obj
@@ -278,11 +281,11 @@ fuzz: fuzz-build
 # The broker SIGKILLed at random moments under load, 20 times (issue 30;
 # tests/cli_broker_kill.sh runs 3 rounds in make test). SOAK_SEED=N replays.
 soak-broker: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	SOAK_SEED=$(SOAK_SEED) sh tests/soak_broker_kill.sh $(BUILD) 20
 
 bench: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	BUILD=$(BUILD) bench/run_all.sh
 
 clean:
