@@ -14,7 +14,10 @@
  *     +- brk_sync.c      SYNC, SYNC_ACK, barriers, current versions,
  *     |                  catching workers up
  *     +- brk_status.c    STATUS_REPLY (reads the state; asks brk_sync why a
- *                        worker lags)
+ *     |                  worker lags)
+ *     +- brk_ha.c        a standby pair: PEER both ways, the fencing rule,
+ *                        taking over (the peer's versions: brk_sync) and
+ *                        stepping down (brk_requests, brk_sync give up)
  *   leaves, used by any of them: brk_msg.c (clock, identities, sends,
  *   looking workers up), brk_route.c (pure routing rules), brk_catq.c (the
  *   catalog writer thread), brk_upload.c (weights by value: UPLOAD into
@@ -205,12 +208,14 @@ typedef struct {
 
 struct brk_zap;
 struct brk_uploads;
+struct brk_ha;
 
 typedef struct {
     brk_opts_t opt;
     void *ctx, *clients, *workers;   /* ZeroMQ context and ROUTER sockets */
     struct brk_zap *zap;             /* keys and roles (brk_zap.h); NULL without keys */
     struct brk_uploads *uploads;     /* weights by value (brk_upload.h); NULL without --weights-dir */
+    struct brk_ha *ha;               /* one of a standby pair (brk_ha.h); NULL alone (always active) */
     brk_catq_t *cat;
 
     brk_worker_t **w;                /* registered workers */

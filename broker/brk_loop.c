@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "broker/brk_check.h"
+#include "broker/brk_ha.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_requests.h"
@@ -39,6 +40,7 @@ typedef union {
     msg_events_t events;
     msg_upload_t upload;
     msg_fetch_t fetch;
+    msg_peer_t peer;
 } body_t;
 
 int brk_reap(brk_t *b) {
@@ -70,11 +72,22 @@ static void settle(brk_t *b) {
 static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
     wire_msg_t *m = *mp;
     wire_err_t err;
-    switch (msg_type(m)) {
+    msg_type_t t = msg_type(m);
+    /* One of a standby pair serves a GEN, SYNC or UPLOAD only while active
+     * (brk_ha_client, after the decode: the request's key says whether a
+     * client came back after trying the other broker); a standby answers
+     * ERROR standby unless that makes it take over. */
+    switch (t) {
+    case MSG_PEER:
+        if (msg_peer_decode(m, &u->peer, &err))
+            BAD_REPLY(b, false, m, err.code, "PEER: %s", err.message);
+        else
+            brk_ha_peer(b, m, &u->peer);
+        break;
     case MSG_GEN:
         if (msg_gen_decode(m, &u->gen, &err) || msg_gen_validate(&u->gen, NULL, &err))
             BAD_REPLY(b, false, m, err.code, "GEN: %s", err.message);
-        else
+        else if (brk_ha_client(b, m, brk_ha_key_gen(&u->gen, m->id)))
             brk_req_accept(b, mp, &u->gen, brk_current_version(b, BRK_COMPONENT));
         break;
     case MSG_SYNC:
@@ -85,14 +98,14 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
         if (msg_sync_decode(m, &u->sync, &err) || msg_sync_validate(&u->sync, false, &err)) {
             brk_log("SYNC refused: %s", err.message);
             BAD_REPLY(b, false, m, err.code, "SYNC: %s", err.message);
-        } else {
+        } else if (brk_ha_client(b, m, brk_ha_key_weights(u->sync.component, u->sync.version, u->sync.sha256))) {
             brk_sync_request(b, &m->identity, m->id, &u->sync);
         }
         break;
     case MSG_UPLOAD: /* a trainer's: the gate checked the role */
         if (msg_upload_decode(m, &u->upload, &err) || msg_upload_validate(&u->upload, &err))
             BAD_REPLY(b, false, m, err.code, "UPLOAD: %s", err.message);
-        else
+        else if (brk_ha_client(b, m, brk_ha_key_weights(u->upload.component, u->upload.version, u->upload.sha256)))
             brk_upload_chunk(b, &m->identity, m->id, &u->upload, m);
         break;
     case MSG_STATUS:
@@ -149,6 +162,10 @@ static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire
 }
 
 static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
+    if (!brk_ha_active(b)) { /* a standby registers no worker: READY is told to go to the other broker */
+        brk_ha_worker(b, m);
+        return;
+    }
     brk_worker_t *w = brk_worker_find(b, &m->identity);
     msg_type_t t = msg_type(m);
     wire_err_t err;
@@ -293,6 +310,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         int64_t now = brk_now_ms();
         int64_t next = min64(b->next_heartbeat_ms, min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
         if (b->metrics.http) next = min64(next, b->metrics.next_publish_ms);
+        next = min64(next, brk_ha_next_wake(b));
         long timeout = next <= now ? 0 : (long)min64(next - now, b->opt.heartbeat_ms);
         int rc = zmq_poll(items, 2, timeout);
         if (rc < 0) {
@@ -310,6 +328,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_req_timers(b, now);
         brk_sync_timers(b, now);
         brk_upload_timers(b, now);
+        brk_ha_timers(b, now);
         settle(b);
         BRK_CHECK_INVARIANTS(b, "the timers");
         brk_metrics_publish(b, now);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/brk_ha.h"
 #include "broker/brk_broker.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_metrics.h"
@@ -86,7 +87,7 @@ static int start_keys(brk_t *b) {
         snprintf(own, sizeof own, "%s/broker.key", b->opt.keys);
         key = own;
     }
-    if (!(b->zap = brk_zap_new(b->ctx, b->opt.keys, key))) {
+    if (!(b->zap = brk_zap_new(b->ctx, b->opt.keys, key, b->opt.peer != NULL))) {
         brk_log("cannot use the keys: %s", reel_err_text());
         return -1;
     }
@@ -232,7 +233,12 @@ static int start_sockets(brk_t *b) {
     b->clients = router(b, b->opt.clients, false, "client");
     if (!b->clients) return -1;
     b->workers = router(b, b->opt.workers, true, "worker");
-    return b->workers ? 0 : -1;
+    if (!b->workers) return -1;
+    if (brk_ha_start(b) != 0) { /* one of a standby pair: after the sockets, PEER goes out at once */
+        brk_log("%s", reel_err_text());
+        return -1;
+    }
+    return 0;
 }
 
 /* Closes what start_catalog and start_sockets opened (any of it). */
@@ -244,6 +250,7 @@ static void stop_all(brk_t *b) {
         zmq_close(b->clients);
     }
     if (b->workers) zmq_close(b->workers);
+    brk_ha_stop(b);
     brk_zap_destroy(&b->zap); /* its socket too, before the context ends */
     if (b->ctx) zmq_ctx_term(b->ctx);
     brk_queue_free(&b->queue);

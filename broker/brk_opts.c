@@ -12,6 +12,7 @@
 #include <string.h>
 
 static int set_retain(void *dst, const char *v);
+static int set_role(void *dst, const char *v);
 static int set_held(void *dst, const char *v);
 
 #define O(f) offsetof(brk_opts_t, f)
@@ -43,6 +44,14 @@ static const reel_opt_t rows[] = {
     { .name = "insecure", .kind = REEL_OPT_FLAG, .off = O(insecure),
       .help = "serve a non-loopback endpoint without keys (anyone who\n"
               "reaches it may run or replace the models)" },
+    { .name = "peer", .kind = REEL_OPT_STRING, .off = O(peer), .arg = "ENDPOINT",
+      .help = "one of a standby pair: the other broker's client\n"
+              "endpoint (docs/OPERATIONS.md \"Two brokers\")" },
+    { .name = "role", .kind = REEL_OPT_SET, .set = set_role, .expect = "primary or backup", .arg = "ROLE",
+      .help = "with --peer: primary (active when both start) or backup" },
+    { .name = "peer-timeout-ms", .kind = REEL_OPT_U64, .off = O(peer_timeout_ms), .ulo = 1, .uhi = UINT32_MAX,
+      .arg = "N", .help = "with --peer: its silence before a client's request makes\n"
+                          "this broker active (default heartbeat x liveness)" },
     { .name = "weights-dir", .kind = REEL_OPT_STRING, .off = O(weights_dir), .arg = "DIR",
       .help = "keep weights trainers UPLOAD here and serve them to\n"
               "workers (FETCH); without it uploads are refused" },
@@ -86,6 +95,15 @@ static int set_held(void *dst, const char *s) {
 }
 
 static int check(const brk_opts_t *o);
+
+static int set_role(void *dst, const char *v) {
+    brk_opts_t *o = dst;
+    if (!strcmp(v, "primary")) o->primary = true;
+    else if (!strcmp(v, "backup")) o->primary = false;
+    else return reel_fail(REEL_E_INVALID, "--role must be primary or backup, not '%s'", v);
+    o->role_given = true;
+    return 0;
+}
 
 static void defaults(brk_opts_t *o) {
     *o = (brk_opts_t){
@@ -131,6 +149,10 @@ int brk_opts_parse(brk_opts_t *o, int argc, char **argv) {
 static int check(const brk_opts_t *o) {
     if (o->key && !o->keys) return reel_fail(REEL_E_INVALID, "--key needs --keys DIR (the peers it admits)");
     if (o->keys && o->insecure) return reel_fail(REEL_E_INVALID, "--keys and --insecure exclude each other");
+    if (!o->peer && (o->role_given || o->peer_timeout_ms))
+        return reel_fail(REEL_E_INVALID, "--role and --peer-timeout-ms need --peer ENDPOINT");
+    if (o->peer && !o->role_given)
+        return reel_fail(REEL_E_INVALID, "--peer needs --role primary or --role backup (one of each in a pair)");
     /* Secure by default: without keys, anyone who reaches a port may run
      * requests, publish weights and pose as a worker. */
     const char *open_ep = !brk_endpoint_local(o->clients) ? o->clients

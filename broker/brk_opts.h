@@ -23,6 +23,10 @@ typedef struct {
     int weights_keep;             /* uploaded versions kept: the current and N-1 older (0 = all) */
     double catalog_retain_days;   /* raw catalog rows older than this are pruned; 0 = kept */
     int64_t catalog_max_rows;     /* raw rows kept per catalog table; 0 = no cap */
+    const char *peer;             /* the other broker's client endpoint (a standby pair); NULL = alone */
+    bool primary;                 /* --role primary (true) or backup */
+    bool role_given;
+    uint64_t peer_timeout_ms;     /* peer silence before a client may make this one active; 0 = heartbeat x liveness */
 } brk_opts_t;
 
 /* Parses argv into *o (defaults first). Returns 0 to run; 1 when -h was

@@ -500,11 +500,12 @@ int64_t brk_req_next_deadline(const brk_t *b) {
     return t;
 }
 
-void brk_req_shutdown(brk_t *b) {
+void brk_req_shutdown(brk_t *b) { brk_req_give_up(b, WIRE_E_INTERNAL, "broker shutting down"); }
+
+void brk_req_give_up(brk_t *b, const char *code, const char *why) {
     while (b->reqs) {
         brk_req_t *r = b->reqs;
-        if (r->state != REQ_ABANDONED)
-            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_INTERNAL, "broker shutting down");
+        if (r->state != REQ_ABANDONED) brk_error_to(b, false, CLIENT(r), r->client_id, code, "%s", why);
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);
     }

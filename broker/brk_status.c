@@ -1,6 +1,7 @@
 /* brk_status.c -- STATUS_REPLY (docs/PROTOCOL.md). Built from the state
  * as it is; the one thing it asks another module is why a worker lags
  * (brk_sync_lag). */
+#include "broker/brk_ha.h"
 #include "broker/brk_status.h"
 
 #include <errno.h>
@@ -86,6 +87,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->queue = brk_queue_len(&b->queue);
     r->queue_max = b->queue.max;
     r->boot = b->boot;
+    brk_ha_status(b, r);
     for (int i = 0; i < b->n_cur; i++)
         if (b->cur[i].version) /* a component whose only sync is pending has none yet */
             note_version(&r->versions, b->cur[i].component, b->cur[i].version);

@@ -698,23 +698,47 @@ int64_t brk_sync_next_deadline(const brk_t *b) {
 }
 
 void brk_sync_shutdown(brk_t *b) {
+    brk_sync_give_up(b, WIRE_E_INTERNAL, "broker shutting down");
+    for (int i = 0; i < b->n_cur; i++) free_sync(&b->cur[i].sync);
+}
+
+void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
     while (b->barriers) {
         brk_barrier_t *s = b->barriers;
         b->barriers = s->next;
         for (int t = 0; t < s->n_trainers; t++)
-            brk_send_error(b->clients, &s->trainers[t].ident, s->trainers[t].id, WIRE_E_INTERNAL,
-                           "broker shutting down before sync %s v%llu completed", s->component,
-                           (unsigned long long)s->version);
+            brk_send_error(b->clients, &s->trainers[t].ident, s->trainers[t].id, code,
+                           "%s before sync %s v%llu completed", why, s->component, (unsigned long long)s->version);
         if (s->sync) {
-            brk_cq_weight_state(b->cat, s->component, s->version, "failed",
-                                "broker shut down before any worker applied it");
+            char reason[300];
+            snprintf(reason, sizeof reason, "%s before any worker applied it", why);
+            brk_cq_weight_state(b->cat, s->component, s->version, "failed", reason);
             free_sync(&s->sync);
         }
         free(s->trainers);
         free(s->m);
         free(s);
     }
-    for (int i = 0; i < b->n_cur; i++) free_sync(&b->cur[i].sync);
+}
+
+int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
+    if (s->version <= brk_current_version(b, s->component)) return 0;
+    brk_current_t *cur = current_slot(b, s->component);
+    if (!cur) return reel_fail(REEL_E_LIMIT, "more than %d weight components", BRK_MAX_COMPONENTS);
+    msg_sync_t *c = malloc(sizeof *c);
+    if (!c) return reel_fail(REEL_E_NOMEM, "out of memory");
+    *c = *s;
+    c->n_tensors = 0;
+    memset(c->tensors, 0, sizeof c->tensors);
+    c->deadline_ms = 0;
+    free_sync(&cur->sync);
+    cur->sync = c;
+    cur->version = s->version;
+    snprintf(cur->sha256, sizeof cur->sha256, "%s", s->sha256);
+    cur->sync_id = b->next_id++;
+    brk_cq_weight_version(b->cat, s->component, s->version, s->sha256, s->uploaded ? BRK_SOURCE_UPLOADED : s->path);
+    brk_cq_weight_state(b->cat, s->component, s->version, "current", why);
+    return 1;
 }
 
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path) {

@@ -35,6 +35,15 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
  * with the error value (base/error.h): REEL_E_LIMIT past
  * BRK_MAX_COMPONENTS components, REEL_E_NOMEM. */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path);
+/* A standby pair's takeover (brk_ha.c): the peer's current SYNC s, when
+ * newer than this broker's, becomes the component's current one, recorded
+ * current in the catalog with `why`. 1 when adopted, 0 when not newer, -1
+ * with the error value (REEL_E_LIMIT, REEL_E_NOMEM). */
+int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why);
+/* Answers every trainer waiting on a barrier ERROR code ("<why> before
+ * sync C vN completed"), fails the pending versions in the catalog and
+ * frees the barriers; the current versions stay. */
+void brk_sync_give_up(brk_t *b, const char *code, const char *why);
 /* Fails the members of expired barriers ("timeout") and settles them. */
 void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);

@@ -36,6 +36,8 @@ struct brk_zap {
     atomic_bool quit;
     char *keys_dir;
     reel_key_t self;               /* the broker's pair */
+    reel_key_t peer;               /* the other broker of a standby pair: the same (public) key */
+    bool has_peer;
 
     pthread_mutex_t mu;            /* guards ring (the pointer and what it points to) */
     reel_keyring_t *ring;
@@ -55,6 +57,10 @@ static bool worth_logging(uint64_t n) { return n <= 10 || n % 1000 == 0; }
 
 /* Copies the allowlist entry of key into *out. false when there is none. */
 static bool lookup(brk_zap_t *z, const char *key, reel_key_t *out) {
+    if (z->has_peer && !strcmp(key, z->peer.public_key)) { /* set before the handler starts; never changed */
+        *out = z->peer;
+        return true;
+    }
     pthread_mutex_lock(&z->mu);
     const reel_key_t *k = reel_keyring_find(z->ring, key);
     if (k) *out = *k;
@@ -63,7 +69,9 @@ static bool lookup(brk_zap_t *z, const char *key, reel_key_t *out) {
 }
 
 static bool role_fits(reel_role_t r, bool worker_side) {
-    return worker_side ? r == REEL_ROLE_WORKER : (r == REEL_ROLE_CLIENT || r == REEL_ROLE_TRAINER);
+    /* a broker key on the client socket: only the peer's (the keyring skips broker keys) */
+    return worker_side ? r == REEL_ROLE_WORKER
+                       : (r == REEL_ROLE_CLIENT || r == REEL_ROLE_TRAINER || r == REEL_ROLE_BROKER);
 }
 
 int brk_zap_reload(brk_zap_t *z) {
@@ -208,7 +216,7 @@ static void *zap_main(void *arg) {
     return NULL;
 }
 
-brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
+brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file, bool pair) {
     brk_zap_t *z = calloc(1, sizeof *z);
     if (!z) {
         reel_fail(REEL_E_NOMEM, "out of memory");
@@ -236,6 +244,11 @@ brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file) {
         reel_fail(REEL_E_INVALID, "%s: a %s key, not the broker's (reelctl keys new --role broker)", key_file,
                   reel_role_name(z->self.role));
         goto err;
+    }
+    if (pair) { /* a standby pair shares the broker's key pair: the peer connects with it */
+        z->peer = z->self;
+        explicit_bzero(z->peer.secret_key, sizeof z->peer.secret_key);
+        z->has_peer = true;
     }
     if (!(z->ring = reel_keyring_load(keys_dir))) goto err;
     sigset_t hup;
@@ -366,6 +379,14 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
         return false;
     }
     if (z) z->cur = who;
+    if (!worker_side && (msg_type(m) == MSG_PEER) != (who.role == REEL_ROLE_BROKER) && who.role != REEL_ROLE_NONE &&
+        msg_type(m) != MSG_STATUS) {
+        if (m->has_identity && brk_reply_allowed(b, &m->identity))
+            brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
+                         who.role == REEL_ROLE_BROKER ? "the peer broker's key sends PEER and STATUS only"
+                                                      : "PEER: only the peer broker (the broker's own key) may send it");
+        return false;
+    }
     if (!worker_side && msg_type(m) == MSG_UPLOAD && !may_send(who.role, MSG_UPLOAD)) {
         brk_log("UPLOAD from %s refused: a %s key may not publish weights", who.name, reel_role_name(who.role));
         brk_cq_audit(b->cat, who.name, reel_role_name(who.role), "upload", NULL, 0, NULL, NULL,

@@ -50,11 +50,14 @@ typedef struct {
 } brk_who_t;
 
 /* Loads the allowlist from keys_dir and the broker's own pair from
- * key_file (role broker), binds the ZAP handler in ctx and starts its
+ * key_file (role broker) (with pair, one of a standby pair: the other
+ * broker, which shares that key pair, is admitted on the client socket
+ * with the broker role, for PEER and STATUS only), binds the ZAP handler
+ * in ctx and starts its
  * thread. Call before any socket of ctx binds, with SIGHUP blocked in
  * every thread (the handler takes it through a signalfd). NULL with the
  * error value (base/error.h) on any failure: the broker must not start. */
-brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file);
+brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file, bool pair);
 /* Stops the handler and closes its socket (before zmq_ctx_term); frees.
  * NULL-safe; sets *z = NULL. */
 void brk_zap_destroy(brk_zap_t **z);

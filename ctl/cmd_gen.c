@@ -603,6 +603,9 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                           "requests_ok", (json_int_t)r->requests_ok, "requests_failed", (json_int_t)r->requests_failed,
                           "steps_replayed", (json_int_t)r->steps_replayed, "steps_eager", (json_int_t)r->steps_eager,
                           "steps_captured", (json_int_t)r->steps_captured, "models", models);
+    if (o && r->ha_state[0]) /* one of a standby pair */
+        json_object_set_new(o, "ha", json_pack("{s:s, s:s, s:I, s:s}", "state", r->ha_state, "role", r->ha_role,
+                                               "term", (json_int_t)r->ha_term, "peer", r->ha_peer));
     if (o) json_dumpf(o, f, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
 }
@@ -628,6 +631,9 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
     uint64_t v = ctl_version_of(&r->versions, "transformer", NULL), pv;
     if (v) printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer v%" PRIu64 "\n", broker, r->queue, r->queue_max, v);
     else printf("broker %s: queue %" PRIu64 "/%" PRIu64 ", transformer: no sync applied yet\n", broker, r->queue, r->queue_max);
+    if (r->ha_state[0])
+        printf("one of a standby pair: %s (%s, term %" PRIu64 "); its peer: %s\n", r->ha_state, r->ha_role, r->ha_term,
+               r->ha_peer);
     bool pending;
     pv = ctl_version_of(&r->pending, "transformer", &pending);
     if (pending) printf("transformer v%" PRIu64 " pending (no worker has applied it yet)\n", pv);
@@ -706,14 +712,17 @@ int cmd_status(int argc, char **argv) {
     reel_status_t *s = NULL;
     wire_err_t err;
     int rc = reel_status(c, &s, 5000, &err);
-    reel_client_destroy(&c);
-    if (rc != 0) return ctl_fail_wire(&err, "status");
+    if (rc != 0) {
+        reel_client_destroy(&c);
+        return ctl_fail_wire(&err, "status");
+    }
     if (json) {
         status_json(reel_status_reply(s), stdout);
         fputc('\n', stdout);
     } else {
-        status_text(reel_status_reply(s), broker);
+        status_text(reel_status_reply(s), reel_client_endpoint(c)); /* of a pair: the one that answered */
     }
     reel_status_free(&s);
+    reel_client_destroy(&c);
     return 0;
 }

@@ -63,6 +63,7 @@ extern "C" {
 #define MSG_KEYS_RECENT 32               /* shard keys STATUS lists per worker */
 #define MSG_MAX_PREWARM 64               /* keys one PREWARM carries (READY "prewarm" at most) */
 #define MSG_VERSION_MAX ((uint64_t)INT64_MAX) /* weight versions: [1, 2^63) (0: none/current) */
+#define MSG_HA_NAME_MAX 16              /* a standby pair's state and role names (PEER) */
 #define MSG_PATH_MAX 1024                /* a SYNC path: at most 1023 bytes (incl. NUL) */
 
 /* ---- message types ----------------------------------------------------------- */
@@ -89,7 +90,8 @@ extern "C" {
     X(UPLOAD_ACK, upload_ack, msg_upload_ack_t)       \
     X(FETCH, fetch, msg_fetch_t)                      \
     X(FETCH_DATA, fetch_data, msg_fetch_data_t)      \
-    X(PREWARM, prewarm, msg_prewarm_t)
+    X(PREWARM, prewarm, msg_prewarm_t)                \
+    X(PEER, peer, msg_peer_t)
 
 typedef enum {
 #define MSG_ENUM(T, n, S) MSG_##T,
@@ -367,6 +369,19 @@ typedef struct {
     size_t n_keys;
 } msg_prewarm_t;
 
+/* PEER (broker <-> broker, a standby pair: docs/PROTOCOL.md "A standby
+ * broker"): what the sender is, sent to the other broker's client endpoint
+ * every heartbeat. */
+typedef struct {
+    char state[MSG_HA_NAME_MAX]; /* required: "active", "standby" or "starting" */
+    char role[MSG_HA_NAME_MAX];  /* required: "primary" or "backup" */
+    uint64_t term;               /* required: takeovers so far (the higher term wins two actives) */
+    uint64_t boot;               /* the sender process's id (STATUS_REPLY boot) */
+    char clients[MSG_PATH_MAX];  /* "" or the sender's client endpoint, as its clients are told */
+    const msg_sync_t *syncs;     /* each component's current SYNC at the sender (active) */
+    size_t n_syncs;
+} msg_peer_t;
+
 /* EVENTS entries */
 typedef struct {
     char kind[16];               /* "capture", "decline", "evict", "replays" ("" when absent) */
@@ -446,6 +461,12 @@ typedef struct {
     size_t n_models;
     uint64_t boot;               /* this broker process's id, new at every start (0: an older broker): a
                                   * client that sees it change knows its requests were lost */
+    /* A broker of a standby pair (all "" / 0 for a broker alone): its
+     * state ("active"; a standby answers only STATUS from clients), role,
+     * term, and what it last heard of its peer ("active", "standby",
+     * "starting", or "silent" past the peer timeout). */
+    char ha_state[MSG_HA_NAME_MAX], ha_role[MSG_HA_NAME_MAX], ha_peer[MSG_HA_NAME_MAX];
+    uint64_t ha_term;
 } msg_status_reply_t;
 
 /* ---- receiving, decoding, sending --------------------------------------------- */
@@ -525,6 +546,7 @@ int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const ch
 #define MSG_TYPED_msg_fetch_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_t)
 #define MSG_TYPED_msg_fetch_data_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_data_t)
 #define MSG_TYPED_msg_prewarm_t(T, n) MSG_TYPED_BODY(T, n, msg_prewarm_t)
+#define MSG_TYPED_msg_peer_t(T, n) MSG_TYPED_BODY(T, n, msg_peer_t)
 /* msg_gen_decode, msg_gen_send, msg_gen_forward, ... for every type with a
  * body; types without one use msg_send(sock, to, MSG_X, id, NULL, NULL). */
 #define MSG_TYPED(T, n, S) MSG_TYPED_##S(T, n)

@@ -327,6 +327,18 @@ static const msg_field_t prewarm_rows[] = {
 };
 TABLE(prewarm_tab, prewarm_rows, msg_prewarm_t);
 
+/* ---- a standby pair ------------------------------------------------------------------ */
+
+static const msg_field_t peer_rows[] = {
+    R_NAME(msg_peer_t, state, "state", F_REQ, MSG_HA_NAME_MAX - 1, NULL),
+    R_NAME(msg_peer_t, role, "role", F_REQ, MSG_HA_NAME_MAX - 1, NULL),
+    R_U64(msg_peer_t, term, "term", F_REQ, 0, UINT64_MAX, 0),
+    R_HASH(msg_peer_t, boot, "boot", F_OMIT),
+    R_TEXT(msg_peer_t, clients, "clients", F_OMIT, ""),
+    R_STRUCTS(msg_peer_t, syncs, n_syncs, msg_sync_t, "syncs", F_OMIT, sync_tab),
+};
+TABLE(peer_tab, peer_rows, msg_peer_t);
+
 /* ---- status ------------------------------------------------------------------------- */
 
 static const msg_field_t worker_rows[] = {
@@ -364,6 +376,10 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, steps_captured, "steps_captured", 0, 0, UINT64_MAX, 0),
     R_STRUCTS(msg_status_reply_t, models, n_models, msg_model_t, "models", 0, model_tab),
     R_HASH(msg_status_reply_t, boot, "boot", F_OMIT),
+    R_NAME(msg_status_reply_t, ha_state, "ha_state", F_OMIT, MSG_HA_NAME_MAX - 1, ""),
+    R_NAME(msg_status_reply_t, ha_role, "ha_role", F_OMIT, MSG_HA_NAME_MAX - 1, ""),
+    R_U64(msg_status_reply_t, ha_term, "ha_term", F_OMIT, 0, UINT64_MAX, 0),
+    R_NAME(msg_status_reply_t, ha_peer, "ha_peer", F_OMIT, MSG_HA_NAME_MAX - 1, ""),
 };
 TABLE(status_reply_tab, status_reply_rows, msg_status_reply_t);
 
@@ -394,6 +410,7 @@ const msg_desc_t msg_descs[MSG_UNKNOWN] = {
     [MSG_FETCH] = { "FETCH", &fetch_tab, NULL, NULL, false, NULL },
     [MSG_FETCH_DATA] = { "FETCH_DATA", &fetch_data_tab, fetch_data_slots, "chunk", false, NULL },
     [MSG_PREWARM] = { "PREWARM", &prewarm_tab, NULL, NULL, false, NULL },
+    [MSG_PEER] = { "PEER", &peer_tab, NULL, NULL, false, NULL },
 };
 
 /* ---- rules across fields ---------------------------------------------------------------- */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include "broker/brk_broker.h"
 #include "broker/brk_check.h"
+#include "broker/brk_ha.h"
 #include "broker/brk_hot.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_msg.h"
@@ -2733,6 +2734,95 @@ static int opts(brk_opts_t *o, ...) {
 }
 
 /* Before: a broker bound 0.0.0.0 with nothing asked of its peers. */
+/* brk_ha_next: the fencing rule of a standby pair, case by case. */
+static brk_ha_state_t ha(brk_ha_state_t st, bool primary, uint64_t term, int peer, uint64_t peer_term, bool silent,
+                         bool asks) {
+    brk_ha_view_t v = { .state = st, .primary = primary, .term = term, .peer_heard = peer >= 0,
+                        .peer = peer >= 0 ? (brk_ha_state_t)peer : BRK_HA_STARTING, .peer_term = peer_term,
+                        .peer_silent = silent, .client_asks = asks };
+    return brk_ha_next(&v);
+}
+
+START_TEST(test_the_standby_pair_rule_never_makes_a_second_active_broker_while_the_peer_is_heard) {
+    const brk_ha_state_t S = BRK_HA_STARTING, A = BRK_HA_ACTIVE, Y = BRK_HA_STANDBY;
+    /* both start: the primary takes it, the backup waits */
+    ck_assert_int_eq(ha(S, true, 0, S, 0, false, false), A);
+    ck_assert_int_eq(ha(S, false, 0, S, 0, false, false), Y);
+    ck_assert_int_eq(ha(S, true, 0, Y, 0, false, false), A);
+    ck_assert_int_eq(ha(S, false, 0, Y, 0, false, false), Y);
+    /* the peer active: standby, whatever a client asks (a cut elsewhere) */
+    for (int asks = 0; asks < 2; asks++) {
+        ck_assert_int_eq(ha(S, true, 0, A, 2, false, asks), Y);  /* the old primary returns */
+        ck_assert_int_eq(ha(Y, true, 0, A, 2, false, asks), Y);
+        ck_assert_int_eq(ha(Y, false, 1, A, 1, false, asks), Y);
+    }
+    /* a standby with a standby peer: the primary serves, the backup not */
+    ck_assert_int_eq(ha(Y, true, 2, Y, 2, false, false), A);
+    ck_assert_int_eq(ha(Y, false, 2, Y, 2, false, false), Y);
+    /* a standby with a starting peer waits for that one to choose */
+    ck_assert_int_eq(ha(Y, false, 2, S, 0, false, false), Y);
+    ck_assert_int_eq(ha(Y, true, 2, S, 0, false, false), Y);
+    /* the peer silent: takeover only when a client asks (came back) */
+    ck_assert_int_eq(ha(Y, false, 1, -1, 1, true, false), Y);
+    ck_assert_int_eq(ha(Y, false, 1, -1, 1, true, true), A);
+    ck_assert_int_eq(ha(S, false, 0, -1, 0, true, true), A);
+    /* ... and not before the peer timeout */
+    ck_assert_int_eq(ha(Y, false, 1, -1, 1, false, true), Y);
+    ck_assert_int_eq(ha(S, true, 0, -1, 0, false, true), S);
+    /* an active broker stays so: alone, or beside a standby or a starting one */
+    ck_assert_int_eq(ha(A, true, 1, -1, 0, true, false), A);
+    ck_assert_int_eq(ha(A, false, 2, Y, 0, false, true), A);
+    ck_assert_int_eq(ha(A, true, 1, S, 0, false, false), A);
+    /* two actives: the higher term keeps it; at the same term, the primary */
+    ck_assert_int_eq(ha(A, true, 1, A, 2, false, false), Y);
+    ck_assert_int_eq(ha(A, false, 2, A, 1, false, false), A);
+    ck_assert_int_eq(ha(A, true, 3, A, 3, false, false), A);
+    ck_assert_int_eq(ha(A, false, 3, A, 3, false, false), Y);
+    ck_assert_str_eq(brk_ha_name(Y), "standby");
+    ck_assert_int_eq(brk_ha_parse("active"), A);
+    ck_assert_int_eq(brk_ha_parse("leader"), -1);
+}
+END_TEST
+
+START_TEST(test_pair_options_need_each_other) {
+    brk_opts_t o;
+    ck_assert_int_eq(opts(&o, "--peer", "tcp://127.0.0.1:6555", NULL), -1);
+    ck_assert_str_eq(reel_err()->msg, "--peer needs --role primary or --role backup (one of each in a pair)");
+    ck_assert_int_eq(opts(&o, "--role", "primary", NULL), -1);
+    ck_assert_str_eq(reel_err()->msg, "--role and --peer-timeout-ms need --peer ENDPOINT");
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "leader", NULL), -1);
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "backup", "--peer-timeout-ms", "2500", NULL), 0);
+    ck_assert(!o.primary);
+    ck_assert_int_eq((int)o.peer_timeout_ms, 2500);
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", NULL), 0);
+    ck_assert(o.primary);
+    /* the keys of a pair (one shared key pair): --keys is enough */
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", "--keys", "/k", NULL), 0);
+}
+END_TEST
+
+/* The request keys a standby remembers: a GEN by token and id, weights by
+ * what they are. */
+START_TEST(test_a_standby_names_requests_by_client_token_and_weights) {
+    msg_gen_t g;
+    memset(&g, 0, sizeof g);
+    ck_assert_uint_eq(brk_ha_key_gen(&g, 7), 0); /* no token: never a comeback */
+    g.client = 42;
+    uint64_t k = brk_ha_key_gen(&g, 7);
+    ck_assert_uint_ne(k, 0);
+    ck_assert_uint_eq(brk_ha_key_gen(&g, 7), k);
+    ck_assert_uint_ne(brk_ha_key_gen(&g, 8), k);
+    g.client = 43;
+    ck_assert_uint_ne(brk_ha_key_gen(&g, 7), k);
+    const char *sha = "ab01";
+    uint64_t w = brk_ha_key_weights("transformer", 3, sha);
+    ck_assert_uint_ne(w, 0);
+    ck_assert_uint_eq(brk_ha_key_weights("transformer", 3, sha), w);
+    ck_assert_uint_ne(brk_ha_key_weights("transformer", 4, sha), w);
+    ck_assert_uint_ne(brk_ha_key_weights("transformer", 3, "ab02"), w);
+}
+END_TEST
+
 START_TEST(test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_insecure) {
     ck_assert(brk_endpoint_local("ipc:///run/reel/c"));
     ck_assert(brk_endpoint_local("inproc://x"));
@@ -2852,6 +2942,9 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(se, test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request);
     tcase_add_test(se, test_without_keys_only_loopback_and_ipc_endpoints_are_served_unless_insecure);
     tcase_add_test(se, test_without_keys_the_gate_admits_everyone_and_the_sender_is_none);
+    tcase_add_test(se, test_the_standby_pair_rule_never_makes_a_second_active_broker_while_the_peer_is_heard);
+    tcase_add_test(se, test_pair_options_need_each_other);
+    tcase_add_test(se, test_a_standby_names_requests_by_client_token_and_weights);
     suite_add_tcase(s, se);
 
     TCase *cq = tcase_create("catalog writer");

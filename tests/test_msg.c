@@ -1530,6 +1530,71 @@ static wire_val_t *prewarm_key_tree(const char *omit) {
 }
 
 /* Two keys, every field set, come back as they went; the list validates. */
+/* PEER (a standby pair): its state, role, term and the current SYNCs go
+ * whole; a state or role missing is refused. */
+START_TEST(test_a_peer_round_trips_with_its_current_syncs_and_needs_its_state) {
+    msg_sync_t sy[2];
+    memset(sy, 0, sizeof sy);
+    snprintf(sy[0].component, sizeof sy[0].component, "transformer");
+    sy[0].version = 7;
+    memset(sy[0].sha256, 'a', 64);
+    snprintf(sy[0].path, sizeof sy[0].path, "/w/v7.safetensors");
+    snprintf(sy[1].component, sizeof sy[1].component, "vae");
+    sy[1].version = 3;
+    memset(sy[1].sha256, 'b', 64);
+    sy[1].uploaded = true;
+    sy[1].base_version = 2;
+    snprintf(sy[1].lora_config, sizeof sy[1].lora_config, "{\"r\": 8}");
+    msg_peer_t p, pb;
+    memset(&p, 0, sizeof p);
+    snprintf(p.state, sizeof p.state, "active");
+    snprintf(p.role, sizeof p.role, "backup");
+    p.term = 12;
+    p.boot = 0x1234abcdull;
+    snprintf(p.clients, sizeof p.clients, "tcp://10.0.0.2:5555");
+    p.syncs = sy;
+    p.n_syncs = 2;
+    wire_msg_t m;
+    wire_err_t err;
+    round_trip(&m, MSG_PEER, 0, &p, NULL, 0);
+    ck_assert_str_eq(msg_type_name(MSG_PEER), "PEER");
+    ck_assert_int_eq(msg_peer_decode(&m, &pb, &err), 0);
+    ck_assert_str_eq(pb.state, "active");
+    ck_assert_str_eq(pb.role, "backup");
+    ck_assert_uint_eq(pb.term, 12);
+    ck_assert_uint_eq(pb.boot, 0x1234abcdull);
+    ck_assert_str_eq(pb.clients, "tcp://10.0.0.2:5555");
+    ck_assert_uint_eq(pb.n_syncs, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_str_eq(pb.syncs[i].component, sy[i].component);
+        ck_assert_uint_eq(pb.syncs[i].version, sy[i].version);
+        ck_assert_str_eq(pb.syncs[i].sha256, sy[i].sha256);
+        ck_assert_str_eq(pb.syncs[i].path, sy[i].path);
+        ck_assert(pb.syncs[i].uploaded == sy[i].uploaded);
+        ck_assert_uint_eq(pb.syncs[i].base_version, sy[i].base_version);
+        ck_assert_str_eq(pb.syncs[i].lora_config, sy[i].lora_config);
+    }
+    wire_msg_close(&m);
+    /* a standby sends no syncs; its term may be 0 */
+    msg_peer_t q;
+    memset(&q, 0, sizeof q);
+    snprintf(q.state, sizeof q.state, "standby");
+    snprintf(q.role, sizeof q.role, "primary");
+    round_trip(&m, MSG_PEER, 0, &q, NULL, 0);
+    ck_assert_int_eq(msg_peer_decode(&m, &pb, &err), 0);
+    ck_assert_uint_eq(pb.n_syncs, 0);
+    ck_assert_uint_eq(pb.term, 0);
+    wire_msg_close(&m);
+    /* an empty state: refused at decode, naming it */
+    q.state[0] = '\0';
+    round_trip(&m, MSG_PEER, 0, &q, NULL, 0);
+    ck_assert_int_eq(msg_peer_decode(&m, &pb, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_BAD_REQUEST);
+    ck_assert_ptr_nonnull(strstr(err.message, "state"));
+    wire_msg_close(&m);
+}
+END_TEST
+
 START_TEST(test_a_prewarm_round_trips_with_every_field_of_each_key) {
     msg_prewarm_key_t k[2];
     memset(k, 0, sizeof k);
@@ -1747,6 +1812,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_status_reply_round_trips_with_workers_lagging_keys_and_models);
     tcase_add_test(t, test_a_gen_client_token_and_a_status_reply_boot_round_trip_and_are_absent_as_0);
     tcase_add_test(t, test_a_prewarm_round_trips_with_every_field_of_each_key);
+    tcase_add_test(t, test_a_peer_round_trips_with_its_current_syncs_and_needs_its_state);
     tcase_add_test(t, test_ready_prewarm_round_trips_and_more_than_64_is_refused_at_decode);
     suite_add_tcase(s, t);
     t = tcase_create("fields");

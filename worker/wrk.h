@@ -31,6 +31,9 @@
 /* Buckets of samples per step (wrk_t.step_samples): 1, 2, 4, ... 64. */
 #define WRK_SAMPLE_BUCKETS 7
 
+/* Broker endpoints --broker may list (a standby pair: 2). */
+#define WRK_MAX_BROKERS 4
+
 /* Where stream and sync threads push finished messages for the main thread. */
 #define WRK_PIPE_ENDPOINT "inproc://reel-worker-out"
 
@@ -46,6 +49,12 @@ typedef struct {
     wrk_events_t *events;
     const wrk_roots_t *roots;        /* where a SYNC's path may lead (wrk_weights.h) */
     const reel_curve_t *curve;       /* the keys the DEALER connects with (off: plain) */
+    /* --broker A[,B]: the endpoints of a broker or of a standby pair, and
+     * the one in use (the main thread moves it; a sync thread's FETCH
+     * reads it: wrk_broker_endpoint). */
+    char brokers[WRK_MAX_BROKERS][256];
+    int n_brokers;
+    atomic_int broker_at;
     pthread_rwlock_t step_lock;
     /* The transformer version applied (written by the sync thread under the
      * write lock, read anywhere). */
@@ -98,6 +107,11 @@ typedef struct {
 } wrk_t;
 
 /* idle_mu and idle_cv. -1 with a message in reel_err_text(). */
+/* The broker endpoint in use (--broker's first until the main thread
+ * moves on; opt->broker before it split the list). */
+static inline const char *wrk_broker_endpoint(wrk_t *w) {
+    return w->n_brokers ? w->brokers[atomic_load(&w->broker_at)] : w->opt->broker;
+}
 int wrk_shared_init(wrk_t *w);
 /* Destroys what wrk_shared_init made (after every thread stopped). */
 void wrk_shared_fini(wrk_t *w);

@@ -330,6 +330,24 @@ static void log_artifact(void *user, const kern_art_event_t *ev) {
     free(ks);
 }
 
+/* --broker A[,B,...] into w->brokers. -1 (logged) on an empty one or too many. */
+static int split_brokers(wrk_t *w) {
+    const char *p = w->opt->broker;
+    atomic_init(&w->broker_at, 0);
+    for (w->n_brokers = 0;;) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof w->brokers[0] || w->n_brokers == WRK_MAX_BROKERS) {
+            wrk_log(w, "--broker '%s': give 1 to %d endpoints of under %zu bytes, separated by commas", w->opt->broker,
+                    WRK_MAX_BROKERS, sizeof w->brokers[0]);
+            return -1;
+        }
+        memcpy(w->brokers[w->n_brokers], p, n);
+        w->brokers[w->n_brokers++][n] = '\0';
+        if (!p[n]) return 0;
+        p += n + 1;
+    }
+}
+
 static void *dealer_new(wrk_t *w) {
     void *s = zmq_socket(w->zctx, ZMQ_DEALER);
     if (!s) return NULL;
@@ -338,7 +356,7 @@ static void *dealer_new(wrk_t *w) {
         zmq_setsockopt(s, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
         /* Sends never wait for a broker that is gone: they fail with EAGAIN. */
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
-        zmq_connect(s, w->opt->broker) != 0) {
+        zmq_connect(s, w->brokers[atomic_load(&w->broker_at)]) != 0) {
         int e = errno;
         zmq_close(s);
         errno = e;
@@ -413,26 +431,44 @@ static void flush_events(link_t *l) {
  * requeued them when it gave up on us, or never knew them). */
 static void new_session(link_t *l) { atomic_fetch_add(&l->w->epoch, 1); }
 
-static void start_reconnect(link_t *l, int64_t now) {
-    /* Silence is all a refused CURVE handshake gives: say where to look. */
-    const reel_curve_t *cv = l->w->curve;
-    wrk_log(l->w, "reconnecting: nothing from the broker at %s for %lld ms%s", l->w->opt->broker,
-            (long long)(now - l->heard),
-            cv && cv->on ? " (with keys: check --broker-key is the broker's, and that the broker lists this "
-                           "worker's public key with the worker role)"
-                         : "");
+/* Closes the DEALER: a new session starts at reconnect_at, on the next
+ * endpoint of --broker when it lists two (a standby pair: at once while
+ * there is one not yet tried, with the backoff once all were). why: the
+ * log line's reason. */
+static void drop_link(link_t *l, int64_t now, const char *why) {
+    wrk_t *w = l->w;
+    const char *was = w->brokers[atomic_load(&w->broker_at)];
     zmq_close(l->dealer);
     l->dealer = NULL;
     new_session(l);
+    int next = (atomic_load(&w->broker_at) + 1) % w->n_brokers;
+    atomic_store(&w->broker_at, next);
+    if (w->n_brokers > 1 && next != 0) {
+        wrk_log(w, "reconnecting: %s at %s: trying %s", why, was, w->brokers[next]);
+        l->reconnect_at = now;
+        return;
+    }
+    /* Silence is all a refused CURVE handshake gives: say where to look. */
+    const reel_curve_t *cv = w->curve;
+    wrk_log(w, "reconnecting: %s at %s; %s in %d ms%s", why, was, w->brokers[next], l->backoff_ms,
+            cv && cv->on ? " (with keys: check --broker-key is the broker's, and that the broker lists this "
+                           "worker's public key with the worker role)"
+                         : "");
     l->reconnect_at = now + l->backoff_ms;
     l->backoff_ms = l->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : l->backoff_ms * 2;
+}
+
+static void start_reconnect(link_t *l, int64_t now) {
+    char why[96];
+    snprintf(why, sizeof why, "nothing from the broker for %lld ms", (long long)(now - l->heard));
+    drop_link(l, now, why);
 }
 
 /* (Re)creates the DEALER and introduces the worker. -1 when the socket
  * cannot be made (an endpoint ZeroMQ rejects). */
 static int connect_broker(link_t *l, int64_t now) {
     if (!(l->dealer = dealer_new(l->w))) {
-        wrk_log(l->w, "cannot connect to %s: %s", l->w->opt->broker, zmq_strerror(errno));
+        wrk_log(l->w, "cannot connect to %s: %s", l->w->brokers[atomic_load(&l->w->broker_at)], zmq_strerror(errno));
         return -1;
     }
     if (send_ready(l) != 0) wrk_log(l->w, "cannot send READY: %s", zmq_strerror(errno));
@@ -555,9 +591,18 @@ static int handle_broker(link_t *l) {
         return 1;
     } else if (type == MSG_ERROR) {
         msg_error_t *e = malloc(sizeof *e);
-        if (e && msg_error_decode(m, e, &err) == 0)
+        bool standby = false;
+        if (e && msg_error_decode(m, e, &err) == 0) {
             wrk_log(w, "broker says: %s: %s (id %" PRIu64 ")", e->code, e->message, m->id);
+            standby = !strcmp(e->code, WIRE_E_STANDBY);
+        }
         free(e);
+        if (standby) { /* the standby of a pair: the other one serves */
+            wire_msg_close(m);
+            free(m);
+            drop_link(l, wrk_mono_ms(), "the broker is the standby");
+            return 1;
+        }
     } else {
         msg_send_error(l->dealer, NULL, m->id, WIRE_E_UNKNOWN, "a worker does not handle '%.64s'", m->type);
     }
@@ -951,6 +996,7 @@ static int run(const wrk_opts_t *o) {
     }
     r.l.w = w;
     r.l.backoff_ms = BACKOFF_MIN_MS;
+    if (split_brokers(w) != 0) return 2;
     if (sodium_init() < 0) { wrk_log(w, "libsodium cannot initialise"); return 1; }
     if (setup_access(w, &roots, &curve) != 0) return 2;
     if (install_signals() != 0) { wrk_log(w, "signals: %s", strerror(errno)); return 1; }

@@ -298,7 +298,7 @@ static int sync_read_phase(sync_op_t *op) {
     wrk_t *w = op->w;
     if (op->version < op->applied) return wrk_refuse(REEL_E_STATE, "stale", "applied v%" PRIu64, op->applied);
     unsigned reasked = 0;
-    const wrk_fetch_src_t src = { w->zctx, w->opt->broker, w->curve, &op->s->spare, &reasked };
+    const wrk_fetch_src_t src = { w->zctx, wrk_broker_endpoint(w), w->curve, &op->s->spare, &reasked };
     clock_gettime(CLOCK_MONOTONIC, &op->t0);
     if (op->adapter) {
         if (adapter_read(op, &src) != 0) return -1;

@@ -13,9 +13,15 @@
 #include <fcntl.h>
 #include <time.h>
 
+#define MAX_BROKERS 4
+
 struct reel_client {
     void *ctx;
     void *sock;
+    char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
+    int n_eps, at;              /* ... and the one sock is connected to */
+    reel_curve_t curve;         /* kept for the sockets of a switch (zeroed at destroy) */
+    uint64_t switches;          /* moves to another endpoint of the list */
     uint64_t next_id;
     uint64_t token;             /* GEN "client": names this client's requests to a resend */
     int liveness_ms;            /* silence before a STATUS ping, and before a resend; 0: off */
@@ -36,22 +42,67 @@ void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user) {
 
 reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_keys(endpoint, NULL, NULL); }
 
+/* A DEALER connected to c->eps[c->at], into c->sock. -1 with the error value. */
+static int open_socket(reel_client_t *c) {
+    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    if (!c->sock) return reel_fail(REEL_E_IO, "cannot make a socket: %s", zmq_strerror(zmq_errno()));
+    if (reel_curve_apply(c->sock, &c->curve) != 0) {
+        zmq_close(c->sock);
+        c->sock = NULL;
+        return -1;
+    }
+    if (wire_socket_limits(c->sock) != 0 || zmq_connect(c->sock, c->eps[c->at]) != 0) {
+        reel_fail(REEL_E_IO, "cannot connect to broker '%s': %s", c->eps[c->at], zmq_strerror(zmq_errno()));
+        zmq_close(c->sock);
+        c->sock = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Moves to the next endpoint of the list (a standby pair's other broker):
+ * a new socket, nothing of the old one's queue kept, no boot id known. */
+static int switch_broker(reel_client_t *c) {
+    if (c->n_eps < 2) return 0;
+    zmq_close(c->sock);
+    c->sock = NULL;
+    c->at = (c->at + 1) % c->n_eps;
+    c->boot = 0;
+    c->switches++;
+    return open_socket(c);
+}
+
+uint64_t reel_client_switches(const reel_client_t *c) { return c->switches; }
+const char *reel_client_endpoint(const reel_client_t *c) { return c->eps[c->at]; }
+
 reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key) {
     reel_curve_t curve;
     if (reel_curve_resolve(key_file, broker_key, 1u << REEL_ROLE_CLIENT | 1u << REEL_ROLE_TRAINER, &curve) != 0)
         return NULL;
     reel_client_t *c = calloc(1, sizeof *c);
     if (!c) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
+    c->curve = curve;
+    explicit_bzero(&curve, sizeof curve);
+    for (const char *p = endpoint;;) { /* "A" or "A,B": a broker, or a standby pair */
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof c->eps[0] || c->n_eps == MAX_BROKERS) {
+            reel_fail(REEL_E_INVALID, "broker endpoint list '%s': 1 to %d endpoints separated by commas", endpoint,
+                      MAX_BROKERS);
+            reel_client_destroy(&c);
+            return NULL;
+        }
+        memcpy(c->eps[c->n_eps], p, n);
+        c->eps[c->n_eps++][n] = '\0';
+        if (!p[n]) break;
+        p += n + 1;
+    }
     c->ctx = zmq_ctx_new();
-    c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
-    if (c->sock && reel_curve_apply(c->sock, &curve) != 0) {
-        explicit_bzero(&curve, sizeof curve);
+    if (!c->ctx) {
+        reel_fail(REEL_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
         reel_client_destroy(&c);
         return NULL;
     }
-    explicit_bzero(&curve, sizeof curve); /* the socket has its copy */
-    if (!c->sock || wire_socket_limits(c->sock) != 0 || zmq_connect(c->sock, endpoint) != 0) {
-        reel_fail(REEL_E_IO, "cannot connect to broker '%s': %s", endpoint, zmq_strerror(zmq_errno()));
+    if (open_socket(c) != 0) {
         reel_client_destroy(&c);
         return NULL;
     }
@@ -74,6 +125,7 @@ void reel_client_destroy(reel_client_t **cp) {
     if (!cp || !*cp) return;
     if ((*cp)->sock) zmq_close((*cp)->sock);
     if ((*cp)->ctx) zmq_ctx_term((*cp)->ctx);
+    explicit_bzero(&(*cp)->curve, sizeof (*cp)->curve);
     free(*cp);
     *cp = NULL;
 }
@@ -182,6 +234,16 @@ static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body
     return 0;
 }
 
+/* True when m is ERROR standby: the standby of a pair answered. */
+static bool is_standby(wire_msg_t *m) {
+    if (msg_type(m) != MSG_ERROR) return false;
+    msg_error_t *e = malloc(sizeof *e);
+    wire_err_t why;
+    bool yes = e && msg_error_decode(m, e, &why) == 0 && !strcmp(e->code, WIRE_E_STANDBY);
+    free(e);
+    return yes;
+}
+
 /* The boot id in a STATUS_REPLY m (0: none, or unreadable). */
 static uint64_t boot_of(wire_msg_t *m) {
     msg_status_reply_t *r = malloc(sizeof *r);
@@ -217,9 +279,25 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
     bool first = ping != 0; /* ... the one sent just before the GEN */
     int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
     bool resent_since_ping = false; /* the GEN went again after the STATUS now out was sent */
+    int standbys = 0;  /* ERROR standby answers in a row (both brokers of a pair starting) */
     for (;;) {
         int64_t until = now_ms() + c->liveness_ms;
         if (await2(c, id, ping, until < deadline ? until : deadline, m, fn, user, err) == 0) {
+            if (m->id == id && c->n_eps > 1 && is_standby(m)) {
+                /* The standby of a pair: the other broker serves. After
+                 * a round of standbys (a pair still choosing), a pause. */
+                wire_msg_close(m);
+                if (++standbys % c->n_eps == 0) {
+                    int64_t pause = deadline - now_ms() < 200 ? deadline - now_ms() : 200;
+                    if (pause > 0) nanosleep(&(struct timespec){ 0, (long)pause * 1000000L }, NULL);
+                }
+                if (now_ms() >= deadline) {
+                    set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time: every broker is the standby");
+                    return -1;
+                }
+                silent = 0;
+                goto again;
+            }
             if (m->id == id) break; /* the answer */
             uint64_t now_boot = boot_of(m);
             wire_msg_close(m);
@@ -257,8 +335,25 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
             silent = first ? c->liveness_ms : 2 * c->liveness_ms;
             asked = false;
             first = false;
+            if (c->n_eps > 1) goto again; /* a standby pair: the other broker */
         }
         /* the message again, as the same request (the socket reconnects by itself) */
+        if (0) {
+        again:
+            /* to the next broker of the list, a STATUS first (its boot id) */
+            if (switch_broker(c) != 0) {
+                set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+                return -1;
+            }
+            ping = ++c->next_id;
+            if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
+                set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                return -1;
+            }
+            asked = first = true;
+            boot = 0;
+            resent_since_ping = false;
+        }
         c->resends++;
         resent_since_ping = true;
         if (c->on_resend) c->on_resend(c->resend_user, id, silent);
@@ -849,6 +944,11 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
         if ((rc = upload_answer(&p, &a, err)) != 0) break;
         if (*synced && p.complete) break;
     }
+    if (rc == 1 && c->n_eps > 1 && !strcmp(err->code, WIRE_E_STANDBY)) {
+        st->lost = true; /* the standby of a pair: the upload goes to the other broker */
+        st->silent_ms = 0;
+        rc = -1;
+    }
     upload_close(&p);
     return rc;
 }
@@ -869,6 +969,8 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
          * A broker gone for good, silent for timeout_ms, ends it. */
         bool back = false;
         while (!back && now_ms() - st.heard < timeout_ms) {
+            /* a standby pair: the other broker, then each in turn */
+            if (c->n_eps > 1 && switch_broker(c) != 0) break;
             uint64_t ping = ++c->next_id;
             wire_msg_t a;
             wire_err_t e;
@@ -922,7 +1024,8 @@ struct reel_status {
     msg_status_reply_t r;
 };
 
-int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+/* One STATUS to the broker sock is connected to: 0 with *out, else as call(). */
+static int status_once(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
     *out = NULL;
     reel_status_t *s = calloc(1, sizeof *s);
@@ -942,6 +1045,39 @@ int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_
         return -1;
     }
     *out = s;
+    return 0;
+}
+
+/* With a standby pair: the active broker's STATUS, else the first that
+ * answers (a standby's says so in ha_state); each tried for its share of
+ * timeout_ms. */
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+    if (c->n_eps < 2) return status_once(c, out, timeout_ms, err);
+    reel_status_t *best = NULL;
+    int best_at = 0, rc = -1;
+    int share = timeout_ms / c->n_eps > 0 ? timeout_ms / c->n_eps : 1;
+    for (int k = 0; k < c->n_eps; k++) {
+        if (k > 0 && switch_broker(c) != 0) {
+            set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+            break;
+        }
+        reel_status_t *s;
+        wire_err_t e;
+        int r = status_once(c, &s, share, &e);
+        if (r != 0) {
+            if (!best) { *err = e; rc = r; }
+            continue;
+        }
+        if (!s->r.ha_state[0] || !strcmp(s->r.ha_state, "active")) {
+            reel_status_free(&best);
+            *out = s;
+            return 0;
+        }
+        if (!best) { best = s; best_at = c->at; } else reel_status_free(&s);
+    }
+    if (!best) return rc;
+    while (c->at != best_at && switch_broker(c) == 0) {} /* stay with the one that answered */
+    *out = best;
     return 0;
 }
 

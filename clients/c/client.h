@@ -40,6 +40,16 @@ void reel_client_destroy(reel_client_t **c);
  * same result (docs/PROTOCOL.md "Delivery"). Default 3000 ms, or
  * $REEL_CLIENT_LIVENESS_MS; 0: never resend. */
 void reel_client_set_liveness(reel_client_t *c, int liveness_ms);
+/* An endpoint list "A,B" (reel_client_new_keys) is a standby pair
+ * (docs/PROTOCOL.md "A standby broker"): the client talks to one at a
+ * time and moves to the other when the one it talks to answers a GEN,
+ * SYNC or UPLOAD with ERROR standby, or stays silent for the liveness
+ * (the STATUS above unanswered); what was unanswered goes again there,
+ * as after a restart. Both brokers of a pair share one key pair (one
+ * broker_key). The moves over the client's lifetime, and the endpoint it
+ * talks to now: */
+uint64_t reel_client_switches(const reel_client_t *c);
+const char *reel_client_endpoint(const reel_client_t *c);
 /* GENs this client sent again (above), over its lifetime. */
 uint64_t reel_client_resends(const reel_client_t *c);
 /* fn(user, id, silent_ms) as a GEN is sent again (NULL: none): silent_ms

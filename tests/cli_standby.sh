@@ -1,0 +1,238 @@
+#!/bin/sh
+# cli_standby.sh -- a standby pair (issue 30 §2; docs/OPERATIONS.md "Two
+# brokers"): two reel-brokers, A (--role primary) and B (--role backup),
+# each with its own catalog, each sending the other a PEER through a TCP
+# relay this test can cut (tests/tcp_relay.py: the link between the two
+# brokers, and nothing else); two workers and the clients given both
+# endpoints ("A,B"). Checked:
+#   1. A becomes active and B standby; STATUS through the pair answers A's;
+#      B answers a GEN sent to it alone ERROR standby, naming A.
+#   2. a sync by path through the pair completes on both workers.
+#   3. A SIGKILLed under load (3 GENs in flight): B takes over (the time is
+#      printed), adopts the current version from A's last PEER, the workers
+#      move to it, every GEN is answered once, bitwise `reelctl run` on
+#      the version its answer names.
+#   4. A restarted: it becomes the standby (B stays active, term 2).
+#   5. the link between the brokers cut, clients still reaching both: no
+#      second active broker; GENs through the pair (tried at A first,
+#      refused there) answered by B; A says its peer is silent and stays
+#      standby. Link restored: heard again.
+#   6. the link cut and a client that reaches A and not B (given A and a
+#      dead endpoint): refused by A, B silent, back to A: A takes over
+#      (term 3), the limit of the fencing rule; the link restored, B (the
+#      lower term) steps down, its workers move to A, and a GEN through
+#      the pair is answered: never two active once they hear each other.
+# Usage: cli_standby.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-standby.XXXXXX)
+SUITE=standby
+PY=/usr/bin/python3
+. "$(dirname "$0")/lib_cli.sh"
+export REEL_CLIENT_LIVENESS_MS=300
+
+# five loopback ports: the brokers' client endpoints, a relay to each, and
+# one nothing listens on (a broker a client cannot reach)
+ports=$($PY -c '
+import socket
+ss = [socket.socket() for _ in range(5)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))
+for s in ss: s.close()')
+set -- $ports
+PA=$1; PB=$2; RA=$3; RB=$4 # RA relays to A (B's peer link), RB to B (A's)
+NOWHERE="tcp://127.0.0.1:$5"
+CA="tcp://127.0.0.1:$PA"; CB="tcp://127.0.0.1:$PB"
+PAIR="$CA,$CB"
+WA="ipc://$D/wa"; WB="ipc://$D/wb"
+
+for v in 1 2; do "$R" weights init --config tiny --seed $((40 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
+for k in 1 2 3 4; do "$R" tensor rand --name context --shape 5,32 --seed $((60 + k)) --out "$D/c$k.safetensors" >/dev/null; done
+
+relay() { # NAME LISTEN TARGET
+    : >"$D/$1.ready"
+    $PY "$(dirname "$0")/tcp_relay.py" "$2" "$3" "$D/$1.ready" 2>"$D/$1.err" &
+    eval "$1=$!"
+    PIDS="$PIDS $!"
+    wait_for "$D/$1.ready" listening 30 || { bad "relay $1 listens"; show "$D/$1.err"; finish; }
+}
+relay relA "$RA" "$PA"
+relay relB "$RB" "$PB"
+cut() { kill -USR1 "$relA" "$relB"; wait_for "$D/relA.ready" cut 30 && wait_for "$D/relB.ready" cut 30; }
+mend() {
+    kill -USR2 "$relA" "$relB"
+    wait_for "$D/relA.ready" restored 30 && wait_for "$D/relB.ready" restored 30
+    : >"$D/relA.ready"; : >"$D/relB.ready" # the next cut waits for its own line
+}
+
+broker_a() { # LOG
+    cli_broker "$1" --clients "$CA" --workers "$WA" --catalog "$D/a.db" --heartbeat-ms 200 \
+        --peer "tcp://127.0.0.1:$RB" --role primary --peer-timeout-ms 1500 || { bad "broker A starts"; show "$1"; finish; }
+    BA=$BROKER
+}
+broker_a "$D/a0.log"
+cli_broker "$D/b.log" --clients "$CB" --workers "$WB" --catalog "$D/b.db" --heartbeat-ms 200 \
+    --peer "tcp://127.0.0.1:$RA" --role backup --peer-timeout-ms 1500 || { bad "broker B starts"; show "$D/b.log"; finish; }
+BB=$BROKER
+
+# --- 1. who is active -----------------------------------------------------------
+if wait_for "$D/a0.log" "reel-broker: active \(term 1\)" 30 && wait_for "$D/b.log" "reel-broker: standby" 30; then
+    ok "A (primary) active at term 1, B (backup) standby"
+else
+    bad "A active and B standby"; show "$D/a0.log"; show "$D/b.log"
+fi
+"$R" status --broker "$PAIR" --json >"$D/st1.json" 2>"$D/st1.err"
+if $PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["ha"]["state"]=="active" and s["ha"]["role"]=="primary" and s["ha"]["peer"]=="standby" else 1)' "$D/st1.json"; then
+    ok "status through the pair answers the active broker's (A, its peer standby)"
+else
+    bad "status through the pair"; show "$D/st1.json" "$D/st1.err"
+fi
+"$R" gen --broker "$CB" --model tiny --context "$D/c1.safetensors" --steps 2 --size 2x8x8 --timeout-ms 20000 \
+    --out "$D/x.safetensors" >"$D/gb.out" 2>&1
+if grep -q "standby" "$D/gb.out" && grep -q "$CA" "$D/gb.out"; then
+    ok "B alone answers a GEN ERROR standby, naming A"
+else
+    bad "B alone answers standby"; show "$D/gb.out"
+fi
+
+for w in wa wb; do
+    cli_worker $w "$D/a0.log" "$D/$w.log" --broker "$WA,$WB" --weights "$D/w1.safetensors" --streams 1 \
+        --heartbeat-ms 200 || { bad "worker $w registers with A"; show "$D/$w.log"; finish; }
+done
+ok "both workers registered with A"
+
+# --- 2. a sync through the pair --------------------------------------------------
+if "$R" sync --broker "$PAIR" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 >"$D/s2.out" 2>&1 &&
+    grep -q "sync transformer v2: complete" "$D/s2.out"; then
+    ok "sync v2 through the pair: complete"
+else
+    bad "sync v2 through the pair"; show "$D/s2.out"
+fi
+
+# --- 3. A killed under load ------------------------------------------------------
+gens() { # TAG BROKER N: N GENs in the background, each its own context and seed
+    gp=""
+    k=1
+    while [ $k -le "$3" ]; do
+        echo "--context $D/c$k.safetensors --steps $((5000 + 1000 * k)) --seed $((k + 70)) --size 2x8x8" >"$D/$1.$k.spec"
+        "$R" gen --broker "$2" --model tiny $(cat "$D/$1.$k.spec") --timeout-ms 120000 --quiet \
+            --out "$D/$1.$k.safetensors" >"$D/$1.$k.err" 2>&1 &
+        gp="$gp $!"
+        k=$((k + 1))
+    done
+}
+# answered TAG N VERSION: each GEN answered once, on VERSION, bitwise reelctl run
+answered() {
+    good=0
+    k=1
+    while [ $k -le "$2" ]; do
+        f="$D/$1.$k.err"
+        n=$(grep -c "^reelctl: gen tiny" "$f")
+        v=$(sed -n 's/^reelctl: gen tiny .*weights v\([0-9]*\),.*/\1/p' "$f" | head -1)
+        if [ "$n" = 1 ] && [ "$v" = "$3" ]; then
+            "$R" run --weights "$D/w$v.safetensors" $(cat "$D/$1.$k.spec") --out "$D/$1.$k.run.safetensors" 2>/dev/null
+            if "$R" tensor diff "$D/$1.$k.safetensors" "$D/$1.$k.run.safetensors" --name latent >/dev/null 2>&1; then
+                good=$((good + 1))
+            else
+                echo "  $1 GEN $k: not bitwise reelctl run"
+            fi
+        else
+            echo "  $1 GEN $k: $n answers, version '$v'"; show "$f"
+        fi
+        k=$((k + 1))
+    done
+    [ "$good" = "$2" ]
+}
+# running NAME BROKER: 0 once a worker runs a request there (STATUS inflight)
+running() {
+    i=0
+    while [ $i -lt 300 ]; do
+        "$R" status --broker "$2" --json 2>/dev/null |
+            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= 2 else 1)' &&
+            return 0
+        i=$((i + 1))
+    done
+    echo "  (no request running at $1 after 300 STATUS)"
+    return 1
+}
+gens k "$PAIR" 3
+running A "$CA" || bad "requests running at A before the kill"
+kill -9 "$BA"
+t0=$($PY -c 'import time; print(time.monotonic())')
+reap "$BA" 30 >/dev/null
+wait_for "$D/b.log" "reel-broker: active \(term 2\)" 60 && t1=$($PY -c 'import time; print(time.monotonic())')
+w_b=$(grep -c "worker w[ab] ready" "$D/b.log")
+wait_count "$D/b.log" "worker w[ab] ready" 2 60 && t2=$($PY -c 'import time; print(time.monotonic())')
+if grep -q "reel-broker: active (term 2)" "$D/b.log"; then
+    ok "B took over at term 2: $($PY -c "print(round(${t1:-0} - $t0, 2))") s after A's SIGKILL, both workers there $($PY -c "print(round(${t2:-0} - $t0, 2))") s after"
+else
+    bad "B took over"; show "$D/b.log"
+fi
+grep -q "takeover: transformer v2 is current" "$D/b.log" && ok "B adopted v2, current at A (its last PEER)" ||
+    { bad "B adopted v2"; show "$D/b.log"; }
+for p in $gp; do reap "$p" 120 >/dev/null; done
+answered k 3 2 && ok "3 GENs in flight at A's kill: each answered once, on v2, bitwise reelctl run" ||
+    bad "the GENs in flight at the kill"
+grep -q "worker wa ready" "$D/b.log" || true
+
+# --- 4. A back: the standby ------------------------------------------------------
+broker_a "$D/a1.log"
+if wait_for "$D/a1.log" "reel-broker: standby: the peer is active at term 2" 30; then
+    ok "A restarted: standby (B active at term 2)"
+else
+    bad "A restarted as standby"; show "$D/a1.log"
+fi
+"$R" status --broker "$PAIR" --json >"$D/st4.json" 2>"$D/st4.err"
+$PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["ha"]["state"]=="active" and s["ha"]["role"]=="backup" and s["ha"]["term"]==2 and len(s["workers"])==2 else 1)' "$D/st4.json" &&
+    ok "status through the pair: B active, term 2, both workers" || { bad "status after A's return"; show "$D/st4.json"; }
+
+# --- 5. the link between the brokers cut -------------------------------------------
+cut || bad "the relays cut"
+if wait_for "$D/a1.log" "peer silent" 30 && wait_for "$D/b.log" "peer silent" 30; then
+    ok "link cut: each broker says its peer is silent"
+else
+    bad "both see the silence"; show "$D/a1.log"; show "$D/b.log"
+fi
+gens l "$PAIR" 2
+for p in $gp; do reap "$p" 120 >/dev/null; done
+answered l 2 2 && ok "link cut: 2 GENs through the pair answered once, bitwise" || bad "GENs with the link cut"
+"$R" status --broker "$CA" --json >"$D/st5.json" 2>&1
+if ! grep -q "reel-broker: active" "$D/a1.log" &&
+    $PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["ha"]["state"]=="standby" and s["ha"]["peer"]=="silent" else 1)' "$D/st5.json"; then
+    ok "link cut, the clients reaching B: A stays standby (never two active)"
+else
+    bad "A stayed standby"; show "$D/st5.json"; show "$D/a1.log"
+fi
+mend || bad "the relays restored"
+nb=$(grep -c "peer heard" "$D/a1.log")
+wait_count "$D/a1.log" "peer heard" $((nb + 1)) 30 >/dev/null 2>&1 || wait_count "$D/a1.log" "peer heard" "$nb" 1 >/dev/null
+grep -c "peer heard" "$D/a1.log" | grep -qv "^0$" && ok "link restored: heard again" || bad "heard again"
+
+# --- 6. two actives, resolved by the term ----------------------------------------------
+cut || bad "the relays cut (2)"
+wait_count "$D/a1.log" "peer silent" 2 30 >/dev/null
+gens m "$CA,$NOWHERE" 1 # a client that cannot reach B: refused by A, B silent, back to A
+if wait_for "$D/a1.log" "reel-broker: active \(term 3\)" 30; then
+    ok "link cut, a client that reaches A and not B: A takes over at term 3 (the limit of the fencing rule)"
+else
+    bad "A took over"; show "$D/a1.log"
+fi
+mend || bad "the relays restored (2)"
+if wait_for "$D/b.log" "reel-broker: standby: the peer is active at term 3" 30; then
+    ok "link restored: B (term 2) steps down to standby"
+else
+    bad "B stepped down"; show "$D/b.log"
+fi
+wait_count "$D/a1.log" "worker w[ab] ready" 2 60 && ok "the workers moved to A" || { bad "workers to A"; show "$D/a1.log"; }
+for p in $gp; do reap "$p" 120 >/dev/null; done
+answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN of the client without B"
+gens n "$PAIR" 1
+for p in $gp; do reap "$p" 120 >/dev/null; done
+answered n 1 2 && ok "a GEN through the pair afterwards answered by A, bitwise" || bad "GEN after the resolution"
+actives=0
+for c in "$CA" "$CB"; do
+    "$R" status --broker "$c" --json 2>/dev/null | $PY -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["state"]=="active" else 1)' && actives=$((actives + 1))
+done
+[ $actives = 1 ] && ok "one active broker of the two" || bad "$actives active brokers"
+finish
