@@ -129,6 +129,36 @@ for f, s in services:
         check(all(p["targetPort"] in names for p in s["spec"]["ports"]),
               "Service %s targets ports its pods declare" % s["metadata"]["name"])
 
+# the standby pair (broker-pair.yaml, instead of broker.yaml): two
+# brokers of one StatefulSet, each the other's --peer, one primary
+pair = list(yaml.safe_load_all(open(os.path.join(k8s, "broker-pair.yaml"))))
+ss = [o for o in pair if o and o["kind"] == "StatefulSet"]
+hs = [o for o in pair if o and o["kind"] == "Service"]
+check(len(ss) == 1 and ss[0]["spec"].get("replicas") == 2, "broker-pair.yaml: one StatefulSet of 2 brokers")
+check(len(hs) == 1 and hs[0]["spec"].get("clusterIP") == "None" and ss and
+      hs[0]["metadata"]["name"] == ss[0]["spec"]["serviceName"],
+      "broker-pair.yaml: its governing headless Service gives the peers stable names")
+if ss:
+    pod = ss[0]["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    script = " ".join(c.get("command", []))
+    used = set(re.findall(r"--([a-z][a-z-]*)=", script))
+    unknown = sorted(u for u in used if u not in flags.get("reel-broker", set()))
+    check("reel-broker" in script and not unknown,
+          "broker-pair.yaml: every reel-broker flag is one it accepts" + (": not " + ", ".join(unknown) if unknown else ""))
+    check({"peer", "role"} <= used and "role=primary" in script and "role=backup" in script,
+          "broker-pair.yaml: each pod names the other as --peer, one primary and one backup")
+    peer_host = re.search(r"--peer=tcp://reel-broker-\$peer\.([a-z-]+):", script)
+    check(bool(peer_host) and peer_host.group(1) == ss[0]["spec"]["serviceName"],
+          "broker-pair.yaml: the peer address is the other pod's stable name")
+    anti = pod["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    check(bool(anti.get("requiredDuringSchedulingIgnoredDuringExecution")),
+          "broker-pair.yaml: the two brokers never share a node")
+    vols = {v["name"] for v in pod["spec"].get("volumes", [])} | \
+        {t["metadata"]["name"] for t in ss[0]["spec"].get("volumeClaimTemplates", [])}
+    check(all(m["name"] in vols for m in c.get("volumeMounts", [])),
+          "broker-pair.yaml: every volumeMount names a volume or claim template (its own catalog each)")
+
 # the dashboard queries only what Reel exports
 exported = set()
 for src in ("broker/brk_metrics.c", "worker/wrk_main.c"):

@@ -61,7 +61,8 @@ static const char *const batchings[] = { "auto", "always", NULL };     /* always
 /* Every option: its kind, where it goes, its range and its usage line. */
 static const reel_opt_t rows[] = {
     { .name = "broker", .kind = REEL_OPT_STRING, .off = O(broker), .arg = "ENDPOINT",
-      .help = "broker worker endpoint (tcp://127.0.0.1:5556)" },
+      .help = "broker worker endpoint (tcp://127.0.0.1:5556); A,B: the two\n"
+              "of a standby pair (docs/OPERATIONS.md \"Two brokers\")" },
     { .name = "name", .kind = REEL_OPT_STRING, .off = O(name), .arg = "NAME",
       .help = "worker name and ZeroMQ routing id ([A-Za-z0-9_.:+-], <= 63)" },
     { .name = "weights", .kind = REEL_OPT_STRING, .off = O(weights), .arg = "FILE",
