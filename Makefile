@@ -221,11 +221,13 @@ test-busy: deps
 	MAKE="$(MAKE)" sh tests/busy.sh
 
 # Across hosts (issue 13): the broker and two workers in three network
-# namespaces over veth pairs; make test runs it too (it skips with one line
-# where ip netns is not permitted).
+# namespaces over veth pairs; and a standby pair of brokers on a bridge
+# with two worker hosts (issue 30). make test runs both too (each skips
+# with one line where ip netns is not permitted).
 test-hosts: deps
 	$(MAKE) -j$(JOBS) all
 	sh tests/cli_hosts.sh $(BUILD)
+	sh tests/cli_hosts_pair.sh $(BUILD)
 
 demo: deps
 	$(MAKE) -j$(JOBS) all

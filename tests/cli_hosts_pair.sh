@@ -1,0 +1,169 @@
+#!/bin/sh
+# cli_hosts_pair.sh -- a standby pair across hosts (issue 30 §2; part of
+# `make test-hosts` and `make test`): four network namespaces on one
+# bridge (10.78.0.0/24): broker A (primary, .1), broker B (backup, .2), and
+# two worker hosts (.3, .4) whose workers and clients are given both
+# brokers; TCP with CURVE (the pair shares one broker key). Checks, each
+# under load (two GENs in flight from a worker host):
+#   - A active, B standby, both workers at A; a sync through the pair;
+#   - A's link cut (ip link set down: A still runs, cut off from all):
+#     B takes over (time printed), the GENs in flight are answered once,
+#     bitwise `reelctl run` on the version their answers name;
+#   - A's link back: A, still active at term 1, hears B active at term 2
+#     and steps down: one active broker;
+#   - B's process killed: A takes over (time printed), the GENs answered.
+# Needs `ip netns` (root, CAP_NET_ADMIN): where it is not permitted it
+# prints one SKIP line and exits 0.
+# Usage: cli_hosts_pair.sh BUILD
+set -u
+B="$(cd "${1:-build}" && pwd)"
+R="$B/reelctl"
+D=$(mktemp -d /tmp/reel-hpair.XXXXXX)
+SUITE=hosts_pair
+PY=/usr/bin/python3
+. "$(dirname "$0")/lib_cli.sh"
+
+NS="rsw$$ rpa$$ rpb$$ rh1$$ rh2$$"
+nsx() { _n=$1; shift; ip netns exec "$_n$$" "$@"; }
+cleanup_ns() { for n in $NS; do ip netns del "$n" 2>/dev/null; done; }
+trap 'cleanup; cleanup_ns' EXIT INT TERM
+
+if ! ip netns add "rsw$$" 2>/dev/null; then
+    echo "SKIP hosts_pair: ip netns is not permitted here (needs root and CAP_NET_ADMIN); nothing was run"
+    echo "$SUITE: 0 passed, 0 failed (skipped)"
+    exit 0
+fi
+skip_net() {
+    echo "SKIP hosts_pair: $1 is not permitted here; nothing of Reel was run"
+    echo "$SUITE: 0 passed, 0 failed (skipped)"
+    exit 0
+}
+nsx rsw ip link add br0 type bridge && nsx rsw ip link set br0 up && nsx rsw ip link set lo up ||
+    skip_net "a bridge in a namespace"
+i=1
+for h in rpa rpb rh1 rh2; do
+    ip netns add "$h$$" || skip_net "creating network namespaces"
+    ip link add "v$h$$" type veth peer name "s$h$$" &&
+        ip link set "v$h$$" netns "$h$$" && ip link set "s$h$$" netns "rsw$$" &&
+        nsx rsw ip link set "s$h$$" master br0 && nsx rsw ip link set "s$h$$" up &&
+        nsx "$h" ip addr add "10.78.0.$i/24" dev "v$h$$" && nsx "$h" ip link set "v$h$$" up &&
+        nsx "$h" ip link set lo up || skip_net "joining a namespace to the bridge"
+    i=$((i + 1))
+done
+nsx rpa ip -o addr show "vrpa$$" | grep -q 10.78.0.1 && nsx rh2 ip -o addr show "vrh2$$" | grep -q 10.78.0.4 &&
+    ok "four namespaces on one bridge: brokers 10.78.0.1 and .2, worker hosts .3 and .4" ||
+    { bad "the namespaces are not addressed"; finish; }
+
+K="$D/keys"
+"$R" keys new --role broker --out "$K" >/dev/null 2>&1
+"$R" keys new --role trainer --out "$K" >/dev/null 2>&1
+for w in w1 w2; do "$R" keys new --role worker --name "$w" --out "$K" >/dev/null 2>&1; done
+for v in 1 2; do "$R" weights init --config tiny --seed $((80 + v)) --out "$D/v$v.safetensors" 2>/dev/null; done
+for k in 1 2; do "$R" tensor rand --name context --shape 5,32 --seed $((90 + k)) --out "$D/c$k.safetensors" >/dev/null; done
+A=10.78.0.1; BB=10.78.0.2
+PAIR="tcp://$A:5555,tcp://$BB:5555"
+
+broker() { # NAME NS ADDR PEER ROLE LOG
+    : >"$6"
+    ip netns exec "$2$$" "$B/reel-broker" --clients "tcp://$3:5555" --workers "tcp://$3:5556" --keys "$K" \
+        --catalog "$D/$1.db" --heartbeat-ms 200 --peer "tcp://$4:5555" --role "$5" --peer-timeout-ms 1500 \
+        >>"$6" 2>&1 &
+    eval "P$1=$!"
+    PIDS="$PIDS $!"
+}
+broker a rpa $A $BB primary "$D/a.log"
+broker b rpb $BB $A backup "$D/b.log"
+wait_for "$D/a.log" "reel-broker: active \(term 1\)" 60 && wait_for "$D/b.log" "reel-broker: standby" 60 &&
+    wait_for "$D/b.log" "peer heard" 60 && wait_for "$D/a.log" "peer heard" 60 &&
+    ok "A active (term 1), B standby, each hearing the other over the bridge (TCP, CURVE)" || { bad "the pair starts"; show "$D/a.log"; show "$D/b.log"; finish; }
+worker() { # NAME NS
+    ip netns exec "$2$$" "$B/reel-worker" --name "$1" --broker "tcp://$A:5556,tcp://$BB:5556" \
+        --weights "$D/v1.safetensors" --weights-dir "$D" --key "$K/$1.key" --broker-key "$K/broker.pub" \
+        --heartbeat-ms 200 --liveness 5 --streams 1 >>"$D/$1.log" 2>&1 &
+    PIDS="$PIDS $!"
+}
+worker w1 rh1
+worker w2 rh2
+wait_for "$D/a.log" "worker w1 ready" 60 && wait_for "$D/a.log" "worker w2 ready" 60 &&
+    ok "both workers registered with A" || { bad "workers at A"; show "$D/a.log"; finish; }
+
+export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub" REEL_CLIENT_LIVENESS_MS=300
+nsx rh1 "$R" sync --broker "$PAIR" --version 2 --weights "$D/v2.safetensors" --timeout-ms 60000 2>"$D/s2.err"
+grep -q "sync transformer v2: complete" "$D/s2.err" && ok "sync v2 through the pair: complete on both hosts" ||
+    { bad "sync v2"; show "$D/s2.err"; }
+
+gens() { # TAG: two long GENs from worker host .3, in the background
+    gp=""
+    for k in 1 2; do
+        echo "--context $D/c$k.safetensors --steps $((6000 + 1000 * k)) --seed $((k + 30)) --size 2x8x8" >"$D/$1.$k.spec"
+        nsx rh1 "$R" gen --broker "$PAIR" --model tiny $(cat "$D/$1.$k.spec") --timeout-ms 180000 --quiet \
+            --out "$D/$1.$k.safetensors" >"$D/$1.$k.err" 2>&1 &
+        gp="$gp $!"
+    done
+}
+running() { # ADDR: 0 once its workers run 2 requests
+    j=0
+    while [ $j -lt 300 ]; do
+        nsx rh1 "$R" status --broker "tcp://$1:5555" --json 2>/dev/null |
+            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= 2 else 1)' &&
+            return 0
+        j=$((j + 1))
+    done
+    return 1
+}
+answered() { # TAG: both answered once, on v2, bitwise reelctl run
+    good=0
+    for k in 1 2; do
+        f="$D/$1.$k.err"
+        n=$(grep -c "^reelctl: gen tiny" "$f")
+        v=$(sed -n 's/^reelctl: gen tiny .*weights v\([0-9]*\),.*/\1/p' "$f" | head -1)
+        if [ "$n" = 1 ] && [ "$v" = 2 ]; then
+            "$R" run --weights "$D/v2.safetensors" $(cat "$D/$1.$k.spec") --out "$D/$1.$k.run.safetensors" 2>/dev/null
+            "$R" tensor diff "$D/$1.$k.safetensors" "$D/$1.$k.run.safetensors" --name latent >/dev/null 2>&1 &&
+                good=$((good + 1))
+        else
+            echo "  $1 GEN $k: $n answers, version '$v'"; show "$f"
+        fi
+    done
+    [ "$good" = 2 ]
+}
+now_ms() { $PY -c 'import time; print(int(time.monotonic() * 1000))'; }
+
+# --- A's link cut under load ------------------------------------------------------
+gens cut
+running $A || bad "requests running at A before the cut"
+t0=$(now_ms)
+nsx rpa ip link set "vrpa$$" down
+wait_for "$D/b.log" "reel-broker: active \(term 2\)" 60 && t1=$(now_ms)
+wait_count "$D/b.log" "worker w[12] ready" 2 60 && t2=$(now_ms)
+[ -n "${t1:-}" ] && ok "A's link cut: B active at term 2 $((t1 - t0)) ms later, both workers there $((${t2:-0} - t0)) ms after the cut" ||
+    { bad "B takes over after A's link is cut"; show "$D/b.log"; }
+for p in $gp; do reap "$p" 180 >/dev/null; done
+answered cut && ok "the 2 GENs in flight at the cut: each answered once, bitwise reelctl run" || bad "GENs at the cut"
+
+# --- A back: it steps down ---------------------------------------------------------
+nsx rpa ip link set "vrpa$$" up
+wait_for "$D/a.log" "reel-broker: standby: the peer is active at term 2" 60 &&
+    ok "A's link back: A (active at term 1 through the cut) hears B at term 2 and steps down" ||
+    { bad "A steps down"; show "$D/a.log"; }
+actives=0
+for h in $A $BB; do
+    nsx rh1 "$R" status --broker "tcp://$h:5555" --json 2>/dev/null |
+        $PY -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["state"]=="active" else 1)' && actives=$((actives + 1))
+done
+[ $actives = 1 ] && ok "one active broker of the two" || bad "$actives active brokers"
+
+# --- B killed under load -------------------------------------------------------------
+gens kill
+running $BB || bad "requests running at B before the kill"
+nb=$(grep -c "worker w[12] ready" "$D/a.log")
+t0=$(now_ms)
+kill -9 "$Pb"
+t1=""
+wait_for "$D/a.log" "reel-broker: active \(term 3\)" 60 && t1=$(now_ms)
+wait_count "$D/a.log" "worker w[12] ready" $((nb + 2)) 60 && t2=$(now_ms)
+[ -n "$t1" ] && ok "B killed: A active at term 3 $((t1 - t0)) ms later, both workers there $((${t2:-0} - t0)) ms after the kill" ||
+    { bad "A takes over after B's kill"; show "$D/a.log"; }
+for p in $gp; do reap "$p" 180 >/dev/null; done
+answered kill && ok "the 2 GENs in flight at the kill: each answered once, bitwise reelctl run" || bad "GENs at the kill"
+finish
