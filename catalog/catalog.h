@@ -31,6 +31,14 @@ cat_t *cat_open(const char *path, bool readonly);
 /* Closes the catalog (an open batch is rolled back). Does nothing on NULL;
  * sets *c = NULL. */
 void cat_close(cat_t **c);
+/* Adds the catalog at src_path (another broker's: a standby pair's
+ * other one) to c, opened writable: requests it has that c has not (by
+ * request id), its captures, evictions and audit rows, its summaries
+ * added to c's (counts and seconds summed, maxima kept), and, for weight
+ * versions, workers and artifacts, the more recent row of each. One
+ * transaction; a source of a newer schema, with a table this build has
+ * no rule for, or c itself, is refused. 0, or -1 with a message. */
+int cat_merge(cat_t *c, const char *src_path);
 /* The path it was opened with (for messages). */
 const char *cat_path(const cat_t *c);
 /* The schema version (user_version) this build writes. */

@@ -1,8 +1,8 @@
 /* catalog_impl.h -- what the catalog's own files share (internal to
  * catalog/: catalog_db.c, the SQLite helpers; catalog_rollup.c, the
  * summaries; catalog.c, the store; catalog_prune.c, retention;
- * catalog_query.c, the report queries -- each calls only the ones before
- * it). The schema it migrates to is schema/catalog_schema.h. */
+ * catalog_query.c, the report queries; catalog_merge.c, the union of two
+ * catalogs -- each calls only the ones before it). The schema it migrates to is schema/catalog_schema.h. */
 #ifndef REEL_CATALOG_CATALOG_IMPL_H
 #define REEL_CATALOG_CATALOG_IMPL_H
 

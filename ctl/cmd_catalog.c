@@ -43,7 +43,8 @@ static const struct {
 };
 
 #define USAGE                                                                                      \
-    "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH] [--json]" \
+    "usage: reelctl stats|keys|evictions|versions|workers|requests|metrics [--catalog PATH]... [--json]" \
+    " (several --catalog: their union, each request once: a standby pair's two)"                     \
     " (metrics: [--broker EP] adds the broker's live counters; versions: the 10 newest of each component,"     \
     " --all for every one)"
 
@@ -63,13 +64,19 @@ int cmd_catalog(int argc, char **argv) {
     const char *broker = NULL; /* metrics: the broker's live counters too */
     const char *env = getenv("REEL_CATALOG");
     const char *path = env && *env ? env : "reel.db";
+    const char *paths[CTL_MAX_CATALOGS];
+    int n_paths = 0;
     bool json = false;
     int o;
     opterr = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
-        case 'c': path = optarg; break;
+        case 'c':
+            if (n_paths == CTL_MAX_CATALOGS)
+                return reel_fail(REEL_E_INVALID, "%s: at most %d --catalog", argv[0], CTL_MAX_CATALOGS);
+            path = paths[n_paths++] = optarg;
+            break;
         case 'b':
             if (fn != metrics) return reel_fail(REEL_E_INVALID, "%s: --broker is for metrics", argv[0]);
             broker = optarg;
@@ -92,9 +99,12 @@ int cmd_catalog(int argc, char **argv) {
     if (access(path, F_OK) != 0)
         return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
 
-    cat_t *c = cat_open(path, true);
-    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
-    int rc = fn(c, json, stdout);
-    cat_close(&c);
+    if (n_paths == 0) paths[n_paths++] = path;
+    for (int i = 0; i < n_paths; i++)
+        if (!*paths[i]) return reel_fail(REEL_E_INVALID, "--catalog: empty path");
+    ctl_catalog_t cc; /* several: their union (a standby pair's two catalogs) */
+    if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    int rc = fn(cc.c, json, stdout);
+    ctl_catalog_close(&cc);
     return rc != 0 ? ctl_fail_as(REEL_E_IO, "%s: ", argv[0]) : 0;
 }

@@ -5,11 +5,54 @@
 #include "ctl/report.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctl/report_table.h"
 #include "base/error.h"
 #include "catalog/catalog_query.h"
+
+int ctl_catalog_open(const char *const *paths, int n, ctl_catalog_t *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++)
+        if (access(paths[i], F_OK) != 0)
+            return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)",
+                             paths[i]);
+    if (n == 1) {
+        out->c = cat_open(paths[0], true);
+        return out->c ? 0 : -1;
+    }
+    const char *dir = getenv("TMPDIR");
+    snprintf(out->tmp, sizeof out->tmp, "%s/reel-union-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(out->tmp); /* 0600: catalogs hold the audit trail */
+    if (fd < 0) {
+        int e = errno;
+        out->tmp[0] = '\0';
+        return reel_fail(REEL_E_IO, "a temporary catalog for the union: %s", strerror(e));
+    }
+    close(fd);
+    cat_t *u = cat_open(out->tmp, false);
+    int rc = u ? 0 : -1;
+    for (int i = 0; rc == 0 && i < n; i++) rc = cat_merge(u, paths[i]);
+    cat_close(&u);
+    if (rc == 0 && !(out->c = cat_open(out->tmp, true))) rc = -1;
+    if (rc != 0) ctl_catalog_close(out);
+    return rc;
+}
+
+void ctl_catalog_close(ctl_catalog_t *cc) {
+    cat_close(&cc->c);
+    if (!cc->tmp[0]) return;
+    char side[4200];
+    unlink(cc->tmp);
+    snprintf(side, sizeof side, "%s-wal", cc->tmp);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", cc->tmp);
+    unlink(side);
+    cc->tmp[0] = '\0';
+}
 
 typedef json_t *(*query_fn)(cat_t *c);
 

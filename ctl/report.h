@@ -14,6 +14,17 @@
 
 #include "catalog/catalog.h"
 
+/* The catalog a report reads: one path (read-only), or, for several
+ * (the two brokers of a standby pair, each with its own), their union:
+ * a temporary catalog they are merged into (cat_merge: each request
+ * once, by id), removed by ctl_catalog_close. 0, or -1 with a message. */
+#define CTL_MAX_CATALOGS 4
+typedef struct {
+    cat_t *c;
+    char tmp[4096]; /* the union's file ("" for one catalog) */
+} ctl_catalog_t;
+int ctl_catalog_open(const char *const *paths, int n, ctl_catalog_t *out);
+void ctl_catalog_close(ctl_catalog_t *cc);
 int ctl_report_stats(cat_t *c, bool json, FILE *out);     /* per worker + overall */
 int ctl_report_keys(cat_t *c, bool json, FILE *out);
 int ctl_report_evictions(cat_t *c, bool json, FILE *out);

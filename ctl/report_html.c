@@ -25,6 +25,7 @@
 #include "base/parse.h"
 #include "catalog/catalog.h"
 #include "catalog/catalog_query.h"
+#include "ctl/report.h"
 
 static void esc(FILE *o, const char *s) {
     for (; s && *s; s++) {
@@ -282,6 +283,8 @@ int cmd_report(int argc, char **argv) {
     };
     const char *env = getenv("REEL_CATALOG");
     const char *path = env && *env ? env : "reel.db", *out = NULL;
+    const char *paths[CTL_MAX_CATALOGS];
+    int n_paths = 0;
     double since = 0;
     int o;
     opterr = 0;
@@ -289,7 +292,10 @@ int cmd_report(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'o': out = optarg; break;
-        case 'c': path = optarg; break;
+        case 'c':
+            if (n_paths == CTL_MAX_CATALOGS) return reel_fail(REEL_E_INVALID, "report: at most %d --catalog", CTL_MAX_CATALOGS);
+            path = paths[n_paths++] = optarg;
+            break;
         case 's': {
             /* UNIX seconds, or -N: the last N seconds */
             double v;
@@ -305,24 +311,24 @@ int cmd_report(int argc, char **argv) {
     if (!out) return reel_fail(REEL_E_INVALID, "report needs --html OUT.html");
     if (access(path, F_OK) != 0)
         return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
-    cat_t *c = cat_open(path, true);
-    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
     struct stat os;
-    if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) { /* replaced by rename: only a regular file may be */
-        cat_close(&c);
+    if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) /* replaced by rename: only a regular file may be */
         return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file", out);
-    }
+    if (n_paths == 0) paths[n_paths++] = path;
+    ctl_catalog_t cc; /* several: their union (a standby pair's two catalogs) */
+    if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    cat_t *c = cc.c;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
     if (!f) {
         if (tfd >= 0) close(tfd);
-        cat_close(&c);
+        ctl_catalog_close(&cc);
         return reel_fail(REEL_E_IO, "%s: cannot write", tmp);
     }
     int rc = ctl_report_html(c, since, f);
-    cat_close(&c);
+    ctl_catalog_close(&cc);
     if (fclose(f) != 0 && rc == 0) rc = reel_fail(REEL_E_IO, "writing the report failed");
     if (rc != 0 || rename(tmp, out) != 0) {
         unlink(tmp);

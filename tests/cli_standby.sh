@@ -22,6 +22,9 @@
 #      (term 3), the limit of the fencing rule; the link restored, B (the
 #      lower term) steps down, its workers move to A, and a GEN through
 #      the pair is answered: never two active once they hear each other.
+#   7. reports over both catalogs (reelctl requests, stats, versions,
+#      report --html with --catalog A --catalog B): the union, each request
+#      once (a catalog with its own copy: deduplicated by request id).
 # Usage: cli_standby.sh BUILD
 set -u
 B="${1:-build}"
@@ -235,4 +238,27 @@ for c in "$CA" "$CB"; do
     "$R" status --broker "$c" --json 2>/dev/null | $PY -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["state"]=="active" else 1)' && actives=$((actives + 1))
 done
 [ $actives = 1 ] && ok "one active broker of the two" || bad "$actives active brokers"
+
+# --- 7. the two catalogs as one -------------------------------------------------------
+# each broker recorded the requests it answered; a report reads the union
+wait_sql "$D/a.db" "SELECT count(*) FROM requests" 2 30 >/dev/null
+na=$(sqlite3 "$D/a.db" "SELECT count(*) FROM requests"); nb=$(sqlite3 "$D/b.db" "SELECT count(*) FROM requests")
+nu=$("$R" requests --catalog "$D/a.db" --catalog "$D/b.db" --json 2>"$D/u.err" |
+    $PY -c 'import json,sys; r=json.load(sys.stdin); print(len(r), len({x["id"] for x in r}))')
+[ "$nu" = "$((na + nb)) $((na + nb))" ] && [ $((na + nb)) -ge 7 ] &&
+    ok "reelctl requests over both catalogs: the union, $na + $nb requests, each once" ||
+    { bad "the union of the catalogs: '$nu' for $na + $nb"; show "$D/u.err"; }
+cp "$D/a.db" "$D/a2.db"
+n2=$("$R" requests --catalog "$D/a.db" --catalog "$D/a2.db" --json 2>/dev/null | $PY -c 'import json,sys; print(len(json.load(sys.stdin)))')
+[ "$n2" = "$na" ] && ok "a catalog with a copy of itself: each request once ($na), deduplicated by request id" ||
+    bad "dedup by request id: $n2 rows for $na requests"
+"$R" stats --catalog "$D/a.db" --catalog "$D/b.db" --json >"$D/us.json" 2>"$D/us.err"
+$PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["overall"]["requests"]==int(sys.argv[2]) else 1)' "$D/us.json" $((na + nb)) &&
+    ok "reelctl stats over both: the summaries added ($((na + nb)) requests)" || { bad "stats over both"; show "$D/us.json" "$D/us.err"; }
+nv=$("$R" versions --catalog "$D/a.db" --catalog "$D/b.db" --json 2>/dev/null | $PY -c 'import json,sys; print(sum(1 for v in json.load(sys.stdin) if v["version"]==2))')
+[ "$nv" = 1 ] && ok "v2, in both catalogs, once in the union" || bad "v2 appears $nv times in the union"
+"$R" report --html "$D/u.html" --catalog "$D/a.db" --catalog "$D/b.db" 2>"$D/uh.err" && [ -s "$D/u.html" ] &&
+    ok "reelctl report --html over both catalogs" || { bad "report over both"; show "$D/uh.err"; }
+left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'reel-union-*' -newer "$D/a2.db" 2>/dev/null | wc -l)
+[ "$left" = 0 ] && ok "the union's temporary catalogs are removed" || bad "$left temporary union catalogs left behind"
 finish

@@ -700,6 +700,62 @@ static void write_facts(cat_t *c) {
     TS_OK(cat_commit(c));
 }
 
+/* cat_merge: the union of two brokers' catalogs. A second catalog holds
+ * other requests of the same workers and keys, and a newer state of a
+ * version: the union counts each request once and adds the summaries. */
+START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) {
+    cat_t *w = open_ok(false);
+    write_facts(w); /* requests 1, 2 (20 steps), 3 captures, 10 replays, 3 evictions */
+    cat_close(&w);
+    char other[4200], uni[4200];
+    snprintf(other, sizeof other, "%s/other.db", tmpdir);
+    snprintf(uni, sizeof uni, "%s/union.db", tmpdir);
+    cat_t *o = cat_open(other, false);
+    ck_assert_ptr_nonnull(o);
+    TS_OK(cat_begin(o));
+    TS_OK(cat_worker_seen(o, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 2000));
+    TS_OK(cat_weight_version(o, "dit", 2, "bb22", "inline", 2001));
+    TS_OK(cat_weight_state(o, "dit", 2, "current", "current at the peer broker when this one took over"));
+    TS_OK(cat_capture(o, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, NULL, 2010));
+    TS_OK(cat_replays(o, "w1", "k1", 0, 4, 1, 2020));
+    TS_OK(cat_request(o, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 0.0, 0.0, 0, 0, 0, 1031)); /* the same request */
+    TS_OK(cat_request(o, 9, "w1", "k1", 2, 6, 0, 6, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 2030));
+    TS_OK(cat_commit(o));
+    cat_close(&o);
+
+    cat_t *u = cat_open(uni, false);
+    ck_assert_ptr_nonnull(u);
+    TS_OK(cat_merge(u, dbpath));
+    TS_OK(cat_merge(u, other));
+    ck_assert_int_eq(cat_merge(u, uni), -1); /* not into itself */
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "into itself"));
+    ck_assert_int_eq(cat_merge(u, "/nonexistent/x.db"), -1);
+    cat_close(&u);
+    u = cat_open(uni, true);
+    ck_assert_ptr_nonnull(u);
+    json_t *rq = report_json(u, ctl_report_requests);
+    ck_assert_int_eq((int)json_array_size(rq), 3); /* 1, 2 and 9: request 2 once */
+    json_decref(rq);
+    json_t *st = report_json(u, ctl_report_stats);
+    json_t *w1 = find(json_object_get(st, "workers"), "worker", "w1");
+    ck_assert_int_eq(jint(w1, "captures"), 4);
+    ck_assert_int_eq(jint(w1, "replays"), 14);
+    ck_assert_int_eq(jint(w1, "evictions"), 2);
+    json_decref(st);
+    json_t *vs = report_json(u, ctl_report_versions);
+    json_t *v2 = find(vs, "state", "current");
+    ck_assert_ptr_nonnull(v2);
+    ck_assert_int_eq(jint(v2, "version"), 2);
+    ck_assert_str_eq(jstr(v2, "reason"), "current at the peer broker when this one took over"); /* the newer row */
+    json_decref(vs);
+    cat_close(&u);
+    /* a read-only catalog takes nothing in */
+    u = cat_open(uni, true);
+    ck_assert_int_eq(cat_merge(u, other), -1);
+    cat_close(&u);
+}
+END_TEST
+
 START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons) {
     cat_t *w = open_ok(false);
     write_facts(w);
@@ -1342,6 +1398,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
+    tcase_add_test(tc, test_merged_catalogs_hold_each_request_once_and_add_their_summaries);
     suite_add_tcase(s, tc);
     return s;
 }
