@@ -25,6 +25,8 @@
 #   7. reports over both catalogs (reelctl requests, stats, versions,
 #      report --html with --catalog A --catalog B): the union, each request
 #      once (a catalog with its own copy: deduplicated by request id).
+#   8. the standby listed first ("B,A"): an upload and a GEN without
+#      resends (liveness 0) are refused by B and completed at A.
 # Usage: cli_standby.sh BUILD
 set -u
 B="${1:-build}"
@@ -50,7 +52,8 @@ CA="tcp://127.0.0.1:$PA"; CB="tcp://127.0.0.1:$PB"
 PAIR="$CA,$CB"
 WA="ipc://$D/wa"; WB="ipc://$D/wb"
 
-for v in 1 2; do "$R" weights init --config tiny --seed $((40 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
+mkdir -p "$D/upa" "$D/upb"
+for v in 1 2 3; do "$R" weights init --config tiny --seed $((40 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
 for k in 1 2 3 4; do "$R" tensor rand --name context --shape 5,32 --seed $((60 + k)) --out "$D/c$k.safetensors" >/dev/null; done
 
 relay() { # NAME LISTEN TARGET
@@ -71,12 +74,12 @@ mend() {
 
 broker_a() { # LOG
     cli_broker "$1" --clients "$CA" --workers "$WA" --catalog "$D/a.db" --heartbeat-ms 200 \
-        --peer "tcp://127.0.0.1:$RB" --role primary --peer-timeout-ms 1500 || { bad "broker A starts"; show "$1"; finish; }
+        --peer "tcp://127.0.0.1:$RB" --role primary --peer-timeout-ms 1500 --weights-dir "$D/upa" || { bad "broker A starts"; show "$1"; finish; }
     BA=$BROKER
 }
 broker_a "$D/a0.log"
 cli_broker "$D/b.log" --clients "$CB" --workers "$WB" --catalog "$D/b.db" --heartbeat-ms 200 \
-    --peer "tcp://127.0.0.1:$RA" --role backup --peer-timeout-ms 1500 || { bad "broker B starts"; show "$D/b.log"; finish; }
+    --peer "tcp://127.0.0.1:$RA" --role backup --peer-timeout-ms 1500 --weights-dir "$D/upb" || { bad "broker B starts"; show "$D/b.log"; finish; }
 BB=$BROKER
 
 # --- 1. who is active -----------------------------------------------------------
@@ -261,4 +264,20 @@ nv=$("$R" versions --catalog "$D/a.db" --catalog "$D/b.db" --json 2>/dev/null | 
     ok "reelctl report --html over both catalogs" || { bad "report over both"; show "$D/uh.err"; }
 left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'reel-union-*' -newer "$D/a2.db" 2>/dev/null | wc -l)
 [ "$left" = 0 ] && ok "the union's temporary catalogs are removed" || bad "$left temporary union catalogs left behind"
+
+# --- 8. the standby listed first -----------------------------------------------------------
+# (A is active now, B standby): an upload and a GEN without resends
+# (liveness 0) given "B,A" are refused by B and go to A
+"$R" sync --broker "$CB,$PAIR" --version 3 --upload "$D/w3.safetensors" --timeout-ms 60000 >"$D/s3.out" 2>&1
+if grep -q "sync transformer v3: complete" "$D/s3.out" && [ -n "$(ls "$D/upa")" ] && [ -z "$(ls "$D/upb")" ] &&
+    cmp -s "$D/w3.safetensors" "$(ls -d "$D"/upa/* | grep -v '\.part' | head -1)"; then
+    ok "an upload through 'B,A' (B the standby): refused by B, stored byte for byte at A, complete"
+else
+    bad "the upload past the standby"; show "$D/s3.out"; ls -la "$D/upa" "$D/upb"
+fi
+REEL_CLIENT_LIVENESS_MS=0 "$R" gen --broker "$CB,$CA" --model tiny --context "$D/c1.safetensors" --steps 3 --size 2x8x8 \
+    --seed 5 --timeout-ms 30000 --out "$D/z.safetensors" >"$D/z.out" 2>&1
+grep -q "^reelctl: gen tiny .*weights v3" "$D/z.out" &&
+    ok "a GEN without resends (liveness 0) through 'B,A': past the standby, answered on v3" ||
+    { bad "liveness 0 past the standby"; show "$D/z.out"; }
 finish

@@ -234,6 +234,13 @@ static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body
     return 0;
 }
 
+/* After a round of standby answers (a pair still choosing): 200 ms, or
+ * what is left before end. */
+static void standby_pause(int64_t end) {
+    int64_t pause = end - now_ms() < 200 ? end - now_ms() : 200;
+    if (pause > 0) nanosleep(&(struct timespec){ 0, (long)pause * 1000000L }, NULL);
+}
+
 /* True when m is ERROR standby: the standby of a pair answered. */
 static bool is_standby(wire_msg_t *m) {
     if (msg_type(m) != MSG_ERROR) return false;
@@ -264,7 +271,22 @@ static uint64_t boot_of(wire_msg_t *m) {
  * no boot id was learnt. */
 static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void *g, int timeout_ms,
                      reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
-    if (!c->liveness_ms) return call(c, type, id, g, timeout_ms, fn, user, m, err);
+    if (!c->liveness_ms) {
+        /* no resends on silence; a standby's answer still moves a pair's client on */
+        int64_t end = now_ms() + timeout_ms;
+        for (int standbys = 1;; standbys++) {
+            int64_t left = end - now_ms();
+            int rc = call(c, type, id, g, left > 0 ? (int)left : 1, fn, user, m, err);
+            if (rc != 1 || c->n_eps < 2 || strcmp(err->code, WIRE_E_STANDBY) || now_ms() >= end) return rc;
+            if (standbys % c->n_eps == 0) standby_pause(end);
+            if (switch_broker(c) != 0) {
+                set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+                return -1;
+            }
+            c->resends++;
+            if (c->on_resend) c->on_resend(c->resend_user, id, 0);
+        }
+    }
     int64_t deadline = now_ms() + timeout_ms;
     /* The broker's boot id, known from an earlier call or learnt now: a
      * STATUS just before the GEN (the first call only). Known, a restart
@@ -287,10 +309,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
                 /* The standby of a pair: the other broker serves. After
                  * a round of standbys (a pair still choosing), a pause. */
                 wire_msg_close(m);
-                if (++standbys % c->n_eps == 0) {
-                    int64_t pause = deadline - now_ms() < 200 ? deadline - now_ms() : 200;
-                    if (pause > 0) nanosleep(&(struct timespec){ 0, (long)pause * 1000000L }, NULL);
-                }
+                if (++standbys % c->n_eps == 0) standby_pause(deadline);
                 if (now_ms() >= deadline) {
                     set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time: every broker is the standby");
                     return -1;
@@ -847,6 +866,9 @@ typedef struct {
     int silent_ms;      /* ... after this long without an answer (0: another broker answered) */
     uint64_t sent_id;   /* the last SYNC's id */
     int64_t heard;      /* when the broker last answered anything */
+    int64_t began;      /* when this attempt began */
+    int64_t refused;    /* a pair: since when every attempt was answered standby (0: none) */
+    int rounds;         /* attempts answered standby */
 } publish_state_t;
 
 static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *path, reel_bytes_fn progress,
@@ -855,6 +877,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     upload_t p;
     bool *synced = &st->synced;
     st->lost = false;
+    st->began = now_ms();
     if (upload_open(c, &p, s->component, s->version, s->sha256, path, progress, user, err) != 0) return -1;
     uint64_t sid = 0;
     /* the broker this attempt talks to: its boot id, asked first when unknown */
@@ -884,11 +907,20 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
         }
         if (*synced && p.complete) break;
         wire_msg_t a;
-        int64_t until = ping ? (first ? answer_by : ping_by) : c->liveness_ms ? now_ms() + c->liveness_ms : answer_by;
+        /* the first STATUS waits for the answer's timeout; with a pair, a
+         * liveness (the other broker may be the one that answers) */
+        int64_t first_by = c->n_eps > 1 && c->liveness_ms ? st->began + c->liveness_ms : answer_by;
+        int64_t until = ping ? (first ? first_by : ping_by) : c->liveness_ms ? now_ms() + c->liveness_ms : answer_by;
         if (until > answer_by) until = answer_by;
         if (await3(c, p.complete ? sid : p.id, p.complete || *synced ? 0 : sid, ping, until, &a, NULL, NULL,
                    err) != 0) {
             if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= answer_by) {
+                rc = -1;
+                break;
+            }
+            if (ping && first && c->n_eps > 1) { /* a pair's broker silent from the start: the other */
+                st->lost = true;
+                st->silent_ms = c->liveness_ms;
                 rc = -1;
                 break;
             }
@@ -947,7 +979,10 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     if (rc == 1 && c->n_eps > 1 && !strcmp(err->code, WIRE_E_STANDBY)) {
         st->lost = true; /* the standby of a pair: the upload goes to the other broker */
         st->silent_ms = 0;
+        if (!st->refused) st->refused = now_ms();
         rc = -1;
+    } else if (rc == 0 || rc == 1) {
+        st->refused = 0;
     }
     upload_close(&p);
     return rc;
@@ -964,6 +999,15 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
     for (;;) {
         rc = publish_attempt(c, s, path, progress, user, res, timeout_ms, &st, err);
         if (!st.lost) break;
+        if (st.refused) { /* every broker a standby: bounded, with a pause a round */
+            if (now_ms() - st.refused >= timeout_ms) {
+                st.lost = false;
+                set_err(err, WIRE_E_STANDBY, "every broker of the pair answered standby for %d ms", timeout_ms);
+                rc = 1;
+                break;
+            }
+            if (++st.rounds % c->n_eps == 0) standby_pause(now_ms() + 200);
+        }
         /* No chunk goes again before a broker answers a STATUS: chunks sent
          * to nobody would only queue in the socket (megabytes an attempt).
          * A broker gone for good, silent for timeout_ms, ends it. */

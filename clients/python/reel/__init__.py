@@ -9,6 +9,9 @@
     # a broker started with --keys: this trainer's key and the broker's
     Client("tcp://broker:5555", key="keys/alice.key", broker_key="keys/broker.pub")
 
+    # a standby pair: the active broker serves, the client moves on a takeover
+    Client("tcp://a:5555,tcp://b:5555")
+
 Pure Python on pyzmq, msgpack and numpy; torch tensors are accepted and
 returned when the inputs are torch tensors, and never required.
 """

@@ -1,7 +1,8 @@
 """A client of the Reel broker, written from docs/PROTOCOL.md.
 
-One Client is one ZeroMQ DEALER socket on the broker's client endpoint; it
-is not thread-safe (use one per thread). Every call has a client-side
+One Client is one ZeroMQ DEALER socket on the broker's client endpoint (of
+a standby pair: on one of the two brokers' at a time); it is not
+thread-safe (use one per thread). Every call has a client-side
 deadline, so nothing hangs when the broker is gone.
 """
 
@@ -24,6 +25,8 @@ from . import safetensors
 
 PROTO = "reel/1"
 MAX_MSG = 512 << 20
+MAX_BROKERS = 4  # endpoints in a list: a broker, or a standby pair
+STANDBY_PAUSE = 0.2  # seconds, after a round of "standby" answers (a pair still choosing)
 _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
 
 
@@ -47,11 +50,15 @@ class BusyError(ReelError):
 
 
 class _BrokerLost(Exception):
-    """An upload attempt ended on a silent or restarted broker (Client._upload)."""
+    """An upload attempt ended on a silent or restarted broker, or on the
+    standby of a pair (Client._upload). .done: the SYNC_DONE header if it
+    came; .heard: when the broker last answered; .standby: it answered
+    ERROR standby; .acked: when the attempt's last UPLOAD_ACK or SYNC_DONE
+    came (None: none)."""
 
-    def __init__(self, done, heard):
+    def __init__(self, done, heard, standby=False, acked=None):
         super().__init__("broker lost")
-        self.done, self.heard = done, heard
+        self.done, self.heard, self.standby, self.acked = done, heard, standby, acked
 
 
 class ReelTimeout(ReelError):
@@ -316,7 +323,18 @@ class Client:
     token (a broker that still holds it answers it once; a restarted one
     runs it again, with the same result: docs/PROTOCOL.md "Delivery").
     Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend.
-    .resends counts the GENs sent again."""
+    .resends counts the GENs sent again.
+
+    broker may list up to 4 endpoints, "A,B": a standby pair
+    (docs/PROTOCOL.md "A standby broker"). The client talks to one at a
+    time, the first to begin with, on one socket; when its broker answers
+    a GEN, SYNC or UPLOAD with ERROR standby, or stays silent for the
+    liveness (as above), it moves to the next one: a new socket (the same
+    keys), a STATUS first (the new broker's boot id), then what was
+    unanswered again (the same id; a GEN with the same token). After a
+    round of standby answers it pauses 200 ms. .endpoint is the endpoint it
+    talks to now, .switches counts its moves. With one endpoint, ERROR
+    standby is raised as any ReelError (code "standby")."""
 
     def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None, key=None, broker_key=None,
                  liveness=None):
@@ -325,20 +343,24 @@ class Client:
         if bool(key) != bool(broker_key):
             raise ValueError("give both key (this client's NAME.key, or REEL_KEY) and broker_key (the broker's "
                              "broker.pub, or REEL_BROKER_KEY), or neither")
-        self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+        eps = broker.split(",") if isinstance(broker, str) else []
+        if not 1 <= len(eps) <= MAX_BROKERS or any(not e or len(e) >= 256 for e in eps):
+            raise ValueError(f"broker endpoint list {broker!r}: 1 to {MAX_BROKERS} endpoints separated by commas")
+        self._eps = eps  # a broker, or a standby pair: talked to one at a time
+        self._at = 0     # ... the one the socket is connected to
+        self.switches = 0  # moves to another endpoint of the list
+        self._curve = None
         if key:
             mine, server = read_key(key, True), read_key(broker_key, False)
             if mine["role"] not in ("client", "trainer"):
                 raise ValueError(f"{key}: a {mine['role']} key cannot be a client's")
             if server["role"] != "broker":
                 raise ValueError(f"{broker_key}: a {server['role']} key, not the broker's (role broker)")
-            self._sock.curve_serverkey = server["public-key"].encode()
-            self._sock.curve_publickey = mine["public-key"].encode()
-            self._sock.curve_secretkey = mine["secret-key"].encode()
-        self._sock.connect(broker)
+            # kept for the sockets of a move to another broker of the list
+            self._curve = (server["public-key"].encode(), mine["public-key"].encode(), mine["secret-key"].encode())
+        self._ctx = context or zmq.Context.instance()
+        self._sock = None
+        self._open()
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
         if liveness is None:
@@ -349,6 +371,43 @@ class Client:
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
+
+    @property
+    def endpoint(self):
+        """The endpoint of the list this client talks to now."""
+        return self._eps[self._at]
+
+    @property
+    def endpoints(self):
+        """The endpoint list it was given: one broker, or a standby pair."""
+        return tuple(self._eps)
+
+    def _open(self):
+        """A DEALER connected to the current endpoint, as self._sock."""
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+            if self._curve:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+            sock.connect(self._eps[self._at])
+        except BaseException:
+            sock.close(0)
+            raise
+        self._sock = sock
+
+    def _switch(self):
+        """Moves to the next endpoint of the list (a standby pair's other
+        broker): a new socket, nothing of the old one's queue kept (late
+        answers of the old broker are gone with it), no boot id known."""
+        if len(self._eps) < 2:
+            return
+        self._sock.close(0)
+        self._sock = None
+        self._at = (self._at + 1) % len(self._eps)
+        self._boot = None
+        self.switches += 1
+        self._open()
 
     def close(self):
         if self._sock is not None:
@@ -386,7 +445,8 @@ class Client:
         the broker that got them: its boot id). The waiting state
         _recv_live keeps across its calls."""
         send = send or self._send_gen
-        st = {"ping": None, "boot": self._boot, "first": False, "asked": False, "resent": False, "send": send}
+        st = {"ping": None, "boot": self._boot, "first": False, "asked": False, "resent": False, "send": send,
+              "standbys": 0}
         if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
             self._send("STATUS", st["ping"], {})
@@ -399,11 +459,18 @@ class Client:
         silence a STATUS; every GEN still waited for is sent again (same id
         and token) when that is not answered in as long either, or another
         broker answers (a new boot id: a restart lost them). A broker that
-        still holds a GEN attaches the resend to it."""
-        if not self.liveness:
-            return self._recv_any(rids, deadline, on_progress)
+        still holds a GEN attaches the resend to it.
+
+        With several endpoints (a standby pair), an ERROR standby answer to
+        one of them, or that silence, moves the client to the next broker
+        of the list (a new socket): a STATUS there first (its boot id), then
+        every GEN still waited for again; after a round of standby answers
+        a pause of 200 ms. With one endpoint, ERROR standby is raised."""
         while True:
+            move = False
             try:
+                if not self.liveness:
+                    return self._recv_any(rids, deadline, on_progress)
                 ids = set(rids) | ({st["ping"]} if st["asked"] else set())
                 got = self._recv_any(ids, min(deadline, time.monotonic() + self.liveness), on_progress)
                 if got[0] != st["ping"]:
@@ -421,13 +488,33 @@ class Client:
                     continue
                 st["boot"] = self._boot = now_boot  # another broker: a restart lost them
             except ReelTimeout:
-                if time.monotonic() >= deadline:
+                if not self.liveness or time.monotonic() >= deadline:
                     raise
                 if not st["asked"]:  # silent for `liveness`: is it there?
                     st.update(ping=next(self._ids), asked=True, first=False, resent=False)
                     self._send("STATUS", st["ping"], {})
                     continue
                 st.update(asked=False, first=False)  # gone, or stuck
+                move = len(self._eps) > 1  # a standby pair: the other broker
+            except ReelError as e:
+                if e.code != "standby" or e.request_id not in rids or len(self._eps) < 2:
+                    raise
+                # The standby of a pair: the other broker serves. After a
+                # round of standbys (a pair still choosing), a pause.
+                st["standbys"] += 1
+                if st["standbys"] % len(self._eps) == 0:
+                    pause = min(STANDBY_PAUSE, deadline - time.monotonic())
+                    if pause > 0:
+                        time.sleep(pause)
+                if time.monotonic() >= deadline:
+                    raise ReelTimeout(f"no answer from {self.broker} in time: every broker is the standby",
+                                      e.request_id)
+                move = True
+            if move:  # to the next broker of the list, a STATUS first (its boot id)
+                self._switch()
+                if self.liveness:
+                    st.update(ping=next(self._ids), asked=True, first=True, boot=None)
+                    self._send("STATUS", st["ping"], {})
             self.resends += 1
             st["resent"] = True
             for rid in rids:
@@ -447,7 +534,7 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
                 if time.monotonic() >= deadline:
-                    raise ReelTimeout(f"no reply from {self.broker} in time", rid)
+                    raise ReelTimeout(f"no reply from {self.endpoint} in time", rid)
                 continue
             frames = self._sock.recv_multipart()
             hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
@@ -640,10 +727,41 @@ class Client:
 
     def status(self, timeout=None):
         """The broker's STATUS_REPLY header as a dict (workers, queue,
-        versions, pending, ...)."""
+        versions, pending, ...; a broker of a standby pair adds ha_state,
+        ha_role, ha_term and ha_peer).
+
+        With several endpoints (a standby pair): the active broker's (its
+        ha_state "active", or none: a broker alone), else the first standby
+        that answered; each endpoint is asked for its share of the timeout,
+        and the client stays with the broker whose answer it returns."""
+        wait = timeout or min(self.timeout, 10.0)
+        if len(self._eps) < 2:
+            return self._status_once(wait)
+        best, best_at, why = None, None, None
+        share = wait / len(self._eps)
+        for k in range(len(self._eps)):
+            if k:
+                self._switch()
+            try:
+                hdr = self._status_once(share)
+            except ReelError as e:
+                why = e
+                continue
+            if not hdr.get("ha_state") or hdr.get("ha_state") == "active":
+                return hdr
+            if best is None:
+                best, best_at = hdr, self._at
+        if best is None:
+            raise why
+        while self._at != best_at:  # stay with the one that answered
+            self._switch()
+        return best
+
+    def _status_once(self, wait):
+        """One STATUS to the broker the socket is connected to."""
         rid = next(self._ids)
         self._send("STATUS", rid, {})
-        hdr, _ = self._recv(rid, time.monotonic() + (timeout or min(self.timeout, 10.0)))
+        hdr, _ = self._recv(rid, time.monotonic() + wait)
         return hdr
 
     def upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4):
@@ -662,7 +780,11 @@ class Client:
         comes: returns (digest, the SYNC_DONE header). The broker is watched
         as a GEN's is (liveness): silent, or another broker answering (a
         restart), the upload starts again from where the new broker's copy
-        ends and the SYNC goes again (.resends counts it)."""
+        ends and the SYNC goes again (.resends counts it). With several
+        endpoints (a standby pair), that, or an UPLOAD or SYNC answered
+        ERROR standby, moves it to the next broker of the list: the
+        endpoints are asked for STATUS in turn until one answers, and the
+        upload starts again there."""
         if int(window) < 1:
             raise ValueError(f"window must be at least 1, got {window}")
         path = _regular_file(os.path.abspath(path))
@@ -670,7 +792,9 @@ class Client:
         size = os.path.getsize(path)
         wait = timeout if timeout is not None else self.timeout
         done = None
-        heard = time.monotonic()
+        heard = acked = time.monotonic()
+        standbys = 0  # attempts refused ERROR standby
+        n = len(self._eps)
         with open(path, "rb") as f:
             while True:
                 try:
@@ -678,13 +802,29 @@ class Client:
                 except _BrokerLost as lost:
                     done = lost.done
                     heard = lost.heard or heard
+                    acked = lost.acked or acked
+                    if lost.standby:
+                        # Refused by the standby of a pair: the other broker
+                        # serves. While every broker refuses (a pair still
+                        # choosing, or one the client cannot reach), a pause
+                        # after each round, and no longer than `wait` since
+                        # an answer that moved the upload on.
+                        standbys += 1
+                        left = wait - (time.monotonic() - acked)
+                        if left <= 0:
+                            raise ReelTimeout(f"no answer from {self.broker} in time: every broker is the standby",
+                                              0)
+                        if standbys % n == 0:
+                            time.sleep(min(STANDBY_PAUSE, left))
                     # No chunk goes again before a broker answers a STATUS:
                     # chunks sent to nobody would only queue in the socket.
+                    # A standby pair: the other broker, then each in turn.
                     while True:
                         if time.monotonic() - heard >= wait:
                             raise ReelTimeout(f"no reply from {self.broker} in time", 0)
+                        self._switch()
                         try:
-                            st = self.status(timeout=self.liveness)
+                            st = self._status_once(self.liveness or min(self.timeout, 10.0))
                         except ReelTimeout:
                             continue
                         self._boot = int(st.get("boot") or "0", 16) or self._boot
@@ -699,10 +839,13 @@ class Client:
         ends, nxt, ignore, complete = [], 0, 0, False
         ping, first, ping_by = None, False, 0.0
         if self.liveness and not self._boot:  # learn which broker this attempt talks to
-            ping, first = next(self._ids), True
+            ping, first, ping_by = next(self._ids), True, time.monotonic() + self.liveness
             self._send("STATUS", ping, {})
+        # Alone, a broker's first STATUS may take as long as any answer; of
+        # a standby pair, a silent one is left after `liveness`.
+        first_waits = len(self._eps) < 2
         answer_by = time.monotonic() + wait
-        heard = None
+        heard = acked = None
         while True:
             while not complete and nxt < size and len(ends) + ignore < window:
                 f.seek(nxt)
@@ -721,7 +864,8 @@ class Client:
             pending.discard(None)
             until = answer_by
             if self.liveness:
-                until = min(answer_by, answer_by if first else ping_by if ping else time.monotonic() + self.liveness)
+                until = min(answer_by, answer_by if first and first_waits else
+                            ping_by if ping else time.monotonic() + self.liveness)
             try:
                 got, hdr, _ = self._recv_any(pending | ({ping} if ping else set()), until)
             except ReelTimeout:
@@ -731,7 +875,12 @@ class Client:
                     ping, ping_by = next(self._ids), time.monotonic() + self.liveness
                     self._send("STATUS", ping, {})
                     continue
-                raise _BrokerLost(done, heard)  # that STATUS unanswered too: gone or stuck
+                raise _BrokerLost(done, heard, acked=acked)  # that STATUS unanswered too: gone or stuck
+            except ReelError as e:
+                if e.code != "standby" or len(self._eps) < 2:
+                    raise
+                # the standby of a pair: the upload goes to the other broker
+                raise _BrokerLost(done, time.monotonic(), standby=True, acked=acked)
             heard = time.monotonic()
             if got == ping:
                 boot = int(hdr.get("boot") or "0", 16)
@@ -741,9 +890,10 @@ class Client:
                     self._boot = boot or self._boot
                 elif boot and boot != self._boot:  # another broker: a restart lost what was in flight
                     self._boot = boot
-                    raise _BrokerLost(done, heard)
+                    raise _BrokerLost(done, heard, acked=acked)
                 continue
-            answer_by = time.monotonic() + wait
+            acked = time.monotonic()
+            answer_by = acked + wait
             if got == sid:
                 if hdr.get("type") != "SYNC_DONE":
                     raise ReelError("malformed", f"expected SYNC_DONE, got {hdr.get('type')}", sid)

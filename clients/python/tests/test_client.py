@@ -11,7 +11,9 @@ import glob
 import json
 import os
 import shutil
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -835,6 +837,252 @@ class BrokerRestartTests(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def free_ports(n):
+    """n free loopback TCP ports (bound to port 0, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for so in socks:
+            so.bind(("127.0.0.1", 0))
+        return [so.getsockname()[1] for so in socks]
+    finally:
+        for so in socks:
+            so.close()
+
+
+def wait_log(path, pattern, secs, proc=None, count=1):
+    """Until the log at path has count lines matching the regex pattern;
+    False after secs, or once proc (when given) has ended without them."""
+    rx = re.compile(pattern)
+    end = time.monotonic() + secs
+    while True:
+        try:
+            with open(path, errors="replace") as f:
+                if sum(1 for ln in f if rx.search(ln)) >= count:
+                    return True
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= end or (proc is not None and proc.poll() is not None):
+            return False
+        time.sleep(0.02)
+
+
+class Pair:
+    """A standby pair (docs/PROTOCOL.md "A standby broker"): broker A
+    (--role primary) and B (--role backup) on loopback TCP client endpoints,
+    each the other's --peer, with workers given both worker endpoints; each
+    broker keeps uploads in its own folder, DIR/upa and DIR/upb. Started, A
+    is active (term 1), B standby and every worker registered with A;
+    stop() kills what is left."""
+
+    def __init__(self, d, weights, workers=("pw0",), broker_flags=()):
+        self.dir, self.weights = d, weights
+        pa, pb = free_ports(2)
+        self.ca, self.cb = f"tcp://127.0.0.1:{pa}", f"tcp://127.0.0.1:{pb}"
+        self.pair = f"{self.ca},{self.cb}"
+        self.wa, self.wb = f"ipc://{d}/wa", f"ipc://{d}/wb"
+        self.procs, self.logs = [], []
+        try:
+            self.a = self._broker("a", self.ca, self.wa, self.cb, "primary", broker_flags)
+            self.b = self._broker("b", self.cb, self.wb, self.ca, "backup", broker_flags)
+            if not (wait_log(self.log("a"), r"reel-broker: active \(term 1\)", 30, self.a) and
+                    wait_log(self.log("b"), r"reel-broker: standby", 30, self.b)):
+                raise RuntimeError(f"the pair did not choose: A {self.tail('a')!r}, B {self.tail('b')!r}")
+            for name in workers:
+                w = self._spawn(name, [f"{BUILD}/reel-worker", "--broker", f"{self.wa},{self.wb}", "--name", name,
+                                       "--weights", weights, "--streams", "1", "--heartbeat-ms", "200"])
+                if not wait_log(self.log("a"), rf"worker {name} ready", 60, w):
+                    raise RuntimeError(f"worker {name} did not register with A: {self.tail(name)!r}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def log(self, name):
+        return os.path.join(self.dir, f"{name}.log")
+
+    def tail(self, name):
+        try:
+            with open(self.log(name), errors="replace") as f:
+                return f.read()[-600:]
+        except FileNotFoundError:
+            return ""
+
+    def _spawn(self, name, args):
+        log = open(self.log(name), "wb")
+        self.logs.append(log)
+        p = subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def _broker(self, name, clients, workers, peer, role, flags):
+        up = os.path.join(self.dir, f"up{name}")
+        os.makedirs(up, exist_ok=True)
+        return self._spawn(name, [f"{BUILD}/reel-broker", "--clients", clients, "--workers", workers, "--catalog",
+                                  os.path.join(self.dir, f"{name}.db"), "--heartbeat-ms", "200", "--peer", peer,
+                                  "--role", role, "--peer-timeout-ms", "1500", "--weights-dir", up, *flags])
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait(30)
+        for f in self.logs:
+            f.close()
+
+
+class StandbyPairTests(unittest.TestCase):
+    """A client given both brokers of a standby pair ("A,B"): it talks to
+    the active one, moves on ERROR standby (a GEN, a SYNC, an upload) and
+    when its broker dies; given the standby alone, it gets ERROR standby.
+    No broker dies here: the clients' liveness (1 s) only keeps a slow
+    answer on a busy machine from counting as a silence."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="reel-py-pair-")
+        try:
+            cls.w1, cls.w2 = (os.path.join(cls.dir, f"w{v}.safetensors") for v in (1, 2))
+            for v, w in ((1, cls.w1), (2, cls.w2)):
+                run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", 40 + v, "--out", w)
+            cls.ctx, cls.lat = rand((5, 32), 2), rand((4, 2, 8, 8), 1)
+            cls.pair = Pair(cls.dir, cls.w1)
+        except BaseException:
+            shutil.rmtree(cls.dir, ignore_errors=True)
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pair.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def client(self, endpoints, **kw):
+        kw.setdefault("timeout", 60)
+        kw.setdefault("liveness", 1.0)
+        return reel.Client(endpoints, **kw)
+
+    def test_a_gen_through_the_pair_is_answered_by_the_active_broker_and_status_shows_it(self):
+        p = self.pair
+        with self.client(p.pair) as c:
+            st = c.status()
+            self.assertEqual((st.get("ha_state"), st.get("ha_role"), st.get("ha_term"), st.get("ha_peer")),
+                             ("active", "primary", 1, "standby"), st)
+            self.assertEqual([w.get("name") for w in st["workers"]], ["pw0"])
+            r = c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0)
+            self.assertEqual(r.worker, "pw0")
+            self.assertEqual((c.endpoint, c.switches), (p.ca, 0), "A answered: no move")
+        # the standby first in the list: refused there, the client moves to A
+        with self.client(f"{p.cb},{p.ca}") as c:
+            self.assertEqual(c.endpoint, p.cb)
+            again = c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0)
+            self.assertTrue(np.array_equal(again.latent, r.latent))
+            self.assertEqual(c.endpoint, p.ca)
+            self.assertGreaterEqual(c.switches, 1)
+        with self.client(f"{p.cb},{p.ca}") as c:  # STATUS: the active one's, and the client stays there
+            self.assertEqual(c.status().get("ha_state"), "active")
+            self.assertEqual((c.endpoint, c.switches), (p.ca, 1))
+
+    def test_the_standby_alone_answers_standby_naming_the_active_broker(self):
+        p = self.pair
+        with self.client(p.cb) as c:
+            st = c.status()
+            self.assertEqual((st.get("ha_state"), st.get("ha_role"), st.get("workers")), ("standby", "backup", []))
+            t0 = time.monotonic()
+            with self.assertRaises(reel.ReelError) as e:
+                c.gen("tiny", self.ctx, latent=self.lat, steps=2)
+            self.assertEqual(e.exception.code, "standby")
+            self.assertIn(p.ca, e.exception.message)
+            self.assertLess(time.monotonic() - t0, 10)
+            with self.assertRaises(reel.ReelError) as e:
+                c.sync(2, path=self.w2)
+            self.assertEqual(e.exception.code, "standby")
+            self.assertEqual(c.switches, 0)
+
+    def test_syncs_by_path_and_by_value_through_the_pair_move_past_the_standby(self):
+        p = self.pair
+        with self.client(f"{p.cb},{p.ca}") as c:
+            res = c.sync(2, path=self.w2)
+            self.assertTrue(res.complete, res)
+            self.assertEqual((res.applied, c.endpoint), (["pw0"], p.ca))
+        with self.client(f"{p.cb},{p.ca}") as c:
+            res = c.sync(3, path=self.w1, upload=True)  # refused by B, uploaded to A, fetched from A
+            self.assertTrue(res.complete, res)
+            self.assertEqual((res.applied, c.endpoint), (["pw0"], p.ca))
+            self.assertGreaterEqual(c.switches, 1)
+        with open(os.path.join(self.dir, "upa", "transformer-v3.safetensors"), "rb") as a, open(self.w1, "rb") as w:
+            self.assertTrue(a.read() == w.read(), "A holds the upload byte for byte")
+        self.assertEqual(os.listdir(os.path.join(self.dir, "upb")), [])
+        with self.client(p.pair) as c:
+            r = c.gen("tiny", self.ctx, latent=self.lat, steps=2, shift=3.0)
+            self.assertEqual(r.version, 3)
+
+
+class StandbyTakeoverTests(unittest.TestCase):
+    """The active broker of a pair SIGKILLed while a client's GEN runs
+    there: the client (given "A,B", liveness 0.3 s) moves to B, which takes
+    over (the fencing rule: A silent past the peer timeout, and this client
+    back with a GEN B refused), the worker moves too, and the GEN is
+    answered once, bitwise the same request run again through the pair.
+    Then a sync by value through the pair: A silent, the upload goes to B."""
+
+    def test_the_active_broker_killed_under_a_gen_the_other_answers_it_once_and_bitwise(self):
+        d = tempfile.mkdtemp(prefix="reel-py-takeover-")
+        p = None
+        try:
+            w1, w2 = (os.path.join(d, f"w{v}.safetensors") for v in (1, 2))
+            for v, w in ((1, w1), (2, w2)):
+                run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", 50 + v, "--out", w)
+            p = Pair(d, w1)
+            kw = dict(context=rand((5, 32), 1), latent_shape=(4, 2, 8, 8), steps=8000, seed=21)  # ~1.5 s
+            out, errors = {}, []
+
+            def one():
+                try:
+                    with reel.Client(p.pair, timeout=120, liveness=0.3) as c:
+                        out["r"] = c.gen("tiny", **kw)
+                        out["switches"], out["endpoint"] = c.switches, c.endpoint
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=one)
+            t.start()
+            with reel.Client(p.ca, timeout=10, liveness=0) as c:  # until A's worker runs it
+                end = time.monotonic() + 30
+                while time.monotonic() < end and not sum(x.get("inflight", 0) for x in c.status()["workers"]):
+                    time.sleep(0.02)
+                self.assertTrue(sum(x.get("inflight", 0) for x in c.status()["workers"]), "the GEN runs at A")
+            p.a.kill()
+            p.a.wait(30)
+            t.join(120)
+            self.assertFalse(t.is_alive(), "the GEN was answered within its timeout")
+            self.assertEqual(errors, [])
+            self.assertTrue(wait_log(p.log("b"), r"reel-broker: active \(term 2\)", 1), p.tail("b"))
+            self.assertGreaterEqual(out["switches"], 1, "the client moved")
+            self.assertEqual(out["endpoint"], p.cb)
+            with reel.Client(p.cb, timeout=10, liveness=0) as c:
+                st = c.status()
+            self.assertEqual((st.get("ha_state"), st.get("ha_term"), st.get("ha_peer")), ("active", 2, "silent"), st)
+            self.assertEqual((st.get("requests_ok"), st.get("requests_failed")), (1, 0), "B answered it once")
+            # the same request again through the pair (A first: silent, then B)
+            with reel.Client(p.pair, timeout=120, liveness=0.3) as c:
+                again = c.gen("tiny", **kw)
+                self.assertEqual(c.endpoint, p.cb)
+                self.assertTrue(np.array_equal(out["r"].latent, again.latent), "bitwise the request run again")
+            # a sync by value through the pair: A silent, the upload goes to B
+            with reel.Client(p.pair, timeout=60, liveness=0.3) as c:
+                res = c.sync(2, path=w2, upload=True)
+                self.assertTrue(res.complete, res)
+                self.assertEqual(res.applied, ["pw0"])
+                self.assertEqual(c.endpoint, p.cb)
+                self.assertGreaterEqual(c.switches, 1)
+                self.assertEqual(c.gen("tiny", **dict(kw, steps=2)).version, 2)
+            with open(os.path.join(d, "upb", "transformer-v2.safetensors"), "rb") as a, open(w2, "rb") as w:
+                self.assertTrue(a.read() == w.read(), "B holds the upload byte for byte")
+        finally:
+            if p:
+                p.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def make_keys(d):
     """A broker key and a client, trainer and worker key in d/keys."""
     k = os.path.join(d, "keys")
@@ -897,6 +1145,18 @@ class CurveTests(unittest.TestCase):
         with reel.Client(self.cluster.ce, timeout=1) as c:
             with self.assertRaises(reel.ReelTimeout):
                 c.status(timeout=1)
+
+    def test_the_socket_of_a_move_to_another_endpoint_keeps_the_keys(self):
+        ce = self.cluster.ce
+        with self.cluster.client("client", timeout=10) as c0, reel.Client(
+                f"{ce},{ce}", timeout=10, key=os.path.join(self.keys, "client.key"),
+                broker_key=os.path.join(self.keys, "broker.pub")) as c:
+            self.assertEqual(c.status().get("workers", [{}])[0].get("name"), "py0")
+            c._switch()  # what a standby answer or a silence does: a new socket, the next endpoint
+            self.assertEqual((c.switches, c.endpoint), (1, ce))
+            r = c.gen("tiny", self.ctx, latent=self.lat, steps=2, shift=3.0)
+            self.assertTrue(np.array_equal(r.latent, c0.gen("tiny", self.ctx, latent=self.lat, steps=2,
+                                                            shift=3.0).latent))
 
     def test_keys_that_cannot_be_a_clients_are_refused_before_connecting(self):
         k = self.keys
@@ -1225,6 +1485,8 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
     suite.addTests(loader.loadTestsFromTestCase(BrokerRestartTests))
+    suite.addTests(loader.loadTestsFromTestCase(StandbyPairTests))
+    suite.addTests(loader.loadTestsFromTestCase(StandbyTakeoverTests))
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     suite.addTests(loader.loadTestsFromTestCase(LoraTests))
