@@ -25,13 +25,15 @@ struct brk_ha {
     int64_t started_ms, seen_ms; /* seen_ms: the last PEER (0: never) */
     int64_t next_send_ms;
     brk_ha_state_t peer;
+    bool peer_primary;
     uint64_t peer_term, peer_boot;
+    int64_t role_warned_ms;      /* the last "same --role" warning */
     char peer_clients[MSG_PATH_MAX];
     msg_sync_t *syncs;           /* the peer's current SYNCs, last heard (BRK_MAX_COMPONENTS) */
     int n_syncs;
     uint64_t takeovers, stepdowns;
     bool silence_logged;         /* "peer silent" said for this silence */
-    struct { uint64_t key; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */
+    struct { uint64_t key, conn; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */
     int next_refused;
 };
 
@@ -46,23 +48,37 @@ uint64_t brk_ha_key_gen(const msg_gen_t *g, uint64_t id) {
     return g->client ? mix(mix(0xcbf29ce484222325ull, g->client), id) | 1 : 0;
 }
 
-uint64_t brk_ha_key_weights(const char *component, uint64_t version, const char *sha256) {
-    return mix(mix_text(mix_text(0x84222325cbf29ce4ull, component), sha256), version) | 1;
+uint64_t brk_ha_key_weights(uint64_t client, const char *component, uint64_t version, const char *sha256) {
+    if (!client) return 0;
+    return mix(mix(mix_text(mix_text(0x84222325cbf29ce4ull, component), sha256), version), client) | 1;
 }
 
-/* Whether key was answered standby within the last `within` ms; notes it
- * now either way. */
-static bool came_back(struct brk_ha *h, uint64_t key, int64_t now, int64_t within) {
+/* Whether key was answered standby within the last `within` ms on a
+ * connection other than `conn` (its routing id's hash): the client moved
+ * away and came back. Notes (key, conn) now either way. */
+static bool came_back(struct brk_ha *h, uint64_t key, uint64_t conn, int64_t now, int64_t within) {
     if (!key) return false;
-    bool seen = false;
-    for (int i = 0; i < BRK_HA_REFUSED; i++)
-        if (h->refused[i].key == key && now - h->refused[i].at <= within) seen = true;
-    if (!seen) {
+    bool back = false, noted = false;
+    for (int i = 0; i < BRK_HA_REFUSED; i++) {
+        if (h->refused[i].key != key || now - h->refused[i].at > within) continue;
+        if (h->refused[i].conn != conn) back = true;
+        else noted = true;
+    }
+    if (!noted) {
         h->refused[h->next_refused].key = key;
+        h->refused[h->next_refused].conn = conn;
         h->refused[h->next_refused].at = now;
         h->next_refused = (h->next_refused + 1) % BRK_HA_REFUSED;
     }
-    return seen;
+    return back;
+}
+
+static uint64_t conn_of(const wire_msg_t *m) {
+    if (!m->has_identity) return 0;
+    const unsigned char *p = zmq_msg_data((zmq_msg_t *)&m->identity);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < zmq_msg_size((zmq_msg_t *)&m->identity); i++) h = mix(h, p[i]);
+    return h | 1;
 }
 
 static const char *const names[] = { "starting", "active", "standby" };
@@ -99,6 +115,10 @@ static brk_ha_view_t view(const brk_t *b, int64_t now, bool client_asks) {
     const struct brk_ha *h = b->ha;
     brk_ha_view_t v = { .state = h->state, .primary = h->primary, .term = h->term, .client_asks = client_asks };
     v.peer_heard = h->seen_ms && now - h->seen_ms < h->timeout_ms;
+    /* Both given the same --role (a mistake, warned about): the older
+     * process (the lower boot id) acts as the primary, so the rules still
+     * pick one active broker. */
+    if (v.peer_heard && h->peer_primary == h->primary) v.primary = b->boot < h->peer_boot;
     v.peer = h->peer;
     v.peer_term = h->peer_term;
     v.peer_silent = !v.peer_heard && now - (h->seen_ms ? h->seen_ms : h->started_ms) >= h->timeout_ms;
@@ -193,8 +213,13 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     (void)m;
     struct brk_ha *h = b->ha;
     if (!h) {
-        brk_log("a PEER came, but this broker has no --peer: ignored (is another broker configured with this one "
-                "as its peer?)");
+        static int64_t logged;
+        int64_t now = brk_now_ms();
+        if (!logged || now - logged >= 60000) { /* it comes every heartbeat */
+            logged = now;
+            brk_log("a PEER came, but this broker has no --peer: ignored (is another broker configured with this "
+                    "one as its peer?)");
+        }
         return;
     }
     int st = brk_ha_parse(p->state);
@@ -203,9 +228,13 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
         return;
     }
     bool peer_primary = !strcmp(p->role, "primary");
-    if (peer_primary == h->primary && h->seen_ms == 0)
-        brk_log("warning: the peer says it is the %s too: give the two brokers different --role", p->role);
     int64_t now = brk_now_ms();
+    if (peer_primary == h->primary && (!h->role_warned_ms || now - h->role_warned_ms >= 60000)) {
+        h->role_warned_ms = now;
+        brk_log("warning: the peer says it is the %s too: give the two brokers different --role (meanwhile the "
+                "older process acts as the primary)", p->role);
+    }
+    h->peer_primary = peer_primary;
     if (!h->seen_ms || now - h->seen_ms >= h->timeout_ms)
         brk_log("peer heard: %s, term %" PRIu64 " (%s)", p->state, p->term, p->clients[0] ? p->clients : "?");
     h->seen_ms = now;
@@ -226,7 +255,20 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     char why[128];
     snprintf(why, sizeof why, "the peer is %s at term %" PRIu64, p->state, p->term);
     brk_ha_view_t v = view(b, now, false);
-    apply(b, now, brk_ha_next(&v), why);
+    brk_ha_state_t next = brk_ha_next(&v);
+    if (h->state == BRK_HA_ACTIVE && next == BRK_HA_ACTIVE && st == BRK_HA_ACTIVE) {
+        /* Two actives, and this one stays: versions the other made
+         * current while they did not hear each other stay current here
+         * (its workers come with them). */
+        for (int i = 0; i < h->n_syncs; i++) {
+            char r[160];
+            snprintf(r, sizeof r, "current at the peer broker (term %" PRIu64 ") while both were active", p->term);
+            if (brk_sync_adopt(b, &h->syncs[i], r) > 0)
+                brk_log("%s v%" PRIu64 " is current: the peer made it so while both were active", h->syncs[i].component,
+                        h->syncs[i].version);
+        }
+    }
+    apply(b, now, next, why);
 }
 
 /* ---- clients and workers of a standby -------------------------------------------------- */
@@ -238,7 +280,7 @@ bool brk_ha_client(brk_t *b, const wire_msg_t *m, uint64_t key) {
     if (!h || h->state == BRK_HA_ACTIVE) return true;
     int64_t now = brk_now_ms();
     /* back within a few peer timeouts: a client's round over the pair */
-    bool back = came_back(h, key, now, 10 * h->timeout_ms + 60000);
+    bool back = came_back(h, key, conn_of(m), now, 10 * h->timeout_ms + 60000);
     brk_ha_view_t v = view(b, now, back);
     if (brk_ha_next(&v) == BRK_HA_ACTIVE) {
         char why[160];
@@ -330,12 +372,15 @@ int brk_ha_start(brk_t *b) {
     reel_curve_t curve;
     memset(&curve, 0, sizeof curve);
     if (b->opt.keys) {
-        /* The pair shares one key pair: this broker's is the client's key
+        /* (curve is zeroed on every path below) The pair shares one key pair: this broker's is the client's key
          * and, public, the server's (docs/SECURITY.md "A standby pair"). */
         char own[4096];
         if (b->opt.key) snprintf(own, sizeof own, "%s", b->opt.key);
         else snprintf(own, sizeof own, "%s/broker.key", b->opt.keys);
-        if (reel_key_read(own, true, &curve.self) != 0) goto err;
+        if (reel_key_read(own, true, &curve.self) != 0) {
+            explicit_bzero(&curve, sizeof curve);
+            goto err;
+        }
         curve.on = true;
         snprintf(curve.server_key, sizeof curve.server_key, "%s", curve.self.public_key);
     }

@@ -55,15 +55,18 @@ bool brk_ha_active(const brk_t *b);
 /* A GEN, SYNC or UPLOAD from a client, named by `key` (brk_ha_key_*; 0:
  * none): true when b serves it (active, or it took over now by the
  * rules); else false, answered ERROR standby. A standby whose peer is
- * silent takes over only for a request it already refused once: its
- * client tried the other broker and came back (a client that found the
- * active one never comes back, so a cut between the two brokers alone
- * never makes this one active). */
+ * silent takes over only for a request it already refused once, sent
+ * again by the same client (its token) on another connection: that client
+ * moved to the other broker (a new socket each move) and came back. A
+ * client that found the active one never comes back, so a cut between
+ * the two brokers alone never makes this one active; another chunk of an
+ * upload, or a resend on the same connection, is no comeback. */
 bool brk_ha_client(brk_t *b, const wire_msg_t *m, uint64_t key);
 /* The key of a GEN: its client token and id (0 without a token). */
 uint64_t brk_ha_key_gen(const msg_gen_t *g, uint64_t id);
-/* The key of a SYNC or UPLOAD of (component, version, sha256). */
-uint64_t brk_ha_key_weights(const char *component, uint64_t version, const char *sha256);
+/* The key of a SYNC or UPLOAD: its client token and (component, version,
+ * sha256) (0 without a token: never a comeback). */
+uint64_t brk_ha_key_weights(uint64_t client, const char *component, uint64_t version, const char *sha256);
 /* A message on the worker socket while not active: a READY is answered
  * ERROR standby (the worker tries the other broker), others dropped. */
 void brk_ha_worker(brk_t *b, const wire_msg_t *m);

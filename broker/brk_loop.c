@@ -98,14 +98,15 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
         if (msg_sync_decode(m, &u->sync, &err) || msg_sync_validate(&u->sync, false, &err)) {
             brk_log("SYNC refused: %s", err.message);
             BAD_REPLY(b, false, m, err.code, "SYNC: %s", err.message);
-        } else if (brk_ha_client(b, m, brk_ha_key_weights(u->sync.component, u->sync.version, u->sync.sha256))) {
+        } else if (brk_ha_client(b, m, brk_ha_key_weights(u->sync.client, u->sync.component, u->sync.version, u->sync.sha256))) {
             brk_sync_request(b, &m->identity, m->id, &u->sync);
         }
         break;
     case MSG_UPLOAD: /* a trainer's: the gate checked the role */
         if (msg_upload_decode(m, &u->upload, &err) || msg_upload_validate(&u->upload, &err))
             BAD_REPLY(b, false, m, err.code, "UPLOAD: %s", err.message);
-        else if (brk_ha_client(b, m, brk_ha_key_weights(u->upload.component, u->upload.version, u->upload.sha256)))
+        else if (brk_ha_client(b, m, brk_ha_key_weights(u->upload.client, u->upload.component, u->upload.version,
+                                                          u->upload.sha256)))
             brk_upload_chunk(b, &m->identity, m->id, &u->upload, m);
         break;
     case MSG_STATUS:

@@ -151,6 +151,10 @@ static int check(const brk_opts_t *o) {
     if (o->keys && o->insecure) return reel_fail(REEL_E_INVALID, "--keys and --insecure exclude each other");
     if (!o->peer && (o->role_given || o->peer_timeout_ms))
         return reel_fail(REEL_E_INVALID, "--role and --peer-timeout-ms need --peer ENDPOINT");
+    if (o->peer && o->peer_timeout_ms && o->peer_timeout_ms < 2 * (uint64_t)o->heartbeat_ms)
+        return reel_fail(REEL_E_INVALID, "--peer-timeout-ms %llu is under two heartbeats (%d ms): a live peer "
+                                         "would look silent between its PEERs",
+                         (unsigned long long)o->peer_timeout_ms, o->heartbeat_ms);
     if (o->peer && !o->role_given)
         return reel_fail(REEL_E_INVALID, "--peer needs --role primary or --role backup (one of each in a pair)");
     /* Secure by default: without keys, anyone who reaches a port may run

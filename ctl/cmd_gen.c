@@ -27,7 +27,10 @@
  * the message's name, "GEN" or "SYNC". */
 static void resent(void *user, uint64_t id, int silent_ms) {
     const char *what = user, *cmd = strcmp(what, "GEN") ? "sync" : "gen";
-    if (silent_ms)
+    if (silent_ms < 0)
+        fprintf(stderr, "reelctl: %s: the broker is the standby of a pair: %s %llu sent to the other (the same "
+                "request)\n", cmd, what, (unsigned long long)id);
+    else if (silent_ms)
         fprintf(stderr, "reelctl: %s: no word from the broker for %d ms: %s %llu sent again (the same request)\n",
                 cmd, silent_ms, what, (unsigned long long)id);
     else

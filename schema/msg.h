@@ -242,6 +242,8 @@ typedef struct {
     /* With base_version and uploaded: the adapter's adapter_config.json
      * (its adapter_model.safetensors is the uploaded file). */
     char lora_config[MSG_LORA_CONFIG_MAX];
+    uint64_t client;               /* 0 (absent); else the sender's token (as GEN's): a standby pair's
+                                    * standby knows a trainer that came back after trying the other */
     int n_tensors;                 /* inline weights (any names) */
     const wire_tensor_t *tensors[WIRE_MAX_TENSORS];
 } msg_sync_t;
@@ -259,6 +261,7 @@ typedef struct {
     char sha256[65];               /* of the whole file */
     uint64_t size;                 /* of the whole file */
     uint64_t offset;
+    uint64_t client;               /* 0 (absent); else the sender's token (SYNC's) */
     const wire_tensor_t *chunk;    /* U8 [n], 1 <= n <= MSG_CHUNK_MAX */
 } msg_upload_t;
 

@@ -173,6 +173,7 @@ static const msg_field_t sync_rows[] = {
     R_BOOL(msg_sync_t, uploaded, "uploaded", F_OMIT, false),
     R_U64(msg_sync_t, base_version, "base_version", F_OMIT, 0, MSG_VERSION_MAX, 0),
     R_TEXT(msg_sync_t, lora_config, "lora_config", F_OMIT, ""),
+    R_HASH(msg_sync_t, client, "client", F_OMIT),
 };
 TABLE(sync_tab, sync_rows, msg_sync_t);
 
@@ -184,6 +185,7 @@ static const msg_field_t upload_rows[] = {
     R_SHA(msg_upload_t, sha256, "sha256", F_REQ),
     R_U64(msg_upload_t, size, "size", F_REQ, 1, MSG_UPLOAD_MAX, 0),
     R_U64(msg_upload_t, offset, "offset", F_REQ, 0, MSG_UPLOAD_MAX, 0),
+    R_HASH(msg_upload_t, client, "client", F_OMIT),
 };
 TABLE(upload_tab, upload_rows, msg_upload_t);
 

@@ -2796,6 +2796,11 @@ START_TEST(test_pair_options_need_each_other) {
     ck_assert_int_eq((int)o.peer_timeout_ms, 2500);
     ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", NULL), 0);
     ck_assert(o.primary);
+    /* a timeout under two heartbeats would take a live peer for a silent one */
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", "--peer-timeout-ms", "1500", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err()->msg, "under two heartbeats"));
+    ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", "--heartbeat-ms", "200", "--peer-timeout-ms",
+                          "400", NULL), 0);
     /* the keys of a pair (one shared key pair): --keys is enough */
     ck_assert_int_eq(opts(&o, "--peer", "ipc:///x", "--role", "primary", "--keys", "/k", NULL), 0);
 }
@@ -2815,11 +2820,13 @@ START_TEST(test_a_standby_names_requests_by_client_token_and_weights) {
     g.client = 43;
     ck_assert_uint_ne(brk_ha_key_gen(&g, 7), k);
     const char *sha = "ab01";
-    uint64_t w = brk_ha_key_weights("transformer", 3, sha);
+    ck_assert_uint_eq(brk_ha_key_weights(0, "transformer", 3, sha), 0); /* no token: never a comeback */
+    uint64_t w = brk_ha_key_weights(7, "transformer", 3, sha);
     ck_assert_uint_ne(w, 0);
-    ck_assert_uint_eq(brk_ha_key_weights("transformer", 3, sha), w);
-    ck_assert_uint_ne(brk_ha_key_weights("transformer", 4, sha), w);
-    ck_assert_uint_ne(brk_ha_key_weights("transformer", 3, "ab02"), w);
+    ck_assert_uint_eq(brk_ha_key_weights(7, "transformer", 3, sha), w);
+    ck_assert_uint_ne(brk_ha_key_weights(8, "transformer", 3, sha), w); /* another trainer */
+    ck_assert_uint_ne(brk_ha_key_weights(7, "transformer", 4, sha), w);
+    ck_assert_uint_ne(brk_ha_key_weights(7, "transformer", 3, "ab02"), w);
 }
 END_TEST
 

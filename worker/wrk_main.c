@@ -336,9 +336,12 @@ static int split_brokers(wrk_t *w) {
     atomic_init(&w->broker_at, 0);
     for (w->n_brokers = 0;;) {
         size_t n = strcspn(p, ",");
-        if (n == 0 || n >= sizeof w->brokers[0] || w->n_brokers == WRK_MAX_BROKERS) {
-            wrk_log(w, "--broker '%s': give 1 to %d endpoints of under %zu bytes, separated by commas", w->opt->broker,
-                    WRK_MAX_BROKERS, sizeof w->brokers[0]);
+        bool known = (n > 6 && !strncmp(p, "tcp://", 6)) || (n > 6 && !strncmp(p, "ipc://", 6)) ||
+                     (n > 9 && !strncmp(p, "inproc://", 9));
+        if (n == 0 || n >= sizeof w->brokers[0] || w->n_brokers == WRK_MAX_BROKERS ||
+            (!known && (w->n_brokers > 0 || p[n]))) { /* a list: each one checked now, not at a move */
+            wrk_log(w, "--broker '%s': give 1 to %d endpoints (tcp://, ipc:// or inproc://) of under %zu bytes, "
+                    "separated by commas", w->opt->broker, WRK_MAX_BROKERS, sizeof w->brokers[0]);
             return -1;
         }
         memcpy(w->brokers[w->n_brokers], p, n);
@@ -552,8 +555,10 @@ static int handle_broker(link_t *l) {
     }
     /* Any message is a heartbeat. */
     l->heard = wrk_mono_ms();
-    l->backoff_ms = BACKOFF_MIN_MS;
     msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
+    /* (an ERROR standby is no broker that serves: the backoff keeps growing
+     * while both of a pair refuse) */
+    if (type != MSG_ERROR) l->backoff_ms = BACKOFF_MIN_MS;
     if (type != MSG_RECONNECT) l->heard_since_ready = true;
     if (r == 1) {
         wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
@@ -648,7 +653,7 @@ static int serve(link_t *l) {
                 if (r < 0) wrk_log(w, "receive: %s", zmq_strerror(errno));
                 if (r <= 0) break;
             }
-        if (n == 3 && (it[1].revents & ZMQ_POLLIN))
+        if (n == 3 && l->dealer && (it[1].revents & ZMQ_POLLIN)) /* (the link may have dropped just above) */
             for (int i = 0; i < DRAIN_MAX; i++)
                 if (wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT) < 0) break;
         now = wrk_mono_ms();

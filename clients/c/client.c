@@ -64,12 +64,18 @@ static int open_socket(reel_client_t *c) {
  * a new socket, nothing of the old one's queue kept, no boot id known. */
 static int switch_broker(reel_client_t *c) {
     if (c->n_eps < 2) return 0;
-    zmq_close(c->sock);
-    c->sock = NULL;
+    void *old = c->sock;
+    int at = c->at;
     c->at = (c->at + 1) % c->n_eps;
+    if (open_socket(c) != 0) { /* (checked at creation: unlikely) the old one stays */
+        c->sock = old;
+        c->at = at;
+        return -1;
+    }
+    zmq_close(old);
     c->boot = 0;
     c->switches++;
-    return open_socket(c);
+    return 0;
 }
 
 uint64_t reel_client_switches(const reel_client_t *c) { return c->switches; }
@@ -101,6 +107,15 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
         reel_fail(REEL_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
         reel_client_destroy(&c);
         return NULL;
+    }
+    /* every endpoint of the list is checked now, not at the first move */
+    for (c->at = c->n_eps - 1; c->at > 0; c->at--) {
+        if (open_socket(c) != 0) {
+            reel_client_destroy(&c);
+            return NULL;
+        }
+        zmq_close(c->sock);
+        c->sock = NULL;
     }
     if (open_socket(c) != 0) {
         reel_client_destroy(&c);
@@ -284,7 +299,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
                 return -1;
             }
             c->resends++;
-            if (c->on_resend) c->on_resend(c->resend_user, id, 0);
+            if (c->on_resend) c->on_resend(c->resend_user, id, -1);
         }
     }
     int64_t deadline = now_ms() + timeout_ms;
@@ -314,7 +329,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
                     set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time: every broker is the standby");
                     return -1;
                 }
-                silent = 0;
+                silent = -1; /* (on_resend: a standby answered) */
                 goto again;
             }
             if (m->id == id) break; /* the answer */
@@ -632,6 +647,7 @@ static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, ch
     sh->n_tensors = 1;
     sh->t[0] = msg_chunk(buf->p, n);
     u->offset = offset;
+    u->client = c->token; /* a standby pair's standby knows this trainer when it comes back */
     u->chunk = &sh->t[0];
     int rc = msg_send(c->sock, NULL, MSG_UPLOAD, id, u, sh);
     int e = errno;
@@ -782,7 +798,7 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
     return rc;
 }
 
-static msg_sync_t *sync_message(const char *component, uint64_t version, const char *sha256, const char *path,
+static msg_sync_t *sync_message(uint64_t client, const char *component, uint64_t version, const char *sha256, const char *path,
                                 uint64_t deadline_ms, wire_err_t *err) {
     msg_sync_t *s = calloc(1, sizeof *s);
     if (!s) {
@@ -795,6 +811,7 @@ static msg_sync_t *sync_message(const char *component, uint64_t version, const c
     if (path) snprintf(s->path, sizeof s->path, "%s", path);
     else s->uploaded = true;
     s->deadline_ms = deadline_ms;
+    s->client = client; /* a standby pair's standby knows this trainer when it comes back */
     return s;
 }
 
@@ -834,7 +851,7 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
 int reel_publish(reel_client_t *c, const char *component, uint64_t version, const char *sha256, const char *path,
                  uint64_t deadline_ms, reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms,
                  wire_err_t *err) {
-    msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
+    msg_sync_t *s = sync_message(c->token, component, version, sha256, NULL, deadline_ms, err);
     if (!s) return -1;
     return publish(c, s, path, progress, user, res, timeout_ms, err);
 }
@@ -847,7 +864,7 @@ int reel_publish_adapter(reel_client_t *c, const char *component, uint64_t versi
                 MSG_LORA_CONFIG_MAX - 1);
         return -1;
     }
-    msg_sync_t *s = sync_message(component, version, sha256, NULL, deadline_ms, err);
+    msg_sync_t *s = sync_message(c->token, component, version, sha256, NULL, deadline_ms, err);
     if (!s) return -1;
     s->base_version = base_version;
     snprintf(s->lora_config, sizeof s->lora_config, "%s", config);
@@ -978,7 +995,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     }
     if (rc == 1 && c->n_eps > 1 && !strcmp(err->code, WIRE_E_STANDBY)) {
         st->lost = true; /* the standby of a pair: the upload goes to the other broker */
-        st->silent_ms = 0;
+        st->silent_ms = -1;
         if (!st->refused) st->refused = now_ms();
         rc = -1;
     } else if (rc == 0 || rc == 1) {
@@ -1019,7 +1036,8 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
             wire_msg_t a;
             wire_err_t e;
             if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) break;
-            if (await(c, ping, now_ms() + c->liveness_ms, &a, NULL, NULL, &e) == 0) {
+            int wait_ms = c->liveness_ms ? c->liveness_ms : (timeout_ms < 3000 ? timeout_ms : 3000);
+            if (await(c, ping, now_ms() + wait_ms, &a, NULL, NULL, &e) == 0) {
                 uint64_t boot = boot_of(&a);
                 wire_msg_close(&a);
                 if (boot) c->boot = boot;
@@ -1040,7 +1058,7 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
               const char *path, uint64_t deadline_ms, reel_sync_result_t *res, int timeout_ms,
               wire_err_t *err) {
     uint64_t id = ++c->next_id;
-    msg_sync_t *s = sync_message(component, version, sha256, path, deadline_ms, err);
+    msg_sync_t *s = sync_message(c->token, component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
     int rc = call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
@@ -1053,7 +1071,7 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
                       const char *sha256, const char *path, uint64_t deadline_ms, reel_sync_result_t *res,
                       int timeout_ms, wire_err_t *err) {
     uint64_t id = ++c->next_id;
-    msg_sync_t *s = sync_message(component, version, sha256, path ? path : "", deadline_ms, err);
+    msg_sync_t *s = sync_message(c->token, component, version, sha256, path ? path : "", deadline_ms, err);
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;

@@ -53,8 +53,9 @@ const char *reel_client_endpoint(const reel_client_t *c);
 /* GENs this client sent again (above), over its lifetime. */
 uint64_t reel_client_resends(const reel_client_t *c);
 /* fn(user, id, silent_ms) as a GEN is sent again (NULL: none): silent_ms
- * without an answer to it or a STATUS, or 0 when another broker (a new
- * boot id) answered the STATUS. */
+ * without an answer to it or a STATUS, 0 when another broker (a new boot
+ * id) answered the STATUS, or -1 when the broker answered ERROR standby
+ * (a standby pair: it goes to the other broker). */
 typedef void (*reel_resend_fn)(void *user, uint64_t id, int silent_ms);
 void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user);
 

@@ -427,6 +427,9 @@ class Client:
         # (a string too long) has read the id and answers it
         hdr = {"proto": PROTO, "type": mtype, "id": rid}
         hdr.update(fields)
+        if mtype == "SYNC" and "client" not in hdr:
+            # this client's token: a standby pair's standby knows a trainer that came back
+            hdr["client"] = format(self._token, "016x")
         frames = []
         if tensors:
             hdr["tensors"] = []
@@ -852,6 +855,7 @@ class Client:
                 data = f.read(min(chunk, size - nxt))
                 hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
                        "version": int(version), "sha256": digest, "size": size, "offset": nxt,
+                       "client": format(self._token, "016x"),
                        "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
                 self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
                 nxt += len(data)
