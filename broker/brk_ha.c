@@ -293,7 +293,7 @@ bool brk_ha_client(brk_t *b, const wire_msg_t *m, uint64_t key) {
         if (v.peer_heard && h->peer == BRK_HA_ACTIVE)
             brk_error_to(b, false, &m->identity, m->id, WIRE_E_STANDBY,
                          "%s: this broker is the standby; the active one is %s", m->type,
-                         h->peer_clients[0] ? h->peer_clients : "its peer");
+                         b->opt.peer); /* (where this broker reaches it: the peer's own may be a wildcard bind) */
         else
             brk_error_to(b, false, &m->identity, m->id, WIRE_E_STANDBY,
                          "%s: this broker is %s and its peer was heard %" PRId64 " ms ago (it takes over after %" PRId64
@@ -307,8 +307,8 @@ bool brk_ha_client(brk_t *b, const wire_msg_t *m, uint64_t key) {
 void brk_ha_worker(brk_t *b, const wire_msg_t *m) {
     if (msg_type(m) != MSG_READY || !m->has_identity || !brk_reply_allowed(b, &m->identity)) return;
     const struct brk_ha *h = b->ha;
-    brk_error_to(b, true, &m->identity, m->id, WIRE_E_STANDBY, "this broker is %s; the active one is %s",
-                 brk_ha_name(h->state), h->peer_clients[0] && h->peer == BRK_HA_ACTIVE ? h->peer_clients : "its peer");
+    brk_error_to(b, true, &m->identity, m->id, WIRE_E_STANDBY, "this broker is %s; the active one is %s (clients at %s)",
+                 brk_ha_name(h->state), h->peer == BRK_HA_ACTIVE ? "its peer" : "not known yet", b->opt.peer);
 }
 
 void brk_ha_timers(brk_t *b, int64_t now) {

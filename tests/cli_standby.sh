@@ -96,8 +96,8 @@ else
 fi
 "$R" gen --broker "$CB" --model tiny --context "$D/c1.safetensors" --steps 2 --size 2x8x8 --timeout-ms 20000 \
     --out "$D/x.safetensors" >"$D/gb.out" 2>&1
-if grep -q "standby" "$D/gb.out" && grep -q "$CA" "$D/gb.out"; then
-    ok "B alone answers a GEN ERROR standby, naming A"
+if grep -q "standby" "$D/gb.out" && grep -q "tcp://127.0.0.1:$RA" "$D/gb.out"; then
+    ok "B alone answers a GEN ERROR standby, naming A as B reaches it (its --peer)"
 else
     bad "B alone answers standby"; show "$D/gb.out"
 fi
