@@ -506,6 +506,9 @@ void brk_req_give_up(brk_t *b, const char *code, const char *why) {
     while (b->reqs) {
         brk_req_t *r = b->reqs;
         if (r->state != REQ_ABANDONED) brk_error_to(b, false, CLIENT(r), r->client_id, code, "%s", why);
+        /* a step-down's requests are in this catalog, as given up (a
+         * shutdown's never were: the restarted broker runs them again) */
+        if (strcmp(code, WIRE_E_INTERNAL)) record_failure(b, r, r->worker ? r->worker->route.name : NULL, code);
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);
     }

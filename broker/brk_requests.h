@@ -27,7 +27,8 @@ void brk_req_worker_lost(brk_t *b, const brk_worker_t *w);
 void brk_req_timers(brk_t *b, int64_t now);
 /* Answers every request ERROR internal (shutdown) and frees them all. */
 /* Answers every live request ERROR code (why) and forgets it (a standby
- * pair's broker stepping down: brk_ha.c). */
+ * pair's broker stepping down: brk_ha.c; each recorded in the catalog
+ * with status `code`, unless code is internal: a shutdown's). */
 void brk_req_give_up(brk_t *b, const char *code, const char *why);
 void brk_req_shutdown(brk_t *b);
 /* Earliest request deadline (INT64_MAX when none). */

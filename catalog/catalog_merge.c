@@ -136,8 +136,13 @@ static int merge_table(cat_t *c, int r) {
     const char *t = RULES[r].table;
     switch (how) {
     case M_BY_ID:
-        put(&q, "INSERT INTO main.%s (%s) SELECT %s FROM src.%s WHERE id NOT IN (SELECT id FROM main.%s)", t, list, list,
-            t, t);
+        /* one row per request: an answered one ('ok') over one given up
+         * (a standby that stepped down answered it 'standby', and the
+         * other broker ran it) */
+        put(&q,
+            "DELETE FROM main.%s WHERE status != 'ok' AND id IN (SELECT id FROM src.%s WHERE status = 'ok'); "
+            "INSERT INTO main.%s (%s) SELECT %s FROM src.%s WHERE id NOT IN (SELECT id FROM main.%s)",
+            t, t, t, list, list, t, t);
         break;
     case M_NEW_ID:
         put(&q, "INSERT OR IGNORE INTO main.%s (%s) SELECT %s FROM src.%s", t, list, list, t);

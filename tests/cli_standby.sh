@@ -151,11 +151,11 @@ answered() {
     [ "$good" = "$2" ]
 }
 # running NAME BROKER: 0 once a worker runs a request there (STATUS inflight)
-running() {
+running() { # NAME BROKER [N]: N (2) requests running there
     i=0
     while [ $i -lt 300 ]; do
         "$R" status --broker "$2" --json 2>/dev/null |
-            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= 2 else 1)' &&
+            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= int(sys.argv[1]) else 1)' "${3:-2}" &&
             return 0
         i=$((i + 1))
     done
@@ -243,6 +243,13 @@ if wait_for "$D/a1.log" "reel-broker: active \(term 3\)" 30; then
 else
     bad "A took over"; show "$D/a1.log"
 fi
+# a GEN running at B (given B first) when B steps down: answered standby
+# there, it moves to A and is answered once
+s_gp=$gp
+gens s "$CB,$CA" 1
+s_p=$gp
+gp=$s_gp
+running B "$CB" 1 || bad "a request running at B before it steps down"
 mend || bad "the relays restored (2)"
 if wait_for "$D/b.log" "reel-broker: standby: the peer is active at term 3" 30; then
     ok "link restored: B (term 2) steps down to standby"
@@ -255,6 +262,14 @@ answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN 
 gens n "$PAIR" 1
 for p in $gp; do reap "$p" 120 >/dev/null; done
 answered n 1 2 && ok "a GEN through the pair afterwards answered by A, bitwise" || bad "GEN after the resolution"
+reap "$s_p" 120 >/dev/null
+if answered s 1 2 && grep -q "sent to the other" "$D/s.1.err"; then
+    ok "the GEN running at B when it stepped down: answered standby there, sent to A, answered once, bitwise"
+else
+    bad "the GEN at B's step-down"; show "$D/s.1.err"
+fi
+wait_sql "$D/b.db" "SELECT count(*) FROM requests WHERE status = 'standby'" 1 30 &&
+    ok "B's catalog records it given up at the step-down (status standby)" || bad "no standby row in B's catalog"
 actives=0
 for c in "$CA" "$CB"; do
     "$R" status --broker "$c" --json 2>/dev/null | $PY -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["state"]=="active" else 1)' && actives=$((actives + 1))
@@ -265,11 +280,17 @@ done
 # each broker recorded the requests it answered; a report reads the union
 wait_sql "$D/a.db" "SELECT count(*) FROM requests" 2 30 >/dev/null
 na=$(sqlite3 "$D/a.db" "SELECT count(*) FROM requests"); nb=$(sqlite3 "$D/b.db" "SELECT count(*) FROM requests")
-nu=$("$R" requests --catalog "$D/a.db" --catalog "$D/b.db" --json 2>"$D/u.err" |
-    $PY -c 'import json,sys; r=json.load(sys.stdin); print(len(r), len({x["id"] for x in r}))')
-[ "$nu" = "$((na + nb)) $((na + nb))" ] && [ $((na + nb)) -ge 7 ] &&
-    ok "reelctl requests over both catalogs: the union, $na + $nb requests, each once" ||
-    { bad "the union of the catalogs: '$nu' for $na + $nb"; show "$D/u.err"; }
+# distinct request ids over both (the GEN given up at B's step-down and
+# answered by A is in both: once in the union, as answered)
+nd=$(sqlite3 "$D/a.db" "ATTACH '$D/b.db' AS o; SELECT count(*) FROM (SELECT id FROM requests UNION SELECT id FROM o.requests)")
+for order in "$D/a.db $D/b.db" "$D/b.db $D/a.db"; do
+    set -- $order
+    nu=$("$R" requests --catalog "$1" --catalog "$2" --json 2>"$D/u.err" |
+        $PY -c 'import json,sys; r=json.load(sys.stdin); print(len(r), len({x["id"] for x in r}), sum(x["status"] != "ok" for x in r))')
+    [ "$nu" = "$nd $nd 0" ] && [ "$nd" -ge 8 ] &&
+        ok "reelctl requests over both catalogs ($(basename "$1") first): the union, $nd requests ($na + $nb rows), each once, as answered" ||
+        { bad "the union of the catalogs: '$nu' for $nd distinct of $na + $nb"; show "$D/u.err"; }
+done
 cp "$D/a.db" "$D/a2.db"
 n2=$("$R" requests --catalog "$D/a.db" --catalog "$D/a2.db" --json 2>/dev/null | $PY -c 'import json,sys; print(len(json.load(sys.stdin)))')
 [ "$n2" = "$na" ] && ok "a catalog with a copy of itself: each request once ($na), deduplicated by request id" ||
