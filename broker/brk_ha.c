@@ -28,10 +28,8 @@ struct brk_ha {
     bool peer_primary;
     uint64_t peer_term, peer_boot;
     int64_t role_warned_ms;      /* the last "same --role" warning */
-    char peer_clients[MSG_PATH_MAX];
     msg_sync_t *syncs;           /* the peer's current SYNCs, last heard (BRK_MAX_COMPONENTS) */
     int n_syncs;
-    uint64_t takeovers, stepdowns;
     bool silence_logged;         /* "peer silent" said for this silence */
     struct { uint64_t key, conn; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */
     int next_refused;
@@ -148,7 +146,6 @@ static void become_active(brk_t *b, int64_t now, const char *why) {
     struct brk_ha *h = b->ha;
     h->term = (h->term > h->peer_term ? h->term : h->peer_term) + 1;
     h->state = BRK_HA_ACTIVE;
-    if (h->seen_ms) h->takeovers++;
     brk_log("active (term %" PRIu64 "): %s", h->term, why);
     adopt_syncs(b);
     send_peer(b, now); /* the peer learns it at once */
@@ -160,7 +157,6 @@ static void become_active(brk_t *b, int64_t now, const char *why) {
 static void step_down(brk_t *b, int64_t now, const char *why) {
     struct brk_ha *h = b->ha;
     h->state = BRK_HA_STANDBY;
-    h->stepdowns++;
     brk_log("standby: %s", why);
     char msg[256];
     snprintf(msg, sizeof msg, "this broker stepped down to standby (%s): send it to the other broker", why);
@@ -242,7 +238,6 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     h->peer = (brk_ha_state_t)st;
     h->peer_term = p->term;
     h->peer_boot = p->boot;
-    snprintf(h->peer_clients, sizeof h->peer_clients, "%s", p->clients);
     if (st == BRK_HA_ACTIVE) {
         h->n_syncs = 0;
         for (size_t i = 0; i < p->n_syncs && h->n_syncs < BRK_MAX_COMPONENTS; i++) {
