@@ -1,6 +1,7 @@
 /* brk_ha.c -- a standby pair (brk_ha.h): the state, the PEER each broker
  * sends the other, the fencing rule, taking over and stepping down. */
 #include "broker/brk_ha.h"
+#include "broker/brk_ha_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,27 +14,6 @@
 #include "broker/brk_sync.h"
 #include "base/error.h"
 #include "net/keys.h"
-
-#define BRK_HA_REFUSED 256     /* requests a standby remembers answering standby */
-
-struct brk_ha {
-    brk_ha_state_t state;
-    bool primary;
-    uint64_t term;
-    void *sock;                  /* DEALER to the peer's client endpoint */
-    int64_t timeout_ms;          /* peer silence before a client may make this one active */
-    int64_t started_ms, seen_ms; /* seen_ms: the last PEER (0: never) */
-    int64_t next_send_ms;
-    brk_ha_state_t peer;
-    bool peer_primary;
-    uint64_t peer_term, peer_boot;
-    int64_t role_warned_ms;      /* the last "same --role" warning */
-    msg_sync_t *syncs;           /* the peer's current SYNCs, last heard (BRK_MAX_COMPONENTS) */
-    int n_syncs;
-    bool silence_logged;         /* "peer silent" said for this silence */
-    struct { uint64_t key, conn; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */
-    int next_refused;
-};
 
 static uint64_t mix(uint64_t h, uint64_t x) { return (h ^ x) * 0x100000001b3ull; }
 
@@ -147,6 +127,7 @@ static void become_active(brk_t *b, int64_t now, const char *why) {
     h->term = (h->term > h->peer_term ? h->term : h->peer_term) + 1;
     h->state = BRK_HA_ACTIVE;
     brk_log("active (term %" PRIu64 "): %s", h->term, why);
+    brk_ha_copy_stop(b, "this broker took over");
     adopt_syncs(b);
     send_peer(b, now); /* the peer learns it at once */
 }
@@ -264,6 +245,7 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
         }
     }
     apply(b, now, next, why);
+    brk_ha_copy_consider(b, now); /* the peer's uploaded versions this standby lacks */
 }
 
 /* ---- clients and workers of a standby -------------------------------------------------- */
@@ -309,15 +291,7 @@ void brk_ha_worker(brk_t *b, const wire_msg_t *m) {
 void brk_ha_timers(brk_t *b, int64_t now) {
     struct brk_ha *h = b->ha;
     if (!h) return;
-    /* Whatever comes back on the DEALER (an older peer's ERROR unknown_type)
-     * is dropped; it is read so it does not pile up. */
-    for (int i = 0; i < 64; i++) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        int rc = zmq_msg_recv(&f, h->sock, ZMQ_DONTWAIT);
-        zmq_msg_close(&f);
-        if (rc < 0) break;
-    }
+    brk_ha_copy_timers(b, now);
     brk_ha_view_t v = view(b, now, false);
     if (v.peer_silent && !h->silence_logged) {
         h->silence_logged = true;
@@ -330,6 +304,24 @@ void brk_ha_timers(brk_t *b, int64_t now) {
     }
     apply(b, now, brk_ha_next(&v), v.peer_silent ? "the peer is silent" : "the peer's state");
     if (now >= h->next_send_ms) send_peer(b, now);
+}
+
+void *brk_ha_socket(const brk_t *b) { return b->ha ? b->ha->sock : NULL; }
+
+void brk_ha_answers(brk_t *b) {
+    struct brk_ha *h = b->ha;
+    wire_msg_t *m = h ? brk_msg_new(b) : NULL;
+    if (!m) return; /* (no memory: read at the next poll) */
+    /* The copy's answers; anything else (an older peer's ERROR
+     * unknown_type to a PEER) is read so it does not pile up, and dropped. */
+    for (int i = 0; i < 64; i++) {
+        wire_err_t err;
+        int rc = msg_recv(h->sock, false, ZMQ_DONTWAIT, m, &err);
+        if (rc < 0) break;
+        if (rc == 0) brk_ha_copy_answer(b, m);
+        wire_msg_close(m);
+    }
+    brk_msg_free(b, m);
 }
 
 int64_t brk_ha_next_wake(const brk_t *b) { return b->ha ? b->ha->next_send_ms : INT64_MAX; }
@@ -384,7 +376,7 @@ int brk_ha_start(brk_t *b) {
     /* Nothing queued while the peer is away (ZMQ_IMMEDIATE), and little
      * while it is slow: a PEER is only worth its latest state, and an old
      * one delivered late would tell a restarted peer what is no longer so. */
-    int one = 1, few = 4;
+    int one = 1, few = 4 + BRK_HA_COPY_WINDOW;
     if (!h->sock || wire_socket_limits(h->sock) != 0 || zmq_setsockopt(h->sock, ZMQ_SNDTIMEO, &zero, sizeof zero) ||
         zmq_setsockopt(h->sock, ZMQ_IMMEDIATE, &one, sizeof one) || zmq_setsockopt(h->sock, ZMQ_SNDHWM, &few, sizeof few) ||
         reel_curve_apply(h->sock, &curve) != 0 || zmq_connect(h->sock, b->opt.peer) != 0) {

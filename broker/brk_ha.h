@@ -74,6 +74,10 @@ void brk_ha_worker(brk_t *b, const wire_msg_t *m);
 void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p);
 /* Sends the PEER when due; takes the peer's silence into account. */
 void brk_ha_timers(brk_t *b, int64_t now);
+/* The DEALER to the peer, for the loop's poll (NULL alone), and the
+ * answers waiting on it read (the standby's copies, brk_ha_copy.c). */
+void *brk_ha_socket(const brk_t *b);
+void brk_ha_answers(brk_t *b);
 /* When brk_ha_timers has a PEER to send (INT64_MAX alone). */
 int64_t brk_ha_next_wake(const brk_t *b);
 /* STATUS_REPLY's ha_* fields (left empty alone). */

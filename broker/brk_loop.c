@@ -109,6 +109,16 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
                                                           u->upload.sha256)))
             brk_upload_chunk(b, &m->identity, m->id, &u->upload, m);
         break;
+    case MSG_FETCH: /* the peer broker copying an uploaded version (the gate checked its key) */
+        if (!b->ha)
+            BAD_REPLY(b, false, m, WIRE_E_UNKNOWN,
+                      "FETCH on the client socket is for the peer broker of a standby pair (workers fetch on the "
+                      "worker socket)");
+        else if (msg_fetch_decode(m, &u->fetch, &err))
+            BAD_REPLY(b, false, m, err.code, "FETCH: %s", err.message);
+        else
+            brk_upload_fetch(b, false, &m->identity, m->id, &u->fetch);
+        break;
     case MSG_STATUS:
         if (msg_decode(m, MSG_STATUS, NULL, &err))
             BAD_REPLY(b, false, m, err.code, "STATUS: %s", err.message);
@@ -175,7 +185,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
         return;
     }
     if (t == MSG_FETCH) { /* from any connection with a worker's key: a sync thread has its own */
-        if (msg_fetch_decode(m, &u->fetch, &err) == 0) brk_upload_fetch(b, &m->identity, m->id, &u->fetch);
+        if (msg_fetch_decode(m, &u->fetch, &err) == 0) brk_upload_fetch(b, true, &m->identity, m->id, &u->fetch);
         else BAD_REPLY(b, true, m, err.code, "FETCH: %s", err.message);
         return;
     }
@@ -300,10 +310,12 @@ static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
-    zmq_pollitem_t items[2] = {
+    zmq_pollitem_t items[3] = {
         { b->clients, 0, ZMQ_POLLIN, 0 },
         { b->workers, 0, ZMQ_POLLIN, 0 },
+        { brk_ha_socket(b), 0, ZMQ_POLLIN, 0 }, /* one of a pair: the answers of its peer */
     };
+    int n_items = items[2].socket ? 3 : 2;
     b->next_heartbeat_ms = brk_now_ms() + b->opt.heartbeat_ms;
     wire_msg_t *spare = NULL;
     int ret = 0;
@@ -313,7 +325,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         if (b->metrics.http) next = min64(next, b->metrics.next_publish_ms);
         next = min64(next, brk_ha_next_wake(b));
         long timeout = next <= now ? 0 : (long)min64(next - now, b->opt.heartbeat_ms);
-        int rc = zmq_poll(items, 2, timeout);
+        int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             if (zmq_errno() == ETERM) break;
@@ -323,6 +335,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         }
         if ((items[1].revents & ZMQ_POLLIN) && drain(b, true, &spare) < 0) break;
         if ((items[0].revents & ZMQ_POLLIN) && drain(b, false, &spare) < 0) break;
+        if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) brk_ha_answers(b);
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
         brk_workers_timers(b, now);

@@ -27,6 +27,13 @@ void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, 
                   const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    if (!to) { /* no one asked (a copy from the peer broker): logged */
+        char text[512];
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+        brk_log("%s: %s", code, text);
+        return;
+    }
     int rc = msg_send_verror(worker_side ? b->workers : b->clients, to, id, code, fmt, ap);
     va_end(ap);
     if (rc != 0) brk_undelivered(b, worker_side ? "ERROR to a worker" : "ERROR to a client");

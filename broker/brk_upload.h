@@ -43,10 +43,21 @@ extern bool brk_upload_no_hash_thread;
 /* One UPLOAD chunk from `from` (a trainer: the loop checked the role):
  * written, answered UPLOAD_ACK, or refused ERROR. m: the message u was
  * decoded from (NULL: none): a FETCH waiting for exactly this chunk is
- * answered with its frame, shared with ZeroMQ (no read back, no copy). */
+ * answered with its frame, shared with ZeroMQ (no read back, no copy).
+ * from NULL: a chunk of the active broker's copy (brk_ha_copy.c), taken
+ * as a trainer's, answered to no one (its refusals are logged; the
+ * caller reads brk_upload_progress and brk_upload_stored after). */
 void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_upload_t *u, const wire_msg_t *m);
-/* One FETCH from `from` on the worker socket: FETCH_DATA or ERROR. */
-void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f);
+/* True with *received when an upload of exactly these bytes is open. */
+bool brk_upload_progress(brk_t *b, const char *component, uint64_t version, const char *sha256, uint64_t *received);
+/* Gives up the open upload of exactly these bytes, if any (its .part
+ * removed, FETCHes waiting on it answered ERROR). */
+void brk_upload_drop(brk_t *b, const char *component, uint64_t version, const char *sha256);
+/* One FETCH from `from`: FETCH_DATA or ERROR. worker_side: on the worker
+ * socket (a version still coming is served as its bytes come); else on
+ * the client socket, from the peer broker of a pair copying what it
+ * would serve after a takeover: stored versions only. */
+void brk_upload_fetch(brk_t *b, bool worker_side, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f);
 /* True when version `version` of component is stored complete with this
  * sha256 (either case); else false with why as the thread's error value
  * (base/error.h): REEL_E_UNSUPPORTED without a weights dir,

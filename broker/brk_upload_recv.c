@@ -43,6 +43,7 @@ static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, ui
     a.version = v;
     a.received = received;
     a.complete = complete;
+    if (!to) return; /* a copy from the peer broker (brk_ha_copy.c): no one to answer */
     if (msg_upload_ack_send(b->clients, to, id, &a) != 0) brk_undelivered(b, "UPLOAD_ACK");
 }
 
@@ -312,6 +313,11 @@ static void chunk_finish(chunk_t *c) {
     slot_t *s = c->s;
     brk_upl_hasher_end(&s->h, c->digest);
     brk_zap_sender(c->b->zap, &c->who);
+    if (!c->from) { /* a copy of the active broker's (brk_ha_copy.c) */
+        memset(&c->who, 0, sizeof c->who);
+        snprintf(c->who.name, sizeof c->who.name, "peer broker");
+        c->who.role = REEL_ROLE_BROKER;
+    }
     if (!finish_digest(c) || !finish_store(c)) return;
     char final[1024];
     brk_upl_path(c->b, "", s->component, s->version, ".safetensors", final, sizeof final);
@@ -319,7 +325,7 @@ static void chunk_finish(chunk_t *c) {
     brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
             s->size, s->sha256, final);
     brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
-                 final, "stored");
+                 final, c->from ? "stored" : "stored: copied from the active broker of the pair");
     ack(c->b, c->from, c->id, s->component, s->version, s->size, true);
     brk_upl_close_slot(c->b, s, false);
 }
@@ -334,4 +340,20 @@ void brk_upload_chunk(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_up
         brk_upl_serve_parked(b, s, u, m);
         ack(b, from, id, u->component, u->version, s->received, false);
     }
+}
+
+bool brk_upload_progress(brk_t *b, const char *component, uint64_t version, const char *sha256, uint64_t *received) {
+    char sha[65];
+    brk_upl_lower(sha256, sha);
+    slot_t *s = b->uploads ? brk_upl_slot(b, component, version) : NULL;
+    if (!s || strcmp(s->sha256, sha)) return false;
+    *received = s->received;
+    return true;
+}
+
+void brk_upload_drop(brk_t *b, const char *component, uint64_t version, const char *sha256) {
+    char sha[65];
+    brk_upl_lower(sha256, sha);
+    slot_t *s = b->uploads ? brk_upl_slot(b, component, version) : NULL;
+    if (s && !strcmp(s->sha256, sha)) brk_upl_close_slot(b, s, true);
 }

@@ -23,6 +23,7 @@
 typedef struct {
     brk_t *b;
     const zmq_msg_t *from;     /* the asking worker's connection */
+    bool worker_side;          /* else the peer broker, on the client socket */
     uint64_t id;
     const msg_fetch_t *f;
     uint64_t max;              /* f->max bounded by MSG_CHUNK_MAX */
@@ -37,14 +38,14 @@ static void free_chunk(void *data, void *hint) {
  * the file being size bytes long; or ERROR when they cannot be read. The
  * chunk's frame is the buffer it was read into, handed to ZeroMQ (freed
  * once sent): no copy of it on the routing thread. */
-static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
+static void serve(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
                   uint64_t offset, uint64_t max) {
     uint64_t n = offset >= size ? 0 : size - offset < max ? size - offset : max;
     unsigned char *buf = malloc(n ? n : 1);
     ssize_t got = buf && n ? pread(fd, buf, n, (off_t)offset) : 0;
     wire_msg_t *sh = buf && got == (ssize_t)n ? calloc(1, sizeof *sh) : NULL;
     if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, NULL) != 0) {
-        brk_error_to(b, true, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
+        brk_error_to(b, worker_side, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
                      !buf || (sh == NULL && got == (ssize_t)n) ? "out of memory"
                      : got < 0                                 ? strerror(errno)
                      : got != (ssize_t)n                       ? "the file is shorter than it was"
@@ -62,7 +63,8 @@ static void serve(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, 
     d.offset = offset;
     d.size = size;
     d.chunk = &sh->t[0];
-    if (msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, sh) != 0) brk_undelivered(b, "FETCH_DATA");
+    if (msg_send(worker_side ? b->workers : b->clients, to, MSG_FETCH_DATA, id, &d, sh) != 0)
+        brk_undelivered(b, "FETCH_DATA");
     else b->fetch_bytes_read += n;
     zmq_msg_close(&sh->frame[0]); /* zmq holds its own reference while it sends */
     free(sh);
@@ -80,7 +82,7 @@ bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max) {
 }
 
 static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max) {
-    serve(b, to, id, s->component, s->version, s->fd, s->size, offset, max);
+    serve(b, true, to, id, s->component, s->version, s->fd, s->size, offset, max);
 }
 
 /* FETCH_DATA of the chunk u that just came, in m: when the FETCH asks for
@@ -207,29 +209,29 @@ static void fetch_stored(fetch_t *q) {
     const msg_fetch_t *f = q->f;
     char path[1024];
     if (!brk_upload_stored(b, f->component, f->version, f->sha256)) { /* unsupported, not_found, invalid */
-        brk_error_from(b, true, q->from, q->id, reel_err(), "FETCH: "); /* all bad_request */
+        brk_error_from(b, q->worker_side, q->from, q->id, reel_err(), "FETCH: "); /* all bad_request */
         return;
     }
     brk_upl_path(b, "", f->component, f->version, ".safetensors", path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
-        brk_error_to(b, true, q->from, q->id, WIRE_E_INTERNAL, "FETCH: cannot open %s v%" PRIu64 ": %s",
+        brk_error_to(b, q->worker_side, q->from, q->id, WIRE_E_INTERNAL, "FETCH: cannot open %s v%" PRIu64 ": %s",
                      f->component, f->version, strerror(errno));
         if (fd >= 0) close(fd);
         return;
     }
     uint64_t size = (uint64_t)st.st_size;
-    serve(b, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max);
+    serve(b, q->worker_side, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max);
     close(fd);
 }
 
-void brk_upload_fetch(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
-    fetch_t q = { .b = b, .from = from, .id = id, .f = f,
+void brk_upload_fetch(brk_t *b, bool worker_side, const zmq_msg_t *from, uint64_t id, const msg_fetch_t *f) {
+    fetch_t q = { .b = b, .from = from, .worker_side = worker_side, .id = id, .f = f,
                   .max = f->max && f->max < MSG_CHUNK_MAX ? f->max : MSG_CHUNK_MAX };
     char sha[65];
     brk_upl_lower(f->sha256, sha);
     slot_t *s = b->uploads ? brk_upl_slot(b, f->component, f->version) : NULL;
-    if (s && !strcmp(s->sha256, sha)) fetch_coming(&q, s);
+    if (s && !strcmp(s->sha256, sha) && worker_side) fetch_coming(&q, s);
     else fetch_stored(&q);
 }

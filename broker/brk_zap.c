@@ -379,12 +379,21 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
         return false;
     }
     if (z) z->cur = who;
-    if (!worker_side && (msg_type(m) == MSG_PEER) != (who.role == REEL_ROLE_BROKER) && who.role != REEL_ROLE_NONE &&
+    /* The pair's own messages (PEER, and FETCH on this socket: the
+     * standby copying uploads) come from the broker key, which sends
+     * nothing else but STATUS. */
+    bool pair_msg = msg_type(m) == MSG_PEER || msg_type(m) == MSG_FETCH;
+    if (!worker_side && pair_msg != (who.role == REEL_ROLE_BROKER) && who.role != REEL_ROLE_NONE &&
         msg_type(m) != MSG_STATUS) {
-        if (m->has_identity && brk_reply_allowed(b, &m->identity))
-            brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
-                         who.role == REEL_ROLE_BROKER ? "the peer broker's key sends PEER and STATUS only"
-                                                      : "PEER: only the peer broker (the broker's own key) may send it");
+        if (m->has_identity && brk_reply_allowed(b, &m->identity)) {
+            if (who.role == REEL_ROLE_BROKER)
+                brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
+                             "the peer broker's key sends PEER, FETCH and STATUS only");
+            else
+                brk_error_to(b, false, &m->identity, m->id, BRK_E_FORBIDDEN,
+                             "%s: only the peer broker (the broker's own key) may send it on the client socket",
+                             msg_type(m) == MSG_PEER ? "PEER" : "FETCH");
+        }
         return false;
     }
     if (!worker_side && msg_type(m) == MSG_UPLOAD && !may_send(who.role, MSG_UPLOAD)) {

@@ -5,7 +5,8 @@
 # two worker hosts (.3, .4) whose workers and clients are given both
 # brokers; TCP with CURVE (the pair shares one broker key). Checks, each
 # under load (two GENs in flight from a worker host):
-#   - A active, B standby, both workers at A; a sync through the pair;
+#   - A active, B standby, both workers at A; a sync by upload through
+#     the pair, and B's copy of it fetched from A (the pair's key);
 #   - A's link cut (ip link set down: A still runs, cut off from all):
 #     B takes over (time printed), the GENs in flight are answered once,
 #     bitwise `reelctl run` on the version their answers name;
@@ -67,10 +68,11 @@ broker() { # NAME NS ADDR PEER ROLE LOG
     : >"$6"
     ip netns exec "$2$$" "$B/reel-broker" --clients "tcp://$3:5555" --workers "tcp://$3:5556" --keys "$K" \
         --catalog "$D/$1.db" --heartbeat-ms 200 --peer "tcp://$4:5555" --role "$5" --peer-timeout-ms 1500 \
-        >>"$6" 2>&1 &
+        --weights-dir "$D/up$1" >>"$6" 2>&1 &
     eval "P$1=$!"
     PIDS="$PIDS $!"
 }
+mkdir -p "$D/upa" "$D/upb"
 broker a rpa $A $BB primary "$D/a.log"
 broker b rpb $BB $A backup "$D/b.log"
 wait_for "$D/a.log" "reel-broker: active \(term 1\)" 60 && wait_for "$D/b.log" "reel-broker: standby" 60 &&
@@ -88,9 +90,26 @@ wait_for "$D/a.log" "worker w1 ready" 60 && wait_for "$D/a.log" "worker w2 ready
     ok "both workers registered with A" || { bad "workers at A"; show "$D/a.log"; finish; }
 
 export REEL_KEY="$K/trainer.key" REEL_BROKER_KEY="$K/broker.pub" REEL_CLIENT_LIVENESS_MS=300
-nsx rh1 "$R" sync --broker "$PAIR" --version 2 --weights "$D/v2.safetensors" --timeout-ms 60000 2>"$D/s2.err"
-grep -q "sync transformer v2: complete" "$D/s2.err" && ok "sync v2 through the pair: complete on both hosts" ||
+nsx rh1 "$R" sync --broker "$PAIR" --version 2 --upload "$D/v2.safetensors" --timeout-ms 60000 2>"$D/s2.err"
+grep -q "sync transformer v2: complete" "$D/s2.err" && ok "sync v2 by upload through the pair: complete on both hosts" ||
     { bad "sync v2"; show "$D/s2.err"; }
+wait_for "$D/b.log" "copied transformer v2 from the active broker" 60 &&
+    cmp -s "$D/v2.safetensors" "$D/upb/transformer-v2.safetensors" &&
+    ok "B (standby) copied the uploaded v2 from A over the bridge (FETCH with the pair's key), byte for byte" ||
+    { bad "B's copy of v2"; show "$D/b.log"; }
+# the pair's key on the client socket sends PEER, FETCH and STATUS only;
+# FETCH there under another key is forbidden
+fetch='{"type":"FETCH","id":11,"component":"transformer","version":2,"sha256":"'"$(sha256sum "$D/v2.safetensors" | cut -c1-64)"'","offset":0}'
+speer() { _k=$1; shift; nsx rh1 $PY "$(dirname "$0")/security_peer.py" --endpoint "tcp://$A:5555" --key "$K/$_k.key" --broker-key "$K/broker.pub" --for 1 "$@"; }
+speer broker "$fetch" >"$D/pf.out" 2>&1
+speer broker '{"type":"GEN","id":12,"model":"tiny"}' >"$D/pg.out" 2>&1
+speer trainer "$fetch" >"$D/tf.out" 2>&1
+if grep -q "^FETCH_DATA" "$D/pf.out" && grep -q "^ERROR forbidden the peer broker's key sends PEER, FETCH and STATUS only" "$D/pg.out" &&
+    grep -q "^ERROR forbidden FETCH: only the peer broker" "$D/tf.out" && ! grep -q "^FETCH_DATA" "$D/tf.out"; then
+    ok "A's client endpoint: the pair's key FETCHes, its GEN is forbidden; a trainer key's FETCH is forbidden"
+else
+    bad "the pair key's roles"; show "$D/pf.out" "$D/pg.out" "$D/tf.out"
+fi
 
 gens() { # TAG: two long GENs from worker host .3, in the background
     gp=""

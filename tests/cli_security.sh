@@ -152,6 +152,16 @@ timeout 60 "$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetenso
 [ $? = 2 ] && grep -q "a client key cannot be used here" "$D/x.log" && ok "reel-worker refuses a client key itself (exit 2)" || { bad "worker key role"; show "$D/x.log"; }
 peer bob "$CE" 1 "$status" >"$D/bob.out"
 grep -q "^STATUS_REPLY" "$D/bob.out" && ok "the same raw peer with bob's key is answered" || { bad "bob answered"; show "$D/bob.out"; }
+# FETCH on the client socket is the standby pair's (its shared broker key):
+# a client's is forbidden; the broker key is admitted only by a broker of
+# a pair (tests/cli_hosts_pair.sh checks it there)
+fetch='{"type":"FETCH","id":11,"component":"transformer","version":1,"sha256":"'"$SHA"'","offset":0}'
+peer bob "$CE" 1 "$fetch" >"$D/bobfetch.out"
+grep -q "^ERROR forbidden FETCH: only the peer broker" "$D/bobfetch.out" && ! grep -q "^FETCH_DATA" "$D/bobfetch.out" &&
+    ok "a client key's FETCH on the client socket: forbidden (only the pair's key)" || { bad "client FETCH refused"; show "$D/bobfetch.out"; }
+peer broker "$CE" 1 "$fetch" >"$D/brkfetch.out"
+grep -q "peer: 0 messages" "$D/brkfetch.out" &&
+    ok "the broker's own key at a broker alone (no --peer) is no peer: its FETCH gets no answer" || { bad "broker key at a lone broker"; show "$D/brkfetch.out"; }
 
 echo "== roles: only a trainer may SYNC; every SYNC is audited with its key's name"
 with bob "$R" sync --broker "$CE" --version 2 --weights "$D/w/w2.safetensors" --timeout-ms 10000 2>"$D/bobsync.err"

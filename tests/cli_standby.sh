@@ -27,6 +27,10 @@
 #      once (a catalog with its own copy: deduplicated by request id).
 #   8. the standby listed first ("B,A"): an upload and a GEN without
 #      resends (liveness 0) are refused by B and completed at A.
+#   9. the standby's copy of an uploaded version: B copies v3 (uploaded to
+#      A, current there) from A, byte for byte, audited; A SIGKILLed, a
+#      client's GEN makes B active, and a worker that joins B only then
+#      FETCHes v3 from B and applies it; GENs answered on v3, bitwise.
 # Usage: cli_standby.sh BUILD
 set -u
 B="${1:-build}"
@@ -308,11 +312,9 @@ left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'reel-union-*' -newer "$D/a2.db"
 # --- 8. the standby listed first -----------------------------------------------------------
 # (A is active now, B standby): an upload and a GEN without resends
 # (liveness 0) given "B,A" are refused by B and go to A
-nbup=$(ls "$D/upb" | wc -l)
 "$R" sync --broker "$CB,$PAIR" --version 3 --upload "$D/w3.safetensors" --timeout-ms 60000 >"$D/s3.out" 2>&1
-if grep -q "sync transformer v3: complete" "$D/s3.out" && [ "$(ls "$D/upb" | wc -l)" = "$nbup" ] &&
-    cmp -s "$D/w3.safetensors" "$(ls -d "$D"/upa/* | grep -v '\.part' | head -1)"; then
-    ok "an upload through 'B,A' (B the standby): refused by B, stored byte for byte at A, complete"
+if grep -q "sync transformer v3: complete" "$D/s3.out" && cmp -s "$D/w3.safetensors" "$D/upa/transformer-v3.safetensors"; then
+    ok "an upload through 'B,A' (B the standby): past B, stored byte for byte at A, complete"
 else
     bad "the upload past the standby"; show "$D/s3.out"; ls -la "$D/upa" "$D/upb"
 fi
@@ -321,4 +323,40 @@ REEL_CLIENT_LIVENESS_MS=0 "$R" gen --broker "$CB,$CA" --model tiny --context "$D
 grep -q "^reelctl: gen tiny .*weights v3" "$D/z.out" &&
     ok "a GEN without resends (liveness 0) through 'B,A': past the standby, answered on v3" ||
     { bad "liveness 0 past the standby"; show "$D/z.out"; }
+
+# --- 9. the standby's copy of an uploaded version -------------------------------------------
+# v3 is current at A, uploaded there: B copies it from A (FETCH on A's
+# client socket) and keeps it as an upload, so that after a takeover a
+# worker that joins B can fetch it there
+if wait_for "$D/b.log" "copied transformer v3 from the active broker" 60 &&
+    cmp -s "$D/w3.safetensors" "$D/upb/transformer-v3.safetensors" && [ -s "$D/upb/transformer-v3.sha256" ]; then
+    ok "B (standby) copied v3, uploaded to A, from A: byte for byte, with its digest"
+else
+    bad "B's copy of v3"; show "$D/b.log"; ls -la "$D/upb"
+fi
+wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 3 AND role = 'broker' AND outcome LIKE '%copied from the active broker%'" 1 30 &&
+    ok "B's audit trail records the copy (role broker)" || { bad "no audit row of the copy"; sqlite3 "$D/b.db" "SELECT * FROM audit" | tail -5; }
+kill -9 "$BA"
+reap "$BA" 30 >/dev/null
+gens p "$PAIR" 1 # refused by B while A was heard; A silent, back to B: B takes over
+if wait_for "$D/b.log" "reel-broker: active \(term 4\)" 60 && wait_for "$D/b.log" "takeover: transformer v3 is current" 30; then
+    ok "A SIGKILLed: B active at term 4, v3 (the copy's version) current"
+else
+    bad "B took over with v3"; show "$D/b.log"
+fi
+cli_worker wc "$D/b.log" "$D/wc.log" --broker "$WB" --weights "$D/w1.safetensors" --streams 1 --heartbeat-ms 200 ||
+    { bad "worker wc registers with B"; show "$D/wc.log"; }
+if wait_for "$D/wc.log" "applied transformer v3" 60; then
+    ok "a worker that joined B after the takeover fetched v3 from B and applied it"
+else
+    bad "the new worker reached v3"; show "$D/wc.log"; show "$D/b.log"
+fi
+for p in $gp; do reap "$p" 120 >/dev/null; done
+gens q "$CB" 2
+for p in $gp; do reap "$p" 120 >/dev/null; done
+if answered p 1 3 && answered q 2 3; then
+    ok "GENs after the takeover answered once, on v3, bitwise reelctl run"
+else
+    bad "GENs on the copied v3"
+fi
 finish

@@ -1,0 +1,185 @@
+/* brk_ha_copy.c -- a standby copies the active broker's uploaded weights
+ * (brk_ha_int.h). A version sent by value lives in the weights dir of the
+ * broker it was uploaded to; workers FETCH it from there. After a
+ * takeover, a worker that joins (or catches up) FETCHes the current
+ * version from the new active broker, so the standby keeps a copy of each
+ * current uploaded version its peer announces (PEER's syncs): it FETCHes
+ * it from the peer's client socket, 4 chunks in flight, as a worker does
+ * from the worker socket, and stores it through the upload module as a
+ * trainer's upload (hashed, compared with the announced sha256, kept with
+ * its digest, audited "copied from the active broker", older uploaded
+ * versions pruned by --weights-keep). */
+#include "broker/brk_ha_int.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "broker/brk_log.h"
+#include "broker/brk_msg.h"
+#include "broker/brk_upload.h"
+
+/* FETCHes up to BRK_HA_COPY_WINDOW chunks ahead of what came. A send the
+ * socket cannot take now (no connection to the peer) is asked again by
+ * the timers. */
+static void ask(brk_t *b, int64_t now) {
+    struct brk_ha *h = b->ha;
+    brk_ha_copy_t *c = &h->copy;
+    while (c->asked < c->size && c->asked - c->next < (uint64_t)BRK_HA_COPY_WINDOW * MSG_CHUNK_MAX) {
+        msg_fetch_t f;
+        memset(&f, 0, sizeof f);
+        snprintf(f.component, sizeof f.component, "%s", c->component);
+        f.version = c->version;
+        snprintf(f.sha256, sizeof f.sha256, "%s", c->sha256);
+        f.offset = c->asked;
+        f.max = MSG_CHUNK_MAX;
+        if (msg_fetch_send(h->sock, NULL, c->next_id, &f) != 0) break;
+        c->next_id++;
+        c->asked += MSG_CHUNK_MAX;
+    }
+    c->asked_ms = now;
+}
+
+static void end(brk_t *b, bool failed, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void end(brk_t *b, bool failed, const char *fmt, ...) {
+    brk_ha_copy_t *c = &b->ha->copy;
+    char why[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    brk_log("copy of %s v%" PRIu64 " from the active broker %s at %" PRIu64 " of %" PRIu64 " bytes: %s", c->component,
+            c->version, failed ? "failed" : "stopped", c->next, c->size == UINT64_MAX ? 0 : c->size, why);
+    brk_upload_drop(b, c->component, c->version, c->sha256);
+    if (failed) {
+        snprintf(c->failed_component, sizeof c->failed_component, "%s", c->component);
+        c->failed_version = c->version;
+        c->failed_ms = brk_now_ms();
+    }
+    c->on = false;
+}
+
+void brk_ha_copy_stop(brk_t *b, const char *why) {
+    if (b->ha && b->ha->copy.on) end(b, false, "%s", why);
+}
+
+static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
+    brk_ha_copy_t *c = &b->ha->copy;
+    c->on = true;
+    snprintf(c->component, sizeof c->component, "%s", s->component);
+    c->version = s->version;
+    snprintf(c->sha256, sizeof c->sha256, "%s", s->sha256);
+    c->size = UINT64_MAX;
+    uint64_t held = 0;
+    /* (resumed where an earlier try stopped, if its part is still open) */
+    c->next = c->asked = c->from = brk_upload_progress(b, c->component, c->version, c->sha256, &held) ? held : 0;
+    c->first_id = c->next_id = b->next_id;
+    b->next_id += 1u << 20; /* this copy's ids: no other message of this broker takes them */
+    c->started_ms = c->progress_ms = now;
+    brk_log("copying %s v%" PRIu64 " (uploaded, sha256 %.16s...) from the active broker%s", c->component, c->version,
+            c->sha256, c->from ? " where an earlier try stopped" : "");
+    ask(b, now);
+}
+
+void brk_ha_copy_consider(brk_t *b, int64_t now) {
+    struct brk_ha *h = b->ha;
+    brk_ha_copy_t *c = &h->copy;
+    if (c->on || h->state != BRK_HA_STANDBY || h->peer != BRK_HA_ACTIVE) return;
+    for (int i = 0; i < h->n_syncs; i++) {
+        const msg_sync_t *s = &h->syncs[i];
+        if (!s->uploaded) continue;
+        if (!b->opt.weights_dir) {
+            if (!c->no_dir_warned)
+                brk_log("warning: the active broker's %s v%" PRIu64 " was uploaded, and this standby has no "
+                        "--weights-dir to copy it to: after a takeover, workers that join cannot fetch it",
+                        s->component, s->version);
+            c->no_dir_warned = true;
+            return;
+        }
+        if (brk_upload_stored(b, s->component, s->version, s->sha256)) continue;
+        if (reel_err_code() == REEL_E_INVALID) continue; /* other bytes under that version here: never served */
+        if (c->failed_version == s->version && !strcmp(c->failed_component, s->component) &&
+            now - c->failed_ms < BRK_HA_COPY_RETRY_MS)
+            continue;
+        start(b, s, now);
+        return;
+    }
+}
+
+/* The chunk at c->next: stored through the upload module (as a trainer's
+ * chunk, answered to no one); the copy goes on, ends stored, or fails. */
+static void chunk(brk_t *b, const msg_fetch_data_t *d) {
+    brk_ha_copy_t *c = &b->ha->copy;
+    int64_t now = brk_now_ms();
+    if (c->size == UINT64_MAX) {
+        if (d->size == 0 || d->size > MSG_UPLOAD_MAX) {
+            end(b, true, "the active broker says the file is %" PRIu64 " bytes", d->size);
+            return;
+        }
+        c->size = d->size;
+    } else if (d->size != c->size) {
+        end(b, true, "the file changed size at the active broker (%" PRIu64 " bytes, was %" PRIu64 ")", d->size,
+            c->size);
+        return;
+    }
+    uint64_t n = d->chunk->bytes;
+    if (n == 0) return; /* past the end: asked before the size was known */
+    msg_upload_t u;
+    memset(&u, 0, sizeof u);
+    snprintf(u.component, sizeof u.component, "%s", c->component);
+    u.version = c->version;
+    snprintf(u.sha256, sizeof u.sha256, "%s", c->sha256);
+    u.size = c->size;
+    u.offset = d->offset;
+    u.chunk = d->chunk;
+    brk_upload_chunk(b, NULL, 0, &u, NULL);
+    uint64_t held = 0;
+    if (brk_upload_stored(b, c->component, c->version, c->sha256)) {
+        c->next = c->size;
+        c->copied++;
+        brk_log("copied %s v%" PRIu64 " from the active broker: %" PRIu64 " bytes in %.2f s", c->component,
+                c->version, c->size - c->from, (double)(now - c->started_ms) / 1000.0);
+        c->on = false;
+        brk_upload_prune(b, c->component, c->version); /* the peer's current: --weights-keep as there */
+        brk_ha_copy_consider(b, now);                  /* the next component's, if any */
+    } else if (brk_upload_progress(b, c->component, c->version, c->sha256, &held) && held == d->offset + n) {
+        c->next = held;
+        c->progress_ms = now;
+        ask(b, now);
+    } else {
+        end(b, true, "this broker could not keep the chunk at %" PRIu64 " (the log says why above)", d->offset);
+    }
+}
+
+void brk_ha_copy_answer(brk_t *b, wire_msg_t *m) {
+    brk_ha_copy_t *c = &b->ha->copy;
+    wire_err_t err;
+    if (!c->on || m->id < c->first_id || m->id >= c->next_id) return; /* an answer to an earlier copy */
+    if (msg_type(m) == MSG_FETCH_DATA) {
+        msg_fetch_data_t d;
+        if (msg_fetch_data_decode(m, &d, &err) != 0 || msg_fetch_data_validate(&d, &err) != 0) {
+            end(b, true, "a bad FETCH_DATA from the active broker: %s", err.message);
+            return;
+        }
+        if (strcmp(d.component, c->component) || d.version != c->version || d.offset != c->next) return; /* stale */
+        chunk(b, &d);
+    } else if (msg_type(m) == MSG_ERROR) {
+        msg_error_t e;
+        if (msg_error_decode(m, &e, &err) != 0) end(b, true, "a bad ERROR from the active broker: %s", err.message);
+        else end(b, true, "the active broker answered %s: %s", e.code, e.message);
+    }
+}
+
+void brk_ha_copy_timers(brk_t *b, int64_t now) {
+    struct brk_ha *h = b->ha;
+    brk_ha_copy_t *c = &h->copy;
+    if (!c->on) return;
+    if (now - c->progress_ms >= BRK_HA_COPY_TIMEOUT_MS) {
+        end(b, true, "no chunk from the active broker for %d s", BRK_HA_COPY_TIMEOUT_MS / 1000);
+    } else if (now - c->progress_ms >= BRK_HA_COPY_RESEND_MS && now - c->asked_ms >= BRK_HA_COPY_RESEND_MS) {
+        c->asked = c->next; /* what was in flight is lost or late: asked again from what is wanted next */
+        ask(b, now);
+    }
+}

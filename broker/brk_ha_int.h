@@ -1,0 +1,71 @@
+/* brk_ha_int.h -- a standby pair's state, shared by brk_ha.c (the rules,
+ * PEER, taking over and stepping down) and brk_ha_copy.c (the standby's
+ * copies of the active broker's uploaded weights). The module's interface
+ * is brk_ha.h. */
+#ifndef REEL_BROKER_BRK_HA_INT_H
+#define REEL_BROKER_BRK_HA_INT_H
+
+#include "broker/brk_ha.h"
+
+#define BRK_HA_COPY_WINDOW 4         /* FETCHes in flight, of MSG_CHUNK_MAX each */
+#define BRK_HA_COPY_RESEND_MS 2000   /* no answer this long: the chunk wanted next asked again */
+#define BRK_HA_COPY_TIMEOUT_MS 10000 /* no chunk this long: the copy fails (tried again later) */
+#define BRK_HA_COPY_RETRY_MS 5000    /* a version whose copy failed waits this long */
+
+/* The copy of one uploaded version from the active peer, in progress or
+ * the last that failed. */
+typedef struct {
+    bool on;
+    char component[MSG_NAME_MAX];
+    uint64_t version;
+    char sha256[65];
+    uint64_t size;                   /* UINT64_MAX until the first answer */
+    uint64_t next, asked;            /* the offset wanted next; FETCHes sent up to here */
+    uint64_t first_id;               /* this copy's FETCHes have ids from here on */
+    uint64_t next_id;
+    int64_t started_ms, progress_ms, asked_ms;
+    uint64_t from;                   /* the offset it started at (a resumed copy) */
+    char failed_component[MSG_NAME_MAX];
+    uint64_t failed_version;         /* the last that failed (0: none), at failed_ms */
+    int64_t failed_ms;
+    bool no_dir_warned;              /* "no --weights-dir" said */
+    uint64_t copied;                 /* versions copied since start */
+} brk_ha_copy_t;
+
+#define BRK_HA_REFUSED 256     /* requests a standby remembers answering standby */
+
+struct brk_ha {
+    brk_ha_state_t state;
+    bool primary;
+    uint64_t term;
+    void *sock;                  /* DEALER to the peer's client endpoint */
+    int64_t timeout_ms;          /* peer silence before a client may make this one active */
+    int64_t started_ms, seen_ms; /* seen_ms: the last PEER (0: never) */
+    int64_t next_send_ms;
+    brk_ha_state_t peer;
+    bool peer_primary;
+    uint64_t peer_term, peer_boot;
+    int64_t role_warned_ms;      /* the last "same --role" warning */
+    msg_sync_t *syncs;           /* the peer's current SYNCs, last heard (BRK_MAX_COMPONENTS) */
+    int n_syncs;
+    bool silence_logged;         /* "peer silent" said for this silence */
+    struct { uint64_t key, conn; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */
+    int next_refused;
+    brk_ha_copy_t copy;
+};
+
+
+/* brk_ha_copy.c. While this broker is the standby and its peer active:
+ * each current version the peer announced as uploaded that this one does
+ * not store is fetched from the peer (FETCH on its client socket) and
+ * stored as an upload is, so that after a takeover workers that join can
+ * FETCH it here. One at a time. */
+void brk_ha_copy_consider(brk_t *b, int64_t now);
+/* An answer on the DEALER to the peer: FETCH_DATA or ERROR of the copy. */
+void brk_ha_copy_answer(brk_t *b, wire_msg_t *m);
+/* Asks again after a silence; fails a copy silent past its timeout. */
+void brk_ha_copy_timers(brk_t *b, int64_t now);
+/* Ends the copy in progress (its partial file removed): why is logged. */
+void brk_ha_copy_stop(brk_t *b, const char *why);
+
+#endif
