@@ -20,7 +20,8 @@
 #   6. the link cut and a client that reaches A and not B (given A and a
 #      dead endpoint): refused by A, B silent, back to A: A takes over
 #      (term 3), the limit of the fencing rule; the link restored, B (the
-#      lower term) steps down, its workers move to A, and a GEN through
+#      lower term) steps down, its workers move to A (at once: A was not
+#      tried since B served them), and a GEN through
 #      the pair is answered: never two active once they hear each other.
 #   7. reports over both catalogs (reelctl requests, stats, versions,
 #      report --html with --catalog A --catalog B): the union, each request
@@ -261,6 +262,13 @@ else
     bad "B stepped down"; show "$D/b.log"
 fi
 wait_count "$D/a1.log" "worker w[ab] ready" 2 60 && ok "the workers moved to A" || { bad "workers to A"; show "$D/a1.log"; }
+# B was the last broker that served them (the second of their list): A,
+# not tried since, is tried at once, with no backoff
+if grep -q "at $WB: trying $WA" "$D/wa.log" && grep -q "at $WB: trying $WA" "$D/wb.log"; then
+    ok "from B (second in their list) the workers went to A at once: not tried since B served them"
+else
+    bad "the move from B to A"; grep "reconnecting" "$D/wa.log" "$D/wb.log" | tail -6
+fi
 for p in $gp; do reap "$p" 120 >/dev/null; done
 answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN of the client without B"
 gens n "$PAIR" 1

@@ -81,6 +81,7 @@ typedef struct {
     int64_t next_hb, next_events, reconnect_at;
     int64_t next_artifacts;      /* the next snapshot of the artifact keys */
     int backoff_ms;
+    int round_from;              /* --broker's index where this round of moves began: the last that served */
     reel_http_t *http;           /* --metrics; NULL without */
     int64_t next_publish;
     bool prewarmed;              /* a PREWARM came: READY asks for none again */
@@ -436,8 +437,8 @@ static void new_session(link_t *l) { atomic_fetch_add(&l->w->epoch, 1); }
 
 /* Closes the DEALER: a new session starts at reconnect_at, on the next
  * endpoint of --broker when it lists two (a standby pair: at once while
- * there is one not yet tried, with the backoff once all were). why: the
- * log line's reason. */
+ * there is one not tried since the last broker that served, with the
+ * backoff once all were). why: the log line's reason. */
 static void drop_link(link_t *l, int64_t now, const char *why) {
     wrk_t *w = l->w;
     const char *was = w->brokers[atomic_load(&w->broker_at)];
@@ -446,7 +447,7 @@ static void drop_link(link_t *l, int64_t now, const char *why) {
     new_session(l);
     int next = (atomic_load(&w->broker_at) + 1) % w->n_brokers;
     atomic_store(&w->broker_at, next);
-    if (w->n_brokers > 1 && next != 0) {
+    if (w->n_brokers > 1 && next != l->round_from) {
         wrk_log(w, "reconnecting: %s at %s: trying %s", why, was, w->brokers[next]);
         l->reconnect_at = now;
         return;
@@ -558,7 +559,10 @@ static int handle_broker(link_t *l) {
     msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
     /* (an ERROR standby is no broker that serves: the backoff keeps growing
      * while both of a pair refuse) */
-    if (type != MSG_ERROR) l->backoff_ms = BACKOFF_MIN_MS;
+    if (type != MSG_ERROR) {
+        l->backoff_ms = BACKOFF_MIN_MS;
+        l->round_from = atomic_load(&w->broker_at); /* it serves: a move from here tries the others first */
+    }
     if (type != MSG_RECONNECT) l->heard_since_ready = true;
     if (r == 1) {
         wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
