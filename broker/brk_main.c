@@ -148,6 +148,12 @@ static void resume_versions(brk_t *b, cat_t *cat) {
     cat_version_t *p = calloc(BRK_MAX_INTERRUPTED, sizeof *p);
     int np = p ? cat_pending_versions(cat, p, BRK_MAX_INTERRUPTED) : 0;
     if (np < 0) brk_log("cannot read pending weight versions from the catalog: %s", reel_err_text());
+    /* ... and those an earlier restart found so that nothing settled since
+     * (this broker restarted again before a worker or the trainer spoke):
+     * the catalog remembers them across any number of restarts. */
+    int ni = p && np >= 0 ? cat_interrupted_versions(cat, p + np, BRK_MAX_INTERRUPTED - np) : 0;
+    if (ni < 0) brk_log("cannot read interrupted weight versions from the catalog: %s", reel_err_text());
+    else np += ni;
     for (int i = 0; i < np; i++) {
         if (p[i].cut || !p[i].source[0] || !strcmp(p[i].source, "inline") || p[i].version == 0 ||
             p[i].version > MSG_VERSION_MAX || strlen(p[i].component) >= BRK_NAME_MAX)
@@ -162,7 +168,7 @@ static void resume_versions(brk_t *b, cat_t *cat) {
                 e->component, (unsigned long long)e->version);
     }
     free(p);
-    if (cat_weight_fail_pending(cat, "the broker stopped before any worker applied it") != 0)
+    if (cat_weight_fail_pending(cat, CAT_REASON_INTERRUPTED) != 0)
         brk_log("cannot mark pending weight versions failed: %s", reel_err_text());
     cat_version_t v[BRK_MAX_COMPONENTS];
     int n = cat_current_versions(cat, v, BRK_MAX_COMPONENTS);

@@ -393,6 +393,15 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
                        "current versions", out, max);
 }
 
+int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
+    return versions_of(c,
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "FROM weight_versions w WHERE state = 'failed' AND reason = '" CAT_REASON_INTERRUPTED "' "
+                       "AND version > coalesce((SELECT max(version) FROM weight_versions WHERE component = "
+                       "w.component AND state IN ('current', 'superseded')), 0) ORDER BY component, version DESC",
+                       "interrupted versions", out, max);
+}
+
 int cat_pending_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
                        "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "

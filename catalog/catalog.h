@@ -116,6 +116,16 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max);
  * first within each component: what a broker that stopped mid-sync left
  * (read before cat_weight_fail_pending settles them). Same returns. */
 int cat_pending_versions(cat_t *c, cat_version_t *out, int max);
+/* The reason a broker gives the versions it found pending at start
+ * (cat_weight_fail_pending): interrupted, not refused by any worker. */
+#define CAT_REASON_INTERRUPTED "the broker stopped before any worker applied it"
+/* Versions failed for CAT_REASON_INTERRUPTED that are newer than their
+ * component's newest current or superseded version: syncs a restart
+ * interrupted that nothing settled since (a worker running one, or a
+ * newer version). A broker that restarts again remembers them as it
+ * does the pending ones. Newest first within each component. Same
+ * returns. */
+int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
 #      trainer's resend for the workers to register; the worker registers
 #      running v2: v2 is current again, the trainer's sync ends complete,
 #      the catalog says current.
-#   2. No trainer waits (its reelctl killed too): a worker that registers
+#   2. No trainer waits (its reelctl killed too), and the broker restarts
+#      twice before anyone speaks (the interrupted sync is remembered by
+#      the catalog, not the first restart's memory): a worker that registers
 #      running v3 makes v3 current again, with a catalog reason saying so,
 #      and a worker still at v2 that registers after is sent v3. (Each
 #      raw worker has a name of its own: a name still live at the broker,
@@ -113,10 +115,17 @@ grep -q '"type": "SYNC"' "$D/p2.out" && bad "the worker at v2 was sent v2 again"
 kill "$P2" 2>/dev/null
 reap "$P2" 30
 
-echo "== 2. nobody waits: a worker that registers running v3 makes it current"
+echo "== 2. nobody waits, two restarts: a worker that registers running v3 makes it current"
 interrupt t1 2 3 "$D/b2.log"
+broker "$D/b3a.log"
+BP=$BROKER
+grep -q "sync transformer v3 was in flight when the previous broker stopped" "$D/b3a.log" || bad "the first restart names v3"
+kill -9 "$BP" # again, before a worker or the trainer spoke: v3 is 'failed' in the catalog
+reap "$BP" 30
 broker "$D/b3.log"
 BP=$BROKER
+grep -q "sync transformer v3 was in flight when the previous broker stopped" "$D/b3.log" &&
+    ok "a second restart still knows the interrupted v3 (from the catalog)" || { bad "v3 forgotten by the second restart"; show "$D/b3.log"; }
 peer t1 3 "$D/p4.out" 60
 P4=$!
 wait_for "$D/b3.log" "transformer v3 is current again: applied by t1, sent by the broker before a restart" 30 &&

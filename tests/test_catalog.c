@@ -970,6 +970,22 @@ START_TEST(test_current_versions_are_the_newest_applied_never_pending_or_failed)
     cat_close(&r);
     ck_assert_int_eq(cat_current_versions(w, v, 4), 2);
     ck_assert_uint_eq(v[0].version, 2);
+
+    /* A second restart: v3, failed as interrupted and newer than current
+     * v2, is still one (the catalog remembers it, not the first broker's
+     * memory); a version failed for another reason is not. */
+    TS_OK(cat_weight_version(w, "transformer", 4, "d4", "/w/v4.safetensors", 6.0));
+    TS_OK(cat_weight_state(w, "transformer", 4, "failed", "no worker applied it: w1 (sha256 mismatch)"));
+    ck_assert_int_eq(cat_interrupted_versions(w, v, 4), 1);
+    ck_assert_str_eq(v[0].component, "transformer");
+    ck_assert_uint_eq(v[0].version, 3);
+    ck_assert_str_eq(v[0].sha256, "c2");
+    ck_assert_str_eq(v[0].source, "/w/v3b.safetensors");
+    ck_assert_int_eq(cat_interrupted_versions(w, v, 0), 0); /* max respected */
+    /* settled by a newer current version: no longer interrupted */
+    TS_OK(cat_weight_version(w, "transformer", 5, "e5", "/w/v5.safetensors", 7.0));
+    TS_OK(cat_weight_state(w, "transformer", 5, "current", NULL));
+    ck_assert_int_eq(cat_interrupted_versions(w, v, 4), 0);
     cat_close(&w);
 }
 END_TEST
