@@ -110,8 +110,10 @@ TEST_SUPPORT = $(BUILD)/tests/support.o
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test test-busy test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench soak-broker clean FORCE
-all: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) $(BENCH_BIN) artifacts
+.PHONY: all units deps test test-busy test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench soak-broker clean FORCE
+all: units $(BENCH_BIN)
+# What the test suites run (the sanitizer builds make only these: no bench).
+units: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) artifacts
 
 # Objects depend on the flags they were built with: switching CUDA=0/1 or
 # sanitizers in the same build folder rebuilds instead of mixing objects.
@@ -241,7 +243,7 @@ demo-local: deps
 # Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
 asan: deps
 	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
-	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" units
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
 
@@ -255,7 +257,7 @@ asan-cli: deps
 # Unit suites under ThreadSanitizer (the threaded capture_cache tests are
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
 tsan: deps
-	$(MAKE) -j$(JOBS) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" all
+	$(MAKE) -j$(JOBS) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" units
 	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 

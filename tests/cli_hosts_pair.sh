@@ -111,46 +111,13 @@ else
     bad "the pair key's roles"; show "$D/pf.out" "$D/pg.out" "$D/tf.out"
 fi
 
-gens() { # TAG: two long GENs from worker host .3, in the background
-    gp=""
-    for k in 1 2; do
-        echo "--context $D/c$k.safetensors --steps $((6000 + 1000 * k)) --seed $((k + 30)) --size 2x8x8" >"$D/$1.$k.spec"
-        nsx rh1 "$R" gen --broker "$PAIR" --model tiny $(cat "$D/$1.$k.spec") --timeout-ms 180000 --quiet \
-            --out "$D/$1.$k.safetensors" >"$D/$1.$k.err" 2>&1 &
-        gp="$gp $!"
-    done
-}
-running() { # ADDR: 0 once its workers run 2 requests
-    j=0
-    while [ $j -lt 300 ]; do
-        nsx rh1 "$R" status --broker "tcp://$1:5555" --json 2>/dev/null |
-            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= 2 else 1)' &&
-            return 0
-        j=$((j + 1))
-    done
-    return 1
-}
-answered() { # TAG: both answered once, on v2, bitwise reelctl run
-    good=0
-    for k in 1 2; do
-        f="$D/$1.$k.err"
-        n=$(grep -c "^reelctl: gen tiny" "$f")
-        v=$(sed -n 's/^reelctl: gen tiny .*weights v\([0-9]*\),.*/\1/p' "$f" | head -1)
-        if [ "$n" = 1 ] && [ "$v" = 2 ]; then
-            "$R" run --weights "$D/v2.safetensors" $(cat "$D/$1.$k.spec") --out "$D/$1.$k.run.safetensors" 2>/dev/null
-            "$R" tensor diff "$D/$1.$k.safetensors" "$D/$1.$k.run.safetensors" --name latent >/dev/null 2>&1 &&
-                good=$((good + 1))
-        else
-            echo "  $1 GEN $k: $n answers, version '$v'"; show "$f"
-        fi
-    done
-    [ "$good" = 2 ]
-}
+# two long GENs from worker host .3 (tests/lib_cli.sh: long_gens, long_answered, long_running)
+LG_RUN="nsx rh1" LG_STEPS=6000 LG_SEED=30 LG_TIMEOUT_MS=180000 LG_WEIGHTS=v%s.safetensors
 now_ms() { $PY -c 'import time; print(int(time.monotonic() * 1000))'; }
 
 # --- A's link cut under load ------------------------------------------------------
-gens cut
-running $A || bad "requests running at A before the cut"
+long_gens cut "$PAIR" 2
+long_running "tcp://$A:5555" || bad "requests running at A before the cut"
 t0=$(now_ms)
 nsx rpa ip link set "vrpa$$" down
 wait_for "$D/b.log" "reel-broker: active \(term 2\)" 60 && t1=$(now_ms)
@@ -158,7 +125,7 @@ wait_count "$D/b.log" "worker w[12] ready" 2 60 && t2=$(now_ms)
 [ -n "${t1:-}" ] && ok "A's link cut: B active at term 2 $((t1 - t0)) ms later, both workers there $((${t2:-0} - t0)) ms after the cut" ||
     { bad "B takes over after A's link is cut"; show "$D/b.log"; }
 for p in $gp; do reap "$p" 180 >/dev/null; done
-answered cut && ok "the 2 GENs in flight at the cut: each answered once, bitwise reelctl run" || bad "GENs at the cut"
+long_answered cut 2 2 && ok "the 2 GENs in flight at the cut: each answered once, bitwise reelctl run" || bad "GENs at the cut"
 
 # --- A back: it steps down ---------------------------------------------------------
 nsx rpa ip link set "vrpa$$" up
@@ -173,8 +140,8 @@ done
 [ $actives = 1 ] && ok "one active broker of the two" || bad "$actives active brokers"
 
 # --- B killed under load -------------------------------------------------------------
-gens kill
-running $BB || bad "requests running at B before the kill"
+long_gens kill "$PAIR" 2
+long_running "tcp://$BB:5555" || bad "requests running at B before the kill"
 nb=$(grep -c "worker w[12] ready" "$D/a.log")
 t0=$(now_ms)
 kill -9 "$Pb"
@@ -184,5 +151,5 @@ wait_count "$D/a.log" "worker w[12] ready" $((nb + 2)) 60 && t2=$(now_ms)
 [ -n "$t1" ] && ok "B killed: A active at term 3 $((t1 - t0)) ms later, both workers there $((${t2:-0} - t0)) ms after the kill" ||
     { bad "A takes over after B's kill"; show "$D/a.log"; }
 for p in $gp; do reap "$p" 180 >/dev/null; done
-answered kill && ok "the 2 GENs in flight at the kill: each answered once, bitwise reelctl run" || bad "GENs at the kill"
+long_answered kill 2 2 && ok "the 2 GENs in flight at the kill: each answered once, bitwise reelctl run" || bad "GENs at the kill"
 finish

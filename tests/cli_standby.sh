@@ -122,53 +122,10 @@ else
 fi
 
 # --- 3. A killed under load ------------------------------------------------------
-gens() { # TAG BROKER N: N GENs in the background, each its own context and seed
-    gp=""
-    k=1
-    while [ $k -le "$3" ]; do
-        echo "--context $D/c$k.safetensors --steps $((5000 + 1000 * k)) --seed $((k + 70)) --size 2x8x8" >"$D/$1.$k.spec"
-        "$R" gen --broker "$2" --model tiny $(cat "$D/$1.$k.spec") --timeout-ms 120000 --quiet \
-            --out "$D/$1.$k.safetensors" >"$D/$1.$k.err" 2>&1 &
-        gp="$gp $!"
-        k=$((k + 1))
-    done
-}
-# answered TAG N VERSION: each GEN answered once, on VERSION, bitwise reelctl run
-answered() {
-    good=0
-    k=1
-    while [ $k -le "$2" ]; do
-        f="$D/$1.$k.err"
-        n=$(grep -c "^reelctl: gen tiny" "$f")
-        v=$(sed -n 's/^reelctl: gen tiny .*weights v\([0-9]*\),.*/\1/p' "$f" | head -1)
-        if [ "$n" = 1 ] && [ "$v" = "$3" ]; then
-            "$R" run --weights "$D/w$v.safetensors" $(cat "$D/$1.$k.spec") --out "$D/$1.$k.run.safetensors" 2>/dev/null
-            if "$R" tensor diff "$D/$1.$k.safetensors" "$D/$1.$k.run.safetensors" --name latent >/dev/null 2>&1; then
-                good=$((good + 1))
-            else
-                echo "  $1 GEN $k: not bitwise reelctl run"
-            fi
-        else
-            echo "  $1 GEN $k: $n answers, version '$v'"; show "$f"
-        fi
-        k=$((k + 1))
-    done
-    [ "$good" = "$2" ]
-}
-# running NAME BROKER: 0 once a worker runs a request there (STATUS inflight)
-running() { # NAME BROKER [N]: N (2) requests running there
-    i=0
-    while [ $i -lt 300 ]; do
-        "$R" status --broker "$2" --json 2>/dev/null |
-            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= int(sys.argv[1]) else 1)' "${3:-2}" &&
-            return 0
-        i=$((i + 1))
-    done
-    echo "  (no request running at $1 after 300 STATUS)"
-    return 1
-}
-gens k "$PAIR" 3
-running A "$CA" || bad "requests running at A before the kill"
+# (tests/lib_cli.sh: long_gens, long_answered, long_running)
+LG_STEPS=5000 LG_SEED=70 LG_TIMEOUT_MS=120000 LG_WEIGHTS=w%s.safetensors
+long_gens k "$PAIR" 3
+long_running "$CA" || bad "requests running at A before the kill"
 kill -9 "$BA"
 t0=$($PY -c 'import time; print(time.monotonic())')
 reap "$BA" 30 >/dev/null
@@ -183,7 +140,7 @@ fi
 grep -q "takeover: transformer v2 is current" "$D/b.log" && ok "B adopted v2, current at A (its last PEER)" ||
     { bad "B adopted v2"; show "$D/b.log"; }
 for p in $gp; do reap "$p" 120 >/dev/null; done
-answered k 3 2 && ok "3 GENs in flight at A's kill: each answered once, on v2, bitwise reelctl run" ||
+long_answered k 3 2 && ok "3 GENs in flight at A's kill: each answered once, on v2, bitwise reelctl run" ||
     bad "the GENs in flight at the kill"
 grep -q "worker wa ready" "$D/b.log" || true
 
@@ -208,9 +165,9 @@ else
 fi
 # (a liveness of 1 s here: two stalls of B on a busy machine must not send
 # a client back to A, which would rightly take over)
-REEL_CLIENT_LIVENESS_MS=1000 gens l "$PAIR" 2
+REEL_CLIENT_LIVENESS_MS=1000 long_gens l "$PAIR" 2
 for p in $gp; do reap "$p" 120 >/dev/null; done
-answered l 2 2 && ok "link cut: 2 GENs through the pair answered once, bitwise" || bad "GENs with the link cut"
+long_answered l 2 2 && ok "link cut: 2 GENs through the pair answered once, bitwise" || bad "GENs with the link cut"
 # a 12 MiB upload (its chunks pipelined: each one refused by A is not a
 # comeback) and two trainers one after the other with the same SYNC (each
 # its own token), every one given A first: none makes A active
@@ -242,7 +199,7 @@ wait_count "$D/a1.log" "peer heard" $((nh + 1)) 30 && ok "link restored: A hears
 sa=$(grep -c "peer silent" "$D/a1.log")
 cut || bad "the relays cut (2)"
 wait_count "$D/a1.log" "peer silent" $((sa + 1)) 30 >/dev/null
-gens m "$CA,$NOWHERE" 1 # a client that cannot reach B: refused by A, B silent, back to A
+long_gens m "$CA,$NOWHERE" 1 # a client that cannot reach B: refused by A, B silent, back to A
 if wait_for "$D/a1.log" "reel-broker: active \(term 3\)" 30; then
     ok "link cut, a client that reaches A and not B: A takes over at term 3 (the limit of the fencing rule)"
 else
@@ -251,10 +208,10 @@ fi
 # a GEN running at B (given B first) when B steps down: answered standby
 # there, it moves to A and is answered once
 s_gp=$gp
-gens s "$CB,$CA" 1
+long_gens s "$CB,$CA" 1
 s_p=$gp
 gp=$s_gp
-running B "$CB" 1 || bad "a request running at B before it steps down"
+long_running "$CB" 1 || bad "a request running at B before it steps down"
 mend || bad "the relays restored (2)"
 if wait_for "$D/b.log" "reel-broker: standby: the peer is active at term 3" 30; then
     ok "link restored: B (term 2) steps down to standby"
@@ -270,12 +227,12 @@ else
     bad "the move from B to A"; grep "reconnecting" "$D/wa.log" "$D/wb.log" | tail -6
 fi
 for p in $gp; do reap "$p" 120 >/dev/null; done
-answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN of the client without B"
-gens n "$PAIR" 1
+long_answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN of the client without B"
+long_gens n "$PAIR" 1
 for p in $gp; do reap "$p" 120 >/dev/null; done
-answered n 1 2 && ok "a GEN through the pair afterwards answered by A, bitwise" || bad "GEN after the resolution"
+long_answered n 1 2 && ok "a GEN through the pair afterwards answered by A, bitwise" || bad "GEN after the resolution"
 reap "$s_p" 120 >/dev/null
-if answered s 1 2 && grep -q "sent to the other" "$D/s.1.err"; then
+if long_answered s 1 2 && grep -q "sent to the other" "$D/s.1.err"; then
     ok "the GEN running at B when it stepped down: answered standby there, sent to A, answered once, bitwise"
 else
     bad "the GEN at B's step-down"; show "$D/s.1.err"
@@ -346,7 +303,7 @@ wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND versi
     ok "B's audit trail records the copy (role broker)" || { bad "no audit row of the copy"; sqlite3 "$D/b.db" "SELECT * FROM audit" | tail -5; }
 kill -9 "$BA"
 reap "$BA" 30 >/dev/null
-gens p "$PAIR" 1 # refused by B while A was heard; A silent, back to B: B takes over
+long_gens p "$PAIR" 1 # refused by B while A was heard; A silent, back to B: B takes over
 if wait_for "$D/b.log" "reel-broker: active \(term 4\)" 60 && wait_for "$D/b.log" "takeover: transformer v3 is current" 30; then
     ok "A SIGKILLed: B active at term 4, v3 (the copy's version) current"
 else
@@ -360,9 +317,9 @@ else
     bad "the new worker reached v3"; show "$D/wc.log"; show "$D/b.log"
 fi
 for p in $gp; do reap "$p" 120 >/dev/null; done
-gens q "$CB" 2
+long_gens q "$CB" 2
 for p in $gp; do reap "$p" 120 >/dev/null; done
-if answered p 1 3 && answered q 2 3; then
+if long_answered p 1 3 && long_answered q 2 3; then
     ok "GENs after the takeover answered once, on v3, bitwise reelctl run"
 else
     bad "GENs on the copied v3"

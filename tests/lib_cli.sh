@@ -137,3 +137,63 @@ py_checks() {
     done <"$1"
     [ "$2" = 0 ] || bad "the numpy checks (exit $2)"
 }
+
+# ---- long GENs under a broker's death (cli_standby.sh, cli_hosts_pair.sh) ----
+# Set by the script: D, R, PY; LG_RUN a command prefix for every reelctl
+# (e.g. "nsx rh1", a network namespace; empty: none), LG_STEPS and LG_SEED
+# the bases of each GEN's steps and seed, LG_TIMEOUT_MS, LG_WEIGHTS the
+# weights file of a version under $D (printf pattern, e.g. w%s.safetensors).
+
+# long_gens TAG BROKER N: N tiny GENs in the background (their pids in gp),
+# the k-th with context $D/c$k.safetensors, LG_STEPS + 1000k steps and
+# seed LG_SEED + k; each one's arguments kept in $D/TAG.k.spec, its output
+# in $D/TAG.k.err, its latent in $D/TAG.k.safetensors.
+long_gens() {
+    gp=""
+    _k=1
+    while [ $_k -le "$3" ]; do
+        echo "--context $D/c$_k.safetensors --steps $((${LG_STEPS:-5000} + 1000 * _k)) --seed $((_k + ${LG_SEED:-70})) --size 2x8x8" >"$D/$1.$_k.spec"
+        ${LG_RUN:-} "$R" gen --broker "$2" --model tiny $(cat "$D/$1.$_k.spec") --timeout-ms "${LG_TIMEOUT_MS:-120000}" \
+            --quiet --out "$D/$1.$_k.safetensors" >"$D/$1.$_k.err" 2>&1 &
+        gp="$gp $!"
+        _k=$((_k + 1))
+    done
+}
+
+# long_answered TAG N VERSION: 0 when each of TAG's N GENs was answered
+# once, on VERSION, bitwise `reelctl run` on that version's weights.
+long_answered() {
+    _good=0
+    _k=1
+    while [ $_k -le "$2" ]; do
+        _f="$D/$1.$_k.err"
+        _n=$(grep -c "^reelctl: gen tiny" "$_f")
+        _v=$(sed -n 's/^reelctl: gen tiny .*weights v\([0-9]*\),.*/\1/p' "$_f" | head -1)
+        if [ "$_n" = 1 ] && [ "$_v" = "$3" ]; then
+            "$R" run --weights "$D/$(printf "${LG_WEIGHTS:-w%s.safetensors}" "$_v")" $(cat "$D/$1.$_k.spec") \
+                --out "$D/$1.$_k.run.safetensors" 2>/dev/null
+            if "$R" tensor diff "$D/$1.$_k.safetensors" "$D/$1.$_k.run.safetensors" --name latent >/dev/null 2>&1; then
+                _good=$((_good + 1))
+            else
+                echo "  $1 GEN $_k: not bitwise reelctl run"
+            fi
+        else
+            echo "  $1 GEN $_k: $_n answers, version '$_v'"; show "$_f"
+        fi
+        _k=$((_k + 1))
+    done
+    [ "$_good" = "$2" ]
+}
+
+# long_running BROKER [N [SECONDS]]: 0 once the workers at BROKER run N
+# (2) requests at once (STATUS inflight), within SECONDS (60).
+long_running() {
+    _until=$(($(date +%s) + ${3:-60}))
+    while [ "$(date +%s)" -lt "$_until" ]; do
+        ${LG_RUN:-} "$R" status --broker "$1" --json 2>/dev/null |
+            $PY -c 'import json,sys; sys.exit(0 if sum(w["inflight"] for w in json.load(sys.stdin)["workers"]) >= int(sys.argv[1]) else 1)' "${2:-2}" &&
+            return 0
+    done
+    echo "  (fewer than ${2:-2} requests running at $1 after ${3:-60} s)"
+    return 1
+}
