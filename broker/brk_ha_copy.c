@@ -75,8 +75,10 @@ static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
     uint64_t held = 0;
     /* (resumed where an earlier try stopped, if its part is still open) */
     c->next = c->asked = c->from = brk_upload_progress(b, c->component, c->version, c->sha256, &held) ? held : 0;
-    c->first_id = c->next_id = b->next_id;
-    b->next_id += 1u << 20; /* this copy's ids: no other message of this broker takes them */
+    /* Ids on the DEALER to the peer are the copies' alone (a PEER goes
+     * with 0): each copy's start after the last one's, so an answer to an
+     * earlier copy is told apart. */
+    c->first_id = ++c->next_id;
     c->started_ms = c->progress_ms = now;
     brk_log("copying %s v%" PRIu64 " (uploaded, sha256 %.16s...) from the active broker%s", c->component, c->version,
             c->sha256, c->from ? " where an earlier try stopped" : "");

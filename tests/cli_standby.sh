@@ -32,6 +32,8 @@
 #      A, current there) from A, byte for byte, audited; A SIGKILLed, a
 #      client's GEN makes B active, and a worker that joins B only then
 #      FETCHes v3 from B and applies it; GENs answered on v3, bitwise.
+#  10. two brokers both given --role primary (a mistake): each warns, and
+#      the older process acts as the primary: one active, one standby.
 # Usage: cli_standby.sh BUILD
 set -u
 B="${1:-build}"
@@ -324,4 +326,31 @@ if long_answered p 1 3 && long_answered q 2 3; then
 else
     bad "GENs on the copied v3"
 fi
+
+# --- 10. the same --role on both ------------------------------------------------------------
+stop_proc "$BB" >/dev/null
+ports=$($PY -c '
+import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))
+for s in ss: s.close()')
+set -- $ports
+cli_broker "$D/r1.log" --clients "tcp://127.0.0.1:$1" --workers "ipc://$D/r1w" --catalog "" --heartbeat-ms 200 \
+    --peer "tcp://127.0.0.1:$2" --role primary --peer-timeout-ms 1500 || bad "the first primary starts"
+R1=$BROKER
+cli_broker "$D/r2.log" --clients "tcp://127.0.0.1:$2" --workers "ipc://$D/r2w" --catalog "" --heartbeat-ms 200 \
+    --peer "tcp://127.0.0.1:$1" --role primary --peer-timeout-ms 1500 || bad "the second primary starts"
+if wait_for "$D/r1.log" "warning: the peer says it is the primary too" 30 &&
+    wait_for "$D/r2.log" "warning: the peer says it is the primary too" 30 &&
+    wait_for "$D/r1.log" "reel-broker: active" 30 && wait_for "$D/r2.log" "reel-broker: standby" 30; then
+    ok "both given --role primary: each warns; the older acts as the primary (active), the other is the standby"
+else
+    bad "the same --role on both"; show "$D/r1.log"; show "$D/r2.log"
+fi
+st=""
+for p in $1 $2; do
+    st="$st $("$R" status --broker "tcp://127.0.0.1:$p" --json 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["ha"]["state"])')"
+done
+[ "$st" = " active standby" ] && ok "their STATUS: the first active, the second standby" || bad "states '$st'"
 finish
