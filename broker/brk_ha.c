@@ -375,7 +375,8 @@ int brk_ha_start(brk_t *b) {
     h->sock = zmq_socket(b->ctx, ZMQ_DEALER);
     /* Nothing queued while the peer is away (ZMQ_IMMEDIATE), and little
      * while it is slow: a PEER is only worth its latest state, and an old
-     * one delivered late would tell a restarted peer what is no longer so. */
+     * one delivered late would tell a restarted peer what is no longer so.
+     * Room for the standby's copy window (small FETCHes) beside them. */
     int one = 1, few = 4 + BRK_HA_COPY_WINDOW;
     if (!h->sock || wire_socket_limits(h->sock) != 0 || zmq_setsockopt(h->sock, ZMQ_SNDTIMEO, &zero, sizeof zero) ||
         zmq_setsockopt(h->sock, ZMQ_IMMEDIATE, &one, sizeof one) || zmq_setsockopt(h->sock, ZMQ_SNDHWM, &few, sizeof few) ||

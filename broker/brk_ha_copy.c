@@ -8,7 +8,11 @@
  * from the worker socket, and stores it through the upload module as a
  * trainer's upload (hashed, compared with the announced sha256, kept with
  * its digest, audited "copied from the active broker", older uploaded
- * versions pruned by --weights-keep). */
+ * versions pruned by --weights-keep). A copy that stalls keeps what came
+ * and resumes there at its next try; one refused starts over; each
+ * failure of the same version doubles the wait before the next try (5 s
+ * to 320 s); a copy of a version the peer no longer announces, or one
+ * under way when this broker takes over, stops and its part is removed. */
 #include "broker/brk_ha_int.h"
 
 #include <inttypes.h>
@@ -42,38 +46,70 @@ static void ask(brk_t *b, int64_t now) {
     c->asked_ms = now;
 }
 
-static void end(brk_t *b, bool failed, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void end(brk_t *b, bool failed, const char *fmt, ...) {
+/* How a copy ends: stopped (takeover, the version no longer the peer's),
+ * failed for good (refused: tried again with a growing delay), or stalled
+ * (no answer: its partial upload kept, the next try resumes there). */
+typedef enum { COPY_STOPPED, COPY_REFUSED, COPY_STALLED } copy_end_t;
+
+/* The copy's partial upload removed (a slot that stayed open would make
+ * a FETCH of it after a takeover wait for bytes that never come). */
+static void drop_partial(brk_t *b) {
+    brk_ha_copy_t *c = &b->ha->copy;
+    if (c->kept) brk_upload_drop(b, c->kept_component, c->kept_version, c->kept_sha256);
+    c->kept = false;
+}
+
+static void end(brk_t *b, copy_end_t how, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void end(brk_t *b, copy_end_t how, const char *fmt, ...) {
     brk_ha_copy_t *c = &b->ha->copy;
     char why[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    brk_log("copy of %s v%" PRIu64 " from the active broker %s at %" PRIu64 " of %" PRIu64 " bytes: %s", c->component,
-            c->version, failed ? "failed" : "stopped", c->next, c->size == UINT64_MAX ? 0 : c->size, why);
-    brk_upload_drop(b, c->component, c->version, c->sha256);
-    if (failed) {
+    int64_t now = brk_now_ms();
+    if (how != COPY_STOPPED) {
+        bool again = c->failed_version == c->version && !strcmp(c->failed_component, c->component);
+        c->failures = again ? c->failures + 1 : 1;
         snprintf(c->failed_component, sizeof c->failed_component, "%s", c->component);
         c->failed_version = c->version;
-        c->failed_ms = brk_now_ms();
+        c->failed_ms = now;
+        int shift = c->failures - 1 < 6 ? c->failures - 1 : 6; /* 5 s, 10 s, ... 320 s */
+        c->retry_ms = (int64_t)BRK_HA_COPY_RETRY_MS << shift;
     }
+    char retry[64] = "";
+    if (how != COPY_STOPPED) snprintf(retry, sizeof retry, "; tried again in %" PRId64 " s", c->retry_ms / 1000);
+    brk_log("copy of %s v%" PRIu64 " from the active broker %s at %" PRIu64 " of %" PRIu64 " bytes: %s%s%s",
+            c->component, c->version, how == COPY_STOPPED ? "stopped" : "failed", c->next,
+            c->size == UINT64_MAX ? 0 : c->size, why, how == COPY_STALLED ? " (what came is kept)" : "", retry);
     c->on = false;
+    c->kept = true; /* this copy's part: resumed by the next try when it stalled, else removed now */
+    snprintf(c->kept_component, sizeof c->kept_component, "%s", c->component);
+    c->kept_version = c->version;
+    snprintf(c->kept_sha256, sizeof c->kept_sha256, "%s", c->sha256);
+    if (how != COPY_STALLED) drop_partial(b);
 }
 
 void brk_ha_copy_stop(brk_t *b, const char *why) {
-    if (b->ha && b->ha->copy.on) end(b, false, "%s", why);
+    if (!b->ha) return;
+    if (b->ha->copy.on) end(b, COPY_STOPPED, "%s", why);
+    drop_partial(b); /* a stalled copy's part too */
 }
 
 static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
     brk_ha_copy_t *c = &b->ha->copy;
+    /* one partial copy at a time: another version's is given up */
+    if (c->kept && (c->kept_version != s->version || strcmp(c->kept_component, s->component) ||
+                    strcmp(c->kept_sha256, s->sha256)))
+        drop_partial(b);
+    c->kept = false;
     c->on = true;
     snprintf(c->component, sizeof c->component, "%s", s->component);
     c->version = s->version;
     snprintf(c->sha256, sizeof c->sha256, "%s", s->sha256);
     c->size = UINT64_MAX;
     uint64_t held = 0;
-    /* (resumed where an earlier try stopped, if its part is still open) */
+    /* (resumed where a stalled try stopped, if its part is still open) */
     c->next = c->asked = c->from = brk_upload_progress(b, c->component, c->version, c->sha256, &held) ? held : 0;
     /* Ids on the DEALER to the peer are the copies' alone (a PEER goes
      * with 0): each copy's start after the last one's, so an answer to an
@@ -85,10 +121,24 @@ static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
     ask(b, now);
 }
 
+/* Whether the copy in progress is of a version the peer still announces. */
+static bool still_wanted(const struct brk_ha *h) {
+    const brk_ha_copy_t *c = &h->copy;
+    for (int i = 0; i < h->n_syncs; i++) {
+        const msg_sync_t *s = &h->syncs[i];
+        if (s->uploaded && s->version == c->version && !strcmp(s->component, c->component) &&
+            !strcmp(s->sha256, c->sha256))
+            return true;
+    }
+    return false;
+}
+
 void brk_ha_copy_consider(brk_t *b, int64_t now) {
     struct brk_ha *h = b->ha;
     brk_ha_copy_t *c = &h->copy;
-    if (c->on || h->state != BRK_HA_STANDBY || h->peer != BRK_HA_ACTIVE) return;
+    if (h->state != BRK_HA_STANDBY || h->peer != BRK_HA_ACTIVE) return;
+    if (c->on && !still_wanted(h)) end(b, COPY_STOPPED, "the active broker's current version is another now");
+    if (c->on) return;
     for (int i = 0; i < h->n_syncs; i++) {
         const msg_sync_t *s = &h->syncs[i];
         if (!s->uploaded) continue;
@@ -103,26 +153,28 @@ void brk_ha_copy_consider(brk_t *b, int64_t now) {
         if (brk_upload_stored(b, s->component, s->version, s->sha256)) continue;
         if (reel_err_code() == REEL_E_INVALID) continue; /* other bytes under that version here: never served */
         if (c->failed_version == s->version && !strcmp(c->failed_component, s->component) &&
-            now - c->failed_ms < BRK_HA_COPY_RETRY_MS)
+            now - c->failed_ms < c->retry_ms)
             continue;
         start(b, s, now);
         return;
     }
 }
 
-/* The chunk at c->next: stored through the upload module (as a trainer's
- * chunk, answered to no one); the copy goes on, ends stored, or fails. */
-static void chunk(brk_t *b, const msg_fetch_data_t *d) {
+/* The chunk at c->next (d, decoded from m): stored through the upload
+ * module (as a trainer's chunk, answered to no one; its frame shared with
+ * the hashing thread, not copied); the copy goes on, ends stored, or
+ * fails. */
+static void chunk(brk_t *b, const msg_fetch_data_t *d, const wire_msg_t *m) {
     brk_ha_copy_t *c = &b->ha->copy;
     int64_t now = brk_now_ms();
     if (c->size == UINT64_MAX) {
         if (d->size == 0 || d->size > MSG_UPLOAD_MAX) {
-            end(b, true, "the active broker says the file is %" PRIu64 " bytes", d->size);
+            end(b, COPY_REFUSED, "the active broker says the file is %" PRIu64 " bytes", d->size);
             return;
         }
         c->size = d->size;
     } else if (d->size != c->size) {
-        end(b, true, "the file changed size at the active broker (%" PRIu64 " bytes, was %" PRIu64 ")", d->size,
+        end(b, COPY_REFUSED, "the file changed size at the active broker (%" PRIu64 " bytes, was %" PRIu64 ")", d->size,
             c->size);
         return;
     }
@@ -136,22 +188,31 @@ static void chunk(brk_t *b, const msg_fetch_data_t *d) {
     u.size = c->size;
     u.offset = d->offset;
     u.chunk = d->chunk;
-    brk_upload_chunk(b, NULL, 0, &u, NULL);
+    brk_upload_chunk(b, NULL, 0, &u, m);
     uint64_t held = 0;
     if (brk_upload_stored(b, c->component, c->version, c->sha256)) {
         c->next = c->size;
         c->copied++;
+        c->failed_version = 0; /* its failures forgotten */
+        c->failures = 0;
         brk_log("copied %s v%" PRIu64 " from the active broker: %" PRIu64 " bytes in %.2f s", c->component,
                 c->version, c->size - c->from, (double)(now - c->started_ms) / 1000.0);
         c->on = false;
         brk_upload_prune(b, c->component, c->version); /* the peer's current: --weights-keep as there */
         brk_ha_copy_consider(b, now);                  /* the next component's, if any */
-    } else if (brk_upload_progress(b, c->component, c->version, c->sha256, &held) && held == d->offset + n) {
+    } else if (brk_upload_progress(b, c->component, c->version, c->sha256, &held)) {
+        if (held != d->offset + n) { /* (not kept, or the part is not where the copy thought: go on from it) */
+            brk_log("copy of %s v%" PRIu64 ": the chunk at %" PRIu64 " was not kept here; going on from %" PRIu64,
+                    c->component, c->version, d->offset, held);
+            c->asked = held;
+        } else {
+            c->progress_ms = now;
+        }
         c->next = held;
-        c->progress_ms = now;
         ask(b, now);
     } else {
-        end(b, true, "this broker could not keep the chunk at %" PRIu64 " (the log says why above)", d->offset);
+        end(b, COPY_REFUSED, "this broker did not keep the chunk at %" PRIu64 " (a refusal is logged above; else "
+            "its partial copy was given up)", d->offset);
     }
 }
 
@@ -162,15 +223,15 @@ void brk_ha_copy_answer(brk_t *b, wire_msg_t *m) {
     if (msg_type(m) == MSG_FETCH_DATA) {
         msg_fetch_data_t d;
         if (msg_fetch_data_decode(m, &d, &err) != 0 || msg_fetch_data_validate(&d, &err) != 0) {
-            end(b, true, "a bad FETCH_DATA from the active broker: %s", err.message);
+            end(b, COPY_REFUSED, "a bad FETCH_DATA from the active broker: %s", err.message);
             return;
         }
         if (strcmp(d.component, c->component) || d.version != c->version || d.offset != c->next) return; /* stale */
-        chunk(b, &d);
+        chunk(b, &d, m);
     } else if (msg_type(m) == MSG_ERROR) {
         msg_error_t e;
-        if (msg_error_decode(m, &e, &err) != 0) end(b, true, "a bad ERROR from the active broker: %s", err.message);
-        else end(b, true, "the active broker answered %s: %s", e.code, e.message);
+        if (msg_error_decode(m, &e, &err) != 0) end(b, COPY_REFUSED, "a bad ERROR from the active broker: %s", err.message);
+        else end(b, COPY_REFUSED, "the active broker answered %s: %s", e.code, e.message);
     }
 }
 
@@ -179,7 +240,7 @@ void brk_ha_copy_timers(brk_t *b, int64_t now) {
     brk_ha_copy_t *c = &h->copy;
     if (!c->on) return;
     if (now - c->progress_ms >= BRK_HA_COPY_TIMEOUT_MS) {
-        end(b, true, "no chunk from the active broker for %d s", BRK_HA_COPY_TIMEOUT_MS / 1000);
+        end(b, COPY_STALLED, "no chunk from the active broker for %d s", BRK_HA_COPY_TIMEOUT_MS / 1000);
     } else if (now - c->progress_ms >= BRK_HA_COPY_RESEND_MS && now - c->asked_ms >= BRK_HA_COPY_RESEND_MS) {
         c->asked = c->next; /* what was in flight is lost or late: asked again from what is wanted next */
         ask(b, now);

@@ -10,7 +10,7 @@
 #define BRK_HA_COPY_WINDOW 4         /* FETCHes in flight, of MSG_CHUNK_MAX each */
 #define BRK_HA_COPY_RESEND_MS 2000   /* no answer this long: the chunk wanted next asked again */
 #define BRK_HA_COPY_TIMEOUT_MS 10000 /* no chunk this long: the copy fails (tried again later) */
-#define BRK_HA_COPY_RETRY_MS 5000    /* a version whose copy failed waits this long */
+#define BRK_HA_COPY_RETRY_MS 5000    /* a version whose copy failed waits this long (doubled per failure, to 64x) */
 
 /* The copy of one uploaded version from the active peer, in progress or
  * the last that failed. */
@@ -28,6 +28,12 @@ typedef struct {
     char failed_component[MSG_NAME_MAX];
     uint64_t failed_version;         /* the last that failed (0: none), at failed_ms */
     int64_t failed_ms;
+    int failures;                    /* of that version in a row */
+    int64_t retry_ms;                /* its wait before the next try: BRK_HA_COPY_RETRY_MS doubled per failure */
+    bool kept;                       /* a stalled copy's partial upload is open here (resumed by the next try) */
+    char kept_component[MSG_NAME_MAX];
+    uint64_t kept_version;
+    char kept_sha256[65];
     bool no_dir_warned;              /* "no --weights-dir" said */
     uint64_t copied;                 /* versions copied since start */
 } brk_ha_copy_t;
@@ -65,7 +71,8 @@ void brk_ha_copy_consider(brk_t *b, int64_t now);
 void brk_ha_copy_answer(brk_t *b, wire_msg_t *m);
 /* Asks again after a silence; fails a copy silent past its timeout. */
 void brk_ha_copy_timers(brk_t *b, int64_t now);
-/* Ends the copy in progress (its partial file removed): why is logged. */
+/* Ends the copy in progress, and removes its partial file and a stalled
+ * copy's (taking over: no part may stay to be served): why is logged. */
 void brk_ha_copy_stop(brk_t *b, const char *why);
 
 #endif

@@ -21,6 +21,7 @@
 #include "broker/brk_broker.h"
 #include "broker/brk_check.h"
 #include "broker/brk_ha.h"
+#include "broker/brk_ha_int.h"
 #include "broker/brk_hot.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_msg.h"
@@ -2784,6 +2785,182 @@ START_TEST(test_the_standby_pair_rule_never_makes_a_second_active_broker_while_t
 }
 END_TEST
 
+/* ---- a standby's copy of the active peer's uploads (brk_ha_copy.c) ---- */
+
+/* The active peer's PEER, announcing version v of transformer (uploaded,
+ * sha) current: handled as the loop would. */
+static void peer_announces(box_t *x, uint64_t v, const char *sha) {
+    msg_peer_t p;
+    msg_sync_t sy;
+    memset(&p, 0, sizeof p);
+    memset(&sy, 0, sizeof sy);
+    snprintf(p.state, sizeof p.state, "active");
+    snprintf(p.role, sizeof p.role, "primary");
+    p.term = 1;
+    p.boot = 1;
+    snprintf(sy.component, sizeof sy.component, "transformer");
+    sy.version = v;
+    snprintf(sy.sha256, sizeof sy.sha256, "%s", sha);
+    sy.uploaded = true;
+    p.syncs = &sy;
+    p.n_syncs = 1;
+    brk_ha_peer(&x->b, NULL, &p);
+}
+
+/* The next FETCH the standby sent the peer (ROUTER peer): its offset
+ * checked; the message kept in *q to answer. */
+static void peer_takes_fetch(void *peer, wire_msg_t **q, msg_fetch_t *f, uint64_t version, uint64_t offset) {
+    wire_err_t e;
+    *q = take(peer, true);
+    ck_assert_str_eq((*q)->type, "FETCH");
+    ck_assert_int_eq(msg_fetch_decode(*q, f, &e), 0);
+    ck_assert_uint_eq(f->version, version);
+    ck_assert_uint_eq(f->offset, offset);
+}
+
+/* The peer answers FETCH q with the bytes there (none past the end). */
+static void peer_answers(void *peer, wire_msg_t **q, const msg_fetch_t *f, const unsigned char *bytes) {
+    uint64_t n = f->offset >= UP_SIZE ? 0 : UP_SIZE - f->offset < MSG_CHUNK_MAX ? UP_SIZE - f->offset : MSG_CHUNK_MAX;
+    wire_tensor_t t = msg_chunk(bytes + (f->offset < UP_SIZE ? f->offset : 0), n);
+    msg_fetch_data_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.component, sizeof d.component, "%s", f->component);
+    d.version = f->version;
+    d.offset = f->offset;
+    d.size = UP_SIZE;
+    d.chunk = &t;
+    ck_assert_int_eq(msg_fetch_data_send(peer, &(*q)->identity, (*q)->id, &d), 0);
+    drop_msg(q);
+}
+
+/* Every message the standby has waiting from the peer, handled. */
+static void standby_reads(box_t *x) {
+    for (int i = 0; i < 100; i++) {
+        zmq_pollitem_t it = { brk_ha_socket(&x->b), 0, ZMQ_POLLIN, 0 };
+        if (zmq_poll(&it, 1, 200) <= 0) return;
+        brk_ha_answers(&x->b);
+    }
+}
+
+/* A standby pair's standby (docs/OPERATIONS.md "Uploaded versions on
+ * both"): it FETCHes the peer's current uploaded version, 4 chunks ahead,
+ * and stores it as an upload; a copy that stalls keeps what came and its
+ * next try (after the retry wait) resumes there, answers to the earlier
+ * try's FETCHes ignored; a version the peer replaced stops its copy (the
+ * part removed) and the new one is copied; a refusal doubles the wait;
+ * taking over removes the part. */
+START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-hacopy.XXXXXX", sha[65], sha6[65], sha7[65];
+    upload_box_open(&x, dir, 0);
+    x.b.opt.heartbeat_ms = 200;
+    x.b.opt.liveness = 5;
+    void *peer = sock(x.b.ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(peer, "inproc://peer"), 0);
+    x.b.opt.peer = "inproc://peer";
+    x.b.opt.primary = false;
+    ck_assert_int_eq(brk_ha_start(&x.b), 0);
+    struct brk_ha *h = x.b.ha;
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
+    unsigned char *b6 = pattern(40503u, 7, sha6), *b7 = pattern(69069u, 11, sha7);
+    (void)b6;
+
+    /* the peer active with v5: standby, and the copy asks 4 chunks ahead */
+    peer_announces(&x, 5, sha);
+    ck_assert(!brk_ha_active(&x.b));
+    ck_assert(h->copy.on);
+    wire_msg_t *q[4];
+    msg_fetch_t f[4];
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 5, (uint64_t)i * MSG_CHUNK_MAX);
+    /* only the first chunk comes; then silence past the timeout: stalled,
+     * the 4 MiB that came kept */
+    peer_answers(peer, &q[0], &f[0], bytes);
+    standby_reads(&x);
+    uint64_t held = 0;
+    ck_assert(brk_upload_progress(&x.b, "transformer", 5, sha, &held));
+    ck_assert_uint_eq(held, MSG_CHUNK_MAX);
+    h->copy.progress_ms -= BRK_HA_COPY_TIMEOUT_MS + 1;
+    brk_ha_copy_timers(&x.b, brk_now_ms());
+    ck_assert(!h->copy.on);
+    ck_assert(brk_upload_progress(&x.b, "transformer", 5, sha, &held));
+    ck_assert_uint_eq(held, MSG_CHUNK_MAX);
+    /* not tried again before its wait; then resumed at 4 MiB */
+    brk_ha_copy_consider(&x.b, brk_now_ms() + BRK_HA_COPY_RETRY_MS - 1000);
+    ck_assert(!h->copy.on);
+    brk_ha_copy_consider(&x.b, brk_now_ms() + BRK_HA_COPY_RETRY_MS + 1);
+    ck_assert(h->copy.on);
+    ck_assert_uint_eq(h->copy.from, MSG_CHUNK_MAX);
+    /* the first try's FETCHes at 4 and 8 MiB, answered late: ignored
+     * (their ids are the earlier copy's) */
+    peer_answers(peer, &q[1], &f[1], bytes);
+    peer_answers(peer, &q[2], &f[2], bytes);
+    drop_msg(&q[3]);
+    standby_reads(&x);
+    ck_assert(brk_upload_progress(&x.b, "transformer", 5, sha, &held));
+    ck_assert_uint_eq(held, MSG_CHUNK_MAX);
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 5, (uint64_t)(i + 1) * MSG_CHUNK_MAX);
+    for (int i = 0; i < 4; i++) peer_answers(peer, &q[i], &f[i], bytes);
+    standby_reads(&x);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 5, sha), "v5 stored: %s", reel_err_text());
+    ck_assert(!h->copy.on);
+    ck_assert_uint_eq(h->copy.copied, 1);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/transformer-v5.safetensors", dir);
+    FILE *fp = fopen(path, "rb");
+    ck_assert_ptr_nonnull(fp);
+    unsigned char *got = malloc(UP_SIZE + 1);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(fread(got, 1, UP_SIZE + 1, fp), UP_SIZE);
+    fclose(fp);
+    ck_assert(memcmp(got, bytes, UP_SIZE) == 0);
+    free(got);
+
+    /* v6 announced, its copy under way; v7 replaces it: v6's stops, its
+     * part removed, and v7's starts */
+    peer_announces(&x, 6, sha6);
+    ck_assert(h->copy.on && h->copy.version == 6);
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 6, (uint64_t)i * MSG_CHUNK_MAX);
+    peer_answers(peer, &q[0], &f[0], b6);
+    for (int i = 1; i < 4; i++) drop_msg(&q[i]);
+    standby_reads(&x);
+    ck_assert(brk_upload_progress(&x.b, "transformer", 6, sha6, &held));
+    peer_announces(&x, 7, sha7);
+    ck_assert(!brk_upload_progress(&x.b, "transformer", 6, sha6, &held));
+    ck_assert(h->copy.on && h->copy.version == 7);
+    /* refused: the wait doubles with each refusal of the same version */
+    for (int round = 1; round <= 2; round++) {
+        for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 7, (uint64_t)i * MSG_CHUNK_MAX);
+        ck_assert_int_eq(msg_send_error(peer, &q[0]->identity, q[0]->id, WIRE_E_BAD_REQUEST, "FETCH: not stored"), 0);
+        for (int i = 0; i < 4; i++) drop_msg(&q[i]);
+        standby_reads(&x);
+        ck_assert(!h->copy.on);
+        ck_assert_int_eq(h->copy.failures, round);
+        ck_assert_int_eq(h->copy.retry_ms, (int64_t)BRK_HA_COPY_RETRY_MS << (round - 1));
+        brk_ha_copy_consider(&x.b, h->copy.failed_ms + h->copy.retry_ms - 1);
+        ck_assert(!h->copy.on);
+        brk_ha_copy_consider(&x.b, h->copy.failed_ms + h->copy.retry_ms);
+        ck_assert(h->copy.on);
+    }
+    /* taking over mid-copy: the copy stops and its part goes */
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 7, (uint64_t)i * MSG_CHUNK_MAX);
+    peer_answers(peer, &q[0], &f[0], b7);
+    for (int i = 1; i < 4; i++) drop_msg(&q[i]);
+    standby_reads(&x);
+    ck_assert(brk_upload_progress(&x.b, "transformer", 7, sha7, &held));
+    brk_ha_copy_stop(&x.b, "this broker took over");
+    ck_assert(!h->copy.on);
+    ck_assert(!brk_upload_progress(&x.b, "transformer", 7, sha7, &held));
+    ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha)); /* what was copied stays */
+
+    free(bytes);
+    free(b6);
+    free(b7);
+    brk_ha_stop(&x.b);
+    zmq_close(peer);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 START_TEST(test_pair_options_need_each_other) {
     brk_opts_t o;
     ck_assert_int_eq(opts(&o, "--peer", "tcp://127.0.0.1:6555", NULL), -1);
@@ -2951,6 +3128,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(se, test_without_keys_the_gate_admits_everyone_and_the_sender_is_none);
     tcase_add_test(se, test_the_standby_pair_rule_never_makes_a_second_active_broker_while_the_peer_is_heard);
     tcase_add_test(se, test_pair_options_need_each_other);
+    tcase_add_test(se, test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one);
     tcase_add_test(se, test_a_standby_names_requests_by_client_token_and_weights);
     suite_add_tcase(s, se);
 
