@@ -215,8 +215,10 @@ echo "== 5. the ack comes late: the worker registered at v1 while still applying
 # the broker never sent it v2, but its predecessor did: v2 is current.
 CE="ipc://$D/c5"; WE="ipc://$D/w5"; DB="$D/reel5.db"
 broker "$D/b7.log"
+BP=$BROKER # (interrupt kills BP: this broker, not an earlier section's)
 interrupt u1 1 2 "$D/b7.log"
 broker "$D/b8.log"
+BP=$BROKER
 NPEER=$((NPEER + 1))
 $PY "$PEER" --endpoint "$WE" --id "u1-$NPEER" --for 30 --heartbeat \
     '{"type":"READY","name":"u1","models":["tiny"],"versions":{"transformer":1}}' \
