@@ -139,6 +139,7 @@ static void step_down(brk_t *b, int64_t now, const char *why) {
     struct brk_ha *h = b->ha;
     h->state = BRK_HA_STANDBY;
     brk_log("standby: %s", why);
+    brk_ha_copy_stop(b, "this broker stepped down");
     char msg[256];
     snprintf(msg, sizeof msg, "this broker stepped down to standby (%s): send it to the other broker", why);
     brk_req_give_up(b, WIRE_E_STANDBY, msg);
@@ -245,7 +246,7 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
         }
     }
     apply(b, now, next, why);
-    brk_ha_copy_consider(b, now); /* the peer's uploaded versions this standby lacks */
+    brk_ha_copy_consider(b, now); /* the uploaded versions this one lacks, from the peer */
 }
 
 /* ---- clients and workers of a standby -------------------------------------------------- */

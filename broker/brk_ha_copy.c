@@ -1,18 +1,25 @@
-/* brk_ha_copy.c -- a standby copies the active broker's uploaded weights
- * (brk_ha_int.h). A version sent by value lives in the weights dir of the
- * broker it was uploaded to; workers FETCH it from there. After a
- * takeover, a worker that joins (or catches up) FETCHes the current
- * version from the new active broker, so the standby keeps a copy of each
- * current uploaded version its peer announces (PEER's syncs): it FETCHes
- * it from the peer's client socket, 4 chunks in flight, as a worker does
- * from the worker socket, and stores it through the upload module as a
- * trainer's upload (hashed, compared with the announced sha256, kept with
- * its digest, audited "copied from the active broker", older uploaded
- * versions pruned by --weights-keep). A copy that stalls keeps what came
- * and resumes there at its next try; one refused starts over; each
- * failure of the same version doubles the wait before the next try (5 s
- * to 320 s); a copy of a version the peer no longer announces, or one
- * under way when this broker takes over, stops and its part is removed. */
+/* brk_ha_copy.c -- each broker of a pair keeps the uploaded weights it
+ * may have to serve (brk_ha_int.h). A version sent by value lives in the
+ * weights dir of the broker it was uploaded to; workers FETCH it from
+ * there. After a takeover, a worker that joins (or catches up) FETCHes the
+ * current version from the new active broker, so:
+ * - the standby keeps a copy of each current uploaded version its active
+ *   peer announces (PEER's syncs);
+ * - the active broker fetches, from its standby peer, each current
+ *   uploaded version it does not store: one it adopted from the peer (a
+ *   takeover before the copy ended, its old active back as the standby;
+ *   two actives resolved).
+ * It FETCHes the file from the peer's client socket, 4 chunks in flight,
+ * as a worker does from the worker socket, and stores it through the
+ * upload module as a trainer's upload (hashed, compared with the announced
+ * sha256, kept with its digest, audited "copied from the peer broker",
+ * older uploaded versions pruned by --weights-keep); while it comes, a
+ * worker's FETCH of it waits for its bytes as for an upload's. A standby's
+ * copy that stalls keeps what came and resumes there at its next try; one
+ * refused starts over; each failure of the same version doubles the wait
+ * before the next try (5 s to 320 s); a copy of a version no longer wanted,
+ * or one under way when this broker takes over or steps down, stops and
+ * its part is removed. */
 #include "broker/brk_ha_int.h"
 
 #include <inttypes.h>
@@ -24,6 +31,8 @@
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_upload.h"
+
+#define PEER_NAME(c) ((c)->from_active ? "the active broker" : "the standby broker")
 
 /* FETCHes up to BRK_HA_COPY_WINDOW chunks ahead of what came. A send the
  * socket cannot take now (no connection to the peer) is asked again by
@@ -79,15 +88,16 @@ static void end(brk_t *b, copy_end_t how, const char *fmt, ...) {
     }
     char retry[64] = "";
     if (how != COPY_STOPPED) snprintf(retry, sizeof retry, "; tried again in %" PRId64 " s", c->retry_ms / 1000);
-    brk_log("copy of %s v%" PRIu64 " from the active broker %s at %" PRIu64 " of %" PRIu64 " bytes: %s%s%s",
-            c->component, c->version, how == COPY_STOPPED ? "stopped" : "failed", c->next,
+    brk_log("copy of %s v%" PRIu64 " from %s %s at %" PRIu64 " of %" PRIu64 " bytes: %s%s%s",
+            c->component, c->version, PEER_NAME(c), how == COPY_STOPPED ? "stopped" : "failed", c->next,
             c->size == UINT64_MAX ? 0 : c->size, why, how == COPY_STALLED ? " (what came is kept)" : "", retry);
     c->on = false;
     c->kept = true; /* this copy's part: resumed by the next try when it stalled, else removed now */
     snprintf(c->kept_component, sizeof c->kept_component, "%s", c->component);
     c->kept_version = c->version;
     snprintf(c->kept_sha256, sizeof c->kept_sha256, "%s", c->sha256);
-    if (how != COPY_STALLED) drop_partial(b);
+    /* (an active broker's part goes: workers' FETCHes would wait on it) */
+    if (how != COPY_STALLED || b->ha->state != BRK_HA_STANDBY) drop_partial(b);
 }
 
 void brk_ha_copy_stop(brk_t *b, const char *why) {
@@ -104,6 +114,7 @@ static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
         drop_partial(b);
     c->kept = false;
     c->on = true;
+    c->from_active = b->ha->state == BRK_HA_STANDBY;
     snprintf(c->component, sizeof c->component, "%s", s->component);
     c->version = s->version;
     snprintf(c->sha256, sizeof c->sha256, "%s", s->sha256);
@@ -116,37 +127,56 @@ static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
      * earlier copy is told apart. */
     c->first_id = ++c->next_id;
     c->started_ms = c->progress_ms = now;
-    brk_log("copying %s v%" PRIu64 " (uploaded, sha256 %.16s...) from the active broker%s", c->component, c->version,
-            c->sha256, c->from ? " where an earlier try stopped" : "");
+    brk_log("copying %s v%" PRIu64 " (uploaded, sha256 %.16s...) from %s%s", c->component, c->version, c->sha256,
+            PEER_NAME(c), c->from ? " where an earlier try stopped" : "");
     ask(b, now);
 }
 
-/* Whether the copy in progress is of a version the peer still announces. */
-static bool still_wanted(const struct brk_ha *h) {
-    const brk_ha_copy_t *c = &h->copy;
-    for (int i = 0; i < h->n_syncs; i++) {
-        const msg_sync_t *s = &h->syncs[i];
-        if (s->uploaded && s->version == c->version && !strcmp(s->component, c->component) &&
-            !strcmp(s->sha256, c->sha256))
-            return true;
+/* The uploaded versions this broker should store and may fetch from its
+ * peer, in out (BRK_MAX_COMPONENTS): as the standby, its active peer's
+ * current ones; as the active broker, its own current ones while its
+ * standby peer is heard (only it may hold them). How many. */
+static int wanted(const brk_t *b, int64_t now, const msg_sync_t **out) {
+    const struct brk_ha *h = b->ha;
+    int n = 0;
+    if (!h->seen_ms || now - h->seen_ms >= h->timeout_ms) return 0;
+    if (h->state == BRK_HA_STANDBY && h->peer == BRK_HA_ACTIVE) {
+        for (int i = 0; i < h->n_syncs && n < BRK_MAX_COMPONENTS; i++)
+            if (h->syncs[i].uploaded) out[n++] = &h->syncs[i];
+    } else if (h->state == BRK_HA_ACTIVE && h->peer == BRK_HA_STANDBY) {
+        for (int i = 0; i < b->n_cur && n < BRK_MAX_COMPONENTS; i++)
+            if (b->cur[i].sync && b->cur[i].sync->uploaded) out[n++] = b->cur[i].sync;
     }
+    return n;
+}
+
+/* Whether the copy in progress is still of a wanted version, from the
+ * same side. */
+static bool still_wanted(const brk_t *b, int64_t now) {
+    const brk_ha_copy_t *c = &b->ha->copy;
+    const msg_sync_t *w[BRK_MAX_COMPONENTS];
+    int n = wanted(b, now, w);
+    if (c->from_active != (b->ha->state == BRK_HA_STANDBY)) return false;
+    for (int i = 0; i < n; i++)
+        if (w[i]->version == c->version && !strcmp(w[i]->component, c->component) && !strcmp(w[i]->sha256, c->sha256))
+            return true;
     return false;
 }
 
 void brk_ha_copy_consider(brk_t *b, int64_t now) {
     struct brk_ha *h = b->ha;
     brk_ha_copy_t *c = &h->copy;
-    if (h->state != BRK_HA_STANDBY || h->peer != BRK_HA_ACTIVE) return;
-    if (c->on && !still_wanted(h)) end(b, COPY_STOPPED, "the active broker's current version is another now");
+    if (c->on && !still_wanted(b, now)) end(b, COPY_STOPPED, "no longer wanted (another version is current, or the pair's states changed)");
     if (c->on) return;
-    for (int i = 0; i < h->n_syncs; i++) {
-        const msg_sync_t *s = &h->syncs[i];
-        if (!s->uploaded) continue;
+    const msg_sync_t *w[BRK_MAX_COMPONENTS];
+    int n = wanted(b, now, w);
+    for (int i = 0; i < n; i++) {
+        const msg_sync_t *s = w[i];
         if (!b->opt.weights_dir) {
             if (!c->no_dir_warned)
-                brk_log("warning: the active broker's %s v%" PRIu64 " was uploaded, and this standby has no "
-                        "--weights-dir to copy it to: after a takeover, workers that join cannot fetch it",
-                        s->component, s->version);
+                brk_log("warning: %s v%" PRIu64 " was uploaded, and this broker has no --weights-dir to keep a copy "
+                        "in: if it is the active broker, workers that join cannot fetch it", s->component,
+                        s->version);
             c->no_dir_warned = true;
             return;
         }
@@ -169,12 +199,12 @@ static void chunk(brk_t *b, const msg_fetch_data_t *d, const wire_msg_t *m) {
     int64_t now = brk_now_ms();
     if (c->size == UINT64_MAX) {
         if (d->size == 0 || d->size > MSG_UPLOAD_MAX) {
-            end(b, COPY_REFUSED, "the active broker says the file is %" PRIu64 " bytes", d->size);
+            end(b, COPY_REFUSED, "%s says the file is %" PRIu64 " bytes", PEER_NAME(c), d->size);
             return;
         }
         c->size = d->size;
     } else if (d->size != c->size) {
-        end(b, COPY_REFUSED, "the file changed size at the active broker (%" PRIu64 " bytes, was %" PRIu64 ")", d->size,
+        end(b, COPY_REFUSED, "the file changed size at %s (%" PRIu64 " bytes, was %" PRIu64 ")", PEER_NAME(c), d->size,
             c->size);
         return;
     }
@@ -195,8 +225,8 @@ static void chunk(brk_t *b, const msg_fetch_data_t *d, const wire_msg_t *m) {
         c->copied++;
         c->failed_version = 0; /* its failures forgotten */
         c->failures = 0;
-        brk_log("copied %s v%" PRIu64 " from the active broker: %" PRIu64 " bytes in %.2f s", c->component,
-                c->version, c->size - c->from, (double)(now - c->started_ms) / 1000.0);
+        brk_log("copied %s v%" PRIu64 " from %s: %" PRIu64 " bytes in %.2f s", c->component, c->version,
+                PEER_NAME(c), c->size - c->from, (double)(now - c->started_ms) / 1000.0);
         c->on = false;
         brk_upload_prune(b, c->component, c->version); /* the peer's current: --weights-keep as there */
         brk_ha_copy_consider(b, now);                  /* the next component's, if any */
@@ -223,15 +253,15 @@ void brk_ha_copy_answer(brk_t *b, wire_msg_t *m) {
     if (msg_type(m) == MSG_FETCH_DATA) {
         msg_fetch_data_t d;
         if (msg_fetch_data_decode(m, &d, &err) != 0 || msg_fetch_data_validate(&d, &err) != 0) {
-            end(b, COPY_REFUSED, "a bad FETCH_DATA from the active broker: %s", err.message);
+            end(b, COPY_REFUSED, "a bad FETCH_DATA from %s: %s", PEER_NAME(c), err.message);
             return;
         }
         if (strcmp(d.component, c->component) || d.version != c->version || d.offset != c->next) return; /* stale */
         chunk(b, &d, m);
     } else if (msg_type(m) == MSG_ERROR) {
         msg_error_t e;
-        if (msg_error_decode(m, &e, &err) != 0) end(b, COPY_REFUSED, "a bad ERROR from the active broker: %s", err.message);
-        else end(b, COPY_REFUSED, "the active broker answered %s: %s", e.code, e.message);
+        if (msg_error_decode(m, &e, &err) != 0) end(b, COPY_REFUSED, "a bad ERROR from %s: %s", PEER_NAME(c), err.message);
+        else end(b, COPY_REFUSED, "%s answered %s: %s", PEER_NAME(c), e.code, e.message);
     }
 }
 
@@ -240,7 +270,7 @@ void brk_ha_copy_timers(brk_t *b, int64_t now) {
     brk_ha_copy_t *c = &h->copy;
     if (!c->on) return;
     if (now - c->progress_ms >= BRK_HA_COPY_TIMEOUT_MS) {
-        end(b, COPY_STALLED, "no chunk from the active broker for %d s", BRK_HA_COPY_TIMEOUT_MS / 1000);
+        end(b, COPY_STALLED, "no chunk from %s for %d s", PEER_NAME(c), BRK_HA_COPY_TIMEOUT_MS / 1000);
     } else if (now - c->progress_ms >= BRK_HA_COPY_RESEND_MS && now - c->asked_ms >= BRK_HA_COPY_RESEND_MS) {
         c->asked = c->next; /* what was in flight is lost or late: asked again from what is wanted next */
         ask(b, now);

@@ -16,6 +16,7 @@
  * the last that failed. */
 typedef struct {
     bool on;
+    bool from_active;                /* a standby's copy (else the active broker's, from its standby) */
     char component[MSG_NAME_MAX];
     uint64_t version;
     char sha256[65];
@@ -61,11 +62,12 @@ struct brk_ha {
 };
 
 
-/* brk_ha_copy.c. While this broker is the standby and its peer active:
- * each current version the peer announced as uploaded that this one does
- * not store is fetched from the peer (FETCH on its client socket) and
- * stored as an upload is, so that after a takeover workers that join can
- * FETCH it here. One at a time. */
+/* brk_ha_copy.c. Each current uploaded version this broker may have to
+ * serve and does not store (as the standby, its active peer's; as the
+ * active broker, its own, while its standby peer is heard) is fetched
+ * from the peer (FETCH on its client socket) and stored as an upload is,
+ * so that workers can FETCH it here after a takeover. One at a time;
+ * considered at every PEER. */
 void brk_ha_copy_consider(brk_t *b, int64_t now);
 /* An answer on the DEALER to the peer: FETCH_DATA or ERROR of the copy. */
 void brk_ha_copy_answer(brk_t *b, wire_msg_t *m);

@@ -313,7 +313,7 @@ static void chunk_finish(chunk_t *c) {
     slot_t *s = c->s;
     brk_upl_hasher_end(&s->h, c->digest);
     brk_zap_sender(c->b->zap, &c->who);
-    if (!c->from) { /* a copy of the active broker's (brk_ha_copy.c) */
+    if (!c->from) { /* a copy of the peer broker's (brk_ha_copy.c) */
         memset(&c->who, 0, sizeof c->who);
         snprintf(c->who.name, sizeof c->who.name, "peer broker");
         c->who.role = REEL_ROLE_BROKER;
@@ -325,7 +325,7 @@ static void chunk_finish(chunk_t *c) {
     brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
             s->size, s->sha256, final);
     brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
-                 final, c->from ? "stored" : "stored: copied from the active broker of the pair");
+                 final, c->from ? "stored" : "stored: copied from the peer broker of the pair");
     ack(c->b, c->from, c->id, s->component, s->version, s->size, true);
     brk_upl_close_slot(c->b, s, false);
 }

@@ -301,7 +301,7 @@ if wait_for "$D/b.log" "copied transformer v3 from the active broker" 60 &&
 else
     bad "B's copy of v3"; show "$D/b.log"; ls -la "$D/upb"
 fi
-wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 3 AND role = 'broker' AND outcome LIKE '%copied from the active broker%'" 1 30 &&
+wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 3 AND role = 'broker' AND outcome LIKE '%copied from the peer broker%'" 1 30 &&
     ok "B's audit trail records the copy (role broker)" || { bad "no audit row of the copy"; sqlite3 "$D/b.db" "SELECT * FROM audit" | tail -5; }
 kill -9 "$BA"
 reap "$BA" 30 >/dev/null

@@ -2787,14 +2787,14 @@ END_TEST
 
 /* ---- a standby's copy of the active peer's uploads (brk_ha_copy.c) ---- */
 
-/* The active peer's PEER, announcing version v of transformer (uploaded,
- * sha) current: handled as the loop would. */
-static void peer_announces(box_t *x, uint64_t v, const char *sha) {
+/* The peer's PEER, in state, announcing version v of transformer
+ * (uploaded, sha) current (v 0: none): handled as the loop would. */
+static void peer_says(box_t *x, const char *state, uint64_t v, const char *sha) {
     msg_peer_t p;
     msg_sync_t sy;
     memset(&p, 0, sizeof p);
     memset(&sy, 0, sizeof sy);
-    snprintf(p.state, sizeof p.state, "active");
+    snprintf(p.state, sizeof p.state, "%s", state);
     snprintf(p.role, sizeof p.role, "primary");
     p.term = 1;
     p.boot = 1;
@@ -2803,9 +2803,11 @@ static void peer_announces(box_t *x, uint64_t v, const char *sha) {
     snprintf(sy.sha256, sizeof sy.sha256, "%s", sha);
     sy.uploaded = true;
     p.syncs = &sy;
-    p.n_syncs = 1;
+    p.n_syncs = v ? 1 : 0;
     brk_ha_peer(&x->b, NULL, &p);
 }
+
+static void peer_announces(box_t *x, uint64_t v, const char *sha) { peer_says(x, "active", v, sha); }
 
 /* The next FETCH the standby sent the peer (ROUTER peer): its offset
  * checked; the message kept in *q to answer. */
@@ -2848,7 +2850,8 @@ static void standby_reads(box_t *x) {
  * next try (after the retry wait) resumes there, answers to the earlier
  * try's FETCHes ignored; a version the peer replaced stops its copy (the
  * part removed) and the new one is copied; a refusal doubles the wait;
- * taking over removes the part. */
+ * taking over removes the part. An active broker fetches, from its
+ * standby peer, a current uploaded version it does not store. */
 START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one) {
     box_t x;
     char dir[] = "/tmp/reel-brk-hacopy.XXXXXX", sha[65], sha6[65], sha7[65];
@@ -2885,9 +2888,13 @@ START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_
     ck_assert(brk_upload_progress(&x.b, "transformer", 5, sha, &held));
     ck_assert_uint_eq(held, MSG_CHUNK_MAX);
     /* not tried again before its wait; then resumed at 4 MiB */
-    brk_ha_copy_consider(&x.b, brk_now_ms() + BRK_HA_COPY_RETRY_MS - 1000);
+    /* (the clock moved by moving the failure back: a PEER is considered
+     * at its arrival, the peer heard) */
+    h->copy.failed_ms -= BRK_HA_COPY_RETRY_MS - 1000;
+    brk_ha_copy_consider(&x.b, brk_now_ms());
     ck_assert(!h->copy.on);
-    brk_ha_copy_consider(&x.b, brk_now_ms() + BRK_HA_COPY_RETRY_MS + 1);
+    h->copy.failed_ms -= 1001;
+    brk_ha_copy_consider(&x.b, brk_now_ms());
     ck_assert(h->copy.on);
     ck_assert_uint_eq(h->copy.from, MSG_CHUNK_MAX);
     /* the first try's FETCHes at 4 and 8 MiB, answered late: ignored
@@ -2936,9 +2943,11 @@ START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_
         ck_assert(!h->copy.on);
         ck_assert_int_eq(h->copy.failures, round);
         ck_assert_int_eq(h->copy.retry_ms, (int64_t)BRK_HA_COPY_RETRY_MS << (round - 1));
-        brk_ha_copy_consider(&x.b, h->copy.failed_ms + h->copy.retry_ms - 1);
+        h->copy.failed_ms -= h->copy.retry_ms - 500;
+        brk_ha_copy_consider(&x.b, brk_now_ms());
         ck_assert(!h->copy.on);
-        brk_ha_copy_consider(&x.b, h->copy.failed_ms + h->copy.retry_ms);
+        h->copy.failed_ms -= 501;
+        brk_ha_copy_consider(&x.b, brk_now_ms());
         ck_assert(h->copy.on);
     }
     /* taking over mid-copy: the copy stops and its part goes */
@@ -2951,6 +2960,25 @@ START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_
     ck_assert(!h->copy.on);
     ck_assert(!brk_upload_progress(&x.b, "transformer", 7, sha7, &held));
     ck_assert(brk_upload_stored(&x.b, "transformer", 5, sha)); /* what was copied stays */
+
+    /* Active now, with v8 current (uploaded, adopted from the peer) and
+     * not stored here: it fetches v8 from its standby peer */
+    h->state = BRK_HA_ACTIVE;
+    msg_sync_t s8;
+    memset(&s8, 0, sizeof s8);
+    snprintf(s8.component, sizeof s8.component, "transformer");
+    s8.version = 8;
+    snprintf(s8.sha256, sizeof s8.sha256, "%s", sha7); /* (b7's bytes) */
+    s8.uploaded = true;
+    ck_assert_int_eq(brk_sync_adopt(&x.b, &s8, "test: the peer's"), 1);
+    peer_says(&x, "standby", 0, NULL);
+    ck_assert(brk_ha_active(&x.b));
+    ck_assert(h->copy.on && h->copy.version == 8 && !h->copy.from_active);
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 8, (uint64_t)i * MSG_CHUNK_MAX);
+    for (int i = 0; i < 4; i++) peer_answers(peer, &q[i], &f[i], b7);
+    standby_reads(&x);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 8, sha7), "v8 stored: %s", reel_err_text());
+    ck_assert_uint_eq(h->copy.copied, 2);
 
     free(bytes);
     free(b6);
