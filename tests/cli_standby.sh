@@ -21,17 +21,18 @@
 #      dead endpoint): refused by A, B silent, back to A: A takes over
 #      (term 3), the limit of the fencing rule; the link restored, B (the
 #      lower term) steps down, its workers move to A (at once: A was not
-#      tried since B served them), and a GEN through
+#      tried since B served them); v3, uploaded to B alone meanwhile, is
+#      adopted by A and fetched from B, its standby now; and a GEN through
 #      the pair is answered: never two active once they hear each other.
 #   7. reports over both catalogs (reelctl requests, stats, versions,
 #      report --html with --catalog A --catalog B): the union, each request
 #      once (a catalog with its own copy: deduplicated by request id).
 #   8. the standby listed first ("B,A"): an upload and a GEN without
 #      resends (liveness 0) are refused by B and completed at A.
-#   9. the standby's copy of an uploaded version: B copies v3 (uploaded to
+#   9. the standby's copy of an uploaded version: B copies v4 (uploaded to
 #      A, current there) from A, byte for byte, audited; A SIGKILLed, a
 #      client's GEN makes B active, and a worker that joins B only then
-#      FETCHes v3 from B and applies it; GENs answered on v3, bitwise.
+#      FETCHes v4 from B and applies it; GENs answered on v4, bitwise.
 #  10. two brokers both given --role primary (a mistake): each warns, and
 #      the older process acts as the primary: one active, one standby.
 # Usage: cli_standby.sh BUILD
@@ -60,7 +61,7 @@ PAIR="$CA,$CB"
 WA="ipc://$D/wa"; WB="ipc://$D/wb"
 
 mkdir -p "$D/upa" "$D/upb"
-for v in 1 2 3; do "$R" weights init --config tiny --seed $((40 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
+for v in 1 2 3 4; do "$R" weights init --config tiny --seed $((40 + v)) --out "$D/w$v.safetensors" 2>/dev/null; done
 for k in 1 2 3 4; do "$R" tensor rand --name context --shape 5,32 --seed $((60 + k)) --out "$D/c$k.safetensors" >/dev/null; done
 
 relay() { # NAME LISTEN TARGET
@@ -207,6 +208,11 @@ if wait_for "$D/a1.log" "reel-broker: active \(term 3\)" 30; then
 else
     bad "A took over"; show "$D/a1.log"
 fi
+# meanwhile v3 is uploaded to B alone (still active at term 2, its
+# workers there): only B stores it
+"$R" sync --broker "$CB" --version 3 --upload "$D/w3.safetensors" --timeout-ms 60000 >"$D/s3b.out" 2>&1
+grep -q "sync transformer v3: complete" "$D/s3b.out" && [ ! -e "$D/upa/transformer-v3.safetensors" ] &&
+    ok "two actives: v3 uploaded to B alone, complete there" || { bad "v3 at B"; show "$D/s3b.out"; }
 # a GEN running at B (given B first) when B steps down: answered standby
 # there, it moves to A and is answered once
 s_gp=$gp
@@ -221,6 +227,16 @@ else
     bad "B stepped down"; show "$D/b.log"
 fi
 wait_count "$D/a1.log" "worker w[ab] ready" 2 60 && ok "the workers moved to A" || { bad "workers to A"; show "$D/a1.log"; }
+# A (the one that stays) adopted v3, which B made current, and does not
+# store it: it fetches it from B, now its standby
+if wait_for "$D/a1.log" "copied transformer v3 from the standby broker" 60 &&
+    cmp -s "$D/w3.safetensors" "$D/upa/transformer-v3.safetensors"; then
+    ok "A adopted B's uploaded v3 and fetched it from B (its standby now), byte for byte"
+    wait_sql "$D/a.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 3 AND role = 'broker'" 1 30 ||
+        bad "no audit row of A's copy of v3"
+else
+    bad "A's copy of v3 from its standby"; show "$D/a1.log"; ls -la "$D/upa"
+fi
 # B was the last broker that served them (the second of their list): A,
 # not tried since, is tried at once, with no backoff
 if grep -q "at $WB: trying $WA" "$D/wa.log" && grep -q "at $WB: trying $WA" "$D/wb.log"; then
@@ -229,12 +245,12 @@ else
     bad "the move from B to A"; grep "reconnecting" "$D/wa.log" "$D/wb.log" | tail -6
 fi
 for p in $gp; do reap "$p" 120 >/dev/null; done
-long_answered m 1 2 && ok "that client's GEN answered once, bitwise" || bad "the GEN of the client without B"
+long_answered m 1 3 && ok "that client's GEN answered once, on v3 (adopted from B), bitwise" || bad "the GEN of the client without B"
 long_gens n "$PAIR" 1
 for p in $gp; do reap "$p" 120 >/dev/null; done
-long_answered n 1 2 && ok "a GEN through the pair afterwards answered by A, bitwise" || bad "GEN after the resolution"
+long_answered n 1 3 && ok "a GEN through the pair afterwards answered by A, on v3, bitwise" || bad "GEN after the resolution"
 reap "$s_p" 120 >/dev/null
-if long_answered s 1 2 && grep -q "sent to the other" "$D/s.1.err"; then
+if long_answered s 1 3 && grep -q "sent to the other" "$D/s.1.err"; then
     ok "the GEN running at B when it stepped down: answered standby there, sent to A, answered once, bitwise"
 else
     bad "the GEN at B's step-down"; show "$D/s.1.err"
@@ -279,52 +295,52 @@ left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'reel-union-*' -newer "$D/a2.db"
 # --- 8. the standby listed first -----------------------------------------------------------
 # (A is active now, B standby): an upload and a GEN without resends
 # (liveness 0) given "B,A" are refused by B and go to A
-"$R" sync --broker "$CB,$PAIR" --version 3 --upload "$D/w3.safetensors" --timeout-ms 60000 >"$D/s3.out" 2>&1
-if grep -q "sync transformer v3: complete" "$D/s3.out" && cmp -s "$D/w3.safetensors" "$D/upa/transformer-v3.safetensors"; then
+"$R" sync --broker "$CB,$PAIR" --version 4 --upload "$D/w4.safetensors" --timeout-ms 60000 >"$D/s3.out" 2>&1
+if grep -q "sync transformer v4: complete" "$D/s3.out" && cmp -s "$D/w4.safetensors" "$D/upa/transformer-v4.safetensors"; then
     ok "an upload through 'B,A' (B the standby): past B, stored byte for byte at A, complete"
 else
     bad "the upload past the standby"; show "$D/s3.out"; ls -la "$D/upa" "$D/upb"
 fi
 REEL_CLIENT_LIVENESS_MS=0 "$R" gen --broker "$CB,$CA" --model tiny --context "$D/c1.safetensors" --steps 3 --size 2x8x8 \
     --seed 5 --timeout-ms 30000 --out "$D/z.safetensors" >"$D/z.out" 2>&1
-grep -q "^reelctl: gen tiny .*weights v3" "$D/z.out" &&
-    ok "a GEN without resends (liveness 0) through 'B,A': past the standby, answered on v3" ||
+grep -q "^reelctl: gen tiny .*weights v4" "$D/z.out" &&
+    ok "a GEN without resends (liveness 0) through 'B,A': past the standby, answered on v4" ||
     { bad "liveness 0 past the standby"; show "$D/z.out"; }
 
 # --- 9. the standby's copy of an uploaded version -------------------------------------------
-# v3 is current at A, uploaded there: B copies it from A (FETCH on A's
+# v4 is current at A, uploaded there: B copies it from A (FETCH on A's
 # client socket) and keeps it as an upload, so that after a takeover a
 # worker that joins B can fetch it there
-if wait_for "$D/b.log" "copied transformer v3 from the active broker" 60 &&
-    cmp -s "$D/w3.safetensors" "$D/upb/transformer-v3.safetensors" && [ -s "$D/upb/transformer-v3.sha256" ]; then
-    ok "B (standby) copied v3, uploaded to A, from A: byte for byte, with its digest"
+if wait_for "$D/b.log" "copied transformer v4 from the active broker" 60 &&
+    cmp -s "$D/w4.safetensors" "$D/upb/transformer-v4.safetensors" && [ -s "$D/upb/transformer-v4.sha256" ]; then
+    ok "B (standby) copied v4, uploaded to A, from A: byte for byte, with its digest"
 else
-    bad "B's copy of v3"; show "$D/b.log"; ls -la "$D/upb"
+    bad "B's copy of v4"; show "$D/b.log"; ls -la "$D/upb"
 fi
-wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 3 AND role = 'broker' AND outcome LIKE '%copied from the peer broker%'" 1 30 &&
+wait_sql "$D/b.db" "SELECT count(*) FROM audit WHERE action = 'upload' AND version = 4 AND role = 'broker' AND outcome LIKE '%copied from the peer broker%'" 1 30 &&
     ok "B's audit trail records the copy (role broker)" || { bad "no audit row of the copy"; sqlite3 "$D/b.db" "SELECT * FROM audit" | tail -5; }
 kill -9 "$BA"
 reap "$BA" 30 >/dev/null
 long_gens p "$PAIR" 1 # refused by B while A was heard; A silent, back to B: B takes over
-if wait_for "$D/b.log" "reel-broker: active \(term 4\)" 60 && wait_for "$D/b.log" "takeover: transformer v3 is current" 30; then
-    ok "A SIGKILLed: B active at term 4, v3 (the copy's version) current"
+if wait_for "$D/b.log" "reel-broker: active \(term 4\)" 60 && wait_for "$D/b.log" "takeover: transformer v4 is current" 30; then
+    ok "A SIGKILLed: B active at term 4, v4 (the copy's version) current"
 else
-    bad "B took over with v3"; show "$D/b.log"
+    bad "B took over with v4"; show "$D/b.log"
 fi
 cli_worker wc "$D/b.log" "$D/wc.log" --broker "$WB" --weights "$D/w1.safetensors" --streams 1 --heartbeat-ms 200 ||
     { bad "worker wc registers with B"; show "$D/wc.log"; }
-if wait_for "$D/wc.log" "applied transformer v3" 60; then
-    ok "a worker that joined B after the takeover fetched v3 from B and applied it"
+if wait_for "$D/wc.log" "applied transformer v4" 60; then
+    ok "a worker that joined B after the takeover fetched v4 from B and applied it"
 else
-    bad "the new worker reached v3"; show "$D/wc.log"; show "$D/b.log"
+    bad "the new worker reached v4"; show "$D/wc.log"; show "$D/b.log"
 fi
 for p in $gp; do reap "$p" 120 >/dev/null; done
 long_gens q "$CB" 2
 for p in $gp; do reap "$p" 120 >/dev/null; done
-if long_answered p 1 3 && long_answered q 2 3; then
-    ok "GENs after the takeover answered once, on v3, bitwise reelctl run"
+if long_answered p 1 4 && long_answered q 2 4; then
+    ok "GENs after the takeover answered once, on v4, bitwise reelctl run"
 else
-    bad "GENs on the copied v3"
+    bad "GENs on the copied v4"
 fi
 
 # --- 10. the same --role on both ------------------------------------------------------------
