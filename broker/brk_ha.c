@@ -177,11 +177,11 @@ static void send_peer(brk_t *b, int64_t now) {
     p.boot = b->boot;
     snprintf(p.clients, sizeof p.clients, "%s", b->opt.clients);
     msg_sync_t syncs[BRK_MAX_COMPONENTS];
-    if (h->state == BRK_HA_ACTIVE) {
-        for (int i = 0; i < b->n_cur; i++)
-            if (b->cur[i].sync) syncs[p.n_syncs++] = *b->cur[i].sync;
-        p.syncs = syncs;
-    }
+    /* (a standby's too: what it made current while it was active, which
+     * the active one may not have heard: brk_ha_peer) */
+    for (int i = 0; i < b->n_cur; i++)
+        if (b->cur[i].sync) syncs[p.n_syncs++] = *b->cur[i].sync;
+    p.syncs = syncs;
     /* Never waits (ZMQ_SNDTIMEO 0): a peer that is not there misses it. */
     (void)msg_peer_send(h->sock, NULL, 0, &p);
     h->next_send_ms = now + b->opt.heartbeat_ms;
@@ -220,29 +220,31 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     h->peer = (brk_ha_state_t)st;
     h->peer_term = p->term;
     h->peer_boot = p->boot;
-    if (st == BRK_HA_ACTIVE) {
-        h->n_syncs = 0;
-        for (size_t i = 0; i < p->n_syncs && h->n_syncs < BRK_MAX_COMPONENTS; i++) {
-            msg_sync_t *s = &h->syncs[h->n_syncs++];
-            *s = p->syncs[i];
-            s->n_tensors = 0;
-            memset(s->tensors, 0, sizeof s->tensors);
-        }
+    h->n_syncs = 0;
+    for (size_t i = 0; i < p->n_syncs && h->n_syncs < BRK_MAX_COMPONENTS; i++) {
+        msg_sync_t *s = &h->syncs[h->n_syncs++];
+        *s = p->syncs[i];
+        s->n_tensors = 0;
+        memset(s->tensors, 0, sizeof s->tensors);
     }
     char why[128];
     snprintf(why, sizeof why, "the peer is %s at term %" PRIu64, p->state, p->term);
     brk_ha_view_t v = view(b, now, false);
     brk_ha_state_t next = brk_ha_next(&v);
-    if (h->state == BRK_HA_ACTIVE && next == BRK_HA_ACTIVE && st == BRK_HA_ACTIVE) {
-        /* Two actives, and this one stays: versions the other made
-         * current while they did not hear each other stay current here
-         * (its workers come with them). */
+    if (h->state == BRK_HA_ACTIVE && next == BRK_HA_ACTIVE) {
+        /* This one stays active: versions the other made current that
+         * this one never heard of stay current here (the workers that
+         * applied them come here): made while both were active (a
+         * partition; the other may have stepped down before this one
+         * heard it active), or just before the other died (its last
+         * PEER lost), announced when it is back as the standby. */
         for (int i = 0; i < h->n_syncs; i++) {
             char r[160];
-            snprintf(r, sizeof r, "current at the peer broker (term %" PRIu64 ") while both were active", p->term);
+            snprintf(r, sizeof r, "current at the peer broker (term %" PRIu64 ", %s now), which this one had not heard",
+                     p->term, p->state);
             if (brk_sync_adopt(b, &h->syncs[i], r) > 0)
-                brk_log("%s v%" PRIu64 " is current: the peer made it so while both were active", h->syncs[i].component,
-                        h->syncs[i].version);
+                brk_log("%s v%" PRIu64 " is current: the peer (%s, term %" PRIu64 ") made it so and this broker had "
+                        "not heard it", h->syncs[i].component, h->syncs[i].version, p->state, p->term);
         }
     }
     apply(b, now, next, why);

@@ -2851,7 +2851,8 @@ static void standby_reads(box_t *x) {
  * try's FETCHes ignored; a version the peer replaced stops its copy (the
  * part removed) and the new one is copied; a refusal doubles the wait;
  * taking over removes the part. An active broker fetches, from its
- * standby peer, a current uploaded version it does not store. */
+ * standby peer, a current uploaded version it does not store, and makes
+ * current a newer one the standby announces. */
 START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one) {
     box_t x;
     char dir[] = "/tmp/reel-brk-hacopy.XXXXXX", sha[65], sha6[65], sha7[65];
@@ -2979,6 +2980,12 @@ START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_
     standby_reads(&x);
     ck_assert_msg(brk_upload_stored(&x.b, "transformer", 8, sha7), "v8 stored: %s", reel_err_text());
     ck_assert_uint_eq(h->copy.copied, 2);
+    /* a newer version the standby peer announces (made current while it
+     * was active, unheard here) becomes current, and is fetched from it */
+    peer_says(&x, "standby", 9, sha);
+    ck_assert(brk_ha_active(&x.b));
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 9);
+    ck_assert(h->copy.on && h->copy.version == 9);
 
     free(bytes);
     free(b6);
