@@ -424,6 +424,14 @@ START_TEST(test_barrier_membership_that_does_not_match_the_workers_is_named) {
     s->m[0].state = BRK_MEMBER_WAITING;
     for (int i = 0; i < s->n; i++) s->m[i].state = BRK_MEMBER_FAILED; /* settled but kept */
     broken("waits for nobody");
+    /* held (a resend of a sync a restart interrupted): it waits for
+     * workers that have not registered yet, until its end */
+    s->hold = true;
+    s->hold_until_ms = 1;
+    holds();
+    s->hold_until_ms = 0;
+    broken("held with no end");
+    s->hold = false;
     for (int i = 0; i < s->n; i++) s->m[i].state = BRK_MEMBER_WAITING;
     brk_worker_t *w = brk_worker_named(&X.b, s->m[2].worker);
     uint64_t sent = w->syncs[0].sent;
