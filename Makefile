@@ -6,7 +6,7 @@
 #   make asan       unit suites under AddressSanitizer + UBSan (CUDA=0), with
 #                   the capture cache's invariants checked after every call
 #   make tsan       unit suites under ThreadSanitizer (CUDA=0), invariants too
-#   make fuzz       libFuzzer harnesses, FUZZ_SECONDS (60) each; make test runs 5 s each
+#   make fuzz       libFuzzer harnesses, FUZZ_SECONDS (60) each; make test runs 3 s each
 #   make test-hosts broker and workers in 3 network namespaces over veth (make test runs it too)
 #   make bench      benchmarks (separate from tests)
 #   make CUDA=0     build without CUDA even where nvcc exists
@@ -215,7 +215,7 @@ test: deps
 	BUILD=$(BUILD) tests/run_all.sh
 	$(MAKE) asan
 	$(MAKE) tsan
-	$(MAKE) fuzz FUZZ_SECONDS=5
+	$(MAKE) fuzz FUZZ_SECONDS=3
 
 # The whole of make test with two CPU hogs beside it (tests/busy.sh): every
 # test waits for the event it checks, so a busy machine must not fail it.
