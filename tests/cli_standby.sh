@@ -45,14 +45,17 @@ PY=/usr/bin/python3
 . "$(dirname "$0")/lib_cli.sh"
 export REEL_CLIENT_LIVENESS_MS=300
 
-# five loopback ports: the brokers' client endpoints, a relay to each, and
-# one nothing listens on (a broker a client cannot reach)
-ports=$($PY -c '
-import socket
-ss = [socket.socket() for _ in range(5)]
+free_ports() { # N: N loopback ports free now, on one line
+    $PY -c '
+import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in ss))
-for s in ss: s.close()')
+for s in ss: s.close()' "$1"
+}
+# five loopback ports: the brokers' client endpoints, a relay to each, and
+# one nothing listens on (a broker a client cannot reach)
+ports=$(free_ports 5)
 set -- $ports
 PA=$1; PB=$2; RA=$3; RB=$4 # RA relays to A (B's peer link), RB to B (A's)
 NOWHERE="tcp://127.0.0.1:$5"
@@ -345,12 +348,7 @@ fi
 
 # --- 10. the same --role on both ------------------------------------------------------------
 stop_proc "$BB" >/dev/null
-ports=$($PY -c '
-import socket
-ss = [socket.socket() for _ in range(2)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in ss))
-for s in ss: s.close()')
+ports=$(free_ports 2)
 set -- $ports
 cli_broker "$D/r1.log" --clients "tcp://127.0.0.1:$1" --workers "ipc://$D/r1w" --catalog "" --heartbeat-ms 200 \
     --peer "tcp://127.0.0.1:$2" --role primary --peer-timeout-ms 1500 || bad "the first primary starts"
