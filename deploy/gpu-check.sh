@@ -203,13 +203,18 @@ run_logged() {
     wait "$CHILD"
     RC=$?
     CHILD=""
-    sed 's/^/  | /' "$WORK/$name.log"
+    indent "$WORK/$name.log"
     if [ "$RC" = 124 ] || [ "$RC" = 137 ]; then
         fail "'$name' timed out after $lim s$(l=$(lastline "$WORK/$name.log"); [ -n "$l" ] && echo ": $l")"
     fi
 }
 
 lastline() { grep -v '^[[:space:]]*$' "$1" | tail -1; }
+# indent FILE: FILE's lines on stdout, each after "  | " (in bash: no fork).
+indent() {
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do printf '  | %s\n' "$line"; done <"$1"
+}
 
 # --- 0. preflight -------------------------------------------------------------
 echo "== 0. preflight ($MODE mode, deadline $BUDGET s)"
@@ -252,7 +257,7 @@ echo "  sources: $(wc -l <"$WORK/sources.now") files, the ones the bundle was bu
 tar -C "$WORK" -xzf "$BUNDLE/reel-gpu.tar.gz" bin lib || fail "cannot unpack $BUNDLE/reel-gpu.tar.gz"
 BIN="$WORK/bin"
 for b in $GPU_BINS; do
-    [ -x "$BIN/$(basename "$b")" ] || fail "the bundle has no $(basename "$b"): run make gpu-bundle again"
+    [ -x "$BIN/${b##*/}" ] || fail "the bundle has no ${b##*/}: run make gpu-bundle again"
 done
 
 have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
@@ -273,14 +278,14 @@ scan_libs() {
     for f in "$BIN"/*; do
         while read -r name path; do
             if [ "$name" = LDD-STATUS ]; then
-                [ "$path" = 0 ] || NEED["[ldd cannot read it: not a dynamic x86-64 executable?]"]+=" $(basename "$f")"
+                [ "$path" = 0 ] || NEED["[ldd cannot read it: not a dynamic x86-64 executable?]"]+=" ${f##*/}"
             elif [ "$name" = VERSION-NOT-FOUND ]; then
                 # "BIN: /lib/.../libc.so.6: version `GLIBC_2.99' not found (required by BIN)"
                 path=$(echo "$path" | sed -E 's/^[^:]*: ([^:]*): (version [^ ]*) not found.*/\1 \2/; s#^/[^ ]*/##')
-                NEED["[$path]"]+=" $(basename "$f")"
-            elif [ "$path" = not-found ]; then NEED["$name"]+=" $(basename "$f")"
+                NEED["[$path]"]+=" ${f##*/}"
+            elif [ "$path" = not-found ]; then NEED["$name"]+=" ${f##*/}"
             elif [ "$path" = - ]; then :
-            elif [ "$(cd "$(dirname "$path")" && pwd -P)" = "$libdir" ]; then :
+            elif [ "${path%/*}" = "$libdir" ] || [ "$(cd "${path%/*}" && pwd -P)" = "$libdir" ]; then :
             elif [[ $name =~ $GPU_ALLOWED_RE ]]; then :
             else case " $OUTSIDE " in *" $name=$path "*) ;; *) OUTSIDE="$OUTSIDE $name=$path" ;; esac
             fi
@@ -413,7 +418,7 @@ prep_wait() {
     local e rc bad=""
     for e in $PREPS; do
         wait "${e#*=}"; rc=$?
-        sed 's/^/  | /' "$WORK/${e%%=*}.log"
+        indent "$WORK/${e%%=*}.log"
         [ "$rc" = 0 ] || [ -n "$bad" ] || bad="${e%%=*} failed (exit $rc): $(lastline "$WORK/${e%%=*}.log")"
     done
     PREPS=""
@@ -534,7 +539,7 @@ cache_phase() { # DTYPE LIMIT
     disown "$worker" 2>/dev/null; PIDS="$PIDS $worker"
     wait_for "$P/broker.log" "worker gpu0 ready" 30 ||
         fail "the CUDA worker did not become ready: $(lastline "$P/worker.log")"
-    sed 's/^/  | /' "$P/worker.log"
+    indent "$P/worker.log"
     grep -q "cuda unusable" "$P/worker.log" && fail "the worker fell back to the CPU: $(grep -m1 'cuda unusable' "$P/worker.log")"
     grep -qE "ready \(cuda:[0-9]+, 2 streams\)" "$P/worker.log" ||
         fail "the worker is not on cuda with 2 streams: $(grep -m1 'ready' "$P/worker.log")"
@@ -556,7 +561,7 @@ cache_phase() { # DTYPE LIMIT
         i=$((n - 3))
         for p in $pids; do
             wait "$p"; rc=$?
-            sed 's/^/  | /' "$P/gen$i.log"
+            indent "$P/gen$i.log"
             [ "$rc" = 0 ] || fail "$dt cache: request $i failed (exit $rc): $(lastline "$P/gen$i.log")"
             i=$((i + 1))
         done

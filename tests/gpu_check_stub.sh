@@ -9,13 +9,13 @@ arg() { # the value after flag $1 in the remaining arguments
     local f=$1; shift
     while [ $# -gt 0 ]; do [ "$1" = "$f" ] && { echo "$2"; return; }; shift; done
 }
-me=$(basename "$0")
+me=${0##*/}
 case $me in
 ldd)
     f=$1
     [ "${f#*/bin/}" = "$f" ] && exec /usr/bin/ldd "$@" # not a bundle binary: the real one
     printf '\tlinux-vdso.so.1 (0x00007ffd00000000)\n'
-    printf '\tlibopenblas.so.0 => %s/../lib/libopenblas.so.0 (0x00007f0000000000)\n' "$(dirname "$f")"
+    printf '\tlibopenblas.so.0 => %s/../lib/libopenblas.so.0 (0x00007f0000000000)\n' "${f%/*}"
     printf '\tlibcublas.so.13 => /usr/local/cuda/lib64/libcublas.so.13 (0x00007f0000000000)\n'
     printf '\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0000000000)\n'
     fault missing_lib && printf '\tlibcudnn_fake.so.9 => not found\n'
@@ -122,7 +122,7 @@ reelctl)
     gen)
         out=$(arg --out "$@")
         fault gen_fail && { echo "reelctl: gen: timeout: no RESULT within 45000 ms" >&2; exit 1; }
-        echo "cuda $(basename "$(arg --latent "$@")")" >"$out"
+        l=$(arg --latent "$@"); echo "cuda ${l##*/}" >"$out"
         echo "reelctl: gen tiny via x: worker gpu0, weights v1, 6 steps (captured 1, replayed 4, eager 1: warming_up=1), 0.04 s on the worker -> $out" >&2
         exit 0 ;;
     stats)
