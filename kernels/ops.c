@@ -41,6 +41,53 @@ static int check(kern_stream_t *s, const char *op, const char *name, const kern_
 /* Last dim of t (1 for a scalar). */
 static int64_t last_dim(const kern_tensor_t *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
+/* A per-row-group parameter (ops_args.h, "Row groups") of width D: [D]
+ * contiguous (shared by every group: *groups 1, *stride 0), or a 2-D view
+ * [G, D] of G rows with unit column stride (a batch's own rows, say every
+ * sample's row k of its modulation: *groups G, *stride its row stride).
+ * Also checks dtype and device. */
+static int group_param(kern_stream_t *s, const char *op, const char *name, const kern_tensor_t *p,
+                       kern_dtype_t dt, int64_t D, int64_t *groups, int64_t *stride) {
+    char d[96];
+    if (!p || !p->data) return reel_fail(REEL_E_INVALID, "%s: %s is missing", op, name);
+    if (p->dtype != dt)
+        return reel_fail(REEL_E_INVALID, "%s: %s is %s, expected dtype %s", op, name,
+                         kern_tensor_describe(p, d, sizeof d), kern_dtype_name(dt));
+    if (p->device != kern_backend_device(kern_stream_backend(s)))
+        return reel_fail(REEL_E_INVALID, "%s: %s lives on device %d, stream on %s", op, name, p->device,
+                         kern_backend_device_name(kern_stream_backend(s)));
+    if (kern_tensor_numel(p) == D && kern_tensor_is_contiguous(p)) {
+        *groups = 1;
+        *stride = 0;
+        return 0;
+    }
+    if (p->ndim == 2 && p->shape[0] >= 1 && p->shape[1] == D && p->stride[1] == 1 && p->stride[0] >= D) {
+        *groups = p->shape[0];
+        *stride = p->stride[0];
+        return 0;
+    }
+    return kern_op_shape_fail(op, name, p, "[D], or [G, D] rows with unit column stride (one per row group)");
+}
+
+/* Row groups of `rows` rows from the groups of the parameters (1 where
+ * shared): every per-group parameter must have the same G, dividing rows.
+ * *group: rows per group, 0 for one group. */
+static int row_groups(const char *op, int64_t rows, const int64_t *g, int n, int64_t *group) {
+    int64_t G = 1;
+    for (int i = 0; i < n; i++) {
+        if (g[i] == 1) continue;
+        if (G != 1 && g[i] != G)
+            return reel_fail(REEL_E_INVALID, "%s: parameters for %lld and for %lld row groups", op, (long long)G,
+                             (long long)g[i]);
+        G = g[i];
+    }
+    if (G > 1 && (rows < G || rows % G))
+        return reel_fail(REEL_E_INVALID, "%s: %lld row groups do not divide %lld rows", op, (long long)G,
+                         (long long)rows);
+    *group = G > 1 ? rows / G : 0;
+    return 0;
+}
+
 /* GEMM and GEMM_GELU: the same checks and argument block; group as in
  * kern_gemm_grouped (0: none). */
 static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
@@ -148,16 +195,16 @@ int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
                         const kern_tensor_t *gate) {
     const char *op = "gated_residual";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
-    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) ||
-        (gate && check(s, op, "gate", gate, dt)))
-        return -1;
-    int64_t D = last_dim(x);
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt)) return -1;
+    int64_t D = last_dim(x), gg = 1, gs = 0, group = 0;
     if (kern_tensor_numel(y) != kern_tensor_numel(x) || last_dim(y) != D)
         return kern_op_shape_fail(op, "y", y, "x's shape");
-    if (gate && kern_tensor_numel(gate) != D) return kern_op_shape_fail(op, "gate", gate, "[D]");
+    const int64_t rows = D ? kern_tensor_numel(x) / D : 0;
+    if (gate && (group_param(s, op, "gate", gate, dt, D, &gg, &gs) || row_groups(op, rows, &gg, 1, &group)))
+        return -1;
     kern_residual_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y),
                                .gate = gate ? kern_tensor_ptr(gate) : NULL,
-                               .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D };
+                               .rows = rows, .dim = D, .group = group, .gate_stride = gs };
     return kern_dispatch(s, KERN_OP_GATED_RESIDUAL, dt, &a);
 }
 
@@ -174,26 +221,34 @@ static int residual_norm(kern_stream_t *s, const char *op, kern_tensor_t *x, con
                          bool modulate, float eps, kern_tensor_t *out) {
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     const char *n0 = modulate ? "shift" : "weight", *n1 = modulate ? "scale" : "bias";
-    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) || check(s, op, "out", out, dt) ||
-        (gate && check(s, op, "gate", gate, dt)) || ((modulate || p0) && check(s, op, n0, p0, dt)) ||
-        ((modulate || p1) && check(s, op, n1, p1, dt)))
-        return -1;
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt) || check(s, op, "out", out, dt)) return -1;
+    if (modulate && (!p0 || !p1)) return reel_fail(REEL_E_INVALID, "%s: %s is missing", op, p0 ? n1 : n0);
     int64_t D = last_dim(x);
     if (kern_tensor_numel(y) != kern_tensor_numel(x) || last_dim(y) != D)
         return kern_op_shape_fail(op, "y", y, "x's shape");
     if (!kern_tensor_same_shape(x, out)) return kern_op_shape_fail(op, "out", out, "x's shape");
-    if (gate && kern_tensor_numel(gate) != D) return kern_op_shape_fail(op, "gate", gate, "[D]");
-    if (p0 && kern_tensor_numel(p0) != D) return kern_op_shape_fail(op, n0, p0, "[D]");
-    if (p1 && kern_tensor_numel(p1) != D) return kern_op_shape_fail(op, n1, p1, "[D]");
     if (p1 && !p0) return reel_fail(REEL_E_INVALID, "%s: bias without weight", op);
+    /* gate, and a modulation's shift and scale, per row group; an affine
+     * LayerNorm's weight and bias are the model's: [D] */
+    int64_t g[3] = { 1, 1, 1 }, st[3] = { 0, 0, 0 }, group = 0;
+    const int64_t rows = D ? kern_tensor_numel(x) / D : 0;
+    if ((gate && group_param(s, op, "gate", gate, dt, D, &g[0], &st[0])) ||
+        (p0 && group_param(s, op, n0, p0, dt, D, &g[1], &st[1])) ||
+        (p1 && group_param(s, op, n1, p1, dt, D, &g[2], &st[2])))
+        return -1;
+    if (!modulate && (g[1] > 1 || g[2] > 1))
+        return reel_fail(REEL_E_INVALID, "%s: the LayerNorm's %s is [D], shared by every row", op,
+                         g[1] > 1 ? n0 : n1);
+    if (row_groups(op, rows, g, 3, &group)) return -1;
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     if (overlap(out, x) || overlap(out, y))
         return reel_fail(REEL_E_INVALID, "%s: out overlaps x or y (the fused pass reads them while it writes out)", op);
     kern_residual_norm_args_t a = { .x = kern_tensor_ptr(x), .y = kern_tensor_ptr(y),
                                     .gate = gate ? kern_tensor_ptr(gate) : NULL,
                                     .p0 = p0 ? kern_tensor_ptr(p0) : NULL, .p1 = p1 ? kern_tensor_ptr(p1) : NULL,
-                                    .out = kern_tensor_ptr(out), .rows = D ? kern_tensor_numel(x) / D : 0,
-                                    .dim = D, .eps = eps, .modulate = modulate };
+                                    .out = kern_tensor_ptr(out), .rows = rows,
+                                    .dim = D, .eps = eps, .modulate = modulate, .group = group,
+                                    .gate_stride = st[0], .p0_stride = st[1], .p1_stride = st[2] };
     return kern_dispatch(s, KERN_OP_RESIDUAL_NORM, dt, &a);
 }
 
@@ -210,25 +265,33 @@ int kern_residual_layernorm(kern_stream_t *s, kern_tensor_t *x, const kern_tenso
 }
 
 /* ADD and MUL: y = a (op) b over the same element count. */
+/* repeat: a may repeat to b's size (kern_add_repeat). */
 static int binary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *a_, const kern_tensor_t *b_,
-                  kern_tensor_t *y) {
+                  kern_tensor_t *y, bool repeat) {
     kern_dtype_t dt = a_ ? a_->dtype : KERN_F32;
     if (check(s, op, "a", a_, dt) || check(s, op, "b", b_, dt) || check(s, op, "y", y, dt))
         return -1;
-    int64_t n = kern_tensor_numel(a_);
-    if (kern_tensor_numel(b_) != n) return kern_op_shape_fail(op, "b", b_, "a's element count");
-    if (kern_tensor_numel(y) != n) return kern_op_shape_fail(op, "y", y, "a's element count");
+    int64_t n = kern_tensor_numel(b_), na = kern_tensor_numel(a_);
+    if (repeat ? (na < 1 || n % na) : na != n)
+        return kern_op_shape_fail(op, "b", b_, repeat ? "a multiple of a's element count" : "a's element count");
+    if (kern_tensor_numel(y) != n) return kern_op_shape_fail(op, "y", y, "b's element count");
+    if (na != n && overlap(y, a_)) /* a repeated is read after y's first rows are written */
+        return reel_fail(REEL_E_INVALID, "%s: y overlaps the repeated a", op);
     kern_binary_args_t a = { .a = kern_tensor_ptr(a_), .b = kern_tensor_ptr(b_),
-                             .y = kern_tensor_ptr(y), .n = n };
+                             .y = kern_tensor_ptr(y), .n = n, .a_period = na != n ? na : 0 };
     return kern_dispatch(s, opc, dt, &a);
 }
 
 int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y) {
-    return binary(s, KERN_OP_ADD, "add", a, b, y);
+    return binary(s, KERN_OP_ADD, "add", a, b, y, false);
+}
+
+int kern_add_repeat(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y) {
+    return binary(s, KERN_OP_ADD, "add", a, b, y, true);
 }
 
 int kern_mul(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y) {
-    return binary(s, KERN_OP_MUL, "mul", a, b, y);
+    return binary(s, KERN_OP_MUL, "mul", a, b, y, false);
 }
 
 static int unary(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tensor_t *x,
@@ -253,10 +316,11 @@ int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t
     return kern_attention_ex(s, q, k, v, heads, o, NULL);
 }
 
-/* Validates here; the path, the blocks and the launches are attention.c's. */
-int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
-                      const kern_tensor_t *v, int64_t heads, kern_tensor_t *o,
-                      const kern_attn_opts_t *opts) {
+/* Validates here; the path, the blocks and the launches are attention.c's.
+ * batch samples (kern_attention_batch): q and o of batch·nq rows, k and v
+ * of batch·nk rows or, kv_shared, nk rows for all. */
+static int attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k, const kern_tensor_t *v,
+                     int64_t heads, kern_tensor_t *o, int64_t batch, bool kv_shared, const kern_attn_opts_t *opts) {
     const char *op = "attention";
     kern_dtype_t dt = q ? q->dtype : KERN_F32;
     if (check(s, op, "q", q, dt) || check(s, op, "k", k, dt) || check(s, op, "v", v, dt) ||
@@ -269,13 +333,50 @@ int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tenso
     if (k->ndim != 2 || k->shape[1] != D) return kern_op_shape_fail(op, "k", k, "[Nk, H*d]");
     if (!kern_tensor_same_shape(k, v)) return kern_op_shape_fail(op, "v", v, "k's shape");
     if (!kern_tensor_same_shape(q, o)) return kern_op_shape_fail(op, "o", o, "q's shape");
-    if (k->shape[0] < 1) return reel_fail(REEL_E_INVALID, "%s: no keys", op);
+    if (batch < 1 || q->shape[0] % batch || (!kv_shared && k->shape[0] % batch))
+        return reel_fail(REEL_E_INVALID, "%s: %lld samples do not divide q's %lld rows%s", op, (long long)batch,
+                         (long long)q->shape[0], kv_shared ? "" : " and k's rows");
+    const int64_t nk = kv_shared ? k->shape[0] : k->shape[0] / batch;
+    if (nk < 1) return reel_fail(REEL_E_INVALID, "%s: no keys", op);
     int64_t d = D / heads;
     kern_attention_args_t a = { .q = kern_tensor_ptr(q), .k = kern_tensor_ptr(k),
                                 .v = kern_tensor_ptr(v), .o = kern_tensor_ptr(o),
-                                .nq = q->shape[0], .nk = k->shape[0], .heads = heads,
-                                .head_dim = d, .scale = (float)(1.0 / sqrt((double)d)) };
-    return kern_attention_run(s, dt, &a, opts);
+                                .nq = q->shape[0] / batch, .nk = nk, .heads = heads,
+                                .head_dim = d, .scale = (float)(1.0 / sqrt((double)d)), .batch = 1 };
+    if (batch == 1) return kern_attention_run(s, dt, &a, opts);
+    /* The fused kernel takes the whole batch in one launch; the other paths
+     * (SDPA, the decomposition) run sample by sample. */
+    kern_attn_plan_t p;
+    kern_backend_kind_t bk = kern_backend_kind(kern_stream_backend(s));
+    if (kern_attention_plan(bk, dt, a.nq, a.nk, heads, d, opts, &p)) return -1;
+    if (p.path == KERN_ATTN_FUSED) {
+        a.batch = batch;
+        a.kv_shared = kv_shared;
+        return kern_dispatch(s, KERN_OP_ATTENTION, dt, &a);
+    }
+    const size_t esz = kern_dtype_size(dt);
+    for (int64_t b = 0; b < batch; b++) {
+        kern_attention_args_t ab = a;
+        ab.q = (const char *)a.q + (size_t)(b * a.nq * D) * esz;
+        ab.o = (char *)a.o + (size_t)(b * a.nq * D) * esz;
+        if (!kv_shared) {
+            ab.k = (const char *)a.k + (size_t)(b * nk * D) * esz;
+            ab.v = (const char *)a.v + (size_t)(b * nk * D) * esz;
+        }
+        if (kern_attention_run(s, dt, &ab, opts)) return -1;
+    }
+    return 0;
+}
+
+int kern_attention_ex(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                      const kern_tensor_t *v, int64_t heads, kern_tensor_t *o,
+                      const kern_attn_opts_t *opts) {
+    return attention(s, q, k, v, heads, o, 1, false, opts);
+}
+
+int kern_attention_batch(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                         const kern_tensor_t *v, int64_t heads, kern_tensor_t *o, int64_t batch, bool kv_shared) {
+    return attention(s, q, k, v, heads, o, batch, kv_shared, NULL);
 }
 
 int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frames,
@@ -297,18 +398,18 @@ int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern
                             const kern_tensor_t *scale, float eps, kern_tensor_t *y) {
     const char *op = "layernorm_modulate";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
-    if (check(s, op, "x", x, dt) || check(s, op, "shift", shift, dt) ||
-        check(s, op, "scale", scale, dt) || check(s, op, "y", y, dt))
-        return -1;
-    int64_t D = last_dim(x);
+    if (check(s, op, "x", x, dt) || check(s, op, "y", y, dt)) return -1;
+    int64_t D = last_dim(x), g[2] = { 1, 1 }, st[2] = { 0, 0 }, group = 0;
     if (!kern_tensor_same_shape(x, y)) return kern_op_shape_fail(op, "y", y, "x's shape");
-    if (kern_tensor_numel(shift) != D) return kern_op_shape_fail(op, "shift", shift, "[D]");
-    if (kern_tensor_numel(scale) != D) return kern_op_shape_fail(op, "scale", scale, "[D]");
+    const int64_t rows = D ? kern_tensor_numel(x) / D : 0;
+    if (group_param(s, op, "shift", shift, dt, D, &g[0], &st[0]) ||
+        group_param(s, op, "scale", scale, dt, D, &g[1], &st[1]) || row_groups(op, rows, g, 2, &group))
+        return -1;
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_norm_modulate_args_t a = { .x = kern_tensor_ptr(x), .shift = kern_tensor_ptr(shift),
                                     .scale = kern_tensor_ptr(scale), .y = kern_tensor_ptr(y),
-                                    .rows = D ? kern_tensor_numel(x) / D : 0, .dim = D,
-                                    .eps = eps };
+                                    .rows = rows, .dim = D, .eps = eps, .group = group,
+                                    .shift_stride = st[0], .scale_stride = st[1] };
     return kern_dispatch(s, KERN_OP_LAYERNORM_MODULATE, dt, &a);
 }
 
@@ -317,15 +418,20 @@ int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t 
     const char *op = "rmsnorm_rope3d";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "weight", weight, dt)) return -1;
-    if (x->ndim != 2 || x->shape[0] != frames * rows * cols)
-        return kern_op_shape_fail(op, "x", x, "[F*Hp*Wp, H*d]");
+    if (frames <= 0 || rows <= 0 || cols <= 0)
+        return reel_fail(REEL_E_INVALID, "%s: grid %lldx%lldx%lld: every size must be >= 1", op, (long long)frames,
+                         (long long)rows, (long long)cols);
+    const int64_t T = frames * rows * cols; /* tokens of one sample */
+    if (x->ndim != 2 || x->shape[0] < T || x->shape[0] % T)
+        return kern_op_shape_fail(op, "x", x, "[B*F*Hp*Wp, H*d] (B samples' tokens, B >= 1)");
     if (heads <= 0 || x->shape[1] % heads || (x->shape[1] / heads) % 2)
         return reel_fail(REEL_E_INVALID, "%s: head width must be even and divide the row", op);
     if (kern_tensor_numel(weight) != x->shape[1]) return kern_op_shape_fail(op, "weight", weight, "[H*d]");
     if (!(eps > 0)) return reel_fail(REEL_E_INVALID, "%s: eps must be > 0", op);
     kern_rmsnorm_rope_args_t a = { .x = kern_tensor_ptr(x), .weight = kern_tensor_ptr(weight),
                                    .heads = heads, .head_dim = x->shape[1] / heads,
-                                   .frames = frames, .rows = rows, .cols = cols, .eps = eps };
+                                   .frames = frames, .rows = rows, .cols = cols, .eps = eps,
+                                   .batch = x->shape[0] / T };
     return kern_dispatch(s, KERN_OP_RMSNORM_ROPE3D, dt, &a);
 }
 

@@ -28,11 +28,23 @@ int kern_rmsnorm(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *
 /* y = x·(1 + scale) + shift; shift, scale [D]; x, y [.., D]. */
 int kern_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
                   const kern_tensor_t *scale, kern_tensor_t *y);
-/* x += gate·y (gate [D], or NULL for x += y). */
+/* Row groups (ops_args.h): where a parameter below is "per row group" it
+ * is [D], shared by every row, or a 2-D view [G, D] (unit column stride,
+ * any row stride: say each sample's row of a batch's modulation), and then
+ * x's rows are G equal groups, group g using the view's row g: bit for bit
+ * the op over each group's rows alone with that row as its [D]. One launch
+ * for the whole batch: what a mixed batch's step uses (model/step.c). */
+
+/* x += gate·y (gate per row group, or NULL for x += y). */
 int kern_gated_residual(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
                         const kern_tensor_t *gate);
 /* y = a + b, same element count. */
 int kern_add(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y);
+/* y[i] = a[i mod numel(a)] + b[i]: a repeated over b, whose element count
+ * is a multiple of a's (a batch's shared parameters added to each sample's
+ * row); the same sums as kern_add over each repeat. y must not overlap a
+ * when a repeats. */
+int kern_add_repeat(kern_stream_t *s, const kern_tensor_t *a, const kern_tensor_t *b, kern_tensor_t *y);
 int kern_gelu_tanh(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
 /* q [Nq, H·d], k, v [Nk, H·d] -> o [Nq, H·d], scale 1/√d, by the path
@@ -41,6 +53,13 @@ int kern_silu(kern_stream_t *s, const kern_tensor_t *x, kern_tensor_t *y);
  * to s, else from s's arena. */
 int kern_attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
                    const kern_tensor_t *v, int64_t heads, kern_tensor_t *o);
+/* batch independent attentions: q, o [batch·Nq, H·d], sample b's rows at
+ * b·Nq; k, v [batch·Nk, H·d] (sample b's at b·Nk) or, kv_shared, [Nk, H·d]
+ * for every sample (a group's shared text). Sample b's o is bitwise
+ * kern_attention over its rows alone. Where the path is FUSED, one launch
+ * for the batch; SDPA and the decomposition run sample by sample. */
+int kern_attention_batch(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
+                         const kern_tensor_t *v, int64_t heads, kern_tensor_t *o, int64_t batch, bool kv_shared);
 
 /* Attention runs one of two ways:
  * - FUSED: the backend's one-launch kernel (CUDA: online softmax in
@@ -214,23 +233,26 @@ int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t
 int kern_gemm_grouped(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
                       const kern_tensor_t *bias, kern_tensor_t *y, int64_t group, bool gelu);
 /* y = LN(x)·(1 + scale) + shift over the last dim, LN without affine;
- * shift, scale [D]; y may equal x. Equals kern_layernorm(x, NULL, NULL,
+ * shift, scale per row group; y may equal x. Equals kern_layernorm(x, NULL, NULL,
  * eps, y) then kern_modulate(y, shift, scale, y). */
 int kern_layernorm_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
                             const kern_tensor_t *scale, float eps, kern_tensor_t *y);
 /* In place on x [F·Hp·Wp, H·d]: RMSNorm over the whole row with weight [H·d]
  * (TINYDIT.md: q and k are normalised over the full width D), then 3-D RoPE
  * per head. Equals kern_rmsnorm(x, weight, eps, x) then kern_rope3d. Its
- * scratch is kern_rope3d's at the same sizes. */
+ * scratch is kern_rope3d's at the same sizes. x may hold B samples'
+ * tokens, [B·F·Hp·Wp, H·d]: each sample's as a call over its rows alone. */
 /* x += gate·y (gate NULL: x += y), then out = LN(x)·(1 + scale) + shift:
  * kern_gated_residual then kern_layernorm_modulate, bit for bit, in one
- * pass over each row. out must not alias x or y. */
+ * pass over each row. gate, shift and scale per row group. out must not
+ * alias x or y. */
 int kern_residual_layernorm_modulate(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
                                      const kern_tensor_t *gate, const kern_tensor_t *shift,
                                      const kern_tensor_t *scale, float eps, kern_tensor_t *out);
 /* x += gate·y (gate NULL: x += y), then out = LN(x)·weight + bias (weight,
- * bias optional as kern_layernorm's): kern_gated_residual then
- * kern_layernorm, bit for bit, in one pass over each row. */
+ * bias optional as kern_layernorm's, [D]): kern_gated_residual then
+ * kern_layernorm, bit for bit, in one pass over each row. gate per row
+ * group. */
 int kern_residual_layernorm(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *y,
                             const kern_tensor_t *gate, const kern_tensor_t *weight,
                             const kern_tensor_t *bias, float eps, kern_tensor_t *out);

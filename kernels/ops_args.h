@@ -5,7 +5,17 @@
  * launch is self-contained. All tensors of one op share its dtype, except
  * the per-step scalars (σ, guidance), which are always F32 in device memory:
  * a kernel reads them at run time, never a value baked at capture.
- * Every tensor is contiguous row-major. */
+ * Every tensor is contiguous row-major.
+ *
+ * Row groups (ABI 3): a mixed batch (B requests in one step, issue 29)
+ * stacks its samples' token rows, and some ops take every sample in one
+ * launch. Where a block has `group` (rows per group, dividing rows; 0: one
+ * group of all rows), row r belongs to group g = r / group, and a
+ * per-row-group parameter p with stride p_stride (elements; 0: shared by
+ * every group) is read at p + g·p_stride. A group's rows get exactly the
+ * bits a launch over those rows alone with p + g·p_stride would give, on
+ * every backend; every kernel of the op (built in or an artifact) honours
+ * the fields. */
 #ifndef REEL_KERNELS_OPS_ARGS_H
 #define REEL_KERNELS_OPS_ARGS_H
 
@@ -40,7 +50,8 @@ typedef struct {
     float eps;
 } kern_norm_args_t;
 
-/* y[r,i] = x[r,i]·(1 + scale[i]) + shift[i]; y may equal x. */
+/* y[r,i] = x[r,i]·(1 + scale[i]) + shift[i]; y may equal x. (No row
+ * groups: the step runs MODULATE nowhere.) */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *x, *shift, *scale;
@@ -48,20 +59,26 @@ typedef struct {
     int64_t rows, dim;
 } kern_modulate_args_t;
 
-/* x[r,i] += gate[i]·y[r,i], or x += y when gate is NULL. */
+/* x[r,i] += gate[i]·y[r,i], or x += y when gate is NULL; gate per row
+ * group (see the top). */
 typedef struct {
     kern_args_hdr_t hdr;
     void *x;
     const void *y, *gate;
     int64_t rows, dim;
+    int64_t group, gate_stride;
 } kern_residual_args_t;
 
-/* ADD: y = a + b over n elements (y may alias a or b). */
+/* ADD: y[i] = a[i % a_period] + b[i] over n elements (a_period 0: n, a
+ * has n elements; else it divides n: a repeats, a batch's shared
+ * parameters added to each sample's row); y may alias a or b. MUL: y =
+ * a·b, a_period always 0. */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *a, *b;
     void *y;
     int64_t n;
+    int64_t a_period;
 } kern_binary_args_t;
 
 /* GELU_TANH, SILU: y = f(x) over n elements (y may equal x). */
@@ -74,13 +91,19 @@ typedef struct {
 
 /* o[i, h·d:(h+1)·d] = softmax_j(q_i,h · k_j,hᵀ · scale) · v_j,h for each head
  * h. q, o: [nq, heads·head_dim]; k, v: [nk, heads·head_dim]. o must not
- * alias q, k or v. */
+ * alias q, k or v. batch (0 or 1: one): that many independent attentions
+ * stacked, sample b's q and o rows at b·nq, its k and v rows at b·nk, or
+ * the same k and v for every sample when kv_shared; sample b gets exactly
+ * the bits of a call over its rows alone. ATTENTION only (ATTENTION_SDPA's
+ * and the decomposition's callers pass one sample at a time). */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *q, *k, *v;
     void *o;
     int64_t nq, nk, heads, head_dim;
     float scale;
+    int64_t batch;
+    bool kv_shared;
 } kern_attention_args_t;
 
 /* GEMM_BATCHED, for b < batch, row-major:
@@ -133,13 +156,14 @@ typedef struct {
 /* LAYERNORM_MODULATE over [rows, dim]: y = LN(x)·(1 + scale) + shift, LN
  * without affine, scale and shift [dim]. y may equal x. The CPU kernel
  * rounds LN(x) to float before modulating, exactly as LAYERNORM then
- * MODULATE do. */
+ * MODULATE do. shift and scale per row group (the top). */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *x, *shift, *scale;
     void *y;
     int64_t rows, dim;
     float eps;
+    int64_t group, shift_stride, scale_stride;
 } kern_norm_modulate_args_t;
 
 /* RESIDUAL_NORM over [rows, dim]: x += gate·y (x += y when gate is NULL),
@@ -157,6 +181,7 @@ typedef struct {
     int64_t rows, dim;
     float eps;
     bool modulate;
+    int64_t group, gate_stride, p0_stride, p1_stride; /* row groups (the top) */
 } kern_residual_norm_args_t;
 
 /* RMSNORM_ROPE3D in place on x [frames·rows·cols, heads·head_dim]: each
@@ -164,13 +189,17 @@ typedef struct {
  * heads: TINYDIT.md), then every head of it turns by the 3-D RoPE of the
  * row's token. The CPU kernel rounds the normalised value to float before
  * rotating it, exactly as RMSNORM then ROPE3D do, and its scratch is the
- * ROPE3D kernel's (the same cos/sin table, the same size). */
+ * ROPE3D kernel's (the same cos/sin table, the same size). batch (0 or 1:
+ * one): x holds that many samples' tokens, batch·frames·rows·cols rows,
+ * token t of a sample at row b·frames·rows·cols + t, turned by t's
+ * RoPE. */
 typedef struct {
     kern_args_hdr_t hdr;
     void *x;
     const void *weight;
     int64_t heads, head_dim, frames, rows, cols;
     float eps;
+    int64_t batch;
 } kern_rmsnorm_rope_args_t;
 
 /* PATCHIFY: latent src [C,F,H,W] -> tokens dst [F·H/2·W/2, 4C], token

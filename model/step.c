@@ -376,9 +376,18 @@ static int64_t owners(const tdit_ws_t *ws) { return ws->shape.mixed ? ws->B : 1;
 static kern_tensor_t own(const tdit_ws_t *ws, const kern_tensor_t *t, int64_t b, int64_t n) {
     return ws->shape.mixed ? rows_of(t, b, n) : *t;
 }
-/* Owner b's row k of the block modulation (shift1, scale1, gate1, shift2, scale2, gate2). */
-static kern_tensor_t mod_row(const tdit_ws_t *ws, int64_t b, int k) {
-    return kern_tensor_row(&ws->mod, (ws->shape.mixed ? b * 6 : 0) + k);
+/* Row k of the block modulation (shift1, scale1, gate1, shift2, scale2,
+ * gate2) of every owner: [D] for a group, a [B, D] view (row stride 6·D)
+ * for a mixed batch, whose row b is sample b's: a per-row-group parameter
+ * of the ops (kernels/ops.h), so one launch serves every sample. */
+static kern_tensor_t mod_rows(const tdit_ws_t *ws, int k) {
+    kern_tensor_t r = kern_tensor_row(&ws->mod, k);
+    if (!ws->shape.mixed) return r;
+    const int64_t D = ws->mod.shape[1];
+    kern_tensor_t v = kern_tensor_make(ws->mod.data, ws->mod.dtype, ws->mod.device, 2, SHAPE(ws->B, D));
+    v.offset = r.offset;
+    v.stride[0] = 6 * D;
+    return v;
 }
 /* Owner b's σ row [3] and guidance [1]. */
 static kern_tensor_t own_sigmas(const tdit_ws_t *ws, int64_t b) {
@@ -405,6 +414,21 @@ static int tlinear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x
     return token_linear(ws, s, x, &l->w, &l->b, y, false);
 }
 
+/* y = x·wᵀ + bias (GELU-tanh after it with gelu) over what each owner has
+ * n rows of (a mixed batch's text): one grouped GEMM where merging is
+ * bitwise (as token_linear), else the single request's call per owner. */
+static int owner_linear(const tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *x, const lin_t *l,
+                        kern_tensor_t *y, int64_t n, bool gelu) {
+    const int64_t S = owners(ws);
+    if (S > 1 && tdit_gemm_merge_ok(ws->backend, x->dtype, n, S, l->w.shape[1], l->w.shape[0], gelu))
+        return kern_gemm_grouped(s, x, &l->w, &l->b, y, n, gelu);
+    for (int64_t i = 0; i < S; i++) {
+        kern_tensor_t xi = own(ws, x, i, n), yi = own(ws, y, i, n);
+        TRY(gelu ? kern_gemm_gelu(s, &xi, &l->w, &l->b, &yi) : kern_gemm(s, &xi, &l->w, &l->b, &yi));
+    }
+    return 0;
+}
+
 /* a = LN(x)·(1 + scale) + shift, LN without affine: one fused op (on the
  * CPU bit for bit LN then modulate). */
 static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *shift,
@@ -414,88 +438,60 @@ static int ln_modulate(kern_stream_t *s, const kern_tensor_t *x, const kern_tens
 
 /* t = RoPE(RMS(t)·g) in place, RMS over the whole width: one fused op (on
  * the CPU bit for bit RMSNorm then RoPE; its scratch is RoPE's, which
- * scratch_needed reserves). */
+ * scratch_needed reserves), over every sample's tokens at once, each
+ * turned by its place in its own sample. */
 static int rms_rope(tdit_ws_t *ws, kern_stream_t *s, kern_tensor_t *t, const kern_tensor_t *g,
                     int64_t heads) {
-    for (int64_t b = 0; b < ws->B; b++) {
-        kern_tensor_t tb = ws->B == 1 ? *t : rows_of(t, b, ws->N);
-        TRY(kern_rmsnorm_rope3d(s, &tb, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w));
-    }
-    return 0;
+    return kern_rmsnorm_rope3d(s, t, g, LN_EPS, heads, ws->shape.frames, ws->grid_h, ws->grid_w);
 }
 
-/* o = attention(q, k, v) per sample; k and v shared by the group when
- * shared_kv (a group's text tokens in cross-attention), else sample b's
- * kv_rows rows. */
+/* o = attention(q, k, v) of every sample (kern_attention_batch: one launch
+ * where the path allows); k and v shared by the group when shared_kv (a
+ * group's text tokens in cross-attention), else sample b's rows. */
 static int attention(tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *q, const kern_tensor_t *k,
-                     const kern_tensor_t *v, bool shared_kv, int64_t kv_rows, int64_t heads, kern_tensor_t *o) {
-    for (int64_t b = 0; b < ws->B; b++) {
-        if (ws->B == 1) return kern_attention(s, q, k, v, heads, o);
-        kern_tensor_t qb = rows_of(q, b, ws->N), ob = rows_of(o, b, ws->N);
-        kern_tensor_t kb = shared_kv ? *k : rows_of(k, b, kv_rows), vb = shared_kv ? *v : rows_of(v, b, kv_rows);
-        TRY(kern_attention(s, &qb, &kb, &vb, heads, &ob));
-    }
-    return 0;
+                     const kern_tensor_t *v, bool shared_kv, int64_t heads, kern_tensor_t *o) {
+    return kern_attention_batch(s, q, k, v, heads, o, ws->B, shared_kv);
 }
 
 static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
-    const int64_t H = m->cfg.heads, N = ws->N, L = ws->shape.text_len, S = owners(ws);
+    const int64_t H = m->cfg.heads, L = ws->shape.text_len;
+    /* Every op below takes the whole batch in one launch: a mixed batch's
+     * per-sample parameters are per-row-group views (mod_rows), each
+     * sample's rows bitwise what its request alone gets. */
     /* 4: m = modulation + e6, rows (shift1, scale1, gate1, shift2, scale2, gate2), per owner */
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t e6 = own(ws, &ws->e6, i, 6), mod = own(ws, &ws->mod, i, 6);
-        TRY(kern_add(s, &b->modulation, &e6, &mod));
-    }
+    TRY(kern_add_repeat(s, &b->modulation, &ws->e6, &ws->mod));
     /* self-attention */
     kern_artifacts_set_region("block.self_attn");
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t x = own(ws, &ws->x, i, N), a = own(ws, &ws->a, i, N);
-        kern_tensor_t shift1 = mod_row(ws, i, 0), scale1 = mod_row(ws, i, 1);
-        TRY(ln_modulate(s, &x, &shift1, &scale1, &a));
-    }
+    kern_tensor_t shift1 = mod_rows(ws, 0), scale1 = mod_rows(ws, 1), gate1 = mod_rows(ws, 2);
+    kern_tensor_t shift2 = mod_rows(ws, 3), scale2 = mod_rows(ws, 4), gate2 = mod_rows(ws, 5);
+    TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
     TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
     TRY(tlinear(ws, s, &ws->a, &b->sk, &ws->k));
     TRY(rms_rope(ws, s, &ws->k, &b->s_norm_k, H));
     TRY(tlinear(ws, s, &ws->a, &b->sv, &ws->v));
-    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, N, H, &ws->o));
+    TRY(attention(ws, s, &ws->q, &ws->k, &ws->v, false, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->so, &ws->o2));
     /* cross-attention over the text tokens, no RoPE, no gate; their keys
      * and values once for a group (per sample in a mixed batch). Its norm
      * is fused with the residual before it: x += gate1·o2, a = LN(x)·w + b
      * (bit for bit the pair). */
     kern_artifacts_set_region("block.cross_attn");
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), a = own(ws, &ws->a, i, N);
-        kern_tensor_t gate1 = mod_row(ws, i, 2);
-        TRY(kern_residual_layernorm(s, &x, &o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &a));
-    }
+    TRY(kern_residual_layernorm(s, &ws->x, &ws->o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t c = own(ws, &ws->c, i, L), kc = own(ws, &ws->kc, i, L);
-        TRY(linear(s, &c, &b->ck, &kc));
-    }
+    TRY(owner_linear(ws, s, &ws->c, &b->ck, &ws->kc, L, false));
     TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t c = own(ws, &ws->c, i, L), vc = own(ws, &ws->vc, i, L);
-        TRY(linear(s, &c, &b->cv, &vc));
-    }
-    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, !ws->shape.mixed, L, H, &ws->o));
+    TRY(owner_linear(ws, s, &ws->c, &b->cv, &ws->vc, L, false));
+    TRY(attention(ws, s, &ws->q, &ws->kc, &ws->vc, !ws->shape.mixed, H, &ws->o));
     TRY(tlinear(ws, s, &ws->o, &b->co, &ws->o2));
     /* feed-forward; its adaLN fused with the residual before it: x += o2,
      * a = LN(x)·(1 + scale2) + shift2 */
     kern_artifacts_set_region("block.ffn");
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), a = own(ws, &ws->a, i, N);
-        kern_tensor_t shift2 = mod_row(ws, i, 3), scale2 = mod_row(ws, i, 4);
-        TRY(kern_residual_layernorm_modulate(s, &x, &o2, NULL, &shift2, &scale2, LN_EPS, &a));
-    }
+    TRY(kern_residual_layernorm_modulate(s, &ws->x, &ws->o2, NULL, &shift2, &scale2, LN_EPS, &ws->a));
     TRY(token_linear(ws, s, &ws->a, &b->ffn0.w, &b->ffn0.b, &ws->h, true));
     TRY(tlinear(ws, s, &ws->h, &b->ffn2, &ws->o2));
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t x = own(ws, &ws->x, i, N), o2 = own(ws, &ws->o2, i, N), gate2 = mod_row(ws, i, 5);
-        TRY(kern_gated_residual(s, &x, &o2, &gate2));
-    }
+    TRY(kern_gated_residual(s, &ws->x, &ws->o2, &gate2));
     return 0;
 }
 
@@ -528,11 +524,8 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     }
     /* 2: text embedding */
     kern_artifacts_set_region("embed.text");
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t ctx = own(ws, context, i, L), txt_h = own(ws, &ws->txt_h, i, L), c = own(ws, &ws->c, i, L);
-        TRY(kern_gemm_gelu(s, &ctx, &m->text0.w, &m->text0.b, &txt_h));
-        TRY(linear(s, &txt_h, &m->text2, &c));
-    }
+    TRY(owner_linear(ws, s, context, &m->text0, &ws->txt_h, L, true));
+    TRY(owner_linear(ws, s, &ws->txt_h, &m->text2, &ws->c, L, false));
     /* 3: tokens */
     kern_artifacts_set_region("embed.patch");
     for (int64_t b = 0; b < ws->B; b++) {
@@ -545,13 +538,9 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     /* 5: head, (shift, scale) = head.modulation + e */
     kern_artifacts_set_region("head");
     kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
-    for (int64_t i = 0; i < S; i++) {
-        kern_tensor_t e = own(ws, &ws->e, i, 1), hshift = own(ws, &ws->hshift, i, 1), hscale = own(ws, &ws->hscale, i, 1);
-        kern_tensor_t x = own(ws, &ws->x, i, ws->N), a = own(ws, &ws->a, i, ws->N);
-        TRY(kern_add(s, &hm0, &e, &hshift));
-        TRY(kern_add(s, &hm1, &e, &hscale));
-        TRY(ln_modulate(s, &x, &hshift, &hscale, &a));
-    }
+    TRY(kern_add_repeat(s, &hm0, &ws->e, &ws->hshift)); /* [S, D]: row i owner i's */
+    TRY(kern_add_repeat(s, &hm1, &ws->e, &ws->hscale));
+    TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &m->head, &ws->y));
     /* 6: unpatchify */
     for (int64_t b = 0; b < ws->B; b++) {

@@ -107,7 +107,7 @@ static kern_art_key_stats_t key_of(kern_artifacts_t *set, const char *id) {
 static const char good_manifest[] =
     "{\"id\":\"x-1\",\"version\":\"1.0\",\"op\":\"gemm_gelu\",\"region\":\"ffn\",\"backend\":\"cpu\","
     "\"arch\":[\"any\"],\"dtypes\":[\"F32\"],\"shapes\":{\"M\":[1,64]},\"parity\":\"max_rel=1e-5\","
-    "\"abi\":2,\"object\":\"lib.so\",\"files\":{\"lib.so\":"
+    "\"abi\":3,\"object\":\"lib.so\",\"files\":{\"lib.so\":"
     "\"E178776A96416AE48569A29749CBD34BDCE83767BE2D223E10D6ECAC94788EC9\"}}";
 
 /* good_manifest with `from` replaced by `to`: must fail naming `field`. */
@@ -139,7 +139,7 @@ START_TEST(test_manifest_schema_accepts_a_good_one_and_names_every_bad_field) {
     refused("\"M\":[1,64]", "\"M\":[64,1]", "shapes");
     refused("max_rel=1e-5", "max_rel=2", "parity");
     refused("max_rel=1e-5", "bytes_equal", "parity");
-    refused("\"abi\":2", "\"abi\":\"2\"", "abi");
+    refused("\"abi\":3", "\"abi\":\"3\"", "abi");
     refused("\"cpu\"", "\"tpu\"", "backend");
     refused("[\"F32\"]", "[\"F64\"]", "dtypes");
     refused("[\"any\"]", "[]", "arch");
@@ -226,7 +226,7 @@ END_TEST
 
 START_TEST(test_abi_mismatch_in_the_manifest_is_refused_before_anything_loads) {
     const char *root = root_with("cpu_gemm_gelu_epilogue", "wrong", NULL);
-    sh("sed -i 's/\"abi\": 2/\"abi\": 1/' '%s/wrong/manifest.json'", root);
+    sh("sed -i 's/\"abi\": 3/\"abi\": 1/' '%s/wrong/manifest.json'", root);
     expect_refused(root, "wrong", "ABI mismatch: built for artifact ABI 1");
 }
 END_TEST
@@ -234,7 +234,7 @@ END_TEST
 START_TEST(test_object_built_for_another_abi_is_refused_at_load_and_named) {
     const char *root = root_with("cpu_gemm_gelu_epilogue", "abi2", NULL);
     kern_artifacts_t *set = scan(root);
-    ck_assert(bundle_named(set, "abi2")->verified); /* its manifest says 2, its object 1 */
+    ck_assert(bundle_named(set, "abi2")->verified); /* its manifest says the host ABI, its object 1 */
     ck_assert_int_eq(kern_artifacts_enable(set, NULL, 0), 0);
     ck_assert_int_eq(kern_artifacts_install(set, KERN_ART_TIMING_OFF), 0); /* not named: skipped */
     const kern_art_bundle_t *b = bundle_named(set, "abi2");
@@ -1024,7 +1024,7 @@ START_TEST(test_worker_reports_every_kind_of_bad_bundle_and_serves) {
                                  "cpu_attention_parsoftmax", NULL);
     write_file(root, "wrong", "manifest.json", "{\"id\": \"broken\", ");  /* corrupt manifest */
     sh("printf 'x' >> '%s/close/libtest_close.so'", root);               /* hash mismatch */
-    sh("sed -i 's/\"abi\": 2/\"abi\": 1/' '%s/greedy/manifest.json'", root); /* manifest ABI */
+    sh("sed -i 's/\"abi\": 3/\"abi\": 1/' '%s/greedy/manifest.json'", root); /* manifest ABI */
     sh("rm '%s/flaky/libtest_flaky.so'", root);                          /* missing object */
     sh("cp -r '%s/cpu_attention_parsoftmax' '%s/copy_of_attention'", root, root); /* duplicate id */
     char script[256];

@@ -35,6 +35,7 @@ int main(void) {
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "model/tdit_program.h"
+#include "tests/row_groups_check.h"
 #include "tests/support.h"
 
 /* --- fixture: a CUDA and a CPU backend with one stream each; everything
@@ -1584,6 +1585,20 @@ END_TEST
 
 /* ATTENTION_SDPA is the exception: cuDNN's fused attention, BF16 only, in
  * builds with cuDNN only (never F32). */
+/* A mixed batch's batch-wide ops on CUDA (tests/row_groups_check.h): each
+ * bitwise the same CUDA op called group by group (loop: the 8 cases x
+ * F32, BF16). */
+static const char *const rg_cases[] = { "layernorm_modulate", "residual_layernorm_modulate", "residual_layernorm",
+                                        "gated_residual", "add_repeat", "rmsnorm_rope3d", "attention",
+                                        "attention_shared_kv" };
+START_TEST(test_row_group_ops_are_bitwise_each_group_alone_on_cuda) {
+    char why[512];
+    kern_dtype_t dt = dtype_of(_i % 2);
+    const char *name = rg_cases[_i / 2];
+    ck_assert_msg(rg_check(G, GS, dt, name, why, sizeof why) == 0, "%s %s: %s", name, kern_dtype_name(dt), why);
+}
+END_TEST
+
 START_TEST(test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable) {
     const kern_dtype_t dts[2] = { KERN_F32, KERN_BF16 };
     for (int op = 0; op < KERN_OP_COUNT; op++)
@@ -1622,6 +1637,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_alloc_and_free_account_every_byte);
     tcase_add_test(tc, test_copies_round_trip_host_device_device_host_bit_for_bit);
     tcase_add_loop_test(tc, test_gemm_with_and_without_bias_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_row_group_ops_are_bitwise_each_group_alone_on_cuda, 0, 16);
     tcase_add_loop_test(tc, test_layernorm_affine_and_plain_match_cpu, 0, 2);
     tcase_add_loop_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place, 0, 2);
     tcase_add_loop_test(tc, test_rmsnorm_matches_cpu, 0, 2);

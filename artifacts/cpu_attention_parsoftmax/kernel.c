@@ -85,9 +85,7 @@ static void softmax_par(float *s, int64_t rows, int64_t n) {
     }
 }
 
-static int attention_par(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_attention_args_t *a = args;
+static int attention_one(const kern_attention_args_t *a) {
     const int64_t nq = a->nq, nk = a->nk, H = a->heads, d = a->head_dim, ld = H * d;
     if (nq <= 0 || H <= 0 || d <= 0) return 0;
     if (nk <= 0) return fail("attention_parsoftmax: no keys");
@@ -124,6 +122,25 @@ static int attention_par(void *ctx, const void *args) {
                         (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
                         o + i0 * ld + h * d, (blasint)ld);
         }
+    }
+    return 0;
+}
+
+/* A batch (ABI 3: kern_attention_args_t.batch) is its samples one after
+ * another, each exactly as a call of its own. */
+static int attention_par(void *ctx, const void *args) {
+    (void)ctx;
+    const kern_attention_args_t *a = args;
+    const int64_t ld = a->heads * a->head_dim;
+    for (int64_t b = 0; b < (a->batch > 1 ? a->batch : 1); b++) {
+        kern_attention_args_t one = *a;
+        const int64_t kb = a->kv_shared ? 0 : b * a->nk * ld;
+        one.q = (const float *)a->q + b * a->nq * ld;
+        one.o = (float *)a->o + b * a->nq * ld;
+        one.k = (const float *)a->k + kb;
+        one.v = (const float *)a->v + kb;
+        one.batch = 1;
+        if (attention_one(&one)) return -1;
     }
     return 0;
 }

@@ -74,9 +74,7 @@ __global__ void attention_rowblock(const float *q, const float *k, const float *
     }
 }
 
-static int attention(void *ctx, const void *args) {
-    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
-    const kern_attention_args_t *a = (const kern_attention_args_t *)args;
+static int attention_one(const kern_cuda_ctx_t *c, const kern_attention_args_t *a) {
     if (a->nq <= 0 || a->heads <= 0 || a->head_dim <= 0) return 0;
     if (a->nk < 1 || a->nk > MAX_KEYS || a->head_dim > MAX_DIM || a->nq * a->heads > INT32_MAX)
         return fail("cuda_attention_rowblock: nk=%lld head_dim=%lld outside 1..%d, 1..%d",
@@ -92,6 +90,25 @@ static int attention(void *ctx, const void *args) {
         a->heads, a->head_dim, a->scale);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail("cuda_attention_rowblock: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+/* A batch (ABI 3: kern_attention_args_t.batch): one launch per sample,
+ * each exactly as a call of its own. */
+static int attention(void *ctx, const void *args) {
+    const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
+    const kern_attention_args_t *a = (const kern_attention_args_t *)args;
+    const int64_t ld = a->heads * a->head_dim;
+    for (int64_t b = 0; b < (a->batch > 1 ? a->batch : 1); b++) {
+        kern_attention_args_t one = *a;
+        const int64_t kb = a->kv_shared ? 0 : b * a->nk * ld;
+        one.q = (const float *)a->q + b * a->nq * ld;
+        one.o = (float *)a->o + b * a->nq * ld;
+        one.k = (const float *)a->k + kb;
+        one.v = (const float *)a->v + kb;
+        one.batch = 1;
+        if (attention_one(c, &one)) return -1;
+    }
     return 0;
 }
 

@@ -14,7 +14,7 @@
  *           artifact going wrong after its promotion, for shadow timing)
  *   greedy  correct, but asks more scratch than the native kernel's
  *           contract grants: ineligible
- *   abi2    correct, but its object says it speaks artifact ABI 2 */
+ *   abi2    correct, but its object says it speaks artifact ABI 1, not the host's */
 #include "kernels/artifact_abi.h"
 #include "kernels/cpu/cpu_gemm_tiles.h"
 #include "kernels/cpu/cpu_vmath.h"

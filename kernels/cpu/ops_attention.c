@@ -27,7 +27,28 @@ static size_t attention_workspace(const void *args) {
 typedef struct {
     const kern_attention_args_t *a;
     int64_t rows, blocks, lanes;
+    int64_t items; /* batch·heads·blocks */
 } attn_job_t;
+
+/* Item it of (sample, head, query block): sample b's q, k, v, o (k and v
+ * the same for every sample when kv_shared), the head h and the block's
+ * first query i0. Each sample's items are those of a call over its rows
+ * alone. */
+typedef struct {
+    const float *q, *k, *v;
+    float *o;
+    int64_t h, i0;
+} attn_item_t;
+
+static inline attn_item_t attn_item(const attn_job_t *j, int64_t it) {
+    const kern_attention_args_t *a = j->a;
+    const int64_t per = a->heads * j->blocks, b = it / per, ld = a->heads * a->head_dim;
+    it %= per;
+    const int64_t kb = a->kv_shared ? 0 : b * a->nk * ld;
+    attn_item_t x = { (const float *)a->q + b * a->nq * ld, (const float *)a->k + kb, (const float *)a->v + kb,
+                      (float *)a->o + b * a->nq * ld, it / j->blocks, (it % j->blocks) * j->rows };
+    return x;
+}
 
 /* Whole rows, lane t: items t, t + lanes, ... of (head, query block), one
  * sgemm for the scores, the row softmax, one sgemm into o's head slice. A
@@ -37,10 +58,11 @@ static void attention_lane(void *ctx, int64_t t) {
     const kern_attention_args_t *a = j->a;
     const int64_t nq = a->nq, nk = a->nk, d = a->head_dim, ld = a->heads * d;
     float *s = (float *)a->hdr.scratch + t * j->rows * nk;
-    const float *q = a->q, *k = a->k, *v = a->v;
-    float *o = a->o;
-    for (int64_t it = t; it < a->heads * j->blocks; it += j->lanes) {
-        const int64_t h = it / j->blocks, i0 = (it % j->blocks) * j->rows;
+    for (int64_t it = t; it < j->items; it += j->lanes) {
+        const attn_item_t x = attn_item(j, it);
+        const float *q = x.q, *k = x.k, *v = x.v;
+        float *o = x.o;
+        const int64_t h = x.h, i0 = x.i0;
         const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
                     (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld,
@@ -58,11 +80,11 @@ static void attention_flash_lane(void *ctx, int64_t t) {
     const kern_attention_args_t *a = j->a;
     const int64_t nq = a->nq, d = a->head_dim, ld = a->heads * d;
     void *lane = (char *)a->hdr.scratch + (size_t)t * CPU_ATTN_FLASH_LANE_BYTES;
-    for (int64_t it = t; it < a->heads * j->blocks; it += j->lanes) {
-        const int64_t h = it / j->blocks, i0 = (it % j->blocks) * j->rows;
+    for (int64_t it = t; it < j->items; it += j->lanes) {
+        const attn_item_t x = attn_item(j, it);
+        const int64_t h = x.h, i0 = x.i0;
         const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
-        cpu_attn_flash_item((const float *)a->q + i0 * ld + h * d, (const float *)a->k + h * d,
-                            (const float *)a->v + h * d, (float *)a->o + i0 * ld + h * d, m, a->nk, d, ld,
+        cpu_attn_flash_item(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld,
                             a->scale, lane, cpu_vec_flash_rows);
     }
 }
@@ -72,10 +94,11 @@ static void attention_direct_item(void *ctx, int64_t t) {
     const attn_job_t *j = ctx;
     const kern_attention_args_t *a = j->a;
     const int64_t nq = a->nq, d = a->head_dim, ld = a->heads * d;
-    const int64_t h = t / j->blocks, i0 = (t % j->blocks) * j->rows;
+    const attn_item_t x = attn_item(j, t);
+    const int64_t h = x.h, i0 = x.i0;
     const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
-    cpu_vec_attn_direct((const float *)a->q + i0 * ld + h * d, (const float *)a->k + h * d,
-                        (const float *)a->v + h * d, (float *)a->o + i0 * ld + h * d, m, a->nk, d, ld, a->scale);
+    cpu_vec_attn_direct(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld,
+                        a->scale);
 }
 
 /* Fails (o untouched) when there are no keys, the scratch is short, or a
@@ -97,15 +120,16 @@ static int attention_f32(void *ctx, const void *args) {
     attn_job_t j = { .a = a, .rows = cpu_attn_item_rows(nq, nk, d) };
     if (j.rows > nq) j.rows = nq;
     j.blocks = (nq + j.rows - 1) / j.rows;
-    /* below about a million multiply-adds the threads cost more than they
-     * save: one lane takes every item (lane 0's scratch) */
-    const bool one = nq * nk * ld < ((int64_t)1 << 20);
+    const int64_t batch = a->batch > 1 ? a->batch : 1;
+    j.items = batch * H * j.blocks;
+    /* below about a million multiply-adds (the batch's) the threads cost
+     * more than they save: one lane takes every item (lane 0's scratch) */
+    const bool one = batch * nq * nk * ld < ((int64_t)1 << 20);
     if (way == CPU_ATTN_DIRECT) {
-        const int64_t items = H * j.blocks;
         if (one)
-            for (int64_t t = 0; t < items; t++) attention_direct_item(&j, t);
+            for (int64_t t = 0; t < j.items; t++) attention_direct_item(&j, t);
         else
-            cpu_par_for(items, attention_direct_item, &j);
+            cpu_par_for(j.items, attention_direct_item, &j);
         return 0;
     }
     j.lanes = one ? 1 : cpu_attn_lanes(nq, nk, H, d);

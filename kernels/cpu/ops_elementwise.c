@@ -32,8 +32,10 @@ static int modulate_f32(void *ctx, const void *args) {
 static CPU_VEC_DISPATCH void residual_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_residual_args_t *a = ctx;
     const int64_t D = a->dim;
-    for (int64_t r = r0; r < r1; r++)
-        cpu_residual_row((float *)a->x + r * D, (const float *)a->y + r * D, a->gate, D);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *g = a->gate && a->group ? (const float *)a->gate + r / a->group * a->gate_stride : a->gate;
+        cpu_residual_row((float *)a->x + r * D, (const float *)a->y + r * D, g, D);
+    }
 }
 
 /* x += gate·y, or x += y without a gate. Cannot fail. */
@@ -53,6 +55,7 @@ typedef struct {
     float *y;
     int64_t n;
     int op; /* 0 add, 1 GELU-tanh, 2 SiLU */
+    int64_t period; /* add: p repeats every period elements (0: none) */
 } ew_job_t;
 
 /* Blocks [r0, r1): the add here (memory-bound: plain vectorised C), GELU
@@ -60,7 +63,9 @@ typedef struct {
 static void ew_rows(void *ctx, int64_t r0, int64_t r1) {
     const ew_job_t *j = ctx;
     const int64_t lo = r0 * EW_BLOCK, hi = r1 * EW_BLOCK < j->n ? r1 * EW_BLOCK : j->n;
-    if (j->op == 0)
+    if (j->op == 0 && j->period)
+        for (int64_t i = lo; i < hi; i++) j->y[i] = j->p[i % j->period] + j->q[i];
+    else if (j->op == 0)
         for (int64_t i = lo; i < hi; i++) j->y[i] = j->p[i] + j->q[i];
     else if (j->op == 1)
         cpu_vec_gelu_tanh(j->y + lo, j->p + lo, hi - lo);
@@ -68,9 +73,9 @@ static void ew_rows(void *ctx, int64_t r0, int64_t r1) {
         cpu_vec_silu(j->y + lo, j->p + lo, hi - lo);
 }
 
-static void ew_run(const float *p, const float *q, float *y, int64_t n, int op) {
+static void ew_run(const float *p, const float *q, float *y, int64_t n, int op, int64_t period) {
     if (n <= 0) return;
-    ew_job_t j = { p, q, y, n, op };
+    ew_job_t j = { p, q, y, n, op, period };
     cpu_par_rows((n + EW_BLOCK - 1) / EW_BLOCK, op ? 8 * EW_BLOCK : EW_BLOCK, ew_rows, &j);
 }
 
@@ -78,7 +83,7 @@ static void ew_run(const float *p, const float *q, float *y, int64_t n, int op) 
 static int add_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_binary_args_t *a = args;
-    ew_run(a->a, a->b, a->y, a->n, 0);
+    ew_run(a->a, a->b, a->y, a->n, 0, a->a_period);
     return 0;
 }
 
@@ -87,7 +92,7 @@ static int add_f32(void *ctx, const void *args) {
 static int gelu_tanh_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_unary_args_t *a = args;
-    ew_run(a->x, NULL, a->y, a->n, 1);
+    ew_run(a->x, NULL, a->y, a->n, 1, 0);
     return 0;
 }
 
@@ -96,7 +101,7 @@ static int gelu_tanh_f32(void *ctx, const void *args) {
 static int silu_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_unary_args_t *a = args;
-    ew_run(a->x, NULL, a->y, a->n, 2);
+    ew_run(a->x, NULL, a->y, a->n, 2, 0);
     return 0;
 }
 

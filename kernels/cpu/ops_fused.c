@@ -15,11 +15,17 @@
 #include "cpu_arith.h"
 #include "cpu_pool.h"
 
+/* Row r's per-group parameter (ops_args.h, "Row groups"). */
+static inline const float *group_row(const void *p, int64_t group, int64_t stride, int64_t r) {
+    return p && group ? (const float *)p + r / group * stride : p;
+}
+
 static CPU_VEC_DISPATCH void layernorm_modulate_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_norm_modulate_args_t *a = ctx;
-    const float *sh = a->shift, *sc = a->scale;
     const int64_t D = a->dim;
     for (int64_t r = r0; r < r1; r++) {
+        const float *sh = group_row(a->shift, a->group, a->shift_stride, r);
+        const float *sc = group_row(a->scale, a->group, a->scale_stride, r);
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
         double mean, rstd;
@@ -64,11 +70,12 @@ static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1
     const rope_job_t *j = ctx;
     const kern_rmsnorm_rope_args_t *a = j->a;
     const cpu_rope_tables_t t = j->t;
-    const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d;
+    const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d, T = a->frames * R * C;
     const float *wt = a->weight;
-    for (int64_t tok = r0; tok < r1; tok++) {
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t tok = r % T; /* the token's place in its sample */
         const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
-        float *row = (float *)a->x + tok * D;
+        float *row = (float *)a->x + r * D;
         const double rrms = cpu_rms_scale(row, D, a->eps);
         for (int64_t hd = 0; hd < H; hd++) {
             float *xh = row + hd * d;
@@ -94,15 +101,16 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
         return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d_cpu: scratch of %zu bytes, needs %zu",
                          a->hdr.scratch_bytes, need);
     rope_job_t j = { a, cpu_rope_tables(a->hdr.scratch, d, F, R, C) };
-    cpu_par_rows(F * R * C, H * d, rmsnorm_rope_rows, &j);
+    cpu_par_rows((a->batch > 1 ? a->batch : 1) * F * R * C, H * d, rmsnorm_rope_rows, &j);
     return 0;
 }
 
 static CPU_VEC_DISPATCH void residual_norm_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_residual_norm_args_t *a = ctx;
-    const float *g = a->gate, *p0 = a->p0, *p1 = a->p1;
     const int64_t D = a->dim;
     for (int64_t r = r0; r < r1; r++) {
+        const float *g = group_row(a->gate, a->group, a->gate_stride, r);
+        const float *p0 = group_row(a->p0, a->group, a->p0_stride, r), *p1 = group_row(a->p1, a->group, a->p1_stride, r);
         float *x = (float *)a->x + r * D, *out = (float *)a->out + r * D;
         cpu_residual_row(x, (const float *)a->y + r * D, g, D);
         double mean, rstd;

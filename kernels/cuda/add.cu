@@ -1,10 +1,12 @@
-/* add.cu -- ADD: y = a + b over n elements, F32 arithmetic. y may alias a
- * or b: each element is read before it is written, by the same thread. */
+/* add.cu -- ADD: y = a + b over n elements, F32 arithmetic, a repeating
+ * every a_period elements when that is set. y may alias a or b (not a
+ * repeated a: ops.c refuses it): each element is read before it is
+ * written, by the same thread. */
 #include "cuda_device.cuh"
 
 template <typename T>
-__global__ void add_kernel(const T *a, const T *b, T *y, int64_t n) {
-    KC_FOR(i, n) y[i] = kc_store<T>(kc_f32(a[i]) + kc_f32(b[i]));
+__global__ void add_kernel(const T *a, const T *b, T *y, int64_t n, int64_t period) {
+    KC_FOR(i, n) y[i] = kc_store<T>(kc_f32(a[period ? i % period : i]) + kc_f32(b[i]));
 }
 
 template <typename T>
@@ -13,7 +15,7 @@ static int add_launch(void *ctx, const void *args) {
     const kern_binary_args_t *a = (const kern_binary_args_t *)args;
     if (a->n <= 0) return 0;
     add_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (const T *)a->a, (const T *)a->b, (T *)a->y, a->n);
+        (const T *)a->a, (const T *)a->b, (T *)a->y, a->n, a->a_period);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

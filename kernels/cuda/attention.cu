@@ -31,7 +31,14 @@
 template <typename T, int DMAX, int R, int BK>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attention_kernel(const T *q, const T *k, const T *v, T *o, int64_t nq, int64_t nk, int d,
-                 int64_t ld, float scale) {
+                 int64_t ld, float scale, bool kv_shared) {
+    /* blockIdx.z: the sample of a batch (kern_attention_args_t.batch) */
+    q += (int64_t)blockIdx.z * nq * ld;
+    o += (int64_t)blockIdx.z * nq * ld;
+    if (!kv_shared) {
+        k += (int64_t)blockIdx.z * nk * ld;
+        v += (int64_t)blockIdx.z * nk * ld;
+    }
     constexpr int BQ = ATTN_WARPS * R; /* query rows per block */
     constexpr int KPL = BK / 32;       /* keys scored per lane */
     constexpr int CPL = DMAX / 32;     /* output columns per lane */
@@ -167,10 +174,10 @@ static int attention_shape(const kern_cuda_ctx_t *c, const kern_attention_args_t
     const int64_t tiles = (a->nq + BQ - 1) / BQ;
     if (tiles > INT_MAX) return reel_fail(REEL_E_LIMIT, "attention: %lld queries exceed the CUDA grid",
                                           (long long)a->nq);
-    dim3 grid((unsigned)tiles, (unsigned)a->heads);
+    dim3 grid((unsigned)tiles, (unsigned)a->heads, (unsigned)(a->batch > 1 ? a->batch : 1));
     attention_kernel<T, DMAX, R, BK><<<grid, ATTN_WARPS * 32, smem, c->stream>>>(
         (const T *)a->q, (const T *)a->k, (const T *)a->v, (T *)a->o, a->nq, a->nk, d,
-        a->heads * a->head_dim, a->scale);
+        a->heads * a->head_dim, a->scale, a->kv_shared);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -183,6 +190,8 @@ static int attention_launch(void *ctx, const void *args) {
     if (a->nk <= 0) return reel_fail(REEL_E_INVALID, "attention: no keys");
     if (a->heads > 65535)
         return reel_fail(REEL_E_LIMIT, "attention: %lld heads exceed the CUDA grid (65535)", (long long)a->heads);
+    if (a->batch > 65535)
+        return reel_fail(REEL_E_LIMIT, "attention: a batch of %lld exceeds the CUDA grid (65535)", (long long)a->batch);
     if (a->head_dim <= 64) return attention_shape<T, 64, 8, 64>(c, a);
     if (a->head_dim <= 128) return attention_shape<T, 128, 8, 32>(c, a);
     if (a->head_dim <= 256) return attention_shape<T, 256, 2, 32>(c, a);

@@ -13,9 +13,13 @@
 
 template <typename T, bool VEC>
 __global__ void residual_norm_kernel(T *x, const T *y, const T *gate, const T *p0, const T *p1, T *out,
-                                     int64_t dim, float eps, bool modulate, bool res_vec) {
+                                     int64_t dim, float eps, bool modulate, bool res_vec, int64_t group,
+                                     int64_t gs, int64_t s0, int64_t s1) {
     __shared__ float sh[33];
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x, g = group ? r / group : 0; /* the row's group (ops_args.h) */
+    if (gate) gate += g * gs;
+    if (p0) p0 += g * s0;
+    if (p1) p1 += g * s1;
     T *xr = x + r * dim;
     const T *yr = y + r * dim;
     if (res_vec) {
@@ -47,16 +51,36 @@ static int residual_norm_launch(void *ctx, const void *args) {
     if (a->rows > INT_MAX)
         return reel_fail(REEL_E_LIMIT, "residual_norm: %lld rows exceed the CUDA grid (one block per row)",
                          (long long)a->rows);
+    const int64_t group = a->group, gs = group && a->gate ? a->gate_stride : 0,
+                  s0 = group && a->p0 ? a->p0_stride : 0, s1 = group && a->p1 ? a->p1_stride : 0;
+    /* The LayerNorm's two paths sum in different orders: a group takes the
+     * one it takes alone. Parameter strides of whole 16-byte chunks keep
+     * every group's alignment the first's; else group by group. */
+    if (group && (gs % KC_VEC || s0 % KC_VEC || s1 % KC_VEC)) {
+        for (int64_t g = 0; g < a->rows / group; g++) {
+            kern_residual_norm_args_t one = *a;
+            one.x = (T *)a->x + g * group * a->dim;
+            one.y = (const T *)a->y + g * group * a->dim;
+            one.out = (T *)a->out + g * group * a->dim;
+            if (a->gate) one.gate = (const T *)a->gate + g * gs;
+            if (a->p0) one.p0 = (const T *)a->p0 + g * s0;
+            if (a->p1) one.p1 = (const T *)a->p1 + g * s1;
+            one.rows = group;
+            one.group = 0;
+            if (residual_norm_launch<T>(ctx, &one)) return -1;
+        }
+        return 0;
+    }
     /* each part by its own kernel's rule, as the pair would run */
     const bool res_vec = kc_vec_ok(a->dim, a->x, a->y, a->gate);
     if (kc_vec_ok(a->dim, a->x, a->out, a->p0, a->p1))
         residual_norm_kernel<T, true><<<(unsigned)a->rows, kc_norm_threads<true>(a->dim), 0, c->stream>>>(
             (T *)a->x, (const T *)a->y, (const T *)a->gate, (const T *)a->p0, (const T *)a->p1, (T *)a->out,
-            a->dim, a->eps, a->modulate, res_vec);
+            a->dim, a->eps, a->modulate, res_vec, group, gs, s0, s1);
     else
         residual_norm_kernel<T, false><<<(unsigned)a->rows, kc_norm_threads<false>(a->dim), 0, c->stream>>>(
             (T *)a->x, (const T *)a->y, (const T *)a->gate, (const T *)a->p0, (const T *)a->p1, (T *)a->out,
-            a->dim, a->eps, a->modulate, res_vec);
+            a->dim, a->eps, a->modulate, res_vec, group, gs, s0, s1);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

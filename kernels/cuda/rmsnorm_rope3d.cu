@@ -21,10 +21,11 @@
 
 template <typename T>
 __global__ void rmsnorm_rope3d_kernel(T *x, const T *weight, int64_t heads, int64_t d,
-                                      int64_t rows, int64_t cols, float eps, bool vec) {
+                                      int64_t rows, int64_t cols, int64_t ntok, float eps, bool vec) {
     __shared__ float sh[33];
-    const int64_t D = heads * d, tok = blockIdx.x;
-    T *xr = x + tok * D;
+    /* block: a row of the batch; tok: its token's place in its sample */
+    const int64_t D = heads * d, tok = (int64_t)blockIdx.x % ntok;
+    T *xr = x + (int64_t)blockIdx.x * D;
     float q = 0.0f;
     if (vec) { /* 8 values a 16-byte load (D % 8 == 0, x aligned) */
         float v[KC_VEC];
@@ -71,17 +72,19 @@ template <typename T>
 static int rmsnorm_rope3d_launch(void *ctx, const void *args) {
     const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
     const kern_rmsnorm_rope_args_t *a = (const kern_rmsnorm_rope_args_t *)args;
-    const int64_t ntok = a->frames * a->rows * a->cols;
+    const int64_t ntok = a->frames * a->rows * a->cols, all = ntok * (a->batch > 1 ? a->batch : 1);
     if (ntok <= 0 || a->heads <= 0 || a->head_dim <= 0) return 0;
     if (a->head_dim % 2)
         return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d: head_dim %lld is odd", (long long)a->head_dim);
     if (!a->weight) return reel_fail(REEL_E_INVALID, "rmsnorm_rope3d: weight is required");
-    if (ntok > INT_MAX)
+    if (all > INT_MAX)
         return reel_fail(REEL_E_LIMIT, "rmsnorm_rope3d: %lld tokens exceed the CUDA grid (one block per token)",
-                         (long long)ntok);
+                         (long long)all);
     const int threads = kc_row_threads(a->heads * a->head_dim);
-    rmsnorm_rope3d_kernel<T><<<(unsigned)ntok, threads, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->weight, a->heads, a->head_dim, a->rows, a->cols, a->eps,
+    /* a batch's samples: the same vec choice as each alone (D % 8 == 0
+     * keeps every sample's rows aligned as the first's) */
+    rmsnorm_rope3d_kernel<T><<<(unsigned)all, threads, 0, c->stream>>>(
+        (T *)a->x, (const T *)a->weight, a->heads, a->head_dim, a->rows, a->cols, ntok, a->eps,
         kc_vec_ok(a->heads * a->head_dim, a->x));
     CUDA_CHECK(cudaGetLastError());
     return 0;
