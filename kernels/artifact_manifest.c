@@ -31,9 +31,11 @@ static void attn_sizes(const void *args, int64_t *o) {
     const kern_attention_args_t *a = args;
     o[0] = a->nq, o[1] = a->nk, o[2] = a->heads, o[3] = a->head_dim;
 }
+/* Every sample's output: a batch (ABI 3) writes batch·nq rows. */
 static int64_t attn_out(const void *args) {
     const kern_attention_args_t *a = args;
-    return a->nq > 0 && a->heads > 0 && a->head_dim > 0 ? a->nq * a->heads * a->head_dim : 0;
+    return a->nq > 0 && a->heads > 0 && a->head_dim > 0 ? (a->batch > 1 ? a->batch : 1) * a->nq * a->heads * a->head_dim
+                                                         : 0;
 }
 static void unary_sizes(const void *args, int64_t *o) { o[0] = ((const kern_unary_args_t *)args)->n; }
 static int64_t unary_out(const void *args) {

@@ -66,7 +66,8 @@ static int group_param(kern_stream_t *s, const char *op, const char *name, const
         *stride = p->stride[0];
         return 0;
     }
-    return kern_op_shape_fail(op, name, p, "[D], or [G, D] rows with unit column stride (one per row group)");
+    return kern_op_shape_fail(op, name, p, "[D], or [G, D] rows with unit column stride and row stride >= D "
+                                           "(one per row group)");
 }
 
 /* Row groups of `rows` rows from the groups of the parameters (1 where
@@ -77,8 +78,8 @@ static int row_groups(const char *op, int64_t rows, const int64_t *g, int n, int
     for (int i = 0; i < n; i++) {
         if (g[i] == 1) continue;
         if (G != 1 && g[i] != G)
-            return reel_fail(REEL_E_INVALID, "%s: parameters for %lld and for %lld row groups", op, (long long)G,
-                             (long long)g[i]);
+            return reel_fail(REEL_E_INVALID, "%s: parameters for %lld and for %lld row groups (every per-group "
+                             "parameter needs the same rows)", op, (long long)G, (long long)g[i]);
         G = g[i];
     }
     if (G > 1 && (rows < G || rows % G))
@@ -333,9 +334,13 @@ static int attention(kern_stream_t *s, const kern_tensor_t *q, const kern_tensor
     if (k->ndim != 2 || k->shape[1] != D) return kern_op_shape_fail(op, "k", k, "[Nk, H*d]");
     if (!kern_tensor_same_shape(k, v)) return kern_op_shape_fail(op, "v", v, "k's shape");
     if (!kern_tensor_same_shape(q, o)) return kern_op_shape_fail(op, "o", o, "q's shape");
-    if (batch < 1 || q->shape[0] % batch || (!kv_shared && k->shape[0] % batch))
-        return reel_fail(REEL_E_INVALID, "%s: %lld samples do not divide q's %lld rows%s", op, (long long)batch,
-                         (long long)q->shape[0], kv_shared ? "" : " and k's rows");
+    if (batch < 1) return reel_fail(REEL_E_INVALID, "%s: a batch of %lld: must be >= 1", op, (long long)batch);
+    if (q->shape[0] % batch)
+        return reel_fail(REEL_E_INVALID, "%s: %lld samples do not divide q's %lld rows", op, (long long)batch,
+                         (long long)q->shape[0]);
+    if (!kv_shared && k->shape[0] % batch)
+        return reel_fail(REEL_E_INVALID, "%s: %lld samples do not divide k's %lld rows (kv not shared)", op,
+                         (long long)batch, (long long)k->shape[0]);
     const int64_t nk = kv_shared ? k->shape[0] : k->shape[0] / batch;
     if (nk < 1) return reel_fail(REEL_E_INVALID, "%s: no keys", op);
     int64_t d = D / heads;
@@ -439,12 +444,15 @@ static int patch(kern_stream_t *s, kern_op_t opc, const char *op, const kern_ten
                  const kern_tensor_t *tokens, const void *src, void *dst) {
     kern_dtype_t dt = latent ? latent->dtype : KERN_F32;
     if (check(s, op, "latent", latent, dt) || check(s, op, "tokens", tokens, dt)) return -1;
-    if (latent->ndim != 4 || latent->shape[2] % 2 || latent->shape[3] % 2)
-        return kern_op_shape_fail(op, "latent", latent, "[C, F, H, W] with H, W even");
-    int64_t C = latent->shape[0], F = latent->shape[1], H = latent->shape[2], W = latent->shape[3];
-    if (tokens->ndim != 2 || tokens->shape[0] != F * (H / 2) * (W / 2) || tokens->shape[1] != 4 * C)
-        return kern_op_shape_fail(op, "tokens", tokens, "[F*H/2*W/2, 4C]");
-    kern_patch_args_t a = { .src = src, .dst = dst, .C = C, .F = F, .H = H, .W = W };
+    /* one sample [C, F, H, W], or B of them [B, C, F, H, W] */
+    const int o = latent->ndim == 5;
+    if ((latent->ndim != 4 && !o) || latent->shape[o + 2] % 2 || latent->shape[o + 3] % 2 || (o && latent->shape[0] < 1))
+        return kern_op_shape_fail(op, "latent", latent, "[C, F, H, W] or [B, C, F, H, W] with H, W even");
+    int64_t Bn = o ? latent->shape[0] : 1, C = latent->shape[o], F = latent->shape[o + 1], H = latent->shape[o + 2],
+            W = latent->shape[o + 3];
+    if (tokens->ndim != 2 || tokens->shape[0] != Bn * F * (H / 2) * (W / 2) || tokens->shape[1] != 4 * C)
+        return kern_op_shape_fail(op, "tokens", tokens, "[B*F*H/2*W/2, 4C]");
+    kern_patch_args_t a = { .src = src, .dst = dst, .C = C, .F = F, .H = H, .W = W, .batch = Bn };
     return kern_dispatch(s, opc, dt, &a);
 }
 
@@ -477,6 +485,20 @@ static int timestep_embed(kern_stream_t *s, const char *name, const kern_tensor_
     int64_t dim = kern_tensor_numel(emb);
     if (dim < 2 || dim % 2) return kern_op_shape_fail(op, "emb", emb, "an even width");
     kern_timestep_args_t a = { .sigma = kern_tensor_ptr(t), .emb = kern_tensor_ptr(emb), .dim = dim, .t_scale = t_scale };
+    return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
+}
+
+int kern_timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, kern_tensor_t *emb) {
+    const char *op = "timestep_embed";
+    kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
+    if (check(s, op, "sigmas", sigmas, KERN_F32) || check(s, op, "emb", emb, dt)) return -1;
+    if (sigmas->ndim != 2 || sigmas->shape[0] < 1 || sigmas->shape[1] < 1)
+        return kern_op_shape_fail(op, "sigmas", sigmas, "[S, k] (row r's σ first)");
+    const int64_t S = sigmas->shape[0];
+    if (emb->ndim != 2 || emb->shape[0] != S || emb->shape[1] < 2 || emb->shape[1] % 2)
+        return kern_op_shape_fail(op, "emb", emb, "[S, even width] (S: the sigmas' rows)");
+    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(sigmas), .emb = kern_tensor_ptr(emb), .dim = emb->shape[1],
+                               .t_scale = 1000.0f, .rows = S, .sigma_stride = sigmas->shape[1] };
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
 }
 
@@ -518,6 +540,24 @@ int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tenso
     return kern_dispatch(s, KERN_OP_CFG_COMBINE, dt, &a);
 }
 
+int kern_cfg_combine_rows(kern_stream_t *s, const kern_tensor_t *vc, const kern_tensor_t *vu,
+                          const kern_tensor_t *g, kern_tensor_t *v) {
+    const char *op = "cfg_combine";
+    kern_dtype_t dt = vc ? vc->dtype : KERN_F32;
+    if (check(s, op, "vc", vc, dt) || check(s, op, "vu", vu, dt) || check(s, op, "v", v, dt) ||
+        check(s, op, "g", g, KERN_F32))
+        return -1;
+    const int64_t n = kern_tensor_numel(vc), S = kern_tensor_numel(g);
+    if (kern_tensor_numel(vu) != n) return kern_op_shape_fail(op, "vu", vu, "vc's element count");
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "vc's element count");
+    if (S < 1 || n % S)
+        return reel_fail(REEL_E_INVALID, "%s: %lld guidance scales do not divide %lld elements", op, (long long)S,
+                         (long long)n);
+    kern_cfg_args_t a = { .vc = kern_tensor_ptr(vc), .vu = kern_tensor_ptr(vu), .g = kern_tensor_ptr(g),
+                          .v = kern_tensor_ptr(v), .n = n, .group = S > 1 ? n / S : 0 };
+    return kern_dispatch(s, KERN_OP_CFG_COMBINE, dt, &a);
+}
+
 int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                       const kern_tensor_t *sigmas) {
     const char *op = "euler";
@@ -529,6 +569,23 @@ int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v
     if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     kern_euler_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                             .sigmas = kern_tensor_ptr(sigmas), .n = n };
+    return kern_dispatch(s, KERN_OP_EULER, dt, &a);
+}
+
+int kern_euler_update_rows(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                           const kern_tensor_t *sigmas) {
+    const char *op = "euler";
+    kern_dtype_t dt = x ? x->dtype : KERN_F32;
+    if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) || check(s, op, "sigmas", sigmas, KERN_F32)) return -1;
+    if (sigmas->ndim != 2 || sigmas->shape[0] < 1 || sigmas->shape[1] < 2)
+        return kern_op_shape_fail(op, "sigmas", sigmas, "[S, k >= 2] (row r: sample r's σ_i, σ_i+1)");
+    const int64_t n = kern_tensor_numel(x), S = sigmas->shape[0];
+    if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
+    if (n % S)
+        return reel_fail(REEL_E_INVALID, "%s: %lld samples' sigmas do not divide %lld elements", op, (long long)S,
+                         (long long)n);
+    kern_euler_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v), .sigmas = kern_tensor_ptr(sigmas),
+                            .n = n, .group = S > 1 ? n / S : 0, .sigma_stride = sigmas->shape[1] };
     return kern_dispatch(s, KERN_OP_EULER, dt, &a);
 }
 

@@ -258,18 +258,31 @@ int kern_residual_layernorm(kern_stream_t *s, kern_tensor_t *x, const kern_tenso
                             const kern_tensor_t *bias, float eps, kern_tensor_t *out);
 int kern_rmsnorm_rope3d(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *weight,
                         float eps, int64_t heads, int64_t frames, int64_t rows, int64_t cols);
-/* latent [C,F,H,W] -> tokens [F·H/2·W/2, 4C]. */
+/* latent [C,F,H,W] -> tokens [F·H/2·W/2, 4C]; or B samples at once,
+ * latent [B,C,F,H,W] -> tokens [B·F·H/2·W/2, 4C] (exact copies either way). */
 int kern_patchify(kern_stream_t *s, const kern_tensor_t *latent, kern_tensor_t *tokens);
-/* tokens [N, 4C] -> latent [C,F,H,W]. */
+/* tokens [N, 4C] -> latent [C,F,H,W]; or [B·N, 4C] -> [B,C,F,H,W]. */
 int kern_unpatchify(kern_stream_t *s, const kern_tensor_t *tokens, kern_tensor_t *latent);
 /* emb [dim] (or [1, dim]) = sinusoid(1000·sigma[0]); sigma F32 with ≥1 element. */
 int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tensor_t *emb);
+/* emb [S, dim], row r = sinusoid(1000·sigmas[r, 0]); sigmas F32 [S, k]
+ * (a mixed batch's σ rows): bitwise kern_timestep_embed row by row. */
+int kern_timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, kern_tensor_t *emb);
 /* v = vu + g·(vc − vu); g F32 [1]. */
 int kern_cfg_combine(kern_stream_t *s, const kern_tensor_t *vc, const kern_tensor_t *vu,
                      const kern_tensor_t *g, kern_tensor_t *v);
+/* The same for S samples of equal size in one launch, sample b with g[b]
+ * (g F32 of S elements, dividing the count): bitwise kern_cfg_combine per
+ * sample. */
+int kern_cfg_combine_rows(kern_stream_t *s, const kern_tensor_t *vc, const kern_tensor_t *vu,
+                          const kern_tensor_t *g, kern_tensor_t *v);
 /* x += (sigmas[1] − sigmas[0])·v; sigmas F32 [≥2]. */
 int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                       const kern_tensor_t *sigmas);
+/* The same for S samples of equal size in one launch, sample b with row b
+ * of sigmas F32 [S, k >= 2]: bitwise kern_euler_update per sample. */
+int kern_euler_update_rows(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
+                           const kern_tensor_t *sigmas);
 /* Flow-GRPO SDE step; sigmas F32 [3] = {σ_i, σ_{i+1}, σ_1}. eta, seed and
  * step are launch values: not capturable. */
 int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,

@@ -210,6 +210,7 @@ typedef struct {
     const void *src;
     void *dst;
     int64_t C, F, H, W;
+    int64_t batch; /* 0 or 1: one; else src and dst hold that many samples, one after another */
 } kern_patch_args_t;
 
 /* emb[0..dim) = [cos(t·ω_j), sin(t·ω_j)], j < dim/2, ω_j = 10000^(−j/(dim/2)),
@@ -220,24 +221,31 @@ typedef struct {
     void *emb;
     int64_t dim;
     float t_scale;
+    int64_t rows, sigma_stride; /* rows (0 or 1: one) of emb, row r's t from sigma[r·sigma_stride] */
 } kern_timestep_args_t;
 
-/* v = vu + g[0]·(vc − vu) over n elements. */
+/* v = vu + g[0]·(vc − vu) over n elements; with group (elements per
+ * sample, dividing n), element i uses g[i / group]: each sample its own
+ * guidance. */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *vc, *vu;
     const float *g;
     void *v;
     int64_t n;
+    int64_t group;
 } kern_cfg_args_t;
 
-/* x += (sigmas[1] − sigmas[0])·v over n elements. */
+/* x += (sigmas[1] − sigmas[0])·v over n elements; with group (elements
+ * per sample, dividing n), element i reads the sigmas at
+ * sigmas + (i / group)·sigma_stride: each sample its own σ. */
 typedef struct {
     kern_args_hdr_t hdr;
     void *x;
     const void *v;
     const float *sigmas;
     int64_t n;
+    int64_t group, sigma_stride;
 } kern_euler_args_t;
 
 /* The coefficients of one multistep solver step (UniPC, DPM++), F32

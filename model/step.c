@@ -7,23 +7,25 @@
  * A batch (shape.batch = B > 1) is B samples of one prompt in one step: the
  * token activations hold B·N rows; the time and text embeddings, the
  * modulation and the cross-attention keys and values are computed once for
- * the group; row-wise ops (norms, modulation, gates, the CFG combine, the
- * Euler update) run once over all B·N rows; what depends on a sample's
- * place (patchify, RoPE, attention, unpatchify) or its seed (the SDE
- * update) runs per sample over views. The GEMMs run per sample too: a BLAS
+ * the group; every other op is one launch over all B samples (row-wise ops
+ * over the B·N rows, RoPE turning each token by its place in its own
+ * sample, attention and patchify batched: kernels/ops.h), each sample's
+ * part bitwise what the op gives it alone; only the SDE update (a seed per
+ * sample) runs per sample over views. The GEMMs run per sample: a BLAS
  * may sum an output row differently depending on where it falls in its M
  * tiling (OpenBLAS on x86 does for small M; cuBLAS picks its algorithm by
  * M), and a batched sample must be bitwise the single request with its
- * seed; the token GEMMs run as one over all B·N rows only where that was
- * found bitwise the same for their shape (tdit_gemm_merge_ok).
+ * seed; the token GEMMs run as one grouped GEMM only where that was found
+ * bitwise the same for their shape (tdit_gemm_merge_ok).
  *
  * A mixed batch (shape.mixed) is B requests: what a group shares is each
  * sample's own (S = B rows of σ, guidance, the time embedding and its
  * modulation; B·L rows of context and text embedding, cross-attention keys
- * and values), computed per sample by the very calls a single request
- * makes; row-wise ops whose parameters are a sample's (adaLN modulation,
- * gates) run per sample over its rows; those with shared parameters
- * (RMSNorm, the cross-attention LayerNorm's affine) still run once. */
+ * and values). Those ops still run once for the batch: ops whose
+ * parameters are a sample's take them per row group ([B, D] views: the
+ * adaLN modulation, gates; σ and guidance rows), and the samples' own
+ * GEMMs are grouped GEMMs (owner_linear), so each sample gets the very
+ * bits of a single request's calls. */
 #include "tinydit.h"
 #include "kernels/artifacts.h"
 #include "base/error.h"
@@ -215,6 +217,16 @@ tdit_ws_t *tdit_ws_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *sh
         for (size_t i = 0; i < sizeof ws_w / sizeof ws_w[0]; i++)
             (void)tdit_gemm_merge_ok(m->backend, m->dtype, ws->N, ws->B, ws_w[i]->shape[1], ws_w[i]->shape[0],
                                      ws_w[i] == &b0->ffn0.w);
+        if (ws->shape.mixed) { /* and the samples' own GEMMs (owner_linear): text rows, the time row */
+            const int64_t L = ws->shape.text_len;
+            const struct { const lin_t *l; int64_t n; bool gelu; } own_w[] = {
+                { &m->text0, L, true }, { &m->text2, L, false }, { &b0->ck, L, false },
+                { &m->time0, 1, false }, { &m->time2, 1, false }, { &m->proj, 1, false },
+            };
+            for (size_t i = 0; i < sizeof own_w / sizeof own_w[0]; i++)
+                (void)tdit_gemm_merge_ok(m->backend, m->dtype, own_w[i].n, ws->B, own_w[i].l->w.shape[1],
+                                         own_w[i].l->w.shape[0], own_w[i].gelu);
+        }
     }
     return ws;
 }
@@ -351,10 +363,6 @@ static int read_tensor(kern_stream_t *s, const kern_tensor_t *t, float *out, siz
 }
 
 /* ---- the forward pass ------------------------------------------------- */
-
-static int linear(kern_stream_t *s, const kern_tensor_t *x, const lin_t *l, kern_tensor_t *y) {
-    return kern_gemm(s, x, &l->w, &l->b, y);
-}
 
 /* Rows [b·n, (b+1)·n) of a contiguous 2-D tensor: sample b's tokens. */
 static kern_tensor_t rows_of(const kern_tensor_t *t, int64_t b, int64_t n) {
@@ -503,35 +511,31 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     kern_tensor_t e6_all = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
                                             SHAPE(S, 6 * m->cfg.dim));
     e6_all.offset = ws->e6.offset;
-    for (int64_t i = 0; i < S; i++) { /* per owner: the calls of a single request, over its row */
-        kern_tensor_t s_emb = own(ws, &ws->s_emb, i, 1), e_h = own(ws, &ws->e_h, i, 1), e = own(ws, &ws->e, i, 1),
-                      e_silu = own(ws, &ws->e_silu, i, 1), e6_flat = own(ws, &e6_all, i, 1);
-        if (tdit_solver_multistep(ws->shape.solver)) {
-            /* A multistep solver hands the transformer its own timestep (Wan's
-             * int64 t), not 1000·σ_i. (Never mixed: tdit_shape_validate.) */
-            kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
-            t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
-            TRY(kern_timestep_embed_at(s, &t, &s_emb));
-        } else {
-            kern_tensor_t sig = own_sigmas(ws, i);
-            TRY(kern_timestep_embed(s, &sig, &s_emb));
-        }
-        TRY(linear(s, &s_emb, &m->time0, &e_h));
-        TRY(kern_silu(s, &e_h, &e_h));
-        TRY(linear(s, &e_h, &m->time2, &e));
-        TRY(kern_silu(s, &e, &e_silu));
-        TRY(linear(s, &e_silu, &m->proj, &e6_flat));
+    /* One launch per op for every owner: a mixed batch's rows are each
+     * sample's own (σ row by row; GEMMs grouped by one row, as alone). */
+    if (tdit_solver_multistep(ws->shape.solver)) {
+        /* A multistep solver hands the transformer its own timestep (Wan's
+         * int64 t), not 1000·σ_i. (Never mixed: tdit_shape_validate.) */
+        kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
+        t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
+        TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
+    } else if (S > 1) {
+        TRY(kern_timestep_embed_rows(s, &ws->sigmas, &ws->s_emb));
+    } else {
+        TRY(kern_timestep_embed(s, &ws->sigmas, &ws->s_emb));
     }
+    TRY(owner_linear(ws, s, &ws->s_emb, &m->time0, &ws->e_h, 1, false));
+    TRY(kern_silu(s, &ws->e_h, &ws->e_h));
+    TRY(owner_linear(ws, s, &ws->e_h, &m->time2, &ws->e, 1, false));
+    TRY(kern_silu(s, &ws->e, &ws->e_silu));
+    TRY(owner_linear(ws, s, &ws->e_silu, &m->proj, &e6_all, 1, false));
     /* 2: text embedding */
     kern_artifacts_set_region("embed.text");
     TRY(owner_linear(ws, s, context, &m->text0, &ws->txt_h, L, true));
     TRY(owner_linear(ws, s, &ws->txt_h, &m->text2, &ws->c, L, false));
     /* 3: tokens */
     kern_artifacts_set_region("embed.patch");
-    for (int64_t b = 0; b < ws->B; b++) {
-        kern_tensor_t lb = sample_of(ws, &ws->latent, b), tb = ws->B == 1 ? ws->tok : rows_of(&ws->tok, b, ws->N);
-        TRY(kern_patchify(s, &lb, &tb));
-    }
+    TRY(kern_patchify(s, &ws->latent, &ws->tok)); /* every sample's tokens */
     TRY(tlinear(ws, s, &ws->tok, &m->patch, &ws->x));
     /* 4: blocks */
     for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
@@ -542,12 +546,8 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     TRY(kern_add_repeat(s, &hm1, &ws->e, &ws->hscale));
     TRY(ln_modulate(s, &ws->x, &ws->hshift, &ws->hscale, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &m->head, &ws->y));
-    /* 6: unpatchify */
-    for (int64_t b = 0; b < ws->B; b++) {
-        kern_tensor_t yb = ws->B == 1 ? ws->y : rows_of(&ws->y, b, ws->N), vb = sample_of(ws, v, b);
-        TRY(kern_unpatchify(s, &yb, &vb));
-    }
-    return 0;
+    /* 6: unpatchify, every sample */
+    return kern_unpatchify(s, &ws->y, v);
 }
 
 /* The forward pass with the workspace's own scratch bound to s: whatever
@@ -570,23 +570,15 @@ static int velocity(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     if (!ws->shape.cfg) return 0;
     TRY(tdit_forward(m, ws, s, &ws->uncond, &ws->v_uncond));
     if (!ws->shape.mixed) return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
-    for (int64_t b = 0; b < ws->B; b++) { /* each sample its own guidance */
-        kern_tensor_t vc = sample_of(ws, &ws->v_cond, b), vu = sample_of(ws, &ws->v_uncond, b),
-                      g = own_guidance(ws, b), out = sample_of(ws, &ws->v_comb, b);
-        TRY(kern_cfg_combine(s, &vc, &vu, &g, &out));
-    }
-    return 0;
+    /* each sample its own guidance, one launch */
+    return kern_cfg_combine_rows(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
 }
 
 int tdit_step(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     TRY(velocity(m, ws, s));
     if (!ws->shape.mixed) return kern_euler_update(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
-    for (int64_t b = 0; b < ws->B; b++) { /* each sample its own σ */
-        kern_tensor_t x = sample_of(ws, &ws->latent, b), v = sample_of(ws, tdit_ws_velocity(ws), b),
-                      sig = own_sigmas(ws, b);
-        TRY(kern_euler_update(s, &x, &v, &sig));
-    }
-    return 0;
+    /* each sample its own σ, one launch */
+    return kern_euler_update_rows(s, &ws->latent, tdit_ws_velocity(ws), &ws->sigmas);
 }
 
 int tdit_step_sde(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, float eta,

@@ -107,32 +107,45 @@ static kern_tensor_t rg_rows(const kern_tensor_t *t, int64_t r0, int64_t n) {
     return v;
 }
 
-/* The [G, D] view of rows k, k + every, k + 2·every, ... of a 2-D tensor
- * (every sample's row k of a modulation block of `every` rows). */
-static kern_tensor_t rg_every(const kern_tensor_t *t, int64_t k, int64_t every, int64_t G) {
-    const int64_t D = t->shape[1];
+/* The [G, D] view of the first D columns of rows k, k + every, k +
+ * 2·every, ... of a 2-D tensor (every sample's row k of a modulation block
+ * of `every` rows; the tensor may be wider than D). */
+static kern_tensor_t rg_every(const kern_tensor_t *t, int64_t k, int64_t every, int64_t G, int64_t D) {
+    const int64_t W = t->shape[1];
     kern_tensor_t v = kern_tensor_make(t->data, t->dtype, t->device, 2, (int64_t[]){ G, D });
-    v.offset = t->offset + (size_t)(k * D) * kern_dtype_size(t->dtype);
-    v.stride[0] = every * D;
+    v.offset = t->offset + (size_t)(k * W) * kern_dtype_size(t->dtype);
+    v.stride[0] = every * W;
+    return v;
+}
+
+/* Row r of a 2-D tensor cut to its first D columns, as a contiguous [D]. */
+static kern_tensor_t rg_row(const kern_tensor_t *t, int64_t r, int64_t D) {
+    kern_tensor_t v = kern_tensor_make(t->data, t->dtype, t->device, 1, (int64_t[]){ D });
+    v.offset = t->offset + (size_t)(r * t->shape[1]) * kern_dtype_size(t->dtype);
     return v;
 }
 
 /* The row-wise cases, one shape: G groups of n rows of width D, the
- * parameters rows of a block of `every` rows per group. */
-static int rg_rowwise(rg_ctx_t *c, const char *name, int64_t G, int64_t n, int64_t D, int64_t every) {
+ * parameters rows of a block of `every` rows per group, each row pad
+ * values wider than D (so the row stride, every·(D + pad), need not be
+ * whole 16-byte chunks while D is); share0: the first parameter (the
+ * shift) shared by every group, [D], the others per group. */
+static int rg_rowwise(rg_ctx_t *c, const char *name, int64_t G, int64_t n, int64_t D, int64_t every, int64_t pad,
+                      bool share0) {
     char what[160];
-    snprintf(what, sizeof what, "%s G=%lld n=%lld D=%lld stride=%lld·D", name, (long long)G, (long long)n,
-             (long long)D, (long long)every);
+    snprintf(what, sizeof what, "%s G=%lld n=%lld D=%lld stride=%lld%s", name, (long long)G, (long long)n,
+             (long long)D, (long long)(every * (D + pad)), share0 ? " shared shift" : "");
     kern_tensor_t x = rg_tensor(c, 2, (int64_t[]){ G * n, D }, true);
     kern_tensor_t y = rg_tensor(c, 2, (int64_t[]){ G * n, D }, true);
-    kern_tensor_t P = rg_tensor(c, 2, (int64_t[]){ G * every, D }, true);
+    kern_tensor_t P = rg_tensor(c, 2, (int64_t[]){ G * every, D + pad }, true);
     kern_tensor_t w = rg_tensor(c, 1, (int64_t[]){ D }, true), bias = rg_tensor(c, 1, (int64_t[]){ D }, true);
     kern_tensor_t x1 = rg_tensor(c, 2, (int64_t[]){ G * n, D }, false), x2 = rg_tensor(c, 2, (int64_t[]){ G * n, D }, false);
     kern_tensor_t o1 = rg_tensor(c, 2, (int64_t[]){ G * n, D }, false), o2 = rg_tensor(c, 2, (int64_t[]){ G * n, D }, false);
     if (!x.data || !y.data || !P.data || !w.data || !bias.data || !x1.data || !x2.data || !o1.data || !o2.data) return -1;
     if (rg_copy(c, &x1, &x) || rg_copy(c, &x2, &x) || rg_copy(c, &o1, &y) || rg_copy(c, &o2, &y)) return -1;
     const int64_t k1 = 1 % every, k2 = every - 1; /* the parameters' rows in a group's block */
-    kern_tensor_t p0 = rg_every(&P, 0, every, G), p1 = rg_every(&P, k1, every, G), p2 = rg_every(&P, k2, every, G);
+    kern_tensor_t p0 = share0 ? w : rg_every(&P, 0, every, G, D), p1 = rg_every(&P, k1, every, G, D),
+                  p2 = rg_every(&P, k2, every, G, D);
     int rc = 0;
     const float eps = 1e-6f;
     /* the batch: one call */
@@ -145,8 +158,8 @@ static int rg_rowwise(rg_ctx_t *c, const char *name, int64_t G, int64_t n, int64
     /* group by group, each with its own rows as [D] */
     for (int64_t g = 0; g < G && !rc; g++) {
         kern_tensor_t xg = rg_rows(&x2, g * n, n), yg = rg_rows(&y, g * n, n), og = rg_rows(&o2, g * n, n);
-        kern_tensor_t q0 = kern_tensor_row(&P, g * every), q1 = kern_tensor_row(&P, g * every + k1),
-                      q2 = kern_tensor_row(&P, g * every + k2);
+        kern_tensor_t q0 = share0 ? w : rg_row(&P, g * every, D), q1 = rg_row(&P, g * every + k1, D),
+                      q2 = rg_row(&P, g * every + k2, D);
         if (!strcmp(name, "layernorm_modulate")) rc = kern_layernorm_modulate(c->s, &xg, &q0, &q1, eps, &og);
         else if (!strcmp(name, "residual_layernorm_modulate"))
             rc = kern_residual_layernorm_modulate(c->s, &xg, &yg, &q2, &q0, &q1, eps, &og);
@@ -223,10 +236,14 @@ static int rg_check(kern_backend_t *b, kern_stream_t *s, kern_dtype_t dt, const 
     int rc = 0;
     why[0] = 0;
     if (kern_stream_reserve(s, (size_t)16 << 20)) return rg_fail(&c, "reserve: %s", reel_err_text());
-    /* (G, n, D, every): the step's block (6 rows), its head (1 row: a
-     * contiguous [G, D]), widths off the 16-byte paths, strides off them */
-    static const int64_t rows[][4] = { { 3, 5, 64, 6 }, { 8, 32, 64, 6 }, { 4, 3, 20, 3 }, { 2, 7, 36, 1 },
-                                       { 5, 2, 64, 1 }, { 1, 4, 64, 6 } };
+    /* (G, n, D, every, pad, share0): the step's block (6 rows), its head
+     * (1 row: a contiguous [G, D]), widths off the 16-byte paths, strides
+     * off them with widths on them (the CUDA norms' group-by-group way),
+     * one group, a shift shared with per-group scales */
+    static const int64_t rows[][6] = { { 3, 5, 64, 6, 0, 0 }, { 8, 32, 64, 6, 0, 0 }, { 4, 3, 20, 3, 0, 0 },
+                                       { 2, 7, 36, 1, 0, 0 }, { 5, 2, 64, 1, 0, 0 }, { 1, 4, 64, 6, 0, 0 },
+                                       { 4, 5, 64, 3, 4, 0 }, { 3, 2, 64, 1, 4, 0 }, { 3, 4, 64, 6, 0, 1 },
+                                       { 2, 3, 64, 1, 1, 1 } };
     /* each shape's tensors are released before the next */
 #define RG_ONE(call) do { if (!rc) rc = (call); rg_release(&c); } while (0)
     if (!strcmp(name, "add_repeat")) {
@@ -237,6 +254,7 @@ static int rg_check(kern_backend_t *b, kern_stream_t *s, kern_dtype_t dt, const 
         RG_ONE(rg_rope(&c, 3, 2, 4, 4, 4, 16));
         RG_ONE(rg_rope(&c, 8, 1, 2, 3, 2, 12));
         RG_ONE(rg_rope(&c, 2, 3, 2, 2, 1, 8));
+        RG_ONE(rg_rope(&c, 2, 1, 2, 2, 3, 6)); /* a row of 18: off the 16-byte path */
     } else if (!strcmp(name, "attention") || !strcmp(name, "attention_shared_kv")) {
         const bool sh = !strcmp(name, "attention_shared_kv");
         /* direct, whole rows, flash-style (the CPU's ways); small and
@@ -245,10 +263,11 @@ static int rg_check(kern_backend_t *b, kern_stream_t *s, kern_dtype_t dt, const 
         RG_ONE(rg_attention(&c, 3, 17, 100, 2, 24, sh));
         RG_ONE(rg_attention(&c, 2, 1100, 1000, 1, 8, sh));
         RG_ONE(rg_attention(&c, 8, 5, 7, 3, 64, sh));
+        RG_ONE(rg_attention(&c, 8, 64, 64, 4, 16, sh)); /* one sample below the CPU's thread threshold, the batch above */
     } else if (!strcmp(name, "layernorm_modulate") || !strcmp(name, "residual_layernorm_modulate") ||
                !strcmp(name, "residual_layernorm") || !strcmp(name, "gated_residual")) {
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-            RG_ONE(rg_rowwise(&c, name, rows[i][0], rows[i][1], rows[i][2], rows[i][3]));
+            RG_ONE(rg_rowwise(&c, name, rows[i][0], rows[i][1], rows[i][2], rows[i][3], rows[i][4], rows[i][5] != 0));
     } else {
         rc = rg_fail(&c, "no case named %s", name);
     }

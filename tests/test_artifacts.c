@@ -539,6 +539,64 @@ START_TEST(test_example_attention_is_promoted_and_equal_to_native_at_every_shape
 }
 END_TEST
 
+/* A mixed batch's attention (kern_attention_batch, ABI 3's batch): the
+ * parity run sizes its shadow output for every sample (it was one
+ * sample's: the artifact wrote past it), and both the parity run and the
+ * promoted artifact give each sample native's bytes for it alone. */
+START_TEST(test_example_attention_on_a_batch_is_each_samples_native_bytes) {
+    static const int64_t shapes[][6] = { { 3, 32, 32, 2, 16, 0 }, { 4, 17, 5, 3, 8, 1 } }; /* B nq nk H d shared */
+    kern_artifacts_t *set = install_only(root_with("cpu_attention_parsoftmax", NULL),
+                                         "cpu-attention-parsoftmax", KERN_ART_TIMING_OFF);
+    kern_backend_t *b = kern_backend_cpu_new();
+    kern_stream_t *s = kern_stream_new(b);
+    kern_artifacts_set_region("block.cross_attn");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t B = shapes[i][0], nq = shapes[i][1], nk = shapes[i][2], H = shapes[i][3], D = H * shapes[i][4];
+        const bool shared = shapes[i][5] != 0;
+        const int64_t kr = shared ? nk : B * nk;
+        kern_tensor_t q = kern_tensor_alloc(b, KERN_F32, 2, (int64_t[]){ B * nq, D });
+        kern_tensor_t k = kern_tensor_alloc(b, KERN_F32, 2, (int64_t[]){ kr, D });
+        kern_tensor_t v = kern_tensor_alloc(b, KERN_F32, 2, (int64_t[]){ kr, D });
+        kern_tensor_t o = kern_tensor_alloc(b, KERN_F32, 2, (int64_t[]){ B * nq, D });
+        tdit_initial_latent(7, q.data, (size_t)(B * nq * D));
+        tdit_initial_latent(8, k.data, (size_t)(kr * D));
+        tdit_initial_latent(9, v.data, (size_t)(kr * D));
+        size_t bytes = kern_tensor_bytes(&o);
+        float *r[3] = { malloc(bytes), malloc(bytes), malloc(bytes) };
+        for (int j = 0; j < 2; j++) { /* the parity run, then the promoted artifact */
+            TS_OK(kern_attention_batch(s, &q, &k, &v, H, &o, B, shared));
+            memcpy(r[j], o.data, bytes);
+        }
+        kern_artifacts_uninstall(set);
+        for (int64_t sb = 0; sb < B; sb++) { /* native, sample by sample */
+            kern_tensor_t qb = kern_tensor_make(q.data, KERN_F32, q.device, 2, (int64_t[]){ nq, D });
+            kern_tensor_t ob = kern_tensor_make(o.data, KERN_F32, o.device, 2, (int64_t[]){ nq, D });
+            kern_tensor_t kb = kern_tensor_make(k.data, KERN_F32, k.device, 2, (int64_t[]){ nk, D }), vb = kb;
+            vb.data = v.data;
+            qb.offset = ob.offset = (size_t)(sb * nq * D) * 4;
+            if (!shared) kb.offset = vb.offset = (size_t)(sb * nk * D) * 4;
+            TS_OK(kern_attention(s, &qb, &kb, &vb, H, &ob));
+        }
+        memcpy(r[2], o.data, bytes);
+        ck_assert_int_eq(kern_artifacts_install(set, KERN_ART_TIMING_OFF), 0);
+        ck_assert_msg(memcmp(r[0], r[2], bytes) == 0, "batch %zu: the parity run differs from native", i);
+        ck_assert_msg(memcmp(r[1], r[2], bytes) == 0, "batch %zu: the artifact differs from native", i);
+        for (int j = 0; j < 3; j++) free(r[j]);
+        kern_free(b, q.data);
+        kern_free(b, k.data);
+        kern_free(b, v.data);
+        kern_free(b, o.data);
+    }
+    int promoted = 0;
+    kern_art_counts_t t;
+    ck_assert_int_eq(kern_artifacts_totals(set, "cpu-attention-parsoftmax", &t, &promoted, NULL), 0);
+    ck_assert_int_eq(promoted, 2);
+    kern_artifacts_destroy(&set);
+    kern_stream_destroy(&s);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
 /* The timing modes reach into graph replays on the CPU backend (the
  * trampoline a graph holds runs on the replaying thread): under SHADOW
  * every replay runs both kernels, times them and applies the parity rule,
@@ -1096,6 +1154,7 @@ int main(void) {
     tcase_add_test(tc, test_wrong_artifact_is_demoted_with_artifact_parity_and_never_changes_an_op_result);
     tcase_add_test(tc, test_example_gemm_gelu_is_promoted_and_equal_to_native_at_every_shape);
     tcase_add_test(tc, test_example_attention_is_promoted_and_equal_to_native_at_every_shape);
+    tcase_add_test(tc, test_example_attention_on_a_batch_is_each_samples_native_bytes);
     tcase_add_test(tc, test_runtime_failure_falls_back_to_native_counted_and_never_demotes);
     tcase_add_test(tc, test_an_artifact_replaces_its_op_only_in_its_region);
     tcase_add_test(tc, test_each_capture_key_gets_its_own_shadow_run_and_verdict);

@@ -108,8 +108,8 @@ START_TEST(test_malformed_row_groups_are_refused_with_a_message_and_nothing_writ
     /* rope: rows must be whole samples; attention: the batch must divide */
     kern_tensor_t w = kern_tensor_row(&P, 0);
     refused(kern_rmsnorm_rope3d(S, &x, &w, 1e-6f, 2, 1, 1, 5), "B samples' tokens");
-    refused(kern_attention_batch(S, &x, &y, &y, 2, &out, 5, false), "5 samples do not divide");
-    refused(kern_attention_batch(S, &x, &y, &y, 2, &out, 0, true), "0 samples do not divide");
+    refused(kern_attention_batch(S, &x, &y, &y, 2, &out, 5, false), "5 samples do not divide q's 12 rows");
+    refused(kern_attention_batch(S, &x, &y, &y, 2, &out, 0, true), "must be >= 1");
     kern_free(B, x.data);
     kern_free(B, y.data);
     kern_free(B, P.data);

@@ -11,13 +11,13 @@
 static int patchify_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_patch_args_t *a = args;
-    const float *src = a->src;
-    float *dst = a->dst;
-    int64_t C = a->C, F = a->F, H = a->H, W = a->W, Hp = H / 2, Wp = W / 2;
+    int64_t C = a->C, F = a->F, H = a->H, W = a->W, Hp = H / 2, Wp = W / 2, per = C * F * H * W;
+    for (int64_t b = 0; b < (a->batch > 1 ? a->batch : 1); b++) /* a batch: its samples one after another */
     for (int64_t f = 0; f < F; f++)
         for (int64_t h = 0; h < Hp; h++)
             for (int64_t w = 0; w < Wp; w++) {
-                float *tok = dst + ((f * Hp + h) * Wp + w) * 4 * C;
+                const float *src = (const float *)a->src + b * per;
+                float *tok = (float *)a->dst + b * per + ((f * Hp + h) * Wp + w) * 4 * C;
                 for (int64_t c = 0; c < C; c++)
                     for (int64_t ph = 0; ph < 2; ph++)
                         for (int64_t pw = 0; pw < 2; pw++)
@@ -31,13 +31,13 @@ static int patchify_f32(void *ctx, const void *args) {
 static int unpatchify_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_patch_args_t *a = args;
-    const float *src = a->src;
-    float *dst = a->dst;
-    int64_t C = a->C, F = a->F, H = a->H, W = a->W, Hp = H / 2, Wp = W / 2;
+    int64_t C = a->C, F = a->F, H = a->H, W = a->W, Hp = H / 2, Wp = W / 2, per = C * F * H * W;
+    for (int64_t b = 0; b < (a->batch > 1 ? a->batch : 1); b++) /* a batch: its samples one after another */
     for (int64_t f = 0; f < F; f++)
         for (int64_t h = 0; h < Hp; h++)
             for (int64_t w = 0; w < Wp; w++) {
-                const float *tok = src + ((f * Hp + h) * Wp + w) * 4 * C;
+                float *dst = (float *)a->dst + b * per;
+                const float *tok = (const float *)a->src + b * per + ((f * Hp + h) * Wp + w) * 4 * C;
                 for (int64_t ph = 0; ph < 2; ph++)
                     for (int64_t pw = 0; pw < 2; pw++)
                         for (int64_t c = 0; c < C; c++)

@@ -17,13 +17,15 @@
 static int timestep_embed_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_timestep_args_t *a = args;
-    float *emb = a->emb;
     int64_t h = a->dim / 2;
-    double t = (double)a->t_scale * (double)a->sigma[0];
-    for (int64_t j = 0; j < h; j++) {
-        double th = t * pow(10000.0, -(double)j / (double)h);
-        emb[j] = (float)cos(th);
-        emb[h + j] = (float)sin(th);
+    for (int64_t r = 0; r < (a->rows > 1 ? a->rows : 1); r++) { /* row r: its own σ */
+        float *emb = (float *)a->emb + r * a->dim;
+        double t = (double)a->t_scale * (double)a->sigma[r * a->sigma_stride];
+        for (int64_t j = 0; j < h; j++) {
+            double th = t * pow(10000.0, -(double)j / (double)h);
+            emb[j] = (float)cos(th);
+            emb[h + j] = (float)sin(th);
+        }
     }
     return 0;
 }
@@ -34,8 +36,11 @@ static int cfg_combine_f32(void *ctx, const void *args) {
     const kern_cfg_args_t *a = args;
     const float *vc = a->vc, *vu = a->vu;
     float *v = a->v;
-    float g = a->g[0];
-    for (int64_t i = 0; i < a->n; i++) v[i] = vu[i] + g * (vc[i] - vu[i]);
+    const int64_t per = a->group > 0 ? a->group : a->n; /* a sample's elements */
+    for (int64_t i0 = 0; i0 < a->n; i0 += per) {
+        const float g = a->g[i0 / per];
+        for (int64_t i = i0; i < i0 + per; i++) v[i] = vu[i] + g * (vc[i] - vu[i]);
+    }
     return 0;
 }
 
@@ -45,8 +50,12 @@ static int euler_f32(void *ctx, const void *args) {
     const kern_euler_args_t *a = args;
     float *x = a->x;
     const float *v = a->v;
-    float delta = a->sigmas[1] - a->sigmas[0];
-    for (int64_t i = 0; i < a->n; i++) x[i] += delta * v[i];
+    const int64_t per = a->group > 0 ? a->group : a->n; /* a sample's elements */
+    for (int64_t i0 = 0; i0 < a->n; i0 += per) {
+        const float *sg = a->sigmas + i0 / per * a->sigma_stride;
+        const float delta = sg[1] - sg[0];
+        for (int64_t i = i0; i < i0 + per; i++) x[i] += delta * v[i];
+    }
     return 0;
 }
 

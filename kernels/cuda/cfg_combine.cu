@@ -4,9 +4,9 @@
 #include "cuda_device.cuh"
 
 template <typename T>
-__global__ void cfg_combine_kernel(const T *vc, const T *vu, const float *g, T *v, int64_t n) {
-    const float gs = *g;
+__global__ void cfg_combine_kernel(const T *vc, const T *vu, const float *g, T *v, int64_t n, int64_t group) {
     KC_FOR(i, n) {
+        const float gs = g[group ? i / group : 0]; /* the sample's own scale */
         float u = kc_f32(vu[i]);
         v[i] = kc_store<T>(u + gs * (kc_f32(vc[i]) - u));
     }
@@ -18,7 +18,7 @@ static int cfg_combine_launch(void *ctx, const void *args) {
     const kern_cfg_args_t *a = (const kern_cfg_args_t *)args;
     if (a->n <= 0) return 0;
     cfg_combine_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (const T *)a->vc, (const T *)a->vu, a->g, (T *)a->v, a->n);
+        (const T *)a->vc, (const T *)a->vu, a->g, (T *)a->v, a->n, a->group);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

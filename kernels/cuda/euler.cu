@@ -4,9 +4,12 @@
 #include "cuda_device.cuh"
 
 template <typename T>
-__global__ void euler_kernel(T *x, const T *v, const float *sigmas, int64_t n) {
-    const float dt = sigmas[1] - sigmas[0];
-    KC_FOR(i, n) x[i] = kc_store<T>(kc_f32(x[i]) + dt * kc_f32(v[i]));
+__global__ void euler_kernel(T *x, const T *v, const float *sigmas, int64_t n, int64_t group, int64_t sstride) {
+    KC_FOR(i, n) {
+        const float *sg = sigmas + (group ? i / group * sstride : 0); /* the sample's own σ */
+        const float dt = sg[1] - sg[0];
+        x[i] = kc_store<T>(kc_f32(x[i]) + dt * kc_f32(v[i]));
+    }
 }
 
 template <typename T>
@@ -15,7 +18,7 @@ static int euler_launch(void *ctx, const void *args) {
     const kern_euler_args_t *a = (const kern_euler_args_t *)args;
     if (a->n <= 0) return 0;
     euler_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->v, a->sigmas, a->n);
+        (T *)a->x, (const T *)a->v, a->sigmas, a->n, a->group, a->sigma_stride);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -31,7 +31,7 @@ static int layernorm_modulate_launch(void *ctx, const void *args) {
      * takes alone. Rows whose parameter rows keep the first group's
      * alignment (strides of whole 16-byte chunks) share it; else group by
      * group, each with its own. */
-    if (group && (ss % KC_VEC || cs % KC_VEC)) {
+    if (group && a->dim % KC_VEC == 0 && (ss % KC_VEC || cs % KC_VEC)) { /* (dim % 8: scalar for all) */
         for (int64_t g = 0; g < a->rows / group; g++) {
             kern_norm_modulate_args_t one = *a;
             one.x = (const T *)a->x + g * group * a->dim;

@@ -5,13 +5,15 @@
 #include "cuda_device.cuh"
 
 template <typename T>
-__global__ void patchify_kernel(const T *src, T *dst, int64_t C, int64_t F, int64_t H, int64_t W) {
-    const int64_t Hp = H / 2, Wp = W / 2, n = F * Hp * Wp * 4 * C;
-    KC_FOR(i, n) {
+__global__ void patchify_kernel(const T *src, T *dst, int64_t C, int64_t F, int64_t H, int64_t W, int64_t batch) {
+    const int64_t Hp = H / 2, Wp = W / 2, per = F * Hp * Wp * 4 * C;
+    KC_FOR(k, batch * per) { /* a batch: its samples one after another */
+        const int64_t b = k / per, i = k % per;
+        const T *src_b = src + b * per;
         int64_t tok = i / (4 * C), e = i % (4 * C);
         int64_t c = e / 4, ph = (e / 2) % 2, pw = e % 2;
         int64_t f = tok / (Hp * Wp), hh = (tok / Wp) % Hp, ww = tok % Wp;
-        dst[i] = src[((c * F + f) * H + 2 * hh + ph) * W + 2 * ww + pw];
+        dst[k] = src_b[((c * F + f) * H + 2 * hh + ph) * W + 2 * ww + pw];
     }
 }
 
@@ -19,10 +21,10 @@ template <typename T>
 static int patchify_launch(void *ctx, const void *args) {
     const kern_cuda_ctx_t *c = (const kern_cuda_ctx_t *)ctx;
     const kern_patch_args_t *a = (const kern_patch_args_t *)args;
-    int64_t n = a->C * a->F * a->H * a->W;
+    const int64_t batch = a->batch > 1 ? a->batch : 1, n = a->C * a->F * a->H * a->W * batch;
     if (n <= 0) return 0;
     patchify_kernel<T><<<kc_blocks(n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (const T *)a->src, (T *)a->dst, a->C, a->F, a->H, a->W);
+        (const T *)a->src, (T *)a->dst, a->C, a->F, a->H, a->W, batch);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

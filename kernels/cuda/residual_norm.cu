@@ -56,7 +56,7 @@ static int residual_norm_launch(void *ctx, const void *args) {
     /* The LayerNorm's two paths sum in different orders: a group takes the
      * one it takes alone. Parameter strides of whole 16-byte chunks keep
      * every group's alignment the first's; else group by group. */
-    if (group && (gs % KC_VEC || s0 % KC_VEC || s1 % KC_VEC)) {
+    if (group && a->dim % KC_VEC == 0 && (s0 % KC_VEC || s1 % KC_VEC)) { /* (dim % 8: scalar for all) */
         for (int64_t g = 0; g < a->rows / group; g++) {
             kern_residual_norm_args_t one = *a;
             one.x = (T *)a->x + g * group * a->dim;
@@ -71,8 +71,9 @@ static int residual_norm_launch(void *ctx, const void *args) {
         }
         return 0;
     }
-    /* each part by its own kernel's rule, as the pair would run */
-    const bool res_vec = kc_vec_ok(a->dim, a->x, a->y, a->gate);
+    /* each part by its own kernel's rule, as the pair would run (the
+     * residual's two paths give the same bits: its choice is speed only) */
+    const bool res_vec = kc_vec_ok(a->dim, a->x, a->y, a->gate) && gs % KC_VEC == 0;
     if (kc_vec_ok(a->dim, a->x, a->out, a->p0, a->p1))
         residual_norm_kernel<T, true><<<(unsigned)a->rows, kc_norm_threads<true>(a->dim), 0, c->stream>>>(
             (T *)a->x, (const T *)a->y, (const T *)a->gate, (const T *)a->p0, (const T *)a->p1, (T *)a->out,
