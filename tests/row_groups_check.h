@@ -7,7 +7,8 @@
  *
  * rg_check(b, s, dt, name, why, len) runs one named case ("layernorm_modulate",
  * "residual_layernorm_modulate", "residual_layernorm", "gated_residual",
- * "add_repeat", "rmsnorm_rope3d", "attention", "attention_shared_kv") over
+ * "add_repeat", "rmsnorm_rope3d", "attention", "attention_shared_kv",
+ * "timestep_embed", "cfg_combine", "euler", "patchify") over
  * several shapes, some whose parameter strides are not whole 16-byte chunks
  * and some whose width is not a multiple of 8 (the scalar paths); 0 when all
  * are bitwise equal, else -1 with the first difference in why. Only the
@@ -225,6 +226,72 @@ static int rg_attention(rg_ctx_t *c, int64_t B, int64_t nq, int64_t nk, int64_t 
     return rg_same(c, &o1, &o2, what);
 }
 
+/* The per-step ops of S samples at once against each sample alone: the
+ * timestep embedding by σ rows, the CFG combine and the Euler update with
+ * each sample's guidance and σ, patchify and unpatchify of B latents. */
+static int rg_step_ops(rg_ctx_t *c, const char *name, int64_t S, int64_t Cc, int64_t F, int64_t H, int64_t W) {
+    char what[128];
+    snprintf(what, sizeof what, "%s S=%lld latent [%lld,%lld,%lld,%lld]", name, (long long)S, (long long)Cc,
+             (long long)F, (long long)H, (long long)W);
+    const int64_t n = Cc * F * H * W, N = F * (H / 2) * (W / 2);
+    int rc = 0;
+    /* σ rows [S, 3] and guidance [S, 1] as the step keeps them: F32 in
+     * device memory, each row its own (a schedule's values) */
+    kern_tensor_t sig = kern_tensor_alloc(c->b, KERN_F32, 2, (int64_t[]){ S, 3 });
+    kern_tensor_t g = kern_tensor_alloc(c->b, KERN_F32, 2, (int64_t[]){ S, 1 });
+    if (!sig.data || !g.data || c->n + 2 > 32) return rg_fail(c, "alloc: %s", reel_err_text());
+    c->owned[c->n++] = sig.data;
+    c->owned[c->n++] = g.data;
+    float hs[3 * 64], hg[64];
+    for (int64_t b = 0; b < S && b < 64; b++) {
+        hs[3 * b] = 0.95f - 0.07f * (float)b, hs[3 * b + 1] = 0.9f - 0.07f * (float)b, hs[3 * b + 2] = 0.99f;
+        hg[b] = 1.5f + 0.75f * (float)b;
+    }
+    if (S > 64 || kern_copy_h2d(c->s, kern_tensor_ptr(&sig), hs, (size_t)S * 12) ||
+        kern_copy_h2d(c->s, kern_tensor_ptr(&g), hg, (size_t)S * 4) || kern_stream_sync(c->s))
+        return rg_fail(c, "%s: scalars: %s", what, reel_err_text());
+    if (!strcmp(name, "timestep_embed")) {
+        const int64_t dim = 2 * W + 6; /* any even width */
+        kern_tensor_t e1 = rg_tensor(c, 2, (int64_t[]){ S, dim }, false), e2 = rg_tensor(c, 2, (int64_t[]){ S, dim }, false);
+        if (!e1.data || !e2.data) return -1;
+        rc = kern_timestep_embed_rows(c->s, &sig, &e1);
+        for (int64_t b = 0; b < S && !rc; b++) {
+            kern_tensor_t sb = kern_tensor_row(&sig, b), eb = kern_tensor_row(&e2, b);
+            rc = kern_timestep_embed(c->s, &sb, &eb);
+        }
+        if (rc || kern_stream_sync(c->s)) return rg_fail(c, "%s: %s", what, reel_err_text());
+        return rg_same(c, &e1, &e2, what);
+    }
+    if (!strcmp(name, "cfg_combine") || !strcmp(name, "euler")) {
+        const bool cfg = !strcmp(name, "cfg_combine");
+        kern_tensor_t a = rg_tensor(c, 2, (int64_t[]){ S, n }, true), v = rg_tensor(c, 2, (int64_t[]){ S, n }, true);
+        kern_tensor_t y1 = rg_tensor(c, 2, (int64_t[]){ S, n }, true), y2 = rg_tensor(c, 2, (int64_t[]){ S, n }, false);
+        if (!a.data || !v.data || !y1.data || !y2.data || rg_copy(c, &y2, &y1)) return -1;
+        rc = cfg ? kern_cfg_combine_rows(c->s, &a, &v, &g, &y1) : kern_euler_update_rows(c->s, &y1, &v, &sig);
+        for (int64_t b = 0; b < S && !rc; b++) {
+            kern_tensor_t ab = kern_tensor_row(&a, b), vb = kern_tensor_row(&v, b), yb = kern_tensor_row(&y2, b);
+            kern_tensor_t gb = kern_tensor_row(&g, b), sb = kern_tensor_row(&sig, b);
+            rc = cfg ? kern_cfg_combine(c->s, &ab, &vb, &gb, &yb) : kern_euler_update(c->s, &yb, &vb, &sb);
+        }
+        if (rc || kern_stream_sync(c->s)) return rg_fail(c, "%s: %s", what, reel_err_text());
+        return rg_same(c, &y1, &y2, what);
+    }
+    /* patchify, then unpatchify back */
+    kern_tensor_t lat = rg_tensor(c, 5, (int64_t[]){ S, Cc, F, H, W }, true);
+    kern_tensor_t t1 = rg_tensor(c, 2, (int64_t[]){ S * N, 4 * Cc }, false), t2 = rg_tensor(c, 2, (int64_t[]){ S * N, 4 * Cc }, false);
+    kern_tensor_t l1 = rg_tensor(c, 5, (int64_t[]){ S, Cc, F, H, W }, false), l2 = rg_tensor(c, 5, (int64_t[]){ S, Cc, F, H, W }, false);
+    if (!lat.data || !t1.data || !t2.data || !l1.data || !l2.data) return -1;
+    rc = kern_patchify(c->s, &lat, &t1) || kern_unpatchify(c->s, &t1, &l1);
+    for (int64_t b = 0; b < S && !rc; b++) {
+        kern_tensor_t lb = kern_tensor_row(&lat, b), tb = rg_rows(&t2, b * N, N), ob = kern_tensor_row(&l2, b);
+        rc = kern_patchify(c->s, &lb, &tb) || kern_unpatchify(c->s, &tb, &ob);
+    }
+    if (rc || kern_stream_sync(c->s)) return rg_fail(c, "%s: %s", what, reel_err_text());
+    /* (not a round trip: the two token orders differ by design, TINYDIT.md) */
+    if (rg_same(c, &t1, &t2, "patchify of a batch")) return -1;
+    return rg_same(c, &l1, &l2, "unpatchify of a batch");
+}
+
 static void rg_release(rg_ctx_t *c) {
     if (c->s) (void)kern_stream_sync(c->s);
     for (int i = 0; i < c->n; i++) kern_free(c->b, c->owned[i]);
@@ -264,6 +331,11 @@ static int rg_check(kern_backend_t *b, kern_stream_t *s, kern_dtype_t dt, const 
         RG_ONE(rg_attention(&c, 2, 1100, 1000, 1, 8, sh));
         RG_ONE(rg_attention(&c, 8, 5, 7, 3, 64, sh));
         RG_ONE(rg_attention(&c, 8, 64, 64, 4, 16, sh)); /* one sample below the CPU's thread threshold, the batch above */
+    } else if (!strcmp(name, "timestep_embed") || !strcmp(name, "cfg_combine") || !strcmp(name, "euler") ||
+               !strcmp(name, "patchify")) {
+        RG_ONE(rg_step_ops(&c, name, 5, 4, 2, 8, 8));
+        RG_ONE(rg_step_ops(&c, name, 2, 3, 1, 6, 10));
+        RG_ONE(rg_step_ops(&c, name, 1, 4, 2, 4, 4));
     } else if (!strcmp(name, "layernorm_modulate") || !strcmp(name, "residual_layernorm_modulate") ||
                !strcmp(name, "residual_layernorm") || !strcmp(name, "gated_residual")) {
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)

@@ -1586,11 +1586,12 @@ END_TEST
 /* ATTENTION_SDPA is the exception: cuDNN's fused attention, BF16 only, in
  * builds with cuDNN only (never F32). */
 /* A mixed batch's batch-wide ops on CUDA (tests/row_groups_check.h): each
- * bitwise the same CUDA op called group by group (loop: the 8 cases x
+ * bitwise the same CUDA op called group by group (loop: the 12 cases x
  * F32, BF16). */
 static const char *const rg_cases[] = { "layernorm_modulate", "residual_layernorm_modulate", "residual_layernorm",
                                         "gated_residual", "add_repeat", "rmsnorm_rope3d", "attention",
-                                        "attention_shared_kv" };
+                                        "attention_shared_kv", "timestep_embed", "cfg_combine", "euler",
+                                        "patchify" };
 START_TEST(test_row_group_ops_are_bitwise_each_group_alone_on_cuda) {
     char why[512];
     kern_dtype_t dt = dtype_of(_i % 2);
@@ -1637,7 +1638,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_alloc_and_free_account_every_byte);
     tcase_add_test(tc, test_copies_round_trip_host_device_device_host_bit_for_bit);
     tcase_add_loop_test(tc, test_gemm_with_and_without_bias_matches_cpu, 0, 2);
-    tcase_add_loop_test(tc, test_row_group_ops_are_bitwise_each_group_alone_on_cuda, 0, 16);
+    tcase_add_loop_test(tc, test_row_group_ops_are_bitwise_each_group_alone_on_cuda, 0, 24);
     tcase_add_loop_test(tc, test_layernorm_affine_and_plain_match_cpu, 0, 2);
     tcase_add_loop_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place, 0, 2);
     tcase_add_loop_test(tc, test_rmsnorm_matches_cpu, 0, 2);
