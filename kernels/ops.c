@@ -108,18 +108,6 @@ static int gemm(kern_stream_t *s, kern_op_t opc, const char *op, const kern_tens
         return reel_fail(REEL_E_INVALID, "%s: groups of %lld rows do not divide x's %lld rows", op,
                          (long long)group, (long long)M);
     if (group == M) group = 0;
-    if (group && kern_backend_kind(kern_stream_backend(s)) != KERN_BACKEND_CPU) {
-        /* elsewhere a group is one GEMM of its own rows, call by call */
-        const size_t esz = kern_dtype_size(dt);
-        for (int64_t g = 0; g < M / group; g++) {
-            kern_tensor_t xg = kern_tensor_make(x->data, dt, x->device, 2, (const int64_t[]){ group, K });
-            kern_tensor_t yg = kern_tensor_make(y->data, dt, y->device, 2, (const int64_t[]){ group, N });
-            xg.offset = x->offset + (size_t)(g * group * K) * esz;
-            yg.offset = y->offset + (size_t)(g * group * N) * esz;
-            if (gemm(s, opc, op, &xg, w, bias, &yg, 0)) return -1;
-        }
-        return 0;
-    }
     kern_gemm_args_t a = { .x = kern_tensor_ptr(x), .w = kern_tensor_ptr(w),
                            .bias = bias ? kern_tensor_ptr(bias) : NULL,
                            .y = kern_tensor_ptr(y), .M = M, .N = N, .K = K, .group = group };

@@ -224,12 +224,17 @@ int kern_rope3d(kern_stream_t *s, kern_tensor_t *x, int64_t heads, int64_t frame
 int kern_gemm_gelu(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
                    const kern_tensor_t *bias, kern_tensor_t *y);
 /* A grouped GEMM (GELU-tanh after it with gelu): x's rows are groups of
- * `group` rows (a batch's samples stacked; group divides them), and each
- * group's rows of y are bitwise what kern_gemm (kern_gemm_gelu) gives for
- * that group alone. On the CPU one launch whose tiles cut each group as
- * the GEMM alone would (cpu/cpu_gemm_tiles.h) and share the pool; on other
- * backends one launch per group. Fails as kern_gemm does, and when group
- * is < 1 or does not divide x's rows. */
+ * `group` rows (a batch's samples stacked; group divides them), each
+ * group's rows of y the GEMM of its rows. On the CPU one launch whose
+ * tiles cut each group as the GEMM alone would (cpu/cpu_gemm_tiles.h),
+ * sharing the pool: bitwise what kern_gemm (kern_gemm_gelu) gives each
+ * group alone, as long as OpenBLAS's sums depend only on a call's operands
+ * and shape. On CUDA one strided-batched cuBLASLt matmul (the same w and
+ * bias for every group), whose bits cuBLAS does not promise equal to the
+ * per-group calls'. A caller that needs each group's own bits asks first
+ * (tdit_gemm_merge_ok, model/gemm_merge.c, compares both on the device).
+ * Fails as kern_gemm does, and when group is < 1 or does not divide x's
+ * rows. */
 int kern_gemm_grouped(kern_stream_t *s, const kern_tensor_t *x, const kern_tensor_t *w,
                       const kern_tensor_t *bias, kern_tensor_t *y, int64_t group, bool gelu);
 /* y = LN(x)·(1 + scale) + shift over the last dim, LN without affine;

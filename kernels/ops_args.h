@@ -28,9 +28,11 @@ extern "C" {
 
 /* y[M,N] = x[M,K] · w[N,K]ᵀ + bias[N]; bias may be NULL; y aliases neither
  * x nor w (BLAS forbids it). group: 0, or rows per group of a grouped GEMM
- * (kern_gemm_grouped; divides M), whose every group the CPU kernel
- * computes exactly as a GEMM of its rows alone (cpu/cpu_gemm_tiles.h);
- * other backends are never given one. */
+ * (kern_gemm_grouped; divides M): each group a GEMM of its own rows. The
+ * CPU kernel computes every group exactly as a GEMM of its rows alone
+ * (cpu/cpu_gemm_tiles.h); CUDA's is one strided-batched cuBLASLt matmul
+ * over the groups, whose bits cuBLAS does not promise to be each group's
+ * alone (model/gemm_merge.c asks, per shape, on the device). */
 typedef struct {
     kern_args_hdr_t hdr;
     const void *x, *w, *bias;

@@ -13,7 +13,12 @@
  * library and the machine, so it is still asked once per shape: both ways
  * on the same random operands, three times with other values, compared
  * bit for bit. Only where every comparison holds does the step merge.
- * CUDA and BF16 never merge (cuBLAS gives no such promise). */
+ * On CUDA a grouped GEMM is one strided-batched cuBLASLt matmul, and
+ * cuBLAS promises nothing about its bits against the per-group calls
+ * (its heuristic may pick another kernel for a batch), so the same
+ * question is asked on the device, in the model's dtype (F32 or BF16):
+ * a yes merges a batch's GEMMs into one launch, a no keeps the calls
+ * sample by sample. The CPU runs F32 only. */
 #include "tinydit.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,6 +27,8 @@
 #include "kernels/ops.h"
 
 typedef struct {
+    kern_backend_kind_t kind;
+    kern_dtype_t dt;
     int64_t n, B, K, N;
     bool gelu, ok;
 } verdict_t;
@@ -43,39 +50,60 @@ static void fill(float *x, size_t n, uint64_t seed) {
     }
 }
 
-/* One comparison with operands from seed: 1 equal, 0 not, -1 error. */
-static int compare(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu, uint64_t seed) {
+/* n host floats into the device tensor t of dtype dt (BF16: rounded). */
+static int upload(kern_stream_t *s, kern_tensor_t *t, const float *h, size_t n, kern_dtype_t dt) {
+    if (dt == KERN_F32) return kern_copy_h2d(s, kern_tensor_ptr(t), h, n * 4);
+    uint16_t *b = malloc(n * 2);
+    if (!b) return reel_fail(REEL_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) b[i] = kern_f32_to_bf16(h[i]);
+    int rc = kern_copy_h2d(s, kern_tensor_ptr(t), b, n * 2);
+    if (rc == 0) rc = kern_stream_sync(s); /* b is freed next */
+    free(b);
+    return rc;
+}
+
+/* One comparison with operands from seed: 1 equal, 0 not (or the grouped
+ * GEMM failed: it is not for this shape), -1 could not ask. */
+static int compare(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu,
+                   uint64_t seed) {
     kern_stream_t *s = kern_stream_new(b);
-    kern_tensor_t x = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, K });
-    kern_tensor_t w = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ N, K });
-    kern_tensor_t bias = kern_tensor_alloc(b, KERN_F32, 1, (const int64_t[]){ N });
-    kern_tensor_t y1 = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, N });
-    kern_tensor_t y2 = kern_tensor_alloc(b, KERN_F32, 2, (const int64_t[]){ B * n, N });
+    kern_tensor_t x = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, K });
+    kern_tensor_t w = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ N, K });
+    kern_tensor_t bias = kern_tensor_alloc(b, dt, 1, (const int64_t[]){ N });
+    kern_tensor_t y1 = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, N });
+    kern_tensor_t y2 = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, N });
+    const size_t esz = kern_dtype_size(dt);
     size_t nx = (size_t)(B * n * K), nw = (size_t)(N * K), ny = (size_t)(B * n * N);
-    float *h = malloc((nx + nw + (size_t)N + 2 * ny) * sizeof *h);
+    float *h = malloc((nx + nw + (size_t)N) * sizeof *h);
+    unsigned char *r1 = malloc(ny * esz), *r2 = malloc(ny * esz);
     int rc = -1;
-    if (!s || !x.data || !w.data || !bias.data || !y1.data || !y2.data || !h) goto out;
-    float *hx = h, *hw = hx + nx, *hb = hw + nw, *r1 = hb + N, *r2 = r1 + ny;
+    if (!s || !x.data || !w.data || !bias.data || !y1.data || !y2.data || !h || !r1 || !r2) goto out;
+    float *hx = h, *hw = hx + nx, *hb = hw + nw;
     fill(hx, nx, seed);
     fill(hw, nw, seed + 1);
     fill(hb, (size_t)N, seed + 2);
-    if (kern_copy_h2d(s, kern_tensor_ptr(&x), hx, nx * 4) || kern_copy_h2d(s, kern_tensor_ptr(&w), hw, nw * 4) ||
-        kern_copy_h2d(s, kern_tensor_ptr(&bias), hb, (size_t)N * 4))
-        goto out;
-    if (kern_gemm_grouped(s, &x, &w, &bias, &y1, n, gelu)) goto out;
+    if (upload(s, &x, hx, nx, dt) || upload(s, &w, hw, nw, dt) || upload(s, &bias, hb, (size_t)N, dt)) goto out;
+    /* each group alone first: the plans of the calls a lone request makes */
     for (int64_t i = 0; i < B; i++) {
-        kern_tensor_t xb = kern_tensor_make(x.data, KERN_F32, x.device, 2, (const int64_t[]){ n, K });
-        kern_tensor_t yb = kern_tensor_make(y2.data, KERN_F32, y2.device, 2, (const int64_t[]){ n, N });
-        xb.offset = x.offset + (size_t)(i * n * K) * 4;
-        yb.offset = y2.offset + (size_t)(i * n * N) * 4;
+        kern_tensor_t xb = kern_tensor_make(x.data, dt, x.device, 2, (const int64_t[]){ n, K });
+        kern_tensor_t yb = kern_tensor_make(y2.data, dt, y2.device, 2, (const int64_t[]){ n, N });
+        xb.offset = x.offset + (size_t)(i * n * K) * esz;
+        yb.offset = y2.offset + (size_t)(i * n * N) * esz;
         if (gelu ? kern_gemm_gelu(s, &xb, &w, &bias, &yb) : kern_gemm(s, &xb, &w, &bias, &yb)) goto out;
     }
-    if (kern_copy_d2h(s, r1, kern_tensor_ptr(&y1), ny * 4) || kern_copy_d2h(s, r2, kern_tensor_ptr(&y2), ny * 4) ||
+    if (kern_gemm_grouped(s, &x, &w, &bias, &y1, n, gelu)) {
+        rc = 0; /* the grouped GEMM cannot run here: no merging for this shape */
+        goto out;
+    }
+    if (kern_copy_d2h(s, r1, kern_tensor_ptr(&y1), ny * esz) || kern_copy_d2h(s, r2, kern_tensor_ptr(&y2), ny * esz) ||
         kern_stream_sync(s))
         goto out;
-    rc = !memcmp(r1, r2, ny * 4);
+    rc = !memcmp(r1, r2, ny * esz);
 out:
     free(h);
+    free(r1);
+    free(r2);
+    if (s) (void)kern_stream_sync(s);
     kern_free(b, x.data);
     kern_free(b, w.data);
     kern_free(b, bias.data);
@@ -86,12 +114,21 @@ out:
 }
 
 /* The kept verdict for a shape, or NULL. The caller holds mu. */
-static const verdict_t *find(int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
+static const verdict_t *find(kern_backend_kind_t kind, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N,
+                             bool gelu) {
     for (int i = 0; i < nverdicts; i++) {
         const verdict_t *v = &verdicts[i];
-        if (v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu) return v;
+        if (v->kind == kind && v->dt == dt && v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu)
+            return v;
     }
     return NULL;
+}
+
+/* The backends and dtypes a grouped GEMM runs in: the CPU's F32, CUDA's
+ * F32 and BF16. */
+static bool mergeable(kern_backend_t *b, kern_dtype_t dt) {
+    kern_backend_kind_t k = kern_backend_kind(b);
+    return (k == KERN_BACKEND_CPU && dt == KERN_F32) || (k == KERN_BACKEND_CUDA && (dt == KERN_F32 || dt == KERN_BF16));
 }
 
 void tdit_gemm_merge_set_policy(int p) {
@@ -103,21 +140,22 @@ void tdit_gemm_merge_set_policy(int p) {
 
 /* 1: merging is bitwise for this shape; 0: it is not; -1: could not ask
  * (out of memory, or this thread captures: nothing may be allocated). */
-static int probe(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
-    if (kern_backend_kind(b) != KERN_BACKEND_CPU || n < 1 || B < 2 || K < 1 || N < 1) return 0;
+static int probe(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
+    if (!mergeable(b, dt) || n < 1 || B < 2 || K < 1 || N < 1) return 0;
     for (uint64_t seed = 1; seed <= 3; seed++) {
-        int r = compare(b, n, B, K, N, gelu, seed * 0x9e3779b97f4a7c15ull);
+        int r = compare(b, dt, n, B, K, N, gelu, seed * 0x9e3779b97f4a7c15ull);
         if (r != 1) return r;
     }
     return 1;
 }
 
 bool tdit_gemm_merge_probe(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
-    return probe(b, n, B, K, N, gelu) == 1;
+    return probe(b, KERN_F32, n, B, K, N, gelu) == 1;
 }
 
 bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
-    if (B < 2 || dt != KERN_F32 || kern_backend_kind(b) != KERN_BACKEND_CPU) return false;
+    if (B < 2 || !mergeable(b, dt)) return false;
+    const kern_backend_kind_t kind = kern_backend_kind(b);
     pthread_mutex_lock(&mu);
     if (!policy_read) { /* REEL_GEMM_MERGE=0: never (for side-by-side measurements) */
         const char *env = getenv("REEL_GEMM_MERGE");
@@ -128,7 +166,7 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
         pthread_mutex_unlock(&mu);
         return false;
     }
-    const verdict_t *known = find(n, B, K, N, gelu);
+    const verdict_t *known = find(kind, dt, n, B, K, N, gelu);
     if (known) {
         bool ok = known->ok;
         pthread_mutex_unlock(&mu);
@@ -138,12 +176,12 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
     /* Asked outside the lock (a probe runs GEMMs); two threads may ask
      * the same shape at once and get the same answer. A full table
      * answers no: never merge on a guess. */
-    int r = probe(b, n, B, K, N, gelu);
+    int r = probe(b, dt, n, B, K, N, gelu);
     if (r < 0) return false; /* not asked: no verdict kept, asked again next time */
     bool ok = r == 1;
     pthread_mutex_lock(&mu);
-    if ((known = find(n, B, K, N, gelu))) ok = known->ok; /* another thread asked first */
-    else if (nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ n, B, K, N, gelu, ok };
+    if ((known = find(kind, dt, n, B, K, N, gelu))) ok = known->ok; /* another thread asked first */
+    else if (nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ kind, dt, n, B, K, N, gelu, ok };
     else ok = false;
     pthread_mutex_unlock(&mu);
     return ok;

@@ -162,7 +162,8 @@ int tdit_shape_validate(const tdit_shape_t *shape);
 /* Token GEMMs of a batch (B > 1 samples of n token rows each): one GEMM
  * of B·n rows where that is bit for bit the B GEMMs of n rows a request
  * alone runs, asked once per shape by running both ways on random
- * operands (model/gemm_merge.c); the CPU backend in F32 only. The verdicts
+ * operands (model/gemm_merge.c); the CPU in F32, CUDA in F32 and BF16
+ * (there one strided-batched cuBLASLt matmul, asked on the device). The verdicts
  * are kept for the process; tdit_ws_new asks for its shape's GEMMs, so a
  * step (which may be captured, and then allocates nothing) finds them.
  * tdit_gemm_merge_ok: may a step merge a GEMM of K inputs to N outputs

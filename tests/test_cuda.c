@@ -312,6 +312,51 @@ START_TEST(test_gemm_with_and_without_bias_matches_cpu) {
 }
 END_TEST
 
+/* A grouped GEMM on CUDA (one strided-batched cuBLASLt matmul): the CPU's
+ * values within the GEMM's tolerance (a layout that read the wrong rows
+ * would fail here, where the merge probe would only say "no"), with and
+ * without a bias and GELU; and where the probe says the batch is bitwise
+ * the per-group calls, it is, on fresh operands. */
+static void grouped_case(kern_dtype_t dt, int64_t n, int64_t B, int64_t N, int64_t K, int bias, bool gelu) {
+    pair_t x = P2(dt, B * n, K, -1, 1), w = P2(dt, N, K, -1, 1), b = P1(dt, N, -1, 1);
+    pair_t y = P2(dt, B * n, N, -1, 1);
+    TS_OK(kern_gemm_grouped(CS, &x.c, &w.c, bias ? &b.c : NULL, &y.c, n, gelu));
+    TS_OK(kern_gemm_grouped(GS, &x.g, &w.g, bias ? &b.g : NULL, &y.g, n, gelu));
+    char what[128];
+    snprintf(what, sizeof what, "grouped gemm%s %lld x %lld rows N=%lld K=%lld%s", gelu ? "_gelu" : "", (long long)B,
+             (long long)n, (long long)N, (long long)K, bias ? " +bias" : "");
+    expect_nmse(what, dt, &y);
+    if (!bias || !tdit_gemm_merge_ok(G, dt, n, B, K, N, gelu)) return;
+    pair_t y2 = P2(dt, B * n, N, -1, 1);
+    const size_t esz = kern_dtype_size(dt);
+    for (int64_t i = 0; i < B; i++) {
+        kern_tensor_t xb = kern_tensor_make(x.g.data, dt, x.g.device, 2, (int64_t[]){ n, K });
+        kern_tensor_t yb = kern_tensor_make(y2.g.data, dt, y2.g.device, 2, (int64_t[]){ n, N });
+        xb.offset = x.g.offset + (size_t)(i * n * K) * esz;
+        yb.offset = y2.g.offset + (size_t)(i * n * N) * esz;
+        TS_OK(gelu ? kern_gemm_gelu(GS, &xb, &w.g, &b.g, &yb) : kern_gemm(GS, &xb, &w.g, &b.g, &yb));
+    }
+    size_t bytes = (size_t)(B * n * N) * esz;
+    void *h1 = malloc(bytes), *h2 = malloc(bytes);
+    TS_OK(kern_copy_d2h(GS, h1, kern_tensor_ptr(&y.g), bytes));
+    TS_OK(kern_copy_d2h(GS, h2, kern_tensor_ptr(&y2.g), bytes));
+    TS_OK(kern_stream_sync(GS));
+    ck_assert_msg(memcmp(h1, h2, bytes) == 0, "%s: the probe said bitwise, the batch differs", what);
+    free(h1);
+    free(h2);
+    printf("test_cuda: %s %s merges (bitwise the per-group calls)\n", what, kern_dtype_name(dt));
+}
+
+START_TEST(test_grouped_gemm_on_cuda_matches_cpu_and_merges_only_where_bitwise) {
+    kern_dtype_t dt = dtype_of(_i);
+    grouped_case(dt, 32, 8, 64, 64, 1, false); /* tiny's token GEMMs */
+    grouped_case(dt, 32, 4, 128, 64, 1, true);
+    grouped_case(dt, 5, 3, 64, 256, 1, false); /* text rows */
+    grouped_case(dt, 1, 8, 384, 64, 1, false); /* the time embedding's row */
+    grouped_case(dt, 37, 2, 53, 70, 0, false);
+}
+END_TEST
+
 /* --- norms ------------------------------------------------------------ */
 
 static void layernorm_case(kern_dtype_t dt, int64_t rows, int64_t D, int affine) {
@@ -1638,6 +1683,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_alloc_and_free_account_every_byte);
     tcase_add_test(tc, test_copies_round_trip_host_device_device_host_bit_for_bit);
     tcase_add_loop_test(tc, test_gemm_with_and_without_bias_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, test_grouped_gemm_on_cuda_matches_cpu_and_merges_only_where_bitwise, 0, 2);
     tcase_add_loop_test(tc, test_row_group_ops_are_bitwise_each_group_alone_on_cuda, 0, 24);
     tcase_add_loop_test(tc, test_layernorm_affine_and_plain_match_cpu, 0, 2);
     tcase_add_loop_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place, 0, 2);

@@ -39,12 +39,17 @@ static int gemm_gelu(void *ctx, const void *args) {
         return fail("cuda_gemm_gelu_epilogue: M=%lld N=%lld K=%lld out of range", (long long)a->M,
                     (long long)a->N, (long long)a->K);
     const float one = 1.0f, zero = 0.0f;
-    /* Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ = wᵀ·x. */
-    cublasStatus_t st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->N, (int)a->M,
-                                    (int)a->K, &one, (const float *)a->w, (int)a->K,
-                                    (const float *)a->x, (int)a->K, &zero, (float *)a->y, (int)a->N);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return fail("cuda_gemm_gelu_epilogue: cublasSgemm failed (%d)", (int)st);
+    /* A grouped GEMM (kern_gemm_args_t.group): each group a GEMM of its
+     * own rows, as it would be alone. */
+    const int64_t rows = a->group > 0 && a->group < a->M && a->M % a->group == 0 ? a->group : a->M;
+    for (int64_t r0 = 0; r0 < a->M; r0 += rows) {
+        /* Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ = wᵀ·x. */
+        cublasStatus_t st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->N, (int)rows, (int)a->K, &one,
+                                        (const float *)a->w, (int)a->K, (const float *)a->x + r0 * a->K, (int)a->K,
+                                        &zero, (float *)a->y + r0 * a->N, (int)a->N);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return fail("cuda_gemm_gelu_epilogue: cublasSgemm failed (%d)", (int)st);
+    }
     int64_t n = a->M * a->N, blocks = (n + 255) / 256;
     bias_gelu<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, c->stream>>>(
         (float *)a->y, (const float *)a->bias, a->M, a->N);

@@ -25,7 +25,8 @@
 typedef struct {
     kern_dtype_t dt;
     bool bias, gelu;
-    int64_t M, N, K;
+    int64_t M, N, K;                 /* M: one group's rows */
+    int64_t groups;                  /* a grouped GEMM's groups (one strided-batched matmul); 1: none */
     uint32_t al_x, al_w, al_y, al_b; /* pointer alignments, capped at 256 */
 } lt_key_t;
 
@@ -73,7 +74,7 @@ static uint32_t align_of(const void *p) {
 
 static bool key_eq(const lt_key_t *a, const lt_key_t *b) {
     return a->dt == b->dt && a->bias == b->bias && a->gelu == b->gelu && a->M == b->M &&
-           a->N == b->N && a->K == b->K && a->al_x == b->al_x && a->al_w == b->al_w &&
+           a->N == b->N && a->K == b->K && a->groups == b->groups && a->al_x == b->al_x && a->al_w == b->al_w &&
            a->al_y == b->al_y && a->al_b == b->al_b;
 }
 
@@ -153,15 +154,29 @@ static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, k
     LT_TRY(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)k->K, (uint64_t)k->N, k->K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)k->K, (uint64_t)k->M, k->K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->c, t, (uint64_t)k->N, (uint64_t)k->M, k->N));
+    if (k->groups > 1) {
+        /* A grouped GEMM: one strided-batched matmul, group g's x and y
+         * rows a group further on, the same w and bias for every group. */
+        const int32_t count = (int32_t)k->groups;
+        const int64_t sw = 0, sx = k->M * k->K, sy = k->M * k->N, sb = 0;
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->a, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sw, sizeof sw));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sx, sizeof sx));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sy, sizeof sy));
+        if (k->bias)
+            LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &sb, sizeof sb));
+    }
     if (set_epilogue(p, k->bias, k->gelu) != 0 || heuristic(c, k, p, &found) != 0) goto err;
     if (!found && k->gelu) {
         p->post_gelu = true;
         if (set_epilogue(p, k->bias, false) != 0 || heuristic(c, k, p, &found) != 0) goto err;
     }
     if (!found) {
-        reel_fail(REEL_E_DEVICE, "gemm: cuBLASLt has no algorithm for %s M=%lld N=%lld K=%lld%s%s "
+        reel_fail(REEL_E_DEVICE, "gemm: cuBLASLt has no algorithm for %s M=%lld N=%lld K=%lld x %lld groups%s%s "
                   "(alignments x %u, w %u, y %u, bias %u bytes; workspace %zu bytes)",
-                  kern_dtype_name(k->dt), (long long)k->M, (long long)k->N, (long long)k->K,
+                  kern_dtype_name(k->dt), (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->groups,
                   k->bias ? " +bias" : "", k->gelu ? " +gelu" : "", k->al_x, k->al_w, k->al_y,
                   k->al_b, c->blas_ws_bytes);
         goto err;
@@ -177,10 +192,10 @@ static int refuse_in_capture(kern_cuda_ctx_t *c, const lt_key_t *k) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
     if (cs == cudaStreamCaptureStatusNone) return 0;
-    return reel_fail(REEL_E_DEVICE, "gemm: no cuBLASLt plan yet for %s M=%lld N=%lld K=%lld%s%s on this stream, "
-                     "and none is made inside a capture: run the shape eagerly on this stream "
+    return reel_fail(REEL_E_DEVICE, "gemm: no cuBLASLt plan yet for %s M=%lld N=%lld K=%lld x %lld groups%s%s on "
+                     "this stream, and none is made inside a capture: run the shape eagerly on this stream "
                      "before capturing it", kern_dtype_name(k->dt), (long long)k->M,
-                     (long long)k->N, (long long)k->K, k->bias ? " +bias" : "",
+                     (long long)k->N, (long long)k->K, (long long)k->groups, k->bias ? " +bias" : "",
                      k->gelu ? " +gelu" : "");
 }
 
@@ -192,7 +207,8 @@ int kern_lt_plan_get(kern_cuda_ctx_t *c, const kern_gemm_args_t *a, kern_dtype_t
     k.dt = dt;
     k.bias = a->bias != NULL;
     k.gelu = gelu;
-    k.M = a->M;
+    k.groups = a->group > 0 && a->group < a->M && a->M % a->group == 0 ? a->M / a->group : 1;
+    k.M = a->M / k.groups;
     k.N = a->N;
     k.K = a->K;
     k.al_x = align_of(a->x);

@@ -88,6 +88,8 @@ LAZY(1, cublasLtMatmulDescSetAttribute,
 LAZY(1, cublasLtMatrixLayoutCreate, (cublasLtMatrixLayout_t * l, cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld),
      (l, t, rows, cols, ld))
 LAZY(1, cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t l), (l))
+LAZY(1, cublasLtMatrixLayoutSetAttribute,
+     (cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *buf, size_t n), (l, a, buf, n))
 LAZY(1, cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * p), (p))
 LAZY(1, cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t p), (p))
 LAZY(1, cublasLtMatmulPreferenceSetAttribute,
@@ -135,6 +137,7 @@ int reel_cublas_lazy_check(const char **reason) {
         { 1, "cublasLtCreate" }, { 1, "cublasLtDestroy" }, { 1, "cublasLtMatmulDescCreate" },
         { 1, "cublasLtMatmulDescDestroy" }, { 1, "cublasLtMatmulDescSetAttribute" },
         { 1, "cublasLtMatrixLayoutCreate" }, { 1, "cublasLtMatrixLayoutDestroy" },
+        { 1, "cublasLtMatrixLayoutSetAttribute" },
         { 1, "cublasLtMatmulPreferenceCreate" }, { 1, "cublasLtMatmulPreferenceDestroy" },
         { 1, "cublasLtMatmulPreferenceSetAttribute" }, { 1, "cublasLtMatmulAlgoGetHeuristic" },
         { 1, "cublasLtMatmul" }, { 0, "cublasCreate_v2" }, { 0, "cublasDestroy_v2" },
