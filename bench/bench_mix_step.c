@@ -5,8 +5,10 @@
  * worker's work for the same B requests on one stream), with each graph's
  * node count. Every sample has its own context, σ, guidance and latent.
  * batched/singles above 1 is the batch's gain. The pool is the default
- * (REEL_THREADS, else the cores).
- * Usage: bench_mix_step [BUILD] [tiny|small]... (both by default). */
+ * (REEL_THREADS, else the cores). With `cuda`: on GPU 0 in BF16 (in the GPU
+ * bundle, deploy/gpu-bundle.sh), where a small model's step is its
+ * launches and the batch's one-launch ops are what it shares.
+ * Usage: bench_mix_step [BUILD] [cuda] [tiny|small]... (both by default). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,15 +71,18 @@ static kern_graph_t *capture(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
     return g;
 }
 
+static bool on_cuda;
+
 static void run_case(const mix_case_t *mc, const char *dir) {
     tdit_config_t c;
     if (tdit_config_builtin(mc->label, &c)) DIE("config %s", mc->label);
     char path[512];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, mc->label);
     if (tdit_weights_init(&c, 7, path)) DIE("weights init");
-    kern_backend_t *be = kern_backend_cpu_new();
+    kern_backend_t *be = on_cuda ? kern_backend_cuda_new(0) : kern_backend_cpu_new();
+    if (!be) DIE("backend");
     kern_stream_t *s = kern_stream_new(be);
-    tdit_model_t *m = tdit_model_load_path(be, path, KERN_F32);
+    tdit_model_t *m = tdit_model_load_path(be, path, on_cuda ? KERN_BF16 : KERN_F32);
     if (!m) DIE("load %s", path);
     const int64_t sizes[] = { 2, 4, 8 };
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
@@ -102,9 +107,9 @@ static void run_case(const mix_case_t *mc, const char *dir) {
             ts[r] = bench_now() - t0;
         }
         double mb = bench_median(tb, mc->reps), ms = bench_median(ts, mc->reps);
-        printf("mix step %-5s B=%lld: batched %8.3f ms (%zu nodes), %lld singles %8.3f ms (%zu nodes), "
+        printf("mix step %s %-5s B=%lld: batched %8.3f ms (%zu nodes), %lld singles %8.3f ms (%zu nodes), "
                "batched/singles speed %.2fx\n",
-               mc->label, (long long)B, mb * 1e3, kern_graph_nodes(gm), (long long)B, ms * 1e3, nodes1, ms / mb);
+               on_cuda ? "cuda bf16" : "cpu f32", mc->label, (long long)B, mb * 1e3, kern_graph_nodes(gm), (long long)B, ms * 1e3, nodes1, ms / mb);
         kern_graph_destroy(&gm);
         tdit_ws_destroy(&mix);
         for (int64_t b = 0; b < B; b++) {
@@ -121,13 +126,19 @@ static void run_case(const mix_case_t *mc, const char *dir) {
 int main(int argc, char **argv) {
     char dir[] = "/tmp/reel-bench-mix.XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    int first = 1; /* argv[1] is BUILD unless it names a case */
+    int first = 1; /* argv[1] is BUILD unless it names a case or cuda */
     if (argc > 1) {
         first = 2;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (!strcmp(argv[1], cases[i].label)) first = 1;
+        if (!strcmp(argv[1], "cuda")) first = 1;
     }
-    printf("cpu pool: %d threads (REEL_THREADS, else the cores)\n", kern_cpu_threads());
+    if (argc > first && !strcmp(argv[first], "cuda")) {
+        on_cuda = true;
+        first++;
+    }
+    if (on_cuda) printf("cuda: GPU 0, BF16\n");
+    else printf("cpu pool: %d threads (REEL_THREADS, else the cores)\n", kern_cpu_threads());
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bool want = argc <= first;
         for (int a = first; a < argc; a++) want |= strcmp(argv[a], cases[i].label) == 0;

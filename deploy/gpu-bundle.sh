@@ -4,7 +4,7 @@
 # registry, and packs it into one git-ignored folder (default gpu-bundle/,
 # under 64 MiB with the tree) to carry there. `make gpu-bundle` runs it.
 #
-# The binaries (tests/test_cuda, tests/test_vae_cuda, bench/bench_batching,
+# The binaries (tests/test_cuda, tests/test_vae_cuda, bench/bench_batching, bench/bench_mix_step,
 # reelctl, reel-broker, reel-worker and the
 # check's own tools deploy/gpu_*.c) are linked with Debian's static archives
 # (msgpack-c, jansson, SQLite, libsodium, libcrypto, Check, subunit) and the static CUDA

@@ -3,7 +3,7 @@
 # shellcheck shell=bash
 
 # The binaries the bundle carries, as paths under the build folder.
-GPU_BINS="tests/test_cuda tests/test_vae_cuda reelctl reel-broker reel-worker deploy/gpu_probe deploy/gpu_compare deploy/gpu_attn_wan deploy/gpu_step_time bench/bench_batching"
+GPU_BINS="tests/test_cuda tests/test_vae_cuda reelctl reel-broker reel-worker deploy/gpu_probe deploy/gpu_compare deploy/gpu_attn_wan deploy/gpu_step_time bench/bench_batching bench/bench_mix_step"
 
 # Libraries a bundled binary may load from outside the bundle, by soname:
 # glibc (libc, libm, libpthread, libdl, librt, libresolv, the loader), the
@@ -23,7 +23,9 @@ gpu_sources() {
         find deploy -maxdepth 1 -type f -name 'gpu_*.c'
         echo tests/test_cuda.c
         echo tests/test_vae_cuda.c
+        echo tests/row_groups_check.h
         echo bench/bench_batching.c
+        echo bench/bench_mix_step.c
         echo bench/bench.h
         echo bench/bench_proc.h
         echo tests/support.c

@@ -42,7 +42,8 @@
 extern "C" {
 #endif
 
-#define KERN_ART_ABI 3u /* 2: kern_gemm_args_t.group (grouped GEMMs); 3: row groups, batched attention (ops_args.h) */
+#define KERN_ART_ABI 3u /* 2: kern_gemm_args_t.group (grouped GEMMs, CPU); 3: row groups, batched attention, per-step ops
+                           by rows, and CUDA GEMMs given groups too (ops_args.h) */
 
 #define KERN_ART_SYM_ABI "reel_artifact_abi"
 #define KERN_ART_SYM_INIT "reel_artifact_init"

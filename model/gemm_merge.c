@@ -28,6 +28,7 @@
 
 typedef struct {
     kern_backend_kind_t kind;
+    int device; /* cuBLASLt's choice is the GPU's: a verdict is one device's */
     kern_dtype_t dt;
     int64_t n, B, K, N;
     bool gelu, ok;
@@ -62,37 +63,43 @@ static int upload(kern_stream_t *s, kern_tensor_t *t, const float *h, size_t n, 
     return rc;
 }
 
-/* One comparison with operands from seed: 1 equal, 0 not (or the grouped
- * GEMM failed: it is not for this shape), -1 could not ask. */
-static int compare(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu,
-                   uint64_t seed) {
-    kern_stream_t *s = kern_stream_new(b);
+/* One comparison on s with operands from seed: 1 equal, 0 not (or the
+ * grouped GEMM cannot run for this shape), -1 could not ask (no memory,
+ * the thread captures, or the device failed). Each group alone runs as a
+ * lone request's GEMM does: from its own buffers at the allocator's
+ * alignment (a GPU library picks its kernel by the pointers' alignment). */
+static int compare(kern_backend_t *b, kern_stream_t *s, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N,
+                   bool gelu, uint64_t seed) {
     kern_tensor_t x = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, K });
     kern_tensor_t w = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ N, K });
     kern_tensor_t bias = kern_tensor_alloc(b, dt, 1, (const int64_t[]){ N });
     kern_tensor_t y1 = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, N });
     kern_tensor_t y2 = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ B * n, N });
+    kern_tensor_t xg = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ n, K });
+    kern_tensor_t yg = kern_tensor_alloc(b, dt, 2, (const int64_t[]){ n, N });
     const size_t esz = kern_dtype_size(dt);
     size_t nx = (size_t)(B * n * K), nw = (size_t)(N * K), ny = (size_t)(B * n * N);
     float *h = malloc((nx + nw + (size_t)N) * sizeof *h);
     unsigned char *r1 = malloc(ny * esz), *r2 = malloc(ny * esz);
     int rc = -1;
-    if (!s || !x.data || !w.data || !bias.data || !y1.data || !y2.data || !h || !r1 || !r2) goto out;
+    if (!x.data || !w.data || !bias.data || !y1.data || !y2.data || !xg.data || !yg.data || !h || !r1 || !r2) goto out;
     float *hx = h, *hw = hx + nx, *hb = hw + nw;
     fill(hx, nx, seed);
     fill(hw, nw, seed + 1);
     fill(hb, (size_t)N, seed + 2);
     if (upload(s, &x, hx, nx, dt) || upload(s, &w, hw, nw, dt) || upload(s, &bias, hb, (size_t)N, dt)) goto out;
-    /* each group alone first: the plans of the calls a lone request makes */
+    /* each group alone, as a lone request runs it */
+    const size_t gx = (size_t)(n * K) * esz, gy = (size_t)(n * N) * esz;
     for (int64_t i = 0; i < B; i++) {
-        kern_tensor_t xb = kern_tensor_make(x.data, dt, x.device, 2, (const int64_t[]){ n, K });
-        kern_tensor_t yb = kern_tensor_make(y2.data, dt, y2.device, 2, (const int64_t[]){ n, N });
-        xb.offset = x.offset + (size_t)(i * n * K) * esz;
-        yb.offset = y2.offset + (size_t)(i * n * N) * esz;
-        if (gelu ? kern_gemm_gelu(s, &xb, &w, &bias, &yb) : kern_gemm(s, &xb, &w, &bias, &yb)) goto out;
+        if (kern_copy_d2d(s, kern_tensor_ptr(&xg), (const char *)kern_tensor_ptr(&x) + (size_t)i * gx, gx) ||
+            (gelu ? kern_gemm_gelu(s, &xg, &w, &bias, &yg) : kern_gemm(s, &xg, &w, &bias, &yg)) ||
+            kern_copy_d2d(s, (char *)kern_tensor_ptr(&y2) + (size_t)i * gy, kern_tensor_ptr(&yg), gy))
+            goto out;
     }
     if (kern_gemm_grouped(s, &x, &w, &bias, &y1, n, gelu)) {
-        rc = 0; /* the grouped GEMM cannot run here: no merging for this shape */
+        /* the grouped GEMM cannot run for this shape (no algorithm): no
+         * merging; a device that failed is another matter */
+        rc = kern_stream_sync(s) == 0 ? 0 : -1;
         goto out;
     }
     if (kern_copy_d2h(s, r1, kern_tensor_ptr(&y1), ny * esz) || kern_copy_d2h(s, r2, kern_tensor_ptr(&y2), ny * esz) ||
@@ -103,22 +110,24 @@ out:
     free(h);
     free(r1);
     free(r2);
-    if (s) (void)kern_stream_sync(s);
+    if (kern_stream_sync(s) && rc >= 0) rc = -1; /* nothing freed under a running launch */
     kern_free(b, x.data);
     kern_free(b, w.data);
     kern_free(b, bias.data);
     kern_free(b, y1.data);
     kern_free(b, y2.data);
-    kern_stream_destroy(&s);
+    kern_free(b, xg.data);
+    kern_free(b, yg.data);
     return rc;
 }
 
 /* The kept verdict for a shape, or NULL. The caller holds mu. */
-static const verdict_t *find(kern_backend_kind_t kind, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N,
-                             bool gelu) {
+static const verdict_t *find(kern_backend_kind_t kind, int device, kern_dtype_t dt, int64_t n, int64_t B, int64_t K,
+                             int64_t N, bool gelu) {
     for (int i = 0; i < nverdicts; i++) {
         const verdict_t *v = &verdicts[i];
-        if (v->kind == kind && v->dt == dt && v->n == n && v->B == B && v->K == K && v->N == N && v->gelu == gelu)
+        if (v->kind == kind && v->device == device && v->dt == dt && v->n == n && v->B == B && v->K == K &&
+            v->N == N && v->gelu == gelu)
             return v;
     }
     return NULL;
@@ -142,11 +151,12 @@ void tdit_gemm_merge_set_policy(int p) {
  * (out of memory, or this thread captures: nothing may be allocated). */
 static int probe(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
     if (!mergeable(b, dt) || n < 1 || B < 2 || K < 1 || N < 1) return 0;
-    for (uint64_t seed = 1; seed <= 3; seed++) {
-        int r = compare(b, dt, n, B, K, N, gelu, seed * 0x9e3779b97f4a7c15ull);
-        if (r != 1) return r;
-    }
-    return 1;
+    kern_stream_t *s = kern_stream_new(b); /* one stream (on CUDA one cuBLAS handle) for the three tries */
+    if (!s) return -1;
+    int r = 1;
+    for (uint64_t seed = 1; seed <= 3 && r == 1; seed++) r = compare(b, s, dt, n, B, K, N, gelu, seed * 0x9e3779b97f4a7c15ull);
+    kern_stream_destroy(&s);
+    return r;
 }
 
 bool tdit_gemm_merge_probe(kern_backend_t *b, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
@@ -156,6 +166,7 @@ bool tdit_gemm_merge_probe(kern_backend_t *b, int64_t n, int64_t B, int64_t K, i
 bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B, int64_t K, int64_t N, bool gelu) {
     if (B < 2 || !mergeable(b, dt)) return false;
     const kern_backend_kind_t kind = kern_backend_kind(b);
+    const int device = kern_backend_device(b);
     pthread_mutex_lock(&mu);
     if (!policy_read) { /* REEL_GEMM_MERGE=0: never (for side-by-side measurements) */
         const char *env = getenv("REEL_GEMM_MERGE");
@@ -166,7 +177,7 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
         pthread_mutex_unlock(&mu);
         return false;
     }
-    const verdict_t *known = find(kind, dt, n, B, K, N, gelu);
+    const verdict_t *known = find(kind, device, dt, n, B, K, N, gelu);
     if (known) {
         bool ok = known->ok;
         pthread_mutex_unlock(&mu);
@@ -180,8 +191,8 @@ bool tdit_gemm_merge_ok(kern_backend_t *b, kern_dtype_t dt, int64_t n, int64_t B
     if (r < 0) return false; /* not asked: no verdict kept, asked again next time */
     bool ok = r == 1;
     pthread_mutex_lock(&mu);
-    if ((known = find(kind, dt, n, B, K, N, gelu))) ok = known->ok; /* another thread asked first */
-    else if (nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ kind, dt, n, B, K, N, gelu, ok };
+    if ((known = find(kind, device, dt, n, B, K, N, gelu))) ok = known->ok; /* another thread asked first */
+    else if (nverdicts < VERDICTS) verdicts[nverdicts++] = (verdict_t){ kind, device, dt, n, B, K, N, gelu, ok };
     else ok = false;
     pthread_mutex_unlock(&mu);
     return ok;

@@ -166,6 +166,9 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
         return reel_fail(REEL_E_INVALID, "context length must be in 1..65536 (got %lld)", (long long)shape->text_len);
     if (shape->batch < 0 || shape->batch > TDIT_MAX_BATCH)
         return reel_fail(REEL_E_INVALID, "batch must be in 1..%d (got %lld)", TDIT_MAX_BATCH, (long long)shape->batch);
+    if (shape->mixed && tdit_shape_batch(shape) < 2)
+        return reel_fail(REEL_E_INVALID, "a mixed batch is at least 2 requests (got %lld): one request steps alone",
+                         (long long)tdit_shape_batch(shape));
     if (shape->mixed && tdit_solver_multistep(shape->solver))
         return reel_fail(REEL_E_UNSUPPORTED, "a mixed batch (different requests in one step) runs Euler and SDE steps "
                          "only, not %s", tdit_solver_name(shape->solver));

@@ -244,7 +244,9 @@ static int rg_step_ops(rg_ctx_t *c, const char *name, int64_t S, int64_t Cc, int
     c->owned[c->n++] = g.data;
     float hs[3 * 64], hg[64];
     for (int64_t b = 0; b < S && b < 64; b++) {
-        hs[3 * b] = 0.95f - 0.07f * (float)b, hs[3 * b + 1] = 0.9f - 0.07f * (float)b, hs[3 * b + 2] = 0.99f;
+        /* every sample its own step size, so a kernel reading row 0's
+         * σ for every sample differs in most elements */
+        hs[3 * b] = 0.95f - 0.07f * (float)b, hs[3 * b + 1] = hs[3 * b] - 0.03f * (float)(b + 1), hs[3 * b + 2] = 0.99f;
         hg[b] = 1.5f + 0.75f * (float)b;
     }
     if (S > 64 || kern_copy_h2d(c->s, kern_tensor_ptr(&sig), hs, (size_t)S * 12) ||

@@ -1139,6 +1139,81 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
 }
 END_TEST
 
+/* A mixed batch on CUDA (3 requests, each its own latent, contexts, σ and
+ * guidance, one CFG Euler step), eager and replayed from its graph: each
+ * sample bitwise the request stepped alone, whatever the merge probe
+ * decided for the batch's GEMMs on this device (said on stdout). */
+static void mixed_sample_inputs(int64_t b, float *lat, float *ctx, float *unc, float sig[3], size_t nl, size_t nc) {
+    tdit_initial_latent(40 + (uint64_t)b, lat, nl);
+    tdit_initial_latent(50 + (uint64_t)b, ctx, nc);
+    tdit_initial_latent(60 + (uint64_t)b, unc, nc);
+    sig[0] = 0.9f - 0.1f * (float)b, sig[1] = sig[0] - 0.05f * (float)(b + 1), sig[2] = 0.95f;
+}
+
+START_TEST(test_a_mixed_batch_on_cuda_is_bitwise_each_request_alone_eager_and_replayed) {
+    kern_dtype_t dt = dtype_of(_i);
+    char path[] = "/tmp/reel-test-cuda-m-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    tdit_config_t cfg;
+    TS_OK(tdit_config_builtin("tiny", &cfg));
+    TS_OK(tdit_weights_init(&cfg, 9, path));
+    tdit_model_t *m = tdit_model_load_path(G, path, dt);
+    TS_NEW(m);
+    enum { B = 3, NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
+    const tdit_shape_t mix = { 2, 8, 8, 5, true, B, TDIT_SOLVER_EULER, true }, one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+    static float lat[NL], ctx[NC], unc[NC], out[2][B][NL], alone[NL];
+    float sig[3];
+    tdit_ws_t *w = tdit_ws_new(m, GS, &mix);
+    TS_NEW(w);
+    kern_graph_t *g = NULL;
+    for (int r = 0; r < 2; r++) { /* eager, then a captured graph replayed */
+        for (int64_t b = 0; b < B; b++) {
+            mixed_sample_inputs(b, lat, ctx, unc, sig, NL, NC);
+            TS_OK(tdit_ws_bind_sample_latent(w, GS, b, lat, NL));
+            TS_OK(tdit_ws_bind_sample(w, GS, b, ctx, unc, NC, sig, 2.0f + (float)b));
+        }
+        if (r == 0) TS_OK(tdit_step(m, w, GS));
+        else {
+            if (!g) {
+                TS_OK(kern_capture_begin(GS));
+                TS_OK(tdit_step(m, w, GS));
+                TS_OK(kern_capture_end(GS, &g));
+                for (int64_t b = 0; b < B; b++) { /* the capture ran nothing: bind again */
+                    mixed_sample_inputs(b, lat, ctx, unc, sig, NL, NC);
+                    TS_OK(tdit_ws_bind_sample_latent(w, GS, b, lat, NL));
+                }
+            }
+            TS_OK(kern_graph_replay(g, GS));
+        }
+        for (int64_t b = 0; b < B; b++) TS_OK(tdit_ws_read_sample_latent(w, GS, b, out[r][b], NL));
+    }
+    printf("test_cuda: mixed batch %s: token GEMMs merged %s\n", kern_dtype_name(dt),
+           tdit_gemm_merge_ok(G, dt, 32, B, 64, 64, false) ? "yes" : "no (sample by sample)");
+    tdit_ws_t *w1 = tdit_ws_new(m, GS, &one);
+    TS_NEW(w1);
+    for (int64_t b = 0; b < B; b++) {
+        mixed_sample_inputs(b, lat, ctx, unc, sig, NL, NC);
+        TS_OK(tdit_ws_bind_latent(w1, GS, lat, NL));
+        TS_OK(tdit_ws_bind_context(w1, GS, ctx, NC, false));
+        TS_OK(tdit_ws_bind_context(w1, GS, unc, NC, true));
+        TS_OK(tdit_ws_bind_step(w1, GS, sig, 2.0f + (float)b));
+        TS_OK(tdit_step(m, w1, GS));
+        TS_OK(tdit_ws_read_latent(w1, GS, alone, NL));
+        ck_assert_msg(memcmp(out[0][b], alone, sizeof alone) == 0, "%s sample %lld: mixed eager != alone",
+                      kern_dtype_name(dt), (long long)b);
+        ck_assert_msg(memcmp(out[1][b], alone, sizeof alone) == 0, "%s sample %lld: mixed replay != alone",
+                      kern_dtype_name(dt), (long long)b);
+    }
+    kern_graph_destroy(&g);
+    tdit_ws_destroy(&w1);
+    tdit_ws_destroy(&w);
+    tdit_model_destroy(&m);
+    unlink(path);
+}
+END_TEST
+
 /* --- graphs ----------------------------------------------------------- */
 
 /* A step-like chain of every capturable op plus a device copy, on one
@@ -1723,6 +1798,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_every_op_has_cuda_f32_and_bf16_kernels_and_only_sde_is_not_capturable);
     tcase_add_loop_test(tc, test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise, 0, 2);
     tcase_add_loop_test(tc, test_a_batched_group_on_cuda_is_bitwise_the_single_requests, 0, 2);
+    tcase_add_loop_test(tc, test_a_mixed_batch_on_cuda_is_bitwise_each_request_alone_eager_and_replayed, 0, 2);
     suite_add_tcase(s, tc);
     /* The fused path (AUTO's on CUDA in BF16 where cuDNN loads): its own
      * case, so deploy/gpu-check.sh runs it as its own row (CK_RUN_CASE=cudnn). */
