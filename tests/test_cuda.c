@@ -1022,6 +1022,18 @@ START_TEST(test_sde_dev_in_a_graph_replays_new_seeds_bitwise_equal_to_eager_sde)
 }
 END_TEST
 
+/* Writes tiny's random weights (seed) to a fresh temporary file, whose
+ * name goes into path (a "/tmp/...-XXXXXX" template; the caller unlinks
+ * it). */
+static void tiny_weights_file(char *path, uint64_t seed) {
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    tdit_config_t cfg;
+    TS_OK(tdit_config_builtin("tiny", &cfg));
+    TS_OK(tdit_weights_init(&cfg, seed, path));
+}
+
 /* The tinydit loop through the capture cache on two CUDA streams: each
  * stream captures its own graph (after a bitwise verify), the next request
  * replays every step, replay equals the eager loop on the same device bit
@@ -1029,12 +1041,7 @@ END_TEST
 START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bitwise) {
     kern_dtype_t dt = dtype_of(_i);
     char path[] = "/tmp/reel-test-cuda-w-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    tdit_config_t cfg;
-    TS_OK(tdit_config_builtin("tiny", &cfg));
-    TS_OK(tdit_weights_init(&cfg, 5, path));
+    tiny_weights_file(path, 5);
     tdit_model_t *mg = tdit_model_load_path(G, path, dt), *mc = tdit_model_load_path(C, path, KERN_F32);
     ck_assert_msg(mg && mc, "%s", reel_err_text());
     cap_options_t o = cap_options_default();
@@ -1096,12 +1103,7 @@ END_TEST
 START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     kern_dtype_t dt = dtype_of(_i);
     char path[] = "/tmp/reel-test-cuda-g-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    tdit_config_t cfg;
-    TS_OK(tdit_config_builtin("tiny", &cfg));
-    TS_OK(tdit_weights_init(&cfg, 5, path));
+    tiny_weights_file(path, 5);
     tdit_model_t *mg = tdit_model_load_path(G, path, dt);
     TS_NEW(mg);
     cap_options_t o = cap_options_default();
@@ -1153,12 +1155,7 @@ static void mixed_sample_inputs(int64_t b, float *lat, float *ctx, float *unc, f
 START_TEST(test_a_mixed_batch_on_cuda_is_bitwise_each_request_alone_eager_and_replayed) {
     kern_dtype_t dt = dtype_of(_i);
     char path[] = "/tmp/reel-test-cuda-m-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    tdit_config_t cfg;
-    TS_OK(tdit_config_builtin("tiny", &cfg));
-    TS_OK(tdit_weights_init(&cfg, 9, path));
+    tiny_weights_file(path, 9);
     tdit_model_t *m = tdit_model_load_path(G, path, dt);
     TS_NEW(m);
     enum { B = 3, NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
