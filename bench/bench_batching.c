@@ -8,9 +8,11 @@
  * alone, interleaved with the others on the streams), and N (default 8)
  * with --batching auto (the default: batches while they cost a request
  * less) and always (requests of one kind share a step; --batch-sizes
- * ladder and exact). Load: CLIENTS client threads (16), each sending REQS single
+ * ladder and exact). Load: CLIENTS client threads (16), each sending N single
  * CFG Euler GENs one after another, each with its own context (prompt)
- * and seed; samples/s = requests / wall time. Lone: one client, the worker
+ * and seed (N per config and backend, cases[]: tiny 40 on the CPU and 60
+ * on CUDA, small 3 and 40; BENCH_BATCHING_REQS=N sets every config's);
+ * samples/s = requests / wall time. Lone: one client, the worker
  * otherwise idle, LONE requests one at a time after each timed load: the
  * p50 latency. Each setup is started afresh for every rep, warmed by one
  * untimed load round (graphs captured); the setups' order rotates over
@@ -34,7 +36,7 @@
 #define DIE(...) do { fprintf(stderr, "bench_batching: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define REPS_MAX 9
 #define CLIENTS_MAX 64
-#define REQS 3
+#define REQS_MAX 200
 #define LONE 9
 #define SETUPS 4
 
@@ -43,14 +45,16 @@ typedef struct {
     int64_t lat[4];   /* C, F, H, W */
     int64_t ctx[2];   /* L, T */
     int steps;
+    int reqs[2];      /* requests per client: on the CPU, on CUDA */
 } case_t;
 
 typedef struct {
     const char *ep;
     reel_gen_t g;
     float *ctx, *unc; /* this client's prompt */
-    float *out;       /* [REQS][nl] */
+    float *out;       /* [reqs][nl] */
     size_t nl;
+    int reqs;
     int rc;
 } client_t;
 
@@ -59,7 +63,7 @@ static void *client_run(void *arg) {
     reel_client_t *c = reel_client_new(o->ep);
     wire_err_t err;
     o->rc = c ? 0 : -1;
-    for (int i = 0; c && o->rc == 0 && i < REQS; i++) {
+    for (int i = 0; c && o->rc == 0 && i < o->reqs; i++) {
         reel_gen_t g = o->g;
         g.seed = o->g.seed + (uint64_t)i;
         o->rc = reel_gen(c, &g, o->out + (size_t)i * o->nl, NULL, NULL, NULL, 600000, &err);
@@ -69,7 +73,7 @@ static void *client_run(void *arg) {
     return NULL;
 }
 
-/* n clients at once, REQS requests each; the wall time. */
+/* n clients at once, reqs requests each; the wall time. */
 static double load(client_t *cl, int n) {
     pthread_t th[CLIENTS_MAX];
     double t0 = bench_now();
@@ -159,19 +163,28 @@ int main(int argc, char **argv) {
     snprintf(ctl, sizeof ctl, "%s/reelctl", build);
     if (access(ctl, X_OK)) DIE("build %s first", build);
     static const case_t cases[] = {
-        { "tiny", { 4, 2, 8, 8 }, { 5, 32 }, 4 },        /* 32 tokens a sample */
-        { "small", { 16, 2, 8, 16 }, { 16, 256 }, 4 },   /* 64 tokens a sample */
+        /* Each timed load runs long enough to be mostly steady state (all
+         * clients in flight): about 0.5-1 s where the requests are quick.
+         * (3 each, as before 2026-12-05, made tiny's timed load ~80 ms on
+         * the CPU and ~40 ms on a GPU, mostly the clients' ramp.) */
+        { "tiny", { 4, 2, 8, 8 }, { 5, 32 }, 4, { 40, 60 } },      /* 32 tokens a sample */
+        { "small", { 16, 2, 8, 16 }, { 16, 256 }, 4, { 3, 40 } },  /* 64 tokens a sample */
     };
-    printf("bench_batching: %d clients x %d single CFG Euler GENs (own prompt, own seeds) on one worker (%s,\n"
+    const char *env_reqs = getenv("BENCH_BATCHING_REQS");
+    int reqs_all = env_reqs ? atoi(env_reqs) : 0;
+    if (env_reqs && (reqs_all < 1 || reqs_all > REQS_MAX)) DIE("BENCH_BATCHING_REQS must be 1..%d", REQS_MAX);
+    printf("bench_batching: %d clients x N single CFG Euler GENs (own prompt, own seeds) on one worker (%s,\n"
            "--streams 2): --max-batch 1 (each request alone) vs --max-batch %s --batching auto, always (ladder,\n"
            "exact); graphs warm, "
            "%d reps rotating, medians; lone: p50 of %d requests one at a time on an idle worker\n",
-           nclients, REQS, strcmp(g_backend, "cuda") ? "CPU, F32" : "CUDA, BF16", maxb, reps, LONE);
+           nclients, strcmp(g_backend, "cuda") ? "CPU, F32" : "CUDA, BF16", maxb, reps, LONE);
     printf("%-6s %-14s %10s %8s %12s %8s  %s\n", "config", "worker", "smp/s", "vs off", "lone p50 ms", "vs off",
            "bitwise");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const case_t *k = &cases[ci];
         if (only && strcmp(only, k->config)) continue;
+        const int reqs = reqs_all ? reqs_all : k->reqs[strcmp(g_backend, "cuda") == 0];
+        printf("%s: N = %d requests per client (BENCH_BATCHING_REQS sets it)\n", k->config, reqs);
         char wpath[300];
         snprintf(wpath, sizeof wpath, "%s/%s.safetensors", dir, k->config);
         snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed 1 --out %s 2>/dev/null", ctl, k->config, wpath);
@@ -197,7 +210,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < SETUPS; s++)
             for (int i = 0; i < nclients; i++) {
                 cl[s][i] = (client_t){ NULL, base, prompts + (size_t)i * 2 * nc, prompts + ((size_t)i * 2 + 1) * nc,
-                                       malloc(REQS * nl * sizeof(float)), nl, 0 };
+                                       malloc((size_t)reqs * nl * sizeof(float)), nl, reqs, 0 };
                 if (!cl[s][i].out) DIE("out of memory");
                 cl[s][i].g.context = cl[s][i].ctx;
                 cl[s][i].g.uncond = cl[s][i].unc;
@@ -221,11 +234,11 @@ int main(int argc, char **argv) {
         bool same = true;
         for (int s = 1; s < SETUPS; s++)
             for (int i = 0; i < nclients; i++)
-                same = same && !memcmp(cl[s][i].out, cl[0][i].out, REQS * nl * sizeof(float));
+                same = same && !memcmp(cl[s][i].out, cl[0][i].out, (size_t)reqs * nl * sizeof(float));
         for (int s = 0; s < SETUPS; s++) lat[s] = bench_median(tlone[s], reps);
-        double off = (double)(nclients * REQS) / bench_median(tl[0], reps);
+        double off = (double)(nclients * reqs) / bench_median(tl[0], reps);
         for (int s = 0; s < SETUPS; s++) {
-            double sps = (double)(nclients * REQS) / bench_median(tl[s], reps);
+            double sps = (double)(nclients * reqs) / bench_median(tl[s], reps);
             printf("%-6s %-14s %10.1f %7.2fx %12.1f %7.2fx  %s\n", k->config, su[s].name, sps, sps / off,
                    1e3 * lat[s], lat[s] / lat[0], s == 0 ? "-" : same ? "yes" : "NO");
         }

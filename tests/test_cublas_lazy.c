@@ -1,6 +1,6 @@
-/* test_cublas_lazy.c -- reelctl's cuBLAS, opened on first use
- * (kernels/cuda/lazy/cublas_lazy.c): this binary is linked as reelctl is
- * (the shim, no -lcublas), so cuBLAS is not mapped when it starts; the
+/* test_cublas_lazy.c -- cuBLAS, opened on first use
+ * (kernels/cuda/lazy/cublas_lazy.c): this binary is linked as reelctl,
+ * reel-worker and every test are (the shim, no -lcublas), so cuBLAS is not mapped when it starts; the
  * shim then opens it and resolves every function the CUDA backend calls
  * (no GPU needed: only the libraries). Without CUDA in the build it says
  * so and checks nothing. */

@@ -1,10 +1,11 @@
 /* cublas_lazy.c -- cuBLAS and cuBLASLt opened on first use (dlopen), for
- * reelctl only.
+ * reelctl, reel-worker, the tests and the benches.
  *
- * Loading libcublasLt runs about 0.4 s of its static initialisation before
- * main, in every process that links it: every `reelctl stats` paid it,
- * though only `reelctl run --backend cuda` calls cuBLAS. reelctl links
- * this file instead of -lcublas -lcublasLt (Makefile): each cuBLAS
+ * Loading libcublasLt runs about 0.3 s of its static initialisation before
+ * main, in every process that links it: every `reelctl stats`, every CPU
+ * worker's start and every test binary paid it, though only the CUDA
+ * backend calls cuBLAS. Those binaries link this file instead of -lcublas
+ * -lcublasLt (Makefile, BIN_LDLIBS): each cuBLAS
  * function the CUDA backend calls is defined here with the header's own
  * prototype (the compiler checks they agree) and forwards to the library,
  * opened (the same sonames the linker would have recorded, found the same
@@ -12,9 +13,10 @@
  * called. When they cannot be opened every call returns
  * CUBLAS_STATUS_NOT_INITIALIZED and cublasGetStatusString says why, so
  * the CUDA backend fails to start with that reason (and reelctl falls back
- * to the CPU as it does for any CUDA failure, unless --no-fallback).
- * reel-worker and the tests link cuBLAS as before; this file is outside
- * the kernels/cuda sources of libreel.a, so the library never carries it. */
+ * to the CPU as it does for any CUDA failure, unless --no-fallback; so
+ * does the worker). Only the GPU check's tools (deploy/gpu_*.c) link
+ * cuBLAS as before; this file is outside the kernels/cuda sources of
+ * libreel.a, so the library never carries it. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>
