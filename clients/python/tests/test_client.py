@@ -887,6 +887,7 @@ class Pair:
             if not (wait_log(self.log("a"), r"reel-broker: active \(term 1\)", 30, self.a) and
                     wait_log(self.log("b"), r"reel-broker: standby", 30, self.b)):
                 raise RuntimeError(f"the pair did not choose: A {self.tail('a')!r}, B {self.tail('b')!r}")
+            self._wait_a_sees_b_standby(30)
             for name in workers:
                 w = self._spawn(name, [f"{BUILD}/reel-worker", "--broker", f"{self.wa},{self.wb}", "--name", name,
                                        "--weights", weights, "--streams", "1", "--heartbeat-ms", "200"])
@@ -895,6 +896,19 @@ class Pair:
         except BaseException:
             self.stop()
             raise
+
+    def _wait_a_sees_b_standby(self, secs):
+        """B logs "standby" before A has heard it say so: A's STATUS
+        shows its peer "starting" until then. Waits for A's view."""
+        end = time.monotonic() + secs
+        with reel.Client(self.ca, timeout=10) as c:
+            while True:
+                st = c.status()
+                if st.get("ha_peer") == "standby":
+                    return
+                if time.monotonic() >= end:
+                    raise RuntimeError(f"A never saw B as standby: {st!r}")
+                time.sleep(0.02)
 
     def log(self, name):
         return os.path.join(self.dir, f"{name}.log")
