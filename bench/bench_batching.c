@@ -137,7 +137,9 @@ static void start(setup_t *s, const char *build, const char *dir, int idx, const
     s->pw = bench_spawn(wargv, wlog);
     reel_client_t *c = reel_client_new(s->cep);
     if (!c) DIE("%s", reel_err_text());
-    bench_wait_workers(c, 1, "bench_batching");
+    const pid_t pids[] = { s->pw, s->pb };
+    const char *logs[] = { wlog, blog };
+    bench_wait_workers_of(c, 1, "bench_batching", pids, logs, 2);
     reel_client_destroy(&c);
 }
 

@@ -246,9 +246,7 @@ ROWS="$WORK/rows"
 : >"$ROWS"
 # A bundle built from other sources would test other code: the tree here
 # must hash to the same sources, file for file.
-gpu_sources | tr '\n' '\0' | xargs -0 sha256sum >"$WORK/sources.now" 2>/dev/null
-stale=$(awk 'NR == FNR { h[$2] = $1; next } { if (!($2 in h) || h[$2] != $1) print $2; delete h[$2] }
-             END { for (p in h) print p }' "$BUNDLE/SOURCES.sha256" "$WORK/sources.now")
+stale=$(gpu_stale_sources "$BUNDLE" "$WORK/sources.now")
 if [ -n "$stale" ]; then
     fail "the bundle is stale: $(echo "$stale" | wc -l) source file(s) differ from those it was built from (first: $(echo "$stale" | head -1)); run make gpu-bundle again and carry it"
 fi

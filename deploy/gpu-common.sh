@@ -34,6 +34,15 @@ gpu_sources() {
     } | LC_ALL=C sort
 }
 
+# The source files that differ between the bundle BUNDLE was built from
+# and this tree, one path a line (none: the bundle is this tree's); the
+# tree's hashes go to the file NOW. Run from the repo root.
+gpu_stale_sources() {
+    gpu_sources | tr '\n' '\0' | xargs -0 sha256sum >"$2" 2>/dev/null
+    awk 'NR == FNR { h[$2] = $1; next } { if (!($2 in h) || h[$2] != $1) print $2; delete h[$2] }
+         END { for (p in h) print p }' "$1/SOURCES.sha256" "$2"
+}
+
 # `ldd FILE` as "SONAME PATH" lines (PATH "-" for the vDSO and the loader,
 # "not-found" for a library the loader cannot find). Missing symbol
 # versions ("version `GLIBC_2.38' not found") come out as

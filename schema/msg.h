@@ -575,8 +575,8 @@ static inline uint64_t msg_gen_n(const msg_gen_t *g) { return g->n > 1 ? g->n : 
  * for one sample; version runs from 0, in order, inside the n x N grid.
  * 0, or -1 with err naming the fault (code internal: the worker broke). */
 int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err);
-/* SYNC: exactly one of path and inline tensors (inline only when
- * inline_ok). bad_request. */
+/* SYNC: exactly one of path, uploaded and inline tensors (inline only
+ * when inline_ok; the messages offer them only then). bad_request. */
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
 /* READY: at most 16 models, each a model name, configs only of them. */
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);

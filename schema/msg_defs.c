@@ -722,12 +722,18 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {
         return 0;
     }
     if (s->lora_config[0]) return refuse(err, WIRE_E_BAD_REQUEST, "'lora_config' needs 'base_version'");
-    if (sources > 1) return refuse(err, WIRE_E_BAD_REQUEST, "give one of 'path', 'uploaded' and inline tensors");
-    if (sources == 0) return refuse(err, WIRE_E_BAD_REQUEST, "neither 'path', 'uploaded' nor inline tensors given");
     /* A message carries at most 8 tensors and a model has more: workers
-     * reload whole models from a file. */
+     * reload whole models from a file. (Said first where inline tensors
+     * are not an option, so no message offers them.) */
     if (s->n_tensors > 0 && !inline_ok)
-        return refuse(err, WIRE_E_BAD_REQUEST, "inline tensors: workers sync by 'path' only (a safetensors file they can read)");
+        return refuse(err, WIRE_E_BAD_REQUEST, "inline tensors: a SYNC names its weights by 'path' (a safetensors "
+                      "file the workers can read) or 'uploaded'");
+    if (sources > 1)
+        return refuse(err, WIRE_E_BAD_REQUEST, inline_ok ? "give one of 'path', 'uploaded' and inline tensors"
+                                                         : "give one of 'path' and 'uploaded'");
+    if (sources == 0)
+        return refuse(err, WIRE_E_BAD_REQUEST, inline_ok ? "neither 'path', 'uploaded' nor inline tensors given"
+                                                         : "neither 'path' nor 'uploaded' given");
     return 0;
 }
 

@@ -215,5 +215,29 @@ rc=$?
 [ "$rc" != 0 ] && tail -1 "$T/out/gpu-check.log" | grep -q "^gpu-check: FAIL no usable GPU" &&
     ok "\$OUT/gpu-check.log ends with the verdict, exit $rc" || bad "\$OUT log: exit $rc, $(tail -1 "$T/out/gpu-check.log" 2>&1)"
 
+# deploy/gpu-bench.sh (issue 29's benches on the device) on the same stubs:
+# both benches run and it passes; a bench that fails, a stale bundle and no
+# bundle each end in one "gpu-bench: FAIL" line naming it.
+bench() { # NAME EXPECT PATTERN FAULTS BUNDLE
+    local out rc last
+    rehash
+    out=$(PATH="$T/fakebin:$PATH" GPU_FAKE="$4" OUT= timeout 60 deploy/gpu-bench.sh --bundle "$5" 2>&1)
+    rc=$?; last=$(printf '%s\n' "$out" | tail -1)
+    if [ "$2" = pass ]; then
+        [ "$rc" = 0 ] && [ "$last" = "gpu-bench: PASS" ] && printf '%s\n' "$out" | grep -q "^mix step tiny" &&
+            printf '%s\n' "$out" | grep -q "^tiny   off" && ok "gpu-bench $1: passes" ||
+            { bad "gpu-bench $1: wanted PASS, got exit $rc, last '$last'"; printf '%s\n' "$out" | tail -5 | sed 's/^/  | /'; }
+    else
+        [ "$rc" != 0 ] && [[ $last == "gpu-bench: FAIL "* ]] && printf '%s' "$last" | grep -qE "$3" && ok "gpu-bench $1: $last" ||
+            { bad "gpu-bench $1: wanted FAIL /$3/, got exit $rc, last '$last'"; printf '%s\n' "$out" | tail -5 | sed 's/^/  | /'; }
+    fi
+}
+bash -n deploy/gpu-bench.sh && ok "gpu-bench.sh parses" || bad "gpu-bench.sh does not parse"
+bench "all well" pass "" "" "$T/bundle"
+bench "a bench fails" fail "bench_mix_step exited 1" bench_fail "$T/bundle"
+rehash
+bench "stale bundle" fail "the bundle is stale: 1 source file" "" "$T/stale"
+bench "no bundle" fail "no bundle at" "" "$T/nowhere"
+
 echo "gpu-check-selftest: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -184,6 +184,15 @@ gpu_step_time)
     [ -n "$out" ] && echo "latent of $c on $path" >"$out"
     echo "step $c bf16 $dev: latent [16,2,8,8] tokens 32 text 5 layers 2 CFG, attention $path ($why): eager 1.234 ms, replay 0.321 ms, eager/replay 3.84x (median of 7 rounds x 40), 148 nodes, capture 2.1 ms, first step 40.0 ms, weights 0.1 s; replay == eager bitwise: OK"
     exit 0 ;;
+bench_mix_step) # deploy/gpu-bench.sh's
+    [ "${2:-}" = cuda ] || { echo "bench_mix_step: stub wants BUILD cuda, got '$*'" >&2; exit 2; }
+    fault bench_fail && { echo "bench_mix_step: cuda: CUDA backend unavailable" >&2; exit 1; }
+    echo "mix step tiny  cuda B=2: batched 0.300 ms, 124 nodes; singles 0.560 ms, 248 nodes; 1.87x"
+    exit 0 ;;
+bench_batching)
+    [ "${6:-}" = cuda ] || { echo "bench_batching: stub wants BUILD REPS 16 8 all cuda, got '$*'" >&2; exit 2; }
+    echo "tiny   off                1000.0    1.00x          2.0    1.00x  -"
+    exit 0 ;;
 esac
 echo "gpu_check_stub: called as unknown '$me'" >&2
 exit 2

@@ -1102,7 +1102,7 @@ START_TEST(test_a_sync_not_newer_for_another_component_inline_or_without_a_path_
     sync_fields(&x, 3, "transformer", 3, SHA_A, NULL, true);
     expect_error(&x, 3, "bad_request", "inline tensors");
     sync_fields(&x, 4, "transformer", 3, SHA_A, NULL, false);
-    expect_error(&x, 4, "bad_request", "neither 'path', 'uploaded' nor inline tensors");
+    expect_error(&x, 4, "bad_request", "neither 'path' nor 'uploaded' given");
     sync_fields(&x, 5, "transformer", 3, "abc", "/w/x.safetensors", false);
     expect_error(&x, 5, "bad_request", "'sha256' must be 64 hex digits");
     sync_fields(&x, 6, "transformer", 1, SHA_A, "/w/x.safetensors", false);

@@ -820,6 +820,22 @@ START_TEST(test_a_type_carries_only_its_own_tensors) {
     snprintf(s.path, sizeof s.path, "/w.safetensors");
     ck_assert_int_eq(msg_sync_validate(&s, true, &err), -1);
     ck_assert_str_eq(err.message, "give one of 'path', 'uploaded' and inline tensors");
+    /* where inline tensors are no option, no message offers them */
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err.message, "'path'"));
+    ck_assert_ptr_nonnull(strstr(err.message, "'uploaded'"));
+    s.n_tensors = 0;
+    s.path[0] = 0;
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1);
+    ck_assert_str_eq(err.message, "neither 'path' nor 'uploaded' given");
+    ck_assert_int_eq(msg_sync_validate(&s, true, &err), -1);
+    ck_assert_str_eq(err.message, "neither 'path', 'uploaded' nor inline tensors given");
+    s.path[0] = '/';
+    s.uploaded = true;
+    ck_assert_int_eq(msg_sync_validate(&s, false, &err), -1);
+    ck_assert_str_eq(err.message, "give one of 'path' and 'uploaded'");
+    s.uploaded = false;
+    s.n_tensors = 1; /* back as decoded, for the close */
     wire_msg_close(&m);
 }
 END_TEST
