@@ -11,6 +11,7 @@
 #include <string.h>
 
 cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
+    if (!b) { reel_fail(REEL_E_INVALID, "capture cache: no backend"); return NULL; }
     cap_options_t o = opt ? *opt : cap_options_default();
     if (o.warmup < 0) o.warmup = 2;
     if (o.warmup > 1000) { reel_fail(REEL_E_INVALID, "warmup %d is out of range (0..1000)", o.warmup); return NULL; }
@@ -63,6 +64,7 @@ void cap_cache_destroy(cap_cache_t **cp) {
 int cap_component_register(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                            uint64_t version) {
     int rc = 0;
+    if (!c) return reel_fail(REEL_E_INVALID, "register component: no cache");
     /* Keys must be able to name it (cap_key_add_component). */
     if (!reel_name_valid(name, CAP_NAME_MAX))
         return reel_fail(REEL_E_INVALID, "bad component name '%s' (1..%d characters of [A-Za-z0-9_.:+-])", name ? name : "(null)",
@@ -88,6 +90,7 @@ int cap_component_register(cap_cache_t *c, const char *name, const void *base, s
 
 /* Takes comp_lock only: program callbacks run under lock call it. */
 int64_t cap_component_version(const cap_cache_t *c, const char *name) {
+    if (!c || !name) return -1;
     cap_cache_t *m = (cap_cache_t *)c;
     cap_lock(&m->comp_lock);
     int i = cap_comp_find(c, name);
@@ -113,11 +116,16 @@ static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci) {
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                          uint64_t new_version) {
+    if (!c) return reel_fail(REEL_E_INVALID, "weight sync: no cache");
     return cap_component_update_policy(c, name, base, bytes, new_version, c->opt.policy);
 }
 
 int cap_component_update_policy(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                                 uint64_t new_version, cap_policy_t policy) {
+    if (!c) return reel_fail(REEL_E_INVALID, "weight sync: no cache");
+    if (!name) return reel_fail(REEL_E_INVALID, "weight sync: no component name");
+    if (policy != CAP_POLICY_EVICT && policy != CAP_POLICY_INPLACE)
+        return reel_fail(REEL_E_INVALID, "weight sync of %s: unknown policy %d (evict or inplace)", name, (int)policy);
     evq_t qq = { 0 }, *q = &qq;
     int n = 0;
     cap_lock(&c->lock);
@@ -157,6 +165,7 @@ int cap_component_update_policy(cap_cache_t *c, const char *name, const void *ba
 
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason) {
     char text[CAP_KEY_TEXT_MAX];
+    if (!c || !key) return reel_fail(REEL_E_INVALID, "evict key: no %s", c ? "key" : "cache");
     /* The other reasons are the cache's own: an event claiming one would lie. */
     if (reason != CAP_EVICT_EXPLICIT && reason != CAP_EVICT_SHAPE_CHANGE)
         return reel_fail(REEL_E_INVALID, "evict key: reason %d is not explicit or shape_change", (int)reason);
@@ -179,6 +188,11 @@ int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reaso
 }
 
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out) {
+    if (!out) return;
+    if (!c) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
     cap_cache_t *m = (cap_cache_t *)c;
     cap_lock(&m->lock);
     *out = c->st;
@@ -387,6 +401,10 @@ static bool invariants(const cap_cache_t *c) {
 }
 
 bool cap_cache_invariants(const cap_cache_t *c) {
+    if (!c) {
+        fprintf(stderr, "capture cache invariant: no cache (NULL)\n");
+        return false;
+    }
     cap_cache_t *m = (cap_cache_t *)c;
     CAP_ASSERT_UNLOCKED(&c->lock); /* it is not recursive */
     cap_lock(&m->lock);

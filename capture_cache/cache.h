@@ -150,13 +150,14 @@ typedef struct {
     cap_event_kind_t kind;
     int reason;                 /* cap_reason_t (DECLINE), cap_evict_reason_t (EVICT) or
                                  * cap_capture_origin_t (CAPTURE) */
-    const char *key_text;       /* valid during the callback only */
+    const char *key_text;       /* valid during the callback only (as component) */
     uint64_t key_hash;
     int stream;                 /* stream index in this cache, from 0 */
     size_t bytes;               /* CAPTURE: graph + workspace; EVICT: bytes freed */
     size_t nodes;               /* CAPTURE: graph nodes */
     double seconds;             /* CAPTURE: capture + verify wall time */
-    const char *component;      /* EVICT weight_sync: the component, else NULL */
+    const char *component;      /* EVICT weight_sync: the component, else NULL; valid
+                                 * during the callback only */
     uint64_t from_version, to_version;
 } cap_event_t;
 
@@ -166,7 +167,8 @@ typedef void (*cap_log_fn)(void *user, int level, const char *msg);
 
 typedef struct {
     size_t budget_bytes;        /* graph + workspace bytes held; 0 = unlimited */
-    int warmup;                 /* eager runs before capture; < 0 means default 2 */
+    int warmup;                 /* eager runs before capture (0: a key's first call
+                                 * captures, pinning nothing); < 0 means default 2 */
     cap_policy_t policy;
     bool graphs;                /* false: never capture (every call eager, counted as override) */
     bool pin_inputs;            /* false: copy every input every call (for comparisons) */
@@ -174,7 +176,10 @@ typedef struct {
                                  * replays (unsafe; for measuring its cost only) */
     int audit_every;            /* 1 replay in N per entry also runs eager and compares
                                  * bitwise (a mismatch evicts the entry); 0 = off */
-    cap_event_fn on_event;      /* may be NULL; called with no cache lock held */
+    cap_event_fn on_event;      /* may be NULL; called with no cache lock held, from
+                                 * the thread whose call or sync caused the event:
+                                 * from several threads at once where several
+                                 * dispatch (it must be thread-safe) */
     void *event_user;
     cap_log_fn log;             /* NULL: warnings to stderr */
     void *log_user;
@@ -302,7 +307,8 @@ int cap_component_update(cap_cache_t *c, const char *name, const void *base, siz
                          uint64_t new_version);
 /* cap_component_update under `policy` for this sync only, whatever the
  * cache's: a LoRA sync rewrites the resident buffers in place and keeps
- * every graph (inplace) even in a cache that evicts on full syncs. */
+ * every graph (inplace) even in a cache that evicts on full syncs. A
+ * policy that is neither: -1, nothing changed. */
 int cap_component_update_policy(cap_cache_t *c, const char *name, const void *base, size_t bytes,
                                 uint64_t new_version, cap_policy_t policy);
 /* The registered version of `name`; -1 (as int64) if unknown. Safe to call
@@ -315,7 +321,14 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name);
  * static workspace (counted as shape_mismatch; nothing is resized), an
  * unknown weight component, n_consts outside 0..CAP_MAX_CONSTS or a
  * constant whose name is not terminated, a failing launch, or a
- * re-entrant dispatch that cannot run (see Threads).
+ * re-entrant dispatch that cannot run (see Threads); and before anything
+ * runs, for what the caller got wrong: a NULL cache, stream, program,
+ * call, key, inputs or outputs, a program table missing ws_new, ws_free,
+ * ws_bytes, input, output or launch or with counts past CAP_MAX_INPUTS /
+ * CAP_MAX_COMPONENTS, a workspace whose input() or output() gives no
+ * slot, an input on another device than the backend's (or the host). A
+ * weights() listing that names a component outside the program's is a
+ * failed capture (capture_failed), as a failing weights() is.
  * A key that names a registered component at another version than the
  * registered one (stale, or ahead of a sync) never gets an entry: the call
  * declines weights_moved and runs eagerly in a transient workspace. */
@@ -328,6 +341,7 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
  * reason or an invalid key. */
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
 
+/* *out = the counters (all zero for a NULL cache; nothing for a NULL out). */
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);
 
 /* Checks the cache's invariants (the MRU list, byte and entry accounting,

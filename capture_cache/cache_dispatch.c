@@ -128,7 +128,7 @@ static void check_replay(dispatch_t *d) {
          * it (never replay it again) and learn again. */
         d->reason = CAP_DECLINE_WEIGHTS_MOVED;
         cap_entry_drop_graph(c, e);
-        e->state = ST_WARMUP;
+        e->state = cap_warm_state(c);
         e->warm = 0;
         return;
     }
@@ -302,10 +302,31 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
     return rc;
 }
 
-/* Checks what the cache copies from a call before it reads it: -1 with a
- * message. A capture bakes at most CAP_MAX_CONSTS constants and compares
- * their names on replay. */
-static int check_call(const cap_call_t *call) {
+/* Checks the program table and the call before anything reads them: -1
+ * with a message, never a crash on a NULL a caller passed. A capture bakes
+ * at most CAP_MAX_CONSTS constants and compares their names on replay;
+ * inputs live on the backend's device or the host (cache.h). */
+static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_call_t *call) {
+    const char *pn = p->name ? p->name : "(unnamed)";
+    if (!p->ws_new || !p->ws_free || !p->ws_bytes || !p->input || !p->output || !p->launch)
+        return reel_fail(REEL_E_INVALID, "dispatch: program %s lacks one of ws_new, ws_free, ws_bytes, input, output "
+                         "and launch", pn);
+    if (p->n_inputs < 0 || p->n_inputs > CAP_MAX_INPUTS || p->n_outputs < 0 || p->n_outputs > CAP_MAX_INPUTS ||
+        p->n_components < 0 || p->n_components > CAP_MAX_COMPONENTS)
+        return reel_fail(REEL_E_INVALID, "dispatch: program %s has %d inputs, %d outputs and %d components (at most "
+                         "%d, %d and %d)", pn, p->n_inputs, p->n_outputs, p->n_components, CAP_MAX_INPUTS,
+                         CAP_MAX_INPUTS, CAP_MAX_COMPONENTS);
+    for (int i = 0; i < p->n_components; i++)
+        if (!p->components[i]) return reel_fail(REEL_E_INVALID, "dispatch: program %s: component %d has no name", pn, i);
+    if (!call->key) return reel_fail(REEL_E_INVALID, "dispatch: a call without a key");
+    if ((p->n_inputs > 0 && !call->inputs) || (p->n_outputs > 0 && !call->outputs))
+        return reel_fail(REEL_E_INVALID, "dispatch: program %s takes %d inputs and %d outputs; the call has %s", pn,
+                         p->n_inputs, p->n_outputs, call->inputs ? "no outputs" : "no inputs");
+    const int dev = kern_backend_device(c->backend);
+    for (int i = 0; i < p->n_inputs; i++)
+        if (call->inputs[i].device != dev && call->inputs[i].device != KERN_DEVICE_HOST)
+            return reel_fail(REEL_E_INVALID, "dispatch: input %d of %s is on device %d; this cache's backend is on %d "
+                             "(or the host)", i, pn, call->inputs[i].device, dev);
     if (call->n_consts < 0 || call->n_consts > CAP_MAX_CONSTS)
         return reel_fail(REEL_E_INVALID, "dispatch: %d constants (a call has 0..%d)", call->n_consts, CAP_MAX_CONSTS);
     if (call->n_consts > 0 && !call->consts) return reel_fail(REEL_E_INVALID, "dispatch: %d constants and no array", call->n_consts);
@@ -352,11 +373,13 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
                  const cap_call_t *call, cap_result_t *res) {
     char text[CAP_KEY_TEXT_MAX];
     double t0 = reel_mono_s();
+    if (!c || !s || !p || !call)
+        return reel_fail(REEL_E_INVALID, "dispatch: no %s", !c ? "cache" : !s ? "stream" : !p ? "program" : "call");
     if (cap_this_thread_captures())
         return reel_fail(REEL_E_STATE, "dispatch while this thread captures a step (a step may not dispatch from a launch "
                          "being captured; the call may be made again outside the capture)");
     if (kern_stream_backend(s) != c->backend) return reel_fail(REEL_E_INVALID, "dispatch: stream of another backend");
-    if (check_call(call) != 0 || cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
+    if (check_call(c, p, call) != 0 || cap_key_text(call->key, false, text, sizeof text) < 0) return -1;
     uint64_t hash = cap_hash_text(text);
     dispatch_t dd = { .c = c, .s = s, .p = p, .user = user, .call = call, .reason = CAP_DECLINE_COUNT,
                       .ran = CAP_RAN_EAGER },

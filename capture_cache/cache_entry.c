@@ -79,6 +79,17 @@ entry_t *cap_entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap_pr
     if (!e) { reel_fail(REEL_E_NOMEM, "out of memory"); return NULL; }
     e->ws = p->ws_new(user, key, s);
     if (!e->ws) { free(e); return NULL; }
+    /* Every slot is read through these from here on: a NULL one fails the
+     * call here, never a dereference later. */
+    for (int i = 0; i < p->n_inputs + p->n_outputs; i++) {
+        bool in = i < p->n_inputs;
+        if (in ? p->input(user, e->ws, i) : p->output(user, e->ws, i - p->n_inputs)) continue;
+        reel_fail(REEL_E_INVALID, "program %s: its workspace has no %s slot %d", p->name ? p->name : "(unnamed)",
+                  in ? "input" : "output", in ? i : i - p->n_inputs);
+        p->ws_free(user, e->ws);
+        free(e);
+        return NULL;
+    }
     e->key = *key;
     snprintf(e->text, sizeof e->text, "%s", text);
     e->hash = hash;
@@ -101,7 +112,7 @@ entry_t *cap_entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap_pr
         return NULL;
     }
     e->ws_bytes += snap;
-    e->state = ST_WARMUP;
+    e->state = cap_warm_state(c);
     return e;
 }
 
@@ -205,8 +216,10 @@ int cap_copy_out(entry_t *e, kern_stream_t *s, const cap_call_t *call) {
         if (dst->dtype != src->dtype || kern_tensor_numel(dst) != kern_tensor_numel(src) ||
             !kern_tensor_is_contiguous(dst) || !dst->data) {
             char a[96], b[96];
-            return reel_fail(REEL_E_INVALID, "copy-out: output %d destination is %s, the step writes %s", i,
-                             kern_tensor_describe(dst, a, sizeof a), kern_tensor_describe(src, b, sizeof b));
+            return reel_fail(REEL_E_INVALID, "copy-out: output %d destination is %s%s, the step writes %s", i,
+                             kern_tensor_describe(dst, a, sizeof a),
+                             !dst->data ? " with no data" : !kern_tensor_is_contiguous(dst) ? " (strided: it must be contiguous)" : "",
+                             kern_tensor_describe(src, b, sizeof b));
         }
         size_t bytes = kern_tensor_bytes(src);
         int rc = dst->device == KERN_DEVICE_HOST && src->device != KERN_DEVICE_HOST
@@ -264,6 +277,14 @@ int cap_weights_record(entry_t *e) {
         free(now);
         return reel_fail(REEL_E_INVALID, "program %s listed a different number of weights twice in a row", p->name);
     }
+    for (int i = 0; i < n; i++)
+        if (w[i].component < 0 || w[i].component >= p->n_components) {
+            int bad = w[i].component;
+            free(w);
+            free(now);
+            return reel_fail(REEL_E_INVALID, "program %s: weight %d names component %d, outside its %d components",
+                             p->name, i, bad, p->n_components);
+        }
     free(e->wid);
     free(e->wid_now);
     e->wid = w;

@@ -32,6 +32,7 @@ const char *cap_policy_name(cap_policy_t p) {
     return p == CAP_POLICY_EVICT ? "evict" : p == CAP_POLICY_INPLACE ? "inplace" : "?";
 }
 int cap_policy_parse(const char *s, cap_policy_t *out) {
+    if (!s || !out) return reel_fail(REEL_E_INVALID, "policy: no %s", s ? "destination" : "name");
     if (!strcmp(s, "evict")) *out = CAP_POLICY_EVICT;
     else if (!strcmp(s, "inplace")) *out = CAP_POLICY_INPLACE;
     else return reel_fail(REEL_E_INVALID, "unknown weight update policy '%s' (expected evict or inplace)", s);

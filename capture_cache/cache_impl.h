@@ -221,6 +221,12 @@ struct cap_cache {
     cap_stats_t st;
 };
 
+/* Where a new (or re-learning) entry starts: warmup, or with warmup 0 a
+ * capture at its first call (nothing pinned: no address seen twice). */
+static inline state_t cap_warm_state(const struct cap_cache *c) {
+    return c->opt.warmup == 0 ? ST_CAPTURE : ST_WARMUP;
+}
+
 /* SQLite style: the invariants hold at the end of every public function.
  * Checked in builds with -DREEL_INVARIANTS (make asan, make tsan). */
 #ifdef REEL_INVARIANTS

@@ -26,6 +26,8 @@ static int sig_check(const char *name, kern_dtype_t dt, int ndim, const int64_t 
 }
 
 int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim, const int64_t *shape) {
+    if (!k) return reel_fail(REEL_E_INVALID, "capture key: no key");
+    if (ndim > 0 && !shape) return reel_fail(REEL_E_INVALID, "capture key: input '%s' has %d dims and no shape", name ? name : "(null)", ndim);
     if (k->n_inputs >= CAP_MAX_INPUTS) return reel_fail(REEL_E_LIMIT, "capture key: more than %d inputs", CAP_MAX_INPUTS);
     if (sig_check(name, dt, ndim, shape) != 0) return -1;
     cap_sig_t *s = &k->inputs[k->n_inputs++];
@@ -38,9 +40,11 @@ int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim,
 }
 
 int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version) {
+    if (!k) return reel_fail(REEL_E_INVALID, "capture key: no key");
     if (k->n_components >= CAP_MAX_COMPONENTS)
         return reel_fail(REEL_E_LIMIT, "capture key: more than %d components", CAP_MAX_COMPONENTS);
-    if (!reel_name_valid(name, CAP_NAME_MAX)) return reel_fail(REEL_E_INVALID, "capture key: bad component name '%s'", name);
+    if (!reel_name_valid(name, CAP_NAME_MAX))
+        return reel_fail(REEL_E_INVALID, "capture key: bad component name '%s'", name ? name : "(null)");
     if (cap_key_reads(k, name)) return reel_fail(REEL_E_INVALID, "capture key: component '%s' twice", name);
     cap_component_ver_t *c = &k->components[k->n_components++];
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -49,6 +53,7 @@ int cap_key_add_component(cap_key_t *k, const char *name, uint64_t version) {
 }
 
 int cap_key_set_version(cap_key_t *k, const char *name, uint64_t version) {
+    if (!k || !name) return reel_fail(REEL_E_INVALID, "capture key: no %s", k ? "component name" : "key");
     for (int i = 0; i < k->n_components; i++)
         if (!strcmp(k->components[i].name, name)) {
             k->components[i].version = version;
@@ -58,6 +63,7 @@ int cap_key_set_version(cap_key_t *k, const char *name, uint64_t version) {
 }
 
 bool cap_key_reads(const cap_key_t *k, const char *name) {
+    if (!k || !name) return false;
     for (int i = 0; i < k->n_components; i++)
         if (!strcmp(k->components[i].name, name)) return true;
     return false;
@@ -88,14 +94,19 @@ static int parts_check(const cap_key_t *k) {
         const cap_sig_t *s = &k->inputs[i];
         if (sig_check(s->name, s->dtype, s->ndim, s->shape) != 0) return -1;
     }
-    for (int i = 0; i < k->n_components; i++)
+    for (int i = 0; i < k->n_components; i++) {
         if (!reel_name_valid(k->components[i].name, CAP_NAME_MAX))
             return reel_fail(REEL_E_INVALID, "capture key: component %d has a bad name", i);
+        for (int j = 0; j < i; j++) /* cap_key_add_component refuses a second one too */
+            if (!strcmp(k->components[j].name, k->components[i].name))
+                return reel_fail(REEL_E_INVALID, "capture key: component '%s' twice", k->components[i].name);
+    }
     if (!dtype_valid(k->graph.dtype)) return reel_fail(REEL_E_INVALID, "capture key: unknown graph dtype %d", (int)k->graph.dtype);
     return 0;
 }
 
 int cap_key_text(const cap_key_t *k, bool shard, char *buf, size_t len) {
+    if (!k || !buf) return reel_fail(REEL_E_INVALID, "capture key: no %s", k ? "buffer" : "key");
     if (len == 0) return reel_fail(REEL_E_INVALID, "capture key: no room for the text");
     if ((!shard && (!reel_name_valid(k->device, sizeof k->device) || !reel_name_valid(k->arch, sizeof k->arch))) ||
         !reel_name_valid(k->model, sizeof k->model) || !reel_name_valid(k->loop, sizeof k->loop) ||
@@ -139,7 +150,7 @@ uint64_t cap_hash_bytes(const void *p, size_t n) {
     return h ? h : 1;
 }
 
-uint64_t cap_hash_text(const char *s) { return cap_hash_bytes(s, strlen(s)); }
+uint64_t cap_hash_text(const char *s) { return s ? cap_hash_bytes(s, strlen(s)) : cap_hash_bytes("", 0); }
 
 static uint64_t hash(const cap_key_t *k, bool shard) {
     char buf[CAP_KEY_TEXT_MAX];
@@ -159,7 +170,13 @@ int cap_key_denoise(cap_key_t *k, const char *device, const char *arch, const ch
 static int key_denoise(cap_key_t *k, const char *device, const char *arch, const char *model, const char *loop,
                        kern_dtype_t dt, int64_t batch, bool mixed, const int64_t latent[4], const int64_t context[2],
                        bool cfg, const char *component, uint64_t version) {
+    if (!k) return reel_fail(REEL_E_INVALID, "capture key: no key");
     memset(k, 0, sizeof *k);
+    if (!device || !arch || !model || !loop || !latent || !context || !component)
+        return reel_fail(REEL_E_INVALID, "capture key: a denoising key needs a device, arch, model, loop, latent and "
+                         "context shape and component (device and arch may be \"\" for shard hashing)");
+    if (strcmp(loop, "euler") && strcmp(loop, "sde") && strcmp(loop, "unipc") && strcmp(loop, "dpm++"))
+        return reel_fail(REEL_E_INVALID, "capture key: unknown loop '%.32s' (euler, sde, unipc or dpm++)", loop);
     if (batch < 1 || batch > CAP_MAX_BATCH)
         return reel_fail(REEL_E_INVALID, "capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
     if (snprintf(k->device, sizeof k->device, "%s", device) >= (int)sizeof k->device ||

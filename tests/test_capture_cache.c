@@ -2841,6 +2841,237 @@ START_TEST(test_a_prewarm_call_on_a_ready_entry_replays_and_captures_nothing_new
 }
 END_TEST
 
+/* ---- what a caller gets wrong: every public function refuses, none crashes - */
+
+/* NULL where a cache, stream, program, call, key or name belongs: -1 (or
+ * false, or zeroed stats) with a message, and the cache still serves. */
+START_TEST(test_public_functions_refuse_null_arguments_with_a_message_and_the_cache_still_serves) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:nulls", ROWS, COLS, "wA", 1);
+    cap_call_t call = { .key = &r.key, .inputs = r.in, .outputs = &r.out_t };
+    cap_result_t res;
+#define REFUSED(expr)                                                                  \
+    do {                                                                               \
+        reel_err_clear();                                                              \
+        ck_assert_msg((expr) == -1, #expr " did not fail");                            \
+        ck_assert_msg(reel_err_text()[0], #expr " failed without a message");          \
+    } while (0)
+    REFUSED(cap_dispatch(NULL, S, &PROG_A, &uA, &call, &res));
+    REFUSED(cap_dispatch(C, NULL, &PROG_A, &uA, &call, &res));
+    REFUSED(cap_dispatch(C, S, NULL, &uA, &call, &res));
+    REFUSED(cap_dispatch(C, S, &PROG_A, &uA, NULL, &res));
+    cap_call_t nokey = call, noin = call, noout = call;
+    nokey.key = NULL;
+    noin.inputs = NULL;
+    noout.outputs = NULL;
+    REFUSED(cap_dispatch(C, S, &PROG_A, &uA, &nokey, &res));
+    REFUSED(cap_dispatch(C, S, &PROG_A, &uA, &noin, &res));
+    REFUSED(cap_dispatch(C, S, &PROG_A, &uA, &noout, &res));
+    REFUSED(cap_component_register(NULL, "wC", WA, 4, 1));
+    REFUSED(cap_component_register(C, NULL, WA, 4, 1));
+    REFUSED(cap_component_update(NULL, "wA", WA, WMAX * sizeof(float), 2));
+    REFUSED(cap_component_update(C, NULL, WA, WMAX * sizeof(float), 2));
+    REFUSED(cap_evict_key(NULL, &r.key, CAP_EVICT_EXPLICIT));
+    REFUSED(cap_evict_key(C, NULL, CAP_EVICT_EXPLICIT));
+    cap_policy_t pol = CAP_POLICY_EVICT;
+    REFUSED(cap_policy_parse(NULL, &pol));
+    REFUSED(cap_policy_parse("evict", NULL));
+    REFUSED(cap_key_add_input(NULL, "x", KERN_F32, 1, (const int64_t[]){ 4 }));
+    REFUSED(cap_key_add_input(&r.key, "x", KERN_F32, 2, NULL));
+    REFUSED(cap_key_add_component(NULL, "wZ", 1));
+    REFUSED(cap_key_set_version(&r.key, NULL, 2));
+    REFUSED(cap_key_set_version(NULL, "wA", 2));
+    char text[CAP_KEY_TEXT_MAX];
+    REFUSED(cap_key_text(NULL, false, text, sizeof text));
+    REFUSED(cap_key_text(&r.key, false, NULL, sizeof text));
+#undef REFUSED
+    ck_assert_int_eq(cap_component_version(NULL, "wA"), -1);
+    ck_assert_int_eq(cap_component_version(C, NULL), -1);
+    ck_assert(!cap_key_reads(NULL, "wA"));
+    ck_assert(!cap_key_reads(&r.key, NULL));
+    ck_assert_uint_eq(cap_hash_text(NULL), cap_hash_text(""));
+    cap_stats_t st;
+    memset(&st, 0xab, sizeof st);
+    cap_cache_stats(NULL, &st);
+    ck_assert_uint_eq(st.calls, 0);
+    cap_cache_stats(C, NULL); /* nothing to write: returns */
+    ck_assert(!cap_cache_invariants(NULL));
+    /* nothing above touched the cache: it serves, and from its first call */
+    ck_assert_uint_eq(stats(C).calls, 0);
+    ck_assert_int_eq(cap_component_version(C, "wA"), 1);
+    req_warm_capture_replay(C, S, &r, 2);
+    req_expect_eager_bits(&r, "after the refusals", 0);
+}
+END_TEST
+
+static kern_tensor_t *null_slot(void *user, void *ws, int i) {
+    (void)user, (void)ws, (void)i;
+    return NULL;
+}
+
+/* A program table missing a callback, with counts past the arrays, or
+ * whose workspace has no slot for an input or output: -1 naming it,
+ * nothing run, no entry or byte kept. */
+START_TEST(test_a_program_missing_a_callback_or_a_slot_is_refused_and_nothing_is_kept) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:bad-program", ROWS, COLS, "wA", 1);
+    cap_program_t bad[6];
+    const char *want[6] = { "lacks one of", "lacks one of", "inputs", "component 0 has no name", "no input slot 0",
+                            "no output slot 0" };
+    for (int i = 0; i < 6; i++) bad[i] = PROG_A;
+    bad[0].launch = NULL;
+    bad[1].ws_free = NULL;
+    bad[2].n_inputs = CAP_MAX_INPUTS + 1;
+    bad[3].components[0] = NULL;
+    bad[4].input = null_slot;
+    bad[5].output = null_slot;
+    for (int i = 0; i < 6; i++) {
+        r.prog = &bad[i];
+        cap_result_t res;
+        reel_err_clear();
+        ck_assert_msg(req_try(C, S, &r, &res) == -1, "bad program %d was served", i);
+        ck_assert_msg(strstr(reel_err_text(), want[i]), "bad program %d: '%s' does not say '%s'", i, reel_err_text(),
+                      want[i]);
+        cap_stats_t st = stats(C);
+        ck_assert_uint_eq(st.entries, 0);
+        ck_assert_uint_eq(st.bytes_held, 0);
+    }
+    ck_assert(cap_cache_invariants(C));
+    r.prog = &PROG_A;
+    req_warm_capture_replay(C, S, &r, 2);
+}
+END_TEST
+
+/* An input on another device than the cache's backend (or the host) is
+ * refused before anything reads it. */
+START_TEST(test_an_input_on_another_device_is_refused) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:foreign", ROWS, COLS, "wA", 1);
+    r.in[1].device = 3;
+    cap_result_t res;
+    reel_err_clear();
+    ck_assert_int_eq(req_try(C, S, &r, &res), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "input 1"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "device 3"));
+    ck_assert_uint_eq(stats(C).entries, 0);
+    r.in[1].device = KERN_DEVICE_HOST;
+    req_warm_capture_replay(C, S, &r, 2);
+}
+END_TEST
+
+/* A sync under a policy that is neither evict nor inplace is refused and
+ * changes nothing: the version stays, the graph still replays. */
+START_TEST(test_a_sync_under_an_unknown_policy_is_refused_and_changes_nothing) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:policy", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &r, 2);
+    const int bad[] = { 7, -1, 2 };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        reel_err_clear();
+        ck_assert_int_eq(cap_component_update_policy(C, "wA", WA, WMAX * sizeof(float), 5, (cap_policy_t)bad[i]), -1);
+        ck_assert_ptr_nonnull(strstr(reel_err_text(), "policy"));
+        ck_assert_int_eq(cap_component_version(C, "wA"), 1);
+    }
+    ck_assert_uint_eq(stats(C).evictions[CAP_EVICT_WEIGHT_SYNC], 0);
+    fill(r.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "after the refused syncs", 0);
+    req_expect_eager_bits(&r, "after the refused syncs", 0);
+}
+END_TEST
+
+/* warmup 0 ("eager runs before capture": none): the first call of a key
+ * captures, the second replays; a weights-moved re-learn captures at once
+ * too. */
+START_TEST(test_warmup_zero_captures_at_the_first_call) {
+    cap_options_t o = test_options();
+    o.warmup = 0;
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:warm0", ROWS, COLS, "wA", 1);
+    expect_ran(req_call(C, S, &r), CAP_RAN_CAPTURED, "warmup 0, first call", 0);
+    req_expect_eager_bits(&r, "warmup 0, first call", 0);
+    for (int i = 1; i < 4; i++) {
+        fill(r.x, N, -1.f, 1.f);
+        expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "warmup 0, later call", i);
+        req_expect_eager_bits(&r, "warmup 0, later call", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 0);
+    ck_assert_uint_eq(st.eager_runs, 0);
+    ck_assert_uint_eq(st.captures, 1);
+}
+END_TEST
+
+/* A key struct written by hand with one component twice prints no text
+ * (cap_key_add_component refuses the second), and a denoising key names a
+ * loop Reel runs. */
+START_TEST(test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused) {
+    cap_key_t k = make_key("syn:dup", ROWS, COLS, "wA", 1);
+    ck_assert_int_eq(cap_key_add_component(&k, "wA", 9), -1);
+    k.components[k.n_components++] = (cap_component_ver_t){ "wA", 9 };
+    char text[CAP_KEY_TEXT_MAX];
+    reel_err_clear();
+    ck_assert_int_eq(cap_key_text(&k, false, text, sizeof text), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "'wA' twice"));
+    ck_assert_uint_eq(cap_key_hash(&k), 0);
+    const int64_t lat[4] = { 4, 2, 8, 8 }, ctx[2] = { 5, 32 };
+    const char *loops[] = { "ddim", "bogus loop", "" };
+    for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
+        reel_err_clear();
+        ck_assert_msg(cap_key_denoise(&k, "cpu", "cpu-x", "tinydit:tiny", loops[i], KERN_F32, lat, ctx, true,
+                                      "transformer", 1) == -1, "loop '%s' accepted", loops[i]);
+        ck_assert_ptr_nonnull(strstr(reel_err_text(), "unknown loop"));
+    }
+    reel_err_clear();
+    ck_assert_int_eq(cap_key_denoise(&k, "cpu", "cpu-x", NULL, "euler", KERN_F32, lat, ctx, true, "transformer", 1), -1);
+    ck_assert_int_eq(cap_key_denoise(&k, "cpu", "cpu-x", "tinydit:tiny", "euler", KERN_F32, NULL, ctx, true,
+                                     "transformer", 1), -1);
+    ck_assert_int_eq(cap_key_denoise(NULL, "cpu", "cpu-x", "tinydit:tiny", "euler", KERN_F32, lat, ctx, true,
+                                     "transformer", 1), -1);
+    const char *good[] = { "euler", "sde", "unipc", "dpm++" };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        ck_assert_msg(cap_key_denoise(&k, "cpu", "cpu-x", "tinydit:tiny", good[i], KERN_F32, lat, ctx, true,
+                                      "transformer", 1) == 0, "loop %s: %s", good[i], reel_err_text());
+}
+END_TEST
+
+static int weights_bad_component(void *user, cap_weight_t *out, int max) {
+    step_user_t *u = user;
+    if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 5 };
+    return 1;
+}
+
+/* A weights() listing that names a component the program does not have is
+ * a failed capture (retried, then the entry disabled), never a graph whose
+ * checks index past the program's components; every call keeps the eager
+ * result. */
+START_TEST(test_a_weight_listing_naming_a_component_outside_the_program_never_captures) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    cap_program_t p = PROG_W;
+    p.weights = weights_bad_component;
+    req_t r;
+    req_init(&r, &p, &uA, "syn:bad-weight", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2 + CAP_CAPTURE_TRIES + 2; i++) {
+        fill(r.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &r);
+        ck_assert_msg(res.ran == CAP_RAN_EAGER, "call %d ran %s", i, ran_name(res.ran));
+        req_expect_eager_bits(&r, "bad weight listing", i);
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_CAPTURE_FAILED], 2 + CAP_CAPTURE_TRIES + 2 - 2);
+}
+END_TEST
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -2896,6 +3127,13 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_a_capture_after_warmup_is_a_demand_capture_not_counted_as_prewarm);
     tcase_add_test(tc, test_a_prewarm_call_with_graphs_off_or_an_eager_break_runs_eager_and_captures_nothing);
     tcase_add_test(tc, test_a_prewarm_call_on_a_ready_entry_replays_and_captures_nothing_new);
+    tcase_add_test(tc, test_public_functions_refuse_null_arguments_with_a_message_and_the_cache_still_serves);
+    tcase_add_test(tc, test_a_program_missing_a_callback_or_a_slot_is_refused_and_nothing_is_kept);
+    tcase_add_test(tc, test_an_input_on_another_device_is_refused);
+    tcase_add_test(tc, test_a_sync_under_an_unknown_policy_is_refused_and_changes_nothing);
+    tcase_add_test(tc, test_warmup_zero_captures_at_the_first_call);
+    tcase_add_test(tc, test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused);
+    tcase_add_test(tc, test_a_weight_listing_naming_a_component_outside_the_program_never_captures);
     suite_add_tcase(s, tc);
     return s;
 }
