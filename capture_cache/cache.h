@@ -325,8 +325,9 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name);
  * runs, for what the caller got wrong: a NULL cache, stream, program,
  * call, key, inputs or outputs, a program table missing ws_new, ws_free,
  * ws_bytes, input, output or launch or with counts past CAP_MAX_INPUTS /
- * CAP_MAX_COMPONENTS, a workspace whose input() or output() gives no
- * slot, an input on another device than the backend's (or the host). A
+ * CAP_MAX_COMPONENTS, an input on another device than the backend's (or
+ * the host); and as its workspace is made (freed again, no other entry
+ * touched), a workspace whose input() or output() gives no slot. A
  * weights() listing that names a component outside the program's is a
  * failed capture (capture_failed), as a failing weights() is.
  * A key that names a registered component at another version than the

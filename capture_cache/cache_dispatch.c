@@ -27,14 +27,16 @@ static __thread struct {
 /* A new entry for the call, made with the cache lock down (it is held on
  * entry and on return). When the workspace cannot be allocated, the idle
  * entries' device memory is given back and the allocation tried once
- * more. NULL with a message. */
+ * more; not when the program refused it as invalid (a workspace without a
+ * slot, a key it cannot hold): freeing memory would not change that, and
+ * every other key's graphs would go for nothing. NULL with a message. */
 static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *text, uint64_t hash) {
     cap_cache_t *c = d->c;
     CAP_ASSERT_LOCKED(&c->lock);
     cap_unlock(&c->lock);
     entry_t *e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);
-    if (e || !cap_evict_idle(c, &d->q)) return e;
+    if (e || reel_err_code() == REEL_E_INVALID || !cap_evict_idle(c, &d->q)) return e;
     cap_unlock(&c->lock);
     e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);
@@ -311,17 +313,17 @@ static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_ca
     if (!p->ws_new || !p->ws_free || !p->ws_bytes || !p->input || !p->output || !p->launch)
         return reel_fail(REEL_E_INVALID, "dispatch: program %s lacks one of ws_new, ws_free, ws_bytes, input, output "
                          "and launch", pn);
-    if (p->n_inputs < 0 || p->n_inputs > CAP_MAX_INPUTS || p->n_outputs < 0 || p->n_outputs > CAP_MAX_INPUTS ||
-        p->n_components < 0 || p->n_components > CAP_MAX_COMPONENTS)
-        return reel_fail(REEL_E_INVALID, "dispatch: program %s has %d inputs, %d outputs and %d components (at most "
-                         "%d, %d and %d)", pn, p->n_inputs, p->n_outputs, p->n_components, CAP_MAX_INPUTS,
-                         CAP_MAX_INPUTS, CAP_MAX_COMPONENTS);
+    if (p->n_inputs < 0 || p->n_inputs > CAP_MAX_INPUTS || p->n_outputs < 0 || p->n_components < 0 ||
+        p->n_components > CAP_MAX_COMPONENTS)
+        return reel_fail(REEL_E_INVALID, "dispatch: program %s has %d inputs, %d outputs and %d components (0..%d "
+                         "inputs, 0..%d components)", pn, p->n_inputs, p->n_outputs, p->n_components, CAP_MAX_INPUTS,
+                         CAP_MAX_COMPONENTS);
     for (int i = 0; i < p->n_components; i++)
         if (!p->components[i]) return reel_fail(REEL_E_INVALID, "dispatch: program %s: component %d has no name", pn, i);
     if (!call->key) return reel_fail(REEL_E_INVALID, "dispatch: a call without a key");
     if ((p->n_inputs > 0 && !call->inputs) || (p->n_outputs > 0 && !call->outputs))
         return reel_fail(REEL_E_INVALID, "dispatch: program %s takes %d inputs and %d outputs; the call has %s", pn,
-                         p->n_inputs, p->n_outputs, call->inputs ? "no outputs" : "no inputs");
+                         p->n_inputs, p->n_outputs, p->n_inputs > 0 && !call->inputs ? "no inputs" : "no outputs");
     const int dev = kern_backend_device(c->backend);
     for (int i = 0; i < p->n_inputs; i++)
         if (call->inputs[i].device != dev && call->inputs[i].device != KERN_DEVICE_HOST)

@@ -2913,10 +2913,15 @@ static kern_tensor_t *null_slot(void *user, void *ws, int i) {
 
 /* A program table missing a callback, with counts past the arrays, or
  * whose workspace has no slot for an input or output: -1 naming it,
- * nothing run, no entry or byte kept. */
+ * nothing run, no entry or byte kept, and the live entry of another key
+ * neither evicted (no retry "for memory") nor disturbed. */
 START_TEST(test_a_program_missing_a_callback_or_a_slot_is_refused_and_nothing_is_kept) {
     cap_options_t o = test_options();
     C = new_cache(&o);
+    req_t live;
+    req_init(&live, &PROG_A, &uA, "syn:live", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &live, 2);
+    const size_t held = stats(C).bytes_held;
     req_t r;
     req_init(&r, &PROG_A, &uA, "syn:bad-program", ROWS, COLS, "wA", 1);
     cap_program_t bad[6];
@@ -2937,10 +2942,14 @@ START_TEST(test_a_program_missing_a_callback_or_a_slot_is_refused_and_nothing_is
         ck_assert_msg(strstr(reel_err_text(), want[i]), "bad program %d: '%s' does not say '%s'", i, reel_err_text(),
                       want[i]);
         cap_stats_t st = stats(C);
-        ck_assert_uint_eq(st.entries, 0);
-        ck_assert_uint_eq(st.bytes_held, 0);
+        ck_assert_uint_eq(st.entries, 1);
+        ck_assert_uint_eq(st.bytes_held, held);
+        ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 0);
     }
     ck_assert(cap_cache_invariants(C));
+    fill(live.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &live), CAP_RAN_REPLAYED, "the live entry after the refusals", 0);
+    req_expect_eager_bits(&live, "the live entry after the refusals", 0);
     r.prog = &PROG_A;
     req_warm_capture_replay(C, S, &r, 2);
 }
@@ -2995,7 +3004,7 @@ START_TEST(test_warmup_zero_captures_at_the_first_call) {
     o.warmup = 0;
     C = new_cache(&o);
     req_t r;
-    req_init(&r, &PROG_A, &uA, "syn:warm0", ROWS, COLS, "wA", 1);
+    req_init(&r, &PROG_W, &uA, "syn:warm0", ROWS, COLS, "wA", 1);
     expect_ran(req_call(C, S, &r), CAP_RAN_CAPTURED, "warmup 0, first call", 0);
     req_expect_eager_bits(&r, "warmup 0, first call", 0);
     for (int i = 1; i < 4; i++) {
@@ -3007,6 +3016,23 @@ START_TEST(test_warmup_zero_captures_at_the_first_call) {
     ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 0);
     ck_assert_uint_eq(st.eager_runs, 0);
     ck_assert_uint_eq(st.captures, 1);
+    /* The weights move without a sync (same values, another buffer): the
+     * call that sees it declines weights_moved, and the entry, learning
+     * again, captures at its next call. */
+    float *moved = dev_floats(WMAX);
+    memcpy(moved, WA, WMAX * sizeof(float));
+    uA.w = weight_tensor(moved);
+    fill(r.x, N, -1.f, 1.f);
+    expect_eager(req_call(C, S, &r), CAP_DECLINE_WEIGHTS_MOVED, "warmup 0, weights moved", 0);
+    req_expect_eager_bits(&r, "warmup 0, weights moved", 0);
+    fill(r.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &r), CAP_RAN_CAPTURED, "warmup 0, after the move", 0);
+    req_expect_eager_bits(&r, "warmup 0, after the move", 0);
+    fill(r.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "warmup 0, after the recapture", 0);
+    st = stats(C);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_WARMING_UP], 0);
+    ck_assert_uint_eq(st.captures, 2);
 }
 END_TEST
 
@@ -3050,9 +3076,9 @@ static int weights_bad_component(void *user, cap_weight_t *out, int max) {
 }
 
 /* A weights() listing that names a component the program does not have is
- * a failed capture (retried, then the entry disabled), never a graph whose
- * checks index past the program's components; every call keeps the eager
- * result. */
+ * a failed capture (retried, then the entry disabled), never a graph
+ * checked against a listing that cannot be right; every call keeps the
+ * eager result. */
 START_TEST(test_a_weight_listing_naming_a_component_outside_the_program_never_captures) {
     cap_options_t o = test_options();
     C = new_cache(&o);
