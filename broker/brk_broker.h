@@ -107,6 +107,8 @@ typedef struct brk_req {
     uint64_t required;         /* transformer version it must run on */
     int steps;
     bool progress;
+    uint64_t progress_at;      /* step + decoded of the last PROGRESS forwarded (this run) */
+    uint64_t progress_of;      /* and its steps + decode_frames */
     int64_t accepted_ms, deadline_ms;
     int losses;                /* workers that died holding it */
     bool had_owner;            /* some eligible worker existed at some point */

@@ -351,6 +351,16 @@ static bool settle_slot(brk_t *b, brk_worker_t *w, brk_req_t *r, msg_type_t type
 void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress_t *p) {
     brk_req_t *r = held_by(b, w, id, MSG_PROGRESS, NULL);
     if (!r || r->state != REQ_INFLIGHT || !r->progress) return;
+    /* Never backwards within a run: the parts of a group split over a
+     * worker's streams each report the group's count, and two of their
+     * messages can arrive in either order; the older one is dropped (and a
+     * repeat of the last, same count of the same total).
+     * (A requeued request runs again from its first step: req_lost resets
+     * this, and its PROGRESS counts again from 1.) */
+    const uint64_t at = p->step + p->decoded, of = p->steps + p->decode_frames;
+    if (at < r->progress_at || (at == r->progress_at && of == r->progress_of)) return;
+    r->progress_at = at;
+    r->progress_of = of;
     if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
 }
 
@@ -415,6 +425,7 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
         return;
     }
     r->worker = NULL;
+    r->progress_at = r->progress_of = 0;
     if (r->losses++ >= 1) {
         brk_log("request %llu failed: worker_lost (%s was the second worker to die with it)",
                 (unsigned long long)r->id, worker);

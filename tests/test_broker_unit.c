@@ -1459,6 +1459,70 @@ START_TEST(test_a_gen_resent_while_its_request_lives_is_attached_and_answered_on
 }
 END_TEST
 
+/* PROGRESS never goes backwards within a run: the parts of a group split
+ * over a worker's streams report the group's count and can arrive out of
+ * order; the broker forwards a count only past the last one (or the same
+ * count with a new total: a decode starting), the rest dropped. */
+static void progress_from(box_t *x, uint64_t rid, uint64_t step, uint64_t steps, uint64_t dec, uint64_t frames) {
+    wire_val_t *p = wire_hdr("PROGRESS", rid);
+    wv_set(p, "step", wv_u64(step));
+    wv_set(p, "steps", wv_u64(steps));
+    if (frames) {
+        wv_set(p, "decoded", wv_u64(dec));
+        wv_set(p, "decode_frames", wv_u64(frames));
+    }
+    from_worker(x, 0, p);
+}
+
+static void expect_progress(void *s, uint64_t id, uint64_t step, uint64_t steps, uint64_t dec) {
+    wire_msg_t *d = take(s, false);
+    ck_assert_msg(!strcmp(d->type, "PROGRESS"), "got %s, expected PROGRESS %llu/%llu", d->type,
+                  (unsigned long long)step, (unsigned long long)steps);
+    uint64_t got = 0, of = 0, dg = 0;
+    ck_assert_uint_eq(d->id, id);
+    ck_assert(wv_get_u64(d->hdr, "step", &got) && wv_get_u64(d->hdr, "steps", &of));
+    (void)wv_get_u64(d->hdr, "decoded", &dg);
+    ck_assert_msg(got == step && of == steps && dg == dec, "PROGRESS %llu/%llu (+%llu decoded), expected %llu/%llu "
+                  "(+%llu)", (unsigned long long)got, (unsigned long long)of, (unsigned long long)dg,
+                  (unsigned long long)step, (unsigned long long)steps, (unsigned long long)dec);
+    drop_msg(&d);
+}
+
+START_TEST(test_progress_reaching_the_broker_out_of_order_never_goes_backwards_to_the_client) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready(&x, 0, 1);
+    gen_from(&x, c, 9, TOKEN_A, 7, true);
+    uint64_t rid = request_on(&x, 0);
+    /* two parts of a group of 3 x 2 steps, their messages crossed */
+    progress_from(&x, rid, 2, 6, 0, 0);
+    progress_from(&x, rid, 1, 6, 0, 0);
+    progress_from(&x, rid, 4, 6, 0, 0);
+    progress_from(&x, rid, 3, 6, 0, 0);
+    progress_from(&x, rid, 6, 6, 0, 0);
+    progress_from(&x, rid, 5, 6, 0, 0);
+    progress_from(&x, rid, 6, 6, 0, 0); /* a repeat */
+    expect_progress(c, 9, 2, 6, 0);
+    expect_progress(c, 9, 4, 6, 0);
+    expect_progress(c, 9, 6, 6, 0);
+    quiet(c, "the client (older counts dropped)");
+    /* the decode: its first message (0 of 3 frames) changes the total */
+    progress_from(&x, rid, 6, 6, 0, 3);
+    progress_from(&x, rid, 6, 6, 2, 3);
+    progress_from(&x, rid, 6, 6, 1, 3);
+    progress_from(&x, rid, 6, 6, 3, 3);
+    expect_progress(c, 9, 6, 6, 0);
+    expect_progress(c, 9, 6, 6, 2);
+    expect_progress(c, 9, 6, 6, 3);
+    quiet(c, "the client (an older decode count dropped)");
+    serve(&x, rid);
+    expect_on(c, "RESULT", 9, NULL);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 /* A GEN under a live request's client token and id whose fields differ
  * (here its seed) is not that request: bad_request to its sender, and the
  * live request goes on, answered to its own sender -- whether it runs or
@@ -3137,6 +3201,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
+    tcase_add_test(an, test_progress_reaching_the_broker_out_of_order_never_goes_backwards_to_the_client);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
     tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);

@@ -488,7 +488,8 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
 
 /* PROGRESS over a group counts the batched steps of every sub-batch (of
  * every part of a split group: each part reports the group's count as it
- * steps; two parts' messages may arrive a step out of order). */
+ * steps; two parts' messages may arrive a step out of order, and the
+ * broker forwards only a count past the last one, brk_req_progress). */
 static void send_progress_job(wrk_stream_t *st, const wrk_job_t *j) {
     int steps = tdit_req_steps(j->req), b = (int)tdit_req_batch(j->req);
     int rest = j->n - j->at - b, more = rest > 0 ? (rest + j->chunk - 1) / j->chunk : 0;
