@@ -202,6 +202,7 @@ typedef struct {
     uint64_t first_version;      /* ... of the first; defaults to version */
     msg_stats_t stats;
     uint64_t key_hash;           /* the shard hash; 0 when absent */
+    uint64_t boot;               /* the answering broker's boot id (it sets it; 0: absent) */
     const msg_version_run_t *version_runs; /* the version of every step, as runs */
     size_t n_version_runs;
     const wire_tensor_t *latent;

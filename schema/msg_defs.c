@@ -124,6 +124,7 @@ static const msg_field_t result_rows[] = {
     R_U64(msg_result_t, first_version, "first_version", 0, 0, MSG_VERSION_MAX, 0),
     R_STRUCT(msg_result_t, stats, msg_stats_t, "stats", F_REQ, stats_tab),
     R_HASH(msg_result_t, key_hash, "key_hash", F_OMIT),
+    R_HASH(msg_result_t, boot, "boot", F_OMIT),
     R_STRUCTS(msg_result_t, version_runs, n_version_runs, msg_version_run_t, "version_runs", F_OMIT,
               version_run_tab),
     R_U64(msg_result_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0),

@@ -6,8 +6,10 @@
  * silence; the GEN sent again (same id, same client token) when a STATUS
  * goes unanswered, when another boot answers it, or when no boot was
  * learnt before one answers, and never when the same boot answers, when a
- * broker without a boot answers, or with liveness 0; reel_client_resends
- * and the on_resend hook (silent_ms > 0 for silence, 0 for a new boot).
+ * broker without a boot answers, or with liveness 0; the boot a RESULT
+ * names kept for the next call (a restart between calls is no reason to
+ * send again); reel_client_resends and the on_resend hook (silent_ms > 0
+ * for silence, 0 for a new boot).
  *
  * Assertions are on the messages the fake broker receives, never on time.
  * One thing time can do: on a loaded machine a reply of the fake broker
@@ -60,6 +62,7 @@ typedef struct {
     uint64_t gen_id, token;
     int gens, statuses;
     bool answered;     /* its RESULT went */
+    uint64_t result_boot; /* the boot id the RESULT names (0: none, an older broker's) */
 } fake_t;
 
 enum { DONE = 0, DISTURBED = 1 };
@@ -176,6 +179,7 @@ static void finish(fake_t *f) {
         msg_result_t r;
         memset(&r, 0, sizeof r);
         r.version = 1;
+        r.boot = f->result_boot;
         const int64_t ls[4] = { 4, 2, 8, 8 };
         wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, g_lat, sizeof g_lat);
         r.latent = &t;
@@ -354,6 +358,39 @@ static int no_liveness(fake_t *f) {
     return DONE;
 }
 
+/* A RESULT names the broker that answered (boot B, a broker restarted
+ * since the client learnt boot A): the client's next call starts from B,
+ * so its liveness STATUSes answered by B are the same broker, and the GEN
+ * is not sent again. */
+static int boot_from_result(fake_t *f) {
+    uint64_t ping, id;
+    status_then_gen(f, &ping);
+    reply_status(f, ping, BOOT_A);
+    f->result_boot = BOOT_B;
+    finish_ok(f);
+    if (f->resends) return DISTURBED; /* a resend for silence crossed the first call */
+    /* the second call, on the same client */
+    f->answered = false;
+    f->gens = f->statuses = 0;
+    f->result_boot = 0;
+    ck_assert_int_eq(pthread_create(&f->th, NULL, client_main, f), 0);
+    f->running = true;
+    ck_assert_msg(next(f, &id) == MSG_GEN, "a STATUS before the second GEN: the boot was known");
+    for (int k = 0; k < 2; k++) { /* silence, then the liveness STATUSes: answered by B */
+        if (next(f, &ping) == MSG_GEN) return unexpected_resend(f, 0, "though the RESULT's boot answered");
+        reply_status(f, ping, BOOT_B);
+    }
+    finish_ok(f);
+    if (silence_from(f, 0)) return DISTURBED;
+    ck_assert_uint_eq(f->resends, 0);
+    return DONE;
+}
+
+START_TEST(test_a_result_names_the_boot_the_next_call_starts_from) {
+    run(boot_from_result, LIVENESS_MS, "boot from a result");
+}
+END_TEST
+
 START_TEST(test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered) {
     run(silence, LIVENESS_MS, "silence");
 }
@@ -390,6 +427,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
     tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);
     tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);
+    tcase_add_test(tc, test_a_result_names_the_boot_the_next_call_starts_from);
     tcase_add_test(tc, test_liveness_0_sends_no_status_and_never_resends);
     suite_add_tcase(s, tc);
     return s;

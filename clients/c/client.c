@@ -266,12 +266,20 @@ static bool is_standby(wire_msg_t *m) {
     return yes;
 }
 
-/* The boot id in a STATUS_REPLY m (0: none, or unreadable). */
+/* The boot id in a STATUS_REPLY m, or in a RESULT m (the broker that
+ * answered it sets it); 0: none, or unreadable. */
 static uint64_t boot_of(wire_msg_t *m) {
-    msg_status_reply_t *r = malloc(sizeof *r);
     wire_err_t e;
-    uint64_t boot = r && msg_type(m) == MSG_STATUS_REPLY && msg_status_reply_decode(m, r, &e) == 0 ? r->boot : 0;
-    free(r);
+    uint64_t boot = 0;
+    if (msg_type(m) == MSG_STATUS_REPLY) {
+        msg_status_reply_t *r = malloc(sizeof *r);
+        boot = r && msg_status_reply_decode(m, r, &e) == 0 ? r->boot : 0;
+        free(r);
+    } else if (msg_type(m) == MSG_RESULT) {
+        msg_result_t *r = malloc(sizeof *r);
+        boot = r && msg_result_decode(m, r, &e) == 0 ? r->boot : 0;
+        free(r);
+    }
     return boot;
 }
 
@@ -332,7 +340,12 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
                 silent = -1; /* (on_resend: a standby answered) */
                 goto again;
             }
-            if (m->id == id) break; /* the answer */
+            if (m->id == id) { /* the answer; a RESULT names the broker's boot id for the next call (a
+                                * restart between calls is then no cause to send a GEN again) */
+                uint64_t b = boot_of(m);
+                if (b) c->boot = b;
+                break;
+            }
             uint64_t now_boot = boot_of(m);
             wire_msg_close(m);
             asked = false;

@@ -31,7 +31,8 @@ void reel_client_destroy(reel_client_t **c);
 /* A GEN carries this client's token (random, nonzero, for the client's
  * lifetime), and a STATUS goes just before the client's first GEN (its
  * answer's boot id names the broker that got the GEN; later GENs compare
- * with the boot id last seen). While it waits for the answer, the client
+ * with the boot id last seen, from a STATUS or from the boot a RESULT
+ * names). While it waits for the answer, the client
  * asks for STATUS after every `liveness_ms` without a message; when that
  * goes unanswered for `liveness_ms` too (the broker died, or is stuck), or
  * another broker answers it (a new boot id: a restart), it sends the GEN

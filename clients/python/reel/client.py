@@ -322,6 +322,9 @@ class Client:
     taken for gone and the GEN is sent again with its id and this client's
     token (a broker that still holds it answers it once; a restarted one
     runs it again, with the same result: docs/PROTOCOL.md "Delivery").
+    The broker's boot id is learnt at the first GEN and from every RESULT
+    (a broker restarted between two calls is then not taken for one that
+    lost the second call's GEN).
     Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend.
     .resends counts the GENs sent again.
 
@@ -554,6 +557,13 @@ class Client:
                 raise ReelError(hdr.get("code", "internal"), hdr.get("message", ""), rid)
             if mtype == "BUSY":
                 raise BusyError(hdr.get("message", "busy"), rid)
+            if mtype == "RESULT" and hdr.get("boot"):
+                # the answering broker's boot id, for the next call: a restart between calls is then no
+                # reason to send a live GEN again at its first liveness STATUS
+                try:
+                    self._boot = int(hdr["boot"], 16) or self._boot
+                except (TypeError, ValueError):
+                    pass
             tensors = {}
             for desc, frame in zip(hdr.get("tensors", []) or [], frames[1:]):
                 kind = {"F32": "<f4", "U8": "u1"}.get(desc.get("dtype"))

@@ -697,6 +697,44 @@ class BrokerRestartTests(unittest.TestCase):
                 cl.stop()
             shutil.rmtree(d, ignore_errors=True)
 
+    def test_a_client_learns_a_restarted_brokers_boot_from_a_result_and_never_resends_a_live_gen(self):
+        """The broker restarts between two calls of one client (liveness
+        0.2 s); the call after the restart is answered, its RESULT naming
+        the new broker's boot id. A later long GEN, during which the
+        client's liveness STATUSes are answered by that same broker, is
+        never sent again (before RESULT carried `boot`, the client still
+        held the old boot id, took the answer for a restart and sent the
+        live GEN again: run twice when the first answer was on its way)."""
+        d = tempfile.mkdtemp(prefix="reel-py-bboot-")
+        cl = None
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "5", "--out", w)
+            cl = Cluster(d, w, worker_flags=("--streams", "1"))
+            short = dict(context=rand((5, 32), 1), latent_shape=(4, 2, 8, 8), steps=2, seed=3)
+            with cl.client(timeout=120, liveness=0.2) as c:
+                c.gen("tiny", **short)
+                boot_a = c.status()["boot"]
+                cl.broker.kill()
+                cl.broker.wait(30)
+                cl.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", cl.ce, "--workers",
+                                              f"ipc://{d}/workers", "--catalog", os.path.join(d, "reel.db"),
+                                              "--heartbeat-ms", "200"], stdout=cl.blog, stderr=subprocess.STDOUT)
+                with cl.client(timeout=10, liveness=0) as probe:
+                    end = time.monotonic() + 60
+                    while time.monotonic() < end and not probe.status()["workers"]:
+                        time.sleep(0.02)
+                    boot_b = probe.status()["boot"]
+                self.assertNotEqual(boot_a, boot_b, "a restarted broker has a new boot id")
+                c.gen("tiny", **short)  # answered by the new broker: its RESULT names boot_b
+                before = c.resends
+                c.gen("tiny", **dict(short, steps=3000, seed=4))  # several liveness periods long
+                self.assertEqual(c.resends, before, "a live GEN was sent again to the broker that held it")
+        finally:
+            if cl:
+                cl.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_a_sync_whose_broker_dies_before_the_ack_is_sent_again_and_completes(self):
         """A raw worker (tests/security_peer.py) gets SYNC v2 and does not
         ack; the broker is killed and restarted; the worker registers again
