@@ -353,12 +353,13 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
     if (!r || r->state != REQ_INFLIGHT || !r->progress) return;
     /* Never backwards within a run: the parts of a group split over a
      * worker's streams each report the group's count, and two of their
-     * messages can arrive in either order; the older one is dropped (and a
-     * repeat of the last, same count of the same total).
+     * messages can arrive in either order; the older one is dropped, and so
+     * is the same count with no larger total (a part's last step arriving
+     * after another part's first decode message).
      * (A requeued request runs again from its first step: req_lost resets
      * this, and its PROGRESS counts again from 1.) */
     const uint64_t at = p->step + p->decoded, of = p->steps + p->decode_frames;
-    if (at < r->progress_at || (at == r->progress_at && of == r->progress_of)) return;
+    if (at < r->progress_at || (at == r->progress_at && of <= r->progress_of)) return;
     r->progress_at = at;
     r->progress_of = of;
     if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
