@@ -609,6 +609,9 @@ static void plan_sizes(const vae_config_t *c, int64_t F, int64_t H, int64_t W, i
         hw *= 4;
         GROW(mx, T * hw * out);
     }
+    /* the head's RGB output at full size: wider than the last stage when
+     * that stage has fewer than 3 channels (dim 1) */
+    GROW(mx, T * hw * 3);
 #undef GROW
     *max_elems = mx;
     *max_k = 27 * dims[0]; /* the widest im2col row: a 3x3x3 conv over the widest stage */

@@ -214,6 +214,32 @@ START_TEST(test_decode_gives_1_plus_4_f_minus_1_frames_of_8h_by_8w_in_unit_range
 }
 END_TEST
 
+/* The narrowest decoders: with dim 1 the last stage has 1 channel and the
+ * head's 3 RGB channels are the widest activation at full size (the
+ * scratch was once sized without them: a heap overflow under ASan, a
+ * corrupted heap in a plain build). Every dim from 1 decodes, twice alike,
+ * in range. */
+START_TEST(test_the_narrowest_decoders_decode_within_their_buffers) {
+    for (int64_t dim = 1; dim <= 3; dim++) {
+        char name[32];
+        snprintf(name, sizeof name, "d%lld.st", (long long)dim);
+        vae_model_t *m;
+        TS_NEW(m = load(tiny_weights(name, dim, 0)));
+        int64_t F = 2, H = 2, W = 2;
+        float *lat = rand_latent(4, F, H, W, 3);
+        float *a = decode(m, lat, F, H, W), *b = decode(m, lat, F, H, W);
+        size_t n = (size_t)(3 * vae_video_frames(F) * 64 * H * W);
+        ck_assert_msg(!memcmp(a, b, n * sizeof *a), "dim %lld: two decodes differ", (long long)dim);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(a[i] >= -1.0f && a[i] <= 1.0f, "dim %lld: video[%zu] = %g", (long long)dim, i, a[i]);
+        free(a);
+        free(b);
+        free(lat);
+        vae_model_destroy(&m);
+    }
+}
+END_TEST
+
 /* Upstream decodes one latent frame at a time with causal caches, so the
  * frames a prefix of the latent decodes to never change when more frames
  * follow: F = 1 gives the first frame of F = 3, F = 2 its first 5. */
@@ -402,6 +428,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_decode_gives_1_plus_4_f_minus_1_frames_of_8h_by_8w_in_unit_range_with_progress_per_frame);
     tcase_add_test(tc, test_decoding_a_prefix_of_the_latent_gives_the_same_leading_frames_bit_for_bit);
     tcase_add_test(tc, test_decode_returns_every_byte_it_allocated_and_decodes_again_identically);
+    tcase_add_test(tc, test_the_narrowest_decoders_decode_within_their_buffers);
     tcase_add_test(tc, test_identity_latent_statistics_metadata_changes_nothing_and_others_do);
     tcase_add_test(tc, test_decode_refuses_an_empty_or_huge_latent);
     tcase_add_test(tc, test_causal_conv_of_a_single_pixel_sums_the_cached_and_current_frames_by_hand);
