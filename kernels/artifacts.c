@@ -136,6 +136,18 @@ kern_artifacts_t *kern_artifacts_scan(const char *root) {
         reel_fail(REEL_E_IO, "artifacts: cannot read %s: %s", root, strerror(errno));
         goto err;
     }
+    {
+        /* A bundle given where its folder belongs: it would scan as an empty
+         * set, and "nothing refused" would read as a pass. */
+        char mp[PATH_MAX];
+        struct stat ms;
+        if (snprintf(mp, sizeof mp, "%s/manifest.json", root) < (int)sizeof mp && lstat(mp, &ms) == 0) {
+            closedir(d);
+            reel_fail(REEL_E_INVALID, "artifacts: %s is a bundle (it holds manifest.json); give the folder that "
+                      "holds its bundles", root);
+            goto err;
+        }
+    }
     if (!(set->b = calloc(KERN_ART_MAX_BUNDLES, sizeof *set->b))) {
         closedir(d);
         reel_fail(REEL_E_NOMEM, "out of memory");

@@ -1133,6 +1133,22 @@ START_TEST(test_an_unreadable_root_is_an_error_naming_it) {
 }
 END_TEST
 
+/* A bundle given where the folder of bundles belongs would scan as an
+ * empty set ("nothing refused" reads as a pass): refused, naming it. */
+START_TEST(test_a_bundle_given_as_the_root_is_refused_not_read_as_an_empty_set) {
+    const char *root = root_with("cpu_gemm_gelu_epilogue", NULL);
+    char one[256];
+    snprintf(one, sizeof one, "%s/cpu_gemm_gelu_epilogue", root);
+    reel_err_clear();
+    ck_assert_ptr_null(kern_artifacts_scan(one));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "is a bundle"));
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    kern_artifacts_t *set = scan(root); /* its folder scans as before */
+    ck_assert_uint_eq(kern_artifacts_count(set), 1);
+    kern_artifacts_destroy(&set);
+}
+END_TEST
+
 int main(void) {
     Suite *su = suite_create("artifacts");
     TCase *tc = tcase_create("artifacts");
@@ -1169,6 +1185,7 @@ int main(void) {
     tcase_add_test(tc, test_shadow_mode_catches_an_artifact_going_wrong_inside_a_capture_and_recaptures_native);
     tcase_add_test(tc, test_corrupt_bundles_leave_the_model_serving_native_results);
     tcase_add_test(tc, test_an_unreadable_root_is_an_error_naming_it);
+    tcase_add_test(tc, test_a_bundle_given_as_the_root_is_refused_not_read_as_an_empty_set);
     tcase_add_test(tc, test_worker_refuses_to_start_when_the_allowlist_names_an_unknown_id);
     /* A real broker and worker: the main suite runs it; under the
      * sanitizers' unit-only runs the daemons are sanitizer builds, and TSan
