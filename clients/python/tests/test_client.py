@@ -55,13 +55,20 @@ class Cluster:
                             os.path.join(keys, "broker.pub"), *worker_flags)
         self.blog = open(os.path.join(d, "broker.log"), "wb")
         self.wlog = open(os.path.join(d, "worker.log"), "wb")
-        self.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", self.ce, "--workers", we,
-                                        "--catalog", os.path.join(d, "reel.db"), "--heartbeat-ms", "200",
-                                        *broker_flags], stdout=self.blog, stderr=subprocess.STDOUT)
+        self._broker_argv = [f"{BUILD}/reel-broker", "--clients", self.ce, "--workers", we,
+                             "--catalog", os.path.join(d, "reel.db"), "--heartbeat-ms", "200", *broker_flags]
+        self.broker = subprocess.Popen(self._broker_argv, stdout=self.blog, stderr=subprocess.STDOUT)
         self.worker = subprocess.Popen([f"{BUILD}/reel-worker", "--broker", we, "--name", "py0", "--weights",
                                         weights, "--streams", "2", "--heartbeat-ms", "200", "--warmup", "1",
                                         *worker_flags], stdout=self.wlog, stderr=subprocess.STDOUT)
         self._wait_ready()
+
+    def restart_broker(self):
+        """SIGKILL the broker and start it again on the same endpoints and
+        catalog (a new boot id); returns at once, before workers rejoin."""
+        self.broker.kill()
+        self.broker.wait(30)
+        self.broker = subprocess.Popen(self._broker_argv, stdout=self.blog, stderr=subprocess.STDOUT)
 
     def client(self, role="client", **kw):
         """A Client with the key of role (with keys), else a plain one."""
@@ -683,11 +690,7 @@ class BrokerRestartTests(unittest.TestCase):
                 end = time.monotonic() + 30
                 while time.monotonic() < end and not sum(x.get("inflight", 0) for x in c.status()["workers"]):
                     time.sleep(0.02)
-            cl.broker.kill()
-            cl.broker.wait(30)
-            cl.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", cl.ce, "--workers", f"ipc://{d}/workers",
-                                          "--catalog", os.path.join(d, "reel.db"), "--heartbeat-ms", "200"],
-                                         stdout=cl.blog, stderr=subprocess.STDOUT)
+            cl.restart_broker()
             t.join(120)
             self.assertEqual(errors, [])
             self.assertGreaterEqual(out["resends"], 1, "the client sent its GEN again")
@@ -715,11 +718,7 @@ class BrokerRestartTests(unittest.TestCase):
             with cl.client(timeout=120, liveness=0.2) as c:
                 c.gen("tiny", **short)
                 boot_a = c.status()["boot"]
-                cl.broker.kill()
-                cl.broker.wait(30)
-                cl.broker = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", cl.ce, "--workers",
-                                              f"ipc://{d}/workers", "--catalog", os.path.join(d, "reel.db"),
-                                              "--heartbeat-ms", "200"], stdout=cl.blog, stderr=subprocess.STDOUT)
+                cl.restart_broker()
                 with cl.client(timeout=10, liveness=0) as probe:
                     end = time.monotonic() + 60
                     while time.monotonic() < end and not probe.status()["workers"]:
