@@ -50,7 +50,10 @@ static json_t *json_text(const char *p, size_t n) {
 static json_t *column_json(sqlite3_stmt *s, int i) {
     switch (sqlite3_column_type(s, i)) {
     case SQLITE_INTEGER: return json_integer(sqlite3_column_int64(s, i));
-    case SQLITE_FLOAT: return json_real(sqlite3_column_double(s, i));
+    case SQLITE_FLOAT: { /* JSON holds no infinity (a corrupt or hostile catalog may): null, shown as "-" */
+        double v = sqlite3_column_double(s, i);
+        return isfinite(v) ? json_real(v) : json_null();
+    }
     case SQLITE_TEXT:
     case SQLITE_BLOB: {
         const char *p = (const char *)sqlite3_column_text(s, i);

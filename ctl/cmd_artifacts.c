@@ -125,6 +125,11 @@ static int cmd_list(const art_opts_t *o, bool load) {
         for (size_t i = 0; i < kern_artifacts_count(set); i++)
             bad |= kern_artifacts_bundle(set, i).error[0] != '\0';
     if (load) print_refusals(set);
+    if (load && rc == 0 && kern_artifacts_count(set) == 0 && kern_artifacts_refused(set) == 0) {
+        /* a mistyped or empty folder must not pass for a verified one */
+        fprintf(stderr, "reelctl: %s holds no kernel artifact bundle: nothing was verified\n", o->dir);
+        bad = true;
+    }
     if (rc != 0) ctl_fail_as(REEL_E_IO, NULL);
     kern_artifacts_destroy(&set);
     return rc != 0 ? -1 : load && bad ? CTL_NO : 0;

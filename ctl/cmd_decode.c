@@ -62,6 +62,7 @@ int cmd_decode(int argc, char **argv) {
     if (rest != argc - 1 || !o.vae || !o.out)
         return reel_fail(REEL_E_INVALID, "usage: reelctl decode --vae VAE LATENT.safetensors -o OUT.safetensors|OUT.mp4");
     const char *lpath = argv[rest];
+    if (ctl_out_spares(o.out, "--vae", o.vae, "the latent", lpath, (const char *)NULL) != 0) return -1;
     kern_backend_kind_t kind;
     if (kern_backend_kind_parse(o.backend, &kind) != 0) return ctl_fail_as(REEL_E_INVALID, "--backend: ");
     int64_t ls[4];
@@ -83,6 +84,10 @@ int cmd_decode(int argc, char **argv) {
                   lpath, ls[0], c->name, c->z_dim);
         goto out;
     }
+    if (vae_latent_check(m, ls[1], ls[2], ls[3]) != 0) {
+        ctl_fail_as(REEL_E_INVALID, "%s: ", lpath);
+        goto out;
+    }
     int64_t vs[4] = { 3, vae_video_frames(ls[1]), 8 * ls[2], 8 * ls[3] };
     if (!(video = malloc((size_t)(vs[0] * vs[1] * vs[2] * vs[3]) * sizeof *video))) {
         reel_fail(REEL_E_NOMEM, "decode: out of memory for the video");
@@ -90,7 +95,7 @@ int cmd_decode(int argc, char **argv) {
     }
     double t0 = ctl_now();
     if (vae_decode(m, s, lat, ls[1], ls[2], ls[3], video, o.quiet ? NULL : progress, &t0) != 0) {
-        ctl_fail_as(REEL_E_IO, "decode: ");
+        ctl_fail_as(reel_err_code() == REEL_E_INVALID ? REEL_E_INVALID : REEL_E_IO, "decode: ");
         goto out;
     }
     double secs = ctl_now() - t0;

@@ -173,6 +173,7 @@ int cmd_encode(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "encode: unexpected argument '%s'", argv[optind]);
+    if (ctl_out_spares(o.out, "--t5", o.t5, "--tokenizer", tokenizer, (const char *)NULL) != 0) return -1;
     if (!o.t5 || !o.out || !ids_text == !prompt || !prompt != !tokenizer)
         return reel_fail(REEL_E_INVALID, "usage: reelctl encode --t5 T5 (--tokenizer PATH --prompt TEXT [--text-len N] | "
                          "--ids 5,17,1) [--pad-to N] -o OUT.safetensors");

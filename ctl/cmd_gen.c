@@ -171,6 +171,12 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
+    char beside[PATH_MAX]; /* an MP4's latent goes beside it */
+    snprintf(beside, sizeof beside, "%s.safetensors", o->out);
+    for (int i = 0; i < 2; i++)
+        if (ctl_out_spares(i ? beside : o->out, "--context", o->ctx_path, "--uncond", o->unc_path, "--latent",
+                           o->lat_path, (const char *)NULL) != 0)
+            return -1;
     if (o->g.prompt && (o->ctx_path || o->unc_path))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (o->g.negative_prompt && !o->g.prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");

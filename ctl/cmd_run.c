@@ -175,6 +175,14 @@ typedef struct {
  * -1 with the error value set (exit status 2: the input is the user's to
  * fix, whatever the library called it). */
 static int read_inputs(run_t *r) {
+    char beside[PATH_MAX]; /* an MP4's latent goes beside it */
+    snprintf(beside, sizeof beside, "%s.safetensors", r->o.out ? r->o.out : "");
+    const run_opts_t *o = &r->o;
+    for (int i = 0; i < 2; i++)
+        if (ctl_out_spares(i ? beside : o->out, "--weights", o->weights, "--latent", o->latent, "--context",
+                           o->context, "--uncond", o->uncond, "--t5", o->t5, "--tokenizer", o->tokenizer, "--vae",
+                           o->vae, "--lora", o->lora, (const char *)NULL) != 0)
+            return -1;
     if (kern_backend_kind_parse(r->o.backend, &r->kind) != 0) return ctl_fail_as(REEL_E_INVALID, "--backend: ");
     if (!strcmp(r->o.dtype, "f32")) r->dtype = KERN_F32;
     else if (!strcmp(r->o.dtype, "bf16")) r->dtype = KERN_BF16;
@@ -339,7 +347,12 @@ static int open_model(run_t *r) {
 
 /* The loop: through a capture cache (--graphs on), or eagerly, every step
  * then counted eager (declined: override). 0, or -1 with the error value
- * set (exit status 1). */
+ * set: exit status 2 for a loop whose values overflowed (its inputs'
+ * fault: a result of NaN or infinity is never written), else 1. */
+static int loop_failed(void) {
+    return ctl_fail_as(reel_err_code() == REEL_E_INVALID ? REEL_E_INVALID : REEL_E_INTERNAL, NULL);
+}
+
 static int generate(run_t *r) {
     size_t n = (size_t)(r->lshape[0] * r->lshape[1] * r->lshape[2] * r->lshape[3]);
     if (!(r->out = malloc(n * sizeof *r->out))) return reel_fail(REEL_E_NOMEM, "out of memory");
@@ -350,12 +363,12 @@ static int generate(run_t *r) {
         if (!r->cache || tdit_register_weights(r->cache, r->m, 1) != 0 ||
             tdit_generate_cached_progress(r->m, r->cache, r->s, NULL, &r->shape, &r->o.loop, r->lat, r->ctx, r->unc,
                                           r->out, &r->st, step_bar, NULL) != 0)
-            return ctl_fail_as(REEL_E_INTERNAL, NULL);
+            return loop_failed();
         return 0;
     }
     tdit_loop_stats_t es = { 0 };
     if (tdit_generate(r->m, r->ws, r->s, &r->o.loop, r->lat, r->ctx, r->unc, r->out, &es) != 0)
-        return ctl_fail_as(REEL_E_INTERNAL, NULL);
+        return loop_failed();
     r->st.steps = r->st.eager = es.steps_run;
     r->st.declines[CAP_DECLINE_OVERRIDE] = es.steps_run;
     r->st.seconds = es.seconds;
@@ -376,7 +389,7 @@ static int write_output(run_t *r) {
         rc = rc ? rc : ctl_write_bytes(r->o.out, mp4, len);
         free(frames);
         free(mp4);
-        if (rc) return ctl_fail_as(REEL_E_IO, NULL);
+        if (rc) return ctl_fail_as(reel_err_code() == REEL_E_INVALID ? REEL_E_INVALID : REEL_E_IO, NULL);
         snprintf(lat_path, sizeof lat_path, "%s.safetensors", r->o.out);
         dst = lat_path;
     }

@@ -57,6 +57,17 @@ static int weights_init(int argc, char **argv) {
                              "--config: '%s' is neither a built-in config (%s) nor a readable JSON file", config, names);
         if (ctl_config_from_json(config, &c) != 0) return ctl_fail_as(REEL_E_INVALID, "--config %s: ", config);
     }
+    if (ctl_out_spares(out, "--config", config, (const char *)NULL) != 0) return -1;
+    /* Every tensor is held until the file is written: a config past this
+     * machine's memory is refused here, not found out by the OOM killer. */
+    int64_t params = tdit_config_params(&c);
+    double need = 4.0 * (double)params, have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (params < 0) return ctl_fail_as(REEL_E_INVALID, "--config %s: ", config);
+    if (have > 0 && need > have)
+        return reel_fail(REEL_E_LIMIT,
+                         "--config %s: %" PRId64 " parameters are %.1f GiB of F32 weights, more than this machine's "
+                         "%.1f GiB of memory (weights init holds them all until the file is written)",
+                         config, params, need / (1 << 30), have / (1 << 30));
     if (tdit_weights_init(&c, seed, out) != 0) return ctl_fail_as(REEL_E_IO, NULL);
     fprintf(stderr, "reelctl: wrote %s: config %s (D=%" PRId64 " H=%" PRId64 " layers=%" PRId64
             "), %" PRId64 " parameters, seed %" PRIu64 "\n", out, c.name, c.dim, c.heads, c.layers,
@@ -245,6 +256,9 @@ static int weights_export(int argc, char **argv) {
         reel_fail(REEL_E_LIMIT, "--out %s: path too long", out);
         goto out;
     }
+    if (ctl_out_spares(fpath, "PATH", path, (const char *)NULL) != 0 ||
+        ctl_out_spares(cpath, "PATH", path, (const char *)NULL) != 0)
+        goto out;
     for (size_t i = 0; i < n; i++) {
         int64_t numel = 1;
         for (int d = 0; d < ws[i].ndim; d++) numel *= ws[i].shape[d];

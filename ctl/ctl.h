@@ -83,6 +83,14 @@ double ctl_now(void);
 /* A progress bar on stderr when it is a terminal ("\r[####....] what 3/8",
  * a newline at done == total); nothing otherwise. */
 void ctl_progress(const char *what, int64_t done, int64_t total);
+/* Refuses an output path that would replace one of the command's inputs:
+ * after out, pairs of (option name, path; NULL: not given), ended by a
+ * NULL option name. An input file is matched as the same file (links
+ * followed); an input folder (a release, an adapter) by an existing file
+ * below it named like a checkpoint, config or tokenizer (.safetensors,
+ * .pth, .pt, .bin, .json, .model). 0, or -1 with a REEL_E_INVALID error
+ * naming both. */
+int ctl_out_spares(const char *out, ...) __attribute__((sentinel));
 /* Writes n bytes to path (replaced whole, through a temporary file). 0, or
  * -1 with an IO error naming the path. */
 int ctl_write_bytes(const char *path, const void *p, size_t n);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int ctl_fail_as(reel_code_t code, const char *fmt, ...) {
@@ -104,6 +105,39 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
     }
     st_close(&f);
     return buf;
+}
+
+/* True when writing out would replace in: the same file (symbolic links
+ * followed), or, for a folder in, an existing file below it with a name a
+ * checkpoint, config, tokenizer or adapter has. */
+static bool clobbers(const char *out, const char *in) {
+    struct stat so, si;
+    if (stat(out, &so) != 0 || !S_ISREG(so.st_mode) || stat(in, &si) != 0) return false;
+    if (S_ISREG(si.st_mode)) return so.st_dev == si.st_dev && so.st_ino == si.st_ino;
+    if (!S_ISDIR(si.st_mode)) return false;
+    char ro[PATH_MAX], ri[PATH_MAX];
+    if (!realpath(out, ro) || !realpath(in, ri)) return false;
+    size_t n = strlen(ri);
+    if (strncmp(ro, ri, n) != 0 || ro[n] != '/') return false;
+    static const char *const kept[] = { ".safetensors", ".pth", ".json", ".model", ".bin", ".pt" };
+    const char *ext = strrchr(ro, '.');
+    for (size_t i = 0; ext && i < sizeof kept / sizeof kept[0]; i++)
+        if (!strcmp(ext, kept[i])) return true;
+    return false;
+}
+
+int ctl_out_spares(const char *out, ...) {
+    va_list ap;
+    va_start(ap, out);
+    int rc = 0;
+    for (const char *opt; rc == 0 && (opt = va_arg(ap, const char *));) {
+        const char *in = va_arg(ap, const char *);
+        if (in && out && clobbers(out, in))
+            rc = reel_fail(REEL_E_INVALID, "the output %s would overwrite %s %s, an input of this command: write it elsewhere",
+                           out, opt, in);
+    }
+    va_end(ap);
+    return rc;
 }
 
 int ctl_write_bytes(const char *path, const void *p, size_t n) {

@@ -1,11 +1,35 @@
 /* loop.c -- the denoising loop (see loop.h). */
 #include "loop.h"
 #include "base/error.h"
+#include "base/tensor.h"
 #include "kernels/ops_args.h"
 #include "kernels/philox.h"
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
+
+/* A multistep solver divides by the gaps between λ(σ) = log((1 − σ)/σ) of
+ * its float32 sigmas: an extreme shift (or many steps with a large one)
+ * rounds two of them equal, or one to 1 or to 0, and the loop's output
+ * would be NaN. Refused up front, naming the sigma. */
+static int schedule_usable(const tdit_loop_t *p) {
+    if (p->solver == TDIT_SOLVER_EULER) return 0; /* dt = 0 is harmless, and σ is double */
+    double *sig = malloc(2 * ((size_t)p->steps + 1) * sizeof *sig);
+    if (!sig) return reel_fail(REEL_E_NOMEM, "out of memory checking the schedule");
+    tdit_solver_schedule(p->solver, p->steps, p->shift, sig, sig + p->steps + 1);
+    int bad = -1; /* DPM++ starts at σ_0 = 1 by design; UniPC below it */
+    for (int i = 0; i < p->steps && bad < 0; i++) {
+        bool top_ok = i == 0 && p->solver == TDIT_SOLVER_DPMPP;
+        if (!(sig[i] > 0) || sig[i] > 1 || (sig[i] == 1 && !top_ok) || (i > 0 && !(sig[i] < sig[i - 1]))) bad = i;
+    }
+    double v = bad >= 0 ? sig[bad] : 0;
+    free(sig);
+    if (bad < 0) return 0;
+    return reel_fail(REEL_E_INVALID,
+                     "shift %g collapses the %s schedule of %d steps: sigma %d is %.9g as float32 (its sigmas must "
+                     "lie strictly between 0 and 1 and decrease; use a shift nearer 1)",
+                     p->shift, tdit_solver_name(p->solver), p->steps, bad, v);
+}
 
 int tdit_loop_validate(const tdit_loop_t *p) {
     if (p->steps < 1 || p->steps > 10000) return reel_fail(REEL_E_INVALID, "steps must be in 1..10000 (got %d)", p->steps);
@@ -16,7 +40,7 @@ int tdit_loop_validate(const tdit_loop_t *p) {
     if (p->sde && p->solver != TDIT_SOLVER_EULER)
         return reel_fail(REEL_E_INVALID, "solver %s cannot run SDE steps (sde rollouts use their own sampler)",
                          tdit_solver_name(p->solver));
-    return 0;
+    return schedule_usable(p);
 }
 
 void tdit_initial_latent(uint64_t seed, float *x, size_t n) {
@@ -73,7 +97,15 @@ int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_l
     }
     if (kern_stream_sync(s) != 0) goto out;
     if (stats) stats->seconds += now() - t0;
-    rc = tdit_ws_read_latent(ws, s, out, n_lat);
+    if (tdit_ws_read_latent(ws, s, out, n_lat) != 0) goto out;
+    if (!kern_all_finite(out, n_lat, KERN_F32)) { /* as tdit_req_read */
+        reel_fail(REEL_E_INVALID,
+                  "the loop's result holds NaN or infinite values after %d steps: its guidance scale, shift or "
+                  "eta (or the weights) overflow the model; nothing was returned",
+                  p->steps);
+        goto out;
+    }
+    rc = 0;
 out:
     free(sig);
     free(init);

@@ -38,10 +38,14 @@ static double linspace_at(double start, double stop, int n, int i) {
     return y + start;
 }
 
-/* The shifted sigma σ' = S·σ/(1 + (S − 1)·σ), in double as numpy does. */
-static double shifted(double shift, double s) {
+/* The shifted sigma σ' = S·σ/(1 + (S − 1)·σ), in double as numpy does.
+ * For a tiny S that form cancels (S − 1 rounds towards −1, and at σ = 1
+ * the denominator is 0 for S below 2^-53: σ' infinite, the loop all NaN);
+ * below 2^-10 the equal form S·σ/((1 − σ) + S·σ) is used, exact at σ = 1.
+ * Every shift in use (1 to 20) takes numpy's form, bit for bit. */
+double tdit_shift_sigma(double shift, double s) {
     double num = shift * s;
-    double den = 1.0 + (shift - 1.0) * s;
+    double den = shift < 0x1p-10 ? (1.0 - s) + num : 1.0 + (shift - 1.0) * s;
     return num / den;
 }
 
@@ -49,7 +53,7 @@ void tdit_solver_schedule(tdit_solver_t s, int steps, double shift, double *sig,
     if (s == TDIT_SOLVER_EULER) {
         for (int i = 0; i <= steps; i++) {
             double u = 1.0 - (double)i / steps;
-            sig[i] = shift * u / (1.0 + (shift - 1.0) * u);
+            sig[i] = tdit_shift_sigma(shift, u);
         }
         for (int i = 0; i < steps; i++) ts[i] = 1000.0 * sig[i];
         return;
@@ -62,7 +66,7 @@ void tdit_solver_schedule(tdit_solver_t s, int steps, double shift, double *sig,
      * float32 and hand the transformer σ·1000 truncated to an int64. */
     double start = s == TDIT_SOLVER_UNIPC ? (double)(float)(1.0 - 1.0 / 1000.0) : 1.0;
     for (int i = 0; i < steps; i++) {
-        double v = shifted(shift, linspace_at(start, 0.0, steps, i));
+        double v = tdit_shift_sigma(shift, linspace_at(start, 0.0, steps, i));
         ts[i] = trunc(v * 1000.0);
         sig[i] = (double)(float)v;
     }

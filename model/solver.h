@@ -33,6 +33,12 @@ int tdit_solver_parse(const char *name, tdit_solver_t *out);
 /* True for the solvers that keep history (UniPC, DPM++). */
 bool tdit_solver_multistep(tdit_solver_t s);
 
+/* The shifted sigma S·σ/(1 + (S − 1)·σ) of Wan's schedulers, in double,
+ * numpy's form bit for bit; for S below 2^-10 the equal form
+ * S·σ/((1 − σ) + S·σ), which does not cancel (at σ = 1 numpy's divides
+ * by 0 once S − 1 rounds to −1). */
+double tdit_shift_sigma(double shift, double sigma);
+
 /* The solver's schedule for `steps` steps and shift: sigmas[0..steps]
  * (sigmas[steps] = 0) as the solver uses them (for UniPC and DPM++ the
  * float32 values Wan's schedulers hold, widened), and timesteps[0..steps-1],

@@ -611,6 +611,6 @@ int tdit_step_multistep(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
 void tdit_schedule(int steps, double shift, double *sigmas) {
     for (int i = 0; i <= steps; i++) {
         double u = 1.0 - (double)i / steps;
-        sigmas[i] = shift * u / (1.0 + (shift - 1.0) * u);
+        sigmas[i] = tdit_shift_sigma(shift, u);
     }
 }

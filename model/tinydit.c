@@ -104,6 +104,16 @@ static int check_file(const st_file_t *f, const wlist_t *l) {
     return 0;
 }
 
+/* A weight with a NaN or an infinity (in the file, or after an edit such
+ * as a LoRA merge that overflowed) would make every result NaN: refused
+ * at load, naming it. False with a message. */
+static bool finite_weight(const char *name, const float *v, size_t n, const tdit_weight_edit_t *edit) {
+    if (kern_all_finite(v, n, KERN_F32)) return true;
+    reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity%s", name,
+              edit && edit->adjust ? " (after the adapter's edit)" : "");
+    return false;
+}
+
 /* Copies every tensor of l from f into m's arena, in list order, each
  * 256-byte aligned; with set_slots, points the model's tensors at them.
  * An edit (or NULL) picks the tensors copied and adjusts their values. */
@@ -136,12 +146,14 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         if (direct) {
             if (st_read_f32(f, e->name, e->ndim, e->shape, kern_tensor_ptr(&t)) != 0) goto out;
             if (edit && edit->adjust && edit->adjust(edit->user, e->name, kern_tensor_ptr(&t), (int64_t)n) != 0) goto out;
+            if (!finite_weight(e->name, kern_tensor_ptr(&t), n, edit)) goto out;
             if (set_slots) *e->slot = t;
             off += (n * esz + 255) & ~(size_t)255;
             continue;
         }
         if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto out;
         if (edit && edit->adjust && edit->adjust(edit->user, e->name, host, (int64_t)n) != 0) goto out;
+        if (!finite_weight(e->name, host, n, edit)) goto out;
         if (set_slots) *e->slot = t;
         const void *src = host;
         if (m->dtype == KERN_BF16) {
@@ -218,6 +230,14 @@ int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weigh
     wlist_t l = { 0 };
     int rc = tdit_list_weights(&m->cfg, NULL, &l);
     if (rc == 0) rc = check_file(f, &l);
+    /* A NaN in the file is found before any resident weight changes (one
+     * made by the edit itself is found only as it is copied). */
+    for (size_t i = 0; rc == 0 && i < l.n; i++) {
+        const st_tensor_t *t = st_find(f, l.e[i].name);
+        if (t && (!edit || !edit->want || edit->want(edit->user, l.e[i].name)) &&
+            !kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
+            rc = reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity", l.e[i].name);
+    }
     if (rc == 0 && copy_weights(m, f, &l, false, edit) != 0)
         rc = reel_fail_prefix("weights: reload failed part-way, resident weights are mixed: ");
     free(l.e);

@@ -94,7 +94,8 @@ typedef struct {
 
 /* Loads every weight of the config in f's metadata onto b in dtype
  * (KERN_F32 on the CPU; F32 or BF16 on CUDA). Checks each tensor's presence,
- * dtype and shape; the message names the first bad tensor. NULL on failure. */
+ * dtype and shape, and that it holds no NaN or infinity (after an edit);
+ * the message names the first bad tensor. NULL on failure. */
 tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
 /* As tdit_model_load, from a checkpoint path in any layout wan_ckpt.h
  * reads (a Reel file, a Wan2.1 release file or folder, a sharded index, a
@@ -119,9 +120,10 @@ const kern_tensor_t *tdit_model_tensor(const tdit_model_t *m, int i);
  * (weights untouched). */
 int tdit_model_relocate(tdit_model_t *m);
 /* Copies the weights of f into the resident allocation, so every address
- * stays put (a weight sync). f must describe the same config: -1 with a
- * message naming the first bad tensor otherwise, the old weights intact
- * unless a tensor was already copied (the message says so). */
+ * stays put (a weight sync). f must describe the same config and hold no
+ * NaN or infinity: -1 with a message naming the first bad tensor
+ * otherwise, the old weights intact unless a tensor was already copied
+ * (only an edit's own overflow is found that late; the message says so). */
 int tdit_model_reload(tdit_model_t *m, const st_file_t *f);
 /* tdit_model_load and tdit_model_reload with an edit applied to the
  * weights on their way in (a NULL edit is none). */

@@ -628,12 +628,17 @@ static void dec_release(dec_t *d) {
     kern_free(d->m->b, d->cols.data);
 }
 
+int vae_latent_check(const vae_model_t *m, int64_t F, int64_t H, int64_t W) {
+    if (F < 1 || H < 1 || W < 1 || F > 100000 || H > 4096 || W > 4096)
+        return reel_fail(REEL_E_INVALID, "vae_decode: latent [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                         "] out of range (F 1..100000, H and W 1..4096)", m->cfg.z_dim, F, H, W);
+    return 0;
+}
+
 int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F, int64_t H, int64_t W,
                float *video, vae_progress_fn progress, void *user) {
     const vae_config_t *c = &m->cfg;
-    if (F < 1 || H < 1 || W < 1 || F > 100000 || H > 4096 || W > 4096)
-        return reel_fail(REEL_E_INVALID, "vae_decode: latent [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         "] out of range (F 1..100000, H and W 1..4096)", c->z_dim, F, H, W);
+    if (vae_latent_check(m, F, H, W) != 0) return -1;
     if (kern_stream_backend(s) != m->b)
         return reel_fail(REEL_E_INVALID, "vae_decode: the stream is not on the model's backend");
     dec_t d = { .m = m, .s = s, .dev = kern_backend_device(m->b) };
@@ -677,6 +682,13 @@ int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F,
         TRY(conv_run(&d, &m->head_c, &a, &o));
         TRY(kern_copy_d2h(s, out, d.buf[2], (size_t)(T * OH * OW * 3) * sizeof(float)));
         TRY(kern_stream_sync(s));
+        if (!kern_all_finite(out, (size_t)(T * OH * OW * 3), KERN_F32)) { /* never a video of NaN */
+            reel_fail(REEL_E_INVALID,
+                      "vae_decode: latent frame %" PRId64 " decodes to NaN or infinite values: the latent's values "
+                      "are too large for the VAE",
+                      f);
+            goto err;
+        }
         /* [T, 8H, 8W, 3] channels-last to [3, F', 8H, 8W], clamped */
         int64_t f0 = f ? 1 + 4 * (f - 1) : 0;
         for (int64_t t = 0; t < T; t++)

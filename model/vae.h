@@ -87,8 +87,12 @@ size_t vae_model_bytes(const vae_model_t *m);
  * for one chunk (activations, column block, caches) is allocated on entry
  * and freed before return. The causal caches live in the model: one
  * decode at a time per model. -1 with a message on sizes out of range (F 1..
- * 100000, H and W 1..4096), a failed allocation or launch; video is then
- * partly written. */
+ * 100000, H and W 1..4096), a latent whose values decode to NaN or
+ * infinity (too large for the VAE: REEL_E_INVALID), a failed allocation or
+ * launch; video is then partly written. */
+/* vae_decode's size check alone, before the caller sizes its video: 0,
+ * or -1 with a message (REEL_E_INVALID). */
+int vae_latent_check(const vae_model_t *m, int64_t F, int64_t H, int64_t W);
 typedef void (*vae_progress_fn)(void *user, int64_t done, int64_t total);
 int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F, int64_t H, int64_t W,
                float *video, vae_progress_fn progress, void *user);

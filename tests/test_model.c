@@ -12,6 +12,7 @@
 #include <math.h>
 #include "model/loop.h"
 #include "model/tinydit.h"
+#include "model/tdit_program.h"
 #include "tests/support.h"
 
 static char dir[64];
@@ -400,6 +401,135 @@ START_TEST(test_multistep_solvers_are_exact_when_the_data_prediction_is) {
 END_TEST
 
 
+/* Copies the weights file with element 3 of tensor `victim` set to v. */
+static void poison_weights(const char *out, const char *victim, float v) {
+    st_file_t *in = st_open(wpath);
+    ck_assert_ptr_nonnull(in);
+    st_writer_t *w = st_writer_new();
+    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(in, keys[i])), 0);
+    for (size_t i = 0; i < st_count(in); i++) {
+        const st_tensor_t *t = st_at(in, i);
+        ck_assert_int_eq(t->dtype, KERN_F32);
+        float *d = malloc(t->nbytes);
+        memcpy(d, t->data, t->nbytes);
+        if (!strcmp(t->name, victim)) d[3] = v;
+        ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
+        free(d);
+    }
+    ck_assert_int_eq(st_writer_save(w, out), 0);
+    st_writer_destroy(&w);
+    st_close(&in);
+}
+
+/* A NaN or an infinity in a weight is refused at load, naming the tensor;
+ * a reload (a sync) of such a file leaves the resident weights as they
+ * were: the check runs before any is copied. */
+START_TEST(test_weights_with_nan_or_inf_are_refused_at_load_and_reload) {
+    char p[160], q[160];
+    snprintf(p, sizeof p, "%s/nan.safetensors", dir);
+    snprintf(q, sizeof q, "%s/inf.safetensors", dir);
+    poison_weights(p, "blocks.1.ffn.0.weight", NAN);
+    poison_weights(q, "blocks.0.modulation", -INFINITY);
+    kern_backend_t *b = kern_backend_cpu_new();
+    ck_assert_ptr_null(tdit_model_load_path(b, p, KERN_F32));
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.weight holds a NaN"), "message: %s", reel_err_text());
+    ck_assert_ptr_null(tdit_model_load_path(b, q, KERN_F32));
+    ck_assert_msg(strstr(reel_err_text(), "blocks.0.modulation holds a NaN or an infinity"), "message: %s",
+                  reel_err_text());
+    ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+    tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
+    TS_NEW(m);
+    size_t nb = tdit_model_bytes(m);
+    void *before = malloc(nb);
+    memcpy(before, tdit_model_weights(m), nb);
+    st_file_t *f = st_open(p);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(tdit_model_reload(m, f), -1);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.weight holds a NaN") &&
+                      !strstr(reel_err_text(), "mixed"),
+                  "message: %s", reel_err_text());
+    ck_assert_int_eq(memcmp(before, tdit_model_weights(m), nb), 0);
+    st_close(&f);
+    free(before);
+    tdit_model_destroy(&m);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
+/* A loop whose values overflow (an SDE eta of 1e10) ends in an error,
+ * never a result: eagerly and through the capture cache. */
+START_TEST(test_overflowing_loop_is_an_error_not_a_result) {
+    fx_t f;
+    fx_open(&f, false);
+    tdit_loop_t p = { .steps = 4, .shift = 3.0, .guidance = 1.0f, .sde = true, .eta = 1e10, .seed = 5 };
+    float *out = malloc(f.n_lat * sizeof *out);
+    ck_assert_int_eq(tdit_generate(f.m, f.ws, f.s, &p, f.lat, f.ctx, NULL, out, NULL), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_msg(strstr(reel_err_text(), "NaN or infinite values after 4 steps"), "message: %s", reel_err_text());
+    cap_cache_t *c = cap_cache_new(f.b, NULL);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(tdit_register_weights(c, f.m, 1), 0);
+    tdit_shape_t sh = *tdit_ws_shape(f.ws);
+    ck_assert_int_eq(tdit_generate_cached(f.m, c, f.s, NULL, &sh, &p, f.lat, f.ctx, NULL, out, NULL), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_msg(strstr(reel_err_text(), "NaN or infinite values"), "message: %s", reel_err_text());
+    p.eta = 0.7; /* the same loop at a usual eta: a result */
+    ck_assert_int_eq(tdit_generate_cached(f.m, c, f.s, NULL, &sh, &p, f.lat, f.ctx, NULL, out, NULL), 0);
+    ck_assert(kern_all_finite(out, f.n_lat, KERN_F32));
+    cap_cache_destroy(&c);
+    free(out);
+    fx_close(&f);
+}
+END_TEST
+
+/* Shifts far below 1 keep Euler's schedule finite (numpy's form divided
+ * by 0 at σ = 1 once S − 1 rounded to −1); every shift from 2^-10 up is
+ * numpy's form bit for bit. A multistep solver whose float32 sigmas
+ * collapse (equal, or 0 or 1 where they must not be) is refused by
+ * tdit_loop_validate, naming the sigma; usual shifts pass. */
+START_TEST(test_extreme_shifts_give_finite_schedules_or_a_clear_refusal) {
+    const double tiny[] = { 1e-30, 1e-300, 4.9e-324, 1e-12 };
+    double sg[9], ts[8];
+    for (size_t k = 0; k < sizeof tiny / sizeof tiny[0]; k++) {
+        tdit_solver_schedule(TDIT_SOLVER_EULER, 8, tiny[k], sg, ts);
+        ck_assert_double_eq(sg[0], 1.0);
+        ck_assert_double_eq(sg[8], 0.0);
+        for (int i = 0; i < 8; i++) {
+            ck_assert_msg(isfinite(sg[i]) && isfinite(ts[i]) && sg[i + 1] <= sg[i], "shift %g sigma %d: %g",
+                          tiny[k], i, sg[i]);
+        }
+        tdit_loop_t p = { .steps = 8, .shift = tiny[k], .guidance = 1.0f };
+        ck_assert_int_eq(tdit_loop_validate(&p), 0);
+    }
+    const double usual[] = { 0x1p-10, 0.5, 1.0, 3.0, 5.0, 17.0 };
+    for (size_t k = 0; k < sizeof usual / sizeof usual[0]; k++)
+        for (int i = 0; i <= 16; i++) {
+            double u = 1.0 - i / 16.0, S = usual[k];
+            ck_assert(tdit_shift_sigma(S, u) == S * u / (1.0 + (S - 1.0) * u));
+        }
+    const tdit_solver_t ms[2] = { TDIT_SOLVER_UNIPC, TDIT_SOLVER_DPMPP };
+    for (int k = 0; k < 2; k++) {
+        tdit_loop_t p = { .steps = 4, .shift = 1e30, .guidance = 1.0f, .solver = ms[k] };
+        ck_assert_int_eq(tdit_loop_validate(&p), -1);
+        ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+        ck_assert_msg(strstr(reel_err_text(), "collapses the") && strstr(reel_err_text(), "sigma "), "message: %s",
+                      reel_err_text());
+        p.shift = 1e-50;
+        ck_assert_int_eq(tdit_loop_validate(&p), -1);
+        for (double s = 0.25; s <= 20; s *= 2) {
+            p.shift = s;
+            p.steps = 50;
+            ck_assert_msg(tdit_loop_validate(&p) == 0, "%s shift %g: %s", tdit_solver_name(ms[k]), s,
+                          reel_err_text());
+        }
+    }
+}
+END_TEST
+
+
 int main(void) {
     Suite *su = suite_create("model");
     TCase *tc = tcase_create("tinydit");
@@ -419,6 +549,9 @@ int main(void) {
     tcase_add_test(tc, test_schedule_endpoints_and_shift);
     tcase_add_test(tc, test_solver_schedules_are_wans);
     tcase_add_test(tc, test_multistep_solvers_are_exact_when_the_data_prediction_is);
+    tcase_add_test(tc, test_weights_with_nan_or_inf_are_refused_at_load_and_reload);
+    tcase_add_test(tc, test_overflowing_loop_is_an_error_not_a_result);
+    tcase_add_test(tc, test_extreme_shifts_give_finite_schedules_or_a_clear_refusal);
     suite_add_tcase(su, tc);
     return ts_run(su);
 }

@@ -165,7 +165,8 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
     }
     if (t2v_vae_decode_progress(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len,
                                 j->progress ? decode_progress : NULL, &dp) != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
+        if (reel_err_code() == REEL_E_INVALID) send_error(st, j, WIRE_E_BAD_REQUEST, "decoding the latent: %s", reel_err()->msg);
+        else send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
         return -1;
     }
     r->decode_seconds = reel_mono_s() - t0;
@@ -219,6 +220,21 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
         r->n_seeds = o->n;
         memcpy(r->seeds, j->seeds, (size_t)o->n * sizeof *r->seeds);
     }
+    /* The latent was judged as it was read (tdit_req_read); the rollout
+     * records must be finite too, or the RESULT would carry garbage. */
+    size_t nl = (size_t)o->n * j->n_latent, steps = (size_t)o->steps;
+    const char *bad = o->traj && !kern_all_finite(o->traj, nl * (steps + 1), KERN_F32)   ? "trajectory"
+                      : o->means && !kern_all_finite(o->means, nl * steps, KERN_F32)     ? "means"
+                      : o->logp && !kern_all_finite(o->logp, (size_t)o->n * steps, KERN_F32) ? "log_probs"
+                                                                                           : NULL;
+    if (bad) {
+        send_error(st, j, WIRE_E_BAD_REQUEST,
+                   "the loop's %s hold NaN or infinite values: its shift or eta (or the weights) overflow the "
+                   "model; nothing was returned",
+                   bad);
+        free(r);
+        return;
+    }
     wire_tensor_t t[7];
     float *sig = NULL;
     uint8_t *frames = NULL, *mp4 = NULL;
@@ -251,7 +267,8 @@ static void send_result(wrk_stream_t *st, wrk_job_t *j) {
         return;
     }
     if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
-        send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", reel_err_text());
+        if (reel_err_code() == REEL_E_INVALID) send_error(st, j, WIRE_E_BAD_REQUEST, "%s", reel_err()->msg);
+        else send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", reel_err_text());
         free(out);
         return;
     }
@@ -820,7 +837,8 @@ static bool finish_req(wrk_stream_t *st, wrk_job_t *j) {
         return true;
     }
     if (gather(st, j) != 0) {
-        part_failed(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->base + j->at,
+        part_failed(st, j, reel_err_code() == REEL_E_INVALID ? WIRE_E_BAD_REQUEST : WIRE_E_INTERNAL,
+                    "samples %d..%d: %s", j->base + j->at,
                     j->base + j->at + (int)tdit_req_batch(j->req) - 1, reel_err_text());
         return true;
     }
