@@ -26,6 +26,29 @@ bool kern_all_finite(const void *p, size_t n, kern_dtype_t dt) {
     return !bad;
 }
 
+bool kern_all_below(const void *p, size_t n, kern_dtype_t dt, int e) {
+    assert(e >= 0 && e < 128);
+    const unsigned char *b = p;
+    if (dt == KERN_F32 || dt == KERN_BF16) { /* 8 exponent bits, bias 127: |x| >= 2^e iff field >= 127 + e */
+        uint32_t lim = 127u + (uint32_t)e, bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t w = 0;
+            if (dt == KERN_F32) memcpy(&w, b + 4 * i, 4);
+            else { uint16_t h; memcpy(&h, b + 2 * i, 2); w = (uint32_t)h << 16; }
+            bad |= (uint32_t)(((w >> 23) & 0xffu) >= lim);
+        }
+        return !bad;
+    }
+    /* F16: 5 exponent bits, bias 15; 31 is NaN or infinity */
+    uint32_t lim = 15u + (uint32_t)e < 31u ? 15u + (uint32_t)e : 31u, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);
+        bad |= (uint32_t)(((h >> 10) & 0x1fu) >= lim);
+    }
+    return !bad;
+}
+
 const char *kern_dtype_name(kern_dtype_t dt) {
     switch (dt) {
     case KERN_F32: return "F32";

@@ -39,6 +39,9 @@ size_t kern_dtype_size(kern_dtype_t dt);
 /* True when none of the n elements of dtype dt at p (any alignment) is a
  * NaN or an infinity: one pass, about as fast as reading them. */
 bool kern_all_finite(const void *p, size_t n, kern_dtype_t dt);
+/* True when every one of the n values at p is finite with |x| < 2^e
+ * (0 <= e < 128): an exponent test, as fast as kern_all_finite. */
+bool kern_all_below(const void *p, size_t n, kern_dtype_t dt, int e);
 /* "F32", "BF16", "F16"; "?" for an out-of-range value. */
 const char *kern_dtype_name(kern_dtype_t dt);
 /* Parses a safetensors dtype name ("F32", "BF16", "F16"); -1 if unknown. */

@@ -602,8 +602,10 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
         return refuse(err, WIRE_E_BAD_REQUEST, "'solver' %s cannot run 'sde' steps (an SDE rollout is its own sampler)",
                       solver);
     /* A log-probability needs noise: an SDE step with eta > 0. */
-    if ((g->return_log_probs || g->return_means) && !(g->sde && g->eta > 0))
-        return refuse(err, WIRE_E_BAD_REQUEST, "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0");
+    /* (as the float the step reads it: 1e-50 is 0 there) */
+    if ((g->return_log_probs || g->return_means) && !(g->sde && (float)g->eta > 0))
+        return refuse(err, WIRE_E_BAD_REQUEST, "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0 "
+                      "(as a float32: at least 1.4e-45)");
     /* The RESULT's frames must fit what a receiver accepts (one frame each). */
     uint64_t lat = (uint64_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) *
                    sizeof(float) * msg_gen_n(g);
@@ -691,6 +693,13 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
                           describe(want[i].t, a, sizeof a));
     }
+    /* Never a result of NaN or infinity (a worker judges its own; this is
+     * the backstop for one that did not) */
+    const wire_tensor_t *vals[] = { r->latent, r->trajectory, r->means, r->log_probs, r->sigmas };
+    const char *names[] = { "latent", "trajectory", "means", "log_probs", "sigmas" };
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
+        if (vals[i] && !kern_all_finite(vals[i]->data, vals[i]->bytes / sizeof(float), KERN_F32))
+            return refuse(err, WIRE_E_INTERNAL, "RESULT: %s holds NaN or infinite values", names[i]);
     if (decoded_ok(r, g, err)) return -1;
     if (group ? r->n != n || (uint64_t)r->n_seeds != n : r->n > 1 || r->n_seeds != 0)
         return refuse(err, WIRE_E_INTERNAL, "RESULT: n %" PRIu64 " with %d seeds, the request asked for %" PRIu64

@@ -204,4 +204,16 @@ grep -qE "sync to v5 refused: bad_weights: NaN or infinite values [(]tensor .* h
 gen tiny "$D/g6" && grep -q "weights v4" "$D/g6.err" && same "$D/g6.safetensors" "$D/ref3.safetensors" &&
     ok "still serving v4, exactly" || { bad "GEN after a NaN sync"; show "$D/g6.err"; }
 
+echo "== finite weights past 2^24 (a trainer diverging, not yet at infinity) are refused too"
+cp "$D/w3.safetensors" "$D/big.safetensors"
+/usr/bin/python3 -c 'import sys, struct; f = open(sys.argv[1], "r+b"); f.seek(-4, 2); f.write(struct.pack("<f", 1e18))' "$D/big.safetensors"
+if sync_v 6 "$D/big.safetensors" "$D/s10.err"; then bad "a sync of values 1e18 exits non-zero"; show "$D/s10.err"
+else
+    grep -q "FAILED, no worker applied it" "$D/s10.err" && grep -q "a1:bad_weights: values of 2^24 or more" "$D/s10.err" &&
+        ok "sync v6 of values 1e18: FAILED, each worker says values of 2^24 or more" ||
+        { bad "sync of values 1e18 refused"; show "$D/s10.err"; }
+fi
+gen tiny "$D/g7" && grep -q "weights v4" "$D/g7.err" && same "$D/g7.safetensors" "$D/ref3.safetensors" &&
+    ok "still serving v4, exactly, after the 1e18 sync" || { bad "GEN after a 1e18 sync"; show "$D/g7.err"; }
+
 finish

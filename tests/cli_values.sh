@@ -164,8 +164,60 @@ expect 1 "bad_request: .*the loop's (trajectory|means|log_probs|result) holds? N
 good "an overflowing rollout"
 expect 1 "bad_request: shift 1e\+30 collapses the unipc schedule" -- $GEN --solver unipc --shift 1e30 --out "$D/g.safetensors"
 good "a collapsing schedule"
+# The ERROR names the request's value that overflowed the loop.
+expect 1 "bad_request: the loop's result holds NaN or infinite values after 4 steps: its eta 1e\+10 is far past" -- \
+    $GEN --sde --eta 1e10 --out "$D/g.safetensors"
+expect 1 "bad_request: .*its guidance scale 3e\+38 is far past" -- \
+    $GEN --uncond "$D/unc.safetensors" --cfg 3e38 --out "$D/g.safetensors"
+$PY - "$D" <<'EOF2'
+import sys, json, struct, numpy as np
+a = np.full((4, 2, 8, 8), 1.5e38, np.float32); d = a.tobytes()
+h = json.dumps({'latent': {'dtype': 'F32', 'shape': list(a.shape), 'data_offsets': [0, len(d)]}}).encode()
+h += b' ' * ((8 - len(h) % 8) % 8)
+open(sys.argv[1] + '/hugelat.safetensors', 'wb').write(struct.pack('<Q', len(h)) + h + d)
+EOF2
+expect 1 "bad_request: .*its latent holds values up to 1.5e\+38" -- \
+    $R gen --broker "$CE" --model tiny --channels 4 --context "$D/ctx.safetensors" --latent "$D/hugelat.safetensors" \
+    --steps 4 --out "$D/g.safetensors"
+good "overflows named by their value"
 expect 0 "steps" -- $GEN --shift 1e-30 --out "$D/g.safetensors"
 finite "$D/g.safetensors" && ok "GEN with shift 1e-30: a finite result" || bad "GEN with shift 1e-30: not finite"
+stop_proc "$WORKER"
+
+# --max-tokens bounds every step: a group of 4 samples of 32 tokens on a
+# worker allowing 64 runs as batches of 2 (8 batched steps for 4 steps,
+# not 4), each sample still bitwise the same request alone.
+cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$W" --streams 1 --heartbeat-ms 200 \
+    --max-tokens 64 || { bad "worker w2 (--max-tokens 64) registers"; finish; }
+PYTHONPATH=clients/python $PY - "$CE" "$D" >"$D/grp.out" 2>&1 <<'EOF2'
+import sys, numpy as np, reel
+ce, d = sys.argv[1:3]
+ctx = np.random.default_rng(2).standard_normal((5, 32)).astype(np.float32)
+with reel.Client(ce, timeout=60) as c:
+    g = c.gen_group("tiny", ctx, n=4, steps=4, seed=11, latent_shape=(4, 2, 8, 8))
+    steps = g[0].stats.get("captured", 0) + g[0].stats.get("replayed", 0) + g[0].stats.get("eager", 0)
+    print(("PASS" if steps == 8 else "FAIL") + f" a group of 4 x 32 tokens under --max-tokens 64: {steps} batched steps (8: batches of 2)")
+    same = all(np.array_equal(g[i].latent, c.gen("tiny", ctx, steps=4, seed=11 + i, latent_shape=(4, 2, 8, 8)).latent)
+               for i in range(4))
+    print(("PASS" if same else "FAIL") + " each sample of the group in batches of 2 is bitwise the request alone")
+EOF2
+py_checks "$D/grp.out" $?
+stop_proc "$WORKER"
+
+# Weights that pass the load checks (1e7 < 2^24) but overflow any step:
+# a fine request is not blamed: internal, naming the weights.
+$PY - "$W" "$D/w1e7.safetensors" <<'EOF2'
+import sys, json, struct, numpy as np
+b = bytearray(open(sys.argv[1], 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+for k, v in h.items():
+    if k == '__metadata__': continue
+    o0, o1 = v['data_offsets']; b[8 + n + o0:8 + n + o1] = np.full((o1 - o0) // 4, 1e7, np.float32).tobytes()
+open(sys.argv[2], 'wb').write(b)
+EOF2
+cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "$WE" --weights "$D/w1e7.safetensors" --streams 1 \
+    --heartbeat-ms 200 || { bad "worker w3 (weights of 1e7) registers"; finish; }
+expect 1 "internal: the loop's result holds NaN or infinite values after 4 steps though the request's values are usual: the weights it ran on [(]transformer v1[)]" -- \
+    $GEN --out "$D/g.safetensors"
 # The catalog recorded the failures; a row holding an infinity is still
 # shown (a corrupt or hostile catalog must not read as "out of memory").
 stop_proc "$WORKER"; stop_proc "$BROKER"

@@ -9,6 +9,9 @@
 
 #include "base/error.h"
 #include "base/parse.h"
+#include "base/tensor.h"
+#include <math.h>
+#include <stdbool.h>
 #include "tests/support.h"
 
 START_TEST(test_a_failure_records_code_message_and_detail_and_returns_minus_one) {
@@ -192,6 +195,46 @@ START_TEST(test_byte_counts_take_units_and_refuse_junk_and_overflow) {
 }
 END_TEST
 
+/* kern_all_finite and kern_all_below over F32, BF16 and F16: every value
+ * just below 2^e passes, 2^e itself and NaN or infinity do not, at any
+ * position and alignment; F16 cannot hold 2^16, so only its NaN and
+ * infinity fail e = 24. */
+START_TEST(test_value_scans_find_nan_inf_and_magnitudes_of_two_to_the_e) {
+    unsigned char buf[4 * 37 + 3];
+    float f[37];
+    for (int i = 0; i < 37; i++) f[i] = (i % 2 ? -1.0f : 1.0f) * (float)i * 0.5f;
+    for (int off = 0; off < 3; off++) {
+        memcpy(buf + off, f, sizeof f);
+        ck_assert(kern_all_finite(buf + off, 37, KERN_F32));
+        ck_assert(kern_all_below(buf + off, 37, KERN_F32, 5)); /* |x| <= 18 < 32 */
+        ck_assert(!kern_all_below(buf + off, 37, KERN_F32, 4)); /* 18 >= 16 */
+        const float probe[] = { 0x1p24f, -0x1p24f, 0x1.fffffep23f, NAN, INFINITY, 1e18f, 3e38f };
+        const bool below[] = { false, false, true, false, false, false, false };
+        for (size_t k = 0; k < sizeof probe / sizeof *probe; k++) {
+            float g[37];
+            memcpy(g, f, sizeof g);
+            g[k * 5] = probe[k];
+            memcpy(buf + off, g, sizeof g);
+            ck_assert_msg(kern_all_below(buf + off, 37, KERN_F32, 24) == below[k], "F32 %g", (double)probe[k]);
+            ck_assert(kern_all_finite(buf + off, 37, KERN_F32) == isfinite(probe[k]));
+            uint16_t h[37];
+            for (int i = 0; i < 37; i++) h[i] = kern_f32_to_bf16(g[i]);
+            memcpy(buf + off, h, sizeof h);
+            /* 0x1.fffffep23 rounds to 2^24 in BF16 */
+            bool bb = below[k] && probe[k] != 0x1.fffffep23f;
+            ck_assert_msg(kern_all_below(buf + off, 37, KERN_BF16, 24) == bb, "BF16 %g", (double)probe[k]);
+        }
+    }
+    uint16_t h16[4] = { 0x3c00, 0x7bff, 0xfbff, 0x0001 }; /* 1, 65504, -65504, a subnormal */
+    ck_assert(kern_all_below(h16, 4, KERN_F16, 24));
+    ck_assert(kern_all_below(h16, 4, KERN_F16, 16));
+    ck_assert(!kern_all_below(h16, 4, KERN_F16, 15));
+    h16[2] = 0x7c00; /* infinity */
+    ck_assert(!kern_all_below(h16, 4, KERN_F16, 24));
+    ck_assert(!kern_all_finite(h16, 4, KERN_F16));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("base");
     TCase *e = tcase_create("error");
@@ -208,6 +251,9 @@ static Suite *suite(void) {
     tcase_add_test(p, test_floats_parse_finite_and_in_range);
     tcase_add_test(p, test_byte_counts_take_units_and_refuse_junk_and_overflow);
     suite_add_tcase(s, p);
+    TCase *v = tcase_create("values");
+    tcase_add_test(v, test_value_scans_find_nan_inf_and_magnitudes_of_two_to_the_e);
+    suite_add_tcase(s, v);
     return s;
 }
 

@@ -8,6 +8,7 @@
  * GEN decodes without touching the heap. */
 #include <check.h>
 #include <malloc.h>
+#include <math.h>
 #include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1013,6 +1014,50 @@ START_TEST(test_a_prompt_gen_round_trips_and_its_text_rules_hold) {
 }
 END_TEST
 
+/* Values no loop may return or run on: a RESULT whose latent, trajectory,
+ * means, log_probs or sigmas hold a NaN or an infinity is refused
+ * (internal, naming the tensor: a worker's fault); log-probs with an eta
+ * that is 0 as the float the step reads (1e-50) are bad_request, where
+ * the smallest float eta passes. */
+START_TEST(test_a_result_of_nan_or_inf_and_log_probs_at_a_float_zero_eta_are_refused) {
+    wire_tensor_t t[3];
+    msg_gen_t g = good_gen(t);
+    g.sde = true;
+    g.return_log_probs = true;
+    g.return_trajectory = true;
+    g.eta = 1e-50;
+    expect_invalid(&g, NULL, "bad_request", "'return_log_probs' and 'return_means' need 'sde' with 'eta' > 0");
+    g.eta = 1.5e-45; /* the smallest float above 0 */
+    wire_err_t err;
+    ck_assert_int_eq(msg_gen_validate(&g, NULL, &err), 0);
+    static float lat[4 * 2 * 8 * 8], traj[3 * 4 * 2 * 8 * 8], lp[2], sg[3];
+    const int64_t tshape[5] = { 3, 4, 2, 8, 8 }, lshape[1] = { 2 }, sshape[1] = { 3 };
+    wire_tensor_t lt = tensor("latent", KERN_F32, 4, LAT, lat), tt = tensor("trajectory", KERN_F32, 5, tshape, traj),
+                  pt = tensor("log_probs", KERN_F32, 1, lshape, lp), st = tensor("sigmas", KERN_F32, 1, sshape, sg);
+    msg_result_t r;
+    memset(&r, 0, sizeof r);
+    r.version = 1;
+    r.latent = &lt;
+    r.trajectory = &tt;
+    r.log_probs = &pt;
+    r.sigmas = &st;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0);
+    struct { float *at; const char *name; float v; } bad[] = {
+        { &lat[77], "latent holds NaN", NAN }, { &traj[1000], "trajectory holds NaN", INFINITY },
+        { &lp[1], "log_probs holds NaN", -INFINITY }, { &sg[0], "sigmas holds NaN", NAN },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        *bad[i].at = bad[i].v;
+        ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+        ck_assert_str_eq(err.code, "internal");
+        ck_assert_msg(strstr(err.message, bad[i].name), "'%s' lacks '%s'", err.message, bad[i].name);
+        *bad[i].at = 0;
+    }
+    lat[5] = 3e38f; /* finite, however large: the worker's to judge */
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0);
+}
+END_TEST
+
 /* Groups: n and seeds round-trip (GEN and RESULT), n absent is 1, a
  * group's latent is [n,C,F,H,W], and every bad group is refused with the
  * field named. */
@@ -1855,6 +1900,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_forwarded_gen_is_the_request_with_new_id_and_version_and_without_unknown_fields);
     tcase_add_test(t, test_skipping_a_value_lands_where_the_tokenizer_ends_it_and_its_token_starts);
     tcase_add_test(t, test_a_prompt_gen_round_trips_and_its_text_rules_hold);
+    tcase_add_test(t, test_a_result_of_nan_or_inf_and_log_probs_at_a_float_zero_eta_are_refused);
     suite_add_tcase(s, t);
     return s;
 }

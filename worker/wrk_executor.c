@@ -4,6 +4,7 @@
 #include "model/t2v.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -88,6 +89,37 @@ typedef struct {
     const uint64_t *vers;        /* [n][steps] */
     const tdit_run_stats_t *stats;
 } outputs_t;
+
+/* j's loop overflowed (its `what` would hold NaN or infinity): whose
+ * fault, as an ERROR. The request's when one of its values is far past
+ * what a model steps (a guidance scale beyond ±1e3, a shift outside
+ * 1e-3..1e3, an SDE eta above 10, an input tensor with |x| above 1e4):
+ * bad_request naming it. Otherwise the weights' it ran on: internal,
+ * naming their version (a fine request is not blamed). */
+static void overflowed(const wrk_job_t *j, const char *what, char code[24], char *msg, size_t len) {
+    const tdit_loop_t *p = &j->loop;
+    int at = snprintf(msg, len, "the loop's %s %s NaN or infinite values after %d steps", what,
+                      strcmp(what, "result") ? "hold" : "holds", p->steps);
+    at = at < 0 ? 0 : at >= (int)len ? (int)len - 1 : at;
+    float lat = j->input_abs[0], ctx = j->input_abs[1], unc = j->input_abs[2];
+    snprintf(code, 24, "%s", WIRE_E_BAD_REQUEST);
+    if (j->shape.cfg && fabsf(p->guidance) > 1e3f)
+        snprintf(msg + at, len - (size_t)at, ": its guidance scale %g is far past what a model steps", p->guidance);
+    else if (!(p->shift >= 1e-3 && p->shift <= 1e3))
+        snprintf(msg + at, len - (size_t)at, ": its shift %g is far from what a model steps (1 to 20)", p->shift);
+    else if (p->sde && p->eta > 10)
+        snprintf(msg + at, len - (size_t)at, ": its eta %g is far past what an SDE steps (0 to 1)", p->eta);
+    else if (lat > 1e4f || ctx > 1e4f || unc > 1e4f)
+        snprintf(msg + at, len - (size_t)at, ": its %s holds values up to %g, far past what a model steps",
+                 lat > 1e4f ? "latent" : ctx > 1e4f ? "context" : "uncond", lat > 1e4f ? lat : ctx > 1e4f ? ctx : unc);
+    else {
+        snprintf(code, 24, "%s", WIRE_E_INTERNAL);
+        snprintf(msg + at, len - (size_t)at,
+                 " though the request's values are usual: the weights it ran on (transformer v%llu) overflow the "
+                 "model",
+                 (unsigned long long)j->ran_version);
+    }
+}
 
 /* The RESULT's version runs (over the n×steps grid of (sample, step),
  * sample-major: one sample's steps for a single request) and the rollout
@@ -228,10 +260,9 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
                       : o->logp && !kern_all_finite(o->logp, (size_t)o->n * steps, KERN_F32) ? "log_probs"
                                                                                            : NULL;
     if (bad) {
-        send_error(st, j, WIRE_E_BAD_REQUEST,
-                   "the loop's %s hold NaN or infinite values: its shift or eta (or the weights) overflow the "
-                   "model; nothing was returned",
-                   bad);
+        char code[24], msg[240];
+        overflowed(j, bad, code, msg, sizeof msg);
+        send_error(st, j, code, "%s", msg);
         free(r);
         return;
     }
@@ -267,8 +298,13 @@ static void send_result(wrk_stream_t *st, wrk_job_t *j) {
         return;
     }
     if (tdit_req_read(j->req, st->ks, out, j->n_latent) != 0) {
-        if (reel_err_code() == REEL_E_INVALID) send_error(st, j, WIRE_E_BAD_REQUEST, "%s", reel_err()->msg);
-        else send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", reel_err_text());
+        char code[24], msg[240];
+        if (reel_err_code() == REEL_E_INVALID) { /* the loop overflowed (tdit_req_read) */
+            overflowed(j, "result", code, msg, sizeof msg);
+            send_error(st, j, code, "%s", msg);
+        } else {
+            send_error(st, j, WIRE_E_INTERNAL, "reading the result: %s", reel_err_text());
+        }
         free(out);
         return;
     }
@@ -399,10 +435,23 @@ static void job_done(wrk_stream_t *st, wrk_job_t **jp) {
     wrk_job_free(jp);
 }
 
-/* A group's samples per batched step: all n of them when that workspace
- * fits the cache budget, else halved until it does (1 at worst). */
+/* The most samples of shape one step may hold: --max-tokens bounds a
+ * step's tokens, so one sample alone may have them all, and a batch of n
+ * costs n of them (a deadline is looked at between steps only: without
+ * this, one legal group of large samples held its stream for minutes). */
+static int rows_cap(const wrk_t *w, const tdit_shape_t *shape) {
+    int64_t tokens = shape->frames * (shape->height / WRK_PATCH) * (shape->width / WRK_PATCH);
+    if (w->opt->max_tokens <= 0 || tokens <= 0) return TDIT_MAX_BATCH;
+    int64_t c = w->opt->max_tokens / tokens;
+    return c < 1 ? 1 : c > TDIT_MAX_BATCH ? TDIT_MAX_BATCH : (int)c;
+}
+
+/* A group's samples per batched step: all n of them when their tokens
+ * stay within --max-tokens and that workspace fits the cache budget, else
+ * halved until they do (1 at worst). */
 static int chunk_for(const wrk_t *w, const tdit_shape_t *shape, int n) {
-    int b = n;
+    int b = n, cap = rows_cap(w, shape);
+    while (b > cap) b = (b + 1) / 2;
     while (b > 1 && w->opt->budget) {
         tdit_shape_t sh = *shape;
         sh.batch = b;
@@ -797,9 +846,12 @@ static void step_ready(wrk_stream_t *st, wrk_job_t *ready) {
         wrk_job_t *batch[TDIT_MAX_BATCH];
         int n = 0;
         if (w->opt->max_batch > 1 && tdit_req_mixable(j->req)) {
+            /* rows (padding included) within --max-tokens, as a group's */
+            int cap = rows_cap(w, tdit_req_shape(j->req));
             batch[n++] = j;
             for (wrk_job_t *k = j->rnext; k && n < w->opt->max_batch; k = k->rnext)
-                if (k->turn == WRK_TURN_READY && tdit_req_mixable(k->req) && tdit_req_same_class(j->req, k->req))
+                if (k->turn == WRK_TURN_READY && tdit_req_mixable(k->req) && tdit_req_same_class(j->req, k->req) &&
+                    batch_rows(w, n + 1) <= cap)
                     batch[n++] = k;
         }
         if (n >= 2 && (w->opt->batch_always || cost_says_batch(cost_of(st, j->req)))) {
@@ -837,8 +889,14 @@ static bool finish_req(wrk_stream_t *st, wrk_job_t *j) {
         return true;
     }
     if (gather(st, j) != 0) {
-        part_failed(st, j, reel_err_code() == REEL_E_INVALID ? WIRE_E_BAD_REQUEST : WIRE_E_INTERNAL,
-                    "samples %d..%d: %s", j->base + j->at,
+        if (reel_err_code() == REEL_E_INVALID) { /* the loop overflowed (tdit_req_read) */
+            char code[24], msg[240];
+            overflowed(j, "result", code, msg, sizeof msg);
+            part_failed(st, j, code, "samples %d..%d: %s", j->base + j->at,
+                        j->base + j->at + (int)tdit_req_batch(j->req) - 1, msg);
+            return true;
+        }
+        part_failed(st, j, WIRE_E_INTERNAL, "gathering samples %d..%d: %s", j->base + j->at,
                     j->base + j->at + (int)tdit_req_batch(j->req) - 1, reel_err_text());
         return true;
     }

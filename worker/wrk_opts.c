@@ -85,7 +85,8 @@ static const reel_opt_t rows[] = {
       .arg = "N",
       .help = "refuse (too_large) a request whose sample has more than N\n"
               "tokens, F x H/2 x W/2 (65536; 0 = no limit): a step cannot\n"
-              "be stopped half-way, and attention costs N^2" },
+              "be stopped half-way, and attention costs N^2; batched samples\n"
+              "share a step only within N tokens together" },
     { .name = "max-inflight", .kind = REEL_OPT_INT, .off = O(max_inflight), .lo = 1, .hi = 4096, .arg = "K",
       .help = "requests the broker may route here at once (S x max(4, N))" },
     { .name = "threads", .kind = REEL_OPT_INT, .off = O(threads), .lo = 0, .hi = 256, .arg = "N",

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #include "base/error.h"
@@ -186,6 +187,12 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
         (r->latent && !(j->latent = copy_f32(r->latent, err)))) {
         wrk_job_free(&j);
         return -1;
+    }
+    const wire_tensor_t *in[3] = { r->latent, prompt ? NULL : r->context, r->uncond };
+    for (int i = 0; i < 3; i++) {
+        const float *x = i == 0 ? j->latent : i == 1 ? j->context : j->uncond;
+        for (size_t k = 0; in[i] && x && k < in[i]->bytes / sizeof(float); k++)
+            if (fabsf(x[k]) > j->input_abs[i]) j->input_abs[i] = fabsf(x[k]);
     }
     if (prompt) {
         *out = j;

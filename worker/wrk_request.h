@@ -36,6 +36,8 @@ struct wrk_job {
     size_t n_latent;             /* C*F*H*W, one sample */
     float *latent;               /* host copies (owned); latent NULL: drawn from the seeds */
     float *context, *uncond;     /* uncond NULL without CFG; both NULL until a prompt is encoded */
+    float input_abs[3];          /* the largest |x| of latent, context, uncond as sent (0: none), kept
+                                  * after the copies are freed: an overflow's ERROR names the culprit */
     /* A GEN with a prompt (docs/PROTOCOL.md "Prompts and videos"): the
      * stream encodes them into context/uncond when the request starts. */
     char *prompt, *neg_prompt;   /* owned; neg_prompt NULL without guidance */

@@ -174,6 +174,10 @@ int wrk_weights_finite(const st_file_t *f) {
         const st_tensor_t *t = st_at(f, i);
         if (!kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
             return wrk_refuse(REEL_E_INVALID, WRK_E_NONFINITE, "tensor %s holds NaN or infinite values", t->name);
+        if (!kern_all_below(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype, WRK_WEIGHT_EXP))
+            return wrk_refuse(REEL_E_INVALID, WRK_E_DIVERGED,
+                              "tensor %s holds values of magnitude 2^%d (1.7e7) or more: a diverged trainer's "
+                              "weights, which every step would overflow", t->name, WRK_WEIGHT_EXP);
     }
     return 0;
 }

@@ -41,6 +41,8 @@
 #define WRK_E_MODEL "bad_weights: not weights of this worker's model"
 #define WRK_E_STOPPED "worker stopping"
 #define WRK_E_NONFINITE "bad_weights: NaN or infinite values"
+#define WRK_E_DIVERGED "bad_weights: values of 2^24 or more"
+#define WRK_WEIGHT_EXP 24        /* a weight's |x| must stay below 2^24 (1.7e7) */
 #define WRK_E_NO_LORA "bad_adapter: this worker takes no LoRA syncs (start it with --lora)"
 #define WRK_E_BASE "bad_adapter: its base version is not this worker's base"
 
@@ -53,10 +55,11 @@ int wrk_refuse(reel_code_t code, const char *answer, const char *fmt, ...) __att
  * text the detail. Returns -1. */
 int wrk_weights_refused(void);
 
-/* 0 when every tensor of f holds finite values only, else -1
- * (REEL_E_INVALID, WRK_E_NONFINITE) with the first tensor that does not
- * named in the detail: a diverged trainer's weights are refused, not
- * served (every GEN would come back NaN). */
+/* 0 when every tensor of f holds finite values only, each of magnitude
+ * below 2^WRK_WEIGHT_EXP, else -1 (REEL_E_INVALID, WRK_E_NONFINITE or
+ * WRK_E_DIVERGED) with the first tensor that does not named in the
+ * detail: a diverged trainer's weights are refused, not served (every GEN
+ * would come back NaN; no trained DiT's weight comes near 2^24). */
 int wrk_weights_finite(const st_file_t *f);
 
 /* Where a worker may read weights from. */
