@@ -171,10 +171,11 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
-    char beside[PATH_MAX]; /* an MP4's latent goes beside it */
-    snprintf(beside, sizeof beside, "%s.safetensors", o->out);
-    for (int i = 0; i < 2; i++)
-        if (ctl_out_spares(i ? beside : o->out, "--context", o->ctx_path, "--uncond", o->unc_path, "--latent",
+    char beside[2][PATH_MAX]; /* an MP4's latent, and decoded frames, go beside it */
+    snprintf(beside[0], sizeof beside[0], "%s.safetensors", o->out);
+    snprintf(beside[1], sizeof beside[1], "%s.frames.npy", o->out);
+    for (int i = 0; i < 3; i++)
+        if (ctl_out_spares(i ? beside[i - 1] : o->out, "--context", o->ctx_path, "--uncond", o->unc_path, "--latent",
                            o->lat_path, (const char *)NULL) != 0)
             return -1;
     if (o->g.prompt && (o->ctx_path || o->unc_path))

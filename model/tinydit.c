@@ -106,7 +106,9 @@ static int check_file(const st_file_t *f, const wlist_t *l) {
 
 /* A weight with a NaN or an infinity (in the file, or after an edit such
  * as a LoRA merge that overflowed) would make every result NaN: refused
- * at load, naming it. False with a message. */
+ * at load, naming it. A reload checks the file before it copies (or its
+ * caller did: tdit_model_reload_judged), so only an edit's values are
+ * judged here then. False with a message. */
 static bool finite_weight(const char *name, const float *v, size_t n, const tdit_weight_edit_t *edit) {
     if (kern_all_finite(v, n, KERN_F32)) return true;
     reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity%s", name,
@@ -146,14 +148,15 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         if (direct) {
             if (st_read_f32(f, e->name, e->ndim, e->shape, kern_tensor_ptr(&t)) != 0) goto out;
             if (edit && edit->adjust && edit->adjust(edit->user, e->name, kern_tensor_ptr(&t), (int64_t)n) != 0) goto out;
-            if (!finite_weight(e->name, kern_tensor_ptr(&t), n, edit)) goto out;
+            if ((set_slots || (edit && edit->adjust)) && !finite_weight(e->name, kern_tensor_ptr(&t), n, edit))
+                goto out;
             if (set_slots) *e->slot = t;
             off += (n * esz + 255) & ~(size_t)255;
             continue;
         }
         if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto out;
         if (edit && edit->adjust && edit->adjust(edit->user, e->name, host, (int64_t)n) != 0) goto out;
-        if (!finite_weight(e->name, host, n, edit)) goto out;
+        if ((set_slots || (edit && edit->adjust)) && !finite_weight(e->name, host, n, edit)) goto out;
         if (set_slots) *e->slot = t;
         const void *src = host;
         if (m->dtype == KERN_BF16) {
@@ -222,7 +225,17 @@ err:
 
 int tdit_model_reload(tdit_model_t *m, const st_file_t *f) { return tdit_model_reload_edit(m, f, NULL); }
 
+static int reload(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit, bool judged);
+
 int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit) {
+    return reload(m, f, edit, false);
+}
+
+int tdit_model_reload_judged(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit) {
+    return reload(m, f, edit, true);
+}
+
+static int reload(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit, bool judged) {
     tdit_config_t c;
     if (tdit_config_from_meta(f, &c) != 0) return -1;
     if (!tdit_config_same_network(&c, &m->cfg))
@@ -232,7 +245,7 @@ int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weigh
     if (rc == 0) rc = check_file(f, &l);
     /* A NaN in the file is found before any resident weight changes (one
      * made by the edit itself is found only as it is copied). */
-    for (size_t i = 0; rc == 0 && i < l.n; i++) {
+    for (size_t i = 0; rc == 0 && !judged && i < l.n; i++) {
         const st_tensor_t *t = st_find(f, l.e[i].name);
         if (t && (!edit || !edit->want || edit->want(edit->user, l.e[i].name)) &&
             !kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))

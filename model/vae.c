@@ -684,8 +684,8 @@ int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F,
         TRY(kern_stream_sync(s));
         if (!kern_all_finite(out, (size_t)(T * OH * OW * 3), KERN_F32)) { /* never a video of NaN */
             reel_fail(REEL_E_INVALID,
-                      "vae_decode: latent frame %" PRId64 " decodes to NaN or infinite values: the latent's values "
-                      "are too large for the VAE",
+                      "vae_decode: latent frame %" PRId64 " " VAE_E_NONFINITE ": the latent's values are too large "
+                      "for the VAE (or its weights overflow)",
                       f);
             goto err;
         }

@@ -90,6 +90,9 @@ size_t vae_model_bytes(const vae_model_t *m);
  * 100000, H and W 1..4096), a latent whose values decode to NaN or
  * infinity (too large for the VAE: REEL_E_INVALID), a failed allocation or
  * launch; video is then partly written. */
+/* What vae_decode's message says of a latent that decodes to NaN or
+ * infinity (a caller tells that failure from the others by it). */
+#define VAE_E_NONFINITE "decodes to NaN or infinite values"
 /* vae_decode's size check alone, before the caller sizes its video: 0,
  * or -1 with a message (REEL_E_INVALID). */
 int vae_latent_check(const vae_model_t *m, int64_t F, int64_t H, int64_t W);

@@ -693,10 +693,12 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
                           describe(want[i].t, a, sizeof a));
     }
-    /* Never a result of NaN or infinity (a worker judges its own; this is
-     * the backstop for one that did not) */
-    const wire_tensor_t *vals[] = { r->latent, r->trajectory, r->means, r->log_probs, r->sigmas };
-    const char *names[] = { "latent", "trajectory", "means", "log_probs", "sigmas" };
+    /* Never a result of NaN or infinity (a worker judges all of its own;
+     * this is the backstop for one that did not: the latent, log_probs and
+     * sigmas; a rollout's trajectory and means, up to N + 1 latents, stay
+     * the worker's to judge, off the broker's one event-loop thread) */
+    const wire_tensor_t *vals[] = { r->latent, r->log_probs, r->sigmas };
+    const char *names[] = { "latent", "log_probs", "sigmas" };
     for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
         if (vals[i] && !kern_all_finite(vals[i]->data, vals[i]->bytes / sizeof(float), KERN_F32))
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s holds NaN or infinite values", names[i]);

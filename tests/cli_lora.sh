@@ -35,6 +35,8 @@ test_lora.write_adapter(d + "/x", base, L, test_lora.WAN_MODULES[:8], 4, 8, seed
 test_lora.write_adapter(d + "/y", base, L, ["ffn.0", "ffn.2", "self_attn.q"], 2, 4, rslora=True,
                         layout="diffusers", dtype="BF16", seed=2)
 test_lora.write_adapter(d + "/dora", base, L, test_lora.WAN_MODULES[:4], 4, 8, config_extra={"use_dora": True})
+# scale 1e7 x rank 4 x |A| x |B| (about 0.6 each): a merge that can add 1e7 to a weight
+test_lora.write_adapter(d + "/huge", base, L, test_lora.WAN_MODULES[:4], 4, 4e7, seed=3)
 EOF
 mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/outside/"
 "$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors" &&
@@ -119,6 +121,10 @@ lsync "$D/r3.err" --version 12 --base 2 --lora "$D/w/x"
 lsync "$D/r4.err" --version 13 --base 1 --lora "$D/outside/x"
 [ $? != 0 ] && grep -q "bad_weights: path not under the worker.s weights directories" "$D/r4.err" &&
     ok "an adapter outside the weights directories: refused as any path is" || { bad "outside roots"; show "$D/r4.err"; }
+lsync "$D/r5.err" --version 14 --base 1 --lora "$D/w/huge"
+[ $? != 0 ] && grep -q "bad_adapter: its merge could add .* to a weight" "$D/r5.err" &&
+    ok "an adapter whose merge could carry a weight past 2^23 (a diverged trainer's): refused, nothing changed" ||
+    { bad "huge adapter refused"; show "$D/r5.err"; }
 gen "$D/g14.safetensors" && same "$D/g14.safetensors" "$D/ref_base.safetensors" &&
     ok "after the refusals GEN still runs on v10 (the base) exactly" || bad "GEN after refusals"
 

@@ -15,7 +15,9 @@
 #     step;
 #   - batching (--max-batch 4): a hot single key's mixed batches of 2 and 4
 #     rows are prewarmed too, and requests that then share steps run no
-#     eager step.
+#     eager step;
+#   - under --max-tokens 64 (2 samples of that key) neither prewarm nor a
+#     batch goes past 2 rows.
 # Usage: cli_prewarm.sh BUILD
 set -u
 B="${1:-build}"
@@ -206,4 +208,38 @@ done
 "$R" run --weights "$D/w.safetensors" $(spec 1 | sed "s/--seed [0-9]*/--seed 83/") --out "$D/run83.safetensors" 2>/dev/null &&
     "$R" tensor diff "$D/mix83.safetensors" "$D/run83.safetensors" --name latent >/dev/null 2>&1 &&
     ok "batching: a batched result after prewarm is bitwise reelctl run" || bad "batching: result differs from reelctl run"
+crash "$W1"
+
+# 7. --max-tokens bounds every step, prewarm's and batches' too: key 1 has
+#    32 tokens a sample, so under --max-tokens 64 its mixed batches have 2
+#    rows at most: the batch of 2 is prewarmed, the batch of 4 never is,
+#    and requests sharing steps do so 2 at a time
+start_w1 w1g.log --prewarm 8 --max-batch 4 --batching always --streams 1 --max-tokens 64 ||
+    bad "w1 starts batching under --max-tokens 64"
+W1=$WORKER
+wait_for "$D/w1g.log" "prewarmed key [0-9a-f]* .a mixed batch of 2" 60 &&
+    ok "--max-tokens 64: a hot key's mixed batch of 2 rows prewarmed" || { bad "--max-tokens 64: prewarm of 2"; show "$D/w1g.log"; }
+"$R" gen --broker "ipc://$D/c" --model tiny $(spec 1 | sed "s/--steps [0-9]*/--steps 3000/") --timeout-ms 120000 \
+    --out "$D/long2.safetensors" >"$D/long2.err" 2>&1 &
+LP=$!
+i=0
+while [ "$(inflight)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+gp=""
+for sd in 91 92 93 94 95 96; do gen_s 1 $sd cap$sd & gp="$gp $!"; done
+failed=0
+for p in $gp $LP; do reap "$p" 120 || failed=$((failed + 1)); done
+[ $failed = 0 ] && ok "--max-tokens 64: a long GEN and six short ones answered" || bad "--max-tokens 64: $failed GENs failed"
+nb=0; wide=0
+for f in cap91 cap92 cap93 cap94 cap95 cap96 long2; do
+    m=$(sed -n 's/.*batched with other requests (\([0-9.]*\) a batch.*/\1/p' "$D/$f.err")
+    [ -n "$m" ] && nb=$((nb + 1))
+    [ -n "$m" ] && awk -v m="$m" 'BEGIN { exit !(m > 2.0) }' && wide=$((wide + 1))
+done
+[ $nb -ge 2 ] && [ $wide = 0 ] && ok "--max-tokens 64: $nb of the seven shared steps, 2 rows a batch at most" ||
+    { bad "--max-tokens 64: $nb batched, $wide with batches over 2 rows"; show "$D/long2.err"; }
+grep -q "a mixed batch of 4" "$D/w1g.log" && { bad "--max-tokens 64: a batch of 4 was prewarmed"; show "$D/w1g.log"; } ||
+    ok "--max-tokens 64: no batch of 4 prewarmed"
+"$R" run --weights "$D/w.safetensors" $(spec 1 | sed "s/--seed [0-9]*/--seed 93/") --out "$D/run93.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/cap93.safetensors" "$D/run93.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "--max-tokens 64: a result of batches of 2 is bitwise reelctl run" || bad "--max-tokens 64: result differs"
 finish

@@ -11,7 +11,11 @@
 # or a video of NaN; a config past the machine's memory is refused before
 # `weights init` allocates; a catalog row holding an infinity is shown, not
 # taken for "out of memory"; `artifacts verify` of a folder with no bundle
-# does not pass. The daemons serve a good request after every bad one.
+# does not pass. Through the daemons, an overflow's ERROR names its cause:
+# the request's value far outside what models step (bad_request), or, for
+# usual values, the weights (internal: transformer or VAE); --max-tokens
+# splits a group into batches that fit it. The daemons serve a good
+# request after every bad one.
 # Usage: cli_values.sh BUILD
 set -u
 B="${1:-build}"
@@ -218,9 +222,31 @@ cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "$WE" --weights "$D/w1e7.safe
     --heartbeat-ms 200 || { bad "worker w3 (weights of 1e7) registers"; finish; }
 expect 1 "internal: the loop's result holds NaN or infinite values after 4 steps though the request's values are usual: the weights it ran on [(]transformer v1[)]" -- \
     $GEN --out "$D/g.safetensors"
+stop_proc "$WORKER"
+
+# A VAE whose weights (finite, 1e12 times the usual) overflow: a fine
+# request's decoded video is NaN, and the ERROR blames the weights
+# (internal), not the request; its latent alone still comes back.
+$PY - "$D/v.safetensors" "$D/vhuge.safetensors" <<'EOF2'
+import sys, json, struct, numpy as np
+b = bytearray(open(sys.argv[1], 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+for k, v in h.items():
+    if k == '__metadata__': continue
+    assert v['dtype'] == 'F32'
+    o0, o1 = v['data_offsets']
+    b[8 + n + o0:8 + n + o1] = (np.frombuffer(bytes(b[8 + n + o0:8 + n + o1]), np.float32) * 1e12).astype(np.float32).tobytes()
+open(sys.argv[2], 'wb').write(b)
+EOF2
+cli_worker w4 "$D/broker.log" "$D/w4.log" --broker "$WE" --weights "$W" --vae "$D/vhuge.safetensors" --streams 1 \
+    --heartbeat-ms 200 || { bad "worker w4 (a VAE of weights x 1e12) registers"; finish; }
+expect 1 "internal: the loop's decoded video holds NaN or infinite values after 4 steps though the request's values are usual: the VAE's weights" -- \
+    $GEN --output frames --out "$D/g.safetensors"
+good "a VAE's overflow"
+stop_proc "$WORKER"
+
 # The catalog recorded the failures; a row holding an infinity is still
 # shown (a corrupt or hostile catalog must not read as "out of memory").
-stop_proc "$WORKER"; stop_proc "$BROKER"
+stop_proc "$BROKER"
 cp "$D/reel.db" "$D/inf.db"
 /usr/bin/sqlite3 "$D/inf.db" "UPDATE requests SET t = 9e999 WHERE rowid = (SELECT min(rowid) FROM requests)"
 expect 0 "report written" -- $R report --html "$D/r.html" --catalog "$D/inf.db"

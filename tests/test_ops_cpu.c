@@ -21,6 +21,7 @@
 #include "kernels/philox.h"
 #include "kernels/registry.h"
 #include "tests/support.h"
+#include "kernels/cpu/cpu_attn.h"
 
 /* --- fixture: one CPU backend and stream per test; everything allocated
  * through the helpers below is released (and accounted) in teardown. ---- */
@@ -640,6 +641,102 @@ START_TEST(test_direct_attention_gives_a_row_the_same_bits_wherever_it_sits) {
                       "the row at %lld differs from the same query alone", (long long)at);
         fill(&q, -2, 2);
     }
+}
+END_TEST
+
+/* The row-major direct kernel as it was before the 16-row (lane = row)
+ * one (Reel at 8d6d35e): one row's softmax at a time. Kept here as the
+ * reference the new kernel must match bit for bit. */
+static void old_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                      int64_t nk, int64_t d, int64_t ld, float scale) {
+    enum { MX = CPU_ATTN_DIRECT_MAX, R = 4 }; /* R rows at once: R independent sums per vector */
+    float kt[MX * MX], vp[MX * MX], sv[R][MX], ov[MX], zero[MX];
+    const int64_t nkv = (nk + CPU_VW - 1) / CPU_VW, dv = (d + CPU_VW - 1) / CPU_VW;
+    const int64_t nkp = nkv * CPU_VW, dp = dv * CPU_VW;
+    for (int64_t c = 0; c < d; c++) /* kᵀ, the keys padded with zeros */
+        for (int64_t j = 0; j < nkp; j++) kt[c * nkp + j] = j < nk ? k[j * ld + c] : 0.0f;
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < dp; c++) vp[j * dp + c] = c < d ? v[j * ld + c] : 0.0f;
+    memset(zero, 0, sizeof zero);
+    for (int64_t r = 0; r < rows; r += R) {
+        const int64_t rb = rows - r < R ? rows - r : R;
+        const float *q0 = q + r * ld, *q1 = rb > 1 ? q0 + ld : zero, *q2 = rb > 2 ? q0 + 2 * ld : zero,
+                    *q3 = rb > 3 ? q0 + 3 * ld : zero;
+        /* scores: row i's sum over c in order, whatever rows share the pass */
+        for (int64_t u = 0; u < nkv; u++) {
+            cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            const float *kc = kt + u * CPU_VW;
+            for (int64_t c = 0; c < d; c++, kc += nkp) {
+                const cpu_vf kv = cpu_vload(kc);
+                a0 = a0 + kv * q0[c];
+                a1 = a1 + kv * q1[c];
+                a2 = a2 + kv * q2[c];
+                a3 = a3 + kv * q3[c];
+            }
+            cpu_vstore(sv[0] + u * CPU_VW, a0 * scale);
+            cpu_vstore(sv[1] + u * CPU_VW, a1 * scale);
+            cpu_vstore(sv[2] + u * CPU_VW, a2 * scale);
+            cpu_vstore(sv[3] + u * CPU_VW, a3 * scale);
+        }
+        for (int64_t i = 0; i < rb; i++) cpu_softmax_row(sv[i], sv[i], nk, 1.0f);
+        for (int64_t i = rb; i < R; i++) memset(sv[i], 0, sizeof sv[i]);
+        for (int64_t u = 0; u < dv; u++) {
+            cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            const float *vj = vp + u * CPU_VW;
+            for (int64_t j = 0; j < nk; j++, vj += dp) {
+                const cpu_vf vv = cpu_vload(vj);
+                a0 = a0 + vv * sv[0][j];
+                a1 = a1 + vv * sv[1][j];
+                a2 = a2 + vv * sv[2][j];
+                a3 = a3 + vv * sv[3][j];
+            }
+            const cpu_vf out[R] = { a0, a1, a2, a3 };
+            for (int64_t i = 0; i < rb; i++) {
+                cpu_vstore(ov, out[i]);
+                const int64_t w = d - u * CPU_VW < CPU_VW ? d - u * CPU_VW : CPU_VW;
+                memcpy(o + (r + i) * ld + u * CPU_VW, ov, (size_t)w * sizeof(float));
+            }
+        }
+    }
+}
+
+
+/* The direct kernel, 16 query rows per vector (cpu_vec_attn_direct, this
+ * machine's dispatched ISA), gives the bytes of the row-major kernel it
+ * replaced (compiled here with the test's own flags: another ISA's code)
+ * at every edge: 1 to 64 keys and head widths, row counts that leave any
+ * remainder of 16, a stride wider than the head, and scores from small to
+ * wide (scale up to 4, values up to ±3: e^x over a wide range). */
+START_TEST(test_direct_attention_is_bitwise_the_row_major_kernel_it_replaced) {
+    static const int64_t nks[] = { 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64 };
+    static const int64_t ds[] = { 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 24, 31, 40, 63, 64 };
+    static const int64_t nqs[] = { 1, 3, 15, 16, 17, 33, 47, 130 };
+    const int64_t H = 2;
+    uint64_t cases = 0;
+    for (size_t a = 0; a < sizeof nks / sizeof *nks; a++)
+        for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
+            for (size_t c = 0; c < sizeof nqs / sizeof *nqs; c++) {
+                const int64_t nk = nks[a], d = ds[b], nq = nqs[c], ld = H * d + 3;
+                const float scale = (float)(0.25 + (double)((a + b + c) % 4));
+                float *q = malloc((size_t)(nq * ld) * sizeof(float)), *k = malloc((size_t)(nk * ld) * sizeof(float)),
+                      *v = malloc((size_t)(nk * ld) * sizeof(float)), *o1 = calloc((size_t)(nq * ld), sizeof(float)),
+                      *o2 = calloc((size_t)(nq * ld), sizeof(float));
+                for (int64_t i = 0; i < nq * ld; i++) q[i] = uniform(-3, 3);
+                for (int64_t i = 0; i < nk * ld; i++) {
+                    k[i] = uniform(-3, 3);
+                    v[i] = uniform(-1, 1);
+                }
+                for (int64_t h = 0; h < H; h++) {
+                    cpu_vec_attn_direct(q + h * d, k + h * d, v + h * d, o1 + h * d, nq, nk, d, ld, scale);
+                    old_direct_rows(q + h * d, k + h * d, v + h * d, o2 + h * d, nq, nk, d, ld, scale);
+                }
+                ck_assert_msg(memcmp(o1, o2, (size_t)(nq * ld) * sizeof(float)) == 0,
+                              "nq %lld nk %lld d %lld: the 16-row kernel differs from the row-major one", (long long)nq,
+                              (long long)nk, (long long)d);
+                cases++;
+                free(q); free(k); free(v); free(o1); free(o2);
+            }
+    ck_assert_uint_eq(cases, 16 * 15 * 8);
 }
 END_TEST
 
@@ -1909,6 +2006,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_attention_runs_the_path_its_rule_picks);
     tcase_add_test(tc, test_direct_attention_matches_double_reference_at_its_edges);
     tcase_add_test(tc, test_direct_attention_gives_a_row_the_same_bits_wherever_it_sits);
+    tcase_add_test(tc, test_direct_attention_is_bitwise_the_row_major_kernel_it_replaced);
     tcase_add_test(tc, test_flash_attention_matches_double_reference_on_ragged_blocks);
     tcase_add_test(tc, test_flash_attention_rescales_when_a_later_key_block_holds_the_max);
     tcase_add_test(tc, test_flash_attention_replays_bitwise_equal_to_eager_in_its_bounded_scratch);

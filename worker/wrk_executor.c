@@ -98,8 +98,7 @@ typedef struct {
  * naming their version (a fine request is not blamed). */
 static void overflowed(const wrk_job_t *j, const char *what, char code[24], char *msg, size_t len) {
     const tdit_loop_t *p = &j->loop;
-    int at = snprintf(msg, len, "the loop's %s %s NaN or infinite values after %d steps", what,
-                      strcmp(what, "result") ? "hold" : "holds", p->steps);
+    int at = snprintf(msg, len, "the loop's %s holds NaN or infinite values after %d steps", what, p->steps);
     at = at < 0 ? 0 : at >= (int)len ? (int)len - 1 : at;
     float lat = j->input_abs[0], ctx = j->input_abs[1], unc = j->input_abs[2];
     snprintf(code, 24, "%s", WIRE_E_BAD_REQUEST);
@@ -112,7 +111,13 @@ static void overflowed(const wrk_job_t *j, const char *what, char code[24], char
     else if (lat > 1e4f || ctx > 1e4f || unc > 1e4f)
         snprintf(msg + at, len - (size_t)at, ": its %s holds values up to %g, far past what a model steps",
                  lat > 1e4f ? "latent" : ctx > 1e4f ? "context" : "uncond", lat > 1e4f ? lat : ctx > 1e4f ? ctx : unc);
-    else {
+    else if (!strcmp(what, "decoded video")) {
+        snprintf(code, 24, "%s", WIRE_E_INTERNAL);
+        snprintf(msg + at, len - (size_t)at,
+                 " though the request's values are usual: the VAE's weights, or the transformer's it ran on (v%llu), "
+                 "overflow",
+                 (unsigned long long)j->ran_version);
+    } else {
         snprintf(code, 24, "%s", WIRE_E_INTERNAL);
         snprintf(msg + at, len - (size_t)at,
                  " though the request's values are usual: the weights it ran on (transformer v%llu) overflow the "
@@ -197,8 +202,13 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
     }
     if (t2v_vae_decode_progress(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len,
                                 j->progress ? decode_progress : NULL, &dp) != 0) {
-        if (reel_err_code() == REEL_E_INVALID) send_error(st, j, WIRE_E_BAD_REQUEST, "decoding the latent: %s", reel_err()->msg);
-        else send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
+        if (strstr(reel_err()->msg, VAE_E_NONFINITE)) { /* the loop's latent is finite: whose values overflowed */
+            char code[24], msg[240];
+            overflowed(j, "decoded video", code, msg, sizeof msg);
+            send_error(st, j, code, "%s", msg);
+        } else {
+            send_error(st, j, WIRE_E_INTERNAL, "decoding the latent: %s", reel_err_text());
+        }
         return -1;
     }
     r->decode_seconds = reel_mono_s() - t0;
@@ -256,8 +266,8 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
      * records must be finite too, or the RESULT would carry garbage. */
     size_t nl = (size_t)o->n * j->n_latent, steps = (size_t)o->steps;
     const char *bad = o->traj && !kern_all_finite(o->traj, nl * (steps + 1), KERN_F32)   ? "trajectory"
-                      : o->means && !kern_all_finite(o->means, nl * steps, KERN_F32)     ? "means"
-                      : o->logp && !kern_all_finite(o->logp, (size_t)o->n * steps, KERN_F32) ? "log_probs"
+                      : o->means && !kern_all_finite(o->means, nl * steps, KERN_F32)     ? "means tensor"
+                      : o->logp && !kern_all_finite(o->logp, (size_t)o->n * steps, KERN_F32) ? "log_probs tensor"
                                                                                            : NULL;
     if (bad) {
         char code[24], msg[240];
@@ -516,7 +526,10 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
             j->group->progress_total += ((j->n + j->chunk - 1) / j->chunk - 1) * j->loop.steps;
             gunlock(j->group);
         }
-        if (j->chunk < j->n)
+        if (j->chunk < j->n && j->n > rows_cap(w, &j->shape))
+            wrk_log(w, "request %llu: a group of %d runs in batches of %d (a batch's tokens stay within --max-tokens %lld)",
+                    (unsigned long long)j->id, j->n, j->chunk, (long long)w->opt->max_tokens);
+        else if (j->chunk < j->n)
             wrk_log(w, "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the %zu-byte budget)",
                     (unsigned long long)j->id, j->n, j->chunk, j->n, w->opt->budget);
     }
@@ -1020,7 +1033,8 @@ static int64_t prewarm_batch(const wrk_exec_t *x, const wrk_prewarm_t *p, int i)
 static int prewarm_rows(const wrk_t *w, const wrk_prewarm_t *p, int rows[TDIT_MAX_BATCH]) {
     int n = 0;
     if (w->opt->max_batch < 2 || tdit_shape_batch(&p->shape) != 1 || tdit_solver_multistep(p->shape.solver)) return 0;
-    for (int b = 2; b <= w->opt->max_batch; b++)
+    int cap = rows_cap(w, &p->shape); /* no batch step_ready would not form (--max-tokens) */
+    for (int b = 2; b <= w->opt->max_batch && b <= cap; b++)
         if (batch_rows(w, b) == b) rows[n++] = b;
     return n;
 }

@@ -227,7 +227,16 @@ static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char 
     op->lora = lora_parse(text, n, what, f, op->hex);
     /* lora_check also refuses a merge that could leave F32's range (it
      * would serve NaN): before the lock, not after */
-    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) return;
+    if (op->lora && lora_check(op->lora, tdit_model_config(op->w->model)) == 0) {
+        /* nor one that could carry a weight to 2^WRK_WEIGHT_EXP, which a
+         * full sync of such values is refused for (wrk_weights_finite):
+         * trained weights are far below 2^23, so a delta that can reach it is
+         * the adapter's, and every step on it would overflow */
+        const double bound = (double)(1 << (WRK_WEIGHT_EXP - 1));
+        if (lora_max_delta(op->lora) < bound) return;
+        reel_fail(REEL_E_INVALID, "its merge could add %.3g to a weight (scale x rank x max|A| x max|B|), 2^%d or "
+                  "more: every step would overflow", lora_max_delta(op->lora), WRK_WEIGHT_EXP - 1);
+    }
     char answer[REEL_ERR_MSG];
     snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());
     wrk_refuse(reel_err_code() == REEL_E_UNSUPPORTED ? REEL_E_UNSUPPORTED : REEL_E_INVALID, answer, "%s",
@@ -371,7 +380,7 @@ static int adapter_apply_locked(sync_op_t *op) {
     wrk_t *w = op->w;
     adapter_edit_t ae = { op->lora, w->base.applied };
     tdit_weight_edit_t edit = { adapter_want, adapter_adjust, &ae };
-    if (tdit_model_reload_edit(w->model, w->base.file, &edit) != 0) {
+    if (tdit_model_reload_judged(w->model, w->base.file, &edit) != 0) { /* judged at start or at its sync */
         atomic_store(&w->fatal, true);
         return reel_fail_detail(reel_err_code(), reel_err_text(),
                                 "internal: the adapter could not be merged whole (worker exiting)");
@@ -393,7 +402,7 @@ static int sync_apply_locked(sync_op_t *op) {
     wrk_t *w = op->w;
     assert(reel_owner_mine(&w->step_writer));
     if (op->adapter) return adapter_apply_locked(op);
-    if (tdit_model_reload(w->model, op->f) != 0) {
+    if (tdit_model_reload_judged(w->model, op->f, NULL) != 0) { /* sync_check judged its values */
         if (strstr(reel_err()->msg, "part-way")) {
             atomic_store(&w->fatal, true);
             return reel_fail_detail(reel_err_code(), reel_err_text(),

@@ -121,56 +121,98 @@ static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads, i
  * already offset to the head's slice; nk, d <= CPU_ATTN_DIRECT_MAX. Each
  * row's bits are a function of that row and the head's keys and values
  * alone. Callers wrap it in a CPU_VEC_DISPATCH function
- * (cpu_vec_attn_direct). */
+ * (cpu_vec_attn_direct).
+ *
+ * Sixteen query rows at a time, one per vector lane (rows transposed into
+ * qt, scores and weights kept as st [key][row]): every step of a row's
+ * softmax is then a vertical operation on 16 rows at once, where one row
+ * at a time spent most of its time in short horizontal reductions (rows
+ * of 5 to 64 keys). A row's arithmetic is cpu_softmax_row's and the
+ * earlier row-major kernel's, operation for operation: score_j = (Σ_c in
+ * order q_c·k_jc)·scale; m = max_j score_j; e_j = e^(score_j·1 − m); the
+ * sum of e_j in double kept as cpu_exp_shift_sum keeps it (16 partial
+ * sums by j mod 16, lanes l and l + 8 added, then the same tree); p_j =
+ * e_j·(float)(1/Σ); o_c = Σ_j in order p_j·v_jc. So the bits are those of
+ * the row-major kernel (tests/test_ops_cpu.c keeps it and compares). */
 CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
                                       int64_t nk, int64_t d, int64_t ld, float scale) {
-    enum { MX = CPU_ATTN_DIRECT_MAX, R = 4 }; /* R rows at once: R independent sums per vector */
-    float kt[MX * MX], vp[MX * MX], sv[R][MX], ov[MX], zero[MX];
-    const int64_t nkv = (nk + CPU_VW - 1) / CPU_VW, dv = (d + CPU_VW - 1) / CPU_VW;
-    const int64_t nkp = nkv * CPU_VW, dp = dv * CPU_VW;
-    for (int64_t c = 0; c < d; c++) /* kᵀ, the keys padded with zeros */
-        for (int64_t j = 0; j < nkp; j++) kt[c * nkp + j] = j < nk ? k[j * ld + c] : 0.0f;
-    for (int64_t j = 0; j < nk; j++)
-        for (int64_t c = 0; c < dp; c++) vp[j * dp + c] = c < d ? v[j * ld + c] : 0.0f;
-    memset(zero, 0, sizeof zero);
-    for (int64_t r = 0; r < rows; r += R) {
-        const int64_t rb = rows - r < R ? rows - r : R;
-        const float *q0 = q + r * ld, *q1 = rb > 1 ? q0 + ld : zero, *q2 = rb > 2 ? q0 + 2 * ld : zero,
-                    *q3 = rb > 3 ? q0 + 3 * ld : zero;
-        /* scores: row i's sum over c in order, whatever rows share the pass */
-        for (int64_t u = 0; u < nkv; u++) {
+    enum { MX = CPU_ATTN_DIRECT_MAX, G = CPU_VW };
+    typedef float cpu_attn_half_t __attribute__((vector_size(CPU_VW * 2)));
+    float qt[MX * G], st[MX * G], ot[G];
+    const cpu_vf one = cpu_vsplat(1.0f);
+    for (int64_t r = 0; r < rows; r += G) {
+        const int64_t rb = rows - r < G ? rows - r : G;
+        for (int64_t c = 0; c < d; c++) /* qᵀ: lane i is row r + i; missing rows 0 */
+            for (int64_t i = 0; i < G; i++) qt[c * G + i] = i < rb ? q[(r + i) * ld + c] : 0.0f;
+        cpu_vf m = cpu_vsplat(-INFINITY);
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4) { /* scores, four keys' independent sums at once, and the running max */
+            const float *k0 = k + j * ld, *k1 = k0 + ld, *k2 = k1 + ld, *k3 = k2 + ld;
             cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            const float *kc = kt + u * CPU_VW;
-            for (int64_t c = 0; c < d; c++, kc += nkp) {
-                const cpu_vf kv = cpu_vload(kc);
-                a0 = a0 + kv * q0[c];
-                a1 = a1 + kv * q1[c];
-                a2 = a2 + kv * q2[c];
-                a3 = a3 + kv * q3[c];
+            for (int64_t c = 0; c < d; c++) {
+                const cpu_vf qc = cpu_vload(qt + c * G);
+                a0 = a0 + qc * k0[c];
+                a1 = a1 + qc * k1[c];
+                a2 = a2 + qc * k2[c];
+                a3 = a3 + qc * k3[c];
             }
-            cpu_vstore(sv[0] + u * CPU_VW, a0 * scale);
-            cpu_vstore(sv[1] + u * CPU_VW, a1 * scale);
-            cpu_vstore(sv[2] + u * CPU_VW, a2 * scale);
-            cpu_vstore(sv[3] + u * CPU_VW, a3 * scale);
+            const cpu_vf s4[4] = { a0 * scale, a1 * scale, a2 * scale, a3 * scale };
+            for (int u = 0; u < 4; u++) {
+                cpu_vstore(st + (j + u) * G, s4[u]);
+                m = cpu_vmax2(m, s4[u] * one);
+            }
         }
-        for (int64_t i = 0; i < rb; i++) cpu_softmax_row(sv[i], sv[i], nk, 1.0f);
-        for (int64_t i = rb; i < R; i++) memset(sv[i], 0, sizeof sv[i]);
-        for (int64_t u = 0; u < dv; u++) {
+        for (; j < nk; j++) {
+            const float *kj = k + j * ld;
+            cpu_vf a = cpu_vsplat(0.0f);
+            for (int64_t c = 0; c < d; c++) a = a + cpu_vload(qt + c * G) * kj[c];
+            a = a * scale;
+            cpu_vstore(st + j * G, a);
+            m = cpu_vmax2(m, a * one);
+        }
+        cpu_vd acc[16][2];
+        memset(acc, 0, sizeof acc);
+        for (j = 0; j < nk; j++) {
+            const cpu_vf e = cpu_vexp(cpu_vload(st + j * G) * one - m);
+            cpu_vstore(st + j * G, e);
+            cpu_attn_half_t lo, hi;
+            memcpy(&lo, &e, sizeof lo);
+            memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
+            acc[j % 16][0] += __builtin_convertvector(lo, cpu_vd);
+            acc[j % 16][1] += __builtin_convertvector(hi, cpu_vd);
+        }
+        cpu_vf inv;
+        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7: cpu_vsum_d's tree over lanes l + (l + 8) */
+            cpu_vd t[8];
+            for (int l = 0; l < 8; l++) t[l] = acc[l][h] + acc[l + 8][h];
+            const cpu_vd sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+            const cpu_vd id = 1.0 / sum;
+            const cpu_attn_half_t f = __builtin_convertvector(id, cpu_attn_half_t);
+            memcpy((char *)&inv + h * sizeof f, &f, sizeof f);
+        }
+        for (j = 0; j < nk; j++) cpu_vstore(st + j * G, cpu_vload(st + j * G) * inv);
+        int64_t c = 0;
+        for (; c + 4 <= d; c += 4) { /* outputs, four columns' independent sums at once */
             cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            const float *vj = vp + u * CPU_VW;
-            for (int64_t j = 0; j < nk; j++, vj += dp) {
-                const cpu_vf vv = cpu_vload(vj);
-                a0 = a0 + vv * sv[0][j];
-                a1 = a1 + vv * sv[1][j];
-                a2 = a2 + vv * sv[2][j];
-                a3 = a3 + vv * sv[3][j];
+            for (j = 0; j < nk; j++) {
+                const cpu_vf pj = cpu_vload(st + j * G);
+                const float *vj = v + j * ld + c;
+                a0 = a0 + pj * vj[0];
+                a1 = a1 + pj * vj[1];
+                a2 = a2 + pj * vj[2];
+                a3 = a3 + pj * vj[3];
             }
-            const cpu_vf out[R] = { a0, a1, a2, a3 };
-            for (int64_t i = 0; i < rb; i++) {
-                cpu_vstore(ov, out[i]);
-                const int64_t w = d - u * CPU_VW < CPU_VW ? d - u * CPU_VW : CPU_VW;
-                memcpy(o + (r + i) * ld + u * CPU_VW, ov, (size_t)w * sizeof(float));
+            const cpu_vf o4[4] = { a0, a1, a2, a3 };
+            for (int u = 0; u < 4; u++) {
+                cpu_vstore(ot, o4[u]);
+                for (int64_t i = 0; i < rb; i++) o[(r + i) * ld + c + u] = ot[i];
             }
+        }
+        for (; c < d; c++) {
+            cpu_vf a = cpu_vsplat(0.0f);
+            for (j = 0; j < nk; j++) a = a + cpu_vload(st + j * G) * v[j * ld + c];
+            cpu_vstore(ot, a);
+            for (int64_t i = 0; i < rb; i++) o[(r + i) * ld + c] = ot[i];
         }
     }
 }
