@@ -1,16 +1,25 @@
 """A client of the Reel broker, written from docs/PROTOCOL.md.
 
 One Client is one ZeroMQ DEALER socket on the broker's client endpoint (of
-a standby pair: on one of the two brokers' at a time); it is not
-thread-safe (use one per thread). Every call has a client-side
-deadline, so nothing hangs when the broker is gone.
+a standby pair: on one of the two brokers' at a time). Its calls run one
+at a time: a call from another thread waits for the running one (use one
+Client per thread for calls side by side). Every call has a client-side
+deadline, so nothing hangs when the broker is gone. Arguments are checked
+before anything is sent: an integer field takes an integer (not a float,
+a bool or a string), a number field a number, tensors real numbers (cast
+to little-endian float32); a wrong one raises TypeError or ValueError
+naming it.
 """
 
+import functools
 import hashlib
 import itertools
 import json
 import os
 import random
+import re
+import threading
+import warnings
 import shutil
 import stat
 import tempfile
@@ -103,7 +112,7 @@ class GenResult:
         self.worker = hdr.get("worker", "")
         self.version = hdr.get("version", 0)
         self.first_version = hdr.get("first_version", self.version)
-        self.stats = hdr.get("stats", {}) or {}
+        self.stats = dict(hdr.get("stats", {}) or {})  # a group's samples each their own copy
         self.key_hash = hdr.get("key_hash", "")
         self.seconds = seconds
         self.header = hdr
@@ -120,7 +129,9 @@ class GenResult:
         self.seed = int(seeds[sample]) if sample is not None and sample < len(seeds) else None
         self.trajectory = convert(pick(tensors["trajectory"])) if "trajectory" in tensors else None
         self.log_probs = convert(pick(tensors["log_probs"])) if "log_probs" in tensors else None
-        self.sigmas = convert(tensors["sigmas"]) if "sigmas" in tensors else None
+        # [N+1], one for a group: each sample its own copy (editing one changes no other)
+        self.sigmas = (convert(tensors["sigmas"] if sample is None else tensors["sigmas"].copy())
+                       if "sigmas" in tensors else None)
         self.means = convert(pick(tensors["means"])) if "means" in tensors else None
         # output="frames": uint8 [F', H', W', 3] (numpy, whatever the inputs);
         # output="video": the MP4's bytes
@@ -192,10 +203,60 @@ def _is_torch(x):
 
 
 def _f32(name, x, ndim):
-    a = np.ascontiguousarray(safetensors._as_numpy(x), dtype="<f4")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
-    return a
+    """x (numpy, torch, a nested list) as a C-contiguous little-endian
+    float32 array of ndim dimensions. Real numbers of any float or integer
+    dtype are cast to float32 (rounded to nearest, as numpy casts); other
+    dtypes (bool, complex, strings, objects) and text are refused."""
+    if isinstance(x, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be an array of numbers, got {type(x).__name__}")
+    try:
+        raw = safetensors._as_numpy(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be an array of numbers: {e}") from None
+    if raw.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers (float32, or a float or integer dtype cast to it), "
+                        f"got dtype {raw.dtype}")
+    if raw.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {raw.shape}")
+    return np.ascontiguousarray(raw, dtype="<f4")
+
+
+def _uint(name, v, lo=0, hi=(1 << 64) - 1):
+    """v as an int in lo..hi: a Python or numpy integer (not a bool, a
+    float or a string: the protocol refuses a float for an integer field,
+    and a truncated one would be another request)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {v!r} ({type(v).__name__})")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}")
+    return v
+
+
+def _num(name, v):
+    """v as a float: a Python or numpy number, not a bool or a string."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {v!r} ({type(v).__name__})")
+    return float(v)
+
+
+def _flag(name, v):
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {v!r} ({type(v).__name__})")
+    return bool(v)
+
+
+def _wait(name, v, default):
+    """A timeout in seconds: None takes default; else a number > 0."""
+    if v is None:
+        return default
+    v = _num(name, v)
+    if not v > 0:
+        raise ValueError(f"{name} must be > 0 seconds (None: the default), got {v}")
+    return v
+
+
+_ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:[0-9]{1,5}|ipc://\S+|inproc://\S+)$")
 
 
 def _regular_file(path):
@@ -307,6 +368,25 @@ def read_key(path, secret):
     return key
 
 
+def _one_progress(progress):
+    """A caller's progress(step, steps) as the receive loop calls it (with
+    the request's id first); None stays None."""
+    return None if progress is None else (lambda rid, step, steps: progress(step, steps))
+
+
+def _call(fn):
+    """A public call: one at a time per Client (a call from another thread
+    waits for the running one; the client is not for concurrent use), and
+    none after close()."""
+    @functools.wraps(fn)
+    def run(self, *args, **kw):
+        with self._busy:
+            if self._sock is None:
+                raise ReelError("closed", "this Client is closed")
+            return fn(self, *args, **kw)
+    return run
+
+
 class Client:
     """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555).
 
@@ -346,9 +426,13 @@ class Client:
         if bool(key) != bool(broker_key):
             raise ValueError("give both key (this client's NAME.key, or REEL_KEY) and broker_key (the broker's "
                              "broker.pub, or REEL_BROKER_KEY), or neither")
-        eps = broker.split(",") if isinstance(broker, str) else []
+        eps = [e.strip() for e in broker.split(",")] if isinstance(broker, str) else []
         if not 1 <= len(eps) <= MAX_BROKERS or any(not e or len(e) >= 256 for e in eps):
             raise ValueError(f"broker endpoint list {broker!r}: 1 to {MAX_BROKERS} endpoints separated by commas")
+        for e in eps:
+            if not _ENDPOINT.match(e):
+                raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+        timeout = _wait("timeout", timeout, 120.0)
         self._eps = eps  # a broker, or a standby pair: talked to one at a time
         self._at = 0     # ... the one the socket is connected to
         self.switches = 0  # moves to another endpoint of the list
@@ -374,6 +458,7 @@ class Client:
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
+        self._busy = threading.RLock()  # one call at a time (_call): another thread's waits its turn
 
     @property
     def endpoint(self):
@@ -413,9 +498,10 @@ class Client:
         self._open()
 
     def close(self):
-        if self._sock is not None:
-            self._sock.close(0)
-            self._sock = None
+        with self._busy:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
 
     def __enter__(self):
         return self
@@ -550,7 +636,7 @@ class Client:
             mtype = hdr.get("type")
             if mtype == "PROGRESS":
                 if on_progress:  # a decode's latent frames continue the steps: one count over both
-                    on_progress(hdr.get("step", 0) + hdr.get("decoded", 0),
+                    on_progress(rid, hdr.get("step", 0) + hdr.get("decoded", 0),
                                 hdr.get("steps", 0) + hdr.get("decode_frames", 0))
                 continue
             if mtype == "ERROR":
@@ -574,6 +660,7 @@ class Client:
 
     # ---- calls ---------------------------------------------------------
 
+    @_call
     def gen(self, model, context=None, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
             sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
             return_trajectory=False, return_log_probs=False, return_means=False, solver="euler",
@@ -601,13 +688,14 @@ class Client:
             progress=progress is not None, return_trajectory=return_trajectory, return_log_probs=return_log_probs,
             return_means=return_means, prompt=prompt, negative_prompt=negative_prompt, output=output)
         rid = next(self._ids)
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
+        wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
         t0 = time.monotonic()
         sent = {rid: (fields, tensors)}
         st = self._send_gens(sent)
-        _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, progress)
-        return self._gen_result(rid, hdr, out, steps, torch_out, t0)
+        _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
+        return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
+    @_call
     def gen_group(self, model, context=None, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
                   timeout=None, deadline_ms=None, batched=True, progress=None, **kw):
         """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
@@ -622,20 +710,36 @@ class Client:
         batched=False sends n separate GENs at once (the broker and the
         workers' streams run them side by side); it raises the first
         sample's ReelError (or BusyError) that comes back."""
-        n = int(n)
-        if not 1 <= n <= 64:
-            raise ValueError("n must be 1..64")
-        if seeds is not None and len(seeds) != n:
-            raise ValueError("seeds must give one seed per sample")
-        if latents is not None and len(latents) != n:
+        n = _uint("n", n, 1, 64)
+        if "latent" in kw:
+            raise TypeError("gen_group takes latents= (one starting latent per sample, or an [n, C, F, H, W] "
+                            "array), not latent=")
+        if seeds is not None:
+            if isinstance(seeds, (set, frozenset, dict, str, bytes)) or not hasattr(seeds, "__len__"):
+                raise TypeError(f"seeds must be a sequence of n integers (a list, tuple or array), got "
+                                f"{type(seeds).__name__}")
+            if len(seeds) != n:
+                raise ValueError(f"seeds must give one seed per sample: {len(seeds)} for n={n}")
+            seeds = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
+        else:
+            base = _uint("seed", seed)
+            if base + n - 1 >= 1 << 64:
+                raise ValueError(f"seed {base} + {n - 1} passes 2**64 - 1 (sample i's seed is seed + i)")
+            seeds = [base + i for i in range(n)]
+        if latents is not None and (isinstance(latents, (str, bytes)) or not hasattr(latents, "__len__")
+                                    or len(latents) != n):
             raise ValueError("latents must give one latent per sample")
-        seeds = [int(s) for s in seeds] if seeds is not None else [int(seed) + i for i in range(n)]
-        wait = timeout if timeout is not None else max(self.timeout, (deadline_ms or 60000) / 1000 + 5)
+        steps = _uint("steps", steps)
+        if deadline_ms is not None:
+            deadline_ms = _uint("deadline_ms", deadline_ms)
+        wait = _wait("timeout", timeout, max(self.timeout, (deadline_ms or 60000) / 1000 + 5))
         t0 = time.monotonic()
         if batched:
             lat = None
             if latents is not None:
                 rows = [_f32("latents[%d]" % i, x, 4) for i, x in enumerate(latents)]
+                if any(r.shape != rows[0].shape for r in rows):
+                    raise ValueError("latents must share one shape, got " + ", ".join(str(r.shape) for r in rows))
                 lat = np.stack(rows) if n > 1 else rows[0]
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
@@ -645,7 +749,7 @@ class Client:
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
             st = self._send_gens(sent)
-            _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, progress)
+            _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
                 one.seed = seeds[0]
@@ -658,17 +762,24 @@ class Client:
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape,
                 latent=None if latents is None else latents[i], seed=seeds[i], deadline_ms=deadline_ms,
-                progress=False, **kw)
+                progress=progress is not None, **kw)
             rid = next(self._ids)
             order[rid] = i
             sent[rid] = (fields, tensors)
         st = self._send_gens(sent)
         results = [None] * n
         pending = set(order)
+        done = {rid: 0 for rid in order}  # progress: every sample's steps done, of n x steps
+
+        def each(rid, step, total):
+            done[rid] = max(done[rid], step)
+            progress(sum(done.values()), n * total)
+
         while pending:
-            rid, hdr, out = self._recv_live(pending, t0 + wait, sent, st)
+            rid, hdr, out = self._recv_live(pending, t0 + wait, sent, st, each if progress else None)
             pending.discard(rid)
             results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
+            results[order[rid]].seed = seeds[order[rid]]
         return results
 
     def _gen_result(self, rid, hdr, out, steps, torch_out, t0, sample=None):
@@ -707,15 +818,21 @@ class Client:
             tensors.append(("latent", lat))
             if latent_shape is None:
                 latent_shape = lat.shape[-4:]
-        if latent_shape is None or len(latent_shape) != 4:
+        if latent_shape is None:
             raise ValueError("latent_shape [C, F, H, W] is required when no latent is given")
+        if isinstance(latent_shape, (str, bytes)) or not hasattr(latent_shape, "__len__") or len(latent_shape) != 4:
+            raise ValueError(f"latent_shape must be 4 integers [C, F, H, W], got {latent_shape!r}")
         if solver not in ("euler", "unipc", "dpm++"):
             raise ValueError(f"solver must be 'euler', 'unipc' or 'dpm++', got {solver!r}")
         if sde and solver != "euler":
             raise ValueError(f"solver {solver!r} cannot run sde steps (an SDE rollout is its own sampler)")
-        fields = {"model": str(model), "steps": int(steps), "latent_shape": [int(d) for d in latent_shape],
-                  "shift": float(shift), "cfg": float(cfg), "sde": bool(sde), "eta": float(eta),
-                  "seed": int(seed), "progress": bool(progress)}
+        fields = {"model": str(model), "steps": _uint("steps", steps),
+                  "latent_shape": [_uint("latent_shape[%d]" % i, d) for i, d in enumerate(latent_shape)],
+                  "shift": _num("shift", shift), "cfg": _num("cfg", cfg), "sde": _flag("sde", sde),
+                  "eta": _num("eta", eta), "seed": _uint("seed", seed), "progress": bool(progress)}
+        if uncond is None and prompt is None and fields["cfg"] != 1.0:
+            warnings.warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
+                          "unconditional context); the result is cfg=1's", stacklevel=3)
         if solver != "euler":
             fields["solver"] = solver
         if prompt is not None:
@@ -725,19 +842,20 @@ class Client:
         if output != "latent":
             fields["output"] = output
         if n != 1:
-            fields["n"] = int(n)
+            fields["n"] = _uint("n", n, 1, 64)
             if seeds is not None:
-                fields["seeds"] = [int(x) for x in seeds]
+                fields["seeds"] = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
         if version is not None:
-            fields["version"] = int(version)
+            fields["version"] = _uint("version", version)
         if deadline_ms is not None:
-            fields["deadline_ms"] = int(deadline_ms)
+            fields["deadline_ms"] = _uint("deadline_ms", deadline_ms)
         for k, on in (("return_trajectory", return_trajectory), ("return_log_probs", return_log_probs),
                       ("return_means", return_means)):
-            if on:
+            if _flag(k, on):
                 fields[k] = True
         return fields, tensors, torch_out
 
+    @_call
     def status(self, timeout=None):
         """The broker's STATUS_REPLY header as a dict (workers, queue,
         versions, pending, ...; a broker of a standby pair adds ha_state,
@@ -747,7 +865,7 @@ class Client:
         ha_state "active", or none: a broker alone), else the first standby
         that answered; each endpoint is asked for its share of the timeout,
         and the client stays with the broker whose answer it returns."""
-        wait = timeout or min(self.timeout, 10.0)
+        wait = _wait("timeout", timeout, min(self.timeout, 10.0))
         if len(self._eps) < 2:
             return self._status_once(wait)
         best, best_at, why = None, None, None
@@ -777,6 +895,7 @@ class Client:
         hdr, _ = self._recv(rid, time.monotonic() + wait)
         return hdr
 
+    @_call
     def upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4):
         """Sends the safetensors file at path to the broker as `version`
         (UPLOAD chunks of 4 MiB, `window` in flight), resuming where the
@@ -798,12 +917,14 @@ class Client:
         ERROR standby, moves it to the next broker of the list: the
         endpoints are asked for STATUS in turn until one answers, and the
         upload starts again there."""
-        if int(window) < 1:
-            raise ValueError(f"window must be at least 1, got {window}")
+        window = _uint("window", window, 1, 1 << 16)
+        version = _uint("version", version, 1, (1 << 63) - 1)
         path = _regular_file(os.path.abspath(path))
-        digest = (sha256 or sha256_file(path)).lower()
         size = os.path.getsize(path)
-        wait = timeout if timeout is not None else self.timeout
+        if size == 0:
+            raise ValueError(f"{path}: an empty file (an upload holds 1 byte at least; a checkpoint far more)")
+        digest = (sha256 or sha256_file(path)).lower()
+        wait = _wait("timeout", timeout, self.timeout)
         done = None
         heard = acked = time.monotonic()
         standbys = 0  # attempts refused ERROR standby
@@ -863,6 +984,9 @@ class Client:
             while not complete and nxt < size and len(ends) + ignore < window:
                 f.seek(nxt)
                 data = f.read(min(chunk, size - nxt))
+                if len(data) != min(chunk, size - nxt):
+                    raise ReelError("changed", f"{f.name}: the file changed while it was uploaded (it ends at "
+                                    f"{nxt + len(data)} bytes, {size} when the upload began); nothing was synced")
                 hdr = {"proto": PROTO, "type": "UPLOAD", "id": rid, "component": component,
                        "version": int(version), "sha256": digest, "size": size, "offset": nxt,
                        "client": format(self._token, "016x"),
@@ -931,6 +1055,7 @@ class Client:
                 sid = next(self._ids)
                 self._send("SYNC", sid, sync_fields)
 
+    @_call
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
              deadline_ms=0, weights_dir=None, timeout=None, upload=False, lora=None, lora_config=None, base=None):
         """Publishes transformer weights as `version` and waits for the
@@ -965,6 +1090,8 @@ class Client:
         lora_config=), as sync_lora() publishes it, on base= (default: the
         last full version this client published; without one, base= is
         required)."""
+        version = _uint("version", version, 1, (1 << 63) - 1)
+        deadline_ms = _uint("deadline_ms", deadline_ms)
         if lora is not None:
             if path is not None or state_dict is not None:
                 raise ValueError("give lora= alone (an adapter), or path=/state_dict= (whole weights)")
@@ -994,6 +1121,7 @@ class Client:
                     shutil.rmtree(d, ignore_errors=True)
         return self._sync_file(version, path, component, sha256, deadline_ms, timeout, upload)
 
+    @_call
     def sync_lora(self, version, base, *, lora=None, lora_config=None, weights_dir=None, component="transformer",
                   base_sha256=None, deadline_ms=0, timeout=None, upload=False):
         """Publishes a LoRA adapter as `version`: the full version `base`
@@ -1018,6 +1146,9 @@ class Client:
         needs --weights-dir) as sync(upload=True) sends a file, and the
         config travels in the SYNC (lora_config, at most 4095 bytes); a
         folder written here from a state dict is removed after."""
+        version = _uint("version", version, 1, (1 << 63) - 1)
+        base = _uint("base", base, 1, (1 << 63) - 1)  # below version: the broker says so
+        deadline_ms = _uint("deadline_ms", deadline_ms)
         if lora is None:
             if not base_sha256:
                 raise ValueError("lora=None (the base again) needs base_sha256=, the base's identity")
@@ -1068,7 +1199,7 @@ class Client:
 
     def _sync_wait(self, deadline_ms, timeout):
         """Seconds to wait for a SYNC_DONE: timeout, else the sync's deadline and 5 s."""
-        return timeout if timeout is not None else max(self.timeout, (deadline_ms or 30000) / 1000 + 5)
+        return _wait("timeout", timeout, max(self.timeout, (deadline_ms or 30000) / 1000 + 5))
 
     @staticmethod
     def _sync_done(hdr, rid):

@@ -445,6 +445,120 @@ class ClientTests(unittest.TestCase):
                 self.c.gen(model, self.ctx, latent=self.lat, steps=2)
         self.assertLess(time.monotonic() - t0, 3.0)
 
+    def test_arguments_of_the_wrong_kind_are_refused_by_name_before_anything_is_sent(self):
+        kw = dict(latent=self.lat, steps=2)
+        cases = [  # (what the user passed, the exception, words its message must hold)
+            (dict(kw, steps=2.9), TypeError, "steps must be an integer"),
+            (dict(kw, steps=True), TypeError, "steps must be an integer"),
+            (dict(kw, steps="2"), TypeError, "steps must be an integer"),
+            (dict(kw, steps=None), TypeError, "steps must be an integer"),
+            (dict(kw, seed=3.9), TypeError, "seed must be an integer"),
+            (dict(kw, seed=2 ** 64), ValueError, "seed must be in 0..18446744073709551615"),
+            (dict(kw, seed=-1), ValueError, "seed must be in"),
+            (dict(kw, cfg="3"), TypeError, "cfg must be a number"),
+            (dict(kw, shift=None), TypeError, "shift must be a number"),
+            (dict(kw, sde="no"), TypeError, "sde must be True or False"),
+            (dict(kw, deadline_ms=1.5), TypeError, "deadline_ms must be an integer"),
+            (dict(steps=2, latent_shape=(4, 1, 4.7, 4.9)), TypeError, "latent_shape[2] must be an integer"),
+            (dict(steps=2, latent_shape=4), ValueError, "latent_shape must be 4 integers"),
+            (dict(steps=2, latent_shape="4144"), ValueError, "latent_shape must be 4 integers"),
+            (dict(kw, timeout=0), ValueError, "timeout must be > 0"),
+            (dict(kw, timeout=-5), ValueError, "timeout must be > 0"),
+        ]
+        t0 = time.monotonic()
+        for args, exc, words in cases:
+            with self.assertRaises(exc, msg=str(args)) as e:
+                self.c.gen("tiny", self.ctx, **args)
+            self.assertIn(words, str(e.exception), str(args))
+        for bad, words in ((self.ctx.astype(np.complex64), "real numbers"), (self.ctx > 0, "real numbers"),
+                           (self.ctx.tobytes(), "array of numbers"), ("abc", "array of numbers"),
+                           (np.float32(1), "got shape ()")):
+            with self.assertRaises((TypeError, ValueError)) as e:
+                self.c.gen("tiny", bad, latent=self.lat, steps=2)
+            self.assertIn(words, str(e.exception))
+        with self.assertRaises(TypeError) as e:
+            self.c.gen_group("tiny", self.ctx, n=2, latent=np.stack([self.lat, self.lat]), steps=2)
+        self.assertIn("latents=", str(e.exception))
+        for seeds, exc in (({1, 2}, TypeError), (5, TypeError), ([1.5, 2.5], TypeError), ([1], ValueError)):
+            with self.assertRaises(exc, msg=repr(seeds)):
+                self.c.gen_group("tiny", self.ctx, n=2, seeds=seeds, latent_shape=(4, 2, 8, 8), steps=2)
+        with self.assertRaises(ValueError) as e:
+            self.c.gen_group("tiny", self.ctx, n=2, seed=2 ** 64 - 1, latent_shape=(4, 2, 8, 8), steps=2)
+        self.assertIn("passes 2**64 - 1", str(e.exception))
+        with self.assertRaises(ValueError):
+            self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat[:, :1]], steps=2)
+        with self.assertRaises(TypeError):
+            self.c.sync(2.7, path=self.w2, timeout=3)
+        self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
+        # what is right is taken, numpy scalars and lossless dtypes included: float64 equal to the
+        # float32 values gives the same bits
+        a = self.c.gen("tiny", self.ctx, latent=self.lat, steps=np.int64(2), seed=np.uint32(0), cfg=np.float32(1))
+        b = self.c.gen("tiny", self.ctx.astype(np.float64), latent=self.lat.astype(np.float64), steps=2)
+        self.assertTrue(np.array_equal(a.latent, b.latent))
+        with self.assertWarns(UserWarning):  # guidance without an unconditional context is off: said
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, cfg=5.0)
+
+    def test_bad_endpoints_are_refused_by_name_and_a_closed_client_says_so(self):
+        for ep in ("localhost:5555", "tcp://127.0.0.1", "http://x:1", ""):
+            with self.assertRaises(ValueError) as e:
+                reel.Client(ep)
+            self.assertIn("endpoint", str(e.exception))
+        k = reel.Client(" " + self.cluster.ce + " , " + self.cluster.ce, timeout=10)  # spaces around commas
+        self.assertEqual(k.endpoints, (self.cluster.ce, self.cluster.ce))
+        self.assertIn("workers", k.status())
+        k.close()
+        for call in (lambda: k.status(), lambda: k.gen("tiny", self.ctx, latent=self.lat, steps=2)):
+            with self.assertRaises(reel.ReelError) as e:
+                call()
+            self.assertEqual(e.exception.code, "closed")
+
+    def test_a_group_gives_each_sample_its_own_arrays_seed_and_progress_either_way(self):
+        kw = dict(n=3, seeds=[4, 5, 6], steps=2, latent_shape=(4, 2, 8, 8), sde=True, return_log_probs=True)
+        for batched in (True, False):
+            seen = []
+            g = self.c.gen_group("tiny", self.ctx, batched=batched, progress=lambda s, t: seen.append((s, t)), **kw)
+            self.assertEqual([r.seed for r in g], [4, 5, 6], f"batched={batched}")
+            self.assertTrue(seen and seen[-1][0] == seen[-1][1], f"batched={batched}: progress {seen}")
+            self.assertIsNot(g[0].sigmas, g[1].sigmas)
+            before = g[1].sigmas.copy()
+            g[0].sigmas[:] = -1
+            g[0].latent[:] = 7
+            g[0].stats["replayed"] = -1
+            self.assertTrue(np.array_equal(g[1].sigmas, before))
+            self.assertFalse((g[1].latent == 7).all())
+            self.assertNotEqual(g[1].stats.get("replayed"), -1)
+
+    def test_calls_from_two_threads_run_one_at_a_time_and_each_gets_its_own_answer(self):
+        import threading
+        out, errors = {}, []
+
+        def worker(t):
+            try:
+                for i in range(4):
+                    out[(t, i)] = self.c.gen("tiny", self.ctx, latent_shape=(4, 2, 8, 8), steps=2, seed=10 * t + i)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(out), 8)
+        for (t, i), r in out.items():
+            alone = self.c.gen("tiny", self.ctx, latent_shape=(4, 2, 8, 8), steps=2, seed=10 * t + i)
+            self.assertTrue(np.array_equal(r.latent, alone.latent), f"thread {t} call {i}")
+
+    def test_an_empty_file_is_refused_at_once_not_waited_on(self):
+        empty = os.path.join(self.dir, "empty.safetensors")
+        open(empty, "wb").close()
+        t0 = time.monotonic()
+        with self.assertRaises(ValueError) as e:
+            self.c.upload(30, empty, timeout=10)
+        self.assertIn("empty file", str(e.exception))
+        self.assertLess(time.monotonic() - t0, 2.0)
+
     def test_z5_a_state_dict_sent_by_value_leaves_no_file_behind_even_when_refused(self):
         # (this broker keeps no uploads: the sync is refused, and the
         # folder the client made for the file goes all the same)
@@ -1523,10 +1637,19 @@ class Result(unittest.TextTestResult):
     pass
 
 
+def _flat(suite):
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            yield from _flat(t)
+        else:
+            yield t
+
+
 def main():
     global BUILD
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
+    ap.add_argument("-k", dest="only", default=None, help="only the tests whose name holds this text")
     a = ap.parse_args()
     BUILD = os.path.abspath(a.build)
     suite = unittest.TestSuite()
@@ -1541,6 +1664,8 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(CurveTests))
     suite.addTests(loader.loadTestsFromTestCase(PromptTests))
     suite.addTests(loader.loadTestsFromTestCase(LoraTests))
+    if a.only:
+        suite = unittest.TestSuite(t for t in _flat(suite) if a.only in t.id())
     res = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     bad = len(res.failures) + len(res.errors)
     for t, why in res.skipped:
