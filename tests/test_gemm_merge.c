@@ -72,15 +72,20 @@ START_TEST(test_the_probe_verdict_holds_for_operands_it_never_saw) {
     /* Each merging shape is checked on new operands of 2 seeds; under a
      * sanitizer (make asan/tsan: races and memory, not the verdicts, which
      * the plain suite checks in full) on 1, said below. */
+    size_t step_n = 1, step_b = 1; /* every n and B; under TSan every other */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
     const uint64_t seeds = 1;
     fprintf(stderr, "test_gemm_merge: a sanitizer build: each shape on new operands of 1 seed (the plain suite: 2)\n");
 #else
     const uint64_t seeds = 2;
 #endif
+#if defined(__SANITIZE_THREAD__)
+    step_n = step_b = 2;
+    fprintf(stderr, "test_gemm_merge: a TSan build: n 5, 32, 128 and B 2, 8 (the plain suite: every n and B)\n");
+#endif
     for (size_t i = 0; i < sizeof kn / sizeof kn[0]; i++)
-        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
-            for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k++) {
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j += step_n)
+            for (size_t k = 0; k < sizeof bs / sizeof bs[0]; k += step_b) {
                 bool v = tdit_gemm_merge_probe(b, ns[j], bs[k], kn[i][0], kn[i][1], kn[i][2]);
                 bool ok = tdit_gemm_merge_ok(b, KERN_F32, ns[j], bs[k], kn[i][0], kn[i][1], kn[i][2]);
                 ck_assert_msg(v == ok, "the kept verdict is the probe's");
@@ -107,7 +112,16 @@ START_TEST(test_a_grouped_gemm_is_bitwise_its_groups_alone_when_tiled_on_any_poo
     static const int64_t shapes[][5] = { /* n, B, K, N, gelu */
         { 300, 2, 256, 1536, 0 }, { 300, 3, 1536, 256, 1 }, { 64, 4, 1536, 1536, 0 }, { 1024, 2, 64, 8960, 1 } };
     static const int threads[] = { 1, 2, 3 };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    size_t nshapes = sizeof shapes / sizeof shapes[0];
+#if defined(__SANITIZE_THREAD__)
+    /* TSan looks for races, which the three smaller shapes' tiles on every
+     * pool exercise alike; the FFN shape (2,048 x 8,960 outputs, 90% of the
+     * elements) took most of make test's TSan phase. The plain and ASan
+     * suites run all four. */
+    nshapes = 3;
+    fprintf(stderr, "test_gemm_merge: a TSan build: the three smaller tiled shapes (the plain suite: all four)\n");
+#endif
+    for (size_t i = 0; i < nshapes; i++)
         for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
             kern_cpu_threads_set(threads[t]);
             ck_assert_msg(same_here(b, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 7 + t),
