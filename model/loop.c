@@ -53,6 +53,17 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int tdit_result_finite(const float *out, size_t n, int steps) {
+    /* A loop whose values overflowed (a guidance scale, shift or eta far
+     * past what the model steps, weights that overflow) ends in NaN or
+     * infinity: that is an error to its caller, never a result. */
+    if (kern_all_finite(out, n, KERN_F32)) return 0;
+    return reel_fail(REEL_E_INVALID,
+                     "the loop's result holds NaN or infinite values after %d steps: its guidance scale, shift or "
+                     "eta (or the weights) overflow the model; nothing was returned",
+                     steps);
+}
+
 int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_loop_t *p,
                   const float *latent, const float *context, const float *uncond,
                   float *out, tdit_loop_stats_t *stats) {
@@ -97,14 +108,7 @@ int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_l
     }
     if (kern_stream_sync(s) != 0) goto out;
     if (stats) stats->seconds += now() - t0;
-    if (tdit_ws_read_latent(ws, s, out, n_lat) != 0) goto out;
-    if (!kern_all_finite(out, n_lat, KERN_F32)) { /* as tdit_req_read */
-        reel_fail(REEL_E_INVALID,
-                  "the loop's result holds NaN or infinite values after %d steps: its guidance scale, shift or "
-                  "eta (or the weights) overflow the model; nothing was returned",
-                  p->steps);
-        goto out;
-    }
+    if (tdit_ws_read_latent(ws, s, out, n_lat) != 0 || tdit_result_finite(out, n_lat, p->steps) != 0) goto out;
     rc = 0;
 out:
     free(sig);

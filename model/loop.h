@@ -39,10 +39,16 @@ int tdit_loop_validate(const tdit_loop_t *p);
 /* Draws the initial latent from seed: x[j] = philox_normal(seed, 0xffffffff, j). */
 void tdit_initial_latent(uint64_t seed, float *x, size_t n);
 
+/* 0 when the n floats of a loop's result (after `steps` steps) are all
+ * finite, else -1 (REEL_E_INVALID, "the loop's result holds NaN or
+ * infinite values ..."): every path that returns a result checks it. */
+int tdit_result_finite(const float *out, size_t n, int steps);
+
 /* Runs p's loop for ws's shape: binds latent (or draws it from p->seed when
  * latent is NULL) and contexts, then p->steps steps. Writes the final latent
  * to out (C·F·H·W floats). uncond is required iff the shape has cfg.
- * Returns 0, or -1 with a message (the workspace may then hold a partial
+ * Returns 0, or -1 with a message (a result of NaN or infinity is one:
+ * tdit_result_finite) (the workspace may then hold a partial
  * result; nothing else is changed). stats may be NULL. */
 int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_loop_t *p,
                   const float *latent, const float *context, const float *uncond,

@@ -675,15 +675,7 @@ int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n) {
     if ((int64_t)n != kern_tensor_numel(t))
         return reel_fail(REEL_E_INVALID, "read: buffer of %zu values, latent has %lld", n, (long long)kern_tensor_numel(t));
     if (req_download(s, t, out) != 0) return -1;
-    /* A loop whose values overflowed (a guidance scale, shift or eta far
-     * past what the model steps, weights that overflow) ends in NaN or
-     * infinity: that is an error to its caller, never a result. */
-    if (!kern_all_finite(out, n, KERN_F32))
-        return reel_fail(REEL_E_INVALID,
-                         "the loop's result holds NaN or infinite values after %d steps: its guidance scale, shift "
-                         "or eta (or the weights) overflow the model; nothing was returned",
-                         r->done);
-    return 0;
+    return tdit_result_finite(out, n, r->done);
 }
 
 int tdit_generate_cached(tdit_model_t *m, cap_cache_t *c, kern_stream_t *s, tdit_staging_t *stg,

@@ -106,9 +106,9 @@ static int check_file(const st_file_t *f, const wlist_t *l) {
 
 /* A weight with a NaN or an infinity (in the file, or after an edit such
  * as a LoRA merge that overflowed) would make every result NaN: refused
- * at load, naming it. A reload checks the file before it copies (or its
- * caller did: tdit_model_reload_judged), so only an edit's values are
- * judged here then. False with a message. */
+ * at load, naming it (unless the caller judged the file: the _judged
+ * forms). A reload checks the file before it copies, so only an edit's
+ * values are judged here then. False with a message. */
 static bool finite_weight(const char *name, const float *v, size_t n, const tdit_weight_edit_t *edit) {
     if (kern_all_finite(v, n, KERN_F32)) return true;
     reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity%s", name,
@@ -120,7 +120,7 @@ static bool finite_weight(const char *name, const float *v, size_t n, const tdit
  * 256-byte aligned; with set_slots, points the model's tensors at them.
  * An edit (or NULL) picks the tensors copied and adjusts their values. */
 static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, bool set_slots,
-                        const tdit_weight_edit_t *edit) {
+                        const tdit_weight_edit_t *edit, bool judged) {
     assert(!set_slots || !edit || !edit->want); /* a first load copies every tensor */
     size_t esz = kern_dtype_size(m->dtype), maxn = 0;
     /* F32 on the CPU: each tensor is read straight into the arena (one
@@ -148,7 +148,8 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         if (direct) {
             if (st_read_f32(f, e->name, e->ndim, e->shape, kern_tensor_ptr(&t)) != 0) goto out;
             if (edit && edit->adjust && edit->adjust(edit->user, e->name, kern_tensor_ptr(&t), (int64_t)n) != 0) goto out;
-            if ((set_slots || (edit && edit->adjust)) && !finite_weight(e->name, kern_tensor_ptr(&t), n, edit))
+            if (((set_slots && !judged) || (edit && edit->adjust)) &&
+                !finite_weight(e->name, kern_tensor_ptr(&t), n, edit))
                 goto out;
             if (set_slots) *e->slot = t;
             off += (n * esz + 255) & ~(size_t)255;
@@ -156,7 +157,7 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         }
         if (st_read_f32(f, e->name, e->ndim, e->shape, host) != 0) goto out;
         if (edit && edit->adjust && edit->adjust(edit->user, e->name, host, (int64_t)n) != 0) goto out;
-        if ((set_slots || (edit && edit->adjust)) && !finite_weight(e->name, host, n, edit)) goto out;
+        if (((set_slots && !judged) || (edit && edit->adjust)) && !finite_weight(e->name, host, n, edit)) goto out;
         if (set_slots) *e->slot = t;
         const void *src = host;
         if (m->dtype == KERN_BF16) {
@@ -179,8 +180,20 @@ tdit_model_t *tdit_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_
     return tdit_model_load_edit(b, f, dtype, NULL);
 }
 
+static tdit_model_t *load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype, const tdit_weight_edit_t *edit,
+                          bool judged);
+
 tdit_model_t *tdit_model_load_edit(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype,
                                    const tdit_weight_edit_t *edit) {
+    return load(b, f, dtype, edit, false);
+}
+
+tdit_model_t *tdit_model_load_judged(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype) {
+    return load(b, f, dtype, NULL, true);
+}
+
+static tdit_model_t *load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype, const tdit_weight_edit_t *edit,
+                          bool judged) {
     if (edit && edit->want) {
         reel_fail(REEL_E_INVALID, "a first load copies every weight (an edit's `want` is for reloads)");
         return NULL;
@@ -205,7 +218,7 @@ tdit_model_t *tdit_model_load_edit(kern_backend_t *b, const st_file_t *f, kern_d
     m->arena = kern_alloc(b, total);
     if (!m->arena) goto err;
     m->bytes = total;
-    if (copy_weights(m, f, &l, true, edit) != 0) goto err;
+    if (copy_weights(m, f, &l, true, edit, judged) != 0) goto err;
     /* Views the forward pass wants. */
     int64_t D = m->cfg.dim;
     m->patch.w = view2(&m->patch.w, D, 4 * m->cfg.in_channels);
@@ -251,7 +264,7 @@ static int reload(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t 
             !kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
             rc = reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity", l.e[i].name);
     }
-    if (rc == 0 && copy_weights(m, f, &l, false, edit) != 0)
+    if (rc == 0 && copy_weights(m, f, &l, false, edit, judged) != 0)
         rc = reel_fail_prefix("weights: reload failed part-way, resident weights are mixed: ");
     free(l.e);
     return rc;

@@ -130,9 +130,10 @@ int tdit_model_reload(tdit_model_t *m, const st_file_t *f);
 tdit_model_t *tdit_model_load_edit(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype,
                                    const tdit_weight_edit_t *edit);
 int tdit_model_reload_edit(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit);
-/* tdit_model_reload_edit for a file whose values the caller has already
- * judged finite (the worker's wrk_weights_finite, before it takes its
- * lock): no second pass over them while every stream waits. */
+/* tdit_model_load and tdit_model_reload_edit for a file whose values the
+ * caller has already judged finite (the worker's wrk_weights_finite, at
+ * start and before it takes its sync lock): no second pass over them. */
+tdit_model_t *tdit_model_load_judged(kern_backend_t *b, const st_file_t *f, kern_dtype_t dtype);
 int tdit_model_reload_judged(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t *edit);
 
 /* Shapes of one step: latent [C, frames, height, width], text tokens L;

@@ -184,19 +184,25 @@ while [ "$(grep -cE 'prewarmed key|captured already|prewarm of key|came before i
     [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 wait_for "$D/w1f.log" "prewarmed key [0-9a-f]* .a mixed batch of 2" 60 && wait_for "$D/w1f.log" "prewarmed key [0-9a-f]* .a mixed batch of 4" 60 &&
     ok "batching: a hot key's mixed batches of 2 and 4 rows prewarmed" || { bad "batching: mixed prewarm"; show "$D/w1f.log"; }
-# a long request of the key holds the stream; six short ones join its
-# steps as they come (mixed batches of 2 to 4 rows, padded to 2 or 4)
-"$R" gen --broker "ipc://$D/c" --model tiny $(spec 1 | sed "s/--steps [0-9]*/--steps 3000/") --timeout-ms 120000 \
-    --out "$D/long.safetensors" >"$D/long.err" 2>&1 &
-LP=$!
+# long_and_six LONG TAG SEED0 WHAT: a long request of key 1 (3000 steps,
+# out $D/LONG) holds the stream once the broker counts it in flight; six
+# short ones (seeds SEED0+1.., out $D/TAG<seed>) join its steps as they
+# come; all seven answered within their bound.
 inflight() { "$R" status --broker "ipc://$D/c" --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(sum(w["inflight"] for w in json.load(sys.stdin)["workers"]))' 2>/dev/null; }
-i=0
-while [ "$(inflight)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-gp=""
-for sd in 81 82 83 84 85 86; do gen_s 1 $sd mix$sd & gp="$gp $!"; done
-failed=0
-for p in $gp $LP; do reap "$p" 120 || failed=$((failed + 1)); done
-[ $failed = 0 ] && ok "batching: a long GEN and six short ones answered" || bad "batching: $failed GENs failed"
+long_and_six() {
+    "$R" gen --broker "ipc://$D/c" --model tiny $(spec 1 | sed "s/--steps [0-9]*/--steps 3000/") --timeout-ms 120000 \
+        --out "$D/$1.safetensors" >"$D/$1.err" 2>&1 &
+    LP=$!
+    i=0
+    while [ "$(inflight)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    gp=""
+    for k in 1 2 3 4 5 6; do gen_s 1 $(($3 + k)) "$2$(($3 + k))" & gp="$gp $!"; done
+    failed=0
+    for p in $gp $LP; do reap "$p" 120 || failed=$((failed + 1)); done
+    [ $failed = 0 ] && ok "$4: a long GEN and six short ones answered" || bad "$4: $failed GENs failed"
+}
+# mixed batches of 2 to 4 rows, padded to 2 or 4
+long_and_six long mix 80 batching
 noeager=0; nb=0
 for f in mix81 mix82 mix83 mix84 mix85 mix86 long; do
     grep -q "eager 0)" "$D/$f.err" && noeager=$((noeager + 1))
@@ -219,16 +225,7 @@ start_w1 w1g.log --prewarm 8 --max-batch 4 --batching always --streams 1 --max-t
 W1=$WORKER
 wait_for "$D/w1g.log" "prewarmed key [0-9a-f]* .a mixed batch of 2" 60 &&
     ok "--max-tokens 64: a hot key's mixed batch of 2 rows prewarmed" || { bad "--max-tokens 64: prewarm of 2"; show "$D/w1g.log"; }
-"$R" gen --broker "ipc://$D/c" --model tiny $(spec 1 | sed "s/--steps [0-9]*/--steps 3000/") --timeout-ms 120000 \
-    --out "$D/long2.safetensors" >"$D/long2.err" 2>&1 &
-LP=$!
-i=0
-while [ "$(inflight)" != 1 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-gp=""
-for sd in 91 92 93 94 95 96; do gen_s 1 $sd cap$sd & gp="$gp $!"; done
-failed=0
-for p in $gp $LP; do reap "$p" 120 || failed=$((failed + 1)); done
-[ $failed = 0 ] && ok "--max-tokens 64: a long GEN and six short ones answered" || bad "--max-tokens 64: $failed GENs failed"
+long_and_six long2 cap 90 "--max-tokens 64"
 nb=0; wide=0
 for f in cap91 cap92 cap93 cap94 cap95 cap96 long2; do
     m=$(sed -n 's/.*batched with other requests (\([0-9.]*\) a batch.*/\1/p' "$D/$f.err")

@@ -194,8 +194,10 @@ START_TEST(test_bind_with_wrong_size_fails_clearly) {
 }
 END_TEST
 
-/* Copies the weights file, replacing tensor `victim` by `shape` or dropping it. */
-static void rewrite_weights(const char *out, const char *victim, int ndim, const int64_t *shape) {
+/* Copies the weights file, tensor `victim` changed: with ndim > 0
+ * replaced by zeros of `shape`, with ndim 0 dropped, with ndim < 0 kept
+ * but its element 3 set to `poison`. */
+static void rewrite_weights_as(const char *out, const char *victim, int ndim, const int64_t *shape, float poison) {
     st_file_t *in = st_open(wpath);
     ck_assert_ptr_nonnull(in);
     st_writer_t *w = st_writer_new();
@@ -205,15 +207,26 @@ static void rewrite_weights(const char *out, const char *victim, int ndim, const
     float zeros[64] = { 0 };
     for (size_t i = 0; i < st_count(in); i++) {
         const st_tensor_t *t = st_at(in, i);
-        if (!strcmp(t->name, victim)) {
-            if (ndim > 0) ck_assert_int_eq(st_writer_add_f32(w, t->name, ndim, shape, zeros), 0);
-            continue;
+        if (strcmp(t->name, victim) != 0) {
+            ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+        } else if (ndim > 0) {
+            ck_assert_int_eq(st_writer_add_f32(w, t->name, ndim, shape, zeros), 0);
+        } else if (ndim < 0) {
+            ck_assert_int_eq(t->dtype, KERN_F32);
+            float *d = malloc(t->nbytes);
+            memcpy(d, t->data, t->nbytes);
+            d[3] = poison;
+            ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
+            free(d);
         }
-        ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
     }
     ck_assert_int_eq(st_writer_save(w, out), 0);
     st_writer_destroy(&w);
     st_close(&in);
+}
+
+static void rewrite_weights(const char *out, const char *victim, int ndim, const int64_t *shape) {
+    rewrite_weights_as(out, victim, ndim, shape, 0);
 }
 
 START_TEST(test_model_load_names_tensor_with_wrong_shape) {
@@ -401,28 +414,6 @@ START_TEST(test_multistep_solvers_are_exact_when_the_data_prediction_is) {
 END_TEST
 
 
-/* Copies the weights file with element 3 of tensor `victim` set to v. */
-static void poison_weights(const char *out, const char *victim, float v) {
-    st_file_t *in = st_open(wpath);
-    ck_assert_ptr_nonnull(in);
-    st_writer_t *w = st_writer_new();
-    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(in, keys[i])), 0);
-    for (size_t i = 0; i < st_count(in); i++) {
-        const st_tensor_t *t = st_at(in, i);
-        ck_assert_int_eq(t->dtype, KERN_F32);
-        float *d = malloc(t->nbytes);
-        memcpy(d, t->data, t->nbytes);
-        if (!strcmp(t->name, victim)) d[3] = v;
-        ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
-        free(d);
-    }
-    ck_assert_int_eq(st_writer_save(w, out), 0);
-    st_writer_destroy(&w);
-    st_close(&in);
-}
-
 /* A NaN or an infinity in a weight is refused at load, naming the tensor;
  * a reload (a sync) of such a file leaves the resident weights as they
  * were: the check runs before any is copied. */
@@ -430,8 +421,8 @@ START_TEST(test_weights_with_nan_or_inf_are_refused_at_load_and_reload) {
     char p[160], q[160];
     snprintf(p, sizeof p, "%s/nan.safetensors", dir);
     snprintf(q, sizeof q, "%s/inf.safetensors", dir);
-    poison_weights(p, "blocks.1.ffn.0.weight", NAN);
-    poison_weights(q, "blocks.0.modulation", -INFINITY);
+    rewrite_weights_as(p, "blocks.1.ffn.0.weight", -1, NULL, NAN);
+    rewrite_weights_as(q, "blocks.0.modulation", -1, NULL, -INFINITY);
     kern_backend_t *b = kern_backend_cpu_new();
     ck_assert_ptr_null(tdit_model_load_path(b, p, KERN_F32));
     ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);

@@ -695,7 +695,7 @@ static tdit_model_t *load_model(wrk_t *w, char sha[65]) {
     st_file_t *f = wrk_weights_load(NULL, path, NULL, 0, &w->stop, sha);
     if (!f) wrk_log(w, "%s", reel_err()->detail);
     else if (wrk_weights_finite(f) != 0) wrk_log(w, "%s: %s", path, reel_err()->detail);
-    else if (!(m = tdit_model_load(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, reel_err_text());
+    else if (!(m = tdit_model_load_judged(w->backend, f, w->dtype))) wrk_log(w, "%s: %s", path, reel_err_text());
     if (m && w->opt->lora) { /* the base adapters merge from */
         w->base.file = f;
         w->base.version = w->opt->weights_version;

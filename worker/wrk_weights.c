@@ -172,10 +172,11 @@ st_file_t *wrk_weights_load(const wrk_roots_t *r, const char *path, const tdit_c
 int wrk_weights_finite(const st_file_t *f) {
     for (size_t i = 0; i < st_count(f); i++) {
         const st_tensor_t *t = st_at(f, i);
-        if (!kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
+        const size_t n = t->nbytes / kern_dtype_size(t->dtype);
+        if (kern_all_below(t->data, n, t->dtype, WRK_WEIGHT_EXP)) continue; /* one pass: finite and small */
+        if (!kern_all_finite(t->data, n, t->dtype)) /* which of the two, for the answer */
             return wrk_refuse(REEL_E_INVALID, WRK_E_NONFINITE, "tensor %s holds NaN or infinite values", t->name);
-        if (!kern_all_below(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype, WRK_WEIGHT_EXP))
-            return wrk_refuse(REEL_E_INVALID, WRK_E_DIVERGED,
+        return wrk_refuse(REEL_E_INVALID, WRK_E_DIVERGED,
                               "tensor %s holds values of magnitude 2^%d (1.7e7) or more: a diverged trainer's "
                               "weights, which every step would overflow", t->name, WRK_WEIGHT_EXP);
     }
