@@ -38,11 +38,12 @@ PKGS    += $(HTTP_PKG) $(MEDIA_PKG)
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(SAN) $(HTTP_FLAGS) -D_GNU_SOURCE -pthread -MMD -MP \
              -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread \
              $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-# The media libraries are linked --as-needed: a binary that never writes a
-# video or tokenizes does not load FFmpeg's dependency tree at start.
+# No binary links FFmpeg: media/av_lazy.c opens it (dlopen) the first time
+# a video is written or read, since its ~130 libraries cost every process
+# 75 ms at start. sentencepiece is linked --as-needed.
 PKGS_CORE  = $(filter-out $(MEDIA_PKG),$(PKGS))
 ifneq ($(MEDIA_PKG),)
-MEDIA_LDLIBS = -Wl,--as-needed $(shell pkg-config --libs $(MEDIA_PKG) 2>/dev/null) -lstdc++ -Wl,--no-as-needed
+MEDIA_LDLIBS = -Wl,--as-needed $(shell pkg-config --libs sentencepiece 2>/dev/null) -lstdc++ -Wl,--no-as-needed -ldl
 endif
 LDLIBS_ALL = $(shell pkg-config --libs $(PKGS_CORE) 2>/dev/null) $(MEDIA_LDLIBS) -lopenblas -lm -pthread
 CXX      ?= c++

@@ -65,14 +65,10 @@ int video_decode_rgb(const char *path, uint8_t **rgb, video_info_t *info) {
 #include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libswscale/swscale.h>
-#include <pthread.h>
 
-/* libx264 reports statistics at FFmpeg's info level on every encode;
- * Reel says what failed in its own error value, so FFmpeg's log (shared
- * by the whole process, whose only FFmpeg user is this file) keeps errors
- * only. */
-static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-static void quiet_ffmpeg(void) { av_log_set_level(AV_LOG_ERROR); }
+/* last: from here FFmpeg's functions are calls through the table that
+ * av_lazy_load() fills (no binary links FFmpeg; av_lazy.h says why) */
+#include "media/av_lazy.h"
 
 /* FFmpeg's error code as text, for an error's detail. */
 static const char *av_text(int e, char buf[AV_ERROR_MAX_STRING_SIZE]) {
@@ -166,7 +162,6 @@ static int encode_send(AVCodecContext *enc, AVFrame *frame, AVPacket *pkt, AVFor
 /* Encodes the frames into an MP4 through pb (the caller's, already open;
  * not closed here). 0, or -1 with the error value set. */
 static int mux_mp4(AVIOContext *pb, const uint8_t *rgb, int64_t frames, int64_t height, int64_t width, int fps) {
-    pthread_once(&log_once, quiet_ffmpeg);
     AVFormatContext *oc = NULL;
     AVCodecContext *enc = NULL;
     AVFrame *frame = NULL;
@@ -293,7 +288,7 @@ out:
 
 int video_write_mp4(const char *path, const uint8_t *rgb, int64_t frames, int64_t height, int64_t width,
                     int fps) {
-    if (check_shape(frames, height, width, fps)) return -1;
+    if (check_shape(frames, height, width, fps) || av_lazy_load()) return -1;
     AVIOContext *pb = NULL;
     int e = avio_open(&pb, path, AVIO_FLAG_WRITE);
     if (e < 0) {
@@ -317,7 +312,7 @@ int video_encode_mp4(const uint8_t *rgb, int64_t frames, int64_t height, int64_t
                      size_t *len) {
     *out = NULL;
     *len = 0;
-    if (check_shape(frames, height, width, fps)) return -1;
+    if (check_shape(frames, height, width, fps) || av_lazy_load()) return -1;
     membuf_t m = { 0 };
     const int iosize = 1 << 16;
     uint8_t *iobuf = av_malloc(iosize);
@@ -356,7 +351,7 @@ static int read_video(const char *path, video_info_t *info, uint8_t **rgb) {
     int rc = -1, e;
     memset(info, 0, sizeof *info);
     if (rgb) *rgb = NULL;
-    pthread_once(&log_once, quiet_ffmpeg);
+    if (av_lazy_load()) return reel_fail_prefix("%s: ", path);
 
     if ((e = avformat_open_input(&ic, path, NULL, NULL)) < 0) {
         char b[AV_ERROR_MAX_STRING_SIZE];

@@ -104,6 +104,23 @@ sys.exit(0 if a.shape == (5, 64, 64, 3) and a.dtype == np.uint8 else 1)" "$D/f1.
 "$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/dec.mp4" --quiet 2>"$D/dec.err" &&
     "$R" video probe "$D/dec.mp4" 2>/dev/null | grep -q "frames 5" &&
     ok "reelctl decode --vae Wan2.1_VAE.pth LATENT -o X.mp4" || { bad "decode to mp4"; show "$D/dec.err"; }
+# FFmpeg is opened on first use (media/av_lazy.c), never at start: a
+# binary that records it would load ~130 libraries in every process.
+if ldd "$R" "$B/reel-worker" | grep -q "libav\|libswscale"; then
+    bad "reelctl and reel-worker do not link FFmpeg"; ldd "$R" | grep "libav" | show
+else ok "reelctl and reel-worker do not link FFmpeg (opened when a video is written or read)"; fi
+# An FFmpeg that lacks a function is named, and no video is left behind.
+mkdir -p "$D/fakeav"
+echo 'int reel_fake_av(void) { return 0; }' >"$D/fakeav/f.c"
+AVF=$(ldconfig -p | sed -n 's/^[[:space:]]*\(libavformat\.so\.[0-9]*\) .*/\1/p' | head -1)
+if cc -shared -fPIC -o "$D/fakeav/$AVF" "$D/fakeav/f.c" 2>"$D/fakeav.err"; then
+    LD_LIBRARY_PATH="$D/fakeav" "$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/nodec.mp4" \
+        --quiet >/dev/null 2>"$D/nodec.err"
+    rc=$?
+    [ "$rc" -ne 0 ] && [ ! -e "$D/nodec.mp4" ] && grep -q "$AVF has no avformat_" "$D/nodec.err" &&
+        ok "a broken FFmpeg ($AVF without its functions): decode fails naming it, no video written" ||
+        { bad "broken FFmpeg (rc $rc)"; show "$D/nodec.err"; }
+else bad "cc builds a fake $AVF"; show "$D/fakeav.err"; fi
 wait_sql "$DB" "select count(*) from requests where status='ok' and decode_seconds > 0 and encode_seconds > 0" 7 60 &&
     ok "the catalog records encode and decode seconds for each prompt request" ||
     { bad "catalog encode/decode seconds"; /usr/bin/sqlite3 "$DB" "select id, worker, encode_seconds, decode_seconds from requests" | show; }
