@@ -198,21 +198,25 @@ def check_includes(uses, srcs):
         ok("no headers include one another in a circle")
 
 
-def nm(obj, defined):
-    args = ["nm", "--defined-only" if defined else "--undefined-only", obj]
-    try:
-        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    syms = []
-    for line in out.splitlines():
-        parts = line.split()
-        if defined:
+def nm_all(objs):
+    """{object: (defined symbols, undefined symbols)}, from one nm run per
+    200 objects (nm -A names each line's object); an object nm cannot read
+    is left out."""
+    table = {o: ([], []) for o in objs}
+    for i in range(0, len(objs), 200):
+        chunk = objs[i:i + 200]
+        r = subprocess.run(["nm", "-A"] + chunk, capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            obj, _, rest = line.partition(":")
+            entry = table.get(obj)
+            if entry is None:
+                continue
+            parts = rest.split()
             if len(parts) == 3 and parts[1] in "TDBRV":
-                syms.append(parts[2])
-        elif len(parts) >= 2 and parts[-2] == "U":
-            syms.append(parts[-1])
-    return syms
+                entry[0].append(parts[2])
+            elif len(parts) >= 2 and parts[-2] == "U":
+                entry[1].append(parts[-1])
+    return table
 
 
 def check_calls(uses, build):
@@ -239,15 +243,16 @@ def check_calls(uses, build):
     if stale:
         print("  (%d objects whose source is gone were left out: %s)" % (len(stale), " ".join(
             sorted(os.path.relpath(o, build) for o in stale)[:5])))
+    syms = nm_all(objs)
     defs = {}
     for o in objs:
-        for s in nm(o, True) or []:
+        for s in syms[o][0]:
             defs.setdefault(s, []).append(o)
     up, edges = [], {}
     for o in objs:
         so = src_of[o]
         fo = folder_of(so)
-        for s in nm(o, False) or []:
+        for s in syms[o][1]:
             ds = defs.get(s)
             if not ds:
                 continue
