@@ -116,6 +116,20 @@ static bool finite_weight(const char *name, const float *v, size_t n, const tdit
     return false;
 }
 
+/* A finite F32 of magnitude 0x1.fefp127 (3.3962e38) or more rounds to an
+ * infinity in BF16 (round to nearest even): true when none of the n at p
+ * does (nor is a NaN or an infinity). */
+#define BF16_PAST_MAX "tensor %s holds a value past BF16's largest (3.3962e38): it would be an infinity in bf16"
+static bool bf16_finite(const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, b + 4 * i, 4);
+        if ((u & 0x7fffffffu) >= 0x7f7f8000u) return false;
+    }
+    return true;
+}
+
 /* Copies every tensor of l from f into m's arena, in list order, each
  * 256-byte aligned; with set_slots, points the model's tensors at them.
  * An edit (or NULL) picks the tensors copied and adjusts their values. */
@@ -161,7 +175,17 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
         if (set_slots) *e->slot = t;
         const void *src = host;
         if (m->dtype == KERN_BF16) {
-            for (size_t j = 0; j < n; j++) narrow[j] = kern_f32_to_bf16(host[j]);
+            /* a finite F32 within half a BF16 ulp of FLT_MAX or beyond it
+             * rounds to infinity: refused like an infinity in the file */
+            bool inf = false;
+            for (size_t j = 0; j < n; j++) {
+                narrow[j] = kern_f32_to_bf16(host[j]);
+                inf |= (narrow[j] & 0x7fffu) == 0x7f80u;
+            }
+            if (inf) {
+                reel_fail(REEL_E_INVALID, BF16_PAST_MAX, e->name);
+                goto out;
+            }
             src = narrow;
         }
         if (kern_copy_h2d(s, kern_tensor_ptr(&t), src, n * esz) != 0 || kern_stream_sync(s) != 0)
@@ -263,6 +287,13 @@ static int reload(tdit_model_t *m, const st_file_t *f, const tdit_weight_edit_t 
         if (t && (!edit || !edit->want || edit->want(edit->user, l.e[i].name)) &&
             !kern_all_finite(t->data, t->nbytes / kern_dtype_size(t->dtype), t->dtype))
             rc = reel_fail(REEL_E_INVALID, "tensor %s holds a NaN or an infinity", l.e[i].name);
+    }
+    /* so is an F32 that a BF16 model would round to infinity */
+    for (size_t i = 0; rc == 0 && m->dtype == KERN_BF16 && i < l.n; i++) {
+        const st_tensor_t *t = st_find(f, l.e[i].name);
+        if (t && t->dtype == KERN_F32 && (!edit || !edit->want || edit->want(edit->user, l.e[i].name)) &&
+            !bf16_finite(t->data, t->nbytes / 4))
+            rc = reel_fail(REEL_E_INVALID, BF16_PAST_MAX, l.e[i].name);
     }
     if (rc == 0 && copy_weights(m, f, &l, false, edit, judged) != 0)
         rc = reel_fail_prefix("weights: reload failed part-way, resident weights are mixed: ");

@@ -23,6 +23,7 @@ int main(void) {
 #else
 
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1034,6 +1035,79 @@ static void tiny_weights_file(char *path, uint64_t seed) {
     TS_OK(tdit_weights_init(&cfg, seed, path));
 }
 
+/* Copies tiny's weights file `in` to `out` with element 3 of tensor
+ * `victim` (F32) set to v. */
+static void poison_weights_file(const char *in, const char *out, const char *victim, float v) {
+    st_file_t *f = st_open(in);
+    ck_assert_ptr_nonnull(f);
+    st_writer_t *w = st_writer_new();
+    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (st_meta(f, keys[i])) ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(f, keys[i])), 0);
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor_t *t = st_at(f, i);
+        if (strcmp(t->name, victim) != 0) {
+            ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+            continue;
+        }
+        ck_assert_int_eq(t->dtype, KERN_F32);
+        float *d = malloc(t->nbytes);
+        memcpy(d, t->data, t->nbytes);
+        d[3] = v;
+        ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
+        free(d);
+    }
+    ck_assert_int_eq(st_writer_save(w, out), 0);
+    st_writer_destroy(&w);
+    st_close(&f);
+}
+
+/* A finite F32 that BF16 rounds to an infinity (|x| >= 0x1.fefp127) is
+ * refused by a BF16 model at load and at reload (before any resident
+ * weight changes), naming the tensor; the largest that rounds down
+ * loads, and an F32 model takes FLT_MAX as it is. */
+START_TEST(test_weights_past_bf16_max_are_refused_by_a_bf16_model) {
+    char path[] = "/tmp/reel-test-cuda-x-XXXXXX", big[64], edge[64];
+    tiny_weights_file(path, 3);
+    snprintf(big, sizeof big, "%s-fltmax", path);
+    snprintf(edge, sizeof edge, "%s-edge", path);
+    uint32_t u = 0x7f7f7fffu; /* rounds down to BF16's largest */
+    float below;
+    memcpy(&below, &u, 4);
+    poison_weights_file(path, big, "blocks.1.ffn.0.weight", -FLT_MAX);
+    poison_weights_file(path, edge, "blocks.1.ffn.0.weight", below);
+    ck_assert_ptr_null(tdit_model_load_path(G, big, KERN_BF16));
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.weight holds a value past BF16's largest"), "message: %s",
+                  reel_err_text());
+    tdit_model_t *f32 = tdit_model_load_path(G, big, KERN_F32);
+    TS_NEW(f32);
+    tdit_model_destroy(&f32);
+    tdit_model_t *m = tdit_model_load_path(G, edge, KERN_BF16);
+    TS_NEW(m);
+    size_t nb = tdit_model_bytes(m);
+    void *before = malloc(nb), *after = malloc(nb);
+    TS_OK(kern_copy_d2h(GS, before, tdit_model_weights(m), nb));
+    TS_OK(kern_stream_sync(GS));
+    st_file_t *f = st_open(big);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(tdit_model_reload(m, f), -1);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.weight holds a value past BF16's largest") &&
+                      !strstr(reel_err_text(), "mixed"),
+                  "message: %s", reel_err_text());
+    TS_OK(kern_copy_d2h(GS, after, tdit_model_weights(m), nb));
+    TS_OK(kern_stream_sync(GS));
+    ck_assert_int_eq(memcmp(before, after, nb), 0);
+    st_close(&f);
+    free(before);
+    free(after);
+    tdit_model_destroy(&m);
+    unlink(big);
+    unlink(edge);
+    unlink(path);
+}
+END_TEST
+
 /* The tinydit loop through the capture cache on two CUDA streams: each
  * stream captures its own graph (after a bitwise verify), the next request
  * replays every step, replay equals the eager loop on the same device bit
@@ -1754,6 +1828,7 @@ static Suite *cuda_suite(void) {
     tcase_add_test(tc, test_cuda_new_on_a_missing_ordinal_fails_with_a_one_line_reason);
     tcase_add_test(tc, test_alloc_and_free_account_every_byte);
     tcase_add_test(tc, test_copies_round_trip_host_device_device_host_bit_for_bit);
+    tcase_add_test(tc, test_weights_past_bf16_max_are_refused_by_a_bf16_model);
     tcase_add_loop_test(tc, test_gemm_with_and_without_bias_matches_cpu, 0, 2);
     tcase_add_loop_test(tc, test_grouped_gemm_on_cuda_matches_cpu_and_merges_only_where_bitwise, 0, 2);
     tcase_add_loop_test(tc, test_row_group_ops_are_bitwise_each_group_alone_on_cuda, 0, 24);
