@@ -186,6 +186,37 @@ static bool prompt_context(brk_t *b, const wire_msg_t *m, const msg_gen_t *g, in
     return false;
 }
 
+static bool same_tensor(const wire_tensor_t *a, const wire_tensor_t *b) {
+    if (!a || !b) return a == b;
+    return a->dtype == b->dtype && a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof a->shape) &&
+           a->bytes == b->bytes && (a->bytes == 0 || !memcmp(a->data, b->data, a->bytes));
+}
+
+static bool same_str(const char *a, const char *b) { return !strcmp(a ? a : "", b ? b : ""); }
+
+/* True when g asks for what o asked: every field that shapes the result
+ * (the inputs' bytes too). A resend may change only its deadline and
+ * whether it wants PROGRESS. */
+static bool same_request(const msg_gen_t *o, const msg_gen_t *g) {
+    if (strcmp(o->model, g->model) || o->version != g->version || o->steps != g->steps || o->seed != g->seed ||
+        o->sde != g->sde || msg_gen_n(o) != msg_gen_n(g) ||
+        memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape))
+        return false;
+    /* doubles compared by bits: a NaN never passed the checks, and -0 is not 0 to a client that sent it */
+    if (memcmp(&o->shift, &g->shift, sizeof o->shift) || memcmp(&o->cfg, &g->cfg, sizeof o->cfg) ||
+        (o->sde && memcmp(&o->eta, &g->eta, sizeof o->eta)))
+        return false;
+    if (strcmp(o->solver, g->solver) || strcmp(o->output, g->output) || !same_str(o->prompt, g->prompt) ||
+        !same_str(o->negative_prompt, g->negative_prompt))
+        return false;
+    if (o->return_trajectory != g->return_trajectory || o->return_log_probs != g->return_log_probs ||
+        o->return_means != g->return_means || o->n_seeds != g->n_seeds ||
+        memcmp(o->seeds, g->seeds, (size_t)o->n_seeds * sizeof o->seeds[0]))
+        return false;
+    return same_tensor(o->context, g->context) && same_tensor(o->uncond, g->uncond) &&
+           same_tensor(o->latent, g->latent);
+}
+
 /* A GEN resent (same client token and id) while its request is live: the
  * client lost the broker, or its answer, and asks again (a new socket,
  * perhaps). The request's answers go to the sender of the resend from now
@@ -201,9 +232,7 @@ static bool resent(brk_t *b, const wire_msg_t *m, const msg_gen_t *g) {
         client_unlink(b, r);
         return false;
     }
-    const msg_gen_t *o = &r->gen;
-    if (strcmp(o->model, g->model) || o->steps != g->steps || o->seed != g->seed || o->sde != g->sde ||
-        msg_gen_n(o) != msg_gen_n(g) || memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape)) {
+    if (!same_request(&r->gen, g)) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
                      "id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one", m->id,
                      g->client);
@@ -255,8 +284,8 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
      * could never fit is too_large (BUSY would invite a retry in vain). */
     if (bytes > b->opt.max_held_bytes) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_TOO_LARGE,
-                       "tensors of %llu MiB, more than the broker holds at once (%llu MiB)",
-                       (unsigned long long)(bytes >> 20), (unsigned long long)(b->opt.max_held_bytes >> 20));
+                       "tensors of %llu bytes, more than the broker holds at once (%llu bytes, --max-held-mb)",
+                       (unsigned long long)bytes, (unsigned long long)b->opt.max_held_bytes);
         return;
     }
     /* Every request leaves a row in the catalog, and rows are never

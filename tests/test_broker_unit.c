@@ -1334,9 +1334,14 @@ static void *client_sock(box_t *x) {
 
 /* A GEN of the tiny shape from socket s with client token `token` (0:
  * none) and `seed`, handled by the broker. */
-static void gen_from(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress) {
+/* A tiny GEN from s; shift (0: absent) and context's first value (ctx0)
+ * vary what it asks for without changing its seed or shape. */
+static void gen_from_with(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress, double shift,
+                          float ctx0) {
     static float ctx[5 * 32];
+    ctx[0] = ctx0;
     wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
+    if (shift != 0) wv_set(h, "shift", wv_f64(shift));
     const int64_t l[4] = { 4, 2, 8, 8 };
     for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
     wv_set(h, "model", wv_str("tiny"));
@@ -1353,6 +1358,10 @@ static void gen_from(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t se
     ck_assert_int_eq(wire_send(s, NULL, h, &t, 1), 0);
     wv_free(&h);
     deliver(x, false);
+}
+
+static void gen_from(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress) {
+    gen_from_with(x, s, id, token, seed, progress, 0, 0);
 }
 
 /* Nothing waits on s: whatever the broker sends, it sent before deliver()
@@ -1557,6 +1566,15 @@ START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_t
                   wv_get_str(d->hdr, "message"));
     drop_msg(&d);
     gen_from(&x, c2, 5 + BRK_ID_BUCKETS, TOKEN_A, 1, false); /* nor the waiting one */
+    expect_on(c2, "ERROR", 5 + BRK_ID_BUCKETS, "bad_request");
+    /* the same seed and shape, but another shift, or one context value
+     * changed: another request too (its sender would get a result it did
+     * not ask for) */
+    gen_from_with(&x, c2, 5, TOKEN_A, 7, false, 3.0, 0);
+    expect_on(c2, "ERROR", 5, "bad_request");
+    gen_from_with(&x, c2, 5, TOKEN_A, 7, false, 0, 1.0f);
+    expect_on(c2, "ERROR", 5, "bad_request");
+    gen_from_with(&x, c2, 5 + BRK_ID_BUCKETS, TOKEN_A, 7, false, 0, -0.0f); /* -0 is not 0 to the bytes */
     expect_on(c2, "ERROR", 5 + BRK_ID_BUCKETS, "bad_request");
     ck_assert_uint_eq(x.b.resends, 0);
     ck_assert_int_eq(live_requests(&x), 2);
