@@ -4,7 +4,9 @@
  * (ctl/report.c).
  *
  * Hit rate, per worker and overall: replayed steps / all steps of the
- * finished requests (requests table). Where there are no requests it falls
+ * finished requests (requests table), both counted as they ran (captured +
+ * replayed + eager: a group split into two parts runs each step twice,
+ * the timeline's count too), so it never passes 1. Where there are no requests it falls
  * back to replays / (replays + captures + declines) from the capture and
  * decline counters; "hit_rate_from" says which ("requests", "captures", or
  * null with hit_rate null when there is nothing to divide by). Eager breaks
@@ -214,7 +216,8 @@ static void pool_spread(json_t *arts) {
  * counters over all time. */
 #define STATS_SQL                                                                                  \
     "WITH t AS (SELECT worker, sum(requests) AS requests, sum(captures) AS captures,"              \
-    " sum(replays) AS replays, sum(steps) AS steps, sum(replayed) AS replayed_steps FROM %s"       \
+    " sum(replays) AS replays, sum(captured + replayed + eager) AS steps,"                          \
+    " sum(replayed) AS replayed_steps FROM %s"                                                     \
     " GROUP BY worker),"                                                                           \
     " d AS (SELECT worker, sum(count) AS declines, sum(CASE WHEN reason IN ('not_capturable',"     \
     " 'override') THEN count ELSE 0 END) AS eager_breaks FROM declines GROUP BY worker),"          \
@@ -602,8 +605,8 @@ static json_t *build_report(cat_t *c) {
         char totals[512], reasons[256];
         snprintf(totals, sizeof totals,
                  "(SELECT worker, key_hash, sum(requests) AS requests, sum(captures) AS captures,"
-                 " sum(replays) AS replays, sum(steps) AS steps, sum(replayed) AS replayed,"
-                 " max(last_replay) AS last_replay FROM rollups WHERE hour >= %lld GROUP BY worker, key_hash)",
+                 " sum(replays) AS replays, sum(steps) AS steps, sum(captured) AS captured,"
+                 " sum(replayed) AS replayed, sum(eager) AS eager, max(last_replay) AS last_replay FROM rollups WHERE hour >= %lld GROUP BY worker, key_hash)",
                  m_since / 60);
         snprintf(reasons, sizeof reasons,
                  "(SELECT worker, reason, sum(count) AS count FROM eviction_hours WHERE hour >= %lld"

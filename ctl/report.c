@@ -183,7 +183,7 @@ int ctl_report_metrics(cat_t *c, FILE *out) {
     if (!root) return -1;
     json_t *rows = json_object_get(root, "workers");
     prom_counter(out, "reel_requests_total", "Requests finished, by the worker that ran them.", rows, "requests");
-    prom_counter(out, "reel_steps_total", "Denoising steps of finished requests.", rows, "steps");
+    prom_counter(out, "reel_steps_total", "Denoising steps of finished requests, as they ran (a group in 2 parts runs each twice).", rows, "steps");
     prom_counter(out, "reel_replayed_steps_total", "Steps of finished requests served by graph replay.", rows,
                  "replayed_steps");
     prom_counter(out, "reel_captures_total", "Graphs captured and verified.", rows, "captures");

@@ -756,6 +756,30 @@ START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) 
 }
 END_TEST
 
+/* A group run in two parts (a CPU worker's two streams) runs each of its
+ * 4 steps twice: its row says steps 4 and 8 steps by how they ran. The
+ * hit rate counts steps as they ran on both sides, so it stays <= 1. */
+START_TEST(test_hit_rate_counts_a_group_in_parts_as_its_steps_ran) {
+    cat_t *w = open_ok(false);
+    TS_OK(cat_begin(w));
+    TS_OK(cat_worker_seen(w, "wg", "cpu", "cpu-avx512", 2, 0, 1000));
+    TS_OK(cat_request(w, 1, "wg", "kg", 1, 4, 1, 6, 1, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1001));
+    TS_OK(cat_request(w, 2, "wg", "kg", 1, 4, 0, 8, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1002));
+    TS_OK(cat_commit(w));
+    cat_t *c = open_ok(true);
+    json_t *j = report_json(c, ctl_report_stats);
+    json_t *wg = find(json_object_get(j, "workers"), "worker", "wg");
+    ck_assert_int_eq(jint(wg, "steps"), 16);
+    ck_assert_int_eq(jint(wg, "replayed_steps"), 14);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(wg, "hit_rate")), 14.0 / 16.0, 1e-12);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(json_object_get(j, "overall"), "hit_rate")), 14.0 / 16.0,
+                            1e-12);
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
 START_TEST(test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons) {
     cat_t *w = open_ok(false);
     write_facts(w);
@@ -1396,6 +1420,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_decline_upserts_count_per_worker_key_and_reason);
     tcase_add_test(tc, test_worker_seen_again_after_gone_is_live_and_keeps_first_seen);
     tcase_add_test(tc, test_stats_report_counts_captures_replays_hit_rate_breaks_and_reasons);
+    tcase_add_test(tc, test_hit_rate_counts_a_group_in_parts_as_its_steps_ran);
     tcase_add_test(tc, test_stats_hit_rate_falls_back_to_capture_counters_without_requests);
     tcase_add_test(tc, test_keys_report_lists_each_key_with_workers_captures_and_replays);
     tcase_add_test(tc, test_evictions_report_is_newest_first_and_limited_to_50);
