@@ -119,6 +119,9 @@ typedef enum {
     CAP_EVICT_EXPLICIT,
     CAP_EVICT_SHUTDOWN,
     CAP_EVICT_AUDIT_MISMATCH,       /* a runtime audit caught replay != eager */
+    CAP_EVICT_DROPPED,              /* the graph only, its key kept: a decline (pinned_input_moved,
+                                     * weights_moved, wrong_stream, mutable_input, verify_mismatch,
+                                     * artifact_parity) says why; the key captures again or runs eagerly */
     CAP_EVICT_COUNT
 } cap_evict_reason_t;
 

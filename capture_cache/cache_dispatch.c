@@ -113,7 +113,7 @@ static void check_replay(dispatch_t *d) {
             e->ident_stable[i] = false;
         }
     if (d->reason == CAP_DECLINE_PINNED_INPUT_MOVED) {
-        cap_unpin_and_recapture(c, e, -1);
+        cap_unpin_and_recapture(c, e, -1, &d->q);
         return;
     }
     if (!cap_consts_equal(e, call)) {
@@ -129,7 +129,7 @@ static void check_replay(dispatch_t *d) {
         /* The graph baked weights that are no longer where it reads: drop
          * it (never replay it again) and learn again. */
         d->reason = CAP_DECLINE_WEIGHTS_MOVED;
-        cap_entry_drop_graph(c, e);
+        cap_entry_retire_graph(c, e, &d->q);
         e->state = cap_warm_state(c);
         e->warm = 0;
         return;
@@ -141,7 +141,7 @@ static void check_replay(dispatch_t *d) {
     if (kern_graph_stream(e->graph) != d->s) {
         /* A graph baked its stream's scratch and cuBLAS workspace. */
         d->reason = CAP_DECLINE_WRONG_STREAM;
-        cap_unpin_and_recapture(c, e, -1);
+        cap_unpin_and_recapture(c, e, -1, &d->q);
     }
 }
 
@@ -205,7 +205,7 @@ static void artifact_decided(dispatch_t *d, uint64_t promoted0, uint64_t demoted
     bool graph_path = d->path == P_CAPTURE || d->path == P_REVERIFY || d->path == P_AUDIT;
     if (graph_path && !e->doomed &&
         (e->graph || (e->state == ST_DISABLED && e->disabled_reason == CAP_DECLINE_VERIFY_MISMATCH)))
-        cap_unpin_and_recapture(c, e, -1);
+        cap_unpin_and_recapture(c, e, -1, &d->q);
     if (graph_path && d->ran != CAP_RAN_EAGER) {
         /* The call serves its eager run's result: count it so. */
         if (d->ran == CAP_RAN_REPLAYED) c->st.replays--;

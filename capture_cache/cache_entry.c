@@ -127,9 +127,17 @@ void cap_entry_admit(cap_cache_t *c, entry_t *e) {
 
 /* The entry stops reading input i in place and captures again (copying
  * it) on its next call. */
-void cap_unpin_and_recapture(cap_cache_t *c, entry_t *e, int i) {
+void cap_entry_retire_graph(cap_cache_t *c, entry_t *e, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
+    if (!e->graph) return;
+    cap_evq_push(q, CAP_EV_EVICT, CAP_EVICT_DROPPED, e, e->graph_bytes, 0, 0, NULL, 0, 0);
+    c->st.evictions[CAP_EVICT_DROPPED]++;
     cap_entry_drop_graph(c, e);
+}
+
+void cap_unpin_and_recapture(cap_cache_t *c, entry_t *e, int i, evq_t *q) {
+    CAP_ASSERT_LOCKED(&c->lock);
+    cap_entry_retire_graph(c, e, q);
     if (i >= 0) e->ident_stable[i] = false;
     memset(e->pinned, 0, sizeof e->pinned);
     e->state = ST_CAPTURE;

@@ -16,7 +16,7 @@ static const char *reason_names[CAP_DECLINE_COUNT] = {
     "audit_mismatch", "wrong_stream", "artifact_parity",
 };
 static const char *evict_names[CAP_EVICT_COUNT] = {
-    "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch",
+    "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch", "dropped",
 };
 
 const char *cap_reason_name(cap_reason_t r) {

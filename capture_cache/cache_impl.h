@@ -283,8 +283,11 @@ void cap_entry_admit(cap_cache_t *c, entry_t *e);
 void cap_entry_unlink(cap_cache_t *c, entry_t *e);
 void cap_entry_push_front(cap_cache_t *c, entry_t *e);
 void cap_entry_drop_graph(cap_cache_t *c, entry_t *e);
+/* Drops e's graph (if any) while the key stays: an eviction (dropped)
+ * event on q and in the counters, then cap_entry_drop_graph. */
+void cap_entry_retire_graph(cap_cache_t *c, entry_t *e, evq_t *q);
 void cap_entry_free(cap_cache_t *c, entry_t *e);
-void cap_unpin_and_recapture(cap_cache_t *c, entry_t *e, int i);
+void cap_unpin_and_recapture(cap_cache_t *c, entry_t *e, int i, evq_t *q);
 bool cap_same_ident(const kern_tensor_t *a, const kern_tensor_t *b);
 int cap_check_inputs(const entry_t *e, const cap_call_t *call);
 int cap_bind(entry_t *e, kern_stream_t *s, const cap_call_t *call, bool use_pins, uint64_t *copied,

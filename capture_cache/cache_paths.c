@@ -260,7 +260,7 @@ static void capture_settle(dispatch_t *d, cap_reason_t why, int bad) {
         d->ran = CAP_RAN_CAPTURED;
     } else if (why == CAP_DECLINE_MUTABLE_INPUT) {
         d->reason = why;
-        cap_unpin_and_recapture(c, e, bad);
+        cap_unpin_and_recapture(c, e, bad, &d->q);
     } else if (why == CAP_DECLINE_CAPTURE_FAILED && ++e->capture_fails < CAP_CAPTURE_TRIES) {
         /* Often transient (another thread invalidated a CUDA capture): try
          * again on the next call. */
@@ -296,9 +296,9 @@ int cap_path_verify(dispatch_t *d) {
         c->st.replays++;
     } else if (v == 2) {
         d->reason = CAP_DECLINE_MUTABLE_INPUT;
-        cap_unpin_and_recapture(c, e, bad);
+        cap_unpin_and_recapture(c, e, bad, &d->q);
     } else if (v == 0 && d->path == P_REVERIFY) {
-        cap_entry_drop_graph(c, e);
+        cap_entry_retire_graph(c, e, &d->q);
         e->state = ST_DISABLED;
         e->disabled_reason = d->reason = CAP_DECLINE_VERIFY_MISMATCH;
     } else if (v == 0) {

@@ -1494,19 +1494,21 @@ START_TEST(test_decline_and_eviction_events_carry_the_right_reason) {
     a.in[1] = host_tensor(moved, ROWS, COLS);
     req_call(C, S, &a);
 
-    /* In order: warming_up x2, capture, not_capturable x2, override, pinned_input_moved. */
+    /* In order: warming_up x2, capture, not_capturable x2, override, then
+     * the graph dropped (its key kept: an eviction "dropped", so captures
+     * minus evictions stays the graphs held) and pinned_input_moved. */
     const struct { cap_event_kind_t kind; int reason; } want[] = {
         { CAP_EV_DECLINE, CAP_DECLINE_WARMING_UP }, { CAP_EV_DECLINE, CAP_DECLINE_WARMING_UP },
         { CAP_EV_CAPTURE, 0 }, { CAP_EV_DECLINE, CAP_DECLINE_NOT_CAPTURABLE },
         { CAP_EV_DECLINE, CAP_DECLINE_NOT_CAPTURABLE }, { CAP_EV_DECLINE, CAP_DECLINE_OVERRIDE },
-        { CAP_EV_DECLINE, CAP_DECLINE_PINNED_INPUT_MOVED },
+        { CAP_EV_EVICT, CAP_EVICT_DROPPED }, { CAP_EV_DECLINE, CAP_DECLINE_PINNED_INPUT_MOVED },
     };
     int nw = (int)(sizeof want / sizeof want[0]);
     ck_assert_int_eq(n_events, nw);
     for (int i = 0; i < nw; i++) {
         ck_assert_msg(events[i].kind == want[i].kind, "event %d: kind %d, expected %d", i, events[i].kind,
                       want[i].kind);
-        if (want[i].kind == CAP_EV_DECLINE)
+        if (want[i].kind != CAP_EV_CAPTURE)
             ck_assert_msg(events[i].reason == want[i].reason, "event %d: reason %s, expected %s", i,
                           cap_reason_name((cap_reason_t)events[i].reason),
                           cap_reason_name((cap_reason_t)want[i].reason));
@@ -1515,6 +1517,11 @@ START_TEST(test_decline_and_eviction_events_carry_the_right_reason) {
         ck_assert_int_eq(events[i].stream, 0);
     }
     ck_assert_uint_eq(events[2].bytes, at_capture.ws_bytes + at_capture.graph_bytes);
+    ck_assert_uint_eq(events[6].bytes, at_capture.graph_bytes); /* the graph only: the workspace stays */
+    cap_stats_t dropped = stats(C);
+    ck_assert_uint_eq(dropped.evictions[CAP_EVICT_DROPPED], 1);
+    ck_assert_uint_eq(dropped.captures - dropped.evictions[CAP_EVICT_DROPPED], dropped.graphs);
+    ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_DROPPED), "dropped");
     /* Warnings: one per (reason, key), none for warmup, each naming its reason. */
     ck_assert_int_eq(n_warnings, 3);
     ck_assert(warned_about("not_capturable"));

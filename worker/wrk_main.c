@@ -937,7 +937,7 @@ static void log_totals(run_t *r) {
             (unsigned long long)cs.transient_runs,
             (unsigned long long)(cs.evictions[CAP_EVICT_LRU] + cs.evictions[CAP_EVICT_WEIGHT_SYNC] +
                                  cs.evictions[CAP_EVICT_AUDIT_MISMATCH] + cs.evictions[CAP_EVICT_EXPLICIT] +
-                                 cs.evictions[CAP_EVICT_SHAPE_CHANGE]));
+                                 cs.evictions[CAP_EVICT_SHAPE_CHANGE] + cs.evictions[CAP_EVICT_DROPPED]));
     if (r->artifacts) {
         wrk_log(w, "stopping; artifacts (timing %s):", kern_art_timing_name(w->opt->artifact_timing));
         kern_artifacts_print(r->artifacts, stderr, true, false);
