@@ -95,6 +95,18 @@ done
 [ -n "$first" ] && [ "$keep" = yes ] && ok "5 requests of one key all ran on $first" || bad "same key keeps its worker"
 grep -q "replayed [1-9]" "$D/same4.err" && ok "a later request replays its graphs" || { bad "later requests replay"; cat "$D/same4.err"; }
 
+echo "== a second worker under a live worker's name is dropped, and says what to check"
+"$B/reel-worker" --broker "$WE" --name w1 --weights "$D/w1.safetensors" --streams 1 --heartbeat-ms 200 \
+    --key "$K/w1.key" --broker-key "$K/broker.pub" >"$D/dup.log" 2>&1 &
+DUP=$!
+PIDS="$PIDS $DUP"
+wait_for "$D/dup.log" "no answer to READY: the broker is not listening there, or another worker named 'w1' is connected" 60 &&
+    ok "the duplicate w1 hears nothing and its log names the likely cause" || { bad "duplicate name"; show "$D/dup.log"; }
+kill "$DUP" 2>/dev/null
+reap "$DUP" 30
+$GEN --steps 6 --out "$D/odup.safetensors" 2>"$D/dup.err" && same "$D/odup.safetensors" "$D/ref1.safetensors" &&
+    ok "the live w1 and w2 serve on, bitwise" || { bad "serving after the duplicate"; cat "$D/dup.err"; }
+
 echo "== a worker killed with requests in flight: none lost, none hanging"
 other=w1; [ "$first" = w1 ] && other=w2
 pids=""

@@ -463,8 +463,14 @@ static void drop_link(link_t *l, int64_t now, const char *why) {
 }
 
 static void start_reconnect(link_t *l, int64_t now) {
-    char why[96];
-    snprintf(why, sizeof why, "nothing from the broker for %lld ms", (long long)(now - l->heard));
+    char why[512];
+    /* Never answered since READY: the broker routes to workers by name
+     * (the DEALER's routing id), and ZeroMQ drops a second peer whose id
+     * a live one holds, without a word to either: the likeliest cause. */
+    snprintf(why, sizeof why, "nothing from the broker for %lld ms%s%s%s", (long long)(now - l->heard),
+             l->heard_since_ready ? "" : " (no answer to READY: the broker is not listening there, or another worker named '",
+             l->heard_since_ready ? "" : l->w->opt->name,
+             l->heard_since_ready ? "" : "' is connected to it: ZeroMQ drops a second peer under a live one's name)");
     drop_link(l, now, why);
 }
 
