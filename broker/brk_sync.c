@@ -318,8 +318,16 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     free(s);
 }
 
+/* When the workers of a restart have all had time to register: two worker
+ * liveness periods after this broker started (each notices the restart
+ * and registers within one). */
+static int64_t rejoin_end(const brk_t *b) {
+    return b->started_ms + 2 * (int64_t)b->opt.heartbeat_ms * b->opt.liveness;
+}
+
 /* Finishes every barrier nobody is waiting on any more. */
 static void settle_barriers(brk_t *b) {
+    int64_t now = brk_now_ms();
     for (brk_barrier_t **p = &b->barriers; *p;) {
         brk_barrier_t *s = *p;
         bool waiting = false, live = false;
@@ -328,8 +336,10 @@ static void settle_barriers(brk_t *b) {
             live = live || s->m[i].state == M_APPLIED;
         }
         /* held for workers to register while none has applied it or waits on
-         * it (one that registered and was lost does not end the hold) */
-        waiting = waiting || (s->hold && !live);
+         * it (one that registered and was lost does not end the hold), and
+         * in any case until the restart's workers have all had time to
+         * register: the first to come back must not end it for the rest */
+        waiting = waiting || (s->hold && (!live || now < rejoin_end(b)));
         if (waiting) {
             p = &s->next;
         } else {
@@ -411,7 +421,7 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
  * periods: a restart's workers notice and register within one). Workers
  * that register join it (rejoin_interrupted). */
 static void maybe_hold(brk_t *b, brk_barrier_t *s) {
-    int64_t rejoin = 2 * (int64_t)b->opt.heartbeat_ms * b->opt.liveness, now = brk_now_ms();
+    int64_t rejoin = rejoin_end(b) - b->started_ms, now = brk_now_ms();
     if (s->sync && interrupted_at(b, s->component, s->version) >= 0) {
         s->hold = true;
         s->hold_until_ms = s->deadline_ms;
@@ -693,6 +703,8 @@ int64_t brk_sync_next_deadline(const brk_t *b) {
     for (const brk_barrier_t *s = b->barriers; s; s = s->next) {
         if (s->deadline_ms < t) t = s->deadline_ms;
         if (s->hold && s->hold_until_ms < t) t = s->hold_until_ms;
+        /* a held barrier a worker applied settles when the rejoin window ends */
+        if (s->hold && brk_now_ms() < rejoin_end(b) && rejoin_end(b) < t) t = rejoin_end(b);
     }
     return t;
 }
