@@ -227,7 +227,9 @@ typedef struct {
     brk_req_t *by_client[BRK_ID_BUCKETS]; /* those with a client token, by (client, client_id) */
     uint64_t resends;                /* GENs resent while their request was live: attached to it */
     uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */
-    int64_t started_ms;              /* brk_now_ms() at start: a SYNC in the workers' rejoin window is held */
+    int64_t started_ms;              /* brk_now_ms() at start */
+    int64_t active_ms;               /* when it last became active (its start, or a standby's takeover):
+                                      * a SYNC in the workers' rejoin window after it is held */
     brk_queue_t queue;               /* REQ_QUEUED requests, FIFO */
     uint64_t next_id;
     uint64_t held_bytes;       /* tensor bytes of live requests (bounded: BUSY beyond) */

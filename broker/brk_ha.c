@@ -126,6 +126,7 @@ static void become_active(brk_t *b, int64_t now, const char *why) {
     struct brk_ha *h = b->ha;
     h->term = (h->term > h->peer_term ? h->term : h->peer_term) + 1;
     h->state = BRK_HA_ACTIVE;
+    b->active_ms = now; /* the workers move here now: a SYNC before they do is held for them */
     brk_log("active (term %" PRIu64 "): %s", h->term, why);
     brk_ha_copy_stop(b, "this broker took over");
     adopt_syncs(b);

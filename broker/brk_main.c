@@ -285,7 +285,7 @@ int main(int argc, char **argv) {
     clock_gettime(CLOCK_REALTIME, &now);
     b.next_id = ((uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000) << 12 | 1;
     b.boot = b.next_id; /* as unique across restarts */
-    b.started_ms = brk_now_ms();
+    b.started_ms = b.active_ms = brk_now_ms();
     if (start_catalog(&b) != 0) return 1;
     brk_upload_start(&b);
     int rc = 1;

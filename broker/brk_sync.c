@@ -318,11 +318,11 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     free(s);
 }
 
-/* When the workers of a restart have all had time to register: two worker
- * liveness periods after this broker started (each notices the restart
- * and registers within one). */
+/* When the workers of a restart (or of a takeover) have all had time to
+ * register: two worker liveness periods after this broker started or
+ * became active (each notices and registers within one). */
 static int64_t rejoin_end(const brk_t *b) {
-    return b->started_ms + 2 * (int64_t)b->opt.heartbeat_ms * b->opt.liveness;
+    return b->active_ms + 2 * (int64_t)b->opt.heartbeat_ms * b->opt.liveness;
 }
 
 /* Finishes every barrier nobody is waiting on any more. */
@@ -417,22 +417,24 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
 
 /* No worker yet, where workers may not have registered again: the resend
  * of a sync a broker restart interrupted (held to its deadline), or any
- * SYNC in this broker's first moments (held for two worker liveness
- * periods: a restart's workers notice and register within one). Workers
- * that register join it (rejoin_interrupted). */
+ * SYNC in this broker's first moments as active, after its start or a
+ * takeover (held for two worker liveness periods: a restart's workers
+ * notice and register within one). Workers that register join it
+ * (rejoin_interrupted). */
 static void maybe_hold(brk_t *b, brk_barrier_t *s) {
-    int64_t rejoin = rejoin_end(b) - b->started_ms, now = brk_now_ms();
+    int64_t rejoin = rejoin_end(b) - b->active_ms, now = brk_now_ms();
     if (s->sync && interrupted_at(b, s->component, s->version) >= 0) {
         s->hold = true;
         s->hold_until_ms = s->deadline_ms;
         brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
                 s->component, (unsigned long long)s->version, (long long)s->wait_ms);
-    } else if (s->n == 0 && now < b->started_ms + rejoin) {
+    } else if (now < b->active_ms + rejoin) {
+        /* workers may still be on their way (all of them, or the rest) */
         s->hold = true;
-        s->hold_until_ms = b->started_ms + rejoin < s->deadline_ms ? b->started_ms + rejoin : s->deadline_ms;
-        brk_log("sync %s v%llu: no worker registered yet %lld ms after the broker started: held for workers to "
-                "register (up to %lld ms)", s->component, (unsigned long long)s->version,
-                (long long)(now - b->started_ms), (long long)(s->hold_until_ms - now));
+        s->hold_until_ms = b->active_ms + rejoin < s->deadline_ms ? b->active_ms + rejoin : s->deadline_ms;
+        brk_log("sync %s v%llu: %d worker(s) registered %lld ms after the broker started or took over: held for "
+                "workers to register (up to %lld ms)", s->component, (unsigned long long)s->version, s->n,
+                (long long)(now - b->active_ms), (long long)(s->hold_until_ms - now));
     }
 }
 
