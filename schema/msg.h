@@ -595,6 +595,11 @@ int msg_fetch_data_validate(const msg_fetch_data_t *f, wire_err_t *err);
 
 /* True when s is 64 hex digits (either case). */
 bool msg_sha256_valid(const char *s);
+/* A GEN's text (prompt, negative_prompt): UTF-8 (no overlong forms or
+ * surrogates) with no control characters but tab, newline and CR (C0,
+ * DEL and C1 refused). reelctl run and gen check their --prompt with it
+ * too, so a prompt one takes the other takes. */
+bool msg_text_ok(const char *s);
 /* "%016x" of h into buf, the form of every hash on the wire. Returns buf. */
 char *msg_hex64(uint64_t h, char buf[17]);
 

@@ -454,13 +454,13 @@ static int latent_shape_ok(const int64_t *ls, wire_err_t *err) {
     return 0;
 }
 
-/* Text is UTF-8 with no control characters but tab, newline and CR. */
-static bool text_ok(const char *s) {
+bool msg_text_ok(const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     while (*p) {
         int n = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2 : (*p & 0xF8) == 0xF0 ? 3 : -1;
         if (n < 0 || (n == 1 && *p < 0xC2) || (n == 3 && *p > 0xF4)) return false;
-        if (n == 0 && *p < 0x20 && *p != '\t' && *p != '\n' && *p != '\r') return false;
+        if (n == 0 && ((*p < 0x20 && *p != '\t' && *p != '\n' && *p != '\r') || *p == 0x7f)) return false;
+        if (n == 1 && *p == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F) return false; /* C1 controls U+0080..U+009F */
         uint32_t c = n == 0 ? *p : *p & (0x3F >> n);
         for (int i = 1; i <= n; i++) {
             if ((p[i] & 0xC0) != 0x80) return false;
@@ -484,7 +484,7 @@ static int gen_text_ok(const msg_gen_t *g, wire_err_t *err) {
         if (strlen(texts[i]) > MSG_MAX_PROMPT_BYTES)
             return refuse(err, WIRE_E_BAD_REQUEST, "'%s' is %zu bytes, longer than %d", names[i], strlen(texts[i]),
                           MSG_MAX_PROMPT_BYTES);
-        if (!text_ok(texts[i]))
+        if (!msg_text_ok(texts[i]))
             return refuse(err, WIRE_E_BAD_REQUEST, "'%s' is not UTF-8 text (or holds control characters)", names[i]);
     }
     if (!strcmp(out, "video") && msg_gen_n(g) > 1)

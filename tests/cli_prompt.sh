@@ -89,6 +89,27 @@ $GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
     ok "gen --prompt -o X.mp4: the latent is bitwise reelctl run --prompt's" || { bad "gen --prompt"; show "$D/g.err"; }
 "$R" video probe "$D/g.mp4" --json 2>/dev/null | grep -q '"frames":5,"height":64,"width":64' &&
     ok "and the video came back as an MP4 of 5 frames" || bad "gen's video"
+# One text rule for run, gen and the wire (msg_text_ok): bytes that are not
+# UTF-8, and control characters but tab, newline and CR, are refused by
+# both commands (exit 2, nothing sent or written); gen never alters them.
+for bad_text in "$(printf 'bad \377\376 bytes')" "$(printf 'surrogate \355\240\200')" \
+    "$(printf 'escape \033[31m')" "$(printf 'del \177')" "$(printf 'next line \302\205')"; do
+    $RUN --weights "$REL" --prompt "$bad_text" -o "$D/bt.safetensors" 2>"$D/bt_run.err"
+    rr=$?
+    $GEN --prompt "$bad_text" --out "$D/bt.mp4" 2>"$D/bt_gen.err"
+    rg=$?
+    if [ "$rr" = 2 ] && [ "$rg" = 2 ] && [ ! -e "$D/bt.safetensors" ] && [ ! -e "$D/bt.mp4" ] &&
+        grep -q "not UTF-8 text or holds a control character" "$D/bt_run.err" &&
+        grep -q "not UTF-8 text or holds a control character" "$D/bt_gen.err"; then
+        ok "run and gen both refuse the prompt $(printf '%s' "$bad_text" | od -An -c | tr -s ' ' | head -c 60)"
+    else
+        bad "prompt $(printf '%s' "$bad_text" | od -An -c | head -c 60): run exit $rr, gen exit $rg"
+        show "$D/bt_run.err" "$D/bt_gen.err"
+    fi
+done
+$GEN --prompt "" --out "$D/empty.mp4" 2>"$D/empty.err"
+[ $? = 2 ] && grep -q -- "--prompt is empty" "$D/empty.err" &&
+    ok "gen --prompt '' says an empty prompt is sent as none (exit 2)" || { bad "gen empty prompt"; show "$D/empty.err"; }
 allwt=yes
 for i in 1 2 3 4 5 6; do
     $GEN --prompt "prompt number $i" --output frames --out "$D/f$i.safetensors" 2>"$D/f$i.err" || allwt=no

@@ -962,6 +962,18 @@ START_TEST(test_a_prompt_gen_round_trips_and_its_text_rules_hold) {
     expect_invalid(&b, NULL, "bad_request", "'prompt' is not UTF-8");
     b.prompt = "bell\x07";
     expect_invalid(&b, NULL, "bad_request", "control characters");
+    b.prompt = "del\x7f";
+    expect_invalid(&b, NULL, "bad_request", "control characters");
+    b.prompt = "next line \xc2\x85 (C1)";
+    expect_invalid(&b, NULL, "bad_request", "control characters");
+    b.prompt = "surrogate \xed\xa0\x80";
+    expect_invalid(&b, NULL, "bad_request", "'prompt' is not UTF-8");
+    /* what is text: tab, newline, CR, a no-break space (U+00A0, just past
+     * C1), a CJK ideograph and an emoji */
+    ck_assert(msg_text_ok("tab\tnew\nline\r"));
+    ck_assert(msg_text_ok("nbsp\xc2\xa0 \xe7\x8c\xab \xf0\x9f\x90\x88"));
+    ck_assert(!msg_text_ok("\xc2\x9f"));
+    ck_assert(!msg_text_ok("\x1b[31m"));
     static char big[MSG_MAX_PROMPT_BYTES + 2];
     memset(big, 'a', sizeof big - 1);
     b.prompt = big;
