@@ -7,6 +7,7 @@
  * for the bytes are answered as they come (brk_upload_serve.c). */
 #include "broker/brk_upload.h"
 #include "broker/brk_upload_int.h"
+#include "broker/brk_sync.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -143,6 +144,15 @@ static bool chunk_admit(chunk_t *c) {
      * good, and stale_version has no library code to come from. */
     if (reel_err_code() == REEL_E_INVALID) {
         brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s", reel_err()->msg);
+        return false;
+    }
+    /* Older than the current version: a SYNC of it would be stale_version,
+     * so its bytes could never be used (they would only hold a slot). */
+    uint64_t cur = brk_current_version(b, u->component);
+    if (u->version < cur) {
+        brk_error_to(b, false, c->from, c->id, WIRE_E_STALE,
+                     "UPLOAD: %s v%" PRIu64 " is older than the current v%" PRIu64 ": a SYNC of it would be "
+                     "stale_version", u->component, u->version, cur);
         return false;
     }
     return true;
