@@ -150,6 +150,9 @@ static bool chunk_admit(chunk_t *c) {
      * so its bytes could never be used (they would only hold a slot). */
     uint64_t cur = brk_current_version(b, u->component);
     if (u->version < cur) {
+        /* one begun before a newer version became current gives up its slot */
+        slot_t *old = brk_upl_slot(b, u->component, u->version);
+        if (old) brk_upl_close_slot(b, old, true);
         brk_error_to(b, false, c->from, c->id, WIRE_E_STALE,
                      "UPLOAD: %s v%" PRIu64 " is older than the current v%" PRIu64 ": a SYNC of it would be "
                      "stale_version", u->component, u->version, cur);

@@ -2173,6 +2173,19 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     ck_assert_msg(strstr(wv_get_str(a->hdr, "message"), "UPLOAD: transformer v7 is older than the current v9"), "%s",
                   wv_get_str(a->hdr, "message"));
     drop_msg(&a);
+    /* v3, begun before v9 became current: its next chunk is refused the
+     * same way and its slot freed, so a newer upload (v10) finds room */
+    a = upload_piece(&x, 24, 10, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "busy");
+    drop_msg(&a);
+    a = upload_piece(&x, 25, 3, sha, bytes, UP_PIECE, UP_PIECE);
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");
+    drop_msg(&a);
+    a = upload_piece(&x, 26, 10, sha, bytes, 0, UP_PIECE);
+    ck_assert_str_eq(a->type, "UPLOAD_ACK");
+    drop_msg(&a);
+    snprintf(part, sizeof part, "%s/.transformer-v3.part", dir);
+    ck_assert_int_ne(stat(part, &st), 0);
     free(bytes);
     upload_box_close(&x, dir);
 }
