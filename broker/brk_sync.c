@@ -415,23 +415,23 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
     }
 }
 
-/* No worker yet, where workers may not have registered again: the resend
+/* Where workers may not have registered (again) yet: the resend
  * of a sync a broker restart interrupted (held to its deadline), or any
  * SYNC in this broker's first moments as active, after its start or a
  * takeover (held for two worker liveness periods: a restart's workers
  * notice and register within one). Workers that register join it
  * (rejoin_interrupted). */
 static void maybe_hold(brk_t *b, brk_barrier_t *s) {
-    int64_t rejoin = rejoin_end(b) - b->active_ms, now = brk_now_ms();
+    int64_t end = rejoin_end(b), now = brk_now_ms();
     if (s->sync && interrupted_at(b, s->component, s->version) >= 0) {
         s->hold = true;
         s->hold_until_ms = s->deadline_ms;
         brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
                 s->component, (unsigned long long)s->version, (long long)s->wait_ms);
-    } else if (now < b->active_ms + rejoin) {
+    } else if (now < end) {
         /* workers may still be on their way (all of them, or the rest) */
         s->hold = true;
-        s->hold_until_ms = b->active_ms + rejoin < s->deadline_ms ? b->active_ms + rejoin : s->deadline_ms;
+        s->hold_until_ms = end < s->deadline_ms ? end : s->deadline_ms;
         brk_log("sync %s v%llu: %d worker(s) registered %lld ms after the broker started or took over: held for "
                 "workers to register (up to %lld ms)", s->component, (unsigned long long)s->version, s->n,
                 (long long)(now - b->active_ms), (long long)(s->hold_until_ms - now));

@@ -184,10 +184,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (o->g.prompt && !*o->g.prompt)
         return reel_fail(REEL_E_INVALID, "--prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); "
                                          "give text, or a --context");
-    if ((o->g.prompt && !msg_text_ok(o->g.prompt)) || (o->g.negative_prompt && !msg_text_ok(o->g.negative_prompt)))
-        return reel_fail(REEL_E_INVALID, "--%s is not UTF-8 text or holds a control character (tab, newline and CR "
-                                         "are allowed)",
-                         o->g.prompt && !msg_text_ok(o->g.prompt) ? "prompt" : "negative-prompt");
+    if (ctl_prompts_check(o->g.prompt, o->g.negative_prompt)) return -1;
     if (!o->g.prompt && !!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
     /* --out X.mp4: the video itself (the latent beside it, X.mp4.safetensors) */
     size_t ol = strlen(o->out);

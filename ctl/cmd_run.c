@@ -130,10 +130,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && (r->context || r->uncond))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
-    if ((r->prompt && !msg_text_ok(r->prompt)) || (r->neg_prompt && !msg_text_ok(r->neg_prompt)))
-        return reel_fail(REEL_E_INVALID, "--%s is not UTF-8 text or holds a control character (tab, newline and CR "
-                                         "are allowed: the rule of a GEN's prompt)",
-                         r->prompt && !msg_text_ok(r->prompt) ? "prompt" : "negative-prompt");
+    if (ctl_prompts_check(r->prompt, r->neg_prompt)) return -1;
     if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
         int fn = r->frame_num ? r->frame_num : 81;
         if ((fn - 1) % 4) return reel_fail(REEL_E_INVALID, "--frame_num %d: Wan's VAE makes 1 + 4k frames", fn);

@@ -75,6 +75,10 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
  * W at most MSG_MAX_FHW (what a GEN's latent may be). 0, or -1 with a
  * REEL_E_INVALID error naming `what` (the option) and the text. */
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
+/* --prompt and --negative-prompt (either may be NULL) by a GEN's text rule
+ * (msg_text_ok), so a prompt `run` takes `gen` takes. 0, or -1 with a
+ * REEL_E_INVALID error naming the option. */
+int ctl_prompts_check(const char *prompt, const char *negative);
 /* A model config from a JSON file {"name": ..., "dim": ..., ...} (at most
  * 64 KiB). 0, or -1 with the error value set. */
 int ctl_config_from_json(const char *path, tdit_config_t *c);

@@ -56,6 +56,13 @@ double ctl_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int ctl_prompts_check(const char *prompt, const char *negative) {
+    const char *bad = prompt && !msg_text_ok(prompt) ? "prompt" : negative && !msg_text_ok(negative) ? "negative-prompt" : NULL;
+    if (!bad) return 0;
+    return reel_fail(REEL_E_INVALID,
+                     "--%s is not UTF-8 text or holds a control character (tab, newline and CR are allowed)", bad);
+}
+
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]) {
     /* what a GEN may carry (docs/PROTOCOL.md): never a 64 GiB allocation here */
     char buf[64], *part[3] = { buf };

@@ -2,6 +2,7 @@
 #include "tests/support.h"
 #include "base/error.h"
 #include "kernels/backend.h"
+#include "model/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -174,4 +175,33 @@ bool ts_on_other_thread(bool (*fn)(void *), void *arg) {
     ck_assert_int_eq(pthread_create(&t, NULL, other_main, &o), 0);
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     return o.answer;
+}
+
+void ts_weights_rewrite(const char *path, const char *out, const char *victim, int ndim, const int64_t *shape,
+                        float poison) {
+    st_file_t *in = st_open(path);
+    ck_assert_ptr_nonnull(in);
+    st_writer_t *w = st_writer_new();
+    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (st_meta(in, keys[i])) ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(in, keys[i])), 0);
+    float zeros[64] = { 0 };
+    for (size_t i = 0; i < st_count(in); i++) {
+        const st_tensor_t *t = st_at(in, i);
+        if (strcmp(t->name, victim) != 0) {
+            ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+        } else if (ndim > 0) {
+            ck_assert_int_eq(st_writer_add_f32(w, t->name, ndim, shape, zeros), 0);
+        } else if (ndim < 0) {
+            ck_assert_int_eq(t->dtype, KERN_F32);
+            float *d = malloc(t->nbytes);
+            memcpy(d, t->data, t->nbytes);
+            d[3] = poison;
+            ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
+            free(d);
+        }
+    }
+    ck_assert_int_eq(st_writer_save(w, out), 0);
+    st_writer_destroy(&w);
+    st_close(&in);
 }

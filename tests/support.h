@@ -38,6 +38,12 @@ int ts_run_cuda(Suite *s, const char *name);
 /* Creates /tmp/reel-TAG-XXXXXX into buf (len >= 64) and returns buf; fails
  * the test (or, outside one, aborts with the reason) when it cannot. */
 char *ts_mkdtemp(char *buf, size_t len, const char *tag);
+/* Copies a DiT weights file `in` to `out` (its config metadata too) with
+ * tensor `victim` changed: ndim > 0, replaced by zeros of `shape` (at most
+ * 64 elements); ndim 0, dropped; ndim < 0, kept (F32) with its element 3
+ * set to `poison`. Asserts on any failure. */
+void ts_weights_rewrite(const char *in, const char *out, const char *victim, int ndim, const int64_t *shape,
+                        float poison);
 /* Removes dir and everything under it (no shell; links are removed, never
  * followed). 0, or -1 when something could not be removed. NULL and a
  * missing dir are fine. */

@@ -1035,33 +1035,6 @@ static void tiny_weights_file(char *path, uint64_t seed) {
     TS_OK(tdit_weights_init(&cfg, seed, path));
 }
 
-/* Copies tiny's weights file `in` to `out` with element 3 of tensor
- * `victim` (F32) set to v. */
-static void poison_weights_file(const char *in, const char *out, const char *victim, float v) {
-    st_file_t *f = st_open(in);
-    ck_assert_ptr_nonnull(f);
-    st_writer_t *w = st_writer_new();
-    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (st_meta(f, keys[i])) ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(f, keys[i])), 0);
-    for (size_t i = 0; i < st_count(f); i++) {
-        const st_tensor_t *t = st_at(f, i);
-        if (strcmp(t->name, victim) != 0) {
-            ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
-            continue;
-        }
-        ck_assert_int_eq(t->dtype, KERN_F32);
-        float *d = malloc(t->nbytes);
-        memcpy(d, t->data, t->nbytes);
-        d[3] = v;
-        ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
-        free(d);
-    }
-    ck_assert_int_eq(st_writer_save(w, out), 0);
-    st_writer_destroy(&w);
-    st_close(&f);
-}
-
 /* A finite F32 that BF16 rounds to an infinity (|x| >= 0x1.fefp127) is
  * refused by a BF16 model at load and at reload (before any resident
  * weight changes), naming the tensor; the largest that rounds down
@@ -1074,8 +1047,8 @@ START_TEST(test_weights_past_bf16_max_are_refused_by_a_bf16_model) {
     uint32_t u = 0x7f7f7fffu; /* rounds down to BF16's largest */
     float below;
     memcpy(&below, &u, 4);
-    poison_weights_file(path, big, "blocks.1.ffn.0.weight", -FLT_MAX);
-    poison_weights_file(path, edge, "blocks.1.ffn.0.weight", below);
+    ts_weights_rewrite(path, big, "blocks.1.ffn.0.weight", -1, NULL, -FLT_MAX);
+    ts_weights_rewrite(path, edge, "blocks.1.ffn.0.weight", -1, NULL, below);
     ck_assert_ptr_null(tdit_model_load_path(G, big, KERN_BF16));
     ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
     ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.0.weight holds a value past BF16's largest"), "message: %s",

@@ -194,35 +194,8 @@ START_TEST(test_bind_with_wrong_size_fails_clearly) {
 }
 END_TEST
 
-/* Copies the weights file, tensor `victim` changed: with ndim > 0
- * replaced by zeros of `shape`, with ndim 0 dropped, with ndim < 0 kept
- * but its element 3 set to `poison`. */
 static void rewrite_weights_as(const char *out, const char *victim, int ndim, const int64_t *shape, float poison) {
-    st_file_t *in = st_open(wpath);
-    ck_assert_ptr_nonnull(in);
-    st_writer_t *w = st_writer_new();
-    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        ck_assert_int_eq(st_writer_meta(w, keys[i], st_meta(in, keys[i])), 0);
-    float zeros[64] = { 0 };
-    for (size_t i = 0; i < st_count(in); i++) {
-        const st_tensor_t *t = st_at(in, i);
-        if (strcmp(t->name, victim) != 0) {
-            ck_assert_int_eq(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
-        } else if (ndim > 0) {
-            ck_assert_int_eq(st_writer_add_f32(w, t->name, ndim, shape, zeros), 0);
-        } else if (ndim < 0) {
-            ck_assert_int_eq(t->dtype, KERN_F32);
-            float *d = malloc(t->nbytes);
-            memcpy(d, t->data, t->nbytes);
-            d[3] = poison;
-            ck_assert_int_eq(st_writer_add_f32(w, t->name, t->ndim, t->shape, d), 0);
-            free(d);
-        }
-    }
-    ck_assert_int_eq(st_writer_save(w, out), 0);
-    st_writer_destroy(&w);
-    st_close(&in);
+    ts_weights_rewrite(wpath, out, victim, ndim, shape, poison);
 }
 
 static void rewrite_weights(const char *out, const char *victim, int ndim, const int64_t *shape) {

@@ -463,14 +463,15 @@ static void drop_link(link_t *l, int64_t now, const char *why) {
 }
 
 static void start_reconnect(link_t *l, int64_t now) {
-    char why[512];
+    char why[512], hint[256] = "";
     /* Never answered since READY: the broker routes to workers by name
      * (the DEALER's routing id), and ZeroMQ drops a second peer whose id
      * a live one holds, without a word to either: the likeliest cause. */
-    snprintf(why, sizeof why, "nothing from the broker for %lld ms%s%s%s", (long long)(now - l->heard),
-             l->heard_since_ready ? "" : " (no answer to READY: the broker is not listening there, or another worker named '",
-             l->heard_since_ready ? "" : l->w->opt->name,
-             l->heard_since_ready ? "" : "' is connected to it: ZeroMQ drops a second peer under a live one's name)");
+    if (!l->heard_since_ready)
+        snprintf(hint, sizeof hint, " (no answer to READY: the broker is not listening there, or another worker named "
+                                    "'%s' is connected to it: ZeroMQ drops a second peer under a live one's name)",
+                 l->w->opt->name);
+    snprintf(why, sizeof why, "nothing from the broker for %lld ms%s", (long long)(now - l->heard), hint);
     drop_link(l, now, why);
 }
 
