@@ -59,6 +59,10 @@ struct tdit_ws {
     kern_tensor_t txt_h, c, kc, vc;
     kern_tensor_t s_emb, e_h, e, e_silu, e6, mod, hshift, hscale;
     kern_tensor_t v_cond, v_uncond, v_comb;
+    /* CFG: what the conditional pass leaves for the unconditional one
+     * (forward's pass_t): x after the first block's self-attention and the
+     * first cross-attention's normalised queries, [B·N, D] each. */
+    kern_tensor_t x_keep, q_keep;
 };
 
 /* Views, defined with the forward pass below. */
@@ -143,6 +147,8 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
     if (ws->shape.cfg) {
         carve(cv, &ws->v_uncond, dt, lnd, lat);
         carve(cv, &ws->v_comb, dt, lnd, lat);
+        carve(cv, &ws->x_keep, dt, 2, SHAPE(N, D));
+        carve(cv, &ws->q_keep, dt, 2, SHAPE(N, D));
     }
     size_t sb = scratch_needed(m, ws);
     ws->scratch.base = cv->base ? cv->base + cv->off : NULL; /* bound even when 0 bytes */
@@ -464,7 +470,26 @@ static int attention(tdit_ws_t *ws, kern_stream_t *s, const kern_tensor_t *q, co
     return kern_attention_batch(s, q, k, v, heads, o, ws->B, shared_kv);
 }
 
-static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b) {
+/* Which part of a forward pass runs. Up to the first block's cross-
+ * attention keys, a pass reads the latent, σ and the weights, never the
+ * context: the time embedding and its modulation, the patch embedding, the
+ * first block's self-attention with its residual, and that block's
+ * cross-attention queries. A CFG step's two passes compute those the same
+ * way on the same inputs, so the conditional pass keeps them (x and the
+ * queries, copied aside) and the unconditional one starts from them: the
+ * very bits it would compute, with about half a block and the embeddings
+ * fewer launches. */
+typedef enum {
+    PASS_FULL, /* everything (no CFG) */
+    PASS_KEEP, /* everything, keeping the context-free part for PASS_REUSE */
+    PASS_REUSE /* the context-dependent part, after PASS_KEEP on this latent and σ */
+} pass_t;
+
+static int copy_tensor(kern_stream_t *s, kern_tensor_t *dst, const kern_tensor_t *src) {
+    return kern_copy_d2d(s, kern_tensor_ptr(dst), kern_tensor_ptr(src), kern_tensor_bytes(src));
+}
+
+static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const block_t *b, pass_t pass) {
     const int64_t H = m->cfg.heads, L = ws->shape.text_len;
     /* Every op below takes the whole batch in one launch: a mixed batch's
      * per-sample parameters are per-row-group views (mod_rows), each
@@ -475,6 +500,11 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     kern_artifacts_set_region("block.self_attn");
     kern_tensor_t shift1 = mod_rows(ws, 0), scale1 = mod_rows(ws, 1), gate1 = mod_rows(ws, 2);
     kern_tensor_t shift2 = mod_rows(ws, 3), scale2 = mod_rows(ws, 4), gate2 = mod_rows(ws, 5);
+    if (pass == PASS_REUSE) {
+        TRY(copy_tensor(s, &ws->x, &ws->x_keep));
+        TRY(copy_tensor(s, &ws->q, &ws->q_keep));
+        goto cross_kv;
+    }
     TRY(ln_modulate(s, &ws->x, &shift1, &scale1, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->sq, &ws->q));
     TRY(rms_rope(ws, s, &ws->q, &b->s_norm_q, H));
@@ -491,6 +521,12 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
     TRY(kern_residual_layernorm(s, &ws->x, &ws->o2, &gate1, &b->norm3_w, &b->norm3_b, LN_EPS, &ws->a));
     TRY(tlinear(ws, s, &ws->a, &b->cq, &ws->q));
     TRY(kern_rmsnorm(s, &ws->q, &b->c_norm_q, LN_EPS, &ws->q));
+    if (pass == PASS_KEEP) {
+        TRY(copy_tensor(s, &ws->x_keep, &ws->x));
+        TRY(copy_tensor(s, &ws->q_keep, &ws->q));
+    }
+cross_kv:
+    kern_artifacts_set_region("block.cross_attn");
     TRY(owner_linear(ws, s, &ws->c, &b->ck, &ws->kc, L, false));
     TRY(kern_rmsnorm(s, &ws->kc, &b->c_norm_k, LN_EPS, &ws->kc));
     TRY(owner_linear(ws, s, &ws->c, &b->cv, &ws->vc, L, false));
@@ -507,10 +543,13 @@ static int block_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const
 }
 
 static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
-                   const kern_tensor_t *context, kern_tensor_t *v) {
+                   const kern_tensor_t *context, kern_tensor_t *v, pass_t pass) {
+    if (m->cfg.layers == 0 && pass != PASS_FULL) pass = PASS_FULL; /* nothing to keep */
+    const int64_t L = ws->shape.text_len;
+    if (pass == PASS_REUSE) goto text; /* e, e6 and the tokens are PASS_KEEP's */
     /* 1: time embedding from σ_i in device memory */
     kern_artifacts_set_region("embed.time");
-    const int64_t S = owners(ws), L = ws->shape.text_len;
+    const int64_t S = owners(ws);
     kern_tensor_t e6_all = kern_tensor_make(ws->e6.data, ws->e6.dtype, ws->e6.device, 2,
                                             SHAPE(S, 6 * m->cfg.dim));
     e6_all.offset = ws->e6.offset;
@@ -532,16 +571,18 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
     TRY(owner_linear(ws, s, &ws->e_h, &m->time2, &ws->e, 1, false));
     TRY(kern_silu(s, &ws->e, &ws->e_silu));
     TRY(owner_linear(ws, s, &ws->e_silu, &m->proj, &e6_all, 1, false));
+    /* 3: tokens (before the text: PASS_REUSE starts at the text) */
+    kern_artifacts_set_region("embed.patch");
+    TRY(kern_patchify(s, &ws->latent, &ws->tok)); /* every sample's tokens */
+    TRY(tlinear(ws, s, &ws->tok, &m->patch, &ws->x));
+text:
     /* 2: text embedding */
     kern_artifacts_set_region("embed.text");
     TRY(owner_linear(ws, s, context, &m->text0, &ws->txt_h, L, true));
     TRY(owner_linear(ws, s, &ws->txt_h, &m->text2, &ws->c, L, false));
-    /* 3: tokens */
-    kern_artifacts_set_region("embed.patch");
-    TRY(kern_patchify(s, &ws->latent, &ws->tok)); /* every sample's tokens */
-    TRY(tlinear(ws, s, &ws->tok, &m->patch, &ws->x));
-    /* 4: blocks */
-    for (int64_t i = 0; i < m->cfg.layers; i++) TRY(block_forward(m, ws, s, &m->blocks[i]));
+    /* 4: blocks; the first one's context-free part per pass */
+    for (int64_t i = 0; i < m->cfg.layers; i++)
+        TRY(block_forward(m, ws, s, &m->blocks[i], i == 0 ? pass : PASS_FULL));
     /* 5: head, (shift, scale) = head.modulation + e */
     kern_artifacts_set_region("head");
     kern_tensor_t hm0 = kern_tensor_row(&m->head_mod, 0), hm1 = kern_tensor_row(&m->head_mod, 1);
@@ -556,22 +597,28 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
 /* The forward pass with the workspace's own scratch bound to s: whatever
  * a capture bakes in belongs to this workspace, so workspaces of any
  * shapes can hold live graphs on one stream. */
-int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
-                 const kern_tensor_t *context, kern_tensor_t *v) {
+static int forward_pass(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                        const kern_tensor_t *context, kern_tensor_t *v, pass_t pass) {
     kern_scratch_t prev = kern_stream_bind_scratch(s, ws->scratch);
     /* Each part names its region for kernel artifacts (kernels/artifacts.h). */
     const char *region = kern_artifacts_set_region(NULL);
-    int rc = forward(m, ws, s, context, v);
+    int rc = forward(m, ws, s, context, v, pass);
     kern_artifacts_set_region(region);
     kern_stream_bind_scratch(s, prev);
     return rc;
 }
 
-/* v for the current latent: conditional, and combined with CFG if set. */
+int tdit_forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
+                 const kern_tensor_t *context, kern_tensor_t *v) {
+    return forward_pass(m, ws, s, context, v, PASS_FULL);
+}
+
+/* v for the current latent: conditional, and combined with CFG if set (the
+ * unconditional pass from the conditional one's context-free part). */
 static int velocity(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s) {
-    TRY(tdit_forward(m, ws, s, &ws->context, &ws->v_cond));
-    if (!ws->shape.cfg) return 0;
-    TRY(tdit_forward(m, ws, s, &ws->uncond, &ws->v_uncond));
+    if (!ws->shape.cfg) return forward_pass(m, ws, s, &ws->context, &ws->v_cond, PASS_FULL);
+    TRY(forward_pass(m, ws, s, &ws->context, &ws->v_cond, PASS_KEEP));
+    TRY(forward_pass(m, ws, s, &ws->uncond, &ws->v_uncond, PASS_REUSE));
     if (!ws->shape.mixed) return kern_cfg_combine(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);
     /* each sample its own guidance, one launch */
     return kern_cfg_combine_rows(s, &ws->v_cond, &ws->v_uncond, &ws->guidance, &ws->v_comb);

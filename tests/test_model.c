@@ -156,14 +156,88 @@ START_TEST(test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop
     }
     ck_assert_int_eq(tdit_ws_read_latent(f.ws, f.s, replay, f.n_lat), 0);
     ck_assert_uint_eq(kern_graph_replays(g), STEPS);
-    /* tiny: 2 forwards x (11 head/embed + 2 blocks x 26) + cfg + euler */
+    /* tiny: the conditional pass, the unconditional one from its first
+     * cross-attention's keys (step.c, pass_t), cfg, euler: 101 nodes */
     size_t nodes = kern_graph_nodes(g);
     printf("cpu graph: %zu nodes, %zu bytes, replayed %zu times\n", nodes, kern_graph_bytes(g),
            kern_graph_replays(g));
-    ck_assert_uint_gt(nodes, 100);
+    ck_assert_uint_gt(nodes, 90);
     ck_assert_int_eq(memcmp(eager, replay, f.n_lat * sizeof(float)), 0);
     kern_graph_destroy(&g);
     free(eager); free(replay); free(after_capture);
+    fx_close(&f);
+}
+END_TEST
+
+/* A CFG step's unconditional pass starts from what the conditional pass
+ * computed before the context mattered (step.c, pass_t). Its velocity
+ * must be the very bits of two whole forward passes combined: for one
+ * request, a group of two and a mixed batch of two (each its own context,
+ * σ and guidance), Euler and UniPC (whose time embedding reads the
+ * solver's timestep). Each step runs twice in a row: the second starts
+ * from the first's leftovers in the workspace. */
+static void check_cfg_velocity(fx_t *f, int64_t batch, bool mixed, tdit_solver_t solver) {
+    tdit_shape_t sh = { 2, 8, 8, 5, true, batch, solver, mixed };
+    tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &sh);
+    TS_NEW(ws);
+    const size_t nv = (size_t)batch * f->n_lat, nc = (size_t)(mixed ? batch : 1) * f->n_ctx;
+    float *lat = malloc(nv * sizeof(float)), *ctx = malloc(nc * sizeof(float)), *unc = malloc(nc * sizeof(float));
+    tdit_initial_latent(7, lat, nv);
+    tdit_initial_latent(8, ctx, nc);
+    tdit_initial_latent(9, unc, nc);
+    for (int64_t b = 0; b < batch; b++) {
+        const float sig[3] = { 0.9f - 0.1f * (float)b, 0.7f - 0.1f * (float)b, 0.9f };
+        if (mixed) TS_OK(tdit_ws_bind_sample(ws, f->s, b, ctx + b * f->n_ctx, unc + b * f->n_ctx, f->n_ctx, sig,
+                                             4.0f + (float)b));
+        else if (b == 0) TS_OK(tdit_ws_bind_step(ws, f->s, sig, 4.0f));
+    }
+    if (!mixed) {
+        TS_OK(tdit_ws_bind_context(ws, f->s, ctx, f->n_ctx, false));
+        TS_OK(tdit_ws_bind_context(ws, f->s, unc, f->n_ctx, true));
+    }
+    if (tdit_solver_multistep(solver)) {
+        float coef[KERN_MS_COEFS] = { 0 };
+        coef[KERN_MS_T] = 812.0f;
+        TS_OK(tdit_ws_bind_solver(ws, f->s, coef));
+        TS_OK(tdit_ws_clear_history(ws, f->s));
+    }
+    const size_t bytes = nv * sizeof(float);
+    float *step_v = malloc(bytes);
+    for (int rep = 0; rep < 2; rep++) {
+        TS_OK(tdit_ws_bind_latent(ws, f->s, lat, nv));
+        TS_OK(tdit_solver_multistep(solver) ? tdit_step_multistep(f->m, ws, f->s) : tdit_step(f->m, ws, f->s));
+        TS_OK(kern_stream_sync(f->s));
+        memcpy(step_v, kern_tensor_ptr(tdit_ws_velocity(ws)), bytes);
+        /* the reference: two whole passes on the same inputs, combined */
+        TS_OK(tdit_ws_bind_latent(ws, f->s, lat, nv));
+        kern_tensor_t *vt = tdit_ws_velocity(ws);
+        void *bc = kern_alloc(f->b, bytes), *bu = kern_alloc(f->b, bytes), *bv = kern_alloc(f->b, bytes);
+        ck_assert(bc && bu && bv);
+        kern_tensor_t vc = kern_tensor_make(bc, KERN_F32, vt->device, vt->ndim, vt->shape);
+        kern_tensor_t vu = kern_tensor_make(bu, KERN_F32, vt->device, vt->ndim, vt->shape);
+        kern_tensor_t v = kern_tensor_make(bv, KERN_F32, vt->device, vt->ndim, vt->shape);
+        TS_OK(tdit_forward(f->m, ws, f->s, tdit_ws_context(ws), &vc));
+        TS_OK(tdit_forward(f->m, ws, f->s, tdit_ws_uncond(ws), &vu));
+        TS_OK(mixed ? kern_cfg_combine_rows(f->s, &vc, &vu, tdit_ws_guidance(ws), &v)
+                    : kern_cfg_combine(f->s, &vc, &vu, tdit_ws_guidance(ws), &v));
+        TS_OK(kern_stream_sync(f->s));
+        ck_assert_msg(memcmp(step_v, bv, bytes) == 0, "CFG velocity (batch %lld%s, %s, rep %d) differs from two "
+                      "whole passes", (long long)batch, mixed ? " mixed" : "", tdit_solver_name(solver), rep);
+        /* and the passes differ, so sharing could not hide behind equal contexts */
+        ck_assert_int_ne(memcmp(bc, bu, bytes), 0);
+        kern_free(f->b, bc); kern_free(f->b, bu); kern_free(f->b, bv);
+    }
+    free(step_v); free(lat); free(ctx); free(unc);
+    tdit_ws_destroy(&ws);
+}
+
+START_TEST(test_cfg_step_velocity_is_bitwise_two_whole_passes) {
+    fx_t f;
+    fx_open(&f, true);
+    check_cfg_velocity(&f, 1, false, TDIT_SOLVER_EULER);
+    check_cfg_velocity(&f, 2, false, TDIT_SOLVER_EULER);
+    check_cfg_velocity(&f, 2, true, TDIT_SOLVER_EULER);
+    check_cfg_velocity(&f, 1, false, TDIT_SOLVER_UNIPC);
     fx_close(&f);
 }
 END_TEST
@@ -504,6 +578,7 @@ int main(void) {
     tcase_add_test(tc, test_sde_loop_same_seed_equal_different_seed_differs);
     tcase_add_test(tc, test_initial_latent_from_seed_is_deterministic_and_seed_dependent);
     tcase_add_test(tc, test_captured_cpu_step_replays_bitwise_equal_to_eager_over_a_cfg_loop);
+    tcase_add_test(tc, test_cfg_step_velocity_is_bitwise_two_whole_passes);
     tcase_add_test(tc, test_sde_step_refuses_capture_and_leaves_stream_usable);
     tcase_add_test(tc, test_bind_with_wrong_size_fails_clearly);
     tcase_add_test(tc, test_model_load_names_tensor_with_wrong_shape);
