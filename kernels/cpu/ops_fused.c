@@ -10,6 +10,7 @@
  * while it is in cache. Every row's inputs are read before its outputs are
  * written, so y may equal x. Rows are independent: the pool (cpu_pool.h)
  * runs them in chunks, which changes no result. */
+#include <string.h>
 #include "../ops_args.h"
 #include "base/error.h"
 #include "cpu_arith.h"
@@ -59,6 +60,10 @@ static inline __attribute__((always_inline)) void norm_turn(float *x, const floa
     }
 }
 
+/* Head widths up to this take a token's three parts of the table as one
+ * row (the same values in the same order: no result changes). */
+#define ROPE_ROW_MAX 512
+
 typedef struct {
     const kern_rmsnorm_rope_args_t *a;
     cpu_rope_tables_t t;
@@ -72,11 +77,23 @@ static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1
     const cpu_rope_tables_t t = j->t;
     const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d, T = a->frames * R * C;
     const float *wt = a->weight;
+    double cs[ROPE_ROW_MAX]; /* the token's (cos, sin) of every pair of a head */
+    int64_t at = -1;          /* the token cs holds */
     for (int64_t r = r0; r < r1; r++) {
         const int64_t tok = r % T; /* the token's place in its sample */
         const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
         float *row = (float *)a->x + r * D;
         const double rrms = cpu_rms_scale(row, D, a->eps);
+        if (d <= ROPE_ROW_MAX) { /* the three parts side by side: one run of pairs a head */
+            if (tok != at) {
+                memcpy(cs, t.f + f * t.p.rf, (size_t)t.p.rf * sizeof(double));
+                memcpy(cs + t.p.rf, t.r + h * t.p.rr, (size_t)t.p.rr * sizeof(double));
+                memcpy(cs + t.p.rf + t.p.rr, t.c + w * t.p.rc, (size_t)t.p.rc * sizeof(double));
+                at = tok;
+            }
+            for (int64_t hd = 0; hd < H; hd++) norm_turn(row + hd * d, wt + hd * d, rrms, cs, d / 2);
+            continue;
+        }
         for (int64_t hd = 0; hd < H; hd++) {
             float *xh = row + hd * d;
             const float *wh = wt + hd * d;
