@@ -237,11 +237,18 @@ static int upload(t5_model_t *m, kern_stream_t *s, const st_file_t *f, const cha
     int rc = 0;
     for (int64_t i0 = 0; i0 < n && !rc; i0 += T5_CHUNK) {
         int64_t cnt = n - i0 < T5_CHUNK ? n - i0 : T5_CHUNK;
-        for (int64_t i = 0; i < cnt; i++) {
+        for (int64_t i = 0; i < cnt && !rc; i++) {
             float v = elem_f32(t, i0 + i);
-            if (m->dt == KERN_F32) ((float *)buf)[i] = v;
-            else ((uint16_t *)buf)[i] = kern_f32_to_bf16(v);
+            if (!isfinite(v))
+                rc = reel_fail(REEL_E_INVALID, "%s: t5 tensor %s holds %s at element %" PRId64
+                               " (the encoder would write a context of NaN)", st_origin(f), name,
+                               isnan(v) ? "a NaN" : "an infinity", i0 + i);
+            else if (m->dt == KERN_F32) ((float *)buf)[i] = v;
+            else if (!isfinite(kern_bf16_to_f32(((uint16_t *)buf)[i] = kern_f32_to_bf16(v))))
+                rc = reel_fail(REEL_E_INVALID, "%s: t5 tensor %s: element %" PRId64 " (%g) is past BF16's "
+                               "largest value (load the encoder in F32)", st_origin(f), name, i0 + i, (double)v);
         }
+        if (rc) break;
         rc = kern_copy_h2d(s, (char *)kern_tensor_ptr(dst) + (size_t)i0 * es, buf, (size_t)cnt * es);
         if (!rc) rc = kern_stream_sync(s); /* buf is reused by the next chunk */
     }
@@ -294,9 +301,12 @@ t5_model_t *t5_model_load(kern_backend_t *b, const st_file_t *f, kern_dtype_t dt
             if (upload(m, s, f, nm, w[i].t)) goto err;
         }
         snprintf(nm, sizeof nm, "blocks.%" PRId64 ".pos_embedding.embedding.weight", l);
-        if (st_read_f32(f, nm, 2, (const int64_t[]){ c->buckets, c->heads },
-                        m->pos + l * c->buckets * c->heads))
+        float *pos = m->pos + l * c->buckets * c->heads;
+        if (st_read_f32(f, nm, 2, (const int64_t[]){ c->buckets, c->heads }, pos)) goto err;
+        if (!kern_all_finite(pos, (size_t)(c->buckets * c->heads), KERN_F32)) {
+            reel_fail(REEL_E_INVALID, "%s: t5 tensor %s holds a NaN or an infinity", st_origin(f), nm);
             goto err;
+        }
     }
     kern_stream_destroy(&s);
     return m;

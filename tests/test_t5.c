@@ -124,6 +124,42 @@ START_TEST(test_inconsistent_shape_is_refused_naming_the_tensor) {
 }
 END_TEST
 
+/* A tensor holding a NaN or an infinity is refused at load, naming the
+ * file and the tensor (the encoder would otherwise write a context of NaN
+ * and the DiT be blamed for it), and nothing stays allocated. */
+START_TEST(test_weights_with_nan_or_inf_are_refused_at_load_naming_file_and_tensor) {
+    st_file_t *f0 = random_file("t5-tiny", KERN_F32, 1);
+    st_close(&f0);
+    const char *in = ts_join(tmpdir, "w.safetensors"), *out = ts_join(tmpdir, "poisoned.safetensors");
+    const struct { const char *name; float poison; } cases[] = {
+        { "blocks.0.attn.q.weight", NAN }, { "token_embedding.weight", INFINITY },
+        { "blocks.1.ffn.fc2.weight", -INFINITY }, { "blocks.1.pos_embedding.embedding.weight", NAN },
+        { "norm.weight", NAN },
+    };
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ts_weights_rewrite(in, out, cases[i].name, -1, NULL, cases[i].poison);
+        st_file_t *g;
+        TS_NEW(g = st_open(out));
+        ck_assert_ptr_null(t5_model_load(b, g, KERN_F32));
+        ck_assert_msg(strstr(reel_err_text(), "poisoned.safetensors") && strstr(reel_err_text(), cases[i].name) &&
+                      strstr(reel_err_text(), isnan(cases[i].poison) ? "NaN" : "infinity"),
+                      "%s: %s", cases[i].name, reel_err_text());
+        ck_assert_uint_eq(kern_bytes_in_use(b), 0);
+        st_close(&g);
+    }
+    /* the same file unpoisoned loads */
+    st_file_t *f;
+    TS_NEW(f = st_open(in));
+    t5_model_t *m;
+    TS_NEW(m = t5_model_load(b, f, KERN_F32));
+    t5_model_destroy(&m);
+    st_close(&f);
+    kern_backend_destroy(&b);
+}
+END_TEST
+
 START_TEST(test_tensor_no_encoder_has_is_refused_naming_it) {
     st_file_t *f = random_file("t5-tiny", KERN_F32, 1);
     st_file_t *g = edited(f, NULL, "decoder.blocks.0.norm1.weight", 1, 32);
@@ -370,6 +406,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_padding_leaves_the_real_rows_as_unpadded);
     tcase_add_test(tc, test_ids_outside_the_vocabulary_and_bad_lengths_are_refused);
     tcase_add_test(tc, test_one_layer_of_width_4_matches_the_computation_written_out);
+    tcase_add_test(tc, test_weights_with_nan_or_inf_are_refused_at_load_naming_file_and_tensor);
     suite_add_tcase(s, tc);
     return s;
 }
