@@ -181,6 +181,9 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (o->g.prompt && (o->ctx_path || o->unc_path))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (o->g.negative_prompt && !o->g.prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
+    if (o->g.negative_prompt && !(o->have_cfg && o->g.cfg != 1.0))
+        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
+                         "default is 5)");
     if (o->g.prompt && !*o->g.prompt)
         return reel_fail(REEL_E_INVALID, "--prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); "
                                          "give text, or a --context");

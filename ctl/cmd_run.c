@@ -130,6 +130,9 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && (r->context || r->uncond))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
+    if (r->neg_prompt && !(r->have_cfg && r->loop.guidance != 1.0f))
+        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
+                         "default is 5)");
     if (ctl_prompts_check(r->prompt, r->neg_prompt)) return -1;
     if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
         int fn = r->frame_num ? r->frame_num : 81;
@@ -271,7 +274,7 @@ static bool is_mp4(const char *path) {
 
 /* --prompt: the text encoder (--t5/--tokenizer, else the release folder's)
  * encodes it, and, with --cfg, the negative prompt (Wan's default when
- * none); --out X.mp4: the VAE (--vae, else the folder's). 0, or -1 with the
+ * none or empty, as Wan's generate and a GEN read ""); --out X.mp4: the VAE (--vae, else the folder's). 0, or -1 with the
  * error value set (exit 2: a missing part is the user's to give). */
 static int open_media(run_t *r) {
     const run_opts_t *o = &r->o;
@@ -291,7 +294,7 @@ static int open_media(run_t *r) {
         bool guided = o->have_cfg && o->loop.guidance != 1.0f;
         if (!(r->text = t2v_text_new(r->b, t5, tok, r->cfg.text_len, r->cfg.text_dim, 0)) ||
             t2v_text_context(r->text, o->prompt, &r->ctx, &rows) != 0 ||
-            (guided && t2v_text_context(r->text, o->neg_prompt ? o->neg_prompt : T2V_WAN_NEG_PROMPT, &r->unc,
+            (guided && t2v_text_context(r->text, o->neg_prompt && *o->neg_prompt ? o->neg_prompt : T2V_WAN_NEG_PROMPT, &r->unc,
                                         &rows) != 0))
             return ctl_fail_as(REEL_E_INVALID, NULL);
         r->encode_s = ctl_now() - t0;

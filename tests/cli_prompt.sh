@@ -61,6 +61,17 @@ $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 6 -o "$D/px6.mp4" 2>"$D/px6.err"
 [ $? = 2 ] && grep -q "1 + 4k frames" "$D/px6.err" && ok "--frame_num 6 is refused: Wan's VAE makes 1 + 4k frames" ||
     { bad "frame_num 6 refused"; show "$D/px6.err"; }
+# An empty negative prompt is none: Wan's default, as Wan's generate
+# (n_prompt == "") and a GEN read it; a negative prompt without guidance
+# would do nothing, so it is refused rather than ignored.
+$RUN --weights "$REL" --prompt "$P" --negative-prompt "" -o "$D/neg0.safetensors" 2>"$D/neg0.err" &&
+    "$R" tensor diff "$D/neg0.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
+    ok "run --negative-prompt '' is Wan's default negative prompt (bitwise no --negative-prompt)" ||
+    { bad "run with an empty negative prompt"; show "$D/neg0.err"; }
+"$R" run --weights "$REL" --prompt "$P" --negative-prompt "blurry" --size 2x8x8 --steps 2 -o "$D/x.safetensors" \
+    2>"$D/negnocfg.err"
+[ $? = 2 ] && grep -q "used only with guidance" "$D/negnocfg.err" && [ ! -e "$D/x.safetensors" ] &&
+    ok "run --negative-prompt without --cfg is refused (exit 2), not ignored" || { bad "neg without cfg"; show "$D/negnocfg.err"; }
 "$R" run --weights "$D/dit.safetensors" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/np.err"
 [ $? = 2 ] && grep -q "needs a text encoder and its tokenizer" "$D/np.err" &&
     ok "a prompt without a text encoder is a usage error naming what to give" || { bad "prompt without t5"; show "$D/np.err"; }
@@ -107,6 +118,13 @@ for bad_text in "$(printf 'bad \377\376 bytes')" "$(printf 'surrogate \355\240\2
         show "$D/bt_run.err" "$D/bt_gen.err"
     fi
 done
+$GEN --prompt "$P" --negative-prompt "" --output latent --out "$D/gneg0.safetensors" 2>"$D/gneg0.err" &&
+    "$R" tensor diff "$D/gneg0.safetensors" "$D/neg0.safetensors" >/dev/null 2>&1 &&
+    ok "gen --negative-prompt '' is bitwise run --negative-prompt ''" || { bad "gen empty negative prompt"; show "$D/gneg0.err"; }
+"$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --steps 2 --prompt "$P" --negative-prompt "blurry" \
+    --timeout-ms 60000 --quiet --out "$D/gx.safetensors" 2>"$D/gnegnocfg.err"
+[ $? = 2 ] && grep -q "used only with guidance" "$D/gnegnocfg.err" && [ ! -e "$D/gx.safetensors" ] &&
+    ok "gen --negative-prompt without --cfg is refused (exit 2), nothing sent" || { bad "gen neg without cfg"; show "$D/gnegnocfg.err"; }
 $GEN --prompt "" --out "$D/empty.mp4" 2>"$D/empty.err"
 [ $? = 2 ] && grep -q -- "--prompt is empty" "$D/empty.err" &&
     ok "gen --prompt '' says an empty prompt is sent as none (exit 2)" || { bad "gen empty prompt"; show "$D/empty.err"; }
