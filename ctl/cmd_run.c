@@ -59,7 +59,10 @@ static int set_seed(void *dst, const char *v) {
 static int set_size(void *dst, const char *v) {
     run_opts_t *r = dst;
     const char *star = strchr(v, '*');
-    if (!star) return ctl_size_parse(v, "--size", r->size);
+    if (!star && ctl_size_parse(v, "--size", r->size))
+        return reel_fail(REEL_E_INVALID, "--size: '%.64s' is neither a latent FxHxW (e.g. 2x16x16; each 1..65536, "
+                         "F x H x W at most 2^24) nor Wan's pixel W*H (e.g. 832*480)", v);
+    if (!star) return 0;
     char w[32];
     size_t n = (size_t)(star - v);
     if (n >= sizeof w) return reel_fail(REEL_E_INVALID, "--size: '%s' is not W*H", v);
@@ -92,8 +95,7 @@ static const reel_opt_t run_rows[] = {
     { .name = "backend", .kind = REEL_OPT_STRING, .off = O(backend) },
     { .name = "dtype", .kind = REEL_OPT_STRING, .off = O(dtype) },
     { .name = "out", .short_name = 'o', .kind = REEL_OPT_STRING, .off = O(out) },
-    { .name = "size", .kind = REEL_OPT_SET, .set = set_size,
-      .expect = "FxHxW (e.g. 2x16x16; each 1..65536, F x H x W at most 2^24)" },
+    { .name = "size", .kind = REEL_OPT_SET, .set = set_size }, /* set_size says what it expected */
     { .name = "graphs", .kind = REEL_OPT_BOOL_CHOICE, .off = O(graphs), .choices = on_off },
     { .name = "warmup", .kind = REEL_OPT_INT, .off = O(warmup), .lo = 0, .hi = 1000 },
     { .name = "no-fallback", .kind = REEL_OPT_FLAG, .off = O(no_fallback) },

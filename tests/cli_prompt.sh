@@ -58,6 +58,12 @@ $RUN --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spi
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>"$D/px.err" &&
     "$R" tensor diff "$D/px.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
     ok "--size 64*64 --frame_num 5 (Wan's pixel form) is the latent size 2x8x8" || { bad "pixel --size"; show "$D/px.err"; }
+$RUN --weights "$REL" --prompt "$P" --size 72*64 --frame_num 5 -o "$D/px72.mp4" 2>"$D/px72.err"
+[ $? = 2 ] && grep -q "width and height must be multiples of 16" "$D/px72.err" &&
+    ok "--size 72*64 is refused saying why (multiples of 16), not as a malformed size" || { bad "72*64"; show "$D/px72.err"; }
+$RUN --weights "$REL" --prompt "$P" --size 2x8 -o "$D/px28.mp4" 2>"$D/px28.err"
+[ $? = 2 ] && grep -q "neither a latent FxHxW .* nor Wan's pixel W\*H" "$D/px28.err" &&
+    ok "--size 2x8 names both forms a size may take" || { bad "2x8"; show "$D/px28.err"; }
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 6 -o "$D/px6.mp4" 2>"$D/px6.err"
 [ $? = 2 ] && grep -q "1 + 4k frames" "$D/px6.err" && ok "--frame_num 6 is refused: Wan's VAE makes 1 + 4k frames" ||
     { bad "frame_num 6 refused"; show "$D/px6.err"; }
