@@ -77,6 +77,13 @@ static int is_safetensors_dtype(const char *s) {
 
 /* Checks the header length field against what the file holds. */
 static int check_header_len(const char *origin, uint64_t total, uint64_t hlen) {
+    /* The length field's bytes are the file's first: a PyTorch checkpoint
+     * (torch.save's zip, "PK\3\4", or its older pickle, 0x80 0x02) is
+     * named as one, not as a corrupt safetensors file. */
+    if (hlen > ST_MAX_HEADER_BYTES && ((hlen & 0xffffffffu) == 0x04034b50u || (hlen & 0xffffu) == 0x0280u))
+        return reel_fail(REEL_E_INVALID, "%s: a PyTorch checkpoint (torch.save), not safetensors: this path reads "
+                         "safetensors (a Wan2.1 DiT ships as diffusion_pytorch_model*.safetensors; a release's "
+                         ".pth files are its text encoder and VAE, read by --t5 and --vae)", origin);
     if (hlen > ST_MAX_HEADER_BYTES)
         return reel_fail(REEL_E_INVALID, "%s: header length %llu is absurd (limit %llu bytes); "
                          "not a safetensors file or corrupt",

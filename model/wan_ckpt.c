@@ -160,7 +160,7 @@ out:
 
 typedef struct {
     bool model_index, transformer, st_default, idx_default;
-    char st_one[NAME_MAX + 1], idx_one[NAME_MAX + 1];
+    char st_one[NAME_MAX + 1], idx_one[NAME_MAX + 1], pth_one[NAME_MAX + 1];
     int n_st, n_idx;
     char seen[512];           /* a few names, for the message */
 } listing_t;
@@ -189,6 +189,8 @@ static int list_folder(ctx_t *x, listing_t *l) {
             snprintf(l->st_one, sizeof l->st_one, "%s", n);
             l->n_st++;
         } else {
+            if (!l->pth_one[0] && (wan_ends_with(n, ".pth") || wan_ends_with(n, ".pt") || wan_ends_with(n, ".bin")))
+                snprintf(l->pth_one, sizeof l->pth_one, "%s", n); /* named if nothing else is here */
             continue;
         }
         if (strlen(l->seen) + strlen(n) + 3 < sizeof l->seen)
@@ -243,8 +245,9 @@ static int in_folder(ctx_t *x) {
     else if (weights_here)
         return reel_fail(REEL_E_INVALID, "%s: several checkpoints (%s): name the file or the index", x->where, l.seen);
     else
-        return reel_fail(REEL_E_NOT_FOUND, "%s: no safetensors file or index (*.safetensors.index.json) in this folder",
-                         x->where);
+        return reel_fail(REEL_E_NOT_FOUND, "%s: no safetensors file or index (*.safetensors.index.json) in this "
+                         "folder%s%s%s", x->where, l.pth_one[0] ? " (only PyTorch checkpoints such as " : "", l.pth_one,
+                         l.pth_one[0] ? ": a DiT is read from safetensors, as Wan2.1 ships it)" : "");
     return 0;
 }
 

@@ -400,6 +400,26 @@ START_TEST(test_absurd_header_length_is_rejected) {
 }
 END_TEST
 
+/* A PyTorch checkpoint handed to the safetensors reader (a .pth DiT, or
+ * a release's VAE or text encoder in the DiT's place) is named as one:
+ * torch.save's zip ("PK\3\4") and its older pickle (0x80 0x02). */
+START_TEST(test_pytorch_checkpoint_is_named_as_one_not_as_corrupt) {
+    unsigned char zip[32] = {'P', 'K', 3, 4, 20, 0, 0, 8, 0, 0, 0, 0};
+    const char *p = put_file("diffusion_pytorch_model.pth", zip, sizeof zip);
+    ck_assert_ptr_null(st_open(p));
+    ck_assert_error_has("diffusion_pytorch_model.pth");
+    ck_assert_error_has("a PyTorch checkpoint (torch.save), not safetensors");
+    unsigned char pickle[32] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8};
+    p = put_file("old.pth", pickle, sizeof pickle);
+    ck_assert_ptr_null(st_open(p));
+    ck_assert_error_has("a PyTorch checkpoint (torch.save), not safetensors");
+    /* a merely absurd length is still called absurd */
+    unsigned char junk[16] = {0x81, 0x02, 0, 0, 0, 1, 0, 0};
+    ck_assert_ptr_null(st_parse(junk, sizeof junk));
+    ck_assert_error_has("absurd");
+}
+END_TEST
+
 START_TEST(test_every_truncation_of_a_valid_file_fails_cleanly) {
     int64_t sh[2] = {3, 5};
     float v[15] = {0};
@@ -803,6 +823,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_file_shorter_than_8_bytes_is_rejected);
     tcase_add_test(tc, test_header_length_longer_than_the_file_is_rejected);
     tcase_add_test(tc, test_absurd_header_length_is_rejected);
+    tcase_add_test(tc, test_pytorch_checkpoint_is_named_as_one_not_as_corrupt);
     tcase_add_test(tc, test_every_truncation_of_a_valid_file_fails_cleanly);
     tcase_add_test(tc, test_invalid_json_header_is_rejected);
     tcase_add_test(tc, test_header_that_is_not_a_json_object_is_rejected);

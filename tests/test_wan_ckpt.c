@@ -495,6 +495,10 @@ START_TEST(test_a_missing_or_malformed_config_json_is_refused) {
     /* a folder of nothing, of two checkpoints, and a FIFO */
     ck_assert_int_eq(mkdir(at("empty"), 0700), 0);
     expect_refused(at("empty"), NULL, REEL_E_NOT_FOUND, "no safetensors file or index");
+    /* a folder holding only a PyTorch checkpoint says so */
+    ck_assert_int_eq(mkdir(at("pthonly"), 0700), 0);
+    ts_write_file(ts_join(at("pthonly"), "diffusion_pytorch_model.pth"), "PK\3\4", 4);
+    expect_refused(at("pthonly"), NULL, REEL_E_NOT_FOUND, "only PyTorch checkpoints such as diffusion_pytorch_model.pth");
     ck_assert_int_eq(mkdir(at("two"), 0700), 0);
     ck_assert_int_eq(tdit_weights_init(&tiny, 1, at("two/a.safetensors")), 0);
     ck_assert_int_eq(tdit_weights_init(&tiny, 2, at("two/b.safetensors")), 0);
