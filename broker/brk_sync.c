@@ -85,6 +85,10 @@ static brk_barrier_t *barrier_of(brk_t *b, const char *component, uint64_t versi
     return NULL;
 }
 
+bool brk_sync_under_way(const brk_t *b, const char *component, uint64_t version) {
+    return barrier_of((brk_t *)b, component, version) != NULL;
+}
+
 /* The newest version of component still pending (0: none). */
 static uint64_t newest_pending(const brk_t *b, const char *component) {
     uint64_t v = 0;

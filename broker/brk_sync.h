@@ -49,6 +49,9 @@ void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);
 /* The current version of component (0 before any applied sync). */
 uint64_t brk_current_version(const brk_t *b, const char *component);
+/* Whether a SYNC of component's version is under way (pending, held or
+ * running): its bytes may be fetched at any moment. */
+bool brk_sync_under_way(const brk_t *b, const char *component, uint64_t version);
 /* Why w is behind the current version of component: NULL when it is not,
  * else a reason written into buf[0..len). */
 const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf, size_t len);

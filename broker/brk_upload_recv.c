@@ -34,6 +34,7 @@ typedef struct {
     slot_t *s;                 /* its upload's slot, once found or opened */
     char digest[65];           /* the bytes' sha256, once all came */
     brk_who_t who;             /* the trainer, for the audit, once all came */
+    bool replace;              /* the version is stored with other bytes, never applied: they go once a slot is had */
 } chunk_t;
 
 static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, uint64_t received,
@@ -119,6 +120,21 @@ static slot_t *open_slot(chunk_t *c) {
 
 /* ---- the phases ------------------------------------------------------------------- */
 
+/* Removes the stored copy of comp v (its digest first: without it the
+ * version is not stored, whatever is left). 0, or -1 with an internal
+ * error. */
+static int forget_stored(brk_t *b, const char *comp, uint64_t v) {
+    char sum[1024], file[1024];
+    brk_upl_path(b, "", comp, v, ".sha256", sum, sizeof sum);
+    brk_upl_path(b, "", comp, v, ".safetensors", file, sizeof file);
+    if ((unlink(sum) != 0 && errno != ENOENT) || (unlink(file) != 0 && errno != ENOENT))
+        return reel_fail(REEL_E_IO, "cannot remove the stored %s v%" PRIu64 " to replace it: %s", comp, v,
+                         strerror(errno));
+    brk_log("%s v%" PRIu64 ": an UPLOAD with other weights replaces the stored ones (never applied: newer than the "
+            "current version, no SYNC of it under way)", comp, v);
+    return 0;
+}
+
 /* Whether the chunk may go on to its slot: this broker keeps uploads, the
  * component is one a SYNC could name, and the version is not stored
  * already (answered complete again) or with other weights (STALE).
@@ -140,15 +156,23 @@ static bool chunk_admit(chunk_t *c) {
         ack(b, c->from, c->id, u->component, u->version, u->size, true); /* sent again: it is there */
         return false;
     }
-    /* Stored with other weights (invalid): this version is taken for
-     * good, and stale_version has no library code to come from. */
+    /* Stored with other weights (invalid): taken for good once a SYNC of
+     * it is under way or it became current (workers may hold those bytes
+     * under that version), and stale_version has no library code to come
+     * from. A version newer than the current one with no SYNC under way
+     * was never applied (its SYNC failed, or none came): the new bytes
+     * replace the stored ones, as a fixed file may be published again. */
+    uint64_t cur = brk_current_version(b, u->component);
     if (reel_err_code() == REEL_E_INVALID) {
-        brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s", reel_err()->msg);
-        return false;
+        if (u->version <= cur || brk_sync_under_way(b, u->component, u->version)) {
+            brk_error_to(b, false, c->from, c->id, WIRE_E_STALE, "UPLOAD: %s%s", reel_err()->msg,
+                         u->version <= cur ? "" : " and a SYNC of it is under way");
+            return false;
+        }
+        c->replace = true; /* chunk_slot removes them once this upload has its slot */
     }
     /* Older than the current version: a SYNC of it would be stale_version,
      * so its bytes could never be used (they would only hold a slot). */
-    uint64_t cur = brk_current_version(b, u->component);
     if (u->version < cur) {
         /* one begun before a newer version became current gives up its slot */
         slot_t *old = brk_upl_slot(b, u->component, u->version);
@@ -186,6 +210,11 @@ static bool chunk_slot(chunk_t *c) {
     }
     if (!s && !(s = open_slot(c))) {
         brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: "); /* busy or internal */
+        return false;
+    }
+    if (c->replace && forget_stored(b, u->component, u->version) != 0) {
+        brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: ");
+        brk_upl_close_slot(b, s, true);
         return false;
     }
     c->s = s;

@@ -2157,12 +2157,14 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     a = upload_piece(&x, 21, 6, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "UPLOAD_ACK");
     drop_msg(&a);
-    /* v2 is stored: other weights under its number are stale_version */
+    /* v2 is stored, never applied: other weights under its number would
+     * replace it, but take a slot first, and none is free: busy, and the
+     * stored v2 stays */
     a = upload_piece(&x, 22, 2, SHA_B, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "ERROR");
-    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");
-    ck_assert_ptr_nonnull(strstr(wv_get_str(a->hdr, "message"), "UPLOAD: transformer v2 was uploaded with other weights"));
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "busy");
     drop_msg(&a);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha));
     /* v9 current (synced by path): an upload of v7, older, could never be
      * synced, so it is refused stale_version, not busy though four slots
      * are open: it would take none */
@@ -2187,6 +2189,47 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     snprintf(part, sizeof part, "%s/.transformer-v3.part", dir);
     ck_assert_int_ne(stat(part, &st), 0);
     free(bytes);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
+/* A version stored but never applied (newer than the current one, no SYNC
+ * of it under way: its SYNC failed, or none came) may be uploaded again
+ * with other bytes, which replace the stored ones (PROTOCOL.md, "Failed":
+ * a fixed file may be published again). Once a SYNC of it is under way,
+ * or it is current, other bytes are stale_version and the stored ones
+ * stay. */
+START_TEST(test_an_upload_with_other_bytes_replaces_a_version_never_applied) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-replace.XXXXXX", sha[65], sha2[65], sha3[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *one = pattern(2654435761u, 13, sha), *two = pattern(40503u, 7, sha2), *three = pattern(97u, 3, sha3);
+    upload_acked(&x, 10, 2, sha, one, 0, UP_SIZE);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha));
+    upload_acked(&x, 11, 2, sha2, two, 0, UP_SIZE); /* replaced: stored under v2 now */
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha2));
+    ck_assert(!brk_upload_stored(&x.b, "transformer", 2, sha));
+    /* a SYNC of v2 pending on a worker: its bytes may be fetched at any
+     * moment, so other bytes are refused and v2's stay */
+    ready(&x, 0, 1);
+    trainer_sync(&x, 12, 2, sha2);
+    expect_sync(&x, 0, 2);
+    wire_msg_t *a = upload_piece(&x, 13, 2, sha3, three, 0, UP_PIECE);
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");
+    ck_assert_msg(strstr(wv_get_str(a->hdr, "message"), "a SYNC of it is under way"), "%s", wv_get_str(a->hdr, "message"));
+    drop_msg(&a);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha2));
+    /* applied: current, and other bytes under its number are stale for good */
+    ack(&x, 0, 2, NULL);
+    a = answer(&x);
+    ck_assert(done_complete(a));
+    drop_msg(&a);
+    a = upload_piece(&x, 14, 2, sha3, three, 0, UP_PIECE);
+    ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");
+    ck_assert_ptr_nonnull(strstr(wv_get_str(a->hdr, "message"), "UPLOAD: transformer v2 was uploaded with other weights"));
+    drop_msg(&a);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha2));
+    free(one); free(two); free(three);
     upload_box_close(&x, dir);
 }
 END_TEST
@@ -3264,6 +3307,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
     tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
+    tcase_add_test(an, test_an_upload_with_other_bytes_replaces_a_version_never_applied);
     tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
     tcase_add_test(an, test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none);
