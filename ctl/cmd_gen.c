@@ -437,18 +437,13 @@ static int sync_adapter(const char *broker, const char *key, const char *broker_
         lora_close(&l);
         if (!realpath(lora, path)) return reel_fail(REEL_E_INVALID, "--lora %s: %s", lora, strerror(errno));
         if (upload) { /* by value: its weights file uploaded, its config in the SYNC */
-            char cfg[4200];
-            struct stat st;
-            bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-            snprintf(cfg, sizeof cfg, "%s%sadapter_config.json", dir ? path : "", dir ? "/" : "");
-            if (!dir) {
-                const char *slash = strrchr(path, '/');
-                snprintf(cfg, sizeof cfg, "%.*s/adapter_config.json", slash ? (int)(slash - path) : 0, path);
-            } else {
-                strncat(path, "/adapter_model.safetensors", sizeof path - strlen(path) - 1);
-            }
+            char cfg[sizeof path], wts[sizeof path];
+            if (lora_locate(path, cfg, wts, sizeof cfg) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
+            memcpy(path, wts, sizeof path);
             size_t n = 0;
-            if (!(config = read_text(cfg, MSG_LORA_CONFIG_MAX - 1, &n))) return ctl_fail_as(REEL_E_INVALID, NULL);
+            /* none beside it: "{}", the weights file's own (model/lora.h) */
+            if (!(config = cfg[0] ? read_text(cfg, MSG_LORA_CONFIG_MAX - 1, &n) : strdup("{}")))
+                return ctl_fail_as(REEL_E_INVALID, NULL);
         }
     } else {
         if (upload) return reel_fail(REEL_E_INVALID, "sync --lora none: nothing to upload (the base is the workers')");

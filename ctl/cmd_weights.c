@@ -81,14 +81,6 @@ static json_t *file_json(const wan_file_t *f) {
 
 /* What a checkpoint holds, as text or JSON: its layout, config, size,
  * files and the identity a sync by path would announce. */
-/* A PEFT adapter folder (adapter_config.json) rather than weights. */
-static bool lora_is_adapter(const char *path) {
-    char cfg[4096];
-    struct stat st;
-    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", path);
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(cfg, &st) == 0;
-}
-
 /* `weights inspect ADAPTER`: rank, alpha, scale, layout, targets. */
 static int lora_inspect(const char *path, bool json) {
     lora_t *l = lora_open(path);
@@ -98,8 +90,9 @@ static int lora_inspect(const char *path, bool json) {
         json_t *targets = json_array();
         for (int i = 0; i < n; i++) {
             const lora_target_t *t = lora_target(l, i);
-            json_array_append_new(targets, json_pack("{s:s, s:I, s:I}", "weight", t->weight, "out", (json_int_t)t->out,
-                                                     "in", (json_int_t)t->in));
+            json_array_append_new(targets, json_pack("{s:s, s:I, s:I, s:I, s:f}", "weight", t->weight, "out",
+                                                     (json_int_t)t->out, "in", (json_int_t)t->in, "rank",
+                                                     (json_int_t)t->rank, "scale", (double)t->scale));
         }
         json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:f, s:b, s:f, s:I, s:s, s:o}", "path", path, "kind", "lora",
                                  "layout", lora_layout(l), "rank", lora_rank(l), "alpha", lora_alpha(l), "rslora",
@@ -112,13 +105,17 @@ static int lora_inspect(const char *path, bool json) {
         lora_close(&l);
         return text ? 0 : reel_fail(REEL_E_NOMEM, "out of memory");
     }
-    printf("%s: LoRA adapter (PEFT, %s names)\n", path, lora_layout(l));
-    printf("  rank %d, alpha %g%s: scale %g\n", lora_rank(l), lora_alpha(l), lora_rslora(l) ? ", rsLoRA" : "",
-           (double)lora_scale(l));
+    printf("%s: LoRA adapter (%s names)\n", path, lora_layout(l));
+    if (lora_scale(l) != 0)
+        printf("  rank %d, alpha %g%s: scale %g\n", lora_rank(l), lora_alpha(l), lora_rslora(l) ? ", rsLoRA" : "",
+               (double)lora_scale(l));
+    else /* from the file, targets of other ranks or alphas */
+        printf("  ranks up to %d; alpha and scale per target (below)\n", lora_rank(l));
     printf("  %d targets, %zu bytes, sha256 %s\n", n, lora_bytes(l), lora_sha256(l));
     for (int i = 0; i < n; i++) {
         const lora_target_t *t = lora_target(l, i);
-        printf("  %-32s [%lld, %lld]\n", t->weight, (long long)t->out, (long long)t->in);
+        printf("  %-32s [%lld, %lld] rank %lld, scale %g\n", t->weight, (long long)t->out, (long long)t->in,
+               (long long)t->rank, (double)t->scale);
     }
     lora_close(&l);
     return 0;

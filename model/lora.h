@@ -6,11 +6,16 @@
  * `adapter_model.safetensors` (or PEFT's older `adapter_model.bin`, read
  * by the restricted .pth reader, model/pth.h), with per target
  * `lora_A.weight` [r, in] and `lora_B.weight` [out, r], F32, BF16 or F16.
- * Keys name the target in either layout Reel reads:
+ * Keys name the target in the layouts Reel reads:
  *   Wan's:      base_model.model.blocks.N.self_attn.q.lora_A.weight
  *   diffusers': transformer.blocks.N.attn1.to_q.lora_A.weight
+ *   kohya's:    lora_unet_blocks_N_self_attn_q.lora_down.weight
  * (the prefixes base_model.model., transformer. and diffusion_model. are
- * accepted, or none; PEFT's in-memory adapter name ".default" too). A
+ * accepted, or none; PEFT's in-memory adapter name ".default" too;
+ * lora_down / lora_up for lora_A / lora_B, with a module's ".alpha", as
+ * ComfyUI's and musubi-tuner's Wan LoRAs have them). Without an
+ * adapter_config.json (diffusers' save_lora_weights writes none; ComfyUI's
+ * files are one safetensors) the config is the file's (lora_parse). A
  * target is one of the blocks' Linears: self_attn/attn1 and
  * cross_attn/attn2 q, k, v, o (to_q, to_k, to_v, to_out.0) and the FFN's
  * ffn.0 / ffn.2 (ffn.net.0.proj / ffn.net.2). The scale is
@@ -57,15 +62,31 @@ typedef struct {
     int64_t out, in, rank;
     const float *a;         /* [rank, in] */
     const float *b;         /* [out, rank] */
+    float scale;            /* s of this target: ΔW = s·B·A */
+    double alpha;           /* its module's alpha key (has_alpha), kohya's and ComfyUI's */
+    bool has_alpha;
 } lora_target_t;
 
-/* Reads the adapter at path: a PEFT folder, or its weights file with
- * adapter_config.json beside it. NULL with a message naming what is
- * refused. */
+/* Where the adapter at path keeps its files: weights (a folder's
+ * adapter_model.safetensors, adapter_model.bin or diffusers'
+ * pytorch_lora_weights.safetensors; else path itself) and cfg, the
+ * adapter_config.json in the folder or beside the file, "" when there is
+ * none. 0, or -1 naming what is missing. */
+int lora_locate(const char *path, char *cfg, char *weights, size_t len);
+/* Whether path is a LoRA adapter rather than a model's weights: a folder
+ * with an adapter_config.json, or weights (a folder's or the file named)
+ * whose tensors have LoRA names. Never fails. */
+bool lora_is_adapter(const char *path);
+/* Reads the adapter at path (lora_locate). NULL with a message naming
+ * what is refused. */
 lora_t *lora_open(const char *path);
 /* The same from an adapter_config.json's text (config_name names it in
  * messages) and the weights file's tensors (copied: f may be closed
- * after), with sha256 (may be NULL) as its identity. */
+ * after), with sha256 (may be NULL) as its identity. A config without r
+ * ("{}": no adapter_config.json) takes the weights file's own: diffusers'
+ * lora_adapter_metadata when it has one, else each target's rank from its
+ * matrices and its scale alpha / rank, alpha its module's ".alpha" key or,
+ * without one, its rank (s = 1, as diffusers loads such a file). */
 lora_t *lora_parse(const char *config, size_t config_len, const char *config_name, const st_file_t *f,
                    const char *sha256);
 void lora_close(lora_t **l);

@@ -37,8 +37,28 @@ test_lora.write_adapter(d + "/y", base, L, ["ffn.0", "ffn.2", "self_attn.q"], 2,
 test_lora.write_adapter(d + "/dora", base, L, test_lora.WAN_MODULES[:4], 4, 8, config_extra={"use_dora": True})
 # scale 1e7 x rank 4 x |A| x |B| (about 0.6 each): a merge that can add 1e7 to a weight
 test_lora.write_adapter(d + "/huge", base, L, test_lora.WAN_MODULES[:4], 4, 4e7, seed=3)
+# without adapter_config.json: a ComfyUI Wan LoRA file (lora_down/up, a
+# module's alpha) and diffusers' save_lora_weights folder
+import os, numpy as np
+rng = np.random.default_rng(5)
+for sub, fname, fmt, down, up, mods in [
+        ("comfy", "wan_lora.safetensors", "diffusion_model.blocks.%d.%s", "lora_down", "lora_up",
+         {"self_attn.q": 16.0, "ffn.0": None}),
+        ("dsaved", "pytorch_lora_weights.safetensors", "transformer.blocks.%d.%s", "lora_A", "lora_B",
+         {"self_attn.o": None, "cross_attn.k": None})]:
+    os.makedirs(d + "/" + sub)
+    t = {}
+    for n in L:
+        for m, alpha in mods.items():
+            o_f, i_f = base["blocks.%d.%s.weight" % (n, m)].shape
+            key = fmt % (n, m if down == "lora_down" else test_lora.DIFFUSERS[m])
+            t[key + "." + down + ".weight"] = (rng.standard_normal((4, i_f)) * 0.2).astype(np.float32)
+            t[key + "." + up + ".weight"] = (rng.standard_normal((o_f, 4)) * 0.2).astype(np.float32)
+            if alpha is not None:
+                t[key + ".alpha"] = np.array(alpha, np.float32)
+    safetensors_np.save(d + "/" + sub + "/" + fname, t)
 EOF
-mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/outside/"
+mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/w/dsaved" "$D/outside/"
 "$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors" &&
     "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors" || { bad "inputs"; finish; }
 IN="--context $D/ctx.safetensors --latent $D/lat.safetensors --steps 2 --shift 3"
@@ -51,6 +71,8 @@ run "$D/ref_x.safetensors" "$D/w/base.safetensors" --lora "$D/w/x"
 run "$D/ref_y.safetensors" "$D/w/base.safetensors" --lora "$D/w/y"
 run "$D/ref_b2x.safetensors" "$D/w/base2.safetensors" --lora "$D/w/x"
 run "$D/ref_b2y.safetensors" "$D/w/base2.safetensors" --lora "$D/w/y"
+run "$D/ref_b2comfy.safetensors" "$D/w/base2.safetensors" --lora "$D/w/comfy/wan_lora.safetensors"
+run "$D/ref_b2dsaved.safetensors" "$D/w/base2.safetensors" --lora "$D/w/dsaved"
 same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
 gen() { # out: reelctl gen, stderr to out.err
     "$R" gen --broker "$CE" --model tiny $IN --timeout-ms 30000 --quiet --out "$1" 2>"$1.err"
@@ -141,6 +163,16 @@ lsync "$D/s17.err" --version 17 --base 15 --lora-upload "$D/outside/y" && gen "$
 lsync "$D/r18.err" --version 18 --base 1 --lora "$D/w/x"
 [ $? != 0 ] && grep -q "not this worker's base" "$D/r18.err" && ok "the old base v1 is no longer one: refused" ||
     { bad "old base"; show "$D/r18.err"; }
+# Adapters without adapter_config.json: by path, a ComfyUI file; by value,
+# diffusers' folder (its SYNC carries "{}": the file's own config)
+lsync "$D/s20.err" --version 20 --base 15 --lora "$D/w/comfy/wan_lora.safetensors" && gen "$D/g20.safetensors" &&
+    same "$D/g20.safetensors" "$D/ref_b2comfy.safetensors" &&
+    ok "v20 = a ComfyUI Wan LoRA file (lora_down/up, alphas, no config) by path: GEN equals run --lora" ||
+    { bad "ComfyUI adapter by path"; show "$D/s20.err" "$D/g20.safetensors.err"; }
+lsync "$D/s21.err" --version 21 --base 15 --lora-upload "$D/outside/dsaved" && gen "$D/g21.safetensors" &&
+    same "$D/g21.safetensors" "$D/ref_b2dsaved.safetensors" &&
+    ok "v21 = diffusers' pytorch_lora_weights.safetensors folder by value: GEN equals run --lora" ||
+    { bad "diffusers adapter by upload"; show "$D/s21.err" "$D/g21.safetensors.err"; }
 
 echo "== the graphs: captured once, before the syncs, never evicted"
 stop_proc "$W1" || bad "w1 stops on SIGTERM"
@@ -153,7 +185,7 @@ echo "$line" | grep -qE ": 2 captures, [0-9]+ replays .* 1 evictions$" &&
 echo "== a worker without --lora says how to take adapters"
 cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
     --streams 1 --heartbeat-ms 200 || { bad "w2 starts"; show "$D/w2.log"; finish; }
-lsync "$D/r19.err" --version 19 --base 15 --lora "$D/w/x"
+lsync "$D/r19.err" --version 22 --base 15 --lora "$D/w/x"
 [ $? != 0 ] && grep -q "start it with --lora" "$D/r19.err" && ok "w2 (no --lora): refused, naming --lora" ||
     { bad "no --lora"; show "$D/r19.err"; }
 finish

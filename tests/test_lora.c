@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "tests/support.h"
 
 static char dir[64];
@@ -141,6 +142,153 @@ static void refused(const char *path, const char *needle) {
                   needle);
 }
 
+/* One LoRA matrix pair (and alpha > 0: its alpha key) of rank r for
+ * module m of layer n into w, keys `pre` + blocks.n. + m (or kohya's
+ * pre + blocks_n_ + m with '_' for '.') + the suffixes down/up. */
+static void add_pair(st_writer_t *w, const char *pre, bool kohya, int64_t n, const char *m, int64_t r,
+                     const char *down, const char *up, float alpha, uint64_t seed) {
+    bool ffn0 = strstr(m, "ffn.0") || strstr(m, "net.0"), ffn2 = strstr(m, "ffn.2") || strstr(m, "net.2");
+    int64_t out = ffn0 ? tiny.ffn_dim : tiny.dim, in = ffn2 ? tiny.ffn_dim : tiny.dim;
+    int64_t sa[2] = { r, in }, sb[2] = { out, r };
+    float *a = malloc((size_t)(r * in) * sizeof *a), *b = malloc((size_t)(out * r) * sizeof *b);
+    ts_fill_uniform(a, (size_t)(r * in), seed, -0.5f, 0.5f);
+    ts_fill_uniform(b, (size_t)(out * r), seed + 1, -0.5f, 0.5f);
+    char mod[96], ka[200], kb[200], kal[200];
+    snprintf(mod, sizeof mod, "%s", m);
+    if (kohya)
+        for (char *c = mod; *c; c++)
+            if (*c == '.') *c = '_';
+    snprintf(ka, sizeof ka, kohya ? "%sblocks_%lld_%s.%s.weight" : "%sblocks.%lld.%s.%s.weight", pre, (long long)n, mod, down);
+    snprintf(kb, sizeof kb, kohya ? "%sblocks_%lld_%s.%s.weight" : "%sblocks.%lld.%s.%s.weight", pre, (long long)n, mod, up);
+    snprintf(kal, sizeof kal, kohya ? "%sblocks_%lld_%s.alpha" : "%sblocks.%lld.%s.alpha", pre, (long long)n, mod);
+    ck_assert_int_eq(st_writer_add_f32(w, ka, 2, sa, a), 0);
+    ck_assert_int_eq(st_writer_add_f32(w, kb, 2, sb, b), 0);
+    if (alpha > 0) ck_assert_int_eq(st_writer_add_f32(w, kal, 0, sa, &alpha), 0);
+    free(a);
+    free(b);
+}
+
+/* The scale of target `weight` of l (asserting it is there). */
+static float scale_of(const lora_t *l, const char *weight) {
+    const lora_target_t *t = lora_find(l, weight);
+    ck_assert_msg(t != NULL, "%s", weight);
+    return t->scale;
+}
+
+/* An adapter without adapter_config.json takes the file's own config, as
+ * diffusers loads it: diffusers' save_lora_weights file (its folder holds
+ * pytorch_lora_weights.safetensors only) with each target's rank from its
+ * matrices and s = 1, or with diffusers' lora_adapter_metadata; ComfyUI's
+ * Wan LoRA (diffusion_model. + lora_down / lora_up, a module's alpha:
+ * s = alpha / rank) and kohya's (lora_unet_blocks_N_self_attn_q). Each
+ * target merges with its own scale; mixing an alpha key with a config's
+ * lora_alpha, an alpha without matrices, matrices of two ranks and a
+ * .diff key are refused by name. */
+START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
+    char path[256];
+    /* diffusers: no config, ranks 2 and 3 */
+    snprintf(path, sizeof path, "%s/dsaved", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    st_writer_t *w = st_writer_new();
+    add_pair(w, "transformer.", false, 0, "attn1.to_q", 2, "lora_A", "lora_B", 0, 1);
+    add_pair(w, "transformer.", false, 1, "ffn.net.2", 3, "lora_A", "lora_B", 0, 3);
+    TS_OK(st_writer_save(w, ts_join(path, "pytorch_lora_weights.safetensors")));
+    st_writer_destroy(&w);
+    ck_assert(lora_is_adapter(path));
+    lora_t *l;
+    TS_NEW(l = lora_open(path));
+    ck_assert_str_eq(lora_layout(l), "diffusers");
+    ck_assert_int_eq(lora_rank(l), 3);
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 1.0f);
+    ck_assert_float_eq(scale_of(l, "blocks.1.ffn.2.weight"), 1.0f);
+    TS_OK(lora_check(l, &tiny));
+    /* the merge uses the target's scale: W + 1·B·A */
+    const lora_target_t *t = lora_find(l, "blocks.1.ffn.2.weight");
+    int64_t O = t->out, I = t->in, r = t->rank;
+    float *wt = calloc((size_t)(O * I), sizeof *wt);
+    TS_OK(lora_merge_into(l, "blocks.1.ffn.2.weight", wt, O * I));
+    double acc = 0;
+    for (int64_t k = 0; k < r; k++) acc += (double)t->b[5 * r + k] * t->a[k * I + 7];
+    ck_assert_double_le(fabs(wt[5 * I + 7] - acc), 1e-6);
+    free(wt);
+    lora_close(&l);
+    /* the same file with diffusers' metadata: r 2, lora_alpha 8 (s = 4) */
+    w = st_writer_new();
+    add_pair(w, "transformer.", false, 0, "attn1.to_q", 2, "lora_A", "lora_B", 0, 1);
+    TS_OK(st_writer_meta(w, "lora_adapter_metadata", "{\"transformer.r\": 2, \"transformer.lora_alpha\": 8, "
+                                                     "\"transformer.peft_type\": \"LORA\", \"transformer.use_dora\": false}"));
+    TS_OK(st_writer_save(w, ts_join(path, "pytorch_lora_weights.safetensors")));
+    st_writer_destroy(&w);
+    TS_NEW(l = lora_open(ts_join(path, "pytorch_lora_weights.safetensors")));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 4.0f);
+    ck_assert_float_eq(lora_scale(l), 4.0f);
+    lora_close(&l);
+    /* ComfyUI: one file, lora_down / lora_up, alphas 8 (rank 4: s = 2) and none (s = 1) */
+    w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 8, 5);
+    add_pair(w, "diffusion_model.", false, 1, "cross_attn.o", 4, "lora_down", "lora_up", 0, 7);
+    const char *comfy = ts_join(dir, "wan_comfy.safetensors");
+    TS_OK(st_writer_save(w, comfy));
+    st_writer_destroy(&w);
+    ck_assert(lora_is_adapter(comfy));
+    TS_NEW(l = lora_open(comfy));
+    ck_assert_str_eq(lora_layout(l), "wan");
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 2.0f);
+    ck_assert_float_eq(scale_of(l, "blocks.1.cross_attn.o.weight"), 1.0f);
+    ck_assert_float_eq(lora_scale(l), 0.0f); /* per target */
+    char desc[512];
+    TS_OK(lora_describe(l, desc, sizeof desc));
+    ck_assert_msg(strstr(desc, "\"config\":\"per target\""), "%s", desc);
+    lora_close(&l);
+    /* kohya / musubi-tuner: lora_unet_blocks_0_self_attn_k, ffn_0; alpha 1 at rank 4: s = 0.25 */
+    w = st_writer_new();
+    add_pair(w, "lora_unet_", true, 0, "self_attn.k", 4, "lora_down", "lora_up", 1, 9);
+    add_pair(w, "lora_unet_", true, 1, "ffn.0", 4, "lora_down", "lora_up", 1, 11);
+    const char *kohya = ts_join(dir, "kohya.safetensors");
+    TS_OK(st_writer_save(w, kohya));
+    st_writer_destroy(&w);
+    TS_NEW(l = lora_open(kohya));
+    ck_assert_str_eq(lora_layout(l), "kohya");
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.k.weight"), 0.25f);
+    ck_assert_float_eq(scale_of(l, "blocks.1.ffn.0.weight"), 0.25f);
+    TS_OK(lora_check(l, &tiny));
+    lora_close(&l);
+    /* a weights file of a model is not an adapter */
+    const char *model = ts_join(dir, "model.safetensors");
+    ts_tiny_weights(3, model);
+    ck_assert(!lora_is_adapter(model));
+    /* refusals */
+    snprintf(path, sizeof path, "%s/alphacfg", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    w = st_writer_new();
+    add_pair(w, "", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 8, 5);
+    TS_OK(st_writer_save(w, ts_join(path, "adapter_model.safetensors")));
+    st_writer_destroy(&w);
+    ts_write_file(ts_join(path, "adapter_config.json"), CFG(4, 8, ""), strlen(CFG(4, 8, "")));
+    refused(path, "a module's alpha beside a config's lora_alpha");
+    float one = 1;
+    int64_t sa[2] = { 4, 64 }, sb[2] = { 64, 3 };
+    float *z = calloc(64 * 4, sizeof *z);
+    w = st_writer_new();
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.alpha", 0, sa, &one));
+    TS_OK(st_writer_save(w, ts_join(dir, "alphaonly.safetensors")));
+    st_writer_destroy(&w);
+    refused(ts_join(dir, "alphaonly.safetensors"), "has an alpha and no matrices");
+    w = st_writer_new();
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_down.weight", 2, sa, z));
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_up.weight", 2, sb, z));
+    TS_OK(st_writer_save(w, ts_join(dir, "tworanks.safetensors")));
+    st_writer_destroy(&w);
+    refused(ts_join(dir, "tworanks.safetensors"), "its other matrix's is");
+    w = st_writer_new();
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.diff", 2, sa, z));
+    TS_OK(st_writer_save(w, ts_join(dir, "diff.safetensors")));
+    st_writer_destroy(&w);
+    refused(ts_join(dir, "diff.safetensors"), "(.diff) is not a LoRA");
+    free(z);
+}
+END_TEST
+
 START_TEST(test_refusals_name_their_cause) {
     refused(make_adapter("dora", CFG(4, 8, ", \"use_dora\": true"), "", attn, 4, 4, 1, KERN_F32), "DoRA");
     refused(make_adapter("bias", CFG(4, 8, ", \"bias\": \"all\""), "", attn, 4, 4, 1, KERN_F32), "bias training");
@@ -243,6 +391,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r);
     tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
     tcase_add_test(tc, test_refusals_name_their_cause);
+    tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base);
     suite_add_tcase(s, tc);
     return s;

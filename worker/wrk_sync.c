@@ -282,16 +282,29 @@ static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
         snprintf(wts, sizeof wts, "%s", m->path);
     } else {
         snprintf(cfg, sizeof cfg, "%s/adapter_config.json", m->path);
-        snprintf(wts, sizeof wts, "%s/adapter_model.safetensors", m->path);
     }
+    /* No adapter_config.json (diffusers' and ComfyUI's LoRAs have none):
+     * the weights file's own config (lora_parse of "{}"). */
     int fd = wrk_weights_open(w->roots, cfg);
-    if (fd < 0) return -1;
-    size_t n = 0;
-    char *text = read_config(fd, cfg, &n);
-    close(fd);
-    if (!text) return -1;
+    if (fd < 0 && reel_err_code() != REEL_E_NOT_FOUND) return -1;
+    size_t n = 2;
+    char *text = fd < 0 ? strdup("{}") : read_config(fd, cfg, &n);
+    if (fd >= 0) close(fd);
+    if (!text) return fd < 0 ? wrk_refuse(REEL_E_NOMEM, WRK_E_FILE, "out of memory") : -1;
     st_file_t *f = NULL;
-    if ((fd = wrk_weights_open(w->roots, wts)) >= 0) {
+    /* a folder's weights: PEFT's file or diffusers' (safetensors only) */
+    static const char *const names[] = { "adapter_model.safetensors", "pytorch_lora_weights.safetensors" };
+    const bool file = len > 12 && !strcmp(m->path + len - 12, ".safetensors");
+    fd = file ? wrk_weights_open(w->roots, wts) : -1;
+    for (size_t i = 0; !file && i < sizeof names / sizeof names[0] && fd < 0; i++) {
+        if (i && reel_err_code() != REEL_E_NOT_FOUND) break;
+        snprintf(wts, sizeof wts, "%s/%s", m->path, names[i]);
+        fd = wrk_weights_open(w->roots, wts);
+    }
+    if (fd < 0 && !file && reel_err_code() == REEL_E_NOT_FOUND)
+        wrk_refuse(REEL_E_NOT_FOUND, WRK_E_FILE, "%s: no adapter_model.safetensors or pytorch_lora_weights.safetensors",
+                   m->path);
+    if (fd >= 0) {
         f = wrk_adapter_read(fd, wts, max, &w->stop, op->hex);
         close(fd);
     }

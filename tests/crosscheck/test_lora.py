@@ -169,6 +169,53 @@ def crosscheck_lora(reelctl, workdir):
             check(same, "the adapter's .safetensors path (config beside it) gives the folder's result bitwise",
                   r4.stderr)
 
+    # Without adapter_config.json, as diffusers loads such files (its
+    # lora_conversion_utils): a ComfyUI Wan LoRA (diffusion_model. +
+    # lora_down / lora_up, each module's alpha: s = alpha / rank, none:
+    # s = 1) and diffusers' save_lora_weights folder (s = 1).
+    rng = np.random.default_rng(21)
+    for name, keyfmt, down, up, alphas, fname in [
+        ("ComfyUI's Wan LoRA (lora_down/up, per-module alpha)", "diffusion_model.blocks.%d.%s", "lora_down",
+         "lora_up", {"self_attn.q": 16.0, "cross_attn.v": 2.0, "ffn.0": None}, "wan_lora.safetensors"),
+        ("diffusers' pytorch_lora_weights.safetensors (no config: s = 1)", "transformer.blocks.%d.%s", "lora_A",
+         "lora_B", {"self_attn.o": None, "ffn.2": None}, "pytorch_lora_weights.safetensors"),
+    ]:
+        d = os.path.join(workdir, "noconfig_" + down)
+        os.makedirs(d, exist_ok=True)
+        tensors, out = {}, dict(base)
+        for n in range(layers):
+            for m, alpha in alphas.items():
+                wname = "blocks.%d.%s.weight" % (n, m)
+                o_f, i_f = base[wname].shape
+                r = 4
+                a = rng.standard_normal((r, i_f)).astype(np.float32) * 0.2
+                b = rng.standard_normal((o_f, r)).astype(np.float32) * 0.2
+                mod = m if down == "lora_down" else DIFFUSERS[m]
+                key = keyfmt % (n, mod)
+                tensors[key + "." + down + ".weight"] = ("F32", a.shape, encode(a, "F32")[0])
+                tensors[key + "." + up + ".weight"] = ("F32", b.shape, encode(b, "F32")[0])
+                if alpha is not None:
+                    tensors[key + ".alpha"] = ("F32", (), encode(np.array(alpha, np.float32), "F32")[0])
+                s_m = (alpha if alpha is not None else r) / r
+                out[wname] = (base[wname].astype(np.float64) + s_m * (b.astype(np.float64) @ a.astype(np.float64))
+                              ).astype(np.float32)
+        lf = os.path.join(d, fname)
+        safetensors_np.save_raw(lf, tensors)
+        full = os.path.join(d, "merged.safetensors")
+        safetensors_np.save(full, out, meta)
+        o1, o2 = os.path.join(d, "lora.safetensors"), os.path.join(d, "full.safetensors")
+        r1 = run(reelctl, ["run", "--weights", w, "--lora", lf if down == "lora_down" else d] + io + ["--out", o1])
+        r2 = run(reelctl, ["run", "--weights", full] + io + ["--out", o2])
+        if r1.returncode or r2.returncode:
+            check(False, name, "rc %d %s / rc %d %s" % (r1.returncode, r1.stderr.strip(), r2.returncode,
+                                                       r2.stderr.strip()))
+            continue
+        a_, b_ = safetensors_np.load(o1)[0]["latent"], safetensors_np.load(o2)[0]["latent"]
+        err = float(np.max(np.abs(a_ - b_)) / (np.max(np.abs(b_)) + 1e-30))
+        moved = base_out is not None and float(np.max(np.abs(a_ - base_out))) > 1e-3
+        check(err < 1e-4 and moved, "%s: run --lora = numpy's merged file (rel. err %.2e), and not the base"
+              % (name, err), "err %.3e moved %s" % (err, moved))
+
     refusals = [
         ("DoRA (use_dora)", dict(config_extra={"use_dora": True}), "DoRA"),
         ("DoRA magnitude keys", dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector":
