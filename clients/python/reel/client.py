@@ -4,7 +4,8 @@ One Client is one ZeroMQ DEALER socket on the broker's client endpoint (of
 a standby pair: on one of the two brokers' at a time). Its calls run one
 at a time: a call from another thread waits for the running one (use one
 Client per thread for calls side by side). Every call has a client-side
-deadline, so nothing hangs when the broker is gone. Arguments are checked
+deadline, so nothing hangs when the broker is gone or refuses the
+connection (a send that cannot go by then raises ReelTimeout too). Arguments are checked
 before anything is sent: an integer field takes an integer (not a float,
 a bool or a string), a number field a number, tensors real numbers (cast
 to little-endian float32); a wrong one raises TypeError or ValueError
@@ -37,6 +38,7 @@ MAX_MSG = 512 << 20
 MAX_BROKERS = 4  # endpoints in a list: a broker, or a standby pair
 STANDBY_PAUSE = 0.2  # seconds, after a round of "standby" answers (a pair still choosing)
 _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
+_MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
 
 
 class ReelError(Exception):
@@ -511,7 +513,21 @@ class Client:
 
     # ---- framing -------------------------------------------------------
 
-    def _send(self, mtype, rid, fields, tensors=()):
+    def _put(self, frames, by, rid):
+        """Sends frames as one message, by the monotonic deadline by; raises
+        ReelTimeout when it cannot go by then. A DEALER with no connection
+        (a broker with --keys refused this client's handshake, or nothing
+        listens) holds no pipe and a blocking send would wait forever."""
+        left = by - time.monotonic()
+        self._sock.setsockopt(zmq.SNDTIMEO, min(max(0, int(left * 1000)), _MAX_MS))
+        try:
+            self._sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
+                              "refuses a client without its key)", rid) from None
+
+    def _send(self, mtype, rid, fields, tensors=(), *, by):
+        """Sends a message by the monotonic deadline by (ReelTimeout else)."""
         # proto, type and id first: a receiver that refuses a later field
         # (a string too long) has read the id and answers it
         hdr = {"proto": PROTO, "type": mtype, "id": rid}
@@ -525,15 +541,15 @@ class Client:
             for name, a in tensors:
                 hdr["tensors"].append({"name": name, "dtype": "F32", "shape": list(a.shape), "bytes": a.nbytes})
                 frames.append(a.tobytes())
-        self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True)] + frames, copy=False)
+        self._put([msgpack.packb(hdr, use_bin_type=True)] + frames, by, rid)
 
-    def _send_gen(self, rid, fields, tensors):
-        self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors)
+    def _send_gen(self, rid, fields, tensors, by):
+        self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors, by=by)
 
-    def _send_gens(self, sent, send=None):
+    def _send_gens(self, sent, by, send=None):
         """The GENs of sent (rid -> (fields, tensors)), or the messages
-        send(rid, fields, tensors) sends (a SYNC: idempotent, so it may go
-        again too); before this client's first, a STATUS (its answer names
+        send(rid, fields, tensors, by) sends (a SYNC: idempotent, so it may go
+        again too), each by the call's deadline by; before this client's first, a STATUS (its answer names
         the broker that got them: its boot id). The waiting state
         _recv_live keeps across its calls."""
         send = send or self._send_gen
@@ -541,9 +557,9 @@ class Client:
               "standbys": 0}
         if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
-            self._send("STATUS", st["ping"], {})
+            self._send("STATUS", st["ping"], {}, by=by)
         for rid, (fields, tensors) in sent.items():
-            send(rid, fields, tensors)
+            send(rid, fields, tensors, by)
         return st
 
     def _recv_live(self, rids, deadline, sent, st, on_progress=None):
@@ -584,7 +600,7 @@ class Client:
                     raise
                 if not st["asked"]:  # silent for `liveness`: is it there?
                     st.update(ping=next(self._ids), asked=True, first=False, resent=False)
-                    self._send("STATUS", st["ping"], {})
+                    self._send("STATUS", st["ping"], {}, by=deadline)
                     continue
                 st.update(asked=False, first=False)  # gone, or stuck
                 move = len(self._eps) > 1  # a standby pair: the other broker
@@ -606,11 +622,11 @@ class Client:
                 self._switch()
                 if self.liveness:
                     st.update(ping=next(self._ids), asked=True, first=True, boot=None)
-                    self._send("STATUS", st["ping"], {})
+                    self._send("STATUS", st["ping"], {}, by=deadline)
             self.resends += 1
             st["resent"] = True
             for rid in rids:
-                st["send"](rid, *sent[rid])
+                st["send"](rid, *sent[rid], deadline)
 
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
@@ -624,7 +640,7 @@ class Client:
         rid = min(rids) if rids else 0
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+            if left <= 0 or not self._sock.poll(min(int(left * 1000) + 1, _MAX_MS)):
                 if time.monotonic() >= deadline:
                     raise ReelTimeout(f"no reply from {self.endpoint} in time", rid)
                 continue
@@ -691,7 +707,7 @@ class Client:
         wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
         t0 = time.monotonic()
         sent = {rid: (fields, tensors)}
-        st = self._send_gens(sent)
+        st = self._send_gens(sent, t0 + wait)
         _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
@@ -748,7 +764,7 @@ class Client:
                 torch_out = True
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
-            st = self._send_gens(sent)
+            st = self._send_gens(sent, t0 + wait)
             _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
@@ -766,7 +782,7 @@ class Client:
             rid = next(self._ids)
             order[rid] = i
             sent[rid] = (fields, tensors)
-        st = self._send_gens(sent)
+        st = self._send_gens(sent, t0 + wait)
         results = [None] * n
         pending = set(order)
         done = {rid: 0 for rid in order}  # progress: every sample's steps done, of n x steps
@@ -891,8 +907,9 @@ class Client:
     def _status_once(self, wait):
         """One STATUS to the broker the socket is connected to."""
         rid = next(self._ids)
-        self._send("STATUS", rid, {})
-        hdr, _ = self._recv(rid, time.monotonic() + wait)
+        by = time.monotonic() + wait
+        self._send("STATUS", rid, {}, by=by)
+        hdr, _ = self._recv(rid, by)
         return hdr
 
     @_call
@@ -972,13 +989,13 @@ class Client:
         chunk = 4 << 20
         ends, nxt, ignore, complete = [], 0, 0, False
         ping, first, ping_by = None, False, 0.0
+        answer_by = time.monotonic() + wait
         if self.liveness and not self._boot:  # learn which broker this attempt talks to
             ping, first, ping_by = next(self._ids), True, time.monotonic() + self.liveness
-            self._send("STATUS", ping, {})
+            self._send("STATUS", ping, {}, by=answer_by)
         # Alone, a broker's first STATUS may take as long as any answer; of
         # a standby pair, a silent one is left after `liveness`.
         first_waits = len(self._eps) < 2
-        answer_by = time.monotonic() + wait
         heard = acked = None
         while True:
             while not complete and nxt < size and len(ends) + ignore < window:
@@ -991,7 +1008,7 @@ class Client:
                        "version": int(version), "sha256": digest, "size": size, "offset": nxt,
                        "client": format(self._token, "016x"),
                        "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
-                self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
+                self._put([msgpack.packb(hdr, use_bin_type=True), data], answer_by, rid)
                 nxt += len(data)
                 ends.append(nxt)
             if complete and sync_fields is None:
@@ -1011,7 +1028,7 @@ class Client:
                     raise
                 if not ping:  # silent for `liveness`: is it there?
                     ping, ping_by = next(self._ids), time.monotonic() + self.liveness
-                    self._send("STATUS", ping, {})
+                    self._send("STATUS", ping, {}, by=answer_by)
                     continue
                 raise _BrokerLost(done, heard, acked=acked)  # that STATUS unanswered too: gone or stuck
             except ReelError as e:
@@ -1053,7 +1070,7 @@ class Client:
             # The SYNC goes once the broker holds an upload of these bytes.
             if sync_fields is not None and sid is None and done is None and (complete or hdr.get("received", 0) > 0):
                 sid = next(self._ids)
-                self._send("SYNC", sid, sync_fields)
+                self._send("SYNC", sid, sync_fields, by=answer_by)
 
     @_call
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
@@ -1217,8 +1234,9 @@ class Client:
         (a SYNC is idempotent: docs/PROTOCOL.md "Weight syncs")."""
         rid = next(self._ids)
         sent = {rid: (fields, ())}
-        st = self._send_gens(sent, lambda r, f, t: self._send("SYNC", r, f, t))
-        _, hdr, _ = self._recv_live({rid}, time.monotonic() + self._sync_wait(deadline_ms, timeout), sent, st)
+        by = time.monotonic() + self._sync_wait(deadline_ms, timeout)
+        st = self._send_gens(sent, by, lambda r, f, t, by_: self._send("SYNC", r, f, t, by=by_))
+        _, hdr, _ = self._recv_live({rid}, by, sent, st)
         return self._sync_done(hdr, rid)
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):

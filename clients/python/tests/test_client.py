@@ -1311,6 +1311,48 @@ class CurveTests(unittest.TestCase):
             with self.assertRaises(reel.ReelTimeout):
                 c.status(timeout=1)
 
+    def test_without_a_key_each_call_after_the_first_times_out_too_instead_of_blocking_in_a_send(self):
+        # After the broker refuses the handshake the DEALER has no pipe: a
+        # blocking send would wait forever. The calls run in a child process
+        # that the test kills after 60 s (a hang is a failure, not a stuck test).
+        up = os.path.join(self.dir, "up.bin")
+        with open(up, "wb") as f:
+            f.write(b"x" * 1000)
+        script = f"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, {os.path.dirname(HERE)!r})
+import reel
+ctx, lat = np.zeros((5, 32), np.float32), np.zeros((4, 2, 8, 8), np.float32)
+out = []
+for liveness in (None, 0.3):
+    with reel.Client({self.cluster.ce!r}, timeout=1, liveness=liveness) as c:
+        for name, call in (("status", lambda: c.status(timeout=1)),
+                           ("gen", lambda: c.gen("tiny", ctx, latent=lat, steps=2, timeout=1.5)),
+                           ("status", lambda: c.status(timeout=1)),
+                           ("upload", lambda: c.upload(9, {up!r}, timeout=1)),
+                           ("gen", lambda: c.gen("tiny", ctx, latent=lat, steps=2, timeout=1.5))):
+            t0 = time.monotonic()
+            try:
+                call()
+                why = "answered"
+            except reel.ReelTimeout:
+                why = "timeout"
+            out.append([name, why, time.monotonic() - t0])
+print(json.dumps(out))
+"""
+        try:
+            p = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("a call of a client without a key blocked past every timeout")
+        self.assertEqual(p.returncode, 0, p.stdout.decode()[-2000:])
+        calls = json.loads(p.stdout.decode().strip().splitlines()[-1])
+        self.assertEqual(len(calls), 10)
+        for name, why, secs in calls:
+            self.assertEqual(why, "timeout", calls)
+            self.assertLess(secs, 4.0, f"{name} took {secs:.1f} s for a timeout of at most 1.5 s")
+
     def test_the_socket_of_a_move_to_another_endpoint_keeps_the_keys(self):
         ce = self.cluster.ce
         with self.cluster.client("client", timeout=10) as c0, reel.Client(
