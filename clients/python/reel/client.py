@@ -379,10 +379,16 @@ def _one_progress(progress):
 def _call(fn):
     """A public call: one at a time per Client (a call from another thread
     waits for the running one; the client is not for concurrent use), and
-    none after close()."""
+    none after close(). A call from inside a progress callback (the same
+    thread, in the middle of the call it reports on) raises RuntimeError:
+    on the same socket it would read, and drop, the outer call's replies."""
     @functools.wraps(fn)
     def run(self, *args, **kw):
         with self._busy:
+            if self._in_progress:
+                raise RuntimeError(f"a Client call ({fn.__name__}) from inside its own progress callback: the "
+                                   "call it reports on is still running on this socket; use another Client, "
+                                   "or call after it returns")
             if self._sock is None:
                 raise ReelError("closed", "this Client is closed")
             return fn(self, *args, **kw)
@@ -461,6 +467,7 @@ class Client:
         self._base = None  # the last full version this client published
         self.broker = broker
         self._busy = threading.RLock()  # one call at a time (_call): another thread's waits its turn
+        self._in_progress = False  # a progress callback runs (_call refuses a call from it)
 
     @property
     def endpoint(self):
@@ -652,8 +659,12 @@ class Client:
             mtype = hdr.get("type")
             if mtype == "PROGRESS":
                 if on_progress:  # a decode's latent frames continue the steps: one count over both
-                    on_progress(rid, hdr.get("step", 0) + hdr.get("decoded", 0),
-                                hdr.get("steps", 0) + hdr.get("decode_frames", 0))
+                    self._in_progress = True
+                    try:
+                        on_progress(rid, hdr.get("step", 0) + hdr.get("decoded", 0),
+                                    hdr.get("steps", 0) + hdr.get("decode_frames", 0))
+                    finally:
+                        self._in_progress = False
                 continue
             if mtype == "ERROR":
                 raise ReelError(hdr.get("code", "internal"), hdr.get("message", ""), rid)
@@ -687,7 +698,8 @@ class Client:
         CFG on with scale cfg; latent: [C, F, H, W] (else drawn from seed by
         the worker, and latent_shape is required); version: the oldest
         transformer version it may run on (None: the current one);
-        progress(step, steps) is called as steps finish. return_trajectory,
+        progress(step, steps) is called as steps finish (in this thread,
+        inside the call: a call of this Client from it raises RuntimeError). return_trajectory,
         return_log_probs and return_means (the last two: sde with eta > 0)
         fill the GenResult's rollout fields. solver: "euler" (the default),
         or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not

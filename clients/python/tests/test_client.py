@@ -347,6 +347,23 @@ class ClientTests(unittest.TestCase):
         self.c.gen("tiny", self.ctx, latent=self.lat, steps=7, shift=3.0, progress=lambda s, n: seen.append((s, n)))
         self.assertEqual(seen, [(i, 7) for i in range(1, 8)])
 
+    def test_a_call_from_inside_its_own_progress_callback_is_refused_and_the_outer_call_still_gets_its_result(self):
+        refused, seen = [], []
+
+        def progress(step, steps):
+            seen.append(step)
+            try:
+                self.c.status(timeout=5)  # would read, and drop, the outer GEN's PROGRESS and RESULT
+            except RuntimeError as e:
+                refused.append(str(e))
+
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0, progress=progress, timeout=20)
+        self.assertEqual(seen, [1, 2, 3])
+        self.assertEqual(len(refused), 3, refused)
+        self.assertIn("from inside its own progress callback", refused[0])
+        self.assertTrue(np.array_equal(r.latent, self.reference(self.w1, 3)))
+        self.assertIn("workers", self.c.status())  # after the call, calls run again
+
     def test_unknown_model_raises_no_worker_or_timeout_at_the_deadline(self):
         with self.assertRaises(reel.ReelError) as e:
             self.c.gen("nosuchmodel", self.ctx, latent=self.lat, steps=2, deadline_ms=300)
