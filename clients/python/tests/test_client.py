@@ -1628,7 +1628,8 @@ class LoraTests(unittest.TestCase):
         safetensors.save(os.path.join(folder, "adapter_model.safetensors"), sd)
         self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "GEN after an uploaded adapter != run --lora")
 
-    def test_the_grpo_example_trains_and_publishes_an_adapter(self):
+    def test_the_grpo_example_trains_and_publishes_an_adapter_run_after_run(self):
+        # last of LoraTests: the runs without --base make another version the workers' base
         ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
         v, base = self.next_version(), 1  # the worker's base: its startup weights (no full sync here)
         p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w, "--model", "tiny",
@@ -1639,6 +1640,18 @@ class LoraTests(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"published v{v} (adapter on base v{base})", out)
         self.assertIn(f"the next rollouts ran on v[{v + 1}]", out)
+        # Without --base, run after run: the current version is the last
+        # run's adapter, no base; each run publishes --weights as its base.
+        for run_ in range(2):
+            v = self.next_version()
+            p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w, "--model",
+                                "tiny", "--iters", "2", "--group", "2", "--latent", "1x4x4", "--weights-dir", self.dir,
+                                "--rank", "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+            out = p.stdout.decode()
+            self.assertEqual(p.returncode, 0, f"run {run_ + 1} without --base: {out}")
+            self.assertIn(f"published v{v} (the base: {self.w} whole)", out)
+            self.assertIn(f"published v{v + 1} (adapter on base v{v})", out)
+            self.assertIn(f"the next rollouts ran on v[{v + 2}]", out)
 
     def test_a_thousand_alternating_adapter_syncs_leave_the_output_bitwise_the_first(self):
         folders = []
