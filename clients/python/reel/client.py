@@ -16,6 +16,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -249,12 +250,13 @@ def _flag(name, v):
 
 
 def _wait(name, v, default):
-    """A timeout in seconds: None takes default; else a number > 0."""
+    """A timeout in seconds: None takes default; else a finite number > 0
+    (every call has a deadline: infinity or NaN is refused)."""
     if v is None:
         return default
     v = _num(name, v)
-    if not v > 0:
-        raise ValueError(f"{name} must be > 0 seconds (None: the default), got {v}")
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 (None: the default), got {v}")
     return v
 
 

@@ -479,8 +479,8 @@ class ClientTests(unittest.TestCase):
             (dict(steps=2, latent_shape=(4, 1, 4.7, 4.9)), TypeError, "latent_shape[2] must be an integer"),
             (dict(steps=2, latent_shape=4), ValueError, "latent_shape must be 4 integers"),
             (dict(steps=2, latent_shape="4144"), ValueError, "latent_shape must be 4 integers"),
-            (dict(kw, timeout=0), ValueError, "timeout must be > 0"),
-            (dict(kw, timeout=-5), ValueError, "timeout must be > 0"),
+            (dict(kw, timeout=0), ValueError, "timeout must be a finite number of seconds > 0"),
+            (dict(kw, timeout=-5), ValueError, "timeout must be a finite number of seconds > 0"),
         ]
         t0 = time.monotonic()
         for args, exc, words in cases:
@@ -514,6 +514,20 @@ class ClientTests(unittest.TestCase):
         self.assertTrue(np.array_equal(a.latent, b.latent))
         with self.assertWarns(UserWarning):  # guidance without an unconditional context is off: said
             self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, cfg=5.0)
+
+    def test_an_infinite_or_nan_timeout_is_a_value_error_naming_it_as_every_call_has_a_deadline(self):
+        t0 = time.monotonic()
+        for bad in (float("inf"), float("nan"), np.float64("inf"), -float("inf")):
+            calls = (lambda: self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, timeout=bad),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latent_shape=(4, 2, 8, 8), steps=2, timeout=bad),
+                     lambda: self.c.status(timeout=bad),
+                     lambda: self.c.sync(99, path=self.w2, timeout=bad),
+                     lambda: reel.Client(self.cluster.ce, timeout=bad))
+            for call in calls:
+                with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                    call()
+                self.assertIn("timeout must be a finite number of seconds > 0", str(e.exception))
+        self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
 
     def test_bad_endpoints_are_refused_by_name_and_a_closed_client_says_so(self):
         for ep in ("localhost:5555", "tcp://127.0.0.1", "http://x:1", ""):
