@@ -1719,6 +1719,74 @@ class LoraTests(unittest.TestCase):
         self.assertTrue(np.array_equal(self.gen(), before), "a refused adapter changed the weights")
 
 
+class SafetensorsTests(unittest.TestCase):
+    """reel.safetensors on bad files (each a ValueError naming the file and
+    the tensor at fault) and on what it cannot write; no cluster."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="reel-py-st-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def raw(self, header, data=b""):
+        """A file of header (bytes, or an object written as JSON) and data."""
+        h = header if isinstance(header, bytes) else json.dumps(header).encode()
+        path = os.path.join(self.dir, f"f{time.monotonic_ns()}.safetensors")
+        with open(path, "wb") as f:
+            f.write(len(h).to_bytes(8, "little") + h + data)
+        return path
+
+    def test_every_bad_file_is_a_value_error_naming_the_file_and_the_tensor(self):
+        t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        cases = [  # (header, data, words the message holds besides the path)
+            ([1, 2], b"", "not an object"),
+            ({"w": [1, 2]}, b"", "w: its entry is a JSON list"),
+            ({"w": {"dtype": "F32", "shape": [2]}}, bytes(8), "w: no data_offsets"),
+            ({"w": dict(t, shape=[3])}, bytes(8), "w: shape [3] of F32 is 12 bytes"),
+            ({"w": dict(t, dtype="BF16", shape=[2], data_offsets=[0, 3])}, bytes(3), "w: shape [2] of BF16"),
+            ({"w": dict(t, shape=[-2])}, bytes(8), "w: shape"),
+            ({"w": dict(t, data_offsets=[0])}, bytes(8), "w: data_offsets"),
+            ({"w": dict(t, data_offsets=[0, 16])}, bytes(8), "w: data_offsets outside the file"),
+            ({"w": dict(t, dtype="I64")}, bytes(8), "w: dtype I64"),
+            (b'{"w": {"dtype": "F32"', bytes(8), "not UTF-8 JSON"),
+            (b'{"w\xff": 1}', b"", "not UTF-8 JSON"),
+            ({"a": t, "b": dict(t, data_offsets=[4, 12])}, bytes(12), "b: its bytes overlap a's"),
+            ({"__metadata__": [1], "w": t}, bytes(8), "__metadata__"),
+        ]
+        for header, data, words in cases:
+            path = self.raw(header, data)
+            with self.assertRaises(ValueError, msg=repr(header)) as e:
+                safetensors.load(path)
+            self.assertIn(path, str(e.exception))
+            self.assertIn(words, str(e.exception), repr(header))
+        # empty tensors may share an offset, with each other and with a tensor's start
+        path = self.raw({"e1": dict(t, shape=[0], data_offsets=[0, 0]), "e2": dict(t, shape=[2, 0],
+                         data_offsets=[0, 0]), "w": t}, np.arange(2, dtype="<f4").tobytes())
+        got, _ = safetensors.load(path)
+        self.assertEqual((got["e1"].shape, got["e2"].shape, list(got["w"])), ((0,), (2, 0), [0.0, 1.0]))
+
+    def test_save_keeps_a_0d_array_and_refuses_what_it_cannot_write(self):
+        path = os.path.join(self.dir, "s.safetensors")
+        safetensors.save(path, {"s": np.float32(2.5), "v": np.arange(3)})
+        got, _ = safetensors.load(path)
+        self.assertEqual(got["s"].shape, ())
+        self.assertEqual(float(got["s"]), 2.5)
+        self.assertEqual(got["v"].dtype, np.float32)
+        for bad, words in (({"b": np.ones(2, bool)}, "b: dtype bool"), ({"c": np.ones(2, np.complex64)}, "c: dtype"),
+                           ({"__metadata__": np.ones(2, np.float32)}, "__metadata__"),
+                           ({"t": ["a", "b"]}, "t: dtype"), ({3: np.ones(2)}, "3")):
+            with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                safetensors.save(path, bad)
+            self.assertIn(words, str(e.exception))
+        try:
+            import torch
+        except ImportError:
+            return
+        with self.assertRaises(ValueError):
+            safetensors.save(path, {"b": torch.ones(2, dtype=torch.bool)})
+
+
 class Result(unittest.TextTestResult):
     pass
 
@@ -1740,6 +1808,7 @@ def main():
     BUILD = os.path.abspath(a.build)
     suite = unittest.TestSuite()
     loader = unittest.TestLoader()
+    suite.addTests(loader.loadTestsFromTestCase(SafetensorsTests))
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
