@@ -12,6 +12,7 @@ to little-endian float32); a wrong one raises TypeError or ValueError
 naming it.
 """
 
+import copy
 import functools
 import hashlib
 import itertools
@@ -104,8 +105,9 @@ class GenResult:
     W', 3] (F' = 1+4(F-1), H' = 8H, W' = 8W); with output="video": .video,
     the MP4's bytes; .encode_seconds and .decode_seconds: the worker's time
     encoding the prompt and decoding. .seed: the sample's seed when it came from a
-    group (gen_group), else None. A group's samples share .stats and
-    .seconds (the group's batched steps)."""
+    group (gen_group), else None. A group's samples hold the same .stats
+    (the group's batched steps), each its own copy (nested maps included),
+    and the same .seconds."""
 
     def __init__(self, hdr, tensors, seconds, steps, convert, sample=None):
         # sample: this sample's index in a group's RESULT (its tensors
@@ -115,7 +117,7 @@ class GenResult:
         self.worker = hdr.get("worker", "")
         self.version = hdr.get("version", 0)
         self.first_version = hdr.get("first_version", self.version)
-        self.stats = dict(hdr.get("stats", {}) or {})  # a group's samples each their own copy
+        self.stats = copy.deepcopy(dict(hdr.get("stats", {}) or {}))  # a group's samples: each its own copy
         self.key_hash = hdr.get("key_hash", "")
         self.seconds = seconds
         self.header = hdr

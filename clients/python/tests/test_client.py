@@ -555,9 +555,12 @@ class ClientTests(unittest.TestCase):
             g[0].sigmas[:] = -1
             g[0].latent[:] = 7
             g[0].stats["replayed"] = -1
+            self.assertIsInstance(g[0].stats.get("declines"), dict, g[0].stats)  # nested: its own too
+            g[0].stats["declines"]["edited"] = 1
             self.assertTrue(np.array_equal(g[1].sigmas, before))
             self.assertFalse((g[1].latent == 7).all())
             self.assertNotEqual(g[1].stats.get("replayed"), -1)
+            self.assertNotIn("edited", g[1].stats["declines"], f"batched={batched}")
 
     def test_calls_from_two_threads_run_one_at_a_time_and_each_gets_its_own_answer(self):
         import threading
