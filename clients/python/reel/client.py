@@ -251,6 +251,53 @@ def _flag(name, v):
     return bool(v)
 
 
+def _text(name, v):
+    """v, a str that encodes as UTF-8 (a lone surrogate does not): bytes, a
+    list or a number would be sent as their repr, another request."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must be text (a str), got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name} is not valid text: {e.reason} at character {e.start} (a lone surrogate)") from None
+    return v
+
+
+def _json_value(o):
+    """json.dumps' default for numpy scalars and arrays (an adapter config
+    built from numpy values); TypeError for anything else."""
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
+def _liveness(v):
+    """Seconds of silence before a STATUS: v, else $REEL_CLIENT_LIVENESS_MS
+    / 1000, else 3.0; a finite number >= 0 (0: never resend)."""
+    if v is None:
+        env = os.environ.get("REEL_CLIENT_LIVENESS_MS")
+        if not env:
+            return 3.0
+        try:
+            ms = int(env, 10)
+        except ValueError:
+            ms = -1
+        if ms < 0:
+            raise ValueError(f"REEL_CLIENT_LIVENESS_MS must be a whole number of milliseconds >= 0 (0: never "
+                             f"resend), got {env!r}")
+        return ms / 1000.0
+    v = _num("liveness", v)
+    if not (v >= 0 and math.isfinite(v)):
+        raise ValueError(f"liveness must be a finite number of seconds >= 0 (0: never resend), got {v}")
+    return v
+
+
 def _wait(name, v, default):
     """A timeout in seconds: None takes default; else a finite number > 0
     (every call has a deadline: infinity or NaN is refused)."""
@@ -417,7 +464,9 @@ class Client:
     The broker's boot id is learnt at the first GEN and from every RESULT
     (a broker restarted between two calls is then not taken for one that
     lost the second call's GEN).
-    Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend.
+    Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend. A
+    number >= 0 (else TypeError or ValueError naming it; the variable must
+    be a whole number of milliseconds >= 0, else a ValueError naming it).
     .resends counts the GENs sent again.
 
     broker may list up to 4 endpoints, "A,B": a standby pair
@@ -445,6 +494,7 @@ class Client:
             if not _ENDPOINT.match(e):
                 raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
         timeout = _wait("timeout", timeout, 120.0)
+        liveness = _liveness(liveness)
         self._eps = eps  # a broker, or a standby pair: talked to one at a time
         self._at = 0     # ... the one the socket is connected to
         self.switches = 0  # moves to another endpoint of the list
@@ -462,9 +512,7 @@ class Client:
         self._open()
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
-        if liveness is None:
-            liveness = int(os.environ.get("REEL_CLIENT_LIVENESS_MS") or 3000) / 1000.0
-        self.liveness = max(0.0, float(liveness))
+        self.liveness = liveness
         self.resends = 0
         self._boot = None  # the broker's boot id last seen
         self.timeout = timeout
@@ -831,6 +879,11 @@ class Client:
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty name, got {model!r}")
+        _text("model", model)
+        if prompt is not None:
+            _text("prompt", prompt)
+        if negative_prompt is not None:
+            _text("negative_prompt", negative_prompt)
         if (prompt is None) == (context is None):
             raise ValueError("give a prompt or a context, not both and not neither")
         if prompt is not None and uncond is not None:
@@ -868,9 +921,9 @@ class Client:
         if solver != "euler":
             fields["solver"] = solver
         if prompt is not None:
-            fields["prompt"] = str(prompt)
+            fields["prompt"] = prompt
         if negative_prompt is not None:
-            fields["negative_prompt"] = str(negative_prompt)
+            fields["negative_prompt"] = negative_prompt
         if output != "latent":
             fields["output"] = output
         if n != 1:
@@ -1172,7 +1225,10 @@ class Client:
         folder into weights_dir (it must lie below the workers'
         --weights-dir; a fresh temporary folder by default, for workers on
         this machine). lora=None with base_sha256 (the base file's identity,
-        checkpoint_identity): the base itself again.
+        checkpoint_identity): the base itself again. Checked here, before
+        any file is written or sent: base below version (ValueError), a
+        state dict with a tensor at least (ValueError), lora_config of JSON
+        values (numpy scalars taken as numbers; else TypeError).
 
         upload=True: by value, for a trainer that shares no filesystem with
         the workers: adapter_model.safetensors goes through the broker (it
@@ -1180,7 +1236,10 @@ class Client:
         config travels in the SYNC (lora_config, at most 4095 bytes); a
         folder written here from a state dict is removed after."""
         version = _uint("version", version, 1, (1 << 63) - 1)
-        base = _uint("base", base, 1, (1 << 63) - 1)  # below version: the broker says so
+        base = _uint("base", base, 1, (1 << 63) - 1)
+        if base >= version:  # checked here: by value, before anything is uploaded
+            raise ValueError(f"base ({base}) must be below version ({version}): the full version the adapter "
+                             "goes on is an older one")
         deadline_ms = _uint("deadline_ms", deadline_ms)
         if lora is None:
             if not base_sha256:
@@ -1196,15 +1255,29 @@ class Client:
         else:
             if not isinstance(lora_config, dict) or "r" not in lora_config:
                 raise ValueError("a state dict adapter needs lora_config= (a dict with at least r and lora_alpha)")
+            tensors = dict(lora)
+            if not tensors:
+                raise ValueError("lora= holds no LoRA tensors (an empty state dict): nothing to publish")
+            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
+            cfg.update(lora_config)
+            try:  # numpy scalars become JSON numbers; the text is made before any file
+                cfg_text = json.dumps(cfg, default=_json_value)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"lora_config must hold JSON values (numbers, strings, lists, dicts; numpy "
+                                f"scalars are taken): {e}") from None
             if not weights_dir:
                 made = weights_dir = tempfile.mkdtemp(prefix="reel-lora-")
             folder = os.path.join(weights_dir, f"{component}-v{int(version)}-lora")
-            os.makedirs(folder, exist_ok=True)
-            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
-            cfg.update(lora_config)
-            with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-                json.dump(cfg, f)
-            safetensors.save(os.path.join(folder, "adapter_model.safetensors"), dict(lora))
+            new = not os.path.exists(folder)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                    f.write(cfg_text)
+                safetensors.save(os.path.join(folder, "adapter_model.safetensors"), tensors)
+            except BaseException:  # no half-written adapter left behind
+                if made or new:
+                    shutil.rmtree(made or folder, ignore_errors=True)
+                raise
         weights = os.path.join(folder, "adapter_model.safetensors")
         if not os.path.isfile(weights) or not os.path.isfile(os.path.join(folder, "adapter_config.json")):
             raise ValueError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")

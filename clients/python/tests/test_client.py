@@ -529,6 +529,46 @@ class ClientTests(unittest.TestCase):
                 self.assertIn("timeout must be a finite number of seconds > 0", str(e.exception))
         self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
 
+    def test_text_and_liveness_of_the_wrong_kind_are_refused_by_name_before_anything_is_sent(self):
+        t0 = time.monotonic()
+        kw = dict(steps=2, latent_shape=(4, 2, 8, 8))
+        for field, bad, exc, words in (("prompt", b"a cat", TypeError, "prompt must be text"),
+                                       ("prompt", ["a", "cat"], TypeError, "prompt must be text"),
+                                       ("prompt", 7, TypeError, "prompt must be text"),
+                                       ("prompt", "a \ud800 cat", ValueError, "prompt is not valid text"),
+                                       ("negative_prompt", b"x", TypeError, "negative_prompt must be text"),
+                                       ("negative_prompt", "\udfff", ValueError, "negative_prompt is not valid text")):
+            args = {"prompt": "a cat", field: bad}
+            with self.assertRaises(exc, msg=f"{field}={bad!r}") as e:
+                self.c.gen("tiny", cfg=5.0, **args, **kw)
+            self.assertIn(words, str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            self.c.gen("tiny\ud800", self.ctx, **kw)
+        self.assertIn("model is not valid text", str(e.exception))
+        for bad, exc in (("2", TypeError), (True, TypeError), (-1, ValueError), (float("inf"), ValueError),
+                         (float("nan"), ValueError)):
+            with self.assertRaises(exc, msg=repr(bad)) as e:
+                reel.Client(self.cluster.ce, liveness=bad)
+            self.assertIn("liveness must be", str(e.exception))
+        old = os.environ.get("REEL_CLIENT_LIVENESS_MS")
+        try:
+            for bad in ("1.5", "abc", "-5"):
+                os.environ["REEL_CLIENT_LIVENESS_MS"] = bad
+                with self.assertRaises(ValueError, msg=bad) as e:
+                    reel.Client(self.cluster.ce)
+                self.assertIn("REEL_CLIENT_LIVENESS_MS must be a whole number of milliseconds", str(e.exception))
+            os.environ["REEL_CLIENT_LIVENESS_MS"] = "250"
+            with reel.Client(self.cluster.ce) as c:
+                self.assertEqual(c.liveness, 0.25)
+        finally:
+            if old is None:
+                os.environ.pop("REEL_CLIENT_LIVENESS_MS", None)
+            else:
+                os.environ["REEL_CLIENT_LIVENESS_MS"] = old
+        with reel.Client(self.cluster.ce, liveness=0) as c:
+            self.assertEqual(c.liveness, 0.0)
+        self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
+
     def test_bad_endpoints_are_refused_by_name_and_a_closed_client_says_so(self):
         for ep in ("localhost:5555", "tcp://127.0.0.1", "http://x:1", ""):
             with self.assertRaises(ValueError) as e:
@@ -1704,6 +1744,35 @@ class LoraTests(unittest.TestCase):
             if i == 1:
                 self.assertFalse(np.array_equal(self.gen(), first), "the second adapter changed nothing")
         self.assertTrue(np.array_equal(self.gen(), first), "1000 syncs later the adapter's output moved")
+
+    def test_adapter_arguments_are_checked_before_any_file_is_written_or_uploaded(self):
+        cfg = {"r": 4, "lora_alpha": 8}
+        tmp = tempfile.mkdtemp(dir=self.dir)
+        old_tmp, tempfile.tempdir = tempfile.tempdir, tmp  # where a folder made here would go
+        try:
+            v = self.next_version()
+            t0 = time.monotonic()
+            with self.assertRaises(ValueError) as e:  # the broker would refuse it only after the upload
+                self.c.sync_lora(v, v, lora=self.adapter(6), lora_config=cfg, upload=True)
+            self.assertIn(f"base ({v}) must be below version ({v})", str(e.exception))
+            with self.assertRaises(ValueError) as e:
+                self.c.sync_lora(v, 1, lora={}, lora_config=cfg, upload=True)
+            self.assertIn("no LoRA tensors", str(e.exception))
+            with self.assertRaises(TypeError) as e:
+                self.c.sync_lora(v, 1, lora=self.adapter(6), lora_config=dict(cfg, target_modules={"q"}), upload=True)
+            self.assertIn("lora_config must hold JSON values", str(e.exception))
+            with self.assertRaises(ValueError):  # a tensor save refuses: the folder made for it goes too
+                self.c.sync_lora(v, 1, lora=dict(self.adapter(6), bad=np.ones(2, bool)), lora_config=cfg)
+            self.assertLess(time.monotonic() - t0, 2.0)
+            self.assertEqual(os.listdir(tmp), [], "a refused adapter left files behind")
+            self.assertEqual(self.next_version(), v, "a refused adapter used up a version")
+            # numpy scalars in the config are numbers: applied as the same config in ints would be
+            res = self.c.sync_lora(v, 1, lora=self.adapter(6), lora_config={"r": np.int64(4),
+                                   "lora_alpha": np.float32(8.0), "use_rslora": np.bool_(False)}, upload=True)
+            self.assertTrue(res.complete, res)
+            self.assertEqual(os.listdir(tmp), [], "an uploaded adapter's folder was left behind")
+        finally:
+            tempfile.tempdir = old_tmp
 
     def test_refused_adapters_name_their_cause_and_change_nothing(self):
         before = self.gen()
