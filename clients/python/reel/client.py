@@ -25,6 +25,7 @@ import threading
 import warnings
 import shutil
 import stat
+import sys
 import tempfile
 import time
 
@@ -296,6 +297,16 @@ def _liveness(v):
     if not (v >= 0 and math.isfinite(v)):
         raise ValueError(f"liveness must be a finite number of seconds >= 0 (0: never resend), got {v}")
     return v
+
+
+def _warn(message):
+    """warnings.warn pointing at the caller's line: the first frame outside
+    this package (a fixed stacklevel would name a wrapper here, _call's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 2
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f, level = f.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
 
 
 def _wait(name, v, default):
@@ -916,8 +927,8 @@ class Client:
                   "shift": _num("shift", shift), "cfg": _num("cfg", cfg), "sde": _flag("sde", sde),
                   "eta": _num("eta", eta), "seed": _uint("seed", seed), "progress": bool(progress)}
         if uncond is None and prompt is None and fields["cfg"] != 1.0:
-            warnings.warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
-                          "unconditional context); the result is cfg=1's", stacklevel=3)
+            _warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
+                  "unconditional context); the result is cfg=1's")
         if solver != "euler":
             fields["solver"] = solver
         if prompt is not None:

@@ -21,6 +21,7 @@ import threading
 import time
 import unittest
 import urllib.request
+import warnings
 
 import numpy as np
 
@@ -568,6 +569,19 @@ class ClientTests(unittest.TestCase):
         with reel.Client(self.cluster.ce, liveness=0) as c:
             self.assertEqual(c.liveness, 0.0)
         self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
+
+    def test_the_warning_of_cfg_without_uncond_points_at_the_callers_line(self):
+        for call in (lambda: self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, cfg=5.0),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat], steps=2, cfg=5.0),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat], steps=2, cfg=5.0,
+                                              batched=False)):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                call()
+            self.assertTrue(got, "no warning")
+            for w in got:
+                self.assertIn("without uncond", str(w.message))
+                self.assertEqual(os.path.abspath(w.filename), os.path.abspath(__file__))
 
     def test_bad_endpoints_are_refused_by_name_and_a_closed_client_says_so(self):
         for ep in ("localhost:5555", "tcp://127.0.0.1", "http://x:1", ""):
