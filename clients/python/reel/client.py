@@ -320,7 +320,9 @@ def _wait(name, v, default):
     return v
 
 
-_ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:[0-9]{1,5}|ipc://\S+|inproc://\S+)$")
+# tcp://HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one:
+# [::1]), ipc://PATH, inproc://NAME
+_ENDPOINT = re.compile(r"^(tcp://([^:/\s\[\]]+|\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]):([0-9]{1,5})|ipc://\S+|inproc://\S+)$")
 
 
 def _regular_file(path):
@@ -458,7 +460,9 @@ def _call(fn):
 
 
 class Client:
-    """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555).
+    """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555):
+    tcp://HOST:PORT (an IPv6 address in brackets, tcp://[::1]:5555; a port
+    in 1..65535), ipc://PATH or inproc://NAME; else ValueError.
 
     timeout: seconds to wait for a reply (a GEN waits at least its own
     deadline_ms plus a margin). key and broker_key: this client's NAME.key
@@ -502,8 +506,12 @@ class Client:
         if not 1 <= len(eps) <= MAX_BROKERS or any(not e or len(e) >= 256 for e in eps):
             raise ValueError(f"broker endpoint list {broker!r}: 1 to {MAX_BROKERS} endpoints separated by commas")
         for e in eps:
-            if not _ENDPOINT.match(e):
-                raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+            m = _ENDPOINT.match(e)
+            if not m:
+                raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT (HOST a name, an address or "
+                                 "[IPv6]), ipc://PATH or inproc://NAME")
+            if m.group(4) is not None and not 1 <= int(m.group(4)) <= 65535:
+                raise ValueError(f"broker endpoint {e!r}: port {int(m.group(4))} is not in 1..65535")
         timeout = _wait("timeout", timeout, 120.0)
         liveness = _liveness(liveness)
         self._eps = eps  # a broker, or a standby pair: talked to one at a time
@@ -548,6 +556,8 @@ class Client:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+            if self._eps[self._at].startswith("tcp://["):  # an IPv6 address: ZeroMQ connects to none without
+                sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
             sock.connect(self._eps[self._at])

@@ -23,7 +23,9 @@ import unittest
 import urllib.request
 import warnings
 
+import msgpack
 import numpy as np
+import zmq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -596,6 +598,41 @@ class ClientTests(unittest.TestCase):
             with self.assertRaises(reel.ReelError) as e:
                 call()
             self.assertEqual(e.exception.code, "closed")
+
+    def test_a_bracketed_ipv6_endpoint_is_taken_and_a_port_outside_1_to_65535_is_not(self):
+        for ep in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://[::1]:70000", "tcp://[::1]", "tcp://::1:5555",
+                   "tcp://[x]:5555"):
+            with self.assertRaises(ValueError, msg=ep) as e:
+                reel.Client(ep)
+            self.assertIn("endpoint", str(e.exception))
+        for ep in ("tcp://[::1]:5555", "tcp://[fe80::1%eth0]:5555", "tcp://127.0.0.1:65535", "tcp://[::1]:1,tcp://a:2"):
+            reel.Client(ep).close()
+        # and it talks over IPv6 (a stand-in broker answering one STATUS), where the host has [::1]
+        ctx = zmq.Context.instance()
+        r = ctx.socket(zmq.ROUTER)
+        r.setsockopt(zmq.IPV6, 1)
+        r.setsockopt(zmq.LINGER, 0)
+        try:
+            port = r.bind_to_random_port("tcp://[::1]")
+        except zmq.ZMQError as e:
+            r.close()
+            self.skipTest(f"no IPv6 loopback here: {e}")
+
+        def answer():
+            if r.poll(10000):
+                peer, hdr = r.recv_multipart()
+                rid = msgpack.unpackb(hdr)["id"]
+                r.send_multipart([peer, msgpack.packb({"proto": "reel/1", "type": "STATUS_REPLY", "id": rid,
+                                                       "workers": []})])
+
+        t = threading.Thread(target=answer)
+        t.start()
+        try:
+            with reel.Client(f"tcp://[::1]:{port}", timeout=10) as c:
+                self.assertEqual(c.status()["workers"], [])
+        finally:
+            t.join(15)
+            r.close()
 
     def test_a_group_gives_each_sample_its_own_arrays_seed_and_progress_either_way(self):
         kw = dict(n=3, seeds=[4, 5, 6], steps=2, latent_shape=(4, 2, 8, 8), sde=True, return_log_probs=True)
