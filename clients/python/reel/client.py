@@ -94,8 +94,9 @@ class SyncFailed(ReelError):
 
 
 class GenResult:
-    """What a GEN returned: .latent (numpy, or torch when the inputs were
-    torch tensors), .worker, .version (weights of its last step),
+    """What a GEN returned: .latent (torch when any tensor argument, context,
+    uncond, latent or one of a group's latents, was a torch tensor; else
+    numpy; .trajectory, .log_probs, .sigmas and .means likewise), .worker, .version (weights of its last step),
     .first_version, .versions (the weight version of every step), .stats
     (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
     batch_rows, padded_rows),
@@ -834,6 +835,8 @@ class Client:
         if deadline_ms is not None:
             deadline_ms = _uint("deadline_ms", deadline_ms)
         wait = _wait("timeout", timeout, max(self.timeout, (deadline_ms or 60000) / 1000 + 5))
+        # the rule of gen: torch out when any tensor in is torch (a latent of the list, or all of them as one)
+        torch_latents = latents is not None and (_is_torch(latents) or any(_is_torch(x) for x in latents))
         t0 = time.monotonic()
         if batched:
             lat = None
@@ -845,8 +848,7 @@ class Client:
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
                 deadline_ms=deadline_ms, progress=progress is not None, n=n, seeds=seeds, **kw)
-            if latents is not None and _is_torch(latents[0]):
-                torch_out = True
+            torch_out = torch_out or torch_latents
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
             st = self._send_gens(sent, t0 + wait)
@@ -858,12 +860,13 @@ class Client:
             if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
                 raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
             return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
-        order, torch_out, sent = {}, False, {}
+        order, torch_out, sent = {}, torch_latents, {}
         for i in range(n):
-            fields, tensors, torch_out = self._gen_message(
+            fields, tensors, torch_one = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape,
                 latent=None if latents is None else latents[i], seed=seeds[i], deadline_ms=deadline_ms,
                 progress=progress is not None, **kw)
+            torch_out = torch_out or torch_one
             rid = next(self._ids)
             order[rid] = i
             sent[rid] = (fields, tensors)
@@ -913,7 +916,7 @@ class Client:
             raise ValueError("negative_prompt needs a prompt")
         if output not in ("latent", "frames", "video"):
             raise ValueError(f"output must be 'latent', 'frames' or 'video', got {output!r}")
-        torch_out = _is_torch(context) if context is not None else _is_torch(latent)
+        torch_out = any(_is_torch(x) for x in (context, uncond, latent))  # any torch in: torch out
         tensors = []
         if context is not None:
             tensors.append(("context", _f32("context", context, 2)))

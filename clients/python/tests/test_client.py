@@ -400,6 +400,27 @@ class ClientTests(unittest.TestCase):
         self.assertTrue(torch.is_tensor(r.latent))
         self.assertTrue(np.array_equal(r.latent.numpy(), self.reference(self.w1, 3)))
 
+    def test_results_are_torch_when_any_tensor_argument_is_torch_the_same_rule_for_gen_and_gen_group(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed here (the client never needs it)")
+        T = torch.from_numpy
+        kw = dict(steps=2, shift=3.0)
+        for ctx, unc, lat, want in ((self.ctx, None, self.lat, False), (T(self.ctx), None, self.lat, True),
+                                    (self.ctx, None, T(self.lat), True), (self.ctx, T(self.unc), self.lat, True)):
+            why = f"context {type(ctx).__name__}, uncond {type(unc).__name__}, latent {type(lat).__name__}"
+            extra = dict(uncond=unc, cfg=2.0) if unc is not None else {}
+            r = self.c.gen("tiny", ctx, latent=lat, **kw, **extra)
+            self.assertEqual(torch.is_tensor(r.latent), want, "gen: " + why)
+            for batched in (True, False):
+                for lats in ([lat, self.lat], [self.lat, lat]):  # torch first or second
+                    g = self.c.gen_group("tiny", ctx, n=2, latents=lats, batched=batched, **kw, **extra)
+                    self.assertEqual([torch.is_tensor(x.latent) for x in g], [want, want],
+                                     f"gen_group batched={batched}: {why}")
+        g = self.c.gen_group("tiny", self.ctx, n=2, latents=T(np.stack([self.lat, self.lat])), **kw)
+        self.assertTrue(torch.is_tensor(g[0].latent), "gen_group with one [n, ...] torch tensor")
+
     # -- syncs (in order: they change the cluster's weights) ----------------
 
     def test_z1_sync_by_state_dict_applies_and_later_gens_run_on_it(self):
