@@ -159,7 +159,7 @@ echo
 
 say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts of a prompt with log-probs, a toy reward on their decoded frames, a LoRA adapter update published by value on base v2 (the workers run with --lora: no graph evicted), the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
-    --iters 2 --group 4 --steps 4 --latent 2x8x8 --upload --weights-dir "$D" --prompt "a red ball rolling on a beach"
+    --iters 2 --group 4 --steps 4 --latent 2x8x8 --base 2 --upload --weights-dir "$D" --prompt "a red ball rolling on a beach"
 echo
 
 say "11. a prompt in, a video out: the worker encodes the prompt (and Wan's default negative prompt, for CFG), runs the loop and decodes the latent with its VAE"

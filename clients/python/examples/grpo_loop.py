@@ -10,7 +10,10 @@ log-probability: a stand-in for a real gradient step, which needs autograd)
 of a LoRA adapter on the attention projections (rank --rank, alpha twice
 it, as Flow-GRPO trains: PEFT's key names, B starting at zero), published
 as an adapter on the workers' base version (they run with --lora: every
-captured graph is kept); with --full, of every weight, published whole
+captured graph is kept): --base, the full version the workers hold; without
+it, --weights is published whole first and is the base (STATUS does not say
+whether the current version is an adapter, as it is after a LoRA run, so
+"the current version" is no base to count on); with --full, of every weight, published whole
 (written as safetensors with the Wan2.1 names); and the next group's
 rollouts, which must report the new weight version on every step.
 
@@ -70,7 +73,8 @@ def main():
     ap.add_argument("--full", action="store_true", help="publish whole weights, not a LoRA adapter")
     ap.add_argument("--rank", type=int, default=8, help="the adapter's rank r (lora_alpha = 2r)")
     ap.add_argument("--base", type=int, default=None,
-                    help="the full version the workers hold as their base (default: the current version)")
+                    help="the full version the workers hold as their base, built from --weights (default: "
+                         "publish --weights whole first, as the base)")
     ap.add_argument("--prompt", default=None,
                     help="a text prompt (workers with a text encoder and a VAE): the reward is computed on frames")
     a = ap.parse_args()
@@ -104,8 +108,15 @@ def main():
     ok = True
     with reel.Client(a.broker, timeout=600) as c:
         current = c.status().get("versions", {}).get("transformer", 1) or 1
-        base = a.base or current
         version = a.start_version or current + 1
+        base = a.base
+        if not a.full and base is None:
+            # The current version may be an adapter (the last LoRA run's),
+            # which no adapter can go on: the base is published here.
+            res = c.sync(version, state_dict=sd, config=config, weights_dir=wdir, upload=a.upload)
+            print(f"grpo: published v{version} (the base: {a.weights} whole): applied by {','.join(res.applied)}"
+                  f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
+            base, version = version, version + 1
         if not a.full:
             print(f"grpo: LoRA rank {a.rank} on {len(layers) * len(modules)} Linears, {lora_bytes} bytes a sync "
                   f"({100.0 * lora_bytes / full_bytes:.1f}% of the {full_bytes} of the whole model), on base v{base}")

@@ -13,7 +13,7 @@
     Client("tcp://a:5555,tcp://b:5555")
 
 Pure Python on pyzmq, msgpack and numpy; torch tensors are accepted and
-returned when the inputs are torch tensors, and never required.
+returned when any tensor argument is a torch tensor, and never required.
 """
 
 from .client import (BusyError, Client, GenResult, ReelError, ReelTimeout, SyncFailed, SyncResult,

@@ -4,17 +4,20 @@ One Client is one ZeroMQ DEALER socket on the broker's client endpoint (of
 a standby pair: on one of the two brokers' at a time). Its calls run one
 at a time: a call from another thread waits for the running one (use one
 Client per thread for calls side by side). Every call has a client-side
-deadline, so nothing hangs when the broker is gone. Arguments are checked
+deadline, so nothing hangs when the broker is gone or refuses the
+connection (a send that cannot go by then raises ReelTimeout too). Arguments are checked
 before anything is sent: an integer field takes an integer (not a float,
 a bool or a string), a number field a number, tensors real numbers (cast
 to little-endian float32); a wrong one raises TypeError or ValueError
 naming it.
 """
 
+import copy
 import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -22,6 +25,7 @@ import threading
 import warnings
 import shutil
 import stat
+import sys
 import tempfile
 import time
 
@@ -37,6 +41,7 @@ MAX_MSG = 512 << 20
 MAX_BROKERS = 4  # endpoints in a list: a broker, or a standby pair
 STANDBY_PAUSE = 0.2  # seconds, after a round of "standby" answers (a pair still choosing)
 _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
+_MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
 
 
 class ReelError(Exception):
@@ -89,8 +94,9 @@ class SyncFailed(ReelError):
 
 
 class GenResult:
-    """What a GEN returned: .latent (numpy, or torch when the inputs were
-    torch tensors), .worker, .version (weights of its last step),
+    """What a GEN returned: .latent (torch when any tensor argument, context,
+    uncond, latent or one of a group's latents, was a torch tensor; else
+    numpy; .trajectory, .log_probs, .sigmas and .means likewise), .worker, .version (weights of its last step),
     .first_version, .versions (the weight version of every step), .stats
     (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
     batch_rows, padded_rows),
@@ -101,8 +107,9 @@ class GenResult:
     W', 3] (F' = 1+4(F-1), H' = 8H, W' = 8W); with output="video": .video,
     the MP4's bytes; .encode_seconds and .decode_seconds: the worker's time
     encoding the prompt and decoding. .seed: the sample's seed when it came from a
-    group (gen_group), else None. A group's samples share .stats and
-    .seconds (the group's batched steps)."""
+    group (gen_group), else None. A group's samples hold the same .stats
+    (the group's batched steps), each its own copy (nested maps included),
+    and the same .seconds."""
 
     def __init__(self, hdr, tensors, seconds, steps, convert, sample=None):
         # sample: this sample's index in a group's RESULT (its tensors
@@ -112,7 +119,7 @@ class GenResult:
         self.worker = hdr.get("worker", "")
         self.version = hdr.get("version", 0)
         self.first_version = hdr.get("first_version", self.version)
-        self.stats = dict(hdr.get("stats", {}) or {})  # a group's samples each their own copy
+        self.stats = copy.deepcopy(dict(hdr.get("stats", {}) or {}))  # a group's samples: each its own copy
         self.key_hash = hdr.get("key_hash", "")
         self.seconds = seconds
         self.header = hdr
@@ -246,17 +253,77 @@ def _flag(name, v):
     return bool(v)
 
 
-def _wait(name, v, default):
-    """A timeout in seconds: None takes default; else a number > 0."""
-    if v is None:
-        return default
-    v = _num(name, v)
-    if not v > 0:
-        raise ValueError(f"{name} must be > 0 seconds (None: the default), got {v}")
+def _text(name, v):
+    """v, a str that encodes as UTF-8 (a lone surrogate does not): bytes, a
+    list or a number would be sent as their repr, another request."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name} must be text (a str), got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name} is not valid text: {e.reason} at character {e.start} (a lone surrogate)") from None
     return v
 
 
-_ENDPOINT = re.compile(r"^(tcp://[^:/\s]+:[0-9]{1,5}|ipc://\S+|inproc://\S+)$")
+def _json_value(o):
+    """json.dumps' default for numpy scalars and arrays (an adapter config
+    built from numpy values); TypeError for anything else."""
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
+def _liveness(v):
+    """Seconds of silence before a STATUS: v, else $REEL_CLIENT_LIVENESS_MS
+    / 1000, else 3.0; a finite number >= 0 (0: never resend)."""
+    if v is None:
+        env = os.environ.get("REEL_CLIENT_LIVENESS_MS")
+        if not env:
+            return 3.0
+        try:
+            ms = int(env, 10)
+        except ValueError:
+            ms = -1
+        if ms < 0:
+            raise ValueError(f"REEL_CLIENT_LIVENESS_MS must be a whole number of milliseconds >= 0 (0: never "
+                             f"resend), got {env!r}")
+        return ms / 1000.0
+    v = _num("liveness", v)
+    if not (v >= 0 and math.isfinite(v)):
+        raise ValueError(f"liveness must be a finite number of seconds >= 0 (0: never resend), got {v}")
+    return v
+
+
+def _warn(message):
+    """warnings.warn pointing at the caller's line: the first frame outside
+    this package (a fixed stacklevel would name a wrapper here, _call's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 2
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f, level = f.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
+
+
+def _wait(name, v, default):
+    """A timeout in seconds: None takes default; else a finite number > 0
+    (every call has a deadline: infinity or NaN is refused)."""
+    if v is None:
+        return default
+    v = _num(name, v)
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 (None: the default), got {v}")
+    return v
+
+
+# tcp://HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one:
+# [::1]), ipc://PATH, inproc://NAME
+_ENDPOINT = re.compile(r"^(tcp://([^:/\s\[\]]+|\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]):([0-9]{1,5})|ipc://\S+|inproc://\S+)$")
 
 
 def _regular_file(path):
@@ -377,10 +444,16 @@ def _one_progress(progress):
 def _call(fn):
     """A public call: one at a time per Client (a call from another thread
     waits for the running one; the client is not for concurrent use), and
-    none after close()."""
+    none after close(). A call from inside a progress callback (the same
+    thread, in the middle of the call it reports on) raises RuntimeError:
+    on the same socket it would read, and drop, the outer call's replies."""
     @functools.wraps(fn)
     def run(self, *args, **kw):
         with self._busy:
+            if self._in_progress:
+                raise RuntimeError(f"a Client call ({fn.__name__}) from inside its own progress callback: the "
+                                   "call it reports on is still running on this socket; use another Client, "
+                                   "or call after it returns")
             if self._sock is None:
                 raise ReelError("closed", "this Client is closed")
             return fn(self, *args, **kw)
@@ -388,7 +461,9 @@ def _call(fn):
 
 
 class Client:
-    """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555).
+    """Connects to the broker's client endpoint (default tcp://127.0.0.1:5555):
+    tcp://HOST:PORT (an IPv6 address in brackets, tcp://[::1]:5555; a port
+    in 1..65535), ipc://PATH or inproc://NAME; else ValueError.
 
     timeout: seconds to wait for a reply (a GEN waits at least its own
     deadline_ms plus a margin). key and broker_key: this client's NAME.key
@@ -405,7 +480,9 @@ class Client:
     The broker's boot id is learnt at the first GEN and from every RESULT
     (a broker restarted between two calls is then not taken for one that
     lost the second call's GEN).
-    Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend.
+    Default 3.0, or $REEL_CLIENT_LIVENESS_MS / 1000; 0: never resend. A
+    number >= 0 (else TypeError or ValueError naming it; the variable must
+    be a whole number of milliseconds >= 0, else a ValueError naming it).
     .resends counts the GENs sent again.
 
     broker may list up to 4 endpoints, "A,B": a standby pair
@@ -430,9 +507,14 @@ class Client:
         if not 1 <= len(eps) <= MAX_BROKERS or any(not e or len(e) >= 256 for e in eps):
             raise ValueError(f"broker endpoint list {broker!r}: 1 to {MAX_BROKERS} endpoints separated by commas")
         for e in eps:
-            if not _ENDPOINT.match(e):
-                raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+            m = _ENDPOINT.match(e)
+            if not m:
+                raise ValueError(f"broker endpoint {e!r}: expected tcp://HOST:PORT (HOST a name, an address or "
+                                 "[IPv6]), ipc://PATH or inproc://NAME")
+            if m.group(4) is not None and not 1 <= int(m.group(4)) <= 65535:
+                raise ValueError(f"broker endpoint {e!r}: port {int(m.group(4))} is not in 1..65535")
         timeout = _wait("timeout", timeout, 120.0)
+        liveness = _liveness(liveness)
         self._eps = eps  # a broker, or a standby pair: talked to one at a time
         self._at = 0     # ... the one the socket is connected to
         self.switches = 0  # moves to another endpoint of the list
@@ -450,15 +532,14 @@ class Client:
         self._open()
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
-        if liveness is None:
-            liveness = int(os.environ.get("REEL_CLIENT_LIVENESS_MS") or 3000) / 1000.0
-        self.liveness = max(0.0, float(liveness))
+        self.liveness = liveness
         self.resends = 0
         self._boot = None  # the broker's boot id last seen
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
         self._busy = threading.RLock()  # one call at a time (_call): another thread's waits its turn
+        self._in_progress = False  # a progress callback runs (_call refuses a call from it)
 
     @property
     def endpoint(self):
@@ -476,6 +557,8 @@ class Client:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
+            if self._eps[self._at].startswith("tcp://["):  # an IPv6 address: ZeroMQ connects to none without
+                sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
             sock.connect(self._eps[self._at])
@@ -511,7 +594,21 @@ class Client:
 
     # ---- framing -------------------------------------------------------
 
-    def _send(self, mtype, rid, fields, tensors=()):
+    def _put(self, frames, by, rid):
+        """Sends frames as one message, by the monotonic deadline by; raises
+        ReelTimeout when it cannot go by then. A DEALER with no connection
+        (a broker with --keys refused this client's handshake, or nothing
+        listens) holds no pipe and a blocking send would wait forever."""
+        left = by - time.monotonic()
+        self._sock.setsockopt(zmq.SNDTIMEO, min(max(0, int(left * 1000)), _MAX_MS))
+        try:
+            self._sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
+                              "refuses a client without its key)", rid) from None
+
+    def _send(self, mtype, rid, fields, tensors=(), *, by):
+        """Sends a message by the monotonic deadline by (ReelTimeout else)."""
         # proto, type and id first: a receiver that refuses a later field
         # (a string too long) has read the id and answers it
         hdr = {"proto": PROTO, "type": mtype, "id": rid}
@@ -525,15 +622,15 @@ class Client:
             for name, a in tensors:
                 hdr["tensors"].append({"name": name, "dtype": "F32", "shape": list(a.shape), "bytes": a.nbytes})
                 frames.append(a.tobytes())
-        self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True)] + frames, copy=False)
+        self._put([msgpack.packb(hdr, use_bin_type=True)] + frames, by, rid)
 
-    def _send_gen(self, rid, fields, tensors):
-        self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors)
+    def _send_gen(self, rid, fields, tensors, by):
+        self._send("GEN", rid, dict(fields, client=format(self._token, "016x")), tensors, by=by)
 
-    def _send_gens(self, sent, send=None):
+    def _send_gens(self, sent, by, send=None):
         """The GENs of sent (rid -> (fields, tensors)), or the messages
-        send(rid, fields, tensors) sends (a SYNC: idempotent, so it may go
-        again too); before this client's first, a STATUS (its answer names
+        send(rid, fields, tensors, by) sends (a SYNC: idempotent, so it may go
+        again too), each by the call's deadline by; before this client's first, a STATUS (its answer names
         the broker that got them: its boot id). The waiting state
         _recv_live keeps across its calls."""
         send = send or self._send_gen
@@ -541,9 +638,9 @@ class Client:
               "standbys": 0}
         if self.liveness and not self._boot:  # the first GEN: learn which broker gets it
             st.update(ping=next(self._ids), first=True, asked=True)
-            self._send("STATUS", st["ping"], {})
+            self._send("STATUS", st["ping"], {}, by=by)
         for rid, (fields, tensors) in sent.items():
-            send(rid, fields, tensors)
+            send(rid, fields, tensors, by)
         return st
 
     def _recv_live(self, rids, deadline, sent, st, on_progress=None):
@@ -584,7 +681,7 @@ class Client:
                     raise
                 if not st["asked"]:  # silent for `liveness`: is it there?
                     st.update(ping=next(self._ids), asked=True, first=False, resent=False)
-                    self._send("STATUS", st["ping"], {})
+                    self._send("STATUS", st["ping"], {}, by=deadline)
                     continue
                 st.update(asked=False, first=False)  # gone, or stuck
                 move = len(self._eps) > 1  # a standby pair: the other broker
@@ -606,11 +703,11 @@ class Client:
                 self._switch()
                 if self.liveness:
                     st.update(ping=next(self._ids), asked=True, first=True, boot=None)
-                    self._send("STATUS", st["ping"], {})
+                    self._send("STATUS", st["ping"], {}, by=deadline)
             self.resends += 1
             st["resent"] = True
             for rid in rids:
-                st["send"](rid, *sent[rid])
+                st["send"](rid, *sent[rid], deadline)
 
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
@@ -624,7 +721,7 @@ class Client:
         rid = min(rids) if rids else 0
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+            if left <= 0 or not self._sock.poll(min(int(left * 1000) + 1, _MAX_MS)):
                 if time.monotonic() >= deadline:
                     raise ReelTimeout(f"no reply from {self.endpoint} in time", rid)
                 continue
@@ -636,8 +733,12 @@ class Client:
             mtype = hdr.get("type")
             if mtype == "PROGRESS":
                 if on_progress:  # a decode's latent frames continue the steps: one count over both
-                    on_progress(rid, hdr.get("step", 0) + hdr.get("decoded", 0),
-                                hdr.get("steps", 0) + hdr.get("decode_frames", 0))
+                    self._in_progress = True
+                    try:
+                        on_progress(rid, hdr.get("step", 0) + hdr.get("decoded", 0),
+                                    hdr.get("steps", 0) + hdr.get("decode_frames", 0))
+                    finally:
+                        self._in_progress = False
                 continue
             if mtype == "ERROR":
                 raise ReelError(hdr.get("code", "internal"), hdr.get("message", ""), rid)
@@ -671,7 +772,8 @@ class Client:
         CFG on with scale cfg; latent: [C, F, H, W] (else drawn from seed by
         the worker, and latent_shape is required); version: the oldest
         transformer version it may run on (None: the current one);
-        progress(step, steps) is called as steps finish. return_trajectory,
+        progress(step, steps) is called as steps finish (in this thread,
+        inside the call: a call of this Client from it raises RuntimeError). return_trajectory,
         return_log_probs and return_means (the last two: sde with eta > 0)
         fill the GenResult's rollout fields. solver: "euler" (the default),
         or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not
@@ -691,7 +793,7 @@ class Client:
         wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
         t0 = time.monotonic()
         sent = {rid: (fields, tensors)}
-        st = self._send_gens(sent)
+        st = self._send_gens(sent, t0 + wait)
         _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
@@ -733,6 +835,8 @@ class Client:
         if deadline_ms is not None:
             deadline_ms = _uint("deadline_ms", deadline_ms)
         wait = _wait("timeout", timeout, max(self.timeout, (deadline_ms or 60000) / 1000 + 5))
+        # the rule of gen: torch out when any tensor in is torch (a latent of the list, or all of them as one)
+        torch_latents = latents is not None and (_is_torch(latents) or any(_is_torch(x) for x in latents))
         t0 = time.monotonic()
         if batched:
             lat = None
@@ -744,11 +848,10 @@ class Client:
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
                 deadline_ms=deadline_ms, progress=progress is not None, n=n, seeds=seeds, **kw)
-            if latents is not None and _is_torch(latents[0]):
-                torch_out = True
+            torch_out = torch_out or torch_latents
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
-            st = self._send_gens(sent)
+            st = self._send_gens(sent, t0 + wait)
             _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
@@ -757,16 +860,17 @@ class Client:
             if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
                 raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
             return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
-        order, torch_out, sent = {}, False, {}
+        order, torch_out, sent = {}, torch_latents, {}
         for i in range(n):
-            fields, tensors, torch_out = self._gen_message(
+            fields, tensors, torch_one = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape,
                 latent=None if latents is None else latents[i], seed=seeds[i], deadline_ms=deadline_ms,
                 progress=progress is not None, **kw)
+            torch_out = torch_out or torch_one
             rid = next(self._ids)
             order[rid] = i
             sent[rid] = (fields, tensors)
-        st = self._send_gens(sent)
+        st = self._send_gens(sent, t0 + wait)
         results = [None] * n
         pending = set(order)
         done = {rid: 0 for rid in order}  # progress: every sample's steps done, of n x steps
@@ -799,6 +903,11 @@ class Client:
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty name, got {model!r}")
+        _text("model", model)
+        if prompt is not None:
+            _text("prompt", prompt)
+        if negative_prompt is not None:
+            _text("negative_prompt", negative_prompt)
         if (prompt is None) == (context is None):
             raise ValueError("give a prompt or a context, not both and not neither")
         if prompt is not None and uncond is not None:
@@ -807,7 +916,7 @@ class Client:
             raise ValueError("negative_prompt needs a prompt")
         if output not in ("latent", "frames", "video"):
             raise ValueError(f"output must be 'latent', 'frames' or 'video', got {output!r}")
-        torch_out = _is_torch(context) if context is not None else _is_torch(latent)
+        torch_out = any(_is_torch(x) for x in (context, uncond, latent))  # any torch in: torch out
         tensors = []
         if context is not None:
             tensors.append(("context", _f32("context", context, 2)))
@@ -831,14 +940,14 @@ class Client:
                   "shift": _num("shift", shift), "cfg": _num("cfg", cfg), "sde": _flag("sde", sde),
                   "eta": _num("eta", eta), "seed": _uint("seed", seed), "progress": bool(progress)}
         if uncond is None and prompt is None and fields["cfg"] != 1.0:
-            warnings.warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
-                          "unconditional context); the result is cfg=1's", stacklevel=3)
+            _warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
+                  "unconditional context); the result is cfg=1's")
         if solver != "euler":
             fields["solver"] = solver
         if prompt is not None:
-            fields["prompt"] = str(prompt)
+            fields["prompt"] = prompt
         if negative_prompt is not None:
-            fields["negative_prompt"] = str(negative_prompt)
+            fields["negative_prompt"] = negative_prompt
         if output != "latent":
             fields["output"] = output
         if n != 1:
@@ -891,8 +1000,9 @@ class Client:
     def _status_once(self, wait):
         """One STATUS to the broker the socket is connected to."""
         rid = next(self._ids)
-        self._send("STATUS", rid, {})
-        hdr, _ = self._recv(rid, time.monotonic() + wait)
+        by = time.monotonic() + wait
+        self._send("STATUS", rid, {}, by=by)
+        hdr, _ = self._recv(rid, by)
         return hdr
 
     @_call
@@ -972,13 +1082,13 @@ class Client:
         chunk = 4 << 20
         ends, nxt, ignore, complete = [], 0, 0, False
         ping, first, ping_by = None, False, 0.0
+        answer_by = time.monotonic() + wait
         if self.liveness and not self._boot:  # learn which broker this attempt talks to
             ping, first, ping_by = next(self._ids), True, time.monotonic() + self.liveness
-            self._send("STATUS", ping, {})
+            self._send("STATUS", ping, {}, by=answer_by)
         # Alone, a broker's first STATUS may take as long as any answer; of
         # a standby pair, a silent one is left after `liveness`.
         first_waits = len(self._eps) < 2
-        answer_by = time.monotonic() + wait
         heard = acked = None
         while True:
             while not complete and nxt < size and len(ends) + ignore < window:
@@ -991,7 +1101,7 @@ class Client:
                        "version": int(version), "sha256": digest, "size": size, "offset": nxt,
                        "client": format(self._token, "016x"),
                        "tensors": [{"name": "chunk", "dtype": "U8", "shape": [len(data)], "bytes": len(data)}]}
-                self._sock.send_multipart([msgpack.packb(hdr, use_bin_type=True), data], copy=False)
+                self._put([msgpack.packb(hdr, use_bin_type=True), data], answer_by, rid)
                 nxt += len(data)
                 ends.append(nxt)
             if complete and sync_fields is None:
@@ -1011,7 +1121,7 @@ class Client:
                     raise
                 if not ping:  # silent for `liveness`: is it there?
                     ping, ping_by = next(self._ids), time.monotonic() + self.liveness
-                    self._send("STATUS", ping, {})
+                    self._send("STATUS", ping, {}, by=answer_by)
                     continue
                 raise _BrokerLost(done, heard, acked=acked)  # that STATUS unanswered too: gone or stuck
             except ReelError as e:
@@ -1053,7 +1163,7 @@ class Client:
             # The SYNC goes once the broker holds an upload of these bytes.
             if sync_fields is not None and sid is None and done is None and (complete or hdr.get("received", 0) > 0):
                 sid = next(self._ids)
-                self._send("SYNC", sid, sync_fields)
+                self._send("SYNC", sid, sync_fields, by=answer_by)
 
     @_call
     def sync(self, version, *, path=None, state_dict=None, config=None, component="transformer", sha256=None,
@@ -1139,7 +1249,10 @@ class Client:
         folder into weights_dir (it must lie below the workers'
         --weights-dir; a fresh temporary folder by default, for workers on
         this machine). lora=None with base_sha256 (the base file's identity,
-        checkpoint_identity): the base itself again.
+        checkpoint_identity): the base itself again. Checked here, before
+        any file is written or sent: base below version (ValueError), a
+        state dict with a tensor at least (ValueError), lora_config of JSON
+        values (numpy scalars taken as numbers; else TypeError).
 
         upload=True: by value, for a trainer that shares no filesystem with
         the workers: adapter_model.safetensors goes through the broker (it
@@ -1147,7 +1260,10 @@ class Client:
         config travels in the SYNC (lora_config, at most 4095 bytes); a
         folder written here from a state dict is removed after."""
         version = _uint("version", version, 1, (1 << 63) - 1)
-        base = _uint("base", base, 1, (1 << 63) - 1)  # below version: the broker says so
+        base = _uint("base", base, 1, (1 << 63) - 1)
+        if base >= version:  # checked here: by value, before anything is uploaded
+            raise ValueError(f"base ({base}) must be below version ({version}): the full version the adapter "
+                             "goes on is an older one")
         deadline_ms = _uint("deadline_ms", deadline_ms)
         if lora is None:
             if not base_sha256:
@@ -1163,15 +1279,29 @@ class Client:
         else:
             if not isinstance(lora_config, dict) or "r" not in lora_config:
                 raise ValueError("a state dict adapter needs lora_config= (a dict with at least r and lora_alpha)")
+            tensors = dict(lora)
+            if not tensors:
+                raise ValueError("lora= holds no LoRA tensors (an empty state dict): nothing to publish")
+            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
+            cfg.update(lora_config)
+            try:  # numpy scalars become JSON numbers; the text is made before any file
+                cfg_text = json.dumps(cfg, default=_json_value)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"lora_config must hold JSON values (numbers, strings, lists, dicts; numpy "
+                                f"scalars are taken): {e}") from None
             if not weights_dir:
                 made = weights_dir = tempfile.mkdtemp(prefix="reel-lora-")
             folder = os.path.join(weights_dir, f"{component}-v{int(version)}-lora")
-            os.makedirs(folder, exist_ok=True)
-            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
-            cfg.update(lora_config)
-            with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-                json.dump(cfg, f)
-            safetensors.save(os.path.join(folder, "adapter_model.safetensors"), dict(lora))
+            new = not os.path.exists(folder)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                    f.write(cfg_text)
+                safetensors.save(os.path.join(folder, "adapter_model.safetensors"), tensors)
+            except BaseException:  # no half-written adapter left behind
+                if made or new:
+                    shutil.rmtree(made or folder, ignore_errors=True)
+                raise
         weights = os.path.join(folder, "adapter_model.safetensors")
         if not os.path.isfile(weights) or not os.path.isfile(os.path.join(folder, "adapter_config.json")):
             raise ValueError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
@@ -1217,8 +1347,9 @@ class Client:
         (a SYNC is idempotent: docs/PROTOCOL.md "Weight syncs")."""
         rid = next(self._ids)
         sent = {rid: (fields, ())}
-        st = self._send_gens(sent, lambda r, f, t: self._send("SYNC", r, f, t))
-        _, hdr, _ = self._recv_live({rid}, time.monotonic() + self._sync_wait(deadline_ms, timeout), sent, st)
+        by = time.monotonic() + self._sync_wait(deadline_ms, timeout)
+        st = self._send_gens(sent, by, lambda r, f, t, by_: self._send("SYNC", r, f, t, by=by_))
+        _, hdr, _ = self._recv_live({rid}, by, sent, st)
         return self._sync_done(hdr, rid)
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):

@@ -8,6 +8,7 @@ float32, since numpy has no bfloat16).
 """
 
 import json
+import math
 import struct
 
 import numpy as np
@@ -27,17 +28,29 @@ def _as_numpy(x):
 
 
 def save(path, tensors, metadata=None):
-    """Writes tensors (name -> array-like) to path as F32 (F16 stays F16).
+    """Writes tensors (name -> array-like) to path as F32 (F16 stays F16;
+    other float and integer dtypes are cast to F32); a 0-d array keeps its
+    shape []. Raises ValueError, naming the tensor, for a dtype that is no
+    real number (bool, complex, text, objects), a name that is not a
+    string, or the name "__metadata__" (the header's own entry).
 
     metadata: a dict of strings stored in __metadata__ (Reel reads the
     model config from it: {"config": "tiny"} or the size keys).
     """
     header, blobs, off = {}, [], 0
     for name in tensors:
-        a = _as_numpy(tensors[name])
-        if a.dtype != np.float16:
-            a = a.astype("<f4", copy=False)
-        a = np.ascontiguousarray(a)
+        if not isinstance(name, str):
+            raise ValueError(f"{path}: tensor name {name!r} is not a string")
+        if name == "__metadata__":
+            raise ValueError(f"{path}: a tensor may not be named __metadata__ (the header's metadata entry)")
+        try:
+            a = _as_numpy(tensors[name])
+        except (TypeError, ValueError) as e:  # a ragged nested list, ...
+            raise ValueError(f"{path}: {name}: not an array: {e}") from None
+        if a.dtype.kind not in "fiu":
+            raise ValueError(f"{path}: {name}: dtype {a.dtype} is not a real number (F32 or F16 are written; "
+                             "other float and integer dtypes are cast to F32)")
+        a = np.asarray(a, dtype=np.float16 if a.dtype == np.float16 else "<f4", order="C")  # 0-d stays 0-d
         data = a.tobytes()
         header[name] = {"dtype": "F16" if a.dtype == np.float16 else "F32",
                         "shape": list(a.shape), "data_offsets": [off, off + len(data)]}
@@ -54,9 +67,24 @@ def save(path, tensors, metadata=None):
             f.write(b)
 
 
+def _uints(v, n=None):
+    """v as a list of non-negative ints (JSON integers, not bools), or None."""
+    if not isinstance(v, list) or (n is not None and len(v) != n):
+        return None
+    if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+        return None
+    return v
+
+
 def load(path):
     """(tensors, metadata): name -> float32 numpy array (F16 kept), and the
-    __metadata__ dict ({} when absent). Raises ValueError on a bad file."""
+    __metadata__ dict ({} when absent). Raises ValueError naming the file
+    (and the tensor, where one is at fault) on a bad file: a header that is
+    not UTF-8 JSON or not an object, an entry that is not an object or
+    lacks dtype, shape or data_offsets, a dtype other than F32, BF16 or F16,
+    data_offsets outside the data or not the size the shape and dtype
+    make, two tensors whose bytes overlap (empty ones may share an
+    offset)."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
@@ -64,20 +92,47 @@ def load(path):
     (n,) = struct.unpack("<Q", raw[:8])
     if n > _MAX_HEADER or 8 + n > len(raw):
         raise ValueError(f"{path}: header length {n} does not fit the file")
-    header = json.loads(raw[8:8 + n])
+    try:
+        header = json.loads(raw[8:8 + n].decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both are
+        raise ValueError(f"{path}: the header is not UTF-8 JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
     meta = header.pop("__metadata__", {}) or {}
-    base, out = 8 + n, {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: __metadata__ is a JSON {type(meta).__name__}, not an object")
+    base, out, spans = 8 + n, {}, []
     for name, d in header.items():
-        b0, b1 = d["data_offsets"]
-        if not 0 <= b0 <= b1 <= len(raw) - base:
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: {name}: its entry is a JSON {type(d).__name__}, not an object")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in d:
+                raise ValueError(f"{path}: {name}: no {key}")
+        dtype = d["dtype"]
+        if dtype not in ("F32", "BF16", "F16"):
+            raise ValueError(f"{path}: {name}: dtype {dtype} is not F32, BF16 or F16")
+        shape, offs = _uints(d["shape"]), _uints(d["data_offsets"], 2)
+        if shape is None:
+            raise ValueError(f"{path}: {name}: shape {d['shape']!r} is not a list of non-negative integers")
+        if offs is None:
+            raise ValueError(f"{path}: {name}: data_offsets {d['data_offsets']!r} is not two non-negative integers")
+        b0, b1 = offs
+        if not b0 <= b1 <= len(raw) - base:
             raise ValueError(f"{path}: {name}: data_offsets outside the file")
+        want = math.prod(shape) * (4 if dtype == "F32" else 2)
+        if b1 - b0 != want:
+            raise ValueError(f"{path}: {name}: shape {shape} of {dtype} is {want} bytes, its data_offsets "
+                             f"hold {b1 - b0}")
+        if b1 > b0:
+            spans.append((b0, b1, name))
         buf = raw[base + b0:base + b1]
-        shape = tuple(d["shape"])
-        if d["dtype"] == "BF16":
+        if dtype == "BF16":
             u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
             out[name] = u.view(np.float32).reshape(shape)
-        elif d["dtype"] in _DTYPES:
-            out[name] = np.frombuffer(buf, dtype=_DTYPES[d["dtype"]]).reshape(shape).copy()
         else:
-            raise ValueError(f"{path}: {name}: dtype {d['dtype']} is not F32, BF16 or F16")
+            out[name] = np.frombuffer(buf, dtype=_DTYPES[dtype]).reshape(shape).copy()
+    spans.sort()
+    for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise ValueError(f"{path}: {n1}: its bytes overlap {n0}'s")
     return out, meta

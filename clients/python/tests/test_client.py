@@ -21,8 +21,11 @@ import threading
 import time
 import unittest
 import urllib.request
+import warnings
 
+import msgpack
 import numpy as np
+import zmq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -347,6 +350,23 @@ class ClientTests(unittest.TestCase):
         self.c.gen("tiny", self.ctx, latent=self.lat, steps=7, shift=3.0, progress=lambda s, n: seen.append((s, n)))
         self.assertEqual(seen, [(i, 7) for i in range(1, 8)])
 
+    def test_a_call_from_inside_its_own_progress_callback_is_refused_and_the_outer_call_still_gets_its_result(self):
+        refused, seen = [], []
+
+        def progress(step, steps):
+            seen.append(step)
+            try:
+                self.c.status(timeout=5)  # would read, and drop, the outer GEN's PROGRESS and RESULT
+            except RuntimeError as e:
+                refused.append(str(e))
+
+        r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0, progress=progress, timeout=20)
+        self.assertEqual(seen, [1, 2, 3])
+        self.assertEqual(len(refused), 3, refused)
+        self.assertIn("from inside its own progress callback", refused[0])
+        self.assertTrue(np.array_equal(r.latent, self.reference(self.w1, 3)))
+        self.assertIn("workers", self.c.status())  # after the call, calls run again
+
     def test_unknown_model_raises_no_worker_or_timeout_at_the_deadline(self):
         with self.assertRaises(reel.ReelError) as e:
             self.c.gen("nosuchmodel", self.ctx, latent=self.lat, steps=2, deadline_ms=300)
@@ -379,6 +399,27 @@ class ClientTests(unittest.TestCase):
         r = self.c.gen("tiny", torch.from_numpy(self.ctx), latent=torch.from_numpy(self.lat), steps=3, shift=3.0)
         self.assertTrue(torch.is_tensor(r.latent))
         self.assertTrue(np.array_equal(r.latent.numpy(), self.reference(self.w1, 3)))
+
+    def test_results_are_torch_when_any_tensor_argument_is_torch_the_same_rule_for_gen_and_gen_group(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed here (the client never needs it)")
+        T = torch.from_numpy
+        kw = dict(steps=2, shift=3.0)
+        for ctx, unc, lat, want in ((self.ctx, None, self.lat, False), (T(self.ctx), None, self.lat, True),
+                                    (self.ctx, None, T(self.lat), True), (self.ctx, T(self.unc), self.lat, True)):
+            why = f"context {type(ctx).__name__}, uncond {type(unc).__name__}, latent {type(lat).__name__}"
+            extra = dict(uncond=unc, cfg=2.0) if unc is not None else {}
+            r = self.c.gen("tiny", ctx, latent=lat, **kw, **extra)
+            self.assertEqual(torch.is_tensor(r.latent), want, "gen: " + why)
+            for batched in (True, False):
+                for lats in ([lat, self.lat], [self.lat, lat]):  # torch first or second
+                    g = self.c.gen_group("tiny", ctx, n=2, latents=lats, batched=batched, **kw, **extra)
+                    self.assertEqual([torch.is_tensor(x.latent) for x in g], [want, want],
+                                     f"gen_group batched={batched}: {why}")
+        g = self.c.gen_group("tiny", self.ctx, n=2, latents=T(np.stack([self.lat, self.lat])), **kw)
+        self.assertTrue(torch.is_tensor(g[0].latent), "gen_group with one [n, ...] torch tensor")
 
     # -- syncs (in order: they change the cluster's weights) ----------------
 
@@ -462,8 +503,8 @@ class ClientTests(unittest.TestCase):
             (dict(steps=2, latent_shape=(4, 1, 4.7, 4.9)), TypeError, "latent_shape[2] must be an integer"),
             (dict(steps=2, latent_shape=4), ValueError, "latent_shape must be 4 integers"),
             (dict(steps=2, latent_shape="4144"), ValueError, "latent_shape must be 4 integers"),
-            (dict(kw, timeout=0), ValueError, "timeout must be > 0"),
-            (dict(kw, timeout=-5), ValueError, "timeout must be > 0"),
+            (dict(kw, timeout=0), ValueError, "timeout must be a finite number of seconds > 0"),
+            (dict(kw, timeout=-5), ValueError, "timeout must be a finite number of seconds > 0"),
         ]
         t0 = time.monotonic()
         for args, exc, words in cases:
@@ -498,6 +539,73 @@ class ClientTests(unittest.TestCase):
         with self.assertWarns(UserWarning):  # guidance without an unconditional context is off: said
             self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, cfg=5.0)
 
+    def test_an_infinite_or_nan_timeout_is_a_value_error_naming_it_as_every_call_has_a_deadline(self):
+        t0 = time.monotonic()
+        for bad in (float("inf"), float("nan"), np.float64("inf"), -float("inf")):
+            calls = (lambda: self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, timeout=bad),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latent_shape=(4, 2, 8, 8), steps=2, timeout=bad),
+                     lambda: self.c.status(timeout=bad),
+                     lambda: self.c.sync(99, path=self.w2, timeout=bad),
+                     lambda: reel.Client(self.cluster.ce, timeout=bad))
+            for call in calls:
+                with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                    call()
+                self.assertIn("timeout must be a finite number of seconds > 0", str(e.exception))
+        self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
+
+    def test_text_and_liveness_of_the_wrong_kind_are_refused_by_name_before_anything_is_sent(self):
+        t0 = time.monotonic()
+        kw = dict(steps=2, latent_shape=(4, 2, 8, 8))
+        for field, bad, exc, words in (("prompt", b"a cat", TypeError, "prompt must be text"),
+                                       ("prompt", ["a", "cat"], TypeError, "prompt must be text"),
+                                       ("prompt", 7, TypeError, "prompt must be text"),
+                                       ("prompt", "a \ud800 cat", ValueError, "prompt is not valid text"),
+                                       ("negative_prompt", b"x", TypeError, "negative_prompt must be text"),
+                                       ("negative_prompt", "\udfff", ValueError, "negative_prompt is not valid text")):
+            args = {"prompt": "a cat", field: bad}
+            with self.assertRaises(exc, msg=f"{field}={bad!r}") as e:
+                self.c.gen("tiny", cfg=5.0, **args, **kw)
+            self.assertIn(words, str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            self.c.gen("tiny\ud800", self.ctx, **kw)
+        self.assertIn("model is not valid text", str(e.exception))
+        for bad, exc in (("2", TypeError), (True, TypeError), (-1, ValueError), (float("inf"), ValueError),
+                         (float("nan"), ValueError)):
+            with self.assertRaises(exc, msg=repr(bad)) as e:
+                reel.Client(self.cluster.ce, liveness=bad)
+            self.assertIn("liveness must be", str(e.exception))
+        old = os.environ.get("REEL_CLIENT_LIVENESS_MS")
+        try:
+            for bad in ("1.5", "abc", "-5"):
+                os.environ["REEL_CLIENT_LIVENESS_MS"] = bad
+                with self.assertRaises(ValueError, msg=bad) as e:
+                    reel.Client(self.cluster.ce)
+                self.assertIn("REEL_CLIENT_LIVENESS_MS must be a whole number of milliseconds", str(e.exception))
+            os.environ["REEL_CLIENT_LIVENESS_MS"] = "250"
+            with reel.Client(self.cluster.ce) as c:
+                self.assertEqual(c.liveness, 0.25)
+        finally:
+            if old is None:
+                os.environ.pop("REEL_CLIENT_LIVENESS_MS", None)
+            else:
+                os.environ["REEL_CLIENT_LIVENESS_MS"] = old
+        with reel.Client(self.cluster.ce, liveness=0) as c:
+            self.assertEqual(c.liveness, 0.0)
+        self.assertLess(time.monotonic() - t0, 2.0)  # refused here, nothing waited for
+
+    def test_the_warning_of_cfg_without_uncond_points_at_the_callers_line(self):
+        for call in (lambda: self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, cfg=5.0),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat], steps=2, cfg=5.0),
+                     lambda: self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat], steps=2, cfg=5.0,
+                                              batched=False)):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                call()
+            self.assertTrue(got, "no warning")
+            for w in got:
+                self.assertIn("without uncond", str(w.message))
+                self.assertEqual(os.path.abspath(w.filename), os.path.abspath(__file__))
+
     def test_bad_endpoints_are_refused_by_name_and_a_closed_client_says_so(self):
         for ep in ("localhost:5555", "tcp://127.0.0.1", "http://x:1", ""):
             with self.assertRaises(ValueError) as e:
@@ -512,6 +620,41 @@ class ClientTests(unittest.TestCase):
                 call()
             self.assertEqual(e.exception.code, "closed")
 
+    def test_a_bracketed_ipv6_endpoint_is_taken_and_a_port_outside_1_to_65535_is_not(self):
+        for ep in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:0", "tcp://[::1]:70000", "tcp://[::1]", "tcp://::1:5555",
+                   "tcp://[x]:5555"):
+            with self.assertRaises(ValueError, msg=ep) as e:
+                reel.Client(ep)
+            self.assertIn("endpoint", str(e.exception))
+        for ep in ("tcp://[::1]:5555", "tcp://[fe80::1%eth0]:5555", "tcp://127.0.0.1:65535", "tcp://[::1]:1,tcp://a:2"):
+            reel.Client(ep).close()
+        # and it talks over IPv6 (a stand-in broker answering one STATUS), where the host has [::1]
+        ctx = zmq.Context.instance()
+        r = ctx.socket(zmq.ROUTER)
+        r.setsockopt(zmq.IPV6, 1)
+        r.setsockopt(zmq.LINGER, 0)
+        try:
+            port = r.bind_to_random_port("tcp://[::1]")
+        except zmq.ZMQError as e:
+            r.close()
+            self.skipTest(f"no IPv6 loopback here: {e}")
+
+        def answer():
+            if r.poll(10000):
+                peer, hdr = r.recv_multipart()
+                rid = msgpack.unpackb(hdr)["id"]
+                r.send_multipart([peer, msgpack.packb({"proto": "reel/1", "type": "STATUS_REPLY", "id": rid,
+                                                       "workers": []})])
+
+        t = threading.Thread(target=answer)
+        t.start()
+        try:
+            with reel.Client(f"tcp://[::1]:{port}", timeout=10) as c:
+                self.assertEqual(c.status()["workers"], [])
+        finally:
+            t.join(15)
+            r.close()
+
     def test_a_group_gives_each_sample_its_own_arrays_seed_and_progress_either_way(self):
         kw = dict(n=3, seeds=[4, 5, 6], steps=2, latent_shape=(4, 2, 8, 8), sde=True, return_log_probs=True)
         for batched in (True, False):
@@ -524,9 +667,12 @@ class ClientTests(unittest.TestCase):
             g[0].sigmas[:] = -1
             g[0].latent[:] = 7
             g[0].stats["replayed"] = -1
+            self.assertIsInstance(g[0].stats.get("declines"), dict, g[0].stats)  # nested: its own too
+            g[0].stats["declines"]["edited"] = 1
             self.assertTrue(np.array_equal(g[1].sigmas, before))
             self.assertFalse((g[1].latent == 7).all())
             self.assertNotEqual(g[1].stats.get("replayed"), -1)
+            self.assertNotIn("edited", g[1].stats["declines"], f"batched={batched}")
 
     def test_calls_from_two_threads_run_one_at_a_time_and_each_gets_its_own_answer(self):
         import threading
@@ -1311,6 +1457,48 @@ class CurveTests(unittest.TestCase):
             with self.assertRaises(reel.ReelTimeout):
                 c.status(timeout=1)
 
+    def test_without_a_key_each_call_after_the_first_times_out_too_instead_of_blocking_in_a_send(self):
+        # After the broker refuses the handshake the DEALER has no pipe: a
+        # blocking send would wait forever. The calls run in a child process
+        # that the test kills after 60 s (a hang is a failure, not a stuck test).
+        up = os.path.join(self.dir, "up.bin")
+        with open(up, "wb") as f:
+            f.write(b"x" * 1000)
+        script = f"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, {os.path.dirname(HERE)!r})
+import reel
+ctx, lat = np.zeros((5, 32), np.float32), np.zeros((4, 2, 8, 8), np.float32)
+out = []
+for liveness in (None, 0.3):
+    with reel.Client({self.cluster.ce!r}, timeout=1, liveness=liveness) as c:
+        for name, call in (("status", lambda: c.status(timeout=1)),
+                           ("gen", lambda: c.gen("tiny", ctx, latent=lat, steps=2, timeout=1.5)),
+                           ("status", lambda: c.status(timeout=1)),
+                           ("upload", lambda: c.upload(9, {up!r}, timeout=1)),
+                           ("gen", lambda: c.gen("tiny", ctx, latent=lat, steps=2, timeout=1.5))):
+            t0 = time.monotonic()
+            try:
+                call()
+                why = "answered"
+            except reel.ReelTimeout:
+                why = "timeout"
+            out.append([name, why, time.monotonic() - t0])
+print(json.dumps(out))
+"""
+        try:
+            p = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("a call of a client without a key blocked past every timeout")
+        self.assertEqual(p.returncode, 0, p.stdout.decode()[-2000:])
+        calls = json.loads(p.stdout.decode().strip().splitlines()[-1])
+        self.assertEqual(len(calls), 10)
+        for name, why, secs in calls:
+            self.assertEqual(why, "timeout", calls)
+            self.assertLess(secs, 4.0, f"{name} took {secs:.1f} s for a timeout of at most 1.5 s")
+
     def test_the_socket_of_a_move_to_another_endpoint_keeps_the_keys(self):
         ce = self.cluster.ce
         with self.cluster.client("client", timeout=10) as c0, reel.Client(
@@ -1569,7 +1757,8 @@ class LoraTests(unittest.TestCase):
         safetensors.save(os.path.join(folder, "adapter_model.safetensors"), sd)
         self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "GEN after an uploaded adapter != run --lora")
 
-    def test_the_grpo_example_trains_and_publishes_an_adapter(self):
+    def test_the_grpo_example_trains_and_publishes_an_adapter_run_after_run(self):
+        # last of LoraTests: the runs without --base make another version the workers' base
         ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
         v, base = self.next_version(), 1  # the worker's base: its startup weights (no full sync here)
         p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w, "--model", "tiny",
@@ -1580,6 +1769,18 @@ class LoraTests(unittest.TestCase):
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"published v{v} (adapter on base v{base})", out)
         self.assertIn(f"the next rollouts ran on v[{v + 1}]", out)
+        # Without --base, run after run: the current version is the last
+        # run's adapter, no base; each run publishes --weights as its base.
+        for run_ in range(2):
+            v = self.next_version()
+            p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w, "--model",
+                                "tiny", "--iters", "2", "--group", "2", "--latent", "1x4x4", "--weights-dir", self.dir,
+                                "--rank", "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+            out = p.stdout.decode()
+            self.assertEqual(p.returncode, 0, f"run {run_ + 1} without --base: {out}")
+            self.assertIn(f"published v{v} (the base: {self.w} whole)", out)
+            self.assertIn(f"published v{v + 1} (adapter on base v{v})", out)
+            self.assertIn(f"the next rollouts ran on v[{v + 2}]", out)
 
     def test_a_thousand_alternating_adapter_syncs_leave_the_output_bitwise_the_first(self):
         folders = []
@@ -1616,6 +1817,35 @@ class LoraTests(unittest.TestCase):
                 self.assertFalse(np.array_equal(self.gen(), first), "the second adapter changed nothing")
         self.assertTrue(np.array_equal(self.gen(), first), "1000 syncs later the adapter's output moved")
 
+    def test_adapter_arguments_are_checked_before_any_file_is_written_or_uploaded(self):
+        cfg = {"r": 4, "lora_alpha": 8}
+        tmp = tempfile.mkdtemp(dir=self.dir)
+        old_tmp, tempfile.tempdir = tempfile.tempdir, tmp  # where a folder made here would go
+        try:
+            v = self.next_version()
+            t0 = time.monotonic()
+            with self.assertRaises(ValueError) as e:  # the broker would refuse it only after the upload
+                self.c.sync_lora(v, v, lora=self.adapter(6), lora_config=cfg, upload=True)
+            self.assertIn(f"base ({v}) must be below version ({v})", str(e.exception))
+            with self.assertRaises(ValueError) as e:
+                self.c.sync_lora(v, 1, lora={}, lora_config=cfg, upload=True)
+            self.assertIn("no LoRA tensors", str(e.exception))
+            with self.assertRaises(TypeError) as e:
+                self.c.sync_lora(v, 1, lora=self.adapter(6), lora_config=dict(cfg, target_modules={"q"}), upload=True)
+            self.assertIn("lora_config must hold JSON values", str(e.exception))
+            with self.assertRaises(ValueError):  # a tensor save refuses: the folder made for it goes too
+                self.c.sync_lora(v, 1, lora=dict(self.adapter(6), bad=np.ones(2, bool)), lora_config=cfg)
+            self.assertLess(time.monotonic() - t0, 2.0)
+            self.assertEqual(os.listdir(tmp), [], "a refused adapter left files behind")
+            self.assertEqual(self.next_version(), v, "a refused adapter used up a version")
+            # numpy scalars in the config are numbers: applied as the same config in ints would be
+            res = self.c.sync_lora(v, 1, lora=self.adapter(6), lora_config={"r": np.int64(4),
+                                   "lora_alpha": np.float32(8.0), "use_rslora": np.bool_(False)}, upload=True)
+            self.assertTrue(res.complete, res)
+            self.assertEqual(os.listdir(tmp), [], "an uploaded adapter's folder was left behind")
+        finally:
+            tempfile.tempdir = old_tmp
+
     def test_refused_adapters_name_their_cause_and_change_nothing(self):
         before = self.gen()
         v = self.next_version()
@@ -1631,6 +1861,74 @@ class LoraTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.c.sync_lora(v, 1, lora=self.adapter(4))  # a state dict without its config
         self.assertTrue(np.array_equal(self.gen(), before), "a refused adapter changed the weights")
+
+
+class SafetensorsTests(unittest.TestCase):
+    """reel.safetensors on bad files (each a ValueError naming the file and
+    the tensor at fault) and on what it cannot write; no cluster."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="reel-py-st-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def raw(self, header, data=b""):
+        """A file of header (bytes, or an object written as JSON) and data."""
+        h = header if isinstance(header, bytes) else json.dumps(header).encode()
+        path = os.path.join(self.dir, f"f{time.monotonic_ns()}.safetensors")
+        with open(path, "wb") as f:
+            f.write(len(h).to_bytes(8, "little") + h + data)
+        return path
+
+    def test_every_bad_file_is_a_value_error_naming_the_file_and_the_tensor(self):
+        t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        cases = [  # (header, data, words the message holds besides the path)
+            ([1, 2], b"", "not an object"),
+            ({"w": [1, 2]}, b"", "w: its entry is a JSON list"),
+            ({"w": {"dtype": "F32", "shape": [2]}}, bytes(8), "w: no data_offsets"),
+            ({"w": dict(t, shape=[3])}, bytes(8), "w: shape [3] of F32 is 12 bytes"),
+            ({"w": dict(t, dtype="BF16", shape=[2], data_offsets=[0, 3])}, bytes(3), "w: shape [2] of BF16"),
+            ({"w": dict(t, shape=[-2])}, bytes(8), "w: shape"),
+            ({"w": dict(t, data_offsets=[0])}, bytes(8), "w: data_offsets"),
+            ({"w": dict(t, data_offsets=[0, 16])}, bytes(8), "w: data_offsets outside the file"),
+            ({"w": dict(t, dtype="I64")}, bytes(8), "w: dtype I64"),
+            (b'{"w": {"dtype": "F32"', bytes(8), "not UTF-8 JSON"),
+            (b'{"w\xff": 1}', b"", "not UTF-8 JSON"),
+            ({"a": t, "b": dict(t, data_offsets=[4, 12])}, bytes(12), "b: its bytes overlap a's"),
+            ({"__metadata__": [1], "w": t}, bytes(8), "__metadata__"),
+        ]
+        for header, data, words in cases:
+            path = self.raw(header, data)
+            with self.assertRaises(ValueError, msg=repr(header)) as e:
+                safetensors.load(path)
+            self.assertIn(path, str(e.exception))
+            self.assertIn(words, str(e.exception), repr(header))
+        # empty tensors may share an offset, with each other and with a tensor's start
+        path = self.raw({"e1": dict(t, shape=[0], data_offsets=[0, 0]), "e2": dict(t, shape=[2, 0],
+                         data_offsets=[0, 0]), "w": t}, np.arange(2, dtype="<f4").tobytes())
+        got, _ = safetensors.load(path)
+        self.assertEqual((got["e1"].shape, got["e2"].shape, list(got["w"])), ((0,), (2, 0), [0.0, 1.0]))
+
+    def test_save_keeps_a_0d_array_and_refuses_what_it_cannot_write(self):
+        path = os.path.join(self.dir, "s.safetensors")
+        safetensors.save(path, {"s": np.float32(2.5), "v": np.arange(3)})
+        got, _ = safetensors.load(path)
+        self.assertEqual(got["s"].shape, ())
+        self.assertEqual(float(got["s"]), 2.5)
+        self.assertEqual(got["v"].dtype, np.float32)
+        for bad, words in (({"b": np.ones(2, bool)}, "b: dtype bool"), ({"c": np.ones(2, np.complex64)}, "c: dtype"),
+                           ({"__metadata__": np.ones(2, np.float32)}, "__metadata__"),
+                           ({"t": ["a", "b"]}, "t: dtype"), ({3: np.ones(2)}, "3")):
+            with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                safetensors.save(path, bad)
+            self.assertIn(words, str(e.exception))
+        try:
+            import torch
+        except ImportError:
+            return
+        with self.assertRaises(ValueError):
+            safetensors.save(path, {"b": torch.ones(2, dtype=torch.bool)})
 
 
 class Result(unittest.TextTestResult):
@@ -1654,6 +1952,7 @@ def main():
     BUILD = os.path.abspath(a.build)
     suite = unittest.TestSuite()
     loader = unittest.TestLoader()
+    suite.addTests(loader.loadTestsFromTestCase(SafetensorsTests))
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
