@@ -1240,12 +1240,17 @@ class Client:
         "LoRA adapters"). Returns a SyncResult; raises as sync() does.
 
         lora: a PEFT adapter folder (adapter_config.json and
-        adapter_model.safetensors, as peft's save_pretrained writes it) below
-        every worker's --weights-dir; or a state dict in PEFT's names
+        adapter_model.safetensors, as peft's save_pretrained writes it),
+        diffusers' (pytorch_lora_weights.safetensors, no config) or a LoRA's
+        .safetensors file (a ComfyUI Wan LoRA: lora_down/lora_up and .alpha
+        keys) below every worker's --weights-dir; without adapter_config.json
+        the workers take the file's own ranks and alphas (docs/MODEL.md
+        "LoRA adapters"); or a state dict in PEFT's names
         ("base_model.model.blocks.0.self_attn.q.lora_A.weight" or diffusers'
         "transformer.blocks.0.attn1.to_q.lora_A.weight"; numpy arrays or
         torch tensors) with lora_config (adapter_config.json as a dict: r,
-        lora_alpha, use_rslora, target_modules, ...), written here as a PEFT
+        lora_alpha, use_rslora, target_modules, ...; None: the tensors'
+        own ranks and .alpha keys, s = alpha / rank or 1), written here as a PEFT
         folder into weights_dir (it must lie below the workers'
         --weights-dir; a fresh temporary folder by default, for workers on
         this machine). lora=None with base_sha256 (the base file's identity,
@@ -1272,39 +1277,55 @@ class Client:
                       "sha256": base_sha256.lower(), "deadline_ms": int(deadline_ms)}
             return self._sync_fields(fields, deadline_ms, timeout)
         made = None
+        cfg_text = None
         if isinstance(lora, (str, os.PathLike)):
             folder = os.path.abspath(lora)
             if lora_config is not None:
                 raise ValueError("lora_config= goes with a state dict; a folder holds its adapter_config.json")
         else:
-            if not isinstance(lora_config, dict) or "r" not in lora_config:
-                raise ValueError("a state dict adapter needs lora_config= (a dict with at least r and lora_alpha)")
+            if lora_config is not None and (not isinstance(lora_config, dict) or "r" not in lora_config):
+                raise ValueError("lora_config= is a dict with at least r (and lora_alpha), or None: the tensors' "
+                                 "own ranks and .alpha keys (s = alpha / rank, or 1 without one)")
             tensors = dict(lora)
             if not tensors:
                 raise ValueError("lora= holds no LoRA tensors (an empty state dict): nothing to publish")
-            cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
-            cfg.update(lora_config)
-            try:  # numpy scalars become JSON numbers; the text is made before any file
-                cfg_text = json.dumps(cfg, default=_json_value)
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"lora_config must hold JSON values (numbers, strings, lists, dicts; numpy "
-                                f"scalars are taken): {e}") from None
+            if lora_config is not None:
+                cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
+                cfg.update(lora_config)
+                try:  # numpy scalars become JSON numbers; the text is made before any file
+                    cfg_text = json.dumps(cfg, default=_json_value)
+                except (TypeError, ValueError) as e:
+                    raise TypeError(f"lora_config must hold JSON values (numbers, strings, lists, dicts; numpy "
+                                    f"scalars are taken): {e}") from None
             if not weights_dir:
                 made = weights_dir = tempfile.mkdtemp(prefix="reel-lora-")
             folder = os.path.join(weights_dir, f"{component}-v{int(version)}-lora")
             new = not os.path.exists(folder)
             try:
                 os.makedirs(folder, exist_ok=True)
-                with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-                    f.write(cfg_text)
+                if cfg_text is not None:
+                    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                        f.write(cfg_text)
                 safetensors.save(os.path.join(folder, "adapter_model.safetensors"), tensors)
             except BaseException:  # no half-written adapter left behind
                 if made or new:
                     shutil.rmtree(made or folder, ignore_errors=True)
                 raise
-        weights = os.path.join(folder, "adapter_model.safetensors")
-        if not os.path.isfile(weights) or not os.path.isfile(os.path.join(folder, "adapter_config.json")):
-            raise ValueError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+        # A folder: PEFT's adapter_model.safetensors or diffusers'
+        # pytorch_lora_weights.safetensors; or a .safetensors named (a
+        # ComfyUI LoRA). Its adapter_config.json (in the folder or beside
+        # the file) is optional: without one the workers read the file's
+        # own ranks and alphas (docs/MODEL.md "LoRA adapters").
+        if os.path.isdir(folder):
+            names = ("adapter_model.safetensors", "pytorch_lora_weights.safetensors")
+            weights = next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
+            cfg_file = os.path.join(folder, "adapter_config.json")
+        else:
+            weights = folder if folder.endswith(".safetensors") and os.path.isfile(folder) else None
+            cfg_file = os.path.join(os.path.dirname(folder), "adapter_config.json")
+        if weights is None:
+            raise ValueError(f"{folder}: not a LoRA adapter (a folder with adapter_model.safetensors or "
+                             "pytorch_lora_weights.safetensors, or a .safetensors file)")
         h = hashlib.sha256()
         with open(weights, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -1315,8 +1336,11 @@ class Client:
             fields["path"] = folder
             return self._sync_fields(fields, deadline_ms, timeout)
         try:
-            with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
-                fields["lora_config"] = f.read()
+            if os.path.isfile(cfg_file):
+                with open(cfg_file, encoding="utf-8") as f:
+                    fields["lora_config"] = f.read()
+            else:  # none: the file's own config (the workers read "{}" so)
+                fields["lora_config"] = "{}"
             if len(fields["lora_config"].encode()) > 4095:
                 raise ValueError("adapter_config.json is over 4095 bytes: sync it by path")
             fields["uploaded"] = True

@@ -1757,6 +1757,33 @@ class LoraTests(unittest.TestCase):
         safetensors.save(os.path.join(folder, "adapter_model.safetensors"), sd)
         self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "GEN after an uploaded adapter != run --lora")
 
+    def test_a_comfyui_lora_file_without_a_config_by_path_and_by_value(self):
+        """A ComfyUI Wan LoRA (one .safetensors: diffusion_model. keys,
+        lora_down/lora_up, a module's alpha; no adapter_config.json) by
+        path and by value: the workers take the file's own ranks and
+        alphas, every GEN bitwise reelctl run --lora on the same file."""
+        rng = np.random.default_rng(9)
+        sd = {}
+        for n in range(2):
+            for m, alpha in (("self_attn.q", 16.0), ("cross_attn.o", None)):
+                key = f"diffusion_model.blocks.{n}.{m}"
+                sd[key + ".lora_down.weight"] = (rng.standard_normal((4, 64)) * 0.2).astype(np.float32)
+                sd[key + ".lora_up.weight"] = (rng.standard_normal((64, 4)) * 0.2).astype(np.float32)
+                if alpha is not None:
+                    sd[key + ".alpha"] = np.array(alpha, np.float32)
+        folder = tempfile.mkdtemp(dir=self.dir)
+        f = os.path.join(folder, "wan_lora.safetensors")
+        safetensors.save(f, sd)
+        want = self.reference(f)
+        res = self.c.sync_lora(self.next_version(), 1, lora=f)
+        self.assertTrue(res.complete, res)
+        self.assertTrue(np.array_equal(self.gen(), want), "GEN after a ComfyUI LoRA by path != run --lora")
+        self.c.sync_lora(self.next_version(), 1, base_sha256=reel.checkpoint_identity(self.w))
+        res = self.c.sync_lora(self.next_version(), 1, lora=f, upload=True)
+        self.assertTrue(res.complete, res)
+        self.assertTrue(np.array_equal(self.gen(), want), "GEN after a ComfyUI LoRA by value != run --lora")
+        self.c.sync_lora(self.next_version(), 1, base_sha256=reel.checkpoint_identity(self.w))  # the base again
+
     def test_the_grpo_example_trains_and_publishes_an_adapter_run_after_run(self):
         # last of LoraTests: the runs without --base make another version the workers' base
         ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
@@ -1858,8 +1885,8 @@ class LoraTests(unittest.TestCase):
             sd["base_model.model.blocks.0.norm3.lora_A.weight"] = np.ones((4, 64), np.float32)
             self.c.sync_lora(v, 1, lora=sd, lora_config={"r": 4, "lora_alpha": 8}, weights_dir=self.dir)
         self.assertIn("unknown target", str(e.exception.result.failed))
-        with self.assertRaises(ValueError):
-            self.c.sync_lora(v, 1, lora=self.adapter(4))  # a state dict without its config
+        with self.assertRaises(ValueError):  # a config without r (None: the tensors' own, s = 1)
+            self.c.sync_lora(v, 1, lora=self.adapter(4), lora_config={"lora_alpha": 8})
         self.assertTrue(np.array_equal(self.gen(), before), "a refused adapter changed the weights")
 
 
