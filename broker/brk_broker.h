@@ -40,6 +40,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "broker/brk_log.h"
 #include "broker/brk_counters.h"
 #include "broker/brk_catq.h"
 #include "broker/brk_opts.h"
@@ -86,6 +87,7 @@ typedef struct brk_worker {
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;
     char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
+    brk_log_budget_t log;      /* what its faulty messages may write to the log (brk_log_limited) */
 } brk_worker_t;
 
 typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;

@@ -166,7 +166,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
 /* A final reply that cannot be read still ends the request: the client is
  * answered internal rather than left waiting for its deadline. */
 static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire_err_t *bad, msg_error_t *e) {
-    brk_log("worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
+    brk_log_limited(&w->log, w->route.name, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
     snprintf(e->code, sizeof e->code, "%s", WIRE_E_INTERNAL);
     snprintf(e->message, sizeof e->message, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
     brk_req_error(b, w, m->id, e);
@@ -225,13 +225,15 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
             brk_sync_ack(b, w, m->id, &u->ack);
             brk_workers_prewarm(b, w, brk_now_ms());
         } else {
-            brk_log("worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
+            brk_log_limited(&w->log, w->route.name, "worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name,
+                            err.message);
             BAD_REPLY(b, true, m, err.code, "SYNC_ACK: %s", err.message);
         }
         break;
     case MSG_EVENTS:
         if (msg_events_decode(m, &u->events, &err) == 0) brk_workers_events(b, w, &u->events);
-        else brk_log("worker %s sent bad EVENTS (dropped): %s", w->route.name, err.message);
+        else brk_log_limited(&w->log, w->route.name, "worker %s sent bad EVENTS (dropped): %s", w->route.name,
+                             err.message);
         break;
     default:
         BAD_REPLY(b, true, m, WIRE_E_UNKNOWN, "unknown message type '%.64s' on the worker socket", m->type);

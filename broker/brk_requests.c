@@ -361,8 +361,9 @@ static brk_req_t *held_by(brk_t *b, brk_worker_t *w, uint64_t id, msg_type_t typ
     brk_req_t *r = req_by_id(b, id);
     if (r && r->worker == w) return r;
     if (type != MSG_PROGRESS)
-        brk_log("worker %s sent %s for unknown request %llu (discarded)%s%s", w->route.name, msg_type_name(type),
-                (unsigned long long)id, detail ? ": " : "", detail ? detail : "");
+        brk_log_limited(&w->log, w->route.name, "worker %s sent %s for unknown request %llu (discarded)%s%s",
+                        w->route.name, msg_type_name(type), (unsigned long long)id, detail ? ": " : "",
+                        detail ? detail : "");
     return NULL;
 }
 
@@ -387,6 +388,15 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
      * after another part's first decode message).
      * (A requeued request runs again from its first step: req_lost resets
      * this, and its PROGRESS counts again from 1.) */
+    /* Never past its end: a count a client could not make sense of (step
+     * beyond steps, frames decoded beyond those it decodes) is dropped. */
+    if (p->step > p->steps || p->decoded > p->decode_frames) {
+        brk_log_limited(&w->log, w->route.name, "worker %s sent PROGRESS %llu of %llu (%llu of %llu frames) for "
+                        "request %llu: past its end, dropped", w->route.name, (unsigned long long)p->step,
+                        (unsigned long long)p->steps, (unsigned long long)p->decoded,
+                        (unsigned long long)p->decode_frames, (unsigned long long)id);
+        return;
+    }
     const uint64_t at = p->step + p->decoded, of = p->steps + p->decode_frames;
     if (at < r->progress_at || (at == r->progress_at && of <= r->progress_of)) return;
     r->progress_at = at;

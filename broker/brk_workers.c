@@ -111,7 +111,8 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         else
             skipped++;
     }
-    if (skipped) brk_log("worker %s: %zu bad EVENTS entr%s skipped", wn, skipped, skipped == 1 ? "y" : "ies");
+    if (skipped)
+        brk_log_limited(&w->log, wn, "worker %s: %zu bad EVENTS entr%s skipped", wn, skipped, skipped == 1 ? "y" : "ies");
 }
 
 /* Keys heated by at least one request within about a half-life. */

@@ -94,7 +94,7 @@ static bool take_name(const dec_t *d, uint32_t i, char *buf, size_t size, uint64
     size_t n;
     const char *s = str_of(d, i, &n);
     if (!max || max > size - 1) max = size - 1;
-    if (!s || n == 0 || n > max) return false;
+    if (!s || n == 0 || n > max || memchr(s, 0, n)) return false; /* a NUL would cut the name short */
     memcpy(buf, s, n);
     buf[n] = '\0';
     return reel_name_valid(buf, size);

@@ -168,7 +168,8 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
         return 1;
     }
     if (!b || !wire_tok_u64(tk, b, &bytes)) {
-        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"bytes\" missing", t->name);
+        wire_set_err(err, WIRE_E_MALFORMED, "tensor '%s': \"bytes\" %s", t->name,
+                     b ? "is not a non-negative integer" : "missing");
         return 1;
     }
     if (bytes != want) {

@@ -1527,6 +1527,11 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
     expect_progress(c, 9, 6, 6, 2);
     expect_progress(c, 9, 6, 6, 3);
     quiet(c, "the client (an older decode count, and a last step after the decode began, dropped)");
+    /* counts past their end are a worker's fault: dropped, never forwarded */
+    progress_from(&x, rid, 7, 6, 3, 3);
+    progress_from(&x, rid, 6, 6, 4, 3);
+    progress_from(&x, rid, UINT64_MAX, 6, 0, 0);
+    quiet(c, "the client (counts past their end dropped)");
     serve(&x, rid);
     /* the RESULT names this broker's boot id (a client's next call starts from it) */
     wire_msg_t *d = take(c, false);
@@ -2231,6 +2236,64 @@ START_TEST(test_an_upload_with_other_bytes_replaces_a_version_never_applied) {
     ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha2));
     free(one); free(two); free(three);
     upload_box_close(&x, dir);
+}
+END_TEST
+
+/* Lines of the file at path holding needle. */
+static int lines_with(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A registered worker that floods the broker with faulty messages (ERRORs
+ * for requests it does not hold) writes at most BRK_LOG_BURST lines a
+ * window to the log, not one a message (a hostile peer filled 134 MiB in
+ * 10 s); the first line after a window says how many were left out. */
+START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    char path[] = "/tmp/reel-brk-log.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    for (uint64_t id = 1000; id < 1200; id++) {
+        wire_val_t *h = wire_hdr("ERROR", id);
+        wv_set(h, "code", wv_str("internal"));
+        wv_set(h, "message", wv_str("no such request"));
+        from_worker(&x, 0, h);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    ck_assert_int_eq(lines_with(path, "sent ERROR for unknown request"), BRK_LOG_BURST);
+    unlink(path);
+    /* the budget itself: a window's extra lines counted, and said once the window is over */
+    brk_log_budget_t lb = { 0 };
+    fd = mkstemp(strcpy(path, "/tmp/reel-brk-log.XXXXXX"));
+    saved = dup(2);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    for (int i = 0; i < BRK_LOG_BURST + 7; i++) brk_log_limited(&lb, "w9", "line %d", i);
+    ck_assert_uint_eq(lb.suppressed, 7);
+    lb.window_ms -= BRK_LOG_WINDOW_MS; /* the window is over */
+    brk_log_limited(&lb, "w9", "after the window");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    ck_assert_int_eq(lines_with(path, "w9: 7 more lines like the ones above were left out"), 1);
+    ck_assert_int_eq(lines_with(path, "after the window"), 1);
+    ck_assert_int_eq(lines_with(path, "line "), BRK_LOG_BURST);
+    unlink(path);
+    box_close(&x);
 }
 END_TEST
 
@@ -3307,6 +3370,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
     tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
+    tcase_add_test(an, test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log);
     tcase_add_test(an, test_an_upload_with_other_bytes_replaces_a_version_never_applied);
     tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);

@@ -578,6 +578,13 @@ START_TEST(test_field_types_are_checked_as_documented) {
     h = gen_tree(1);
     wv_set(h, "model", wv_str("tiny model=x"));
     expect_gen_refused(h, "bad_request", "'model' must be 1..55 characters of [A-Za-z0-9_.:+-]");
+    /* a NUL inside or at the end of a name is refused, not cut there */
+    h = gen_tree(1);
+    wv_set(h, "model", wv_strn("ti\0ny", 5));
+    expect_gen_refused(h, "bad_request", "'model' must be 1..55 characters of [A-Za-z0-9_.:+-]");
+    h = gen_tree(1);
+    wv_set(h, "model", wv_strn("tiny\0", 5));
+    expect_gen_refused(h, "bad_request", "'model' must be 1..55 characters of [A-Za-z0-9_.:+-]");
     /* latent_shape: exactly 4 non-negative integers */
     h = gen_tree(1);
     wv_set(h, "latent_shape", wv_u64(4));
