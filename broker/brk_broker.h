@@ -83,6 +83,7 @@ typedef struct brk_worker {
     uint64_t keys[BRK_KEYS_RECENT];
     int n_keys;
     int prewarm_want;          /* READY "prewarm": hot keys it asked for (0: none) */
+    int64_t max_tokens;        /* READY "max_tokens": the most tokens a sample may have there (0: any) */
     bool prewarm_sent;         /* its PREWARM went out (once its join syncs were answered) */
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;

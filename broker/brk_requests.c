@@ -98,6 +98,37 @@ static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, con
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
+/* A sample's tokens of r on worker w: F x H/p x W/p with the patch p of
+ * w's config of r's model; 0 when w announced none (not judged). */
+static int64_t tokens_on(const brk_worker_t *w, const brk_req_t *r) {
+    const int64_t *ls = r->gen.latent_shape;
+    for (int i = 0; i < w->n_configs; i++)
+        if (!strcmp(w->configs[i].name, r->model) && w->configs[i].patch)
+            return ls[1] * (ls[2] / (int64_t)w->configs[i].patch) * (ls[3] / (int64_t)w->configs[i].patch);
+    return 0;
+}
+
+/* Of the n peers (indexes idx into b->w), those whose --max-tokens takes
+ * a sample of r, moved to the front; n itself when none does, so the
+ * owner answers too_large, saying its bound, rather than the request
+ * waiting its deadline out. So workers of several --max-tokens serve every
+ * shape one of them can (a shape too large for its key's owner goes to
+ * the owner among those it fits). */
+static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers, int *idx, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const brk_worker_t *w = b->w[idx[i]];
+        int64_t t = w->max_tokens > 0 ? tokens_on(w, r) : 0;
+        if (t > w->max_tokens && w->max_tokens > 0) continue;
+        const brk_peer_t *p = peers[i];
+        int j = idx[i];
+        peers[i] = peers[k], idx[i] = idx[k];
+        peers[k] = p, idx[k] = j;
+        k++;
+    }
+    return k ? k : n;
+}
+
 /* Sends r to its owner when the owner has a free slot. true when sent. A
  * failed send makes that worker unroutable and the next owner is tried. */
 static bool try_dispatch(brk_t *b, brk_req_t *r) {
@@ -107,6 +138,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
         /* Only workers that run its loop kind (a solver they announced). */
         int n = brk_peers_able(all, b->n_w, r->needs, peers, idx);
+        n = fitting(b, r, peers, idx, n);
         int o = brk_owner(peers, n, r->shard, r->model, r->required);
         if (o < 0) return false;
         r->had_owner = true;

@@ -59,6 +59,7 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     w->budget = r->budget;
     w->ready_ms = w->seen_ms = brk_now_ms();
     w->prewarm_want = (int)r->prewarm;
+    w->max_tokens = (int64_t)r->max_tokens;
     b->w[b->n_w++] = w;
 
     brk_log("worker %s ready (%s, %d stream%s)", w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");

@@ -350,6 +350,8 @@ typedef struct {
     char vae[MSG_NAME_MAX];          /* "" (absent): no VAE; else its config name: takes GEN output frames/video */
     uint64_t prewarm;                /* 0 (absent); else 1..MSG_MAX_PREWARM: the hot keys it will own that
                                       * it asks for (PREWARM) to capture before their requests come */
+    uint64_t max_tokens;             /* 0 (absent): no bound; else its --max-tokens: a sample of more tokens
+                                      * goes to another worker when one can take it */
 } msg_ready_t;
 
 /* PREWARM (broker -> worker): the keys a starting worker is expected to

@@ -2297,6 +2297,68 @@ START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log
 }
 END_TEST
 
+/* Worker i's READY at v1 with tiny's config (patch 2) and --max-tokens
+ * max_tokens (0: none). */
+static void ready_tokens(box_t *x, int i, uint64_t max_tokens) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map(), *cfgs = wv_arr(), *c = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64(1));
+    wv_set(c, "name", wv_str("tiny"));
+    wv_set(c, "in_channels", wv_u64(4));
+    wv_set(c, "text_dim", wv_u64(32));
+    wv_set(c, "patch", wv_u64(2));
+    wv_set(c, "layers", wv_u64(2));
+    wv_push(cfgs, c);
+    wv_set(h, "name", wv_str(name));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    wv_set(h, "configs", cfgs);
+    if (max_tokens) wv_set(h, "max_tokens", wv_u64(max_tokens));
+    from_worker(x, i, h);
+}
+
+/* The worker the next REQUEST went to (0 or 1), its request answered. */
+static int request_went_to(box_t *x) {
+    zmq_pollitem_t it[2] = { { x->w[0], 0, ZMQ_POLLIN, 0 }, { x->w[1], 0, ZMQ_POLLIN, 0 } };
+    ck_assert_int_gt(zmq_poll(it, 2, 2000), 0);
+    int i = it[0].revents & ZMQ_POLLIN ? 0 : 1;
+    uint64_t rid = request_on(x, i);
+    worker_result(x, i, wire_hdr("RESULT", rid), 1, 4, 2);
+    return i;
+}
+
+/* Workers of several --max-tokens (READY max_tokens): a shape too large
+ * for its key's owner goes to a worker it fits (it used to fail too_large
+ * on every request while another worker could run it); when none fits it
+ * goes to its owner as before, whose too_large names its bound. */
+START_TEST(test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits) {
+    box_t x;
+    box_open(&x);
+    ready_tokens(&x, 0, 0);
+    ready_tokens(&x, 1, 0);
+    gen_from(&x, x.trainer, 1, 0, 1, false); /* tiny [4,2,8,8]: 32 tokens a sample */
+    int owner = request_went_to(&x);
+    expect_on(x.trainer, "RESULT", 1, NULL);
+    ready_tokens(&x, owner, 16); /* the owner restarts with --max-tokens 16 */
+    for (uint64_t id = 2; id < 6; id++) {
+        gen_from(&x, x.trainer, id, 0, id, false);
+        ck_assert_int_eq(request_went_to(&x), 1 - owner);
+        expect_on(x.trainer, "RESULT", id, NULL);
+    }
+    ready_tokens(&x, 1 - owner, 16); /* neither fits: the owner, as before */
+    gen_from(&x, x.trainer, 7, 0, 7, false);
+    ck_assert_int_eq(request_went_to(&x), owner);
+    expect_on(x.trainer, "RESULT", 7, NULL);
+    ready_tokens(&x, owner, 32); /* exactly its tokens: fits */
+    gen_from(&x, x.trainer, 8, 0, 8, false);
+    ck_assert_int_eq(request_went_to(&x), owner);
+    expect_on(x.trainer, "RESULT", 8, NULL);
+    box_close(&x);
+}
+END_TEST
+
 /* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
  * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
  * still to come is never touched; a digest whose file a cut-short removal
@@ -3370,6 +3432,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
     tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
+    tcase_add_test(an, test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits);
     tcase_add_test(an, test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log);
     tcase_add_test(an, test_an_upload_with_other_bytes_replaces_a_version_never_applied);
     tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);

@@ -412,6 +412,7 @@ static int send_ready(link_t *l) {
     r.versions.e[0].n = atomic_load(&w->applied_version);
     /* The hot keys it will own, asked until a PREWARM comes (once) */
     r.prewarm = l->prewarmed ? 0 : (uint64_t)o->prewarm;
+    r.max_tokens = o->max_tokens > 0 ? (uint64_t)o->max_tokens : 0;
     l->ready_at = wrk_mono_ms();
     l->heard_since_ready = false;
     return send_msg(l, MSG_READY, &r);
