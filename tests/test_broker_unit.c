@@ -2686,6 +2686,54 @@ START_TEST(test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them) {
 }
 END_TEST
 
+/* Reads or writes n bytes at the start of the file at path. */
+static void file_head(const char *path, unsigned char *buf, size_t n, bool write) {
+    FILE *f = fopen(path, write ? "r+b" : "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(write ? fwrite(buf, 1, n, f) : fread(buf, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* SQLite keeps a WAL connection that once read a header that is not a
+ * database's failing with "file is not a database" after the header is
+ * whole again; a fresh connection reads it. The writer opens its catalog
+ * again after a refused batch: while the header is broken the batches
+ * fail and wait, and once it is restored they land, with every record
+ * pushed meanwhile (before, every retry failed until a restart and the
+ * stop lost them). */
+START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    brk_cq_request(q, 1, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    for (int i = 0; i < 500 && sql_int(path, "SELECT count(*) FROM requests") < 1; i++) usleep(10000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 1);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    unsigned char head[100], junk[100];
+    file_head(path, head, sizeof head, false);
+    memset(junk, 'x', sizeof junk);
+    file_head(path, junk, sizeof junk, true);
+    for (uint64_t i = 2; i <= 4; i++)
+        brk_cq_request(q, i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    for (int i = 0; i < 1000 && brk_catq_failures(q) < 2; i++) usleep(10000);
+    ck_assert_uint_ge(brk_catq_failures(q), 2); /* refused, and refused again on a retry */
+    ck_assert_uint_eq(brk_catq_pending(q), 3);
+    file_head(path, head, sizeof head, true);
+    /* (pending drops when a batch is taken, before it commits: wait on the rows) */
+    for (int i = 0; i < 1000 && sql_int(path, "SELECT count(*) FROM requests") < 4; i++) usleep(10000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 4);
+    ck_assert_uint_eq(brk_catq_pending(q), 0);
+    brk_cq_request(q, 5, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    brk_catq_destroy(&q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 5);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(requests) FROM key_totals"), 5);
+    remove_dir(dir);
+}
+END_TEST
+
 /* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
 
 /* Before: a worker could ack any version, 2^64-1 included, and became
@@ -3291,6 +3339,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(cq, test_a_batch_the_store_refuses_for_good_is_written_record_by_record);
     tcase_add_test(cq, test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them);
     tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);
+    tcase_add_test(cq, test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again);
     suite_add_tcase(s, cq);
     return s;
 }
