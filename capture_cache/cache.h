@@ -274,14 +274,16 @@ typedef struct {
     uint64_t declines[CAP_DECLINE_COUNT];
     uint64_t evictions[CAP_EVICT_COUNT];
     double capture_seconds;          /* capture + verify, summed */
-    double replay_seconds;           /* bind + replay + copy-out of replayed calls */
+    double replay_seconds;           /* bind + replay + copy-out of replayed calls (an audit's eager run too) */
     double eager_seconds;            /* bind + launch + copy-out of eager calls */
     size_t bytes_held;               /* graph + workspace bytes of live entries */
     size_t graph_bytes, ws_bytes;
     size_t entries, graphs;
     uint64_t bind_bytes_copied;      /* copied into static buffers */
     uint64_t bind_bytes_pinned;      /* read in place instead */
-    /* per call: eager, replayed (bind + run + copy-out), capture + verify */
+    /* per call: eager, replayed (bind + run + copy-out), capture + verify;
+     * eager_hist counts every call eager_runs does (transient ones too),
+     * replay_hist every call replays does (audited ones too) */
     reel_hist_t eager_hist, replay_hist, capture_hist;
 } cap_stats_t;
 
