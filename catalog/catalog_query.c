@@ -580,9 +580,11 @@ static json_t *build_report(cat_t *c) {
                  " FROM timeline WHERE minute >= %lld AND requests > 0 GROUP BY bucket ORDER BY bucket", t0, w,
                  REPORT_BUCKETS - 1, m_since);
     timeline = query_rows(c, sql);
-    /* where the workers' time went: the loops, encoding prompts, decoding outputs */
+    /* where the workers' time went: the loops, encoding prompts, decoding
+     * outputs; the seconds of a request that failed are the broker's wait
+     * for it, no worker's loop (the timeline sums only ok ones) */
     if (raw)
-        snprintf(sql, sizeof sql, "SELECT coalesce(sum(seconds), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
+        snprintf(sql, sizeof sql, "SELECT coalesce(sum(CASE WHEN status = 'ok' THEN seconds END), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
                  " AS encode_seconds, coalesce(sum(decode_seconds), 0) AS decode_seconds FROM requests WHERE t >= %.17g",
                  since);
     else

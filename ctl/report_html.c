@@ -149,7 +149,9 @@ static void time_split(FILE *o, const json_t *t) {
            enc = json_number_value(json_object_get(t, "encode_seconds")),
            dec = json_number_value(json_object_get(t, "decode_seconds")), all = loop + enc + dec;
     if (!(all > 0)) return;
-    fprintf(o, "<h2>Where the workers' time went</h2>\n<table><tr><th>denoising loops</th><th>encoding prompts"
+    fprintf(o, "<h2>Where the workers' time went</h2>\n<p>Denoising loops of the requests that ended ok (a failed "
+               "request's time is the broker's wait for it, not a worker's).</p>\n"
+               "<table><tr><th>denoising loops</th><th>encoding prompts"
                "</th><th>decoding outputs</th></tr>\n<tr><td>%.3f s (%.1f%%)</td><td>%.3f s (%.1f%%)</td>"
                "<td>%.3f s (%.1f%%)</td></tr></table>\n",
             loop, 100 * loop / all, enc, 100 * enc / all, dec, 100 * dec / all);
@@ -265,7 +267,9 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     static const char *const kc[] = { "key_hash", "captures", "replays", "declines", "workers", "key_text" },
                              *const kh[] = { "key", "captures", "replays", "declines", "workers", "key text" };
     table(o, json_object_get(r, "keys"), kc, kh, 6);
-    fputs("<h2>The slowest requests, with their steps</h2>\n", o);
+    fputs("<h2>The slowest requests, with their steps</h2>\n<p>seconds: for a request that ended ok, its "
+          "denoising loop on its worker; for a failed one (any other status), how long the broker held it, from "
+          "its arrival to its failure.</p>\n", o);
     static const char *const sc[] = { "t", "id", "worker", "key_hash", "version", "steps", "captured", "replayed",
                                       "eager", "seconds", "status" },
                              *const sh[] = { "time", "id", "worker", "key", "version", "steps", "captured",

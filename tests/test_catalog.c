@@ -1268,6 +1268,45 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
 }
 END_TEST
 
+static double jnum(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
+
+/* A failed request's seconds are the broker's wait for it (no worker ran
+ * its loop): "where the workers' time went" sums the loops of the ok
+ * requests only, read from the raw rows and from the timeline alike. */
+START_TEST(test_report_worker_time_counts_only_the_loops_of_requests_that_ended_ok) {
+    cat_t *c = open_ok(false);
+    TS_OK(cat_begin(c));
+    for (int i = 0; i < 4; i++)
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, 0, 4, 0, 0.5, "ok", 0.25, 0.125, 0, 0, 0, 1000 + i));
+    TS_OK(cat_request(c, 9, "-", "k1", 0, 4, 0, 0, 0, 30.0, "timeout", 0.0, 0.0, 0, 0, 0, 1010));
+    TS_OK(cat_request(c, 10, "w1", "k1", 0, 4, 0, 0, 0, 7.0, "worker_lost", 0.0, 0.0, 0, 0, 0, 1011));
+    TS_OK(cat_commit(c));
+    cat_close(&c);
+    c = open_ok(true);
+    json_t *r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "requests");
+    json_t *split = json_object_get(r, "time_split");
+    ck_assert_double_eq_tol(jnum(split, "loop_seconds"), 2.0, 1e-9);
+    ck_assert_double_eq_tol(jnum(split, "encode_seconds"), 1.0, 1e-9);
+    json_decref(r);
+    cat_close(&c);
+    /* The raw rows pruned: the report reads the timeline. */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    c = open_ok(true);
+    r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
+    ck_assert_double_eq_tol(jnum(json_object_get(r, "time_split"), "loop_seconds"), 2.0, 1e-9);
+    ck_assert_int_eq(jint(r, "requests"), 6);
+    json_decref(r);
+    cat_close(&c);
+}
+END_TEST
+
 START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *worker = "w'; DROP TABLE captures; --";
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
@@ -1436,6 +1475,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
     tcase_add_test(tc, test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing);
     tcase_add_test(tc, test_report_query_buckets_requests_and_splits_captures_by_sync);
+    tcase_add_test(tc, test_report_worker_time_counts_only_the_loops_of_requests_that_ended_ok);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
