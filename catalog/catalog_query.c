@@ -496,41 +496,48 @@ static json_t *build_requests(cat_t *c) {
 #define REPORT_RAW_MAX 20000
 static double report_since;
 
-/* The captures and evictions of each sync (component, version, t, state),
- * and those before the first: raw rows in time windows, or the timeline's
- * minutes. */
+/* The captures and evictions of each applied sync (component, version, t,
+ * state: current or superseded) and those before the first: raw rows in
+ * time windows, or the timeline's minutes. A sync no worker applied
+ * (failed) or not yet applied (pending) changed no weights: it is no sync
+ * here (those are listed apart with their state, unapplied_sql). */
+#define APPLIED "state IN ('current', 'superseded')"
 static const char syncs_raw_sql[] =
     "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
     " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND c.t >= w.t AND c.t < coalesce("
-    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS captures,"
+    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "), 1e300)) AS captures,"
     " (SELECT count(*) FROM evictions e WHERE e.t >= w.t AND e.t < coalesce("
-    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS evictions"
-    " FROM weight_versions w WHERE w.t >= %.17g ORDER BY w.t";
+    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "), 1e300)) AS evictions"
+    " FROM weight_versions w WHERE w.t >= %.17g AND w." APPLIED " ORDER BY w.t";
 static const char before_raw_sql[] =
     "SELECT (SELECT count(*) FROM captures WHERE placeholder = 0 AND t >= %1$.17g AND t < coalesce("
-    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g), 1e300)) AS captures,"
+    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g AND " APPLIED "), 1e300)) AS captures,"
     " (SELECT count(*) FROM evictions WHERE t >= %1$.17g AND t < coalesce("
-    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g), 1e300)) AS evictions";
+    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g AND " APPLIED "), 1e300)) AS evictions";
 static const char syncs_sum_sql[] =
     "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
     " (SELECT coalesce(sum(captures), 0) FROM timeline WHERE minute >= CAST(w.t / 60 AS INTEGER) AND minute <"
-    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t),"
+    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "),"
     "   9000000000000000)) AS captures,"
     " (SELECT coalesce(sum(evictions), 0) FROM timeline WHERE minute >= CAST(w.t / 60 AS INTEGER) AND minute <"
-    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t),"
+    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "),"
     "   9000000000000000)) AS evictions"
-    " FROM weight_versions w WHERE w.t >= %.17g ORDER BY w.t";
+    " FROM weight_versions w WHERE w.t >= %.17g AND w." APPLIED " ORDER BY w.t";
 static const char before_sum_sql[] =
     "SELECT coalesce(sum(captures), 0) AS captures, coalesce(sum(evictions), 0) AS evictions FROM timeline"
     " WHERE minute >= %lld AND minute < coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions"
-    " WHERE t >= %.17g), 9000000000000000)";
+    " WHERE t >= %.17g AND " APPLIED "), 9000000000000000)";
+static const char unapplied_sql[] =
+    "SELECT component, version, t, state, coalesce(reason, '') AS reason FROM weight_versions"
+    " WHERE t >= %.17g AND NOT " APPLIED " ORDER BY t";
+#undef APPLIED
 
 static json_t *build_report(cat_t *c) {
     char sql[1600];
     double since = report_since;
     long long m_since = since > 0 && since < 9e15 ? (long long)(since / 60) : 0;
     json_t *range = NULL, *timeline = NULL, *syncs = NULL, *before = NULL, *declines = NULL, *slowest = NULL,
-           *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
+           *unapplied = NULL, *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
     snprintf(sql, sizeof sql,
              /* max and min as subqueries of their own: each is one seek
               * (in one SELECT together they scan the table) */
@@ -594,6 +601,8 @@ static json_t *build_report(cat_t *c) {
     split = query_rows(c, sql);
     snprintf(sql, sizeof sql, raw ? syncs_raw_sql : syncs_sum_sql, since);
     syncs = query_rows(c, sql);
+    snprintf(sql, sizeof sql, unapplied_sql, since);
+    unapplied = query_rows(c, sql);
     if (raw) snprintf(sql, sizeof sql, before_raw_sql, since);
     else snprintf(sql, sizeof sql, before_sum_sql, m_since, since);
     before = query_rows(c, sql);
@@ -620,13 +629,14 @@ static json_t *build_report(cat_t *c) {
         keys = build_keys(c);
     }
     workers = build_workers(c);
-    if (timeline && syncs && before && declines && slowest && stats && keys && workers && split) {
+    if (timeline && syncs && unapplied && before && declines && slowest && stats && keys && workers && split) {
         root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:O, s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "since",
                          since, "t0", t0, "t1", t1, "bucket_seconds", w, "buckets", REPORT_BUCKETS, "requests",
                          json_object_get(r0, "requests"), "source", raw ? "requests" : "summaries", "timeline",
                          timeline, "syncs", syncs, "before_first_sync", json_array_get(before, 0), "declines",
                          declines, "slowest", slowest, "stats", stats, "keys", keys, "workers", workers);
-        if (root && json_object_set(root, "time_split", json_array_get(split, 0)) != 0) {
+        if (root && (json_object_set(root, "time_split", json_array_get(split, 0)) != 0 ||
+                     json_object_set(root, "unapplied_syncs", unapplied) != 0)) {
             json_decref(root);
             root = NULL;
         }
@@ -636,6 +646,7 @@ done:
     json_decref(range);
     json_decref(timeline);
     json_decref(syncs);
+    json_decref(unapplied);
     json_decref(before);
     json_decref(declines);
     json_decref(slowest);

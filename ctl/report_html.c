@@ -241,8 +241,8 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
         fputs("<p class=\"tick\">From the catalog's summaries (its raw rows are many, or pruned): the timeline "
               "per minute, the slowest requests of each hour, syncs counted per minute.</p>\n", o);
     time_split(o, json_object_get(r, "time_split"));
-    fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each sync and the next "
-          "(the first row: before the first sync).</p>\n", o);
+    fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each applied sync and the "
+          "next (the first row: before the first sync).</p>\n", o);
     json_t *per = json_array();
     json_t *first = json_pack("{s:s, s:i, s:O, s:O}", "component", "(start)", "version", 0, "captures",
                               json_object_get(json_object_get(r, "before_first_sync"), "captures"), "evictions",
@@ -254,6 +254,27 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     static const char *const ce[] = { "captures", "evictions" }, *const cec[] = { "cap", "evi" };
     chart_bars(o, "per-sync", "captures and evictions per weight sync", per, "component", ce, cec, 2, true);
     json_decref(per);
+    json_t *unapplied = json_object_get(r, "unapplied_syncs");
+    if (json_array_size(unapplied)) {
+        /* No worker applied them (failed), or none yet (pending): the
+         * weights did not move, so they are neither lines on the timeline
+         * nor rows above. */
+        fputs("<p class=\"tick\" id=\"unapplied-syncs\">Syncs not applied (not drawn):", o);
+        json_array_foreach(unapplied, i, s) {
+            char when[48];
+            clock_text(num(s, "t"), when, sizeof when);
+            fputs(i ? "; " : " ", o);
+            esc(o, str(s, "component"));
+            fprintf(o, " v%" PRId64 " at %s, ", (int64_t)num(s, "version"), when);
+            esc(o, str(s, "state"));
+            if (*str(s, "reason")) {
+                fputs(" (", o);
+                esc(o, str(s, "reason"));
+                fputs(")", o);
+            }
+        }
+        fputs(".</p>\n", o);
+    }
     fputs("<h2>Declines to eager, by reason</h2>\n", o);
     static const char *const dk[] = { "count" }, *const dc[] = { "dec" };
     chart_bars(o, "declines", "declines by reason", json_object_get(r, "declines"), "reason", dk, dc, 1, false);

@@ -7,6 +7,7 @@
 #   - headless Chromium (Debian's) loads it without errors: its DOM has the
 #     three charts (timeline with the sync marked, per sync, declines) and
 #     the tables, and a screenshot is drawn;
+#   - a failed sync is not drawn, only listed as not applied;
 #   - a hostile key text in the catalog comes out escaped, never as markup;
 #   - --since narrows it; a missing catalog or --html is a usage error.
 # Usage: cli_report_html.sh BUILD
@@ -73,6 +74,17 @@ else
     [ -s "$D/r.png" ] && [ "$(wc -c <"$D/r.png")" -gt 20000 ] &&
         ok "Chromium draws it ($(wc -c <"$D/r.png") bytes of PNG)" || bad "screenshot"
 fi
+
+# a sync no worker applied is no sync: not drawn, listed as not applied
+cp "$D/reel.db" "$D/failed.db"
+/usr/bin/sqlite3 "$D/failed.db" "INSERT INTO weight_versions (component, version, sha256, t, state, reason)
+    SELECT 'transformer', 3, 'cc', t + 0.5, 'failed', 'no worker applied it' FROM weight_versions WHERE version = 2"
+"$R" report --html "$D/failed.html" --catalog "$D/failed.db" 2>/dev/null
+[ "$(grep -c '<line class="sync"' "$D/failed.html")" = "$(grep -c '<line class="sync"' "$D/r.html")" ] &&
+    ! grep -q 'transformer v3</text>' "$D/failed.html" &&
+    grep -q 'Syncs not applied (not drawn): transformer v3 at [^,]*, failed (no worker applied it)' "$D/failed.html" &&
+    ok "a failed sync is not drawn as a sync; it is listed as failed" ||
+    bad "a failed sync: $(grep -o 'transformer v3[^<]*' "$D/failed.html" | head -3)"
 
 # a hostile key text from the network stays text
 cp "$D/reel.db" "$D/evil.db"

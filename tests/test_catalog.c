@@ -1223,10 +1223,15 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_t *c = open_ok(false);
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1005));          /* before the first sync */
     TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
+    TS_OK(cat_weight_state(c, "transformer", 2, "current", NULL));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1012));
+    /* a sync no worker applied moves no weights: no sync of the report's */
+    TS_OK(cat_weight_version(c, "transformer", 5, "cc", "/w/v5", 1012.5));
+    TS_OK(cat_weight_state(c, "transformer", 5, "failed", "no worker applied it"));
     TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, NULL, 1013));
     TS_OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
+    TS_OK(cat_weight_state(c, "transformer", 3, "current", NULL));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
         TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
@@ -1257,12 +1262,32 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     ck_assert_int_eq(jint(json_array_get(syncs, 1), "captures"), 0);
     ck_assert_int_eq(jint(json_array_get(syncs, 1), "evictions"), 1);
     ck_assert_int_eq(jint(json_object_get(r, "before_first_sync"), "captures"), 1);
+    json_t *unapplied = json_object_get(r, "unapplied_syncs");
+    ck_assert_uint_eq(json_array_size(unapplied), 1);
+    ck_assert_int_eq(jint(json_array_get(unapplied, 0), "version"), 5);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(unapplied, 0), "state")), "failed");
     json_t *slow = json_object_get(r, "slowest");
     ck_assert_double_eq_tol(json_number_value(json_object_get(json_array_get(slow, 0), "seconds")), 0.1, 1e-9);
     json_decref(r);
     r = cat_query_report(c, 1015); /* the requests from t = 1015: i = 5..9 */
     ck_assert_int_eq(jint(r, "requests"), 5);
     ck_assert_uint_eq(json_array_size(json_object_get(r, "syncs")), 1);
+    json_decref(r);
+    cat_close(&c);
+    /* From the summaries (raw requests pruned) the same syncs. */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    c = open_ok(true);
+    r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
+    syncs = json_object_get(r, "syncs");
+    ck_assert_uint_eq(json_array_size(syncs), 2);
+    /* per minute: v2's minute holds the capture at 1005 too; the failed v5 splits nothing */
+    ck_assert_int_eq(jint(json_array_get(syncs, 0), "captures"), 3);
+    ck_assert_uint_eq(json_array_size(json_object_get(r, "unapplied_syncs")), 1);
     json_decref(r);
     cat_close(&c);
 }
