@@ -43,8 +43,10 @@ int cat_reopen(cat_t *c);
  * request id), its captures, evictions and audit rows, its summaries
  * added to c's (counts and seconds summed, maxima kept), and, for weight
  * versions, workers and artifacts, the more recent row of each. One
- * transaction; a source of a newer schema, with a table this build has
- * no rule for, or c itself, is refused. 0, or -1 with a message. */
+ * transaction; a source of a newer or an older schema (cat_open refuses
+ * both read-only), with a table this build has no rule for, or c itself,
+ * is refused. 0, or -1 with a message naming src_path (never c, which
+ * may be a temporary union). */
 int cat_merge(cat_t *c, const char *src_path);
 /* The path it was opened with (for messages). */
 const char *cat_path(const cat_t *c);

@@ -756,6 +756,53 @@ START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) 
 }
 END_TEST
 
+/* A source catalog of an older schema is refused, as cat_open refuses it
+ * read-only (merged, its requests were dropped and its declines added),
+ * and every refusal names the file given, never the union it goes into
+ * (reelctl's is a temporary file the user never named). */
+START_TEST(test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_close(&w);
+    char old[4200], junk[4200], uni[4200], sql[64];
+    snprintf(old, sizeof old, "%s/old.db", tmpdir);
+    snprintf(junk, sizeof junk, "%s/junk.db", tmpdir);
+    snprintf(uni, sizeof uni, "%s/union.db", tmpdir);
+    cat_t *o = cat_open(old, false);
+    ck_assert_ptr_nonnull(o);
+    TS_OK(cat_decline(o, "w1", "k", "k1", "warming_up", 5, 1000));
+    cat_close(&o);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(old, &db), SQLITE_OK);
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", cat_schema_version() - 1);
+    ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    FILE *f = fopen(junk, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 64; i++) fputs("this is not a database, ", f);
+    fclose(f);
+
+    cat_t *u = cat_open(uni, false);
+    ck_assert_ptr_nonnull(u);
+    TS_OK(cat_merge(u, dbpath));
+    ck_assert_ptr_null(cat_open(old, true)); /* alone: refused */
+    ck_assert_int_eq(cat_merge(u, old), -1);  /* in a union: refused the same way */
+    ck_assert_msg(strstr(reel_err_text(), old) && strstr(reel_err_text(), "is older than this build's"), "%s",
+                  reel_err_text());
+    ck_assert_int_eq(cat_merge(u, junk), -1);
+    ck_assert_msg(strstr(reel_err_text(), junk) && !strstr(reel_err_text(), uni), "%s", reel_err_text());
+    cat_close(&u);
+    ck_assert_int_eq(sqlite3_open(uni, &db), SQLITE_OK); /* nothing of the old one came in */
+    sqlite3_stmt *q;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM declines WHERE reason = 'warming_up'", -1, &q, NULL),
+                     SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+    ck_assert_int_eq(sqlite3_column_int(q, 0), 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+END_TEST
+
 /* A group run in two parts (a CPU worker's two streams) runs each of its
  * 4 steps twice: its row says steps 4 and 8 steps by how they ran. The
  * hit rate counts steps as they ran on both sides, so it stays <= 1. */
@@ -1505,6 +1552,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
     tcase_add_test(tc, test_merged_catalogs_hold_each_request_once_and_add_their_summaries);
+    tcase_add_test(tc, test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors);
     suite_add_tcase(s, tc);
     return s;
 }
