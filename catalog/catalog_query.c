@@ -535,7 +535,9 @@ static const char unapplied_sql[] =
 static json_t *build_report(cat_t *c) {
     char sql[1600];
     double since = report_since;
-    long long m_since = since > 0 && since < 9e15 ? (long long)(since / 60) : 0;
+    /* A since past any time a catalog holds (up to 1e300 from --since)
+     * is a minute past every row, never minute 0 (everything). */
+    long long m_since = !(since > 0) ? 0 : since < 9e15 ? (long long)(since / 60) : (long long)(9e15 / 60);
     json_t *range = NULL, *timeline = NULL, *syncs = NULL, *before = NULL, *declines = NULL, *slowest = NULL,
            *unapplied = NULL, *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
     snprintf(sql, sizeof sql,

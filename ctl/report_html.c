@@ -221,10 +221,13 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
           ".syncl{fill:#d9822b}\n.cap{fill:#4c9a5b}.evi{fill:#c0504d}.dec{fill:#8064a2}\n"
           "table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 6px;"
           "text-align:left}th{background:#f3f3f3}\n.sum{font-size:15px}\n</style></head><body>\n", o);
+    /* No step in range: no hit rate ("-", as `reelctl stats` prints), not 0%. */
+    char hit[16] = "-";
+    if (steps > 0) snprintf(hit, sizeof hit, "%.1f%%", 100 * rep / steps);
     fprintf(o, "<h1>Reel capture report</h1>\n<p class=\"sum\">%.0f requests, %.0f steps, %.0f replayed: "
-               "graph hit rate <b>%.1f%%</b>. %s: %.0f captures, %.0f evictions; %.0f declines in the whole "
+               "graph hit rate <b>%s</b>. %s: %.0f captures, %.0f evictions; %.0f declines in the whole "
                "catalog.</p>\n",
-            reqs, steps, rep, steps > 0 ? 100 * rep / steps : 0,
+            reqs, steps, rep, hit,
             since > 0 ? "From the hour of the start on" : "In the whole catalog", num(st, "captures"),
             num(st, "evictions"), num(st, "declines"));
     const char *source = json_string_value(json_object_get(r, "source"));

@@ -9,7 +9,8 @@
 #     the tables, and a screenshot is drawn;
 #   - a failed sync is not drawn, only listed as not applied;
 #   - a hostile key text in the catalog comes out escaped, never as markup;
-#   - --since narrows it; a missing catalog or --html is a usage error.
+#   - --since narrows it; one after every row (even 1e300) is an empty
+#     report with hit rate "-"; a missing catalog or --html is a usage error.
 # Usage: cli_report_html.sh BUILD
 set -u
 B="${1:-build}"
@@ -95,8 +96,18 @@ cp "$D/reel.db" "$D/evil.db"
     ok "a hostile key text is escaped, never markup" || bad "a key text was not escaped"
 
 "$R" report --html "$D/late.html" --catalog "$D/reel.db" --since "$(($(date +%s) + 3600))" 2>/dev/null &&
-    grep -q '0 requests' "$D/late.html" && ok "--since after every row: an empty report, not an error" ||
-    bad "--since in the future"
+    grep -q '0 requests, 0 steps, 0 replayed: graph hit rate <b>-</b>' "$D/late.html" &&
+    ok "--since after every row: an empty report (hit rate -), not an error" ||
+    bad "--since in the future: $(grep -o '<p class="sum">[^<]*<b>[^<]*' "$D/late.html")"
+# past any minute the summaries hold (1e300, or 9e15 and up): still after every row
+cp "$D/reel.db" "$D/pruned.db"
+/usr/bin/sqlite3 "$D/pruned.db" "DELETE FROM requests" # the report reads the summaries
+for s in 1e300 9e15; do
+    "$R" report --html "$D/far.html" --catalog "$D/pruned.db" --since $s 2>/dev/null &&
+        grep -q '0 requests, 0 steps, 0 replayed: graph hit rate <b>-</b>. From the hour of the start on: 0 captures, 0 evictions' \
+            "$D/far.html" && ok "--since $s from the summaries: an empty report" ||
+        bad "--since $s: $(grep -o '<p class="sum">[^<]*<b>[^<]*</b>[^<]*' "$D/far.html")"
+done
 "$R" report --html "$D/x.html" --catalog "$D/nope.db" 2>/dev/null
 [ $? = 2 ] && ok "a missing catalog is a usage error (exit 2)" || bad "missing catalog"
 "$R" report --catalog "$D/reel.db" 2>/dev/null
