@@ -347,6 +347,15 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
  * reason or an invalid key. */
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
 
+/* Evicts every entry (reason shutdown, one event each, delivered before it
+ * returns), as cap_cache_destroy does, while the cache and its owner's
+ * event sink still live: a worker that stops calls it before it says
+ * goodbye, so the events of its last graphs reach the catalog. An entry a
+ * dispatch holds goes when that dispatch ends. Call once no step will run:
+ * a later call would capture again. Returns how many were evicted; -1
+ * with a message for a NULL cache. */
+int cap_cache_evict_all(cap_cache_t *c);
+
 /* *out = the counters (all zero for a NULL cache; nothing for a NULL out). */
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);
 

@@ -2041,6 +2041,35 @@ START_TEST(test_audits_of_a_pure_step_pass_and_count_one_in_n_replays) {
 }
 END_TEST
 
+/* A worker that stops empties its cache while its event sink lives: every
+ * graph leaves as a shutdown eviction, one event each, counted; destroy
+ * after it finds nothing left to report. */
+START_TEST(test_evict_all_raises_a_shutdown_eviction_per_entry_before_destroy) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:leaving", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i == 2) expect_ran(res, CAP_RAN_CAPTURED, "call", i);
+    }
+    ck_assert_uint_eq(stats(C).graphs, 1);
+    ck_assert_int_eq(cap_cache_evict_all(C), 1);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_SHUTDOWN], 1);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_SHUTDOWN), 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1) - count_events(CAP_EV_EVICT, -1), 0);
+    ck_assert_int_eq(cap_cache_evict_all(C), 0);
+    ck_assert_int_eq(cap_cache_evict_all(NULL), -1);
+    ck_assert(cap_cache_invariants(C));
+    cap_cache_destroy(&C);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1); /* nothing more at destroy */
+}
+END_TEST
+
 /* ---- admission ------------------------------------------------------------------- */
 
 START_TEST(test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing) {
@@ -3153,6 +3182,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_weights_freed_and_reallocated_without_a_sync_decline_weights_moved_and_never_read_freed_memory);
     tcase_add_test(tc, test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and_keeps_the_eager_result);
     tcase_add_test(tc, test_audits_of_a_pure_step_pass_and_count_one_in_n_replays);
+    tcase_add_test(tc, test_evict_all_raises_a_shutdown_eviction_per_entry_before_destroy);
     tcase_add_test(tc, test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing);
     tcase_add_test(tc, test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant);
     tcase_add_test(tc, test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache);
