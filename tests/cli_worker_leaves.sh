@@ -3,7 +3,9 @@
 # cleanly, with a real reel-broker and reel-worker over ipc:
 #   1. its graphs leave the cache at SIGTERM as shutdown evictions, and
 #      their rows reach the catalog before it says goodbye: captures -
-#      evictions of the worker is 0, and its last log line counts them.
+#      evictions of the worker is 0, and its last log line counts them;
+#   2. its catalog row's last_seen is when it left (its last message), not
+#      its READY.
 # Usage: cli_worker_leaves.sh BUILD
 set -u
 B="${1:-build}"
@@ -38,5 +40,9 @@ wait_sql "$D/reel.db" "SELECT count(*) FROM evictions WHERE worker = 'w1'" "$cap
 grep -qE "stopping; capture cache: .* $caps evictions \($caps at shutdown\)" "$D/w1.log" &&
     ok "its last log line counts them: $(grep -oE '[0-9]+ evictions \([0-9]+ at shutdown\)' "$D/w1.log")" ||
     { bad "the worker's totals line"; grep "stopping; capture cache" "$D/w1.log" | show; }
+wait_sql "$D/reel.db" "SELECT count(*) FROM workers WHERE name = 'w1' AND gone_reason = 'disconnect'" 1 30 &&
+    [ "$(sql "$D/reel.db" "SELECT last_seen > first_seen FROM workers WHERE name = 'w1'")" = 1 ] &&
+    ok "last_seen is its leaving, $(sql "$D/reel.db" "SELECT printf('%.2f', last_seen - first_seen) FROM workers WHERE name = 'w1'") s after READY" ||
+    bad "workers row: $(sql "$D/reel.db" "SELECT first_seen, last_seen, gone_at, gone_reason FROM workers WHERE name = 'w1'")"
 stop_proc "$BROKER" || bad "the broker stops on SIGTERM"
 finish
