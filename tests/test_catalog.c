@@ -933,11 +933,24 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     ck_assert_str_eq(jstr(e, "component"), "dit");
     ck_assert_int_eq(jint(e, "from_version"), 1);
     ck_assert_int_eq(jint(e, "to_version"), 2);
-    ck_assert_str_eq(jstr(json_array_get(j, 2), "reason"), "lru");
+    json_t *lru = json_array_get(j, 2);
+    ck_assert_str_eq(jstr(lru, "reason"), "lru");
+    /* an eviction no sync caused has no component nor versions: null, not '' and 0 */
+    ck_assert(json_is_null(json_object_get(lru, "component")));
+    ck_assert(json_is_null(json_object_get(lru, "from_version")));
+    ck_assert(json_is_null(json_object_get(lru, "to_version")));
     json_decref(j);
     char *t = report_text(c, ctl_report_evictions, false);
     ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "weight_sync") && strstr(t, "1970-01-01T00:18:21Z"),
                   "table: %s", t);
+    /* the table shows them as "-": "lru  -  -  -", never "from 0 to 0" */
+    char *line = strstr(t, " lru ");
+    ck_assert_msg(line != NULL, "table: %s", t);
+    char row[256], comp[32], from[32], to[32];
+    snprintf(row, sizeof row, "%.*s", (int)strcspn(line, "\n"), line);
+    ck_assert_msg(sscanf(row, " lru %31s %31s %31s", comp, from, to) == 3 && !strcmp(comp, "-") &&
+                      !strcmp(from, "-") && !strcmp(to, "-"),
+                  "an lru row: %s", row);
     free(t);
 
     TS_OK(cat_begin(w));
