@@ -142,14 +142,22 @@ cat_t *cat_open(const char *path, bool readonly) {
         return NULL;
     }
     /* The catalog holds the audit trail: create it readable by its owner
-     * only (SQLite gives its -wal and -shm files the same mode). */
-    if (!readonly) {
+     * only (SQLite gives its -wal and -shm files the same mode). Only a
+     * file that is not there is opened here: close() of any descriptor of
+     * a file drops every POSIX lock this process holds on it, and a
+     * connection still open on it (cat_reopen's old one) would lose its
+     * locks -- its close then takes itself for the last one and deletes
+     * the WAL the new connection writes into. */
+    if (!readonly && lstat(path, &ps) != 0 && errno == ENOENT) {
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
             reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
             return NULL;
         }
         close(fd);
+    } else if (!readonly && access(path, R_OK | W_OK) != 0) {
+        reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
+        return NULL;
     }
     cat_t *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {

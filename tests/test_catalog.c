@@ -1392,6 +1392,41 @@ START_TEST(test_report_worker_time_counts_only_the_loops_of_requests_that_ended_
 }
 END_TEST
 
+/* The requests another process counts: sqlite3(1) opens, reads and
+ * closes (its close checkpoints and deletes the WAL when it finds no other
+ * process holding the file). Not a fork of this one: a child inherits
+ * this process's SQLite lock bookkeeping and would see what it sees. */
+static int count_in_child(void) {
+    char cmd[PATH_MAX + 96];
+    snprintf(cmd, sizeof cmd, "/usr/bin/sqlite3 '%s' 'SELECT count(*) FROM requests'", dbpath);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = -1;
+    if (fscanf(p, "%d", &n) != 1) n = -1;
+    ck_assert_int_eq(pclose(p), 0);
+    return n;
+}
+
+/* cat_reopen puts a fresh connection in place while the old one is still
+ * open: opening must not drop this process's POSIX locks on the file (a
+ * close() of any descriptor of it would), or another process's reader
+ * takes itself for the last connection at its close and deletes the WAL
+ * the writer goes on writing into, unseen by everyone else. */
+START_TEST(test_a_reopened_catalog_writes_what_other_processes_read) {
+    cat_t *c = open_ok(false);
+    TS_OK(cat_request(c, 1, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1000));
+    TS_OK(cat_reopen(c));
+    ck_assert_int_eq(count_in_child(), 1);
+    for (int i = 2; i <= 3; i++)
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1000 + i));
+    ck_assert_int_eq(count_in_child(), 3);
+    cat_close(&c);
+    c = open_ok(true);
+    ck_assert_int_eq(cat_reopen(c), -1); /* read-only: refused, c as it was */
+    cat_close(&c);
+}
+END_TEST
+
 START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *worker = "w'; DROP TABLE captures; --";
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
@@ -1561,6 +1596,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing);
     tcase_add_test(tc, test_report_query_buckets_requests_and_splits_captures_by_sync);
     tcase_add_test(tc, test_report_worker_time_counts_only_the_loops_of_requests_that_ended_ok);
+    tcase_add_test(tc, test_a_reopened_catalog_writes_what_other_processes_read);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
