@@ -49,6 +49,7 @@
 #include "schema/msg.h"
 
 #define BRK_IDENT_MAX 256
+#define BRK_HEARD_EVERY_MS 60000 /* a live worker's catalog last_seen moves at most this often */
 
 /* A ROUTER routing identity, copied out of a message. */
 typedef struct {
@@ -76,6 +77,7 @@ typedef struct brk_worker {
     uint64_t budget;
     int64_t ready_ms;          /* monotonic ms of READY */
     int64_t seen_ms;           /* monotonic ms of the last message from it */
+    int64_t heard_ms;          /* monotonic ms of its last catalog worker_heard (or READY) */
     bool dead;                 /* to be dropped by brk_settle */
     const char *dead_why;      /* "expired", "disconnect", "restarted" */
     brk_wsync_t syncs[BRK_MAX_COMPONENTS];

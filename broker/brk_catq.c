@@ -257,10 +257,18 @@ static int write_next(brk_catq_t *q) {
     if (worth_logging(q->failures))
         brk_log("catalog: writing failed (%llu so far), %zu records kept for a retry: %s",
                 (unsigned long long)q->failures, q->n_kept + q->n_events, reel_err_text());
+    bool log = worth_logging(q->failures);
     pthread_mutex_unlock(&q->mu);
     list_unshift(&q->events, events, chain_last(events), ne);
     list_unshift(&q->kept, kept, lk, nk);
     q->tries++;
+    /* Anything but a lock held elsewhere may have left the connection
+     * unusable for good (SQLite keeps a WAL connection that read a header
+     * that was not a database's failing after the file is mended): the
+     * retry goes on a fresh one. Until the file opens again the old one
+     * stays, and the next refusal tries once more. */
+    if (!cat_failure_busy(q->cat) && cat_reopen(q->cat) != 0 && log)
+        brk_log("catalog: opening the catalog again failed: %s", reel_err_text());
     return -1;
 }
 

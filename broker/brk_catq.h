@@ -16,11 +16,14 @@
  * have max/4 of them waiting and the list max; past that an event is shed
  * and counted (brk_catq_dropped). A batch takes kept records first.
  *
- * A batch the store refuses for now (disk full, I/O error, locked: see
- * cat_failure_transient) is rolled back and queued again in front, and the
- * writer pauses (BRK_CATQ_RETRY_MS, doubling to 16x) before it retries, so
- * the broker keeps routing while the disk is full and the rows land when
- * space returns. A record SQLite refuses outright is skipped and counted.
+ * A batch the store refuses for now (disk full, I/O error, locked, the
+ * file unreadable: see cat_failure_transient) is rolled back and queued
+ * again in front, and the writer pauses (BRK_CATQ_RETRY_MS, doubling to
+ * 16x) before it retries -- on a fresh connection unless only a lock held
+ * elsewhere refused it (cat_reopen: SQLite keeps a connection that read a
+ * broken header failing after the file is mended) -- so the broker keeps
+ * routing while the disk is full or the file is written over, and the
+ * rows land when the store takes them again. A record SQLite refuses outright is skipped and counted.
  * At shutdown the writer tries BRK_CATQ_STOP_TRIES times, then gives up
  * and logs how many records it could not write. With retention on
  * (brk_catq_retain), the same thread prunes old raw rows in small

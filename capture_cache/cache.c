@@ -187,6 +187,24 @@ int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reaso
     return n;
 }
 
+int cap_cache_evict_all(cap_cache_t *c) {
+    if (!c) return reel_fail(REEL_E_INVALID, "evict all: no cache");
+    evq_t q = { 0 };
+    int n = 0;
+    cap_lock(&c->lock);
+    entry_t *next;
+    for (entry_t *e = c->head; e; e = next) {
+        next = e->next;
+        if (e->doomed) continue; /* evicted already; freed when its dispatch ends */
+        cap_evict(c, e, CAP_EVICT_SHUTDOWN, &q, NULL, 0, 0);
+        n++;
+    }
+    cap_unlock(&c->lock);
+    cap_evq_flush(c, &q);
+    CHECK_INVARIANTS(c);
+    return n;
+}
+
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out) {
     if (!out) return;
     if (!c) {

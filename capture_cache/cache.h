@@ -274,14 +274,16 @@ typedef struct {
     uint64_t declines[CAP_DECLINE_COUNT];
     uint64_t evictions[CAP_EVICT_COUNT];
     double capture_seconds;          /* capture + verify, summed */
-    double replay_seconds;           /* bind + replay + copy-out of replayed calls */
+    double replay_seconds;           /* bind + replay + copy-out of replayed calls (an audit's eager run too) */
     double eager_seconds;            /* bind + launch + copy-out of eager calls */
     size_t bytes_held;               /* graph + workspace bytes of live entries */
     size_t graph_bytes, ws_bytes;
     size_t entries, graphs;
     uint64_t bind_bytes_copied;      /* copied into static buffers */
     uint64_t bind_bytes_pinned;      /* read in place instead */
-    /* per call: eager, replayed (bind + run + copy-out), capture + verify */
+    /* per call: eager, replayed (bind + run + copy-out), capture + verify;
+     * eager_hist counts every call eager_runs does (transient ones too),
+     * replay_hist every call replays does (audited ones too) */
     reel_hist_t eager_hist, replay_hist, capture_hist;
 } cap_stats_t;
 
@@ -344,6 +346,15 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
  * cache). Returns how many were dropped, or -1 with a message for another
  * reason or an invalid key. */
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
+
+/* Evicts every entry (reason shutdown, one event each, delivered before it
+ * returns), as cap_cache_destroy does, while the cache and its owner's
+ * event sink still live: a worker that stops calls it before it says
+ * goodbye, so the events of its last graphs reach the catalog. An entry a
+ * dispatch holds goes when that dispatch ends. Call once no step will run:
+ * a later call would capture again. Returns how many were evicted; -1
+ * with a message for a NULL cache. */
+int cap_cache_evict_all(cap_cache_t *c);
 
 /* *out = the counters (all zero for a NULL cache; nothing for a NULL out). */
 void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out);

@@ -87,8 +87,10 @@ static int run_transient(dispatch_t *d, double t0) {
     cap_lock(&c->lock);
     c->st.bind_bytes_copied += d->acct.copied;
     if (rc == 0) {
+        double dt = reel_mono_s() - t0;
         c->st.eager_runs++;
-        c->st.eager_seconds += reel_mono_s() - t0;
+        c->st.eager_seconds += dt;
+        reel_hist_observe(&c->st.eager_hist, dt);
         cap_declined(c, e, d->reason, &d->q, d->logbuf, sizeof d->logbuf);
     }
     d->sl->depth--;
@@ -207,8 +209,7 @@ static void artifact_decided(dispatch_t *d, uint64_t promoted0, uint64_t demoted
         (e->graph || (e->state == ST_DISABLED && e->disabled_reason == CAP_DECLINE_VERIFY_MISMATCH)))
         cap_unpin_and_recapture(c, e, -1, &d->q);
     if (graph_path && d->ran != CAP_RAN_EAGER) {
-        /* The call serves its eager run's result: count it so. */
-        if (d->ran == CAP_RAN_REPLAYED) c->st.replays--;
+        /* The call serves its eager run's result: count it so (account). */
         d->ran = CAP_RAN_EAGER;
     }
     if (d->ran == CAP_RAN_EAGER && (demoted != demoted0 || graph_path))
@@ -231,7 +232,10 @@ static void account(dispatch_t *d, int rc, double t0) {
             c->st.eager_seconds += dt;
             reel_hist_observe(&c->st.eager_hist, dt);
             cap_declined(c, e, d->reason, &d->q, d->logbuf, sizeof d->logbuf);
-        } else if (d->ran == CAP_RAN_REPLAYED && d->path == P_REPLAY) {
+        } else if (d->ran == CAP_RAN_REPLAYED) {
+            /* An audited or re-verified replay too: the step was served by
+             * the graph (its time includes the eager run checked against
+             * it). */
             c->st.replays++;
             c->st.replay_seconds += dt;
             reel_hist_observe(&c->st.replay_hist, dt);

@@ -292,8 +292,7 @@ int cap_path_verify(dispatch_t *d) {
     else c->st.audits++;
     if (v == 1) {
         e->state = ST_READY;
-        d->ran = CAP_RAN_REPLAYED;
-        c->st.replays++;
+        d->ran = CAP_RAN_REPLAYED; /* counted with its time by account */
     } else if (v == 2) {
         d->reason = CAP_DECLINE_MUTABLE_INPUT;
         cap_unpin_and_recapture(c, e, bad, &d->q);

@@ -142,14 +142,22 @@ cat_t *cat_open(const char *path, bool readonly) {
         return NULL;
     }
     /* The catalog holds the audit trail: create it readable by its owner
-     * only (SQLite gives its -wal and -shm files the same mode). */
-    if (!readonly) {
+     * only (SQLite gives its -wal and -shm files the same mode). Only a
+     * file that is not there is opened here: close() of any descriptor of
+     * a file drops every POSIX lock this process holds on it, and a
+     * connection still open on it (cat_reopen's old one) would lose its
+     * locks -- its close then takes itself for the last one and deletes
+     * the WAL the new connection writes into. */
+    if (!readonly && lstat(path, &ps) != 0 && errno == ENOENT) {
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
             reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
             return NULL;
         }
         close(fd);
+    } else if (!readonly && access(path, R_OK | W_OK) != 0) {
+        reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
+        return NULL;
     }
     cat_t *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
@@ -191,6 +199,19 @@ void cat_close(cat_t **cp) {
     *cp = NULL;
 }
 
+int cat_reopen(cat_t *c) {
+    if (c->readonly) return reel_fail(REEL_E_INVALID, "catalog %s: opened read-only; not reopened", c->path);
+    cat_t *fresh = cat_open(c->path, false);
+    if (!fresh) return -1;
+    /* The old connection's statements and summaries go with it; the
+     * caller's handle stays the same. */
+    cat_t old = *c;
+    *c = *fresh;
+    *fresh = old;
+    cat_close(&fresh);
+    return 0;
+}
+
 int cat_begin(cat_t *c) {
     if (cat_exec(c, "BEGIN IMMEDIATE", "begin") != 0) return -1; /* a batch already open keeps its deltas */
     cat_roll_reset(c);
@@ -214,10 +235,17 @@ bool cat_failure_transient(const cat_t *c) {
     case SQLITE_NOMEM:
     case SQLITE_READONLY:
     case SQLITE_PROTOCOL:
+    case SQLITE_NOTADB:  /* the file written over for now: a reopened connection reads it again */
+    case SQLITE_CORRUPT: /* the store's, never the record's: keep the rows until it is mended */
         return true;
     default:
         return false;
     }
+}
+
+bool cat_failure_busy(const cat_t *c) {
+    int rc = sqlite3_errcode(c->db) & 0xff;
+    return !cat_roll_failed(c) && (rc == SQLITE_BUSY || rc == SQLITE_LOCKED);
 }
 
 /* Idempotent: with no batch open there is nothing to undo. */

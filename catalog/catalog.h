@@ -31,13 +31,22 @@ cat_t *cat_open(const char *path, bool readonly);
 /* Closes the catalog (an open batch is rolled back). Does nothing on NULL;
  * sets *c = NULL. */
 void cat_close(cat_t **c);
+/* Opens c's file again on a fresh connection and puts it in place of c's
+ * (an open batch is rolled back): SQLite keeps a connection that once read
+ * a header that was not a database's (a file written over, a torn copy
+ * put back) failing with "file is not a database" after the header is
+ * whole again, and only a new connection reads it. 0; -1 with a message,
+ * c left as it was, when the file can not be opened (still unreadable). */
+int cat_reopen(cat_t *c);
 /* Adds the catalog at src_path (another broker's: a standby pair's
  * other one) to c, opened writable: requests it has that c has not (by
  * request id), its captures, evictions and audit rows, its summaries
  * added to c's (counts and seconds summed, maxima kept), and, for weight
  * versions, workers and artifacts, the more recent row of each. One
- * transaction; a source of a newer schema, with a table this build has
- * no rule for, or c itself, is refused. 0, or -1 with a message. */
+ * transaction; a source of a newer or an older schema (cat_open refuses
+ * both read-only), with a table this build has no rule for, or c itself,
+ * is refused. 0, or -1 with a message naming src_path (never c, which
+ * may be a temporary union). */
 int cat_merge(cat_t *c, const char *src_path);
 /* The path it was opened with (for messages). */
 const char *cat_path(const cat_t *c);
@@ -50,10 +59,14 @@ int cat_begin(cat_t *c);
 int cat_commit(cat_t *c);
 int cat_rollback(cat_t *c);
 /* After a failed call: true when the failure is the store's and may pass
- * (disk full, I/O error, locked, out of memory, read-only for now), so the
- * same writes may succeed later; false when SQLite refused the record
- * itself. */
+ * (disk full, I/O error, locked, out of memory, read-only for now, the
+ * file unreadable -- not a database, corrupt -- for now), so the same
+ * writes may succeed later; false when SQLite refused the record itself. */
 bool cat_failure_transient(const cat_t *c);
+/* After a failed call: true when it was only another connection holding
+ * the lock (busy, locked): the connection is fine and a retry needs no
+ * cat_reopen. */
+bool cat_failure_busy(const cat_t *c);
 
 /* ---- records (catalog/catalog_records.h defines each kind) ----------------- */
 

@@ -85,15 +85,31 @@ static bool in_key(const char *key, const char *col) {
     return false;
 }
 
+/* A SQLite failure while merging src into c, named by src (the file the
+ * user gave; c may be a temporary union of reelctl's): "catalog SRC:
+ * merge: what: sqlite's message". Returns -1. */
+static int merge_fail(const cat_t *c, const char *src, const char *what, const char *msg) {
+    return reel_fail(REEL_E_IO, "catalog %s: merge: %s: %s", src, what, msg ? msg : sqlite3_errmsg(c->db));
+}
+
+/* Runs sql (no rows); -1 with merge_fail's message. */
+static int merge_exec(cat_t *c, const char *src, const char *sql, const char *what) {
+    char *msg = NULL;
+    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) == SQLITE_OK) return 0;
+    merge_fail(c, src, what, msg);
+    sqlite3_free(msg);
+    return -1;
+}
+
 /* The columns table has in both schemas ("main" and "src"), in main's
  * order, into cols[] (at most 64). -1 on a SQLite failure. */
-static int shared_columns(cat_t *c, const char *table, char cols[][64], bool pk_int[], int *n) {
+static int shared_columns(cat_t *c, const char *src, const char *table, char cols[][64], bool pk_int[], int *n) {
     *n = 0;
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT m.name, m.pk, lower(m.type) FROM pragma_table_info(?1, 'main') AS m "
                               "JOIN pragma_table_info(?1, 'src') AS s ON s.name = m.name ORDER BY m.cid");
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(c->db, sql, -1, &st, NULL) != SQLITE_OK) return cat_db_fail(c, "merge: columns");
+    if (sqlite3_prepare_v2(c->db, sql, -1, &st, NULL) != SQLITE_OK) return merge_fail(c, src, "columns", NULL);
     sqlite3_bind_text(st, 1, table, -1, SQLITE_STATIC);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < 64) {
@@ -103,7 +119,7 @@ static int shared_columns(cat_t *c, const char *table, char cols[][64], bool pk_
         (*n)++;
     }
     sqlite3_finalize(st);
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : cat_db_fail(c, "merge: columns");
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : merge_fail(c, src, "columns", NULL);
 }
 
 /* How a summary column combines: a maximum, the first non-NULL text, or a sum. */
@@ -118,12 +134,12 @@ static void add_rule(sql_t *q, const char *col) {
         put(q, "%s = %s + excluded.%s", col, col, col);
 }
 
-static int merge_table(cat_t *c, int r) {
+static int merge_table(cat_t *c, const char *src, int r) {
     char cols[64][64];
     bool pk_int[64];
     int n;
-    if (shared_columns(c, RULES[r].table, cols, pk_int, &n) != 0) return -1;
-    if (n == 0) return 0; /* an older source without this table */
+    if (shared_columns(c, src, RULES[r].table, cols, pk_int, &n) != 0) return -1;
+    if (n == 0) return 0; /* a table the source does not have (a summary it never wrote) */
     const merge_t how = RULES[r].how;
     sql_t q = { 0 };
     char list[4096] = "";
@@ -132,7 +148,8 @@ static int merge_table(cat_t *c, int r) {
         if (how == M_NEW_ID && pk_int[i]) continue; /* its own id here */
         used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", cols[i]);
     }
-    if (used >= sizeof list) return reel_fail(REEL_E_LIMIT, "merge: table %s has too many columns", RULES[r].table);
+    if (used >= sizeof list)
+        return reel_fail(REEL_E_LIMIT, "catalog %s: merge: table %s has too many columns", src, RULES[r].table);
     const char *t = RULES[r].table;
     switch (how) {
     case M_BY_ID:
@@ -177,8 +194,8 @@ static int merge_table(cat_t *c, int r) {
         return reel_fail(REEL_E_NOMEM, "out of memory");
     }
     char what[96];
-    snprintf(what, sizeof what, "merge: table %s", t);
-    int rc = cat_exec(c, q.s, what);
+    snprintf(what, sizeof what, "table %s", t);
+    int rc = merge_exec(c, src, q.s, what);
     free(q.s);
     return rc;
 }
@@ -194,20 +211,22 @@ int cat_merge(cat_t *c, const char *src_path) {
         return reel_fail(REEL_E_INVALID, "catalog %s: merging a catalog into itself", src_path);
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(c->db, "ATTACH DATABASE ?1 AS src", -1, &st, NULL) != SQLITE_OK)
-        return cat_db_fail(c, "merge: attach");
+        return merge_fail(c, src_path, "attach", NULL);
     sqlite3_bind_text(st, 1, src_path, -1, SQLITE_STATIC);
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return cat_db_fail(c, "merge: attach");
+    if (rc != SQLITE_DONE) return merge_fail(c, src_path, "attach", NULL);
     int ret = -1, v = -1;
     /* A catalog of a newer Reel has tables and meanings this one does not
-     * know: refused, as cat_open refuses it. */
+     * know; one of an older Reel lacks columns and summaries this one's
+     * rules and reports rely on (its requests would be dropped, its
+     * declines added): both refused, as cat_open refuses them read-only. */
     if (sqlite3_prepare_v2(c->db, "PRAGMA src.user_version", -1, &st, NULL) == SQLITE_OK) {
         if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int(st, 0);
         sqlite3_finalize(st);
     }
     if (v < 0) {
-        cat_db_fail(c, "merge: the source's schema version");
+        merge_fail(c, src_path, "its schema version", NULL);
         goto out;
     }
     if (v > cat_schema_version()) {
@@ -215,10 +234,19 @@ int cat_merge(cat_t *c, const char *src_path) {
                   cat_schema_version());
         goto out;
     }
+    if (v == 0) {
+        reel_fail(REEL_E_INVALID, "catalog %s: not a Reel catalog (no schema; user_version 0)", src_path);
+        goto out;
+    }
+    if (v < cat_schema_version()) {
+        reel_fail(REEL_E_INVALID, "catalog %s: schema %d is older than this build's %d; the broker migrates it "
+                  "when it opens it", src_path, v, cat_schema_version());
+        goto out;
+    }
     /* Every table of the source must have a rule: none is silently left out. */
     if (sqlite3_prepare_v2(c->db, "SELECT name FROM src.sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
                            -1, &st, NULL) != SQLITE_OK) {
-        cat_db_fail(c, "merge: the source's tables");
+        merge_fail(c, src_path, "its tables", NULL);
         goto out;
     }
     while (sqlite3_step(st) == SQLITE_ROW) {
@@ -232,15 +260,16 @@ int cat_merge(cat_t *c, const char *src_path) {
         }
     }
     sqlite3_finalize(st);
-    if (cat_exec(c, "BEGIN IMMEDIATE", "merge: begin") != 0) goto out;
+    if (merge_exec(c, src_path, "BEGIN IMMEDIATE", "begin") != 0) goto out;
     for (size_t r = 0; r < N_RULES; r++)
-        if (merge_table(c, (int)r) != 0) {
-            cat_exec(c, "ROLLBACK", "merge: rollback");
+        if (merge_table(c, src_path, (int)r) != 0) {
+            sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL); /* the failure's message stays */
             goto out;
         }
-    if (cat_exec(c, "COMMIT", "merge: commit") != 0) goto out;
+    if (merge_exec(c, src_path, "COMMIT", "commit") != 0) goto out;
     ret = 0;
 out:
-    cat_exec(c, "DETACH DATABASE src", "merge: detach");
+    if (ret == 0) ret = merge_exec(c, src_path, "DETACH DATABASE src", "detach");
+    else sqlite3_exec(c->db, "DETACH DATABASE src", NULL, NULL, NULL); /* the failure's message stays */
     return ret;
 }

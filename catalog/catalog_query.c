@@ -411,7 +411,11 @@ static json_t *build_keys(cat_t *c) { return build_keys_from(c, "key_totals"); }
 
 static json_t *build_evictions(cat_t *c) {
     return query_rows(c,
-        "SELECT t, worker, reason, component, from_version, to_version, key_hash, key_text"
+        /* A component and its versions only for an eviction a sync caused;
+         * the others were stored '' and 0: null ("-" in the table). */
+        "SELECT t, worker, reason, nullif(component, '') AS component,"
+        " CASE WHEN component <> '' THEN from_version END AS from_version,"
+        " CASE WHEN component <> '' THEN to_version END AS to_version, key_hash, key_text"
         " FROM evictions ORDER BY t DESC, id DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));
 }
 
@@ -496,41 +500,50 @@ static json_t *build_requests(cat_t *c) {
 #define REPORT_RAW_MAX 20000
 static double report_since;
 
-/* The captures and evictions of each sync (component, version, t, state),
- * and those before the first: raw rows in time windows, or the timeline's
- * minutes. */
+/* The captures and evictions of each applied sync (component, version, t,
+ * state: current or superseded) and those before the first: raw rows in
+ * time windows, or the timeline's minutes. A sync no worker applied
+ * (failed) or not yet applied (pending) changed no weights: it is no sync
+ * here (those are listed apart with their state, unapplied_sql). */
+#define APPLIED "state IN ('current', 'superseded')"
 static const char syncs_raw_sql[] =
     "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
     " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND c.t >= w.t AND c.t < coalesce("
-    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS captures,"
+    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "), 1e300)) AS captures,"
     " (SELECT count(*) FROM evictions e WHERE e.t >= w.t AND e.t < coalesce("
-    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t), 1e300)) AS evictions"
-    " FROM weight_versions w WHERE w.t >= %.17g ORDER BY w.t";
+    "   (SELECT min(t) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "), 1e300)) AS evictions"
+    " FROM weight_versions w WHERE w.t >= %.17g AND w." APPLIED " ORDER BY w.t";
 static const char before_raw_sql[] =
     "SELECT (SELECT count(*) FROM captures WHERE placeholder = 0 AND t >= %1$.17g AND t < coalesce("
-    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g), 1e300)) AS captures,"
+    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g AND " APPLIED "), 1e300)) AS captures,"
     " (SELECT count(*) FROM evictions WHERE t >= %1$.17g AND t < coalesce("
-    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g), 1e300)) AS evictions";
+    " (SELECT min(t) FROM weight_versions WHERE t >= %1$.17g AND " APPLIED "), 1e300)) AS evictions";
 static const char syncs_sum_sql[] =
     "SELECT w.component AS component, w.version AS version, w.t AS t, w.state AS state,"
     " (SELECT coalesce(sum(captures), 0) FROM timeline WHERE minute >= CAST(w.t / 60 AS INTEGER) AND minute <"
-    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t),"
+    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "),"
     "   9000000000000000)) AS captures,"
     " (SELECT coalesce(sum(evictions), 0) FROM timeline WHERE minute >= CAST(w.t / 60 AS INTEGER) AND minute <"
-    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t),"
+    "   coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions n WHERE n.t > w.t AND n." APPLIED "),"
     "   9000000000000000)) AS evictions"
-    " FROM weight_versions w WHERE w.t >= %.17g ORDER BY w.t";
+    " FROM weight_versions w WHERE w.t >= %.17g AND w." APPLIED " ORDER BY w.t";
 static const char before_sum_sql[] =
     "SELECT coalesce(sum(captures), 0) AS captures, coalesce(sum(evictions), 0) AS evictions FROM timeline"
     " WHERE minute >= %lld AND minute < coalesce((SELECT CAST(min(t) / 60 AS INTEGER) FROM weight_versions"
-    " WHERE t >= %.17g), 9000000000000000)";
+    " WHERE t >= %.17g AND " APPLIED "), 9000000000000000)";
+static const char unapplied_sql[] =
+    "SELECT component, version, t, state, coalesce(reason, '') AS reason FROM weight_versions"
+    " WHERE t >= %.17g AND NOT " APPLIED " ORDER BY t";
+#undef APPLIED
 
 static json_t *build_report(cat_t *c) {
     char sql[1600];
     double since = report_since;
-    long long m_since = since > 0 && since < 9e15 ? (long long)(since / 60) : 0;
+    /* A since past any time a catalog holds (up to 1e300 from --since)
+     * is a minute past every row, never minute 0 (everything). */
+    long long m_since = !(since > 0) ? 0 : since < 9e15 ? (long long)(since / 60) : (long long)(9e15 / 60);
     json_t *range = NULL, *timeline = NULL, *syncs = NULL, *before = NULL, *declines = NULL, *slowest = NULL,
-           *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
+           *unapplied = NULL, *stats = NULL, *keys = NULL, *workers = NULL, *split = NULL, *root = NULL;
     snprintf(sql, sizeof sql,
              /* max and min as subqueries of their own: each is one seek
               * (in one SELECT together they scan the table) */
@@ -580,9 +593,11 @@ static json_t *build_report(cat_t *c) {
                  " FROM timeline WHERE minute >= %lld AND requests > 0 GROUP BY bucket ORDER BY bucket", t0, w,
                  REPORT_BUCKETS - 1, m_since);
     timeline = query_rows(c, sql);
-    /* where the workers' time went: the loops, encoding prompts, decoding outputs */
+    /* where the workers' time went: the loops, encoding prompts, decoding
+     * outputs; the seconds of a request that failed are the broker's wait
+     * for it, no worker's loop (the timeline sums only ok ones) */
     if (raw)
-        snprintf(sql, sizeof sql, "SELECT coalesce(sum(seconds), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
+        snprintf(sql, sizeof sql, "SELECT coalesce(sum(CASE WHEN status = 'ok' THEN seconds END), 0) AS loop_seconds, coalesce(sum(encode_seconds), 0)"
                  " AS encode_seconds, coalesce(sum(decode_seconds), 0) AS decode_seconds FROM requests WHERE t >= %.17g",
                  since);
     else
@@ -592,6 +607,8 @@ static json_t *build_report(cat_t *c) {
     split = query_rows(c, sql);
     snprintf(sql, sizeof sql, raw ? syncs_raw_sql : syncs_sum_sql, since);
     syncs = query_rows(c, sql);
+    snprintf(sql, sizeof sql, unapplied_sql, since);
+    unapplied = query_rows(c, sql);
     if (raw) snprintf(sql, sizeof sql, before_raw_sql, since);
     else snprintf(sql, sizeof sql, before_sum_sql, m_since, since);
     before = query_rows(c, sql);
@@ -618,13 +635,14 @@ static json_t *build_report(cat_t *c) {
         keys = build_keys(c);
     }
     workers = build_workers(c);
-    if (timeline && syncs && before && declines && slowest && stats && keys && workers && split) {
+    if (timeline && syncs && unapplied && before && declines && slowest && stats && keys && workers && split) {
         root = json_pack("{s:f, s:f, s:f, s:f, s:i, s:O, s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "since",
                          since, "t0", t0, "t1", t1, "bucket_seconds", w, "buckets", REPORT_BUCKETS, "requests",
                          json_object_get(r0, "requests"), "source", raw ? "requests" : "summaries", "timeline",
                          timeline, "syncs", syncs, "before_first_sync", json_array_get(before, 0), "declines",
                          declines, "slowest", slowest, "stats", stats, "keys", keys, "workers", workers);
-        if (root && json_object_set(root, "time_split", json_array_get(split, 0)) != 0) {
+        if (root && (json_object_set(root, "time_split", json_array_get(split, 0)) != 0 ||
+                     json_object_set(root, "unapplied_syncs", unapplied) != 0)) {
             json_decref(root);
             root = NULL;
         }
@@ -634,6 +652,7 @@ done:
     json_decref(range);
     json_decref(timeline);
     json_decref(syncs);
+    json_decref(unapplied);
     json_decref(before);
     json_decref(declines);
     json_decref(slowest);

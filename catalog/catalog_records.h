@@ -24,6 +24,7 @@
 #define CAT_RECORDS(X)                                       \
     X(worker_seen, WORKER_SEEN, "worker seen")               \
     X(worker_gone, WORKER_GONE, "worker gone")               \
+    X(worker_heard, WORKER_HEARD, "worker heard")             \
     X(weight_version, WEIGHT_VERSION, "weight version")      \
     X(weight_state, WEIGHT_STATE, "weight version state")    \
     X(weight_base, WEIGHT_BASE, "weight version base")       \
@@ -61,6 +62,13 @@
     " VALUES (?1, ?3, ?3, ?3, ?2)"                                                                 \
     " ON CONFLICT (name) DO UPDATE SET gone_at = excluded.gone_at,"                                \
     " gone_reason = excluded.gone_reason"
+
+/* A live worker was heard at `heard` (UNIX seconds): last_seen moves on
+ * (never back). The broker records it at most once a minute per worker
+ * (BRK_HEARD_EVERY_MS) and when the worker leaves, so last_seen says when
+ * it was last heard, within a minute, not when it sent READY. */
+#define CAT_WORKER_HEARD(F) F(TEXT, worker) F(F64, heard)
+#define CAT_SQL_WORKER_HEARD "UPDATE workers SET last_seen = max(last_seen, ?2) WHERE name = ?1"
 
 /* A weight version the trainer published, recorded 'pending' (publishing
  * a version again, after it failed, starts it over: pending, reason

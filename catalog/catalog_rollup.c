@@ -282,7 +282,10 @@ int cat_roll_add(cat_t *c, const cat_rec_t *rec) {
         m->s.failed += failed;
         m->s.steps += (int64_t)q->captured + q->replayed + q->eager; /* the steps that ran */
         m->s.replayed += q->replayed;
-        m->s.seconds += dur(q->seconds);
+        /* The timeline's seconds are the workers' loops: a failed
+         * request's are the broker's wait for it (brk_requests.c), not a
+         * worker's time. */
+        if (!failed) m->s.seconds += dur(q->seconds);
         m->s.encode_seconds += dur(q->encode_seconds);
         m->s.decode_seconds += dur(q->decode_seconds);
         return slow_add(c, q);

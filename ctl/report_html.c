@@ -149,7 +149,9 @@ static void time_split(FILE *o, const json_t *t) {
            enc = json_number_value(json_object_get(t, "encode_seconds")),
            dec = json_number_value(json_object_get(t, "decode_seconds")), all = loop + enc + dec;
     if (!(all > 0)) return;
-    fprintf(o, "<h2>Where the workers' time went</h2>\n<table><tr><th>denoising loops</th><th>encoding prompts"
+    fprintf(o, "<h2>Where the workers' time went</h2>\n<p>Denoising loops of the requests that ended ok (a failed "
+               "request's time is the broker's wait for it, not a worker's).</p>\n"
+               "<table><tr><th>denoising loops</th><th>encoding prompts"
                "</th><th>decoding outputs</th></tr>\n<tr><td>%.3f s (%.1f%%)</td><td>%.3f s (%.1f%%)</td>"
                "<td>%.3f s (%.1f%%)</td></tr></table>\n",
             loop, 100 * loop / all, enc, 100 * enc / all, dec, 100 * dec / all);
@@ -219,10 +221,13 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
           ".syncl{fill:#d9822b}\n.cap{fill:#4c9a5b}.evi{fill:#c0504d}.dec{fill:#8064a2}\n"
           "table{border-collapse:collapse;font-size:12px;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 6px;"
           "text-align:left}th{background:#f3f3f3}\n.sum{font-size:15px}\n</style></head><body>\n", o);
+    /* No step in range: no hit rate ("-", as `reelctl stats` prints), not 0%. */
+    char hit[16] = "-";
+    if (steps > 0) snprintf(hit, sizeof hit, "%.1f%%", 100 * rep / steps);
     fprintf(o, "<h1>Reel capture report</h1>\n<p class=\"sum\">%.0f requests, %.0f steps, %.0f replayed: "
-               "graph hit rate <b>%.1f%%</b>. %s: %.0f captures, %.0f evictions; %.0f declines in the whole "
+               "graph hit rate <b>%s</b>. %s: %.0f captures, %.0f evictions; %.0f declines in the whole "
                "catalog.</p>\n",
-            reqs, steps, rep, steps > 0 ? 100 * rep / steps : 0,
+            reqs, steps, rep, hit,
             since > 0 ? "From the hour of the start on" : "In the whole catalog", num(st, "captures"),
             num(st, "evictions"), num(st, "declines"));
     const char *source = json_string_value(json_object_get(r, "source"));
@@ -239,8 +244,8 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
         fputs("<p class=\"tick\">From the catalog's summaries (its raw rows are many, or pruned): the timeline "
               "per minute, the slowest requests of each hour, syncs counted per minute.</p>\n", o);
     time_split(o, json_object_get(r, "time_split"));
-    fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each sync and the next "
-          "(the first row: before the first sync).</p>\n", o);
+    fputs("<h2>Captures and evictions per weight sync</h2>\n<p class=\"tick\">Between each applied sync and the "
+          "next (the first row: before the first sync).</p>\n", o);
     json_t *per = json_array();
     json_t *first = json_pack("{s:s, s:i, s:O, s:O}", "component", "(start)", "version", 0, "captures",
                               json_object_get(json_object_get(r, "before_first_sync"), "captures"), "evictions",
@@ -252,6 +257,27 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     static const char *const ce[] = { "captures", "evictions" }, *const cec[] = { "cap", "evi" };
     chart_bars(o, "per-sync", "captures and evictions per weight sync", per, "component", ce, cec, 2, true);
     json_decref(per);
+    json_t *unapplied = json_object_get(r, "unapplied_syncs");
+    if (json_array_size(unapplied)) {
+        /* No worker applied them (failed), or none yet (pending): the
+         * weights did not move, so they are neither lines on the timeline
+         * nor rows above. */
+        fputs("<p class=\"tick\" id=\"unapplied-syncs\">Syncs not applied (not drawn):", o);
+        json_array_foreach(unapplied, i, s) {
+            char when[48];
+            clock_text(num(s, "t"), when, sizeof when);
+            fputs(i ? "; " : " ", o);
+            esc(o, str(s, "component"));
+            fprintf(o, " v%" PRId64 " at %s, ", (int64_t)num(s, "version"), when);
+            esc(o, str(s, "state"));
+            if (*str(s, "reason")) {
+                fputs(" (", o);
+                esc(o, str(s, "reason"));
+                fputs(")", o);
+            }
+        }
+        fputs(".</p>\n", o);
+    }
     fputs("<h2>Declines to eager, by reason</h2>\n", o);
     static const char *const dk[] = { "count" }, *const dc[] = { "dec" };
     chart_bars(o, "declines", "declines by reason", json_object_get(r, "declines"), "reason", dk, dc, 1, false);
@@ -265,7 +291,9 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
     static const char *const kc[] = { "key_hash", "captures", "replays", "declines", "workers", "key_text" },
                              *const kh[] = { "key", "captures", "replays", "declines", "workers", "key text" };
     table(o, json_object_get(r, "keys"), kc, kh, 6);
-    fputs("<h2>The slowest requests, with their steps</h2>\n", o);
+    fputs("<h2>The slowest requests, with their steps</h2>\n<p>seconds: for a request that ended ok, its "
+          "denoising loop on its worker; for a failed one (any other status), how long the broker held it, from "
+          "its arrival to its failure.</p>\n", o);
     static const char *const sc[] = { "t", "id", "worker", "key_hash", "version", "steps", "captured", "replayed",
                                       "eager", "seconds", "status" },
                              *const sh[] = { "time", "id", "worker", "key", "version", "steps", "captured",

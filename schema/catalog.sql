@@ -67,6 +67,8 @@ CREATE TABLE IF NOT EXISTS weight_versions (
 );
 
 -- Workers that ever sent READY; gone_at is NULL while the worker is live.
+-- last_seen: when the broker last heard it (READY, then at most once a
+-- minute while it lives, and at its leaving).
 CREATE TABLE IF NOT EXISTS workers (
     name        TEXT PRIMARY KEY,
     device      TEXT,

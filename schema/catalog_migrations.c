@@ -360,7 +360,7 @@ const char cat_schema_v7_sql[] =
     " UNION ALL SELECT key_hash, key_text, t FROM evictions WHERE key_text IS NOT NULL AND key_text <> ''\n"
     " UNION ALL SELECT key_hash, key_text, last_t FROM declines WHERE key_text IS NOT NULL AND key_text <> '') GROUP BY key_hash;\n"
     "INSERT INTO timeline (minute, requests, failed, steps, replayed, seconds)\n"
-    " SELECT CAST(t / 60 AS INTEGER), count(*), sum(status <> 'ok'), sum(captured + replayed + eager), sum(replayed), sum(seconds) FROM requests GROUP BY 1;\n"
+    " SELECT CAST(t / 60 AS INTEGER), count(*), sum(status <> 'ok'), sum(captured + replayed + eager), sum(replayed), sum(CASE WHEN status = 'ok' THEN seconds ELSE 0 END) FROM requests GROUP BY 1;\n"
     "INSERT INTO timeline (minute, captures)\n"
     " SELECT CAST(t / 60 AS INTEGER), count(*) FROM captures WHERE placeholder = 0 GROUP BY 1\n"
     " ON CONFLICT (minute) DO UPDATE SET captures = captures + excluded.captures;\n"

@@ -7,8 +7,10 @@
 #   - headless Chromium (Debian's) loads it without errors: its DOM has the
 #     three charts (timeline with the sync marked, per sync, declines) and
 #     the tables, and a screenshot is drawn;
+#   - a failed sync is not drawn, only listed as not applied;
 #   - a hostile key text in the catalog comes out escaped, never as markup;
-#   - --since narrows it; a missing catalog or --html is a usage error.
+#   - --since narrows it; one after every row (even 1e300) is an empty
+#     report with hit rate "-"; a missing catalog or --html is a usage error.
 # Usage: cli_report_html.sh BUILD
 set -u
 B="${1:-build}"
@@ -74,6 +76,17 @@ else
         ok "Chromium draws it ($(wc -c <"$D/r.png") bytes of PNG)" || bad "screenshot"
 fi
 
+# a sync no worker applied is no sync: not drawn, listed as not applied
+cp "$D/reel.db" "$D/failed.db"
+/usr/bin/sqlite3 "$D/failed.db" "INSERT INTO weight_versions (component, version, sha256, t, state, reason)
+    SELECT 'transformer', 3, 'cc', t + 0.5, 'failed', 'no worker applied it' FROM weight_versions WHERE version = 2"
+"$R" report --html "$D/failed.html" --catalog "$D/failed.db" 2>/dev/null
+[ "$(grep -c '<line class="sync"' "$D/failed.html")" = "$(grep -c '<line class="sync"' "$D/r.html")" ] &&
+    ! grep -q 'transformer v3</text>' "$D/failed.html" &&
+    grep -q 'Syncs not applied (not drawn): transformer v3 at [^,]*, failed (no worker applied it)' "$D/failed.html" &&
+    ok "a failed sync is not drawn as a sync; it is listed as failed" ||
+    bad "a failed sync: $(grep -o 'transformer v3[^<]*' "$D/failed.html" | head -3)"
+
 # a hostile key text from the network stays text
 cp "$D/reel.db" "$D/evil.db"
 /usr/bin/sqlite3 "$D/evil.db" "UPDATE captures SET key_text = '<script>alert(1)</script><img src=x>' WHERE rowid = (SELECT min(rowid) FROM captures);
@@ -83,8 +96,18 @@ cp "$D/reel.db" "$D/evil.db"
     ok "a hostile key text is escaped, never markup" || bad "a key text was not escaped"
 
 "$R" report --html "$D/late.html" --catalog "$D/reel.db" --since "$(($(date +%s) + 3600))" 2>/dev/null &&
-    grep -q '0 requests' "$D/late.html" && ok "--since after every row: an empty report, not an error" ||
-    bad "--since in the future"
+    grep -q '0 requests, 0 steps, 0 replayed: graph hit rate <b>-</b>' "$D/late.html" &&
+    ok "--since after every row: an empty report (hit rate -), not an error" ||
+    bad "--since in the future: $(grep -o '<p class="sum">[^<]*<b>[^<]*' "$D/late.html")"
+# past any minute the summaries hold (1e300, or 9e15 and up): still after every row
+cp "$D/reel.db" "$D/pruned.db"
+/usr/bin/sqlite3 "$D/pruned.db" "DELETE FROM requests" # the report reads the summaries
+for s in 1e300 9e15; do
+    "$R" report --html "$D/far.html" --catalog "$D/pruned.db" --since $s 2>/dev/null &&
+        grep -q '0 requests, 0 steps, 0 replayed: graph hit rate <b>-</b>. From the hour of the start on: 0 captures, 0 evictions' \
+            "$D/far.html" && ok "--since $s from the summaries: an empty report" ||
+        bad "--since $s: $(grep -o '<p class="sum">[^<]*<b>[^<]*</b>[^<]*' "$D/far.html")"
+done
 "$R" report --html "$D/x.html" --catalog "$D/nope.db" 2>/dev/null
 [ $? = 2 ] && ok "a missing catalog is a usage error (exit 2)" || bad "missing catalog"
 "$R" report --catalog "$D/reel.db" 2>/dev/null

@@ -151,7 +151,7 @@ reel-worker)
     audited=36; mism=0
     fault no_audits && audited=0
     fault audit_mismatch && mism=1
-    trap 'echo "reel-worker gpu0: stopping; capture cache: 4 captures, 36 replays ($audited audited, $mism audit mismatches), 12 eager (0 in transient workspaces), 0 evictions"; exit 0' TERM
+    trap 'echo "reel-worker gpu0: stopping; capture cache: 4 captures, 36 replays ($audited audited, $mism audit mismatches), 12 eager (0 in transient workspaces), 4 evictions (4 at shutdown)"; exit 0' TERM
     while :; do sleep 0.1; done ;;
 gpu_compare)
     [ $# = 0 ] && exit 2

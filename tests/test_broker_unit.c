@@ -2854,6 +2854,103 @@ START_TEST(test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them) {
 }
 END_TEST
 
+/* Reads or writes n bytes at the start of the file at path. */
+static void file_head(const char *path, unsigned char *buf, size_t n, bool write) {
+    FILE *f = fopen(path, write ? "r+b" : "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(write ? fwrite(buf, 1, n, f) : fread(buf, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* SQLite keeps a WAL connection that once read a header that is not a
+ * database's failing with "file is not a database" after the header is
+ * whole again; a fresh connection reads it. The writer opens its catalog
+ * again after a refused batch: while the header is broken the batches
+ * fail and wait, and once it is restored they land, with every record
+ * pushed meanwhile (before, every retry failed until a restart and the
+ * stop lost them). */
+START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
+    brk_cq_request(q, 1, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    for (int i = 0; i < 500 && sql_int(path, "SELECT count(*) FROM requests") < 1; i++) usleep(10000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 1);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    unsigned char head[100], junk[100];
+    file_head(path, head, sizeof head, false);
+    memset(junk, 'x', sizeof junk);
+    file_head(path, junk, sizeof junk, true);
+    for (uint64_t i = 2; i <= 4; i++)
+        brk_cq_request(q, i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    for (int i = 0; i < 1000 && brk_catq_failures(q) < 2; i++) usleep(10000);
+    ck_assert_uint_ge(brk_catq_failures(q), 2); /* refused, and refused again on a retry */
+    ck_assert_uint_eq(brk_catq_pending(q), 3);
+    file_head(path, head, sizeof head, true);
+    /* (pending drops when a batch is taken, before it commits: wait on the rows) */
+    for (int i = 0; i < 1000 && sql_int(path, "SELECT count(*) FROM requests") < 4; i++) usleep(10000);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 4);
+    ck_assert_uint_eq(brk_catq_pending(q), 0);
+    brk_cq_request(q, 5, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
+    brk_catq_destroy(&q);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 5);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(requests) FROM key_totals"), 5);
+    remove_dir(dir);
+}
+END_TEST
+
+/* workers.last_seen means when the worker was last heard: READY sets it;
+ * while it lives a message moves it at most once a minute
+ * (BRK_HEARD_EVERY_MS, so a heartbeat costs no write); its leaving moves
+ * it to its last message. Before, it stayed at READY forever. */
+START_TEST(test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_and_at_its_leaving) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    box_t x;
+    box_open(&x);
+    ck_assert_ptr_nonnull(x.b.cat = brk_catq_new(&c, BRK_CATQ_MAX));
+    ready(&x, 0, 1);
+    const char *span = "SELECT CAST(round((last_seen - first_seen) * 1000) AS INTEGER) FROM workers WHERE name = 'w0'";
+    for (int i = 0; i < 500 && sql_int(path, span) < 0; i++) usleep(10000);
+    ck_assert_int_eq(sql_int(path, span), 0);
+    brk_worker_t *w = x.b.w[0];
+    from_worker(&x, 0, wire_hdr("HEARTBEAT", 0)); /* within the minute: nothing written */
+    /* a minute on: as if READY came 61 s ago (the catalog's first_seen too) */
+    w->heard_ms -= 61000;
+    w->seen_ms -= 61000;
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "UPDATE workers SET first_seen = first_seen - 61, last_seen = last_seen - 61",
+                                  NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    uint64_t before = brk_catq_batches(x.b.cat);
+    from_worker(&x, 0, wire_hdr("HEARTBEAT", 0));
+    for (int i = 0; i < 500 && sql_int(path, span) < 60000; i++) usleep(10000);
+    ck_assert_int_ge(sql_int(path, span), 60000); /* heard now, not at READY */
+    ck_assert_int_eq(brk_catq_batches(x.b.cat), before + 1);
+    from_worker(&x, 0, wire_hdr("HEARTBEAT", 0)); /* the next minute's: nothing yet */
+    from_worker(&x, 0, wire_hdr("HEARTBEAT", 0));
+    /* its leaving: last_seen at its last message */
+    w->heard_ms -= 30000;
+    w->seen_ms = brk_now_ms();
+    long long heard = sql_int(path, span);
+    ck_assert_int_eq(sql_int(path, "SELECT gone_at IS NULL FROM workers WHERE name = 'w0'"), 1);
+    from_worker(&x, 0, wire_hdr("DISCONNECT", 0));
+    brk_reap(&x.b);
+    for (int i = 0; i < 500 && sql_int(path, "SELECT gone_at IS NOT NULL FROM workers WHERE name = 'w0'") != 1; i++)
+        usleep(10000);
+    ck_assert_int_ge(sql_int(path, span), heard);
+    ck_assert_int_ge(sql_int(path, span), 61000);
+    ck_assert_int_eq(sql_int(path, "SELECT gone_reason = 'disconnect' FROM workers WHERE name = 'w0'"), 1);
+    brk_catq_destroy(&x.b.cat);
+    box_close(&x);
+    remove_dir(dir);
+}
+END_TEST
+
 /* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
 
 /* Before: a worker could ack any version, 2^64-1 included, and became
@@ -3462,6 +3559,8 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(cq, test_a_batch_the_store_refuses_for_good_is_written_record_by_record);
     tcase_add_test(cq, test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them);
     tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);
+    tcase_add_test(cq, test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again);
+    tcase_add_test(cq, test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_and_at_its_leaving);
     suite_add_tcase(s, cq);
     return s;
 }

@@ -478,6 +478,16 @@ static cap_stats_t stats(const cap_cache_t *c) {
     return st;
 }
 
+/* reel_worker_step_seconds is these histograms: each counts exactly the
+ * steps its counter does (eager_steps_total, replays_total). */
+static void expect_step_histograms_match_counters(const cap_cache_t *c) {
+    cap_stats_t st = stats(c);
+    ck_assert_msg(st.eager_hist.n == st.eager_runs, "eager histogram counts %llu steps, eager_runs %llu",
+                  (unsigned long long)st.eager_hist.n, (unsigned long long)st.eager_runs);
+    ck_assert_msg(st.replay_hist.n == st.replays, "replay histogram counts %llu steps, replays %llu",
+                  (unsigned long long)st.replay_hist.n, (unsigned long long)st.replays);
+}
+
 /* ---- keys and requests ---------------------------------------------------- */
 
 static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, const char *comp, uint64_t ver) {
@@ -1789,6 +1799,7 @@ START_TEST(test_reentrant_dispatch_on_an_entry_in_use_declines_entry_busy_and_ru
     ck_assert_uint_eq(st.declines[CAP_DECLINE_ENTRY_BUSY], 1);
     ck_assert_uint_eq(st.eager_runs, 2);
     ck_assert_uint_eq(st.entries, 1); /* the transient workspace is not held... */
+    expect_step_histograms_match_counters(C);
     ck_assert_uint_eq(st.bytes_held, st.ws_bytes);
     ck_assert_uint_eq(kern_bytes_in_use(B), pre + st.ws_bytes); /* ...and was freed */
     ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_ENTRY_BUSY), 1);
@@ -1986,6 +1997,7 @@ START_TEST(test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1);
     ck_assert_int_eq(count_events(CAP_EV_DECLINE, CAP_DECLINE_AUDIT_MISMATCH), 1);
     ck_assert_uint_eq(find_event(CAP_EV_EVICT, CAP_EVICT_AUDIT_MISMATCH, 0)->key_hash, cap_key_hash(&a.key));
+    expect_step_histograms_match_counters(C);
     ck_assert(warned_about("audit_mismatch"));
     ck_assert(cap_cache_invariants(C));
 
@@ -2021,10 +2033,40 @@ START_TEST(test_audits_of_a_pure_step_pass_and_count_one_in_n_replays) {
     cap_stats_t st = stats(C);
     ck_assert_uint_eq(st.audits, 5);
     ck_assert_uint_eq(st.replays, 20);
+    expect_step_histograms_match_counters(C); /* the audited replays included */
     ck_assert_uint_eq(st.declines[CAP_DECLINE_AUDIT_MISMATCH], 0);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_AUDIT_MISMATCH], 0);
     ck_assert_uint_eq(st.captures, 1);
     ck_assert_uint_eq(st.graphs, 1);
+}
+END_TEST
+
+/* A worker that stops empties its cache while its event sink lives: every
+ * graph leaves as a shutdown eviction, one event each, counted; destroy
+ * after it finds nothing left to report. */
+START_TEST(test_evict_all_raises_a_shutdown_eviction_per_entry_before_destroy) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:leaving", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 3; i++) {
+        fill(a.x, N, -1.f, 1.f);
+        cap_result_t res = req_call(C, S, &a);
+        if (i == 2) expect_ran(res, CAP_RAN_CAPTURED, "call", i);
+    }
+    ck_assert_uint_eq(stats(C).graphs, 1);
+    ck_assert_int_eq(cap_cache_evict_all(C), 1);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_SHUTDOWN], 1);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_SHUTDOWN), 1);
+    ck_assert_int_eq(count_events(CAP_EV_CAPTURE, -1) - count_events(CAP_EV_EVICT, -1), 0);
+    ck_assert_int_eq(cap_cache_evict_all(C), 0);
+    ck_assert_int_eq(cap_cache_evict_all(NULL), -1);
+    ck_assert(cap_cache_invariants(C));
+    cap_cache_destroy(&C);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 1); /* nothing more at destroy */
 }
 END_TEST
 
@@ -2059,6 +2101,7 @@ START_TEST(test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient
     ck_assert_uint_eq(st.transient_runs, (uint64_t)calls);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_BUDGET_EXCEEDED], (uint64_t)calls);
     ck_assert_uint_eq(st.eager_runs, (uint64_t)calls);
+    expect_step_histograms_match_counters(C); /* the transient (over-budget) steps included */
     ck_assert_uint_eq(st.captures, 0);
     ck_assert_uint_eq(st.graphs, 0);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
@@ -3139,6 +3182,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_weights_freed_and_reallocated_without_a_sync_decline_weights_moved_and_never_read_freed_memory);
     tcase_add_test(tc, test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and_keeps_the_eager_result);
     tcase_add_test(tc, test_audits_of_a_pure_step_pass_and_count_one_in_n_replays);
+    tcase_add_test(tc, test_evict_all_raises_a_shutdown_eviction_per_entry_before_destroy);
     tcase_add_test(tc, test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient_workspace_and_holds_nothing);
     tcase_add_test(tc, test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant);
     tcase_add_test(tc, test_invariant_checker_is_true_on_a_fresh_and_a_destroyed_then_rebuilt_cache);

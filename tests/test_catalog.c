@@ -756,6 +756,53 @@ START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) 
 }
 END_TEST
 
+/* A source catalog of an older schema is refused, as cat_open refuses it
+ * read-only (merged, its requests were dropped and its declines added),
+ * and every refusal names the file given, never the union it goes into
+ * (reelctl's is a temporary file the user never named). */
+START_TEST(test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors) {
+    cat_t *w = open_ok(false);
+    write_facts(w);
+    cat_close(&w);
+    char old[4200], junk[4200], uni[4200], sql[64];
+    snprintf(old, sizeof old, "%s/old.db", tmpdir);
+    snprintf(junk, sizeof junk, "%s/junk.db", tmpdir);
+    snprintf(uni, sizeof uni, "%s/union.db", tmpdir);
+    cat_t *o = cat_open(old, false);
+    ck_assert_ptr_nonnull(o);
+    TS_OK(cat_decline(o, "w1", "k", "k1", "warming_up", 5, 1000));
+    cat_close(&o);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(old, &db), SQLITE_OK);
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", cat_schema_version() - 1);
+    ck_assert_int_eq(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    FILE *f = fopen(junk, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 64; i++) fputs("this is not a database, ", f);
+    fclose(f);
+
+    cat_t *u = cat_open(uni, false);
+    ck_assert_ptr_nonnull(u);
+    TS_OK(cat_merge(u, dbpath));
+    ck_assert_ptr_null(cat_open(old, true)); /* alone: refused */
+    ck_assert_int_eq(cat_merge(u, old), -1);  /* in a union: refused the same way */
+    ck_assert_msg(strstr(reel_err_text(), old) && strstr(reel_err_text(), "is older than this build's"), "%s",
+                  reel_err_text());
+    ck_assert_int_eq(cat_merge(u, junk), -1);
+    ck_assert_msg(strstr(reel_err_text(), junk) && !strstr(reel_err_text(), uni), "%s", reel_err_text());
+    cat_close(&u);
+    ck_assert_int_eq(sqlite3_open(uni, &db), SQLITE_OK); /* nothing of the old one came in */
+    sqlite3_stmt *q;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM declines WHERE reason = 'warming_up'", -1, &q, NULL),
+                     SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+    ck_assert_int_eq(sqlite3_column_int(q, 0), 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+END_TEST
+
 /* A group run in two parts (a CPU worker's two streams) runs each of its
  * 4 steps twice: its row says steps 4 and 8 steps by how they ran. The
  * hit rate counts steps as they ran on both sides, so it stays <= 1. */
@@ -886,11 +933,24 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     ck_assert_str_eq(jstr(e, "component"), "dit");
     ck_assert_int_eq(jint(e, "from_version"), 1);
     ck_assert_int_eq(jint(e, "to_version"), 2);
-    ck_assert_str_eq(jstr(json_array_get(j, 2), "reason"), "lru");
+    json_t *lru = json_array_get(j, 2);
+    ck_assert_str_eq(jstr(lru, "reason"), "lru");
+    /* an eviction no sync caused has no component nor versions: null, not '' and 0 */
+    ck_assert(json_is_null(json_object_get(lru, "component")));
+    ck_assert(json_is_null(json_object_get(lru, "from_version")));
+    ck_assert(json_is_null(json_object_get(lru, "to_version")));
     json_decref(j);
     char *t = report_text(c, ctl_report_evictions, false);
     ck_assert_msg(strncmp(t, "time", 4) == 0 && strstr(t, "weight_sync") && strstr(t, "1970-01-01T00:18:21Z"),
                   "table: %s", t);
+    /* the table shows them as "-": "lru  -  -  -", never "from 0 to 0" */
+    char *line = strstr(t, " lru ");
+    ck_assert_msg(line != NULL, "table: %s", t);
+    char row[256], comp[32], from[32], to[32];
+    snprintf(row, sizeof row, "%.*s", (int)strcspn(line, "\n"), line);
+    ck_assert_msg(sscanf(row, " lru %31s %31s %31s", comp, from, to) == 3 && !strcmp(comp, "-") &&
+                      !strcmp(from, "-") && !strcmp(to, "-"),
+                  "an lru row: %s", row);
     free(t);
 
     TS_OK(cat_begin(w));
@@ -1223,10 +1283,15 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     cat_t *c = open_ok(false);
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1005));          /* before the first sync */
     TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
+    TS_OK(cat_weight_state(c, "transformer", 2, "current", NULL));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1012));
+    /* a sync no worker applied moves no weights: no sync of the report's */
+    TS_OK(cat_weight_version(c, "transformer", 5, "cc", "/w/v5", 1012.5));
+    TS_OK(cat_weight_state(c, "transformer", 5, "failed", "no worker applied it"));
     TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, NULL, 1013));
     TS_OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
+    TS_OK(cat_weight_state(c, "transformer", 3, "current", NULL));
     TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
         TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
@@ -1257,6 +1322,10 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     ck_assert_int_eq(jint(json_array_get(syncs, 1), "captures"), 0);
     ck_assert_int_eq(jint(json_array_get(syncs, 1), "evictions"), 1);
     ck_assert_int_eq(jint(json_object_get(r, "before_first_sync"), "captures"), 1);
+    json_t *unapplied = json_object_get(r, "unapplied_syncs");
+    ck_assert_uint_eq(json_array_size(unapplied), 1);
+    ck_assert_int_eq(jint(json_array_get(unapplied, 0), "version"), 5);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(unapplied, 0), "state")), "failed");
     json_t *slow = json_object_get(r, "slowest");
     ck_assert_double_eq_tol(json_number_value(json_object_get(json_array_get(slow, 0), "seconds")), 0.1, 1e-9);
     json_decref(r);
@@ -1264,6 +1333,96 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     ck_assert_int_eq(jint(r, "requests"), 5);
     ck_assert_uint_eq(json_array_size(json_object_get(r, "syncs")), 1);
     json_decref(r);
+    cat_close(&c);
+    /* From the summaries (raw requests pruned) the same syncs. */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    c = open_ok(true);
+    r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
+    syncs = json_object_get(r, "syncs");
+    ck_assert_uint_eq(json_array_size(syncs), 2);
+    /* per minute: v2's minute holds the capture at 1005 too; the failed v5 splits nothing */
+    ck_assert_int_eq(jint(json_array_get(syncs, 0), "captures"), 3);
+    ck_assert_uint_eq(json_array_size(json_object_get(r, "unapplied_syncs")), 1);
+    json_decref(r);
+    cat_close(&c);
+}
+END_TEST
+
+static double jnum(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
+
+/* A failed request's seconds are the broker's wait for it (no worker ran
+ * its loop): "where the workers' time went" sums the loops of the ok
+ * requests only, read from the raw rows and from the timeline alike. */
+START_TEST(test_report_worker_time_counts_only_the_loops_of_requests_that_ended_ok) {
+    cat_t *c = open_ok(false);
+    TS_OK(cat_begin(c));
+    for (int i = 0; i < 4; i++)
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, 0, 4, 0, 0.5, "ok", 0.25, 0.125, 0, 0, 0, 1000 + i));
+    TS_OK(cat_request(c, 9, "-", "k1", 0, 4, 0, 0, 0, 30.0, "timeout", 0.0, 0.0, 0, 0, 0, 1010));
+    TS_OK(cat_request(c, 10, "w1", "k1", 0, 4, 0, 0, 0, 7.0, "worker_lost", 0.0, 0.0, 0, 0, 0, 1011));
+    TS_OK(cat_commit(c));
+    cat_close(&c);
+    c = open_ok(true);
+    json_t *r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "requests");
+    json_t *split = json_object_get(r, "time_split");
+    ck_assert_double_eq_tol(jnum(split, "loop_seconds"), 2.0, 1e-9);
+    ck_assert_double_eq_tol(jnum(split, "encode_seconds"), 1.0, 1e-9);
+    json_decref(r);
+    cat_close(&c);
+    /* The raw rows pruned: the report reads the timeline. */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    c = open_ok(true);
+    r = cat_query_report(c, 0);
+    TS_NEW(r);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
+    ck_assert_double_eq_tol(jnum(json_object_get(r, "time_split"), "loop_seconds"), 2.0, 1e-9);
+    ck_assert_int_eq(jint(r, "requests"), 6);
+    json_decref(r);
+    cat_close(&c);
+}
+END_TEST
+
+/* The requests another process counts: sqlite3(1) opens, reads and
+ * closes (its close checkpoints and deletes the WAL when it finds no other
+ * process holding the file). Not a fork of this one: a child inherits
+ * this process's SQLite lock bookkeeping and would see what it sees. */
+static int count_in_child(void) {
+    char cmd[PATH_MAX + 96];
+    snprintf(cmd, sizeof cmd, "/usr/bin/sqlite3 '%s' 'SELECT count(*) FROM requests'", dbpath);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = -1;
+    if (fscanf(p, "%d", &n) != 1) n = -1;
+    ck_assert_int_eq(pclose(p), 0);
+    return n;
+}
+
+/* cat_reopen puts a fresh connection in place while the old one is still
+ * open: opening must not drop this process's POSIX locks on the file (a
+ * close() of any descriptor of it would), or another process's reader
+ * takes itself for the last connection at its close and deletes the WAL
+ * the writer goes on writing into, unseen by everyone else. */
+START_TEST(test_a_reopened_catalog_writes_what_other_processes_read) {
+    cat_t *c = open_ok(false);
+    TS_OK(cat_request(c, 1, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1000));
+    TS_OK(cat_reopen(c));
+    ck_assert_int_eq(count_in_child(), 1);
+    for (int i = 2; i <= 3; i++)
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, 1000 + i));
+    ck_assert_int_eq(count_in_child(), 3);
+    cat_close(&c);
+    c = open_ok(true);
+    ck_assert_int_eq(cat_reopen(c), -1); /* read-only: refused, c as it was */
     cat_close(&c);
 }
 END_TEST
@@ -1436,10 +1595,13 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_sql_looking_strings_are_stored_verbatim);
     tcase_add_test(tc, test_artifact_report_pools_the_speedup_spread_and_reports_sync_timing);
     tcase_add_test(tc, test_report_query_buckets_requests_and_splits_captures_by_sync);
+    tcase_add_test(tc, test_report_worker_time_counts_only_the_loops_of_requests_that_ended_ok);
+    tcase_add_test(tc, test_a_reopened_catalog_writes_what_other_processes_read);
     tcase_add_test(tc, test_control_characters_and_non_utf8_do_not_break_reports);
     tcase_add_test(tc, test_a_new_catalog_is_readable_by_its_owner_only);
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
     tcase_add_test(tc, test_merged_catalogs_hold_each_request_once_and_add_their_summaries);
+    tcase_add_test(tc, test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors);
     suite_add_tcase(s, tc);
     return s;
 }
