@@ -281,10 +281,10 @@ for order in "$D/a.db $D/b.db" "$D/b.db $D/a.db"; do
         ok "reelctl requests over both catalogs ($(basename "$1") first): the union, $nd requests ($na + $nb rows), each once, as answered" ||
         { bad "the union of the catalogs: '$nu' for $nd distinct of $na + $nb"; show "$D/u.err"; }
 done
-cp "$D/a.db" "$D/a2.db"
-n2=$("$R" requests --catalog "$D/a.db" --catalog "$D/a2.db" --json 2>/dev/null | $PY -c 'import json,sys; print(len(json.load(sys.stdin)))')
+sqlite3 "$D/a.db" ".backup '$D/a2.db'" # a copy with what its WAL holds (cp of a live WAL catalog copies no schema)
+n2=$("$R" requests --catalog "$D/a.db" --catalog "$D/a2.db" --json 2>"$D/n2.err" | $PY -c 'import json,sys; print(len(json.load(sys.stdin)))')
 [ "$n2" = "$na" ] && ok "a catalog with a copy of itself: each request once ($na), deduplicated by request id" ||
-    bad "dedup by request id: $n2 rows for $na requests"
+    { bad "dedup by request id: $n2 rows for $na requests"; show "$D/n2.err"; }
 "$R" stats --catalog "$D/a.db" --catalog "$D/b.db" --json >"$D/us.json" 2>"$D/us.err"
 $PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["overall"]["requests"]==int(sys.argv[2]) else 1)' "$D/us.json" $((na + nb)) &&
     ok "reelctl stats over both: the summaries added ($((na + nb)) requests)" || { bad "stats over both"; show "$D/us.json" "$D/us.err"; }
