@@ -257,6 +257,7 @@ typedef struct {
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
+    brk_log_budget_t ready_log; /* READY refusals and restarts: their share of the log (brk_log_limited) */
 } brk_t;
 
 #endif

@@ -138,22 +138,25 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
 static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r) {
     wire_err_t err;
     if (msg_ready_decode(m, r, &err) || msg_ready_validate(r, &err)) {
-        brk_log("READY refused: %s", err.message);
+        brk_log_limited(&b->ready_log, "READY", "READY refused: %s", err.message);
         BAD_REPLY(b, true, m, err.code, "READY: %s", err.message);
         return;
     }
     if (brk_workers_refuse(b, r->name, old) != 0) {
-        brk_log("READY refused: %s", reel_err()->msg);
+        brk_log_limited(&b->ready_log, "READY", "READY refused: %s", reel_err()->msg);
         if (brk_reply_allowed(b, &m->identity)) /* as BAD_REPLY */
             brk_error_from(b, true, &m->identity, m->id, reel_err(), "READY: "); /* invalid: bad_request */
         return;
     }
+    brk_log_budget_t kept = { 0 };
     if (old) {
+        kept = old->log; /* a READY again does not buy a fresh share of the log */
         old->dead = true;
         old->dead_why = "restarted";
         brk_reap(b);
     }
     brk_worker_t *w = brk_workers_add(b, &m->identity, r);
+    if (w) w->log = kept;
     if (!w) {
         brk_log("out of memory registering worker %s", r->name);
         brk_error_to(b, true, &m->identity, m->id, WIRE_E_INTERNAL, "READY: broker out of memory");

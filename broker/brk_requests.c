@@ -118,6 +118,9 @@ static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers,
     int k = 0;
     for (int i = 0; i < n; i++) {
         const brk_worker_t *w = b->w[idx[i]];
+        /* only a worker that could own it counts as one it fits (one of
+         * another model, or behind its version, would leave it no owner) */
+        if (!brk_peer_eligible(peers[i], r->model, r->required)) continue;
         int64_t t = w->max_tokens > 0 ? tokens_on(w, r) : 0;
         if (t > w->max_tokens && w->max_tokens > 0) continue;
         const brk_peer_t *p = peers[i];
@@ -444,7 +447,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         /* A RESULT a client could not use ends the request as the worker's fault. */
         msg_error_t e;
         memset(&e, 0, sizeof e);
-        brk_log("worker %s sent a bad RESULT: %s", w->route.name, bad.message);
+        brk_log_limited(&w->log, w->route.name, "worker %s sent a bad RESULT: %s", w->route.name, bad.message);
         snprintf(e.code, sizeof e.code, "%s", WIRE_E_INTERNAL);
         snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, bad.message);
         brk_req_error(b, w, id, &e);

@@ -22,6 +22,7 @@ struct lora {
     bool rslora;
     float scale;     /* the config's s; from the file: the targets' if all agree, else 0 */
     bool from_file;  /* no r in the config: ranks and alphas per target from the tensors */
+    bool down_up;    /* lora_down / lora_up names (kohya's, ComfyUI's) */
     const char *layout;
     char sha[65];
     size_t bytes;
@@ -232,6 +233,7 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     l->layout = k.layout;
     if (k.kind == KEY_ALPHA) return add_alpha(l, f, t, &k, cap);
     const bool is_b = k.kind == KEY_B;
+    if (strstr(t->name, ".lora_down.") || strstr(t->name, ".lora_up.")) l->down_up = true;
     if (t->ndim != 2)
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions, a LoRA matrix has 2", t->name, t->ndim);
     if (t->dtype != KERN_F32 && t->dtype != KERN_BF16 && t->dtype != KERN_F16)
@@ -271,8 +273,9 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
 }
 
 int lora_locate(const char *path, char *cfg, char *weights, size_t len) {
-    static const char *const names[] = { "adapter_model.safetensors", "adapter_model.bin",
-                                         "pytorch_lora_weights.safetensors" };
+    /* the safetensors first, in the order a worker takes them (it reads no .bin) */
+    static const char *const names[] = { "adapter_model.safetensors", "pytorch_lora_weights.safetensors",
+                                         "adapter_model.bin" };
     struct stat st;
     if (stat(path, &st) != 0)
         return reel_fail(REEL_E_NOT_FOUND, "%s: no such adapter (a PEFT folder, or a LoRA's weights file)", path);
@@ -320,6 +323,18 @@ static int finish_scales(lora_t *l) {
     return 0;
 }
 
+/* Whether an adapter read without a config names its own scale: a
+ * module's alpha, kohya's lora_down / lora_up names (whose files carry
+ * alphas or mean s = 1, as diffusers loads them), or diffusers' file name
+ * (its save_lora_weights writes no config: s = 1). */
+static bool says_its_scale(const lora_t *l, const st_file_t *f) {
+    for (int i = 0; i < l->n; i++)
+        if (l->t[i].has_alpha) return true;
+    if (l->down_up) return true;
+    const char *o = st_origin(f), *slash = strrchr(o, '/');
+    return !strcmp(slash ? slash + 1 : o, "pytorch_lora_weights.safetensors");
+}
+
 /* The config diffusers' save_lora_weights keeps in the weights file's
  * metadata (lora_adapter_metadata: a LoraConfig's fields, each under
  * "transformer." for a pipeline's), as adapter_config.json text; NULL
@@ -347,8 +362,11 @@ static char *metadata_config(const st_file_t *f) {
 
 lora_t *lora_parse(const char *config, size_t config_len, const char *config_name, const st_file_t *f,
                    const char *sha256) {
-    /* No r in the config (none beside the weights, "{}" in a SYNC): the
-     * file's own, diffusers' metadata, else from the tensors. */
+    /* No r in the config ("{}" in a SYNC by value, whose sender read the
+     * adapter; none found beside the weights: config_len 0): the file's
+     * own, diffusers' metadata, else from the tensors. */
+    const bool none = config_len == 0;
+    if (none) config = "{}", config_len = 2;
     char *meta = NULL;
     json_t *probe = json_loadb(config, config_len, 0, NULL);
     if (probe && json_is_object(probe) && !json_object_get(probe, "r") && (meta = metadata_config(f))) {
@@ -358,6 +376,16 @@ lora_t *lora_parse(const char *config, size_t config_len, const char *config_nam
     }
     json_decref(probe);
     lora_t *l = lora_parse_config(config, config_len, config_name, f, sha256);
+    /* With no config at all, the file must say its scale itself: a PEFT
+     * file whose adapter_config.json did not come along would otherwise be
+     * merged at s = 1, not its lora_alpha / r. */
+    if (l && none && !meta && !says_its_scale(l, f)) {
+        reel_fail(REEL_E_NOT_FOUND, "%s: no adapter_config.json beside it, and nothing in it says its scale "
+                  "(lora_A/lora_B without .alpha keys or diffusers' lora_adapter_metadata): give the adapter's "
+                  "adapter_config.json (PEFT), or name diffusers' pytorch_lora_weights.safetensors (s = 1)",
+                  st_origin(f));
+        lora_close(&l);
+    }
     free(meta);
     return l;
 }
@@ -433,7 +461,7 @@ lora_t *lora_open(const char *path) {
         st_file_t *f = NULL;
         lora_t *l = NULL;
         if (reel_sha256_file(weights, sha) == 0 && (f = weights_open_any(weights)))
-            l = lora_parse("{}", 2, weights, f, sha);
+            l = lora_parse("", 0, weights, f, sha);
         st_close(&f);
         return l;
     }

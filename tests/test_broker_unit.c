@@ -2355,6 +2355,19 @@ START_TEST(test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits) {
     gen_from(&x, x.trainer, 8, 0, 8, false);
     ck_assert_int_eq(request_went_to(&x), owner);
     expect_on(x.trainer, "RESULT", 8, NULL);
+    /* a worker that fits but serves another model is no owner: the
+     * bounded one of the model still gets it (and would answer too_large) */
+    ready_tokens(&x, owner, 16);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("small"));
+    wv_set(vers, "transformer", wv_u64(1));
+    wv_set(h, "name", wv_str(owner ? "w0" : "w1"));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    from_worker(&x, 1 - owner, h);
+    gen_from(&x, x.trainer, 9, 0, 9, false);
+    ck_assert_int_eq(request_went_to(&x), owner);
+    expect_on(x.trainer, "RESULT", 9, NULL);
     box_close(&x);
 }
 END_TEST

@@ -253,6 +253,23 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     ck_assert_float_eq(scale_of(l, "blocks.1.ffn.0.weight"), 0.25f);
     TS_OK(lora_check(l, &tiny));
     lora_close(&l);
+    /* a PEFT folder whose adapter_config.json did not come along: nothing
+     * says its scale (s = alpha / r is in the missing config), so refused
+     * rather than merged at s = 1; as a SYNC by value whose sender read it
+     * ("{}"), or under diffusers' file name, it is the file's own */
+    snprintf(path, sizeof path, "%s/peftnocfg", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    w = st_writer_new();
+    add_pair(w, "base_model.model.", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 13);
+    TS_OK(st_writer_save(w, ts_join(path, "adapter_model.safetensors")));
+    st_writer_destroy(&w);
+    refused(path, "nothing in it says its scale");
+    st_file_t *pf;
+    TS_NEW(pf = st_open(ts_join(path, "adapter_model.safetensors")));
+    TS_NEW(l = lora_parse("{}", 2, "lora_config", pf, NULL));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 1.0f);
+    lora_close(&l);
+    st_close(&pf);
     /* a weights file of a model is not an adapter */
     const char *model = ts_join(dir, "model.safetensors");
     ts_tiny_weights(3, model);

@@ -284,11 +284,12 @@ static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
         snprintf(cfg, sizeof cfg, "%s/adapter_config.json", m->path);
     }
     /* No adapter_config.json (diffusers' and ComfyUI's LoRAs have none):
-     * the weights file's own config (lora_parse of "{}"). */
+     * the weights file's own config (lora_parse with none: the file must
+     * say its scale). */
     int fd = wrk_weights_open(w->roots, cfg);
     if (fd < 0 && reel_err_code() != REEL_E_NOT_FOUND) return -1;
-    size_t n = 2;
-    char *text = fd < 0 ? strdup("{}") : read_config(fd, cfg, &n);
+    size_t n = 0;
+    char *text = fd < 0 ? strdup("") : read_config(fd, cfg, &n);
     if (fd >= 0) close(fd);
     if (!text) return fd < 0 ? wrk_refuse(REEL_E_NOMEM, WRK_E_FILE, "out of memory") : -1;
     st_file_t *f = NULL;

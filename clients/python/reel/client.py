@@ -1306,7 +1306,15 @@ class Client:
                 if cfg_text is not None:
                     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
                         f.write(cfg_text)
-                safetensors.save(os.path.join(folder, "adapter_model.safetensors"), tensors)
+                elif os.path.exists(os.path.join(folder, "adapter_config.json")):
+                    os.remove(os.path.join(folder, "adapter_config.json"))  # an earlier try's: not this adapter's
+                # Without a config, diffusers' file name: its tensors' own
+                # ranks and .alpha keys (s = 1 without), as diffusers loads it.
+                for stale in ("adapter_model.safetensors", "pytorch_lora_weights.safetensors"):
+                    if os.path.exists(os.path.join(folder, stale)):
+                        os.remove(os.path.join(folder, stale))
+                safetensors.save(os.path.join(folder, "adapter_model.safetensors" if cfg_text is not None
+                                              else "pytorch_lora_weights.safetensors"), tensors)
             except BaseException:  # no half-written adapter left behind
                 if made or new:
                     shutil.rmtree(made or folder, ignore_errors=True)

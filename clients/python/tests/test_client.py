@@ -1782,6 +1782,14 @@ class LoraTests(unittest.TestCase):
         res = self.c.sync_lora(self.next_version(), 1, lora=f, upload=True)
         self.assertTrue(res.complete, res)
         self.assertTrue(np.array_equal(self.gen(), want), "GEN after a ComfyUI LoRA by value != run --lora")
+        # a state dict with lora_config=None: its own ranks, s = 1 (diffusers'
+        # file name in the folder written), by path, as run --lora reads it
+        v = self.next_version()
+        res = self.c.sync_lora(v, 1, lora=self.adapter(8, modules=("q",)), weights_dir=self.dir)
+        self.assertTrue(res.complete, res)
+        folder = os.path.join(self.dir, f"transformer-v{v}-lora")
+        self.assertFalse(os.path.exists(os.path.join(folder, "adapter_config.json")))
+        self.assertTrue(np.array_equal(self.gen(), self.reference(folder)), "a config-less state dict != run --lora")
         self.c.sync_lora(self.next_version(), 1, base_sha256=reel.checkpoint_identity(self.w))  # the base again
 
     def test_the_grpo_example_trains_and_publishes_an_adapter_run_after_run(self):
