@@ -167,7 +167,7 @@ def up(v, data, digest, off, n, rid):
     return c._recv(rid, time.monotonic() + 10)[0]
 def sync(v, digest, rid):
     c._send("SYNC", rid, {"component": "transformer", "version": v, "sha256": digest, "uploaded": True,
-                          "deadline_ms": 60000})
+                          "deadline_ms": 60000}, by=time.monotonic() + 10)
 def no_answer(rid, secs):
     try:
         c._recv(rid, time.monotonic() + secs)
@@ -236,7 +236,8 @@ say(kept == want and sums == ["transformer-v5.sha256", "transformer-v6.sha256"],
 # 3. a SYNC may not name an upload in progress under another sha256
 up(7, data, digest, 0, MiB, 3000)
 try:
-    c._send("SYNC", 3001, {"component": "transformer", "version": 7, "sha256": "ab" * 32, "uploaded": True})
+    c._send("SYNC", 3001, {"component": "transformer", "version": 7, "sha256": "ab" * 32, "uploaded": True},
+            by=time.monotonic() + 10)
     c._recv(3001, time.monotonic() + 10)
     say(False, "a SYNC naming an upload in progress under another sha256 is refused")
 except ReelError as e:
@@ -244,7 +245,7 @@ except ReelError as e:
 # 4. the sync's deadline counts from the upload's last chunk: a 1 s deadline,
 # the rest of v7 (the v5 bytes) after 2.5 s, and the sync still completes
 c._send("SYNC", 3003, {"component": "transformer", "version": 7, "sha256": digest, "uploaded": True,
-                       "deadline_ms": 1000})
+                       "deadline_ms": 1000}, by=time.monotonic() + 10)
 time.sleep(2.5)
 off, rid = MiB, 3100
 while off < len(data):
