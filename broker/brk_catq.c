@@ -69,6 +69,7 @@ struct brk_catq {
     cat_t *cat;
     cq_list_t kept, events;    /* records run took, waiting for a batch; kept ones are never shed */
     int tries;                 /* refusals in a row of the batch in front */
+    bool busy;                 /* the last refusal was a lock held elsewhere (read before its rollback) */
     struct timespec retry_at;  /* tries > 0: no batch before this */
     uint64_t pruned_run;       /* raw rows pruned in the current round (logged when it ends) */
     uint64_t prune_failures;
@@ -219,6 +220,7 @@ static int write_batch(brk_catq_t *q, cq_item_t *chain) {
     pthread_mutex_unlock(&q->mu);
     return 0;
 failed:
+    q->busy = cat_failure_busy(q->cat); /* the rollback clears what the failure said */
     cat_rollback(q->cat);
     return -1;
 }
@@ -267,7 +269,7 @@ static int write_next(brk_catq_t *q) {
      * that was not a database's failing after the file is mended): the
      * retry goes on a fresh one. Until the file opens again the old one
      * stays, and the next refusal tries once more. */
-    if (!cat_failure_busy(q->cat) && cat_reopen(q->cat) != 0 && log)
+    if (!q->busy && cat_reopen(q->cat) != 0 && log)
         brk_log("catalog: opening the catalog again failed: %s", reel_err_text());
     return -1;
 }
