@@ -2706,6 +2706,18 @@ static long long sql_int(const char *path, const char *sql) {
     return v;
 }
 
+/* Waits, in 10 ms polls up to `polls` of them, until query sql on the
+ * catalog at path counts at least `want` (rows the writer thread writes);
+ * what it counts then. */
+static long long wait_sql_at_least(const char *path, const char *sql, long long want, int polls) {
+    long long got = sql_int(path, sql);
+    for (int i = 0; i < polls && got < want; i++) {
+        usleep(10000);
+        got = sql_int(path, sql);
+    }
+    return got;
+}
+
 static void remove_dir(const char *dir) {
     ck_assert_int_eq(ts_rmtree(dir), 0);
 }
@@ -2723,7 +2735,7 @@ START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_an
     brk_cq_weight_state(q, "transformer", 1, "failed", ""); /* OPT: "" is no reason */
     brk_cq_eviction(q, "w0", NULL, "00000000000000aa", "lru", NULL, 0, 0, 0); /* TEXT: NULL is "" */
     uint64_t batches = 0;
-    for (int i = 0; i < 200 && sql_int(path, "SELECT count(*) FROM requests") < 2000; i++) usleep(10000);
+    (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 2000, 200);
     batches = brk_catq_batches(q);
     brk_catq_destroy(&q);
     ck_assert_ptr_null(q);
@@ -2833,9 +2845,9 @@ START_TEST(test_a_batch_the_store_refuses_for_good_is_written_record_by_record) 
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
     for (int i = 0; i < 10; i++)
         brk_cq_request(q, (uint64_t)i, i == 4 ? "bad" : "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
-    for (int i = 0; i < 300 && sql_int(path, "SELECT count(*) FROM requests") < 9; i++) usleep(10000);
+    (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 9, 300);
     brk_cq_request(q, 99, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0); /* after it: still written */
-    for (int i = 0; i < 300 && sql_int(path, "SELECT count(*) FROM requests") < 10; i++) usleep(10000);
+    (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 10, 300);
     ck_assert_uint_eq(brk_catq_refused(q), 1);
     brk_catq_destroy(&q);
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 10);
@@ -2887,8 +2899,7 @@ START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_re
     cat_t *c = temp_catalog(dir, path, sizeof path);
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
     brk_cq_request(q, 1, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
-    for (int i = 0; i < 500 && sql_int(path, "SELECT count(*) FROM requests") < 1; i++) usleep(10000);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 1);
+    ck_assert_int_eq(wait_sql_at_least(path, "SELECT count(*) FROM requests", 1, 500), 1);
     sqlite3 *db;
     ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
     ck_assert_int_eq(sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL), SQLITE_OK);
@@ -2904,8 +2915,7 @@ START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_re
     ck_assert_uint_eq(brk_catq_pending(q), 3);
     file_head(path, head, sizeof head, true);
     /* (pending drops when a batch is taken, before it commits: wait on the rows) */
-    for (int i = 0; i < 1000 && sql_int(path, "SELECT count(*) FROM requests") < 4; i++) usleep(10000);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 4);
+    ck_assert_int_eq(wait_sql_at_least(path, "SELECT count(*) FROM requests", 4, 1000), 4);
     ck_assert_uint_eq(brk_catq_pending(q), 0);
     brk_cq_request(q, 5, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0);
     brk_catq_destroy(&q);
@@ -2927,7 +2937,7 @@ START_TEST(test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_a
     ck_assert_ptr_nonnull(x.b.cat = brk_catq_new(&c, BRK_CATQ_MAX));
     ready(&x, 0, 1);
     const char *span = "SELECT CAST(round((last_seen - first_seen) * 1000) AS INTEGER) FROM workers WHERE name = 'w0'";
-    for (int i = 0; i < 500 && sql_int(path, span) < 0; i++) usleep(10000);
+    (void)wait_sql_at_least(path, span, 0, 500);
     ck_assert_int_eq(sql_int(path, span), 0);
     brk_worker_t *w = x.b.w[0];
     from_worker(&x, 0, wire_hdr("HEARTBEAT", 0)); /* within the minute: nothing written */
@@ -2941,7 +2951,7 @@ START_TEST(test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_a
     sqlite3_close(db);
     uint64_t before = brk_catq_batches(x.b.cat);
     from_worker(&x, 0, wire_hdr("HEARTBEAT", 0));
-    for (int i = 0; i < 500 && sql_int(path, span) < 60000; i++) usleep(10000);
+    (void)wait_sql_at_least(path, span, 60000, 500);
     ck_assert_int_ge(sql_int(path, span), 60000); /* heard now, not at READY */
     ck_assert_int_eq(brk_catq_batches(x.b.cat), before + 1);
     from_worker(&x, 0, wire_hdr("HEARTBEAT", 0)); /* the next minute's: nothing yet */

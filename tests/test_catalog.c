@@ -77,6 +77,16 @@ static cat_t *open_ok(bool readonly) {
     return c;
 }
 
+/* The catalog at dbpath with its raw request rows pruned (what retention
+ * does), opened read-only: a report must then read the summaries. */
+static cat_t *reopened_without_raw_requests(void) {
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    return open_ok(true);
+}
+
 
 typedef int (*report_fn)(cat_t *c, bool json, FILE *out);
 
@@ -1335,11 +1345,7 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     json_decref(r);
     cat_close(&c);
     /* From the summaries (raw requests pruned) the same syncs. */
-    sqlite3 *db;
-    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
-    c = open_ok(true);
+    c = reopened_without_raw_requests();
     r = cat_query_report(c, 0);
     TS_NEW(r);
     ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");
@@ -1377,11 +1383,7 @@ START_TEST(test_report_worker_time_counts_only_the_loops_of_requests_that_ended_
     json_decref(r);
     cat_close(&c);
     /* The raw rows pruned: the report reads the timeline. */
-    sqlite3 *db;
-    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(db, "DELETE FROM requests", NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
-    c = open_ok(true);
+    c = reopened_without_raw_requests();
     r = cat_query_report(c, 0);
     TS_NEW(r);
     ck_assert_str_eq(json_string_value(json_object_get(r, "source")), "summaries");

@@ -168,6 +168,12 @@ static void add_pair(st_writer_t *w, const char *pre, bool kohya, int64_t n, con
     free(b);
 }
 
+/* Saves *w at path and frees it. */
+static void written(st_writer_t **w, const char *path) {
+    TS_OK(st_writer_save(*w, path));
+    st_writer_destroy(w);
+}
+
 /* The scale of target `weight` of l (asserting it is there). */
 static float scale_of(const lora_t *l, const char *weight) {
     const lora_target_t *t = lora_find(l, weight);
@@ -192,8 +198,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     st_writer_t *w = st_writer_new();
     add_pair(w, "transformer.", false, 0, "attn1.to_q", 2, "lora_A", "lora_B", 0, 1);
     add_pair(w, "transformer.", false, 1, "ffn.net.2", 3, "lora_A", "lora_B", 0, 3);
-    TS_OK(st_writer_save(w, ts_join(path, "pytorch_lora_weights.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(path, "pytorch_lora_weights.safetensors"));
     ck_assert(lora_is_adapter(path));
     lora_t *l;
     TS_NEW(l = lora_open(path));
@@ -217,8 +222,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     add_pair(w, "transformer.", false, 0, "attn1.to_q", 2, "lora_A", "lora_B", 0, 1);
     TS_OK(st_writer_meta(w, "lora_adapter_metadata", "{\"transformer.r\": 2, \"transformer.lora_alpha\": 8, "
                                                      "\"transformer.peft_type\": \"LORA\", \"transformer.use_dora\": false}"));
-    TS_OK(st_writer_save(w, ts_join(path, "pytorch_lora_weights.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(path, "pytorch_lora_weights.safetensors"));
     TS_NEW(l = lora_open(ts_join(path, "pytorch_lora_weights.safetensors")));
     ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 4.0f);
     ck_assert_float_eq(lora_scale(l), 4.0f);
@@ -228,8 +232,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 8, 5);
     add_pair(w, "diffusion_model.", false, 1, "cross_attn.o", 4, "lora_down", "lora_up", 0, 7);
     const char *comfy = ts_join(dir, "wan_comfy.safetensors");
-    TS_OK(st_writer_save(w, comfy));
-    st_writer_destroy(&w);
+    written(&w, comfy);
     ck_assert(lora_is_adapter(comfy));
     TS_NEW(l = lora_open(comfy));
     ck_assert_str_eq(lora_layout(l), "wan");
@@ -245,8 +248,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     add_pair(w, "lora_unet_", true, 0, "self_attn.k", 4, "lora_down", "lora_up", 1, 9);
     add_pair(w, "lora_unet_", true, 1, "ffn.0", 4, "lora_down", "lora_up", 1, 11);
     const char *kohya = ts_join(dir, "kohya.safetensors");
-    TS_OK(st_writer_save(w, kohya));
-    st_writer_destroy(&w);
+    written(&w, kohya);
     TS_NEW(l = lora_open(kohya));
     ck_assert_str_eq(lora_layout(l), "kohya");
     ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.k.weight"), 0.25f);
@@ -261,8 +263,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     ck_assert_int_eq(mkdir(path, 0700), 0);
     w = st_writer_new();
     add_pair(w, "base_model.model.", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 13);
-    TS_OK(st_writer_save(w, ts_join(path, "adapter_model.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(path, "adapter_model.safetensors"));
     refused(path, "nothing in it says its scale");
     st_file_t *pf;
     TS_NEW(pf = st_open(ts_join(path, "adapter_model.safetensors")));
@@ -279,8 +280,7 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     ck_assert_int_eq(mkdir(path, 0700), 0);
     w = st_writer_new();
     add_pair(w, "", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 8, 5);
-    TS_OK(st_writer_save(w, ts_join(path, "adapter_model.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(path, "adapter_model.safetensors"));
     ts_write_file(ts_join(path, "adapter_config.json"), CFG(4, 8, ""), strlen(CFG(4, 8, "")));
     refused(path, "a module's alpha beside a config's lora_alpha");
     float one = 1;
@@ -288,19 +288,16 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     float *z = calloc(64 * 4, sizeof *z);
     w = st_writer_new();
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.alpha", 0, sa, &one));
-    TS_OK(st_writer_save(w, ts_join(dir, "alphaonly.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(dir, "alphaonly.safetensors"));
     refused(ts_join(dir, "alphaonly.safetensors"), "has an alpha and no matrices");
     w = st_writer_new();
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_down.weight", 2, sa, z));
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_up.weight", 2, sb, z));
-    TS_OK(st_writer_save(w, ts_join(dir, "tworanks.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(dir, "tworanks.safetensors"));
     refused(ts_join(dir, "tworanks.safetensors"), "its other matrix's is");
     w = st_writer_new();
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.diff", 2, sa, z));
-    TS_OK(st_writer_save(w, ts_join(dir, "diff.safetensors")));
-    st_writer_destroy(&w);
+    written(&w, ts_join(dir, "diff.safetensors"));
     refused(ts_join(dir, "diff.safetensors"), "(.diff) is not a LoRA");
     free(z);
 }

@@ -78,19 +78,15 @@ static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1
     const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d, T = a->frames * R * C;
     const float *wt = a->weight;
     double cs[ROPE_ROW_MAX]; /* the token's (cos, sin) of every pair of a head */
-    int64_t at = -1;          /* the token cs holds */
     for (int64_t r = r0; r < r1; r++) {
         const int64_t tok = r % T; /* the token's place in its sample */
         const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
         float *row = (float *)a->x + r * D;
         const double rrms = cpu_rms_scale(row, D, a->eps);
         if (d <= ROPE_ROW_MAX) { /* the three parts side by side: one run of pairs a head */
-            if (tok != at) {
-                memcpy(cs, t.f + f * t.p.rf, (size_t)t.p.rf * sizeof(double));
-                memcpy(cs + t.p.rf, t.r + h * t.p.rr, (size_t)t.p.rr * sizeof(double));
-                memcpy(cs + t.p.rf + t.p.rr, t.c + w * t.p.rc, (size_t)t.p.rc * sizeof(double));
-                at = tok;
-            }
+            memcpy(cs, t.f + f * t.p.rf, (size_t)t.p.rf * sizeof(double));
+            memcpy(cs + t.p.rf, t.r + h * t.p.rr, (size_t)t.p.rr * sizeof(double));
+            memcpy(cs + t.p.rf + t.p.rr, t.c + w * t.p.rc, (size_t)t.p.rc * sizeof(double));
             for (int64_t hd = 0; hd < H; hd++) norm_turn(row + hd * d, wt + hd * d, rrms, cs, d / 2);
             continue;
         }

@@ -124,6 +124,23 @@ def crosscheck_lora(reelctl, workdir):
     r0 = run(reelctl, ["run", "--weights", w] + io + ["--out", ref0])
     base_out = safetensors_np.load(ref0)[0]["latent"] if r0.returncode == 0 else None
 
+    def against_merged(name, lora, full, o1, o2):
+        """run --lora LORA against run on numpy's merged file FULL: within
+        1e-4 relative, and not the base's result. The --lora latent, or None
+        when a run failed."""
+        r1 = run(reelctl, ["run", "--weights", w, "--lora", lora] + io + ["--out", o1])
+        r2 = run(reelctl, ["run", "--weights", full] + io + ["--out", o2])
+        if r1.returncode or r2.returncode:
+            check(False, name, "rc %d %s / rc %d %s" % (r1.returncode, r1.stderr.strip(), r2.returncode,
+                                                       r2.stderr.strip()))
+            return None
+        a, b = safetensors_np.load(o1)[0]["latent"], safetensors_np.load(o2)[0]["latent"]
+        err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+        moved = base_out is not None and float(np.max(np.abs(a - base_out))) > 1e-3
+        check(err < 1e-4 and moved, "%s: run --lora = numpy's merged file (rel. err %.2e), and not the base"
+              % (name, err), "err %.3e moved %s" % (err, moved))
+        return a
+
     cases = [
         ("wan names, F32, q k v o of both attentions", dict(layout="wan", dtype="F32", r=4, alpha=8,
                                                             modules=WAN_MODULES[:8])),
@@ -141,18 +158,10 @@ def crosscheck_lora(reelctl, workdir):
                               c["dtype"], seed=i)
         full = os.path.join(workdir, "merged%d.safetensors" % i)
         safetensors_np.save(full, merged(base, pairs, c["r"], c["alpha"], c.get("rslora", False)), meta)
-        o1, o2 = os.path.join(workdir, "lora%d.safetensors" % i), os.path.join(workdir, "full%d.safetensors" % i)
-        r1 = run(reelctl, ["run", "--weights", w, "--lora", d] + io + ["--out", o1])
-        r2 = run(reelctl, ["run", "--weights", full] + io + ["--out", o2])
-        if r1.returncode or r2.returncode:
-            check(False, name, "rc %d %s / rc %d %s" % (r1.returncode, r1.stderr.strip(), r2.returncode,
-                                                       r2.stderr.strip()))
+        o1 = os.path.join(workdir, "lora%d.safetensors" % i)
+        a = against_merged(name, d, full, o1, os.path.join(workdir, "full%d.safetensors" % i))
+        if a is None:
             continue
-        a, b = safetensors_np.load(o1)[0]["latent"], safetensors_np.load(o2)[0]["latent"]
-        err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-        moved = base_out is not None and float(np.max(np.abs(a - base_out))) > 1e-3
-        check(err < 1e-4 and moved, "%s: run --lora = numpy's merged file (rel. err %.2e), and not the base"
-              % (name, err), "err %.3e moved %s" % (err, moved))
         if i == 0:
             r3 = run(reelctl, ["weights", "inspect", d, "--json"])
             try:
@@ -203,18 +212,8 @@ def crosscheck_lora(reelctl, workdir):
         safetensors_np.save_raw(lf, tensors)
         full = os.path.join(d, "merged.safetensors")
         safetensors_np.save(full, out, meta)
-        o1, o2 = os.path.join(d, "lora.safetensors"), os.path.join(d, "full.safetensors")
-        r1 = run(reelctl, ["run", "--weights", w, "--lora", lf if down == "lora_down" else d] + io + ["--out", o1])
-        r2 = run(reelctl, ["run", "--weights", full] + io + ["--out", o2])
-        if r1.returncode or r2.returncode:
-            check(False, name, "rc %d %s / rc %d %s" % (r1.returncode, r1.stderr.strip(), r2.returncode,
-                                                       r2.stderr.strip()))
-            continue
-        a_, b_ = safetensors_np.load(o1)[0]["latent"], safetensors_np.load(o2)[0]["latent"]
-        err = float(np.max(np.abs(a_ - b_)) / (np.max(np.abs(b_)) + 1e-30))
-        moved = base_out is not None and float(np.max(np.abs(a_ - base_out))) > 1e-3
-        check(err < 1e-4 and moved, "%s: run --lora = numpy's merged file (rel. err %.2e), and not the base"
-              % (name, err), "err %.3e moved %s" % (err, moved))
+        against_merged(name, lf if down == "lora_down" else d, full, os.path.join(d, "lora.safetensors"),
+                       os.path.join(d, "full.safetensors"))
 
     refusals = [
         ("DoRA (use_dora)", dict(config_extra={"use_dora": True}), "DoRA"),
