@@ -79,7 +79,11 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     if (tdit_step(m, ws, s)) DIE("warmup");
     kern_graph_t *g = NULL;
     if (kern_capture_begin(s) || tdit_step(m, ws, s) || kern_capture_end(s, &g)) DIE("capture");
-    double te[64], tg[64], tm[64];
+    int reps = sc->reps;
+    const char *env = getenv("REEL_BENCH_REPS"); /* more, for a profiler */
+    if (env && atoi(env) > 0) reps = atoi(env);
+    double *te = calloc((size_t)reps * 3, sizeof *te), *tg = te + reps, *tm = tg + reps;
+    if (!te) DIE("reps");
     memset(r, 0, sizeof *r);
     r->nodes = kern_graph_nodes(g);
     kern_op_t *ops = calloc(r->nodes, sizeof *ops);
@@ -92,7 +96,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     }
     const kern_impl_t *gi = kern_registry_lookup(KERN_OP_GEMM, KERN_BACKEND_CPU, KERN_F32);
     if (!gi) DIE("no cpu gemm");
-    for (int k = 0; k < sc->reps; k++) {
+    for (int k = 0; k < reps; k++) {
         double t0 = bench_now();
         if (tdit_step(m, ws, s) || kern_stream_sync(s)) DIE("step");
         te[k] = bench_now() - t0;
@@ -101,9 +105,10 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
         tg[k] = bench_now() - t0;
         tm[k] = run_nodes(g, ops, r->nodes, gi->fn, true);
     }
-    r->eager = bench_median(te, sc->reps);
-    r->replay = bench_median(tg, sc->reps);
-    r->gemms = bench_median(tm, sc->reps);
+    r->eager = bench_median(te, reps);
+    r->replay = bench_median(tg, reps);
+    r->gemms = bench_median(tm, reps);
+    free(te);
     /* the profile: each node alone, reps times, summed by op (median of the
      * per-rep sums would cost reps x nodes clock reads; the mean is enough
      * for shares) */
@@ -150,6 +155,11 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
  * installed: bench/torch_step.py prints "torch step <label> threads=N ms". */
 static void torch_step(const step_case_t *sc, const char *wpath, double reel_ms) {
     static int have = -1;
+    const char *skip = getenv("REEL_BENCH_TORCH"); /* 0: leave PyTorch out (a profile of Reel alone) */
+    if (skip && !strcmp(skip, "0")) {
+        printf("torch step %-5s: SKIP: REEL_BENCH_TORCH=0\n", sc->label);
+        return;
+    }
     if (have < 0) have = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     if (!have) {
         printf("torch step %-5s: SKIP: python3-torch is not installed (apt-get install python3-torch)\n", sc->label);

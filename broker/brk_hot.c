@@ -38,24 +38,37 @@ void brk_hot_note(brk_hot_t *h, const brk_hot_key_t *key, int64_t now_ms) {
     h->k[at].t_ms = now_ms;
 }
 
-/* Does peers[self] own k among the peers able to run it? */
-static bool owns(const brk_hot_key_t *k, const brk_peer_t *const *peers, int n, int self) {
-    const brk_peer_t *able[n ? n : 1];
-    int idx[n ? n : 1];
+/* Does peers[self] own k among the peers able to run it (and, of those,
+ * the eligible ones it fits, when it fits any)? */
+static bool owns(const brk_hot_key_t *k, const brk_peer_t *const *peers, int n, int self, brk_hot_fits_fn fits,
+                 void *ctx) {
+    const brk_peer_t *able[n ? n : 1], *fit[n ? n : 1];
+    int idx[n ? n : 1], fidx[n ? n : 1];
+    const uint64_t required = brk_peer_version(peers[self], BRK_COMPONENT);
     int m = brk_peers_able(peers, n, k->needs, able, idx);
-    int o = brk_owner(able, m, k->hash, k->model, brk_peer_version(peers[self], BRK_COMPONENT));
+    int f = 0;
+    for (int i = 0; fits && i < m; i++)
+        if (brk_peer_eligible(able[i], k->model, required) && fits(ctx, idx[i], k)) {
+            fit[f] = able[i];
+            fidx[f++] = idx[i];
+        }
+    if (f > 0) {
+        int o = brk_owner(fit, f, k->hash, k->model, required);
+        return o >= 0 && fidx[o] == self;
+    }
+    int o = brk_owner(able, m, k->hash, k->model, required);
     return o >= 0 && idx[o] == self;
 }
 
 int brk_hot_owned(const brk_hot_t *h, int64_t now_ms, const brk_peer_t *const *peers, int n, int self,
-                  double min_heat, const brk_hot_key_t **out, int max) {
+                  double min_heat, brk_hot_fits_fn fits, void *ctx, const brk_hot_key_t **out, int max) {
     int got = 0;
     if (self < 0 || self >= n || max <= 0) return 0;
     double heat[max];
     for (int i = 0; i < h->n; i++) {
         const brk_hot_key_t *k = &h->k[i];
         double x = brk_hot_heat(k, now_ms);
-        if (!k->hash || x < min_heat || !owns(k, peers, n, self)) continue;
+        if (!k->hash || x < min_heat || !owns(k, peers, n, self, fits, ctx)) continue;
         /* insertion into the sorted out[0..got) */
         int at = got;
         while (at > 0 && (x > heat[at - 1] || (x == heat[at - 1] && k->hash < out[at - 1]->hash))) at--;

@@ -22,6 +22,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_workers.h"
 #include "base/error.h"
 
 #define ABANDON_GRACE_MS 30000   /* how long a timed-out running request keeps its slot */
@@ -98,16 +99,6 @@ static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, con
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
-/* A sample's tokens of r on worker w: F x H/p x W/p with the patch p of
- * w's config of r's model; 0 when w announced none (not judged). */
-static int64_t tokens_on(const brk_worker_t *w, const brk_req_t *r) {
-    const int64_t *ls = r->gen.latent_shape;
-    for (int i = 0; i < w->n_configs; i++)
-        if (!strcmp(w->configs[i].name, r->model) && w->configs[i].patch)
-            return ls[1] * (ls[2] / (int64_t)w->configs[i].patch) * (ls[3] / (int64_t)w->configs[i].patch);
-    return 0;
-}
-
 /* Of the n peers (indexes idx into b->w), those whose --max-tokens takes
  * a sample of r, moved to the front; n itself when none does, so the
  * owner answers too_large, saying its bound, rather than the request
@@ -121,8 +112,7 @@ static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers,
         /* only a worker that could own it counts as one it fits (one of
          * another model, or behind its version, would leave it no owner) */
         if (!brk_peer_eligible(peers[i], r->model, r->required)) continue;
-        int64_t t = w->max_tokens > 0 ? tokens_on(w, r) : 0;
-        if (t > w->max_tokens && w->max_tokens > 0) continue;
+        if (!brk_worker_fits(w, r->model, r->gen.latent_shape)) continue;
         const brk_peer_t *p = peers[i];
         int j = idx[i];
         peers[i] = peers[k], idx[i] = idx[k];

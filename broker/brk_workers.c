@@ -135,20 +135,38 @@ static const char *loop_solver(int loop) {
     return loop == BRK_LOOP_UNIPC ? "unipc" : loop == BRK_LOOP_DPMPP ? "dpm++" : "euler";
 }
 
+bool brk_worker_fits(const brk_worker_t *w, const char *model, const int64_t latent[4]) {
+    if (w->max_tokens <= 0) return true;
+    for (int i = 0; i < w->n_configs; i++)
+        if (!strcmp(w->configs[i].name, model) && w->configs[i].patch) {
+            const int64_t p = (int64_t)w->configs[i].patch;
+            return latent[1] * (latent[2] / p) * (latent[3] / p) <= w->max_tokens;
+        }
+    return true;
+}
+
+/* brk_hot_owned's test: peer i (of the live workers in `ctx`) takes k. */
+static bool hot_fits(void *ctx, int i, const brk_hot_key_t *k) {
+    brk_worker_t *const *live = ctx;
+    return brk_worker_fits(live[i], k->model, k->latent);
+}
+
 void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
     if (!w->prewarm_want || w->prewarm_sent || w->dead || !w->route.routable) return;
     for (int i = 0; i < w->n_syncs; i++)
         if (w->syncs[i].waiting) return;
     const brk_peer_t *peers[b->n_w ? b->n_w : 1];
+    brk_worker_t *live[b->n_w ? b->n_w : 1];
     int n = 0, self = -1;
     for (int i = 0; i < b->n_w; i++) {
         if (b->w[i]->dead) continue;
         if (b->w[i] == w) self = n;
+        live[n] = b->w[i];
         peers[n++] = &b->w[i]->route;
     }
     const brk_hot_key_t *hot[MSG_MAX_PREWARM];
     int want = w->prewarm_want < MSG_MAX_PREWARM ? w->prewarm_want : MSG_MAX_PREWARM;
-    int k = brk_hot_owned(&b->hot, now, peers, n, self, PREWARM_MIN_HEAT, hot, want);
+    int k = brk_hot_owned(&b->hot, now, peers, n, self, PREWARM_MIN_HEAT, hot_fits, live, hot, want);
     msg_prewarm_key_t keys[MSG_MAX_PREWARM];
     for (int i = 0; i < k; i++) {
         msg_prewarm_key_t *x = &keys[i];

@@ -517,38 +517,38 @@ START_TEST(test_hot_keys_are_listed_hottest_first_and_a_key_noted_again_moves_up
     brk_hot_note(&t, &b, t0);
     brk_hot_note(&t, &c, t0);
     const brk_hot_key_t *out[8];
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, out, 8), 3);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, out, 8), 3);
     ck_assert_uint_eq(out[0]->hash, 0x20); /* heat 2 */
     ck_assert_uint_eq(out[1]->hash, 0x10); /* heat 1, the lower hash */
     ck_assert_uint_eq(out[2]->hash, 0x30);
     /* a noted twice more: first */
     brk_hot_note(&t, &a, t0 + 10);
     brk_hot_note(&t, &a, t0 + 10);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 8), 3);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 8), 3);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
     ck_assert_uint_eq(out[2]->hash, 0x10);
     expect_sorted(out, 3, t0 + 10);
     /* max: the hottest max of them */
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 2), 2);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 2), 2);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 1), 1);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 1), 1);
     ck_assert_uint_eq(out[0]->hash, 0x30);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, out, 0), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 0), 0);
     /* min_heat: a (~3) and b (~2) are at least 1.5, c (~1) is not; a
      * half-life later only a is still over 1.4 */
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 1.5, out, 8), 2);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 1.5, NULL, NULL, out, 8), 2);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10 + HALF, peers, 1, 0, 1.4, out, 8), 1);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10 + HALF, peers, 1, 0, 1.4, NULL, NULL, out, 8), 1);
     ck_assert_uint_eq(out[0]->hash, 0x30);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 100, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 100, NULL, NULL, out, 8), 0);
     /* self out of range, or unable to take work: nothing */
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 1, 0, out, 8), 0);
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, -1, 0, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 1, 0, NULL, NULL, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, -1, 0, NULL, NULL, out, 8), 0);
     g_peer[0].routable = false;
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, out, 8), 0);
 }
 END_TEST
 
@@ -575,7 +575,7 @@ START_TEST(test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns) {
         int listed = 0;
         for (int self = 0; self < 3; self++) {
             const brk_hot_key_t *out[BRK_HOT_MAX], *top[7], *warm[BRK_HOT_MAX];
-            int n = brk_hot_owned(&t, t0, peers, 3, self, 0, out, BRK_HOT_MAX);
+            int n = brk_hot_owned(&t, t0, peers, 3, self, 0, NULL, NULL, out, BRK_HOT_MAX);
             listed += n;
             int mine = 0;
             for (int i = 0; i < t.n; i++) {
@@ -589,12 +589,12 @@ START_TEST(test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns) {
             ck_assert_int_gt(n, 30); /* about a third each */
             expect_sorted(out, n, t0);
             /* max 7: the first 7 of the whole list */
-            ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, self, 0, top, 7), 7);
+            ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, self, 0, NULL, NULL, top, 7), 7);
             for (int i = 0; i < 7; i++) ck_assert_ptr_eq(top[i], out[i]);
             /* min_heat 3: exactly the listed ones at least that hot */
             int hot3 = 0;
             for (int i = 0; i < n; i++) hot3 += brk_hot_heat(out[i], t0) >= 3.0;
-            int w = brk_hot_owned(&t, t0, peers, 3, self, 3.0, warm, BRK_HOT_MAX);
+            int w = brk_hot_owned(&t, t0, peers, 3, self, 3.0, NULL, NULL, warm, BRK_HOT_MAX);
             ck_assert_int_eq(w, hot3);
             ck_assert_int_gt(w, 0);
             ck_assert_int_lt(w, n);
@@ -629,7 +629,7 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
     }
     const brk_hot_key_t *out[3][BRK_HOT_MAX];
     int n[3];
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX);
     ck_assert_int_eq(n[0] + n[1] + n[2], 150);
     int w0_would = 0;
     for (int i = 0; i < t.n; i++) {
@@ -649,13 +649,13 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
     ck_assert_int_gt(w0_would, 0); /* keys w0 would own among all went to others */
     /* with w0 alone nobody can run the unipc and prompt keys */
     const brk_hot_key_t *alone[BRK_HOT_MAX];
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, alone, BRK_HOT_MAX), 50);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, alone, BRK_HOT_MAX), 50);
     for (int i = 0; i < 50; i++) ck_assert_uint_eq(alone[i]->needs, EULER);
 
     /* versions: w0 at 1, w1 and w2 at 2 */
     brk_peer_set_version(&g_peer[1], BRK_COMPONENT, 2);
     brk_peer_set_version(&g_peer[2], BRK_COMPONENT, 2);
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX);
     int both_claim = 0;
     for (int i = 0; i < t.n; i++) {
         const brk_hot_key_t *k = &t.k[i];
@@ -684,7 +684,71 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
         brk_hot_note(&t, &k, t0);
     }
     for (int s = 0; s < 3; s++)
-        ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, s, 0, out[s], BRK_HOT_MAX), s == 1 ? 20 : 0);
+        ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX), s == 1 ? 20 : 0);
+}
+END_TEST
+
+/* The --max-tokens of each test peer (0: none), and a fits test on them:
+ * a key's tokens here are F x H x W of its latent (patch 1). */
+static int64_t g_bound[3];
+static bool fits_bound(void *ctx, int i, const brk_hot_key_t *k) {
+    ck_assert_ptr_eq(ctx, g_bound);
+    return g_bound[i] <= 0 || k->latent[1] * k->latent[2] * k->latent[3] <= g_bound[i];
+}
+
+/* Prewarm ownership is routing's (brk_requests.c, fitting): a key whose
+ * samples are too large for a worker's --max-tokens goes to the owner
+ * among the workers it fits, so no worker prewarms a key it would never
+ * be sent; when it fits none, the owner among all keeps it (the GEN goes
+ * there and is answered too_large). Small keys are untouched. */
+START_TEST(test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit) {
+    static brk_hot_t t;
+    memset(&t, 0, sizeof t);
+    const brk_peer_t *peers[3];
+    mk_fleet(3, peers);
+    for (int i = 0; i < 3; i++) g_peer[i].loops = brk_loops_from(NULL, 0);
+    const int64_t t0 = 0;
+    for (int i = 0; i < 120; i++) {
+        brk_hot_key_t k = hot_key(key(i), "small", EULER);
+        if (i % 2) k.latent[2] = k.latent[3] = 64; /* 2 x 64 x 64 = 8192 tokens: big */
+        brk_hot_note(&t, &k, t0);
+    }
+    const brk_hot_key_t *out[3][BRK_HOT_MAX];
+    int n[3];
+    g_bound[0] = 1000, g_bound[1] = 0, g_bound[2] = 0; /* w0 takes only the small ones */
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
+    ck_assert_int_eq(n[0] + n[1] + n[2], 120);
+    int moved = 0;
+    for (int i = 0; i < t.n; i++) {
+        const brk_hot_key_t *k = &t.k[i];
+        bool big = k->latent[2] == 64;
+        int among_all = brk_owner(peers, 3, k->hash, "small", 1);
+        int o = among_all;
+        if (big) o = 1 + brk_owner(peers + 1, 2, k->hash, "small", 1); /* w1 or w2 */
+        for (int s = 0; s < 3; s++)
+            ck_assert_msg(hot_in(out[s], n[s], k) == (o == s), "key %d (%s): owner w%d, listed for w%d: %d", i,
+                          big ? "big" : "small", o, s, hot_in(out[s], n[s], k));
+        if (big) ck_assert(!hot_in(out[0], n[0], k));
+        moved += big && among_all == 0;
+    }
+    ck_assert_int_gt(moved, 0); /* big keys w0 would own among all went to w1 and w2 */
+    /* nobody fits the big ones: the owner among all keeps them */
+    g_bound[0] = g_bound[1] = g_bound[2] = 1000;
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
+    for (int i = 0; i < t.n; i++)
+        for (int s = 0; s < 3; s++)
+            ck_assert(hot_in(out[s], n[s], &t.k[i]) == (brk_owner(peers, 3, t.k[i].hash, "small", 1) == s));
+    /* a worker behind the version self runs is no candidate, even one the
+     * key fits: w1 at v1 while w2 (self) runs v2 and fits none of the big */
+    brk_peer_set_version(&g_peer[2], BRK_COMPONENT, 2);
+    g_bound[0] = 1000, g_bound[1] = 0, g_bound[2] = 1000;
+    n[2] = brk_hot_owned(&t, t0, peers, 3, 2, 0, fits_bound, g_bound, out[2], BRK_HOT_MAX);
+    for (int i = 0; i < t.n; i++) {
+        const brk_hot_key_t *k = &t.k[i];
+        /* at v2 only w2 is eligible: it owns every key, big ones too (no
+         * eligible worker fits them) */
+        ck_assert(hot_in(out[2], n[2], k));
+    }
 }
 END_TEST
 
@@ -3521,6 +3585,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_hot_keys_are_listed_hottest_first_and_a_key_noted_again_moves_up);
     tcase_add_test(tc, test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns);
     tcase_add_test(tc, test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version);
+    tcase_add_test(tc, test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit);
     suite_add_tcase(s, tc);
     TCase *sy = tcase_create("sync");
     tcase_set_timeout(sy, 60);

@@ -2,14 +2,18 @@
  * every task runs exactly once, the caller returns only when all are done,
  * several callers (a worker's streams) share the pool at once, a task may
  * itself call cpu_par_for, the size follows kern_cpu_threads_set and
- * REEL_THREADS, and a forked child gets a working pool. Run under TSan by
- * make tsan. */
+ * REEL_THREADS, a forked child gets a working pool, and an idle thread
+ * watches for work only for its bounded while, and not at all while every
+ * core is busy. Run under TSan by make tsan. */
 #include <check.h>
+#include <dirent.h>
+#include <time.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,10 +39,16 @@ static void expect_each_once(const count_ctx_t *c, const char *what) {
                       (long long)t, c->hits[t]);
 }
 
+/* Every pool size and task count, with idle threads that sleep at once,
+ * watch for 50 us, and watch for 100 ms (a worker then takes the next job
+ * while watching, and a caller sees its job end while watching). */
 START_TEST(test_every_task_runs_once_for_every_pool_size_and_task_count) {
     static const int sizes[] = { 1, 2, 3, 8 };
     static const int64_t counts[] = { 0, 1, 2, 7, 64, 1000 };
+    static const long spins[] = { 0, 50, 100000 };
+    for (size_t w = 0; w < sizeof spins / sizeof spins[0]; w++)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        cpu_pool_spin_set(spins[w]);
         kern_cpu_threads_set(sizes[s]);
         ck_assert_int_eq(cpu_pool_threads(), sizes[s]);
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
@@ -46,11 +56,13 @@ START_TEST(test_every_task_runs_once_for_every_pool_size_and_task_count) {
             ck_assert_ptr_nonnull(c.hits);
             cpu_par_for(c.n, count_task, &c);
             char what[64];
-            snprintf(what, sizeof what, "%d threads, %lld tasks", sizes[s], (long long)counts[k]);
+            snprintf(what, sizeof what, "%d threads, %lld tasks, watch %ld us", sizes[s], (long long)counts[k],
+                     spins[w]);
             expect_each_once(&c, what); /* read after return: every task is done */
             free(c.hits);
         }
     }
+    cpu_pool_spin_set(-1);
     kern_cpu_threads_set(0);
 }
 END_TEST
@@ -176,6 +188,133 @@ START_TEST(test_a_forked_child_gets_a_working_pool) {
 }
 END_TEST
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The state letter of thread tid of this process ('R' running or
+ * runnable, 'S' asleep), or 0 if it cannot be read. */
+static char thread_state(long tid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* after the name, which may hold spaces */
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* Waits (up to `limit` seconds) until every thread of this process but
+ * the caller and the `skip` ones is off the CPU; the seconds it took, or
+ * −1 with the last busy thread in *busy. */
+static double wait_until_others_sleep(const long *skip, int nskip, double limit, long *busy) {
+    long self = (long)syscall(SYS_gettid);
+    double t0 = now_s();
+    for (;;) {
+        *busy = 0;
+        DIR *d = opendir("/proc/self/task");
+        ck_assert_ptr_nonnull(d);
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                long tid = strtol(e->d_name, NULL, 10);
+                bool skipped = tid == self;
+                for (int i = 0; i < nskip; i++) skipped |= tid == skip[i];
+                if (!skipped && thread_state(tid) == 'R') *busy = tid;
+            }
+        closedir(d);
+        double took = now_s() - t0;
+        if (!*busy) return took;
+        if (took > limit) return -1;
+        sched_yield();
+    }
+}
+
+/* An idle pool thread watches for the next job for its bounded while
+ * (here 0.3 s), then sleeps: nothing spins for good after work. */
+START_TEST(test_idle_pool_threads_fall_asleep_after_their_watch) {
+    kern_cpu_threads_set(3);
+    cpu_pool_spin_set(300000);
+    count_ctx_t c = { calloc(64, sizeof(int)), 64, 20000 };
+    ck_assert_ptr_nonnull(c.hits);
+    cpu_par_for(c.n, count_task, &c);
+    expect_each_once(&c, "before the watch");
+    long busy;
+    double took = wait_until_others_sleep(NULL, 0, 30.0, &busy);
+    ck_assert_msg(took >= 0, "thread %ld still on the CPU 30 s after the last job", busy);
+    free(c.hits);
+    cpu_pool_spin_set(-1);
+    kern_cpu_threads_set(0);
+}
+END_TEST
+
+typedef struct {
+    int stop;
+    long tid;
+    int started;
+} hog_t;
+
+static void *hog_main(void *arg) {
+    hog_t *h = arg;
+    __atomic_store_n(&h->tid, (long)syscall(SYS_gettid), __ATOMIC_RELEASE);
+    __atomic_store_n(&h->started, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&h->stop, __ATOMIC_RELAXED)) {
+    }
+    return NULL;
+}
+
+/* With more runnable threads than cores (a hog per core and one more),
+ * idle pool threads sleep at once instead of watching: asked to watch for
+ * 5 s, every one is asleep well before (they would hold a core the hogs
+ * wait for). Skips where /proc/loadavg is unreadable (nothing to judge
+ * the machine by: there the pool watches as if cores were free). */
+START_TEST(test_idle_threads_sleep_at_once_while_every_core_is_busy) {
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (!la) {
+        fprintf(stderr, "SKIP idle-on-busy: /proc/loadavg unreadable\n");
+        return;
+    }
+    fclose(la);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (cores > 64) cores = 64;
+    int nh = (int)cores + 1;
+    hog_t *h = calloc((size_t)nh, sizeof *h);
+    pthread_t *th = calloc((size_t)nh, sizeof *th);
+    long *tids = calloc((size_t)nh, sizeof *tids);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_ptr_nonnull(th);
+    ck_assert_ptr_nonnull(tids);
+    for (int i = 0; i < nh; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, hog_main, &h[i]), 0);
+    for (int i = 0; i < nh; i++) {
+        while (!__atomic_load_n(&h[i].started, __ATOMIC_ACQUIRE)) sched_yield();
+        tids[i] = __atomic_load_n(&h[i].tid, __ATOMIC_ACQUIRE);
+    }
+    kern_cpu_threads_set(3);
+    cpu_pool_spin_set(5000000); /* also: the next watch reads the load afresh */
+    count_ctx_t c = { calloc(64, sizeof(int)), 64, 20000 };
+    ck_assert_ptr_nonnull(c.hits);
+    cpu_par_for(c.n, count_task, &c);
+    long busy;
+    double took = wait_until_others_sleep(tids, nh, 2.5, &busy);
+    for (int i = 0; i < nh; i++) __atomic_store_n(&h[i].stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < nh; i++) pthread_join(th[i], NULL);
+    expect_each_once(&c, "beside the hogs");
+    ck_assert_msg(took >= 0, "thread %ld still on the CPU 2.5 s after the job with every core busy "
+                  "(it watched instead of sleeping)", busy);
+    free(c.hits);
+    free(h);
+    free(th);
+    free(tids);
+    cpu_pool_spin_set(-1);
+    kern_cpu_threads_set(0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cpu_pool");
     TCase *tc = tcase_create("pool");
@@ -185,6 +324,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_task_may_call_par_for_without_deadlock);
     tcase_add_test(tc, test_the_size_follows_reel_threads_and_the_setter);
     tcase_add_test(tc, test_a_forked_child_gets_a_working_pool);
+    tcase_add_test(tc, test_idle_pool_threads_fall_asleep_after_their_watch);
+    tcase_add_test(tc, test_idle_threads_sleep_at_once_while_every_core_is_busy);
     suite_add_tcase(s, tc);
     return s;
 }

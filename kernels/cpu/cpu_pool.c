@@ -16,6 +16,9 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #define POOL_MAX 256
@@ -35,7 +38,103 @@ static job_t *jobs;    /* jobs with unclaimed tasks, oldest first */
 static int size;       /* 0: not read yet */
 static int workers;    /* started */
 static int busy;       /* workers on a job now */
+static int sleepers;   /* workers waiting on work_cv */
+static int watchers;   /* workers watching `posted` */
+static unsigned posted; /* jobs posted so far (atomic: watched without mu) */
+static long spin_ns = -1; /* how long an idle thread watches for work before it sleeps; −1 unread */
 static bool atfork_set;
+
+#define SPIN_US_DEFAULT 50
+#define LOAD_EVERY_NS 10000000L
+static long load_at;      /* atomic: when /proc/loadavg was last read */
+static int load_x16 = -1; /* atomic: runnable threads × 16, the estimate; −1 unknown */
+static int load_cores;    /* atomic: cores this process may use; 0 unread */
+
+static int cores_allowed(void);
+
+/* Under mu: cpu_pool_spin_set's, else REEL_POOL_SPIN_US, else the default. */
+static long spin_locked(void) {
+    if (spin_ns < 0) {
+        const char *e = getenv("REEL_POOL_SPIN_US");
+        char *end;
+        long us = e && *e ? strtol(e, &end, 10) : -1;
+        spin_ns = (e && *e && *end == '\0' && us >= 0 && us <= 10000000 ? us : SPIN_US_DEFAULT) * 1000L;
+    }
+    return spin_ns;
+}
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Runnable threads on the machine now (/proc/loadavg's fourth field:
+ * every process's, ours included); 0 if it cannot be read. */
+static int runnable_now(void) {
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[128];
+    ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0) return 0;
+    buf[got] = '\0';
+    double l1, l5, l15;
+    int running = 0;
+    return sscanf(buf, "%lf %lf %lf %d/", &l1, &l5, &l15, &running) == 4 && running > 0 ? running : 0;
+}
+
+/* Whether the machine has a core to spare for a watching thread: the
+ * runnable threads, sampled at most once per 10 ms by whichever thread
+ * asks, against the cores this process may use. A sample above the
+ * estimate replaces it (contention is believed at once); one below moves
+ * it a quarter of the way (a core is free once it has stayed free). With
+ * more runnable threads than cores a watcher would hold a core another
+ * thread waits for, so idle threads then sleep at once. Where
+ * /proc/loadavg cannot be read the cores are taken as free. */
+static bool cores_to_spare(void) {
+    long now = now_ns(), at = __atomic_load_n(&load_at, __ATOMIC_RELAXED);
+    if ((at == 0 || now - at >= LOAD_EVERY_NS) &&
+        __atomic_compare_exchange_n(&load_at, &at, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        int x = runnable_now() * 16;
+        if (x > 0) {
+            int old = __atomic_load_n(&load_x16, __ATOMIC_RELAXED);
+            __atomic_store_n(&load_x16, old < 0 || x > old ? x : (3 * old + x) / 4, __ATOMIC_RELAXED);
+        }
+        if (!__atomic_load_n(&load_cores, __ATOMIC_RELAXED))
+            __atomic_store_n(&load_cores, cores_allowed(), __ATOMIC_RELAXED);
+    }
+    int l = __atomic_load_n(&load_x16, __ATOMIC_RELAXED), c = __atomic_load_n(&load_cores, __ATOMIC_RELAXED);
+    return l < 0 || c <= 0 || l <= c * 16 + 8;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Watches *v without mu for up to ns while it still reads `was`. */
+static void spin_while_same(const unsigned *v, unsigned was, long ns) {
+    long end = now_ns() + ns;
+    for (int i = 1;; i++) {
+        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) != was) return;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > end) return;
+    }
+}
+
+/* Watches *done without mu for up to ns while it is below n. */
+static void spin_until_done(const int64_t *done, int64_t n, long ns) {
+    long end = now_ns() + ns;
+    for (int i = 1;; i++) {
+        if (__atomic_load_n(done, __ATOMIC_ACQUIRE) >= n) return;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > end) return;
+    }
+}
 
 /* The cores this process may run on. */
 static int cores_allowed(void) {
@@ -70,7 +169,7 @@ static void after_fork_child(void) {
     pthread_cond_init(&work_cv, NULL);
     pthread_cond_init(&done_cv, NULL);
     jobs = NULL;
-    workers = busy = 0;
+    workers = busy = sleepers = watchers = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -94,11 +193,12 @@ static void run_task(job_t *j, int64_t t) {
     pthread_mutex_unlock(&mu);
     j->fn(j->ctx, t);
     pthread_mutex_lock(&mu);
-    if (++j->done == j->n) pthread_cond_broadcast(&done_cv);
+    if (__atomic_add_fetch(&j->done, 1, __ATOMIC_RELEASE) == j->n) pthread_cond_broadcast(&done_cv);
 }
 
 static void *worker_main(void *arg) {
     (void)arg;
+    bool spun = false;
     pthread_mutex_lock(&mu);
     for (;;) {
         /* at most size − 1 workers busy in all: a pool made smaller keeps
@@ -106,9 +206,24 @@ static void *worker_main(void *arg) {
         job_t *j = busy < size_locked() - 1 ? jobs : NULL;
         while (j && j->helpers >= j->max_helpers) j = j->link;
         if (!j) {
+            long ns = spin_locked();
+            if (!spun && ns > 0 && cores_to_spare()) { /* a step's next job comes within microseconds */
+                unsigned seen = posted;
+                watchers++;
+                pthread_mutex_unlock(&mu);
+                spin_while_same(&posted, seen, ns);
+                pthread_mutex_lock(&mu);
+                watchers--;
+                spun = true;
+                continue;
+            }
+            spun = false;
+            sleepers++;
             pthread_cond_wait(&work_cv, &mu);
+            sleepers--;
             continue;
         }
+        spun = false;
         /* every touch of j is under mu, and its caller returns only after
          * taking mu and seeing every task done: j is valid here */
         j->helpers++;
@@ -161,10 +276,21 @@ void cpu_par_for(int64_t n, cpu_task_fn fn, void *ctx) {
     job_t **tail = &jobs;
     while (*tail) tail = &(*tail)->link;
     *tail = &j;
-    int wake = (int)(n - 1 < sz - 1 ? n - 1 : sz - 1);
+    __atomic_add_fetch(&posted, 1, __ATOMIC_RELEASE);
+    /* helpers wanted, less those watching (they see `posted` move) */
+    int wake = (int)(n - 1 < sz - 1 ? n - 1 : sz - 1) - watchers;
+    if (wake > sleepers) wake = sleepers;
     for (int i = 0; i < wake; i++) pthread_cond_signal(&work_cv);
     while (j.next < j.n) run_task(&j, claim(&j));
-    while (j.done < j.n) pthread_cond_wait(&done_cv, &mu);
+    if (j.done < j.n) {
+        long ns = spin_locked();
+        if (ns > 0 && cores_to_spare()) {
+            pthread_mutex_unlock(&mu);
+            spin_until_done(&j.done, j.n, ns);
+            pthread_mutex_lock(&mu);
+        }
+        while (j.done < j.n) pthread_cond_wait(&done_cv, &mu);
+    }
     pthread_mutex_unlock(&mu);
 }
 
@@ -209,3 +335,11 @@ void kern_cpu_threads_set(int n) {
 }
 
 int kern_cpu_threads(void) { return cpu_pool_threads(); }
+
+void cpu_pool_spin_set(long us) {
+    pthread_mutex_lock(&mu);
+    spin_ns = us < 0 ? -1 : (us > 10000000 ? 10000000 : us) * 1000L;
+    __atomic_store_n(&load_x16, -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&load_at, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&mu);
+}

@@ -5,7 +5,9 @@
  * Why one pool: OpenBLAS's own threads spin and yield between calls, and a
  * worker's stream threads each drive GEMMs; with more busy threads than
  * cores they took a third of a step's time in sched_yield (issue 31's
- * profile). Here a thread with no task sleeps on a condition variable, the
+ * profile). Here a thread with no task watches for the next one for at
+ * most REEL_POOL_SPIN_US (50 us; only while the machine has more cores
+ * than runnable threads) and then sleeps on a condition variable, the
  * caller of cpu_par_for runs tasks itself (so nesting or a pool of one can
  * never deadlock), and several callers (streams) share the same threads.
  *
@@ -38,6 +40,12 @@ void cpu_par_rows(int64_t rows, int64_t width, cpu_rows_fn fn, void *ctx);
 /* Sets OpenBLAS single-threaded (ops_gemm.c): the pool shares out the
  * work. Called when a CPU backend is made. Cannot fail. */
 void kern_cpu_blas_single(void);
+
+/* How long (microseconds, at most 10 s) an idle pool thread watches for
+ * work before it sleeps; 0 never watches; negative: back to
+ * REEL_POOL_SPIN_US, else 50. Also forgets the machine's load, so the
+ * next watch reads it afresh. For tests and benchmarks; cannot fail. */
+void cpu_pool_spin_set(long us);
 
 /* The pool's size: threads that may run one cpu_par_for's tasks, the
  * caller included (>= 1). */
