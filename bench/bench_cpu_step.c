@@ -10,6 +10,8 @@
  *   - each at the default pool (REEL_THREADS, else the cores) and at 1.
  * PyTorch eager on the same weights is bench/torch_step.py's, run here when
  * python3-torch is installed (one line says so when it is not).
+ * REEL_BENCH_REPS=N runs N timed steps a case (for a profiler or a steadier
+ * median); REEL_BENCH_TORCH=0 leaves PyTorch out.
  * Usage: bench_cpu_step [BUILD] [tiny|small|wan]... (all three by default). */
 #include <stdio.h>
 #include <stdlib.h>
