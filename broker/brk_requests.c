@@ -85,13 +85,31 @@ static brk_req_t *req_by_id(brk_t *b, uint64_t id) {
     return NULL;
 }
 
+/* A RESULT's declines as the catalog keeps them, "warmup=2,budget=1" (in
+ * the RESULT's order; a name that would not fit whole is left out), or
+ * NULL when there are none. */
+static const char *eager_reasons(const msg_counts_t *d, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < d->n; i++) {
+        if (!d->e[i].n) continue;
+        int k = snprintf(buf + at, cap - at, "%s%s=%" PRIu64, at ? "," : "", d->e[i].name, d->e[i].n);
+        if (k < 0 || (size_t)k >= cap - at) {
+            buf[at] = '\0';
+            break;
+        }
+        at += (size_t)k;
+    }
+    return at ? buf : NULL;
+}
+
 /* A catalog row for a request that ended without a RESULT. */
 static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status) {
     char hex[17];
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
-                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0);
+                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL);
 }
 
 /* The client's identity: its held GEN keeps it. */
@@ -469,10 +487,12 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     if (msg_gen_decodes(&r->gen)) reel_hist_observe(&b->metrics.decode_s, res->decode_seconds);
     char hex[17];
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
+    char ckey[17], why[256];
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,
                    (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
                    res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
-                   (int)res->stats.padded_rows);
+                   (int)res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
+                   eager_reasons(&res->stats.declines, why, sizeof why));
     req_free(b, r);
 }
 

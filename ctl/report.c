@@ -377,6 +377,8 @@ int ctl_report_requests(cat_t *c, bool json, FILE *out) {
         { "decode_seconds", "decode", CTL_F_SECS, 0 },
         { "status", "status", CTL_F_TEXT, 24 },
         { "key_hash", "key_hash", CTL_F_TEXT, 16 },
+        { "capture_key", "capture_key", CTL_F_TEXT, 16 },
+        { "eager_reasons", "eager_why", CTL_F_TEXT, 40 },
     };
     return report(c, cat_query_requests, json, out, cols, CTL_NCOLS(cols));
 }

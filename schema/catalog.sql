@@ -1,10 +1,10 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 11): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 12): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
 -- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
--- puts them; 7: the summaries reports read; 8 to 11 at the end of this file).
+-- puts them; 7: the summaries reports read; 8 to 12 at the end of this file).
 -- tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
@@ -318,3 +318,13 @@ ALTER TABLE requests ADD COLUMN batched_steps INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE captures ADD COLUMN origin TEXT NOT NULL DEFAULT 'demand';
 ALTER TABLE requests ADD COLUMN batch_rows INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE requests ADD COLUMN padded_rows INTEGER NOT NULL DEFAULT 0;
+
+-- Migration 12: a request's capture key (the hash its last step's graph
+-- is recorded by in captures, replays, declines and evictions; NULL for a
+-- request that ended without a RESULT) and why its eager steps ran eager
+-- ("warmup=2,budget=1"; NULL when none did): `reelctl why` joins a
+-- request to its graph's history. The slowest requests keep both.
+ALTER TABLE requests ADD COLUMN capture_key TEXT;
+ALTER TABLE requests ADD COLUMN eager_reasons TEXT;
+ALTER TABLE slow_requests ADD COLUMN capture_key TEXT;
+ALTER TABLE slow_requests ADD COLUMN eager_reasons TEXT;

@@ -398,8 +398,17 @@ const char cat_schema_v11_sql[] = "ALTER TABLE captures ADD COLUMN origin TEXT N
                                   "ALTER TABLE requests ADD COLUMN batch_rows INTEGER NOT NULL DEFAULT 0;\n"
                                   "ALTER TABLE requests ADD COLUMN padded_rows INTEGER NOT NULL DEFAULT 0;\n";
 
+/* Migration 12: a request's capture key (its last step's: what
+ * captures, replays, declines and evictions are recorded by) and why its
+ * eager steps ran eager, so `reelctl why` joins a request to its graph's
+ * history; the slowest requests of each hour keep both. */
+const char cat_schema_v12_sql[] = "ALTER TABLE requests ADD COLUMN capture_key TEXT;\n"
+                                  "ALTER TABLE requests ADD COLUMN eager_reasons TEXT;\n"
+                                  "ALTER TABLE slow_requests ADD COLUMN capture_key TEXT;\n"
+                                  "ALTER TABLE slow_requests ADD COLUMN eager_reasons TEXT;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
-                                       cat_schema_v10_sql, cat_schema_v11_sql };
+                                       cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

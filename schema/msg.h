@@ -188,6 +188,7 @@ typedef struct {
     uint64_t batched;            /* steps run in a mixed batch with other requests (0: none; omitted) */
     uint64_t batch_rows;         /* the requests in each of those batches, summed (0: omitted) */
     uint64_t padded_rows;        /* the padding rows of those batches, summed (0: omitted) */
+    uint64_t capture_key;        /* the capture key hash of its last step (0: unknown; omitted) */
 } msg_stats_t;
 
 /* Steps from `from` (0-based) on, up to the next run's, ran on `version`. */

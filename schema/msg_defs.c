@@ -109,6 +109,7 @@ static const msg_field_t stats_rows[] = {
     R_U64(msg_stats_t, batched, "batched", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_stats_t, batch_rows, "batch_rows", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_stats_t, padded_rows, "padded_rows", F_OMIT, 0, UINT64_MAX, 0),
+    R_HASH(msg_stats_t, capture_key, "capture_key", F_OMIT),
 };
 TABLE(stats_tab, stats_rows, msg_stats_t);
 

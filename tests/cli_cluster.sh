@@ -216,6 +216,19 @@ wait_sql "$DB" "select count(*) from requests where status='ok'" "$served" 60
 "$R" stats --catalog "$DB" >"$D/stats.txt" 2>&1 && grep -qi "captures" "$D/stats.txt" && ok "reelctl stats" || { bad "reelctl stats"; cat "$D/stats.txt"; }
 rows=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok'" 2>/dev/null || echo 0)
 [ "$rows" = "$served" ] && ok "catalog has $rows ok requests for $served served gens" || bad "catalog requests ($rows) vs served ($served)"
+# each ok request's row names its capture key (the one its worker's
+# captures are recorded by: the join `reelctl why` makes) and why any of
+# its steps ran eager
+nokey=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok' and (capture_key is null or length(capture_key) <> 16)" 2>/dev/null || echo x)
+[ "$nokey" = 0 ] && ok "every ok request row has its capture key" || bad "ok request rows without a capture key ($nokey)"
+graphed=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok' and replayed + captured > 0" 2>/dev/null || echo 0)
+joined="select count(*) from requests r where status='ok' and replayed + captured > 0 and exists (select 1 from captures c where c.worker = r.worker and c.key_hash = r.capture_key)"
+[ "$graphed" -gt 0 ] && wait_sql "$DB" "$joined" "$graphed" 30 &&
+    ok "the $graphed requests that ran a graph join their worker's captures by capture key" ||
+    { bad "requests join captures ($(/usr/bin/sqlite3 "$DB" "$joined" 2>/dev/null) of $graphed)"; }
+noreason=$(/usr/bin/sqlite3 "$DB" "select count(*) from requests where status='ok' and eager > 0 and eager_reasons is null" 2>/dev/null || echo x)
+[ "$noreason" = 0 ] && /usr/bin/sqlite3 "$DB" "select eager_reasons from requests where eager > 0" 2>/dev/null | grep -q "=" &&
+    ok "requests with eager steps say why (eager_reasons)" || bad "eager_reasons ($noreason rows without)"
 wait_sql "$DB" "select count(*) from evictions where reason='weight_sync'" 1 60
 ev=$(/usr/bin/sqlite3 "$DB" "select count(*) from evictions where reason='weight_sync'" 2>/dev/null || echo 0)
 [ "$ev" -ge 1 ] && ok "weight_sync evictions recorded ($ev)" || bad "weight_sync evictions recorded"

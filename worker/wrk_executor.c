@@ -244,6 +244,7 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
     r->stats.batched = (uint64_t)rs->batched;
     r->stats.batch_rows = (uint64_t)rs->batch_rows;
     r->stats.padded_rows = (uint64_t)rs->padded_rows;
+    r->stats.capture_key = tdit_req_key_hash(j->req);
     for (int i = 0; i < CAP_DECLINE_COUNT && r->stats.declines.n < MSG_MAX_COUNTS; i++) {
         if (!rs->declines[i]) continue;
         msg_count_t *c = &r->stats.declines.e[r->stats.declines.n++];

@@ -421,6 +421,7 @@ static void result_summary(const msg_result_t *r, reel_gen_result_t *res) {
     memset(res, 0, sizeof *res);
     snprintf(res->worker, sizeof res->worker, "%s", r->worker[0] ? r->worker : "?");
     if (r->key_hash) msg_hex64(r->key_hash, res->key_hash);
+    if (r->stats.capture_key) msg_hex64(r->stats.capture_key, res->capture_key);
     res->version = r->version;
     res->first_version = r->first_version;
     res->captured = (int)r->stats.captured;

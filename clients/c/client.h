@@ -128,7 +128,8 @@ typedef struct {
     int batch_rows;             /* the requests in those batches, summed (mean size: batch_rows / batched) */
     int padded_rows;            /* the padding rows of those batches, summed */
     double seconds;
-    char key_hash[24];
+    char key_hash[24];          /* the shard hash the broker routed by */
+    char capture_key[24];       /* the capture key of its last step ("" from an older worker) */
     char declines[256];         /* "warming_up=2,override=1" */
 } reel_gen_result_t;
 

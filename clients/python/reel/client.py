@@ -99,8 +99,10 @@ class GenResult:
     numpy; .trajectory, .log_probs, .sigmas and .means likewise), .worker, .version (weights of its last step),
     .first_version, .versions (the weight version of every step), .stats
     (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
-    batch_rows, padded_rows),
-    .key_hash and .seconds (client wall time). With the rollout options:
+    batch_rows, padded_rows, capture_key),
+    .key_hash (the shard hash), .capture_key (the capture key of its last
+    step: what the catalog's captures and evictions are recorded by; "" from
+    an older worker) and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
     None when not asked for. With output="frames": .frames, uint8 [F', H',
@@ -171,6 +173,12 @@ class GenResult:
         (0.0 when none ran batched)."""
         b = self.stats.get("batched", 0)
         return self.stats.get("batch_rows", 0) / b if b else 0.0
+
+    @property
+    def capture_key(self):
+        """The capture key hash of its last step, as hex ("" when the worker
+        did not say): `reelctl why` and the catalog's keys use it."""
+        return self.stats.get("capture_key", "") or ""
 
     @property
     def padded_rows(self):
