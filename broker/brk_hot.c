@@ -40,11 +40,10 @@ void brk_hot_note(brk_hot_t *h, const brk_hot_key_t *key, int64_t now_ms) {
 
 /* Does peers[self] own k among the peers able to run it (and, of those,
  * the eligible ones it fits, when it fits any)? */
-static bool owns(const brk_hot_key_t *k, const brk_peer_t *const *peers, int n, int self, brk_hot_fits_fn fits,
-                 void *ctx) {
+static bool owns(const brk_hot_key_t *k, const brk_peer_t *const *peers, int n, int self, uint64_t required,
+                 brk_hot_fits_fn fits, void *ctx) {
     const brk_peer_t *able[n ? n : 1], *fit[n ? n : 1];
     int idx[n ? n : 1], fidx[n ? n : 1];
-    const uint64_t required = brk_peer_version(peers[self], BRK_COMPONENT);
     int m = brk_peers_able(peers, n, k->needs, able, idx);
     int f = 0;
     for (int i = 0; fits && i < m; i++)
@@ -61,14 +60,15 @@ static bool owns(const brk_hot_key_t *k, const brk_peer_t *const *peers, int n, 
 }
 
 int brk_hot_owned(const brk_hot_t *h, int64_t now_ms, const brk_peer_t *const *peers, int n, int self,
-                  double min_heat, brk_hot_fits_fn fits, void *ctx, const brk_hot_key_t **out, int max) {
+                  uint64_t required, double min_heat, brk_hot_fits_fn fits, void *ctx, const brk_hot_key_t **out,
+                  int max) {
     int got = 0;
     if (self < 0 || self >= n || max <= 0) return 0;
     double heat[max];
     for (int i = 0; i < h->n; i++) {
         const brk_hot_key_t *k = &h->k[i];
         double x = brk_hot_heat(k, now_ms);
-        if (!k->hash || x < min_heat || !owns(k, peers, n, self, fits, ctx)) continue;
+        if (!k->hash || x < min_heat || !owns(k, peers, n, self, required, fits, ctx)) continue;
         /* insertion into the sorted out[0..got) */
         int at = got;
         while (at > 0 && (x > heat[at - 1] || (x == heat[at - 1] && k->hash < out[at - 1]->hash))) at--;

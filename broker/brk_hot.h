@@ -49,12 +49,14 @@ typedef bool (*brk_hot_fits_fn)(void *ctx, int i, const brk_hot_key_t *k);
 
 /* The hottest keys (at most max, hottest first; ties: the lower hash)
  * that peers[self] owns among peers[0..n), with heat at least min_heat.
- * Owning is routing's rule for a GEN of the key: brk_owner among the
- * peers able to run it, narrowed to those eligible (with the version self
- * runs as the one required) that `fits` says take its samples when any
- * does (fits NULL: all do). Pointers into h, valid until its next note.
- * The count. */
+ * Owning is routing's rule for a GEN of the key that needs version
+ * `required` (the broker's current one, for a GEN that names none):
+ * brk_owner among the peers able to run it, narrowed to those eligible
+ * that `fits` says take its samples when any does (fits NULL: all do); a
+ * self behind `required` owns nothing. Pointers into h, valid until its
+ * next note. The count. */
 int brk_hot_owned(const brk_hot_t *h, int64_t now_ms, const brk_peer_t *const *peers, int n, int self,
-                  double min_heat, brk_hot_fits_fn fits, void *ctx, const brk_hot_key_t **out, int max);
+                  uint64_t required, double min_heat, brk_hot_fits_fn fits, void *ctx, const brk_hot_key_t **out,
+                  int max);
 
 #endif

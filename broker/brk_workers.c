@@ -7,6 +7,7 @@
  * its in-flight work. With keys, a worker's name is bound to its key
  * (brk_zap.h) and a worker whose key a reload removed is dropped. */
 #include "broker/brk_workers.h"
+#include "broker/brk_sync.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -166,7 +167,10 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
     }
     const brk_hot_key_t *hot[MSG_MAX_PREWARM];
     int want = w->prewarm_want < MSG_MAX_PREWARM ? w->prewarm_want : MSG_MAX_PREWARM;
-    int k = brk_hot_owned(&b->hot, now, peers, n, self, PREWARM_MIN_HEAT, hot_fits, live, hot, want);
+    /* as a GEN naming no version needs: the current one (a worker behind
+     * it, its sync failed, is sent no keys: none would be routed to it) */
+    int k = brk_hot_owned(&b->hot, now, peers, n, self, brk_current_version(b, BRK_COMPONENT), PREWARM_MIN_HEAT,
+                          hot_fits, live, hot, want);
     msg_prewarm_key_t keys[MSG_MAX_PREWARM];
     for (int i = 0; i < k; i++) {
         msg_prewarm_key_t *x = &keys[i];

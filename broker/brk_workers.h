@@ -30,7 +30,7 @@ void brk_workers_timers(brk_t *b, int64_t now);
  * --max-tokens (READY max_tokens): F x H/p x W/p with the patch p of w's
  * config of the model. True when w announced no bound or no such config
  * (not judged). Routing (brk_requests.c) and prewarm ownership use it
- * alike, so a worker prewarms only keys it would be sent. */
+ * alike. */
 bool brk_worker_fits(const brk_worker_t *w, const char *model, const int64_t latent[4]);
 /* w's PREWARM, once, when its READY asked (`prewarm` K): the K hottest
  * keys it owns now (brk_hot.h), sent once the syncs it was sent on joining

@@ -29,6 +29,7 @@
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_upload.h"
+#include "broker/brk_workers.h"
 #include "broker/brk_upload_int.h"
 #include "broker/brk_zap.h"
 #include "capture_cache/key.h"
@@ -495,6 +496,13 @@ static void expect_sorted(const brk_hot_key_t **out, int n, int64_t now) {
     }
 }
 
+/* The version a GEN of the tests' keys needs: self's own, so that (as
+ * before the broker passed its current one) a worker behind self does not
+ * count and one ahead does; 0 for a self out of range. */
+static uint64_t hot_req(const brk_peer_t *const *peers, int n, int self) {
+    return self >= 0 && self < n ? brk_peer_version(peers[self], BRK_COMPONENT) : 0;
+}
+
 /* Is k among out[0..n)? */
 static bool hot_in(const brk_hot_key_t *const *out, int n, const brk_hot_key_t *k) {
     for (int i = 0; i < n; i++)
@@ -517,38 +525,38 @@ START_TEST(test_hot_keys_are_listed_hottest_first_and_a_key_noted_again_moves_up
     brk_hot_note(&t, &b, t0);
     brk_hot_note(&t, &c, t0);
     const brk_hot_key_t *out[8];
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, out, 8), 3);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 8), 3);
     ck_assert_uint_eq(out[0]->hash, 0x20); /* heat 2 */
     ck_assert_uint_eq(out[1]->hash, 0x10); /* heat 1, the lower hash */
     ck_assert_uint_eq(out[2]->hash, 0x30);
     /* a noted twice more: first */
     brk_hot_note(&t, &a, t0 + 10);
     brk_hot_note(&t, &a, t0 + 10);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 8), 3);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 8), 3);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
     ck_assert_uint_eq(out[2]->hash, 0x10);
     expect_sorted(out, 3, t0 + 10);
     /* max: the hottest max of them */
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 2), 2);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 2), 2);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 1), 1);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 1), 1);
     ck_assert_uint_eq(out[0]->hash, 0x30);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 0, NULL, NULL, out, 0), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 0), 0);
     /* min_heat: a (~3) and b (~2) are at least 1.5, c (~1) is not; a
      * half-life later only a is still over 1.4 */
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 1.5, NULL, NULL, out, 8), 2);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 1.5, NULL, NULL, out, 8), 2);
     ck_assert_uint_eq(out[0]->hash, 0x30);
     ck_assert_uint_eq(out[1]->hash, 0x20);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10 + HALF, peers, 1, 0, 1.4, NULL, NULL, out, 8), 1);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10 + HALF, peers, 1, 0, hot_req(peers, 1, 0), 1.4, NULL, NULL, out, 8), 1);
     ck_assert_uint_eq(out[0]->hash, 0x30);
-    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, 100, NULL, NULL, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0 + 10, peers, 1, 0, hot_req(peers, 1, 0), 100, NULL, NULL, out, 8), 0);
     /* self out of range, or unable to take work: nothing */
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 1, 0, NULL, NULL, out, 8), 0);
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, -1, 0, NULL, NULL, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 1, hot_req(peers, 1, 1), 0, NULL, NULL, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, -1, hot_req(peers, 1, -1), 0, NULL, NULL, out, 8), 0);
     g_peer[0].routable = false;
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, out, 8), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, out, 8), 0);
 }
 END_TEST
 
@@ -575,7 +583,7 @@ START_TEST(test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns) {
         int listed = 0;
         for (int self = 0; self < 3; self++) {
             const brk_hot_key_t *out[BRK_HOT_MAX], *top[7], *warm[BRK_HOT_MAX];
-            int n = brk_hot_owned(&t, t0, peers, 3, self, 0, NULL, NULL, out, BRK_HOT_MAX);
+            int n = brk_hot_owned(&t, t0, peers, 3, self, hot_req(peers, 3, self), 0, NULL, NULL, out, BRK_HOT_MAX);
             listed += n;
             int mine = 0;
             for (int i = 0; i < t.n; i++) {
@@ -589,12 +597,12 @@ START_TEST(test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns) {
             ck_assert_int_gt(n, 30); /* about a third each */
             expect_sorted(out, n, t0);
             /* max 7: the first 7 of the whole list */
-            ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, self, 0, NULL, NULL, top, 7), 7);
+            ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, self, hot_req(peers, 3, self), 0, NULL, NULL, top, 7), 7);
             for (int i = 0; i < 7; i++) ck_assert_ptr_eq(top[i], out[i]);
             /* min_heat 3: exactly the listed ones at least that hot */
             int hot3 = 0;
             for (int i = 0; i < n; i++) hot3 += brk_hot_heat(out[i], t0) >= 3.0;
-            int w = brk_hot_owned(&t, t0, peers, 3, self, 3.0, NULL, NULL, warm, BRK_HOT_MAX);
+            int w = brk_hot_owned(&t, t0, peers, 3, self, hot_req(peers, 3, self), 3.0, NULL, NULL, warm, BRK_HOT_MAX);
             ck_assert_int_eq(w, hot3);
             ck_assert_int_gt(w, 0);
             ck_assert_int_lt(w, n);
@@ -629,7 +637,7 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
     }
     const brk_hot_key_t *out[3][BRK_HOT_MAX];
     int n[3];
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, hot_req(peers, 3, s), 0, NULL, NULL, out[s], BRK_HOT_MAX);
     ck_assert_int_eq(n[0] + n[1] + n[2], 150);
     int w0_would = 0;
     for (int i = 0; i < t.n; i++) {
@@ -649,13 +657,13 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
     ck_assert_int_gt(w0_would, 0); /* keys w0 would own among all went to others */
     /* with w0 alone nobody can run the unipc and prompt keys */
     const brk_hot_key_t *alone[BRK_HOT_MAX];
-    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, 0, NULL, NULL, alone, BRK_HOT_MAX), 50);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 1, 0, hot_req(peers, 1, 0), 0, NULL, NULL, alone, BRK_HOT_MAX), 50);
     for (int i = 0; i < 50; i++) ck_assert_uint_eq(alone[i]->needs, EULER);
 
     /* versions: w0 at 1, w1 and w2 at 2 */
     brk_peer_set_version(&g_peer[1], BRK_COMPONENT, 2);
     brk_peer_set_version(&g_peer[2], BRK_COMPONENT, 2);
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, hot_req(peers, 3, s), 0, NULL, NULL, out[s], BRK_HOT_MAX);
     int both_claim = 0;
     for (int i = 0; i < t.n; i++) {
         const brk_hot_key_t *k = &t.k[i];
@@ -675,6 +683,11 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
     }
     ck_assert_int_gt(both_claim, 0);
     ck_assert_int_eq(n[1] + n[2], 150); /* among the v2 workers every key has its owner */
+    /* the broker's current version is 2: w0, behind it (its sync failed),
+     * owns nothing, as no GEN without a version would be routed to it */
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, 0, 2, 0, NULL, NULL, out[0], BRK_HOT_MAX), 0);
+    ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, 1, 2, 0, NULL, NULL, out[1], BRK_HOT_MAX) +
+                         brk_hot_owned(&t, t0, peers, 3, 2, 2, 0, NULL, NULL, out[2], BRK_HOT_MAX), 150);
 
     /* another model: only the worker serving it */
     memset(&t, 0, sizeof t);
@@ -684,7 +697,7 @@ START_TEST(test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version) {
         brk_hot_note(&t, &k, t0);
     }
     for (int s = 0; s < 3; s++)
-        ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, s, 0, NULL, NULL, out[s], BRK_HOT_MAX), s == 1 ? 20 : 0);
+        ck_assert_int_eq(brk_hot_owned(&t, t0, peers, 3, s, hot_req(peers, 3, s), 0, NULL, NULL, out[s], BRK_HOT_MAX), s == 1 ? 20 : 0);
 }
 END_TEST
 
@@ -716,7 +729,7 @@ START_TEST(test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit) {
     const brk_hot_key_t *out[3][BRK_HOT_MAX];
     int n[3];
     g_bound[0] = 1000, g_bound[1] = 0, g_bound[2] = 0; /* w0 takes only the small ones */
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, hot_req(peers, 3, s), 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
     ck_assert_int_eq(n[0] + n[1] + n[2], 120);
     int moved = 0;
     for (int i = 0; i < t.n; i++) {
@@ -734,7 +747,7 @@ START_TEST(test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit) {
     ck_assert_int_gt(moved, 0); /* big keys w0 would own among all went to w1 and w2 */
     /* nobody fits the big ones: the owner among all keeps them */
     g_bound[0] = g_bound[1] = g_bound[2] = 1000;
-    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
+    for (int s = 0; s < 3; s++) n[s] = brk_hot_owned(&t, t0, peers, 3, s, hot_req(peers, 3, s), 0, fits_bound, g_bound, out[s], BRK_HOT_MAX);
     for (int i = 0; i < t.n; i++)
         for (int s = 0; s < 3; s++)
             ck_assert(hot_in(out[s], n[s], &t.k[i]) == (brk_owner(peers, 3, t.k[i].hash, "small", 1) == s));
@@ -742,13 +755,41 @@ START_TEST(test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit) {
      * key fits: w1 at v1 while w2 (self) runs v2 and fits none of the big */
     brk_peer_set_version(&g_peer[2], BRK_COMPONENT, 2);
     g_bound[0] = 1000, g_bound[1] = 0, g_bound[2] = 1000;
-    n[2] = brk_hot_owned(&t, t0, peers, 3, 2, 0, fits_bound, g_bound, out[2], BRK_HOT_MAX);
+    n[2] = brk_hot_owned(&t, t0, peers, 3, 2, hot_req(peers, 3, 2), 0, fits_bound, g_bound, out[2], BRK_HOT_MAX);
     for (int i = 0; i < t.n; i++) {
         const brk_hot_key_t *k = &t.k[i];
         /* at v2 only w2 is eligible: it owns every key, big ones too (no
          * eligible worker fits them) */
         ck_assert(hot_in(out[2], n[2], k));
     }
+}
+END_TEST
+
+/* brk_worker_fits, the one rule routing (fitting) and prewarm
+ * ownership (hot_fits) share: a sample's tokens F x H/p x W/p with the
+ * patch of the worker's config of the model, against its --max-tokens;
+ * no bound, or no config of the model, fits. */
+START_TEST(test_a_worker_fits_a_sample_by_its_tokens_under_its_patch) {
+    static brk_worker_t w;
+    memset(&w, 0, sizeof w);
+    w.n_configs = 2;
+    snprintf(w.configs[0].name, sizeof w.configs[0].name, "small");
+    w.configs[0].patch = 2;
+    snprintf(w.configs[1].name, sizeof w.configs[1].name, "wan");
+    w.configs[1].patch = 4;
+    const int64_t lat[4] = { 16, 4, 16, 16 }; /* small: 4 x 8 x 8 = 256 tokens; wan: 4 x 4 x 4 = 64 */
+    w.max_tokens = 0;
+    ck_assert(brk_worker_fits(&w, "small", lat)); /* no bound */
+    w.max_tokens = 256;
+    ck_assert(brk_worker_fits(&w, "small", lat)); /* exactly its bound */
+    w.max_tokens = 255;
+    ck_assert(!brk_worker_fits(&w, "small", lat));
+    w.max_tokens = 64;
+    ck_assert(brk_worker_fits(&w, "wan", lat)); /* the model's own patch */
+    ck_assert(!brk_worker_fits(&w, "small", lat));
+    ck_assert(brk_worker_fits(&w, "other", lat)); /* no config: not judged */
+    w.configs[0].patch = 0;
+    ck_assert(brk_worker_fits(&w, "small", lat)); /* a config without its patch: not judged */
 }
 END_TEST
 
@@ -3586,6 +3627,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(tc, test_hot_keys_a_worker_is_listed_are_exactly_those_it_owns);
     tcase_add_test(tc, test_hot_keys_go_only_to_workers_able_to_run_them_at_their_version);
     tcase_add_test(tc, test_hot_keys_go_to_the_owner_among_the_workers_their_samples_fit);
+    tcase_add_test(tc, test_a_worker_fits_a_sample_by_its_tokens_under_its_patch);
     suite_add_tcase(s, tc);
     TCase *sy = tcase_create("sync");
     tcase_set_timeout(sy, 60);

@@ -5,7 +5,8 @@
  * GEMM's column slice, a head of attention: tens of microseconds at
  * least), so a lock per claim costs nothing measurable. Workers start on
  * the first parallel call, one fewer than the size (the caller is one),
- * live as long as the process, and sleep whenever no job has a task left.
+ * live as long as the process, and sleep (after a short watch, below)
+ * whenever no job has a task left.
  * A job lives on its caller's stack: it leaves the list when its last task
  * is claimed, and the caller returns only when every task is done, so no
  * worker touches a job after that. */
@@ -42,6 +43,7 @@ static int sleepers;   /* workers waiting on work_cv */
 static int watchers;   /* workers watching `posted` */
 static unsigned posted; /* jobs posted so far (atomic: watched without mu) */
 static long spin_ns = -1; /* how long an idle thread watches for work before it sleeps; −1 unread */
+static bool spin_always;  /* atomic: watch whatever the load (cpu_pool_spin_set, for tests) */
 static bool atfork_set;
 
 #define SPIN_US_DEFAULT 50
@@ -93,19 +95,23 @@ static int runnable_now(void) {
  * thread waits for, so idle threads then sleep at once. Where
  * /proc/loadavg cannot be read the cores are taken as free. */
 static bool cores_to_spare(void) {
+    if (__atomic_load_n(&spin_always, __ATOMIC_RELAXED)) return true;
     long now = now_ns(), at = __atomic_load_n(&load_at, __ATOMIC_RELAXED);
-    if ((at == 0 || now - at >= LOAD_EVERY_NS) &&
-        __atomic_compare_exchange_n(&load_at, &at, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        int x = runnable_now() * 16;
-        if (x > 0) {
-            int old = __atomic_load_n(&load_x16, __ATOMIC_RELAXED);
-            __atomic_store_n(&load_x16, old < 0 || x > old ? x : (3 * old + x) / 4, __ATOMIC_RELAXED);
-        }
+    int l = __atomic_load_n(&load_x16, __ATOMIC_ACQUIRE); /* >= 0: load_cores is set */
+    /* never read yet: every asker reads (none may watch on a guess); due:
+     * one of them does */
+    if (l < 0 || (now - at >= LOAD_EVERY_NS &&
+                  __atomic_compare_exchange_n(&load_at, &at, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))) {
         if (!__atomic_load_n(&load_cores, __ATOMIC_RELAXED))
             __atomic_store_n(&load_cores, cores_allowed(), __ATOMIC_RELAXED);
+        int x = runnable_now() * 16; /* 0: unreadable, taken as free */
+        int old = __atomic_load_n(&load_x16, __ATOMIC_RELAXED);
+        l = old < 0 || x > old ? x : (3 * old + x) / 4;
+        __atomic_store_n(&load_x16, l, __ATOMIC_RELEASE);
+        __atomic_store_n(&load_at, now, __ATOMIC_RELAXED);
     }
-    int l = __atomic_load_n(&load_x16, __ATOMIC_RELAXED), c = __atomic_load_n(&load_cores, __ATOMIC_RELAXED);
-    return l < 0 || c <= 0 || l <= c * 16 + 8;
+    int c = __atomic_load_n(&load_cores, __ATOMIC_RELAXED);
+    return c <= 0 || l <= c * 16 + 8;
 }
 
 static inline void cpu_relax(void) {
@@ -116,20 +122,21 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Watches *v without mu for up to ns while it still reads `was`. */
-static void spin_while_same(const unsigned *v, unsigned was, long ns) {
+/* Watches *v without mu for up to ns while it still reads `was`; true
+ * when it moved. */
+static bool spin_while_same(const unsigned *v, unsigned was, long ns) {
     long end = now_ns() + ns;
-    for (int i = 1;; i++) {
-        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) != was) return;
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(v, __ATOMIC_ACQUIRE) != was) return true;
         cpu_relax();
-        if (i % 64 == 0 && now_ns() > end) return;
+        if (i % 64 == 0 && now_ns() > end) return false;
     }
 }
 
 /* Watches *done without mu for up to ns while it is below n. */
 static void spin_until_done(const int64_t *done, int64_t n, long ns) {
     long end = now_ns() + ns;
-    for (int i = 1;; i++) {
+    for (unsigned i = 1;; i++) {
         if (__atomic_load_n(done, __ATOMIC_ACQUIRE) >= n) return;
         cpu_relax();
         if (i % 64 == 0 && now_ns() > end) return;
@@ -207,14 +214,16 @@ static void *worker_main(void *arg) {
         while (j && j->helpers >= j->max_helpers) j = j->link;
         if (!j) {
             long ns = spin_locked();
-            if (!spun && ns > 0 && cores_to_spare()) { /* a step's next job comes within microseconds */
+            if (!spun && ns > 0) { /* a step's next job comes within microseconds */
                 unsigned seen = posted;
                 watchers++;
                 pthread_mutex_unlock(&mu);
-                spin_while_same(&posted, seen, ns);
+                /* the load is read outside mu; a watch that saw a post
+                 * (even one another thread took) may watch again */
+                bool moved = cores_to_spare() && spin_while_same(&posted, seen, ns);
                 pthread_mutex_lock(&mu);
                 watchers--;
-                spun = true;
+                spun = !moved;
                 continue;
             }
             spun = false;
@@ -284,9 +293,9 @@ void cpu_par_for(int64_t n, cpu_task_fn fn, void *ctx) {
     while (j.next < j.n) run_task(&j, claim(&j));
     if (j.done < j.n) {
         long ns = spin_locked();
-        if (ns > 0 && cores_to_spare()) {
+        if (ns > 0) {
             pthread_mutex_unlock(&mu);
-            spin_until_done(&j.done, j.n, ns);
+            if (cores_to_spare()) spin_until_done(&j.done, j.n, ns);
             pthread_mutex_lock(&mu);
         }
         while (j.done < j.n) pthread_cond_wait(&done_cv, &mu);
@@ -336,9 +345,10 @@ void kern_cpu_threads_set(int n) {
 
 int kern_cpu_threads(void) { return cpu_pool_threads(); }
 
-void cpu_pool_spin_set(long us) {
+void cpu_pool_spin_set(long us, bool always) {
     pthread_mutex_lock(&mu);
     spin_ns = us < 0 ? -1 : (us > 10000000 ? 10000000 : us) * 1000L;
+    __atomic_store_n(&spin_always, always, __ATOMIC_RELAXED);
     __atomic_store_n(&load_x16, -1, __ATOMIC_RELAXED);
     __atomic_store_n(&load_at, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&mu);

@@ -6,8 +6,8 @@
  * worker's stream threads each drive GEMMs; with more busy threads than
  * cores they took a third of a step's time in sched_yield (issue 31's
  * profile). Here a thread with no task watches for the next one for at
- * most REEL_POOL_SPIN_US (50 us; only while the machine has more cores
- * than runnable threads) and then sleeps on a condition variable, the
+ * most REEL_POOL_SPIN_US (50 us; only while the machine's runnable threads
+ * do not outnumber its cores) and then sleeps on a condition variable, the
  * caller of cpu_par_for runs tasks itself (so nesting or a pool of one can
  * never deadlock), and several callers (streams) share the same threads.
  *
@@ -18,6 +18,7 @@
 #ifndef REEL_KERNELS_CPU_POOL_H
 #define REEL_KERNELS_CPU_POOL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef void (*cpu_task_fn)(void *ctx, int64_t task);
@@ -43,9 +44,11 @@ void kern_cpu_blas_single(void);
 
 /* How long (microseconds, at most 10 s) an idle pool thread watches for
  * work before it sleeps; 0 never watches; negative: back to
- * REEL_POOL_SPIN_US, else 50. Also forgets the machine's load, so the
- * next watch reads it afresh. For tests and benchmarks; cannot fail. */
-void cpu_pool_spin_set(long us);
+ * REEL_POOL_SPIN_US, else 50. always: watch whatever the machine's load
+ * (else only while runnable threads do not outnumber the cores). Also
+ * forgets the load, so the next watch reads it afresh. For tests and
+ * benchmarks; cannot fail. */
+void cpu_pool_spin_set(long us, bool always);
 
 /* The pool's size: threads that may run one cpu_par_for's tasks, the
  * caller included (>= 1). */
