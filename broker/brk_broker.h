@@ -39,6 +39,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "broker/brk_log.h"
 #include "broker/brk_counters.h"
@@ -92,6 +93,21 @@ typedef struct brk_worker {
     char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
     brk_log_budget_t log;      /* what its faulty messages may write to the log (brk_log_limited) */
 } brk_worker_t;
+
+/* Whether a sample of `latent` [C,F,H,W] of `model` fits w's
+ * --max-tokens (READY max_tokens): F x H/p x W/p with the patch p of w's
+ * config of the model. True when w announced no bound or no such config
+ * (not judged). Routing (brk_requests.c) and prewarm ownership
+ * (brk_workers.c) use it alike. */
+static inline bool brk_worker_fits(const brk_worker_t *w, const char *model, const int64_t latent[4]) {
+    if (w->max_tokens <= 0) return true;
+    for (int i = 0; i < w->n_configs; i++)
+        if (!strcmp(w->configs[i].name, model) && w->configs[i].patch) {
+            const int64_t p = (int64_t)w->configs[i].patch;
+            return latent[1] * (latent[2] / p) * (latent[3] / p) <= w->max_tokens;
+        }
+    return true;
+}
 
 typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;
 

@@ -163,7 +163,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
         return;
     }
     brk_sync_joined(b, w);
-    brk_workers_prewarm(b, w, brk_now_ms());
+    brk_workers_prewarm(b, w, brk_now_ms(), brk_current_version(b, BRK_COMPONENT));
 }
 
 /* A final reply that cannot be read still ends the request: the client is
@@ -226,7 +226,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     case MSG_SYNC_ACK:
         if (msg_sync_ack_decode(m, &u->ack, &err) == 0) {
             brk_sync_ack(b, w, m->id, &u->ack);
-            brk_workers_prewarm(b, w, brk_now_ms());
+            brk_workers_prewarm(b, w, brk_now_ms(), brk_current_version(b, BRK_COMPONENT));
         } else {
             brk_log_limited(&w->log, w->route.name, "worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name,
                             err.message);
@@ -343,7 +343,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) brk_ha_answers(b);
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
-        brk_workers_timers(b, now);
+        brk_workers_timers(b, now, brk_current_version(b, BRK_COMPONENT));
         brk_req_timers(b, now);
         brk_sync_timers(b, now);
         brk_upload_timers(b, now);

@@ -22,7 +22,6 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
-#include "broker/brk_workers.h"
 #include "base/error.h"
 
 #define ABANDON_GRACE_MS 30000   /* how long a timed-out running request keeps its slot */

@@ -7,7 +7,6 @@
  * its in-flight work. With keys, a worker's name is bound to its key
  * (brk_zap.h) and a worker whose key a reload removed is dropped. */
 #include "broker/brk_workers.h"
-#include "broker/brk_sync.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -136,23 +135,13 @@ static const char *loop_solver(int loop) {
     return loop == BRK_LOOP_UNIPC ? "unipc" : loop == BRK_LOOP_DPMPP ? "dpm++" : "euler";
 }
 
-bool brk_worker_fits(const brk_worker_t *w, const char *model, const int64_t latent[4]) {
-    if (w->max_tokens <= 0) return true;
-    for (int i = 0; i < w->n_configs; i++)
-        if (!strcmp(w->configs[i].name, model) && w->configs[i].patch) {
-            const int64_t p = (int64_t)w->configs[i].patch;
-            return latent[1] * (latent[2] / p) * (latent[3] / p) <= w->max_tokens;
-        }
-    return true;
-}
-
 /* brk_hot_owned's test: peer i (of the live workers in `ctx`) takes k. */
 static bool hot_fits(void *ctx, int i, const brk_hot_key_t *k) {
     brk_worker_t *const *live = ctx;
     return brk_worker_fits(live[i], k->model, k->latent);
 }
 
-void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
+void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t current) {
     if (!w->prewarm_want || w->prewarm_sent || w->dead || !w->route.routable) return;
     for (int i = 0; i < w->n_syncs; i++)
         if (w->syncs[i].waiting) return;
@@ -169,7 +158,7 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
     int want = w->prewarm_want < MSG_MAX_PREWARM ? w->prewarm_want : MSG_MAX_PREWARM;
     /* as a GEN naming no version needs: the current one (a worker behind
      * it, its sync failed, is sent no keys: none would be routed to it) */
-    int k = brk_hot_owned(&b->hot, now, peers, n, self, brk_current_version(b, BRK_COMPONENT), PREWARM_MIN_HEAT,
+    int k = brk_hot_owned(&b->hot, now, peers, n, self, current, PREWARM_MIN_HEAT,
                           hot_fits, live, hot, want);
     msg_prewarm_key_t keys[MSG_MAX_PREWARM];
     for (int i = 0; i < k; i++) {
@@ -195,8 +184,8 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now) {
             w->prewarm_want == 1 ? "" : "s");
 }
 
-void brk_workers_timers(brk_t *b, int64_t now) {
-    for (int i = 0; i < b->n_w; i++) brk_workers_prewarm(b, b->w[i], now);
+void brk_workers_timers(brk_t *b, int64_t now, uint64_t current) {
+    for (int i = 0; i < b->n_w; i++) brk_workers_prewarm(b, b->w[i], now, current);
     if (now >= b->next_heartbeat_ms) {
         b->next_heartbeat_ms = now + b->opt.heartbeat_ms;
         for (int i = 0; i < b->n_w; i++) {

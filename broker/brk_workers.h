@@ -24,20 +24,17 @@ bool brk_workers_heard(brk_t *b, brk_worker_t *w);
  * or without a key hash are skipped and counted in one log line. */
 void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev);
 /* Sends HEARTBEAT to every worker when due; marks silent ones dead, and
- * those whose key left the allowlist (a reload). */
-void brk_workers_timers(brk_t *b, int64_t now);
-/* Whether a sample of `latent` [C,F,H,W] of `model` fits w's
- * --max-tokens (READY max_tokens): F x H/p x W/p with the patch p of w's
- * config of the model. True when w announced no bound or no such config
- * (not judged). Routing (brk_requests.c) and prewarm ownership use it
- * alike. */
-bool brk_worker_fits(const brk_worker_t *w, const char *model, const int64_t latent[4]);
+ * those whose key left the allowlist (a reload); sends the PREWARMs due
+ * (current: the transformer's current version, brk_workers_prewarm's). */
+void brk_workers_timers(brk_t *b, int64_t now, uint64_t current);
 /* w's PREWARM, once, when its READY asked (`prewarm` K): the K hottest
  * keys it owns now (brk_hot.h), sent once the syncs it was sent on joining
  * are answered (so it captures on the version it will serve); called at
  * READY and SYNC_ACK, before requests are routed to it (so the PREWARM
- * comes first), and by the timers. An empty list goes too. */
-void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now);
+ * comes first), and by the timers. An empty list goes too. Owning is
+ * judged at `current`, the transformer's current version (what a GEN
+ * naming no version needs; the loop passes brk_current_version's). */
+void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t current);
 /* Index of a dead worker in b->w, or -1 when none is. */
 int brk_workers_next_dead(const brk_t *b);
 /* Takes worker i out of b->w (the catalog hears why) and returns it; the

@@ -29,7 +29,6 @@
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
 #include "broker/brk_upload.h"
-#include "broker/brk_workers.h"
 #include "broker/brk_upload_int.h"
 #include "broker/brk_zap.h"
 #include "capture_cache/key.h"
