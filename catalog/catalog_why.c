@@ -160,10 +160,10 @@ static const char *text(const json_t *o, const char *k) {
  * corrupt catalog may hold any double). */
 static const char *when(double t, char buf[40]) {
     struct tm tm;
-    double s = floor(t);
     if (!isfinite(t) || t < 0 || t > 1e12) return "?";
-    time_t secs = (time_t)s;
-    unsigned ms = (unsigned)((t - s) * 1000.0) % 1000u;
+    long long all_ms = llround(t * 1000.0); /* rounded: 1011.1 is .100, not .099 */
+    time_t secs = (time_t)(all_ms / 1000);
+    unsigned ms = (unsigned)(all_ms % 1000);
     char day[24];
     if (!gmtime_r(&secs, &tm) || !strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm)) return "?";
     snprintf(buf, 40, "%.23s.%03uZ", day, ms);

@@ -50,15 +50,15 @@ static void put_secs(FILE *out, const json_t *o, const char *k) {
 /* t as UTC ISO-8601 to the millisecond ("?" for no time a clock gives). */
 static void put_time(FILE *out, double t) {
     struct tm tm;
-    double s = floor(t);
-    time_t secs = (time_t)(isfinite(t) && t >= 0 && t <= 1e12 ? s : 0);
+    bool ok = isfinite(t) && t >= 0 && t <= 1e12;
+    long long all_ms = ok ? llround(t * 1000.0) : 0; /* rounded: 1011.1 is .100, not .099 */
+    time_t secs = (time_t)(all_ms / 1000);
     char day[24];
-    if (!isfinite(t) || t < 0 || t > 1e12 || !gmtime_r(&secs, &tm) ||
-        !strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm)) {
+    if (!ok || !gmtime_r(&secs, &tm) || !strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm)) {
         fputc('?', out);
         return;
     }
-    fprintf(out, "%s.%03uZ", day, (unsigned)((t - s) * 1000.0) % 1000u);
+    fprintf(out, "%s.%03uZ", day, (unsigned)(all_ms % 1000));
 }
 
 /* Adds "time" (to the millisecond; rows stamped after the request's end
