@@ -55,7 +55,7 @@ json_t *cat_query_artifacts(cat_t *c);
  * from key_texts and the text's weight versions, or null), captures and
  * evictions (oldest first, the newest 50 of each: the worker's rows of
  * its capture key and of the same key at other weight versions, up to
- * its end; its own capture up to 2 s later, after_end, since workers
+ * its end; its own capture up to 5 s later, after_end, since workers
  * send events in batches; this_key marks its own key), totals {captures,
  * evictions (all such rows), first_capture, captures_before (of its own
  * key before its work began), own_capture}, declines {reason: count} of

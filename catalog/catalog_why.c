@@ -31,7 +31,7 @@
 #include "base/error.h"
 #include "catalog/catalog_impl.h"
 
-#define WHY_EVENT_LAG 2.0
+#define WHY_EVENT_LAG 5.0
 #define WHY_HISTORY_MAX 50
 #define WHY_STR_(x) #x
 #define WHY_STR(x) WHY_STR_(x)
