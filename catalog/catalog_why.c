@@ -287,7 +287,10 @@ static int verdict(cat_t *c, json_t *root) {
                     "of it that explains this", ratio, n, worker, secs, median);
         } else {
             kind = "replayed";
-            say(&v, "every step replayed: its %.3f s is the steps' own", secs);
+            if (json_is_number(json_object_get(r, "seconds")))
+                say(&v, "every step replayed: its %.3f s is the steps' own", secs);
+            else
+                say(&v, "every step replayed (the catalog holds no time for it)");
             if (n > 0 && json_is_number(json_object_get(peers, "median_seconds")))
                 say(&v, " (the median of the %lld other ok requests of this key on %.64s is %.3f s)", n, worker,
                     median);
