@@ -100,7 +100,7 @@ CTL_SRC  = $(wildcard ctl/*.c)
 CTL_OBJ  = $(CTL_SRC:%.c=$(BUILD)/%.o)
 # reelctl's catalog reports (tables, JSON, Prometheus text): test_catalog
 # and the catalog fuzzer link them too.
-REPORT_SRC = ctl/report.c ctl/report_table.c
+REPORT_SRC = ctl/report.c ctl/report_table.c ctl/report_why.c
 REPORT_OBJ = $(REPORT_SRC:%.c=$(BUILD)/%.o)
 REELCTL  = $(BUILD)/reelctl
 

@@ -1,12 +1,15 @@
 /* catalog_impl.h -- what the catalog's own files share (internal to
  * catalog/: catalog_db.c, the SQLite helpers; catalog_rollup.c, the
  * summaries; catalog.c, the store; catalog_prune.c, retention;
- * catalog_query.c, the report queries; catalog_merge.c, the union of two
- * catalogs -- each calls only the ones before it). The schema it migrates to is schema/catalog_schema.h. */
+ * catalog_query.c, the report queries; catalog_why.c, one request joined
+ * to its graph's history; catalog_merge.c, the union of two catalogs --
+ * each calls only the ones before it). The schema it migrates to is schema/catalog_schema.h. */
 #ifndef REEL_CATALOG_CATALOG_IMPL_H
 #define REEL_CATALOG_CATALOG_IMPL_H
 
+#include <jansson.h>
 #include <sqlite3.h>
+#include <stdbool.h>
 
 #include "catalog/catalog.h"
 #include "schema/catalog_schema.h"
@@ -45,5 +48,22 @@ int cat_db_fail(const cat_t *c, const char *what);
 int cat_exec(cat_t *c, const char *sql, const char *what);
 /* Binds v to parameter i: NULL binds NULL. A SQLite result code. */
 int cat_bind_text(sqlite3_stmt *s, int i, const char *v);
+
+/* The report helpers (catalog_query.c) the queries of other files share.
+ * cat_q_reader: sql prepared, or NULL with "catalog PATH: prepare report:
+ * ..." set. cat_q_collect: steps s to the end; mode 'o': each row an
+ * object keyed by column name (the queries' aliases are the JSON keys),
+ * 'v': the first column of each row, 'k': one object mapping column 0 to
+ * column 1; strings that are not UTF-8 get '?' for each byte >= 0x80, a
+ * non-finite REAL is null. Resets s (bindings stay); NULL with a message
+ * on failure. cat_q_begin: opens the read transaction one report reads
+ * (inside a writer's batch: the batch as it stands, its summaries
+ * flushed); *own_txn says whether cat_q_end must close it. 0, or -1 with
+ * a message. cat_q_end: commits (ok) or rolls back what cat_q_begin
+ * opened; cannot fail. */
+sqlite3_stmt *cat_q_reader(cat_t *c, const char *sql);
+json_t *cat_q_collect(cat_t *c, sqlite3_stmt *s, char mode);
+int cat_q_begin(cat_t *c, bool *own_txn);
+void cat_q_end(cat_t *c, bool own_txn, bool ok);
 
 #endif

@@ -25,7 +25,7 @@
 #define CAT_STR_(x) #x
 #define CAT_STR(x) CAT_STR_(x)
 
-static sqlite3_stmt *reader(cat_t *c, const char *sql) {
+sqlite3_stmt *cat_q_reader(cat_t *c, const char *sql) {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) {
         cat_db_fail(c, "prepare report");
@@ -65,11 +65,8 @@ static json_t *column_json(sqlite3_stmt *s, int i) {
     }
 }
 
-/* Steps s to the end. mode 'o': each row an object keyed by column name
- * (the queries' aliases are the JSON keys); 'v': the first column of each
- * row; 'k': one object mapping column 0 to column 1. Resets s (bindings
- * stay). NULL with a message on failure. */
-static json_t *collect(cat_t *c, sqlite3_stmt *s, char mode) {
+/* Steps s to the end (catalog_impl.h). */
+json_t *cat_q_collect(cat_t *c, sqlite3_stmt *s, char mode) {
     json_t *all = mode == 'k' ? json_object() : json_array();
     if (!all) goto oom;
     int rc;
@@ -113,9 +110,9 @@ oom:
 
 /* A whole query with no parameters, as an array of row objects. */
 static json_t *query_rows(cat_t *c, const char *sql) {
-    sqlite3_stmt *s = reader(c, sql);
+    sqlite3_stmt *s = cat_q_reader(c, sql);
     if (!s) return NULL;
-    json_t *rows = collect(c, s, 'o');
+    json_t *rows = cat_q_collect(c, s, 'o');
     sqlite3_finalize(s);
     return rows;
 }
@@ -124,7 +121,7 @@ static json_t *query_rows(cat_t *c, const char *sql) {
  * once per row of rows and stores what it collects as row[field]. */
 static int attach(cat_t *c, json_t *rows, const char *sql, const char *key, const char *key2,
                   char mode, const char *field) {
-    sqlite3_stmt *s = reader(c, sql);
+    sqlite3_stmt *s = cat_q_reader(c, sql);
     if (!s) return -1;
     size_t i;
     json_t *row;
@@ -138,7 +135,7 @@ static int attach(cat_t *c, json_t *rows, const char *sql, const char *key, cons
             else if (json_is_integer(v)) b |= sqlite3_bind_int64(s, k + 1, json_integer_value(v));
             else b |= sqlite3_bind_null(s, k + 1);
         }
-        json_t *got = b == SQLITE_OK ? collect(c, s, mode) : NULL;
+        json_t *got = b == SQLITE_OK ? cat_q_collect(c, s, mode) : NULL;
         if (b != SQLITE_OK) cat_db_fail(c, "bind report query");
         if (!got || json_object_set_new(row, field, got) != 0) {
             ret = -1;
@@ -154,13 +151,22 @@ typedef json_t *(*build_fn)(cat_t *c);
 /* Builds a report inside one read transaction, so that the totals of one
  * report agree with each other. On the writer's connection inside a batch
  * it reads the batch as it stands. NULL with a message on failure. */
-static json_t *snapshot(cat_t *c, build_fn build) {
-    bool own_txn = sqlite3_get_autocommit(c->db);
-    if (own_txn && cat_exec(c, "BEGIN", "begin report") != 0) return NULL;
+int cat_q_begin(cat_t *c, bool *own_txn) {
+    *own_txn = sqlite3_get_autocommit(c->db);
+    if (*own_txn) return cat_exec(c, "BEGIN", "begin report");
     /* Inside a batch: its summaries as they stand, too. */
-    if (!own_txn && cat_roll_flush(c) != 0) return NULL;
+    return cat_roll_flush(c);
+}
+
+void cat_q_end(cat_t *c, bool own_txn, bool ok) {
+    if (own_txn) sqlite3_exec(c->db, ok ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+}
+
+static json_t *snapshot(cat_t *c, build_fn build) {
+    bool own_txn;
+    if (cat_q_begin(c, &own_txn) != 0) return NULL;
     json_t *root = build(c);
-    if (own_txn) sqlite3_exec(c->db, root ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    cat_q_end(c, own_txn, root != NULL);
     return root;
 }
 

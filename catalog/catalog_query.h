@@ -46,6 +46,30 @@ json_t *cat_query_requests(cat_t *c);
  * same "artifacts" array. */
 json_t *cat_query_artifacts(cat_t *c);
 
+/* One request joined to its graph's history (`reelctl why`;
+ * catalog_why.c): the newest row of requests whose client id is `id` (on
+ * `worker` when not NULL), else of slow_requests (what retention keeps).
+ * {request (the row; started: t less its seconds, encode and decode),
+ * source ("requests" or "slow_requests"), matches (rows with that id
+ * there), until (its end), key_text and weights (its capture key's text
+ * from key_texts and the text's weight versions, or null), captures and
+ * evictions (oldest first, the newest 50 of each: the worker's rows of
+ * its capture key and of the same key at other weight versions, up to
+ * its end; its own capture up to 5 s later, after_end, since workers
+ * send events in batches; this_key marks its own key), totals {captures,
+ * evictions (all such rows), first_capture, captures_before (of its own
+ * key before its work began), own_capture}, declines {reason: count} of
+ * its key on the worker, peers {count, median_seconds, ratio: the other
+ * ok requests of its key on the worker}, verdict {kind, text}}. kind:
+ * failed, no_capture_key, evicted (the graph was evicted before it and
+ * it paid to capture again), new_key (no capture of its key on the
+ * worker before it), eager (eager or capturing steps though the key was
+ * captured before), replayed, replayed_slow (every step replayed, at 2x
+ * its peers' median or more), no_steps. A request without a capture key
+ * has no history (empty lists). NULL with REEL_E_NOT_FOUND when no row
+ * has the id, else with the catalog's error. */
+json_t *cat_query_why(cat_t *c, long long id, const char *worker);
+
 /* What `reelctl report --html` draws, from the rows at or after `since`
  * (UNIX seconds; 0 = all): {since, t0, t1 (the requests' time range),
  * bucket_seconds, buckets, requests, timeline [{bucket, requests,

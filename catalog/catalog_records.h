@@ -171,7 +171,7 @@
  * is the capture key hash its last step ran under (the key captures,
  * replays, declines and evictions are recorded by; NULL for a request
  * without a RESULT), eager_reasons why its eager steps ran eager
- * ("warmup=2,budget=1"; NULL when none did). */
+ * ("warming_up=2,budget_exceeded=1"; NULL when none did). */
 #define CAT_REQUEST(F)                                                                             \
     F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(INT, captured)    \
     F(INT, replayed) F(INT, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \

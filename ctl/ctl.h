@@ -43,6 +43,7 @@ int cmd_report(int argc, char **argv);
  * set (the broker's own error as ctl_fail_wire says it). */
 int ctl_broker_metrics(const char *broker, FILE *out);
 int cmd_catalog(int argc, char **argv);
+int cmd_why(int argc, char **argv);        /* why ID (cmd_why.c) */
 int cmd_keys(int argc, char **argv);       /* keys new (cmd_keys.c) */
 int cmd_tokenize(int argc, char **argv);   /* tokenize (cmd_text.c) */
 int cmd_plan(int argc, char **argv);       /* plan (cmd_plan.c) */

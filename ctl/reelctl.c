@@ -110,6 +110,10 @@ static const char usage[] =
     "                              workers, keys, the slowest requests (SVG, no network)\n"
     "  metrics [--broker EP]       the stats counters in the Prometheus text format (with\n"
     "                              --broker, the broker's live counters too: peers, catalog)\n"
+    "  why ID [--worker NAME]      why request ID (as `requests` shows it; the newest with it)\n"
+    "                              took its time: its steps (captured, replayed, eager and why),\n"
+    "                              its capture key's captures and evictions on its worker up to\n"
+    "                              its end, its key's other requests' median, and a verdict\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 
@@ -174,6 +178,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "status")) return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "top")) return cmd_top(argc - 1, argv + 1);
     if (!strcmp(cmd, "report")) return cmd_report(argc - 1, argv + 1);
+    if (!strcmp(cmd, "why")) return cmd_why(argc - 1, argv + 1);
     if (!strcmp(cmd, "keys") && argc > 2 && !strcmp(argv[2], "new")) return cmd_keys(argc - 2, argv + 2);
     if (!strcmp(cmd, "stats") || !strcmp(cmd, "keys") || !strcmp(cmd, "evictions") ||
         !strcmp(cmd, "versions") || !strcmp(cmd, "workers") || !strcmp(cmd, "requests") ||

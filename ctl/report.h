@@ -35,6 +35,11 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit);
 int ctl_report_workers(cat_t *c, bool json, FILE *out);
 int ctl_report_requests(cat_t *c, bool json, FILE *out);
 int ctl_report_metrics(cat_t *c, FILE *out);
+/* `reelctl why` (report_why.c): request `id` (the newest with it, on
+ * `worker` when not NULL) joined to its graph's history and a verdict,
+ * as cat_query_why gives it (catalog/catalog_query.h); not_found when no
+ * row has the id. */
+int ctl_report_why(cat_t *c, long long id, const char *worker, bool json, FILE *out);
 /* Kernel artifacts: per artifact, then per (worker, artifact, kernel key). */
 int ctl_report_artifacts(cat_t *c, bool json, FILE *out);
 

@@ -322,7 +322,7 @@ ALTER TABLE requests ADD COLUMN padded_rows INTEGER NOT NULL DEFAULT 0;
 -- Migration 12: a request's capture key (the hash its last step's graph
 -- is recorded by in captures, replays, declines and evictions; NULL for a
 -- request that ended without a RESULT) and why its eager steps ran eager
--- ("warmup=2,budget=1"; NULL when none did): `reelctl why` joins a
+-- ("warming_up=2,budget_exceeded=1"; NULL when none did): `reelctl why` joins a
 -- request to its graph's history. The slowest requests keep both.
 ALTER TABLE requests ADD COLUMN capture_key TEXT;
 ALTER TABLE requests ADD COLUMN eager_reasons TEXT;

@@ -1557,6 +1557,240 @@ START_TEST(test_versions_report_lists_the_newest_of_each_component_and_says_when
 }
 END_TEST
 
+/* ---- reelctl why ---------------------------------------------------------- */
+
+/* A key text at weight version v: the same graph at every v, as a worker
+ * keys it (capture_cache/key.h). */
+#define WHY_KEY(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler" \
+    " inputs=latent:F32[4,2,8,8] weights=transformer@" v " graph=dtype:F32,cfg:cond,expert:-,sched:f32"
+#define WHY_A1 "00000000000000a1" /* the key at v1 */
+#define WHY_A2 "00000000000000a2" /* the same graph at v2 */
+#define WHY_SHARD "5555555555555555"
+
+/* One ok request of w's capture key ck ending at t. */
+static void why_request(cat_t *c, uint64_t id, const char *w, uint64_t version, int captured, int replayed,
+                        int eager, double seconds, const char *ck, const char *why, double t) {
+    TS_OK(cat_request(c, id, w, WHY_SHARD, version, captured + replayed + eager, captured, replayed, eager, seconds,
+                      "ok", 0.01, 0.02, 0, 0, 0, ck, why, t));
+}
+
+/* The history the why tests read: on w0 the key is captured by its first
+ * request (its capture reaches the broker after the request's end, as
+ * workers send events in batches), replayed, evicted by a sync to v2 and
+ * captured again at v2 by the next request; another key on w0 and the
+ * same key on w1 must stay out of w0's history; request 2's id comes back
+ * on w1 (ids restart with their client); request 5 failed. */
+static void write_why_history(cat_t *c) {
+    why_request(c, 1, "w0", 1, 1, 3, 2, 0.5, WHY_A1, "warming_up=2", 1000.0);
+    TS_OK(cat_capture(c, "w0", WHY_KEY("1"), WHY_A1, 0, 4096, 12, 0.05, 1, NULL, 1000.2));
+    TS_OK(cat_decline(c, "w0", WHY_KEY("1"), WHY_A1, "warming_up", 2, 1000.2));
+    TS_OK(cat_capture(c, "w0", "reel-key/1 other graph", "00000000000000b1", 0, 1, 1, 0.1, 1, NULL, 1000.5));
+    TS_OK(cat_capture(c, "w1", WHY_KEY("1"), WHY_A1, 0, 1, 1, 0.1, 1, NULL, 1000.6));
+    why_request(c, 2, "w0", 1, 0, 6, 0, 0.1, WHY_A1, NULL, 1001.0);
+    why_request(c, 3, "w0", 1, 0, 6, 0, 0.12, WHY_A1, NULL, 1002.0);
+    why_request(c, 4, "w0", 1, 0, 6, 0, 0.9, WHY_A1, NULL, 1003.0);
+    TS_OK(cat_request(c, 5, "w0", WHY_SHARD, 1, 6, 0, 0, 0, 3.0, "timeout", 0, 0, 0, 0, 0, NULL, NULL, 1004.0));
+    why_request(c, 8, "w0", 1, 0, 6, 0, 0.2, WHY_A1, NULL, 1005.0);
+    why_request(c, 10, "w0", 1, 0, 4, 2, 0.3, WHY_A1, "budget_exceeded=2", 1006.0);
+    TS_OK(cat_eviction(c, "w0", WHY_KEY("1"), WHY_A1, "weight_sync", "transformer", 1, 2, 2, 1010.0));
+    why_request(c, 6, "w0", 2, 1, 3, 2, 0.6, WHY_A2, "warming_up=2", 1011.0);
+    TS_OK(cat_capture(c, "w0", WHY_KEY("2"), WHY_A2, 0, 4096, 12, 0.05, 2, NULL, 1011.1));
+    why_request(c, 2, "w1", 1, 0, 6, 0, 0.1, WHY_A1, NULL, 1012.0);
+    why_request(c, 9, "w0", 2, 0, 6, 0, 0.3, WHY_A2, NULL, 1013.0);
+    why_request(c, 11, "w0", 2, 0, 6, 0, 0.5, WHY_A2, NULL, 1014.0);
+}
+
+static json_t *why_ok(cat_t *c, long long id, const char *worker) {
+    json_t *j = cat_query_why(c, id, worker);
+    ck_assert_msg(j != NULL, "why %lld: %s", id, reel_err_text());
+    return j;
+}
+
+static const char *why_kind(const json_t *j) { return jstr(json_object_get(j, "verdict"), "kind"); }
+static const char *why_text(const json_t *j) { return jstr(json_object_get(j, "verdict"), "text"); }
+
+START_TEST(test_why_the_first_request_of_a_key_ran_warmup_and_made_its_first_capture) {
+    cat_t *w = open_ok(false);
+    write_why_history(w);
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 1, NULL);
+    ck_assert_str_eq(why_kind(j), "new_key");
+    /* its own capture, reported 0.2 s after its end; not w0's other key,
+     * not w1's capture of the same key */
+    json_t *caps = json_object_get(j, "captures");
+    ck_assert_uint_eq(json_array_size(caps), 1);
+    ck_assert_str_eq(jstr(json_array_get(caps, 0), "key_hash"), WHY_A1);
+    ck_assert(json_is_true(json_object_get(json_array_get(caps, 0), "this_key")));
+    ck_assert(json_is_true(json_object_get(json_array_get(caps, 0), "after_end")));
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "evictions")), 0);
+    ck_assert_str_eq(jstr(j, "weights"), "transformer@1");
+    ck_assert_int_eq(jint(json_object_get(j, "declines"), "warming_up"), 2);
+    const char *t = why_text(j);
+    ck_assert_msg(strstr(t, "2 of its 6 steps ran eager (warming_up=2) and 1 was captured: the key was new on w0") &&
+                      strstr(t, "first capture is at 1970-01-01T00:16:40.200Z, by this request") &&
+                      strstr(t, "warmup steps before the graph is captured"),
+                  "%s", t);
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+/* The median of the other ok requests of the key on the worker: even and
+ * odd counts, the request itself and other keys' and workers' left out. */
+START_TEST(test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests) {
+    cat_t *w = open_ok(false);
+    write_why_history(w);
+    cat_t *c = open_ok(true);
+    /* id 2 twice: the newest is w1's; --worker w0 picks the older */
+    json_t *j = why_ok(c, 2, NULL);
+    ck_assert_str_eq(jstr(json_object_get(j, "request"), "worker"), "w1");
+    ck_assert_int_eq(jint(j, "matches"), 2);
+    json_decref(j);
+    j = why_ok(c, 2, "w0");
+    ck_assert_int_eq(jint(j, "matches"), 1);
+    ck_assert_str_eq(why_kind(j), "replayed");
+    ck_assert_msg(strstr(why_text(j), "every step replayed: its 0.100 s is the steps' own"), "%s", why_text(j));
+    json_t *p = json_object_get(j, "peers");
+    /* 1, 3, 4, 8, 10: 0.5 0.12 0.9 0.2 0.3 -> 0.3 */
+    ck_assert_int_eq(jint(p, "count"), 5);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(p, "median_seconds")), 0.3, 1e-12);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "captures")), 1); /* before its end: the v1 capture */
+    json_decref(j);
+    /* request 4: 0.9 s against 1, 2, 3, 8, 10 (0.5 0.1 0.12 0.2 0.3: 0.2) */
+    j = why_ok(c, 4, NULL);
+    ck_assert_str_eq(why_kind(j), "replayed_slow");
+    ck_assert_double_eq_tol(json_number_value(json_object_get(json_object_get(j, "peers"), "ratio")), 4.5, 1e-9);
+    json_decref(j);
+    /* v2's requests (6, 9, 11): 9 against 6 and 11, an even count */
+    j = why_ok(c, 9, NULL);
+    ck_assert_int_eq(jint(json_object_get(j, "peers"), "count"), 2);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(json_object_get(j, "peers"), "median_seconds")), 0.55,
+                            1e-12);
+    json_decref(j);
+    /* request 10 against 1, 2, 3, 4 and 8 */
+    j = why_ok(c, 10, NULL);
+    ck_assert_str_eq(why_kind(j), "eager"); /* eager though the key was captured before */
+    ck_assert_int_eq(jint(json_object_get(j, "peers"), "count"), 5);
+    /* 0.5 0.1 0.12 0.9 0.2 -> 0.2 */
+    ck_assert_double_eq_tol(json_number_value(json_object_get(json_object_get(j, "peers"), "median_seconds")), 0.2,
+                            1e-12);
+    ck_assert_msg(strstr(why_text(j), "budget_exceeded=2) although the key had been captured on w0 before"), "%s",
+                  why_text(j));
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_the_old_version) {
+    cat_t *w = open_ok(false);
+    write_why_history(w);
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 6, NULL);
+    ck_assert_str_eq(why_kind(j), "evicted");
+    json_t *evs = json_object_get(j, "evictions"), *caps = json_object_get(j, "captures");
+    ck_assert_uint_eq(json_array_size(evs), 1);
+    json_t *e = json_array_get(evs, 0);
+    ck_assert_str_eq(jstr(e, "key_hash"), WHY_A1); /* the graph at v1: another capture key */
+    ck_assert(json_is_false(json_object_get(e, "this_key")));
+    ck_assert_str_eq(jstr(e, "reason"), "weight_sync");
+    ck_assert_int_eq(jint(e, "from_version"), 1);
+    ck_assert_int_eq(jint(e, "to_version"), 2);
+    /* the v1 capture and its own v2 one, oldest first; not the other key's */
+    ck_assert_uint_eq(json_array_size(caps), 2);
+    ck_assert_str_eq(jstr(json_array_get(caps, 0), "key_hash"), WHY_A1);
+    ck_assert_str_eq(jstr(json_array_get(caps, 1), "key_hash"), WHY_A2);
+    ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 0);
+    const char *t = why_text(j);
+    ck_assert_msg(strstr(t, "its graph was evicted at 1970-01-01T00:16:50.000Z (weight_sync, transformer v1 -> v2)"
+                            " and captured again by this request at 1970-01-01T00:16:51.100Z") &&
+                      strstr(t, "weights=transformer@1, now weights=transformer@2"),
+                  "%s", t);
+    json_decref(j);
+    /* a request of the v1 key before the sync: the later eviction is no
+     * part of its history */
+    j = why_ok(c, 8, NULL);
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "evictions")), 0);
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+START_TEST(test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_not_found) {
+    cat_t *w = open_ok(false);
+    write_why_history(w);
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 5, NULL);
+    ck_assert_str_eq(why_kind(j), "failed");
+    ck_assert_str_eq(why_text(j), "failed: timeout after 3.000 s (no RESULT: the catalog holds no capture key for it)");
+    ck_assert_uint_eq(json_array_size(json_object_get(j, "captures")), 0);
+    json_decref(j);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_why(c, 5, NULL, false, f), 0);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "verdict: failed: timeout") && !strstr(buf, "captures of its graph"), "%s", buf);
+    free(buf);
+    ck_assert_ptr_null(cat_query_why(c, 999, NULL));
+    ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND);
+    ck_assert_msg(strstr(reel_err_text(), "no request 999"), "%s", reel_err_text());
+    ck_assert_ptr_null(cat_query_why(c, 1, "w9"));
+    ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND);
+    ck_assert_msg(strstr(reel_err_text(), "no request 1 on worker w9 (1 on other workers)"), "%s", reel_err_text());
+    cat_close(&c);
+    cat_close(&w);
+}
+END_TEST
+
+/* Retention prunes raw requests but keeps each hour's slowest: why reads
+ * those, and says the time split is unknown (null), not 0. */
+START_TEST(test_why_reads_the_slowest_requests_once_retention_pruned_the_raw_row) {
+    cat_t *w = open_ok(false);
+    write_why_history(w);
+    cat_close(&w);
+    cat_t *c = reopened_without_raw_requests();
+    json_t *j = why_ok(c, 4, NULL);
+    ck_assert_str_eq(jstr(j, "source"), "slow_requests");
+    ck_assert(json_is_null(json_object_get(json_object_get(j, "request"), "encode_seconds")));
+    ck_assert_str_eq(jstr(json_object_get(j, "request"), "capture_key"), WHY_A1);
+    json_decref(j);
+    cat_close(&c);
+}
+END_TEST
+
+/* Key texts and names come from the network: the text output masks their
+ * control characters, and the JSON stays one valid line. */
+START_TEST(test_why_masks_control_characters_of_the_catalog) {
+    cat_t *c = open_ok(false);
+    TS_OK(cat_request(c, 7, "w\x1b[2J", WHY_SHARD, 1, 2, 1, 0, 1, 0.1, "ok", 0, 0, 0, 0, 0, "00000000000000c1",
+                      "warm\nup=1", 1000.0));
+    TS_OK(cat_capture(c, "w\x1b[2J", "reel-key/1 x\r\nforged weights=t@1 graph=\xff", "00000000000000c1", 0, 1, 1,
+                      0.1, 1, NULL, 1000.1));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_why(c, 7, NULL, false, f), 0);
+    fclose(f);
+    for (char *p = buf; *p; p++) ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "control byte in %s", buf);
+    ck_assert_ptr_null(strstr(buf, "\nforged"));
+    ck_assert_ptr_nonnull(strstr(buf, "warm?up=1"));
+    free(buf);
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    ck_assert_int_eq(ctl_report_why(c, 7, NULL, true, f), 0);
+    fclose(f);
+    json_error_t je;
+    json_t *j = json_loads(buf, 0, &je);
+    ck_assert_msg(j && strchr(buf, '\n') == buf + len - 1, "%s: %s", je.text, buf);
+    json_decref(j);
+    free(buf);
+    cat_close(&c);
+}
+END_TEST
+
 static Suite *catalog_suite(void) {
     Suite *s = suite_create("catalog");
     TCase *tc = tcase_create("catalog");
@@ -1604,6 +1838,12 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_sqlite_uris_and_symlinked_catalogs_are_refused);
     tcase_add_test(tc, test_merged_catalogs_hold_each_request_once_and_add_their_summaries);
     tcase_add_test(tc, test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors);
+    tcase_add_test(tc, test_why_the_first_request_of_a_key_ran_warmup_and_made_its_first_capture);
+    tcase_add_test(tc, test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests);
+    tcase_add_test(tc, test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_the_old_version);
+    tcase_add_test(tc, test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_not_found);
+    tcase_add_test(tc, test_why_reads_the_slowest_requests_once_retention_pruned_the_raw_row);
+    tcase_add_test(tc, test_why_masks_control_characters_of_the_catalog);
     suite_add_tcase(s, tc);
     return s;
 }
