@@ -41,6 +41,7 @@ static int workers;    /* started */
 static int busy;       /* workers on a job now */
 static int sleepers;   /* workers waiting on work_cv */
 static int watchers;   /* workers watching `posted` */
+static int unclaimed;  /* of them, those no post has counted on yet (<= watchers) */
 static unsigned posted; /* jobs posted so far (atomic: watched without mu) */
 static long spin_ns = -1; /* how long an idle thread watches for work before it sleeps; −1 unread */
 static bool spin_always;  /* atomic: watch whatever the load (cpu_pool_spin_set, for tests) */
@@ -176,7 +177,7 @@ static void after_fork_child(void) {
     pthread_cond_init(&work_cv, NULL);
     pthread_cond_init(&done_cv, NULL);
     jobs = NULL;
-    workers = busy = sleepers = watchers = 0;
+    workers = busy = sleepers = watchers = unclaimed = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -217,12 +218,14 @@ static void *worker_main(void *arg) {
             if (!spun && ns > 0) { /* a step's next job comes within microseconds */
                 unsigned seen = posted;
                 watchers++;
+                unclaimed++;
                 pthread_mutex_unlock(&mu);
                 /* the load is read outside mu; a watch that saw a post
                  * (even one another thread took) may watch again */
                 bool moved = cores_to_spare() && spin_while_same(&posted, seen, ns);
                 pthread_mutex_lock(&mu);
                 watchers--;
+                if (unclaimed > watchers) unclaimed = watchers;
                 spun = !moved;
                 continue;
             }
@@ -286,8 +289,12 @@ void cpu_par_for(int64_t n, cpu_task_fn fn, void *ctx) {
     while (*tail) tail = &(*tail)->link;
     *tail = &j;
     __atomic_add_fetch(&posted, 1, __ATOMIC_RELEASE);
-    /* helpers wanted, less those watching (they see `posted` move) */
-    int wake = (int)(n - 1 < sz - 1 ? n - 1 : sz - 1) - watchers;
+    /* helpers wanted, less the watchers no earlier post counted on (they
+     * see `posted` move), the rest from the sleepers */
+    int wake = (int)(n - 1 < sz - 1 ? n - 1 : sz - 1);
+    int counted = wake < unclaimed ? wake : unclaimed;
+    unclaimed -= counted;
+    wake -= counted;
     if (wake > sleepers) wake = sleepers;
     for (int i = 0; i < wake; i++) pthread_cond_signal(&work_cv);
     while (j.next < j.n) run_task(&j, claim(&j));
