@@ -157,6 +157,14 @@ REPORT=/tmp/reel-demo-report.html
 "$R" report --html "$REPORT" --catalog "$DB" && echo "the same as a page to look at (charts, no network): $REPORT"
 echo
 
+echo "why was the slowest request slow? (reelctl why: the request joined to its graph's history on its worker)"
+slow=$(/usr/bin/sqlite3 -separator ' ' "$DB" "select id, worker from requests where status = 'ok' order by seconds desc limit 1")
+if [ -n "$slow" ]; then
+    set -- $slow
+    "$R" why "$1" --worker "$2" --catalog "$DB"
+fi
+echo
+
 say "10. an RL trainer in Python (clients/python/examples/grpo_loop.py): groups of SDE rollouts of a prompt with log-probs, a toy reward on their decoded frames, a LoRA adapter update published by value on base v2 (the workers run with --lora: no graph evicted), the next rollouts on the new version"
 /usr/bin/python3 clients/python/examples/grpo_loop.py --broker "$CE" --weights "$D/w2.safetensors" --model small \
     --iters 2 --group 4 --steps 4 --latent 2x8x8 --base 2 --upload --weights-dir "$D" --prompt "a red ball rolling on a beach"
