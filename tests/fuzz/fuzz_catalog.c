@@ -4,7 +4,9 @@
  * input is decoded into typed values (NULL, integers at the edges, doubles
  * including NaN and infinities, text with invalid UTF-8 and control bytes,
  * blobs) and inserted into every table of the real schema. A report may
- * print "?" for a value it cannot show; it may not crash or hit UB. */
+ * print "?" for a value it cannot show; it may not crash or hit UB. `reelctl
+ * why` runs on the ids (and workers) the fuzzed requests rows hold, and on
+ * ids at the edges. */
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,6 +124,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
     fill(db, &in);
     sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    /* the requests rows' ids and workers, for why */
+    long long ids[8] = { 0, 1, -1, INT64_MAX };
+    char workers[8][64] = { { 0 } };
+    int nid = 4;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(db, "SELECT id, worker FROM requests LIMIT 4", -1, &q, NULL) == SQLITE_OK) {
+        while (nid < 8 && sqlite3_step(q) == SQLITE_ROW) {
+            ids[nid] = sqlite3_column_int64(q, 0);
+            const unsigned char *w = sqlite3_column_type(q, 1) == SQLITE_TEXT ? sqlite3_column_text(q, 1) : NULL;
+            snprintf(workers[nid], sizeof workers[0], "%s", w ? (const char *)w : "");
+            nid++;
+        }
+        sqlite3_finalize(q);
+    }
     sqlite3_close(db);
     if (!(c = cat_open(path, true))) return 0;
     FILE *devnull = fopen("/dev/null", "w");
@@ -135,6 +151,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         (void)reports[r](c, true, devnull);
     }
     (void)ctl_report_metrics(c, devnull);
+    for (int i = 0; i < nid; i++)
+        for (int json = 0; json < 2; json++) {
+            (void)ctl_report_why(c, ids[i], NULL, json, devnull);
+            if (workers[i][0]) (void)ctl_report_why(c, ids[i], workers[i], json, devnull);
+        }
     fclose(devnull);
     cat_close(&c);
     return 0;
