@@ -236,6 +236,19 @@ static int verdict(cat_t *c, json_t *root) {
             recaptured_before = true;
     }
 
+    /* what its own capture cost: the capture seconds of this key's
+     * captures stamped with it (a worker's events come in batches, so
+     * another stream's capture of the key may share the stamp: a range) */
+    double cap_lo = -1, cap_hi = -1;
+    json_array_foreach(caps, i, cp) {
+        if (!own_found || !json_is_true(json_object_get(cp, "this_key")) ||
+            num(cp, "t") != json_number_value(own) || !json_is_number(json_object_get(cp, "capture_seconds")))
+            continue;
+        double x = num(cp, "capture_seconds");
+        if (cap_lo < 0 || x < cap_lo) cap_lo = x;
+        if (x > cap_hi) cap_hi = x;
+    }
+
     if (!ok) {
         kind = "failed";
         say(&v, "failed: %.64s after %.3f s", text(r, "status"), secs);
@@ -298,6 +311,10 @@ static int verdict(cat_t *c, json_t *root) {
     } else {
         kind = "no_steps";
         say(&v, "the catalog records none of its %lld steps as captured, replayed or eager", steps);
+    }
+    if (ok && cap_hi >= 0) {
+        if (cap_hi > cap_lo) say(&v, "; capturing its graph took %.3f-%.3f s of its %.3f s", cap_lo, cap_hi, secs);
+        else say(&v, "; capturing its graph took %.3f s of its %.3f s", cap_hi, secs);
     }
     if (ok && num(r, "encode_seconds") + num(r, "decode_seconds") > secs)
         say(&v, "; most of its time was outside the steps: encode %.3f s, decode %.3f s",

@@ -65,7 +65,7 @@ why() { # tag id [flags]: reelctl why, its stdout to tag.out, stderr to tag.err;
 echo "== why the first request: warmup on a new key"
 why first "$first"; rc=$?
 sed 's/^/  | /' "$D/first.out"
-[ "$rc" = 0 ] && grep -q "^verdict: 2 of its 6 steps ran eager (warming_up=2) and 1 was captured: the key was new on w0 -- its first capture is at .*, by this request -- so its first requests run warmup steps before the graph is captured$" "$D/first.out" &&
+[ "$rc" = 0 ] && grep -q "^verdict: 2 of its 6 steps ran eager (warming_up=2) and 1 was captured: the key was new on w0 -- its first capture is at .*, by this request -- so its first requests run warmup steps before the graph is captured; capturing its graph took [0-9.]* s of its [0-9.]* s$" "$D/first.out" &&
     ok "the first request: eager warmup steps, the key new on w0, captured by it" || { bad "why the first request (exit $rc)"; show "$D/first.out" "$D/first.err"; }
 grep -q "^  capture key  $(q "select capture_key from requests where id = $first")  (weights transformer@1)$" "$D/first.out" &&
     grep -q "^  shard key    $(q "select key_hash from requests where id = $first")$" "$D/first.out" &&
@@ -81,7 +81,7 @@ why replayed "$replayed"; rc=$?
 echo "== why the request after the sync: its graph evicted, captured again"
 why after "$after"; rc=$?
 sed 's/^/  | /' "$D/after.out"
-[ "$rc" = 0 ] && grep -q "^verdict: its graph was evicted at .* (weight_sync, transformer v1 -> v2) and captured again by this request at .* (its key was weights=transformer@1, now weights=transformer@2): 2 of its 6 steps ran eager (warming_up=2) and 1 was captured$" "$D/after.out" &&
+[ "$rc" = 0 ] && grep -q "^verdict: its graph was evicted at .* (weight_sync, transformer v1 -> v2) and captured again by this request at .* (its key was weights=transformer@1, now weights=transformer@2): 2 of its 6 steps ran eager (warming_up=2) and 1 was captured; capturing its graph took [0-9.]* s of its [0-9.]* s$" "$D/after.out" &&
     ok "the request after the sync: evicted by weight_sync v1 -> v2, captured again by it" || { bad "why the request after the sync (exit $rc)"; show "$D/after.out" "$D/after.err"; }
 grep -Eq "^20[0-9-]+T[0-9:.]+Z +no +[0-9a-f]{16} +transformer@1 +weight_sync +transformer +1 +2$" "$D/after.out" &&
     ok "its history lists the sync's eviction of the v1 key" || { bad "the eviction in the history"; show "$D/after.out"; }
