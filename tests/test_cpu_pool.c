@@ -209,25 +209,31 @@ static char thread_state(long tid) {
     return p && p[1] == ' ' ? p[2] : 0;
 }
 
+/* A thread of this process on the CPU (or waiting for it) but the caller
+ * and the `skip` ones; 0 when none is. */
+static long busy_thread(const long *skip, int nskip) {
+    long self = (long)syscall(SYS_gettid), busy = 0;
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            long tid = strtol(e->d_name, NULL, 10);
+            bool skipped = tid == self;
+            for (int i = 0; i < nskip; i++) skipped |= tid == skip[i];
+            if (!skipped && thread_state(tid) == 'R') busy = tid;
+        }
+    closedir(d);
+    return busy;
+}
+
 /* Waits (up to `limit` seconds) until every thread of this process but
  * the caller and the `skip` ones is off the CPU; the seconds it took, or
  * −1 with the last busy thread in *busy. */
 static double wait_until_others_sleep(const long *skip, int nskip, double limit, long *busy) {
-    long self = (long)syscall(SYS_gettid);
     double t0 = now_s();
     for (;;) {
-        *busy = 0;
-        DIR *d = opendir("/proc/self/task");
-        ck_assert_ptr_nonnull(d);
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                long tid = strtol(e->d_name, NULL, 10);
-                bool skipped = tid == self;
-                for (int i = 0; i < nskip; i++) skipped |= tid == skip[i];
-                if (!skipped && thread_state(tid) == 'R') *busy = tid;
-            }
-        closedir(d);
+        *busy = busy_thread(skip, nskip);
         double took = now_s() - t0;
         if (!*busy) return took;
         if (took > limit) return -1;
@@ -236,33 +242,23 @@ static double wait_until_others_sleep(const long *skip, int nskip, double limit,
 }
 
 /* An idle pool thread watches for the next job for its bounded while
- * (here 0.3 s, watching whatever the load): it is seen on the CPU after
- * the job, then asleep; nothing spins for good after work. */
+ * (here 2 s, watching whatever the load): it is seen on the CPU after the
+ * job, then asleep; nothing spins for good after work. */
 START_TEST(test_idle_pool_threads_watch_then_fall_asleep) {
     kern_cpu_threads_set(2);
-    cpu_pool_spin_set(300000, true);
+    cpu_pool_spin_set(2000000, true);
     count_ctx_t c = { calloc(64, sizeof(int)), 64, 20000 };
     ck_assert_ptr_nonnull(c.hits);
     cpu_par_for(c.n, count_task, &c);
+    double t0 = now_s();
     expect_each_once(&c, "before the watch");
     /* watching: 0.1 s after the job (long past a thread's way to sleep)
-     * some thread but this one is still on the CPU (or waiting for it) */
-    long busy = 0;
-    double t0 = now_s();
-    long self = (long)syscall(SYS_gettid);
+     * some thread but this one is still on the CPU (or waiting for it);
+     * looked at once at least, however late this thread gets the CPU */
     while (now_s() - t0 < 0.1) sched_yield();
-    while (!busy && now_s() - t0 < 0.25) {
-        DIR *d = opendir("/proc/self/task");
-        ck_assert_ptr_nonnull(d);
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                long tid = strtol(e->d_name, NULL, 10);
-                if (tid != self && thread_state(tid) == 'R') busy = tid;
-            }
-        closedir(d);
-    }
-    ck_assert_msg(busy, "no pool thread on the CPU 0.1-0.25 s after the job (asked to watch 0.3 s)");
+    long busy = busy_thread(NULL, 0);
+    while (!busy && now_s() - t0 < 1.5) busy = busy_thread(NULL, 0);
+    ck_assert_msg(busy, "no pool thread on the CPU 0.1-1.5 s after the job (asked to watch 2 s)");
     double took = wait_until_others_sleep(NULL, 0, 30.0, &busy);
     ck_assert_msg(took >= 0, "thread %ld still on the CPU 30 s after the last job", busy);
     free(c.hits);
