@@ -70,9 +70,10 @@ start_worker() { # name weights extra...
 # with KEYNAME cmd...: cmd with this peer's key and the broker's in the environment.
 with() { k=$1; shift; REEL_KEY="$K/$k.key" REEL_BROKER_KEY="$K/broker.pub" "$@"; }
 peer() { # key|- endpoint seconds headers...: the raw peer, its output on stdout
+    # (the peer bounds itself, tests/peer_guard.py; timeout is the backstop)
     k=$1; ep=$2; s=$3; shift 3
-    if [ "$k" = - ]; then $PEER --endpoint "$ep" --for "$s" "$@"
-    else $PEER --endpoint "$ep" --key "$K/$k.key" --broker-key "$K/broker.pub" --for "$s" "$@"; fi
+    if [ "$k" = - ]; then timeout -k 5 $((s + 60)) $PEER --endpoint "$ep" --for "$s" "$@"
+    else timeout -k 5 $((s + 60)) $PEER --endpoint "$ep" --key "$K/$k.key" --broker-key "$K/broker.pub" --for "$s" "$@"; fi
 }
 
 mkdir -p "$D/w"

@@ -17,10 +17,14 @@ event flood) instead of junk. It never receives. Ends with one line:
 
 import argparse
 import os
+import sys
 import time
 
 import msgpack
 import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_guard import done, guard  # noqa: E402
 
 
 def junk():
@@ -37,6 +41,7 @@ def main():
     ap.add_argument("--burst", type=int, default=2000)
     ap.add_argument("--events", action="store_true")
     a = ap.parse_args()
+    guard(a.secs)
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, 0)  # queue what the broker has not read yet
@@ -63,8 +68,8 @@ def main():
                 break
         time.sleep(0.1)
     print(f"flood: {sent} messages sent", flush=True)
-    return 0
+    done(0, s)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

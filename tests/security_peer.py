@@ -25,6 +25,9 @@ import zmq
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 from reel.client import read_key  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_guard import done, guard  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -36,8 +39,10 @@ def main():
     ap.add_argument("--heartbeat", action="store_true")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
+    guard(a.secs)
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDTIMEO, 2000)  # a send that cannot be queued fails, never waits
     if a.id:
         s.setsockopt(zmq.ROUTING_ID, a.id.encode())
     if a.key:
@@ -45,7 +50,7 @@ def main():
             mine, server = read_key(a.key, True), read_key(a.broker_key, False)
         except (OSError, ValueError) as e:
             print(f"peer: {e}")
-            return 3
+            done(3, s)
         s.curve_serverkey = server["public-key"].encode()
         s.curve_publickey = mine["public-key"].encode()
         s.curve_secretkey = mine["secret-key"].encode()
@@ -53,7 +58,10 @@ def main():
     for h in a.headers:
         hdr = json.loads(h)
         hdr["proto"] = "reel/1"
-        s.send(msgpack.packb(hdr, use_bin_type=True))
+        try:
+            s.send(msgpack.packb(hdr, use_bin_type=True))
+        except zmq.Again:
+            print("peer: a send could not be queued in 2 s")
     end = time.monotonic() + a.secs
     next_hb = 0.0
     n = requests = 0
@@ -62,11 +70,17 @@ def main():
         if now >= end:
             break
         if a.heartbeat and now >= next_hb:
-            s.send(msgpack.packb({"proto": "reel/1", "type": "HEARTBEAT"}))
+            try:
+                s.send(msgpack.packb({"proto": "reel/1", "type": "HEARTBEAT"}), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
             next_hb = now + 0.2
         if not s.poll(50):
             continue
-        frames = s.recv_multipart()
+        try:
+            frames = s.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            continue
         n += 1
         try:
             hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
@@ -81,8 +95,8 @@ def main():
             print(f"{t} {json.dumps(hdr, default=str, sort_keys=True)}")
         sys.stdout.flush()
     print(f"peer: {n} messages ({requests} REQUEST)")
-    return 0
+    done(0, s)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
