@@ -247,6 +247,8 @@ typedef struct {
     brk_req_t *by_id[BRK_ID_BUCKETS]; /* the same, chained by id % BRK_ID_BUCKETS */
     brk_req_t *by_client[BRK_ID_BUCKETS]; /* those with a client token, by (client, client_id) */
     uint64_t resends;                /* GENs resent while their request was live: attached to it */
+    uint64_t cancels;                /* CANCELs that ended a live request */
+    uint64_t cancels_unknown;        /* CANCELs that named none (answered already, or never sent) */
     uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */
     int64_t started_ms;              /* brk_now_ms() at start */
     int64_t active_ms;               /* when it last became active (its start, or a standby's takeover):

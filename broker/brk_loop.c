@@ -41,6 +41,7 @@ typedef union {
     msg_upload_t upload;
     msg_fetch_t fetch;
     msg_peer_t peer;
+    msg_cancel_t cancel;
 } body_t;
 
 int brk_reap(brk_t *b) {
@@ -118,6 +119,12 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
             BAD_REPLY(b, false, m, err.code, "FETCH: %s", err.message);
         else
             brk_upload_fetch(b, false, &m->identity, m->id, &u->fetch);
+        break;
+    case MSG_CANCEL: /* no reply of its own: the GEN's final reply says */
+        if (msg_cancel_decode(m, &u->cancel, &err))
+            BAD_REPLY(b, false, m, err.code, "CANCEL: %s", err.message);
+        else
+            brk_req_cancel(b, m, &u->cancel);
         break;
     case MSG_STATUS:
         if (msg_decode(m, MSG_STATUS, NULL, &err))

@@ -66,6 +66,11 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_gen_resends_total", "counter",
                      "GENs a client sent again while their request was live: attached to it, not run twice.");
     reel_prom_sample(t, "reel_broker_gen_resends_total", "", (double)b->resends);
+    reel_prom_family(t, "reel_broker_cancels_total", "counter",
+                     "Client CANCELs, by whether they named a live request (ended: answered ERROR cancelled) or "
+                     "none (answered already, or never sent).");
+    reel_prom_sample(t, "reel_broker_cancels_total", "outcome=\"ended\"", (double)b->cancels);
+    reel_prom_sample(t, "reel_broker_cancels_total", "outcome=\"unknown\"", (double)b->cancels_unknown);
     reel_prom_family(t, "reel_broker_prewarm_keys_total", "counter", "Hot keys sent to starting workers (PREWARM).");
     reel_prom_sample(t, "reel_broker_prewarm_keys_total", "", (double)b->prewarm_keys_sent);
     reel_prom_family(t, "reel_broker_queue_depth", "gauge", "Requests waiting for a worker slot.");

@@ -542,6 +542,57 @@ void brk_req_worker_lost(brk_t *b, const brk_worker_t *w) {
     }
 }
 
+/* ---- cancels ---------------------------------------------------------------------------- */
+
+/* Whether two routing identities are the same connection's. */
+static bool same_identity(const zmq_msg_t *a, const zmq_msg_t *b) {
+    size_t n = zmq_msg_size((zmq_msg_t *)a);
+    return n == zmq_msg_size((zmq_msg_t *)b) && !memcmp(zmq_msg_data((zmq_msg_t *)a), zmq_msg_data((zmq_msg_t *)b), n);
+}
+
+/* The live request a CANCEL names: with a client token, the GEN of that
+ * token and id (from any connection: a resend's rule); without, the GEN
+ * of that id the same connection holds. NULL when none is live. */
+static brk_req_t *cancel_target(brk_t *b, const wire_msg_t *m, uint64_t client) {
+    if (client) {
+        for (brk_req_t *r = *client_bucket(b, client, m->id); r; r = r->ck_next)
+            if (r->client == client && r->client_id == m->id) return r;
+        return NULL;
+    }
+    for (brk_req_t *r = b->reqs; r; r = r->next)
+        if (r->client_id == m->id && r->state != REQ_ABANDONED && same_identity(CLIENT(r), &m->identity)) return r;
+    return NULL;
+}
+
+void brk_req_cancel(brk_t *b, const wire_msg_t *m, const msg_cancel_t *c) {
+    brk_req_t *r = cancel_target(b, m, c->client);
+    if (!r || r->state == REQ_ABANDONED) {
+        b->cancels_unknown++;
+        return; /* answered already, or never sent: its one final reply went, or goes, as it would */
+    }
+    const bool queued = r->state == REQ_QUEUED;
+    long long waited = (long long)(brk_now_ms() - r->accepted_ms);
+    brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_CANCELLED, "cancelled by its client after %lld ms (%s)",
+                 waited, queued ? "it had not started" : "its worker stops it at its next step");
+    record_failure(b, r, queued ? NULL : r->worker->route.name, WIRE_E_CANCELLED);
+    b->cancels++;
+    if (queued) {
+        brk_log("request %llu cancelled by its client while queued", (unsigned long long)r->id);
+        queue_drop(b, r);
+        req_free(b, r);
+        return;
+    }
+    /* Running: the worker drops it before its next step and answers; that
+     * late answer frees the slot, as a timed-out request's does. */
+    brk_log("request %llu cancelled by its client while running on %s", (unsigned long long)r->id,
+            r->worker->route.name);
+    msg_cancel_t none = { 0 };
+    if (brk_worker_send(b, r->worker, MSG_CANCEL, r->id, &none, NULL) != 0) brk_undelivered(b, "CANCEL");
+    client_unlink(b, r);
+    r->state = REQ_ABANDONED;
+    r->deadline_ms = brk_now_ms() + ABANDON_GRACE_MS;
+}
+
 /* ---- deadlines and shutdown ------------------------------------------------------------ */
 
 void brk_req_timers(brk_t *b, int64_t now) {

@@ -18,6 +18,12 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
 void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress_t *p);
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *r, const wire_msg_t *m);
 void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e);
+/* A client's CANCEL: the GEN it names (the sender's of id m->id, or
+ * client c->client's) is answered ERROR cancelled now and recorded so;
+ * queued, it is dropped; running, its worker is sent CANCEL and its slot
+ * stays taken until the worker answers (or ABANDON_GRACE_MS). A CANCEL
+ * naming no live request is counted and otherwise ignored. */
+void brk_req_cancel(brk_t *b, const wire_msg_t *m, const msg_cancel_t *c);
 /* Sends queued requests whose owner has room, oldest first. */
 void brk_pump(brk_t *b);
 /* Worker w is being dropped: each request it held is requeued once, or

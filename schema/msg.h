@@ -91,7 +91,8 @@ extern "C" {
     X(FETCH, fetch, msg_fetch_t)                      \
     X(FETCH_DATA, fetch_data, msg_fetch_data_t)      \
     X(PREWARM, prewarm, msg_prewarm_t)                \
-    X(PEER, peer, msg_peer_t)
+    X(PEER, peer, msg_peer_t)                         \
+    X(CANCEL, cancel, msg_cancel_t)
 
 typedef enum {
 #define MSG_ENUM(T, n, S) MSG_##T,
@@ -226,6 +227,13 @@ typedef struct {
 typedef struct {
     char message[MSG_TEXT_MAX];
 } msg_busy_t;
+
+/* CANCEL (client -> broker: the GEN of the same "id", from the same
+ * connection or of the same client token; broker -> worker: the broker's
+ * request id). No reply of its own: the GEN's one final reply says. */
+typedef struct {
+    uint64_t client;             /* the GEN's client token (absent, 0: none: the sender's own GEN) */
+} msg_cancel_t;
 
 /* SYNC (trainer -> broker, broker -> worker) */
 #define MSG_LORA_CONFIG_MAX 4096       /* bytes of an uploaded adapter's config, NUL included */
@@ -554,6 +562,7 @@ int msg_send_verror(void *sock, const zmq_msg_t *identity, uint64_t id, const ch
 #define MSG_TYPED_msg_fetch_data_t(T, n) MSG_TYPED_BODY(T, n, msg_fetch_data_t)
 #define MSG_TYPED_msg_prewarm_t(T, n) MSG_TYPED_BODY(T, n, msg_prewarm_t)
 #define MSG_TYPED_msg_peer_t(T, n) MSG_TYPED_BODY(T, n, msg_peer_t)
+#define MSG_TYPED_msg_cancel_t(T, n) MSG_TYPED_BODY(T, n, msg_cancel_t)
 /* msg_gen_decode, msg_gen_send, msg_gen_forward, ... for every type with a
  * body; types without one use msg_send(sock, to, MSG_X, id, NULL, NULL). */
 #define MSG_TYPED(T, n, S) MSG_TYPED_##S(T, n)

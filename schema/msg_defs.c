@@ -164,6 +164,11 @@ static const msg_field_t busy_rows[] = {
 };
 TABLE(busy_tab, busy_rows, msg_busy_t);
 
+static const msg_field_t cancel_rows[] = {
+    R_HASH(msg_cancel_t, client, "client", F_OMIT),
+};
+TABLE(cancel_tab, cancel_rows, msg_cancel_t);
+
 /* ---- syncs ------------------------------------------------------------------------- */
 
 static const msg_field_t sync_rows[] = {
@@ -416,6 +421,7 @@ const msg_desc_t msg_descs[MSG_UNKNOWN] = {
     [MSG_FETCH_DATA] = { "FETCH_DATA", &fetch_data_tab, fetch_data_slots, "chunk", false, NULL },
     [MSG_PREWARM] = { "PREWARM", &prewarm_tab, NULL, NULL, false, NULL },
     [MSG_PEER] = { "PEER", &peer_tab, NULL, NULL, false, NULL },
+    [MSG_CANCEL] = { "CANCEL", &cancel_tab, NULL, NULL, false, NULL },
 };
 
 /* ---- rules across fields ---------------------------------------------------------------- */

@@ -54,6 +54,7 @@ extern "C" {
 #define WIRE_E_NO_WORKER   "no_worker"       /* nobody serves this model/version */
 #define WIRE_E_WORKER_LOST "worker_lost"     /* died twice with the request */
 #define WIRE_E_TIMEOUT     "timeout"
+#define WIRE_E_CANCELLED   "cancelled"       /* its client sent CANCEL */
 #define WIRE_E_STANDBY     "standby"         /* the standby of a pair: ask the other broker */
 #define WIRE_E_INTERNAL    "internal"
 

@@ -9,7 +9,8 @@
  * broker without a boot answers, or with liveness 0; the boot a RESULT
  * names kept for the next call (a restart between calls is no reason to
  * send again); reel_client_resends and the on_resend hook (silent_ms > 0
- * for silence, 0 for a new boot).
+ * for silence, 0 for a new boot); a GEN given up on (its timeout) is
+ * followed by a CANCEL of its id and token, an answered one by none.
  *
  * Assertions are on the messages the fake broker receives, never on time.
  * One thing time can do: on a loaded machine a reply of the fake broker
@@ -386,6 +387,81 @@ static int boot_from_result(fake_t *f) {
     return DONE;
 }
 
+/* reel_gen that gives up (its timeout, no answer) sends CANCEL for its
+ * GEN, with the GEN's id and client token (docs/PROTOCOL.md
+ * "Cancelling"); one that got its answer sends none. */
+START_TEST(test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not) {
+    char dir[64], ep[128];
+    ts_mkdtemp(dir, sizeof dir, "test-client-cancel");
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(wire_socket_limits(router), 0);
+    int tmo = 5000;
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(router, ep), 0);
+    reel_client_t *c;
+    TS_NEW(c = reel_client_new(ep));
+    reel_client_set_liveness(c, 0); /* no STATUS: the GEN, then what follows it */
+    reel_gen_t g;
+    memset(&g, 0, sizeof g);
+    g.model = "tiny";
+    g.steps = 2;
+    g.shift = g.cfg = 1.0;
+    g.latent_shape[0] = 4;
+    g.latent_shape[1] = 2;
+    g.latent_shape[2] = g.latent_shape[3] = 8;
+    g.context = g_ctx;
+    g.ctx_shape[0] = 5;
+    g.ctx_shape[1] = 32;
+    float out[4 * 2 * 8 * 8];
+    reel_gen_result_t res;
+    wire_err_t err;
+    ck_assert_int_eq(reel_gen(c, &g, out, &res, NULL, NULL, 200, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_TIMEOUT);
+    wire_msg_t m;
+    wire_err_t e;
+    msg_gen_t *gen = malloc(sizeof *gen);
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_int_eq(msg_type(&m), MSG_GEN);
+    ck_assert_int_eq(msg_gen_decode(&m, gen, &e), 0);
+    const uint64_t id = m.id, token = gen->client;
+    ck_assert_uint_ne(token, 0);
+    wire_msg_close(&m);
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_int_eq(msg_type(&m), MSG_CANCEL);
+    msg_cancel_t x;
+    ck_assert_int_eq(msg_cancel_decode(&m, &x, &e), 0);
+    ck_assert_uint_eq(m.id, id);
+    ck_assert_uint_eq(x.client, token);
+    zmq_msg_t who;
+    zmq_msg_init(&who);
+    ck_assert_int_eq(zmq_msg_copy(&who, &m.identity), 0);
+    wire_msg_close(&m);
+
+    /* answered (an ERROR): no CANCEL. A STATUS after the call is the next
+     * message, so nothing was sent between. */
+    ck_assert_int_eq(msg_send(router, &who, MSG_BUSY, id + 1, &(msg_busy_t){ "full" }, NULL), 0);
+    ck_assert_int_eq(reel_gen(c, &g, out, &res, NULL, NULL, 5000, &err), 1); /* BUSY, sent ahead under the next id */
+    ck_assert_str_eq(err.code, WIRE_E_BUSY);
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_int_eq(msg_type(&m), MSG_GEN);
+    ck_assert_uint_eq(m.id, id + 1);
+    wire_msg_close(&m);
+    reel_status_t *st = NULL;
+    (void)reel_status(c, &st, 300, &err); /* no broker answers: it times out; the STATUS went */
+    reel_status_free(&st);
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_msg(msg_type(&m) == MSG_STATUS, "after an answered GEN the client sent %s", m.type);
+    wire_msg_close(&m);
+    zmq_msg_close(&who);
+    free(gen);
+    reel_client_destroy(&c);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    ts_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_a_result_names_the_boot_the_next_call_starts_from) {
     run(boot_from_result, LIVENESS_MS, "boot from a result");
 }
@@ -424,6 +500,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("delivery");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered);
+    tcase_add_test(tc, test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not);
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
     tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);
     tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);

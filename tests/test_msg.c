@@ -231,6 +231,50 @@ START_TEST(test_result_progress_error_and_busy_round_trip) {
 }
 END_TEST
 
+/* CANCEL: the GEN's id, and its client token when there is one (absent
+ * when 0); a client that is not a hash, or a tensor, is refused. */
+START_TEST(test_cancel_round_trips_and_refuses_what_it_cannot_carry) {
+    wire_msg_t m;
+    wire_err_t err;
+    msg_cancel_t c = { .client = 0xa1b2c3d4e5f60718ull }, cb;
+    round_trip(&m, MSG_CANCEL, 77, &c, NULL, 0);
+    ck_assert_str_eq(msg_type_name(MSG_CANCEL), "CANCEL");
+    ck_assert_int_eq(msg_cancel_decode(&m, &cb, &err), 0);
+    ck_assert_uint_eq(cb.client, 0xa1b2c3d4e5f60718ull);
+    wire_msg_close(&m);
+    msg_cancel_t none = { 0 };
+    size_t len = 0;
+    unsigned char *b = msg_encode(MSG_CANCEL, 5, &none, &len);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_null(memmem(b, len, "client", 6)); /* a token of 0 is left out */
+    receive(&m, b, len, NULL, 0);
+    free(b);
+    cb.client = 99;
+    ck_assert_int_eq(msg_cancel_decode(&m, &cb, &err), 0);
+    ck_assert_uint_eq(cb.client, 0);
+    ck_assert_uint_eq(m.id, 5);
+    wire_msg_close(&m);
+
+    wire_val_t *h = wv_map();
+    wv_set(h, "type", wv_str("CANCEL"));
+    wv_set(h, "id", wv_u64(7));
+    wv_set(h, "client", wv_u64(12)); /* a number, not the hash's 16 hex digits */
+    receive_tree(&m, h, NULL, 0);
+    ck_assert_int_eq(msg_cancel_decode(&m, &cb, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err.message, "client"));
+    wire_msg_close(&m);
+
+    h = wv_map();
+    wv_set(h, "type", wv_str("CANCEL"));
+    wv_set(h, "id", wv_u64(8));
+    wire_tensor_t x = { .name = "x", .dtype = KERN_F32, .ndim = 1, .shape = { 1 }, .bytes = 4, .data = "\0\0\0" };
+    receive_tree(&m, h, &x, 1);
+    ck_assert_int_eq(msg_cancel_decode(&m, &cb, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_BAD_REQUEST);
+    wire_msg_close(&m);
+}
+END_TEST
+
 START_TEST(test_sync_messages_round_trip) {
     msg_sync_t s = { 0 }, sb;
     snprintf(s.component, sizeof s.component, "transformer");
@@ -1887,6 +1931,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_every_type_has_its_name_and_a_bodyless_one_round_trips);
     tcase_add_test(t, test_gen_and_request_round_trip_with_every_field_and_tensor);
     tcase_add_test(t, test_result_progress_error_and_busy_round_trip);
+    tcase_add_test(t, test_cancel_round_trips_and_refuses_what_it_cannot_carry);
     tcase_add_test(t, test_sync_messages_round_trip);
     tcase_add_test(t, test_an_adapter_sync_goes_by_path_by_value_with_its_config_or_is_the_base_again);
     tcase_add_test(t, test_worker_messages_round_trip);

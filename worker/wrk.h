@@ -86,6 +86,13 @@ typedef struct {
      * and sum agree. */
     pthread_mutex_t samples_mu;
     uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
+    /* CANCELs from the broker: the last WRK_CANCELS (session, request id)
+     * pairs, a ring under cancel_mu (the main thread notes, the streams
+     * look before each step: wrk_cancelled); n_cancels counts every one
+     * noted, so a stream skips the lock while there has been none. */
+    pthread_mutex_t cancel_mu;
+    struct { uint64_t epoch, id; } cancels[256];
+    _Atomic uint64_t n_cancels;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -130,6 +137,12 @@ void wrk_drain_end(wrk_t *w);
 /* Sets what wrk_drain_end calls (NULL: nothing); once it returns, no call
  * of the previous hook is in progress. Can't fail. */
 void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
+
+/* The broker cancelled its request id (of the session now). Can't fail. */
+void wrk_cancel_note(wrk_t *w, uint64_t id);
+/* Whether request id of session epoch was cancelled (among the last 256
+ * CANCELs). Can't fail. */
+bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id);
 
 /* One step of `samples` samples ran (wrk_t.step_samples). Can't fail. */
 void wrk_count_step(wrk_t *w, int64_t samples);

@@ -617,6 +617,13 @@ static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (j->group && atomic_load(&j->group->failed)) return true;
+    if (wrk_cancelled(w, j->epoch, j->id)) {
+        /* The broker answered its client already: nothing more is sent
+         * for it but this ERROR, which frees its slot there. */
+        part_failed(st, j, WIRE_E_CANCELLED, "cancelled by its client after %d of %d steps",
+                    j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
+        return true;
+    }
     if (j->deadline_at && wrk_mono_ms() > j->deadline_at) {
         /* The broker answered its client timeout: the rest of the steps
          * would be thrown away, and the worker is free for others now. */

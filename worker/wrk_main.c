@@ -582,6 +582,11 @@ static int handle_broker(link_t *l) {
         return 1;
     } else if (type == MSG_PREWARM) {
         if (!atomic_load(&w->stop)) handle_prewarm(l, m);
+    } else if (type == MSG_CANCEL) {
+        /* its stream drops the request before its next step (wrk_cancelled) */
+        msg_cancel_t c;
+        if (msg_cancel_decode(m, &c, &err) == 0) wrk_cancel_note(w, m->id);
+        else wrk_log(w, "bad CANCEL from the broker: %s", err.message);
     } else if (type == MSG_HEARTBEAT) {
         /* counted above */
     } else if (type == MSG_RECONNECT) {

@@ -16,10 +16,17 @@ int wrk_shared_init(wrk_t *w) {
         pthread_mutex_destroy(&w->idle_mu);
         return reel_fail(REEL_E_IO, "cannot create the step counters' lock");
     }
+    if (pthread_mutex_init(&w->cancel_mu, NULL) != 0) {
+        pthread_mutex_destroy(&w->samples_mu);
+        pthread_cond_destroy(&w->idle_cv);
+        pthread_mutex_destroy(&w->idle_mu);
+        return reel_fail(REEL_E_IO, "cannot create the cancels' lock");
+    }
     return 0;
 }
 
 void wrk_shared_fini(wrk_t *w) {
+    pthread_mutex_destroy(&w->cancel_mu);
     pthread_mutex_destroy(&w->samples_mu);
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->idle_mu);
@@ -79,4 +86,26 @@ void wrk_drain_end(wrk_t *w) {
     pthread_mutex_lock(&w->idle_mu);
     if (w->drain_ended) w->drain_ended(w->drain_arg);
     pthread_mutex_unlock(&w->idle_mu);
+}
+
+#define WRK_CANCELS (sizeof ((wrk_t *)0)->cancels / sizeof ((wrk_t *)0)->cancels[0])
+
+void wrk_cancel_note(wrk_t *w, uint64_t id) {
+    pthread_mutex_lock(&w->cancel_mu);
+    uint64_t n = atomic_load(&w->n_cancels);
+    w->cancels[n % WRK_CANCELS].epoch = atomic_load(&w->epoch);
+    w->cancels[n % WRK_CANCELS].id = id;
+    atomic_store(&w->n_cancels, n + 1);
+    pthread_mutex_unlock(&w->cancel_mu);
+}
+
+bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id) {
+    if (!atomic_load(&w->n_cancels)) return false;
+    bool hit = false;
+    pthread_mutex_lock(&w->cancel_mu);
+    uint64_t n = atomic_load(&w->n_cancels);
+    for (uint64_t i = 0; i < n && i < WRK_CANCELS && !hit; i++)
+        hit = w->cancels[i].id == id && w->cancels[i].epoch == epoch;
+    pthread_mutex_unlock(&w->cancel_mu);
+    return hit;
 }

@@ -24,6 +24,7 @@ struct reel_client {
     uint64_t switches;          /* moves to another endpoint of the list */
     uint64_t next_id;
     uint64_t token;             /* GEN "client": names this client's requests to a resend */
+    bool cancelled;             /* a CANCEL went: closing lingers a moment so it leaves */
     int liveness_ms;            /* silence before a STATUS ping, and before a resend; 0: off */
     uint64_t resends;
     uint64_t boot;              /* the broker's boot id last seen (0: none yet) */
@@ -138,6 +139,10 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
 
 void reel_client_destroy(reel_client_t **cp) {
     if (!cp || !*cp) return;
+    if ((*cp)->sock && (*cp)->cancelled) { /* a CANCEL still queued goes out, within 500 ms */
+        int linger = 500;
+        (void)zmq_setsockopt((*cp)->sock, ZMQ_LINGER, &linger, sizeof linger);
+    }
     if ((*cp)->sock) zmq_close((*cp)->sock);
     if ((*cp)->ctx) zmq_ctx_term((*cp)->ctx);
     explicit_bzero(&(*cp)->curve, sizeof (*cp)->curve);
@@ -592,6 +597,13 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.client = c->token;
     wire_msg_t a;
     int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
+    if (rc < 0 && !strcmp(err->code, WIRE_E_TIMEOUT)) {
+        /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
+         * rather than run it to its deadline for nobody. Best effort: its
+         * answer, if any, is read by no one (a later call skips it). */
+        msg_cancel_t cancel = { .client = c->token };
+        if (msg_send(c->sock, NULL, MSG_CANCEL, id, &cancel, NULL) == 0) c->cancelled = true;
+    }
     if (rc != 0) return rc;
     rc = -1;
     msg_result_t r;

@@ -143,7 +143,9 @@ typedef void (*reel_progress_fn)(void *user, int step, int steps);
  * n·C·F·H·W floats, sample after sample. Returns 0 on RESULT;
  * 1 when the broker answered ERROR or BUSY (err->code "busy" for BUSY);
  * -1 when no answer came within timeout_ms or the transport failed (err
- * code "timeout" / "internal"). */
+ * code "timeout" / "internal"). On "timeout" it sends CANCEL for the GEN
+ * (docs/PROTOCOL.md "Cancelling"): the cluster stops it rather than run
+ * it to its deadline for nobody. */
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err);
 

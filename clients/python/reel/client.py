@@ -548,6 +548,7 @@ class Client:
         self.broker = broker
         self._busy = threading.RLock()  # one call at a time (_call): another thread's waits its turn
         self._in_progress = False  # a progress callback runs (_call refuses a call from it)
+        self._cancelled = False  # a CANCEL went: close() lingers a moment so it leaves
 
     @property
     def endpoint(self):
@@ -591,7 +592,8 @@ class Client:
     def close(self):
         with self._busy:
             if self._sock is not None:
-                self._sock.close(0)
+                # a CANCEL still queued goes out, within 500 ms
+                self._sock.close(500 if self._cancelled else 0)
                 self._sock = None
 
     def __enter__(self):
@@ -717,6 +719,31 @@ class Client:
             for rid in rids:
                 st["send"](rid, *sent[rid], deadline)
 
+    def _recv_gens(self, rids, deadline, sent, st, on_progress=None):
+        """_recv_live for GENs this call gives up on when it ends without
+        their answers: when it raises (its timeout, a sample's error in a
+        group of single GENs, KeyboardInterrupt), every GEN of rids still
+        unanswered is cancelled, so the cluster stops it at its next step
+        instead of running it to its deadline for nobody."""
+        try:
+            return self._recv_live(rids, deadline, sent, st, on_progress)
+        except BaseException as e:
+            answered = e.request_id if isinstance(e, ReelError) and not isinstance(e, ReelTimeout) else None
+            self._cancel([r for r in rids if r != answered])
+            raise
+
+    def _cancel(self, rids):
+        """A CANCEL for each GEN of rids (docs/PROTOCOL.md "Cancelling"),
+        never waiting: no reply of its own; the GEN's ERROR cancelled that
+        follows is a late reply to an earlier call, which later calls drop."""
+        for rid in rids:
+            hdr = {"proto": PROTO, "type": "CANCEL", "id": rid, "client": format(self._token, "016x")}
+            try:
+                self._sock.send(msgpack.packb(hdr, use_bin_type=True), zmq.NOBLOCK)
+                self._cancelled = True
+            except zmq.ZMQError:
+                pass  # no connection: the broker's deadline ends it
+
     def _recv(self, rid, deadline, on_progress=None):
         """The final reply to rid: (header, {name: array}). Raises ReelError,
         BusyError or ReelTimeout."""
@@ -791,7 +818,11 @@ class Client:
         text encoder (with cfg != 1 also negative_prompt, or Wan's default
         negative prompt). output: "latent" (the default), "frames" (the
         decoded video as uint8 [F', H', W', 3] in .frames) or "video" (an
-        MP4's bytes in .video); the worker needs a VAE for those."""
+        MP4's bytes in .video); the worker needs a VAE for those.
+
+        A call that ends without its answer (timeout, ReelTimeout; an
+        exception out of progress; KeyboardInterrupt) cancels the GEN: the
+        cluster stops it at its next step (docs/PROTOCOL.md "Cancelling")."""
         fields, tensors, torch_out = self._gen_message(
             model, context, steps=steps, latent_shape=latent_shape, latent=latent, uncond=uncond, cfg=cfg,
             shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms, solver=solver,
@@ -802,7 +833,7 @@ class Client:
         t0 = time.monotonic()
         sent = {rid: (fields, tensors)}
         st = self._send_gens(sent, t0 + wait)
-        _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
+        _, hdr, out = self._recv_gens({rid}, t0 + wait, sent, st, _one_progress(progress))
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
     @_call
@@ -819,7 +850,8 @@ class Client:
         the group), in smaller batches when its budget demands.
         batched=False sends n separate GENs at once (the broker and the
         workers' streams run them side by side); it raises the first
-        sample's ReelError (or BusyError) that comes back."""
+        sample's ReelError (or BusyError) that comes back, and cancels the
+        samples still running (as gen cancels on its timeout)."""
         n = _uint("n", n, 1, 64)
         if "latent" in kw:
             raise TypeError("gen_group takes latents= (one starting latent per sample, or an [n, C, F, H, W] "
@@ -860,7 +892,7 @@ class Client:
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
             st = self._send_gens(sent, t0 + wait)
-            _, hdr, out = self._recv_live({rid}, t0 + wait, sent, st, _one_progress(progress))
+            _, hdr, out = self._recv_gens({rid}, t0 + wait, sent, st, _one_progress(progress))
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
                 one.seed = seeds[0]
@@ -888,7 +920,7 @@ class Client:
             progress(sum(done.values()), n * total)
 
         while pending:
-            rid, hdr, out = self._recv_live(pending, t0 + wait, sent, st, each if progress else None)
+            rid, hdr, out = self._recv_gens(pending, t0 + wait, sent, st, each if progress else None)
             pending.discard(rid)
             results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
             results[order[rid]].seed = seeds[order[rid]]

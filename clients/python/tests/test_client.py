@@ -739,6 +739,108 @@ class ClientTests(unittest.TestCase):
             self.c.sync(99, path=self.dir)  # several checkpoints in one folder: name one
 
 
+class CancelTests(unittest.TestCase):
+    """The client cancels what it gives up on (docs/PROTOCOL.md
+    "Cancelling"), against a stand-in broker (a ROUTER on ipc) that
+    answers STATUS, sends what each test asks, and records every message."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="reel-cancel-")
+        self.ep = f"ipc://{self.dir}/b"
+        self.r = zmq.Context.instance().socket(zmq.ROUTER)
+        self.r.setsockopt(zmq.LINGER, 0)
+        self.r.bind(self.ep)
+        self.got, self.stop = [], threading.Event()
+        self.on_gen = lambda peer, hdr: None  # what the stand-in does with each GEN
+        self.t = threading.Thread(target=self.serve)
+        self.t.start()
+        self.ctx = np.zeros((5, 32), np.float32)
+
+    def tearDown(self):
+        self.stop.set()
+        self.t.join(10)
+        self.r.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def send(self, peer, hdr):
+        self.r.send_multipart([peer, msgpack.packb(dict(hdr, proto="reel/1"))])
+
+    def serve(self):
+        while not self.stop.is_set():
+            if not self.r.poll(50):
+                continue
+            frames = self.r.recv_multipart()
+            peer, hdr = frames[0], msgpack.unpackb(frames[1], raw=False)
+            self.got.append(hdr)
+            if hdr["type"] == "STATUS":
+                self.send(peer, {"type": "STATUS_REPLY", "id": hdr["id"], "workers": [], "boot": "00000000000000b1"})
+            elif hdr["type"] == "GEN":
+                self.on_gen(peer, hdr)
+
+    def cancels(self, n):
+        """The CANCELs received, once there are n (within 10 s)."""
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            c = [h for h in self.got if h["type"] == "CANCEL"]
+            if len(c) >= n:
+                return c
+            time.sleep(0.01)
+        return [h for h in self.got if h["type"] == "CANCEL"]
+
+    def gens(self):
+        return [h for h in self.got if h["type"] == "GEN"]
+
+    def test_a_gen_that_times_out_is_cancelled_by_its_id_and_token(self):
+        with reel.Client(self.ep, timeout=30) as c:
+            with self.assertRaises(reel.ReelTimeout):
+                c.gen("tiny", self.ctx, latent_shape=(4, 2, 8, 8), steps=4, timeout=0.5)
+            (g,) = self.gens()
+            (x,) = self.cancels(1)
+            self.assertEqual((x["id"], x["client"]), (g["id"], g["client"]))
+            self.assertEqual(set(x) - {"proto", "type", "id", "client"}, set())
+
+    def test_an_exception_out_of_the_progress_callback_cancels_the_gen_and_the_client_serves_on(self):
+        self.on_gen = lambda peer, hdr: self.send(peer, {"type": "PROGRESS", "id": hdr["id"], "step": 1, "steps": 4})
+
+        def stop(step, steps):
+            raise KeyboardInterrupt
+
+        with reel.Client(self.ep, timeout=30) as c:
+            with self.assertRaises(KeyboardInterrupt):
+                c.gen("tiny", self.ctx, latent_shape=(4, 2, 8, 8), steps=4, progress=stop)
+            (g,) = self.gens()
+            (x,) = self.cancels(1)
+            self.assertEqual((x["id"], x["client"]), (g["id"], g["client"]))
+            self.assertEqual(c.status()["workers"], [])  # the same client goes on
+
+    def test_a_failed_sample_of_single_gens_cancels_the_others_not_itself(self):
+        first = []
+
+        def answer(peer, hdr):  # the first GEN fails; the others get no answer
+            if not first:
+                first.append(hdr["id"])
+                self.send(peer, {"type": "ERROR", "id": hdr["id"], "code": "bad_request", "message": "no"})
+
+        self.on_gen = answer
+        with reel.Client(self.ep, timeout=30) as c:
+            with self.assertRaises(reel.ReelError) as e:
+                c.gen_group("tiny", self.ctx, n=3, latent_shape=(4, 2, 8, 8), steps=4, batched=False, timeout=20)
+            self.assertEqual(e.exception.code, "bad_request")
+            x = self.cancels(2)
+            ids = sorted(g["id"] for g in self.gens())
+            self.assertEqual(len(ids), 3)
+            self.assertEqual(sorted(h["id"] for h in x), sorted(set(ids) - set(first)))
+
+    def test_an_answered_gen_is_not_cancelled(self):
+        self.on_gen = lambda peer, hdr: self.send(peer, {"type": "ERROR", "id": hdr["id"], "code": "no_worker",
+                                                         "message": "none"})
+        with reel.Client(self.ep, timeout=30) as c:
+            with self.assertRaises(reel.ReelError):
+                c.gen("tiny", self.ctx, latent_shape=(4, 2, 8, 8), steps=4, timeout=5)
+            self.assertEqual(c.status()["workers"], [])  # a round trip after the call: anything it sent is in
+        self.assertEqual([h for h in self.got if h["type"] == "CANCEL"], [])
+
+
 class BusyTests(unittest.TestCase):
     """A broker with room for one waiting request answers BUSY beyond it."""
 
@@ -1996,6 +2098,7 @@ def main():
     loader = unittest.TestLoader()
     suite.addTests(loader.loadTestsFromTestCase(SafetensorsTests))
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
+    suite.addTests(loader.loadTestsFromTestCase(CancelTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))

@@ -1,0 +1,58 @@
+#!/bin/sh
+# cli_cancel.sh -- CANCEL (docs/PROTOCOL.md "Cancelling") with a real
+# reel-broker and a CPU reel-worker over ipc: a running GEN is answered
+# ERROR cancelled at once and its worker drops it before its next step; a
+# queued one never starts; only its own connection, or its client token,
+# names it; unknown, answered and malformed CANCELs; the Python client and
+# reelctl gen cancel what they give up on; the catalog records each as
+# cancelled. tests/cancel_driver.py drives the sockets. Every wait is
+# bounded; every process is killed on exit.
+# Usage: cli_cancel.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+HERE=$(cd "$(dirname "$0")" && pwd)
+D=$(mktemp -d /tmp/reel-cancel.XXXXXX)
+CE="ipc://$D/clients"
+WE="ipc://$D/workers"
+DB="$D/reel.db"
+SUITE=cancel
+. "$(dirname "$0")/lib_cli.sh"
+q() { /usr/bin/sqlite3 "$DB" "$1" 2>/dev/null; }
+
+"$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
+"$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
+
+echo "== a broker, a worker with one slot"
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 ||
+    { bad "the broker starts"; finish; }
+cli_worker w0 "$D/broker.log" "$D/w0.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
+    --max-inflight 1 --heartbeat-ms 200 || { bad "the worker starts"; finish; }
+
+echo "== raw CANCELs, and the Python client's"
+timeout -k 5 660 /usr/bin/python3 "$HERE/cancel_driver.py" --endpoint "$CE" --python-path "$HERE/../clients/python" \
+    >"$D/driver.out" 2>&1
+py_checks "$D/driver.out" $?
+
+echo "== reelctl gen cancels the GEN it gave up on"
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 4x16x16 --seed 1 --steps 10000 \
+    --timeout-ms 1500 --quiet --out "$D/x.safetensors" 2>"$D/gen.err"
+rc=$?
+[ "$rc" != 0 ] && grep -qi "timeout\|in time" "$D/gen.err" && ok "reelctl gen --timeout-ms 1500 of a long GEN fails (exit $rc)" ||
+    { bad "reelctl gen times out (exit $rc)"; show "$D/gen.err"; }
+# the driver cancelled 7 (4 running, 1 queued, the client's 2 running); reelctl 1 more (running)
+wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 8 60 &&
+    ok "the catalog records every cancelled GEN as cancelled (8 rows)" ||
+    { bad "cancelled rows"; q "select id, status, steps from requests"; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
+wait_count "$D/w0.log" "cancelled by its client after" 7 60 &&
+    ok "the worker dropped each running one (7 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
+grep "cancelled by its client after" "$D/w0.log" | grep -v " of 10000 steps" | head -3 >"$D/odd.txt"
+awk '/cancelled by its client after/ { for (i = 1; i < NF; i++) if ($i == "after") n = $(i + 1); if (n + 0 >= 10000) bad++ } END { exit bad > 0 }' "$D/w0.log" &&
+    [ ! -s "$D/odd.txt" ] && ok "each stopped before its last step (k of 10000, k < 10000)" || { bad "cancelled step counts"; grep "cancelled by its client" "$D/w0.log" | head; }
+! grep -q "no late answer" "$D/broker.log" && ok "the worker answered every cancelled request (no slot waited out its grace)" ||
+    { bad "a slot waited for its grace"; grep "no late answer" "$D/broker.log" | head -3; }
+grep -q "cancelled by its client while queued" "$D/broker.log" && grep -q "cancelled by its client while running on w0" "$D/broker.log" &&
+    ok "the broker logs where each was when cancelled" || bad "the broker's log lines"
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 1 --steps 2 \
+    --timeout-ms 60000 --quiet --out "$D/y.safetensors" 2>"$D/y.err" && ok "and it serves the next GEN" || { bad "a GEN after"; show "$D/y.err"; }
+finish
