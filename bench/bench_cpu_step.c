@@ -6,6 +6,12 @@
  *   - the same GEMMs alone: the graph's GEMM and GEMM_GELU nodes, same
  *     shapes, same kernel and tiles, same pool, nothing else (a GEMM_GELU
  *     node runs as the plain GEMM); step / GEMMs is the goal's ratio;
+ *   - all its matrix products alone: those GEMMs plus the attention
+ *     nodes' own BLAS products (scores and weights·values, the very calls
+ *     on the same lanes: kern_cpu_attention_products), nothing between
+ *     them; the direct attention (up to 64 keys and head width) makes no
+ *     BLAS call and adds nothing; step / products is the title's ratio
+ *     ("a step costs little more than its matrix products");
  *   - a profile: every node of the graph timed alone, summed by op;
  *   - each at the default pool (REEL_THREADS, else the cores) and at 1.
  * PyTorch eager on the same weights is bench/torch_step.py's, run here when
@@ -20,6 +26,9 @@
 #include "bench/bench.h"
 #include "bench/bench_step.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_attn.h"
+#include "kernels/cpu/ops_attention.h"
+#include "kernels/ops_args.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "model/loop.h"
@@ -52,20 +61,27 @@ static kern_op_t op_of(node_fn_t fn) {
 }
 
 typedef struct {
-    double eager, replay, gemms;
+    double eager, replay, gemms, products;
     double by_op[KERN_OP_COUNT + 1];
     size_t count[KERN_OP_COUNT + 1]; /* nodes of each op */
-    size_t nodes, gemm_nodes;
+    size_t nodes, gemm_nodes, blas_attn_nodes;
 } result_t;
 
-static double run_nodes(kern_graph_t *g, const kern_op_t *ops, size_t n, node_fn_t gemm, bool gemms_only) {
+static bool is_attention(kern_op_t op) { return op == KERN_OP_ATTENTION || op == KERN_OP_ATTENTION_SDPA; }
+
+/* The graph's GEMM nodes alone, and with products, its attention nodes'
+ * BLAS products too. */
+static double run_products(kern_graph_t *g, const kern_op_t *ops, size_t n, node_fn_t gemm, bool products) {
     double t0 = bench_now();
     for (size_t i = 0; i < n; i++) {
         node_fn_t fn;
         const void *args;
         kern_graph_node(g, i, &fn, &args);
-        if (!gemms_only) fn(NULL, args);
-        else if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) gemm(NULL, args);
+        if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) {
+            if (gemm(NULL, args)) DIE("gemm node %zu", i);
+        } else if (products && is_attention(ops[i]) && kern_cpu_attention_products(args)) {
+            DIE("attention node %zu", i);
+        }
     }
     return bench_now() - t0;
 }
@@ -84,7 +100,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     int reps = sc->reps;
     const char *env = getenv("REEL_BENCH_REPS"); /* more, for a profiler */
     if (env && atoi(env) > 0) reps = atoi(env);
-    double *te = calloc((size_t)reps * 3, sizeof *te), *tg = te + reps, *tm = tg + reps;
+    double *te = calloc((size_t)reps * 4, sizeof *te), *tg = te + reps, *tm = tg + reps, *tp = tm + reps;
     if (!te) DIE("reps");
     memset(r, 0, sizeof *r);
     r->nodes = kern_graph_nodes(g);
@@ -95,6 +111,10 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
         if (kern_graph_node(g, i, &fn, &args)) DIE("node %zu", i);
         ops[i] = op_of(fn);
         if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) r->gemm_nodes++;
+        if (is_attention(ops[i])) {
+            const kern_attention_args_t *a = args;
+            if (cpu_attn_way(a->nq, a->nk, a->head_dim) != CPU_ATTN_DIRECT) r->blas_attn_nodes++;
+        }
     }
     const kern_impl_t *gi = kern_registry_lookup(KERN_OP_GEMM, KERN_BACKEND_CPU, KERN_F32);
     if (!gi) DIE("no cpu gemm");
@@ -105,11 +125,13 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
         t0 = bench_now();
         if (kern_graph_replay(g, s) || kern_stream_sync(s)) DIE("replay");
         tg[k] = bench_now() - t0;
-        tm[k] = run_nodes(g, ops, r->nodes, gi->fn, true);
+        tm[k] = run_products(g, ops, r->nodes, gi->fn, false);
+        tp[k] = run_products(g, ops, r->nodes, gi->fn, true);
     }
     r->eager = bench_median(te, reps);
     r->replay = bench_median(tg, reps);
     r->gemms = bench_median(tm, reps);
+    r->products = bench_median(tp, reps);
     free(te);
     /* the profile: each node alone, reps times, summed by op (median of the
      * per-rep sums would cost reps x nodes clock reads; the mean is enough
@@ -137,6 +159,9 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
            "GEMMs alone %9.3f ms (%zu of %zu nodes), step/GEMMs %.3f\n",
            sc->label, threads, (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L,
            r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
+    printf("    all its matrix products alone %9.3f ms (the GEMMs + %zu attention nodes' BLAS products; "
+           "direct attention has none), step/products %.3f\n",
+           r->products * 1e3, r->blas_attn_nodes, r->eager / r->products);
     double total = 0;
     for (int o = 0; o <= KERN_OP_COUNT; o++) total += r->by_op[o];
     for (int shown = 0; shown < 8; shown++) { /* the top ops, largest first */

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include <limits.h>
 #include "cpu_attn.h"
+#include "ops_attention.h"
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
 
@@ -27,7 +28,8 @@ static size_t attention_workspace(const void *args) {
 typedef struct {
     const kern_attention_args_t *a;
     int64_t rows, blocks, lanes;
-    int64_t items; /* batch·heads·blocks */
+    int64_t items;  /* batch·heads·blocks */
+    bool products;  /* the BLAS calls alone (kern_cpu_attention_products) */
 } attn_job_t;
 
 /* Item it of (sample, head, query block): sample b's q, k, v, o (k and v
@@ -67,10 +69,24 @@ static void attention_lane(void *ctx, int64_t t) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
                     (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld,
                     k + h * d, (blasint)ld, 0.0f, s, (blasint)nk);
-        cpu_vec_softmax_rows(s, nk, s, nk, m, nk, 1.0f);
+        if (!j->products) cpu_vec_softmax_rows(s, nk, s, nk, m, nk, 1.0f);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
                     (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
                     o + i0 * ld + h * d, (blasint)ld);
+    }
+}
+
+/* cpu_attn_flash_item's two sgemm calls a key block, and nothing else. */
+static void flash_products(const float *q, const float *k, const float *v, float *o, int64_t mq, int64_t nk,
+                           int64_t d, int64_t ld, float scale, void *lane) {
+    enum { BK = CPU_ATTN_FLASH_BK };
+    float *s = lane;
+    for (int64_t kb = 0; kb < nk; kb += BK) {
+        const int64_t n = nk - kb < BK ? nk - kb : BK;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)mq, (blasint)n, (blasint)d, scale, q,
+                    (blasint)ld, k + kb * ld, (blasint)ld, 0.0f, s, (blasint)BK);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)mq, (blasint)d, (blasint)n, 1.0f, s,
+                    (blasint)BK, v + kb * ld, (blasint)ld, kb ? 1.0f : 0.0f, o, (blasint)ld);
     }
 }
 
@@ -84,6 +100,11 @@ static void attention_flash_lane(void *ctx, int64_t t) {
         const attn_item_t x = attn_item(j, it);
         const int64_t h = x.h, i0 = x.i0;
         const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
+        if (j->products) {
+            flash_products(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld,
+                           a->scale, lane);
+            continue;
+        }
         cpu_attn_flash_item(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld,
                             a->scale, lane, cpu_vec_flash_rows);
     }
@@ -102,10 +123,8 @@ static void attention_direct_item(void *ctx, int64_t t) {
 }
 
 /* Fails (o untouched) when there are no keys, the scratch is short, or a
- * size exceeds the BLAS int range. */
-static int attention_f32(void *ctx, const void *args) {
-    (void)ctx;
-    const kern_attention_args_t *a = args;
+ * size exceeds the BLAS int range. products: the BLAS calls alone. */
+static int attention_run(const kern_attention_args_t *a, bool products) {
     int64_t nq = a->nq, nk = a->nk, H = a->heads, d = a->head_dim, ld = H * d;
     if (nq <= 0 || H <= 0 || d <= 0) return 0;
     if (nk <= 0) return reel_fail(REEL_E_INVALID, "attention_cpu: no keys");
@@ -117,7 +136,7 @@ static int attention_f32(void *ctx, const void *args) {
         return reel_fail(REEL_E_INVALID, "attention_cpu: scratch of %zu bytes, needs %zu", a->hdr.scratch_bytes,
                          need);
     const cpu_attn_way_t way = cpu_attn_way(nq, nk, d);
-    attn_job_t j = { .a = a, .rows = cpu_attn_item_rows(nq, nk, d) };
+    attn_job_t j = { .a = a, .rows = cpu_attn_item_rows(nq, nk, d), .products = products };
     if (j.rows > nq) j.rows = nq;
     j.blocks = (nq + j.rows - 1) / j.rows;
     const int64_t batch = a->batch > 1 ? a->batch : 1;
@@ -126,6 +145,7 @@ static int attention_f32(void *ctx, const void *args) {
      * more than they save: one lane takes every item (lane 0's scratch) */
     const bool one = batch * nq * nk * ld < ((int64_t)1 << 20);
     if (way == CPU_ATTN_DIRECT) {
+        if (products) return 0; /* no BLAS */
         if (one)
             for (int64_t t = 0; t < j.items; t++) attention_direct_item(&j, t);
         else
@@ -135,6 +155,15 @@ static int attention_f32(void *ctx, const void *args) {
     j.lanes = one ? 1 : cpu_attn_lanes(nq, nk, H, d);
     cpu_par_for(j.lanes, way == CPU_ATTN_FLASH ? attention_flash_lane : attention_lane, &j);
     return 0;
+}
+
+static int attention_f32(void *ctx, const void *args) {
+    (void)ctx;
+    return attention_run(args, false);
+}
+
+int kern_cpu_attention_products(const void *args) {
+    return attention_run(args, true);
 }
 
 /* ATTENTION_SDPA on the CPU is this same kernel: the reference a library's
