@@ -499,7 +499,16 @@ void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e)
     char detail[300];
     snprintf(detail, sizeof detail, "%s: %.256s", e->code, e->message);
     brk_req_t *r = held_by(b, w, id, MSG_ERROR, detail);
-    if (!r || !settle_slot(b, w, r, MSG_ERROR)) return;
+    if (!r) return;
+    if (!strcmp(e->code, WIRE_E_UNKNOWN)) {
+        /* About a message the worker does not know (a CANCEL to a worker
+         * older than it), never the request's answer: it still runs it,
+         * and its slot stays taken until that answer comes. */
+        brk_log_limited(&w->log, w->route.name, "worker %s: %s (request %llu runs on)", w->route.name, detail,
+                        (unsigned long long)id);
+        return;
+    }
+    if (!settle_slot(b, w, r, MSG_ERROR)) return;
     if (msg_error_send(b->clients, CLIENT(r), r->client_id, e) != 0) brk_undelivered(b, "ERROR");
     record_failure(b, r, w->route.name, e->code);
     req_free(b, r);
@@ -590,7 +599,12 @@ void brk_req_cancel(brk_t *b, const wire_msg_t *m, const msg_cancel_t *c) {
     if (brk_worker_send(b, r->worker, MSG_CANCEL, r->id, &none, NULL) != 0) brk_undelivered(b, "CANCEL");
     client_unlink(b, r);
     r->state = REQ_ABANDONED;
-    r->deadline_ms = brk_now_ms() + ABANDON_GRACE_MS;
+    /* Its slot is freed by the worker's answer; failing that (a CANCEL
+     * lost, a worker older than CANCEL, a request a sync drain holds), no
+     * sooner than a grace past its own deadline, by which the worker drops
+     * it anyway: never while the worker may still run it. */
+    int64_t now = brk_now_ms();
+    r->deadline_ms = (r->deadline_ms > now ? r->deadline_ms : now) + ABANDON_GRACE_MS;
 }
 
 /* ---- deadlines and shutdown ------------------------------------------------------------ */
@@ -602,7 +616,7 @@ void brk_req_timers(brk_t *b, int64_t now) {
         if (r->state == REQ_ABANDONED) {
             /* Its worker never answered, even late (a lost reply): free the
              * slot so the worker's capacity does not leak away. */
-            brk_log("request %llu: no late answer from %s within %d ms; its slot is freed",
+            brk_log("request %llu: no late answer from %s by %d ms past its deadline; its slot is freed",
                     (unsigned long long)r->id, r->worker->route.name, ABANDON_GRACE_MS);
             r->worker->route.inflight--;
             req_free(b, r);
@@ -658,7 +672,8 @@ void brk_req_give_up(brk_t *b, const char *code, const char *why) {
         if (r->state != REQ_ABANDONED) brk_error_to(b, false, CLIENT(r), r->client_id, code, "%s", why);
         /* a step-down's requests are in this catalog, as given up (a
          * shutdown's never were: the restarted broker runs them again) */
-        if (strcmp(code, WIRE_E_INTERNAL)) record_failure(b, r, r->worker ? r->worker->route.name : NULL, code);
+        if (strcmp(code, WIRE_E_INTERNAL) && r->state != REQ_ABANDONED) /* (abandoned: recorded when answered) */
+            record_failure(b, r, r->worker ? r->worker->route.name : NULL, code);
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);
     }

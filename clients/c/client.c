@@ -602,7 +602,10 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
          * rather than run it to its deadline for nobody. Best effort: its
          * answer, if any, is read by no one (a later call skips it). */
         msg_cancel_t cancel = { .client = c->token };
+        int now = 0, wait = -1; /* never waits: a broker that is gone takes nothing */
+        (void)zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &now, sizeof now);
         if (msg_send(c->sock, NULL, MSG_CANCEL, id, &cancel, NULL) == 0) c->cancelled = true;
+        (void)zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &wait, sizeof wait);
     }
     if (rc != 0) return rc;
     rc = -1;

@@ -728,8 +728,24 @@ class Client:
         try:
             return self._recv_live(rids, deadline, sent, st, on_progress)
         except BaseException as e:
-            answered = e.request_id if isinstance(e, ReelError) and not isinstance(e, ReelTimeout) else None
-            self._cancel([r for r in rids if r != answered])
+            self._cancel_after(e, rids)
+            raise
+
+    def _cancel_after(self, e, rids):
+        """On exception e out of a call waiting for the GENs rids: a CANCEL
+        for each, but the one e is the answer to (an ERROR or BUSY names
+        it; a ReelTimeout's id names no answer)."""
+        answered = e.request_id if isinstance(e, ReelError) and not isinstance(e, ReelTimeout) else None
+        self._cancel([r for r in rids if r != answered])
+
+    def _sending(self, sent, by):
+        """_send_gens, cancelling the GENs of sent when it fails part-way
+        (a send timeout, KeyboardInterrupt): those that went stop; a CANCEL
+        of one that did not names nothing."""
+        try:
+            return self._send_gens(sent, by)
+        except BaseException:
+            self._cancel(list(sent))
             raise
 
     def _cancel(self, rids):
@@ -832,7 +848,7 @@ class Client:
         wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
         t0 = time.monotonic()
         sent = {rid: (fields, tensors)}
-        st = self._send_gens(sent, t0 + wait)
+        st = self._sending(sent, t0 + wait)
         _, hdr, out = self._recv_gens({rid}, t0 + wait, sent, st, _one_progress(progress))
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
@@ -891,7 +907,7 @@ class Client:
             torch_out = torch_out or torch_latents
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
-            st = self._send_gens(sent, t0 + wait)
+            st = self._sending(sent, t0 + wait)
             _, hdr, out = self._recv_gens({rid}, t0 + wait, sent, st, _one_progress(progress))
             if n == 1:  # a plain GEN: a plain RESULT
                 one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
@@ -910,7 +926,7 @@ class Client:
             rid = next(self._ids)
             order[rid] = i
             sent[rid] = (fields, tensors)
-        st = self._send_gens(sent, t0 + wait)
+        st = self._sending(sent, t0 + wait)
         results = [None] * n
         pending = set(order)
         done = {rid: 0 for rid in order}  # progress: every sample's steps done, of n x steps
@@ -919,11 +935,15 @@ class Client:
             done[rid] = max(done[rid], step)
             progress(sum(done.values()), n * total)
 
-        while pending:
-            rid, hdr, out = self._recv_gens(pending, t0 + wait, sent, st, each if progress else None)
-            pending.discard(rid)
-            results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
-            results[order[rid]].seed = seeds[order[rid]]
+        try:  # a sample's failure (or any exception) cancels the samples still running
+            while pending:
+                rid, hdr, out = self._recv_live(pending, t0 + wait, sent, st, each if progress else None)
+                pending.discard(rid)
+                results[order[rid]] = self._gen_result(rid, hdr, out, steps, torch_out, t0)
+                results[order[rid]].seed = seeds[order[rid]]
+        except BaseException as e:
+            self._cancel_after(e, pending)
+            raise
         return results
 
     def _gen_result(self, rid, hdr, out, steps, torch_out, t0, sample=None):
