@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,14 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     return 0;
 }
 
+/* SIGINT / SIGTERM during the GEN: the client's wait ends and the GEN is
+ * cancelled (reel_client_interrupt), so the cluster stops it. */
+static reel_client_t *volatile g_gen_client;
+static void on_interrupt(int sig) {
+    (void)sig;
+    reel_client_interrupt(g_gen_client);
+}
+
 int cmd_gen(int argc, char **argv) {
     gen_opts_t o;
     if (gen_parse(argc, argv, &o) != 0) return -1;
@@ -366,7 +375,22 @@ int cmd_gen(int argc, char **argv) {
     reel_client_on_resend(c, resent, "GEN");
     reel_gen_result_t r;
     wire_err_t err;
-    if (reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err) != 0) {
+    struct sigaction sa = { .sa_handler = on_interrupt }, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    g_gen_client = c;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    int got = reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    g_gen_client = NULL;
+    if (got != 0 && !strcmp(err.code, "interrupted")) {
+        fprintf(stderr, "%sreelctl: gen: interrupted; the GEN was cancelled (the cluster stops it)\n",
+                g->progress ? "\n" : "");
+        code = 130;
+        goto done;
+    }
+    if (got != 0) {
         ctl_fail_wire(&err, "gen");
         goto done;
     }

@@ -4,7 +4,8 @@
 # ERROR cancelled at once and its worker drops it before its next step; a
 # queued one never starts; only its own connection, or its client token,
 # names it; unknown, answered and malformed CANCELs; the Python client and
-# reelctl gen cancel what they give up on; the catalog records each as
+# reelctl gen cancel what they give up on (a timeout; reelctl gen's
+# SIGINT, exit 130); the catalog records each as
 # cancelled. tests/cancel_driver.py drives the sockets. Every wait is
 # bounded; every process is killed on exit.
 # Usage: cli_cancel.sh BUILD
@@ -40,12 +41,27 @@ echo "== reelctl gen cancels the GEN it gave up on"
 rc=$?
 [ "$rc" != 0 ] && grep -qi "timeout\|in time" "$D/gen.err" && ok "reelctl gen --timeout-ms 1500 of a long GEN fails (exit $rc)" ||
     { bad "reelctl gen times out (exit $rc)"; show "$D/gen.err"; }
-# the driver cancelled 7 (4 running, 1 queued, the client's 2 running); reelctl 1 more (running)
-wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 8 60 &&
-    ok "the catalog records every cancelled GEN as cancelled (8 rows)" ||
+echo "== reelctl gen cancels its GEN on SIGINT"
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 4x16x16 --seed 2 --steps 10000 \
+    --timeout-ms 120000 --quiet --out "$D/z.safetensors" 2>"$D/int.err" &
+gp=$!
+PIDS="$PIDS $gp"
+inflight() { "$R" status --broker "$CE" --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(sum(w["inflight"] for w in json.load(sys.stdin)["workers"]))' 2>/dev/null; }
+i=0
+while [ "$(inflight)" != 1 ] && [ $i -lt 600 ] && ! gone "$gp"; do sleep 0.1; i=$((i + 1)); done
+[ "$(inflight)" = 1 ] && ok "its GEN runs on the worker" || bad "reelctl gen's GEN runs"
+kill -INT "$gp" 2>/dev/null
+reap "$gp" 30
+rc=$?
+[ "$rc" = 130 ] && grep -q "interrupted; the GEN was cancelled" "$D/int.err" &&
+    ok "SIGINT: reelctl gen exits 130 and says the GEN was cancelled" || { bad "reelctl gen on SIGINT (exit $rc)"; show "$D/int.err"; }
+
+# the driver cancelled 7 (4 running, 1 queued, the client's 2 running); reelctl 2 more (running)
+wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 9 60 &&
+    ok "the catalog records every cancelled GEN as cancelled (9 rows)" ||
     { bad "cancelled rows"; q "select id, status, steps from requests"; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
-wait_count "$D/w0.log" "cancelled by its client after" 7 60 &&
-    ok "the worker dropped each running one (7 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
+wait_count "$D/w0.log" "cancelled by its client after" 8 60 &&
+    ok "the worker dropped each running one (8 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
 grep "cancelled by its client after" "$D/w0.log" | grep -v " of 10000 steps" | head -3 >"$D/odd.txt"
 awk '/cancelled by its client after/ { for (i = 1; i < NF; i++) if ($i == "after") n = $(i + 1); if (n + 0 >= 10000) bad++ } END { exit bad > 0 }' "$D/w0.log" &&
     [ ! -s "$D/odd.txt" ] && ok "each stopped before its last step (k of 10000, k < 10000)" || { bad "cancelled step counts"; grep "cancelled by its client" "$D/w0.log" | head; }

@@ -462,6 +462,66 @@ START_TEST(test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not) {
 }
 END_TEST
 
+/* reel_client_interrupt (what reelctl gen's SIGINT handler calls) ends a
+ * reel_gen waiting on a silent broker: -1 "interrupted", and its GEN is
+ * cancelled; a later call returns "interrupted" at once. */
+static void *gen_long(void *p) {
+    fake_t *f = p;
+    reel_gen_t g;
+    memset(&g, 0, sizeof g);
+    g.model = "tiny";
+    g.steps = 2;
+    g.shift = g.cfg = 1.0;
+    g.latent_shape[0] = 4;
+    g.latent_shape[1] = 2;
+    g.latent_shape[2] = g.latent_shape[3] = 8;
+    g.context = g_ctx;
+    g.ctx_shape[0] = 5;
+    g.ctx_shape[1] = 32;
+    reel_gen_result_t res;
+    f->rc = reel_gen(f->c, &g, f->out, &res, NULL, NULL, 600000, &f->err);
+    return NULL;
+}
+
+START_TEST(test_an_interrupted_gen_returns_interrupted_and_is_cancelled) {
+    fake_t f;
+    memset(&f, 0, sizeof f);
+    ts_mkdtemp(f.dir, sizeof f.dir, "test-client-int");
+    snprintf(f.ep, sizeof f.ep, "ipc://%s/b", f.dir);
+    f.ctx = zmq_ctx_new();
+    f.router = zmq_socket(f.ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(wire_socket_limits(f.router), 0);
+    int tmo = 5000;
+    zmq_setsockopt(f.router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(f.router, f.ep), 0);
+    TS_NEW(f.c = reel_client_new(f.ep));
+    reel_client_set_liveness(f.c, 0);
+    ck_assert_int_eq(pthread_create(&f.th, NULL, gen_long, &f), 0);
+    wire_msg_t m;
+    wire_err_t e;
+    ck_assert_int_eq(msg_recv(f.router, true, 0, &m, &e), 0); /* the GEN is out: the client waits */
+    ck_assert_int_eq(msg_type(&m), MSG_GEN);
+    const uint64_t id = m.id;
+    wire_msg_close(&m);
+    reel_client_interrupt(f.c);
+    ck_assert_int_eq(pthread_join(f.th, NULL), 0);
+    ck_assert_int_eq(f.rc, -1);
+    ck_assert_str_eq(f.err.code, "interrupted");
+    ck_assert_int_eq(msg_recv(f.router, true, 0, &m, &e), 0);
+    ck_assert_int_eq(msg_type(&m), MSG_CANCEL);
+    ck_assert_uint_eq(m.id, id);
+    wire_msg_close(&m);
+    reel_status_t *st = NULL;
+    wire_err_t err;
+    ck_assert_int_eq(reel_status(f.c, &st, 600000, &err), -1); /* at once: not after 600 s */
+    ck_assert_str_eq(err.code, "interrupted");
+    reel_client_destroy(&f.c);
+    zmq_close(f.router);
+    zmq_ctx_term(f.ctx);
+    ts_rmtree(f.dir);
+}
+END_TEST
+
 START_TEST(test_a_result_names_the_boot_the_next_call_starts_from) {
     run(boot_from_result, LIVENESS_MS, "boot from a result");
 }
@@ -501,6 +561,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered);
     tcase_add_test(tc, test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not);
+    tcase_add_test(tc, test_an_interrupted_gen_returns_interrupted_and_is_cancelled);
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
     tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);
     tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);

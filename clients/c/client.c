@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#define REEL_E_INTERRUPTED_CODE "interrupted" /* reel_client_interrupt ended the wait */
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <time.h>
@@ -25,6 +27,7 @@ struct reel_client {
     uint64_t next_id;
     uint64_t token;             /* GEN "client": names this client's requests to a resend */
     bool cancelled;             /* a CANCEL went: closing lingers a moment so it leaves */
+    atomic_int interrupted;     /* reel_client_interrupt: every wait ends (lock-free: signal-safe) */
     int liveness_ms;            /* silence before a STATUS ping, and before a resend; 0: off */
     uint64_t resends;
     uint64_t boot;              /* the broker's boot id last seen (0: none yet) */
@@ -33,6 +36,10 @@ struct reel_client {
 };
 
 #define LIVENESS_DEFAULT_MS 3000
+
+void reel_client_interrupt(reel_client_t *c) {
+    if (c) atomic_store_explicit(&c->interrupted, 1, memory_order_relaxed);
+}
 
 void reel_client_set_liveness(reel_client_t *c, int liveness_ms) { c->liveness_ms = liveness_ms > 0 ? liveness_ms : 0; }
 uint64_t reel_client_resends(const reel_client_t *c) { return c->resends; }
@@ -171,13 +178,19 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
 static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
                   reel_progress_fn fn, void *user, wire_err_t *err) {
     for (;;) {
+        if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
+            set_err(err, REEL_E_INTERRUPTED_CODE, "interrupted before the broker answered");
+            return -1;
+        }
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time");
             return -1;
         }
+        /* a signal between the check above and the poll is seen within
+         * 100 ms: the wait is cut into such slices */
         zmq_pollitem_t it = { c->sock, 0, ZMQ_POLLIN, 0 };
-        int rc = zmq_poll(&it, 1, (long)left);
+        int rc = zmq_poll(&it, 1, left < 100 ? (long)left : 100);
         if (rc < 0) {
             if (errno == EINTR) continue;
             set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
@@ -597,7 +610,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.client = c->token;
     wire_msg_t a;
     int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
-    if (rc < 0 && !strcmp(err->code, WIRE_E_TIMEOUT)) {
+    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_E_INTERRUPTED_CODE))) {
         /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
          * rather than run it to its deadline for nobody. Best effort: its
          * answer, if any, is read by no one (a later call skips it). */

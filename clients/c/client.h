@@ -41,6 +41,13 @@ void reel_client_destroy(reel_client_t **c);
  * same result (docs/PROTOCOL.md "Delivery"). Default 3000 ms, or
  * $REEL_CLIENT_LIVENESS_MS; 0: never resend. */
 void reel_client_set_liveness(reel_client_t *c, int liveness_ms);
+/* Ends the call in progress on c (from a signal handler: it only sets a
+ * flag, async-signal-safe): the call returns -1 with err code
+ * "interrupted" within about 100 ms, and a GEN it was waiting for is
+ * cancelled as on a timeout (docs/PROTOCOL.md "Cancelling"). Every later
+ * call returns "interrupted" at once. reelctl gen calls it on SIGINT and
+ * SIGTERM. */
+void reel_client_interrupt(reel_client_t *c);
 /* An endpoint list "A,B" (reel_client_new_keys) is a standby pair
  * (docs/PROTOCOL.md "A standby broker"): the client talks to one at a
  * time and moves to the other when the one it talks to answers a GEN,
