@@ -1821,6 +1821,102 @@ END_TEST
  * client sending junk gets BRK_REPLY_BURST answers and then only counts,
  * another client still gets its answers, and junk on the worker socket
  * from a peer that is not a registered worker is never answered. */
+/* ---- CANCEL (docs/PROTOCOL.md "Cancelling") --------------------------------------------- */
+
+/* READY of worker i serving tiny at version 1 with `slots` requests at once. */
+static void ready_slots(box_t *x, int i, uint64_t slots) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64(1));
+    wv_set(h, "name", wv_str(name));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    wv_set(h, "max_inflight", wv_u64(slots));
+    from_worker(x, i, h);
+}
+
+/* A CANCEL of client id `id` from socket s (token 0: none). */
+static void cancel_from(box_t *x, void *s, uint64_t id, uint64_t token) {
+    wire_val_t *h = wire_hdr("CANCEL", id);
+    if (token) {
+        char hex[17];
+        wv_set(h, "client", wv_str(msg_hex64(token, hex)));
+    }
+    ck_assert_int_eq(wire_send(s, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* A queued GEN is dropped and answered cancelled; a running one is
+ * answered at once, its worker is told, and its slot stays taken until the
+ * worker's answer; only the GEN's connection or its token names it; an
+ * unknown_type ERROR (a worker older than CANCEL) ends no request. */
+START_TEST(test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x);
+    ready_slots(&x, 0, 1);
+    gen_from(&x, c1, 1, TOKEN_A, 7, false);
+    const uint64_t rid1 = request_on(&x, 0);
+    gen_from(&x, c1, 2, TOKEN_A, 8, false); /* the one slot is taken: it waits */
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+
+    cancel_from(&x, c2, 2, 0);       /* another connection, no token: names nothing */
+    cancel_from(&x, c2, 2, TOKEN_B); /* another token: nothing */
+    cancel_from(&x, c1, 99, 0);      /* an id never sent: nothing */
+    ck_assert_uint_eq(x.b.cancels_unknown, 3);
+    ck_assert_uint_eq(x.b.cancels, 0);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    quiet(c1, "the GENs' sender");
+    quiet(c2, "the stranger");
+
+    cancel_from(&x, c2, 2, TOKEN_A); /* its token, from another connection: the queued GEN ends */
+    expect_on(c1, "ERROR", 2, WIRE_E_CANCELLED);
+    quiet(c2, "the canceller (no reply of its own)");
+    quiet(x.w[0], "the worker (it never had the queued GEN)");
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 0);
+    ck_assert_uint_eq(x.b.cancels, 1);
+    TS_OK(brk_check(&x.b));
+
+    cancel_from(&x, c1, 1, 0); /* its own connection, no token: the running GEN ends */
+    expect_on(c1, "ERROR", 1, WIRE_E_CANCELLED);
+    wire_msg_t *m = take(x.w[0], false);
+    ck_assert_str_eq(m->type, "CANCEL");
+    ck_assert_uint_eq(m->id, rid1);
+    drop_msg(&m);
+    brk_worker_t *w = brk_worker_named(&x.b, "w0");
+    ck_assert_int_eq(w->route.inflight, 1); /* the worker still runs it */
+    cancel_from(&x, c1, 1, 0);              /* again: answered already, names nothing */
+    ck_assert_uint_eq(x.b.cancels_unknown, 4);
+    quiet(c1, "the sender (one final reply)");
+    TS_OK(brk_check(&x.b));
+
+    gen_from(&x, c1, 3, TOKEN_A, 9, false); /* waits for the cancelled one's slot */
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
+    quiet(x.w[0], "the worker (its slot is taken)");
+    wire_val_t *e = wire_hdr("ERROR", rid1);
+    wv_set(e, "code", wv_str(WIRE_E_CANCELLED));
+    wv_set(e, "message", wv_str("cancelled by its client after 3 of 10 steps"));
+    from_worker(&x, 0, e);
+    quiet(c1, "the sender (the worker's late ERROR is not forwarded)");
+    const uint64_t rid3 = request_on(&x, 0); /* the slot is free: the next GEN runs */
+
+    e = wire_hdr("ERROR", rid3); /* what a worker older than CANCEL answers to one */
+    wv_set(e, "code", wv_str(WIRE_E_UNKNOWN));
+    wv_set(e, "message", wv_str("a worker does not handle 'CANCEL'"));
+    from_worker(&x, 0, e);
+    quiet(c1, "the sender (an unknown_type ERROR ends no request)");
+    ck_assert_int_eq(w->route.inflight, 1);
+    serve(&x, rid3);
+    expect_on(c1, "RESULT", 3, NULL);
+    all_answered(&x);
+    zmq_close(c2);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none) {
     box_t x;
     box_open(&x);
@@ -3651,6 +3747,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
     tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
+    tcase_add_test(an, test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
