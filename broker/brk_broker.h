@@ -138,6 +138,7 @@ typedef struct brk_req {
     struct brk_req *prev, *next; /* all live requests (brk_t.reqs) */
     struct brk_req *id_next;   /* its bucket of brk_t.by_id */
     uint64_t client;           /* the GEN's client token (0: none): (client, client_id) names it to a resend */
+    uint64_t sender;           /* whose turn it takes (brk_pump): its token, else its connection's id hashed */
     struct brk_req *ck_next;   /* its bucket of brk_t.by_client (client != 0 only) */
 } brk_req_t;
 
@@ -247,6 +248,7 @@ typedef struct {
     brk_req_t *by_id[BRK_ID_BUCKETS]; /* the same, chained by id % BRK_ID_BUCKETS */
     brk_req_t *by_client[BRK_ID_BUCKETS]; /* those with a client token, by (client, client_id) */
     uint64_t resends;                /* GENs resent while their request was live: attached to it */
+    uint64_t last_sender;            /* the sender of the request dispatched last (brk_pump's ties) */
     uint64_t cancels;                /* CANCELs that ended a live request */
     uint64_t cancels_unknown;        /* CANCELs that named none (answered already, or never sent) */
     uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */

@@ -167,6 +167,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         }
         r->state = REQ_INFLIGHT;
         r->worker = w;
+        b->last_sender = r->sender;
         reel_hist_observe(&b->metrics.queue_wait_s, (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
         w->route.inflight++;
         brk_keys_note(w->keys, &w->n_keys, r->shard);
@@ -174,11 +175,100 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
     }
 }
 
-void brk_pump(brk_t *b) {
+/* Whether some worker has a free slot. */
+static bool any_room(const brk_t *b) {
+    for (int i = 0; i < b->n_w; i++)
+        if (b->w[i]->route.inflight < b->w[i]->route.max_inflight) return true;
+    return false;
+}
+
+/* The sender a request takes its turn as: its client token, else its
+ * connection's routing id (FNV-1a; never 0). */
+static uint64_t sender_of(const brk_req_t *r) {
+    if (r->client) return r->client;
+    const unsigned char *p = zmq_msg_data((zmq_msg_t *)CLIENT(r));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0, n = zmq_msg_size((zmq_msg_t *)CLIENT(r)); i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+typedef struct {
+    uint64_t who;   /* a sender (0: a free slot) */
+    uint32_t count; /* its requests running, and waiting so far */
+} sender_count_t;
+
+/* who's slot of tab (cap a power of two, never full), taken if new. */
+static size_t sender_slot(sender_count_t *tab, size_t cap, uint64_t who) {
+    size_t s = (size_t)(who * 0x9e3779b97f4a7c15ull) & (cap - 1);
+    while (tab[s].who && tab[s].who != who) s = (s + 1) & (cap - 1);
+    tab[s].who = who;
+    return s;
+}
+
+typedef struct {
+    uint32_t turn; /* requests of its sender that run, or wait ahead of it */
+    uint32_t last; /* 1: its sender's request was the last dispatched */
+    uint32_t at;   /* its place in the queue */
+} turn_t;
+
+static int by_turn(const void *a, const void *b) {
+    const turn_t *x = a, *y = b;
+    if (x->turn != y->turn) return x->turn < y->turn ? -1 : 1;
+    if (x->last != y->last) return x->last < y->last ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* The FIFO pass, when the turns cannot be had (out of memory). */
+static void pump_fifo(brk_t *b) {
     for (size_t i = 0; i < brk_queue_len(&b->queue);) {
         if (try_dispatch(b, brk_queue_at(&b->queue, i))) brk_queue_remove(&b->queue, i);
         else i++;
     }
+}
+
+/* Senders take turns: a free slot goes to the waiting request whose sender
+ * has the fewest requests running and waiting ahead of it; among equals,
+ * not the sender served last (its request just ended: the others' turn),
+ * then the oldest. So a client that queued many GENs does not hold back
+ * one that sent a single GEN after them; each sender's own requests still
+ * go in the order they came. Each request can still only go to its key's
+ * owner (affinity is kept: docs/PROTOCOL.md "Routing"). */
+void brk_pump(brk_t *b) {
+    const size_t n = brk_queue_len(&b->queue);
+    if (!n || !any_room(b)) return;
+    size_t live = 0;
+    for (const brk_req_t *r = b->reqs; r; r = r->next) live++;
+    size_t cap = 16;
+    while (cap < 2 * live) cap <<= 1;
+    sender_count_t *tab = calloc(cap, sizeof *tab);
+    turn_t *ord = malloc(n * sizeof *ord);
+    if (!tab || !ord || n > UINT32_MAX) {
+        free(tab);
+        free(ord);
+        pump_fifo(b);
+        return;
+    }
+    /* (every live request's sender fits: cap >= 2 x live) */
+    for (const brk_req_t *r = b->reqs; r; r = r->next)
+        if (r->state != REQ_QUEUED) /* running (abandoned too: its slot is still taken) */
+            tab[sender_slot(tab, cap, r->sender)].count++;
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t who = ((brk_req_t *)brk_queue_at(&b->queue, i))->sender;
+        size_t s = sender_slot(tab, cap, who);
+        ord[i] = (turn_t){ tab[s].count++, who == b->last_sender, (uint32_t)i };
+    }
+    qsort(ord, n, sizeof *ord, by_turn);
+    bool sent = false;
+    for (size_t k = 0; k < n; k++) {
+        brk_req_t *r = brk_queue_at(&b->queue, ord[k].at);
+        if (!try_dispatch(b, r)) continue;
+        brk_queue_at(&b->queue, ord[k].at) = NULL; /* (compacted below) */
+        sent = true;
+        if (!any_room(b)) break;
+    }
+    if (sent) brk_queue_compact(&b->queue);
+    free(tab);
+    free(ord);
 }
 
 static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fmt, ...)
@@ -355,6 +445,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     r->client_id = m->id;
     r->client = g->client;
     r->msg = m;
+    r->sender = sender_of(r);
     r->gen = *g;
     size_t ml = strnlen(g->model, sizeof r->model - 1); /* validated: a name that fits */
     memcpy(r->model, g->model, ml);

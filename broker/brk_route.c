@@ -212,6 +212,13 @@ void *brk_queue_remove(brk_queue_t *q, size_t i) {
     return item;
 }
 
+void brk_queue_compact(brk_queue_t *q) {
+    size_t o = 0;
+    for (size_t i = 0; i < q->n; i++)
+        if (q->v[i]) q->v[o++] = q->v[i];
+    q->n = o;
+}
+
 /* ---- recent keys -------------------------------------------------------------- */
 
 void brk_keys_note(uint64_t keys[BRK_KEYS_RECENT], int *n, uint64_t h) {

@@ -156,6 +156,8 @@ int brk_queue_push(brk_queue_t *q, void *item);
 int brk_queue_push_front(brk_queue_t *q, void *item);
 /* Removes and returns item i (< n), keeping the order of the others. */
 void *brk_queue_remove(brk_queue_t *q, size_t i);
+/* Removes every NULL item, keeping the order of the others. */
+void brk_queue_compact(brk_queue_t *q);
 #define brk_queue_len(q) ((q)->n)
 #define brk_queue_at(q, i) ((q)->v[(i)])
 

@@ -187,6 +187,29 @@ def main():
     r, _ = status(x, 5000)
     check(r is not None, "the broker still answers")
 
+    # turns (docs/PROTOCOL.md "Routing"): client c3 queues four GENs behind
+    # its running one; y's single GEN, sent after them, runs before them
+    gen(x, 31, client="00000000000000c3")
+    check(until(x, progress_of(31)) is not None, "client c3's long GEN runs")
+    for i in range(32, 36):
+        gen(x, i, shape=SHORT, steps=2, client="00000000000000c3")
+    gen(y, 41, shape=SHORT, steps=2)
+    queued = False
+    for k in range(300):
+        r, _ = status(z, 6000 + k)
+        if r and r.get("queue") == 5:
+            queued = True
+            break
+    check(queued, "c3's four GENs and y's one wait at the broker (STATUS queue 5)")
+    cancel(x, 31, client="00000000000000c3")
+    check(cancelled(until(x, is_final(31), 30000), "cancelled"), "c3's long GEN cancelled: the slot frees")
+    finals = {}
+    for i in range(32, 36):
+        finals[i] = until(x, is_final(i), 120000)
+    finals[41] = until(y, is_final(41), 120000)
+    check(all(h is not None and h.get("type") == "RESULT" for h in finals.values()),
+          "all five are served", {k: (v or {}).get("type") for k, v in finals.items()})
+
     # the Python client cancels what it gives up on
     sys.path.insert(0, a.python_path)
     import reel

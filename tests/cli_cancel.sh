@@ -3,7 +3,8 @@
 # reel-broker and a CPU reel-worker over ipc: a running GEN is answered
 # ERROR cancelled at once and its worker drops it before its next step; a
 # queued one never starts; only its own connection, or its client token,
-# names it; unknown, answered and malformed CANCELs; the Python client and
+# names it; unknown, answered and malformed CANCELs; clients take turns
+# for the one slot (another client's GEN before a queue's rest); the Python client and
 # reelctl gen cancel what they give up on (a timeout; reelctl gen's
 # SIGINT, exit 130); the catalog records each as
 # cancelled. tests/cancel_driver.py drives the sockets. Every wait is
@@ -35,6 +36,11 @@ timeout -k 5 660 /usr/bin/python3 "$HERE/cancel_driver.py" --endpoint "$CE" --py
     >"$D/driver.out" 2>&1
 py_checks "$D/driver.out" $?
 
+wait_sql "$DB" "select count(*) from requests where id in (32, 33, 34, 35, 41) and status = 'ok'" 5 60 || bad "the five turn rows reach the catalog"
+order=$(q "select group_concat(id, ' ') from (select id from requests where id in (32, 33, 34, 35, 41) and status = 'ok' order by rowid)")
+[ "$order" = "41 32 33 34 35" ] && ok "clients take turns: y's GEN ran before c3's four queued ahead of it; c3's in its order" ||
+    { bad "turns between clients (catalog order: '$order', expected '41 32 33 34 35')"; }
+
 echo "== reelctl gen cancels the GEN it gave up on"
 "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 4x16x16 --seed 1 --steps 10000 \
     --timeout-ms 1500 --quiet --out "$D/x.safetensors" 2>"$D/gen.err"
@@ -56,12 +62,12 @@ rc=$?
 [ "$rc" = 130 ] && grep -q "interrupted; the GEN was cancelled" "$D/int.err" &&
     ok "SIGINT: reelctl gen exits 130 and says the GEN was cancelled" || { bad "reelctl gen on SIGINT (exit $rc)"; show "$D/int.err"; }
 
-# the driver cancelled 7 (4 running, 1 queued, the client's 2 running); reelctl 2 more (running)
-wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 9 60 &&
-    ok "the catalog records every cancelled GEN as cancelled (9 rows)" ||
+# the driver cancelled 8 (5 running, 1 queued, the client's 2 running); reelctl 2 more (running)
+wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 10 60 &&
+    ok "the catalog records every cancelled GEN as cancelled (10 rows)" ||
     { bad "cancelled rows"; q "select id, status, steps from requests"; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
-wait_count "$D/w0.log" "cancelled by its client after" 8 60 &&
-    ok "the worker dropped each running one (8 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
+wait_count "$D/w0.log" "cancelled by its client after" 9 60 &&
+    ok "the worker dropped each running one (9 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
 grep "cancelled by its client after" "$D/w0.log" | grep -v " of 10000 steps" | head -3 >"$D/odd.txt"
 awk '/cancelled by its client after/ { for (i = 1; i < NF; i++) if ($i == "after") n = $(i + 1); if (n + 0 >= 10000) bad++ } END { exit bad > 0 }' "$D/w0.log" &&
     [ ! -s "$D/odd.txt" ] && ok "each stopped before its last step (k of 10000, k < 10000)" || { bad "cancelled step counts"; grep "cancelled by its client" "$D/w0.log" | head; }

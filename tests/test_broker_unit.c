@@ -1917,6 +1917,38 @@ START_TEST(test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_u
 }
 END_TEST
 
+/* Senders take turns for a free slot (brk_pump): after client A queued
+ * three GENs behind its running one, client B's single GEN (no token: its
+ * connection names it) goes next, then A's in their order. */
+START_TEST(test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each_sender_keeps_its_order) {
+    box_t x;
+    box_open(&x);
+    void *a = x.trainer, *bs = client_sock(&x);
+    ready_slots(&x, 0, 1);
+    gen_from(&x, a, 1, TOKEN_A, 1, false);
+    uint64_t rid = request_on(&x, 0);
+    for (uint64_t i = 2; i <= 4; i++) gen_from(&x, a, i, TOKEN_A, i, false);
+    gen_from(&x, bs, 1, 0, 9, false);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 4);
+    serve(&x, rid);
+    expect_on(a, "RESULT", 1, NULL);
+    rid = request_on(&x, 0); /* B's, though A's three came first */
+    serve(&x, rid);
+    expect_on(bs, "RESULT", 1, NULL);
+    quiet(a, "A (B's turn)");
+    for (uint64_t i = 2; i <= 4; i++) { /* then A's, in order */
+        rid = request_on(&x, 0);
+        serve(&x, rid);
+        expect_on(a, "RESULT", i, NULL);
+        TS_OK(brk_check(&x.b));
+    }
+    quiet(bs, "B");
+    all_answered(&x);
+    zmq_close(bs);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none) {
     box_t x;
     box_open(&x);
@@ -3748,6 +3780,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
     tcase_add_test(an, test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers);
+    tcase_add_test(an, test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each_sender_keeps_its_order);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
