@@ -3,8 +3,10 @@
  * A GEN (decoded and validated by the loop) is given its shard key and
  * required weight version, and
  * sent as a REQUEST to the key's owner (rendezvous over eligible workers)
- * when the owner has a free slot; otherwise it waits in the bounded FIFO
- * (full: BUSY; more tensor bytes than the broker may ever hold: too_large).
+ * when the owner has a free slot; otherwise it waits in the bounded queue
+ * (full: BUSY; more tensor bytes than the broker may ever hold: too_large),
+ * from which senders take turns for free slots (brk_pump). A CANCEL ends
+ * a waiting request at once and a running one at its worker's next step.
  * Every reply goes back with the client's own id. A request
  * whose worker dies is requeued once and fails worker_lost on a second
  * loss; one past its deadline fails timeout (no_worker when nobody could
