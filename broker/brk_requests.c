@@ -237,7 +237,11 @@ static void pump_fifo(brk_t *b) {
  * owner (affinity is kept: docs/PROTOCOL.md "Routing"). */
 void brk_pump(brk_t *b) {
     const size_t n = brk_queue_len(&b->queue);
-    if (!n || !any_room(b)) return;
+    if (!n) return;
+    if (!any_room(b)) { /* nothing can go: the pass only notes which requests have an owner (had_owner) */
+        pump_fifo(b);
+        return;
+    }
     size_t live = 0;
     for (const brk_req_t *r = b->reqs; r; r = r->next) live++;
     size_t cap = 16;
@@ -266,7 +270,8 @@ void brk_pump(brk_t *b) {
         if (!try_dispatch(b, r)) continue;
         brk_queue_at(&b->queue, ord[k].at) = NULL; /* (compacted below) */
         sent = true;
-        if (!any_room(b)) break;
+        /* (no break when the slots run out: every request is offered, so
+         * each one whose owner exists notes it, had_owner, as before) */
     }
     if (sent) brk_queue_compact(&b->queue);
     free(tab);
@@ -479,8 +484,8 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     *mp = NULL;
     req_link(b, r);
     /* Older requests wait in the queue only while their owner is full or
-     * missing, so sending a new one straight to a free owner keeps FIFO
-     * order per owner. */
+     * missing, so sending a new one straight to a free owner passes none
+     * of them (brk_pump gives a freed slot its turn). */
     if (try_dispatch(b, r)) return;
     if (brk_queue_push(&b->queue, r) < 0) {
         send_busy(b, CLIENT(r), r->client_id, "queue full (%zu requests waiting)", b->queue.max);

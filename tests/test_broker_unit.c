@@ -1944,7 +1944,67 @@ START_TEST(test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each
     }
     quiet(bs, "B");
     all_answered(&x);
+
+    /* The count of running requests matters, not only who went last: with
+     * two slots, B's first GEN runs, then A's; A queues two more, B one.
+     * When A's ends, A has none running and B one: A's next goes, though
+     * A was served last. */
     zmq_close(bs);
+    box_close(&x);
+    box_open(&x);
+    a = x.trainer;
+    bs = client_sock(&x);
+    ready_slots(&x, 0, 2);
+    gen_from(&x, bs, 10, 0, 10, false);
+    const uint64_t rb = request_on(&x, 0);
+    gen_from(&x, a, 20, TOKEN_A, 20, false);
+    const uint64_t ra = request_on(&x, 0);
+    gen_from(&x, a, 21, TOKEN_A, 21, false);
+    gen_from(&x, a, 22, TOKEN_A, 22, false);
+    gen_from(&x, bs, 11, 0, 11, false);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 3);
+    serve(&x, ra);
+    expect_on(a, "RESULT", 20, NULL);
+    rid = request_on(&x, 0); /* A's 21: A has none running, B one */
+    serve(&x, rid);
+    expect_on(a, "RESULT", 21, NULL);
+    serve(&x, rb);
+    expect_on(bs, "RESULT", 10, NULL);
+    for (int k = 0; k < 2; k++) { /* then B's 11 and A's 22, one each */
+        rid = request_on(&x, 0);
+        serve(&x, rid);
+    }
+    wire_msg_t *ma = take(a, false), *mb = take(bs, false);
+    ck_assert_str_eq(ma->type, "RESULT");
+    ck_assert_uint_eq(ma->id, 22);
+    ck_assert_str_eq(mb->type, "RESULT");
+    ck_assert_uint_eq(mb->id, 11);
+    drop_msg(&ma);
+    drop_msg(&mb);
+    all_answered(&x);
+    zmq_close(bs);
+    box_close(&x);
+}
+END_TEST
+
+/* Requests that waited with no owner (no worker yet) all learn they have
+ * one when a worker comes, though only one slot is free: at their
+ * deadline they would be timeout, not no_worker. */
+START_TEST(test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free) {
+    box_t x;
+    box_open(&x);
+    for (uint64_t i = 1; i <= 3; i++) gen_from(&x, x.trainer, i, TOKEN_A, i, false);
+    for (const brk_req_t *r = x.b.reqs; r; r = r->next) ck_assert(!r->had_owner);
+    ready_slots(&x, 0, 1);
+    uint64_t rid = request_on(&x, 0);
+    for (const brk_req_t *r = x.b.reqs; r; r = r->next)
+        ck_assert_msg(r->had_owner, "request %llu waits without knowing it has an owner", (unsigned long long)r->id);
+    for (uint64_t i = 1; i <= 3; i++) {
+        serve(&x, rid);
+        expect_on(x.trainer, "RESULT", i, NULL);
+        if (i < 3) rid = request_on(&x, 0);
+    }
+    all_answered(&x);
     box_close(&x);
 }
 END_TEST
@@ -3781,6 +3841,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
     tcase_add_test(an, test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers);
     tcase_add_test(an, test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each_sender_keeps_its_order);
+    tcase_add_test(an, test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
