@@ -384,7 +384,7 @@ int cmd_gen(int argc, char **argv) {
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     g_gen_client = NULL;
-    if (got != 0 && !strcmp(err.code, "interrupted")) {
+    if (got != 0 && !strcmp(err.code, REEL_CLIENT_E_INTERRUPTED)) {
         fprintf(stderr, "%sreelctl: gen: interrupted; the GEN was cancelled (the cluster stops it)\n",
                 g->progress ? "\n" : "");
         code = 130;

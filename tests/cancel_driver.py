@@ -13,6 +13,7 @@ bounded, and each check waits for the message it looks for.
 import argparse
 import os
 import sys
+import time
 
 import msgpack
 import numpy as np
@@ -99,6 +100,19 @@ def status(s, rid):
     return h, before
 
 
+def queue_reaches(s, n, first_id):
+    """Whether the broker's STATUS says n requests wait, asking over s again
+    after each answer (ids from first_id on) for up to 60 s."""
+    end = time.monotonic() + 60
+    k = 0
+    while time.monotonic() < end:
+        r, _ = status(s, first_id + k)
+        k += 1
+        if r and r.get("queue") == n:
+            return True
+    return False
+
+
 def cancelled(h, why):
     return h is not None and h.get("type") == "ERROR" and h.get("code") == "cancelled" and why in h.get("message", "")
 
@@ -128,13 +142,8 @@ def main():
     gen(x, 3, client="00000000000000a1")
     check(until(x, progress_of(3)) is not None, "a long GEN runs again")
     gen(x, 4, shape=SHORT, steps=2, client="00000000000000a1")
-    queued = False
-    for k in range(300):  # the broker holds GEN 4 (the worker has one slot): STATUS says so
-        r, _ = status(y, 1000 + k)
-        if r and r.get("queue") == 1:
-            queued = True
-            break
-    check(queued, "the second GEN waits at the broker (STATUS queue 1)")
+    # the broker holds GEN 4 (the worker has one slot): STATUS says so
+    check(queue_reaches(y, 1, 1000), "the second GEN waits at the broker (STATUS queue 1)")
     cancel(x, 4, client="00000000000000a1")
     seen = []
     h = until(x, is_final(4), 30000, seen)
@@ -194,13 +203,7 @@ def main():
     for i in range(32, 36):
         gen(x, i, shape=SHORT, steps=2, client="00000000000000c3")
     gen(y, 41, shape=SHORT, steps=2)
-    queued = False
-    for k in range(300):
-        r, _ = status(z, 6000 + k)
-        if r and r.get("queue") == 5:
-            queued = True
-            break
-    check(queued, "c3's four GENs and y's one wait at the broker (STATUS queue 5)")
+    check(queue_reaches(z, 5, 6000), "c3's four GENs and y's one wait at the broker (STATUS queue 5)")
     cancel(x, 31, client="00000000000000c3")
     check(cancelled(until(x, is_final(31), 30000), "cancelled"), "c3's long GEN cancelled: the slot frees")
     finals = {}

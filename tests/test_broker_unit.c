@@ -859,7 +859,9 @@ static void from_worker(box_t *x, int i, wire_val_t *hdr) {
     deliver(x, true);
 }
 
-static void ready(box_t *x, int i, uint64_t version) {
+/* READY of worker i serving tiny at `version`, with `slots` requests at
+ * once (0: max_inflight left out, the broker's default). */
+static void ready_with(box_t *x, int i, uint64_t version, uint64_t slots) {
     char name[16];
     snprintf(name, sizeof name, "w%d", i);
     wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
@@ -868,8 +870,11 @@ static void ready(box_t *x, int i, uint64_t version) {
     wv_set(h, "name", wv_str(name));
     wv_set(h, "models", models);
     wv_set(h, "versions", vers);
+    if (slots) wv_set(h, "max_inflight", wv_u64(slots));
     from_worker(x, i, h);
 }
+
+static void ready(box_t *x, int i, uint64_t version) { ready_with(x, i, version, 0); }
 
 static void box_open(box_t *x) {
     memset(x, 0, sizeof *x);
@@ -1817,25 +1822,10 @@ START_TEST(test_a_resend_of_an_abandoned_request_is_a_new_request) {
 }
 END_TEST
 
-/* Answers to bad messages are budgeted per peer (brk_reply_allowed): a
- * client sending junk gets BRK_REPLY_BURST answers and then only counts,
- * another client still gets its answers, and junk on the worker socket
- * from a peer that is not a registered worker is never answered. */
 /* ---- CANCEL (docs/PROTOCOL.md "Cancelling") --------------------------------------------- */
 
 /* READY of worker i serving tiny at version 1 with `slots` requests at once. */
-static void ready_slots(box_t *x, int i, uint64_t slots) {
-    char name[16];
-    snprintf(name, sizeof name, "w%d", i);
-    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
-    wv_push(models, wv_str("tiny"));
-    wv_set(vers, "transformer", wv_u64(1));
-    wv_set(h, "name", wv_str(name));
-    wv_set(h, "models", models);
-    wv_set(h, "versions", vers);
-    wv_set(h, "max_inflight", wv_u64(slots));
-    from_worker(x, i, h);
-}
+static void ready_slots(box_t *x, int i, uint64_t slots) { ready_with(x, i, 1, slots); }
 
 /* A CANCEL of client id `id` from socket s (token 0: none). */
 static void cancel_from(box_t *x, void *s, uint64_t id, uint64_t token) {
@@ -2009,6 +1999,10 @@ START_TEST(test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free
 }
 END_TEST
 
+/* Answers to bad messages are budgeted per peer (brk_reply_allowed): a
+ * client sending junk gets BRK_REPLY_BURST answers and then only counts,
+ * another client still gets its answers, and junk on the worker socket
+ * from a peer that is not a registered worker is never answered. */
 START_TEST(test_answers_to_junk_are_budgeted_per_peer_and_strangers_on_the_worker_socket_get_none) {
     box_t x;
     box_open(&x);

@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define REEL_E_INTERRUPTED_CODE "interrupted" /* reel_client_interrupt ended the wait */
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <time.h>
@@ -179,7 +177,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
                   reel_progress_fn fn, void *user, wire_err_t *err) {
     for (;;) {
         if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
-            set_err(err, REEL_E_INTERRUPTED_CODE, "interrupted before the broker answered");
+            set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the broker answered");
             return -1;
         }
         int64_t left = deadline - now_ms();
@@ -610,7 +608,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     m.client = c->token;
     wire_msg_t a;
     int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
-    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_E_INTERRUPTED_CODE))) {
+    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED))) {
         /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
          * rather than run it to its deadline for nobody. Best effort: its
          * answer, if any, is read by no one (a later call skips it). */

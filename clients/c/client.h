@@ -48,6 +48,7 @@ void reel_client_set_liveness(reel_client_t *c, int liveness_ms);
  * call returns "interrupted" at once. reelctl gen calls it on SIGINT and
  * SIGTERM. */
 void reel_client_interrupt(reel_client_t *c);
+#define REEL_CLIENT_E_INTERRUPTED "interrupted" /* err code of a call reel_client_interrupt ended */
 /* An endpoint list "A,B" (reel_client_new_keys) is a standby pair
  * (docs/PROTOCOL.md "A standby broker"): the client talks to one at a
  * time and moves to the other when the one it talks to answers a GEN,
