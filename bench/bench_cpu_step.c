@@ -7,11 +7,12 @@
  *     shapes, same kernel and tiles, same pool, nothing else (a GEMM_GELU
  *     node runs as the plain GEMM); step / GEMMs is the goal's ratio;
  *   - all its matrix products alone: those GEMMs plus the attention
- *     nodes' own BLAS products (scores and weights·values, the very calls
- *     on the same lanes: kern_cpu_attention_products), nothing between
- *     them; the direct attention (up to 64 keys and head width) makes no
- *     BLAS call and adds nothing; step / products is the title's ratio
- *     ("a step costs little more than its matrix products");
+ *     nodes' own products (scores and weights·values: the very sgemm
+ *     calls on the same lanes, or the direct kernel's own two loops, up to
+ *     64 keys and head width, with the scores standing in for the weights:
+ *     kern_cpu_attention_products), nothing between them; step / products
+ *     is the title's ratio ("a step costs little more than its matrix
+ *     products");
  *   - a profile: every node of the graph timed alone, summed by op;
  *   - each at the default pool (REEL_THREADS, else the cores) and at 1.
  * PyTorch eager on the same weights is bench/torch_step.py's, run here when
@@ -64,13 +65,13 @@ typedef struct {
     double eager, replay, gemms, products;
     double by_op[KERN_OP_COUNT + 1];
     size_t count[KERN_OP_COUNT + 1]; /* nodes of each op */
-    size_t nodes, gemm_nodes, blas_attn_nodes;
+    size_t nodes, gemm_nodes, attn_nodes, blas_attn_nodes;
 } result_t;
 
 static bool is_attention(kern_op_t op) { return op == KERN_OP_ATTENTION || op == KERN_OP_ATTENTION_SDPA; }
 
 /* The graph's GEMM nodes alone, and with products, its attention nodes'
- * BLAS products too. */
+ * own matrix products too. */
 static double run_products(kern_graph_t *g, const kern_op_t *ops, size_t n, node_fn_t gemm, bool products) {
     double t0 = bench_now();
     for (size_t i = 0; i < n; i++) {
@@ -113,6 +114,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
         if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) r->gemm_nodes++;
         if (is_attention(ops[i])) {
             const kern_attention_args_t *a = args;
+            r->attn_nodes++;
             if (cpu_attn_way(a->nq, a->nk, a->head_dim) != CPU_ATTN_DIRECT) r->blas_attn_nodes++;
         }
     }
@@ -159,9 +161,10 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
            "GEMMs alone %9.3f ms (%zu of %zu nodes), step/GEMMs %.3f\n",
            sc->label, threads, (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L,
            r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
-    printf("    all its matrix products alone %9.3f ms (the GEMMs + %zu attention nodes' BLAS products; "
-           "direct attention has none), step/products %.3f\n",
-           r->products * 1e3, r->blas_attn_nodes, r->eager / r->products);
+    printf("    all its matrix products alone %9.3f ms (the GEMMs + %zu attention nodes' own products, %zu by BLAS, "
+           "%zu direct), step/products %.3f\n",
+           r->products * 1e3, r->attn_nodes, r->blas_attn_nodes, r->attn_nodes - r->blas_attn_nodes,
+           r->eager / r->products);
     double total = 0;
     for (int o = 0; o <= KERN_OP_COUNT; o++) total += r->by_op[o];
     for (int shown = 0; shown < 8; shown++) { /* the top ops, largest first */

@@ -92,6 +92,32 @@ static inline float cpu_layernorm_affine_value(float x, double mean, double rstd
     return (float)v;
 }
 
+/* A row's LayerNorm outputs with affine, y[i] =
+ * cpu_layernorm_affine_value(x[i], mean, rstd, w[i], b ? &b[i] : NULL),
+ * as two loops without a branch inside, so that each vectorises (the
+ * conditional bias kept the one loop scalar). y may equal x. */
+static inline void cpu_layernorm_affine_row(float *y, const float *x, int64_t D, double mean, double rstd,
+                                            const float *w, const float *b) {
+    if (b)
+        for (int64_t i = 0; i < D; i++) {
+            double v = ((double)x[i] - mean) * rstd;
+            y[i] = (float)(v * (double)w[i] + (double)b[i]);
+        }
+    else
+        for (int64_t i = 0; i < D; i++) {
+            double v = ((double)x[i] - mean) * rstd;
+            y[i] = (float)(v * (double)w[i] + 0.0);
+        }
+}
+
+/* Rows whose statistics a row kernel takes before it writes any of their
+ * outputs. A row's statistics are a chain of dependent sums, a square
+ * root and a division; for short rows (tiny's 64) that chain, not the
+ * arithmetic, was the row's time. The chains of a chunk's rows are
+ * independent, so the core runs them side by side. Each row's arithmetic
+ * is unchanged: no result depends on the chunk. */
+#define CPU_STAT_ROWS 16
+
 /* x[0..D) += g[i]·y[i], or += y[i] without a gate, in float. */
 static inline void cpu_residual_row(float *x, const float *y, const float *g, int64_t D) {
     if (g)
@@ -178,6 +204,14 @@ static inline cpu_rope_tables_t cpu_rope_tables(void *scratch, int64_t head_dim,
     }
     return cpu_rope_parts(tab, head_dim, frames, rows);
 }
+
+/* The timestep embedding's frequency ω_j = 10000^(−j/h), in double. */
+static inline double cpu_freq(int64_t j, int64_t h) { return pow(10000.0, -(double)j / (double)h); }
+
+/* ω_0 .. ω_(h−1), computed once per process for each h (cpu_vec.c; at
+ * most 8 widths, then NULL: the caller computes them). The same values
+ * as cpu_freq: a cached table changes no result. */
+const double *cpu_freq_cached(int64_t h);
 
 /* Rotates the pair (u, w) by (c, s) in double, each result rounded once. */
 static inline void cpu_rope_turn(float u, float w, double c, double s, float *o0, float *o1) {

@@ -134,16 +134,24 @@ static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads, i
  * sums by j mod 16, lanes l and l + 8 added, then the same tree); p_j =
  * e_j·(float)(1/Σ); o_c = Σ_j in order p_j·v_jc. So the bits are those of
  * the row-major kernel (tests/test_ops_cpu.c keeps it and compares). */
-CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
-                                      int64_t nk, int64_t d, int64_t ld, float scale) {
+CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                    int64_t nk, int64_t d, int64_t ld, float scale, const bool softmax) {
     enum { MX = CPU_ATTN_DIRECT_MAX, G = CPU_VW };
     typedef float cpu_attn_half_t __attribute__((vector_size(CPU_VW * 2)));
-    float qt[MX * G], st[MX * G], ot[G];
+    float qt[MX * G], st[MX * G], ot[MX * G];
     const cpu_vf one = cpu_vsplat(1.0f);
     for (int64_t r = 0; r < rows; r += G) {
         const int64_t rb = rows - r < G ? rows - r : G;
-        for (int64_t c = 0; c < d; c++) /* qᵀ: lane i is row r + i; missing rows 0 */
-            for (int64_t i = 0; i < G; i++) qt[c * G + i] = i < rb ? q[(r + i) * ld + c] : 0.0f;
+        for (int64_t c0 = 0; c0 < d; c0 += G) { /* qᵀ: lane i is row r + i; missing rows and columns 0 */
+            const int64_t cn = d - c0 < G ? d - c0 : G;
+            cpu_vf m[G];
+            for (int64_t i = 0; i < G; i++) {
+                const float *qi = q + (r + i) * ld + c0;
+                m[i] = i >= rb ? cpu_vsplat(0.0f) : cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
+            }
+            cpu_vtranspose16(m);
+            for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
+        }
         cpu_vf m = cpu_vsplat(-INFINITY);
         int64_t j = 0;
         for (; j + 4 <= nk; j += 4) { /* scores, four keys' independent sums at once, and the running max */
@@ -170,27 +178,29 @@ CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const floa
             cpu_vstore(st + j * G, a);
             m = cpu_vmax2(m, a * one);
         }
-        cpu_vd acc[16][2];
-        memset(acc, 0, sizeof acc);
-        for (j = 0; j < nk; j++) {
-            const cpu_vf e = cpu_vexp(cpu_vload(st + j * G) * one - m);
-            cpu_vstore(st + j * G, e);
-            cpu_attn_half_t lo, hi;
-            memcpy(&lo, &e, sizeof lo);
-            memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
-            acc[j % 16][0] += __builtin_convertvector(lo, cpu_vd);
-            acc[j % 16][1] += __builtin_convertvector(hi, cpu_vd);
+        if (softmax) { /* without: the weights are the scores, the products alone */
+            cpu_vd acc[16][2];
+            memset(acc, 0, sizeof acc);
+            for (j = 0; j < nk; j++) {
+                const cpu_vf e = cpu_vexp(cpu_vload(st + j * G) * one - m);
+                cpu_vstore(st + j * G, e);
+                cpu_attn_half_t lo, hi;
+                memcpy(&lo, &e, sizeof lo);
+                memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
+                acc[j % 16][0] += __builtin_convertvector(lo, cpu_vd);
+                acc[j % 16][1] += __builtin_convertvector(hi, cpu_vd);
+            }
+            cpu_vf inv;
+            for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7: cpu_vsum_d's tree over lanes l + (l + 8) */
+                cpu_vd t[8];
+                for (int l = 0; l < 8; l++) t[l] = acc[l][h] + acc[l + 8][h];
+                const cpu_vd sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+                const cpu_vd id = 1.0 / sum;
+                const cpu_attn_half_t f = __builtin_convertvector(id, cpu_attn_half_t);
+                memcpy((char *)&inv + h * sizeof f, &f, sizeof f);
+            }
+            for (j = 0; j < nk; j++) cpu_vstore(st + j * G, cpu_vload(st + j * G) * inv);
         }
-        cpu_vf inv;
-        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7: cpu_vsum_d's tree over lanes l + (l + 8) */
-            cpu_vd t[8];
-            for (int l = 0; l < 8; l++) t[l] = acc[l][h] + acc[l + 8][h];
-            const cpu_vd sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
-            const cpu_vd id = 1.0 / sum;
-            const cpu_attn_half_t f = __builtin_convertvector(id, cpu_attn_half_t);
-            memcpy((char *)&inv + h * sizeof f, &f, sizeof f);
-        }
-        for (j = 0; j < nk; j++) cpu_vstore(st + j * G, cpu_vload(st + j * G) * inv);
         int64_t c = 0;
         for (; c + 4 <= d; c += 4) { /* outputs, four columns' independent sums at once */
             cpu_vf a0 = cpu_vsplat(0.0f), a1 = a0, a2 = a0, a3 = a0;
@@ -202,24 +212,48 @@ CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const floa
                 a2 = a2 + pj * vj[2];
                 a3 = a3 + pj * vj[3];
             }
-            const cpu_vf o4[4] = { a0, a1, a2, a3 };
-            for (int u = 0; u < 4; u++) {
-                cpu_vstore(ot, o4[u]);
-                for (int64_t i = 0; i < rb; i++) o[(r + i) * ld + c + u] = ot[i];
-            }
+            cpu_vstore(ot + c * G, a0);
+            cpu_vstore(ot + (c + 1) * G, a1);
+            cpu_vstore(ot + (c + 2) * G, a2);
+            cpu_vstore(ot + (c + 3) * G, a3);
         }
         for (; c < d; c++) {
             cpu_vf a = cpu_vsplat(0.0f);
             for (j = 0; j < nk; j++) a = a + cpu_vload(st + j * G) * v[j * ld + c];
-            cpu_vstore(ot, a);
-            for (int64_t i = 0; i < rb; i++) o[(r + i) * ld + c] = ot[i];
+            cpu_vstore(ot + c * G, a);
+        }
+        for (int64_t c0 = 0; c0 < d; c0 += G) { /* oᵀ back to rows: row r + i's columns c0 .. c0 + cn */
+            const int64_t cn = d - c0 < G ? d - c0 : G;
+            cpu_vf m[G];
+            for (int64_t cc = 0; cc < G; cc++) m[cc] = cc < cn ? cpu_vload(ot + (c0 + cc) * G) : cpu_vsplat(0.0f);
+            cpu_vtranspose16(m);
+            for (int64_t i = 0; i < rb; i++) {
+                float *oi = o + (r + i) * ld + c0;
+                if (cn == G)
+                    cpu_vstore(oi, m[i]);
+                else
+                    cpu_vstore_part(oi, m[i], cn);
+            }
         }
     }
+}
+
+/* The direct kernel (cpu_attn_direct_do with its softmax). */
+CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                      int64_t nk, int64_t d, int64_t ld, float scale) {
+    cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, true);
 }
 
 /* cpu_attn_direct_rows compiled for each ISA and dispatched (cpu_vec.c). */
 void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
                          int64_t d, int64_t ld, float scale);
+
+/* The direct kernel's matrix products alone, dispatched: the same q
+ * transpose, scores and weights·values loops, with the scores standing in
+ * for the weights (no max, e^x, sum or scaling). For bench_cpu_step's
+ * floor (kern_cpu_attention_products); o gets no attention output. */
+void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                  int64_t nk, int64_t d, int64_t ld, float scale);
 
 /* The flash rows of one key block: s [rows × n] (stride lds) becomes the
  * block's weights e^(s − m'), m and l are updated and c[r] = e^(m − m')

@@ -30,6 +30,11 @@ CPU_VEC_DISPATCH void cpu_vec_attn_direct(const float *q, const float *k, const 
     cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale);
 }
 
+CPU_VEC_DISPATCH void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v, float *o,
+                                                   int64_t rows, int64_t nk, int64_t d, int64_t ld, float scale) {
+    cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, false);
+}
+
 /* RoPE tables by shape (cpu_arith.h): filled once, kept for the process,
  * never freed or moved, so a pointer handed out stays valid for every
  * thread. 32 shapes at most; later ones are filled per call. */
@@ -64,6 +69,33 @@ const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, in
             rope_cache[rope_cached_n].tab = tab;
             rope_cached_n++;
             hit = tab;
+        }
+    }
+    pthread_mutex_unlock(&rope_mu);
+    return hit;
+}
+
+/* Timestep frequencies by half-width (cpu_arith.h), under the RoPE cache's
+ * lock: filled once, never freed or moved; 8 widths at most. */
+#define FREQ_CACHE 8
+static struct { int64_t h; const double *w; } freq_cache[FREQ_CACHE];
+static int freq_cached_n;
+
+const double *cpu_freq_cached(int64_t h) {
+    const double *hit = NULL;
+    if (h <= 0) return NULL;
+    pthread_once(&rope_once, rope_atfork);
+    pthread_mutex_lock(&rope_mu);
+    for (int i = 0; i < freq_cached_n && !hit; i++)
+        if (freq_cache[i].h == h) hit = freq_cache[i].w;
+    if (!hit && freq_cached_n < FREQ_CACHE) {
+        double *w = malloc((size_t)h * sizeof *w);
+        if (w) {
+            for (int64_t j = 0; j < h; j++) w[j] = cpu_freq(j, h);
+            freq_cache[freq_cached_n].h = h;
+            freq_cache[freq_cached_n].w = w;
+            freq_cached_n++;
+            hit = w;
         }
     }
     pthread_mutex_unlock(&rope_mu);

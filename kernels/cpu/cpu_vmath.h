@@ -83,6 +83,23 @@ CPU_VINLINE void cpu_vstore_part(float *p, cpu_vf v, int64_t n) {
     memcpy(p, t, (size_t)n * sizeof(float));
 }
 
+/* Transposes the 16 x 16 floats m[0..15] in place: lane j of m[i] becomes
+ * lane i of m[j]. Four rounds of interleaving m[i] with m[i + 8] (64 two-
+ * vector shuffles, where element by element took 256 loads and stores).
+ * Moves bits only. */
+CPU_VINLINE void cpu_vtranspose16(cpu_vf *m) {
+    for (int round = 0; round < 4; round++) {
+        cpu_vf t[CPU_VW];
+        for (int i = 0; i < CPU_VW / 2; i++) {
+            t[2 * i] = __builtin_shufflevector(m[i], m[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
+                                               7, 23);
+            t[2 * i + 1] = __builtin_shufflevector(m[i], m[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29,
+                                                   14, 30, 15, 31);
+        }
+        memcpy(m, t, sizeof t);
+    }
+}
+
 /* 0, 1, ..., 15. */
 CPU_VINLINE cpu_vi cpu_vlanes(void) {
     cpu_vi r = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };

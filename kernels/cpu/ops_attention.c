@@ -29,7 +29,7 @@ typedef struct {
     const kern_attention_args_t *a;
     int64_t rows, blocks, lanes;
     int64_t items;  /* batch·heads·blocks */
-    bool products;  /* the BLAS calls alone (kern_cpu_attention_products) */
+    bool products;  /* the matrix products alone (kern_cpu_attention_products) */
 } attn_job_t;
 
 /* Item it of (sample, head, query block): sample b's q, k, v, o (k and v
@@ -118,12 +118,12 @@ static void attention_direct_item(void *ctx, int64_t t) {
     const attn_item_t x = attn_item(j, t);
     const int64_t h = x.h, i0 = x.i0;
     const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
-    cpu_vec_attn_direct(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld,
-                        a->scale);
+    (j->products ? cpu_vec_attn_direct_products : cpu_vec_attn_direct)(
+        x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, m, a->nk, d, ld, a->scale);
 }
 
 /* Fails (o untouched) when there are no keys, the scratch is short, or a
- * size exceeds the BLAS int range. products: the BLAS calls alone. */
+ * size exceeds the BLAS int range. products: the matrix products alone. */
 static int attention_run(const kern_attention_args_t *a, bool products) {
     int64_t nq = a->nq, nk = a->nk, H = a->heads, d = a->head_dim, ld = H * d;
     if (nq <= 0 || H <= 0 || d <= 0) return 0;
@@ -145,7 +145,6 @@ static int attention_run(const kern_attention_args_t *a, bool products) {
      * more than they save: one lane takes every item (lane 0's scratch) */
     const bool one = batch * nq * nk * ld < ((int64_t)1 << 20);
     if (way == CPU_ATTN_DIRECT) {
-        if (products) return 0; /* no BLAS */
         if (one)
             for (int64_t t = 0; t < j.items; t++) attention_direct_item(&j, t);
         else

@@ -24,15 +24,19 @@ static inline const float *group_row(const void *p, int64_t group, int64_t strid
 static CPU_VEC_DISPATCH void layernorm_modulate_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_norm_modulate_args_t *a = ctx;
     const int64_t D = a->dim;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *sh = group_row(a->shift, a->group, a->shift_stride, r);
-        const float *sc = group_row(a->scale, a->group, a->scale_stride, r);
-        const float *x = (const float *)a->x + r * D;
-        float *y = (float *)a->y + r * D;
-        double mean, rstd;
-        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
-        for (int64_t i = 0; i < D; i++)
-            y[i] = cpu_modulate_value(cpu_layernorm_value(x[i], mean, rstd), sh[i], sc[i]);
+    for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's statistics, then its outputs */
+        const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
+        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        for (int64_t i = 0; i < n; i++)
+            cpu_layernorm_stats((const float *)a->x + (r + i) * D, D, a->eps, &mean[i], &rstd[i]);
+        for (int64_t i = 0; i < n; i++) {
+            const float *sh = group_row(a->shift, a->group, a->shift_stride, r + i);
+            const float *sc = group_row(a->scale, a->group, a->scale_stride, r + i);
+            const float *x = (const float *)a->x + (r + i) * D;
+            float *y = (float *)a->y + (r + i) * D;
+            for (int64_t c = 0; c < D; c++)
+                y[c] = cpu_modulate_value(cpu_layernorm_value(x[c], mean[i], rstd[i]), sh[c], sc[c]);
+        }
     }
 }
 
@@ -78,24 +82,28 @@ static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1
     const int64_t H = a->heads, d = a->head_dim, R = a->rows, C = a->cols, D = H * d, T = a->frames * R * C;
     const float *wt = a->weight;
     double cs[ROPE_ROW_MAX]; /* the token's (cos, sin) of every pair of a head */
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t tok = r % T; /* the token's place in its sample */
-        const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
-        float *row = (float *)a->x + r * D;
-        const double rrms = cpu_rms_scale(row, D, a->eps);
-        if (d <= ROPE_ROW_MAX) { /* the three parts side by side: one run of pairs a head */
-            memcpy(cs, t.f + f * t.p.rf, (size_t)t.p.rf * sizeof(double));
-            memcpy(cs + t.p.rf, t.r + h * t.p.rr, (size_t)t.p.rr * sizeof(double));
-            memcpy(cs + t.p.rf + t.p.rr, t.c + w * t.p.rc, (size_t)t.p.rc * sizeof(double));
-            for (int64_t hd = 0; hd < H; hd++) norm_turn(row + hd * d, wt + hd * d, rrms, cs, d / 2);
-            continue;
-        }
-        for (int64_t hd = 0; hd < H; hd++) {
-            float *xh = row + hd * d;
-            const float *wh = wt + hd * d;
-            norm_turn(xh, wh, rrms, t.f + f * t.p.rf, t.p.rf / 2);
-            norm_turn(xh + t.p.rf, wh + t.p.rf, rrms, t.r + h * t.p.rr, t.p.rr / 2);
-            norm_turn(xh + t.p.rf + t.p.rr, wh + t.p.rf + t.p.rr, rrms, t.c + w * t.p.rc, t.p.rc / 2);
+    for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's RMS, then its rows */
+        const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
+        double rrms[CPU_STAT_ROWS];
+        for (int64_t i = 0; i < n; i++) rrms[i] = cpu_rms_scale((const float *)a->x + (r + i) * D, D, a->eps);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t tok = (r + i) % T; /* the token's place in its sample */
+            const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
+            float *row = (float *)a->x + (r + i) * D;
+            if (d <= ROPE_ROW_MAX) { /* the three parts side by side: one run of pairs a head */
+                memcpy(cs, t.f + f * t.p.rf, (size_t)t.p.rf * sizeof(double));
+                memcpy(cs + t.p.rf, t.r + h * t.p.rr, (size_t)t.p.rr * sizeof(double));
+                memcpy(cs + t.p.rf + t.p.rr, t.c + w * t.p.rc, (size_t)t.p.rc * sizeof(double));
+                for (int64_t hd = 0; hd < H; hd++) norm_turn(row + hd * d, wt + hd * d, rrms[i], cs, d / 2);
+                continue;
+            }
+            for (int64_t hd = 0; hd < H; hd++) {
+                float *xh = row + hd * d;
+                const float *wh = wt + hd * d;
+                norm_turn(xh, wh, rrms[i], t.f + f * t.p.rf, t.p.rf / 2);
+                norm_turn(xh + t.p.rf, wh + t.p.rf, rrms[i], t.r + h * t.p.rr, t.p.rr / 2);
+                norm_turn(xh + t.p.rf + t.p.rr, wh + t.p.rf + t.p.rr, rrms[i], t.c + w * t.p.rc, t.p.rc / 2);
+            }
         }
     }
 }
@@ -121,21 +129,28 @@ static int rmsnorm_rope3d_f32(void *ctx, const void *args) {
 static CPU_VEC_DISPATCH void residual_norm_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_residual_norm_args_t *a = ctx;
     const int64_t D = a->dim;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *g = group_row(a->gate, a->group, a->gate_stride, r);
-        const float *p0 = group_row(a->p0, a->group, a->p0_stride, r), *p1 = group_row(a->p1, a->group, a->p1_stride, r);
-        float *x = (float *)a->x + r * D, *out = (float *)a->out + r * D;
-        cpu_residual_row(x, (const float *)a->y + r * D, g, D);
-        double mean, rstd;
-        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
-        if (a->modulate)
-            for (int64_t i = 0; i < D; i++)
-                out[i] = cpu_modulate_value(cpu_layernorm_value(x[i], mean, rstd), p0[i], p1[i]);
-        else if (p0)
-            for (int64_t i = 0; i < D; i++)
-                out[i] = cpu_layernorm_affine_value(x[i], mean, rstd, p0[i], p1 ? &p1[i] : NULL);
-        else
-            for (int64_t i = 0; i < D; i++) out[i] = cpu_layernorm_value(x[i], mean, rstd);
+    for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's residuals and statistics, then its outputs */
+        const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
+        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        for (int64_t i = 0; i < n; i++) {
+            const float *g = group_row(a->gate, a->group, a->gate_stride, r + i);
+            float *x = (float *)a->x + (r + i) * D;
+            cpu_residual_row(x, (const float *)a->y + (r + i) * D, g, D);
+            cpu_layernorm_stats(x, D, a->eps, &mean[i], &rstd[i]);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            const float *p0 = group_row(a->p0, a->group, a->p0_stride, r + i);
+            const float *p1 = group_row(a->p1, a->group, a->p1_stride, r + i);
+            const float *x = (const float *)a->x + (r + i) * D;
+            float *out = (float *)a->out + (r + i) * D;
+            if (a->modulate)
+                for (int64_t c = 0; c < D; c++)
+                    out[c] = cpu_modulate_value(cpu_layernorm_value(x[c], mean[i], rstd[i]), p0[c], p1[c]);
+            else if (p0)
+                cpu_layernorm_affine_row(out, x, D, mean[i], rstd[i], p0, p1);
+            else
+                for (int64_t c = 0; c < D; c++) out[c] = cpu_layernorm_value(x[c], mean[i], rstd[i]);
+        }
     }
 }
 

@@ -15,16 +15,20 @@ static CPU_VEC_DISPATCH void layernorm_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_norm_args_t *a = ctx;
     const float *w = a->weight, *b = a->bias;
     const int64_t D = a->dim;
-    for (int64_t r = r0; r < r1; r++) {
+    for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's statistics, then its outputs */
+        const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double mean, rstd;
-        cpu_layernorm_stats(x, D, a->eps, &mean, &rstd);
-        if (!w) {
-            for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_value(x[i], mean, rstd);
-            continue;
+        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        for (int64_t i = 0; i < n; i++) cpu_layernorm_stats(x + i * D, D, a->eps, &mean[i], &rstd[i]);
+        for (int64_t i = 0; i < n; i++) {
+            const float *xi = x + i * D;
+            float *yi = y + i * D;
+            if (w)
+                cpu_layernorm_affine_row(yi, xi, D, mean[i], rstd[i], w, b);
+            else
+                for (int64_t c = 0; c < D; c++) yi[c] = cpu_layernorm_value(xi[c], mean[i], rstd[i]);
         }
-        for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_affine_value(x[i], mean, rstd, w[i], b ? &b[i] : NULL);
     }
 }
 
@@ -40,11 +44,14 @@ static CPU_VEC_DISPATCH void rmsnorm_rows(void *ctx, int64_t r0, int64_t r1) {
     const kern_norm_args_t *a = ctx;
     const float *w = a->weight;
     const int64_t D = a->dim;
-    for (int64_t r = r0; r < r1; r++) {
+    for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's statistics, then its outputs */
+        const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double rrms = cpu_rms_scale(x, D, a->eps);
-        for (int64_t i = 0; i < D; i++) y[i] = cpu_rms_value(x[i], rrms, w[i]);
+        double rrms[CPU_STAT_ROWS];
+        for (int64_t i = 0; i < n; i++) rrms[i] = cpu_rms_scale(x + i * D, D, a->eps);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < D; c++) y[i * D + c] = cpu_rms_value(x[i * D + c], rrms[i], w[c]);
     }
 }
 

@@ -9,6 +9,7 @@
  * (capturable: the counter-based noise needs nothing else). */
 #include "../ops_args.h"
 #include "../philox.h"
+#include "cpu_arith.h"
 #include <math.h>
 #include <string.h>
 
@@ -18,11 +19,12 @@ static int timestep_embed_f32(void *ctx, const void *args) {
     (void)ctx;
     const kern_timestep_args_t *a = args;
     int64_t h = a->dim / 2;
+    const double *om = cpu_freq_cached(h); /* NULL: computed here */
     for (int64_t r = 0; r < (a->rows > 1 ? a->rows : 1); r++) { /* row r: its own σ */
         float *emb = (float *)a->emb + r * a->dim;
         double t = (double)a->t_scale * (double)a->sigma[r * a->sigma_stride];
         for (int64_t j = 0; j < h; j++) {
-            double th = t * pow(10000.0, -(double)j / (double)h);
+            double th = t * (om ? om[j] : cpu_freq(j, h));
             emb[j] = (float)cos(th);
             emb[h + j] = (float)sin(th);
         }
