@@ -7,7 +7,8 @@
 # for the one slot (another client's GEN before a queue's rest); the Python client and
 # reelctl gen cancel what they give up on (a timeout; reelctl gen's
 # SIGINT, exit 130); the catalog records each as
-# cancelled. tests/cancel_driver.py drives the sockets. Every wait is
+# cancelled; a member of a mixed batch (--max-batch 4) cancelled mid-loop
+# leaves the others' latents bitwise `reelctl run` of each alone. tests/cancel_driver.py drives the sockets. Every wait is
 # bounded; every process is killed on exit.
 # Usage: cli_cancel.sh BUILD
 set -u
@@ -77,4 +78,40 @@ grep -q "cancelled by its client while queued" "$D/broker.log" && grep -q "cance
     ok "the broker logs where each was when cancelled" || bad "the broker's log lines"
 "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 1 --steps 2 \
     --timeout-ms 60000 --quiet --out "$D/y.safetensors" 2>"$D/y.err" && ok "and it serves the next GEN" || { bad "a GEN after"; show "$D/y.err"; }
+
+echo "== a cancelled member of a mixed batch: the others go on, bitwise as if alone"
+stop_proc "$WORKER" || bad "w0 stops"
+cli_worker wb "$D/broker.log" "$D/wb.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
+    --max-inflight 4 --max-batch 4 --batching always --heartbeat-ms 200 || { bad "the batching worker starts"; finish; }
+MS=4000
+bgen() { # SEED: a long GEN of one key (2x8x8, no CFG), its output in $D/b.SEED.safetensors (exec: $! is reelctl's pid)
+    exec "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed "$1" --steps $MS \
+        --timeout-ms 300000 --out "$D/b.$1.safetensors" 2>"$D/b.$1.err"
+}
+bgen 11 & b1=$!
+bgen 12 & b2=$!
+bgen 13 & b3=$!
+PIDS="$PIDS $b1 $b2 $b3"
+i=0
+while [ "$(inflight)" != 3 ] && [ $i -lt 600 ] && ! gone "$b1" && ! gone "$b3"; do sleep 0.1; i=$((i + 1)); done
+[ "$(inflight)" = 3 ] && ok "three GENs of one key run on the batching worker at once" || bad "three GENs in flight ($(inflight))"
+kill -INT "$b2" 2>/dev/null
+reap "$b2" 30
+rc=$?
+[ "$rc" = 130 ] && ok "the middle one is cancelled (reelctl gen exit 130)" || { bad "the middle GEN's cancel (exit $rc)"; show "$D/b.12.err"; }
+reap "$b1" 300 && reap "$b3" 300 && ok "the other two are answered" || { bad "the other two GENs"; show "$D/b.11.err"; show "$D/b.13.err"; }
+wait_count "$D/wb.log" "cancelled by its client after" 1 60 &&
+    ! grep "cancelled by its client after" "$D/wb.log" | grep -q " $MS of $MS steps" &&
+    ok "the worker dropped it before its last step" || { bad "the batching worker's cancel"; grep -E "failed|cancel" "$D/wb.log" | tail -5; }
+grep -q "batched with other requests" "$D/b.11.err" && grep -q "batched with other requests" "$D/b.13.err" &&
+    ok "both ran in mixed steps (reelctl gen says batched)" || { bad "the two were not batched"; show "$D/b.11.err"; }
+n=0
+for s in 11 13; do
+    "$R" run --weights "$D/w1.safetensors" --context "$D/ctx.safetensors" --size 2x8x8 --seed $s --steps $MS \
+        --out "$D/ref.$s.safetensors" 2>"$D/ref.$s.err" || bad "reelctl run seed $s"
+    "$R" tensor diff "$D/b.$s.safetensors" "$D/ref.$s.safetensors" --name latent >/dev/null 2>&1 && n=$((n + 1))
+done
+[ $n = 2 ] && ok "each latent is bitwise reelctl run of the request alone" || bad "$n of 2 latents equal reelctl run"
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 1 --steps 2 \
+    --timeout-ms 60000 --quiet --out "$D/y2.safetensors" 2>"$D/y2.err" && ok "and the worker serves the next GEN" || { bad "a GEN after the batch"; show "$D/y2.err"; }
 finish
