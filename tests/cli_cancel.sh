@@ -8,7 +8,8 @@
 # reelctl gen cancel what they give up on (a timeout; reelctl gen's
 # SIGINT, exit 130); the catalog records each as
 # cancelled; a member of a mixed batch (--max-batch 4) cancelled mid-loop
-# leaves the others' latents bitwise `reelctl run` of each alone. tests/cancel_driver.py drives the sockets. Every wait is
+# leaves the others' latents bitwise `reelctl run` of each alone; a group
+# split over two streams stops in both parts. tests/cancel_driver.py drives the sockets. Every wait is
 # bounded; every process is killed on exit.
 # Usage: cli_cancel.sh BUILD
 set -u
@@ -84,13 +85,14 @@ stop_proc "$WORKER" || bad "w0 stops"
 cli_worker wb "$D/broker.log" "$D/wb.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
     --max-inflight 4 --max-batch 4 --batching always --heartbeat-ms 200 || { bad "the batching worker starts"; finish; }
 MS=4000
-bgen() { # SEED: a long GEN of one key (2x8x8, no CFG), its output in $D/b.SEED.safetensors (exec: $! is reelctl's pid)
-    exec "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed "$1" --steps $MS \
+bgen() { # SEED STEPS: a long GEN of one key (2x8x8, no CFG; the step count is no part of the key), its
+    # output in $D/b.SEED.safetensors (exec: $! is reelctl's pid)
+    exec "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed "$1" --steps "$2" \
         --timeout-ms 300000 --out "$D/b.$1.safetensors" 2>"$D/b.$1.err"
 }
-bgen 11 & b1=$!
-bgen 12 & b2=$!
-bgen 13 & b3=$!
+bgen 11 $MS & b1=$!
+bgen 12 10000 & b2=$! # the one cancelled: long, so that it is still running when the SIGINT comes
+bgen 13 $MS & b3=$!
 PIDS="$PIDS $b1 $b2 $b3"
 i=0
 while [ "$(inflight)" != 3 ] && [ $i -lt 600 ] && ! gone "$b1" && ! gone "$b3"; do sleep 0.1; i=$((i + 1)); done
@@ -101,17 +103,41 @@ rc=$?
 [ "$rc" = 130 ] && ok "the middle one is cancelled (reelctl gen exit 130)" || { bad "the middle GEN's cancel (exit $rc)"; show "$D/b.12.err"; }
 reap "$b1" 300 && reap "$b3" 300 && ok "the other two are answered" || { bad "the other two GENs"; show "$D/b.11.err"; show "$D/b.13.err"; }
 wait_count "$D/wb.log" "cancelled by its client after" 1 60 &&
-    ! grep "cancelled by its client after" "$D/wb.log" | grep -q " $MS of $MS steps" &&
+    ! grep "cancelled by its client after" "$D/wb.log" | grep -q " 10000 of 10000 steps" &&
     ok "the worker dropped it before its last step" || { bad "the batching worker's cancel"; grep -E "failed|cancel" "$D/wb.log" | tail -5; }
 grep -q "batched with other requests" "$D/b.11.err" && grep -q "batched with other requests" "$D/b.13.err" &&
     ok "both ran in mixed steps (reelctl gen says batched)" || { bad "the two were not batched"; show "$D/b.11.err"; }
 n=0
 for s in 11 13; do
-    "$R" run --weights "$D/w1.safetensors" --context "$D/ctx.safetensors" --size 2x8x8 --seed $s --steps $MS \
+    timeout -k 5 300 "$R" run --weights "$D/w1.safetensors" --context "$D/ctx.safetensors" --size 2x8x8 --seed $s --steps $MS \
         --out "$D/ref.$s.safetensors" 2>"$D/ref.$s.err" || bad "reelctl run seed $s"
     "$R" tensor diff "$D/b.$s.safetensors" "$D/ref.$s.safetensors" --name latent >/dev/null 2>&1 && n=$((n + 1))
 done
 [ $n = 2 ] && ok "each latent is bitwise reelctl run of the request alone" || bad "$n of 2 latents equal reelctl run"
 "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 1 --steps 2 \
     --timeout-ms 60000 --quiet --out "$D/y2.safetensors" 2>"$D/y2.err" && ok "and the worker serves the next GEN" || { bad "a GEN after the batch"; show "$D/y2.err"; }
+
+echo "== a cancelled group split over two streams: both parts stop"
+stop_proc "$WORKER" || bad "wb stops"
+cli_worker wg "$D/broker.log" "$D/wg.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 2 \
+    --heartbeat-ms 200 || { bad "the two-stream worker starts"; finish; }
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --n 4 --seed 5 --steps 10000 \
+    --timeout-ms 300000 --quiet --out "$D/g.safetensors" 2>"$D/g.err" &
+gp=$!
+PIDS="$PIDS $gp"
+i=0
+while [ "$(inflight)" != 1 ] && [ $i -lt 600 ] && ! gone "$gp"; do sleep 0.1; i=$((i + 1)); done
+[ "$(inflight)" = 1 ] && ok "the group of 4 runs on the two-stream worker" || bad "the group runs ($(inflight) in flight)"
+kill -INT "$gp" 2>/dev/null
+reap "$gp" 30
+rc=$?
+[ "$rc" = 130 ] && ok "it is cancelled (reelctl gen exit 130)" || { bad "the group's cancel (exit $rc)"; show "$D/g.err"; }
+wait_count "$D/wg.log" "cancelled by its client after" 1 60 && wait_for "$D/wg.log" "another part of the group failed" 60 &&
+    ok "both parts stopped: one answered cancelled, the other stopped with it (the worker's log)" ||
+    { bad "the parts' cancels"; grep -E "failed|cancel|part" "$D/wg.log" | tail -5; }
+[ "$(grep -c "another part of the group failed" "$D/wg.log")" = 1 ] && [ "$(grep -c "cancelled by its client after" "$D/wg.log")" = 1 ] &&
+    ok "one ERROR for the group, one stop line for its other part" || { bad "the group's log lines"; grep -E "cancel|part" "$D/wg.log"; }
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --n 4 --seed 6 --steps 2 \
+    --timeout-ms 60000 --quiet --out "$D/g2.safetensors" 2>"$D/g2.err" && ok "and the worker serves the next group" || { bad "a group after"; show "$D/g2.err"; }
+! grep -q "no late answer" "$D/broker.log" && ok "no slot waited out its grace" || bad "a slot waited for its grace"
 finish

@@ -616,7 +616,13 @@ typedef enum {
 static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
-    if (j->group && atomic_load(&j->group->failed)) return true;
+    if (j->group && atomic_load(&j->group->failed)) {
+        /* the part that failed sent the group's one ERROR and logged why */
+        wrk_log(w, "stream %d: request %llu: samples %d..%d stop after %d of %d steps: another part of the group failed",
+                st->idx, (unsigned long long)j->id, j->base, j->base + j->n - 1,
+                j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
+        return true;
+    }
     if (wrk_cancelled(w, j->epoch, j->id)) {
         /* The broker answered its client already: nothing more is sent
          * for it but this ERROR, which frees its slot there. */

@@ -146,8 +146,12 @@ CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float 
             const int64_t cn = d - c0 < G ? d - c0 : G;
             cpu_vf m[G];
             for (int64_t i = 0; i < G; i++) {
+                if (i >= rb) {
+                    m[i] = cpu_vsplat(0.0f);
+                    continue;
+                }
                 const float *qi = q + (r + i) * ld + c0;
-                m[i] = i >= rb ? cpu_vsplat(0.0f) : cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
+                m[i] = cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
             }
             cpu_vtranspose16(m);
             for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
