@@ -246,6 +246,42 @@ START_TEST(test_layernorm_in_place_gives_the_same_bits_as_out_of_place) {
 }
 END_TEST
 
+/* The row kernels take the statistics of 16 rows before writing their
+ * outputs (CPU_STAT_ROWS): 37 rows, each on its own offset and scale so a
+ * row given another's statistics is far off, against the reference, with
+ * and without a bias, out of place and in place (the same bits). A
+ * constant row normalises to 0, and with negative weights and no bias
+ * v·w is −0: the kernel adds 0 as its one expression does, so the
+ * output is +0. */
+START_TEST(test_layernorm_rows_across_statistics_chunks_match_reference) {
+    const int64_t rows = 37, D = 24;
+    const float eps = 1e-6f;
+    kern_tensor_t x = T2(rows, D), w = T1(D), b = T1(D), y = T2(rows, D), xi = T2(rows, D);
+    fill(&x, -2, 2);
+    fill(&w, 0.1f, 1);
+    fill(&b, -1, 1);
+    for (int64_t i = 0; i < D; i++) F(&w)[i] = -F(&w)[i];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < D; i++) F(&x)[r * D + i] = F(&x)[r * D + i] * (1.0f + 0.25f * (float)r) + (float)r;
+    for (int64_t i = 0; i < D; i++) F(&x)[20 * D + i] = 1.5f; /* row 20: constant */
+    double *ref = dbuf(rows * D);
+    for (int bias = 0; bias < 2; bias++) {
+        const kern_tensor_t *bp = bias ? &b : NULL;
+        ck_assert_msg(kern_layernorm(S, &x, &w, bp, eps, &y) == 0, "layernorm: %s", reel_err_text());
+        layernorm_ref(F(&x), F(&w), bias ? F(&b) : NULL, rows, D, eps, ref);
+        expect_close(bias ? "layernorm 37 rows, bias" : "layernorm 37 rows, no bias", F(&y), ref, rows * D, 1e-6,
+                     1e-6, NULL, "1e-6 * (1 + |ref|)");
+        memcpy(F(&xi), F(&x), kern_tensor_bytes(&x));
+        ck_assert_msg(kern_layernorm(S, &xi, &w, bp, eps, &xi) == 0, "in place: %s", reel_err_text());
+        ck_assert_msg(memcmp(F(&xi), F(&y), kern_tensor_bytes(&y)) == 0, "37 rows in place differ (bias %d)", bias);
+        if (!bias)
+            for (int64_t i = 0; i < D; i++)
+                ck_assert_msg(F(&y)[20 * D + i] == 0.0f && !signbit(F(&y)[20 * D + i]),
+                              "constant row, column %lld: %g, not +0", (long long)i, (double)F(&y)[20 * D + i]);
+    }
+}
+END_TEST
+
 /* Tolerance 1e-6·(1 + |ref|): double accumulation, one rounding. */
 START_TEST(test_rmsnorm_matches_double_reference) {
     const int64_t rows = 9, D = 48;
@@ -1755,7 +1791,7 @@ END_TEST
  * MODULATE in place, as the step ran them; inputs on an offset of 3, the
  * fused op out of place and in place (y == x). */
 START_TEST(test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place) {
-    const int64_t cases[][2] = { { 13, 67 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
+    const int64_t cases[][2] = { { 13, 67 }, { 37, 24 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t rows = cases[c][0], D = cases[c][1];
         kern_tensor_t x = T2(rows, D), sh = T1(D), sc = T1(D), y = T2(rows, D), u = T2(rows, D);
@@ -1833,7 +1869,7 @@ END_TEST
  * LAYERNORM as the step ran them: x and out bit for bit, gated or not, for
  * rows of 67, Wan's 1536, 5 and 1. */
 START_TEST(test_residual_norm_is_bitwise_gated_residual_then_the_layernorm) {
-    const int64_t cases[][2] = { { 13, 67 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
+    const int64_t cases[][2] = { { 13, 67 }, { 37, 24 }, { 4, 1536 }, { 3, 5 }, { 1, 1 } };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t rows = cases[c][0], D = cases[c][1];
         kern_tensor_t x0 = T2(rows, D), y = T2(rows, D), g = T1(D), p0 = T1(D), p1 = T1(D);
@@ -1990,6 +2026,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_layernorm_affine_matches_double_reference);
     tcase_add_test(tc, test_layernorm_plain_matches_double_reference);
     tcase_add_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place);
+    tcase_add_test(tc, test_layernorm_rows_across_statistics_chunks_match_reference);
     tcase_add_test(tc, test_rmsnorm_matches_double_reference);
     tcase_add_test(tc, test_modulate_matches_double_reference);
     tcase_add_test(tc, test_gated_residual_with_gate_matches_double_reference);
