@@ -223,6 +223,7 @@ void cap_cache_stats(const cap_cache_t *c, cap_stats_t *out) {
 void cap_evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, const char *comp, uint64_t from,
                uint64_t to) {
     CAP_ASSERT_LOCKED(&c->lock);
+    if (e->doomed) return; /* evicted already (counted then); freed when its dispatch ends */
     cap_evq_push(q, CAP_EV_EVICT, r, e, e->ws_bytes + e->graph_bytes, 0, 0, comp, from, to);
     c->st.evictions[r]++;
     if (e->in_use) {

@@ -138,8 +138,9 @@ const char *cap_policy_name(cap_policy_t p);
 int cap_policy_parse(const char *s, cap_policy_t *out);
 /* True for reasons that disable an entry for good at once. A failed
  * capture (an invalidated CUDA capture is often transient) is retried on
- * the entry's next calls, up to CAP_CAPTURE_TRIES captures in all, and
- * only then disables the entry. */
+ * the entry's next calls, up to CAP_CAPTURE_TRIES failed captures in a
+ * row (a capture that works starts the count again), and only then
+ * disables the entry. */
 bool cap_reason_permanent(cap_reason_t r);
 #define CAP_CAPTURE_TRIES 3
 

@@ -130,8 +130,10 @@ void cap_entry_admit(cap_cache_t *c, entry_t *e) {
 void cap_entry_retire_graph(cap_cache_t *c, entry_t *e, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
     if (!e->graph) return;
-    cap_evq_push(q, CAP_EV_EVICT, CAP_EVICT_DROPPED, e, e->graph_bytes, 0, 0, NULL, 0, 0);
-    c->st.evictions[CAP_EVICT_DROPPED]++;
+    if (!e->doomed) { /* a doomed entry's eviction counted its graph already */
+        cap_evq_push(q, CAP_EV_EVICT, CAP_EVICT_DROPPED, e, e->graph_bytes, 0, 0, NULL, 0, 0);
+        c->st.evictions[CAP_EVICT_DROPPED]++;
+    }
     cap_entry_drop_graph(c, e);
 }
 

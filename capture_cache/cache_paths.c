@@ -114,10 +114,18 @@ out:
 
 /* The verified graph g of e is held if the budget has room for it (LRU
  * entries are evicted to make it): true when held, its capture counted
- * and queued as an event. */
-static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, bool prewarm, evq_t *q, double t0, double *secs) {
+ * and queued as an event. An entry evicted while it captured (another
+ * thread's sync, evict or shutdown: doomed, freed when this call ends)
+ * holds nothing and makes no room: false, *doomed set. */
+static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, bool prewarm, evq_t *q, double t0, double *secs,
+                    bool *doomed) {
     size_t gb = kern_graph_bytes(g);
     cap_lock(&c->lock);
+    *doomed = e->doomed;
+    if (*doomed) {
+        cap_unlock(&c->lock);
+        return false;
+    }
     bool fits = cap_make_room(c, e, gb, q);
     if (fits) {
         cap_admit_graph(c, e, gb);
@@ -172,11 +180,15 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
     }
     e->graph = g;
     int v = verify(e, s, call, bad);
-    if (v == 1 && publish(c, e, g, call->prewarm, q, t0, secs)) return 0;
+    bool doomed = false;
+    if (v == 1 && publish(c, e, g, call->prewarm, q, t0, secs, &doomed)) return 0;
     e->graph = NULL;
     kern_graph_destroy(&g);
     if (v < 0) return -1;
     *why = v == 0 ? CAP_DECLINE_VERIFY_MISMATCH : v == 2 ? CAP_DECLINE_MUTABLE_INPUT : CAP_DECLINE_BUDGET_EXCEEDED;
+    /* evicted meanwhile: by a sync, its weights moved; else the graph
+     * was dropped as for a budget that had no room for it */
+    if (doomed && e->doom_reason == CAP_EVICT_WEIGHT_SYNC) *why = CAP_DECLINE_WEIGHTS_MOVED;
     return 0; /* the workspace holds the eager result */
 }
 
@@ -255,6 +267,7 @@ static void capture_settle(dispatch_t *d, cap_reason_t why, int bad) {
     if (why == CAP_DECLINE_COUNT) {
         e->state = e->reverify_pending ? ST_REVERIFY : ST_READY;
         e->since_audit = 0;
+        e->capture_fails = 0; /* a capture that works: later failures count afresh */
         if (e->reverify_pending)
             for (int i = 0; i < d->p->n_components; i++) e->comp_gen[i] = c->comp[e->comp[i]].generation;
         d->ran = CAP_RAN_CAPTURED;
@@ -304,8 +317,8 @@ int cap_path_verify(dispatch_t *d) {
         /* Something the graph baked in changed and no check saw it: the
          * entry cannot be trusted; the call keeps the eager result. */
         d->reason = CAP_DECLINE_AUDIT_MISMATCH;
+        cap_evict(c, e, CAP_EVICT_AUDIT_MISMATCH, &d->q, NULL, 0, 0); /* its event: workspace and graph */
         cap_entry_drop_graph(c, e);
-        cap_evict(c, e, CAP_EVICT_AUDIT_MISMATCH, &d->q, NULL, 0, 0);
     }
     cap_unlock(&c->lock);
     return rc;

@@ -192,7 +192,12 @@ static int key_denoise(cap_key_t *k, const char *device, const char *arch, const
     /* A multistep solver's step (UniPC, DPM++) reads its coefficients and
      * keeps its history (three latents) in the workspace. */
     bool ms = !strcmp(loop, "unipc") || !strcmp(loop, "dpm++");
-    int64_t lat_n = batch * latent[0] * latent[1] * latent[2] * latent[3];
+    int64_t lat_n = batch;
+    for (int i = 0; i < 4; i++)
+        if (__builtin_mul_overflow(lat_n, latent[i], &lat_n))
+            return reel_fail(REEL_E_INVALID, "capture key: a latent of %lld x [%lld,%lld,%lld,%lld] overflows",
+                             (long long)batch, (long long)latent[0], (long long)latent[1], (long long)latent[2],
+                             (long long)latent[3]);
     if (mixed && ms)
         return reel_fail(REEL_E_UNSUPPORTED, "capture key: a mixed batch runs Euler and SDE steps only, not %s", loop);
     if (mixed && (context[0] <= 0 || context[0] > INT64_MAX / batch))

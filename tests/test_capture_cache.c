@@ -79,6 +79,10 @@ typedef struct {
     uint64_t sync_to;        /* set: ws_new first syncs wA in place to this version (once) */
 } step_user_t;
 
+/* Called at the top of every launch of the synthetic step: what another
+ * thread does at that moment (the race tests set it). */
+static void (*g_launch_hook)(kern_stream_t *s);
+
 typedef struct {
     kern_backend_t *b;
     kern_tensor_t x, ctx, y;
@@ -198,6 +202,7 @@ static kern_tensor_t *step_output(void *user, void *ws_, int i) {
 
 /* Reads only the workspace slots (and the weights); the constant is baked. */
 static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_consts, kern_stream_t *s) {
+    if (g_launch_hook) g_launch_hook(s);
     step_user_t *u = user;
     step_ws_t *ws = ws_;
     int64_t D = ws->x.shape[ws->x.ndim - 1];
@@ -430,6 +435,7 @@ static void setup(void) {
     ck_assert_msg(S != NULL, "cpu stream: %s", reel_err_text());
     memset(XS, 0, sizeof XS);
     C = C2 = NULL;
+    g_launch_hook = NULL;
     n_dev_owned = n_host_owned = 0;
     rng = 0x5eed5eed12345678ull;
     g_tick = 0;
@@ -3148,6 +3154,197 @@ START_TEST(test_a_weight_listing_naming_a_component_outside_the_program_never_ca
 }
 END_TEST
 
+/* ---- races and counts an outside probe found (2026-12-05; each test failed before its fix) ---- */
+
+/* Runs fn on another thread and waits for it: what a second thread of the
+ * worker does at that moment, made deterministic. */
+typedef struct { void (*fn)(void); } other_t;
+static void *other_main(void *a) {
+    ((other_t *)a)->fn();
+    return NULL;
+}
+static void on_other_thread(void (*fn)(void)) {
+    pthread_t t;
+    other_t a = { fn };
+    ck_assert_int_eq(pthread_create(&t, NULL, other_main, &a), 0);
+    pthread_join(t, NULL);
+}
+
+static const cap_key_t *g_evict_key;
+static int g_evicted;
+static void do_evict_key(void) { g_evicted = cap_evict_key(C, g_evict_key, CAP_EVICT_EXPLICIT); }
+static void do_evict_all(void) { g_evicted = cap_cache_evict_all(C); }
+
+/* Fires once, at the first launch made while the stream captures. */
+static void hook_evict_key_while_capturing(kern_stream_t *s) {
+    if (!kern_stream_is_capturing(s)) return;
+    g_launch_hook = NULL;
+    on_other_thread(do_evict_key);
+}
+/* Fires once, at the next (eager) launch. */
+static void hook_evict_all_now(kern_stream_t *s) {
+    (void)s;
+    g_launch_hook = NULL;
+    on_other_thread(do_evict_all);
+}
+
+static size_t sum_event_bytes(cap_event_kind_t kind, uint64_t hash) {
+    size_t n = 0;
+    for (int i = 0; i < n_events; i++)
+        if (events[i].kind == kind && events[i].key_hash == hash) n += events[i].bytes;
+    return n;
+}
+
+/* 1. cache.h: "EVICT: bytes freed". An audit mismatch frees the graph and
+ *    the workspace, but its eviction event reports the workspace only. */
+START_TEST(adv_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees) {
+    cap_options_t o = test_options();
+    o.audit_every = 1;
+    C = new_cache(&o);
+    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    req_t a;
+    req_init(&a, &PROG_A, &uh, "syn:adv-audit", ROWS, COLS, "wA", 1);
+    g_hidden = 0.25f;
+    for (int i = 0; i < 3; i++) req_call(C, S, &a);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.graphs, 1);
+    size_t held = st.bytes_held;
+    g_hidden = 4.0f;
+    reset_records();
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_AUDIT_MISMATCH, "audited call", 0);
+    ck_assert_uint_eq(stats(C).bytes_held, 0);
+    const rec_event_t *ev = find_event(CAP_EV_EVICT, CAP_EVICT_AUDIT_MISMATCH, 0);
+    ck_assert_ptr_nonnull(ev);
+    ck_assert_msg(ev->bytes == held, "audit_mismatch eviction reports %zu bytes freed; the entry held %zu "
+                  "(workspace %zu + graph %zu)", ev->bytes, held, st.ws_bytes, st.graph_bytes);
+}
+END_TEST
+
+/* 2. An entry evicted (doomed) by another thread while its audit runs is
+ *    evicted a second time when the audit mismatches: two EVICT events and
+ *    two eviction counts for one entry, its bytes reported twice. */
+START_TEST(adv_entry_doomed_during_a_mismatching_audit_is_evicted_once) {
+    cap_options_t o = test_options();
+    o.audit_every = 1;
+    C = new_cache(&o);
+    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    req_t a;
+    req_init(&a, &PROG_A, &uh, "syn:adv-doom-audit", ROWS, COLS, "wA", 1);
+    g_hidden = 0.25f;
+    for (int i = 0; i < 3; i++) req_call(C, S, &a);
+    ck_assert_uint_eq(stats(C).graphs, 1);
+    g_hidden = 4.0f;                      /* the audit will mismatch */
+    reset_records();
+    g_launch_hook = hook_evict_all_now;   /* the audit's eager run: a shutdown lands */
+    req_call(C, S, &a);
+    ck_assert_int_eq(g_evicted, 1);
+    cap_stats_t st = stats(C);
+    uint64_t ev_total = 0;
+    for (int r = 0; r < CAP_EVICT_COUNT; r++) ev_total += st.evictions[r];
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_msg(count_events(CAP_EV_EVICT, -1) == 1 && ev_total == 1,
+                  "one entry left the cache, but %d EVICT events (shutdown %d, audit_mismatch %d) and %llu "
+                  "evictions were counted", count_events(CAP_EV_EVICT, -1), count_events(CAP_EV_EVICT, CAP_EVICT_SHUTDOWN),
+                  count_events(CAP_EV_EVICT, CAP_EVICT_AUDIT_MISMATCH), (unsigned long long)ev_total);
+}
+END_TEST
+
+/* 3. An entry evicted by another thread while it captures still publishes
+ *    its graph: publish() evicts an idle LRU entry to make room for a graph
+ *    that is freed when the call ends, and the CAPTURE event comes after
+ *    the key's EVICT event (captures - evictions drifts by one). */
+START_TEST(adv_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    cap_options_t o = test_options();
+    o.budget_bytes = 2 * ws + g + g / 2; /* X's entry and graph, E's entry; not E's graph too */
+    C = new_cache(&o);
+    req_t x, e;
+    req_init(&x, &PROG_A, &uA, "syn:adv-x", ROWS, COLS, "wA", 1);
+    req_init(&e, &PROG_A, &uA, "syn:adv-e", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &x, 2);
+    for (int i = 0; i < 2; i++) expect_eager(req_call(C, S, &e), CAP_DECLINE_WARMING_UP, "e warmup", i);
+    ck_assert_uint_eq(stats(C).entries, 2);
+    reset_records();
+    g_evict_key = &e.key;
+    g_launch_hook = hook_evict_key_while_capturing; /* cap_evict_key(e) lands mid-capture */
+    req_call(C, S, &e);
+    ck_assert_int_eq(g_evicted, 1);
+    cap_stats_t st = stats(C);
+    ck_assert_msg(st.evictions[CAP_EVICT_LRU] == 0 && st.entries == 1,
+                  "x (idle, with a graph) was evicted (lru %llu, entries %zu) to make room for the graph of e, "
+                  "an entry already evicted that freed it as its call ended",
+                  (unsigned long long)st.evictions[CAP_EVICT_LRU], st.entries);
+    expect_ran(req_call(C, S, &x), CAP_RAN_REPLAYED, "x after", 0);
+}
+END_TEST
+
+/* 3b. The same race seen by the event stream: the key's EVICT event comes
+ *     before its CAPTURE event and reports no graph bytes, so a consumer
+ *     counting captures - evictions thinks the key still holds a graph. */
+START_TEST(adv_capture_event_never_follows_the_eviction_of_its_entry) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t e;
+    req_init(&e, &PROG_A, &uA, "syn:adv-e2", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2; i++) req_call(C, S, &e);
+    reset_records();
+    g_evict_key = &e.key;
+    g_launch_hook = hook_evict_key_while_capturing;
+    req_call(C, S, &e);
+    ck_assert_int_eq(g_evicted, 1);
+    ck_assert_uint_eq(stats(C).entries, 0);
+    int captures = count_events(CAP_EV_CAPTURE, -1), evicts = count_events(CAP_EV_EVICT, -1);
+    size_t captured = sum_event_bytes(CAP_EV_CAPTURE, cap_key_hash(&e.key)),
+           freed = sum_event_bytes(CAP_EV_EVICT, cap_key_hash(&e.key));
+    ck_assert_msg(captures == 0 || freed >= captured,
+                  "after the entry is gone: %d CAPTURE event(s) (%zu bytes) and %d EVICT event(s) (%zu bytes freed): "
+                  "captures - evictions says the key holds a graph", captures, captured, evicts, freed);
+}
+END_TEST
+
+/* 7. key.h: "-1 with a message when a field does not fit". key_denoise
+ *    multiplies the latent's dims (lat_n, key.c:195) before any check:
+ *    signed overflow (UB; UBSan aborts) for dims the latent check refuses. */
+START_TEST(adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub) {
+    cap_key_t k;
+    const int64_t lat[4] = { INT64_C(1) << 31, INT64_C(1) << 31, INT64_C(1) << 31, 2 };
+    const int64_t ctx[2] = { 5, 32 };
+    ck_assert_int_eq(cap_key_denoise(&k, "cpu", "cpu-avx2", "tinydit:tiny", "unipc", KERN_F32, lat, ctx, true,
+                                     "transformer", 1), -1);
+}
+END_TEST
+
+/* 8. cache.h: a failed capture "is retried on the entry's next calls, up to
+ *    CAP_CAPTURE_TRIES captures in all, and only then disables the entry".
+ *    capture_fails is never reset by a success: two transient failures, a
+ *    good capture, hours of replays, then one transient failure on a later
+ *    re-capture disables the key for good. */
+START_TEST(adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    step_user_t u = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .capture_fails_left = 2 };
+    req_t a;
+    req_init(&a, &PROG_A, &u, "syn:adv-fails", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2; i++) req_call(C, S, &a);                       /* warmup */
+    for (int i = 0; i < 2; i++) expect_eager(req_call(C, S, &a), CAP_DECLINE_CAPTURE_FAILED, "failed try", i);
+    expect_ran(req_call(C, S, &a), CAP_RAN_CAPTURED, "third try", 0);
+    for (int i = 0; i < 5; i++) expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "replay", i);
+    /* The pinned context moves: the graph is dropped and the key captures again. */
+    float *ctx2 = host_alloc(N * sizeof(float));
+    memcpy(ctx2, a.ctx, N * sizeof(float));
+    a.in[1] = host_tensor(ctx2, ROWS, COLS);
+    cap_result_t r = req_call(C, S, &a);
+    ck_assert_int_eq(r.ran, CAP_RAN_EAGER);
+    u.capture_fails_left = 1;                                             /* one transient failure */
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_CAPTURE_FAILED, "re-capture, failed once", 0);
+    cap_result_t last = req_call(C, S, &a);
+    ck_assert_msg(last.ran == CAP_RAN_CAPTURED, "after one failed re-capture the key ran %s (%s): disabled for good",
+                  ran_name(last.ran), last.ran == CAP_RAN_EAGER ? cap_reason_name(last.reason) : "-");
+}
+END_TEST
+
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -3211,6 +3408,12 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_warmup_zero_captures_at_the_first_call);
     tcase_add_test(tc, test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused);
     tcase_add_test(tc, test_a_weight_listing_naming_a_component_outside_the_program_never_captures);
+    tcase_add_test(tc, adv_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees);
+    tcase_add_test(tc, adv_entry_doomed_during_a_mismatching_audit_is_evicted_once);
+    tcase_add_test(tc, adv_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry);
+    tcase_add_test(tc, adv_capture_event_never_follows_the_eviction_of_its_entry);
+    tcase_add_test(tc, adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub);
+    tcase_add_test(tc, adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable);
     suite_add_tcase(s, tc);
     return s;
 }
