@@ -43,6 +43,15 @@ static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *t
     return e;
 }
 
+/* What a new entry for the call will hold beside its workspace: the
+ * cache's copy of each input for verify, rounded as cap_entry_make rounds
+ * it (its static slot's size, which the call's input fits). */
+static size_t snap_bytes(const dispatch_t *d) {
+    size_t n = 0;
+    for (int i = 0; i < d->p->n_inputs; i++) n += (kern_tensor_bytes(&d->call->inputs[i]) + 255) & ~(size_t)255;
+    return n;
+}
+
 /* Finds the call's entry, or admits a new one; a busy entry, a new one the
  * budget cannot hold, or a call already declined (d->reason set) gives a
  * transient entry instead (d->reason says why). The cache lock is held,
@@ -56,7 +65,7 @@ static int acquire(dispatch_t *d, int si, const int *comp, const char *text, uin
         d->reason = CAP_DECLINE_ENTRY_BUSY;
         d->e = NULL;
     } else if (!d->e && d->reason == CAP_DECLINE_COUNT && d->p->ws_size &&
-               !cap_make_room(c, NULL, d->p->ws_size(d->user, d->call->key), &d->q)) {
+               !cap_make_room(c, NULL, d->p->ws_size(d->user, d->call->key) + snap_bytes(d), &d->q)) {
         d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
     }
     if (d->e) return 0;

@@ -3303,6 +3303,37 @@ START_TEST(adv_capture_event_never_follows_the_eviction_of_its_entry) {
 }
 END_TEST
 
+/* 4. docs/CAPTURE.md "Memory budget": when even evicting every idle entry
+ *    cannot make room the call runs transient. With ws_size the first
+ *    admission check leaves out the cache's own verify copy (snap) of the
+ *    inputs: idle entries are evicted for a workspace that then does not
+ *    fit anyway. */
+START_TEST(adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t x, k;
+    req_init(&x, &PROG_SIZED, &uA, "syn:adv-small", 1, COLS, "wA", 1);
+    req_init(&k, &PROG_SIZED, &uA, "syn:adv-big", ROWS, COLS, "wA", 1);
+    size_t ws_size_k = step_ws_size(&uA, &k.key);                  /* 768 */
+    size_t real_k = ENTRY_BYTES(N);                                 /* 768 + 512 */
+    size_t x_bytes = ENTRY_BYTES(COLS);                             /* 96 + 512 */
+    cap_cache_destroy(&C);
+    o.budget_bytes = real_k - 1;                                    /* k can never fit */
+    ck_assert_uint_gt(x_bytes + ws_size_k, o.budget_bytes);
+    C = new_cache(&o);
+    expect_eager(req_call(C, S, &x), CAP_DECLINE_WARMING_UP, "x", 0);
+    ck_assert_uint_eq(stats(C).bytes_held, x_bytes);
+    reset_records();
+    expect_eager(req_call(C, S, &k), CAP_DECLINE_BUDGET_EXCEEDED, "k (cannot fit)", 0);
+    req_expect_eager_bits(&k, "k", 0);
+    cap_stats_t st = stats(C);
+    ck_assert_msg(st.entries == 1 && st.evictions[CAP_EVICT_LRU] == 0,
+                  "x was evicted (lru %llu, entries %zu) for k, whose %zu-byte entry cannot fit a %zu-byte "
+                  "budget (ws_size said %zu)", (unsigned long long)st.evictions[CAP_EVICT_LRU], st.entries, real_k,
+                  o.budget_bytes, ws_size_k);
+}
+END_TEST
+
 /* 7. key.h: "-1 with a message when a field does not fit". key_denoise
  *    multiplies the latent's dims (lat_n, key.c:195) before any check:
  *    signed overflow (UB; UBSan aborts) for dims the latent check refuses. */
@@ -3414,6 +3445,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, adv_capture_event_never_follows_the_eviction_of_its_entry);
     tcase_add_test(tc, adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub);
     tcase_add_test(tc, adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable);
+    tcase_add_test(tc, adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit);
     suite_add_tcase(s, tc);
     return s;
 }
