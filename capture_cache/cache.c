@@ -111,7 +111,17 @@ static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci) {
     for (int i = 0; i < e->prog.n_components; i++)
         if (e->comp[i] == ci) e->comp_gen[i] = k->generation;
     if (e->state == ST_READY) e->state = ST_REVERIFY;
-    else if (e->in_use) e->reverify_pending = true; /* capturing: verify again after */
+    /* in a call (capturing, verifying, auditing, warming up): whatever state
+     * the call leaves, a graph it holds verifies again (capture_settle,
+     * account) */
+    if (e->in_use) e->reverify_pending = true;
+}
+
+/* The version of component name that key k names; 0 when it names none. */
+static uint64_t key_comp_version(const cap_key_t *k, const char *name) {
+    for (int i = 0; i < k->n_components; i++)
+        if (!strcmp(k->components[i].name, name)) return k->components[i].version;
+    return 0;
 }
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
@@ -150,7 +160,10 @@ int cap_component_update_policy(cap_cache_t *c, const char *name, const void *ba
             next = e->next;
             if (e->doomed || !cap_key_reads(&e->key, name)) continue;
             n++;
-            if (policy == CAP_POLICY_EVICT) {
+            /* In place only what ran on the resident version: an entry keyed
+             * at another one (made before the component was registered)
+             * would share its new key with the resident one's entry. */
+            if (policy == CAP_POLICY_EVICT || key_comp_version(&e->key, name) != from) {
                 cap_evict(c, e, CAP_EVICT_WEIGHT_SYNC, q, name, from, new_version);
                 continue;
             }

@@ -250,6 +250,10 @@ static void account(dispatch_t *d, int rc, double t0) {
             reel_hist_observe(&c->st.replay_hist, dt);
         }
     }
+    if (e->reverify_pending) { /* an inplace sync landed during the call (capture_settle took a capture's) */
+        if (e->state == ST_READY) e->state = ST_REVERIFY;
+        e->reverify_pending = false;
+    }
     e->in_use = false;
     if (e->doomed) {
         cap_entry_unlink(c, e);

@@ -3334,6 +3334,54 @@ START_TEST(adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
 }
 END_TEST
 
+/* 5. A re-entrant dispatch (cache.h, Threads) whose new workspace's ws_new
+ *    syncs in place (cache_entry.c: "ws_new may take long, and may call
+ *    cap_component_update") re-keys the outer entry, in use and warming up:
+ *    reverify_pending is set and never cleared; the invariant
+ *    "!e->reverify_pending between calls" fails. */
+START_TEST(adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    step_user_t ui = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
+    req_t inner;
+    req_init(&inner, &PROG_A, &ui, "syn:adv-inner", ROWS, COLS, "wA", 1);
+    step_user_t uo = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner = &inner, .reenter_left = 1 };
+    req_t outer;
+    req_init(&outer, &PROG_A, &uo, "syn:adv-outer", ROWS, COLS, "wA", 1);
+    cap_result_t res;
+    int rc = req_try(C, S, &outer, &res); /* aborts here in -DREEL_INVARIANTS builds */
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(uo.inner_rc, 0);
+    ck_assert_int_eq(cap_component_version(C, "wA"), 2);
+    ck_assert_msg(cap_cache_invariants(C), "invariants violated after an in-place sync during a warmup call");
+}
+END_TEST
+
+/* 6. Entries whose keys name a component that was not registered yet may
+ *    differ only in its version; once it is registered, an in-place sync
+ *    re-keys both onto the same key: two live entries for one
+ *    (key, stream, program, user). */
+START_TEST(adv_inplace_rekey_never_makes_two_entries_of_one_key) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    req_t a, b;
+    req_init(&a, &PROG_A, &uA, "syn:adv-dup", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_A, &uA, "syn:adv-dup", ROWS, COLS, "wA", 1);
+    TS_OK(cap_key_add_component(&a.key, "lora", 1));
+    TS_OK(cap_key_add_component(&b.key, "lora", 2));
+    req_call(C, S, &a);
+    req_call(C, S, &b);
+    ck_assert_uint_eq(stats(C).entries, 2);
+    static float lora[4];
+    TS_OK(cap_component_register(C, "lora", lora, sizeof lora, 1));
+    int n = cap_component_update(C, "lora", lora, sizeof lora, 3); /* aborts here in -DREEL_INVARIANTS builds */
+    ck_assert_int_eq(n, 2);
+    ck_assert_msg(cap_cache_invariants(C), "two entries share one key after the in-place re-key");
+}
+END_TEST
+
 /* 7. key.h: "-1 with a message when a field does not fit". key_denoise
  *    multiplies the latent's dims (lat_n, key.c:195) before any check:
  *    signed overflow (UB; UBSan aborts) for dims the latent check refuses. */
@@ -3446,6 +3494,8 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub);
     tcase_add_test(tc, adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable);
     tcase_add_test(tc, adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit);
+    tcase_add_test(tc, adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify);
+    tcase_add_test(tc, adv_inplace_rekey_never_makes_two_entries_of_one_key);
     suite_add_tcase(s, tc);
     return s;
 }
