@@ -265,15 +265,21 @@ bool cap_evict_idle(cap_cache_t *c, evq_t *q) {
 
 /* Evicts LRU entries other than keep (not in use) until `need` more bytes
  * fit the budget. True when they fit. */
+bool cap_could_fit(const cap_cache_t *c, const entry_t *keep, size_t need) {
+    CAP_ASSERT_LOCKED(&c->lock);
+    if (!c->opt.budget_bytes) return true;
+    size_t idle = 0;
+    for (const entry_t *e = c->head; e; e = e->next)
+        if (e != keep && !e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
+    return need <= c->opt.budget_bytes && c->st.bytes_held - idle + need <= c->opt.budget_bytes;
+}
+
 bool cap_make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
     if (!c->opt.budget_bytes) return true;
     /* Evict nothing unless evicting every idle entry would make it fit: a
      * graph that cannot fit anyway must not cost the other keys theirs. */
-    size_t idle = 0;
-    for (entry_t *e = c->head; e; e = e->next)
-        if (e != keep && !e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
-    if (need > c->opt.budget_bytes || c->st.bytes_held - idle + need > c->opt.budget_bytes) return false;
+    if (!cap_could_fit(c, keep, need)) return false;
     while (c->st.bytes_held + need > c->opt.budget_bytes) {
         entry_t *victim = NULL;
         for (entry_t *e = c->head; e; e = e->next)

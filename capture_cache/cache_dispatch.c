@@ -25,18 +25,21 @@ static __thread struct {
 } tl;
 
 /* A new entry for the call, made with the cache lock down (it is held on
- * entry and on return). When the workspace cannot be allocated, the idle
- * entries' device memory is given back and the allocation tried once
- * more; not when the program refused it as invalid (a workspace without a
- * slot, a key it cannot hold): freeing memory would not change that, and
- * every other key's graphs would go for nothing. NULL with a message. */
+ * entry and on return). When the workspace cannot be allocated (out of
+ * memory, host or device), the idle entries' device memory is given back
+ * and the allocation tried once more; not for any other refusal (a
+ * workspace without a slot, a key it cannot hold, one over a limit):
+ * freeing memory would not change that, and every other key's graphs would
+ * go for nothing. NULL with a message. */
 static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *text, uint64_t hash) {
     cap_cache_t *c = d->c;
     CAP_ASSERT_LOCKED(&c->lock);
     cap_unlock(&c->lock);
+    reel_err_clear(); /* a NULL without a code of its own is no reason to evict */
     entry_t *e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);
-    if (e || reel_err_code() == REEL_E_INVALID || !cap_evict_idle(c, &d->q)) return e;
+    const reel_code_t why = reel_err_code();
+    if (e || (why != REEL_E_NOMEM && why != REEL_E_DEVICE) || !cap_evict_idle(c, &d->q)) return e;
     cap_unlock(&c->lock);
     e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);
@@ -176,7 +179,9 @@ static void decide(dispatch_t *d) {
         else d->reason = CAP_DECLINE_WARMING_UP;
         break;
     case ST_BUDGET:
-        if (!c->opt.budget_bytes || c->st.bytes_held + e->budget_need <= c->opt.budget_bytes)
+        /* again once its graph would fit, idle entries evicted (as a new
+         * key's workspace would evict them) */
+        if (cap_could_fit(c, e, e->budget_need))
             d->path = P_CAPTURE;
         else
             d->reason = CAP_DECLINE_BUDGET_EXCEEDED;

@@ -166,8 +166,14 @@ static int capture(cap_cache_t *c, entry_t *e, kern_stream_t *s, const cap_call_
         return capture_failed(c, e);
     }
     if (kern_capture_begin(s) != 0) {
-        *why = CAP_DECLINE_BACKEND_UNAVAILABLE;
-        return 1;
+        /* a backend that cannot capture, for good; anything else (out of
+         * memory, a device error, a capture open elsewhere) is retried */
+        if (reel_err_code() == REEL_E_UNSUPPORTED) {
+            *why = CAP_DECLINE_BACKEND_UNAVAILABLE;
+            return 1;
+        }
+        *why = CAP_DECLINE_CAPTURE_FAILED;
+        return capture_failed(c, e);
     }
     capturing = true;
     int lrc = e->prog.launch(e->user, e->ws, call->consts, call->n_consts, s);
@@ -218,7 +224,8 @@ static void prepare_capture(dispatch_t *d) {
     entry_t *e = d->e;
     const cap_call_t *call = d->call;
     for (int i = 0; i < d->p->n_inputs; i++)
-        e->pinned[i] = e->ident_stable[i] && e->warm > 0 && cap_same_ident(&e->ident[i], &call->inputs[i]) &&
+        e->pinned[i] = !call->prewarm && e->ident_stable[i] && e->warm > 0 &&
+                       cap_same_ident(&e->ident[i], &call->inputs[i]) &&
                        call->inputs[i].device == kern_backend_device(c->backend) &&
                        kern_tensor_is_contiguous(&call->inputs[i]);
     if (cap_output_aliases_pin(e, call)) memset(e->pinned, 0, sizeof e->pinned);

@@ -3424,6 +3424,118 @@ START_TEST(adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_perman
 END_TEST
 
 
+/* Round two of the outside probe (2026-12-05): each failed before its fix. */
+
+/* A graph the budget could not hold (its entry waits in budget_exceeded)
+ * is captured again once evicting idle entries would make room, as a new
+ * key's workspace would evict them. */
+START_TEST(adv2_budget_blocked_entry_captures_once_idle_entries_could_make_room) {
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    cap_options_t o = test_options();
+    o.budget_bytes = 2 * ws + g - 1; /* both workspaces; e's graph only without x */
+    C = new_cache(&o);
+    req_t e;
+    req_init(&e, &PROG_A, &uA, "syn:adv2-e", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2; i++) expect_eager(req_call(C, S, &e), CAP_DECLINE_WARMING_UP, "e warmup", i);
+    step_user_t ux = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner = &e, .reenter_left = 1 };
+    req_t x;
+    req_init(&x, &PROG_A, &ux, "syn:adv2-x", ROWS, COLS, "wA", 1);
+    expect_eager(req_call(C, S, &x), CAP_DECLINE_WARMING_UP, "x (outer)", 0);
+    ck_assert_int_eq(ux.inner_rc, 0);
+    expect_eager(ux.inner_res, CAP_DECLINE_BUDGET_EXCEEDED, "e inside x", 0);
+    cap_result_t last = { 0 };
+    for (int i = 0; i < 5; i++) {
+        fill(e.x, N, -1.f, 1.f);
+        last = req_call(C, S, &e);
+        req_expect_eager_bits(&e, "e alone", i);
+        if (last.ran != CAP_RAN_EAGER) break;
+    }
+    cap_stats_t st = stats(C);
+    ck_assert_msg(last.ran != CAP_RAN_EAGER,
+                  "e stays eager (%s) with x idle: held %zu (x's %zu evictable), e's graph needs %zu, budget %zu; "
+                  "a new key would evict x (lru), e never does", cap_reason_name(last.reason), st.bytes_held, ws, g,
+                  o.budget_bytes);
+}
+END_TEST
+
+static void *limit_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
+    if (key->n_inputs >= 1 && key->inputs[0].ndim >= 1 && key->inputs[0].shape[0] > 4) {
+        reel_fail(REEL_E_LIMIT, "synthetic step: more than 4 rows");
+        return NULL;
+    }
+    return step_ws_new(user, key, s);
+}
+static const cap_program_t PROG_LIMIT = {
+    .name = "syn_limit", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = limit_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" },
+};
+
+/* A workspace refused for a key it cannot hold (over a limit, not out of
+ * memory) evicts no idle entry: freeing memory would not change it. */
+START_TEST(adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a, big;
+    req_init(&a, &PROG_LIMIT, &uA, "syn:adv2-small", 2, COLS, "wA", 1);
+    req_init(&big, &PROG_LIMIT, &uA, "syn:adv2-big", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    ck_assert_uint_eq(stats(C).graphs, 1);
+    reset_records();
+    cap_result_t res;
+    ck_assert_int_eq(req_try(C, S, &big, &res), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_LIMIT);
+    cap_stats_t st = stats(C);
+    ck_assert_msg(st.entries == 1 && st.graphs == 1 && st.evictions[CAP_EVICT_LRU] == 0,
+                  "a key the workspace cannot hold (REEL_E_LIMIT) evicted every idle entry: entries %zu, graphs %zu, "
+                  "lru evictions %llu", st.entries, st.graphs, (unsigned long long)st.evictions[CAP_EVICT_LRU]);
+}
+END_TEST
+
+/* CAPTURE.md: a prewarmed graph pins no input, even after a warmup call
+ * saw the same context buffer. */
+START_TEST(adv2_a_prewarm_call_after_one_warmup_call_pins_nothing) {
+    cap_options_t o = test_options();
+    o.warmup = 3;
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:adv2-prewarm", ROWS, COLS, "wA", 1);
+    expect_eager(req_call(C, S, &a), CAP_DECLINE_WARMING_UP, "warmup", 0);
+    a.prewarm = true;
+    uint64_t pinned0 = stats(C).bind_bytes_pinned;
+    expect_ran(req_call(C, S, &a), CAP_RAN_CAPTURED, "prewarm", 0);
+    ck_assert_msg(stats(C).bind_bytes_pinned == pinned0,
+                  "the prewarm capture read %llu bytes in place (pinned the context)",
+                  (unsigned long long)(stats(C).bind_bytes_pinned - pinned0));
+}
+END_TEST
+
+/* A capture that cannot begin for a passing reason (here: this thread has
+ * a capture open on another stream) is a failed capture, retried, not a
+ * backend that can never capture. */
+START_TEST(adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:adv2-begin", ROWS, COLS, "wA", 1);
+    for (int i = 0; i < 2; i++) req_call(C, S, &a);
+    kern_stream_t *xs = extra_stream();
+    TS_OK(kern_capture_begin(xs)); /* this thread is busy capturing elsewhere, for now */
+    cap_result_t r = req_call(C, S, &a);
+    kern_graph_t *g = NULL;
+    TS_OK(kern_capture_end(xs, &g));
+    kern_graph_destroy(&g);
+    ck_assert_int_eq(r.ran, CAP_RAN_EAGER);
+    ck_assert_int_eq(r.reason, CAP_DECLINE_CAPTURE_FAILED);
+    cap_result_t last = r;
+    for (int i = 0; i < 3 && last.ran == CAP_RAN_EAGER; i++) last = req_call(C, S, &a);
+    ck_assert_msg(last.ran != CAP_RAN_EAGER, "after one failed capture begin (%s) the key runs eager for good (%s)",
+                  cap_reason_name(r.reason), cap_reason_name(last.reason));
+}
+END_TEST
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -3496,6 +3608,10 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit);
     tcase_add_test(tc, adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify);
     tcase_add_test(tc, adv_inplace_rekey_never_makes_two_entries_of_one_key);
+    tcase_add_test(tc, adv2_budget_blocked_entry_captures_once_idle_entries_could_make_room);
+    tcase_add_test(tc, adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry);
+    tcase_add_test(tc, adv2_a_prewarm_call_after_one_warmup_call_pins_nothing);
+    tcase_add_test(tc, adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good);
     suite_add_tcase(s, tc);
     return s;
 }
