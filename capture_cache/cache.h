@@ -35,7 +35,8 @@
  * A check that fails *declines* the call to eager with a reason; only a
  * permanent reason (verify_mismatch, backend_unavailable, or a capture that
  * failed CAP_CAPTURE_TRIES times) disables the entry. Every decline is counted, logged once per (reason,
- * key) at warning level, and reported through the event callback.
+ * key) at warning level (of the 4096 most recent pairs: cache_impl.h), and reported through the event
+ * callback.
  *
  * Threads: calls on one stream are serialized (a per-stream lock, so two
  * threads sharing a stream never share a workspace); calls on different

@@ -99,21 +99,20 @@ void cap_log(cap_cache_t *c, int level, const char *msg) {
     else if (level >= 2) fprintf(stderr, "reel: warning: %s\n", msg);
 }
 
-/* True the first time (hash, reason) is seen. */
+/* True the first time (hash, reason) is seen (or seen again after
+ * CAP_LOGGED_WAYS newer pairs of its set pushed it out: cache_impl.h). */
 static bool first_time(cap_cache_t *c, uint64_t hash, cap_reason_t r) {
     CAP_ASSERT_LOCKED(&c->lock);
-    for (size_t i = 0; i < c->n_logged; i++)
-        if (c->logged[i].hash == hash && c->logged[i].reason == r) return false;
-    if (c->n_logged == c->cap_logged) {
-        size_t cap = c->cap_logged ? c->cap_logged * 2 : 32;
-        logged_t *l = realloc(c->logged, cap * sizeof *l);
-        if (!l) return true; /* log again rather than never */
-        c->logged = l;
-        c->cap_logged = cap;
-    }
-    c->logged[c->n_logged].hash = hash;
-    c->logged[c->n_logged++].reason = r;
-    return true;
+    if (!c->logged && !(c->logged = calloc((size_t)CAP_LOGGED_SETS * CAP_LOGGED_WAYS, sizeof *c->logged)))
+        return true; /* log again rather than never */
+    uint64_t mix = (hash ^ ((uint64_t)r + 1) * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+    logged_t *set = c->logged + (size_t)(mix >> 54) % CAP_LOGGED_SETS * CAP_LOGGED_WAYS;
+    int w = 0;
+    while (w < CAP_LOGGED_WAYS - 1 && !(set[w].used && set[w].hash == hash && set[w].reason == (int)r)) w++;
+    bool seen = set[w].used && set[w].hash == hash && set[w].reason == (int)r;
+    memmove(set + 1, set, (size_t)w * sizeof *set); /* to the front; the last way drops out when new */
+    set[0] = (logged_t){ hash, (int)r, true };
+    return !seen;
 }
 
 void cap_declined(cap_cache_t *c, entry_t *e, cap_reason_t r, evq_t *q, char *logbuf, size_t loglen) {

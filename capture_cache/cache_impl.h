@@ -203,7 +203,15 @@ typedef struct {
     bool lost;          /* an allocation failed: events were dropped (stats still count) */
 } evq_t;
 
-typedef struct { uint64_t hash; cap_reason_t reason; } logged_t;
+/* The (key, reason) pairs whose decline was logged: a set-associative
+ * table of CAP_LOGGED_SETS sets of CAP_LOGGED_WAYS, most recent first in
+ * its set, so memory and each lookup stay bounded however many keys a
+ * long run makes (every evict-policy sync makes new ones). A pair pushed
+ * out of its set by CAP_LOGGED_WAYS newer ones is logged again when it
+ * recurs. */
+#define CAP_LOGGED_SETS 1024
+#define CAP_LOGGED_WAYS 4
+typedef struct { uint64_t hash; int reason; bool used; } logged_t;
 
 struct cap_cache {
     kern_backend_t *backend;
@@ -216,8 +224,7 @@ struct cap_cache {
                                      * program callback called under lock may use it */
     stream_slot_t **streams;        /* index = stream number in events */
     int n_streams, cap_streams;
-    logged_t *logged;
-    size_t n_logged, cap_logged;
+    logged_t *logged;               /* CAP_LOGGED_SETS x CAP_LOGGED_WAYS, made on first use */
     cap_stats_t st;
 };
 

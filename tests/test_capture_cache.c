@@ -3536,6 +3536,35 @@ START_TEST(adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for
 }
 END_TEST
 
+/* A long run makes new keys at every evict-policy sync: the table of
+ * logged (key, reason) pairs stays bounded (cache_impl.h) and still logs
+ * each new pair once, and a recent pair's repeats never. */
+START_TEST(test_declines_are_logged_once_per_recent_key_over_thousands_of_keys) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:many-0", ROWS, COLS, "wA", 1);
+    a.not_capturable = true;
+    reset_records();
+    const int keys = 6000;
+    char name[64];
+    for (int k = 0; k < keys; k++) {
+        snprintf(name, sizeof name, "syn:many-%d", k);
+        a.key = make_key(name, ROWS, COLS, "wA", 1);
+        req_call(C, S, &a);
+        req_call(C, S, &a); /* the same pair again at once: counted, not logged */
+    }
+    ck_assert_int_eq(n_warnings, keys);
+    for (int k = keys - 8; k < keys; k++) { /* the most recent pairs are remembered */
+        snprintf(name, sizeof name, "syn:many-%d", k);
+        a.key = make_key(name, ROWS, COLS, "wA", 1);
+        req_call(C, S, &a);
+    }
+    ck_assert_int_eq(n_warnings, keys);
+    ck_assert_uint_eq(stats(C).declines[CAP_DECLINE_NOT_CAPTURABLE], (uint64_t)keys * 2 + 8);
+}
+END_TEST
+
 static Suite *capture_cache_suite(void) {
     Suite *s = suite_create("capture_cache");
     TCase *tc = tcase_create("lifecycle");
@@ -3612,6 +3641,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry);
     tcase_add_test(tc, adv2_a_prewarm_call_after_one_warmup_call_pins_nothing);
     tcase_add_test(tc, adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good);
+    tcase_add_test(tc, test_declines_are_logged_once_per_recent_key_over_thousands_of_keys);
     suite_add_tcase(s, tc);
     return s;
 }
