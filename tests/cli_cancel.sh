@@ -55,9 +55,18 @@ echo "== reelctl gen cancels its GEN on SIGINT"
 gp=$!
 PIDS="$PIDS $gp"
 inflight() { "$R" status --broker "$CE" --json 2>/dev/null | /usr/bin/python3 -c 'import json,sys; print(sum(w["inflight"] for w in json.load(sys.stdin)["workers"]))' 2>/dev/null; }
-i=0
-while [ "$(inflight)" != 1 ] && [ $i -lt 600 ] && ! gone "$gp"; do sleep 0.1; i=$((i + 1)); done
-[ "$(inflight)" = 1 ] && ok "its GEN runs on the worker" || bad "reelctl gen's GEN runs"
+# wait_inflight N PID...: until the workers hold N requests, at most 60 s,
+# or until one of the PIDs (the clients sending them) has ended
+wait_inflight() {
+    _n=$1; shift
+    _end=$(($(date +%s) + 60))
+    while [ "$(inflight)" != "$_n" ] && [ "$(date +%s)" -lt $_end ]; do
+        for _p in "$@"; do gone "$_p" && return 1; done
+        sleep 0.1
+    done
+    [ "$(inflight)" = "$_n" ]
+}
+wait_inflight 1 "$gp" && ok "its GEN runs on the worker" || bad "reelctl gen's GEN runs"
 kill -INT "$gp" 2>/dev/null
 reap "$gp" 30
 rc=$?
@@ -94,9 +103,7 @@ bgen 11 $MS & b1=$!
 bgen 12 10000 & b2=$! # the one cancelled: long, so that it is still running when the SIGINT comes
 bgen 13 $MS & b3=$!
 PIDS="$PIDS $b1 $b2 $b3"
-i=0
-while [ "$(inflight)" != 3 ] && [ $i -lt 600 ] && ! gone "$b1" && ! gone "$b3"; do sleep 0.1; i=$((i + 1)); done
-[ "$(inflight)" = 3 ] && ok "three GENs of one key run on the batching worker at once" || bad "three GENs in flight ($(inflight))"
+wait_inflight 3 "$b1" "$b3" && ok "three GENs of one key run on the batching worker at once" || bad "three GENs in flight ($(inflight))"
 kill -INT "$b2" 2>/dev/null
 reap "$b2" 30
 rc=$?
@@ -125,9 +132,7 @@ cli_worker wg "$D/broker.log" "$D/wg.log" --broker "$WE" --weights "$D/w1.safete
     --timeout-ms 300000 --quiet --out "$D/g.safetensors" 2>"$D/g.err" &
 gp=$!
 PIDS="$PIDS $gp"
-i=0
-while [ "$(inflight)" != 1 ] && [ $i -lt 600 ] && ! gone "$gp"; do sleep 0.1; i=$((i + 1)); done
-[ "$(inflight)" = 1 ] && ok "the group of 4 runs on the two-stream worker" || bad "the group runs ($(inflight) in flight)"
+wait_inflight 1 "$gp" && ok "the group of 4 runs on the two-stream worker" || bad "the group runs ($(inflight) in flight)"
 kill -INT "$gp" 2>/dev/null
 reap "$gp" 30
 rc=$?

@@ -3195,9 +3195,10 @@ static size_t sum_event_bytes(cap_event_kind_t kind, uint64_t hash) {
     return n;
 }
 
-/* 1. cache.h: "EVICT: bytes freed". An audit mismatch frees the graph and
- *    the workspace, but its eviction event reports the workspace only. */
-START_TEST(adv_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees) {
+/* cache.h: "EVICT: bytes freed". An audit mismatch frees the graph and the
+ * workspace, and its eviction event reports both (it reported the
+ * workspace only). */
+START_TEST(test_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees) {
     cap_options_t o = test_options();
     o.audit_every = 1;
     C = new_cache(&o);
@@ -3220,10 +3221,10 @@ START_TEST(adv_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees) {
 }
 END_TEST
 
-/* 2. An entry evicted (doomed) by another thread while its audit runs is
- *    evicted a second time when the audit mismatches: two EVICT events and
- *    two eviction counts for one entry, its bytes reported twice. */
-START_TEST(adv_entry_doomed_during_a_mismatching_audit_is_evicted_once) {
+/* An entry evicted (doomed) by another thread while its audit runs, the
+ * audit then mismatching, is one eviction: one EVICT event and one count
+ * (it was two, its bytes reported twice). */
+START_TEST(test_entry_doomed_during_a_mismatching_audit_is_evicted_once) {
     cap_options_t o = test_options();
     o.audit_every = 1;
     C = new_cache(&o);
@@ -3249,11 +3250,10 @@ START_TEST(adv_entry_doomed_during_a_mismatching_audit_is_evicted_once) {
 }
 END_TEST
 
-/* 3. An entry evicted by another thread while it captures still publishes
- *    its graph: publish() evicts an idle LRU entry to make room for a graph
- *    that is freed when the call ends, and the CAPTURE event comes after
- *    the key's EVICT event (captures - evictions drifts by one). */
-START_TEST(adv_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry) {
+/* An entry evicted by another thread while it captures publishes nothing:
+ * no idle LRU entry is evicted for a graph its call frees as it ends (one
+ * was, and a CAPTURE event followed the key's EVICT). */
+START_TEST(test_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry) {
     size_t ws, g;
     probe_entry(&ws, &g);
     cap_options_t o = test_options();
@@ -3279,10 +3279,9 @@ START_TEST(adv_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_anoth
 }
 END_TEST
 
-/* 3b. The same race seen by the event stream: the key's EVICT event comes
- *     before its CAPTURE event and reports no graph bytes, so a consumer
- *     counting captures - evictions thinks the key still holds a graph. */
-START_TEST(adv_capture_event_never_follows_the_eviction_of_its_entry) {
+/* The same race seen by the event stream: no CAPTURE follows the key's
+ * EVICT, so captures - evictions stays the graphs held. */
+START_TEST(test_capture_event_never_follows_the_eviction_of_its_entry) {
     cap_options_t o = test_options();
     C = new_cache(&o);
     req_t e;
@@ -3303,12 +3302,11 @@ START_TEST(adv_capture_event_never_follows_the_eviction_of_its_entry) {
 }
 END_TEST
 
-/* 4. docs/CAPTURE.md "Memory budget": when even evicting every idle entry
- *    cannot make room the call runs transient. With ws_size the first
- *    admission check leaves out the cache's own verify copy (snap) of the
- *    inputs: idle entries are evicted for a workspace that then does not
- *    fit anyway. */
-START_TEST(adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
+/* docs/CAPTURE.md "Memory budget": when even evicting every idle entry
+ * cannot make room the call runs transient. Admission before the
+ * allocation counts the cache's own verify copy of the inputs beside
+ * ws_size, so no idle entry is evicted for an entry that cannot fit. */
+START_TEST(test_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
     cap_options_t o = test_options();
     C = new_cache(&o);
     req_t x, k;
@@ -3334,12 +3332,12 @@ START_TEST(adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
 }
 END_TEST
 
-/* 5. A re-entrant dispatch (cache.h, Threads) whose new workspace's ws_new
- *    syncs in place (cache_entry.c: "ws_new may take long, and may call
- *    cap_component_update") re-keys the outer entry, in use and warming up:
- *    reverify_pending is set and never cleared; the invariant
- *    "!e->reverify_pending between calls" fails. */
-START_TEST(adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify) {
+/* A re-entrant dispatch (cache.h, Threads) whose new workspace's ws_new
+ * syncs in place (cache_entry.c: "ws_new may take long, and may call
+ * cap_component_update") re-keys the outer entry, in use and warming up:
+ * after the outer call no reverify stays pending (the invariant
+ * "!e->reverify_pending between calls"). */
+START_TEST(test_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify) {
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
     C = new_cache(&o);
@@ -3358,11 +3356,11 @@ START_TEST(adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reveri
 }
 END_TEST
 
-/* 6. Entries whose keys name a component that was not registered yet may
- *    differ only in its version; once it is registered, an in-place sync
- *    re-keys both onto the same key: two live entries for one
- *    (key, stream, program, user). */
-START_TEST(adv_inplace_rekey_never_makes_two_entries_of_one_key) {
+/* Entries whose keys name a component that was not registered yet may
+ * differ only in its version; once it is registered, an in-place sync
+ * re-keys only the resident version's and evicts the other, never two live
+ * entries for one (key, stream, program, user). */
+START_TEST(test_inplace_rekey_never_makes_two_entries_of_one_key) {
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
     C = new_cache(&o);
@@ -3382,10 +3380,10 @@ START_TEST(adv_inplace_rekey_never_makes_two_entries_of_one_key) {
 }
 END_TEST
 
-/* 7. key.h: "-1 with a message when a field does not fit". key_denoise
- *    multiplies the latent's dims (lat_n, key.c:195) before any check:
- *    signed overflow (UB; UBSan aborts) for dims the latent check refuses. */
-START_TEST(adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub) {
+/* key.h: "-1 with a message when a field does not fit". A latent whose
+ * dims multiply past int64 is refused without a signed overflow (UBSan at
+ * -O0 caught the one there was). */
+START_TEST(test_denoise_key_with_an_overflowing_latent_is_refused_without_ub) {
     cap_key_t k;
     const int64_t lat[4] = { INT64_C(1) << 31, INT64_C(1) << 31, INT64_C(1) << 31, 2 };
     const int64_t ctx[2] = { 5, 32 };
@@ -3394,12 +3392,11 @@ START_TEST(adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub) {
 }
 END_TEST
 
-/* 8. cache.h: a failed capture "is retried on the entry's next calls, up to
- *    CAP_CAPTURE_TRIES captures in all, and only then disables the entry".
- *    capture_fails is never reset by a success: two transient failures, a
- *    good capture, hours of replays, then one transient failure on a later
- *    re-capture disables the key for good. */
-START_TEST(adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable) {
+/* cache.h: a failed capture is retried "up to CAP_CAPTURE_TRIES failed
+ * captures in a row". Two transient failures, a good capture, replays,
+ * then one failure of a later re-capture: the key captures again (the old
+ * failures once added up to a permanent disable). */
+START_TEST(test_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable) {
     cap_options_t o = test_options();
     C = new_cache(&o);
     step_user_t u = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .capture_fails_left = 2 };
@@ -3429,7 +3426,7 @@ END_TEST
 /* A graph the budget could not hold (its entry waits in budget_exceeded)
  * is captured again once evicting idle entries would make room, as a new
  * key's workspace would evict them. */
-START_TEST(adv2_budget_blocked_entry_captures_once_idle_entries_could_make_room) {
+START_TEST(test_budget_blocked_entry_captures_once_idle_entries_could_make_room) {
     size_t ws, g;
     probe_entry(&ws, &g);
     cap_options_t o = test_options();
@@ -3475,7 +3472,7 @@ static const cap_program_t PROG_LIMIT = {
 
 /* A workspace refused for a key it cannot hold (over a limit, not out of
  * memory) evicts no idle entry: freeing memory would not change it. */
-START_TEST(adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry) {
+START_TEST(test_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry) {
     cap_options_t o = test_options();
     C = new_cache(&o);
     req_t a, big;
@@ -3496,7 +3493,7 @@ END_TEST
 
 /* CAPTURE.md: a prewarmed graph pins no input, even after a warmup call
  * saw the same context buffer. */
-START_TEST(adv2_a_prewarm_call_after_one_warmup_call_pins_nothing) {
+START_TEST(test_a_prewarm_call_after_one_warmup_call_pins_nothing) {
     cap_options_t o = test_options();
     o.warmup = 3;
     C = new_cache(&o);
@@ -3516,7 +3513,7 @@ END_TEST
 /* A capture that cannot begin for a passing reason (here: this thread has
  * a capture open on another stream) is a failed capture, retried, not a
  * backend that can never capture. */
-START_TEST(adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good) {
+START_TEST(test_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good) {
     cap_options_t o = test_options();
     C = new_cache(&o);
     req_t a;
@@ -3632,26 +3629,26 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_warmup_zero_captures_at_the_first_call);
     tcase_add_test(tc, test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused);
     tcase_add_test(tc, test_a_weight_listing_naming_a_component_outside_the_program_never_captures);
-    tcase_add_test(tc, adv_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees);
-    tcase_add_test(tc, adv_entry_doomed_during_a_mismatching_audit_is_evicted_once);
-    tcase_add_test(tc, adv_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry);
-    tcase_add_test(tc, adv_capture_event_never_follows_the_eviction_of_its_entry);
-    tcase_add_test(tc, adv_denoise_key_with_an_overflowing_latent_is_refused_without_ub);
-    tcase_add_test(tc, adv_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable);
-    tcase_add_test(tc, adv_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit);
-    tcase_add_test(tc, adv_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify);
-    tcase_add_test(tc, adv_inplace_rekey_never_makes_two_entries_of_one_key);
-    tcase_add_test(tc, adv2_budget_blocked_entry_captures_once_idle_entries_could_make_room);
-    tcase_add_test(tc, adv2_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry);
-    tcase_add_test(tc, adv2_a_prewarm_call_after_one_warmup_call_pins_nothing);
+    tcase_add_test(tc, test_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees);
+    tcase_add_test(tc, test_entry_doomed_during_a_mismatching_audit_is_evicted_once);
+    tcase_add_test(tc, test_a_graph_of_an_entry_evicted_during_its_capture_never_evicts_another_entry);
+    tcase_add_test(tc, test_capture_event_never_follows_the_eviction_of_its_entry);
+    tcase_add_test(tc, test_denoise_key_with_an_overflowing_latent_is_refused_without_ub);
+    tcase_add_test(tc, test_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable);
+    tcase_add_test(tc, test_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit);
+    tcase_add_test(tc, test_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_reverify);
+    tcase_add_test(tc, test_inplace_rekey_never_makes_two_entries_of_one_key);
+    tcase_add_test(tc, test_budget_blocked_entry_captures_once_idle_entries_could_make_room);
+    tcase_add_test(tc, test_a_workspace_refused_for_a_key_it_cannot_hold_evicts_no_idle_entry);
+    tcase_add_test(tc, test_a_prewarm_call_after_one_warmup_call_pins_nothing);
 #ifndef __SANITIZE_THREAD__
     /* It holds a capture open on another stream across a dispatch (the way
      * to make a capture begin fail in this thread), which takes the device
      * lock in the other order than a workspace allocation: TSan reports the
      * potential inversion the test stages. The plain and ASan runs run it. */
-    tcase_add_test(tc, adv2_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good);
+    tcase_add_test(tc, test_a_transient_capture_begin_failure_does_not_disable_the_entry_for_good);
 #else
-    fprintf(stderr, "test_capture_cache: under TSan, not run: adv2_a_transient_capture_begin_failure_does_not_"
+    fprintf(stderr, "test_capture_cache: under TSan, not run: test_a_transient_capture_begin_failure_does_not_"
                     "disable_the_entry_for_good (it stages a lock-order inversion; plain and ASan runs run it)\n");
 #endif
     tcase_add_test(tc, test_declines_are_logged_once_per_recent_key_over_thousands_of_keys);

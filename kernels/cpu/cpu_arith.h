@@ -189,7 +189,7 @@ static inline cpu_rope_tables_t cpu_rope_parts(const double *tab, int64_t head_d
 }
 
 /* The table of a shape, computed once per process and kept (cpu_vec.c; at
- * most 32 shapes, then NULL: the caller fills its scratch). The same
+ * most 40 tables in all, then NULL: the caller fills its scratch). The same
  * values cpu_rope_fill writes: a cached table changes no result. */
 const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols);
 
@@ -209,7 +209,7 @@ static inline cpu_rope_tables_t cpu_rope_tables(void *scratch, int64_t head_dim,
 static inline double cpu_freq(int64_t j, int64_t h) { return pow(10000.0, -(double)j / (double)h); }
 
 /* ω_0 .. ω_(h−1), computed once per process for each h (cpu_vec.c; at
- * most 8 widths, then NULL: the caller computes them). The same values
+ * most 40 tables in all, then NULL: the caller computes them). The same values
  * as cpu_freq: a cached table changes no result. */
 const double *cpu_freq_cached(int64_t h);
 

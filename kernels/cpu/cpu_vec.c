@@ -35,69 +35,58 @@ CPU_VEC_DISPATCH void cpu_vec_attn_direct_products(const float *q, const float *
     cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, false);
 }
 
-/* RoPE tables by shape (cpu_arith.h): filled once, kept for the process,
- * never freed or moved, so a pointer handed out stays valid for every
- * thread. 32 shapes at most; later ones are filled per call. */
-#define ROPE_CACHE 32
-static struct { int64_t d, f, r, c; const double *tab; } rope_cache[ROPE_CACHE];
-static int rope_cached_n;
-static pthread_mutex_t rope_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t rope_once = PTHREAD_ONCE_INIT;
+/* Tables computed once and kept for the process, never freed or moved, so
+ * a pointer handed out stays valid for every thread (cpu_arith.h): RoPE
+ * tables by shape, timestep frequencies by half-width. TABLES at most;
+ * later ones are computed by their callers each call. */
+#define TABLES 40
+typedef enum { TABLE_ROPE, TABLE_FREQ } table_kind_t;
+static struct { table_kind_t kind; int64_t k[4]; const double *tab; } tables[TABLES];
+static int tables_n;
+static pthread_mutex_t tables_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-/* rope_mu is held across a fork, so the child's copy is never mid-fill. */
-static void rope_lock(void) { pthread_mutex_lock(&rope_mu); }
-static void rope_unlock(void) { pthread_mutex_unlock(&rope_mu); }
-static void rope_atfork(void) { pthread_atfork(rope_lock, rope_unlock, rope_unlock); }
+/* tables_mu is held across a fork, so the child's copy is never mid-fill. */
+static void tables_lock(void) { pthread_mutex_lock(&tables_mu); }
+static void tables_unlock(void) { pthread_mutex_unlock(&tables_mu); }
+static void tables_atfork(void) { pthread_atfork(tables_lock, tables_unlock, tables_unlock); }
 
-const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols) {
+/* The table of (kind, k), filled by fill into bytes on first use; NULL when
+ * the cache is full or out of memory. */
+static const double *table_cached(table_kind_t kind, const int64_t k[4], size_t bytes,
+                                  void (*fill)(double *tab, const int64_t k[4])) {
     const double *hit = NULL;
-    pthread_once(&rope_once, rope_atfork);
-    pthread_mutex_lock(&rope_mu);
-    for (int i = 0; i < rope_cached_n && !hit; i++)
-        if (rope_cache[i].d == head_dim && rope_cache[i].f == frames && rope_cache[i].r == rows &&
-            rope_cache[i].c == cols)
-            hit = rope_cache[i].tab;
-    if (!hit && rope_cached_n < ROPE_CACHE) {
-        size_t bytes = cpu_rope_table_bytes(head_dim, frames, rows, cols);
+    pthread_once(&tables_once, tables_atfork);
+    pthread_mutex_lock(&tables_mu);
+    for (int i = 0; i < tables_n && !hit; i++)
+        if (tables[i].kind == kind && !memcmp(tables[i].k, k, sizeof tables[i].k)) hit = tables[i].tab;
+    if (!hit && tables_n < TABLES) {
         double *tab = bytes ? malloc(bytes) : NULL;
         if (tab) {
-            cpu_rope_fill_all(tab, head_dim, frames, rows, cols);
-            rope_cache[rope_cached_n].d = head_dim;
-            rope_cache[rope_cached_n].f = frames;
-            rope_cache[rope_cached_n].r = rows;
-            rope_cache[rope_cached_n].c = cols;
-            rope_cache[rope_cached_n].tab = tab;
-            rope_cached_n++;
+            fill(tab, k);
+            tables[tables_n].kind = kind;
+            memcpy(tables[tables_n].k, k, sizeof tables[tables_n].k);
+            tables[tables_n].tab = tab;
+            tables_n++;
             hit = tab;
         }
     }
-    pthread_mutex_unlock(&rope_mu);
+    pthread_mutex_unlock(&tables_mu);
     return hit;
 }
 
-/* Timestep frequencies by half-width (cpu_arith.h), under the RoPE cache's
- * lock: filled once, never freed or moved; 8 widths at most. */
-#define FREQ_CACHE 8
-static struct { int64_t h; const double *w; } freq_cache[FREQ_CACHE];
-static int freq_cached_n;
+static void rope_fill(double *tab, const int64_t k[4]) { cpu_rope_fill_all(tab, k[0], k[1], k[2], k[3]); }
+
+const double *cpu_rope_cached(int64_t head_dim, int64_t frames, int64_t rows, int64_t cols) {
+    const int64_t k[4] = { head_dim, frames, rows, cols };
+    return table_cached(TABLE_ROPE, k, cpu_rope_table_bytes(head_dim, frames, rows, cols), rope_fill);
+}
+
+static void freq_fill(double *tab, const int64_t k[4]) {
+    for (int64_t j = 0; j < k[0]; j++) tab[j] = cpu_freq(j, k[0]);
+}
 
 const double *cpu_freq_cached(int64_t h) {
-    const double *hit = NULL;
-    if (h <= 0) return NULL;
-    pthread_once(&rope_once, rope_atfork);
-    pthread_mutex_lock(&rope_mu);
-    for (int i = 0; i < freq_cached_n && !hit; i++)
-        if (freq_cache[i].h == h) hit = freq_cache[i].w;
-    if (!hit && freq_cached_n < FREQ_CACHE) {
-        double *w = malloc((size_t)h * sizeof *w);
-        if (w) {
-            for (int64_t j = 0; j < h; j++) w[j] = cpu_freq(j, h);
-            freq_cache[freq_cached_n].h = h;
-            freq_cache[freq_cached_n].w = w;
-            freq_cached_n++;
-            hit = w;
-        }
-    }
-    pthread_mutex_unlock(&rope_mu);
-    return hit;
+    const int64_t k[4] = { h, 0, 0, 0 };
+    return h > 0 ? table_cached(TABLE_FREQ, k, (size_t)h * sizeof(double), freq_fill) : NULL;
 }
