@@ -12,8 +12,9 @@
  *     64 keys and head width, with the scores standing in for the weights:
  *     kern_cpu_attention_products), nothing between them; step / products
  *     is the title's ratio ("a step costs little more than its matrix
- *     products");
- *   - a profile: every node of the graph timed alone, summed by op;
+ *     products"), for the eager step and (in brackets) the replayed one;
+ *   - a profile: every node of the graph timed alone, summed by op, every
+ *     op listed;
  *   - each at the default pool (REEL_THREADS, else the cores) and at 1.
  * PyTorch eager on the same weights is bench/torch_step.py's, run here when
  * python3-torch is installed (one line says so when it is not).
@@ -162,12 +163,12 @@ static void report(const step_case_t *sc, int threads, const result_t *r) {
            sc->label, threads, (long long)sc->F, (long long)sc->H, (long long)sc->W, (long long)sc->L,
            r->eager * 1e3, r->replay * 1e3, r->gemms * 1e3, r->gemm_nodes, r->nodes, r->eager / r->gemms);
     printf("    all its matrix products alone %9.3f ms (the GEMMs + %zu attention nodes' own products, %zu by BLAS, "
-           "%zu direct), step/products %.3f\n",
+           "%zu direct), step/products %.3f (replayed: %.3f)\n",
            r->products * 1e3, r->attn_nodes, r->blas_attn_nodes, r->attn_nodes - r->blas_attn_nodes,
-           r->eager / r->products);
+           r->eager / r->products, r->replay / r->products);
     double total = 0;
     for (int o = 0; o <= KERN_OP_COUNT; o++) total += r->by_op[o];
-    for (int shown = 0; shown < 8; shown++) { /* the top ops, largest first */
+    for (;;) { /* every op, largest first */
         int best = -1;
         for (int o = 0; o <= KERN_OP_COUNT; o++)
             if (r->by_op[o] > 0 && (best < 0 || r->by_op[o] > r->by_op[best])) best = o;

@@ -211,7 +211,8 @@ static void layernorm_ref(const float *x, const float *w, const float *b, int64_
 }
 
 /* Inputs sit on an offset of 3 so a one-pass variance would lose digits.
- * Tolerance 1e-6·(1 + |ref|): the kernel works in double and rounds once. */
+ * Tolerance 1e-6·(1 + |ref|): the kernel's statistics and outputs are in
+ * float (cpu_arith.h), a few roundings of values near 1. */
 static void layernorm_check(int affine) {
     const int64_t rows = 13, D = 67;
     const float eps = 1e-6f;
@@ -282,7 +283,8 @@ START_TEST(test_layernorm_rows_across_statistics_chunks_match_reference) {
 }
 END_TEST
 
-/* Tolerance 1e-6·(1 + |ref|): double accumulation, one rounding. */
+/* Tolerance 1e-6·(1 + |ref|): float sums of 48 squares near 1, then two
+ * roundings. */
 START_TEST(test_rmsnorm_matches_double_reference) {
     const int64_t rows = 9, D = 48;
     const float eps = 1e-6f;
@@ -299,6 +301,54 @@ START_TEST(test_rmsnorm_matches_double_reference) {
             ref[r * D + i] = F(&x)[r * D + i] / sqrt(ms + eps) * F(&w)[i];
     }
     expect_close("rmsnorm", F(&y), ref, rows * D, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+}
+END_TEST
+
+/* The largest error of got against ref, for the message. */
+static double max_abs_err(const float *got, const double *ref, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)got[i] - ref[i]));
+    return m;
+}
+
+/* Wan-width rows (dim 1536 and 5120, the 1.3B and 14B models) with the
+ * statistics in float: LayerNorm (affine, with bias) and RMSNorm against
+ * the double reference. Row r sits on an offset of r/2 with a spread of
+ * 1 + r/4, so no two rows share statistics. Tolerance 4e-6·(1 + |ref|):
+ * the float sums of 1536 or 5120 terms (4 accumulators of 16 lanes) put
+ * the mean off by a few of its ulps (measured: 2e-7 to 5e-7, printed); a
+ * sum that dropped or doubled one vector of 16 would move every output of
+ * its row by about 1e-2. */
+START_TEST(test_norms_of_wan_width_rows_in_float_match_double_reference) {
+    static const int64_t dims[] = { 1536, 5120 };
+    const int64_t rows = 17;
+    const float eps = 1e-6f;
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+        const int64_t D = dims[k];
+        kern_tensor_t x = T2(rows, D), w = T1(D), b = T1(D), y = T2(rows, D);
+        fill(&x, -1, 1);
+        fill(&w, -1, 1);
+        fill(&b, -1, 1);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < D; i++)
+                F(&x)[r * D + i] = F(&x)[r * D + i] * (1.0f + 0.25f * (float)r) + 0.5f * (float)r;
+        double *ref = dbuf(rows * D);
+        ck_assert_msg(kern_layernorm(S, &x, &w, &b, eps, &y) == 0, "layernorm: %s", reel_err_text());
+        layernorm_ref(F(&x), F(&w), F(&b), rows, D, eps, ref);
+        printf("  layernorm, %lld rows of %lld in float: max |err| %.3g\n", (long long)rows, (long long)D,
+               max_abs_err(F(&y), ref, rows * D));
+        expect_close("layernorm, Wan width", F(&y), ref, rows * D, 4e-6, 4e-6, NULL, "4e-6 * (1 + |ref|)");
+        ck_assert_msg(kern_rmsnorm(S, &x, &w, eps, &y) == 0, "rmsnorm: %s", reel_err_text());
+        for (int64_t r = 0; r < rows; r++) {
+            double ms = 0;
+            for (int64_t i = 0; i < D; i++) ms += (double)F(&x)[r * D + i] * F(&x)[r * D + i];
+            ms /= (double)D;
+            for (int64_t i = 0; i < D; i++) ref[r * D + i] = F(&x)[r * D + i] / sqrt(ms + eps) * F(&w)[i];
+        }
+        printf("  rmsnorm, %lld rows of %lld in float: max |err| %.3g\n", (long long)rows, (long long)D,
+               max_abs_err(F(&y), ref, rows * D));
+        expect_close("rmsnorm, Wan width", F(&y), ref, rows * D, 4e-6, 4e-6, NULL, "4e-6 * (1 + |ref|)");
+    }
 }
 END_TEST
 
@@ -2028,6 +2078,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_layernorm_in_place_gives_the_same_bits_as_out_of_place);
     tcase_add_test(tc, test_layernorm_rows_across_statistics_chunks_match_reference);
     tcase_add_test(tc, test_rmsnorm_matches_double_reference);
+    tcase_add_test(tc, test_norms_of_wan_width_rows_in_float_match_double_reference);
     tcase_add_test(tc, test_modulate_matches_double_reference);
     tcase_add_test(tc, test_gated_residual_with_gate_matches_double_reference);
     tcase_add_test(tc, test_gated_residual_without_gate_adds_y);

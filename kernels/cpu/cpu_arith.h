@@ -11,6 +11,7 @@
 #define REEL_KERNELS_CPU_ARITH_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "cpu_vmath.h"
@@ -20,94 +21,51 @@ static inline float cpu_modulate_value(float x, float shift, float scale) {
     return x * (1.0f + scale) + shift;
 }
 
-/* Row sums in double: 16 lanes (two vectors of 8 doubles) over the whole
- * vectors of x, reduced in a fixed order, then the tail in order. The
- * order depends on D alone, so a row's statistics are the same bits
- * wherever the row is, on any ISA (cpu_vmath.h). */
-typedef float cpu_vh __attribute__((vector_size(CPU_VW * 2))); /* 8 floats */
-
-CPU_VINLINE void cpu_vsplit_d(cpu_vf v, cpu_vd *lo, cpu_vd *hi) {
-    cpu_vh l, h;
-    memcpy(&l, &v, sizeof l);
-    memcpy(&h, (const char *)&v + sizeof l, sizeof h);
-    *lo = __builtin_convertvector(l, cpu_vd);
-    *hi = __builtin_convertvector(h, cpu_vd);
+/* Row statistics in float, as upstream Wan2.1 takes them (its LayerNorm
+ * and RMSNorm run on float32 tensors): Σ x[i] and Σ (x[i] − m)² over the
+ * whole vectors of x into four 16-lane accumulators (vector v into v mod
+ * 4), reduced as ((a0 + a1) + (a2 + a3)) and then a fixed tree over the
+ * lanes, then the tail in order. The order depends on D alone, so a row's
+ * statistics are the same bits wherever the row is, on any ISA
+ * (cpu_vmath.h). These sums were in double before (and each output in
+ * double, rounded once): float moves outputs by a few ulps, more for a
+ * row on an offset far above its spread (the mean's own rounding, as in
+ * float32 PyTorch), inside every tolerance of the tests and the numpy
+ * cross-check, and took a third off the row kernels' time (docs/BENCH.md,
+ * "Statistics in float"). */
+CPU_VINLINE float cpu_vsum_f(cpu_vf a) { /* lane l plus lane l + w, for w = 8, 4, 2, 1 */
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    typedef float v2 __attribute__((vector_size(8)));
+    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+    v2 d = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
+    return d[0] + d[1];
 }
 
-/* Σ x[i]. */
-CPU_VINLINE double cpu_row_sum(const float *x, int64_t D) {
-    cpu_vd a0 = { 0 }, a1 = { 0 };
+/* Σ (x[i] − m)² (sq) or Σ x[i] (m must then be 0). */
+CPU_VINLINE float cpu_row_sum_f(const float *x, int64_t D, float m, const bool sq) {
+    cpu_vf a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
     int64_t i = 0;
-    for (; i + CPU_VW <= D; i += CPU_VW) {
-        cpu_vd lo, hi;
-        cpu_vsplit_d(cpu_vload(x + i), &lo, &hi);
-        a0 += lo;
-        a1 += hi;
+    for (int64_t v = 0; i + CPU_VW <= D; i += CPU_VW, v++) {
+        cpu_vf c = cpu_vload(x + i);
+        if (sq) {
+            c = c - m;
+            c = c * c;
+        }
+        a[v & 3] += c;
     }
-    double s = cpu_vsum_d(a0, a1);
-    for (; i < D; i++) s += x[i];
-    return s;
-}
-
-/* Σ (x[i] − m)². */
-CPU_VINLINE double cpu_row_sumsq_centered(const float *x, int64_t D, double m) {
-    cpu_vd a0 = { 0 }, a1 = { 0 };
-    const cpu_vd vm = { m, m, m, m, m, m, m, m };
-    int64_t i = 0;
-    for (; i + CPU_VW <= D; i += CPU_VW) {
-        cpu_vd lo, hi;
-        cpu_vsplit_d(cpu_vload(x + i), &lo, &hi);
-        lo -= vm;
-        hi -= vm;
-        a0 += lo * lo;
-        a1 += hi * hi;
-    }
-    double s = cpu_vsum_d(a0, a1);
+    float s = cpu_vsum_f((a[0] + a[1]) + (a[2] + a[3]));
     for (; i < D; i++) {
-        double c = (double)x[i] - m;
-        s += c * c;
+        float c = x[i];
+        if (sq) {
+            c = c - m;
+            c = c * c;
+        }
+        s += c;
     }
     return s;
-}
-
-/* Mean and 1/√(var + eps) of x[0..D), D >= 1, accumulated in double, the
- * variance by a second pass over x − mean (no cancellation). */
-CPU_VINLINE void cpu_layernorm_stats(const float *x, int64_t D, float eps, double *mean, double *rstd) {
-    const double m = cpu_row_sum(x, D) / (double)D;
-    *mean = m;
-    *rstd = 1.0 / sqrt(cpu_row_sumsq_centered(x, D, m) / (double)D + (double)eps);
-}
-
-/* One LayerNorm output without affine: (x − mean)·rstd in double, rounded
- * once to float. */
-static inline float cpu_layernorm_value(float x, double mean, double rstd) {
-    return (float)(((double)x - mean) * rstd);
-}
-
-/* One LayerNorm output with affine: (x − mean)·rstd·w + b in double
- * (b NULL: no bias), rounded once to float. */
-static inline float cpu_layernorm_affine_value(float x, double mean, double rstd, float w, const float *b) {
-    double v = ((double)x - mean) * rstd;
-    v = v * (double)w + (b ? (double)*b : 0.0);
-    return (float)v;
-}
-
-/* A row's LayerNorm outputs with affine, y[i] =
- * cpu_layernorm_affine_value(x[i], mean, rstd, w[i], b ? &b[i] : NULL),
- * as two loops without a branch inside, so that each vectorises (the
- * conditional bias kept the one loop scalar). y may equal x. */
-static inline void cpu_layernorm_affine_row(float *y, const float *x, int64_t D, double mean, double rstd,
-                                            const float *w, const float *b) {
-    if (b)
-        for (int64_t i = 0; i < D; i++) {
-            double v = ((double)x[i] - mean) * rstd;
-            y[i] = (float)(v * (double)w[i] + (double)b[i]);
-        }
-    else
-        for (int64_t i = 0; i < D; i++) {
-            double v = ((double)x[i] - mean) * rstd;
-            y[i] = (float)(v * (double)w[i] + 0.0);
-        }
 }
 
 /* Rows whose statistics a row kernel takes before it writes any of their
@@ -118,6 +76,34 @@ static inline void cpu_layernorm_affine_row(float *y, const float *x, int64_t D,
  * is unchanged: no result depends on the chunk. */
 #define CPU_STAT_ROWS 16
 
+/* Mean and 1/√(var + eps) of each row x + i·D, i < n <= CPU_STAT_ROWS, D
+ * >= 1: the mean, then the variance by a second pass over x − mean (no
+ * cancellation), in float. Taken phase by phase over the rows (every sum,
+ * every mean, every centred sum, every 1/√), so that the rows' dependent
+ * chains run side by side; each row's operations are its own alone. */
+CPU_VINLINE void cpu_layernorm_stats_rows(const float *x, int64_t n, int64_t D, float eps, float *mean,
+                                          float *rstd) {
+    float ss[CPU_STAT_ROWS];
+    for (int64_t i = 0; i < n; i++) mean[i] = cpu_row_sum_f(x + i * D, D, 0.0f, false);
+    for (int64_t i = 0; i < n; i++) mean[i] /= (float)D;
+    for (int64_t i = 0; i < n; i++) ss[i] = cpu_row_sum_f(x + i * D, D, mean[i], true);
+    for (int64_t i = 0; i < n; i++) rstd[i] = 1.0f / sqrtf(ss[i] / (float)D + eps);
+}
+
+/* One LayerNorm output without affine: (x − mean)·rstd. */
+static inline float cpu_layernorm_value(float x, float mean, float rstd) { return (x - mean) * rstd; }
+
+/* A row's LayerNorm outputs with affine, y[i] = ((x[i] − mean)·rstd)·w[i]
+ * + b[i] (+ 0 without a bias), as two loops without a branch inside, so
+ * that each vectorises. y may equal x. */
+static inline void cpu_layernorm_affine_row(float *y, const float *x, int64_t D, float mean, float rstd,
+                                            const float *w, const float *b) {
+    if (b)
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_value(x[i], mean, rstd) * w[i] + b[i];
+    else
+        for (int64_t i = 0; i < D; i++) y[i] = cpu_layernorm_value(x[i], mean, rstd) * w[i] + 0.0f;
+}
+
 /* x[0..D) += g[i]·y[i], or += y[i] without a gate, in float. */
 static inline void cpu_residual_row(float *x, const float *y, const float *g, int64_t D) {
     if (g)
@@ -126,15 +112,16 @@ static inline void cpu_residual_row(float *x, const float *y, const float *g, in
         for (int64_t i = 0; i < D; i++) x[i] += y[i];
 }
 
-/* 1/√(mean(x²) + eps) of x[0..D), D >= 1, accumulated in double. */
-CPU_VINLINE double cpu_rms_scale(const float *x, int64_t D, float eps) {
-    return 1.0 / sqrt(cpu_row_sumsq_centered(x, D, 0.0) / (double)D + (double)eps);
+/* 1/√(mean(x²) + eps) of each row x + i·D, i < n <= CPU_STAT_ROWS, D >=
+ * 1, in float, phase by phase (as cpu_layernorm_stats_rows). */
+CPU_VINLINE void cpu_rms_scale_rows(const float *x, int64_t n, int64_t D, float eps, float *rrms) {
+    float ss[CPU_STAT_ROWS];
+    for (int64_t i = 0; i < n; i++) ss[i] = cpu_row_sum_f(x + i * D, D, 0.0f, true);
+    for (int64_t i = 0; i < n; i++) rrms[i] = 1.0f / sqrtf(ss[i] / (float)D + eps);
 }
 
-/* One RMSNorm output: x·rrms·w in double, rounded once to float. */
-static inline float cpu_rms_value(float x, double rrms, float w) {
-    return (float)((double)x * rrms * (double)w);
-}
+/* One RMSNorm output: (x·rrms)·w, as upstream's norm then its weight. */
+static inline float cpu_rms_value(float x, float rrms, float w) { return x * rrms * w; }
 
 /* 3-D RoPE (TINYDIT.md): head width d splits into a frame part of d − 4q
  * real dims and a row and a column part of 2q each, q = ⌊d/6⌋. */

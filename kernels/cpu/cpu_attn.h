@@ -116,6 +116,14 @@ static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads, i
     }
 }
 
+/* The 8 floats at p as doubles. */
+CPU_VINLINE cpu_vd cpu_attn_half_d(const float *p) {
+    typedef float half_t __attribute__((vector_size(CPU_VW * 2)));
+    half_t h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, cpu_vd);
+}
+
 /* Direct: rows query rows q [rows × d] (stride ld) of one head against its
  * nk keys and values k, v [nk × d] (stride ld), into o (stride ld); all
  * already offset to the head's slice; nk, d <= CPU_ATTN_DIRECT_MAX. Each
@@ -131,7 +139,9 @@ static inline size_t cpu_attn_workspace(int64_t nq, int64_t nk, int64_t heads, i
  * earlier row-major kernel's, operation for operation: score_j = (Σ_c in
  * order q_c·k_jc)·scale; m = max_j score_j; e_j = e^(score_j·1 − m); the
  * sum of e_j in double kept as cpu_exp_shift_sum keeps it (16 partial
- * sums by j mod 16, lanes l and l + 8 added, then the same tree); p_j =
+ * sums by j mod 16, each over its keys in order and taken one at a time
+ * from the stored e_j, so they stay in registers; lanes l and l + 8
+ * added, then the same tree); p_j =
  * e_j·(float)(1/Σ); o_c = Σ_j in order p_j·v_jc. So the bits are those of
  * the row-major kernel (tests/test_ops_cpu.c keeps it and compares). */
 CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float *v, float *o, int64_t rows,
@@ -183,21 +193,16 @@ CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float 
             m = cpu_vmax2(m, a * one);
         }
         if (softmax) { /* without: the weights are the scores, the products alone */
-            cpu_vd acc[16][2];
-            memset(acc, 0, sizeof acc);
-            for (j = 0; j < nk; j++) {
-                const cpu_vf e = cpu_vexp(cpu_vload(st + j * G) * one - m);
-                cpu_vstore(st + j * G, e);
-                cpu_attn_half_t lo, hi;
-                memcpy(&lo, &e, sizeof lo);
-                memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
-                acc[j % 16][0] += __builtin_convertvector(lo, cpu_vd);
-                acc[j % 16][1] += __builtin_convertvector(hi, cpu_vd);
-            }
+            for (j = 0; j < nk; j++) cpu_vstore(st + j * G, cpu_vexp(cpu_vload(st + j * G) * one - m));
             cpu_vf inv;
             for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7: cpu_vsum_d's tree over lanes l + (l + 8) */
                 cpu_vd t[8];
-                for (int l = 0; l < 8; l++) t[l] = acc[l][h] + acc[l + 8][h];
+                for (int l = 0; l < 8; l++) { /* partial sums l and l + 8, each over its keys in order */
+                    cpu_vd a = { 0 }, b = { 0 };
+                    for (int64_t jj = l; jj < nk; jj += 16) a += cpu_attn_half_d(st + jj * G + h * (G / 2));
+                    for (int64_t jj = l + 8; jj < nk; jj += 16) b += cpu_attn_half_d(st + jj * G + h * (G / 2));
+                    t[l] = a + b;
+                }
                 const cpu_vd sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
                 const cpu_vd id = 1.0 / sum;
                 const cpu_attn_half_t f = __builtin_convertvector(id, cpu_attn_half_t);

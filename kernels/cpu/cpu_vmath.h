@@ -170,10 +170,14 @@ CPU_VINLINE void cpu_exp_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x,
 
 /* The 16 lanes' sum in double, in a fixed order. */
 CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
-    cpu_vd s = a + b;
-    double t[8];
-    memcpy(t, &s, sizeof t);
-    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+    /* ((t0 + t4) + (t1 + t5)) + ((t2 + t6) + (t3 + t7)) of t = a + b, by
+     * shuffles (a store and scalar adds stalled on the store) */
+    typedef double v4d __attribute__((vector_size(32)));
+    typedef double v2d __attribute__((vector_size(16)));
+    const cpu_vd s = a + b;
+    const v4d u = __builtin_shufflevector(s, s, 0, 1, 2, 3) + __builtin_shufflevector(s, s, 4, 5, 6, 7);
+    const v2d w = __builtin_shufflevector(u, u, 0, 2) + __builtin_shufflevector(u, u, 1, 3);
+    return w[0] + w[1];
 }
 
 /* max_j scale·s_j over a row of n >= 1 (−inf for a row of −inf). */

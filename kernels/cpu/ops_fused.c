@@ -26,9 +26,8 @@ static CPU_VEC_DISPATCH void layernorm_modulate_rows(void *ctx, int64_t r0, int6
     const int64_t D = a->dim;
     for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's statistics, then its outputs */
         const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
-        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
-        for (int64_t i = 0; i < n; i++)
-            cpu_layernorm_stats((const float *)a->x + (r + i) * D, D, a->eps, &mean[i], &rstd[i]);
+        float mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        cpu_layernorm_stats_rows((const float *)a->x + r * D, n, D, a->eps, mean, rstd);
         for (int64_t i = 0; i < n; i++) {
             const float *sh = group_row(a->shift, a->group, a->shift_stride, r + i);
             const float *sc = group_row(a->scale, a->group, a->scale_stride, r + i);
@@ -56,7 +55,7 @@ static size_t rmsnorm_rope_workspace(const void *args) {
 
 /* Normalises the npairs pairs at x (weights at w) by rrms, rounding each to
  * float as RMSNORM stores it, and turns them by the (cos, sin) pairs of cs. */
-static inline __attribute__((always_inline)) void norm_turn(float *x, const float *w, double rrms, const double *cs, int64_t npairs) {
+static inline __attribute__((always_inline)) void norm_turn(float *x, const float *w, float rrms, const double *cs, int64_t npairs) {
     for (int64_t j = 0; j < npairs; j++) {
         float u = cpu_rms_value(x[2 * j], rrms, w[2 * j]);
         float v = cpu_rms_value(x[2 * j + 1], rrms, w[2 * j + 1]);
@@ -84,8 +83,8 @@ static CPU_VEC_DISPATCH void rmsnorm_rope_rows(void *ctx, int64_t r0, int64_t r1
     double cs[ROPE_ROW_MAX]; /* the token's (cos, sin) of every pair of a head */
     for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's RMS, then its rows */
         const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
-        double rrms[CPU_STAT_ROWS];
-        for (int64_t i = 0; i < n; i++) rrms[i] = cpu_rms_scale((const float *)a->x + (r + i) * D, D, a->eps);
+        float rrms[CPU_STAT_ROWS];
+        cpu_rms_scale_rows((const float *)a->x + r * D, n, D, a->eps, rrms);
         for (int64_t i = 0; i < n; i++) {
             const int64_t tok = (r + i) % T; /* the token's place in its sample */
             const int64_t f = tok / (R * C), h = tok / C % R, w = tok % C;
@@ -131,13 +130,13 @@ static CPU_VEC_DISPATCH void residual_norm_rows(void *ctx, int64_t r0, int64_t r
     const int64_t D = a->dim;
     for (int64_t r = r0; r < r1; r += CPU_STAT_ROWS) { /* the chunk's residuals and statistics, then its outputs */
         const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
-        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        float mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
         for (int64_t i = 0; i < n; i++) {
             const float *g = group_row(a->gate, a->group, a->gate_stride, r + i);
             float *x = (float *)a->x + (r + i) * D;
             cpu_residual_row(x, (const float *)a->y + (r + i) * D, g, D);
-            cpu_layernorm_stats(x, D, a->eps, &mean[i], &rstd[i]);
         }
+        cpu_layernorm_stats_rows((const float *)a->x + r * D, n, D, a->eps, mean, rstd);
         for (int64_t i = 0; i < n; i++) {
             const float *p0 = group_row(a->p0, a->group, a->p0_stride, r + i);
             const float *p1 = group_row(a->p1, a->group, a->p1_stride, r + i);

@@ -1,8 +1,8 @@
 /* ops_norm.c -- LayerNorm and RMSNorm over the last dim on the CPU.
  *
- * Row statistics are accumulated in double (two passes for LayerNorm, so a
- * large mean does not cancel the variance away) and each output is computed
- * in double and rounded to float once. Every row's inputs are fully read
+ * Row statistics and outputs are in float, as upstream Wan2.1's LayerNorm
+ * and RMSNorm on float32 tensors (two passes for LayerNorm, so a large mean
+ * does not cancel the variance away; cpu_arith.h). Every row's inputs are fully read
  * before its outputs are written, which is what lets y equal x. The row
  * statistics are cpu_arith.h's, shared with the fused kernels (ops_fused.c).
  * Rows are independent: they are shared out over the pool (cpu_pool.h),
@@ -19,8 +19,8 @@ static CPU_VEC_DISPATCH void layernorm_rows(void *ctx, int64_t r0, int64_t r1) {
         const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
-        for (int64_t i = 0; i < n; i++) cpu_layernorm_stats(x + i * D, D, a->eps, &mean[i], &rstd[i]);
+        float mean[CPU_STAT_ROWS], rstd[CPU_STAT_ROWS];
+        cpu_layernorm_stats_rows(x, n, D, a->eps, mean, rstd);
         for (int64_t i = 0; i < n; i++) {
             const float *xi = x + i * D;
             float *yi = y + i * D;
@@ -48,8 +48,8 @@ static CPU_VEC_DISPATCH void rmsnorm_rows(void *ctx, int64_t r0, int64_t r1) {
         const int64_t n = r1 - r < CPU_STAT_ROWS ? r1 - r : CPU_STAT_ROWS;
         const float *x = (const float *)a->x + r * D;
         float *y = (float *)a->y + r * D;
-        double rrms[CPU_STAT_ROWS];
-        for (int64_t i = 0; i < n; i++) rrms[i] = cpu_rms_scale(x + i * D, D, a->eps);
+        float rrms[CPU_STAT_ROWS];
+        cpu_rms_scale_rows(x, n, D, a->eps, rrms);
         for (int64_t i = 0; i < n; i++)
             for (int64_t c = 0; c < D; c++) y[i * D + c] = cpu_rms_value(x[i * D + c], rrms[i], w[c]);
     }
