@@ -251,6 +251,7 @@ typedef struct {
     uint64_t last_sender;            /* the sender of the request dispatched last (brk_pump's ties) */
     uint64_t cancels;                /* CANCELs that ended a live request */
     uint64_t cancels_unknown;        /* CANCELs that named none (answered already, or never sent) */
+    uint64_t queue_displaced;        /* waiting GENs answered BUSY to make way in a full queue (make_way) */
     uint64_t boot;                   /* this process's id (STATUS_REPLY "boot"): new at every start */
     int64_t started_ms;              /* brk_now_ms() at start */
     int64_t active_ms;               /* when it last became active (its start, or a standby's takeover):

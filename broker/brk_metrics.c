@@ -61,6 +61,10 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_sample(t, "reel_broker_steps_total", "ran=\"eager\"", (double)m->steps_eager);
     reel_prom_family(t, "reel_broker_busy_total", "counter", "GENs answered BUSY (queue or memory full).");
     reel_prom_sample(t, "reel_broker_busy_total", "", (double)m->busy);
+    reel_prom_family(t, "reel_broker_queue_displaced_total", "counter",
+                     "Waiting GENs answered BUSY to give their place in a full queue to a client with fewer "
+                     "waiting (counted in reel_broker_busy_total too).");
+    reel_prom_sample(t, "reel_broker_queue_displaced_total", "", (double)b->queue_displaced);
     reel_prom_family(t, "reel_broker_requeues_total", "counter", "Requests requeued after their worker died.");
     reel_prom_sample(t, "reel_broker_requeues_total", "", (double)m->requeues);
     reel_prom_family(t, "reel_broker_gen_resends_total", "counter",

@@ -278,6 +278,46 @@ void brk_pump(brk_t *b) {
     free(ord);
 }
 
+/* The queue is full and r, just accepted, does not fit. The sender with
+ * the most requests waiting gives up its newest waiting one when it has at
+ * least two more waiting than r's sender: that request leaves the queue
+ * (returned, to be answered BUSY, as if it had come now) and r takes its
+ * place. So one client flooding a full queue cannot keep every other
+ * client out: the queue's places even out between the senders that want
+ * them (one more each time, never back and forth), while a sender alone
+ * may still fill it. NULL when no request gives way (or out of memory);
+ * else *had and *mine are the two senders' counts before the swap. */
+static brk_req_t *make_way(brk_t *b, const brk_req_t *r, uint32_t *had, uint32_t *mine_out) {
+    const size_t n = brk_queue_len(&b->queue);
+    size_t cap = 16;
+    while (cap < 2 * (n + 1)) cap <<= 1;
+    sender_count_t *tab = calloc(cap, sizeof *tab);
+    if (!tab) return NULL;
+    size_t most = SIZE_MAX; /* the slot of the sender with the most waiting (the first to reach it) */
+    for (size_t i = 0; i < n; i++) {
+        const brk_req_t *q = brk_queue_at(&b->queue, i);
+        const size_t at = sender_slot(tab, cap, q->sender);
+        tab[at].count++;
+        if (most == SIZE_MAX || tab[at].count > tab[most].count) most = at;
+    }
+    const uint32_t mine = tab[sender_slot(tab, cap, r->sender)].count;
+    brk_req_t *v = NULL;
+    if (most != SIZE_MAX && tab[most].who != r->sender && tab[most].count >= mine + 2) {
+        *had = tab[most].count;
+        *mine_out = mine;
+        for (size_t i = n; i-- > 0;) { /* its newest: queue order is arrival order (requeued ones at the front) */
+            brk_req_t *q = brk_queue_at(&b->queue, i);
+            if (q->sender == tab[most].who) {
+                brk_queue_remove(&b->queue, i);
+                v = q;
+                break;
+            }
+        }
+    }
+    free(tab);
+    return v;
+}
+
 static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fmt, ...) {
@@ -487,10 +527,23 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
      * missing, so sending a new one straight to a free owner passes none
      * of them (brk_pump gives a freed slot its turn). */
     if (try_dispatch(b, r)) return;
-    if (brk_queue_push(&b->queue, r) < 0) {
-        send_busy(b, CLIENT(r), r->client_id, "queue full (%zu requests waiting)", b->queue.max);
-        req_free(b, r);
+    if (brk_queue_push(&b->queue, r) == 0) return;
+    uint32_t had = 0, mine = 0;
+    brk_req_t *v = make_way(b, r, &had, &mine);
+    if (v) {
+        brk_log("request %llu gives its place in the full queue (%zu waiting) to request %llu: its sender has "
+                "%u waiting, the newcomer's %u",
+                (unsigned long long)v->id, b->queue.max, (unsigned long long)r->id, had, mine);
+        send_busy(b, CLIENT(v), v->client_id,
+                  "queue full (%zu requests waiting): this request, the newest of the client with the most "
+                  "waiting (%u), gave its place to a request of a client with fewer (%u)",
+                  b->queue.max, had, mine);
+        b->queue_displaced++;
+        req_free(b, v);
+        if (brk_queue_push(&b->queue, r) == 0) return;
     }
+    send_busy(b, CLIENT(r), r->client_id, "queue full (%zu requests waiting)", b->queue.max);
+    req_free(b, r);
 }
 
 /* ---- replies from workers ---------------------------------------------------------- */

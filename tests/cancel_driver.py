@@ -213,6 +213,37 @@ def main():
     check(all(h is not None and h.get("type") == "RESULT" for h in finals.values()),
           "all five are served", {k: (v or {}).get("type") for k, v in finals.items()})
 
+    # a full queue makes way (docs/PROTOCOL.md "Routing"; the broker runs
+    # with --queue-max 8): client f1 runs one long GEN and fills the eight
+    # places; its next is BUSY at once (alone, its share is the whole
+    # queue). z's single GEN then takes the place of f1's newest waiting
+    # one, which is answered BUSY, and runs once f1 gives up on the rest.
+    f1 = "00000000000000f1"
+    gen(x, 60, client=f1)
+    check(until(x, progress_of(60)) is not None, "client f1's long GEN runs")
+    for i in range(61, 69):
+        gen(x, i, client=f1)
+    check(queue_reaches(z, 8, 6100), "f1's eight more GENs fill the queue (STATUS queue 8, --queue-max 8)")
+    gen(x, 69, client=f1)
+    h = until(x, is_final(69), 30000)
+    check(h is not None and h.get("type") == "BUSY" and "queue full" in h.get("message", ""),
+          "f1's next GEN is BUSY at once: the queue is full and f1 is alone in it", h)
+    gen(z, 70, shape=SHORT, steps=2)
+    h = until(x, is_final(68), 30000)
+    check(h is not None and h.get("type") == "BUSY" and "gave its place" in h.get("message", ""),
+          "z's GEN takes the place of f1's newest waiting one (68: BUSY, 'gave its place')", h)
+    for i in list(range(61, 68)) + [60]:
+        cancel(x, i, client=f1)
+    ends, t_end = {}, time.monotonic() + 60
+    while len(ends) < 8 and time.monotonic() < t_end:
+        h = recv(x, 1000)
+        if h and h.get("type") in ("RESULT", "ERROR", "BUSY") and 60 <= h.get("id", 0) < 68:
+            ends[h["id"]] = h
+    check(len(ends) == 8 and all(cancelled(h, "cancelled") for h in ends.values()),
+          "f1 cancels its seven waiting GENs and its running one", {k: v.get("type") for k, v in ends.items()})
+    h = until(z, is_final(70), 120000)
+    check(h is not None and h.get("type") == "RESULT", "z's GEN is served", h)
+
     # the Python client cancels what it gives up on
     sys.path.insert(0, a.python_path)
     import reel

@@ -4,7 +4,9 @@
 # ERROR cancelled at once and its worker drops it before its next step; a
 # queued one never starts; only its own connection, or its client token,
 # names it; unknown, answered and malformed CANCELs; clients take turns
-# for the one slot (another client's GEN before a queue's rest); the Python client and
+# for the one slot (another client's GEN before a queue's rest); a full
+# queue (--queue-max 8) makes way for another client's GEN, the flooding
+# client's newest waiting one answered BUSY; the Python client and
 # reelctl gen cancel what they give up on (a timeout; reelctl gen's
 # SIGINT, exit 130); the catalog records each as
 # cancelled; a member of a mixed batch (--max-batch 4) cancelled mid-loop
@@ -28,7 +30,7 @@ q() { /usr/bin/sqlite3 "$DB" "$1" 2>/dev/null; }
 "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
 
 echo "== a broker, a worker with one slot"
-cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 ||
+cli_broker "$D/broker.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --queue-max 8 ||
     { bad "the broker starts"; finish; }
 cli_worker w0 "$D/broker.log" "$D/w0.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
     --max-inflight 1 --heartbeat-ms 200 || { bad "the worker starts"; finish; }
@@ -73,12 +75,12 @@ rc=$?
 [ "$rc" = 130 ] && grep -q "interrupted; the GEN was cancelled" "$D/int.err" &&
     ok "SIGINT: reelctl gen exits 130 and says the GEN was cancelled" || { bad "reelctl gen on SIGINT (exit $rc)"; show "$D/int.err"; }
 
-# the driver cancelled 8 (5 running, 1 queued, the client's 2 running); reelctl 2 more (running)
-wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 10 60 &&
-    ok "the catalog records every cancelled GEN as cancelled (10 rows)" ||
+# the driver cancelled 16 (6 running, 8 queued, the client's 2 running); reelctl 2 more (running)
+wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 18 60 &&
+    ok "the catalog records every cancelled GEN as cancelled (18 rows)" ||
     { bad "cancelled rows"; q "select id, status, steps from requests"; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
-wait_count "$D/w0.log" "cancelled by its client after" 9 60 &&
-    ok "the worker dropped each running one (9 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
+wait_count "$D/w0.log" "cancelled by its client after" 10 60 &&
+    ok "the worker dropped each running one (10 log lines)" || { bad "the worker's cancels"; grep "failed" "$D/w0.log" | tail -5; grep -E "cancelled|late|lost|requeued" "$D/broker.log" | tail -20; }
 grep "cancelled by its client after" "$D/w0.log" | grep -v " of 10000 steps" | head -3 >"$D/odd.txt"
 awk '/cancelled by its client after/ { for (i = 1; i < NF; i++) if ($i == "after") n = $(i + 1); if (n + 0 >= 10000) bad++ } END { exit bad > 0 }' "$D/w0.log" &&
     [ ! -s "$D/odd.txt" ] && ok "each stopped before its last step (k of 10000, k < 10000)" || { bad "cancelled step counts"; grep "cancelled by its client" "$D/w0.log" | head; }

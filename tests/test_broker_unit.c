@@ -1977,6 +1977,91 @@ START_TEST(test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each
 }
 END_TEST
 
+/* The next final reply on s is BUSY for id, and says why. */
+static void expect_busy_on(void *s, uint64_t id, const char *why) {
+    wire_msg_t *d = take(s, false);
+    ck_assert_msg(!strcmp(d->type, "BUSY") && d->id == id, "got %s %llu, expected BUSY %llu", d->type,
+                  (unsigned long long)d->id, (unsigned long long)id);
+    const char *m = wv_get_str(d->hdr, "message");
+    ck_assert_msg(m && strstr(m, why), "BUSY %llu says '%s', expected '%s'", (unsigned long long)id, m ? m : "",
+                  why);
+    drop_msg(&d);
+}
+
+/* A full queue (8 places here) makes way for a newcomer when the sender
+ * with the most GENs waiting has at least two more than the newcomer's
+ * sender (make_way): that sender's newest waiting GEN is answered BUSY
+ * and the newcomer waits in its place. A sender alone fills the queue;
+ * shares even out one place at a time and never swap back; the sender
+ * that gives way is the one with the most waiting, not the first in the
+ * queue; every sender's remaining GENs still run in their order. */
+START_TEST(test_a_full_queue_gives_a_newcomer_the_newest_place_of_the_client_with_the_most_waiting) {
+    const uint64_t TOKEN_C = TOKEN_A ^ 1;
+    box_t x;
+    box_open(&x);
+    void *a = x.trainer, *bs = client_sock(&x), *cs = client_sock(&x);
+    ready_slots(&x, 0, 1);
+    gen_from(&x, a, 1, TOKEN_A, 1, false);
+    uint64_t rid = request_on(&x, 0);
+    for (uint64_t i = 2; i <= 9; i++) gen_from(&x, a, i, TOKEN_A, i, false);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 8);
+    gen_from(&x, a, 10, TOKEN_A, 10, false); /* alone: its own share is the whole queue */
+    expect_busy_on(a, 10, "queue full");
+    ck_assert_uint_eq(x.b.queue_displaced, 0);
+
+    gen_from(&x, bs, 1, TOKEN_B, 101, false); /* A 8 waiting, B 0: A's newest (9) gives way */
+    expect_busy_on(a, 9, "gave its place");
+    gen_from(&x, bs, 2, TOKEN_B, 102, false); /* A 7, B 1 */
+    expect_busy_on(a, 8, "gave its place");
+    gen_from(&x, bs, 3, TOKEN_B, 103, false); /* A 6, B 2 */
+    expect_busy_on(a, 7, "gave its place");
+    gen_from(&x, bs, 4, TOKEN_B, 104, false); /* A 5, B 3: A is still two ahead */
+    expect_busy_on(a, 6, "gave its place");
+    ck_assert_uint_eq(x.b.queue_displaced, 4);
+    gen_from(&x, bs, 5, TOKEN_B, 105, false); /* A 4, B 4: even, B's own is refused */
+    expect_busy_on(bs, 5, "queue full");
+    gen_from(&x, a, 11, TOKEN_A, 11, false); /* and A's: no swapping back */
+    expect_busy_on(a, 11, "queue full");
+    quiet(a, "A");
+    quiet(bs, "B");
+
+    gen_from(&x, cs, 1, TOKEN_C, 201, false); /* A 4, B 4, C 0: A (first of the most) gives its newest */
+    expect_busy_on(a, 5, "gave its place");
+    gen_from(&x, cs, 2, TOKEN_C, 202, false); /* A 3, B 4, C 1: B has the most now */
+    expect_busy_on(bs, 4, "gave its place");
+    gen_from(&x, cs, 3, TOKEN_C, 203, false); /* A 3, B 3, C 2: one apart is even enough */
+    expect_busy_on(cs, 3, "queue full");
+    ck_assert_uint_eq(x.b.queue_displaced, 6);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 8);
+    quiet(a, "A");
+    quiet(bs, "B");
+    quiet(cs, "C");
+    TS_OK(brk_check(&x.b));
+
+    /* what waits is A's 2..4, B's 1..3, C's 1..2: each runs, in its sender's order */
+    serve(&x, rid);
+    expect_on(a, "RESULT", 1, NULL);
+    uint64_t next_a = 2, next_b = 1, next_c = 1;
+    for (int k = 0; k < 8; k++) {
+        rid = request_on(&x, 0);
+        serve(&x, rid);
+        zmq_pollitem_t it[3] = { { a, 0, ZMQ_POLLIN, 0 }, { bs, 0, ZMQ_POLLIN, 0 }, { cs, 0, ZMQ_POLLIN, 0 } };
+        ck_assert_int_eq(zmq_poll(it, 3, 5000), 1);
+        void *from = it[0].revents ? a : it[1].revents ? bs : cs;
+        uint64_t *next = from == a ? &next_a : from == bs ? &next_b : &next_c;
+        expect_on(from, "RESULT", (*next)++, NULL);
+        TS_OK(brk_check(&x.b));
+    }
+    ck_assert_uint_eq(next_a, 5);
+    ck_assert_uint_eq(next_b, 4);
+    ck_assert_uint_eq(next_c, 3);
+    all_answered(&x);
+    zmq_close(bs);
+    zmq_close(cs);
+    box_close(&x);
+}
+END_TEST
+
 /* Requests that waited with no owner (no worker yet) all learn they have
  * one when a worker comes, though only one slot is free: at their
  * deadline they would be timeout, not no_worker. */
@@ -3835,6 +3920,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
     tcase_add_test(an, test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers);
     tcase_add_test(an, test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each_sender_keeps_its_order);
+    tcase_add_test(an, test_a_full_queue_gives_a_newcomer_the_newest_place_of_the_client_with_the_most_waiting);
     tcase_add_test(an, test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
