@@ -438,13 +438,15 @@ static void req_sigmas(const tdit_req_t *r, int i, float sv[3]) {
 }
 
 /* What follows step i of r, however it ran (alone or in a mixed batch):
- * its version, records, key and counts. key is r's own step key. */
-static int req_after(tdit_req_t *r, kern_stream_t *s, const cap_key_t *key, uint64_t version, const float sv[3],
-                     const cap_result_t *res, double t0) {
+ * its version, records, keys and counts. key is r's own step key (its
+ * shard hash is what the broker routes r by); ran is the capture key hash
+ * of the graph the step ran under: r's own, or its mixed batch's. */
+static int req_after(tdit_req_t *r, kern_stream_t *s, const cap_key_t *key, uint64_t ran, uint64_t version,
+                     const float sv[3], const cap_result_t *res, double t0) {
     int i = r->done;
     r->versions[i] = version;
     if (r->rec && record_step(r, s, i, sv) != 0) return -1;
-    r->key_hash = cap_key_hash(key);
+    r->key_hash = ran;
     r->shard_hash = cap_key_shard_hash(key);
     r->done++;
     r->stats.steps++;
@@ -507,7 +509,7 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
     cap_call_t call = { .key = &key, .inputs = in, .outputs = outs, .prewarm = r->prewarm };
     cap_result_t res;
     if (cap_dispatch(c, s, prog, r->m, &call, &res) != 0) return -1;
-    if (req_after(r, s, &key, (uint64_t)version, sv, &res, t0) != 0) return -1;
+    if (req_after(r, s, &key, cap_key_hash(&key), (uint64_t)version, sv, &res, t0) != 0) return -1;
     if (out) *out = res;
     return 0;
 }
@@ -653,7 +655,7 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
         tdit_req_t *r = reqs[b];
         cap_key_t own;
         if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &own) != 0 ||
-            req_after(r, s, &own, (uint64_t)version, sig + 3 * b, &res, t0) != 0)
+            req_after(r, s, &own, cap_key_hash(&key), (uint64_t)version, sig + 3 * b, &res, t0) != 0)
             return -1;
         r->stats.batched++;
         r->stats.batch_rows += n;

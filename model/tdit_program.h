@@ -114,7 +114,9 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
 int tdit_req_steps_done(const tdit_req_t *r);
 int tdit_req_steps(const tdit_req_t *r);
 bool tdit_req_done(const tdit_req_t *r);
-/* The capture key hash (full) and shard hash of the last step run. */
+/* The capture key hash (full) of the graph the last step ran under (the
+ * request's own key, or its mixed batch's: tdit_mix_step), and the shard
+ * hash of the request's own key (what the broker routes it by). */
 uint64_t tdit_req_key_hash(const tdit_req_t *r);
 uint64_t tdit_req_shard_hash(const tdit_req_t *r);
 /* Per-request counts (steps, captured, replayed, eager, declines). */

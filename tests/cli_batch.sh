@@ -182,6 +182,19 @@ for mode in ladder exact; do
     else
         [ "$PADDED" -ge 0 ] && ok "ladder: $PADDED padded rows counted" || bad "ladder: padded rows metric missing"
     fi
+    # the catalog counts each replay of a batch's graph once, under the
+    # batch graph's own capture key (not once per member under the
+    # member's key, which has no graph: a placeholder row), and each
+    # request's capture_key is the graph its last step ran under
+    reps=$(sed -n 's/.*stopping; capture cache: [0-9]* captures, \([0-9]*\) replays.*/\1/p' "$D/$mode.log")
+    wait_sql "$D/reel.db" "select coalesce(sum(replay_count), 0) from captures where worker = '$mode'" "${reps:-x}" 30
+    cr=$(/usr/bin/sqlite3 "$D/reel.db" "select coalesce(sum(replay_count), 0) from captures where worker = '$mode'" 2>/dev/null)
+    [ -n "$reps" ] && [ "$cr" = "$reps" ] &&
+        ok "$mode: the catalog's replays are the worker's own count ($reps): one per replay of a batch's graph" ||
+        bad "$mode: catalog replays $cr, the worker counted '${reps:-?}'"
+    ph=$(/usr/bin/sqlite3 "$D/reel.db" "select (select count(*) from captures where worker = '$mode' and placeholder = 1) || ' ' || (select count(*) from requests r where worker = '$mode' and status = 'ok' and not exists (select 1 from captures c where c.worker = r.worker and c.key_hash = r.capture_key and c.placeholder = 0))" 2>/dev/null)
+    [ "$ph" = "0 0" ] && ok "$mode: no placeholder capture rows; every request's capture_key names a graph its worker captured" ||
+        bad "$mode: placeholder rows / requests whose capture_key names no captured graph: $ph"
     k=0; n=0; bad_ones=""
     while [ $k -lt $N ]; do
         if same_all "$D/$mode.$k.safetensors" "$D/alone.$k.safetensors" $k; then n=$((n + 1)); else bad_ones="$bad_ones $k"; fi

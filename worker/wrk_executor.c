@@ -727,12 +727,10 @@ static bool cost_says_batch(wrk_batch_cost_t *c) {
 }
 
 /* What follows a step of j's request that ran on version v (alone or in
- * a mixed batch): the version, a replay, PROGRESS. */
-static void after_step(wrk_stream_t *st, wrk_job_t *j, int64_t v, const cap_result_t *res) {
-    wrk_t *w = st->x->w;
+ * a mixed batch): the version, PROGRESS. */
+static void after_step(wrk_stream_t *st, wrk_job_t *j, int64_t v) {
     j->ran_version = v < 0 ? 0 : (uint64_t)v;
     if (tdit_req_steps_done(j->req) == 1 && j->at == 0) j->first_version = j->ran_version;
-    if (res->ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
     if (j->progress) send_progress_job(st, j);
 }
 
@@ -765,7 +763,8 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
         return -1;
     }
     wrk_count_step(w, tdit_req_batch(j->req));
-    after_step(st, j, v, &res);
+    if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(j->req), st->idx);
+    after_step(st, j, v);
     return 0;
 }
 
@@ -857,8 +856,11 @@ static void step_mixed(wrk_stream_t *st, wrk_job_t **jobs, int n) {
     wrk_count_step(w, n);
     atomic_fetch_add(&w->mixed_steps, 1);
     atomic_fetch_add(&w->padded_rows, (uint64_t)(rows - n));
+    /* one replay of the batch's graph, under its key (each member's
+     * tdit_req_key_hash is now that key), not one per member */
+    if (res.ran == CAP_RAN_REPLAYED) wrk_events_replay(w->events, tdit_req_key_hash(reqs[0]), st->idx);
     for (int i = 0; i < n; i++) {
-        after_step(st, jobs[i], v, &res);
+        after_step(st, jobs[i], v);
         jobs[i]->turn = WRK_TURN_STEPPED;
     }
 }
