@@ -97,7 +97,8 @@ class GenResult:
     """What a GEN returned: .latent (torch when any tensor argument, context,
     uncond, latent or one of a group's latents, was a torch tensor; else
     numpy; .trajectory, .log_probs, .sigmas and .means likewise), .worker, .version (weights of its last step),
-    .first_version, .versions (the weight version of every step), .stats
+    .first_version (of its first step), .versions (the weight version of every step; a group's sample: its
+    own steps', and .version and .first_version its own too), .stats
     (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
     batch_rows, padded_rows, capture_key),
     .key_hash (the shard hash), .capture_key (the capture key of its last
@@ -132,6 +133,10 @@ class GenResult:
             grid = [v for (f, v), end in zip(runs, bounds) for _ in range(f, end)]
             at = (sample or 0) * steps
             self.versions = grid[at:at + steps]
+            if len(self.versions) == steps and steps > 0:
+                # this sample's own: a group's header says the newest of its
+                # samples' last steps and the oldest of their first steps
+                self.version, self.first_version = self.versions[-1], self.versions[0]
         else:
             self.versions = [self.version] * steps
         seeds = hdr.get("seeds") or []

@@ -841,6 +841,29 @@ class CancelTests(unittest.TestCase):
         self.assertEqual([h for h in self.got if h["type"] == "CANCEL"], [])
 
 
+class GenResultTests(unittest.TestCase):
+    """GenResult from a RESULT header alone (no cluster)."""
+
+    def test_a_group_samples_version_and_first_version_are_its_own_steps(self):
+        # a group of 2 x 3 steps split over two streams, a sync landing
+        # between steps: sample 0 ran v3, v3, v3; sample 1 ran v3, v4, v4.
+        # The header's version (4) is the newest of the samples' last steps
+        # and first_version (3) the oldest of their first ones.
+        hdr = {"type": "RESULT", "version": 4, "first_version": 3, "n": 2, "seeds": [7, 8],
+               "version_runs": [{"from": 0, "version": 3}, {"from": 4, "version": 4}], "stats": {}}
+        lat = np.zeros((2, 4, 1, 2, 2), np.float32)
+        s0 = reel.client.GenResult(hdr, {"latent": lat}, 0.1, 3, lambda a: a, sample=0)
+        s1 = reel.client.GenResult(hdr, {"latent": lat}, 0.1, 3, lambda a: a, sample=1)
+        self.assertEqual(s0.versions, [3, 3, 3])
+        self.assertEqual((s0.version, s0.first_version), (3, 3))
+        self.assertEqual(s1.versions, [3, 4, 4])
+        self.assertEqual((s1.version, s1.first_version), (4, 3))
+        self.assertEqual((s0.seed, s1.seed), (7, 8))
+        one = reel.client.GenResult({"type": "RESULT", "version": 5, "stats": {}}, {"latent": lat[0]}, 0.1, 3,
+                                    lambda a: a)
+        self.assertEqual((one.version, one.first_version, one.versions), (5, 5, [5, 5, 5]))
+
+
 class BusyTests(unittest.TestCase):
     """A broker with room for one waiting request answers BUSY beyond it."""
 
@@ -2099,6 +2122,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(SafetensorsTests))
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(CancelTests))
+    suite.addTests(loader.loadTestsFromTestCase(GenResultTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
