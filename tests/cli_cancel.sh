@@ -11,7 +11,9 @@
 # SIGINT, exit 130); the catalog records each as
 # cancelled; a member of a mixed batch (--max-batch 4) cancelled mid-loop
 # leaves the others' latents bitwise `reelctl run` of each alone; a group
-# split over two streams stops in both parts. tests/cancel_driver.py drives the sockets. Every wait is
+# split over two streams stops in both parts; a GEN a --sync-mode drain
+# holds is dropped at once when cancelled, not when the drain ends.
+# tests/cancel_driver.py drives the sockets. Every wait is
 # bounded; every process is killed on exit.
 # Usage: cli_cancel.sh BUILD
 set -u
@@ -147,4 +149,40 @@ wait_count "$D/wg.log" "cancelled by its client after" 1 60 && wait_for "$D/wg.l
 "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --n 4 --seed 6 --steps 2 \
     --timeout-ms 60000 --quiet --out "$D/g2.safetensors" 2>"$D/g2.err" && ok "and the worker serves the next group" || { bad "a group after"; show "$D/g2.err"; }
 ! grep -q "no late answer" "$D/broker.log" && ok "no slot waited out its grace" || bad "a slot waited for its grace"
+
+echo "== a GEN a drain holds, cancelled: dropped at once, not when the drain ends"
+"$R" weights init --config tiny --seed 8 --out "$D/w2.safetensors" 2>/dev/null
+stop_proc "$WORKER" || bad "wg stops"
+cli_worker wd "$D/broker.log" "$D/wd.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 2 \
+    --sync-mode drain --heartbeat-ms 200 || { bad "the drain worker starts"; finish; }
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 4x32x32 --seed 7 --steps 10000 \
+    --timeout-ms 300000 --quiet --out "$D/da.safetensors" 2>"$D/da.err" &
+ga=$!
+PIDS="$PIDS $ga"
+wait_inflight 1 "$ga" && ok "a long GEN runs" || bad "the long GEN runs ($(inflight) in flight)"
+"$R" sync --broker "$CE" --version 2 --weights "$D/w2.safetensors" >"$D/sync.out" 2>&1 &
+sp=$!
+PIDS="$PIDS $sp"
+wait_for "$D/wd.log" "draining 1 request.* before applying v2" 60 && ok "the worker drains for v2 (the long GEN runs on)" ||
+    { bad "the worker drains"; tail -5 "$D/wd.log"; }
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed 8 --steps 50 \
+    --timeout-ms 300000 --quiet --out "$D/db.safetensors" 2>"$D/db.err" &
+gb=$!
+PIDS="$PIDS $gb"
+wait_inflight 2 "$gb" && ok "a second GEN reaches the worker, which holds it" || bad "the held GEN ($(inflight) in flight)"
+kill -INT "$gb" 2>/dev/null
+reap "$gb" 30
+rc=$?
+[ "$rc" = 130 ] && ok "the held GEN is cancelled (reelctl gen exit 130)" || { bad "the held GEN's cancel (exit $rc)"; show "$D/db.err"; }
+wait_inflight 1 "$ga" && ! grep -q "applied transformer v2" "$D/wd.log" && ! gone "$ga" &&
+    ok "its slot frees while the drain still waits for the long GEN: the worker dropped it at once" ||
+    { bad "the held GEN's slot ($(inflight) in flight)"; grep -E "cancel|drain|applied" "$D/wd.log" | tail -5; }
+grep -q "cancelled by its client after 0 of 50 steps" "$D/wd.log" && ok "it never ran a step" ||
+    { bad "the held GEN's stop"; grep "cancelled" "$D/wd.log" | tail -3; }
+kill -INT "$ga" 2>/dev/null
+reap "$ga" 30
+reap "$sp" 90
+rc=$?
+[ "$rc" = 0 ] && wait_for "$D/wd.log" "applied transformer v2" 30 && ok "with the long GEN cancelled the drain ends and v2 applies" ||
+    { bad "the sync after the drain (exit $rc)"; show "$D/sync.out"; }
 finish

@@ -74,7 +74,9 @@ typedef struct {
     pthread_mutex_t idle_mu;         /* with idle_cv: the drain waits for running == 0 or stop */
     pthread_cond_t idle_cv;
     /* Called when a drain ends (wrk_drain_hook, by wrk_exec_new): the
-     * streams' held requests may start. Under idle_mu. */
+     * streams' held requests may start; and at each CANCEL, so a stream
+     * with only held requests drops a cancelled one at once. Under
+     * idle_mu. */
     void (*drain_ended)(void *arg);
     void *drain_arg;
     reel_owner_t step_writer;        /* who holds the write side of step_lock (base/thread.h) */

@@ -97,6 +97,12 @@ void wrk_cancel_note(wrk_t *w, uint64_t id) {
     w->cancels[n % WRK_CANCELS].id = id;
     atomic_store(&w->n_cancels, n + 1);
     pthread_mutex_unlock(&w->cancel_mu);
+    /* A stream with only held requests (a drain) sleeps until the drain
+     * ends: woken now, it drops a cancelled one at once (the drain hook
+     * wakes every stream; a round that finds nothing to do costs nothing). */
+    pthread_mutex_lock(&w->idle_mu);
+    if (w->drain_ended) w->drain_ended(w->drain_arg);
+    pthread_mutex_unlock(&w->idle_mu);
 }
 
 bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id) {
