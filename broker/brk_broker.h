@@ -279,6 +279,11 @@ typedef struct {
     int n_msg_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
     brk_log_budget_t ready_log; /* READY refusals and restarts: their share of the log (brk_log_limited) */
+    /* EVENTS from worker connections not registered yet, kept until their
+     * READY (brk_workers.c, "EVENTS before READY"); oldest first */
+    struct brk_orphan *orphans;
+    int n_orphans;
+    uint64_t orphan_events_lost;     /* their entries never recorded: no READY in time, or too many */
 } brk_t;
 
 #endif

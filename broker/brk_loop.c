@@ -170,6 +170,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
         return;
     }
     brk_sync_joined(b, w);
+    brk_workers_adopt_events(b, w);
     brk_workers_prewarm(b, w, brk_now_ms(), brk_current_version(b, BRK_COMPONENT));
 }
 
@@ -201,6 +202,8 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     }
     if (!w) {
         if (t == MSG_DISCONNECT) return; /* already forgotten */
+        if (t == MSG_EVENTS && msg_events_decode(m, &u->events, &err) == 0) /* recorded at its READY */
+            brk_workers_keep_events(b, &m->identity, &u->events);
         /* A worker the broker forgot (it restarted, or expired the worker)
          * re-registers when told; anyone else is told no more often than
          * its budget allows. */

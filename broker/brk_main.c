@@ -17,6 +17,7 @@
 #include "broker/brk_ha.h"
 #include "broker/brk_broker.h"
 #include "broker/brk_loop.h"
+#include "broker/brk_workers.h"
 #include "broker/brk_metrics.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_sync.h"
@@ -310,6 +311,7 @@ int main(int argc, char **argv) {
     brk_req_shutdown(&b);
     brk_sync_shutdown(&b);
     brk_msg_pool_free(&b);
+    brk_workers_free_events(&b);
 out:
     brk_metrics_stop(&b);
     brk_upload_stop(&b);

@@ -128,6 +128,99 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         brk_log_limited(&w->log, wn, "worker %s: %zu bad EVENTS entr%s skipped", wn, skipped, skipped == 1 ? "y" : "ies");
 }
 
+/* ---- EVENTS before READY ------------------------------------------------------ */
+
+/* A worker's events reach a broker that does not know it when the broker
+ * restarted (the worker's connection comes back by itself and sends on
+ * before the worker hears RECONNECT) or expired the worker after a stall.
+ * Answered RECONNECT, it sends READY next on the same connection (one
+ * connection keeps order), so its EVENTS are kept until then and recorded
+ * as the worker's: the captures, replays and evictions that happened while
+ * the broker was away still reach the catalog (before, they were dropped,
+ * and the catalog's captures minus evictions no longer gave the graphs
+ * held). A connection that sends no READY within brk_orphan_ms (a stranger
+ * without keys, a worker gone) loses them, as does the oldest message past
+ * BRK_ORPHANS; both are counted (STATUS catalog_dropped) and logged. */
+#define BRK_ORPHANS 64
+
+typedef struct brk_orphan {
+    brk_ident_t ident;
+    int64_t at_ms;
+    msg_event_t *ev; /* n copies; their key texts after them in the same block */
+    size_t n;
+} brk_orphan_t;
+
+/* Twice a worker's liveness (default 6 s), at least 10 s: a RECONNECTed
+ * worker answers READY at once. */
+static int64_t brk_orphan_ms(const brk_t *b) {
+    int64_t ms = 2 * (int64_t)b->opt.heartbeat_ms * (b->opt.liveness > 0 ? b->opt.liveness : 1);
+    return ms > 10000 ? ms : 10000;
+}
+
+static void orphan_drop(brk_t *b, int i, const char *why) {
+    brk_orphan_t *o = &b->orphans[i];
+    b->orphan_events_lost += o->n;
+    brk_log("%zu worker event%s from an unregistered connection not recorded: %s", o->n, o->n == 1 ? "" : "s", why);
+    free(o->ev);
+    memmove(o, o + 1, (size_t)(b->n_orphans - i - 1) * sizeof *o);
+    b->n_orphans--;
+}
+
+void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_events_t *ev) {
+    if (!ev->n_events) return;
+    if (!b->orphans && !(b->orphans = calloc(BRK_ORPHANS, sizeof *b->orphans))) {
+        b->orphan_events_lost += ev->n_events;
+        return;
+    }
+    if (b->n_orphans == BRK_ORPHANS) orphan_drop(b, 0, "too many wait for their worker's READY");
+    size_t keys = 0;
+    for (size_t i = 0; i < ev->n_events; i++) keys += strlen(ev->events[i].key ? ev->events[i].key : "") + 1;
+    msg_event_t *c = malloc(ev->n_events * sizeof *c + keys);
+    if (!c) {
+        b->orphan_events_lost += ev->n_events;
+        return;
+    }
+    char *k = (char *)(c + ev->n_events);
+    for (size_t i = 0; i < ev->n_events; i++) {
+        c[i] = ev->events[i];
+        const char *key = ev->events[i].key ? ev->events[i].key : "";
+        size_t n = strlen(key) + 1;
+        memcpy(k, key, n);
+        c[i].key = k;
+        k += n;
+    }
+    brk_orphan_t *o = &b->orphans[b->n_orphans++];
+    brk_ident_from(&o->ident, identity);
+    o->at_ms = brk_now_ms();
+    o->ev = c;
+    o->n = ev->n_events;
+}
+
+void brk_workers_adopt_events(brk_t *b, brk_worker_t *w) {
+    size_t n = 0;
+    for (int i = 0; i < b->n_orphans;) {
+        brk_orphan_t *o = &b->orphans[i];
+        if (o->ident.n != w->ident.n || memcmp(o->ident.b, w->ident.b, o->ident.n)) {
+            i++;
+            continue;
+        }
+        const msg_events_t ev = { o->ev, o->n, 0 };
+        brk_workers_events(b, w, &ev);
+        n += o->n;
+        free(o->ev);
+        memmove(o, o + 1, (size_t)(b->n_orphans - i - 1) * sizeof *o);
+        b->n_orphans--;
+    }
+    if (n) brk_log("worker %s: %zu event%s it sent before its READY recorded", w->route.name, n, n == 1 ? "" : "s");
+}
+
+void brk_workers_free_events(brk_t *b) {
+    for (int i = 0; i < b->n_orphans; i++) free(b->orphans[i].ev);
+    free(b->orphans);
+    b->orphans = NULL;
+    b->n_orphans = 0;
+}
+
 /* Keys heated by at least one request within about a half-life. */
 #define PREWARM_MIN_HEAT 0.5
 
@@ -186,6 +279,8 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t curren
 
 void brk_workers_timers(brk_t *b, int64_t now, uint64_t current) {
     for (int i = 0; i < b->n_w; i++) brk_workers_prewarm(b, b->w[i], now, current);
+    while (b->n_orphans && now - b->orphans[0].at_ms > brk_orphan_ms(b))
+        orphan_drop(b, 0, "no READY came on their connection");
     if (now >= b->next_heartbeat_ms) {
         b->next_heartbeat_ms = now + b->opt.heartbeat_ms;
         for (int i = 0; i < b->n_w; i++) {

@@ -23,6 +23,16 @@ bool brk_workers_heard(brk_t *b, brk_worker_t *w);
 /* EVENTS from w: one catalog record per entry; entries of an unknown kind
  * or without a key hash are skipped and counted in one log line. */
 void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev);
+/* EVENTS from a worker connection the broker does not know (it restarted,
+ * or it expired the worker): a copy kept until that connection's READY
+ * (brk_workers_adopt_events), at most BRK_ORPHANS messages for at most
+ * brk_orphan_ms; the rest counted lost. Can't fail (out of memory: lost). */
+void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_events_t *ev);
+/* w just registered: the events its connection sent before, recorded as
+ * its own, in the order they came. */
+void brk_workers_adopt_events(brk_t *b, brk_worker_t *w);
+/* Frees every kept event (shutdown). */
+void brk_workers_free_events(brk_t *b);
 /* Sends HEARTBEAT to every worker when due; marks silent ones dead, and
  * those whose key left the allowlist (a reload); sends the PREWARMs due
  * (current: the transformer's current version, brk_workers_prewarm's). */

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "broker/brk_broker.h"
+#include "broker/brk_workers.h"
 #include "broker/brk_check.h"
 #include "broker/brk_ha.h"
 #include "broker/brk_ha_int.h"
@@ -905,6 +906,7 @@ static void box_close(box_t *x) {
     brk_req_shutdown(&x->b);
     brk_sync_shutdown(&x->b);
     brk_msg_pool_free(&x->b);
+    brk_workers_free_events(&x->b);
     brk_queue_free(&x->b.queue);
     for (int i = 0; i < x->b.n_w; i++) free(x->b.w[i]);
     free(x->b.w);
@@ -3345,6 +3347,78 @@ START_TEST(test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_a
 }
 END_TEST
 
+/* An EVENTS message of worker socket i: a capture and an eviction of key
+ * hash h (16 hex digits). */
+static void events_from(box_t *x, int i, const char *h) {
+    wire_val_t *hdr = wire_hdr("EVENTS", 0), *evs = wv_arr(), *c = wv_map(), *e = wv_map();
+    wv_set(c, "kind", wv_str("capture"));
+    wv_set(c, "reason", wv_str("demand"));
+    wv_set(c, "key", wv_str("the key's text"));
+    wv_set(c, "key_hash", wv_str(h));
+    wv_set(c, "bytes", wv_u64(1000));
+    wv_set(e, "kind", wv_str("evict"));
+    wv_set(e, "reason", wv_str("weight_sync"));
+    wv_set(e, "key", wv_str("the key's text"));
+    wv_set(e, "key_hash", wv_str(h));
+    wv_set(e, "component", wv_str("transformer"));
+    wv_set(e, "from", wv_u64(1));
+    wv_set(e, "to", wv_u64(2));
+    wv_push(evs, c);
+    wv_push(evs, e);
+    wv_set(hdr, "events", evs);
+    from_worker(x, i, hdr);
+}
+
+/* EVENTS that reach a broker before their worker's READY (the broker
+ * restarted, or expired the worker) are kept and recorded as the worker's
+ * once the READY on the same connection registers it: w0's capture and
+ * eviction land in the catalog under w0. Before, they were answered
+ * RECONNECT and dropped: the catalog lost the capture but kept the later
+ * eviction. Another connection's events are not adopted by w0's READY,
+ * and with no READY of their own they are dropped after the wait, counted
+ * in STATUS catalog_dropped. */
+START_TEST(test_events_sent_before_ready_are_recorded_once_their_connection_registers) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 1000;
+    x.b.opt.liveness = 3;
+    ck_assert_ptr_nonnull(x.b.cat = brk_catq_new(&c, BRK_CATQ_MAX));
+    events_from(&x, 0, "00000000000000a0");
+    wire_msg_t *m = take(x.w[0], false);
+    ck_assert_str_eq(m->type, "RECONNECT");
+    drop_msg(&m);
+    events_from(&x, 1, "00000000000000b1"); /* w1 never sends READY */
+    m = take(x.w[1], false);
+    ck_assert_str_eq(m->type, "RECONNECT");
+    drop_msg(&m);
+    ck_assert_int_eq(x.b.n_orphans, 2);
+    ready(&x, 0, 1);
+    ck_assert_int_eq(x.b.n_orphans, 1); /* w1's wait on */
+    const char *mine = "SELECT (SELECT count(*) FROM captures WHERE worker = 'w0' AND key_hash = '00000000000000a0' AND "
+                       "placeholder = 0) + (SELECT count(*) FROM evictions WHERE worker = 'w0' AND key_hash = "
+                       "'00000000000000a0')";
+    ck_assert_int_eq(wait_sql_at_least(path, mine, 2, 500), 2);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM captures WHERE key_hash = '00000000000000b1'"), 0);
+    brk_workers_timers(&x.b, brk_now_ms() + 20000, 1); /* past the wait: w1's are dropped */
+    ck_assert_int_eq(x.b.n_orphans, 0);
+    ck_assert_uint_eq(x.b.orphan_events_lost, 2);
+    wire_val_t *h = wire_hdr("STATUS", 12);
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    m = answer(&x);
+    uint64_t dropped = 0;
+    ck_assert_str_eq(m->type, "STATUS_REPLY");
+    ck_assert(wv_get_u64(m->hdr, "catalog_dropped", &dropped) && dropped >= 2);
+    drop_msg(&m);
+    brk_catq_destroy(&x.b.cat);
+    box_close(&x);
+    remove_dir(dir);
+}
+END_TEST
+
 /* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
 
 /* Before: a worker could ack any version, 2^64-1 included, and became
@@ -3961,6 +4035,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(cq, test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_are_never_dropped);
     tcase_add_test(cq, test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again);
     tcase_add_test(cq, test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_and_at_its_leaving);
+    tcase_add_test(cq, test_events_sent_before_ready_are_recorded_once_their_connection_registers);
     suite_add_tcase(s, cq);
     return s;
 }
