@@ -148,6 +148,7 @@ cat_t *cat_open(const char *path, bool readonly) {
      * connection still open on it (cat_reopen's old one) would lose its
      * locks -- its close then takes itself for the last one and deletes
      * the WAL the new connection writes into. */
+    bool created = false; /* by this call: removed again, while still empty, when the open fails */
     if (!readonly && lstat(path, &ps) != 0 && errno == ENOENT) {
         int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0) {
@@ -155,6 +156,7 @@ cat_t *cat_open(const char *path, bool readonly) {
             return NULL;
         }
         close(fd);
+        created = true;
     } else if (!readonly && access(path, R_OK | W_OK) != 0) {
         reel_fail(REEL_E_IO, "catalog %s: cannot open: %s", path, strerror(errno));
         return NULL;
@@ -184,6 +186,9 @@ cat_t *cat_open(const char *path, bool readonly) {
     return c;
 err:
     cat_close(&c);
+    /* (a full disk, say: no empty catalog file is left for the next start
+     * to take for one; the error says why) */
+    if (created && stat(path, &ps) == 0 && S_ISREG(ps.st_mode) && ps.st_size == 0) unlink(path);
     return NULL;
 }
 

@@ -24,6 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "tests/support.h"
@@ -296,6 +299,35 @@ START_TEST(test_readonly_open_of_missing_file_fails_naming_the_path) {
     ck_assert_ptr_null(cat_open(dbpath, true));
     ck_assert_msg(strstr(reel_err_text(), dbpath) != NULL, "message: %s", reel_err_text());
     ck_assert_int_ne(access(dbpath, F_OK), 0); /* nothing was created */
+}
+END_TEST
+
+/* A catalog that cannot be written (a full disk; here a child process
+ * whose files may not grow: RLIMIT_FSIZE 0) fails to open with the
+ * reason, and leaves no empty file behind for the next start to take for
+ * a catalog; an existing empty file it did not create stays. */
+START_TEST(test_a_new_catalog_that_cannot_be_written_leaves_no_empty_file) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG instead */
+        struct rlimit lim = { 0, 0 };
+        if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(10);
+        cat_t *c = cat_open(dbpath, false);
+        if (c) _exit(11);
+        if (access(dbpath, F_OK) == 0) _exit(12); /* created, failed, left behind */
+        int fd = open(dbpath, O_WRONLY | O_CREAT | O_EXCL, 0600); /* not ours: it stays */
+        if (fd < 0) _exit(13);
+        close(fd);
+        if (cat_open(dbpath, false)) _exit(14);
+        _exit(access(dbpath, F_OK) == 0 ? 0 : 15);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: exit %d (10 setrlimit, 11 opened, "
+                  "12 empty file left, 13 create, 14 opened the empty file, 15 removed a file it did not create)",
+                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 END_TEST
 
@@ -1805,6 +1837,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
     tcase_add_test(tc, test_a_foreign_database_or_a_non_file_is_refused_untouched);
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);
+    tcase_add_test(tc, test_a_new_catalog_that_cannot_be_written_leaves_no_empty_file);
     tcase_add_test(tc, test_catalog_sql_file_builds_the_schema_the_migrations_build);
     tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);
     tcase_add_test(tc, test_migration_5_drops_the_request_indexes_and_recent_requests_stay_newest_first);
