@@ -284,6 +284,7 @@ typedef struct {
     struct brk_orphan *orphans;
     int n_orphans;
     uint64_t orphan_events_lost;     /* their entries never recorded: no READY in time, or too many */
+    brk_log_budget_t orphan_log;     /* those losses' share of the log */
 } brk_t;
 
 #endif

@@ -305,14 +305,13 @@ static brk_req_t *make_way(brk_t *b, const brk_req_t *r, uint32_t *had, uint32_t
     if (most != SIZE_MAX && tab[most].who != r->sender && tab[most].count >= mine + 2) {
         *had = tab[most].count;
         *mine_out = mine;
-        for (size_t i = n; i-- > 0;) { /* its newest: queue order is arrival order (requeued ones at the front) */
-            brk_req_t *q = brk_queue_at(&b->queue, i);
-            if (q->sender == tab[most].who) {
-                brk_queue_remove(&b->queue, i);
-                v = q;
-                break;
-            }
+        size_t at = n;
+        for (size_t i = 0; i < n; i++) { /* its newest (the highest id: a requeued one sits at the front) */
+            const brk_req_t *q = brk_queue_at(&b->queue, i);
+            if (q->sender == tab[most].who && (at == n || q->id > ((brk_req_t *)brk_queue_at(&b->queue, at))->id))
+                at = i;
         }
+        if (at < n) v = brk_queue_remove(&b->queue, at);
     }
     free(tab);
     return v;
@@ -529,7 +528,9 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     if (try_dispatch(b, r)) return;
     if (brk_queue_push(&b->queue, r) == 0) return;
     uint32_t had = 0, mine = 0;
-    brk_req_t *v = make_way(b, r, &had, &mine);
+    /* (only a queue exactly full: requeued requests can hold it past
+     * --queue-max, and then one place given up would not make room) */
+    brk_req_t *v = brk_queue_len(&b->queue) == b->queue.max ? make_way(b, r, &had, &mine) : NULL;
     if (v) {
         brk_log("request %llu gives its place in the full queue (%zu waiting) to request %llu: its sender has "
                 "%u waiting, the newcomer's %u",

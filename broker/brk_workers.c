@@ -138,10 +138,17 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
  * as the worker's: the captures, replays and evictions that happened while
  * the broker was away still reach the catalog (before, they were dropped,
  * and the catalog's captures minus evictions no longer gave the graphs
- * held). A connection that sends no READY within brk_orphan_ms (a stranger
- * without keys, a worker gone) loses them, as does the oldest message past
- * BRK_ORPHANS; both are counted (STATUS catalog_dropped) and logged. */
+ * held). They are matched by routing identity, which a worker sets to its
+ * name: a worker restarted under the same name adopts what its last
+ * process sent (events of a worker of that name; the catalog counts them
+ * at the version the new process runs, as it counts every event at the
+ * version its worker runs when it arrives). A connection that sends no
+ * READY within brk_orphan_ms (a stranger without keys, a worker gone)
+ * loses them; so does a connection past BRK_ORPHANS_EACH messages (its
+ * oldest first) and, past BRK_ORPHANS in all, the connection with the
+ * most; all counted (STATUS catalog_dropped) and logged within a budget. */
 #define BRK_ORPHANS 64
+#define BRK_ORPHANS_EACH 16 /* of one connection: one peer cannot push out the others' */
 
 typedef struct brk_orphan {
     brk_ident_t ident;
@@ -160,10 +167,31 @@ static int64_t brk_orphan_ms(const brk_t *b) {
 static void orphan_drop(brk_t *b, int i, const char *why) {
     brk_orphan_t *o = &b->orphans[i];
     b->orphan_events_lost += o->n;
-    brk_log("%zu worker event%s from an unregistered connection not recorded: %s", o->n, o->n == 1 ? "" : "s", why);
+    brk_log_limited(&b->orphan_log, "EVENTS", "%zu worker event%s from an unregistered connection not recorded: %s",
+                    o->n, o->n == 1 ? "" : "s", why);
     free(o->ev);
     memmove(o, o + 1, (size_t)(b->n_orphans - i - 1) * sizeof *o);
     b->n_orphans--;
+}
+
+static bool same_ident(const brk_ident_t *a, const brk_ident_t *b) { return a->n == b->n && !memcmp(a->b, b->b, a->n); }
+
+/* The kept message to give up for one of id's: id's own oldest when it
+ * has its share, else the oldest of the connection with the most kept
+ * (a flood from one peer, or many, pushes out its own first). */
+static int orphan_victim(const brk_t *b, const brk_ident_t *id) {
+    int mine = 0, first_mine = -1;
+    for (int i = 0; i < b->n_orphans; i++)
+        if (same_ident(&b->orphans[i].ident, id) && mine++ == 0) first_mine = i;
+    if (mine >= BRK_ORPHANS_EACH) return first_mine;
+    if (b->n_orphans < BRK_ORPHANS) return -1;
+    int best = 0, best_n = 0;
+    for (int i = 0; i < b->n_orphans; i++) {
+        int n = 0;
+        for (int j = 0; j < b->n_orphans; j++) n += same_ident(&b->orphans[j].ident, &b->orphans[i].ident);
+        if (n > best_n) best = i, best_n = n; /* (the first of a connection is its oldest) */
+    }
+    return best;
 }
 
 void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_events_t *ev) {
@@ -172,7 +200,10 @@ void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_even
         b->orphan_events_lost += ev->n_events;
         return;
     }
-    if (b->n_orphans == BRK_ORPHANS) orphan_drop(b, 0, "too many wait for their worker's READY");
+    brk_ident_t id;
+    brk_ident_from(&id, identity);
+    int victim = orphan_victim(b, &id);
+    if (victim >= 0) orphan_drop(b, victim, "too many wait for their worker's READY");
     size_t keys = 0;
     for (size_t i = 0; i < ev->n_events; i++) keys += strlen(ev->events[i].key ? ev->events[i].key : "") + 1;
     msg_event_t *c = malloc(ev->n_events * sizeof *c + keys);
@@ -190,7 +221,7 @@ void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_even
         k += n;
     }
     brk_orphan_t *o = &b->orphans[b->n_orphans++];
-    brk_ident_from(&o->ident, identity);
+    o->ident = id;
     o->at_ms = brk_now_ms();
     o->ev = c;
     o->n = ev->n_events;
@@ -200,7 +231,7 @@ void brk_workers_adopt_events(brk_t *b, brk_worker_t *w) {
     size_t n = 0;
     for (int i = 0; i < b->n_orphans;) {
         brk_orphan_t *o = &b->orphans[i];
-        if (o->ident.n != w->ident.n || memcmp(o->ident.b, w->ident.b, o->ident.n)) {
+        if (!same_ident(&o->ident, &w->ident)) {
             i++;
             continue;
         }

@@ -2064,6 +2064,36 @@ START_TEST(test_a_full_queue_gives_a_newcomer_the_newest_place_of_the_client_wit
 }
 END_TEST
 
+/* make_way only where one place given up makes room: a queue that
+ * requeued requests hold past --queue-max (they go back to its front
+ * whatever its size) displaces no one, and the newcomer is refused as on
+ * any full queue. (Before, A's newest was answered "gave its place" and B
+ * was refused all the same.) */
+START_TEST(test_a_queue_held_past_its_max_by_requeued_requests_displaces_no_one) {
+    box_t x;
+    box_open(&x);
+    void *a = x.trainer, *bs = client_sock(&x);
+    ready_slots(&x, 0, 2);
+    gen_from(&x, a, 1, TOKEN_A, 1, false);
+    gen_from(&x, a, 2, TOKEN_A, 2, false);
+    (void)request_on(&x, 0);
+    (void)request_on(&x, 0);
+    for (uint64_t i = 3; i <= 10; i++) gen_from(&x, a, i, TOKEN_A, i, false);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 8);
+    from_worker(&x, 0, wire_hdr("DISCONNECT", 0)); /* w0 goes: 1 and 2 go back to the front, past the max */
+    brk_reap(&x.b);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 10);
+    TS_OK(brk_check(&x.b));
+    gen_from(&x, bs, 1, TOKEN_B, 101, false);
+    expect_busy_on(bs, 1, "queue full");
+    quiet(a, "A (none of its waiting GENs gives way for nothing)");
+    ck_assert_uint_eq(x.b.queue_displaced, 0);
+    ck_assert_uint_eq(brk_queue_len(&x.b.queue), 10);
+    zmq_close(bs);
+    box_close(&x);
+}
+END_TEST
+
 /* Requests that waited with no owner (no worker yet) all learn they have
  * one when a worker comes, though only one slot is free: at their
  * deadline they would be timeout, not no_worker. */
@@ -3419,6 +3449,34 @@ START_TEST(test_events_sent_before_ready_are_recorded_once_their_connection_regi
 }
 END_TEST
 
+/* One unregistered connection flooding EVENTS keeps at most 16 messages
+ * (its own oldest go first), so it cannot push out another connection's
+ * kept events: w0's are recorded at its READY after w1 sent 200. (Before,
+ * one cap of 64 for all dropped the oldest: w0's.) */
+START_TEST(test_a_flood_of_events_before_ready_cannot_push_out_another_workers) {
+    char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
+    cat_t *c = temp_catalog(dir, path, sizeof path);
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 1000;
+    x.b.opt.liveness = 3;
+    ck_assert_ptr_nonnull(x.b.cat = brk_catq_new(&c, BRK_CATQ_MAX));
+    events_from(&x, 0, "00000000000000a0"); /* w0's, kept for its READY */
+    wire_msg_t *m = take(x.w[0], false);
+    drop_msg(&m);
+    for (int i = 0; i < 200; i++) events_from(&x, 1, "00000000000000b1"); /* w1: never READY */
+    ck_assert_int_eq(x.b.n_orphans, 1 + 16);
+    ck_assert_uint_eq(x.b.orphan_events_lost, (200 - 16) * 2);
+    ready(&x, 0, 1);
+    ck_assert_int_eq(x.b.n_orphans, 16);
+    const char *mine = "SELECT count(*) FROM captures WHERE worker = 'w0' AND key_hash = '00000000000000a0'";
+    ck_assert_int_eq(wait_sql_at_least(path, mine, 1, 500), 1);
+    brk_catq_destroy(&x.b.cat);
+    box_close(&x);
+    remove_dir(dir);
+}
+END_TEST
+
 /* ---- keys, roles and bounds (issue 10) ----------------------------------------- */
 
 /* Before: a worker could ack any version, 2^64-1 included, and became
@@ -3995,6 +4053,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_cancel_names_only_its_own_gen_and_a_running_one_keeps_its_slot_until_the_worker_answers);
     tcase_add_test(an, test_a_free_slot_goes_to_the_sender_with_the_fewest_requests_and_each_sender_keeps_its_order);
     tcase_add_test(an, test_a_full_queue_gives_a_newcomer_the_newest_place_of_the_client_with_the_most_waiting);
+    tcase_add_test(an, test_a_queue_held_past_its_max_by_requeued_requests_displaces_no_one);
     tcase_add_test(an, test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
@@ -4036,6 +4095,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(cq, test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again);
     tcase_add_test(cq, test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_and_at_its_leaving);
     tcase_add_test(cq, test_events_sent_before_ready_are_recorded_once_their_connection_registers);
+    tcase_add_test(cq, test_a_flood_of_events_before_ready_cannot_push_out_another_workers);
     suite_add_tcase(s, cq);
     return s;
 }

@@ -101,9 +101,10 @@ class GenResult:
     own steps', and .version and .first_version its own too), .stats
     (the RESULT's stats map: captured, replayed, eager, declines, seconds, batched,
     batch_rows, padded_rows, capture_key),
-    .key_hash (the shard hash), .capture_key (the capture key of its last
-    step: what the catalog's captures and evictions are recorded by; "" from
-    an older worker) and .seconds (client wall time). With the rollout options:
+    .key_hash (the shard hash), .capture_key (the capture key of the graph
+    its last step ran under, a mixed batch's when it ran batched: what the
+    catalog's captures and evictions are recorded by; "" from an older
+    worker) and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
     step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
     None when not asked for. With output="frames": .frames, uint8 [F', H',
