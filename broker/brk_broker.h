@@ -228,6 +228,7 @@ typedef struct {
     uint64_t version;
     char sha256[65];
     char source[MSG_PATH_MAX];  /* a path, or BRK_SOURCE_UPLOADED */
+    uint64_t base_version;      /* > 0: a LoRA adapter on that base (msg_sync_t) */
 } brk_interrupted_t;
 
 struct brk_zap;

@@ -164,6 +164,11 @@ static void resume_versions(brk_t *b, cat_t *cat) {
         e->version = p[i].version;
         snprintf(e->sha256, sizeof e->sha256, "%.64s", p[i].sha256); /* hex sha256: 64 */
         snprintf(e->source, sizeof e->source, "%s", p[i].source);
+        e->base_version = p[i].base_version;
+        if (e->base_version && !strcmp(e->source, BRK_SOURCE_UPLOADED)) { /* its config went with its SYNC only */
+            b->n_interrupted--;
+            continue;
+        }
         brk_log("sync %s v%llu was in flight when the previous broker stopped: failed, unless a worker that "
                 "registers runs it (then it is current again); a trainer's resend of it waits for the workers",
                 e->component, (unsigned long long)e->version);
@@ -187,11 +192,21 @@ static void resume_versions(brk_t *b, cat_t *cat) {
         } else if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
             brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
                     v[i].component, (unsigned long long)v[i].version);
-        } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0) {
+        } else if (v[i].base_version && !strcmp(v[i].source, BRK_SOURCE_UPLOADED)) {
+            /* its adapter_config.json travelled in its SYNC, and the catalog does not keep it */
+            brk_log("%s v%llu is a LoRA adapter on v%llu sent by upload: not restored (workers keep their "
+                    "versions until the next sync)", v[i].component, (unsigned long long)v[i].version,
+                    (unsigned long long)v[i].base_version);
+        } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source,
+                                    v[i].base_version) != 0) {
             brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, reel_err_text());
         } else {
-            brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
-                    (unsigned long long)v[i].version, v[i].source);
+            if (v[i].base_version)
+                brk_log("restored %s v%llu from the catalog (the LoRA adapter %s on v%llu)", v[i].component,
+                        (unsigned long long)v[i].version, v[i].source, (unsigned long long)v[i].base_version);
+            else
+                brk_log("restored %s v%llu from the catalog (%s)", v[i].component,
+                        (unsigned long long)v[i].version, v[i].source);
         }
     }
 }

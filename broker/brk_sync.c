@@ -185,7 +185,7 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
             continue;
         }
         /* Applied, and the ack lost with the previous broker: current again. */
-        if (brk_sync_restore(b, e->component, e->version, e->sha256, e->source) != 0) {
+        if (brk_sync_restore(b, e->component, e->version, e->sha256, e->source, e->base_version) != 0) {
             brk_log("cannot make %s v%llu current again: %s", e->component, (unsigned long long)e->version,
                     reel_err_text());
             i++;
@@ -759,7 +759,8 @@ int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
     return 1;
 }
 
-int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path) {
+int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path,
+                     uint64_t base_version) {
     brk_current_t *cur = current_slot(b, component);
     if (!cur) return reel_fail(REEL_E_LIMIT, "more than %d weight components", BRK_MAX_COMPONENTS);
     msg_sync_t *s = calloc(1, sizeof *s);
@@ -769,6 +770,7 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
     if (!strcmp(path, BRK_SOURCE_UPLOADED)) s->uploaded = true; /* workers fetch it from the broker again */
     else snprintf(s->path, sizeof s->path, "%s", path);
+    s->base_version = base_version; /* a LoRA adapter's folder on its base (an uploaded one is never restored) */
     free_sync(&cur->sync);
     cur->sync = s;
     cur->version = version;

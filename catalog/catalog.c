@@ -395,7 +395,7 @@ CAT_RECORDS(CAT_KIND_WRITER)
 
 /* ---- reading back what the broker resumes --------------------------------- */
 
-/* The rows of sql (component, version, sha256, source) into out. */
+/* The rows of sql (component, version, sha256, source, base_version) into out. */
 static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_t *out, int max) {
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return cat_db_fail(c, what);
@@ -408,6 +408,7 @@ static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_
         const char *src = (const char *)sqlite3_column_text(q, 3);
         v->cut = (size_t)sqlite3_column_bytes(q, 3) >= sizeof v->source;
         snprintf(v->source, sizeof v->source, "%s", v->cut ? "" : src);
+        v->base_version = (uint64_t)sqlite3_column_int64(q, 4);
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         sqlite3_finalize(q);
@@ -419,7 +420,7 @@ static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_
 
 int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
                        "FROM weight_versions w WHERE state = 'current' AND version = "
                        "(SELECT max(version) FROM weight_versions WHERE component = w.component"
                        " AND state = 'current') ORDER BY component",
@@ -428,7 +429,7 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
 
 int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
                        "FROM weight_versions w WHERE state = 'failed' AND reason = '" CAT_REASON_INTERRUPTED "' "
                        "AND version > coalesce((SELECT max(version) FROM weight_versions WHERE component = "
                        "w.component AND state IN ('current', 'superseded')), 0) ORDER BY component, version DESC",
@@ -437,7 +438,7 @@ int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
 
 int cat_pending_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, '') "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
                        "FROM weight_versions WHERE state = 'pending' ORDER BY component, version DESC",
                        "pending versions", out, max);
 }

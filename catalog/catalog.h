@@ -123,6 +123,7 @@ typedef struct {
     char source[1024];    /* a path, or "inline"; "" when cut */
     bool cut;             /* the source is longer than source holds: not usable (never
                            * handed out shortened; SYNC paths are at most 1023 bytes) */
+    uint64_t base_version; /* > 0: a LoRA adapter on that base version (0: a full version) */
 } cat_version_t;
 int cat_current_versions(cat_t *c, cat_version_t *out, int max);
 /* Every version still "pending" (a sync no worker had applied yet), newest

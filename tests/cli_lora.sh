@@ -189,4 +189,24 @@ cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.s
 lsync "$D/r19.err" --version 22 --base 15 --lora "$D/w/x"
 [ $? != 0 ] && grep -q "start it with --lora" "$D/r19.err" && ok "w2 (no --lora): refused, naming --lora" ||
     { bad "no --lora"; show "$D/r19.err"; }
+
+echo "== a restarted broker resumes a LoRA version on its base"
+stop_proc "$WORKER" || bad "w2 stops"
+cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
+    --streams 1 --heartbeat-ms 200 --lora || { bad "w3 starts"; show "$D/w3.log"; finish; }
+W3=$WORKER
+lsync "$D/s23.err" --version 23 --base 15 --lora "$D/w/x" && grep -q "complete; applied w3" "$D/s23.err" &&
+    ok "v23 = x on base v15 by path: complete" || { bad "sync v23"; show "$D/s23.err"; }
+stop_proc "$W3" || bad "w3 stops"
+stop_proc "$BROKER" || bad "the broker stops"
+cli_broker "$D/broker2.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
+    { bad "the broker restarts"; finish; }
+grep -q "restored transformer v23 from the catalog (the LoRA adapter $D/w/x on v15)" "$D/broker2.log" &&
+    ok "the broker restores v23 as the adapter on base v15" || { bad "v23 restored"; show "$D/broker2.log"; }
+cli_worker w4 "$D/broker2.log" "$D/w4.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
+    --streams 1 --heartbeat-ms 200 --lora || { bad "w4 starts"; show "$D/w4.log"; finish; }
+wait_for "$D/w4.log" "applied transformer v23" 60 && gen "$D/g23.safetensors" &&
+    same "$D/g23.safetensors" "$D/ref_b2x.safetensors" &&
+    ok "a worker joining after the restart is caught up to v23 as the adapter on its base: GEN equals run --lora x" ||
+    { bad "catch-up to the adapter after the restart"; show "$D/w4.log" "$D/g23.safetensors.err"; }
 finish
