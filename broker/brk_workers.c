@@ -112,6 +112,8 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
             brk_cq_decline(b->cat, wn, e->key, hash, e->reason, e->count);
         else if (!strcmp(e->kind, "evict") && e->reason[0])
             brk_cq_eviction(b->cat, wn, e->key, hash, e->reason, e->component, e->from, e->to, version);
+        else if (!strcmp(e->kind, "rekey") && e->key && e->key[0]) /* a graph kept under its new key */
+            brk_cq_key_text(b->cat, hash, e->key);
         else if (!strcmp(e->kind, "replays"))
             brk_cq_replays(b->cat, wn, hash, (int)e->stream, e->count, version);
         else if (!strcmp(e->kind, "artifact") && e->component[0]) /* docs/ARTIFACTS.md */

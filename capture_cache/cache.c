@@ -102,12 +102,21 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name) {
 /* An inplace sync of component ci reached e: same addresses, new
  * contents. The entry is re-keyed to the component's version and verifies
  * its graph again on its next call (or after the capture in progress). */
-static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci) {
+/* The version of component name that key k names; 0 when it names none. */
+static uint64_t key_comp_version(const cap_key_t *k, const char *name) {
+    for (int i = 0; i < k->n_components; i++)
+        if (!strcmp(k->components[i].name, name)) return k->components[i].version;
+    return 0;
+}
+
+static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
     const comp_t *k = &c->comp[ci];
+    const uint64_t from = key_comp_version(&e->key, k->name);
     cap_key_set_version(&e->key, k->name, k->version);
     cap_key_text(&e->key, false, e->text, sizeof e->text);
     e->hash = cap_hash_text(e->text);
+    cap_evq_push(q, CAP_EV_REKEY, 0, e, e->ws_bytes + e->graph_bytes, 0, 0, k->name, from, k->version);
     for (int i = 0; i < e->prog.n_components; i++)
         if (e->comp[i] == ci) e->comp_gen[i] = k->generation;
     if (e->state == ST_READY) e->state = ST_REVERIFY;
@@ -115,13 +124,6 @@ static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci) {
      * the call leaves, a graph it holds verifies again (capture_settle,
      * account) */
     if (e->in_use) e->reverify_pending = true;
-}
-
-/* The version of component name that key k names; 0 when it names none. */
-static uint64_t key_comp_version(const cap_key_t *k, const char *name) {
-    for (int i = 0; i < k->n_components; i++)
-        if (!strcmp(k->components[i].name, name)) return k->components[i].version;
-    return 0;
 }
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
@@ -167,7 +169,7 @@ int cap_component_update_policy(cap_cache_t *c, const char *name, const void *ba
                 cap_evict(c, e, CAP_EVICT_WEIGHT_SYNC, q, name, from, new_version);
                 continue;
             }
-            rekey_inplace(c, e, ci);
+            rekey_inplace(c, e, ci, q);
         }
     }
     cap_unlock(&c->lock);

@@ -145,7 +145,12 @@ int cap_policy_parse(const char *s, cap_policy_t *out);
 bool cap_reason_permanent(cap_reason_t r);
 #define CAP_CAPTURE_TRIES 3
 
-typedef enum { CAP_EV_CAPTURE, CAP_EV_DECLINE, CAP_EV_EVICT } cap_event_kind_t;
+/* REKEY: an entry a sync re-keyed in place (--policy inplace, or a LoRA
+ * sync): its graph is kept under its new key (key_text, key_hash: the
+ * new ones; component, from_version, to_version: the sync; bytes: what
+ * it holds). No capture follows for the new key, so this is where its
+ * text is told. */
+typedef enum { CAP_EV_CAPTURE, CAP_EV_DECLINE, CAP_EV_EVICT, CAP_EV_REKEY } cap_event_kind_t;
 /* A CAPTURE event's reason: what asked for the capture. */
 typedef enum { CAP_CAPTURE_DEMAND = 0, CAP_CAPTURE_PREWARM = 1 } cap_capture_origin_t;
 /* "demand", "prewarm"; "?" when out of range. */

@@ -39,7 +39,8 @@
     X(artifact, ARTIFACT, "artifact")                        \
     X(audit, AUDIT, "audit")                                 \
     X(artifact_seen, ARTIFACT_SEEN, "artifact seen")         \
-    X(artifact_key, ARTIFACT_KEY, "artifact key")
+    X(artifact_key, ARTIFACT_KEY, "artifact key")                 \
+    X(key_text, KEY_TEXT, "key text")
 
 /* A worker sent READY: live again if it had gone (unless this READY is
  * older than its going). */
@@ -132,6 +133,15 @@
     " ON CONFLICT (worker, key_hash, stream, t) DO UPDATE SET key_text = excluded.key_text,"       \
     " capture_seconds = excluded.capture_seconds, bytes = excluded.bytes,"                         \
     " nodes = excluded.nodes, origin = excluded.origin, placeholder = 0 WHERE placeholder = 1"
+
+/* A capture key's text, by its hash: what a graph re-keyed in place by a
+ * sync is known by from then on (it is not captured again, so no capture
+ * row brings its new key's text); the newer text of a hash wins. */
+#define CAT_KEY_TEXT(F) F(TEXT, key_hash) F(TEXT, key_text) F(TIME, t)
+#define CAT_SQL_KEY_TEXT                                                                           \
+    "INSERT INTO key_texts (key_hash, key_text, t) VALUES (?1, ?2, ?3)"                            \
+    " ON CONFLICT (key_hash) DO UPDATE SET key_text = excluded.key_text, t = excluded.t"           \
+    " WHERE excluded.t >= key_texts.t"
 
 /* `count` more replays of the newest capture of (worker, key_hash,
  * stream). Replays whose capture was never reported (a lost message, a

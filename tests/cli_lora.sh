@@ -182,6 +182,14 @@ echo "  | $line"
 echo "$line" | grep -qE ": 2 captures, [0-9]+ replays .* 2 evictions \(1 at shutdown\)$" &&
     ok "two captures: one before the adapters (serving v1 to v10), one after the full sync v15 evicted it (--policy evict); the second leaves at the stop" ||
     bad "captures and evictions: $line"
+# each adapter sync re-keyed the kept graph in place (no capture): the
+# worker's rekey events give the catalog each new key's text, so the
+# replays under it are not on a key the catalog cannot name
+nt=$(/usr/bin/sqlite3 "$DB" "select count(*) from captures c where worker = 'w1' and replay_count > 0 and not exists (select 1 from key_texts x where x.key_hash = c.key_hash)" 2>/dev/null)
+nr=$(/usr/bin/sqlite3 "$DB" "select count(distinct key_hash) from captures where worker = 'w1' and placeholder = 1" 2>/dev/null)
+[ "$nt" = 0 ] && [ "${nr:-0}" -ge 1 ] &&
+    ok "every key w1 replayed under ($nr re-keyed in place by a sync) has its text in the catalog" ||
+    { bad "keys replayed without a text: $nt (re-keyed: $nr)"; "$R" keys --catalog "$DB" 2>&1 | head -8; }
 
 echo "== a worker without --lora says how to take adapters"
 cli_worker w2 "$D/broker.log" "$D/w2.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \

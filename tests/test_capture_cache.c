@@ -914,6 +914,21 @@ START_TEST(test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_syn
     reset_records();
     ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 2), 1);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    /* one REKEY event: the kept graph's new key (what the catalog learns
+     * its text from: no capture follows), the sync's versions, its bytes */
+    ck_assert_int_eq(count_events(CAP_EV_REKEY, -1), 1);
+    const rec_event_t *rk = find_event(CAP_EV_REKEY, -1, 0);
+    cap_key_t k2 = a.key;
+    ck_assert_int_eq(cap_key_set_version(&k2, "wA", 2), 0);
+    char t2[CAP_KEY_TEXT_MAX];
+    ck_assert_int_ge(cap_key_text(&k2, false, t2, sizeof t2), 0);
+    ck_assert_str_eq(rk->key_text, t2);
+    ck_assert_uint_eq(rk->key_hash, cap_key_hash(&k2));
+    ck_assert_uint_ne(rk->key_hash, cap_key_hash(&a.key));
+    ck_assert_str_eq(rk->component, "wA");
+    ck_assert_uint_eq(rk->from, 1);
+    ck_assert_uint_eq(rk->to, 2);
+    ck_assert_uint_gt(rk->bytes, 0);
     cap_stats_t st = stats(C);
     for (int r = 0; r < CAP_EVICT_COUNT; r++) ck_assert_uint_eq(st.evictions[r], 0);
     ck_assert_uint_eq(st.graphs, 1);

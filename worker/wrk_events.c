@@ -119,9 +119,10 @@ void wrk_events_on_cache(void *user, const cap_event_t *ev) {
     if (tl_stream >= 0 && ev->stream >= 0 && ev->stream < MAP_MAX &&
         (ev->kind == CAP_EV_CAPTURE || ev->kind == CAP_EV_DECLINE))
         e->map[ev->stream] = tl_stream;
-    const char *reason = ev->kind == CAP_EV_EVICT ? cap_evict_reason_name((cap_evict_reason_t)ev->reason)
+    const char *reason = ev->kind == CAP_EV_EVICT     ? cap_evict_reason_name((cap_evict_reason_t)ev->reason)
                          : ev->kind == CAP_EV_DECLINE ? cap_reason_name((cap_reason_t)ev->reason)
-                                                      : cap_capture_origin_name(ev->reason);
+                         : ev->kind == CAP_EV_CAPTURE ? cap_capture_origin_name(ev->reason)
+                                                      : NULL; /* a re-key has none */
     if (ev->kind == CAP_EV_DECLINE) {
         entry_t *m = merge_target(e, ev->key_hash, reason);
         if (m) {
@@ -198,7 +199,7 @@ bool wrk_events_pending(wrk_events_t *e) {
 
 /* One event as an EVENTS entry; its key is copied to *keys (advanced). */
 static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
-    static const char *kinds[] = { "capture", "decline", "evict" };
+    static const char *kinds[] = { "capture", "decline", "evict", "rekey" };
     size_t kl = strlen(x->key) + 1;
     memcpy(*keys, x->key, kl);
     if (x->raw) {
@@ -224,6 +225,13 @@ static void entry_event(const entry_t *x, msg_event_t *ev, char **keys) {
     case CAP_EV_DECLINE:
         snprintf(ev->reason, sizeof ev->reason, "%s", x->reason);
         ev->count = x->count;
+        break;
+    case CAP_EV_REKEY: /* the graph kept under its new key: no reason, the sync's versions */
+        ev->stream = x->stream;
+        ev->bytes = x->bytes;
+        snprintf(ev->component, sizeof ev->component, "%s", x->component);
+        ev->from = x->from;
+        ev->to = x->to;
         break;
     case CAP_EV_EVICT:
         snprintf(ev->reason, sizeof ev->reason, "%s", x->reason);
