@@ -376,6 +376,18 @@ static void send_group_result(wrk_stream_t *st, wrk_job_t *j) {
  * its tdit_req: the schedule and the key hash). The group's seeds are
  * j's from base 0 on: every part carries the whole group's seeds. */
 static void send_split_result(wrk_stream_t *st, wrk_job_t *j, wrk_group_t *g) {
+    if (j->progress) {
+        /* The group's last count, again, ahead of its RESULT on this
+         * stream's pipe: another part's last PROGRESS went through another
+         * stream's pipe and could reach the broker after the RESULT (and be
+         * dropped there, the client left short of the total). The broker
+         * drops the count when it has it already. */
+        glock(g);
+        msg_progress_t p = { (uint64_t)g->progress_done, (uint64_t)g->progress_total, 0, 0 };
+        gunlock(g);
+        if (wrk_pipe_send(st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
+            wrk_log(st->x->w, "stream %d: cannot queue PROGRESS of request %llu", st->idx, (unsigned long long)j->id);
+    }
     j->first_version = g->first_version;
     j->ran_version = g->last_version;
     outputs_t o = { g->n, g->steps, g->out, g->traj, g->means, g->logp, g->vers, &g->stats };
