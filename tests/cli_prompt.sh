@@ -124,6 +124,18 @@ for bad_text in "$(printf 'bad \377\376 bytes')" "$(printf 'surrogate \355\240\2
         show "$D/bt_run.err" "$D/bt_gen.err"
     fi
 done
+# and one length rule: past the wire's longest string (4096 bytes) both
+# refuse it here (exit 2), where run took it and gen met the broker's
+# too_large (exit 1)
+long=$(head -c 4097 /dev/zero | tr '\0' 'a')
+$RUN --weights "$REL" --prompt "$long" -o "$D/lp.safetensors" 2>"$D/lp_run.err"
+rr=$?
+$GEN --prompt "$long" --out "$D/lp.mp4" 2>"$D/lp_gen.err"
+rg=$?
+[ "$rr" = 2 ] && [ "$rg" = 2 ] && [ ! -e "$D/lp.safetensors" ] && [ ! -e "$D/lp.mp4" ] &&
+    grep -q "4097 bytes: at most 4096" "$D/lp_run.err" && grep -q "4097 bytes: at most 4096" "$D/lp_gen.err" &&
+    ok "run and gen both refuse a prompt of 4097 bytes (exit 2)" ||
+    { bad "a long prompt: run exit $rr, gen exit $rg"; show "$D/lp_run.err" "$D/lp_gen.err"; }
 $GEN --prompt "$P" --negative-prompt "" --output latent --out "$D/gneg0.safetensors" 2>"$D/gneg0.err" &&
     "$R" tensor diff "$D/gneg0.safetensors" "$D/neg0.safetensors" >/dev/null 2>&1 &&
     ok "gen --negative-prompt '' is bitwise run --negative-prompt ''" || { bad "gen empty negative prompt"; show "$D/gneg0.err"; }

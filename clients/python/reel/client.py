@@ -980,6 +980,9 @@ class Client:
             raise ValueError("uncond goes with a context; with a prompt, give negative_prompt")
         if negative_prompt is not None and prompt is None:
             raise ValueError("negative_prompt needs a prompt")
+        if negative_prompt is not None and _num("cfg", cfg) == 1.0:
+            # as reelctl: at cfg 1 nothing reads it (the GEN leaves it out)
+            raise ValueError("negative_prompt is used only with guidance: give cfg != 1 (Wan's default is 5)")
         if output not in ("latent", "frames", "video"):
             raise ValueError(f"output must be 'latent', 'frames' or 'video', got {output!r}")
         torch_out = any(_is_torch(x) for x in (context, uncond, latent))  # any torch in: torch out

@@ -1787,6 +1787,11 @@ class PromptTests(unittest.TestCase):
                    {"prompt": "x", "output": "gif"}, {}):
             with self.assertRaises(ValueError, msg=str(kw)):
                 self.c.gen("tinyt", steps=2, latent_shape=(4, 2, 8, 8), **kw)
+        # a negative prompt without guidance: nothing would read it (reelctl refuses it too)
+        for cfg in (1, 1.0):
+            with self.assertRaises(ValueError, msg=f"cfg={cfg}") as e:
+                self.c.gen("tinyt", prompt="x", negative_prompt="blurry", cfg=cfg, steps=2, latent_shape=(4, 2, 8, 8))
+            self.assertIn("used only with guidance", str(e.exception))
 
     def test_bad_text_is_refused_by_the_broker_and_the_cluster_keeps_serving(self):
         with self.assertRaises(reel.ReelError) as e:
