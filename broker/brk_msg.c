@@ -116,11 +116,13 @@ int brk_send_error(void *sock, const brk_ident_t *to, uint64_t id, const char *c
     return rc;
 }
 
+bool brk_ident_eq(const brk_ident_t *a, const brk_ident_t *b) { return a->n == b->n && !memcmp(a->b, b->b, a->n); }
+
 brk_worker_t *brk_worker_find(brk_t *b, const zmq_msg_t *identity) {
     brk_ident_t id;
     brk_ident_from(&id, identity);
     for (int i = 0; i < b->n_w; i++)
-        if (b->w[i]->ident.n == id.n && !memcmp(b->w[i]->ident.b, id.b, id.n)) return b->w[i];
+        if (brk_ident_eq(&b->w[i]->ident, &id)) return b->w[i];
     return NULL;
 }
 

@@ -11,6 +11,8 @@
 int64_t brk_now_ms(void);
 /* Copies a routing identity (at most BRK_IDENT_MAX bytes). */
 void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg);
+/* Whether a and b are the same routing identity. */
+bool brk_ident_eq(const brk_ident_t *a, const brk_ident_t *b);
 /* msg_send to identity `to` on sock. 0, or -1 with errno. */
 int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, const void *body,
              const wire_msg_t *share);

@@ -306,10 +306,10 @@ static brk_req_t *make_way(brk_t *b, const brk_req_t *r, uint32_t *had, uint32_t
         *had = tab[most].count;
         *mine_out = mine;
         size_t at = n;
-        for (size_t i = 0; i < n; i++) { /* its newest (the highest id: a requeued one sits at the front) */
+        uint64_t newest = 0;
+        for (size_t i = 0; i < n; i++) { /* its newest: the highest id (a requeued one sits at the front) */
             const brk_req_t *q = brk_queue_at(&b->queue, i);
-            if (q->sender == tab[most].who && (at == n || q->id > ((brk_req_t *)brk_queue_at(&b->queue, at))->id))
-                at = i;
+            if (q->sender == tab[most].who && q->id > newest) newest = q->id, at = i;
         }
         if (at < n) v = brk_queue_remove(&b->queue, at);
     }

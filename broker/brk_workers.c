@@ -176,21 +176,19 @@ static void orphan_drop(brk_t *b, int i, const char *why) {
     b->n_orphans--;
 }
 
-static bool same_ident(const brk_ident_t *a, const brk_ident_t *b) { return a->n == b->n && !memcmp(a->b, b->b, a->n); }
-
 /* The kept message to give up for one of id's: id's own oldest when it
  * has its share, else the oldest of the connection with the most kept
  * (a flood from one peer, or many, pushes out its own first). */
 static int orphan_victim(const brk_t *b, const brk_ident_t *id) {
     int mine = 0, first_mine = -1;
     for (int i = 0; i < b->n_orphans; i++)
-        if (same_ident(&b->orphans[i].ident, id) && mine++ == 0) first_mine = i;
+        if (brk_ident_eq(&b->orphans[i].ident, id) && mine++ == 0) first_mine = i;
     if (mine >= BRK_ORPHANS_EACH) return first_mine;
     if (b->n_orphans < BRK_ORPHANS) return -1;
     int best = 0, best_n = 0;
     for (int i = 0; i < b->n_orphans; i++) {
         int n = 0;
-        for (int j = 0; j < b->n_orphans; j++) n += same_ident(&b->orphans[j].ident, &b->orphans[i].ident);
+        for (int j = 0; j < b->n_orphans; j++) n += brk_ident_eq(&b->orphans[j].ident, &b->orphans[i].ident);
         if (n > best_n) best = i, best_n = n; /* (the first of a connection is its oldest) */
     }
     return best;
@@ -233,7 +231,7 @@ void brk_workers_adopt_events(brk_t *b, brk_worker_t *w) {
     size_t n = 0;
     for (int i = 0; i < b->n_orphans;) {
         brk_orphan_t *o = &b->orphans[i];
-        if (!same_ident(&o->ident, &w->ident)) {
+        if (!brk_ident_eq(&o->ident, &w->ident)) {
             i++;
             continue;
         }

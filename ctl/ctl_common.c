@@ -58,12 +58,11 @@ double ctl_now(void) {
 
 int ctl_prompts_check(const char *prompt, const char *negative) {
     /* the wire's longest string: reelctl run refuses what a GEN could not carry, as gen does, here */
-    const char *lng = prompt && strlen(prompt) > MSG_MAX_PROMPT_BYTES       ? "prompt"
-                      : negative && strlen(negative) > MSG_MAX_PROMPT_BYTES ? "negative-prompt"
-                                                                            : NULL;
-    if (lng)
-        return reel_fail(REEL_E_INVALID, "--%s is %zu bytes: at most %d (umT5 reads 512 tokens, about 2 KiB)", lng,
-                         strlen(!strcmp(lng, "prompt") ? prompt : negative), MSG_MAX_PROMPT_BYTES);
+    const char *texts[2] = { prompt, negative }, *names[2] = { "prompt", "negative-prompt" };
+    for (int i = 0; i < 2; i++)
+        if (texts[i] && strlen(texts[i]) > MSG_MAX_PROMPT_BYTES)
+            return reel_fail(REEL_E_INVALID, "--%s is %zu bytes: at most %d (umT5 reads 512 tokens, about 2 KiB)",
+                             names[i], strlen(texts[i]), MSG_MAX_PROMPT_BYTES);
     const char *bad = prompt && !msg_text_ok(prompt) ? "prompt" : negative && !msg_text_ok(negative) ? "negative-prompt" : NULL;
     if (!bad) return 0;
     return reel_fail(REEL_E_INVALID,

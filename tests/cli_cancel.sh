@@ -70,12 +70,18 @@ wait_inflight() {
     done
     [ "$(inflight)" = "$_n" ]
 }
+# interrupt PID ERR WHAT: SIGINT to a reelctl gen; WHAT holds when it
+# exits 130 (it cancelled its GEN), else ERR is shown
+interrupt() {
+    kill -INT "$1" 2>/dev/null
+    reap "$1" 30
+    _rc=$?
+    [ "$_rc" = 130 ] && ok "$3 (reelctl gen exit 130)" || { bad "$3 (exit $_rc)"; show "$2"; }
+}
 wait_inflight 1 "$gp" && ok "its GEN runs on the worker" || bad "reelctl gen's GEN runs"
-kill -INT "$gp" 2>/dev/null
-reap "$gp" 30
-rc=$?
-[ "$rc" = 130 ] && grep -q "interrupted; the GEN was cancelled" "$D/int.err" &&
-    ok "SIGINT: reelctl gen exits 130 and says the GEN was cancelled" || { bad "reelctl gen on SIGINT (exit $rc)"; show "$D/int.err"; }
+interrupt "$gp" "$D/int.err" "SIGINT: reelctl gen stops"
+grep -q "interrupted; the GEN was cancelled" "$D/int.err" && ok "and says the GEN was cancelled" ||
+    { bad "reelctl gen's SIGINT message"; show "$D/int.err"; }
 
 # the driver cancelled 16 (6 running, 8 queued, the client's 2 running); reelctl 2 more (running)
 wait_sql "$DB" "select count(*) from requests where status = 'cancelled'" 18 60 &&
@@ -108,10 +114,7 @@ bgen 12 10000 & b2=$! # the one cancelled: long, so that it is still running whe
 bgen 13 $MS & b3=$!
 PIDS="$PIDS $b1 $b2 $b3"
 wait_inflight 3 "$b1" "$b3" && ok "three GENs of one key run on the batching worker at once" || bad "three GENs in flight ($(inflight))"
-kill -INT "$b2" 2>/dev/null
-reap "$b2" 30
-rc=$?
-[ "$rc" = 130 ] && ok "the middle one is cancelled (reelctl gen exit 130)" || { bad "the middle GEN's cancel (exit $rc)"; show "$D/b.12.err"; }
+interrupt "$b2" "$D/b.12.err" "the middle one is cancelled"
 reap "$b1" 300 && reap "$b3" 300 && ok "the other two are answered" || { bad "the other two GENs"; show "$D/b.11.err"; show "$D/b.13.err"; }
 wait_count "$D/wb.log" "cancelled by its client after" 1 60 &&
     ! grep "cancelled by its client after" "$D/wb.log" | grep -q " 10000 of 10000 steps" &&
@@ -137,10 +140,7 @@ cli_worker wg "$D/broker.log" "$D/wg.log" --broker "$WE" --weights "$D/w1.safete
 gp=$!
 PIDS="$PIDS $gp"
 wait_inflight 1 "$gp" && ok "the group of 4 runs on the two-stream worker" || bad "the group runs ($(inflight) in flight)"
-kill -INT "$gp" 2>/dev/null
-reap "$gp" 30
-rc=$?
-[ "$rc" = 130 ] && ok "it is cancelled (reelctl gen exit 130)" || { bad "the group's cancel (exit $rc)"; show "$D/g.err"; }
+interrupt "$gp" "$D/g.err" "the group is cancelled"
 wait_count "$D/wg.log" "cancelled by its client after" 1 60 && wait_for "$D/wg.log" "another part of the group failed" 60 &&
     ok "both parts stopped: one answered cancelled, the other stopped with it (the worker's log)" ||
     { bad "the parts' cancels"; grep -E "failed|cancel|part" "$D/wg.log" | tail -5; }
@@ -170,10 +170,7 @@ wait_for "$D/wd.log" "draining 1 request.* before applying v2" 60 && ok "the wor
 gb=$!
 PIDS="$PIDS $gb"
 wait_inflight 2 "$gb" && ok "a second GEN reaches the worker, which holds it" || bad "the held GEN ($(inflight) in flight)"
-kill -INT "$gb" 2>/dev/null
-reap "$gb" 30
-rc=$?
-[ "$rc" = 130 ] && ok "the held GEN is cancelled (reelctl gen exit 130)" || { bad "the held GEN's cancel (exit $rc)"; show "$D/db.err"; }
+interrupt "$gb" "$D/db.err" "the held GEN is cancelled"
 wait_inflight 1 "$ga" && ! grep -q "applied transformer v2" "$D/wd.log" && ! gone "$ga" &&
     ok "its slot frees while the drain still waits for the long GEN: the worker dropped it at once" ||
     { bad "the held GEN's slot ($(inflight) in flight)"; grep -E "cancel|drain|applied" "$D/wd.log" | tail -5; }
