@@ -6,7 +6,9 @@
  * message; kernels that compute in double and round once are held to about
  * 1e-6 relative, float kernels to a bound derived from their rounding steps.
  * All calls go through the public API (ops.h, backend.h), never the kernels. */
+#include <cblas.h>
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -2064,6 +2066,40 @@ START_TEST(test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable) {
 }
 END_TEST
 
+/* What the process looked like when main began (main records it, before
+ * anything here starts a thread). */
+static int threads_at_start = -1;
+static int blas_server_at_start = -1; /* OpenBLAS's blas_server_avail; -1: this build has none */
+
+static int threads_now(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
+    if (f) fclose(f);
+    return n;
+}
+
+/* OpenBLAS's pthreads build starts cores - 1 threads as it loads, each
+ * spinning on sched_yield for about 0.1 s; Reel never gives them work, so
+ * its start stops them (ops_gemm.c): by main none is left, and OpenBLAS
+ * is single-threaded. (Under TSan the sanitizer's own thread is there:
+ * only OpenBLAS's state is checked.) */
+START_TEST(test_openblas_starts_no_spinning_threads_of_its_own) {
+    if (blas_server_at_start < 0) {
+        fprintf(stderr, "SKIP openblas-threads: this OpenBLAS has no thread server (blas_server_avail)\n");
+        return;
+    }
+    ck_assert_msg(blas_server_at_start == 0, "OpenBLAS's thread server was still running when main began");
+    ck_assert_int_eq(openblas_get_num_threads(), 1);
+#ifndef __SANITIZE_THREAD__
+    ck_assert_msg(threads_at_start == 1, "%d threads when main began, expected 1 (OpenBLAS's not stopped)",
+                  threads_at_start);
+#endif
+}
+END_TEST
+
 static Suite *ops_cpu_suite(void) {
     Suite *s = suite_create("ops_cpu");
     TCase *tc = tcase_create("ops");
@@ -2132,10 +2168,14 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_residual_norm_refuses_aliasing_and_bad_shapes_and_leaves_x);
     tcase_add_test(tc, test_fused_ops_replay_bitwise_equal_to_eager_one_node_each);
     tcase_add_test(tc, test_every_op_has_a_cpu_f32_kernel_and_only_sde_is_not_capturable);
+    tcase_add_test(tc, test_openblas_starts_no_spinning_threads_of_its_own);
     suite_add_tcase(s, tc);
     return s;
 }
 
 int main(void) {
+    threads_at_start = threads_now();
+    const int *avail = dlsym(RTLD_DEFAULT, "blas_server_avail");
+    blas_server_at_start = avail ? *avail : -1;
     return ts_run(ops_cpu_suite());
 }

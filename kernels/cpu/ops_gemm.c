@@ -16,6 +16,7 @@
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
 #include <cblas.h>
+#include <dlfcn.h>
 #include <limits.h>
 #include <string.h>
 
@@ -146,4 +147,21 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
 
 void kern_cpu_blas_single(void) {
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+/* OpenBLAS's pthreads build starts cores − 1 threads of its own when it
+ * loads, before main, and each spins on sched_yield for about 0.1 s (2^28
+ * cycles) waiting for work before it sleeps: in every Reel process, one
+ * that never multiplies a matrix too, and 63 threads on a 64-core machine,
+ * taking the cores from whatever else runs. Reel never gives them work
+ * (OpenBLAS runs single-threaded inside the pool, and a sum's bits must
+ * not depend on the machine's cores), so this process's start makes
+ * OpenBLAS single-threaded and stops them: the executable's constructors
+ * run after its libraries'. blas_thread_shutdown_ is the call OpenBLAS's
+ * own fork handler makes; a build without it (OpenMP, serial) has no such
+ * threads. */
+__attribute__((constructor)) static void blas_threads_stop(void) {
+    kern_cpu_blas_single();
+    int (*stop)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+    if (stop) stop();
 }
