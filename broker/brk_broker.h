@@ -229,6 +229,7 @@ typedef struct {
     char sha256[65];
     char source[MSG_PATH_MAX];  /* a path, or BRK_SOURCE_UPLOADED */
     uint64_t base_version;      /* > 0: a LoRA adapter on that base (msg_sync_t) */
+    char lora_config[MSG_LORA_CONFIG_MAX]; /* one sent by upload: its config text */
 } brk_interrupted_t;
 
 struct brk_zap;

@@ -139,11 +139,13 @@ static void tune_malloc(uint64_t max_held) {
         brk_log("mallopt failed: held frames may be unmapped and faulted in again");
 }
 
-/* A LoRA adapter sent by upload: its adapter_config.json travelled in its
- * SYNC only (the catalog keeps no copy), so no SYNC of it can be made
+_Static_assert(CAT_LORA_CONFIG_MAX == MSG_LORA_CONFIG_MAX, "the catalog keeps a SYNC's lora_config whole");
+
+/* A LoRA adapter sent by upload whose adapter_config.json the catalog did
+ * not keep (recorded before migration 13): no SYNC of it can be made
  * again after a restart. */
-static bool lora_uploaded(const cat_version_t *v) {
-    return v->base_version && !strcmp(v->source, BRK_SOURCE_UPLOADED);
+static bool lora_unsendable(const cat_version_t *v) {
+    return v->base_version && !strcmp(v->source, BRK_SOURCE_UPLOADED) && !v->lora_config[0];
 }
 
 /* Resumes the current weight versions a previous run published. A
@@ -164,7 +166,7 @@ static void resume_versions(brk_t *b, cat_t *cat) {
     else np += ni;
     for (int i = 0; i < np; i++) {
         if (p[i].cut || !p[i].source[0] || !strcmp(p[i].source, "inline") || p[i].version == 0 ||
-            p[i].version > MSG_VERSION_MAX || strlen(p[i].component) >= BRK_NAME_MAX || lora_uploaded(&p[i]))
+            p[i].version > MSG_VERSION_MAX || strlen(p[i].component) >= BRK_NAME_MAX || lora_unsendable(&p[i]))
             continue;
         brk_interrupted_t *e = &b->interrupted[b->n_interrupted++];
         snprintf(e->component, sizeof e->component, "%s", p[i].component);
@@ -172,6 +174,7 @@ static void resume_versions(brk_t *b, cat_t *cat) {
         snprintf(e->sha256, sizeof e->sha256, "%.64s", p[i].sha256); /* hex sha256: 64 */
         snprintf(e->source, sizeof e->source, "%s", p[i].source);
         e->base_version = p[i].base_version;
+        snprintf(e->lora_config, sizeof e->lora_config, "%s", p[i].lora_config);
         brk_log("sync %s v%llu was in flight when the previous broker stopped: failed, unless a worker that "
                 "registers runs it (then it is current again); a trainer's resend of it waits for the workers",
                 e->component, (unsigned long long)e->version);
@@ -195,12 +198,12 @@ static void resume_versions(brk_t *b, cat_t *cat) {
         } else if (!strcmp(v[i].source, "inline") || !v[i].source[0]) {
             brk_log("%s v%llu was synced inline: not restored (workers keep their versions until the next sync)",
                     v[i].component, (unsigned long long)v[i].version);
-        } else if (lora_uploaded(&v[i])) {
-            brk_log("%s v%llu is a LoRA adapter on v%llu sent by upload: not restored (workers keep their "
-                    "versions until the next sync)", v[i].component, (unsigned long long)v[i].version,
-                    (unsigned long long)v[i].base_version);
+        } else if (lora_unsendable(&v[i])) {
+            brk_log("%s v%llu is a LoRA adapter on v%llu sent by upload before the catalog kept adapters' "
+                    "configs: not restored (workers keep their versions until the next sync)", v[i].component,
+                    (unsigned long long)v[i].version, (unsigned long long)v[i].base_version);
         } else if (brk_sync_restore(b, v[i].component, v[i].version, v[i].sha256, v[i].source,
-                                    v[i].base_version) != 0) {
+                                    v[i].base_version, v[i].lora_config) != 0) {
             brk_log("cannot restore %s v%llu: %s", v[i].component, (unsigned long long)v[i].version, reel_err_text());
         } else {
             if (v[i].base_version)

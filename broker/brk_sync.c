@@ -154,6 +154,13 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
 static brk_member_t *member(brk_barrier_t *s, const char *worker);
 static void settle_barriers(brk_t *b);
 
+/* A LoRA adapter's base in the catalog, and the config of one sent by
+ * upload (its SYNC is made again from them after a restart). */
+static void record_base(brk_t *b, const msg_sync_t *s) {
+    if (s->base_version)
+        brk_cq_weight_base(b->cat, s->component, s->version, s->base_version, s->uploaded ? s->lora_config : NULL);
+}
+
 /* Worker w registered: it joins every held barrier (a resend of an
  * interrupted sync waiting for workers), and a version of an interrupted
  * sync it runs becomes current again, applied by it. */
@@ -185,7 +192,7 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
             continue;
         }
         /* Applied, and the ack lost with the previous broker: current again. */
-        if (brk_sync_restore(b, e->component, e->version, e->sha256, e->source, e->base_version) != 0) {
+        if (brk_sync_restore(b, e->component, e->version, e->sha256, e->source, e->base_version, e->lora_config) != 0) {
             brk_log("cannot make %s v%llu current again: %s", e->component, (unsigned long long)e->version,
                     reel_err_text());
             i++;
@@ -563,7 +570,7 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         s->deadline_ms = INT64_MAX;
     /* Its source in the catalog: the path, or "uploaded" (restored as such). */
     brk_cq_weight_version(b->cat, m->component, m->version, m->sha256, m->uploaded ? BRK_SOURCE_UPLOADED : m->path);
-    if (m->base_version) brk_cq_weight_base(b->cat, m->component, m->version, m->base_version);
+    record_base(b, m);
     s->sync = kept;
     s->sync_id = b->next_id++;
     s->next = b->barriers;
@@ -755,12 +762,13 @@ int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
     snprintf(cur->sha256, sizeof cur->sha256, "%s", s->sha256);
     cur->sync_id = b->next_id++;
     brk_cq_weight_version(b->cat, s->component, s->version, s->sha256, s->uploaded ? BRK_SOURCE_UPLOADED : s->path);
+    record_base(b, s);
     brk_cq_weight_state(b->cat, s->component, s->version, "current", why);
     return 1;
 }
 
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path,
-                     uint64_t base_version) {
+                     uint64_t base_version, const char *lora_config) {
     brk_current_t *cur = current_slot(b, component);
     if (!cur) return reel_fail(REEL_E_LIMIT, "more than %d weight components", BRK_MAX_COMPONENTS);
     msg_sync_t *s = calloc(1, sizeof *s);
@@ -770,7 +778,8 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
     if (!strcmp(path, BRK_SOURCE_UPLOADED)) s->uploaded = true; /* workers fetch it from the broker again */
     else snprintf(s->path, sizeof s->path, "%s", path);
-    s->base_version = base_version; /* a LoRA adapter's folder on its base (an uploaded one is never restored) */
+    s->base_version = base_version; /* a LoRA adapter on its base: its folder, or uploaded with its config */
+    if (s->uploaded && lora_config) snprintf(s->lora_config, sizeof s->lora_config, "%s", lora_config);
     free_sync(&cur->sync);
     cur->sync = s;
     cur->version = version;

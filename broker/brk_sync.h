@@ -32,11 +32,12 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
 /* Makes a sync recorded current in the catalog (by path) the component's
  * current one again: after a broker restart, late joiners are still caught
  * up, requests still need it and a resend of it is still an ack;
- * base_version > 0: a LoRA adapter's folder on that base. 0, or -1
+ * base_version > 0: a LoRA adapter on that base, its folder, or sent by
+ * upload (path BRK_SOURCE_UPLOADED) with its config text lora_config. 0, or -1
  * with the error value (base/error.h): REEL_E_LIMIT past
  * BRK_MAX_COMPONENTS components, REEL_E_NOMEM. */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path,
-                     uint64_t base_version);
+                     uint64_t base_version, const char *lora_config);
 /* A standby pair's takeover (brk_ha.c): the peer's current SYNC s, when
  * newer than this broker's, becomes the component's current one, recorded
  * current in the catalog with `why`. 1 when adopted, 0 when not newer, -1

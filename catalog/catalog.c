@@ -395,7 +395,8 @@ CAT_RECORDS(CAT_KIND_WRITER)
 
 /* ---- reading back what the broker resumes --------------------------------- */
 
-/* The rows of sql (component, version, sha256, source, base_version) into out. */
+/* The rows of sql (component, version, sha256, source, base_version,
+ * lora_config) into out. */
 static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_t *out, int max) {
     sqlite3_stmt *q = NULL;
     if (sqlite3_prepare_v2(c->db, sql, -1, &q, NULL) != SQLITE_OK) return cat_db_fail(c, what);
@@ -409,6 +410,10 @@ static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_
         v->cut = (size_t)sqlite3_column_bytes(q, 3) >= sizeof v->source;
         snprintf(v->source, sizeof v->source, "%s", v->cut ? "" : src);
         v->base_version = (uint64_t)sqlite3_column_int64(q, 4);
+        /* longer than a SYNC carries: not this broker's (left empty: not resumed) */
+        const char *cfg = (const char *)sqlite3_column_text(q, 5);
+        snprintf(v->lora_config, sizeof v->lora_config, "%s",
+                 (size_t)sqlite3_column_bytes(q, 5) < sizeof v->lora_config ? cfg : "");
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
         sqlite3_finalize(q);
@@ -420,7 +425,8 @@ static int versions_of(cat_t *c, const char *sql, const char *what, cat_version_
 
 int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0), "
+                       "coalesce(lora_config, '') "
                        "FROM weight_versions w WHERE state = 'current' AND version = "
                        "(SELECT max(version) FROM weight_versions WHERE component = w.component"
                        " AND state = 'current') ORDER BY component",
@@ -429,7 +435,8 @@ int cat_current_versions(cat_t *c, cat_version_t *out, int max) {
 
 int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0), "
+                       "coalesce(lora_config, '') "
                        "FROM weight_versions w WHERE state = 'failed' AND reason = '" CAT_REASON_INTERRUPTED "' "
                        "AND version > coalesce((SELECT max(version) FROM weight_versions WHERE component = "
                        "w.component AND state IN ('current', 'superseded')), 0) ORDER BY component, version DESC",
@@ -438,7 +445,8 @@ int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
 
 int cat_pending_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
-                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0) "
+                       "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0), "
+                       "coalesce(lora_config, '') "
                        "FROM weight_versions WHERE state = 'pending' ORDER BY component, version DESC",
                        "pending versions", out, max);
 }

@@ -116,6 +116,7 @@ int64_t cat_prune(cat_t *c, double before, int64_t max_rows, int batch);
  * i.e. applied by at least one worker (what a restarted broker resumes;
  * pending and failed versions are never resumed). Fills up to max entries,
  * by component name; returns how many, or -1. */
+#define CAT_LORA_CONFIG_MAX 4096 /* the SYNC's lora_config, NUL included (MSG_LORA_CONFIG_MAX) */
 typedef struct {
     char component[64];
     uint64_t version;
@@ -124,6 +125,8 @@ typedef struct {
     bool cut;             /* the source is longer than source holds: not usable (never
                            * handed out shortened; SYNC paths are at most 1023 bytes) */
     uint64_t base_version; /* > 0: a LoRA adapter on that base version (0: a full version) */
+    char lora_config[CAT_LORA_CONFIG_MAX]; /* an adapter sent by upload: its config text ("" else,
+                                            * and for one recorded before migration 13) */
 } cat_version_t;
 int cat_current_versions(cat_t *c, cat_version_t *out, int max);
 /* Every version still "pending" (a sync no worker had applied yet), newest

@@ -83,10 +83,13 @@
     " source = coalesce(excluded.source, source), t = excluded.t, state = 'pending',"              \
     " reason = NULL"
 
-/* A published version that is a LoRA adapter on base_version. */
-#define CAT_WEIGHT_BASE(F) F(TEXT, component) F(U64, version) F(U64, base_version)
+/* A published version that is a LoRA adapter on base_version; one sent
+ * by upload with its adapter_config.json text (lora_config), which a
+ * restarted broker needs to send the SYNC again. */
+#define CAT_WEIGHT_BASE(F) F(TEXT, component) F(U64, version) F(U64, base_version) F(OPT, lora_config)
 #define CAT_SQL_WEIGHT_BASE \
-    "UPDATE weight_versions SET base_version = ?3, adapter = NULL WHERE component = ?1 AND version = ?2"
+    "UPDATE weight_versions SET base_version = ?3, lora_config = ?4, adapter = NULL" \
+    " WHERE component = ?1 AND version = ?2"
 
 /* The adapter a worker applied as that version (JSON: rank, alpha,
  * rslora, scale, targets, modules, bytes, sha256, layout). */

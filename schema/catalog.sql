@@ -1,4 +1,4 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 12): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 13): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
@@ -328,3 +328,8 @@ ALTER TABLE requests ADD COLUMN capture_key TEXT;
 ALTER TABLE requests ADD COLUMN eager_reasons TEXT;
 ALTER TABLE slow_requests ADD COLUMN capture_key TEXT;
 ALTER TABLE slow_requests ADD COLUMN eager_reasons TEXT;
+
+-- Migration 13: a LoRA adapter sent by upload keeps its
+-- adapter_config.json text (the SYNC's lora_config; NULL for every other
+-- version), so a restarted broker can send its SYNC to workers again.
+ALTER TABLE weight_versions ADD COLUMN lora_config TEXT;

@@ -407,8 +407,14 @@ const char cat_schema_v12_sql[] = "ALTER TABLE requests ADD COLUMN capture_key T
                                   "ALTER TABLE slow_requests ADD COLUMN capture_key TEXT;\n"
                                   "ALTER TABLE slow_requests ADD COLUMN eager_reasons TEXT;\n";
 
+/* Migration 13: an adapter sent by upload keeps its adapter_config.json
+ * text (the SYNC's lora_config), so a restarted broker can send its SYNC
+ * again; NULL for every other version. */
+const char cat_schema_v13_sql[] = "ALTER TABLE weight_versions ADD COLUMN lora_config TEXT;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
-                                       cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql };
+                                       cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
+                                       cat_schema_v13_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -217,4 +217,22 @@ wait_for "$D/w4.log" "applied transformer v23" 60 && gen "$D/g23.safetensors" &&
     same "$D/g23.safetensors" "$D/ref_b2x.safetensors" &&
     ok "a worker joining after the restart is caught up to v23 as the adapter on its base: GEN equals run --lora x" ||
     { bad "catch-up to the adapter after the restart"; show "$D/w4.log" "$D/g23.safetensors.err"; }
+
+echo "== ... and one sent by upload, with its config"
+W4=$WORKER
+lsync "$D/s24.err" --version 24 --base 15 --lora-upload "$D/outside/y" && grep -q "complete; applied w4" "$D/s24.err" &&
+    ok "v24 = y on base v15 by upload: complete" || { bad "sync v24"; show "$D/s24.err"; }
+stop_proc "$W4" || bad "w4 stops"
+stop_proc "$BROKER" || bad "the broker stops again"
+cli_broker "$D/broker3.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
+    { bad "the broker restarts again"; finish; }
+grep -q "restored transformer v24 from the catalog (the LoRA adapter uploaded on v15)" "$D/broker3.log" &&
+    ok "the broker restores v24 as the uploaded adapter on base v15 (its config from the catalog)" ||
+    { bad "v24 restored"; show "$D/broker3.log"; }
+cli_worker w5 "$D/broker3.log" "$D/w5.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
+    --streams 1 --heartbeat-ms 200 --lora || { bad "w5 starts"; show "$D/w5.log"; finish; }
+wait_for "$D/w5.log" "applied transformer v24" 60 && gen "$D/g24.safetensors" &&
+    same "$D/g24.safetensors" "$D/ref_b2y.safetensors" &&
+    ok "a worker joining after that restart fetches the uploaded adapter: GEN equals run --lora y" ||
+    { bad "catch-up to the uploaded adapter after the restart"; show "$D/w5.log" "$D/g24.safetensors.err"; }
 finish

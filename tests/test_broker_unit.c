@@ -2576,7 +2576,7 @@ START_TEST(test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is
     /* v9 current (synced by path): an upload of v7, older, could never be
      * synced, so it is refused stale_version, not busy though four slots
      * are open: it would take none */
-    TS_OK(brk_sync_restore(&x.b, "transformer", 9, SHA_B, "/w/v9.safetensors", 0));
+    TS_OK(brk_sync_restore(&x.b, "transformer", 9, SHA_B, "/w/v9.safetensors", 0, NULL));
     a = upload_piece(&x, 23, 7, sha, bytes, 0, UP_PIECE);
     ck_assert_str_eq(a->type, "ERROR");
     ck_assert_str_eq(wv_get_str(a->hdr, "code"), "stale_version");

@@ -436,6 +436,42 @@ START_TEST(test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut)
 }
 END_TEST
 
+/* A LoRA version keeps its base, and one sent by upload its config text
+ * (migration 13): what a restarted broker needs to send its SYNC again.
+ * A full version and an adapter by path read "" for the config, and
+ * recording a version's base again replaces an older config. */
+START_TEST(test_lora_versions_keep_base_and_an_uploaded_adapters_config_for_a_restart) {
+    cat_t *c = open_ok(false);
+    const char *cfg = "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q\", \"k\"]}";
+    TS_OK(cat_weight_version(c, "transformer", 5, "aa", "/w/base", 1));
+    TS_OK(cat_weight_version(c, "transformer", 6, "bb", "/w/lora", 2));
+    TS_OK(cat_weight_base(c, "transformer", 6, 5, NULL));
+    TS_OK(cat_weight_version(c, "vae", 7, "cc", "uploaded", 3));
+    TS_OK(cat_weight_base(c, "vae", 7, 2, "{\"r\": 1}"));
+    TS_OK(cat_weight_base(c, "vae", 7, 3, cfg)); /* sent again: the newest base and config */
+    TS_OK(cat_weight_state(c, "transformer", 5, "current", NULL));
+    TS_OK(cat_weight_state(c, "transformer", 6, "current", NULL));
+    TS_OK(cat_weight_state(c, "vae", 7, "current", NULL));
+    cat_version_t v[3];
+    ck_assert_int_eq(cat_current_versions(c, v, 3), 2);
+    ck_assert_str_eq(v[0].component, "transformer");
+    ck_assert_uint_eq(v[0].version, 6);
+    ck_assert_uint_eq(v[0].base_version, 5);
+    ck_assert_str_eq(v[0].lora_config, "");
+    ck_assert_str_eq(v[1].component, "vae");
+    ck_assert_uint_eq(v[1].base_version, 3);
+    ck_assert_str_eq(v[1].source, "uploaded");
+    ck_assert_str_eq(v[1].lora_config, cfg);
+    /* pending ones (a broker that stopped mid-sync) carry it too */
+    TS_OK(cat_weight_version(c, "vae", 8, "dd", "uploaded", 4));
+    TS_OK(cat_weight_base(c, "vae", 8, 3, cfg));
+    ck_assert_int_eq(cat_pending_versions(c, v, 3), 1);
+    ck_assert_uint_eq(v[0].version, 8);
+    ck_assert_str_eq(v[0].lora_config, cfg);
+    cat_close(&c);
+}
+END_TEST
+
 /* Migration 5 drops the two indexes of requests (each cost a quarter of the
  * writer's time per request); the newest requests are still listed first,
  * by rowid, in a catalog migrated from schema 4 and in a new one. */
@@ -1842,6 +1878,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_migration_2_marks_versions_no_worker_applied_failed_and_keeps_the_newest_applied_current);
     tcase_add_test(tc, test_migration_5_drops_the_request_indexes_and_recent_requests_stay_newest_first);
     tcase_add_test(tc, test_audit_rows_keep_who_asked_what_and_a_long_source_is_flagged_cut);
+    tcase_add_test(tc, test_lora_versions_keep_base_and_an_uploaded_adapters_config_for_a_restart);
     tcase_add_test(tc, test_batch_is_visible_to_readonly_connection_only_after_commit);
     tcase_add_test(tc, test_reader_opened_during_write_transaction_reads_and_never_blocks_writer);
     tcase_add_test(tc, test_forked_writer_commits_while_parent_reads);
