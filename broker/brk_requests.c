@@ -375,21 +375,30 @@ static bool same_str(const char *a, const char *b) { return !strcmp(a ? a : "", 
 /* True when g asks for what o asked: every field that shapes the result
  * (the inputs' bytes too). A resend may change only its deadline and
  * whether it wants PROGRESS. */
+/* Sample i's seed as the worker takes it: seeds[i], else seed + i. */
+static uint64_t sample_seed(const msg_gen_t *g, uint64_t i) { return g->n_seeds ? g->seeds[i] : g->seed + i; }
+
+/* Whether g asks for what o asks, field by field as the worker reads them:
+ * a default spelled out is the default (solver "euler", output "latent",
+ * with n = 1 seeds [seed]), and what a request ignores is not compared
+ * (eta without sde, cfg without uncond or prompt: docs/PROTOCOL.md GEN). */
 static bool same_request(const msg_gen_t *o, const msg_gen_t *g) {
-    if (strcmp(o->model, g->model) || o->version != g->version || o->steps != g->steps || o->seed != g->seed ||
-        o->sde != g->sde || msg_gen_n(o) != msg_gen_n(g) ||
-        memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape))
+    const uint64_t n = msg_gen_n(o);
+    if (strcmp(o->model, g->model) || o->version != g->version || o->steps != g->steps || o->sde != g->sde ||
+        n != msg_gen_n(g) || memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape))
         return false;
+    for (uint64_t i = 0; i < n; i++)
+        if (sample_seed(o, i) != sample_seed(g, i)) return false;
     /* doubles compared by bits: a NaN never passed the checks, and -0 is not 0 to a client that sent it */
-    if (memcmp(&o->shift, &g->shift, sizeof o->shift) || memcmp(&o->cfg, &g->cfg, sizeof o->cfg) ||
+    const bool guided = o->uncond || (o->prompt && o->prompt[0]);
+    if (memcmp(&o->shift, &g->shift, sizeof o->shift) || (guided && memcmp(&o->cfg, &g->cfg, sizeof o->cfg)) ||
         (o->sde && memcmp(&o->eta, &g->eta, sizeof o->eta)))
         return false;
-    if (strcmp(o->solver, g->solver) || strcmp(o->output, g->output) || !same_str(o->prompt, g->prompt) ||
-        !same_str(o->negative_prompt, g->negative_prompt))
+    if (strcmp(msg_gen_solver(o), msg_gen_solver(g)) || strcmp(msg_gen_output(o), msg_gen_output(g)) ||
+        !same_str(o->prompt, g->prompt) || !same_str(o->negative_prompt, g->negative_prompt))
         return false;
     if (o->return_trajectory != g->return_trajectory || o->return_log_probs != g->return_log_probs ||
-        o->return_means != g->return_means || o->n_seeds != g->n_seeds ||
-        memcmp(o->seeds, g->seeds, (size_t)o->n_seeds * sizeof o->seeds[0]))
+        o->return_means != g->return_means)
         return false;
     return same_tensor(o->context, g->context) && same_tensor(o->uncond, g->uncond) &&
            same_tensor(o->latent, g->latent);

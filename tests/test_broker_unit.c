@@ -1711,6 +1711,72 @@ START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_t
 }
 END_TEST
 
+/* A tiny GEN from s (as gen_from) that spells out one default: 0 solver
+ * "euler", 1 output "latent", 2 seeds [seed] (n = 1), 3 a cfg of 5 that
+ * nothing reads (no uncond), 4 n = 1 and eta 0.25 without sde; 5 seeds
+ * [seed + 1]: another seed. */
+static void gen_spelled(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, int what) {
+    static float ctx[5 * 32];
+    wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
+    const int64_t l[4] = { 4, 2, 8, 8 };
+    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
+    wv_set(h, "model", wv_str("tiny"));
+    wv_set(h, "steps", wv_u64(2));
+    wv_set(h, "seed", wv_u64(seed));
+    wv_set(h, "latent_shape", ls);
+    char hex[17];
+    wv_set(h, "client", wv_str(msg_hex64(token, hex)));
+    if (what == 0) wv_set(h, "solver", wv_str("euler"));
+    if (what == 1) wv_set(h, "output", wv_str("latent"));
+    if (what == 2 || what == 5) {
+        wire_val_t *ss = wv_arr();
+        wv_push(ss, wv_u64(what == 2 ? seed : seed + 1));
+        wv_set(h, "seeds", ss);
+    }
+    if (what == 3) wv_set(h, "cfg", wv_f64(5.0));
+    if (what == 4) {
+        wv_set(h, "n", wv_u64(1));
+        wv_set(h, "eta", wv_f64(0.25));
+    }
+    const int64_t c[2] = { 5, 32 };
+    wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, c, ctx, sizeof ctx);
+    ck_assert_int_eq(wire_send(s, NULL, h, &t, 1), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* "A field that is absent takes its default": a resend that spells a
+ * default out, or adds a field the request does not read, asks for what
+ * the live request asks and is attached to it (a client library that
+ * writes its defaults out, resending after a reconnect, keeps its
+ * request); a different seed given as seeds is still another request. */
+START_TEST(test_a_resend_that_spells_out_defaults_is_the_same_live_request) {
+    box_t x;
+    box_open(&x);
+    void *c1 = x.trainer, *c2 = client_sock(&x);
+    ready(&x, 0, 1);
+    gen_from(&x, c1, 5, TOKEN_A, 7, false);
+    uint64_t r5 = request_on(&x, 0);
+    for (int what = 0; what < 5; what++) {
+        gen_spelled(&x, c2, 5, TOKEN_A, 7, what);
+        quiet(c2, "the resend's sender (attached)");
+        ck_assert_msg(x.b.resends == (uint64_t)what + 1, "spelled default %d: %llu resends", what,
+                      (unsigned long long)x.b.resends);
+    }
+    gen_spelled(&x, c2, 5, TOKEN_A, 7, 5);
+    expect_on(c2, "ERROR", 5, "bad_request");
+    ck_assert_uint_eq(x.b.resends, 5);
+    ck_assert_int_eq(live_requests(&x), 1);
+    serve(&x, r5);
+    expect_on(c2, "RESULT", 5, NULL);
+    quiet(c1, "the first sender");
+    quiet(x.w[0], "the worker (a resend is not run again)");
+    all_answered(&x);
+    zmq_close(c2);
+    box_close(&x);
+}
+END_TEST
+
 /* A client id is only unique per client token: the same id under another
  * token, or under none, is a request of its own, each answered to its
  * sender. */
@@ -4047,6 +4113,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
+    tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
     tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
