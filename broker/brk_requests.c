@@ -623,14 +623,15 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     }
     if (!settle_slot(b, w, r, MSG_RESULT)) return;
     /* The client gets the worker's RESULT as sent, with its own id, the
-     * worker and key hash when the worker left them out, and this broker's
+     * worker it ran on (the name it registered: a RESULT naming another is
+     * corrected), the key hash when the worker left it out, and this broker's
      * boot id: a client that kept an older one (its broker restarted
      * between its calls) learns it here, not from a liveness STATUS that
      * would make it send a live GEN again. */
     msg_set_t set[3];
     int n = 0;
     if (b->boot) set[n++] = (msg_set_t){ "boot", MSG_SET_HASH, b->boot, NULL };
-    if (!res->worker[0]) {
+    if (strcmp(res->worker, w->route.name)) {
         snprintf(res->worker, sizeof res->worker, "%s", w->route.name);
         set[n++] = (msg_set_t){ "worker", MSG_SET_NAME, 0, res->worker };
     }

@@ -1777,6 +1777,32 @@ START_TEST(test_a_resend_that_spells_out_defaults_is_the_same_live_request) {
 }
 END_TEST
 
+/* A RESULT names the worker the request ran on: the broker sent it there,
+ * so a worker's RESULT that names another (a bug, or a worker claiming
+ * another's work) reaches the client corrected, and one that names none
+ * gets its name. */
+START_TEST(test_a_result_names_the_worker_the_broker_sent_the_request_to) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    const char *claimed[] = { "someoneelse", NULL };
+    for (int k = 0; k < 2; k++) {
+        gen_from(&x, x.trainer, 40 + (uint64_t)k, TOKEN_A, 7, false);
+        uint64_t r = request_on(&x, 0);
+        wire_val_t *h = wire_hdr("RESULT", r);
+        if (claimed[k]) wv_set(h, "worker", wv_str(claimed[k]));
+        worker_result(&x, 0, h, 1, 4, 2);
+        wire_msg_t *d = take(x.trainer, false);
+        ck_assert_str_eq(d->type, "RESULT");
+        ck_assert_uint_eq(d->id, 40 + (uint64_t)k);
+        ck_assert_str_eq(wv_get_str(d->hdr, "worker"), "w0");
+        drop_msg(&d);
+    }
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 /* A client id is only unique per client token: the same id under another
  * token, or under none, is a request of its own, each answered to its
  * sender. */
@@ -4114,6 +4140,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
+    tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
     tcase_add_test(an, test_an_answered_request_is_forgotten_and_its_id_again_is_a_new_request);
     tcase_add_test(an, test_a_resend_of_an_abandoned_request_is_a_new_request);
