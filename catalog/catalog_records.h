@@ -73,7 +73,8 @@
 
 /* A weight version the trainer published, recorded 'pending' (publishing
  * a version again, after it failed, starts it over: pending, reason
- * cleared). */
+ * cleared, and no base, adapter or config left from the refused one: a
+ * LoRA version's base is recorded after it, CAT_WEIGHT_BASE). */
 #define CAT_WEIGHT_VERSION(F) \
     F(TEXT, component) F(U64, version) F(TEXT, sha256) F(TEXT, source) F(TIME, t)
 #define CAT_SQL_WEIGHT_VERSION                                                                     \
@@ -81,7 +82,7 @@
     " VALUES (?1, ?2, ?3, ?4, ?5)"                                                                 \
     " ON CONFLICT (component, version) DO UPDATE SET sha256 = excluded.sha256,"                    \
     " source = coalesce(excluded.source, source), t = excluded.t, state = 'pending',"              \
-    " reason = NULL"
+    " reason = NULL, base_version = NULL, adapter = NULL, lora_config = NULL"
 
 /* A published version that is a LoRA adapter on base_version; one sent
  * by upload with its adapter_config.json text (lora_config), which a

@@ -438,8 +438,10 @@ END_TEST
 
 /* A LoRA version keeps its base, and one sent by upload its config text
  * (migration 13): what a restarted broker needs to send its SYNC again.
- * A full version and an adapter by path read "" for the config, and
- * recording a version's base again replaces an older config. */
+ * A full version and an adapter by path read "" for the config,
+ * recording a version's base again replaces an older config, and a
+ * version number published again as a full version keeps nothing of the
+ * adapter it was before. */
 START_TEST(test_lora_versions_keep_base_and_an_uploaded_adapters_config_for_a_restart) {
     cat_t *c = open_ok(false);
     const char *cfg = "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q\", \"k\"]}";
@@ -468,7 +470,22 @@ START_TEST(test_lora_versions_keep_base_and_an_uploaded_adapters_config_for_a_re
     ck_assert_int_eq(cat_pending_versions(c, v, 3), 1);
     ck_assert_uint_eq(v[0].version, 8);
     ck_assert_str_eq(v[0].lora_config, cfg);
+    /* v8 refused, then its number published again as a full version: no
+     * base, adapter or config of the refused adapter is left on it */
+    TS_OK(cat_weight_adapter(c, "vae", 8, "{\"rank\": 1}"));
+    TS_OK(cat_weight_state(c, "vae", 8, "failed", "refused"));
+    TS_OK(cat_weight_version(c, "vae", 8, "ee", "/w/full", 5));
+    TS_OK(cat_weight_state(c, "vae", 8, "current", NULL));
+    ck_assert_int_eq(cat_current_versions(c, v, 3), 2);
+    ck_assert_uint_eq(v[1].version, 8);
+    ck_assert_uint_eq(v[1].base_version, 0);
+    ck_assert_str_eq(v[1].lora_config, "");
+    ck_assert_str_eq(v[1].source, "/w/full");
     cat_close(&c);
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM weight_versions WHERE component = 'vae' AND version = 8"
+                                 " AND base_version IS NULL AND adapter IS NULL AND lora_config IS NULL"), 1);
+    sqlite3_close(db);
 }
 END_TEST
 
