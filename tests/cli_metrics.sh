@@ -256,6 +256,20 @@ i=0
 r=$(get "http://127.0.0.1:$P1/readyz")
 while [ $i -lt 40 ] && [ "${r%% *}" = 200 ]; do sleep 0.25; r=$(get "http://127.0.0.1:$P1/readyz"); i=$((i + 1)); done
 case "$r" in 503*) ok "without its broker a worker's /readyz is 503: ${r#503 }" ;; *) bad "worker /readyz without the broker: $r" ;; esac
+# ... and stays 503 through its reconnects (each new connection counted as
+# heard made it 200 again between them): polled until two more
+# "reconnecting" lines are in its log
+n0=$(grep -c "reconnecting:" "$D/w1.log")
+flips=0 i=0
+while [ "$(grep -c "reconnecting:" "$D/w1.log")" -lt $((n0 + 2)) ] && [ $i -lt 400 ]; do
+    r=$(get "http://127.0.0.1:$P1/readyz")
+    case "$r" in 200*) flips=$((flips + 1)) ;; esac
+    sleep 0.05
+    i=$((i + 1))
+done
+[ "$(grep -c "reconnecting:" "$D/w1.log")" -ge $((n0 + 2)) ] && [ $flips = 0 ] &&
+    ok "... and stays 503 through two reconnects ($i probes: ${r#503 })" ||
+    bad "worker /readyz through its reconnects: $flips probes 200 of $i, reconnects $(grep -c "reconnecting:" "$D/w1.log") from $n0"
 r=$(get "http://127.0.0.1:$P1/healthz"); case "$r" in "200 ok") ok "... and its /healthz stays 200" ;; *) bad "worker /healthz: $r" ;; esac
 
 # bad addresses stop a daemon at startup, saying why

@@ -87,6 +87,7 @@ typedef struct {
     bool prewarmed;              /* a PREWARM came: READY asks for none again */
     int64_t ready_at;            /* when the last READY went */
     bool heard_since_ready;      /* the broker sent something but RECONNECT since */
+    bool registered;             /* ... and not only ERRORs (a standby's): it serves this worker */
 } link_t;
 
 /* ---- live metrics and health (--metrics; net/http.h) ------------------------------ */
@@ -206,9 +207,12 @@ static void publish_metrics(link_t *l, int64_t now, int64_t silent_ms) {
     reel_text_t t = { 0 };
     render_metrics(l, &t);
     bool healthy = !atomic_load(&w->fatal);
-    bool ready = healthy && l->dealer && now - l->heard < silent_ms;
+    /* (a new connection counts as heard, for its liveness: only a broker
+     * that answered this connection's READY makes the worker ready) */
+    bool ready = healthy && l->dealer && l->registered && now - l->heard < silent_ms;
     const char *why = !healthy ? "the weights are unusable (exiting)"
                     : !l->dealer ? "not connected to the broker (reconnecting)"
+                    : !l->registered ? "no broker has answered its READY yet (connecting)"
                     : !ready ? "the broker has not answered within the heartbeat liveness"
                              : NULL;
     if (!t.failed && reel_http_publish(l->http, t.p, t.n, healthy, ready, why) != 0)
@@ -415,6 +419,7 @@ static int send_ready(link_t *l) {
     r.max_tokens = o->max_tokens > 0 ? (uint64_t)o->max_tokens : 0;
     l->ready_at = wrk_mono_ms();
     l->heard_since_ready = false;
+    l->registered = false;
     return send_msg(l, MSG_READY, &r);
 }
 
@@ -572,6 +577,7 @@ static int handle_broker(link_t *l) {
         l->round_from = atomic_load(&w->broker_at); /* it serves: a move from here tries the others first */
     }
     if (type != MSG_RECONNECT) l->heard_since_ready = true;
+    if (type != MSG_RECONNECT && type != MSG_ERROR) l->registered = true;
     if (r == 1) {
         wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
