@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "broker/brk_ha.h"
 #include "broker/brk_broker.h"
@@ -33,6 +36,27 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
+}
+
+/* Whether endpoint is an ipc:// path a live process listens on. ZeroMQ
+ * binds an ipc path by unlinking whatever is there: a second broker
+ * started on a live one's paths would take them over without an error
+ * (tcp fails with EADDRINUSE), each then holding part of the cluster.
+ * A connect that succeeds means a listener; a stale file (its broker
+ * gone) refuses it and is taken over, as before. Abstract names (@) and
+ * other transports: false (their bind reports a clash itself). */
+static bool ipc_in_use(const char *endpoint) {
+    static const char pre[] = "ipc://";
+    if (strncmp(endpoint, pre, sizeof pre - 1)) return false;
+    const char *path = endpoint + sizeof pre - 1;
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    if (path[0] == '@' || strlen(path) >= sizeof a.sun_path) return false;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool live = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return live;
 }
 
 /* A ROUTER with the wire limits, a CURVE server when b has keys, bound to
@@ -59,6 +83,12 @@ static void *router(brk_t *b, const char *endpoint, bool worker_side, const char
         goto err;
     if (b->zap && brk_zap_server(b->zap, s, worker_side) < 0) {
         brk_log("%s", reel_err_text());
+        zmq_close(s);
+        return NULL;
+    }
+    if (ipc_in_use(endpoint)) {
+        brk_log("cannot bind the %s endpoint %s: another process is listening on it (another broker?); "
+                "ZeroMQ would take the path over and split the cluster between the two", what, endpoint);
         zmq_close(s);
         return NULL;
     }

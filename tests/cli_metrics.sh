@@ -58,6 +58,15 @@ BP=$(port_of "$D/broker.log"); P1=$(port_of "$D/w1.log"); P2=$(port_of "$D/w2.lo
 [ -n "$BP" ] && [ -n "$P1" ] && [ -n "$P2" ] && ok "each daemon says where it serves (ports $BP, $P1, $P2)" ||
     { bad "metrics ports"; show "$D/broker.log"; finish; }
 
+# a second broker on the live one's ipc paths refuses to start (ZeroMQ would
+# unlink and take them over, splitting the cluster), and the first serves on
+timeout 20 "$B/reel-broker" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "" >"$D/second.log" 2>&1
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "another process is listening on it" "$D/second.log" &&
+    "$R" status --broker "ipc://$D/c" 2>/dev/null | grep -q "^w1 " &&
+    ok "a second broker on the same ipc endpoints refuses to start (exit $rc); the first still serves w1" ||
+    { bad "second broker on the same ipc paths (exit $rc)"; show "$D/second.log"; }
+
 # Prometheus, scraping all three every second
 PP=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat >"$D/prom.yml" <<EOF
