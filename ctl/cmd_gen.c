@@ -172,10 +172,11 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
-    char beside[2][PATH_MAX]; /* an MP4's latent, and decoded frames, go beside it */
+    char beside[3][PATH_MAX]; /* an MP4's latent, decoded frames and a video go beside it */
     snprintf(beside[0], sizeof beside[0], "%s.safetensors", o->out);
     snprintf(beside[1], sizeof beside[1], "%s.frames.npy", o->out);
-    for (int i = 0; i < 3; i++)
+    snprintf(beside[2], sizeof beside[2], "%s.mp4", o->out);
+    for (int i = 0; i < 4; i++)
         if (ctl_out_spares(i ? beside[i - 1] : o->out, "--context", o->ctx_path, "--uncond", o->unc_path, "--latent",
                            o->lat_path, (const char *)NULL) != 0)
             return -1;
@@ -317,6 +318,14 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
         dst = lat_path;
     }
     const reel_decoded_t *d = &o->decoded;
+    char mp4[PATH_MAX + 8] = "";
+    if (d->video && !o->video_out) { /* --output video, --out not X.mp4: the video beside the latent */
+        snprintf(mp4, sizeof mp4, "%s.mp4", o->out);
+        if (ctl_write_bytes(mp4, d->video, d->video_bytes) != 0) {
+            st_writer_destroy(&w);
+            return ctl_fail_as(REEL_E_IO, NULL);
+        }
+    }
     char npy[PATH_MAX];
     snprintf(npy, sizeof npy, "%s.frames.npy", o->out);
     if (d->frames && ctl_write_npy_u8(npy, d->frames, d->frames_ndim, d->frames_shape) != 0) {
@@ -343,6 +352,7 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
             "replayed %d, eager %d%s%s), %.3f s on the worker%s -> %s\n", o->g.model, o->broker, r->worker, vers,
             o->g.steps, grp_text, r->captured, r->replayed, r->eager, r->declines[0] ? ": " : "", r->declines,
             r->seconds, media_text(d), o->out);
+    if (mp4[0]) fprintf(stderr, "reelctl: the video -> %s\n", mp4);
     return 0;
 }
 

@@ -136,6 +136,11 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
                          "default is 5)");
     if (ctl_prompts_check(r->prompt, r->neg_prompt)) return -1;
+    size_t ol = strlen(r->out);
+    const bool mp4 = ol > 4 && !strcmp(r->out + ol - 4, ".mp4"), st = ol > 12 && !strcmp(r->out + ol - 12, ".safetensors");
+    if (r->prompt && !mp4 && !st) /* a prompt's user wants a video: a latent under another name is no answer */
+        return reel_fail(REEL_E_INVALID, "-o %s: a prompt run writes OUT.mp4 (the video, the latent beside it as "
+                         "OUT.mp4.safetensors) or OUT.safetensors (the latent alone)", r->out);
     if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
         int fn = r->frame_num ? r->frame_num : 81;
         if ((fn - 1) % 4) return reel_fail(REEL_E_INVALID, "--frame_num %d: Wan's VAE makes 1 + 4k frames", fn);
@@ -436,8 +441,12 @@ static void report(const run_t *r) {
             sep = ", ";
         }
     fprintf(stderr, "%s\n", sep[0] == ',' ? ")" : "");
-    if (r->text || r->vae)
+    if (r->text && r->vae)
         fprintf(stderr, "reelctl: prompt encoded in %.3f s, video decoded in %.3f s\n", r->encode_s, r->decode_s);
+    else if (r->text)
+        fprintf(stderr, "reelctl: prompt encoded in %.3f s\n", r->encode_s);
+    else if (r->vae)
+        fprintf(stderr, "reelctl: video decoded in %.3f s\n", r->decode_s);
 }
 
 /* Releases what the phases made; the error value is left as it was. */

@@ -61,6 +61,10 @@ $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>
 $RUN --weights "$REL" --prompt "$P" --size 72*64 --frame_num 5 -o "$D/px72.mp4" 2>"$D/px72.err"
 [ $? = 2 ] && grep -q "width and height must be multiples of 16" "$D/px72.err" &&
     ok "--size 72*64 is refused saying why (multiples of 16), not as a malformed size" || { bad "72*64"; show "$D/px72.err"; }
+$RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.avi" 2>"$D/pxavi.err"
+[ $? = 2 ] && grep -q "a prompt run writes OUT.mp4" "$D/pxavi.err" && [ ! -e "$D/px.avi" ] &&
+    ok "run --prompt -o X.avi is refused (exit 2): it writes X.mp4 or X.safetensors, not a latent named .avi" ||
+    { bad "run --prompt -o X.avi"; show "$D/pxavi.err"; }
 $RUN --weights "$REL" --prompt "$P" --size 2x8 -o "$D/px28.mp4" 2>"$D/px28.err"
 [ $? = 2 ] && grep -q "neither a latent FxHxW .* nor Wan's pixel W\*H" "$D/px28.err" &&
     ok "--size 2x8 names both forms a size may take" || { bad "2x8"; show "$D/px28.err"; }
@@ -158,6 +162,11 @@ import numpy as np, sys
 a = np.load(sys.argv[1])
 sys.exit(0 if a.shape == (5, 64, 64, 3) and a.dtype == np.uint8 else 1)" "$D/f1.safetensors.frames.npy" &&
     ok "--output frames: uint8 [5,64,64,3] in OUT.frames.npy" || bad "frames file"
+$GEN --prompt "prompt number 1" --output video --out "$D/vid.bin" 2>"$D/vid.err" &&
+    "$R" video probe "$D/vid.bin.mp4" 2>/dev/null | grep -q "frames 5" &&
+    "$R" tensor info "$D/vid.bin" 2>/dev/null | grep -q "latent" && grep -q "the video -> $D/vid.bin.mp4" "$D/vid.err" &&
+    ok "--output video with --out OUT (not .mp4): the video in OUT.mp4, the latent in OUT" ||
+    { bad "--output video to a non-.mp4 --out"; show "$D/vid.err"; ls -la "$D"/vid* 2>&1 | show; }
 "$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/dec.mp4" --quiet 2>"$D/dec.err" &&
     "$R" video probe "$D/dec.mp4" 2>/dev/null | grep -q "frames 5" &&
     ok "reelctl decode --vae Wan2.1_VAE.pth LATENT -o X.mp4" || { bad "decode to mp4"; show "$D/dec.err"; }
