@@ -528,6 +528,7 @@ int cmd_sync(int argc, char **argv) {
     uint64_t version = 0, deadline = 60000;
     int timeout_ms = 120000, o;
     bool have_version = false;
+    const char *by_path = NULL, *by_value = NULL; /* the last of --weights/--lora, of --upload/--lora-upload */
     opterr = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -536,11 +537,18 @@ int cmd_sync(int argc, char **argv) {
         case 'k': key = optarg; break;
         case 'K': broker_key = optarg; break;
         case 'c': component = optarg; break;
-        case 'w': weights = optarg; break;
-        case 'l': lora = optarg; break;
+        case 'w':
+            weights = optarg;
+            by_path = "--weights";
+            break;
+        case 'l':
+            lora = optarg;
+            if (strcmp(optarg, "none")) by_path = "--lora";
+            break;
         case 'L':
             lora = optarg;
             upload = true;
+            by_value = "--lora-upload";
             break;
         case 'B':
             if (reel_parse_u64(optarg, 1, UINT64_MAX, "--base", &base)) return -1;
@@ -548,6 +556,7 @@ int cmd_sync(int argc, char **argv) {
         case 'u':
             weights = optarg;
             upload = true;
+            by_value = "--upload";
             break;
         case 'v':
             if (reel_parse_u64(optarg, 0, UINT64_MAX, "--version", &version)) return -1;
@@ -563,6 +572,14 @@ int cmd_sync(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "sync: unexpected argument '%s'", argv[optind]);
+    /* one source: by path (the workers read it) or by value (through the
+     * broker); --lora none --weights BASE names the base, nothing is sent */
+    if (by_path && by_value && !(lora && !strcmp(lora, "none")))
+        return reel_fail(REEL_E_INVALID, "sync: %s and %s exclude each other (%s sends the file by value; the other "
+                         "names a path the workers read)", by_path, by_value, by_value);
+    if (base && have_version && base >= version)
+        return reel_fail(REEL_E_INVALID, "sync: --base %" PRIu64 " must be below --version %" PRIu64 ": the full version "
+                         "the adapter applies to, published before it", base, version);
     if (lora || base) return sync_adapter(broker, key, broker_key, component, version, have_version, base, lora,
                                           weights, upload, deadline, timeout_ms);
     if (!weights || !have_version)

@@ -148,6 +148,18 @@ lsync "$D/r5.err" --version 14 --base 1 --lora "$D/w/huge"
 [ $? != 0 ] && grep -q "bad_adapter: its merge could add .* to a weight" "$D/r5.err" &&
     ok "an adapter whose merge could carry a weight past 2^23 (a diverged trainer's): refused, nothing changed" ||
     { bad "huge adapter refused"; show "$D/r5.err"; }
+# two sources, or a base not below the version: refused by reelctl (exit 2)
+# before anything is read or sent
+allrefused=yes
+for a in "--version 14 --weights $D/w/base.safetensors --upload $D/w/base2.safetensors" \
+    "--version 14 --base 1 --lora $D/w/x --lora-upload $D/w/y" "--version 14 --base 14 --lora $D/w/x" \
+    "--version 14 --base 1 --lora-upload $D/w/x --weights $D/w/base.safetensors"; do
+    lsync "$D/r6.err" $a
+    rc=$?
+    [ $rc = 2 ] && grep -q "exclude each other\|must be below --version" "$D/r6.err" || { allrefused="no ($a: exit $rc)"; show "$D/r6.err"; }
+done
+[ "$allrefused" = yes ] && ok "sync with two sources (--weights and --upload, --lora and --lora-upload) or --base >= --version: exit 2, named" ||
+    bad "conflicting sync flags: $allrefused"
 gen "$D/g14.safetensors" && same "$D/g14.safetensors" "$D/ref_base.safetensors" &&
     ok "after the refusals GEN still runs on v10 (the base) exactly" || bad "GEN after refusals"
 
