@@ -104,6 +104,26 @@ TW=$WORKER
 cli_worker wp "$D/broker.log" "$D/wp.log" --broker "$WE" --weights "$D/dit-only" --heartbeat-ms 200 || bad "wp starts"
 grep -q "text encoder t5-tiny" "$D/wt.log" && grep -q "VAE vae-tiny" "$D/wt.log" &&
     ok "the worker found the release folder's text encoder and VAE" || { bad "worker release parts"; show "$D/wt.log"; }
+# either half of the text encoder from the folder, the other by flag; a
+# folder missing one half says so; a flag without its other half is a
+# usage error (exit 2)
+cp -r "$REL" "$D/notok" && rm -r "$D/notok/google"
+cli_worker wn "$D/broker.log" "$D/wn.log" --broker "$WE" --weights "$D/notok" --heartbeat-ms 200 &&
+    grep -q "holds models_t5_umt5-xxl-enc-bf16.pth but no google/umt5-xxl/: no text encoder" "$D/wn.log" &&
+    ! grep -q "prompts accepted" "$D/wn.log" &&
+    ok "a release folder with the T5 but no tokenizer: the worker serves, saying it has no text encoder and why" ||
+    { bad "folder without a tokenizer"; show "$D/wn.log"; }
+stop_proc "$WORKER" || bad "wn stops"
+cli_worker wk "$D/broker.log" "$D/wk.log" --broker "$WE" --weights "$D/notok" --tokenizer "$REL/google/umt5-xxl" \
+    --heartbeat-ms 200 && grep -q "text encoder t5-tiny .*prompts accepted" "$D/wk.log" &&
+    ok "... and with --tokenizer alone the folder's T5 and the flag's tokenizer make the text encoder" ||
+    { bad "--tokenizer with a release folder's T5"; show "$D/wk.log"; }
+stop_proc "$WORKER" || bad "wk stops"
+timeout 60 "$B/reel-worker" --name wx --broker "$WE" --weights "$D/plain.safetensors" \
+    --t5 "$REL/models_t5_umt5-xxl-enc-bf16.pth" >"$D/wx.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q -- "--t5 needs its tokenizer" "$D/wx.log" &&
+    ok "--t5 without a tokenizer anywhere: exit 2, naming --tokenizer" || { bad "--t5 alone (exit $rc)"; show "$D/wx.log"; }
 GEN="$R gen --broker $CE --model tiny --channels 4 --size 2x8x8 --steps 4 --shift 3 --seed 1 --cfg 4 --timeout-ms 60000 --quiet"
 $GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
     "$R" tensor diff "$D/g.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
@@ -215,7 +235,7 @@ echo "== the worker's own refusals"
 [ $? = 2 ] && grep -q "needs a model with text_len" "$D/bad.log" &&
     ok "a text encoder for a model without text_len: the worker exits 2 saying so" || { bad "worker t5 without text_len"; show "$D/bad.log"; }
 "$B/reel-worker" --name bad --broker "$WE" --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" >"$D/bad2.log" 2>&1
-[ $? = 2 ] && grep -q "go together" "$D/bad2.log" && ok "--t5 without --tokenizer is a usage error" || { bad "t5 alone"; show "$D/bad2.log"; }
+[ $? = 2 ] && grep -q -- "--t5 needs its tokenizer" "$D/bad2.log" && ok "--t5 without --tokenizer is a usage error" || { bad "t5 alone"; show "$D/bad2.log"; }
 "$B/reel-worker" --name bad --broker "$WE" --weights "$D/dit.safetensors" --vae "$D/t5.safetensors" >"$D/bad3.log" 2>&1
 [ $? = 2 ] && grep -qi "vae" "$D/bad3.log" && ok "a VAE file that is not one: exit 2, naming it" || { bad "bad vae"; show "$D/bad3.log"; }
 "$B/reel-worker" --name bad --broker "$WE" --weights "$REL" --budget 64K >"$D/bad4.log" 2>&1

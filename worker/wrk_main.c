@@ -770,8 +770,22 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
     memset(&rel, 0, sizeof rel);
     struct stat st;
     if (stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode) && release_find(o->weights, &rel) != 0) rel.t5[0] = 0;
-    const char *t5 = o->t5 ? o->t5 : rel.t5[0] && rel.tokenizer[0] ? rel.t5 : NULL;
-    const char *tok = o->tokenizer ? o->tokenizer : t5 ? rel.tokenizer : NULL;
+    /* each by its flag, else the folder's: a release folder may supply
+     * either half (as reelctl run takes them) */
+    const char *t5 = o->t5 ? o->t5 : rel.t5[0] ? rel.t5 : NULL;
+    const char *tok = o->tokenizer ? o->tokenizer : rel.tokenizer[0] ? rel.tokenizer : NULL;
+    if (!t5 != !tok) {
+        if (o->t5 || o->tokenizer) {
+            wrk_log(w, "%s needs its %s: %s (or --weights on a release folder holding %s)",
+                    o->t5 ? "--t5" : "--tokenizer", o->t5 ? "tokenizer" : "text encoder",
+                    o->t5 ? "--tokenizer PATH (spiece.model or its folder)" : "--t5 FILE", o->t5 ? RELEASE_TOKENIZER_DIR "/" : RELEASE_T5_NAME);
+            return -1;
+        }
+        wrk_log(w, "warning: %s holds %s but no %s: no text encoder, GENs with a prompt are not routed here "
+                "(give --t5 FILE and --tokenizer PATH)", o->weights, t5 ? RELEASE_T5_NAME : RELEASE_TOKENIZER_DIR "/",
+                t5 ? RELEASE_TOKENIZER_DIR "/" : RELEASE_T5_NAME);
+        t5 = tok = NULL;
+    }
     const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
     const tdit_config_t *cfg = tdit_model_config(w->model);
     if (t5 && !(w->text = t2v_text_new(w->backend, t5, tok, cfg->text_len, cfg->text_dim, o->text_cache))) {

@@ -220,7 +220,5 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
      * what they cost alone (docs/BENCH.md), so it is asked for there. */
     if (!o->max_batch) o->max_batch = o->backend == KERN_BACKEND_CUDA ? 8 : 1;
     if (o->max_inflight < 0) o->max_inflight = o->streams * (o->max_batch > 4 ? o->max_batch : 4);
-    if (!o->t5 != !o->tokenizer && (o->t5 || o->tokenizer))
-        return reel_fail(REEL_E_INVALID, "--t5 and --tokenizer go together (a text encoder needs its tokenizer)");
     return 0;
 }
