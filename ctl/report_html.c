@@ -307,8 +307,9 @@ int ctl_report_html(cat_t *c, double since, FILE *o) {
 int cmd_report(int argc, char **argv) {
     static const struct option opts[] = {
         { "html", required_argument, 0, 'o' }, { "catalog", required_argument, 0, 'c' },
-        { "since", required_argument, 0, 's' }, { 0, 0, 0, 0 },
+        { "since", required_argument, 0, 's' }, { "json", no_argument, 0, 'j' }, { 0, 0, 0, 0 },
     };
+    bool json = false; /* --json: the report's data on stdout, what the page draws */
     const char *env = getenv("REEL_CATALOG");
     const char *path = env && *env ? env : "reel.db", *out = NULL;
     const char *paths[CTL_MAX_CATALOGS];
@@ -320,6 +321,7 @@ int cmd_report(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'o': out = optarg; break;
+        case 'j': json = true; break;
         case 'c':
             if (n_paths == CTL_MAX_CATALOGS) return reel_fail(REEL_E_INVALID, "report: at most %d --catalog", CTL_MAX_CATALOGS);
             path = paths[n_paths++] = optarg;
@@ -336,9 +338,21 @@ int cmd_report(int argc, char **argv) {
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "report: unexpected argument '%s'", argv[optind]);
-    if (!out) return reel_fail(REEL_E_INVALID, "report needs --html OUT.html");
+    if (!out == !json) return reel_fail(REEL_E_INVALID, "report needs --html OUT.html or --json (one of them)");
     if (access(path, F_OK) != 0)
         return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
+    if (json) {
+        if (n_paths == 0) paths[n_paths++] = path;
+        ctl_catalog_t cc;
+        if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+        json_t *r = cat_query_report(cc.c, since);
+        int rc = r ? json_dumpf(r, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : -1;
+        json_decref(r);
+        ctl_catalog_close(&cc);
+        if (rc != 0 || fputc('\n', stdout) == EOF || fflush(stdout) != 0)
+            return r ? reel_fail(REEL_E_IO, "report: writing the JSON failed") : ctl_fail_as(REEL_E_IO, "report: ");
+        return 0;
+    }
     struct stat os;
     if (lstat(out, &os) == 0 && !S_ISREG(os.st_mode)) /* replaced by rename: only a regular file may be */
         return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file", out);

@@ -86,6 +86,19 @@ cp "$D/reel.db" "$D/failed.db"
     grep -q 'Syncs not applied (not drawn): transformer v3 at [^,]*, failed (no worker applied it)' "$D/failed.html" &&
     ok "a failed sync is not drawn as a sync; it is listed as failed" ||
     bad "a failed sync: $(grep -o 'transformer v3[^<]*' "$D/failed.html" | head -3)"
+# --json: the data the page draws, on stdout
+"$R" report --json --catalog "$D/failed.db" >"$D/failed.json" 2>"$D/json.err" &&
+    /usr/bin/python3 - "$D/failed.json" <<'PYEOF' && ok "report --json: the page's data (source, totals, the failed v3 in unapplied_syncs)" ||
+import json, sys
+r = json.load(open(sys.argv[1]))
+steps = sum(b["steps"] for b in r["timeline"])
+un = [(s["version"], s["state"]) for s in r["unapplied_syncs"]]
+sys.exit(0 if r.get("source") and steps == 48 and (3, "failed") in un and r["syncs"] else 1)
+PYEOF
+    { bad "report --json"; show "$D/json.err"; head -c 600 "$D/failed.json" | show; }
+"$R" report --catalog "$D/failed.db" >/dev/null 2>"$D/neither.err"
+[ $? = 2 ] && grep -q "report needs --html OUT.html or --json" "$D/neither.err" &&
+    ok "report without --html or --json: exit 2, naming both" || { bad "report without an output"; show "$D/neither.err"; }
 
 # a hostile key text from the network stays text
 cp "$D/reel.db" "$D/evil.db"
