@@ -104,13 +104,14 @@ static const char *eager_reasons(const msg_counts_t *d, char *buf, size_t cap) {
     return at ? buf : NULL;
 }
 
-/* A catalog row for a request that ended without a RESULT. */
-static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status) {
+/* A catalog row for a request that ended without a RESULT: status its
+ * ERROR's code, why its message (what the client was told). */
+static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status, const char *why) {
     char hex[17];
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
-                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL);
+                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL, why);
 }
 
 /* The client's identity: its held GEN keeps it. */
@@ -653,7 +654,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
                    (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
                    res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
                    (int)res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
-                   eager_reasons(&res->stats.declines, why, sizeof why));
+                   eager_reasons(&res->stats.declines, why, sizeof why), NULL);
     req_free(b, r);
 }
 
@@ -672,7 +673,7 @@ void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e)
     }
     if (!settle_slot(b, w, r, MSG_ERROR)) return;
     if (msg_error_send(b->clients, CLIENT(r), r->client_id, e) != 0) brk_undelivered(b, "ERROR");
-    record_failure(b, r, w->route.name, e->code);
+    record_failure(b, r, w->route.name, e->code, e->message);
     req_free(b, r);
 }
 
@@ -688,9 +689,10 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
     if (r->losses++ >= 1) {
         brk_log("request %llu failed: worker_lost (%s was the second worker to die with it)",
                 (unsigned long long)r->id, worker);
-        brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_WORKER_LOST,
-                       "worker %s died with the request (second loss)", worker);
-        record_failure(b, r, worker, WIRE_E_WORKER_LOST);
+        char why[160];
+        snprintf(why, sizeof why, "worker %s died with the request (second loss)", worker);
+        brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_WORKER_LOST, "%s", why);
+        record_failure(b, r, worker, WIRE_E_WORKER_LOST, why);
         req_free(b, r);
         return;
     }
@@ -698,7 +700,7 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
     if (brk_queue_push_front(&b->queue, r) < 0) {
         brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_INTERNAL,
                        "broker out of memory requeueing after %s died", worker);
-        record_failure(b, r, worker, WIRE_E_INTERNAL);
+        record_failure(b, r, worker, WIRE_E_INTERNAL, "broker out of memory requeueing after its worker died");
         req_free(b, r);
         return;
     }
@@ -743,9 +745,11 @@ void brk_req_cancel(brk_t *b, const wire_msg_t *m, const msg_cancel_t *c) {
     }
     const bool queued = r->state == REQ_QUEUED;
     long long waited = (long long)(brk_now_ms() - r->accepted_ms);
-    brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_CANCELLED, "cancelled by its client after %lld ms (%s)",
-                 waited, queued ? "it had not started" : "its worker stops it at its next step");
-    record_failure(b, r, queued ? NULL : r->worker->route.name, WIRE_E_CANCELLED);
+    char why[160];
+    snprintf(why, sizeof why, "cancelled by its client after %lld ms (%s)", waited,
+             queued ? "it had not started" : "its worker stops it at its next step");
+    brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_CANCELLED, "%s", why);
+    record_failure(b, r, queued ? NULL : r->worker->route.name, WIRE_E_CANCELLED, why);
     b->cancels++;
     if (queued) {
         brk_log("request %llu cancelled by its client while queued", (unsigned long long)r->id);
@@ -786,29 +790,29 @@ void brk_req_timers(brk_t *b, int64_t now) {
             continue;
         }
         long long waited = (long long)(now - r->accepted_ms);
+        char why[512];
         if (!r->had_owner) {
             const char *solver = msg_gen_solver(&r->gen);
             bool named = strcmp(solver, "euler") != 0;
             bool text = r->needs & 1u << BRK_CAP_PROMPT, vae = r->needs & 1u << BRK_CAP_DECODE;
-            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER,
-                           "no live worker serves model %s at %s version >= %llu%s%s%s%s%s (waited %lld ms)",
-                           r->model, BRK_COMPONENT, (unsigned long long)r->required,
-                           named ? " with solver " : "", named ? solver : "",
-                           named ? " (a worker older than solvers runs Euler only)" : "",
-                           text ? " with a text encoder (for the 'prompt')" : "",
-                           vae ? " with a VAE (for output frames or video)" : "", waited);
+            snprintf(why, sizeof why, "no live worker serves model %s at %s version >= %llu%s%s%s%s%s (waited %lld ms)",
+                     r->model, BRK_COMPONENT, (unsigned long long)r->required, named ? " with solver " : "",
+                     named ? solver : "", named ? " (a worker older than solvers runs Euler only)" : "",
+                     text ? " with a text encoder (for the 'prompt')" : "",
+                     vae ? " with a VAE (for output frames or video)" : "", waited);
+            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER, "%s", why);
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {
-            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT,
-                           "no result within %lld ms (%s)", waited,
-                           r->state == REQ_QUEUED ? "waiting for a slot" : "running");
+            snprintf(why, sizeof why, "no result within %lld ms (%s)", waited,
+                     r->state == REQ_QUEUED ? "waiting for a slot" : "running");
+            brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT, "%s", why);
             brk_log("request %llu failed: timeout (%s%s)", (unsigned long long)r->id,
                     r->state == REQ_QUEUED ? "queued" : "running on ",
                     r->state == REQ_QUEUED ? "" : r->worker->route.name);
         }
         record_failure(b, r, r->worker ? r->worker->route.name : NULL,
-                       r->had_owner ? WIRE_E_TIMEOUT : WIRE_E_NO_WORKER);
+                       r->had_owner ? WIRE_E_TIMEOUT : WIRE_E_NO_WORKER, why);
         if (r->state == REQ_QUEUED) {
             queue_drop(b, r);
             req_free(b, r);
@@ -835,7 +839,7 @@ void brk_req_give_up(brk_t *b, const char *code, const char *why) {
         /* a step-down's requests are in this catalog, as given up (a
          * shutdown's never were: the restarted broker runs them again) */
         if (strcmp(code, WIRE_E_INTERNAL) && r->state != REQ_ABANDONED) /* (abandoned: recorded when answered) */
-            record_failure(b, r, r->worker ? r->worker->route.name : NULL, code);
+            record_failure(b, r, r->worker ? r->worker->route.name : NULL, code, why);
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);
     }

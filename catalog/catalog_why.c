@@ -59,14 +59,14 @@ static const char find_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " encode_seconds, decode_seconds, batched_steps, batch_rows, padded_rows,"
     " CASE WHEN batched_steps > 0 THEN round(1.0 * batch_rows / batched_steps, 2) END AS mean_batch,"
-    " key_hash, capture_key FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
+    " key_hash, capture_key, error FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
     " ORDER BY rowid DESC LIMIT 1";
 /* Retention keeps each hour's slowest requests when it prunes the raw
  * rows; they lack the time split and the batching (null, not 0). */
 static const char find_slow_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " NULL AS encode_seconds, NULL AS decode_seconds, NULL AS batched_steps, NULL AS batch_rows,"
-    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key FROM slow_requests"
+    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key, error FROM slow_requests"
     " WHERE id = ?1 AND (?2 IS NULL OR worker = ?2) ORDER BY t DESC LIMIT 1";
 static const char count_sql[] =
     "SELECT (SELECT count(*) FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)) AS here,"
@@ -252,6 +252,7 @@ static int verdict(cat_t *c, json_t *root) {
     if (!ok) {
         kind = "failed";
         say(&v, "failed: %.64s after %.3f s", text(r, "status"), secs);
+        if (json_is_string(json_object_get(r, "error"))) say(&v, ": %.300s", text(r, "error"));
         if (!has_key) say(&v, " (no RESULT: the catalog holds no capture key for it)");
     } else if (!has_key) {
         kind = "no_capture_key";

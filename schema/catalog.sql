@@ -1,4 +1,4 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 13): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 14): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
@@ -333,3 +333,9 @@ ALTER TABLE slow_requests ADD COLUMN eager_reasons TEXT;
 -- adapter_config.json text (the SYNC's lora_config; NULL for every other
 -- version), so a restarted broker can send its SYNC to workers again.
 ALTER TABLE weight_versions ADD COLUMN lora_config TEXT;
+
+-- Migration 14: why a request failed, as its client was told (the
+-- ERROR's message; NULL for one that ended ok), in its row and among the
+-- slowest requests kept: `reelctl why` says it.
+ALTER TABLE requests ADD COLUMN error TEXT;
+ALTER TABLE slow_requests ADD COLUMN error TEXT;

@@ -412,9 +412,15 @@ const char cat_schema_v12_sql[] = "ALTER TABLE requests ADD COLUMN capture_key T
  * again; NULL for every other version. */
 const char cat_schema_v13_sql[] = "ALTER TABLE weight_versions ADD COLUMN lora_config TEXT;\n";
 
+/* Migration 14: why a request failed, as its client was told (the
+ * ERROR's message; NULL for one that ended ok), in its row and among the
+ * slowest requests kept, so `reelctl why` can say more than the code. */
+const char cat_schema_v14_sql[] = "ALTER TABLE requests ADD COLUMN error TEXT;\n"
+                                  "ALTER TABLE slow_requests ADD COLUMN error TEXT;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
                                        cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
-                                       cat_schema_v13_sql };
+                                       cat_schema_v13_sql, cat_schema_v14_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);
