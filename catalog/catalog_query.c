@@ -427,13 +427,16 @@ static json_t *build_evictions(cat_t *c) {
 
 /* versions: every published version, newest first per component, with its
  * state (pending, current, superseded, failed and why), the workers that
- * applied it and those that failed to (and why). */
+ * applied it and those that failed to (and why); a LoRA version back to
+ * its base (`--lora none`, no file) has source "(its base)". */
 static int versions_limit; /* set by cat_query_versions_recent for the build below */
 
 static json_t *build_versions(cat_t *c) {
     char sql[512];
     snprintf(sql, sizeof sql,
-             "SELECT component, version, state, reason, sha256, source, t, base_version, adapter FROM (SELECT *,"
+             "SELECT component, version, state, reason, sha256,"
+             " CASE WHEN coalesce(source, '') = '' AND base_version IS NOT NULL THEN '(its base)' ELSE source END"
+             " AS source, t, base_version, adapter FROM (SELECT *,"
              " row_number() OVER"
              " (PARTITION BY component ORDER BY version DESC) AS n FROM weight_versions) WHERE %d = 0 OR n <= %d"
              " ORDER BY component, version DESC", versions_limit, versions_limit);

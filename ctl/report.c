@@ -297,7 +297,18 @@ int ctl_report_evictions(cat_t *c, bool json, FILE *out) {
 }
 
 static int versions_limit; /* for the query below (reelctl is one thread) */
-static json_t *versions_query(cat_t *c) { return cat_query_versions_recent(c, versions_limit); }
+static bool versions_json; /* ... and whether it prints JSON: an adapter is an object there */
+static json_t *versions_query(cat_t *c) {
+    json_t *rows = cat_query_versions_recent(c, versions_limit), *r;
+    size_t i;
+    if (versions_json) /* the catalog keeps the adapter as JSON text: as JSON, it is an object */
+        json_array_foreach(rows, i, r) {
+            const char *text = json_string_value(json_object_get(r, "adapter"));
+            json_t *obj = text ? json_loads(text, 0, NULL) : NULL;
+            if (obj) json_object_set_new(r, "adapter", obj);
+        }
+    return rows;
+}
 
 int ctl_report_versions(cat_t *c, bool json, FILE *out) { return ctl_report_versions_recent(c, json, out, 0); }
 
@@ -316,6 +327,7 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
         { "reason", "reason", CTL_F_TEXT, 60 },
     };
     versions_limit = limit;
+    versions_json = json;
     if (json || limit <= 0) return report(c, versions_query, json, out, cols, CTL_NCOLS(cols));
     /* One more than shown: a component that has it has older versions. */
     versions_limit = limit + 1;

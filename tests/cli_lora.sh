@@ -128,6 +128,12 @@ wait_sql "$DB" "select count(*) from weight_versions where version = 10 and base
     ok "v10 (--lora none): the base again, no adapter" || bad "catalog v10"
 "$R" versions --catalog "$DB" >"$D/versions.txt" 2>&1 && grep -E "^transformer +2 .*\"rank\":4" "$D/versions.txt" >/dev/null &&
     ok "reelctl versions shows the base and the adapter" || { bad "reelctl versions"; show "$D/versions.txt"; }
+"$R" versions --catalog "$DB" --json >"$D/versions.json" 2>&1 && /usr/bin/python3 -c '
+import json, sys
+v = {r["version"]: r for r in json.load(open(sys.argv[1]))}
+sys.exit(0 if v[2]["adapter"]["rank"] == 4 and v[2]["base_version"] == 1 and v[10]["source"] == "(its base)" else 1)' \
+    "$D/versions.json" && ok "reelctl versions --json: an adapter is an object (rank 4); --lora none's source is (its base)" ||
+    { bad "reelctl versions --json"; head -c 800 "$D/versions.json" | show; }
 
 echo "== refused by name, nothing changed"
 lsync "$D/r1.err" --version 11 --base 1 --lora "$D/w/dora"
