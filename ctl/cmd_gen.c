@@ -378,10 +378,7 @@ int cmd_gen(int argc, char **argv) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
-    if (!(c = reel_client_new_keys(o.broker, o.key, o.broker_key))) {
-        ctl_fail_as(REEL_E_IO, NULL);
-        goto done;
-    }
+    if (!(c = reel_client_new_keys(o.broker, o.key, o.broker_key))) goto done; /* its error: a bad key or endpoint is 2 */
     reel_client_on_resend(c, resent, "GEN");
     reel_gen_result_t r;
     wire_err_t err;
@@ -488,9 +485,9 @@ static int sync_adapter(const char *broker, const char *key, const char *broker_
         wan_sync_source_done(&src);
     }
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) {
+    if (!c) { /* its error stands: a bad key or endpoint exits 2, a socket failure 1 */
         free(config);
-        return ctl_fail_as(REEL_E_IO, NULL);
+        return -1;
     }
     reel_client_on_resend(c, resent, "SYNC");
     reel_sync_result_t r;
@@ -592,7 +589,6 @@ int cmd_sync(int argc, char **argv) {
     const char *path = src.path, *hex = src.sha256;
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
     if (!c) {
-        ctl_fail_as(REEL_E_IO, NULL);
         wan_sync_source_done(&src);
         return -1;
     }
@@ -771,7 +767,7 @@ int cmd_status(int argc, char **argv) {
         else return reel_fail(REEL_E_INVALID, "status: unknown option '%s'", argv[i]);
     }
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
+    if (!c) return -1;
     reel_status_t *s = NULL;
     wire_err_t err;
     int rc = reel_status(c, &s, 5000, &err);

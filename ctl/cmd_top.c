@@ -127,7 +127,7 @@ int cmd_top(int argc, char **argv) {
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "top: unexpected argument '%s'", argv[optind]);
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
-    if (!c) return ctl_fail_as(REEL_E_IO, NULL);
+    if (!c) return -1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
