@@ -52,9 +52,11 @@ static bool ipc_in_use(const char *endpoint) {
     struct sockaddr_un a = { .sun_family = AF_UNIX };
     if (path[0] == '@' || strlen(path) >= sizeof a.sun_path) return false;
     memcpy(a.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* non-blocking: a listener whose backlog is full (a stopped broker)
+     * answers EAGAIN at once, and is live */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return false;
-    bool live = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0;
+    bool live = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0 || errno == EAGAIN;
     close(fd);
     return live;
 }
@@ -291,10 +293,6 @@ static int start_sockets(brk_t *b) {
     if (!b->clients) return -1;
     b->workers = router(b, b->opt.workers, true, "worker");
     if (!b->workers) return -1;
-    if (brk_ha_start(b) != 0) { /* one of a standby pair: after the sockets, PEER goes out at once */
-        brk_log("%s", reel_err_text());
-        return -1;
-    }
     return 0;
 }
 
@@ -337,10 +335,18 @@ int main(int argc, char **argv) {
     b.next_id = ((uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000) << 12 | 1;
     b.boot = b.next_id; /* as unique across restarts */
     b.started_ms = b.active_ms = brk_now_ms();
-    if (start_catalog(&b) != 0) return 1;
-    brk_upload_start(&b);
+    /* The endpoints first: a broker that cannot have them (another one
+     * listens there) stops before it touches the catalog or the uploads
+     * (it would fail the other's pending syncs and remove its partial
+     * uploads). */
     int rc = 1;
     if (start_sockets(&b) != 0) goto out;
+    if (start_catalog(&b) != 0) goto out;
+    brk_upload_start(&b);
+    if (brk_ha_start(&b) != 0) { /* one of a standby pair: after the sockets, PEER goes out at once */
+        brk_log("%s", reel_err_text());
+        goto out;
+    }
     if (brk_metrics_start(&b) != 0) {
         brk_log("%s", reel_err_text());
         goto out;

@@ -59,13 +59,22 @@ BP=$(port_of "$D/broker.log"); P1=$(port_of "$D/w1.log"); P2=$(port_of "$D/w2.lo
     { bad "metrics ports"; show "$D/broker.log"; finish; }
 
 # a second broker on the live one's ipc paths refuses to start (ZeroMQ would
-# unlink and take them over, splitting the cluster), and the first serves on
-timeout 20 "$B/reel-broker" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "" >"$D/second.log" 2>&1
+# unlink and take them over, splitting the cluster), before it touches the
+# catalog (a pending sync of the first stays pending) or the uploads (a
+# partial upload stays), and the first serves on
+/usr/bin/sqlite3 "$D/reel.db" "INSERT INTO weight_versions (component, version, sha256, source, t, state)
+    VALUES ('transformer', 999999, 'ee', '/w/x', 1, 'pending')"
+mkdir -p "$D/wd" && : >"$D/wd/.transformer-v999999.part"
+timeout 20 "$B/reel-broker" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
+    --weights-dir "$D/wd" >"$D/second.log" 2>&1
 rc=$?
+st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where version = 999999")
+/usr/bin/sqlite3 "$D/reel.db" "DELETE FROM weight_versions WHERE version = 999999"
 [ $rc != 0 ] && [ $rc != 124 ] && grep -q "another process is listening on it" "$D/second.log" &&
+    [ "$st" = pending ] && [ -e "$D/wd/.transformer-v999999.part" ] &&
     "$R" status --broker "ipc://$D/c" 2>/dev/null | grep -q "^w1 " &&
-    ok "a second broker on the same ipc endpoints refuses to start (exit $rc); the first still serves w1" ||
-    { bad "second broker on the same ipc paths (exit $rc)"; show "$D/second.log"; }
+    ok "a second broker on the same ipc endpoints refuses to start (exit $rc), the catalog and uploads untouched; the first still serves w1" ||
+    { bad "second broker on the same ipc paths (exit $rc, the pending row: $st)"; show "$D/second.log"; }
 
 # Prometheus, scraping all three every second
 PP=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
