@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "base/error.h"
 #include "kernels/ops.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "model/loop.h"
 #include "model/tinydit.h"
 #include "bench/bench.h"
@@ -119,8 +120,11 @@ static void bench_long_attention(kern_backend_t *b) {
     kern_stream_destroy(&s);
 }
 
-/* OpenBLAS peak on this machine: a large square sgemm called directly. */
+/* OpenBLAS peak on this machine: a large square sgemm called directly, on
+ * OpenBLAS's own threads, one per core the pool uses (Reel runs it
+ * single-threaded inside its pool: it is made so again after). */
 static double blas_peak(void) {
+    openblas_set_num_threads(kern_cpu_threads());
     const int n = 1024;
     float *a = calloc((size_t)n * n, 4), *bb = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
     double best = 0;
@@ -131,6 +135,7 @@ static double blas_peak(void) {
         if (g > best) best = g;
     }
     free(a); free(bb); free(c);
+    kern_cpu_blas_single();
     return best;
 }
 

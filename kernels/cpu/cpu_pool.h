@@ -38,8 +38,9 @@ typedef void (*cpu_rows_fn)(void *ctx, int64_t r0, int64_t r1);
  * the chunks change nothing in the results. */
 void cpu_par_rows(int64_t rows, int64_t width, cpu_rows_fn fn, void *ctx);
 
-/* Sets OpenBLAS single-threaded (ops_gemm.c): the pool shares out the
- * work. Called when a CPU backend is made. Cannot fail. */
+/* Sets OpenBLAS single-threaded and stops its own threads (ops_gemm.c):
+ * the pool shares out the work. Called as every process linking it
+ * starts, and when a CPU backend is made. Cannot fail. */
 void kern_cpu_blas_single(void);
 
 /* How long (microseconds, at most 10 s) an idle pool thread watches for

@@ -146,7 +146,13 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
 }
 
 void kern_cpu_blas_single(void) {
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    if (openblas_get_num_threads() == 1) return;
+    openblas_set_num_threads(1);
+    /* and its threads stopped: a build without this call (OpenMP,
+     * serial) has none; the call is the one OpenBLAS's own fork handler
+     * makes */
+    int (*stop)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+    if (stop) stop();
 }
 
 /* OpenBLAS's pthreads build starts cores − 1 threads of its own when it
@@ -156,12 +162,8 @@ void kern_cpu_blas_single(void) {
  * taking the cores from whatever else runs. Reel never gives them work
  * (OpenBLAS runs single-threaded inside the pool, and a sum's bits must
  * not depend on the machine's cores), so this process's start makes
- * OpenBLAS single-threaded and stops them: the executable's constructors
- * run after its libraries'. blas_thread_shutdown_ is the call OpenBLAS's
- * own fork handler makes; a build without it (OpenMP, serial) has no such
- * threads. */
-__attribute__((constructor)) static void blas_threads_stop(void) {
-    kern_cpu_blas_single();
-    int (*stop)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
-    if (stop) stop();
-}
+ * OpenBLAS single-threaded and stops them (kern_cpu_blas_single): the
+ * executable's constructors run after its libraries'. A LoRA merge into
+ * host weights (model/lora.c) therefore runs on one thread on every host,
+ * a CUDA worker's too: its bits do not depend on the host's cores. */
+__attribute__((constructor)) static void blas_threads_stop(void) { kern_cpu_blas_single(); }
