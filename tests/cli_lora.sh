@@ -166,6 +166,9 @@ for a in "--version 14 --weights $D/w/base.safetensors --upload $D/w/base2.safet
 done
 [ "$allrefused" = yes ] && ok "sync with two sources (--weights and --upload, --lora and --lora-upload) or --base >= --version: exit 2, named" ||
     bad "conflicting sync flags: $allrefused"
+"$R" gen --broker "$CE" --model tiny $IN --timeout-ms 30000 --quiet --out "$D/no/such/dir/g.safetensors" 2>"$D/gdir.err"
+[ $? = 2 ] && grep -q "$D/no/such/dir is not a folder" "$D/gdir.err" &&
+    ok "gen --out in a folder that is not there: exit 2 before the request is sent" || { bad "gen --out folder"; show "$D/gdir.err"; }
 gen "$D/g14.safetensors" && same "$D/g14.safetensors" "$D/ref_base.safetensors" &&
     ok "after the refusals GEN still runs on v10 (the base) exactly" || bad "GEN after refusals"
 
