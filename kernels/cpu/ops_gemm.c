@@ -146,11 +146,11 @@ size_t kern_cpu_gemm_kernels(const kern_impl_t **out) {
 }
 
 void kern_cpu_blas_single(void) {
-    if (openblas_get_num_threads() == 1) return;
-    openblas_set_num_threads(1);
-    /* and its threads stopped: a build without this call (OpenMP,
-     * serial) has none; the call is the one OpenBLAS's own fork handler
-     * makes */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    /* and its thread server stopped, whatever its count (OPENBLAS_NUM_THREADS
+     * =1 starts the server with no thread); once stopped the call returns
+     * at once. A build without it (OpenMP, serial) has no server. It is the
+     * call OpenBLAS's own fork handler makes. */
     int (*stop)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
     if (stop) stop();
 }
