@@ -322,8 +322,8 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     bool complete = failed == 0 && s->n > 0;
     send_done(b, s, complete);
     brk_metrics_sync(&b->metrics, complete, applied > 0, (double)(brk_now_ms() - s->accepted_ms) / 1000.0);
-    brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component,
-            (unsigned long long)s->version, complete ? "complete" : "incomplete", a, f);
+    brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component, (unsigned long long)s->version,
+            complete ? "complete" : applied ? "incomplete" : "failed", a, f);
     free(s->trainers);
     free(s->m);
     free(s);
