@@ -38,11 +38,6 @@ static void progress(void *user, int64_t done, int64_t total) {
             ctl_now() - *t0);
 }
 
-static bool is_mp4(const char *path) {
-    size_t n = strlen(path);
-    return n > 4 && !strcmp(path + n - 4, ".mp4");
-}
-
 /* video [3,F,H,W] in [-1,1] as an H.264 MP4 at Wan's 16 fps, its frames
  * converted as Wan's cache_video does (media/video.h). 0 or -1. */
 static int write_mp4(const char *path, const float *video, const int64_t vs[4]) {
@@ -99,7 +94,7 @@ int cmd_decode(int argc, char **argv) {
         goto out;
     }
     double secs = ctl_now() - t0;
-    if (is_mp4(o.out) ? write_mp4(o.out, video, vs) != 0
+    if (ctl_has_ext(o.out, ".mp4") ? write_mp4(o.out, video, vs) != 0
                       : (!(w = st_writer_new()) || st_writer_add_f32(w, "video", 4, vs, video) ||
                          st_writer_meta(w, "vae_config", c->name) || st_writer_save(w, o.out))) {
         ctl_fail_as(REEL_E_IO, NULL);

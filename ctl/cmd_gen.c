@@ -172,15 +172,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
-    { /* its folder must be there before the cluster runs the request for it */
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", o->out);
-        char *slash = strrchr(dir, '/');
-        if (slash) slash == dir ? (void)(dir[1] = '\0') : (void)(*slash = '\0');
-        struct stat ds;
-        if (slash && (stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode)))
-            return reel_fail(REEL_E_INVALID, "--out %s: %s is not a folder", o->out, dir);
-    }
+    if (ctl_out_folder(o->out)) return -1; /* before the cluster runs the request for it */
     char beside[3][PATH_MAX]; /* an MP4's latent, decoded frames and a video go beside it */
     snprintf(beside[0], sizeof beside[0], "%s.safetensors", o->out);
     snprintf(beside[1], sizeof beside[1], "%s.frames.npy", o->out);
@@ -201,8 +193,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (ctl_prompts_check(o->g.prompt, o->g.negative_prompt)) return -1;
     if (!o->g.prompt && !!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
     /* --out X.mp4: the video itself (the latent beside it, X.mp4.safetensors) */
-    size_t ol = strlen(o->out);
-    if (ol > 4 && !strcmp(o->out + ol - 4, ".mp4")) {
+    if (ctl_has_ext(o->out, ".mp4")) {
         if (o->g.output && strcmp(o->g.output, "video"))
             return reel_fail(REEL_E_INVALID, "--out %s is a video; --output %s does not make one", o->out, o->g.output);
         o->g.output = "video";

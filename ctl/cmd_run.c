@@ -136,9 +136,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
                          "default is 5)");
     if (ctl_prompts_check(r->prompt, r->neg_prompt)) return -1;
-    size_t ol = strlen(r->out);
-    const bool mp4 = ol > 4 && !strcmp(r->out + ol - 4, ".mp4"), st = ol > 12 && !strcmp(r->out + ol - 12, ".safetensors");
-    if (r->prompt && !mp4 && !st) /* a prompt's user wants a video: a latent under another name is no answer */
+    if (r->prompt && !ctl_has_ext(r->out, ".mp4") && !ctl_has_ext(r->out, ".safetensors")) /* a prompt's user wants a video: a latent under another name is no answer */
         return reel_fail(REEL_E_INVALID, "-o %s: a prompt run writes OUT.mp4 (the video, the latent beside it as "
                          "OUT.mp4.safetensors) or OUT.safetensors (the latent alone)", r->out);
     if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
@@ -273,12 +271,6 @@ static void decode_bar(void *user, int64_t done, int64_t total) {
     ctl_progress("decode, latent frame", done, total);
 }
 
-/* True when path names a video file (.mp4). */
-static bool is_mp4(const char *path) {
-    size_t n = strlen(path);
-    return n > 4 && !strcmp(path + n - 4, ".mp4");
-}
-
 /* --prompt: the text encoder (--t5/--tokenizer, else the release folder's)
  * encodes it, and, with --cfg, the negative prompt (Wan's default when
  * none or empty, as Wan's generate and a GEN read ""); --out X.mp4: the VAE (--vae, else the folder's). 0, or -1 with the
@@ -306,7 +298,7 @@ static int open_media(run_t *r) {
             return ctl_fail_as(REEL_E_INVALID, NULL);
         r->encode_s = ctl_now() - t0;
     }
-    if (is_mp4(o->out)) {
+    if (ctl_has_ext(o->out, ".mp4")) {
         const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
         if (!vae)
             return reel_fail(REEL_E_INVALID, "--out %s needs the VAE: --vae FILE, or --weights on a release folder "

@@ -96,6 +96,12 @@ void ctl_progress(const char *what, int64_t done, int64_t total);
  * .pth, .pt, .bin, .json, .model). 0, or -1 with a REEL_E_INVALID error
  * naming both. */
 int ctl_out_spares(const char *out, ...) __attribute__((sentinel));
+/* Whether path ends in ext (".mp4") after at least one character. */
+bool ctl_has_ext(const char *path, const char *ext);
+/* 0 when the folder out would be written in exists (a bare name: the
+ * current one); else -1 with a REEL_E_INVALID error naming it, before any
+ * work is done for a file that could not be written. */
+int ctl_out_folder(const char *out);
 /* Writes n bytes to path (replaced whole, through a temporary file). 0, or
  * -1 with an IO error naming the path. */
 int ctl_write_bytes(const char *path, const void *p, size_t n);

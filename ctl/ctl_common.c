@@ -153,6 +153,24 @@ int ctl_out_spares(const char *out, ...) {
     return rc;
 }
 
+bool ctl_has_ext(const char *path, const char *ext) {
+    size_t n = strlen(path), e = strlen(ext);
+    return n > e && !strcmp(path + n - e, ext);
+}
+
+int ctl_out_folder(const char *out) {
+    const char *slash = strrchr(out, '/');
+    if (!slash || slash == out) return 0; /* the current folder, or / */
+    char dir[PATH_MAX];
+    if ((size_t)(slash - out) >= sizeof dir) return reel_fail(REEL_E_INVALID, "%s: path too long", out);
+    memcpy(dir, out, (size_t)(slash - out));
+    dir[slash - out] = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return reel_fail(REEL_E_INVALID, "--out %s: %s is not a folder", out, dir);
+    return 0;
+}
+
 int ctl_write_bytes(const char *path, const void *p, size_t n) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)

@@ -223,37 +223,31 @@ echo "== a restarted broker resumes a LoRA version on its base"
 stop_proc "$WORKER" || bad "w2 stops"
 cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
     --streams 1 --heartbeat-ms 200 --lora || { bad "w3 starts"; show "$D/w3.log"; finish; }
-W3=$WORKER
-lsync "$D/s23.err" --version 23 --base 15 --lora "$D/w/x" && grep -q "complete; applied w3" "$D/s23.err" &&
-    ok "v23 = x on base v15 by path: complete" || { bad "sync v23"; show "$D/s23.err"; }
-stop_proc "$W3" || bad "w3 stops"
-stop_proc "$BROKER" || bad "the broker stops"
-cli_broker "$D/broker2.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
-    { bad "the broker restarts"; finish; }
-grep -q "restored transformer v23 from the catalog (the LoRA adapter $D/w/x on v15)" "$D/broker2.log" &&
-    ok "the broker restores v23 as the adapter on base v15" || { bad "v23 restored"; show "$D/broker2.log"; }
-cli_worker w4 "$D/broker2.log" "$D/w4.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
-    --streams 1 --heartbeat-ms 200 --lora || { bad "w4 starts"; show "$D/w4.log"; finish; }
-wait_for "$D/w4.log" "applied transformer v23" 60 && gen "$D/g23.safetensors" &&
-    same "$D/g23.safetensors" "$D/ref_b2x.safetensors" &&
-    ok "a worker joining after the restart is caught up to v23 as the adapter on its base: GEN equals run --lora x" ||
-    { bad "catch-up to the adapter after the restart"; show "$D/w4.log" "$D/g23.safetensors.err"; }
+# restarted V FLAG SRC WHAT REF WNEW N: sync V = SRC on base v15 (FLAG:
+# --lora or --lora-upload), applied by the worker running ($WORKER); it and
+# the broker stop, a broker restarts (broker$N.log) and restores V as "the
+# LoRA adapter WHAT on v15", and a worker WNEW joining after it is caught
+# up to V: its GEN equals REF (run --lora)
+restarted() {
+    v=$1 flag=$2 src=$3 what=$4 ref=$5 wnew=$6 n=$7 wold=$WORKER
+    lsync "$D/s$v.err" --version "$v" --base 15 "$flag" "$src" && grep -q "complete; applied " "$D/s$v.err" &&
+        ok "v$v = $src on base v15 ($flag): complete" || { bad "sync v$v"; show "$D/s$v.err"; }
+    stop_proc "$wold" || bad "the worker stops"
+    stop_proc "$BROKER" || bad "the broker stops"
+    cli_broker "$D/broker$n.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
+        --weights-dir "$D/up" || { bad "the broker restarts"; finish; }
+    grep -qF "restored transformer v$v from the catalog (the LoRA adapter $what on v15)" "$D/broker$n.log" &&
+        ok "the restarted broker restores v$v as the adapter ($what) on base v15" ||
+        { bad "v$v restored"; show "$D/broker$n.log"; }
+    cli_worker "$wnew" "$D/broker$n.log" "$D/$wnew.log" --broker "$WE" --weights "$D/w/base2.safetensors" \
+        --weights-version 15 --streams 1 --heartbeat-ms 200 --lora || { bad "$wnew starts"; show "$D/$wnew.log"; finish; }
+    wait_for "$D/$wnew.log" "applied transformer v$v" 60 && gen "$D/g$v.safetensors" &&
+        same "$D/g$v.safetensors" "$ref" &&
+        ok "a worker joining after the restart is caught up to v$v: GEN equals run --lora" ||
+        { bad "catch-up to v$v after the restart"; show "$D/$wnew.log" "$D/g$v.safetensors.err"; }
+}
+restarted 23 --lora "$D/w/x" "$D/w/x" "$D/ref_b2x.safetensors" w4 2
 
 echo "== ... and one sent by upload, with its config"
-W4=$WORKER
-lsync "$D/s24.err" --version 24 --base 15 --lora-upload "$D/outside/y" && grep -q "complete; applied w4" "$D/s24.err" &&
-    ok "v24 = y on base v15 by upload: complete" || { bad "sync v24"; show "$D/s24.err"; }
-stop_proc "$W4" || bad "w4 stops"
-stop_proc "$BROKER" || bad "the broker stops again"
-cli_broker "$D/broker3.log" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 --weights-dir "$D/up" ||
-    { bad "the broker restarts again"; finish; }
-grep -q "restored transformer v24 from the catalog (the LoRA adapter uploaded on v15)" "$D/broker3.log" &&
-    ok "the broker restores v24 as the uploaded adapter on base v15 (its config from the catalog)" ||
-    { bad "v24 restored"; show "$D/broker3.log"; }
-cli_worker w5 "$D/broker3.log" "$D/w5.log" --broker "$WE" --weights "$D/w/base2.safetensors" --weights-version 15 \
-    --streams 1 --heartbeat-ms 200 --lora || { bad "w5 starts"; show "$D/w5.log"; finish; }
-wait_for "$D/w5.log" "applied transformer v24" 60 && gen "$D/g24.safetensors" &&
-    same "$D/g24.safetensors" "$D/ref_b2y.safetensors" &&
-    ok "a worker joining after that restart fetches the uploaded adapter: GEN equals run --lora y" ||
-    { bad "catch-up to the uploaded adapter after the restart"; show "$D/w5.log" "$D/g24.safetensors.err"; }
+restarted 24 --lora-upload "$D/outside/y" uploaded "$D/ref_b2y.safetensors" w5 3
 finish

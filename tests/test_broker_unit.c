@@ -1447,28 +1447,40 @@ static void *client_sock(box_t *x) {
  * none) and `seed`, handled by the broker. */
 /* A tiny GEN from s; shift (0: absent) and context's first value (ctx0)
  * vary what it asks for without changing its seed or shape. */
-static void gen_from_with(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress, double shift,
-                          float ctx0) {
-    static float ctx[5 * 32];
-    ctx[0] = ctx0;
+/* The header of a tiny GEN with client token `token` (0: none) and `seed`. */
+static wire_val_t *gen_hdr(uint64_t id, uint64_t token, uint64_t seed) {
     wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
-    if (shift != 0) wv_set(h, "shift", wv_f64(shift));
     const int64_t l[4] = { 4, 2, 8, 8 };
     for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
     wv_set(h, "model", wv_str("tiny"));
     wv_set(h, "steps", wv_u64(2));
     wv_set(h, "seed", wv_u64(seed));
     wv_set(h, "latent_shape", ls);
-    if (progress) wv_set(h, "progress", wv_bool(true));
     if (token) {
         char hex[17];
         wv_set(h, "client", wv_str(msg_hex64(token, hex)));
     }
+    return h;
+}
+
+/* Sends GEN header h (freed) from s with a context whose first value is
+ * ctx0, and has the broker handle it. */
+static void gen_send(box_t *x, void *s, wire_val_t *h, float ctx0) {
+    static float ctx[5 * 32];
+    ctx[0] = ctx0;
     const int64_t c[2] = { 5, 32 };
     wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, c, ctx, sizeof ctx);
     ck_assert_int_eq(wire_send(s, NULL, h, &t, 1), 0);
     wv_free(&h);
     deliver(x, false);
+}
+
+static void gen_from_with(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress, double shift,
+                          float ctx0) {
+    wire_val_t *h = gen_hdr(id, token, seed);
+    if (shift != 0) wv_set(h, "shift", wv_f64(shift));
+    if (progress) wv_set(h, "progress", wv_bool(true));
+    gen_send(x, s, h, ctx0);
 }
 
 static void gen_from(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, bool progress) {
@@ -1716,16 +1728,7 @@ END_TEST
  * nothing reads (no uncond), 4 n = 1 and eta 0.25 without sde; 5 seeds
  * [seed + 1]: another seed. */
 static void gen_spelled(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t seed, int what) {
-    static float ctx[5 * 32];
-    wire_val_t *h = wire_hdr("GEN", id), *ls = wv_arr();
-    const int64_t l[4] = { 4, 2, 8, 8 };
-    for (int i = 0; i < 4; i++) wv_push(ls, wv_u64((uint64_t)l[i]));
-    wv_set(h, "model", wv_str("tiny"));
-    wv_set(h, "steps", wv_u64(2));
-    wv_set(h, "seed", wv_u64(seed));
-    wv_set(h, "latent_shape", ls);
-    char hex[17];
-    wv_set(h, "client", wv_str(msg_hex64(token, hex)));
+    wire_val_t *h = gen_hdr(id, token, seed);
     if (what == 0) wv_set(h, "solver", wv_str("euler"));
     if (what == 1) wv_set(h, "output", wv_str("latent"));
     if (what == 2 || what == 5) {
@@ -1738,11 +1741,7 @@ static void gen_spelled(box_t *x, void *s, uint64_t id, uint64_t token, uint64_t
         wv_set(h, "n", wv_u64(1));
         wv_set(h, "eta", wv_f64(0.25));
     }
-    const int64_t c[2] = { 5, 32 };
-    wire_tensor_t t = ts_wire_tensor("context", KERN_F32, 2, c, ctx, sizeof ctx);
-    ck_assert_int_eq(wire_send(s, NULL, h, &t, 1), 0);
-    wv_free(&h);
-    deliver(x, false);
+    gen_send(x, s, h, 0);
 }
 
 /* "A field that is absent takes its default": a resend that spells a
