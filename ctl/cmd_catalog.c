@@ -103,7 +103,9 @@ int cmd_catalog(int argc, char **argv) {
     for (int i = 0; i < n_paths; i++)
         if (!*paths[i]) return reel_fail(REEL_E_INVALID, "--catalog: empty path");
     ctl_catalog_t cc; /* several: their union (a standby pair's two catalogs) */
-    if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    int orc = ctl_catalog_open(paths, n_paths, &cc);
+    if (orc == CTL_CATALOG_BAD_PATH) return -1; /* its code: exit 2 */
+    if (orc != 0) return ctl_fail_as(REEL_E_IO, NULL);
     int rc = fn(cc.c, json, stdout);
     ctl_catalog_close(&cc);
     return rc != 0 ? ctl_fail_as(REEL_E_IO, "%s: ", argv[0]) : 0;

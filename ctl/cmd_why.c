@@ -75,6 +75,7 @@ int cmd_why(int argc, char **argv) {
     /* A missing catalog (a wrong path) or an id the catalog does not hold
      * is the user's to fix (exit 2); any other failure is the catalog's. */
     int rc = ctl_catalog_open(paths, n_paths, &cc);
+    if (rc == CTL_CATALOG_BAD_PATH) return -1; /* its code: exit 2 */
     if (rc == 0) {
         rc = ctl_report_why(cc.c, id, worker, json, stdout);
         ctl_catalog_close(&cc);

@@ -8,18 +8,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ctl/report_table.h"
 #include "base/error.h"
 #include "catalog/catalog_query.h"
 
+/* A path the user gave that cannot be a catalog: missing, not a regular
+ * file, or a file that is not SQLite (an empty file is an empty catalog). */
+static int catalog_path_ok(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
+    if (!S_ISREG(st.st_mode))
+        return reel_fail(REEL_E_INVALID, "catalog %s: not a regular file (give the catalog's .db file)", path);
+    if (st.st_size == 0) return 0;
+    char head[16] = { 0 };
+    FILE *f = fopen(path, "rb");
+    if (!f) return reel_fail(REEL_E_IO, "catalog %s: %s", path, strerror(errno));
+    size_t got = fread(head, 1, sizeof head, f);
+    fclose(f);
+    if (got != sizeof head || memcmp(head, "SQLite format 3", sizeof head) != 0)
+        return reel_fail(REEL_E_INVALID, "catalog %s: not a SQLite database", path);
+    return 0;
+}
+
 int ctl_catalog_open(const char *const *paths, int n, ctl_catalog_t *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < n; i++)
-        if (access(paths[i], F_OK) != 0)
-            return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)",
-                             paths[i]);
+        if (catalog_path_ok(paths[i]) != 0) return CTL_CATALOG_BAD_PATH;
     if (n == 1) {
         out->c = cat_open(paths[0], true);
         return out->c ? 0 : -1;

@@ -17,7 +17,11 @@
 /* The catalog a report reads: one path (read-only), or, for several
  * (the two brokers of a standby pair, each with its own), their union:
  * a temporary catalog they are merged into (cat_merge: each request
- * once, by id), removed by ctl_catalog_close. 0, or -1 with a message. */
+ * once, by id), removed by ctl_catalog_close. 0; CTL_CATALOG_BAD_PATH
+ * with the error set (REEL_E_NOT_FOUND or REEL_E_INVALID: the user's to
+ * fix, exit 2) for a path that is missing, not a regular file or not a
+ * SQLite file; or -1 with a message (the catalog's failure). */
+#define CTL_CATALOG_BAD_PATH (-2)
 #define CTL_MAX_CATALOGS 4
 typedef struct {
     cat_t *c;

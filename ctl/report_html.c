@@ -339,12 +339,14 @@ int cmd_report(int argc, char **argv) {
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "report: unexpected argument '%s'", argv[optind]);
     if (!out == !json) return reel_fail(REEL_E_INVALID, "report needs --html OUT.html or --json (one of them)");
+    int orc;
     if (access(path, F_OK) != 0)
         return reel_fail(REEL_E_NOT_FOUND, "catalog %s does not exist (use --catalog PATH or $REEL_CATALOG)", path);
     if (json) {
         if (n_paths == 0) paths[n_paths++] = path;
         ctl_catalog_t cc;
-        if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+        if ((orc = ctl_catalog_open(paths, n_paths, &cc)) != 0)
+            return orc == CTL_CATALOG_BAD_PATH ? -1 : ctl_fail_as(REEL_E_IO, NULL);
         json_t *r = cat_query_report(cc.c, since);
         int rc = r ? json_dumpf(r, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : -1;
         json_decref(r);
@@ -358,7 +360,8 @@ int cmd_report(int argc, char **argv) {
         return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file", out);
     if (n_paths == 0) paths[n_paths++] = path;
     ctl_catalog_t cc; /* several: their union (a standby pair's two catalogs) */
-    if (ctl_catalog_open(paths, n_paths, &cc) != 0) return ctl_fail_as(REEL_E_IO, NULL);
+    if ((orc = ctl_catalog_open(paths, n_paths, &cc)) != 0)
+        return orc == CTL_CATALOG_BAD_PATH ? -1 : ctl_fail_as(REEL_E_IO, NULL);
     cat_t *c = cc.c;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);

@@ -123,6 +123,22 @@ for s in 1e300 9e15; do
 done
 "$R" report --html "$D/x.html" --catalog "$D/nope.db" 2>/dev/null
 [ $? = 2 ] && ok "a missing catalog is a usage error (exit 2)" || bad "missing catalog"
+# a path that cannot be a catalog is the user's to fix too, for every
+# command that reads one, and says what it is
+mkdir -p "$D/adir"
+printf 'not a database, but long enough' >"$D/junk.db"
+for c in "report --html $D/y.html" "report --json" stats keys evictions versions workers requests "why 1"; do
+    for p in "$D/adir" "$D/junk.db"; do
+        # shellcheck disable=SC2086 # $c is a command and its flags
+        "$R" $c --catalog "$p" >/dev/null 2>"$D/badcat.err"
+        rc=$?
+        if [ "$rc" = 2 ] && grep -qE "not a regular file|not a SQLite database" "$D/badcat.err"; then :; else
+            bad "reelctl $c --catalog $(basename "$p"): exit $rc, $(head -c 200 "$D/badcat.err")"
+            badcat=1
+        fi
+    done
+done
+[ -z "${badcat:-}" ] && ok "a folder or a non-SQLite file as --catalog: exit 2 with what it is, for report, stats, keys, evictions, versions, workers, requests, why"
 "$R" report --catalog "$D/reel.db" 2>/dev/null
 [ $? = 2 ] && ok "no --html is a usage error (exit 2)" || bad "missing --html"
 finish
