@@ -75,6 +75,20 @@ st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where vers
     "$R" status --broker "ipc://$D/c" 2>/dev/null | grep -q "^w1 " &&
     ok "a second broker on the same ipc endpoints refuses to start (exit $rc), the catalog and uploads untouched; the first still serves w1" ||
     { bad "second broker on the same ipc paths (exit $rc, the pending row: $st)"; show "$D/second.log"; }
+# the same on tcp, where the bind fails (EADDRINUSE): the broker's own
+# metrics port is a live tcp listener to clash with
+/usr/bin/sqlite3 "$D/reel.db" "INSERT INTO weight_versions (component, version, sha256, source, t, state)
+    VALUES ('transformer', 999998, 'ee', '/w/x', 1, 'pending')"
+: >"$D/wd/.transformer-v999998.part"
+timeout 20 "$B/reel-broker" --clients "tcp://127.0.0.1:$BP" --workers "ipc://$D/w-tcp" --catalog "$D/reel.db" \
+    --weights-dir "$D/wd" >"$D/second-tcp.log" 2>&1
+rc=$?
+st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where version = 999998")
+/usr/bin/sqlite3 "$D/reel.db" "DELETE FROM weight_versions WHERE version = 999998"
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "127.0.0.1:$BP" "$D/second-tcp.log" &&
+    [ "$st" = pending ] && [ -e "$D/wd/.transformer-v999998.part" ] &&
+    ok "a second broker on a tcp port in use stops (exit $rc) before the catalog and uploads" ||
+    { bad "second broker on a tcp port in use (exit $rc, the pending row: $st)"; show "$D/second-tcp.log"; }
 
 # Prometheus, scraping all three every second
 PP=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
