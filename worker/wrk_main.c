@@ -124,7 +124,7 @@ static void render_metrics(link_t *l, reel_text_t *t) {
         snprintf(lb, sizeof lb, "path=\"%s\",mode=\"%s\",reason=\"%s\"", w->attention_fused ? "fused" : "decomposed",
                  kern_attention_mode_name(kern_attention_mode()), reason);
         reel_prom_family(t, "reel_worker_attention_info", "gauge",
-                         "The attention path for Wan's head on this worker (BF16, d 128), its mode and why.");
+                         "The attention path for Wan's head shape (d 128, 32760 tokens) in this worker's dtype, its mode and why.");
         reel_prom_sample(t, "reel_worker_attention_info", lb, 1);
         reel_prom_family(t, "reel_worker_attention_fallbacks_total", "counter",
                          "Attention calls whose fused SDPA failed and ran the decomposition instead.");
