@@ -91,7 +91,7 @@ static double build(const char *path, long n, long *captures, long *evictions, i
                 if (!captured[k]) continue;
                 int w = k / KEYS_PER_WORKER;
                 snprintf(text, sizeof text, "dit step 16x32x32 w%d k%d", w, k);
-                if (cat_eviction(c, worker[w], text, key[k], "weight_sync", "transformer", version - 1, version,
+                if (cat_eviction(c, worker[w], text, key[k], 0, "weight_sync", "transformer", version - 1, version,
                                  version, t) != 0)
                     die("eviction");
                 captured[k] = false;

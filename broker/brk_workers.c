@@ -111,7 +111,8 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
         else if (!strcmp(e->kind, "decline") && e->reason[0])
             brk_cq_decline(b->cat, wn, e->key, hash, e->reason, e->count);
         else if (!strcmp(e->kind, "evict") && e->reason[0])
-            brk_cq_eviction(b->cat, wn, e->key, hash, e->reason, e->component, e->from, e->to, version);
+            brk_cq_eviction(b->cat, wn, e->key, hash, (int)e->stream, e->reason, e->component, e->from, e->to,
+                            version);
         else if (!strcmp(e->kind, "rekey") && e->key && e->key[0]) /* a graph kept under its new key */
             brk_cq_key_text(b->cat, hash, e->key);
         else if (!strcmp(e->kind, "replays"))

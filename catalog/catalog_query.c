@@ -419,7 +419,7 @@ static json_t *build_evictions(cat_t *c) {
     return query_rows(c,
         /* A component and its versions only for an eviction a sync caused;
          * the others were stored '' and 0: null ("-" in the table). */
-        "SELECT t, worker, reason, nullif(component, '') AS component,"
+        "SELECT t, worker, stream, reason, nullif(component, '') AS component,"
         " CASE WHEN component <> '' THEN from_version END AS from_version,"
         " CASE WHEN component <> '' THEN to_version END AS to_version, key_hash, key_text"
         " FROM evictions ORDER BY t DESC, id DESC LIMIT " CAT_STR(CAT_RECENT_LIMIT));

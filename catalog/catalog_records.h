@@ -163,11 +163,11 @@
  * count the eviction at to_version when it is set (the sync that caused
  * it), else at version. */
 #define CAT_EVICTION(F)                                                                            \
-    F(TEXT, worker) F(TEXT, key_text) F(TEXT, key_hash) F(TEXT, reason) F(TEXT, component)         \
-    F(U64, from_version) F(U64, to_version) F(U64, version) F(TIME, t)
+    F(TEXT, worker) F(TEXT, key_text) F(TEXT, key_hash) F(INT, stream) F(TEXT, reason)             \
+    F(TEXT, component) F(U64, from_version) F(U64, to_version) F(U64, version) F(TIME, t)
 #define CAT_SQL_EVICTION                                                                           \
-    "INSERT INTO evictions (worker, key_text, key_hash, reason, component, from_version,"          \
-    " to_version, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9)"
+    "INSERT INTO evictions (worker, key_text, key_hash, stream, reason, component, from_version,"  \
+    " to_version, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10)"
 
 /* `count` more declines of `reason` for (worker, key_hash). */
 #define CAT_DECLINE(F) \

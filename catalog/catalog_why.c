@@ -87,7 +87,7 @@ static const char captures_sql[] =
 #define EVICTIONS_WHERE " FROM evictions e WHERE " LINEAGE("e") " AND e.t <= ?3"
 static const char evictions_sql[] =
     "SELECT e.t AS t, e.key_hash AS key_hash, " WEIGHTS("e.key_text") " AS weights,"
-    " e.key_hash = ?2 AS this_key, e.reason AS reason, nullif(e.component, '') AS component,"
+    " e.key_hash = ?2 AS this_key, e.stream AS stream, e.reason AS reason, nullif(e.component, '') AS component,"
     " CASE WHEN e.component <> '' THEN e.from_version END AS from_version,"
     " CASE WHEN e.component <> '' THEN e.to_version END AS to_version" EVICTIONS_WHERE
     " ORDER BY e.t DESC, e.id DESC LIMIT " WHY_STR(WHY_HISTORY_MAX);

@@ -304,6 +304,7 @@ int ctl_report_evictions(cat_t *c, bool json, FILE *out) {
     static const ctl_col_t cols[] = {
         { "t", "time", CTL_F_TIME, 0 },
         { "worker", "worker", CTL_F_TEXT, 32 },
+        { "stream", "stream", CTL_F_NUM, 0 },
         { "reason", "reason", CTL_F_TEXT, 0 },
         { "component", "component", CTL_F_TEXT, 24 },
         { "from_version", "from", CTL_F_NUM, 0 },

@@ -97,6 +97,7 @@ static const ctl_col_t eviction_cols[] = {
     { "this_key", "its_key", CTL_F_TEXT, 0 },
     { "key_hash", "key_hash", CTL_F_TEXT, 16 },
     { "weights", "weights", CTL_F_TEXT, 40 },
+    { "stream", "stream", CTL_F_NUM, 0 },
     { "reason", "reason", CTL_F_TEXT, 24 },
     { "component", "component", CTL_F_TEXT, 24 },
     { "from_version", "from", CTL_F_NUM, 0 },

@@ -1,4 +1,4 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 14): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 15): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
@@ -339,3 +339,9 @@ ALTER TABLE weight_versions ADD COLUMN lora_config TEXT;
 -- slowest requests kept: `reelctl why` says it.
 ALTER TABLE requests ADD COLUMN error TEXT;
 ALTER TABLE slow_requests ADD COLUMN error TEXT;
+
+-- Migration 15: the stream of the worker whose graph an eviction dropped
+-- (each stream holds its own graph of a key, so one sync evicts a key once
+-- per stream: `reelctl evictions` tells the rows apart); NULL for rows
+-- from before it.
+ALTER TABLE evictions ADD COLUMN stream INTEGER;

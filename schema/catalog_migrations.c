@@ -418,9 +418,14 @@ const char cat_schema_v13_sql[] = "ALTER TABLE weight_versions ADD COLUMN lora_c
 const char cat_schema_v14_sql[] = "ALTER TABLE requests ADD COLUMN error TEXT;\n"
                                   "ALTER TABLE slow_requests ADD COLUMN error TEXT;\n";
 
+/* Migration 15: the stream of the worker whose graph an eviction dropped
+ * (each stream holds its own graph of a key, so one sync evicts a key once
+ * per stream); NULL for rows from before it. */
+const char cat_schema_v15_sql[] = "ALTER TABLE evictions ADD COLUMN stream INTEGER;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
                                        cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
-                                       cat_schema_v13_sql, cat_schema_v14_sql };
+                                       cat_schema_v13_sql, cat_schema_v14_sql, cat_schema_v15_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -3,7 +3,8 @@
 # cleanly, with a real reel-broker and reel-worker over ipc:
 #   1. its graphs leave the cache at SIGTERM as shutdown evictions, and
 #      their rows reach the catalog before it says goodbye: captures -
-#      evictions of the worker is 0, and its last log line counts them;
+#      evictions of the worker is 0, each eviction names the stream that
+#      captured its graph, and its last log line counts them;
 #   2. its catalog row's last_seen is when it left (its last message), not
 #      its READY.
 # Usage: cli_worker_leaves.sh BUILD
@@ -25,16 +26,27 @@ for s in 2x8x8 2x8x16; do
     "$R" gen --broker "ipc://$D/c" --model tiny --context "$D/ctx.safetensors" --size "$s" --seed 1 --steps 6 \
         --timeout-ms 30000 --quiet --out "$D/g.safetensors" 2>>"$D/gen.err" || bad "gen $s"
 done
+# a group of 2 splits over the two streams: each captures its own graph of that key
+"$R" gen --broker "ipc://$D/c" --model tiny --context "$D/ctx.safetensors" --size 2x16x16 --seed 1 --steps 6 --n 2 \
+    --timeout-ms 30000 --quiet --out "$D/g.safetensors" 2>>"$D/gen.err" || bad "gen a group of 2"
 # the captures are in the catalog before the worker stops
-wait_sql "$D/reel.db" "SELECT count(*) FROM captures WHERE worker = 'w1' AND placeholder = 0" 2 30 &&
-    ok "two shapes captured: $(sql "$D/reel.db" "SELECT count(*) FROM captures WHERE worker = 'w1' AND placeholder = 0") graphs" ||
-    bad "captures in the catalog"
+wait_sql "$D/reel.db" "SELECT count(*) FROM captures WHERE worker = 'w1' AND placeholder = 0" 4 30 &&
+    [ "$(sql "$D/reel.db" "SELECT count(DISTINCT stream) FROM captures WHERE worker = 'w1' AND placeholder = 0")" = 2 ] &&
+    ok "three shapes captured, the group's on both streams: $(sql "$D/reel.db" "SELECT count(*) FROM captures WHERE worker = 'w1' AND placeholder = 0") graphs" ||
+    bad "captures in the catalog: $(sql "$D/reel.db" "SELECT group_concat(key_hash || ':' || stream) FROM captures WHERE worker = 'w1'")"
 stop_proc "$WORKER" && ok "the worker stops on SIGTERM (exit 0)" || bad "the worker stops on SIGTERM"
 caps=$(sql "$D/reel.db" "SELECT count(*) FROM captures WHERE worker = 'w1' AND placeholder = 0")
 wait_sql "$D/reel.db" "SELECT count(*) FROM evictions WHERE worker = 'w1'" "$caps" 30 &&
     ok "captures - evictions of a worker that left cleanly: $caps - $caps = 0" ||
     bad "captures $caps, evictions $(sql "$D/reel.db" "SELECT count(*) FROM evictions WHERE worker = 'w1'") \
 ($(sql "$D/reel.db" "SELECT group_concat(reason) FROM evictions WHERE worker = 'w1'"))"
+# each eviction names the stream whose graph it dropped: the stream that captured that key
+[ "$(sql "$D/reel.db" "SELECT count(*) FROM (SELECT key_hash, stream FROM captures WHERE worker = 'w1' AND placeholder = 0
+    EXCEPT SELECT key_hash, stream FROM evictions WHERE worker = 'w1')")" = 0 ] &&
+    [ "$(sql "$D/reel.db" "SELECT count(*) FROM (SELECT key_hash, stream FROM evictions WHERE worker = 'w1'
+    EXCEPT SELECT key_hash, stream FROM captures WHERE worker = 'w1' AND placeholder = 0)")" = 0 ] &&
+    ok "each eviction row names the stream that captured its graph ($(sql "$D/reel.db" "SELECT group_concat(stream) FROM evictions WHERE worker = 'w1'"))" ||
+    bad "evictions' streams $(sql "$D/reel.db" "SELECT group_concat(key_hash || ':' || coalesce(stream, 'null')) FROM evictions WHERE worker = 'w1'"), captures' $(sql "$D/reel.db" "SELECT group_concat(key_hash || ':' || stream) FROM captures WHERE worker = 'w1'")"
 [ "$(sql "$D/reel.db" "SELECT count(*) FROM evictions WHERE worker = 'w1' AND reason = 'shutdown'")" -ge 1 ] &&
     ok "its graphs left as shutdown evictions" || bad "no shutdown eviction rows"
 grep -qE "stopping; capture cache: .* $caps evictions \($caps at shutdown\)" "$D/w1.log" &&

@@ -3227,7 +3227,7 @@ START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_an
         brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL);
     }
     brk_cq_weight_state(q, "transformer", 1, "failed", ""); /* OPT: "" is no reason */
-    brk_cq_eviction(q, "w0", NULL, "00000000000000aa", "lru", NULL, 0, 0, 0); /* TEXT: NULL is "" */
+    brk_cq_eviction(q, "w0", NULL, "00000000000000aa", 0, "lru", NULL, 0, 0, 0); /* TEXT: NULL is "" */
     uint64_t batches = 0;
     (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 2000, 200);
     batches = brk_catq_batches(q);

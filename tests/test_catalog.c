@@ -525,6 +525,37 @@ START_TEST(test_migration_5_drops_the_request_indexes_and_recent_requests_stay_n
 }
 END_TEST
 
+/* Migration 15 adds the stream of an eviction: rows written before it read
+ * null (and "-" in the table), new rows their stream. */
+START_TEST(test_migration_15_evictions_before_it_have_no_stream) {
+    extern const char *const cat_migrations[];
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open(dbpath, &db), SQLITE_OK);
+    for (int i = 0; i < 14; i++) raw_exec(db, cat_migrations[i]);
+    raw_exec(db, "PRAGMA user_version = 14");
+    raw_exec(db, "INSERT INTO evictions (worker, key_text, key_hash, reason, component, from_version,"
+                 " to_version, t) VALUES ('w0', 'k', 'k1', 'lru', '', 0, 0, 10)");
+    sqlite3_close(db);
+    cat_t *c = open_ok(false);
+    TS_OK(cat_eviction(c, "w0", "k", "k1", 1, "weight_sync", "transformer", 1, 2, 2, 20));
+    json_t *j = cat_query_evictions(c);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_uint_eq(json_array_size(j), 2);
+    ck_assert_int_eq(jint(json_array_get(j, 0), "stream"), 1);
+    ck_assert(json_is_null(json_object_get(json_array_get(j, 1), "stream")));
+    json_decref(j);
+    char *t = report_text(c, ctl_report_evictions, false);
+    char *line = strstr(t, " w0 ");
+    ck_assert_msg(line && strstr(line + 1, " w0 "), "table: %s", t);
+    char row[256], stream[32];
+    line = strstr(line + 1, " w0 "); /* the older row */
+    snprintf(row, sizeof row, "%.*s", (int)strcspn(line, "\n"), line);
+    ck_assert_msg(sscanf(row, " w0 %31s lru", stream) == 1 && !strcmp(stream, "-"), "the old row: %s", row);
+    free(t);
+    cat_close(&c);
+}
+END_TEST
+
 /* A catalog written by a broker before migration 2 (every published
  * version taken as current, a bad one included) is classified by what the
  * workers reported: the bad one is not resumed after the upgrade. */
@@ -788,9 +819,9 @@ static void write_facts(cat_t *c) {
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
-    TS_OK(cat_eviction(c, "w2", "dit step 16x16", "k3", "lru", NULL, 0, 0, 1, 1050));
-    TS_OK(cat_eviction(c, "w1", "dit step 64x64", "k1", "weight_sync", "dit", 1, 2, 1, 1100));
-    TS_OK(cat_eviction(c, "w1", "dit step 32x32", "k2", "weight_sync", "dit", 1, 2, 1, 1101));
+    TS_OK(cat_eviction(c, "w2", "dit step 16x16", "k3", 0, "lru", NULL, 0, 0, 1, 1050));
+    TS_OK(cat_eviction(c, "w1", "dit step 64x64", "k1", 0, "weight_sync", "dit", 1, 2, 1, 1100));
+    TS_OK(cat_eviction(c, "w1", "dit step 32x32", "k2", 1, "weight_sync", "dit", 1, 2, 1, 1101));
     TS_OK(cat_artifact(c, "matmul-cuda", "matmul", "cuda", "cc33", "ok", NULL, 1060));
     TS_OK(cat_commit(c));
 }
@@ -1024,6 +1055,8 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     ck_assert_int_eq(json_array_size(j), 3);
     json_t *e = json_array_get(j, 0);
     ck_assert_str_eq(jstr(e, "key_hash"), "k2");
+    ck_assert_int_eq(jint(e, "stream"), 1); /* which stream's graph it was */
+    ck_assert_int_eq(jint(json_array_get(j, 1), "stream"), 0);
     ck_assert_str_eq(jstr(e, "reason"), "weight_sync");
     ck_assert_str_eq(jstr(e, "component"), "dit");
     ck_assert_int_eq(jint(e, "from_version"), 1);
@@ -1049,7 +1082,7 @@ START_TEST(test_evictions_report_is_newest_first_and_limited_to_50) {
     free(t);
 
     TS_OK(cat_begin(w));
-    for (int i = 0; i < 60; i++) TS_OK(cat_eviction(w, "w1", "t", "kx", "lru", NULL, 0, 0, 1, 2000 + i));
+    for (int i = 0; i < 60; i++) TS_OK(cat_eviction(w, "w1", "t", "kx", 0, "lru", NULL, 0, 0, 1, 2000 + i));
     TS_OK(cat_commit(w));
     j = report_json(c, ctl_report_evictions);
     ck_assert_int_eq(json_array_size(j), 50);
@@ -1379,7 +1412,7 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1005));          /* before the first sync */
     TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/v2", 1010));
     TS_OK(cat_weight_state(c, "transformer", 2, "current", NULL));
-    TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 1, 2, 1, 1011));
+    TS_OK(cat_eviction(c, "w1", "k", "k1", 0, "weight_sync", "transformer", 1, 2, 1, 1011));
     TS_OK(cat_capture(c, "w1", "k", "k1", 0, 1, 1, 0.1, 1, NULL, 1012));
     /* a sync no worker applied moves no weights: no sync of the report's */
     TS_OK(cat_weight_version(c, "transformer", 5, "cc", "/w/v5", 1012.5));
@@ -1387,7 +1420,7 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     TS_OK(cat_capture(c, "w1", "k", "k2", 0, 1, 1, 0.1, 1, NULL, 1013));
     TS_OK(cat_weight_version(c, "transformer", 3, "bb", "/w/v3", 1020));
     TS_OK(cat_weight_state(c, "transformer", 3, "current", NULL));
-    TS_OK(cat_eviction(c, "w1", "k", "k1", "weight_sync", "transformer", 2, 3, 1, 1021));
+    TS_OK(cat_eviction(c, "w1", "k", "k1", 0, "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
         TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
                        i == 9 ? "timeout" : "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, 1000 + 3 * i));
@@ -1523,7 +1556,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     TS_OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, NULL, 2));
     TS_OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
     TS_OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
-    TS_OK(cat_eviction(c, worker, text, hash, "lru", "c'omp", 0, 1, 1, 5));
+    TS_OK(cat_eviction(c, worker, text, hash, 0, "lru", "c'omp", 0, 1, 1, 5));
     TS_OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, 6));
     TS_OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
     TS_OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
@@ -1678,7 +1711,7 @@ static void write_why_history(cat_t *c) {
                       "no result within 3000 ms (running)", 1004.0));
     why_request(c, 8, "w0", 1, 0, 6, 0, 0.2, WHY_A1, NULL, 1005.0);
     why_request(c, 10, "w0", 1, 0, 4, 2, 0.3, WHY_A1, "budget_exceeded=2", 1006.0);
-    TS_OK(cat_eviction(c, "w0", WHY_KEY("1"), WHY_A1, "weight_sync", "transformer", 1, 2, 2, 1010.0));
+    TS_OK(cat_eviction(c, "w0", WHY_KEY("1"), WHY_A1, 1, "weight_sync", "transformer", 1, 2, 2, 1010.0));
     why_request(c, 6, "w0", 2, 1, 3, 2, 0.6, WHY_A2, "warming_up=2", 1011.0);
     TS_OK(cat_capture(c, "w0", WHY_KEY("2"), WHY_A2, 0, 4096, 12, 0.05, 2, NULL, 1011.1));
     why_request(c, 2, "w1", 1, 0, 6, 0, 0.1, WHY_A1, NULL, 1012.0);
@@ -1781,6 +1814,7 @@ START_TEST(test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_th
     json_t *e = json_array_get(evs, 0);
     ck_assert_str_eq(jstr(e, "key_hash"), WHY_A1); /* the graph at v1: another capture key */
     ck_assert(json_is_false(json_object_get(e, "this_key")));
+    ck_assert_int_eq(jint(e, "stream"), 1);
     ck_assert_str_eq(jstr(e, "reason"), "weight_sync");
     ck_assert_int_eq(jint(e, "from_version"), 1);
     ck_assert_int_eq(jint(e, "to_version"), 2);
@@ -1890,6 +1924,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_migration_creates_schema_on_new_file_and_sets_user_version);
     tcase_add_test(tc, test_reopening_existing_catalog_keeps_rows_and_does_not_remigrate);
     tcase_add_test(tc, test_newer_user_version_is_refused_with_clear_message);
+    tcase_add_test(tc, test_migration_15_evictions_before_it_have_no_stream);
     tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
     tcase_add_test(tc, test_a_foreign_database_or_a_non_file_is_refused_untouched);
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);

@@ -150,7 +150,7 @@ static void one_record(cat_t *c, load_t *l, sums_t *into_w, sums_t *into_all, lo
         if (into_w) into_w[w].replays += (long long)n, into_all->replays += (long long)n;
     } else {
         bool sync = rnd(l) % 2;
-        TS_OK(cat_eviction(c, workers[w], text, keys[k], sync ? "weight_sync" : "lru", sync ? "transformer" : NULL,
+        TS_OK(cat_eviction(c, workers[w], text, keys[k], 0, sync ? "weight_sync" : "lru", sync ? "transformer" : NULL,
                         sync ? v : 0, sync ? v + 1 : 0, v, l->t));
         if (into_w) into_w[w].evictions++, into_all->evictions++;
     }
@@ -389,7 +389,7 @@ START_TEST(test_prune_by_row_cap_keeps_the_newest_rows_of_each_table) {
     TS_OK(cat_begin(c));
     for (int i = 0; i < 500; i++) {
         TS_OK(cat_request(c, (uint64_t)i, "w0", keys[i % NK], 1, 4, 0, 4, 0, 0.01 * i, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, 1.7e9 + i));
-        TS_OK(cat_eviction(c, "w0", "t", keys[i % NK], "lru", NULL, 0, 0, 1, 1.7e9 + i));
+        TS_OK(cat_eviction(c, "w0", "t", keys[i % NK], 0, "lru", NULL, 0, 0, 1, 1.7e9 + i));
     }
     TS_OK(cat_commit(c));
     int64_t n;
@@ -575,7 +575,7 @@ START_TEST(test_report_since_counts_evictions_from_the_summaries_after_pruning) 
     cat_t *c = open_ok(false);
     double h0 = 3600.0 * 500000;
     for (int i = 0; i < 10; i++) {
-        TS_OK(cat_eviction(c, "w0", "t", keys[0], i % 2 ? "lru" : "weight_sync", NULL, 0, 0, 1, h0 + 3600.0 * i));
+        TS_OK(cat_eviction(c, "w0", "t", keys[0], 0, i % 2 ? "lru" : "weight_sync", NULL, 0, 0, 1, h0 + 3600.0 * i));
         TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, h0 + 3600.0 * i + 1));
     }
     json_t *before = cat_query_report(c, h0 + 3600.0 * 4);
