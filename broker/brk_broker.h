@@ -172,6 +172,12 @@ typedef struct {
     char sha256[65];
     uint64_t sync_id;          /* the broker's id for it (SYNC "id" to workers) */
     msg_sync_t *sync;          /* owned; NULL while version is 0 */
+    /* When sync is a LoRA adapter: the full version it is on (its
+     * base_version), sent first to a worker that joins below it (owned;
+     * NULL when not known: then such a worker refuses the adapter and
+     * lags until the next full version). */
+    msg_sync_t *base;
+    uint64_t base_id;          /* the broker's id for base */
 } brk_current_t;
 
 /* A barrier member's state. */

@@ -246,6 +246,16 @@ static void resume_versions(brk_t *b, cat_t *cat) {
                         (unsigned long long)v[i].version, v[i].source);
         }
     }
+    /* The full versions current adapters are on: a worker that joins
+     * below one is sent it first. */
+    n = cat_current_bases(cat, v, BRK_MAX_COMPONENTS);
+    if (n < 0) brk_log("cannot read the current adapters' bases from the catalog: %s", reel_err_text());
+    for (int i = 0; i < n; i++) {
+        if (v[i].cut || !v[i].source[0] || !strcmp(v[i].source, "inline")) continue; /* not sendable */
+        if (brk_sync_restore_base(b, v[i].component, v[i].version, v[i].sha256, v[i].source) != 0)
+            brk_log("cannot keep %s v%llu as the current adapter's base: %s", v[i].component,
+                    (unsigned long long)v[i].version, reel_err_text());
+    }
 }
 
 /* Opens the catalog (when one is named), resumes its versions and starts

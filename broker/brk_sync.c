@@ -64,6 +64,11 @@ uint64_t brk_current_version(const brk_t *b, const char *component) {
     return c ? c->version : 0;
 }
 
+uint64_t brk_current_base(const brk_t *b, const char *component) {
+    const brk_current_t *c = find_current(b, component);
+    return c && c->sync ? c->sync->base_version : 0;
+}
+
 static brk_current_t *current_slot(brk_t *b, const char *component) {
     for (int i = 0; i < b->n_cur; i++)
         if (!strcmp(b->cur[i].component, component)) return &b->cur[i];
@@ -113,9 +118,6 @@ static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component)
     return worker_sync((brk_worker_t *)w, component, false);
 }
 
-/* Forwards SYNC s (broker id sync_id) to w and notes it sent and awaiting
- * its ack. 0, or -1 with the failure logged (w is marked unreachable when
- * its pipe is gone or full). */
 /* The index of (component, version) among the syncs a broker restart
  * interrupted, or -1. */
 static int interrupted_at(const brk_t *b, const char *component, uint64_t version) {
@@ -124,6 +126,9 @@ static int interrupted_at(const brk_t *b, const char *component, uint64_t versio
     return -1;
 }
 
+/* Forwards SYNC s (broker id sync_id) to w and notes it sent and awaiting
+ * its ack. 0, or -1 with the failure logged (w is marked unreachable when
+ * its pipe is gone or full). */
 static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
     if (!w->route.routable || brk_worker_send(b, w, MSG_SYNC, sync_id, s, NULL) != 0) return -1;
     brk_wsync_t *ws = worker_sync(w, s->component, true);
@@ -144,7 +149,13 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
         const brk_current_t *c = &b->cur[i];
         if (!c->sync) continue;
         const brk_wsync_t *ws = wsync_of(w, c->component);
-        if (c->version <= brk_peer_version(&w->route, c->component) || (ws && c->version <= ws->sent)) continue;
+        uint64_t at = brk_peer_version(&w->route, c->component);
+        if (c->version <= at || (ws && c->version <= ws->sent)) continue;
+        /* An adapter on a base this worker does not run: the base first
+         * (the worker applies SYNCs in order), or it refuses the adapter. */
+        if (c->sync->base_version && at < c->sync->base_version && c->base &&
+            !(ws && ws->sent >= c->base->version) && sync_send(b, w, c->base_id, c->base) != 0)
+            continue;
         sync_send(b, w, c->sync_id, c->sync);
     }
 }
@@ -152,6 +163,8 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
 static void promote(brk_t *b, brk_barrier_t *s, const char *by);
 static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *sync);
 static brk_member_t *member(brk_barrier_t *s, const char *worker);
+static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const char *reason);
+static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worker_t *w);
 static void settle_barriers(brk_t *b);
 
 /* A LoRA adapter's base in the catalog, and the config of one sent by
@@ -211,6 +224,28 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
     settle_barriers(b);
 }
 
+/* Worker w registered again while a barrier waits for its ack: a worker
+ * drops a SYNC whose broker session ended before it applied it (the
+ * broker may have failed that sync), so it is sent again on this one; one
+ * the worker applied before it registered is answered at once. */
+static void resend_waiting(brk_t *b, brk_worker_t *w) {
+    for (brk_barrier_t *s = b->barriers; s; s = s->next) {
+        brk_member_t *mb = member(s, w->route.name);
+        if (!mb || mb->state != M_WAITING) continue;
+        const brk_current_t *c = s->sync ? NULL : find_current(b, s->component);
+        const msg_sync_t *sync = s->sync ? s->sync : c && c->version == s->version ? c->sync : NULL;
+        if (runs_already(b, s, w)) {
+            mb->state = M_APPLIED;
+            if (s->sync) promote(b, s, w->route.name);
+        } else if (!sync || sync_send(b, w, s->sync_id, sync) != 0) {
+            member_failed(b, s, mb, "unreachable: SYNC not delivered again after the worker registered again");
+        } else {
+            brk_log("sync %s v%llu sent again to %s: it registered again before answering", s->component,
+                    (unsigned long long)s->version, w->route.name);
+        }
+    }
+}
+
 void brk_sync_joined(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < w->route.n_versions; i++) {
         brk_wsync_t *ws = worker_sync(w, w->route.versions[i].name, true);
@@ -219,6 +254,7 @@ void brk_sync_joined(brk_t *b, brk_worker_t *w) {
             ws->sent_id = 0;
         }
     }
+    resend_waiting(b, w);
     rejoin_interrupted(b, w);
     brk_catch_up(b, w);
 }
@@ -360,12 +396,30 @@ static void settle_barriers(brk_t *b) {
     }
 }
 
+/* cur's sync is about to be replaced by next: the full SYNC an adapter
+ * is on is kept as cur->base (the one replaced, when next is an adapter
+ * on it; the one kept already, when next is another adapter on the same
+ * base); every other SYNC is freed. */
+static void keep_base(brk_current_t *cur, const msg_sync_t *next) {
+    msg_sync_t *old = cur->sync;
+    cur->sync = NULL;
+    uint64_t on = next ? next->base_version : 0;
+    if (on && old && !old->base_version && old->version == on) {
+        free_sync(&cur->base);
+        cur->base = old;
+        cur->base_id = cur->sync_id;
+        return;
+    }
+    free_sync(&old);
+    if (!on || !cur->base || cur->base->version != on) free_sync(&cur->base);
+}
+
 /* A worker applied pending barrier s's version: it becomes the component's
  * current one, unless a newer one already is. */
 static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
     brk_current_t *cur = s->sync ? current_slot(b, s->component) : NULL;
     if (!cur || s->version <= cur->version) return;
-    free_sync(&cur->sync);
+    keep_base(cur, s->sync);
     cur->sync = s->sync;
     s->sync = NULL;
     cur->version = s->version;
@@ -406,15 +460,37 @@ static brk_barrier_t *barrier_new(brk_t *b, const char *component, uint64_t vers
     return s;
 }
 
+/* Whether a worker that reports s's version runs s's weights as far as
+ * this broker knows: the version is the current one, or one a restart
+ * interrupted, under the same sha256. Otherwise its number may name other
+ * weights (the ones it started with: `--weights-version`, 1 by default,
+ * or a version this broker failed) and only the worker can tell. */
+static bool version_known(const brk_t *b, const brk_barrier_t *s) {
+    const brk_current_t *c = find_current(b, s->component);
+    if (c && c->version == s->version && !strcasecmp(c->sha256, s->sha256)) return true;
+    int k = interrupted_at(b, s->component, s->version);
+    return k >= 0 && !strcasecmp(b->interrupted[k].sha256, s->sha256);
+}
+
+/* Whether w runs s's version already: a newer one, or this one as known. */
+static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worker_t *w) {
+    uint64_t v = brk_peer_version(&w->route, s->component);
+    return v > s->version || (v == s->version && version_known(b, s));
+}
+
 /* Adds w to s: applied when it runs the version already, else waiting for
  * the ack of a SYNC sent now (msg), or of one already on its way (a retry
- * does not make it load the file twice); failed when it cannot be sent. */
+ * does not make it load the file twice); failed when it cannot be sent.
+ * A worker at the very version the broker cannot vouch for is sent the
+ * SYNC: READY carries no sha256, and only the worker can tell whether it
+ * runs these weights (ok, at once, nothing read) or other weights under
+ * that number (stale). */
 static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t sync_id,
                        const msg_sync_t *sync) {
     brk_member_t *mb = &s->m[s->n++];
     snprintf(mb->worker, sizeof mb->worker, "%s", w->route.name);
     const brk_wsync_t *ws = wsync_of(w, s->component);
-    if (brk_peer_version(&w->route, s->component) >= s->version) {
+    if (runs_already(b, s, w)) {
         mb->state = M_APPLIED;
     } else if (ws && ws->waiting && ws->sent >= s->version) {
         mb->state = M_WAITING;
@@ -677,6 +753,10 @@ static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const ch
 }
 
 void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w) {
+    /* A worker that registered again (a READY under its live name) is
+     * here at once: its barriers keep waiting for it and send it the SYNC
+     * again (resend_waiting, from brk_sync_joined). */
+    if (w->dead_why && !strcmp(w->dead_why, "restarted")) return;
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         brk_member_t *mb = member(s, w->route.name);
         if (mb && mb->state == M_WAITING) member_failed(b, s, mb, "worker lost");
@@ -724,7 +804,10 @@ int64_t brk_sync_next_deadline(const brk_t *b) {
 
 void brk_sync_shutdown(brk_t *b) {
     brk_sync_give_up(b, WIRE_E_INTERNAL, "broker shutting down");
-    for (int i = 0; i < b->n_cur; i++) free_sync(&b->cur[i].sync);
+    for (int i = 0; i < b->n_cur; i++) {
+        free_sync(&b->cur[i].sync);
+        free_sync(&b->cur[i].base);
+    }
 }
 
 void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
@@ -756,7 +839,7 @@ int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
     c->n_tensors = 0;
     memset(c->tensors, 0, sizeof c->tensors);
     c->deadline_ms = 0;
-    free_sync(&cur->sync);
+    keep_base(cur, c);
     cur->sync = c;
     cur->version = s->version;
     snprintf(cur->sha256, sizeof cur->sha256, "%s", s->sha256);
@@ -780,10 +863,28 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     else snprintf(s->path, sizeof s->path, "%s", path);
     s->base_version = base_version; /* a LoRA adapter on its base: its folder, or uploaded with its config */
     if (s->uploaded && lora_config) snprintf(s->lora_config, sizeof s->lora_config, "%s", lora_config);
-    free_sync(&cur->sync);
+    keep_base(cur, s);
     cur->sync = s;
     cur->version = version;
     snprintf(cur->sha256, sizeof cur->sha256, "%s", sha256);
     cur->sync_id = b->next_id++;
+    return 0;
+}
+
+int brk_sync_restore_base(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path) {
+    brk_current_t *cur = current_slot(b, component);
+    if (!cur || !cur->sync || cur->sync->base_version != version)
+        return reel_fail(REEL_E_STATE, "%s v%llu is not the current adapter's base", component,
+                         (unsigned long long)version);
+    msg_sync_t *s = calloc(1, sizeof *s);
+    if (!s) return reel_fail(REEL_E_NOMEM, "out of memory");
+    snprintf(s->component, sizeof s->component, "%s", component);
+    s->version = version;
+    snprintf(s->sha256, sizeof s->sha256, "%s", sha256);
+    if (!strcmp(path, BRK_SOURCE_UPLOADED)) s->uploaded = true;
+    else snprintf(s->path, sizeof s->path, "%s", path);
+    free_sync(&cur->base);
+    cur->base = s;
+    cur->base_id = b->next_id++;
     return 0;
 }

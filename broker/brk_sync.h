@@ -38,6 +38,11 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
  * BRK_MAX_COMPONENTS components, REEL_E_NOMEM. */
 int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path,
                      uint64_t base_version, const char *lora_config);
+/* The full version (its path, or BRK_SOURCE_UPLOADED) that the restored
+ * current adapter of component is on: sent first to a worker that joins
+ * below it (brk_catch_up). 0, or -1 with the error value (REEL_E_STATE
+ * when the current version is no adapter on it). */
+int brk_sync_restore_base(brk_t *b, const char *component, uint64_t version, const char *sha256, const char *path);
 /* A standby pair's takeover (brk_ha.c): the peer's current SYNC s, when
  * newer than this broker's, becomes the component's current one, recorded
  * current in the catalog with `why`. 1 when adopted, 0 when not newer, -1
@@ -52,6 +57,9 @@ void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);
 /* The current version of component (0 before any applied sync). */
 uint64_t brk_current_version(const brk_t *b, const char *component);
+/* The full version the current version of component is on when that is
+ * a LoRA adapter (its base_version), else 0: --weights-keep keeps it. */
+uint64_t brk_current_base(const brk_t *b, const char *component);
 /* Whether a SYNC of component's version is under way (pending, held or
  * running): its bytes may be fetched at any moment. */
 bool brk_sync_under_way(const brk_t *b, const char *component, uint64_t version);

@@ -74,6 +74,7 @@ typedef struct {
 typedef struct {
     char component[MSG_NAME_MAX];
     uint64_t current;
+    uint64_t base; /* the current adapter's base (0: none): kept, and not one of the `keep` */
 } prune_t;
 
 #define PRUNES_MAX 8

@@ -7,6 +7,7 @@
  * uploads to write over (brk_upload_int.h, spare_t); and the dir as a
  * previous run left it (its .part files removed, its spares kept). */
 #include "broker/brk_upload.h"
+#include "broker/brk_sync.h"
 #include "broker/brk_upload_int.h"
 
 #include <dirent.h>
@@ -148,10 +149,19 @@ static uint64_t *older_versions(const char *dir, const char *comp, uint64_t curr
  * one finds and finishes; the version is not served meanwhile (FETCH:
  * cannot open). A removed data file is kept as a spare (recycle). One
  * that cannot be removed is logged and left. */
-static void prune_dir(struct brk_uploads *u, const char *dir, int keep, const char *comp, uint64_t current) {
+static void prune_dir(struct brk_uploads *u, const char *dir, int keep, const char *comp, uint64_t current,
+                      uint64_t base) {
     size_t n;
     uint64_t *older = older_versions(dir, comp, current, &n);
-    /* the current one counts as one of the `keep` */
+    /* the current one counts as one of the `keep`; the base of a current
+     * adapter is kept besides (a worker that joins below it is sent it) */
+    if (base)
+        for (size_t i = 0; i < n; i++)
+            if (older[i] == base) {
+                memmove(older + i, older + i + 1, (n - i - 1) * sizeof *older);
+                n--;
+                break;
+            }
     for (size_t i = (size_t)keep - 1; i < n; i++) {
         char sum[1024], file[1024];
         snprintf(sum, sizeof sum, "%s/%s-v%" PRIu64 ".sha256", dir, comp, older[i]);
@@ -181,7 +191,7 @@ static bool prune_next(struct brk_uploads *u) {
     }
     pthread_mutex_unlock(&u->mu);
     if (!any) return false;
-    prune_dir(u, u->dir, u->keep, p.component, p.current);
+    prune_dir(u, u->dir, u->keep, p.component, p.current, p.base);
     pthread_mutex_lock(&u->mu);
     u->removing = false;
     if (u->nq == 0) pthread_cond_broadcast(&u->done);
@@ -235,15 +245,19 @@ void brk_upl_prunes_wait(brk_t *b) {
 
 /* Queues comp's removal (u->mu held): one per component, the newest
  * current asked wins; a full queue drops it (the next SYNC asks again). */
-static void prune_queue(struct brk_uploads *u, const char *comp, uint64_t current) {
+static void prune_queue(struct brk_uploads *u, const char *comp, uint64_t current, uint64_t base) {
     int i = 0;
     while (i < u->nq && strcmp(u->q[i].component, comp)) i++;
     if (i == u->nq && u->nq < PRUNES_MAX) {
         snprintf(u->q[i].component, sizeof u->q[i].component, "%s", comp);
         u->q[i].current = current;
+        u->q[i].base = base;
         u->nq++;
     }
-    if (i < u->nq && current > u->q[i].current) u->q[i].current = current; /* the newest asked wins */
+    if (i < u->nq && current > u->q[i].current) { /* the newest asked wins */
+        u->q[i].current = current;
+        u->q[i].base = base;
+    }
 }
 
 void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
@@ -251,11 +265,11 @@ void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
     if (!b->opt.weights_dir || keep <= 0) return;
     struct brk_uploads *u = b->uploads;
     if (!u || !u->dir) { /* no copy of the dir for a thread (out of memory at start) */
-        prune_dir(NULL, b->opt.weights_dir, keep, comp, current);
+        prune_dir(NULL, b->opt.weights_dir, keep, comp, current, brk_current_base(b, comp));
         return;
     }
     pthread_mutex_lock(&u->mu);
-    prune_queue(u, comp, current);
+    prune_queue(u, comp, current, brk_current_base(b, comp));
     pthread_mutex_unlock(&u->mu);
     if (u->th) reel_thread_wake(u->th);
     else while (prune_next(u)) { /* no thread: here, as it could not start */

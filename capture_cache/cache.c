@@ -99,9 +99,6 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name) {
     return v;
 }
 
-/* An inplace sync of component ci reached e: same addresses, new
- * contents. The entry is re-keyed to the component's version and verifies
- * its graph again on its next call (or after the capture in progress). */
 /* The version of component name that key k names; 0 when it names none. */
 static uint64_t key_comp_version(const cap_key_t *k, const char *name) {
     for (int i = 0; i < k->n_components; i++)
@@ -109,12 +106,23 @@ static uint64_t key_comp_version(const cap_key_t *k, const char *name) {
     return 0;
 }
 
-static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci, evq_t *q) {
+/* An inplace sync of component ci reached e: same addresses, new
+ * contents. The entry is re-keyed to the component's version and verifies
+ * its graph again on its next call (or after the capture in progress).
+ * False, e untouched, when the new key's text does not fit. */
+static bool rekey_inplace(cap_cache_t *c, entry_t *e, int ci, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
     const comp_t *k = &c->comp[ci];
     const uint64_t from = key_comp_version(&e->key, k->name);
-    cap_key_set_version(&e->key, k->name, k->version);
-    cap_key_text(&e->key, false, e->text, sizeof e->text);
+    /* The new key's text, whole, or no re-key: a version with more digits
+     * can make it longer than a text holds, and a text cut short could be
+     * another key's (the caller evicts the entry instead). */
+    cap_key_t nk = e->key;
+    char text[sizeof e->text];
+    if (cap_key_set_version(&nk, k->name, k->version) != 0 || cap_key_text(&nk, false, text, sizeof text) < 0)
+        return false;
+    e->key = nk;
+    memcpy(e->text, text, sizeof text);
     e->hash = cap_hash_text(e->text);
     cap_evq_push(q, CAP_EV_REKEY, 0, e, e->ws_bytes + e->graph_bytes, 0, 0, k->name, from, k->version);
     for (int i = 0; i < e->prog.n_components; i++)
@@ -124,6 +132,7 @@ static void rekey_inplace(cap_cache_t *c, entry_t *e, int ci, evq_t *q) {
      * the call leaves, a graph it holds verifies again (capture_settle,
      * account) */
     if (e->in_use) e->reverify_pending = true;
+    return true;
 }
 
 int cap_component_update(cap_cache_t *c, const char *name, const void *base, size_t bytes,
@@ -165,11 +174,9 @@ int cap_component_update_policy(cap_cache_t *c, const char *name, const void *ba
             /* In place only what ran on the resident version: an entry keyed
              * at another one (made before the component was registered)
              * would share its new key with the resident one's entry. */
-            if (policy == CAP_POLICY_EVICT || key_comp_version(&e->key, name) != from) {
+            if (policy == CAP_POLICY_EVICT || key_comp_version(&e->key, name) != from ||
+                !rekey_inplace(c, e, ci, q))
                 cap_evict(c, e, CAP_EVICT_WEIGHT_SYNC, q, name, from, new_version);
-                continue;
-            }
-            rekey_inplace(c, e, ci, q);
         }
     }
     cap_unlock(&c->lock);

@@ -46,12 +46,29 @@ static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *t
     return e;
 }
 
+static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+/* The bytes of a tensor of signature g; SIZE_MAX past size_t. */
+static size_t sig_bytes(const cap_sig_t *g) {
+    size_t n = kern_dtype_size(g->dtype);
+    for (int i = 0; i < g->ndim; i++)
+        if (g->shape[i] < 0 || __builtin_mul_overflow(n, (size_t)g->shape[i], &n)) return SIZE_MAX;
+    return n;
+}
+
 /* What a new entry for the call will hold beside its workspace: the
  * cache's copy of each input for verify, rounded as cap_entry_make rounds
- * it (its static slot's size, which the call's input fits). */
+ * it. Sized from the key's declared inputs, as the workspace is, not from
+ * the call's tensors: a call whose tensors do not match its key is refused
+ * (shape_mismatch) after its entry is made, and must not have evicted
+ * other keys' graphs for tensors it was never going to be given room for. */
 static size_t snap_bytes(const dispatch_t *d) {
     size_t n = 0;
-    for (int i = 0; i < d->p->n_inputs; i++) n += (kern_tensor_bytes(&d->call->inputs[i]) + 255) & ~(size_t)255;
+    for (int i = 0; i < d->p->n_inputs; i++) {
+        size_t b = i < d->call->key->n_inputs ? sig_bytes(&d->call->key->inputs[i])
+                                              : kern_tensor_bytes(&d->call->inputs[i]);
+        if (b > SIZE_MAX - 255 || __builtin_add_overflow(n, (b + 255) & ~(size_t)255, &n)) return SIZE_MAX;
+    }
     return n;
 }
 
@@ -68,7 +85,7 @@ static int acquire(dispatch_t *d, int si, const int *comp, const char *text, uin
         d->reason = CAP_DECLINE_ENTRY_BUSY;
         d->e = NULL;
     } else if (!d->e && d->reason == CAP_DECLINE_COUNT && d->p->ws_size &&
-               !cap_make_room(c, NULL, d->p->ws_size(d->user, d->call->key) + snap_bytes(d), &d->q)) {
+               !cap_make_room(c, NULL, sat_add(d->p->ws_size(d->user, d->call->key), snap_bytes(d)), &d->q)) {
         d->reason = CAP_DECLINE_BUDGET_EXCEEDED;
     }
     if (d->e) return 0;

@@ -443,6 +443,17 @@ int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max) {
                        "interrupted versions", out, max);
 }
 
+int cat_current_bases(cat_t *c, cat_version_t *out, int max) {
+    return versions_of(c,
+                       "SELECT b.component, b.version, coalesce(b.sha256, ''), coalesce(b.source, ''), 0, '' "
+                       "FROM weight_versions w JOIN weight_versions b ON b.component = w.component "
+                       "AND b.version = w.base_version WHERE w.state = 'current' AND w.version = "
+                       "(SELECT max(version) FROM weight_versions WHERE component = w.component"
+                       " AND state = 'current') AND coalesce(b.base_version, 0) = 0"
+                       " AND b.state IN ('current', 'superseded') ORDER BY b.component",
+                       "the current adapters' bases", out, max);
+}
+
 int cat_pending_versions(cat_t *c, cat_version_t *out, int max) {
     return versions_of(c,
                        "SELECT component, version, coalesce(sha256, ''), coalesce(source, ''), coalesce(base_version, 0), "

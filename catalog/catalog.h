@@ -143,6 +143,11 @@ int cat_pending_versions(cat_t *c, cat_version_t *out, int max);
  * does the pending ones. Newest first within each component. Same
  * returns. */
 int cat_interrupted_versions(cat_t *c, cat_version_t *out, int max);
+/* For each component whose current version (cat_current_versions) is a
+ * LoRA adapter, the full version it is on (its base_version), when the
+ * catalog has it as applied (current or superseded): what a worker that
+ * joins below the base is sent first. Same returns. */
+int cat_current_bases(cat_t *c, cat_version_t *out, int max);
 
 #ifdef __cplusplus
 }

@@ -178,6 +178,16 @@ lsync "$D/s15.err" --version 15 --weights "$D/w/base2.safetensors" && grep -q co
 lsync "$D/s16.err" --version 16 --base 15 --lora "$D/w/x" && gen "$D/g16.safetensors" &&
     same "$D/g16.safetensors" "$D/ref_b2x.safetensors" &&
     ok "v16 = x on base v15: GEN equals run --weights base2 --lora x" || { bad "x on the new base"; show "$D/s16.err"; }
+# a worker that joins on its startup weights (v1, below the adapter's
+# base v15) is sent v15 first, then v16
+cli_worker wl "$D/broker.log" "$D/wl.log" --broker "$WE" --weights "$D/w/base.safetensors" --streams 1 \
+    --heartbeat-ms 200 --lora || { bad "wl starts"; show "$D/wl.log"; finish; }
+WL=$WORKER
+wait_for "$D/wl.log" "applied transformer v16" 60 && grep -q "applied transformer v15" "$D/wl.log" &&
+    ! grep -q "not this worker's base" "$D/wl.log" &&
+    ok "a worker joining below the adapter's base applies base v15, then v16" || { bad "late joiner below the base"; show "$D/wl.log"; }
+stop_proc "$WL" || bad "wl stops"
+wait_for "$D/broker.log" "worker wl lost" 30 || bad "the broker lets wl go"
 lsync "$D/s17.err" --version 17 --base 15 --lora-upload "$D/outside/y" && gen "$D/g17.safetensors" &&
     same "$D/g17.safetensors" "$D/ref_b2y.safetensors" &&
     ok "v17 = y uploaded from outside the workers' directories (by value): GEN equals run --lora y" ||
@@ -250,4 +260,10 @@ restarted 23 --lora "$D/w/x" "$D/w/x" "$D/ref_b2x.safetensors" w4 2
 
 echo "== ... and one sent by upload, with its config"
 restarted 24 --lora-upload "$D/outside/y" uploaded "$D/ref_b2y.safetensors" w5 3
+
+echo "== a restarted broker sends a worker below the base the base first"
+cli_worker w6 "$D/broker3.log" "$D/w6.log" --broker "$WE" --weights "$D/w/base.safetensors" --streams 1 \
+    --heartbeat-ms 200 --lora || { bad "w6 starts"; show "$D/w6.log"; finish; }
+wait_for "$D/w6.log" "applied transformer v24" 60 && grep -q "applied transformer v15" "$D/w6.log" &&
+    ok "w6 (startup v1) applies base v15 from the catalog, then the uploaded v24" || { bad "w6 below the base"; show "$D/w6.log" "$D/broker3.log"; }
 finish

@@ -83,6 +83,19 @@ wait_sql "select state from weight_versions where version = 2" "failed" 60 && ok
 echo "== the same version published again, with workers, becomes current"
 start_worker a1 "$D/w1.safetensors" || bad "a1 starts"
 start_worker a2 "$D/w1.safetensors" || bad "a2 starts"
+echo "== the workers' startup version (1) published with other weights: stale, not taken on its number"
+if sync_v 1 "$D/w2.safetensors" "$D/s1s.err"; then bad "a sync of v1 with other weights exits non-zero"; show "$D/s1s.err"
+else
+    grep -q "FAILED, no worker applied it" "$D/s1s.err" && grep -q "a1:stale" "$D/s1s.err" && grep -q "a2:stale" "$D/s1s.err" &&
+        ok "sync v1 with other weights than the workers' v1: exit 1, each worker says stale" ||
+        { bad "sync v1 with other weights"; show "$D/s1s.err"; }
+fi
+grep -q '"versions":{}' "$(status --json >"$D/st1s.json"; echo "$D/st1s.json")" &&
+    ok "no current version after it" || { bad "no current version after the stale v1"; show "$D/st1s.json"; }
+if sync_v 1 "$D/w1.safetensors" "$D/s1w.err" && grep -q "complete; applied a1,a2" "$D/s1w.err"; then
+    ok "sync v1 with the very weights they run: complete (asked, not taken on its number)"
+else bad "sync v1 with the same weights completes"; show "$D/s1w.err"; fi
+! grep -q "applied transformer v1" "$D/a1.log" && ok "nothing read or loaded again for it" || { bad "a1 reloaded v1"; show "$D/a1.log"; }
 if sync_v 2 "$D/w2.safetensors" "$D/s1.err" && grep -q "complete" "$D/s1.err"; then ok "sync v2 complete on a1 and a2"
 else bad "sync v2 completes"; show "$D/s1.err"; fi
 wait_sql "select state from weight_versions where version = 2" "current" 60 && ok "the catalog marks v2 current" || bad "v2 current in the catalog"
@@ -212,5 +225,56 @@ grep -qE "sync to v5 refused: bad_weights: NaN or infinite values [(]tensor .* h
     ok "a1's log names the tensor" || { bad "NaN tensor named"; show "$D/a1.log"; }
 echo "== finite weights past 2^24 (a trainer diverging, not yet at infinity) are refused too"
 diverged 6 1e18 "values 1e18" "values of 2^24 or more"
+
+echo "== a SYNC whose broker session ends before it is applied is dropped, and sent again on the new one"
+# A drain-mode worker holds the SYNC while a long request runs; the broker
+# stops answering (SIGSTOP) until the worker gives up on the session and
+# registers again. The worker must not apply what it got on the old
+# session (that broker may have failed the sync); the broker, still
+# waiting for its ack, sends it again, and the sync completes.
+C2="ipc://$D/c2"; W2="ipc://$D/w2e"
+cli_broker "$D/broker2.log" --clients "$C2" --workers "$W2" --catalog "" --heartbeat-ms 200 --sync-deadline-ms 60000 ||
+    bad "a second broker starts"
+BROKER2=$BROKER
+cli_worker dr "$D/broker2.log" "$D/dr.log" --broker "$W2" --weights "$D/w1.safetensors" --streams 1 \
+    --sync-mode drain --heartbeat-ms 200 || bad "the drain worker registers"
+"$R" gen --broker "$C2" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 --seed 3 \
+    --timeout-ms 8000 --quiet --out "$D/long.safetensors" 2>"$D/long.err" &
+LONG=$!
+PIDS="$PIDS $LONG"
+i=0
+while [ $i -lt 600 ] && ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 1/[0-9]+ "; do sleep 0.05; i=$((i + 1)); done
+"$R" sync --broker "$C2" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 >"$D/sdr.out" 2>"$D/sdr.err" &
+SP=$!
+PIDS="$PIDS $SP"
+if wait_for "$D/dr.log" "draining 1 request.s. before applying v2" 60; then
+    kill -STOP "$BROKER2"
+    wait_for "$D/dr.log" "reconnecting" 60 || bad "the worker gives up on the silent broker"
+    kill -CONT "$BROKER2"
+else
+    bad "the drain worker holds the SYNC while its request runs"; show "$D/dr.log"
+fi
+wait "$SP"; rc=$?
+grep -q "sync to v2 abandoned: the broker session it came in ended before it was applied" "$D/dr.log" &&
+    ok "the worker dropped the SYNC of its old session" || { bad "old session's SYNC dropped"; show "$D/dr.log"; }
+# Which way it goes depends on what the broker reads first once it runs
+# again: the worker's new READY (it sends the SYNC again: complete), or
+# its heartbeat to the closed connection failing (worker lost: the sync
+# fails). Either way the worker's weights must be what the sync says.
+"$R" gen --broker "$C2" --model tiny $IN --timeout-ms 20000 --quiet --out "$D/gdr.safetensors" 2>"$D/gdr.err" ||
+    { bad "GEN after the sync"; show "$D/gdr.err"; }
+if [ "$rc" = 0 ]; then
+    grep -q "complete; applied dr" "$D/sdr.err" && [ "$(grep -c "applied transformer v2" "$D/dr.log")" = 1 ] &&
+        grep -q "sync transformer v2 sent again to dr: it registered again before answering" "$D/broker2.log" &&
+        grep -q "weights v2" "$D/gdr.err" && same "$D/gdr.safetensors" "$D/ref2.safetensors" &&
+        ok "complete: sent again on the new session, applied once, served exactly" ||
+        { bad "the sync sent again"; show "$D/sdr.err" "$D/dr.log" "$D/broker2.log" "$D/gdr.err"; }
+else
+    grep -q "FAILED" "$D/sdr.err" && ! grep -q "applied transformer v2" "$D/dr.log" &&
+        grep -q "weights v1" "$D/gdr.err" &&
+        ok "failed (worker lost): nothing changed, the worker still serves v1 (exit $rc)" ||
+        { bad "a failed sync the worker applied anyway (exit $rc)"; show "$D/sdr.err" "$D/dr.log" "$D/broker2.log" "$D/gdr.err"; }
+fi
+kill "$LONG" 2>/dev/null
 
 finish

@@ -1158,15 +1158,145 @@ START_TEST(test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it
 }
 END_TEST
 
-START_TEST(test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_once) {
+/* READY carries no sha256: a worker that reports the version of a sync
+ * the broker cannot vouch for (not its current version with that sha256)
+ * may run other weights under that number, so it is asked like the others
+ * and its answer decides. */
+START_TEST(test_a_worker_that_reports_the_version_at_ready_is_asked_and_its_ok_makes_it_current) {
     box_t x;
     box_open(&x);
     ready(&x, 0, 2); /* restarted with --weights-version 2 */
     ready(&x, 1, 1);
     trainer_sync(&x, 1, 2, SHA_A);
-    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
-    ck_assert(!has_msg(x.w[0], "SYNC"));
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0); /* not on its word */
+    expect_sync(&x, 0, 2);
     expect_sync(&x, 1, 2);
+    ack(&x, 0, 2, NULL); /* the same weights: ok at once */
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    ack(&x, 1, 2, NULL);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    box_close(&x);
+}
+END_TEST
+
+/* The trainer's first sync names the version the workers started at (1 by
+ * default) with other weights: every worker says stale, nothing changes,
+ * and it is not "complete". */
+START_TEST(test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    trainer_sync(&x, 1, 1, SHA_A);
+    expect_sync(&x, 0, 1);
+    expect_sync(&x, 1, 1);
+    ack(&x, 0, 1, "stale");
+    ack(&x, 1, 1, "stale");
+    wire_msg_t *d = answer(&x);
+    ck_assert(!done_complete(d));
+    ck_assert_str_eq(wv_get_str(wv_at(wv_get(d->hdr, "failed"), 0), "reason"), "stale");
+    drop_msg(&d);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0);
+    box_close(&x);
+}
+END_TEST
+
+/* A worker drops a SYNC whose broker session ended before it applied it
+ * (docs/PROTOCOL.md): when it registers again while the barrier still
+ * waits for it, the broker sends the SYNC again on the new session, and
+ * the ack of that one completes the sync. Registering again at the
+ * version (applied before it reconnected) is asked the same way. */
+START_TEST(test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again) {
+    for (int applied_first = 0; applied_first < 2; applied_first++) {
+        box_t x;
+        box_open(&x);
+        ready(&x, 0, 1);
+        trainer_sync(&x, 1, 2, SHA_A);
+        expect_sync(&x, 0, 2);
+        ready(&x, 0, applied_first ? 2 : 1); /* a new session */
+        expect_sync(&x, 0, 2);
+        ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0);
+        ack(&x, 0, 2, NULL);
+        wire_msg_t *d = answer(&x);
+        ck_assert(done_complete(d));
+        drop_msg(&d);
+        ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+        box_close(&x);
+    }
+}
+END_TEST
+
+/* The trainer's SYNC of a LoRA adapter (its PEFT folder) on base. */
+static void trainer_sync_adapter(box_t *x, uint64_t id, uint64_t version, uint64_t base, const char *sha) {
+    wire_val_t *h = wire_hdr("SYNC", id);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(version));
+    wv_set(h, "sha256", wv_str(sha));
+    wv_set(h, "path", wv_str("/w/lora"));
+    wv_set(h, "base_version", wv_u64(base));
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* One sync of `version` applied by worker 0 alone: complete. */
+static void synced(box_t *x, uint64_t id, uint64_t version, uint64_t base, const char *sha) {
+    if (base) trainer_sync_adapter(x, id, version, base, sha);
+    else trainer_sync(x, id, version, sha);
+    expect_sync(x, 0, version);
+    ack(x, 0, version, NULL);
+    wire_msg_t *d = answer(x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+}
+
+/* A worker that joins below the base of the current LoRA adapter (it
+ * restarted on its startup weights) is sent the base's full SYNC first,
+ * then the adapter: it applies them in order. Adapters after adapters on
+ * one base keep it; a new full version lets it go. */
+START_TEST(test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    synced(&x, 1, 2, 0, SHA_A);     /* v2 full */
+    synced(&x, 2, 3, 2, SHA_B);     /* v3: an adapter on v2 */
+    synced(&x, 3, 4, 2, SHA_A);     /* v4: another adapter on v2 */
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 4);
+    ck_assert_uint_eq(brk_current_base(&x.b, "transformer"), 2);
+    ready(&x, 1, 1); /* joins at its startup v1 */
+    wire_msg_t *m = take(x.w[1], false);
+    uint64_t v = 0, base = 0;
+    ck_assert_str_eq(m->type, "SYNC");
+    ck_assert(wv_get_u64(m->hdr, "version", &v));
+    ck_assert_uint_eq(v, 2);
+    ck_assert(!wv_get_u64(m->hdr, "base_version", &base) || base == 0); /* the full version */
+    drop_msg(&m);
+    m = take(x.w[1], false);
+    ck_assert(wv_get_u64(m->hdr, "version", &v) && wv_get_u64(m->hdr, "base_version", &base));
+    ck_assert_uint_eq(v, 4);
+    ck_assert_uint_eq(base, 2);
+    drop_msg(&m);
+    ack(&x, 1, 2, NULL);
+    ack(&x, 1, 4, NULL);
+    char why[192];
+    ck_assert_ptr_null(lag_of(&x, 1, why, sizeof why));
+    /* a worker at the base itself is sent the adapter alone */
+    ready(&x, 2, 2);
+    expect_sync(&x, 2, 4);
+    ck_assert(!has_msg(x.w[2], "SYNC"));
+    /* a new full version: no base kept, a joiner is sent it alone */
+    ack(&x, 2, 4, NULL);
+    trainer_sync(&x, 4, 5, SHA_B);
+    for (int i = 0; i < 3; i++) {
+        expect_sync(&x, i, 5);
+        ack(&x, i, 5, NULL);
+    }
+    m = answer(&x);
+    ck_assert(done_complete(m));
+    drop_msg(&m);
+    ck_assert_uint_eq(brk_current_base(&x.b, "transformer"), 0);
     box_close(&x);
 }
 END_TEST
@@ -4126,7 +4256,10 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_resending_the_current_version_acks_and_retries_only_lagging_workers);
     tcase_add_test(sy, test_resending_a_pending_version_joins_its_barrier);
     tcase_add_test(sy, test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up);
-    tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_makes_it_current_at_once);
+    tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_is_asked_and_its_ok_makes_it_current);
+    tcase_add_test(sy, test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale);
+    tcase_add_test(sy, test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again);
+    tcase_add_test(sy, test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first);
     tcase_add_test(sy, test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code);
     suite_add_tcase(s, sy);
     TCase *an = tcase_create("answers");

@@ -899,6 +899,68 @@ START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_an
 }
 END_TEST
 
+/* An inplace sync whose new version has one digit more can make the
+ * re-keyed text longer than a key text holds: the entry is evicted, not
+ * kept under a text cut short, which could be another key's (here the key
+ * whose sched is "f3" where this one's is "f32"). */
+START_TEST(test_inplace_sync_whose_key_text_would_not_fit_evicts_rather_than_cuts_it) {
+    cap_options_t o = test_options();
+    o.policy = CAP_POLICY_INPLACE;
+    C = new_cache(&o);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 9), 0);
+    req_t a;
+    req_init(&a, &PROG_A, &uA, "syn:long", ROWS, COLS, "wA", 9);
+    /* inputs the program does not read (0 elements: any dims), then their
+     * names, bring the text to exactly 1023 bytes */
+    char text[2 * CAP_KEY_TEXT_MAX];
+    int len = cap_key_text(&a.key, false, text, sizeof text);
+    for (int j = 0; j < 6 && len < CAP_KEY_TEXT_MAX - 1; j++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "pad%d", j);
+        int64_t sh[5] = { 0, 1000000000000000000LL, 1000000000000000000LL, 1000000000000000000LL,
+                          1000000000000000000LL };
+        for (int nd = 5; nd >= 1; nd--) {
+            cap_key_t t = a.key;
+            if (cap_key_add_input(&t, nm, KERN_F32, nd, sh) != 0) continue;
+            int l2 = cap_key_text(&t, false, text, sizeof text);
+            if (l2 > 0 && l2 <= CAP_KEY_TEXT_MAX - 1) {
+                a.key = t;
+                len = l2;
+                break;
+            }
+        }
+    }
+    for (int j = 2; j < a.key.n_inputs; j++)
+        while (len > 0 && len < CAP_KEY_TEXT_MAX - 1 && strlen(a.key.inputs[j].name) < sizeof a.key.inputs[j].name - 1) {
+            strcat(a.key.inputs[j].name, "p");
+            len = cap_key_text(&a.key, false, text, sizeof text);
+        }
+    while (len > 0 && len < CAP_KEY_TEXT_MAX - 1 && strlen(a.key.model) < CAP_MODEL_MAX - 1) {
+        strcat(a.key.model, "m");
+        len = cap_key_text(&a.key, false, text, sizeof text);
+    }
+    ck_assert_int_eq(len, CAP_KEY_TEXT_MAX - 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.graphs, 1);
+
+    reset_records();
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 10), 1);
+    ck_assert_int_eq(count_events(CAP_EV_REKEY, -1), 0);
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC), 1);
+    st = stats(C);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_WEIGHT_SYNC], 1);
+    /* the key a cut text would have named: a key of its own, warming up */
+    req_t f3 = a;
+    ck_assert_int_eq(cap_key_set_version(&f3.key, "wA", 10), 0);
+    snprintf(f3.key.graph.sched, sizeof f3.key.graph.sched, "f3");
+    ck_assert_int_eq(cap_key_text(&f3.key, false, text, sizeof text), CAP_KEY_TEXT_MAX - 1);
+    expect_eager(req_call(C, S, &f3), CAP_DECLINE_WARMING_UP, "the other key", 0);
+    ck_assert_uint_eq(stats(C).reverifies, 0);
+}
+END_TEST
+
 START_TEST(test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_sync) {
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
@@ -1250,6 +1312,40 @@ static void probe_entry(size_t *ws, size_t *graph) {
     cap_cache_destroy(&p);
     reset_records();
 }
+
+/* A call whose tensors are larger than its key declares is refused
+ * (shape_mismatch) once its entry is made; the room it is admitted with is
+ * the key's, not its tensors', so it evicts no other key's graph on its
+ * way to the refusal. */
+START_TEST(test_a_call_whose_tensors_its_key_does_not_declare_evicts_no_other_graph) {
+    /* (a program that states its workspace size: admitted before its
+     * workspace is made, from that size and its inputs' copies) */
+    size_t ws, g;
+    probe_entry(&ws, &g);
+    size_t entry = ws + g;
+    cap_options_t o = test_options();
+    o.budget_bytes = 2 * entry + entry / 2;
+    C = new_cache(&o);
+    req_t a, lie;
+    req_init(&a, &PROG_SIZED, &uA, "syn:kept", ROWS, COLS, "wA", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    /* its two inputs and its workspace together 2.4 entries: more than the
+     * room beside a, less than the budget: admitted by them, a would go */
+    int64_t rows = (int64_t)(((24 * entry / 10 - ws) / 2) / (sizeof(float) * COLS));
+    req_init(&lie, &PROG_SIZED, &uA, "syn:lie", rows, COLS, "wA", 1);
+    lie.key = make_key("syn:lie", ROWS, COLS, "wA", 1);
+    reset_records();
+    cap_result_t res;
+    ck_assert_int_eq(req_try(C, S, &lie, &res), -1);
+    ck_assert_msg(strstr(reel_err_text(), "bind: input 0"), "%s", reel_err_text());
+    ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 1);
+    fill(a.x, N, -1.f, 1.f);
+    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "the kept key after the refused call", 0);
+}
+END_TEST
 
 START_TEST(test_memory_budget_evicts_least_recently_used_entries) {
     size_t ws, g;
@@ -3593,6 +3689,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_shape_change_captures_under_new_key_and_old_entry_evicted_when_asked);
     tcase_add_test(tc, test_weight_version_bump_evicts_only_graphs_reading_that_component_and_next_call_recaptures);
     tcase_add_test(tc, test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_sync);
+    tcase_add_test(tc, test_inplace_sync_whose_key_text_would_not_fit_evicts_rather_than_cuts_it);
     tcase_add_test(tc, test_weights_moved_under_a_key_that_omits_the_component_declines_and_rewarms);
     tcase_add_test(tc, test_bind_with_wrong_shape_or_dtype_fails_clearly);
     tcase_add_test(tc, test_pinned_input_that_moves_declines_instead_of_reading_stale_memory);
@@ -3600,6 +3697,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_changed_constant_declines);
     tcase_add_test(tc, test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory);
     tcase_add_test(tc, test_memory_budget_evicts_least_recently_used_entries);
+    tcase_add_test(tc, test_a_call_whose_tensors_its_key_does_not_declare_evicts_no_other_graph);
     tcase_add_test(tc, test_budget_too_small_declines_budget_exceeded);
     tcase_add_test(tc, test_workspaces_of_keys_that_never_capture_stay_within_the_budget);
     tcase_add_test(tc, test_failed_copy_out_after_capture_keeps_one_graph_and_no_leak);

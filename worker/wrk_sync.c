@@ -158,6 +158,7 @@ typedef struct {
     msg_sync_t *m;               /* decoded once `decoded` */
     bool decoded;
     uint64_t id, version, applied;
+    uint64_t epoch;              /* the broker session it came in (wrk_t.epoch) */
     st_file_t *f;                /* the weights read (a full version) */
     bool adapter;                /* base_version given: an adapter on the base, or the base again */
     lora_t *lora;                /* the adapter read (NULL with `adapter`: the base itself) */
@@ -165,6 +166,9 @@ typedef struct {
     bool applying;               /* past the checks: a failure now is the apply's */
     struct timespec t0, t1, tf, t2, t3; /* start, read, NaN checked, drained, applied */
 } sync_op_t;
+
+/* sync_apply's answer for a SYNC whose broker session ended first. */
+#define SYNC_ABANDONED 2
 
 #define SECS(a, b) ((double)((b).tv_sec - (a).tv_sec) + 1e-9 * (double)((b).tv_nsec - (a).tv_nsec))
 
@@ -320,6 +324,14 @@ static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
 static int sync_read_phase(sync_op_t *op) {
     wrk_t *w = op->w;
     if (op->version < op->applied) return wrk_refuse(REEL_E_STATE, "stale", "applied v%" PRIu64, op->applied);
+    /* The version applied already: its sha256 says whether these are the
+     * same weights, without reading the file again (a broker sends the
+     * applied version to learn exactly that: READY carries no sha256). */
+    if (!op->adapter && op->version == op->applied && op->s->applied_sha[0]) {
+        if (!strcasecmp(op->s->applied_sha, op->m->sha256)) return 1;
+        return wrk_refuse(REEL_E_STATE, "stale", "v%" PRIu64 " applied with other weights (sha256 %.16s...)",
+                          op->applied, op->s->applied_sha);
+    }
     unsigned reasked = 0;
     const wrk_fetch_src_t src = { w->zctx, wrk_broker_endpoint(w), w->curve, &op->s->spare, &reasked };
     clock_gettime(CLOCK_MONOTONIC, &op->t0);
@@ -448,10 +460,20 @@ static int sync_apply_locked(sync_op_t *op) {
  * drain. */
 static int sync_apply(sync_op_t *op) {
     wrk_t *w = op->w;
-    op->applying = true;
     pthread_rwlock_wrlock(&w->step_lock);
     reel_owner_set(&w->step_writer);
-    int rc = sync_apply_locked(op);
+    int rc;
+    if (op->epoch != atomic_load(&w->epoch)) {
+        /* Its broker session ended before it was applied: that broker
+         * may have given up on this worker and failed the sync, and a
+         * sync it failed must change nothing. Not applied and not
+         * answered: a broker that still wants it sends it again when this
+         * worker registers (docs/PROTOCOL.md, "Weight syncs"). */
+        rc = SYNC_ABANDONED;
+    } else {
+        op->applying = true;
+        rc = sync_apply_locked(op);
+    }
     reel_owner_clear(&w->step_writer);
     pthread_rwlock_unlock(&w->step_lock);
     wrk_drain_end(w);
@@ -493,8 +515,8 @@ static void sync_ack(sync_op_t *op, int rc) {
 }
 
 /* One SYNC, phase by phase, answered once. */
-static void process(wrk_syncer_t *s, wire_msg_t *wm) {
-    sync_op_t op = { .s = s, .w = s->w };
+static void process(wrk_syncer_t *s, wire_msg_t *wm, uint64_t epoch) {
+    sync_op_t op = { .s = s, .w = s->w, .epoch = epoch };
     int rc = sync_decode(&op, wm);
     if (rc == 0) rc = sync_read_phase(&op);
     if (rc == 0) rc = sync_check(&op);
@@ -502,7 +524,11 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
         sync_drain(&op);
         rc = sync_apply(&op);
     }
-    sync_ack(&op, rc);
+    if (rc == SYNC_ABANDONED)
+        wrk_log(s->w, "sync to v%" PRIu64 " abandoned: the broker session it came in ended before it was applied "
+                "(a broker that still wants it sends it again)", op.version);
+    else
+        sync_ack(&op, rc);
     if (op.f && op.m->uploaded && !s->spare.p && (s->spare.p = st_take_data(op.f)))
         wrk_fetch_spare_release(&s->spare); /* the next fetch writes into it, if the kernel left it */
     st_close(&op.f);
@@ -510,16 +536,24 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm) {
     free(op.m);
 }
 
+/* A SYNC and the broker session it came in. */
+typedef struct {
+    wire_msg_t *m;
+    uint64_t epoch;
+} sync_item_t;
+
 static void sync_run(void *arg, void *item) {
-    wire_msg_t *m = item;
-    process(arg, m);
-    free_msg(&m);
+    sync_item_t *it = item;
+    process(arg, it->m, it->epoch);
+    free_msg(&it->m);
+    free(it);
 }
 
 static void sync_discard(void *arg, void *item) {
     (void)arg;
-    wire_msg_t *m = item;
-    free_msg(&m);
+    sync_item_t *it = item;
+    free_msg(&it->m);
+    free(it);
 }
 
 wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]) {
@@ -543,7 +577,15 @@ err:
 void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m) {
     /* Not acked when it fails (freed by sync_discard): the broker's
      * deadline reports it. */
-    if (reel_thread_post(s->th, m) != 0) wrk_log(s->w, "%s: a SYNC dropped", reel_err_text());
+    sync_item_t *it = malloc(sizeof *it);
+    if (!it) {
+        wrk_log(s->w, "out of memory: a SYNC dropped");
+        free_msg(&m);
+        return;
+    }
+    it->m = m;
+    it->epoch = atomic_load(&s->w->epoch);
+    if (reel_thread_post(s->th, it) != 0) wrk_log(s->w, "%s: a SYNC dropped", reel_err_text()); /* discarded */
 }
 
 void wrk_syncer_destroy(wrk_syncer_t **sp) {
