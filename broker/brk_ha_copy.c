@@ -30,6 +30,7 @@
 #include "base/error.h"
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_sync.h"
 #include "broker/brk_upload.h"
 
 #define PEER_NAME(c) ((c)->from_active ? "the active broker" : "the standby broker")
@@ -228,7 +229,8 @@ static void chunk(brk_t *b, const msg_fetch_data_t *d, const wire_msg_t *m) {
         brk_log("copied %s v%" PRIu64 " from %s: %" PRIu64 " bytes in %.2f s", c->component, c->version,
                 PEER_NAME(c), c->size - c->from, (double)(now - c->started_ms) / 1000.0);
         c->on = false;
-        brk_upload_prune(b, c->component, c->version); /* the peer's current: --weights-keep as there */
+        /* the peer's current: --weights-keep as there */
+        brk_upload_prune(b, c->component, c->version, brk_current_base(b, c->component));
         brk_ha_copy_consider(b, now);                  /* the next component's, if any */
     } else if (brk_upload_progress(b, c->component, c->version, c->sha256, &held)) {
         if (held != d->offset + n) { /* (not kept, or the part is not where the copy thought: go on from it) */

@@ -216,7 +216,7 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
         brk_cq_worker_version(b->cat, w->route.name, e->component, e->version, true, NULL);
         brk_cq_weight_state(b->cat, e->component, e->version, "current", why);
         brk_log("%s v%llu is current again: %s", e->component, (unsigned long long)e->version, why);
-        brk_upload_prune(b, e->component, e->version);
+        brk_upload_prune(b, e->component, e->version, brk_current_base(b, e->component));
         for (int k = 0; k < b->n_w; k++)
             if (!b->w[k]->dead && b->w[k] != w) brk_catch_up(b, b->w[k]);
         b->interrupted[i] = b->interrupted[--b->n_interrupted];
@@ -427,7 +427,7 @@ static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
     cur->sync_id = s->sync_id;
     brk_cq_weight_state(b->cat, s->component, s->version, "current", NULL);
     brk_log("%s v%llu is current (applied by %s)", s->component, (unsigned long long)s->version, by);
-    brk_upload_prune(b, s->component, s->version);
+    brk_upload_prune(b, s->component, s->version, brk_current_base(b, s->component));
     /* Workers that joined while it was pending are sent it now. */
     for (int i = 0; i < b->n_w; i++)
         if (!b->w[i]->dead) brk_catch_up(b, b->w[i]);

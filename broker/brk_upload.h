@@ -73,11 +73,12 @@ bool brk_upload_held(brk_t *b, const char *component, uint64_t version, const ch
 /* Retention (--weights-keep N): component's current version is now
  * `current`; the files of uploaded versions older than it are removed but
  * for the N-1 newest (versions newer than current, pending or coming, are
- * never touched). Nothing with N = 0. The last two data files removed
+ * never touched), and but for `base` (0: none), the full version a current
+ * LoRA adapter is on, kept besides. Nothing with N = 0. The last two data files removed
  * are kept as spares the next uploads write over: on this project's VMs
  * writing 1.2 GB into a new file cost 2.2 CPU-s, over an old one 0.12
  * (docs/BENCH.md). */
-void brk_upload_prune(brk_t *b, const char *component, uint64_t current);
+void brk_upload_prune(brk_t *b, const char *component, uint64_t current, uint64_t base);
 /* Gives up uploads that had no chunk for BRK_UPLOAD_IDLE_MS (their .part
  * removed, FETCHes waiting on them answered ERROR). */
 void brk_upload_timers(brk_t *b, int64_t now);

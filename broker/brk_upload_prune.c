@@ -7,7 +7,6 @@
  * uploads to write over (brk_upload_int.h, spare_t); and the dir as a
  * previous run left it (its .part files removed, its spares kept). */
 #include "broker/brk_upload.h"
-#include "broker/brk_sync.h"
 #include "broker/brk_upload_int.h"
 
 #include <dirent.h>
@@ -260,16 +259,16 @@ static void prune_queue(struct brk_uploads *u, const char *comp, uint64_t curren
     }
 }
 
-void brk_upload_prune(brk_t *b, const char *comp, uint64_t current) {
+void brk_upload_prune(brk_t *b, const char *comp, uint64_t current, uint64_t base) {
     int keep = b->opt.weights_keep;
     if (!b->opt.weights_dir || keep <= 0) return;
     struct brk_uploads *u = b->uploads;
     if (!u || !u->dir) { /* no copy of the dir for a thread (out of memory at start) */
-        prune_dir(NULL, b->opt.weights_dir, keep, comp, current, brk_current_base(b, comp));
+        prune_dir(NULL, b->opt.weights_dir, keep, comp, current, base);
         return;
     }
     pthread_mutex_lock(&u->mu);
-    prune_queue(u, comp, current, brk_current_base(b, comp));
+    prune_queue(u, comp, current, base);
     pthread_mutex_unlock(&u->mu);
     if (u->th) reel_thread_wake(u->th);
     else while (prune_next(u)) { /* no thread: here, as it could not start */

@@ -276,7 +276,8 @@ typedef struct {
 typedef struct {
     uint64_t calls, captures, replays, eager_runs, verifies, reverifies;
     uint64_t prewarm_captures;       /* of captures: asked by a prewarm call (cap_call_t) */
-    uint64_t audits;                 /* replays audited against eager (mismatches: declines) */
+    uint64_t audits;                 /* audits run, equal or not (a mismatch is also an audit_mismatch
+                                      * decline and eviction; an equal one a replay) */
     uint64_t transient_runs;         /* eager calls in a transient workspace (busy, budget) */
     uint64_t declines[CAP_DECLINE_COUNT];
     uint64_t evictions[CAP_EVICT_COUNT];

@@ -2996,8 +2996,9 @@ START_TEST(test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits) {
 }
 END_TEST
 
-/* --weights-keep 2: once v5 is current, the files of v1..v3 go (on the
- * removal thread: brk_upload_stop waits for it), v4 and v5 stay, a v6
+/* --weights-keep 2: once v5 is current (an adapter on v1), the files of v2
+ * and v3 go (on the removal thread: brk_upload_stop waits for it), v4 and
+ * v5 stay, v1 stays besides them (the current adapter's base), a v6
  * still to come is never touched; a digest whose file a cut-short removal
  * already took is finished (and is not a stored version meanwhile); other
  * components are not touched, and one pruned next keeps its own current
@@ -3031,19 +3032,21 @@ START_TEST(test_weights_keep_removes_older_versions_and_finishes_a_cut_short_rem
     ck_assert(!brk_upload_stored(&x.b, "transformer", 3, sha));
     ck_assert_msg(strstr(reel_err()->msg, "was not uploaded"), "%s", reel_err()->msg);
     ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND); /* FETCH, SYNC: bad_request */
-    brk_upload_prune(&x.b, "transformer", 5);
-    brk_upload_prune(&x.b, "transformer", 5); /* asked twice: one removal */
-    snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
+    /* current v5, an adapter on v1: v1 stays besides the --weights-keep 2
+     * (v5 and v4); v2 and v3 go */
+    brk_upload_prune(&x.b, "transformer", 5, 1);
+    brk_upload_prune(&x.b, "transformer", 5, 1); /* asked twice: one removal */
+    snprintf(path, sizeof path, "%s/transformer-v2.sha256", dir);
     brk_upl_prunes_wait(&x.b);
     ck_assert_int_eq(access(path, F_OK), -1);
     /* another component then, its queue slot the one transformer used:
      * vae v2 is current, v3 newer (pending): nothing of vae goes */
-    brk_upload_prune(&x.b, "vae", 2);
+    brk_upload_prune(&x.b, "vae", 2, 0);
     brk_upload_stop(&x.b);
     for (int i = 0; i < N; i++)
         for (int k = 0; k < 2; k++) {
             snprintf(path, sizeof path, "%s/%s.%s", dir, names[i], k ? "sha256" : "safetensors");
-            bool gone = i < 3;
+            bool gone = i == 1 || i == 2;
             ck_assert_msg((access(path, F_OK) != 0) == gone, "%s: %s", path, gone ? "not removed" : "removed");
         }
     upload_box_close(&x, dir);
@@ -3096,7 +3099,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(stat(path, &st1), 0);
     snprintf(path, sizeof path, "%s/transformer-v2.safetensors", dir);
     ck_assert_int_eq(stat(path, &st2), 0);
-    brk_upload_prune(&x.b, "transformer", 4); /* v1 and v2 go: spares */
+    brk_upload_prune(&x.b, "transformer", 4, 0); /* v1 and v2 go: spares */
     snprintf(path, sizeof path, "%s/transformer-v1.sha256", dir);
     brk_upl_prunes_wait(&x.b);
     ck_assert_int_eq(access(path, F_OK), -1);
@@ -3134,7 +3137,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(link(path, link3), 0);
     fill_file(dir, "transformer-v6.safetensors", 10, 'x');
     fill_file(dir, "transformer-v6.sha256", 3, 'x');
-    brk_upload_prune(&x.b, "transformer", 6); /* v3 goes, v5 stays */
+    brk_upload_prune(&x.b, "transformer", 6, 0); /* v3 goes, v5 stays */
     snprintf(path, sizeof path, "%s/transformer-v3.sha256", dir);
     brk_upl_prunes_wait(&x.b);
     ck_assert_int_eq(access(path, F_OK), -1);
@@ -3163,7 +3166,7 @@ START_TEST(test_a_removed_version_s_file_is_written_over_by_the_next_upload) {
     ck_assert_int_eq(stat(path, &st), 0);
     ck_assert_uint_eq(st.st_ino, st1.st_ino);
     fill_file(dir, "transformer-v7.safetensors", 10, 'x');
-    brk_upload_prune(&x.b, "transformer", 7); /* v5 goes: .spare-902 */
+    brk_upload_prune(&x.b, "transformer", 7, 0); /* v5 goes: .spare-902 */
     snprintf(path, sizeof path, "%s/transformer-v5.sha256", dir);
     brk_upl_prunes_wait(&x.b);
     ck_assert_int_eq(access(path, F_OK), -1);
