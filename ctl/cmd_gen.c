@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
@@ -152,7 +153,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     };
     memset(o, 0, sizeof *o);
     o->broker = DEFAULT_BROKER;
-    o->g.shift = 1.0;
+    o->g.shift = NAN; /* not given: 1, or Wan's 5 with --prompt */
     o->g.cfg = 1.0;
     o->g.eta = 0.7;
     o->g.steps = -1;
@@ -170,6 +171,28 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     /* Never give up before the broker does: it would run the request for nobody. */
     uint64_t dl = o->g.deadline_ms;
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
+    char took[128] = "";
+    if (o->g.prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
+        size_t n = 0;
+        if (!o->g.solver && !o->g.sde) {
+            o->g.solver = CTL_WAN_T2V_SOLVER;
+            n += (size_t)snprintf(took + n, sizeof took - n, " --solver %s", CTL_WAN_T2V_SOLVER);
+        }
+        if (o->g.steps < 0) {
+            o->g.steps = CTL_WAN_T2V_STEPS;
+            n += (size_t)snprintf(took + n, sizeof took - n, " --steps %d", CTL_WAN_T2V_STEPS);
+        }
+        if (isnan(o->g.shift)) {
+            o->g.shift = CTL_WAN_T2V_SHIFT;
+            n += (size_t)snprintf(took + n, sizeof took - n, " --shift %g", CTL_WAN_T2V_SHIFT);
+        }
+        if (!o->have_cfg) {
+            o->g.cfg = CTL_WAN_T2V_CFG;
+            o->have_cfg = true;
+            snprintf(took + n, sizeof took - n, " --cfg %g", CTL_WAN_T2V_CFG);
+        }
+    }
+    if (isnan(o->g.shift)) o->g.shift = 1.0;
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
     if (ctl_out_folder(o->out)) return -1; /* before the cluster runs the request for it */
@@ -184,8 +207,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (o->g.prompt && (o->ctx_path || o->unc_path))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (o->g.negative_prompt && !o->g.prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
-    if (o->g.negative_prompt && !(o->have_cfg && o->g.cfg != 1.0))
-        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
+    if (o->g.negative_prompt && o->g.cfg == 1.0)
+        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: --cfg 1 turns it off (Wan's "
                          "default is 5)");
     if (o->g.prompt && !*o->g.prompt)
         return reel_fail(REEL_E_INVALID, "--prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); "
@@ -216,6 +239,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (!o->g.n) o->g.n = 1;
     reel_rollout_t *ro = &o->rollout;
     if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
+    if (!o->quiet) ctl_wan_defaults_note("gen", took);
     return 0;
 }
 

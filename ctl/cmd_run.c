@@ -13,6 +13,7 @@
 #include "model/tdit_program.h"
 #include "model/wan_ckpt.h"
 #include <float.h>
+#include <math.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <stddef.h>
@@ -29,7 +30,7 @@ typedef struct {
     int frame_num;                  /* --frame_num N with a pixel --size W*H (Wan's generate.py) */
     int64_t pixels[2];              /* W, H of a pixel --size; 0: latent units */
     tdit_loop_t loop;
-    bool have_cfg, have_seed;
+    bool have_cfg, have_seed, have_solver;
     bool graphs;
     bool no_fallback;               /* --no-fallback: an unusable CUDA is an error */
     int warmup;
@@ -38,8 +39,9 @@ typedef struct {
 
 /* tdit_solver_parse's message, naming the option. */
 static int set_solver(void *dst, const char *v) {
-    if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) == 0) return 0;
-    return reel_fail_prefix("--solver: ");
+    if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) != 0) return reel_fail_prefix("--solver: ");
+    ((run_opts_t *)dst)->have_solver = true;
+    return 0;
 }
 /* The next three fail through their rows' expect (base/opts.h). */
 static int set_cfg(void *dst, const char *v) {
@@ -116,7 +118,7 @@ static const reel_opt_t run_rows[] = {
 static int parse(int argc, char **argv, run_opts_t *r) {
     memset(r, 0, sizeof *r);
     r->loop.steps = -1;
-    r->loop.shift = 1.0;
+    r->loop.shift = NAN; /* not given: 1, or Wan's 5 with --prompt */
     r->loop.guidance = 1.0f;
     r->loop.eta = 0.7f;
     r->backend = "cpu";
@@ -132,8 +134,30 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && (r->context || r->uncond))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
-    if (r->neg_prompt && !(r->have_cfg && r->loop.guidance != 1.0f))
-        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: give --cfg G (G != 1; Wan's "
+    char took[128] = "";
+    if (r->prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
+        size_t n = 0;
+        if (!r->have_solver && !r->loop.sde) {
+            tdit_solver_parse(CTL_WAN_T2V_SOLVER, &r->loop.solver);
+            n += (size_t)snprintf(took + n, sizeof took - n, " --solver %s", CTL_WAN_T2V_SOLVER);
+        }
+        if (r->loop.steps < 0) {
+            r->loop.steps = CTL_WAN_T2V_STEPS;
+            n += (size_t)snprintf(took + n, sizeof took - n, " --steps %d", CTL_WAN_T2V_STEPS);
+        }
+        if (isnan(r->loop.shift)) {
+            r->loop.shift = CTL_WAN_T2V_SHIFT;
+            n += (size_t)snprintf(took + n, sizeof took - n, " --shift %g", CTL_WAN_T2V_SHIFT);
+        }
+        if (!r->have_cfg) {
+            r->loop.guidance = (float)CTL_WAN_T2V_CFG;
+            r->have_cfg = true;
+            snprintf(took + n, sizeof took - n, " --cfg %g", CTL_WAN_T2V_CFG);
+        }
+    }
+    if (isnan(r->loop.shift)) r->loop.shift = 1.0;
+    if (r->neg_prompt && r->loop.guidance == 1.0f)
+        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: --cfg 1 turns it off (Wan's "
                          "default is 5)");
     if (ctl_prompts_check(r->prompt, r->neg_prompt)) return -1;
     if (r->prompt && !ctl_has_ext(r->out, ".mp4") && !ctl_has_ext(r->out, ".safetensors")) /* a prompt's user wants a video: a latent under another name is no answer */
@@ -155,6 +179,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->uncond && !r->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond needs --cfg G");
     if (r->have_cfg && !r->uncond && !r->prompt) return reel_fail(REEL_E_INVALID, "--cfg needs --uncond U.safetensors");
     if (tdit_loop_validate(&r->loop) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
+    ctl_wan_defaults_note("run", took);
     return 0;
 }
 

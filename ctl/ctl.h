@@ -80,6 +80,17 @@ int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
  * (msg_text_ok), so a prompt `run` takes `gen` takes. 0, or -1 with a
  * REEL_E_INVALID error naming the option. */
 int ctl_prompts_check(const char *prompt, const char *negative);
+/* What `run --prompt` and `gen --prompt` take for a sampling flag not
+ * given: Wan2.1's generate.py text-to-video defaults (--sample_solver
+ * unipc, sample_steps 50, sample_shift 5.0, sample_guide_scale 5.0), so
+ * a prompt alone samples as Wan does (docs/MODEL.md, "Samplers"). */
+#define CTL_WAN_T2V_SOLVER "unipc"
+#define CTL_WAN_T2V_STEPS 50
+#define CTL_WAN_T2V_SHIFT 5.0
+#define CTL_WAN_T2V_CFG 5.0
+/* The note on stderr naming the defaults a prompt run took ("" when it
+ * took none): e.g. " --solver unipc --steps 50". */
+void ctl_wan_defaults_note(const char *cmd, const char *took);
 /* A model config from a JSON file {"name": ..., "dim": ..., ...} (at most
  * 64 KiB). 0, or -1 with the error value set. */
 int ctl_config_from_json(const char *path, tdit_config_t *c);

@@ -240,3 +240,9 @@ int ctl_config_from_json(const char *path, tdit_config_t *c) {
     free(buf);
     return rc;
 }
+
+void ctl_wan_defaults_note(const char *cmd, const char *took) {
+    if (took && *took)
+        fprintf(stderr, "reelctl: %s --prompt: Wan2.1's text-to-video defaults for what was not given:%s\n", cmd,
+                took);
+}

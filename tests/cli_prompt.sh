@@ -78,10 +78,23 @@ $RUN --weights "$REL" --prompt "$P" --negative-prompt "" -o "$D/neg0.safetensors
     "$R" tensor diff "$D/neg0.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
     ok "run --negative-prompt '' is Wan's default negative prompt (bitwise no --negative-prompt)" ||
     { bad "run with an empty negative prompt"; show "$D/neg0.err"; }
-"$R" run --weights "$REL" --prompt "$P" --negative-prompt "blurry" --size 2x8x8 --steps 2 -o "$D/x.safetensors" \
+"$R" run --weights "$REL" --prompt "$P" --negative-prompt "blurry" --size 2x8x8 --steps 2 --cfg 1 -o "$D/x.safetensors" \
     2>"$D/negnocfg.err"
 [ $? = 2 ] && grep -q "used only with guidance" "$D/negnocfg.err" && [ ! -e "$D/x.safetensors" ] &&
-    ok "run --negative-prompt without --cfg is refused (exit 2), not ignored" || { bad "neg without cfg"; show "$D/negnocfg.err"; }
+    ok "run --negative-prompt with --cfg 1 (no guidance) is refused (exit 2), not ignored" || { bad "neg without cfg"; show "$D/negnocfg.err"; }
+# A prompt alone samples as Wan2.1's generate.py: the flags not given are
+# its text-to-video defaults, and reelctl says which it took
+"$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --seed 1 -o "$D/wd.safetensors" 2>"$D/wd.err" &&
+    grep -q "Wan2.1's text-to-video defaults for what was not given: --solver unipc --steps 50 --shift 5 --cfg 5" "$D/wd.err" &&
+    "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --seed 1 --solver unipc --steps 50 --shift 5 --cfg 5 \
+        -o "$D/wx.safetensors" 2>"$D/wx.err" && ! grep -q "defaults for what was not given" "$D/wx.err" &&
+    "$R" tensor diff "$D/wd.safetensors" "$D/wx.safetensors" >/dev/null 2>&1 &&
+    ok "run --prompt alone: --solver unipc --steps 50 --shift 5 --cfg 5 (said on stderr), bitwise those flags given" ||
+    { bad "run --prompt's defaults"; show "$D/wd.err" "$D/wx.err"; }
+"$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --seed 1 --steps 3 -o "$D/w3.safetensors" 2>"$D/w3.err" &&
+    grep -q "not given: --solver unipc --shift 5 --cfg 5$" "$D/w3.err" &&
+    ok "a flag given is kept, the others defaulted (--steps 3: --solver, --shift, --cfg named)" ||
+    { bad "run --prompt --steps 3"; show "$D/w3.err"; }
 "$R" run --weights "$D/dit.safetensors" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/np.err"
 [ $? = 2 ] && grep -q "needs a text encoder and its tokenizer" "$D/np.err" &&
     ok "a prompt without a text encoder is a usage error naming what to give" || { bad "prompt without t5"; show "$D/np.err"; }
@@ -130,6 +143,11 @@ $GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
     ok "gen --prompt -o X.mp4: the latent is bitwise reelctl run --prompt's" || { bad "gen --prompt"; show "$D/g.err"; }
 "$R" video probe "$D/g.mp4" --json 2>/dev/null | grep -q '"frames":5,"height":64,"width":64' &&
     ok "and the video came back as an MP4 of 5 frames" || bad "gen's video"
+"$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --seed 1 --timeout-ms 60000 --prompt "$P" \
+    --out "$D/gd.safetensors" 2>"$D/gd.err" &&
+    grep -q "gen --prompt: Wan2.1's text-to-video defaults for what was not given: --solver unipc --steps 50 --shift 5 --cfg 5" "$D/gd.err" &&
+    "$R" tensor diff "$D/gd.safetensors" "$D/wd.safetensors" >/dev/null 2>&1 &&
+    ok "gen --prompt alone takes the same defaults: bitwise run --prompt alone" || { bad "gen --prompt's defaults"; show "$D/gd.err"; }
 # One text rule for run, gen and the wire (msg_text_ok): bytes that are not
 # UTF-8, and control characters but tab, newline and CR, are refused by
 # both commands (exit 2, nothing sent or written); gen never alters them.
@@ -163,10 +181,10 @@ rg=$?
 $GEN --prompt "$P" --negative-prompt "" --output latent --out "$D/gneg0.safetensors" 2>"$D/gneg0.err" &&
     "$R" tensor diff "$D/gneg0.safetensors" "$D/neg0.safetensors" >/dev/null 2>&1 &&
     ok "gen --negative-prompt '' is bitwise run --negative-prompt ''" || { bad "gen empty negative prompt"; show "$D/gneg0.err"; }
-"$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --steps 2 --prompt "$P" --negative-prompt "blurry" \
+"$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --steps 2 --cfg 1 --prompt "$P" --negative-prompt "blurry" \
     --timeout-ms 60000 --quiet --out "$D/gx.safetensors" 2>"$D/gnegnocfg.err"
 [ $? = 2 ] && grep -q "used only with guidance" "$D/gnegnocfg.err" && [ ! -e "$D/gx.safetensors" ] &&
-    ok "gen --negative-prompt without --cfg is refused (exit 2), nothing sent" || { bad "gen neg without cfg"; show "$D/gnegnocfg.err"; }
+    ok "gen --negative-prompt with --cfg 1 (no guidance) is refused (exit 2), nothing sent" || { bad "gen neg without cfg"; show "$D/gnegnocfg.err"; }
 $GEN --prompt "" --out "$D/empty.mp4" 2>"$D/empty.err"
 [ $? = 2 ] && grep -q -- "--prompt is empty" "$D/empty.err" &&
     ok "gen --prompt '' says an empty prompt is sent as none (exit 2)" || { bad "gen empty prompt"; show "$D/empty.err"; }

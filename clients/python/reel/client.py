@@ -44,6 +44,14 @@ _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
 _MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
 
 
+
+# What gen() takes with a prompt for steps, shift, cfg and solver not given:
+# Wan2.1's generate.py text-to-video defaults (reelctl's --prompt the same).
+WAN_T2V_STEPS = 50
+WAN_T2V_SHIFT = 5.0
+WAN_T2V_CFG = 5.0
+WAN_T2V_SOLVER = "unipc"
+
 class ReelError(Exception):
     """The broker answered ERROR: .code (e.g. "no_worker", "bad_request",
     "stale_version", "timeout") and .message say why."""
@@ -819,9 +827,9 @@ class Client:
     # ---- calls ---------------------------------------------------------
 
     @_call
-    def gen(self, model, context=None, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0, shift=1.0,
-            sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
-            return_trajectory=False, return_log_probs=False, return_means=False, solver="euler",
+    def gen(self, model, context=None, *, steps=None, latent_shape=None, latent=None, uncond=None, cfg=None,
+            shift=None, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
+            return_trajectory=False, return_log_probs=False, return_means=False, solver=None,
             prompt=None, negative_prompt=None, output="latent"):
         """Runs one denoising loop on the cluster and returns a GenResult.
 
@@ -836,9 +844,14 @@ class Client:
         or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not
         with sde).
 
+        steps is required with a context; cfg, shift and solver default to
+        1.0, 1.0 and "euler" there.
+
         prompt (text) instead of context: the worker encodes it with its
         text encoder (with cfg != 1 also negative_prompt, or Wan's default
-        negative prompt). output: "latent" (the default), "frames" (the
+        negative prompt). With a prompt, steps, shift, cfg and solver not
+        given are Wan2.1's text-to-video defaults (generate.py's): 50, 5.0,
+        5.0 and "unipc" ("euler" with sde); cfg=1.0 turns guidance off. output: "latent" (the default), "frames" (the
         decoded video as uint8 [F', H', W', 3] in .frames) or "video" (an
         MP4's bytes in .video); the worker needs a VAE for those.
 
@@ -859,7 +872,7 @@ class Client:
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
     @_call
-    def gen_group(self, model, context=None, *, n, steps, seeds=None, seed=0, latent_shape=None, latents=None,
+    def gen_group(self, model, context=None, *, n, steps=None, seeds=None, seed=0, latent_shape=None, latents=None,
                   timeout=None, deadline_ms=None, batched=True, progress=None, **kw):
         """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
         them: sample i is gen(..., seed=seeds[i]) (or seed + i), with
@@ -910,6 +923,7 @@ class Client:
             fields, tensors, torch_out = self._gen_message(
                 model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
                 deadline_ms=deadline_ms, progress=progress is not None, n=n, seeds=seeds, **kw)
+            steps = fields["steps"]  # a prompt's default, when not given
             torch_out = torch_out or torch_latents
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
@@ -928,6 +942,7 @@ class Client:
                 model, context, steps=steps, latent_shape=latent_shape,
                 latent=None if latents is None else latents[i], seed=seeds[i], deadline_ms=deadline_ms,
                 progress=progress is not None, **kw)
+            steps = fields["steps"]  # a prompt's default, when not given
             torch_out = torch_out or torch_one
             rid = next(self._ids)
             order[rid] = i
@@ -961,10 +976,10 @@ class Client:
             convert = torch.from_numpy
         return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert, sample=sample)
 
-    def _gen_message(self, model, context, *, steps, latent_shape=None, latent=None, uncond=None, cfg=1.0,
-                     shift=1.0, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
+    def _gen_message(self, model, context, *, steps=None, latent_shape=None, latent=None, uncond=None, cfg=None,
+                     shift=None, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
                      return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None,
-                     solver="euler", prompt=None, negative_prompt=None, output="latent"):
+                     solver=None, prompt=None, negative_prompt=None, output="latent"):
         """A GEN's fields and tensors, and whether the caller uses torch. n >
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
@@ -980,6 +995,16 @@ class Client:
             raise ValueError("uncond goes with a context; with a prompt, give negative_prompt")
         if negative_prompt is not None and prompt is None:
             raise ValueError("negative_prompt needs a prompt")
+        if prompt is not None:  # a prompt alone samples as Wan2.1's generate.py does
+            steps = WAN_T2V_STEPS if steps is None else steps
+            shift = WAN_T2V_SHIFT if shift is None else shift
+            cfg = WAN_T2V_CFG if cfg is None else cfg
+            solver = (WAN_T2V_SOLVER if not sde else "euler") if solver is None else solver
+        if steps is None:
+            raise TypeError("gen() needs steps= with a context (with a prompt it defaults to Wan's 50)")
+        cfg = 1.0 if cfg is None else cfg
+        shift = 1.0 if shift is None else shift
+        solver = "euler" if solver is None else solver
         if negative_prompt is not None and _num("cfg", cfg) == 1.0:
             # as reelctl: at cfg 1 nothing reads it (the GEN leaves it out)
             raise ValueError("negative_prompt is used only with guidance: give cfg != 1 (Wan's default is 5)")

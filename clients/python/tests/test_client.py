@@ -1781,6 +1781,20 @@ class PromptTests(unittest.TestCase):
                          output="frames")
         self.assertTrue(np.array_equal(rs[1].frames, one.frames))
 
+    def test_a_prompt_alone_samples_with_wans_text_to_video_defaults(self):
+        alone = self.c.gen("tinyt", prompt="a cat on a skateboard", seed=3, latent_shape=(4, 2, 8, 8))
+        given = self.c.gen("tinyt", prompt="a cat on a skateboard", seed=3, latent_shape=(4, 2, 8, 8), steps=50,
+                           shift=5.0, cfg=5.0, solver="unipc")
+        self.assertTrue(np.array_equal(alone.latent, given.latent), "not unipc, 50 steps, shift 5, cfg 5")
+        out = os.path.join(self.dir, "alone.safetensors")
+        run(f"{BUILD}/reelctl", "run", "--weights", self.p["dit"], "--t5", self.p["t5"], "--tokenizer",
+            self.p["tokenizer"], "--vae", self.p["vae"], "--prompt", "a cat on a skateboard", "--size", "2x8x8",
+            "--seed", "3", "--out", out)
+        ref, _ = safetensors.load(out)
+        self.assertTrue(np.array_equal(alone.latent, ref["latent"]), "reelctl run --prompt alone differs")
+        with self.assertRaises(TypeError):  # a context has no defaults: steps are the caller's
+            self.c.gen("tinyt", rand((5, 32), 1), latent_shape=(4, 2, 8, 8))
+
     def test_prompt_arguments_are_checked_before_sending(self):
         ctx = rand((5, 32), 1)
         for kw in ({"prompt": "x", "context": ctx}, {"negative_prompt": "x", "context": ctx},
