@@ -77,7 +77,7 @@ static bool ends_with(const char *s, const char *suffix) {
 /* Parses key into *k. -1 naming what the key is when it is not a LoRA
  * A or B of a block Linear. */
 static int parse_key(const char *key, key_t_ *k) {
-    if (strstr(key, "lora_magnitude_vector"))
+    if (strstr(key, "lora_magnitude_vector") || ends_with(key, ".dora_scale")) /* PEFT's, kohya's */
         return reel_fail(REEL_E_UNSUPPORTED, "DoRA is not supported (key %s; use_dora adapters are refused)", key);
     if (ends_with(key, ".bias") || ends_with(key, ".diff_b"))
         return reel_fail(REEL_E_UNSUPPORTED, "bias training is not supported (key %s)", key);

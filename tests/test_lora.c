@@ -299,6 +299,14 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.diff", 2, sa, z));
     written(&w, ts_join(dir, "diff.safetensors"));
     refused(ts_join(dir, "diff.safetensors"), "(.diff) is not a LoRA");
+    /* kohya's DoRA: its magnitude as dora_scale beside the two matrices */
+    w = st_writer_new();
+    int64_t sm[2] = { 1, 64 };
+    TS_OK(st_writer_add_f32(w, "lora_unet_blocks_0_self_attn_q.lora_down.weight", 2, sa, z));
+    TS_OK(st_writer_add_f32(w, "lora_unet_blocks_0_self_attn_q.lora_up.weight", 2, (int64_t[2]){ 64, 4 }, z));
+    TS_OK(st_writer_add_f32(w, "lora_unet_blocks_0_self_attn_q.dora_scale", 2, sm, z));
+    written(&w, ts_join(dir, "kdora.safetensors"));
+    refused(ts_join(dir, "kdora.safetensors"), "DoRA is not supported");
     free(z);
 }
 END_TEST
