@@ -139,6 +139,7 @@ int main(void) {
 #else
     Suite *s = suite_create("cudnn_lazy");
     TCase *tc = tcase_create("lazy");
+    tcase_set_timeout(tc, 120); /* libcudnn from a cold cache on a busy machine (test_cublas_lazy's 4 s miss) */
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_a_missing_cudnn_fails_each_call_saying_why_and_nothing_else);
     tcase_add_test(tc, test_a_cudnn_without_a_function_forwards_the_rest_and_names_the_missing_one);
