@@ -236,6 +236,8 @@ typedef struct {
     char source[MSG_PATH_MAX];  /* a path, or BRK_SOURCE_UPLOADED */
     uint64_t base_version;      /* > 0: a LoRA adapter on that base (msg_sync_t) */
     char lora_config[MSG_LORA_CONFIG_MAX]; /* one sent by upload: its config text */
+    bool timed_out;             /* not a restart's: its barrier ran out of time with
+                                 * workers still on it (a late ok makes it current) */
 } brk_interrupted_t;
 
 struct brk_zap;

@@ -212,7 +212,10 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
             continue;
         }
         char why[256];
-        snprintf(why, sizeof why, "applied by %s, sent by the broker before a restart", w->route.name);
+        if (e->timed_out)
+            snprintf(why, sizeof why, "applied by %s after its sync ran out of time (it had failed)", w->route.name);
+        else
+            snprintf(why, sizeof why, "applied by %s, sent by the broker before a restart", w->route.name);
         brk_cq_worker_version(b->cat, w->route.name, e->component, e->version, true, NULL);
         brk_cq_weight_state(b->cat, e->component, e->version, "current", why);
         brk_log("%s v%llu is current again: %s", e->component, (unsigned long long)e->version, why);
@@ -325,6 +328,31 @@ static void send_done(brk_t *b, const brk_barrier_t *s, bool complete) {
     free(failed);
 }
 
+/* A failed barrier s with members that ran out of time (no ack within the
+ * deadline): they still hold its SYNC and may apply it later (a drain
+ * longer than the deadline, a slow read). Kept as a version a worker may
+ * still run, as a restart's interrupted ones are: its late ok makes it
+ * current (rejoin_interrupted), so the cluster never serves a version its
+ * broker does not know. */
+static void keep_timed_out(brk_t *b, const brk_barrier_t *s) {
+    bool late = false;
+    for (int i = 0; i < s->n && !late; i++) late = s->m[i].state == M_FAILED && !strcmp(s->m[i].reason, "timeout");
+    if (!late || !s->sync || s->sync->n_tensors > 0 || interrupted_at(b, s->component, s->version) >= 0) return;
+    if (b->n_interrupted == BRK_MAX_INTERRUPTED) { /* the oldest goes */
+        memmove(b->interrupted, b->interrupted + 1, (BRK_MAX_INTERRUPTED - 1) * sizeof *b->interrupted);
+        b->n_interrupted--;
+    }
+    brk_interrupted_t *e = &b->interrupted[b->n_interrupted++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->component, sizeof e->component, "%s", s->component);
+    e->version = s->version;
+    snprintf(e->sha256, sizeof e->sha256, "%s", s->sha256);
+    snprintf(e->source, sizeof e->source, "%s", s->sync->uploaded ? BRK_SOURCE_UPLOADED : s->sync->path);
+    e->base_version = s->sync->base_version;
+    if (s->sync->uploaded) snprintf(e->lora_config, sizeof e->lora_config, "%s", s->sync->lora_config);
+    e->timed_out = true;
+}
+
 /* Settles the catalog state of a version that never became current,
  * answers every trainer, and frees s (already unlinked). */
 static void finish(brk_t *b, brk_barrier_t *s) {
@@ -351,6 +379,7 @@ static void finish(brk_t *b, brk_barrier_t *s) {
         if (!applied)
             brk_log("sync %s v%llu failed, nothing changed (%s stays v%llu): %s", s->component,
                     (unsigned long long)s->version, s->component, (unsigned long long)cur, reason);
+        if (!applied) keep_timed_out(b, s);
         free_sync(&s->sync);
     }
     /* With no live worker nothing was applied: not complete (a trainer
@@ -510,7 +539,8 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
  * (rejoin_interrupted). */
 static void maybe_hold(brk_t *b, brk_barrier_t *s) {
     int64_t end = rejoin_end(b), now = brk_now_ms();
-    if (s->sync && interrupted_at(b, s->component, s->version) >= 0) {
+    int k = s->sync ? interrupted_at(b, s->component, s->version) : -1;
+    if (k >= 0 && !b->interrupted[k].timed_out) {
         s->hold = true;
         s->hold_until_ms = s->deadline_ms;
         brk_log("sync %s v%llu was interrupted by a broker restart: held for workers to register (up to %lld ms)",
@@ -740,7 +770,9 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
         }
     }
     if (ok && mine) promote(b, mine, w->route.name);
-    if (late) rejoin_interrupted(b, w); /* settles too */
+    /* a restart's interrupted sync, or one this broker failed on its
+     * deadline, that this worker applied after all: current now */
+    if (late || (ok && !mine && interrupted_at(b, comp, version) >= 0)) rejoin_interrupted(b, w); /* settles too */
     settle_barriers(b);
 }
 

@@ -277,4 +277,29 @@ else
 fi
 kill "$LONG" 2>/dev/null
 
+echo "== a drain longer than the sync's deadline: failed, then current once the worker applies it"
+# The sync fails on its deadline while the drain-mode worker still waits
+# for its request; the worker applies it when the request ends (cancelled
+# by its client), and its late ok makes the version current: the broker
+# and the worker agree on what is served.
+"$R" gen --broker "$C2" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 --seed 4 \
+    --timeout-ms 6000 --quiet --out "$D/long2.safetensors" 2>"$D/long2.err" &
+LONG=$!
+PIDS="$PIDS $LONG"
+i=0
+while [ $i -lt 600 ] && ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 1/[0-9]+ "; do sleep 0.05; i=$((i + 1)); done
+"$R" sync --broker "$C2" --version 3 --weights "$D/w3.safetensors" --deadline-ms 1000 --timeout-ms 30000 \
+    >"$D/sdl.out" 2>"$D/sdl.err"
+rc=$?
+[ "$rc" != 0 ] && grep -q "FAILED" "$D/sdl.err" && grep -q "dr:timeout" "$D/sdl.err" &&
+    ok "sync v3 with a 1 s deadline while dr drains: FAILED, dr timeout (exit $rc)" ||
+    { bad "the sync past its deadline (exit $rc)"; show "$D/sdl.err"; }
+wait_for "$D/broker2.log" "transformer v3 is current again: applied by dr after its sync ran out of time" 60 &&
+    "$R" status --broker "$C2" 2>&1 | grep -qE "transformer v3" &&
+    "$R" gen --broker "$C2" --model tiny $IN --timeout-ms 20000 --quiet --out "$D/gdl.safetensors" 2>"$D/gdl.err" &&
+    grep -q "weights v3" "$D/gdl.err" && same "$D/gdl.safetensors" "$D/ref3.safetensors" &&
+    ok "dr applied it when its drain ended: v3 is current, and served exactly" ||
+    { bad "a late apply after the deadline"; show "$D/broker2.log" "$D/dr.log" "$D/gdl.err"; }
+kill "$LONG" 2>/dev/null
+
 finish

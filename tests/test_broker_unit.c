@@ -1301,6 +1301,31 @@ START_TEST(test_a_worker_joining_below_the_current_adapters_base_is_sent_the_bas
 }
 END_TEST
 
+/* A sync that ran out of time with no worker done (a drain longer than
+ * its deadline) fails, but its workers still hold the SYNC: the late ok of
+ * one makes it current then (as a restart's interrupted sync), and a
+ * worker that joins is caught up to it, so no worker serves a version its
+ * broker does not know. */
+START_TEST(test_a_late_ok_after_a_failed_deadline_makes_the_version_current) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    brk_sync_timers(&x.b, INT64_MAX - 1);
+    wire_msg_t *d = answer(&x);
+    ck_assert(!done_complete(d));
+    ck_assert_str_eq(wv_get_str(wv_at(wv_get(d->hdr, "failed"), 0), "reason"), "timeout");
+    drop_msg(&d);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 0);
+    ack(&x, 0, 2, NULL); /* its drain ended: applied after all */
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    ready(&x, 1, 1);
+    expect_sync(&x, 1, 2);
+    box_close(&x);
+}
+END_TEST
+
 /* ---- refusals and answers of docs/PROTOCOL.md --------------------------------- */
 
 static void sync_fields(box_t *x, uint64_t id, const char *component, uint64_t version, const char *sha,
@@ -4263,6 +4288,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale);
     tcase_add_test(sy, test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again);
     tcase_add_test(sy, test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first);
+    tcase_add_test(sy, test_a_late_ok_after_a_failed_deadline_makes_the_version_current);
     tcase_add_test(sy, test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code);
     suite_add_tcase(s, sy);
     TCase *an = tcase_create("answers");
