@@ -177,11 +177,15 @@ static void send_peer(brk_t *b, int64_t now) {
     p.term = h->term;
     p.boot = b->boot;
     snprintf(p.clients, sizeof p.clients, "%s", b->opt.clients);
-    msg_sync_t syncs[BRK_MAX_COMPONENTS];
+    msg_sync_t syncs[BRK_HA_SYNCS];
     /* (a standby's too: what it made current while it was active, which
-     * the active one may not have heard: brk_ha_peer) */
-    for (int i = 0; i < b->n_cur; i++)
+     * the active one may not have heard: brk_ha_peer). An adapter's base
+     * first: the peer adopts them in order and keeps it as the base
+     * (docs/PROTOCOL.md, "A worker below the base"), and copies its file. */
+    for (int i = 0; i < b->n_cur; i++) {
+        if (b->cur[i].sync && b->cur[i].base) syncs[p.n_syncs++] = *b->cur[i].base;
         if (b->cur[i].sync) syncs[p.n_syncs++] = *b->cur[i].sync;
+    }
     p.syncs = syncs;
     /* Never waits (ZMQ_SNDTIMEO 0): a peer that is not there misses it. */
     (void)msg_peer_send(h->sock, NULL, 0, &p);
@@ -222,7 +226,7 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     h->peer_term = p->term;
     h->peer_boot = p->boot;
     h->n_syncs = 0;
-    for (size_t i = 0; i < p->n_syncs && h->n_syncs < BRK_MAX_COMPONENTS; i++) {
+    for (size_t i = 0; i < p->n_syncs && h->n_syncs < BRK_HA_SYNCS; i++) {
         msg_sync_t *s = &h->syncs[h->n_syncs++];
         *s = p->syncs[i];
         s->n_tensors = 0;
@@ -346,7 +350,7 @@ void brk_ha_status(const brk_t *b, msg_status_reply_t *r) {
 int brk_ha_start(brk_t *b) {
     if (!b->opt.peer) return 0;
     struct brk_ha *h = calloc(1, sizeof *h);
-    msg_sync_t *syncs = calloc(BRK_MAX_COMPONENTS, sizeof *syncs);
+    msg_sync_t *syncs = calloc(BRK_HA_SYNCS, sizeof *syncs);
     if (!h || !syncs) {
         free(h);
         free(syncs);

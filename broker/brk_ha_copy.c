@@ -133,8 +133,18 @@ static void start(brk_t *b, const msg_sync_t *s, int64_t now) {
     ask(b, now);
 }
 
+/* The full version the peer's current SYNC of comp is on when that is a
+ * LoRA adapter (as PEER last said), else this broker's own (0: none). */
+static uint64_t peer_base(const brk_t *b, const char *comp) {
+    const struct brk_ha *h = b->ha;
+    const msg_sync_t *top = NULL;
+    for (int i = 0; h && i < h->n_syncs; i++)
+        if (!strcmp(h->syncs[i].component, comp) && (!top || h->syncs[i].version > top->version)) top = &h->syncs[i];
+    return top ? top->base_version : brk_current_base(b, comp);
+}
+
 /* The uploaded versions this broker should store and may fetch from its
- * peer, in out (BRK_MAX_COMPONENTS): as the standby, its active peer's
+ * peer, in out (BRK_HA_SYNCS): as the standby, its active peer's
  * current ones; as the active broker, its own current ones while its
  * standby peer is heard (only it may hold them). How many. */
 static int wanted(const brk_t *b, int64_t now, const msg_sync_t **out) {
@@ -142,11 +152,13 @@ static int wanted(const brk_t *b, int64_t now, const msg_sync_t **out) {
     int n = 0;
     if (!h->seen_ms || now - h->seen_ms >= h->timeout_ms) return 0;
     if (h->state == BRK_HA_STANDBY && h->peer == BRK_HA_ACTIVE) {
-        for (int i = 0; i < h->n_syncs && n < BRK_MAX_COMPONENTS; i++)
+        for (int i = 0; i < h->n_syncs && n < BRK_HA_SYNCS; i++)
             if (h->syncs[i].uploaded) out[n++] = &h->syncs[i];
     } else if (h->state == BRK_HA_ACTIVE && h->peer == BRK_HA_STANDBY) {
-        for (int i = 0; i < b->n_cur && n < BRK_MAX_COMPONENTS; i++)
+        for (int i = 0; i < b->n_cur && n < BRK_HA_SYNCS - 1; i++) {
+            if (b->cur[i].sync && b->cur[i].base && b->cur[i].base->uploaded) out[n++] = b->cur[i].base;
             if (b->cur[i].sync && b->cur[i].sync->uploaded) out[n++] = b->cur[i].sync;
+        }
     }
     return n;
 }
@@ -155,7 +167,7 @@ static int wanted(const brk_t *b, int64_t now, const msg_sync_t **out) {
  * same side. */
 static bool still_wanted(const brk_t *b, int64_t now) {
     const brk_ha_copy_t *c = &b->ha->copy;
-    const msg_sync_t *w[BRK_MAX_COMPONENTS];
+    const msg_sync_t *w[BRK_HA_SYNCS];
     int n = wanted(b, now, w);
     if (c->from_active != (b->ha->state == BRK_HA_STANDBY)) return false;
     for (int i = 0; i < n; i++)
@@ -169,7 +181,7 @@ void brk_ha_copy_consider(brk_t *b, int64_t now) {
     brk_ha_copy_t *c = &h->copy;
     if (c->on && !still_wanted(b, now)) end(b, COPY_STOPPED, "no longer wanted (another version is current, or the pair's states changed)");
     if (c->on) return;
-    const msg_sync_t *w[BRK_MAX_COMPONENTS];
+    const msg_sync_t *w[BRK_HA_SYNCS];
     int n = wanted(b, now, w);
     for (int i = 0; i < n; i++) {
         const msg_sync_t *s = w[i];
@@ -229,8 +241,8 @@ static void chunk(brk_t *b, const msg_fetch_data_t *d, const wire_msg_t *m) {
         brk_log("copied %s v%" PRIu64 " from %s: %" PRIu64 " bytes in %.2f s", c->component, c->version,
                 PEER_NAME(c), c->size - c->from, (double)(now - c->started_ms) / 1000.0);
         c->on = false;
-        /* the peer's current: --weights-keep as there */
-        brk_upload_prune(b, c->component, c->version, brk_current_base(b, c->component));
+        /* the peer's current: --weights-keep as there, its adapter's base kept */
+        brk_upload_prune(b, c->component, c->version, peer_base(b, c->component));
         brk_ha_copy_consider(b, now);                  /* the next component's, if any */
     } else if (brk_upload_progress(b, c->component, c->version, c->sha256, &held)) {
         if (held != d->offset + n) { /* (not kept, or the part is not where the copy thought: go on from it) */

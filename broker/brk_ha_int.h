@@ -3,6 +3,9 @@
  * copies of the active broker's uploaded weights). The module's interface
  * is brk_ha.h. */
 #ifndef REEL_BROKER_BRK_HA_INT_H
+/* SYNCs a PEER carries: each component's current one and, for an adapter,
+ * the full version it is on. */
+#define BRK_HA_SYNCS (2 * BRK_MAX_COMPONENTS)
 #define REEL_BROKER_BRK_HA_INT_H
 
 #include "broker/brk_ha.h"
@@ -53,7 +56,8 @@ struct brk_ha {
     bool peer_primary;
     uint64_t peer_term, peer_boot;
     int64_t role_warned_ms;      /* the last "same --role" warning */
-    msg_sync_t *syncs;           /* the peer's current SYNCs, last heard (BRK_MAX_COMPONENTS) */
+    msg_sync_t *syncs;           /* the peer's current SYNCs, last heard, each after the full
+                                  * version it is on when it is a LoRA adapter (BRK_HA_SYNCS) */
     int n_syncs;
     bool silence_logged;         /* "peer silent" said for this silence */
     struct { uint64_t key, conn; int64_t at; } refused[BRK_HA_REFUSED]; /* requests answered standby lately */

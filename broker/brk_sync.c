@@ -862,7 +862,22 @@ void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
 }
 
 int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
-    if (s->version <= brk_current_version(b, s->component)) return 0;
+    if (s->version <= brk_current_version(b, s->component)) {
+        /* the full version this broker's current adapter is on, which
+         * it had not seen become current: kept as its base */
+        brk_current_t *cur = current_slot(b, s->component);
+        if (cur && cur->sync && !cur->base && !s->base_version && cur->sync->base_version == s->version) {
+            msg_sync_t *c = malloc(sizeof *c);
+            if (!c) return reel_fail(REEL_E_NOMEM, "out of memory");
+            *c = *s;
+            c->n_tensors = 0;
+            memset(c->tensors, 0, sizeof c->tensors);
+            c->deadline_ms = 0;
+            cur->base = c;
+            cur->base_id = b->next_id++;
+        }
+        return 0;
+    }
     brk_current_t *cur = current_slot(b, s->component);
     if (!cur) return reel_fail(REEL_E_LIMIT, "more than %d weight components", BRK_MAX_COMPONENTS);
     msg_sync_t *c = malloc(sizeof *c);
