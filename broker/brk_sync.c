@@ -94,6 +94,11 @@ bool brk_sync_under_way(const brk_t *b, const char *component, uint64_t version)
     return barrier_of((brk_t *)b, component, version) != NULL;
 }
 
+const char *brk_sync_under_way_sha(const brk_t *b, const char *component, uint64_t version) {
+    const brk_barrier_t *s = barrier_of((brk_t *)b, component, version);
+    return s ? s->sha256 : NULL;
+}
+
 /* The newest version of component still pending (0: none). */
 static uint64_t newest_pending(const brk_t *b, const char *component) {
     uint64_t v = 0;

@@ -63,6 +63,8 @@ uint64_t brk_current_base(const brk_t *b, const char *component);
 /* Whether a SYNC of component's version is under way (pending, held or
  * running): its bytes may be fetched at any moment. */
 bool brk_sync_under_way(const brk_t *b, const char *component, uint64_t version);
+/* The sha256 of that SYNC (NULL: none under way). */
+const char *brk_sync_under_way_sha(const brk_t *b, const char *component, uint64_t version);
 /* Why w is behind the current version of component: NULL when it is not,
  * else a reason written into buf[0..len). */
 const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf, size_t len);

@@ -194,6 +194,16 @@ static bool chunk_slot(chunk_t *c) {
     const msg_upload_t *u = c->u;
     slot_t *s = brk_upl_slot(b, u->component, u->version);
     if (s && (strcmp(s->sha256, c->sha) || s->size != u->size)) {
+        /* A SYNC of these very bytes is under way (accepted, its workers
+         * fetching them): other bytes under its version are stale_version,
+         * as once they are stored, not a replacement that fails it. */
+        const char *pending = brk_sync_under_way_sha(b, u->component, u->version);
+        if (pending && !strcasecmp(pending, s->sha256) && strcasecmp(pending, c->sha)) {
+            brk_error_to(b, false, c->from, c->id, WIRE_E_STALE,
+                         "UPLOAD: %s v%" PRIu64 " is being uploaded with other weights (sha256 %.16s...) and a SYNC "
+                         "of it is under way", u->component, u->version, s->sha256);
+            return false;
+        }
         if (u->offset != 0) {
             brk_error_to(b, false, c->from, c->id, WIRE_E_BAD_REQUEST,
                          "UPLOAD: %s v%" PRIu64 " is being uploaded with %s (%" PRIu64 " bytes, sha256 %.16s...); "

@@ -255,7 +255,9 @@ else
     bad "the drain worker holds the SYNC while its request runs"; show "$D/dr.log"
 fi
 wait "$SP"; rc=$?
-grep -q "sync to v2 abandoned: the broker session it came in ended before it was applied" "$D/dr.log" &&
+# (the worker drops it once its drain ends: its old session's request
+# stops at its next step, after the sync's answer may have come)
+wait_for "$D/dr.log" "sync to v2 abandoned: the broker session it came in ended before it was applied" 60 &&
     ok "the worker dropped the SYNC of its old session" || { bad "old session's SYNC dropped"; show "$D/dr.log"; }
 # Which way it goes depends on what the broker reads first once it runs
 # again: the worker's new READY (it sends the SYNC again: complete), or

@@ -2718,6 +2718,38 @@ START_TEST(test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only) {
 }
 END_TEST
 
+/* A second trainer's UPLOAD at offset 0 with other bytes does not replace
+ * an upload whose SYNC is under way (that would fail the first trainer's
+ * accepted sync): stale_version, and the first upload goes on to be
+ * stored and served. */
+START_TEST(test_other_bytes_do_not_replace_an_upload_whose_sync_is_under_way) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-underway.XXXXXX", sha_old[65], sha_new[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *old = pattern(2654435761u, 13, sha_old), *new = pattern(2246822519u, 7, sha_new);
+    ready(&x, 0, 1);
+    upload_acked(&x, 10, 2, sha_old, old, 0, 3 * UP_PIECE);
+    wire_val_t *h = wire_hdr("SYNC", 11);
+    wv_set(h, "component", wv_str("transformer"));
+    wv_set(h, "version", wv_u64(2));
+    wv_set(h, "sha256", wv_str(sha_old));
+    wv_set(h, "uploaded", wv_bool(true));
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    ck_assert(brk_sync_under_way(&x.b, "transformer", 2));
+    wire_msg_t *r = upload_piece(&x, 12, 2, sha_new, new, 0, UP_PIECE);
+    ck_assert_str_eq(r->type, "ERROR");
+    ck_assert_str_eq(wv_get_str(r->hdr, "code"), "stale_version");
+    drop_msg(&r);
+    upload_acked(&x, 13, 2, sha_old, old, 3 * UP_PIECE, UP_SIZE);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 2, sha_old), "%s", reel_err_text());
+    free(old);
+    free(new);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 /* Where an upload's hashing thread cannot start, the routing thread
  * hashes each chunk as it comes (brk_upload_no_hash_thread stands in
  * for a failed pthread_create): the same digests, so the same answers. A
@@ -4316,6 +4348,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
     tcase_add_test(an, test_an_upload_replaced_half_way_is_stored_with_the_new_bytes_only);
+    tcase_add_test(an, test_other_bytes_do_not_replace_an_upload_whose_sync_is_under_way);
     tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
     tcase_add_test(an, test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits);
     tcase_add_test(an, test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log);
