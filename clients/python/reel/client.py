@@ -45,6 +45,16 @@ _MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
 
 
 
+class _Default:
+    """An argument not given: gen()'s default for it (None stays a type
+    error, as for any other argument)."""
+
+    def __repr__(self):
+        return "<default>"
+
+
+_DEFAULT = _Default()
+
 # What gen() takes with a prompt for steps, shift, cfg and solver not given:
 # Wan2.1's generate.py text-to-video defaults (reelctl's --prompt the same).
 WAN_T2V_STEPS = 50
@@ -827,9 +837,9 @@ class Client:
     # ---- calls ---------------------------------------------------------
 
     @_call
-    def gen(self, model, context=None, *, steps=None, latent_shape=None, latent=None, uncond=None, cfg=None,
-            shift=None, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
-            return_trajectory=False, return_log_probs=False, return_means=False, solver=None,
+    def gen(self, model, context=None, *, steps=_DEFAULT, latent_shape=None, latent=None, uncond=None, cfg=_DEFAULT,
+            shift=_DEFAULT, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=None, timeout=None,
+            return_trajectory=False, return_log_probs=False, return_means=False, solver=_DEFAULT,
             prompt=None, negative_prompt=None, output="latent"):
         """Runs one denoising loop on the cluster and returns a GenResult.
 
@@ -872,7 +882,7 @@ class Client:
         return self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0)
 
     @_call
-    def gen_group(self, model, context=None, *, n, steps=None, seeds=None, seed=0, latent_shape=None, latents=None,
+    def gen_group(self, model, context=None, *, n, steps=_DEFAULT, seeds=None, seed=0, latent_shape=None, latents=None,
                   timeout=None, deadline_ms=None, batched=True, progress=None, **kw):
         """A group of n samples of one prompt, as a Flow-GRPO trainer asks for
         them: sample i is gen(..., seed=seeds[i]) (or seed + i), with
@@ -976,10 +986,10 @@ class Client:
             convert = torch.from_numpy
         return GenResult(hdr, out, time.monotonic() - t0, int(steps), convert, sample=sample)
 
-    def _gen_message(self, model, context, *, steps=None, latent_shape=None, latent=None, uncond=None, cfg=None,
-                     shift=None, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None, progress=False,
-                     return_trajectory=False, return_log_probs=False, return_means=False, n=1, seeds=None,
-                     solver=None, prompt=None, negative_prompt=None, output="latent"):
+    def _gen_message(self, model, context, *, steps=_DEFAULT, latent_shape=None, latent=None, uncond=None,
+                     cfg=_DEFAULT, shift=_DEFAULT, sde=False, eta=0.7, seed=0, version=None, deadline_ms=None,
+                     progress=False, return_trajectory=False, return_log_probs=False, return_means=False, n=1,
+                     seeds=None, solver=_DEFAULT, prompt=None, negative_prompt=None, output="latent"):
         """A GEN's fields and tensors, and whether the caller uses torch. n >
         1: a group (latent, when given, [n, C, F, H, W])."""
         if not isinstance(model, str) or not model:
@@ -996,15 +1006,15 @@ class Client:
         if negative_prompt is not None and prompt is None:
             raise ValueError("negative_prompt needs a prompt")
         if prompt is not None:  # a prompt alone samples as Wan2.1's generate.py does
-            steps = WAN_T2V_STEPS if steps is None else steps
-            shift = WAN_T2V_SHIFT if shift is None else shift
-            cfg = WAN_T2V_CFG if cfg is None else cfg
-            solver = (WAN_T2V_SOLVER if not sde else "euler") if solver is None else solver
-        if steps is None:
+            steps = WAN_T2V_STEPS if steps is _DEFAULT else steps
+            shift = WAN_T2V_SHIFT if shift is _DEFAULT else shift
+            cfg = WAN_T2V_CFG if cfg is _DEFAULT else cfg
+            solver = (WAN_T2V_SOLVER if not sde else "euler") if solver is _DEFAULT else solver
+        if steps is _DEFAULT:
             raise TypeError("gen() needs steps= with a context (with a prompt it defaults to Wan's 50)")
-        cfg = 1.0 if cfg is None else cfg
-        shift = 1.0 if shift is None else shift
-        solver = "euler" if solver is None else solver
+        cfg = 1.0 if cfg is _DEFAULT else cfg
+        shift = 1.0 if shift is _DEFAULT else shift
+        solver = "euler" if solver is _DEFAULT else solver
         if negative_prompt is not None and _num("cfg", cfg) == 1.0:
             # as reelctl: at cfg 1 nothing reads it (the GEN leaves it out)
             raise ValueError("negative_prompt is used only with guidance: give cfg != 1 (Wan's default is 5)")
