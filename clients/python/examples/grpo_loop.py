@@ -123,7 +123,7 @@ def main():
         print(f"grpo: model {a.model}, group {a.group}, {a.steps} SDE steps, latent {C}x{a.latent}, "
               f"publishing from v{version}" + (f", prompt {a.prompt!r}, reward on decoded frames" if a.prompt else ""))
         print(f"{'iter':>4} {'version':>7} {'reward mean':>11} {'reward std':>10} {'log p mean':>10} "
-              f"{'replayed':>8} {'seconds':>7}")
+              f"{'replayed':>8} {'seconds':>7}")  # replayed: the group's batched steps served from its graphs
         for it in range(a.iters):
             t0 = time.monotonic()
             rollouts = rollout(c, a, prompt, 1000 * it, (C, F, H, W))
@@ -135,7 +135,8 @@ def main():
                 if want is not None and set(r.versions) != {want}:
                     print(f"grpo: a rollout ran on versions {sorted(set(r.versions))}, expected v{want}")
                     ok = False
-            replayed = sum(r.replayed for r in rollouts)
+            # a group's samples each hold the group's stats (its batched steps): count them once
+            replayed = rollouts[0].replayed
             print(f"{it:>4} {rollouts[0].version:>7} {rewards.mean():>11.4f} {rewards.std():>10.4f} "
                   f"{logp.mean() / a.steps:>10.4f} {replayed:>8} {time.monotonic() - t0:>7.2f}")
             # The toy update: nudge every weight along a fixed random direction,
