@@ -527,6 +527,11 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm, uint64_t epoch) {
     if (rc == SYNC_ABANDONED)
         wrk_log(s->w, "sync to v%" PRIu64 " abandoned: the broker session it came in ended before it was applied "
                 "(a broker that still wants it sends it again)", op.version);
+    else if (rc < 0 && op.decoded && op.epoch != atomic_load(&s->w->epoch))
+        /* refused or failed after its session ended (a fetch from a broker
+         * that died, say): nobody there waits for the answer either */
+        wrk_log(s->w, "sync to v%" PRIu64 " abandoned, not answered: the broker session it came in ended, and it "
+                "failed: %s", op.version, reel_err_text());
     else
         sync_ack(&op, rc);
     if (op.f && op.m->uploaded && !s->spare.p && (s->spare.p = st_take_data(op.f)))
