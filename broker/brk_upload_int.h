@@ -142,9 +142,10 @@ bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max);
  * came; those asking for exactly chunk u (in m; NULL: none) with its
  * frame. One it has no memory for waits for the next chunk. */
 void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire_msg_t *m);
-/* Answers every parked FETCH of s ERROR bad_request with reason, and
+/* Answers every parked FETCH of s ERROR code (bad_request: the upload
+ * failed; internal: the broker cannot keep it) with reason, and
  * forgets them. */
-void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *reason);
+void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *code, const char *reason);
 
 /* ---- brk_upload_prune.c ---- */
 

@@ -51,7 +51,7 @@ static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, ui
 
 void brk_upl_close_slot(brk_t *b, slot_t *s, bool remove_part) {
     if (!s->open) return;
-    brk_upl_fail_parked(b, s, remove_part ? "the upload failed or was replaced" : "the upload closed");
+    brk_upl_fail_parked(b, s, WIRE_E_BAD_REQUEST, remove_part ? "the upload failed or was replaced" : "the upload closed");
     free(s->parked);
     if (s->fd >= 0) close(s->fd);
     brk_upl_hasher_end(&s->h, NULL);
@@ -279,7 +279,7 @@ static bool chunk_write(chunk_t *c) {
                 s->received, s->size, e.msg);
         snprintf(s->stalled, sizeof s->stalled, "%.299s", e.msg); /* its messages are shorter */
         s->touched_ms = brk_now_ms(); /* a trainer retrying at the right offset keeps its slot */
-        brk_upl_fail_parked(c->b, s, e.msg);
+        brk_upl_fail_parked(c->b, s, WIRE_E_INTERNAL, e.msg); /* the broker's disk, not the request */
         brk_error_from(c->b, false, c->from, c->id, &e, "UPLOAD: "); /* io: internal */
         return false;
     }

@@ -145,12 +145,12 @@ void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire
     s->n_parked = keep;
 }
 
-void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *reason) {
+void brk_upl_fail_parked(brk_t *b, slot_t *s, const char *code, const char *reason) {
     for (int i = 0; i < s->n_parked; i++) {
         parked_t *p = &s->parked[i];
         zmq_msg_t to;
         if (parked_to(p, &to) != 0) continue;
-        brk_error_to(b, true, &to, p->id, WIRE_E_BAD_REQUEST, "FETCH: %s v%" PRIu64 ": %s", s->component,
+        brk_error_to(b, true, &to, p->id, code, "FETCH: %s v%" PRIu64 ": %s", s->component,
                      s->version, reason);
         zmq_msg_close(&to);
     }

@@ -70,6 +70,12 @@ for w in w1 w2; do
     wait_for "$D/$w.log" "No space left on device" 60 && ok "$w's sync fails with the broker's reason" ||
         { bad "$w's fetch error"; show "$D/$w.log"; }
 done
+# the broker's disk, not the request: internal (the FETCHes waiting when it
+# filled and those after), never bad_request
+if grep -h "No space left on device" "$D/w1.log" "$D/w2.log" | grep -q "the broker answered bad_request" ||
+    ! grep -h "No space left on device" "$D/w1.log" "$D/w2.log" | grep -q "the broker answered internal"; then
+    bad "a FETCH on the full disk was not answered internal"; grep -h "answered" "$D/w1.log" "$D/w2.log" | show
+else ok "every FETCH the full disk failed was answered internal"; fi
 "$R" status --broker "ipc://$D/c" >/dev/null 2>&1 && ok "the broker keeps answering STATUS" || bad "status"
 [ "$(gen "$D/g1.safetensors")" = "weights v1" ] && ok "a gen still runs on v1: nothing was applied" ||
     { bad "gen after the failed upload"; show "$D/g1.safetensors.err"; }
