@@ -173,24 +173,9 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     char took[128] = "";
     if (o->g.prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
-        size_t n = 0;
-        if (!o->g.solver && !o->g.sde) {
-            o->g.solver = CTL_WAN_T2V_SOLVER;
-            n += (size_t)snprintf(took + n, sizeof took - n, " --solver %s", CTL_WAN_T2V_SOLVER);
-        }
-        if (o->g.steps < 0) {
-            o->g.steps = CTL_WAN_T2V_STEPS;
-            n += (size_t)snprintf(took + n, sizeof took - n, " --steps %d", CTL_WAN_T2V_STEPS);
-        }
-        if (isnan(o->g.shift)) {
-            o->g.shift = CTL_WAN_T2V_SHIFT;
-            n += (size_t)snprintf(took + n, sizeof took - n, " --shift %g", CTL_WAN_T2V_SHIFT);
-        }
-        if (!o->have_cfg) {
-            o->g.cfg = CTL_WAN_T2V_CFG;
-            o->have_cfg = true;
-            snprintf(took + n, sizeof took - n, " --cfg %g", CTL_WAN_T2V_CFG);
-        }
+        const char *solver = ctl_wan_t2v_fill(o->g.solver != NULL, o->g.sde, &o->g.steps, &o->g.shift, &o->have_cfg,
+                                              &o->g.cfg, took, sizeof took);
+        if (solver) o->g.solver = solver;
     }
     if (isnan(o->g.shift)) o->g.shift = 1.0;
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)

@@ -136,24 +136,11 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
     char took[128] = "";
     if (r->prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
-        size_t n = 0;
-        if (!r->have_solver && !r->loop.sde) {
-            tdit_solver_parse(CTL_WAN_T2V_SOLVER, &r->loop.solver);
-            n += (size_t)snprintf(took + n, sizeof took - n, " --solver %s", CTL_WAN_T2V_SOLVER);
-        }
-        if (r->loop.steps < 0) {
-            r->loop.steps = CTL_WAN_T2V_STEPS;
-            n += (size_t)snprintf(took + n, sizeof took - n, " --steps %d", CTL_WAN_T2V_STEPS);
-        }
-        if (isnan(r->loop.shift)) {
-            r->loop.shift = CTL_WAN_T2V_SHIFT;
-            n += (size_t)snprintf(took + n, sizeof took - n, " --shift %g", CTL_WAN_T2V_SHIFT);
-        }
-        if (!r->have_cfg) {
-            r->loop.guidance = (float)CTL_WAN_T2V_CFG;
-            r->have_cfg = true;
-            snprintf(took + n, sizeof took - n, " --cfg %g", CTL_WAN_T2V_CFG);
-        }
+        double g = r->loop.guidance;
+        const char *solver = ctl_wan_t2v_fill(r->have_solver, r->loop.sde, &r->loop.steps, &r->loop.shift,
+                                              &r->have_cfg, &g, took, sizeof took);
+        r->loop.guidance = (float)g;
+        if (solver) tdit_solver_parse(solver, &r->loop.solver);
     }
     if (isnan(r->loop.shift)) r->loop.shift = 1.0;
     if (r->neg_prompt && r->loop.guidance == 1.0f)

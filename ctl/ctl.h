@@ -88,8 +88,14 @@ int ctl_prompts_check(const char *prompt, const char *negative);
 #define CTL_WAN_T2V_STEPS 50
 #define CTL_WAN_T2V_SHIFT 5.0
 #define CTL_WAN_T2V_CFG 5.0
+/* Fills what a prompt run was not given with those defaults: steps < 0,
+ * shift NaN, cfg when !*have_cfg (then set), and the solver when
+ * !solver_given and not sde: returned (NULL: keep the run's). took[len]
+ * names what was filled (" --solver unipc --steps 50 ..."; "" for none). */
+const char *ctl_wan_t2v_fill(bool solver_given, bool sde, int *steps, double *shift, bool *have_cfg, double *cfg,
+                             char *took, size_t len);
 /* The note on stderr naming the defaults a prompt run took ("" when it
- * took none): e.g. " --solver unipc --steps 50". */
+ * took none). */
 void ctl_wan_defaults_note(const char *cmd, const char *took);
 /* A model config from a JSON file {"name": ..., "dim": ..., ...} (at most
  * 64 KiB). 0, or -1 with the error value set. */

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,28 @@ int ctl_config_from_json(const char *path, tdit_config_t *c) {
                   : tdit_config_from_json(buf, n, path, c);
     free(buf);
     return rc;
+}
+
+const char *ctl_wan_t2v_fill(bool solver_given, bool sde, int *steps, double *shift, bool *have_cfg, double *cfg,
+                             char *took, size_t len) {
+    const char *solver = !solver_given && !sde ? CTL_WAN_T2V_SOLVER : NULL;
+    size_t n = 0;
+    took[0] = '\0';
+    if (solver) n += (size_t)snprintf(took + n, len - n, " --solver %s", solver);
+    if (*steps < 0) {
+        *steps = CTL_WAN_T2V_STEPS;
+        n += (size_t)snprintf(took + n, len - n, " --steps %d", *steps);
+    }
+    if (isnan(*shift)) {
+        *shift = CTL_WAN_T2V_SHIFT;
+        n += (size_t)snprintf(took + n, len - n, " --shift %g", *shift);
+    }
+    if (!*have_cfg) {
+        *cfg = CTL_WAN_T2V_CFG;
+        *have_cfg = true;
+        snprintf(took + n, len - n, " --cfg %g", *cfg);
+    }
+    return solver;
 }
 
 void ctl_wan_defaults_note(const char *cmd, const char *took) {

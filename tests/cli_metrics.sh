@@ -62,14 +62,22 @@ BP=$(port_of "$D/broker.log"); P1=$(port_of "$D/w1.log"); P2=$(port_of "$D/w2.lo
 # unlink and take them over, splitting the cluster), before it touches the
 # catalog (a pending sync of the first stays pending) or the uploads (a
 # partial upload stays), and the first serves on
-/usr/bin/sqlite3 "$D/reel.db" "INSERT INTO weight_versions (component, version, sha256, source, t, state)
-    VALUES ('transformer', 999999, 'ee', '/w/x', 1, 'pending')"
-mkdir -p "$D/wd" && : >"$D/wd/.transformer-v999999.part"
-timeout 20 "$B/reel-broker" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" \
-    --weights-dir "$D/wd" >"$D/second.log" 2>&1
-rc=$?
-st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where version = 999999")
-/usr/bin/sqlite3 "$D/reel.db" "DELETE FROM weight_versions WHERE version = 999999"
+mkdir -p "$D/wd"
+# second V LOG ARGS...: a pending sync V in the catalog and its partial
+# upload, then a second reel-broker ARGS (output LOG); sets rc (its exit)
+# and st (V's state after it), and removes V's row
+second() {
+    _v=$1 _log=$2
+    shift 2
+    /usr/bin/sqlite3 "$D/reel.db" "INSERT INTO weight_versions (component, version, sha256, source, t, state)
+        VALUES ('transformer', $_v, 'ee', '/w/x', 1, 'pending')"
+    : >"$D/wd/.transformer-v$_v.part"
+    timeout 20 "$B/reel-broker" "$@" --catalog "$D/reel.db" --weights-dir "$D/wd" >"$_log" 2>&1
+    rc=$?
+    st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where version = $_v")
+    /usr/bin/sqlite3 "$D/reel.db" "DELETE FROM weight_versions WHERE version = $_v"
+}
+second 999999 "$D/second.log" --clients "ipc://$D/c" --workers "ipc://$D/w"
 [ $rc != 0 ] && [ $rc != 124 ] && grep -q "another process is listening on it" "$D/second.log" &&
     [ "$st" = pending ] && [ -e "$D/wd/.transformer-v999999.part" ] &&
     "$R" status --broker "ipc://$D/c" 2>/dev/null | grep -q "^w1 " &&
@@ -77,14 +85,7 @@ st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where vers
     { bad "second broker on the same ipc paths (exit $rc, the pending row: $st)"; show "$D/second.log"; }
 # the same on tcp, where the bind fails (EADDRINUSE): the broker's own
 # metrics port is a live tcp listener to clash with
-/usr/bin/sqlite3 "$D/reel.db" "INSERT INTO weight_versions (component, version, sha256, source, t, state)
-    VALUES ('transformer', 999998, 'ee', '/w/x', 1, 'pending')"
-: >"$D/wd/.transformer-v999998.part"
-timeout 20 "$B/reel-broker" --clients "tcp://127.0.0.1:$BP" --workers "ipc://$D/w-tcp" --catalog "$D/reel.db" \
-    --weights-dir "$D/wd" >"$D/second-tcp.log" 2>&1
-rc=$?
-st=$(/usr/bin/sqlite3 "$D/reel.db" "select state from weight_versions where version = 999998")
-/usr/bin/sqlite3 "$D/reel.db" "DELETE FROM weight_versions WHERE version = 999998"
+second 999998 "$D/second-tcp.log" --clients "tcp://127.0.0.1:$BP" --workers "ipc://$D/w-tcp"
 [ $rc != 0 ] && [ $rc != 124 ] && grep -q "127.0.0.1:$BP" "$D/second-tcp.log" &&
     [ "$st" = pending ] && [ -e "$D/wd/.transformer-v999998.part" ] &&
     ok "a second broker on a tcp port in use stops (exit $rc) before the catalog and uploads" ||

@@ -238,12 +238,21 @@ cli_broker "$D/broker2.log" --clients "$C2" --workers "$W2" --catalog "" --heart
 BROKER2=$BROKER
 cli_worker dr "$D/broker2.log" "$D/dr.log" --broker "$W2" --weights "$D/w1.safetensors" --streams 1 \
     --sync-mode drain --heartbeat-ms 200 || bad "the drain worker registers"
-"$R" gen --broker "$C2" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 --seed 3 \
-    --timeout-ms 8000 --quiet --out "$D/long.safetensors" 2>"$D/long.err" &
-LONG=$!
-PIDS="$PIDS $LONG"
-i=0
-while [ $i -lt 600 ] && ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 1/[0-9]+ "; do sleep 0.05; i=$((i + 1)); done
+# long_gen SEED TIMEOUT_MS: a GEN of 10,000 steps on dr in the background
+# (LONG), its client cancelling it after TIMEOUT_MS; returns once dr runs it
+long_gen() {
+    "$R" gen --broker "$C2" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 --seed "$1" \
+        --timeout-ms "$2" --quiet --out "$D/long$1.safetensors" 2>"$D/long$1.err" &
+    LONG=$!
+    PIDS="$PIDS $LONG"
+    _i=0
+    while ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 1/[0-9]+ "; do
+        _i=$((_i + 1))
+        [ $_i -lt 1200 ] || { bad "dr runs the long GEN (seed $1)"; show "$D/long$1.err"; return 1; }
+        sleep 0.05
+    done
+}
+long_gen 3 8000
 "$R" sync --broker "$C2" --version 2 --weights "$D/w2.safetensors" --timeout-ms 60000 >"$D/sdr.out" 2>"$D/sdr.err" &
 SP=$!
 PIDS="$PIDS $SP"
@@ -284,12 +293,7 @@ echo "== a drain longer than the sync's deadline: failed, then current once the 
 # for its request; the worker applies it when the request ends (cancelled
 # by its client), and its late ok makes the version current: the broker
 # and the worker agree on what is served.
-"$R" gen --broker "$C2" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 --seed 4 \
-    --timeout-ms 6000 --quiet --out "$D/long2.safetensors" 2>"$D/long2.err" &
-LONG=$!
-PIDS="$PIDS $LONG"
-i=0
-while [ $i -lt 600 ] && ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 1/[0-9]+ "; do sleep 0.05; i=$((i + 1)); done
+long_gen 4 6000
 "$R" sync --broker "$C2" --version 3 --weights "$D/w3.safetensors" --deadline-ms 1000 --timeout-ms 30000 \
     >"$D/sdl.out" 2>"$D/sdl.err"
 rc=$?
