@@ -90,9 +90,14 @@ static int lora_inspect(const char *path, bool json) {
         json_t *targets = json_array();
         for (int i = 0; i < n; i++) {
             const lora_target_t *t = lora_target(l, i);
-            json_array_append_new(targets, json_pack("{s:s, s:I, s:I, s:I, s:f}", "weight", t->weight, "out",
-                                                     (json_int_t)t->out, "in", (json_int_t)t->in, "rank",
-                                                     (json_int_t)t->rank, "scale", (double)t->scale));
+            json_t *one = json_pack("{s:s, s:I, s:I, s:I, s:f}", "weight", t->weight, "out", (json_int_t)t->out, "in",
+                                    (json_int_t)t->in, "rank", (json_int_t)t->rank, "scale", (double)t->scale);
+            if (one && t->d) { /* a full difference: its shape and scale */
+                json_t *shape = json_array();
+                for (int d = 0; d < t->d_ndim; d++) json_array_append_new(shape, json_integer(t->d_shape[d]));
+                json_object_set_new(one, "diff", json_pack("{s:o, s:f}", "shape", shape, "scale", (double)t->d_scale));
+            }
+            json_array_append_new(targets, one);
         }
         json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:f, s:b, s:f, s:I, s:s, s:o}", "path", path, "kind", "lora",
                                  "layout", lora_layout(l), "rank", lora_rank(l), "alpha", lora_alpha(l), "rslora",
@@ -114,8 +119,16 @@ static int lora_inspect(const char *path, bool json) {
     printf("  %d targets, %zu bytes, sha256 %s\n", n, lora_bytes(l), lora_sha256(l));
     for (int i = 0; i < n; i++) {
         const lora_target_t *t = lora_target(l, i);
-        printf("  %-32s [%lld, %lld] rank %lld, scale %g\n", t->weight, (long long)t->out, (long long)t->in,
-               (long long)t->rank, (double)t->scale);
+        if (t->a)
+            printf("  %-32s [%lld, %lld] rank %lld, scale %g\n", t->weight, (long long)t->out, (long long)t->in,
+                   (long long)t->rank, (double)t->scale);
+        if (t->d) {
+            char shape[96] = "";
+            for (int d = 0; d < t->d_ndim; d++)
+                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "",
+                         (long long)t->d_shape[d]);
+            printf("  %-32s [%s] difference, scale %g\n", t->weight, shape, (double)t->d_scale);
+        }
     }
     lora_close(&l);
     return 0;

@@ -43,14 +43,28 @@ static const struct {
 };
 #define N_MODULES (sizeof modules / sizeof modules[0])
 
+/* The Linears outside the blocks, likewise. */
+static const struct {
+    const char *wan, *diffusers;
+} top_modules[] = {
+    { "text_embedding.0", "condition_embedder.text_embedder.linear_1" },
+    { "text_embedding.2", "condition_embedder.text_embedder.linear_2" },
+    { "time_embedding.0", "condition_embedder.time_embedder.linear_1" },
+    { "time_embedding.2", "condition_embedder.time_embedder.linear_2" },
+    { "time_projection.1", "condition_embedder.time_proj" },
+    { "head.head", "proj_out" },
+};
+#define N_TOP_MODULES (sizeof top_modules / sizeof top_modules[0])
+
 static const char *const prefixes[] = { "base_model.model.", "transformer.", "diffusion_model." };
 #define KOHYA_PREFIX "lora_unet_" /* kohya / musubi-tuner: lora_unet_blocks_0_self_attn_q.lora_down.weight */
 
 /* A key of the adapter file, taken apart. */
-typedef enum { KEY_A, KEY_B, KEY_ALPHA } key_kind_t;
+typedef enum { KEY_A, KEY_B, KEY_ALPHA, KEY_DIFF, KEY_LORA_BIAS } key_kind_t;
 typedef struct {
-    char weight[80]; /* the base weight: blocks.N.<wan module>.weight */
-    key_kind_t kind; /* lora_A / lora_down, lora_B / lora_up, or the module's alpha */
+    char weight[80];   /* the weight it changes: blocks.N.<wan module>.weight, or .bias */
+    char module[80];   /* a lora_B.bias: its Linear's weight, whose s it takes */
+    key_kind_t kind;   /* lora_A / lora_down, lora_B / lora_up, the module's alpha, a .diff / .diff_b, a lora_B.bias */
     const char *layout;
 } key_t_;
 
@@ -74,15 +88,44 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* Parses key into *k. -1 naming what the key is when it is not a LoRA
- * A or B of a block Linear. */
+/* Whether the n bytes at s can name a weight of the model in Wan's names
+ * (letters, digits, '_' and '.', no empty part). */
+static bool plain_name(const char *s, size_t n) {
+    if (n == 0 || s[0] == '.' || s[n - 1] == '.') return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                  (c == '.' && s[i + 1] != '.');
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* The Linear the n bytes at mod name (its Wan name into out, and its
+ * layout), or NULL: a block's module after "blocks.N." when blk >= 0, else
+ * one outside the blocks. */
+static const char *linear_named(const char *mod, size_t n, long blk, bool kohya, char *out, size_t len) {
+    for (size_t i = 0; blk >= 0 && i < N_MODULES; i++) {
+        bool wan = module_is(mod, n, modules[i].wan, kohya), dif = module_is(mod, n, modules[i].diffusers, kohya);
+        if (!wan && !dif) continue;
+        snprintf(out, len, "blocks.%ld.%s", blk, modules[i].wan);
+        return kohya ? "kohya" : wan ? "wan" : "diffusers";
+    }
+    for (size_t i = 0; blk < 0 && i < N_TOP_MODULES; i++) {
+        bool wan = module_is(mod, n, top_modules[i].wan, kohya), dif = module_is(mod, n, top_modules[i].diffusers, kohya);
+        if (!wan && !dif) continue;
+        snprintf(out, len, "%s", top_modules[i].wan);
+        return kohya ? "kohya" : wan ? "wan" : "diffusers";
+    }
+    return NULL;
+}
+
+/* Parses key into *k. -1 naming what the key is when it is none of a
+ * LoRA's: an A, B or alpha of a Linear, a full difference of a weight. */
 static int parse_key(const char *key, key_t_ *k) {
+    memset(k, 0, sizeof *k);
     if (strstr(key, "lora_magnitude_vector") || ends_with(key, ".dora_scale")) /* PEFT's, kohya's */
         return reel_fail(REEL_E_UNSUPPORTED, "DoRA is not supported (key %s; use_dora adapters are refused)", key);
-    if (ends_with(key, ".bias") || ends_with(key, ".diff_b"))
-        return reel_fail(REEL_E_UNSUPPORTED, "bias training is not supported (key %s)", key);
-    if (ends_with(key, ".diff"))
-        return reel_fail(REEL_E_UNSUPPORTED, "a full weight difference (.diff) is not a LoRA (key %s)", key);
     const char *s = key;
     bool kohya = !strncmp(s, KOHYA_PREFIX, strlen(KOHYA_PREFIX));
     if (kohya) s += strlen(KOHYA_PREFIX);
@@ -91,39 +134,63 @@ static int parse_key(const char *key, key_t_ *k) {
             s += strlen(prefixes[i]);
             break;
         }
-    /* where the module's name ends: at its matrix suffix, or its ".alpha" */
-    const char *end = NULL;
+    /* where the module's name ends: at its matrix suffix, its ".alpha" or its difference's */
+    const char *end = NULL, *diff_of = NULL; /* a difference: the weight's last part */
     if (ends_with(s, ".alpha")) {
         end = s + strlen(s) - strlen(".alpha");
         k->kind = KEY_ALPHA;
+    } else if (ends_with(s, ".diff") || ends_with(s, ".diff_b")) {
+        bool b = ends_with(s, ".diff_b");
+        end = s + strlen(s) - strlen(b ? ".diff_b" : ".diff");
+        k->kind = KEY_DIFF;
+        diff_of = b ? ".bias" : ".weight";
+        if (kohya)
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: a difference in kohya's names (whose '_' for '.' names no "
+                             "weight unambiguously); name it diffusion_model.<weight>%s", key, b ? ".diff_b" : ".diff");
     }
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0] && !end; i++) {
         const char *at = strstr(s, suffixes[i].s);
         if (!at) continue;
         const char *tail = at + strlen(suffixes[i].s);
-        if (strcmp(tail, ".weight") && strcmp(tail, ".default.weight"))
+        bool bias = !strcmp(tail, ".bias") || !strcmp(tail, ".default.bias");
+        if (bias && suffixes[i].kind == KEY_B) {
+            k->kind = KEY_LORA_BIAS; /* PEFT's lora_bias */
+        } else if (strcmp(tail, ".weight") && strcmp(tail, ".default.weight")) {
             return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (not a %s weight)", key, suffixes[i].s + 1);
+        } else {
+            k->kind = suffixes[i].kind;
+        }
         end = at;
-        k->kind = suffixes[i].kind;
     }
-    unsigned long blk;
+    if (!end && ends_with(key, ".bias"))
+        return reel_fail(REEL_E_UNSUPPORTED, "bias training is not supported (key %s: a bias's own values; a "
+                         "difference to add is <weight>.diff_b, PEFT's lora_bias a lora_B.bias)", key);
+    unsigned long blk = 0;
     int at = 0;
-    if (!end || sscanf(s, kohya ? "blocks_%lu_%n" : "blocks.%lu.%n", &blk, &at) != 1 || at == 0 || end < s + at)
-        return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (a LoRA may target the blocks' Linears: self- and "
-                         "cross-attention q, k, v, o and the FFN's two, as lora_A/lora_B or lora_down/lora_up "
-                         "weights and an optional alpha)", key);
-    size_t mlen = (size_t)(end - (s + at));
-    const char *mod = s + at;
-    for (size_t i = 0; i < N_MODULES; i++) {
-        bool wan = module_is(mod, mlen, modules[i].wan, kohya);
-        bool dif = module_is(mod, mlen, modules[i].diffusers, kohya);
-        if (!wan && !dif) continue;
-        k->layout = kohya ? "kohya" : wan ? "wan" : "diffusers";
-        snprintf(k->weight, sizeof k->weight, "blocks.%lu.%s.weight", blk, modules[i].wan);
-        return 0;
+    bool in_block = end && sscanf(s, kohya ? "blocks_%lu_%n" : "blocks.%lu.%n", &blk, &at) == 1 && at > 0 &&
+                    end >= s + at;
+    const char *mod = in_block ? s + at : s;
+    size_t mlen = end ? (size_t)(end - mod) : 0;
+    char name[sizeof k->weight - 8]; /* room for ".weight" after it */
+    const char *layout = end ? linear_named(mod, mlen, in_block ? (long)blk : -1, kohya, name, sizeof name) : NULL;
+    if (!layout && diff_of && plain_name(s, (size_t)(end - s)) && (size_t)(end - s) < sizeof name) {
+        snprintf(name, sizeof name, "%.*s", (int)(end - s), s); /* any weight, by Wan's name */
+        layout = "wan";
     }
-    return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (module '%.*s' is not one of the blocks' Linears)", key,
-                     (int)mlen, mod);
+    if (!layout) {
+        if (end && in_block)
+            return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (module '%.*s' is not one of the blocks' "
+                             "Linears)", key, (int)mlen, mod);
+        return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (a LoRA may target the Linears: the blocks' self- and "
+                         "cross-attention q, k, v, o and FFN's two, the text and time embeddings', the time "
+                         "projection and the head, as lora_A/lora_B or lora_down/lora_up weights and an optional "
+                         "alpha; or add a difference to any weight, as <weight>.diff or .diff_b)", key);
+    }
+    k->layout = layout;
+    snprintf(k->weight, sizeof k->weight, "%s%s", name,
+             diff_of ? diff_of : k->kind == KEY_LORA_BIAS ? ".bias" : ".weight");
+    if (k->kind == KEY_LORA_BIAS) snprintf(k->module, sizeof k->module, "%s.weight", name);
+    return 0;
 }
 
 /* ---- the config ---------------------------------------------------------------------- */
@@ -149,8 +216,8 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
                   json_is_string(pt) ? json_string_value(pt) : "(not a string)");
     } else if (!unset(json_object_get(j, "use_dora"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: DoRA (use_dora) is not supported", path);
-    } else if (!unset(json_object_get(j, "bias")) || !unset(json_object_get(j, "lora_bias"))) {
-        reel_fail(REEL_E_UNSUPPORTED, "%s: bias training (bias, lora_bias) is not supported", path);
+    } else if (!unset(json_object_get(j, "bias"))) { /* lora_bias (a lora_B.bias key) is read */
+        reel_fail(REEL_E_UNSUPPORTED, "%s: bias training (bias other than \"none\") is not supported", path);
     } else if (!unset(json_object_get(j, "modules_to_save"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: modules_to_save is not supported (an adapter changes Linears only)", path);
     } else if (!unset(json_object_get(j, "rank_pattern")) || !unset(json_object_get(j, "alpha_pattern"))) {
@@ -223,7 +290,45 @@ static int add_alpha(lora_t *l, const st_file_t *f, const st_tensor_t *t, const 
     return 0;
 }
 
-/* One A or B tensor (or a module's alpha) into its target. */
+/* A full difference (.diff, .diff_b, PEFT's lora_B.bias) into its
+ * target: any shape up to LORA_DIFF_MAX_DIMS (lora_check holds it to the
+ * weight's), finite values. */
+static int add_difference(lora_t *l, const st_file_t *f, const st_tensor_t *t, const key_t_ *k, size_t cap) {
+    if (t->ndim < 1 || t->ndim > LORA_DIFF_MAX_DIMS || (k->kind == KEY_LORA_BIAS && t->ndim != 1))
+        return reel_fail(REEL_E_INVALID, "%s: %d dimensions (a %s has %s)", t->name, t->ndim,
+                         k->kind == KEY_LORA_BIAS ? "lora_B.bias" : "difference",
+                         k->kind == KEY_LORA_BIAS ? "1" : "its weight's, 1 to 5");
+    if (t->dtype != KERN_F32 && t->dtype != KERN_BF16 && t->dtype != KERN_F16)
+        return reel_fail(REEL_E_UNSUPPORTED, "%s: dtype %s (F32, BF16 or F16 are read)", t->name,
+                         kern_dtype_name(t->dtype));
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    if (n < 1) return reel_fail(REEL_E_INVALID, "%s: an empty dimension", t->name);
+    lora_target_t *g = target_for(l, k->weight, cap);
+    if (!g) return -1;
+    if (g->d) return reel_fail(REEL_E_INVALID, "%s: a second difference for %s", t->name, k->weight);
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return reel_fail(REEL_E_NOMEM, "out of memory");
+    if (st_read_f32(f, t->name, t->ndim, t->shape, v) != 0) {
+        free(v);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) {
+            free(v);
+            return reel_fail(REEL_E_INVALID, "%s: NaN or infinite values", t->name);
+        }
+    g->d = v;
+    g->d_ndim = t->ndim;
+    memcpy(g->d_shape, t->shape, (size_t)t->ndim * sizeof *g->d_shape);
+    g->d_numel = n;
+    g->d_scale = 1.0f;
+    if (k->kind == KEY_LORA_BIAS) snprintf(g->d_scale_of, sizeof g->d_scale_of, "%s", k->module);
+    l->bytes += t->nbytes;
+    return 0;
+}
+
+/* One A or B tensor, a module's alpha or a difference into its target. */
 static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_t cap) {
     key_t_ k;
     if (parse_key(t->name, &k) != 0) return -1;
@@ -232,6 +337,7 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
                          l->layout);
     l->layout = k.layout;
     if (k.kind == KEY_ALPHA) return add_alpha(l, f, t, &k, cap);
+    if (k.kind == KEY_DIFF || k.kind == KEY_LORA_BIAS) return add_difference(l, f, t, &k, cap);
     const bool is_b = k.kind == KEY_B;
     if (strstr(t->name, ".lora_down.") || strstr(t->name, ".lora_up.")) l->down_up = true;
     if (t->ndim != 2)
@@ -307,18 +413,31 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
  * when they all agree, else 0: lora_describe says "per target"). */
 static int finish_scales(lora_t *l) {
     if (!l->from_file) {
-        for (int i = 0; i < l->n; i++) l->t[i].scale = l->scale;
-        return 0;
+        for (int i = 0; i < l->n; i++) l->t[i].scale = l->t[i].a ? l->scale : 0;
+    } else {
+        l->r = 0;
+        bool first = true;
+        for (int i = 0; i < l->n; i++) {
+            lora_target_t *t = &l->t[i];
+            if (!t->a) continue; /* a difference only */
+            double alpha = t->has_alpha ? t->alpha : (double)t->rank;
+            t->scale = (float)(alpha / (double)t->rank);
+            if (!isfinite(t->scale))
+                return reel_fail(REEL_E_INVALID, "%s: alpha %g gives no finite scale", t->weight, alpha);
+            if (t->rank > l->r) l->r = (int)t->rank;
+            if (first) l->alpha = alpha, l->scale = t->scale, first = false;
+            else if (l->alpha != alpha || l->scale != t->scale) l->alpha = 0, l->scale = 0;
+        }
     }
-    l->r = 0;
+    /* a lora_B.bias takes its Linear's s, as PEFT scales lora_B's output */
     for (int i = 0; i < l->n; i++) {
         lora_target_t *t = &l->t[i];
-        double alpha = t->has_alpha ? t->alpha : (double)t->rank;
-        t->scale = (float)(alpha / (double)t->rank);
-        if (!isfinite(t->scale)) return reel_fail(REEL_E_INVALID, "%s: alpha %g gives no finite scale", t->weight, alpha);
-        if (t->rank > l->r) l->r = (int)t->rank;
-        if (i == 0) l->alpha = alpha, l->scale = t->scale;
-        else if (l->alpha != alpha || l->scale != t->scale) l->alpha = 0, l->scale = 0;
+        if (!t->d_scale_of[0]) continue;
+        const lora_target_t *m = target_of(l, t->d_scale_of);
+        if (!m || !m->a)
+            return reel_fail(REEL_E_INVALID, "%s has a lora_B.bias without its Linear's lora_A and lora_B (%s)",
+                             t->weight, t->d_scale_of);
+        t->d_scale = m->scale;
     }
     return 0;
 }
@@ -328,8 +447,12 @@ static int finish_scales(lora_t *l) {
  * alphas or mean s = 1, as diffusers loads them), or diffusers' file name
  * (its save_lora_weights writes no config: s = 1). */
 static bool says_its_scale(const lora_t *l, const st_file_t *f) {
-    for (int i = 0; i < l->n; i++)
+    bool low_rank = false;
+    for (int i = 0; i < l->n; i++) {
         if (l->t[i].has_alpha) return true;
+        low_rank |= l->t[i].a != NULL;
+    }
+    if (!low_rank) return true; /* differences only: they take no scale */
     if (l->down_up) return true;
     const char *o = st_origin(f), *slash = strrchr(o, '/');
     return !strcmp(slash ? slash + 1 : o, "pytorch_lora_weights.safetensors");
@@ -415,6 +538,7 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
     }
     for (int i = 0; i < l->n; i++)
         if (!l->t[i].a || !l->t[i].b) {
+            if (!l->t[i].a && !l->t[i].b && !l->t[i].has_alpha) continue; /* a difference only */
             if (!l->t[i].a && !l->t[i].b)
                 reel_fail(REEL_E_INVALID, "%s: %s has an alpha and no matrices", st_origin(f), l->t[i].weight);
             else
@@ -447,7 +571,8 @@ bool lora_is_adapter(const char *path) {
     bool lora = false;
     for (size_t i = 0; h && i < st_header_count(h) && !lora; i++) {
         const char *n = st_header_at(h, i)->name;
-        lora = strstr(n, ".lora_A.") || strstr(n, ".lora_B.") || strstr(n, ".lora_down.") || strstr(n, ".lora_up.");
+        lora = strstr(n, ".lora_A.") || strstr(n, ".lora_B.") || strstr(n, ".lora_down.") || strstr(n, ".lora_up.") ||
+               ends_with(n, ".diff") || ends_with(n, ".diff_b");
     }
     st_header_free(&h);
     reel_err_clear();
@@ -493,13 +618,31 @@ void lora_close(lora_t **lp) {
     for (int i = 0; i < l->n; i++) {
         free((void *)l->t[i].a);
         free((void *)l->t[i].b);
+        free((void *)l->t[i].d);
     }
     free(l->t);
     free(l);
     *lp = NULL;
 }
 
+static bool same_shape(const tdit_weight_t *m, const lora_target_t *t) {
+    if (m->ndim != t->d_ndim) return false;
+    for (int d = 0; d < m->ndim; d++)
+        if (m->shape[d] != t->d_shape[d]) return false;
+    return true;
+}
+
+/* "[a, b, ...]" of a shape, into buf. */
+static const char *shape_text(const int64_t *shape, int ndim, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && at < len; d++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+    return buf;
+}
+
 int lora_check(const lora_t *l, const tdit_config_t *c) {
+    char s1[96], s2[96];
     size_t n;
     tdit_weight_t *w = tdit_config_weights(c, &n);
     if (!w) return -1;
@@ -512,7 +655,11 @@ int lora_check(const lora_t *l, const tdit_config_t *c) {
         if (!m)
             rc = reel_fail(REEL_E_INVALID, "the adapter targets %s, which model %s (%lld layers) does not have",
                            t->weight, c->name, (long long)c->layers);
-        else if (m->ndim != 2 || m->shape[0] != t->out || m->shape[1] != t->in)
+        else if (t->d && !same_shape(m, t))
+            rc = reel_fail(REEL_E_INVALID, "shape mismatch: the adapter's difference for %s is %s, model %s has %s",
+                           t->weight, shape_text(t->d_shape, t->d_ndim, s1, sizeof s1), c->name,
+                           shape_text(m->shape, m->ndim, s2, sizeof s2));
+        else if (t->a && (m->ndim != 2 || m->shape[0] != t->out || m->shape[1] != t->in))
             rc = reel_fail(REEL_E_INVALID,
                            "shape mismatch: the adapter changes %s as [%lld, %lld] (B [%lld, %lld] x A [%lld, %lld]), "
                            "model %s has [%lld, %lld]",
@@ -522,8 +669,8 @@ int lora_check(const lora_t *l, const tdit_config_t *c) {
     }
     free(w);
     if (rc == 0 && lora_max_delta(l) >= LORA_MAX_DELTA)
-        rc = reel_fail(REEL_E_INVALID, "its merge could overflow F32: |s|·r·max|B|·max|A| = %g (lora_alpha %g, r %d)",
-                       lora_max_delta(l), l->alpha, l->r);
+        rc = reel_fail(REEL_E_INVALID, "its merge could overflow F32: |s|·r·max|B|·max|A| + max|diff| = %g "
+                       "(lora_alpha %g, r %d)", lora_max_delta(l), l->alpha, l->r);
     return rc;
 }
 
@@ -531,10 +678,11 @@ double lora_max_delta(const lora_t *l) {
     double worst = 0;
     for (int i = 0; i < l->n; i++) {
         const lora_target_t *t = &l->t[i];
-        double ma = 0, mb = 0;
-        for (int64_t j = 0; j < t->rank * t->in; j++) ma = fmax(ma, fabs((double)t->a[j]));
-        for (int64_t j = 0; j < t->out * t->rank; j++) mb = fmax(mb, fabs((double)t->b[j]));
-        worst = fmax(worst, fabs((double)t->scale) * (double)t->rank * ma * mb);
+        double ma = 0, mb = 0, md = 0;
+        for (int64_t j = 0; t->a && j < t->rank * t->in; j++) ma = fmax(ma, fabs((double)t->a[j]));
+        for (int64_t j = 0; t->b && j < t->out * t->rank; j++) mb = fmax(mb, fabs((double)t->b[j]));
+        for (int64_t j = 0; t->d && j < t->d_numel; j++) md = fmax(md, fabs((double)t->d[j]));
+        worst = fmax(worst, fabs((double)t->scale) * (double)t->rank * ma * mb + fabs((double)t->d_scale) * md);
     }
     return worst;
 }
@@ -554,22 +702,33 @@ const lora_target_t *lora_find(const lora_t *l, const char *name) { return targe
 int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel) {
     const lora_target_t *t = lora_find(l, name);
     if (!t) return 0;
-    if (numel != t->out * t->in)
+    if (t->a && numel != t->out * t->in)
         return reel_fail(REEL_E_INVALID, "%s: %lld values, the adapter needs [%lld, %lld]", name, (long long)numel,
                          (long long)t->out, (long long)t->in);
-    /* W[out, in] += s · B[out, r] · A[r, in] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)t->out, (blasint)t->in, (blasint)t->rank,
-                t->scale, t->b, (blasint)t->rank, t->a, (blasint)t->in, 1.0f, w, (blasint)t->in);
+    if (t->d && numel != t->d_numel)
+        return reel_fail(REEL_E_INVALID, "%s: %lld values, the adapter's difference has %lld", name, (long long)numel,
+                         (long long)t->d_numel);
+    /* W[out, in] += s · B[out, r] · A[r, in], then the difference */
+    if (t->a)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)t->out, (blasint)t->in, (blasint)t->rank,
+                    t->scale, t->b, (blasint)t->rank, t->a, (blasint)t->in, 1.0f, w, (blasint)t->in);
+    for (int64_t i = 0; t->d && i < numel; i++) w[i] += t->d_scale * t->d[i];
     return 0;
 }
 
 int lora_describe(const lora_t *l, char *buf, size_t len) {
     char mods[256] = "";
+    int diffs = 0;
     for (int i = 0; i < l->n; i++) {
-        const char *m = strchr(l->t[i].weight + strlen("blocks."), '.');
-        if (!m) continue;
+        diffs += l->t[i].d != NULL;
+        /* the module: the weight's name without "blocks.N." and its last part */
+        const char *m = l->t[i].weight;
+        unsigned long blk;
+        int at = 0;
+        if (sscanf(m, "blocks.%lu.%n", &blk, &at) == 1 && at > 0) m += at;
+        const char *dot = strrchr(m, '.');
         char one[48];
-        snprintf(one, sizeof one, "%.*s", (int)(strlen(m + 1) - strlen(".weight")), m + 1);
+        snprintf(one, sizeof one, "%.*s", dot ? (int)(dot - m) : (int)strlen(m), m);
         char tok[52];
         snprintf(tok, sizeof tok, ",%s,", one);
         char have[260];
@@ -578,9 +737,9 @@ int lora_describe(const lora_t *l, char *buf, size_t len) {
             snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s%s", mods[0] ? "," : "", one);
     }
     int n = snprintf(buf, len,
-                     "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"modules\":\"%s\","
-                     "\"bytes\":%zu,\"sha256\":\"%s\",\"layout\":\"%s\",\"config\":\"%s\"}",
-                     l->r, l->alpha, l->rslora ? "true" : "false", (double)l->scale, l->n, mods, l->bytes, l->sha,
+                     "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"diffs\":%d,"
+                     "\"modules\":\"%s\",\"bytes\":%zu,\"sha256\":\"%s\",\"layout\":\"%s\",\"config\":\"%s\"}",
+                     l->r, l->alpha, l->rslora ? "true" : "false", (double)l->scale, l->n, diffs, mods, l->bytes, l->sha,
                      l->layout ? l->layout : "", !l->from_file ? "adapter_config" : l->scale != 0 ? "file" : "per target");
     return n > 0 && (size_t)n < len ? 0 : reel_fail(REEL_E_LIMIT, "adapter description over %zu bytes", len);
 }

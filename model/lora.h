@@ -18,11 +18,21 @@
  * files are one safetensors) the config is the file's (lora_parse). A
  * target is one of the blocks' Linears: self_attn/attn1 and
  * cross_attn/attn2 q, k, v, o (to_q, to_k, to_v, to_out.0) and the FFN's
- * ffn.0 / ffn.2 (ffn.net.0.proj / ffn.net.2). The scale is
- * s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora.
+ * ffn.0 / ffn.2 (ffn.net.0.proj / ffn.net.2), or one of the Linears
+ * outside the blocks: text_embedding.0 / .2, time_embedding.0 / .2,
+ * time_projection.1 and head.head (diffusers' condition_embedder.
+ * text_embedder.linear_1 / _2, time_embedder.linear_1 / _2, time_proj and
+ * proj_out). The scale is s = lora_alpha / r, or lora_alpha / sqrt(r)
+ * with use_rslora.
+ *
+ * Full differences, as ComfyUI, diffusers and lightx2v's / CausVid's Wan
+ * LoRAs carry them: `X.diff` adds to weight X.weight and `X.diff_b` to
+ * X.bias, unscaled, for any weight of the model X names (a norm's weight,
+ * a Linear's bias, the patch embedding's); PEFT's `lora_bias` (a
+ * `lora_B.bias` key) adds s times itself to the Linear's bias.
  *
  * Refused by name, nothing changed: DoRA (use_dora, lora_magnitude_vector
- * keys), bias training (bias other than "none", lora_bias, bias keys),
+ * keys), bias training (bias other than "none", a base bias key),
  * modules_to_save, rank_pattern / alpha_pattern, fan_in_fan_out, a rank
  * above LORA_MAX_RANK, a peft_type other than LORA, a key that names no
  * block Linear (an unknown target), an A without its B, ranks that
@@ -56,15 +66,24 @@ extern "C" {
 
 typedef struct lora lora_t;
 
-/* One adapted Linear. */
+#define LORA_DIFF_MAX_DIMS 5 /* the patch embedding's [dim, C, 1, 2, 2] */
+
+/* One weight the adapter changes: by a low-rank product (a Linear's
+ * weight: a and b), by a full difference (d: a .diff, .diff_b or PEFT's
+ * lora_B.bias), or both (ΔW = s·B·A + d_scale·d). */
 typedef struct {
     char weight[80];        /* the base weight it changes, Reel's (= Wan's) name: blocks.3.self_attn.q.weight */
-    int64_t out, in, rank;
+    int64_t out, in, rank;  /* of the low-rank part; rank 0: none */
     const float *a;         /* [rank, in] */
     const float *b;         /* [out, rank] */
     float scale;            /* s of this target: ΔW = s·B·A */
     double alpha;           /* its module's alpha key (has_alpha), kohya's and ComfyUI's */
     bool has_alpha;
+    const float *d;         /* the full difference, the weight's own shape, or NULL */
+    int d_ndim;
+    int64_t d_shape[LORA_DIFF_MAX_DIMS], d_numel;
+    float d_scale;          /* 1 for .diff / .diff_b; the module's s for a lora_B.bias */
+    char d_scale_of[80];    /* a lora_B.bias: the Linear weight whose s it takes; "" otherwise */
 } lora_target_t;
 
 /* Where the adapter at path keeps its files: weights (a folder's
@@ -102,15 +121,15 @@ bool lora_rslora(const lora_t *l);
 float lora_scale(const lora_t *l);        /* s */
 const char *lora_layout(const lora_t *l); /* "wan" or "diffusers" (the keys' names) */
 const char *lora_sha256(const lora_t *l); /* of the weights file's bytes */
-size_t lora_bytes(const lora_t *l);       /* of the A and B tensors as stored */
+size_t lora_bytes(const lora_t *l);       /* of the A, B and difference tensors as stored */
 int lora_n_targets(const lora_t *l);
 const lora_target_t *lora_target(const lora_t *l, int i);
 /* The target changing weight `name`, or NULL. */
 const lora_target_t *lora_find(const lora_t *l, const char *name);
 
-/* The largest |s·(B·A)[i][j]| any target can add: |s|·r·max|B|·max|A|
- * over the targets (an upper bound; a merge stays finite below F32's
- * range minus the base's values). */
+/* The largest value any target can add to a weight: |s|·r·max|B|·max|A|
+ * plus |d_scale|·max|d|, over the targets (an upper bound; a merge stays
+ * finite below F32's range minus the base's values). */
 double lora_max_delta(const lora_t *l);
 
 /* A one-line JSON of the adapter (rank, alpha, rslora, scale, targets,
@@ -118,9 +137,9 @@ double lora_max_delta(const lora_t *l);
  * the catalog records. 0, or -1 when it does not fit. */
 int lora_describe(const lora_t *l, char *buf, size_t len);
 
-/* W += s·B·A, for w the F32 values of weight `name` ([out, in]); a weight
- * the adapter does not target is left as it is. 0, or -1 on a shape the
- * target does not have. */
+/* W += s·B·A, then W += d_scale·d, for w the F32 values of weight `name`;
+ * a weight the adapter does not target is left as it is. 0, or -1 on a
+ * count of values the target does not have. */
 int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel);
 
 /* The edit tdit_model_load_edit / tdit_model_reload_edit take: every

@@ -57,6 +57,11 @@ for sub, fname, fmt, down, up, mods in [
             t[key + "." + up + ".weight"] = (rng.standard_normal((o_f, 4)) * 0.2).astype(np.float32)
             if alpha is not None:
                 t[key + ".alpha"] = np.array(alpha, np.float32)
+    if sub == "comfy":  # and differences, as lightx2v's / CausVid's files carry them
+        for n in L:
+            t["diffusion_model.blocks.%d.norm3.diff" % n] = (rng.standard_normal(base["blocks.%d.norm3.weight" % n].shape) * 0.05).astype(np.float32)
+            t["diffusion_model.blocks.%d.self_attn.q.diff_b" % n] = (rng.standard_normal(base["blocks.%d.self_attn.q.bias" % n].shape) * 0.05).astype(np.float32)
+        t["diffusion_model.head.head.diff_b"] = (rng.standard_normal(base["head.head.bias"].shape) * 0.05).astype(np.float32)
     safetensors_np.save(d + "/" + sub + "/" + fname, t)
 EOF
 mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/w/dsaved" "$D/outside/"
@@ -199,11 +204,11 @@ lsync "$D/r18.err" --version 18 --base 1 --lora "$D/w/x"
 # diffusers' folder (its SYNC carries "{}": the file's own config)
 lsync "$D/s20.err" --version 20 --base 15 --lora "$D/w/comfy/wan_lora.safetensors" && gen "$D/g20.safetensors" &&
     same "$D/g20.safetensors" "$D/ref_b2comfy.safetensors" &&
-    ok "v20 = a ComfyUI Wan LoRA file (lora_down/up, alphas, no config) by path: GEN equals run --lora" ||
+    ok "v20 = a ComfyUI Wan LoRA file (lora_down/up, alphas, .diff and .diff_b, no config) by path: GEN equals run --lora" ||
     { bad "ComfyUI adapter by path"; show "$D/s20.err" "$D/g20.safetensors.err"; }
 lsync "$D/s21.err" --version 21 --base 15 --lora-upload "$D/outside/dsaved" && gen "$D/g21.safetensors" &&
     same "$D/g21.safetensors" "$D/ref_b2dsaved.safetensors" &&
-    ok "v21 = diffusers' pytorch_lora_weights.safetensors folder by value: GEN equals run --lora" ||
+    ok "v21 = diffusers' pytorch_lora_weights.safetensors folder by value (v20's differences gone): GEN equals run --lora" ||
     { bad "diffusers adapter by upload"; show "$D/s21.err" "$D/g21.safetensors.err"; }
 
 echo "== the graphs: captured once, before the syncs, never evicted"

@@ -188,8 +188,8 @@ static float scale_of(const lora_t *l, const char *weight) {
  * Wan LoRA (diffusion_model. + lora_down / lora_up, a module's alpha:
  * s = alpha / rank) and kohya's (lora_unet_blocks_N_self_attn_q). Each
  * target merges with its own scale; mixing an alpha key with a config's
- * lora_alpha, an alpha without matrices, matrices of two ranks and a
- * .diff key are refused by name. */
+ * lora_alpha, an alpha without matrices and matrices of two ranks are
+ * refused by name. */
 START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     char path[256];
     /* diffusers: no config, ranks 2 and 3 */
@@ -295,10 +295,6 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_up.weight", 2, sb, z));
     written(&w, ts_join(dir, "tworanks.safetensors"));
     refused(ts_join(dir, "tworanks.safetensors"), "its other matrix's is");
-    w = st_writer_new();
-    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.diff", 2, sa, z));
-    written(&w, ts_join(dir, "diff.safetensors"));
-    refused(ts_join(dir, "diff.safetensors"), "(.diff) is not a LoRA");
     /* kohya's DoRA: its magnitude as dora_scale beside the two matrices */
     w = st_writer_new();
     int64_t sm[2] = { 1, 64 };
@@ -405,6 +401,208 @@ START_TEST(test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_retu
 }
 END_TEST
 
+/* One F32 tensor of the given shape, values uniform in [lo, hi), into w. */
+static void add_values(st_writer_t *w, const char *key, int ndim, const int64_t *shape, uint64_t seed, float lo,
+                       float hi) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    float *v = malloc((size_t)n * sizeof *v);
+    ts_fill_uniform(v, (size_t)n, seed, lo, hi);
+    TS_OK(st_writer_add_f32(w, key, ndim, shape, v));
+    free(v);
+}
+
+/* Full differences as ComfyUI, diffusers and lightx2v's / CausVid's Wan
+ * LoRAs carry them: X.diff adds to X.weight and X.diff_b to X.bias, at
+ * scale 1, for any weight (norms, biases, the patch embedding, the head);
+ * the Linears outside the blocks take lora_down / lora_up too; PEFT's
+ * lora_B.bias adds s times itself. A model loaded with the adapter is
+ * bitwise the model loaded from a file holding base + difference (and
+ * base + s·B·A where there is a low-rank part). */
+START_TEST(test_differences_add_to_any_weight_and_outside_linears_take_a_lora) {
+    const int64_t D = tiny.dim, C = tiny.in_channels;
+    const char *base = ts_join(dir, "base.safetensors");
+    char basep[256];
+    snprintf(basep, sizeof basep, "%s", base);
+    ts_tiny_weights(21, basep);
+    /* ComfyUI's names: diffusion_model. + Wan's */
+    st_writer_t *w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 8, 31);
+    add_values(w, "diffusion_model.blocks.0.self_attn.q.diff_b", 1, (int64_t[]){ D }, 33, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.blocks.0.norm3.diff", 1, (int64_t[]){ D }, 34, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.blocks.0.norm3.diff_b", 1, (int64_t[]){ D }, 35, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.blocks.1.cross_attn.norm_k.diff", 1, (int64_t[]){ D }, 36, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.blocks.1.ffn.2.diff", 2, (int64_t[]){ D, tiny.ffn_dim }, 37, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.patch_embedding.diff", 5, (int64_t[]){ D, C, 1, 2, 2 }, 38, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.time_projection.1.diff_b", 1, (int64_t[]){ 6 * D }, 39, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.head.head.lora_down.weight", 2, (int64_t[]){ 2, D }, 40, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.head.head.lora_up.weight", 2, (int64_t[]){ 4 * C, 2 }, 41, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.head.head.diff_b", 1, (int64_t[]){ 4 * C }, 42, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.text_embedding.0.lora_down.weight", 2, (int64_t[]){ 2, tiny.text_dim }, 43, -0.5f,
+               0.5f);
+    add_values(w, "diffusion_model.text_embedding.0.lora_up.weight", 2, (int64_t[]){ D, 2 }, 44, -0.5f, 0.5f);
+    const char *comfy = ts_join(dir, "causvid_like.safetensors");
+    char comfyp[256];
+    snprintf(comfyp, sizeof comfyp, "%s", comfy);
+    written(&w, comfyp);
+    ck_assert(lora_is_adapter(comfyp));
+    lora_t *l;
+    TS_NEW(l = lora_open(comfyp));
+    TS_OK(lora_check(l, &tiny));
+    ck_assert_str_eq(lora_layout(l), "wan");
+    const lora_target_t *t = lora_find(l, "blocks.0.norm3.bias");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_ptr_null(t->a);
+    ck_assert_float_eq(t->d_scale, 1.0f);
+    ck_assert_ptr_nonnull(lora_find(l, "patch_embedding.weight"));
+    ck_assert_ptr_nonnull(lora_find(l, "text_embedding.0.weight"));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 2.0f); /* alpha 8, rank 4 */
+    ck_assert_float_eq(scale_of(l, "head.head.weight"), 1.0f);             /* no alpha: s = 1 */
+    char desc[512];
+    TS_OK(lora_describe(l, desc, sizeof desc));
+    ck_assert_msg(strstr(desc, "\"diffs\":8") && strstr(desc, "norm3") && strstr(desc, "head.head") &&
+                  strstr(desc, "patch_embedding"), "%s", desc);
+    /* a difference alone is exactly added */
+    float zero[64] = { 0 };
+    TS_OK(lora_merge_into(l, "blocks.0.norm3.bias", zero, D));
+    for (int64_t i = 0; i < D; i++) ck_assert_float_eq(zero[i], t->d[i]);
+
+    /* the oracle: a weights file holding every merged value, written here */
+    st_file_t *bf;
+    TS_NEW(bf = st_open(basep));
+    w = st_writer_new();
+    int changed = 0;
+    for (size_t i = 0; i < st_count(bf); i++) {
+        const st_tensor_t *bt = st_at(bf, i);
+        int64_t n = 1;
+        for (int d = 0; d < bt->ndim; d++) n *= bt->shape[d];
+        float *v = malloc((size_t)n * sizeof *v);
+        TS_OK(st_read_f32(bf, bt->name, bt->ndim, bt->shape, v));
+        const lora_target_t *g = lora_find(l, bt->name);
+        if (g) {
+            changed++;
+            ck_assert(!(g->a && g->d)); /* none here has both */
+            if (g->a) /* s·B·A by the merge itself (test_merge_is_w_plus_scale_b_times_a checks it) */
+                TS_OK(lora_merge_into(l, bt->name, v, n));
+            else
+                for (int64_t j = 0; j < n; j++) v[j] += g->d[j];
+        }
+        TS_OK(st_writer_add_f32(w, bt->name, bt->ndim, bt->shape, v));
+        free(v);
+    }
+    ck_assert_int_eq(changed, lora_n_targets(l));
+    const char *merged = ts_join(dir, "merged.safetensors");
+    char mergedp[256];
+    snprintf(mergedp, sizeof mergedp, "%s", merged);
+    const char *keys[] = { "config", "dim", "heads", "layers", "ffn_dim", "in_channels", "text_dim", "freq_dim" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (st_meta(bf, keys[i])) TS_OK(st_writer_meta(w, keys[i], st_meta(bf, keys[i])));
+    written(&w, mergedp);
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    st_file_t *mf;
+    TS_NEW(mf = st_open(mergedp));
+    tdit_model_t *want, *got, *again;
+    TS_NEW(want = tdit_model_load(b, mf, KERN_F32));
+    tdit_weight_edit_t all = lora_edit(l, false), only = lora_edit(l, true);
+    TS_NEW(got = tdit_model_load_edit(b, bf, KERN_F32, &all));
+    ck_assert_int_eq(tdit_model_bytes(got), tdit_model_bytes(want));
+    ck_assert_msg(!memcmp(tdit_model_weights(got), tdit_model_weights(want), tdit_model_bytes(want)),
+                  "the adapter's merge is base + difference");
+    /* a LoRA sync in place (only the targets copied again) gives the same */
+    TS_NEW(again = tdit_model_load(b, bf, KERN_F32));
+    ck_assert(memcmp(tdit_model_weights(again), tdit_model_weights(want), tdit_model_bytes(want)));
+    TS_OK(tdit_model_reload_edit(again, bf, &only));
+    ck_assert(!memcmp(tdit_model_weights(again), tdit_model_weights(want), tdit_model_bytes(want)));
+    tdit_model_destroy(&want);
+    tdit_model_destroy(&got);
+    tdit_model_destroy(&again);
+    kern_backend_destroy(&b);
+    st_close(&mf);
+    st_close(&bf);
+    lora_close(&l);
+
+    /* PEFT's lora_bias: lora_B.bias adds s times itself (r 4, alpha 8: s = 2) */
+    char path[256];
+    snprintf(path, sizeof path, "%s/peftbias", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    w = st_writer_new();
+    add_pair(w, "base_model.model.", false, 1, "ffn.0", 4, "lora_A", "lora_B", 0, 51);
+    add_values(w, "base_model.model.blocks.1.ffn.0.lora_B.bias", 1, (int64_t[]){ tiny.ffn_dim }, 52, -1, 1);
+    written(&w, ts_join(path, "adapter_model.safetensors"));
+    const char *cfg = CFG(4, 8, ", \"lora_bias\": true");
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    TS_NEW(l = lora_open(path));
+    TS_OK(lora_check(l, &tiny));
+    t = lora_find(l, "blocks.1.ffn.0.bias");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_float_eq(t->d_scale, 2.0f);
+    float *bias = calloc((size_t)tiny.ffn_dim, sizeof *bias);
+    TS_OK(lora_merge_into(l, "blocks.1.ffn.0.bias", bias, tiny.ffn_dim));
+    for (int64_t i = 0; i < tiny.ffn_dim; i++) ck_assert_float_eq(bias[i], 2.0f * t->d[i]);
+    free(bias);
+    lora_close(&l);
+}
+END_TEST
+
+/* What a difference may not be: refused by name, nothing changed. */
+START_TEST(test_differences_refused_name_their_cause) {
+    struct {
+        const char *key;
+        int ndim;
+        int64_t shape[2];
+        const char *key2; /* a second tensor, or NULL */
+        const char *needle;
+        bool at_check; /* refused by lora_check, not lora_open */
+    } cases[] = {
+        { "diffusion_model.blocks.0.norm3.diff", 1, { 32 }, NULL, "shape mismatch", true },
+        { "diffusion_model.blocks.0.self_attn.q.diff", 2, { 4, 64 }, NULL, "shape mismatch", true },
+        { "diffusion_model.blocks.0.modulation.diff", 1, { 64 }, NULL, "does not have", true },
+        { "diffusion_model.blocks.7.norm3.diff", 1, { 64 }, NULL, "does not have", true },
+        { "diffusion_model.blocks.0.self_attn.q.diff_b", 1, { 64 }, "diffusion_model.blocks.0.self_attn.q.lora_B.bias",
+          "a second difference", false },
+        { "transformer.blocks.0.attn1.to_q.lora_B.bias", 1, { 64 }, NULL, "without its Linear's lora_A", false },
+        { "lora_unet_blocks_0_norm3.diff", 1, { 64 }, NULL, "kohya's names", false },
+        { "base_model.model.blocks.0.self_attn.q.bias", 1, { 64 }, NULL, "bias training", false },
+        { "diffusion_model.blocks.0.self_attn..diff", 1, { 64 }, NULL, "unknown target", false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        st_writer_t *w = st_writer_new();
+        add_values(w, cases[i].key, cases[i].ndim, cases[i].shape, 60 + i, -1, 1);
+        if (cases[i].key2) add_values(w, cases[i].key2, cases[i].ndim, cases[i].shape, 70 + i, -1, 1);
+        char path[256];
+        snprintf(path, sizeof path, "%s/refused%zu.safetensors", dir, i);
+        written(&w, path);
+        if (!cases[i].at_check) {
+            refused(path, cases[i].needle);
+            continue;
+        }
+        lora_t *l = lora_open(path);
+        ck_assert_msg(l != NULL, "%s: %s", cases[i].key, reel_err_text());
+        ck_assert_msg(lora_check(l, &tiny) == -1, "%s passed the check", cases[i].key);
+        ck_assert_msg(strstr(reel_err_text(), cases[i].needle), "%s: '%s'", cases[i].key, reel_err_text());
+        lora_close(&l);
+    }
+    /* a non-finite difference */
+    st_writer_t *w = st_writer_new();
+    float v[64] = { 0 };
+    v[9] = NAN;
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.norm3.diff", 1, (int64_t[]){ 64 }, v));
+    written(&w, ts_join(dir, "nan.safetensors"));
+    refused(ts_join(dir, "nan.safetensors"), "NaN or infinite");
+    /* a difference that could leave F32's range */
+    w = st_writer_new();
+    for (int i = 0; i < 64; i++) v[i] = 2e37f;
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.norm3.diff", 1, (int64_t[]){ 64 }, v));
+    written(&w, ts_join(dir, "huge.safetensors"));
+    lora_t *l;
+    TS_NEW(l = lora_open(ts_join(dir, "huge.safetensors")));
+    ck_assert_int_eq(lora_check(l, &tiny), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "could overflow F32"));
+    lora_close(&l);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("lora");
     TCase *tc = tcase_create("core");
@@ -415,6 +613,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base);
+    tcase_add_test(tc, test_differences_add_to_any_weight_and_outside_linears_take_a_lora);
+    tcase_add_test(tc, test_differences_refused_name_their_cause);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -6,9 +6,11 @@ applied by `reelctl run --lora DIR`; numpy merges the same adapter into a
 full weights file, W + s * B @ A with s = lora_alpha / r (lora_alpha /
 sqrt(r) with use_rslora) as PEFT's LoraLayer computes it, and
 `reelctl run` on that file must give the same latent to float rounding.
-Refusals (DoRA, bias training, modules_to_save, rank above 256, unknown
-targets, shape mismatches, A without B, a rank not r, NaN) must exit 2
-naming the cause. `reelctl weights inspect` must describe the adapter.
+Full differences (ComfyUI's and lightx2v's X.diff / X.diff_b, PEFT's
+lora_bias) are merged by numpy as weight + diff (+ s * diff for a
+lora_B.bias) and checked the same way. Refusals (DoRA, bias training,
+modules_to_save, rank above 256, unknown targets, shape mismatches, A
+without B, a rank not r, NaN) must exit 2 naming the cause. `reelctl weights inspect` must describe the adapter.
 
 Usage:
   /usr/bin/python3 tests/crosscheck/test_lora.py --reelctl build/reelctl --workdir DIR
@@ -215,6 +217,64 @@ def crosscheck_lora(reelctl, workdir):
         against_merged(name, lf if down == "lora_down" else d, full, os.path.join(d, "lora.safetensors"),
                        os.path.join(d, "full.safetensors"))
 
+    # Full differences, as ComfyUI applies them (weight += strength * diff,
+    # strength 1) and as lightx2v's and CausVid's Wan LoRAs carry them:
+    # X.diff adds to X.weight, X.diff_b to X.bias, for norms, biases, the
+    # patch embedding and the head; the Linears outside the blocks take
+    # lora_down / lora_up with an alpha. PEFT's lora_bias (lora_B.bias)
+    # adds s times itself to the Linear's bias, as PEFT's merge does.
+    d = os.path.join(workdir, "diffs")
+    os.makedirs(d, exist_ok=True)
+    tensors, out = {}, dict(base)
+
+    def diff(wname, key, scale=1.0):
+        dv = rng.standard_normal(base[wname].shape).astype(np.float32) * 0.05
+        tensors[key] = ("F32", dv.shape, encode(dv, "F32")[0])
+        out[wname] = (out[wname].astype(np.float64) + scale * dv.astype(np.float64)).astype(np.float32)
+
+    for n in range(layers):
+        diff("blocks.%d.norm3.weight" % n, "diffusion_model.blocks.%d.norm3.diff" % n)
+        diff("blocks.%d.norm3.bias" % n, "diffusion_model.blocks.%d.norm3.diff_b" % n)
+        diff("blocks.%d.self_attn.norm_q.weight" % n, "diffusion_model.blocks.%d.self_attn.norm_q.diff" % n)
+        diff("blocks.%d.cross_attn.v.bias" % n, "diffusion_model.blocks.%d.cross_attn.v.diff_b" % n)
+        diff("blocks.%d.ffn.0.bias" % n, "diffusion_model.blocks.%d.ffn.0.diff_b" % n)
+    diff("patch_embedding.weight", "diffusion_model.patch_embedding.diff")
+    diff("time_projection.1.bias", "diffusion_model.time_projection.1.diff_b")
+    diff("head.head.bias", "diffusion_model.head.head.diff_b")
+    for wname, r, alpha in [("head.head.weight", 2, 4.0), ("time_embedding.0.weight", 4, None)]:
+        o_f, i_f = base[wname].shape
+        a = rng.standard_normal((r, i_f)).astype(np.float32) * 0.2
+        b = rng.standard_normal((o_f, r)).astype(np.float32) * 0.2
+        key = "diffusion_model." + wname[:-len(".weight")]
+        tensors[key + ".lora_down.weight"] = ("F32", a.shape, encode(a, "F32")[0])
+        tensors[key + ".lora_up.weight"] = ("F32", b.shape, encode(b, "F32")[0])
+        if alpha is not None:
+            tensors[key + ".alpha"] = ("F32", (), encode(np.array(alpha, np.float32), "F32")[0])
+        s_m = (alpha if alpha is not None else r) / r
+        out[wname] = (base[wname].astype(np.float64) + s_m * (b.astype(np.float64) @ a.astype(np.float64))
+                      ).astype(np.float32)
+    lf = os.path.join(d, "causvid_like.safetensors")
+    safetensors_np.save_raw(lf, tensors)
+    full = os.path.join(d, "merged.safetensors")
+    safetensors_np.save(full, out, meta)
+    against_merged("differences (.diff, .diff_b) and LoRAs outside the blocks, ComfyUI's names", lf, full,
+                   os.path.join(d, "lora.safetensors"), os.path.join(d, "full.safetensors"))
+    d = os.path.join(workdir, "lora_bias")
+    pairs = write_adapter(d, base, [0], ["ffn.0", "self_attn.o"], 4, 8, config_extra={"lora_bias": True})
+    full_w = merged(base, pairs, 4, 8, False)
+    extra = {}
+    for m in ["ffn.0", "self_attn.o"]:
+        bv = rng.standard_normal(base["blocks.0.%s.bias" % m].shape).astype(np.float32) * 0.1
+        extra["base_model.model.blocks.0.%s.lora_B.bias" % m] = bv
+        full_w["blocks.0.%s.bias" % m] = (base["blocks.0.%s.bias" % m].astype(np.float64) +
+                                          (8 / 4) * bv.astype(np.float64)).astype(np.float32)
+    write_adapter(d, base, [0], ["ffn.0", "self_attn.o"], 4, 8, config_extra={"lora_bias": True},
+                  extra_tensors=extra)
+    full = os.path.join(d, "merged.safetensors")
+    safetensors_np.save(full, full_w, meta)
+    against_merged("PEFT's lora_bias: lora_B.bias adds s times itself", d, full, os.path.join(d, "lora.safetensors"),
+                   os.path.join(d, "full.safetensors"))
+
     refusals = [
         ("DoRA (use_dora)", dict(config_extra={"use_dora": True}), "DoRA"),
         ("DoRA magnitude keys", dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector":
@@ -226,8 +286,11 @@ def crosscheck_lora(reelctl, workdir):
         ("rank_pattern", dict(config_extra={"rank_pattern": {"q": 8}}), "rank_pattern"),
         ("unknown target", dict(extra_tensors={"base_model.model.blocks.0.norm3.lora_A.weight":
                                                np.ones((4, 8), np.float32)}), "unknown target"),
-        ("a target outside the blocks", dict(extra_tensors={"base_model.model.head.head.lora_A.weight":
-                                                            np.ones((4, 8), np.float32)}), "unknown target"),
+        ("a target that is no Linear (the patch embedding, a convolution)",
+         dict(extra_tensors={"base_model.model.patch_embedding.lora_A.weight": np.ones((4, 8), np.float32)}),
+         "unknown target"),
+        ("a base bias's own values (bias training)",
+         dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.bias": np.ones(8, np.float32)}), "bias training"),
         ("A without B", dict(drop="base_model.model.blocks.0.self_attn.k.lora_B.weight"), "without lora_B"),
         ("a rank that is not r", dict(bad_rank=True), "is not the config's r"),
         ("a layer the model lacks", dict(layers_override=[0, layers + 3]), "does not have"),
