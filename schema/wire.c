@@ -199,8 +199,9 @@ static int parse_envelope(wire_msg_t *m, uint32_t *tensors, wire_err_t *err) {
     if (!proto || !wire_tok_is(tk, h, proto, WIRE_PROTO)) {
         size_t len = 0;
         const char *p = proto && v[proto].kind == WV_STR ? wire_tok_str(tk, h, proto, &len) : NULL;
+        const char *why = proto ? "is not a string" : "missing";
         wire_set_err(err, WIRE_E_PROTO, "proto %s%.*s%s, want \"" WIRE_PROTO "\"", p ? "\"" : "",
-                     p ? (int)(len < 64 ? len : 64) : 7, p ? p : "missing", p ? "\"" : "");
+                     p ? (int)(len < 64 ? len : 64) : (int)strlen(why), p ? p : why, p ? "\"" : "");
         return 1;
     }
     uint32_t type = at[2];
