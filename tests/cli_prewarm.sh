@@ -17,7 +17,11 @@
 #     rows are prewarmed too, and requests that then share steps run no
 #     eager step;
 #   - under --max-tokens 64 (2 samples of that key) neither prewarm nor a
-#     batch goes past 2 rows.
+#     batch goes past 2 rows;
+#   - requests of a hot key queued through a restart that share steps in
+#     mixed batches leave its prewarm to the background, so a lone request
+#     afterwards runs no eager step; --max-inflight 2 prewarms no batch of
+#     4.
 # Usage: cli_prewarm.sh BUILD
 set -u
 B="${1:-build}"
@@ -239,4 +243,42 @@ grep -q "a mixed batch of 4" "$D/w1g.log" && { bad "--max-tokens 64: a batch of 
 "$R" run --weights "$D/w.safetensors" $(spec 1 | sed "s/--seed [0-9]*/--seed 93/") --out "$D/run93.safetensors" 2>/dev/null &&
     "$R" tensor diff "$D/cap93.safetensors" "$D/run93.safetensors" --name latent >/dev/null 2>&1 &&
     ok "--max-tokens 64: a result of batches of 2 is bitwise reelctl run" || bad "--max-tokens 64: result differs"
+crash "$W1"
+
+# 8. requests of a hot key queued while the worker restarts, which then
+#    share their steps in mixed batches, capture no graph of the key alone:
+#    its prewarm stays on the list for the background (it was taken off
+#    by the first of them, and lost: helper-71), so a lone request of the
+#    key afterwards runs no eager step.
+# 9. --max-inflight 2 bounds the mixed batches prewarmed too: the worker
+#    never holds 4 requests at once, so no batch of 4 is captured.
+gp=""
+for k in 1 2 3; do gen_s 1 $((100 + k)) "q$k" & gp="$gp $!"; done
+i=0
+while [ "$(queued)" != 3 ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+[ "$(queued)" = 3 ] || bad "three GENs of key 1 wait at the broker"
+start_w1 w1h.log --prewarm 8 --max-batch 4 --batching always --streams 1 --warmup 2 ||
+    bad "w1 restarts batching with three GENs queued"
+W1=$WORKER
+failed=0
+for p in $gp; do reap "$p" 120 || failed=$((failed + 1)); done
+[ $failed = 0 ] && ok "queued: the three GENs of key 1 answered" || bad "queued: $failed GENs failed"
+nb=0
+for k in 1 2 3; do grep -q "batched with other requests" "$D/q$k.err" && nb=$((nb + 1)); done
+echo "  | $nb of the three shared steps"
+# key 1 alone: captured by the background prewarm, or by the first request that stepped alone
+wait_for "$D/w1h.log" "prewarmed key [0-9a-f]* .batch 1.|came before its prewarm: its first step captures|captured already" 60 ||
+    { bad "queued: key 1 alone never prewarmed"; show "$D/w1h.log"; }
+gen_s 1 199 lone && grep -q "eager 0)" "$D/lone.err" &&
+    ok "queued: a lone request of key 1 afterwards runs no eager step" || { bad "queued: the lone request"; show "$D/lone.err" "$D/w1h.log"; }
+crash "$W1"
+start_w1 w1i.log --prewarm 8 --max-batch 4 --max-inflight 2 --batching always --streams 1 ||
+    bad "w1 restarts with --max-inflight 2"
+W1=$WORKER
+# two keys' batches of 2 (keys 1, 4 and 5 are single Euler or SDE keys): a
+# key's batch of 4, were it listed, comes right after its batch of 2
+wait_count "$D/w1i.log" "prewarmed key [0-9a-f]* .a mixed batch of 2" 2 60 &&
+    ok "--max-inflight 2: mixed batches of 2 prewarmed" || { bad "--max-inflight 2: prewarm of 2"; show "$D/w1i.log"; }
+grep -q "a mixed batch of 4" "$D/w1i.log" && { bad "--max-inflight 2: a batch of 4 was prewarmed"; show "$D/w1i.log"; } ||
+    ok "--max-inflight 2: no batch of 4 prewarmed"
 finish

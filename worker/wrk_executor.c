@@ -488,8 +488,11 @@ static int chunk_for(const wrk_t *w, const tdit_shape_t *shape, int n) {
 static int choose_chunk(const wrk_t *w, const wrk_job_t *j) { return chunk_for(w, &j->shape, j->n); }
 
 /* When r's shape and loop kind is a key still to prewarm on st: takes it
- * off the list and marks r a prewarm (its first step captures at once,
- * skipping warmup: the key is hot). True when taken. */
+ * off the list and marks r a prewarm (this step, its first alone,
+ * captures at once, skipping warmup: the key is hot). Asked just before
+ * r's first step alone, not when r starts: a request that steps in mixed
+ * batches captures no graph of its key, so the key stays on the list for
+ * the background prewarm. True when taken. */
 static bool claim(wrk_stream_t *st, const tdit_req_t *r, int rows, uint64_t *shard_out);
 
 static bool prewarm_claim(wrk_stream_t *st, tdit_req_t *r) {
@@ -514,9 +517,10 @@ static bool claim(wrk_stream_t *st, const tdit_req_t *r, int rows, uint64_t *sha
         if (p->rows != rows || !tdit_shape_equal(&p->shape, tdit_req_shape(r)) || p->loop.sde != tdit_req_loop(r)->sde)
             continue;
         shard = p->shard;
-        wrk_prewarm_t t = st->pw[st->pw_at];
-        st->pw[st->pw_at] = *p;
-        *p = t;
+        /* to the front of what is left, the rest kept in order (hottest first) */
+        wrk_prewarm_t t = *p;
+        memmove(&st->pw[st->pw_at + 1], &st->pw[st->pw_at], (size_t)(i - st->pw_at) * sizeof *st->pw);
+        st->pw[st->pw_at] = t;
         st->pw_at++;
         atomic_store(&st->pw_left, st->npw - st->pw_at);
         got = true;
@@ -556,7 +560,7 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
                                     j->context, j->uncond);
         if (j->req && j->rec && tdit_req_record(j->req, st->ks, j->rec) != 0) tdit_req_destroy(&j->req);
         if (j->req) {
-            prewarm_claim(st, j->req); /* a hot key's request before its prewarm: it captures at once */
+            j->pw_unasked = true; /* prewarm_claim, at its first step alone */
             break;
         }
         if (b == 1) return -1;
@@ -752,6 +756,10 @@ static void after_step(wrk_stream_t *st, wrk_job_t *j, int64_t v) {
 static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
     wrk_t *w = st->x->w;
     cap_result_t res;
+    if (j->pw_unasked) { /* a hot key's request before its prewarm: this step captures at once */
+        j->pw_unasked = false;
+        prewarm_claim(st, j->req);
+    }
     pthread_rwlock_rdlock(&w->step_lock);
     if (atomic_load(&w->fatal)) { /* a reload failed part-way: never step on mixed weights */
         pthread_rwlock_unlock(&w->step_lock);
@@ -759,7 +767,7 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
     }
     double t0 = reel_mono_s();
     int rc = tdit_req_step(j->req, w->cache, st->ks, &res);
-    tdit_req_set_prewarm(j->req, false); /* (prewarm_claim) its first step only */
+    tdit_req_set_prewarm(j->req, false); /* (prewarm_claim) this step only */
     double dt = reel_mono_s() - t0;
     /* Read under the same lock: the version this step ran on. */
     int64_t v = cap_component_version(w->cache, TDIT_COMPONENT);
@@ -1061,7 +1069,8 @@ static int64_t prewarm_batch(const wrk_exec_t *x, const wrk_prewarm_t *p, int i)
 static int prewarm_rows(const wrk_t *w, const wrk_prewarm_t *p, int rows[TDIT_MAX_BATCH]) {
     int n = 0;
     if (w->opt->max_batch < 2 || tdit_shape_batch(&p->shape) != 1 || tdit_solver_multistep(p->shape.solver)) return 0;
-    int cap = rows_cap(w, &p->shape); /* no batch step_ready would not form (--max-tokens) */
+    int cap = rows_cap(w, &p->shape); /* no batch step_ready would not form (--max-tokens, */
+    if (cap > w->opt->max_inflight) cap = w->opt->max_inflight; /* and the requests the worker may hold) */
     for (int b = 2; b <= w->opt->max_batch && b <= cap; b++)
         if (batch_rows(w, b) == b) rows[n++] = b;
     return n;

@@ -60,6 +60,8 @@ struct wrk_job {
     bool ok;                     /* the part ran all its samples */
     /* executor state */
     tdit_req_t *req;
+    bool pw_unasked;             /* req has not yet asked the prewarm list for its key (it asks at its
+                                  * first step alone: one in a mixed batch captures no graph of its own) */
     tdit_staging_t *stg;         /* the stream's staging set it runs in (NULL: its own) */
     uint64_t ran_version;        /* transformer version of the last step */
     uint64_t first_version;      /* ... and of the first (a sync may land in between) */
