@@ -114,6 +114,8 @@ static int lora_inspect(const char *path, bool json) {
     if (lora_scale(l) != 0)
         printf("  rank %d, alpha %g%s: scale %g\n", lora_rank(l), lora_alpha(l), lora_rslora(l) ? ", rsLoRA" : "",
                (double)lora_scale(l));
+    else if (lora_rank(l) == 0) /* no low-rank part at all */
+        printf("  full differences only (no low-rank part)\n");
     else /* from the file, targets of other ranks or alphas */
         printf("  ranks up to %d; alpha and scale per target (below)\n", lora_rank(l));
     printf("  %d targets, %zu bytes, sha256 %s\n", n, lora_bytes(l), lora_sha256(l));

@@ -101,17 +101,32 @@ static bool plain_name(const char *s, size_t n) {
     return true;
 }
 
+/* The length of "blocks.N." (kohya's "blocks_N_") at s, N in *blk: N
+ * in decimal digits as PyTorch names a block (no sign, space or leading
+ * zero; at most 9 digits). 0 when s does not start so. */
+static int block_prefix(const char *s, bool kohya, unsigned long *blk) {
+    const char *p = kohya ? "blocks_" : "blocks.";
+    size_t n = strlen(p), i = n;
+    if (strncmp(s, p, n)) return 0;
+    unsigned long v = 0;
+    while (s[i] >= '0' && s[i] <= '9' && i < n + 9) v = v * 10 + (unsigned long)(s[i++] - '0');
+    if (i == n || s[i] != p[n - 1] || (s[n] == '0' && i > n + 1)) return 0;
+    *blk = v;
+    return (int)i + 1;
+}
+
 /* The Linear the n bytes at mod name (its Wan name into out, and its
- * layout), or NULL: a block's module after "blocks.N." when blk >= 0, else
- * one outside the blocks. */
-static const char *linear_named(const char *mod, size_t n, long blk, bool kohya, char *out, size_t len) {
-    for (size_t i = 0; blk >= 0 && i < N_MODULES; i++) {
+ * layout), or NULL: a block's module (block blk) when in_block, else one
+ * outside the blocks. */
+static const char *linear_named(const char *mod, size_t n, bool in_block, unsigned long blk, bool kohya, char *out,
+                                size_t len) {
+    for (size_t i = 0; in_block && i < N_MODULES; i++) {
         bool wan = module_is(mod, n, modules[i].wan, kohya), dif = module_is(mod, n, modules[i].diffusers, kohya);
         if (!wan && !dif) continue;
-        snprintf(out, len, "blocks.%ld.%s", blk, modules[i].wan);
+        snprintf(out, len, "blocks.%lu.%s", blk, modules[i].wan);
         return kohya ? "kohya" : wan ? "wan" : "diffusers";
     }
-    for (size_t i = 0; blk < 0 && i < N_TOP_MODULES; i++) {
+    for (size_t i = 0; !in_block && i < N_TOP_MODULES; i++) {
         bool wan = module_is(mod, n, top_modules[i].wan, kohya), dif = module_is(mod, n, top_modules[i].diffusers, kohya);
         if (!wan && !dif) continue;
         snprintf(out, len, "%s", top_modules[i].wan);
@@ -139,14 +154,21 @@ static int parse_key(const char *key, key_t_ *k) {
     if (ends_with(s, ".alpha")) {
         end = s + strlen(s) - strlen(".alpha");
         k->kind = KEY_ALPHA;
-    } else if (ends_with(s, ".diff") || ends_with(s, ".diff_b")) {
-        bool b = ends_with(s, ".diff_b");
-        end = s + strlen(s) - strlen(b ? ".diff_b" : ".diff");
+    } else if (ends_with(s, ".diff") || ends_with(s, ".diff_b") || ends_with(s, ".diff_m")) {
+        /* X.diff: X.weight (X itself for a modulation, as ComfyUI maps a
+         * parameter without ".weight"); X.diff_b: X.bias; X.diff_m (lightx2v's):
+         * X.modulation */
+        const char *suf = strrchr(s, '.');
+        end = suf;
         k->kind = KEY_DIFF;
-        diff_of = b ? ".bias" : ".weight";
+        diff_of = !strcmp(suf, ".diff_b") ? ".bias" : !strcmp(suf, ".diff_m") ? ".modulation" : ".weight";
+        if (!strcmp(diff_of, ".weight") && (size_t)(end - s) >= strlen("modulation") &&
+            !strncmp(end - strlen("modulation"), "modulation", strlen("modulation")) &&
+            (end - s == (long)strlen("modulation") || end[-(long)strlen("modulation") - 1] == '.'))
+            diff_of = "";
         if (kohya)
             return reel_fail(REEL_E_UNSUPPORTED, "%s: a difference in kohya's names (whose '_' for '.' names no "
-                             "weight unambiguously); name it diffusion_model.<weight>%s", key, b ? ".diff_b" : ".diff");
+                             "weight unambiguously); name it diffusion_model.<weight>%s", key, suf);
     }
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0] && !end; i++) {
         const char *at = strstr(s, suffixes[i].s);
@@ -166,13 +188,12 @@ static int parse_key(const char *key, key_t_ *k) {
         return reel_fail(REEL_E_UNSUPPORTED, "bias training is not supported (key %s: a bias's own values; a "
                          "difference to add is <weight>.diff_b, PEFT's lora_bias a lora_B.bias)", key);
     unsigned long blk = 0;
-    int at = 0;
-    bool in_block = end && sscanf(s, kohya ? "blocks_%lu_%n" : "blocks.%lu.%n", &blk, &at) == 1 && at > 0 &&
-                    end >= s + at;
+    int at = end ? block_prefix(s, kohya, &blk) : 0;
+    bool in_block = at > 0 && end >= s + at;
     const char *mod = in_block ? s + at : s;
     size_t mlen = end ? (size_t)(end - mod) : 0;
-    char name[sizeof k->weight - 8]; /* room for ".weight" after it */
-    const char *layout = end ? linear_named(mod, mlen, in_block ? (long)blk : -1, kohya, name, sizeof name) : NULL;
+    char name[sizeof k->weight - 12]; /* room for ".modulation" after it */
+    const char *layout = end ? linear_named(mod, mlen, in_block, blk, kohya, name, sizeof name) : NULL;
     if (!layout && diff_of && plain_name(s, (size_t)(end - s)) && (size_t)(end - s) < sizeof name) {
         snprintf(name, sizeof name, "%.*s", (int)(end - s), s); /* any weight, by Wan's name */
         layout = "wan";
@@ -717,25 +738,33 @@ int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel) 
 }
 
 int lora_describe(const lora_t *l, char *buf, size_t len) {
-    char mods[256] = "";
-    int diffs = 0;
+    /* the modules, each once, in the targets' order: at most MODS_SHOWN
+     * bytes of them, then how many more (the whole description must fit a
+     * worker's ack: MSG_REASON_MAX) */
+    enum { MODS_SHOWN = 192 };
+    char mods[MODS_SHOWN + 24] = "", seen[4096] = ",";
+    int diffs = 0, more = 0;
     for (int i = 0; i < l->n; i++) {
         diffs += l->t[i].d != NULL;
         /* the module: the weight's name without "blocks.N." and its last part */
         const char *m = l->t[i].weight;
         unsigned long blk;
-        int at = 0;
-        if (sscanf(m, "blocks.%lu.%n", &blk, &at) == 1 && at > 0) m += at;
+        int at = block_prefix(m, false, &blk);
+        m += at;
         const char *dot = strrchr(m, '.');
-        char one[48];
-        snprintf(one, sizeof one, "%.*s", dot ? (int)(dot - m) : (int)strlen(m), m);
-        char tok[52];
-        snprintf(tok, sizeof tok, ",%s,", one);
-        char have[260];
-        snprintf(have, sizeof have, ",%s,", mods);
-        if (!strstr(have, tok) && strlen(mods) + strlen(one) + 2 < sizeof mods)
-            snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "%s%s", mods[0] ? "," : "", one);
+        char tok[96];
+        snprintf(tok, sizeof tok, "%.*s,", dot ? (int)(dot - m) : (int)strlen(m), m);
+        char key[100];
+        snprintf(key, sizeof key, ",%s", tok);
+        if (strstr(seen, key)) continue;
+        if (strlen(seen) + strlen(tok) < sizeof seen) strcat(seen, tok);
+        size_t have = strlen(mods), one = strlen(tok) - 1;
+        if (have + one + 1 <= MODS_SHOWN)
+            snprintf(mods + have, sizeof mods - have, "%s%.*s", have ? "," : "", (int)one, tok);
+        else
+            more++;
     }
+    if (more) snprintf(mods + strlen(mods), sizeof mods - strlen(mods), ",+%d more", more);
     int n = snprintf(buf, len,
                      "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"diffs\":%d,"
                      "\"modules\":\"%s\",\"bytes\":%zu,\"sha256\":\"%s\",\"layout\":\"%s\",\"config\":\"%s\"}",

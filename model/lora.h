@@ -26,16 +26,17 @@
  * with use_rslora.
  *
  * Full differences, as ComfyUI, diffusers and lightx2v's / CausVid's Wan
- * LoRAs carry them: `X.diff` adds to weight X.weight and `X.diff_b` to
- * X.bias, unscaled, for any weight of the model X names (a norm's weight,
- * a Linear's bias, the patch embedding's); PEFT's `lora_bias` (a
+ * LoRAs carry them: `X.diff` adds to weight X.weight (X itself for a
+ * modulation), `X.diff_b` to X.bias and `X.diff_m` to X.modulation,
+ * unscaled, for any weight of the model X names (a norm's weight, a
+ * Linear's bias, the patch embedding's); PEFT's `lora_bias` (a
  * `lora_B.bias` key) adds s times itself to the Linear's bias.
  *
  * Refused by name, nothing changed: DoRA (use_dora, lora_magnitude_vector
  * keys), bias training (bias other than "none", a base bias key),
  * modules_to_save, rank_pattern / alpha_pattern, fan_in_fan_out, a rank
- * above LORA_MAX_RANK, a peft_type other than LORA, a key that names no
- * block Linear (an unknown target), an A without its B, ranks that
+ * above LORA_MAX_RANK, a peft_type other than LORA, a low-rank key that
+ * names no Linear (an unknown target), an A without its B, ranks that
  * disagree with r, non-finite values, and (lora_check) a target the
  * model does not have or whose shape differs.
  *
@@ -110,8 +111,8 @@ lora_t *lora_parse(const char *config, size_t config_len, const char *config_nam
                    const char *sha256);
 void lora_close(lora_t **l);
 
-/* 0 when every target is a weight of c with the shape [out, in] the
- * adapter needs and no merge could leave F32's range (lora_max_delta below
+/* 0 when every target is a weight of c with the shape the adapter needs
+ * ([out, in] for a low-rank part, the difference's own) and no merge could leave F32's range (lora_max_delta below
  * LORA_MAX_DELTA), else -1 naming the first problem. */
 int lora_check(const lora_t *l, const tdit_config_t *c);
 
@@ -133,8 +134,9 @@ const lora_target_t *lora_find(const lora_t *l, const char *name);
 double lora_max_delta(const lora_t *l);
 
 /* A one-line JSON of the adapter (rank, alpha, rslora, scale, targets,
- * modules, bytes, sha256, layout) into buf: what the worker reports and
- * the catalog records. 0, or -1 when it does not fit. */
+ * diffs, modules: at most 192 bytes of them, then ",+N more", bytes,
+ * sha256, layout, config) into buf: what the worker reports and the
+ * catalog records. 0, or -1 when it does not fit. */
 int lora_describe(const lora_t *l, char *buf, size_t len);
 
 /* W += s·B·A, then W += d_scale·d, for w the F32 values of weight `name`;

@@ -441,6 +441,9 @@ START_TEST(test_differences_add_to_any_weight_and_outside_linears_take_a_lora) {
     add_values(w, "diffusion_model.text_embedding.0.lora_down.weight", 2, (int64_t[]){ 2, tiny.text_dim }, 43, -0.5f,
                0.5f);
     add_values(w, "diffusion_model.text_embedding.0.lora_up.weight", 2, (int64_t[]){ D, 2 }, 44, -0.5f, 0.5f);
+    /* the modulations: lightx2v's X.diff_m, and X.diff of a parameter without ".weight" (as ComfyUI maps it) */
+    add_values(w, "diffusion_model.blocks.1.diff_m", 3, (int64_t[]){ 1, 6, D }, 45, -0.5f, 0.5f);
+    add_values(w, "diffusion_model.head.modulation.diff", 3, (int64_t[]){ 1, 2, D }, 46, -0.5f, 0.5f);
     const char *comfy = ts_join(dir, "causvid_like.safetensors");
     char comfyp[256];
     snprintf(comfyp, sizeof comfyp, "%s", comfy);
@@ -460,7 +463,9 @@ START_TEST(test_differences_add_to_any_weight_and_outside_linears_take_a_lora) {
     ck_assert_float_eq(scale_of(l, "head.head.weight"), 1.0f);             /* no alpha: s = 1 */
     char desc[512];
     TS_OK(lora_describe(l, desc, sizeof desc));
-    ck_assert_msg(strstr(desc, "\"diffs\":8") && strstr(desc, "norm3") && strstr(desc, "head.head") &&
+    ck_assert_ptr_nonnull(lora_find(l, "blocks.1.modulation"));
+    ck_assert_ptr_nonnull(lora_find(l, "head.modulation"));
+    ck_assert_msg(strstr(desc, "\"diffs\":10") && strstr(desc, "norm3") && strstr(desc, "head.head") &&
                   strstr(desc, "patch_embedding"), "%s", desc);
     /* a difference alone is exactly added */
     float zero[64] = { 0 };
@@ -522,6 +527,33 @@ START_TEST(test_differences_add_to_any_weight_and_outside_linears_take_a_lora) {
     st_close(&bf);
     lora_close(&l);
 
+    /* a difference for every weight of the model: its description still
+     * fits a worker's ack (512 bytes), the modules past 192 bytes counted */
+    size_t nw;
+    tdit_weight_t *all_w = tdit_config_weights(&tiny, &nw);
+    ck_assert_ptr_nonnull(all_w);
+    w = st_writer_new();
+    for (size_t i = 0; i < nw; i++) {
+        char key[160];
+        const char *nm = all_w[i].name;
+        size_t ln = strlen(nm);
+        if (ln > 7 && !strcmp(nm + ln - 7, ".weight")) snprintf(key, sizeof key, "diffusion_model.%.*s.diff", (int)(ln - 7), nm);
+        else if (ln > 5 && !strcmp(nm + ln - 5, ".bias")) snprintf(key, sizeof key, "diffusion_model.%.*s.diff_b", (int)(ln - 5), nm);
+        else snprintf(key, sizeof key, "diffusion_model.%s.diff", nm); /* a modulation */
+        add_values(w, key, all_w[i].ndim, all_w[i].shape, 90 + i, -0.01f, 0.01f);
+    }
+    free(all_w);
+    char everyp[256];
+    snprintf(everyp, sizeof everyp, "%s", ts_join(dir, "every.safetensors"));
+    written(&w, everyp);
+    TS_NEW(l = lora_open(everyp));
+    TS_OK(lora_check(l, &tiny));
+    ck_assert_int_eq(lora_n_targets(l), (int)nw);
+    char small[512];
+    TS_OK(lora_describe(l, small, sizeof small));
+    ck_assert_msg(strstr(small, " more\"") && strstr(small, "\"modules\":\"patch_embedding,"), "%s", small);
+    lora_close(&l);
+
     /* PEFT's lora_bias: lora_B.bias adds s times itself (r 4, alpha 8: s = 2) */
     char path[256];
     snprintf(path, sizeof path, "%s/peftbias", dir);
@@ -557,7 +589,15 @@ START_TEST(test_differences_refused_name_their_cause) {
     } cases[] = {
         { "diffusion_model.blocks.0.norm3.diff", 1, { 32 }, NULL, "shape mismatch", true },
         { "diffusion_model.blocks.0.self_attn.q.diff", 2, { 4, 64 }, NULL, "shape mismatch", true },
-        { "diffusion_model.blocks.0.modulation.diff", 1, { 64 }, NULL, "does not have", true },
+        { "diffusion_model.blocks.0.modulation.diff", 1, { 64 }, NULL, "shape mismatch", true },
+        { "diffusion_model.blocks.1.diff_m", 1, { 64 }, NULL, "shape mismatch", true },
+        { "diffusion_model.blocks.0.norm1.diff", 1, { 64 }, NULL, "does not have", true }, /* Wan's norm1 has no weight */
+        { "diffusion_model.blocks.01.norm3.diff", 1, { 64 }, NULL, "does not have", true },
+        { "diffusion_model.blocks.9223372036854775808.time_projection.1.diff_b", 1, { 384 }, NULL, "does not have",
+          true },
+        { "diffusion_model.blocks.-1.head.head.diff_b", 1, { 16 }, NULL, "unknown target", false },
+        { "diffusion_model.blocks.-1.head.head.lora_down.weight", 2, { 2, 64 }, NULL, "unknown target", false },
+        { "diffusion_model.blocks.+0.self_attn.q.lora_down.weight", 2, { 2, 64 }, NULL, "unknown target", false },
         { "diffusion_model.blocks.7.norm3.diff", 1, { 64 }, NULL, "does not have", true },
         { "diffusion_model.blocks.0.self_attn.q.diff_b", 1, { 64 }, "diffusion_model.blocks.0.self_attn.q.lora_B.bias",
           "a second difference", false },

@@ -238,7 +238,7 @@ static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char 
          * the adapter's, and every step on it would overflow */
         const double bound = (double)(1 << (WRK_WEIGHT_EXP - 1));
         if (lora_max_delta(op->lora) < bound) return;
-        reel_fail(REEL_E_INVALID, "its merge could add %.3g to a weight (scale x rank x max|A| x max|B|), 2^%d or "
+        reel_fail(REEL_E_INVALID, "its merge could add %.3g to a weight (scale x rank x max|A| x max|B|, plus max|difference|), 2^%d or "
                   "more: every step would overflow", lora_max_delta(op->lora), WRK_WEIGHT_EXP - 1);
     }
     char answer[REEL_ERR_MSG];

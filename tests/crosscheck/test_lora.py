@@ -238,6 +238,8 @@ def crosscheck_lora(reelctl, workdir):
         diff("blocks.%d.self_attn.norm_q.weight" % n, "diffusion_model.blocks.%d.self_attn.norm_q.diff" % n)
         diff("blocks.%d.cross_attn.v.bias" % n, "diffusion_model.blocks.%d.cross_attn.v.diff_b" % n)
         diff("blocks.%d.ffn.0.bias" % n, "diffusion_model.blocks.%d.ffn.0.diff_b" % n)
+    diff("blocks.0.modulation", "diffusion_model.blocks.0.diff_m")  # lightx2v's
+    diff("head.modulation", "diffusion_model.head.modulation.diff")  # ComfyUI maps a parameter to itself
     diff("patch_embedding.weight", "diffusion_model.patch_embedding.diff")
     diff("time_projection.1.bias", "diffusion_model.time_projection.1.diff_b")
     diff("head.head.bias", "diffusion_model.head.head.diff_b")
