@@ -131,6 +131,7 @@ typedef struct brk_req {
     uint64_t progress_at;      /* step + decoded of the last PROGRESS forwarded (this run) */
     uint64_t progress_of;      /* and its steps + decode_frames */
     int64_t accepted_ms, deadline_ms;
+    int64_t dispatched_ms;     /* brk_now_ms() when it was last sent to a worker (0: never) */
     int losses;                /* workers that died holding it */
     bool had_owner;            /* some eligible worker existed at some point */
     brk_req_state_t state;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
+#include <time.h>
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
@@ -106,12 +107,21 @@ static const char *eager_reasons(const msg_counts_t *d, char *buf, size_t cap) {
 
 /* A catalog row for a request that ended without a RESULT: status its
  * ERROR's code, why its message (what the client was told). */
+/* When r began, in UNIX seconds, for its catalog row: when it was last
+ * sent to a worker, else when the broker accepted it. */
+static double started_at(const brk_req_t *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t since = r->dispatched_ms ? r->dispatched_ms : r->accepted_ms;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - (double)(brk_now_ms() - since) / 1000.0;
+}
+
 static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status, const char *why) {
     char hex[17];
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
-                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL, why);
+                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL, why, started_at(r));
 }
 
 /* The client's identity: its held GEN keeps it. */
@@ -170,6 +180,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         }
         r->state = REQ_INFLIGHT;
         r->worker = w;
+        r->dispatched_ms = brk_now_ms();
         b->last_sender = r->sender;
         reel_hist_observe(&b->metrics.queue_wait_s, (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
         w->route.inflight++;
@@ -654,7 +665,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
                    (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
                    res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
                    (int)res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
-                   eager_reasons(&res->stats.declines, why, sizeof why), NULL);
+                   eager_reasons(&res->stats.declines, why, sizeof why), NULL, started_at(r));
     req_free(b, r);
 }
 

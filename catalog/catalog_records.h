@@ -186,17 +186,22 @@
  * replays, declines and evictions are recorded by; NULL for a request
  * without a RESULT), eager_reasons why its eager steps ran eager
  * ("warming_up=2,budget_exceeded=1"; NULL when none did), error why a
- * failed one failed (its ERROR's message; NULL for an ok one). */
+ * failed one failed (its ERROR's message; NULL for an ok one). seconds is
+ * the sum of its own steps (and its encode and decode) as its worker
+ * timed them, not the time between its start and its end (its stream
+ * also steps other requests in between); started is when the broker sent
+ * it to the worker that answered (UNIX seconds; when it accepted it, for
+ * one that never reached a worker; NaN, stored NULL: unknown). */
 #define CAT_REQUEST(F)                                                                             \
     F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(INT, captured)    \
     F(INT, replayed) F(INT, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \
     F(F64, decode_seconds) F(INT, batched_steps) F(INT, batch_rows) F(INT, padded_rows)             \
-    F(OPT, capture_key) F(OPT, eager_reasons) F(OPT, error) F(TIME, t)
+    F(OPT, capture_key) F(OPT, eager_reasons) F(OPT, error) F(F64, started) F(TIME, t)
 #define CAT_SQL_REQUEST                                                                            \
     "INSERT INTO requests (id, worker, key_hash, version, steps, captured, replayed, eager,"       \
     " seconds, status, encode_seconds, decode_seconds, batched_steps, batch_rows, padded_rows,"    \
-    " capture_key, eager_reasons, error, t)"                                                      \
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
+    " capture_key, eager_reasons, error, started, t)"                                             \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
 
 /* A kernel artifact built or checked on a backend. */
 #define CAT_ARTIFACT(F)                                                                            \

@@ -59,14 +59,14 @@ static const char find_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " encode_seconds, decode_seconds, batched_steps, batch_rows, padded_rows,"
     " CASE WHEN batched_steps > 0 THEN round(1.0 * batch_rows / batched_steps, 2) END AS mean_batch,"
-    " key_hash, capture_key, error FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
+    " key_hash, capture_key, error, started FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
     " ORDER BY rowid DESC LIMIT 1";
 /* Retention keeps each hour's slowest requests when it prunes the raw
  * rows; they lack the time split and the batching (null, not 0). */
 static const char find_slow_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " NULL AS encode_seconds, NULL AS decode_seconds, NULL AS batched_steps, NULL AS batch_rows,"
-    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key, error FROM slow_requests"
+    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key, error, started FROM slow_requests"
     " WHERE id = ?1 AND (?2 IS NULL OR worker = ?2) ORDER BY t DESC LIMIT 1";
 static const char count_sql[] =
     "SELECT (SELECT count(*) FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)) AS here,"
@@ -334,10 +334,17 @@ static int verdict(cat_t *c, json_t *root) {
     return 0;
 }
 
-/* The parameters of the history's queries (see LINEAGE). */
+/* The parameters of the history's queries (see LINEAGE). Its start is
+ * the row's `started` (when the broker sent it to its worker); a row from
+ * before migration 16 has none, and its end minus its seconds (the sum of
+ * its own steps, encode and decode) stands in: later than its start when
+ * its stream stepped other requests in between. */
 static json_t *hist_params(const json_t *r, double *started) {
     double t = num(r, "t"), lag = integer(r, "captured") > 0 ? WHY_EVENT_LAG : 0;
-    *started = t - num(r, "seconds") - num(r, "encode_seconds") - num(r, "decode_seconds");
+    if (json_is_number(json_object_get(r, "started")) && num(r, "started") <= t)
+        *started = num(r, "started");
+    else
+        *started = t - num(r, "seconds") - num(r, "encode_seconds") - num(r, "decode_seconds");
     if (!isfinite(*started)) *started = t;
     json_t *t_stored = json_object_get(r, "t");
     return json_pack("[O, O, f, f, f, O, O]", json_object_get(r, "worker"), json_object_get(r, "capture_key"),

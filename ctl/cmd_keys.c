@@ -34,7 +34,8 @@ int cmd_keys(int argc, char **argv) {
     if (reel_role_parse(role_s, &role) != 0) return ctl_fail_as(REEL_E_INVALID, "keys new: ");
     if (!name) name = role_s; /* one key per role, named after it, unless told */
     reel_key_t k;
-    if (reel_key_new(out, role, name, &k) != 0) return ctl_fail_as(REEL_E_IO, "keys new: ");
+    if (reel_key_new(out, role, name, &k) != 0) /* a bad name is the caller's (exit 2), a file it cannot write not */
+        return ctl_fail_as(reel_err_code() == REEL_E_INVALID ? REEL_E_INVALID : REEL_E_IO, "keys new: ");
     printf("%s/%s.key\n%s/%s.pub\n", out, name, out, name);
     fprintf(stderr, "reelctl: %s key %s: public key %s (give the broker %s/%s.pub%s)\n", reel_role_name(role), name,
             k.public_key, out, name, role == REEL_ROLE_BROKER ? "; its peers too, as --broker-key" : "");

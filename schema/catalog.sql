@@ -1,10 +1,10 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 15): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 16): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
 -- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
--- puts them; 7: the summaries reports read; 8 to 12 at the end of this file).
+-- puts them; 7: the summaries reports read; 8 to 16 at the end of this file).
 -- tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
@@ -345,3 +345,11 @@ ALTER TABLE slow_requests ADD COLUMN error TEXT;
 -- per stream: `reelctl evictions` tells the rows apart); NULL for rows
 -- from before it.
 ALTER TABLE evictions ADD COLUMN stream INTEGER;
+
+-- Migration 16: when a request began (the broker sent it to the worker
+-- that answered; UNIX seconds; NULL for rows from before it): its seconds
+-- are the sum of its own steps, so its end minus them is not its start
+-- when its stream stepped other requests too. `reelctl why` tells the
+-- captures before it from its own by it; the slowest requests keep it.
+ALTER TABLE requests ADD COLUMN started REAL;
+ALTER TABLE slow_requests ADD COLUMN started REAL;

@@ -423,9 +423,18 @@ const char cat_schema_v14_sql[] = "ALTER TABLE requests ADD COLUMN error TEXT;\n
  * per stream); NULL for rows from before it. */
 const char cat_schema_v15_sql[] = "ALTER TABLE evictions ADD COLUMN stream INTEGER;\n";
 
+/* Migration 16: when a request began (the broker sent it to the worker
+ * that answered; UNIX seconds), which its end minus its seconds (the sum
+ * of its own steps) is not when its stream stepped other requests too:
+ * `reelctl why` tells the captures before it from its own by it. NULL for
+ * rows from before it; the slowest requests keep it. */
+const char cat_schema_v16_sql[] = "ALTER TABLE requests ADD COLUMN started REAL;\n"
+                                  "ALTER TABLE slow_requests ADD COLUMN started REAL;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
                                        cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
-                                       cat_schema_v13_sql, cat_schema_v14_sql, cat_schema_v15_sql };
+                                       cat_schema_v13_sql, cat_schema_v14_sql, cat_schema_v15_sql,
+                                       cat_schema_v16_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

@@ -130,6 +130,9 @@ modes=$(stat -c %a "$K/alice.key" "$K/alice.pub" | sort -u | tr '\n' ' ')
 before=$(sha256sum "$K/alice.key")
 "$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>"$D/again.err"
 [ $? = 1 ] && [ "$(sha256sum "$K/alice.key")" = "$before" ] && ok "a second alice is refused; the first is untouched" || { bad "no overwrite"; show "$D/again.err"; }
+"$R" keys new --role client --name 'bad name' --out "$D/badname" >/dev/null 2>"$D/badname.err"
+[ $? = 2 ] && grep -q "key name 'bad name'" "$D/badname.err" && [ ! -e "$D/badname/bad name.key" ] &&
+    ok "a bad key name: exit 2 (the caller's input), no file" || { bad "a bad key name"; show "$D/badname.err"; }
 
 echo "== CURVE both ways: a peer is heard only with a key in the allowlist, of the socket's role"
 start_broker --keys "$K" || { bad "the broker starts with keys"; finish; }

@@ -116,6 +116,11 @@ why bad 12x; rc=$?
 [ "$rc" = 2 ] && grep -q "ID" "$D/bad.err" && ok "an ID that is no number: exit 2" || { bad "a bad ID (exit $rc)"; show "$D/bad.err"; }
 "$R" why 1 --catalog "$D/none.db" >/dev/null 2>"$D/none.err"; rc=$?
 [ "$rc" = 2 ] && grep -q "does not exist" "$D/none.err" && ok "a missing catalog: exit 2" || { bad "a missing catalog (exit $rc)"; show "$D/none.err"; }
+# every row knows when it began: the broker sent it at or after it was
+# accepted, before its end, and not before its own steps could run
+bad_rows=$(q "SELECT count(*) FROM requests WHERE started IS NULL OR started > t OR started < t - 600 OR (status = 'ok' AND t - started < seconds - encode_seconds - decode_seconds - 0.05)")
+[ "$bad_rows" = 0 ] && ok "every request row has started: at most its end, at least its own steps before it" ||
+    { bad "requests.started: $bad_rows bad rows"; q "SELECT id, started, t, seconds FROM requests" | head -5; }
 stop_proc "$BROKER" || bad "the broker stops"
 cp "$DB" "$D/old.db" && /usr/bin/sqlite3 "$D/old.db" "PRAGMA user_version = 11"
 "$R" why "$first" --catalog "$D/old.db" >/dev/null 2>"$D/old.err"; rc=$?
