@@ -107,7 +107,7 @@ static const char usage[] =
     "                              the broker admits the peers whose N.pub is in its --keys DIR\n"
     "\n"
     "  reading the catalog (--catalog PATH, default reel.db or $REEL_CATALOG; --json, why too):\n"
-    "  stats | keys | evictions | versions | workers | requests\n"
+    "  stats | keys | evictions | versions [--all] | workers | requests\n"
     "  report --html OUT.html | --json [--since T|-SECONDS]\n"
     "                              one self-contained HTML page: hit rate over time with the\n"
     "                              syncs marked, captures and evictions per sync, declines,\n"

@@ -66,7 +66,8 @@ static const reel_opt_t rows[] = {
     { .name = "name", .kind = REEL_OPT_STRING, .off = O(name), .arg = "NAME",
       .help = "worker name and ZeroMQ routing id ([A-Za-z0-9_.:+-], <= 63)" },
     { .name = "weights", .kind = REEL_OPT_STRING, .off = O(weights), .arg = "FILE",
-      .help = "transformer weights (safetensors)" },
+      .help = "transformer weights: a Reel .safetensors or a Wan2.1 release\n"
+              "folder, sharded index or diffusers folder (docs/MODEL.md)" },
     { .name = "weights-version", .kind = REEL_OPT_U64, .off = O(weights_version), .ulo = 1, .uhi = INT64_MAX,
       .expect = "an integer >= 1", .arg = "V", .help = "version of those weights (1)" },
     { .name = "backend", .kind = REEL_OPT_SET, .set = set_backend, .expect = "cpu or cuda", .arg = "cpu|cuda",
@@ -162,8 +163,9 @@ static const reel_opt_t rows[] = {
       .arg = "BYTES", .help = "encoded prompts kept, LRU (64M); counts against --budget" },
     { .name = "attention", .kind = REEL_OPT_SET, .set = set_attention, .expect = "auto, fused or decomposed",
       .arg = "auto|fused|decomposed",
-      .help = "attention on CUDA in BF16: cuDNN's fused SDPA where it\n"
-              "loads (auto, fused) or the decomposition (default: $REEL_ATTN, else auto)" },
+      .help = "attention: on CUDA in BF16 cuDNN's fused SDPA where it loads\n"
+              "(auto, fused) or the decomposition; decomposed is the reference\n"
+              "path on the CPU too (default: $REEL_ATTN, else auto)" },
     { .name = "lora", .kind = REEL_OPT_FLAG, .off = O(lora),
       .help = "take LoRA syncs (SYNC with base_version): keeps a host\n"
               "copy of the base weights, counted against --budget" },
