@@ -3,7 +3,8 @@
  * a real reel-broker and reel-worker (CPU backend, ipc), side by side in
  * one run.
  *
- * For each config (tiny, small): four broker + worker pairs, started one at
+ * For each config (tiny, small, and micro: tiny's model on one token for one
+ * step, the request path's own rate): four broker + worker pairs, started one at
  * a time, alike but for the worker's --max-batch: 1 (today: every request
  * alone, interleaved with the others on the streams), and N (default 8)
  * with --batching auto (the default: batches while they cost a request
@@ -41,7 +42,8 @@
 #define SETUPS 4
 
 typedef struct {
-    const char *config;
+    const char *config; /* the row's name */
+    const char *model;  /* its model (NULL: config) */
     int64_t lat[4];   /* C, F, H, W */
     int64_t ctx[2];   /* L, T */
     int steps;
@@ -169,8 +171,12 @@ int main(int argc, char **argv) {
          * clients in flight): about 0.5-1 s where the requests are quick.
          * (3 each, as before 2026-12-05, made tiny's timed load ~80 ms on
          * the CPU and ~40 ms on a GPU, mostly the clients' ramp.) */
-        { "tiny", { 4, 2, 8, 8 }, { 5, 32 }, 4, { 40, 60 } },      /* 32 tokens a sample */
-        { "small", { 16, 2, 8, 16 }, { 16, 256 }, 4, { 3, 40 } },  /* 64 tokens a sample */
+        { "tiny", NULL, { 4, 2, 8, 8 }, { 5, 32 }, 4, { 40, 60 } },      /* 32 tokens a sample */
+        { "small", NULL, { 16, 2, 8, 16 }, { 16, 256 }, 4, { 3, 40 } },  /* 64 tokens a sample */
+        /* the request path's own rate: tiny's model on one token, one step,
+         * one text token: what a request costs the client, broker and
+         * worker around its (negligible) step */
+        { "micro", "tiny", { 4, 1, 2, 2 }, { 1, 32 }, 1, { 200, 200 } },
     };
     const char *env_reqs = getenv("BENCH_BATCHING_REQS");
     int reqs_all = env_reqs ? atoi(env_reqs) : 0;
@@ -189,7 +195,7 @@ int main(int argc, char **argv) {
         printf("%s: N = %d requests per client (BENCH_BATCHING_REQS sets it)\n", k->config, reqs);
         char wpath[300];
         snprintf(wpath, sizeof wpath, "%s/%s.safetensors", dir, k->config);
-        snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed 1 --out %s 2>/dev/null", ctl, k->config, wpath);
+        snprintf(cmd, sizeof cmd, "%s weights init --config %s --seed 1 --out %s 2>/dev/null", ctl, k->model ? k->model : k->config, wpath);
         if (system(cmd) != 0) DIE("weights init");
         size_t nl = (size_t)(k->lat[0] * k->lat[1] * k->lat[2] * k->lat[3]), nc = (size_t)(k->ctx[0] * k->ctx[1]);
         client_t cl[SETUPS][CLIENTS_MAX];
@@ -197,7 +203,7 @@ int main(int argc, char **argv) {
         if (!prompts) DIE("out of memory");
         for (size_t i = 0; i < (size_t)nclients * 2 * nc; i++)
             prompts[i] = (float)((i * 7919 + 13) % 1000) / 500.0f - 1.0f;
-        reel_gen_t base = { .model = k->config, .steps = k->steps, .shift = 3.0, .cfg = 4.0 };
+        reel_gen_t base = { .model = k->model ? k->model : k->config, .steps = k->steps, .shift = 3.0, .cfg = 4.0 };
         memcpy(base.latent_shape, k->lat, sizeof k->lat);
         memcpy(base.ctx_shape, k->ctx, sizeof k->ctx);
         base.context = prompts; /* the lone client's: the first client's prompt */
