@@ -91,11 +91,15 @@ static const char evictions_sql[] =
     " CASE WHEN e.component <> '' THEN e.from_version END AS from_version,"
     " CASE WHEN e.component <> '' THEN e.to_version END AS to_version" EVICTIONS_WHERE
     " ORDER BY e.t DESC, e.id DESC LIMIT " WHY_STR(WHY_HISTORY_MAX);
+/* first_capture and captures_before count the lineage's captures: a sync
+ * that keeps graphs (a LoRA sync, --policy inplace) re-keys them in place
+ * and records no capture under the new key, so the graph a request
+ * replays may have been captured under an older key of the lineage. */
 static const char totals_sql[] =
     "SELECT (SELECT count(*)" CAPTURES_WHERE ") AS captures, (SELECT count(*)" EVICTIONS_WHERE ") AS evictions,"
-    " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t <= ?5)"
+    " (SELECT min(c.t) FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c") " AND c.t <= ?5)"
     " AS first_capture,"
-    " (SELECT count(*) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t < ?4)"
+    " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c") " AND c.t < ?4)"
     " AS captures_before,"
     " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4"
     " AND t <= ?5) AS own_capture";
@@ -205,6 +209,12 @@ static void say_eviction(say_t *v, const json_t *e) {
     say(v, ")");
 }
 
+/* Whether every reason r's eager steps give is one other than warmup. */
+static bool declined_only(const json_t *r) {
+    const char *why = json_string_value(json_object_get(r, "eager_reasons"));
+    return why && *why && !strstr(why, "warming_up");
+}
+
 /* The verdict of root (kind and text) from its facts. */
 static int verdict(cat_t *c, json_t *root) {
     const json_t *r = json_object_get(root, "request"), *tot = json_object_get(root, "totals"),
@@ -218,7 +228,7 @@ static int verdict(cat_t *c, json_t *root) {
     double secs = num(r, "seconds");
     bool ok = json_is_string(json_object_get(r, "status")) && !strcmp(text(r, "status"), "ok");
     bool has_key = json_is_string(json_object_get(r, "capture_key"));
-    const json_t *own = json_object_get(tot, "own_capture"), *first = json_object_get(tot, "first_capture");
+    const json_t *own = json_object_get(tot, "own_capture");
     bool own_found = captured > 0 && json_is_number(own);
     /* the newest eviction of the lineage up to the end, and whether the
      * key was captured again between it and this request's start */
@@ -227,12 +237,16 @@ static int verdict(cat_t *c, json_t *root) {
     /* A worker sends its events in order: an eviction stamped after this
      * request's own capture came after it, and explains nothing here. */
     if (ev && own_found && num(ev, "t") > json_number_value(own)) ev = NULL;
+    /* An eviction before any capture of the lineage dropped no graph: an
+     * entry still warming up (its workspace) goes too when the budget makes
+     * room, and the key was never captured, not evicted. */
+    const json_t *first = json_object_get(tot, "first_capture");
+    if (ev && !(json_is_number(first) && json_number_value(first) <= num(ev, "t"))) ev = NULL;
     bool recaptured_before = false;
     size_t i;
     const json_t *cp;
-    json_array_foreach(caps, i, cp) {
-        if (ev && json_is_true(json_object_get(cp, "this_key")) && num(cp, "t") > num(ev, "t") &&
-            num(cp, "t") < num(root, "started"))
+    json_array_foreach(caps, i, cp) { /* a capture of the lineage: a later sync may have re-keyed it in place */
+        if (ev && num(cp, "t") > num(ev, "t") && num(cp, "t") < num(root, "started"))
             recaptured_before = true;
     }
 
@@ -271,6 +285,16 @@ static int verdict(cat_t *c, json_t *root) {
                     text(root, "weights"));
             say(&v, ": ");
             say_paid(&v, r);
+        } else if (integer(tot, "captures_before") == 0 && eager > 0 && declined_only(r)) {
+            /* eager for reasons other than warmup, its graph never captured before */
+            kind = "declined";
+            say_paid(&v, r);
+            say(&v, ": declined, not warming up, and the catalog holds no capture of its graph on %.64s before "
+                    "this request", worker);
+            const char *why = json_string_value(json_object_get(r, "eager_reasons"));
+            if (why && strstr(why, "budget_exceeded"))
+                say(&v, " (budget_exceeded: the graph and its workspace did not fit the worker's --budget beside "
+                        "what it held)");
         } else if (integer(tot, "captures_before") == 0) {
             kind = "new_key";
             say_paid(&v, r);
@@ -290,6 +314,10 @@ static int verdict(cat_t *c, json_t *root) {
             say_paid(&v, r);
             say(&v, " although the key had been captured on %.64s before (first at %s)", worker,
                 when(json_number_value(first), at));
+            if (integer(r, "batched_steps") > 0)
+                say(&v, "; %lld of its steps ran in mixed batches with other requests, under the batch's graph and "
+                        "key, not this one (a batch's warmup is recorded under its key)",
+                    integer(r, "batched_steps"));
         }
     } else if (replayed > 0) {
         double median = num(peers, "median_seconds"), ratio = num(peers, "ratio");

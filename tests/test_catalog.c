@@ -1800,6 +1800,70 @@ START_TEST(test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_star
 }
 END_TEST
 
+/* A request on worker "wd" of key kh, sent at started, ending at t. */
+static void why_at(cat_t *c, uint64_t id, const char *kh, uint64_t version, int captured, int replayed, int eager,
+                   int batched, const char *why, double started, double t) {
+    TS_OK(cat_request(c, id, "wd", WHY_SHARD, version, captured + replayed + eager, captured, replayed, eager, 0.5,
+                      "ok", 0.0, 0.0, batched, batched ? 2 * batched : 0, 0, kh, why, NULL, started, t));
+}
+
+/* helper-74's ground truth against the verdicts:
+ * - an eviction before any capture of the key dropped a warming entry,
+ *   not a graph: the key is new, not "evicted";
+ * - steps declined for budget_exceeded alone, the key never captured: the
+ *   verdict says declined and names --budget, not "the key was new ... so
+ *   this request paid for its graph";
+ * - a sync that keeps graphs (a LoRA sync) re-keys them in place, with no
+ *   capture under the new key: a request of the new key counts the
+ *   lineage's captures (before: "new_key"), and a recapture at v2 after a
+ *   v1 -> v2 eviction, re-keyed to v3, is a recapture (before: "evicted
+ *   ... not captured again");
+ * - eager steps of a request that also ran in mixed batches say so. */
+START_TEST(test_why_verdicts_hold_for_warming_evictions_budget_declines_and_rekeyed_graphs) {
+#define KD(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,1,2,2] weights=transformer@" v " graph=g"
+#define KE "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,1,2,4] weights=transformer@1 graph=g"
+#define KG(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,1,4,4] weights=transformer@" v " graph=g"
+    cat_t *w = open_ok(false);
+    /* D: its warming entry evicted (lru) at 2990, never captured */
+    TS_OK(cat_key_text(w, "00000000000000d1", KD("1"), 2900));
+    TS_OK(cat_eviction(w, "wd", KD("1"), "00000000000000d1", 0, "lru", "", 0, 0, 1, 2990));
+    why_at(w, 40, "00000000000000d1", 1, 0, 0, 6, 0, "warming_up=6", 2980, 3000);
+    /* E: every step budget_exceeded, never captured */
+    TS_OK(cat_key_text(w, "00000000000000e1", KE, 2900));
+    why_at(w, 41, "00000000000000e1", 1, 0, 0, 6, 0, "budget_exceeded=6", 3000, 3010);
+    /* G: captured at v1, evicted by the sync to v2, captured again at v2,
+     * re-keyed in place to v3 by a LoRA sync (its text only) */
+    TS_OK(cat_capture(w, "wd", KG("1"), "00000000000000a7", 0, 4096, 12, 0.05, 1, NULL, 3400));
+    TS_OK(cat_eviction(w, "wd", KG("1"), "00000000000000a7", 0, "weight_sync", "transformer", 1, 2, 1, 3500));
+    TS_OK(cat_capture(w, "wd", KG("2"), "00000000000000b7", 0, 4096, 12, 0.05, 2, NULL, 3501));
+    TS_OK(cat_key_text(w, "00000000000000c7", KG("3"), 3600));
+    why_at(w, 42, "00000000000000c7", 3, 0, 5, 1, 0, "pinned_input_moved=1", 3700, 3710);
+    why_at(w, 43, "00000000000000c7", 3, 0, 4, 2, 3, "warming_up=2", 3720, 3730);
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 40, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "new_key"), "%s: %s", why_kind(j), why_text(j));
+    json_decref(j);
+    j = why_ok(c, 41, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "declined") && strstr(why_text(j), "--budget"), "%s: %s", why_kind(j),
+                  why_text(j));
+    json_decref(j);
+    j = why_ok(c, 42, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "eager") && strstr(why_text(j), "captured on wd before"), "%s: %s",
+                  why_kind(j), why_text(j));
+    ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 2);
+    json_decref(j);
+    j = why_ok(c, 43, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "eager") && strstr(why_text(j), "3 of its steps ran in mixed batches"),
+                  "%s: %s", why_kind(j), why_text(j));
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+#undef KD
+#undef KE
+#undef KG
+}
+END_TEST
+
 /* The median of the other ok requests of the key on the worker: even and
  * odd counts, the request itself and other keys' and workers' left out. */
 START_TEST(test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests) {
@@ -1866,7 +1930,8 @@ START_TEST(test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_th
     ck_assert_uint_eq(json_array_size(caps), 2);
     ck_assert_str_eq(jstr(json_array_get(caps, 0), "key_hash"), WHY_A1);
     ck_assert_str_eq(jstr(json_array_get(caps, 1), "key_hash"), WHY_A2);
-    ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 0);
+    /* captures of its graph before it, the key's lineage (the v1 capture): the eviction explains its warmup */
+    ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 1);
     const char *t = why_text(j);
     ck_assert_msg(strstr(t, "its graph was evicted at 1970-01-01T00:16:50.000Z (weight_sync, transformer v1 -> v2)"
                             " and captured again by this request at 1970-01-01T00:16:51.100Z") &&
@@ -2011,6 +2076,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors);
     tcase_add_test(tc, test_why_the_first_request_of_a_key_ran_warmup_and_made_its_first_capture);
     tcase_add_test(tc, test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_started);
+    tcase_add_test(tc, test_why_verdicts_hold_for_warming_evictions_budget_declines_and_rekeyed_graphs);
     tcase_add_test(tc, test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests);
     tcase_add_test(tc, test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_the_old_version);
     tcase_add_test(tc, test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_not_found);
