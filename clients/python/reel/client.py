@@ -916,7 +916,9 @@ class Client:
         if latents is not None and (isinstance(latents, (str, bytes)) or not hasattr(latents, "__len__")
                                     or len(latents) != n):
             raise ValueError("latents must give one latent per sample")
-        steps = _uint("steps", steps)
+        if steps is not _DEFAULT:  # not given: gen()'s rule (a prompt's default 50; required with a context)
+            steps = _uint("steps", steps)
+        batched = _flag("batched", batched)
         if deadline_ms is not None:
             deadline_ms = _uint("deadline_ms", deadline_ms)
         wait = _wait("timeout", timeout, max(self.timeout, (deadline_ms or 60000) / 1000 + 5))
@@ -1326,7 +1328,15 @@ class Client:
             meta = {"config": config} if isinstance(config, str) else dict(config)
             d = weights_dir or tempfile.mkdtemp(prefix="reel-sync-")
             path = os.path.join(d, f"{component}-v{int(version)}.safetensors")
-            safetensors.save(path, state_dict, meta)
+            try:
+                safetensors.save(path, state_dict, meta)
+            except BaseException:  # a tensor refused (or an interrupt): nothing half-written left
+                if weights_dir:
+                    if os.path.exists(path):
+                        os.remove(path)
+                else:
+                    shutil.rmtree(d, ignore_errors=True)
+                raise
             if upload and not weights_dir:
                 # By value the broker keeps the bytes: the folder made here goes.
                 try:
@@ -1393,6 +1403,7 @@ class Client:
             tensors = dict(lora)
             if not tensors:
                 raise ValueError("lora= holds no LoRA tensors (an empty state dict): nothing to publish")
+            tensors = safetensors.checked(tensors, "lora=")  # judged before any file is touched
             if lora_config is not None:
                 cfg = {"peft_type": "LORA", "bias": "none", "use_dora": False}
                 cfg.update(lora_config)

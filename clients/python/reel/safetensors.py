@@ -27,6 +27,27 @@ def _as_numpy(x):
     return np.asarray(x)
 
 
+def checked(tensors, what):
+    """The arrays save() writes, name -> C-ordered F32 or F16 numpy array,
+    with its refusals (ValueError naming `what` and the tensor), so a
+    caller can judge tensors before it touches a file."""
+    out = {}
+    for name in tensors:
+        if not isinstance(name, str):
+            raise ValueError(f"{what}: tensor name {name!r} is not a string")
+        if name == "__metadata__":
+            raise ValueError(f"{what}: a tensor may not be named __metadata__ (the header's metadata entry)")
+        try:
+            a = _as_numpy(tensors[name])
+        except (TypeError, ValueError) as e:  # a ragged nested list, ...
+            raise ValueError(f"{what}: {name}: not an array: {e}") from None
+        if a.dtype.kind not in "fiu":
+            raise ValueError(f"{what}: {name}: dtype {a.dtype} is not a real number (F32 or F16 are written; "
+                             "other float and integer dtypes are cast to F32)")
+        out[name] = np.asarray(a, dtype=np.float16 if a.dtype == np.float16 else "<f4", order="C")  # 0-d stays 0-d
+    return out
+
+
 def save(path, tensors, metadata=None):
     """Writes tensors (name -> array-like) to path as F32 (F16 stays F16;
     other float and integer dtypes are cast to F32); a 0-d array keeps its
@@ -38,19 +59,7 @@ def save(path, tensors, metadata=None):
     model config from it: {"config": "tiny"} or the size keys).
     """
     header, blobs, off = {}, [], 0
-    for name in tensors:
-        if not isinstance(name, str):
-            raise ValueError(f"{path}: tensor name {name!r} is not a string")
-        if name == "__metadata__":
-            raise ValueError(f"{path}: a tensor may not be named __metadata__ (the header's metadata entry)")
-        try:
-            a = _as_numpy(tensors[name])
-        except (TypeError, ValueError) as e:  # a ragged nested list, ...
-            raise ValueError(f"{path}: {name}: not an array: {e}") from None
-        if a.dtype.kind not in "fiu":
-            raise ValueError(f"{path}: {name}: dtype {a.dtype} is not a real number (F32 or F16 are written; "
-                             "other float and integer dtypes are cast to F32)")
-        a = np.asarray(a, dtype=np.float16 if a.dtype == np.float16 else "<f4", order="C")  # 0-d stays 0-d
+    for name, a in checked(tensors, path).items():
         data = a.tobytes()
         header[name] = {"dtype": "F16" if a.dtype == np.float16 else "F32",
                         "shape": list(a.shape), "data_offsets": [off, off + len(data)]}

@@ -1806,6 +1806,16 @@ class PromptTests(unittest.TestCase):
         self.assertTrue(np.array_equal(alone.latent, ref["latent"]), "reelctl run --prompt alone differs")
         with self.assertRaises(TypeError):  # a context has no defaults: steps are the caller's
             self.c.gen("tinyt", rand((5, 32), 1), latent_shape=(4, 2, 8, 8))
+        # gen_group takes gen's defaults too (it refused a prompt without steps: helper-76), batched or not
+        for batched in (True, False):
+            g = self.c.gen_group("tinyt", prompt="a cat on a skateboard", n=2, seed=3, latent_shape=(4, 2, 8, 8),
+                                 batched=batched)
+            self.assertTrue(np.array_equal(g[0].latent, alone.latent), f"batched={batched}: sample 0 is gen's")
+        with self.assertRaises(TypeError) as e:
+            self.c.gen_group("tinyt", rand((5, 32), 1), n=2, latent_shape=(4, 2, 8, 8))
+        self.assertIn("steps", str(e.exception))
+        with self.assertRaises(TypeError):  # a flag is a bool
+            self.c.gen_group("tinyt", prompt="x", n=2, steps=2, latent_shape=(4, 2, 8, 8), batched="no")
 
     def test_prompt_arguments_are_checked_before_sending(self):
         ctx = rand((5, 32), 1)
@@ -2033,6 +2043,19 @@ class LoraTests(unittest.TestCase):
             self.assertIn("lora_config must hold JSON values", str(e.exception))
             with self.assertRaises(ValueError):  # a tensor save refuses: the folder made for it goes too
                 self.c.sync_lora(v, 1, lora=dict(self.adapter(6), bad=np.ones(2, bool)), lora_config=cfg)
+            # ... and in a weights_dir holding that version's adapter from an earlier try, nothing is touched
+            # (it was judged only as it was saved, after the earlier files were removed: helper-76)
+            keep = os.path.join(self.dir, "keep-lora")
+            folder = os.path.join(keep, f"transformer-v{v}-lora")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "adapter_model.safetensors"), "wb") as f:
+                f.write(b"an earlier try")
+            with self.assertRaises(ValueError):
+                self.c.sync_lora(v, 1, lora=dict(self.adapter(6), bad=np.ones(2, bool)), lora_config=cfg,
+                                 weights_dir=keep)
+            with open(os.path.join(folder, "adapter_model.safetensors"), "rb") as f:
+                self.assertEqual(f.read(), b"an earlier try")
+            self.assertEqual(os.listdir(folder), ["adapter_model.safetensors"])
             self.assertLess(time.monotonic() - t0, 2.0)
             self.assertEqual(os.listdir(tmp), [], "a refused adapter left files behind")
             self.assertEqual(self.next_version(), v, "a refused adapter used up a version")
