@@ -76,7 +76,7 @@ static double build(const char *path, long n, long *captures, long *evictions, i
     double start = bench_now();
     if (cat_begin(c) != 0) die("begin");
     for (int w = 0; w < WORKERS; w++) {
-        if (cat_worker_seen(c, worker[w], "H200", "sm_90", 1, 100ULL << 30, t) != 0) die("worker");
+        if (cat_worker_seen(c, worker[w], "H200", "sm_90", 1, 100ULL << 30, NULL, t) != 0) die("worker");
         if (cat_worker_version(c, worker[w], "transformer", version, true, NULL, t) != 0) die("worker version");
     }
     if (cat_weight_version(c, "transformer", version, "00", "uploaded", t) != 0 ||

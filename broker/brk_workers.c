@@ -64,7 +64,9 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     b->w[b->n_w++] = w;
 
     brk_log("worker %s ready (%s, %d stream%s)", w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");
-    brk_cq_worker_seen(b->cat, w->route.name, w->device, w->arch, w->streams, w->budget);
+    char boot[17];
+    brk_cq_worker_seen(b->cat, w->route.name, w->device, w->arch, w->streams, w->budget,
+                       r->boot ? msg_hex64(r->boot, boot) : NULL);
     for (int i = 0; i < w->route.n_versions; i++)
         brk_cq_worker_version(b->cat, w->route.name, w->route.versions[i].name, w->route.versions[i].version, true,
                               NULL);

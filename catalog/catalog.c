@@ -350,10 +350,88 @@ static bool known_state(const char *state) {
                      !strcmp(state, "pending"));
 }
 
+static int write_one(cat_t *c, const cat_rec_t *r);
+
+/* The weights version a key text names ("... weights=transformer@3 ..."),
+ * else 0. */
+static uint64_t key_version(const char *text) {
+    const char *w = text ? strstr(text, " weights=") : NULL, *at = w ? strchr(w, '@') : NULL;
+    return at ? strtoull(at + 1, NULL, 10) : 0;
+}
+
+typedef struct {
+    char *key_text, *key_hash;
+    int stream;
+} live_graph_t;
+
+/* A READY of a known worker from a new process (another boot than the one
+ * recorded): the graphs its old process held -- each (key, stream)'s
+ * newest capture with no eviction since -- went with it (a SIGKILL, a
+ * crash: a clean stop reports its own "shutdown" evictions first). Each
+ * is recorded evicted, reason "worker_restarted", so the graphs held
+ * (captures minus evictions) and `reelctl why` stay true. */
+static int restarted_evictions(cat_t *c, const cat_worker_seen_t *x, double t) {
+    if (!x->boot || !*x->boot) return 0;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT boot FROM workers WHERE name = ?1", -1, &s, NULL) != SQLITE_OK)
+        return cat_db_fail(c, "worker boot");
+    cat_bind_text(s, 1, x->worker);
+    bool restarted = sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) == SQLITE_TEXT &&
+                     strcmp((const char *)sqlite3_column_text(s, 0), x->boot) != 0;
+    sqlite3_finalize(s);
+    if (!restarted) return 0;
+    static const char live_sql[] =
+        "SELECT c.key_text, c.key_hash, c.stream FROM captures c WHERE c.worker = ?1 AND c.placeholder = 0"
+        " AND c.t <= ?2 AND c.id = (SELECT max(c2.id) FROM captures c2 WHERE c2.worker = c.worker"
+        " AND c2.key_hash = c.key_hash AND c2.stream = c.stream AND c2.placeholder = 0)"
+        " AND NOT EXISTS (SELECT 1 FROM evictions e WHERE e.worker = c.worker AND e.key_hash = c.key_hash"
+        " AND (e.stream = c.stream OR e.stream IS NULL) AND e.t >= c.t)";
+    if (sqlite3_prepare_v2(c->db, live_sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, "graphs held");
+    cat_bind_text(s, 1, x->worker);
+    sqlite3_bind_double(s, 2, t);
+    live_graph_t *g = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0, step;
+    while ((step = sqlite3_step(s)) == SQLITE_ROW) { /* all read before any is written */
+        if (n == cap) {
+            live_graph_t *m = realloc(g, (cap = cap ? 2 * cap : 16) * sizeof *g);
+            if (!m) { rc = reel_fail(REEL_E_NOMEM, "catalog %s: out of memory", c->path); break; }
+            g = m;
+        }
+        const char *kt = (const char *)sqlite3_column_text(s, 0), *kh = (const char *)sqlite3_column_text(s, 1);
+        g[n].key_text = kt ? strdup(kt) : NULL;
+        g[n].key_hash = kh ? strdup(kh) : NULL;
+        g[n].stream = sqlite3_column_int(s, 2);
+        if (!g[n].key_hash || (kt && !g[n].key_text)) {
+            free(g[n].key_text);
+            free(g[n].key_hash);
+            rc = reel_fail(REEL_E_NOMEM, "catalog %s: out of memory", c->path);
+            break;
+        }
+        n++;
+    }
+    if (rc == 0 && step != SQLITE_DONE) rc = cat_db_fail(c, "graphs held");
+    sqlite3_finalize(s);
+    for (size_t i = 0; i < n; i++) {
+        cat_rec_t e = { .kind = CAT_K_EVICTION };
+        e.u.eviction = (cat_eviction_t){ .worker = x->worker, .key_text = g[i].key_text ? g[i].key_text : "",
+                                         .key_hash = g[i].key_hash, .stream = g[i].stream,
+                                         .reason = "worker_restarted", .component = "",
+                                         .version = key_version(g[i].key_text), .t = t };
+        if (rc == 0) rc = write_one(c, &e);
+        free(g[i].key_text);
+        free(g[i].key_hash);
+    }
+    free(g);
+    return rc;
+}
+
 /* The record's statements, then its share of the summaries: a capture
  * that changed nothing (reported before) counts once. */
 static int write_one(cat_t *c, const cat_rec_t *r) {
     const char *state = r->u.weight_state.state;
+    if (r->kind == CAT_K_WORKER_SEEN && restarted_evictions(c, &r->u.worker_seen, r->u.worker_seen.t) != 0)
+        return -1;
     if (run(c, (int)r->kind, r) != 0) return -1;
     if (r->kind == CAT_K_WEIGHT_STATE && !strcmp(state, "current")) return run(c, CAT_ST_SUPERSEDE, r);
     if (r->kind == CAT_K_WORKER_VERSION) {

@@ -43,14 +43,17 @@
     X(key_text, KEY_TEXT, "key text")
 
 /* A worker sent READY: live again if it had gone (unless this READY is
- * older than its going). */
+ * older than its going). boot is its process's id (16 hex digits; NULL
+ * from a worker older than it): a READY with another boot than the one
+ * recorded is a new process, whose graphs its old one's are not
+ * (cat_write records them evicted, reason "worker_restarted"). */
 #define CAT_WORKER_SEEN(F) \
-    F(TEXT, worker) F(TEXT, device) F(TEXT, arch) F(INT, streams) F(U64, budget) F(TIME, t)
+    F(TEXT, worker) F(TEXT, device) F(TEXT, arch) F(INT, streams) F(U64, budget) F(OPT, boot) F(TIME, t)
 #define CAT_SQL_WORKER_SEEN                                                                        \
-    "INSERT INTO workers (name, device, arch, streams, budget, first_seen, last_seen)"             \
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)"                                                         \
+    "INSERT INTO workers (name, device, arch, streams, budget, boot, first_seen, last_seen)"       \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)"                                                     \
     " ON CONFLICT (name) DO UPDATE SET device = excluded.device, arch = excluded.arch,"            \
-    " streams = excluded.streams, budget = excluded.budget,"                                       \
+    " streams = excluded.streams, budget = excluded.budget, boot = excluded.boot,"                 \
     " first_seen = min(first_seen, excluded.first_seen),"                                          \
     " last_seen = max(last_seen, excluded.last_seen),"                                             \
     " gone_reason = CASE WHEN gone_at > excluded.last_seen THEN gone_reason END,"                  \

@@ -353,3 +353,7 @@ ALTER TABLE evictions ADD COLUMN stream INTEGER;
 -- captures before it from its own by it; the slowest requests keep it.
 ALTER TABLE requests ADD COLUMN started REAL;
 ALTER TABLE slow_requests ADD COLUMN started REAL;
+-- ... and the worker process's id (READY's boot; NULL from an older
+-- worker): a READY from a new process of a known worker records the graphs
+-- its old process held evicted, reason 'worker_restarted'.
+ALTER TABLE workers ADD COLUMN boot TEXT;

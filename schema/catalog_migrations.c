@@ -427,9 +427,12 @@ const char cat_schema_v15_sql[] = "ALTER TABLE evictions ADD COLUMN stream INTEG
  * that answered; UNIX seconds), which its end minus its seconds (the sum
  * of its own steps) is not when its stream stepped other requests too:
  * `reelctl why` tells the captures before it from its own by it. NULL for
- * rows from before it; the slowest requests keep it. */
+ * rows from before it; the slowest requests keep it. And a worker's
+ * process id (READY's boot), so a READY from a new process records the
+ * graphs of the old one evicted ("worker_restarted"). */
 const char cat_schema_v16_sql[] = "ALTER TABLE requests ADD COLUMN started REAL;\n"
-                                  "ALTER TABLE slow_requests ADD COLUMN started REAL;\n";
+                                  "ALTER TABLE slow_requests ADD COLUMN started REAL;\n"
+                                  "ALTER TABLE workers ADD COLUMN boot TEXT;\n";
 
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,

@@ -361,6 +361,8 @@ typedef struct {
                                       * it asks for (PREWARM) to capture before their requests come */
     uint64_t max_tokens;             /* 0 (absent): no bound; else its --max-tokens: a sample of more tokens
                                       * goes to another worker when one can take it */
+    uint64_t boot;                   /* 0 (absent, an older worker); else its process's id, new at every
+                                      * start: a READY of a known name with another boot is a restart */
 } msg_ready_t;
 
 /* PREWARM (broker -> worker): the keys a starting worker is expected to

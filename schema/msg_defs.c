@@ -277,6 +277,7 @@ static const msg_field_t ready_rows[] = {
     R_NAME(msg_ready_t, vae, "vae", F_OMIT, 0, NULL),
     R_U64(msg_ready_t, prewarm, "prewarm", F_OMIT, 0, MSG_MAX_PREWARM, 0),
     R_U64(msg_ready_t, max_tokens, "max_tokens", F_OMIT, 0, (uint64_t)1 << 24, 0),
+    R_HASH(msg_ready_t, boot, "boot", F_OMIT),
 };
 TABLE(ready_tab, ready_rows, msg_ready_t);
 

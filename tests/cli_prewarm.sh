@@ -78,6 +78,12 @@ crash "$W1"
 # 2. without prewarm the first request after a restart runs eager steps
 start_w1 w1b.log --prewarm 0 || bad "w1 restarts without prewarm"
 W1=$WORKER
+# the killed process's graphs are recorded gone when the new one's READY
+# (another boot) comes: the catalog's graphs held stay true
+wait_sql "$D/reel.db" "SELECT count(*) FROM evictions WHERE worker = 'w1' AND reason = 'worker_restarted'" 1 30 &&
+    [ "$(/usr/bin/sqlite3 "$D/reel.db" "SELECT count(*) FROM captures c WHERE worker = 'w1' AND placeholder = 0 AND NOT EXISTS (SELECT 1 FROM evictions e WHERE e.worker = 'w1' AND e.key_hash = c.key_hash AND e.stream = c.stream AND e.t >= c.t)")" = 0 ] &&
+    ok "the killed worker's graphs: each recorded evicted (worker_restarted) at its restart" ||
+    { bad "worker_restarted evictions"; /usr/bin/sqlite3 "$D/reel.db" "SELECT worker, key_hash, stream, reason FROM evictions"; }
 gen 1 cold1 && ! replayed_all cold1 && grep -q "eager [1-9]" "$D/cold1.err" &&
     ok "--prewarm 0: the first request of a hot key runs eager ($(sed -n 's/.*(\(captured[^)]*\)).*/\1/p' "$D/cold1.err"))" ||
     { bad "--prewarm 0: first request"; show "$D/cold1.err"; }

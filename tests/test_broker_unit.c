@@ -3478,7 +3478,7 @@ START_TEST(test_a_lone_catalog_record_is_written_within_the_batch_window) {
     char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
     cat_t *c = temp_catalog(dir, path, sizeof path);
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
-    brk_cq_worker_seen(q, "w0", "cpu", "avx2", 1, 0);
+    brk_cq_worker_seen(q, "w0", "cpu", "avx2", 1, 0, NULL);
     int waited = 0;
     while (sql_int(path, "SELECT count(*) FROM workers") < 1 && waited < 2000) {
         usleep(5000);

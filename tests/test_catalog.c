@@ -775,13 +775,13 @@ END_TEST
 
 START_TEST(test_worker_seen_again_after_gone_is_live_and_keeps_first_seen) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, 100));
+    TS_OK(cat_worker_seen(c, "w1", "cpu", "x86_64", 2, 1 << 20, NULL, 100));
     TS_OK(cat_worker_gone(c, "w1", "missed heartbeats", 150));
     json_t *j = report_json(c, ctl_report_workers);
     json_t *w = find(j, "name", "w1");
     ck_assert_str_eq(jstr(w, "gone_reason"), "missed heartbeats");
     json_decref(j);
-    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, 200));
+    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 4, 1 << 21, NULL, 200));
     j = report_json(c, ctl_report_workers);
     w = find(j, "name", "w1");
     ck_assert(json_is_null(json_object_get(w, "gone_at")));
@@ -799,8 +799,8 @@ END_TEST
  * 10 replayed; w2 with declines and evictions only. */
 static void write_facts(cat_t *c) {
     TS_OK(cat_begin(c));
-    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 1000));
-    TS_OK(cat_worker_seen(c, "w2", "cpu", "x86_64", 1, 1u << 30, 1001));
+    TS_OK(cat_worker_seen(c, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, NULL, 1000));
+    TS_OK(cat_worker_seen(c, "w2", "cpu", "x86_64", 1, 1u << 30, NULL, 1001));
     TS_OK(cat_worker_gone(c, "w2", "missed heartbeats", 1500));
     TS_OK(cat_weight_version(c, "dit", 1, "aa11", "/w/v1.safetensors", 1002));
     TS_OK(cat_weight_version(c, "dit", 2, "bb22", "inline", 1100));
@@ -839,7 +839,7 @@ START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) 
     cat_t *o = cat_open(other, false);
     ck_assert_ptr_nonnull(o);
     TS_OK(cat_begin(o));
-    TS_OK(cat_worker_seen(o, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, 2000));
+    TS_OK(cat_worker_seen(o, "w1", "cuda:0", "sm_90", 2, (uint64_t)8 << 30, NULL, 2000));
     TS_OK(cat_weight_version(o, "dit", 2, "bb22", "inline", 2001));
     TS_OK(cat_weight_state(o, "dit", 2, "current", "current at the peer broker when this one took over"));
     TS_OK(cat_capture(o, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, NULL, 2010));
@@ -935,7 +935,7 @@ END_TEST
 START_TEST(test_hit_rate_counts_a_group_in_parts_as_its_steps_ran) {
     cat_t *w = open_ok(false);
     TS_OK(cat_begin(w));
-    TS_OK(cat_worker_seen(w, "wg", "cpu", "cpu-avx512", 2, 0, 1000));
+    TS_OK(cat_worker_seen(w, "wg", "cpu", "cpu-avx512", 2, 0, NULL, 1000));
     TS_OK(cat_request(w, 1, "wg", "kg", 1, 4, 1, 6, 1, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1001));
     TS_OK(cat_request(w, 2, "wg", "kg", 1, 4, 0, 8, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1002));
     TS_OK(cat_commit(w));
@@ -1258,7 +1258,7 @@ START_TEST(test_workers_report_shows_live_workers_behind_the_current_version_wit
     cat_t *w = open_ok(false);
     TS_OK(cat_begin(w));
     const char *names[] = { "up", "failed", "silent", "gone" };
-    for (int i = 0; i < 4; i++) TS_OK(cat_worker_seen(w, names[i], "cpu", "x86_64", 1, 0, 10 + i));
+    for (int i = 0; i < 4; i++) TS_OK(cat_worker_seen(w, names[i], "cpu", "x86_64", 1, 0, NULL, 10 + i));
     TS_OK(cat_worker_gone(w, "gone", "expired", 50));
     TS_OK(cat_weight_version(w, "transformer", 2, "bb", "/w/2", 20));
     TS_OK(cat_weight_version(w, "transformer", 3, "cc", "/w/3", 30));
@@ -1552,7 +1552,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     static const char *text = "key \"with\" 'quotes'; DELETE FROM declines; /* */";
     static const char *hash = "h'||'x";
     cat_t *c = open_ok(false);
-    TS_OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, 1));
+    TS_OK(cat_worker_seen(c, worker, "dev'ice", "a;b", 1, 1, "b'oot", 1));
     TS_OK(cat_capture(c, worker, text, hash, 0, 1, 1, 0.1, 1, NULL, 2));
     TS_OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
     TS_OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
@@ -1864,6 +1864,46 @@ START_TEST(test_why_verdicts_hold_for_warming_evictions_budget_declines_and_reke
 }
 END_TEST
 
+/* A worker killed (SIGKILL, a crash) and started again sends its READY
+ * with a new boot: the graphs its old process held -- captures with no
+ * eviction since, per stream -- are recorded evicted, reason
+ * "worker_restarted", once; a READY of the same boot (a broker restart)
+ * and one with no boot (an older worker) record none. `why` then tells
+ * the warmup after it (helper-74: "eager although captured before"). */
+START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held) {
+#define KR "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,3,2,2] weights=transformer@1 graph=g"
+    cat_t *w = open_ok(false);
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000aa", 100));
+    TS_OK(cat_capture(w, "wr", KR, "00000000000000f1", 0, 4096, 12, 0.05, 1, NULL, 110));
+    TS_OK(cat_capture(w, "wr", KR, "00000000000000f1", 1, 4096, 12, 0.05, 1, NULL, 111));
+    TS_OK(cat_capture(w, "wr", "reel-key/1 other", "00000000000000f2", 0, 4096, 12, 0.05, 1, NULL, 112));
+    TS_OK(cat_eviction(w, "wr", "reel-key/1 other", "00000000000000f2", 0, "lru", "", 0, 0, 1, 113));
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000aa", 200)); /* a broker restart */
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000bb", 300)); /* a new process */
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000bb", 301)); /* again: nothing left */
+    TS_OK(cat_request(w, 50, "wr", WHY_SHARD, 1, 6, 1, 3, 2, 0.5, "ok", 0.0, 0.0, 0, 0, 0, "00000000000000f1",
+                      "warming_up=2", NULL, 310, 320));
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, NULL, 400));               /* an older worker */
+    TS_OK(cat_capture(w, "wr", KR, "00000000000000f1", 0, 4096, 12, 0.05, 1, NULL, 410));
+    TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000cc", 500)); /* its boot unknown */
+    cat_close(&w);
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE reason = 'worker_restarted'"), 2);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE reason = 'worker_restarted' AND t = 300"
+                                 " AND key_hash = '00000000000000f1' AND stream IN (0, 1)"), 2);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM eviction_reasons WHERE reason = 'worker_restarted'"
+                                 " AND count = 2"), 1); /* the summaries count them too */
+    sqlite3_close(db);
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 50, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "evicted") && strstr(why_text(j), "worker_restarted"), "%s: %s",
+                  why_kind(j), why_text(j));
+    json_decref(j);
+    cat_close(&c);
+#undef KR
+}
+END_TEST
+
 /* The median of the other ok requests of the key on the worker: even and
  * odd counts, the request itself and other keys' and workers' left out. */
 START_TEST(test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests) {
@@ -2077,6 +2117,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_why_the_first_request_of_a_key_ran_warmup_and_made_its_first_capture);
     tcase_add_test(tc, test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_started);
     tcase_add_test(tc, test_why_verdicts_hold_for_warming_evictions_budget_declines_and_rekeyed_graphs);
+    tcase_add_test(tc, test_a_worker_process_restart_evicts_the_graphs_its_old_process_held);
     tcase_add_test(tc, test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests);
     tcase_add_test(tc, test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_the_old_version);
     tcase_add_test(tc, test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_not_found);

@@ -327,7 +327,7 @@ START_TEST(test_prune_by_age_removes_old_raw_rows_in_bounded_batches_and_reports
     workload(c, &l, 200);
     TS_OK(cat_weight_version(c, "transformer", 2, "aa", "/w/2", 1.7e9));
     TS_OK(cat_audit(c, "alice", "trainer", "sync", "transformer", 2, "aa", "/w/2", "accepted", 1.7e9));
-    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1.7e9));
+    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, NULL, 1.7e9));
     json_t *before = cat_query_stats(c), *keys_before = cat_query_keys(c);
     double cutoff = 1.7e9 + (l.t - 1.7e9) / 2;
     sqlite3 *db = raw_open();
@@ -502,7 +502,7 @@ START_TEST(test_worker_applied_follows_outcomes_and_a_failed_version_gives_way) 
         { 1, true, 1 }, { 3, true, 3 }, { 2, true, 3 }, { 3, false, 2 }, { 3, true, 3 },
         { 2, false, 3 }, { 3, false, 1 }, { 1, false, -1 },
     };
-    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, 1));
+    TS_OK(cat_worker_seen(c, "w0", "cpu", "x86", 1, 0, NULL, 1));
     for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
         TS_OK(cat_worker_version(c, "w0", "transformer", steps[i].v, steps[i].ok, steps[i].ok ? NULL : "bad", 10.0 + i));
         TS_OK(cat_worker_version(c, "w1", "vae", 7, true, NULL, 10.0 + i)); /* another worker and component */

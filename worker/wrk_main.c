@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -373,6 +374,20 @@ static void *dealer_new(wrk_t *w) {
     return s;
 }
 
+/* This process's id for READY's boot: random, nonzero, the same for every
+ * READY it sends (a broker restart makes it READY again, as the same
+ * process; a new process is a restart, its graphs gone). */
+static uint64_t process_boot(void) {
+    static uint64_t boot;
+    while (!boot) {
+        uint64_t v = 0;
+        if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+            v = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)wrk_mono_ms();
+        boot = v;
+    }
+    return boot;
+}
+
 /* Sends a message without tensors to the broker. -1 while disconnected. */
 static int send_msg(link_t *l, msg_type_t type, const void *body) {
     if (!l->dealer) {
@@ -417,6 +432,7 @@ static int send_ready(link_t *l) {
     /* The hot keys it will own, asked until a PREWARM comes (once) */
     r.prewarm = l->prewarmed ? 0 : (uint64_t)o->prewarm;
     r.max_tokens = o->max_tokens > 0 ? (uint64_t)o->max_tokens : 0;
+    r.boot = process_boot();
     l->ready_at = wrk_mono_ms();
     l->heard_since_ready = false;
     l->registered = false;
