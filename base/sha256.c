@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -111,8 +112,15 @@ int reel_sha256_fd(int fd, char hex[65]) {
 }
 
 int reel_sha256_file(const char *path, char hex[65]) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO does not wait for a writer; and nothing but a
+     * regular file is hashed (a FIFO or /dev/zero would never end) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return reel_fail(REEL_E_INVALID, "%s: not a regular file", path);
+    }
     int rc = reel_sha256_fd(fd, hex);
     close(fd);
     return rc != 0 ? reel_fail_prefix("%s: ", path) : 0;

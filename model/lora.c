@@ -586,7 +586,7 @@ bool lora_is_adapter(const char *path) {
     }
     if (cfg[0] && S_ISDIR(st.st_mode)) return true; /* a PEFT folder */
     /* else its first tensor's name says (weights files of a model have none of these) */
-    int fd = open(weights, O_RDONLY | O_CLOEXEC);
+    int fd = open(weights, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); /* a FIFO does not wait */
     st_header_t *h = fd >= 0 ? st_header_read(fd, weights, NULL, NULL) : NULL;
     if (fd >= 0) close(fd);
     bool lora = false;
@@ -611,8 +611,17 @@ lora_t *lora_open(const char *path) {
         st_close(&f);
         return l;
     }
-    FILE *cf = fopen(cfg, "rb");
+    /* a FIFO does not wait for a writer; nothing but a regular file is read */
+    int cfd = open(cfg, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat cst;
+    if (cfd >= 0 && (fstat(cfd, &cst) != 0 || !S_ISREG(cst.st_mode))) {
+        close(cfd);
+        reel_fail(REEL_E_INVALID, "%s: not a regular file", cfg);
+        return NULL;
+    }
+    FILE *cf = cfd >= 0 ? fdopen(cfd, "rb") : NULL;
     if (!cf) {
+        if (cfd >= 0) close(cfd);
         reel_fail(REEL_E_IO, "%s: cannot read it", cfg);
         return NULL;
     }

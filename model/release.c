@@ -11,9 +11,10 @@
 
 #include "base/error.h"
 
-static bool is_file(const char *p) {
+/* Whether p is there: anything (see try_file). */
+static bool is_there(const char *p) {
     struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    return lstat(p, &st) == 0;
 }
 
 static bool ends_with(const char *s, const char *tail) {
@@ -21,10 +22,14 @@ static bool ends_with(const char *s, const char *tail) {
     return n >= k && !strcmp(s + n - k, tail);
 }
 
-/* dir/name into out when it is a file. */
+/* dir/name into out when it is there: a file, or anything else under a
+ * release's name (a folder, a FIFO, a link to nowhere), which its loader
+ * then refuses naming it ("not a regular file") rather than the folder
+ * being taken to lack it. */
 static bool try_file(const char *dir, const char *name, char *out) {
     char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p || !is_file(p)) return false;
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p || lstat(p, &st) != 0) return false;
     snprintf(out, PATH_MAX, "%s", p);
     return true;
 }
@@ -52,7 +57,7 @@ int release_find(const char *dir, release_parts_t *out) {
     find_t5(dir, out->t5);
     if (!try_file(dir, RELEASE_VAE_NAME, out->vae)) try_file(dir, "Wan2.1_VAE.safetensors", out->vae);
     char tok[PATH_MAX];
-    if (snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_TOKENIZER_DIR) < (int)sizeof tok && is_file(tok))
+    if (snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_TOKENIZER_DIR) < (int)sizeof tok && is_there(tok))
         snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_TOKENIZER_DIR);
     return 0;
 }

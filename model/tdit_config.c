@@ -142,6 +142,21 @@ static int config_from(meta_get_t get, const void *f, tdit_config_t *out) {
         TRY(meta_int(get, f, "in_channels", &out->in_channels));
         TRY(meta_int(get, f, "text_dim", &out->text_dim));
         TRY(meta_int(get, f, "freq_dim", &out->freq_dim));
+        /* A built-in's name is a promise of its widths (a client asking for
+         * "wan2.1-14b" must not be served a 64-wide network); its layers may
+         * be fewer (a truncated variant, as benchmarks write). */
+        tdit_config_t b;
+        if (name && tdit_config_builtin(name, &b) == 0 &&
+            (b.dim != out->dim || b.heads != out->heads || b.ffn_dim != out->ffn_dim ||
+             b.in_channels != out->in_channels || b.text_dim != out->text_dim || b.freq_dim != out->freq_dim))
+            return reel_fail(REEL_E_INVALID, "weights metadata names config '%s' but its sizes are another model's "
+                             "(dim %lld, heads %lld, ffn_dim %lld, in_channels %lld, text_dim %lld, freq_dim %lld; '%s' "
+                             "has %lld, %lld, %lld, %lld, %lld, %lld): name it another config", name,
+                             (long long)out->dim, (long long)out->heads, (long long)out->ffn_dim,
+                             (long long)out->in_channels, (long long)out->text_dim, (long long)out->freq_dim, name,
+                             (long long)b.dim, (long long)b.heads, (long long)b.ffn_dim, (long long)b.in_channels,
+                             (long long)b.text_dim, (long long)b.freq_dim);
+        reel_err_clear(); /* an unknown name is a custom config's own */
     } else if (name) {
         TRY(tdit_config_builtin(name, out));
     } else {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "tests/support.h"
 
 static char dir[64];
@@ -337,6 +338,20 @@ START_TEST(test_refusals_name_their_cause) {
     ck_assert_int_eq(lora_check(l, &shallow), -1);
     ck_assert_ptr_nonnull(strstr(reel_err_text(), "does not have"));
     lora_close(&l);
+    /* a FIFO (or /dev/zero) where a file should be: refused at once, never
+     * waited on or read forever (helper-75: run --lora and weights inspect
+     * hung) -- as the adapter file, and as a folder's adapter_config.json */
+    char fifo[256];
+    snprintf(fifo, sizeof fifo, "%s/fifo.safetensors", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert(!lora_is_adapter(fifo));
+    refused(fifo, "not a regular file");
+    const char *fc = make_adapter("fifocfg", CFG(4, 8, ""), "", attn, 4, 4, 1, KERN_F32);
+    char fcp[256];
+    snprintf(fcp, sizeof fcp, "%s/adapter_config.json", fc);
+    ck_assert_int_eq(unlink(fcp), 0);
+    ck_assert_int_eq(mkfifo(fcp, 0600), 0);
+    refused(fc, "not a regular file");
     /* a scale that would take the merged weights past F32's range */
     TS_NEW(l = lora_open(make_adapter("huge", CFG(4, 1e38, ""), "", attn, 4, 4, 1, KERN_F32)));
     ck_assert_int_eq(lora_check(l, &tiny), -1);

@@ -314,6 +314,36 @@ START_TEST(test_config_from_metadata_matches_builtin_and_rejects_bad_sizes) {
     ck_assert_int_eq(tdit_config_validate(&b), -1);
     ck_assert_int_eq(tdit_config_builtin("small", &a), 0);
     ck_assert_int_eq(tdit_config_params(&a) > 20000000, 1);
+    /* a built-in's name on another model's widths is refused, naming both
+     * (helper-75: a 64-wide file named wan2.1-14b registered as it); fewer
+     * layers (a truncated variant) and an unknown name (a custom config)
+     * are a file's own */
+    static const struct { const char *name, *layers, *dim; bool ok; } cases[] = {
+        { "wan2.1-14b", "2", "64", false }, { "tiny", "1", "64", true }, { "my-model", "2", "64", true },
+        { "tiny", "2", "128", false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s.meta%zu.safetensors", wpath, i);
+        st_writer_t *w = st_writer_new();
+        ck_assert_ptr_nonnull(w);
+        const char *kv[][2] = { { "config", cases[i].name }, { "dim", cases[i].dim }, { "heads", "4" },
+                                { "layers", cases[i].layers }, { "ffn_dim", "128" }, { "in_channels", "4" },
+                                { "text_dim", "32" }, { "freq_dim", "256" } };
+        for (size_t k = 0; k < 8; k++) ck_assert_int_eq(st_writer_meta(w, kv[k][0], kv[k][1]), 0);
+        float one = 1;
+        ck_assert_int_eq(st_writer_add_f32(w, "x", 1, (int64_t[]){ 1 }, &one), 0);
+        ck_assert_int_eq(st_writer_save(w, path), 0);
+        st_writer_destroy(&w);
+        f = st_open(path);
+        ck_assert_ptr_nonnull(f);
+        int rc = tdit_config_from_meta(f, &a);
+        ck_assert_msg(cases[i].ok ? rc == 0 : rc == -1 && strstr(reel_err_text(), "are another model's"), "%s: %s",
+                      cases[i].name, reel_err_text());
+        if (rc == 0) ck_assert_str_eq(a.name, cases[i].name);
+        st_close(&f);
+        unlink(path);
+    }
 }
 END_TEST
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "media/tokenizer.h"
@@ -231,6 +232,21 @@ START_TEST(test_a_release_folder_names_its_parts) {
     ck_assert_str_eq(p.tokenizer, ts_join(d, RELEASE_TOKENIZER_DIR));
     ck_assert_int_eq(release_find(ts_join(d, RELEASE_T5_NAME), &p), -1); /* a file, not a folder */
     ck_assert_int_eq(release_find(ts_join(d, "missing"), &p), -1);
+    /* a part under its release name that is no file (a FIFO, a folder) is
+     * still named, so its loader refuses it as "not a regular file" rather
+     * than the folder being said to lack it (helper-75) */
+    ck_assert_int_eq(unlink(ts_join(d, RELEASE_T5_NAME)), 0);
+    ck_assert_int_eq(mkfifo(ts_join(d, RELEASE_T5_NAME), 0600), 0);
+    ck_assert_int_eq(unlink(ts_join(d, RELEASE_TOKENIZER_DIR "/spiece.model")), 0);
+    ck_assert_int_eq(mkdir(ts_join(d, RELEASE_TOKENIZER_DIR "/spiece.model"), 0755), 0);
+    TS_OK(release_find(d, &p));
+    ck_assert_str_eq(p.t5, ts_join(d, RELEASE_T5_NAME));
+    ck_assert_str_eq(p.tokenizer, ts_join(d, RELEASE_TOKENIZER_DIR));
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    ck_assert_ptr_null(t2v_text_new(b, p.t5, p.tokenizer, 512, 32, 0));
+    ck_assert_msg(strstr(reel_err_text(), "not a regular file"), "%s", reel_err_text());
+    kern_backend_destroy(&b);
     ts_rmtree(d);
 }
 END_TEST

@@ -93,6 +93,30 @@ class _BrokerLost(Exception):
         self.done, self.heard, self.standby, self.acked = done, heard, standby, acked
 
 
+def _says_its_scale(weights):
+    """Whether a LoRA weights file read without adapter_config.json names
+    its own scale, by the rule the workers and reelctl apply (docs/MODEL.md
+    "LoRA adapters"): a module's .alpha, lora_down/lora_up names, diffusers'
+    lora_adapter_metadata or file name, or no low-rank tensor at all."""
+    if os.path.basename(weights) == "pytorch_lora_weights.safetensors":
+        return True
+    try:
+        with open(weights, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n <= (100 << 20) else {}
+    except (OSError, ValueError):
+        return True  # unreadable here: the workers judge it and say why
+    if not isinstance(header, dict):
+        return True
+    meta = header.get("__metadata__")
+    if isinstance(meta, dict) and "lora_adapter_metadata" in meta:
+        return True
+    names = [k for k in header if k != "__metadata__"]
+    if any(k.endswith(".alpha") or ".lora_down." in k or ".lora_up." in k for k in names):
+        return True
+    return not any(".lora_A." in k or ".lora_B." in k for k in names)
+
+
 class ReelTimeout(ReelError):
     """No answer within the client's timeout (the broker may be down)."""
 
@@ -1462,7 +1486,14 @@ class Client:
             if os.path.isfile(cfg_file):
                 with open(cfg_file, encoding="utf-8") as f:
                     fields["lora_config"] = f.read()
-            else:  # none: the file's own config (the workers read "{}" so)
+            elif os.path.lexists(cfg_file):
+                raise ValueError(f"{cfg_file}: not a regular file")
+            else:  # none: the file's own config (the workers read "{}" so), if it says its scale
+                if not _says_its_scale(weights):
+                    raise ValueError(f"{weights}: no adapter_config.json beside it, and nothing in it says its "
+                                     "scale (lora_A/lora_B without .alpha keys or diffusers' "
+                                     "lora_adapter_metadata): give the adapter's adapter_config.json (PEFT), or "
+                                     "name diffusers' pytorch_lora_weights.safetensors (s = 1)")
                 fields["lora_config"] = "{}"
             if len(fields["lora_config"].encode()) > 4095:
                 raise ValueError("adapter_config.json is over 4095 bytes: sync it by path")

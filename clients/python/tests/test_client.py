@@ -2056,6 +2056,18 @@ class LoraTests(unittest.TestCase):
             with open(os.path.join(folder, "adapter_model.safetensors"), "rb") as f:
                 self.assertEqual(f.read(), b"an earlier try")
             self.assertEqual(os.listdir(folder), ["adapter_model.safetensors"])
+            # a PEFT folder whose adapter_config.json did not come along: refused here, by the workers' rule,
+            # before any upload (it was sent as "{}" and merged at s = 1: helper-75); a config that is a folder too
+            peft = os.path.join(self.dir, "peft-noconfig")
+            os.makedirs(peft, exist_ok=True)
+            reel.safetensors.save(os.path.join(peft, "adapter_model.safetensors"), self.adapter(6))
+            with self.assertRaises(ValueError) as e:
+                self.c.sync_lora(v, 1, lora=peft, upload=True)
+            self.assertIn("nothing in it says its scale", str(e.exception))
+            os.makedirs(os.path.join(peft, "adapter_config.json"))
+            with self.assertRaises(ValueError) as e:
+                self.c.sync_lora(v, 1, lora=peft, upload=True)
+            self.assertIn("not a regular file", str(e.exception))
             self.assertLess(time.monotonic() - t0, 2.0)
             self.assertEqual(os.listdir(tmp), [], "a refused adapter left files behind")
             self.assertEqual(self.next_version(), v, "a refused adapter used up a version")
