@@ -10,6 +10,12 @@
 #include "broker/brk_log.h"
 #include "capture_cache/key.h"
 
+double brk_unix_of(int64_t t) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - (double)(brk_now_ms() - t) / 1000.0;
+}
+
 int64_t brk_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

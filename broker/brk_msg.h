@@ -9,6 +9,8 @@
 
 /* Monotonic milliseconds. */
 int64_t brk_now_ms(void);
+/* UNIX seconds of the monotonic ms t (a time this process saw). */
+double brk_unix_of(int64_t t);
 /* Copies a routing identity (at most BRK_IDENT_MAX bytes). */
 void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg);
 /* Whether a and b are the same routing identity. */

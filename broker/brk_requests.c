@@ -105,17 +105,14 @@ static const char *eager_reasons(const msg_counts_t *d, char *buf, size_t cap) {
     return at ? buf : NULL;
 }
 
-/* A catalog row for a request that ended without a RESULT: status its
- * ERROR's code, why its message (what the client was told). */
 /* When r began, in UNIX seconds, for its catalog row: when it was last
  * sent to a worker, else when the broker accepted it. */
 static double started_at(const brk_req_t *r) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t since = r->dispatched_ms ? r->dispatched_ms : r->accepted_ms;
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - (double)(brk_now_ms() - since) / 1000.0;
+    return brk_unix_of(r->dispatched_ms ? r->dispatched_ms : r->accepted_ms);
 }
 
+/* A catalog row for a request that ended without a RESULT: status its
+ * ERROR's code, why its message (what the client was told). */
 static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, const char *status, const char *why) {
     char hex[17];
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;

@@ -73,19 +73,13 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     return w;
 }
 
-/* UNIX seconds of the monotonic ms t (a time this process saw). */
-static double unix_of(int64_t t) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - (double)(brk_now_ms() - t) / 1000.0;
-}
 
 bool brk_workers_heard(brk_t *b, brk_worker_t *w) {
     w->seen_ms = brk_now_ms();
     /* The catalog's last_seen: at a bounded rate, not per message. */
     if (w->seen_ms - w->heard_ms >= BRK_HEARD_EVERY_MS) {
         w->heard_ms = w->seen_ms;
-        brk_cq_worker_heard(b->cat, w->route.name, unix_of(w->seen_ms));
+        brk_cq_worker_heard(b->cat, w->route.name, brk_unix_of(w->seen_ms));
     }
     if (w->route.routable || w->dead) return false;
     w->route.routable = true;
@@ -349,7 +343,7 @@ brk_worker_t *brk_workers_unlink(brk_t *b, int i) {
     memmove(b->w + i, b->w + i + 1, (size_t)(b->n_w - i - 1) * sizeof *b->w);
     b->n_w--;
     brk_log("worker %s lost (%s)", w->route.name, w->dead_why ? w->dead_why : "?");
-    brk_cq_worker_heard(b->cat, w->route.name, unix_of(w->seen_ms)); /* its last message, however recent */
+    brk_cq_worker_heard(b->cat, w->route.name, brk_unix_of(w->seen_ms)); /* its last message, however recent */
     brk_cq_worker_gone(b->cat, w->route.name, w->dead_why);
     return w;
 }

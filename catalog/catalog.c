@@ -380,12 +380,17 @@ static int restarted_evictions(cat_t *c, const cat_worker_seen_t *x, double t) {
                      strcmp((const char *)sqlite3_column_text(s, 0), x->boot) != 0;
     sqlite3_finalize(s);
     if (!restarted) return 0;
+    /* Each (key, stream)'s newest capture and newest eviction, grouped
+     * once: evictions have no index by key, and a NOT EXISTS per capture
+     * scanned all of the worker's evictions (minutes on the writer thread
+     * for a worker with 100k of each: helper-77). */
     static const char live_sql[] =
-        "SELECT c.key_text, c.key_hash, c.stream FROM captures c WHERE c.worker = ?1 AND c.placeholder = 0"
-        " AND c.t <= ?2 AND c.id = (SELECT max(c2.id) FROM captures c2 WHERE c2.worker = c.worker"
-        " AND c2.key_hash = c.key_hash AND c2.stream = c.stream AND c2.placeholder = 0)"
-        " AND NOT EXISTS (SELECT 1 FROM evictions e WHERE e.worker = c.worker AND e.key_hash = c.key_hash"
-        " AND (e.stream = c.stream OR e.stream IS NULL) AND e.t >= c.t)";
+        "WITH last AS (SELECT max(id) AS id FROM captures WHERE worker = ?1 AND placeholder = 0"
+        " GROUP BY key_hash, stream),"
+        " ev AS (SELECT key_hash, stream, max(t) AS t FROM evictions WHERE worker = ?1 GROUP BY key_hash, stream)"
+        " SELECT c.key_text, c.key_hash, c.stream FROM last JOIN captures c ON c.id = last.id WHERE c.t <= ?2"
+        " AND NOT EXISTS (SELECT 1 FROM ev WHERE ev.key_hash = c.key_hash"
+        " AND (ev.stream = c.stream OR ev.stream IS NULL) AND ev.t >= c.t)";
     if (sqlite3_prepare_v2(c->db, live_sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, "graphs held");
     cat_bind_text(s, 1, x->worker);
     sqlite3_bind_double(s, 2, t);
@@ -412,12 +417,23 @@ static int restarted_evictions(cat_t *c, const cat_worker_seen_t *x, double t) {
     }
     if (rc == 0 && step != SQLITE_DONE) rc = cat_db_fail(c, "graphs held");
     sqlite3_finalize(s);
+    /* a key text without weights (or none): the version the worker last
+     * applied, as its captures were counted at */
+    uint64_t applied = 0;
+    if (rc == 0 && n && sqlite3_prepare_v2(c->db, "SELECT max(version) FROM worker_applied WHERE worker = ?1", -1, &s,
+                                           NULL) == SQLITE_OK) {
+        cat_bind_text(s, 1, x->worker);
+        if (sqlite3_step(s) == SQLITE_ROW) applied = (uint64_t)sqlite3_column_int64(s, 0);
+        sqlite3_finalize(s);
+    }
     for (size_t i = 0; i < n; i++) {
         cat_rec_t e = { .kind = CAT_K_EVICTION };
         e.u.eviction = (cat_eviction_t){ .worker = x->worker, .key_text = g[i].key_text ? g[i].key_text : "",
                                          .key_hash = g[i].key_hash, .stream = g[i].stream,
                                          .reason = "worker_restarted", .component = "",
-                                         .version = key_version(g[i].key_text), .t = t };
+                                         .version = key_version(g[i].key_text) ? key_version(g[i].key_text)
+                                                                                : applied,
+                                         .t = t };
         if (rc == 0) rc = write_one(c, &e);
         free(g[i].key_text);
         free(g[i].key_hash);

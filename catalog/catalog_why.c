@@ -314,10 +314,9 @@ static int verdict(cat_t *c, json_t *root) {
             say_paid(&v, r);
             say(&v, " although the key had been captured on %.64s before (first at %s)", worker,
                 when(json_number_value(first), at));
-            if (integer(r, "batched_steps") > 0)
-                say(&v, "; %lld of its steps ran in mixed batches with other requests, under the batch's graph and "
-                        "key, not this one (a batch's warmup is recorded under its key)",
-                    integer(r, "batched_steps"));
+            if (integer(r, "batched_steps") > 0) /* (how many: the request's line above) */
+                say(&v, "; a mixed batch's steps run under the batch's graph and key, not this one, and a batch's "
+                        "warmup is recorded under its key");
         }
     } else if (replayed > 0) {
         double median = num(peers, "median_seconds"), ratio = num(peers, "ratio");

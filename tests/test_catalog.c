@@ -1853,7 +1853,7 @@ START_TEST(test_why_verdicts_hold_for_warming_evictions_budget_declines_and_reke
     ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 2);
     json_decref(j);
     j = why_ok(c, 43, NULL);
-    ck_assert_msg(!strcmp(why_kind(j), "eager") && strstr(why_text(j), "3 of its steps ran in mixed batches"),
+    ck_assert_msg(!strcmp(why_kind(j), "eager") && strstr(why_text(j), "warmup is recorded under its key"),
                   "%s: %s", why_kind(j), why_text(j));
     json_decref(j);
     cat_close(&c);
@@ -1893,6 +1893,8 @@ START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held)
                                  " AND key_hash = '00000000000000f1' AND stream IN (0, 1)"), 2);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM eviction_reasons WHERE reason = 'worker_restarted'"
                                  " AND count = 2"), 1); /* the summaries count them too */
+    ck_assert_int_eq(raw_int(db, "SELECT sum(evictions) FROM rollups WHERE key_hash = '00000000000000f1'"
+                                 " AND version = 1"), 2); /* at the version of the graphs' key */
     sqlite3_close(db);
     cat_t *c = open_ok(true);
     json_t *j = why_ok(c, 50, NULL);

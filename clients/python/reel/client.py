@@ -1352,13 +1352,10 @@ class Client:
             meta = {"config": config} if isinstance(config, str) else dict(config)
             d = weights_dir or tempfile.mkdtemp(prefix="reel-sync-")
             path = os.path.join(d, f"{component}-v{int(version)}.safetensors")
-            try:
+            try:  # (save replaces a file already at path whole, or leaves it)
                 safetensors.save(path, state_dict, meta)
-            except BaseException:  # a tensor refused (or an interrupt): nothing half-written left
-                if weights_dir:
-                    if os.path.exists(path):
-                        os.remove(path)
-                else:
+            except BaseException:  # a tensor refused (or an interrupt): the folder made for it goes
+                if not weights_dir:
                     shutil.rmtree(d, ignore_errors=True)
                 raise
             if upload and not weights_dir:

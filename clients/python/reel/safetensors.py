@@ -9,6 +9,7 @@ float32, since numpy has no bfloat16).
 
 import json
 import math
+import os
 import struct
 
 import numpy as np
@@ -69,11 +70,20 @@ def save(path, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    # written beside it, then renamed over it: a file already at path (the
+    # one workers load) is replaced whole or left as it was, never cut
+    part = f"{path}.part-{os.getpid()}"
+    try:
+        with open(part, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for b in blobs:
+                f.write(b)
+        os.replace(part, path)
+    except BaseException:
+        if os.path.exists(part):
+            os.remove(part)
+        raise
 
 
 def _uints(v, n=None):

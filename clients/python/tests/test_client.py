@@ -2056,6 +2056,19 @@ class LoraTests(unittest.TestCase):
             with open(os.path.join(folder, "adapter_model.safetensors"), "rb") as f:
                 self.assertEqual(f.read(), b"an earlier try")
             self.assertEqual(os.listdir(folder), ["adapter_model.safetensors"])
+            # a full sync by state dict with a bad tensor: an existing file of that version in weights_dir is
+            # left whole (it was removed: helper-77), and no temporary folder is left behind
+            with open(os.path.join(keep, f"transformer-v{v}.safetensors"), "wb") as f:
+                f.write(b"the file the workers load")
+            with self.assertRaises(ValueError):
+                self.c.sync(v, state_dict={"patch_embedding.weight": np.ones(2, bool)}, config="tiny",
+                            weights_dir=keep)
+            with open(os.path.join(keep, f"transformer-v{v}.safetensors"), "rb") as f:
+                self.assertEqual(f.read(), b"the file the workers load")
+            self.assertFalse([n for n in os.listdir(keep) if ".part-" in n], "a part file was left")
+            with self.assertRaises(ValueError):
+                self.c.sync(v, state_dict={"patch_embedding.weight": np.ones(2, bool)}, config="tiny")
+            self.assertEqual(os.listdir(tmp), [], "a refused state dict left its temporary folder")
             # a PEFT folder whose adapter_config.json did not come along: refused here, by the workers' rule,
             # before any upload (it was sent as "{}" and merged at s = 1: helper-75); a config that is a folder too
             peft = os.path.join(self.dir, "peft-noconfig")
