@@ -1105,7 +1105,11 @@ static int resolve_item(const char *origin, const zip_t *z, item_t *it) {
                          "elements of %s", origin, it->name, it->rec->name, (unsigned long long)it->rec->size,
                          (long long)s->i, kern_dtype_name(s->dtype));
     uint64_t reach = 0;
-    if (view_reach(it->t, &reach, &it->numel) != 0 || reach > (uint64_t)s->i || it->numel > UINT64_MAX / es)
+    if (view_reach(it->t, &reach, &it->numel) != 0 || it->numel > UINT64_MAX / es)
+        return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": its shape, stride and offset %lld reach past 2^64 "
+                         "elements (its storage has %lld)", origin, it->name, (long long)it->t->offset,
+                         (long long)s->i);
+    if (reach > (uint64_t)s->i)
         return reel_fail(REEL_E_INVALID, "%s: tensor \"%s\": storage too small: %lld elements, but its shape, "
                          "stride and offset %lld need %llu", origin, it->name, (long long)s->i,
                          (long long)it->t->offset, (unsigned long long)reach);
