@@ -308,6 +308,9 @@ def main(out):
     bad("beyond", patch_central(big, "data/0", 24, "<I", 0x7FFF0000))
     st = Storage("F32", 0, 8)
     bad("small_storage", torch_zip("archive", records(dumps({"w.small": Tensor(st, 0, (4, 4), (4, 1))}), [st])))
+    # a shape whose reach overflows 2^64 elements: said so, not "need 0"
+    bad("overflow_view", torch_zip("archive", records(dumps({"w.huge": Tensor(st, 0, (1 << 40, 1 << 40),
+                                                                                (1 << 40, 1))}), [st])))
     ghost = Storage("F32", 7, 4, record=False)
     bad("missing", torch_zip("archive", records(dumps({"w.ghost": Tensor(ghost, 0, (4,), (1,))}),
                                                   storages_of([small[0][1]]))))

@@ -197,6 +197,11 @@ START_TEST(test_storage_too_small_for_the_view_is_refused_naming_the_tensor) {
 }
 END_TEST
 
+START_TEST(test_view_reaching_past_2_64_elements_is_refused_saying_so) {
+    assert_refused("bad_overflow_view.pth", "past 2^64", "w.huge");
+}
+END_TEST
+
 START_TEST(test_view_expanded_far_past_the_archive_size_is_refused) {
     assert_refused("bad_expand.pth", "w.expand", "twice the archive");
 }
@@ -251,6 +256,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_local_header_disagreeing_with_central_directory_is_refused);
     tcase_add_test(tc, test_declared_size_past_the_end_of_the_file_is_refused);
     tcase_add_test(tc, test_storage_too_small_for_the_view_is_refused_naming_the_tensor);
+    tcase_add_test(tc, test_view_reaching_past_2_64_elements_is_refused_saying_so);
     tcase_add_test(tc, test_view_expanded_far_past_the_archive_size_is_refused);
     tcase_add_test(tc, test_missing_storage_record_is_refused_naming_it);
     tcase_add_test(tc, test_top_level_list_is_refused);
