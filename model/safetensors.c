@@ -284,6 +284,10 @@ static st_file_t *parse_parts(const char *origin, const char *hdr, size_t hlen,
         if (parse_metadata(origin, f->meta) != 0) goto err;
         n--;
     }
+    if (n > ST_MAX_TENSORS) {
+        reel_fail(REEL_E_LIMIT, "%s: %zu tensors (at most %zu)", origin, n, ST_MAX_TENSORS);
+        goto err;
+    }
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     if (!f->tensors) {
         reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu tensors", origin, n);
@@ -436,6 +440,10 @@ st_header_t *st_header_read(int fd, const char *path, st_read_hook_t hook, void 
     if (h->meta) {
         if (parse_metadata(path, h->meta) != 0) goto err;
         n--;
+    }
+    if (n > ST_MAX_TENSORS) {
+        reel_fail(REEL_E_LIMIT, "%s: %zu tensors (at most %zu)", path, n, ST_MAX_TENSORS);
+        goto err;
     }
     if (!(h->e = calloc(n ? n : 1, sizeof *h->e))) {
         reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu tensors", path, n);

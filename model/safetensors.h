@@ -22,6 +22,9 @@ extern "C" {
 
 /* Largest header accepted; anything bigger is a corrupt length field. */
 #define ST_MAX_HEADER_BYTES ((uint64_t)100 * 1024 * 1024)
+/* Tensors a file may hold: Wan2.1-14B has about 1,100, its T5 about 250; a
+ * header of a million empty entries cost seconds and gigabytes to check. */
+#define ST_MAX_TENSORS ((size_t)1 << 17)
 
 typedef struct st_file st_file_t;
 

@@ -578,6 +578,24 @@ START_TEST(test_duplicate_tensor_names_are_rejected) {
 }
 END_TEST
 
+/* More tensors than a model file holds (empty ones cost nothing but their
+ * entries: a million of them took seconds and gigabytes: helper-75) are
+ * refused with the count, by the file reader and the header reader. */
+START_TEST(test_too_many_tensors_are_refused_with_the_count) {
+    size_t n = ST_MAX_TENSORS + 1, cap = n * 64 + 16, at = 0;
+    char *json = malloc(cap);
+    ck_assert_ptr_nonnull(json);
+    json[at++] = '{';
+    for (size_t i = 0; i < n; i++)
+        at += (size_t)snprintf(json + at, cap - at, "%s\"t%zu\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                               i ? "," : "", i);
+    json[at++] = '}';
+    json[at] = '\0';
+    expect_rejected(json, NULL, 0, "131073 tensors (at most 131072)");
+    free(json);
+}
+END_TEST
+
 /* ---- st_read_f32 ----------------------------------------------------- */
 
 static st_file_t *one_tensor_file(void) {
@@ -840,6 +858,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_overlapping_tensors_are_rejected_naming_both);
     tcase_add_test(tc, test_non_string_metadata_value_is_rejected_naming_the_key);
     tcase_add_test(tc, test_duplicate_tensor_names_are_rejected);
+    tcase_add_test(tc, test_too_many_tensors_are_refused_with_the_count);
     tcase_add_test(tc, test_read_f32_rejects_wrong_shape_naming_the_tensor);
     tcase_add_test(tc, test_read_f32_rejects_wrong_rank_naming_the_tensor);
     tcase_add_test(tc, test_read_f32_rejects_missing_tensor_naming_it);
