@@ -384,13 +384,21 @@ static int restarted_evictions(cat_t *c, const cat_worker_seen_t *x, double t) {
      * once: evictions have no index by key, and a NOT EXISTS per capture
      * scanned all of the worker's evictions (minutes on the writer thread
      * for a worker with 100k of each: helper-77). */
+    /* A graph is its key's lineage (the key text without its weights): a
+     * sync that keeps graphs re-keys them in place with no capture under
+     * the new key, so a graph captured at v2 and evicted under its v3 key
+     * is gone (helper-78: it was recorded restarted too, and one recaptured
+     * at v3 twice). */
+#define LIVE_GRAPH(x) "coalesce(" CAT_KEY_BASE(x "key_text") ", " x "key_hash)"
     static const char live_sql[] =
         "WITH last AS (SELECT max(id) AS id FROM captures WHERE worker = ?1 AND placeholder = 0"
-        " GROUP BY key_hash, stream),"
-        " ev AS (SELECT key_hash, stream, max(t) AS t FROM evictions WHERE worker = ?1 GROUP BY key_hash, stream)"
+        " GROUP BY " LIVE_GRAPH("") ", stream),"
+        " ev AS (SELECT " LIVE_GRAPH("") " AS g, stream, max(t) AS t FROM evictions WHERE worker = ?1"
+        " GROUP BY g, stream)"
         " SELECT c.key_text, c.key_hash, c.stream FROM last JOIN captures c ON c.id = last.id WHERE c.t <= ?2"
-        " AND NOT EXISTS (SELECT 1 FROM ev WHERE ev.key_hash = c.key_hash"
+        " AND NOT EXISTS (SELECT 1 FROM ev WHERE ev.g = " LIVE_GRAPH("c.") ""
         " AND (ev.stream = c.stream OR ev.stream IS NULL) AND ev.t >= c.t)";
+#undef LIVE_GRAPH
     if (sqlite3_prepare_v2(c->db, live_sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, "graphs held");
     cat_bind_text(s, 1, x->worker);
     sqlite3_bind_double(s, 2, t);

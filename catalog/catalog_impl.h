@@ -66,4 +66,11 @@ json_t *cat_q_collect(cat_t *c, sqlite3_stmt *s, char mode);
 int cat_q_begin(cat_t *c, bool *own_txn);
 void cat_q_end(cat_t *c, bool own_txn, bool ok);
 
+/* A key text without its weight versions (NULL when it has none): the
+ * same graph at every version. WEIGHTS: the versions alone. */
+#define CAT_HAS_WEIGHTS(x) "instr(" x ", ' weights=') > 0 AND instr(" x ", ' graph=') > instr(" x ", ' weights=')"
+#define CAT_KEY_BASE(x)                                                                                    \
+    "(CASE WHEN " CAT_HAS_WEIGHTS(x) " THEN substr(" x ", 1, instr(" x ", ' weights=') - 1)"            \
+    " || substr(" x ", instr(" x ", ' graph=')) END)"
+
 #endif

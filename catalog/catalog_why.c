@@ -36,14 +36,8 @@
 #define WHY_STR_(x) #x
 #define WHY_STR(x) WHY_STR_(x)
 
-/* A key text without its weight versions (NULL when it has none): the
- * same graph at every version. WEIGHTS: the versions alone. */
-#define HAS_WEIGHTS(x) "instr(" x ", ' weights=') > 0 AND instr(" x ", ' graph=') > instr(" x ", ' weights=')"
-#define BASE(x)                                                                                    \
-    "(CASE WHEN " HAS_WEIGHTS(x) " THEN substr(" x ", 1, instr(" x ", ' weights=') - 1)"            \
-    " || substr(" x ", instr(" x ", ' graph=')) END)"
 #define WEIGHTS(x)                                                                                 \
-    "(CASE WHEN " HAS_WEIGHTS(x) " THEN substr(" x ", instr(" x ", ' weights=') + 9,"               \
+    "(CASE WHEN " CAT_HAS_WEIGHTS(x) " THEN substr(" x ", instr(" x ", ' weights=') + 9,"               \
     " instr(" x ", ' graph=') - instr(" x ", ' weights=') - 9) END)"
 
 /* The parameters of the history's queries, bound from the request row
@@ -52,7 +46,7 @@
  * is looked for (its end, or WHY_EVENT_LAG later when it captured), ?6
  * its id, ?7 its t as stored (to leave it out of its peers). */
 #define LINEAGE(a)                                                                                 \
-    a ".worker = ?1 AND (" a ".key_hash = ?2 OR " BASE(a ".key_text") " = (SELECT " BASE("key_text") \
+    a ".worker = ?1 AND (" a ".key_hash = ?2 OR " CAT_KEY_BASE(a ".key_text") " = (SELECT " CAT_KEY_BASE("key_text") \
     " FROM key_texts WHERE key_hash = ?2))"
 
 static const char find_sql[] =
@@ -95,11 +89,20 @@ static const char evictions_sql[] =
  * that keeps graphs (a LoRA sync, --policy inplace) re-keys them in place
  * and records no capture under the new key, so the graph a request
  * replays may have been captured under an older key of the lineage. */
+/* A capture is stamped when its worker's batch of events reaches the
+ * broker, up to --events-ms after the RESULT of the request that made it:
+ * a request of the key that ended before this one's start having captured
+ * is a capture before it too (helper-78: a capture stamped late made the
+ * requests that started between its RESULT and its stamp "new_key"). */
 static const char totals_sql[] =
     "SELECT (SELECT count(*)" CAPTURES_WHERE ") AS captures, (SELECT count(*)" EVICTIONS_WHERE ") AS evictions,"
-    " (SELECT min(c.t) FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c") " AND c.t <= ?5)"
+    " (SELECT min(coalesce(a, b), coalesce(b, a)) FROM (SELECT (SELECT min(c.t) FROM captures c WHERE"
+    " c.placeholder = 0 AND " LINEAGE("c") " AND c.t <= ?5) AS a, (SELECT min(q.t) FROM requests q WHERE"
+    " q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0 AND q.t < ?4 AND NOT (q.id = ?6 AND q.t IS ?7)) AS b))"
     " AS first_capture,"
     " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c") " AND c.t < ?4)"
+    " + (SELECT count(*) FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0"
+    " AND q.t < ?4 AND NOT (q.id = ?6 AND q.t IS ?7))"
     " AS captures_before,"
     " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4"
     " AND t <= ?5) AS own_capture";

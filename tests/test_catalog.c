@@ -1839,8 +1839,22 @@ START_TEST(test_why_verdicts_hold_for_warming_evictions_budget_declines_and_reke
     TS_OK(cat_key_text(w, "00000000000000c7", KG("3"), 3600));
     why_at(w, 42, "00000000000000c7", 3, 0, 5, 1, 0, "pinned_input_moved=1", 3700, 3710);
     why_at(w, 43, "00000000000000c7", 3, 0, 4, 2, 3, "warming_up=2", 3720, 3730);
+    /* H: request 44 captured it and ended at 3800; its capture reached the
+     * catalog late, stamped 3802; request 45 started at 3800.5 (after 44's
+     * RESULT) and ran 2 steps eager: captured before it, not new_key */
+    TS_OK(cat_key_text(w, "00000000000000c8", KD("9"), 3700));
+    why_at(w, 44, "00000000000000c8", 1, 1, 3, 2, 0, "warming_up=2", 3790, 3800);
+    why_at(w, 45, "00000000000000c8", 1, 0, 4, 2, 0, "pinned_input_moved=2", 3800.5, 3801.5);
+    TS_OK(cat_capture(w, "wd", KD("9"), "00000000000000c8", 0, 4096, 12, 0.05, 1, NULL, 3802));
     cat_t *c = open_ok(true);
-    json_t *j = why_ok(c, 40, NULL);
+    json_t *j = why_ok(c, 45, NULL);
+    ck_assert_msg(!strcmp(why_kind(j), "eager"), "%s: %s", why_kind(j), why_text(j));
+    json_decref(j);
+    j = why_ok(c, 44, NULL); /* and 44 itself: still the key's first, by this request */
+    ck_assert_msg(!strcmp(why_kind(j), "new_key") && strstr(why_text(j), "by this request"), "%s: %s", why_kind(j),
+                  why_text(j));
+    json_decref(j);
+    j = why_ok(c, 40, NULL);
     ck_assert_msg(!strcmp(why_kind(j), "new_key"), "%s: %s", why_kind(j), why_text(j));
     json_decref(j);
     j = why_ok(c, 41, NULL);
@@ -1886,15 +1900,35 @@ START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held)
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, NULL, 400));               /* an older worker */
     TS_OK(cat_capture(w, "wr", KR, "00000000000000f1", 0, 4096, 12, 0.05, 1, NULL, 410));
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000cc", 500)); /* its boot unknown */
+    /* a graph is its key's lineage (helper-78): on wq, one captured at v2 and
+     * re-keyed in place to v3 (no capture under v3) was stopped cleanly
+     * under its v3 key; another was dropped at v2 and captured again at v3.
+     * A new process: one graph was held (the second), recorded once. */
+#define KQ(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,5,2,2] weights=transformer@" v " graph=g"
+#define KS(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,6,2,2] weights=transformer@" v " graph=g"
+    TS_OK(cat_worker_seen(w, "wq", "cpu", "x86_64", 1, 0, "00000000000000a1", 600));
+    TS_OK(cat_capture(w, "wq", KQ("2"), "00000000000000e2", 0, 4096, 12, 0.05, 2, NULL, 610));
+    TS_OK(cat_eviction(w, "wq", KQ("3"), "00000000000000e3", 0, "shutdown", "", 0, 0, 3, 650));
+    TS_OK(cat_capture(w, "wq", KS("2"), "00000000000000f2", 0, 4096, 12, 0.05, 2, NULL, 611));
+    TS_OK(cat_eviction(w, "wq", KS("2"), "00000000000000f2", 0, "dropped", "", 0, 0, 2, 620));
+    TS_OK(cat_capture(w, "wq", KS("3"), "00000000000000f3", 0, 4096, 12, 0.05, 3, NULL, 630));
+    TS_OK(cat_worker_seen(w, "wq", "cpu", "x86_64", 1, 0, "00000000000000a2", 700));
+#undef KQ
+#undef KS
     cat_close(&w);
     sqlite3 *db = raw_open(true);
-    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE reason = 'worker_restarted'"), 2);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wr' AND reason = 'worker_restarted'"),
+                     2);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE reason = 'worker_restarted' AND t = 300"
                                  " AND key_hash = '00000000000000f1' AND stream IN (0, 1)"), 2);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM eviction_reasons WHERE reason = 'worker_restarted'"
                                  " AND count = 2"), 1); /* the summaries count them too */
     ck_assert_int_eq(raw_int(db, "SELECT sum(evictions) FROM rollups WHERE key_hash = '00000000000000f1'"
                                  " AND version = 1"), 2); /* at the version of the graphs' key */
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wq' AND reason = 'worker_restarted'"),
+                     1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wq' AND reason = 'worker_restarted'"
+                                 " AND key_hash = '00000000000000f3'"), 1);
     sqlite3_close(db);
     cat_t *c = open_ok(true);
     json_t *j = why_ok(c, 50, NULL);
