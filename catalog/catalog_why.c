@@ -94,15 +94,15 @@ static const char evictions_sql[] =
  * a request of the key that ended before this one's start having captured
  * is a capture before it too (helper-78: a capture stamped late made the
  * requests that started between its RESULT and its stamp "new_key"). */
+#define CAPTURING_REQUESTS                                                                         \
+    " FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0 AND q.t < ?4"  \
+    " AND NOT (q.id = ?6 AND q.t IS ?7)"
+#define LINEAGE_CAPTURES " FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c")
 static const char totals_sql[] =
     "SELECT (SELECT count(*)" CAPTURES_WHERE ") AS captures, (SELECT count(*)" EVICTIONS_WHERE ") AS evictions,"
-    " (SELECT min(coalesce(a, b), coalesce(b, a)) FROM (SELECT (SELECT min(c.t) FROM captures c WHERE"
-    " c.placeholder = 0 AND " LINEAGE("c") " AND c.t <= ?5) AS a, (SELECT min(q.t) FROM requests q WHERE"
-    " q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0 AND q.t < ?4 AND NOT (q.id = ?6 AND q.t IS ?7)) AS b))"
-    " AS first_capture,"
-    " (SELECT count(*) FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c") " AND c.t < ?4)"
-    " + (SELECT count(*) FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0"
-    " AND q.t < ?4 AND NOT (q.id = ?6 AND q.t IS ?7))"
+    " (SELECT min(coalesce(a, b), coalesce(b, a)) FROM (SELECT (SELECT min(c.t)" LINEAGE_CAPTURES " AND c.t <= ?5)"
+    " AS a, (SELECT min(q.t)" CAPTURING_REQUESTS ") AS b)) AS first_capture,"
+    " (SELECT count(*)" LINEAGE_CAPTURES " AND c.t < ?4) + (SELECT count(*)" CAPTURING_REQUESTS ")"
     " AS captures_before,"
     " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4"
     " AND t <= ?5) AS own_capture";

@@ -311,6 +311,31 @@ static int add_alpha(lora_t *l, const st_file_t *f, const st_tensor_t *t, const 
     return 0;
 }
 
+/* Tensor t's n values as F32 (malloc'd), all finite; NULL naming what is
+ * wrong (its dtype: F32, BF16 or F16 are read; NaN or infinity). */
+static float *read_finite(const st_file_t *f, const st_tensor_t *t, size_t n) {
+    if (t->dtype != KERN_F32 && t->dtype != KERN_BF16 && t->dtype != KERN_F16) {
+        reel_fail(REEL_E_UNSUPPORTED, "%s: dtype %s (F32, BF16 or F16 are read)", t->name, kern_dtype_name(t->dtype));
+        return NULL;
+    }
+    float *v = malloc(n * sizeof *v);
+    if (!v) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    if (st_read_f32(f, t->name, t->ndim, t->shape, v) != 0) {
+        free(v);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) {
+            free(v);
+            reel_fail(REEL_E_INVALID, "%s: NaN or infinite values", t->name);
+            return NULL;
+        }
+    return v;
+}
+
 /* A full difference (.diff, .diff_b, PEFT's lora_B.bias) into its
  * target: any shape up to LORA_DIFF_MAX_DIMS (lora_check holds it to the
  * weight's), finite values. */
@@ -319,26 +344,14 @@ static int add_difference(lora_t *l, const st_file_t *f, const st_tensor_t *t, c
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions (a %s has %s)", t->name, t->ndim,
                          k->kind == KEY_LORA_BIAS ? "lora_B.bias" : "difference",
                          k->kind == KEY_LORA_BIAS ? "1" : "its weight's, 1 to 5");
-    if (t->dtype != KERN_F32 && t->dtype != KERN_BF16 && t->dtype != KERN_F16)
-        return reel_fail(REEL_E_UNSUPPORTED, "%s: dtype %s (F32, BF16 or F16 are read)", t->name,
-                         kern_dtype_name(t->dtype));
     int64_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     if (n < 1) return reel_fail(REEL_E_INVALID, "%s: an empty dimension", t->name);
     lora_target_t *g = target_for(l, k->weight, cap);
     if (!g) return -1;
     if (g->d) return reel_fail(REEL_E_INVALID, "%s: a second difference for %s", t->name, k->weight);
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) return reel_fail(REEL_E_NOMEM, "out of memory");
-    if (st_read_f32(f, t->name, t->ndim, t->shape, v) != 0) {
-        free(v);
-        return -1;
-    }
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(v[i])) {
-            free(v);
-            return reel_fail(REEL_E_INVALID, "%s: NaN or infinite values", t->name);
-        }
+    float *v = read_finite(f, t, (size_t)n);
+    if (!v) return -1;
     g->d = v;
     g->d_ndim = t->ndim;
     memcpy(g->d_shape, t->shape, (size_t)t->ndim * sizeof *g->d_shape);
@@ -363,9 +376,6 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     if (strstr(t->name, ".lora_down.") || strstr(t->name, ".lora_up.")) l->down_up = true;
     if (t->ndim != 2)
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions, a LoRA matrix has 2", t->name, t->ndim);
-    if (t->dtype != KERN_F32 && t->dtype != KERN_BF16 && t->dtype != KERN_F16)
-        return reel_fail(REEL_E_UNSUPPORTED, "%s: dtype %s (F32, BF16 or F16 are read)", t->name,
-                         kern_dtype_name(t->dtype));
     int64_t rank = is_b ? t->shape[1] : t->shape[0], other = is_b ? t->shape[0] : t->shape[1];
     if (!l->from_file && rank != l->r)
         return reel_fail(REEL_E_INVALID, "%s: rank %lld is not the config's r = %d", t->name, (long long)rank, l->r);
@@ -381,18 +391,8 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     g->rank = rank;
     if (is_b ? g->b != NULL : g->a != NULL)
         return reel_fail(REEL_E_INVALID, "%s: a second lora_%c for %s", t->name, is_b ? 'B' : 'A', k.weight);
-    size_t n = (size_t)(rank * other);
-    float *v = malloc(n * sizeof *v);
-    if (!v) return reel_fail(REEL_E_NOMEM, "out of memory");
-    if (st_read_f32(f, t->name, 2, t->shape, v) != 0) {
-        free(v);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(v[i])) {
-            free(v);
-            return reel_fail(REEL_E_INVALID, "%s: NaN or infinite values", t->name);
-        }
+    float *v = read_finite(f, t, (size_t)(rank * other));
+    if (!v) return -1;
     if (is_b) g->out = other, g->b = v;
     else g->in = other, g->a = v;
     l->bytes += t->nbytes;
