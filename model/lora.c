@@ -23,6 +23,7 @@ struct lora {
     float scale;     /* the config's s; from the file: the targets' if all agree, else 0 */
     bool from_file;  /* no r in the config: ranks and alphas per target from the tensors */
     bool down_up;    /* lora_down / lora_up names (kohya's, ComfyUI's) */
+    int lora_bias;   /* the config's "lora_bias": 1 true, 0 false, -1 not said */
     const char *layout;
     char sha[65];
     size_t bytes;
@@ -229,7 +230,9 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
     if (!j) return reel_fail(REEL_E_INVALID, "%s: %s (line %d)", path, e.text, e.line);
     int rc = -1;
     const json_t *pt = json_object_get(j, "peft_type"), *r = json_object_get(j, "r"),
-                 *a = json_object_get(j, "lora_alpha"), *rs = json_object_get(j, "use_rslora");
+                 *a = json_object_get(j, "lora_alpha"), *rs = json_object_get(j, "use_rslora"),
+                 *lb = json_object_get(j, "lora_bias");
+    l->lora_bias = !lb || json_is_null(lb) ? -1 : json_is_true(lb) ? 1 : 0;
     if (!json_is_object(j)) {
         reel_fail(REEL_E_INVALID, "%s: not a JSON object", path);
     } else if (pt && !(json_is_string(pt) && !strcmp(json_string_value(pt), "LORA"))) {
@@ -239,6 +242,8 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
         reel_fail(REEL_E_UNSUPPORTED, "%s: DoRA (use_dora) is not supported", path);
     } else if (!unset(json_object_get(j, "bias"))) { /* lora_bias (a lora_B.bias key) is read */
         reel_fail(REEL_E_UNSUPPORTED, "%s: bias training (bias other than \"none\") is not supported", path);
+    } else if (lb && !json_is_null(lb) && !json_is_boolean(lb)) {
+        reel_fail(REEL_E_INVALID, "%s: lora_bias must be true or false", path);
     } else if (!unset(json_object_get(j, "modules_to_save"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: modules_to_save is not supported (an adapter changes Linears only)", path);
     } else if (!unset(json_object_get(j, "rank_pattern")) || !unset(json_object_get(j, "alpha_pattern"))) {
@@ -291,8 +296,9 @@ static lora_target_t *target_for(lora_t *l, const char *weight, size_t cap) {
     return g;
 }
 
-/* A module's alpha: one finite value > 0, with no adapter_config.json r
- * (whose lora_alpha would say otherwise). */
+/* A module's alpha: one finite value other than 0 (a negative one turns
+ * the adapter's sign, as a negative config lora_alpha does), with no
+ * adapter_config.json r (whose lora_alpha would say otherwise). */
 static int add_alpha(lora_t *l, const st_file_t *f, const st_tensor_t *t, const key_t_ *k, size_t cap) {
     if (!l->from_file)
         return reel_fail(REEL_E_INVALID, "%s: a module's alpha beside a config's lora_alpha (one of the two must "
@@ -302,7 +308,9 @@ static int add_alpha(lora_t *l, const st_file_t *f, const st_tensor_t *t, const 
     if (n != 1) return reel_fail(REEL_E_INVALID, "%s: an alpha is one value, not %lld", t->name, (long long)n);
     float v;
     if (st_read_f32(f, t->name, t->ndim, t->shape, &v) != 0) return -1;
-    if (!isfinite(v) || v <= 0) return reel_fail(REEL_E_INVALID, "%s: alpha %g (a finite value > 0)", t->name, (double)v);
+    if (!isfinite(v) || v == 0)
+        return reel_fail(REEL_E_INVALID, "%s: alpha %g (a finite value, not 0: kohya reads 0 as the rank, diffusers as "
+                         "no change)", t->name, (double)v);
     lora_target_t *g = target_for(l, k->weight, cap);
     if (!g) return -1;
     if (g->has_alpha) return reel_fail(REEL_E_INVALID, "%s: a second alpha for %s", t->name, k->weight);
@@ -344,6 +352,12 @@ static int add_difference(lora_t *l, const st_file_t *f, const st_tensor_t *t, c
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions (a %s has %s)", t->name, t->ndim,
                          k->kind == KEY_LORA_BIAS ? "lora_B.bias" : "difference",
                          k->kind == KEY_LORA_BIAS ? "1" : "its weight's, 1 to 5");
+    /* PEFT builds lora_B with a bias only under "lora_bias": true, and
+     * loads none without it; diffusers, given no config, says true when
+     * the file has one */
+    if (k->kind == KEY_LORA_BIAS && (l->from_file ? l->lora_bias == 0 : l->lora_bias != 1))
+        return reel_fail(REEL_E_INVALID, "%s: a lora_B.bias, but the adapter's config does not say \"lora_bias\": true "
+                         "(PEFT would not load it): set it in adapter_config.json, or drop the key", t->name);
     int64_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     if (n < 1) return reel_fail(REEL_E_INVALID, "%s: an empty dimension", t->name);

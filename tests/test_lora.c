@@ -291,6 +291,21 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.alpha", 0, sa, &one));
     written(&w, ts_join(dir, "alphaonly.safetensors"));
     refused(ts_join(dir, "alphaonly.safetensors"), "has an alpha and no matrices");
+    /* a negative module alpha turns the adapter's sign (as a negative
+     * lora_alpha does); 0 is refused (kohya's rank or diffusers' nothing) */
+    float negative = -2, zero = 0;
+    w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 0, 21);
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.alpha", 0, sa, &negative));
+    written(&w, ts_join(dir, "negalpha.safetensors"));
+    TS_NEW(l = lora_open(ts_join(dir, "negalpha.safetensors")));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), -0.5f);
+    lora_close(&l);
+    w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_down", "lora_up", 0, 21);
+    TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.alpha", 0, sa, &zero));
+    written(&w, ts_join(dir, "zeroalpha.safetensors"));
+    refused(ts_join(dir, "zeroalpha.safetensors"), "alpha 0 (a finite value, not 0");
     w = st_writer_new();
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_down.weight", 2, sa, z));
     TS_OK(st_writer_add_f32(w, "diffusion_model.blocks.0.self_attn.q.lora_up.weight", 2, sb, z));
@@ -588,6 +603,31 @@ START_TEST(test_differences_add_to_any_weight_and_outside_linears_take_a_lora) {
     TS_OK(lora_merge_into(l, "blocks.1.ffn.0.bias", bias, tiny.ffn_dim));
     for (int64_t i = 0; i < tiny.ffn_dim; i++) ck_assert_float_eq(bias[i], 2.0f * t->d[i]);
     free(bias);
+    lora_close(&l);
+    /* the same file under a config that does not say "lora_bias": true
+     * (PEFT would drop the key): refused naming it, as is a lora_bias
+     * that is not a boolean */
+    static const char *const not_said[] = { "", ", \"lora_bias\": false", ", \"lora_bias\": null" };
+    for (size_t i = 0; i < sizeof not_said / sizeof not_said[0]; i++) {
+        char c[256];
+        snprintf(c, sizeof c, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8%s}", not_said[i]);
+        ts_write_file(ts_join(path, "adapter_config.json"), c, strlen(c));
+        refused(path, "does not say \"lora_bias\": true");
+    }
+    cfg = CFG(4, 8, ", \"lora_bias\": \"yes\"");
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    refused(path, "lora_bias must be true or false");
+    /* with no config the key says it, as diffusers reads it (the file
+     * says its scale by a module alpha: 4 over rank 4, s = 1) */
+    w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 1, "ffn.0", 4, "lora_A", "lora_B", 4, 51);
+    add_values(w, "diffusion_model.blocks.1.ffn.0.lora_B.bias", 1, (int64_t[]){ tiny.ffn_dim }, 52, -1, 1);
+    written(&w, ts_join(dir, "biasnocfg.safetensors"));
+    TS_NEW(l = lora_open(ts_join(dir, "biasnocfg.safetensors")));
+    TS_OK(lora_check(l, &tiny));
+    t = lora_find(l, "blocks.1.ffn.0.bias");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_float_eq(t->d_scale, 1.0f);
     lora_close(&l);
 }
 END_TEST
