@@ -321,6 +321,29 @@ def _text(name, v):
     return v
 
 
+# The wire's longest string (docs/PROTOCOL.md "Prompts and videos"): a
+# longer prompt would be too_large at the broker.
+_MAX_TEXT = 4096
+
+
+def _prompt_text(name, v):
+    """v, a prompt the broker takes: text (_text) of at most 4096 bytes as
+    UTF-8, without control characters but tab, newline and CR (C0, DEL and
+    the C1 controls U+0080..U+009F), the rule the broker and reelctl apply;
+    ValueError naming the first offender, before anything is sent."""
+    _text(name, v)
+    n = len(v.encode("utf-8"))
+    if n > _MAX_TEXT:
+        raise ValueError(f"{name} is {n} bytes: at most {_MAX_TEXT} (the wire's longest string; umT5 reads 512 "
+                         "tokens, about 2 KiB of text)")
+    for i, ch in enumerate(v):
+        c = ord(ch)
+        if (c < 0x20 and ch not in "\t\n\r") or 0x7F <= c <= 0x9F:
+            raise ValueError(f"{name} holds a control character, U+{c:04X} at character {i} (only tab, newline "
+                             "and CR are taken)")
+    return v
+
+
 def _json_value(o):
     """json.dumps' default for numpy scalars and arrays (an adapter config
     built from numpy values); TypeError for anything else."""
@@ -1022,9 +1045,9 @@ class Client:
             raise ValueError(f"model must be a non-empty name, got {model!r}")
         _text("model", model)
         if prompt is not None:
-            _text("prompt", prompt)
+            _prompt_text("prompt", prompt)
         if negative_prompt is not None:
-            _text("negative_prompt", negative_prompt)
+            _prompt_text("negative_prompt", negative_prompt)
         if (prompt is None) == (context is None):
             raise ValueError("give a prompt or a context, not both and not neither")
         if prompt is not None and uncond is not None:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 import urllib.request
 import warnings
 
@@ -1829,14 +1830,30 @@ class PromptTests(unittest.TestCase):
                 self.c.gen("tinyt", prompt="x", negative_prompt="blurry", cfg=cfg, steps=2, latent_shape=(4, 2, 8, 8))
             self.assertIn("used only with guidance", str(e.exception))
 
-    def test_bad_text_is_refused_by_the_broker_and_the_cluster_keeps_serving(self):
-        with self.assertRaises(reel.ReelError) as e:
-            self.c.gen("tinyt", prompt="x" * 20000, steps=2, latent_shape=(4, 2, 8, 8))
-        self.assertEqual(e.exception.code, "too_large")
-        with self.assertRaises(reel.ReelError) as e:
-            self.c.gen("tinyt", prompt="a bell \x07", steps=2, latent_shape=(4, 2, 8, 8))
-        self.assertEqual(e.exception.code, "bad_request")
-        self.assertIn("control characters", str(e.exception))
+    def test_bad_text_is_refused_here_and_by_the_broker_and_the_cluster_keeps_serving(self):
+        # the client refuses what the broker would, before sending: the
+        # broker's rule (4096 bytes; control characters but tab, newline, CR)
+        bad = {"x" * 4097: "4097 bytes: at most 4096", "\u00e9" * 2049: "4098 bytes: at most 4096",
+               "a bell \x07": "U+0007 at character 7", "del \x7f": "U+007F", "next line \x85": "U+0085",
+               "escape \x1b[31m": "U+001B"}
+        for text, needle in bad.items():
+            for kw in ({"prompt": text}, {"prompt": "fine", "negative_prompt": text, "cfg": 5.0}):
+                with self.assertRaises(ValueError, msg=repr(kw)[:60]) as e:
+                    self.c.gen("tinyt", steps=2, latent_shape=(4, 2, 8, 8), **kw)
+                self.assertIn(needle, str(e.exception))
+        r = self.c.gen("tinyt", prompt="x" * 4096, steps=1, latent_shape=(4, 2, 8, 8))
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+        r = self.c.gen("tinyt", prompt="tab\tnewline\nreturn\r", steps=1, latent_shape=(4, 2, 8, 8))
+        self.assertEqual(r.latent.shape, (4, 2, 8, 8))
+        # and the broker refuses them itself, for clients without the check
+        with mock.patch.object(reel.client, "_prompt_text", lambda name, v: v):
+            with self.assertRaises(reel.ReelError) as e:
+                self.c.gen("tinyt", prompt="x" * 20000, steps=2, latent_shape=(4, 2, 8, 8))
+            self.assertEqual(e.exception.code, "too_large")
+            with self.assertRaises(reel.ReelError) as e:
+                self.c.gen("tinyt", prompt="a bell \x07", steps=2, latent_shape=(4, 2, 8, 8))
+            self.assertEqual(e.exception.code, "bad_request")
+            self.assertIn("control characters", str(e.exception))
         r = self.c.gen("tinyt", prompt="still serving", steps=2, latent_shape=(4, 2, 8, 8))
         self.assertEqual(r.latent.shape, (4, 2, 8, 8))
 
