@@ -602,7 +602,13 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
      * this, and its PROGRESS counts again from 1.) */
     /* Never past its end: a count a client could not make sense of (step
      * beyond steps, frames decoded beyond those it decodes) is dropped. */
-    if (p->step > p->steps || p->decoded > p->decode_frames) {
+    /* Nor a total the request could not have: more steps than n x its
+     * steps (a group's batches, each counted), more frames than n x its
+     * latent frames. A count pinned at 2^64 - 1 would otherwise be
+     * forwarded and leave every later one "backwards". */
+    const uint64_t n = msg_gen_n(&r->gen), frames = r->gen.latent_shape[1] > 0 ? (uint64_t)r->gen.latent_shape[1] : 0;
+    if (p->step > p->steps || p->decoded > p->decode_frames || p->steps > n * r->gen.steps ||
+        p->decode_frames > n * frames) {
         brk_log_limited(&w->log, w->route.name, "worker %s sent PROGRESS %llu of %llu (%llu of %llu frames) for "
                         "request %llu: past its end, dropped", w->route.name, (unsigned long long)p->step,
                         (unsigned long long)p->steps, (unsigned long long)p->decoded,

@@ -24,13 +24,17 @@ static __thread struct {
     kern_stream_t *s;       /* the innermost one's stream, whose lock is held */
 } tl;
 
+static size_t sat_add(size_t a, size_t b);
+static size_t snap_bytes(const dispatch_t *d);
+
 /* A new entry for the call, made with the cache lock down (it is held on
  * entry and on return). When the workspace cannot be allocated (out of
  * memory, host or device), the idle entries' device memory is given back
  * and the allocation tried once more; not for any other refusal (a
  * workspace without a slot, a key it cannot hold, one over a limit):
  * freeing memory would not change that, and every other key's graphs would
- * go for nothing. NULL with a message. */
+ * go for nothing; nor for a workspace no memory could hold
+ * (cap_evict_idle). NULL with a message. */
 static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *text, uint64_t hash) {
     cap_cache_t *c = d->c;
     CAP_ASSERT_LOCKED(&c->lock);
@@ -39,7 +43,9 @@ static entry_t *make_entry(dispatch_t *d, int si, const int *comp, const char *t
     entry_t *e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);
     const reel_code_t why = reel_err_code();
-    if (e || (why != REEL_E_NOMEM && why != REEL_E_DEVICE) || !cap_evict_idle(c, &d->q)) return e;
+    if (e || (why != REEL_E_NOMEM && why != REEL_E_DEVICE)) return e;
+    const size_t need = d->p->ws_size ? sat_add(d->p->ws_size(d->user, d->call->key), snap_bytes(d)) : 0;
+    if (!cap_evict_idle(c, &d->q, need)) return e;
     cap_unlock(&c->lock);
     e = cap_entry_make(c, d->s, si, d->p, d->user, d->call->key, hash, text, comp);
     cap_lock(&c->lock);

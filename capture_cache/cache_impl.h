@@ -311,7 +311,7 @@ int cap_run_eager(entry_t *e, kern_stream_t *s, const cap_call_t *call, call_acc
 
 void cap_evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, const char *comp, uint64_t from,
                uint64_t to);
-bool cap_evict_idle(cap_cache_t *c, evq_t *q);
+bool cap_evict_idle(cap_cache_t *c, evq_t *q, size_t need);
 /* Whether need bytes more would fit the budget once every idle entry but
  * keep were evicted (what cap_make_room checks before it evicts). */
 bool cap_could_fit(const cap_cache_t *c, const entry_t *keep, size_t need);

@@ -142,10 +142,15 @@ static bool publish(cap_cache_t *c, entry_t *e, kern_graph_t *g, bool prewarm, e
     return fits;
 }
 
-/* Logs a failed capture of e (or its preparation); returns 1 (nothing ran). */
+/* Logs a failed capture of e (or its preparation); returns 1 (nothing ran).
+ * e's key text is read under the lock: an in-place sync re-keys it there. */
 static int capture_failed(cap_cache_t *c, const entry_t *e) {
-    char msg[CAP_KEY_TEXT_MAX + 560];
-    snprintf(msg, sizeof msg, "capture of %s failed: %.500s", e->text, reel_err_text());
+    char msg[CAP_KEY_TEXT_MAX + 560], text[CAP_KEY_TEXT_MAX];
+    CAP_ASSERT_UNLOCKED(&c->lock); /* and no capture open: the device lock is not held either */
+    cap_lock(&c->lock);
+    snprintf(text, sizeof text, "%s", e->text);
+    cap_unlock(&c->lock);
+    snprintf(msg, sizeof msg, "capture of %s failed: %.500s", text, reel_err_text());
     cap_log(c, 2, msg);
     return 1;
 }

@@ -35,7 +35,7 @@ int cap_key_add_input(cap_key_t *k, const char *name, kern_dtype_t dt, int ndim,
     snprintf(s->name, sizeof s->name, "%s", name);
     s->dtype = dt;
     s->ndim = ndim;
-    memcpy(s->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0) memcpy(s->shape, shape, (size_t)ndim * sizeof *shape); /* a scalar's shape may be NULL */
     return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "model/safetensors.h"
 #include "media/video.h"
 #include "model/pth.h"
+#include "model/hf_parts.h"
 #include "model/vae.h"
 #include "kernels/backend.h"
 #include <inttypes.h>
@@ -69,7 +70,7 @@ int cmd_decode(int argc, char **argv) {
     st_writer_t *w = NULL;
     int rc = -1;
     if (!(lat = ctl_read_tensor(lpath, "latent", 4, ls))) goto out;
-    if (!(wf = weights_open_any(o.vae))) { ctl_fail_as(REEL_E_INVALID, "--vae: "); goto out; }
+    if (!(wf = hf_part_open(o.vae, HF_PART_VAE))) { ctl_fail_as(REEL_E_INVALID, "--vae: "); goto out; }
     if (!(b = kern_backend_new(kind, 0)) || !(s = kern_stream_new(b))) { ctl_fail_as(REEL_E_DEVICE, NULL); goto out; }
     if (!(m = vae_model_load(b, wf, KERN_F32))) { ctl_fail_as(REEL_E_INVALID, NULL); goto out; } /* names the file */
     st_close(&wf);

@@ -9,6 +9,7 @@
 #include "base/parse.h"
 #include "media/tokenizer.h"
 #include "model/pth.h"
+#include "model/hf_parts.h"
 #include "model/t5.h"
 #include <getopt.h>
 #include <inttypes.h>
@@ -87,7 +88,7 @@ static int encode_ids(const encode_opts_t *o, const int32_t *ids, int64_t n) {
     t5_model_t *m = NULL;
     st_writer_t *w = NULL;
     float *ctx = NULL;
-    st_file_t *f = weights_open_any(o->t5); /* the release's .pth, or a safetensors copy */
+    st_file_t *f = hf_part_open(o->t5, HF_PART_T5); /* the release's .pth, a safetensors copy, diffusers' text_encoder/ */
     if (!f) {
         ctl_fail_as(REEL_E_INVALID, "--t5: ");
         goto out;

@@ -59,5 +59,16 @@ int release_find(const char *dir, release_parts_t *out) {
     char tok[PATH_MAX];
     if (snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_TOKENIZER_DIR) < (int)sizeof tok && is_there(tok))
         snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_TOKENIZER_DIR);
+    /* a diffusers pipeline (model_index.json): text_encoder/, tokenizer/
+     * and vae/, each read by its loader (model/hf_parts.h) */
+    char mi[PATH_MAX];
+    if (snprintf(mi, sizeof mi, "%s/model_index.json", dir) < (int)sizeof mi && is_there(mi)) {
+        if (!out->t5[0]) try_file(dir, RELEASE_DIFFUSERS_T5, out->t5);
+        if (!out->vae[0]) try_file(dir, RELEASE_DIFFUSERS_VAE, out->vae);
+        if (!out->tokenizer[0] &&
+            snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_DIFFUSERS_TOKENIZER) < (int)sizeof tok &&
+            is_there(tok))
+            snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_DIFFUSERS_TOKENIZER);
+    }
     return 0;
 }

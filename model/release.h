@@ -6,7 +6,12 @@
  *   google/umt5-xxl/spiece.model      its tokenizer (media/tokenizer.h)
  *   Wan2.1_VAE.pth                    the VAE (model/vae.h)
  * Safetensors copies load as well: the same names with .safetensors (and
- * any models_t5_*.pth / .safetensors for the encoder). */
+ * any models_t5_*.pth / .safetensors for the encoder). A diffusers
+ * pipeline (Wan-AI/Wan2.1-T2V-*-Diffusers: model_index.json) holds them as
+ *   text_encoder/   transformers' UMT5EncoderModel (model/hf_parts.h)
+ *   tokenizer/spiece.model
+ *   vae/            diffusers' AutoencoderKLWan (model/hf_parts.h)
+ * (the Wan names win where a folder holds both). */
 #ifndef REEL_MODEL_RELEASE_H
 #define REEL_MODEL_RELEASE_H
 
@@ -15,6 +20,9 @@
 #define RELEASE_T5_NAME "models_t5_umt5-xxl-enc-bf16.pth"
 #define RELEASE_TOKENIZER_DIR "google/umt5-xxl"
 #define RELEASE_VAE_NAME "Wan2.1_VAE.pth"
+#define RELEASE_DIFFUSERS_T5 "text_encoder"
+#define RELEASE_DIFFUSERS_TOKENIZER "tokenizer"
+#define RELEASE_DIFFUSERS_VAE "vae"
 
 typedef struct {
     char t5[PATH_MAX];          /* "" when the folder has none */

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "media/tokenizer.h"
 #include "media/video.h"
+#include "model/hf_parts.h"
 #include "model/pth.h"
 #include "model/t5.h"
 #include "model/vae.h"
@@ -125,7 +126,7 @@ t2v_text_t *t2v_text_new(kern_backend_t *b, const char *t5_path, const char *tok
     t->text_len = text_len;
     t->max_bytes = cache_bytes;
     st_file_t *f = NULL;
-    if (!(t->tok = tok_open(tok_path)) || !(f = weights_open_any(t5_path)) ||
+    if (!(t->tok = tok_open(tok_path)) || !(f = hf_part_open(t5_path, HF_PART_T5)) ||
         !(t->t5 = t5_model_load(b, f, KERN_F32)) || !(t->s = kern_stream_new(b))) {
         reel_fail_prefix("text encoder: ");
         st_close(&f);
@@ -233,7 +234,7 @@ t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels)
         return NULL;
     }
     pthread_mutex_init(&v->mu, NULL);
-    st_file_t *f = weights_open_any(path);
+    st_file_t *f = hf_part_open(path, HF_PART_VAE);
     if (!f || !(v->m = vae_model_load(b, f, KERN_F32)) || !(v->s = kern_stream_new(b))) {
         reel_fail_prefix("VAE: ");
         st_close(&f);

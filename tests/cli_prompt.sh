@@ -54,6 +54,39 @@ $RUN --weights "$D/dit.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spi
     "$R" tensor diff "$D/rel.mp4.safetensors" "$D/parts.mp4.safetensors" >/dev/null 2>&1 &&
     ok "the same parts by flag (safetensors copies) give the bitwise same latent as the release's .pth files" ||
     { bad "flags vs release folder"; show "$D/parts.err"; }
+echo "== a diffusers pipeline: text_encoder/ (UMT5, 2 shards), tokenizer/ and vae/ (AutoencoderKLWan) as published"
+# written by tests/wan_diffusers_parts.py from the published renames; the
+# same values, so the same bits as the Wan-named files
+PIPE="$D/layouts/pipeline"
+$PY "$HERE/wan_layouts.py" "$D/dit.safetensors" "$D/layouts" >/dev/null 2>"$D/lay.err" && rm -rf "$PIPE/vae" &&
+    $PY "$HERE/wan_diffusers_parts.py" "$D/t5.safetensors" "$D/vae.safetensors" "$PIPE" 2>>"$D/lay.err" &&
+    mkdir -p "$PIPE/tokenizer" && cp "$D/spiece.model" "$PIPE/tokenizer/" || { bad "the pipeline is built"; show "$D/lay.err"; finish; }
+"$R" encode --t5 "$PIPE/text_encoder" --tokenizer "$PIPE/tokenizer" --prompt "$P" -o "$D/pe.safetensors" 2>"$D/pe.err" &&
+    "$R" encode --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --prompt "$P" -o "$D/we.safetensors" 2>>"$D/pe.err" &&
+    "$R" tensor diff "$D/pe.safetensors" "$D/we.safetensors" --name context >/dev/null 2>&1 &&
+    ok "encode --t5 text_encoder/ (transformers' UMT5, sharded) is bitwise the Wan-named encoder's context" ||
+    { bad "encode through text_encoder/"; show "$D/pe.err"; }
+$PY -c "
+import sys; sys.path.insert(0, sys.argv[1]); import safetensors_np, numpy as np
+safetensors_np.save(sys.argv[2], {'latent': np.random.RandomState(3).randn(4, 2, 8, 8).astype(np.float32)})
+" "$HERE/crosscheck" "$D/dl.safetensors" &&
+    "$R" decode --vae "$PIPE/vae" "$D/dl.safetensors" -o "$D/pd.safetensors" --quiet 2>"$D/pd.err" &&
+    "$R" decode --vae "$D/vae.safetensors" "$D/dl.safetensors" -o "$D/wd.safetensors" --quiet 2>>"$D/pd.err" &&
+    "$R" tensor diff "$D/pd.safetensors" "$D/wd.safetensors" --name video >/dev/null 2>&1 &&
+    ok "decode --vae vae/ (diffusers' AutoencoderKLWan names) is bitwise the Wan-named VAE's video" ||
+    { bad "decode through vae/"; show "$D/pd.err"; }
+$RUN --weights "$PIPE" --prompt "$P" -o "$D/pipe.mp4" 2>"$D/pipe.err" &&
+    $RUN --weights "$PIPE" --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --vae "$D/vae.safetensors" \
+        --prompt "$P" -o "$D/pipew.mp4" 2>>"$D/pipe.err" &&
+    "$R" tensor diff "$D/pipe.mp4.safetensors" "$D/pipew.mp4.safetensors" >/dev/null 2>&1 &&
+    "$R" video probe "$D/pipe.mp4" --json 2>&1 | grep -q '"frames":5,"height":64,"width":64' &&
+    ok "run --weights PIPELINE --prompt -o X.mp4 takes its text_encoder/, tokenizer/ and vae/: the latent bitwise the Wan files'" ||
+    { bad "run on a diffusers pipeline"; show "$D/pipe.err"; }
+rm -rf "$PIPE/vae/diffusion_pytorch_model.safetensors"
+$RUN --weights "$PIPE" --prompt "$P" -o "$D/novae.mp4" 2>"$D/novae.err"
+[ $? = 2 ] && grep -q "vae: a folder without model.safetensors, diffusion_pytorch_model.safetensors" "$D/novae.err" &&
+    ok "a pipeline whose vae/ holds no weights is refused naming it (exit 2), not run without its VAE" ||
+    { bad "a pipeline without VAE weights"; show "$D/novae.err"; }
 # Wan's generate.py form: --size W*H in pixels and --frame_num; 64*64 with 5 frames is the latent 2x8x8
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>"$D/px.err" &&
     "$R" tensor diff "$D/px.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&

@@ -331,6 +331,35 @@ START_TEST(test_model_destroyed_before_another_programs_failed_allocation_is_evi
 }
 END_TEST
 
+/* A workspace no memory could hold (a key of 2^60 elements) fails its
+ * allocation; freeing the other keys' graphs could never make room for
+ * it, so none is evicted and nothing is retried. */
+START_TEST(test_a_failed_allocation_no_memory_could_hold_evicts_no_other_keys_graph) {
+    fx_t *f = fx_open(0);
+    cap_key_t ka;
+    tdit_model_t *a = model_a_with_an_entry(f, &ka);
+    register_toy(f);
+    toy_user_t u = { .claim = SIZE_MAX / 4, .fail_allocs = 2 };
+    cap_key_t key = toy_key(f);
+    float x[TOY_ROWS * TOY_COLS] = { 0 }, y[TOY_ROWS * TOY_COLS];
+    const int64_t shape[2] = { TOY_ROWS, TOY_COLS };
+    kern_tensor_t in = kern_tensor_make(x, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+    kern_tensor_t out = kern_tensor_make(y, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+    cap_call_t call = { .key = &key, .inputs = &in, .outputs = &out };
+    cap_result_t res;
+    ck_assert_int_eq(cap_dispatch(f->c, f->s, &TOY, &u, &call, &res), -1);
+    ck_assert_msg(strstr(reel_err_text(), "simulated: out of device memory"), "%s", reel_err_text());
+    ck_assert_int_eq(u.fail_allocs, 1); /* tried once, not again after evicting */
+    ck_assert_int_eq(f->evicts[CAP_EVICT_LRU], 0);
+    cap_stats_t cs;
+    cap_cache_stats(f->c, &cs);
+    ck_assert_uint_eq(cs.graphs, 1); /* A's graph kept */
+    ck_assert(cap_cache_invariants(f->c));
+    tdit_model_destroy(&a);
+    fx_close(f);
+}
+END_TEST
+
 START_TEST(test_program_table_freed_after_its_calls_leaves_entries_that_free_themselves) {
     fx_t *f = fx_open(0);
     register_toy(f);
@@ -371,6 +400,7 @@ int main(void) {
     add(su, "evict_key", test_model_destroyed_before_its_key_is_evicted_frees_its_entry);
     add(su, "budget", test_model_destroyed_before_another_programs_admission_is_evicted_for_budget);
     add(su, "alloc_retry", test_model_destroyed_before_another_programs_failed_allocation_is_evicted_to_retry);
+    add(su, "alloc_hopeless", test_a_failed_allocation_no_memory_could_hold_evicts_no_other_keys_graph);
     add(su, "program", test_program_table_freed_after_its_calls_leaves_entries_that_free_themselves);
     return ts_run(su);
 }

@@ -1750,6 +1750,12 @@ START_TEST(test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_an
     ck_assert_uint_eq(cap_hash_text(""), 0xcbf29ce484222325ull); /* FNV-1a 64 offset basis */
     ck_assert(cap_key_reads(&k1, "transformer"));
     ck_assert(!cap_key_reads(&k1, "vae"));
+    /* a scalar input: no dims, no shape (NULL is its shape; UBSan holds
+     * the key's copy of it to none) */
+    cap_key_t ks = example_key();
+    TS_OK(cap_key_add_input(&ks, "scale", KERN_F32, 0, NULL));
+    ck_assert_int_gt(cap_key_text(&ks, false, t2, sizeof t2), 0);
+    ck_assert_msg(strstr(t2, ",scale:F32[] "), "%s", t2);
 
     /* The shard form drops device, arch and versions. */
     ck_assert_int_gt(cap_key_text(&k1, true, t2, sizeof t2), 0);

@@ -1,0 +1,341 @@
+/* hf_parts.c -- a text encoder's or a VAE's weights under Wan's names,
+ * from either release's files (see hf_parts.h).
+ *
+ * The renames are the published ones, read backwards:
+ *  - the text encoder: transformers' UMT5EncoderModel against Wan's
+ *    T5Encoder (wan/modules/t5.py). UMT5's gated GELU is
+ *    wo(gelu(wi_0(x)) · wi_1(x)), Wan's fc2(fc1(x) · gate(x)): wi_0 is
+ *    gate.0, wi_1 fc1, wo fc2; every UMT5 layer has its own
+ *    relative_attention_bias, Wan's pos_embedding.embedding.
+ *  - the VAE: convert_vae of diffusers' convert_wan_to_diffusers.py:
+ *    conv1/conv2 -> quant_conv/post_quant_conv; decoder.conv1 -> conv_in;
+ *    middle.0/1/2 -> mid_block.resnets.0, attentions.0, resnets.1;
+ *    upsamples.{0,1,2}, {4,5,6}, {8,9,10}, {12,13,14} -> up_blocks.B.
+ *    resnets.R; upsamples.{3,7,11} -> up_blocks.{0,1,2}.upsamplers.0;
+ *    a residual's 0/2/3/6 -> norm1/conv1/norm2/conv2, shortcut ->
+ *    conv_shortcut; head.0/2 -> norm_out/conv_out (the encoder's alike;
+ *    Reel reads the decoder only). */
+#include "model/hf_parts.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "model/pth.h"
+
+#define HF_MAX_INDEX ((size_t)64 << 20) /* an index.json's bytes */
+#define HF_MAX_SHARDS 4096
+
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* A plain decimal index at *s ("0" or digits without a leading 0, at most
+ * 6) followed by '.', read into *v and *s moved past the '.'. */
+static bool take_index(const char **s, int *v) {
+    const char *p = *s;
+    int n = 0, d = 0;
+    while (p[d] >= '0' && p[d] <= '9') n = n * 10 + (p[d] - '0'), d++;
+    if (d == 0 || d > 6 || (d > 1 && p[0] == '0') || p[d] != '.') return false;
+    *v = n;
+    *s = p + d + 1;
+    return true;
+}
+
+/* s starts with prefix: the rest, else NULL. */
+static const char *after(const char *s, const char *prefix) {
+    size_t k = strlen(prefix);
+    return strncmp(s, prefix, k) ? NULL : s + k;
+}
+
+static int put(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int put(char *out, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, len, fmt, ap);
+    va_end(ap);
+    return n >= 0 && (size_t)n < len ? 1 : 0;
+}
+
+static int t5_name(const char *n, char *out, size_t len) {
+    const char *r;
+    int b;
+    if (!strcmp(n, "shared.weight") || !strcmp(n, "encoder.embed_tokens.weight"))
+        return put(out, len, "token_embedding.weight");
+    if (!strcmp(n, "encoder.final_layer_norm.weight")) return put(out, len, "norm.weight");
+    if (!(r = after(n, "encoder.block.")) || !take_index(&r, &b)) return 0;
+    static const struct { const char *hf, *wan; } sub[] = {
+        { "layer.0.SelfAttention.q.weight", "attn.q.weight" },
+        { "layer.0.SelfAttention.k.weight", "attn.k.weight" },
+        { "layer.0.SelfAttention.v.weight", "attn.v.weight" },
+        { "layer.0.SelfAttention.o.weight", "attn.o.weight" },
+        { "layer.0.SelfAttention.relative_attention_bias.weight", "pos_embedding.embedding.weight" },
+        { "layer.0.layer_norm.weight", "norm1.weight" },
+        { "layer.1.DenseReluDense.wi_0.weight", "ffn.gate.0.weight" },
+        { "layer.1.DenseReluDense.wi_1.weight", "ffn.fc1.weight" },
+        { "layer.1.DenseReluDense.wo.weight", "ffn.fc2.weight" },
+        { "layer.1.layer_norm.weight", "norm2.weight" },
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++)
+        if (!strcmp(r, sub[i].hf)) return put(out, len, "blocks.%d.%s", b, sub[i].wan);
+    return 0;
+}
+
+/* A residual block's part in diffusers' names -> Wan's (residual.N, shortcut). */
+static const char *resnet_part(const char *r, char *buf, size_t len) {
+    static const struct { const char *hf, *wan; } sub[] = {
+        { "norm1.", "residual.0." }, { "conv1.", "residual.2." }, { "norm2.", "residual.3." },
+        { "conv2.", "residual.6." }, { "conv_shortcut.", "shortcut." },
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        const char *rest = after(r, sub[i].hf);
+        if (rest && *rest) return snprintf(buf, len, "%s%s", sub[i].wan, rest) < (int)len ? buf : NULL;
+    }
+    return NULL;
+}
+
+static int vae_name(const char *n, char *out, size_t len) {
+    const char *r, *side;
+    char part[256];
+    int b, k;
+    if ((r = after(n, "post_quant_conv."))) return put(out, len, "conv2.%s", r);
+    if ((r = after(n, "quant_conv."))) return put(out, len, "conv1.%s", r);
+    if ((r = after(n, "decoder."))) side = "decoder";
+    else if ((r = after(n, "encoder."))) side = "encoder";
+    else return 0;
+    const char *s;
+    if ((s = after(r, "conv_in."))) return put(out, len, "%s.conv1.%s", side, s);
+    if ((s = after(r, "norm_out."))) return put(out, len, "%s.head.0.%s", side, s);
+    if ((s = after(r, "conv_out."))) return put(out, len, "%s.head.2.%s", side, s);
+    if ((s = after(r, "mid_block.attentions.0."))) return put(out, len, "%s.middle.1.%s", side, s);
+    if ((s = after(r, "mid_block.resnets.")) && take_index(&s, &k) && k <= 1 && resnet_part(s, part, sizeof part))
+        return put(out, len, "%s.middle.%d.%s", side, 2 * k, part);
+    if (!strcmp(side, "decoder") && (s = after(r, "up_blocks.")) && take_index(&s, &b) && b <= 3) {
+        const char *t;
+        if ((t = after(s, "resnets.")) && take_index(&t, &k) && k <= 2 && resnet_part(t, part, sizeof part))
+            return put(out, len, "decoder.upsamples.%d.%s", 4 * b + k, part);
+        if (b <= 2 && (t = after(s, "upsamplers.0.")) && *t) return put(out, len, "decoder.upsamples.%d.%s", 4 * b + 3, t);
+    }
+    /* the encoder's down_blocks keep Wan's numbering (convert_vae renames the prefix and the parts only) */
+    if (!strcmp(side, "encoder") && (s = after(r, "down_blocks.")) && take_index(&s, &b)) {
+        if (resnet_part(s, part, sizeof part)) return put(out, len, "encoder.downsamples.%d.%s", b, part);
+        return put(out, len, "encoder.downsamples.%d.%s", b, s);
+    }
+    return 0;
+}
+
+int hf_part_wan_name(hf_part_t kind, const char *name, char *out, size_t len) {
+    int rc = kind == HF_PART_T5 ? t5_name(name, out, len) : vae_name(name, out, len);
+    if (rc != 1) snprintf(out, len, "%s", name);
+    return rc;
+}
+
+/* ---- one file under Wan's names ------------------------------------------------- */
+
+/* f (taken: closed, or become the result) with its tensors under Wan's
+ * names, over the same data buffer; f itself when none is renamed. */
+static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
+    size_t n = st_count(f);
+    bool any = false, shared = st_find(f, "shared.weight") != NULL;
+    char nm[512];
+    for (size_t i = 0; i < n && !any; i++) any = hf_part_wan_name(kind, st_at(f, i)->name, nm, sizeof nm) == 1;
+    if (!any) return f;
+    json_t *hdr = json_object();
+    st_file_t *out = NULL;
+    if (!hdr) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor_t *t = st_at(f, i);
+        /* UMT5's embed_tokens is tied to shared: one of them is the embedding */
+        if (kind == HF_PART_T5 && shared && !strcmp(t->name, "encoder.embed_tokens.weight")) continue;
+        hf_part_wan_name(kind, t->name, nm, sizeof nm);
+        if (json_object_get(hdr, nm)) {
+            reel_fail(REEL_E_INVALID, "%s: %s and another tensor both stand for %s", origin, t->name, nm);
+            goto done;
+        }
+        json_t *shape = json_array();
+        for (int d = 0; shape && d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        uint64_t off = st_offset(f, t);
+        json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kern_dtype_name(t->dtype), "shape", shape,
+                              "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes));
+        if (!e || json_object_set_new(hdr, nm, e)) {
+            reel_fail(REEL_E_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    char *text = json_dumps(hdr, JSON_COMPACT);
+    if (!text) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        goto done;
+    }
+    size_t dlen = st_data_len(f);
+    unsigned char *data = st_take_data(f);
+    out = st_adopt(origin, text, strlen(text), data, dlen);
+    free(text);
+done:
+    json_decref(hdr);
+    st_close(&f);
+    return out;
+}
+
+/* ---- shards ------------------------------------------------------------------- */
+
+/* The shards an index names, opened one at a time and laid back to back in
+ * one buffer under one header: each tensor its weight_map names must be in
+ * the shard it names, no tensor in two shards. */
+static st_file_t *open_sharded(const char *index) {
+    json_error_t je;
+    struct stat st;
+    int fd = open(index, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        reel_fail_errno(errno == ENOENT ? REEL_E_NOT_FOUND : REEL_E_IO, errno, "%s: cannot open", index);
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > HF_MAX_INDEX) {
+        close(fd);
+        reel_fail(REEL_E_INVALID, "%s: not a regular file of at most %zu bytes", index, HF_MAX_INDEX);
+        return NULL;
+    }
+    FILE *fp = fdopen(fd, "rb");
+    json_t *root = fp ? json_loadf(fp, 0, &je) : NULL;
+    if (fp) fclose(fp);
+    else close(fd);
+    const json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    if (!root) {
+        reel_fail(REEL_E_INVALID, "%s: not valid JSON: %s (line %d)", index, je.text, je.line);
+        return NULL;
+    }
+    st_file_t *out = NULL;
+    json_t *hdr = json_object();
+    const char **shards = calloc(HF_MAX_SHARDS, sizeof *shards);
+    unsigned char *data = NULL;
+    size_t ns = 0, cap = 0, used = 0;
+    char dir[PATH_MAX], p[PATH_MAX];
+    const char *slash = strrchr(index, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index) : 1, slash ? index : ".");
+    if (!hdr || !shards) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        goto done;
+    }
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        reel_fail(REEL_E_INVALID, "%s: no \"weight_map\" object naming the shards", index);
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)map, key, v) { /* the shards, each once, and their file sizes */
+        const char *s = json_string_value(v);
+        if (!s || !*s || strchr(s, '/') || !strcmp(s, ".") || !strcmp(s, "..")) {
+            reel_fail(REEL_E_INVALID, "%s: weight_map[\"%.64s\"] is not a file name beside the index", index, key);
+            goto done;
+        }
+        size_t i = 0;
+        while (i < ns && strcmp(shards[i], s)) i++;
+        if (i < ns) continue;
+        if (ns == HF_MAX_SHARDS) {
+            reel_fail(REEL_E_LIMIT, "%s: more than %d shards", index, HF_MAX_SHARDS);
+            goto done;
+        }
+        shards[ns++] = s;
+        if (snprintf(p, sizeof p, "%s/%s", dir, s) >= (int)sizeof p || stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
+            reel_fail(REEL_E_NOT_FOUND, "%s: its shard %s is not a file beside it", index, s);
+            goto done;
+        }
+        cap += (size_t)st.st_size;
+    }
+    if (!(data = malloc(cap ? cap : 1))) {
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu bytes of shards", index, cap);
+        goto done;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        if (snprintf(p, sizeof p, "%s/%s", dir, shards[i]) >= (int)sizeof p) goto done; /* (checked above) */
+        st_file_t *f = st_open(p);
+        if (!f) goto done;
+        size_t dl = st_data_len(f);
+        int bad = dl > cap - used; /* the file grew since its stat */
+        for (size_t t = 0; t < st_count(f) && !bad; t++) {
+            const st_tensor_t *x = st_at(f, t);
+            const char *says = json_string_value(json_object_get(map, x->name));
+            if (says && strcmp(says, shards[i])) {
+                bad = reel_fail(REEL_E_INVALID, "%s: %s is in %s, its weight_map says %s", index, x->name, shards[i], says);
+                break;
+            }
+            if (json_object_get(hdr, x->name)) {
+                bad = reel_fail(REEL_E_INVALID, "%s: %s is in two shards (%s one of them)", index, x->name, shards[i]);
+                break;
+            }
+            json_t *shape = json_array();
+            for (int d = 0; shape && d < x->ndim; d++) json_array_append_new(shape, json_integer(x->shape[d]));
+            uint64_t off = used + st_offset(f, x);
+            json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kern_dtype_name(x->dtype), "shape", shape,
+                                  "data_offsets", (json_int_t)off, (json_int_t)(off + x->nbytes));
+            if (!e || json_object_set_new(hdr, x->name, e)) bad = reel_fail(REEL_E_NOMEM, "out of memory");
+        }
+        if (bad == 1) reel_fail(REEL_E_IO, "%s: its shard %s changed while it was read", index, shards[i]);
+        if (!bad) {
+            unsigned char *taken = st_take_data(f);
+            if (dl) memcpy(data + used, taken, dl);
+            free(taken);
+            used += dl;
+        }
+        st_close(&f);
+        if (bad) goto done;
+    }
+    json_object_foreach((json_t *)map, key, v)
+        if (!json_object_get(hdr, key)) {
+            reel_fail(REEL_E_INVALID, "%s: %s is in no shard (its weight_map says %s)", index, key, json_string_value(v));
+            goto done;
+        }
+    char *text = json_dumps(hdr, JSON_COMPACT);
+    if (!text) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        goto done;
+    }
+    out = st_adopt(index, text, strlen(text), data, used);
+    data = NULL; /* the result's, or freed */
+    free(text);
+done:
+    free(data);
+    free(shards);
+    json_decref(hdr);
+    json_decref(root);
+    return out;
+}
+
+st_file_t *hf_part_open(const char *path, hf_part_t kind) {
+    static const char *const names[] = { "model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json",
+                                         "model.safetensors", "diffusion_pytorch_model.safetensors" };
+    struct stat st;
+    char found[PATH_MAX];
+    if (stat(path, &st) != 0) {
+        reel_fail_errno(errno == ENOENT ? REEL_E_NOT_FOUND : REEL_E_IO, errno, "%s: cannot open", path);
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        size_t i = 0;
+        for (; i < sizeof names / sizeof names[0]; i++)
+            if (snprintf(found, sizeof found, "%s/%s", path, names[i]) < (int)sizeof found && lstat(found, &st) == 0)
+                break;
+        if (i == sizeof names / sizeof names[0]) {
+            reel_fail(REEL_E_NOT_FOUND, "%s: a folder without model.safetensors, diffusion_pytorch_model.safetensors "
+                      "or either's .index.json (diffusers' %s)", path, kind == HF_PART_T5 ? "text_encoder/" : "vae/");
+            return NULL;
+        }
+        path = found;
+    }
+    st_file_t *f = ends_with(path, ".index.json") ? open_sharded(path) : weights_open_any(path);
+    return f ? renamed(f, kind, path) : NULL;
+}

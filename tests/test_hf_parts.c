@@ -1,0 +1,238 @@
+/* test_hf_parts.c -- a text encoder and a VAE as diffusers' Wan pipeline
+ * publishes them (model/hf_parts.h): transformers' UMT5 names and
+ * convert_vae's names map to Wan's, one by one as the published tables
+ * say; a renamed file holds the same bytes; a sharded text_encoder/ is
+ * read through its index, and each fault of an index is named. (The
+ * models computing the same bits from either layout: cli_prompt.) */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/error.h"
+#include "model/hf_parts.h"
+#include "model/safetensors.h"
+#include "tests/support.h"
+
+static char dir[128];
+
+static void setup(void) { ts_mkdtemp(dir, sizeof dir, "hfparts"); }
+static void teardown(void) { ts_rmtree(dir); }
+
+/* Pairs from the published renames: transformers' UMT5EncoderModel state
+ * dict against wan/modules/t5.py's T5Encoder, and convert_vae's tables
+ * (diffusers' scripts/convert_wan_to_diffusers.py) read backwards. */
+START_TEST(test_published_names_map_to_wans_and_others_stay) {
+    static const struct { hf_part_t k; const char *hf, *wan; } map[] = {
+        { HF_PART_T5, "shared.weight", "token_embedding.weight" },
+        { HF_PART_T5, "encoder.embed_tokens.weight", "token_embedding.weight" },
+        { HF_PART_T5, "encoder.final_layer_norm.weight", "norm.weight" },
+        { HF_PART_T5, "encoder.block.0.layer.0.SelfAttention.q.weight", "blocks.0.attn.q.weight" },
+        { HF_PART_T5, "encoder.block.23.layer.0.SelfAttention.o.weight", "blocks.23.attn.o.weight" },
+        { HF_PART_T5, "encoder.block.7.layer.0.SelfAttention.relative_attention_bias.weight",
+          "blocks.7.pos_embedding.embedding.weight" },
+        { HF_PART_T5, "encoder.block.1.layer.0.layer_norm.weight", "blocks.1.norm1.weight" },
+        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_0.weight", "blocks.1.ffn.gate.0.weight" },
+        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_1.weight", "blocks.1.ffn.fc1.weight" },
+        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wo.weight", "blocks.1.ffn.fc2.weight" },
+        { HF_PART_T5, "encoder.block.10.layer.1.layer_norm.weight", "blocks.10.norm2.weight" },
+        { HF_PART_VAE, "post_quant_conv.weight", "conv2.weight" },
+        { HF_PART_VAE, "quant_conv.bias", "conv1.bias" },
+        { HF_PART_VAE, "decoder.conv_in.weight", "decoder.conv1.weight" },
+        { HF_PART_VAE, "decoder.norm_out.gamma", "decoder.head.0.gamma" },
+        { HF_PART_VAE, "decoder.conv_out.bias", "decoder.head.2.bias" },
+        { HF_PART_VAE, "decoder.mid_block.resnets.0.norm1.gamma", "decoder.middle.0.residual.0.gamma" },
+        { HF_PART_VAE, "decoder.mid_block.resnets.1.conv2.weight", "decoder.middle.2.residual.6.weight" },
+        { HF_PART_VAE, "decoder.mid_block.attentions.0.to_qkv.bias", "decoder.middle.1.to_qkv.bias" },
+        { HF_PART_VAE, "decoder.up_blocks.0.resnets.2.norm2.gamma", "decoder.upsamples.2.residual.3.gamma" },
+        { HF_PART_VAE, "decoder.up_blocks.1.resnets.0.conv_shortcut.weight", "decoder.upsamples.4.shortcut.weight" },
+        { HF_PART_VAE, "decoder.up_blocks.2.resnets.1.conv1.bias", "decoder.upsamples.9.residual.2.bias" },
+        { HF_PART_VAE, "decoder.up_blocks.3.resnets.2.conv2.bias", "decoder.upsamples.14.residual.6.bias" },
+        { HF_PART_VAE, "decoder.up_blocks.0.upsamplers.0.time_conv.weight", "decoder.upsamples.3.time_conv.weight" },
+        { HF_PART_VAE, "decoder.up_blocks.2.upsamplers.0.resample.1.bias", "decoder.upsamples.11.resample.1.bias" },
+        { HF_PART_VAE, "encoder.conv_in.bias", "encoder.conv1.bias" },
+        { HF_PART_VAE, "encoder.down_blocks.3.residual.0.gamma", "encoder.downsamples.3.residual.0.gamma" },
+    };
+    char out[256];
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        ck_assert_msg(hf_part_wan_name(map[i].k, map[i].hf, out, sizeof out) == 1, "%s not renamed", map[i].hf);
+        ck_assert_str_eq(out, map[i].wan);
+    }
+    /* Wan's own names, and names no table gives, stay as they are */
+    static const struct { hf_part_t k; const char *name; } keep[] = {
+        { HF_PART_T5, "blocks.0.attn.q.weight" },
+        { HF_PART_T5, "encoder.block.01.layer.0.SelfAttention.q.weight" }, /* not a plain index */
+        { HF_PART_T5, "encoder.block.-1.layer.0.SelfAttention.q.weight" },
+        { HF_PART_T5, "encoder.block.0.layer.2.DenseReluDense.wo.weight" },
+        { HF_PART_T5, "decoder.block.0.layer.0.SelfAttention.q.weight" }, /* a decoder's: the model names it */
+        { HF_PART_VAE, "decoder.conv1.weight" },
+        { HF_PART_VAE, "decoder.up_blocks.4.resnets.0.conv1.weight" },
+        { HF_PART_VAE, "decoder.up_blocks.0.resnets.3.conv1.weight" },
+        { HF_PART_VAE, "decoder.up_blocks.3.upsamplers.0.resample.1.weight" }, /* the last stage has none */
+        { HF_PART_VAE, "decoder.mid_block.resnets.2.norm1.gamma" },
+        { HF_PART_VAE, "decoder.up_blocks.0.resnets.0.norm3.gamma" },
+    };
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) {
+        ck_assert_msg(hf_part_wan_name(keep[i].k, keep[i].name, out, sizeof out) == 0, "%s renamed to %s",
+                      keep[i].name, out);
+        ck_assert_str_eq(out, keep[i].name);
+    }
+}
+END_TEST
+
+/* Writes tensors names[0..n) (F32, 3 x 4, values from seed + i, or BF16
+ * when bf16) to path. */
+static void write_file(const char *path, const char *const *names, size_t n, uint64_t seed, bool bf16) {
+    st_writer_t *w = st_writer_new();
+    float v[12];
+    uint16_t h[12];
+    for (size_t i = 0; i < n; i++) {
+        ts_fill_uniform(v, 12, seed + i, -1, 1);
+        for (int j = 0; j < 12; j++) h[j] = kern_f32_to_bf16(v[j]);
+        TS_OK(st_writer_add(w, names[i], bf16 ? KERN_BF16 : KERN_F32, 2, (int64_t[]){ 3, 4 }, bf16 ? (void *)h : (void *)v));
+    }
+    TS_OK(st_writer_save(w, path));
+    st_writer_destroy(&w);
+}
+
+/* The bytes of tensor `name` in f equal those of `src_name` in src. */
+static void same_bytes(const st_file_t *f, const char *name, const st_file_t *src, const char *src_name) {
+    const st_tensor_t *a = st_find(f, name), *b = st_find(src, src_name);
+    ck_assert_msg(a && b, "%s / %s missing", name, src_name);
+    ck_assert_int_eq(a->dtype, b->dtype);
+    ck_assert_uint_eq(a->nbytes, b->nbytes);
+    ck_assert_msg(!memcmp(a->data, b->data, a->nbytes), "%s: other bytes than %s", name, src_name);
+}
+
+START_TEST(test_a_renamed_file_holds_the_same_bytes_under_wans_names) {
+    static const char *const hf[] = { "shared.weight", "encoder.embed_tokens.weight",
+                                      "encoder.block.0.layer.1.DenseReluDense.wi_0.weight",
+                                      "encoder.final_layer_norm.weight" };
+    const char *p = ts_join(dir, "t5.safetensors");
+    write_file(p, hf, 4, 10, true);
+    st_file_t *src, *f;
+    TS_NEW(src = st_open(p));
+    TS_NEW(f = hf_part_open(p, HF_PART_T5));
+    ck_assert_uint_eq(st_count(f), 3); /* the tied embed_tokens dropped beside shared */
+    same_bytes(f, "token_embedding.weight", src, "shared.weight");
+    same_bytes(f, "blocks.0.ffn.gate.0.weight", src, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight");
+    same_bytes(f, "norm.weight", src, "encoder.final_layer_norm.weight");
+    st_close(&f);
+    st_close(&src);
+    /* embed_tokens alone is the embedding */
+    p = ts_join(dir, "t5b.safetensors");
+    write_file(p, hf + 1, 3, 20, false);
+    TS_NEW(src = st_open(p));
+    TS_NEW(f = hf_part_open(p, HF_PART_T5));
+    same_bytes(f, "token_embedding.weight", src, "encoder.embed_tokens.weight");
+    st_close(&f);
+    st_close(&src);
+    /* a file already in Wan's names opens as it is */
+    static const char *const wan[] = { "token_embedding.weight", "norm.weight" };
+    p = ts_join(dir, "wan.safetensors");
+    write_file(p, wan, 2, 30, false);
+    TS_NEW(src = st_open(p));
+    TS_NEW(f = hf_part_open(p, HF_PART_T5));
+    same_bytes(f, "norm.weight", src, "norm.weight");
+    st_close(&f);
+    st_close(&src);
+    /* two names for one of Wan's (not a tie: the VAE has none) are refused */
+    static const char *const two[] = { "decoder.conv_in.weight", "decoder.conv1.weight" };
+    p = ts_join(dir, "two.safetensors");
+    write_file(p, two, 2, 40, false);
+    ck_assert_ptr_null(hf_part_open(p, HF_PART_VAE));
+    ck_assert_msg(strstr(reel_err_text(), "both stand for decoder.conv1.weight"), "%s", reel_err_text());
+}
+END_TEST
+
+/* An index and its shards in folder d (made): shard 1 holds names a, shard
+ * 2 names b; the index text idx (NULL: the weight_map both files say). */
+static const char *sharded(const char *name, const char *const *a, size_t na, const char *const *b, size_t nb,
+                           const char *idx) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    write_file(ts_join(d, "model-00001-of-00002.safetensors"), a, na, 50, true);
+    write_file(ts_join(d, "model-00002-of-00002.safetensors"), b, nb, 60, false);
+    char text[2048];
+    if (!idx) {
+        size_t n = (size_t)snprintf(text, sizeof text, "{\"metadata\": {}, \"weight_map\": {");
+        for (size_t i = 0; i < na + nb; i++)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"",
+                                  i ? ", " : "", i < na ? a[i] : b[i - na], i < na ? 1 : 2);
+        snprintf(text + n, sizeof text - n, "}}");
+        idx = text;
+    }
+    ts_write_file(ts_join(d, "model.safetensors.index.json"), idx, strlen(idx));
+    return d;
+}
+
+static void refused(const char *path, const char *needle) {
+    st_file_t *f = hf_part_open(path, HF_PART_T5);
+    ck_assert_msg(f == NULL, "%s: opened", path);
+    ck_assert_msg(strstr(reel_err_text(), needle), "%s: '%s' does not say '%s'", path, reel_err_text(), needle);
+}
+
+START_TEST(test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_named) {
+    static const char *const a[] = { "shared.weight", "encoder.block.0.layer.0.SelfAttention.q.weight" };
+    static const char *const b[] = { "encoder.block.0.layer.0.SelfAttention.k.weight", "encoder.final_layer_norm.weight" };
+    const char *d = sharded("ok", a, 2, b, 2, NULL);
+    st_file_t *f, *s1, *s2;
+    TS_NEW(s1 = st_open(ts_join(d, "model-00001-of-00002.safetensors")));
+    TS_NEW(s2 = st_open(ts_join(d, "model-00002-of-00002.safetensors")));
+    for (int by_index = 0; by_index < 2; by_index++) {
+        TS_NEW(f = hf_part_open(by_index ? ts_join(d, "model.safetensors.index.json") : d, HF_PART_T5));
+        ck_assert_uint_eq(st_count(f), 4);
+        same_bytes(f, "token_embedding.weight", s1, "shared.weight"); /* BF16, kept so */
+        same_bytes(f, "blocks.0.attn.q.weight", s1, "encoder.block.0.layer.0.SelfAttention.q.weight");
+        same_bytes(f, "blocks.0.attn.k.weight", s2, "encoder.block.0.layer.0.SelfAttention.k.weight");
+        same_bytes(f, "norm.weight", s2, "encoder.final_layer_norm.weight");
+        st_close(&f);
+    }
+    st_close(&s1);
+    st_close(&s2);
+
+    /* the faults of an index, each named */
+    d = sharded("missing", a, 2, b, 2,
+                "{\"weight_map\": {\"shared.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"x.weight\": \"model-00003-of-00002.safetensors\"}}");
+    refused(d, "its shard model-00003-of-00002.safetensors is not a file beside it");
+    d = sharded("notin", a, 2, b, 2,
+                "{\"weight_map\": {\"encoder.block.0.layer.0.SelfAttention.k.weight\": "
+                "\"model-00001-of-00002.safetensors\", \"encoder.final_layer_norm.weight\": "
+                "\"model-00002-of-00002.safetensors\"}}");
+    refused(d, "is in model-00002-of-00002.safetensors, its weight_map says model-00001-of-00002.safetensors");
+    d = sharded("gone", a, 2, b, 2,
+                "{\"weight_map\": {\"nowhere.weight\": \"model-00001-of-00002.safetensors\"}}");
+    refused(d, "nowhere.weight is in no shard (its weight_map says model-00001-of-00002.safetensors)");
+    static const char *const dup[] = { "shared.weight" };
+    d = sharded("twice", a, 2, dup, 1, "{\"weight_map\": {\"encoder.final_layer_norm.weight\": "
+                "\"model-00002-of-00002.safetensors\", \"x\": \"model-00001-of-00002.safetensors\"}}");
+    refused(d, "shared.weight is in two shards");
+    d = sharded("slash", a, 2, b, 2, "{\"weight_map\": {\"shared.weight\": \"../model-00001-of-00002.safetensors\"}}");
+    refused(d, "is not a file name beside the index");
+    d = sharded("nomap", a, 2, b, 2, "{\"weight_map\": []}");
+    refused(d, "no \"weight_map\" object");
+    d = sharded("notjson", a, 2, b, 2, "{\"weight_map\": ");
+    refused(d, "not valid JSON");
+    char empty[256];
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    ck_assert_int_eq(mkdir(empty, 0700), 0);
+    refused(empty, "a folder without model.safetensors");
+    refused(ts_join(dir, "none"), "cannot open");
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("hf_parts");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_published_names_map_to_wans_and_others_stay);
+    tcase_add_test(tc, test_a_renamed_file_holds_the_same_bytes_under_wans_names);
+    tcase_add_test(tc, test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_named);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_run(suite()); }
