@@ -136,7 +136,7 @@ static void attention_case(kern_backend_t *be, kern_artifacts_t *off, kern_artif
 #define STEP_REPS 3
 static void step_times(kern_backend_t *be, tdit_model_t *m, double *eager, double *replay) {
     kern_stream_t *s = kern_stream_new(be);
-    tdit_shape_t sh = { 4, 16, 32, 16, true, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { 4, 16, 32, 16, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
     if (tdit_step(m, ws, s) || tdit_step(m, ws, s)) DIE("warmup"); /* decides every key */

@@ -194,10 +194,10 @@ static void bench_case(kern_backend_t *b, const char *wpath, const case_t *k) {
 
 static void bench_backend(kern_backend_t *b, const char *dir, bool gpu) {
     static const case_t cases[] = {
-        { "tiny", { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false }, 8 },
-        { "small", { 4, 16, 16, 16, true, 1, TDIT_SOLVER_EULER, false }, 4 },
+        { "tiny", { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, 8 },
+        { "small", { 4, 16, 16, 16, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, 4 },
         /* wan2.1-1.3b widths, 2 blocks: a GPU-only case (too slow on 2 cores) */
-        { "wanblk", { 4, 30, 52, 64, true, 1, TDIT_SOLVER_EULER, false }, 4 },
+        { "wanblk", { 4, 30, 52, 64, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, 4 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (!gpu && !strcmp(cases[i].config, "wanblk")) continue;

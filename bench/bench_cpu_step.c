@@ -93,7 +93,7 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
     if (!m) DIE("load %s", wpath);
-    tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
     if (tdit_step(m, ws, s)) DIE("warmup");

@@ -146,7 +146,7 @@ static void bench_step(kern_backend_t *b, const char *wpath, const step_case_t *
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
     if (!m) DIE("load %s", wpath);
-    tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { sc->F, sc->H, sc->W, sc->L, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     tdit_ws_t *ws = bench_step_ws(m, s, &sh);
     if (!ws) DIE("workspace");
     const tdit_config_t *c = tdit_model_config(m);

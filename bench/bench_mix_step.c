@@ -37,7 +37,7 @@ static const mix_case_t cases[] = {
  * its own (seeded by base + b). */
 static tdit_ws_t *make_ws(tdit_model_t *m, kern_stream_t *s, const mix_case_t *mc, int64_t B, int base) {
     const tdit_config_t *c = tdit_model_config(m);
-    tdit_shape_t sh = { mc->F, mc->H, mc->W, mc->L, true, B, TDIT_SOLVER_EULER, B > 1 };
+    tdit_shape_t sh = { mc->F, mc->H, mc->W, mc->L, true, B, TDIT_SOLVER_EULER, B > 1, TDIT_SOLVER_EULER };
     tdit_ws_t *ws = tdit_ws_new(m, s, &sh);
     if (!ws) DIE("workspace B=%lld", (long long)B);
     size_t nl = (size_t)(c->in_channels * mc->F * mc->H * mc->W), nc = (size_t)(mc->L * c->text_dim);

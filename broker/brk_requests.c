@@ -809,9 +809,11 @@ void brk_req_timers(brk_t *b, int64_t now) {
             const char *solver = msg_gen_solver(&r->gen);
             bool named = strcmp(solver, "euler") != 0;
             bool text = r->needs & 1u << BRK_CAP_PROMPT, vae = r->needs & 1u << BRK_CAP_DECODE;
-            snprintf(why, sizeof why, "no live worker serves model %s at %s version >= %llu%s%s%s%s%s (waited %lld ms)",
+            snprintf(why, sizeof why, "no live worker serves model %s at %s version >= %llu%s%s%s%s%s%s (waited %lld ms)",
                      r->model, BRK_COMPONENT, (unsigned long long)r->required, named ? " with solver " : "",
-                     named ? solver : "", named ? " (a worker older than solvers runs Euler only)" : "",
+                     named && r->gen.sde ? "sde-" : "", named ? solver : "",
+                     named ? " (a worker older than solvers runs Euler only, and one older than sde-unipc and "
+                             "sde-dpm++ no SDE rollout on those grids)" : "",
                      text ? " with a text encoder (for the 'prompt')" : "",
                      vae ? " with a VAE (for output frames or video)" : "", waited);
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER, "%s", why);

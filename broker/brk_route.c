@@ -32,9 +32,9 @@ bool brk_component_served(const char *comp) {
 }
 
 int brk_loop_kind(bool sde, const char *solver) {
-    if (sde) return BRK_LOOP_SDE;
-    if (solver && !strcmp(solver, "unipc")) return BRK_LOOP_UNIPC;
-    return solver && !strcmp(solver, "dpm++") ? BRK_LOOP_DPMPP : BRK_LOOP_EULER;
+    const bool unipc = solver && !strcmp(solver, "unipc"), dpmpp = solver && !strcmp(solver, "dpm++");
+    if (sde) return unipc ? BRK_LOOP_SDE_UNIPC : dpmpp ? BRK_LOOP_SDE_DPMPP : BRK_LOOP_SDE;
+    return unipc ? BRK_LOOP_UNIPC : dpmpp ? BRK_LOOP_DPMPP : BRK_LOOP_EULER;
 }
 
 uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
@@ -49,8 +49,8 @@ uint64_t brk_shard_hash(const char *model, int loop, const int64_t latent[4],
         return 0;
     }
     cap_key_t k;
-    static const char *const kinds[] = { "euler", "sde", "unipc", "dpm++" };
-    const char *kind = loop >= 0 && loop < 4 ? kinds[loop] : "euler";
+    static const char *const kinds[] = { "euler", "sde", "unipc", "dpm++", "sde-unipc", "sde-dpm++" };
+    const char *kind = loop >= 0 && loop < (int)(sizeof kinds / sizeof kinds[0]) ? kinds[loop] : "euler";
     if (cap_key_denoise_batch(&k, "", "", full, kind, KERN_F32, batch > 1 ? batch : 1, latent,
                               context, cfg, BRK_COMPONENT, 0) < 0) {
         /* Whatever the key refused (a name, a size past its limits) is the
@@ -112,6 +112,8 @@ unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(solvers[i], "unipc")) bits |= 1u << BRK_LOOP_UNIPC;
         else if (!strcmp(solvers[i], "dpm++")) bits |= 1u << BRK_LOOP_DPMPP;
+        else if (!strcmp(solvers[i], "sde-unipc")) bits |= 1u << BRK_LOOP_SDE_UNIPC;
+        else if (!strcmp(solvers[i], "sde-dpm++")) bits |= 1u << BRK_LOOP_SDE_DPMPP;
     }
     return bits;
 }

@@ -38,8 +38,10 @@ uint64_t brk_splitmix64(uint64_t x);
  * FNV-1a 64 with 0 read as 1 (capture_cache/key.h). Can't fail. */
 uint64_t brk_rendezvous_score(uint64_t shard_hash, const char *name);
 
-/* The loop kind of a GEN's steps, as its capture key names it. */
-enum { BRK_LOOP_EULER = 0, BRK_LOOP_SDE = 1, BRK_LOOP_UNIPC = 2, BRK_LOOP_DPMPP = 3 };
+/* The loop kind of a GEN's steps, as its capture key names it: SDE_UNIPC
+ * and SDE_DPMPP are SDE steps on that solver's σ grid ("sde-unipc"). */
+enum { BRK_LOOP_EULER = 0, BRK_LOOP_SDE = 1, BRK_LOOP_UNIPC = 2, BRK_LOOP_DPMPP = 3, BRK_LOOP_SDE_UNIPC = 4,
+       BRK_LOOP_SDE_DPMPP = 5 };
 /* A GEN's loop kind from its sde flag and solver name ("" or "euler":
  * Euler; "unipc", "dpm++"). Can't fail. */
 int brk_loop_kind(bool sde, const char *solver);
@@ -106,7 +108,7 @@ uint64_t brk_peer_version(const brk_peer_t *p, const char *comp);
  * BRK_MAX_COMPONENTS others (p unaltered). */
 int brk_peer_set_version(brk_peer_t *p, const char *comp, uint64_t version);
 /* The loops bits of a READY's solvers list: euler and sde, and each of
- * "unipc", "dpm++" named. Can't fail. */
+ * "unipc", "dpm++", "sde-unipc", "sde-dpm++" named. Can't fail. */
 unsigned brk_loops_from(const char (*solvers)[MSG_NAME_MAX], size_t n);
 /* Peers of peers[0..n) that run loop kind `loop` into out (their indexes
  * in idx): a GEN's owner is chosen among them, so a GEN naming a solver

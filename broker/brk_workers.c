@@ -253,7 +253,9 @@ void brk_workers_free_events(brk_t *b) {
 #define PREWARM_MIN_HEAT 0.5
 
 static const char *loop_solver(int loop) {
-    return loop == BRK_LOOP_UNIPC ? "unipc" : loop == BRK_LOOP_DPMPP ? "dpm++" : "euler";
+    return loop == BRK_LOOP_UNIPC || loop == BRK_LOOP_SDE_UNIPC   ? "unipc"
+           : loop == BRK_LOOP_DPMPP || loop == BRK_LOOP_SDE_DPMPP ? "dpm++"
+                                                                  : "euler";
 }
 
 /* brk_hot_owned's test: peer i (of the live workers in `ctx`) takes k. */
@@ -292,7 +294,7 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t curren
         x->cfg = hot[i]->cfg;
         x->n = hot[i]->n > 1 ? (uint64_t)hot[i]->n : 1;
         snprintf(x->solver, sizeof x->solver, "%s", loop_solver(hot[i]->loop));
-        x->sde = hot[i]->loop == BRK_LOOP_SDE;
+        x->sde = hot[i]->loop == BRK_LOOP_SDE || hot[i]->loop == BRK_LOOP_SDE_UNIPC || hot[i]->loop == BRK_LOOP_SDE_DPMPP;
         x->key_hash = hot[i]->hash;
         double heat = brk_hot_heat(hot[i], now);
         x->requests = heat < 1 ? 1 : (uint64_t)(heat + 0.5);

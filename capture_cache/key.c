@@ -175,8 +175,17 @@ static int key_denoise(cap_key_t *k, const char *device, const char *arch, const
     if (!device || !arch || !model || !loop || !latent || !context || !component)
         return reel_fail(REEL_E_INVALID, "capture key: a denoising key needs a device, arch, model, loop, latent and "
                          "context shape and component (device and arch may be \"\" for shard hashing)");
-    if (strcmp(loop, "euler") && strcmp(loop, "sde") && strcmp(loop, "unipc") && strcmp(loop, "dpm++"))
-        return reel_fail(REEL_E_INVALID, "capture key: unknown loop '%.32s' (euler, sde, unipc or dpm++)", loop);
+    /* euler-unipc, sde-unipc, ...: Euler or SDE steps on a multistep
+     * solver's grid, each step's timestep bound beside its σ (σ rows of 4) */
+    static const char *const loops[] = { "euler", "sde", "unipc", "dpm++", "euler-unipc", "sde-unipc", "euler-dpm++",
+                                         "sde-dpm++" };
+    size_t li = 0;
+    while (li < sizeof loops / sizeof loops[0] && strcmp(loop, loops[li])) li++;
+    if (li == sizeof loops / sizeof loops[0])
+        return reel_fail(REEL_E_INVALID, "capture key: unknown loop '%.32s' (euler, sde, unipc, dpm++, or euler or "
+                         "sde on the unipc or dpm++ grid: sde-unipc, ...)", loop);
+    const bool grid = li >= 4;
+    const int64_t sw = grid ? 4 : 3;
     if (batch < 1 || batch > CAP_MAX_BATCH)
         return reel_fail(REEL_E_INVALID, "capture key: batch %lld outside 1..%d", (long long)batch, CAP_MAX_BATCH);
     if (snprintf(k->device, sizeof k->device, "%s", device) >= (int)sizeof k->device ||
@@ -188,7 +197,7 @@ static int key_denoise(cap_key_t *k, const char *device, const char *arch, const
      * every sample its own SDE parameters; B = 1 is the single key, as it
      * always was. */
     const int64_t lat5[5] = { batch, latent[0], latent[1], latent[2], latent[3] };
-    bool sde = !strcmp(loop, "sde");
+    bool sde = !strncmp(loop, "sde", 3);
     /* A multistep solver's step (UniPC, DPM++) reads its coefficients and
      * keeps its history (three latents) in the workspace. */
     bool ms = !strcmp(loop, "unipc") || !strcmp(loop, "dpm++");
@@ -205,8 +214,8 @@ static int key_denoise(cap_key_t *k, const char *device, const char *arch, const
     /* A mixed batch: every sample its own σ, guidance and context rows. */
     const int64_t ctx_m[2] = { mixed ? batch * context[0] : context[0], context[1] };
     if ((batch == 1 ? cap_key_add_input(k, "latent", dt, 4, latent) : cap_key_add_input(k, "latent", dt, 5, lat5)) ||
-        (mixed ? cap_key_add_input(k, "sigmas", KERN_F32, 2, (const int64_t[]){ batch, 3 })
-               : cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ 3 })) ||
+        (mixed ? cap_key_add_input(k, "sigmas", KERN_F32, 2, (const int64_t[]){ batch, sw })
+               : cap_key_add_input(k, "sigmas", KERN_F32, 1, (const int64_t[]){ sw })) ||
         (mixed ? cap_key_add_input(k, "guidance", KERN_F32, 2, (const int64_t[]){ batch, 1 })
                : cap_key_add_input(k, "guidance", KERN_F32, 1, (const int64_t[]){ 1 })) ||
         cap_key_add_input(k, "context", dt, 2, ctx_m) ||

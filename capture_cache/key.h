@@ -47,7 +47,7 @@ typedef struct {
     char device[32];              /* "cpu", "cuda:0" */
     char arch[32];                /* "cpu-avx2", "sm_90" */
     char model[CAP_MODEL_MAX];    /* "tinydit:small" */
-    char loop[24];                /* "euler", "sde" */
+    char loop[24];                /* "euler", "sde", "unipc", "dpm++", "sde-unipc", ... */
     int n_inputs;
     cap_sig_t inputs[CAP_MAX_INPUTS];
     int n_components;
@@ -91,7 +91,10 @@ uint64_t cap_hash_bytes(const void *p, size_t n);
  * loop "euler", "sde", "unipc" or "dpm++", inputs latent [C,F,H,W] and
  * context [L,T] of dtype dt, sigmas F32[3], guidance F32[1], and uncond
  * [L,T] when cfg; "sde" adds sde F32[4], "unipc" and "dpm++" (the multistep
- * solvers) solver F32[16] and history [3, latent elements] of dt; component
+ * solvers) solver F32[16] and history [3, latent elements] of dt; the
+ * grid loops "euler-unipc", "sde-unipc", "euler-dpm++" and "sde-dpm++"
+ * (Euler or SDE steps on that solver's σ schedule) take sigmas F32[4] (the
+ * step's timestep beside its σ) and are otherwise "euler" or "sde"; component
  * `component` at `version`; graph dtype dt, cfg "cond" or "cond+uncond",
  * expert "-", sched "f32". device/arch may be "" for shard hashing only.
  * -1 with a message when a field does not fit. */

@@ -170,7 +170,7 @@ static int artifacts_report(const art_opts_t *o) {
         return reel_fail(REEL_E_IO, "cannot make a temporary directory");
     }
     snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
-    tdit_shape_t shape = { o->size[0], o->size[1], o->size[2], 8, false, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t shape = { o->size[0], o->size[1], o->size[2], 8, false, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     size_t nl = (size_t)(cfg.in_channels * shape.frames * shape.height * shape.width);
     size_t nc = (size_t)(shape.text_len * cfg.text_dim);
     float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *a = malloc(nl * 4), *b_ = malloc(nl * 4);

@@ -210,9 +210,6 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (o->g.output && strcmp(o->g.output, "latent")) o->g.decoded = &o->decoded;
     if (!o->lat_path == !o->size[0])
         return reel_fail(REEL_E_INVALID, "gen needs --latent FILE or --size FxHxW (with --seed)");
-    if (o->g.sde && o->g.solver && strcmp(o->g.solver, "euler"))
-        return reel_fail(REEL_E_UNSUPPORTED, "--solver %s cannot run --sde steps (an SDE rollout is its own sampler)",
-                         o->g.solver);
     if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
         return reel_fail(REEL_E_INVALID, "--log-probs and --means are for SDE rollouts (--sde)");
     if (o->n_seeds) {

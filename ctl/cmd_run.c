@@ -298,8 +298,9 @@ static int open_media(run_t *r) {
         const char *tok = o->tokenizer ? o->tokenizer : rel.tokenizer[0] ? rel.tokenizer : NULL;
         if (!t5 || !tok)
             return reel_fail(REEL_E_INVALID, "--prompt needs a text encoder and its tokenizer: --t5 FILE --tokenizer "
-                             "PATH, or --weights on a release folder holding %s and %s/", RELEASE_T5_NAME,
-                             RELEASE_TOKENIZER_DIR);
+                             "PATH, or --weights on a release folder holding %s and %s/ (or a diffusers "
+                             "pipeline holding %s/ and %s/spiece.model)", RELEASE_T5_NAME, RELEASE_TOKENIZER_DIR,
+                             RELEASE_DIFFUSERS_T5, RELEASE_DIFFUSERS_TOKENIZER);
         double t0 = ctl_now();
         int64_t rows;
         bool guided = o->have_cfg && o->loop.guidance != 1.0f;
@@ -354,7 +355,8 @@ static int open_model(run_t *r) {
     if (open_media(r) != 0) return -1;
     bool guided = r->unc != NULL || (r->o.prompt && r->o.have_cfg && r->o.loop.guidance != 1.0f);
     r->shape = (tdit_shape_t){ r->lshape[1], r->lshape[2], r->lshape[3], r->cshape[0], guided, 1,
-                               r->o.loop.solver, false };
+                               r->o.loop.solver, false, TDIT_SOLVER_EULER };
+    tdit_loop_shape(&r->o.loop, &r->shape); /* sde with --solver: SDE steps on that solver's grid */
     if (tdit_shape_validate(&r->shape) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
     if (!r->o.graphs && !(r->ws = tdit_ws_new(r->m, r->s, &r->shape))) return ctl_fail_as(REEL_E_INVALID, NULL);
     return 0;
@@ -418,7 +420,7 @@ static int write_output(run_t *r) {
     rc = rc ? rc : st_writer_meta(w, "shift", v);
     snprintf(v, sizeof v, "%.9g", r->o.have_cfg ? r->o.loop.guidance : 0.0);
     rc = rc ? rc : st_writer_meta(w, "cfg", v);
-    rc = rc ? rc : st_writer_meta(w, "sampler", r->o.loop.sde ? "sde" : tdit_solver_name(r->o.loop.solver));
+    rc = rc ? rc : st_writer_meta(w, "sampler", tdit_step_loop(&r->shape, r->o.loop.sde)); /* euler, sde, unipc, sde-unipc, ... */
     rc = rc ? rc : st_writer_meta(w, "config", r->cfg.name);
     rc = rc ? rc : st_writer_save(w, dst);
     st_writer_destroy(&w);
@@ -434,7 +436,8 @@ static void report(const run_t *r) {
     fprintf(stderr, "reelctl: %s on %s (%s): latent [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "], "
             "%d %s steps%s, %.3f s (%.1f ms/step) -> %s\n",
             r->cfg.name, kern_backend_device_name(r->b), kern_backend_arch(r->b), ls[0], ls[1], ls[2], ls[3],
-            st->steps, p->sde ? "SDE" : p->solver == TDIT_SOLVER_EULER ? "Euler" : tdit_solver_name(p->solver),
+            st->steps, p->sde ? (p->solver == TDIT_SOLVER_UNIPC ? "SDE (on unipc's grid)" : p->solver == TDIT_SOLVER_DPMPP ? "SDE (on dpm++'s grid)" : "SDE")
+                              : p->solver == TDIT_SOLVER_EULER ? "Euler" : tdit_solver_name(p->solver),
             r->unc ? " with CFG" : "", st->seconds, 1e3 * st->seconds / (st->steps ? st->steps : 1), r->o.out);
     fprintf(stderr, "reelctl: graphs %s: %d captured, %d replayed, %d eager", r->o.graphs ? "on" : "off",
             st->captured, st->replayed, st->eager);

@@ -141,7 +141,7 @@ static int run(const opts_t *o) {
     snprintf(what, sizeof what, "step %s %s %s", o->config, o->dtype, o->backend);
     if (tdit_config_builtin(o->config, &c) != 0) goto fail;
     if (o->layers > 0) c.layers = o->layers;
-    const tdit_shape_t sh = { o->F, o->H, o->W, o->L, true, 1, TDIT_SOLVER_EULER, false };
+    const tdit_shape_t sh = { o->F, o->H, o->W, o->L, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     if (tdit_shape_validate(&sh) != 0) goto fail;
     if (kern_backend_kind_parse(o->backend, &kind) != 0 || !(b = kern_backend_new(kind, 0)) ||
         !(s = kern_stream_new(b)))

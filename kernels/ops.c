@@ -476,7 +476,10 @@ static int timestep_embed(kern_stream_t *s, const char *name, const kern_tensor_
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
 }
 
-int kern_timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, kern_tensor_t *emb) {
+/* Rows of sigmas, column col scaled by t_scale (kern_timestep_embed_rows,
+ * kern_timestep_embed_rows_at). */
+static int timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, int64_t col, float t_scale,
+                               kern_tensor_t *emb) {
     const char *op = "timestep_embed";
     kern_dtype_t dt = emb ? emb->dtype : KERN_F32;
     if (check(s, op, "sigmas", sigmas, KERN_F32) || check(s, op, "emb", emb, dt)) return -1;
@@ -485,9 +488,19 @@ int kern_timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, kern
     const int64_t S = sigmas->shape[0];
     if (emb->ndim != 2 || emb->shape[0] != S || emb->shape[1] < 2 || emb->shape[1] % 2)
         return kern_op_shape_fail(op, "emb", emb, "[S, even width] (S: the sigmas' rows)");
-    kern_timestep_args_t a = { .sigma = kern_tensor_ptr(sigmas), .emb = kern_tensor_ptr(emb), .dim = emb->shape[1],
-                               .t_scale = 1000.0f, .rows = S, .sigma_stride = sigmas->shape[1] };
+    if (col < 0 || col >= sigmas->shape[1])
+        return kern_op_shape_fail(op, "sigmas", sigmas, "[S, k] with k above the column read");
+    kern_timestep_args_t a = { .sigma = (const float *)kern_tensor_ptr(sigmas) + col, .emb = kern_tensor_ptr(emb),
+                               .dim = emb->shape[1], .t_scale = t_scale, .rows = S, .sigma_stride = sigmas->shape[1] };
     return kern_dispatch(s, KERN_OP_TIMESTEP_EMBED, dt, &a);
+}
+
+int kern_timestep_embed_rows(kern_stream_t *s, const kern_tensor_t *sigmas, kern_tensor_t *emb) {
+    return timestep_embed_rows(s, sigmas, 0, 1000.0f, emb);
+}
+
+int kern_timestep_embed_rows_at(kern_stream_t *s, const kern_tensor_t *rows, int64_t col, kern_tensor_t *emb) {
+    return timestep_embed_rows(s, rows, col, 1.0f, emb);
 }
 
 int kern_timestep_embed(kern_stream_t *s, const kern_tensor_t *sigma, kern_tensor_t *emb) {

@@ -322,6 +322,9 @@ int kern_multistep_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_
 /* emb = sinusoid(t) with t = at[0] itself (no 1000·σ scaling): the
  * timestep a multistep solver's schedule hands the transformer. */
 int kern_timestep_embed_at(kern_stream_t *s, const kern_tensor_t *at, kern_tensor_t *emb);
+/* emb [S, dim], row r = sinusoid(rows[r, col]) itself (no scaling): each
+ * row's own timestep, column col of F32 [S, k] (col < k). */
+int kern_timestep_embed_rows_at(kern_stream_t *s, const kern_tensor_t *rows, int64_t col, kern_tensor_t *emb);
 
 /* Text-encoder ops (kernels/text_ops.c; the umT5 encoder, model/t5.h).
  *

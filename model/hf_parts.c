@@ -161,9 +161,9 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
         const st_tensor_t *t = st_at(f, i);
         /* UMT5's embed_tokens is tied to shared: one of them is the embedding */
         if (kind == HF_PART_T5 && shared && !strcmp(t->name, "encoder.embed_tokens.weight")) continue;
-        hf_part_wan_name(kind, t->name, nm, sizeof nm);
-        if (json_object_get(hdr, nm)) {
-            reel_fail(REEL_E_INVALID, "%s: %s and another tensor both stand for %s", origin, t->name, nm);
+        const char *name = hf_part_wan_name(kind, t->name, nm, sizeof nm) == 1 ? nm : t->name;
+        if (json_object_get(hdr, name)) {
+            reel_fail(REEL_E_INVALID, "%s: %s and another tensor both stand for %s", origin, t->name, name);
             goto done;
         }
         json_t *shape = json_array();
@@ -171,7 +171,7 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
         uint64_t off = st_offset(f, t);
         json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kern_dtype_name(t->dtype), "shape", shape,
                               "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes));
-        if (!e || json_object_set_new(hdr, nm, e)) {
+        if (!e || json_object_set_new(hdr, name, e)) {
             reel_fail(REEL_E_NOMEM, "out of memory");
             goto done;
         }
@@ -193,9 +193,12 @@ done:
 
 /* ---- shards ------------------------------------------------------------------- */
 
-/* The shards an index names, opened one at a time and laid back to back in
- * one buffer under one header: each tensor its weight_map names must be in
- * the shard it names, no tensor in two shards. */
+/* The shards an index names, laid back to back in one buffer under one
+ * header: each shard's header read first (judged as st_open judges it),
+ * then its data read straight into its place, so the whole is held once.
+ * Each tensor its weight_map names must be in the shard it names; a
+ * tensor in two shards, or in a shard its weight_map does not name it in,
+ * is refused. */
 static st_file_t *open_sharded(const char *index) {
     json_error_t je;
     struct stat st;
@@ -210,23 +213,29 @@ static st_file_t *open_sharded(const char *index) {
         return NULL;
     }
     FILE *fp = fdopen(fd, "rb");
-    json_t *root = fp ? json_loadf(fp, 0, &je) : NULL;
-    if (fp) fclose(fp);
-    else close(fd);
-    const json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+    if (!fp) {
+        close(fd);
+        reel_fail(REEL_E_NOMEM, "%s: out of memory opening it", index);
+        return NULL;
+    }
+    json_t *root = json_loadf(fp, 0, &je);
+    fclose(fp);
     if (!root) {
         reel_fail(REEL_E_INVALID, "%s: not valid JSON: %s (line %d)", index, je.text, je.line);
         return NULL;
     }
+    const json_t *map = json_object_get(root, "weight_map");
     st_file_t *out = NULL;
     json_t *hdr = json_object();
     const char **shards = calloc(HF_MAX_SHARDS, sizeof *shards);
+    st_header_t **heads = calloc(HF_MAX_SHARDS, sizeof *heads);
+    uint64_t *base = calloc(HF_MAX_SHARDS, sizeof *base);
     unsigned char *data = NULL;
-    size_t ns = 0, cap = 0, used = 0;
+    size_t ns = 0, total = 0;
     char dir[PATH_MAX], p[PATH_MAX];
     const char *slash = strrchr(index, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index) : 1, slash ? index : ".");
-    if (!hdr || !shards) {
+    if (!hdr || !shards || !heads || !base) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
@@ -236,7 +245,7 @@ static st_file_t *open_sharded(const char *index) {
     }
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)map, key, v) { /* the shards, each once, and their file sizes */
+    json_object_foreach((json_t *)map, key, v) { /* the shards, each once */
         const char *s = json_string_value(v);
         if (!s || !*s || strchr(s, '/') || !strcmp(s, ".") || !strcmp(s, "..")) {
             reel_fail(REEL_E_INVALID, "%s: weight_map[\"%.64s\"] is not a file name beside the index", index, key);
@@ -250,64 +259,81 @@ static st_file_t *open_sharded(const char *index) {
             goto done;
         }
         shards[ns++] = s;
-        if (snprintf(p, sizeof p, "%s/%s", dir, s) >= (int)sizeof p || stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
-            reel_fail(REEL_E_NOT_FOUND, "%s: its shard %s is not a file beside it", index, s);
+    }
+    for (size_t i = 0; i < ns; i++) { /* each shard's header: its tensors, where they go */
+        int sfd = -1;
+        if (snprintf(p, sizeof p, "%s/%s", dir, shards[i]) >= (int)sizeof p ||
+            (sfd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) < 0) {
+            reel_fail(REEL_E_NOT_FOUND, "%s: its shard %s is not a file beside it", index, shards[i]);
             goto done;
         }
-        cap += (size_t)st.st_size;
-    }
-    if (!(data = malloc(cap ? cap : 1))) {
-        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu bytes of shards", index, cap);
-        goto done;
-    }
-    for (size_t i = 0; i < ns; i++) {
-        if (snprintf(p, sizeof p, "%s/%s", dir, shards[i]) >= (int)sizeof p) goto done; /* (checked above) */
-        st_file_t *f = st_open(p);
-        if (!f) goto done;
-        size_t dl = st_data_len(f);
-        int bad = dl > cap - used; /* the file grew since its stat */
-        for (size_t t = 0; t < st_count(f) && !bad; t++) {
-            const st_tensor_t *x = st_at(f, t);
+        heads[i] = st_header_read(sfd, p, NULL, NULL);
+        close(sfd);
+        if (!heads[i]) goto done;
+        base[i] = total;
+        if (__builtin_add_overflow(total, (size_t)st_header_data_len(heads[i]), &total)) {
+            reel_fail(REEL_E_LIMIT, "%s: its shards hold more bytes than this machine addresses", index);
+            goto done;
+        }
+        for (size_t t = 0; t < st_header_count(heads[i]); t++) {
+            const st_entry_t *x = st_header_at(heads[i], t);
             const char *says = json_string_value(json_object_get(map, x->name));
-            if (says && strcmp(says, shards[i])) {
-                bad = reel_fail(REEL_E_INVALID, "%s: %s is in %s, its weight_map says %s", index, x->name, shards[i], says);
-                break;
+            if (!says) {
+                reel_fail(REEL_E_INVALID, "%s: %s is in %s, and its weight_map does not name it", index, x->name,
+                          shards[i]);
+                goto done;
+            }
+            if (strcmp(says, shards[i])) {
+                reel_fail(REEL_E_INVALID, "%s: %s is in %s, its weight_map says %s", index, x->name, shards[i], says);
+                goto done;
             }
             if (json_object_get(hdr, x->name)) {
-                bad = reel_fail(REEL_E_INVALID, "%s: %s is in two shards (%s one of them)", index, x->name, shards[i]);
-                break;
+                reel_fail(REEL_E_INVALID, "%s: %s is in two shards (%s one of them)", index, x->name, shards[i]);
+                goto done;
             }
             json_t *shape = json_array();
             for (int d = 0; shape && d < x->ndim; d++) json_array_append_new(shape, json_integer(x->shape[d]));
-            uint64_t off = used + st_offset(f, x);
+            uint64_t off = base[i] + x->begin;
             json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kern_dtype_name(x->dtype), "shape", shape,
                                   "data_offsets", (json_int_t)off, (json_int_t)(off + x->nbytes));
-            if (!e || json_object_set_new(hdr, x->name, e)) bad = reel_fail(REEL_E_NOMEM, "out of memory");
+            if (!e || json_object_set_new(hdr, x->name, e)) {
+                reel_fail(REEL_E_NOMEM, "out of memory");
+                goto done;
+            }
         }
-        if (bad == 1) reel_fail(REEL_E_IO, "%s: its shard %s changed while it was read", index, shards[i]);
-        if (!bad) {
-            unsigned char *taken = st_take_data(f);
-            if (dl) memcpy(data + used, taken, dl);
-            free(taken);
-            used += dl;
-        }
-        st_close(&f);
-        if (bad) goto done;
     }
     json_object_foreach((json_t *)map, key, v)
         if (!json_object_get(hdr, key)) {
             reel_fail(REEL_E_INVALID, "%s: %s is in no shard (its weight_map says %s)", index, key, json_string_value(v));
             goto done;
         }
+    if (!(data = malloc(total ? total : 1))) {
+        reel_fail(REEL_E_NOMEM, "%s: out of memory for %zu bytes of shards", index, total);
+        goto done;
+    }
+    for (size_t i = 0; i < ns; i++) { /* the data, each shard's into its place */
+        int sfd = -1;
+        if (snprintf(p, sizeof p, "%s/%s", dir, shards[i]) >= (int)sizeof p || /* (fitted above) */
+            (sfd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) < 0) {
+            reel_fail_errno(REEL_E_IO, errno, "%s: cannot open", p);
+            goto done;
+        }
+        int rc = st_header_read_data(heads[i], sfd, p, data + base[i], NULL, NULL);
+        close(sfd);
+        if (rc != 0) goto done;
+    }
     char *text = json_dumps(hdr, JSON_COMPACT);
     if (!text) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
-    out = st_adopt(index, text, strlen(text), data, used);
+    out = st_adopt(index, text, strlen(text), data, total);
     data = NULL; /* the result's, or freed */
     free(text);
 done:
+    for (size_t i = 0; heads && i < ns; i++) st_header_free(&heads[i]);
+    free(heads);
+    free(base);
     free(data);
     free(shards);
     json_decref(hdr);

@@ -37,9 +37,6 @@ int tdit_loop_validate(const tdit_loop_t *p) {
     if (!isfinite(p->guidance)) return reel_fail(REEL_E_INVALID, "guidance scale must be finite");
     if (p->sde && (!(p->eta >= 0) || !isfinite(p->eta))) return reel_fail(REEL_E_INVALID, "eta must be finite and >= 0");
     if ((unsigned)p->solver >= TDIT_SOLVER_COUNT) return reel_fail(REEL_E_INVALID, "unknown solver %d", (int)p->solver);
-    if (p->sde && p->solver != TDIT_SOLVER_EULER)
-        return reel_fail(REEL_E_INVALID, "solver %s cannot run SDE steps (sde rollouts use their own sampler)",
-                         tdit_solver_name(p->solver));
     return schedule_usable(p);
 }
 
@@ -75,10 +72,12 @@ int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_l
                                  : "unconditional context given to a workspace without CFG");
     size_t n_lat = (size_t)(c->in_channels * sh->frames * sh->height * sh->width);
     size_t n_ctx = (size_t)(sh->text_len * c->text_dim);
-    bool ms = tdit_solver_multistep(p->solver);
-    if (sh->solver != p->solver)
-        return reel_fail(REEL_E_INVALID, "solver %s runs in a workspace made for %s", tdit_solver_name(p->solver),
-                         tdit_solver_name(sh->solver));
+    tdit_shape_t want = *sh;
+    tdit_loop_shape(p, &want);
+    bool ms = tdit_solver_multistep(want.solver);
+    if (sh->solver != want.solver || sh->grid != want.grid)
+        return reel_fail(REEL_E_INVALID, "solver %s%s runs in a workspace made for %s (grid %s)", p->sde ? "sde on " : "",
+                         tdit_solver_name(p->solver), tdit_solver_name(sh->solver), tdit_solver_name(sh->grid));
     double *sig = malloc(((size_t)p->steps + 1) * 2 * sizeof *sig), *ts = sig ? sig + p->steps + 1 : NULL;
     float *init = latent ? NULL : malloc(n_lat * sizeof *init);
     int rc = -1;
@@ -93,7 +92,7 @@ int tdit_generate(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s, const tdit_l
     tdit_solver_schedule(p->solver, p->steps, p->shift, sig, ts);
     double t0 = now();
     for (int i = 0; i < p->steps; i++) {
-        const float sv[3] = { (float)sig[i], (float)sig[i + 1], (float)sig[1] };
+        const float sv[4] = { (float)sig[i], (float)sig[i + 1], (float)sig[1], (float)ts[i] }; /* t_i: a grid's */
         if (tdit_ws_bind_step(ws, s, sv, p->guidance) != 0) goto out;
         int r;
         if (ms) {

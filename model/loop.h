@@ -23,7 +23,8 @@ typedef struct {
     bool sde;           /* Flow-GRPO SDE steps instead of Euler */
     float eta;          /* SDE noise level a */
     uint64_t seed;      /* SDE noise and the initial latent when none is given */
-    tdit_solver_t solver; /* euler (0, the default), unipc or dpm++; not with sde */
+    tdit_solver_t solver; /* euler (0, the default), unipc or dpm++; with sde: the σ schedule and
+                          * timesteps the SDE steps run on (tdit_loop_shape) */
 } tdit_loop_t;
 
 typedef struct {
@@ -32,9 +33,19 @@ typedef struct {
     double seconds;     /* wall time of the steps, host clock */
 } tdit_loop_stats_t;
 
-/* Validates p: -1 with a message naming the bad field (a multistep solver
- * with sde is refused: Flow-GRPO's SDE step is its own sampler). */
+/* Validates p: -1 with a message naming the bad field. */
 int tdit_loop_validate(const tdit_loop_t *p);
+
+/* The step shape's sampler for loop p: a multistep solver runs its own
+ * steps (solver = it, grid euler); an SDE loop runs Flow-GRPO's SDE step,
+ * on the Euler schedule (solver and grid euler) or on a multistep
+ * solver's σ schedule and timesteps (solver euler, grid = it: what
+ * Flow-GRPO's Wan trainer rolls out with Wan's UniPC scheduler). */
+static inline void tdit_loop_shape(const tdit_loop_t *p, tdit_shape_t *sh) {
+    const bool grid = p->sde && tdit_solver_multistep(p->solver);
+    sh->solver = grid ? TDIT_SOLVER_EULER : p->solver;
+    sh->grid = grid ? p->solver : TDIT_SOLVER_EULER;
+}
 
 /* Draws the initial latent from seed: x[j] = philox_normal(seed, 0xffffffff, j). */
 void tdit_initial_latent(uint64_t seed, float *x, size_t n);

@@ -118,11 +118,12 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
     carve(cv, &ws->latent, dt, lnd, lat);
     carve(cv, &ws->context, dt, 2, SHAPE(S * L, c->text_dim));
     if (ws->shape.cfg) carve(cv, &ws->uncond, dt, 2, SHAPE(S * L, c->text_dim));
+    const int64_t SW = tdit_sigma_width(&ws->shape);
     if (S == 1) {
-        carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(3));
+        carve(cv, &ws->sigmas, KERN_F32, 1, SHAPE(SW));
         carve(cv, &ws->guidance, KERN_F32, 1, SHAPE(1));
     } else {
-        carve(cv, &ws->sigmas, KERN_F32, 2, SHAPE(S, 3));
+        carve(cv, &ws->sigmas, KERN_F32, 2, SHAPE(S, SW));
         carve(cv, &ws->guidance, KERN_F32, 2, SHAPE(S, 1));
     }
     if (B == 1) carve(cv, &ws->sde, KERN_F32, 1, SHAPE(4));
@@ -159,7 +160,7 @@ static void layout(const tdit_model_t *m, tdit_ws_t *ws, carver_t *cv) {
 bool tdit_shape_equal(const tdit_shape_t *a, const tdit_shape_t *b) {
     return a->frames == b->frames && a->height == b->height && a->width == b->width &&
            a->text_len == b->text_len && a->cfg == b->cfg && tdit_shape_batch(a) == tdit_shape_batch(b) &&
-           a->solver == b->solver && a->mixed == b->mixed;
+           a->solver == b->solver && a->mixed == b->mixed && a->grid == b->grid;
 }
 
 int tdit_shape_validate(const tdit_shape_t *shape) {
@@ -175,6 +176,11 @@ int tdit_shape_validate(const tdit_shape_t *shape) {
     if (shape->mixed && tdit_shape_batch(shape) < 2)
         return reel_fail(REEL_E_INVALID, "a mixed batch is at least 2 requests (got %lld): one request steps alone",
                          (long long)tdit_shape_batch(shape));
+    if ((unsigned)shape->solver >= TDIT_SOLVER_COUNT || (unsigned)shape->grid >= TDIT_SOLVER_COUNT)
+        return reel_fail(REEL_E_INVALID, "unknown solver %d or grid %d", (int)shape->solver, (int)shape->grid);
+    if (shape->grid != TDIT_SOLVER_EULER && tdit_solver_multistep(shape->solver))
+        return reel_fail(REEL_E_INVALID, "a %s grid is for Euler and SDE steps, not %s's own", tdit_solver_name(shape->grid),
+                         tdit_solver_name(shape->solver));
     if (shape->mixed && tdit_solver_multistep(shape->solver))
         return reel_fail(REEL_E_UNSUPPORTED, "a mixed batch (different requests in one step) runs Euler and SDE steps "
                          "only, not %s", tdit_solver_name(shape->solver));
@@ -286,10 +292,10 @@ int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size
     return bind(s, uncond ? &ws->uncond : &ws->context, ctx, n, uncond ? "uncond" : "context");
 }
 
-int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance) {
+int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float *sigmas, float guidance) {
     if (ws->shape.mixed)
         return reel_fail(REEL_E_INVALID, "bind step: a mixed batch binds each sample's σ and guidance (tdit_ws_bind_sample)");
-    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, 3 * sizeof(float)));
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->sigmas), sigmas, (size_t)tdit_sigma_width(&ws->shape) * sizeof(float)));
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&ws->guidance), &guidance, sizeof(float)));
     return kern_stream_sync(s); /* the host values are stack memory */
 }
@@ -324,7 +330,7 @@ int tdit_ws_bind_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const
 }
 
 int tdit_ws_bind_sample(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *ctx, const float *uncond,
-                        size_t n_ctx, const float sigmas[3], float guidance) {
+                        size_t n_ctx, const float *sigmas, float guidance) {
     TRY(sample_index(ws, b, "bind sample"));
     if (!ws->shape.mixed)
         return reel_fail(REEL_E_INVALID, "bind sample: the samples of a group share their context, σ and guidance "
@@ -338,7 +344,7 @@ int tdit_ws_bind_sample(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float 
         TRY(bind(s, &u, uncond, n_ctx, "uncond"));
     }
     kern_tensor_t sig = own_sigmas(ws, b), g = own_guidance(ws, b);
-    TRY(kern_copy_h2d(s, kern_tensor_ptr(&sig), sigmas, 3 * sizeof(float)));
+    TRY(kern_copy_h2d(s, kern_tensor_ptr(&sig), sigmas, (size_t)tdit_sigma_width(&ws->shape) * sizeof(float)));
     TRY(kern_copy_h2d(s, kern_tensor_ptr(&g), &guidance, sizeof(float)));
     return kern_stream_sync(s); /* the host values may be stack memory */
 }
@@ -561,6 +567,16 @@ static int forward(tdit_model_t *m, tdit_ws_t *ws, kern_stream_t *s,
         kern_tensor_t t = kern_tensor_make(ws->solver.data, KERN_F32, ws->solver.device, 1, SHAPE(1));
         t.offset = ws->solver.offset + KERN_MS_T * sizeof(float);
         TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
+    } else if (ws->shape.grid != TDIT_SOLVER_EULER) {
+        /* An SDE loop on a multistep solver's grid: its integer t_i, the
+         * σ row's fourth value. */
+        if (S > 1) {
+            TRY(kern_timestep_embed_rows_at(s, &ws->sigmas, 3, &ws->s_emb));
+        } else {
+            kern_tensor_t t = kern_tensor_make(ws->sigmas.data, KERN_F32, ws->sigmas.device, 1, SHAPE(1));
+            t.offset = ws->sigmas.offset + 3 * sizeof(float);
+            TRY(kern_timestep_embed_at(s, &t, &ws->s_emb));
+        }
     } else if (S > 1) {
         TRY(kern_timestep_embed_rows(s, &ws->sigmas, &ws->s_emb));
     } else {

@@ -27,8 +27,10 @@ static int key_shape(const cap_key_t *key, tdit_shape_t *sh) {
     if (mixed && (B < 2 || key->inputs[IN_CONTEXT].shape[0] % B))
         return reel_fail(REEL_E_INVALID, "tinydit program: a mixed key's context is not B rows of L");
     *sh = (tdit_shape_t){ ls[1], ls[2], ls[3], key->inputs[IN_CONTEXT].shape[0] / (mixed ? B : 1), cfg, B,
-                          TDIT_SOLVER_EULER, mixed };
+                          TDIT_SOLVER_EULER, mixed, TDIT_SOLVER_EULER };
     if (!strcmp(key->loop, "unipc") || !strcmp(key->loop, "dpm++")) (void)tdit_solver_parse(key->loop, &sh->solver);
+    const char *grid = strchr(key->loop, '-'); /* euler-unipc, sde-dpm++, ...: Euler or SDE steps on that grid */
+    if (grid) (void)tdit_solver_parse(grid + 1, &sh->grid);
     return 0;
 }
 
@@ -139,7 +141,10 @@ const cap_program_t *tdit_program(bool cfg, bool sde) { return &programs[cfg][sd
 const cap_program_t *tdit_program_ms(bool cfg) { return &ms_programs[cfg]; }
 
 const char *tdit_step_loop(const tdit_shape_t *sh, bool sde) {
-    return tdit_solver_multistep(sh->solver) ? tdit_solver_name(sh->solver) : sde ? "sde" : "euler";
+    if (tdit_solver_multistep(sh->solver)) return tdit_solver_name(sh->solver);
+    if (sh->grid == TDIT_SOLVER_UNIPC) return sde ? "sde-unipc" : "euler-unipc";
+    if (sh->grid == TDIT_SOLVER_DPMPP) return sde ? "sde-dpm++" : "euler-dpm++";
+    return sde ? "sde" : "euler";
 }
 
 int tdit_step_key(const tdit_model_t *m, const tdit_shape_t *sh, bool sde, uint64_t version,
@@ -291,8 +296,11 @@ tdit_req_t *tdit_req_new_group(tdit_model_t *m, kern_stream_t *s, tdit_staging_t
         reel_fail(REEL_E_INVALID, sh->cfg ? "CFG needs an unconditional context" : "unconditional context given without CFG");
         return NULL;
     }
-    if (sh->solver != p->solver) {
-        reel_fail(REEL_E_INVALID, "solver %s runs in a shape made for %s", tdit_solver_name(p->solver), tdit_solver_name(sh->solver));
+    tdit_shape_t want = *sh;
+    tdit_loop_shape(p, &want);
+    if (sh->solver != want.solver || sh->grid != want.grid) {
+        reel_fail(REEL_E_INVALID, "solver %s%s runs in a shape made for %s (grid %s)", p->sde ? "sde on " : "",
+                  tdit_solver_name(p->solver), tdit_solver_name(sh->solver), tdit_solver_name(sh->grid));
         return NULL;
     }
     tdit_req_t *r = calloc(1, sizeof *r);
@@ -430,11 +438,13 @@ const tdit_shape_t *tdit_req_shape(const tdit_req_t *r) { return &r->shape; }
 const tdit_loop_t *tdit_req_loop(const tdit_req_t *r) { return &r->loop; }
 const uint64_t *tdit_req_seeds(const tdit_req_t *r) { return r->seeds; }
 
-/* Step i's σ_i, σ_{i+1}, σ_1 as the step reads them. */
-static void req_sigmas(const tdit_req_t *r, int i, float sv[3]) {
+/* Step i's σ_i, σ_{i+1}, σ_1 as the step reads them, and on a grid its
+ * timestep t_i (an integer, exact in F32). */
+static void req_sigmas(const tdit_req_t *r, int i, float sv[4]) {
     sv[0] = (float)r->sig[i];
     sv[1] = (float)r->sig[i + 1];
     sv[2] = (float)r->sig[1];
+    sv[3] = (float)r->ts[i];
 }
 
 /* What follows step i of r, however it ran (alone or in a mixed batch):
@@ -468,10 +478,10 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
     if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &key) != 0) return -1;
     int i = r->done;
     tdit_staging_t *st = r->stg;
-    float sv[3];
+    float sv[4];
     req_sigmas(r, i, sv);
     double t0 = now();
-    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sv, sizeof sv) ||
+    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sv, (size_t)tdit_sigma_width(&r->shape) * sizeof *sv) ||
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), &r->loop.guidance, sizeof r->loop.guidance) ||
         kern_stream_sync(s))
         return -1;
@@ -608,12 +618,14 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
     cap_key_t key;
     if (tdit_step_key(x->m, &x->shape, x->sde, (uint64_t)version, &key) != 0) return -1;
     tdit_staging_t *st = x->stg;
-    float sig[3 * TDIT_MAX_BATCH], gd[TDIT_MAX_BATCH], sde[4 * TDIT_MAX_BATCH];
+    float sig[4 * TDIT_MAX_BATCH], row[4], gd[TDIT_MAX_BATCH], sde[4 * TDIT_MAX_BATCH];
+    const int sw = tdit_sigma_width(&x->one);
     double t0 = now();
     for (int64_t b = 0; b < B; b++) {
         /* a padded row repeats row 0's scalars: finite, and thrown away */
         const tdit_req_t *r = reqs[b < n ? b : 0];
-        req_sigmas(r, r->done, sig + 3 * b);
+        req_sigmas(r, r->done, row);
+        memcpy(sig + sw * b, row, (size_t)sw * sizeof *row);
         gd[b] = r->loop.guidance;
         kern_sde_params_pack(sde + 4 * b, r->loop.eta, r->seeds[0], (uint32_t)r->done);
     }
@@ -629,7 +641,7 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
             return -1;
         x->ctx_of[b] = reqs[b]->uid;
     }
-    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sig, (size_t)B * 3 * sizeof *sig) ||
+    if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sig, (size_t)B * (size_t)sw * sizeof *sig) ||
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), gd, (size_t)B * sizeof *gd) ||
         (x->sde && kern_copy_h2d(s, kern_tensor_ptr(&st->t[st->n - 1]), sde, (size_t)B * 4 * sizeof *sde)) ||
         kern_stream_sync(s))
@@ -655,7 +667,7 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
         tdit_req_t *r = reqs[b];
         cap_key_t own;
         if (tdit_step_key(r->m, &r->shape, r->loop.sde, (uint64_t)version, &own) != 0 ||
-            req_after(r, s, &own, cap_key_hash(&key), (uint64_t)version, sig + 3 * b, &res, t0) != 0)
+            req_after(r, s, &own, cap_key_hash(&key), (uint64_t)version, sig + sw * b, &res, t0) != 0)
             return -1;
         r->stats.batched++;
         r->stats.batch_rows += n;

@@ -30,7 +30,8 @@ const cap_program_t *tdit_program(bool cfg, bool sde);
  * outputs the latent and the history. */
 const cap_program_t *tdit_program_ms(bool cfg);
 /* The key's loop kind: the solver's name ("unipc", "dpm++") for a
- * multistep shape, else "sde" or "euler". Can't fail. */
+ * multistep shape, else "sde" or "euler", on a grid "sde-unipc",
+ * "euler-unipc", "sde-dpm++" or "euler-dpm++". Can't fail. */
 const char *tdit_step_loop(const tdit_shape_t *shape, bool sde);
 
 /* The capture key of one step of m on backend b for shape; `version` is the

@@ -154,7 +154,14 @@ typedef struct {
     tdit_solver_t solver;   /* the step's sampler: euler (0) for Euler and SDE steps; unipc or dpm++
                              * (multistep: coefficients and history in the workspace) */
     bool mixed;             /* the samples are different requests (see above) */
+    tdit_solver_t grid;     /* euler (0): an Euler or SDE step's timestep is 1000·σ_i; unipc or dpm++ (with
+                             * solver euler): an SDE loop on that solver's σ schedule, the transformer
+                             * taking its integer timesteps, bound beside σ (a σ row of 4: σ_i,
+                             * σ_{i+1}, σ_1, t_i; tdit_sigma_width) */
 } tdit_shape_t;
+
+/* The values of a step's σ row: 3 (σ_i, σ_{i+1}, σ_1), 4 with a grid (t_i). */
+static inline int tdit_sigma_width(const tdit_shape_t *sh) { return sh->grid != TDIT_SOLVER_EULER ? 4 : 3; }
 
 /* The samples a shape holds: batch, or 1 when batch is 0. */
 static inline int64_t tdit_shape_batch(const tdit_shape_t *s) { return s->batch > 1 ? s->batch : 1; }
@@ -218,7 +225,9 @@ kern_tensor_t *tdit_ws_history(tdit_ws_t *ws);   /* [3, latent elements]: last c
  * against the workspace shape: -1 with a message if they do not fit. */
 int tdit_ws_bind_latent(tdit_ws_t *ws, kern_stream_t *s, const float *x, size_t n);
 int tdit_ws_bind_context(tdit_ws_t *ws, kern_stream_t *s, const float *ctx, size_t n, bool uncond);
-int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float sigmas[3], float guidance);
+/* sigmas: σ_i, σ_{i+1}, σ_1, and with a grid the step's timestep t_i
+ * (tdit_sigma_width values). */
+int tdit_ws_bind_step(tdit_ws_t *ws, kern_stream_t *s, const float *sigmas, float guidance);
 int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n);
 /* Sample b's own inputs and output in a batch (b < B; on a mixed
  * workspace also its context, uncond, σ and guidance): its latent
@@ -230,7 +239,7 @@ int tdit_ws_read_latent(tdit_ws_t *ws, kern_stream_t *s, float *out, size_t n);
 int tdit_ws_bind_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *x, size_t n);
 int tdit_ws_read_sample_latent(tdit_ws_t *ws, kern_stream_t *s, int64_t b, float *out, size_t n);
 int tdit_ws_bind_sample(tdit_ws_t *ws, kern_stream_t *s, int64_t b, const float *ctx, const float *uncond,
-                        size_t n_ctx, const float sigmas[3], float guidance);
+                        size_t n_ctx, const float *sigmas, float guidance);
 /* Writes a multistep step's coefficients (KERN_MS_COEFS floats). -1 with
  * a message on a workspace without multistep. */
 int tdit_ws_bind_solver(tdit_ws_t *ws, kern_stream_t *s, const float *coef);

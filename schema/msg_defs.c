@@ -607,9 +607,6 @@ int msg_gen_validate(const msg_gen_t *g, const msg_model_t *model, wire_err_t *e
     const char *solver = msg_gen_solver(g);
     if (strcmp(solver, "euler") && strcmp(solver, "unipc") && strcmp(solver, "dpm++"))
         return refuse(err, WIRE_E_BAD_REQUEST, "'solver' must be euler, unipc or dpm++ (got '%s')", solver);
-    if (g->sde && strcmp(solver, "euler"))
-        return refuse(err, WIRE_E_BAD_REQUEST, "'solver' %s cannot run 'sde' steps (an SDE rollout is its own sampler)",
-                      solver);
     /* A log-probability needs noise: an SDE step with eta > 0. */
     /* (as the float the step reads it: 1e-50 is 0 there) */
     if ((g->return_log_probs || g->return_means) && !(g->sde && (float)g->eta > 0))
@@ -825,8 +822,6 @@ int msg_prewarm_validate(const msg_prewarm_t *p, wire_err_t *err) {
         if (strcmp(solver, "euler") && strcmp(solver, "unipc") && strcmp(solver, "dpm++"))
             return refuse(err, WIRE_E_BAD_REQUEST, "'keys' %zu: 'solver' must be euler, unipc or dpm++ (got '%s')", i,
                           solver);
-        if (k->sde && strcmp(solver, "euler"))
-            return refuse(err, WIRE_E_BAD_REQUEST, "'keys' %zu: 'solver' %s cannot run 'sde' steps", i, solver);
     }
     return 0;
 }

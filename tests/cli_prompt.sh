@@ -155,7 +155,7 @@ grep -q "text encoder t5-tiny" "$D/wt.log" && grep -q "VAE vae-tiny" "$D/wt.log"
 # usage error (exit 2)
 cp -r "$REL" "$D/notok" && rm -r "$D/notok/google"
 cli_worker wn "$D/broker.log" "$D/wn.log" --broker "$WE" --weights "$D/notok" --heartbeat-ms 200 &&
-    grep -q "holds models_t5_umt5-xxl-enc-bf16.pth but no google/umt5-xxl/: no text encoder" "$D/wn.log" &&
+    grep -q "models_t5_umt5-xxl-enc-bf16.pth but no tokenizer (google/umt5-xxl/spiece.model, or a pipeline.s tokenizer/spiece.model): no text encoder" "$D/wn.log" &&
     ! grep -q "prompts accepted" "$D/wn.log" &&
     ok "a release folder with the T5 but no tokenizer: the worker serves, saying it has no text encoder and why" ||
     { bad "folder without a tokenizer"; show "$D/wn.log"; }

@@ -4,7 +4,8 @@
 # `reelctl run` with the same solver; a second gen of the key replays every
 # step; each solver has its own key (loop=unipc, loop=dpm++), which the
 # catalog's key report shows;
-# --solver with --sde and unknown solvers are refused. A model whose config
+# --sde with --solver runs SDE steps on that solver's grid (loop=sde-unipc);
+# unknown solvers are refused. A model whose config
 # has text_len pads every context (and the negative prompt, at its own
 # length) to it: prompts of different lengths share one key, the result is
 # `reelctl run` with the same contexts, and a context longer than text_len
@@ -68,10 +69,57 @@ gen g-unipc2 tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc &&
     grep -q "replayed 6, eager 0" "$D/g-unipc2.err" && same g-unipc g-unipc2 &&
     ok "gen --solver unipc on a warm key: replays only, the same bits" || { bad "warm unipc"; show "$D/g-unipc2.err"; }
 
-gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc --sde
-[ $? = 2 ] && grep -q "cannot run --sde" "$D/x.err" && ok "--solver unipc --sde: usage error" || { bad "unipc with sde"; show "$D/x.err"; }
+# SDE rollouts on a solver's grid (Flow-GRPO's Wan trainer rolls out with
+# Wan's UniPC scheduler): --sde --solver unipc|dpm++ runs Flow-GRPO's SDE
+# step on that solver's sigmas, the transformer at its int timesteps; the
+# key is loop=sde-unipc (sde-dpm++), and the rollout's sigmas are the
+# solver's schedule (written in numpy from Wan's scheduler, solvers_ref.py),
+# its log-probs those of its trajectory and means by Flow-GRPO's formula.
+for so in unipc dpm++; do
+    gen "gs-$so" tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver "$so" --sde --eta 0.7 --trajectory --log-probs --means &&
+        run "rs-$so" "$D/w.safetensors" "$D/ctx.safetensors" "$D/unc.safetensors" --solver "$so" --sde --eta 0.7 &&
+        same "gs-$so" "rs-$so" && ok "gen --solver $so --sde is bitwise reelctl run --solver $so --sde" ||
+        { bad "sde on the $so grid: gen vs run"; show "$D/gs-$so.err" "$D/rs-$so.err"; }
+done
+gen gs-unipc2 tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc --sde --eta 0.7 --trajectory --log-probs --means &&
+    grep -q "replayed 6, eager 0" "$D/gs-unipc2.err" && same gs-unipc gs-unipc2 &&
+    ok "sde on the unipc grid, a warm key: replays only, the same bits" || { bad "warm sde-unipc"; show "$D/gs-unipc2.err"; }
+gen gs-euler tiny "$D/ctx.safetensors" "$D/unc.safetensors" --sde --eta 0.7 && ! same gs-euler gs-unipc &&
+    ok "sde without --solver keeps Euler's grid (another result)" || { bad "sde grid default"; show "$D/gs-euler.err"; }
+PYTHONPATH="$(dirname "$0")/../clients/python:$(dirname "$0")/crosscheck" /usr/bin/python3 - "$D" >"$D/grid.out" 2>&1 <<'PYEOF'
+import sys
+import numpy as np
+from reel import safetensors as st
+import solvers_ref as sr
+d = sys.argv[1]
+ok = True
+def check(cond, what):
+    global ok
+    print(("PASS " if cond else "FAIL ") + what)
+    ok = ok and cond
+for so in ("unipc", "dpm++"):
+    s, _ = st.load(d + "/gs-%s.safetensors" % so)
+    sig, ts = sr.SOLVERS[so][0](6, 5.0)
+    check(np.array_equal(s["sigmas"], np.asarray(sig, dtype=np.float32)),
+          "sde on the %s grid: its sigmas are %s's schedule (6 steps, shift 5), bitwise" % (so, so))
+    # Flow-GRPO's log-prob of x_{i+1} given its mean: std = eta sqrt(sigma / (1 - sigma)) (sigma_max for sigma 1),
+    # s = std sqrt(sigma_i - sigma_{i+1}); the mean over the latent of -(x - mu)^2 / (2 s^2) - log s - log sqrt(2 pi)
+    x, mu, sg = s["trajectory"].astype(np.float64), s["means"].astype(np.float64), s["sigmas"].astype(np.float64)
+    lp = []
+    for i in range(6):
+        si, sn = sg[i], sg[i + 1]
+        sd = 0.7 * np.sqrt(si / (1 - (sg[1] if si == 1 else si))) * np.sqrt(si - sn)
+        lp.append(np.mean(-(x[i + 1] - mu[i]) ** 2 / (2 * sd * sd) - np.log(sd) - np.log(np.sqrt(2 * np.pi))))
+    err = float(np.max(np.abs(np.array(lp) - s["log_probs"]) / np.maximum(np.abs(lp), 1)))
+    check(err < 1e-4, "sde on the %s grid: log-probs are Flow-GRPO's of its trajectory and means (err %.2e)" % (so, err))
+sys.exit(0 if ok else 1)
+PYEOF
+py_checks "$D/grid.out" $?
 gen x tiny "$D/ctx.safetensors" "$D/unc.safetensors" --solver ddim
 [ $? = 2 ] && grep -q "not euler, unipc or dpm++" "$D/x.err" && ok "--solver ddim: usage error" || { bad "unknown solver"; show "$D/x.err"; }
+wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=sde-unipc %'" 1 60 &&
+    "$R" keys --catalog "$D/reel.db" 2>&1 | grep -q "loop=sde-unipc" && ok "reelctl keys shows an SDE rollout's grid (loop=sde-unipc)" ||
+    bad "loop=sde-unipc in the key report"
 wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=unipc %'" 1 60 &&
     wait_sql "$D/reel.db" "select count(*) from key_texts where key_text like '%loop=dpm++ %'" 1 60 &&
     "$R" keys --catalog "$D/reel.db" >"$D/keys.txt" 2>&1 && grep -q "loop=unipc" "$D/keys.txt" && grep -q "loop=dpm++" "$D/keys.txt" &&

@@ -769,7 +769,7 @@ END_TEST
 /* ---- through the capture cache and the model ------------------------------------------- */
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-static const tdit_shape_t SHAPE = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+static const tdit_shape_t SHAPE = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
 
 typedef struct {
     kern_backend_t *b;

@@ -213,7 +213,7 @@ START_TEST(test_a_request_uploads_on_the_callers_stream_and_creates_no_stream) {
     kern_stream_t *s = kern_stream_new(b);
     cap_cache_t *c = cap_cache_new(b, NULL);
     ck_assert_int_eq(tdit_register_weights(c, m, 1), 0);
-    tdit_shape_t sh = { 1, 4, 4, 3, false, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { 1, 4, 4, 3, false, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     static float lat[4 * 16], ctx[3 * 32];
     tdit_initial_latent(1, lat, 64);
     tdit_initial_latent(2, ctx, 96);

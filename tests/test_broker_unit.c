@@ -1836,6 +1836,37 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
 }
 END_TEST
 
+/* A group's PROGRESS counts every sample's steps (and decoded frames):
+ * up to n x its steps, n x its latent frames, and no further. */
+START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready(&x, 0, 1);
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7); /* 2 steps, 2 latent frames */
+    wv_set(h, "n", wv_u64(3));
+    wv_set(h, "progress", wv_bool(true));
+    gen_send(&x, c, h, 0);
+    uint64_t rid = request_on(&x, 0);
+    progress_from(&x, rid, 2, 6, 0, 0);
+    progress_from(&x, rid, 6, 6, 0, 0);
+    progress_from(&x, rid, 7, 7, 0, 0); /* more than 3 x 2 steps */
+    progress_from(&x, rid, 6, 6, 6, 6);
+    progress_from(&x, rid, 6, 6, 7, 7); /* more than 3 x 2 frames */
+    expect_progress(c, 9, 2, 6, 0);
+    expect_progress(c, 9, 6, 6, 0);
+    expect_progress(c, 9, 6, 6, 6);
+    quiet(c, "the client (a group's counts past n x its steps or frames dropped)");
+    wire_val_t *e = wire_hdr("ERROR", rid);
+    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
+    wv_set(e, "message", wv_str("ends the test"));
+    from_worker(&x, 0, e);
+    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 /* A GEN under a live request's client token and id whose fields differ
  * (here its seed) is not that request: bad_request to its sender, and the
  * live request goes on, answered to its own sender -- whether it runs or
@@ -4342,6 +4373,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
+    tcase_add_test(an, test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);

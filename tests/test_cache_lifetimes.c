@@ -31,7 +31,7 @@ static void teardown_dir(void) {
 }
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-static const tdit_shape_t SHAPE = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+static const tdit_shape_t SHAPE = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
 static const tdit_loop_t LOOP = { .steps = 4, .shift = 3.0, .guidance = 4.0f };
 
 typedef struct {

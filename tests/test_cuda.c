@@ -1098,7 +1098,7 @@ START_TEST(test_tinydit_through_the_capture_cache_on_two_cuda_streams_replays_bi
     TS_OK(tdit_register_weights(cache, mg, 1));
     kern_stream_t *s2 = kern_stream_new(G);
     ck_assert_ptr_nonnull(s2);
-    const tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+    const tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float lat[NL], ctx[NC], unc[NC], got[NL], ref[NL], cpu[NL];
     tdit_initial_latent(1, lat, NL);
@@ -1157,7 +1157,7 @@ START_TEST(test_a_batched_group_on_cuda_is_bitwise_the_single_requests) {
     o.warmup = 1;
     cap_cache_t *cache = cap_cache_new(G, &o);
     TS_OK(tdit_register_weights(cache, mg, 1));
-    const tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false }, grp = { 2, 8, 8, 5, true, 4, false, false };
+    const tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, grp = { 2, 8, 8, 5, true, 4, false, false, TDIT_SOLVER_EULER };
     enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
     static float ctx[NC], unc[NC], gout[4 * NL], sout[NL];
     tdit_initial_latent(2, ctx, NC);
@@ -1206,7 +1206,7 @@ START_TEST(test_a_mixed_batch_on_cuda_is_bitwise_each_request_alone_eager_and_re
     tdit_model_t *m = tdit_model_load_path(G, path, dt);
     TS_NEW(m);
     enum { B = 3, NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-    const tdit_shape_t mix = { 2, 8, 8, 5, true, B, TDIT_SOLVER_EULER, true }, one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+    const tdit_shape_t mix = { 2, 8, 8, 5, true, B, TDIT_SOLVER_EULER, true, TDIT_SOLVER_EULER }, one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     static float lat[NL], ctx[NC], unc[NC], out[2][B][NL], alone[NL];
     float sig[3];
     tdit_ws_t *w = tdit_ws_new(m, GS, &mix);

@@ -195,21 +195,27 @@ START_TEST(test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_
 
     /* the faults of an index, each named */
     d = sharded("missing", a, 2, b, 2,
-                "{\"weight_map\": {\"shared.weight\": \"model-00001-of-00002.safetensors\", "
-                "\"x.weight\": \"model-00003-of-00002.safetensors\"}}");
+                "{\"weight_map\": {\"x.weight\": \"model-00003-of-00002.safetensors\", "
+                "\"shared.weight\": \"model-00001-of-00002.safetensors\"}}");
     refused(d, "its shard model-00003-of-00002.safetensors is not a file beside it");
     d = sharded("notin", a, 2, b, 2,
-                "{\"weight_map\": {\"encoder.block.0.layer.0.SelfAttention.k.weight\": "
-                "\"model-00001-of-00002.safetensors\", \"encoder.final_layer_norm.weight\": "
-                "\"model-00002-of-00002.safetensors\"}}");
+                "{\"weight_map\": {\"shared.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"encoder.block.0.layer.0.SelfAttention.q.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"encoder.block.0.layer.0.SelfAttention.k.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"encoder.final_layer_norm.weight\": \"model-00002-of-00002.safetensors\"}}");
     refused(d, "is in model-00002-of-00002.safetensors, its weight_map says model-00001-of-00002.safetensors");
     d = sharded("gone", a, 2, b, 2,
-                "{\"weight_map\": {\"nowhere.weight\": \"model-00001-of-00002.safetensors\"}}");
+                "{\"weight_map\": {\"shared.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"encoder.block.0.layer.0.SelfAttention.q.weight\": \"model-00001-of-00002.safetensors\", "
+                "\"nowhere.weight\": \"model-00001-of-00002.safetensors\"}}");
     refused(d, "nowhere.weight is in no shard (its weight_map says model-00001-of-00002.safetensors)");
     static const char *const dup[] = { "shared.weight" };
-    d = sharded("twice", a, 2, dup, 1, "{\"weight_map\": {\"encoder.final_layer_norm.weight\": "
-                "\"model-00002-of-00002.safetensors\", \"x\": \"model-00001-of-00002.safetensors\"}}");
-    refused(d, "shared.weight is in two shards");
+    d = sharded("twice", a, 2, dup, 1, NULL); /* shared.weight in both: the map names one (its last) */
+    refused(d, "shared.weight is in model-00001-of-00002.safetensors, its weight_map says "
+               "model-00002-of-00002.safetensors");
+    d = sharded("stray", a, 2, b, 2, "{\"weight_map\": {\"shared.weight\": \"model-00001-of-00002.safetensors\"}}");
+    refused(d, "encoder.block.0.layer.0.SelfAttention.q.weight is in model-00001-of-00002.safetensors, and its "
+               "weight_map does not name it");
     d = sharded("slash", a, 2, b, 2, "{\"weight_map\": {\"shared.weight\": \"../model-00001-of-00002.safetensors\"}}");
     refused(d, "is not a file name beside the index");
     d = sharded("nomap", a, 2, b, 2, "{\"weight_map\": []}");

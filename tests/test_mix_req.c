@@ -31,7 +31,10 @@ static void teardown_dir(void) {
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32, K = 7, MAXSTEPS = 7 };
 
-static tdit_shape_t one(bool cfg) { return (tdit_shape_t){ 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false }; }
+/* The σ grid SDE requests run on: Euler's, or (the grid tests) UniPC's. */
+static tdit_solver_t g_grid = TDIT_SOLVER_EULER;
+
+static tdit_shape_t one(bool cfg) { return (tdit_shape_t){ 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false, g_grid }; }
 
 typedef struct {
     kern_backend_t *b;
@@ -81,7 +84,7 @@ static void spec(spec_t *sp, int k, bool sde, uint64_t salt) {
     memset(sp, 0, sizeof *sp);
     sp->p = (tdit_loop_t){ .steps = 3 + (int)((k + salt) % 5), .shift = 1.0 + 0.5 * (double)(k % 4),
                            .guidance = 1.5f + (float)k, .sde = sde, .eta = sde ? 0.3f + 0.1f * (float)(k % 3) : 0,
-                           .seed = 1000 * salt + (uint64_t)k * 77 };
+                           .seed = 1000 * salt + (uint64_t)k * 77, .solver = g_grid };
     ts_fill_uniform(sp->ctx, NC, salt * 31 + (uint64_t)k, -1, 1);
     ts_fill_uniform(sp->unc, NC, salt * 37 + (uint64_t)k, -1, 1);
     sp->rec = TDIT_REC_TRAJECTORY | (sde ? TDIT_REC_LOG_PROBS | TDIT_REC_MEANS : 0);
@@ -259,6 +262,23 @@ START_TEST(test_requests_in_random_mixes_with_joins_and_leaves_are_each_bitwise_
 }
 END_TEST
 
+/* SDE rollouts on UniPC's grid (each step's timestep bound beside its σ,
+ * a row of 4 per member) mix as Euler's do: random mixes with joins and
+ * leaves, CFG on and off, and a sync between steps, each request bitwise
+ * alone; the mixed steps replay. */
+START_TEST(test_sde_on_the_unipc_grid_in_random_mixes_and_across_a_sync_is_each_bitwise_alone) {
+    g_grid = TDIT_SOLVER_UNIPC;
+    fx_t f;
+    fx_open(&f);
+    int replayed = 0;
+    for (int v = 0; v < 2; v++) replayed += run_mixed(&f, v & 1, true, 11 + (uint64_t)v);
+    ck_assert_int_gt(replayed, 0);
+    run_sync(&f, true, true, 2);
+    fx_close(&f);
+    g_grid = TDIT_SOLVER_EULER;
+}
+END_TEST
+
 START_TEST(test_a_mixed_step_captures_once_per_batch_size_and_replays_for_new_members) {
     fx_t f;
     fx_open(&f);
@@ -402,6 +422,7 @@ int main(void) {
     tcase_add_test(tc, test_mixes_refuse_what_they_cannot_run_and_leave_the_requests_as_they_were);
     tcase_add_loop_test(tc, test_a_sync_between_mixed_steps_is_bitwise_the_requests_alone_across_it, 0, 4);
     tcase_add_test(tc, test_a_mixed_key_differs_from_a_group_key_and_refuses_multistep);
+    tcase_add_test(tc, test_sde_on_the_unipc_grid_in_random_mixes_and_across_a_sync_is_each_bitwise_alone);
     suite_add_tcase(s, tc);
     return ts_run(s);
 }

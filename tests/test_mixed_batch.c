@@ -73,7 +73,7 @@ static void fx_close(fx_t *f) {
 }
 
 static tdit_shape_t shape(bool cfg, int64_t batch, bool mixed) {
-    return (tdit_shape_t){ F, HH, WW, L, cfg, batch, TDIT_SOLVER_EULER, mixed };
+    return (tdit_shape_t){ F, HH, WW, L, cfg, batch, TDIT_SOLVER_EULER, mixed, TDIT_SOLVER_EULER };
 }
 
 /* r stepped alone (B = 1): its latent after one Euler (sde: SDE) step. */

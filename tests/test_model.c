@@ -43,7 +43,7 @@ static void fx_open(fx_t *f, bool cfg) {
     f->s = kern_stream_new(f->b);
     f->m = tdit_model_load_path(f->b, wpath, KERN_F32);
     TS_NEW(f->m);
-    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     f->ws = tdit_ws_new(f->m, f->s, &sh);
     TS_NEW(f->ws);
     f->n_lat = 4 * 2 * 8 * 8;
@@ -177,7 +177,7 @@ END_TEST
  * solver's timestep). Each step runs twice in a row: the second starts
  * from the first's leftovers in the workspace. */
 static void check_cfg_velocity(fx_t *f, int64_t batch, bool mixed, tdit_solver_t solver) {
-    tdit_shape_t sh = { 2, 8, 8, 5, true, batch, solver, mixed };
+    tdit_shape_t sh = { 2, 8, 8, 5, true, batch, solver, mixed, TDIT_SOLVER_EULER };
     tdit_ws_t *ws = tdit_ws_new(f->m, f->s, &sh);
     TS_NEW(ws);
     const size_t nv = (size_t)batch * f->n_lat, nc = (size_t)(mixed ? batch : 1) * f->n_ctx;
@@ -385,7 +385,7 @@ START_TEST(test_workspace_rejects_odd_latent_height) {
     kern_backend_t *b = kern_backend_cpu_new();
     kern_stream_t *s = kern_stream_new(b);
     tdit_model_t *m = tdit_model_load_path(b, wpath, KERN_F32);
-    tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t sh = { 1, 7, 8, 4, false, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     ck_assert_ptr_null(tdit_ws_new(m, s, &sh));
     ck_assert_ptr_nonnull(strstr(reel_err_text(), "even"));
     tdit_model_destroy(&m);

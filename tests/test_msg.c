@@ -1824,9 +1824,9 @@ START_TEST(test_a_prewarm_key_takes_defaults_and_needs_its_hash_shape_and_text_l
 }
 END_TEST
 
-/* Validation: at most MSG_MAX_PREWARM keys, a known solver, sde only
- * with euler, a latent shape a GEN could have. */
-START_TEST(test_a_prewarm_of_too_many_keys_an_unknown_solver_sde_with_unipc_or_a_bad_shape_is_refused) {
+/* Validation: at most MSG_MAX_PREWARM keys, a known solver (with sde:
+ * the grid it runs on), a latent shape a GEN could have. */
+START_TEST(test_a_prewarm_of_too_many_keys_an_unknown_solver_or_a_bad_shape_is_refused_and_sde_on_a_grid_is_taken) {
     static msg_prewarm_key_t k[MSG_MAX_PREWARM + 1];
     memset(k, 0, sizeof k);
     for (int i = 0; i <= MSG_MAX_PREWARM; i++) {
@@ -1862,11 +1862,10 @@ START_TEST(test_a_prewarm_of_too_many_keys_an_unknown_solver_sde_with_unipc_or_a
     ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0); /* sde: Euler's */
     snprintf(k[2].solver, sizeof k[2].solver, "euler");
     ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
-    snprintf(k[2].solver, sizeof k[2].solver, "unipc");
-    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
-    ck_assert_msg(strstr(err.message, "'keys' 2: 'solver' unipc cannot run 'sde' steps"), "%s", err.message);
+    snprintf(k[2].solver, sizeof k[2].solver, "unipc"); /* sde on UniPC's grid */
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
     snprintf(k[2].solver, sizeof k[2].solver, "dpm++");
-    ck_assert_int_eq(msg_prewarm_validate(&p, &err), -1);
+    ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
     k[2].sde = false;
     ck_assert_int_eq(msg_prewarm_validate(&p, &err), 0);
 
@@ -1952,7 +1951,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_latent_shape_and_context_limits_hold_with_and_without_a_model);
     tcase_add_test(t, test_a_group_round_trips_and_every_bad_group_is_refused);
     tcase_add_test(t, test_a_prewarm_key_takes_defaults_and_needs_its_hash_shape_and_text_len);
-    tcase_add_test(t, test_a_prewarm_of_too_many_keys_an_unknown_solver_sde_with_unipc_or_a_bad_shape_is_refused);
+    tcase_add_test(t, test_a_prewarm_of_too_many_keys_an_unknown_solver_or_a_bad_shape_is_refused_and_sde_on_a_grid_is_taken);
     suite_add_tcase(s, t);
     t = tcase_create("errors and interop");
     tcase_add_test(t, test_an_error_found_while_decoding_echoes_the_id_read_before_it);

@@ -152,7 +152,7 @@ static size_t nodes_of(kern_graph_t *g, kern_op_t op) {
 
 /* The captured CFG step of a mixed batch of b tiny requests. */
 static kern_graph_t *mixed_graph(tdit_model_t *m, int64_t b, tdit_ws_t **ws) {
-    tdit_shape_t sh = { 2, 8, 8, 5, true, b, TDIT_SOLVER_EULER, true };
+    tdit_shape_t sh = { 2, 8, 8, 5, true, b, TDIT_SOLVER_EULER, true, TDIT_SOLVER_EULER };
     *ws = tdit_ws_new(m, S, &sh);
     ck_assert_msg(*ws != NULL, "%s", reel_err_text());
     const size_t nl = 4 * 2 * 8 * 8, nc = 5 * 32;

@@ -27,7 +27,7 @@ static void teardown_dir(void) {
 }
 
 enum { NL = 4 * 2 * 8 * 8, NC = 5 * 32 };
-static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+static const tdit_shape_t SHAPE_CFG = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
 
 typedef struct {
     kern_backend_t *b;
@@ -362,7 +362,7 @@ START_TEST(test_a_batched_group_is_bitwise_the_single_requests_with_its_seeds) {
     const uint64_t seeds[3] = { 7, 900, 7 }; /* a repeated seed gives the same sample twice */
     for (int v = 0; v < 4; v++) {
         bool cfg = v & 1, sde = v & 2;
-        tdit_shape_t one = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false }, grp = one;
+        tdit_shape_t one = { 2, 8, 8, 5, cfg, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, grp = one;
         grp.batch = 3;
         tdit_loop_t p = { .steps = steps, .shift = 3.0, .guidance = 4.0f, .sde = sde, .eta = 0.8f };
         tdit_run_stats_t st1, st2;
@@ -406,7 +406,7 @@ END_TEST
  * single key and from another batch size, so their graphs never mix. */
 START_TEST(test_a_group_without_seeds_uses_seed_plus_index_and_has_its_own_key) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
-    tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false }, g2 = one, g4 = one;
+    tdit_shape_t one = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER }, g2 = one, g4 = one;
     g2.batch = 2;
     g4.batch = 4;
     tdit_loop_t p = { .steps = 2, .shift = 3.0, .guidance = 4.0f, .sde = true, .eta = 0.7f, .seed = 40 };
@@ -483,7 +483,7 @@ static void run_mix(fx_t *f, const mix_t *mx, int n, int reps, int *replayed_out
     for (int rep = 0; rep < reps; rep++)
         for (int i = 0; i < n; i++) {
             const mix_t *m = &mx[i];
-            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg, 1, TDIT_SOLVER_EULER, false };
+            tdit_shape_t sh = { m->F, m->H, m->W, m->L, m->cfg, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
             size_t nl = (size_t)(4 * m->F * m->H * m->W), nc = (size_t)(m->L * 32);
             float *lat = malloc(nl * 4), *ctx = malloc(nc * 4), *unc = malloc(nc * 4);
             float *a = malloc(nl * 4), *b = malloc(nl * 4);
@@ -521,7 +521,7 @@ START_TEST(test_multistep_solvers_capture_once_replay_rest_bitwise_equal_to_pure
     for (int v = 0; v < 4; v++) {
         bool cfg = v & 1;
         tdit_solver_t so = MS_SOLVERS[v >> 1];
-        tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, so, false };
+        tdit_shape_t sh = { 2, 8, 8, 5, cfg, 1, so, false, TDIT_SOLVER_EULER };
         tdit_loop_t p = { .steps = 6, .shift = 5.0, .guidance = 5.0f, .solver = so };
         static float a[NL], b[NL], c[NL];
         tdit_staging_t *stg = tdit_staging_new(f->m, &sh);
@@ -564,7 +564,7 @@ END_TEST
  * of the shared workspace): each ends bitwise where it ends alone. */
 START_TEST(test_interleaved_multistep_requests_keep_their_own_history) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
-    tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC, false }, shd = sh;
+    tdit_shape_t sh = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC, false, TDIT_SOLVER_EULER }, shd = sh;
     shd.solver = TDIT_SOLVER_DPMPP;
     tdit_loop_t pa = { .steps = 5, .shift = 3.0, .guidance = 4.0f, .solver = TDIT_SOLVER_UNIPC, .seed = 1 };
     tdit_loop_t pb = { .steps = 7, .shift = 5.0, .guidance = 2.0f, .solver = TDIT_SOLVER_DPMPP, .seed = 2 };
@@ -608,7 +608,7 @@ START_TEST(test_a_batched_multistep_group_is_bitwise_the_single_requests) {
     const uint64_t seeds[3] = { 4, 77, 4 };
     for (int so = 0; so < 2; so++) {
         tdit_solver_t sv = MS_SOLVERS[so];
-        tdit_shape_t one = { 2, 8, 8, 5, true, 1, sv, false }, grp = one;
+        tdit_shape_t one = { 2, 8, 8, 5, true, 1, sv, false, TDIT_SOLVER_EULER }, grp = one;
         grp.batch = 3;
         tdit_loop_t p = { .steps = 5, .shift = 5.0, .guidance = 5.0f, .solver = sv };
         tdit_staging_t *stg = tdit_staging_new(f->m, &grp);
@@ -637,12 +637,13 @@ START_TEST(test_a_batched_multistep_group_is_bitwise_the_single_requests) {
 }
 END_TEST
 
-/* A solver runs in a shape made for it (its key, its workspace) and a
- * multistep solver never with SDE: each mismatch with a message, nothing
- * run. */
+/* A solver runs in a shape made for it (its key, its workspace), and an
+ * SDE loop naming a multistep solver in a shape of that solver's grid
+ * (Euler's sampler), never in the solver's own: each mismatch with a
+ * message, nothing run. */
 START_TEST(test_solver_and_shape_mismatches_are_refused) {
     fx_t *f = fx_open(CAP_POLICY_EVICT);
-    tdit_shape_t ms = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC, false }, plain = ms;
+    tdit_shape_t ms = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_UNIPC, false, TDIT_SOLVER_EULER }, plain = ms;
     plain.solver = TDIT_SOLVER_EULER;
     tdit_loop_t p = { .steps = 3, .shift = 3.0, .guidance = 4.0f, .solver = TDIT_SOLVER_UNIPC };
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &plain, &p, NULL, NULL, f->ctx, f->unc));
@@ -655,9 +656,22 @@ START_TEST(test_solver_and_shape_mismatches_are_refused) {
     ms.solver = TDIT_SOLVER_DPMPP;
     p.sde = true;
     p.eta = 0.7f;
-    ck_assert_int_ne(tdit_loop_validate(&p), 0);
-    ck_assert_ptr_nonnull(strstr(reel_err_text(), "SDE"));
+    TS_OK(tdit_loop_validate(&p)); /* SDE steps on DPM++'s grid */
     ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &ms, &p, NULL, NULL, f->ctx, f->unc));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "sde on dpm++ runs in a shape made for dpm++"));
+    ck_assert_ptr_null(tdit_req_new_group(f->m, f->s, NULL, &plain, &p, NULL, NULL, f->ctx, f->unc));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "(grid euler)")); /* Euler's grid is not DPM++'s */
+    tdit_shape_t grid = plain;
+    tdit_loop_shape(&p, &grid);
+    ck_assert_int_eq(grid.solver, TDIT_SOLVER_EULER);
+    ck_assert_int_eq(grid.grid, TDIT_SOLVER_DPMPP);
+    tdit_req_t *r = tdit_req_new_group(f->m, f->s, NULL, &grid, &p, NULL, NULL, f->ctx, f->unc);
+    TS_NEW(r);
+    tdit_req_destroy(&r);
+    /* a grid under a multistep solver's own steps is no shape */
+    grid.solver = TDIT_SOLVER_UNIPC;
+    ck_assert_int_ne(tdit_shape_validate(&grid), 0);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "grid is for Euler and SDE steps"));
     fx_close(f);
 }
 END_TEST
@@ -683,7 +697,7 @@ START_TEST(test_mixed_shapes_under_a_small_budget_evict_or_run_eager_but_never_f
     cap_options_t o = cap_options_default();
     o.log = quiet;
     /* Room for about one mid-size entry: big ones run in transient workspaces. */
-    tdit_shape_t mid = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false };
+    tdit_shape_t mid = { 2, 8, 8, 5, true, 1, TDIT_SOLVER_EULER, false, TDIT_SOLVER_EULER };
     o.budget_bytes = tdit_ws_size(f->m, &mid) + 64 * 1024;
     f->c = cap_cache_new(f->b, &o);
     ck_assert_int_eq(tdit_register_weights(f->c, f->m, 1), 0);

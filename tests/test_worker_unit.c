@@ -841,9 +841,18 @@ START_TEST(test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason) {
     k = good_key();
     snprintf(k.solver, sizeof k.solver, "ddim");
     expect_key_refused(&k, &tiny, 65536, "bad_request", "unknown solver 'ddim'");
+    /* sde with unipc: SDE steps on UniPC's grid (Euler's sampler, the grid's timesteps) */
     snprintf(k.solver, sizeof k.solver, "unipc");
     k.sde = true;
-    expect_key_refused(&k, &tiny, 65536, "bad_request", "cannot run SDE steps");
+    {
+        wrk_prewarm_t gp;
+        wire_err_t gerr;
+        ck_assert_msg(wrk_prewarm_from_key(&k, &tiny, 65536, &gp, &gerr) == 0, "%s", gerr.message);
+        ck_assert_int_eq(gp.shape.solver, TDIT_SOLVER_EULER);
+        ck_assert_int_eq(gp.shape.grid, TDIT_SOLVER_UNIPC);
+        ck_assert(gp.loop.sde);
+        ck_assert_int_eq(gp.loop.solver, TDIT_SOLVER_UNIPC);
+    }
 
     /* tokens F x H/2 x W/2: 16 x 64 x 64 = 65536 at the limit, 17 frames over */
     wrk_prewarm_t p;

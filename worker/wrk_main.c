@@ -419,10 +419,11 @@ static int send_ready(link_t *l) {
     r.n_configs = 1;
     /* The solvers beyond Euler it runs: the broker routes a GEN naming one
      * only to workers that said so (an older worker would ignore the field
-     * and answer Euler's result). */
-    static const char solvers[2][MSG_NAME_MAX] = { "unipc", "dpm++" };
+     * and answer Euler's result); "sde-unipc" and "sde-dpm++": SDE
+     * rollouts on those grids (an older worker would refuse them). */
+    static const char solvers[4][MSG_NAME_MAX] = { "unipc", "dpm++", "sde-unipc", "sde-dpm++" };
     r.solvers = solvers;
-    r.n_solvers = 2;
+    r.n_solvers = 4;
     /* What else it does: prompts in, frames and videos out. */
     if (w->text) snprintf(r.text_encoder, sizeof r.text_encoder, "%s", t2v_text_name(w->text));
     if (w->vae) snprintf(r.vae, sizeof r.vae, "%s", t2v_vae_name(w->vae));
@@ -798,8 +799,10 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
             return -1;
         }
         wrk_log(w, "warning: %s holds %s but no %s: no text encoder, GENs with a prompt are not routed here "
-                "(give --t5 FILE and --tokenizer PATH)", o->weights, t5 ? RELEASE_T5_NAME : RELEASE_TOKENIZER_DIR "/",
-                t5 ? RELEASE_TOKENIZER_DIR "/" : RELEASE_T5_NAME);
+                "(give --t5 FILE and --tokenizer PATH)", o->weights, t5 ? t5 : tok,
+                t5 ? "tokenizer (" RELEASE_TOKENIZER_DIR "/spiece.model, or a pipeline's " RELEASE_DIFFUSERS_TOKENIZER
+                     "/spiece.model)"
+                   : "text encoder (" RELEASE_T5_NAME ", or a pipeline's " RELEASE_DIFFUSERS_T5 "/)");
         t5 = tok = NULL;
     }
     const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;

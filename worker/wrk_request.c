@@ -124,11 +124,12 @@ int wrk_prewarm_from_key(const msg_prewarm_key_t *k, const tdit_config_t *cfg, i
         return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     memset(out, 0, sizeof *out);
     out->shape = (tdit_shape_t){ ls[1], ls[2], ls[3], (int64_t)k->text_len, k->cfg, k->n > 1 ? (int64_t)k->n : 1,
-                                 solver, false };
+                                 solver, false, TDIT_SOLVER_EULER };
     if (tdit_shape_validate(&out->shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     /* The key does not depend on the schedule: any valid loop of its kind. */
     out->loop = (tdit_loop_t){ 2, 1.0, 1.0f, k->sde, 0.7f, 0, solver };
     if (tdit_loop_validate(&out->loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
+    tdit_loop_shape(&out->loop, &out->shape);
     out->shard = k->key_hash;
     return 0;
 }
@@ -158,10 +159,11 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
      * refused longer ones): one shape, one key, for every prompt length. */
     bool prompt = r->prompt && *r->prompt; /* msg_gen_validate: then text_len > 0 */
     int64_t L = cfg->text_len > 0 ? cfg->text_len : r->context->shape[0];
-    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, msg_gen_guided(r), 1, solver, false };
+    tdit_shape_t shape = { ls[1], ls[2], ls[3], L, msg_gen_guided(r), 1, solver, false, TDIT_SOLVER_EULER };
     if (tdit_shape_validate(&shape) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
     tdit_loop_t loop = { (int)r->steps, r->shift, (float)r->cfg, r->sde, (float)r->eta, r->seed, solver };
     if (tdit_loop_validate(&loop) != 0) return bad(err, WIRE_E_BAD_REQUEST, "%s", reel_err_text());
+    tdit_loop_shape(&loop, &shape); /* sde with a solver: SDE steps on its grid */
 
     wrk_job_t *j = calloc(1, sizeof *j);
     if (!j) return bad(err, WIRE_E_INTERNAL, "out of memory");

@@ -385,8 +385,9 @@ def main():
         print("-- UniPC / DPM++ (issue 24): reference checks, then reelctl run --solver vs solvers_ref.py")
         rp, rf = test_solvers.run_reference_checks()
         sp, sf, _ = test_solvers.crosscheck_solvers(a.reelctl, a.workdir)
-        passed += rp + sp
-        failed += rf + sf
+        gp, gf = test_solvers.crosscheck_sde_grid(a.reelctl, a.workdir)
+        passed += rp + sp + gp
+        failed += rf + sf + gf
     if not a.no_tokenizer:
         print("-- tokenizer (issue 26): reelctl tokenize vs Python's sentencepiece and Wan's cleaning")
         tp, tf = test_tokenizer.crosscheck_tokenizer(a.reelctl, os.path.join(a.workdir, "tokenizer"))

@@ -496,6 +496,54 @@ def crosscheck_solvers(reelctl, workdir, env=None, quiet=False, configs=CONFIGS,
     return passed, failed, errs
 
 
+def crosscheck_sde_grid(reelctl, workdir, env=None, configs=CONFIGS):
+    """SDE steps on a solver's grid (`run --sde --solver unipc|dpm++`:
+    Flow-GRPO's Wan rollouts with Wan's scheduler): the sigmas and int
+    timesteps of that solver's schedule. With eta 0 the SDE step is the
+    Euler step, so the reference is euler_loop over the solver's own
+    schedule with the transformer at its int t (1000 sigma would differ:
+    tiny's sinusoid turns about a radian per unit of t). Returns (passed,
+    failed)."""
+    os.makedirs(workdir, exist_ok=True)
+    passed = failed = 0
+    for cname, seed, lshape, L in configs:
+        wpath = os.path.join(workdir, "grid_w_%s.safetensors" % cname)
+        if os.path.exists(wpath):
+            os.remove(wpath)
+        run_cmd([reelctl, "weights", "init", "--config", cname, "--seed", str(seed), "--out", wpath], env)
+        w = ref.load_weights(wpath)
+        rng = np.random.default_rng(INPUT_SEED + seed + 1)
+        lat = rng.standard_normal(lshape).astype(np.float32)
+        ctx = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
+        unc = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
+        paths = {k: os.path.join(workdir, "grid_%s_%s.safetensors" % (k, cname)) for k in ("lat", "ctx", "unc")}
+        safetensors_np.save(paths["lat"], {"latent": lat})
+        safetensors_np.save(paths["ctx"], {"context": ctx})
+        safetensors_np.save(paths["unc"], {"context": unc})
+        for so in SOLVER_NAMES:
+            for steps, shift in ((3, 3.0), (6, 5.0)):
+                name = "%s sde on the %s grid, eta 0, %d steps, shift %g, CFG" % (cname, so, steps, shift)
+                out = os.path.join(workdir, "grid_out.safetensors")
+                try:
+                    if os.path.exists(out):
+                        os.remove(out)
+                    run_cmd([reelctl, "run", "--weights", wpath, "--latent", paths["lat"], "--context", paths["ctx"],
+                             "--uncond", paths["unc"], "--cfg", repr(CFG_SCALE), "--steps", str(steps), "--shift",
+                             repr(shift), "--solver", so, "--sde", "--eta", "0", "--out", out], env)
+                    got = load_latent(out)
+                    sig, ts = sr.SOLVERS[so][0](steps, shift)
+                    want = euler_loop(sr.dit_velocity_fn(w, ctx, unc, CFG_SCALE), lat, sig, ts)
+                    err = max_rel_err(got, want)
+                    ok = bool(np.all(np.isfinite(got))) and err <= TOL
+                    print("%s solvers %s: max rel err %.3e (tol %.0e)" % ("PASS" if ok else "FAIL", name, err, TOL))
+                except (CmdError, KeyError, ValueError, OSError) as ex:
+                    ok = False
+                    print("FAIL solvers %s: %s" % (name, ex))
+                passed += ok
+                failed += not ok
+    return passed, failed
+
+
 # ---------------------------------------------------------------------------
 # Self-test of the comparison path with fake_reelctl.py (negative controls)
 # ---------------------------------------------------------------------------
@@ -551,8 +599,9 @@ def main():
         ap.error("--reelctl and --workdir are required (or --reference / --selftest)")
     rp, rf = run_reference_checks()
     p, f, _ = crosscheck_solvers(a.reelctl, a.workdir, backend=a.backend)
-    print("solvers: %d passed, %d failed" % (rp + p, rf + f))
-    return 0 if rf + f == 0 else 1
+    gp, gf = crosscheck_sde_grid(a.reelctl, a.workdir) if not a.backend else (0, 0)
+    print("solvers: %d passed, %d failed" % (rp + p + gp, rf + f + gf))
+    return 0 if rf + f + gf == 0 else 1
 
 
 if __name__ == "__main__":

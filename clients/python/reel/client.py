@@ -898,8 +898,9 @@ class Client:
         inside the call: a call of this Client from it raises RuntimeError). return_trajectory,
         return_log_probs and return_means (the last two: sde with eta > 0)
         fill the GenResult's rollout fields. solver: "euler" (the default),
-        or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules; not
-        with sde).
+        or Wan2.1's "unipc" or "dpm++" (with their own sigma schedules); with
+        sde, the grid the SDE steps run on (that solver's sigmas and int
+        timesteps: Flow-GRPO's Wan rollouts with Wan's UniPC scheduler).
 
         steps is required with a context; cfg, shift and solver default to
         1.0, 1.0 and "euler" there.
@@ -1086,8 +1087,6 @@ class Client:
             raise ValueError(f"latent_shape must be 4 integers [C, F, H, W], got {latent_shape!r}")
         if solver not in ("euler", "unipc", "dpm++"):
             raise ValueError(f"solver must be 'euler', 'unipc' or 'dpm++', got {solver!r}")
-        if sde and solver != "euler":
-            raise ValueError(f"solver {solver!r} cannot run sde steps (an SDE rollout is its own sampler)")
         fields = {"model": str(model), "steps": _uint("steps", steps),
                   "latent_shape": [_uint("latent_shape[%d]" % i, d) for i, d in enumerate(latent_shape)],
                   "shift": _num("shift", shift), "cfg": _num("cfg", cfg), "sde": _flag("sde", sde),

@@ -296,11 +296,25 @@ class ClientTests(unittest.TestCase):
         euler = self.c.gen("tiny", self.ctx, uncond=self.unc, cfg=4.0, latent=self.lat, steps=5, shift=3.0)
         self.assertFalse(np.array_equal(euler.latent, ref))
 
-    def test_a_bad_solver_or_one_with_sde_is_a_value_error_at_once(self):
-        with self.assertRaises(ValueError):
-            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, solver="ddim")
-        with self.assertRaises(ValueError):
-            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, solver="unipc", sde=True)
+    def test_a_bad_solver_is_a_value_error_at_once(self):
+        for solver in ("ddim", "sde-unipc", "", None):
+            with self.assertRaises(ValueError, msg=repr(solver)):
+                self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, solver=solver)
+
+    def test_sde_on_a_solvers_grid_equals_reelctl_run_and_returns_that_schedule(self):
+        # Flow-GRPO's Wan rollouts: SDE steps on UniPC's (or DPM++'s) sigmas and int timesteps
+        for solver in ("unipc", "dpm++"):
+            r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7, solver=solver,
+                           return_log_probs=True)
+            self.assertTrue(np.array_equal(r.latent, self.reference(self.w1, 4, sde=True, solver=solver)), solver)
+            euler = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7,
+                               return_log_probs=True)
+            self.assertTrue(np.all(r.sigmas[:-1] > r.sigmas[1:]) and r.sigmas[-1] == 0, solver)
+            self.assertFalse(np.array_equal(r.latent, euler.latent), solver)
+            if solver == "unipc":  # from sigma_max 0.999, where Euler's start at 1
+                self.assertTrue(r.sigmas[0] < 1 and not np.array_equal(r.sigmas, euler.sigmas))
+            else:  # DPM++'s sigmas are Euler's; its transformer takes their int timesteps
+                self.assertTrue(np.array_equal(r.sigmas, euler.sigmas))
 
     def test_sde_gen_equals_reelctl_run_sde(self):
         r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=4, shift=3.0, sde=True, eta=0.7)
