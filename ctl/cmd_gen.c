@@ -271,7 +271,8 @@ static int add_rollout(st_writer_t *w, const reel_rollout_t *ro) {
     int64_t n[2] = { ro->n, ro->steps }, n1[1] = { ro->steps + 1 };
     int grp = ro->n > 1;
     if ((ro->log_probs && st_writer_add_f32(w, "log_probs", 1 + grp, grp ? n : n + 1, ro->log_probs)) ||
-        (ro->sigmas && st_writer_add_f32(w, "sigmas", 1, n1, ro->sigmas)))
+        (ro->sigmas && st_writer_add_f32(w, "sigmas", 1, n1, ro->sigmas)) ||
+        (ro->timesteps && st_writer_add_f32(w, "timesteps", 1, n + 1, ro->timesteps)))
         return -1;
     /* A file tensor has at most 5 dims: a group's trajectory and means
      * are written per sample, "trajectory.0", "trajectory.1", ... */

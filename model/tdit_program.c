@@ -432,6 +432,10 @@ const float *tdit_req_trajectory(const tdit_req_t *r) { return r->traj; }
 const float *tdit_req_means(const tdit_req_t *r) { return r->means; }
 const float *tdit_req_log_probs(const tdit_req_t *r) { return r->logp; }
 const double *tdit_req_sigmas(const tdit_req_t *r) { return r->sig; }
+double tdit_req_timestep(const tdit_req_t *r, int i) {
+    const bool given = tdit_solver_multistep(r->shape.solver) || r->shape.grid != TDIT_SOLVER_EULER;
+    return given ? r->ts[i] : (double)1000.0f * (double)(float)r->sig[i]; /* kern_timestep_embed's t */
+}
 const uint64_t *tdit_req_versions(const tdit_req_t *r) { return r->versions; }
 int64_t tdit_req_batch(const tdit_req_t *r) { return r->batch; }
 const tdit_shape_t *tdit_req_shape(const tdit_req_t *r) { return &r->shape; }

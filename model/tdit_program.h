@@ -139,6 +139,9 @@ const float *tdit_req_trajectory(const tdit_req_t *r);
 const float *tdit_req_means(const tdit_req_t *r);
 const float *tdit_req_log_probs(const tdit_req_t *r);
 const double *tdit_req_sigmas(const tdit_req_t *r);
+/* Step i's timestep as the transformer took it: 1000·σ_i of the F32 σ_i
+ * on Euler's grid (in double), else the solver's integer t_i. */
+double tdit_req_timestep(const tdit_req_t *r, int i);
 const uint64_t *tdit_req_versions(const tdit_req_t *r);
 /* The shape and loop r runs. */
 const tdit_shape_t *tdit_req_shape(const tdit_req_t *r);

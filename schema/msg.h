@@ -209,6 +209,8 @@ typedef struct {
     size_t n_version_runs;
     const wire_tensor_t *latent;
     const wire_tensor_t *trajectory, *log_probs, *sigmas, *means; /* when asked */
+    const wire_tensor_t *timesteps; /* [N] with sigmas: each step's t as the transformer took it (absent from an
+                                     * older worker) */
     const wire_tensor_t *frames; /* output "frames": U8 [F',H',W',3] ([n,...] for a group) */
     const wire_tensor_t *video;  /* output "video": U8 [bytes], an MP4 (a group: sample 0's... see PROTOCOL.md) */
     double encode_seconds, decode_seconds; /* time spent encoding the prompt(s) and decoding (0: none) */

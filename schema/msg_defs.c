@@ -140,6 +140,7 @@ static const msg_slot_t result_slots[] = {
     { "trajectory", offsetof(msg_result_t, trajectory) },
     { "log_probs", offsetof(msg_result_t, log_probs) },
     { "sigmas", offsetof(msg_result_t, sigmas) },
+    { "timesteps", offsetof(msg_result_t, timesteps) },
     { "means", offsetof(msg_result_t, means) },
     { "frames", offsetof(msg_result_t, frames) },
     { "video", offsetof(msg_result_t, video) },
@@ -699,12 +700,16 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
                           describe(want[i].t, a, sizeof a));
     }
+    /* timesteps come with sigmas, [N]; an older worker sends none */
+    if (r->timesteps && !(g->return_log_probs && shape_is(r->timesteps, 0, NULL, 1, &lead2[1])))
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: timesteps %s, not [N] beside the sigmas the request asked for",
+                      describe(r->timesteps, a, sizeof a));
     /* Never a result of NaN or infinity (a worker judges all of its own;
      * this is the backstop for one that did not: the latent, log_probs and
      * sigmas; a rollout's trajectory and means, up to N + 1 latents, stay
      * the worker's to judge, off the broker's one event-loop thread) */
-    const wire_tensor_t *vals[] = { r->latent, r->log_probs, r->sigmas };
-    const char *names[] = { "latent", "log_probs", "sigmas" };
+    const wire_tensor_t *vals[] = { r->latent, r->log_probs, r->sigmas, r->timesteps };
+    const char *names[] = { "latent", "log_probs", "sigmas", "timesteps" };
     for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
         if (vals[i] && !kern_all_finite(vals[i]->data, vals[i]->bytes / sizeof(float), KERN_F32))
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s holds NaN or infinite values", names[i]);

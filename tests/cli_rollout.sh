@@ -59,6 +59,9 @@ check(s["means"].shape == (4, 4, 2, 8, 8), "means [N,C,F,H,W]")
 check(np.array_equal(s["trajectory"][-1], s["latent"]), "the trajectory ends with the latent, bitwise")
 check(np.all(np.isfinite(s["log_probs"])) and np.all(s["sigmas"][:-1] > s["sigmas"][1:]),
       "log-probs finite, sigmas decreasing")
+check(s["timesteps"].shape == (4,) and np.array_equal(
+          s["timesteps"], (1000.0 * s["sigmas"][:-1].astype(np.float64)).astype(np.float32)),
+      "timesteps [N]: 1000 sigma_i as the transformer took it (Euler's grid)")
 check(np.array_equal(o["trajectory"][-1], o["latent"]) and np.array_equal(o["latent"], p["latent"]),
       "Euler: the trajectory ends with the latent a plain gen returns, bitwise")
 check(np.array_equal(o["trajectory"][0], s["trajectory"][0]), "both start from the same seeded noise")

@@ -102,6 +102,8 @@ for so in ("unipc", "dpm++"):
     sig, ts = sr.SOLVERS[so][0](6, 5.0)
     check(np.array_equal(s["sigmas"], np.asarray(sig, dtype=np.float32)),
           "sde on the %s grid: its sigmas are %s's schedule (6 steps, shift 5), bitwise" % (so, so))
+    check(np.array_equal(s["timesteps"], np.asarray(ts, dtype=np.float32)),
+          "sde on the %s grid: its timesteps are %s's int timesteps %s" % (so, so, list(ts)))
     # Flow-GRPO's log-prob of x_{i+1} given its mean: std = eta sqrt(sigma / (1 - sigma)) (sigma_max for sigma 1),
     # s = std sqrt(sigma_i - sigma_{i+1}); the mean over the latent of -(x - mu)^2 / (2 s^2) - log s - log sqrt(2 pi)
     x, mu, sg = s["trajectory"].astype(np.float64), s["means"].astype(np.float64), s["sigmas"].astype(np.float64)

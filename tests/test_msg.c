@@ -1094,10 +1094,11 @@ START_TEST(test_a_result_of_nan_or_inf_and_log_probs_at_a_float_zero_eta_are_ref
     g.eta = 1.5e-45; /* the smallest float above 0 */
     wire_err_t err;
     ck_assert_int_eq(msg_gen_validate(&g, NULL, &err), 0);
-    static float lat[4 * 2 * 8 * 8], traj[3 * 4 * 2 * 8 * 8], lp[2], sg[3];
+    static float lat[4 * 2 * 8 * 8], traj[3 * 4 * 2 * 8 * 8], lp[2], sg[3], ts[3];
     const int64_t tshape[5] = { 3, 4, 2, 8, 8 }, lshape[1] = { 2 }, sshape[1] = { 3 };
     wire_tensor_t lt = tensor("latent", KERN_F32, 4, LAT, lat), tt = tensor("trajectory", KERN_F32, 5, tshape, traj),
-                  pt = tensor("log_probs", KERN_F32, 1, lshape, lp), st = tensor("sigmas", KERN_F32, 1, sshape, sg);
+                  pt = tensor("log_probs", KERN_F32, 1, lshape, lp), st = tensor("sigmas", KERN_F32, 1, sshape, sg),
+                  tst = tensor("timesteps", KERN_F32, 1, lshape, ts);
     msg_result_t r;
     memset(&r, 0, sizeof r);
     r.version = 1;
@@ -1105,10 +1106,26 @@ START_TEST(test_a_result_of_nan_or_inf_and_log_probs_at_a_float_zero_eta_are_ref
     r.trajectory = &tt;
     r.log_probs = &pt;
     r.sigmas = &st;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0); /* timesteps absent: an older worker */
+    r.timesteps = &tst;
     ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), 0);
+    /* timesteps are [N] beside the sigmas, not N + 1, and never without log-probs asked */
+    wire_tensor_t long_ts = tensor("timesteps", KERN_F32, 1, sshape, ts);
+    r.timesteps = &long_ts;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+    ck_assert_msg(strstr(err.message, "timesteps"), "%s", err.message);
+    r.timesteps = &tst;
+    g.return_log_probs = false;
+    r.log_probs = r.sigmas = NULL;
+    ck_assert_int_eq(msg_result_check(&r, &g, 1, &err), -1);
+    ck_assert_msg(strstr(err.message, "timesteps"), "%s", err.message);
+    g.return_log_probs = true;
+    r.log_probs = &pt;
+    r.sigmas = &st;
     struct { float *at; const char *name; float v; } bad[] = {
         { &lat[77], "latent holds NaN", NAN }, { &lat[511], "latent holds NaN", INFINITY },
         { &lp[1], "log_probs holds NaN", -INFINITY }, { &sg[0], "sigmas holds NaN", NAN },
+        { &ts[1], "timesteps holds NaN", INFINITY },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         *bad[i].at = bad[i].v;

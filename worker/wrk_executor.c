@@ -131,7 +131,7 @@ static void overflowed(const wrk_job_t *j, const char *what, char code[24], char
  * tensors the GEN asked for (t[1..]); *sig and *runs are the caller's to
  * free. A group's tensors gain a leading [n]. -1 on OOM. */
 static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r, wire_tensor_t *t, float **sig,
-                         msg_version_run_t **runs) {
+                         float **ts, msg_version_run_t **runs) {
     int steps = o->steps;
     size_t cells = (size_t)o->n * (size_t)steps;
     if (!(*runs = calloc(cells, sizeof **runs))) return -1;
@@ -160,6 +160,12 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
         int64_t n1 = steps + 1;
         tensor_of(&t[k], "sigmas", 0, NULL, 1, &n1, *sig);
         r->sigmas = &t[k++];
+        /* each step's t as the transformer took it, after the sigmas */
+        if (!(*ts = malloc((size_t)steps * sizeof **ts))) return -1;
+        for (int i = 0; i < steps; i++) (*ts)[i] = (float)tdit_req_timestep(j->req, i);
+        int64_t nt = steps;
+        tensor_of(&t[k], "timesteps", 0, NULL, 1, &nt, *ts);
+        r->timesteps = &t[k++];
     }
     return 0;
 }
@@ -277,24 +283,25 @@ static void send_outputs(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o) {
         free(r);
         return;
     }
-    wire_tensor_t t[7];
-    float *sig = NULL;
+    wire_tensor_t t[8];
+    float *sig = NULL, *tsteps = NULL;
     uint8_t *frames = NULL, *mp4 = NULL;
     msg_version_run_t *runs = NULL;
-    if (result_extras(j, o, r, t, &sig, &runs) != 0) {
+    if (result_extras(j, o, r, t, &sig, &tsteps, &runs) != 0) {
         send_error(st, j, WIRE_E_INTERNAL, "out of memory building the RESULT");
         goto out;
     }
     int64_t g = o->n;
     tensor_of(&t[0], "latent", o->n > 1, &g, 4, j->latent_shape, o->out);
     r->latent = &t[0];
-    if (decoded(st, j, o, r, &t[5], &frames, &mp4) != 0) goto out;
+    if (decoded(st, j, o, r, &t[6], &frames, &mp4) != 0) goto out;
     r->encode_seconds = j->encode_s;
     if (wrk_pipe_send(st->push, j->epoch, MSG_RESULT, j->id, r) != 0)
         wrk_log(w, "stream %d: cannot queue RESULT of request %llu: %s", st->idx, (unsigned long long)j->id,
                 zmq_strerror(errno));
 out:
     free(sig);
+    free(tsteps);
     free(frames);
     free(mp4);
     free(runs);

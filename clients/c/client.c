@@ -464,8 +464,9 @@ void reel_rollout_free(reel_rollout_t *r) {
     free(r->trajectory);
     free(r->log_probs);
     free(r->sigmas);
+    free(r->timesteps);
     free(r->means);
-    r->trajectory = r->log_probs = r->sigmas = r->means = NULL;
+    r->trajectory = r->log_probs = r->sigmas = r->timesteps = r->means = NULL;
 }
 
 /* A copy of tensor t's floats into *dst, its shape into shape[] (ndim
@@ -482,7 +483,7 @@ static int take_f32(const wire_tensor_t *t, int ndim, float **dst, int64_t *shap
 
 /* The rollout outputs of RESULT r into ro (what was asked). */
 static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_err_t *err) {
-    int64_t n1[2] = { 0 }, n2[1] = { 0 };
+    int64_t n1[2] = { 0 }, n2[1] = { 0 }, n3[1] = { 0 };
     int g = n > 1; /* a group: a leading [n] */
     reel_rollout_free(ro);
     memset(ro->trajectory_shape, 0, sizeof ro->trajectory_shape);
@@ -490,6 +491,7 @@ static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_e
     ro->steps = 0;
     if (take_f32(r->trajectory, 5 + g, &ro->trajectory, ro->trajectory_shape) ||
         take_f32(r->log_probs, 1 + g, &ro->log_probs, n1) || take_f32(r->sigmas, 1, &ro->sigmas, n2) ||
+        take_f32(r->timesteps, 1, &ro->timesteps, n3) ||
         take_f32(r->means, 5 + g, &ro->means, ro->means_shape)) {
         reel_rollout_free(ro);
         set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");

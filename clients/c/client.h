@@ -118,6 +118,7 @@ typedef struct reel_rollout {
     int64_t trajectory_shape[6];
     float *log_probs;           /* [N] */
     float *sigmas;              /* [N+1] */
+    float *timesteps;           /* [N]: each step's t as the transformer took it (NULL from an older worker) */
     int64_t steps;              /* N (0 when neither came) */
     float *means;               /* [N, C, F, H, W] */
     int64_t means_shape[6];

@@ -148,7 +148,8 @@ class GenResult:
     catalog's captures and evictions are recorded by; "" from an older
     worker) and .seconds (client wall time). With the rollout options:
     .trajectory [N+1, C, F, H, W] (x_0 ... x_N), .log_probs [N] (each SDE
-    step's Flow-GRPO log-probability), .sigmas [N+1], .means [N, C, F, H, W];
+    step's Flow-GRPO log-probability), .sigmas [N+1], .timesteps [N] (each step's t as
+    the transformer took it), .means [N, C, F, H, W];
     None when not asked for. With output="frames": .frames, uint8 [F', H',
     W', 3] (F' = 1+4(F-1), H' = 8H, W' = 8W); with output="video": .video,
     the MP4's bytes; .encode_seconds and .decode_seconds: the worker's time
@@ -189,6 +190,10 @@ class GenResult:
         # [N+1], one for a group: each sample its own copy (editing one changes no other)
         self.sigmas = (convert(tensors["sigmas"] if sample is None else tensors["sigmas"].copy())
                        if "sigmas" in tensors else None)
+        # [N] with sigmas: each step's timestep as the transformer took it (1000 sigma on Euler's grid,
+        # the solver's int t on UniPC's or DPM++'s); None from an older worker
+        self.timesteps = (convert(tensors["timesteps"] if sample is None else tensors["timesteps"].copy())
+                          if "timesteps" in tensors else None)
         self.means = convert(pick(tensors["means"])) if "means" in tensors else None
         # output="frames": uint8 [F', H', W', 3] (numpy, whatever the inputs);
         # output="video": the MP4's bytes

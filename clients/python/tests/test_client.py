@@ -311,6 +311,12 @@ class ClientTests(unittest.TestCase):
                                return_log_probs=True)
             self.assertTrue(np.all(r.sigmas[:-1] > r.sigmas[1:]) and r.sigmas[-1] == 0, solver)
             self.assertFalse(np.array_equal(r.latent, euler.latent), solver)
+            # the transformer's t: the solver's ints, trunc(1000 sigma); Euler's 1000 sigma itself
+            self.assertEqual(r.timesteps.shape, (4,))
+            self.assertTrue(np.array_equal(r.timesteps, np.floor(r.timesteps)), (solver, r.timesteps))
+            self.assertTrue(np.all(np.abs(r.timesteps - 1000 * r.sigmas[:-1].astype(np.float64)) < 1), solver)
+            self.assertTrue(np.array_equal(euler.timesteps,
+                                           (1000.0 * euler.sigmas[:-1].astype(np.float64)).astype(np.float32)))
             if solver == "unipc":  # from sigma_max 0.999, where Euler's start at 1
                 self.assertTrue(r.sigmas[0] < 1 and not np.array_equal(r.sigmas, euler.sigmas))
             else:  # DPM++'s sigmas are Euler's; its transformer takes their int timesteps
