@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 cap_cache_t *cap_cache_new(kern_backend_t *b, const cap_options_t *opt) {
     if (!b) { reel_fail(REEL_E_INVALID, "capture cache: no backend"); return NULL; }
@@ -260,20 +259,14 @@ void cap_evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, const
 
 /* Evicts every idle entry (lru): the last resort when a workspace of
  * `need` bytes (0: not known) cannot be allocated. Not for one larger than
- * this machine's memory plus what the idle entries hold, which freeing
- * them could never make room for (a key of 2^60 elements would otherwise
- * cost every other key its graphs). True if any was evicted. */
+ * all the memory its backend allocates from (the device's, or the host's
+ * on the CPU), which freeing them could never make room for (a key of
+ * 2^60 elements would otherwise cost every other key its graphs). True if
+ * any was evicted. */
 bool cap_evict_idle(cap_cache_t *c, evq_t *q, size_t need) {
     CAP_ASSERT_LOCKED(&c->lock);
-    if (need) {
-        size_t idle = 0;
-        for (const entry_t *e = c->head; e; e = e->next)
-            if (!e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
-        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-        size_t phys = pages > 0 && psize > 0 && (size_t)pages <= SIZE_MAX / (size_t)psize ? (size_t)pages * (size_t)psize
-                                                                                         : SIZE_MAX;
-        if (need == SIZE_MAX || (need > idle && need - idle > phys)) return false;
-    }
+    const size_t total = kern_backend_mem_total(c->backend);
+    if (need == SIZE_MAX || (need && total && need > total)) return false;
     bool any = false;
     entry_t *next;
     for (entry_t *e = c->head; e; e = next) {

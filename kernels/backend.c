@@ -174,6 +174,7 @@ kern_backend_kind_t kern_backend_kind(const kern_backend_t *b) { return b->kind;
 const char *kern_backend_device_name(const kern_backend_t *b) { return b->device_name; }
 const char *kern_backend_arch(const kern_backend_t *b) { return b->arch; }
 int kern_backend_device(const kern_backend_t *b) { return b->device; }
+size_t kern_backend_mem_total(const kern_backend_t *b) { return b->mem_total; }
 
 void *kern_alloc(kern_backend_t *b, size_t bytes) {
     if (bytes == 0) bytes = 1;

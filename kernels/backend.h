@@ -56,6 +56,10 @@ const char *kern_backend_device_name(const kern_backend_t *b);
 const char *kern_backend_arch(const kern_backend_t *b);
 /* KERN_DEVICE_HOST for the CPU, the CUDA ordinal otherwise. */
 int kern_backend_device(const kern_backend_t *b);
+/* The memory its allocations come from, in bytes: the host's physical
+ * memory on the CPU, the device's on CUDA; 0 when not known. What no
+ * freeing could ever make room beyond (capture_cache/cache.c). */
+size_t kern_backend_mem_total(const kern_backend_t *b);
 
 /* Device memory. kern_alloc returns NULL (message set) on failure; the
  * memory is 64-byte aligned and uninitialised. kern_free(NULL) is a no-op. */

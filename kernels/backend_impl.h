@@ -37,6 +37,7 @@ struct kern_backend {
     int device;
     char device_name[32];
     char arch[32];
+    size_t mem_total;      /* kern_backend_mem_total: 0 when not known */
     size_t bytes_in_use;   /* atomic: streams on several threads allocate */
     void *impl;
     /* The device lock (backend.c): captures hold it shared from begin to

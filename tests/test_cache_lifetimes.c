@@ -331,15 +331,18 @@ START_TEST(test_model_destroyed_before_another_programs_failed_allocation_is_evi
 }
 END_TEST
 
-/* A workspace no memory could hold (a key of 2^60 elements) fails its
- * allocation; freeing the other keys' graphs could never make room for
- * it, so none is evicted and nothing is retried. */
+/* A workspace no memory could hold (one byte past all the backend's
+ * memory: the host's physical memory on the CPU) fails its allocation;
+ * freeing the other keys' graphs could never make room for it, so none is
+ * evicted and nothing is retried. */
 START_TEST(test_a_failed_allocation_no_memory_could_hold_evicts_no_other_keys_graph) {
     fx_t *f = fx_open(0);
     cap_key_t ka;
     tdit_model_t *a = model_a_with_an_entry(f, &ka);
     register_toy(f);
-    toy_user_t u = { .claim = SIZE_MAX / 4, .fail_allocs = 2 };
+    const size_t total = kern_backend_mem_total(f->b);
+    ck_assert_uint_gt(total, (size_t)1 << 26); /* the host's: at least 64 MiB, and known */
+    toy_user_t u = { .claim = total + 1, .fail_allocs = 2 };
     cap_key_t key = toy_key(f);
     float x[TOY_ROWS * TOY_COLS] = { 0 }, y[TOY_ROWS * TOY_COLS];
     const int64_t shape[2] = { TOY_ROWS, TOY_COLS };

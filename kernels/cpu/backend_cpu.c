@@ -7,7 +7,9 @@
 #include "cpu_pool.h"
 #include "base/error.h"
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #define CPU_ALIGN 64
@@ -113,5 +115,7 @@ kern_backend_t *kern_backend_cpu_new_impl(void) {
     b->device = KERN_DEVICE_HOST;
     strcpy(b->device_name, "cpu");
     strcpy(b->arch, cpu_arch());
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psize > 0 && (size_t)pages <= SIZE_MAX / (size_t)psize) b->mem_total = (size_t)pages * (size_t)psize;
     return b;
 }

@@ -365,6 +365,7 @@ int kern_cuda_backend_init(kern_backend_t *b, int device) {
     b->device = device;
     snprintf(b->device_name, sizeof b->device_name, "cuda:%d", device);
     snprintf(b->arch, sizeof b->arch, "sm_%d%d", prop.major, prop.minor);
+    b->mem_total = prop.totalGlobalMem;
     b->impl = im;
     /* The fused attention runs where cuDNN loads (every device here is
      * sm_80 or newer): kernels/ops.h, kern_attention_choose. */
