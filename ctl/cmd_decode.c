@@ -72,7 +72,11 @@ int cmd_decode(int argc, char **argv) {
     if (!(lat = ctl_read_tensor(lpath, "latent", 4, ls))) goto out;
     if (!(wf = hf_part_open(o.vae, HF_PART_VAE))) { ctl_fail_as(REEL_E_INVALID, "--vae: "); goto out; }
     if (!(b = kern_backend_new(kind, 0)) || !(s = kern_stream_new(b))) { ctl_fail_as(REEL_E_DEVICE, NULL); goto out; }
-    if (!(m = vae_model_load(b, wf, KERN_F32))) { ctl_fail_as(REEL_E_INVALID, NULL); goto out; } /* names the file */
+    if (!(m = vae_model_load(b, wf, KERN_F32))) { /* names the file */
+        hf_part_explain(wf);
+        ctl_fail_as(REEL_E_INVALID, "--vae: ");
+        goto out;
+    }
     st_close(&wf);
     const vae_config_t *c = vae_model_config(m);
     if (ls[0] != c->z_dim) {

@@ -98,6 +98,7 @@ static int encode_ids(const encode_opts_t *o, const int32_t *ids, int64_t n) {
         goto out;
     }
     if (!(m = t5_model_load(b, f, o->dtype))) {
+        hf_part_explain(f);
         ctl_fail_as(REEL_E_INVALID, "--t5 %s: ", o->t5);
         goto out;
     }

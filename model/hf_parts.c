@@ -35,6 +35,8 @@
 
 #define HF_MAX_INDEX ((size_t)64 << 20) /* an index.json's bytes */
 #define HF_MAX_SHARDS 4096
+#define HF_FROM "reel.file_name:" /* metadata: Wan's name -> the file's */
+#define HF_LAYOUT "reel.file_names"   /* metadata: "t5" or "vae", the names the file was renamed from */
 
 static bool ends_with(const char *s, const char *tail) {
     size_t n = strlen(s), k = strlen(tail);
@@ -135,6 +137,66 @@ static int vae_name(const char *n, char *out, size_t len) {
     return 0;
 }
 
+/* ---- back: Wan's name -> the file's (for messages) ------------------------------- */
+
+static int t5_file_name(const char *n, char *out, size_t len) {
+    const char *r;
+    int b;
+    if (!strcmp(n, "token_embedding.weight")) return put(out, len, "shared.weight");
+    if (!strcmp(n, "norm.weight")) return put(out, len, "encoder.final_layer_norm.weight");
+    if (!(r = after(n, "blocks.")) || !take_index(&r, &b)) return 0;
+    static const struct { const char *wan, *hf; } sub[] = {
+        { "attn.q.weight", "layer.0.SelfAttention.q.weight" }, { "attn.k.weight", "layer.0.SelfAttention.k.weight" },
+        { "attn.v.weight", "layer.0.SelfAttention.v.weight" }, { "attn.o.weight", "layer.0.SelfAttention.o.weight" },
+        { "pos_embedding.embedding.weight", "layer.0.SelfAttention.relative_attention_bias.weight" },
+        { "norm1.weight", "layer.0.layer_norm.weight" }, { "ffn.gate.0.weight", "layer.1.DenseReluDense.wi_0.weight" },
+        { "ffn.fc1.weight", "layer.1.DenseReluDense.wi_1.weight" }, { "ffn.fc2.weight", "layer.1.DenseReluDense.wo.weight" },
+        { "norm2.weight", "layer.1.layer_norm.weight" },
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++)
+        if (!strcmp(r, sub[i].wan)) return put(out, len, "encoder.block.%d.%s", b, sub[i].hf);
+    return 0;
+}
+
+/* A residual block's part in Wan's names -> diffusers'. */
+static const char *resnet_file_part(const char *r, char *buf, size_t len) {
+    static const struct { const char *wan, *hf; } sub[] = {
+        { "residual.0.", "norm1." }, { "residual.2.", "conv1." }, { "residual.3.", "norm2." },
+        { "residual.6.", "conv2." }, { "shortcut.", "conv_shortcut." },
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        const char *rest = after(r, sub[i].wan);
+        if (rest && *rest) return snprintf(buf, len, "%s%s", sub[i].hf, rest) < (int)len ? buf : NULL;
+    }
+    return NULL;
+}
+
+static int vae_file_name(const char *n, char *out, size_t len) {
+    const char *r, *side, *s;
+    char part[256];
+    int k;
+    if ((r = after(n, "conv2."))) return put(out, len, "post_quant_conv.%s", r);
+    if ((r = after(n, "conv1."))) return put(out, len, "quant_conv.%s", r);
+    if ((r = after(n, "decoder."))) side = "decoder";
+    else if ((r = after(n, "encoder."))) side = "encoder";
+    else return 0;
+    if ((s = after(r, "conv1."))) return put(out, len, "%s.conv_in.%s", side, s);
+    if ((s = after(r, "head.0."))) return put(out, len, "%s.norm_out.%s", side, s);
+    if ((s = after(r, "head.2."))) return put(out, len, "%s.conv_out.%s", side, s);
+    if ((s = after(r, "middle.1."))) return put(out, len, "%s.mid_block.attentions.0.%s", side, s);
+    if ((s = after(r, "middle.")) && take_index(&s, &k) && (k == 0 || k == 2) && resnet_file_part(s, part, sizeof part))
+        return put(out, len, "%s.mid_block.resnets.%d.%s", side, k / 2, part);
+    if (!strcmp(side, "decoder") && (s = after(r, "upsamples.")) && take_index(&s, &k) && k < 16) {
+        if (k % 4 == 3) return put(out, len, "decoder.up_blocks.%d.upsamplers.0.%s", k / 4, s);
+        if (resnet_file_part(s, part, sizeof part))
+            return put(out, len, "decoder.up_blocks.%d.resnets.%d.%s", k / 4, k % 4, part);
+    }
+    if (!strcmp(side, "encoder") && (s = after(r, "downsamples.")) && take_index(&s, &k))
+        return resnet_file_part(s, part, sizeof part) ? put(out, len, "encoder.down_blocks.%d.%s", k, part)
+                                                      : put(out, len, "encoder.down_blocks.%d.%s", k, s);
+    return 0;
+}
+
 int hf_part_wan_name(hf_part_t kind, const char *name, char *out, size_t len) {
     int rc = kind == HF_PART_T5 ? t5_name(name, out, len) : vae_name(name, out, len);
     if (rc != 1) snprintf(out, len, "%s", name);
@@ -151,19 +213,37 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
     char nm[512];
     for (size_t i = 0; i < n && !any; i++) any = hf_part_wan_name(kind, st_at(f, i)->name, nm, sizeof nm) == 1;
     if (!any) return f;
-    json_t *hdr = json_object();
+    json_t *hdr = json_object(), *meta = json_object();
     st_file_t *out = NULL;
-    if (!hdr) {
+    if (!hdr || !meta || json_object_set(hdr, "__metadata__", meta) ||
+        json_object_set_new(meta, HF_LAYOUT, json_string(kind == HF_PART_T5 ? "t5" : "vae"))) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
         const st_tensor_t *t = st_at(f, i);
-        /* UMT5's embed_tokens is tied to shared: one of them is the embedding */
-        if (kind == HF_PART_T5 && shared && !strcmp(t->name, "encoder.embed_tokens.weight")) continue;
-        const char *name = hf_part_wan_name(kind, t->name, nm, sizeof nm) == 1 ? nm : t->name;
-        if (json_object_get(hdr, name)) {
+        /* UMT5's embed_tokens is tied to shared: one of them is the
+         * embedding, so the same shape (transformers refuses another) */
+        if (kind == HF_PART_T5 && shared && !strcmp(t->name, "encoder.embed_tokens.weight")) {
+            const st_tensor_t *sh = st_find(f, "shared.weight");
+            if (t->ndim != sh->ndim || memcmp(t->shape, sh->shape, (size_t)t->ndim * sizeof *t->shape)) {
+                reel_fail(REEL_E_INVALID, "%s: encoder.embed_tokens.weight is tied to shared.weight but of another "
+                          "shape", origin);
+                goto done;
+            }
+            continue;
+        }
+        const bool ren = hf_part_wan_name(kind, t->name, nm, sizeof nm) == 1;
+        const char *name = ren ? nm : t->name;
+        if (json_object_get(hdr, name) || !strcmp(name, "__metadata__")) {
             reel_fail(REEL_E_INVALID, "%s: %s and another tensor both stand for %s", origin, t->name, name);
+            goto done;
+        }
+        /* the file's own name, for messages about it (hf_part_explain) */
+        char mk[600];
+        if (ren && snprintf(mk, sizeof mk, "%s%s", HF_FROM, name) < (int)sizeof mk &&
+            json_object_set_new(meta, mk, json_string(t->name))) {
+            reel_fail(REEL_E_NOMEM, "out of memory");
             goto done;
         }
         json_t *shape = json_array();
@@ -187,8 +267,39 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
     free(text);
 done:
     json_decref(hdr);
+    json_decref(meta);
     st_close(&f);
     return out;
+}
+
+void hf_part_explain(const st_file_t *f) {
+    if (!f || reel_err_code() == REEL_OK) return;
+    const reel_err_t e = *reel_err();
+    char notes[REEL_ERR_MSG] = "";
+    size_t nn = 0;
+    int found = 0;
+    for (const char *p = e.msg; *p && found < 3;) { /* each token of name characters */
+        size_t k = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.");
+        if (k == 0) {
+            p++;
+            continue;
+        }
+        char key[600], fn[512], tok[256];
+        if (k < sizeof tok && snprintf(key, sizeof key, "%s%.*s", HF_FROM, (int)k, p) < (int)sizeof key) {
+            snprintf(tok, sizeof tok, "%.*s", (int)k, p);
+            const char *orig = st_meta(f, key), *layout = st_meta(f, HF_LAYOUT);
+            /* a tensor the file lacks: the name it would have there */
+            if (!orig && layout &&
+                (!strcmp(layout, "t5") ? t5_file_name(tok, fn, sizeof fn) : vae_file_name(tok, fn, sizeof fn)) == 1)
+                orig = fn;
+            if (orig && nn < sizeof notes) {
+                nn += (size_t)snprintf(notes + nn, sizeof notes - nn, "%s%s is %s", found ? "; " : "", tok, orig);
+                found++;
+            }
+        }
+        p += k;
+    }
+    if (found) reel_fail_detail(e.code, e.detail[0] ? e.detail : NULL, "%s (in the file: %s)", e.msg, notes);
 }
 
 /* ---- shards ------------------------------------------------------------------- */
@@ -226,7 +337,7 @@ static st_file_t *open_sharded(const char *index) {
     }
     const json_t *map = json_object_get(root, "weight_map");
     st_file_t *out = NULL;
-    json_t *hdr = json_object();
+    json_t *hdr = json_object(), *seen = json_object();
     const char **shards = calloc(HF_MAX_SHARDS, sizeof *shards);
     st_header_t **heads = calloc(HF_MAX_SHARDS, sizeof *heads);
     uint64_t *base = calloc(HF_MAX_SHARDS, sizeof *base);
@@ -235,7 +346,7 @@ static st_file_t *open_sharded(const char *index) {
     char dir[PATH_MAX], p[PATH_MAX];
     const char *slash = strrchr(index, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - index) : 1, slash ? index : ".");
-    if (!hdr || !shards || !heads || !base) {
+    if (!hdr || !seen || !shards || !heads || !base) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
@@ -251,14 +362,16 @@ static st_file_t *open_sharded(const char *index) {
             reel_fail(REEL_E_INVALID, "%s: weight_map[\"%.64s\"] is not a file name beside the index", index, key);
             goto done;
         }
-        size_t i = 0;
-        while (i < ns && strcmp(shards[i], s)) i++;
-        if (i < ns) continue;
+        if (json_object_get(seen, s)) continue; /* (a set: an index may name a shard a million times) */
         if (ns == HF_MAX_SHARDS) {
             reel_fail(REEL_E_LIMIT, "%s: more than %d shards", index, HF_MAX_SHARDS);
             goto done;
         }
         shards[ns++] = s;
+        if (json_object_set_new(seen, s, json_true())) {
+            reel_fail(REEL_E_NOMEM, "out of memory");
+            goto done;
+        }
     }
     for (size_t i = 0; i < ns; i++) { /* each shard's header: its tensors, where they go */
         int sfd = -1;
@@ -337,6 +450,7 @@ done:
     free(data);
     free(shards);
     json_decref(hdr);
+    json_decref(seen);
     json_decref(root);
     return out;
 }

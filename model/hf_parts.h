@@ -30,6 +30,13 @@ typedef enum { HF_PART_T5, HF_PART_VAE } hf_part_t;
  * checks to name). NULL with a message naming the path otherwise. */
 st_file_t *hf_part_open(const char *path, hf_part_t kind);
 
+/* Appends to this thread's error, when it names a tensor f renamed, the
+ * name the file itself gives it ("(in the file: decoder.conv1.weight is
+ * decoder.conv_in.weight)"): a loader's message about a renamed file
+ * names what the user can find in it. Keeps the code; does nothing
+ * otherwise. */
+void hf_part_explain(const st_file_t *f);
+
 /* Wan's name for `name` of part `kind` into out (len bytes): 1 renamed, 0
  * already Wan's or unknown (out = name). UMT5's shared.weight and its
  * tied encoder.embed_tokens.weight both name token_embedding.weight

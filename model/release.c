@@ -34,6 +34,20 @@ static bool try_file(const char *dir, const char *name, char *out) {
     return true;
 }
 
+/* Whether dir holds weights of its own (a *.safetensors or an index): then
+ * it is a release folder, not a pipeline root (model/wan_ckpt.c's rule). */
+static bool has_weights(const char *dir) {
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        any = any || ends_with(names[i]->d_name, ".safetensors") || ends_with(names[i]->d_name, ".safetensors.index.json");
+        free(names[i]);
+    }
+    free(names);
+    return any;
+}
+
 /* The text encoder: its release name, its safetensors copy, else the first
  * models_t5_* checkpoint in name order. */
 static void find_t5(const char *dir, char *out) {
@@ -59,10 +73,15 @@ int release_find(const char *dir, release_parts_t *out) {
     char tok[PATH_MAX];
     if (snprintf(tok, sizeof tok, "%s/%s/spiece.model", dir, RELEASE_TOKENIZER_DIR) < (int)sizeof tok && is_there(tok))
         snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_TOKENIZER_DIR);
-    /* a diffusers pipeline (model_index.json): text_encoder/, tokenizer/
-     * and vae/, each read by its loader (model/hf_parts.h) */
-    char mi[PATH_MAX];
-    if (snprintf(mi, sizeof mi, "%s/model_index.json", dir) < (int)sizeof mi && is_there(mi)) {
+    /* a diffusers pipeline root, as model/wan_ckpt.c takes one:
+     * model_index.json, or transformer/ with no weights of its own beside
+     * it; its text_encoder/, tokenizer/ and vae/, each read by its loader
+     * (model/hf_parts.h) */
+    char mi[PATH_MAX], tr[PATH_MAX];
+    bool root = (snprintf(mi, sizeof mi, "%s/model_index.json", dir) < (int)sizeof mi && is_there(mi)) ||
+                (snprintf(tr, sizeof tr, "%s/transformer", dir) < (int)sizeof tr && is_there(tr) &&
+                 !has_weights(dir));
+    if (root) {
         if (!out->t5[0]) try_file(dir, RELEASE_DIFFUSERS_T5, out->t5);
         if (!out->vae[0]) try_file(dir, RELEASE_DIFFUSERS_VAE, out->vae);
         if (!out->tokenizer[0] &&

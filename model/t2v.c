@@ -128,6 +128,7 @@ t2v_text_t *t2v_text_new(kern_backend_t *b, const char *t5_path, const char *tok
     st_file_t *f = NULL;
     if (!(t->tok = tok_open(tok_path)) || !(f = hf_part_open(t5_path, HF_PART_T5)) ||
         !(t->t5 = t5_model_load(b, f, KERN_F32)) || !(t->s = kern_stream_new(b))) {
+        hf_part_explain(f); /* a renamed file's own names */
         reel_fail_prefix("text encoder: ");
         st_close(&f);
         t2v_text_destroy(&t);
@@ -236,6 +237,7 @@ t2v_vae_t *t2v_vae_new(kern_backend_t *b, const char *path, int64_t in_channels)
     pthread_mutex_init(&v->mu, NULL);
     st_file_t *f = hf_part_open(path, HF_PART_VAE);
     if (!f || !(v->m = vae_model_load(b, f, KERN_F32)) || !(v->s = kern_stream_new(b))) {
+        hf_part_explain(f);
         reel_fail_prefix("VAE: ");
         st_close(&f);
         t2v_vae_destroy(&v);

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "model/hf_parts.h"
+#include "model/release.h"
 #include "model/safetensors.h"
 #include "tests/support.h"
 
@@ -137,6 +138,17 @@ START_TEST(test_a_renamed_file_holds_the_same_bytes_under_wans_names) {
     same_bytes(f, "norm.weight", src, "norm.weight");
     st_close(&f);
     st_close(&src);
+    /* embed_tokens tied to shared but of another shape: refused */
+    {
+        st_writer_t *w = st_writer_new();
+        float v[12] = { 0 };
+        TS_OK(st_writer_add_f32(w, "shared.weight", 2, (int64_t[]){ 3, 4 }, v));
+        TS_OK(st_writer_add_f32(w, "encoder.embed_tokens.weight", 2, (int64_t[]){ 4, 3 }, v));
+        TS_OK(st_writer_save(w, ts_join(dir, "tie.safetensors")));
+        st_writer_destroy(&w);
+        ck_assert_ptr_null(hf_part_open(ts_join(dir, "tie.safetensors"), HF_PART_T5));
+        ck_assert_msg(strstr(reel_err_text(), "tied to shared.weight but of another shape"), "%s", reel_err_text());
+    }
     /* two names for one of Wan's (not a tie: the VAE has none) are refused */
     static const char *const two[] = { "decoder.conv_in.weight", "decoder.conv1.weight" };
     p = ts_join(dir, "two.safetensors");
@@ -230,6 +242,76 @@ START_TEST(test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_
 }
 END_TEST
 
+/* A loader's message about a renamed file names the file's own tensor
+ * too: one the file holds (by the name it was renamed from) and one it
+ * lacks (by the name it would have there); a message about a file that
+ * was not renamed, or that names no tensor, is left as it is. */
+START_TEST(test_a_message_about_a_renamed_file_names_its_own_tensors) {
+    static const char *const hf[] = { "decoder.conv_in.weight", "decoder.norm_out.gamma" };
+    const char *p = ts_join(dir, "vae.safetensors");
+    write_file(p, hf, 2, 70, false);
+    st_file_t *f;
+    TS_NEW(f = hf_part_open(p, HF_PART_VAE));
+    reel_fail(REEL_E_INVALID, "x: decoder.conv1.weight: shape [3,4], expected [8,4,3,3,3]");
+    hf_part_explain(f);
+    ck_assert_str_eq(reel_err_text(), "x: decoder.conv1.weight: shape [3,4], expected [8,4,3,3,3] (in the file: "
+                                      "decoder.conv1.weight is decoder.conv_in.weight)");
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    reel_fail(REEL_E_NOT_FOUND, "x: decoder.upsamples.4.residual.2.weight: no such tensor");
+    hf_part_explain(f);
+    ck_assert_str_eq(reel_err_text(), "x: decoder.upsamples.4.residual.2.weight: no such tensor (in the file: "
+                                      "decoder.upsamples.4.residual.2.weight is decoder.up_blocks.1.resnets.0.conv1.weight)");
+    ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND);
+    reel_fail(REEL_E_INVALID, "x: not a VAE at all");
+    hf_part_explain(f);
+    ck_assert_str_eq(reel_err_text(), "x: not a VAE at all");
+    st_close(&f);
+    /* a T5 file's: blocks.N.ffn.gate.0.weight is UMT5's wi_0 */
+    static const char *const t5[] = { "shared.weight" };
+    p = ts_join(dir, "t5.safetensors");
+    write_file(p, t5, 1, 71, false);
+    TS_NEW(f = hf_part_open(p, HF_PART_T5));
+    reel_fail(REEL_E_INVALID, "x: blocks.1.ffn.gate.0.weight: no such tensor");
+    hf_part_explain(f);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.1.ffn.gate.0.weight is encoder.block.1.layer.1.DenseReluDense.wi_0.weight"),
+                  "%s", reel_err_text());
+    st_close(&f);
+    /* a file in Wan's names gets no note */
+    static const char *const wan[] = { "decoder.conv1.weight" };
+    p = ts_join(dir, "wanvae.safetensors");
+    write_file(p, wan, 1, 72, false);
+    TS_NEW(f = hf_part_open(p, HF_PART_VAE));
+    reel_fail(REEL_E_INVALID, "x: decoder.conv1.weight: shape [3,4]");
+    hf_part_explain(f);
+    ck_assert_str_eq(reel_err_text(), "x: decoder.conv1.weight: shape [3,4]");
+    st_close(&f);
+}
+END_TEST
+
+/* A pipeline root is found as model/wan_ckpt.c finds one: model_index.json,
+ * or transformer/ with no weights beside it; its text_encoder/, tokenizer/
+ * and vae/ are its parts. A release folder (weights of its own) is not. */
+START_TEST(test_a_pipeline_root_without_model_index_json_still_gives_its_parts) {
+    char root[256];
+    snprintf(root, sizeof root, "%s/pipe", dir);
+    ck_assert_int_eq(mkdir(root, 0700), 0);
+    static const char *const sub[] = { "transformer", "text_encoder", "vae", "tokenizer" };
+    for (size_t i = 0; i < 4; i++) ck_assert_int_eq(mkdir(ts_join(root, sub[i]), 0700), 0);
+    char tok[300];
+    snprintf(tok, sizeof tok, "%s/tokenizer", root);
+    ts_write_file(ts_join(tok, "spiece.model"), "x", 1);
+    release_parts_t rel;
+    TS_OK(release_find(root, &rel));
+    ck_assert_msg(strstr(rel.t5, "/pipe/text_encoder") && strstr(rel.vae, "/pipe/vae") &&
+                      strstr(rel.tokenizer, "/pipe/tokenizer"), "t5 '%s' vae '%s' tokenizer '%s'", rel.t5, rel.vae,
+                  rel.tokenizer);
+    /* weights of its own beside transformer/: a release folder, not a root */
+    ts_write_file(ts_join(root, "diffusion_pytorch_model.safetensors"), "x", 1);
+    TS_OK(release_find(root, &rel));
+    ck_assert_msg(!rel.t5[0] && !rel.vae[0] && !rel.tokenizer[0], "t5 '%s' vae '%s'", rel.t5, rel.vae);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("hf_parts");
     TCase *tc = tcase_create("core");
@@ -237,6 +319,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_published_names_map_to_wans_and_others_stay);
     tcase_add_test(tc, test_a_renamed_file_holds_the_same_bytes_under_wans_names);
     tcase_add_test(tc, test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_named);
+    tcase_add_test(tc, test_a_message_about_a_renamed_file_names_its_own_tensors);
+    tcase_add_test(tc, test_a_pipeline_root_without_model_index_json_still_gives_its_parts);
     suite_add_tcase(s, tc);
     return s;
 }
