@@ -74,6 +74,7 @@ typedef struct brk_worker {
     brk_peer_t route;          /* name, routable, capacity, models, applied versions */
     brk_ident_t ident;
     char device[32], arch[32];
+    char text_encoder[MSG_NAME_MAX], vae[MSG_NAME_MAX]; /* its READY's ("": none), shown in STATUS */
     int streams;
     uint64_t budget;
     int64_t ready_ms;          /* monotonic ms of READY */

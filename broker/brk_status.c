@@ -18,6 +18,8 @@ static void worker_entry(const brk_t *b, const brk_worker_t *w, int64_t now, msg
     snprintf(e->name, sizeof e->name, "%s", w->route.name);
     snprintf(e->device, sizeof e->device, "%s", w->device);
     snprintf(e->arch, sizeof e->arch, "%s", w->arch);
+    snprintf(e->text_encoder, sizeof e->text_encoder, "%s", w->text_encoder);
+    snprintf(e->vae, sizeof e->vae, "%s", w->vae);
     e->streams = (uint64_t)w->streams;
     e->inflight = (uint64_t)w->route.inflight;
     e->max_inflight = (uint64_t)w->route.max_inflight;

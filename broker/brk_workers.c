@@ -56,6 +56,8 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     snprintf(w->key, sizeof w->key, "%s", who.key);
     snprintf(w->device, sizeof w->device, "%s", r->device);
     snprintf(w->arch, sizeof w->arch, "%s", r->arch);
+    snprintf(w->text_encoder, sizeof w->text_encoder, "%s", r->text_encoder);
+    snprintf(w->vae, sizeof w->vae, "%s", r->vae);
     w->streams = (int)r->streams;
     w->budget = r->budget;
     w->ready_ms = w->seen_ms = w->heard_ms = brk_now_ms(); /* worker_seen sets last_seen */

@@ -640,11 +640,11 @@ static json_t *worker_json(const msg_worker_status_t *w) {
         char hex[17];
         json_array_append_new(keys, json_string(msg_hex64(w->keys[i], hex)));
     }
-    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:o, s:o, s:o, s:I}", "name", w->name, "device",
-                     w->device, "arch", w->arch, "streams", (json_int_t)w->streams, "inflight",
-                     (json_int_t)w->inflight, "max_inflight", (json_int_t)w->max_inflight, "routable",
-                     w->routable, "versions", versions_json(&w->versions), "lagging", lag, "keys", keys,
-                     "alive_ms", (json_int_t)w->alive_ms);
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:b, s:o, s:o, s:o, s:I}", "name", w->name, "device",
+                     w->device, "arch", w->arch, "text_encoder", w->text_encoder, "vae", w->vae, "streams",
+                     (json_int_t)w->streams, "inflight", (json_int_t)w->inflight, "max_inflight",
+                     (json_int_t)w->max_inflight, "routable", w->routable, "versions", versions_json(&w->versions),
+                     "lagging", lag, "keys", keys, "alive_ms", (json_int_t)w->alive_ms);
 }
 
 /* STATUS_REPLY as one line of JSON, its fields in wire order. */
@@ -719,9 +719,14 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
         /* lagging: behind the current version, and why (its error, a
          * missed deadline, a sync on its way) */
         const char *lag = ctl_lag_of(w, "transformer");
-        printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5d %s%s%s\n", w->name, w->device, w->arch,
+        /* what else it does: prompts in (its text encoder), frames and videos out (its VAE) */
+        char media[2 * MSG_NAME_MAX + 32] = "";
+        if (w->text_encoder[0] || w->vae[0])
+            snprintf(media, sizeof media, " [%s%s%s%s%s]", w->text_encoder[0] ? "text " : "", w->text_encoder,
+                     w->text_encoder[0] && w->vae[0] ? ", " : "", w->vae[0] ? "vae " : "", w->vae);
+        printf("%-12s %-8s %-11s %-8" PRIu64 " %-9s v%-7" PRIu64 " %-5d %s%s%s%s\n", w->name, w->device, w->arch,
                w->streams, infs, ctl_version_of(&w->versions, "transformer", NULL), w->n_keys, lag ? "lagging: " : "",
-               lag ? lag : w->routable ? "ok" : "", !w->routable ? (lag ? " (unreachable)" : "unreachable") : "");
+               lag ? lag : w->routable ? "ok" : "", !w->routable ? (lag ? " (unreachable)" : "unreachable") : "", media);
     }
 }
 

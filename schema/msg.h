@@ -450,6 +450,7 @@ typedef struct {
 /* One worker in STATUS_REPLY. */
 typedef struct {
     char name[MSG_NAME_MAX], device[32], arch[32];
+    char text_encoder[MSG_NAME_MAX], vae[MSG_NAME_MAX]; /* its READY's, absent ("") when none: prompts in, videos out */
     uint64_t streams, inflight, max_inflight;
     bool routable;
     msg_versions_t versions;

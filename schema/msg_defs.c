@@ -357,6 +357,8 @@ static const msg_field_t worker_rows[] = {
     R_NAME(msg_worker_status_t, name, "name", F_REQ, 0, NULL),
     R_TEXT(msg_worker_status_t, device, "device", 0, "?"),
     R_TEXT(msg_worker_status_t, arch, "arch", 0, "?"),
+    R_NAME(msg_worker_status_t, text_encoder, "text_encoder", F_OMIT, 0, NULL),
+    R_NAME(msg_worker_status_t, vae, "vae", F_OMIT, 0, NULL),
     R_U64(msg_worker_status_t, streams, "streams", 0, 0, UINT64_MAX, 0),
     R_U64(msg_worker_status_t, inflight, "inflight", 0, 0, UINT64_MAX, 0),
     R_U64(msg_worker_status_t, max_inflight, "max_inflight", 0, 0, UINT64_MAX, 0),

@@ -150,6 +150,17 @@ TW=$WORKER
 cli_worker wp "$D/broker.log" "$D/wp.log" --broker "$WE" --weights "$D/dit-only" --heartbeat-ms 200 || bad "wp starts"
 grep -q "text encoder t5-tiny" "$D/wt.log" && grep -q "VAE vae-tiny" "$D/wt.log" &&
     ok "the worker found the release folder's text encoder and VAE" || { bad "worker release parts"; show "$D/wt.log"; }
+# the broker's STATUS says which workers take prompts and give videos
+"$R" status --broker "$CE" --json >"$D/st.json" 2>&1
+"$R" status --broker "$CE" >"$D/st.txt" 2>&1
+$PY -c '
+import json, sys
+w = {x["name"]: x for x in json.load(open(sys.argv[1]))["workers"]}
+sys.exit(0 if (w["wt"]["text_encoder"], w["wt"]["vae"], w["wp"]["text_encoder"], w["wp"]["vae"]) ==
+         ("t5-tiny", "vae-tiny", "", "") else 1)' "$D/st.json" &&
+    grep -q "^wt .*\[text t5-tiny, vae vae-tiny\]" "$D/st.txt" && ! grep -q "^wp .*\[text" "$D/st.txt" &&
+    ok "status names each worker's text encoder and VAE (wt: t5-tiny, vae-tiny; wp: none)" ||
+    { bad "status text_encoder/vae"; show "$D/st.json" "$D/st.txt"; }
 # either half of the text encoder from the folder, the other by flag; a
 # folder missing one half says so; a flag without its other half is a
 # usage error (exit 2)
