@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,7 +208,7 @@ int hf_part_wan_name(hf_part_t kind, const char *name, char *out, size_t len) {
 
 /* f (taken: closed, or become the result) with its tensors under Wan's
  * names, over the same data buffer; f itself when none is renamed. */
-static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
+static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin, const json_t *extra) {
     size_t n = st_count(f);
     bool any = false, shared = st_find(f, "shared.weight") != NULL;
     char nm[512];
@@ -216,7 +217,8 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin) {
     json_t *hdr = json_object(), *meta = json_object();
     st_file_t *out = NULL;
     if (!hdr || !meta || json_object_set(hdr, "__metadata__", meta) ||
-        json_object_set_new(meta, HF_LAYOUT, json_string(kind == HF_PART_T5 ? "t5" : "vae"))) {
+        json_object_set_new(meta, HF_LAYOUT, json_string(kind == HF_PART_T5 ? "t5" : "vae")) ||
+        (extra && json_object_update(meta, (json_t *)extra))) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         goto done;
     }
@@ -455,11 +457,65 @@ done:
     return out;
 }
 
+/* The part's config.json in folder dir, judged against what Reel runs:
+ * transformers' UMT5 (gated GELU, 128 as the relative attention's
+ * distance, RMS eps 1e-6) or diffusers' AutoencoderKLWan (Wan2.1's, not
+ * Wan2.2's residual one). A VAE's latents_mean and latents_std go into
+ * *extra as the metadata vae.c reads (the pipeline scales by them). 0 with
+ * none there; -1 naming what differs. */
+static int read_part_config(const char *dir, hf_part_t kind, json_t **extra) {
+    char p[PATH_MAX];
+    struct stat st;
+    *extra = NULL;
+    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p || stat(p, &st) != 0) return 0;
+    if (!S_ISREG(st.st_mode) || st.st_size > (1 << 20))
+        return reel_fail(REEL_E_INVALID, "%s: not a regular file of at most 1 MiB", p);
+    json_error_t je;
+    json_t *c = json_load_file(p, 0, &je);
+    if (!json_is_object(c)) {
+        json_decref(c);
+        return reel_fail(REEL_E_INVALID, "%s: not a JSON object (%s)", p, je.text);
+    }
+    int rc = 0;
+    const char *s;
+    const json_t *v;
+    if (kind == HF_PART_T5) {
+        if ((s = json_string_value(json_object_get(c, "model_type"))) && strcmp(s, "umt5") && strcmp(s, "t5"))
+            rc = reel_fail(REEL_E_UNSUPPORTED, "%s: model_type '%.32s' is not a UMT5 encoder", p, s);
+        else if ((s = json_string_value(json_object_get(c, "feed_forward_proj"))) && strcmp(s, "gated-gelu"))
+            rc = reel_fail(REEL_E_UNSUPPORTED, "%s: feed_forward_proj '%.32s' (Wan's umT5 is gated-gelu)", p, s);
+        else if ((v = json_object_get(c, "relative_attention_max_distance")) && json_integer_value(v) != 128)
+            rc = reel_fail(REEL_E_UNSUPPORTED, "%s: relative_attention_max_distance %lld (Wan's umT5: 128)", p,
+                           (long long)json_integer_value(v));
+        else if ((v = json_object_get(c, "layer_norm_epsilon")) && fabs(json_number_value(v) - 1e-6) > 1e-12)
+            rc = reel_fail(REEL_E_UNSUPPORTED, "%s: layer_norm_epsilon %g (Wan's umT5: 1e-6)", p, json_number_value(v));
+    } else {
+        if (json_is_true(json_object_get(c, "is_residual")))
+            rc = reel_fail(REEL_E_UNSUPPORTED, "%s: a residual VAE (is_residual: Wan2.2's), not Wan2.1's", p);
+        for (int i = 0; !rc && i < 2; i++) {
+            const char *k = i ? "latents_std" : "latents_mean";
+            if (!(v = json_object_get(c, k))) continue;
+            char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            if (!*extra) *extra = json_object();
+            if (!text || !*extra || json_object_set_new(*extra, k, json_string(text)))
+                rc = reel_fail(REEL_E_NOMEM, "out of memory");
+            free(text);
+        }
+    }
+    json_decref(c);
+    if (rc) {
+        json_decref(*extra);
+        *extra = NULL;
+    }
+    return rc;
+}
+
 st_file_t *hf_part_open(const char *path, hf_part_t kind) {
     static const char *const names[] = { "model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json",
                                          "model.safetensors", "diffusion_pytorch_model.safetensors" };
     struct stat st;
     char found[PATH_MAX];
+    json_t *extra = NULL;
     if (stat(path, &st) != 0) {
         reel_fail_errno(errno == ENOENT ? REEL_E_NOT_FOUND : REEL_E_IO, errno, "%s: cannot open", path);
         return NULL;
@@ -474,8 +530,11 @@ st_file_t *hf_part_open(const char *path, hf_part_t kind) {
                       "or either's .index.json (diffusers' %s)", path, kind == HF_PART_T5 ? "text_encoder/" : "vae/");
             return NULL;
         }
+        if (read_part_config(path, kind, &extra) != 0) return NULL;
         path = found;
     }
     st_file_t *f = ends_with(path, ".index.json") ? open_sharded(path) : weights_open_any(path);
-    return f ? renamed(f, kind, path) : NULL;
+    st_file_t *out = f ? renamed(f, kind, path, extra) : NULL;
+    json_decref(extra);
+    return out;
 }

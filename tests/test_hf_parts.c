@@ -312,6 +312,51 @@ START_TEST(test_a_pipeline_root_without_model_index_json_still_gives_its_parts) 
 }
 END_TEST
 
+/* A part folder's config.json is judged against what Reel runs: a
+ * residual (Wan2.2) VAE and a UMT5 of another feed-forward, distance or
+ * eps are refused naming the field; a VAE's latents_mean and latents_std
+ * become the metadata its loader scales by. */
+START_TEST(test_a_part_folders_config_json_is_judged_and_its_latents_taken) {
+    char vd[256], td[256];
+    snprintf(vd, sizeof vd, "%s/vae", dir);
+    snprintf(td, sizeof td, "%s/text_encoder", dir);
+    ck_assert_int_eq(mkdir(vd, 0700), 0);
+    ck_assert_int_eq(mkdir(td, 0700), 0);
+    static const char *const vn[] = { "decoder.conv_in.weight" };
+    static const char *const tn[] = { "shared.weight" };
+    write_file(ts_join(vd, "diffusion_pytorch_model.safetensors"), vn, 1, 80, false);
+    write_file(ts_join(td, "model.safetensors"), tn, 1, 81, false);
+    const char *c = "{\"_class_name\": \"AutoencoderKLWan\", \"is_residual\": true}";
+    ts_write_file(ts_join(vd, "config.json"), c, strlen(c));
+    ck_assert_ptr_null(hf_part_open(vd, HF_PART_VAE));
+    ck_assert_msg(strstr(reel_err_text(), "a residual VAE (is_residual: Wan2.2's)"), "%s", reel_err_text());
+    c = "{\"_class_name\": \"AutoencoderKLWan\", \"latents_mean\": [0.5, -1], \"latents_std\": [2, 3]}";
+    ts_write_file(ts_join(vd, "config.json"), c, strlen(c));
+    st_file_t *f;
+    TS_NEW(f = hf_part_open(vd, HF_PART_VAE));
+    ck_assert_str_eq(st_meta(f, "latents_mean"), "[0.5,-1]");
+    ck_assert_str_eq(st_meta(f, "latents_std"), "[2,3]");
+    st_close(&f);
+    static const struct { const char *cfg, *needle; } bad[] = {
+        { "{\"model_type\": \"umt5\", \"feed_forward_proj\": \"relu\"}", "feed_forward_proj 'relu'" },
+        { "{\"model_type\": \"umt5\", \"relative_attention_max_distance\": 64}", "relative_attention_max_distance 64" },
+        { "{\"model_type\": \"umt5\", \"layer_norm_epsilon\": 1e-5}", "layer_norm_epsilon 1e-05" },
+        { "{\"model_type\": \"bert\"}", "model_type 'bert'" },
+        { "[1, 2]", "not a JSON object" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ts_write_file(ts_join(td, "config.json"), bad[i].cfg, strlen(bad[i].cfg));
+        ck_assert_ptr_null(hf_part_open(td, HF_PART_T5));
+        ck_assert_msg(strstr(reel_err_text(), bad[i].needle), "'%s' lacks '%s'", reel_err_text(), bad[i].needle);
+    }
+    c = "{\"model_type\": \"umt5\", \"feed_forward_proj\": \"gated-gelu\", \"relative_attention_max_distance\": 128, "
+        "\"layer_norm_epsilon\": 1e-06}";
+    ts_write_file(ts_join(td, "config.json"), c, strlen(c));
+    TS_NEW(f = hf_part_open(td, HF_PART_T5));
+    st_close(&f);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("hf_parts");
     TCase *tc = tcase_create("core");
@@ -321,6 +366,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_sharded_text_encoder_is_read_through_its_index_and_each_fault_named);
     tcase_add_test(tc, test_a_message_about_a_renamed_file_names_its_own_tensors);
     tcase_add_test(tc, test_a_pipeline_root_without_model_index_json_still_gives_its_parts);
+    tcase_add_test(tc, test_a_part_folders_config_json_is_judged_and_its_latents_taken);
     suite_add_tcase(s, tc);
     return s;
 }
