@@ -602,7 +602,7 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
     if (!(eta >= 0) || !isfinite(eta)) return reel_fail(REEL_E_INVALID, "%s: eta must be finite and >= 0", op);
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                           .sigmas = kern_tensor_ptr(sigmas), .eta = eta, .step = step,
-                          .seed = seed, .n = n };
+                          .seed = seed, .n = n, .grid = kern_tensor_numel(sigmas) >= 4 };
     return kern_dispatch(s, KERN_OP_SDE, dt, &a);
 }
 
@@ -626,7 +626,8 @@ int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tens
     /* eta is checked by the caller that packs it: the kernel cannot refuse. */
     kern_sde_args_t a = { .x = kern_tensor_ptr(x), .v = kern_tensor_ptr(v),
                           .sigmas = kern_tensor_ptr(sigmas), .params = kern_tensor_ptr(params),
-                          .mean = mean ? kern_tensor_ptr(mean) : NULL, .n = n };
+                          .mean = mean ? kern_tensor_ptr(mean) : NULL, .n = n,
+                          .grid = kern_tensor_numel(sigmas) >= 4 };
     return kern_dispatch(s, KERN_OP_SDE_DEV, dt, &a);
 }
 

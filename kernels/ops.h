@@ -288,8 +288,12 @@ int kern_euler_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v
  * of sigmas F32 [S, k >= 2]: bitwise kern_euler_update per sample. */
 int kern_euler_update_rows(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                            const kern_tensor_t *sigmas);
-/* Flow-GRPO SDE step; sigmas F32 [3] = {σ_i, σ_{i+1}, σ_1}. eta, seed and
- * step are launch values: not capturable. */
+/* Flow-GRPO SDE step; sigmas F32 [3] = {σ_i, σ_{i+1}, σ_1}: its SD3 step,
+ * std = η·√(σ_i/(1 − σ')), σ' = σ_1 at σ_i = 1, else σ_i. A row of 4
+ * (σ_i, σ_{i+1}, σ_1, t_i: a solver's grid, model/tinydit.h) takes its Wan
+ * step, std = η·σ_1·σ_i (σ_min + (σ_max − σ_min)·σ_i with σ_max = σ_1 and
+ * the grid's last σ_min = 0; η = 1 is the trainer's). eta, seed and step are
+ * launch values: not capturable. */
 int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                     const kern_tensor_t *sigmas, float eta, uint64_t seed, uint32_t step);
 /* The same step with eta, seed and step read from params (F32 [4] in device

@@ -292,6 +292,8 @@ typedef struct {
     uint32_t step;
     uint64_t seed;
     int64_t n;
+    int grid;                /* 0: std = η·√(σ_i/(1 − σ')) (Flow-GRPO's SD3 step); 1: std = η·σ_1·σ_i
+                              * (its Wan step: σ_min + (σ_max − σ_min)·σ_i with σ_max = σ_1, σ_min = 0) */
 } kern_sde_args_t;
 
 /* ATTENTION_BIAS (T5's attention), for each head h and query i:

@@ -371,11 +371,12 @@ void tdit_req_destroy(tdit_req_t **rp) {
 /* The Flow-GRPO log-probability of x1 given mean mu, for step sv
  * (σ_i, σ_{i+1}, σ_1 as the kernel read them) at eta: the mean over the
  * latent of −(x1 − μ)²/(2s²) − log s − log √(2π), s = std·√(−Δ), computed
- * in double as the SDE kernel computes std. */
-static float log_prob(const float *x1, const float *mu, size_t n, const float sv[3], float eta) {
+ * in double as the SDE kernel computes std (its Wan form η·σ_1·σ_i on a
+ * solver's grid). */
+static float log_prob(const float *x1, const float *mu, size_t n, const float sv[3], float eta, bool grid) {
     double si = sv[0], sn = sv[1], s1 = sv[2];
     double sp = si == 1.0 ? s1 : si;
-    double sd = (double)eta * sqrt(si / (1.0 - sp)) * sqrt(-(sn - si));
+    double sd = (grid ? (double)eta * s1 * si : (double)eta * sqrt(si / (1.0 - sp))) * sqrt(-(sn - si));
     double acc = 0;
     for (size_t j = 0; j < n; j++) {
         double d = (double)x1[j] - (double)mu[j];
@@ -401,7 +402,9 @@ static int record_step(tdit_req_t *r, kern_stream_t *s, int i, const float sv[3]
     for (int64_t b = 0; b < r->batch; b++) {
         const float *x1 = r->cur + (size_t)b * r->n, *mu = r->mu + (size_t)b * r->n;
         if (r->means) memcpy(rec_at(r, r->means, steps, b, i), mu, r->n * sizeof *mu);
-        if (r->logp) r->logp[(size_t)b * (size_t)steps + (size_t)i] = log_prob(x1, mu, r->n, sv, r->loop.eta);
+        if (r->logp)
+            r->logp[(size_t)b * (size_t)steps + (size_t)i] =
+                log_prob(x1, mu, r->n, sv, r->loop.eta, r->shape.grid != TDIT_SOLVER_EULER);
     }
     return 0;
 }

@@ -118,7 +118,7 @@ typedef struct {
     double cfg;                  /* 1.0; used with uncond */
     bool sde;                    /* false */
     double eta;                  /* 0.7; >= 0 when sde */
-    char solver[16];             /* "" (absent): "euler"; or "unipc", "dpm++" (not with sde) */
+    char solver[16];             /* "" (absent): "euler"; or "unipc", "dpm++" (with sde: the grid its SDE steps run on) */
     uint64_t seed;               /* 0 */
     bool progress;               /* false */
     uint64_t deadline_ms;        /* 0: the broker's default */
@@ -599,7 +599,7 @@ int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err);
 /* READY: at most 16 models, each a model name, configs only of them. */
 int msg_ready_validate(const msg_ready_t *r, wire_err_t *err);
 /* PREWARM: at most MSG_MAX_PREWARM keys, each a latent shape GEN would
- * take, a known solver (not with sde), n 1..MSG_MAX_GROUP. */
+ * take, a known solver (with sde: its grid), n 1..MSG_MAX_GROUP. */
 int msg_prewarm_validate(const msg_prewarm_t *p, wire_err_t *err);
 /* The "chunk" tensor of UPLOAD and FETCH_DATA: n bytes at p as U8 [n]. */
 wire_tensor_t msg_chunk(const void *p, size_t n);

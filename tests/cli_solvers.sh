@@ -104,16 +104,23 @@ for so in ("unipc", "dpm++"):
           "sde on the %s grid: its sigmas are %s's schedule (6 steps, shift 5), bitwise" % (so, so))
     check(np.array_equal(s["timesteps"], np.asarray(ts, dtype=np.float32)),
           "sde on the %s grid: its timesteps are %s's int timesteps %s" % (so, so, list(ts)))
-    # Flow-GRPO's log-prob of x_{i+1} given its mean: std = eta sqrt(sigma / (1 - sigma)) (sigma_max for sigma 1),
-    # s = std sqrt(sigma_i - sigma_{i+1}); the mean over the latent of -(x - mu)^2 / (2 s^2) - log s - log sqrt(2 pi)
+    # Flow-GRPO's Wan trainer (wan_pipeline_with_logprob.py, sde_step_with_logprob): std_dev_t =
+    # sigma_min + (sigma_max - sigma_min) * sigma, sigma_max = sigmas[1], sigma_min = sigmas[-1] (0), times eta;
+    # s = std sqrt(sigma_i - sigma_{i+1}); the log-prob of x_{i+1} given its mean, the mean over the latent of
+    # -(x - mu)^2 / (2 s^2) - log s - log sqrt(2 pi)
     x, mu, sg = s["trajectory"].astype(np.float64), s["means"].astype(np.float64), s["sigmas"].astype(np.float64)
     lp = []
     for i in range(6):
         si, sn = sg[i], sg[i + 1]
-        sd = 0.7 * np.sqrt(si / (1 - (sg[1] if si == 1 else si))) * np.sqrt(si - sn)
+        sd = 0.7 * (sg[-1] + (sg[1] - sg[-1]) * si) * np.sqrt(si - sn)
         lp.append(np.mean(-(x[i + 1] - mu[i]) ** 2 / (2 * sd * sd) - np.log(sd) - np.log(np.sqrt(2 * np.pi))))
     err = float(np.max(np.abs(np.array(lp) - s["log_probs"]) / np.maximum(np.abs(lp), 1)))
-    check(err < 1e-4, "sde on the %s grid: log-probs are Flow-GRPO's of its trajectory and means (err %.2e)" % (so, err))
+    check(err < 1e-4, "sde on the %s grid: log-probs are Flow-GRPO's Wan trainer's of its trajectory and means (err %.2e)"
+          % (so, err))
+    # and its step is that trainer's: mu_i from x_i and the drift, x_{i+1} - mu_i the noise of std s_i
+    step0 = float(np.std(x[1] - mu[0]))
+    s0 = 0.7 * sg[1] * sg[0] * np.sqrt(sg[0] - sg[1])
+    check(abs(step0 / s0 - 1) < 0.25, "sde on the %s grid: step 0's noise is %.3g, the Wan trainer's std %.3g" % (so, step0, s0))
 sys.exit(0 if ok else 1)
 PYEOF
 py_checks "$D/grid.out" $?

@@ -1234,18 +1234,26 @@ START_TEST(test_euler_update_matches_double_reference) {
 }
 END_TEST
 
-/* The Flow-GRPO step of TINYDIT.md, literally, in double. */
-static void sde_ref(const float *x, const float *v, const float *sig, float eta, uint64_t seed,
-                    uint32_t step, int64_t n, double *ref) {
+/* The Flow-GRPO step of TINYDIT.md, literally, in double; with `grid`
+ * its Wan trainer's std (wan_pipeline_with_logprob.py's sde_step_with_logprob:
+ * std_dev_t = sigma_min + (sigma_max - sigma_min) * sigma, sigma_max =
+ * sigmas[1], sigma_min = sigmas[-1] = 0), scaled by eta. */
+static void sde_ref_form(const float *x, const float *v, const float *sig, float eta, uint64_t seed,
+                         uint32_t step, int64_t n, double *ref, bool grid) {
     double si = sig[0], sn = sig[1], s1 = sig[2];
     double delta = sn - si;
     double sp = si == 1.0 ? s1 : si;
-    double std = eta * sqrt(si / (1.0 - sp));
+    double std = grid ? eta * (0.0 + (s1 - 0.0) * si) : eta * sqrt(si / (1.0 - sp));
     for (int64_t j = 0; j < n; j++) {
         double eps = kern_philox_normal(seed, step, (uint64_t)j);
         ref[j] = x[j] + (v[j] + std * std / (2.0 * si) * (x[j] + (1.0 - si) * v[j])) * delta
                  + std * sqrt(-delta) * eps;
     }
+}
+
+static void sde_ref(const float *x, const float *v, const float *sig, float eta, uint64_t seed,
+                    uint32_t step, int64_t n, double *ref) {
+    sde_ref_form(x, v, sig, eta, seed, step, n, ref, false);
 }
 
 /* Double kernel, one rounding: 1e-6·(1 + |ref|). Covers σ_i < 1 and the
@@ -1268,6 +1276,17 @@ START_TEST(test_sde_update_matches_double_reference) {
         expect_close(c ? "sde at sigma 1" : "sde", F(&x), ref, n, 1e-6, 1e-6, NULL,
                      "1e-6 * (1 + |ref|)");
     }
+    /* a σ row of 4 (σ_i, σ_{i+1}, σ_1, t_i: a solver's grid) takes the Wan
+     * trainer's std, η·σ_1·σ_i: at UniPC's σ_0 just under 1, where the SD3
+     * form's √(σ/(1 − σ)) would be about 60 */
+    kern_tensor_t sig4 = T1(4);
+    const float g[4] = { 0.99967f, 0.96394f, 0.96394f, 999.0f };
+    memcpy(F(&sig4), g, sizeof g);
+    fill(&x, -1, 1);
+    fill(&v, -1, 1);
+    sde_ref_form(F(&x), F(&v), F(&sig4), 1.0f, 77, 0, n, ref, true);
+    ck_assert_msg(kern_sde_update(S, &x, &v, &sig4, 1.0f, 77, 0) == 0, "sde: %s", reel_err_text());
+    expect_close("sde on a solver's grid", F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
 }
 END_TEST
 

@@ -74,7 +74,7 @@ typedef struct {
     int steps;
     double shift, cfg, eta;
     bool sde;
-    const char *solver;         /* NULL or "euler": Euler; "unipc", "dpm++" (not with sde) */
+    const char *solver;         /* NULL or "euler": Euler; "unipc", "dpm++" (with sde: the grid of its SDE steps) */
     uint64_t seed;
     int n;                      /* 0 or 1: one sample; 2..64: a group of n samples of this prompt */
     const uint64_t *seeds;      /* NULL, or n seeds (a group); none: seed + i */

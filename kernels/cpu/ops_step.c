@@ -84,7 +84,8 @@ static int multistep_f32(void *ctx, const void *args) {
 }
 
 /* x ← x + (v + std²/(2σ_i)·(x + (1 − σ_i)·v))·Δ + std·√(−Δ)·ε per element,
- * in double, with std = η·√(σ_i/(1 − σ')), σ' = σ_1 when σ_i = 1, else σ_i.
+ * in double, with std = η·√(σ_i/(1 − σ')), σ' = σ_1 when σ_i = 1, else σ_i
+ * (on a solver's grid, a->grid: std = η·σ_1·σ_i, Flow-GRPO's Wan step).
  * The drift correction std²/(2σ_i) is taken as 0 when std is 0 (η = 0), so
  * σ_i = 0 with η = 0 degrades to Euler instead of 0/0. A schedule with
  * σ' = 1 or Δ > 0 is outside the method and yields inf/NaN, as the formula
@@ -95,7 +96,7 @@ static void sde_apply(const kern_sde_args_t *a, float eta, uint64_t seed, uint32
     double si = a->sigmas[0], sn = a->sigmas[1], s1 = a->sigmas[2];
     double delta = sn - si;
     double sp = si == 1.0 ? s1 : si;
-    double std = (double)eta * sqrt(si / (1.0 - sp));
+    double std = a->grid ? (double)eta * s1 * si : (double)eta * sqrt(si / (1.0 - sp));
     double drift = std == 0.0 ? 0.0 : std * std / (2.0 * si);
     double noise = std * sqrt(-delta);
     float *mean = a->mean;

@@ -13,7 +13,7 @@
 
 template <typename T>
 __global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *params, T *mean, double eta,
-                           uint32_t step, uint64_t seed, int64_t n) {
+                           uint32_t step, uint64_t seed, int64_t n, int grid) {
     if (params) { /* SDE_DEV: the values of this launch live in device memory */
         eta = (double)params[0];
         seed = (uint64_t)__float_as_uint(params[1]) | (uint64_t)__float_as_uint(params[2]) << 32;
@@ -22,7 +22,8 @@ __global__ void sde_kernel(T *x, const T *v, const float *sigmas, const float *p
     const double s0 = sigmas[0], s1 = sigmas[1], sfirst = sigmas[2];
     const double delta = s1 - s0;
     const double sp = s0 == 1.0 ? sfirst : s0;
-    const double sd = eta * sqrt(s0 / (1.0 - sp));
+    /* on a solver's grid: Flow-GRPO's Wan step, std = η·σ_1·σ₀ */
+    const double sd = grid ? eta * sfirst * s0 : eta * sqrt(s0 / (1.0 - sp));
     /* As on the CPU: no drift correction when std is 0 (η = 0), so σ₀ = 0
      * with η = 0 is the Euler step rather than 0/0. */
     const double drift = sd == 0.0 ? 0.0 : sd * sd / (2.0 * s0);
@@ -42,7 +43,8 @@ static int sde_launch(void *ctx, const void *args) {
     const kern_sde_args_t *a = (const kern_sde_args_t *)args;
     if (a->n <= 0) return 0;
     sde_kernel<T><<<kc_blocks(a->n, KC_THREADS), KC_THREADS, 0, c->stream>>>(
-        (T *)a->x, (const T *)a->v, a->sigmas, a->params, (T *)a->mean, (double)a->eta, a->step, a->seed, a->n);
+        (T *)a->x, (const T *)a->v, a->sigmas, a->params, (T *)a->mean, (double)a->eta, a->step, a->seed, a->n,
+        a->grid);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

@@ -914,7 +914,8 @@ class Client:
         text encoder (with cfg != 1 also negative_prompt, or Wan's default
         negative prompt). With a prompt, steps, shift, cfg and solver not
         given are Wan2.1's text-to-video defaults (generate.py's): 50, 5.0,
-        5.0 and "unipc" ("euler" with sde); cfg=1.0 turns guidance off. output: "latent" (the default), "frames" (the
+        5.0 and "unipc" ("euler" with sde: Euler's grid, unless solver="unipc" asks for
+        Flow-GRPO's Wan rollouts on UniPC's); cfg=1.0 turns guidance off. output: "latent" (the default), "frames" (the
         decoded video as uint8 [F', H', W', 3] in .frames) or "video" (an
         MP4's bytes in .video); the worker needs a VAE for those.
 
