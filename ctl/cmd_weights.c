@@ -4,6 +4,7 @@
  * checkpoint written back in the layout a Wan2.1 release ships. */
 #include "ctl.h"
 #include "model/lora.h"
+#include "model/release.h"
 #include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
@@ -157,6 +158,12 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     wan_summary_t s;
     wan_ckpt_summary(ck, &s);
     const wan_file_t *idx = wan_ckpt_index(ck);
+    /* a release folder's or pipeline root's other parts, by where they are
+     * (each is read, and judged, by the worker or reelctl run that loads it) */
+    release_parts_t rel;
+    memset(&rel, 0, sizeof rel);
+    struct stat pst;
+    if (stat(path, &pst) == 0 && S_ISDIR(pst.st_mode) && release_find(path, &rel) != 0) memset(&rel, 0, sizeof rel);
     if (json) {
         json_t *dt = json_object(), *files = json_array();
         for (int d = 0; d < KERN_DTYPE_COUNT; d++)
@@ -172,6 +179,10 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
                                  "parameters", (json_int_t)s.parameters, "dtypes", dt, "tensor_bytes",
                                  (json_int_t)s.tensor_bytes, "file_bytes", (json_int_t)s.file_bytes, "index",
                                  idx ? file_json(idx) : json_null(), "files", files, "sha256", wan_ckpt_identity(ck));
+        if (root)
+            json_object_set_new(root, "parts", json_pack("{s:s?, s:s?, s:s?}", "text_encoder", rel.t5[0] ? rel.t5 : NULL,
+                                                         "tokenizer", rel.tokenizer[0] ? rel.tokenizer : NULL, "vae",
+                                                         rel.vae[0] ? rel.vae : NULL));
         char *text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text) printf("%s\n", text);
         free(text);
@@ -199,6 +210,9 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     printf("sha256      %s  (%s)\n", wan_ckpt_identity(ck),
            idx ? "a sync by path announces it: the index's bytes, then each shard's sha256 (docs/PROTOCOL.md)"
                : "a sync by path announces it: the file's bytes");
+    if (rel.t5[0]) printf("text enc    %s\n", rel.t5);
+    if (rel.tokenizer[0]) printf("tokenizer   %s\n", rel.tokenizer);
+    if (rel.vae[0]) printf("vae         %s\n", rel.vae);
     wan_ckpt_destroy(&ck);
     return 0;
 }

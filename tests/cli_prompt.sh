@@ -61,6 +61,12 @@ PIPE="$D/layouts/pipeline"
 $PY "$HERE/wan_layouts.py" "$D/dit.safetensors" "$D/layouts" >/dev/null 2>"$D/lay.err" && rm -rf "$PIPE/vae" &&
     $PY "$HERE/wan_diffusers_parts.py" "$D/t5.safetensors" "$D/vae.safetensors" "$PIPE" 2>>"$D/lay.err" &&
     mkdir -p "$PIPE/tokenizer" && cp "$D/spiece.model" "$PIPE/tokenizer/" || { bad "the pipeline is built"; show "$D/lay.err"; finish; }
+"$R" weights inspect "$PIPE" >"$D/pi.txt" 2>&1 && "$R" weights inspect "$PIPE" --json >"$D/pi.json" 2>&1 &&
+    grep -q "^text enc    $PIPE/text_encoder$" "$D/pi.txt" && grep -q "^vae         $PIPE/vae$" "$D/pi.txt" &&
+    grep -q "^tokenizer   $PIPE/tokenizer$" "$D/pi.txt" &&
+    $PY -c 'import json,sys; p=json.load(open(sys.argv[1]))["parts"]; sys.exit(0 if p["vae"].endswith("/vae") and p["text_encoder"].endswith("/text_encoder") else 1)' "$D/pi.json" &&
+    ok "weights inspect on the pipeline root lists its text encoder, tokenizer and VAE" ||
+    { bad "inspect the pipeline's parts"; show "$D/pi.txt" "$D/pi.json"; }
 "$R" encode --t5 "$PIPE/text_encoder" --tokenizer "$PIPE/tokenizer" --prompt "$P" -o "$D/pe.safetensors" 2>"$D/pe.err" &&
     "$R" encode --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --prompt "$P" -o "$D/we.safetensors" 2>>"$D/pe.err" &&
     "$R" tensor diff "$D/pe.safetensors" "$D/we.safetensors" --name context >/dev/null 2>&1 &&
