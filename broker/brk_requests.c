@@ -407,7 +407,7 @@ static bool same_request(const msg_gen_t *o, const msg_gen_t *g) {
         !same_str(o->prompt, g->prompt) || !same_str(o->negative_prompt, g->negative_prompt))
         return false;
     if (o->return_trajectory != g->return_trajectory || o->return_log_probs != g->return_log_probs ||
-        o->return_means != g->return_means)
+        o->return_means != g->return_means || o->return_timesteps != g->return_timesteps)
         return false;
     return same_tensor(o->context, g->context) && same_tensor(o->uncond, g->uncond) &&
            same_tensor(o->latent, g->latent);

@@ -110,7 +110,7 @@ int cap_key_denoise_batch(cap_key_t *k, const char *device, const char *arch, co
                           const int64_t context[2], bool cfg, const char *component, uint64_t version);
 /* A mixed batch of `batch` different requests (2..CAP_MAX_BATCH) of one
  * single-request key run as one step: as cap_key_denoise_batch, but every
- * sample has its own σ (sigmas F32 [B,3]), guidance (F32 [B,1]) and
+ * sample has its own σ (sigmas F32 [B,3], [B,4] on a grid), guidance (F32 [B,1]) and
  * context and uncond (rows b·L.. of [B·L,T]; `context` is one sample's
  * [L,T]). Euler and SDE loops only: -1 (UNSUPPORTED) for a multistep one. */
 int cap_key_denoise_mixed(cap_key_t *k, const char *device, const char *arch, const char *model,

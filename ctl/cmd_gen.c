@@ -106,7 +106,7 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
         g->output = arg;
         return 0;
     case O_TRAJ: o->rollout.want_trajectory = true; return 0;
-    case O_LOGP: o->rollout.want_log_probs = true; return 0;
+    case O_LOGP: o->rollout.want_log_probs = o->rollout.want_timesteps = true; return 0;
     case O_MEANS: o->rollout.want_means = true; return 0;
     case O_N: /* tests/cli_group.sh reads this message */
         return reel_parse_int(arg, 1, MSG_MAX_GROUP, "--n", &g->n)

@@ -597,6 +597,8 @@ int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
     if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
         check_scalars(s, op, "sigmas", sigmas, 3))
         return -1;
+    if (kern_tensor_numel(sigmas) > 4) /* 3: Euler's grid; 4: a solver's (its form of std) */
+        return kern_op_shape_fail(op, "sigmas", sigmas, "3 values (σ_i, σ_i+1, σ_1) or a grid's 4 (and t_i)");
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     if (!(eta >= 0) || !isfinite(eta)) return reel_fail(REEL_E_INVALID, "%s: eta must be finite and >= 0", op);
@@ -620,6 +622,8 @@ int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tens
         check_scalars(s, op, "sigmas", sigmas, 3) || check_scalars(s, op, "params", params, 4) ||
         (mean && check(s, op, "mean", mean, dt)))
         return -1;
+    if (kern_tensor_numel(sigmas) > 4) /* 3: Euler's grid; 4: a solver's (its form of std) */
+        return kern_op_shape_fail(op, "sigmas", sigmas, "3 values (σ_i, σ_i+1, σ_1) or a grid's 4 (and t_i)");
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     if (mean && kern_tensor_numel(mean) != n) return kern_op_shape_fail(op, "mean", mean, "x's element count");

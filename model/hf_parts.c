@@ -213,7 +213,7 @@ static st_file_t *renamed(st_file_t *f, hf_part_t kind, const char *origin, cons
     bool any = false, shared = st_find(f, "shared.weight") != NULL;
     char nm[512];
     for (size_t i = 0; i < n && !any; i++) any = hf_part_wan_name(kind, st_at(f, i)->name, nm, sizeof nm) == 1;
-    if (!any) return f;
+    if (!any && !extra) return f; /* (a config's latents still go into the metadata) */
     json_t *hdr = json_object(), *meta = json_object();
     st_file_t *out = NULL;
     if (!hdr || !meta || json_object_set(hdr, "__metadata__", meta) ||

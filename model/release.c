@@ -41,7 +41,8 @@ static bool has_weights(const char *dir) {
     int n = scandir(dir, &names, NULL, alphasort);
     bool any = false;
     for (int i = 0; i < n; i++) {
-        any = any || ends_with(names[i]->d_name, ".safetensors") || ends_with(names[i]->d_name, ".safetensors.index.json");
+        const char *s = names[i]->d_name; /* dotfiles skipped, as the DiT's loader skips them */
+        any = any || (s[0] != '.' && (ends_with(s, ".safetensors") || ends_with(s, ".safetensors.index.json")));
         free(names[i]);
     }
     free(names);

@@ -1,7 +1,7 @@
 /* tdit_program.h -- the tinydit denoising step as a capture_cache program,
  * and the denoising loop run through a capture cache.
  *
- * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3]
+ * Inputs, in key order: 0 latent [C,F,H,W] (copied), 1 sigmas F32 [3] ([4] on a solver's grid: t_i after σ_1)
  * (copied), 2 guidance F32 [1] (copied), 3 context [L,T] (pinnable),
  * 4 uncond [L,T] (pinnable; CFG only), then for SDE steps sde F32 [4] (eta,
  * seed, step; copied), for multistep steps (shape.solver unipc or dpm++)

@@ -212,7 +212,7 @@ size_t tdit_ws_size(tdit_model_t *m, const tdit_shape_t *shape);
 kern_tensor_t *tdit_ws_latent(tdit_ws_t *ws);    /* [C,F,H,W]; [B,C,F,H,W] for a batch */
 kern_tensor_t *tdit_ws_context(tdit_ws_t *ws);   /* [L,T] */
 kern_tensor_t *tdit_ws_uncond(tdit_ws_t *ws);    /* [L,T]; data NULL without cfg */
-kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws);    /* F32 [3] = σ_i, σ_{i+1}, σ_1 */
+kern_tensor_t *tdit_ws_sigmas(tdit_ws_t *ws);    /* F32 [3] = σ_i, σ_{i+1}, σ_1 (and t_i on a grid: tdit_sigma_width) */
 kern_tensor_t *tdit_ws_guidance(tdit_ws_t *ws);  /* F32 [1] */
 kern_tensor_t *tdit_ws_sde(tdit_ws_t *ws);       /* F32 [4]: eta, seed, step (kern_sde_params_pack); [B,4] for a batch */
 kern_tensor_t *tdit_ws_mean(tdit_ws_t *ws);      /* the latent's shape: the last SDE step's mean μ */

@@ -126,6 +126,8 @@ typedef struct {
     bool return_trajectory;      /* false: RESULT carries trajectory [N+1,C,F,H,W] */
     bool return_log_probs;       /* false: RESULT carries log_probs [N], sigmas [N+1] (SDE, eta > 0) */
     bool return_means;           /* false: RESULT carries means [N,C,F,H,W] (SDE, eta > 0) */
+    bool return_timesteps;       /* false: RESULT carries timesteps [N] (an older broker drops the field, so
+                                  * its workers never send a tensor it would not know) */
     uint64_t n;                  /* samples of this prompt, 1..MSG_MAX_GROUP (a group when > 1); 0: absent, 1 */
     uint64_t seeds[MSG_MAX_GROUP]; /* each sample's seed; none: seed + i */
     int n_seeds;                 /* 0, or n */

@@ -74,6 +74,7 @@ static const msg_field_t gen_rows[] = {
     R_BOOL(msg_gen_t, return_trajectory, "return_trajectory", F_OMIT, false),
     R_BOOL(msg_gen_t, return_log_probs, "return_log_probs", F_OMIT, false),
     R_BOOL(msg_gen_t, return_means, "return_means", F_OMIT, false),
+    R_BOOL(msg_gen_t, return_timesteps, "return_timesteps", F_OMIT, false),
     R_U64(msg_gen_t, n, "n", F_OMIT, 1, MSG_MAX_GROUP, 0), /* absent (0 in the struct): 1 */
     R_U64S(msg_gen_t, seeds, n_seeds, "seeds", F_OMIT | F_NONEMPTY),
     R_STR(msg_gen_t, prompt, "prompt", F_OMIT),
@@ -702,9 +703,9 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: %s is %s, not of the request's shape", want[i].name,
                           describe(want[i].t, a, sizeof a));
     }
-    /* timesteps come with sigmas, [N]; an older worker sends none */
-    if (r->timesteps && !(g->return_log_probs && shape_is(r->timesteps, 0, NULL, 1, &lead2[1])))
-        return refuse(err, WIRE_E_INTERNAL, "RESULT: timesteps %s, not [N] beside the sigmas the request asked for",
+    /* timesteps [N] when asked; an older worker sends none */
+    if (r->timesteps && !(g->return_timesteps && shape_is(r->timesteps, 0, NULL, 1, &lead2[1])))
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: timesteps %s, which the request did not ask for as [N]",
                       describe(r->timesteps, a, sizeof a));
     /* Never a result of NaN or infinity (a worker judges all of its own;
      * this is the backstop for one that did not: the latent, log_probs and

@@ -985,6 +985,12 @@ START_TEST(test_sde_update_matches_cpu_noise_and_all) {
         TS_OK(kern_sde_update(GS, &x.g, &v.g, &s.g, eta[k], 1234567ull + (uint64_t)k, 7));
         expect_nmse("sde", dt, &x);
     }
+    /* a σ row of 4 (a solver's grid): the Wan trainer's std, η·σ_1·σ_i */
+    static const float g4[4] = { 0.99967f, 0.96394f, 0.96394f, 999.0f };
+    pair_t x = P1(dt, 4099, -1, 1), v = P1(dt, 4099, -1, 1), s = scalars(4, g4);
+    TS_OK(kern_sde_update(CS, &x.c, &v.c, &s.c, 1.0f, 99, 0));
+    TS_OK(kern_sde_update(GS, &x.g, &v.g, &s.g, 1.0f, 99, 0));
+    expect_nmse("sde on a solver's grid", dt, &x);
 }
 END_TEST
 

@@ -337,6 +337,13 @@ START_TEST(test_a_part_folders_config_json_is_judged_and_its_latents_taken) {
     ck_assert_str_eq(st_meta(f, "latents_mean"), "[0.5,-1]");
     ck_assert_str_eq(st_meta(f, "latents_std"), "[2,3]");
     st_close(&f);
+    /* the same beside a file already in Wan's names (nothing to rename) */
+    static const char *const wn[] = { "decoder.conv1.weight" };
+    write_file(ts_join(vd, "diffusion_pytorch_model.safetensors"), wn, 1, 82, false);
+    TS_NEW(f = hf_part_open(vd, HF_PART_VAE));
+    ck_assert_ptr_nonnull(st_find(f, "decoder.conv1.weight"));
+    ck_assert_str_eq(st_meta(f, "latents_std"), "[2,3]");
+    st_close(&f);
     static const struct { const char *cfg, *needle; } bad[] = {
         { "{\"model_type\": \"umt5\", \"feed_forward_proj\": \"relu\"}", "feed_forward_proj 'relu'" },
         { "{\"model_type\": \"umt5\", \"relative_attention_max_distance\": 64}", "relative_attention_max_distance 64" },

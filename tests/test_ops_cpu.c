@@ -1287,6 +1287,10 @@ START_TEST(test_sde_update_matches_double_reference) {
     sde_ref_form(F(&x), F(&v), F(&sig4), 1.0f, 77, 0, n, ref, true);
     ck_assert_msg(kern_sde_update(S, &x, &v, &sig4, 1.0f, 77, 0) == 0, "sde: %s", reel_err_text());
     expect_close("sde on a solver's grid", F(&x), ref, n, 1e-6, 1e-6, NULL, "1e-6 * (1 + |ref|)");
+    /* more than 4 values is neither form (a mixed batch's whole [S,3], say): refused */
+    kern_tensor_t sig6 = T1(6);
+    ck_assert_int_eq(kern_sde_update(S, &x, &v, &sig6, 1.0f, 77, 0), -1);
+    ck_assert_msg(strstr(reel_err_text(), "or a grid's 4"), "%s", reel_err_text());
 }
 END_TEST
 

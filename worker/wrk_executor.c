@@ -160,8 +160,9 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
         int64_t n1 = steps + 1;
         tensor_of(&t[k], "sigmas", 0, NULL, 1, &n1, *sig);
         r->sigmas = &t[k++];
-        /* each step's t as the transformer took it, after the sigmas */
-        if (!(*ts = malloc((size_t)steps * sizeof **ts))) return -1;
+    }
+    if (j->want_timesteps) { /* each step's t as the transformer took it */
+        if (!(*ts = malloc((size_t)(steps ? steps : 1) * sizeof **ts))) return -1;
         for (int i = 0; i < steps; i++) (*ts)[i] = (float)tdit_req_timestep(j->req, i);
         int64_t nt = steps;
         tensor_of(&t[k], "timesteps", 0, NULL, 1, &nt, *ts);

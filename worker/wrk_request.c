@@ -174,6 +174,7 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     j->progress = r->progress;
     j->rec = (r->return_trajectory ? TDIT_REC_TRAJECTORY : 0u) | (r->return_log_probs ? TDIT_REC_LOG_PROBS : 0u) |
              (r->return_means ? TDIT_REC_MEANS : 0u);
+    j->want_timesteps = r->return_timesteps;
     j->shape = shape;
     j->loop = loop;
     j->n = (int)msg_gen_n(r);

@@ -30,6 +30,7 @@ struct wrk_job {
                                   * dropped then, between steps */
     bool progress;               /* send PROGRESS after each step */
     unsigned rec;                /* TDIT_REC_*: what the RESULT carries besides the latent */
+    bool want_timesteps;         /* GEN return_timesteps: timesteps [N] in the RESULT */
     tdit_shape_t shape;          /* one sample's; .batch: the running sub-batch's samples */
     tdit_loop_t loop;
     int64_t latent_shape[4];     /* C, F, H, W */

@@ -571,6 +571,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         m.return_trajectory = g->rollout->want_trajectory;
         m.return_log_probs = g->rollout->want_log_probs;
         m.return_means = g->rollout->want_means;
+        m.return_timesteps = g->rollout->want_timesteps;
     }
     memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
     m.prompt = g->prompt;

@@ -112,7 +112,7 @@ void reel_decoded_free(reel_decoded_t *d);
  * reel_rollout_free). A tensor the RESULT did not carry stays NULL with
  * its shape zeroed. */
 typedef struct reel_rollout {
-    bool want_trajectory, want_log_probs, want_means;
+    bool want_trajectory, want_log_probs, want_means, want_timesteps;
     int n;                      /* samples: every shape below but sigmas' has a leading [n] when n > 1 */
     float *trajectory;          /* [N+1, C, F, H, W]: x_0 .. x_N */
     int64_t trajectory_shape[6];

@@ -1120,6 +1120,8 @@ class Client:
                       ("return_means", return_means)):
             if _flag(k, on):
                 fields[k] = True
+        if fields.get("return_log_probs"):  # beside the sigmas: each step's t as the transformer took it
+            fields["return_timesteps"] = True
         return fields, tensors, torch_out
 
     @_call
