@@ -590,15 +590,22 @@ int kern_euler_update_rows(kern_stream_t *s, kern_tensor_t *x, const kern_tensor
     return kern_dispatch(s, KERN_OP_EULER, dt, &a);
 }
 
+/* An SDE step's σ row: 3 values (σ_i, σ_{i+1}, σ_1: Euler's grid) or a
+ * solver's grid's 4 (and t_i), which selects its form of std. */
+static int check_sde_sigmas(kern_stream_t *s, const char *op, const kern_tensor_t *sigmas) {
+    if (check_scalars(s, op, "sigmas", sigmas, 3)) return -1;
+    if (kern_tensor_numel(sigmas) > 4)
+        return kern_op_shape_fail(op, "sigmas", sigmas, "3 values (σ_i, σ_i+1, σ_1) or a grid's 4 (and t_i)");
+    return 0;
+}
+
 int kern_sde_update(kern_stream_t *s, kern_tensor_t *x, const kern_tensor_t *v,
                     const kern_tensor_t *sigmas, float eta, uint64_t seed, uint32_t step) {
     const char *op = "sde";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
-        check_scalars(s, op, "sigmas", sigmas, 3))
+        check_sde_sigmas(s, op, sigmas))
         return -1;
-    if (kern_tensor_numel(sigmas) > 4) /* 3: Euler's grid; 4: a solver's (its form of std) */
-        return kern_op_shape_fail(op, "sigmas", sigmas, "3 values (σ_i, σ_i+1, σ_1) or a grid's 4 (and t_i)");
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     if (!(eta >= 0) || !isfinite(eta)) return reel_fail(REEL_E_INVALID, "%s: eta must be finite and >= 0", op);
@@ -619,11 +626,9 @@ int kern_sde_update_dev_mean(kern_stream_t *s, kern_tensor_t *x, const kern_tens
     const char *op = "sde_dev";
     kern_dtype_t dt = x ? x->dtype : KERN_F32;
     if (check(s, op, "x", x, dt) || check(s, op, "v", v, dt) ||
-        check_scalars(s, op, "sigmas", sigmas, 3) || check_scalars(s, op, "params", params, 4) ||
+        check_sde_sigmas(s, op, sigmas) || check_scalars(s, op, "params", params, 4) ||
         (mean && check(s, op, "mean", mean, dt)))
         return -1;
-    if (kern_tensor_numel(sigmas) > 4) /* 3: Euler's grid; 4: a solver's (its form of std) */
-        return kern_op_shape_fail(op, "sigmas", sigmas, "3 values (σ_i, σ_i+1, σ_1) or a grid's 4 (and t_i)");
     int64_t n = kern_tensor_numel(x);
     if (kern_tensor_numel(v) != n) return kern_op_shape_fail(op, "v", v, "x's element count");
     if (mean && kern_tensor_numel(mean) != n) return kern_op_shape_fail(op, "mean", mean, "x's element count");

@@ -71,41 +71,56 @@ static int put(char *out, size_t len, const char *fmt, ...) {
     return n >= 0 && (size_t)n < len ? 1 : 0;
 }
 
+/* The published renames of one kind, each pair read either way. */
+typedef struct { const char *hf, *wan; } name_pair_t;
+
+/* A UMT5 block's tensors (after encoder.block.N. / blocks.N.). */
+static const name_pair_t t5_block[] = {
+    { "layer.0.SelfAttention.q.weight", "attn.q.weight" },
+    { "layer.0.SelfAttention.k.weight", "attn.k.weight" },
+    { "layer.0.SelfAttention.v.weight", "attn.v.weight" },
+    { "layer.0.SelfAttention.o.weight", "attn.o.weight" },
+    { "layer.0.SelfAttention.relative_attention_bias.weight", "pos_embedding.embedding.weight" },
+    { "layer.0.layer_norm.weight", "norm1.weight" },
+    { "layer.1.DenseReluDense.wi_0.weight", "ffn.gate.0.weight" },
+    { "layer.1.DenseReluDense.wi_1.weight", "ffn.fc1.weight" },
+    { "layer.1.DenseReluDense.wo.weight", "ffn.fc2.weight" },
+    { "layer.1.layer_norm.weight", "norm2.weight" },
+};
+
+/* A VAE residual block's parts (each followed by weight, bias or gamma). */
+static const name_pair_t resnet[] = {
+    { "norm1.", "residual.0." }, { "conv1.", "residual.2." }, { "norm2.", "residual.3." },
+    { "conv2.", "residual.6." }, { "conv_shortcut.", "shortcut." },
+};
+
+/* r, starting with one of t's names (diffusers', or Wan's when back), as
+ * the other into buf: the whole of r (tail false) or that prefix and the
+ * rest of r, which must not be empty (tail true). NULL when none matches
+ * or it does not fit. */
+static const char *swap(const name_pair_t *t, size_t n, bool back, bool tail, const char *r, char *buf, size_t len) {
+    for (size_t i = 0; i < n; i++) {
+        const char *rest = after(r, back ? t[i].wan : t[i].hf);
+        if (rest && (tail ? *rest != '\0' : *rest == '\0'))
+            return snprintf(buf, len, "%s%s", back ? t[i].hf : t[i].wan, rest) < (int)len ? buf : NULL;
+    }
+    return NULL;
+}
+
+static const char *resnet_part(const char *r, char *buf, size_t len, bool back) {
+    return swap(resnet, sizeof resnet / sizeof resnet[0], back, true, r, buf, len);
+}
+
 static int t5_name(const char *n, char *out, size_t len) {
-    const char *r;
+    const char *r, *w;
+    char part[128];
     int b;
     if (!strcmp(n, "shared.weight") || !strcmp(n, "encoder.embed_tokens.weight"))
         return put(out, len, "token_embedding.weight");
     if (!strcmp(n, "encoder.final_layer_norm.weight")) return put(out, len, "norm.weight");
     if (!(r = after(n, "encoder.block.")) || !take_index(&r, &b)) return 0;
-    static const struct { const char *hf, *wan; } sub[] = {
-        { "layer.0.SelfAttention.q.weight", "attn.q.weight" },
-        { "layer.0.SelfAttention.k.weight", "attn.k.weight" },
-        { "layer.0.SelfAttention.v.weight", "attn.v.weight" },
-        { "layer.0.SelfAttention.o.weight", "attn.o.weight" },
-        { "layer.0.SelfAttention.relative_attention_bias.weight", "pos_embedding.embedding.weight" },
-        { "layer.0.layer_norm.weight", "norm1.weight" },
-        { "layer.1.DenseReluDense.wi_0.weight", "ffn.gate.0.weight" },
-        { "layer.1.DenseReluDense.wi_1.weight", "ffn.fc1.weight" },
-        { "layer.1.DenseReluDense.wo.weight", "ffn.fc2.weight" },
-        { "layer.1.layer_norm.weight", "norm2.weight" },
-    };
-    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++)
-        if (!strcmp(r, sub[i].hf)) return put(out, len, "blocks.%d.%s", b, sub[i].wan);
-    return 0;
-}
-
-/* A residual block's part in diffusers' names -> Wan's (residual.N, shortcut). */
-static const char *resnet_part(const char *r, char *buf, size_t len) {
-    static const struct { const char *hf, *wan; } sub[] = {
-        { "norm1.", "residual.0." }, { "conv1.", "residual.2." }, { "norm2.", "residual.3." },
-        { "conv2.", "residual.6." }, { "conv_shortcut.", "shortcut." },
-    };
-    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
-        const char *rest = after(r, sub[i].hf);
-        if (rest && *rest) return snprintf(buf, len, "%s%s", sub[i].wan, rest) < (int)len ? buf : NULL;
-    }
-    return NULL;
+    w = swap(t5_block, sizeof t5_block / sizeof t5_block[0], false, false, r, part, sizeof part);
+    return w ? put(out, len, "blocks.%d.%s", b, w) : 0;
 }
 
 static int vae_name(const char *n, char *out, size_t len) {
@@ -122,17 +137,17 @@ static int vae_name(const char *n, char *out, size_t len) {
     if ((s = after(r, "norm_out."))) return put(out, len, "%s.head.0.%s", side, s);
     if ((s = after(r, "conv_out."))) return put(out, len, "%s.head.2.%s", side, s);
     if ((s = after(r, "mid_block.attentions.0."))) return put(out, len, "%s.middle.1.%s", side, s);
-    if ((s = after(r, "mid_block.resnets.")) && take_index(&s, &k) && k <= 1 && resnet_part(s, part, sizeof part))
+    if ((s = after(r, "mid_block.resnets.")) && take_index(&s, &k) && k <= 1 && resnet_part(s, part, sizeof part, false))
         return put(out, len, "%s.middle.%d.%s", side, 2 * k, part);
     if (!strcmp(side, "decoder") && (s = after(r, "up_blocks.")) && take_index(&s, &b) && b <= 3) {
         const char *t;
-        if ((t = after(s, "resnets.")) && take_index(&t, &k) && k <= 2 && resnet_part(t, part, sizeof part))
+        if ((t = after(s, "resnets.")) && take_index(&t, &k) && k <= 2 && resnet_part(t, part, sizeof part, false))
             return put(out, len, "decoder.upsamples.%d.%s", 4 * b + k, part);
         if (b <= 2 && (t = after(s, "upsamplers.0.")) && *t) return put(out, len, "decoder.upsamples.%d.%s", 4 * b + 3, t);
     }
     /* the encoder's down_blocks keep Wan's numbering (convert_vae renames the prefix and the parts only) */
     if (!strcmp(side, "encoder") && (s = after(r, "down_blocks.")) && take_index(&s, &b)) {
-        if (resnet_part(s, part, sizeof part)) return put(out, len, "encoder.downsamples.%d.%s", b, part);
+        if (resnet_part(s, part, sizeof part, false)) return put(out, len, "encoder.downsamples.%d.%s", b, part);
         return put(out, len, "encoder.downsamples.%d.%s", b, s);
     }
     return 0;
@@ -141,35 +156,14 @@ static int vae_name(const char *n, char *out, size_t len) {
 /* ---- back: Wan's name -> the file's (for messages) ------------------------------- */
 
 static int t5_file_name(const char *n, char *out, size_t len) {
-    const char *r;
+    const char *r, *h;
+    char part[128];
     int b;
     if (!strcmp(n, "token_embedding.weight")) return put(out, len, "shared.weight");
     if (!strcmp(n, "norm.weight")) return put(out, len, "encoder.final_layer_norm.weight");
     if (!(r = after(n, "blocks.")) || !take_index(&r, &b)) return 0;
-    static const struct { const char *wan, *hf; } sub[] = {
-        { "attn.q.weight", "layer.0.SelfAttention.q.weight" }, { "attn.k.weight", "layer.0.SelfAttention.k.weight" },
-        { "attn.v.weight", "layer.0.SelfAttention.v.weight" }, { "attn.o.weight", "layer.0.SelfAttention.o.weight" },
-        { "pos_embedding.embedding.weight", "layer.0.SelfAttention.relative_attention_bias.weight" },
-        { "norm1.weight", "layer.0.layer_norm.weight" }, { "ffn.gate.0.weight", "layer.1.DenseReluDense.wi_0.weight" },
-        { "ffn.fc1.weight", "layer.1.DenseReluDense.wi_1.weight" }, { "ffn.fc2.weight", "layer.1.DenseReluDense.wo.weight" },
-        { "norm2.weight", "layer.1.layer_norm.weight" },
-    };
-    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++)
-        if (!strcmp(r, sub[i].wan)) return put(out, len, "encoder.block.%d.%s", b, sub[i].hf);
-    return 0;
-}
-
-/* A residual block's part in Wan's names -> diffusers'. */
-static const char *resnet_file_part(const char *r, char *buf, size_t len) {
-    static const struct { const char *wan, *hf; } sub[] = {
-        { "residual.0.", "norm1." }, { "residual.2.", "conv1." }, { "residual.3.", "norm2." },
-        { "residual.6.", "conv2." }, { "shortcut.", "conv_shortcut." },
-    };
-    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
-        const char *rest = after(r, sub[i].wan);
-        if (rest && *rest) return snprintf(buf, len, "%s%s", sub[i].hf, rest) < (int)len ? buf : NULL;
-    }
-    return NULL;
+    h = swap(t5_block, sizeof t5_block / sizeof t5_block[0], true, false, r, part, sizeof part);
+    return h ? put(out, len, "encoder.block.%d.%s", b, h) : 0;
 }
 
 static int vae_file_name(const char *n, char *out, size_t len) {
@@ -185,15 +179,15 @@ static int vae_file_name(const char *n, char *out, size_t len) {
     if ((s = after(r, "head.0."))) return put(out, len, "%s.norm_out.%s", side, s);
     if ((s = after(r, "head.2."))) return put(out, len, "%s.conv_out.%s", side, s);
     if ((s = after(r, "middle.1."))) return put(out, len, "%s.mid_block.attentions.0.%s", side, s);
-    if ((s = after(r, "middle.")) && take_index(&s, &k) && (k == 0 || k == 2) && resnet_file_part(s, part, sizeof part))
+    if ((s = after(r, "middle.")) && take_index(&s, &k) && (k == 0 || k == 2) && resnet_part(s, part, sizeof part, true))
         return put(out, len, "%s.mid_block.resnets.%d.%s", side, k / 2, part);
     if (!strcmp(side, "decoder") && (s = after(r, "upsamples.")) && take_index(&s, &k) && k < 16) {
         if (k % 4 == 3) return put(out, len, "decoder.up_blocks.%d.upsamplers.0.%s", k / 4, s);
-        if (resnet_file_part(s, part, sizeof part))
+        if (resnet_part(s, part, sizeof part, true))
             return put(out, len, "decoder.up_blocks.%d.resnets.%d.%s", k / 4, k % 4, part);
     }
     if (!strcmp(side, "encoder") && (s = after(r, "downsamples.")) && take_index(&s, &k))
-        return resnet_file_part(s, part, sizeof part) ? put(out, len, "encoder.down_blocks.%d.%s", k, part)
+        return resnet_part(s, part, sizeof part, true) ? put(out, len, "encoder.down_blocks.%d.%s", k, part)
                                                       : put(out, len, "encoder.down_blocks.%d.%s", k, s);
     return 0;
 }

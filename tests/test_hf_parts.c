@@ -21,40 +21,46 @@ static char dir[128];
 static void setup(void) { ts_mkdtemp(dir, sizeof dir, "hfparts"); }
 static void teardown(void) { ts_rmtree(dir); }
 
+/* Pairs from the published renames (the table the tests below share):
+ * transformers' UMT5EncoderModel state dict against wan/modules/t5.py's
+ * T5Encoder, and convert_vae's tables (diffusers'
+ * scripts/convert_wan_to_diffusers.py) read backwards. */
+static const struct { hf_part_t k; const char *hf, *wan; } map[] = {
+    { HF_PART_T5, "shared.weight", "token_embedding.weight" },
+    { HF_PART_T5, "encoder.embed_tokens.weight", "token_embedding.weight" },
+    { HF_PART_T5, "encoder.final_layer_norm.weight", "norm.weight" },
+    { HF_PART_T5, "encoder.block.0.layer.0.SelfAttention.q.weight", "blocks.0.attn.q.weight" },
+    { HF_PART_T5, "encoder.block.23.layer.0.SelfAttention.o.weight", "blocks.23.attn.o.weight" },
+    { HF_PART_T5, "encoder.block.7.layer.0.SelfAttention.relative_attention_bias.weight",
+      "blocks.7.pos_embedding.embedding.weight" },
+    { HF_PART_T5, "encoder.block.1.layer.0.layer_norm.weight", "blocks.1.norm1.weight" },
+    { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_0.weight", "blocks.1.ffn.gate.0.weight" },
+    { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_1.weight", "blocks.1.ffn.fc1.weight" },
+    { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wo.weight", "blocks.1.ffn.fc2.weight" },
+    { HF_PART_T5, "encoder.block.10.layer.1.layer_norm.weight", "blocks.10.norm2.weight" },
+    { HF_PART_VAE, "post_quant_conv.weight", "conv2.weight" },
+    { HF_PART_VAE, "quant_conv.bias", "conv1.bias" },
+    { HF_PART_VAE, "decoder.conv_in.weight", "decoder.conv1.weight" },
+    { HF_PART_VAE, "decoder.norm_out.gamma", "decoder.head.0.gamma" },
+    { HF_PART_VAE, "decoder.conv_out.bias", "decoder.head.2.bias" },
+    { HF_PART_VAE, "decoder.mid_block.resnets.0.norm1.gamma", "decoder.middle.0.residual.0.gamma" },
+    { HF_PART_VAE, "decoder.mid_block.resnets.1.conv2.weight", "decoder.middle.2.residual.6.weight" },
+    { HF_PART_VAE, "decoder.mid_block.attentions.0.to_qkv.bias", "decoder.middle.1.to_qkv.bias" },
+    { HF_PART_VAE, "decoder.up_blocks.0.resnets.2.norm2.gamma", "decoder.upsamples.2.residual.3.gamma" },
+    { HF_PART_VAE, "decoder.up_blocks.1.resnets.0.conv_shortcut.weight", "decoder.upsamples.4.shortcut.weight" },
+    { HF_PART_VAE, "decoder.up_blocks.2.resnets.1.conv1.bias", "decoder.upsamples.9.residual.2.bias" },
+    { HF_PART_VAE, "decoder.up_blocks.3.resnets.2.conv2.bias", "decoder.upsamples.14.residual.6.bias" },
+    { HF_PART_VAE, "decoder.up_blocks.0.upsamplers.0.time_conv.weight", "decoder.upsamples.3.time_conv.weight" },
+    { HF_PART_VAE, "decoder.up_blocks.2.upsamplers.0.resample.1.bias", "decoder.upsamples.11.resample.1.bias" },
+    { HF_PART_VAE, "encoder.conv_in.bias", "encoder.conv1.bias" },
+    { HF_PART_VAE, "encoder.down_blocks.3.norm1.gamma", "encoder.downsamples.3.residual.0.gamma" },
+    { HF_PART_VAE, "encoder.down_blocks.2.resample.1.weight", "encoder.downsamples.2.resample.1.weight" },
+};
+
 /* Pairs from the published renames: transformers' UMT5EncoderModel state
  * dict against wan/modules/t5.py's T5Encoder, and convert_vae's tables
  * (diffusers' scripts/convert_wan_to_diffusers.py) read backwards. */
 START_TEST(test_published_names_map_to_wans_and_others_stay) {
-    static const struct { hf_part_t k; const char *hf, *wan; } map[] = {
-        { HF_PART_T5, "shared.weight", "token_embedding.weight" },
-        { HF_PART_T5, "encoder.embed_tokens.weight", "token_embedding.weight" },
-        { HF_PART_T5, "encoder.final_layer_norm.weight", "norm.weight" },
-        { HF_PART_T5, "encoder.block.0.layer.0.SelfAttention.q.weight", "blocks.0.attn.q.weight" },
-        { HF_PART_T5, "encoder.block.23.layer.0.SelfAttention.o.weight", "blocks.23.attn.o.weight" },
-        { HF_PART_T5, "encoder.block.7.layer.0.SelfAttention.relative_attention_bias.weight",
-          "blocks.7.pos_embedding.embedding.weight" },
-        { HF_PART_T5, "encoder.block.1.layer.0.layer_norm.weight", "blocks.1.norm1.weight" },
-        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_0.weight", "blocks.1.ffn.gate.0.weight" },
-        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wi_1.weight", "blocks.1.ffn.fc1.weight" },
-        { HF_PART_T5, "encoder.block.1.layer.1.DenseReluDense.wo.weight", "blocks.1.ffn.fc2.weight" },
-        { HF_PART_T5, "encoder.block.10.layer.1.layer_norm.weight", "blocks.10.norm2.weight" },
-        { HF_PART_VAE, "post_quant_conv.weight", "conv2.weight" },
-        { HF_PART_VAE, "quant_conv.bias", "conv1.bias" },
-        { HF_PART_VAE, "decoder.conv_in.weight", "decoder.conv1.weight" },
-        { HF_PART_VAE, "decoder.norm_out.gamma", "decoder.head.0.gamma" },
-        { HF_PART_VAE, "decoder.conv_out.bias", "decoder.head.2.bias" },
-        { HF_PART_VAE, "decoder.mid_block.resnets.0.norm1.gamma", "decoder.middle.0.residual.0.gamma" },
-        { HF_PART_VAE, "decoder.mid_block.resnets.1.conv2.weight", "decoder.middle.2.residual.6.weight" },
-        { HF_PART_VAE, "decoder.mid_block.attentions.0.to_qkv.bias", "decoder.middle.1.to_qkv.bias" },
-        { HF_PART_VAE, "decoder.up_blocks.0.resnets.2.norm2.gamma", "decoder.upsamples.2.residual.3.gamma" },
-        { HF_PART_VAE, "decoder.up_blocks.1.resnets.0.conv_shortcut.weight", "decoder.upsamples.4.shortcut.weight" },
-        { HF_PART_VAE, "decoder.up_blocks.2.resnets.1.conv1.bias", "decoder.upsamples.9.residual.2.bias" },
-        { HF_PART_VAE, "decoder.up_blocks.3.resnets.2.conv2.bias", "decoder.upsamples.14.residual.6.bias" },
-        { HF_PART_VAE, "decoder.up_blocks.0.upsamplers.0.time_conv.weight", "decoder.upsamples.3.time_conv.weight" },
-        { HF_PART_VAE, "decoder.up_blocks.2.upsamplers.0.resample.1.bias", "decoder.upsamples.11.resample.1.bias" },
-        { HF_PART_VAE, "encoder.conv_in.bias", "encoder.conv1.bias" },
-        { HF_PART_VAE, "encoder.down_blocks.3.residual.0.gamma", "encoder.downsamples.3.residual.0.gamma" },
-    };
     char out[256];
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
         ck_assert_msg(hf_part_wan_name(map[i].k, map[i].hf, out, sizeof out) == 1, "%s not renamed", map[i].hf);
@@ -262,6 +268,20 @@ START_TEST(test_a_message_about_a_renamed_file_names_its_own_tensors) {
     ck_assert_str_eq(reel_err_text(), "x: decoder.upsamples.4.residual.2.weight: no such tensor (in the file: "
                                       "decoder.upsamples.4.residual.2.weight is decoder.up_blocks.1.resnets.0.conv1.weight)");
     ck_assert_int_eq(reel_err_code(), REEL_E_NOT_FOUND);
+    /* every published pair, back from Wan's name to the file's */
+    st_file_t *t5f;
+    static const char *const one[] = { "shared.weight" };
+    write_file(ts_join(dir, "t5one.safetensors"), one, 1, 73, false);
+    TS_NEW(t5f = hf_part_open(ts_join(dir, "t5one.safetensors"), HF_PART_T5));
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        if (!strcmp(map[i].hf, "encoder.embed_tokens.weight")) continue; /* the tie: back to shared.weight */
+        char want[400];
+        snprintf(want, sizeof want, "(in the file: %s is %s)", map[i].wan, map[i].hf);
+        reel_fail(REEL_E_NOT_FOUND, "x: %s: no such tensor", map[i].wan);
+        hf_part_explain(map[i].k == HF_PART_T5 ? t5f : f);
+        ck_assert_msg(strstr(reel_err_text(), want), "'%s' lacks '%s'", reel_err_text(), want);
+    }
+    st_close(&t5f);
     reel_fail(REEL_E_INVALID, "x: not a VAE at all");
     hf_part_explain(f);
     ck_assert_str_eq(reel_err_text(), "x: not a VAE at all");

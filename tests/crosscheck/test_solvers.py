@@ -398,6 +398,27 @@ def case_name(c):
         {"cmp": "", "size": " (--size/--seed)", "graphs": " (--graphs on == off, bitwise)"}[c["kind"]])
 
 
+def setup_inputs(reelctl, workdir, tag, cname, seed, lshape, L, input_seed, env=None):
+    """Config cname's weights from `reelctl weights init` (seed), and a
+    latent, context and uncond drawn from input_seed, written under
+    workdir as TAG_*: (weights path, weights, lat, ctx, unc, {lat, ctx,
+    unc: path}, lshape). Raises CmdError and the loaders' errors."""
+    wpath = os.path.join(workdir, "%s_w_%s.safetensors" % (tag, cname))
+    if os.path.exists(wpath):
+        os.remove(wpath)
+    run_cmd([reelctl, "weights", "init", "--config", cname, "--seed", str(seed), "--out", wpath], env)
+    w = ref.load_weights(wpath)
+    rng = np.random.default_rng(input_seed)
+    lat = rng.standard_normal(lshape).astype(np.float32)
+    ctx = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
+    unc = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
+    paths = {k: os.path.join(workdir, "%s_%s_%s.safetensors" % (tag, k, cname)) for k in ("lat", "ctx", "unc")}
+    safetensors_np.save(paths["lat"], {"latent": lat})
+    safetensors_np.save(paths["ctx"], {"context": ctx})
+    safetensors_np.save(paths["unc"], {"context": unc})
+    return wpath, w, lat, ctx, unc, paths, lshape
+
+
 def crosscheck_solvers(reelctl, workdir, env=None, quiet=False, configs=CONFIGS, size_case=True,
                        graphs_case=True, backend=None):
     """Returns (passed, failed, {case name: err})."""
@@ -407,25 +428,12 @@ def crosscheck_solvers(reelctl, workdir, env=None, quiet=False, configs=CONFIGS,
     errs = {}
     setups = {}
     for cname, seed, lshape, L in configs:
-        wpath = os.path.join(workdir, "solver_w_%s.safetensors" % cname)
         try:
-            if os.path.exists(wpath):
-                os.remove(wpath)
-            run_cmd([reelctl, "weights", "init", "--config", cname, "--seed", str(seed), "--out", wpath], env)
-            w = ref.load_weights(wpath)
+            setups[cname] = setup_inputs(reelctl, workdir, "solver", cname, seed, lshape, L, INPUT_SEED + seed, env)
         except (CmdError, KeyError, ValueError, OSError) as ex:
             say("FAIL solvers weights init %s: %s" % (cname, ex))
             n = sum(1 for c in cases if c["config"] == cname)
             return 0, n + sum(1 for c in cases if c["config"] != cname), errs
-        rng = np.random.default_rng(INPUT_SEED + seed)
-        lat = rng.standard_normal(lshape).astype(np.float32)
-        ctx = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
-        unc = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
-        paths = {k: os.path.join(workdir, "solver_%s_%s.safetensors" % (k, cname)) for k in ("lat", "ctx", "unc")}
-        safetensors_np.save(paths["lat"], {"latent": lat})
-        safetensors_np.save(paths["ctx"], {"context": ctx})
-        safetensors_np.save(paths["unc"], {"context": unc})
-        setups[cname] = (wpath, w, lat, ctx, unc, paths, lshape)
 
     def argv_for(c, out, latent_args):
         wpath, w, lat, ctx, unc, paths, lshape = setups[c["config"]]
@@ -506,41 +514,35 @@ def crosscheck_sde_grid(reelctl, workdir, env=None, configs=CONFIGS):
     failed)."""
     os.makedirs(workdir, exist_ok=True)
     passed = failed = 0
+    grid_cases = [(so, steps, shift) for so in SOLVER_NAMES for steps, shift in ((3, 3.0), (6, 5.0))]
     for cname, seed, lshape, L in configs:
-        wpath = os.path.join(workdir, "grid_w_%s.safetensors" % cname)
-        if os.path.exists(wpath):
-            os.remove(wpath)
-        run_cmd([reelctl, "weights", "init", "--config", cname, "--seed", str(seed), "--out", wpath], env)
-        w = ref.load_weights(wpath)
-        rng = np.random.default_rng(INPUT_SEED + seed + 1)
-        lat = rng.standard_normal(lshape).astype(np.float32)
-        ctx = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
-        unc = rng.standard_normal((L, w.cfg.text_dim)).astype(np.float32)
-        paths = {k: os.path.join(workdir, "grid_%s_%s.safetensors" % (k, cname)) for k in ("lat", "ctx", "unc")}
-        safetensors_np.save(paths["lat"], {"latent": lat})
-        safetensors_np.save(paths["ctx"], {"context": ctx})
-        safetensors_np.save(paths["unc"], {"context": unc})
-        for so in SOLVER_NAMES:
-            for steps, shift in ((3, 3.0), (6, 5.0)):
-                name = "%s sde on the %s grid, eta 0, %d steps, shift %g, CFG" % (cname, so, steps, shift)
-                out = os.path.join(workdir, "grid_out.safetensors")
-                try:
-                    if os.path.exists(out):
-                        os.remove(out)
-                    run_cmd([reelctl, "run", "--weights", wpath, "--latent", paths["lat"], "--context", paths["ctx"],
-                             "--uncond", paths["unc"], "--cfg", repr(CFG_SCALE), "--steps", str(steps), "--shift",
-                             repr(shift), "--solver", so, "--sde", "--eta", "0", "--out", out], env)
-                    got = load_latent(out)
-                    sig, ts = sr.SOLVERS[so][0](steps, shift)
-                    want = euler_loop(sr.dit_velocity_fn(w, ctx, unc, CFG_SCALE), lat, sig, ts)
-                    err = max_rel_err(got, want)
-                    ok = bool(np.all(np.isfinite(got))) and err <= TOL
-                    print("%s solvers %s: max rel err %.3e (tol %.0e)" % ("PASS" if ok else "FAIL", name, err, TOL))
-                except (CmdError, KeyError, ValueError, OSError) as ex:
-                    ok = False
-                    print("FAIL solvers %s: %s" % (name, ex))
-                passed += ok
-                failed += not ok
+        try:
+            wpath, w, lat, ctx, unc, paths, _ = setup_inputs(reelctl, workdir, "grid", cname, seed, lshape, L,
+                                                             INPUT_SEED + seed + 1, env)
+        except (CmdError, KeyError, ValueError, OSError) as ex:
+            print("FAIL solvers sde on a grid, %s's weights: %s" % (cname, ex))
+            failed += len(grid_cases)
+            continue
+        for so, steps, shift in grid_cases:
+            name = "%s sde on the %s grid, eta 0, %d steps, shift %g, CFG" % (cname, so, steps, shift)
+            out = os.path.join(workdir, "grid_out.safetensors")
+            try:
+                if os.path.exists(out):
+                    os.remove(out)
+                run_cmd([reelctl, "run", "--weights", wpath, "--latent", paths["lat"], "--context", paths["ctx"],
+                         "--uncond", paths["unc"], "--cfg", repr(CFG_SCALE), "--steps", str(steps), "--shift",
+                         repr(shift), "--solver", so, "--sde", "--eta", "0", "--out", out], env)
+                got = load_latent(out)
+                sig, ts = sr.SOLVERS[so][0](steps, shift)
+                want = euler_loop(sr.dit_velocity_fn(w, ctx, unc, CFG_SCALE), lat, sig, ts)
+                err = max_rel_err(got, want)
+                ok = bool(np.all(np.isfinite(got))) and err <= TOL
+                print("%s solvers %s: max rel err %.3e (tol %.0e)" % ("PASS" if ok else "FAIL", name, err, TOL))
+            except (CmdError, KeyError, ValueError, OSError) as ex:
+                ok = False
+                print("FAIL solvers %s: %s" % (name, ex))
+            passed += ok
+            failed += not ok
     return passed, failed
 
 
