@@ -36,7 +36,7 @@
  * generic build: the same bits either way. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define CPU_VEC_DISPATCH __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CPU_VEC_DISPATCH __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CPU_VEC_DISPATCH
 
@@ -114,41 +114,73 @@ CPU_VINLINE cpu_vf cpu_vsel(cpu_vi m, cpu_vf a, cpu_vf b) {
 /* max(a, b) per lane; a NaN b gives a. */
 CPU_VINLINE cpu_vf cpu_vmax2(cpu_vf a, cpu_vf b) { return cpu_vsel(b > a, b, a); }
 
+/* a·b + c per lane, rounded once (C's fmaf): the same bits on every ISA.
+ * One instruction a vector where the clone has FMA (x86-64-v3 and v4,
+ * AArch64); a libm call per lane on an x86-64 without it. */
+CPU_VINLINE cpu_vf cpu_vfma(cpu_vf a, cpu_vf b, cpu_vf c) {
+    cpu_vf r;
+    for (int i = 0; i < CPU_VW; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+}
+
+/* e^x's reduction and polynomial: x = n·ln2 + r, p = e^r; n returned as an
+ * integer per lane. x is already clamped. */
+CPU_VINLINE cpu_vf cpu_vexp_core(cpu_vf x, cpu_vi *ni) {
+    /* n = round(x·log2 e): adding 1.5·2^23 leaves n in the low mantissa bits */
+    const cpu_vf magic = cpu_vsplat(12582912.0f);
+    cpu_vf t = cpu_vfma(x, cpu_vsplat(1.44269504088896341f), magic);
+    cpu_vf n = t - magic;
+    /* ln 2 in two parts: n·c1 is exact, so the first step is x − n·c1 */
+    cpu_vf r = cpu_vfma(n, cpu_vsplat(-0.693359375f), x);
+    r = cpu_vfma(n, cpu_vsplat(2.12194440e-4f), r);
+    cpu_vf z = r * r;
+    cpu_vf p = cpu_vsplat(1.9875691500e-4f);
+    p = cpu_vfma(p, r, cpu_vsplat(1.3981999507e-3f));
+    p = cpu_vfma(p, r, cpu_vsplat(8.3334519073e-3f));
+    p = cpu_vfma(p, r, cpu_vsplat(4.1665795894e-2f));
+    p = cpu_vfma(p, r, cpu_vsplat(1.6666665459e-1f));
+    p = cpu_vfma(p, r, cpu_vsplat(5.0000001201e-1f));
+    *ni = (cpu_vi)((cpu_vu)t - (cpu_vu)magic);
+    return cpu_vfma(p, z, r) + cpu_vsplat(1.0f);
+}
+
 /* e^x per lane (see the header comment for range and error). */
 CPU_VINLINE cpu_vf cpu_vexp(cpu_vf x) {
     const cpu_vf hi = cpu_vsplat(88.8f), lo = cpu_vsplat(-104.0f);
     x = cpu_vsel(x > hi, hi, x); /* NaN compares false: it stays */
     x = cpu_vsel(x < lo, lo, x);
-    /* n = round(x·log2 e): adding 1.5·2^23 leaves n in the low mantissa bits */
-    const cpu_vf magic = cpu_vsplat(12582912.0f);
-    cpu_vf t = x * cpu_vsplat(1.44269504088896341f) + magic;
-    cpu_vf n = t - magic;
-    cpu_vf r = x - n * cpu_vsplat(0.693359375f); /* ln 2 in two parts: the first exact in n·c */
-    r = r - n * cpu_vsplat(-2.12194440e-4f);
-    cpu_vf z = r * r;
-    cpu_vf p = cpu_vsplat(1.9875691500e-4f);
-    p = p * r + cpu_vsplat(1.3981999507e-3f);
-    p = p * r + cpu_vsplat(8.3334519073e-3f);
-    p = p * r + cpu_vsplat(4.1665795894e-2f);
-    p = p * r + cpu_vsplat(1.6666665459e-1f);
-    p = p * r + cpu_vsplat(5.0000001201e-1f);
-    p = p * z + r + cpu_vsplat(1.0f);
+    cpu_vi ni;
+    cpu_vf p = cpu_vexp_core(x, &ni);
     /* 2^n as 2^n1·2^n2, each a normal float for n in [−150, 128] */
-    cpu_vi ni = (cpu_vi)((cpu_vu)t - (cpu_vu)magic);
     cpu_vi n1 = ni >> 1, n2 = ni - n1; /* ni in [−150, 128] unless x is NaN */
     cpu_vf s1 = (cpu_vf)(((cpu_vu)n1 + 127u) << 23), s2 = (cpu_vf)(((cpu_vu)n2 + 127u) << 23);
     return p * s1 * s2;
 }
 
+/* 1 + e^x per lane, as 1 + cpu_vexp(x) to the bit: below x = −86 e^x is
+ * under 2^−124 and 1 + it rounds to 1 whatever it is, so x is clamped
+ * there and e^x taken as (2p)·2^(n−1), one power of two that stays normal
+ * for n in [−124, 128] (the same bits as p·2^n1·2^n2 wherever that is
+ * normal, and +inf where it overflows). */
+CPU_VINLINE cpu_vf cpu_vexp_1p(cpu_vf x) {
+    const cpu_vf hi = cpu_vsplat(88.8f), lo = cpu_vsplat(-86.0f);
+    x = cpu_vsel(x > hi, hi, x);
+    x = cpu_vsel(x < lo, lo, x);
+    cpu_vi ni;
+    cpu_vf p = cpu_vexp_core(x, &ni);
+    cpu_vf s = (cpu_vf)(((cpu_vu)ni + 126u) << 23);
+    return cpu_vsplat(1.0f) + (p + p) * s;
+}
+
 /* GELU-tanh per lane: u / (1 + e^(−2z)). */
 CPU_VINLINE cpu_vf cpu_vgelu_tanh(cpu_vf u) {
     const cpu_vf k2 = cpu_vsplat(-1.5957691216057308f); /* −2·√(2/π) */
-    cpu_vf z2 = k2 * (u + cpu_vsplat(0.044715f) * u * u * u);
-    return u / (cpu_vsplat(1.0f) + cpu_vexp(z2));
+    cpu_vf z2 = k2 * cpu_vfma(cpu_vsplat(0.044715f) * u * u, u, u);
+    return u / cpu_vexp_1p(z2);
 }
 
 /* SiLU per lane: u / (1 + e^(−u)); e^(−u) = +inf gives −0, the limit. */
-CPU_VINLINE cpu_vf cpu_vsilu(cpu_vf u) { return u / (cpu_vsplat(1.0f) + cpu_vexp(-u)); }
+CPU_VINLINE cpu_vf cpu_vsilu(cpu_vf u) { return u / cpu_vexp_1p(-u); }
 
 /* One lane's result for a scalar, the same bits as in an array. */
 CPU_VINLINE float cpu_gelu_tanh1(float u) { return cpu_vgelu_tanh(cpu_vsplat(u))[0]; }
