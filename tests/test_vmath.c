@@ -11,9 +11,12 @@
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_arith.h"
+#include "kernels/cpu/cpu_attn.h"
 #include "kernels/cpu/cpu_vmath.h"
 
 /* Distance in units in the last place between a and the float nearest ref. */
@@ -200,6 +203,169 @@ START_TEST(test_the_dispatched_and_the_baseline_builds_give_the_same_bits) {
 }
 END_TEST
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Each vector kernel compiled for one x86 level (the library's clones are
+ * x86-64-v4, -v3 and baseline; this machine runs only one of them there). */
+#define ISA_KERNELS(tag, tgt)                                                                                    \
+    __attribute__((target(tgt), noinline)) static void tag##_exp(float *y, const float *x, int64_t n) {         \
+        cpu_exp_n(y, x, n);                                                                                      \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_gelu(float *y, const float *x, int64_t n) {        \
+        cpu_gelu_tanh_n(y, x, n);                                                                                \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_silu(float *y, const float *x, int64_t n) {        \
+        cpu_silu_n(y, x, n);                                                                                     \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_softmax(float *p, const float *s, int64_t n,       \
+                                                                     float scale) {                             \
+        cpu_softmax_row(p, s, n, scale);                                                                         \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_flash(float *s, int64_t rows, int64_t n, float *m, \
+                                                                   double *l, float *c) {                       \
+        cpu_flash_rows(s, n, rows, n, m, l, c);                                                                  \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_attn(const float *q, const float *k,               \
+                                                                  const float *v, float *o, int64_t rows,       \
+                                                                  int64_t nk, int64_t d, int64_t ld) {          \
+        cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, 0.37f);                                                \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_attn_h(const float *q, const float *k,             \
+                                                                    const float *v, float *o, int64_t rows,     \
+                                                                    int64_t nk, int64_t d, int64_t ld) {        \
+        cpu_attn_direct_rows_h(q, k, v, o, rows, nk, d, ld, 0.37f);                                              \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_transpose(cpu_vf *m) { cpu_vtranspose16(m); }      \
+    __attribute__((target(tgt), noinline)) static void tag##_transpose_h(cpu_vf *m) { cpu_vtranspose16_h(m); }  \
+    __attribute__((target(tgt), noinline)) static void tag##_stats(const float *x, int64_t n, int64_t D,        \
+                                                                   float *mean, float *rstd, float *rrms) {     \
+        cpu_layernorm_stats_rows(x, n, D, 1e-6f, mean, rstd);                                                    \
+        cpu_rms_scale_rows(x, n, D, 1e-6f, rrms);                                                                \
+    }
+ISA_KERNELS(v1, "arch=x86-64")
+ISA_KERNELS(v3, "arch=x86-64-v3")
+ISA_KERNELS(v4, "arch=x86-64-v4")
+
+typedef struct {
+    const char *name;
+    void (*exp)(float *, const float *, int64_t);
+    void (*gelu)(float *, const float *, int64_t);
+    void (*silu)(float *, const float *, int64_t);
+    void (*softmax)(float *, const float *, int64_t, float);
+    void (*flash)(float *, int64_t, int64_t, float *, double *, float *);
+    void (*attn)(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
+    void (*attn_h)(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
+    void (*transpose)(cpu_vf *);
+    void (*transpose_h)(cpu_vf *);
+    void (*stats)(const float *, int64_t, int64_t, float *, float *, float *);
+} isa_t;
+
+#define ISA(tag) { #tag, tag##_exp, tag##_gelu, tag##_silu, tag##_softmax, tag##_flash, tag##_attn, \
+                   tag##_attn_h, tag##_transpose, tag##_transpose_h, tag##_stats }
+
+/* Inputs with the edges in: both signs of 0, ±inf, NaN, subnormals, the
+ * ends of exp's range and of the clamps. */
+static void edge_fill(float *x, int64_t n, float lo, float hi) {
+    static const float edge[] = { 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 88.72f, 88.8f,
+                                  88.9f, -87.33f, -86.0f, -86.01f, -103.97f, -104.0f, -150.0f, 1e30f, -1e30f };
+    for (int64_t i = 0; i < n; i++) x[i] = uniform(lo, hi);
+    for (size_t i = 0; i < sizeof edge / sizeof *edge && (int64_t)(7 * i) < n; i++) x[7 * i] = edge[i];
+}
+
+static int bits_eq(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+/* Every x86 level the machine has computes the baseline's bits, kernel by
+ * kernel: e^x, GELU, SiLU (with edge values), softmax rows of 1..70, flash
+ * rows, the direct attention (rows, keys and widths across its range), the
+ * 16 x 16 transpose and the norms' statistics. A level the machine lacks
+ * is skipped with a line saying so. */
+START_TEST(test_every_x86_level_gives_the_baseline_bits) {
+    const isa_t base = ISA(v1), lv[2] = { ISA(v3), ISA(v4) };
+    const int have[2] = { __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") };
+    enum { N = 4099, MX = CPU_ATTN_DIRECT_MAX, LD = MX + 3, QN = 40 * LD, KN = MX * LD };
+    float *x = fbuf(N), *a = fbuf(N), *b = fbuf(N);
+    float *q = fbuf(QN), *k = fbuf(KN), *v = fbuf(KN), *oa = fbuf(QN), *ob = fbuf(QN);
+    int ran = 0;
+    for (int li = 0; li < 2; li++) {
+        const isa_t *L = &lv[li];
+        if (!have[li]) {
+            printf("test_vmath: SKIP %s: this CPU lacks it (the baseline and the other levels still checked)\n",
+                   L->name);
+            continue;
+        }
+        ran++;
+        edge_fill(x, N, -110.0f, 95.0f);
+        base.exp(a, x, N), L->exp(b, x, N);
+        ck_assert_msg(bits_eq(a, b, N * 4), "%s: exp differs from the baseline", L->name);
+        edge_fill(x, N, -20.0f, 20.0f);
+        base.gelu(a, x, N), L->gelu(b, x, N);
+        ck_assert_msg(bits_eq(a, b, N * 4), "%s: gelu differs from the baseline", L->name);
+        base.silu(a, x, N), L->silu(b, x, N);
+        ck_assert_msg(bits_eq(a, b, N * 4), "%s: silu differs from the baseline", L->name);
+        for (int64_t n = 1; n <= 70; n++) {
+            for (int64_t j = 0; j < n; j++) x[j] = uniform(-60.0f, 60.0f);
+            base.softmax(a, x, n, 0.3f), L->softmax(b, x, n, 0.3f);
+            ck_assert_msg(bits_eq(a, b, (size_t)n * 4), "%s: softmax row of %lld differs", L->name, (long long)n);
+        }
+        for (int64_t n = 1; n <= 300; n += 37) { /* two blocks of 3 rows: m, l, c carried */
+            float sa[3 * 300], sb[3 * 300], ma[3], mb[3], ca[3], cb[3];
+            double la[3] = { 0 }, lb[3] = { 0 };
+            for (int r = 0; r < 3; r++) ma[r] = mb[r] = -INFINITY;
+            for (int blk = 0; blk < 2; blk++) {
+                for (int64_t j = 0; j < 3 * n; j++) sa[j] = sb[j] = uniform(-30.0f, 30.0f) + (float)blk * 5.0f;
+                base.flash(sa, 3, n, ma, la, ca), L->flash(sb, 3, n, mb, lb, cb);
+                ck_assert_msg(bits_eq(sa, sb, (size_t)(3 * n) * 4) && bits_eq(ma, mb, sizeof ma) &&
+                                  bits_eq(la, lb, sizeof la) && bits_eq(ca, cb, sizeof ca),
+                              "%s: flash rows of %lld differ (block %d)", L->name, (long long)n, blk);
+            }
+        }
+        static const int64_t shapes[][3] = { { 32, 32, 16 }, { 32, 5, 16 }, { 1, 1, 1 },  { 17, 64, 64 },
+                                             { 40, 16, 64 }, { 3, 63, 33 }, { 16, 7, 17 }, { 33, 40, 8 } };
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            const int64_t rows = shapes[si][0], nk = shapes[si][1], d = shapes[si][2], ld = d + 3;
+            for (int64_t i = 0; i < QN; i++) q[i] = uniform(-3.0f, 3.0f);
+            for (int64_t i = 0; i < KN; i++) k[i] = uniform(-3.0f, 3.0f), v[i] = uniform(-2.0f, 2.0f);
+            memset(oa, 0, QN * 4), memset(ob, 0, QN * 4);
+            base.attn(q, k, v, oa, rows, nk, d, ld), L->attn(q, k, v, ob, rows, nk, d, ld);
+            ck_assert_msg(bits_eq(oa, ob, QN * 4), "%s: direct attention %lld x %lld x %lld differs", L->name,
+                          (long long)rows, (long long)nk, (long long)d);
+            memset(ob, 0, QN * 4);
+            L->attn_h(q, k, v, ob, rows, nk, d, ld);
+            ck_assert_msg(bits_eq(oa, ob, QN * 4), "%s: direct attention (half form) %lld x %lld x %lld differs",
+                          L->name, (long long)rows, (long long)nk, (long long)d);
+            if (li == 0) { /* the baseline's own half form too */
+                memset(ob, 0, QN * 4);
+                base.attn_h(q, k, v, ob, rows, nk, d, ld);
+                ck_assert_msg(bits_eq(oa, ob, QN * 4), "baseline: half form %lld x %lld x %lld differs",
+                              (long long)rows, (long long)nk, (long long)d);
+            }
+        }
+        void (*const tr[4])(cpu_vf *) = { base.transpose, base.transpose_h, L->transpose, L->transpose_h };
+        for (int t = 0; t < 4; t++) {
+            cpu_vf mt[16];
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 16; j++) mt[i][j] = (float)(16 * i + j);
+            tr[t](mt);
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < 16; j++)
+                    ck_assert_msg(mt[i][j] == (float)(16 * j + i), "%s: transpose %d [%d][%d] = %g", L->name, t, i,
+                                  j, mt[i][j]);
+        }
+        for (int64_t D = 1; D <= 200; D += 13) {
+            float ra[3][CPU_STAT_ROWS], rb[3][CPU_STAT_ROWS];
+            for (int64_t i = 0; i < CPU_STAT_ROWS * D; i++) x[i] = uniform(-5.0f, 5.0f) + 40.0f;
+            base.stats(x, CPU_STAT_ROWS, D, ra[0], ra[1], ra[2]), L->stats(x, CPU_STAT_ROWS, D, rb[0], rb[1], rb[2]);
+            ck_assert_msg(bits_eq(ra, rb, sizeof ra), "%s: norm statistics of width %lld differ", L->name,
+                          (long long)D);
+        }
+    }
+    printf("test_vmath: %d of 2 x86 levels checked against the baseline\n", ran);
+    free(x), free(a), free(b), free(q), free(k), free(v), free(oa), free(ob);
+}
+END_TEST
+#endif
+
 /* Rows of every width 1..70 (tails of every length): each p within
  * (1e-6 + 6e-8·|x_j − m|) relative of the double softmax (the second term
  * is x_j − m rounded to float before its exponential, as the kernel must), the row sums to 1 within 1e-6, and
@@ -245,6 +411,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_an_elements_bits_do_not_depend_on_its_place_or_the_array_length);
     tcase_add_test(tc, test_the_dispatched_and_the_baseline_builds_give_the_same_bits);
     tcase_add_test(tc, test_softmax_rows_of_every_width_match_double_and_ignore_padding);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    tcase_add_test(tc, test_every_x86_level_gives_the_baseline_bits);
+#endif
     suite_add_tcase(s, tc);
     return s;
 }

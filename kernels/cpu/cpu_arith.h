@@ -33,15 +33,16 @@ static inline float cpu_modulate_value(float x, float shift, float scale) {
  * float32 PyTorch), inside every tolerance of the tests and the numpy
  * cross-check, and took a third off the row kernels' time (docs/BENCH.md,
  * "Statistics in float"). */
-CPU_VINLINE float cpu_vsum_f(cpu_vf a) { /* lane l plus lane l + w, for w = 8, 4, 2, 1 */
-    typedef float v8 __attribute__((vector_size(32)));
+CPU_VINLINE float cpu_vsum_h(cpu_vh b) { /* the 8 lanes' sum: lane l plus lane l + w, for w = 4, 2, 1 */
     typedef float v4 __attribute__((vector_size(16)));
     typedef float v2 __attribute__((vector_size(8)));
-    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
-           __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
     v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
     v2 d = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
     return d[0] + d[1];
+}
+
+CPU_VINLINE float cpu_vsum_f(cpu_vf a) { /* lane l plus lane l + w, for w = 8, 4, 2, 1 */
+    return cpu_vsum_h(cpu_vhalf(&a, 0) + cpu_vhalf(&a, 1));
 }
 
 /* Σ (x[i] − m)² (sq) or Σ x[i] (m must then be 0). */

@@ -247,13 +247,145 @@ CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float 
     }
 }
 
+/* 4 doubles, and 8 floats from p as two of them. */
+typedef double cpu_vq __attribute__((vector_size(CPU_VW * 2)));
+
+CPU_VINLINE cpu_vq cpu_attn_quarter_d(const float *p) {
+    typedef float quarter_t __attribute__((vector_size(CPU_VW)));
+    quarter_t h;
+    memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(h, cpu_vq);
+}
+
+/* cpu_attn_direct_do for AVX2 and baseline x86-64, the same bits: the
+ * loops that carry sums are written on half vectors (8 floats, 4 doubles:
+ * cpu_vh), which an AVX2 clone keeps in registers, where its 16-float
+ * accumulators lived in memory (3.5x slower). AVX-512 runs the 16-float
+ * form: there the half form is 2.3x slower. */
+CPU_VINLINE void cpu_attn_direct_do_h(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                    int64_t nk, int64_t d, int64_t ld, float scale, const bool softmax) {
+    enum { MX = CPU_ATTN_DIRECT_MAX, G = CPU_VW, HW = CPU_VW / 2, QW = CPU_VW / 4 };
+    float qt[MX * G], st[MX * G], ot[MX * G];
+    for (int64_t r = 0; r < rows; r += G) {
+        const int64_t rb = rows - r < G ? rows - r : G;
+        for (int64_t c0 = 0; c0 < d; c0 += G) { /* qᵀ: lane i is row r + i; missing rows and columns 0 */
+            const int64_t cn = d - c0 < G ? d - c0 : G;
+            cpu_vf m[G];
+            for (int64_t i = 0; i < G; i++) {
+                if (i >= rb) {
+                    m[i] = cpu_vsplat(0.0f);
+                    continue;
+                }
+                const float *qi = q + (r + i) * ld + c0;
+                m[i] = cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
+            }
+            cpu_vtranspose16_h(m);
+            for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
+        }
+        const cpu_vh ninf = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                              -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+        cpu_vh m[2] = { ninf, ninf };
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4) { /* scores, four keys' independent sums at once, and the running max */
+            const float *kj[4] = { k + j * ld, k + (j + 1) * ld, k + (j + 2) * ld, k + (j + 3) * ld };
+            cpu_vh a[4][2] = { { { 0 } } };
+            for (int64_t c = 0; c < d; c++) {
+                for (int h = 0; h < 2; h++) {
+                    const cpu_vh qc = cpu_vhload(qt + c * G + h * HW);
+                    for (int u = 0; u < 4; u++) a[u][h] = a[u][h] + qc * kj[u][c];
+                }
+            }
+            for (int u = 0; u < 4; u++) {
+                for (int h = 0; h < 2; h++) {
+                    const cpu_vh sc = a[u][h] * scale;
+                    cpu_vhstore(st + (j + u) * G + h * HW, sc);
+                    m[h] = cpu_vhmax2(m[h], sc * 1.0f);
+                }
+            }
+        }
+        for (; j < nk; j++) {
+            const float *kj = k + j * ld;
+            for (int h = 0; h < 2; h++) {
+                cpu_vh a = { 0 };
+                for (int64_t c = 0; c < d; c++) a = a + cpu_vhload(qt + c * G + h * HW) * kj[c];
+                a = a * scale;
+                cpu_vhstore(st + j * G + h * HW, a);
+                m[h] = cpu_vhmax2(m[h], a * 1.0f);
+            }
+        }
+        if (softmax) { /* without: the weights are the scores, the products alone */
+            cpu_vf mv;
+            cpu_vset_half(&mv, 0, m[0]);
+            cpu_vset_half(&mv, 1, m[1]);
+            const cpu_vf one = cpu_vsplat(1.0f);
+            for (j = 0; j < nk; j++) cpu_vstore(st + j * G, cpu_vexp(cpu_vload(st + j * G) * one - mv));
+            float inv[G];
+            for (int h = 0; h < 4; h++) { /* rows 4h .. 4h + 3: cpu_vsum_d's tree over lanes l + (l + 8) */
+                cpu_vq t[8];
+                for (int l = 0; l < 8; l++) { /* partial sums l and l + 8, each over its keys in order */
+                    cpu_vq a = { 0 }, b = { 0 };
+                    for (int64_t jj = l; jj < nk; jj += 16) a += cpu_attn_quarter_d(st + jj * G + h * QW);
+                    for (int64_t jj = l + 8; jj < nk; jj += 16) b += cpu_attn_quarter_d(st + jj * G + h * QW);
+                    t[l] = a + b;
+                }
+                const cpu_vq sum = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+                const cpu_vq id = 1.0 / sum;
+                for (int i = 0; i < QW; i++) inv[h * QW + i] = (float)id[i];
+            }
+            for (j = 0; j < nk; j++)
+                for (int h = 0; h < 2; h++)
+                    cpu_vhstore(st + j * G + h * HW, cpu_vhload(st + j * G + h * HW) * cpu_vhload(inv + h * HW));
+        }
+        int64_t c = 0;
+        for (; c + 4 <= d; c += 4) { /* outputs, four columns' independent sums at once */
+            cpu_vh a[4][2] = { { { 0 } } };
+            for (j = 0; j < nk; j++) {
+                const float *vj = v + j * ld + c;
+                for (int h = 0; h < 2; h++) {
+                    const cpu_vh pj = cpu_vhload(st + j * G + h * HW);
+                    for (int u = 0; u < 4; u++) a[u][h] = a[u][h] + pj * vj[u];
+                }
+            }
+            for (int u = 0; u < 4; u++)
+                for (int h = 0; h < 2; h++) cpu_vhstore(ot + (c + u) * G + h * HW, a[u][h]);
+        }
+        for (; c < d; c++) {
+            for (int h = 0; h < 2; h++) {
+                cpu_vh a = { 0 };
+                for (j = 0; j < nk; j++) a = a + cpu_vhload(st + j * G + h * HW) * v[j * ld + c];
+                cpu_vhstore(ot + c * G + h * HW, a);
+            }
+        }
+        for (int64_t c0 = 0; c0 < d; c0 += G) { /* oᵀ back to rows: row r + i's columns c0 .. c0 + cn */
+            const int64_t cn = d - c0 < G ? d - c0 : G;
+            cpu_vf m[G];
+            for (int64_t cc = 0; cc < G; cc++) m[cc] = cc < cn ? cpu_vload(ot + (c0 + cc) * G) : cpu_vsplat(0.0f);
+            cpu_vtranspose16_h(m);
+            for (int64_t i = 0; i < rb; i++) {
+                float *oi = o + (r + i) * ld + c0;
+                if (cn == G)
+                    cpu_vstore(oi, m[i]);
+                else
+                    cpu_vstore_part(oi, m[i], cn);
+            }
+        }
+    }
+}
+
 /* The direct kernel (cpu_attn_direct_do with its softmax). */
 CPU_VINLINE void cpu_attn_direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
                                       int64_t nk, int64_t d, int64_t ld, float scale) {
     cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, true);
 }
 
-/* cpu_attn_direct_rows compiled for each ISA and dispatched (cpu_vec.c). */
+/* The same for AVX2 and baseline x86-64 (cpu_attn_direct_do_h). */
+CPU_VINLINE void cpu_attn_direct_rows_h(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                        int64_t nk, int64_t d, int64_t ld, float scale) {
+    cpu_attn_direct_do_h(q, k, v, o, rows, nk, d, ld, scale, true);
+}
+
+/* cpu_attn_direct_rows compiled for each ISA and dispatched (cpu_vec.c):
+ * AVX-512 runs cpu_attn_direct_rows, the others cpu_attn_direct_rows_h. */
 void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
                          int64_t d, int64_t ld, float scale);
 

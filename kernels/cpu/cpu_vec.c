@@ -25,14 +25,52 @@ CPU_VEC_DISPATCH void cpu_vec_flash_rows(float *s, int64_t lds, int64_t rows, in
     cpu_flash_rows(s, lds, rows, n, m, l, c);
 }
 
-CPU_VEC_DISPATCH void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows,
-                                          int64_t nk, int64_t d, int64_t ld, float scale) {
-    cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale);
+/* The direct attention has two forms with the same bits (cpu_attn.h): the
+ * 16-float one for AVX-512 and the half-vector one for AVX2 and baseline
+ * x86-64, so it is dispatched here by the CPU's level rather than by
+ * target_clones, which compiles one form for every level. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH)
+__attribute__((target("arch=x86-64-v4"))) static void direct_v4(const float *q, const float *k, const float *v,
+                                                                 float *o, int64_t rows, int64_t nk, int64_t d,
+                                                                 int64_t ld, float scale, bool softmax) {
+    cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, softmax);
 }
 
-CPU_VEC_DISPATCH void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v, float *o,
-                                                   int64_t rows, int64_t nk, int64_t d, int64_t ld, float scale) {
-    cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, false);
+__attribute__((target("arch=x86-64-v3"))) static void direct_v3(const float *q, const float *k, const float *v,
+                                                                 float *o, int64_t rows, int64_t nk, int64_t d,
+                                                                 int64_t ld, float scale, bool softmax) {
+    cpu_attn_direct_do_h(q, k, v, o, rows, nk, d, ld, scale, softmax);
+}
+
+static void direct_v1(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
+                      int64_t d, int64_t ld, float scale, bool softmax) {
+    cpu_attn_direct_do_h(q, k, v, o, rows, nk, d, ld, scale, softmax);
+}
+
+static void direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d,
+                   int64_t ld, float scale, bool softmax) {
+    if (__builtin_cpu_supports("x86-64-v4"))
+        direct_v4(q, k, v, o, rows, nk, d, ld, scale, softmax);
+    else if (__builtin_cpu_supports("x86-64-v3"))
+        direct_v3(q, k, v, o, rows, nk, d, ld, scale, softmax);
+    else
+        direct_v1(q, k, v, o, rows, nk, d, ld, scale, softmax);
+}
+#else
+static void direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d,
+                   int64_t ld, float scale, bool softmax) {
+    cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, softmax);
+}
+#endif
+
+void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
+                         int64_t d, int64_t ld, float scale) {
+    direct(q, k, v, o, rows, nk, d, ld, scale, true);
+}
+
+void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v, float *o, int64_t rows,
+                                  int64_t nk, int64_t d, int64_t ld, float scale) {
+    direct(q, k, v, o, rows, nk, d, ld, scale, false);
 }
 
 /* Tables computed once and kept for the process, never freed or moved, so

@@ -2,20 +2,25 @@
  * at a time: e^x, GELU-tanh, SiLU and the row softmax.
  *
  * Written with GCC's vector extensions over a 16-float vector and nothing
- * but IEEE +, −, ×, ÷, compares and bit operations (-std=c17 leaves no
- * multiply-add contracted), so every lane computes the same bits whether
- * the compiler emits AVX-512, AVX2, SSE2 or NEON: a kernel compiled for
- * each (CPU_VEC_DISPATCH, runtime dispatch on x86) and an artifact compiled
- * with its own flags agree byte for byte. An array's tail goes through the
+ * but IEEE +, −, ×, ÷, fused multiply-add written out (cpu_vfma: C's
+ * fmaf, rounded once), compares and bit operations (-std=c17 leaves no
+ * other multiply-add contracted), so every lane computes the same bits
+ * whether the compiler emits AVX-512, AVX2, SSE2 or NEON: a kernel compiled
+ * for each (CPU_VEC_DISPATCH, runtime dispatch on x86: x86-64-v4, -v3 and
+ * baseline) and an artifact compiled with its own flags agree byte for
+ * byte (tests/test_vmath.c runs each level this machine has against the
+ * baseline). The baseline level has no FMA instruction: there fmaf is a
+ * libm call per lane, slow but exact. An array's tail goes through the
  * same vector code (copied into a padded vector), so an element's result
  * never depends on where it falls in its array: a request batched with
  * others gets the bits it gets alone.
  *
  * e^x: Cody-Waite reduction x = n·ln2 + r, |r| <= ln2/2, and Cephes'
- * degree-7 expf polynomial; 2^n applied as two exact powers so results in
- * the subnormal range round once. Measured against double exp over every
- * float in [−87.3, 88.7]: at most 1 ulp (tests/test_vmath.c holds it to
- * 2). x above 88.72 gives +inf; results below 2^−126 are subnormals
+ * degree-7 expf polynomial, both by fused multiply-adds (a third fewer
+ * instructions than separate ones); 2^n applied as two exact powers so
+ * results in the subnormal range round once. Measured against double exp
+ * over every float in [−87.3, 88.7] (2,237,661,186 of them): at most 1 ulp
+ * (tests/test_vmath.c holds it to 2). x above 88.72 gives +inf; results below 2^−126 are subnormals
  * rounded once, +0 from about −103.97; NaN gives NaN.
  *
  * GELU-tanh: 0.5·u·(1 + tanh(z)) = u·σ(2z) = u / (1 + e^(−2z)), z =
@@ -83,6 +88,57 @@ CPU_VINLINE void cpu_vstore_part(float *p, cpu_vf v, int64_t n) {
     memcpy(p, t, (size_t)n * sizeof(float));
 }
 
+/* 8 floats: half a vector. Shuffles and compares are written at this
+ * width or lane by lane: on an AVX2 clone GCC splits a 16-float add or
+ * multiply into two 8-float instructions, but expands a 16-float compare
+ * or two-vector shuffle element by element (its -Wvector-operation-
+ * performance), which made the AVX2 clone of the direct attention 9x
+ * slower than the AVX-512 one. */
+typedef float cpu_vh __attribute__((vector_size(CPU_VW * 2)));
+
+CPU_VINLINE cpu_vh cpu_vhalf(const cpu_vf *v, int h) {
+    cpu_vh r;
+    memcpy(&r, (const char *)v + h * sizeof r, sizeof r);
+    return r;
+}
+
+CPU_VINLINE void cpu_vset_half(cpu_vf *v, int h, cpu_vh x) { memcpy((char *)v + h * sizeof x, &x, sizeof x); }
+
+CPU_VINLINE cpu_vh cpu_vhload(const float *p) {
+    cpu_vh v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+CPU_VINLINE void cpu_vhstore(float *p, cpu_vh v) { memcpy(p, &v, sizeof v); }
+
+CPU_VINLINE cpu_vh cpu_vhmax2(cpu_vh a, cpu_vh b) { /* cpu_vmax2 on 8 lanes */
+    cpu_vh r;
+    for (int i = 0; i < CPU_VW / 2; i++) r[i] = b[i] > a[i] ? b[i] : a[i];
+    return r;
+}
+
+/* Transposes the 8 x 8 floats r[0..7] (each 8 wide) in place: AVX's
+ * unpack, shuffle and 128-bit permute pattern (24 one-instruction
+ * shuffles on AVX2 and AVX-512). */
+CPU_VINLINE void cpu_vtranspose8(cpu_vh *r) {
+    cpu_vh t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[2 * i + 1] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) {
+            u[4 * i + 2 * k] = __builtin_shufflevector(t[4 * i + k], t[4 * i + k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[4 * i + 2 * k + 1] = __builtin_shufflevector(t[4 * i + k], t[4 * i + k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
 /* Transposes the 16 x 16 floats m[0..15] in place: lane j of m[i] becomes
  * lane i of m[j]. Four rounds of interleaving m[i] with m[i + 8] (64 two-
  * vector shuffles, where element by element took 256 loads and stores).
@@ -100,19 +156,39 @@ CPU_VINLINE void cpu_vtranspose16(cpu_vf *m) {
     }
 }
 
-/* 0, 1, ..., 15. */
-CPU_VINLINE cpu_vi cpu_vlanes(void) {
-    cpu_vi r = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15 };
-    return r;
-}
-
-/* m ? a : b per lane (m from a compare: all ones or zero). */
-CPU_VINLINE cpu_vf cpu_vsel(cpu_vi m, cpu_vf a, cpu_vf b) {
-    return (cpu_vf)(((cpu_vi)a & m) | ((cpu_vi)b & ~m));
+/* cpu_vtranspose16 as four 8 x 8 blocks, the off-diagonal two swapped:
+ * for AVX2 (see cpu_vh), where the two-vector 16-float shuffles above go
+ * element by element. The same bits. */
+CPU_VINLINE void cpu_vtranspose16_h(cpu_vf *m) {
+    cpu_vh b[4][8]; /* [0] rows 0-7 cols 0-7, [1] rows 0-7 cols 8-15, [2] rows 8-15 cols 0-7, [3] the rest */
+    for (int i = 0; i < 8; i++) {
+        b[0][i] = cpu_vhalf(&m[i], 0);
+        b[1][i] = cpu_vhalf(&m[i], 1);
+        b[2][i] = cpu_vhalf(&m[i + 8], 0);
+        b[3][i] = cpu_vhalf(&m[i + 8], 1);
+    }
+    for (int k = 0; k < 4; k++) cpu_vtranspose8(b[k]);
+    for (int i = 0; i < 8; i++) {
+        cpu_vset_half(&m[i], 0, b[0][i]);
+        cpu_vset_half(&m[i], 1, b[2][i]);
+        cpu_vset_half(&m[i + 8], 0, b[1][i]);
+        cpu_vset_half(&m[i + 8], 1, b[3][i]);
+    }
 }
 
 /* max(a, b) per lane; a NaN b gives a. */
-CPU_VINLINE cpu_vf cpu_vmax2(cpu_vf a, cpu_vf b) { return cpu_vsel(b > a, b, a); }
+CPU_VINLINE cpu_vf cpu_vmax2(cpu_vf a, cpu_vf b) {
+    cpu_vf r;
+    for (int i = 0; i < CPU_VW; i++) r[i] = b[i] > a[i] ? b[i] : a[i];
+    return r;
+}
+
+/* min(a, b) per lane; a NaN a gives a. */
+CPU_VINLINE cpu_vf cpu_vmin2(cpu_vf a, cpu_vf b) {
+    cpu_vf r;
+    for (int i = 0; i < CPU_VW; i++) r[i] = a[i] > b[i] ? b[i] : a[i];
+    return r;
+}
 
 /* a·b + c per lane, rounded once (C's fmaf): the same bits on every ISA.
  * One instruction a vector where the clone has FMA (x86-64-v3 and v4,
@@ -147,8 +223,7 @@ CPU_VINLINE cpu_vf cpu_vexp_core(cpu_vf x, cpu_vi *ni) {
 /* e^x per lane (see the header comment for range and error). */
 CPU_VINLINE cpu_vf cpu_vexp(cpu_vf x) {
     const cpu_vf hi = cpu_vsplat(88.8f), lo = cpu_vsplat(-104.0f);
-    x = cpu_vsel(x > hi, hi, x); /* NaN compares false: it stays */
-    x = cpu_vsel(x < lo, lo, x);
+    x = cpu_vmax2(cpu_vmin2(x, hi), lo); /* NaN compares false: it stays */
     cpu_vi ni;
     cpu_vf p = cpu_vexp_core(x, &ni);
     /* 2^n as 2^n1·2^n2, each a normal float for n in [−150, 128] */
@@ -164,8 +239,7 @@ CPU_VINLINE cpu_vf cpu_vexp(cpu_vf x) {
  * normal, and +inf where it overflows). */
 CPU_VINLINE cpu_vf cpu_vexp_1p(cpu_vf x) {
     const cpu_vf hi = cpu_vsplat(88.8f), lo = cpu_vsplat(-86.0f);
-    x = cpu_vsel(x > hi, hi, x);
-    x = cpu_vsel(x < lo, lo, x);
+    x = cpu_vmax2(cpu_vmin2(x, hi), lo);
     cpu_vi ni;
     cpu_vf p = cpu_vexp_core(x, &ni);
     cpu_vf s = (cpu_vf)(((cpu_vu)ni + 126u) << 23);
@@ -207,7 +281,10 @@ CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
     typedef double v4d __attribute__((vector_size(32)));
     typedef double v2d __attribute__((vector_size(16)));
     const cpu_vd s = a + b;
-    const v4d u = __builtin_shufflevector(s, s, 0, 1, 2, 3) + __builtin_shufflevector(s, s, 4, 5, 6, 7);
+    v4d s0, s1; /* halves by memcpy: see cpu_vh */
+    memcpy(&s0, &s, sizeof s0);
+    memcpy(&s1, (const char *)&s + sizeof s0, sizeof s1);
+    const v4d u = s0 + s1;
     const v2d w = __builtin_shufflevector(u, u, 0, 2) + __builtin_shufflevector(u, u, 1, 3);
     return w[0] + w[1];
 }
@@ -243,7 +320,7 @@ CPU_VINLINE double cpu_exp_shift_sum(float *p, const float *s, int64_t n, float 
         } else { /* padded lanes count 0 in the sum */
             e = cpu_vexp(cpu_vload_part(s + j, k, 0.0f) * vs - vm);
             cpu_vstore_part(p + j, e, k);
-            e = cpu_vsel(cpu_vlanes() < (int32_t)k, e, cpu_vsplat(0.0f));
+            for (int64_t i = k; i < CPU_VW; i++) e[i] = 0.0f;
         }
         half_t lo, hi;
         memcpy(&lo, &e, sizeof lo);
