@@ -45,19 +45,35 @@ CPU_VINLINE float cpu_vsum_f(cpu_vf a) { /* lane l plus lane l + w, for w = 8, 4
     return cpu_vsum_h(cpu_vhalf(&a, 0) + cpu_vhalf(&a, 1));
 }
 
-/* Σ (x[i] − m)² (sq) or Σ x[i] (m must then be 0). */
-CPU_VINLINE float cpu_row_sum_f(const float *x, int64_t D, float m, const bool sq) {
-    cpu_vf a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
-    int64_t i = 0;
-    for (int64_t v = 0; i + CPU_VW <= D; i += CPU_VW, v++) {
-        cpu_vf c = cpu_vload(x + i);
-        if (sq) {
-            c = c - m;
-            c = c * c;
-        }
-        a[v & 3] += c;
+/* One 16-float chunk's term of cpu_row_sum_f, as its two halves: c, or
+ * (c − m)². */
+CPU_VINLINE void cpu_row_term(const float *x, float m, const bool sq, cpu_vh *lo, cpu_vh *hi) {
+    cpu_vh c0 = cpu_vhload(x), c1 = cpu_vhload(x + CPU_VW / 2);
+    if (sq) {
+        c0 = c0 - m, c1 = c1 - m;
+        c0 = c0 * c0, c1 = c1 * c1;
     }
-    float s = cpu_vsum_f((a[0] + a[1]) + (a[2] + a[3]));
+    *lo += c0, *hi += c1;
+}
+
+/* Σ (x[i] − m)² (sq) or Σ x[i] (m must then be 0): 16-float chunk v into
+ * accumulator v mod 4, then (a0 + a1) + (a2 + a3) by cpu_vsum_f's tree over
+ * its lanes, then the tail in order. The accumulators are named half
+ * vectors, four chunks a turn: indexed by v mod 4 they lived in memory
+ * (1.3-2.5x slower on AVX-512, 4.8x on AVX2). */
+CPU_VINLINE float cpu_row_sum_f(const float *x, int64_t D, float m, const bool sq) {
+    cpu_vh a0 = { 0 }, b0 = { 0 }, a1 = { 0 }, b1 = { 0 }, a2 = { 0 }, b2 = { 0 }, a3 = { 0 }, b3 = { 0 };
+    int64_t i = 0;
+    for (; i + 4 * CPU_VW <= D; i += 4 * CPU_VW) {
+        cpu_row_term(x + i, m, sq, &a0, &b0);
+        cpu_row_term(x + i + CPU_VW, m, sq, &a1, &b1);
+        cpu_row_term(x + i + 2 * CPU_VW, m, sq, &a2, &b2);
+        cpu_row_term(x + i + 3 * CPU_VW, m, sq, &a3, &b3);
+    }
+    if (i + CPU_VW <= D) cpu_row_term(x + i, m, sq, &a0, &b0), i += CPU_VW;
+    if (i + CPU_VW <= D) cpu_row_term(x + i, m, sq, &a1, &b1), i += CPU_VW;
+    if (i + CPU_VW <= D) cpu_row_term(x + i, m, sq, &a2, &b2), i += CPU_VW;
+    float s = cpu_vsum_h(((a0 + a1) + (a2 + a3)) + ((b0 + b1) + (b2 + b3)));
     for (; i < D; i++) {
         float c = x[i];
         if (sq) {

@@ -56,10 +56,14 @@ static void direct(const float *q, const float *k, const float *v, float *o, int
     else
         direct_v1(q, k, v, o, rows, nk, d, ld, scale, softmax);
 }
-#else
+#else /* one build: the form its flags suit (sanitizer builds take the half form, the default build the other) */
 static void direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d,
                    int64_t ld, float scale, bool softmax) {
+#ifdef __AVX512F__
     cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, softmax);
+#else
+    cpu_attn_direct_do_h(q, k, v, o, rows, nk, d, ld, scale, softmax);
+#endif
 }
 #endif
 
