@@ -56,7 +56,7 @@ static void direct(const float *q, const float *k, const float *v, float *o, int
     else
         direct_v1(q, k, v, o, rows, nk, d, ld, scale, softmax);
 }
-#else /* one build: the form its flags suit (sanitizer builds take the half form, the default build the other) */
+#else /* one build (REEL_NO_VEC_DISPATCH, clang, not x86): the form its flags suit */
 static void direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d,
                    int64_t ld, float scale, bool softmax) {
 #ifdef __AVX512F__
