@@ -220,9 +220,17 @@ END_TEST
                                                                      float scale) {                             \
         cpu_softmax_row(p, s, n, scale);                                                                         \
     }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_softmax_h(float *p, const float *s, int64_t n,     \
+                                                                       float scale) {                           \
+        cpu_softmax_row_h(p, s, n, scale);                                                                       \
+    }                                                                                                            \
     __attribute__((target(tgt), noinline)) static void tag##_flash(float *s, int64_t rows, int64_t n, float *m, \
                                                                    double *l, float *c) {                       \
         cpu_flash_rows(s, n, rows, n, m, l, c);                                                                  \
+    }                                                                                                            \
+    __attribute__((target(tgt), noinline)) static void tag##_flash_h(float *s, int64_t rows, int64_t n,         \
+                                                                     float *m, double *l, float *c) {           \
+        cpu_flash_rows_h(s, n, rows, n, m, l, c);                                                                \
     }                                                                                                            \
     __attribute__((target(tgt), noinline)) static void tag##_attn(const float *q, const float *k,               \
                                                                   const float *v, float *o, int64_t rows,       \
@@ -251,7 +259,9 @@ typedef struct {
     void (*gelu)(float *, const float *, int64_t);
     void (*silu)(float *, const float *, int64_t);
     void (*softmax)(float *, const float *, int64_t, float);
+    void (*softmax_h)(float *, const float *, int64_t, float);
     void (*flash)(float *, int64_t, int64_t, float *, double *, float *);
+    void (*flash_h)(float *, int64_t, int64_t, float *, double *, float *);
     void (*attn)(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
     void (*attn_h)(const float *, const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t);
     void (*transpose)(cpu_vf *);
@@ -259,7 +269,8 @@ typedef struct {
     void (*stats)(const float *, int64_t, int64_t, float *, float *, float *);
 } isa_t;
 
-#define ISA(tag) { #tag, tag##_exp, tag##_gelu, tag##_silu, tag##_softmax, tag##_flash, tag##_attn, \
+#define ISA(tag) { #tag, tag##_exp, tag##_gelu, tag##_silu, tag##_softmax, tag##_softmax_h, tag##_flash, \
+                   tag##_flash_h, tag##_attn, \
                    tag##_attn_h, tag##_transpose, tag##_transpose_h, tag##_stats }
 
 /* Inputs with the edges in: both signs of 0, ±inf, NaN, subnormals, the
@@ -305,19 +316,30 @@ START_TEST(test_every_x86_level_gives_the_baseline_bits) {
         ck_assert_msg(bits_eq(a, b, N * 4), "%s: silu differs from the baseline", L->name);
         for (int64_t n = 1; n <= 70; n++) {
             for (int64_t j = 0; j < n; j++) x[j] = uniform(-60.0f, 60.0f);
+            if (n % 9 == 4) x[n / 2] = -INFINITY;
             base.softmax(a, x, n, 0.3f), L->softmax(b, x, n, 0.3f);
             ck_assert_msg(bits_eq(a, b, (size_t)n * 4), "%s: softmax row of %lld differs", L->name, (long long)n);
+            L->softmax_h(b, x, n, 0.3f);
+            ck_assert_msg(bits_eq(a, b, (size_t)n * 4), "%s: softmax row (half form) of %lld differs", L->name,
+                          (long long)n);
+            base.softmax_h(b, x, n, 0.3f);
+            ck_assert_msg(bits_eq(a, b, (size_t)n * 4), "baseline: softmax row (half form) of %lld differs",
+                          (long long)n);
         }
-        for (int64_t n = 1; n <= 300; n += 37) { /* two blocks of 3 rows: m, l, c carried */
-            float sa[3 * 300], sb[3 * 300], ma[3], mb[3], ca[3], cb[3];
-            double la[3] = { 0 }, lb[3] = { 0 };
-            for (int r = 0; r < 3; r++) ma[r] = mb[r] = -INFINITY;
-            for (int blk = 0; blk < 2; blk++) {
-                for (int64_t j = 0; j < 3 * n; j++) sa[j] = sb[j] = uniform(-30.0f, 30.0f) + (float)blk * 5.0f;
-                base.flash(sa, 3, n, ma, la, ca), L->flash(sb, 3, n, mb, lb, cb);
-                ck_assert_msg(bits_eq(sa, sb, (size_t)(3 * n) * 4) && bits_eq(ma, mb, sizeof ma) &&
-                                  bits_eq(la, lb, sizeof la) && bits_eq(ca, cb, sizeof ca),
-                              "%s: flash rows of %lld differ (block %d)", L->name, (long long)n, blk);
+        for (int form = 0; form < 2; form++) {
+            for (int64_t n = 1; n <= 300; n += 37) { /* two blocks of 3 rows: m, l, c carried */
+                float sa[3 * 300], sb[3 * 300], ma[3], mb[3], ca[3], cb[3];
+                double la[3] = { 0 }, lb[3] = { 0 };
+                for (int r = 0; r < 3; r++) ma[r] = mb[r] = -INFINITY;
+                for (int blk = 0; blk < 2; blk++) {
+                    for (int64_t j = 0; j < 3 * n; j++) sa[j] = sb[j] = uniform(-30.0f, 30.0f) + (float)blk * 5.0f;
+                    base.flash(sa, 3, n, ma, la, ca);
+                    (form ? L->flash_h : L->flash)(sb, 3, n, mb, lb, cb);
+                    ck_assert_msg(bits_eq(sa, sb, (size_t)(3 * n) * 4) && bits_eq(ma, mb, sizeof ma) &&
+                                      bits_eq(la, lb, sizeof la) && bits_eq(ca, cb, sizeof ca),
+                                  "%s: flash rows%s of %lld differ (block %d)", L->name, form ? " (half form)" : "",
+                                  (long long)n, blk);
+                }
             }
         }
         static const int64_t shapes[][3] = { { 32, 32, 16 }, { 32, 5, 16 }, { 1, 1, 1 },  { 17, 64, 64 },

@@ -415,6 +415,21 @@ CPU_VINLINE void cpu_flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, 
     }
 }
 
+/* cpu_flash_rows by the half-vector forms (AVX2, baseline), the same bits. */
+CPU_VINLINE void cpu_flash_rows_h(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
+                                float *c) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = s + r * lds;
+        const float bm = cpu_row_max_h(x, n, 1.0f);
+        const float mo = m[r], mn = bm > mo ? bm : mo;
+        const float cr = mo == -INFINITY ? 0.0f : cpu_vexp(cpu_vsplat(mo - mn))[0];
+        const double sum = cpu_exp_shift_sum_h(x, x, n, 1.0f, mn);
+        l[r] = l[r] * (double)cr + sum;
+        m[r] = mn;
+        c[r] = cr;
+    }
+}
+
 typedef void (*cpu_flash_rows_fn)(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
                                   float *c);
 
