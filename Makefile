@@ -240,9 +240,16 @@ demo-local: deps
 	$(MAKE) -j$(JOBS) all
 	BUILD=$(BUILD) deploy/demo_local.sh
 
+# Sanitizer builds have no runtime dispatch (its ifunc resolvers run before
+# the sanitizer runtime), so the CPU kernels are built for one level: with
+# FMA where this machine has it, else each fused multiply-add is a libm
+# call per lane (the same bits, about 12x slower). These builds run here
+# only.
+SAN_ISA := $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo -mfma)
+
 # Unit suites under ASan + UBSan; CUDA off (its runtime and ASan disagree).
 asan: deps
-	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer $(SAN_ISA)" \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" units
 	CK_FORK=no ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  BUILD=build-asan REEL_UNIT_ONLY=1 tests/run_all.sh
@@ -250,14 +257,14 @@ asan: deps
 # The process-level scripts (tests/cli_*.sh) against ASan + UBSan builds of
 # the daemons and reelctl: any sanitizer report fails it.
 asan-cli: deps
-	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer" \
+	$(MAKE) -j$(JOBS) BUILD=build-asan CUDA=0 OPT="-O1 -g -fno-omit-frame-pointer $(SAN_ISA)" \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -DREEL_INVARIANTS" all
 	BUILD=build-asan tests/run_asan_cli.sh
 
 # Unit suites under ThreadSanitizer (the threaded capture_cache tests are
 # the point); OpenBLAS is not instrumented, so it runs single-threaded.
 tsan: deps
-	$(MAKE) -j$(JOBS) BUILD=build-tsan CUDA=0 OPT="-O1 -g" SAN="-fsanitize=thread -DREEL_INVARIANTS" units
+	$(MAKE) -j$(JOBS) BUILD=build-tsan CUDA=0 OPT="-O1 -g $(SAN_ISA)" SAN="-fsanitize=thread -DREEL_INVARIANTS" units
 	CK_FORK=no OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  BUILD=build-tsan REEL_UNIT_ONLY=1 tests/run_all.sh
 

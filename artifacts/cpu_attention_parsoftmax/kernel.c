@@ -42,22 +42,33 @@ static size_t workspace(const void *args) {
     }
 }
 
-/* The native direct rows, compiled here the same way. */
-CPU_VEC_DISPATCH static void direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows,
-                                         int64_t nk, int64_t d, int64_t ld, float scale) {
-    cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale);
+/* The native direct rows, flash rows and row softmax, compiled here the
+ * same way: each form for its own CPU level (cpu_vmath.h). */
+#define DIRECT_PARAMS                                                                                          \
+    (const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d, int64_t ld, \
+     float scale)
+CPU_BY_LEVEL_FNS(direct_level, DIRECT_PARAMS, cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, scale),
+                 cpu_attn_direct_rows_h(q, k, v, o, rows, nk, d, ld, scale))
+
+static void direct_rows(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
+                        int64_t d, int64_t ld, float scale) {
+    CPU_BY_LEVEL(direct_level, (q, k, v, o, rows, nk, d, ld, scale));
 }
 
-/* The native flash rows, compiled here the same way. */
-CPU_VEC_DISPATCH static void flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
-                                        float *c) {
-    cpu_flash_rows(s, lds, rows, n, m, l, c);
+#define FLASH_PARAMS (float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c)
+CPU_BY_LEVEL_FNS(flash_level, FLASH_PARAMS, cpu_flash_rows(s, lds, rows, n, m, l, c),
+                 cpu_flash_rows_h(s, lds, rows, n, m, l, c))
+
+static void flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c) {
+    CPU_BY_LEVEL(flash_level, (s, lds, rows, n, m, l, c));
 }
 
 /* The native row softmax: cpu_vmath.h's, the same bits on any ISA. */
-CPU_VEC_DISPATCH static void softmax_rows(float *s, int64_t rows, int64_t n) {
-    for (int64_t i = 0; i < rows; i++) cpu_softmax_row(s + i * n, s + i * n, n, 1.0f);
-}
+CPU_BY_LEVEL_FNS(softmax_level, (float *s, int64_t rows, int64_t n),
+                 for (int64_t i = 0; i < rows; i++) cpu_softmax_row(s + i * n, s + i * n, n, 1.0f),
+                 for (int64_t i = 0; i < rows; i++) cpu_softmax_row_h(s + i * n, s + i * n, n, 1.0f))
+
+static void softmax_rows(float *s, int64_t rows, int64_t n) { CPU_BY_LEVEL(softmax_level, (s, rows, n)); }
 
 typedef struct { float *s; int64_t rows, n; } slice_t;
 

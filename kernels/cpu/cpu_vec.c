@@ -16,63 +16,39 @@ CPU_VEC_DISPATCH void cpu_vec_silu(float *y, const float *x, int64_t n) { cpu_si
 CPU_VEC_DISPATCH void cpu_vec_exp(float *y, const float *x, int64_t n) { cpu_exp_n(y, x, n); }
 
 /* The kernels whose loops carry 16-float sums have two forms with the same
- * bits (cpu_vmath.h, cpu_attn.h): the 16-float one for AVX-512 and the
- * half-vector one (_h) for AVX2 and baseline x86-64, each slower on the
- * other's hardware. target_clones would compile one form for every level,
- * so these are dispatched here by the CPU's level: each form compiled for
- * its own. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH)
-#define BY_LEVEL_FNS(name, params, wide, half)                                \
-    __attribute__((target("arch=x86-64-v4"))) static void name##_v4 params { \
-        wide;                                                                 \
-    }                                                                         \
-    __attribute__((target("arch=x86-64-v3"))) static void name##_v3 params { \
-        half;                                                                 \
-    }                                                                         \
-    static void name##_v1 params { half; }
-#define BY_LEVEL(name, args)                      \
-    (__builtin_cpu_supports("x86-64-v4")   ? name##_v4 args \
-     : __builtin_cpu_supports("x86-64-v3") ? name##_v3 args \
-                                           : name##_v1 args)
-#elif defined(__AVX512F__) /* one build (REEL_NO_VEC_DISPATCH, clang, not x86): the form its flags suit */
-#define BY_LEVEL_FNS(name, params, wide, half) static void name##_one params { wide; }
-#define BY_LEVEL(name, args) name##_one args
-#else
-#define BY_LEVEL_FNS(name, params, wide, half) static void name##_one params { half; }
-#define BY_LEVEL(name, args) name##_one args
-#endif
-
+ * bits, dispatched by the CPU's level (CPU_BY_LEVEL_FNS, cpu_vmath.h). */
 #define SOFTMAX_PARAMS (float *p, int64_t ldp, const float *s, int64_t lds, int64_t rows, int64_t n, float scale)
-BY_LEVEL_FNS(softmax, SOFTMAX_PARAMS,
+CPU_BY_LEVEL_FNS(softmax, SOFTMAX_PARAMS,
              for (int64_t r = 0; r < rows; r++) cpu_softmax_row(p + r * ldp, s + r * lds, n, scale),
              for (int64_t r = 0; r < rows; r++) cpu_softmax_row_h(p + r * ldp, s + r * lds, n, scale))
 
 #define FLASH_PARAMS (float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c)
-BY_LEVEL_FNS(flash, FLASH_PARAMS, cpu_flash_rows(s, lds, rows, n, m, l, c), cpu_flash_rows_h(s, lds, rows, n, m, l, c))
+CPU_BY_LEVEL_FNS(flash, FLASH_PARAMS, cpu_flash_rows(s, lds, rows, n, m, l, c),
+                 cpu_flash_rows_h(s, lds, rows, n, m, l, c))
 
 #define DIRECT_PARAMS                                                                                          \
     (const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk, int64_t d, int64_t ld, \
      float scale, bool softmax)
-BY_LEVEL_FNS(direct, DIRECT_PARAMS, cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, softmax),
+CPU_BY_LEVEL_FNS(direct, DIRECT_PARAMS, cpu_attn_direct_do(q, k, v, o, rows, nk, d, ld, scale, softmax),
              cpu_attn_direct_do_h(q, k, v, o, rows, nk, d, ld, scale, softmax))
 
 void cpu_vec_softmax_rows(float *p, int64_t ldp, const float *s, int64_t lds, int64_t rows, int64_t n,
                           float scale) {
-    BY_LEVEL(softmax, (p, ldp, s, lds, rows, n, scale));
+    CPU_BY_LEVEL(softmax, (p, ldp, s, lds, rows, n, scale));
 }
 
 void cpu_vec_flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c) {
-    BY_LEVEL(flash, (s, lds, rows, n, m, l, c));
+    CPU_BY_LEVEL(flash, (s, lds, rows, n, m, l, c));
 }
 
 void cpu_vec_attn_direct(const float *q, const float *k, const float *v, float *o, int64_t rows, int64_t nk,
                          int64_t d, int64_t ld, float scale) {
-    BY_LEVEL(direct, (q, k, v, o, rows, nk, d, ld, scale, true));
+    CPU_BY_LEVEL(direct, (q, k, v, o, rows, nk, d, ld, scale, true));
 }
 
 void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v, float *o, int64_t rows,
                                   int64_t nk, int64_t d, int64_t ld, float scale) {
-    BY_LEVEL(direct, (q, k, v, o, rows, nk, d, ld, scale, false));
+    CPU_BY_LEVEL(direct, (q, k, v, o, rows, nk, d, ld, scale, false));
 }
 
 /* Tables computed once and kept for the process, never freed or moved, so

@@ -47,6 +47,36 @@
 
 #endif
 
+/* Kernels whose loops carry 16-float sums have two forms with the same
+ * bits (the softmax and flash rows below, the direct attention in
+ * cpu_attn.h): the 16-float one for AVX-512 and the half-vector one (_h)
+ * for AVX2 and baseline x86-64, each slower on the other's hardware.
+ * target_clones would compile one form for every level, so
+ * CPU_BY_LEVEL_FNS(name, (params), wide, half) defines name's forms, each
+ * compiled for its own level, and CPU_BY_LEVEL(name, (args)) calls the one
+ * for the CPU it runs on (__builtin_cpu_supports reads what libgcc's
+ * constructor found: called before it, the baseline runs, same bits). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH)
+#define CPU_BY_LEVEL_FNS(name, params, wide, half)                                \
+    __attribute__((target("arch=x86-64-v4"))) static void name##_v4 params { \
+        wide;                                                                 \
+    }                                                                         \
+    __attribute__((target("arch=x86-64-v3"))) static void name##_v3 params { \
+        half;                                                                 \
+    }                                                                         \
+    static void name##_v1 params { half; }
+#define CPU_BY_LEVEL(name, args)                      \
+    (__builtin_cpu_supports("x86-64-v4")   ? name##_v4 args \
+     : __builtin_cpu_supports("x86-64-v3") ? name##_v3 args \
+                                           : name##_v1 args)
+#elif defined(__AVX512F__) /* one build (REEL_NO_VEC_DISPATCH, clang, not x86): the form its flags suit */
+#define CPU_BY_LEVEL_FNS(name, params, wide, half) static void name##_one params { wide; }
+#define CPU_BY_LEVEL(name, args) name##_one args
+#else
+#define CPU_BY_LEVEL_FNS(name, params, wide, half) static void name##_one params { half; }
+#define CPU_BY_LEVEL(name, args) name##_one args
+#endif
+
 /* Every helper is inlined into its caller, so a vector never crosses a call
  * (whose ABI would depend on the ISA: GCC's -Wpsabi warning, silenced in
  * the files that include this). */
@@ -253,7 +283,9 @@ CPU_VINLINE cpu_vf cpu_vgelu_tanh(cpu_vf u) {
     return u / cpu_vexp_1p(z2);
 }
 
-/* SiLU per lane: u / (1 + e^(−u)); e^(−u) = +inf gives −0, the limit. */
+/* SiLU per lane: u / (1 + e^(−u)); for a finite u whose e^(−u) overflows,
+ * −0, the limit. SiLU(−inf) and GELU(−inf) are NaN (−inf / +inf), as
+ * PyTorch's u·σ(u) gives. */
 CPU_VINLINE cpu_vf cpu_vsilu(cpu_vf u) { return u / cpu_vexp_1p(-u); }
 
 /* One lane's result for a scalar, the same bits as in an array. */
