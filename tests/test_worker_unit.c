@@ -96,6 +96,31 @@ START_TEST(test_options_default_to_the_documented_values) {
 }
 END_TEST
 
+/* A request that claims a listed key takes it to the front of what is
+ * left; the others keep their order (hottest first), so the background
+ * prewarm goes on from the hottest key left, not from the one a swap would
+ * have moved into the claimed key's place. */
+START_TEST(test_a_claimed_prewarm_key_leaves_the_rest_in_order) {
+    wrk_prewarm_t pw[6];
+    memset(pw, 0, sizeof pw);
+    for (int i = 0; i < 6; i++) pw[i].shard = (uint64_t)(i + 1);
+    int at = wrk_prewarm_take(pw, 0, 3); /* key 4 claimed before any prewarm */
+    ck_assert_int_eq(at, 1);
+    static const uint64_t want1[6] = { 4, 1, 2, 3, 5, 6 };
+    for (int i = 0; i < 6; i++) ck_assert_uint_eq(pw[i].shard, want1[i]);
+    at = wrk_prewarm_take(pw, at, at); /* the background takes the hottest left: key 1 */
+    ck_assert_int_eq(at, 2);
+    at = wrk_prewarm_take(pw, at, 5); /* key 6, the coldest, claimed */
+    static const uint64_t want2[6] = { 4, 1, 6, 2, 3, 5 };
+    for (int i = 0; i < 6; i++) ck_assert_uint_eq(pw[i].shard, want2[i]);
+    ck_assert_int_eq(at, 3);
+    at = wrk_prewarm_take(pw, at, 5); /* the last one */
+    static const uint64_t want3[6] = { 4, 1, 6, 5, 2, 3 };
+    for (int i = 0; i < 6; i++) ck_assert_uint_eq(pw[i].shard, want3[i]);
+    ck_assert_int_eq(at, 4);
+}
+END_TEST
+
 /* --prewarm K: 8 by default, 0 turns it off, at most MSG_MAX_PREWARM (64). */
 START_TEST(test_prewarm_takes_0_to_64_keys_and_defaults_to_8) {
     wrk_opts_t o;
@@ -1573,6 +1598,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_weights_directories_and_keys_are_options);
     tcase_add_test(t, test_no_fallback_is_an_option_of_the_cuda_backend_only);
     tcase_add_test(t, test_prewarm_takes_0_to_64_keys_and_defaults_to_8);
+    tcase_add_test(t, test_a_claimed_prewarm_key_leaves_the_rest_in_order);
     suite_add_tcase(s, t);
     t = tcase_create("events");
     tcase_add_test(t, test_repeated_declines_of_a_key_and_reason_become_one_event_with_a_count);

@@ -525,11 +525,7 @@ static bool claim(wrk_stream_t *st, const tdit_req_t *r, int rows, uint64_t *sha
         if (p->rows != rows || !tdit_shape_equal(&p->shape, tdit_req_shape(r)) || p->loop.sde != tdit_req_loop(r)->sde)
             continue;
         shard = p->shard;
-        /* to the front of what is left, the rest kept in order (hottest first) */
-        wrk_prewarm_t t = *p;
-        memmove(&st->pw[st->pw_at + 1], &st->pw[st->pw_at], (size_t)(i - st->pw_at) * sizeof *st->pw);
-        st->pw[st->pw_at] = t;
-        st->pw_at++;
+        st->pw_at = wrk_prewarm_take(st->pw, st->pw_at, i); /* the rest kept in order, hottest first */
         atomic_store(&st->pw_left, st->npw - st->pw_at);
         got = true;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
+#include <assert.h>
 #include <string.h>
 #include <time.h>
 #include "base/error.h"
@@ -215,4 +216,12 @@ int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *c
     }
     *out = j;
     return 0;
+}
+
+int wrk_prewarm_take(wrk_prewarm_t *pw, int at, int i) {
+    assert(at <= i);
+    wrk_prewarm_t t = pw[i];
+    memmove(&pw[at + 1], &pw[at], (size_t)(i - at) * sizeof *pw);
+    pw[at] = t;
+    return at + 1;
 }

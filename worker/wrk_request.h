@@ -112,4 +112,10 @@ typedef struct {
 int wrk_prewarm_from_key(const msg_prewarm_key_t *k, const tdit_config_t *cfg, int64_t max_tokens,
                          wrk_prewarm_t *out, wire_err_t *err);
 
+/* Takes pw[i] out of the keys still to try, pw[at..), at <= i: it moves to
+ * pw[at] and the keys between move up one, in their order (the broker
+ * lists them hottest first, and the background prewarm goes on from the
+ * hottest left). Returns the list's new start, at + 1. */
+int wrk_prewarm_take(wrk_prewarm_t *pw, int at, int i);
+
 #endif
