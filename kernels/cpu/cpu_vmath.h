@@ -35,10 +35,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Compiles the function for AVX-512, AVX2 and baseline x86-64 and picks one
- * at load time (an ifunc); elsewhere, and under ASan or TSan (whose
- * instrumented resolvers run before the runtime is up and crash), one
- * generic build: the same bits either way. */
+/* Compiles the function for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 with
+ * FMA) and baseline x86-64 and picks one at load time (an ifunc);
+ * elsewhere, and under ASan or TSan (whose instrumented resolvers run
+ * before the runtime is up and crash), one build for the compiler's flags
+ * (the Makefile gives sanitizer builds -mfma where the machine has it):
+ * the same bits either way. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(REEL_NO_VEC_DISPATCH) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define CPU_VEC_DISPATCH __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
