@@ -205,53 +205,59 @@ END_TEST
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* Each vector kernel compiled for one x86 level (the library's clones are
- * x86-64-v4, -v3 and baseline; this machine runs only one of them there). */
-#define ISA_KERNELS(tag, tgt)                                                                                    \
-    __attribute__((target(tgt), noinline)) static void tag##_exp(float *y, const float *x, int64_t n) {         \
+ * x86-64-v4, -v3 and baseline; this machine runs only one of them there).
+ * The baseline is this file's own flags (baseline x86-64, or with -mfma in
+ * the sanitizer builds: a function can't inline code built for more than
+ * its target). */
+#define ISA_ATTR_v1 noinline
+#define ISA_ATTR_v3 target("arch=x86-64-v3"), noinline
+#define ISA_ATTR_v4 target("arch=x86-64-v4"), noinline
+#define ISA_KERNELS(tag)                                                                                         \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_exp(float *y, const float *x, int64_t n) {         \
         cpu_exp_n(y, x, n);                                                                                      \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_gelu(float *y, const float *x, int64_t n) {        \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_gelu(float *y, const float *x, int64_t n) {        \
         cpu_gelu_tanh_n(y, x, n);                                                                                \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_silu(float *y, const float *x, int64_t n) {        \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_silu(float *y, const float *x, int64_t n) {        \
         cpu_silu_n(y, x, n);                                                                                     \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_softmax(float *p, const float *s, int64_t n,       \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_softmax(float *p, const float *s, int64_t n,       \
                                                                      float scale) {                             \
         cpu_softmax_row(p, s, n, scale);                                                                         \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_softmax_h(float *p, const float *s, int64_t n,     \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_softmax_h(float *p, const float *s, int64_t n,     \
                                                                        float scale) {                           \
         cpu_softmax_row_h(p, s, n, scale);                                                                       \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_flash(float *s, int64_t rows, int64_t n, float *m, \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_flash(float *s, int64_t rows, int64_t n, float *m, \
                                                                    double *l, float *c) {                       \
         cpu_flash_rows(s, n, rows, n, m, l, c);                                                                  \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_flash_h(float *s, int64_t rows, int64_t n,         \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_flash_h(float *s, int64_t rows, int64_t n,         \
                                                                      float *m, double *l, float *c) {           \
         cpu_flash_rows_h(s, n, rows, n, m, l, c);                                                                \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_attn(const float *q, const float *k,               \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_attn(const float *q, const float *k,               \
                                                                   const float *v, float *o, int64_t rows,       \
                                                                   int64_t nk, int64_t d, int64_t ld) {          \
         cpu_attn_direct_rows(q, k, v, o, rows, nk, d, ld, 0.37f);                                                \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_attn_h(const float *q, const float *k,             \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_attn_h(const float *q, const float *k,             \
                                                                     const float *v, float *o, int64_t rows,     \
                                                                     int64_t nk, int64_t d, int64_t ld) {        \
         cpu_attn_direct_rows_h(q, k, v, o, rows, nk, d, ld, 0.37f);                                              \
     }                                                                                                            \
-    __attribute__((target(tgt), noinline)) static void tag##_transpose(cpu_vf *m) { cpu_vtranspose16(m); }      \
-    __attribute__((target(tgt), noinline)) static void tag##_transpose_h(cpu_vf *m) { cpu_vtranspose16_h(m); }  \
-    __attribute__((target(tgt), noinline)) static void tag##_stats(const float *x, int64_t n, int64_t D,        \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_transpose(cpu_vf *m) { cpu_vtranspose16(m); }      \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_transpose_h(cpu_vf *m) { cpu_vtranspose16_h(m); }  \
+    __attribute__((ISA_ATTR_##tag)) static void tag##_stats(const float *x, int64_t n, int64_t D,        \
                                                                    float *mean, float *rstd, float *rrms) {     \
         cpu_layernorm_stats_rows(x, n, D, 1e-6f, mean, rstd);                                                    \
         cpu_rms_scale_rows(x, n, D, 1e-6f, rrms);                                                                \
     }
-ISA_KERNELS(v1, "arch=x86-64")
-ISA_KERNELS(v3, "arch=x86-64-v3")
-ISA_KERNELS(v4, "arch=x86-64-v4")
+ISA_KERNELS(v1)
+ISA_KERNELS(v3)
+ISA_KERNELS(v4)
 
 typedef struct {
     const char *name;
