@@ -33,16 +33,15 @@ static inline float cpu_modulate_value(float x, float shift, float scale) {
  * float32 PyTorch), inside every tolerance of the tests and the numpy
  * cross-check, and took a third off the row kernels' time (docs/BENCH.md,
  * "Statistics in float"). */
-CPU_VINLINE float cpu_vsum_h(cpu_vh b) { /* the 8 lanes' sum: lane l plus lane l + w, for w = 4, 2, 1 */
+
+/* The sum of a 16-float vector's lanes l + (l + 8), given as b: lane l plus
+ * lane l + w, for w = 4, 2, 1. */
+CPU_VINLINE float cpu_vsum_h(cpu_vh b) {
     typedef float v4 __attribute__((vector_size(16)));
     typedef float v2 __attribute__((vector_size(8)));
     v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
     v2 d = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
     return d[0] + d[1];
-}
-
-CPU_VINLINE float cpu_vsum_f(cpu_vf a) { /* lane l plus lane l + w, for w = 8, 4, 2, 1 */
-    return cpu_vsum_h(cpu_vhalf(&a, 0) + cpu_vhalf(&a, 1));
 }
 
 /* One 16-float chunk's term of cpu_row_sum_f, as its two halves: c, or
@@ -57,8 +56,8 @@ CPU_VINLINE void cpu_row_term(const float *x, float m, const bool sq, cpu_vh *lo
 }
 
 /* Σ (x[i] − m)² (sq) or Σ x[i] (m must then be 0): 16-float chunk v into
- * accumulator v mod 4, then (a0 + a1) + (a2 + a3) by cpu_vsum_f's tree over
- * its lanes, then the tail in order. The accumulators are named half
+ * accumulator v mod 4, then (a0 + a1) + (a2 + a3), its lanes l + (l + 8),
+ * then cpu_vsum_h's tree, then the tail in order. The accumulators are named half
  * vectors, four chunks a turn: indexed by v mod 4 they lived in memory
  * (1.3-2.5x slower on AVX-512, 4.8x on AVX2). */
 CPU_VINLINE float cpu_row_sum_f(const float *x, int64_t D, float m, const bool sq) {

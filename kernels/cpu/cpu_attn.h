@@ -124,6 +124,51 @@ CPU_VINLINE cpu_vd cpu_attn_half_d(const float *p) {
     return __builtin_convertvector(h, cpu_vd);
 }
 
+/* The direct kernel's row block in and out: qt [d][16] gets rb <= 16 rows
+ * of q (stride ld) transposed, lane i row i, missing rows and columns 0;
+ * rows_out writes ot [d][16] back to rb rows of o. Moves bits only; half
+ * picks the transpose its form uses (cpu_vtranspose16_h for AVX2). */
+CPU_VINLINE void cpu_attn_rows_in(const float *q, float *qt, int64_t rb, int64_t d, int64_t ld, const bool half) {
+    enum { G = CPU_VW };
+    for (int64_t c0 = 0; c0 < d; c0 += G) {
+        const int64_t cn = d - c0 < G ? d - c0 : G;
+        cpu_vf m[G];
+        for (int64_t i = 0; i < G; i++) {
+            if (i >= rb) {
+                m[i] = cpu_vsplat(0.0f);
+                continue;
+            }
+            const float *qi = q + i * ld + c0;
+            m[i] = cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
+        }
+        if (half)
+            cpu_vtranspose16_h(m);
+        else
+            cpu_vtranspose16(m);
+        for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
+    }
+}
+
+CPU_VINLINE void cpu_attn_rows_out(const float *ot, float *o, int64_t rb, int64_t d, int64_t ld, const bool half) {
+    enum { G = CPU_VW };
+    for (int64_t c0 = 0; c0 < d; c0 += G) { /* row i's columns c0 .. c0 + cn */
+        const int64_t cn = d - c0 < G ? d - c0 : G;
+        cpu_vf m[G];
+        for (int64_t cc = 0; cc < G; cc++) m[cc] = cc < cn ? cpu_vload(ot + (c0 + cc) * G) : cpu_vsplat(0.0f);
+        if (half)
+            cpu_vtranspose16_h(m);
+        else
+            cpu_vtranspose16(m);
+        for (int64_t i = 0; i < rb; i++) {
+            float *oi = o + i * ld + c0;
+            if (cn == G)
+                cpu_vstore(oi, m[i]);
+            else
+                cpu_vstore_part(oi, m[i], cn);
+        }
+    }
+}
+
 /* Direct: rows query rows q [rows × d] (stride ld) of one head against its
  * nk keys and values k, v [nk × d] (stride ld), into o (stride ld); all
  * already offset to the head's slice; nk, d <= CPU_ATTN_DIRECT_MAX. Each
@@ -152,20 +197,7 @@ CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float 
     const cpu_vf one = cpu_vsplat(1.0f);
     for (int64_t r = 0; r < rows; r += G) {
         const int64_t rb = rows - r < G ? rows - r : G;
-        for (int64_t c0 = 0; c0 < d; c0 += G) { /* qᵀ: lane i is row r + i; missing rows and columns 0 */
-            const int64_t cn = d - c0 < G ? d - c0 : G;
-            cpu_vf m[G];
-            for (int64_t i = 0; i < G; i++) {
-                if (i >= rb) {
-                    m[i] = cpu_vsplat(0.0f);
-                    continue;
-                }
-                const float *qi = q + (r + i) * ld + c0;
-                m[i] = cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
-            }
-            cpu_vtranspose16(m);
-            for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
-        }
+        cpu_attn_rows_in(q + r * ld, qt, rb, d, ld, false);
         cpu_vf m = cpu_vsplat(-INFINITY);
         int64_t j = 0;
         for (; j + 4 <= nk; j += 4) { /* scores, four keys' independent sums at once, and the running max */
@@ -231,25 +263,11 @@ CPU_VINLINE void cpu_attn_direct_do(const float *q, const float *k, const float 
             for (j = 0; j < nk; j++) a = a + cpu_vload(st + j * G) * v[j * ld + c];
             cpu_vstore(ot + c * G, a);
         }
-        for (int64_t c0 = 0; c0 < d; c0 += G) { /* oᵀ back to rows: row r + i's columns c0 .. c0 + cn */
-            const int64_t cn = d - c0 < G ? d - c0 : G;
-            cpu_vf m[G];
-            for (int64_t cc = 0; cc < G; cc++) m[cc] = cc < cn ? cpu_vload(ot + (c0 + cc) * G) : cpu_vsplat(0.0f);
-            cpu_vtranspose16(m);
-            for (int64_t i = 0; i < rb; i++) {
-                float *oi = o + (r + i) * ld + c0;
-                if (cn == G)
-                    cpu_vstore(oi, m[i]);
-                else
-                    cpu_vstore_part(oi, m[i], cn);
-            }
-        }
+        cpu_attn_rows_out(ot, o + r * ld, rb, d, ld, false);
     }
 }
 
-/* 4 doubles, and 8 floats from p as two of them. */
-typedef double cpu_vq __attribute__((vector_size(CPU_VW * 2)));
-
+/* 4 floats from p as doubles. */
 CPU_VINLINE cpu_vq cpu_attn_quarter_d(const float *p) {
     typedef float quarter_t __attribute__((vector_size(CPU_VW)));
     quarter_t h;
@@ -268,23 +286,8 @@ CPU_VINLINE void cpu_attn_direct_do_h(const float *q, const float *k, const floa
     float qt[MX * G], st[MX * G], ot[MX * G];
     for (int64_t r = 0; r < rows; r += G) {
         const int64_t rb = rows - r < G ? rows - r : G;
-        for (int64_t c0 = 0; c0 < d; c0 += G) { /* qᵀ: lane i is row r + i; missing rows and columns 0 */
-            const int64_t cn = d - c0 < G ? d - c0 : G;
-            cpu_vf m[G];
-            for (int64_t i = 0; i < G; i++) {
-                if (i >= rb) {
-                    m[i] = cpu_vsplat(0.0f);
-                    continue;
-                }
-                const float *qi = q + (r + i) * ld + c0;
-                m[i] = cn == G ? cpu_vload(qi) : cpu_vload_part(qi, cn, 0.0f);
-            }
-            cpu_vtranspose16_h(m);
-            for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
-        }
-        const cpu_vh ninf = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                              -INFINITY, -INFINITY, -INFINITY, -INFINITY };
-        cpu_vh m[2] = { ninf, ninf };
+        cpu_attn_rows_in(q + r * ld, qt, rb, d, ld, true);
+        cpu_vh m[2] = { cpu_vhsplat(-INFINITY), cpu_vhsplat(-INFINITY) };
         int64_t j = 0;
         for (; j + 4 <= nk; j += 4) { /* scores, four keys' independent sums at once, and the running max */
             const float *kj[4] = { k + j * ld, k + (j + 1) * ld, k + (j + 2) * ld, k + (j + 3) * ld };
@@ -356,19 +359,7 @@ CPU_VINLINE void cpu_attn_direct_do_h(const float *q, const float *k, const floa
                 cpu_vhstore(ot + c * G + h * HW, a);
             }
         }
-        for (int64_t c0 = 0; c0 < d; c0 += G) { /* oᵀ back to rows: row r + i's columns c0 .. c0 + cn */
-            const int64_t cn = d - c0 < G ? d - c0 : G;
-            cpu_vf m[G];
-            for (int64_t cc = 0; cc < G; cc++) m[cc] = cc < cn ? cpu_vload(ot + (c0 + cc) * G) : cpu_vsplat(0.0f);
-            cpu_vtranspose16_h(m);
-            for (int64_t i = 0; i < rb; i++) {
-                float *oi = o + (r + i) * ld + c0;
-                if (cn == G)
-                    cpu_vstore(oi, m[i]);
-                else
-                    cpu_vstore_part(oi, m[i], cn);
-            }
-        }
+        cpu_attn_rows_out(ot, o + r * ld, rb, d, ld, true);
     }
 }
 
@@ -401,33 +392,28 @@ void cpu_vec_attn_direct_products(const float *q, const float *k, const float *v
  * (0 for the first block, where m = −inf). Each row's bits are a function
  * of that row alone (cpu_vmath.h). Callers wrap it in a CPU_VEC_DISPATCH
  * function (cpu_vec_flash_rows). */
-CPU_VINLINE void cpu_flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
-                                float *c) {
+CPU_VINLINE void cpu_flash_rows_do(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
+                                   float *c, const bool half) {
     for (int64_t r = 0; r < rows; r++) {
         float *x = s + r * lds;
-        const float bm = cpu_row_max(x, n, 1.0f);
+        const float bm = cpu_row_max(x, n, 1.0f, half);
         const float mo = m[r], mn = bm > mo ? bm : mo;
         const float cr = mo == -INFINITY ? 0.0f : cpu_vexp(cpu_vsplat(mo - mn))[0];
-        const double sum = cpu_exp_shift_sum(x, x, n, 1.0f, mn);
+        const double sum = cpu_exp_shift_sum(x, x, n, 1.0f, mn, half);
         l[r] = l[r] * (double)cr + sum;
         m[r] = mn;
         c[r] = cr;
     }
 }
 
-/* cpu_flash_rows by the half-vector forms (AVX2, baseline), the same bits. */
-CPU_VINLINE void cpu_flash_rows_h(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,
-                                float *c) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *x = s + r * lds;
-        const float bm = cpu_row_max_h(x, n, 1.0f);
-        const float mo = m[r], mn = bm > mo ? bm : mo;
-        const float cr = mo == -INFINITY ? 0.0f : cpu_vexp(cpu_vsplat(mo - mn))[0];
-        const double sum = cpu_exp_shift_sum_h(x, x, n, 1.0f, mn);
-        l[r] = l[r] * (double)cr + sum;
-        m[r] = mn;
-        c[r] = cr;
-    }
+/* The 16-float form (AVX-512) and the half-vector form (AVX2, baseline) of
+ * cpu_flash_rows_do: the same bits (cpu_vmath.h, the softmax's steps). */
+CPU_VINLINE void cpu_flash_rows(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c) {
+    cpu_flash_rows_do(s, lds, rows, n, m, l, c, false);
+}
+
+CPU_VINLINE void cpu_flash_rows_h(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l, float *c) {
+    cpu_flash_rows_do(s, lds, rows, n, m, l, c, true);
 }
 
 typedef void (*cpu_flash_rows_fn)(float *s, int64_t lds, int64_t rows, int64_t n, float *m, double *l,

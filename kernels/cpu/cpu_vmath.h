@@ -32,6 +32,7 @@
 #define REEL_KERNELS_CPU_VMATH_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -127,6 +128,7 @@ CPU_VINLINE void cpu_vstore_part(float *p, cpu_vf v, int64_t n) {
  * performance), which made the AVX2 clone of the direct attention 9x
  * slower than the AVX-512 one. */
 typedef float cpu_vh __attribute__((vector_size(CPU_VW * 2)));
+typedef double cpu_vq __attribute__((vector_size(CPU_VW * 2))); /* 4 doubles */
 
 CPU_VINLINE cpu_vh cpu_vhalf(const cpu_vf *v, int h) {
     cpu_vh r;
@@ -143,6 +145,11 @@ CPU_VINLINE cpu_vh cpu_vhload(const float *p) {
 }
 
 CPU_VINLINE void cpu_vhstore(float *p, cpu_vh v) { memcpy(p, &v, sizeof v); }
+
+CPU_VINLINE cpu_vh cpu_vhsplat(float v) {
+    cpu_vh r = { v, v, v, v, v, v, v, v };
+    return r;
+}
 
 CPU_VINLINE cpu_vh cpu_vhmax2(cpu_vh a, cpu_vh b) { /* cpu_vmax2 on 8 lanes */
     cpu_vh r;
@@ -308,28 +315,48 @@ CPU_VINLINE void cpu_gelu_tanh_n(float *y, const float *x, int64_t n) { CPU_VMAP
 CPU_VINLINE void cpu_silu_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x, n, cpu_vsilu); }
 CPU_VINLINE void cpu_exp_n(float *y, const float *x, int64_t n) { CPU_VMAP(y, x, n, cpu_vexp); }
 
-/* The 16 lanes' sum in double, in a fixed order. */
-CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
-    /* ((t0 + t4) + (t1 + t5)) + ((t2 + t6) + (t3 + t7)) of t = a + b, by
-     * shuffles (a store and scalar adds stalled on the store) */
-    typedef double v4d __attribute__((vector_size(32)));
+/* The 16 lanes' sum in double, in a fixed order, from s = lanes l + l + 8
+ * (lo: l = 0-3, hi: 4-7): ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)),
+ * by shuffles (a store and scalar adds stalled on the store). */
+CPU_VINLINE double cpu_vsum_d4(cpu_vq lo, cpu_vq hi) {
     typedef double v2d __attribute__((vector_size(16)));
-    const cpu_vd s = a + b;
-    v4d s0, s1; /* halves by memcpy: see cpu_vh */
-    memcpy(&s0, &s, sizeof s0);
-    memcpy(&s1, (const char *)&s + sizeof s0, sizeof s1);
-    const v4d u = s0 + s1;
+    const cpu_vq u = lo + hi;
     const v2d w = __builtin_shufflevector(u, u, 0, 2) + __builtin_shufflevector(u, u, 1, 3);
     return w[0] + w[1];
 }
 
+/* The same of a (lanes 0-7) and b (lanes 8-15). */
+CPU_VINLINE double cpu_vsum_d(cpu_vd a, cpu_vd b) {
+    const cpu_vd s = a + b;
+    cpu_vq s0, s1; /* halves by memcpy: see cpu_vh */
+    memcpy(&s0, &s, sizeof s0);
+    memcpy(&s1, (const char *)&s + sizeof s0, sizeof s1);
+    return cpu_vsum_d4(s0, s1);
+}
+
+/* The softmax's steps below take `half`, a constant where they are
+ * inlined: false, the 16-float form (AVX-512); true, the same lanes' same
+ * operations on half vectors (cpu_vh, 4-double sums), the form an AVX2
+ * clone keeps in registers (rows of 1,024: 1.85x faster there, 1.2x slower
+ * on AVX-512). The same bits either way (tests/test_vmath.c). */
+
 /* max_j scale·s_j over a row of n >= 1 (−inf for a row of −inf). */
-CPU_VINLINE float cpu_row_max(const float *s, int64_t n, float scale) {
-    cpu_vf vs = cpu_vsplat(scale), mv = cpu_vsplat(-INFINITY);
-    int64_t j = 0;
-    for (; j + CPU_VW <= n; j += CPU_VW) mv = cpu_vmax2(mv, cpu_vload(s + j) * vs);
+CPU_VINLINE float cpu_row_max(const float *s, int64_t n, float scale, const bool half) {
     float t[CPU_VW];
-    cpu_vstore(t, mv);
+    int64_t j = 0;
+    if (half) {
+        cpu_vh m0 = cpu_vhsplat(-INFINITY), m1 = m0;
+        for (; j + CPU_VW <= n; j += CPU_VW) {
+            m0 = cpu_vhmax2(m0, cpu_vhload(s + j) * scale);
+            m1 = cpu_vhmax2(m1, cpu_vhload(s + j + CPU_VW / 2) * scale);
+        }
+        cpu_vhstore(t, m0);
+        cpu_vhstore(t + CPU_VW / 2, m1);
+    } else {
+        cpu_vf vs = cpu_vsplat(scale), mv = cpu_vsplat(-INFINITY);
+        for (; j + CPU_VW <= n; j += CPU_VW) mv = cpu_vmax2(mv, cpu_vload(s + j) * vs);
+        cpu_vstore(t, mv);
+    }
     float m = t[0];
     for (int i = 1; i < CPU_VW; i++) m = t[i] > m ? t[i] : m;
     for (; j < n; j++) { /* the tail, element by element: the same products */
@@ -340,63 +367,12 @@ CPU_VINLINE float cpu_row_max(const float *s, int64_t n, float scale) {
 }
 
 /* p_j = e^(scale·s_j − m) for j < n (p may equal s), and their sum in
- * double over 16 lanes in a fixed order. */
-CPU_VINLINE double cpu_exp_shift_sum(float *p, const float *s, int64_t n, float scale, float m) {
-    const cpu_vf vs = cpu_vsplat(scale), vm = cpu_vsplat(m);
-    cpu_vd acc0 = { 0 }, acc1 = { 0 };
-    typedef float half_t __attribute__((vector_size(32)));
-    for (int64_t j = 0; j < n; j += CPU_VW) {
-        int64_t k = n - j < CPU_VW ? n - j : CPU_VW;
-        cpu_vf e;
-        if (k == CPU_VW) {
-            e = cpu_vexp(cpu_vload(s + j) * vs - vm);
-            cpu_vstore(p + j, e);
-        } else { /* padded lanes count 0 in the sum */
-            e = cpu_vexp(cpu_vload_part(s + j, k, 0.0f) * vs - vm);
-            cpu_vstore_part(p + j, e, k);
-            for (int64_t i = k; i < CPU_VW; i++) e[i] = 0.0f;
-        }
-        half_t lo, hi;
-        memcpy(&lo, &e, sizeof lo);
-        memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
-        acc0 += __builtin_convertvector(lo, cpu_vd);
-        acc1 += __builtin_convertvector(hi, cpu_vd);
-    }
-    return cpu_vsum_d(acc0, acc1);
-}
-
-/* cpu_row_max with half-vector running maxima (cpu_vh), the same bits: the
- * form an AVX2 clone keeps in registers. */
-CPU_VINLINE float cpu_row_max_h(const float *s, int64_t n, float scale) {
-    const cpu_vh ninf = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
-    cpu_vh m0 = ninf, m1 = ninf;
-    int64_t j = 0;
-    for (; j + CPU_VW <= n; j += CPU_VW) {
-        m0 = cpu_vhmax2(m0, cpu_vhload(s + j) * scale);
-        m1 = cpu_vhmax2(m1, cpu_vhload(s + j + CPU_VW / 2) * scale);
-    }
-    float t[CPU_VW];
-    cpu_vhstore(t, m0);
-    cpu_vhstore(t + CPU_VW / 2, m1);
-    float m = t[0];
-    for (int i = 1; i < CPU_VW; i++) m = t[i] > m ? t[i] : m;
-    for (; j < n; j++) { /* the tail, element by element: the same products */
-        float v = s[j] * scale;
-        m = v > m ? v : m;
-    }
-    return m;
-}
-
-/* cpu_exp_shift_sum with the lanes' running sums as four vectors of 4
- * doubles (lanes 0-3, 4-7, 8-11, 12-15), the same bits: the form an AVX2
- * clone keeps in registers (1.85x faster there on rows of 1,024; 1.2x
- * slower on AVX-512, which keeps the form above). */
-CPU_VINLINE double cpu_exp_shift_sum_h(float *p, const float *s, int64_t n, float scale, float m) {
-    typedef double v4d __attribute__((vector_size(32)));
-    typedef double v2d __attribute__((vector_size(16)));
+ * double over 16 lanes in a fixed order (cpu_vsum_d's tree). */
+CPU_VINLINE double cpu_exp_shift_sum(float *p, const float *s, int64_t n, float scale, float m, const bool half) {
     typedef float v4f __attribute__((vector_size(16)));
     const cpu_vf vs = cpu_vsplat(scale), vm = cpu_vsplat(m);
-    v4d acc[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
+    cpu_vd acc0 = { 0 }, acc1 = { 0 };                   /* lanes 0-7, 8-15 */
+    cpu_vq acc[4] = { { 0 }, { 0 }, { 0 }, { 0 } };      /* half: lanes 0-3, 4-7, 8-11, 12-15 */
     for (int64_t j = 0; j < n; j += CPU_VW) {
         int64_t k = n - j < CPU_VW ? n - j : CPU_VW;
         cpu_vf e;
@@ -408,40 +384,45 @@ CPU_VINLINE double cpu_exp_shift_sum_h(float *p, const float *s, int64_t n, floa
             cpu_vstore_part(p + j, e, k);
             for (int64_t i = k; i < CPU_VW; i++) e[i] = 0.0f;
         }
-        for (int q = 0; q < 4; q++) {
-            v4f f;
-            memcpy(&f, (const char *)&e + q * sizeof f, sizeof f);
-            acc[q] += __builtin_convertvector(f, v4d);
+        if (half) {
+            for (int q = 0; q < 4; q++) {
+                v4f f;
+                memcpy(&f, (const char *)&e + q * sizeof f, sizeof f);
+                acc[q] += __builtin_convertvector(f, cpu_vq);
+            }
+        } else {
+            cpu_vh lo, hi;
+            memcpy(&lo, &e, sizeof lo);
+            memcpy(&hi, (const char *)&e + sizeof lo, sizeof hi);
+            acc0 += __builtin_convertvector(lo, cpu_vd);
+            acc1 += __builtin_convertvector(hi, cpu_vd);
         }
     }
-    /* the 16 lanes' tree: t_l = lane l + lane l + 8, then ((t0 + t4) + (t1 + t5)) + ((t2 + t6) + (t3 + t7)) */
-    const v4d lo = acc[0] + acc[2], hi = acc[1] + acc[3];
-    const v4d u = lo + hi;
-    const v2d w = __builtin_shufflevector(u, u, 0, 2) + __builtin_shufflevector(u, u, 1, 3);
-    return w[0] + w[1];
+    if (half) { /* acc0, acc1 from their quarters: what cpu_vsum_d adds first, lane l + lane l + 8 */
+        return cpu_vsum_d4(acc[0] + acc[2], acc[1] + acc[3]);
+    }
+    return cpu_vsum_d(acc0, acc1);
 }
 
 /* One softmax row: x_j = scale·s_j, m = max x_j, e_j = e^(x_j − m), summed
  * in double over 16 lanes, p_j = e_j·(float)(1/Σ). n >= 1; p may equal s.
  * Each step is a function of the row alone: the same row gives the same
  * bits wherever it is. */
-CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scale) {
-    const float m = cpu_row_max(s, n, scale);
-    const float inv = (float)(1.0 / cpu_exp_shift_sum(p, s, n, scale, m));
+CPU_VINLINE void cpu_softmax_row_do(float *p, const float *s, int64_t n, float scale, const bool half) {
+    const float m = cpu_row_max(s, n, scale, half);
+    const float inv = (float)(1.0 / cpu_exp_shift_sum(p, s, n, scale, m, half));
     const cpu_vf vi = cpu_vsplat(inv);
     int64_t j = 0;
     for (; j + CPU_VW <= n; j += CPU_VW) cpu_vstore(p + j, cpu_vload(p + j) * vi);
     for (; j < n; j++) p[j] *= inv;
 }
 
-/* cpu_softmax_row by the half-vector forms above (AVX2, baseline). */
+CPU_VINLINE void cpu_softmax_row(float *p, const float *s, int64_t n, float scale) {
+    cpu_softmax_row_do(p, s, n, scale, false);
+}
+
 CPU_VINLINE void cpu_softmax_row_h(float *p, const float *s, int64_t n, float scale) {
-    const float m = cpu_row_max_h(s, n, scale);
-    const float inv = (float)(1.0 / cpu_exp_shift_sum_h(p, s, n, scale, m));
-    const cpu_vf vi = cpu_vsplat(inv);
-    int64_t j = 0;
-    for (; j + CPU_VW <= n; j += CPU_VW) cpu_vstore(p + j, cpu_vload(p + j) * vi);
-    for (; j < n; j++) p[j] *= inv;
+    cpu_softmax_row_do(p, s, n, scale, true);
 }
 
 /* The dispatched array forms (cpu_vec.c). y may equal x; p may equal s
