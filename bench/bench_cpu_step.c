@@ -19,7 +19,8 @@
  * PyTorch eager on the same weights is bench/torch_step.py's, run here when
  * python3-torch is installed (one line says so when it is not).
  * REEL_BENCH_REPS=N runs N timed steps a case (for a profiler or a steadier
- * median); REEL_BENCH_TORCH=0 leaves PyTorch out.
+ * median); REEL_BENCH_TORCH=0 leaves PyTorch out; REEL_BENCH_NODES=1 lists
+ * every node with its shape and its best time alone.
  * Usage: bench_cpu_step [BUILD] [tiny|small|wan]... (all three by default). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +137,31 @@ static void measure(const step_case_t *sc, const char *wpath, result_t *r) {
     r->gemms = bench_median(tm, reps);
     r->products = bench_median(tp, reps);
     free(te);
+    if (getenv("REEL_BENCH_NODES")) /* every node with its shape and its time alone (the best of the reps) */
+        for (size_t i = 0; i < r->nodes; i++) {
+            node_fn_t fn;
+            const void *args;
+            kern_graph_node(g, i, &fn, &args);
+            double best = 1e9;
+            for (int k = 0; k < sc->reps; k++) {
+                double t0 = bench_now();
+                fn(NULL, args);
+                double t = bench_now() - t0;
+                if (t < best) best = t;
+            }
+            char shape[96] = "";
+            if (ops[i] == KERN_OP_GEMM || ops[i] == KERN_OP_GEMM_GELU) {
+                const kern_gemm_args_t *a = args;
+                snprintf(shape, sizeof shape, "M=%lld N=%lld K=%lld group=%lld", (long long)a->M, (long long)a->N,
+                         (long long)a->K, (long long)a->group);
+            } else if (is_attention(ops[i])) {
+                const kern_attention_args_t *a = args;
+                snprintf(shape, sizeof shape, "nq=%lld nk=%lld heads=%lld d=%lld batch=%lld", (long long)a->nq,
+                         (long long)a->nk, (long long)a->heads, (long long)a->head_dim, (long long)a->batch);
+            }
+            printf("    node %3zu %-20s %8.2f us  %s\n", i,
+                   ops[i] == KERN_OP_COUNT ? "(other)" : kern_op_name(ops[i]), best * 1e6, shape);
+        }
     /* the profile: each node alone, reps times, summed by op (median of the
      * per-rep sums would cost reps x nodes clock reads; the mean is enough
      * for shares) */

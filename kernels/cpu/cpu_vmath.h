@@ -25,7 +25,12 @@
  *
  * GELU-tanh: 0.5·u·(1 + tanh(z)) = u·σ(2z) = u / (1 + e^(−2z)), z =
  * √(2/π)·(u + 0.044715·u³): one exponential and a division, no cancellation
- * near u → −∞ (where 1 + tanh z loses every digit in float).
+ * near u → −∞ (where 1 + tanh z loses every digit in float). The
+ * exponential is taken in base 2, its argument w = −2z·log2 e formed
+ * directly from u (cpu_vgelu_tanh): 10 multiplies and fused multiply-adds
+ * a vector where the base-e form took 15, and no less accurate (against a
+ * long-double reference over every float with |u| <= 12: docs/BENCH.md,
+ * "GELU in base 2").
  *
  * Only kernels/cpu/ and the CPU artifacts include this. */
 #ifndef REEL_KERNELS_CPU_VMATH_H
@@ -285,11 +290,36 @@ CPU_VINLINE cpu_vf cpu_vexp_1p(cpu_vf x) {
     return cpu_vsplat(1.0f) + (p + p) * s;
 }
 
-/* GELU-tanh per lane: u / (1 + e^(−2z)). */
+/* 1 + 2^w per lane, for GELU: w clamped to [−30, 128] (below −30, 1 +
+ * 2^w rounds to 1 whatever 2^w is; from 128 it overflows); w = n + f, n =
+ * round(w), f = w − n exact (Sterbenz) in [−0.5, 0.5]; 2·2^f by a degree-6
+ * polynomial fitted to 2^f's relative error (at most 2.0e-9, with the
+ * constant term 1 exact; the coefficients doubled, exactly), then times
+ * 2^(n−1), one power of two, normal for n in [−30, 128]. */
+CPU_VINLINE cpu_vf cpu_vexp2_1p(cpu_vf w) {
+    w = cpu_vmax2(cpu_vmin2(w, cpu_vsplat(128.0f)), cpu_vsplat(-30.0f)); /* NaN stays */
+    const cpu_vf magic = cpu_vsplat(12582912.0f); /* 1.5·2^23: w + magic rounds w to an integer */
+    const cpu_vf t = w + magic;
+    const cpu_vf f = w - (t - magic);
+    cpu_vf q = cpu_vsplat(2 * 1.535336196e-4f);
+    q = cpu_vfma(q, f, cpu_vsplat(2 * 1.339887502e-3f));
+    q = cpu_vfma(q, f, cpu_vsplat(2 * 9.618436918e-3f));
+    q = cpu_vfma(q, f, cpu_vsplat(2 * 5.550332367e-2f));
+    q = cpu_vfma(q, f, cpu_vsplat(2 * 2.402264774e-1f));
+    q = cpu_vfma(q, f, cpu_vsplat(2 * 6.931471825e-1f));
+    q = cpu_vfma(q, f, cpu_vsplat(2.0f));
+    const cpu_vi n = (cpu_vi)((cpu_vu)t - (cpu_vu)magic);
+    return cpu_vsplat(1.0f) + q * (cpu_vf)(((cpu_vu)n + 126u) << 23);
+}
+
+/* GELU-tanh per lane: u / (1 + e^(−2z)) = u / (1 + 2^w), w = −2z·log2 e =
+ * u·(B + A·u²), B = −2·√(2/π)·log2 e, A = 0.044715·B: the exponential's
+ * argument in base 2 directly, so its reduction is one exact subtraction
+ * (w's own rounding, three operations, is the error the base-e form had
+ * in −2z). */
 CPU_VINLINE cpu_vf cpu_vgelu_tanh(cpu_vf u) {
-    const cpu_vf k2 = cpu_vsplat(-1.5957691216057308f); /* −2·√(2/π) */
-    cpu_vf z2 = k2 * cpu_vfma(cpu_vsplat(0.044715f) * u * u, u, u);
-    return u / cpu_vexp_1p(z2);
+    const cpu_vf w = u * cpu_vfma(u * u, cpu_vsplat(-1.029432396e-1f), cpu_vsplat(-2.302208198f));
+    return u / cpu_vexp2_1p(w);
 }
 
 /* SiLU per lane: u / (1 + e^(−u)); for a finite u whose e^(−u) overflows,
