@@ -145,7 +145,8 @@ CPU_VINLINE void cpu_attn_rows_in(const float *q, float *qt, int64_t rb, int64_t
             cpu_vtranspose16_h(m);
         else
             cpu_vtranspose16(m);
-        for (int64_t c = 0; c < cn; c++) cpu_vstore(qt + (c0 + c) * G, m[c]);
+        for (int c = 0; c < G; c++) /* the test in the loop: as a plain copy loop it became a rep movs */
+            if (c < cn) cpu_vstore(qt + (c0 + c) * G, m[c]);
     }
 }
 

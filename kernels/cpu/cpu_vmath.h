@@ -183,21 +183,28 @@ CPU_VINLINE void cpu_vtranspose8(cpu_vh *r) {
     }
 }
 
+/* One round of cpu_vtranspose16: t[2i], t[2i + 1] interleave m[i] with
+ * m[i + 8]. */
+CPU_VINLINE void cpu_vtranspose16_round(const cpu_vf *m, cpu_vf *t) {
+    for (int i = 0; i < CPU_VW / 2; i++) {
+        t[2 * i] = __builtin_shufflevector(m[i], m[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        t[2 * i + 1] = __builtin_shufflevector(m[i], m[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14,
+                                               30, 15, 31);
+    }
+}
+
 /* Transposes the 16 x 16 floats m[0..15] in place: lane j of m[i] becomes
  * lane i of m[j]. Four rounds of interleaving m[i] with m[i + 8] (64 two-
- * vector shuffles, where element by element took 256 loads and stores).
- * Moves bits only. */
+ * vector shuffles, where element by element took 256 loads and stores),
+ * back and forth between m and a second array (a 1 KB copy after each
+ * round was a rep movs each: 8 of them per 16 query rows of the direct
+ * attention). Moves bits only. */
 CPU_VINLINE void cpu_vtranspose16(cpu_vf *m) {
-    for (int round = 0; round < 4; round++) {
-        cpu_vf t[CPU_VW];
-        for (int i = 0; i < CPU_VW / 2; i++) {
-            t[2 * i] = __builtin_shufflevector(m[i], m[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
-                                               7, 23);
-            t[2 * i + 1] = __builtin_shufflevector(m[i], m[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29,
-                                                   14, 30, 15, 31);
-        }
-        memcpy(m, t, sizeof t);
-    }
+    cpu_vf t[CPU_VW];
+    cpu_vtranspose16_round(m, t);
+    cpu_vtranspose16_round(t, m);
+    cpu_vtranspose16_round(m, t);
+    cpu_vtranspose16_round(t, m);
 }
 
 /* cpu_vtranspose16 as four 8 x 8 blocks, the off-diagonal two swapped:
