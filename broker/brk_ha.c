@@ -386,9 +386,11 @@ int brk_ha_start(brk_t *b) {
      * one delivered late would tell a restarted peer what is no longer so.
      * Room for the standby's copy window (small FETCHes) beside them. */
     int one = 1, few = 4 + BRK_HA_COPY_WINDOW;
+    char pep[1024];
     if (!h->sock || wire_socket_limits(h->sock) != 0 || zmq_setsockopt(h->sock, ZMQ_SNDTIMEO, &zero, sizeof zero) ||
         zmq_setsockopt(h->sock, ZMQ_IMMEDIATE, &one, sizeof one) || zmq_setsockopt(h->sock, ZMQ_SNDHWM, &few, sizeof few) ||
-        reel_curve_apply(h->sock, &curve) != 0 || zmq_connect(h->sock, b->opt.peer) != 0) {
+        reel_curve_apply(h->sock, &curve) != 0 || wire_socket_endpoint(h->sock, b->opt.peer, pep, sizeof pep) != 0 ||
+        zmq_connect(h->sock, pep) != 0) {
         explicit_bzero(&curve, sizeof curve);
         reel_fail(REEL_E_IO, "cannot connect to the peer broker '%s': %s", b->opt.peer, zmq_strerror(zmq_errno()));
         goto err;

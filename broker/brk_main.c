@@ -94,7 +94,8 @@ static void *router(brk_t *b, const char *endpoint, bool worker_side, const char
         zmq_close(s);
         return NULL;
     }
-    if (zmq_bind(s, endpoint) < 0) {
+    char ep[1024];
+    if (wire_socket_endpoint(s, endpoint, ep, sizeof ep) < 0 || zmq_bind(s, ep) < 0) {
         brk_log("cannot bind the %s endpoint %s: %s", what, endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s);
         return NULL;

@@ -405,6 +405,21 @@ int wire_socket_limits(void *sock) {
     return zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
 }
 
+int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n) {
+    static const char lh[] = "tcp://localhost:";
+    int w = !strncmp(ep, lh, sizeof lh - 1) ? snprintf(out, n, "tcp://127.0.0.1:%s", ep + sizeof lh - 1)
+                                            : snprintf(out, n, "%s", ep);
+    if (w < 0 || (size_t)w >= n) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    if (!strncmp(ep, "tcp://[", 7)) {
+        int one = 1;
+        if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one) < 0) return -1;
+    }
+    return 0;
+}
+
 /* ---- sending ------------------------------------------------------------------- */
 
 wire_val_t *wire_hdr(const char *type, uint64_t id) {

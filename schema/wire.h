@@ -182,6 +182,15 @@ typedef struct {
 /* Sets ZMQ_MAXMSGSIZE (WIRE_MAX_FRAME) and a zero linger on sock. */
 int wire_socket_limits(void *sock);
 
+/* The endpoint to give zmq_bind or zmq_connect for ep, written to out (n
+ * bytes), with sock made ready for it: tcp://localhost:P becomes
+ * tcp://127.0.0.1:P (ZeroMQ takes a bind's host for an interface name,
+ * and there is no interface "localhost"), and a bracketed IPv6 host
+ * (tcp://[::1]:P) turns the socket's ZMQ_IPV6 on (without it ZeroMQ binds
+ * and connects to no IPv6 address). Anything else is copied as it is. -1
+ * (errno) when out is too short or the option cannot be set. */
+int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n);
+
 /* For a daemon's main(), before its threads start: keeps the memory of
  * large frames (tensors, 4 MiB weight chunks) that ZeroMQ mallocs on its
  * I/O thread and another thread frees from being handed back to the

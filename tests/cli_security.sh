@@ -115,6 +115,34 @@ p=$!; PIDS="$PIDS $p"
 wait_for "$D/lo.log" "reel-broker: ready" 60 && ok "loopback and ipc need no keys" || bad "loopback starts"
 stop_proc "$p" || bad "the loopback broker stops on SIGTERM"
 
+echo "== loopback by name: tcp://localhost and tcp://[::1] bind and connect as documented"
+if /usr/bin/python3 -c "import socket; socket.socket(socket.AF_INET6).bind(('::1', 0))" 2>/dev/null; then
+    WE6="tcp://[::1]:$((PORT + 2))"
+else
+    echo "SKIP IPv6 loopback: this machine cannot bind ::1 (the [::1] case runs where it can); workers on ipc"
+    WE6="ipc://$D/w6"
+fi
+"$B/reel-broker" --clients "tcp://localhost:$((PORT + 1))" --workers "$WE6" --catalog "" >"$D/byname.log" 2>&1 &
+p=$!; PIDS="$PIDS $p"
+if wait_for "$D/byname.log" "reel-broker: ready" 60; then
+    ok "a broker binds tcp://localhost and $WE6 without keys"
+    "$B/reel-worker" --broker "$WE6" --name w6 --weights "$D/w/w1.safetensors" --streams 1 --heartbeat-ms 200 \
+        >"$D/w6.log" 2>&1 &
+    p6=$!; PIDS="$PIDS $p6"
+    if wait_for "$D/byname.log" "worker w6 ready" 60; then
+        "$R" gen --broker "tcp://localhost:$((PORT + 1))" --model tiny $IN --timeout-ms 20000 --quiet \
+            --out "$D/byname.safetensors" 2>"$D/byname.err" && same "$D/byname.safetensors" "$D/ref1.safetensors" &&
+            ok "a worker on $WE6 serves a GEN sent to tcp://localhost, bitwise reelctl run's" ||
+            { bad "a GEN by name"; show "$D/byname.err"; }
+    else
+        bad "a worker connects to $WE6"; show "$D/w6.log"
+    fi
+    stop_proc "$p6" || bad "the worker on $WE6 stops on SIGTERM"
+else
+    bad "a broker binds tcp://localhost and $WE6"; show "$D/byname.log"
+fi
+stop_proc "$p" || bad "the broker by name stops on SIGTERM"
+
 echo "== reelctl keys new: a pair, 0600, never over an existing one"
 "$R" keys new --role broker --out "$K" >/dev/null 2>&1 &&
     "$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>&1 &&

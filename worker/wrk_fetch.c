@@ -280,7 +280,9 @@ out:
 static void *connect_to(const wrk_fetch_src_t *src) {
     void *s = zmq_socket(src->zctx, ZMQ_DEALER);
     if (!s) return NULL;
-    if (wire_socket_limits(s) != 0 || reel_curve_apply(s, src->curve) != 0 || zmq_connect(s, src->endpoint) != 0) {
+    char ep[1024];
+    if (wire_socket_limits(s) != 0 || reel_curve_apply(s, src->curve) != 0 ||
+        wire_socket_endpoint(s, src->endpoint, ep, sizeof ep) != 0 || zmq_connect(s, ep) != 0) {
         zmq_close(s);
         return NULL;
     }

@@ -361,11 +361,13 @@ static void *dealer_new(wrk_t *w) {
     void *s = zmq_socket(w->zctx, ZMQ_DEALER);
     if (!s) return NULL;
     int zero = 0;
+    char ep[1024];
     if (wire_socket_limits(s) != 0 || reel_curve_apply(s, w->curve) != 0 ||
+        wire_socket_endpoint(s, w->brokers[atomic_load(&w->broker_at)], ep, sizeof ep) != 0 ||
         zmq_setsockopt(s, ZMQ_ROUTING_ID, w->opt->name, strlen(w->opt->name)) != 0 ||
         /* Sends never wait for a broker that is gone: they fail with EAGAIN. */
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
-        zmq_connect(s, w->brokers[atomic_load(&w->broker_at)]) != 0) {
+        zmq_connect(s, ep) != 0) {
         int e = errno;
         zmq_close(s);
         errno = e;
