@@ -363,9 +363,16 @@ static bool prompt_context(brk_t *b, const wire_msg_t *m, const msg_gen_t *g, in
         ctx[1] = (int64_t)c->text_dim;
         return true;
     }
+    bool announced = false; /* by a worker that sent no config for it (not reel-worker) */
+    for (int i = 0; i < b->n_w && !c && !announced; i++)
+        for (int k = 0; k < b->w[i]->route.n_models; k++) announced |= !strcmp(b->w[i]->route.models[k], g->model);
     if (c)
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                     "model %s takes no 'prompt': its config has no text_len (send a 'context')", g->model);
+                     "GEN: model %s takes no 'prompt': its config has no text_len (send a 'context')", g->model);
+    else if (announced)
+        brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
+                     "GEN: model %s takes no 'prompt' here: its workers announce no config for it, so its text_len "
+                     "is unknown (send a 'context')", g->model);
     else
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_NO_WORKER,
                      "no live worker announces model %s, so a 'prompt' cannot be placed yet (its text_len is unknown)",
@@ -430,7 +437,7 @@ static bool resent(brk_t *b, const wire_msg_t *m, const msg_gen_t *g) {
     }
     if (!same_request(&r->gen, g)) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                     "id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one", m->id,
+                     "GEN: id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one", m->id,
                      g->client);
         return true;
     }
@@ -461,7 +468,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     if (!prompt && tl > 0) {
         if (ctx[0] > tl || (g->uncond && g->uncond->shape[0] > tl)) {
             brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                         "a context of %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
+                         "GEN: a context of %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
                          " and takes at most that many", ctx[0] > tl ? ctx[0] : g->uncond->shape[0], g->model, tl);
             return;
         }
@@ -606,7 +613,9 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
      * steps (a group's batches, each counted), more frames than n x its
      * latent frames. A count pinned at 2^64 - 1 would otherwise be
      * forwarded and leave every later one "backwards". */
-    const uint64_t n = msg_gen_n(&r->gen), frames = r->gen.latent_shape[1] > 0 ? (uint64_t)r->gen.latent_shape[1] : 0;
+    /* (and no frames at all for a GEN that decodes nothing) */
+    const uint64_t n = msg_gen_n(&r->gen),
+                   frames = msg_gen_decodes(&r->gen) && r->gen.latent_shape[1] > 0 ? (uint64_t)r->gen.latent_shape[1] : 0;
     if (p->step > p->steps || p->decoded > p->decode_frames || p->steps > n * r->gen.steps ||
         p->decode_frames > n * frames) {
         brk_log_limited(&w->log, w->route.name, "worker %s sent PROGRESS %llu of %llu (%llu of %llu frames) for "
@@ -630,9 +639,11 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         /* A RESULT a client could not use ends the request as the worker's fault. */
         msg_error_t e;
         memset(&e, 0, sizeof e);
-        brk_log_limited(&w->log, w->route.name, "worker %s sent a bad RESULT: %s", w->route.name, bad.message);
+        brk_log_limited(&w->log, w->route.name, "worker %s sent a bad RESULT (%s)", w->route.name, bad.message);
         snprintf(e.code, sizeof e.code, "%s", WIRE_E_INTERNAL);
-        snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, bad.message);
+        /* bad.message may already name the type (a field error: "RESULT: ...") */
+        const char *why = strncmp(bad.message, "RESULT: ", 8) ? bad.message : bad.message + 8;
+        snprintf(e.message, sizeof e.message, "worker %s sent a bad RESULT: %s", w->route.name, why);
         brk_req_error(b, w, id, &e);
         return;
     }
@@ -820,8 +831,10 @@ void brk_req_timers(brk_t *b, int64_t now) {
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {
-            snprintf(why, sizeof why, "no result within %lld ms (%s)", waited,
-                     r->state == REQ_QUEUED ? "waiting for a slot" : "running");
+            /* the deadline as given, and the time it took the loop to see it pass */
+            snprintf(why, sizeof why, "no result within its deadline of %lld ms (%s; failed after %lld ms)",
+                     (long long)(r->deadline_ms - r->accepted_ms),
+                     r->state == REQ_QUEUED ? "waiting for a slot" : "running", waited);
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT, "%s", why);
             brk_log("request %llu failed: timeout (%s%s)", (unsigned long long)r->id,
                     r->state == REQ_QUEUED ? "queued" : "running on ",

@@ -149,12 +149,12 @@ gen t5 tinywan "$D/ctx12.safetensors" "$D/unc3.safetensors" --solver dpm++ &&
 gen t3 tinywan "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same t1 t3 &&
     ok "text_len: another negative prompt, another result" || { bad "negative prompt ignored"; show "$D/t3.err"; }
 gen t4 tinywan "$D/ctx13.safetensors" "$D/unc.safetensors"
-[ $? != 0 ] && grep -q "text_len 12" "$D/t4.err" && ok "text_len: a context of 13 rows is refused ($(grep -o 'bad_request.*' "$D/t4.err" | head -c 90))" ||
+[ $? != 0 ] && grep -q "bad_request.*GEN: .*text_len 12" "$D/t4.err" && ok "text_len: a context of 13 rows is refused, the message naming its GEN ($(grep -o 'bad_request.*' "$D/t4.err" | head -c 90))" ||
     { bad "context longer than text_len"; show "$D/t4.err"; }
 run x "$D/tw.safetensors" "$D/ctx13.safetensors" "$D/unc.safetensors"
 [ $? = 2 ] && grep -q "text_len 12" "$D/x.err" && ok "text_len: reelctl run refuses 13 rows too" || { bad "run over text_len"; show "$D/x.err"; }
 gen x tiny "$D/ctx.safetensors" "$D/unc3.safetensors"
-[ $? != 0 ] && grep -q "expected the context's" "$D/x.err" && ok "without text_len a negative prompt of another length is bad_request" ||
+[ $? != 0 ] && grep -q "bad_request.*GEN: tensor 'uncond' .*expected the context's" "$D/x.err" && ok "without text_len a negative prompt of another length is bad_request, the message naming its GEN" ||
     { bad "uncond length without text_len"; show "$D/x.err"; }
 # Padding is not a no-op: the same prompt without text_len gives another result.
 printf '{"name": "tinynl", "dim": 64, "heads": 4, "layers": 2, "ffn_dim": 128, "in_channels": 4, "text_dim": 32, "freq_dim": 256}' >"$D/nl.json"

@@ -878,6 +878,21 @@ static void ready_with(box_t *x, int i, uint64_t version, uint64_t slots) {
 
 static void ready(box_t *x, int i, uint64_t version) { ready_with(x, i, version, 0); }
 
+/* READY of worker i serving tiny at v1 with a VAE (it takes GENs asking
+ * for decoded output). */
+static void ready_vae(box_t *x, int i) {
+    char name[16];
+    snprintf(name, sizeof name, "w%d", i);
+    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
+    wv_push(models, wv_str("tiny"));
+    wv_set(vers, "transformer", wv_u64(1));
+    wv_set(h, "name", wv_str(name));
+    wv_set(h, "models", models);
+    wv_set(h, "versions", vers);
+    wv_set(h, "vae", wv_str("wan2.1"));
+    from_worker(x, i, h);
+}
+
 static void box_open(box_t *x) {
     memset(x, 0, sizeof *x);
     x->b.next_id = 1;
@@ -1799,27 +1814,12 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
     expect_progress(c, 9, 4, 6, 0);
     expect_progress(c, 9, 6, 6, 0);
     quiet(c, "the client (older counts dropped)");
-    /* the decode: its first message (0 of 2 frames) changes the total */
-    progress_from(&x, rid, 6, 6, 0, 2);
-    progress_from(&x, rid, 6, 6, 0, 0); /* another part's last step, arriving after the decode began */
-    progress_from(&x, rid, 6, 6, 1, 2);
-    progress_from(&x, rid, 6, 6, 0, 2);
-    progress_from(&x, rid, 6, 6, 2, 2);
-    expect_progress(c, 9, 6, 6, 0);
-    expect_progress(c, 9, 6, 6, 1);
-    expect_progress(c, 9, 6, 6, 2);
-    quiet(c, "the client (an older decode count, and a last step after the decode began, dropped)");
     /* counts past their end are a worker's fault: dropped, never forwarded;
-     * so are totals the request cannot have (more steps than its 6, more
-     * frames than its 2), which would pin the count and drop every later
-     * one as going backwards */
-    progress_from(&x, rid, 7, 6, 2, 2);
-    progress_from(&x, rid, 6, 6, 3, 2);
+     * so are totals the request cannot have (more steps than its 6) */
+    progress_from(&x, rid, 7, 6, 0, 0);
     progress_from(&x, rid, UINT64_MAX, 6, 0, 0);
-    progress_from(&x, rid, 7, 7, 2, 2);
-    progress_from(&x, rid, 6, 6, 3, 3);
+    progress_from(&x, rid, 7, 7, 0, 0);
     progress_from(&x, rid, UINT64_MAX, UINT64_MAX, 0, 0);
-    progress_from(&x, rid, 6, 6, UINT64_MAX, UINT64_MAX);
     quiet(c, "the client (counts past their end dropped)");
     serve(&x, rid);
     /* the RESULT names this broker's boot id (a client's next call starts from it) */
@@ -1838,14 +1838,92 @@ END_TEST
 
 /* A group's PROGRESS counts every sample's steps (and decoded frames):
  * up to n x its steps, n x its latent frames, and no further. */
-START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further) {
+/* A decoded GEN's PROGRESS: after its steps, its decode's frames count on
+ * (the first decode message, 0 of 2 frames, changes the total), never
+ * backwards and never past the end. */
+START_TEST(test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_end) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready_vae(&x, 0);
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7); /* 6 steps, 2 latent frames, decoded */
+    wv_set(h, "steps", wv_u64(6));
+    wv_set(h, "progress", wv_bool(true));
+    wv_set(h, "output", wv_str("frames"));
+    gen_send(&x, c, h, 0);
+    uint64_t rid = request_on(&x, 0);
+    progress_from(&x, rid, 6, 6, 0, 0);
+    expect_progress(c, 9, 6, 6, 0);
+    /* the decode: its first message (0 of 2 frames) changes the total */
+    progress_from(&x, rid, 6, 6, 0, 2);
+    progress_from(&x, rid, 6, 6, 0, 0); /* another part's last step, arriving after the decode began */
+    progress_from(&x, rid, 6, 6, 1, 2);
+    progress_from(&x, rid, 6, 6, 0, 2);
+    progress_from(&x, rid, 6, 6, 2, 2);
+    expect_progress(c, 9, 6, 6, 0); /* 0 of 2 frames: a new total */
+    expect_progress(c, 9, 6, 6, 1);
+    expect_progress(c, 9, 6, 6, 2);
+    quiet(c, "the client (an older decode count, and a last step after the decode began, dropped)");
+    /* counts past their end are a worker's fault: dropped, never forwarded;
+     * so are totals the request cannot have (more steps than its 6, more
+     * frames than its 2), which would pin the count and drop every later
+     * one as going backwards */
+    progress_from(&x, rid, 7, 6, 2, 2);
+    progress_from(&x, rid, 6, 6, 3, 2);
+    progress_from(&x, rid, UINT64_MAX, 6, 0, 0);
+    progress_from(&x, rid, 7, 7, 2, 2);
+    progress_from(&x, rid, 6, 6, 3, 3);
+    progress_from(&x, rid, UINT64_MAX, UINT64_MAX, 0, 0);
+    progress_from(&x, rid, 6, 6, UINT64_MAX, UINT64_MAX);
+    quiet(c, "the client (counts past their end dropped)");
+    wire_val_t *e = wire_hdr("ERROR", rid);
+    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
+    wv_set(e, "message", wv_str("ends the test"));
+    from_worker(&x, 0, e);
+    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
+/* A GEN whose output is its latent decodes nothing: a PROGRESS counting
+ * decoded frames for it is a worker's fault, dropped (helper-87 saw one
+ * forwarded); its step counts still go through. */
+START_TEST(test_a_latent_gens_progress_never_counts_decoded_frames) {
     box_t x;
     box_open(&x);
     void *c = x.trainer;
     ready(&x, 0, 1);
-    wire_val_t *h = gen_hdr(9, TOKEN_A, 7); /* 2 steps, 2 latent frames */
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7); /* 2 steps, 2 latent frames, output latent */
+    wv_set(h, "progress", wv_bool(true));
+    gen_send(&x, c, h, 0);
+    uint64_t rid = request_on(&x, 0);
+    progress_from(&x, rid, 1, 2, 0, 0);
+    progress_from(&x, rid, 2, 2, 0, 2); /* frames it never decodes */
+    progress_from(&x, rid, 2, 2, 1, 2);
+    progress_from(&x, rid, 2, 2, 0, 0);
+    expect_progress(c, 9, 1, 2, 0);
+    expect_progress(c, 9, 2, 2, 0);
+    quiet(c, "the client (decoded frames of a latent GEN dropped)");
+    wire_val_t *e = wire_hdr("ERROR", rid);
+    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
+    wv_set(e, "message", wv_str("ends the test"));
+    from_worker(&x, 0, e);
+    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
+START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready_vae(&x, 0);
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7); /* 2 steps, 2 latent frames, decoded */
     wv_set(h, "n", wv_u64(3));
     wv_set(h, "progress", wv_bool(true));
+    wv_set(h, "output", wv_str("frames"));
     gen_send(&x, c, h, 0);
     uint64_t rid = request_on(&x, 0);
     progress_from(&x, rid, 2, 6, 0, 0);
@@ -1871,6 +1949,43 @@ END_TEST
  * (here its seed) is not that request: bad_request to its sender, and the
  * live request goes on, answered to its own sender -- whether it runs or
  * waits. */
+/* A prompt GEN needs the model's text_len, from a worker's READY configs.
+ * A model announced without one (by a worker that is not reel-worker) is
+ * bad_request at once, saying so, and the message names its GEN; a model
+ * nobody announces is no_worker (helper-87 found the first answered as the
+ * second). Both begin "GEN: " where they are the GEN's fault. */
+START_TEST(test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_naming_why) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready(&x, 0, 1); /* tiny, no configs */
+    for (int i = 0; i < 2; i++) {
+        wire_val_t *h = gen_hdr(5 + (uint64_t)i, TOKEN_A, 7);
+        if (i) wv_set(h, "model", wv_str("nosuch"));
+        wv_set(h, "prompt", wv_str("a cat"));
+        ck_assert_int_eq(wire_send(c, NULL, h, NULL, 0), 0);
+        wv_free(&h);
+        deliver(&x, false);
+        wire_msg_t *d = take(c, false);
+        ck_assert_str_eq(d->type, "ERROR");
+        ck_assert_uint_eq(d->id, 5 + (uint64_t)i);
+        const char *msg = wv_get_str(d->hdr, "message");
+        if (i == 0) {
+            ck_assert_str_eq(wv_get_str(d->hdr, "code"), "bad_request");
+            ck_assert_msg(!strncmp(msg, "GEN: ", 5) && strstr(msg, "model tiny takes no 'prompt' here: its workers "
+                                                                      "announce no config"),
+                          "'%s'", msg);
+        } else {
+            ck_assert_str_eq(wv_get_str(d->hdr, "code"), "no_worker");
+            ck_assert_msg(strstr(msg, "no live worker announces model nosuch"), "'%s'", msg);
+        }
+        drop_msg(&d);
+    }
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on) {
     box_t x;
     box_open(&x);
@@ -4374,7 +4489,10 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
     tcase_add_test(an, test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further);
+    tcase_add_test(an, test_a_latent_gens_progress_never_counts_decoded_frames);
+    tcase_add_test(an, test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_end);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
+    tcase_add_test(an, test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_naming_why);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);

@@ -535,7 +535,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
         media_fits(w, &r, &err) != 0 ||
         wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
-        msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
+        msg_send_error(l->dealer, NULL, m->id, err.code, "GEN: %s", err.message); /* a field error names its type */
         return;
     }
     job->epoch = atomic_load(&w->epoch);
