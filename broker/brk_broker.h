@@ -79,6 +79,7 @@ typedef struct brk_worker {
     uint64_t budget;
     int64_t ready_ms;          /* monotonic ms of READY */
     int64_t seen_ms;           /* monotonic ms of the last message from it */
+    int64_t quiet_until_ms;    /* not expired for silence before this: a large REQUEST went to it */
     int64_t heard_ms;          /* monotonic ms of its last catalog worker_heard (or READY) */
     bool dead;                 /* to be dropped by brk_settle */
     const char *dead_why;      /* "expired", "disconnect", "restarted" */

@@ -98,6 +98,18 @@ static int ident_msg(zmq_msg_t *m, const brk_ident_t *to) {
     return 0;
 }
 
+int brk_send_heads_up(void *sock, const brk_ident_t *to, uint64_t bytes) {
+    zmq_msg_t ident;
+    if (ident_msg(&ident, to) < 0) return -1;
+    wire_val_t *h = wire_hdr("HEARTBEAT", 0);
+    int rc = h && wv_set(h, "incoming", wv_u64(bytes)) == 0 ? wire_send(sock, &ident, h, NULL, 0) : -1;
+    int e = errno;
+    wv_free(&h);
+    zmq_msg_close(&ident);
+    errno = e;
+    return rc;
+}
+
 int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, const void *body,
              const wire_msg_t *share) {
     zmq_msg_t ident;

@@ -171,9 +171,18 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         int64_t left = r->deadline_ms - brk_now_ms();
         msg_set_t set[2] = { { "version", MSG_SET_U64, r->required, NULL },
                              { "deadline_ms", MSG_SET_U64, left > 1 ? (uint64_t)left : 1, NULL } };
+        uint64_t bytes = 0;
+        for (int i = 0; i < r->msg->n_tensors; i++) bytes += r->msg->t[i].bytes;
+        /* a large one: the worker is told first (nothing else reaches it
+         * until this has), and is given as long to answer */
+        if (bytes >= MSG_HEADS_UP_BYTES) (void)brk_send_heads_up(b->workers, &w->ident, bytes);
         if (brk_worker_forward(b, w, r->msg, MSG_REQUEST, r->id, set, 2) != 0) {
             if (w->route.routable) return false; /* not the worker's fault: retried at the next pump */
             continue;                            /* it is gone: the next owner */
+        }
+        if (bytes >= MSG_HEADS_UP_BYTES) {
+            int64_t until = brk_now_ms() + (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
+            if (until > w->quiet_until_ms) w->quiet_until_ms = until;
         }
         r->state = REQ_INFLIGHT;
         r->worker = w;

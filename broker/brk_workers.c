@@ -325,7 +325,7 @@ void brk_workers_timers(brk_t *b, int64_t now, uint64_t current) {
     int64_t silent_max = (int64_t)b->opt.heartbeat_ms * b->opt.liveness;
     for (int i = 0; i < b->n_w; i++) {
         brk_worker_t *w = b->w[i];
-        if (!w->dead && now - w->seen_ms > silent_max) {
+        if (!w->dead && now - w->seen_ms > silent_max && now >= w->quiet_until_ms) {
             w->dead = true;
             w->dead_why = "expired";
         } else if (!w->dead && !brk_zap_worker_allowed(b->zap, w->key)) {

@@ -26,6 +26,12 @@ msg_type_t msg_type(const wire_msg_t *m) {
 
 const char *msg_type_name(msg_type_t t) { return t >= 0 && t < MSG_UNKNOWN ? msg_descs[t].type : "?"; }
 
+uint64_t msg_heartbeat_incoming(const wire_msg_t *m) {
+    uint64_t in = 0;
+    uint32_t at = m->has_head ? wire_tok_find(&m->tok, wire_msg_head(m), 0, "incoming") : 0;
+    return at && wire_tok_u64(&m->tok, at, &in) ? in : 0;
+}
+
 int msg_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err) {
     return wire_recv_as(sock, router, flags, m, err, false);
 }

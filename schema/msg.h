@@ -148,6 +148,19 @@ bool msg_gen_decodes(const msg_gen_t *g);
  * prompt with cfg != 1 (the negative prompt, given or Wan's default, is
  * encoded by the worker). Can't fail. */
 bool msg_gen_guided(const msg_gen_t *g);
+/* A broker's HEARTBEAT to a worker may carry "incoming": the bytes of the
+ * REQUEST that follows it on the connection. The worker then waits for it
+ * beyond its liveness, MSG_SLOW_BYTES_PER_MS a millisecond of it (32
+ * MiB/s: a 256 MiB GEN, 8 s), since nothing else reaches it until that
+ * message has (one connection keeps order); the broker gives the worker as
+ * long again to answer before it takes its silence for death. Sent before
+ * REQUESTs of MSG_HEADS_UP_BYTES or more. */
+#define MSG_SLOW_BYTES_PER_MS ((uint64_t)32 * 1024 * 1024 / 1000)
+#define MSG_HEADS_UP_BYTES ((uint64_t)1 << 20)
+
+/* A received HEARTBEAT's "incoming" (0 when absent or not a uint). */
+uint64_t msg_heartbeat_incoming(const wire_msg_t *m);
+
 /* Longest prompt or negative prompt, in bytes: the wire's longest string
  * (a longer one is refused too_large while the message is read). umT5's
  * 512 tokens are about 2 KiB of English or CJK text. */

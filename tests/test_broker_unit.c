@@ -1949,6 +1949,65 @@ END_TEST
  * (here its seed) is not that request: bad_request to its sender, and the
  * live request goes on, answered to its own sender -- whether it runs or
  * waits. */
+/* A REQUEST of a MiB or more goes after a HEARTBEAT that says how large
+ * it is ("incoming"), and its worker is not expired for silence until it
+ * has had as long again (at 32 MiB/s) to take it in and answer: nothing
+ * else reaches a worker while a large message arrives, and helper-87 saw
+ * a healthy worker dropped twice over one 256 MiB GEN (worker_lost). A
+ * small one goes bare and changes nothing. */
+START_TEST(test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 10; /* silent for 30 ms: dead, but for the grace */
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    static float ctx[5 * 32], lat[4 * 16 * 128 * 128]; /* 4 MiB: 125 ms at 32 MiB/s */
+    const int64_t cs[2] = { 5, 32 }, ls[4] = { 4, 16, 128, 128 };
+    wire_val_t *h = wire_hdr("GEN", 3), *shape = wv_arr();
+    for (int i = 0; i < 4; i++) wv_push(shape, wv_u64((uint64_t)ls[i]));
+    wv_set(h, "model", wv_str("tiny"));
+    wv_set(h, "steps", wv_u64(2));
+    wv_set(h, "latent_shape", shape);
+    wire_tensor_t t[2] = { ts_wire_tensor("context", KERN_F32, 2, cs, ctx, sizeof ctx),
+                           ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat) };
+    ck_assert_int_eq(wire_send(x.trainer, NULL, h, t, 2), 0);
+    wv_free(&h);
+    int64_t sent = brk_now_ms();
+    deliver(&x, false);
+    wire_msg_t *m = take(x.w[0], false);
+    ck_assert_str_eq(m->type, "HEARTBEAT");
+    ck_assert_uint_eq(msg_heartbeat_incoming(m), sizeof ctx + sizeof lat);
+    drop_msg(&m);
+    uint64_t rid = request_on(&x, 0);
+    brk_worker_t *w = x.b.w[0];
+    const int64_t grace = (int64_t)((sizeof ctx + sizeof lat) / MSG_SLOW_BYTES_PER_MS);
+    ck_assert_int_ge(w->quiet_until_ms, sent + grace);
+    brk_workers_timers(&x.b, w->seen_ms + 60, 1); /* silent twice its liveness, inside the grace */
+    ck_assert_msg(!w->dead, "expired inside the grace of a large REQUEST");
+    brk_workers_timers(&x.b, w->quiet_until_ms + 1, 1);
+    ck_assert_msg(w->dead && !strcmp(w->dead_why, "expired"), "still alive after the grace");
+    (void)rid;
+    box_close(&x);
+}
+END_TEST
+
+/* A small REQUEST goes bare: no HEARTBEAT before it, no grace. */
+START_TEST(test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 10;
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    gen_from(&x, x.trainer, 3, TOKEN_A, 7, false);
+    request_on(&x, 0); /* the first message on the worker's socket */
+    brk_worker_t *w = x.b.w[0];
+    ck_assert_int_eq(w->quiet_until_ms, 0);
+    brk_workers_timers(&x.b, w->seen_ms + 31, 1);
+    ck_assert_msg(w->dead, "not expired after its liveness");
+    box_close(&x);
+}
+END_TEST
+
 /* A prompt GEN needs the model's text_len, from a worker's READY configs.
  * A model announced without one (by a worker that is not reel-worker) is
  * bad_request at once, saying so, and the message names its GEN; a model
@@ -4493,6 +4552,8 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_end);
     tcase_add_test(an, test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on);
     tcase_add_test(an, test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_naming_why);
+    tcase_add_test(an, test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent);
+    tcase_add_test(an, test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);

@@ -79,6 +79,7 @@ typedef struct {
     void *dealer;                /* NULL while waiting to reconnect */
     void *pull;
     int64_t heard;               /* last message from the broker */
+    int64_t quiet_until;         /* a large REQUEST is on its way (HEARTBEAT "incoming"): no reconnect before */
     int64_t next_hb, next_events, reconnect_at;
     int64_t next_artifacts;      /* the next snapshot of the artifact keys */
     int backoff_ms;
@@ -613,7 +614,15 @@ static int handle_broker(link_t *l) {
         if (msg_cancel_decode(m, &c, &err) == 0) wrk_cancel_note(w, m->id);
         else wrk_log(w, "bad CANCEL from the broker: %s", err.message);
     } else if (type == MSG_HEARTBEAT) {
-        /* counted above */
+        /* counted above; "incoming": a large REQUEST follows, and nothing
+         * else reaches us until it has: silence until then is no death */
+        uint64_t in = msg_heartbeat_incoming(m);
+        if (in > 0) {
+            uint64_t wait = in / MSG_SLOW_BYTES_PER_MS;
+            if (wait > 600000) wait = 600000; /* (a bound on what a broker can make us wait) */
+            int64_t until = wrk_mono_ms() + (int64_t)wait;
+            if (until > l->quiet_until) l->quiet_until = until;
+        }
     } else if (type == MSG_RECONNECT) {
         /* A restarted broker answers RECONNECT to every message of the old
          * session that reaches it (a RESULT, an ack, a heartbeat) before it
@@ -671,7 +680,8 @@ static int serve(link_t *l) {
         if (l->http && l->next_publish < wake) wake = l->next_publish;
         if (l->dealer) {
             if (l->next_hb < wake) wake = l->next_hb;
-            if (l->heard + silent_ms < wake) wake = l->heard + silent_ms;
+            const int64_t deaf = l->heard + silent_ms > l->quiet_until ? l->heard + silent_ms : l->quiet_until;
+            if (deaf < wake) wake = deaf;
         } else if (l->reconnect_at < wake) {
             wake = l->reconnect_at;
         }
@@ -689,17 +699,29 @@ static int serve(link_t *l) {
             return 1;
         }
         if (it[0].revents & ZMQ_POLLIN) return 0;
-        if (n == 3 && (it[2].revents & ZMQ_POLLIN))
+        if (n == 3 && (it[2].revents & ZMQ_POLLIN)) {
+            int got = 0;
             for (int i = 0; i < DRAIN_MAX && l->dealer; i++) {
                 int r = handle_broker(l);
                 if (r < 0) wrk_log(w, "receive: %s", zmq_strerror(errno));
                 if (r <= 0) break;
+                got++;
             }
+            /* The time spent handling what came is no silence of the
+             * broker's (a 256 MiB REQUEST takes a while to check), and the
+             * broker heard nothing from us meanwhile: heard now, and a
+             * HEARTBEAT at once when that took a heartbeat or more. */
+            if (got && l->dealer) {
+                int64_t t = wrk_mono_ms();
+                if (t - l->heard >= hb) l->next_hb = t;
+                l->heard = t;
+            }
+        }
         if (n == 3 && l->dealer && (it[1].revents & ZMQ_POLLIN)) /* (the link may have dropped just above) */
             for (int i = 0; i < DRAIN_MAX; i++)
                 if (wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT) < 0) break;
         now = wrk_mono_ms();
-        if (l->dealer && now - l->heard >= silent_ms) {
+        if (l->dealer && now - l->heard >= silent_ms && now >= l->quiet_until) {
             start_reconnect(l, now);
         } else if (!l->dealer && now >= l->reconnect_at) {
             if (connect_broker(l, now) != 0) return 1;
