@@ -15,11 +15,10 @@ double brk_unix_of(int64_t t);
 void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg);
 /* Whether a and b are the same routing identity. */
 bool brk_ident_eq(const brk_ident_t *a, const brk_ident_t *b);
-/* msg_send to identity `to` on sock. 0, or -1 with errno. */
 /* A HEARTBEAT carrying "incoming" = bytes: the REQUEST that follows is
  * that large (msg.h, MSG_SLOW_BYTES_PER_MS). -1 (errno) when not sent. */
 int brk_send_heads_up(void *sock, const brk_ident_t *to, uint64_t bytes);
-
+/* msg_send to identity `to` on sock. 0, or -1 with errno. */
 int brk_send(void *sock, const brk_ident_t *to, msg_type_t type, uint64_t id, const void *body,
              const wire_msg_t *share);
 /* ERROR {id, code, message} to `to`. 0, or -1 with errno. */

@@ -180,9 +180,14 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
             if (w->route.routable) return false; /* not the worker's fault: retried at the next pump */
             continue;                            /* it is gone: the next owner */
         }
-        if (bytes >= MSG_HEADS_UP_BYTES) {
-            int64_t until = brk_now_ms() + (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
-            if (until > w->quiet_until_ms) w->quiet_until_ms = until;
+        /* its time to arrive and as long again to be handled (no
+         * heartbeats from the worker meanwhile), after any large one before
+         * it; only for a worker heard within its liveness: one already
+         * silent gets no more time by being sent more */
+        const int64_t now = brk_now_ms();
+        if (bytes >= MSG_HEADS_UP_BYTES && now - w->seen_ms <= (int64_t)b->opt.heartbeat_ms * b->opt.liveness) {
+            const int64_t from = w->quiet_until_ms > now ? w->quiet_until_ms : now;
+            w->quiet_until_ms = from + 2 * (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
         }
         r->state = REQ_INFLIGHT;
         r->worker = w;
@@ -374,6 +379,7 @@ static bool prompt_context(brk_t *b, const wire_msg_t *m, const msg_gen_t *g, in
     }
     bool announced = false; /* by a worker that sent no config for it (not reel-worker) */
     for (int i = 0; i < b->n_w && !c && !announced; i++)
+        if (!b->w[i]->dead)
         for (int k = 0; k < b->w[i]->route.n_models; k++) announced |= !strcmp(b->w[i]->route.models[k], g->model);
     if (c)
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,

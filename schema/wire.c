@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---- the arena of a received message ------------------------------------------ */
 
@@ -407,7 +408,7 @@ int wire_socket_limits(void *sock) {
 
 int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n) {
     static const char lh[] = "tcp://localhost:";
-    int w = !strncmp(ep, lh, sizeof lh - 1) ? snprintf(out, n, "tcp://127.0.0.1:%s", ep + sizeof lh - 1)
+    int w = !strncasecmp(ep, lh, sizeof lh - 1) ? snprintf(out, n, "tcp://127.0.0.1:%s", ep + sizeof lh - 1)
                                             : snprintf(out, n, "%s", ep);
     if (w < 0 || (size_t)w >= n) {
         errno = ENAMETOOLONG;

@@ -1836,8 +1836,6 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
 }
 END_TEST
 
-/* A group's PROGRESS counts every sample's steps (and decoded frames):
- * up to n x its steps, n x its latent frames, and no further. */
 /* A decoded GEN's PROGRESS: after its steps, its decode's frames count on
  * (the first decode message, 0 of 2 frames, changes the total), never
  * backwards and never past the end. */
@@ -1915,6 +1913,8 @@ START_TEST(test_a_latent_gens_progress_never_counts_decoded_frames) {
 }
 END_TEST
 
+/* A group's PROGRESS counts every sample's steps (and decoded frames):
+ * up to n x its steps, n x its latent frames, and no further. */
 START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further) {
     box_t x;
     box_open(&x);
@@ -1945,48 +1945,81 @@ START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_fu
 }
 END_TEST
 
-/* A GEN under a live request's client token and id whose fields differ
- * (here its seed) is not that request: bad_request to its sender, and the
- * live request goes on, answered to its own sender -- whether it runs or
- * waits. */
-/* A REQUEST of a MiB or more goes after a HEARTBEAT that says how large
- * it is ("incoming"), and its worker is not expired for silence until it
- * has had as long again (at 32 MiB/s) to take it in and answer: nothing
- * else reaches a worker while a large message arrives, and helper-87 saw
- * a healthy worker dropped twice over one 256 MiB GEN (worker_lost). A
- * small one goes bare and changes nothing. */
-START_TEST(test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent) {
-    box_t x;
-    box_open(&x);
-    x.b.opt.heartbeat_ms = 10; /* silent for 30 ms: dead, but for the grace */
-    x.b.opt.liveness = 3;
-    ready(&x, 0, 1);
-    static float ctx[5 * 32], lat[4 * 16 * 128 * 128]; /* 4 MiB: 125 ms at 32 MiB/s */
-    const int64_t cs[2] = { 5, 32 }, ls[4] = { 4, 16, 128, 128 };
-    wire_val_t *h = wire_hdr("GEN", 3), *shape = wv_arr();
+/* A GEN of tiny with a 16 MiB latent (its time at 32 MiB/s: 500 ms) from
+ * the trainer, delivered; the worker's socket then holds the HEARTBEAT
+ * that announces it and the REQUEST. */
+static uint64_t big_gen(box_t *x, uint64_t id, uint64_t seed) {
+    static float ctx[5 * 32], lat[4 * 16 * 256 * 256];
+    const int64_t cs[2] = { 5, 32 }, ls[4] = { 4, 16, 256, 256 };
+    wire_val_t *h = wire_hdr("GEN", id), *shape = wv_arr();
     for (int i = 0; i < 4; i++) wv_push(shape, wv_u64((uint64_t)ls[i]));
     wv_set(h, "model", wv_str("tiny"));
     wv_set(h, "steps", wv_u64(2));
+    wv_set(h, "seed", wv_u64(seed));
     wv_set(h, "latent_shape", shape);
     wire_tensor_t t[2] = { ts_wire_tensor("context", KERN_F32, 2, cs, ctx, sizeof ctx),
                            ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat) };
-    ck_assert_int_eq(wire_send(x.trainer, NULL, h, t, 2), 0);
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, t, 2), 0);
     wv_free(&h);
+    deliver(x, false);
+    return sizeof ctx + sizeof lat;
+}
+
+/* A REQUEST of a MiB or more goes after a HEARTBEAT that says how large
+ * it is ("incoming"), and its worker is not expired for silence until it
+ * has had twice its time at 32 MiB/s (to take it in, and to handle it
+ * without heartbeats): nothing else reaches a worker while a large
+ * message arrives, and helper-87 saw a healthy worker dropped twice over
+ * one 256 MiB GEN (worker_lost). */
+START_TEST(test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 100; /* silent for 300 ms: dead, but for the grace */
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    brk_worker_t *w = x.b.w[0];
     int64_t sent = brk_now_ms();
-    deliver(&x, false);
+    w->seen_ms = sent; /* heard just now (a slow machine may take a while to get here) */
+    uint64_t bytes = big_gen(&x, 3, 7);
     wire_msg_t *m = take(x.w[0], false);
     ck_assert_str_eq(m->type, "HEARTBEAT");
-    ck_assert_uint_eq(msg_heartbeat_incoming(m), sizeof ctx + sizeof lat);
+    ck_assert_uint_eq(msg_heartbeat_incoming(m), bytes);
     drop_msg(&m);
-    uint64_t rid = request_on(&x, 0);
-    brk_worker_t *w = x.b.w[0];
-    const int64_t grace = (int64_t)((sizeof ctx + sizeof lat) / MSG_SLOW_BYTES_PER_MS);
-    ck_assert_int_ge(w->quiet_until_ms, sent + grace);
-    brk_workers_timers(&x.b, w->seen_ms + 60, 1); /* silent twice its liveness, inside the grace */
+    request_on(&x, 0);
+    const int64_t grace = (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
+    ck_assert_int_ge(w->quiet_until_ms, sent + 2 * grace);
+    brk_workers_timers(&x.b, w->seen_ms + 600, 1); /* silent twice its liveness, inside the grace */
     ck_assert_msg(!w->dead, "expired inside the grace of a large REQUEST");
     brk_workers_timers(&x.b, w->quiet_until_ms + 1, 1);
     ck_assert_msg(w->dead && !strcmp(w->dead_why, "expired"), "still alive after the grace");
-    (void)rid;
+    box_close(&x);
+}
+END_TEST
+
+/* Large REQUESTs back to back: each one's time is added after the last
+ * one's (they arrive one after another); but a worker already silent past
+ * its liveness gets no more time by being sent more (helper-88: a hung
+ * worker kept alive by each large GEN routed to it). */
+START_TEST(test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 100;
+    x.b.opt.liveness = 3;
+    ready_with(&x, 0, 1, 4);
+    brk_worker_t *w = x.b.w[0];
+    int64_t before = 0;
+    for (int k = 0; k < 3; k++) {
+        w->seen_ms = k < 2 ? brk_now_ms() : brk_now_ms() - 10000; /* heard just now; then silent for 10 s */
+        uint64_t bytes = big_gen(&x, 3 + (uint64_t)k, (uint64_t)k);
+        wire_msg_t *m = take(x.w[0], false);
+        ck_assert_str_eq(m->type, "HEARTBEAT");
+        drop_msg(&m);
+        request_on(&x, 0);
+        const int64_t grace = (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
+        if (k == 1) ck_assert_int_ge(w->quiet_until_ms, before + 2 * grace); /* after the first's */
+        if (k == 2) ck_assert_int_eq(w->quiet_until_ms, before);             /* silent: none added */
+        before = w->quiet_until_ms;
+    }
     box_close(&x);
 }
 END_TEST
@@ -2045,6 +2078,10 @@ START_TEST(test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_n
 }
 END_TEST
 
+/* A GEN under a live request's client token and id whose fields differ
+ * (here its seed) is not that request: bad_request to its sender, and the
+ * live request goes on, answered to its own sender -- whether it runs or
+ * waits. */
 START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_the_request_goes_on) {
     box_t x;
     box_open(&x);
@@ -4554,6 +4591,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_naming_why);
     tcase_add_test(an, test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent);
     tcase_add_test(an, test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was);
+    tcase_add_test(an, test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);

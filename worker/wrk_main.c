@@ -211,7 +211,7 @@ static void publish_metrics(link_t *l, int64_t now, int64_t silent_ms) {
     bool healthy = !atomic_load(&w->fatal);
     /* (a new connection counts as heard, for its liveness: only a broker
      * that answered this connection's READY makes the worker ready) */
-    bool ready = healthy && l->dealer && l->registered && now - l->heard < silent_ms;
+    bool ready = healthy && l->dealer && l->registered && (now - l->heard < silent_ms || now < l->quiet_until);
     const char *why = !healthy ? "the weights are unusable (exiting)"
                     : !l->dealer ? "not connected to the broker (reconnecting)"
                     : !l->registered ? "no broker has answered its READY yet (connecting)"
@@ -470,6 +470,7 @@ static void drop_link(link_t *l, int64_t now, const char *why) {
     const char *was = w->brokers[atomic_load(&w->broker_at)];
     zmq_close(l->dealer);
     l->dealer = NULL;
+    l->quiet_until = 0; /* (a heads-up was this connection's) */
     new_session(l);
     int next = (atomic_load(&w->broker_at) + 1) % w->n_brokers;
     atomic_store(&w->broker_at, next);
@@ -536,7 +537,9 @@ static void handle_request(link_t *l, wire_msg_t *m) {
         media_fits(w, &r, &err) != 0 ||
         wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
-        msg_send_error(l->dealer, NULL, m->id, err.code, "GEN: %s", err.message); /* a field error names its type */
+        /* a field error names its type */
+        msg_send_error(l->dealer, NULL, m->id, err.code, "%s%s", strcmp(err.code, WIRE_E_BAD_REQUEST) ? "" : "GEN: ",
+                       err.message);
         return;
     }
     job->epoch = atomic_load(&w->epoch);
@@ -587,8 +590,12 @@ static int handle_broker(link_t *l) {
         free(m);
         return e == EAGAIN || e == EINTR ? 0 : -1;
     }
-    /* Any message is a heartbeat. */
+    /* Any message is a heartbeat. And any but a heads-up ends the wait a
+     * heads-up began: one connection keeps order, so the REQUEST it
+     * announced has come (or was never sent), and silence from here on is
+     * the broker's again. */
     l->heard = wrk_mono_ms();
+    l->quiet_until = 0;
     msg_type_t type = r == 0 ? msg_type(m) : MSG_UNKNOWN;
     /* (an ERROR standby is no broker that serves: the backoff keeps growing
      * while both of a pair refuse) */
@@ -617,11 +624,9 @@ static int handle_broker(link_t *l) {
         /* counted above; "incoming": a large REQUEST follows, and nothing
          * else reaches us until it has: silence until then is no death */
         uint64_t in = msg_heartbeat_incoming(m);
-        if (in > 0) {
-            uint64_t wait = in / MSG_SLOW_BYTES_PER_MS;
-            if (wait > 600000) wait = 600000; /* (a bound on what a broker can make us wait) */
-            int64_t until = wrk_mono_ms() + (int64_t)wait;
-            if (until > l->quiet_until) l->quiet_until = until;
+        if (in > 0) { /* at most a frame's time: no broker makes us wait longer for one message */
+            const uint64_t most = (uint64_t)WIRE_MAX_FRAME / MSG_SLOW_BYTES_PER_MS;
+            l->quiet_until = wrk_mono_ms() + (int64_t)(in / MSG_SLOW_BYTES_PER_MS < most ? in / MSG_SLOW_BYTES_PER_MS : most);
         }
     } else if (type == MSG_RECONNECT) {
         /* A restarted broker answers RECONNECT to every message of the old
@@ -708,14 +713,9 @@ static int serve(link_t *l) {
                 got++;
             }
             /* The time spent handling what came is no silence of the
-             * broker's (a 256 MiB REQUEST takes a while to check), and the
-             * broker heard nothing from us meanwhile: heard now, and a
-             * HEARTBEAT at once when that took a heartbeat or more. */
-            if (got && l->dealer) {
-                int64_t t = wrk_mono_ms();
-                if (t - l->heard >= hb) l->next_hb = t;
-                l->heard = t;
-            }
+             * broker's (a 256 MiB REQUEST takes a while to check): heard
+             * now. (A HEARTBEAT goes below when one is due.) */
+            if (got && l->dealer) l->heard = wrk_mono_ms();
         }
         if (n == 3 && l->dealer && (it[1].revents & ZMQ_POLLIN)) /* (the link may have dropped just above) */
             for (int i = 0; i < DRAIN_MAX; i++)

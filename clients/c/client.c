@@ -61,7 +61,8 @@ static int open_socket(reel_client_t *c) {
     if (wire_socket_limits(c->sock) != 0 || wire_socket_endpoint(c->sock, c->eps[c->at], ep, sizeof ep) != 0 ||
         zmq_connect(c->sock, ep) != 0) {
         const int e = zmq_errno(); /* a malformed or unknown endpoint is the caller's input */
-        reel_fail(e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO ? REEL_E_INVALID : REEL_E_IO,
+        reel_fail(e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO || e == ENAMETOOLONG ? REEL_E_INVALID
+                                                                                                 : REEL_E_IO,
                   "cannot connect to broker '%s': %s", c->eps[c->at], zmq_strerror(e));
         zmq_close(c->sock);
         c->sock = NULL;
