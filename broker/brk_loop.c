@@ -349,7 +349,12 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
             break;
         }
         if ((items[1].revents & ZMQ_POLLIN) && drain(b, true, &spare) < 0) break;
+        int64_t t0 = brk_now_ms();
         if ((items[0].revents & ZMQ_POLLIN) && drain(b, false, &spare) < 0) break;
+        /* Clients' messages that took a heartbeat or more (a 256 MiB GEN
+         * checked): what the workers sent meanwhile is read before the
+         * timers, so the broker's own stall is no worker's silence. */
+        if (brk_now_ms() - t0 >= b->opt.heartbeat_ms && drain(b, true, &spare) < 0) break;
         if (n_items == 3 && (items[2].revents & ZMQ_POLLIN)) brk_ha_answers(b);
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */

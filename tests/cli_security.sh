@@ -143,16 +143,16 @@ else
 fi
 stop_proc "$p" || bad "the broker by name stops on SIGTERM"
 
-echo "== a 128 MiB GEN under a 50 ms heartbeat: announced, waited for, answered; nobody counts as dead"
+echo "== a 128 MiB GEN under a 100 ms heartbeat: announced, waited for, answered; nobody counts as dead"
 # Nothing else reaches a worker while a large message arrives (one
 # connection keeps order): the broker's HEARTBEAT "incoming" says how large
 # it is, and both sides wait that much longer (helper-87: a healthy worker
 # was dropped twice over one 256 MiB GEN, the request failed worker_lost).
 "$R" tensor rand --name context --shape 32768,1024 --seed 3 --out "$D/big.safetensors" 2>/dev/null
-"$B/reel-broker" --clients "ipc://$D/bc" --workers "ipc://$D/bw" --catalog "" --heartbeat-ms 50 >"$D/big.log" 2>&1 &
+"$B/reel-broker" --clients "ipc://$D/bc" --workers "ipc://$D/bw" --catalog "" --heartbeat-ms 100 >"$D/big.log" 2>&1 &
 p=$!; PIDS="$PIDS $p"
 if wait_for "$D/big.log" "reel-broker: ready" 60; then
-    "$B/reel-worker" --broker "ipc://$D/bw" --name wb --weights "$D/w/w1.safetensors" --streams 1 --heartbeat-ms 50 \
+    "$B/reel-worker" --broker "ipc://$D/bw" --name wb --weights "$D/w/w1.safetensors" --streams 1 --heartbeat-ms 100 \
         >"$D/wb.log" 2>&1 &
     pb=$!; PIDS="$PIDS $pb"
     if wait_for "$D/big.log" "worker wb ready" 60; then
@@ -161,7 +161,7 @@ if wait_for "$D/big.log" "reel-broker: ready" 60; then
         rc=$?
         [ "$rc" != 0 ] && grep -q "bad_request.*GEN: context width 1024, model tiny expects text_dim 32" "$D/big.err" &&
             ok "the worker took the 128 MiB GEN in and refused it itself (its width), not worker_lost" ||
-            { bad "a 128 MiB GEN under a 50 ms heartbeat (exit $rc)"; show "$D/big.err"; }
+            { bad "a 128 MiB GEN under a 100 ms heartbeat (exit $rc)"; show "$D/big.err"; }
         ! grep -q "reconnecting" "$D/wb.log" && ! grep -q "lost (expired)" "$D/big.log" &&
             [ "$(grep -c "worker wb ready" "$D/big.log")" = 1 ] &&
             ok "neither side took the other's silence during the transfer for death" ||
@@ -174,9 +174,9 @@ if wait_for "$D/big.log" "reel-broker: ready" 60; then
     fi
     stop_proc "$pb" || bad "worker wb stops on SIGTERM"
 else
-    bad "the 50 ms broker starts"; show "$D/big.log"
+    bad "the 100 ms broker starts"; show "$D/big.log"
 fi
-stop_proc "$p" || bad "the 50 ms broker stops on SIGTERM"
+stop_proc "$p" || bad "the 100 ms broker stops on SIGTERM"
 rm -f "$D/big.safetensors"
 
 echo "== reelctl keys new: a pair, 0600, never over an existing one"
