@@ -217,7 +217,15 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     /* It may have missed syncs while a send to it failed. */
     if (brk_workers_heard(b, w)) brk_catch_up(b, w);
     switch (t) {
-    case MSG_HEARTBEAT: break;
+    case MSG_HEARTBEAT: { /* "incoming": a large message from it follows, and nothing else of its until it has */
+        uint64_t in = msg_heartbeat_incoming(m);
+        if (in > 0) {
+            const uint64_t most = (uint64_t)WIRE_MAX_FRAME / MSG_SLOW_BYTES_PER_MS;
+            const int64_t now = brk_now_ms(), from = w->quiet_until_ms > now ? w->quiet_until_ms : now;
+            w->quiet_until_ms = from + (int64_t)(in / MSG_SLOW_BYTES_PER_MS < most ? in / MSG_SLOW_BYTES_PER_MS : most);
+        }
+        break;
+    }
     case MSG_DISCONNECT:
         w->dead = true;
         w->dead_why = "disconnect";

@@ -2024,6 +2024,38 @@ START_TEST(test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none)
 }
 END_TEST
 
+/* The other way: a worker's HEARTBEAT with "incoming" (a large RESULT
+ * follows, and nothing else of the worker's until it has) keeps the broker
+ * from expiring it for that message's time at 32 MiB/s, added after any
+ * grace still running, and at most a 512 MiB frame's time. */
+START_TEST(test_a_workers_announced_large_message_postpones_its_expiry) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 100;
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    brk_worker_t *w = x.b.w[0];
+    wire_val_t *h = wire_hdr("HEARTBEAT", 0);
+    wv_set(h, "incoming", wv_u64((uint64_t)64 << 20)); /* 64 MiB: 2 s */
+    int64_t before = brk_now_ms();
+    from_worker(&x, 0, h);
+    ck_assert_int_ge(w->quiet_until_ms, before + 1999);
+    brk_workers_timers(&x.b, w->seen_ms + 1000, 1); /* silent past its 300 ms, inside the 2 s */
+    ck_assert_msg(!w->dead, "expired while its announced message arrives");
+    brk_workers_timers(&x.b, w->quiet_until_ms + 1, 1);
+    ck_assert_msg(w->dead, "alive past the announced message's time");
+    box_close(&x);
+    box_open(&x); /* a huge one is bounded */
+    ready(&x, 0, 1);
+    h = wire_hdr("HEARTBEAT", 0);
+    wv_set(h, "incoming", wv_u64(UINT64_MAX));
+    before = brk_now_ms();
+    from_worker(&x, 0, h);
+    ck_assert_int_le(x.b.w[0]->quiet_until_ms, brk_now_ms() + (int64_t)(WIRE_MAX_FRAME / MSG_SLOW_BYTES_PER_MS));
+    box_close(&x);
+}
+END_TEST
+
 /* A small REQUEST goes bare: no HEARTBEAT before it, no grace. */
 START_TEST(test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was) {
     box_t x;
@@ -4592,6 +4624,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_large_request_is_announced_and_its_worker_given_time_before_it_counts_as_silent);
     tcase_add_test(an, test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was);
     tcase_add_test(an, test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none);
+    tcase_add_test(an, test_a_workers_announced_large_message_postpones_its_expiry);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);

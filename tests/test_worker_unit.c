@@ -1473,6 +1473,56 @@ static void answer_fetch(void *r, zmq_msg_t *who, uint64_t id, const unsigned ch
  * asks again for the chunk it needs next (not the file from its start),
  * fills its window again from the answer on, drops a chunk answered
  * twice, and ends with the whole file, its sha256 right. */
+/* The pipe's forward: a message whose tensors are a MiB or more goes after
+ * a HEARTBEAT saying how large (nothing else of the worker's reaches the
+ * broker until it has: docs/PROTOCOL.md "incoming"); a small one goes
+ * bare; either arrives whole and unchanged. */
+START_TEST(test_a_large_message_from_the_streams_is_announced_to_the_broker) {
+    void *zctx = zmq_ctx_new();
+    void *pull = wrk_pipe_pull_new(zctx), *push = wrk_pipe_push_new(zctx);
+    void *router = zmq_socket(zctx, ZMQ_ROUTER), *out = zmq_socket(zctx, ZMQ_DEALER);
+    ck_assert_ptr_nonnull(pull);
+    ck_assert_ptr_nonnull(push);
+    ck_assert_int_eq(zmq_bind(router, "inproc://heads-up"), 0);
+    ck_assert_int_eq(zmq_connect(out, "inproc://heads-up"), 0);
+    const size_t sizes[2] = { 1000, (size_t)2 << 20 };
+    for (int k = 0; k < 2; k++) {
+        char *big = calloc(1, sizes[k]);
+        ck_assert_ptr_nonnull(big);
+        big[sizes[k] - 1] = 42;
+        wrk_pipe_tag_t tag = { 0 };
+        ck_assert_int_eq(zmq_send(push, &tag, sizeof tag, ZMQ_SNDMORE), (int)sizeof tag);
+        ck_assert_int_eq(zmq_send(push, "head", 4, ZMQ_SNDMORE), 4);
+        ck_assert_int_eq(zmq_send(push, big, sizes[k], 0), (int)sizes[k]);
+        ck_assert_int_eq(wrk_pipe_forward(pull, out, 1, 0), 1);
+        wire_msg_t m;
+        wire_err_t err;
+        memset(&m, 0, sizeof m);
+        if (k == 1) { /* first the announcement */
+            ck_assert_int_eq(msg_recv(router, true, 0, &m, &err), 0);
+            ck_assert_str_eq(m.type, "HEARTBEAT");
+            ck_assert_uint_eq(msg_heartbeat_incoming(&m), sizes[k]);
+            wire_msg_close(&m);
+        }
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        ck_assert_int_ge(zmq_msg_recv(&f, router, 0), 1); /* the routing id */
+        ck_assert_int_eq(zmq_msg_recv(&f, router, 0), 4);
+        ck_assert(!memcmp(zmq_msg_data(&f), "head", 4));
+        ck_assert_int_eq(zmq_msg_recv(&f, router, 0), (int)sizes[k]);
+        ck_assert_int_eq(((char *)zmq_msg_data(&f))[sizes[k] - 1], 42);
+        ck_assert(!zmq_msg_more(&f));
+        zmq_msg_close(&f);
+        free(big);
+    }
+    zmq_close(push);
+    zmq_close(pull);
+    zmq_close(router);
+    zmq_close(out);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
     char dir[] = "/tmp/reel-fetch.XXXXXX", ep[64];
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -1646,6 +1696,7 @@ static Suite *suite(void) {
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back);
     tcase_add_test(t, test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its_header);
+    tcase_add_test(t, test_a_large_message_from_the_streams_is_announced_to_the_broker);
     suite_add_tcase(s, t);
     return s;
 }

@@ -84,24 +84,47 @@ int wrk_pipe_forward(void *pull, void *out, uint64_t epoch, int flags) {
     int n = zmq_recv(pull, &tag, sizeof tag, flags);
     if (n < 0) return -1;
     bool keep = out && n == (int)sizeof tag && (tag.epoch == 0 || tag.epoch == epoch);
-    bool sending = keep;
+    /* The message's parts are all here already (never waits): taken
+     * first, so that a large one (a RESULT with its tensors) goes after a
+     * HEARTBEAT saying how large it is: nothing else of ours reaches the
+     * broker until it has (docs/PROTOCOL.md, "incoming"). */
+    enum { PARTS = 2 + WIRE_MAX_TENSORS };
+    zmq_msg_t part[PARTS];
+    int np = 0;
+    uint64_t bytes = 0;
+    bool whole = true;
     while (more(pull)) {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        /* The rest of a multipart message is already here: this never waits. */
-        if (zmq_msg_recv(&part, pull, 0) < 0) {
-            zmq_msg_close(&part);
-            return -1;
+        zmq_msg_t p;
+        zmq_msg_init(&p);
+        if (zmq_msg_recv(&p, pull, 0) < 0) {
+            zmq_msg_close(&p);
+            whole = false;
+            break;
         }
         bool last = !more(pull);
-        /* Never block on the broker: a peer that is gone or full loses the
-         * message (the broker requeues what it does not hear back about). */
-        if (sending && zmq_msg_send(&part, out, (last ? 0 : ZMQ_SNDMORE) | ZMQ_DONTWAIT) < 0) {
-            sending = false;
+        if (np < PARTS) {
+            if (np > 0) bytes += zmq_msg_size(&p);
+            zmq_msg_init(&part[np]);
+            zmq_msg_move(&part[np++], &p);
+        } else { /* more parts than a message carries: not forwarded */
             keep = false;
         }
-        zmq_msg_close(&part);
+        zmq_msg_close(&p);
         if (last) break;
     }
+    if (!whole) keep = false;
+    if (keep && bytes >= MSG_HEADS_UP_BYTES) {
+        wire_val_t *h = wire_hdr("HEARTBEAT", 0);
+        /* best effort: a broker that is gone or full loses it, as below */
+        if (h && wv_set(h, "incoming", wv_u64(bytes)) == 0) (void)wire_send(out, NULL, h, NULL, 0);
+        wv_free(&h);
+    }
+    /* Never block on the broker: a peer that is gone or full loses the
+     * message (the broker requeues what it does not hear back about). */
+    for (int i = 0; i < np; i++) {
+        if (keep && zmq_msg_send(&part[i], out, (i + 1 < np ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) keep = false;
+        zmq_msg_close(&part[i]);
+    }
+    if (!whole) return -1;
     return keep ? 1 : 0;
 }
