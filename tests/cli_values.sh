@@ -166,7 +166,7 @@ good "an overflowing GEN"
 expect 1 "bad_request: .*the loop's (trajectory|means|log_probs|result) holds? NaN or infinite values" -- \
     $GEN --sde --eta 1e10 --log-probs --means --out "$D/g.safetensors"
 good "an overflowing rollout"
-expect 1 "bad_request: shift 1e\+30 collapses the unipc schedule" -- $GEN --solver unipc --shift 1e30 --out "$D/g.safetensors"
+expect 1 "bad_request: GEN: shift 1e\+30 collapses the unipc schedule" -- $GEN --solver unipc --shift 1e30 --out "$D/g.safetensors"
 good "a collapsing schedule"
 # The ERROR names the request's value that overflowed the loop.
 expect 1 "bad_request: the loop's result holds NaN or infinite values after 4 steps: its eta 1e\+10 is far past" -- \
