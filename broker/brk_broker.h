@@ -278,6 +278,7 @@ typedef struct {
     brk_interrupted_t interrupted[BRK_MAX_INTERRUPTED];
     int n_interrupted;
 
+    int64_t handling_ms;       /* when brk_handle took up the message it handles now */
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */
     uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */

@@ -274,6 +274,7 @@ static void log_malformed(brk_t *b, bool worker_side, const wire_err_t *err) {
 
 void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_err_t *err) {
     wire_msg_t *m = *mp;
+    b->handling_ms = brk_now_ms(); /* (the time spent on this message is no peer's silence) */
     body_t u; /* on the stack: no allocation per message */
     if (rc == 1) log_malformed(b, worker_side, err); /* counted whoever sent it (STATUS malformed) */
     if (!brk_zap_admit(b, worker_side, m, rc == 1 ? err : NULL)) return; /* keys and roles */

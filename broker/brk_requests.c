@@ -182,10 +182,13 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         }
         /* its time to arrive and as long again to be handled (no
          * heartbeats from the worker meanwhile), after any large one before
-         * it; only for a worker heard within its liveness: one already
-         * silent gets no more time by being sent more */
+         * it; only for a worker heard within its liveness of when this
+         * message was taken up (checking a large GEN takes a while, no
+         * worker's silence): one already silent gets no more time by
+         * being sent more */
         const int64_t now = brk_now_ms();
-        if (bytes >= MSG_HEADS_UP_BYTES && now - w->seen_ms <= (int64_t)b->opt.heartbeat_ms * b->opt.liveness) {
+        const int64_t since = b->handling_ms && b->handling_ms < now ? b->handling_ms : now;
+        if (bytes >= MSG_HEADS_UP_BYTES && since - w->seen_ms <= (int64_t)b->opt.heartbeat_ms * b->opt.liveness) {
             const int64_t from = w->quiet_until_ms > now ? w->quiet_until_ms : now;
             w->quiet_until_ms = from + 2 * (int64_t)(bytes / MSG_SLOW_BYTES_PER_MS);
         }

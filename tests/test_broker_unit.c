@@ -1945,9 +1945,9 @@ START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_fu
 }
 END_TEST
 
-/* A GEN of tiny with a 16 MiB latent (its time at 32 MiB/s: 500 ms) from
- * the trainer, delivered; the worker's socket then holds the HEARTBEAT
- * that announces it and the REQUEST. */
+/* A GEN of tiny with a 16 MiB latent (its time at 32 MiB/s: 500 ms) sent
+ * by the trainer (deliver() hands it to the broker, which then sends the
+ * worker the HEARTBEAT that announces it and the REQUEST). */
 static uint64_t big_gen(box_t *x, uint64_t id, uint64_t seed) {
     static float ctx[5 * 32], lat[4 * 16 * 256 * 256];
     const int64_t cs[2] = { 5, 32 }, ls[4] = { 4, 16, 256, 256 };
@@ -1961,7 +1961,6 @@ static uint64_t big_gen(box_t *x, uint64_t id, uint64_t seed) {
                            ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat) };
     ck_assert_int_eq(wire_send(x->trainer, NULL, h, t, 2), 0);
     wv_free(&h);
-    deliver(x, false);
     return sizeof ctx + sizeof lat;
 }
 
@@ -1978,9 +1977,10 @@ START_TEST(test_a_large_request_is_announced_and_its_worker_given_time_before_it
     x.b.opt.liveness = 3;
     ready(&x, 0, 1);
     brk_worker_t *w = x.b.w[0];
-    int64_t sent = brk_now_ms();
-    w->seen_ms = sent; /* heard just now (a slow machine may take a while to get here) */
     uint64_t bytes = big_gen(&x, 3, 7);
+    int64_t sent = brk_now_ms();
+    w->seen_ms = sent; /* heard just now (a sanitizer takes a while to send 16 MiB) */
+    deliver(&x, false);
     wire_msg_t *m = take(x.w[0], false);
     ck_assert_str_eq(m->type, "HEARTBEAT");
     ck_assert_uint_eq(msg_heartbeat_incoming(m), bytes);
@@ -2009,8 +2009,9 @@ START_TEST(test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none)
     brk_worker_t *w = x.b.w[0];
     int64_t before = 0;
     for (int k = 0; k < 3; k++) {
-        w->seen_ms = k < 2 ? brk_now_ms() : brk_now_ms() - 10000; /* heard just now; then silent for 10 s */
         uint64_t bytes = big_gen(&x, 3 + (uint64_t)k, (uint64_t)k);
+        w->seen_ms = k < 2 ? brk_now_ms() : brk_now_ms() - 10000; /* heard just now; then silent for 10 s */
+        deliver(&x, false);
         wire_msg_t *m = take(x.w[0], false);
         ck_assert_str_eq(m->type, "HEARTBEAT");
         drop_msg(&m);
