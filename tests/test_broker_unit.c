@@ -863,7 +863,7 @@ static void from_worker(box_t *x, int i, wire_val_t *hdr) {
 
 /* READY of worker i serving tiny at `version`, with `slots` requests at
  * once (0: max_inflight left out, the broker's default). */
-static void ready_with(box_t *x, int i, uint64_t version, uint64_t slots) {
+static void ready_as(box_t *x, int i, uint64_t version, uint64_t slots, bool vae) {
     char name[16];
     snprintf(name, sizeof name, "w%d", i);
     wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
@@ -873,25 +873,17 @@ static void ready_with(box_t *x, int i, uint64_t version, uint64_t slots) {
     wv_set(h, "models", models);
     wv_set(h, "versions", vers);
     if (slots) wv_set(h, "max_inflight", wv_u64(slots));
+    if (vae) wv_set(h, "vae", wv_str("wan2.1"));
     from_worker(x, i, h);
 }
+
+static void ready_with(box_t *x, int i, uint64_t version, uint64_t slots) { ready_as(x, i, version, slots, false); }
 
 static void ready(box_t *x, int i, uint64_t version) { ready_with(x, i, version, 0); }
 
 /* READY of worker i serving tiny at v1 with a VAE (it takes GENs asking
  * for decoded output). */
-static void ready_vae(box_t *x, int i) {
-    char name[16];
-    snprintf(name, sizeof name, "w%d", i);
-    wire_val_t *h = wire_hdr("READY", 0), *models = wv_arr(), *vers = wv_map();
-    wv_push(models, wv_str("tiny"));
-    wv_set(vers, "transformer", wv_u64(1));
-    wv_set(h, "name", wv_str(name));
-    wv_set(h, "models", models);
-    wv_set(h, "versions", vers);
-    wv_set(h, "vae", wv_str("wan2.1"));
-    from_worker(x, i, h);
-}
+static void ready_vae(box_t *x, int i) { ready_as(x, i, 1, 0, true); }
 
 static void box_open(box_t *x) {
     memset(x, 0, sizeof *x);
@@ -1836,6 +1828,17 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
 }
 END_TEST
 
+/* Worker 0 ends request rid with an ERROR; the client gets it under id,
+ * and nothing is left live. */
+static void end_by_worker(box_t *x, void *c, uint64_t rid, uint64_t id) {
+    wire_val_t *e = wire_hdr("ERROR", rid);
+    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
+    wv_set(e, "message", wv_str("ends the test"));
+    from_worker(x, 0, e);
+    expect_on(c, "ERROR", id, WIRE_E_INTERNAL);
+    all_answered(x);
+}
+
 /* A decoded GEN's PROGRESS: after its steps, its decode's frames count on
  * (the first decode message, 0 of 2 frames, changes the total), never
  * backwards and never past the end. */
@@ -1874,12 +1877,7 @@ START_TEST(test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_
     progress_from(&x, rid, UINT64_MAX, UINT64_MAX, 0, 0);
     progress_from(&x, rid, 6, 6, UINT64_MAX, UINT64_MAX);
     quiet(c, "the client (counts past their end dropped)");
-    wire_val_t *e = wire_hdr("ERROR", rid);
-    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
-    wv_set(e, "message", wv_str("ends the test"));
-    from_worker(&x, 0, e);
-    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
-    all_answered(&x);
+    end_by_worker(&x, c, rid, 9);
     box_close(&x);
 }
 END_TEST
@@ -1903,12 +1901,7 @@ START_TEST(test_a_latent_gens_progress_never_counts_decoded_frames) {
     expect_progress(c, 9, 1, 2, 0);
     expect_progress(c, 9, 2, 2, 0);
     quiet(c, "the client (decoded frames of a latent GEN dropped)");
-    wire_val_t *e = wire_hdr("ERROR", rid);
-    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
-    wv_set(e, "message", wv_str("ends the test"));
-    from_worker(&x, 0, e);
-    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
-    all_answered(&x);
+    end_by_worker(&x, c, rid, 9);
     box_close(&x);
 }
 END_TEST
@@ -1935,12 +1928,7 @@ START_TEST(test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_fu
     expect_progress(c, 9, 6, 6, 0);
     expect_progress(c, 9, 6, 6, 6);
     quiet(c, "the client (a group's counts past n x its steps or frames dropped)");
-    wire_val_t *e = wire_hdr("ERROR", rid);
-    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
-    wv_set(e, "message", wv_str("ends the test"));
-    from_worker(&x, 0, e);
-    expect_on(c, "ERROR", 9, WIRE_E_INTERNAL);
-    all_answered(&x);
+    end_by_worker(&x, c, rid, 9);
     box_close(&x);
 }
 END_TEST
