@@ -1912,6 +1912,73 @@ START_TEST(test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split) {
 }
 END_TEST
 
+/* The (cos, sin) that 3-D RoPE turns pair jj of a head of width d by, for
+ * a token at (f, h, w): the TINYDIT.md formula, in double. */
+static void rope_cs(int64_t d, int64_t jj, int64_t f, int64_t h, int64_t w, double *c, double *s) {
+    const int64_t q = d / 6, rf = d - 4 * q, rr = 2 * q;
+    int64_t j = jj, r = rf, pos = f;
+    if (jj >= rf / 2 + rr / 2) j = jj - rf / 2 - rr / 2, r = 2 * q, pos = w;
+    else if (jj >= rf / 2) j = jj - rf / 2, r = rr, pos = h;
+    const double th = (double)pos * pow(10000.0, -2.0 * (double)j / (double)r);
+    *c = cos(th);
+    *s = sin(th);
+}
+
+/* A pair whose turn nearly cancels (u·c ≈ w·s) shows in its float result
+ * whether the product u·c was rounded to double before the subtraction:
+ * GCC 12 made the AVX2 and AVX-512 builds of the fused kernel a fused
+ * multiply-add-subtract there (cpu_arith.h, cpu_opaque). Rows are drawn
+ * with such pairs (x_a ≈ x_b·s/c, weights 1) until at least 16 pairs'
+ * results would differ under that fusion, and the fused kernel must equal
+ * RMSNORM then ROPE3D and a reference that rounds every product. Head
+ * width 18 takes 8 pairs a head through the vector loop and the ninth
+ * alone. */
+START_TEST(test_rmsnorm_rope3d_rounds_each_product_where_a_pair_nearly_cancels) {
+    const int64_t H = 2, d = 18, Fr = 2, R = 2, C = 3, T = Fr * R * C, D = H * d;
+    kern_tensor_t x = T2(T, D), g = T1(D), n = T2(T, D), u = T2(T, D);
+    float *ref = hmalloc((size_t)(T * D) * sizeof(float));
+    for (int64_t i = 0; i < D; i++) F(&g)[i] = 1.0f;
+    int sharp = 0, trials = 0;
+    for (; trials < 2000 && sharp < 16; trials++) {
+        float *px = F(&x);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t hd = 0; hd < H; hd++)
+                for (int64_t jj = 0; jj < d / 2; jj++) {
+                    double c, sn;
+                    rope_cs(d, jj, t / (R * C), t / C % R, t % C, &c, &sn);
+                    float *pr = px + t * D + hd * d + 2 * jj;
+                    pr[1] = uniform(0.5f, 1.0f);
+                    pr[0] = fabs(c) > 1e-3 ? (float)(pr[1] * sn / c) : uniform(-1.0f, 1.0f);
+                    for (int k = (int)uniform(-4.0f, 4.0f); k != 0; k += k > 0 ? -1 : 1)
+                        pr[0] = nextafterf(pr[0], k > 0 ? INFINITY : -INFINITY);
+                }
+        ck_assert_msg(kern_rmsnorm(S, &x, &g, 1e-6f, &n) == 0, "rmsnorm: %s", reel_err_text());
+        int here = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t hd = 0; hd < H; hd++)
+                for (int64_t jj = 0; jj < d / 2; jj++) {
+                    double c, sn;
+                    rope_cs(d, jj, t / (R * C), t / C % R, t % C, &c, &sn);
+                    const int64_t i = t * D + hd * d + 2 * jj;
+                    const double du = F(&n)[i], dw = F(&n)[i + 1];
+                    volatile double uc = du * c, ws = dw * sn, us = du * sn, wc = dw * c;
+                    ref[i] = (float)(uc - ws);
+                    ref[i + 1] = (float)(us + wc);
+                    if ((float)fma(du, c, -ws) != ref[i] || (float)fma(du, sn, wc) != ref[i + 1]) here++;
+                }
+        if (!here) continue;
+        sharp += here;
+        memcpy(F(&u), F(&n), kern_tensor_bytes(&n));
+        ck_assert_msg(kern_rmsnorm_rope3d(S, &x, &g, 1e-6f, H, Fr, R, C) == 0, "rmsnorm_rope3d: %s",
+                      reel_err_text());
+        ck_assert_msg(kern_rope3d(S, &u, H, Fr, R, C) == 0, "rope3d: %s", reel_err_text());
+        expect_same_bits("rmsnorm_rope3d against products rounded one by one", F(&x), ref, T * D);
+        expect_same_bits("rope3d against products rounded one by one", F(&u), ref, T * D);
+    }
+    ck_assert_msg(sharp >= 16, "only %d pairs in %d draws would show a fused multiply-add", sharp, trials);
+}
+END_TEST
+
 /* The step workspace reserves ROPE3D's scratch contract (model/
  * step.c) and runs RMSNORM_ROPE3D in it: the two must ask for the same. */
 START_TEST(test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d) {
@@ -2185,6 +2252,7 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_row_wise_ops_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);
+    tcase_add_test(tc, test_rmsnorm_rope3d_rounds_each_product_where_a_pair_nearly_cancels);
     tcase_add_test(tc, test_rmsnorm_rope3d_asks_for_exactly_the_scratch_of_rope3d);
     tcase_add_test(tc, test_fused_ops_reject_bad_shapes_with_a_message_naming_the_op);
     tcase_add_test(tc, test_residual_norm_is_bitwise_gated_residual_then_the_layernorm);

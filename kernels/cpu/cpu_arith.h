@@ -216,11 +216,28 @@ static inline double cpu_freq(int64_t j, int64_t h) { return pow(10000.0, -(doub
  * as cpu_freq: a cached table changes no result. */
 const double *cpu_freq_cached(int64_t h);
 
-/* Rotates the pair (u, w) by (c, s) in double, each result rounded once. */
+/* x, opaque to the optimiser: a product passed through it is rounded
+ * where it stands. GCC 12 ignores -ffp-contract=off in one place, its
+ * vectoriser's add-sub pattern: a pair's u·c − w·s and u·s + w·c became
+ * one fused multiply-add-subtract (vfmaddsub, the first product never
+ * rounded) in the AVX2 and AVX-512 builds of the fused RMSNorm + RoPE,
+ * so they differed from the baseline build and from ROPE3D wherever a
+ * near-cancellation made that rounding show in the float result. */
+static inline double cpu_opaque(double x) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    __asm__("" : "+w"(x));
+#endif
+    return x;
+}
+
+/* Rotates the pair (u, w) by (c, s) in double: each product rounded to
+ * double, then their difference or sum rounded to double, then to float. */
 static inline void cpu_rope_turn(float u, float w, double c, double s, float *o0, float *o1) {
     double du = u, dw = w;
-    *o0 = (float)(du * c - dw * s);
-    *o1 = (float)(du * s + dw * c);
+    *o0 = (float)(cpu_opaque(du * c) - cpu_opaque(dw * s));
+    *o1 = (float)(cpu_opaque(du * s) + cpu_opaque(dw * c));
 }
 
 #endif

@@ -54,9 +54,29 @@ static size_t rmsnorm_rope_workspace(const void *args) {
 }
 
 /* Normalises the npairs pairs at x (weights at w) by rrms, rounding each to
- * float as RMSNORM stores it, and turns them by the (cos, sin) pairs of cs. */
-static inline __attribute__((always_inline)) void norm_turn(float *x, const float *w, float rrms, const double *cs, int64_t npairs) {
-    for (int64_t j = 0; j < npairs; j++) {
+ * float as RMSNORM stores it, and turns them by the (cos, sin) pairs of cs:
+ * four pairs at a time as eight doubles, then the rest pair by pair
+ * (cpu_rope_turn). Lane by lane the vector loop does cpu_rms_value's and
+ * cpu_rope_turn's operations: every product rounded to double, then u·c −
+ * w·s or u·s + w·c, then float, so the same bits. Written as vectors
+ * because GCC 12 had fused the scalar form's first product into the
+ * subtraction (cpu_opaque in cpu_arith.h); with the product rounded as
+ * written, tiny's node runs as fast as the fused form did. */
+static inline __attribute__((always_inline)) void norm_turn(float *x, const float *w, float rrms, const double *cs,
+                                                            int64_t npairs) {
+    int64_t j = 0;
+    for (; j + 4 <= npairs; j += 4) {
+        cpu_vh xv = cpu_vhload(x + 2 * j), wv = cpu_vhload(w + 2 * j);
+        cpu_vd c;
+        memcpy(&c, cs + 2 * j, sizeof c);
+        const cpu_vd d = __builtin_convertvector(xv * rrms * wv, cpu_vd); /* u0 w0 u1 w1 ... */
+        const cpu_vd sw = __builtin_shufflevector(d, d, 1, 0, 3, 2, 5, 4, 7, 6);
+        const cpu_vd p = d * __builtin_shufflevector(c, c, 0, 0, 2, 2, 4, 4, 6, 6);  /* u·c, w·c */
+        const cpu_vd q = sw * __builtin_shufflevector(c, c, 1, 1, 3, 3, 5, 5, 7, 7); /* w·s, u·s */
+        const cpu_vd diff = p - q, sum = q + p;
+        cpu_vhstore(x + 2 * j, __builtin_convertvector(__builtin_shufflevector(diff, sum, 0, 9, 2, 11, 4, 13, 6, 15), cpu_vh));
+    }
+    for (; j < npairs; j++) {
         float u = cpu_rms_value(x[2 * j], rrms, w[2 * j]);
         float v = cpu_rms_value(x[2 * j + 1], rrms, w[2 * j + 1]);
         cpu_rope_turn(u, v, cs[2 * j], cs[2 * j + 1], &x[2 * j], &x[2 * j + 1]);
