@@ -135,12 +135,14 @@ static bool command_usage(const char *cmd) {
         const char *e = strchr(l, '\n');
         size_t len = e ? (size_t)(e - l) + 1 : strlen(l);
         bool head = len > 2 && l[0] == ' ' && l[1] == ' ' && l[2] != ' ';
-        if (head) { /* its commands: the first word, and words after " | " ("stats | keys | ...") */
+        if (head) { /* its commands: the first word, and words after " | " ("stats | keys | ...",
+                        * past any " [--option]" of the word before) */
             in = false;
             for (const char *w = l + 2;;) {
                 size_t wl = strcspn(w, " \n");
                 if (wl == n && !strncmp(w, cmd, n)) in = true;
                 w += wl;
+                while (w[0] == ' ' && w[1] == '[' && strchr(w, ']') && strchr(w, ']') < l + len) w = strchr(w, ']') + 1;
                 if (strncmp(w, " | ", 3)) break;
                 w += 3;
             }

@@ -102,9 +102,11 @@ expect 2 "not divisible by heads" -- $R weights init --config "$D/bad.json" --ou
 
 # --help / -h anywhere after the command: its usage on stdout, exit 0 (an
 # unknown command stays a usage error)
-for c in "weights init" "weights init-t5" "weights init-vae" "weights inspect" run encode decode tokenize "video probe" gen sync status top keys stats report metrics tensor kernels artifacts; do
+# (every command of the usage, the catalog's "stats | keys | ... [--all] |
+# workers | requests" line's too)
+for c in "weights init" "weights init-t5" "weights init-vae" "weights inspect" "weights export" run encode decode tokenize "video probe" plan gen sync status top "keys new" keys stats evictions versions workers requests report metrics why tensor kernels artifacts; do
     set -- $c
-    if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -q "^  $1" "$D/h.out" && grep -q "^usage: reelctl" "$D/h.out"; then
+    if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -qE "^  ([a-z]+ (\[[^]]*\] )?\| )*$1( |\$)" "$D/h.out" && grep -q "^usage: reelctl" "$D/h.out"; then
         pass=$((pass + 1)); echo "PASS reelctl $c --help: its usage on stdout, exit 0"
     else
         fail=$((fail + 1)); echo "FAIL reelctl $c --help"; sed 's/^/  | /' "$D/h.out" "$D/h.err" | head -5
@@ -113,6 +115,16 @@ done
 $R run --weights x -h >"$D/h.out" 2>&1 && grep -q "^  run --weights" "$D/h.out" && ! grep -q "^  gen " "$D/h.out" &&
     { pass=$((pass + 1)); echo "PASS reelctl run ... -h: run's usage only"; } || { fail=$((fail + 1)); echo "FAIL run -h"; }
 expect 2 "unknown command 'bogus'" -- $R bogus --help
+# the daemons: --help and -h print the usage on stdout, exit 0
+for p in reel-broker reel-worker; do
+    for h in --help -h; do
+        if "$(dirname "$R")/$p" $h >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -q "^usage: $p" "$D/h.out"; then
+            pass=$((pass + 1)); echo "PASS $p $h: its usage on stdout, exit 0"
+        else
+            fail=$((fail + 1)); echo "FAIL $p $h"; sed 's/^/  | /' "$D/h.out" "$D/h.err" | head -5
+        fi
+    done
+done
 
 echo "cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

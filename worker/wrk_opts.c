@@ -169,7 +169,7 @@ static const reel_opt_t rows[] = {
     { .name = "lora", .kind = REEL_OPT_FLAG, .off = O(lora),
       .help = "take LoRA syncs (SYNC with base_version): keeps a host\n"
               "copy of the base weights, counted against --budget" },
-    { .name = "help", .kind = REEL_OPT_FLAG, .off = O(help) }, /* not listed */
+    { .name = "help", .short_name = 'h', .kind = REEL_OPT_FLAG, .off = O(help) }, /* not listed */
 };
 #undef O
 
