@@ -414,7 +414,8 @@ int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    if (!strncmp(ep, "tcp://[", 7)) {
+    if (!strncmp(ep, "tcp://", 6) && strchr(ep + 6, '[')) { /* an IPv6 host, the peer's or a source's
+                                                               * ("tcp://lo:0;[::1]:P") */
         int one = 1;
         if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one) < 0) return -1;
     }

@@ -409,7 +409,7 @@ static int gen_tensors(owned_tensor_t *ot) {
  * an interface name and fails), a bracketed IPv6 host gets ZMQ_IPV6, and
  * anything else passes as it is; a short buffer is an error, not a cut
  * endpoint. A real bind and connect over each, where the machine has
- * IPv6 loopback. */
+ * IPv6 loopback, and a connect from a source address to an IPv6 peer. */
 START_TEST(test_socket_endpoints_by_name_bind_and_connect) {
     void *ctx = zmq_ctx_new();
     void *r = zmq_socket(ctx, ZMQ_ROUTER), *d = zmq_socket(ctx, ZMQ_DEALER);
@@ -454,6 +454,20 @@ START_TEST(test_socket_endpoints_by_name_bind_and_connect) {
         ck_assert_int_eq(zmq_send(d, "v6", 2, 0), 2);
         ck_assert_int_ge(zmq_recv(r, id, sizeof id, 0), 1);
         ck_assert_int_eq(zmq_recv(r, buf, sizeof buf, 0), 2);
+        /* from a source address (ZeroMQ's "tcp://SOURCE;PEER"): the
+         * bracketed peer after the ';' needs ZMQ_IPV6 as well */
+        void *d2 = zmq_socket(ctx, ZMQ_DEALER);
+        char src[160];
+        snprintf(src, sizeof src, "tcp://lo:0;%s", got + 6);
+        ck_assert_int_eq(wire_socket_endpoint(d2, src, ep, sizeof ep), 0);
+        len = sizeof v6;
+        ck_assert_int_eq(zmq_getsockopt(d2, ZMQ_IPV6, &v6, &len), 0);
+        ck_assert_int_eq(v6, 1);
+        ck_assert_int_eq(zmq_connect(d2, ep), 0);
+        ck_assert_int_eq(zmq_send(d2, "v6", 2, 0), 2);
+        ck_assert_int_ge(zmq_recv(r, id, sizeof id, 0), 1);
+        ck_assert_int_eq(zmq_recv(r, buf, sizeof buf, 0), 2);
+        zmq_close(d2);
     } else {
         fprintf(stderr, "test_wire: SKIP the IPv6 round trip: this machine cannot bind [::1] (%s)\n",
                 zmq_strerror(zmq_errno()));
