@@ -189,7 +189,7 @@ enum { BRK_MEMBER_WAITING, BRK_MEMBER_APPLIED, BRK_MEMBER_FAILED };
 typedef struct {
     char worker[BRK_NAME_MAX];
     int state;                 /* BRK_MEMBER_* */
-    char reason[128];
+    char reason[MSG_REASON_MAX]; /* a refusal's why, whole (an adapter's key names are long) */
 } brk_member_t;
 
 /* Who asked for a barrier's SYNC_DONE (a trainer resending a SYNC still

@@ -366,14 +366,14 @@ static void finish(brk_t *b, brk_barrier_t *s) {
         if (s->m[i].state == M_APPLIED) applied++;
         else failed++;
     }
-    char a[512], f[512];
+    char a[2048], f[4096];
     list_members(s, M_APPLIED, a, sizeof a);
     list_members(s, M_FAILED, f, sizeof f);
     uint64_t cur = brk_current_version(b, s->component);
     if (s->sync) {
         /* Still pending: no worker applied it before a newer version became
          * current (superseded), or none applied it at all (failed). */
-        char reason[600];
+        char reason[4200];
         if (applied)
             snprintf(reason, sizeof reason, "applied after v%llu became current", (unsigned long long)cur);
         else if (s->n == 0)
@@ -771,7 +771,7 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
             mb->state = M_APPLIED;
         } else if (!ok && version == s->version) {
             mb->state = M_FAILED;
-            snprintf(mb->reason, sizeof mb->reason, "%.127s", err);
+            snprintf(mb->reason, sizeof mb->reason, "%s", err);
         }
     }
     if (ok && mine) promote(b, mine, w->route.name);

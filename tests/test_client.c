@@ -458,6 +458,48 @@ START_TEST(test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not) {
 }
 END_TEST
 
+/* A SYNC that timed out while the broker was down must not reach the
+ * broker that comes back (helper-90 saw the Python client's applied
+ * seconds after its caller was told it failed): the client drops what
+ * its socket still held. No broker listens while reel_sync times out (a
+ * connecting DEALER queues what it sends until one does); then a fake
+ * binds the endpoint, and the first message the client's next call
+ * brings is that call's STATUS, no SYNC before it. */
+START_TEST(test_a_sync_that_timed_out_never_reaches_a_broker_that_comes_back) {
+    char dir[64], ep[128];
+    ts_mkdtemp(dir, sizeof dir, "test-client-ghost");
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx = zmq_ctx_new();
+    reel_client_t *c;
+    TS_NEW(c = reel_client_new(ep));
+    reel_client_set_liveness(c, 0);
+    reel_sync_result_t res;
+    wire_err_t err;
+    char sha[65];
+    memset(sha, 'a', 64);
+    sha[64] = '\0';
+    ck_assert_int_eq(reel_sync(c, "transformer", 5, sha, "/w/x.safetensors", 0, &res, 300, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_TIMEOUT);
+    void *router = zmq_socket(ctx, ZMQ_ROUTER); /* the broker, (back) on the endpoint */
+    ck_assert_int_eq(wire_socket_limits(router), 0);
+    int tmo = 5000;
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(router, ep), 0);
+    reel_status_t *st = NULL;
+    (void)reel_status(c, &st, 300, &err);
+    reel_status_free(&st);
+    wire_msg_t m;
+    wire_err_t e;
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_msg(msg_type(&m) == MSG_STATUS, "the returning broker got %s first", m.type);
+    wire_msg_close(&m);
+    reel_client_destroy(&c);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    ts_rmtree(dir);
+}
+END_TEST
+
 /* reel_client_interrupt (what reelctl gen's SIGINT handler calls) ends a
  * reel_gen waiting on a silent broker: -1 "interrupted", and its GEN is
  * cancelled; a later call returns "interrupted" at once. */
@@ -548,6 +590,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered);
     tcase_add_test(tc, test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not);
+    tcase_add_test(tc, test_a_sync_that_timed_out_never_reaches_a_broker_that_comes_back);
     tcase_add_test(tc, test_an_interrupted_gen_returns_interrupted_and_is_cancelled);
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
     tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);

@@ -89,6 +89,28 @@ static int switch_broker(reel_client_t *c) {
     return 0;
 }
 
+/* A fresh socket to the same broker, the old one closed with what it
+ * still held unsent (its linger is 0): after a SYNC or an upload that
+ * timed out or was interrupted, so that it never reaches a broker that
+ * comes back later, applying a sync the caller was told failed. The old
+ * socket stays if no new one can be made. */
+static void forget_unsent(reel_client_t *c) {
+    void *old = c->sock;
+    if (open_socket(c) != 0) {
+        c->sock = old;
+        return;
+    }
+    zmq_close(old);
+    c->boot = 0;
+}
+
+/* After a sync's call: its timeout or interruption leaves nothing queued. */
+static int sync_ended(reel_client_t *c, int rc, const wire_err_t *err) {
+    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)))
+        forget_unsent(c);
+    return rc;
+}
+
 uint64_t reel_client_switches(const reel_client_t *c) { return c->switches; }
 const char *reel_client_endpoint(const reel_client_t *c) { return c->eps[c->at]; }
 
@@ -1099,7 +1121,7 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
     }
     if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms", timeout_ms);
     free(s);
-    return rc;
+    return sync_ended(c, rc, err);
 }
 
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
@@ -1109,7 +1131,7 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     msg_sync_t *s = sync_message(c->token, component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
-    int rc = call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err), err);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1123,7 +1145,7 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;
-    int rc = call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err);
+    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err), err);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);

@@ -39,6 +39,12 @@ from . import safetensors
 PROTO = "reel/1"
 MAX_MSG = 512 << 20
 MAX_BROKERS = 4  # endpoints in a list: a broker, or a standby pair
+# docs/PROTOCOL.md "What a GEN must satisfy" (schema/msg.h)
+MAX_STEPS = 10000
+MAX_DIM = 65536  # each of C, F, H, W
+MAX_FHW = 1 << 24
+MAX_GEN_BYTES = 256 << 20  # the latents of a GEN (n of them), and its tensors
+_FLT_MAX = float(np.finfo(np.float32).max)
 STANDBY_PAUSE = 0.2  # seconds, after a round of "standby" answers (a pair still choosing)
 _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
 _MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
@@ -405,6 +411,14 @@ def _wait(name, v, default):
     return v
 
 
+# A tensor name of Wan2.1's text-to-video DiT (wan/modules/model.py's
+# WanModel state dict: the names docs/MODEL.md lists).
+_WAN_NAME = re.compile(
+    r"^(patch_embedding\.(weight|bias)|(text|time)_embedding\.[02]\.(weight|bias)|time_projection\.1\.(weight|bias)"
+    r"|head\.head\.(weight|bias)|head\.modulation"
+    r"|blocks\.\d+\.(modulation|norm3\.(weight|bias)|ffn\.[02]\.(weight|bias)"
+    r"|(self|cross)_attn\.([qkvo]\.(weight|bias)|norm_[qk]\.weight)))$")
+
 # tcp://HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 one:
 # [::1]), ipc://PATH, inproc://NAME
 _ENDPOINT = re.compile(r"^(tcp://([^:/\s\[\]]+|\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]):([0-9]{1,5})|ipc://\S+|inproc://\S+)$")
@@ -651,6 +665,18 @@ class Client:
             sock.close(0)
             raise
         self._sock = sock
+
+    def _forget_unsent(self):
+        """A fresh socket to the same broker, nothing of the old one kept:
+        after a SYNC (or an upload) that timed out, what the socket still
+        held unsent would otherwise go to a broker that comes back later,
+        and a sync the caller was told failed (ReelTimeout) would apply
+        after all."""
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._boot = None
+        self._open()
 
     def _switch(self):
         """Moves to the next endpoint of the list (a standby pair's other
@@ -964,9 +990,7 @@ class Client:
             seeds = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
         else:
             base = _uint("seed", seed)
-            if base + n - 1 >= 1 << 64:
-                raise ValueError(f"seed {base} + {n - 1} passes 2**64 - 1 (sample i's seed is seed + i)")
-            seeds = [base + i for i in range(n)]
+            seeds = [(base + i) % (1 << 64) for i in range(n)]  # seed + i modulo 2^64, as the protocol says
         if latents is not None and (isinstance(latents, (str, bytes)) or not hasattr(latents, "__len__")
                                     or len(latents) != n):
             raise ValueError("latents must give one latent per sample")
@@ -1093,10 +1117,23 @@ class Client:
             raise ValueError(f"latent_shape must be 4 integers [C, F, H, W], got {latent_shape!r}")
         if solver not in ("euler", "unipc", "dpm++"):
             raise ValueError(f"solver must be 'euler', 'unipc' or 'dpm++', got {solver!r}")
-        fields = {"model": str(model), "steps": _uint("steps", steps),
-                  "latent_shape": [_uint("latent_shape[%d]" % i, d) for i, d in enumerate(latent_shape)],
+        fields = {"model": str(model), "steps": _uint("steps", steps, 1, MAX_STEPS),
+                  "latent_shape": [_uint("latent_shape[%d]" % i, d, 1, MAX_DIM) for i, d in enumerate(latent_shape)],
                   "shift": _num("shift", shift), "cfg": _num("cfg", cfg), "sde": _flag("sde", sde),
                   "eta": _num("eta", eta), "seed": _uint("seed", seed), "progress": bool(progress)}
+        # the rest of docs/PROTOCOL.md "What a GEN must satisfy" that needs no model, checked here
+        c, f, h, w = fields["latent_shape"]
+        if f * h * w > MAX_FHW:
+            raise ValueError(f"latent_shape's F x H x W must be at most {MAX_FHW}, got {f * h * w}")
+        if c * f * h * w * 4 * _uint("n", n, 1, 64) > MAX_GEN_BYTES:
+            raise ValueError(f"{n} latent(s) of shape {fields['latent_shape']} are more than "
+                             f"{MAX_GEN_BYTES >> 20} MiB")
+        if not fields["shift"] > 0:
+            raise ValueError(f"shift must be > 0, got {fields['shift']!r}")
+        if not abs(fields["cfg"]) <= _FLT_MAX:
+            raise ValueError(f"cfg must be a finite number that fits a float32, got {fields['cfg']!r}")
+        if fields["sde"] and not 0 <= fields["eta"] <= _FLT_MAX:
+            raise ValueError(f"eta must be >= 0 and fit a float32, got {fields['eta']!r}")
         if uncond is None and prompt is None and fields["cfg"] != 1.0:
             _warn(f"cfg={fields['cfg']:g} without uncond: classifier-free guidance is off (it needs an "
                   "unconditional context); the result is cfg=1's")
@@ -1113,13 +1150,16 @@ class Client:
             if seeds is not None:
                 fields["seeds"] = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
         if version is not None:
-            fields["version"] = _uint("version", version)
+            fields["version"] = _uint("version", version, 0, (1 << 63) - 1)
         if deadline_ms is not None:
             fields["deadline_ms"] = _uint("deadline_ms", deadline_ms)
         for k, on in (("return_trajectory", return_trajectory), ("return_log_probs", return_log_probs),
                       ("return_means", return_means)):
             if _flag(k, on):
                 fields[k] = True
+        if (fields.get("return_log_probs") or fields.get("return_means")) and not (
+                fields["sde"] and np.float32(fields["eta"]) > 0):
+            raise ValueError("return_log_probs and return_means need sde=True with eta > 0 (as a float32)")
         if fields.get("return_log_probs"):  # beside the sigmas: each step's t as the transformer took it
             fields["return_timesteps"] = True
         return fields, tensors, torch_out
@@ -1177,6 +1217,19 @@ class Client:
 
     def _upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4,
                 sync_fields=None):
+        """_upload_run, and on a timeout (or an interrupt) a fresh socket:
+        the chunks and the SYNC still queued must not reach a broker that
+        comes back after the caller was told it failed (_forget_unsent)."""
+        try:
+            return self._upload_run(version, path, component=component, sha256=sha256, timeout=timeout,
+                                    window=window, sync_fields=sync_fields)
+        except BaseException as e:
+            if isinstance(e, ReelTimeout) or not isinstance(e, ReelError):
+                self._forget_unsent()
+            raise
+
+    def _upload_run(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4,
+                    sync_fields=None):
         """upload(); with sync_fields, also the SYNC (those fields) as soon
         as the broker holds the first chunk, so workers fetch while the rest
         comes: returns (digest, the SYNC_DONE header). The broker is watched
@@ -1379,6 +1432,11 @@ class Client:
                 raise ValueError("a state_dict sync needs config= (a built-in name or the size keys)")
             if "patch_embedding.weight" not in state_dict:
                 raise ValueError("state_dict must use the Wan2.1 names (no 'patch_embedding.weight')")
+            extra = sorted(k for k in state_dict if not isinstance(k, str) or not _WAN_NAME.match(k))
+            if extra:  # a worker refuses the file (more than the model holds) and says only that
+                raise ValueError(f"state_dict has {len(extra)} tensor(s) that are not the text-to-video DiT's "
+                                 f"(Wan2.1 names only): {', '.join(map(repr, extra[:5]))}"
+                                 f"{' ...' if len(extra) > 5 else ''}")
             meta = {"config": config} if isinstance(config, str) else dict(config)
             d = weights_dir or tempfile.mkdtemp(prefix="reel-sync-")
             path = os.path.join(d, f"{component}-v{int(version)}.safetensors")
@@ -1553,8 +1611,13 @@ class Client:
         rid = next(self._ids)
         sent = {rid: (fields, ())}
         by = time.monotonic() + self._sync_wait(deadline_ms, timeout)
-        st = self._send_gens(sent, by, lambda r, f, t, by_: self._send("SYNC", r, f, t, by=by_))
-        _, hdr, _ = self._recv_live({rid}, by, sent, st)
+        try:
+            st = self._send_gens(sent, by, lambda r, f, t, by_: self._send("SYNC", r, f, t, by=by_))
+            _, hdr, _ = self._recv_live({rid}, by, sent, st)
+        except BaseException as e:
+            if isinstance(e, ReelTimeout) or not isinstance(e, ReelError):  # no answer: nothing unsent goes later
+                self._forget_unsent()
+            raise
         return self._sync_done(hdr, rid)
 
     def _sync_file(self, version, path, component, sha256, deadline_ms, timeout, upload):

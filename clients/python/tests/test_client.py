@@ -359,12 +359,15 @@ class ClientTests(unittest.TestCase):
             self.assertTrue(np.allclose(r.means[i], mu, rtol=1e-4, atol=1e-5), f"step {i}: means differ")
 
     def test_log_probs_without_sde_noise_are_refused(self):
-        with self.assertRaises(reel.ReelError) as e:
+        """Here, before anything is sent (the broker refuses it as
+        bad_request too: test_msg)."""
+        with self.assertRaises(ValueError) as e:
             self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, return_log_probs=True)
-        self.assertEqual(e.exception.code, "bad_request")
-        with self.assertRaises(reel.ReelError) as e:
+        self.assertIn("need sde=True with eta > 0", str(e.exception))
+        with self.assertRaises(ValueError):
             self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, sde=True, eta=0.0, return_means=True)
-        self.assertEqual(e.exception.code, "bad_request")
+        with self.assertRaises(ValueError):  # 1e-50 is 0 as the float32 the step reads
+            self.c.gen("tiny", self.ctx, latent=self.lat, steps=2, sde=True, eta=1e-50, return_log_probs=True)
 
     def test_trajectory_of_an_euler_loop_steps_from_the_latent_to_the_result(self):
         r = self.c.gen("tiny", self.ctx, latent=self.lat, steps=3, shift=3.0, return_trajectory=True)
@@ -534,6 +537,22 @@ class ClientTests(unittest.TestCase):
             (dict(steps=2, latent_shape="4144"), ValueError, "latent_shape must be 4 integers"),
             (dict(kw, timeout=0), ValueError, "timeout must be a finite number of seconds > 0"),
             (dict(kw, timeout=-5), ValueError, "timeout must be a finite number of seconds > 0"),
+            # the ranges of PROTOCOL.md "What a GEN must satisfy" that need no model (helper-90: the
+            # broker's bad_request came back where the README promised a ValueError)
+            (dict(kw, steps=0), ValueError, "steps must be in 1..10000"),
+            (dict(kw, steps=10001), ValueError, "steps must be in 1..10000"),
+            (dict(steps=2, latent_shape=(4, 0, 8, 8)), ValueError, "latent_shape[1] must be in 1..65536"),
+            (dict(steps=2, latent_shape=(4, 2, 65537, 8)), ValueError, "latent_shape[2] must be in 1..65536"),
+            (dict(steps=2, latent_shape=(1, 4096, 4096, 2)), ValueError, "F x H x W must be at most"),
+            (dict(steps=2, latent_shape=(128, 16, 256, 256)), ValueError, "more than 256 MiB"),
+            (dict(kw, shift=0.0), ValueError, "shift must be > 0"),
+            (dict(kw, shift=float("nan")), ValueError, "shift must be > 0"),
+            (dict(kw, cfg=float("nan")), ValueError, "cfg must be a finite number"),
+            (dict(kw, cfg=float("inf")), ValueError, "cfg must be a finite number"),
+            (dict(kw, cfg=1e39), ValueError, "fits a float32"),
+            (dict(kw, sde=True, eta=-0.5), ValueError, "eta must be >= 0"),
+            (dict(kw, sde=True, eta=float("nan")), ValueError, "eta must be >= 0"),
+            (dict(kw, version=2 ** 63), ValueError, "version must be in 0..9223372036854775807"),
         ]
         t0 = time.monotonic()
         for args, exc, words in cases:
@@ -552,9 +571,6 @@ class ClientTests(unittest.TestCase):
         for seeds, exc in (({1, 2}, TypeError), (5, TypeError), ([1.5, 2.5], TypeError), ([1], ValueError)):
             with self.assertRaises(exc, msg=repr(seeds)):
                 self.c.gen_group("tiny", self.ctx, n=2, seeds=seeds, latent_shape=(4, 2, 8, 8), steps=2)
-        with self.assertRaises(ValueError) as e:
-            self.c.gen_group("tiny", self.ctx, n=2, seed=2 ** 64 - 1, latent_shape=(4, 2, 8, 8), steps=2)
-        self.assertIn("passes 2**64 - 1", str(e.exception))
         with self.assertRaises(ValueError):
             self.c.gen_group("tiny", self.ctx, n=2, latents=[self.lat, self.lat[:, :1]], steps=2)
         with self.assertRaises(TypeError):
@@ -702,6 +718,34 @@ class ClientTests(unittest.TestCase):
             self.assertFalse((g[1].latent == 7).all())
             self.assertNotEqual(g[1].stats.get("replayed"), -1)
             self.assertNotIn("edited", g[1].stats["declines"], f"batched={batched}")
+
+    def test_a_groups_seed_plus_i_wraps_modulo_2_to_the_64_as_the_protocol_says(self):
+        """seed = 2^64 - 1, n = 2: samples 2^64 - 1 and 0 (helper-90: the
+        client refused it), each bitwise gen() with its seed, batched or
+        not."""
+        kw = dict(steps=2, latent_shape=(4, 2, 8, 8))
+        alone = [self.c.gen("tiny", self.ctx, seed=s, **kw) for s in (2 ** 64 - 1, 0)]
+        for batched in (True, False):
+            g = self.c.gen_group("tiny", self.ctx, n=2, seed=2 ** 64 - 1, batched=batched, **kw)
+            self.assertEqual([r.seed for r in g], [2 ** 64 - 1, 0], f"batched={batched}")
+            for r, a in zip(g, alone):
+                self.assertTrue(np.array_equal(r.latent, a.latent), f"batched={batched}, seed {r.seed}")
+
+    def test_a_state_dict_with_a_tensor_the_model_lacks_is_refused_here_naming_it(self):
+        """A worker refuses such a file and says only bad_weights: not
+        weights of this worker's model (helper-90: an optimizer's tensor
+        left in a state dict); the client names the tensor before it
+        writes or sends anything."""
+        sd, _ = safetensors.load(self.w1)
+        sd["optimizer.exp_avg"] = np.zeros(3, np.float32)
+        d = tempfile.mkdtemp(dir=self.dir)
+        t0 = time.monotonic()
+        with self.assertRaises(ValueError) as e:
+            self.c.sync(77, state_dict=sd, config="tiny", weights_dir=d, timeout=3)
+        self.assertIn("'optimizer.exp_avg'", str(e.exception))
+        self.assertEqual(os.listdir(d), [], "nothing written")
+        self.assertLess(time.monotonic() - t0, 2.0)
+        self.assertNotIn("transformer", self.c.status().get("pending", {}))
 
     def test_calls_from_two_threads_run_one_at_a_time_and_each_gets_its_own_answer(self):
         import threading
@@ -1143,6 +1187,42 @@ class BrokerRestartTests(unittest.TestCase):
                 before = c.resends
                 c.gen("tiny", **dict(short, steps=3000, seed=4))  # several liveness periods long
                 self.assertEqual(c.resends, before, "a live GEN was sent again to the broker that held it")
+        finally:
+            if cl:
+                cl.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_a_sync_that_timed_out_while_the_broker_was_down_never_reaches_it_when_it_returns(self):
+        """The broker is killed; sync(v5) raises ReelTimeout; the broker
+        starts again. The client's next call goes over its socket: had the
+        SYNC stayed queued there (helper-90), the new broker would take it
+        first and apply v5, which the trainer was told failed. Nothing of
+        v5 appears, before or after the worker rejoins."""
+        d = tempfile.mkdtemp(prefix="reel-py-ghost-")
+        cl = None
+        try:
+            w, w2 = os.path.join(d, "w.safetensors"), os.path.join(d, "w2.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "5", "--out", w)
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "6", "--out", w2)
+            cl = Cluster(d, w)
+            with cl.client(timeout=30, liveness=0) as c:
+                c.status()
+                cl.broker.kill()
+                cl.broker.wait(30)
+                with self.assertRaises(reel.ReelTimeout):
+                    c.sync(5, path=w2, timeout=2)
+                cl.broker = subprocess.Popen(cl._broker_argv, stdout=cl.blog, stderr=subprocess.STDOUT)
+                st = c.status(timeout=20)
+                self.assertNotIn("transformer", st.get("pending", {}), st)
+                end = time.monotonic() + 30
+                while time.monotonic() < end and not any(x.get("name") == "py0" and x.get("routable")
+                                                         for x in st.get("workers", [])):
+                    time.sleep(0.05)
+                    st = c.status(timeout=5)
+                self.assertTrue(any(x.get("name") == "py0" for x in st.get("workers", [])), st)
+                self.assertNotIn("transformer", st.get("pending", {}), st)
+                self.assertNotEqual(st.get("versions", {}).get("transformer"), 5, st)
+                self.assertEqual(c.sync(5, path=w2, timeout=30).version, 5, "v5 may still be published")
         finally:
             if cl:
                 cl.stop()
