@@ -111,7 +111,7 @@ TEST_SUPPORT = $(BUILD)/tests/support.o
 BENCH_SRC = $(wildcard bench/bench_*.c)
 BENCH_BIN = $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all units deps test test-busy test-hosts demo demo-local asan asan-cli tsan fuzz fuzz-build bench soak-broker clean FORCE
+.PHONY: all units deps test test-busy test-hosts test-isa demo demo-local asan asan-cli tsan fuzz fuzz-build bench soak-broker clean FORCE
 all: units $(BENCH_BIN)
 # What the test suites run (the sanitizer builds make only these: no bench).
 units: $(LIB) $(REELCTL) $(if $(BROKER_SRC),$(BROKER)) $(if $(WORKER_SRC),$(WORKER)) $(TEST_BIN) artifacts
@@ -222,6 +222,15 @@ test: deps
 test-busy: deps
 	MAKE="$(MAKE)" sh tests/busy.sh
 
+# The CPU path's bits at every x86 level (tests/isa_levels.sh): reelctl run
+# from this build against builds for x86-64-v3 and baseline x86-64 with
+# dispatch off (build-v3, build-v1; CPU only): every latent the same bytes.
+test-isa: deps
+	$(MAKE) -j$(JOBS) all
+	$(MAKE) -j$(JOBS) BUILD=build-v3 CUDA=0 OPT="-O2 -g -march=x86-64-v3 -DREEL_NO_VEC_DISPATCH" build-v3/reelctl
+	$(MAKE) -j$(JOBS) BUILD=build-v1 CUDA=0 OPT="-O2 -g -DREEL_NO_VEC_DISPATCH" build-v1/reelctl
+	sh tests/isa_levels.sh $(BUILD) build-v3 build-v1
+
 # Across hosts (issue 13): the broker and two workers in three network
 # namespaces over veth pairs; and a standby pair of brokers on a bridge
 # with two worker hosts (issue 30). make test runs both too (each skips
@@ -300,7 +309,7 @@ bench: deps
 	BUILD=$(BUILD) bench/run_all.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-v3 build-v1
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
