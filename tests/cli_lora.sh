@@ -63,6 +63,17 @@ for sub, fname, fmt, down, up, mods in [
             t["diffusion_model.blocks.%d.self_attn.q.diff_b" % n] = (rng.standard_normal(base["blocks.%d.self_attn.q.bias" % n].shape) * 0.05).astype(np.float32)
         t["diffusion_model.head.head.diff_b"] = (rng.standard_normal(base["head.head.bias"].shape) * 0.05).astype(np.float32)
     safetensors_np.save(d + "/" + sub + "/" + fname, t)
+# x with a NaN in its last lora_B, under a long folder name (a trainer's
+# checkpoint path): the refusal names the file and the key, whole
+import shutil
+nd = d + "/a-rather-long-adapter-folder-name-as-trainers-write-them/checkpoint-step-000200"
+os.makedirs(nd)
+t, m = safetensors_np.load(d + "/x/adapter_model.safetensors")
+k = sorted(k for k in t if k.endswith("lora_B.weight"))[-1]
+t[k] = t[k].copy()
+t[k][0, 0] = np.nan
+safetensors_np.save(nd + "/adapter_model.safetensors", t, m)
+shutil.copy(d + "/x/adapter_config.json", nd)
 EOF
 mkdir -p "$D/outside" && cp -r "$D/w/x" "$D/w/y" "$D/w/dsaved" "$D/outside/"
 "$R" tensor rand --name latent --shape 4,1,8,8 --seed 1 --out "$D/lat.safetensors" &&
@@ -159,6 +170,10 @@ lsync "$D/r5.err" --version 14 --base 1 --lora "$D/w/huge"
 [ $? != 0 ] && grep -q "bad_adapter: its merge could add .* to a weight" "$D/r5.err" &&
     ok "an adapter whose merge could carry a weight past 2^23 (a diverged trainer's): refused, nothing changed" ||
     { bad "huge adapter refused"; show "$D/r5.err"; }
+lsync "$D/r7.err" --version 14 --base 1 --lora "$D/w/a-rather-long-adapter-folder-name-as-trainers-write-them/checkpoint-step-000200"
+[ $? != 0 ] && grep -q "checkpoint-step-000200/adapter_model.safetensors: base_model.model.blocks.[0-9]*.[a-z_.0-9]*lora_B.weight: NaN or infinite values" "$D/r7.err" &&
+    ok "a NaN in an adapter under a long path: every worker's reason whole in reelctl sync's output (file and key, past 127 bytes)" ||
+    { bad "long refusal reason"; show "$D/r7.err"; }
 # two sources, or a base not below the version: refused by reelctl (exit 2)
 # before anything is read or sent
 allrefused=yes

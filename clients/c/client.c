@@ -900,14 +900,20 @@ static int sync_done(wire_msg_t *a, reel_sync_result_t *res, wire_err_t *err) {
         res->applied[0] = res->failed[0] = '\0';
         for (size_t i = 0; i < d.n_applied; i++) {
             int w = snprintf(res->applied + off, sizeof res->applied - off, "%s%s", off ? "," : "", d.applied[i]);
-            if (w < 0 || (size_t)w >= sizeof res->applied - off) break;
+            if (w < 0 || (size_t)w >= sizeof res->applied - off) {
+                snprintf(res->applied + off, sizeof res->applied - off, "%s...", off ? "," : "");
+                break;
+            }
             off += (size_t)w;
         }
         off = 0;
         for (size_t i = 0; i < d.n_failed; i++) {
             int w = snprintf(res->failed + off, sizeof res->failed - off, "%s%s:%s", off ? "," : "",
                              d.failed[i].worker, d.failed[i].reason);
-            if (w < 0 || (size_t)w >= sizeof res->failed - off) break;
+            if (w < 0 || (size_t)w >= sizeof res->failed - off) { /* said, not dropped in silence */
+                snprintf(res->failed + off, sizeof res->failed - off, "%s...", off ? "," : "");
+                break;
+            }
             off += (size_t)w;
         }
     }

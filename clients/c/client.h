@@ -160,8 +160,9 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
 
 typedef struct {
     bool complete;
-    char applied[512];          /* "w1,w2" */
-    char failed[512];           /* "w3:timeout" */
+    char applied[4096];         /* "w1,w2" */
+    char failed[16384];         /* "w3:timeout,w4:bad_adapter: ..." (each worker's reason whole, up to
+                                 * 512 bytes; "..." ends a list that did not fit) */
 } reel_sync_result_t;
 
 /* Publishes a weight sync by path (readable by the workers), or, with path
