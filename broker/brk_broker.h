@@ -111,6 +111,17 @@ static inline bool brk_worker_fits(const brk_worker_t *w, const char *model, con
     return true;
 }
 
+/* w->route.applying from its syncs: the transformer version it was sent
+ * and has not acked, while no deadline passed (0: none). Routing reads it
+ * (brk_peer_eligible); it is noted before each routing pass, from the
+ * state the sync module keeps. */
+static inline void brk_worker_note_applying(brk_worker_t *w) {
+    uint64_t a = 0;
+    for (int i = 0; i < w->n_syncs; i++)
+        if (w->syncs[i].waiting && !strcmp(w->syncs[i].component, BRK_COMPONENT)) a = w->syncs[i].sent;
+    w->route.applying = a;
+}
+
 typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;
 
 /* A GEN the broker accepted. `msg` is the client's message (identity,

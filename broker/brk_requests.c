@@ -154,6 +154,7 @@ static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers,
 static bool try_dispatch(brk_t *b, brk_req_t *r) {
     const brk_peer_t *all[b->n_w ? b->n_w : 1], *peers[b->n_w ? b->n_w : 1];
     int idx[b->n_w ? b->n_w : 1];
+    for (int i = 0; i < b->n_w; i++) brk_worker_note_applying(b->w[i]);
     for (;;) {
         for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
         /* Only workers that run its loop kind (a solver they announced). */
@@ -164,6 +165,7 @@ static bool try_dispatch(brk_t *b, brk_req_t *r) {
         r->had_owner = true;
         brk_worker_t *w = b->w[idx[o]];
         if (w->route.inflight >= w->route.max_inflight) return false;
+        if (!brk_peer_has(&w->route, r->required)) return false; /* its owner is applying the version: wait */
         /* The REQUEST is the client's GEN, patched: the broker's id, the
          * version it needs and the ms the broker still waits for it (a
          * worker drops it past them); its bytes and tensor frames go as

@@ -142,9 +142,11 @@ bool brk_peer_serves(const brk_peer_t *p, const char *model) {
     return false;
 }
 
+bool brk_peer_has(const brk_peer_t *p, uint64_t required) { return brk_peer_version(p, BRK_COMPONENT) >= required; }
+
 bool brk_peer_eligible(const brk_peer_t *p, const char *model, uint64_t required) {
     return p->routable && brk_peer_serves(p, model) &&
-           brk_peer_version(p, BRK_COMPONENT) >= required;
+           (brk_peer_has(p, required) || (p->applying && p->applying >= required));
 }
 
 int brk_owner(const brk_peer_t *const *peers, int n, uint64_t shard_hash, const char *model,

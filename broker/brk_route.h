@@ -100,6 +100,9 @@ typedef struct {
     brk_version_t versions[BRK_MAX_COMPONENTS];  /* applied (acked) versions */
     unsigned loops;                 /* bit BRK_LOOP_*: the loop kinds it runs (euler and sde always; the
                                      * solvers its READY listed); bit BRK_CAP_*: what else it can do */
+    uint64_t applying;              /* a BRK_COMPONENT version it was sent and has not acked yet (0: none):
+                                     * it owns what it will own at that version, and is sent nothing that
+                                     * needs it before it has applied it (brk_peer_eligible) */
 } brk_peer_t;
 
 /* The applied version of component `comp` (0 when never reported). */
@@ -127,11 +130,18 @@ unsigned brk_caps_from(const char *text_encoder, const char *vae);
 int brk_peers_able(const brk_peer_t *const *peers, int n, unsigned needs, const brk_peer_t **out, int *idx);
 /* True when p lists `model`. */
 bool brk_peer_serves(const brk_peer_t *p, const char *model);
-/* True when p may run a request for `model` needing transformer weights at
- * `required` or newer: routable, serves the model, applied >= required.
- * Capacity (inflight) is not part of eligibility: a busy owner keeps its
- * keys and the request waits for it. */
+/* True when p may own a request for `model` needing transformer weights
+ * at `required` or newer: routable, serves the model, and applied >=
+ * required or applying a version >= required. Neither capacity (inflight)
+ * nor a sync under way is part of eligibility: a busy owner, or one still
+ * applying the version, keeps its keys and the request waits for it
+ * (brk_peer_has says whether it can be sent now), so a key keeps its
+ * worker across a sync instead of going, for the seconds between the
+ * first worker's ack and its own, to whichever worker acked first. */
 bool brk_peer_eligible(const brk_peer_t *p, const char *model, uint64_t required);
+/* True when p has applied transformer weights at `required` or newer: a
+ * request needing them can be sent to it. */
+bool brk_peer_has(const brk_peer_t *p, uint64_t required);
 /* Index in peers[0..n) of the owner of shard_hash: the eligible worker with
  * the highest rendezvous score (ties, astronomically rare, go to the lower
  * name so the order of peers never matters). -1 when none is eligible. */

@@ -2643,6 +2643,75 @@ START_TEST(test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free
 }
 END_TEST
 
+/* Which of workers 0 and 1 got the next message (a REQUEST): its index,
+ * its id in *rid. */
+static int request_on_either(box_t *x, uint64_t *rid) {
+    for (int tries = 0; tries < 40; tries++)
+        for (int i = 0; i < 2; i++) {
+            zmq_pollitem_t it = { x->w[i], 0, ZMQ_POLLIN, 0 };
+            if (zmq_poll(&it, 1, 25) > 0) {
+                *rid = request_on(x, i);
+                return i;
+            }
+        }
+    ck_abort_msg("no REQUEST reached either worker");
+    return -1;
+}
+
+/* A key keeps its worker across a sync (helper-91: between the first
+ * worker's ack and the last, GENs needing the new version went to
+ * whichever worker had acked, and captured their keys there too). Two
+ * workers at v1; the key's owner is learnt from a first GEN. A sync of v2:
+ * the other worker acks first (v2 is current, so a GEN now needs v2); the
+ * key's next GEN waits while its owner applies v2 -- nothing reaches
+ * either worker -- and goes to the owner when its ack comes. Then a sync
+ * of v3 that the owner fails: its waiting GEN goes to the worker that has
+ * v3, the next owner. */
+START_TEST(test_a_key_waits_for_its_owner_to_apply_a_sync_and_moves_only_if_the_owner_fails_it) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ready(&x, 1, 1);
+    uint64_t rid;
+    gen_from(&x, x.trainer, 1, TOKEN_A, 1, false);
+    const int own = request_on_either(&x, &rid), other = 1 - own;
+    worker_result(&x, own, wire_hdr("RESULT", rid), 1, 4, 2);
+    expect_on(x.trainer, "RESULT", 1, NULL);
+
+    trainer_sync(&x, 50, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    expect_sync(&x, 1, 2);
+    ack(&x, other, 2, NULL);
+    ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+    gen_from(&x, x.trainer, 2, TOKEN_A, 2, false);
+    quiet(x.w[other], "the worker that applied v2 first (not the key's owner)");
+    quiet(x.w[own], "the owner, still applying v2");
+    ack(&x, own, 2, NULL);
+    ck_assert_int_eq(request_on_either(&x, &rid), own);
+    worker_result(&x, own, wire_hdr("RESULT", rid), 2, 4, 2);
+    wire_msg_t *d = answer(&x); /* the barrier's SYNC_DONE, then the RESULT */
+    ck_assert_str_eq(d->type, "SYNC_DONE");
+    drop_msg(&d);
+    expect_on(x.trainer, "RESULT", 2, NULL);
+
+    trainer_sync(&x, 51, 3, SHA_B);
+    expect_sync(&x, 0, 3);
+    expect_sync(&x, 1, 3);
+    ack(&x, other, 3, NULL);
+    gen_from(&x, x.trainer, 3, TOKEN_A, 3, false);
+    quiet(x.w[other], "the other worker while the owner applies v3");
+    ack(&x, own, 3, "bad_weights: NaN or infinite values");
+    ck_assert_int_eq(request_on_either(&x, &rid), other);
+    worker_result(&x, other, wire_hdr("RESULT", rid), 3, 4, 2);
+    d = answer(&x);
+    ck_assert_str_eq(d->type, "SYNC_DONE");
+    drop_msg(&d);
+    expect_on(x.trainer, "RESULT", 3, NULL);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 /* Answers to bad messages are budgeted per peer (brk_reply_allowed): a
  * client sending junk gets BRK_REPLY_BURST answers and then only counts,
  * another client still gets its answers, and junk on the worker socket
@@ -4631,6 +4700,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_full_queue_gives_a_newcomer_the_newest_place_of_the_client_with_the_most_waiting);
     tcase_add_test(an, test_a_queue_held_past_its_max_by_requeued_requests_displaces_no_one);
     tcase_add_test(an, test_every_waiting_request_notes_its_owner_even_when_one_slot_is_free);
+    tcase_add_test(an, test_a_key_waits_for_its_owner_to_apply_a_sync_and_moves_only_if_the_owner_fails_it);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
