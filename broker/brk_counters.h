@@ -12,11 +12,17 @@
 
 #define BRK_OUTCOMES_MAX 24
 
+/* Why a worker was dropped: its brk_worker_t.dead_why. */
+enum { BRK_LOST_EXPIRED, BRK_LOST_DISCONNECT, BRK_LOST_RESTARTED, BRK_LOST_OTHER };
+/* The BRK_LOST_* of a dead_why text (NULL: other). */
+int brk_metrics_lost_kind(const char *why);
+
 typedef struct {
     char outcome[BRK_OUTCOMES_MAX][32];  /* "ok", the ERROR code ([a-z0-9_]), or "other" */
     uint64_t requests[BRK_OUTCOMES_MAX];
     int n_outcomes;
     uint64_t busy, requeues;
+    uint64_t workers_lost[4];        /* dropped, by BRK_LOST_* (why it died) */
     uint64_t steps_replayed, steps_eager, steps_captured; /* of the RESULTs, by how they ran */
     uint64_t syncs_complete, syncs_incomplete, syncs_failed;
     reel_hist_t request_s, queue_wait_s, sync_s;

@@ -48,6 +48,7 @@ int brk_reap(brk_t *b) {
     int dropped = 0;
     for (int i; (i = brk_workers_next_dead(b)) >= 0; dropped++) {
         brk_worker_t *w = brk_workers_unlink(b, i);
+        b->metrics.workers_lost[brk_metrics_lost_kind(w->dead_why)]++;
         brk_sync_worker_lost(b, w);
         brk_req_worker_lost(b, w);
         free(w);

@@ -19,6 +19,14 @@ static const char *outcome_label(const char *code) {
     return n && n < 32 ? code : "other";
 }
 
+int brk_metrics_lost_kind(const char *why) {
+    if (!why) return BRK_LOST_OTHER;
+    return !strcmp(why, "expired")      ? BRK_LOST_EXPIRED
+           : !strcmp(why, "disconnect") ? BRK_LOST_DISCONNECT
+           : !strcmp(why, "restarted")  ? BRK_LOST_RESTARTED
+                                        : BRK_LOST_OTHER;
+}
+
 void brk_metrics_request(brk_metrics_t *m, const char *outcome, double seconds) {
     outcome = outcome_label(outcome);
     int i = 0;
@@ -96,17 +104,27 @@ static void render(brk_t *b, reel_text_t *t) {
     int routable = 0, unroutable = 0, dead = 0, inflight = 0;
     for (int i = 0; i < b->n_w; i++) {
         const brk_worker_t *w = b->w[i];
+        bool lagging = false; /* behind a current version: what needs it cannot go there (STATUS lagging) */
+        for (int c = 0; c < b->n_cur && !lagging; c++)
+            lagging = brk_peer_version(&w->route, b->cur[c].component) < b->cur[c].version;
         if (w->dead) dead++;
-        else if (w->route.routable) routable++;
+        else if (w->route.routable && !lagging) routable++;
         else unroutable++;
         if (!w->dead) inflight += w->route.inflight;
     }
     reel_prom_family(t, "reel_broker_workers", "gauge",
-                     "Registered workers by state (routable: takes requests; unroutable: live but lagging or full "
-                     "of failed sends; dead: expired, to be dropped).");
+                     "Registered workers by state (routable: takes requests; unroutable: live but lagging (behind "
+                     "a current version, applying or failed) or full of failed sends; dead: expired, dropped at "
+                     "once: reel_broker_workers_lost_total counts them).");
     reel_prom_sample(t, "reel_broker_workers", "state=\"routable\"", routable);
     reel_prom_sample(t, "reel_broker_workers", "state=\"unroutable\"", unroutable);
     reel_prom_sample(t, "reel_broker_workers", "state=\"dead\"", dead);
+    reel_prom_family(t, "reel_broker_workers_lost_total", "counter",
+                     "Workers dropped, by why: expired (silent past the liveness), disconnect, restarted (a new "
+                     "READY under its name), other.");
+    static const char *const lost[] = { "why=\"expired\"", "why=\"disconnect\"", "why=\"restarted\"",
+                                        "why=\"other\"" };
+    for (int k = 0; k < 4; k++) reel_prom_sample(t, "reel_broker_workers_lost_total", lost[k], (double)m->workers_lost[k]);
     reel_prom_family(t, "reel_broker_inflight", "gauge", "Requests running on workers.");
     reel_prom_sample(t, "reel_broker_inflight", "", inflight);
     reel_prom_family(t, "reel_broker_syncs_total", "counter",

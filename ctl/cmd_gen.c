@@ -746,8 +746,8 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     /* By state, with the label set of the broker's live /metrics (one
      * name, one label set, whichever source Prometheus scrapes); STATUS
      * lists the live workers only, so no "dead". */
-    uint64_t routable = 0;
-    for (size_t i = 0; i < r->n_workers; i++) routable += r->workers[i].routable;
+    uint64_t routable = 0; /* as the broker counts them: routable and lagging behind no current version */
+    for (size_t i = 0; i < r->n_workers; i++) routable += r->workers[i].routable && r->workers[i].lagging.n == 0;
     fputs("# HELP reel_broker_workers Workers registered, by state.\n# TYPE reel_broker_workers gauge\n", out);
     fprintf(out, "reel_broker_workers{state=\"routable\"} %" PRIu64 "\n", routable);
     fprintf(out, "reel_broker_workers{state=\"unroutable\"} %" PRIu64 "\n", (uint64_t)r->n_workers - routable);

@@ -283,6 +283,46 @@ else
     bad "the daemons' /metrics before the group could not be read"
 fi
 
+# A worker behind the current version is unroutable (helper-91: a worker
+# lagging after a sync it could not apply was counted routable), and a
+# lost one is counted (the dead gauge is 0 but for an instant: the broker
+# drops a dead worker at once). w3 reads weights only below its own
+# folder, so the sync of v3 by a path in $D fails there: w1 and w2 apply
+# it, w3 lags.
+mkdir -p "$D/w3dir" && cp "$D/v1.safetensors" "$D/w3dir/"
+"$R" weights init --config tiny --seed 3 --out "$D/v3.safetensors" 2>/dev/null
+if cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "ipc://$D/w" --weights "$D/w3dir/v1.safetensors"     --heartbeat-ms 200; then
+    W3=$WORKER
+    "$R" sync --broker "ipc://$D/c" --version 3 --weights "$D/v3.safetensors" --timeout-ms 30000 >"$D/sync3.err" 2>&1
+    i=0
+    while snap lag && [ "$(field lag 'reel_broker_workers{state="unroutable"}')" != 1 ] && [ $i -lt 120 ]; do
+        sleep 0.25; i=$((i + 1))
+    done
+    grep -q "w3:bad_weights: path not under" "$D/sync3.err" && [ "$(field lag 'reel_broker_workers{state="unroutable"}')" = 1 ] &&
+        [ "$(field lag 'reel_broker_workers{state="routable"}')" = 2 ] &&
+        ok "w3 lagging behind v3 (its sync refused): reel_broker_workers unroutable 1, routable 2" ||
+        { bad "a lagging worker in reel_broker_workers"; grep reel_broker_workers "$D/snap.lag"; show "$D/sync3.err"; }
+    "$R" metrics --broker "ipc://$D/c" --catalog "$D/reel.db" >"$D/mlag.txt" 2>&1
+    grep -q '^reel_broker_workers{state="unroutable"} 1$' "$D/mlag.txt" &&
+        ok "... and the same from reelctl metrics --broker" ||
+        { bad "reelctl metrics --broker: a lagging worker"; grep reel_broker_workers "$D/mlag.txt"; }
+    lost() { # TAG: reel_broker_workers_lost_total summed over its labels
+        awk '$1 ~ /^reel_broker_workers_lost_total(\{|$)/ { s += $2 } END { print s + 0 }' "$D/snap.$1"
+    }
+    lost0=$(lost lag)
+    kill -KILL "$W3"
+    i=0
+    while snap lost && [ "$(lost lost)" -le "$lost0" ] && [ $i -lt 120 ]; do
+        sleep 0.25; i=$((i + 1))
+    done
+    [ "$(lost lost)" = $((lost0 + 1)) ] &&
+        [ "$(field lost 'reel_broker_workers{state="unroutable"}')" = 0 ] &&
+        ok "w3 killed: reel_broker_workers_lost_total counts it ($(grep '^reel_broker_workers_lost_total' "$D/snap.lost" | awk '$2 > 0 { print $1 }'))" ||
+        { bad "a lost worker in reel_broker_workers_lost_total"; grep reel_broker_workers "$D/snap.lost"; }
+else
+    bad "w3 registers"; show "$D/w3.log"
+fi
+
 # the broker goes: a worker stays healthy but is no longer ready
 kill -TERM "$BROKER"
 i=0
