@@ -93,7 +93,9 @@ static const char evictions_sql[] =
  * broker, up to --events-ms after the RESULT of the request that made it:
  * a request of the key that ended before this one's start having captured
  * is a capture before it too (helper-78: a capture stamped late made the
- * requests that started between its RESULT and its stamp "new_key"). */
+ * requests that started between its RESULT and its stamp "new_key").
+ * captures_before is the larger of the two counts, stamped or made (their
+ * sum counted a capture both stamped and made before twice: helper-91). */
 #define CAPTURING_REQUESTS                                                                         \
     " FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0 AND q.t < ?4"  \
     " AND NOT (q.id = ?6 AND q.t IS ?7)"
@@ -102,10 +104,19 @@ static const char totals_sql[] =
     "SELECT (SELECT count(*)" CAPTURES_WHERE ") AS captures, (SELECT count(*)" EVICTIONS_WHERE ") AS evictions,"
     " (SELECT min(coalesce(a, b), coalesce(b, a)) FROM (SELECT (SELECT min(c.t)" LINEAGE_CAPTURES " AND c.t <= ?5)"
     " AS a, (SELECT min(q.t)" CAPTURING_REQUESTS ") AS b)) AS first_capture,"
-    " (SELECT count(*)" LINEAGE_CAPTURES " AND c.t < ?4) + (SELECT count(*)" CAPTURING_REQUESTS ")"
-    " AS captures_before,"
+    " max((SELECT count(*)" LINEAGE_CAPTURES " AND c.t < ?4), (SELECT coalesce(sum(q.captured), 0)"
+    CAPTURING_REQUESTS ")) AS captures_before,"
     " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4"
     " AND t <= ?5) AS own_capture";
+/* The stamp of the request's last own capture: the captured-th capture of
+ * its key on its worker from its start (?4) up to WHY_EVENT_LAG past its
+ * end (?5), in order; bound as ?8 = captured. None when fewer came.
+ * Captures of the key after that one are other requests' (helper-91: a
+ * second capture 200 ms after this request's end, made by another
+ * request, was shown as this one's own). */
+static const char own_last_sql[] =
+    "SELECT t FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4 AND t <= ?5"
+    " ORDER BY t, id LIMIT 1 OFFSET ?8 - 1";
 static const char declines_sql[] =
     "SELECT reason, count FROM declines WHERE worker = ?1 AND key_hash = ?2 ORDER BY reason";
 /* The median of the other ok requests of the key on the worker: the
@@ -432,6 +443,25 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
     long long matches = integer(counts, !strcmp(source, "requests") ? "here" : "slow");
     json_t *key = NULL, *caps = NULL, *evs = NULL, *tot = NULL, *decl = NULL, *peers = NULL;
     bool keyed = json_is_string(json_object_get(row, "capture_key"));
+    if (keyed && integer(row, "captured") > 0) {
+        /* its own captures reach no further than its last one: ?5 moves
+         * back to that stamp (or to its end when it came before) */
+        json_t *p8 = json_copy(params), *own = NULL;
+        if (!p8 || json_array_append_new(p8, json_integer(integer(row, "captured"))) != 0) {
+            json_decref(p8);
+            oom(c);
+            goto done;
+        }
+        own = run(c, own_last_sql, p8, 'o');
+        json_decref(p8);
+        if (!own) goto done;
+        const json_t *last = json_object_get(json_array_get(own, 0), "t");
+        if (json_is_number(last)) {
+            double until = json_number_value(last), end = num(row, "t");
+            json_array_set_new(params, 4, json_real(until > end ? until : end));
+        }
+        json_decref(own);
+    }
     if (keyed) { /* a request without a capture key has no history to join */
         key = run_one(c, key_sql, params);
         caps = key ? run(c, captures_sql, params, 'o') : NULL;

@@ -1800,6 +1800,50 @@ START_TEST(test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_star
 }
 END_TEST
 
+/* A request's own captures are as many as it made (helper-91: every
+ * capture of the key within 5 s after its end was listed as "its own",
+ * and captures_before added the captures stamped before a request to the
+ * capturing requests that ended before it, counting one capture twice).
+ * P (sent 3000, ended 3001) captured 1, stamped 3001.1; Q (sent 3001.15,
+ * ended 3001.25) captured the key again, stamped 3001.3 (a dropped graph
+ * captured anew). P lists 3001.1 only; Q lists both, its own after its
+ * end; R (sent 3002) counts 2 captures before it, not 4. */
+START_TEST(test_why_lists_as_a_requests_own_only_the_captures_it_made) {
+#define WHY_F1 "00000000000000f1"
+#define WHY_KEY_F "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler" \
+    " inputs=latent:F32[4,2,8,16] weights=transformer@1 graph=dtype:F32,cfg:cond,expert:-,sched:f32"
+    cat_t *w = open_ok(false);
+    TS_OK(cat_request(w, 30, "w0", WHY_SHARD, 1, 4, 1, 1, 2, 0.9, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, "warming_up=2",
+                      NULL, 3000.0, 3001.0));
+    TS_OK(cat_capture(w, "w0", WHY_KEY_F, WHY_F1, 0, 4096, 12, 0.1, 1, NULL, 3001.1));
+    TS_OK(cat_request(w, 31, "w0", WHY_SHARD, 1, 4, 1, 3, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, NULL, NULL,
+                      3001.15, 3001.25));
+    TS_OK(cat_capture(w, "w0", WHY_KEY_F, WHY_F1, 0, 4096, 12, 0.1, 1, NULL, 3001.3));
+    TS_OK(cat_request(w, 32, "w0", WHY_SHARD, 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, NULL, NULL,
+                      3002.0, 3002.1));
+    cat_t *c = open_ok(true);
+    json_t *j = why_ok(c, 30, NULL);
+    json_t *caps = json_object_get(j, "captures");
+    ck_assert_uint_eq(json_array_size(caps), 1);
+    ck_assert_double_eq(jnum(json_array_get(caps, 0), "t"), 3001.1);
+    ck_assert(json_is_true(json_object_get(json_array_get(caps, 0), "after_end")));
+    json_decref(j);
+    j = why_ok(c, 31, NULL);
+    caps = json_object_get(j, "captures");
+    ck_assert_uint_eq(json_array_size(caps), 2); /* P's, before its end, and its own after it */
+    ck_assert(json_is_false(json_object_get(json_array_get(caps, 0), "after_end")));
+    ck_assert(json_is_true(json_object_get(json_array_get(caps, 1), "after_end")));
+    json_decref(j);
+    j = why_ok(c, 32, NULL);
+    ck_assert_int_eq(jint(json_object_get(j, "totals"), "captures_before"), 2);
+    json_decref(j);
+    cat_close(&c);
+    cat_close(&w);
+#undef WHY_F1
+#undef WHY_KEY_F
+}
+END_TEST
+
 /* A request on worker "wd" of key kh, sent at started, ending at t. */
 static void why_at(cat_t *c, uint64_t id, const char *kh, uint64_t version, int captured, int replayed, int eager,
                    int batched, const char *why, double started, double t) {
@@ -2152,6 +2196,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_a_merge_refuses_an_older_schema_and_names_the_source_file_in_its_errors);
     tcase_add_test(tc, test_why_the_first_request_of_a_key_ran_warmup_and_made_its_first_capture);
     tcase_add_test(tc, test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_started);
+    tcase_add_test(tc, test_why_lists_as_a_requests_own_only_the_captures_it_made);
     tcase_add_test(tc, test_why_verdicts_hold_for_warming_evictions_budget_declines_and_rekeyed_graphs);
     tcase_add_test(tc, test_a_worker_process_restart_evicts_the_graphs_its_old_process_held);
     tcase_add_test(tc, test_why_a_replayed_request_is_compared_with_the_median_of_its_keys_other_requests);
