@@ -146,9 +146,13 @@ int cmd_top(int argc, char **argv) {
         wire_err_t err;
         if (reel_status(c, &s, interval > 5000 ? interval : 5000, &err) != 0) {
             /* the broker may come back: say so and keep watching */
-            char msg[sizeof err.message];
-            fprintf(stdout, "%s broker %s: %s: %s\n", tty ? "\033[H\033[2J" : "", broker, err.code,
-                    clean(err.message, msg, sizeof msg));
+            char msg[sizeof err.message], when[32];
+            time_t t = time(NULL);
+            struct tm tm;
+            localtime_r(&t, &tm);
+            strftime(when, sizeof when, "%H:%M:%S", &tm); /* each block has its time, this one too */
+            fprintf(stdout, "%sreelctl top  %s  broker %s: %s: %s\n", tty ? "\033[H\033[2J" : "", when, broker,
+                    err.code, clean(err.message, msg, sizeof msg));
             fflush(stdout);
             prev.have = false;
             rc = CTL_NO;

@@ -344,6 +344,10 @@ done
     ok "... and stays 503 through two reconnects ($i probes: ${r#503 })" ||
     bad "worker /readyz through its reconnects: $flips probes 200 of $i, reconnects $(grep -c "reconnecting:" "$D/w1.log") from $n0"
 r=$(get "http://127.0.0.1:$P1/healthz"); case "$r" in "200 ok") ok "... and its /healthz stays 200" ;; *) bad "worker /healthz: $r" ;; esac
+# reelctl top without a broker, piped: the block says so, with its time (helper-91: no time)
+"$R" top --broker "ipc://$D/c" --count 1 --interval-ms 200 >"$D/topdead.txt" 2>&1
+grep -qE "^reelctl top  [0-9]{2}:[0-9]{2}:[0-9]{2}  broker ipc://.*: timeout" "$D/topdead.txt" &&
+    ok "reelctl top piped with the broker gone: one line with its time, timeout" || { bad "reelctl top, broker gone"; show "$D/topdead.txt"; }
 
 # bad addresses stop a daemon at startup, saying why
 "$B/reel-broker" --clients "ipc://$D/c2" --workers "ipc://$D/w2" --catalog "" --metrics nonsense >"$D/bad1.log" 2>&1
