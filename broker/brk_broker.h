@@ -111,17 +111,6 @@ static inline bool brk_worker_fits(const brk_worker_t *w, const char *model, con
     return true;
 }
 
-/* w->route.applying from its syncs: the transformer version it was sent
- * and has not acked, while no deadline passed (0: none). Routing reads it
- * (brk_peer_eligible); it is noted before each routing pass, from the
- * state the sync module keeps. */
-static inline void brk_worker_note_applying(brk_worker_t *w) {
-    uint64_t a = 0;
-    for (int i = 0; i < w->n_syncs; i++)
-        if (w->syncs[i].waiting && !strcmp(w->syncs[i].component, BRK_COMPONENT)) a = w->syncs[i].sent;
-    w->route.applying = a;
-}
-
 typedef enum { REQ_QUEUED, REQ_INFLIGHT, REQ_ABANDONED } brk_req_state_t;
 
 /* A GEN the broker accepted. `msg` is the client's message (identity,
@@ -311,5 +300,27 @@ typedef struct {
     uint64_t orphan_events_lost;     /* their entries never recorded: no READY in time, or too many */
     brk_log_budget_t orphan_log;     /* those losses' share of the log */
 } brk_t;
+
+/* Notes route.applying of every worker: the newest transformer version of
+ * a barrier (a trainer's SYNC, bounded by its deadline) still waiting for
+ * the worker's ack; 0: none. Routing reads it (brk_peer_eligible): such a
+ * worker keeps its keys while it applies. A catch-up SYNC (a worker that
+ * joined, or came back, behind the current version) belongs to no barrier
+ * and has no deadline: that worker takes no keys before its ack, as
+ * before; nor does a barrier whose uploaded file still comes (no deadline
+ * yet). Called before each routing pass, from the state the sync module
+ * keeps. */
+static inline void brk_note_applying(brk_t *b) {
+    for (int i = 0; i < b->n_w; i++) b->w[i]->route.applying = 0;
+    for (const brk_barrier_t *s = b->barriers; s; s = s->next) {
+        if (strcmp(s->component, BRK_COMPONENT) || s->deadline_ms == INT64_MAX) continue;
+        for (int k = 0; k < s->n; k++) {
+            if (s->m[k].state != BRK_MEMBER_WAITING) continue;
+            for (int i = 0; i < b->n_w; i++)
+                if (!strcmp(b->w[i]->route.name, s->m[k].worker) && b->w[i]->route.applying < s->version)
+                    b->w[i]->route.applying = s->version;
+        }
+    }
+}
 
 #endif

@@ -154,7 +154,7 @@ static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers,
 static bool try_dispatch(brk_t *b, brk_req_t *r) {
     const brk_peer_t *all[b->n_w ? b->n_w : 1], *peers[b->n_w ? b->n_w : 1];
     int idx[b->n_w ? b->n_w : 1];
-    for (int i = 0; i < b->n_w; i++) brk_worker_note_applying(b->w[i]);
+    brk_note_applying(b);
     for (;;) {
         for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
         /* Only workers that run its loop kind (a solver they announced). */

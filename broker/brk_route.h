@@ -100,7 +100,7 @@ typedef struct {
     brk_version_t versions[BRK_MAX_COMPONENTS];  /* applied (acked) versions */
     unsigned loops;                 /* bit BRK_LOOP_*: the loop kinds it runs (euler and sde always; the
                                      * solvers its READY listed); bit BRK_CAP_*: what else it can do */
-    uint64_t applying;              /* a BRK_COMPONENT version it was sent and has not acked yet (0: none):
+    uint64_t applying;              /* a BRK_COMPONENT version a sync barrier waits for it to ack (0: none):
                                      * it owns what it will own at that version, and is sent nothing that
                                      * needs it before it has applied it (brk_peer_eligible) */
 } brk_peer_t;

@@ -15,7 +15,8 @@
  *
  * Partly applied: the version is current, and a worker that failed it is
  * lagging. Requests needing the new version no longer reach it
- * (brk_peer_eligible reads the acked version); it still serves requests
+ * (brk_peer_eligible reads the acked version, and, while a barrier waits
+ * for its ack, the version it applies: brk_note_applying); it still serves requests
  * whose "version" it has; STATUS says why it lags; it is sent the version
  * again when it reconnects (READY) or when the trainer resends the SYNC.
  *

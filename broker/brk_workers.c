@@ -273,9 +273,9 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t curren
     const brk_peer_t *peers[b->n_w ? b->n_w : 1];
     brk_worker_t *live[b->n_w ? b->n_w : 1];
     int n = 0, self = -1;
+    brk_note_applying(b); /* a peer applying the version in a barrier owns its keys at it */
     for (int i = 0; i < b->n_w; i++) {
         if (b->w[i]->dead) continue;
-        brk_worker_note_applying(b->w[i]); /* a peer applying the version owns its keys at it */
         if (b->w[i] == w) self = n;
         live[n] = b->w[i];
         peers[n++] = &b->w[i]->route;

@@ -2666,7 +2666,8 @@ static int request_on_either(box_t *x, uint64_t *rid) {
  * key's next GEN waits while its owner applies v2 -- nothing reaches
  * either worker -- and goes to the owner when its ack comes. Then a sync
  * of v3 that the owner fails: its waiting GEN goes to the worker that has
- * v3, the next owner. */
+ * v3, the next owner; and the owner, registering again behind v3 and
+ * caught up outside any barrier, takes no keys before its ack. */
 START_TEST(test_a_key_waits_for_its_owner_to_apply_a_sync_and_moves_only_if_the_owner_fails_it) {
     box_t x;
     box_open(&x);
@@ -2707,6 +2708,17 @@ START_TEST(test_a_key_waits_for_its_owner_to_apply_a_sync_and_moves_only_if_the_
     ck_assert_str_eq(d->type, "SYNC_DONE");
     drop_msg(&d);
     expect_on(x.trainer, "RESULT", 3, NULL);
+
+    /* The owner registers again behind v3 (a restart): it is caught up
+     * to v3 by a SYNC of no barrier, with no deadline, and takes no keys
+     * before its ack (helper-92): the key's GEN goes to the other worker
+     * at once. */
+    ready(&x, own, 1);
+    expect_sync(&x, own, 3);
+    gen_from(&x, x.trainer, 4, TOKEN_A, 4, false);
+    ck_assert_int_eq(request_on_either(&x, &rid), other);
+    worker_result(&x, other, wire_hdr("RESULT", rid), 3, 4, 2);
+    expect_on(x.trainer, "RESULT", 4, NULL);
     all_answered(&x);
     box_close(&x);
 }
