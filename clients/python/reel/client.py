@@ -672,11 +672,15 @@ class Client:
         held unsent would otherwise go to a broker that comes back later,
         and a sync the caller was told failed (ReelTimeout) would apply
         after all."""
-        if self._sock is not None:
-            self._sock.close(0)
-            self._sock = None
+        old, self._sock = self._sock, None
+        try:
+            self._open()
+        except BaseException:  # (a second interrupt, a terminated context) the old one stays, queue and all
+            self._sock = old
+            return
+        if old is not None:
+            old.close(0)
         self._boot = None
-        self._open()
 
     def _switch(self):
         """Moves to the next endpoint of the list (a standby pair's other
