@@ -104,10 +104,12 @@ static void forget_unsent(reel_client_t *c) {
     c->boot = 0;
 }
 
-/* After a sync's call: its timeout or interruption leaves nothing queued. */
+/* After a sync's or an upload's call: one that ended without the
+ * broker's answer (a timeout, an interruption, a send or a file that
+ * failed midway) leaves nothing queued. */
 static int sync_ended(reel_client_t *c, int rc, const wire_err_t *err) {
-    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)))
-        forget_unsent(c);
+    (void)err;
+    if (rc < 0) forget_unsent(c);
     return rc;
 }
 
@@ -865,7 +867,7 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
         else rc = upload_answer(&p, &a, err);
     }
     upload_close(&p);
-    return rc;
+    return sync_ended(c, rc, err);
 }
 
 static msg_sync_t *sync_message(uint64_t client, const char *component, uint64_t version, const char *sha256, const char *path,
