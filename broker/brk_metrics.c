@@ -104,7 +104,9 @@ static void render(brk_t *b, reel_text_t *t) {
     int routable = 0, unroutable = 0, dead = 0, inflight = 0;
     for (int i = 0; i < b->n_w; i++) {
         const brk_worker_t *w = b->w[i];
-        bool lagging = false; /* behind a current version: what needs it cannot go there (STATUS lagging) */
+        /* behind a current version: what needs it cannot go there (STATUS's lagging; brk_sync_lag
+         * would say why, but the sync module reports its barriers here: no call back) */
+        bool lagging = false;
         for (int c = 0; c < b->n_cur && !lagging; c++)
             lagging = brk_peer_version(&w->route, b->cur[c].component) < b->cur[c].version;
         if (w->dead) dead++;

@@ -150,11 +150,12 @@ static int fitting(const brk_t *b, const brk_req_t *r, const brk_peer_t **peers,
 }
 
 /* Sends r to its owner when the owner has a free slot. true when sent. A
- * failed send makes that worker unroutable and the next owner is tried. */
+ * failed send makes that worker unroutable and the next owner is tried.
+ * The workers' route.applying must be noted first (brk_note_applying:
+ * once per pass, as dispatching changes no barrier). */
 static bool try_dispatch(brk_t *b, brk_req_t *r) {
     const brk_peer_t *all[b->n_w ? b->n_w : 1], *peers[b->n_w ? b->n_w : 1];
     int idx[b->n_w ? b->n_w : 1];
-    brk_note_applying(b);
     for (;;) {
         for (int i = 0; i < b->n_w; i++) all[i] = &b->w[i]->route;
         /* Only workers that run its loop kind (a solver they announced). */
@@ -266,6 +267,7 @@ static void pump_fifo(brk_t *b) {
 void brk_pump(brk_t *b) {
     const size_t n = brk_queue_len(&b->queue);
     if (!n) return;
+    brk_note_applying(b);
     if (!any_room(b)) { /* nothing can go: the pass only notes which requests have an owner (had_owner) */
         pump_fifo(b);
         return;
@@ -570,6 +572,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     /* Older requests wait in the queue only while their owner is full or
      * missing, so sending a new one straight to a free owner passes none
      * of them (brk_pump gives a freed slot its turn). */
+    brk_note_applying(b);
     if (try_dispatch(b, r)) return;
     if (brk_queue_push(&b->queue, r) == 0) return;
     uint32_t had = 0, mine = 0;

@@ -15,25 +15,22 @@
 set -u
 B="${1:-build}"
 cd "$(dirname "$0")/.."
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/reel-fpc.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+SUITE=fp_contract
+D=$(mktemp -d /tmp/reel-fpc.XXXXXX)
+. tests/lib_cli.sh
 CC="${CC:-cc}"
 
 if [ "$(uname -m)" != x86_64 ]; then
-    echo "fp_contract: SKIP: the scan reads x86 instructions; this machine is $(uname -m)"
+    echo "$SUITE: SKIP: the scan reads x86 instructions; this machine is $(uname -m)"
     exit 0
 fi
 if ! command -v objdump >/dev/null; then
     bad "objdump (binutils) is missing: the scan cannot run"
-    echo "fp_contract: $pass passed, $fail failed"
-    exit 1
+    finish
 fi
 
 # 1. the checker on a known case
-cat >"$T/turn.c" <<'EOF'
+cat >"$D/turn.c" <<'EOF'
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void turn(float *x, const double *cs, long n) {
     for (long j = 0; j < n; j++) {
@@ -43,9 +40,9 @@ void turn(float *x, const double *cs, long n) {
     }
 }
 EOF
-if ! $CC -std=c17 -O2 -c "$T/turn.c" -o "$T/turn.o" 2>"$T/cc.err"; then
-    bad "the known case does not compile: $(head -3 "$T/cc.err")"
-elif objdump -d --no-show-raw-insn "$T/turn.o" | grep -qE "vfmaddsub|vfmsubadd"; then
+if ! $CC -std=c17 -O2 -c "$D/turn.c" -o "$D/turn.o" 2>"$D/cc.err"; then
+    bad "the known case does not compile: $(head -3 "$D/cc.err")"
+elif objdump -d --no-show-raw-insn "$D/turn.o" | grep -qE "vfmaddsub|vfmsubadd"; then
     ok "the scan finds the add-sub pattern's vfmaddsub in a plainly written pair turn (this compiler: $($CC --version | head -1))"
 else
     ok "this compiler ($($CC --version | head -1)) no longer fuses the plainly written pair turn: the scan below still guards"
@@ -57,15 +54,14 @@ for f in "$B/libreel.a" "$B/reel-broker" "$B/reel-worker" "$B/reelctl" $(ls "$B"
         bad "$f is missing (build first)"
         continue
     fi
-    objdump -d --no-show-raw-insn "$f" >"$T/dis" 2>/dev/null
-    n=$(grep -cE "vfmaddsub|vfmsubadd" "$T/dis")
+    objdump -d --no-show-raw-insn "$f" >"$D/dis" 2>/dev/null
+    n=$(grep -cE "vfmaddsub|vfmsubadd" "$D/dis")
     if [ "$n" = 0 ]; then
         ok "$f: no fused multiply-add-subtract"
     else
-        fns=$(awk '/^[0-9a-f]+ </ { f = $2 } /vfmaddsub|vfmsubadd/ { print f }' "$T/dis" | sort -u | head -5 | tr '\n' ' ')
+        fns=$(awk '/^[0-9a-f]+ </ { f = $2 } /vfmaddsub|vfmsubadd/ { print f }' "$D/dis" | sort -u | head -5 | tr '\n' ' ')
         bad "$f: $n fused multiply-add-subtract instructions, in $fns(a product the source rounds is not rounded there: see cpu_opaque in kernels/cpu/cpu_arith.h)"
     fi
 done
 
-echo "fp_contract: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

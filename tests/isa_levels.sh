@@ -19,11 +19,9 @@ set -u
 [ $# -ge 2 ] || { echo "usage: $0 REF_BUILD BUILD..." >&2; exit 2; }
 REF=$1
 shift
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+SUITE=isa
 D=$(mktemp -d /tmp/reel-isa.XXXXXX)
-trap 'rm -rf "$D"' EXIT
+. "$(dirname "$0")/lib_cli.sh"
 R0="$REF/reelctl"
 "$R0" weights init --config tiny --seed 1 --out "$D/tiny.st" >/dev/null 2>&1 &&
     "$R0" weights init --config small --seed 2 --out "$D/small.st" >/dev/null 2>&1 &&
@@ -31,7 +29,7 @@ R0="$REF/reelctl"
     "$R0" tensor rand --name context --shape 5,32 --seed 4 --out "$D/unc.st" >/dev/null &&
     "$R0" tensor rand --name context --shape 16,256 --seed 6 --out "$D/sctx.st" >/dev/null &&
     "$R0" tensor rand --name context --shape 16,256 --seed 7 --out "$D/sunc.st" >/dev/null ||
-    { echo "isa: cannot make the inputs with $R0"; echo "isa: 0 passed, 1 failed"; exit 1; }
+    { bad "cannot make the inputs with $R0"; finish; }
 
 # runs BUILD OUT: the four loops into OUT/
 runs() {
@@ -60,5 +58,4 @@ for b in "$@"; do
         fi
     done
 done
-echo "isa: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

@@ -107,8 +107,7 @@ static void forget_unsent(reel_client_t *c) {
 /* After a sync's or an upload's call: one that ended without the
  * broker's answer (a timeout, an interruption, a send or a file that
  * failed midway) leaves nothing queued. */
-static int sync_ended(reel_client_t *c, int rc, const wire_err_t *err) {
-    (void)err;
+static int sync_ended(reel_client_t *c, int rc) {
     if (rc < 0) forget_unsent(c);
     return rc;
 }
@@ -867,7 +866,7 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
         else rc = upload_answer(&p, &a, err);
     }
     upload_close(&p);
-    return sync_ended(c, rc, err);
+    return sync_ended(c, rc);
 }
 
 static msg_sync_t *sync_message(uint64_t client, const char *component, uint64_t version, const char *sha256, const char *path,
@@ -1129,7 +1128,7 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
     }
     if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms", timeout_ms);
     free(s);
-    return sync_ended(c, rc, err);
+    return sync_ended(c, rc);
 }
 
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
@@ -1139,7 +1138,7 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     msg_sync_t *s = sync_message(c->token, component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
-    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err), err);
+    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1153,7 +1152,7 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;
-    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err), err);
+    int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
