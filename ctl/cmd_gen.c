@@ -41,9 +41,9 @@ static void resent(void *user, uint64_t id, int silent_ms) {
     fflush(stderr);
 }
 
+/* user: the label, which says whether decoded frames follow the steps */
 static void progress_bar(void *user, int step, int steps) {
-    (void)user;
-    ctl_progress("(steps, then the decode's frames)", step, steps);
+    ctl_progress((const char *)user, step, steps);
 }
 
 /* What `reelctl gen` was asked, after the command line. */
@@ -394,7 +394,8 @@ int cmd_gen(int argc, char **argv) {
     g_gen_client = c;
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    int got = reel_gen(c, g, res_lat, &r, progress_bar, NULL, o.timeout_ms, &err);
+    const char *label = g->decoded ? "(steps, then the decode's frames)" : "(steps)";
+    int got = reel_gen(c, g, res_lat, &r, progress_bar, (void *)label, o.timeout_ms, &err);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     g_gen_client = NULL;

@@ -70,6 +70,9 @@ int video_decode_rgb(const char *path, uint8_t **rgb, video_info_t *info) {
  * av_lazy_load() fills (no binary links FFmpeg; av_lazy.h says why) */
 #include "media/av_lazy.h"
 
+/* The demuxers video_probe and video_decode_rgb may use. */
+#define VIDEO_CONTAINERS "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
+
 /* FFmpeg's error code as text, for an error's detail. */
 static const char *av_text(int e, char buf[AV_ERROR_MAX_STRING_SIZE]) {
     av_strerror(e, buf, AV_ERROR_MAX_STRING_SIZE);
@@ -353,10 +356,18 @@ static int read_video(const char *path, video_info_t *info, uint8_t **rgb) {
     if (rgb) *rgb = NULL;
     if (av_lazy_load()) return reel_fail_prefix("%s: ", path);
 
-    if ((e = avformat_open_input(&ic, path, NULL, NULL)) < 0) {
+    /* Video containers only, from the local file only: FFmpeg would also
+     * take a text file for its 'tty' art demuxer (and "decode" frames of
+     * it), and a playlist (HLS, concat) would open whatever it names. */
+    AVDictionary *opts = NULL;
+    av_dict_set(&opts, "format_whitelist", VIDEO_CONTAINERS, 0);
+    av_dict_set(&opts, "protocol_whitelist", "file", 0);
+    e = avformat_open_input(&ic, path, NULL, &opts);
+    av_dict_free(&opts);
+    if (e < 0) {
         char b[AV_ERROR_MAX_STRING_SIZE];
         return reel_fail_detail(e == AVERROR(ENOENT) ? REEL_E_NOT_FOUND : REEL_E_INVALID, av_text(e, b),
-                                "video %s: cannot open it as a video", path);
+                                "video %s: cannot open it as a video (MP4/MOV, Matroska/WebM or AVI)", path);
     }
     if ((e = avformat_find_stream_info(ic, NULL)) < 0) {
         fail_av(e, REEL_E_INVALID, "cannot read its streams");

@@ -127,6 +127,9 @@ round() {
 round alone --max-batch 1 --threads 1
 grep -q "sharing a pool of 1 thread on" "$D/alone.log" && ok "alone: --threads 1 sizes the CPU pool" ||
     bad "alone: the worker's log does not say a pool of 1 thread"
+grep -q "attention fused (mode auto): the CPU's attention kernel" "$D/alone.log" &&
+    ok "alone: the CPU worker logs its attention choice at start (docs/OPERATIONS.md)" ||
+    bad "alone: the worker's log does not say its attention choice"
 [ "$MIXED" = 0 ] && [ "$STEPS" = "$SAMPLES" ] && ok "--max-batch 1: every request stepped alone ($STEPS steps)" ||
     bad "--max-batch 1: $MIXED mixed steps, $STEPS steps for $SAMPLES request steps"
 

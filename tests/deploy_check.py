@@ -17,7 +17,12 @@ way a reviewer would, and against Reel itself:
     catalog); each StatefulSet has its governing Service; every Service
     selects a workload and targets ports it declares;
   - deploy/grafana/reel.json parses, and every metric its panels query is
-    one Reel exports (names collected from the code).
+    one Reel exports (names collected from the code);
+  - the key volumes run: each pod's init container over a Secret and an
+    emptyDir made as Kubernetes makes them (as root), then the broker of
+    broker.yaml and of broker-pair.yaml started as the pod's user on what
+    it left, and a worker of each StatefulSet registering with it (SKIP
+    when not root).
 Prints PASS/FAIL lines; exits 1 on any failure.
 Usage: deploy_check.py REPO BUILD
 """
@@ -158,6 +163,164 @@ if ss:
         {t["metadata"]["name"] for t in ss[0]["spec"].get("volumeClaimTemplates", [])}
     check(all(m["name"] in vols for m in c.get("volumeMounts", [])),
           "broker-pair.yaml: every volumeMount names a volume or claim template (its own catalog each)")
+
+# The key volumes as Kubernetes makes them, run (not only read): the
+# Secrets hold what docs/DEPLOY.md's step 2 puts in them (reel-broker-keys:
+# broker.key and every NAME.pub; reel-worker-keys: broker.pub and every
+# worker's NAME.key) at the volume's defaultMode, owned by root; an emptyDir
+# is 1777. Each pod's init container runs its own command over those
+# folders as root (as its securityContext says), then the daemon starts as
+# the pod's runAsUser with the manifest's --keys/--key/--broker-key paths:
+# the broker must come up, and a worker of each StatefulSet must register
+# with it (a broker that refuses a keys folder others may write, or a key
+# the daemon's user cannot read, fails here as it would in the cluster).
+def run_pods():
+    import shutil
+    import tempfile
+    import time
+    if os.geteuid() != 0:
+        print("SKIP the key volumes run: the init containers chown as root, and this is not root")
+        return
+    T = tempfile.mkdtemp(prefix="reel-k8s.")
+    os.chmod(T, 0o755)
+    procs = []
+
+    def as_user(pod, argv):
+        uid = pod["spec"].get("securityContext", {}).get("runAsUser", 0)
+        return ["setpriv", "--reuid=%d" % uid, "--regid=%d" % uid, "--clear-groups"] + argv, uid
+
+    def wait_line(log, pattern, proc, what, secs=60):
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            text = open(log, errors="replace").read()
+            if re.search(pattern, text):
+                return True
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        text = open(log, errors="replace").read().strip().splitlines()
+        print("  %s: %s" % (what, " / ".join(text[-3:]) or "(no output)"))
+        return False
+
+    def stage(tag, pod, pod_name, keydir):
+        """The pod's volumes under T/tag and its init containers run; returns
+        the main container's mounts as {mountPath: host folder}, or None."""
+        root = os.path.join(T, tag)
+        os.makedirs(root)
+        host = {}
+        uid = pod["spec"].get("securityContext", {}).get("runAsUser", 0)
+        for v in pod["spec"].get("volumes", []):
+            d = os.path.join(root, v["name"])
+            os.makedirs(d)
+            if "secret" in v:
+                sec = v["secret"]["secretName"]
+                names = sorted(os.listdir(keydir))
+                pick = ["broker.key"] + [n for n in names if n.endswith(".pub")] if sec == "reel-broker-keys" else \
+                    ["broker.pub"] + [n for n in names if n.endswith(".key") and n not in ("broker.key", "trainer.key")]
+                for n in pick:
+                    shutil.copy(os.path.join(keydir, n), d)
+                    os.chmod(os.path.join(d, n), v["secret"].get("defaultMode", 0o644))
+                os.chmod(d, 0o755)
+            elif "emptyDir" in v:
+                os.chmod(d, 0o1777)
+            else:  # a claim: the pod's user may write it (fsGroup)
+                os.chown(d, uid, uid)
+            host[v["name"]] = d
+
+        def paths(c):
+            m = {x["mountPath"]: host[x["name"]] for x in c.get("volumeMounts", []) if x["name"] in host}
+            pat = re.compile(r"(?<![\w.-])(%s)(?![\w.-])" % "|".join(re.escape(k) for k in sorted(m, key=len, reverse=True)))
+            return lambda s: pat.sub(lambda g: m[g.group(1)], s.replace("$(POD_NAME)", pod_name)) if m else s
+
+        for c in pod["spec"].get("initContainers", []):
+            cmd = c.get("command", [])
+            sub = paths(c)
+            r = subprocess.run([sub(a) for a in cmd], capture_output=True, text=True)
+            if r.returncode != 0:
+                check(False, "%s: init container %s runs (%s)" % (tag, c["name"], r.stderr.strip()[-200:]))
+                return None
+        return paths(pod["spec"]["containers"][0])
+
+    try:
+        keydir = os.path.join(T, "keys")
+        reelctl = os.path.join(build, "reelctl")
+        gen = [["--role", "broker"], ["--role", "trainer", "--name", "trainer"]]
+        gen += [["--role", "worker", "--name", "reel-worker-0"]]
+        for g in gen:
+            subprocess.run([reelctl, "keys", "new"] + g + ["--out", keydir], check=True, capture_output=True)
+        run = os.path.join(T, "run")
+        os.makedirs(run)
+        wdir = os.path.join(T, "weights")
+        os.makedirs(wdir)
+        subprocess.run([reelctl, "weights", "init", "--config", "tiny", "--out",
+                        os.path.join(wdir, "w.safetensors")], check=True, capture_output=True)
+        os.chmod(T, 0o755)
+        for d in (keydir, run, wdir):
+            os.chmod(d, 0o755)
+        os.chmod(os.path.join(wdir, "w.safetensors"), 0o644)
+
+        brokers = [(f, o["spec"]["template"]) for f, o in objs if o["kind"] == "Deployment"]
+        brokers += [("broker-pair.yaml", o["spec"]["template"]) for o in ss]
+        workers = [(f, o["spec"]["template"]) for f, o in objs if o["kind"] == "StatefulSet"]
+        # one broker at a time, each with a worker of every StatefulSet
+        for bi, (bf, bpod) in enumerate(brokers):
+            tag = "broker%d" % bi
+            sub = stage(tag, bpod, "reel-broker-0", keydir)
+            if sub is None:
+                continue
+            c = bpod["spec"]["containers"][0]
+            text = " ".join(c.get("args", []) + c.get("command", []))
+            kv = dict(re.findall(r"--(keys|key)=(\S+)", text))
+            os.chown(run, bpod["spec"].get("securityContext", {}).get("runAsUser", 0), -1)
+            state = os.path.join(T, tag + "-state")
+            os.makedirs(state)
+            argv, uid = as_user(bpod, [os.path.join(build, "reel-broker"),
+                                       "--clients=ipc://%s/%s-c" % (run, tag), "--workers=ipc://%s/%s-w" % (run, tag),
+                                       "--keys=" + sub(kv.get("keys", "")), "--key=" + sub(kv.get("key", "")),
+                                       "--catalog=%s/reel.db" % state, "--weights-dir=" + state])
+            os.chown(state, uid, uid)
+            blog = os.path.join(T, tag + ".log")
+            bp = subprocess.Popen(argv, stdout=open(blog, "w"), stderr=subprocess.STDOUT)
+            procs.append(bp)
+            up = wait_line(blog, r"ready clients=", bp, bf + "'s broker")
+            check(up, "%s: the broker starts with its key volume as the init container leaves it" % bf)
+            if not up:
+                continue
+            for wi, (wf, wpod) in enumerate(workers):
+                wtag = "%s-worker%d" % (tag, wi)
+                wsub = stage(wtag, wpod, "reel-worker-0", keydir)
+                if wsub is None:
+                    continue
+                wc = wpod["spec"]["containers"][0]
+                wkv = dict(re.findall(r"--(key|broker-key)=(\S+)", " ".join(wc.get("args", []))))
+                argv, _ = as_user(wpod, [os.path.join(build, "reel-worker"), "--name=reel-worker-0",
+                                         "--broker=ipc://%s/%s-w" % (run, tag),
+                                         "--key=" + wsub(wkv.get("key", "")),
+                                         "--broker-key=" + wsub(wkv.get("broker-key", "")),
+                                         "--weights=" + os.path.join(wdir, "w.safetensors"), "--backend=cpu"])
+                wlog = os.path.join(T, wtag + ".log")
+                wp = subprocess.Popen(argv, stdout=open(wlog, "w"), stderr=subprocess.STDOUT)
+                procs.append(wp)
+                joined = wait_line(blog, r"worker reel-worker-0 ready", wp, wf + "'s worker")
+                if not joined:
+                    print("  broker: " + " / ".join(open(blog).read().strip().splitlines()[-3:]))
+                check(joined, "%s: its worker's keys, as its init container leaves them, register it with %s's broker"
+                      % (wf, bf))
+                wp.terminate()
+                wp.wait(30)
+                # the next worker registers under the same name: wait for this one's leave
+                wait_line(blog, r"worker reel-worker-0 .*(lost|gone|left|bye|disconnect)", bp, "its leave", 20)
+            bp.terminate()
+            bp.wait(30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(T, ignore_errors=True)
+
+
+run_pods()
 
 # the dashboard queries only what Reel exports
 exported = set()

@@ -185,6 +185,21 @@ START_TEST(test_probe_of_a_missing_or_non_video_file_fails_naming_it) {
     ts_write_file(junk, "this is not a video at all, just some text bytes", 48);
     ck_assert_int_eq(video_probe(junk, &vi), -1);
     ck_assert_ptr_nonnull(strstr(reel_err_text(), "junk.mp4"));
+    /* a text file FFmpeg would take for 'tty' art and "decode" */
+    const char *text = ts_join(dir, "notes.txt");
+    char lines[4096];
+    size_t n = 0;
+    for (int i = 0; i < 60; i++) n += (size_t)snprintf(lines + n, sizeof lines - n, "line %d of some notes\n", i);
+    ts_write_file(text, lines, n);
+    ck_assert_int_eq(video_probe(text, &vi), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "notes.txt"));
+    /* a playlist naming another file: not followed */
+    const char *m3u = ts_join(dir, "list.m3u8");
+    const char *pl = "#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\nfile:///etc/passwd\n#EXT-X-ENDLIST\n";
+    ts_write_file(m3u, pl, strlen(pl));
+    ck_assert_int_eq(video_probe(m3u, &vi), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
 }
 END_TEST
 

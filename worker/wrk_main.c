@@ -847,8 +847,11 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
     if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", t2v_vae_name(w->vae), vae);
     *cache_budget = o->budget;
     if (o->budget && used >= o->budget) {
-        wrk_log(w, "--budget %zu bytes is used up by the text encoder, its cache, the VAE and the LoRA base "
-                "(%zu bytes)", o->budget, used);
+        char parts[128] = "";
+        if (w->text) snprintf(parts, sizeof parts, "the text encoder and its cache");
+        if (w->vae) snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%sthe VAE", *parts ? ", " : "");
+        if (base) snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%sthe LoRA base", *parts ? ", " : "");
+        wrk_log(w, "--budget %zu bytes is used up by %s (%zu bytes)", o->budget, parts, used);
         return -1;
     }
     if (o->budget) *cache_budget = o->budget - used;
@@ -930,7 +933,7 @@ static int open_backend(run_t *r) {
     if (o->bf16 && bk != KERN_BACKEND_CUDA) w->dtype = KERN_F32;
     kern_attention_describe(bk, w->dtype, w->attention, sizeof w->attention);
     w->attention_fused = kern_attention_choose(bk, w->dtype, 32760, 32760, 128, NULL) != KERN_ATTN_DECOMPOSED;
-    if (bk == KERN_BACKEND_CUDA) wrk_log(w, "%s", w->attention);
+    wrk_log(w, "%s", w->attention);
     if (o->bf16 && kern_backend_kind(w->backend) != KERN_BACKEND_CUDA) {
         wrk_log(w, "bf16 needs a CUDA device; computing in F32 on the CPU");
         w->dtype = KERN_F32;
@@ -1129,7 +1132,7 @@ int main(int argc, char **argv) {
     wire_tune_malloc();
     wrk_opts_t o;
     if (wrk_opts_parse(argc, argv, &o) != 0) {
-        fprintf(stderr, "reel-worker: %s\n%s", reel_err_text(), wrk_usage());
+        fprintf(stderr, "reel-worker: %s (try -h)\n", reel_err_text());
         return reel_exit_status(reel_err_code());
     }
     if (o.help) {
