@@ -42,8 +42,11 @@ struct brk_zap {
     pthread_mutex_t mu;            /* guards ring (the pointer and what it points to) */
     reel_keyring_t *ring;
 
-    _Atomic uint64_t refused;      /* handshakes refused (handler thread) */
+    _Atomic uint64_t refused;      /* handshakes refused (handler thread, and the loop's monitor) */
+    uint64_t zap_refusals;         /* of those, the handler's, for the log's rate (handler thread) */
     uint64_t dropped;              /* messages of keys no longer allowed (loop thread) */
+    void *mon[2];                  /* the client and worker sockets' handshake failures (loop thread) */
+    uint64_t failed_handshakes;    /* of those, for the log's rate (loop thread) */
     binding_t *bind;               /* loop thread only */
     int n_bind, cap_bind;
     brk_who_t cur;                 /* the sender of the message being handled (loop thread) */
@@ -143,7 +146,7 @@ static int decide(brk_zap_t *z, zmq_msg_t *f, int n, char *user) {
         return 0;
     }
     uint64_t r = atomic_fetch_add(&z->refused, 1) + 1;
-    if (worth_logging(r))
+    if (worth_logging(++z->zap_refusals)) /* its own allowance: the monitor's refusals do not use it up */
         brk_log("refused a peer on the %s socket from %s: %s (%llu refused so far)",
                 workers ? "worker" : !strcmp(domain, BRK_ZAP_CLIENTS) ? "client" : domain, addr, reel_err()->msg,
                 (unsigned long long)r);
@@ -288,6 +291,8 @@ void brk_zap_destroy(brk_zap_t **zp) {
     atomic_store(&z->quit, true);
     if (z->started) pthread_join(z->th, NULL);
     if (z->rep) zmq_close(z->rep);
+    for (int i = 0; i < 2; i++)
+        if (z->mon[i]) zmq_close(z->mon[i]);
     if (z->sigfd >= 0) close(z->sigfd);
     reel_keyring_destroy(&z->ring);
     pthread_mutex_destroy(&z->mu);
@@ -306,7 +311,67 @@ int brk_zap_server(brk_zap_t *z, void *sock, bool worker_side) {
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, z->self.secret_key, 40) != 0)
         return reel_fail(REEL_E_IO, "cannot make the %s socket a CURVE server: %s", worker_side ? "worker" : "client",
                          zmq_strerror(zmq_errno()));
+    /* A peer whose HELLO does not decrypt (it holds another broker's
+     * public key), or that speaks no CURVE, fails before any ZAP request:
+     * only the socket's monitor hears of it. (A keyless peer often sees
+     * the mismatch first and hangs up before the broker reads its
+     * mechanism: then libzmq reports nothing to count.) */
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://reel-handshakes-%s-%p", worker_side ? "workers" : "clients", (void *)z);
+    int zero = 0;
+    void *m = NULL;
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0 || !(m = zmq_socket(z->ctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
+        int e = zmq_errno();
+        if (m) zmq_close(m);
+        return reel_fail(REEL_E_IO, "cannot watch the %s socket's handshakes: %s", worker_side ? "worker" : "client",
+                         zmq_strerror(e));
+    }
+    z->mon[worker_side] = m;
     return 0;
+}
+
+void *brk_zap_monitor(brk_zap_t *z, bool worker_side) { return z ? z->mon[worker_side] : NULL; }
+
+/* Why a handshake failed, in words an operator can act on. */
+static const char *handshake_why(uint32_t value) {
+    switch (value) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "not CURVE (a peer without keys: REEL_KEY / --key unset?)";
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "its CURVE handshake does not decrypt (it holds another broker's public key?)";
+    default: return "a malformed handshake";
+    }
+}
+
+void brk_zap_monitor_read(brk_zap_t *z, bool worker_side) {
+    void *m = brk_zap_monitor(z, worker_side);
+    for (int budget = 0; m && budget < 64; budget++) { /* the rest at the next poll */
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, m, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        char where[128] = "?";
+        if (zmq_msg_more(&ev)) {
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, m, 0) >= 0) frame_text(&addr, where, sizeof where);
+            zmq_msg_close(&addr);
+        }
+        uint16_t id = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&id, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        zmq_msg_close(&ev);
+        if (id != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) continue;
+        uint64_t r = atomic_fetch_add(&z->refused, 1) + 1;
+        if (worth_logging(++z->failed_handshakes)) /* its own allowance: a keyless peer retries every 100 ms */
+            brk_log("refused a peer on the %s socket (%s): %s (%llu refused so far)", worker_side ? "worker" : "client",
+                    where, handshake_why(value), (unsigned long long)r);
+    }
 }
 
 /* ---- the loop's side -------------------------------------------------------------- */

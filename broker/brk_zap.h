@@ -64,6 +64,13 @@ void brk_zap_destroy(brk_zap_t **z);
 /* Makes sock (not yet bound) a CURVE server with the broker's key in the
  * client or worker ZAP domain. 0, or -1 with a REEL_E_IO error. */
 int brk_zap_server(brk_zap_t *z, void *sock, bool worker_side);
+/* The socket the loop polls for the client or worker socket's failed
+ * handshakes (NULL without keys or before brk_zap_server), and what it
+ * does when it is readable: a peer without CURVE, or whose handshake does
+ * not decrypt, never reaches the ZAP handler; each is counted as refused
+ * and logged as the handler's refusals are (loop thread). */
+void *brk_zap_monitor(brk_zap_t *z, bool worker_side);
+void brk_zap_monitor_read(brk_zap_t *z, bool worker_side);
 /* Reads the allowlist again: 0 with it swapped in, -1 with the error
  * value (base/error.h) and the old one kept (a half-read directory never
  * replaces a whole one). */

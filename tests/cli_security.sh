@@ -207,6 +207,15 @@ else bad "gen over CURVE"; show "$D/g1.err"; fi
 status='{"type":"STATUS","id":9}'
 peer - "$CE" 1 "$status" >"$D/plain.out"
 grep -q "peer: 0 messages" "$D/plain.out" && ok "a peer without a key gets no answer (before: anyone was served)" || { bad "plain peer refused"; show "$D/plain.out"; }
+# a HELLO that does not decrypt never reaches the ZAP handler: the socket's
+# monitor tells (a keyless peer too, when libzmq sees its mechanism before
+# it hangs up: a race, not checked here)
+timeout -k 5 61 $PEER --endpoint "$CE" --key "$K/bob.key" --broker-key "$D/other/stranger.pub" --for 1 "$status" >"$D/wrongbk.out"
+grep -q "peer: 0 messages" "$D/wrongbk.out" &&
+    wait_for "$D/broker.log" "refused a peer on the client socket .*: its CURVE handshake does not decrypt" 60 &&
+    [ "$(with bob "$R" status --broker "$CE" --json | sed -n 's/.*"auth_refused":\([0-9]*\).*/\1/p')" -ge 1 ] &&
+    ok "a peer holding another broker's public key: no answer, and the broker says why and counts it (auth_refused)" ||
+    { bad "wrong broker key logged"; show "$D/wrongbk.out"; show "$D/broker.log"; }
 peer stranger "$CE" 1 "$status" >"$D/stranger.out"
 grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*not in the allowlist" 60 &&
     ok "a key not in the allowlist gets no answer, and the broker logs it" || { bad "stranger refused"; show "$D/stranger.out"; }
