@@ -169,6 +169,9 @@ typedef struct {
     const char *component;      /* EVICT weight_sync: the component, else NULL; valid
                                  * during the callback only */
     uint64_t from_version, to_version;
+    bool graph;                 /* EVICT: the entry held a graph (its CAPTURE came before);
+                                 * false for one evicted while warming up or that only ran
+                                 * eager (its workspace alone is freed) */
 } cap_event_t;
 
 typedef void (*cap_event_fn)(void *user, const cap_event_t *ev);
@@ -280,7 +283,9 @@ typedef struct {
                                       * decline and eviction; an equal one a replay) */
     uint64_t transient_runs;         /* eager calls in a transient workspace (busy, budget) */
     uint64_t declines[CAP_DECLINE_COUNT];
-    uint64_t evictions[CAP_EVICT_COUNT];
+    uint64_t evictions[CAP_EVICT_COUNT];       /* entries evicted, a graph or not */
+    uint64_t graphless_evictions[CAP_EVICT_COUNT]; /* of those, entries that held no graph:
+                                               * captures - (evictions - graphless) = graphs */
     double capture_seconds;          /* capture + verify, summed */
     double replay_seconds;           /* bind + replay + copy-out of replayed calls (an audit's eager run too) */
     double eager_seconds;            /* bind + launch + copy-out of eager calls */

@@ -319,6 +319,7 @@ typedef struct {
     char key_text[CAP_KEY_TEXT_MAX];
     char component[CAP_NAME_MAX];   /* "" when the event had none */
     uint64_t from, to;
+    bool graph;
 } rec_event_t;
 
 #define MAX_EVENTS 512
@@ -341,6 +342,7 @@ static void on_event(void *user, const cap_event_t *ev) {
         r->reason = ev->reason;
         r->key_hash = ev->key_hash;
         r->stream = ev->stream;
+        r->graph = ev->graph;
         r->bytes = ev->bytes;
         r->nodes = ev->nodes;
         snprintf(r->key_text, sizeof r->key_text, "%s", ev->key_text ? ev->key_text : "");
@@ -1706,7 +1708,38 @@ START_TEST(test_destroy_emits_shutdown_evictions) {
     }
     ck_assert_int_eq(ha, 2);
     ck_assert_int_eq(hb, 1);
+    int graphs = 0;
+    for (int i = 0; i < 3; i++) graphs += events[i].graph;
+    ck_assert_int_eq(graphs, 2); /* the one still warming up freed its workspace alone */
     ck_assert_uint_eq(kern_bytes_in_use(B), weights); /* only the test's weights remain */
+}
+END_TEST
+
+/* Evictions count entries; graphless_evictions the ones that held no
+ * graph, so captures - (evictions - graphless) is the graphs held, and
+ * each EVICT event says which it was. */
+START_TEST(test_evictions_of_entries_without_a_graph_are_told_apart) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t a, b;
+    req_init(&a, &PROG_A, &uA, "syn:gl-a", ROWS, COLS, "wA", 1);
+    req_init(&b, &PROG_B, &uB, "syn:gl-b", ROWS, COLS, "wB", 1);
+    req_warm_capture_replay(C, S, &a, 2);
+    req_call(C, S, &b); /* warming up: a workspace, no graph */
+    cap_stats_t st = stats(C);
+    ck_assert_uint_eq(st.captures, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    reset_records();
+    ck_assert_int_eq(cap_cache_evict_all(C), 2); /* the entries evicted */
+    st = stats(C);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_SHUTDOWN], 2);
+    ck_assert_uint_eq(st.graphless_evictions[CAP_EVICT_SHUTDOWN], 1);
+    ck_assert_uint_eq(st.captures - (st.evictions[CAP_EVICT_SHUTDOWN] - st.graphless_evictions[CAP_EVICT_SHUTDOWN]),
+                      st.graphs);
+    ck_assert_int_eq(n_events, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(events[i].graph, events[i].key_hash == cap_key_hash(&a.key));
+    cap_cache_destroy(&C);
 }
 END_TEST
 
@@ -3711,6 +3744,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_s_threads_on_s_streams_run_same_key_concurrently_bitwise_stable);
     tcase_add_test(tc, test_decline_and_eviction_events_carry_the_right_reason);
     tcase_add_test(tc, test_destroy_emits_shutdown_evictions);
+    tcase_add_test(tc, test_evictions_of_entries_without_a_graph_are_told_apart);
     tcase_add_test(tc, test_capture_key_text_is_canonical_and_shard_hash_ignores_versions_and_device);
     tcase_add_test(tc, test_two_threads_sharing_one_stream_never_get_each_others_results);
     tcase_add_test(tc, test_reentrant_dispatch_on_an_entry_in_use_declines_entry_busy_and_runs_eagerly_in_a_transient_workspace);

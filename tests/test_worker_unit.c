@@ -276,6 +276,7 @@ START_TEST(test_a_capture_between_declines_keeps_the_key_lifecycle_in_order) {
     ev.from_version = 1;
     ev.to_version = 2;
     ev.bytes = 4096;
+    ev.graph = true;
     wrk_events_on_cache(b, &ev);
     taken_t *t = take(b, 100, NULL);
     ck_assert_uint_eq(t->ev.n_events, 4);
@@ -343,6 +344,32 @@ START_TEST(test_replays_are_counted_per_key_and_stream) {
 }
 END_TEST
 
+/* The catalog's evictions are graphs': an entry evicted while warming up
+ * (or one that only ran eager) held none, and is not sent, so a worker's
+ * captures minus evictions in the catalog is the graphs it holds. */
+START_TEST(test_an_entry_evicted_without_a_graph_is_not_reported) {
+    wrk_events_t *b = wrk_events_new(64);
+    decline(b, 0xa, CAP_DECLINE_WARMING_UP);
+    cap_event_t ev = ev_of(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC, 0xa, 0);
+    ev.graph = false;
+    wrk_events_on_cache(b, &ev);
+    cap_event_t c = ev_of(CAP_EV_CAPTURE, 0, 0xb, 0);
+    wrk_events_on_cache(b, &c);
+    cap_event_t g = ev_of(CAP_EV_EVICT, CAP_EVICT_SHUTDOWN, 0xb, 0);
+    g.graph = true;
+    wrk_events_on_cache(b, &g);
+    taken_t *t = take(b, 100, NULL);
+    ck_assert_uint_eq(t->ev.n_events, 3);
+    ck_assert_str_eq(EV(t, 0)->kind, "decline");
+    ck_assert_str_eq(EV(t, 1)->kind, "capture");
+    ck_assert_str_eq(EV(t, 2)->kind, "evict");
+    ck_assert_str_eq(EV(t, 2)->reason, "shutdown");
+    ck_assert_uint_eq(EV(t, 2)->key_hash, 0xb);
+    untake(&t);
+    wrk_events_destroy(&b);
+}
+END_TEST
+
 START_TEST(test_events_report_the_worker_stream_numbers_not_the_cache_order) {
     wrk_events_t *b = wrk_events_new(64);
     /* The cache met worker stream 1 first (its number 0), then stream 0. */
@@ -355,6 +382,7 @@ START_TEST(test_events_report_the_worker_stream_numbers_not_the_cache_order) {
     /* An eviction delivered on another thread is translated too. */
     wrk_events_set_thread_stream(-1);
     cap_event_t e = ev_of(CAP_EV_EVICT, CAP_EVICT_LRU, 0xa, 0);
+    e.graph = true;
     wrk_events_on_cache(b, &e);
     taken_t *t = take(b, 100, NULL);
     ck_assert_uint_eq(t->ev.n_events, 3);
@@ -1656,6 +1684,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_capture_event_says_whether_a_demand_or_a_prewarm_asked_for_it);
     tcase_add_test(t, test_replays_are_counted_per_key_and_stream);
     tcase_add_test(t, test_events_report_the_worker_stream_numbers_not_the_cache_order);
+    tcase_add_test(t, test_an_entry_evicted_without_a_graph_is_not_reported);
     tcase_add_test(t, test_a_full_event_buffer_drops_and_counts_instead_of_growing);
     tcase_add_test(t, test_an_events_batch_encodes_within_the_wire_limits);
     suite_add_tcase(s, t);

@@ -113,6 +113,10 @@ static entry_t *merge_target(wrk_events_t *e, uint64_t hash, const char *reason)
 void wrk_events_on_cache(void *user, const cap_event_t *ev) {
     wrk_events_t *e = user;
     if (!e || !ev) return;
+    /* The catalog's evictions are graphs' (captures minus evictions is
+     * the graphs held): an entry evicted while warming up, or whose steps
+     * only ran eager, freed a workspace alone. */
+    if (ev->kind == CAP_EV_EVICT && !ev->graph) return;
     lock(e);
     /* Captures and declines are delivered on the thread of the entry's own
      * stream: that is where the two numberings meet. */
