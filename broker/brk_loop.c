@@ -335,17 +335,17 @@ static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
+    void *ha = brk_ha_socket(b), *worker_mon = brk_zap_monitor(b->zap, true);
     zmq_pollitem_t items[5] = {
         { b->clients, 0, ZMQ_POLLIN, 0 },
         { b->workers, 0, ZMQ_POLLIN, 0 },
-        { brk_ha_socket(b), 0, ZMQ_POLLIN, 0 }, /* one of a pair: the answers of its peer */
+        { ha, 0, ZMQ_POLLIN, 0 }, /* one of a pair: the answers of its peer */
         { brk_zap_monitor(b->zap, false), 0, ZMQ_POLLIN, 0 }, /* with keys: handshakes that failed */
-        { brk_zap_monitor(b->zap, true), 0, ZMQ_POLLIN, 0 },
+        { worker_mon, 0, ZMQ_POLLIN, 0 },
     };
     int n_items = 0;
     for (int i = 0; i < 5; i++) /* the sockets there are, in this order */
         if (items[i].socket) items[n_items++] = items[i];
-    void *ha = brk_ha_socket(b);
     b->next_heartbeat_ms = brk_now_ms() + b->opt.heartbeat_ms;
     wire_msg_t *spare = NULL;
     int ret = 0;
@@ -373,7 +373,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         for (int i = 2; i < n_items; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) continue;
             if (items[i].socket == ha) brk_ha_answers(b);
-            else brk_zap_monitor_read(b->zap, items[i].socket == brk_zap_monitor(b->zap, true));
+            else brk_zap_monitor_read(b->zap, items[i].socket == worker_mon);
         }
         now = brk_now_ms();
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */

@@ -285,7 +285,7 @@ typedef struct {
     uint64_t declines[CAP_DECLINE_COUNT];
     uint64_t evictions[CAP_EVICT_COUNT];       /* entries evicted, a graph or not */
     uint64_t graphless_evictions[CAP_EVICT_COUNT]; /* of those, entries that held no graph:
-                                               * captures - (evictions - graphless) = graphs */
+                                               * captures - cap_graph_evictions = graphs */
     double capture_seconds;          /* capture + verify, summed */
     double replay_seconds;           /* bind + replay + copy-out of replayed calls (an audit's eager run too) */
     double eager_seconds;            /* bind + launch + copy-out of eager calls */
@@ -299,6 +299,15 @@ typedef struct {
      * replay_hist every call replays does (audited ones too) */
     reel_hist_t eager_hist, replay_hist, capture_hist;
 } cap_stats_t;
+
+/* The graphs evicted for reason r (r < 0: for every reason): the
+ * evictions of entries that held one. */
+static inline uint64_t cap_graph_evictions(const cap_stats_t *st, int r) {
+    int from = r < 0 ? 0 : r, to = r < 0 ? CAP_EVICT_COUNT : r + 1;
+    uint64_t n = 0;
+    for (int i = from; i < to; i++) n += st->evictions[i] - st->graphless_evictions[i];
+    return n;
+}
 
 typedef struct cap_cache cap_cache_t;
 

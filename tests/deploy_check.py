@@ -189,11 +189,13 @@ def run_pods():
         uid = pod["spec"].get("securityContext", {}).get("runAsUser", 0)
         return ["setpriv", "--reuid=%d" % uid, "--regid=%d" % uid, "--clear-groups"] + argv, uid
 
-    def wait_line(log, pattern, proc, what, secs=60):
+    def wait_line(log, pattern, proc, what, secs=60, count=1):
+        """Until log holds count lines matching pattern (a later worker of
+        the same name must not pass on an earlier one's line)."""
         end = time.monotonic() + secs
         while time.monotonic() < end:
             text = open(log, errors="replace").read()
-            if re.search(pattern, text):
+            if len(re.findall(pattern, text)) >= count:
                 return True
             if proc.poll() is not None:
                 break
@@ -301,7 +303,7 @@ def run_pods():
                 wlog = os.path.join(T, wtag + ".log")
                 wp = subprocess.Popen(argv, stdout=open(wlog, "w"), stderr=subprocess.STDOUT)
                 procs.append(wp)
-                joined = wait_line(blog, r"worker reel-worker-0 ready", wp, wf + "'s worker")
+                joined = wait_line(blog, r"worker reel-worker-0 ready", wp, wf + "'s worker", count=wi + 1)
                 if not joined:
                     print("  broker: " + " / ".join(open(blog).read().strip().splitlines()[-3:]))
                 check(joined, "%s: its worker's keys, as its init container leaves them, register it with %s's broker"
@@ -309,7 +311,7 @@ def run_pods():
                 wp.terminate()
                 wp.wait(30)
                 # the next worker registers under the same name: wait for this one's leave
-                wait_line(blog, r"worker reel-worker-0 .*(lost|gone|left|bye|disconnect)", bp, "its leave", 20)
+                wait_line(blog, r"worker reel-worker-0 lost", bp, "its leave", 20, count=wi + 1)
             bp.terminate()
             bp.wait(30)
     finally:

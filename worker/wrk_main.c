@@ -161,7 +161,7 @@ static void render_metrics(link_t *l, reel_text_t *t) {
     prom_reasons(t, "reel_worker_declines_total", "Calls declined to eager, by reason.", st.declines,
                  CAP_DECLINE_COUNT, decline_name);
     uint64_t graph_ev[CAP_EVICT_COUNT]; /* an entry evicted while warming up freed no graph */
-    for (int i = 0; i < CAP_EVICT_COUNT; i++) graph_ev[i] = st.evictions[i] - st.graphless_evictions[i];
+    for (int i = 0; i < CAP_EVICT_COUNT; i++) graph_ev[i] = cap_graph_evictions(&st, i);
     prom_reasons(t, "reel_worker_evictions_total", "Graphs evicted, by reason.", graph_ev, CAP_EVICT_COUNT,
                  evict_name);
     reel_prom_family(t, "reel_worker_audits_total", "counter", "Replays audited against an eager run.");
@@ -1022,19 +1022,16 @@ static void log_totals(run_t *r) {
     wrk_t *w = &r->w;
     cap_stats_t cs;
     cap_cache_stats(w->cache, &cs);
-    uint64_t evictions = 0, graphless = 0;
-    for (int i = 0; i < CAP_EVICT_COUNT; i++) {
-        evictions += cs.evictions[i] - cs.graphless_evictions[i];
-        graphless += cs.graphless_evictions[i];
-    }
+    uint64_t graphless = 0;
+    for (int i = 0; i < CAP_EVICT_COUNT; i++) graphless += cs.graphless_evictions[i];
     char more[96] = ""; /* entries evicted with no graph: their workspaces alone */
     if (graphless) snprintf(more, sizeof more, "; %llu entries holding no graph evicted", (unsigned long long)graphless);
     wrk_log(w, "stopping; capture cache: %llu captures, %llu replays (%llu audited, %llu audit "
             "mismatches), %llu eager (%llu in transient workspaces), %llu evictions (%llu at shutdown)%s",
             (unsigned long long)cs.captures, (unsigned long long)cs.replays, (unsigned long long)cs.audits,
             (unsigned long long)cs.declines[CAP_DECLINE_AUDIT_MISMATCH], (unsigned long long)cs.eager_runs,
-            (unsigned long long)cs.transient_runs, (unsigned long long)evictions,
-            (unsigned long long)(cs.evictions[CAP_EVICT_SHUTDOWN] - cs.graphless_evictions[CAP_EVICT_SHUTDOWN]), more);
+            (unsigned long long)cs.transient_runs, (unsigned long long)cap_graph_evictions(&cs, -1),
+            (unsigned long long)cap_graph_evictions(&cs, CAP_EVICT_SHUTDOWN), more);
     if (r->artifacts) {
         wrk_log(w, "stopping; artifacts (timing %s):", kern_art_timing_name(w->opt->artifact_timing));
         kern_artifacts_print(r->artifacts, stderr, true, false);
