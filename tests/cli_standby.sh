@@ -151,6 +151,7 @@ long_answered k 3 2 && ok "3 GENs in flight at A's kill: each answered once, on 
 grep -q "worker wa ready" "$D/b.log" || true
 
 # --- 4. A back: the standby ------------------------------------------------------
+hb=$(grep -c "peer heard" "$D/b.log")
 broker_a "$D/a1.log"
 if wait_for "$D/a1.log" "reel-broker: standby: the peer is active at term 2" 30; then
     ok "A restarted: standby (B active at term 2)"
@@ -162,6 +163,9 @@ $PY -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["ha"]["
     ok "status through the pair: B active, term 2, both workers" || { bad "status after A's return"; show "$D/st4.json"; }
 
 # --- 5. the link between the brokers cut -------------------------------------------
+# B must have heard A back first (A hearing B is not enough): else B's peer
+# is silent already and the cut changes nothing B would log
+wait_count "$D/b.log" "peer heard" $((hb + 1)) 30 || bad "B hears A back"
 sa=$(grep -c "peer silent" "$D/a1.log"); sb=$(grep -c "peer silent" "$D/b.log")
 cut || bad "the relays cut"
 if wait_count "$D/a1.log" "peer silent" $((sa + 1)) 30 && wait_count "$D/b.log" "peer silent" $((sb + 1)) 30; then
