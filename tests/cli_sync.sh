@@ -293,6 +293,14 @@ echo "== a drain longer than the sync's deadline: failed, then current once the 
 # for its request; the worker applies it when the request ends (cancelled
 # by its client), and its late ok makes the version current: the broker
 # and the worker agree on what is served.
+# dr free first: the last section's long GEN (its client killed) runs on
+# until its deadline, and long_gen's "dr 1/N" must be this one's, not that one
+_i=0
+while ! "$R" status --broker "$C2" 2>/dev/null | grep -qE "^dr .* 0/[0-9]+ "; do
+    _i=$((_i + 1))
+    [ $_i -lt 1200 ] || { bad "dr ends the last long GEN"; break; }
+    sleep 0.05
+done
 long_gen 4 6000
 "$R" sync --broker "$C2" --version 3 --weights "$D/w3.safetensors" --deadline-ms 1000 --timeout-ms 30000 \
     >"$D/sdl.out" 2>"$D/sdl.err"
