@@ -23,6 +23,8 @@ struct lora {
     float scale;     /* the config's s; from the file: the targets' if all agree, else 0 */
     bool from_file;  /* no r in the config: ranks and alphas per target from the tensors */
     bool down_up;    /* lora_down / lora_up names (kohya's, ComfyUI's) */
+    bool not_peft;   /* a low-rank key under diffusion_model. or transformer.: a name PEFT never
+                      * saves (its keys are base_model.model.<name>), diffusers' loader takes s = 1 */
     int lora_bias;   /* the config's "lora_bias": 1 true, 0 false, -1 not said */
     const char *layout;
     char sha[65];
@@ -388,6 +390,9 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     if (k.kind == KEY_DIFF || k.kind == KEY_LORA_BIAS) return add_difference(l, f, t, &k, cap);
     const bool is_b = k.kind == KEY_B;
     if (strstr(t->name, ".lora_down.") || strstr(t->name, ".lora_up.")) l->down_up = true;
+    if (!strncmp(t->name, "diffusion_model.", strlen("diffusion_model.")) ||
+        !strncmp(t->name, "transformer.", strlen("transformer.")))
+        l->not_peft = true;
     if (t->ndim != 2)
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions, a LoRA matrix has 2", t->name, t->ndim);
     int64_t rank = is_b ? t->shape[1] : t->shape[0], other = is_b ? t->shape[0] : t->shape[1];
@@ -489,6 +494,11 @@ static bool says_its_scale(const lora_t *l, const st_file_t *f) {
     }
     if (!low_rank) return true; /* differences only: they take no scale */
     if (l->down_up) return true;
+    /* ComfyUI's / ai-toolkit's diffusion_model.<Wan name>.lora_A/B and a
+     * diffusers file under another name: diffusers' Wan loader
+     * (_convert_non_diffusers_wan_lora_to_diffusers, or its own names with
+     * no lora_adapter_metadata) takes a module without .alpha at s = 1 */
+    if (l->not_peft) return true;
     const char *o = st_origin(f), *slash = strrchr(o, '/');
     return !strcmp(slash ? slash + 1 : o, "pytorch_lora_weights.safetensors");
 }

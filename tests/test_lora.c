@@ -244,6 +244,27 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     TS_OK(lora_describe(l, desc, sizeof desc));
     ck_assert_msg(strstr(desc, "\"config\":\"per target\""), "%s", desc);
     lora_close(&l);
+    /* ComfyUI's / ai-toolkit's diffusion_model.<Wan name>.lora_A / lora_B
+     * without .alpha keys, and a diffusers file (transformer.) under a name
+     * of its own: no name PEFT saves, and diffusers' Wan loader takes them
+     * at s = 1 (_convert_non_diffusers_wan_lora_to_diffusers) */
+    w = st_writer_new();
+    add_pair(w, "diffusion_model.", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 5);
+    add_pair(w, "diffusion_model.", false, 1, "ffn.2", 4, "lora_A", "lora_B", 0, 7);
+    const char *comfy_ab = ts_join(dir, "wan_ai_toolkit.safetensors");
+    written(&w, comfy_ab);
+    TS_NEW(l = lora_open(comfy_ab));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 1.0f);
+    ck_assert_float_eq(scale_of(l, "blocks.1.ffn.2.weight"), 1.0f);
+    TS_OK(lora_check(l, &tiny));
+    lora_close(&l);
+    w = st_writer_new();
+    add_pair(w, "transformer.", false, 0, "attn1.to_q", 2, "lora_A", "lora_B", 0, 1);
+    const char *renamed = ts_join(dir, "my_wan_style.safetensors");
+    written(&w, renamed);
+    TS_NEW(l = lora_open(renamed));
+    ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 1.0f);
+    lora_close(&l);
     /* kohya / musubi-tuner: lora_unet_blocks_0_self_attn_k, ffn_0; alpha 1 at rank 4: s = 0.25 */
     w = st_writer_new();
     add_pair(w, "lora_unet_", true, 0, "self_attn.k", 4, "lora_down", "lora_up", 1, 9);
