@@ -11,6 +11,7 @@
  * checkpoint is never held twice. CRCs are not checked: no bound depends
  * on them, and a checksum pass over 11 GB would cost more than the load. */
 #include "model/pth.h"
+#include "model/stand_in.h"
 #include "base/error.h"
 
 #include <assert.h>
@@ -1276,6 +1277,11 @@ static st_file_t *materialize(const src_t *s, const plan_t *p) {
 }
 
 static st_file_t *load_src(const src_t *s) {
+    /* a Git LFS pointer or a saved web page is named as one (stand_in.h),
+     * not as a zip without its end record */
+    unsigned char head[STAND_IN_HEAD];
+    size_t hn = s->size < sizeof head ? (size_t)s->size : sizeof head;
+    if (src_read(s, 0, head, hn) != 0 || stand_in_check(s->origin, head, hn) != 0) return NULL;
     zip_t z = {0};
     pk_t k = {0};
     plan_t p = {0};

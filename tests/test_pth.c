@@ -33,6 +33,9 @@ static void remove_archives(void) { ts_rmtree(dir); }
 
 static const char *at(const char *name) { return ts_join(dir, name); }
 
+#define ck_assert_error_has(sub) \
+    ck_assert_msg(strstr(reel_err_text(), (sub)) != NULL, "reel_err_text() = \"%s\" lacks \"%s\"", reel_err_text(), (sub))
+
 /* f holds exactly expect.safetensors' tensors: names, dtypes, shapes, bytes. */
 static void assert_matches_expect(const st_file_t *f) {
     st_file_t *want;
@@ -152,6 +155,29 @@ START_TEST(test_open_any_tells_a_zip_checkpoint_from_safetensors) {
 }
 END_TEST
 
+/* A release's .pth (the text encoder, the VAE) cloned without git-lfs is
+ * its pointer: named as one, through pth_load, pth_parse and
+ * weights_open_any alike (model/stand_in.h), not as a zip without its end. */
+START_TEST(test_git_lfs_pointer_in_place_of_a_pth_is_named_as_one) {
+    static const char lfs[] = "version https://git-lfs.github.com/spec/v1\n"
+                              "oid sha256:0000000000000000000000000000000000000000000000000000000000000000\n"
+                              "size 11361920418\n";
+    const char *p = at("models_t5_umt5-xxl-enc-bf16.pth");
+    ts_write_file(p, lfs, sizeof lfs - 1);
+    ck_assert_ptr_null(pth_load(p));
+    ck_assert_error_has("models_t5_umt5-xxl-enc-bf16.pth is a Git LFS pointer, not the file (run `git lfs pull`");
+    ck_assert_ptr_null(weights_open_any(p));
+    ck_assert_error_has("models_t5_umt5-xxl-enc-bf16.pth is a Git LFS pointer");
+    ck_assert_ptr_null(pth_parse(lfs, sizeof lfs - 1, "buf.pth"));
+    ck_assert_error_has("buf.pth is a Git LFS pointer");
+    static const char html[] = "<html><head><title>404</title></head></html>";
+    p = at("Wan2.1_VAE.pth");
+    ts_write_file(p, html, sizeof html - 1);
+    ck_assert_ptr_null(weights_open_any(p));
+    ck_assert_error_has("Wan2.1_VAE.pth is an HTML page, not the file");
+}
+END_TEST
+
 START_TEST(test_os_system_global_is_refused_by_name) {
     assert_refused("bad_os_system.pth", "os.system", "not allowed");
 }
@@ -247,6 +273,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_protocol_4_pickle_reads_alike);
     tcase_add_test(tc, test_parse_over_memory_reads_what_load_reads);
     tcase_add_test(tc, test_open_any_tells_a_zip_checkpoint_from_safetensors);
+    tcase_add_test(tc, test_git_lfs_pointer_in_place_of_a_pth_is_named_as_one);
     tcase_add_test(tc, test_os_system_global_is_refused_by_name);
     tcase_add_test(tc, test_builtins_eval_global_is_refused_by_name);
     tcase_add_test(tc, test_long_storage_is_refused_naming_the_storage_type);

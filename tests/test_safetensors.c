@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,6 +397,35 @@ START_TEST(test_absurd_header_length_is_rejected) {
     ck_assert_error_has("absurd");
     b[7] = 0xff;   /* would overflow 8 + N if added carelessly */
     ck_assert_ptr_null(st_parse(b, sizeof b));
+    ck_assert_error_has("absurd");
+}
+END_TEST
+
+/* What `git clone` without git-lfs leaves in place of a checkpoint, and a
+ * web page saved under its name, are named as what they are, with what to
+ * do, by st_open, st_header_read and st_parse alike (model/stand_in.h). */
+START_TEST(test_git_lfs_pointer_and_html_page_are_named_not_called_absurd) {
+    static const char lfs[] = "version https://git-lfs.github.com/spec/v1\n"
+                              "oid sha256:4c2e0bb1b0ba4f3bd0b1c3b7cf4d5e3d7e0b6d25c2b1f0a8a9c6b8f2a1d0e9c7\n"
+                              "size 5678000000\n";
+    const char *p = put_file("diffusion_pytorch_model.safetensors", lfs, sizeof lfs - 1);
+    ck_assert_ptr_null(st_open(p));
+    ck_assert_error_has("diffusion_pytorch_model.safetensors is a Git LFS pointer, not the file");
+    ck_assert_error_has("run `git lfs pull` in its repository; the file is 5678000000 bytes");
+    int fd = open(p, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_ptr_null(st_header_read(fd, p, NULL, NULL));
+    close(fd);
+    ck_assert_error_has("is a Git LFS pointer, not the file");
+    ck_assert_ptr_null(st_parse(lfs, sizeof lfs - 1));
+    ck_assert_error_has("is a Git LFS pointer, not the file");
+    static const char html[] = "\xef\xbb\xbf\n  <!DOCTYPE html><html><body>Sign in to Hugging Face</body></html>\n";
+    p = put_file("model.safetensors", html, sizeof html - 1);
+    ck_assert_ptr_null(st_open(p));
+    ck_assert_error_has("model.safetensors is an HTML page, not the file");
+    /* a real file whose header merely starts oddly is still judged as safetensors */
+    unsigned char junk[16] = {'v', 'e', 'r', 's', 'i', 'o', 'n', ' ', '{', '}'};
+    ck_assert_ptr_null(st_parse(junk, sizeof junk));
     ck_assert_error_has("absurd");
 }
 END_TEST
@@ -842,6 +872,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_header_length_longer_than_the_file_is_rejected);
     tcase_add_test(tc, test_absurd_header_length_is_rejected);
     tcase_add_test(tc, test_pytorch_checkpoint_is_named_as_one_not_as_corrupt);
+    tcase_add_test(tc, test_git_lfs_pointer_and_html_page_are_named_not_called_absurd);
     tcase_add_test(tc, test_every_truncation_of_a_valid_file_fails_cleanly);
     tcase_add_test(tc, test_invalid_json_header_is_rejected);
     tcase_add_test(tc, test_header_that_is_not_a_json_object_is_rejected);
