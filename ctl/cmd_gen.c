@@ -57,13 +57,15 @@ typedef struct {
     bool have_cfg, quiet;
     int timeout_ms, channels;
     int64_t size[3];
+    int64_t pixels[2];          /* --size W*H (Wan's pixels; 0: a latent FxHxW) */
+    int frame_num;              /* --frame_num N with a pixel --size */
     uint64_t seeds[MSG_MAX_GROUP]; /* --seeds */
     int n_seeds;
 } gen_opts_t;
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
-       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT };
+       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT, O_FRAME_NUM, O_LAST = O_FRAME_NUM };
 
 /* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
@@ -124,7 +126,11 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_TIMEOUT: return reel_parse_int(arg, 1, INT_MAX, "--timeout-ms", &o->timeout_ms);
     case O_DEADLINE: return reel_parse_u64(arg, 0, UINT64_MAX, "--deadline-ms", &g->deadline_ms);
     case O_CHANNELS: return reel_parse_int(arg, 1, INT_MAX, "--channels", &o->channels);
-    case O_SIZE: return ctl_size_parse(arg, "--size", o->size);
+    case O_SIZE: return ctl_size_parse_any(arg, "--size", o->size, o->pixels); /* as run takes it */
+    case O_FRAME_NUM:
+        return reel_parse_int(arg, 1, 4 * 65535 + 1, "--frame_num", &o->frame_num)
+                   ? reel_fail(REEL_E_INVALID, "--frame_num: '%s' is a bad value: expected 1 + 4k frames (81)", arg)
+                   : 0;
     }
     return reel_fail(REEL_E_INTERNAL, "gen: option %d has no handler", opt);
 }
@@ -148,7 +154,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "means", no_argument, 0, O_MEANS }, { "n", required_argument, 0, O_N },
         { "seeds", required_argument, 0, O_SEEDS }, { "solver", required_argument, 0, O_SOLVER },
         { "prompt", required_argument, 0, O_PROMPT }, { "negative-prompt", required_argument, 0, O_NEG },
-        { "output", required_argument, 0, O_OUTPUT },
+        { "output", required_argument, 0, O_OUTPUT }, { "frame_num", required_argument, 0, O_FRAME_NUM },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
@@ -163,7 +169,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     optind = 1;
     while ((opt = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
         if (opt == 'o') opt = O_OUT; /* -o X: --out X */
-        if (opt < O_BROKER || opt > O_OUTPUT)
+        if (opt < O_BROKER || opt > O_LAST)
             return reel_fail(REEL_E_INVALID, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if (gen_option(o, opt, optarg) != 0) return -1;
     }
@@ -208,8 +214,9 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         o->video_out = o->out;
     }
     if (o->g.output && strcmp(o->g.output, "latent")) o->g.decoded = &o->decoded;
+    if (ctl_size_finish(o->size, o->pixels, o->frame_num) != 0) return -1; /* Wan's W*H: the latent of frame_num frames */
     if (!o->lat_path == !o->size[0])
-        return reel_fail(REEL_E_INVALID, "gen needs --latent FILE or --size FxHxW (with --seed)");
+        return reel_fail(REEL_E_INVALID, "gen needs --latent FILE or --size FxHxW or W*H (with --seed)");
     if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
         return reel_fail(REEL_E_INVALID, "--log-probs and --means are for SDE rollouts (--sde)");
     if (o->n_seeds) {

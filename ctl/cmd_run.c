@@ -56,26 +56,10 @@ static int set_seed(void *dst, const char *v) {
     ((run_opts_t *)dst)->have_seed = true;
     return 0;
 }
-/* --size FxHxW in latent units, or Wan's pixel form W*H ("832*480"),
- * whose frames come from --frame_num (81). */
+/* --size: either form (ctl_size_parse_any, which gen shares). */
 static int set_size(void *dst, const char *v) {
     run_opts_t *r = dst;
-    const char *star = strchr(v, '*');
-    if (!star && ctl_size_parse(v, "--size", r->size))
-        return reel_fail(REEL_E_INVALID, "--size: '%.64s' is neither a latent FxHxW (e.g. 2x16x16; each 1..65536, "
-                         "F x H x W at most 2^24) nor Wan's pixel W*H (e.g. 832*480)", v);
-    if (!star) return 0;
-    char w[32];
-    size_t n = (size_t)(star - v);
-    if (n >= sizeof w) return reel_fail(REEL_E_INVALID, "--size: '%s' is not W*H", v);
-    memcpy(w, v, n);
-    w[n] = 0;
-    if (reel_parse_i64(w, 8, 8 * 65536, "--size width", &r->pixels[0]) || reel_parse_i64(star + 1, 8, 8 * 65536, "--size height", &r->pixels[1]))
-        return -1;
-    if (r->pixels[0] % 16 || r->pixels[1] % 16)
-        return reel_fail(REEL_E_INVALID, "--size %s: width and height must be multiples of 16 (8 for the VAE, "
-                         "x2 for the DiT's patches)", v);
-    return 0;
+    return ctl_size_parse_any(v, "--size", r->size, r->pixels);
 }
 
 static const char *const on_off[] = { "off", "on", NULL };
@@ -150,14 +134,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && !ctl_has_ext(r->out, ".mp4") && !ctl_has_ext(r->out, ".safetensors")) /* a prompt's user wants a video: a latent under another name is no answer */
         return reel_fail(REEL_E_INVALID, "-o %s: a prompt run writes OUT.mp4 (the video, the latent beside it as "
                          "OUT.mp4.safetensors) or OUT.safetensors (the latent alone)", r->out);
-    if (r->pixels[0]) { /* Wan's form: F = (frame_num - 1)/4 + 1 latent frames of H/8 x W/8 */
-        int fn = r->frame_num ? r->frame_num : 81;
-        if ((fn - 1) % 4) return reel_fail(REEL_E_INVALID, "--frame_num %d: Wan's VAE makes 1 + 4k frames", fn);
-        int64_t sz[3] = { (fn - 1) / 4 + 1, r->pixels[1] / 8, r->pixels[0] / 8 };
-        memcpy(r->size, sz, sizeof sz);
-    } else if (r->frame_num) {
-        return reel_fail(REEL_E_INVALID, "--frame_num goes with a pixel --size W*H (e.g. 832*480)");
-    }
+    if (ctl_size_finish(r->size, r->pixels, r->frame_num) != 0) return -1; /* Wan's W*H: the latent of frame_num frames */
     if (r->loop.steps < 0) return reel_fail(REEL_E_INVALID, "run needs --steps N");
     if (!r->latent && !r->size[0])
         return reel_fail(REEL_E_INVALID,

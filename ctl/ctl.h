@@ -76,6 +76,17 @@ float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *sh
  * W at most MSG_MAX_FHW (what a GEN's latent may be). 0, or -1 with a
  * REEL_E_INVALID error naming `what` (the option) and the text. */
 int ctl_size_parse(const char *s, const char *what, int64_t out[3]);
+/* --size as `run` and `gen` both take it: a latent FxHxW (into latent, as
+ * ctl_size_parse; pixels set to 0), or Wan's pixel form W*H ("832*480",
+ * generate.py's --size; each 8..524288 and a multiple of 16) into pixels,
+ * the latent then made by ctl_size_finish. 0, or -1 with a
+ * REEL_E_INVALID error naming `what` and saying both forms. */
+int ctl_size_parse_any(const char *s, const char *what, int64_t latent[3], int64_t pixels[2]);
+/* After the options: a pixel size (pixels[0] != 0) becomes the latent
+ * Wan's VAE gives frame_num frames of it (0: 81, generate.py's default):
+ * F = (frame_num - 1)/4 + 1, H/8, W/8, within a GEN's limits; frame_num
+ * without a pixel size is refused. 0, or -1 with a REEL_E_INVALID error. */
+int ctl_size_finish(int64_t latent[3], const int64_t pixels[2], int frame_num);
 /* --prompt and --negative-prompt (either may be NULL) by a GEN's text rule
  * (msg_text_ok), so a prompt `run` takes `gen` takes. 0, or -1 with a
  * REEL_E_INVALID error naming the option. */

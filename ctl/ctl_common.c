@@ -88,6 +88,50 @@ int ctl_size_parse(const char *s, const char *what, int64_t out[3]) {
     return 0;
 }
 
+int ctl_size_parse_any(const char *s, const char *what, int64_t latent[3], int64_t pixels[2]) {
+    const char *star = strchr(s, '*');
+    if (!star) {
+        if (ctl_size_parse(s, what, latent) == 0) {
+            pixels[0] = pixels[1] = 0;
+            return 0;
+        }
+        return reel_fail(REEL_E_INVALID, "%s: '%.64s' is neither a latent FxHxW (e.g. 2x16x16; each 1..65536, "
+                         "F x H x W at most 2^24) nor Wan's pixel W*H (e.g. 832*480)", what, s);
+    }
+    char w[32], wwhat[64], hwhat[64];
+    size_t n = (size_t)(star - s);
+    if (n >= sizeof w) return reel_fail(REEL_E_INVALID, "%s: '%.64s' is not W*H", what, s);
+    memcpy(w, s, n);
+    w[n] = 0;
+    snprintf(wwhat, sizeof wwhat, "%s width", what);
+    snprintf(hwhat, sizeof hwhat, "%s height", what);
+    int64_t px[2];
+    if (reel_parse_i64(w, 8, 8 * 65536, wwhat, &px[0]) || reel_parse_i64(star + 1, 8, 8 * 65536, hwhat, &px[1]))
+        return -1;
+    if (px[0] % 16 || px[1] % 16)
+        return reel_fail(REEL_E_INVALID, "%s %s: width and height must be multiples of 16 (8 for the VAE, "
+                         "x2 for the DiT's patches)", what, s);
+    pixels[0] = px[0];
+    pixels[1] = px[1];
+    return 0;
+}
+
+int ctl_size_finish(int64_t latent[3], const int64_t pixels[2], int frame_num) {
+    if (!pixels[0]) {
+        if (frame_num) return reel_fail(REEL_E_INVALID, "--frame_num goes with a pixel --size W*H (e.g. 832*480)");
+        return 0;
+    }
+    int fn = frame_num ? frame_num : 81;
+    if (fn < 1 || (fn - 1) % 4) return reel_fail(REEL_E_INVALID, "--frame_num %d: Wan's VAE makes 1 + 4k frames", fn);
+    int64_t sz[3] = { (fn - 1) / 4 + 1, pixels[1] / 8, pixels[0] / 8 };
+    if (sz[0] > MSG_MAX_DIM || sz[0] * sz[1] * sz[2] > MSG_MAX_FHW)
+        return reel_fail(REEL_E_INVALID, "--size %lld*%lld --frame_num %d: a latent of %lldx%lldx%lld, past F x H x W "
+                         "at most 2^24", (long long)pixels[0], (long long)pixels[1], fn, (long long)sz[0],
+                         (long long)sz[1], (long long)sz[2]);
+    memcpy(latent, sz, sizeof sz);
+    return 0;
+}
+
 /* Reads tensor `name` of `path` as F32 of rank ndim; shape out; NULL with
  * the error value set (exit status 2) on any problem. */
 float *ctl_read_tensor(const char *path, const char *name, int ndim, int64_t *shape) {

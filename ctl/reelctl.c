@@ -76,6 +76,7 @@ static const char usage[] =
     "  a standby pair, whichever is active):\n"
     "  gen --model NAME --context C.safetensors [--uncond U.safetensors --cfg G]\n"
     "      (--latent L.safetensors | --size FxHxW --seed K [--channels C]) --steps N [--shift S]\n"
+    "      (--size W*H [--frame_num N]: Wan's pixel form, as run takes it; 81 frames by default)\n"
     "      [--solver euler|unipc|dpm++] [--sde --eta A] [--weights-version V] [--timeout-ms T]\n"
     "      [--deadline-ms D] [--quiet] --out OUT.safetensors\n"
     "      [--n G] [--seeds S1,S2,..]: a group of G samples of the prompt in batched steps\n"

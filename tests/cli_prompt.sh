@@ -193,6 +193,22 @@ $GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
     ok "gen --prompt -o X.mp4: the latent is bitwise reelctl run --prompt's" || { bad "gen --prompt"; show "$D/g.err"; }
 "$R" video probe "$D/g.mp4" --json 2>/dev/null | grep -q '"frames":5,"height":64,"width":64' &&
     ok "and the video came back as an MP4 of 5 frames" || bad "gen's video"
+# one --size parser for run and gen (ctl_size_parse_any): Wan's pixel W*H
+# with --frame_num is the same latent through the cluster as in process
+"$R" gen --broker "$CE" --model tiny --size 64*64 --frame_num 5 --steps 4 --shift 3 --seed 1 --cfg 4 --timeout-ms 60000 \
+    --quiet --prompt "$P" --out "$D/gpx.safetensors" 2>"$D/gpx.err" &&
+    "$R" tensor diff "$D/gpx.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
+    ok "gen --size 64*64 --frame_num 5 (Wan's pixel form, as run takes it) is the latent 2x8x8: bitwise run's" ||
+    { bad "gen with a pixel --size"; show "$D/gpx.err"; }
+for sz in "72*64" "2x8"; do
+    $RUN --weights "$REL" --prompt "$P" --size "$sz" -o "$D/szr.mp4" 2>"$D/szr.err"
+    rr=$?
+    $GEN --prompt "$P" --size "$sz" --out "$D/szg.mp4" 2>"$D/szg.err"
+    rg=$?
+    [ "$rr" = 2 ] && [ "$rg" = 2 ] && [ "$(sed 's/^reelctl: \(run: \)\{0,1\}//' "$D/szr.err" | grep -v defaults)" = "$(sed 's/^reelctl: \(gen: \)\{0,1\}//' "$D/szg.err" | grep -v defaults)" ] &&
+        ok "run and gen refuse --size $sz alike (exit 2, one message)" ||
+        { bad "--size $sz: run exit $rr, gen exit $rg"; show "$D/szr.err" "$D/szg.err"; }
+done
 "$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --seed 1 --timeout-ms 60000 --prompt "$P" \
     --out "$D/gd.safetensors" 2>"$D/gd.err" &&
     grep -q "gen --prompt: Wan2.1's text-to-video defaults for what was not given: --solver unipc --steps 50 --shift 5 --cfg 5" "$D/gd.err" &&
