@@ -65,7 +65,8 @@ typedef struct {
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
-       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT, O_FRAME_NUM, O_LAST = O_FRAME_NUM };
+       O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT, O_FRAME_NUM, O_BASE_SEED, O_CKPT_DIR, O_SAVE_FILE, O_TASK,
+       O_LAST = O_TASK };
 
 /* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
@@ -123,6 +124,10 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_ETA: return reel_parse_f64(arg, -DBL_MAX, DBL_MAX, "--eta", &g->eta);
     case O_STEPS: return reel_parse_int(arg, 1, INT_MAX, "--steps", &g->steps);
     case O_SEED: return reel_parse_u64(arg, 0, UINT64_MAX, "--seed", &g->seed);
+    case O_BASE_SEED: return ctl_base_seed(arg, &g->seed); /* generate.py's spelling; -1 refused */
+    case O_CKPT_DIR: return ctl_wan_flag_refused("ckpt_dir", "--model NAME (the workers load the folder: reel-worker --weights DIR)");
+    case O_SAVE_FILE: return ctl_wan_flag_refused("save_file", "--out OUT.mp4");
+    case O_TASK: return ctl_wan_flag_refused("task", "--model NAME (text-to-video only)");
     case O_TIMEOUT: return reel_parse_int(arg, 1, INT_MAX, "--timeout-ms", &o->timeout_ms);
     case O_DEADLINE: return reel_parse_u64(arg, 0, UINT64_MAX, "--deadline-ms", &g->deadline_ms);
     case O_CHANNELS: return reel_parse_int(arg, 1, INT_MAX, "--channels", &o->channels);
@@ -155,6 +160,12 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "seeds", required_argument, 0, O_SEEDS }, { "solver", required_argument, 0, O_SOLVER },
         { "prompt", required_argument, 0, O_PROMPT }, { "negative-prompt", required_argument, 0, O_NEG },
         { "output", required_argument, 0, O_OUTPUT }, { "frame_num", required_argument, 0, O_FRAME_NUM },
+        /* Wan2.1's generate.py spellings of the same flags */
+        { "sample_solver", required_argument, 0, O_SOLVER }, { "sample_steps", required_argument, 0, O_STEPS },
+        { "sample_shift", required_argument, 0, O_SHIFT }, { "sample_guide_scale", required_argument, 0, O_CFG },
+        { "base_seed", required_argument, 0, O_BASE_SEED }, { "negative_prompt", required_argument, 0, O_NEG },
+        { "ckpt_dir", required_argument, 0, O_CKPT_DIR }, { "save_file", required_argument, 0, O_SAVE_FILE },
+        { "task", required_argument, 0, O_TASK },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);

@@ -51,6 +51,29 @@ static int set_cfg(void *dst, const char *v) {
     ((run_opts_t *)dst)->have_cfg = true;
     return 0;
 }
+static int set_base_seed(void *dst, const char *v) { /* generate.py's --base_seed: -1 refused naming --seed */
+    if (ctl_base_seed(v, &((run_opts_t *)dst)->loop.seed)) return -1;
+    ((run_opts_t *)dst)->have_seed = true;
+    return 0;
+}
+static int set_sample_solver(void *dst, const char *v) {
+    if (tdit_solver_parse(v, &((run_opts_t *)dst)->loop.solver) != 0) return reel_fail_prefix("--sample_solver: ");
+    ((run_opts_t *)dst)->have_solver = true;
+    return 0;
+}
+/* generate.py's flags that have no alias: each names Reel's own */
+static int no_ckpt_dir(void *dst, const char *v) {
+    (void)dst, (void)v;
+    return ctl_wan_flag_refused("ckpt_dir", "--weights DIR (the release folder)");
+}
+static int no_save_file(void *dst, const char *v) {
+    (void)dst, (void)v;
+    return ctl_wan_flag_refused("save_file", "-o OUT.mp4");
+}
+static int no_task(void *dst, const char *v) {
+    (void)dst, (void)v;
+    return ctl_wan_flag_refused("task", "--weights: the model is the checkpoint's (text-to-video only)");
+}
 static int set_seed(void *dst, const char *v) {
     if (reel_parse_u64(v, 0, UINT64_MAX, "--seed", &((run_opts_t *)dst)->loop.seed)) return -1;
     ((run_opts_t *)dst)->have_seed = true;
@@ -94,6 +117,17 @@ static const reel_opt_t run_rows[] = {
     { .name = "lora", .kind = REEL_OPT_STRING, .off = O(lora) },
     { .name = "frame_num", .kind = REEL_OPT_INT, .off = O(frame_num), .lo = 1, .hi = 4 * 65535 + 1,
       .expect = "1 + 4k frames (81)" },
+    /* Wan2.1's generate.py spellings of the same flags */
+    { .name = "sample_solver", .kind = REEL_OPT_SET, .set = set_sample_solver },
+    { .name = "sample_steps", .kind = REEL_OPT_INT, .off = O(loop.steps), .lo = 0, .hi = 2147483647LL,
+      .expect = "an integer" },
+    { .name = "sample_shift", .kind = REEL_OPT_DOUBLE, .off = O(loop.shift) },
+    { .name = "sample_guide_scale", .kind = REEL_OPT_SET, .set = set_cfg, .expect = "a number" },
+    { .name = "base_seed", .kind = REEL_OPT_SET, .set = set_base_seed },
+    { .name = "negative_prompt", .kind = REEL_OPT_STRING, .off = O(neg_prompt) },
+    { .name = "ckpt_dir", .kind = REEL_OPT_SET, .set = no_ckpt_dir },
+    { .name = "save_file", .kind = REEL_OPT_SET, .set = no_save_file },
+    { .name = "task", .kind = REEL_OPT_SET, .set = no_task },
 };
 #undef O
 

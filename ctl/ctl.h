@@ -108,6 +108,18 @@ const char *ctl_wan_t2v_fill(bool solver_given, bool sde, int *steps, double *sh
 /* The note on stderr naming the defaults a prompt run took ("" when it
  * took none). */
 void ctl_wan_defaults_note(const char *cmd, const char *took);
+/* Wan2.1's generate.py spellings that `run` and `gen` take as their own
+ * flags' aliases (the same meaning): --sample_solver (--solver),
+ * --sample_steps (--steps), --sample_shift (--shift), --sample_guide_scale
+ * (--cfg), --base_seed (--seed), --negative_prompt (--negative-prompt).
+ * ctl_base_seed reads --base_seed into *seed: a non-negative integer; -1,
+ * generate.py's "draw a random seed", is refused naming --seed. 0, or -1
+ * with a REEL_E_INVALID error. */
+int ctl_base_seed(const char *v, uint64_t *seed);
+/* A generate.py flag with no alias here (--ckpt_dir, --save_file, --task):
+ * -1 with a REEL_E_INVALID error naming Reel's way, `reel` ("--weights
+ * DIR"). */
+int ctl_wan_flag_refused(const char *flag, const char *reel);
 /* A model config from a JSON file {"name": ..., "dim": ..., ...} (at most
  * 64 KiB). 0, or -1 with the error value set. */
 int ctl_config_from_json(const char *path, tdit_config_t *c);

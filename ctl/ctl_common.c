@@ -313,3 +313,14 @@ void ctl_wan_defaults_note(const char *cmd, const char *took) {
         fprintf(stderr, "reelctl: %s --prompt: Wan2.1's text-to-video defaults for what was not given:%s\n", cmd,
                 took);
 }
+
+int ctl_base_seed(const char *v, uint64_t *seed) {
+    if (!strcmp(v, "-1"))
+        return reel_fail(REEL_E_INVALID, "--base_seed -1 is generate.py's random seed, which Reel does not draw: give "
+                         "--seed K (or --base_seed K), K >= 0; without one the seed is 0");
+    return reel_parse_u64(v, 0, UINT64_MAX, "--base_seed", seed);
+}
+
+int ctl_wan_flag_refused(const char *flag, const char *reel) {
+    return reel_fail(REEL_E_INVALID, "--%s is Wan's generate.py flag, not taken here: give %s", flag, reel);
+}

@@ -39,6 +39,8 @@ static const char usage[] =
     "                              --frame_num 81 (the default) as Wan's generate.py takes it;\n"
     "                              OUT.mp4 and the latent beside it (OUT.mp4.safetensors), or\n"
     "                              OUT.safetensors: the latent alone\n"
+    "      generate.py's spellings are taken too: --sample_solver, --sample_steps, --sample_shift,\n"
+    "      --sample_guide_scale, --base_seed (not -1: give a seed), --negative_prompt (run and gen)\n"
     "  encode --t5 T5 --tokenizer PATH --prompt TEXT [--text-len N] -o OUT.safetensors\n"
     "                              a prompt as Wan's T5EncoderModel encodes it: context [L, dim] F32,\n"
     "                              L its real length (at most --text-len, 512); T5: the release's\n"

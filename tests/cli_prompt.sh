@@ -130,6 +130,22 @@ $RUN --weights "$REL" --prompt "$P" --negative-prompt "" -o "$D/neg0.safetensors
     "$R" tensor diff "$D/wd.safetensors" "$D/wx.safetensors" >/dev/null 2>&1 &&
     ok "run --prompt alone: --solver unipc --steps 50 --shift 5 --cfg 5 (said on stderr), bitwise those flags given" ||
     { bad "run --prompt's defaults"; show "$D/wd.err" "$D/wx.err"; }
+# Wan2.1's generate.py spellings are aliases of the same flags; its random
+# seed (-1) and the flags with no alias are refused naming Reel's
+WANF="--sample_solver dpm++ --sample_steps 3 --sample_shift 4 --sample_guide_scale 6 --base_seed 7 --negative_prompt blurry"
+REELF="--solver dpm++ --steps 3 --shift 4 --cfg 6 --seed 7 --negative-prompt blurry"
+"$R" run --weights "$REL" --prompt "$P" --size 2x8x8 $WANF -o "$D/gpy.safetensors" 2>"$D/gpy.err" &&
+    "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 $REELF -o "$D/rpy.safetensors" 2>>"$D/gpy.err" &&
+    ! grep -q "defaults for what was not given" "$D/gpy.err" &&
+    "$R" tensor diff "$D/gpy.safetensors" "$D/rpy.safetensors" >/dev/null 2>&1 &&
+    ok "run takes generate.py's --sample_solver/_steps/_shift/_guide_scale, --base_seed, --negative_prompt: bitwise Reel's flags" ||
+    { bad "run with generate.py's flag spellings"; show "$D/gpy.err"; }
+"$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --steps 2 --base_seed -1 -o "$D/x.safetensors" 2>"$D/bs.err"
+[ $? = 2 ] && grep -q -- "--base_seed -1 is generate.py's random seed.*give --seed K" "$D/bs.err" &&
+    ok "run --base_seed -1 (generate.py's random seed) is refused naming --seed" || { bad "--base_seed -1"; show "$D/bs.err"; }
+"$R" run --ckpt_dir "$REL" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.safetensors" 2>"$D/ck.err"
+[ $? = 2 ] && grep -q -- "--ckpt_dir is Wan's generate.py flag, not taken here: give --weights DIR" "$D/ck.err" &&
+    ok "run --ckpt_dir is refused naming --weights" || { bad "--ckpt_dir"; show "$D/ck.err"; }
 "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --seed 1 --steps 3 -o "$D/w3.safetensors" 2>"$D/w3.err" &&
     grep -q "not given: --solver unipc --shift 5 --cfg 5$" "$D/w3.err" &&
     ok "a flag given is kept, the others defaulted (--steps 3: --solver, --shift, --cfg named)" ||
@@ -193,6 +209,13 @@ $GEN --prompt "$P" --out "$D/g.mp4" 2>"$D/g.err" &&
     ok "gen --prompt -o X.mp4: the latent is bitwise reelctl run --prompt's" || { bad "gen --prompt"; show "$D/g.err"; }
 "$R" video probe "$D/g.mp4" --json 2>/dev/null | grep -q '"frames":5,"height":64,"width":64' &&
     ok "and the video came back as an MP4 of 5 frames" || bad "gen's video"
+"$R" gen --broker "$CE" --model tiny --size 2x8x8 --timeout-ms 60000 --quiet --prompt "$P" $WANF \
+    --out "$D/ggpy.safetensors" 2>"$D/ggpy.err" &&
+    "$R" tensor diff "$D/ggpy.safetensors" "$D/rpy.safetensors" >/dev/null 2>&1 &&
+    ok "gen takes generate.py's flag spellings too: bitwise run with Reel's" || { bad "gen with generate.py's flags"; show "$D/ggpy.err"; }
+$GEN --prompt "$P" --base_seed -1 --out "$D/x.safetensors" 2>"$D/gbs.err"
+[ $? = 2 ] && grep -q -- "give --seed K" "$D/gbs.err" && ok "gen --base_seed -1 is refused naming --seed" ||
+    { bad "gen --base_seed -1"; show "$D/gbs.err"; }
 # one --size parser for run and gen (ctl_size_parse_any): Wan's pixel W*H
 # with --frame_num is the same latent through the cluster as in process
 "$R" gen --broker "$CE" --model tiny --size 64*64 --frame_num 5 --steps 4 --shift 3 --seed 1 --cfg 4 --timeout-ms 60000 \
