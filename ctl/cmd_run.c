@@ -303,10 +303,19 @@ static int open_media(run_t *r) {
     release_parts_t rel;
     memset(&rel, 0, sizeof rel);
     struct stat st;
-    if (stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode)) release_find(o->weights, &rel);
+    bool folder = stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode) && release_find(o->weights, &rel) == 0;
     if (o->prompt) {
         const char *t5 = o->t5 ? o->t5 : rel.t5[0] ? rel.t5 : NULL;
         const char *tok = o->tokenizer ? o->tokenizer : rel.tokenizer[0] ? rel.tokenizer : NULL;
+        if ((!t5 || !tok) && folder) { /* where it looked, and the file it expected there */
+            release_parts_t seen = rel;
+            if (o->t5) snprintf(seen.t5, sizeof seen.t5, "%s", o->t5);
+            if (o->tokenizer) snprintf(seen.tokenizer, sizeof seen.tokenizer, "%s", o->tokenizer);
+            char why[3 * PATH_MAX];
+            release_text_missing(o->weights, &seen, why, sizeof why);
+            return reel_fail(REEL_E_INVALID, "--prompt needs a text encoder and its tokenizer: %s (or give %s)", why,
+                             !t5 && !tok ? "--t5 FILE --tokenizer PATH" : !t5 ? "--t5 FILE" : "--tokenizer PATH");
+        }
         if (!t5 || !tok)
             return reel_fail(REEL_E_INVALID, "--prompt needs a text encoder and its tokenizer: --t5 FILE --tokenizer "
                              "PATH, or --weights on a release folder holding %s and %s/ (or a diffusers "

@@ -590,9 +590,17 @@ tok_t *tok_open(const char *path) {
         }
         if (stat(file, &st) != 0) {
             free(file);
-            reel_fail(REEL_E_NOT_FOUND, "tokenizer %s: a folder without spiece.model", path);
+            char json[4096];
+            bool has_json = snprintf(json, sizeof json, "%s/tokenizer.json", path) < (int)sizeof json &&
+                            stat(json, &st) == 0;
+            reel_fail(REEL_E_NOT_FOUND, "tokenizer %s: a folder without spiece.model%s%s%s", path,
+                      has_json ? " (it holds tokenizer.json: " : "", has_json ? TOK_JSON_HINT : "",
+                      has_json ? ")" : "");
             return NULL;
         }
+    } else if (strlen(path) >= 5 && !strcmp(path + strlen(path) - 5, ".json")) {
+        reel_fail(REEL_E_INVALID, "tokenizer %s: a JSON file, not a SentencePiece model: " TOK_JSON_HINT, path);
+        return NULL;
     } else if (!(file = strdup(path))) {
         reel_fail(REEL_E_NOMEM, "out of memory");
         return NULL;

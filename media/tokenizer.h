@@ -77,6 +77,11 @@ typedef struct tok tok_t;
  * REEL_E_UNSUPPORTED (a model without an end-of-sequence piece, or a
  * build without media support), REEL_E_IO, REEL_E_NOMEM. */
 tok_t *tok_open(const char *path);
+/* Said wherever a tokenizer folder holds Hugging Face's tokenizer.json but
+ * no spiece.model (a diffusers pipeline's tokenizer/ may): what Reel reads
+ * instead. */
+#define TOK_JSON_HINT "Reel reads the SentencePiece spiece.model that google/umt5-xxl ships, not tokenizer.json"
+
 /* NULL-safe; *t = NULL after. */
 void tok_close(tok_t **t);
 

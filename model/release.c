@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "base/error.h"
+#include "media/tokenizer.h"
 
 /* Whether p is there: anything (see try_file). */
 static bool is_there(const char *p) {
@@ -82,6 +83,7 @@ int release_find(const char *dir, release_parts_t *out) {
     bool root = (snprintf(mi, sizeof mi, "%s/model_index.json", dir) < (int)sizeof mi && is_there(mi)) ||
                 (snprintf(tr, sizeof tr, "%s/transformer", dir) < (int)sizeof tr && is_there(tr) &&
                  !has_weights(dir));
+    out->pipeline = root;
     if (root) {
         if (!out->t5[0]) try_file(dir, RELEASE_DIFFUSERS_T5, out->t5);
         if (!out->vae[0]) try_file(dir, RELEASE_DIFFUSERS_VAE, out->vae);
@@ -91,4 +93,23 @@ int release_find(const char *dir, release_parts_t *out) {
             snprintf(out->tokenizer, PATH_MAX, "%s/%s", dir, RELEASE_DIFFUSERS_TOKENIZER);
     }
     return 0;
+}
+
+void release_text_missing(const char *dir, const release_parts_t *p, char *out, size_t len) {
+    size_t n = 0;
+    out[0] = '\0';
+    if (!p->t5[0])
+        n += (size_t)snprintf(out + n, len - n, p->pipeline ? "no text encoder: %s/ has neither %s nor %s/"
+                                                            : "no text encoder: %s/ has no %s (nor a models_t5_*.pth)",
+                              dir, RELEASE_T5_NAME, RELEASE_DIFFUSERS_T5);
+    if (p->tokenizer[0] || n >= len) return;
+    const char *sub = p->pipeline ? RELEASE_DIFFUSERS_TOKENIZER : RELEASE_TOKENIZER_DIR;
+    char json[PATH_MAX];
+    bool has_json = p->pipeline &&
+                    snprintf(json, sizeof json, "%s/%s/tokenizer.json", dir, RELEASE_DIFFUSERS_TOKENIZER) <
+                        (int)sizeof json && is_there(json);
+    n += (size_t)snprintf(out + n, len - n, "%sno tokenizer: %s/%s/ has no spiece.model", n ? "; " : "", dir, sub);
+    if (p->pipeline && n < len)
+        n += (size_t)snprintf(out + n, len - n, " (nor %s/%s/spiece.model)", dir, RELEASE_TOKENIZER_DIR);
+    if (has_json && n < len) snprintf(out + n, len - n, "; it holds tokenizer.json: " TOK_JSON_HINT);
 }

@@ -16,6 +16,8 @@
 #define REEL_MODEL_RELEASE_H
 
 #include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 #define RELEASE_T5_NAME "models_t5_umt5-xxl-enc-bf16.pth"
 #define RELEASE_TOKENIZER_DIR "google/umt5-xxl"
@@ -28,10 +30,19 @@ typedef struct {
     char t5[PATH_MAX];          /* "" when the folder has none */
     char tokenizer[PATH_MAX];   /* the folder holding spiece.model, or "" */
     char vae[PATH_MAX];         /* "" when none */
+    bool pipeline;              /* dir is a diffusers pipeline root */
 } release_parts_t;
 
 /* Fills *out with the parts dir holds (each "" when absent). -1 with a
  * message when dir is not a readable directory. */
 int release_find(const char *dir, release_parts_t *out);
+
+/* What p, found in dir by release_find, lacks for a text encoder, for a
+ * message: for each of the text encoder and the tokenizer it has not, the
+ * path looked at and the file expected ("no tokenizer: DIR/google/umt5-xxl/
+ * has no spiece.model"), and, where the pipeline's tokenizer/ holds
+ * tokenizer.json alone, that Reel reads the spiece.model google/umt5-xxl
+ * ships. Writes "" when p has both. Can't fail (cut at len). */
+void release_text_missing(const char *dir, const release_parts_t *p, char *out, size_t len);
 
 #endif

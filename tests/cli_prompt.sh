@@ -153,6 +153,22 @@ REELF="--solver dpm++ --steps 3 --shift 4 --cfg 6 --seed 7 --negative-prompt blu
 "$R" run --weights "$D/dit.safetensors" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/np.err"
 [ $? = 2 ] && grep -q "needs a text encoder and its tokenizer" "$D/np.err" &&
     ok "a prompt without a text encoder is a usage error naming what to give" || { bad "prompt without t5"; show "$D/np.err"; }
+# a folder missing the tokenizer: the message names where it looked and
+# the file it expected; a pipeline's tokenizer/ with tokenizer.json alone
+# says Reel reads the spiece.model google/umt5-xxl ships
+cp -r "$REL" "$D/notok_run" && rm -r "$D/notok_run/google"
+"$R" run --weights "$D/notok_run" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/nt.err"
+[ $? = 2 ] && grep -q "no tokenizer: $D/notok_run/google/umt5-xxl/ has no spiece.model (or give --tokenizer PATH)" "$D/nt.err" &&
+    ok "a release folder without google/umt5-xxl/: the message names that folder and spiece.model" || { bad "release without tokenizer"; show "$D/nt.err"; }
+cp -r "$PIPE" "$D/pipe_json" && rm "$D/pipe_json/tokenizer/spiece.model" && echo '{"version":"1.0"}' >"$D/pipe_json/tokenizer/tokenizer.json"
+"$R" run --weights "$D/pipe_json" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/pj.err"
+[ $? = 2 ] && grep -q "no tokenizer: $D/pipe_json/tokenizer/ has no spiece.model" "$D/pj.err" &&
+    grep -q "it holds tokenizer.json: Reel reads the SentencePiece spiece.model that google/umt5-xxl ships" "$D/pj.err" &&
+    ok "a pipeline whose tokenizer/ holds only tokenizer.json: named, saying Reel reads google/umt5-xxl's spiece.model" ||
+    { bad "pipeline with tokenizer.json only"; show "$D/pj.err"; }
+"$R" encode --t5 "$D/t5.safetensors" --tokenizer "$D/pipe_json/tokenizer" --prompt "$P" -o "$D/x.safetensors" 2>"$D/pje.err"
+[ $? = 2 ] && grep -q "a folder without spiece.model (it holds tokenizer.json: Reel reads the SentencePiece spiece.model" "$D/pje.err" &&
+    ok "--tokenizer on such a folder says the same" || { bad "--tokenizer on a tokenizer.json folder"; show "$D/pje.err"; }
 "$R" run --weights "$D/plain.safetensors" --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --prompt "$P" \
     --size 2x8x8 --steps 2 -o "$D/x.safetensors" 2>"$D/tl.err"
 [ $? = 2 ] && grep -q "has no text_len" "$D/tl.err" && ok "a model without text_len takes no prompt (exit 2)" ||
@@ -189,6 +205,7 @@ sys.exit(0 if (w["wt"]["text_encoder"], w["wt"]["vae"], w["wp"]["text_encoder"],
 cp -r "$REL" "$D/notok" && rm -r "$D/notok/google"
 cli_worker wn "$D/broker.log" "$D/wn.log" --broker "$WE" --weights "$D/notok" --heartbeat-ms 200 &&
     grep -q "models_t5_umt5-xxl-enc-bf16.pth but no tokenizer (google/umt5-xxl/spiece.model, or a pipeline.s tokenizer/spiece.model): no text encoder" "$D/wn.log" &&
+    grep -q "no tokenizer: $D/notok/google/umt5-xxl/ has no spiece.model" "$D/wn.log" &&
     ! grep -q "prompts accepted" "$D/wn.log" &&
     ok "a release folder with the T5 but no tokenizer: the worker serves, saying it has no text encoder and why" ||
     { bad "folder without a tokenizer"; show "$D/wn.log"; }

@@ -824,11 +824,13 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
                     o->t5 ? "--tokenizer PATH (spiece.model or its folder)" : "--t5 FILE", o->t5 ? RELEASE_TOKENIZER_DIR "/" : RELEASE_T5_NAME);
             return -1;
         }
+        char why[3 * PATH_MAX];
+        release_text_missing(o->weights, &rel, why, sizeof why);
         wrk_log(w, "warning: %s holds %s but no %s: no text encoder, GENs with a prompt are not routed here "
-                "(give --t5 FILE and --tokenizer PATH)", o->weights, t5 ? t5 : tok,
+                "(give --t5 FILE and --tokenizer PATH): %s", o->weights, t5 ? t5 : tok,
                 t5 ? "tokenizer (" RELEASE_TOKENIZER_DIR "/spiece.model, or a pipeline's " RELEASE_DIFFUSERS_TOKENIZER
                      "/spiece.model)"
-                   : "text encoder (" RELEASE_T5_NAME ", or a pipeline's " RELEASE_DIFFUSERS_T5 "/)");
+                   : "text encoder (" RELEASE_T5_NAME ", or a pipeline's " RELEASE_DIFFUSERS_T5 "/)", why);
         t5 = tok = NULL;
     }
     const char *vae = o->vae ? o->vae : rel.vae[0] ? rel.vae : NULL;
