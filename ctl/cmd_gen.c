@@ -239,7 +239,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (!o->g.n) o->g.n = 1;
     reel_rollout_t *ro = &o->rollout;
     if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
-    if (!o->quiet) ctl_wan_defaults_note("gen", took);
+    if (!o->quiet) ctl_wan_defaults_note("gen", took, NULL, NULL);
     return 0;
 }
 

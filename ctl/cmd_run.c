@@ -131,6 +131,16 @@ static const reel_opt_t run_rows[] = {
 };
 #undef O
 
+/* The scheduler config of --weights when it is a diffusers pipeline root
+ * (release_sched_read; out->found false otherwise). 0, or -1 with an
+ * invalid error naming the file. */
+static int pipeline_sched(const char *weights, release_sched_t *out) {
+    release_parts_t rel;
+    struct stat st;
+    if (stat(weights, &st) != 0 || !S_ISDIR(st.st_mode) || release_find(weights, &rel) != 0) return 0;
+    return release_sched_read(weights, &rel, out);
+}
+
 /* The command line into r, and what must go together. 0, or -1 with an
  * invalid error. */
 static int parse(int argc, char **argv, run_opts_t *r) {
@@ -152,7 +162,24 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && (r->context || r->uncond))
         return reel_fail(REEL_E_INVALID, "--prompt replaces --context and --uncond (give --negative-prompt)");
     if (r->neg_prompt && !r->prompt) return reel_fail(REEL_E_INVALID, "--negative-prompt needs --prompt");
-    char took[128] = "";
+    char took[128] = "", piped[128] = "";
+    release_sched_t sched = { .shift = NAN };
+    if (r->prompt && pipeline_sched(r->weights, &sched) != 0) return -1;
+    if (r->prompt && sched.found) { /* a diffusers pipeline's own sampler first (scheduler/scheduler_config.json) */
+        size_t n = 0;
+        if (sched.solver && !r->have_solver && !r->loop.sde) {
+            tdit_solver_parse(sched.solver, &r->loop.solver);
+            r->have_solver = true;
+            n += (size_t)snprintf(piped + n, sizeof piped - n, " --solver %s", sched.solver);
+        }
+        if (!isnan(sched.shift) && isnan(r->loop.shift)) {
+            r->loop.shift = sched.shift;
+            snprintf(piped + n, sizeof piped - n, " --shift %g", sched.shift);
+        }
+        if (sched.note[0])
+            fprintf(stderr, "reelctl: %s (%s): %s: Wan2.1's defaults stand for what it does not give\n", sched.path,
+                    sched.class_name[0] ? sched.class_name : "no _class_name", sched.note);
+    }
     if (r->prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
         double g = r->loop.guidance;
         const char *solver = ctl_wan_t2v_fill(r->have_solver, r->loop.sde, &r->loop.steps, &r->loop.shift,
@@ -177,7 +204,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->uncond && !r->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond needs --cfg G");
     if (r->have_cfg && !r->uncond && !r->prompt) return reel_fail(REEL_E_INVALID, "--cfg needs --uncond U.safetensors");
     if (tdit_loop_validate(&r->loop) != 0) return ctl_fail_as(REEL_E_INVALID, NULL);
-    ctl_wan_defaults_note("run", took);
+    ctl_wan_defaults_note("run", took, piped, sched.path);
     return 0;
 }
 

@@ -106,8 +106,9 @@ int ctl_prompts_check(const char *prompt, const char *negative);
 const char *ctl_wan_t2v_fill(bool solver_given, bool sde, int *steps, double *shift, bool *have_cfg, double *cfg,
                              char *took, size_t len);
 /* The note on stderr naming the defaults a prompt run took ("" when it
- * took none). */
-void ctl_wan_defaults_note(const char *cmd, const char *took);
+ * took none): piped (NULL or "": none), those it took from the file
+ * `from` (a diffusers pipeline's scheduler config), first, then Wan's. */
+void ctl_wan_defaults_note(const char *cmd, const char *took, const char *piped, const char *from);
 /* Wan2.1's generate.py spellings that `run` and `gen` take as their own
  * flags' aliases (the same meaning): --sample_solver (--solver),
  * --sample_steps (--steps), --sample_shift (--shift), --sample_guide_scale

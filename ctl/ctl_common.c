@@ -308,8 +308,12 @@ const char *ctl_wan_t2v_fill(bool solver_given, bool sde, int *steps, double *sh
     return solver;
 }
 
-void ctl_wan_defaults_note(const char *cmd, const char *took) {
-    if (took && *took)
+void ctl_wan_defaults_note(const char *cmd, const char *took, const char *piped, const char *from) {
+    bool wan = took && *took, pipe = piped && *piped && from;
+    if (pipe)
+        fprintf(stderr, "reelctl: %s --prompt: defaults for what was not given:%s from %s%s%s\n", cmd, piped, from,
+                wan ? "; Wan2.1's text-to-video:" : "", wan ? took : "");
+    else if (wan)
         fprintf(stderr, "reelctl: %s --prompt: Wan2.1's text-to-video defaults for what was not given:%s\n", cmd,
                 took);
 }

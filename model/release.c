@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <math.h>
+#include <jansson.h>
 #include <sys/stat.h>
 
 #include "base/error.h"
@@ -112,4 +114,68 @@ void release_text_missing(const char *dir, const release_parts_t *p, char *out, 
     if (p->pipeline && n < len)
         n += (size_t)snprintf(out + n, len - n, " (nor %s/%s/spiece.model)", dir, RELEASE_TOKENIZER_DIR);
     if (has_json && n < len) snprintf(out + n, len - n, "; it holds tokenizer.json: " TOK_JSON_HINT);
+}
+
+/* A scheduler's shift key: absent or null is diffusers' default, 1.0. 0,
+ * or -1 with an error naming the file when it is not a number > 0. */
+static int sched_shift(const release_sched_t *s, const json_t *root, const char *key, double *out) {
+    const json_t *v = json_object_get(root, key);
+    *out = 1.0;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+        return reel_fail(REEL_E_INVALID, "%s: \"%s\" must be a number > 0", s->path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static bool sched_true(const json_t *root, const char *key) { return json_is_true(json_object_get(root, key)); }
+
+int release_sched_read(const char *dir, const release_parts_t *p, release_sched_t *out) {
+    memset(out, 0, sizeof *out);
+    out->shift = NAN;
+    if (!p->pipeline ||
+        snprintf(out->path, sizeof out->path, "%s/scheduler/scheduler_config.json", dir) >= (int)sizeof out->path ||
+        !is_there(out->path))
+        return 0;
+    out->found = true;
+    json_error_t je;
+    json_t *root = json_load_file(out->path, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return reel_fail(REEL_E_INVALID, "%s: malformed JSON (line %d, column %d: %s)", out->path, je.line, je.column,
+                         je.text);
+    int rc = 0;
+    const json_t *cn = json_object_get(root, "_class_name");
+    if (!json_is_object(root)) {
+        rc = reel_fail(REEL_E_INVALID, "%s: not a JSON object", out->path);
+        goto done;
+    }
+    snprintf(out->class_name, sizeof out->class_name, "%s", json_is_string(cn) ? json_string_value(cn) : "");
+    const char *c = out->class_name;
+    const json_t *algo = json_object_get(root, "algorithm_type");
+    double shift;
+    if (!strcmp(c, "UniPCMultistepScheduler") || !strcmp(c, "DPMSolverMultistepScheduler")) {
+        bool dpm = c[0] == 'D';
+        if (dpm && algo && !(json_is_string(algo) && !strcmp(json_string_value(algo), "dpmsolver++"))) {
+            snprintf(out->note, sizeof out->note, "its algorithm_type is not dpmsolver++ (Reel's dpm++ is "
+                     "DPM-Solver++)");
+        } else if (!sched_true(root, "use_flow_sigmas")) {
+            snprintf(out->note, sizeof out->note, "it has no use_flow_sigmas: a VP schedule, not Wan's flow "
+                     "matching");
+        } else if ((rc = sched_shift(out, root, "flow_shift", &shift)) == 0) {
+            out->solver = dpm ? "dpm++" : "unipc";
+            out->shift = shift;
+        }
+    } else if (!strcmp(c, "FlowMatchEulerDiscreteScheduler")) {
+        out->solver = "euler";
+        if (sched_true(root, "use_dynamic_shifting"))
+            snprintf(out->note, sizeof out->note, "its use_dynamic_shifting makes the shift the size's, not one value");
+        else if ((rc = sched_shift(out, root, "shift", &shift)) == 0)
+            out->shift = shift;
+    } else {
+        snprintf(out->note, sizeof out->note, "%s is no scheduler Reel maps to a sampler (UniPCMultistepScheduler, "
+                 "FlowMatchEulerDiscreteScheduler, DPMSolverMultistepScheduler)", c[0] ? c : "a _class_name-less one");
+    }
+done:
+    json_decref(root);
+    return rc;
 }

@@ -45,4 +45,28 @@ int release_find(const char *dir, release_parts_t *out);
  * ships. Writes "" when p has both. Can't fail (cut at len). */
 void release_text_missing(const char *dir, const release_parts_t *p, char *out, size_t len);
 
+/* A diffusers pipeline's sampler, from ROOT/scheduler/scheduler_config.json
+ * (diffusers' save_pretrained of the pipeline's scheduler), as a prompt
+ * run's defaults (docs/MODEL.md "Samplers"):
+ *   UniPCMultistepScheduler with use_flow_sigmas      unipc, its flow_shift
+ *   FlowMatchEulerDiscreteScheduler                   euler, its shift
+ *                                                     (not with use_dynamic_shifting)
+ *   DPMSolverMultistepScheduler, algorithm_type       dpm++, its flow_shift
+ *     dpmsolver++ (diffusers' default), use_flow_sigmas
+ * anything else gives neither, and `note` says why. */
+typedef struct {
+    bool found;                 /* the file is there */
+    char path[PATH_MAX];        /* ROOT/scheduler/scheduler_config.json */
+    char class_name[64];        /* its _class_name ("" when it has none) */
+    const char *solver;         /* "unipc", "euler", "dpm++"; NULL: none taken */
+    double shift;               /* > 0; NAN: none taken */
+    char note[256];             /* why solver or shift was not taken; "" when both were */
+} release_sched_t;
+
+/* Reads dir's scheduler config into *out when dir is a pipeline root (p
+ * from release_find) that has one (else out->found is false: 0). 0, or -1
+ * with a REEL_E_INVALID error naming the file: not JSON (where), not an
+ * object, or a shift that is not a number > 0. */
+int release_sched_read(const char *dir, const release_parts_t *p, release_sched_t *out);
+
 #endif

@@ -93,6 +93,39 @@ $RUN --weights "$PIPE" --prompt "$P" -o "$D/novae.mp4" 2>"$D/novae.err"
 [ $? = 2 ] && grep -q "vae: a folder without model.safetensors, diffusion_pytorch_model.safetensors" "$D/novae.err" &&
     ok "a pipeline whose vae/ holds no weights is refused naming it (exit 2), not run without its VAE" ||
     { bad "a pipeline without VAE weights"; show "$D/novae.err"; }
+# A pipeline's scheduler/scheduler_config.json gives a prompt run its
+# sampler and shift where the flags do not (diffusers' UniPC with flow
+# sigmas, FlowMatchEuler, DPM-Solver++), said on stderr with the file;
+# a scheduler Reel has no sampler for keeps Wan's defaults, saying so
+sched() { # name json: a copy of the pipeline with that scheduler config
+    rm -rf "$D/ps_$1"; cp -r "$PIPE" "$D/ps_$1" && mkdir -p "$D/ps_$1/scheduler" && printf '%s' "$2" >"$D/ps_$1/scheduler/scheduler_config.json"
+}
+SRUN="$R run --size 2x8x8 --steps 2 --seed 1"
+sched unipc '{"_class_name":"UniPCMultistepScheduler","_diffusers_version":"0.33.0.dev0","beta_schedule":"linear","flow_shift":3.0,"prediction_type":"flow_prediction","solver_order":2,"use_flow_sigmas":true}'
+$SRUN --prompt "$P" --weights "$D/ps_unipc" -o "$D/su.safetensors" 2>"$D/su.err" &&
+    grep -q "run --prompt: defaults for what was not given: --solver unipc --shift 3 from $D/ps_unipc/scheduler/scheduler_config.json; Wan2.1's text-to-video: --cfg 5" "$D/su.err" &&
+    $SRUN --prompt "$P" --weights "$D/ps_unipc" --solver unipc --shift 3 --cfg 5 -o "$D/su2.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/su.safetensors" "$D/su2.safetensors" >/dev/null 2>&1 &&
+    ok "a pipeline's UniPC scheduler (use_flow_sigmas, flow_shift 3): --solver unipc --shift 3, said with its file" ||
+    { bad "the pipeline's UniPC scheduler config"; show "$D/su.err"; }
+sched euler '{"_class_name":"FlowMatchEulerDiscreteScheduler","shift":2.0,"use_dynamic_shifting":false}'
+$SRUN --prompt "$P" --weights "$D/ps_euler" --shift 4 -o "$D/se.safetensors" 2>"$D/se.err" &&
+    grep -q "defaults for what was not given: --solver euler from .*; Wan2.1's text-to-video: --cfg 5$" "$D/se.err" &&
+    $SRUN --prompt "$P" --weights "$D/ps_euler" --solver euler --shift 4 --cfg 5 -o "$D/se2.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/se.safetensors" "$D/se2.safetensors" >/dev/null 2>&1 &&
+    ok "FlowMatchEulerDiscreteScheduler: euler; a --shift given overrides the config's" || { bad "the pipeline's Euler scheduler"; show "$D/se.err"; }
+sched dpm '{"_class_name":"DPMSolverMultistepScheduler","algorithm_type":"dpmsolver++","flow_shift":2.5,"use_flow_sigmas":true,"prediction_type":"flow_prediction"}'
+$SRUN --prompt "$P" --weights "$D/ps_dpm" -o "$D/sd.safetensors" 2>"$D/sd.err" && grep -q -- "--solver dpm++ --shift 2.5 from" "$D/sd.err" &&
+    ok "DPMSolverMultistepScheduler (dpmsolver++, flow sigmas): --solver dpm++ --shift 2.5" || { bad "the pipeline's DPM scheduler"; show "$D/sd.err"; }
+sched other '{"_class_name":"EulerAncestralDiscreteScheduler"}'
+$SRUN --prompt "$P" --weights "$D/ps_other" -o "$D/so.safetensors" 2>"$D/so.err" &&
+    grep -q "scheduler_config.json (EulerAncestralDiscreteScheduler): EulerAncestralDiscreteScheduler is no scheduler Reel maps to a sampler" "$D/so.err" &&
+    grep -q "Wan2.1's text-to-video defaults for what was not given: --solver unipc --shift 5 --cfg 5" "$D/so.err" &&
+    ok "a scheduler Reel has no sampler for: Wan's defaults, and stderr says why" || { bad "an unknown scheduler"; show "$D/so.err"; }
+sched bad '{"_class_name": "UniPCMultistepScheduler",'
+$SRUN --prompt "$P" --weights "$D/ps_bad" -o "$D/sb.safetensors" 2>"$D/sb.err"
+[ $? = 2 ] && grep -q "$D/ps_bad/scheduler/scheduler_config.json: malformed JSON" "$D/sb.err" && [ ! -e "$D/sb.safetensors" ] &&
+    ok "a malformed scheduler_config.json is refused naming the file (exit 2)" || { bad "malformed scheduler config"; show "$D/sb.err"; }
 # Wan's generate.py form: --size W*H in pixels and --frame_num; 64*64 with 5 frames is the latent 2x8x8
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>"$D/px.err" &&
     "$R" tensor diff "$D/px.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
