@@ -216,6 +216,18 @@ grep -q "peer: 0 messages" "$D/wrongbk.out" &&
     [ "$(with bob "$R" status --broker "$CE" --json | sed -n 's/.*"auth_refused":\([0-9]*\).*/\1/p')" -ge 1 ] &&
     ok "a peer holding another broker's public key: no answer, and the broker says why and counts it (auth_refused)" ||
     { bad "wrong broker key logged"; show "$D/wrongbk.out"; show "$D/broker.log"; }
+# reelctl says why the broker never answered: the client socket's monitor saw the handshake fail
+REEL_KEY= REEL_BROKER_KEY= "$R" status --broker "$CE" >/dev/null 2>"$D/hs_nokey.err"
+grep -q "timeout: .*requires CURVE keys and this client has none" "$D/hs_nokey.err" &&
+    ok "reelctl without a key: its timeout says the broker requires CURVE keys" || { bad "no-key hint"; show "$D/hs_nokey.err"; }
+"$R" keys new --role broker --name elsewhere --out "$D/elsewhere" >/dev/null 2>&1 # another cluster's broker
+REEL_KEY="$K/bob.key" REEL_BROKER_KEY="$D/elsewhere/elsewhere.pub" "$R" status --broker "$CE" >/dev/null 2>"$D/hs_bk.err"
+grep -q "timeout: .*REEL_BROKER_KEY) is probably not its public key" "$D/hs_bk.err" &&
+    ok "reelctl with another broker's public key: its timeout says so" || { bad "broker-key hint"; show "$D/hs_bk.err"; }
+REEL_KEY="$K/stranger.key" REEL_BROKER_KEY="$K/broker.pub" "$R" status --broker "$CE" >/dev/null 2>"$D/hs_deny.err"
+grep -q "timeout: .*the broker refused this client's key at the handshake (ZAP status 400" "$D/hs_deny.err" &&
+    ok "reelctl with a key not in the allowlist: its timeout says the broker refused the key" ||
+    { bad "refused-key hint"; show "$D/hs_deny.err"; }
 peer stranger "$CE" 1 "$status" >"$D/stranger.out"
 grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*not in the allowlist" 60 &&
     ok "a key not in the allowlist gets no answer, and the broker logs it" || { bad "stranger refused"; show "$D/stranger.out"; }

@@ -18,6 +18,11 @@
 struct reel_client {
     void *ctx;
     void *sock;
+    void *mon;                  /* sock's handshake events (libzmq's monitor), NULL when none */
+    uint64_t mon_seq;
+    int hs_kind;                /* the last handshake failure seen on sock (HS_*), 0 after a success */
+    uint32_t hs_value;          /* its event value (a ZAP status code, a protocol error) */
+    char hint[320];             /* what a timeout adds: why the broker never let this client in */
     char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
     int n_eps, at;              /* ... and the one sock is connected to */
     reel_curve_t curve;         /* kept for the sockets of a switch (zeroed at destroy) */
@@ -48,15 +53,94 @@ void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user) {
 
 reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_keys(endpoint, NULL, NULL); }
 
-/* A DEALER connected to c->eps[c->at], into c->sock. -1 with the error value. */
+enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED };
+
+/* A socket and its monitor, closed together. */
+static void close_pair(void *sock, void *mon) {
+    if (mon) zmq_close(mon);
+    if (sock) zmq_close(sock);
+}
+
+/* Watches sock's handshakes (best effort: diagnostics only): a broker
+ * that refuses this client's key, or speaks no CURVE, or cannot read its
+ * HELLO, never answers, and a timeout is all the caller would see. */
+static void watch_handshakes(reel_client_t *c) {
+    char ep[80];
+    snprintf(ep, sizeof ep, "inproc://reel-client-handshakes-%p-%llu", (void *)c, (unsigned long long)++c->mon_seq);
+    c->mon = NULL;
+    c->hs_kind = HS_NONE;
+    if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+        return;
+    int zero = 0;
+    void *m = zmq_socket(c->ctx, ZMQ_PAIR);
+    if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
+        if (m) zmq_close(m);
+        return;
+    }
+    c->mon = m;
+}
+
+/* Reads the handshake events so far; returns the hint a timeout adds ("" when none). */
+static const char *handshake_hint(reel_client_t *c) {
+    for (int i = 0; c->mon && i < 1024; i++) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        uint16_t id = 0;
+        uint32_t v = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&id, zmq_msg_data(&ev), 2);
+            memcpy(&v, (const char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) { /* the endpoint */
+            zmq_msg_t a;
+            zmq_msg_init(&a);
+            (void)zmq_msg_recv(&a, c->mon, 0);
+            zmq_msg_close(&a);
+        }
+        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) c->hs_kind = HS_NONE;
+        else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c->hs_kind = HS_AUTH, c->hs_value = v;
+        else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            c->hs_kind = HS_MECHANISM;
+        else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            c->hs_kind = HS_CLOSED, c->hs_value = v;
+    }
+    c->hint[0] = '\0';
+    if (c->hs_kind == HS_AUTH)
+        snprintf(c->hint, sizeof c->hint, "; the broker refused this client's key at the handshake (ZAP status %u: a "
+                 "key not in its allowlist, or one of another role: docs/SECURITY.md)", (unsigned)c->hs_value);
+    else if (c->hs_kind == HS_MECHANISM)
+        snprintf(c->hint, sizeof c->hint, "%s", c->curve.on
+                 ? "; the handshake failed: this client has CURVE keys and the broker runs without any"
+                 : "; the handshake failed: the broker requires CURVE keys and this client has none (set REEL_KEY "
+                   "and REEL_BROKER_KEY: docs/SECURITY.md)");
+    else if (c->hs_kind == HS_CLOSED && c->curve.on)
+        snprintf(c->hint, sizeof c->hint, "; the broker closed every CURVE handshake: the broker key given "
+                 "(REEL_BROKER_KEY) is probably not its public key");
+    else if (c->hs_kind == HS_CLOSED) /* a keyless broker takes a keyless client: one that requires keys hangs up first */
+        snprintf(c->hint, sizeof c->hint, "; the broker closed every handshake: it probably requires CURVE keys and "
+                 "this client has none (set REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)");
+    return c->hint;
+}
+
+/* A DEALER connected to c->eps[c->at], into c->sock (and its monitor,
+ * c->mon). -1 with the error value. */
 static int open_socket(reel_client_t *c) {
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    c->mon = NULL;
     if (!c->sock) return reel_fail(REEL_E_IO, "cannot make a socket: %s", zmq_strerror(zmq_errno()));
     if (reel_curve_apply(c->sock, &c->curve) != 0) {
         zmq_close(c->sock);
         c->sock = NULL;
         return -1;
     }
+    watch_handshakes(c);
     char ep[1024];
     if (wire_socket_limits(c->sock) != 0 || wire_socket_endpoint(c->sock, c->eps[c->at], ep, sizeof ep) != 0 ||
         zmq_connect(c->sock, ep) != 0) {
@@ -64,8 +148,8 @@ static int open_socket(reel_client_t *c) {
         reel_fail(e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO || e == ENAMETOOLONG ? REEL_E_INVALID
                                                                                                  : REEL_E_IO,
                   "cannot connect to broker '%s': %s", c->eps[c->at], zmq_strerror(e));
-        zmq_close(c->sock);
-        c->sock = NULL;
+        close_pair(c->sock, c->mon);
+        c->sock = c->mon = NULL;
         return -1;
     }
     return 0;
@@ -75,15 +159,16 @@ static int open_socket(reel_client_t *c) {
  * a new socket, nothing of the old one's queue kept, no boot id known. */
 static int switch_broker(reel_client_t *c) {
     if (c->n_eps < 2) return 0;
-    void *old = c->sock;
+    void *old = c->sock, *old_mon = c->mon;
     int at = c->at;
     c->at = (c->at + 1) % c->n_eps;
     if (open_socket(c) != 0) { /* (checked at creation: unlikely) the old one stays */
         c->sock = old;
+        c->mon = old_mon;
         c->at = at;
         return -1;
     }
-    zmq_close(old);
+    close_pair(old, old_mon);
     c->boot = 0;
     c->switches++;
     return 0;
@@ -95,12 +180,13 @@ static int switch_broker(reel_client_t *c) {
  * comes back later, applying a sync the caller was told failed. The old
  * socket stays if no new one can be made. */
 static void forget_unsent(reel_client_t *c) {
-    void *old = c->sock;
+    void *old = c->sock, *old_mon = c->mon;
     if (open_socket(c) != 0) {
         c->sock = old;
+        c->mon = old_mon;
         return;
     }
-    zmq_close(old);
+    close_pair(old, old_mon);
     c->boot = 0;
 }
 
@@ -148,8 +234,8 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
             reel_client_destroy(&c);
             return NULL;
         }
-        zmq_close(c->sock);
-        c->sock = NULL;
+        close_pair(c->sock, c->mon);
+        c->sock = c->mon = NULL;
     }
     if (open_socket(c) != 0) {
         reel_client_destroy(&c);
@@ -176,7 +262,7 @@ void reel_client_destroy(reel_client_t **cp) {
         int linger = 500;
         (void)zmq_setsockopt((*cp)->sock, ZMQ_LINGER, &linger, sizeof linger);
     }
-    if ((*cp)->sock) zmq_close((*cp)->sock);
+    close_pair((*cp)->sock, (*cp)->mon);
     if ((*cp)->ctx) zmq_ctx_term((*cp)->ctx);
     explicit_bzero(&(*cp)->curve, sizeof (*cp)->curve);
     free(*cp);
@@ -210,7 +296,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
         }
         int64_t left = deadline - now_ms();
         if (left <= 0) {
-            set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time");
+            set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time%s", handshake_hint(c));
             return -1;
         }
         /* a signal between the check above and the poll is seen within
@@ -1126,7 +1212,7 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
         c->resends++;
         if (c->on_resend) c->on_resend(c->resend_user, st.sent_id, st.silent_ms);
     }
-    if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms", timeout_ms);
+    if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms%s", timeout_ms, handshake_hint(c));
     free(s);
     return sync_ended(c, rc);
 }

@@ -25,6 +25,7 @@ import threading
 import warnings
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 import time
@@ -660,11 +661,72 @@ class Client:
                 sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+            mon = self._watch(sock)
             sock.connect(self._eps[self._at])
         except BaseException:
             sock.close(0)
             raise
-        self._sock = sock
+        self._close_monitor()
+        self._sock, self._mon, self._hs = sock, mon, None
+
+    _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                  zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    _monitors = itertools.count(1)
+
+    def _watch(self, sock):
+        """A PAIR reading sock's handshake events (None when libzmq cannot
+        give one): a broker that refuses this client's key, or speaks no
+        CURVE, or cannot read its HELLO, never answers, and a timeout is
+        all the caller would see otherwise."""
+        addr = "inproc://reel-client-handshakes-%d-%d" % (id(self), next(self._monitors))
+        try:
+            sock.monitor(addr, self._HS_EVENTS)
+            mon = self._ctx.socket(zmq.PAIR)
+            mon.setsockopt(zmq.LINGER, 0)
+            mon.connect(addr)
+            return mon
+        except zmq.ZMQError:
+            return None
+
+    def _close_monitor(self):
+        mon, self._mon = getattr(self, "_mon", None), None
+        if mon is not None:
+            mon.close(0)
+
+    def _handshake_hint(self):
+        """What a timeout adds: why the broker never let this client in
+        ("" when the socket saw no handshake fail)."""
+        while self._mon is not None:
+            try:
+                frames = self._mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+            if len(frames[0]) < 6:
+                continue
+            event, value = struct.unpack("<HI", bytes(frames[0][:6]))
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._hs = None
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._hs = ("auth", value)
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == 0x11000002:  # mechanism mismatch
+                self._hs = ("mechanism", value)
+            else:
+                self._hs = ("closed", value)
+        kind = self._hs[0] if self._hs else None
+        if kind == "auth":
+            return (f"; the broker refused this client's key at the handshake (ZAP status {self._hs[1]}: a key not "
+                    "in its allowlist, or one of another role: docs/SECURITY.md)")
+        if kind == "mechanism":
+            return ("; the handshake failed: this client has CURVE keys and the broker runs without any"
+                    if self._curve else "; the handshake failed: the broker requires CURVE keys and this client "
+                    "has none (key=, broker_key=, or REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)")
+        if kind == "closed" and self._curve:
+            return ("; the broker closed every CURVE handshake: the broker key given (broker_key, REEL_BROKER_KEY) "
+                    "is probably not its public key")
+        if kind == "closed":  # a keyless broker takes a keyless client: one that requires keys hangs up first
+            return ("; the broker closed every handshake: it probably requires CURVE keys and this client has none "
+                    "(key=, broker_key=, or REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)")
+        return ""
 
     def _forget_unsent(self):
         """A fresh socket to the same broker, nothing of the old one kept:
@@ -690,6 +752,7 @@ class Client:
             return
         self._sock.close(0)
         self._sock = None
+        self._close_monitor()
         self._at = (self._at + 1) % len(self._eps)
         self._boot = None
         self.switches += 1
@@ -701,6 +764,7 @@ class Client:
                 # a CANCEL still queued goes out, within 500 ms
                 self._sock.close(500 if self._cancelled else 0)
                 self._sock = None
+            self._close_monitor()
 
     def __enter__(self):
         return self
@@ -721,7 +785,7 @@ class Client:
             self._sock.send_multipart(frames, copy=False)
         except zmq.Again:
             raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
-                              "refuses a client without its key)", rid) from None
+                              "refuses a client without its key)" + self._handshake_hint(), rid) from None
 
     def _send(self, mtype, rid, fields, tensors=(), *, by):
         """Sends a message by the monotonic deadline by (ReelTimeout else)."""
@@ -880,7 +944,7 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(min(int(left * 1000) + 1, _MAX_MS)):
                 if time.monotonic() >= deadline:
-                    raise ReelTimeout(f"no reply from {self.endpoint} in time", rid)
+                    raise ReelTimeout(f"no reply from {self.endpoint} in time" + self._handshake_hint(), rid)
                 continue
             frames = self._sock.recv_multipart()
             hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
@@ -1282,7 +1346,7 @@ class Client:
                     # A standby pair: the other broker, then each in turn.
                     while True:
                         if time.monotonic() - heard >= wait:
-                            raise ReelTimeout(f"no reply from {self.broker} in time", 0)
+                            raise ReelTimeout(f"no reply from {self.broker} in time" + self._handshake_hint(), 0)
                         self._switch()
                         try:
                             st = self._status_once(self.liveness or min(self.timeout, 10.0))

@@ -1699,8 +1699,27 @@ class CurveTests(unittest.TestCase):
 
     def test_without_a_key_the_broker_never_answers(self):
         with reel.Client(self.cluster.ce, timeout=1) as c:
-            with self.assertRaises(reel.ReelTimeout):
+            with self.assertRaises(reel.ReelTimeout) as e:
                 c.status(timeout=1)
+        # the socket's monitor saw why: the timeout says it
+        # (libzmq tells a mechanism mismatch, or the broker hanging up first: both name the keys)
+        self.assertRegex(str(e.exception), "requires CURVE keys and this client has none")
+
+    def test_a_refused_key_or_another_brokers_key_is_named_in_the_timeout(self):
+        other = os.path.join(self.dir, "other")
+        run(f"{BUILD}/reelctl", "keys", "new", "--role", "client", "--name", "stranger", "--out", other)
+        run(f"{BUILD}/reelctl", "keys", "new", "--role", "broker", "--name", "elsewhere", "--out", other)
+        cases = [(os.path.join(other, "stranger.key"), os.path.join(self.keys, "broker.pub"),
+                  "the broker refused this client's key at the handshake (ZAP status 400"),
+                 (os.path.join(self.keys, "client.key"), os.path.join(other, "elsewhere.pub"),
+                  "is probably not its public key")]
+        for key, broker_key, said in cases:
+            with reel.Client(self.cluster.ce, timeout=2, key=key, broker_key=broker_key) as c:
+                with self.assertRaises(reel.ReelTimeout) as e:
+                    c.status(timeout=2)
+            self.assertIn(said, str(e.exception))
+        with self.cluster.client("client", timeout=30) as c:  # the right keys: no hint, an answer
+            self.assertIn("py0", [w.get("name") for w in c.status().get("workers", [])])
 
     def test_without_a_key_each_call_after_the_first_times_out_too_instead_of_blocking_in_a_send(self):
         # After the broker refuses the handshake the DEALER has no pipe: a
