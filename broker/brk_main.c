@@ -310,6 +310,10 @@ static int start_sockets(brk_t *b) {
 /* Closes what start_catalog and start_sockets opened (any of it). */
 static void stop_all(brk_t *b) {
     free_workers(b);
+    /* their handshake monitors stopped before brk_zap_destroy closes the
+     * readers (an event sent to a closed reader blocks libzmq's IO thread) */
+    if (b->zap && b->clients) (void)zmq_socket_monitor(b->clients, NULL, 0);
+    if (b->zap && b->workers) (void)zmq_socket_monitor(b->workers, NULL, 0);
     if (b->clients) {
         int linger = 200; /* let the shutdown ERRORs reach their clients */
         zmq_setsockopt(b->clients, ZMQ_LINGER, &linger, sizeof linger);

@@ -320,9 +320,15 @@ int brk_zap_server(brk_zap_t *z, void *sock, bool worker_side) {
     snprintf(ep, sizeof ep, "inproc://reel-handshakes-%s-%p", worker_side ? "workers" : "clients", (void *)z);
     int zero = 0;
     void *m = NULL;
+    /* The events' pipe has no high-water mark: libzmq's IO thread sends
+     * each event with a blocking send, and a full pipe (a flood of bad
+     * handshakes while the loop is busy) would stall every socket. The
+     * monitor is stopped before this reader closes (brk_main's stop_all). */
     if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0 || !(m = zmq_socket(z->ctx, ZMQ_PAIR)) ||
-        zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
+        zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_setsockopt(m, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
+        zmq_connect(m, ep) != 0) {
         int e = zmq_errno();
+        (void)zmq_socket_monitor(sock, NULL, 0);
         if (m) zmq_close(m);
         return reel_fail(REEL_E_IO, "cannot watch the %s socket's handshakes: %s", worker_side ? "worker" : "client",
                          zmq_strerror(e));

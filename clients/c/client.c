@@ -55,8 +55,14 @@ reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_ke
 
 enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED };
 
-/* A socket and its monitor, closed together. */
+/* A socket and its monitor, closed together: the monitor stopped first.
+ * libzmq's IO thread sends each event to the monitor's PAIR with a
+ * blocking send: a reader closed while the socket still reports would
+ * leave that send, and the IO thread, waiting for ever (no socket of the
+ * context is then connected or reaped: a client that switches sockets
+ * ran out of them, "Too many open files"). */
 static void close_pair(void *sock, void *mon) {
+    if (sock && mon) (void)zmq_socket_monitor(sock, NULL, 0);
     if (mon) zmq_close(mon);
     if (sock) zmq_close(sock);
 }
@@ -74,8 +80,13 @@ static void watch_handshakes(reel_client_t *c) {
         return;
     int zero = 0;
     void *m = zmq_socket(c->ctx, ZMQ_PAIR);
-    if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
+    /* no high-water mark on the events: the IO thread would block on a
+     * full pipe (they are read only when a call times out; a handshake
+     * refused every 100 ms is a few kB a minute) */
+    if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(m, ZMQ_RCVHWM, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
         if (m) zmq_close(m);
+        (void)zmq_socket_monitor(c->sock, NULL, 0);
         return;
     }
     c->mon = m;

@@ -627,7 +627,7 @@ class Client:
             # kept for the sockets of a move to another broker of the list
             self._curve = (server["public-key"].encode(), mine["public-key"].encode(), mine["secret-key"].encode())
         self._ctx = context or zmq.Context.instance()
-        self._sock = None
+        self._sock = self._mon = None
         self._open()
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
@@ -661,12 +661,12 @@ class Client:
                 sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
+            mon = None
             mon = self._watch(sock)
             sock.connect(self._eps[self._at])
         except BaseException:
-            sock.close(0)
+            self._close_socket(sock, mon)
             raise
-        self._close_monitor()
         self._sock, self._mon, self._hs = sock, mon, None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
@@ -683,15 +683,33 @@ class Client:
             sock.monitor(addr, self._HS_EVENTS)
             mon = self._ctx.socket(zmq.PAIR)
             mon.setsockopt(zmq.LINGER, 0)
+            # no high-water mark: libzmq's IO thread would block on a full
+            # pipe (the events are read only when a call times out)
+            mon.setsockopt(zmq.RCVHWM, 0)
             mon.connect(addr)
             return mon
         except zmq.ZMQError:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
             return None
 
-    def _close_monitor(self):
-        mon, self._mon = getattr(self, "_mon", None), None
+    @staticmethod
+    def _close_socket(sock, mon, linger=0):
+        """Closes sock and its monitor's reader, the monitor stopped first:
+        libzmq's IO thread sends each event with a blocking send, and a
+        reader closed while the socket still reports leaves that send, and
+        every socket of the context, waiting for ever."""
+        if sock is not None and mon is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
         if mon is not None:
             mon.close(0)
+        if sock is not None:
+            sock.close(linger)
 
     def _handshake_hint(self):
         """What a timeout adds: why the broker never let this client in
@@ -734,14 +752,13 @@ class Client:
         held unsent would otherwise go to a broker that comes back later,
         and a sync the caller was told failed (ReelTimeout) would apply
         after all."""
-        old, self._sock = self._sock, None
+        old, old_mon, self._sock, self._mon = self._sock, self._mon, None, None
         try:
             self._open()
         except BaseException:  # (a second interrupt, a terminated context) the old one stays, queue and all
-            self._sock = old
+            self._sock, self._mon = old, old_mon
             return
-        if old is not None:
-            old.close(0)
+        self._close_socket(old, old_mon)
         self._boot = None
 
     def _switch(self):
@@ -750,9 +767,8 @@ class Client:
         answers of the old broker are gone with it), no boot id known."""
         if len(self._eps) < 2:
             return
-        self._sock.close(0)
-        self._sock = None
-        self._close_monitor()
+        self._close_socket(self._sock, self._mon)
+        self._sock = self._mon = None
         self._at = (self._at + 1) % len(self._eps)
         self._boot = None
         self.switches += 1
@@ -760,11 +776,9 @@ class Client:
 
     def close(self):
         with self._busy:
-            if self._sock is not None:
-                # a CANCEL still queued goes out, within 500 ms
-                self._sock.close(500 if self._cancelled else 0)
-                self._sock = None
-            self._close_monitor()
+            # a CANCEL still queued goes out, within 500 ms
+            self._close_socket(self._sock, self._mon, 500 if self._cancelled else 0)
+            self._sock = self._mon = None
 
     def __enter__(self):
         return self

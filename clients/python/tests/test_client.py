@@ -151,6 +151,42 @@ class ClientTests(unittest.TestCase):
         t, _ = safetensors.load(out)
         return t["latent"]
 
+    def test_sockets_closed_as_they_handshake_never_stop_the_client(self):
+        # Each move opens a socket and a monitor of its handshakes; two moves
+        # in a row close a socket whose handshake may still be running.
+        # libzmq's IO thread sends those events with a blocking send: before
+        # the monitor was stopped first, a reader closed under a running
+        # handshake left the IO thread waiting, and every call after it
+        # timed out (a run here: from the 121st of 200). A broker of its own
+        # on loopback TCP (the window is widest there), and a context of its
+        # own: a lost IO thread would take every other test's client too.
+        log = os.path.join(self.dir, "tcp-broker.log")
+        with open(log, "wb") as out:
+            b = subprocess.Popen([f"{BUILD}/reel-broker", "--clients", "tcp://127.0.0.1:0", "--workers",
+                                  f"ipc://{self.dir}/tcp-broker-w", "--catalog", ""], stdout=out,
+                                 stderr=subprocess.STDOUT)
+        ctx = zmq.Context()
+        try:
+            ep, end = None, time.monotonic() + 30
+            while ep is None and time.monotonic() < end and b.poll() is None:
+                m = re.search(r"ready clients=(tcp://\S+)", open(log).read())
+                ep = m.group(1) if m else time.sleep(0.05)
+            self.assertIsNotNone(ep, open(log).read())
+            with reel.Client(f"{ep},{ep}", timeout=10, context=ctx) as c:
+                answered = 0
+                for _ in range(200):
+                    c._switch()
+                    c._switch()
+                    try:
+                        answered += "workers" in c.status(timeout=5)
+                    except reel.ReelTimeout:
+                        break  # the rest would time out too
+                self.assertEqual((answered, c.switches), (200, 400))
+        finally:
+            b.terminate()
+            b.wait(30)
+            ctx.term()
+
     # -- generations -------------------------------------------------------
 
     def test_gen_with_cfg_equals_reelctl_run_bitwise(self):
