@@ -706,7 +706,27 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     req_free(b, r);
 }
 
-void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *e) {
+/* e as the client gets it: a code that is not one of docs/PROTOCOL.md's,
+ * or `standby` (a broker's word: it would send a pair's client to the
+ * other broker), is `internal`, the message naming the worker's code
+ * (printable bytes only) -- clients switch on the code, and the metrics'
+ * outcome labels and the catalog's statuses stay the documented set. */
+static const msg_error_t *worker_error(const brk_worker_t *w, const msg_error_t *e, msg_error_t *out) {
+    if (wire_code_known(e->code) && strcmp(e->code, WIRE_E_STANDBY)) return e;
+    char code[sizeof e->code];
+    size_t i = 0;
+    for (; e->code[i] && i < sizeof code - 1; i++)
+        code[i] = e->code[i] >= 0x20 && e->code[i] < 0x7f && e->code[i] != '\'' ? e->code[i] : '?';
+    code[i] = '\0';
+    snprintf(out->code, sizeof out->code, "%s", WIRE_E_INTERNAL);
+    snprintf(out->message, sizeof out->message, "worker %s answered with the code '%s', not one of the protocol's: %.*s",
+             w->route.name, code, (int)(sizeof out->message / 2), e->message);
+    return out;
+}
+
+void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *we) {
+    msg_error_t fixed;
+    const msg_error_t *e = worker_error(w, we, &fixed);
     char detail[300];
     snprintf(detail, sizeof detail, "%s: %.256s", e->code, e->message);
     brk_req_t *r = held_by(b, w, id, MSG_ERROR, detail);

@@ -38,7 +38,7 @@
 #define BRK_ZAP_ENDPOINT "inproc://zeromq.zap.01" /* where libzmq sends ZAP requests */
 #define BRK_ZAP_CLIENTS "reel-clients"            /* ZAP domain of the client socket */
 #define BRK_ZAP_WORKERS "reel-workers"            /* ... of the worker socket */
-#define BRK_E_FORBIDDEN "forbidden"               /* ERROR code: the role may not send that */
+#define BRK_E_FORBIDDEN WIRE_E_FORBIDDEN /* ERROR code: the role may not send that */
 
 typedef struct brk_zap brk_zap_t;
 

@@ -57,6 +57,11 @@ extern "C" {
 #define WIRE_E_CANCELLED   "cancelled"       /* its client sent CANCEL */
 #define WIRE_E_STANDBY     "standby"         /* the standby of a pair: ask the other broker */
 #define WIRE_E_INTERNAL    "internal"
+#define WIRE_E_FORBIDDEN   "forbidden"       /* the sender's key has a role that may not send it */
+
+/* Whether code is one of the codes above (docs/PROTOCOL.md "Errors"): a
+ * peer's ERROR naming another is not passed on as it is. */
+bool wire_code_known(const char *code);
 
 typedef struct {
     char code[24];

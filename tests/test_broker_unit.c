@@ -1531,6 +1531,44 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
 }
 END_TEST
 
+/* A worker's ERROR about a request reaches the client with the worker's
+ * code when it is one of the protocol's; any other code (or standby, a
+ * broker's word) is internal, its message naming the code with only
+ * printable bytes, and the metrics' outcomes stay the protocol's codes. */
+START_TEST(test_a_worker_error_code_outside_the_protocol_reaches_the_client_as_internal) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    static const struct {
+        const char *code, *message, *want_code, *want;
+    } cases[] = {
+        { "bad_request", "steps 0", "bad_request", "steps 0" },
+        { "too_large", "65537 tokens", "too_large", "65537 tokens" },
+        { "weird_code", "m1", "internal", "worker w0 answered with the code 'weird_code', not one of the protocol's: m1" },
+        { "i\"} 1\nreel_fake 42\n#", "m2", "internal", "the code 'i\"} 1?reel_fake 42?#'" },
+        { "q\\x", "m3", "internal", "the code 'q\\x'" },
+        { "standby", "m4", "internal", "the code 'standby'" },
+        { "sp ace", "m5", "internal", "the code 'sp ace', not one of the protocol's: m5" },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        client_gen(&x, 700 + k, "tiny", false);
+        wire_msg_t *q = take(x.w[0], false);
+        ck_assert_str_eq(q->type, "REQUEST");
+        wire_val_t *h = wire_hdr("ERROR", q->id);
+        drop_msg(&q);
+        wv_set(h, "code", wv_str(cases[k].code));
+        wv_set(h, "message", wv_str(cases[k].message));
+        from_worker(&x, 0, h);
+        expect_error(&x, 700 + k, cases[k].want_code, cases[k].want);
+    }
+    ck_assert_ptr_null(x.b.reqs);
+    for (int i = 0; i < x.b.metrics.n_outcomes; i++)
+        ck_assert_msg(wire_code_known(x.b.metrics.outcome[i]) || !strcmp(x.b.metrics.outcome[i], "ok"),
+                      "outcome label '%s'", x.b.metrics.outcome[i]);
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_at_its_deadline_a_request_nobody_could_serve_is_no_worker_and_one_that_waited_is_timeout) {
     box_t x;
     box_open(&x);
@@ -4691,6 +4729,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
+    tcase_add_test(an, test_a_worker_error_code_outside_the_protocol_reaches_the_client_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
     tcase_add_test(an, test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further);
