@@ -29,6 +29,7 @@ import struct
 import sys
 import tempfile
 import time
+import weakref
 
 import msgpack
 import numpy as np
@@ -627,7 +628,7 @@ class Client:
             # kept for the sockets of a move to another broker of the list
             self._curve = (server["public-key"].encode(), mine["public-key"].encode(), mine["secret-key"].encode())
         self._ctx = context or zmq.Context.instance()
-        self._sock = self._mon = None
+        self._sock = self._mon = self._fin = None
         self._open()
         self._ids = itertools.count(random.randrange(1, 1 << 30))
         self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
@@ -667,6 +668,10 @@ class Client:
         except BaseException:
             self._close_socket(sock, mon)
             raise
+        # A client dropped without close() (or in a reference cycle) closes
+        # them in that order too: the finalizer holds both until it runs,
+        # where the garbage collector would close them in any order.
+        self._fin = weakref.finalize(self, Client._close_socket, sock, mon)
         self._sock, self._mon, self._hs = sock, mon, None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
@@ -711,6 +716,15 @@ class Client:
         if sock is not None:
             sock.close(linger)
 
+    @staticmethod
+    def _release(fin, linger=0):
+        """Closes the socket and monitor fin (their finalizer) holds, now,
+        once (a finalizer that already ran does nothing)."""
+        held = fin.detach() if fin is not None else None
+        if held is not None:
+            _, close, (sock, mon), _ = held
+            close(sock, mon, linger)
+
     def _handshake_hint(self):
         """What a timeout adds: why the broker never let this client in
         ("" when the socket saw no handshake fail)."""
@@ -752,13 +766,14 @@ class Client:
         held unsent would otherwise go to a broker that comes back later,
         and a sync the caller was told failed (ReelTimeout) would apply
         after all."""
-        old, old_mon, self._sock, self._mon = self._sock, self._mon, None, None
+        old, old_mon, old_fin = self._sock, self._mon, self._fin
+        self._sock = self._mon = self._fin = None
         try:
             self._open()
         except BaseException:  # (a second interrupt, a terminated context) the old one stays, queue and all
-            self._sock, self._mon = old, old_mon
+            self._sock, self._mon, self._fin = old, old_mon, old_fin
             return
-        self._close_socket(old, old_mon)
+        self._release(old_fin)
         self._boot = None
 
     def _switch(self):
@@ -767,8 +782,8 @@ class Client:
         answers of the old broker are gone with it), no boot id known."""
         if len(self._eps) < 2:
             return
-        self._close_socket(self._sock, self._mon)
-        self._sock = self._mon = None
+        self._release(self._fin)
+        self._sock = self._mon = self._fin = None
         self._at = (self._at + 1) % len(self._eps)
         self._boot = None
         self.switches += 1
@@ -777,8 +792,8 @@ class Client:
     def close(self):
         with self._busy:
             # a CANCEL still queued goes out, within 500 ms
-            self._close_socket(self._sock, self._mon, 500 if self._cancelled else 0)
-            self._sock = self._mon = None
+            self._release(self._fin, 500 if self._cancelled else 0)
+            self._sock = self._mon = self._fin = None
 
     def __enter__(self):
         return self
