@@ -92,8 +92,9 @@ static void watch_handshakes(reel_client_t *c) {
     c->mon = m;
 }
 
-/* Reads the handshake events so far; returns the hint a timeout adds ("" when none). */
-static const char *handshake_hint(reel_client_t *c) {
+/* Reads the handshake events so far into c->hs_kind (each wait starts
+ * here too: a client that lives long and reconnects often keeps none). */
+static void read_handshakes(reel_client_t *c) {
     for (int i = 0; c->mon && i < 1024; i++) {
         zmq_msg_t ev;
         zmq_msg_init(&ev);
@@ -122,6 +123,11 @@ static const char *handshake_hint(reel_client_t *c) {
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
             c->hs_kind = HS_CLOSED, c->hs_value = v;
     }
+}
+
+/* The hint a timeout adds ("" when none). */
+static const char *handshake_hint(reel_client_t *c) {
+    read_handshakes(c);
     c->hint[0] = '\0';
     if (c->hs_kind == HS_AUTH)
         snprintf(c->hint, sizeof c->hint, "; the broker refused this client's key at the handshake (ZAP status %u: a "
@@ -300,6 +306,7 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
  * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
 static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
                   reel_progress_fn fn, void *user, wire_err_t *err) {
+    read_handshakes(c);
     for (;;) {
         if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
             set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the broker answered");

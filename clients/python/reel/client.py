@@ -556,6 +556,7 @@ def _call(fn):
                                    "or call after it returns")
             if self._sock is None:
                 raise ReelError("closed", "this Client is closed")
+            self._read_handshakes()
             return fn(self, *args, **kw)
     return run
 
@@ -655,6 +656,7 @@ class Client:
     def _open(self):
         """A DEALER connected to the current endpoint, as self._sock."""
         sock = self._ctx.socket(zmq.DEALER)
+        mon = None
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
@@ -662,7 +664,6 @@ class Client:
                 sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
-            mon = None
             mon = self._watch(sock)
             sock.connect(self._eps[self._at])
         except BaseException:
@@ -671,7 +672,7 @@ class Client:
         # A client dropped without close() (or in a reference cycle) closes
         # them in that order too: the finalizer holds both until it runs,
         # where the garbage collector would close them in any order.
-        self._fin = weakref.finalize(self, Client._close_socket, sock, mon)
+        self._fin = weakref.finalize(self, Client._close_socket, sock, mon, pid=os.getpid())
         self._sock, self._mon, self._hs = sock, mon, None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
@@ -684,6 +685,7 @@ class Client:
         CURVE, or cannot read its HELLO, never answers, and a timeout is
         all the caller would see otherwise."""
         addr = "inproc://reel-client-handshakes-%d-%d" % (id(self), next(self._monitors))
+        mon = None
         try:
             sock.monitor(addr, self._HS_EVENTS)
             mon = self._ctx.socket(zmq.PAIR)
@@ -693,19 +695,29 @@ class Client:
             mon.setsockopt(zmq.RCVHWM, 0)
             mon.connect(addr)
             return mon
-        except zmq.ZMQError:
+        except BaseException as e:  # the monitor stopped, then its reader closed
             try:
                 sock.disable_monitor()
             except zmq.ZMQError:
                 pass
+            if mon is not None:
+                mon.close(0)
+            if not isinstance(e, zmq.ZMQError):
+                raise
             return None
 
     @staticmethod
-    def _close_socket(sock, mon, linger=0):
+    def _close_socket(sock, mon, linger=0, pid=None):
         """Closes sock and its monitor's reader, the monitor stopped first:
         libzmq's IO thread sends each event with a blocking send, and a
         reader closed while the socket still reports leaves that send, and
-        every socket of the context, waiting for ever."""
+        every socket of the context, waiting for ever. Nothing in a process
+        forked after they were made (pid: the maker's): they are the
+        parent's (pyzmq leaves them alone there too), and stopping a monitor
+        would signal the parent's ZeroMQ threads through the descriptors the
+        two processes share."""
+        if pid is not None and os.getpid() != pid:
+            return
         if sock is not None and mon is not None:
             try:
                 sock.disable_monitor()
@@ -722,12 +734,13 @@ class Client:
         once (a finalizer that already ran does nothing)."""
         held = fin.detach() if fin is not None else None
         if held is not None:
-            _, close, (sock, mon), _ = held
-            close(sock, mon, linger)
+            _, close, args, kw = held
+            close(*args, linger=linger, **kw)
 
-    def _handshake_hint(self):
-        """What a timeout adds: why the broker never let this client in
-        ("" when the socket saw no handshake fail)."""
+    def _read_handshakes(self):
+        """Reads the socket's handshake events so far into self._hs (each
+        call starts here too: a client that lives long and reconnects often
+        keeps none)."""
         while self._mon is not None:
             try:
                 frames = self._mon.recv_multipart(zmq.NOBLOCK)
@@ -744,6 +757,11 @@ class Client:
                 self._hs = ("mechanism", value)
             else:
                 self._hs = ("closed", value)
+
+    def _handshake_hint(self):
+        """What a timeout adds: why the broker never let this client in
+        ("" when the socket saw no handshake fail)."""
+        self._read_handshakes()
         kind = self._hs[0] if self._hs else None
         if kind == "auth":
             return (f"; the broker refused this client's key at the handshake (ZAP status {self._hs[1]}: a key not "
