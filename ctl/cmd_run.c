@@ -167,7 +167,8 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && pipeline_sched(r->weights, &sched) != 0) return -1;
     if (r->prompt && sched.found) { /* a diffusers pipeline's own sampler first (scheduler/scheduler_config.json) */
         size_t n = 0;
-        if (sched.solver && !r->have_solver && !r->loop.sde) {
+        bool took_solver = sched.solver && !r->have_solver && !r->loop.sde;
+        if (took_solver) {
             tdit_solver_parse(sched.solver, &r->loop.solver);
             r->have_solver = true;
             n += (size_t)snprintf(piped + n, sizeof piped - n, " --solver %s", sched.solver);
@@ -179,6 +180,9 @@ static int parse(int argc, char **argv, run_opts_t *r) {
         if (sched.note[0])
             fprintf(stderr, "reelctl: %s (%s): %s: Wan2.1's defaults stand for what it does not give\n", sched.path,
                     sched.class_name[0] ? sched.class_name : "no _class_name", sched.note);
+        if (took_solver && sched.unlike[0]) /* the sampler taken is not what diffusers would step: say how */
+            fprintf(stderr, "reelctl: %s (%s): --solver %s is not diffusers' stepping: %s\n", sched.path,
+                    sched.class_name, sched.solver, sched.unlike);
     }
     if (r->prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
         double g = r->loop.guidance;

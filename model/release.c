@@ -130,6 +130,119 @@ static int sched_shift(const release_sched_t *s, const json_t *root, const char 
 
 static bool sched_true(const json_t *root, const char *key) { return json_is_true(json_object_get(root, key)); }
 
+/* One key of a scheduler's config that changes how diffusers steps, and
+ * the values with which it steps as Reel's sampler does. */
+typedef struct {
+    const char *key;
+    const char *takes;  /* "|"-separated; the first is what Reel runs, the others diffusers' spellings of it */
+    const char *absent; /* diffusers' default (the __init__ argument) when the file leaves the key out */
+    bool truth;         /* read as Python's truth: null, false, 0, "" and [] are false */
+    const char *runs;   /* what Reel runs, as a message says it; NULL: takes' first */
+} sched_key_t;
+
+/* diffusers' UniPCMultistepScheduler with use_flow_sigmas as Wan2.1's
+ * FlowUniPCMultistepScheduler runs (Reel's unipc); use_dynamic_shifting
+ * needs a mu WanPipeline never passes */
+static const sched_key_t unipc_keys[] = {
+    { "prediction_type", "flow_prediction", "epsilon", false, NULL },
+    { "solver_order", "2", "2", false, NULL },
+    { "solver_type", "bh2|midpoint|heun|logrho", "bh2", false, NULL }, /* diffusers reads the last three as bh2 */
+    { "predict_x0", "true", "true", true, NULL },
+    { "lower_order_final", "true", "true", true, NULL },
+    { "final_sigmas_type", "zero", "zero", false, NULL },
+    { "use_karras_sigmas", "false", "false", true, NULL }, /* each of these three replaces the flow sigmas */
+    { "use_exponential_sigmas", "false", "false", true, NULL },
+    { "use_beta_sigmas", "false", "false", true, NULL },
+    { "shift_terminal", "false", "false", true, "none" },
+    { "thresholding", "false", "false", true, NULL },
+    { "disable_corrector", "false", "false", true, "[]" },
+    { "solver_p", "false", "false", true, "none" },
+    { "num_train_timesteps", "1000", "1000", false, NULL },
+};
+
+/* DPMSolverMultistepScheduler (dpmsolver++, use_flow_sigmas) as Wan2.1's
+ * FlowDPMSolverMultistepScheduler steps (Reel's dpm++); final σ 0 makes
+ * the last step first order whatever lower_order_final and euler_at_final say */
+static const sched_key_t dpm_keys[] = {
+    { "prediction_type", "flow_prediction", "epsilon", false, NULL },
+    { "solver_order", "2", "2", false, NULL },
+    /* diffusers reads bh1, bh2 and logrho as midpoint */
+    { "solver_type", "midpoint|bh1|bh2|logrho", "midpoint", false, NULL },
+    { "final_sigmas_type", "zero", "zero", false, NULL },
+    { "use_karras_sigmas", "false", "false", true, NULL },
+    { "use_lu_lambdas", "false", "false", true, NULL },
+    { "use_exponential_sigmas", "false", "false", true, NULL },
+    { "use_beta_sigmas", "false", "false", true, NULL },
+    { "thresholding", "false", "false", true, NULL },
+    { "variance_type", "false", "false", true, "none" },
+    { "num_train_timesteps", "1000", "1000", false, NULL },
+};
+
+/* FlowMatchEulerDiscreteScheduler's keys that change its sigmas or its
+ * step further (Reel's euler steps another grid whatever they say) */
+static const sched_key_t euler_keys[] = {
+    { "use_karras_sigmas", "false", "false", true, NULL },
+    { "use_exponential_sigmas", "false", "false", true, NULL },
+    { "use_beta_sigmas", "false", "false", true, NULL },
+    { "shift_terminal", "false", "false", true, "none" },
+    { "invert_sigmas", "false", "false", true, NULL },
+    { "stochastic_sampling", "false", "false", true, NULL },
+    { "num_train_timesteps", "1000", "1000", false, NULL },
+};
+
+static bool py_truth(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_TRUE: return true;
+    case JSON_STRING: return json_string_length(v) > 0;
+    case JSON_INTEGER:
+    case JSON_REAL: return json_number_value(v) != 0;
+    case JSON_ARRAY: return json_array_size(v) > 0;
+    case JSON_OBJECT: return json_object_size(v) > 0;
+    default: return false;
+    }
+}
+
+/* v as a message shows it and a takes list spells it: a string's text, a
+ * number's shortest form ("2", not "2.0"), true, false, null, [...]. */
+static void key_text(const json_t *v, char *out, size_t len) {
+    if (json_is_string(v)) snprintf(out, len, "%.48s", json_string_value(v));
+    else if (json_is_number(v)) snprintf(out, len, "%.17g", json_number_value(v));
+    else if (json_is_true(v)) snprintf(out, len, "true");
+    else if (json_is_false(v)) snprintf(out, len, "false");
+    else if (json_is_null(v)) snprintf(out, len, "null");
+    else snprintf(out, len, json_is_array(v) ? "a list" : "an object");
+}
+
+static bool takes_has(const char *takes, const char *t) {
+    size_t n = strlen(t);
+    for (const char *p = takes; p; p = strchr(p, '|') ? strchr(p, '|') + 1 : NULL)
+        if (!strncmp(p, t, n) && (p[n] == '|' || p[n] == '\0')) return true;
+    return false;
+}
+
+/* Each of the n keys whose value (or diffusers' default where the file
+ * has none) steps otherwise than Reel's sampler, appended to out as "KEY
+ * VALUE (Reel runs R)". The number of such keys; can't fail (cut at len). */
+static int sched_keys_differ(const json_t *root, const sched_key_t *keys, size_t n, char *out, size_t len) {
+    int k = 0;
+    size_t at = strlen(out);
+    for (size_t i = 0; i < n && at < len; i++) {
+        const json_t *v = json_object_get(root, keys[i].key);
+        char t[64];
+        if (v) key_text(v, t, sizeof t);
+        else snprintf(t, sizeof t, "%s", keys[i].absent);
+        if (takes_has(keys[i].takes, v && keys[i].truth ? (py_truth(v) ? "true" : "false") : t)) continue;
+        int first = keys[i].runs ? (int)strlen(keys[i].runs) : (int)strcspn(keys[i].takes, "|");
+        at += (size_t)snprintf(out + at, len - at, "%s%s %s%s (Reel runs %.*s)", k ? ", " : "", keys[i].key,
+                               v ? "" : "absent, so diffusers' default ", t, first,
+                               keys[i].runs ? keys[i].runs : keys[i].takes);
+        k++;
+    }
+    return k;
+}
+
+#define NKEYS(a) (sizeof(a) / sizeof(a)[0])
+
 int release_sched_read(const char *dir, const release_parts_t *p, release_sched_t *out) {
     memset(out, 0, sizeof *out);
     out->shift = NAN;
@@ -153,6 +266,7 @@ int release_sched_read(const char *dir, const release_parts_t *p, release_sched_
     const char *c = out->class_name;
     const json_t *algo = json_object_get(root, "algorithm_type");
     double shift;
+    char keys[448] = "";
     if (!strcmp(c, "UniPCMultistepScheduler") || !strcmp(c, "DPMSolverMultistepScheduler")) {
         bool dpm = c[0] == 'D';
         if (dpm && algo && !(json_is_string(algo) && !strcmp(json_string_value(algo), "dpmsolver++"))) {
@@ -164,16 +278,38 @@ int release_sched_read(const char *dir, const release_parts_t *p, release_sched_
         } else if ((rc = sched_shift(out, root, "flow_shift", &shift)) == 0) {
             out->solver = dpm ? "dpm++" : "unipc";
             out->shift = shift;
+            if (dpm) /* diffusers spaces DPM's flow sigmas as its UniPC's, from 0.999; Wan's DPM from 1 */
+                snprintf(out->unlike, sizeof out->unlike, "Reel's dpm++ is Wan2.1's DPM-Solver++(2M) on "
+                         "sigma_i = shift(1 - i/N), from 1; diffusers' steps shift(0.999*(1 - i/N)), from "
+                         "shift(0.999): the same solver on other sigmas%s",
+                         sched_keys_differ(root, dpm_keys, NKEYS(dpm_keys), keys, sizeof keys) ? "; and " : "");
+            else if (sched_keys_differ(root, unipc_keys, NKEYS(unipc_keys), keys, sizeof keys)) {
+                snprintf(out->unlike, sizeof out->unlike, "%s: Reel runs its own UniPC (order 2, bh2, data "
+                         "prediction, flow sigmas, lower order on the first and the last step, final sigma 0) "
+                         "with the file's flow_shift %g", keys, shift);
+                keys[0] = '\0';
+            }
         }
     } else if (!strcmp(c, "FlowMatchEulerDiscreteScheduler")) {
         out->solver = "euler";
         if (sched_true(root, "use_dynamic_shifting"))
-            snprintf(out->note, sizeof out->note, "its use_dynamic_shifting makes the shift the size's, not one value");
+            snprintf(out->note, sizeof out->note, "its use_dynamic_shifting takes the shift from a mu WanPipeline "
+                     "never passes (diffusers' set_timesteps refuses it)");
         else if ((rc = sched_shift(out, root, "shift", &shift)) == 0)
             out->shift = shift;
+        /* diffusers' sigma_min is already shifted, and its set_timesteps
+         * shifts the N-point linspace down to it once more */
+        snprintf(out->unlike, sizeof out->unlike, "Reel's euler steps sigma_i = shift(1 - i/N); diffusers' "
+                 "shift(linspace(1, shift(1/1000), N)), far lower at its end (N 50, shift 3: its last sigma "
+                 "before 0 is 0.0089, Reel's 0.0577): the same Euler step on other sigmas%s",
+                 sched_keys_differ(root, euler_keys, NKEYS(euler_keys), keys, sizeof keys) ? "; and " : "");
     } else {
         snprintf(out->note, sizeof out->note, "%s is no scheduler Reel maps to a sampler (UniPCMultistepScheduler, "
                  "FlowMatchEulerDiscreteScheduler, DPMSolverMultistepScheduler)", c[0] ? c : "a _class_name-less one");
+    }
+    if (out->unlike[0] && keys[0]) {
+        size_t n = strlen(out->unlike);
+        snprintf(out->unlike + n, sizeof out->unlike - n, "%s", keys);
     }
 done:
     json_decref(root);

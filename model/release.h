@@ -47,13 +47,19 @@ void release_text_missing(const char *dir, const release_parts_t *p, char *out, 
 
 /* A diffusers pipeline's sampler, from ROOT/scheduler/scheduler_config.json
  * (diffusers' save_pretrained of the pipeline's scheduler), as a prompt
- * run's defaults (docs/MODEL.md "Samplers"):
+ * run's defaults (docs/MODEL.md "Reproducing Wan2.1's generate.py"):
  *   UniPCMultistepScheduler with use_flow_sigmas      unipc, its flow_shift
- *   FlowMatchEulerDiscreteScheduler                   euler, its shift
- *                                                     (not with use_dynamic_shifting)
  *   DPMSolverMultistepScheduler, algorithm_type       dpm++, its flow_shift
  *     dpmsolver++ (diffusers' default), use_flow_sigmas
- * anything else gives neither, and `note` says why. */
+ *   FlowMatchEulerDiscreteScheduler                   euler, its shift
+ *                                                     (not with use_dynamic_shifting)
+ * anything else gives neither, and `note` says why. Only UniPC can step
+ * as diffusers does (to float32 rounding of its first sigma): its config
+ * is checked key by key against what Reel's unipc runs (prediction_type
+ * flow_prediction, solver_order 2, bh2, ...; a key the file leaves out
+ * is diffusers' default), and `unlike` names each key that differs.
+ * DPM++ and Euler always step Wan's sigmas, not diffusers' (`unlike`
+ * says how), and name their differing keys likewise. */
 typedef struct {
     bool found;                 /* the file is there */
     char path[PATH_MAX];        /* ROOT/scheduler/scheduler_config.json */
@@ -61,6 +67,7 @@ typedef struct {
     const char *solver;         /* "unipc", "euler", "dpm++"; NULL: none taken */
     double shift;               /* > 0; NAN: none taken */
     char note[256];             /* why solver or shift was not taken; "" when both were */
+    char unlike[768];           /* how the solver taken steps otherwise than diffusers would; "" when it does not */
 } release_sched_t;
 
 /* Reads dir's scheduler config into *out when dir is a pipeline root (p

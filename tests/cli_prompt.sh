@@ -96,7 +96,9 @@ $RUN --weights "$PIPE" --prompt "$P" -o "$D/novae.mp4" 2>"$D/novae.err"
 # A pipeline's scheduler/scheduler_config.json gives a prompt run its
 # sampler and shift where the flags do not (diffusers' UniPC with flow
 # sigmas, FlowMatchEuler, DPM-Solver++), said on stderr with the file;
-# a scheduler Reel has no sampler for keeps Wan's defaults, saying so
+# where Reel's sampler steps otherwise than diffusers' (a UniPC key Reel
+# does not run, DPM++'s and Euler's grids) stderr says how; a scheduler
+# Reel has no sampler for keeps Wan's defaults, saying so
 sched() { # name json: a copy of the pipeline with that scheduler config
     rm -rf "$D/ps_$1"; cp -r "$PIPE" "$D/ps_$1" && mkdir -p "$D/ps_$1/scheduler" && printf '%s' "$2" >"$D/ps_$1/scheduler/scheduler_config.json"
 }
@@ -104,19 +106,40 @@ SRUN="$R run --size 2x8x8 --steps 2 --seed 1"
 sched unipc '{"_class_name":"UniPCMultistepScheduler","_diffusers_version":"0.33.0.dev0","beta_schedule":"linear","flow_shift":3.0,"prediction_type":"flow_prediction","solver_order":2,"use_flow_sigmas":true}'
 $SRUN --prompt "$P" --weights "$D/ps_unipc" -o "$D/su.safetensors" 2>"$D/su.err" &&
     grep -q "run --prompt: defaults for what was not given: --solver unipc --shift 3 from $D/ps_unipc/scheduler/scheduler_config.json; Wan2.1's text-to-video: --cfg 5" "$D/su.err" &&
+    ! grep -q "diffusers' stepping" "$D/su.err" &&
     $SRUN --prompt "$P" --weights "$D/ps_unipc" --solver unipc --shift 3 --cfg 5 -o "$D/su2.safetensors" 2>/dev/null &&
     "$R" tensor diff "$D/su.safetensors" "$D/su2.safetensors" >/dev/null 2>&1 &&
-    ok "a pipeline's UniPC scheduler (use_flow_sigmas, flow_shift 3): --solver unipc --shift 3, said with its file" ||
+    ok "a pipeline's UniPC scheduler (use_flow_sigmas, flow_shift 3, the keys as Reel's unipc runs them): --solver unipc --shift 3, said with its file" ||
     { bad "the pipeline's UniPC scheduler config"; show "$D/su.err"; }
+# keys Reel's UniPC does not run: solver_order 3, Karras sigmas, and
+# prediction_type left out (diffusers' default is epsilon)
+sched unipc3 '{"_class_name":"UniPCMultistepScheduler","flow_shift":3.0,"solver_order":3,"use_karras_sigmas":true,"use_flow_sigmas":true,"solver_type":"midpoint"}'
+$SRUN --prompt "$P" --weights "$D/ps_unipc3" -o "$D/su3.safetensors" 2>"$D/su3.err" &&
+    grep -q "scheduler_config.json (UniPCMultistepScheduler): --solver unipc is not diffusers' stepping: prediction_type absent, so diffusers' default epsilon (Reel runs flow_prediction), solver_order 3 (Reel runs 2), use_karras_sigmas true (Reel runs false): Reel runs its own UniPC (order 2, bh2, .*) with the file's flow_shift 3$" "$D/su3.err" &&
+    ! grep -q "solver_type" "$D/su3.err" &&
+    "$R" tensor diff "$D/su3.safetensors" "$D/su2.safetensors" >/dev/null 2>&1 &&
+    ok "a UniPC config with keys Reel does not run: stderr names each (midpoint, diffusers' bh2, not), the run is Reel's UniPC with its flow_shift" ||
+    { bad "a UniPC config with differing keys"; show "$D/su3.err"; }
 sched euler '{"_class_name":"FlowMatchEulerDiscreteScheduler","shift":2.0,"use_dynamic_shifting":false}'
+$SRUN --prompt "$P" --weights "$D/ps_euler" -o "$D/se0.safetensors" 2>"$D/se0.err" &&
+    grep -q "defaults for what was not given: --solver euler --shift 2 from .*; Wan2.1's text-to-video: --cfg 5$" "$D/se0.err" &&
+    grep -q "(FlowMatchEulerDiscreteScheduler): --solver euler is not diffusers' stepping: Reel's euler steps sigma_i = shift(1 - i/N); diffusers' shift(linspace(1, shift(1/1000), N)).*the same Euler step on other sigmas$" "$D/se0.err" &&
+    $SRUN --prompt "$P" --weights "$D/ps_euler" --solver euler --shift 2 --cfg 5 -o "$D/se02.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/se0.safetensors" "$D/se02.safetensors" >/dev/null 2>&1 &&
+    ok "FlowMatchEulerDiscreteScheduler: euler with the config's shift (bitwise the flags), and stderr says its grid is not diffusers'" ||
+    { bad "the pipeline's Euler scheduler's shift"; show "$D/se0.err"; }
 $SRUN --prompt "$P" --weights "$D/ps_euler" --shift 4 -o "$D/se.safetensors" 2>"$D/se.err" &&
     grep -q "defaults for what was not given: --solver euler from .*; Wan2.1's text-to-video: --cfg 5$" "$D/se.err" &&
     $SRUN --prompt "$P" --weights "$D/ps_euler" --solver euler --shift 4 --cfg 5 -o "$D/se2.safetensors" 2>/dev/null &&
     "$R" tensor diff "$D/se.safetensors" "$D/se2.safetensors" >/dev/null 2>&1 &&
-    ok "FlowMatchEulerDiscreteScheduler: euler; a --shift given overrides the config's" || { bad "the pipeline's Euler scheduler"; show "$D/se.err"; }
+    ok "FlowMatchEulerDiscreteScheduler: a --shift given overrides the config's" || { bad "the pipeline's Euler scheduler"; show "$D/se.err"; }
 sched dpm '{"_class_name":"DPMSolverMultistepScheduler","algorithm_type":"dpmsolver++","flow_shift":2.5,"use_flow_sigmas":true,"prediction_type":"flow_prediction"}'
 $SRUN --prompt "$P" --weights "$D/ps_dpm" -o "$D/sd.safetensors" 2>"$D/sd.err" && grep -q -- "--solver dpm++ --shift 2.5 from" "$D/sd.err" &&
-    ok "DPMSolverMultistepScheduler (dpmsolver++, flow sigmas): --solver dpm++ --shift 2.5" || { bad "the pipeline's DPM scheduler"; show "$D/sd.err"; }
+    grep -q "(DPMSolverMultistepScheduler): --solver dpm++ is not diffusers' stepping: Reel's dpm++ is Wan2.1's DPM-Solver++(2M) on sigma_i = shift(1 - i/N), from 1; diffusers' steps shift(0.999\*(1 - i/N)), from shift(0.999): the same solver on other sigmas$" "$D/sd.err" &&
+    $SRUN --prompt "$P" --weights "$D/ps_dpm" --solver dpm++ --shift 2.5 --cfg 5 -o "$D/sd2.safetensors" 2>/dev/null &&
+    "$R" tensor diff "$D/sd.safetensors" "$D/sd2.safetensors" >/dev/null 2>&1 &&
+    ok "DPMSolverMultistepScheduler (dpmsolver++, flow sigmas): --solver dpm++ --shift 2.5 (bitwise the flags), and stderr says its grid is Wan's" ||
+    { bad "the pipeline's DPM scheduler"; show "$D/sd.err"; }
 sched other '{"_class_name":"EulerAncestralDiscreteScheduler"}'
 $SRUN --prompt "$P" --weights "$D/ps_other" -o "$D/so.safetensors" 2>"$D/so.err" &&
     grep -q "scheduler_config.json (EulerAncestralDiscreteScheduler): EulerAncestralDiscreteScheduler is no scheduler Reel maps to a sampler" "$D/so.err" &&
