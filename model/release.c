@@ -251,8 +251,22 @@ int release_sched_read(const char *dir, const release_parts_t *p, release_sched_
         !is_there(out->path))
         return 0;
     out->found = true;
+    /* what keeps the file from being read is said as itself: jansson
+     * reports an unopenable file, and a directory (which fopen opens),
+     * as a parse error */
+    struct stat st;
+    if (stat(out->path, &st) != 0)
+        return reel_fail(REEL_E_INVALID, "%s: cannot be read: %s", out->path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) return reel_fail(REEL_E_INVALID, "%s: is a directory, not a JSON file", out->path);
+    if (!S_ISREG(st.st_mode)) return reel_fail(REEL_E_INVALID, "%s: not a regular file", out->path);
+    FILE *f = fopen(out->path, "rb");
+    if (!f) return reel_fail(REEL_E_INVALID, "%s: cannot be read: %s", out->path, strerror(errno));
     json_error_t je;
-    json_t *root = json_load_file(out->path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+    int read_err = ferror(f) ? (errno ? errno : EIO) : 0;
+    fclose(f);
+    if (!root && read_err)
+        return reel_fail(REEL_E_INVALID, "%s: cannot be read: %s", out->path, strerror(read_err));
     if (!root)
         return reel_fail(REEL_E_INVALID, "%s: malformed JSON (line %d, column %d: %s)", out->path, je.line, je.column,
                          je.text);

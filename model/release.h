@@ -72,7 +72,8 @@ typedef struct {
 
 /* Reads dir's scheduler config into *out when dir is a pipeline root (p
  * from release_find) that has one (else out->found is false: 0). 0, or -1
- * with a REEL_E_INVALID error naming the file: not JSON (where), not an
+ * with a REEL_E_INVALID error naming the file: unreadable (strerror's
+ * reason), a directory or other non-file, not JSON (where), not an
  * object, or a shift that is not a number > 0. */
 int release_sched_read(const char *dir, const release_parts_t *p, release_sched_t *out);
 

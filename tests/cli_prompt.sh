@@ -149,6 +149,19 @@ sched bad '{"_class_name": "UniPCMultistepScheduler",'
 $SRUN --prompt "$P" --weights "$D/ps_bad" -o "$D/sb.safetensors" 2>"$D/sb.err"
 [ $? = 2 ] && grep -q "$D/ps_bad/scheduler/scheduler_config.json: malformed JSON" "$D/sb.err" && [ ! -e "$D/sb.safetensors" ] &&
     ok "a malformed scheduler_config.json is refused naming the file (exit 2)" || { bad "malformed scheduler config"; show "$D/sb.err"; }
+# a file that cannot be read is refused with the reason, not as malformed JSON
+rm -rf "$D/ps_dir"; cp -r "$PIPE" "$D/ps_dir" && mkdir -p "$D/ps_dir/scheduler/scheduler_config.json"
+$SRUN --prompt "$P" --weights "$D/ps_dir" -o "$D/sdir.safetensors" 2>"$D/sdir.err"
+[ $? = 2 ] && grep -q "$D/ps_dir/scheduler/scheduler_config.json: is a directory, not a JSON file" "$D/sdir.err" &&
+    ! grep -q "malformed" "$D/sdir.err" &&
+    ok "a directory named scheduler_config.json is refused as one (exit 2), not as malformed JSON" ||
+    { bad "a scheduler_config.json directory"; show "$D/sdir.err"; }
+rm -rf "$D/ps_link"; cp -r "$PIPE" "$D/ps_link" && mkdir -p "$D/ps_link/scheduler" &&
+    ln -s "$D/nowhere.json" "$D/ps_link/scheduler/scheduler_config.json"
+$SRUN --prompt "$P" --weights "$D/ps_link" -o "$D/slink.safetensors" 2>"$D/slink.err"
+[ $? = 2 ] && grep -q "$D/ps_link/scheduler/scheduler_config.json: cannot be read: No such file or directory" "$D/slink.err" &&
+    ok "a scheduler_config.json linking to nowhere is refused with strerror's reason (exit 2)" ||
+    { bad "a dangling scheduler_config.json"; show "$D/slink.err"; }
 # Wan's generate.py form: --size W*H in pixels and --frame_num; 64*64 with 5 frames is the latent 2x8x8
 $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.mp4" 2>"$D/px.err" &&
     "$R" tensor diff "$D/px.mp4.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
