@@ -101,9 +101,10 @@ void release_text_missing(const char *dir, const release_parts_t *p, char *out, 
     size_t n = 0;
     out[0] = '\0';
     if (!p->t5[0])
-        n += (size_t)snprintf(out + n, len - n, p->pipeline ? "no text encoder: %s/ has neither %s nor %s/"
-                                                            : "no text encoder: %s/ has no %s (nor a models_t5_*.pth)",
-                              dir, RELEASE_T5_NAME, RELEASE_DIFFUSERS_T5);
+        /* what find_t5 looks for: the release name, then any models_t5_* .pth or .safetensors */
+        n += (size_t)snprintf(out + n, len - n, "no text encoder: %s/ has no %s (nor another models_t5_*.pth or "
+                              "models_t5_*.safetensors)%s%s%s", dir, RELEASE_T5_NAME, p->pipeline ? " and no " : "",
+                              p->pipeline ? RELEASE_DIFFUSERS_T5 : "", p->pipeline ? "/" : "");
     if (p->tokenizer[0] || n >= len) return;
     const char *sub = p->pipeline ? RELEASE_DIFFUSERS_TOKENIZER : RELEASE_TOKENIZER_DIR;
     char json[PATH_MAX];

@@ -229,6 +229,19 @@ cp -r "$REL" "$D/notok_run" && rm -r "$D/notok_run/google"
 "$R" run --weights "$D/notok_run" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/nt.err"
 [ $? = 2 ] && grep -q "no tokenizer: $D/notok_run/google/umt5-xxl/ has no spiece.model (or give --tokenizer PATH)" "$D/nt.err" &&
     ok "a release folder without google/umt5-xxl/: the message names that folder and spiece.model" || { bad "release without tokenizer"; show "$D/nt.err"; }
+# without a text encoder: the message names each name find_t5 takes
+# (a models_t5_*.safetensors as well as a .pth)
+cp -r "$REL" "$D/not5_run" && rm "$D/not5_run/models_t5_umt5-xxl-enc-bf16.pth"
+"$R" run --weights "$D/not5_run" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/n5.err"
+[ $? = 2 ] && grep -q "no text encoder: $D/not5_run/ has no models_t5_umt5-xxl-enc-bf16.pth (nor another models_t5_\*.pth or models_t5_\*.safetensors) (or give --t5 FILE)" "$D/n5.err" &&
+    ok "a release folder without its T5: the message names the .pth and .safetensors names it looked for" || { bad "release without T5"; show "$D/n5.err"; }
+cp "$D/t5.safetensors" "$D/not5_run/models_t5_other.safetensors"
+"$R" run --weights "$D/not5_run" --prompt "$P" --size 2x8x8 --steps 2 --cfg 4 --shift 3 --seed 1 -o "$D/n5.safetensors" 2>"$D/n5b.err" &&
+    ok "...and a models_t5_*.safetensors there is taken, as the message says" || { bad "a models_t5_*.safetensors"; show "$D/n5b.err"; }
+cp -r "$PIPE" "$D/pipe_not5" && rm -r "$D/pipe_not5/text_encoder"
+"$R" run --weights "$D/pipe_not5" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/pn5.err"
+[ $? = 2 ] && grep -q "no text encoder: $D/pipe_not5/ has no models_t5_umt5-xxl-enc-bf16.pth (nor another models_t5_\*.pth or models_t5_\*.safetensors) and no text_encoder/ (or give --t5 FILE)" "$D/pn5.err" &&
+    ok "a pipeline without text_encoder/: the message names it and the release names" || { bad "pipeline without text_encoder"; show "$D/pn5.err"; }
 cp -r "$PIPE" "$D/pipe_json" && rm "$D/pipe_json/tokenizer/spiece.model" && echo '{"version":"1.0"}' >"$D/pipe_json/tokenizer/tokenizer.json"
 "$R" run --weights "$D/pipe_json" --prompt "$P" --size 2x8x8 --steps 2 -o "$D/x.mp4" 2>"$D/pj.err"
 [ $? = 2 ] && grep -q "no tokenizer: $D/pipe_json/tokenizer/ has no spiece.model" "$D/pj.err" &&
