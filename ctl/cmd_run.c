@@ -88,14 +88,20 @@ static int set_size(void *dst, const char *v) {
 static const char *const on_off[] = { "off", "on", NULL };
 
 #define O(f) offsetof(run_opts_t, f)
+/* --steps and generate.py's --sample_steps: one row, so the alias takes
+ * exactly what the flag takes. A negative count is refused here: loop.steps
+ * < 0 means "not given", which a prompt run fills with Wan's 50 (-3 was
+ * taken so); 0 and more than 10000 the loop refuses (tdit_loop_validate) */
+#define STEPS_ROW(n) \
+    { .name = n, .kind = REEL_OPT_INT, .off = O(loop.steps), .lo = 0, .hi = 2147483647LL, \
+      .expect = "a number of steps (1..10000)" }
 /* `reelctl run`'s options (its usage is reelctl's, ctl/reelctl.c). */
 static const reel_opt_t run_rows[] = {
     { .name = "weights", .kind = REEL_OPT_STRING, .off = O(weights) },
     { .name = "latent", .kind = REEL_OPT_STRING, .off = O(latent) },
     { .name = "context", .kind = REEL_OPT_STRING, .off = O(context) },
     { .name = "uncond", .kind = REEL_OPT_STRING, .off = O(uncond) },
-    { .name = "steps", .kind = REEL_OPT_INT, .off = O(loop.steps), .lo = -2147483647LL, .hi = 2147483647LL,
-      .expect = "an integer" },
+    STEPS_ROW("steps"),
     { .name = "shift", .kind = REEL_OPT_DOUBLE, .off = O(loop.shift) },
     { .name = "cfg", .kind = REEL_OPT_SET, .set = set_cfg, .expect = "a number" },
     { .name = "sde", .kind = REEL_OPT_FLAG, .off = O(loop.sde) },
@@ -119,8 +125,7 @@ static const reel_opt_t run_rows[] = {
       .expect = "1 + 4k frames (81)" },
     /* Wan2.1's generate.py spellings of the same flags */
     { .name = "sample_solver", .kind = REEL_OPT_SET, .set = set_sample_solver },
-    { .name = "sample_steps", .kind = REEL_OPT_INT, .off = O(loop.steps), .lo = 0, .hi = 2147483647LL,
-      .expect = "an integer" },
+    STEPS_ROW("sample_steps"),
     { .name = "sample_shift", .kind = REEL_OPT_DOUBLE, .off = O(loop.shift) },
     { .name = "sample_guide_scale", .kind = REEL_OPT_SET, .set = set_cfg, .expect = "a number" },
     { .name = "base_seed", .kind = REEL_OPT_SET, .set = set_base_seed },
@@ -129,6 +134,7 @@ static const reel_opt_t run_rows[] = {
     { .name = "save_file", .kind = REEL_OPT_SET, .set = no_save_file },
     { .name = "task", .kind = REEL_OPT_SET, .set = no_task },
 };
+#undef STEPS_ROW
 #undef O
 
 /* The scheduler config of --weights when it is a diffusers pipeline root

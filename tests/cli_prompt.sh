@@ -209,6 +209,27 @@ REELF="--solver dpm++ --steps 3 --shift 4 --cfg 6 --seed 7 --negative-prompt blu
     "$R" tensor diff "$D/gpy.safetensors" "$D/rpy.safetensors" >/dev/null 2>&1 &&
     ok "run takes generate.py's --sample_solver/_steps/_shift/_guide_scale, --base_seed, --negative_prompt: bitwise Reel's flags" ||
     { bad "run with generate.py's flag spellings"; show "$D/gpy.err"; }
+# an alias takes exactly what its flag takes: for each value the same
+# exit, and where both run the same latent; a negative count is refused,
+# not taken as "not given" (Wan's 50)
+same_alias=yes
+for pair in "steps sample_steps" "shift sample_shift" "cfg sample_guide_scale" "solver sample_solver" "seed base_seed"; do
+    set -- $pair
+    for v in -3 -1 0 1 2.5 abc 10001 1e400; do
+        [ "$1 $v" = "seed -1" ] && continue # --base_seed -1 is generate.py's random seed, refused on its own
+        rm -f "$D/al1.safetensors" "$D/al2.safetensors"
+        "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --steps 1 --"$1" "$v" -o "$D/al1.safetensors" >/dev/null 2>"$D/al1.err"; r1=$?
+        "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --steps 1 --"$2" "$v" -o "$D/al2.safetensors" >/dev/null 2>"$D/al2.err"; r2=$?
+        if [ $r1 != $r2 ] || { [ $r1 = 0 ] && ! "$R" tensor diff "$D/al1.safetensors" "$D/al2.safetensors" >/dev/null 2>&1; }; then
+            same_alias="--$1 $v: $r1 / --$2 $v: $r2"; break 2
+        fi
+    done
+done
+[ "$same_alias" = yes ] && ok "run: --sample_steps, --sample_shift, --sample_guide_scale, --sample_solver and --base_seed take exactly what --steps, --shift, --cfg, --solver and --seed take" ||
+    { bad "an alias and its flag differ ($same_alias)"; show "$D/al1.err" "$D/al2.err"; }
+"$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --steps -3 -o "$D/neg.safetensors" 2>"$D/neg.err"
+[ $? = 2 ] && grep -q -- "--steps: '-3' is a bad value: expected a number of steps (1..10000)" "$D/neg.err" && [ ! -e "$D/neg.safetensors" ] &&
+    ok "run --prompt --steps -3 is refused (exit 2), not run with Wan's 50 steps" || { bad "--steps -3"; show "$D/neg.err"; }
 "$R" run --weights "$REL" --prompt "$P" --size 2x8x8 --steps 2 --base_seed -1 -o "$D/x.safetensors" 2>"$D/bs.err"
 [ $? = 2 ] && grep -q -- "--base_seed -1 is generate.py's random seed.*give --seed K" "$D/bs.err" &&
     ok "run --base_seed -1 (generate.py's random seed) is refused naming --seed" || { bad "--base_seed -1"; show "$D/bs.err"; }
