@@ -448,7 +448,9 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
                                  const char *sha256);
 
 /* Each target's scale: the config's s, or, from the file, its module's
- * alpha (else its rank, as diffusers takes a LoRA with no alphas) over its
+ * alpha (else its rank: s = 1 whatever the ranks, ComfyUI's rule and
+ * diffusers' since it mirrors ranks into alphas; older diffusers gave a
+ * module of rank r_m r_first / r_m, docs/MODEL.md "LoRA adapters") over its
  * rank; then the adapter's r (the largest rank), alpha and s (the targets'
  * when they all agree, else 0: lora_describe says "per target"). */
 static int finish_scales(lora_t *l) {
@@ -497,7 +499,8 @@ static bool says_its_scale(const lora_t *l, const st_file_t *f) {
     /* ComfyUI's / ai-toolkit's diffusion_model.<Wan name>.lora_A/B and a
      * diffusers file under another name: diffusers' Wan loader
      * (_convert_non_diffusers_wan_lora_to_diffusers, or its own names with
-     * no lora_adapter_metadata) takes a module without .alpha at s = 1 */
+     * no lora_adapter_metadata) takes a module without .alpha at s = 1
+     * (with equal ranks; finish_scales on mixed ones) */
     if (l->not_peft) return true;
     const char *o = st_origin(f), *slash = strrchr(o, '/');
     return !strcmp(slash ? slash + 1 : o, "pytorch_lora_weights.safetensors");

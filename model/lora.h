@@ -106,7 +106,10 @@ lora_t *lora_open(const char *path);
  * ("{}": no adapter_config.json) takes the weights file's own: diffusers'
  * lora_adapter_metadata when it has one, else each target's rank from its
  * matrices and its scale alpha / rank, alpha its module's ".alpha" key or,
- * without one, its rank (s = 1, as diffusers loads such a file). */
+ * without one, its rank (s = 1 whatever the ranks, as ComfyUI and
+ * diffusers since its #14409 load such a file; older diffusers scale a
+ * module of rank r_m by the first module's rank over r_m:
+ * docs/MODEL.md "LoRA adapters"). */
 lora_t *lora_parse(const char *config, size_t config_len, const char *config_name, const st_file_t *f,
                    const char *sha256);
 void lora_close(lora_t **l);

@@ -396,6 +396,37 @@ START_TEST(test_refusals_name_their_cause) {
 }
 END_TEST
 
+/* A file without alphas whose targets' ranks differ (ComfyUI's and
+ * ai-toolkit's diffusion_model. names, diffusers' transformer. names):
+ * every target at s = 1, ComfyUI's rule (no alpha: 1.0) and diffusers'
+ * since it mirrors ranks into alphas; not the first module's rank over
+ * each one's (r_first / r_m: 0.5 and 0.25 here), which diffusers' older
+ * get_peft_kwargs gave (lora_alpha = the first lora_B's rank). */
+START_TEST(test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio) {
+    const char *pre[] = { "diffusion_model.", "transformer." };
+    const char *q[] = { "self_attn.q", "attn1.to_q" }, *k[] = { "self_attn.k", "attn1.to_k" },
+               *f2[] = { "ffn.2", "ffn.net.2" };
+    for (int i = 0; i < 2; i++) {
+        st_writer_t *w = st_writer_new();
+        add_pair(w, pre[i], false, 0, q[i], 2, "lora_A", "lora_B", 0, 21);
+        add_pair(w, pre[i], false, 0, k[i], 4, "lora_A", "lora_B", 0, 23);
+        add_pair(w, pre[i], false, 1, f2[i], 8, "lora_A", "lora_B", 0, 25);
+        char name[64];
+        snprintf(name, sizeof name, "mixed_ranks_%d.safetensors", i);
+        const char *path = ts_join(dir, name);
+        written(&w, path);
+        lora_t *l;
+        TS_NEW(l = lora_open(path));
+        ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.q.weight"), 1.0f);
+        ck_assert_float_eq(scale_of(l, "blocks.0.self_attn.k.weight"), 1.0f);
+        ck_assert_float_eq(scale_of(l, "blocks.1.ffn.2.weight"), 1.0f);
+        ck_assert_int_eq(lora_rank(l), 8);
+        TS_OK(lora_check(l, &tiny));
+        lora_close(&l);
+    }
+}
+END_TEST
+
 /* The model's weights, copied to the host. */
 static float *snapshot(const tdit_model_t *m, size_t *n) {
     size_t bytes = tdit_model_bytes(m);
@@ -728,6 +759,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
+    tcase_add_test(tc, test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio);
     tcase_add_test(tc, test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base);
     tcase_add_test(tc, test_differences_add_to_any_weight_and_outside_linears_take_a_lora);
     tcase_add_test(tc, test_differences_refused_name_their_cause);

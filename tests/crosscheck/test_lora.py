@@ -180,28 +180,33 @@ def crosscheck_lora(reelctl, workdir):
             check(same, "the adapter's .safetensors path (config beside it) gives the folder's result bitwise",
                   r4.stderr)
 
-    # Without adapter_config.json, as diffusers loads such files (its
-    # lora_conversion_utils): a ComfyUI Wan LoRA (diffusion_model. +
+    # Without adapter_config.json, as ComfyUI and diffusers load such files
+    # (its lora_conversion_utils): a ComfyUI Wan LoRA (diffusion_model. +
     # lora_down / lora_up, each module's alpha: s = alpha / rank, none:
-    # s = 1) and diffusers' save_lora_weights folder (s = 1).
+    # s = 1), diffusers' save_lora_weights folder (s = 1), and an
+    # ai-toolkit file (diffusion_model. + lora_A / lora_B) without alphas
+    # whose ranks differ: s = 1 for each, not the first rank over its own.
     rng = np.random.default_rng(21)
-    for name, keyfmt, down, up, alphas, fname in [
+    for name, keyfmt, down, up, alphas, ranks, fname in [
         ("ComfyUI's Wan LoRA (lora_down/up, per-module alpha)", "diffusion_model.blocks.%d.%s", "lora_down",
-         "lora_up", {"self_attn.q": 16.0, "cross_attn.v": 2.0, "ffn.0": None}, "wan_lora.safetensors"),
+         "lora_up", {"self_attn.q": 16.0, "cross_attn.v": 2.0, "ffn.0": None}, {}, "wan_lora.safetensors"),
         ("diffusers' pytorch_lora_weights.safetensors (no config: s = 1)", "transformer.blocks.%d.%s", "lora_A",
-         "lora_B", {"self_attn.o": None, "ffn.2": None}, "pytorch_lora_weights.safetensors"),
+         "lora_B", {"self_attn.o": None, "ffn.2": None}, {}, "pytorch_lora_weights.safetensors"),
+        ("an alpha-less lora_A/B file of ranks 2, 4, 8 (s = 1 each)", "diffusion_model.blocks.%d.%s", "lora_A",
+         "lora_B", {"self_attn.q": None, "self_attn.k": None, "ffn.2": None},
+         {"self_attn.q": 2, "self_attn.k": 4, "ffn.2": 8}, "mixed_ranks.safetensors"),
     ]:
-        d = os.path.join(workdir, "noconfig_" + down)
+        d = os.path.join(workdir, "noconfig_" + os.path.splitext(fname)[0])
         os.makedirs(d, exist_ok=True)
         tensors, out = {}, dict(base)
         for n in range(layers):
             for m, alpha in alphas.items():
                 wname = "blocks.%d.%s.weight" % (n, m)
                 o_f, i_f = base[wname].shape
-                r = 4
+                r = ranks.get(m, 4)
                 a = rng.standard_normal((r, i_f)).astype(np.float32) * 0.2
                 b = rng.standard_normal((o_f, r)).astype(np.float32) * 0.2
-                mod = m if down == "lora_down" else DIFFUSERS[m]
+                mod = m if keyfmt.startswith("diffusion_model.") else DIFFUSERS[m]
                 key = keyfmt % (n, mod)
                 tensors[key + "." + down + ".weight"] = ("F32", a.shape, encode(a, "F32")[0])
                 tensors[key + "." + up + ".weight"] = ("F32", b.shape, encode(b, "F32")[0])
@@ -214,7 +219,7 @@ def crosscheck_lora(reelctl, workdir):
         safetensors_np.save_raw(lf, tensors)
         full = os.path.join(d, "merged.safetensors")
         safetensors_np.save(full, out, meta)
-        against_merged(name, lf if down == "lora_down" else d, full, os.path.join(d, "lora.safetensors"),
+        against_merged(name, lf if keyfmt.startswith("diffusion_model.") else d, full, os.path.join(d, "lora.safetensors"),
                        os.path.join(d, "full.safetensors"))
 
     # Full differences, as ComfyUI applies them (weight += strength * diff,
