@@ -55,15 +55,20 @@ reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_ke
 
 enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED };
 
-/* A socket and its monitor, closed together: the monitor stopped first.
+/* Stops sock's monitor, then closes its reader mon: in that order.
  * libzmq's IO thread sends each event to the monitor's PAIR with a
  * blocking send: a reader closed while the socket still reports would
  * leave that send, and the IO thread, waiting for ever (no socket of the
  * context is then connected or reaped: a client that switches sockets
  * ran out of them, "Too many open files"). */
-static void close_pair(void *sock, void *mon) {
+static void unwatch(void *sock, void *mon) {
     if (sock && mon) (void)zmq_socket_monitor(sock, NULL, 0);
     if (mon) zmq_close(mon);
+}
+
+/* A socket and its monitor, closed together (the monitor stopped first). */
+static void close_pair(void *sock, void *mon) {
+    unwatch(sock, mon);
     if (sock) zmq_close(sock);
 }
 
@@ -116,8 +121,15 @@ static void read_handshakes(reel_client_t *c) {
             (void)zmq_msg_recv(&a, c->mon, 0);
             zmq_msg_close(&a);
         }
-        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) c->hs_kind = HS_NONE;
-        else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c->hs_kind = HS_AUTH, c->hs_value = v;
+        if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            /* the watch ends at the first handshake that succeeds: one
+             * socket, not three (a context holds 1023), and no monitor
+             * for a later close to trip on */
+            c->hs_kind = HS_NONE;
+            unwatch(c->sock, c->mon);
+            c->mon = NULL;
+            break;
+        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c->hs_kind = HS_AUTH, c->hs_value = v;
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             c->hs_kind = HS_MECHANISM;
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -330,6 +342,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
         wire_err_t e;
         rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
+        if (c->mon) read_handshakes(c); /* the broker answered: its handshake succeeded, the watch can end */
         if (rc == 1 || (m->id != id && (!id2 || m->id != id2) && (!id3 || m->id != id3))) { /* malformed: not ours to trust; or stale */
             wire_msg_close(m);
             continue;

@@ -673,6 +673,7 @@ class Client:
         # them in that order too: the finalizer holds both until it runs,
         # where the garbage collector would close them in any order.
         self._fin = weakref.finalize(self, Client._close_socket, sock, mon, pid=os.getpid())
+        self._fin.atexit = False  # at exit the sockets stay as they are (a daemon thread may still use them)
         self._sock, self._mon, self._hs = sock, mon, None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
@@ -729,13 +730,31 @@ class Client:
             sock.close(linger)
 
     @staticmethod
+    def _unwatch(sock, mon):
+        """Stops sock's monitor, then closes its reader mon."""
+        try:
+            sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        mon.close(0)
+
+    @staticmethod
     def _release(fin, linger=0):
         """Closes the socket and monitor fin (their finalizer) holds, now,
         once (a finalizer that already ran does nothing)."""
-        held = fin.detach() if fin is not None else None
-        if held is not None:
-            _, close, args, kw = held
-            close(*args, linger=linger, **kw)
+        held = fin.peek() if fin is not None else None
+        if held is None:
+            return
+        _, close, (sock, mon), kw = held
+        if mon is not None and kw.get("pid") == os.getpid():
+            # the monitor stopped before the finalizer lets go of the two:
+            # an interrupt after it leaves nothing to close in order
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        if fin.detach() is not None:
+            close(sock, mon, linger=linger, **kw)
 
     def _read_handshakes(self):
         """Reads the socket's handshake events so far into self._hs (each
@@ -750,7 +769,13 @@ class Client:
                 continue
             event, value = struct.unpack("<HI", bytes(frames[0][:6]))
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                # the watch ends at the first handshake that succeeds: a
+                # client then holds one socket, not three (a context has
+                # 1023), and no monitor a later close could trip on
                 self._hs = None
+                mon, self._mon = self._mon, None
+                self._unwatch(self._sock, mon)
+                break
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._hs = ("auth", value)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == 0x11000002:  # mechanism mismatch
@@ -993,8 +1018,18 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise ReelTimeout(f"no reply from {self.endpoint} in time" + self._handshake_hint(), rid)
                 continue
+            # the rest of a message whose reading an interrupt cut short
+            # (KeyboardInterrupt between its frames) is dropped first: its
+            # tensor frames are no header
+            while self._sock.getsockopt(zmq.RCVMORE):
+                self._sock.recv()
             frames = self._sock.recv_multipart()
-            hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+            if self._mon is not None:  # the broker answered: its handshake succeeded, the watch can end
+                self._read_handshakes()
+            try:
+                hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+            except ValueError:
+                continue  # not a message of the protocol: no reply to wait for
             if not isinstance(hdr, dict) or hdr.get("id") not in rids:
                 continue  # a late reply to an earlier call
             rid = hdr["id"]

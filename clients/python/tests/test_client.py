@@ -151,6 +151,47 @@ class ClientTests(unittest.TestCase):
         t, _ = safetensors.load(out)
         return t["latent"]
 
+    def test_a_reply_cut_by_an_interrupt_between_its_frames_leaves_the_next_call_whole(self):
+        # pyzmq reads a message's frames one by one (recv_multipart is a
+        # Python loop): a Ctrl-C after the first frame left the rest in the
+        # socket, and the next call read a tensor frame as its header
+        # (msgpack.ExtraData, not a ReelError)
+        with reel.Client(self.cluster.ce, timeout=60) as c:
+            kw = dict(latent=self.lat, steps=3, shift=3.0, return_trajectory=True)
+            want = c.gen("tiny", self.ctx, **kw)
+            real_recv, seen = zmq.Socket.recv, []
+
+            def recv(sock, *a, **k):
+                if sock is c._sock:
+                    seen.append(1)
+                    if len(seen) == 2:  # the reply's second frame: a SIGINT's handler runs here
+                        raise KeyboardInterrupt
+                return real_recv(sock, *a, **k)
+
+            with mock.patch.object(zmq.Socket, "recv", recv):
+                with self.assertRaises(KeyboardInterrupt):
+                    c.gen("tiny", self.ctx, **kw)
+            for _ in range(2):
+                r = c.gen("tiny", self.ctx, **kw)
+                self.assertTrue(np.array_equal(r.latent, want.latent))
+                self.assertTrue(np.array_equal(r.trajectory, want.trajectory))
+
+    def test_answered_clients_hold_one_socket_each(self):
+        # each socket's handshake monitor (two more sockets: libzmq's and
+        # its reader) ends once the broker answered: 400 live clients fit
+        # a context's 1023 sockets (with the monitors kept, the 342nd failed)
+        ctx = zmq.Context()
+        cs = []
+        try:
+            for _ in range(400):
+                cs.append(reel.Client(self.cluster.ce, timeout=10, context=ctx))
+                self.assertIn("workers", cs[-1].status(timeout=5))
+            self.assertTrue(all(c._mon is None for c in cs))
+        finally:
+            for c in cs:
+                c.close()
+            ctx.term()
+
     def test_sockets_closed_as_they_handshake_or_dropped_never_stop_the_client(self):
         # Each move opens a socket and a monitor of its handshakes; two moves
         # in a row close a socket whose handshake may still be running.
