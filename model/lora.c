@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +17,17 @@
 #include "model/pth.h"
 #include "model/safetensors.h"
 
+/* One key of rank_pattern or alpha_pattern: PEFT's regex, compiled as
+ * POSIX ERE ^(.*\.)?(KEY)$ (PEFT's re.match(rf"(.*\.)?({key})$", name)),
+ * and its value. */
+typedef struct {
+    regex_t re;
+    char *key;
+    double v;
+} lora_pattern_t;
+
 struct lora {
-    int r;           /* the config's; from the file: the largest target's */
+    int r;           /* the config's (with patterns: the largest target's); from the file: the largest target's */
     double alpha;    /* the config's; from the file: the targets' if all agree, else 0 */
     bool rslora;
     float scale;     /* the config's s; from the file: the targets' if all agree, else 0 */
@@ -26,6 +36,8 @@ struct lora {
     bool not_peft;   /* a low-rank key under diffusion_model. or transformer.: a name PEFT never
                       * saves (its keys are base_model.model.<name>), diffusers' loader takes s = 1 */
     int lora_bias;   /* the config's "lora_bias": 1 true, 0 false, -1 not said */
+    lora_pattern_t *pat[2]; /* rank_pattern, alpha_pattern, in the config's order (the first match wins) */
+    int npat[2];
     const char *layout;
     char sha[65];
     size_t bytes;
@@ -67,6 +79,7 @@ typedef enum { KEY_A, KEY_B, KEY_ALPHA, KEY_DIFF, KEY_LORA_BIAS } key_kind_t;
 typedef struct {
     char weight[80];   /* the weight it changes: blocks.N.<wan module>.weight, or .bias */
     char module[80];   /* a lora_B.bias: its Linear's weight, whose s it takes */
+    char peft[160];    /* the module's name as PEFT saw it (rank_pattern / alpha_pattern match it) */
     key_kind_t kind;   /* lora_A / lora_down, lora_B / lora_up, the module's alpha, a .diff / .diff_b, a lora_B.bias */
     const char *layout;
 } key_t_;
@@ -211,6 +224,10 @@ static int parse_key(const char *key, key_t_ *k) {
                          "alpha; or add a difference to any weight, as <weight>.diff or .diff_b)", key);
     }
     k->layout = layout;
+    /* PEFT's module name: the key's, past its prefix (diffusers' own names
+     * for a diffusers adapter); Wan's for kohya's '_' names */
+    if (kohya) snprintf(k->peft, sizeof k->peft, "%s", name);
+    else snprintf(k->peft, sizeof k->peft, "%.*s", (int)(end - s), s);
     snprintf(k->weight, sizeof k->weight, "%s%s", name,
              diff_of ? diff_of : k->kind == KEY_LORA_BIAS ? ".bias" : ".weight");
     if (k->kind == KEY_LORA_BIAS) snprintf(k->module, sizeof k->module, "%s.weight", name);
@@ -224,6 +241,137 @@ static int parse_key(const char *key, key_t_ *k) {
 static bool unset(const json_t *v) {
     return !v || json_is_null(v) || json_is_false(v) || (json_is_array(v) && json_array_size(v) == 0) ||
            (json_is_object(v) && json_object_size(v) == 0) || (json_is_string(v) && !strcmp(json_string_value(v), "none"));
+}
+
+/* PEFT's key (a Python re pattern) as POSIX ERE into out: the common
+ * subset (literals, '.', classes, groups, '|', the quantifiers * + ? {m,n},
+ * lazy ones taken greedy as a whole-name match cannot tell them apart,
+ * escaped punctuation, \d \w \s and their negations); -1 naming the key
+ * for what has no ERE equal (lookarounds and other (? groups,
+ * backreferences, \b and other escapes, possessive quantifiers, '[' or an
+ * escape other than \d \w \s and punctuation inside a class). */
+static int pattern_to_ere(const char *key, char *out, size_t len, const char *path, const char *which) {
+    size_t o = 0;
+    bool quant = false; /* the last thing written was a quantifier */
+#define PUT(str)                                                                                                       \
+    do {                                                                                                               \
+        size_t n_ = strlen(str);                                                                                       \
+        if (o + n_ >= len) return reel_fail(REEL_E_LIMIT, "%s: %s key '%s' is too long", path, which, key);            \
+        memcpy(out + o, str, n_);                                                                                      \
+        o += n_;                                                                                                       \
+    } while (0)
+    for (const char *p = key; *p; p++) {
+        char c = *p, one[3] = { c, 0, 0 };
+        if (quant && (c == '?' || c == '+')) {
+            if (c == '+')
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a possessive quantifier (%c+) has no POSIX "
+                                 "regex equal", path, which, key, p[-1]);
+            quant = false; /* lazy: the same whole-name matches */
+            continue;
+        }
+        quant = false;
+        if (c == '(' && p[1] == '?')
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': '(?' groups (lookarounds, flags, named or "
+                             "non-capturing groups) are not supported", path, which, key);
+        if (c == '\\') {
+            char e = *++p;
+            if (!e) return reel_fail(REEL_E_INVALID, "%s: %s key '%s' ends in a lone backslash", path, which, key);
+            const char *cls = e == 'd' ? "[0-9]" : e == 'D' ? "[^0-9]" : e == 'w' ? "[A-Za-z0-9_]" :
+                              e == 'W' ? "[^A-Za-z0-9_]" : e == 's' ? "[[:space:]]" : e == 'S' ? "[^[:space:]]" : NULL;
+            if (cls) {
+                PUT(cls);
+            } else if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')) {
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': the escape \\%c is not supported (\\d \\w \\s, "
+                                 "their negations and escaped punctuation are)", path, which, key, e);
+            } else {
+                char lit[3] = { '\\', e, 0 };
+                PUT(strchr(".[]()*+?{}|^$\\", e) ? lit : lit + 1);
+            }
+            continue;
+        }
+        if (c == '[') {
+            PUT("[");
+            const char *q = p + 1;
+            if (*q == '^') {
+                PUT("^");
+                q++;
+            }
+            if (*q == ']') {
+                PUT("]");
+                q++;
+            }
+            for (; *q && *q != ']'; q++) {
+                if (*q == '[')
+                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': '[' inside a class is not supported", path,
+                                     which, key);
+                if (*q == '\\') {
+                    char e = *++q;
+                    const char *in = e == 'd' ? "0-9" : e == 'w' ? "A-Za-z0-9_" : e == 's' ? "[:space:]" : NULL;
+                    char lit[2] = { e, 0 };
+                    if (!in && e && e != ']' && e != '^' && e != '-' && e != '\\' &&
+                        !((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')))
+                        in = lit; /* escaped punctuation: itself */
+                    if (!in)
+                        return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': the escape \\%c inside a class is not "
+                                         "supported", path, which, key, e ? e : ' ');
+                    PUT(in);
+                    continue;
+                }
+                char lit[2] = { *q, 0 };
+                PUT(lit);
+            }
+            if (*q != ']') return reel_fail(REEL_E_INVALID, "%s: %s key '%s': an unclosed '['", path, which, key);
+            PUT("]");
+            p = q;
+            continue;
+        }
+        if (c == '*' || c == '+' || c == '?' || c == '}') quant = true;
+        PUT(one);
+    }
+#undef PUT
+    out[o] = '\0';
+    return 0;
+}
+
+/* rank_pattern (ranks: 1..LORA_MAX_RANK) or alpha_pattern (numbers), each
+ * key compiled, into l->pat[which]. */
+static int read_patterns(lora_t *l, const json_t *obj, int which, const char *path) {
+    const char *name = which ? "alpha_pattern" : "rank_pattern";
+    if (unset(obj)) return 0;
+    if (!json_is_object(obj)) return reel_fail(REEL_E_INVALID, "%s: %s must be an object", path, name);
+    l->pat[which] = calloc(json_object_size(obj), sizeof *l->pat[which]);
+    if (!l->pat[which]) return reel_fail(REEL_E_NOMEM, "out of memory");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)obj, key, v) { /* jansson keeps the file's order: PEFT's first match wins */
+        if (which == 0 && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > LORA_MAX_RANK))
+            return reel_fail(json_is_integer(v) && json_integer_value(v) > LORA_MAX_RANK ? REEL_E_LIMIT : REEL_E_INVALID,
+                             "%s: rank_pattern '%s' must be a rank 1..%d", path, key, LORA_MAX_RANK);
+        if (which == 1 && !json_is_number(v))
+            return reel_fail(REEL_E_INVALID, "%s: alpha_pattern '%s' must be a number", path, key);
+        char ere[1024];
+        if (pattern_to_ere(key, ere, sizeof ere - 16, path, name) != 0) return -1;
+        char full[1100];
+        snprintf(full, sizeof full, "^(.*\\.)?(%s)$", ere);
+        lora_pattern_t *p = &l->pat[which][l->npat[which]];
+        int e = regcomp(&p->re, full, REG_EXTENDED | REG_NOSUB);
+        if (e != 0) {
+            char why[128];
+            regerror(e, &p->re, why, sizeof why);
+            return reel_fail(REEL_E_INVALID, "%s: %s key '%s' is not a regex Reel can read (%s)", path, name, key, why);
+        }
+        l->npat[which]++;
+        p->v = json_number_value(v);
+        if (!(p->key = strdup(key))) return reel_fail(REEL_E_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* The first key of l->pat[which] that matches PEFT's module name, or NULL. */
+static const lora_pattern_t *pattern_for(const lora_t *l, int which, const char *module) {
+    for (int i = 0; i < l->npat[which]; i++)
+        if (regexec(&l->pat[which][i].re, module, 0, NULL, 0) == 0) return &l->pat[which][i];
+    return NULL;
 }
 
 static int read_config(lora_t *l, const char *text, size_t len, const char *path) {
@@ -248,11 +396,10 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
         reel_fail(REEL_E_INVALID, "%s: lora_bias must be true or false", path);
     } else if (!unset(json_object_get(j, "modules_to_save"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: modules_to_save is not supported (an adapter changes Linears only)", path);
-    } else if (!unset(json_object_get(j, "rank_pattern")) || !unset(json_object_get(j, "alpha_pattern"))) {
-        reel_fail(REEL_E_UNSUPPORTED, "%s: rank_pattern and alpha_pattern are not supported (one r and alpha)", path);
     } else if (!unset(json_object_get(j, "fan_in_fan_out"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: fan_in_fan_out is not supported (Wan's Linears store [out, in])", path);
-    } else if (!r && !a && !rs) {
+    } else if (!r && !a && !rs && unset(json_object_get(j, "rank_pattern")) &&
+               unset(json_object_get(j, "alpha_pattern"))) {
         l->from_file = true; /* no r: ranks from the tensors, alpha from each module's or its rank (diffusers') */
         rc = 0;
     } else if (!json_is_integer(r) || json_integer_value(r) < 1) {
@@ -269,7 +416,9 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
         l->rslora = rs && json_is_true(rs);
         l->scale = (float)(l->rslora ? l->alpha / sqrt((double)l->r) : l->alpha / l->r);
         if (!isfinite(l->scale)) reel_fail(REEL_E_INVALID, "%s: lora_alpha %g gives no finite scale", path, l->alpha);
-        else rc = 0;
+        else if (read_patterns(l, json_object_get(j, "rank_pattern"), 0, path) == 0 &&
+                 read_patterns(l, json_object_get(j, "alpha_pattern"), 1, path) == 0)
+            rc = 0;
     }
     json_decref(j);
     return rc;
@@ -396,8 +545,18 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     if (t->ndim != 2)
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions, a LoRA matrix has 2", t->name, t->ndim);
     int64_t rank = is_b ? t->shape[1] : t->shape[0], other = is_b ? t->shape[0] : t->shape[1];
-    if (!l->from_file && rank != l->r)
-        return reel_fail(REEL_E_INVALID, "%s: rank %lld is not the config's r = %d", t->name, (long long)rank, l->r);
+    /* the module's r and alpha: rank_pattern's and alpha_pattern's first
+     * key matching its name as PEFT saw it, else the config's */
+    const lora_pattern_t *pr = l->from_file ? NULL : pattern_for(l, 0, k.peft),
+                         *pa = l->from_file ? NULL : pattern_for(l, 1, k.peft);
+    const int r_m = pr ? (int)pr->v : l->r;
+    const double alpha_m = pa ? pa->v : l->alpha;
+    if (!l->from_file && rank != r_m && pr)
+        return reel_fail(REEL_E_INVALID, "%s: rank %lld is not %d, the r rank_pattern '%s' gives module %s", t->name,
+                         (long long)rank, r_m, pr->key, k.peft);
+    if (!l->from_file && rank != r_m)
+        return reel_fail(REEL_E_INVALID, "%s: rank %lld is not the config's r = %d%s%s", t->name, (long long)rank, l->r,
+                         l->npat[0] ? " (no rank_pattern key matches module " : "", l->npat[0] ? k.peft : "");
     if (l->from_file && (rank < 1 || rank > LORA_MAX_RANK))
         return reel_fail(rank < 1 ? REEL_E_INVALID : REEL_E_LIMIT, "%s: rank %lld (1..%d)", t->name, (long long)rank,
                          LORA_MAX_RANK);
@@ -408,6 +567,12 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
         return reel_fail(REEL_E_INVALID, "%s: rank %lld, its other matrix's is %lld", t->name, (long long)rank,
                          (long long)g->rank);
     g->rank = rank;
+    if (!l->from_file) {
+        g->scale = (float)(l->rslora ? alpha_m / sqrt((double)r_m) : alpha_m / r_m);
+        if (!isfinite(g->scale))
+            return reel_fail(REEL_E_INVALID, "%s: alpha %g gives no finite scale (module %s)", t->name, alpha_m, k.peft);
+        g->alpha = alpha_m; /* has_alpha stays false: no module alpha key */
+    }
     if (is_b ? g->b != NULL : g->a != NULL)
         return reel_fail(REEL_E_INVALID, "%s: a second lora_%c for %s", t->name, is_b ? 'B' : 'A', k.weight);
     float *v = read_finite(f, t, (size_t)(rank * other));
@@ -455,7 +620,22 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
  * when they all agree, else 0: lora_describe says "per target"). */
 static int finish_scales(lora_t *l) {
     if (!l->from_file) {
-        for (int i = 0; i < l->n; i++) l->t[i].scale = l->t[i].a ? l->scale : 0;
+        /* each target's s from its module's r and alpha (add_tensor); with
+         * patterns the adapter's r is the largest rank, its alpha and s the
+         * targets' when they all agree, else 0 (per target) */
+        bool first = true, patterns = l->npat[0] || l->npat[1];
+        if (patterns) l->r = 0;
+        for (int i = 0; i < l->n; i++) {
+            lora_target_t *t = &l->t[i];
+            if (!t->a) {
+                t->scale = 0;
+                continue;
+            }
+            if (!patterns) continue;
+            if (t->rank > l->r) l->r = (int)t->rank;
+            if (first) l->alpha = t->alpha, l->scale = t->scale, first = false;
+            else if (l->alpha != t->alpha || l->scale != t->scale) l->alpha = 0, l->scale = 0;
+        }
     } else {
         l->r = 0;
         bool first = true;
@@ -678,6 +858,13 @@ void lora_close(lora_t **lp) {
         free((void *)l->t[i].d);
     }
     free(l->t);
+    for (int w = 0; w < 2; w++) {
+        for (int i = 0; i < l->npat[w]; i++) {
+            regfree(&l->pat[w][i].re);
+            free(l->pat[w][i].key);
+        }
+        free(l->pat[w]);
+    }
     free(l);
     *lp = NULL;
 }

@@ -23,7 +23,8 @@
  * time_projection.1 and head.head (diffusers' condition_embedder.
  * text_embedder.linear_1 / _2, time_embedder.linear_1 / _2, time_proj and
  * proj_out). The scale is s = lora_alpha / r, or lora_alpha / sqrt(r)
- * with use_rslora.
+ * with use_rslora, per module with rank_pattern / alpha_pattern (the
+ * first key matching the module's name gives its r, alpha).
  *
  * Full differences, as ComfyUI, diffusers and lightx2v's / CausVid's Wan
  * LoRAs carry them: `X.diff` adds to weight X.weight (X itself for a
@@ -34,7 +35,9 @@
  *
  * Refused by name, nothing changed: DoRA (use_dora, lora_magnitude_vector
  * keys), bias training (bias other than "none", a base bias key),
- * modules_to_save, rank_pattern / alpha_pattern, fan_in_fan_out, a rank
+ * modules_to_save, a rank_pattern / alpha_pattern key that is no regex
+ * Reel reads (PEFT's Python re keys, matched against each module's name as
+ * PEFT saw it, are compiled as POSIX ERE: docs/MODEL.md), fan_in_fan_out, a rank
  * above LORA_MAX_RANK, a peft_type other than LORA, a low-rank key that
  * names no Linear (an unknown target), an A without its B, ranks that
  * disagree with r, non-finite values, and (lora_check) a target the

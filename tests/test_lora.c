@@ -117,6 +117,120 @@ START_TEST(test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_o
 }
 END_TEST
 
+/* An adapter folder dir/name like make_adapter's, F32, with module i of
+ * layer n at rank ranks[n * nmods + i]. */
+static const char *make_mixed(const char *name, const char *cfg, const char *prefix, const char *const *mods,
+                              int nmods, const int *ranks) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    st_writer_t *w = st_writer_new();
+    ck_assert_ptr_nonnull(w);
+    for (int64_t n = 0; n < tiny.layers; n++)
+        for (int i = 0; i < nmods; i++) {
+            int64_t r = ranks[n * nmods + i], D = tiny.dim, sa[2] = { r, D }, sb[2] = { D, r };
+            float *a = malloc((size_t)(r * D) * sizeof *a), *b = malloc((size_t)(D * r) * sizeof *b);
+            ts_fill_uniform(a, (size_t)(r * D), 40 + 2 * (uint64_t)(n * 16 + i), -0.5f, 0.5f);
+            ts_fill_uniform(b, (size_t)(D * r), 41 + 2 * (uint64_t)(n * 16 + i), -0.5f, 0.5f);
+            char ka[160], kb[160];
+            snprintf(ka, sizeof ka, "%sblocks.%lld.%s.lora_A.weight", prefix, (long long)n, mods[i]);
+            snprintf(kb, sizeof kb, "%sblocks.%lld.%s.lora_B.weight", prefix, (long long)n, mods[i]);
+            ck_assert_int_eq(st_writer_add_f32(w, ka, 2, sa, a), 0);
+            ck_assert_int_eq(st_writer_add_f32(w, kb, 2, sb, b), 0);
+            free(a);
+            free(b);
+        }
+    ck_assert_int_eq(st_writer_save(w, ts_join(path, "adapter_model.safetensors")), 0);
+    st_writer_destroy(&w);
+    return path;
+}
+
+/* weight's merge against W + s·B·A by a plain loop, s = alpha / r (or / sqrt(r)) */
+static void merged_at(const lora_t *l, const char *weight, int64_t r, double alpha, bool rs) {
+    const lora_target_t *t = lora_find(l, weight);
+    ck_assert_msg(t != NULL, "%s", weight);
+    ck_assert_int_eq(t->rank, r);
+    double s = rs ? alpha / sqrt((double)r) : alpha / (double)r;
+    ck_assert_msg(fabs(t->scale - s) <= 1e-6 * fabs(s), "%s: scale %g, want %g", weight, (double)t->scale, s);
+    int64_t D = tiny.dim;
+    float *w = malloc((size_t)(D * D) * sizeof *w), *want = malloc((size_t)(D * D) * sizeof *want);
+    ts_fill_uniform(w, (size_t)(D * D), 9, -1, 1);
+    for (int64_t i = 0; i < D; i++)
+        for (int64_t j = 0; j < D; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * D + j];
+            want[i * D + j] = (float)(w[i * D + j] + s * acc);
+        }
+    TS_OK(lora_merge_into(l, weight, w, D * D));
+    ck_assert_msg(ts_max_abs_diff(w, want, (size_t)(D * D)) <= 1e-5, "%s", weight);
+    free(w);
+    free(want);
+}
+
+/* PEFT's rank_pattern / alpha_pattern: each module takes the r and alpha of
+ * the first key (in the config's order) matching its name as PEFT saw it,
+ * re.match(rf"(.*\.)?({key})$", name), else the config's r and lora_alpha. */
+START_TEST(test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha) {
+    /* q: r 4, alpha 6 (no key); k: 8 in block 1 (the first key), 2 elsewhere;
+     * v: r 6, alpha 3; o: r 4, alpha 10 ("o" is no suffix of "self_attn.q") */
+    const int ranks[] = { 4, 2, 6, 4, 4, 8, 6, 4 };
+    ck_assert_int_eq(tiny.layers, 2);
+    for (int rs = 0; rs < 2; rs++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 6, \"use_rslora\": %s, "
+                 "\"rank_pattern\": {\"blocks\\\\.1\\\\.self_attn\\\\.k\": 8, \"self_attn.[k]\": 2, \"v\": 6}, "
+                 "\"alpha_pattern\": {\"^(blocks\\\\.\\\\d+\\\\.)?self_attn\\\\.v\": 3, \"o\": 10}}",
+                 rs ? "true" : "false");
+        lora_t *l;
+        TS_NEW(l = lora_open(make_mixed(rs ? "pat_rs" : "pat", cfg, "base_model.model.", attn, 4, ranks)));
+        TS_OK(lora_check(l, &tiny));
+        ck_assert_int_eq(lora_rank(l), 8);      /* the largest */
+        ck_assert_float_eq(lora_scale(l), 0.0f); /* per target */
+        for (int n = 0; n < 2; n++) {
+            char wq[64], wk[64], wv[64], wo[64];
+            snprintf(wq, sizeof wq, "blocks.%d.self_attn.q.weight", n);
+            snprintf(wk, sizeof wk, "blocks.%d.self_attn.k.weight", n);
+            snprintf(wv, sizeof wv, "blocks.%d.self_attn.v.weight", n);
+            snprintf(wo, sizeof wo, "blocks.%d.self_attn.o.weight", n);
+            merged_at(l, wq, 4, 6, rs);
+            merged_at(l, wk, n ? 8 : 2, 6, rs);
+            merged_at(l, wv, 6, 3, rs);
+            merged_at(l, wo, 4, 10, rs);
+        }
+        lora_close(&l);
+    }
+    /* diffusers' names are the ones matched: "to_v" is attn1.to_v's and
+     * attn2's; the lazy "attn.*?to_q" is the greedy one's match */
+    static const char *const dq[] = { "attn1.to_q", "attn1.to_v", "attn2.to_v" };
+    const int dr[] = { 4, 2, 2, 4, 2, 2 };
+    lora_t *l;
+    TS_NEW(l = lora_open(make_mixed("pat_dif", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": {\"to_v\": 2}, "
+                                    "\"alpha_pattern\": {\"attn.*?to_q\": 12}}", "transformer.", dq, 3, dr)));
+    merged_at(l, "blocks.1.self_attn.q.weight", 4, 12, false);
+    merged_at(l, "blocks.1.self_attn.v.weight", 2, 4, false);
+    merged_at(l, "blocks.0.cross_attn.v.weight", 2, 4, false);
+    lora_close(&l);
+    /* a rank the pattern does not give: refused naming the module */
+    const int two[] = { 4, 4, 2, 4, 4, 4, 4, 4 };
+    ck_assert_ptr_null(lora_open(make_mixed("pat_bad", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": "
+                                            "{\"self_attn.k\": 4, \"self_attn.v\": 2}}", "", attn, 4, two)));
+    ck_assert_msg(strstr(reel_err_text(), "rank 4 is not 2") && strstr(reel_err_text(), "module blocks.1.self_attn.v"),
+                  "%s", reel_err_text());
+    /* a Python regex POSIX has no equal of: refused naming its key */
+    const int four[] = { 4, 4, 4, 4, 4, 4, 4, 4 };
+    ck_assert_ptr_null(lora_open(make_mixed("pat_look", "{\"r\": 4, \"lora_alpha\": 4, \"alpha_pattern\": "
+                                            "{\"(?<=self_attn\\\\.)q\": 2}}", "", attn, 4, four)));
+    ck_assert_msg(strstr(reel_err_text(), "alpha_pattern key '(?<=self_attn\\.)q'"), "%s", reel_err_text());
+    ck_assert_ptr_null(lora_open(make_mixed("pat_esc", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": "
+                                            "{\"\\\\bq\": 4}}", "", attn, 4, four)));
+    ck_assert_msg(strstr(reel_err_text(), "rank_pattern key '\\bq'"), "%s", reel_err_text());
+    ck_assert_ptr_null(lora_open(make_mixed("pat_r0", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": "
+                                            "{\"q\": 0}}", "", attn, 4, four)));
+    ck_assert_msg(strstr(reel_err_text(), "rank_pattern 'q' must be a rank"), "%s", reel_err_text());
+}
+END_TEST
+
 START_TEST(test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names) {
     const char *p = make_adapter("dif", CFG(2, 2, ""), "transformer.", every_diffusers, 10, 2, 5, KERN_BF16);
     lora_t *l;
@@ -757,6 +871,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r);
     tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
+    tcase_add_test(tc, test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha);
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio);

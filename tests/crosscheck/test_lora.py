@@ -290,7 +290,7 @@ def crosscheck_lora(reelctl, workdir):
         ("modules_to_save", dict(config_extra={"modules_to_save": ["head"]}), "modules_to_save"),
         ("rank above 256", dict(config_extra={"r": 300}), "above 256"),
         ("peft_type other than LORA", dict(config_extra={"peft_type": "LOHA"}), "peft_type"),
-        ("rank_pattern", dict(config_extra={"rank_pattern": {"q": 8}}), "rank_pattern"),
+        ("a rank rank_pattern does not give", dict(config_extra={"rank_pattern": {"q": 8}}), "rank_pattern 'q'"),
         ("unknown target", dict(extra_tensors={"base_model.model.blocks.0.norm3.lora_A.weight":
                                                np.ones((4, 8), np.float32)}), "unknown target"),
         ("a target that is no Linear (the patch embedding, a convolution)",
