@@ -82,6 +82,24 @@ static const char *const every_diffusers[] = { "attn1.to_q", "attn1.to_k", "attn
                                                "ffn.net.0.proj", "ffn.net.2" };
 #define CFG(r, alpha, extra) "{\"peft_type\": \"LORA\", \"r\": " #r ", \"lora_alpha\": " #alpha extra "}"
 
+/* Merges weight into w (D x D, the base weight) and checks it against
+ * W + s·B·A computed by a plain loop. */
+static void merge_matches(const lora_t *l, const char *weight, double s, float *w) {
+    const lora_target_t *t = lora_find(l, weight);
+    ck_assert_msg(t != NULL, "%s", weight);
+    int64_t D = tiny.dim, r = t->rank;
+    float *want = malloc((size_t)(D * D) * sizeof *want);
+    for (int64_t i = 0; i < D; i++)
+        for (int64_t j = 0; j < D; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * D + j];
+            want[i * D + j] = (float)(w[i * D + j] + s * acc);
+        }
+    TS_OK(lora_merge_into(l, weight, w, D * D));
+    ck_assert_msg(ts_max_abs_diff(w, want, (size_t)(D * D)) <= 1e-5, "%s", weight);
+    free(want);
+}
+
 START_TEST(test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r) {
     for (int rs = 0; rs < 2; rs++) {
         const char *p = make_adapter(rs ? "rs" : "plain", rs ? CFG(4, 6, ", \"use_rslora\": true") : CFG(4, 6, ""),
@@ -92,26 +110,16 @@ START_TEST(test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_o
         ck_assert_int_eq(lora_n_targets(l), (int)(4 * tiny.layers));
         ck_assert_str_eq(lora_layout(l), "wan");
         TS_OK(lora_check(l, &tiny));
-        const lora_target_t *t = lora_find(l, "blocks.1.self_attn.o.weight");
-        ck_assert_ptr_nonnull(t);
-        int64_t D = tiny.dim, r = t->rank;
-        float *w = malloc((size_t)(D * D) * sizeof *w), *want = malloc((size_t)(D * D) * sizeof *want);
+        int64_t D = tiny.dim;
+        float *w = malloc((size_t)(D * D) * sizeof *w);
         ts_fill_uniform(w, (size_t)(D * D), 7, -1, 1);
-        for (int64_t i = 0; i < D; i++)
-            for (int64_t j = 0; j < D; j++) {
-                double acc = 0;
-                for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * D + j];
-                want[i * D + j] = (float)(w[i * D + j] + (double)lora_scale(l) * acc);
-            }
-        TS_OK(lora_merge_into(l, "blocks.1.self_attn.o.weight", w, D * D));
-        ck_assert_double_le(ts_max_abs_diff(w, want, (size_t)(D * D)), 1e-5);
+        merge_matches(l, "blocks.1.self_attn.o.weight", lora_scale(l), w);
         /* a weight it does not target is left alone; a wrong size is refused */
         float keep = w[0];
         TS_OK(lora_merge_into(l, "blocks.0.ffn.0.weight", w, D * D));
         ck_assert_float_eq(w[0], keep);
         ck_assert_int_eq(lora_merge_into(l, "blocks.1.self_attn.o.weight", w, D * D - 1), -1);
         free(w);
-        free(want);
         lora_close(&l);
     }
 }
@@ -154,18 +162,10 @@ static void merged_at(const lora_t *l, const char *weight, int64_t r, double alp
     double s = rs ? alpha / sqrt((double)r) : alpha / (double)r;
     ck_assert_msg(fabs(t->scale - s) <= 1e-6 * fabs(s), "%s: scale %g, want %g", weight, (double)t->scale, s);
     int64_t D = tiny.dim;
-    float *w = malloc((size_t)(D * D) * sizeof *w), *want = malloc((size_t)(D * D) * sizeof *want);
+    float *w = malloc((size_t)(D * D) * sizeof *w);
     ts_fill_uniform(w, (size_t)(D * D), 9, -1, 1);
-    for (int64_t i = 0; i < D; i++)
-        for (int64_t j = 0; j < D; j++) {
-            double acc = 0;
-            for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * D + j];
-            want[i * D + j] = (float)(w[i * D + j] + s * acc);
-        }
-    TS_OK(lora_merge_into(l, weight, w, D * D));
-    ck_assert_msg(ts_max_abs_diff(w, want, (size_t)(D * D)) <= 1e-5, "%s", weight);
+    merge_matches(l, weight, s, w);
     free(w);
-    free(want);
 }
 
 /* PEFT's rank_pattern / alpha_pattern: each module takes the r and alpha of

@@ -62,7 +62,7 @@ enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED };
  * context is then connected or reaped: a client that switches sockets
  * ran out of them, "Too many open files"). */
 static void unwatch(void *sock, void *mon) {
-    if (sock && mon) (void)zmq_socket_monitor(sock, NULL, 0);
+    if (sock) (void)zmq_socket_monitor(sock, NULL, 0); /* (none running: nothing to stop) */
     if (mon) zmq_close(mon);
 }
 
@@ -86,12 +86,11 @@ static void watch_handshakes(reel_client_t *c) {
     int zero = 0;
     void *m = zmq_socket(c->ctx, ZMQ_PAIR);
     /* no high-water mark on the events: the IO thread would block on a
-     * full pipe (they are read only when a call times out; a handshake
+     * full pipe (they wait for the next wait, or a timeout; a handshake
      * refused every 100 ms is a few kB a minute) */
     if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(m, ZMQ_RCVHWM, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
-        if (m) zmq_close(m);
-        (void)zmq_socket_monitor(c->sock, NULL, 0);
+        unwatch(c->sock, m);
         return;
     }
     c->mon = m;

@@ -692,17 +692,12 @@ class Client:
             mon = self._ctx.socket(zmq.PAIR)
             mon.setsockopt(zmq.LINGER, 0)
             # no high-water mark: libzmq's IO thread would block on a full
-            # pipe (the events are read only when a call times out)
+            # pipe (the events wait for the next call, or a timeout)
             mon.setsockopt(zmq.RCVHWM, 0)
             mon.connect(addr)
             return mon
-        except BaseException as e:  # the monitor stopped, then its reader closed
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            if mon is not None:
-                mon.close(0)
+        except BaseException as e:
+            self._unwatch(sock, mon)
             if not isinstance(e, zmq.ZMQError):
                 raise
             return None
@@ -719,24 +714,20 @@ class Client:
         two processes share."""
         if pid is not None and os.getpid() != pid:
             return
-        if sock is not None and mon is not None:
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-        if mon is not None:
-            mon.close(0)
         if sock is not None:
+            if mon is not None:
+                Client._unwatch(sock, mon)
             sock.close(linger)
 
     @staticmethod
-    def _unwatch(sock, mon):
-        """Stops sock's monitor, then closes its reader mon."""
+    def _unwatch(sock, mon=None):
+        """Stops sock's monitor, then closes its reader mon (when given)."""
         try:
             sock.disable_monitor()
         except zmq.ZMQError:
             pass
-        mon.close(0)
+        if mon is not None:
+            mon.close(0)
 
     @staticmethod
     def _release(fin, linger=0):
@@ -749,10 +740,7 @@ class Client:
         if mon is not None and kw.get("pid") == os.getpid():
             # the monitor stopped before the finalizer lets go of the two:
             # an interrupt after it leaves nothing to close in order
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
+            Client._unwatch(sock)
         if fin.detach() is not None:
             close(sock, mon, linger=linger, **kw)
 
