@@ -271,7 +271,7 @@ static int start_catalog(brk_t *b) {
         }
         resume_versions(b, cat);
     }
-    b->cat = brk_catq_new(&cat, BRK_CATQ_MAX);
+    b->cat = brk_catq_new(&cat, (size_t)b->opt.catalog_queue);
     if (!b->cat) {
         brk_log("cannot start the catalog writer");
         return -1;

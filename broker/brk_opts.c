@@ -1,6 +1,8 @@
 /* brk_opts.c -- reel-broker's command line: defaults, parsing, usage. */
 #include "broker/brk_opts.h"
 
+#include "broker/brk_catq.h" /* BRK_CATQ_MAX, the default --catalog-queue */
+
 #include "base/error.h"
 #include "base/opts.h"
 #include "base/parse.h"
@@ -71,6 +73,10 @@ static const reel_opt_t rows[] = {
               "reports read, versions and the audit trail are kept" },
     { .name = "catalog-max-rows", .kind = REEL_OPT_I64, .off = O(catalog_max_rows), .lo = 0,
       .hi = (long long)1 << 40, .arg = "N", .help = "keep at most about N raw rows per such table (0 = no cap)" },
+    { .name = "catalog-queue", .kind = REEL_OPT_I64, .off = O(catalog_queue), .lo = 16, .hi = 10000000, .arg = "N",
+      .help = "records waiting for the catalog writer at most (default\n"
+              "100000): past N requests are answered busy; a worker's\n"
+              "events past N/4 waiting are shed and counted" },
     { .name = "help", .short_name = 'h', .kind = REEL_OPT_HELP, .help = "this text" },
 };
 #undef O
@@ -117,6 +123,7 @@ static void defaults(brk_opts_t *o) {
         .weights_keep = 2,
         .request_deadline_ms = 60000,
         .max_held_bytes = (uint64_t)2048 << 20,
+        .catalog_queue = BRK_CATQ_MAX,
     };
 }
 

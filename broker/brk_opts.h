@@ -23,6 +23,7 @@ typedef struct {
     int weights_keep;             /* uploaded versions kept: the current and N-1 older (0 = all) */
     double catalog_retain_days;   /* raw catalog rows older than this are pruned; 0 = kept */
     int64_t catalog_max_rows;     /* raw rows kept per catalog table; 0 = no cap */
+    int64_t catalog_queue;        /* records waiting for the catalog writer before BUSY (events: a quarter per worker) */
     const char *peer;             /* the other broker's client endpoint (a standby pair); NULL = alone */
     bool primary;                 /* --role primary (true) or backup */
     bool role_given;

@@ -134,7 +134,7 @@ stop "$BPID"
 
 # ---- bad values --------------------------------------------------------------
 for a in "--catalog-retain 0" "--catalog-retain -1" "--catalog-retain abc" "--catalog-retain nan" \
-         "--catalog-max-rows x" "--catalog-max-rows -5"; do
+         "--catalog-max-rows x" "--catalog-max-rows -5" "--catalog-queue 15" "--catalog-queue 10000001"; do
     # shellcheck disable=SC2086
     "$B/reel-broker" --clients "ipc://$D/c9" --workers "ipc://$D/w9" --catalog "$D/x.db" $a >"$D/bad.out" 2>&1
     rc=$?
