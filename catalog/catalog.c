@@ -389,16 +389,29 @@ static int restarted_evictions(cat_t *c, const cat_worker_seen_t *x, double t) {
      * the new key, so a graph captured at v2 and evicted under its v3 key
      * is gone (helper-78: it was recorded restarted too, and one recaptured
      * at v3 twice). */
-#define LIVE_GRAPH(x) "coalesce(" CAT_KEY_BASE(x "key_text") ", " x "key_hash)"
+    /* The key a graph had last is its lineage's newest row: a capture, or
+     * the placeholder row its replays made under the key a sync re-keyed
+     * it to (whose text key_texts has, from the worker's rekey event). A
+     * graph captured at v2, re-keyed to v3 by a LoRA sync and replayed
+     * there was held as the v3 graph: it is recorded evicted under its v3
+     * key, at v3, as a clean stop's `shutdown` rows are (it was recorded
+     * under its v2 key, counted at v2). Placeholders with no text stay
+     * out, as before. */
+#define LIVE_GRAPH_OF(text, hash) "coalesce(" CAT_KEY_BASE(text) ", " hash ")"
+#define LIVE_TEXT(x) "coalesce(" x "key_text, k.key_text)"
+#define LIVE_JOIN(x) " LEFT JOIN key_texts k ON " x "placeholder = 1 AND k.key_hash = " x "key_hash"
     static const char live_sql[] =
-        "WITH last AS (SELECT max(id) AS id FROM captures WHERE worker = ?1 AND placeholder = 0"
-        " GROUP BY " LIVE_GRAPH("") ", stream),"
-        " ev AS (SELECT " LIVE_GRAPH("") " AS g, stream, max(t) AS t FROM evictions WHERE worker = ?1"
-        " GROUP BY g, stream)"
-        " SELECT c.key_text, c.key_hash, c.stream FROM last JOIN captures c ON c.id = last.id WHERE c.t <= ?2"
-        " AND NOT EXISTS (SELECT 1 FROM ev WHERE ev.g = " LIVE_GRAPH("c.") ""
+        "WITH last AS (SELECT max(c.id) AS id FROM captures c" LIVE_JOIN("c.")
+        " WHERE c.worker = ?1 AND (c.placeholder = 0 OR k.key_text IS NOT NULL)"
+        " GROUP BY " LIVE_GRAPH_OF(LIVE_TEXT("c."), "c.key_hash") ", c.stream),"
+        " ev AS (SELECT " LIVE_GRAPH_OF("key_text", "key_hash") " AS g, stream, max(t) AS t FROM evictions"
+        " WHERE worker = ?1 GROUP BY g, stream)"
+        " SELECT " LIVE_TEXT("c.") ", c.key_hash, c.stream FROM last JOIN captures c ON c.id = last.id" LIVE_JOIN("c.")
+        " WHERE c.t <= ?2 AND NOT EXISTS (SELECT 1 FROM ev WHERE ev.g = " LIVE_GRAPH_OF(LIVE_TEXT("c."), "c.key_hash")
         " AND (ev.stream = c.stream OR ev.stream IS NULL) AND ev.t >= c.t)";
-#undef LIVE_GRAPH
+#undef LIVE_GRAPH_OF
+#undef LIVE_TEXT
+#undef LIVE_JOIN
     if (sqlite3_prepare_v2(c->db, live_sql, -1, &s, NULL) != SQLITE_OK) return cat_db_fail(c, "graphs held");
     cat_bind_text(s, 1, x->worker);
     sqlite3_bind_double(s, 2, t);

@@ -1957,6 +1957,19 @@ START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held)
     TS_OK(cat_eviction(w, "wq", KS("2"), "00000000000000f2", 0, "dropped", "", 0, 0, 2, 620));
     TS_OK(cat_capture(w, "wq", KS("3"), "00000000000000f3", 0, 4096, 12, 0.05, 3, NULL, 630));
     TS_OK(cat_worker_seen(w, "wq", "cpu", "x86_64", 1, 0, "00000000000000a2", 700));
+    /* on wl, a graph captured at v2 and re-keyed in place to v3 by a LoRA
+     * sync (its rekey event: the v3 key's text; its replays since: a
+     * placeholder row under the v3 key), then SIGKILLed: the graph the old
+     * process held was the v3 one -- as a clean stop records it (w0's
+     * `shutdown` rows in opprobe's day) -- so it is recorded evicted under
+     * the v3 key, counted at v3 (it was recorded under the v2 key, at v2) */
+#define KL(v) "reel-key/1 device=cpu arch=cpu-avx2 model=tinydit:tiny loop=euler inputs=latent:F32[4,7,2,2] weights=transformer@" v " graph=g"
+    TS_OK(cat_worker_seen(w, "wl", "cpu", "x86_64", 1, 0, "00000000000000b1", 800));
+    TS_OK(cat_capture(w, "wl", KL("2"), "00000000000000d2", 0, 4096, 12, 0.05, 2, NULL, 810));
+    TS_OK(cat_replays(w, "wl", "00000000000000d2", 0, 3, 2, 815));
+    TS_OK(cat_key_text(w, "00000000000000d3", KL("3"), 820));
+    TS_OK(cat_replays(w, "wl", "00000000000000d3", 0, 4, 3, 830));
+    TS_OK(cat_worker_seen(w, "wl", "cpu", "x86_64", 1, 0, "00000000000000b2", 900));
 #undef KQ
 #undef KS
     cat_close(&w);
@@ -1973,6 +1986,13 @@ START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held)
                      1);
     ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wq' AND reason = 'worker_restarted'"
                                  " AND key_hash = '00000000000000f3'"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wl' AND reason = 'worker_restarted'"),
+                     1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM evictions WHERE worker = 'wl' AND reason = 'worker_restarted'"
+                                 " AND key_hash = '00000000000000d3' AND key_text = '" KL("3") "' AND t = 900"), 1);
+    ck_assert_int_eq(raw_int(db, "SELECT count(*) FROM rollups WHERE worker = 'wl' AND evictions = 1"
+                                 " AND key_hash = '00000000000000d3' AND version = 3"), 1);
+#undef KL
     sqlite3_close(db);
     cat_t *c = open_ok(true);
     json_t *j = why_ok(c, 50, NULL);
