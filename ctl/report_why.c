@@ -119,8 +119,17 @@ static void put_request(FILE *out, const json_t *root) {
                      " a worker's)\n", matches);
     if (is(root, "source", "slow_requests"))
         fputs("  (from the slowest requests of its hour: retention pruned its raw row)\n", out);
-    fprintf(out, "  weights v%lld; %lld steps: %lld captured, %lld replayed, %lld eager", integer(r, "version"),
-            integer(r, "steps"), integer(r, "captured"), integer(r, "replayed"), integer(r, "eager"));
+    /* A request with no RESULT reported no step counts: its zeros are not
+     * "ran nothing" (a cancelled or timed-out one ran steps), and its
+     * version is the one it needed. */
+    if (!is(r, "status", "ok") && !json_is_string(json_object_get(r, "capture_key")) && integer(r, "captured") == 0 &&
+        integer(r, "replayed") == 0 && integer(r, "eager") == 0)
+        fprintf(out, "  weights v%lld needed; %lld steps asked: no RESULT, so the steps its worker ran (if any) are"
+                     " not in the catalog",
+                integer(r, "version"), integer(r, "steps"));
+    else
+        fprintf(out, "  weights v%lld; %lld steps: %lld captured, %lld replayed, %lld eager", integer(r, "version"),
+                integer(r, "steps"), integer(r, "captured"), integer(r, "replayed"), integer(r, "eager"));
     if (json_is_string(json_object_get(r, "eager_reasons"))) {
         fputs(" (", out);
         put(out, json_object_get(r, "eager_reasons"));

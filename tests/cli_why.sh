@@ -93,6 +93,12 @@ why failed "$failed"; rc=$?
 [ "$rc" = 0 ] && grep -Eq "^verdict: failed: [a-z_]+ after [0-9.]+ s: .+ \(no RESULT: the catalog holds no capture key for it\)$" "$D/failed.out" &&
     grep -qF "$(sed -n 's/^reelctl: gen: [a-z_]*: //p' "$D/fail.err" | head -1)" "$D/failed.out" &&
     ok "a failed request: what its client was told, no RESULT, no capture key" || { bad "why a failed request (exit $rc)"; show "$D/failed.out" "$D/failed.err"; }
+# its step counts are not "0 captured, 0 replayed, 0 eager": a request
+# without a RESULT reported none, though a cancelled or timed-out one ran
+# steps (opprobe: 1742 of 10000 steps ran before a cancel)
+grep -Eq "^  weights v[0-9]+ needed; 2 steps asked: no RESULT, so the steps its worker ran \(if any\) are not in the catalog$" "$D/failed.out" &&
+    ! grep -q "0 captured, 0 replayed, 0 eager" "$D/failed.out" &&
+    ok "a failed request: its steps asked, not counted as 0 captured/replayed/eager" || { bad "the steps line of a failed request"; show "$D/failed.out"; }
 
 echo "== --json: one object with the same facts"
 why json "$after" --json; rc=$?
