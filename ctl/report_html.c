@@ -331,7 +331,7 @@ int cmd_report(int argc, char **argv) {
             double v;
             if (reel_parse_f64(optarg, -DBL_MAX, DBL_MAX, "--since", &v))
                 return reel_fail(REEL_E_INVALID, "--since: '%s' is not a time", optarg);
-            since = v < 0 ? (double)time(NULL) + v : v;
+            since = optarg[0] == '-' ? (double)time(NULL) + v : v; /* -0 too: now */
             break;
         }
         default: return reel_fail(REEL_E_INVALID, "report: unknown or incomplete option '%s'", argv[optind - 1]);

@@ -112,6 +112,10 @@ cp "$D/reel.db" "$D/evil.db"
     grep -q '0 requests, 0 steps, 0 replayed: graph hit rate <b>-</b>' "$D/late.html" &&
     ok "--since after every row: an empty report (hit rate -), not an error" ||
     bad "--since in the future: $(grep -o '<p class="sum">[^<]*<b>[^<]*' "$D/late.html")"
+# -N is the last N seconds, -0 too (it read as the UNIX time -0.0: every row)
+"$R" report --json --catalog "$D/reel.db" --since -0 >"$D/minus0.json" 2>/dev/null &&
+    /usr/bin/python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); sys.exit(0 if r["requests"] == 0 and r["since"] > 1e9 else 1)' "$D/minus0.json" &&
+    ok "--since -0: the last 0 seconds, an empty report" || bad "--since -0: $(head -c 200 "$D/minus0.json")"
 # past any minute the summaries hold (1e300, or 9e15 and up): still after every row
 cp "$D/reel.db" "$D/pruned.db"
 /usr/bin/sqlite3 "$D/pruned.db" "DELETE FROM requests" # the report reads the summaries
