@@ -8,6 +8,7 @@
  *      step breakdown (captured, replayed, eager).
  * Every string from the catalog (key texts, names, reasons: they came over
  * the network) is HTML-escaped. */
+#include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <getopt.h>
@@ -368,16 +369,19 @@ int cmd_report(int argc, char **argv) {
     int tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     FILE *f = tfd >= 0 ? fdopen(tfd, "w") : NULL;
     if (!f) {
+        int e = errno;
         if (tfd >= 0) close(tfd);
         ctl_catalog_close(&cc);
-        return reel_fail(REEL_E_IO, "%s: cannot write", tmp);
+        return reel_fail(REEL_E_IO, "report: cannot write %s (%s: %s)", out, tmp, strerror(e));
     }
     int rc = ctl_report_html(c, since, f);
     ctl_catalog_close(&cc);
     if (fclose(f) != 0 && rc == 0) rc = reel_fail(REEL_E_IO, "writing the report failed");
     if (rc != 0 || rename(tmp, out) != 0) {
+        int e = errno;
         unlink(tmp);
-        return rc ? ctl_fail_as(REEL_E_IO, "report: ") : reel_fail(REEL_E_IO, "report: cannot rename into place");
+        return rc ? ctl_fail_as(REEL_E_IO, "report: ")
+                  : reel_fail(REEL_E_IO, "report: cannot rename %s to %s: %s", tmp, out, strerror(e));
     }
     fprintf(stderr, "reelctl: report written to %s\n", out);
     return 0;

@@ -145,4 +145,8 @@ done
 [ -z "${badcat:-}" ] && ok "a folder or a non-SQLite file as --catalog: exit 2 with what it is, for report, stats, keys, evictions, versions, workers, requests, why"
 "$R" report --catalog "$D/reel.db" 2>/dev/null
 [ $? = 2 ] && ok "no --html is a usage error (exit 2)" || bad "missing --html"
+# an output that cannot be written says which and why (it named only OUT.tmp)
+"$R" report --html "$D/nodir/r.html" --catalog "$D/reel.db" 2>"$D/nodir.err"
+[ $? = 1 ] && grep -q "report: cannot write $D/nodir/r.html (.*No such file or directory)" "$D/nodir.err" &&
+    ok "--html into a missing folder: exit 1, naming the file and the reason" || { bad "--html into a missing folder"; show "$D/nodir.err"; }
 finish
