@@ -117,7 +117,7 @@ static double build(const char *path, long n, long *captures, long *evictions, i
         double secs = 0.5 + (double)(next_rand() % 1000) / 1000.0 + cap * 0.8;
         bool ok = next_rand() % 1000 != 0;
         if (cat_request(c, (uint64_t)i + 1, worker[w], key[k], version, STEPS, cap, STEPS - cap, 0, secs,
-                        ok ? "ok" : "deadline", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, t) != 0)
+                        ok ? "ok" : "deadline", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, t) != 0)
             die("request");
         records += 2;
         if ((in_batch += 2) >= 4096) { /* the broker's largest batch */

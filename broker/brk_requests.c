@@ -118,7 +118,7 @@ static void record_failure(brk_t *b, const brk_req_t *r, const char *worker, con
     double secs = (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     brk_metrics_request(&b->metrics, status, secs);
     brk_cq_request(b->cat, r->client_id, worker ? worker : "-", msg_hex64(r->shard, hex),
-                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL, why, started_at(r));
+                   r->required, r->steps, 0, 0, 0, secs, status, 0.0, 0.0, 0, 0, 0, NULL, NULL, why, started_at(r), r->id);
 }
 
 /* The client's identity: its held GEN keeps it. */
@@ -702,7 +702,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
                    (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
                    res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
                    (int)res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
-                   eager_reasons(&res->stats.declines, why, sizeof why), NULL, started_at(r));
+                   eager_reasons(&res->stats.declines, why, sizeof why), NULL, started_at(r), r->id);
     req_free(b, r);
 }
 

@@ -194,17 +194,20 @@
  * timed them, not the time between its start and its end (its stream
  * also steps other requests in between); started is when the broker sent
  * it to the worker that answered (UNIX seconds; when it accepted it, for
- * one that never reached a worker; NaN, stored NULL: unknown). */
+ * one that never reached a worker; NaN, stored NULL: unknown); broker_id
+ * is the broker's id of it (REQUEST's id, the one its worker's log
+ * names; id is the client's). */
 #define CAT_REQUEST(F)                                                                             \
     F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(INT, captured)    \
     F(INT, replayed) F(INT, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \
     F(F64, decode_seconds) F(INT, batched_steps) F(INT, batch_rows) F(INT, padded_rows)             \
-    F(OPT, capture_key) F(OPT, eager_reasons) F(OPT, error) F(F64, started) F(TIME, t)
+    F(OPT, capture_key) F(OPT, eager_reasons) F(OPT, error) F(F64, started) F(U64, broker_id) F(TIME, t)
 #define CAT_SQL_REQUEST                                                                            \
     "INSERT INTO requests (id, worker, key_hash, version, steps, captured, replayed, eager,"       \
     " seconds, status, encode_seconds, decode_seconds, batched_steps, batch_rows, padded_rows,"    \
-    " capture_key, eager_reasons, error, started, t)"                                             \
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
+    " capture_key, eager_reasons, error, started, broker_id, t)"                                  \
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20," \
+    " ?21)"
 
 /* A kernel artifact built or checked on a backend. */
 #define CAT_ARTIFACT(F)                                                                            \

@@ -53,8 +53,13 @@ static const char find_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " encode_seconds, decode_seconds, batched_steps, batch_rows, padded_rows,"
     " CASE WHEN batched_steps > 0 THEN round(1.0 * batch_rows / batched_steps, 2) END AS mean_batch,"
-    " key_hash, capture_key, error, started FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
-    " ORDER BY rowid DESC LIMIT 1";
+    " key_hash, capture_key, error, started, broker_id FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)"
+    " AND (?3 IS NULL OR broker_id = ?3) ORDER BY rowid DESC LIMIT 1";
+/* An id no client gave: the broker's id of a request (REQUEST's, the one
+ * its worker's log names), unique to it. */
+static const char by_broker_sql[] =
+    "SELECT id, worker FROM requests WHERE broker_id = ?1 AND (?2 IS NULL OR worker = ?2) ORDER BY rowid DESC"
+    " LIMIT 1";
 /* Retention keeps each hour's slowest requests when it prunes the raw
  * rows; they lack the time split and the batching (null, not 0). */
 static const char find_slow_sql[] =
@@ -419,7 +424,27 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
            *counts = NULL;
     if (!find) return oom(c);
     const char *source = "requests";
-    if (!(counts = run_one(c, count_sql, find)) || !(row = run_one(c, find_sql, find))) goto done;
+    bool by_broker = false;
+    if (!(counts = run_one(c, count_sql, find))) goto done;
+    if (integer(counts, "any") == 0) {
+        json_t *alt = run_one(c, by_broker_sql, find);
+        if (!alt) goto done;
+        if (json_is_integer(json_object_get(alt, "id"))) {
+            json_t *f = json_pack("[O, O, I]", json_object_get(alt, "id"), json_object_get(alt, "worker"),
+                                  (json_int_t)id);
+            json_decref(alt);
+            if (!f) {
+                oom(c);
+                goto done;
+            }
+            json_decref(find);
+            find = f;
+            by_broker = true;
+        } else {
+            json_decref(alt);
+        }
+    }
+    if (!(row = run_one(c, find_sql, find))) goto done;
     if (json_object_size(row) == 0) {
         json_decref(row);
         source = "slow_requests";
@@ -431,7 +456,9 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
             reel_fail(REEL_E_NOT_FOUND, "catalog %s: no request %lld on worker %.64s (%lld on other workers)",
                       cat_path(c), id, worker, any);
         else
-            reel_fail(REEL_E_NOT_FOUND, "catalog %s: no request %lld (ids as `reelctl requests` shows them)",
+            reel_fail(REEL_E_NOT_FOUND,
+                      "catalog %s: no request %lld (a client's id, as `reelctl requests` shows it, or the broker's, as "
+                      "a worker's log names it)",
                       cat_path(c), id);
         goto done;
     }
@@ -440,7 +467,8 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
         oom(c);
         goto done;
     }
-    long long matches = integer(counts, !strcmp(source, "requests") ? "here" : "slow");
+    /* rows sharing its client's id (the broker's id is one request's) */
+    long long matches = by_broker ? 1 : integer(counts, !strcmp(source, "requests") ? "here" : "slow");
     json_t *key = NULL, *caps = NULL, *evs = NULL, *tot = NULL, *decl = NULL, *peers = NULL;
     bool keyed = json_is_string(json_object_get(row, "capture_key"));
     if (keyed && integer(row, "captured") > 0) {
@@ -480,8 +508,8 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
         bad |= json_object_set_new(peers, "ratio", json_is_number(json_object_get(peers, "median_seconds")) &&
                                       median > 0 && isfinite(secs) ? json_real(secs / median) : json_null());
         json_t *kt = json_object_get(key, "key_text"), *kw = json_object_get(key, "weights");
-        root = json_pack("{s:O, s:s, s:I, s:f, s:f, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "request", row, "source",
-                         source, "matches", (json_int_t)matches, "started", started, "until", num(row, "t"),
+        root = json_pack("{s:O, s:s, s:I, s:b, s:f, s:f, s:O, s:O, s:O, s:O, s:O, s:O, s:O}", "request", row,
+                         "source", source, "matches", (json_int_t)matches, "by_broker_id", by_broker, "started", started, "until", num(row, "t"),
                          "key_text", kt ? kt : json_null(), "weights", kw ? kw : json_null(), "captures", caps,
                          "evictions", evs, "totals", tot, "declines", decl, "peers", peers);
         if (bad || !root) oom(c);

@@ -106,7 +106,10 @@ static const ctl_col_t eviction_cols[] = {
 
 static void put_request(FILE *out, const json_t *root) {
     const json_t *r = json_object_get(root, "request");
-    fprintf(out, "request %lld on ", integer(r, "id"));
+    fprintf(out, "request %lld", integer(r, "id"));
+    /* the broker's id, the one its worker's log names */
+    if (integer(r, "broker_id") > 0) fprintf(out, " (the broker's %lld)", integer(r, "broker_id"));
+    fputs(" on ", out);
     put(out, json_object_get(r, "worker"));
     fputs(": ", out);
     put(out, json_object_get(r, "status"));

@@ -1,4 +1,4 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 16): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 17): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
@@ -357,3 +357,8 @@ ALTER TABLE slow_requests ADD COLUMN started REAL;
 -- worker): a READY from a new process of a known worker records the graphs
 -- its old process held evicted, reason 'worker_restarted'.
 ALTER TABLE workers ADD COLUMN boot TEXT;
+
+-- Migration 17: the broker's id of a request (REQUEST's id, the one its
+-- worker's log names; `id` is the client's), so `reelctl why` finds a
+-- request by either. NULL for rows from before it.
+ALTER TABLE requests ADD COLUMN broker_id INTEGER;

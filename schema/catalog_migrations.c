@@ -434,10 +434,15 @@ const char cat_schema_v16_sql[] = "ALTER TABLE requests ADD COLUMN started REAL;
                                   "ALTER TABLE slow_requests ADD COLUMN started REAL;\n"
                                   "ALTER TABLE workers ADD COLUMN boot TEXT;\n";
 
+/* Migration 17: the broker's id of a request (REQUEST's id, the one its
+ * worker's log names; the client's id is `id`), so `reelctl why` finds a
+ * request by either. NULL for rows from before it. */
+const char cat_schema_v17_sql[] = "ALTER TABLE requests ADD COLUMN broker_id INTEGER;\n";
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
                                        cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
                                        cat_schema_v13_sql, cat_schema_v14_sql, cat_schema_v15_sql,
-                                       cat_schema_v16_sql };
+                                       cat_schema_v16_sql, cat_schema_v17_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);

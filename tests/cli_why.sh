@@ -113,6 +113,30 @@ assert any(c["this_key"] for c in d["captures"]), d["captures"]
 why wjson "$first" --json --worker w0 && $PY -c 'import json, sys; json.load(open(sys.argv[1]))' "$D/wjson.out" &&
     ok "--worker w0 finds it on w0" || { bad "--worker w0"; show "$D/wjson.err"; }
 
+echo "== the id a worker's log names (the broker's) finds the request too"
+# a GEN the worker drops past its deadline: its log says "request <the
+# broker's id> failed"; the catalog's id is the client's
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 \
+    --deadline-ms 1500 --timeout-ms 30000 --quiet --out "$D/late.safetensors" 2>"$D/late.err"
+wait_for "$D/w0.log" "request [0-9]* failed: dropped after" 30 &&
+    bid=$(sed -n 's/.*request \([0-9]*\) failed: dropped after.*/\1/p' "$D/w0.log" | tail -1)
+cid=$(q "SELECT id FROM requests WHERE status = 'timeout' ORDER BY rowid DESC LIMIT 1")
+why late "${bid:-0}"; rc=$?
+[ "$rc" = 0 ] && [ -n "$cid" ] && [ "$cid" != "${bid:-}" ] &&
+    grep -q "^request $cid (the broker's $bid) on w0: timeout" "$D/late.out" &&
+    ok "why <the id w0's log names> is request $cid, the client's id, on w0" ||
+    { bad "why by the broker's id '${bid:-}' (exit $rc, client id '$cid')"; show "$D/late.out" "$D/late.err"; }
+why latej "${bid:-0}" --json; rc=$?
+[ "$rc" = 0 ] && $PY -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["by_broker_id"] is True and d["matches"] == 1, d
+assert d["request"]["broker_id"] == int(sys.argv[2]) and d["request"]["id"] == int(sys.argv[3]), d["request"]
+' "$D/latej.out" "${bid:-0}" "${cid:-0}" && ok "--json: by_broker_id, and the row's broker_id" ||
+    { bad "--json by the broker's id (exit $rc)"; show "$D/latej.out" "$D/latej.err"; }
+why latew "${bid:-0}" --worker w9; rc=$?
+[ "$rc" = 2 ] && ok "the broker's id on another worker: not found (exit 2)" || { bad "--worker w9 by broker id (exit $rc)"; show "$D/latew.err"; }
+
 echo "== refusals"
 why unknown 987654321; rc=$?
 [ "$rc" = 2 ] && grep -q "^reelctl: catalog .*: no request 987654321 " "$D/unknown.err" &&

@@ -3814,7 +3814,7 @@ START_TEST(test_the_catalog_writer_commits_many_records_in_a_few_transactions_an
     ck_assert_ptr_null(c); /* the queue owns it */
     for (int i = 0; i < 2000; i++) {
         brk_cq_decline(q, "w0", "reel-key/1 x", "00000000000000aa", "warming_up", 1);
-        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     }
     brk_cq_weight_state(q, "transformer", 1, "failed", ""); /* OPT: "" is no reason */
     brk_cq_eviction(q, "w0", NULL, "00000000000000aa", 0, "lru", NULL, 0, 0, 0); /* TEXT: NULL is "" */
@@ -3856,7 +3856,7 @@ START_TEST(test_a_worker_flooding_events_is_shed_at_its_quota_and_request_rows_a
     for (int i = 0; i < 10; i++) brk_cq_decline(q, "calm", "reel-key/1 c", "00000000000000bb", "warming_up", 1);
     ck_assert_uint_eq(brk_catq_dropped(q), 200 - QUOTA);
     ck_assert(!brk_catq_behind(q));
-    for (int i = 0; i < MAX + 20; i++) brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+    for (int i = 0; i < MAX + 20; i++) brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     ck_assert(brk_catq_behind(q)); /* the loop answers BUSY now */
     ck_assert_uint_eq(brk_catq_dropped(q), 200 - QUOTA); /* not one request row shed */
     ck_assert_uint_ge(brk_catq_pending(q), MAX + 20);
@@ -3901,7 +3901,7 @@ START_TEST(test_records_still_waiting_at_destroy_are_all_written_before_it_retur
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
     ck_assert_ptr_nonnull(q);
     for (int i = 0; i < BRK_CATQ_BATCH / 2; i++) {
-        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+        brk_cq_request(q, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
         brk_cq_decline(q, "w0", "reel-key/1 x", "00000000000000aa", "warming_up", 1);
     }
     brk_catq_destroy(&q);
@@ -3928,9 +3928,9 @@ START_TEST(test_a_batch_the_store_refuses_for_good_is_written_record_by_record) 
     sqlite3_close(db);
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
     for (int i = 0; i < 10; i++)
-        brk_cq_request(q, (uint64_t)i, i == 4 ? "bad" : "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+        brk_cq_request(q, (uint64_t)i, i == 4 ? "bad" : "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 9, 300);
-    brk_cq_request(q, 99, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN); /* after it: still written */
+    brk_cq_request(q, 99, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0); /* after it: still written */
     (void)wait_sql_at_least(path, "SELECT count(*) FROM requests", 10, 300);
     ck_assert_uint_eq(brk_catq_refused(q), 1);
     brk_catq_destroy(&q);
@@ -3948,10 +3948,10 @@ START_TEST(test_the_writer_prunes_raw_rows_past_the_retention_and_counts_them) {
     cat_t *c = temp_catalog(dir, path, sizeof path);
     ck_assert_int_eq(cat_begin(c), 0);
     for (int i = 0; i < 3000; i++)
-        ck_assert_int_eq(cat_request(c, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1000.0 + i), 0);
+        ck_assert_int_eq(cat_request(c, (uint64_t)i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1000.0 + i), 0);
     ck_assert_int_eq(cat_commit(c), 0);
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
-    brk_cq_request(q, 5000, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN); /* now: kept */
+    brk_cq_request(q, 5000, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0); /* now: kept */
     brk_catq_retain(q, 86400, 0);
     for (int i = 0; i < 500 && brk_catq_pruned(q) < 3000; i++) usleep(10000);
     ck_assert_uint_eq(brk_catq_pruned(q), 3000); /* more than one transaction's worth (BRK_CATQ_PRUNE_BATCH) */
@@ -3982,7 +3982,7 @@ START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_re
     char dir[] = "/tmp/reel-catq.XXXXXX", path[64];
     cat_t *c = temp_catalog(dir, path, sizeof path);
     brk_catq_t *q = brk_catq_new(&c, BRK_CATQ_MAX);
-    brk_cq_request(q, 1, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+    brk_cq_request(q, 1, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     ck_assert_int_eq(wait_sql_at_least(path, "SELECT count(*) FROM requests", 1, 500), 1);
     sqlite3 *db;
     ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
@@ -3993,7 +3993,7 @@ START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_re
     memset(junk, 'x', sizeof junk);
     file_head(path, junk, sizeof junk, true);
     for (uint64_t i = 2; i <= 4; i++)
-        brk_cq_request(q, i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+        brk_cq_request(q, i, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     for (int i = 0; i < 1000 && brk_catq_failures(q) < 2; i++) usleep(10000);
     ck_assert_uint_ge(brk_catq_failures(q), 2); /* refused, and refused again on a retry */
     ck_assert_uint_eq(brk_catq_pending(q), 3);
@@ -4001,7 +4001,7 @@ START_TEST(test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_re
     /* (pending drops when a batch is taken, before it commits: wait on the rows) */
     ck_assert_int_eq(wait_sql_at_least(path, "SELECT count(*) FROM requests", 4, 1000), 4);
     ck_assert_uint_eq(brk_catq_pending(q), 0);
-    brk_cq_request(q, 5, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN);
+    brk_cq_request(q, 5, "w0", "00000000000000aa", 1, 2, 0, 2, 0, 0.01, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0);
     brk_catq_destroy(&q);
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM requests"), 5);
     ck_assert_int_eq(sql_int(path, "SELECT sum(requests) FROM key_totals"), 5);

@@ -506,7 +506,7 @@ START_TEST(test_migration_5_drops_the_request_indexes_and_recent_requests_stay_n
                  " 'ok', 11)");
     sqlite3_close(db);
     cat_t *c = open_ok(false);
-    ck_assert_int_eq(cat_request(c, 3, "w0", "00000000000000aa", 1, 4, 0, 4, 0, 0.1, "ok", 0.5, 0.25, 0, 0, 0, NULL, NULL, NULL, NAN, 12), 0);
+    ck_assert_int_eq(cat_request(c, 3, "w0", "00000000000000aa", 1, 4, 0, 4, 0, 0.1, "ok", 0.5, 0.25, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 12), 0);
     json_t *rows = cat_query_requests(c);
     ck_assert_ptr_nonnull(rows);
     ck_assert_uint_eq(json_array_size(rows), 3);
@@ -814,8 +814,8 @@ static void write_facts(cat_t *c) {
     TS_OK(cat_replays(c, "w1", "k1", 0, 6, 1, 1020));
     TS_OK(cat_replays(c, "w1", "k1", 1, 3, 1, 1021));
     TS_OK(cat_replays(c, "w1", "k2", 0, 1, 1, 1022));
-    TS_OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1030));
-    TS_OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1031));
+    TS_OK(cat_request(c, 1, "w1", "k1", 2, 12, 2, 8, 2, 1.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1030));
+    TS_OK(cat_request(c, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1031));
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "not_capturable", 2, 1040));
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "override", 1, 1041));
     TS_OK(cat_decline(c, "w2", "dit step 16x16", "k3", "shape_mismatch", 4, 1042));
@@ -844,8 +844,8 @@ START_TEST(test_merged_catalogs_hold_each_request_once_and_add_their_summaries) 
     TS_OK(cat_weight_state(o, "dit", 2, "current", "current at the peer broker when this one took over"));
     TS_OK(cat_capture(o, "w1", "dit step 64x64", "k1", 0, 1000, 10, 0.5, 1, NULL, 2010));
     TS_OK(cat_replays(o, "w1", "k1", 0, 4, 1, 2020));
-    TS_OK(cat_request(o, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1031)); /* the same request */
-    TS_OK(cat_request(o, 9, "w1", "k1", 2, 6, 0, 6, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 2030));
+    TS_OK(cat_request(o, 2, "w1", "k2", 2, 8, 1, 2, 5, 0.75, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1031)); /* the same request */
+    TS_OK(cat_request(o, 9, "w1", "k1", 2, 6, 0, 6, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 2030));
     TS_OK(cat_commit(o));
     cat_close(&o);
 
@@ -936,8 +936,8 @@ START_TEST(test_hit_rate_counts_a_group_in_parts_as_its_steps_ran) {
     cat_t *w = open_ok(false);
     TS_OK(cat_begin(w));
     TS_OK(cat_worker_seen(w, "wg", "cpu", "cpu-avx512", 2, 0, NULL, 1000));
-    TS_OK(cat_request(w, 1, "wg", "kg", 1, 4, 1, 6, 1, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1001));
-    TS_OK(cat_request(w, 2, "wg", "kg", 1, 4, 0, 8, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1002));
+    TS_OK(cat_request(w, 1, "wg", "kg", 1, 4, 1, 6, 1, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1001));
+    TS_OK(cat_request(w, 2, "wg", "kg", 1, 4, 0, 8, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1002));
     TS_OK(cat_commit(w));
     cat_t *c = open_ok(true);
     json_t *j = report_json(c, ctl_report_stats);
@@ -1423,7 +1423,7 @@ START_TEST(test_report_query_buckets_requests_and_splits_captures_by_sync) {
     TS_OK(cat_eviction(c, "w1", "k", "k1", 0, "weight_sync", "transformer", 2, 3, 1, 1021));
     for (int i = 0; i < 10; i++)
         TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, i == 0, i == 0 ? 1 : 4, i == 0 ? 2 : 0, 0.01 * (i + 1),
-                       i == 9 ? "timeout" : "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1000 + 3 * i));
+                       i == 9 ? "timeout" : "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1000 + 3 * i));
     cat_close(&c);
     c = open_ok(true);
     json_t *r = cat_query_report(c, 0);
@@ -1486,9 +1486,9 @@ START_TEST(test_report_worker_time_counts_only_the_loops_of_requests_that_ended_
     cat_t *c = open_ok(false);
     TS_OK(cat_begin(c));
     for (int i = 0; i < 4; i++)
-        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, 0, 4, 0, 0.5, "ok", 0.25, 0.125, 0, 0, 0, NULL, NULL, NULL, NAN, 1000 + i));
-    TS_OK(cat_request(c, 9, "-", "k1", 0, 4, 0, 0, 0, 30.0, "timeout", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1010));
-    TS_OK(cat_request(c, 10, "w1", "k1", 0, 4, 0, 0, 0, 7.0, "worker_lost", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1011));
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 2, 4, 0, 4, 0, 0.5, "ok", 0.25, 0.125, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1000 + i));
+    TS_OK(cat_request(c, 9, "-", "k1", 0, 4, 0, 0, 0, 30.0, "timeout", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1010));
+    TS_OK(cat_request(c, 10, "w1", "k1", 0, 4, 0, 0, 0, 7.0, "worker_lost", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1011));
     TS_OK(cat_commit(c));
     cat_close(&c);
     c = open_ok(true);
@@ -1534,11 +1534,11 @@ static int count_in_child(void) {
  * the writer goes on writing into, unseen by everyone else. */
 START_TEST(test_a_reopened_catalog_writes_what_other_processes_read) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_request(c, 1, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1000));
+    TS_OK(cat_request(c, 1, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1000));
     TS_OK(cat_reopen(c));
     ck_assert_int_eq(count_in_child(), 1);
     for (int i = 2; i <= 3; i++)
-        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1000 + i));
+        TS_OK(cat_request(c, (uint64_t)i, "w1", "k1", 1, 2, 0, 2, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1000 + i));
     ck_assert_int_eq(count_in_child(), 3);
     cat_close(&c);
     c = open_ok(true);
@@ -1557,7 +1557,7 @@ START_TEST(test_sql_looking_strings_are_stored_verbatim) {
     TS_OK(cat_replays(c, worker, hash, 0, 2, 1, 3));
     TS_OK(cat_decline(c, worker, text, hash, "override'); --", 1, 4));
     TS_OK(cat_eviction(c, worker, text, hash, 0, "lru", "c'omp", 0, 1, 1, 5));
-    TS_OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 6));
+    TS_OK(cat_request(c, 7, worker, hash, 1, 2, 1, 1, 0, 0.1, "o'k", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 6));
     TS_OK(cat_artifact(c, "a'; --", "op", "cpu", NULL, "ok", NULL, 7));
     TS_OK(cat_audit(c, "k'; DROP TABLE audit; --", "trainer", "sync", "c'omp", 1, NULL, "/w/'x", "o'k", 8));
     TS_OK(cat_artifact_seen(c, "a'; DROP TABLE artifacts; --", "1", "op", "cpu", NULL, true, false, "v'd", "r'", 9));
@@ -1689,7 +1689,7 @@ END_TEST
 static void why_request(cat_t *c, uint64_t id, const char *w, uint64_t version, int captured, int replayed,
                         int eager, double seconds, const char *ck, const char *why, double t) {
     TS_OK(cat_request(c, id, w, WHY_SHARD, version, captured + replayed + eager, captured, replayed, eager, seconds,
-                      "ok", 0.01, 0.02, 0, 0, 0, ck, why, NULL, NAN, t));
+                      "ok", 0.01, 0.02, 0, 0, 0, ck, why, NULL, NAN, 0, t));
 }
 
 /* The history the why tests read: on w0 the key is captured by its first
@@ -1708,7 +1708,7 @@ static void write_why_history(cat_t *c) {
     why_request(c, 3, "w0", 1, 0, 6, 0, 0.12, WHY_A1, NULL, 1002.0);
     why_request(c, 4, "w0", 1, 0, 6, 0, 0.9, WHY_A1, NULL, 1003.0);
     TS_OK(cat_request(c, 5, "w0", WHY_SHARD, 1, 6, 0, 0, 0, 3.0, "timeout", 0, 0, 0, 0, 0, NULL, NULL,
-                      "no result within 3000 ms (running)", NAN, 1004.0));
+                      "no result within 3000 ms (running)", NAN, 0, 1004.0));
     why_request(c, 8, "w0", 1, 0, 6, 0, 0.2, WHY_A1, NULL, 1005.0);
     why_request(c, 10, "w0", 1, 0, 4, 2, 0.3, WHY_A1, "budget_exceeded=2", 1006.0);
     TS_OK(cat_eviction(c, "w0", WHY_KEY("1"), WHY_A1, 1, "weight_sync", "transformer", 1, 2, 2, 1010.0));
@@ -1771,14 +1771,14 @@ START_TEST(test_why_concurrent_requests_of_a_new_key_are_new_key_from_their_star
     cat_t *w = open_ok(false);
     /* A: sent at 2000, ran 2 warmup steps, captured (stamped 2006), ended 2010 after 2.2 s of its own steps */
     TS_OK(cat_request(w, 20, "w0", WHY_SHARD, 1, 6, 1, 3, 2, 2.2, "ok", 0.01, 0.02, 0, 0, 0, WHY_C1, "warming_up=2",
-                      NULL, 2000.0, 2010.0));
+                      NULL, 2000.0, 0, 2010.0));
     /* B: sent at 2000.5, its 2 warmup steps before A's capture, then replayed; ended 2009 */
     TS_OK(cat_request(w, 21, "w0", WHY_SHARD, 1, 4, 0, 2, 2, 1.5, "ok", 0.01, 0.02, 0, 0, 0, WHY_C1, "warming_up=2",
-                      NULL, 2000.5, 2009.0));
+                      NULL, 2000.5, 0, 2009.0));
     TS_OK(cat_capture(w, "w0", WHY_KEY_C, WHY_C1, 0, 4096, 12, 0.8, 1, NULL, 2006.0));
     /* C: the same as B, from before migration 16 (no started): the old estimate, 2009 - 1.53 */
     TS_OK(cat_request(w, 22, "w0", WHY_SHARD, 1, 4, 0, 2, 2, 1.5, "ok", 0.01, 0.02, 0, 0, 0, WHY_C1, "warming_up=2",
-                      NULL, NAN, 2009.0));
+                      NULL, NAN, 0, 2009.0));
     cat_t *c = open_ok(true);
     json_t *j = why_ok(c, 20, NULL);
     ck_assert_msg(!strcmp(why_kind(j), "new_key") && strstr(why_text(j), "by this request"), "%s: %s", why_kind(j),
@@ -1814,13 +1814,13 @@ START_TEST(test_why_lists_as_a_requests_own_only_the_captures_it_made) {
     " inputs=latent:F32[4,2,8,16] weights=transformer@1 graph=dtype:F32,cfg:cond,expert:-,sched:f32"
     cat_t *w = open_ok(false);
     TS_OK(cat_request(w, 30, "w0", WHY_SHARD, 1, 4, 1, 1, 2, 0.9, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, "warming_up=2",
-                      NULL, 3000.0, 3001.0));
+                      NULL, 3000.0, 0, 3001.0));
     TS_OK(cat_capture(w, "w0", WHY_KEY_F, WHY_F1, 0, 4096, 12, 0.1, 1, NULL, 3001.1));
     TS_OK(cat_request(w, 31, "w0", WHY_SHARD, 1, 4, 1, 3, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, NULL, NULL,
-                      3001.15, 3001.25));
+                      3001.15, 0, 3001.25));
     TS_OK(cat_capture(w, "w0", WHY_KEY_F, WHY_F1, 0, 4096, 12, 0.1, 1, NULL, 3001.3));
     TS_OK(cat_request(w, 32, "w0", WHY_SHARD, 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, WHY_F1, NULL, NULL,
-                      3002.0, 3002.1));
+                      3002.0, 0, 3002.1));
     cat_t *c = open_ok(true);
     json_t *j = why_ok(c, 30, NULL);
     json_t *caps = json_object_get(j, "captures");
@@ -1848,7 +1848,7 @@ END_TEST
 static void why_at(cat_t *c, uint64_t id, const char *kh, uint64_t version, int captured, int replayed, int eager,
                    int batched, const char *why, double started, double t) {
     TS_OK(cat_request(c, id, "wd", WHY_SHARD, version, captured + replayed + eager, captured, replayed, eager, 0.5,
-                      "ok", 0.0, 0.0, batched, batched ? 2 * batched : 0, 0, kh, why, NULL, started, t));
+                      "ok", 0.0, 0.0, batched, batched ? 2 * batched : 0, 0, kh, why, NULL, started, 0, t));
 }
 
 /* helper-74's ground truth against the verdicts:
@@ -1940,7 +1940,7 @@ START_TEST(test_a_worker_process_restart_evicts_the_graphs_its_old_process_held)
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000bb", 300)); /* a new process */
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000bb", 301)); /* again: nothing left */
     TS_OK(cat_request(w, 50, "wr", WHY_SHARD, 1, 6, 1, 3, 2, 0.5, "ok", 0.0, 0.0, 0, 0, 0, "00000000000000f1",
-                      "warming_up=2", NULL, 310, 320));
+                      "warming_up=2", NULL, 310, 0, 320));
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, NULL, 400));               /* an older worker */
     TS_OK(cat_capture(w, "wr", KR, "00000000000000f1", 0, 4096, 12, 0.05, 1, NULL, 410));
     TS_OK(cat_worker_seen(w, "wr", "cpu", "x86_64", 2, 0, "00000000000000cc", 500)); /* its boot unknown */
@@ -2139,7 +2139,7 @@ END_TEST
 START_TEST(test_why_masks_control_characters_of_the_catalog) {
     cat_t *c = open_ok(false);
     TS_OK(cat_request(c, 7, "w\x1b[2J", WHY_SHARD, 1, 2, 1, 0, 1, 0.1, "ok", 0, 0, 0, 0, 0, "00000000000000c1",
-                      "warm\nup=1", NULL, NAN, 1000.0));
+                      "warm\nup=1", NULL, NAN, 0, 1000.0));
     TS_OK(cat_capture(c, "w\x1b[2J", "reel-key/1 x\r\nforged weights=t@1 graph=\xff", "00000000000000c1", 0, 1, 1,
                       0.1, 1, NULL, 1000.1));
     char *buf = NULL;

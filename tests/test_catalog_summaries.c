@@ -134,7 +134,7 @@ static void one_record(cat_t *c, load_t *l, sums_t *into_w, sums_t *into_all, lo
         int steps = 4, cap = (int)(rnd(l) % 2), rep = steps - cap - (int)(rnd(l) % 2);
         double secs = 0.001 * (double)(rnd(l) % 100000) + 1e-7 * (double)(l->id % 1000);
         bool ok = rnd(l) % 10 != 0;
-        TS_OK(cat_request(c, ++l->id, workers[w], keys[k], v, steps, cap, rep, steps - cap - rep, secs, ok ? "ok" : "timeout", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN,
+        TS_OK(cat_request(c, ++l->id, workers[w], keys[k], v, steps, cap, rep, steps - cap - rep, secs, ok ? "ok" : "timeout", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0,
                        l->t));
         if (into_w) {
             into_w[w].requests++, into_all->requests++;
@@ -297,15 +297,15 @@ END_TEST
  * both. */
 START_TEST(test_report_inside_a_batch_sees_its_summaries_and_rollback_drops_them) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_request(c, 1, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1.7e9));
+    TS_OK(cat_request(c, 1, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1.7e9));
     TS_OK(cat_begin(c));
-    TS_OK(cat_request(c, 2, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1.7e9 + 1));
+    TS_OK(cat_request(c, 2, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1.7e9 + 1));
     TS_OK(cat_capture(c, "w0", "t", keys[1], 0, 1, 1, 0.1, 1, NULL, 1.7e9 + 2));
     json_t *st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 2);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "captures"), 1);
     json_decref(st);
-    TS_OK(cat_request(c, 3, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1.7e9 + 3));
+    TS_OK(cat_request(c, 3, "w0", keys[0], 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1.7e9 + 3));
     TS_OK(cat_rollback(c));
     st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 1);
@@ -388,7 +388,7 @@ START_TEST(test_prune_by_row_cap_keeps_the_newest_rows_of_each_table) {
     cat_t *c = open_ok(false);
     TS_OK(cat_begin(c));
     for (int i = 0; i < 500; i++) {
-        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[i % NK], 1, 4, 0, 4, 0, 0.01 * i, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1.7e9 + i));
+        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[i % NK], 1, 4, 0, 4, 0, 0.01 * i, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1.7e9 + i));
         TS_OK(cat_eviction(c, "w0", "t", keys[i % NK], 0, "lru", NULL, 0, 0, 1, 1.7e9 + i));
     }
     TS_OK(cat_commit(c));
@@ -466,10 +466,10 @@ END_TEST
 START_TEST(test_report_since_counts_stats_and_keys_from_the_hours_in_range) {
     cat_t *c = open_ok(false);
     double h0 = 3600.0 * 500000;
-    for (int i = 0; i < 6; i++) TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, h0 + 10 + i));
+    for (int i = 0; i < 6; i++) TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, h0 + 10 + i));
     TS_OK(cat_capture(c, "w0", "t0", keys[0], 0, 1, 1, 0.1, 1, NULL, h0 + 20));
     for (int i = 0; i < 4; i++)
-        TS_OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, h0 + 7200 + i));
+        TS_OK(cat_request(c, (uint64_t)(10 + i), "w1", keys[1], 1, 4, 1, 3, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, h0 + 7200 + i));
     TS_OK(cat_capture(c, "w1", "t1", keys[1], 0, 1, 1, 0.1, 1, NULL, h0 + 7210));
     json_t *r = cat_query_report(c, h0 + 7200);
     TS_NEW(r);
@@ -525,7 +525,7 @@ END_TEST
  * counted under the empty key. */
 START_TEST(test_a_request_without_a_key_hash_is_stored_and_counted) {
     cat_t *c = open_ok(false);
-    TS_OK(cat_request(c, 1, "w0", NULL, 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 1.7e9));
+    TS_OK(cat_request(c, 1, "w0", NULL, 1, 4, 0, 4, 0, 0.5, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 1.7e9));
     json_t *st = cat_query_stats(c);
     ck_assert_int_eq(jint(json_object_get(st, "overall"), "requests"), 1);
     json_decref(st);
@@ -576,7 +576,7 @@ START_TEST(test_report_since_counts_evictions_from_the_summaries_after_pruning) 
     double h0 = 3600.0 * 500000;
     for (int i = 0; i < 10; i++) {
         TS_OK(cat_eviction(c, "w0", "t", keys[0], 0, i % 2 ? "lru" : "weight_sync", NULL, 0, 0, 1, h0 + 3600.0 * i));
-        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, h0 + 3600.0 * i + 1));
+        TS_OK(cat_request(c, (uint64_t)i, "w0", keys[0], 1, 4, 0, 4, 0, 0.1, "ok", 0.0, 0.0, 0, 0, 0, NULL, NULL, NULL, NAN, 0, h0 + 3600.0 * i + 1));
     }
     json_t *before = cat_query_report(c, h0 + 3600.0 * 4);
     json_t *all = json_object_get(json_object_get(before, "stats"), "overall");
