@@ -200,7 +200,8 @@ int ctl_report_metrics(cat_t *c, FILE *out) {
     json_t *root = cat_query_stats(c);
     if (!root) return -1;
     json_t *rows = json_object_get(root, "workers");
-    prom_counter(out, "reel_requests_total", "Requests finished, by the worker that ran them.", rows, "requests");
+    prom_counter(out, "reel_requests_total", "Requests that ended, by the worker that answered them (refused and failed ones too).",
+                 rows, "requests");
     prom_counter(out, "reel_steps_total", "Denoising steps of finished requests, as they ran (a group in 2 parts runs each twice).", rows, "steps");
     prom_counter(out, "reel_replayed_steps_total", "Steps of finished requests served by graph replay.", rows,
                  "replayed_steps");
