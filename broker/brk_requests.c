@@ -874,10 +874,15 @@ void brk_req_timers(brk_t *b, int64_t now) {
             brk_log("request %llu failed: no_worker (model %s, version %llu)",
                     (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {
-            /* the deadline as given, and the time it took the loop to see it pass */
+            /* the deadline as given, and the time it took the loop to see it
+             * pass; the broker knows it sent a request, not whether its
+             * worker started it (a drain-mode worker holds it while a sync
+             * waits) */
+            char where[96];
+            if (r->state == REQ_QUEUED) snprintf(where, sizeof where, "waiting for a slot");
+            else snprintf(where, sizeof where, "sent to %.63s, no answer yet", r->worker->route.name);
             snprintf(why, sizeof why, "no result within its deadline of %lld ms (%s; failed after %lld ms)",
-                     (long long)(r->deadline_ms - r->accepted_ms),
-                     r->state == REQ_QUEUED ? "waiting for a slot" : "running", waited);
+                     (long long)(r->deadline_ms - r->accepted_ms), where, waited);
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT, "%s", why);
             brk_log("request %llu failed: timeout (%s%s)", (unsigned long long)r->id,
                     r->state == REQ_QUEUED ? "queued" : "running on ",

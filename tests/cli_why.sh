@@ -117,7 +117,14 @@ echo "== the id a worker's log names (the broker's) finds the request too"
 # a GEN the worker drops past its deadline: its log says "request <the
 # broker's id> failed"; the catalog's id is the client's
 "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 8x32x32 --steps 10000 \
-    --deadline-ms 1500 --timeout-ms 30000 --quiet --out "$D/late.safetensors" 2>"$D/late.err"
+    --deadline-ms 1500 --timeout-ms 30000 --out "$D/late.safetensors" 2>"$D/late.err"
+# the broker knows it sent the request, not that its worker started it
+# (the worker's own drop, a step later, wins only when the broker's loop
+# was held up past it)
+grep -Eq "timeout: (no result within its deadline of 1500 ms \(sent to w0, no answer yet; failed after [0-9]+ ms\)|dropped after [0-9]+ of 10000 steps)" \
+    "$D/late.err" && ! grep -q "(running" "$D/late.err" &&
+    ok "a GEN past its deadline: its client told it was sent to w0, no answer yet" ||
+    { bad "the timeout's message"; show "$D/late.err"; }
 wait_for "$D/w0.log" "request [0-9]* failed: dropped after" 30 &&
     bid=$(sed -n 's/.*request \([0-9]*\) failed: dropped after.*/\1/p' "$D/w0.log" | tail -1)
 cid=$(q "SELECT id FROM requests WHERE status = 'timeout' ORDER BY rowid DESC LIMIT 1")
