@@ -348,9 +348,9 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
     };
     versions_limit = limit;
     versions_json = json;
-    if (json || limit <= 0) return report(c, versions_query, json, out, cols, CTL_NCOLS(cols));
+    if (json) return report(c, versions_query, json, out, cols, CTL_NCOLS(cols));
     /* One more than shown: a component that has it has older versions. */
-    versions_limit = limit + 1;
+    versions_limit = limit > 0 ? limit + 1 : 0;
     json_t *rows = versions_query(c), *shown = json_array();
     if (!rows || !shown) {
         json_decref(rows);
@@ -365,11 +365,15 @@ int ctl_report_versions_recent(cat_t *c, bool json, FILE *out, int limit) {
         const char *k = json_string_value(json_object_get(r, "component"));
         run = comp && k && !strcmp(comp, k) ? run + 1 : 1;
         comp = k;
-        if (run > (size_t)limit) more = true;
+        if (limit > 0 && run > (size_t)limit) more = true;
         else json_array_append(shown, r);
     }
     int ret = table(c, out, shown, cols, CTL_NCOLS(cols));
     if (ret == 0 && more) fprintf(out, "(the %d newest versions of each component; --all lists every one)\n", limit);
+    if (ret == 0 && json_array_size(rows) == 0)
+        fputs("(no sync yet: each worker serves the version it started with, its --weights-version, 1 by default;"
+              " `reelctl workers` lists them)\n",
+              out);
     json_decref(rows);
     json_decref(shown);
     return flushed(c, out, ret);

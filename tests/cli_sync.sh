@@ -74,6 +74,10 @@ same() { "$R" tensor diff "$1" "$2" >/dev/null 2>&1; }
 
 echo "== a sync with no live worker is not a version"
 start_broker || { bad "the broker starts"; finish; }
+"$R" versions --catalog "$DB" >"$D/versions0.txt" 2>&1 && grep -q "^(none)$" "$D/versions0.txt" &&
+    grep -q "^(no sync yet: each worker serves the version it started with" "$D/versions0.txt" &&
+    ok "reelctl versions before any sync: none, and where the workers' versions are" ||
+    { bad "reelctl versions before any sync"; show "$D/versions0.txt"; }
 if sync_v 2 "$D/w2.safetensors" "$D/s0.err"; then bad "a sync nobody applied exits non-zero"; show "$D/s0.err"
 else grep -q "FAILED, no live worker" "$D/s0.err" && ok "sync v2 with no worker: FAILED, exit 1" || { bad "no-worker sync says why"; show "$D/s0.err"; }; fi
 status --json >"$D/st0.json"
