@@ -36,6 +36,7 @@ struct lora {
     bool not_peft;   /* a low-rank key under diffusion_model. or transformer.: a name PEFT never
                       * saves (its keys are base_model.model.<name>), diffusers' loader takes s = 1 */
     int lora_bias;   /* the config's "lora_bias": 1 true, 0 false, -1 not said */
+    int use_dora;    /* the config's "use_dora": 1 true, 0 false, -1 not said */
     lora_pattern_t *pat[2]; /* rank_pattern, alpha_pattern, in the config's order (the first match wins) */
     int npat[2];
     const char *layout;
@@ -75,12 +76,13 @@ static const char *const prefixes[] = { "base_model.model.", "transformer.", "di
 #define KOHYA_PREFIX "lora_unet_" /* kohya / musubi-tuner: lora_unet_blocks_0_self_attn_q.lora_down.weight */
 
 /* A key of the adapter file, taken apart. */
-typedef enum { KEY_A, KEY_B, KEY_ALPHA, KEY_DIFF, KEY_LORA_BIAS } key_kind_t;
+typedef enum { KEY_A, KEY_B, KEY_ALPHA, KEY_DIFF, KEY_LORA_BIAS, KEY_MAG } key_kind_t;
 typedef struct {
     char weight[80];   /* the weight it changes: blocks.N.<wan module>.weight, or .bias */
     char module[80];   /* a lora_B.bias: its Linear's weight, whose s it takes */
     char peft[160];    /* the module's name as PEFT saw it (rank_pattern / alpha_pattern match it) */
-    key_kind_t kind;   /* lora_A / lora_down, lora_B / lora_up, the module's alpha, a .diff / .diff_b, a lora_B.bias */
+    key_kind_t kind;   /* lora_A / lora_down, lora_B / lora_up, the module's alpha, a .diff / .diff_b, a lora_B.bias,
+                        * a DoRA magnitude (lora_magnitude_vector) */
     const char *layout;
 } key_t_;
 
@@ -155,8 +157,12 @@ static const char *linear_named(const char *mod, size_t n, bool in_block, unsign
  * LoRA's: an A, B or alpha of a Linear, a full difference of a weight. */
 static int parse_key(const char *key, key_t_ *k) {
     memset(k, 0, sizeof *k);
-    if (strstr(key, "lora_magnitude_vector") || ends_with(key, ".dora_scale")) /* PEFT's, kohya's */
-        return reel_fail(REEL_E_UNSUPPORTED, "DoRA is not supported (key %s; use_dora adapters are refused)", key);
+    /* kohya's / LyCORIS' DoRA: its dora_scale is [out, 1] or [1, in] as
+     * the trainer decomposed the weight (LyCORIS' wd_on_out), merged by
+     * ComfyUI with its own strength rule: not PEFT's magnitude */
+    if (ends_with(key, ".dora_scale"))
+        return reel_fail(REEL_E_UNSUPPORTED, "kohya's / LyCORIS' DoRA (key %s) is not supported: its dora_scale's axis "
+                         "and merge are the trainer's; PEFT's DoRA (use_dora, lora_magnitude_vector keys) is", key);
     const char *s = key;
     bool kohya = !strncmp(s, KOHYA_PREFIX, strlen(KOHYA_PREFIX));
     if (kohya) s += strlen(KOHYA_PREFIX);
@@ -165,9 +171,23 @@ static int parse_key(const char *key, key_t_ *k) {
             s += strlen(prefixes[i]);
             break;
         }
-    /* where the module's name ends: at its matrix suffix, its ".alpha" or its difference's */
+    /* where the module's name ends: at its matrix suffix, its ".alpha", its
+     * difference's or its DoRA magnitude's */
     const char *end = NULL, *diff_of = NULL; /* a difference: the weight's last part */
-    if (ends_with(s, ".alpha")) {
+    const char *mag = strstr(s, ".lora_magnitude_vector");
+    if (mag) {
+        /* PEFT saves <module>.lora_magnitude_vector (its state dict's
+         * lora_magnitude_vector.<adapter>.weight, ".weight" and the adapter
+         * name removed); the in-memory names are read too */
+        const char *tail = mag + strlen(".lora_magnitude_vector");
+        if (strcmp(tail, "") && strcmp(tail, ".weight") && strcmp(tail, ".default") && strcmp(tail, ".default.weight"))
+            return reel_fail(REEL_E_UNSUPPORTED, "unknown target: %s (not a lora_magnitude_vector)", key);
+        if (kohya)
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: a DoRA magnitude in kohya's names is not supported (PEFT's "
+                             "base_model.model.<module>.lora_magnitude_vector is)", key);
+        end = mag;
+        k->kind = KEY_MAG;
+    } else if (ends_with(s, ".alpha")) {
         end = s + strlen(s) - strlen(".alpha");
         k->kind = KEY_ALPHA;
     } else if (ends_with(s, ".diff") || ends_with(s, ".diff_b") || ends_with(s, ".diff_m")) {
@@ -383,13 +403,17 @@ static int read_config(lora_t *l, const char *text, size_t len, const char *path
                  *a = json_object_get(j, "lora_alpha"), *rs = json_object_get(j, "use_rslora"),
                  *lb = json_object_get(j, "lora_bias");
     l->lora_bias = !lb || json_is_null(lb) ? -1 : json_is_true(lb) ? 1 : 0;
+    const json_t *ud = json_object_get(j, "use_dora");
+    l->use_dora = !ud || json_is_null(ud) ? -1 : json_is_true(ud) ? 1 : 0;
     if (!json_is_object(j)) {
         reel_fail(REEL_E_INVALID, "%s: not a JSON object", path);
     } else if (pt && !(json_is_string(pt) && !strcmp(json_string_value(pt), "LORA"))) {
         reel_fail(REEL_E_UNSUPPORTED, "%s: peft_type %s is not supported (LORA is)", path,
                   json_is_string(pt) ? json_string_value(pt) : "(not a string)");
-    } else if (!unset(json_object_get(j, "use_dora"))) {
-        reel_fail(REEL_E_UNSUPPORTED, "%s: DoRA (use_dora) is not supported", path);
+    } else if (ud && !json_is_null(ud) && !json_is_boolean(ud)) {
+        reel_fail(REEL_E_INVALID, "%s: use_dora must be true or false", path);
+    } else if (l->use_dora == 1 && l->lora_bias == 1) { /* PEFT's LoraConfig refuses the two together */
+        reel_fail(REEL_E_UNSUPPORTED, "%s: use_dora with lora_bias (PEFT trains no lora_bias under DoRA)", path);
     } else if (!unset(json_object_get(j, "bias"))) { /* lora_bias (a lora_B.bias key) is read */
         reel_fail(REEL_E_UNSUPPORTED, "%s: bias training (bias other than \"none\") is not supported", path);
     } else if (lb && !json_is_null(lb) && !json_is_boolean(lb)) {
@@ -527,7 +551,36 @@ static int add_difference(lora_t *l, const st_file_t *f, const st_tensor_t *t, c
     return 0;
 }
 
-/* One A or B tensor, a module's alpha or a difference into its target. */
+/* A DoRA magnitude (PEFT's lora_magnitude_vector: [out], one per row of
+ * the Linear's [out, in] weight) into its target, finite values; under a
+ * config that says use_dora: true (PEFT loads none otherwise), or none
+ * that says false when the config is the file's (diffusers' loader takes
+ * use_dora from the keys). lora_parse_config holds it to the module's B. */
+static int add_magnitude(lora_t *l, const st_file_t *f, const st_tensor_t *t, const key_t_ *k, size_t cap) {
+    if (l->from_file ? l->use_dora == 0 : l->use_dora != 1)
+        return reel_fail(REEL_E_INVALID, "%s: a DoRA magnitude, but the adapter's config does not say \"use_dora\": "
+                         "true (PEFT would not load it): set it in adapter_config.json, or drop the key", t->name);
+    if (t->ndim != 1 || t->shape[0] < 1) {
+        char s[96] = "[";
+        for (int d = 0; d < t->ndim && strlen(s) < 64; d++)
+            snprintf(s + strlen(s), sizeof s - strlen(s), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        strcat(s, "]");
+        return reel_fail(REEL_E_INVALID, "%s: a lora_magnitude_vector is [out] (one value per output row of %s), not "
+                         "%s", t->name, k->weight, s);
+    }
+    lora_target_t *g = target_for(l, k->weight, cap);
+    if (!g) return -1;
+    if (g->m) return reel_fail(REEL_E_INVALID, "%s: a second lora_magnitude_vector for %s", t->name, k->weight);
+    float *v = read_finite(f, t, (size_t)t->shape[0]);
+    if (!v) return -1;
+    g->m = v;
+    g->m_len = t->shape[0];
+    l->bytes += t->nbytes;
+    return 0;
+}
+
+/* One A or B tensor, a module's alpha, a difference or a DoRA magnitude
+ * into its target. */
 static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_t cap) {
     key_t_ k;
     if (parse_key(t->name, &k) != 0) return -1;
@@ -537,6 +590,7 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     l->layout = k.layout;
     if (k.kind == KEY_ALPHA) return add_alpha(l, f, t, &k, cap);
     if (k.kind == KEY_DIFF || k.kind == KEY_LORA_BIAS) return add_difference(l, f, t, &k, cap);
+    if (k.kind == KEY_MAG) return add_magnitude(l, f, t, &k, cap);
     const bool is_b = k.kind == KEY_B;
     if (strstr(t->name, ".lora_down.") || strstr(t->name, ".lora_up.")) l->down_up = true;
     if (!strncmp(t->name, "diffusion_model.", strlen("diffusion_model.")) ||
@@ -664,6 +718,33 @@ static int finish_scales(lora_t *l) {
     return 0;
 }
 
+/* DoRA (PEFT's use_dora, or magnitude keys in a file that is its own
+ * config): every low-rank target has its magnitude, one value per row of
+ * its B; no full difference on a DoRA weight (no trainer writes the two,
+ * and which comes first would be a guess) and no lora_B.bias (PEFT refuses
+ * lora_bias with use_dora). */
+static int finish_dora(lora_t *l) {
+    bool any = l->use_dora == 1;
+    for (int i = 0; i < l->n; i++) any |= l->t[i].m != NULL;
+    if (!any) return 0;
+    for (int i = 0; i < l->n; i++) {
+        const lora_target_t *t = &l->t[i];
+        if (t->a && !t->m)
+            return reel_fail(REEL_E_INVALID, "%s has lora_A and lora_B but no lora_magnitude_vector, and the adapter "
+                             "is DoRA (%s)", t->weight, l->use_dora == 1 ? "use_dora: true" : "other modules have one");
+        if (t->m && t->m_len != t->out)
+            return reel_fail(REEL_E_INVALID, "%s: its lora_magnitude_vector has %lld values, its lora_B %lld rows "
+                             "(one magnitude per output row)", t->weight, (long long)t->m_len, (long long)t->out);
+        if (t->m && t->d)
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: a full difference (.diff) on a DoRA module is not supported",
+                             t->weight);
+        if (t->d_scale_of[0])
+            return reel_fail(REEL_E_UNSUPPORTED, "%s: a lora_B.bias in a DoRA adapter (PEFT trains no lora_bias under "
+                             "use_dora)", t->weight);
+    }
+    return 0;
+}
+
 /* Whether an adapter read without a config names its own scale: a
  * module's alpha, kohya's lora_down / lora_up names (whose files carry
  * alphas or mean s = 1, as diffusers loads them), or diffusers' file name
@@ -765,6 +846,12 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
         goto err;
     }
     for (int i = 0; i < l->n; i++)
+        if (l->t[i].m && !l->t[i].a && !l->t[i].b) {
+            reel_fail(REEL_E_INVALID, "%s: %s has a lora_magnitude_vector (DoRA) without lora_A and lora_B",
+                      st_origin(f), l->t[i].weight);
+            goto err;
+        }
+    for (int i = 0; i < l->n; i++)
         if (!l->t[i].a || !l->t[i].b) {
             if (!l->t[i].a && !l->t[i].b && !l->t[i].has_alpha) continue; /* a difference only */
             if (!l->t[i].a && !l->t[i].b)
@@ -774,7 +861,7 @@ static lora_t *lora_parse_config(const char *config, size_t config_len, const ch
                           l->t[i].a ? 'A' : 'B', l->t[i].a ? 'B' : 'A');
             goto err;
         }
-    if (finish_scales(l) != 0) {
+    if (finish_scales(l) != 0 || finish_dora(l) != 0) {
         reel_fail_prefix("%s: ", st_origin(f));
         goto err;
     }
@@ -856,6 +943,7 @@ void lora_close(lora_t **lp) {
         free((void *)l->t[i].a);
         free((void *)l->t[i].b);
         free((void *)l->t[i].d);
+        free((void *)l->t[i].m);
     }
     free(l->t);
     for (int w = 0; w < 2; w++) {
@@ -927,6 +1015,8 @@ double lora_max_delta(const lora_t *l) {
         for (int64_t j = 0; t->b && j < t->out * t->rank; j++) mb = fmax(mb, fabs((double)t->b[j]));
         for (int64_t j = 0; t->d && j < t->d_numel; j++) md = fmax(md, fabs((double)t->d[j]));
         worst = fmax(worst, fabs((double)t->scale) * (double)t->rank * ma * mb + fabs((double)t->d_scale) * md);
+        /* DoRA: a merged row is m_i times a unit vector, no value above |m_i| */
+        for (int64_t j = 0; t->m && j < t->m_len; j++) worst = fmax(worst, fabs((double)t->m[j]));
     }
     return worst;
 }
@@ -943,6 +1033,32 @@ const lora_target_t *lora_target(const lora_t *l, int i) { return i >= 0 && i < 
 
 const lora_target_t *lora_find(const lora_t *l, const char *name) { return target_of((lora_t *)l, name); }
 
+/* DoRA, as PEFT's Linear.merge: w holds V = W + s·B·A (F32, as PEFT adds
+ * its F32 delta); each row i becomes (m_i / ||V_i||) · V_i. The row's norm
+ * is accumulated in double and rounded to F32 (PEFT's F32
+ * torch.linalg.norm(dim=1), within a few ulp of it), the factor m_i /
+ * ||V_i|| an F32 division and each value an F32 product, as PEFT's
+ * dora_factor.view(-1, 1) * (W + delta). -1 naming the weight and row
+ * when a row's norm is 0 or its factor not finite (PEFT would write NaN or
+ * infinities). */
+static int dora_rows(const lora_target_t *t, const char *name, float *w) {
+    for (int64_t i = 0; i < t->out; i++) {
+        float *row = w + i * t->in;
+        double acc[4] = { 0, 0, 0, 0 };
+        int64_t j = 0;
+        for (; j + 4 <= t->in; j += 4)
+            for (int q = 0; q < 4; q++) acc[q] += (double)row[j + q] * (double)row[j + q];
+        for (; j < t->in; j++) acc[0] += (double)row[j] * (double)row[j];
+        const float norm = (float)sqrt((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        const float factor = t->m[i] / norm;
+        if (!(norm > 0) || !isfinite(factor))
+            return reel_fail(REEL_E_INVALID, "%s: DoRA row %lld: ||W + s·B·A|| = %g and magnitude %g give no finite "
+                             "scale", name, (long long)i, (double)norm, (double)t->m[i]);
+        for (j = 0; j < t->in; j++) row[j] = factor * row[j];
+    }
+    return 0;
+}
+
 int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel) {
     const lora_target_t *t = lora_find(l, name);
     if (!t) return 0;
@@ -956,8 +1072,32 @@ int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel) 
     if (t->a)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)t->out, (blasint)t->in, (blasint)t->rank,
                     t->scale, t->b, (blasint)t->rank, t->a, (blasint)t->in, 1.0f, w, (blasint)t->in);
+    if (t->m && dora_rows(t, name, w) != 0) return -1;
     for (int64_t i = 0; t->d && i < numel; i++) w[i] += t->d_scale * t->d[i];
     return 0;
+}
+
+int lora_check_merge(const lora_t *l, const st_file_t *base) {
+    float *w = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (int i = 0; i < l->n && rc == 0; i++) {
+        const lora_target_t *t = &l->t[i];
+        if (!t->m) continue;
+        size_t n = (size_t)(t->out * t->in);
+        if (n > cap) {
+            free(w);
+            if (!(w = malloc(n * sizeof *w))) {
+                rc = reel_fail(REEL_E_NOMEM, "out of memory");
+                break;
+            }
+            cap = n;
+        }
+        int64_t shape[2] = { t->out, t->in };
+        rc = st_read_f32(base, t->weight, 2, shape, w) != 0 ? -1 : lora_merge_into(l, t->weight, w, (int64_t)n);
+    }
+    free(w);
+    return rc;
 }
 
 int lora_describe(const lora_t *l, char *buf, size_t len) {
@@ -965,10 +1105,11 @@ int lora_describe(const lora_t *l, char *buf, size_t len) {
      * bytes of them, then how many more (the whole description must fit a
      * worker's ack: MSG_REASON_MAX) */
     enum { MODS_SHOWN = 192 };
-    char mods[MODS_SHOWN + 24] = "", seen[4096] = ",";
-    int diffs = 0, more = 0;
+    char mods[MODS_SHOWN + 24] = "", seen[4096] = ",", dora[32] = "";
+    int diffs = 0, more = 0, doras = 0;
     for (int i = 0; i < l->n; i++) {
         diffs += l->t[i].d != NULL;
+        doras += l->t[i].m != NULL;
         /* the module: the weight's name without "blocks.N." and its last part */
         const char *m = l->t[i].weight;
         unsigned long blk;
@@ -988,10 +1129,11 @@ int lora_describe(const lora_t *l, char *buf, size_t len) {
             more++;
     }
     if (more) snprintf(mods + strlen(mods), sizeof mods - strlen(mods), ",+%d more", more);
+    if (doras) snprintf(dora, sizeof dora, "\"dora\":%d,", doras); /* only a DoRA adapter says it */
     int n = snprintf(buf, len,
-                     "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"diffs\":%d,"
+                     "{\"rank\":%d,\"alpha\":%g,\"rslora\":%s,\"scale\":%g,\"targets\":%d,\"diffs\":%d,%s"
                      "\"modules\":\"%s\",\"bytes\":%zu,\"sha256\":\"%s\",\"layout\":\"%s\",\"config\":\"%s\"}",
-                     l->r, l->alpha, l->rslora ? "true" : "false", (double)l->scale, l->n, diffs, mods, l->bytes, l->sha,
+                     l->r, l->alpha, l->rslora ? "true" : "false", (double)l->scale, l->n, diffs, dora, mods, l->bytes, l->sha,
                      l->layout ? l->layout : "", !l->from_file ? "adapter_config" : l->scale != 0 ? "file" : "per target");
     return n > 0 && (size_t)n < len ? 0 : reel_fail(REEL_E_LIMIT, "adapter description over %zu bytes", len);
 }

@@ -33,8 +33,14 @@
  * Linear's bias, the patch embedding's); PEFT's `lora_bias` (a
  * `lora_B.bias` key) adds s times itself to the Linear's bias.
  *
- * Refused by name, nothing changed: DoRA (use_dora, lora_magnitude_vector
- * keys), bias training (bias other than "none", a base bias key),
+ * DoRA (PEFT's use_dora: true, a `lora_magnitude_vector` [out] per
+ * target): W = (m / ||V||_row) ⊙ V with V = W_base + s·B·A, the norm of
+ * each output row, as PEFT's Linear.merge (lora_merge_into).
+ *
+ * Refused by name, nothing changed: kohya's / LyCORIS' DoRA (.dora_scale
+ * keys), a DoRA magnitude without use_dora, a missing or wrong-sized one,
+ * one without its lora_A / lora_B, DoRA with lora_bias or a .diff on the
+ * same weight, bias training (bias other than "none", a base bias key),
  * modules_to_save, a rank_pattern / alpha_pattern key that is no regex
  * Reel reads (PEFT's Python re keys, matched against each module's name as
  * PEFT saw it, are compiled as POSIX ERE: docs/MODEL.md), fan_in_fan_out, a rank
@@ -88,6 +94,8 @@ typedef struct {
     int64_t d_shape[LORA_DIFF_MAX_DIMS], d_numel;
     float d_scale;          /* 1 for .diff / .diff_b; the module's s for a lora_B.bias */
     char d_scale_of[80];    /* a lora_B.bias: the Linear weight whose s it takes; "" otherwise */
+    const float *m;         /* DoRA: PEFT's lora_magnitude_vector, [out], or NULL (plain LoRA) */
+    int64_t m_len;
 } lora_target_t;
 
 /* Where the adapter at path keeps its files: weights (a folder's
@@ -135,9 +143,17 @@ const lora_target_t *lora_target(const lora_t *l, int i);
 const lora_target_t *lora_find(const lora_t *l, const char *name);
 
 /* The largest value any target can add to a weight: |s|·r·max|B|·max|A|
- * plus |d_scale|·max|d|, over the targets (an upper bound; a merge stays
+ * plus |d_scale|·max|d|, over the targets, and a DoRA target's max|m| (no
+ * value of its merged rows is above it) (an upper bound; a merge stays
  * finite below F32's range minus the base's values). */
 double lora_max_delta(const lora_t *l);
+
+/* DoRA's merge needs the base: 0 when every DoRA target merges onto the
+ * base's values (base, the model's weights file) with every row's norm
+ * above 0 and a finite factor, else -1 naming the weight and row (what
+ * lora_merge_into would refuse part-way through a reload). Reads each
+ * DoRA target's weight once; 0 at once for a plain LoRA. */
+int lora_check_merge(const lora_t *l, const st_file_t *base);
 
 /* A one-line JSON of the adapter (rank, alpha, rslora, scale, targets,
  * diffs, modules: at most 192 bytes of them, then ",+N more", bytes,
@@ -145,9 +161,11 @@ double lora_max_delta(const lora_t *l);
  * catalog records. 0, or -1 when it does not fit. */
 int lora_describe(const lora_t *l, char *buf, size_t len);
 
-/* W += s·B·A, then W += d_scale·d, for w the F32 values of weight `name`;
+/* W += s·B·A (then, DoRA, each row i times m_i / ||row i||), then W +=
+ * d_scale·d, for w the F32 values of weight `name`;
  * a weight the adapter does not target is left as it is. 0, or -1 on a
- * count of values the target does not have. */
+ * count of values the target does not have, or a DoRA row whose norm is 0
+ * or whose factor is not finite. */
 int lora_merge_into(const lora_t *l, const char *name, float *w, int64_t numel);
 
 /* The edit tdit_model_load_edit / tdit_model_reload_edit take: every

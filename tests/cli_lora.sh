@@ -5,7 +5,8 @@
 # --lora DIR --base B`. Every GEN after a LoRA sync must equal `reelctl run
 # --lora` on the same base bitwise (itself checked against numpy's
 # W + s*B@A by the cross-check); switching adapters back and forth gives
-# bitwise the first result again; `--lora none` returns to the base; the
+# bitwise the first result again (a PEFT DoRA adapter among them);
+# `--lora none` returns to the base (after the DoRA adapter); the
 # one graph captured before the syncs serves every version after them
 # (the worker's closing counts: no eviction before the full sync, the one
 # at the stop aside); a full sync makes
@@ -36,6 +37,18 @@ test_lora.write_adapter(d + "/x", base, L, test_lora.WAN_MODULES[:8], 4, 8, seed
 test_lora.write_adapter(d + "/y", base, L, ["ffn.0", "ffn.2", "self_attn.q"], 2, 4, rslora=True,
                         layout="diffusers", dtype="BF16", seed=2)
 test_lora.write_adapter(d + "/dora", base, L, test_lora.WAN_MODULES[:4], 4, 8, config_extra={"use_dora": True})
+# PEFT's DoRA: use_dora with a lora_magnitude_vector per target
+test_lora.write_adapter(d + "/dorad", base, L, test_lora.WAN_MODULES[:4] + ["ffn.0"], 4, 8, seed=6, dora=True)
+# the same whose row 0 of block 0's q is W - W = 0 (A's row 0 that row of
+# the base, B's row 0 -1/s): a row DoRA cannot scale, only the base shows it
+import shutil as _sh
+_sh.copytree(d + "/dorad", d + "/dorazero")
+t, m = safetensors_np.load(d + "/dorazero/adapter_model.safetensors")
+ka, kb = "base_model.model.blocks.0.self_attn.q.lora_A.weight", "base_model.model.blocks.0.self_attn.q.lora_B.weight"
+t[ka], t[kb] = t[ka].copy(), t[kb].copy()
+t[ka][0] = base["blocks.0.self_attn.q.weight"][0]
+t[kb][0] = [-0.5, 0, 0, 0]  # s = 8 / 4
+safetensors_np.save(d + "/dorazero/adapter_model.safetensors", t, m)
 # scale 1e7 x rank 4 x |A| x |B| (about 0.6 each): a merge that can add 1e7 to a weight
 test_lora.write_adapter(d + "/huge", base, L, test_lora.WAN_MODULES[:4], 4, 4e7, seed=3)
 # without adapter_config.json: a ComfyUI Wan LoRA file (lora_down/up, a
@@ -86,6 +99,7 @@ run() { # out weights [--lora DIR]
 run "$D/ref_base.safetensors" "$D/w/base.safetensors"
 run "$D/ref_x.safetensors" "$D/w/base.safetensors" --lora "$D/w/x"
 run "$D/ref_y.safetensors" "$D/w/base.safetensors" --lora "$D/w/y"
+run "$D/ref_dorad.safetensors" "$D/w/base.safetensors" --lora "$D/w/dorad"
 run "$D/ref_b2x.safetensors" "$D/w/base2.safetensors" --lora "$D/w/x"
 run "$D/ref_b2y.safetensors" "$D/w/base2.safetensors" --lora "$D/w/y"
 run "$D/ref_b2comfy.safetensors" "$D/w/base2.safetensors" --lora "$D/w/comfy/wan_lora.safetensors"
@@ -125,15 +139,18 @@ lsync "$D/s3.err" --version 3 --base 1 --lora "$D/w/y" && gen "$D/g3.safetensors
     { bad "v3"; show "$D/s3.err" "$D/g3.safetensors.err"; }
 ok_alt=yes
 for v in 4 5 6 7 8 9; do
-    a=x; [ $((v % 2)) = 1 ] && a=y
+    # x, DoRA, y, DoRA, x, DoRA: each adapter's targets differ from the last's
+    a=dorad; [ $v = 4 ] || [ $v = 8 ] && a=x; [ $v = 6 ] && a=y
     lsync "$D/s$v.err" --version $v --base 1 --lora "$D/w/$a" && gen "$D/g$v.safetensors" &&
         same "$D/g$v.safetensors" "$D/ref_$a.safetensors" || { ok_alt=no; show "$D/s$v.err"; }
 done
-[ $ok_alt = yes ] && ok "x and y alternated six times: every GEN bitwise what the first one gave" ||
+[ $ok_alt = yes ] && ok "x, y and a DoRA adapter alternated six times: every GEN bitwise what reelctl run --lora gives" ||
     bad "alternating adapters drifted"
+grep -q "applied transformer v9 (LoRA adapter on base v1, graphs kept)" "$D/w1.log" &&
+    ok "the DoRA adapter (v9) merged in place, graphs kept" || { bad "worker log v9"; show "$D/w1.log"; }
 lsync "$D/s10.err" --version 10 --base 1 --lora none --weights "$D/w/base.safetensors" && gen "$D/g10.safetensors" &&
     same "$D/g10.safetensors" "$D/ref_base.safetensors" &&
-    ok "v10 = --lora none: back to the base, bitwise" || { bad "back to base"; show "$D/s10.err"; }
+    ok "v10 = --lora none after the DoRA adapter: back to the base, bitwise" || { bad "back to base"; show "$D/s10.err"; }
 
 echo "== the catalog: each adapter version with its base and what was applied"
 wait_sql "$DB" "select count(*) from weight_versions where version = 2 and base_version = 1 and json_extract(adapter, '$.rank') = 4 and json_extract(adapter, '$.targets') = 16 and json_extract(adapter, '$.sha256') = '$(sha256sum "$D/w/x/adapter_model.safetensors" | cut -c1-64)'" 1 60 &&
@@ -153,12 +170,14 @@ sys.exit(0 if v[2]["adapter"]["rank"] == 4 and v[2]["base_version"] == 1 and v[1
 
 echo "== refused by name, nothing changed"
 lsync "$D/r1.err" --version 11 --base 1 --lora "$D/w/dora"
-[ $? != 0 ] && grep -q "DoRA" "$D/r1.err" && ok "a DoRA adapter: refused locally, naming DoRA" ||
+[ $? != 0 ] && grep -q "no lora_magnitude_vector, and the adapter is DoRA" "$D/r1.err" &&
+    ok "a DoRA adapter without its magnitudes: refused locally, naming DoRA" ||
     { bad "DoRA refused"; show "$D/r1.err"; }
 /usr/bin/python3 "$HERE/security_peer.py" --endpoint "$CE" --for 5 \
     "{\"type\":\"SYNC\",\"id\":7,\"component\":\"transformer\",\"version\":11,\"base_version\":1,\"sha256\":\"$(sha256sum "$D/w/dora/adapter_model.safetensors" | cut -c1-64)\",\"path\":\"$D/w/dora\"}" \
     >"$D/r2.out" 2>&1
-grep -q "bad_adapter: .*DoRA" "$D/r2.out" && ok "the same adapter sent raw: the worker answers bad_adapter naming DoRA" ||
+grep -q "bad_adapter: .*no lora_magnitude_vector, and the adapter is DoRA" "$D/r2.out" &&
+    ok "the same adapter sent raw: the worker answers bad_adapter naming DoRA" ||
     { bad "worker DoRA"; show "$D/r2.out"; }
 lsync "$D/r3.err" --version 12 --base 2 --lora "$D/w/x"
 [ $? != 0 ] && grep -q "its base version is not this worker's base" "$D/r3.err" &&
@@ -170,6 +189,10 @@ lsync "$D/r5.err" --version 14 --base 1 --lora "$D/w/huge"
 [ $? != 0 ] && grep -q "bad_adapter: its merge could add .* to a weight" "$D/r5.err" &&
     ok "an adapter whose merge could carry a weight past 2^23 (a diverged trainer's): refused, nothing changed" ||
     { bad "huge adapter refused"; show "$D/r5.err"; }
+lsync "$D/r8.err" --version 14 --base 1 --lora "$D/w/dorazero"
+[ $? != 0 ] && grep -q "bad_adapter: blocks.0.self_attn.q.weight: DoRA row 0: ||W + s·B·A|| = 0" "$D/r8.err" &&
+    ok "a DoRA adapter with a row of norm 0 on the base: the worker refuses it before the reload, nothing changed" ||
+    { bad "DoRA zero row refused"; show "$D/r8.err"; }
 lsync "$D/r7.err" --version 14 --base 1 --lora "$D/w/a-rather-long-adapter-folder-name-as-trainers-write-them/checkpoint-step-000200"
 [ $? != 0 ] && grep -q "checkpoint-step-000200/adapter_model.safetensors: base_model.model.blocks.[0-9]*.[a-z_.0-9]*lora_B.weight: NaN or infinite values" "$D/r7.err" &&
     ok "a NaN in an adapter under a long path: every worker's reason whole in reelctl sync's output (file and key, past 127 bytes)" ||

@@ -4,6 +4,8 @@
  * recomputed from the exact base: alternating two adapters a thousand
  * times on a loaded model leaves its weights bitwise what the first
  * application gave, and a reload without an adapter returns the base.
+ * DoRA (PEFT's use_dora): each merged row scaled to its magnitude, against
+ * PEFT's formula in double, and its refusals.
  * tests/crosscheck/test_lora.py checks whole runs against numpy. */
 #include "model/lora.h"
 #include "base/error.h"
@@ -453,13 +455,12 @@ START_TEST(test_adapters_without_a_config_take_the_files_own_ranks_and_alphas) {
     TS_OK(st_writer_add_f32(w, "lora_unet_blocks_0_self_attn_q.lora_up.weight", 2, (int64_t[2]){ 64, 4 }, z));
     TS_OK(st_writer_add_f32(w, "lora_unet_blocks_0_self_attn_q.dora_scale", 2, sm, z));
     written(&w, ts_join(dir, "kdora.safetensors"));
-    refused(ts_join(dir, "kdora.safetensors"), "DoRA is not supported");
+    refused(ts_join(dir, "kdora.safetensors"), "kohya's / LyCORIS' DoRA");
     free(z);
 }
 END_TEST
 
 START_TEST(test_refusals_name_their_cause) {
-    refused(make_adapter("dora", CFG(4, 8, ", \"use_dora\": true"), "", attn, 4, 4, 1, KERN_F32), "DoRA");
     refused(make_adapter("bias", CFG(4, 8, ", \"bias\": \"all\""), "", attn, 4, 4, 1, KERN_F32), "bias training");
     refused(make_adapter("mts", CFG(4, 8, ", \"modules_to_save\": [\"head\"]"), "", attn, 4, 4, 1, KERN_F32),
             "modules_to_save");
@@ -864,6 +865,285 @@ START_TEST(test_differences_refused_name_their_cause) {
 }
 END_TEST
 
+/* ---- DoRA (PEFT's use_dora) --------------------------------------------------------- */
+
+/* A DoRA adapter folder dir/name: config cfg; for every layer and module
+ * of mods, lora_A / lora_B (add_pair) and, unless mods[i] is `skip`, its
+ * magnitude of out + extra values uniform in [0.5, 2) under prefix +
+ * blocks.N. + module + msuf (PEFT's ".lora_magnitude_vector"). */
+static const char *make_dora(const char *name, const char *cfg, const char *prefix, const char *const *mods, int nmods,
+                             int64_t r, uint64_t seed, const char *msuf, int extra, const char *skip) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    st_writer_t *w = st_writer_new();
+    for (int64_t n = 0; n < tiny.layers; n++)
+        for (int i = 0; i < nmods; i++) {
+            uint64_t sd = seed + 4 * (uint64_t)(n * 16 + i);
+            add_pair(w, prefix, false, n, mods[i], r, "lora_A", "lora_B", 0, sd);
+            if (skip && !strcmp(skip, mods[i])) continue;
+            bool ffn0 = strstr(mods[i], "ffn.0") || strstr(mods[i], "net.0");
+            int64_t out = (ffn0 ? tiny.ffn_dim : tiny.dim) + extra;
+            char km[200];
+            snprintf(km, sizeof km, "%sblocks.%lld.%s%s", prefix, (long long)n, mods[i], msuf);
+            add_values(w, km, 1, (int64_t[]){ out }, sd + 2, 0.5f, 2.0f);
+        }
+    written(&w, ts_join(path, "adapter_model.safetensors"));
+    return path;
+}
+
+/* weight's DoRA merge onto w (out x in) against PEFT's formula in double,
+ * from the adapter's own tensors: V = W + s·B·A, W' = (m_i / ||V_i||)·V_i
+ * per output row i. The merge works in F32 (V rounded once per value, the
+ * norm rounded to F32, an F32 division and product, each a few ulp), so
+ * each value is within 16 ulp of 2 (|W'| <= max m = 2): 4e-6; and each
+ * merged row's norm is its magnitude (1e-5 relative). Returns the largest
+ * difference seen. */
+static double dora_matches(const lora_t *l, const char *weight, double s, float *w, int64_t out, int64_t in) {
+    const lora_target_t *t = lora_find(l, weight);
+    ck_assert_msg(t != NULL && t->m != NULL, "%s", weight);
+    ck_assert_int_eq(t->m_len, out);
+    int64_t r = t->rank;
+    double *v = malloc((size_t)(out * in) * sizeof *v);
+    float *want = malloc((size_t)(out * in) * sizeof *want);
+    for (int64_t i = 0; i < out; i++) {
+        double ss = 0;
+        for (int64_t j = 0; j < in; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < r; k++) acc += (double)t->b[i * r + k] * t->a[k * in + j];
+            v[i * in + j] = (double)w[i * in + j] + s * acc;
+            ss += v[i * in + j] * v[i * in + j];
+        }
+        for (int64_t j = 0; j < in; j++) want[i * in + j] = (float)((double)t->m[i] / sqrt(ss) * v[i * in + j]);
+    }
+    TS_OK(lora_merge_into(l, weight, w, out * in));
+    double err = ts_max_abs_diff(w, want, (size_t)(out * in));
+    ck_assert_msg(err <= 4e-6, "%s: %g from PEFT's DoRA", weight, err);
+    for (int64_t i = 0; i < out; i++) {
+        double ss = 0;
+        for (int64_t j = 0; j < in; j++) ss += (double)w[i * in + j] * w[i * in + j];
+        ck_assert_msg(fabs(sqrt(ss) - t->m[i]) <= 1e-5 * t->m[i], "%s row %lld: norm %g, magnitude %g", weight,
+                      (long long)i, sqrt(ss), (double)t->m[i]);
+    }
+    free(v);
+    free(want);
+    return err;
+}
+
+/* PEFT's DoRA merge (tuners/lora/layer.py Linear.merge with use_dora):
+ * W' = (m / ||W + s·B·A||_row) ⊙ (W + s·B·A), s as for LoRA (alpha / r,
+ * alpha / sqrt(r) with use_rslora, per module with the patterns); the
+ * magnitude under PEFT's saved name and its in-memory ones, Wan's and
+ * diffusers' module names. */
+START_TEST(test_dora_merges_as_peft_scales_each_row_to_its_magnitude) {
+    static const char *const mods[] = { "self_attn.q", "cross_attn.o", "ffn.0", "ffn.2" };
+    double worst = 0;
+    for (int rs = 0; rs < 2; rs++) {
+        const char *p = make_dora(rs ? "dora_rs" : "dora", rs ? CFG(4, 6, ", \"use_dora\": true, \"use_rslora\": true")
+                                                              : CFG(4, 6, ", \"use_dora\": true, \"lora_dropout\": 0.1"),
+                                  "base_model.model.", mods, 4, 4, 300, rs ? ".lora_magnitude_vector.default.weight"
+                                                                          : ".lora_magnitude_vector", 0, NULL);
+        lora_t *l;
+        TS_NEW(l = lora_open(p));
+        TS_OK(lora_check(l, &tiny));
+        double s = rs ? 6.0 / 2.0 : 6.0 / 4.0;
+        ck_assert_float_eq_tol(lora_scale(l), (float)s, 1e-7f);
+        char desc[512];
+        TS_OK(lora_describe(l, desc, sizeof desc));
+        ck_assert_msg(strstr(desc, "\"dora\":8,"), "%s", desc);
+        int64_t D = tiny.dim, F = tiny.ffn_dim;
+        float *w = malloc((size_t)(D * F) * sizeof *w);
+        const struct { const char *name; int64_t out, in; } ws[] = {
+            { "blocks.0.self_attn.q.weight", D, D }, { "blocks.1.cross_attn.o.weight", D, D },
+            { "blocks.1.ffn.0.weight", F, D }, { "blocks.0.ffn.2.weight", D, F } };
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            ts_fill_uniform(w, (size_t)(ws[i].out * ws[i].in), 17 + i, -1, 1);
+            worst = fmax(worst, dora_matches(l, ws[i].name, s, w, ws[i].out, ws[i].in));
+        }
+        /* a weight it does not target is left alone */
+        float keep = w[0];
+        TS_OK(lora_merge_into(l, "blocks.0.self_attn.k.weight", w, D * D));
+        ck_assert_float_eq(w[0], keep);
+        free(w);
+        lora_close(&l);
+    }
+    /* diffusers' names, a rank_pattern / alpha_pattern module */
+    static const char *const dmods[] = { "attn1.to_q", "attn2.to_v" };
+    lora_t *l;
+    TS_NEW(l = lora_open(make_dora("dora_dif", "{\"r\": 4, \"lora_alpha\": 4, \"use_dora\": true, \"alpha_pattern\": "
+                                   "{\"to_v\": 12}}", "transformer.", dmods, 2, 4, 400, ".lora_magnitude_vector.weight",
+                                   0, NULL)));
+    int64_t D = tiny.dim;
+    float *w = malloc((size_t)(D * D) * sizeof *w);
+    ts_fill_uniform(w, (size_t)(D * D), 5, -1, 1);
+    worst = fmax(worst, dora_matches(l, "blocks.1.self_attn.q.weight", 1.0, w, D, D));
+    ts_fill_uniform(w, (size_t)(D * D), 6, -1, 1);
+    worst = fmax(worst, dora_matches(l, "blocks.0.cross_attn.v.weight", 3.0, w, D, D));
+    /* a row whose W + s·B·A is 0 has no direction: refused naming it */
+    const lora_target_t *t = lora_find(l, "blocks.0.cross_attn.v.weight");
+    float *b = (float *)t->b;
+    for (int64_t k = 0; k < t->rank; k++) b[3 * t->rank + k] = 0;
+    memset(w + 3 * D, 0, (size_t)D * sizeof *w);
+    ck_assert_int_eq(lora_merge_into(l, "blocks.0.cross_attn.v.weight", w, D * D), -1);
+    ck_assert_msg(strstr(reel_err_text(), "blocks.0.cross_attn.v.weight: DoRA row 3"), "%s", reel_err_text());
+    /* lora_check_merge finds it on the base before any reload */
+    st_writer_t *sw = st_writer_new();
+    TS_OK(st_writer_add_f32(sw, "blocks.0.cross_attn.v.weight", 2, (int64_t[]){ D, D }, w));
+    ts_fill_uniform(w, (size_t)(D * D), 7, -1, 1);
+    TS_OK(st_writer_add_f32(sw, "blocks.0.self_attn.q.weight", 2, (int64_t[]){ D, D }, w));
+    TS_OK(st_writer_add_f32(sw, "blocks.1.self_attn.q.weight", 2, (int64_t[]){ D, D }, w));
+    TS_OK(st_writer_add_f32(sw, "blocks.1.cross_attn.v.weight", 2, (int64_t[]){ D, D }, w));
+    const char *zb = ts_join(dir, "zerorow.safetensors");
+    written(&sw, zb);
+    st_file_t *f;
+    TS_NEW(f = st_open(zb));
+    ck_assert_int_eq(lora_check_merge(l, f), -1);
+    ck_assert_msg(strstr(reel_err_text(), "DoRA row 3"), "%s", reel_err_text());
+    st_close(&f);
+    free(w);
+    lora_close(&l);
+    fprintf(stderr, "test_lora: DoRA merges within %.3g of the double-precision reference\n", worst);
+}
+END_TEST
+
+/* DoRA on a loaded model: a reload with it rewrites only its targets, and
+ * the base again (a reload of its targets without the adapter, the
+ * worker's "--lora none") is the base bitwise; a first load with it equals
+ * a reload with it; lora_check_merge passes on the base. */
+START_TEST(test_dora_reloads_and_the_base_again_is_the_base_bitwise) {
+    char wpath[128];
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    ts_tiny_weights(3, wpath);
+    st_file_t *f;
+    TS_NEW(f = st_open(wpath));
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    lora_t *x, *y;
+    TS_NEW(x = lora_open(make_dora("dx", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", every, 10, 4, 500,
+                                   ".lora_magnitude_vector", 0, NULL)));
+    TS_NEW(y = lora_open(make_adapter("py", CFG(2, 4, ""), "base_model.model.", attn, 4, 2, 12, KERN_F32)));
+    TS_OK(lora_check(x, &tiny));
+    TS_OK(lora_check_merge(x, f));
+    TS_OK(lora_check_merge(y, f)); /* plain: nothing to judge */
+    tdit_model_t *m;
+    TS_NEW(m = tdit_model_load(b, f, KERN_F32));
+    size_t n;
+    float *base = snapshot(m, &n);
+    tdit_weight_edit_t ex = lora_edit(x, true), ey = lora_edit(y, true);
+    TS_OK(tdit_model_reload_edit(m, f, &ex));
+    float *first_x = snapshot(m, &n);
+    ck_assert_int_ne(memcmp(first_x, base, n * sizeof(float)), 0);
+    for (int i = 0; i < 20; i++) {
+        TS_OK(tdit_model_reload_edit(m, f, (i & 1) ? &ex : &ey));
+        if (i & 1) ck_assert_msg(!memcmp(tdit_model_weights(m), first_x, n * sizeof(float)), "sync %d drifted", i);
+    }
+    /* the base again: the DoRA adapter's targets re-read, nothing merged */
+    TS_OK(tdit_model_reload_edit(m, f, &ex));
+    tdit_weight_edit_t none = { ex.want, NULL, ex.user };
+    TS_OK(tdit_model_reload_edit(m, f, &none));
+    ck_assert_msg(!memcmp(tdit_model_weights(m), base, n * sizeof(float)), "the base again is the base");
+    tdit_weight_edit_t all = lora_edit(x, false);
+    tdit_model_t *m2;
+    TS_NEW(m2 = tdit_model_load_edit(b, f, KERN_F32, &all));
+    ck_assert(!memcmp(tdit_model_weights(m2), first_x, n * sizeof(float)));
+    tdit_model_destroy(&m2);
+    free(base);
+    free(first_x);
+    tdit_model_destroy(&m);
+    lora_close(&x);
+    lora_close(&y);
+    kern_backend_destroy(&b);
+    st_close(&f);
+}
+END_TEST
+
+START_TEST(test_dora_refusals_name_their_cause) {
+    static const char *const two[] = { "self_attn.q", "self_attn.k" };
+    const char *vec = ".lora_magnitude_vector";
+    /* a magnitude without use_dora: PEFT would not load it */
+    refused(make_dora("d_nocfg", CFG(4, 8, ""), "base_model.model.", two, 2, 4, 1, vec, 0, NULL),
+            "does not say \"use_dora\": true");
+    refused(make_dora("d_false", CFG(4, 8, ", \"use_dora\": false"), "base_model.model.", two, 2, 4, 1, vec, 0, NULL),
+            "does not say \"use_dora\": true");
+    /* use_dora with a module missing its magnitude */
+    refused(make_dora("d_missing", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", two, 2, 4, 1, vec, 0,
+                      "self_attn.k"), "self_attn.k.weight has lora_A and lora_B but no lora_magnitude_vector");
+    refused(make_adapter("d_none", CFG(4, 8, ", \"use_dora\": true"), "", attn, 4, 4, 1, KERN_F32),
+            "no lora_magnitude_vector");
+    /* a magnitude of the wrong length: named with both sizes */
+    refused(make_dora("d_len", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", two, 2, 4, 1, vec, 1, NULL),
+            "has 65 values, its lora_B 64 rows");
+    refused(make_dora("d_suffix", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", two, 2, 4, 1,
+                      ".lora_magnitude_vector.other", 0, NULL), "not a lora_magnitude_vector");
+    refused(make_dora("d_lorabias", CFG(4, 8, ", \"use_dora\": true, \"lora_bias\": true"), "base_model.model.", two, 2,
+                      4, 1, vec, 0, NULL), "use_dora with lora_bias");
+    refused(make_dora("d_bad", CFG(4, 8, ", \"use_dora\": \"yes\""), "base_model.model.", two, 2, 4, 1, vec, 0, NULL),
+            "use_dora must be true or false");
+    /* file-level cases: [out, 1], a magnitude alone, a NaN, a .diff on the
+     * same weight, kohya's names, kohya's dora_scale */
+    const int64_t D = tiny.dim;
+    static const struct {
+        const char *key;
+        int ndim;
+        int64_t shape[2];
+        const char *needle;
+    } cases[] = {
+        { "blocks.0.self_attn.q.lora_magnitude_vector", 2, { 64, 1 }, "a lora_magnitude_vector is [out]" },
+        { "blocks.0.self_attn.v.lora_magnitude_vector", 1, { 64 }, "without lora_A and lora_B" },
+        { "blocks.0.self_attn.q.diff", 2, { 64, 64 }, "a full difference (.diff) on a DoRA module" },
+        { "blocks.0.norm3.lora_magnitude_vector", 1, { 64 }, "unknown target" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/dcase%zu", dir, i);
+        ck_assert_int_eq(mkdir(path, 0700), 0);
+        const char *cfg = CFG(4, 8, ", \"use_dora\": true");
+        ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+        st_writer_t *w = st_writer_new();
+        add_pair(w, "", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 80 + i);
+        if (strcmp(cases[i].key, "blocks.0.self_attn.q.lora_magnitude_vector"))
+            add_values(w, "blocks.0.self_attn.q.lora_magnitude_vector", 1, (int64_t[]){ D }, 90 + i, 0.5f, 2);
+        add_values(w, cases[i].key, cases[i].ndim, cases[i].shape, 70 + i, 0.5f, 2);
+        written(&w, ts_join(path, "adapter_model.safetensors"));
+        refused(path, cases[i].needle);
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/dnan", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    const char *cfg = CFG(4, 8, ", \"use_dora\": true");
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    st_writer_t *w = st_writer_new();
+    add_pair(w, "", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 95);
+    float mv[64];
+    for (int i = 0; i < 64; i++) mv[i] = 1;
+    mv[5] = NAN;
+    TS_OK(st_writer_add_f32(w, "blocks.0.self_attn.q.lora_magnitude_vector", 1, (int64_t[]){ 64 }, mv));
+    written(&w, ts_join(path, "adapter_model.safetensors"));
+    refused(path, "NaN or infinite");
+    /* a magnitude that could carry a weight past F32: lora_check */
+    snprintf(path, sizeof path, "%s/dhuge", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    w = st_writer_new();
+    add_pair(w, "", false, 0, "self_attn.q", 4, "lora_A", "lora_B", 0, 95);
+    for (int i = 0; i < 64; i++) mv[i] = 3e37f;
+    TS_OK(st_writer_add_f32(w, "blocks.0.self_attn.q.lora_magnitude_vector", 1, (int64_t[]){ 64 }, mv));
+    written(&w, ts_join(path, "adapter_model.safetensors"));
+    lora_t *l;
+    TS_NEW(l = lora_open(path));
+    ck_assert_int_eq(lora_check(l, &tiny), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "could overflow F32"));
+    lora_close(&l);
+    /* kohya's names: refused naming PEFT's */
+    w = st_writer_new();
+    add_pair(w, "lora_unet_", true, 0, "self_attn.q", 4, "lora_down", "lora_up", 4, 96);
+    add_values(w, "lora_unet_blocks_0_self_attn_q.lora_magnitude_vector", 1, (int64_t[]){ D }, 97, 0.5f, 2);
+    written(&w, ts_join(dir, "kmag.safetensors"));
+    refused(ts_join(dir, "kmag.safetensors"), "a DoRA magnitude in kohya's names is not supported");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("lora");
     TCase *tc = tcase_create("core");
@@ -878,6 +1158,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base);
     tcase_add_test(tc, test_differences_add_to_any_weight_and_outside_linears_take_a_lora);
     tcase_add_test(tc, test_differences_refused_name_their_cause);
+    tcase_add_test(tc, test_dora_merges_as_peft_scales_each_row_to_its_magnitude);
+    tcase_add_test(tc, test_dora_reloads_and_the_base_again_is_the_base_bitwise);
+    tcase_add_test(tc, test_dora_refusals_name_their_cause);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -237,9 +237,15 @@ static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char 
          * trained weights are far below 2^23, so a delta that can reach it is
          * the adapter's, and every step on it would overflow */
         const double bound = (double)(1 << (WRK_WEIGHT_EXP - 1));
-        if (lora_max_delta(op->lora) < bound) return;
-        reel_fail(REEL_E_INVALID, "its merge could add %.3g to a weight (scale x rank x max|A| x max|B|, plus max|difference|), 2^%d or "
-                  "more: every step would overflow", lora_max_delta(op->lora), WRK_WEIGHT_EXP - 1);
+        if (lora_max_delta(op->lora) >= bound)
+            reel_fail(REEL_E_INVALID, "its merge could add %.3g to a weight (scale x rank x max|A| x max|B|, plus "
+                      "max|difference|, or a DoRA max|magnitude|), 2^%d or more: every step would overflow",
+                      lora_max_delta(op->lora), WRK_WEIGHT_EXP - 1);
+        /* DoRA divides each row by its norm on the base: a row it cannot
+         * merge is refused now, not part-way through the reload (which
+         * would leave the weights unusable) */
+        else if (lora_check_merge(op->lora, op->w->base.file) == 0)
+            return;
     }
     char answer[REEL_ERR_MSG];
     snprintf(answer, sizeof answer, "bad_adapter: %s", reel_err_text());

@@ -8,7 +8,11 @@ sqrt(r) with use_rslora) as PEFT's LoraLayer computes it, and
 `reelctl run` on that file must give the same latent to float rounding.
 Full differences (ComfyUI's and lightx2v's X.diff / X.diff_b, PEFT's
 lora_bias) are merged by numpy as weight + diff (+ s * diff for a
-lora_B.bias) and checked the same way. Refusals (DoRA, bias training,
+lora_B.bias) and checked the same way. DoRA (PEFT's use_dora: a
+lora_magnitude_vector m per target) is merged by numpy from the DoRA
+paper's and PEFT's Linear.merge formula, W' = (m / ||V||_row) * V with
+V = W + s * B @ A, the norm over each output row, in float64. Refusals (a
+DoRA magnitude without use_dora or of the wrong length, bias training,
 modules_to_save, rank above 256, unknown targets, shape mismatches, A
 without B, a rank not r, NaN) must exit 2 naming the cause. `reelctl weights inspect` must describe the adapter.
 
@@ -51,8 +55,11 @@ def encode(a, dtype):
 
 
 def write_adapter(d, base, layers, modules, r, alpha, rslora=False, layout="wan", dtype="F32", seed=0,
-                  config_extra=None, extra_tensors=None, drop=None, bad_rank=False):
-    """A PEFT adapter folder; returns {weight name: (A, B) as read back}."""
+                  config_extra=None, extra_tensors=None, drop=None, bad_rank=False, dora=False, dora_extra=0):
+    """A PEFT adapter folder; returns {weight name: (A, B) as read back},
+    with dora {weight name: (A, B, m)}: m, PEFT's lora_magnitude_vector
+    (saved as <module>.lora_magnitude_vector, [out] + dora_extra values),
+    the base's row norms times 0.6 .. 1.4, as training moves them."""
     os.makedirs(d, exist_ok=True)
     rng = np.random.default_rng(seed)
     tensors, pairs = {}, {}
@@ -74,11 +81,19 @@ def write_adapter(d, base, layers, modules, r, alpha, rslora=False, layout="wan"
             if drop != key + ".lora_B.weight":
                 tensors[key + ".lora_B.weight"] = (dtype, b.shape, rb_bytes)
             pairs["blocks.%d.%s.weight" % (n, m)] = (a_back, b_back)
+            if dora:
+                mag = (np.linalg.norm(w.astype(np.float64), axis=1) *
+                       rng.uniform(0.6, 1.4, out_f)).astype(np.float32)
+                if dora_extra:
+                    mag = np.concatenate([mag, np.ones(dora_extra, np.float32)])
+                rm_bytes, m_back = encode(mag, dtype)
+                tensors[key + ".lora_magnitude_vector"] = (dtype, mag.shape, rm_bytes)
+                pairs["blocks.%d.%s.weight" % (n, m)] = (a_back, b_back, m_back)
     for k, v in (extra_tensors or {}).items():
         raw, _ = encode(v, "F32")
         tensors[k] = ("F32", v.shape, raw)
     safetensors_np.save_raw(os.path.join(d, "adapter_model.safetensors"), tensors)
-    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": rslora, "use_dora": False,
+    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": rslora, "use_dora": bool(dora),
            "bias": "none", "modules_to_save": None, "target_modules": sorted(set(m.split(".")[-1] for m in modules)),
            "rank_pattern": {}, "alpha_pattern": {}, "fan_in_fan_out": False}
     cfg.update(config_extra or {})
@@ -87,11 +102,18 @@ def write_adapter(d, base, layers, modules, r, alpha, rslora=False, layout="wan"
     return pairs
 
 
-def merged(base, pairs, r, alpha, rslora):
+def merged(base, pairs, r, alpha, rslora, dora=True):
+    """W + s * B @ A per target; with a magnitude m (DoRA, unless dora is
+    False) each output row i of V = W + s * B @ A scaled to m_i:
+    m_i / ||V_i|| * V_i (PEFT's Linear.merge with use_dora). In float64."""
     s = alpha / np.sqrt(r) if rslora else alpha / r
     out = dict(base)
-    for name, (a, b) in pairs.items():
-        out[name] = (base[name].astype(np.float64) + s * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+    for name, ab in pairs.items():
+        a, b = ab[0], ab[1]
+        v = base[name].astype(np.float64) + s * (b.astype(np.float64) @ a.astype(np.float64))
+        if len(ab) == 3 and dora:
+            v = (ab[2].astype(np.float64) / np.linalg.norm(v, axis=1))[:, None] * v
+        out[name] = v.astype(np.float32)
     return out
 
 
@@ -282,10 +304,46 @@ def crosscheck_lora(reelctl, workdir):
     against_merged("PEFT's lora_bias: lora_B.bias adds s times itself", d, full, os.path.join(d, "lora.safetensors"),
                    os.path.join(d, "full.safetensors"))
 
+    # DoRA, as PEFT saves it (use_dora: true, <module>.lora_magnitude_vector)
+    # and merges it: numpy's W' = m / ||V||_row * V against run --lora, and
+    # not what the same A, B give as a plain LoRA
+    for i, (name, c) in enumerate([
+        ("DoRA, wan names, F32, attention and FFN", dict(layout="wan", dtype="F32", r=4, alpha=8,
+                                                         modules=WAN_MODULES[:4] + ["ffn.0", "ffn.2"])),
+        ("DoRA, diffusers names, BF16, rsLoRA, every Linear", dict(layout="diffusers", dtype="BF16", r=2, alpha=3,
+                                                                   rslora=True, modules=WAN_MODULES)),
+    ]):
+        d = os.path.join(workdir, "dora%d" % i)
+        pairs = write_adapter(d, base, list(range(layers)), c["modules"], c["r"], c["alpha"], c.get("rslora", False),
+                              c["layout"], c["dtype"], seed=40 + i, dora=True)
+        full = os.path.join(d, "merged.safetensors")
+        safetensors_np.save(full, merged(base, pairs, c["r"], c["alpha"], c.get("rslora", False)), meta)
+        a = against_merged(name, d, full, os.path.join(d, "lora.safetensors"), os.path.join(d, "full.safetensors"))
+        plain = os.path.join(d, "plain.safetensors")
+        safetensors_np.save(plain, merged(base, pairs, c["r"], c["alpha"], c.get("rslora", False), dora=False), meta)
+        r2 = run(reelctl, ["run", "--weights", plain] + io + ["--out", os.path.join(d, "plain_out.safetensors")])
+        if a is not None and r2.returncode == 0:
+            p = safetensors_np.load(os.path.join(d, "plain_out.safetensors"))[0]["latent"]
+            gap = float(np.max(np.abs(a - p)) / (np.max(np.abs(p)) + 1e-30))
+            check(gap > 1e-2, "%s: the magnitudes matter (rel. %.2e from the plain LoRA's run)" % (name, gap),
+                  "gap %.3e" % gap)
+        if i == 0:
+            r3 = run(reelctl, ["weights", "inspect", d, "--json"])
+            check(r3.returncode == 0, "weights inspect reads a DoRA adapter", r3.stderr)
+
     refusals = [
-        ("DoRA (use_dora)", dict(config_extra={"use_dora": True}), "DoRA"),
-        ("DoRA magnitude keys", dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector":
-                                                    np.ones(4, np.float32)}), "DoRA"),
+        ("DoRA (use_dora) without magnitudes", dict(config_extra={"use_dora": True}), "no lora_magnitude_vector"),
+        ("DoRA magnitude keys without use_dora",
+         dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector": np.ones(4, np.float32)}),
+         "does not say \"use_dora\": true"),
+        ("a DoRA magnitude of the wrong length", dict(dora=True, dora_extra=1), "(one magnitude per output row)"),
+        ("a DoRA magnitude for a module without lora_A / lora_B",
+         dict(dora=True, extra_tensors={"base_model.model.blocks.0.ffn.0.lora_magnitude_vector":
+                                        np.ones(base["blocks.0.ffn.0.weight"].shape[0], np.float32)}),
+         "without lora_A and lora_B"),
+        ("kohya's / LyCORIS' dora_scale",
+         dict(extra_tensors={"base_model.model.blocks.0.self_attn.q.dora_scale": np.ones(4, np.float32)}),
+         "kohya's / LyCORIS' DoRA"),
         ("bias training", dict(config_extra={"bias": "lora_only"}), "bias training"),
         ("modules_to_save", dict(config_extra={"modules_to_save": ["head"]}), "modules_to_save"),
         ("rank above 256", dict(config_extra={"r": 300}), "above 256"),
