@@ -47,7 +47,11 @@ start_worker() { # name weights extra...
 "$R" weights init --config tiny --seed 7 --out "$D/w1.safetensors" 2>/dev/null
 "$R" weights init --config tiny --seed 8 --out "$D/w2.safetensors" 2>/dev/null
 "$R" tensor rand --name latent --shape 4,2,8,8 --seed 1 --out "$D/lat.safetensors"
-"$R" tensor rand --name latent --shape 4,2,16,16 --seed 4 --out "$D/lat16.safetensors"
+# lat32: the requests that must outlast their deadline (1.5 s, 20 s) on any
+# machine: 10000 steps (MSG_MAX_STEPS) of tiny with CFG on it took 22 ms a
+# step, 220 s, on the 2-core VM; on 4,2,16,16 it was 2.2 ms, 22 s, which a
+# faster machine (or more cores for the 8 held) ends inside the 20 s
+"$R" tensor rand --name latent --shape 4,2,32,32 --seed 4 --out "$D/lat32.safetensors"
 "$R" tensor rand --name context --shape 5,32 --seed 2 --out "$D/ctx.safetensors"
 "$R" tensor rand --name context --shape 5,32 --seed 3 --out "$D/unc.safetensors"
 IN="--context $D/ctx.safetensors --uncond $D/unc.safetensors --cfg 4 --latent $D/lat.safetensors --shift 3"
@@ -149,7 +153,10 @@ grep -qE "no_worker|timeout" "$D/e.err" && ok "an unknown model is answered, not
 $GEN --steps 6 --out "$D/o3.safetensors" 2>"$D/still.err" && same "$D/o3.safetensors" "$D/ref2.safetensors" && ok "still serving" || bad "still serving"
 
 echo "== a request past its deadline is dropped by its worker between steps"
-$GEN --steps 10000 --deadline-ms 1500 --timeout-ms 15000 --out "$D/long.safetensors" 2>"$D/long.err"
+# 10000 steps of lat32, not of lat.safetensors: 3780 of those were done at
+# the 1.5 s deadline on the 2-core VM; a machine 3x faster would end them all
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" --cfg 4 --shift 3 \
+    --latent "$D/lat32.safetensors" --steps 10000 --deadline-ms 1500 --timeout-ms 15000 --quiet --out "$D/long.safetensors" 2>"$D/long.err"
 grep -q "timeout" "$D/long.err" && ok "the client is answered timeout at its deadline" || { bad "long request timed out"; cat "$D/long.err"; }
 dropped=""
 for i in $(seq 1 50); do
@@ -173,7 +180,7 @@ grep -q "weights v2" "$D/restart.err" && same "$D/o4.safetensors" "$D/ref2.safet
 
 echo "== BUSY under overload"
 # One worker, a queue of one. Its slots and the queue are filled with
-# requests far too long to finish (10000 steps of 4x larger latents,
+# requests far too long to finish (10000 steps of 16x larger latents,
 # interleaved) that are dropped at their deadline; only once STATUS shows them all
 # taken does the burst go out, so every request of the burst must be BUSY
 # however slow or fast the machine is.
@@ -186,7 +193,7 @@ nslots=$(status_field 'sum(w["max_inflight"] for w in s["workers"])')
 pids=""
 for i in $(seq 1 $((${nslots:-0} + 1))); do
     "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --uncond "$D/unc.safetensors" --cfg 4 \
-        --latent "$D/lat16.safetensors" --steps 10000 --deadline-ms 20000 --timeout-ms 60000 --quiet \
+        --latent "$D/lat32.safetensors" --steps 10000 --deadline-ms 20000 --timeout-ms 60000 --quiet \
         --out "$D/hold$i.safetensors" 2>"$D/hold$i.err" &
     pids="$pids $!"
 done
