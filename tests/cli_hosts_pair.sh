@@ -100,7 +100,9 @@ wait_for "$D/b.log" "copied transformer v2 from the active broker" 60 &&
 # the pair's key on the client socket sends PEER, FETCH and STATUS only;
 # FETCH there under another key is forbidden
 fetch='{"type":"FETCH","id":11,"component":"transformer","version":2,"sha256":"'"$(sha256sum "$D/v2.safetensors" | cut -c1-64)"'","offset":0}'
-speer() { _k=$1; shift; nsx rh1 $PY "$(dirname "$0")/security_peer.py" --endpoint "tcp://$A:5555" --key "$K/$_k.key" --broker-key "$K/broker.pub" --for 1 "$@"; }
+# speer KEY HEADER: a raw peer on A's client endpoint until its answer (30 s
+# at most; each of the three below is answered: not a 1 s window)
+speer() { _k=$1; shift; nsx rh1 $PY "$(dirname "$0")/security_peer.py" --endpoint "tcp://$A:5555" --key "$K/$_k.key" --broker-key "$K/broker.pub" --for 30 --answered "$@"; }
 speer broker "$fetch" >"$D/pf.out" 2>&1
 speer broker '{"type":"GEN","id":12,"model":"tiny"}' >"$D/pg.out" 2>&1
 speer trainer "$fetch" >"$D/tf.out" 2>&1

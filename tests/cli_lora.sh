@@ -173,7 +173,7 @@ lsync "$D/r1.err" --version 11 --base 1 --lora "$D/w/dora"
 [ $? != 0 ] && grep -q "no lora_magnitude_vector, and the adapter is DoRA" "$D/r1.err" &&
     ok "a DoRA adapter without its magnitudes: refused locally, naming DoRA" ||
     { bad "DoRA refused"; show "$D/r1.err"; }
-/usr/bin/python3 "$HERE/security_peer.py" --endpoint "$CE" --for 5 \
+/usr/bin/python3 "$HERE/security_peer.py" --endpoint "$CE" --for 60 --answered \
     "{\"type\":\"SYNC\",\"id\":7,\"component\":\"transformer\",\"version\":11,\"base_version\":1,\"sha256\":\"$(sha256sum "$D/w/dora/adapter_model.safetensors" | cut -c1-64)\",\"path\":\"$D/w/dora\"}" \
     >"$D/r2.out" 2>&1
 grep -q "bad_adapter: .*no lora_magnitude_vector, and the adapter is DoRA" "$D/r2.out" &&

@@ -75,6 +75,11 @@ peer() { # key|- endpoint seconds headers...: the raw peer, its output on stdout
     if [ "$k" = - ]; then timeout -k 5 $((s + 60)) $PEER --endpoint "$ep" --for "$s" "$@"
     else timeout -k 5 $((s + 60)) $PEER --endpoint "$ep" --key "$K/$k.key" --broker-key "$K/broker.pub" --for "$s" "$@"; fi
 }
+# ask key endpoint headers...: the raw peer until its first answer (30 s at
+# most). A check that expects an answer waits for it: a fixed 1 s window
+# (a CURVE handshake, the ZAP round, the reply) can pass by on a busy
+# machine. `peer KEY EP 1` stays for the checks that expect no answer.
+ask() { _k=$1; _ep=$2; shift 2; peer "$_k" "$_ep" 30 --answered "$@"; }
 
 mkdir -p "$D/w"
 "$R" weights init --config tiny --seed 7 --out "$D/w/w1.safetensors" 2>/dev/null
@@ -239,13 +244,13 @@ grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refu
     ok "a client key on the worker socket is refused" || { bad "client key on the worker socket"; show "$D/wrongsock2.out"; }
 timeout 60 "$B/reel-worker" --broker "$WE" --name x --weights "$D/w/w1.safetensors" --key "$K/bob.key" --broker-key "$K/broker.pub" >"$D/x.log" 2>&1
 [ $? = 2 ] && grep -q "a client key cannot be used here" "$D/x.log" && ok "reel-worker refuses a client key itself (exit 2)" || { bad "worker key role"; show "$D/x.log"; }
-peer bob "$CE" 1 "$status" >"$D/bob.out"
+ask bob "$CE" "$status" >"$D/bob.out"
 grep -q "^STATUS_REPLY" "$D/bob.out" && ok "the same raw peer with bob's key is answered" || { bad "bob answered"; show "$D/bob.out"; }
 # FETCH on the client socket is the standby pair's (its shared broker key):
 # a client's is forbidden; the broker key is admitted only by a broker of
 # a pair (tests/cli_hosts_pair.sh checks it there)
 fetch='{"type":"FETCH","id":11,"component":"transformer","version":1,"sha256":"'"$SHA"'","offset":0}'
-peer bob "$CE" 1 "$fetch" >"$D/bobfetch.out"
+ask bob "$CE" "$fetch" >"$D/bobfetch.out"
 grep -q "^ERROR forbidden FETCH: only the peer broker" "$D/bobfetch.out" && ! grep -q "^FETCH_DATA" "$D/bobfetch.out" &&
     ok "a client key's FETCH on the client socket: forbidden (only the pair's key)" || { bad "client FETCH refused"; show "$D/bobfetch.out"; }
 peer broker "$CE" 1 "$fetch" >"$D/brkfetch.out"
@@ -269,36 +274,36 @@ wait_sql "select group_concat(key_name || ':' || role || ':' || substr(outcome, 
 echo "== a worker's name is bound to its key; no handover"
 stop_proc "$PID_w1" || bad "w1 stops on SIGTERM"
 wait_for "$D/broker.log" "worker w1 lost" 60 || bad "w1 leaves"
-peer w2 "$WE" 1 '{"type":"READY","name":"w1","models":["tiny"],"versions":{"transformer":2}}' >"$D/steal.out"
+ask w2 "$WE" '{"type":"READY","name":"w1","models":["tiny"],"versions":{"transformer":2}}' >"$D/steal.out"
 grep -q "ERROR bad_request READY: worker name w1 is bound to another worker key" "$D/steal.out" &&
     ok "w2's key claiming the name w1 is refused, w1 gone or not (before: accepted)" || { bad "name bound to key"; show "$D/steal.out"; }
 start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" && ok "w1 comes back with its own key" || bad "w1 restarts"
 wait_for "$D/w1.log" "applied transformer v2" 60 || bad "w1 caught up to v2"
 
 echo "== SYNC paths no peer can abuse: only the weights directory, generic answers"
-sp() { # out seconds header: alice's raw SYNC, answer in out
-    o=$1; s=$2; shift 2; peer alice "$CE" "$s" "$@" >"$o"
+sp() { # out header: alice's raw SYNC, its answer in out
+    o=$1; shift; ask alice "$CE" "$@" >"$o"
 }
-sp "$D/passwd.out" 5 "$(sync_hdr 31 3 /etc/passwd)"
+sp "$D/passwd.out" "$(sync_hdr 31 3 /etc/passwd)"
 grep -q "bad_weights: path not under the worker.s weights directories" "$D/passwd.out" && ! grep -qE "root|header length|[0-9]{12}" "$D/passwd.out" &&
     ok "/etc/passwd: a generic reason, no byte of the file (before: its first 8 bytes as a number)" || { bad "passwd answer"; show "$D/passwd.out"; }
 grep -qE "sync to v3 refused: bad_weights: .*[(]/etc/passwd: not under any weights directory[)]" "$D/w1.log" && ok "the detail is in w1's log" || { bad "detail logged"; show "$D/w1.log"; }
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$D/w/junk.safetensors"
-sp "$D/missing.out" 5 "$(sync_hdr 32 3 "$D/w/missing.safetensors")"
-sp "$D/junk.out" 5 "$(sync_hdr 33 3 "$D/w/junk.safetensors")"
+sp "$D/missing.out" "$(sync_hdr 32 3 "$D/w/missing.safetensors")"
+sp "$D/junk.out" "$(sync_hdr 33 3 "$D/w/junk.safetensors")"
 a=$(grep -o '"failed": \[[^]]*\]' "$D/missing.out"); b=$(grep -o '"failed": \[[^]]*\]' "$D/junk.out")
 [ -n "$a" ] && [ "$a" = "$b" ] && echo "$a" | grep -q "bad_weights: not a safetensors file" &&
     ok "a missing file and a junk file get one answer (before: existence leaked)" || { bad "one answer"; echo "  | $a"; echo "  | $b"; }
 ln -s /etc/passwd "$D/w/link.safetensors"
-sp "$D/link.out" 5 "$(sync_hdr 34 3 "$D/w/link.safetensors")"
-sp "$D/dotdot.out" 5 "$(sync_hdr 35 3 "$D/w/../w/w2.safetensors")"
+sp "$D/link.out" "$(sync_hdr 34 3 "$D/w/link.safetensors")"
+sp "$D/dotdot.out" "$(sync_hdr 35 3 "$D/w/../w/w2.safetensors")"
 grep -q "bad_weights: not a safetensors file" "$D/link.out" && grep -q "bad_weights: path not under" "$D/dotdot.out" &&
     ok "a symlink below the directory and a '..' path are refused" || { bad "symlink and .."; show "$D/link.out" "$D/dotdot.out"; }
 
 echo "== a FIFO is refused at once, and SIGTERM still stops the worker"
 mkfifo "$D/w/fifo.safetensors"
 t0=$(ms)
-sp "$D/fifo.out" 4 "$(sync_hdr 36 3 "$D/w/fifo.safetensors")"
+sp "$D/fifo.out" "$(sync_hdr 36 3 "$D/w/fifo.safetensors")"
 grep -q "bad_weights: not a safetensors file" "$D/fifo.out" && grep -q "not a regular file" "$D/w1.log" &&
     ok "FIFO: refused (before: the sync thread blocked in open() for good)" || { bad "FIFO refused"; show "$D/fifo.out"; }
 t0=$(ms)
@@ -315,7 +320,7 @@ h = json.dumps({'w': {'dtype': 'F32', 'shape': [n], 'data_offsets': [0, 4 * n]}}
 f = open(sys.argv[1], 'wb'); f.write(struct.pack('<Q', len(h)) + h); f.truncate(8 + len(h) + 4 * n); f.close()
 " "$D/w/huge.safetensors"
 t0=$(ms)
-sp "$D/huge.out" 4 "$(sync_hdr 37 3 "$D/w/huge.safetensors")"
+sp "$D/huge.out" "$(sync_hdr 37 3 "$D/w/huge.safetensors")"
 grep -q "bad_weights: not weights of this worker.s model" "$D/huge.out" && grep -q "more than the model's" "$D/w1.log" &&
     ok "50 GiB: refused before hashing (before: a core for minutes, later syncs timed out)" || { bad "huge file"; show "$D/huge.out"; }
 t0=$(ms)
@@ -324,7 +329,7 @@ with alice "$R" sync --broker "$CE" --version 3 --weights "$D/w/w3.safetensors" 
     ok "the next sync (v3) completes in $(($(ms) - t0)) ms" || { bad "sync after the huge file"; show "$D/s3.err"; }
 
 echo "== versions, deadlines and paths bounded on the wire"
-sp "$D/v63.out" 2 "$(sync_hdr 41 9223372036854775808 "$D/w/w2.safetensors")"
+sp "$D/v63.out" "$(sync_hdr 41 9223372036854775808 "$D/w/w2.safetensors")"
 grep -q "ERROR bad_request SYNC: 'version' must be in 1..9223372036854775807" "$D/v63.out" &&
     ok "SYNC version 2^63: bad_request (before: accepted, and every later GEN broke)" || { bad "version 2^63"; show "$D/v63.out"; }
 with bob gen "$D/g2" && grep -q "weights v3" "$D/g2.err" && ok "GENs still run on v3" || { bad "gen after 2^63"; show "$D/g2.err"; }
@@ -333,7 +338,7 @@ if with alice "$R" sync --broker "$CE" --version 4 --weights "$D/w/w2.safetensor
     ok "deadline_ms 2^63-1 is clamped, the sync completes (before: a signed overflow)"
 else bad "huge deadline"; show "$D/dl.err"; fi
 long="$D/w/$(/usr/bin/python3 -c 'print("/".join(["d" * 200] * 6))')/x.safetensors"
-sp "$D/long.out" 2 "$(sync_hdr 42 5 "$long")"
+sp "$D/long.out" "$(sync_hdr 42 5 "$long")"
 grep -qE "ERROR bad_request SYNC: 'path' must be a string of at most 1023 bytes" "$D/long.out" &&
     ok "a path over 1023 bytes: a clear bad_request (before: accepted, restored cut short)" || { bad "long path"; show "$D/long.out"; }
 wait_sql "select count(*) from audit where key_name = 'alice' and outcome like 'refused: bad_request:%'" "2" 60 &&
@@ -359,7 +364,7 @@ peer carol "$CE" 1 "$status" >"$D/carol0.out"
 cp "$D/later/carol.pub" "$K/"
 kill -HUP "$BROKER"
 wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 60 || bad "reload"
-peer carol "$CE" 1 "$status" >"$D/carol1.out"
+ask carol "$CE" "$status" >"$D/carol1.out"
 grep -q "peer: 0 messages" "$D/carol0.out" && grep -q "^STATUS_REPLY" "$D/carol1.out" &&
     ok "carol is heard only after her key was added and the broker reloaded" || { bad "carol admitted on reload"; show "$D/carol0.out" "$D/carol1.out"; }
 # carol keeps one connection; each HEARTBEAT on the client socket is

@@ -2,14 +2,17 @@
 attacker (or a buggy peer) on the same network can send, byte for byte.
 
     security_peer.py --endpoint EP [--id ROUTING_ID] [--key K --broker-key B]
-                     [--for SECONDS] [--heartbeat] [HEADER_JSON ...]
+                     [--for SECONDS] [--answered] [--heartbeat] [HEADER_JSON ...]
 
 Connects a DEALER (with CURVE when keys are given), sends each header
 (a JSON object; "proto" is added; integers may be any size, so a version
 of 2**64-1 goes out as msgpack uint64), then listens for SECONDS, sending
 HEARTBEAT every 200 ms with --heartbeat, and prints one line per message
 received: its type, then code and message for an ERROR, or the JSON of
-the header for anything else. Ends with "peer: N messages (T REQUEST)".
+the header for anything else. With --answered it stops at the first
+message that is not a HEARTBEAT (the answer a check waits for: SECONDS is
+then only its bound, generous for a busy machine, not a window the answer
+must fall in). Ends with "peer: N messages (T REQUEST)".
 Exit 0; 3 when a key cannot be read.
 """
 
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--broker-key")
     ap.add_argument("--for", dest="secs", type=float, default=1.0)
     ap.add_argument("--heartbeat", action="store_true")
+    ap.add_argument("--answered", action="store_true")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
     guard(a.secs)
@@ -94,6 +98,8 @@ def main():
         elif t != "HEARTBEAT":
             print(f"{t} {json.dumps(hdr, default=str, sort_keys=True)}")
         sys.stdout.flush()
+        if a.answered and t != "HEARTBEAT":
+            break
     print(f"peer: {n} messages ({requests} REQUEST)")
     done(0, s)
 
