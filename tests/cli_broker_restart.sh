@@ -30,7 +30,8 @@ done
 # spec K STEPS: the flags of GEN k (its context and seed; SIZE: the latent, else 2x8x8)
 spec() { echo "--context $D/c$1.safetensors --steps $2 --seed $((40 + $1)) --size ${SIZE:-2x8x8}"; }
 gen_bg() { # K STEPS: in the background; $! its pid (GEN_ENV: VAR=VALUE for reelctl, or empty)
-    env $GEN_ENV "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1" "$2") --timeout-ms 120000 --out "$D/g$1.safetensors" \
+    # (the broker's deadline as long as the client's wait, not its default 60 s: a busy machine)
+    env $GEN_ENV "$R" gen --broker "ipc://$D/c" --model tiny $(spec "$1" "$2") --deadline-ms 120000 --timeout-ms 120000 --out "$D/g$1.safetensors" \
         >"$D/g$1.err" 2>&1 &
 }
 same_as_run() { # K STEPS
@@ -55,13 +56,15 @@ cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "ipc://$D/w" --weights "$D/w.
 
 # 1. a frozen broker: the resend attaches to the live request (the
 #    worker's liveness, 3 x 3 s, outlasts the freeze: it stays registered).
-#    The client resends after 2 x 1 s of silence (REEL_CLIENT_LIVENESS_MS);
+#    The client resends after 2 x 500 ms of silence (REEL_CLIENT_LIVENESS_MS);
 #    the request must still run when the thawed broker reads the resend, so
 #    it is long: 5,000 steps of a 4x16x16 latent, about 8 s at 1.6 ms a
 #    step, as fast as that has run (replayed, on a 2-core AVX-512 machine).
+#    (With 2 x 1 s the freeze took over 2 s of those 8: a machine 4x faster
+#    would end the request first.)
 LONG=5000
 SIZE=4x16x16
-GEN_ENV=REEL_CLIENT_LIVENESS_MS=1000
+GEN_ENV=REEL_CLIENT_LIVENESS_MS=500
 gen_bg 1 $LONG
 GP=$!
 GEN_ENV=
@@ -95,8 +98,14 @@ print(int(sum(float(l.split()[1]) for l in page.splitlines() if l.startswith('re
 done
 [ "$steps" = $LONG ] && ok "frozen broker: the worker ran its $LONG steps once" || bad "frozen broker: the worker ran $steps steps"
 
-# 2. a killed broker, restarted: each client sends again, each gets one answer
+# 2. a killed broker, restarted: each client sends again, each gets one answer.
+#    None may be answered before the kill, which follows the first dispatch
+#    by a poll (a status and a Python: a few hundred ms): the three share
+#    the stream's steps, 4,000 steps of 2x16x16 each, about 2.4 s on the
+#    worker here. (4,000 steps of 2x8x8 took 0.5 s: a machine twice as fast
+#    could answer one before the kill, and that client never resends.)
 MID=4000
+SIZE=2x16x16
 gp=""
 for k in 2 3 4; do gen_bg $k $MID; gp="$gp $!"; done
 wait_inflight 1 || bad "the GENs run"
@@ -115,6 +124,7 @@ for k in 2 3 4; do
     grep -q "sent again" "$D/g$k.err" && again=$((again + 1))
 done
 [ $n = 3 ] && ok "killed broker: each result bitwise reelctl run" || bad "killed broker: $n of 3 bitwise"
+SIZE=
 [ $once = 3 ] && [ $again = 3 ] && ok "killed broker: each client sent again and got one answer" ||
     bad "killed broker: $once answered once, $again resent"
 [ "$(/usr/bin/sqlite3 "$D/reel.db" "pragma integrity_check")" = ok ] && ok "killed broker: the catalog is intact" ||
