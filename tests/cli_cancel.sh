@@ -104,10 +104,15 @@ stop_proc "$WORKER" || bad "w0 stops"
 cli_worker wb "$D/broker.log" "$D/wb.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 1 \
     --max-inflight 4 --max-batch 4 --batching always --heartbeat-ms 200 || { bad "the batching worker starts"; finish; }
 MS=4000
-bgen() { # SEED STEPS: a long GEN of one key (2x8x8, no CFG; the step count is no part of the key), its
+# (2x16x16, not 2x8x8: the two short GENs must still run when the poll
+# has seen all three in flight; 4,000 batched steps of 2x8x8 took 1-3 s
+# on the worker here, which a faster machine could end before the poll.
+# The broker's deadline is the client's 300 s, not the default 60 s: on a
+# busy 2-core VM (3 busy loops and two more suites) these took over 60 s.)
+bgen() { # SEED STEPS: a long GEN of one key (2x16x16, no CFG; the step count is no part of the key), its
     # output in $D/b.SEED.safetensors (exec: $! is reelctl's pid)
-    exec "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --seed "$1" --steps "$2" \
-        --timeout-ms 300000 --out "$D/b.$1.safetensors" 2>"$D/b.$1.err"
+    exec "$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x16x16 --seed "$1" --steps "$2" \
+        --deadline-ms 300000 --timeout-ms 300000 --out "$D/b.$1.safetensors" 2>"$D/b.$1.err"
 }
 bgen 11 $MS & b1=$!
 bgen 12 10000 & b2=$! # the one cancelled: long, so that it is still running when the SIGINT comes
@@ -123,7 +128,7 @@ grep -q "batched with other requests" "$D/b.11.err" && grep -q "batched with oth
     ok "both ran in mixed steps (reelctl gen says batched)" || { bad "the two were not batched"; show "$D/b.11.err"; }
 n=0
 for s in 11 13; do
-    timeout -k 5 300 "$R" run --weights "$D/w1.safetensors" --context "$D/ctx.safetensors" --size 2x8x8 --seed $s --steps $MS \
+    timeout -k 5 300 "$R" run --weights "$D/w1.safetensors" --context "$D/ctx.safetensors" --size 2x16x16 --seed $s --steps $MS \
         --out "$D/ref.$s.safetensors" 2>"$D/ref.$s.err" || bad "reelctl run seed $s"
     "$R" tensor diff "$D/b.$s.safetensors" "$D/ref.$s.safetensors" --name latent >/dev/null 2>&1 && n=$((n + 1))
 done
@@ -135,7 +140,8 @@ echo "== a cancelled group split over two streams: both parts stop"
 stop_proc "$WORKER" || bad "wb stops"
 cli_worker wg "$D/broker.log" "$D/wg.log" --broker "$WE" --weights "$D/w1.safetensors" --streams 2 \
     --heartbeat-ms 200 || { bad "the two-stream worker starts"; finish; }
-"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x8x8 --n 4 --seed 5 --steps 10000 \
+# 2x16x16: each part must still run at the SIGINT (it comes after a poll)
+"$R" gen --broker "$CE" --model tiny --context "$D/ctx.safetensors" --size 2x16x16 --n 4 --seed 5 --steps 10000 \
     --timeout-ms 300000 --quiet --out "$D/g.safetensors" 2>"$D/g.err" &
 gp=$!
 PIDS="$PIDS $gp"
