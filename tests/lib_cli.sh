@@ -147,13 +147,16 @@ py_checks() {
 # long_gens TAG BROKER N: N tiny GENs in the background (their pids in gp),
 # the k-th with context $D/c$k.safetensors, LG_STEPS + 1000k steps and
 # seed LG_SEED + k; each one's arguments kept in $D/TAG.k.spec, its output
-# in $D/TAG.k.err, its latent in $D/TAG.k.safetensors.
+# in $D/TAG.k.err, its latent in $D/TAG.k.safetensors. The broker's
+# deadline is LG_TIMEOUT_MS too, not its default 60 s, which a starved
+# machine ran past (6065 of 8000 steps at 60 s).
 long_gens() {
     gp=""
     _k=1
     while [ $_k -le "$3" ]; do
         echo "--context $D/c$_k.safetensors --steps $((${LG_STEPS:-5000} + 1000 * _k)) --seed $((_k + ${LG_SEED:-70})) --size 2x8x8" >"$D/$1.$_k.spec"
         ${LG_RUN:-} "$R" gen --broker "$2" --model tiny $(cat "$D/$1.$_k.spec") --timeout-ms "${LG_TIMEOUT_MS:-120000}" \
+            --deadline-ms "${LG_TIMEOUT_MS:-120000}" \
             --quiet --out "$D/$1.$_k.safetensors" >"$D/$1.$_k.err" 2>&1 &
         gp="$gp $!"
         _k=$((_k + 1))
