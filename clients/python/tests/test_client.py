@@ -1034,10 +1034,10 @@ class BusyTests(unittest.TestCase):
                 ctx, lat = rand((5, 32), 1), rand((4, 2, 8, 8), 2)
                 outcomes = []
 
-                def one():
-                    with reel.Client(cl.ce, timeout=60) as c:
+                def one(steps):
+                    with reel.Client(cl.ce, timeout=120) as c:
                         try:
-                            c.gen("tiny", ctx, latent=lat, steps=300)
+                            c.gen("tiny", ctx, latent=lat, steps=steps, deadline_ms=120000)
                             outcomes.append("ok")
                         except reel.BusyError as e:
                             self.assertEqual(e.code, "busy")
@@ -1045,14 +1045,29 @@ class BusyTests(unittest.TestCase):
                         except reel.ReelError as e:
                             outcomes.append(e.code)
 
-                ts = [threading.Thread(target=one) for _ in range(5)]
+                # Two long GENs take the worker's one slot and the queue's one
+                # place; only once STATUS shows both taken do three more go
+                # out, so each of those is BUSY however fast or slow the
+                # machine (five at once, of 300 steps each, hoped the first
+                # would still run when the others arrived)
+                ts = [threading.Thread(target=one, args=(6000,)) for _ in range(2)]
                 for t in ts:
                     t.start()
+                with reel.Client(cl.ce, timeout=10) as c:
+                    end = time.monotonic() + 60
+                    while time.monotonic() < end:
+                        st = c.status()
+                        if st.get("queue") == 1 and sum(w.get("inflight", 0) for w in st["workers"]) == 1:
+                            break
+                        time.sleep(0.02)
+                    self.assertEqual((st.get("queue"), sum(w.get("inflight", 0) for w in st["workers"])), (1, 1), st)
+                more = [threading.Thread(target=one, args=(2,)) for _ in range(3)]
+                for t in more:
+                    t.start()
+                    t.join(120)
                 for t in ts:
                     t.join(120)
-                self.assertGreaterEqual(outcomes.count("busy"), 1, outcomes)
-                self.assertGreaterEqual(outcomes.count("ok"), 1, outcomes)
-                self.assertEqual(len(outcomes), 5)
+                self.assertEqual(sorted(outcomes), ["busy", "busy", "busy", "ok", "ok"], outcomes)
             finally:
                 cl.stop()
         finally:
