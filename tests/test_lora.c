@@ -1058,6 +1058,66 @@ START_TEST(test_dora_reloads_and_the_base_again_is_the_base_bitwise) {
 }
 END_TEST
 
+/* The worker's edit for an adapter sync (worker/wrk_sync.c): the weights
+ * either adapter targets are re-read from the base, the next one merged. */
+typedef struct {
+    const lora_t *next, *prev;
+} sync_pair_t;
+static bool sync_want(void *user, const char *name) {
+    const sync_pair_t *p = user;
+    return lora_find(p->next, name) || (p->prev && lora_find(p->prev, name));
+}
+static int sync_adjust(void *user, const char *name, float *w, int64_t numel) {
+    return lora_merge_into(((const sync_pair_t *)user)->next, name, w, numel);
+}
+
+/* A sync from one DoRA adapter to another: DoRA's factor depends on the
+ * weight it scales, so the second must be merged onto the base, never
+ * onto the first's merged rows; the result is bitwise a first load with
+ * the second, whichever came before (also their shared targets). */
+START_TEST(test_dora_after_dora_merges_from_the_base) {
+    static const char *const two[] = { "self_attn.q", "self_attn.k" };
+    static const char *const three[] = { "self_attn.k", "cross_attn.o", "ffn.0" };
+    char wpath[128];
+    snprintf(wpath, sizeof wpath, "%s/wdd.safetensors", dir);
+    ts_tiny_weights(4, wpath);
+    st_file_t *f;
+    TS_NEW(f = st_open(wpath));
+    kern_backend_t *b;
+    TS_NEW(b = kern_backend_cpu_new());
+    lora_t *x, *z;
+    TS_NEW(x = lora_open(make_dora("ddx", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", two, 2, 4, 700,
+                                   ".lora_magnitude_vector", 0, NULL)));
+    TS_NEW(z = lora_open(make_dora("ddz", CFG(2, 4, ", \"use_dora\": true"), "base_model.model.", three, 3, 2, 800,
+                                   ".lora_magnitude_vector", 0, NULL)));
+    TS_OK(lora_check(x, &tiny));
+    TS_OK(lora_check(z, &tiny));
+    tdit_weight_edit_t all_z = lora_edit(z, false), all_x = lora_edit(x, false);
+    tdit_model_t *ref_z, *ref_x, *m;
+    TS_NEW(ref_z = tdit_model_load_edit(b, f, KERN_F32, &all_z));
+    TS_NEW(ref_x = tdit_model_load_edit(b, f, KERN_F32, &all_x));
+    TS_NEW(m = tdit_model_load(b, f, KERN_F32));
+    size_t bytes = tdit_model_bytes(m);
+    sync_pair_t px = { x, NULL }, pz = { z, x }, px2 = { x, z };
+    tdit_weight_edit_t ex = { sync_want, sync_adjust, &px }, ez = { sync_want, sync_adjust, &pz },
+                       ex2 = { sync_want, sync_adjust, &px2 };
+    for (int round = 0; round < 3; round++) {
+        TS_OK(tdit_model_reload_edit(m, f, round ? &ex2 : &ex));
+        ck_assert_msg(!memcmp(tdit_model_weights(m), tdit_model_weights(ref_x), bytes), "round %d: x", round);
+        TS_OK(tdit_model_reload_edit(m, f, &ez));
+        ck_assert_msg(!memcmp(tdit_model_weights(m), tdit_model_weights(ref_z), bytes),
+                      "round %d: DoRA z after DoRA x is not z on the base", round);
+    }
+    tdit_model_destroy(&m);
+    tdit_model_destroy(&ref_x);
+    tdit_model_destroy(&ref_z);
+    lora_close(&x);
+    lora_close(&z);
+    kern_backend_destroy(&b);
+    st_close(&f);
+}
+END_TEST
+
 START_TEST(test_dora_refusals_name_their_cause) {
     static const char *const two[] = { "self_attn.q", "self_attn.k" };
     const char *vec = ".lora_magnitude_vector";
@@ -1161,6 +1221,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_dora_merges_as_peft_scales_each_row_to_its_magnitude);
     tcase_add_test(tc, test_dora_reloads_and_the_base_again_is_the_base_bitwise);
     tcase_add_test(tc, test_dora_refusals_name_their_cause);
+    tcase_add_test(tc, test_dora_after_dora_merges_from_the_base);
     suite_add_tcase(s, tc);
     return s;
 }
