@@ -258,7 +258,8 @@ static void adapter_parse(sync_op_t *op, const char *text, size_t n, const char 
  * a path: under the roots, regular files, judged by size first, read
  * once and hashed as read), checked against the model; or, with no path,
  * the base again (its sha256 is the base's). What the adapter has wrong
- * (DoRA, an unknown target, a shape) is answered by name. */
+ * (kohya's DoRA, a PEFT DoRA row of norm 0 on the base, an unknown
+ * target, a shape) is answered by name. */
 static int adapter_read(sync_op_t *op, const wrk_fetch_src_t *src) {
     wrk_t *w = op->w;
     const msg_sync_t *m = op->m;
