@@ -80,8 +80,8 @@ static const char *const roll_sql[S_COUNT] = {
                " WHERE excluded.t >= key_texts.t",
     [S_SLOW_LOAD] = "SELECT count(*), min(seconds) FROM slow_requests WHERE hour = ?1",
     [S_SLOW_ADD] = "INSERT INTO slow_requests (hour, id, worker, key_hash, version, steps, captured,"
-                   " replayed, eager, seconds, status, t, capture_key, eager_reasons, error, started) VALUES"
-                   " (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                   " replayed, eager, seconds, status, t, capture_key, eager_reasons, error, started, broker_id)"
+                   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     [S_SLOW_TRIM] = "DELETE FROM slow_requests WHERE rowid = (SELECT rowid FROM slow_requests"
                     " WHERE hour = ?1 ORDER BY seconds, rowid LIMIT 1)",
 };
@@ -254,7 +254,8 @@ static int slow_add(cat_t *c, const cat_request_t *q) {
             cat_bind_text(s, 13, q->capture_key && *q->capture_key ? q->capture_key : NULL) |
             cat_bind_text(s, 14, q->eager_reasons && *q->eager_reasons ? q->eager_reasons : NULL) |
             cat_bind_text(s, 15, q->error && *q->error ? q->error : NULL) |
-            (isfinite(q->started) ? sqlite3_bind_double(s, 16, q->started) : sqlite3_bind_null(s, 16));
+            (isfinite(q->started) ? sqlite3_bind_double(s, 16, q->started) : sqlite3_bind_null(s, 16)) |
+            sqlite3_bind_int64(s, 17, (sqlite3_int64)q->broker_id);
     if (step_done(c, s, b, "slowest requests") != 0) return -1;
     if (r->slow_n + 1 > SLOW_PER_HOUR) {
         if (!(s = stmt(c, S_SLOW_TRIM))) return -1;

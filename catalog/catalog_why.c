@@ -58,15 +58,16 @@ static const char find_sql[] =
 /* An id no client gave: the broker's id of a request (REQUEST's, the one
  * its worker's log names), unique to it. */
 static const char by_broker_sql[] =
-    "SELECT id, worker FROM requests WHERE broker_id = ?1 AND (?2 IS NULL OR worker = ?2) ORDER BY rowid DESC"
-    " LIMIT 1";
+    "SELECT id, worker FROM (SELECT id, worker, t FROM requests WHERE broker_id = ?1 AND (?2 IS NULL OR worker = ?2)"
+    " UNION ALL SELECT id, worker, t FROM slow_requests WHERE broker_id = ?1 AND (?2 IS NULL OR worker = ?2))"
+    " ORDER BY t DESC LIMIT 1";
 /* Retention keeps each hour's slowest requests when it prunes the raw
  * rows; they lack the time split and the batching (null, not 0). */
 static const char find_slow_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
     " NULL AS encode_seconds, NULL AS decode_seconds, NULL AS batched_steps, NULL AS batch_rows,"
-    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key, error, started FROM slow_requests"
-    " WHERE id = ?1 AND (?2 IS NULL OR worker = ?2) ORDER BY t DESC LIMIT 1";
+    " NULL AS padded_rows, NULL AS mean_batch, key_hash, capture_key, error, started, broker_id FROM slow_requests"
+    " WHERE id = ?1 AND (?2 IS NULL OR worker = ?2) AND (?3 IS NULL OR broker_id = ?3) ORDER BY t DESC LIMIT 1";
 static const char count_sql[] =
     "SELECT (SELECT count(*) FROM requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)) AS here,"
     " (SELECT count(*) FROM slow_requests WHERE id = ?1 AND (?2 IS NULL OR worker = ?2)) AS slow,"
@@ -426,7 +427,7 @@ static json_t *build_why(cat_t *c, long long id, const char *worker) {
     const char *source = "requests";
     bool by_broker = false;
     if (!(counts = run_one(c, count_sql, find))) goto done;
-    if (integer(counts, "any") == 0) {
+    if (integer(counts, "any") == 0 && id > 0) { /* a broker's ids start above 0 */
         json_t *alt = run_one(c, by_broker_sql, find);
         if (!alt) goto done;
         if (json_is_integer(json_object_get(alt, "id"))) {

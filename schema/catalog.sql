@@ -360,5 +360,7 @@ ALTER TABLE workers ADD COLUMN boot TEXT;
 
 -- Migration 17: the broker's id of a request (REQUEST's id, the one its
 -- worker's log names; `id` is the client's), so `reelctl why` finds a
--- request by either. NULL for rows from before it.
+-- request by either; the slowest requests keep it. NULL for rows from
+-- before it.
 ALTER TABLE requests ADD COLUMN broker_id INTEGER;
+ALTER TABLE slow_requests ADD COLUMN broker_id INTEGER;

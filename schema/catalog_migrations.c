@@ -436,8 +436,10 @@ const char cat_schema_v16_sql[] = "ALTER TABLE requests ADD COLUMN started REAL;
 
 /* Migration 17: the broker's id of a request (REQUEST's id, the one its
  * worker's log names; the client's id is `id`), so `reelctl why` finds a
- * request by either. NULL for rows from before it. */
-const char cat_schema_v17_sql[] = "ALTER TABLE requests ADD COLUMN broker_id INTEGER;\n";
+ * request by either; the slowest requests keep it. NULL for rows from
+ * before it. */
+const char cat_schema_v17_sql[] = "ALTER TABLE requests ADD COLUMN broker_id INTEGER;\n"
+                                  "ALTER TABLE slow_requests ADD COLUMN broker_id INTEGER;\n";
 
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,

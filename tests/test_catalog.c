@@ -1685,11 +1685,15 @@ END_TEST
 #define WHY_A2 "00000000000000a2" /* the same graph at v2 */
 #define WHY_SHARD "5555555555555555"
 
+/* The broker's id of the history's requests (REQUEST's, the one a
+ * worker's log names): no client's id. */
+#define WHY_BROKER_ID(id) (7000000u + (uint64_t)(id))
+
 /* One ok request of w's capture key ck ending at t. */
 static void why_request(cat_t *c, uint64_t id, const char *w, uint64_t version, int captured, int replayed,
                         int eager, double seconds, const char *ck, const char *why, double t) {
     TS_OK(cat_request(c, id, w, WHY_SHARD, version, captured + replayed + eager, captured, replayed, eager, seconds,
-                      "ok", 0.01, 0.02, 0, 0, 0, ck, why, NULL, NAN, 0, t));
+                      "ok", 0.01, 0.02, 0, 0, 0, ck, why, NULL, NAN, WHY_BROKER_ID(id), t));
 }
 
 /* The history the why tests read: on w0 the key is captured by its first
@@ -2129,6 +2133,15 @@ START_TEST(test_why_reads_the_slowest_requests_once_retention_pruned_the_raw_row
     ck_assert_str_eq(jstr(j, "source"), "slow_requests");
     ck_assert(json_is_null(json_object_get(json_object_get(j, "request"), "encode_seconds")));
     ck_assert_str_eq(jstr(json_object_get(j, "request"), "capture_key"), WHY_A1);
+    ck_assert(!json_is_true(json_object_get(j, "by_broker_id")));
+    json_decref(j);
+    /* ... and by the broker's id, which the slowest requests keep */
+    j = why_ok(c, (long long)WHY_BROKER_ID(4), NULL);
+    ck_assert_str_eq(jstr(j, "source"), "slow_requests");
+    ck_assert(json_is_true(json_object_get(j, "by_broker_id")));
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "request"), "id")), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "request"), "broker_id")),
+                     (json_int_t)WHY_BROKER_ID(4));
     json_decref(j);
     cat_close(&c);
 }
