@@ -270,6 +270,31 @@ else bad "trainer sync"; show "$D/alicesync.err"; fi
 wait_sql "select group_concat(key_name || ':' || role || ':' || substr(outcome, 1, 8), ',') from (select * from audit order by id)" \
     "bob:client:denied: ,alice:trainer:accepted,alice:trainer:resend" 60 &&
     ok "the audit table: bob denied, alice accepted, alice resent" || bad "audit rows"
+# A client key that floods forbidden SYNCs and UPLOADs (never reading):
+# each is logged, audited and answered within the peer's budget for bad
+# messages (20 at once, then 10 a second), the rest only counted. Before:
+# every one wrote a log line (its path whole) and a kept audit row, never
+# pruned (20,000 SYNCs in 0.13 s: 22 MB of log, 18 MB of audit rows).
+long_path="/w/$(printf '%0900d' 0)"
+sup0=$(with alice "$R" status --broker "$CE" --json | sed -n 's/.*"replies_suppressed":\([0-9]*\).*/\1/p')
+lines0=$(grep -c "from bob refused" "$D/broker.log")
+rows0=$(/usr/bin/sqlite3 "$DB" "select count(*) from audit where key_name = 'bob'")
+peer bob "$CE" 2 --repeat 1000 \
+    "{\"type\":\"SYNC\",\"id\":7,\"component\":\"transformer\",\"version\":9,\"sha256\":\"$(printf 'ab%.0s' $(seq 32))\",\"path\":\"$long_path\"}" \
+    '{"type":"UPLOAD","id":8,"component":"transformer","version":9,"sha256":"'"$(printf 'ab%.0s' $(seq 32))"'","size":1,"offset":0}' \
+    >"$D/bobflood.out"
+with bob gen "$D/gflood" || { bad "bob still generates after his flood"; show "$D/gflood.err"; }
+sup1=$(with alice "$R" status --broker "$CE" --json | sed -n 's/.*"replies_suppressed":\([0-9]*\).*/\1/p')
+lines1=$(grep -c "from bob refused" "$D/broker.log")
+sleep 0.5 # the catalog writes in batches: a row past the budget would show by now
+rows1=$(/usr/bin/sqlite3 "$DB" "select count(*) from audit where key_name = 'bob'")
+ans=$(grep -c "^ERROR forbidden" "$D/bobflood.out")
+if [ $((lines1 - lines0)) -le 60 ] && [ $((rows1 - rows0)) -le 60 ] && [ "$ans" -le 60 ] && [ "$ans" -ge 20 ] &&
+    [ $((sup1 - sup0)) -ge 1900 ]; then
+    ok "a client key's 2000 forbidden SYNCs/UPLOADs: $((lines1 - lines0)) log lines, $((rows1 - rows0)) audit rows, $ans answers, $((sup1 - sup0)) counted suppressed"
+else
+    bad "a flood of forbidden SYNCs: $((lines1 - lines0)) log lines, $((rows1 - rows0)) audit rows, $ans answers, $((sup1 - sup0)) suppressed"
+fi
 
 echo "== a worker's name is bound to its key; no handover"
 stop_proc "$PID_w1" || bad "w1 stops on SIGTERM"

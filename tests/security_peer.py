@@ -2,9 +2,10 @@
 attacker (or a buggy peer) on the same network can send, byte for byte.
 
     security_peer.py --endpoint EP [--id ROUTING_ID] [--key K --broker-key B]
-                     [--for SECONDS] [--answered] [--heartbeat] [HEADER_JSON ...]
+                     [--for SECONDS] [--answered] [--heartbeat] [--repeat N] [HEADER_JSON ...]
 
 Connects a DEALER (with CURVE when keys are given), sends each header
+(the list N times over with --repeat N)
 (a JSON object; "proto" is added; integers may be any size, so a version
 of 2**64-1 goes out as msgpack uint64), then listens for SECONDS, sending
 HEARTBEAT every 200 ms with --heartbeat, and prints one line per message
@@ -41,6 +42,7 @@ def main():
     ap.add_argument("--for", dest="secs", type=float, default=1.0)
     ap.add_argument("--heartbeat", action="store_true")
     ap.add_argument("--answered", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="send the headers this many times over (a flood)")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
     guard(a.secs)
@@ -59,7 +61,7 @@ def main():
         s.curve_publickey = mine["public-key"].encode()
         s.curve_secretkey = mine["secret-key"].encode()
     s.connect(a.endpoint)
-    for h in a.headers:
+    for h in a.headers * a.repeat:
         hdr = json.loads(h)
         hdr["proto"] = "reel/1"
         try:
