@@ -147,13 +147,14 @@ static const char *handshake_hint(reel_client_t *c) {
         snprintf(c->hint, sizeof c->hint, "%s", c->curve.on
                  ? "; the handshake failed: this client has CURVE keys and the broker runs without any"
                  : "; the handshake failed: the broker requires CURVE keys and this client has none (set REEL_KEY "
-                   "and REEL_BROKER_KEY: docs/SECURITY.md)");
+                   "and REEL_BROKER_KEY, or --key and --broker-key: docs/SECURITY.md)");
     else if (c->hs_kind == HS_CLOSED && c->curve.on)
         snprintf(c->hint, sizeof c->hint, "; the broker closed every CURVE handshake: the broker key given "
-                 "(REEL_BROKER_KEY) is probably not its public key");
+                 "(--broker-key or REEL_BROKER_KEY) is probably not its public key");
     else if (c->hs_kind == HS_CLOSED) /* a keyless broker takes a keyless client: one that requires keys hangs up first */
         snprintf(c->hint, sizeof c->hint, "; the broker closed every handshake: it probably requires CURVE keys and "
-                 "this client has none (set REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)");
+                 "this client has none (set REEL_KEY and REEL_BROKER_KEY, or --key and --broker-key: "
+                 "docs/SECURITY.md)");
     return c->hint;
 }
 
