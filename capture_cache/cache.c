@@ -248,7 +248,10 @@ void cap_evict(cap_cache_t *c, entry_t *e, cap_evict_reason_t r, evq_t *q, const
     if (e->doomed) return; /* evicted already (counted then); freed when its dispatch ends */
     cap_evq_push(q, CAP_EV_EVICT, r, e, e->ws_bytes + e->graph_bytes, 0, 0, comp, from, to);
     c->st.evictions[r]++;
-    if (!e->graph) c->st.graphless_evictions[r]++;
+    /* A graph counts once published (admitted, its CAPTURE counted): one
+     * still being verified when its entry goes (another thread's eviction
+     * or sync) is destroyed by its capture, which never counts it. */
+    if (!e->admitted) c->st.graphless_evictions[r]++;
     if (e->in_use) {
         e->doomed = true;
         e->doom_reason = r;

@@ -170,8 +170,9 @@ typedef struct {
                                  * during the callback only */
     uint64_t from_version, to_version;
     bool graph;                 /* EVICT: the entry held a graph (its CAPTURE came before);
-                                 * false for one evicted while warming up or that only ran
-                                 * eager (its workspace alone is freed) */
+                                 * false for one evicted while warming up, that only ran
+                                 * eager, or whose graph was still being captured or
+                                 * verified (never published: its workspace alone is freed) */
 } cap_event_t;
 
 typedef void (*cap_event_fn)(void *user, const cap_event_t *ev);

@@ -79,7 +79,7 @@ void cap_evq_push(evq_t *q, cap_event_kind_t kind, int reason, const entry_t *e,
     else x->comp[0] = 0;
     x->ev.from_version = from;
     x->ev.to_version = to;
-    x->ev.graph = kind == CAP_EV_EVICT && e->graph;
+    x->ev.graph = kind == CAP_EV_EVICT && e->admitted; /* published: its CAPTURE came before (cap_evict) */
 }
 
 void cap_evq_flush(cap_cache_t *c, evq_t *q) {

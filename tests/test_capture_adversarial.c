@@ -1,0 +1,1439 @@
+/* test_capture_adversarial.c -- an outside evaluator's battery against the
+ * capture cache (capture_cache/cache.h, docs/CAPTURE.md), on the CPU
+ * backend: every test tries to make a replay return something an eager run
+ * of the same inputs would not, or to corrupt or leak the cache's state,
+ * and asserts what the doc promises (where it is silent, what a serious
+ * tool must do; each such test says so).
+ *
+ * The step under test (its own harness, not test_capture_cache.c's):
+ *     y = latent + context;  y += w · latent     (w: component "wA")
+ * latent is copied, context pinnable, y the one output. A per-user hook
+ * runs at the top of every launch (eager or captured; never during a
+ * replay, which runs the recorded kernels only), so a test can land an
+ * eviction or a failure at a chosen point of a call. Every output is
+ * compared bitwise with the step run once on a fresh workspace outside any
+ * cache. Teardown checks that no backend memory is left allocated. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "capture_cache/cache.h"
+#include "capture_cache/key.h"
+#include "kernels/backend.h"
+#include "kernels/backend_impl.h" /* kern_stream_launch: the test kernels */
+#include "kernels/ops.h"
+#include "tests/support.h"
+
+#define W 64                /* floats in the weight buffer: the widest row */
+#define MAXN (64 * 64)      /* the most floats a tensor of the step holds */
+
+/* ---- the step ------------------------------------------------------------- */
+
+typedef struct user user_t;
+typedef void (*hook_fn)(user_t *u, kern_stream_t *s);
+
+struct user {
+    float *w;                   /* the resident weights, W floats (backend memory) */
+    hook_fn hook;               /* at the top of each launch; NULL: none */
+    int capture_fail_after;     /* > 0: a capture fails after recording that many kernels */
+    atomic_int replay_fail;     /* n > 0: the n-th next execution of fail_kernel fails (eager or
+                                 * replayed; a capture only records it) */
+    bool add_const;             /* y += the call's constant 0 */
+    int ws_fail_code;           /* != 0: ws_new fails with this code (once) */
+    atomic_int launches, capturing_launches;
+    void *aux;                  /* a test's own */
+};
+
+typedef struct {
+    kern_backend_t *b;
+    kern_tensor_t x, ctx, y;
+} ws_t;
+
+typedef struct { atomic_int *flag; } fail_args_t;
+typedef struct { float *y; int64_t n; double v; } bias_args_t;
+
+/* Counts *flag down while it is > 0 and fails the execution that takes it
+ * to 0: what a kernel fault at run time looks like, in a replay as in an
+ * eager run. */
+static int fail_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const fail_args_t *a = args;
+    int v = atomic_load(a->flag);
+    while (v > 0 && !atomic_compare_exchange_weak(a->flag, &v, v - 1)) {
+    }
+    return v == 1 ? reel_fail(REEL_E_DEVICE, "injected kernel fault") : 0;
+}
+
+static int bias_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const bias_args_t *a = args;
+    for (int64_t i = 0; i < a->n; i++) a->y[i] = (float)(a->y[i] + a->v);
+    return 0;
+}
+
+static void step_ws_free(void *user, void *ws_) {
+    (void)user;
+    ws_t *ws = ws_;
+    if (!ws) return;
+    kern_free(ws->b, ws->x.data);
+    kern_free(ws->b, ws->ctx.data);
+    kern_free(ws->b, ws->y.data);
+    free(ws);
+}
+
+static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
+    user_t *u = user;
+    if (u && u->ws_fail_code) {
+        int code = u->ws_fail_code;
+        u->ws_fail_code = 0;
+        reel_fail((reel_code_t)code, "injected workspace failure");
+        return NULL;
+    }
+    if (key->n_inputs < 2) {
+        reel_fail(REEL_E_INVALID, "adversarial step: the key needs two inputs");
+        return NULL;
+    }
+    const cap_sig_t *a = &key->inputs[0], *c = &key->inputs[1];
+    if (a->ndim < 1 || a->shape[a->ndim - 1] > W) {
+        reel_fail(REEL_E_INVALID, "adversarial step: rows wider than %d", W);
+        return NULL;
+    }
+    ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) {
+        reel_fail(REEL_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    ws->b = kern_stream_backend(s);
+    ws->x = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
+    ws->ctx = kern_tensor_alloc(ws->b, c->dtype, c->ndim, c->shape);
+    ws->y = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
+    if (!ws->x.data || !ws->ctx.data || !ws->y.data) {
+        step_ws_free(user, ws);
+        reel_fail(REEL_E_NOMEM, "adversarial step: workspace");
+        return NULL;
+    }
+    return ws;
+}
+
+static size_t step_ws_bytes(void *user, const void *ws_) {
+    (void)user;
+    const ws_t *ws = ws_;
+    return kern_tensor_bytes(&ws->x) + kern_tensor_bytes(&ws->ctx) + kern_tensor_bytes(&ws->y);
+}
+
+static size_t step_ws_size(void *user, const cap_key_t *key) {
+    (void)user;
+    int64_t a = 1, c = 1;
+    for (int d = 0; d < key->inputs[0].ndim; d++) a *= key->inputs[0].shape[d];
+    for (int d = 0; d < key->inputs[1].ndim; d++) c *= key->inputs[1].shape[d];
+    return (size_t)(2 * a + c) * kern_dtype_size(key->inputs[0].dtype);
+}
+
+static kern_tensor_t *step_input(void *user, void *ws_, int i) {
+    (void)user;
+    ws_t *ws = ws_;
+    return i == 0 ? &ws->x : &ws->ctx;
+}
+
+static kern_tensor_t *step_output(void *user, void *ws_, int i) {
+    (void)user;
+    (void)i;
+    return &((ws_t *)ws_)->y;
+}
+
+static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_consts, kern_stream_t *s) {
+    user_t *u = user;
+    ws_t *ws = ws_;
+    bool cap = kern_stream_is_capturing(s);
+    u->launches++;
+    if (cap) u->capturing_launches++;
+    if (u->hook) u->hook(u, s);
+    int64_t D = ws->x.shape[ws->x.ndim - 1];
+    kern_tensor_t gate = kern_tensor_make(u->w, KERN_F32, kern_backend_device(ws->b), 1, &D);
+    fail_args_t fa = { &u->replay_fail };
+    if (kern_stream_launch(s, fail_kernel, &fa, sizeof fa) != 0) return -1;
+    if (kern_add(s, &ws->x, &ws->ctx, &ws->y) != 0) return -1;
+    if (cap && u->capture_fail_after > 0) {
+        /* Midway: kernels were recorded, and the capture is left open. */
+        u->capture_fail_after = 0;
+        return reel_fail(REEL_E_DEVICE, "injected: the capture failed midway");
+    }
+    if (kern_gated_residual(s, &ws->y, &ws->x, &gate) != 0) return -1;
+    if (u->add_const && n_consts > 0) {
+        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y),
+                          consts[0].type == CAP_CONST_F64 ? consts[0].v.f : (double)consts[0].v.i };
+        if (kern_stream_launch(s, bias_kernel, &a, sizeof a) != 0) return -1;
+    }
+    return 0;
+}
+
+static int step_weights(void *user, cap_weight_t *out, int max) {
+    user_t *u = user;
+    if (max >= 1) out[0] = (cap_weight_t){ u->w, W * sizeof(float), KERN_F32, 0 };
+    return 1;
+}
+
+static const cap_program_t PROG = {
+    .name = "adv", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+};
+
+/* The same step stating its workspace size before allocating it. */
+static const cap_program_t PROG_SIZED = {
+    .name = "adv_sized", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
+    .input = step_input, .output = step_output, .launch = step_launch,
+    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+};
+
+/* ---- fixture -------------------------------------------------------------- */
+
+#define MAX_STREAMS 8
+static kern_backend_t *B;
+static kern_stream_t *S;
+static kern_stream_t *XS[MAX_STREAMS];
+static cap_cache_t *C;
+static float *WA;
+static user_t U;
+static uint64_t rng;
+
+typedef struct {
+    cap_event_kind_t kind;
+    int reason;
+    uint64_t hash;
+    bool graph;
+    size_t bytes;
+} rec_t;
+#define MAX_REC 8192
+static rec_t recs[MAX_REC];
+static int n_recs, recs_lost;
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Called by on_event after recording (a test's re-entrant callback). */
+static void (*g_event_hook)(const cap_event_t *ev);
+
+static void on_event(void *user, const cap_event_t *ev) {
+    (void)user;
+    pthread_mutex_lock(&rec_mu);
+    if (n_recs < MAX_REC) recs[n_recs++] = (rec_t){ ev->kind, ev->reason, ev->key_hash, ev->graph, ev->bytes };
+    else recs_lost++;
+    pthread_mutex_unlock(&rec_mu);
+    if (g_event_hook) g_event_hook(ev);
+}
+
+static void on_log(void *user, int level, const char *msg) {
+    (void)user;
+    (void)level;
+    (void)msg;
+}
+
+static int count_recs(cap_event_kind_t kind, int reason) {
+    int n = 0;
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++)
+        if (recs[i].kind == kind && (reason < 0 || recs[i].reason == reason)) n++;
+    pthread_mutex_unlock(&rec_mu);
+    return n;
+}
+
+static uint64_t next_u64(uint64_t *st) {
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_st(uint64_t *st, float *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = -1.f + 2.f * (float)((double)(next_u64(st) >> 40) / (double)(1ull << 24));
+}
+static void fill(float *p, size_t n) { fill_st(&rng, p, n); }
+
+static kern_stream_t *extra_stream(void) {
+    for (int i = 0; i < MAX_STREAMS; i++)
+        if (!XS[i]) {
+            XS[i] = kern_stream_new(B);
+            ck_assert_msg(XS[i] != NULL, "stream: %s", reel_err_text());
+            return XS[i];
+        }
+    ck_abort_msg("too many streams");
+    return NULL;
+}
+
+static void setup(void) {
+    B = kern_backend_cpu_new();
+    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
+    S = kern_stream_new(B);
+    ck_assert_msg(S != NULL, "stream: %s", reel_err_text());
+    memset(XS, 0, sizeof XS);
+    C = NULL;
+    g_event_hook = NULL;
+    n_recs = recs_lost = 0;
+    rng = 0xad5e75a1ull;
+    WA = kern_alloc(B, W * sizeof(float));
+    ck_assert_ptr_nonnull(WA);
+    fill(WA, W);
+    memset(&U, 0, sizeof U);
+    U.w = WA;
+}
+
+static void teardown(void) {
+    cap_cache_destroy(&C);
+    kern_free(B, WA);
+    for (int i = 0; i < MAX_STREAMS; i++) kern_stream_destroy(&XS[i]);
+    kern_stream_destroy(&S);
+    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu backend bytes leaked", kern_bytes_in_use(B));
+    kern_backend_destroy(&B);
+}
+
+static cap_options_t opts(void) {
+    cap_options_t o = cap_options_default();
+    o.on_event = on_event;
+    o.log = on_log;
+    return o;
+}
+
+static cap_cache_t *new_cache(const cap_options_t *o) {
+    cap_cache_t *c = cap_cache_new(B, o);
+    ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
+    TS_OK(cap_component_register(c, "wA", WA, W * sizeof(float), 1));
+    return c;
+}
+
+static cap_stats_t stats(void) {
+    cap_stats_t st;
+    cap_cache_stats(C, &st);
+    return st;
+}
+
+/* captures - graph evictions is the graphs held (docs/CAPTURE.md, "Decline
+ * reasons and events"), by the counters and by the events alike. */
+static void expect_graph_accounting(const char *what) {
+    cap_stats_t st = stats();
+    ck_assert_msg(st.captures - cap_graph_evictions(&st, -1) == st.graphs,
+                  "%s: captures %llu - graph evictions %llu != graphs held %zu", what,
+                  (unsigned long long)st.captures, (unsigned long long)cap_graph_evictions(&st, -1), st.graphs);
+    if (recs_lost) return;
+    int caps = count_recs(CAP_EV_CAPTURE, -1), graph_evicts = 0, graphless = 0, evicts = 0;
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++)
+        if (recs[i].kind == CAP_EV_EVICT) {
+            evicts++;
+            if (recs[i].graph) graph_evicts++;
+            else graphless++;
+        }
+    pthread_mutex_unlock(&rec_mu);
+    uint64_t ev_total = 0, gl_total = 0;
+    for (int r = 0; r < CAP_EVICT_COUNT; r++) {
+        ev_total += st.evictions[r];
+        gl_total += st.graphless_evictions[r];
+    }
+    ck_assert_msg((uint64_t)caps == st.captures, "%s: %d CAPTURE events, %llu captures counted", what, caps,
+                  (unsigned long long)st.captures);
+    ck_assert_msg((uint64_t)evicts == ev_total && (uint64_t)graphless == gl_total,
+                  "%s: %d EVICT events (%d graphless), counters say %llu (%llu graphless)", what, evicts, graphless,
+                  (unsigned long long)ev_total, (unsigned long long)gl_total);
+    ck_assert_msg((size_t)(caps - graph_evicts) == st.graphs, "%s: %d CAPTURE - %d graph EVICT events != %zu graphs",
+                  what, caps, graph_evicts, st.graphs);
+}
+
+/* ---- keys and calls ----------------------------------------------------------- */
+
+static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, uint64_t ver) {
+    cap_key_t k;
+    memset(&k, 0, sizeof k);
+    snprintf(k.device, sizeof k.device, "%s", kern_backend_device_name(B));
+    snprintf(k.arch, sizeof k.arch, "%s", kern_backend_arch(B));
+    snprintf(k.model, sizeof k.model, "%s", model);
+    snprintf(k.loop, sizeof k.loop, "euler");
+    int64_t shape[2] = { rows, cols };
+    TS_OK(cap_key_add_input(&k, "latent", KERN_F32, 2, shape));
+    TS_OK(cap_key_add_input(&k, "context", KERN_F32, 2, shape));
+    TS_OK(cap_key_add_component(&k, "wA", ver));
+    k.graph.dtype = KERN_F32;
+    snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
+    snprintf(k.graph.expert, sizeof k.graph.expert, "-");
+    snprintf(k.graph.sched, sizeof k.graph.sched, "f32");
+    return k;
+}
+
+static kern_tensor_t ht(float *p, int64_t rows, int64_t cols) {
+    int64_t shape[2] = { rows, cols };
+    return kern_tensor_make(p, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+}
+
+typedef struct {
+    const cap_program_t *prog;
+    user_t *u;
+    cap_key_t key;
+    int64_t rows, cols, n;
+    float x[MAXN], ctx[MAXN], out[MAXN];
+    kern_tensor_t in[2], out_t;
+    cap_const_t consts[1];
+    int n_consts;
+    bool prewarm;
+} req_t;
+
+static void req_init(req_t *r, user_t *u, const char *model, int64_t rows, int64_t cols) {
+    memset(r, 0, sizeof *r);
+    ck_assert_int_le(rows * cols, MAXN);
+    r->prog = &PROG;
+    r->u = u;
+    r->key = make_key(model, rows, cols, 1);
+    r->rows = rows;
+    r->cols = cols;
+    r->n = rows * cols;
+    fill(r->x, (size_t)r->n);
+    fill(r->ctx, (size_t)r->n);
+    r->in[0] = ht(r->x, rows, cols);
+    r->in[1] = ht(r->ctx, rows, cols);
+    r->out_t = ht(r->out, rows, cols);
+}
+
+static int req_try_on(cap_cache_t *c, kern_stream_t *s, req_t *r, cap_result_t *res) {
+    cap_call_t call = { .key = &r->key, .inputs = r->in, .outputs = &r->out_t, .consts = r->consts,
+                        .n_consts = r->n_consts, .prewarm = r->prewarm };
+    res->ran = (cap_ran_t)-1;
+    res->reason = CAP_DECLINE_COUNT;
+    if (r->out_t.data == r->out) memset(r->out, 0xff, sizeof r->out); /* NaN: a call that writes nothing shows */
+    return cap_dispatch(c, s, r->prog, r->u, &call, res);
+}
+
+static cap_result_t call_on(kern_stream_t *s, req_t *r) {
+    cap_result_t res;
+    int rc = req_try_on(C, s, r, &res);
+    ck_assert_msg(rc == 0, "cap_dispatch: %s", reel_err_text());
+    return res;
+}
+static cap_result_t call(req_t *r) { return call_on(S, r); }
+
+static const char *ran_name(cap_ran_t r) {
+    return r == CAP_RAN_EAGER ? "eager" : r == CAP_RAN_CAPTURED ? "captured" : r == CAP_RAN_REPLAYED ? "replayed" : "?";
+}
+static void expect_ran_(cap_result_t res, cap_ran_t want, const char *what) {
+    ck_assert_msg(res.ran == want, "%s: ran %s (reason %s), expected %s", what, ran_name(res.ran),
+                  res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-", ran_name(want));
+}
+static void expect_eager_(cap_result_t res, cap_reason_t why, const char *what) {
+    ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == why, "%s: ran %s (reason %s), expected eager (%s)", what,
+                  ran_name(res.ran), res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-",
+                  cap_reason_name(why));
+}
+/* Each evaluates its call once. */
+#define EXPECT_RAN(res, want, what) expect_ran_((res), (want), (what))
+#define EXPECT_EAGER(res, why, what) expect_eager_((res), (why), (what))
+
+/* Host tensor, any strides -> contiguous floats. */
+static void gather(const kern_tensor_t *t, float *dst) {
+    int64_t n = kern_tensor_numel(t), idx[KERN_MAX_DIMS] = { 0 };
+    const float *base = kern_tensor_ptr(t);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off = 0;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
+        dst[j] = base[off];
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* The pure eager result of the step on (x, ctx) with weights w, run on a
+ * fresh workspace on stream s, outside any cache. */
+static void eager_ref_on(kern_stream_t *s, const float *w, const cap_key_t *key, const float *x, const float *ctx,
+                         const cap_const_t *consts, int n_consts, float *out) {
+    user_t ru;
+    memset(&ru, 0, sizeof ru);
+    ru.w = (float *)w;
+    ru.add_const = n_consts > 0;
+    ws_t *ws = step_ws_new(&ru, key, s);
+    ck_assert_msg(ws != NULL, "reference workspace: %s", reel_err_text());
+    memcpy(kern_tensor_ptr(&ws->x), x, kern_tensor_bytes(&ws->x));
+    memcpy(kern_tensor_ptr(&ws->ctx), ctx, kern_tensor_bytes(&ws->ctx));
+    ck_assert_msg(step_launch(&ru, ws, consts, n_consts, s) == 0, "reference: %s", reel_err_text());
+    ck_assert_int_eq(kern_stream_sync(s), 0);
+    memcpy(out, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
+    step_ws_free(&ru, ws);
+}
+
+static bool same_bits(const float *a, const float *b, int64_t n, int64_t *where) {
+    for (int64_t j = 0; j < n; j++)
+        if (memcmp(&a[j], &b[j], sizeof(float)) != 0) {
+            if (where) *where = j;
+            return false;
+        }
+    return true;
+}
+
+/* r's output is bitwise the pure eager run on its current inputs (read
+ * through their views), or the test fails. xs/cs: the inputs as they were
+ * when the call was made (NULL: read them now). */
+static void expect_eager_bits_of(req_t *r, const float *xs, const float *cs, const char *what, int i) {
+    static float x[MAXN], c[MAXN], want[MAXN];
+    if (!xs) { gather(&r->in[0], x); xs = x; }
+    if (!cs) { gather(&r->in[1], c); cs = c; }
+    eager_ref_on(S, r->u->w, &r->key, xs, cs, r->consts, r->n_consts, want);
+    const float *got = kern_tensor_ptr(&r->out_t);
+    int64_t j = 0;
+    ck_assert_msg(same_bits(got, want, r->n, &j), "%s %d: element %lld is %.9g, pure eager gives %.9g", what, i,
+                  (long long)j, (double)got[j], (double)want[j]);
+}
+static void expect_eager_bits(req_t *r, const char *what, int i) { expect_eager_bits_of(r, NULL, NULL, what, i); }
+
+/* Warmup (2 calls), capture, one replay; new latent values each call. */
+static void warm_capture_replay(req_t *r) {
+    for (int i = 0; i < 4; i++) {
+        fill(r->x, (size_t)r->n);
+        cap_result_t res = call(r);
+        if (i < 2) EXPECT_EAGER(res, CAP_DECLINE_WARMING_UP, "warmup");
+        else EXPECT_RAN(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "warm_capture_replay");
+        expect_eager_bits(r, "warm_capture_replay", i);
+    }
+}
+
+/* One entry's bytes and one graph's, measured on a scratch cache. */
+static void probe_sizes(int64_t rows, int64_t cols, size_t *entry, size_t *graph) {
+    cap_options_t o = opts();
+    o.on_event = NULL;
+    cap_cache_t *saved = C;
+    C = new_cache(&o);
+    req_t *r = malloc(sizeof *r);
+    user_t pu;
+    memset(&pu, 0, sizeof pu);
+    pu.w = WA;
+    req_init(r, &pu, "adv:probe", rows, cols);
+    warm_capture_replay(r);
+    cap_stats_t st = stats();
+    *entry = st.ws_bytes;
+    *graph = st.graph_bytes;
+    cap_cache_destroy(&C);
+    C = saved;
+    free(r);
+    ck_assert_uint_gt(*entry, 0);
+    ck_assert_uint_gt(*graph, 0);
+}
+
+/* ==== 1. inputs that change under the same key ================================== */
+
+/* Doc: "bind never resizes: an input whose dtype or shape differs from the
+ * static slot makes the call fail ... (counted shape_mismatch)". An input
+ * whose bytes would fit (same byte size, other dtype or dims) must never be
+ * reinterpreted, and the graph must survive for the right calls. */
+START_TEST(test_input_whose_dtype_shape_or_rank_changed_under_its_key_is_refused_never_reinterpreted) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:shape", 8, 8);
+    warm_capture_replay(&r);
+    int64_t s416[2] = { 4, 16 }, s881[3] = { 8, 8, 1 }, s8x16[2] = { 8, 16 }, s64[1] = { 64 };
+    kern_tensor_t bad[5] = {
+        kern_tensor_make(r.ctx, KERN_F32, KERN_DEVICE_HOST, 2, s416),   /* same numel, other dims */
+        kern_tensor_make(r.ctx, KERN_F32, KERN_DEVICE_HOST, 3, s881),   /* same numel, other rank */
+        kern_tensor_make(r.ctx, KERN_BF16, KERN_DEVICE_HOST, 2, s8x16), /* same bytes, other dtype */
+        kern_tensor_make(r.ctx, KERN_F32, KERN_DEVICE_HOST, 1, s64),
+        kern_tensor_make(r.ctx, KERN_F16, KERN_DEVICE_HOST, 2, s8x16),
+    };
+    for (int k = 0; k < 5; k++)
+        for (int which = 0; which < 2; which++) { /* the copied latent and the pinned context */
+            kern_tensor_t keep = r.in[which];
+            r.in[which] = bad[k];
+            r.in[which].data = which ? (void *)r.ctx : (void *)r.x;
+            cap_result_t res;
+            ck_assert_msg(req_try_on(C, S, &r, &res) != 0, "bad input %d in slot %d was accepted", k, which);
+            r.in[which] = keep;
+            ck_assert_msg(r.out[0] != r.out[0], "a refused call wrote its output"); /* still the NaN fill */
+        }
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 10);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.captures, 1);
+    /* The graph is intact for the calls its key declares. */
+    for (int i = 0; i < 3; i++) {
+        fill(r.x, (size_t)r.n);
+        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "after the refusals");
+        expect_eager_bits(&r, "after the refusals", i);
+    }
+    expect_graph_accounting("shape refusals");
+}
+END_TEST
+
+/* A copied input may come with any strides on the host (transposed,
+ * reversed, broadcast): the graph replays its values, never its layout. */
+START_TEST(test_copied_input_with_changing_strides_replays_its_values_not_its_layout) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    static float big[4 * 64 * 64];
+    req_init(&r, &U, "adv:strides", 8, 8);
+    warm_capture_replay(&r);
+    fill(big, sizeof big / sizeof big[0]);
+    kern_tensor_t plain = r.in[0];
+    for (int v = 0; v < 5; v++) {
+        kern_tensor_t t = plain;
+        t.data = big;
+        t.offset = 0;
+        switch (v) {
+        case 0: t.stride[0] = 1; t.stride[1] = 8; break;                      /* transposed */
+        case 1: t.stride[0] = 64; t.stride[1] = 2; break;                     /* every other column of a wide buffer */
+        case 2: t.stride[0] = 0; t.stride[1] = 1; break;                      /* one row broadcast */
+        case 3: t.offset = 56 * sizeof(float); t.stride[0] = -8; t.stride[1] = 1; break; /* rows reversed */
+        case 4: t.offset = 100 * sizeof(float); t.stride[0] = 8; t.stride[1] = 1; break; /* contiguous at an offset */
+        }
+        r.in[0] = t;
+        cap_result_t res = call(&r);
+        EXPECT_RAN(res, CAP_RAN_REPLAYED, "strided latent");
+        expect_eager_bits(&r, "strided latent", v);
+    }
+    r.in[0] = plain;
+    expect_graph_accounting("strides");
+}
+END_TEST
+
+/* ==== 2. pinned inputs ========================================================= */
+
+/* A pinned buffer freed and another allocated at the same address: the
+ * graph reads the address, so it computes with the new contents (what an
+ * eager run of those contents gives); a view of the same address that is
+ * not the pinned layout (offset, strides) is never read as the old one. */
+START_TEST(test_pinned_buffer_refilled_at_the_same_address_replays_the_new_contents) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:pinreuse", 8, 8);
+    warm_capture_replay(&r);
+    ck_assert_uint_gt(stats().bind_bytes_pinned, 0); /* context is read in place */
+    /* "free" and "reallocate" at the same address: new contents, incl. values the old ones never had */
+    for (int i = 0; i < 4; i++) {
+        fill(r.ctx, (size_t)r.n);
+        if (i == 2) for (int j = 0; j < r.n; j++) r.ctx[j] = j % 2 ? INFINITY : -0.f;
+        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "refilled pin");
+        expect_eager_bits(&r, "refilled pin", i);
+    }
+    /* The same bytes seen through another layout at the same base address. */
+    kern_tensor_t pinned = r.in[1];
+    kern_tensor_t tr = pinned;
+    tr.stride[0] = 1;
+    tr.stride[1] = 8;
+    r.in[1] = tr;
+    EXPECT_EAGER(call(&r), CAP_DECLINE_PINNED_INPUT_MOVED, "transposed pin");
+    expect_eager_bits(&r, "transposed pin", 0);
+    /* data one float lower, offset 1: the same first byte, another identity (conservative) */
+    r.in[1] = pinned;
+    r.in[1].data = r.ctx - 1;
+    r.in[1].offset = sizeof(float);
+    call(&r);
+    expect_eager_bits(&r, "re-based pin", 0);
+    r.in[1] = pinned;
+    for (int i = 0; i < 3; i++) {
+        fill(r.ctx, (size_t)r.n);
+        call(&r);
+        expect_eager_bits(&r, "back home", i);
+    }
+    expect_graph_accounting("pin reuse");
+}
+END_TEST
+
+/* ==== 3. aliasing ============================================================== */
+
+/* Outputs aliasing inputs: the latent updated in place (out == latent, the
+ * denoising loop's own pattern), the output written over the pinned context
+ * (doc: mutable_output, never replayed over it), and a partial overlap.
+ * Each step must equal the eager loop on the same sequence. */
+START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    static float x[MAXN], c[MAXN], want[MAXN];
+    /* (a) out == latent: x_{t+1} = step(x_t) */
+    req_init(&r, &U, "adv:alias-x", 8, 8);
+    r.out_t = ht(r.x, 8, 8);
+    for (int i = 0; i < 8; i++) {
+        memcpy(x, r.x, sizeof x);
+        memcpy(c, r.ctx, sizeof c);
+        cap_result_t res = call(&r);
+        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
+        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(r.x, want, r.n, NULL), "in-place latent step %d differs from eager", i);
+        for (int j = 0; j < r.n; j++) r.x[j] *= 0.5f; /* keep it bounded */
+    }
+    /* (b) out == the pinned context: from the first such call on, the
+     * context changes under the graph every step. */
+    req_init(&r, &U, "adv:alias-ctx", 8, 8);
+    warm_capture_replay(&r);
+    r.out_t = ht(r.ctx, 8, 8);
+    for (int i = 0; i < 6; i++) {
+        memcpy(x, r.x, sizeof x);
+        memcpy(c, r.ctx, sizeof c);
+        cap_result_t res = call(&r);
+        if (i == 0) EXPECT_EAGER(res, CAP_DECLINE_MUTABLE_OUTPUT, "output over the pinned context");
+        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(r.ctx, want, r.n, NULL), "output-over-context step %d differs from eager", i);
+        for (int j = 0; j < r.n; j++) r.ctx[j] *= 0.5f;
+    }
+    /* (c) the output overlaps the context's second half and the latent's first */
+    req_init(&r, &U, "adv:alias-part", 4, 8);
+    static float shared[96];
+    fill(shared, 96);
+    r.in[0] = ht(shared + 32, 4, 8); /* latent: [32, 64) */
+    r.in[1] = ht(shared, 4, 8);      /* context: [0, 32) */
+    r.out_t = ht(shared + 16, 4, 8); /* output: [16, 48) */
+    for (int i = 0; i < 8; i++) {
+        memcpy(x, shared + 32, 32 * sizeof(float));
+        memcpy(c, shared, 32 * sizeof(float));
+        call(&r);
+        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(shared + 16, want, 32, NULL), "partially aliased step %d differs from eager", i);
+        for (int j = 0; j < 96; j++) shared[j] *= 0.5f;
+    }
+    ck_assert(cap_cache_invariants(C));
+    expect_graph_accounting("aliasing");
+}
+END_TEST
+
+/* ==== 4. weights ================================================================ */
+
+/* Doc ("What the cache cannot see"): weights rewritten in place without a
+ * versioned update are a caller error, but a graph reads addresses, so it
+ * computes with the new values exactly as eager would; an audit therefore
+ * finds nothing. Checked: every replay equals eager on the new weights,
+ * audits run and pass, no decline. */
+START_TEST(test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_and_audits_pass) {
+    cap_options_t o = opts();
+    o.audit_every = 2;
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:inplace-nosync", 8, 8);
+    warm_capture_replay(&r);
+    for (int i = 0; i < 10; i++) {
+        fill(WA, W); /* behind the cache's back */
+        if (i == 5) for (int j = 0; j < W; j++) WA[j] = j % 3 ? NAN : -INFINITY;
+        fill(r.x, (size_t)r.n);
+        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "replay after a silent rewrite");
+        expect_eager_bits(&r, "silent weights", i);
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_ge(st.audits, 5);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_AUDIT_MISMATCH], 0);
+    ck_assert_uint_eq(st.captures, 1);
+}
+END_TEST
+
+/* ==== 5. special values =========================================================== */
+
+/* NaN (several payloads, both signs), ±Inf, -0 and subnormals in the
+ * inputs, at warmup, at capture (verify compares bits: NaN must not make it
+ * refuse) and at replay; a NaN constant replays as that NaN, while -0.0
+ * after +0.0 or another NaN payload is another constant (bits differ). */
+START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:nan", 8, 8);
+    U.add_const = true;
+    r.n_consts = 1;
+    snprintf(r.consts[0].name, sizeof r.consts[0].name, "shift");
+    r.consts[0].type = CAP_CONST_F64;
+    r.consts[0].v.f = 0.0;
+    const uint32_t specials[] = { 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fc12345u, 0x7f800000u, 0xff800000u,
+                                  0x80000000u, 0x00000001u, 0x807fffffu, 0x3f800000u };
+    for (int i = 0; i < 6; i++) {
+        fill(r.x, (size_t)r.n);
+        for (int j = 0; j < r.n; j += 3) memcpy(&r.x[j], &specials[(j / 3 + i) % 10], 4);
+        for (int j = 1; j < r.n; j += 5) memcpy(&r.ctx[j], &specials[(j + i) % 10], 4);
+        cap_result_t res = call(&r);
+        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
+        expect_eager_bits(&r, "special values", i);
+    }
+    /* -0.0 is not +0.0 to a constant check */
+    r.consts[0].v.f = -0.0;
+    EXPECT_EAGER(call(&r), CAP_DECLINE_CONSTANT_CHANGED, "-0.0 after +0.0");
+    expect_eager_bits(&r, "-0.0 const", 0);
+    /* a NaN constant: captured by a new key (the graph bakes constants per key) */
+    static req_t q;
+    req_init(&q, &U, "adv:nan-const", 8, 8);
+    q.n_consts = 1;
+    snprintf(q.consts[0].name, sizeof q.consts[0].name, "shift");
+    q.consts[0].type = CAP_CONST_F64;
+    uint64_t nan1 = 0x7ff8000000000001ull, nan2 = 0x7ff8000000000002ull;
+    memcpy(&q.consts[0].v.f, &nan1, 8);
+    for (int i = 0; i < 5; i++) {
+        cap_result_t res = call(&q);
+        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
+        expect_eager_bits(&q, "nan const", i);
+    }
+    memcpy(&q.consts[0].v.f, &nan2, 8);
+    EXPECT_EAGER(call(&q), CAP_DECLINE_CONSTANT_CHANGED, "another NaN payload");
+    ck_assert_uint_eq(stats().declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
+}
+END_TEST
+
+/* ==== 6. keys ===================================================================== */
+
+/* Two keys that differ in any one field are two texts, two hashes and two
+ * entries (a hash collision cannot be crafted cheaply for FNV-1a 64, so the
+ * lookup's full-text compare is checked instead: the entries stay apart
+ * even when one field deep in the text differs); a key whose text would
+ * not fit is refused, never cut short onto another key's text. */
+START_TEST(test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong_key_is_refused) {
+    cap_options_t o = opts();
+    o.warmup = 0;
+    C = new_cache(&o);
+    enum { NV = 10 };
+    static req_t r[NV];
+    char text[NV][CAP_KEY_TEXT_MAX];
+    for (int v = 0; v < NV; v++) {
+        req_init(&r[v], &U, "adv:keys", 8, 8);
+        cap_key_t *k = &r[v].key;
+        switch (v) {
+        case 1: snprintf(k->arch, sizeof k->arch, "%s-x", kern_backend_arch(B)); break;
+        case 2: snprintf(k->model, sizeof k->model, "adv:keyz"); break;
+        case 3: snprintf(k->loop, sizeof k->loop, "sde"); break;
+        case 4: snprintf(k->inputs[1].name, sizeof k->inputs[1].name, "uncond"); break;
+        case 5: snprintf(k->graph.cfg, sizeof k->graph.cfg, "cond+uncond"); break;
+        case 6: snprintf(k->graph.expert, sizeof k->graph.expert, "high"); break;
+        case 7: snprintf(k->graph.sched, sizeof k->graph.sched, "f64"); break;
+        case 8: k->graph.dtype = KERN_BF16; break;
+        case 9: snprintf(k->device, sizeof k->device, "cpu2"); break;
+        }
+        ck_assert_int_gt(cap_key_text(k, false, text[v], sizeof text[v]), 0);
+        for (int u = 0; u < v; u++) {
+            ck_assert_str_ne(text[u], text[v]);
+            ck_assert_uint_ne(cap_key_hash(&r[u].key), cap_key_hash(&r[v].key));
+        }
+    }
+    for (int v = 0; v < NV; v++) {
+        EXPECT_RAN(call(&r[v]), CAP_RAN_CAPTURED, "each key captures its own graph");
+        expect_eager_bits(&r[v], "per-key", v);
+    }
+    ck_assert_uint_eq(stats().entries, NV);
+    /* An overlong key: 8 inputs with 47-character names and 5 dims each. */
+    static req_t big;
+    req_init(&big, &U, "adv:keys", 8, 8);
+    memset(big.key.model, 'm', sizeof big.key.model - 1);
+    memset(big.key.graph.cfg, 'c', sizeof big.key.graph.cfg - 1);
+    memset(big.key.graph.expert, 'e', sizeof big.key.graph.expert - 1);
+    for (int i = 2; i < CAP_MAX_INPUTS; i++) {
+        char name[CAP_NAME_MAX];
+        memset(name, 'a' + i, CAP_NAME_MAX - 1);
+        name[CAP_NAME_MAX - 1] = 0;
+        int64_t sh[5] = { 0, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX }; /* 0 bytes: a valid signature */
+        TS_OK(cap_key_add_input(&big.key, name, KERN_F32, 5, sh));
+    }
+    char buf[CAP_KEY_TEXT_MAX];
+    ck_assert_int_lt(cap_key_text(&big.key, false, buf, sizeof buf), 0);
+    cap_result_t res;
+    ck_assert_int_ne(req_try_on(C, S, &big, &res), 0);
+    ck_assert_uint_eq(stats().entries, NV);
+}
+END_TEST
+
+/* ==== 7. the budget ================================================================ */
+
+/* Budget 0 is unlimited (doc: "0 = unlimited"): 64 keys all keep their graphs. */
+START_TEST(test_budget_zero_is_unlimited) {
+    cap_options_t o = opts();
+    o.budget_bytes = 0;
+    o.warmup = 0;
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:b0", 8, 8);
+    for (int k = 0; k < 64; k++) {
+        snprintf(r.key.model, sizeof r.key.model, "adv:b0-%d", k);
+        EXPECT_RAN(call(&r), CAP_RAN_CAPTURED, "unlimited");
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.graphs, 64);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 0);
+}
+END_TEST
+
+/* Budget exactly one entry and its graph: a key captures and replays; a
+ * second key evicts it (lru) and every call of both stays bitwise right,
+ * never over the budget. */
+START_TEST(test_budget_of_exactly_one_graph_alternating_keys_stay_correct) {
+    size_t ent, g;
+    probe_sizes(8, 8, &ent, &g);
+    cap_options_t o = opts();
+    o.budget_bytes = ent + g;
+    C = new_cache(&o);
+    static req_t a, b;
+    req_init(&a, &U, "adv:one-a", 8, 8);
+    req_init(&b, &U, "adv:one-b", 8, 8);
+    warm_capture_replay(&a);
+    ck_assert_uint_eq(stats().bytes_held, o.budget_bytes);
+    for (int i = 0; i < 12; i++) {
+        req_t *r = (i / 3) % 2 ? &a : &b;
+        fill(r->x, (size_t)r->n);
+        call(r);
+        expect_eager_bits(r, "alternating", i);
+        cap_stats_t st = stats();
+        ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+        ck_assert_uint_le(st.entries, 1);
+    }
+    ck_assert_uint_gt(stats().evictions[CAP_EVICT_LRU], 0);
+    expect_graph_accounting("one-graph budget");
+}
+END_TEST
+
+/* Budget below any workspace: every call runs in a transient workspace
+ * (budget_exceeded), nothing is held and nothing leaks. */
+START_TEST(test_budget_below_any_workspace_runs_every_call_transient) {
+    cap_options_t o = opts();
+    o.budget_bytes = 16;
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:tiny-budget", 8, 8);
+    size_t base = kern_bytes_in_use(B);
+    for (int i = 0; i < 6; i++) {
+        r.prog = i % 2 ? &PROG_SIZED : &PROG; /* admitted before (ws_size) or after the allocation */
+        fill(r.x, (size_t)r.n);
+        EXPECT_EAGER(call(&r), CAP_DECLINE_BUDGET_EXCEEDED, "tiny budget");
+        expect_eager_bits(&r, "tiny budget", i);
+        ck_assert_uint_eq(kern_bytes_in_use(B), base);
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.bytes_held, 0);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.transient_runs, 6);
+}
+END_TEST
+
+/* Budget that holds the workspace but never the graph: the capture is
+ * tried once, refused (budget_exceeded), and not tried again on every call
+ * (doc: "captures again on a later call once its graph would fit"): one
+ * capturing launch in all, every call bitwise eager. */
+START_TEST(test_budget_that_holds_the_workspace_but_not_the_graph_captures_once_then_stays_eager) {
+    size_t ent, g;
+    probe_sizes(8, 8, &ent, &g);
+    cap_options_t o = opts();
+    o.budget_bytes = ent + g - 1;
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "adv:no-graph-room", 8, 8);
+    for (int i = 0; i < 10; i++) {
+        fill(r.x, (size_t)r.n);
+        cap_result_t res = call(&r);
+        if (i < 2) EXPECT_EAGER(res, CAP_DECLINE_WARMING_UP, "warmup");
+        else EXPECT_EAGER(res, CAP_DECLINE_BUDGET_EXCEEDED, "no room for the graph");
+        expect_eager_bits(&r, "no graph room", i);
+    }
+    ck_assert_int_eq(U.capturing_launches, 1);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+}
+END_TEST
+
+/* Thousands of distinct keys through a budget of K entries: entries and
+ * bytes stay bounded, every eviction takes the least recently used entry
+ * (tracked by a model LRU here), a hot key touched every other call keeps
+ * its one graph, and backend memory returns to its start. */
+START_TEST(test_thousands_of_keys_evict_in_lru_order_and_memory_stays_bounded) {
+    size_t ent, g;
+    probe_sizes(4, 4, &ent, &g);
+    enum { K = 8, NKEYS = 1500 };
+    cap_options_t o = opts();
+    o.budget_bytes = K * (ent + g);
+    o.warmup = 1;
+    C = new_cache(&o);
+    size_t base = kern_bytes_in_use(B);
+    static req_t hot, cold;
+    req_init(&hot, &U, "adv:hot", 4, 4);
+    req_init(&cold, &U, "adv:cold", 4, 4);
+    /* the model: hashes of live entries, most recent first */
+    uint64_t lru[64 * K];
+    int n_lru = 0;
+    int hot_replays = 0;
+    for (int i = 0; i < NKEYS; i++) {
+        req_t *r = i % 2 ? &cold : &hot;
+        if (r == &cold) snprintf(cold.key.model, sizeof cold.key.model, "adv:cold-%d", i);
+        uint64_t h = cap_key_hash(&r->key);
+        int before = n_recs;
+        fill(r->x, (size_t)r->n);
+        cap_result_t res = call(r);
+        if (r == &hot && res.ran == CAP_RAN_REPLAYED) hot_replays++;
+        expect_eager_bits(r, "lru", i);
+        /* the evictions this call made: each the model's least recent entry */
+        for (int e = before; e < n_recs; e++) {
+            if (recs[e].kind != CAP_EV_EVICT) continue;
+            ck_assert_int_eq(recs[e].reason, CAP_EVICT_LRU);
+            ck_assert_int_gt(n_lru, 0);
+            ck_assert_msg(recs[e].hash == lru[n_lru - 1], "call %d evicted an entry that was not the least recent", i);
+            n_lru--;
+        }
+        int at = -1;
+        for (int j = 0; j < n_lru; j++)
+            if (lru[j] == h) at = j;
+        if (at < 0) at = n_lru++;
+        ck_assert_int_le(n_lru, 64 * K);
+        memmove(lru + 1, lru, (size_t)at * sizeof lru[0]);
+        lru[0] = h;
+        cap_stats_t st = stats();
+        ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+        ck_assert_uint_eq(st.entries, (size_t)n_lru);
+        if (i % 100 == 0) ck_assert(cap_cache_invariants(C));
+        if (n_recs > MAX_REC - 64) n_recs = 0; /* only this call's events are read */
+    }
+    ck_assert_int_ge(hot_replays, NKEYS / 2 - 3);
+    cap_cache_evict_all(C);
+    ck_assert_uint_eq(kern_bytes_in_use(B), base);
+}
+END_TEST
+
+/* ==== 8. eviction landing in a call ================================================ */
+
+static cap_key_t *g_victim;
+static int g_evict_rc;
+static bool g_seen_capture;
+
+static void *evict_main(void *a) {
+    (void)a;
+    g_evict_rc = cap_evict_key(C, g_victim, CAP_EVICT_EXPLICIT);
+    return NULL;
+}
+
+/* At the first launch after a capturing one: verify's eager run, when the
+ * graph is made but not yet published. */
+static void hook_evict_in_verify(user_t *u, kern_stream_t *s) {
+    if (kern_stream_is_capturing(s)) {
+        g_seen_capture = true;
+        return;
+    }
+    if (!g_seen_capture) return;
+    u->hook = NULL;
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, evict_main, NULL), 0);
+    pthread_join(t, NULL);
+}
+
+/* An eviction (another thread's cap_evict_key) landing while a capture
+ * verifies: the graph never published must not be counted as a graph
+ * evicted: captures - graph evictions stays the graphs held (doc, "Decline
+ * reasons and events"), in the counters and in the events. */
+START_TEST(test_eviction_during_verify_is_not_counted_as_the_eviction_of_a_graph) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r, other;
+    req_init(&other, &U, "adv:verify-other", 8, 8);
+    warm_capture_replay(&other); /* a graph held, so the count can go wrong both ways */
+    req_init(&r, &U, "adv:verify-evict", 8, 8);
+    for (int i = 0; i < 2; i++) call(&r);
+    g_victim = &r.key;
+    g_seen_capture = false;
+    U.hook = hook_evict_in_verify;
+    cap_result_t res = call(&r);
+    U.hook = NULL;
+    ck_assert_int_eq(g_evict_rc, 1);
+    ck_assert_int_eq(res.ran, CAP_RAN_EAGER);
+    expect_eager_bits(&r, "evicted in verify", 0);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_msg(st.graphless_evictions[CAP_EVICT_EXPLICIT] == 1,
+                  "the entry evicted mid-verify held no published graph, but the eviction was counted as a graph's");
+    expect_graph_accounting("eviction during verify");
+    /* and the key starts over cleanly */
+    for (int i = 0; i < 4; i++) {
+        fill(r.x, (size_t)r.n);
+        call(&r);
+        expect_eager_bits(&r, "after", i);
+    }
+    expect_graph_accounting("after the eviction during verify");
+}
+END_TEST
+
+/* ==== 9. threads =================================================================== */
+
+#define NT 3
+typedef struct {
+    kern_stream_t *s;
+    user_t u;
+    req_t r;
+    int calls, bad, failed, replays;
+    bool captured;
+    pthread_barrier_t *go;
+    atomic_bool *stop;
+} thr_t;
+
+static void *replayer_main(void *arg) {
+    thr_t *t = arg;
+    static _Thread_local float want[MAXN];
+    pthread_barrier_wait(t->go);
+    for (int i = 0; i < t->calls; i++) {
+        fill_st(&(uint64_t){ (uint64_t)i * 7919u + (uint64_t)(uintptr_t)t }, t->r.x, (size_t)t->r.n);
+        cap_result_t res;
+        if (req_try_on(C, t->s, &t->r, &res) != 0) {
+            t->failed++;
+            continue;
+        }
+        if (res.ran == CAP_RAN_REPLAYED) t->replays++;
+        /* the reference on this thread's own stream */
+        user_t ru;
+        memset(&ru, 0, sizeof ru);
+        ru.w = t->u.w;
+        ws_t *ws = step_ws_new(&ru, &t->r.key, t->s);
+        if (!ws) { t->failed++; continue; }
+        memcpy(kern_tensor_ptr(&ws->x), t->r.x, kern_tensor_bytes(&ws->x));
+        memcpy(kern_tensor_ptr(&ws->ctx), t->r.ctx, kern_tensor_bytes(&ws->ctx));
+        if (step_launch(&ru, ws, NULL, 0, t->s) != 0 || kern_stream_sync(t->s) != 0) t->failed++;
+        memcpy(want, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
+        step_ws_free(&ru, ws);
+        if (!same_bits(t->r.out, want, t->r.n, NULL)) t->bad++;
+    }
+    atomic_store(t->stop, true);
+    return NULL;
+}
+
+/* Evictions of the replayers' keys (cap_evict_key) and budget pressure
+ * from a stream of cold keys, both on other threads, land while replays run
+ * on their own streams: no replay reads a freed workspace (ASan/TSan), every
+ * result is bitwise eager, the invariants hold. */
+START_TEST(test_evictions_racing_replays_on_other_streams_never_corrupt_a_result) {
+    size_t ent, g;
+    probe_sizes(8, 8, &ent, &g);
+    cap_options_t o = opts();
+    o.warmup = 1;
+    o.budget_bytes = (NT + 2) * (ent + g);
+    C = new_cache(&o);
+    static thr_t t[NT];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, NT + 1);
+    atomic_bool stop = false;
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].s = extra_stream();
+        t[i].u.w = WA;
+        req_init(&t[i].r, &t[i].u, "adv:race", 8, 8);
+        t[i].r.key = make_key(i == 0 ? "adv:race-a" : "adv:race-shared", 8, 8, 1);
+        t[i].calls = 150;
+        t[i].go = &go;
+        t[i].stop = &stop;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, replayer_main, &t[i]), 0);
+    }
+    pthread_barrier_wait(&go);
+    /* This thread: evict the shared key now and then, and push cold keys
+     * through the budget on stream S. */
+    static req_t cold;
+    user_t cu;
+    memset(&cu, 0, sizeof cu);
+    cu.w = WA;
+    req_init(&cold, &cu, "adv:race-cold", 8, 8);
+    cap_key_t shared = make_key("adv:race-shared", 8, 8, 1);
+    int evicted = 0;
+    for (int i = 0; !atomic_load(&stop) && i < 4000; i++) {
+        if (i % 3 == 0) {
+            int n = cap_evict_key(C, &shared, CAP_EVICT_EXPLICIT);
+            ck_assert_int_ge(n, 0);
+            evicted += n;
+        } else {
+            snprintf(cold.key.model, sizeof cold.key.model, "adv:race-cold-%d", i % 7);
+            call(&cold);
+        }
+        sched_yield();
+    }
+    for (int i = 0; i < NT; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < NT; i++) {
+        ck_assert_msg(t[i].failed == 0, "thread %d: %d calls failed", i, t[i].failed);
+        ck_assert_msg(t[i].bad == 0, "thread %d: %d results differ from eager", i, t[i].bad);
+    }
+    ck_assert(cap_cache_invariants(C));
+    ck_assert_uint_le(stats().bytes_held, o.budget_bytes);
+    expect_graph_accounting("racing evictions");
+}
+END_TEST
+
+static void *capturer_main(void *arg) {
+    thr_t *t = arg;
+    pthread_barrier_wait(t->go);
+    cap_result_t res;
+    if (req_try_on(C, t->s, &t->r, &res) != 0) t->failed++;
+    else if (res.ran == CAP_RAN_CAPTURED) t->captured = true;
+    for (int i = 0; i < 5; i++) {
+        if (req_try_on(C, t->s, &t->r, &res) != 0) t->failed++;
+        else if (res.ran == CAP_RAN_REPLAYED) t->replays++;
+    }
+    return NULL;
+}
+
+/* N streams capture the same key at the same moment (warmup 0, one
+ * barrier): each stream gets its own entry and graph, all verify, all
+ * replay bitwise; then N threads on ONE stream: exactly one capture. */
+START_TEST(test_streams_capturing_the_same_key_at_once_each_get_a_verified_graph) {
+    cap_options_t o = opts();
+    o.warmup = 0;
+    C = new_cache(&o);
+    static thr_t t[NT];
+    static float want[MAXN];
+    pthread_barrier_t go;
+    for (int round = 0; round < 2; round++) {
+        bool one_stream = round == 1;
+        kern_stream_t *shared = extra_stream();
+        pthread_barrier_init(&go, NULL, NT);
+        pthread_t th[NT];
+        for (int i = 0; i < NT; i++) {
+            memset(&t[i], 0, sizeof t[i]);
+            t[i].s = one_stream ? shared : extra_stream();
+            req_init(&t[i].r, &U, one_stream ? "adv:cap1" : "adv:capN", 8, 8);
+            t[i].go = &go;
+            ck_assert_int_eq(pthread_create(&th[i], NULL, capturer_main, &t[i]), 0);
+        }
+        for (int i = 0; i < NT; i++) pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&go);
+        int captured = 0;
+        for (int i = 0; i < NT; i++) {
+            ck_assert_int_eq(t[i].failed, 0);
+            if (t[i].captured) captured++;
+            ck_assert_int_eq(t[i].replays, 5);
+            eager_ref_on(S, WA, &t[i].r.key, t[i].r.x, t[i].r.ctx, NULL, 0, want);
+            ck_assert_msg(same_bits(t[i].r.out, want, t[i].r.n, NULL), "round %d thread %d differs from eager", round, i);
+        }
+        ck_assert_int_eq(captured, one_stream ? 1 : NT);
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.captures, NT + 1);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
+    ck_assert(cap_cache_invariants(C));
+}
+END_TEST
+
+/* ==== 10. failures midway ============================================================ */
+
+/* A capture that fails after recording kernels, a workspace that cannot be
+ * allocated (out of memory: idle entries are given back and it is tried
+ * once more; any other failure: nothing evicted), a kernel fault during a
+ * replay and during an eager run: each call either fails with -1 or
+ * serves eager bits, nothing leaks, and the next calls are right. */
+START_TEST(test_failures_midway_leave_nothing_half_made) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    size_t base = kern_bytes_in_use(B);
+    static req_t r, idle;
+    req_init(&idle, &U, "adv:fail-idle", 8, 8);
+    warm_capture_replay(&idle);
+    req_init(&r, &U, "adv:fail", 8, 8);
+    for (int i = 0; i < 2; i++) call(&r);
+    /* capture fails midway (kernels recorded, capture left open): eager served, retried */
+    U.capture_fail_after = 1;
+    EXPECT_EAGER(call(&r), CAP_DECLINE_CAPTURE_FAILED, "capture failed midway");
+    expect_eager_bits(&r, "capture failed midway", 0);
+    ck_assert(!kern_stream_is_capturing(S));
+    EXPECT_RAN(call(&r), CAP_RAN_CAPTURED, "retried capture");
+    expect_eager_bits(&r, "retried capture", 0);
+    /* a kernel fault during a replay: the call fails; the graph still serves the next one */
+    atomic_store(&U.replay_fail, 1);
+    cap_result_t res;
+    ck_assert_int_ne(req_try_on(C, S, &r, &res), 0);
+    for (int i = 0; i < 2; i++) {
+        fill(r.x, (size_t)r.n);
+        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "after a replay fault");
+        expect_eager_bits(&r, "after a replay fault", i);
+    }
+    /* a kernel fault in the eager warmup of a new key */
+    static req_t w;
+    req_init(&w, &U, "adv:fail-warm", 8, 8);
+    atomic_store(&U.replay_fail, 1);
+    ck_assert_int_ne(req_try_on(C, S, &w, &res), 0);
+    /* faults inside verify: the replay's, then the eager run's */
+    for (int f = 0; f < 2; f++) {
+        static req_t v;
+        req_init(&v, &U, f ? "adv:fail-verify-eager" : "adv:fail-verify-replay", 8, 8);
+        for (int i = 0; i < 2; i++) call(&v);
+        /* the first fail_kernel run in this call is verify's replay (a capture
+         * only records), the second its eager run */
+        atomic_store(&U.replay_fail, f + 1);
+        int rc = req_try_on(C, S, &v, &res);
+        atomic_store(&U.replay_fail, 0);
+        ck_assert(rc != 0 || res.ran == CAP_RAN_EAGER);
+        ck_assert(cap_cache_invariants(C));
+        for (int i = 0; i < 3; i++) {
+            fill(v.x, (size_t)v.n);
+            call(&v);
+            expect_eager_bits(&v, "after a verify fault", i);
+        }
+    }
+    /* a workspace refused for a reason memory would not change: no idle entry evicted */
+    static req_t n;
+    req_init(&n, &U, "adv:fail-ws", 8, 8);
+    size_t entries = stats().entries;
+    U.ws_fail_code = REEL_E_INVALID;
+    ck_assert_int_ne(req_try_on(C, S, &n, &res), 0);
+    ck_assert_uint_eq(stats().entries, entries);
+    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+    /* out of memory: the idle entries go and the allocation is tried once more */
+    U.ws_fail_code = REEL_E_NOMEM;
+    EXPECT_EAGER(call(&n), CAP_DECLINE_WARMING_UP, "after an out-of-memory workspace");
+    expect_eager_bits(&n, "after oom", 0);
+    ck_assert_uint_gt(stats().evictions[CAP_EVICT_LRU], 0);
+    ck_assert(cap_cache_invariants(C));
+    expect_graph_accounting("failures");
+    cap_cache_evict_all(C);
+    ck_assert_uint_eq(kern_bytes_in_use(B), base);
+}
+END_TEST
+
+/* ==== 11. re-entrancy from callbacks =================================================== */
+
+static req_t *g_cb_req;
+static int g_cb_calls, g_cb_rc;
+static void cb_reenter(const cap_event_t *ev) {
+    if (ev->kind != CAP_EV_CAPTURE || g_cb_calls > 0) return;
+    g_cb_calls++;
+    /* from the event of a capture: evict that very key, and dispatch another */
+    g_cb_rc = cap_evict_key(C, g_victim, CAP_EVICT_EXPLICIT);
+    cap_result_t res;
+    if (req_try_on(C, S, g_cb_req, &res) != 0) g_cb_rc = -100;
+}
+
+/* Doc: "Callbacks run with no cache lock held" and may call back into the
+ * cache. An on_event that evicts the key whose CAPTURE it is being told of,
+ * and dispatches another key, deadlocks nothing and leaves a consistent
+ * cache; the evicted key starts over and serves eager bits. */
+START_TEST(test_an_event_callback_may_evict_and_dispatch) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r, other;
+    req_init(&r, &U, "adv:cb", 8, 8);
+    req_init(&other, &U, "adv:cb-other", 8, 8);
+    g_victim = &r.key;
+    g_cb_req = &other;
+    g_cb_calls = 0;
+    g_event_hook = cb_reenter;
+    for (int i = 0; i < 3; i++) {
+        fill(r.x, (size_t)r.n);
+        call(&r);
+        expect_eager_bits(&r, "callback", i);
+    }
+    g_event_hook = NULL;
+    ck_assert_int_eq(g_cb_calls, 1);
+    ck_assert_int_eq(g_cb_rc, 1);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.graphs, 0);
+    expect_eager_bits(&other, "dispatched from the callback", 0);
+    ck_assert(cap_cache_invariants(C));
+    warm_capture_replay(&r);
+    expect_graph_accounting("callbacks");
+}
+END_TEST
+
+/* ==== 12. random operations: the accounting promise =================================== */
+
+/* A seeded random mix on one thread: calls of several keys (new values,
+ * contexts moving, constants changing, kernel faults), syncs under both
+ * policies, evictions by key, evictions landing in verify, audits. After
+ * every op: the invariants hold and captures - graph evictions is the
+ * graphs held, by counters and by events (doc, "Decline reasons and
+ * events"); every served call is bitwise eager. */
+START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounting_exact) {
+    size_t ent, g;
+    probe_sizes(8, 8, &ent, &g);
+    cap_options_t o = opts();
+    o.audit_every = 3;
+    o.budget_bytes = 4 * (ent + g);
+    C = new_cache(&o);
+    enum { NR = 6, OPS = 1500 };
+    static req_t r[NR];
+    static float ctx_alt[NR][MAXN];
+    uint64_t ver = 1;
+    for (int i = 0; i < NR; i++) {
+        char m[32];
+        snprintf(m, sizeof m, "adv:rand-%d", i);
+        req_init(&r[i], &U, m, i < 3 ? 8 : 4, 8);
+        U.add_const = true;
+        r[i].n_consts = i % 2;
+        snprintf(r[i].consts[0].name, sizeof r[i].consts[0].name, "k");
+        r[i].consts[0].type = CAP_CONST_I64;
+    }
+    uint64_t st_rng = 0xfeedbeef5eedull;
+    static float xs[MAXN], cs[MAXN];
+    for (int op = 0; op < OPS; op++) {
+        unsigned pick = (unsigned)(next_u64(&st_rng) % 100);
+        if (pick < 85) {
+            req_t *q = &r[next_u64(&st_rng) % NR];
+            unsigned f = (unsigned)(next_u64(&st_rng) % 100);
+            bool injected = false;
+            if (f < 4) { /* the context moves (same values) */
+                float *to = q->in[1].data == q->ctx ? ctx_alt[q - r] : q->ctx;
+                memcpy(to, kern_tensor_ptr(&q->in[1]), (size_t)q->n * sizeof(float));
+                q->in[1] = ht(to, q->rows, q->cols);
+            } else if (f < 12) {
+                fill_st(&st_rng, kern_tensor_ptr(&q->in[1]), (size_t)q->n);
+            } else if (f < 15 && q->n_consts) {
+                q->consts[0].v.i = (int64_t)(next_u64(&st_rng) % 3);
+            } else if (f < 17) {
+                atomic_store(&U.replay_fail, 1);
+                injected = true;
+            } else if (f < 19) {
+                g_victim = &q->key;
+                g_seen_capture = false;
+                U.hook = hook_evict_in_verify; /* fires only if this call captures */
+            }
+            fill_st(&st_rng, q->x, (size_t)q->n);
+            memcpy(xs, q->x, (size_t)q->n * sizeof(float));
+            gather(&q->in[1], cs);
+            cap_result_t res;
+            int rc = req_try_on(C, S, q, &res);
+            U.hook = NULL;
+            bool faulted = atomic_exchange(&U.replay_fail, 0) == 0 && injected;
+            if (rc == 0) expect_eager_bits_of(q, xs, cs, "random op", op);
+            else ck_assert_msg(faulted, "op %d: dispatch failed without a fault: %s", op, reel_err_text());
+        } else if (pick < 92) {
+            fill_st(&st_rng, WA, W);
+            cap_policy_t pol = next_u64(&st_rng) % 2 ? CAP_POLICY_INPLACE : CAP_POLICY_EVICT;
+            ck_assert_int_ge(cap_component_update_policy(C, "wA", WA, W * sizeof(float), ++ver, pol), 0);
+            for (int i = 0; i < NR; i++) TS_OK(cap_key_set_version(&r[i].key, "wA", ver));
+        } else {
+            req_t *q = &r[next_u64(&st_rng) % NR];
+            ck_assert_int_ge(cap_evict_key(C, &q->key, CAP_EVICT_EXPLICIT), 0);
+        }
+        ck_assert_msg(cap_cache_invariants(C), "op %d broke an invariant", op);
+        char what[32];
+        snprintf(what, sizeof what, "op %d", op);
+        expect_graph_accounting(what);
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_gt(st.captures, 10);
+    ck_assert_uint_gt(st.replays, 100);
+    ck_assert_uint_gt(st.audits, 10);
+    ck_assert_uint_gt(st.evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_gt(st.declines[CAP_DECLINE_PINNED_INPUT_MOVED], 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("capture_adversarial");
+    TCase *tc = tcase_create("adversarial");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_input_whose_dtype_shape_or_rank_changed_under_its_key_is_refused_never_reinterpreted);
+    tcase_add_test(tc, test_copied_input_with_changing_strides_replays_its_values_not_its_layout);
+    tcase_add_test(tc, test_pinned_buffer_refilled_at_the_same_address_replays_the_new_contents);
+    tcase_add_test(tc, test_outputs_aliasing_inputs_equal_an_eager_loop);
+    tcase_add_test(tc, test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_and_audits_pass);
+    tcase_add_test(tc, test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise);
+    tcase_add_test(tc, test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong_key_is_refused);
+    tcase_add_test(tc, test_budget_zero_is_unlimited);
+    tcase_add_test(tc, test_budget_of_exactly_one_graph_alternating_keys_stay_correct);
+    tcase_add_test(tc, test_budget_below_any_workspace_runs_every_call_transient);
+    tcase_add_test(tc, test_budget_that_holds_the_workspace_but_not_the_graph_captures_once_then_stays_eager);
+    tcase_add_test(tc, test_thousands_of_keys_evict_in_lru_order_and_memory_stays_bounded);
+    tcase_add_test(tc, test_eviction_during_verify_is_not_counted_as_the_eviction_of_a_graph);
+    tcase_add_test(tc, test_evictions_racing_replays_on_other_streams_never_corrupt_a_result);
+    tcase_add_test(tc, test_streams_capturing_the_same_key_at_once_each_get_a_verified_graph);
+    tcase_add_test(tc, test_failures_midway_leave_nothing_half_made);
+    tcase_add_test(tc, test_an_event_callback_may_evict_and_dispatch);
+    tcase_add_test(tc, test_random_operations_keep_every_call_bitwise_and_the_graph_accounting_exact);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_run(suite()); }
