@@ -59,6 +59,9 @@ int cmd_decode(int argc, char **argv) {
         return reel_fail(REEL_E_INVALID, "usage: reelctl decode --vae VAE LATENT.safetensors -o OUT.safetensors|OUT.mp4");
     const char *lpath = argv[rest];
     if (ctl_out_spares(o.out, "--vae", o.vae, "the latent", lpath, (const char *)NULL) != 0) return -1;
+    /* where the output goes, before the decode: its folder, and never a
+     * link written through (the MP4 writer would follow one) */
+    if (ctl_out_folder(o.out) != 0 || ctl_out_file(o.out) != 0) return -1;
     kern_backend_kind_t kind;
     if (kern_backend_kind_parse(o.backend, &kind) != 0) return ctl_fail_as(REEL_E_INVALID, "--backend: ");
     int64_t ls[4];

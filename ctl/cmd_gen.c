@@ -237,6 +237,16 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         o->g.seeds = o->seeds;
     }
     if (!o->g.n) o->g.n = 1;
+    bool video = o->g.output && !strcmp(o->g.output, "video"), frames = o->g.output && !strcmp(o->g.output, "frames");
+    if (video && o->g.n > 1) /* the broker's rule (docs/PROTOCOL.md "Prompts and videos"), said before sending */
+        return reel_fail(REEL_E_INVALID, "%s%s: a video is one MP4 of one sample; a group (--n %d) asks for "
+                         "--output frames", o->video_out ? "--out " : "--output video", o->video_out ? o->out : "",
+                         o->g.n);
+    /* each output absent or a regular file, as its writer will insist,
+     * before the cluster runs the request for it */
+    if (ctl_out_file(o->out) != 0 || (o->video_out && ctl_out_file(beside[0]) != 0) ||
+        (frames && ctl_out_file(beside[1]) != 0) || (video && !o->video_out && ctl_out_file(beside[2]) != 0))
+        return -1;
     reel_rollout_t *ro = &o->rollout;
     if (ro->want_trajectory || ro->want_log_probs || ro->want_means) o->g.rollout = ro;
     if (!o->quiet) ctl_wan_defaults_note("gen", took, NULL, NULL);

@@ -205,6 +205,14 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     if (r->prompt && !ctl_has_ext(r->out, ".mp4") && !ctl_has_ext(r->out, ".safetensors")) /* a prompt's user wants a video: a latent under another name is no answer */
         return reel_fail(REEL_E_INVALID, "-o %s: a prompt run writes OUT.mp4 (the video, the latent beside it as "
                          "OUT.mp4.safetensors) or OUT.safetensors (the latent alone)", r->out);
+    /* where the outputs go, before anything runs (as gen checks): the
+     * folder, and each file (an MP4's latent beside it) absent or regular */
+    char beside[PATH_MAX];
+    if (snprintf(beside, sizeof beside, "%s.safetensors", r->out) >= (int)sizeof beside)
+        return reel_fail(REEL_E_INVALID, "--out %s: path too long", r->out);
+    if (ctl_out_folder(r->out) != 0 || ctl_out_file(r->out) != 0 ||
+        (ctl_has_ext(r->out, ".mp4") && ctl_out_file(beside) != 0))
+        return -1;
     if (ctl_size_finish(r->size, r->pixels, r->frame_num) != 0) return -1; /* Wan's W*H: the latent of frame_num frames */
     if (r->loop.steps < 0) return reel_fail(REEL_E_INVALID, "run needs --steps N");
     if (!r->latent && !r->size[0])

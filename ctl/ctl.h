@@ -143,8 +143,14 @@ bool ctl_has_ext(const char *path, const char *ext);
  * current one); else -1 with a REEL_E_INVALID error naming it, before any
  * work is done for a file that could not be written. */
 int ctl_out_folder(const char *out);
-/* Writes n bytes to path (replaced whole, through a temporary file). 0, or
- * -1 with an IO error naming the path. */
+/* 0 when path is absent or a regular file; else -1 with a REEL_E_INVALID
+ * error naming it: a device, FIFO, directory or symlink is never replaced
+ * (the rule of st_writer_save). Checked before any work, and again as
+ * each output is written. */
+int ctl_out_file(const char *path);
+/* Writes n bytes to path (replaced whole, through a temporary file; a
+ * path that is not a regular file is refused, ctl_out_file). 0, or -1 with
+ * an IO error naming the path. */
 int ctl_write_bytes(const char *path, const void *p, size_t n);
 /* Writes uint8 data of shape[0..ndim) as a NumPy .npy file (format 1.0,
  * '|u1', C order): what `np.load` reads. 0 or -1 as ctl_write_bytes. */

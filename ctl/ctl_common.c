@@ -216,12 +216,23 @@ int ctl_out_folder(const char *out) {
     return 0;
 }
 
+int ctl_out_file(const char *path) {
+    /* the rule of the latent's writer (st_writer_save): a file goes in by
+     * rename, so only a regular file is replaced */
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return reel_fail(REEL_E_INVALID, "%s: exists and is not a regular file (a device, FIFO, directory or symlink is "
+                         "never replaced)", path);
+    return 0;
+}
+
 int ctl_write_bytes(const char *path, const void *p, size_t n) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return reel_fail(REEL_E_INVALID, "%s: path too long", path);
+    if (ctl_out_file(path) != 0) return -1;
     FILE *f = fopen(tmp, "wb");
-    if (!f) return reel_fail_errno(REEL_E_IO, errno, "%s", tmp);
+    if (!f) return reel_fail_errno(REEL_E_IO, errno, "writing %s", path); /* the path asked for, not the temporary */
     bool ok = fwrite(p, 1, n, f) == n;
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {

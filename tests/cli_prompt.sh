@@ -173,6 +173,32 @@ $RUN --weights "$REL" --prompt "$P" --size 64*64 --frame_num 5 -o "$D/px.avi" 2>
 [ $? = 2 ] && grep -q "a prompt run writes OUT.mp4" "$D/pxavi.err" && [ ! -e "$D/px.avi" ] &&
     ok "run --prompt -o X.avi is refused (exit 2): it writes X.mp4 or X.safetensors, not a latent named .avi" ||
     { bad "run --prompt -o X.avi"; show "$D/pxavi.err"; }
+# Where the outputs cannot go is found before anything runs (exit 2), as
+# gen does: a missing folder (named, not a temporary file in it), an
+# output or the latent beside it standing as a folder or a symlink (never
+# replaced, as the latent's writer already held; the video's and the
+# frames' writer replaced a symlink), and no half of the outputs written.
+$RUN --weights "$REL" --prompt "$P" -o "$D/nowhere/x.mp4" 2>"$D/onf.err"
+[ $? = 2 ] && grep -q -- "--out $D/nowhere/x.mp4: $D/nowhere is not a folder" "$D/onf.err" && ! grep -q "\.tmp" "$D/onf.err" &&
+    ! grep -q "steps" "$D/onf.err" &&
+    ok "run -o MISSING/x.mp4 is refused before it runs (exit 2), naming the folder, not a temporary file" ||
+    { bad "run -o into a missing folder"; show "$D/onf.err"; }
+mkdir -p "$D/odir.mp4" "$D/oside.mp4.safetensors"
+echo keep >"$D/otarget"
+ln -sf "$D/otarget" "$D/olink.mp4"
+ln -sf "$D/otarget" "$D/olink2.mp4.safetensors"
+outs_ok=yes
+for o in odir.mp4 oside.mp4 olink.mp4 olink2.mp4; do
+    $RUN --weights "$REL" --prompt "$P" -o "$D/$o" 2>"$D/oo.err"
+    rc=$?
+    if [ $rc != 2 ] || ! grep -q "exists and is not a regular file" "$D/oo.err" || grep -q "steps" "$D/oo.err"; then
+        outs_ok="-o $o: exit $rc"; break
+    fi
+done
+[ "$outs_ok" = yes ] && [ ! -e "$D/oside.mp4" ] && [ ! -e "$D/olink2.mp4" ] && [ -L "$D/olink.mp4" ] &&
+    [ "$(cat "$D/otarget")" = keep ] &&
+    ok "run -o X.mp4 where X.mp4 or X.mp4.safetensors is a folder or a symlink: refused before it runs (exit 2), nothing written" ||
+    { bad "run's outputs that are not regular files ($outs_ok)"; show "$D/oo.err"; }
 $RUN --weights "$REL" --prompt "$P" --size 2x8 -o "$D/px28.mp4" 2>"$D/px28.err"
 [ $? = 2 ] && grep -q "neither a latent FxHxW .* nor Wan's pixel W\*H" "$D/px28.err" &&
     ok "--size 2x8 names both forms a size may take" || { bad "2x8"; show "$D/px28.err"; }
@@ -414,9 +440,43 @@ $GEN --prompt "prompt number 1" --output video --out "$D/vid.bin" 2>"$D/vid.err"
     "$R" tensor info "$D/vid.bin" 2>/dev/null | grep -q "latent" && grep -q "the video -> $D/vid.bin.mp4" "$D/vid.err" &&
     ok "--output video with --out OUT (not .mp4): the video in OUT.mp4, the latent in OUT" ||
     { bad "--output video to a non-.mp4 --out"; show "$D/vid.err"; ls -la "$D"/vid* 2>&1 | show; }
+# gen's outputs by run's rule, before the GEN is sent: the video or the
+# frames over a symlink or a folder are refused (exit 2), not written
+# through (the latent's writer already refused them, after the run)
+ln -sf "$D/otarget" "$D/glink.mp4"
+ln -sf "$D/otarget" "$D/gfr.frames.npy"
+mkdir -p "$D/gdir.mp4"
+gouts=yes
+for a in "-o $D/glink.mp4" "--output frames -o $D/gfr" "-o $D/gdir.mp4" "--output video -o $D/gdir"; do
+    $GEN --prompt "$P" $a 2>"$D/go.err"
+    rc=$?
+    [ $rc = 2 ] && grep -q "exists and is not a regular file" "$D/go.err" || { gouts="$a: exit $rc"; break; }
+done
+[ "$gouts" = yes ] && [ -L "$D/glink.mp4" ] && [ -L "$D/gfr.frames.npy" ] && [ "$(cat "$D/otarget")" = keep ] &&
+    [ ! -e "$D/gfr" ] && [ ! -e "$D/glink.mp4.safetensors" ] &&
+    ok "gen: a video or frames output that is a symlink or a folder is refused before sending (exit 2), nothing written" ||
+    { bad "gen's outputs that are not regular files ($gouts)"; show "$D/go.err"; }
+# a group's video: one MP4 is one sample (docs/PROTOCOL.md), so gen says
+# so itself (exit 2) instead of sending what the broker refuses (exit 1)
+$GEN --prompt "$P" --n 2 -o "$D/grp.mp4" 2>"$D/grpv.err"
+[ $? = 2 ] && grep -q "a group (--n 2) asks for --output frames" "$D/grpv.err" && [ ! -e "$D/grp.mp4.safetensors" ] &&
+    ok "gen --n 2 -o X.mp4 is refused (exit 2): a video is one sample, a group asks for frames" ||
+    { bad "gen --n 2 with a video"; show "$D/grpv.err"; }
 "$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/dec.mp4" --quiet 2>"$D/dec.err" &&
     "$R" video probe "$D/dec.mp4" 2>/dev/null | grep -q "frames 5" &&
     ok "reelctl decode --vae Wan2.1_VAE.pth LATENT -o X.mp4" || { bad "decode to mp4"; show "$D/dec.err"; }
+# decode's output by the same rule, before the decode: a symlink is not
+# written through (its target kept), a missing folder is named (exit 2)
+echo keep >"$D/dtarget"
+ln -sf "$D/dtarget" "$D/dlink.mp4"
+"$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/dlink.mp4" --quiet 2>"$D/dlink.err"
+rc1=$?
+"$R" decode --vae "$REL/Wan2.1_VAE.pth" "$D/g.mp4.safetensors" -o "$D/nowhere/d.mp4" --quiet 2>"$D/dnf.err"
+rc2=$?
+[ $rc1 = 2 ] && grep -q "exists and is not a regular file" "$D/dlink.err" && [ "$(cat "$D/dtarget")" = keep ] &&
+    [ $rc2 = 2 ] && grep -q -- "--out $D/nowhere/d.mp4: $D/nowhere is not a folder" "$D/dnf.err" &&
+    ok "decode -o LINK.mp4 is refused, its target kept; -o MISSING/x.mp4 names the folder (exit 2 each)" ||
+    { bad "decode's output: link exit $rc1, missing folder exit $rc2"; show "$D/dlink.err" "$D/dnf.err"; }
 # FFmpeg is opened on first use (media/av_lazy.c), never at start: a
 # binary that records it would load ~130 libraries in every process.
 if ldd "$R" "$B/reel-worker" | grep -q "libav\|libswscale"; then
