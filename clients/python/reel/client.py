@@ -1215,6 +1215,9 @@ class Client:
         _text("model", model)
         if prompt is not None:
             _prompt_text("prompt", prompt)
+            if not prompt:  # reelctl gen's exit 2; the broker would answer "missing tensor 'context'"
+                raise ValueError("prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); give "
+                                 "text, or a context")
         if negative_prompt is not None:
             _prompt_text("negative_prompt", negative_prompt)
         if (prompt is None) == (context is None):
@@ -1266,6 +1269,9 @@ class Client:
         if c * f * h * w * 4 * _uint("n", n, 1, 64) > MAX_GEN_BYTES:
             raise ValueError(f"{n} latent(s) of shape {fields['latent_shape']} are more than "
                              f"{MAX_GEN_BYTES >> 20} MiB")
+        if output == "video" and n != 1:  # the broker's bad_request (docs/PROTOCOL.md "Prompts and videos")
+            raise ValueError(f"output='video' is one MP4 of one sample; a group (n={n}) asks for output='frames' "
+                             "(or batched=False: n GENs, a video each)")
         if not fields["shift"] > 0:
             raise ValueError(f"shift must be > 0, got {fields['shift']!r}")
         if not abs(fields["cfg"]) <= _FLT_MAX:

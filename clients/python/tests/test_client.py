@@ -2055,6 +2055,19 @@ class PromptTests(unittest.TestCase):
             with self.assertRaises(ValueError, msg=f"cfg={cfg}") as e:
                 self.c.gen("tinyt", prompt="x", negative_prompt="blurry", cfg=cfg, steps=2, latent_shape=(4, 2, 8, 8))
             self.assertIn("used only with guidance", str(e.exception))
+        # an empty prompt: a GEN reads it as none, so the broker would answer
+        # "missing tensor 'context'" (reelctl gen refuses it too, exit 2)
+        with self.assertRaises(ValueError) as e:
+            self.c.gen("tinyt", prompt="", steps=2, latent_shape=(4, 2, 8, 8))
+        self.assertIn("prompt is empty", str(e.exception))
+        # a video is one sample's MP4: a batched group asks for frames (the
+        # broker's bad_request, said before sending); n separate GENs may
+        with self.assertRaises(ValueError) as e:
+            self.c.gen_group("tinyt", prompt="x", n=2, steps=2, latent_shape=(4, 2, 8, 8), output="video")
+        self.assertIn("a group (n=2) asks for output='frames'", str(e.exception))
+        rs = self.c.gen_group("tinyt", prompt="x", n=2, steps=2, latent_shape=(4, 2, 8, 8), output="video",
+                              batched=False)
+        self.assertTrue(all(bytes(r.video[4:8]) == b"ftyp" for r in rs), "each sample's MP4")
 
     def test_bad_text_is_refused_here_and_by_the_broker_and_the_cluster_keeps_serving(self):
         # the client refuses what the broker would, before sending: the
