@@ -33,10 +33,11 @@ static const reel_opt_t decode_rows[] = {
 #undef O
 
 /* "decoded frame 3/5" on stderr, per latent frame. */
-static void progress(void *user, int64_t done, int64_t total) {
+static int progress(void *user, int64_t done, int64_t total) {
     const double *t0 = user;
     fprintf(stderr, "reelctl: decode: latent frame %" PRId64 "/%" PRId64 " (%.2f s)\n", done, total,
             ctl_now() - *t0);
+    return 0;
 }
 
 /* video [3,F,H,W] in [-1,1] as an H.264 MP4 at Wan's 16 fps, its frames

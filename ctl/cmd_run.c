@@ -334,9 +334,10 @@ static void step_bar(void *user, int done, int steps) {
     (void)user;
     ctl_progress("step", done, steps);
 }
-static void decode_bar(void *user, int64_t done, int64_t total) {
+static int decode_bar(void *user, int64_t done, int64_t total) {
     (void)user;
     ctl_progress("decode, latent frame", done, total);
+    return 0;
 }
 
 /* --prompt: the text encoder (--t5/--tokenizer, else the release folder's)

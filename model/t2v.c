@@ -272,10 +272,10 @@ typedef struct {
     int64_t base, total;
 } decode_progress_t;
 
-static void sample_progress(void *user, int64_t done, int64_t total) {
+static int sample_progress(void *user, int64_t done, int64_t total) {
     (void)total;
     decode_progress_t *p = user;
-    p->fn(p->user, p->base + done, p->total);
+    return p->fn(p->user, p->base + done, p->total);
 }
 
 int t2v_vae_decode(t2v_vae_t *v, const float *latents, int n, const int64_t shape[4],

@@ -700,7 +700,11 @@ int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F,
                     dst[p] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
                 }
             }
-        if (progress) progress(user, f + 1, F);
+        if (progress && progress(user, f + 1, F) != 0) {
+            reel_fail(REEL_E_STATE, VAE_E_STOPPED " after %lld of %lld latent frames", (long long)(f + 1),
+                      (long long)F);
+            goto err;
+        }
     }
     rc = 0;
 err:

@@ -82,7 +82,9 @@ size_t vae_model_bytes(const vae_model_t *m);
 
 /* Decodes latent [z_dim, F, H, W] (host F32) into video [3, 1+4(F-1), 8H,
  * 8W] (host F32, in [-1, 1]). progress, when not NULL, is called after each
- * latent frame (done of total). s must be a stream of the model's backend;
+ * latent frame (done of total); a nonzero return stops the decode there
+ * (its caller's request was cancelled): -1 with REEL_E_STATE and
+ * VAE_E_STOPPED in the message. s must be a stream of the model's backend;
  * the decode is synchronous (it returns with video written). Device memory
  * for one chunk (activations, column block, caches) is allocated on entry
  * and freed before return. The causal caches live in the model: one
@@ -93,10 +95,12 @@ size_t vae_model_bytes(const vae_model_t *m);
 /* What vae_decode's message says of a latent that decodes to NaN or
  * infinity (a caller tells that failure from the others by it). */
 #define VAE_E_NONFINITE "decodes to NaN or infinite values"
+/* ... and of one its progress callback stopped. */
+#define VAE_E_STOPPED "decode stopped"
 /* vae_decode's size check alone, before the caller sizes its video: 0,
  * or -1 with a message (REEL_E_INVALID). */
 int vae_latent_check(const vae_model_t *m, int64_t F, int64_t H, int64_t W);
-typedef void (*vae_progress_fn)(void *user, int64_t done, int64_t total);
+typedef int (*vae_progress_fn)(void *user, int64_t done, int64_t total);
 int vae_decode(vae_model_t *m, kern_stream_t *s, const float *latent, int64_t F, int64_t H, int64_t W,
                float *video, vae_progress_fn progress, void *user);
 

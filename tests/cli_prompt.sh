@@ -511,6 +511,37 @@ wait_sql "$DB" "select count(*) from requests where status='ok' and decode_secon
     grep -q "Where the workers' time went" "$D/report.html" && grep -q "decoding outputs" "$D/report.html" &&
     ok "the HTML report splits the workers' time into loops, encoding and decoding" || bad "report time split"
 
+echo "== a GEN cancelled while its video decodes: the decode stops at its next latent frame"
+# (before: the decode ran to its end, holding the VAE, and the next
+# request's decode waited for it and counted the wait as its own). The
+# client cancels at the decode's first frame (its progress count passes
+# the one step); 6 latent frames of 256x256 take seconds here.
+PYTHONPATH="$HERE/../clients/python" $PY - "$CE" >"$D/dcancel.out" 2>&1 <<'PYEOF'
+import sys
+import reel
+
+class Stop(Exception):
+    pass
+
+def cb(step, steps):
+    if step > 1:  # one step, then the decode's latent frames
+        raise Stop()
+
+with reel.Client(sys.argv[1], timeout=120) as c:
+    try:
+        c.gen("tiny", prompt="a cat", latent_shape=[4, 6, 32, 32], steps=1, cfg=1.0, output="video", progress=cb)
+        print("the GEN ended before its decode's first frame was reported")
+    except Stop:
+        print("cancelled in the decode")
+PYEOF
+grep -q "^cancelled in the decode$" "$D/dcancel.out" &&
+    wait_for "$D/wt.log" "failed: cancelled by its client while its output decoded \\(after [0-9]+ of 6 latent frames\\)" 60 &&
+    ! grep -q "after 6 of 6 latent frames" "$D/wt.log" &&
+    ok "wt stopped the decode: $(grep -o 'after [0-9]* of 6 latent frames' "$D/wt.log" | head -1)" ||
+    { bad "a GEN cancelled in its decode"; show "$D/dcancel.out" "$D/wt.log"; }
+$GEN --prompt "$P" --output frames --out "$D/fafter.safetensors" 2>"$D/fafter.err" && grep -q "worker wt," "$D/fafter.err" &&
+    ok "the next prompt GEN with frames is served by wt" || { bad "the GEN after the cancelled decode"; show "$D/fafter.err"; }
+
 echo "== without the worker that can, a prompt waits and fails no_worker saying why; the rest keeps serving"
 stop_proc "$TW" || bad "the text worker stops on SIGTERM"
 # the broker must know it is gone (else the GEN would wait for it: timeout, not no_worker)

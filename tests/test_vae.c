@@ -177,14 +177,15 @@ END_TEST
 
 /* ---- decoding ---------------------------------------------------------------- */
 
-typedef struct { int64_t calls, last_done, last_total; bool in_order; } progress_t;
+typedef struct { int64_t calls, last_done, last_total, stop_at; bool in_order; } progress_t;
 
-static void on_progress(void *user, int64_t done, int64_t total) {
+static int on_progress(void *user, int64_t done, int64_t total) {
     progress_t *p = user;
     p->in_order = p->in_order && done == p->last_done + 1;
     p->calls++;
     p->last_done = done;
     p->last_total = total;
+    return p->stop_at && done >= p->stop_at; /* a cancelled request's decode stops there */
 }
 
 START_TEST(test_decode_gives_1_plus_4_f_minus_1_frames_of_8h_by_8w_in_unit_range_with_progress_per_frame) {
@@ -209,6 +210,33 @@ START_TEST(test_decode_gives_1_plus_4_f_minus_1_frames_of_8h_by_8w_in_unit_range
     }
     ck_assert_msg(inside > n / 2, "only %zu of %zu values unclamped: the test weights saturate", inside, n);
     free(v);
+    free(lat);
+    vae_model_destroy(&m);
+}
+END_TEST
+
+/* A progress callback that asks to stop (its request was cancelled) ends
+ * the decode after that latent frame with VAE_E_STOPPED; the model's causal
+ * caches are left for the next decode, which gives the same video as one
+ * never interrupted. */
+START_TEST(test_a_decode_its_progress_stops_ends_there_and_the_next_decode_is_whole) {
+    vae_model_t *m;
+    TS_NEW(m = load(tiny_weights("t.st", 0, 0)));
+    int64_t F = 3, H = 2, W = 3;
+    float *lat = rand_latent(4, F, H, W, 1);
+    size_t n = (size_t)(3 * 9 * 16 * 24);
+    float *ref = malloc(n * sizeof *ref), *v = malloc(n * sizeof *v);
+    TS_OK(vae_decode(m, S, lat, F, H, W, ref, NULL, NULL));
+    progress_t p = { .in_order = true, .stop_at = 2 };
+    ck_assert_int_eq(vae_decode(m, S, lat, F, H, W, v, on_progress, &p), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_STATE);
+    ck_assert_msg(strstr(reel_err_text(), VAE_E_STOPPED " after 2 of 3 latent frames"), "%s", reel_err_text());
+    ck_assert_int_eq(p.calls, 2); /* no frame decoded past the stop */
+    memset(v, 0, n * sizeof *v);
+    TS_OK(vae_decode(m, S, lat, F, H, W, v, NULL, NULL));
+    ck_assert_msg(memcmp(v, ref, n * sizeof *v) == 0, "the decode after a stopped one differs");
+    free(v);
+    free(ref);
     free(lat);
     vae_model_destroy(&m);
 }
@@ -426,6 +454,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_malformed_latent_statistics_metadata_is_refused_naming_the_key);
     tcase_add_test(tc, test_only_f32_compute_is_offered);
     tcase_add_test(tc, test_decode_gives_1_plus_4_f_minus_1_frames_of_8h_by_8w_in_unit_range_with_progress_per_frame);
+    tcase_add_test(tc, test_a_decode_its_progress_stops_ends_there_and_the_next_decode_is_whole);
     tcase_add_test(tc, test_decoding_a_prefix_of_the_latent_gives_the_same_leading_frames_bit_for_bit);
     tcase_add_test(tc, test_decode_returns_every_byte_it_allocated_and_decodes_again_identically);
     tcase_add_test(tc, test_the_narrowest_decoders_decode_within_their_buffers);

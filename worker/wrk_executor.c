@@ -171,20 +171,37 @@ static int result_extras(const wrk_job_t *j, const outputs_t *o, msg_result_t *r
     return 0;
 }
 
-/* PROGRESS while the output decodes: every step done, `decoded` of
- * `decode_frames` latent frames (docs/PROTOCOL.md). */
+/* After each decoded latent frame: PROGRESS when asked (every step done,
+ * `decoded` of `decode_frames` latent frames, docs/PROTOCOL.md), and
+ * whether to stop -- the request was cancelled, is past its deadline, or
+ * its broker session ended: the rest of the decode would be thrown away
+ * and would hold the VAE from the next request. */
 typedef struct {
     wrk_stream_t *st;
     const wrk_job_t *j;
     uint64_t steps;
+    int stop; /* why it stopped: 0, or WHY_* below */
+    int64_t done, total;
 } decode_progress_t;
 
-static void decode_progress(void *user, int64_t done, int64_t total) {
+enum { WHY_GONE = 1, WHY_CANCELLED, WHY_DEADLINE };
+
+static int decode_progress(void *user, int64_t done, int64_t total) {
     decode_progress_t *d = user;
-    msg_progress_t p = { d->steps, d->steps, (uint64_t)done, (uint64_t)total };
-    if (wrk_pipe_send(d->st->push, d->j->epoch, MSG_PROGRESS, d->j->id, &p) != 0)
-        wrk_log(d->st->x->w, "stream %d: cannot queue PROGRESS of request %llu", d->st->idx,
-                (unsigned long long)d->j->id);
+    wrk_t *w = d->st->x->w;
+    const wrk_job_t *j = d->j;
+    d->done = done;
+    d->total = total;
+    if (j->progress) {
+        msg_progress_t p = { d->steps, d->steps, (uint64_t)done, (uint64_t)total };
+        if (wrk_pipe_send(d->st->push, j->epoch, MSG_PROGRESS, j->id, &p) != 0)
+            wrk_log(w, "stream %d: cannot queue PROGRESS of request %llu", d->st->idx, (unsigned long long)j->id);
+    }
+    if (done >= total) return 0; /* decoded: nothing left to save */
+    if (j->epoch != atomic_load(&w->epoch)) d->stop = WHY_GONE;
+    else if (wrk_cancelled(w, j->epoch, j->id)) d->stop = WHY_CANCELLED;
+    else if (j->deadline_at && wrk_mono_ms() > j->deadline_at) d->stop = WHY_DEADLINE;
+    return d->stop;
 }
 
 /* The decoded output the GEN asked for (frames, or an MP4) into t[0] and
@@ -197,7 +214,7 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
     wrk_t *w = st->x->w;
     size_t len = 0;
     double t0 = reel_mono_s();
-    decode_progress_t dp = { st, j, 0 };
+    decode_progress_t dp = { st, j, 0, 0, 0, 0 };
     if (j->progress) { /* the loop's steps, all done: the decode's frames follow */
         if (j->group) {
             glock(j->group);
@@ -208,8 +225,15 @@ static int decoded(wrk_stream_t *st, wrk_job_t *j, const outputs_t *o, msg_resul
         }
     }
     if (t2v_vae_decode_progress(w->vae, o->out, o->n, j->latent_shape, frames, video ? mp4 : NULL, &len,
-                                j->progress ? decode_progress : NULL, &dp) != 0) {
-        if (strstr(reel_err()->msg, VAE_E_NONFINITE)) { /* the loop's latent is finite: whose values overflowed */
+                                decode_progress, &dp) != 0) {
+        if (dp.stop == WHY_GONE) { /* the broker no longer waits for it */
+        } else if (dp.stop == WHY_CANCELLED) { /* as abandoned(): this ERROR frees its slot at the broker */
+            send_error(st, j, WIRE_E_CANCELLED, "cancelled by its client while its output decoded (after %lld of %lld "
+                       "latent frames)", (long long)dp.done, (long long)dp.total);
+        } else if (dp.stop == WHY_DEADLINE) {
+            send_error(st, j, WIRE_E_TIMEOUT, "dropped while its output decoded (after %lld of %lld latent frames): "
+                       "past its deadline", (long long)dp.done, (long long)dp.total);
+        } else if (strstr(reel_err()->msg, VAE_E_NONFINITE)) { /* the loop's latent is finite: whose values overflowed */
             char code[24], msg[240];
             overflowed(j, "decoded video", code, msg, sizeof msg);
             send_error(st, j, code, "%s", msg);

@@ -1085,7 +1085,8 @@ class Client:
 
         A call that ends without its answer (timeout, ReelTimeout; an
         exception out of progress; KeyboardInterrupt) cancels the GEN: the
-        cluster stops it at its next step (docs/PROTOCOL.md "Cancelling")."""
+        cluster stops it at its next step, or its decode at its next latent
+        frame (docs/PROTOCOL.md "Cancelling")."""
         fields, tensors, torch_out = self._gen_message(
             model, context, steps=steps, latent_shape=latent_shape, latent=latent, uncond=uncond, cfg=cfg,
             shift=shift, sde=sde, eta=eta, seed=seed, version=version, deadline_ms=deadline_ms, solver=solver,
