@@ -106,7 +106,8 @@ int ctl_size_parse_any(const char *s, const char *what, int64_t latent[3], int64
     snprintf(wwhat, sizeof wwhat, "%s width", what);
     snprintf(hwhat, sizeof hwhat, "%s height", what);
     int64_t px[2];
-    if (reel_parse_i64(w, 8, 8 * 65536, wwhat, &px[0]) || reel_parse_i64(star + 1, 8, 8 * 65536, hwhat, &px[1]))
+    /* multiples of 16 from 16 (checked below) */
+    if (reel_parse_i64(w, 16, 8 * 65536, wwhat, &px[0]) || reel_parse_i64(star + 1, 16, 8 * 65536, hwhat, &px[1]))
         return -1;
     if (px[0] % 16 || px[1] % 16)
         return reel_fail(REEL_E_INVALID, "%s %s: width and height must be multiples of 16 (8 for the VAE, "

@@ -378,12 +378,13 @@ $GEN --prompt "$P" --base_seed -1 --out "$D/x.safetensors" 2>"$D/gbs.err"
     "$R" tensor diff "$D/gpx.safetensors" "$D/rel.mp4.safetensors" >/dev/null 2>&1 &&
     ok "gen --size 64*64 --frame_num 5 (Wan's pixel form, as run takes it) is the latent 2x8x8: bitwise run's" ||
     { bad "gen with a pixel --size"; show "$D/gpx.err"; }
-for sz in "72*64" "2x8"; do
+for sz in "72*64" "2x8" "0*16" "8*16"; do
     $RUN --weights "$REL" --prompt "$P" --size "$sz" -o "$D/szr.mp4" 2>"$D/szr.err"
     rr=$?
     $GEN --prompt "$P" --size "$sz" --out "$D/szg.mp4" 2>"$D/szg.err"
     rg=$?
     [ "$rr" = 2 ] && [ "$rg" = 2 ] && [ "$(sed 's/^reelctl: \(run: \)\{0,1\}//' "$D/szr.err" | grep -v defaults)" = "$(sed 's/^reelctl: \(gen: \)\{0,1\}//' "$D/szg.err" | grep -v defaults)" ] &&
+        { [ "${sz#[08]\*}" = "$sz" ] || grep -q "out of range \[16, 524288\]" "$D/szr.err"; } &&
         ok "run and gen refuse --size $sz alike (exit 2, one message)" ||
         { bad "--size $sz: run exit $rr, gen exit $rg"; show "$D/szr.err" "$D/szg.err"; }
 done
