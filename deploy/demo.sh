@@ -132,19 +132,34 @@ for p in $pids; do wait "$p"; done
 sort "$D/warm.log"
 
 say "8. live metrics (docs/OPERATIONS.md): Prometheus text from each daemon's --metrics endpoint"
+scrape() { # PORT
+    /usr/bin/python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$1/metrics', timeout=5).read().decode())"
+}
+# A daemon renders its /metrics every 500 ms: wait until the broker's copy
+# counts the 15 requests above, then one more period for the worker's.
+bport=$(sed -n 's/.*metrics and health on http:\/\/[^ ]* (port \([0-9]*\)).*/\1/p' "$D/broker.log" | head -1)
+i=0
+while [ -n "$bport" ] && [ $i -lt 100 ] && ! scrape "$bport" | grep -qx 'reel_broker_requests_total{outcome="ok"} 15'; do
+    sleep 0.1; i=$((i + 1))
+done
+sleep 0.6
 for f in "$D/broker.log" "$D/w1.log"; do
     port=$(sed -n 's/.*metrics and health on http:\/\/[^ ]* (port \([0-9]*\)).*/\1/p' "$f" | head -1)
     [ -n "$port" ] || continue
     echo "http://127.0.0.1:$port/metrics ($(basename "$f" .log)), a few of its lines:"
-    /usr/bin/python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" |
-        grep -E '^reel_(broker_requests_total|broker_syncs_total|broker_workers|worker_captures_total|worker_replays_total|worker_evictions_total\{reason="weight_sync"\}|worker_weight_version)' | head -8
+    scrape "$port" |
+        grep -E '^reel_(broker_requests_total|broker_syncs_total|broker_workers\{|worker_captures_total|worker_replays_total|worker_evictions_total\{reason="weight_sync"\}|worker_weight_version)' | head -8
 done
 
 say "9. the capture report, from the catalog (each key names its sampler: loop=euler, loop=unipc)"
 "$R" stats --catalog "$DB"
 echo
+echo "per capture key: a key names the sampler, the shapes and the weights version, so the 3 latent shapes"
+echo "make 6 keys, 3 on v1 and 3 on v2 (key_text is cut here; reelctl why below prints one whole):"
 "$R" keys --catalog "$DB"
 echo
+echo "evictions: the sync to v2 evicted every graph that baked v1 (a graph is per stream: a key captured on"
+echo "both streams of a worker is evicted twice):"
 "$R" evictions --catalog "$DB"
 echo
 "$R" versions --catalog "$DB"
@@ -176,14 +191,15 @@ say "11. a prompt in, a video out: the worker encodes the prompt (and Wan's defa
 VIDEO=/tmp/reel-demo-cat.mp4
 cp "$D/cat.mp4" "$VIDEO"
 if command -v ffprobe >/dev/null 2>&1; then
-    echo "ffprobe $VIDEO: $(ffprobe -v error -count_frames -select_streams v:0 -show_entries \
-        stream=codec_name,width,height,nb_read_frames,r_frame_rate -of csv=p=0 "$VIDEO")"
+    echo "ffprobe $VIDEO (codec, width, height, fps, frames counted): $(ffprobe -v error -count_frames \
+        -select_streams v:0 -show_entries stream=codec_name,width,height,r_frame_rate,nb_read_frames -of csv=p=0 "$VIDEO")"
 fi
-"$R" video probe "$VIDEO" | tr '\n' ' '
-echo
+echo "reelctl video probe $VIDEO: $("$R" video probe "$VIDEO" | paste -sd ' ' -)"
 frames=$("$R" video probe "$VIDEO" --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["frames"])')
 [ "$frames" = 9 ] || { echo "demo: the video has $frames frames, not 9" >&2; exit 1; }
 echo "(9 frames of 64x64: 1 + 4(F-1) frames of 8H x 8W from the 3x8x8 latent; random weights draw noise)"
+echo "the newest requests in the catalog: the video's, then the last GRPO group's (a group the worker split"
+echo "over its 2 streams runs each step once per part: its captured, replayed and eager count those runs):"
 "$R" requests --catalog "$DB" | head -3
 echo
 echo "demo: done"
