@@ -159,7 +159,8 @@ def main():
         # One more group: every step must run on the last published version.
         last = rollout(c, a, prompt, 99, (C, F, H, W))
         seen = sorted({v for r in last for v in r.versions})
-        print(f"grpo: the next rollouts ran on v{seen}")
+        print(f"grpo: the next rollouts ran on {', '.join(f'v{v}' for v in seen)}"
+              f" (published last: v{version - 1})")
         ok = ok and seen == [version - 1]
     print("grpo: done" if ok else "grpo: FAILED: a rollout ran on another version than the one just published")
     return 0 if ok else 1

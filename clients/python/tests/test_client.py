@@ -586,7 +586,7 @@ class ClientTests(unittest.TestCase):
         out = p.stdout.decode()
         self.assertEqual(p.returncode, 0, out)
         self.assertIn("published v10", out)
-        self.assertIn("the next rollouts ran on v[11]", out)
+        self.assertIn("the next rollouts ran on v11 (published last: v11)", out)
         self.assertEqual(self.c.status().get("versions", {}).get("transformer"), 11)
 
     def test_sync_needs_exactly_one_source_and_wan_names(self):
@@ -2232,7 +2232,7 @@ class LoraTests(unittest.TestCase):
         out = p.stdout.decode()
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"published v{v} (adapter on base v{base})", out)
-        self.assertIn(f"the next rollouts ran on v[{v + 1}]", out)
+        self.assertIn(f"the next rollouts ran on v{v + 1} (published last: v{v + 1})", out)
         # Without --base, run after run: the current version is the last
         # run's adapter, no base; each run publishes --weights as its base.
         for run_ in range(2):
@@ -2244,7 +2244,7 @@ class LoraTests(unittest.TestCase):
             self.assertEqual(p.returncode, 0, f"run {run_ + 1} without --base: {out}")
             self.assertIn(f"published v{v} (the base: {self.w} whole)", out)
             self.assertIn(f"published v{v + 1} (adapter on base v{v})", out)
-            self.assertIn(f"the next rollouts ran on v[{v + 2}]", out)
+            self.assertIn(f"the next rollouts ran on v{v + 2} (published last: v{v + 2})", out)
 
     def test_a_thousand_alternating_adapter_syncs_leave_the_output_bitwise_the_first(self):
         folders = []
