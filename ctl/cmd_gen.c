@@ -379,7 +379,15 @@ static int gen_save(const gen_opts_t *o, const reel_gen_result_t *r, const float
     else
         snprintf(vers, sizeof vers, "v%" PRIu64, r->version);
     char grp_text[128] = "";
-    if (grp) snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps", o->g.n);
+    /* A group the worker split (over its streams, or into smaller batches
+     * by its budget) runs each step once per part: the counts below are of
+     * those runs, so say how many there were. */
+    long long runs = (long long)r->captured + r->replayed + r->eager;
+    if (grp && runs > o->g.steps)
+        snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps run in parts, %lld steps in all",
+                 o->g.n, runs);
+    else if (grp)
+        snprintf(grp_text, sizeof grp_text, ", a group of %d in batched steps", o->g.n);
     if (!grp && r->batched)
         snprintf(grp_text, sizeof grp_text, ", %d batched with other requests (%.1f a batch, %d padded rows)",
                  r->batched, (double)r->batch_rows / r->batched, r->padded_rows);

@@ -73,6 +73,11 @@ for k in 1 2 3; do gen "$CE2" g4two$k --n 4 --seed 20 || { bad "group on two str
 grep -q "replayed 8, eager 0" "$D/g4two2.err" && grep -q "replayed 8, eager 0" "$D/g4two3.err" &&
     ok "from its second run, both parts (each on its own stream) replay all 4 steps (8 batched steps)" ||
     { bad "split group replays"; show "$D/g4two2.err" "$D/g4two3.err"; }
+grep -q "4 steps, a group of 4 in batched steps run in parts, 8 steps in all (captured 0, replayed 8, eager 0)" \
+    "$D/g4two2.err" && ok "gen says the split group's counts are of its 8 step runs, not its 4 steps" ||
+    { bad "split group report"; show "$D/g4two2.err"; }
+grep -q "4 steps, a group of 3 in batched steps (captured 0, replayed 4, eager 0)" "$D/g2.err" &&
+    ok "an unsplit group's report is unchanged" || { bad "unsplit group report"; show "$D/g2.err"; }
 kill "$WORKER" 2>/dev/null
 cli_worker w4 "$D/broker2.log" "$D/w4.log" --broker "$WE2" --weights "$D/w.safetensors" --streams 2 \
     --heartbeat-ms 200 --budget 150K || bad "two-stream small-budget worker registers"
