@@ -67,8 +67,18 @@ static void find_t5(const char *dir, char *out) {
     free(names);
 }
 
-int release_find(const char *dir, release_parts_t *out) {
+const char *release_dir(const char *dir, char *buf) {
+    size_t n = strlen(dir);
+    if (n < 2 || dir[n - 1] != '/' || n >= PATH_MAX) return dir;
+    memcpy(buf, dir, n + 1);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    return buf;
+}
+
+int release_find(const char *dir_arg, release_parts_t *out) {
     memset(out, 0, sizeof *out);
+    char dbuf[PATH_MAX];
+    const char *dir = release_dir(dir_arg, dbuf);
     struct stat st;
     if (stat(dir, &st) != 0) return reel_fail_errno(REEL_E_IO, errno, "%s", dir);
     if (!S_ISDIR(st.st_mode)) return reel_fail(REEL_E_INVALID, "%s is not a release folder", dir);
@@ -97,7 +107,9 @@ int release_find(const char *dir, release_parts_t *out) {
     return 0;
 }
 
-void release_text_missing(const char *dir, const release_parts_t *p, char *out, size_t len) {
+void release_text_missing(const char *dir_arg, const release_parts_t *p, char *out, size_t len) {
+    char dbuf[PATH_MAX];
+    const char *dir = release_dir(dir_arg, dbuf);
     size_t n = 0;
     out[0] = '\0';
     if (!p->t5[0])
@@ -244,8 +256,10 @@ static int sched_keys_differ(const json_t *root, const sched_key_t *keys, size_t
 
 #define NKEYS(a) (sizeof(a) / sizeof(a)[0])
 
-int release_sched_read(const char *dir, const release_parts_t *p, release_sched_t *out) {
+int release_sched_read(const char *dir_arg, const release_parts_t *p, release_sched_t *out) {
     memset(out, 0, sizeof *out);
+    char dbuf[PATH_MAX];
+    const char *dir = release_dir(dir_arg, dbuf);
     out->shift = NAN;
     if (!p->pipeline ||
         snprintf(out->path, sizeof out->path, "%s/scheduler/scheduler_config.json", dir) >= (int)sizeof out->path ||

@@ -37,6 +37,12 @@ typedef struct {
  * message when dir is not a readable directory. */
 int release_find(const char *dir, release_parts_t *out);
 
+/* dir without its trailing slashes ("/" stays): in buf (PATH_MAX bytes)
+ * when it had any, else dir itself. The paths release_find finds and the
+ * folder its callers name then read "DIR/NAME", not "DIR//NAME", for a
+ * folder given as "DIR/". */
+const char *release_dir(const char *dir, char *buf);
+
 /* What p, found in dir by release_find, lacks for a text encoder, for a
  * message: for each of the text encoder and the tokenizer it has not, the
  * path looked at and the file expected ("no tokenizer: DIR/google/umt5-xxl/

@@ -347,11 +347,15 @@ stop_proc "$WORKER" || bad "wk stops"
 # a release folder without its VAE: the worker serves prompts and says
 # why it gives no frames or videos (as it does for the text encoder)
 cp -r "$REL" "$D/novae_w" && rm "$D/novae_w/Wan2.1_VAE.pth"
-cli_worker wv "$D/broker.log" "$D/wv.log" --broker "$WE" --weights "$D/novae_w" --heartbeat-ms 200 &&
+# (given as "DIR/", as README.md writes it: the paths it names read DIR/NAME)
+cli_worker wv "$D/broker.log" "$D/wv.log" --broker "$WE" --weights "$D/novae_w/" --heartbeat-ms 200 &&
     grep -q "text encoder t5-tiny .*prompts accepted" "$D/wv.log" &&
     grep -q "no VAE: $D/novae_w/ has no Wan2.1_VAE.pth (nor Wan2.1_VAE.safetensors) (give --vae FILE): GENs asking for frames or a video are not routed here" "$D/wv.log" &&
     ok "a release folder without Wan2.1_VAE.pth: the worker serves prompts, saying it has no VAE and why" ||
     { bad "folder without a VAE"; show "$D/wv.log"; }
+grep -qF "text encoder t5-tiny ($D/novae_w/models_t5_umt5-xxl-enc-bf16.pth, tokenizer $D/novae_w/google/umt5-xxl)" \
+    "$D/wv.log" && ! grep -q "novae_w//" "$D/wv.log" &&
+    ok "--weights DIR/: the parts it found are named DIR/NAME, not DIR//NAME" || { bad "DIR/ paths"; show "$D/wv.log"; }
 stop_proc "$WORKER" || bad "wv stops"
 timeout 60 "$B/reel-worker" --name wx --broker "$WE" --weights "$D/plain.safetensors" \
     --t5 "$REL/models_t5_umt5-xxl-enc-bf16.pth" >"$D/wx.log" 2>&1

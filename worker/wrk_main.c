@@ -849,10 +849,12 @@ static int open_media(wrk_t *w, size_t *cache_budget) {
         wrk_log(w, "LoRA syncs accepted: base v%" PRIu64 " kept for them (%zu bytes)", w->base.version, base);
     if (w->text) wrk_log(w, "text encoder %s (%s, tokenizer %s): prompts accepted", t2v_text_name(w->text), t5, tok);
     if (w->vae) wrk_log(w, "VAE %s (%s): frames and videos", t2v_vae_name(w->vae), vae);
-    else if (w->text && !o->t5 && !o->tokenizer) /* a release folder short of its VAE: say so, as for the text encoder */
+    else if (w->text && !o->t5 && !o->tokenizer) { /* a release folder short of its VAE: say so, as for the text encoder */
+        char dbuf[PATH_MAX];
         wrk_log(w, "no VAE: %s/ has no %s (nor Wan2.1_VAE.safetensors)%s%s%s (give --vae FILE): GENs asking for frames or "
-                "a video are not routed here", o->weights, RELEASE_VAE_NAME, rel.pipeline ? " and no " : "",
+                "a video are not routed here", release_dir(o->weights, dbuf), RELEASE_VAE_NAME, rel.pipeline ? " and no " : "",
                 rel.pipeline ? RELEASE_DIFFUSERS_VAE : "", rel.pipeline ? "/" : "");
+    }
     *cache_budget = o->budget;
     if (o->budget && used >= o->budget) {
         char parts[128] = "";
