@@ -13,7 +13,10 @@
 #      (before the fix, 8 of 150 over TCP and 3 of 150 over ipc hung);
 #   2. a GEN with resends through a pair of standbys (a socket per move,
 #      every 100 ms): it ends "every broker is the standby", every move
-#      answered, not "no answer" (a lost IO thread).
+#      answered, not "no answer" (a lost IO thread);
+#   3. nothing listening at the endpoint (an ipc path nobody bound, a TCP
+#      port that refuses): the timeout says so and names the endpoint
+#      (helper-110: a user who forgot --broker waited with no word why).
 # Usage: cli_client_sockets.sh BUILD
 set -u
 B="${1:-build}"
@@ -26,6 +29,7 @@ PY=/usr/bin/python3
 cli_broker "$D/tcp.log" --clients "tcp://127.0.0.1:0" --workers "ipc://$D/w1" --catalog "" ||
     { bad "the TCP broker starts"; show "$D/tcp.log"; finish; }
 CT=$(sed -n 's/.*ready clients=\(tcp:[^ ]*\).*/\1/p' "$D/tcp.log" | head -1)
+TB=$BROKER
 cli_broker "$D/ipc.log" --clients "ipc://$D/c" --workers "ipc://$D/w2" --catalog "" ||
     { bad "the ipc broker starts"; show "$D/ipc.log"; finish; }
 
@@ -87,4 +91,14 @@ for run in 1 2 3; do
 done
 [ "$good" = 3 ] && ok "3 GENs through a pair of standbys: each moved between them to its timeout, every move answered" ||
     bad "GENs through a pair of standbys: $good of 3 ended with every broker the standby"
+
+# a TCP port nobody listens on: the TCP broker's own, once it has stopped
+for ep in "ipc://$D/nobody-bound-this" "$CT"; do
+    [ "$ep" = "$CT" ] && stop_proc "$TB" >/dev/null 2>&1
+    timeout 60 "$R" status --broker "$ep" >/dev/null 2>"$D/none.err"
+    rc=$?
+    [ "$rc" = 1 ] && grep -q "timeout: .*; nothing accepted a connection at $ep (is a broker running there?" "$D/none.err" &&
+        ok "nothing listening at ${ep%%:*}: the timeout says so, naming the endpoint" ||
+        { bad "no broker at $ep (exit $rc)"; show "$D/none.err"; }
+done
 finish

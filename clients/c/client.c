@@ -53,7 +53,10 @@ void reel_client_on_resend(reel_client_t *c, reel_resend_fn fn, void *user) {
 
 reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_keys(endpoint, NULL, NULL); }
 
-enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED };
+/* HS_REFUSED: connection attempts failed and none succeeded since (no
+ * broker listening at the endpoint: a tcp connect refused, an ipc path
+ * with nothing bound) */
+enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED, HS_REFUSED };
 
 /* Stops sock's monitor, then closes its reader mon: in that order.
  * libzmq's IO thread sends each event to the monitor's PAIR with a
@@ -81,7 +84,8 @@ static void watch_handshakes(reel_client_t *c) {
     c->mon = NULL;
     c->hs_kind = HS_NONE;
     if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+                                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED) != 0)
         return;
     int zero = 0;
     void *m = zmq_socket(c->ctx, ZMQ_PAIR);
@@ -128,6 +132,10 @@ static void read_handshakes(reel_client_t *c) {
             unwatch(c->sock, c->mon);
             c->mon = NULL;
             break;
+        } else if (id == ZMQ_EVENT_CONNECT_RETRIED) {
+            if (c->hs_kind == HS_NONE) c->hs_kind = HS_REFUSED; /* a handshake's failure says more */
+        } else if (id == ZMQ_EVENT_CONNECTED) {
+            if (c->hs_kind == HS_REFUSED) c->hs_kind = HS_NONE;
         } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c->hs_kind = HS_AUTH, c->hs_value = v;
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             c->hs_kind = HS_MECHANISM;
@@ -151,6 +159,9 @@ static const char *handshake_hint(reel_client_t *c) {
     else if (c->hs_kind == HS_CLOSED && c->curve.on)
         snprintf(c->hint, sizeof c->hint, "; the broker closed every CURVE handshake: the broker key given "
                  "(--broker-key or REEL_BROKER_KEY) is probably not its public key");
+    else if (c->hs_kind == HS_REFUSED)
+        snprintf(c->hint, sizeof c->hint, "; nothing accepted a connection at %.200s (is a broker running there? "
+                 "--broker names it)", c->eps[c->at]);
     else if (c->hs_kind == HS_CLOSED) /* a keyless broker takes a keyless client: one that requires keys hangs up first */
         snprintf(c->hint, sizeof c->hint, "; the broker closed every handshake: it probably requires CURVE keys and "
                  "this client has none (set REEL_KEY and REEL_BROKER_KEY, or --key and --broker-key: "
