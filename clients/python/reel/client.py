@@ -677,7 +677,8 @@ class Client:
         self._sock, self._mon, self._hs = sock, mon, None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                  zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                  zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH |
+                  zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
     _monitors = itertools.count(1)
 
     def _watch(self, sock):
@@ -764,6 +765,14 @@ class Client:
                 mon, self._mon = self._mon, None
                 self._unwatch(self._sock, mon)
                 break
+            elif event == zmq.EVENT_CONNECT_RETRIED:
+                # every connection attempt failed so far (nothing listening);
+                # a handshake's failure says more
+                if self._hs is None:
+                    self._hs = ("refused", value)
+            elif event == zmq.EVENT_CONNECTED:
+                if self._hs is not None and self._hs[0] == "refused":
+                    self._hs = None
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._hs = ("auth", value)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == 0x11000002:  # mechanism mismatch
@@ -786,6 +795,9 @@ class Client:
         if kind == "closed" and self._curve:
             return ("; the broker closed every CURVE handshake: the broker key given (broker_key, REEL_BROKER_KEY) "
                     "is probably not its public key")
+        if kind == "refused":
+            return (f"; nothing accepted a connection at {self._eps[self._at]} (is a broker running there? the "
+                    "Client's endpoint names it)")
         if kind == "closed":  # a keyless broker takes a keyless client: one that requires keys hangs up first
             return ("; the broker closed every handshake: it probably requires CURVE keys and this client has none "
                     "(key=, broker_key=, or REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)")

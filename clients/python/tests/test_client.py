@@ -999,6 +999,26 @@ class CancelTests(unittest.TestCase):
         self.assertEqual([h for h in self.got if h["type"] == "CANCEL"], [])
 
 
+class NoBrokerTests(unittest.TestCase):
+    """Nothing listening where the Client points (no cluster)."""
+
+    def test_a_timeout_with_nothing_listening_says_so_naming_the_endpoint(self):
+        d = tempfile.mkdtemp(prefix="reel-py-nobroker-")
+        try:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()  # a port that refuses
+            for ep in (f"ipc://{d}/nobody-bound-this", f"tcp://127.0.0.1:{port}"):
+                with reel.Client(ep, timeout=1.5) as c:
+                    with self.assertRaises(reel.ReelTimeout) as cm:
+                        c.status()
+                self.assertIn(f"; nothing accepted a connection at {ep} (is a broker running there?",
+                              str(cm.exception))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class GenResultTests(unittest.TestCase):
     """GenResult from a RESULT header alone (no cluster)."""
 
@@ -2471,6 +2491,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(ClientTests))
     suite.addTests(loader.loadTestsFromTestCase(CancelTests))
     suite.addTests(loader.loadTestsFromTestCase(GenResultTests))
+    suite.addTests(loader.loadTestsFromTestCase(NoBrokerTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
