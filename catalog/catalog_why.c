@@ -113,7 +113,12 @@ static const char totals_sql[] =
     " max((SELECT count(*)" LINEAGE_CAPTURES " AND c.t < ?4), (SELECT coalesce(sum(q.captured), 0)"
     CAPTURING_REQUESTS ")) AS captures_before,"
     " (SELECT min(t) FROM captures WHERE worker = ?1 AND key_hash = ?2 AND placeholder = 0 AND t >= ?4"
-    " AND t <= ?5) AS own_capture";
+    " AND t <= ?5) AS own_capture,"
+    /* other requests of its key on its worker that captured while it ran
+     * (another stream's): the catalog does not say whose capture is whose */
+    " (SELECT count(*) FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0"
+    " AND NOT (q.id = ?6 AND q.t IS ?7) AND q.t >= ?4 AND coalesce(q.started, q.t - q.seconds) <= ?3)"
+    " AS capturing_beside";
 /* The stamp of the request's last own capture: the captured-th capture of
  * its key on its worker from its start (?4) up to WHY_EVENT_LAG past its
  * end (?5), in order; bound as ?8 = captured. None when fewer came.
@@ -270,13 +275,22 @@ static int verdict(cat_t *c, json_t *root) {
             recaptured_before = true;
     }
 
+    /* Requests of its key that captured on another stream while it ran: any
+     * of the key's captures in its time may be theirs. */
+    long long beside = integer(tot, "capturing_beside");
     /* what its own capture cost: the capture seconds of this key's
      * captures stamped with it (a worker's events come in batches, so
-     * another stream's capture of the key may share the stamp: a range) */
+     * another stream's capture of the key may share the stamp: a range);
+     * with requests capturing beside it, of all the key's captures from its
+     * start to its own (a range) */
     double cap_lo = -1, cap_hi = -1;
+    double upto = own_found && json_number_value(own) > num(root, "until") ? json_number_value(own) : num(root, "until");
     json_array_foreach(caps, i, cp) {
         if (!own_found || !json_is_true(json_object_get(cp, "this_key")) ||
-            num(cp, "t") != json_number_value(own) || !json_is_number(json_object_get(cp, "capture_seconds")))
+            !json_is_number(json_object_get(cp, "capture_seconds")))
+            continue;
+        if (beside > 0 ? num(cp, "t") < num(root, "started") || num(cp, "t") > upto
+                       : num(cp, "t") != json_number_value(own))
             continue;
         double x = num(cp, "capture_seconds");
         if (cap_lo < 0 || x < cap_lo) cap_lo = x;
@@ -297,7 +311,10 @@ static int verdict(cat_t *c, json_t *root) {
             kind = "evicted";
             say(&v, "its graph ");
             say_eviction(&v, ev);
-            if (own_found) say(&v, " and captured again by this request at %s", when(json_number_value(own), at));
+            if (own_found && beside > 0)
+                say(&v, " and captured again at %s, by this request or %lld of its key running beside it",
+                    when(json_number_value(own), at), beside);
+            else if (own_found) say(&v, " and captured again by this request at %s", when(json_number_value(own), at));
             else say(&v, " and not captured again before this request ended");
             if (strcmp(text(ev, "key_hash"), text(r, "capture_key")) &&
                 json_is_string(json_object_get(ev, "weights")) && json_is_string(json_object_get(root, "weights")))
@@ -319,7 +336,10 @@ static int verdict(cat_t *c, json_t *root) {
             kind = "new_key";
             say_paid(&v, r);
             say(&v, ": the key was new on %.64s", worker);
-            if (json_is_number(first))
+            if (json_is_number(first) && own_found && beside > 0)
+                say(&v, " -- its first capture is at %s, by this request or %lld of its key running beside it --",
+                    when(json_number_value(first), at), beside);
+            else if (json_is_number(first))
                 say(&v, " -- its first capture is at %s%s --", when(json_number_value(first), at),
                     own_found ? ", by this request" : "");
             else

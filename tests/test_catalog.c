@@ -2122,6 +2122,39 @@ START_TEST(test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_
 }
 END_TEST
 
+/* Two requests of one key on two streams of w0 at once, each capturing its
+ * own graph (helper-110, make demo): the catalog does not say which capture
+ * is whose, so why says "by this request or 1 of its key running beside
+ * it" and gives the range of those captures' seconds; a request of the key
+ * alone later says "by this request". */
+START_TEST(test_why_does_not_credit_a_request_with_a_capture_another_stream_may_have_made) {
+    cat_t *c = open_ok(false);
+    const char *k = "00000000000000c7";
+    TS_OK(cat_request(c, 21, "w0", WHY_SHARD, 1, 6, 1, 3, 2, 0.9, "ok", 0, 0, 0, 0, 0, k, "warming_up=2", NULL,
+                      2000.0, 0, 2001.0));
+    TS_OK(cat_request(c, 22, "w0", WHY_SHARD, 1, 6, 1, 3, 2, 1.0, "ok", 0, 0, 0, 0, 0, k, "warming_up=2", NULL,
+                      2000.1, 0, 2001.2));
+    TS_OK(cat_capture(c, "w0", WHY_KEY("1") " c7", k, 0, 4096, 12, 0.3, 1, NULL, 2000.5));
+    TS_OK(cat_capture(c, "w0", WHY_KEY("1") " c7", k, 1, 4096, 12, 0.6, 1, NULL, 2000.7));
+    json_t *j = why_ok(c, 21, NULL);
+    ck_assert_str_eq(why_kind(j), "new_key");
+    ck_assert_msg(strstr(why_text(j), "by this request or 1 of its key running beside it") &&
+                      strstr(why_text(j), "capturing its graph took 0.300-0.600 s"),
+                  "%s", why_text(j));
+    json_decref(j);
+    /* alone: its capture is its own */
+    TS_OK(cat_request(c, 23, "w0", WHY_SHARD, 1, 6, 1, 3, 2, 0.4, "ok", 0, 0, 0, 0, 0, "00000000000000c8",
+                      "warming_up=2", NULL, 3000.0, 0, 3001.0));
+    TS_OK(cat_capture(c, "w0", WHY_KEY("1") " c8", "00000000000000c8", 0, 4096, 12, 0.2, 1, NULL, 3000.5));
+    j = why_ok(c, 23, NULL);
+    ck_assert_msg(strstr(why_text(j), ", by this request --") && !strstr(why_text(j), "beside") &&
+                      strstr(why_text(j), "capturing its graph took 0.200 s"),
+                  "%s", why_text(j));
+    json_decref(j);
+    cat_close(&c);
+}
+END_TEST
+
 /* Retention prunes raw requests but keeps each hour's slowest: why reads
  * those, and says the time split is unknown (null), not 0. */
 START_TEST(test_why_reads_the_slowest_requests_once_retention_pruned_the_raw_row) {
@@ -2236,6 +2269,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_why_a_request_after_a_sync_finds_the_eviction_of_its_graph_at_the_old_version);
     tcase_add_test(tc, test_why_a_failed_request_says_it_had_no_result_and_an_unknown_id_is_not_found);
     tcase_add_test(tc, test_why_reads_the_slowest_requests_once_retention_pruned_the_raw_row);
+    tcase_add_test(tc, test_why_does_not_credit_a_request_with_a_capture_another_stream_may_have_made);
     tcase_add_test(tc, test_why_masks_control_characters_of_the_catalog);
     suite_add_tcase(s, tc);
     return s;
