@@ -487,7 +487,8 @@ static json_t *build_requests(cat_t *c) {
         "SELECT t, id, worker, version, steps, captured, replayed, eager, batched_steps,"
         " CASE WHEN batched_steps > 0 THEN round(1.0 * batch_rows / batched_steps, 2) END AS mean_batch,"
         " padded_rows, seconds, encode_seconds,"
-        " decode_seconds, status, key_hash, capture_key, eager_reasons FROM requests ORDER BY rowid DESC LIMIT "
+        " decode_seconds, status, key_hash, capture_key, eager_reasons, broker_id FROM requests ORDER BY rowid DESC"
+        " LIMIT "
         CAT_STR(CAT_RECENT_LIMIT));
 }
 

@@ -506,10 +506,14 @@ START_TEST(test_migration_5_drops_the_request_indexes_and_recent_requests_stay_n
                  " 'ok', 11)");
     sqlite3_close(db);
     cat_t *c = open_ok(false);
-    ck_assert_int_eq(cat_request(c, 3, "w0", "00000000000000aa", 1, 4, 0, 4, 0, 0.1, "ok", 0.5, 0.25, 0, 0, 0, NULL, NULL, NULL, NAN, 0, 12), 0);
+    ck_assert_int_eq(cat_request(c, 3, "w0", "00000000000000aa", 1, 4, 0, 4, 0, 0.1, "ok", 0.5, 0.25, 0, 0, 0, NULL, NULL, NULL, NAN, 7000003, 12), 0);
     json_t *rows = cat_query_requests(c);
     ck_assert_ptr_nonnull(rows);
     ck_assert_uint_eq(json_array_size(rows), 3);
+    /* migration 17: the broker's id of the new row (the one its worker's
+     * log names), null for the old ones */
+    ck_assert_int_eq(jint(json_array_get(rows, 0), "broker_id"), 7000003);
+    ck_assert(json_is_null(json_object_get(json_array_get(rows, 2), "broker_id")));
     /* migration 8: the new row keeps its encode and decode seconds, the old ones read 0 */
     ck_assert_double_eq(json_real_value(json_object_get(json_array_get(rows, 0), "encode_seconds")), 0.5);
     ck_assert_double_eq(json_real_value(json_object_get(json_array_get(rows, 0), "decode_seconds")), 0.25);
