@@ -189,6 +189,11 @@ enum { BRK_MEMBER_WAITING, BRK_MEMBER_APPLIED, BRK_MEMBER_FAILED };
 typedef struct {
     char worker[BRK_NAME_MAX];
     int state;                 /* BRK_MEMBER_* */
+    bool undelivered;          /* waiting, but its SYNC never reached the worker (a send failed: its
+                                * connection was gone, or its queue full): sent again when the worker
+                                * registers again or speaks again; it fails only when the worker is
+                                * dropped or the deadline passes ("SYNC not delivered: ..."). Only
+                                * ever set while waiting */
     char reason[MSG_REASON_MAX]; /* a refusal's why, whole (an adapter's key names are long) */
 } brk_member_t;
 
@@ -200,7 +205,8 @@ typedef struct {
 } brk_trainer_t;
 
 /* One SYNC's barrier: the workers live when it arrived, and the trainers
- * to answer once each has applied it, failed, died or timed out. At most
+ * to answer once each has applied it, failed, died or timed out (one its
+ * SYNC could not reach stays on it until then: brk_member_t). At most
  * one per (component, version). While the version is pending (no worker
  * applied it yet) the barrier owns its SYNC; the first ok ack makes it the
  * component's current one (sync moves to brk_current_t). A barrier ending
@@ -315,7 +321,8 @@ static inline void brk_note_applying(brk_t *b) {
     for (const brk_barrier_t *s = b->barriers; s; s = s->next) {
         if (strcmp(s->component, BRK_COMPONENT) || s->deadline_ms == INT64_MAX) continue;
         for (int k = 0; k < s->n; k++) {
-            if (s->m[k].state != BRK_MEMBER_WAITING) continue;
+            /* (one its SYNC never reached is not applying it) */
+            if (s->m[k].state != BRK_MEMBER_WAITING || s->m[k].undelivered) continue;
             for (int i = 0; i < b->n_w; i++)
                 if (!strcmp(b->w[i]->route.name, s->m[k].worker) && b->w[i]->route.applying < s->version)
                     b->w[i]->route.applying = s->version;

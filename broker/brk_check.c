@@ -182,12 +182,15 @@ static int check_barrier(const brk_t *b, const brk_barrier_t *s) {
             BROKEN("barrier %s v%llu: member %s has state %d", c, v, mb->worker, mb->state);
         for (int j = 0; j < i; j++)
             if (!strcmp(s->m[j].worker, mb->worker)) BROKEN("barrier %s v%llu lists worker %s twice", c, v, mb->worker);
+        if (mb->undelivered && mb->state != BRK_MEMBER_WAITING)
+            BROKEN("barrier %s v%llu: member %s is undelivered in state %d", c, v, mb->worker, mb->state);
         if (mb->state != BRK_MEMBER_WAITING) continue;
         waiting = true;
         /* a worker dropped fails its entries first (brk_sync_worker_lost) */
         const brk_worker_t *w = named(b, mb->worker);
         if (!w) BROKEN("barrier %s v%llu waits for worker %s, which is not registered", c, v, mb->worker);
-        for (int k = 0; k < w->n_syncs; k++)
+        /* (one whose SYNC could not be sent waits for it to come back) */
+        for (int k = 0; k < w->n_syncs && !mb->undelivered; k++)
             if (!strcmp(w->syncs[k].component, c) && w->syncs[k].sent < s->version)
                 BROKEN("barrier %s v%llu waits for worker %s, which was sent only v%llu", c, v, mb->worker,
                        (unsigned long long)w->syncs[k].sent);

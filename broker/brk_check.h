@@ -16,7 +16,9 @@
  *  - syncs: at most one barrier per (component, version); each has a
  *    member still waiting (a settled one is answered and freed), members
  *    are distinct, a waiting one is a registered worker that was sent the
- *    version; a pending SYNC is the barrier's own; each current SYNC is
+ *    version (or one marked undelivered: a send failed, and it waits for
+ *    the worker to come back; no member but a waiting one is so marked);
+ *    a pending SYNC is the barrier's own; each current SYNC is
  *    the component's version (none while it is 0).
  *  - uploads (brk_upload_check): a closed slot holds nothing, an open one
  *    its file, hasher and no more bytes than announced, each slot names a

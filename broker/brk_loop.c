@@ -215,8 +215,9 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
             brk_undelivered(b, "RECONNECT");
         return;
     }
-    /* It may have missed syncs while a send to it failed. */
-    if (brk_workers_heard(b, w)) brk_catch_up(b, w);
+    /* It may have missed syncs while a send to it failed: a barrier's it
+     * could not be sent, and catch-ups. */
+    if (brk_workers_heard(b, w)) brk_sync_reachable(b, w);
     switch (t) {
     case MSG_HEARTBEAT: { /* "incoming": a large message from it follows, and nothing else of its until it has */
         uint64_t in = msg_heartbeat_incoming(m);

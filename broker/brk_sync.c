@@ -34,6 +34,14 @@
  * went silent or restarted) is held for the workers to register instead
  * of failing at once with no live worker.
  *
+ * A SYNC that cannot be delivered (the worker's connection is gone, as
+ * between two of its broker sessions, or its queue is full) does not fail
+ * its member: the barrier waits for that worker to register again or
+ * speak again, when it is sent again, and fails the member only when the
+ * worker is dropped (liveness) or the deadline passes ("SYNC not
+ * delivered: ..."). A worker between sessions is not a worker that
+ * refused, and its trainer must not be told so.
+ *
  * Only a trainer may SYNC (brk_zap.c refuses the others before they get
  * here); every SYNC that gets here is audited with its key's name and
  * what became of it. A deadline is clamped to BRK_SYNC_DEADLINE_MAX_MS,
@@ -172,6 +180,7 @@ static brk_member_t *member(brk_barrier_t *s, const char *worker);
 static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const char *reason);
 static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worker_t *w);
 static void settle_barriers(brk_t *b);
+static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *when);
 
 /* A LoRA adapter's base in the catalog, and the config of one sent by
  * upload (its SYNC is made again from them after a restart). */
@@ -233,25 +242,54 @@ static void rejoin_interrupted(brk_t *b, brk_worker_t *w) {
     settle_barriers(b);
 }
 
-/* Worker w registered again while a barrier waits for its ack: a worker
- * drops a SYNC whose broker session ended before it applied it (the
- * broker may have failed that sync), so it is sent again on this one; one
- * the worker applied before it registered is answered at once. */
-static void resend_waiting(brk_t *b, brk_worker_t *w) {
+/* Whether a SYNC of s's version or a newer one went to w (on this
+ * session) and its ack has not come: its ok acks s too. */
+static bool ws_covers(const brk_worker_t *w, const brk_barrier_t *s) {
+    const brk_wsync_t *ws = wsync_of(w, s->component);
+    return ws && ws->waiting && ws->sent >= s->version;
+}
+
+/* Worker w registered again (all: a worker drops a SYNC whose broker
+ * session ended before it applied it, and the broker may have failed that
+ * sync, so each barrier still waiting for it sends it again on this
+ * session), or speaks again after sends to it failed (all false: only the
+ * SYNCs that never reached it). One the worker runs already is answered
+ * at once. A barrier of a version no longer current (a newer one is) has
+ * no SYNC of its own to send: the newer one the catch-up sends covers it
+ * (its ok acks every older barrier), and deliveries_noted says whether it
+ * went. A send that fails again leaves the member waiting, undelivered. */
+static void resend_waiting(brk_t *b, brk_worker_t *w, bool all) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         brk_member_t *mb = member(s, w->route.name);
-        if (!mb || mb->state != M_WAITING) continue;
+        if (!mb || mb->state != M_WAITING || (!all && !mb->undelivered)) continue;
         const brk_current_t *c = s->sync ? NULL : find_current(b, s->component);
         const msg_sync_t *sync = s->sync ? s->sync : c && c->version == s->version ? c->sync : NULL;
         if (runs_already(b, s, w)) {
             mb->state = M_APPLIED;
+            mb->undelivered = false;
             if (s->sync) promote(b, s, w->route.name);
-        } else if (!sync || sync_send(b, w, s->sync_id, sync) != 0) {
-            member_failed(b, s, mb, "unreachable: SYNC not delivered again after the worker registered again");
+        } else if (!sync) {
+            mb->undelivered = true; /* until the catch-up's newer SYNC goes (deliveries_noted) */
+        } else if (ws_covers(w, s)) {
+            mb->undelivered = false; /* a newer SYNC sent just before covers it: its ok acks this one */
+        } else if (sync_send(b, w, s->sync_id, sync) != 0) {
+            undelivered(s, mb, all ? "after it registered again" : "after it spoke again");
         } else {
-            brk_log("sync %s v%llu sent again to %s: it registered again before answering", s->component,
-                    (unsigned long long)s->version, w->route.name);
+            mb->undelivered = false;
+            brk_log("sync %s v%llu sent again to %s: it %s before answering", s->component,
+                    (unsigned long long)s->version, w->route.name,
+                    all ? "registered again" : "was unreachable when the sync was sent");
         }
+    }
+}
+
+/* After w was caught up: a member of w waiting undelivered on a barrier
+ * whose version (or a newer one) has since been sent to w awaits that
+ * SYNC's ack now. */
+static void deliveries_noted(brk_t *b, brk_worker_t *w) {
+    for (brk_barrier_t *s = b->barriers; s; s = s->next) {
+        brk_member_t *mb = member(s, w->route.name);
+        if (mb && mb->state == M_WAITING && mb->undelivered && ws_covers(w, s)) mb->undelivered = false;
     }
 }
 
@@ -263,9 +301,17 @@ void brk_sync_joined(brk_t *b, brk_worker_t *w) {
             ws->sent_id = 0;
         }
     }
-    resend_waiting(b, w);
+    resend_waiting(b, w, true);
     rejoin_interrupted(b, w);
     brk_catch_up(b, w);
+    deliveries_noted(b, w);
+}
+
+void brk_sync_reachable(brk_t *b, brk_worker_t *w) {
+    resend_waiting(b, w, false);
+    brk_catch_up(b, w);
+    deliveries_noted(b, w);
+    settle_barriers(b); /* (one it runs already may have ended) */
 }
 
 const char *brk_sync_lag(const brk_t *b, const brk_worker_t *w, const char *component, char *buf,
@@ -515,7 +561,8 @@ static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worke
 
 /* Adds w to s: applied when it runs the version already, else waiting for
  * the ack of a SYNC sent now (msg), or of one already on its way (a retry
- * does not make it load the file twice); failed when it cannot be sent.
+ * does not make it load the file twice); waiting undelivered when it
+ * cannot be sent (sent again when w registers or speaks again).
  * A worker at the very version the broker cannot vouch for is sent the
  * SYNC: READY carries no sha256, and only the worker can tell whether it
  * runs these weights (ok, at once, nothing read) or other weights under
@@ -532,9 +579,19 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
     } else if (sync_send(b, w, sync_id, sync) == 0) {
         mb->state = M_WAITING;
     } else {
-        mb->state = M_FAILED;
-        snprintf(mb->reason, sizeof mb->reason, "unreachable: SYNC not delivered");
+        mb->state = M_WAITING;
+        undelivered(s, mb, "when the sync began");
     }
+}
+
+/* mb's SYNC could not be sent `when`: it waits for the worker to come back
+ * (resend_waiting) rather than failing now: a worker between two broker
+ * sessions (its connection gone while it registers again) did not refuse
+ * anything. The deadline, or the worker's loss, ends the wait. */
+static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *when) {
+    mb->undelivered = true;
+    brk_log("sync %s v%llu: SYNC not delivered to %s %s (unreachable): waiting for it to register or speak "
+            "again, until the deadline", s->component, (unsigned long long)s->version, mb->worker, when);
 }
 
 /* Where workers may not have registered (again) yet: the resend
@@ -770,8 +827,10 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
         if (!mb || mb->state != M_WAITING) continue;
         if (ok && version >= s->version) {
             mb->state = M_APPLIED;
+            mb->undelivered = false;
         } else if (!ok && version == s->version) {
             mb->state = M_FAILED;
+            mb->undelivered = false;
             snprintf(mb->reason, sizeof mb->reason, "%s", err);
         }
     }
@@ -786,6 +845,7 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
  * the newest outcome per worker and version: a later ack replaces it). */
 static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const char *reason) {
     mb->state = M_FAILED;
+    mb->undelivered = false;
     snprintf(mb->reason, sizeof mb->reason, "%s", reason);
     brk_cq_worker_version(b->cat, mb->worker, s->component, s->version, false, reason);
 }
@@ -795,9 +855,12 @@ void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w) {
      * here at once: its barriers keep waiting for it and send it the SYNC
      * again (resend_waiting, from brk_sync_joined). */
     if (w->dead_why && !strcmp(w->dead_why, "restarted")) return;
+    char why[MSG_REASON_MAX];
+    snprintf(why, sizeof why, "SYNC not delivered: the worker was lost (%s) before it registered again",
+             w->dead_why ? w->dead_why : "dropped");
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         brk_member_t *mb = member(s, w->route.name);
-        if (mb && mb->state == M_WAITING) member_failed(b, s, mb, "worker lost");
+        if (mb && mb->state == M_WAITING) member_failed(b, s, mb, mb->undelivered ? why : "worker lost");
     }
     settle_barriers(b);
 }
@@ -814,6 +877,11 @@ void brk_sync_timers(brk_t *b, int64_t now) {
         s->hold = false;
         for (int i = 0; i < s->n; i++) {
             if (s->m[i].state != M_WAITING) continue;
+            if (s->m[i].undelivered) { /* never sent: nothing of it can arrive late (keep_timed_out) */
+                member_failed(b, s, &s->m[i],
+                              "SYNC not delivered: the worker did not register again before the sync's deadline");
+                continue;
+            }
             member_failed(b, s, &s->m[i], "timeout");
             brk_worker_t *w = brk_worker_named(b, s->m[i].worker);
             brk_wsync_t *ws = w ? worker_sync(w, s->component, false) : NULL;

@@ -21,13 +21,20 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
  * never sent, or one answering an earlier SYNC of the version than the
  * last sent to w (its id another), is logged and ignored. */
 void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *a);
-/* w just registered: what it reported at READY counts as sent, and it is
- * caught up. */
+/* w just registered: what it reported at READY counts as sent, every
+ * barrier still waiting for it sends it its SYNC again (a worker drops
+ * one whose session ended), and it is caught up. */
 void brk_sync_joined(brk_t *b, brk_worker_t *w);
+/* w spoke again after a send to it failed (brk_workers_heard): the SYNCs
+ * barriers could not deliver to it are sent now, and it is caught up. A
+ * send that fails again leaves it waiting for the next time. */
+void brk_sync_reachable(brk_t *b, brk_worker_t *w);
 /* Sends w every current SYNC newer than what it has and was sent. */
 void brk_catch_up(brk_t *b, brk_worker_t *w);
 /* Worker w is being dropped: its pending barrier entries fail "worker
- * lost". */
+ * lost" ("SYNC not delivered: the worker was lost (why) before it
+ * registered again" where its SYNC never reached it); none when it is
+ * dropped for a READY under its name (it registered again: those wait). */
 void brk_sync_worker_lost(brk_t *b, const brk_worker_t *w);
 /* Makes a sync recorded current in the catalog (by path) the component's
  * current one again: after a broker restart, late joiners are still caught
@@ -52,7 +59,9 @@ int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why);
  * sync C vN completed"), fails the pending versions in the catalog and
  * frees the barriers; the current versions stay. */
 void brk_sync_give_up(brk_t *b, const char *code, const char *why);
-/* Fails the members of expired barriers ("timeout") and settles them. */
+/* Fails the members of expired barriers ("timeout"; "SYNC not
+ * delivered: the worker did not register again before the sync's
+ * deadline" where the SYNC never reached the worker) and settles them. */
 void brk_sync_timers(brk_t *b, int64_t now);
 int64_t brk_sync_next_deadline(const brk_t *b);
 /* The current version of component (0 before any applied sync). */

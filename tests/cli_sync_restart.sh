@@ -153,8 +153,8 @@ reap "$P4" 30
 reap "$P5" 30
 
 echo "== 3. a real worker, the broker killed mid-sync: the sync completes after the restart"
-# (the raw workers above gone from the broker first: a sync sent to them
-# would end incomplete, "unreachable")
+# (the raw workers above gone from the broker first: a sync would wait
+# for them to register again until the broker dropped them)
 wait_for "$D/b3.log" "worker t1 lost" 30 && wait_for "$D/b3.log" "worker t2 lost" 30 || bad "t1 and t2 dropped"
 cli_worker w3 "$D/b3.log" "$D/w3.log" --broker "$WE" --weights "$D/w3.safetensors" --weights-version 3 \
     --streams 1 --heartbeat-ms 200 || { bad "worker starts"; show "$D/w3.log"; finish; }

@@ -1243,6 +1243,93 @@ START_TEST(test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again) {
 }
 END_TEST
 
+/* The trainer's SYNC_DONE: not complete, with worker w1's reason `why`
+ * (w0, when there, applied it). */
+static void expect_w1_failed(box_t *x, const char *why) {
+    wire_msg_t *d = answer(x);
+    ck_assert(!done_complete(d));
+    const wire_val_t *f = wv_get(d->hdr, "failed");
+    ck_assert_uint_eq(wv_len(f), 1);
+    ck_assert_str_eq(wv_get_str(wv_at(f, 0), "worker"), "w1");
+    ck_assert_str_eq(wv_get_str(wv_at(f, 0), "reason"), why);
+    drop_msg(&d);
+}
+
+/* A SYNC the broker cannot send to a worker (its connection gone between
+ * two of its sessions, or its queue full: brk_worker_unreachable, as a
+ * failed HEARTBEAT leaves it) is no refusal: the barrier keeps waiting
+ * for that worker, undelivered, and sends it the SYNC again when it
+ * registers again (READY) or speaks again, whose ack completes the sync;
+ * only the worker's loss or the deadline fails it, each saying so. A
+ * resend at a registration that fails too (its connection gone again at
+ * once) waits for the next time. The trainer is answered by the deadline
+ * at the latest, and a SYNC never sent is not kept as one a worker may
+ * still apply late. */
+START_TEST(test_a_sync_a_worker_could_not_be_sent_waits_for_it_to_come_back_and_fails_only_at_its_loss_or_deadline) {
+    enum { BY_READY, BY_SPEAKING, RESEND_FAILS, LOST, DEADLINE, DEADLINE_ALONE, N_WAYS };
+    for (int way = 0; way < N_WAYS; way++) {
+        box_t x;
+        box_open(&x);
+        const bool alone = way == DEADLINE_ALONE;
+        const int m1 = alone ? 0 : 1; /* w1's member (sorted by name) */
+        if (!alone) ready(&x, 0, 1);
+        ready(&x, 1, 1);
+        brk_worker_unreachable(brk_worker_named(&x.b, "w1"), "HEARTBEAT");
+        trainer_sync(&x, 1, 2, SHA_A);
+        if (!alone) {
+            expect_sync(&x, 0, 2);
+            ack(&x, 0, 2, NULL);
+            ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 2);
+        }
+        ck_assert_msg(!has_msg(x.w[1], "SYNC"), "way %d: a SYNC reached an unreachable worker", way);
+        ck_assert_msg(!has_msg(x.trainer, "SYNC_DONE"), "way %d: answered while w1 may come back", way);
+        ck_assert_ptr_nonnull(x.b.barriers);
+        ck_assert(x.b.barriers->m[m1].state == BRK_MEMBER_WAITING && x.b.barriers->m[m1].undelivered);
+        ck_assert_int_eq(brk_sync_next_deadline(&x.b), x.b.barriers->deadline_ms); /* the loop wakes for it */
+        TS_OK(brk_check(&x.b));
+        if (way == RESEND_FAILS) {
+            /* what a READY does (brk_sync_joined) while its connection is gone again */
+            brk_sync_joined(&x.b, brk_worker_named(&x.b, "w1"));
+            ck_assert(!has_msg(x.w[1], "SYNC"));
+            ck_assert(!has_msg(x.trainer, "SYNC_DONE"));
+            ck_assert(x.b.barriers && x.b.barriers->m[m1].undelivered);
+            TS_OK(brk_check(&x.b));
+        }
+        if (way == BY_READY) {
+            ready(&x, 1, 1); /* a new session */
+            expect_sync(&x, 1, 2);
+        } else if (way == BY_SPEAKING || way == RESEND_FAILS) {
+            from_worker(&x, 1, wire_hdr("HEARTBEAT", 0)); /* reachable again */
+            expect_sync(&x, 1, 2);
+        }
+        if (way == BY_READY || way == BY_SPEAKING || way == RESEND_FAILS) {
+            ck_assert(!x.b.barriers->m[m1].undelivered);
+            TS_OK(brk_check(&x.b));
+            ack(&x, 1, 2, NULL);
+            wire_msg_t *d = answer(&x);
+            ck_assert_uint_eq(d->id, 1);
+            ck_assert_msg(done_complete(d), "way %d: not complete once w1 applied it", way);
+            ck_assert_uint_eq(wv_len(wv_get(d->hdr, "applied")), 2);
+            drop_msg(&d);
+        } else if (way == LOST) {
+            brk_worker_t *w1 = brk_worker_named(&x.b, "w1");
+            w1->dead = true; /* silent past the liveness (brk_workers_timers) */
+            w1->dead_why = "expired";
+            brk_reap(&x.b);
+            expect_w1_failed(&x, "SYNC not delivered: the worker was lost (expired) before it registered again");
+        } else {
+            brk_sync_timers(&x.b, x.b.barriers->deadline_ms);
+            expect_w1_failed(&x, "SYNC not delivered: the worker did not register again before the sync's deadline");
+            ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), alone ? 0 : 2);
+            ck_assert_int_eq(x.b.n_interrupted, 0); /* never sent: no late ok can come */
+        }
+        ck_assert_ptr_null(x.b.barriers);
+        TS_OK(brk_check(&x.b));
+        box_close(&x);
+    }
+}
+END_TEST
+
 /* The trainer's SYNC of a LoRA adapter (its PEFT folder) on base. */
 static void trainer_sync_adapter(box_t *x, uint64_t id, uint64_t version, uint64_t base, const char *sha) {
     wire_val_t *h = wire_hdr("SYNC", id);
@@ -4719,6 +4806,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_is_asked_and_its_ok_makes_it_current);
     tcase_add_test(sy, test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale);
     tcase_add_test(sy, test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again);
+    tcase_add_test(sy, test_a_sync_a_worker_could_not_be_sent_waits_for_it_to_come_back_and_fails_only_at_its_loss_or_deadline);
     tcase_add_test(sy, test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first);
     tcase_add_test(sy, test_a_late_ok_after_a_failed_deadline_makes_the_version_current);
     tcase_add_test(sy, test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code);
