@@ -102,7 +102,7 @@ char *ts_read_file(const char *path, size_t *n) {
     return b;
 }
 
-static uint64_t splitmix64(uint64_t *s) {
+uint64_t ts_splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -112,7 +112,7 @@ static uint64_t splitmix64(uint64_t *s) {
 void ts_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
     uint64_t s = seed;
     for (size_t i = 0; i < n; i++) {
-        double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53;
+        double u = (double)(ts_splitmix64(&s) >> 11) * 0x1.0p-53;
         x[i] = (float)(lo + (hi - lo) * u);
     }
 }

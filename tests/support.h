@@ -61,6 +61,9 @@ char *ts_read_file(const char *path, size_t *n);
 
 /* ---- data ------------------------------------------------------------------------- */
 
+/* The next value of the splitmix64 sequence whose state is *state
+ * (advanced): the same on every machine, no libc state. */
+uint64_t ts_splitmix64(uint64_t *state);
 /* n floats uniform in [lo, hi) from a seed (splitmix64: the same on every
  * machine). */
 void ts_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);

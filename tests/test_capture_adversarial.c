@@ -5,19 +5,21 @@
  * and asserts what the doc promises (where it is silent, what a serious
  * tool must do; each such test says so).
  *
- * The step under test (its own harness, not test_capture_cache.c's):
+ * The step under test is tests/synth_step.h's (test_capture_cache.c's too):
  *     y = latent + context;  y += w · latent     (w: component "wA")
- * latent is copied, context pinnable, y the one output. A per-user hook
- * runs at the top of every launch (eager or captured; never during a
- * replay, which runs the recorded kernels only), so a test can land an
- * eviction or a failure at a chosen point of a call. Every output is
- * compared bitwise with the step run once on a fresh workspace outside any
- * cache. Teardown checks that no backend memory is left allocated. */
+ * latent is copied, context pinnable, y the one output. This suite's hooks
+ * count launches, inject faults and run a per-user hook at the top of every
+ * launch (eager or captured; never during a replay, which runs the recorded
+ * kernels only), so a test can land an eviction or a failure at a chosen
+ * point of a call. Every output is compared bitwise with the step run once
+ * on a fresh workspace outside any cache. Teardown checks that no backend
+ * memory is left allocated. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,20 +29,19 @@
 #include "capture_cache/cache.h"
 #include "capture_cache/key.h"
 #include "kernels/backend.h"
-#include "kernels/backend_impl.h" /* kern_stream_launch: the test kernels */
-#include "kernels/ops.h"
+#include "kernels/backend_impl.h" /* kern_stream_launch: the fault kernel */
 #include "tests/support.h"
+#include "tests/synth_step.h"
 
-#define W 64                /* floats in the weight buffer: the widest row */
 #define MAXN (64 * 64)      /* the most floats a tensor of the step holds */
 
-/* ---- the step ------------------------------------------------------------- */
+/* ---- the step's hooks ------------------------------------------------------ */
 
 typedef struct user user_t;
 typedef void (*hook_fn)(user_t *u, kern_stream_t *s);
 
 struct user {
-    float *w;                   /* the resident weights, W floats (backend memory) */
+    synth_user_t step;          /* first: the weights (backend memory) and ADV_HOOKS */
     hook_fn hook;               /* at the top of each launch; NULL: none */
     int capture_fail_after;     /* > 0: a capture fails after recording that many kernels */
     atomic_int replay_fail;     /* n > 0: the n-th next execution of fail_kernel fails (eager or
@@ -50,14 +51,11 @@ struct user {
     atomic_int launches, capturing_launches;
     void *aux;                  /* a test's own */
 };
+_Static_assert(offsetof(user_t, step) == 0, "the step reads its synth_user_t at the user's address");
 
-typedef struct {
-    kern_backend_t *b;
-    kern_tensor_t x, ctx, y;
-} ws_t;
+static user_t *adv_user(synth_user_t *su) { return (user_t *)su; }
 
 typedef struct { atomic_int *flag; } fail_args_t;
-typedef struct { float *y; int64_t n; double v; } bias_args_t;
 
 /* Counts *flag down while it is > 0 and fails the execution that takes it
  * to 0: what a kernel fault at run time looks like, in a replay as in an
@@ -71,128 +69,65 @@ static int fail_kernel(void *ctx, const void *args) {
     return v == 1 ? reel_fail(REEL_E_DEVICE, "injected kernel fault") : 0;
 }
 
-static int bias_kernel(void *ctx, const void *args) {
-    (void)ctx;
-    const bias_args_t *a = args;
-    for (int64_t i = 0; i < a->n; i++) a->y[i] = (float)(a->y[i] + a->v);
-    return 0;
+static int adv_ws_new(synth_user_t *su) {
+    user_t *u = adv_user(su);
+    if (!u->ws_fail_code) return 0;
+    int code = u->ws_fail_code;
+    u->ws_fail_code = 0;
+    return reel_fail((reel_code_t)code, "injected workspace failure");
 }
 
-static void step_ws_free(void *user, void *ws_) {
-    (void)user;
-    ws_t *ws = ws_;
-    if (!ws) return;
-    kern_free(ws->b, ws->x.data);
-    kern_free(ws->b, ws->ctx.data);
-    kern_free(ws->b, ws->y.data);
-    free(ws);
-}
-
-static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
-    user_t *u = user;
-    if (u && u->ws_fail_code) {
-        int code = u->ws_fail_code;
-        u->ws_fail_code = 0;
-        reel_fail((reel_code_t)code, "injected workspace failure");
-        return NULL;
-    }
-    if (key->n_inputs < 2) {
-        reel_fail(REEL_E_INVALID, "adversarial step: the key needs two inputs");
-        return NULL;
-    }
-    const cap_sig_t *a = &key->inputs[0], *c = &key->inputs[1];
-    if (a->ndim < 1 || a->shape[a->ndim - 1] > W) {
-        reel_fail(REEL_E_INVALID, "adversarial step: rows wider than %d", W);
-        return NULL;
-    }
-    ws_t *ws = calloc(1, sizeof *ws);
-    if (!ws) {
-        reel_fail(REEL_E_NOMEM, "out of memory");
-        return NULL;
-    }
-    ws->b = kern_stream_backend(s);
-    ws->x = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
-    ws->ctx = kern_tensor_alloc(ws->b, c->dtype, c->ndim, c->shape);
-    ws->y = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
-    if (!ws->x.data || !ws->ctx.data || !ws->y.data) {
-        step_ws_free(user, ws);
-        reel_fail(REEL_E_NOMEM, "adversarial step: workspace");
-        return NULL;
-    }
-    return ws;
-}
-
-static size_t step_ws_bytes(void *user, const void *ws_) {
-    (void)user;
-    const ws_t *ws = ws_;
-    return kern_tensor_bytes(&ws->x) + kern_tensor_bytes(&ws->ctx) + kern_tensor_bytes(&ws->y);
-}
-
-static size_t step_ws_size(void *user, const cap_key_t *key) {
-    (void)user;
-    int64_t a = 1, c = 1;
-    for (int d = 0; d < key->inputs[0].ndim; d++) a *= key->inputs[0].shape[d];
-    for (int d = 0; d < key->inputs[1].ndim; d++) c *= key->inputs[1].shape[d];
-    return (size_t)(2 * a + c) * kern_dtype_size(key->inputs[0].dtype);
-}
-
-static kern_tensor_t *step_input(void *user, void *ws_, int i) {
-    (void)user;
-    ws_t *ws = ws_;
-    return i == 0 ? &ws->x : &ws->ctx;
-}
-
-static kern_tensor_t *step_output(void *user, void *ws_, int i) {
-    (void)user;
-    (void)i;
-    return &((ws_t *)ws_)->y;
-}
-
-static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_consts, kern_stream_t *s) {
-    user_t *u = user;
-    ws_t *ws = ws_;
-    bool cap = kern_stream_is_capturing(s);
+/* Counts the launch, runs the user's hook, then the fault kernel (recorded
+ * by a capture, so a replay can fault too). */
+static int adv_before_add(synth_user_t *su, const synth_launch_t *l) {
+    user_t *u = adv_user(su);
     u->launches++;
-    if (cap) u->capturing_launches++;
-    if (u->hook) u->hook(u, s);
-    int64_t D = ws->x.shape[ws->x.ndim - 1];
-    kern_tensor_t gate = kern_tensor_make(u->w, KERN_F32, kern_backend_device(ws->b), 1, &D);
+    if (kern_stream_is_capturing(l->s)) u->capturing_launches++;
+    if (u->hook) u->hook(u, l->s);
     fail_args_t fa = { &u->replay_fail };
-    if (kern_stream_launch(s, fail_kernel, &fa, sizeof fa) != 0) return -1;
-    if (kern_add(s, &ws->x, &ws->ctx, &ws->y) != 0) return -1;
-    if (cap && u->capture_fail_after > 0) {
+    return kern_stream_launch(l->s, fail_kernel, &fa, sizeof fa);
+}
+
+static int adv_after_add(synth_user_t *su, const synth_launch_t *l) {
+    user_t *u = adv_user(su);
+    if (kern_stream_is_capturing(l->s) && u->capture_fail_after > 0) {
         /* Midway: kernels were recorded, and the capture is left open. */
         u->capture_fail_after = 0;
         return reel_fail(REEL_E_DEVICE, "injected: the capture failed midway");
     }
-    if (kern_gated_residual(s, &ws->y, &ws->x, &gate) != 0) return -1;
-    if (u->add_const && n_consts > 0) {
-        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y),
-                          consts[0].type == CAP_CONST_F64 ? consts[0].v.f : (double)consts[0].v.i };
-        if (kern_stream_launch(s, bias_kernel, &a, sizeof a) != 0) return -1;
-    }
     return 0;
 }
 
-static int step_weights(void *user, cap_weight_t *out, int max) {
-    user_t *u = user;
-    if (max >= 1) out[0] = (cap_weight_t){ u->w, W * sizeof(float), KERN_F32, 0 };
-    return 1;
+static int adv_after_residual(synth_user_t *su, const synth_launch_t *l) {
+    return adv_user(su)->add_const ? synth_add_const(l) : 0;
+}
+
+static const synth_hooks_t ADV_HOOKS = {
+    .ws_new = adv_ws_new,                 /* ws_fail_code */
+    .before_add = adv_before_add,         /* launch counts, the user's hook, the fault kernel */
+    .after_add = adv_after_add,           /* capture_fail_after */
+    .after_residual = adv_after_residual, /* add_const */
+};
+
+/* u as a fresh user of the step reading weights w: no hook, no fault. */
+static void user_init(user_t *u, float *w) {
+    memset(u, 0, sizeof *u);
+    u->step = (synth_user_t){ .w = w, .hooks = &ADV_HOOKS };
 }
 
 static const cap_program_t PROG = {
     .name = "adv", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
-    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+    .ws_new = synth_ws_new, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
 };
 
 /* The same step stating its workspace size before allocating it. */
 static const cap_program_t PROG_SIZED = {
     .name = "adv_sized", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
-    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+    .ws_new = synth_ws_new, .ws_size = synth_ws_size, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
 };
 
 /* ---- fixture -------------------------------------------------------------- */
@@ -244,16 +179,8 @@ static int count_recs(cap_event_kind_t kind, int reason) {
     return n;
 }
 
-static uint64_t next_u64(uint64_t *st) {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void fill_st(uint64_t *st, float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = -1.f + 2.f * (float)((double)(next_u64(st) >> 40) / (double)(1ull << 24));
-}
+/* Uniform in [-1, 1): every value this suite draws. */
+static void fill_st(uint64_t *st, float *p, size_t n) { synth_fill(st, p, n, -1.f, 1.f); }
 static void fill(float *p, size_t n) { fill_st(&rng, p, n); }
 
 static kern_stream_t *extra_stream(void) {
@@ -277,11 +204,10 @@ static void setup(void) {
     g_event_hook = NULL;
     n_recs = recs_lost = 0;
     rng = 0xad5e75a1ull;
-    WA = kern_alloc(B, W * sizeof(float));
+    WA = kern_alloc(B, SYNTH_W * sizeof(float));
     ck_assert_ptr_nonnull(WA);
-    fill(WA, W);
-    memset(&U, 0, sizeof U);
-    U.w = WA;
+    fill(WA, SYNTH_W);
+    user_init(&U, WA);
 }
 
 static void teardown(void) {
@@ -303,7 +229,7 @@ static cap_options_t opts(void) {
 static cap_cache_t *new_cache(const cap_options_t *o) {
     cap_cache_t *c = cap_cache_new(B, o);
     ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
-    TS_OK(cap_component_register(c, "wA", WA, W * sizeof(float), 1));
+    TS_OK(cap_component_register(c, "wA", WA, SYNTH_W * sizeof(float), 1));
     return c;
 }
 
@@ -346,27 +272,9 @@ static void expect_graph_accounting(const char *what) {
 
 /* ---- keys and calls ----------------------------------------------------------- */
 
-static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, uint64_t ver) {
-    cap_key_t k;
-    memset(&k, 0, sizeof k);
-    snprintf(k.device, sizeof k.device, "%s", kern_backend_device_name(B));
-    snprintf(k.arch, sizeof k.arch, "%s", kern_backend_arch(B));
-    snprintf(k.model, sizeof k.model, "%s", model);
-    snprintf(k.loop, sizeof k.loop, "euler");
-    int64_t shape[2] = { rows, cols };
-    TS_OK(cap_key_add_input(&k, "latent", KERN_F32, 2, shape));
-    TS_OK(cap_key_add_input(&k, "context", KERN_F32, 2, shape));
-    TS_OK(cap_key_add_component(&k, "wA", ver));
-    k.graph.dtype = KERN_F32;
-    snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
-    snprintf(k.graph.expert, sizeof k.graph.expert, "-");
-    snprintf(k.graph.sched, sizeof k.graph.sched, "f32");
-    return k;
-}
-
-static kern_tensor_t ht(float *p, int64_t rows, int64_t cols) {
-    int64_t shape[2] = { rows, cols };
-    return kern_tensor_make(p, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+/* The step's key for model: latent and context [rows, cols], "wA" at version 1. */
+static cap_key_t make_key(const char *model, int64_t rows, int64_t cols) {
+    return synth_key(B, model, rows, cols, "wA", 1);
 }
 
 typedef struct {
@@ -386,15 +294,15 @@ static void req_init(req_t *r, user_t *u, const char *model, int64_t rows, int64
     ck_assert_int_le(rows * cols, MAXN);
     r->prog = &PROG;
     r->u = u;
-    r->key = make_key(model, rows, cols, 1);
+    r->key = make_key(model, rows, cols);
     r->rows = rows;
     r->cols = cols;
     r->n = rows * cols;
     fill(r->x, (size_t)r->n);
     fill(r->ctx, (size_t)r->n);
-    r->in[0] = ht(r->x, rows, cols);
-    r->in[1] = ht(r->ctx, rows, cols);
-    r->out_t = ht(r->out, rows, cols);
+    r->in[0] = synth_host_tensor(r->x, rows, cols);
+    r->in[1] = synth_host_tensor(r->ctx, rows, cols);
+    r->out_t = synth_host_tensor(r->out, rows, cols);
 }
 
 static int req_try_on(cap_cache_t *c, kern_stream_t *s, req_t *r, cap_result_t *res) {
@@ -430,59 +338,31 @@ static void expect_eager_(cap_result_t res, cap_reason_t why, const char *what) 
 #define EXPECT_RAN(res, want, what) expect_ran_((res), (want), (what))
 #define EXPECT_EAGER(res, why, what) expect_eager_((res), (why), (what))
 
-/* Host tensor, any strides -> contiguous floats. */
-static void gather(const kern_tensor_t *t, float *dst) {
-    int64_t n = kern_tensor_numel(t), idx[KERN_MAX_DIMS] = { 0 };
-    const float *base = kern_tensor_ptr(t);
-    for (int64_t j = 0; j < n; j++) {
-        int64_t off = 0;
-        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
-        dst[j] = base[off];
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
-            idx[d] = 0;
-        }
-    }
-}
-
 /* The pure eager result of the step on (x, ctx) with weights w, run on a
  * fresh workspace on stream s, outside any cache. */
 static void eager_ref_on(kern_stream_t *s, const float *w, const cap_key_t *key, const float *x, const float *ctx,
                          const cap_const_t *consts, int n_consts, float *out) {
     user_t ru;
-    memset(&ru, 0, sizeof ru);
-    ru.w = (float *)w;
+    user_init(&ru, (float *)w);
     ru.add_const = n_consts > 0;
-    ws_t *ws = step_ws_new(&ru, key, s);
-    ck_assert_msg(ws != NULL, "reference workspace: %s", reel_err_text());
-    memcpy(kern_tensor_ptr(&ws->x), x, kern_tensor_bytes(&ws->x));
-    memcpy(kern_tensor_ptr(&ws->ctx), ctx, kern_tensor_bytes(&ws->ctx));
-    ck_assert_msg(step_launch(&ru, ws, consts, n_consts, s) == 0, "reference: %s", reel_err_text());
-    ck_assert_int_eq(kern_stream_sync(s), 0);
-    memcpy(out, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
-    step_ws_free(&ru, ws);
+    ck_assert_msg(synth_eager(&ru.step, s, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
+                  reel_err_text());
 }
 
-static bool same_bits(const float *a, const float *b, int64_t n, int64_t *where) {
-    for (int64_t j = 0; j < n; j++)
-        if (memcmp(&a[j], &b[j], sizeof(float)) != 0) {
-            if (where) *where = j;
-            return false;
-        }
-    return true;
-}
+/* a and b (n floats each) are bitwise equal. */
+static bool same_bits(const float *a, const float *b, int64_t n) { return synth_first_diff(a, b, n) < 0; }
 
 /* r's output is bitwise the pure eager run on its current inputs (read
  * through their views), or the test fails. xs/cs: the inputs as they were
  * when the call was made (NULL: read them now). */
 static void expect_eager_bits_of(req_t *r, const float *xs, const float *cs, const char *what, int i) {
     static float x[MAXN], c[MAXN], want[MAXN];
-    if (!xs) { gather(&r->in[0], x); xs = x; }
-    if (!cs) { gather(&r->in[1], c); cs = c; }
-    eager_ref_on(S, r->u->w, &r->key, xs, cs, r->consts, r->n_consts, want);
+    if (!xs) { synth_gather(&r->in[0], x); xs = x; }
+    if (!cs) { synth_gather(&r->in[1], c); cs = c; }
+    eager_ref_on(S, r->u->step.w, &r->key, xs, cs, r->consts, r->n_consts, want);
     const float *got = kern_tensor_ptr(&r->out_t);
-    int64_t j = 0;
-    ck_assert_msg(same_bits(got, want, r->n, &j), "%s %d: element %lld is %.9g, pure eager gives %.9g", what, i,
+    int64_t j = synth_first_diff(got, want, r->n);
+    ck_assert_msg(j < 0, "%s %d: element %lld is %.9g, pure eager gives %.9g", what, i,
                   (long long)j, (double)got[j], (double)want[j]);
 }
 static void expect_eager_bits(req_t *r, const char *what, int i) { expect_eager_bits_of(r, NULL, NULL, what, i); }
@@ -506,8 +386,7 @@ static void probe_sizes(int64_t rows, int64_t cols, size_t *entry, size_t *graph
     C = new_cache(&o);
     req_t *r = malloc(sizeof *r);
     user_t pu;
-    memset(&pu, 0, sizeof pu);
-    pu.w = WA;
+    user_init(&pu, WA);
     req_init(r, &pu, "adv:probe", rows, cols);
     warm_capture_replay(r);
     cap_stats_t st = stats();
@@ -653,43 +532,43 @@ START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
     static float x[MAXN], c[MAXN], want[MAXN];
     /* (a) out == latent: x_{t+1} = step(x_t) */
     req_init(&r, &U, "adv:alias-x", 8, 8);
-    r.out_t = ht(r.x, 8, 8);
+    r.out_t = synth_host_tensor(r.x, 8, 8);
     for (int i = 0; i < 8; i++) {
         memcpy(x, r.x, sizeof x);
         memcpy(c, r.ctx, sizeof c);
         cap_result_t res = call(&r);
         ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
-        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(r.x, want, r.n, NULL), "in-place latent step %d differs from eager", i);
+        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(r.x, want, r.n), "in-place latent step %d differs from eager", i);
         for (int j = 0; j < r.n; j++) r.x[j] *= 0.5f; /* keep it bounded */
     }
     /* (b) out == the pinned context: from the first such call on, the
      * context changes under the graph every step. */
     req_init(&r, &U, "adv:alias-ctx", 8, 8);
     warm_capture_replay(&r);
-    r.out_t = ht(r.ctx, 8, 8);
+    r.out_t = synth_host_tensor(r.ctx, 8, 8);
     for (int i = 0; i < 6; i++) {
         memcpy(x, r.x, sizeof x);
         memcpy(c, r.ctx, sizeof c);
         cap_result_t res = call(&r);
         if (i == 0) EXPECT_EAGER(res, CAP_DECLINE_MUTABLE_OUTPUT, "output over the pinned context");
-        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(r.ctx, want, r.n, NULL), "output-over-context step %d differs from eager", i);
+        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(r.ctx, want, r.n), "output-over-context step %d differs from eager", i);
         for (int j = 0; j < r.n; j++) r.ctx[j] *= 0.5f;
     }
     /* (c) the output overlaps the context's second half and the latent's first */
     req_init(&r, &U, "adv:alias-part", 4, 8);
     static float shared[96];
     fill(shared, 96);
-    r.in[0] = ht(shared + 32, 4, 8); /* latent: [32, 64) */
-    r.in[1] = ht(shared, 4, 8);      /* context: [0, 32) */
-    r.out_t = ht(shared + 16, 4, 8); /* output: [16, 48) */
+    r.in[0] = synth_host_tensor(shared + 32, 4, 8); /* latent: [32, 64) */
+    r.in[1] = synth_host_tensor(shared, 4, 8);      /* context: [0, 32) */
+    r.out_t = synth_host_tensor(shared + 16, 4, 8); /* output: [16, 48) */
     for (int i = 0; i < 8; i++) {
         memcpy(x, shared + 32, 32 * sizeof(float));
         memcpy(c, shared, 32 * sizeof(float));
         call(&r);
-        eager_ref_on(S, U.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(shared + 16, want, 32, NULL), "partially aliased step %d differs from eager", i);
+        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
+        ck_assert_msg(same_bits(shared + 16, want, 32), "partially aliased step %d differs from eager", i);
         for (int j = 0; j < 96; j++) shared[j] *= 0.5f;
     }
     ck_assert(cap_cache_invariants(C));
@@ -712,8 +591,8 @@ START_TEST(test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_
     req_init(&r, &U, "adv:inplace-nosync", 8, 8);
     warm_capture_replay(&r);
     for (int i = 0; i < 10; i++) {
-        fill(WA, W); /* behind the cache's back */
-        if (i == 5) for (int j = 0; j < W; j++) WA[j] = j % 3 ? NAN : -INFINITY;
+        fill(WA, SYNTH_W); /* behind the cache's back */
+        if (i == 5) for (int j = 0; j < SYNTH_W; j++) WA[j] = j % 3 ? NAN : -INFINITY;
         fill(r.x, (size_t)r.n);
         EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "replay after a silent rewrite");
         expect_eager_bits(&r, "silent weights", i);
@@ -1077,16 +956,12 @@ static void *replayer_main(void *arg) {
         if (res.ran == CAP_RAN_REPLAYED) t->replays++;
         /* the reference on this thread's own stream */
         user_t ru;
-        memset(&ru, 0, sizeof ru);
-        ru.w = t->u.w;
-        ws_t *ws = step_ws_new(&ru, &t->r.key, t->s);
-        if (!ws) { t->failed++; continue; }
-        memcpy(kern_tensor_ptr(&ws->x), t->r.x, kern_tensor_bytes(&ws->x));
-        memcpy(kern_tensor_ptr(&ws->ctx), t->r.ctx, kern_tensor_bytes(&ws->ctx));
-        if (step_launch(&ru, ws, NULL, 0, t->s) != 0 || kern_stream_sync(t->s) != 0) t->failed++;
-        memcpy(want, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
-        step_ws_free(&ru, ws);
-        if (!same_bits(t->r.out, want, t->r.n, NULL)) t->bad++;
+        user_init(&ru, t->u.step.w);
+        if (synth_eager(&ru.step, t->s, &t->r.key, t->r.x, t->r.ctx, NULL, 0, want) != 0) {
+            t->failed++;
+            continue;
+        }
+        if (!same_bits(t->r.out, want, t->r.n)) t->bad++;
     }
     atomic_store(t->stop, true);
     return NULL;
@@ -1111,9 +986,9 @@ START_TEST(test_evictions_racing_replays_on_other_streams_never_corrupt_a_result
     for (int i = 0; i < NT; i++) {
         memset(&t[i], 0, sizeof t[i]);
         t[i].s = extra_stream();
-        t[i].u.w = WA;
+        user_init(&t[i].u, WA);
         req_init(&t[i].r, &t[i].u, "adv:race", 8, 8);
-        t[i].r.key = make_key(i == 0 ? "adv:race-a" : "adv:race-shared", 8, 8, 1);
+        t[i].r.key = make_key(i == 0 ? "adv:race-a" : "adv:race-shared", 8, 8);
         t[i].calls = 150;
         t[i].go = &go;
         t[i].stop = &stop;
@@ -1124,10 +999,9 @@ START_TEST(test_evictions_racing_replays_on_other_streams_never_corrupt_a_result
      * through the budget on stream S. */
     static req_t cold;
     user_t cu;
-    memset(&cu, 0, sizeof cu);
-    cu.w = WA;
+    user_init(&cu, WA);
     req_init(&cold, &cu, "adv:race-cold", 8, 8);
-    cap_key_t shared = make_key("adv:race-shared", 8, 8, 1);
+    cap_key_t shared = make_key("adv:race-shared", 8, 8);
     int evicted = 0;
     for (int i = 0; !atomic_load(&stop) && i < 4000; i++) {
         if (i % 3 == 0) {
@@ -1195,7 +1069,7 @@ START_TEST(test_streams_capturing_the_same_key_at_once_each_get_a_verified_graph
             if (t[i].captured) captured++;
             ck_assert_int_eq(t[i].replays, 5);
             eager_ref_on(S, WA, &t[i].r.key, t[i].r.x, t[i].r.ctx, NULL, 0, want);
-            ck_assert_msg(same_bits(t[i].r.out, want, t[i].r.n, NULL), "round %d thread %d differs from eager", round, i);
+            ck_assert_msg(same_bits(t[i].r.out, want, t[i].r.n), "round %d thread %d differs from eager", round, i);
         }
         ck_assert_int_eq(captured, one_stream ? 1 : NT);
     }
@@ -1356,19 +1230,19 @@ START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounti
     uint64_t st_rng = 0xfeedbeef5eedull;
     static float xs[MAXN], cs[MAXN];
     for (int op = 0; op < OPS; op++) {
-        unsigned pick = (unsigned)(next_u64(&st_rng) % 100);
+        unsigned pick = (unsigned)(ts_splitmix64(&st_rng) % 100);
         if (pick < 85) {
-            req_t *q = &r[next_u64(&st_rng) % NR];
-            unsigned f = (unsigned)(next_u64(&st_rng) % 100);
+            req_t *q = &r[ts_splitmix64(&st_rng) % NR];
+            unsigned f = (unsigned)(ts_splitmix64(&st_rng) % 100);
             bool injected = false;
             if (f < 4) { /* the context moves (same values) */
                 float *to = q->in[1].data == q->ctx ? ctx_alt[q - r] : q->ctx;
                 memcpy(to, kern_tensor_ptr(&q->in[1]), (size_t)q->n * sizeof(float));
-                q->in[1] = ht(to, q->rows, q->cols);
+                q->in[1] = synth_host_tensor(to, q->rows, q->cols);
             } else if (f < 12) {
                 fill_st(&st_rng, kern_tensor_ptr(&q->in[1]), (size_t)q->n);
             } else if (f < 15 && q->n_consts) {
-                q->consts[0].v.i = (int64_t)(next_u64(&st_rng) % 3);
+                q->consts[0].v.i = (int64_t)(ts_splitmix64(&st_rng) % 3);
             } else if (f < 17) {
                 atomic_store(&U.replay_fail, 1);
                 injected = true;
@@ -1379,7 +1253,7 @@ START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounti
             }
             fill_st(&st_rng, q->x, (size_t)q->n);
             memcpy(xs, q->x, (size_t)q->n * sizeof(float));
-            gather(&q->in[1], cs);
+            synth_gather(&q->in[1], cs);
             cap_result_t res;
             int rc = req_try_on(C, S, q, &res);
             U.hook = NULL;
@@ -1387,12 +1261,12 @@ START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounti
             if (rc == 0) expect_eager_bits_of(q, xs, cs, "random op", op);
             else ck_assert_msg(faulted, "op %d: dispatch failed without a fault: %s", op, reel_err_text());
         } else if (pick < 92) {
-            fill_st(&st_rng, WA, W);
-            cap_policy_t pol = next_u64(&st_rng) % 2 ? CAP_POLICY_INPLACE : CAP_POLICY_EVICT;
-            ck_assert_int_ge(cap_component_update_policy(C, "wA", WA, W * sizeof(float), ++ver, pol), 0);
+            fill_st(&st_rng, WA, SYNTH_W);
+            cap_policy_t pol = ts_splitmix64(&st_rng) % 2 ? CAP_POLICY_INPLACE : CAP_POLICY_EVICT;
+            ck_assert_int_ge(cap_component_update_policy(C, "wA", WA, SYNTH_W * sizeof(float), ++ver, pol), 0);
             for (int i = 0; i < NR; i++) TS_OK(cap_key_set_version(&r[i].key, "wA", ver));
         } else {
-            req_t *q = &r[next_u64(&st_rng) % NR];
+            req_t *q = &r[ts_splitmix64(&st_rng) % NR];
             ck_assert_int_ge(cap_evict_key(C, &q->key, CAP_EVICT_EXPLICIT), 0);
         }
         ck_assert_msg(cap_cache_invariants(C), "op %d broke an invariant", op);

@@ -2,20 +2,23 @@
  * key.h) on the CPU backend: warmup, capture, verify, replay, the checks made
  * on every replay, declines, eviction, events, streams and threads.
  *
- * Every test drives a small synthetic step whose workspace holds two inputs
- * (latent: copied, context: pinnable) and one output:
+ * Every test drives the synthetic step of tests/synth_step.h, whose
+ * workspace holds two inputs (latent: copied, context: pinnable) and one
+ * output:
  *     y = latent + context;  y += w · latent   (w: the weight component)
- * with variants that add a baked constant, write a per-execution counter
- * (a non-deterministic kernel), write their own context slot, add a hidden
- * value read at launch, dispatch again from inside their launch, or yield
- * the CPU mid-step (see step_kind_t). Each output is compared bitwise with a pure
- * eager run of the same step outside any cache, so "replay is safe" means
- * "replay gives the bits eager gives". Teardown destroys everything and
- * checks that no backend memory is left allocated. */
+ * with this suite's variants (its hooks, STEP_HOOKS) that add a baked
+ * constant, write a per-execution counter (a non-deterministic kernel),
+ * write their own context slot, add a hidden value read at launch,
+ * dispatch again from inside their launch, or yield the CPU mid-step (see
+ * step_kind_t). Each output is compared bitwise with a pure eager run of the
+ * same step outside any cache, so "replay is safe" means "replay gives the
+ * bits eager gives". Teardown destroys everything and checks that no
+ * backend memory is left allocated. */
 #include <check.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,10 +29,9 @@
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h" /* kern_stream_launch: the custom test kernels */
 #include "base/error.h"
-#include "kernels/ops.h"
 #include "tests/support.h"
+#include "tests/synth_step.h"
 
-#define WMAX 64          /* floats per weight buffer: the widest row a key uses */
 #define ROWS 8
 #define COLS 8
 #define N (ROWS * COLS)
@@ -42,7 +44,7 @@
 #define ROUND256(b) (((b) + 255) & ~(size_t)255)
 #define ENTRY_BYTES(n) (3 * (size_t)(n) * sizeof(float) + 2 * ROUND256((size_t)(n) * sizeof(float)))
 
-/* ---- the synthetic step ------------------------------------------------- */
+/* ---- the step's variants ------------------------------------------------- */
 
 typedef enum {
     STEP_PLAIN,
@@ -58,7 +60,7 @@ typedef enum {
 struct req;
 
 typedef struct {
-    kern_tensor_t w;     /* resident weights of the component the step reads, [WMAX] */
+    synth_user_t step;   /* first: the weights the step reads, [SYNTH_W], and STEP_HOOKS (step_on) */
     step_kind_t kind;
     /* STEP_REENTER: the inner call, made while reenter_left > 0 (decremented
      * first, so the inner call's own launch does not recurse). */
@@ -78,15 +80,13 @@ typedef struct {
     int queries;
     uint64_t sync_to;        /* set: ws_new first syncs wA in place to this version (once) */
 } step_user_t;
+_Static_assert(offsetof(step_user_t, step) == 0, "the step reads its synth_user_t at the user's address");
+
+static step_user_t *step_user(synth_user_t *su) { return (step_user_t *)su; }
 
 /* Called at the top of every launch of the synthetic step: what another
  * thread does at that moment (the race tests set it). */
 static void (*g_launch_hook)(kern_stream_t *s);
-
-typedef struct {
-    kern_backend_t *b;
-    kern_tensor_t x, ctx, y;
-} step_ws_t;
 
 /* Incremented by every execution of tick_kernel (eager or replayed): the
  * non-deterministic step writes it into y[0], so replay != eager. Touched
@@ -98,21 +98,12 @@ static unsigned g_tick;
 static float g_hidden;
 
 typedef struct { float *y; } tick_args_t;
-typedef struct { float *y; int64_t n; float v; } bias_args_t;
 typedef struct { float *p; int64_t n; } scale_args_t;
 
 static int tick_kernel(void *ctx, const void *args) {
     (void)ctx;
     const tick_args_t *a = args;
     a->y[0] = (float)++g_tick;
-    return 0;
-}
-
-/* y += v, with v baked into the argument block at launch (or capture). */
-static int bias_kernel(void *ctx, const void *args) {
-    (void)ctx;
-    const bias_args_t *a = args;
-    for (int64_t i = 0; i < a->n; i++) a->y[i] += a->v;
     return 0;
 }
 
@@ -140,158 +131,110 @@ static void query_cache(step_user_t *u) {
     u->queries++;
 }
 
-static void step_ws_free(void *user, void *ws_) {
-    (void)user; /* may be gone: teardown frees the workspaces of stack users */
-    step_ws_t *ws = ws_;
-    if (!ws) return;
-    kern_free(ws->b, ws->x.data);
-    kern_free(ws->b, ws->ctx.data);
-    kern_free(ws->b, ws->y.data);
-    free(ws);
-}
-
-/* Shapes come from the key: latent and y take input 0's, context input 1's. */
-static void *step_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
-    step_user_t *u = user;
-    if (u && u->sync_to) { /* a sync landing while the cache's lock is down */
-        ck_assert_int_ge(cap_component_update(u->cache, "wA", kern_tensor_ptr(&u->w), WMAX * sizeof(float), u->sync_to), 0);
+static int hook_ws_new(synth_user_t *su) {
+    step_user_t *u = step_user(su);
+    if (u->sync_to) { /* a sync landing while the cache's lock is down */
+        ck_assert_int_ge(cap_component_update(u->cache, "wA", u->step.w, SYNTH_W * sizeof(float), u->sync_to), 0);
         u->sync_to = 0;
     }
-    if (key->n_inputs < 2) {
-        reel_fail(REEL_E_INVALID, "synthetic step: the key needs two inputs");
-        return NULL;
-    }
-    const cap_sig_t *a = &key->inputs[0], *c = &key->inputs[1];
-    if (a->ndim < 1 || a->shape[a->ndim - 1] > WMAX) {
-        reel_fail(REEL_E_INVALID, "synthetic step: rows wider than %d", WMAX);
-        return NULL;
-    }
-    step_ws_t *ws = calloc(1, sizeof *ws);
-    if (!ws) {
-        reel_fail(REEL_E_NOMEM, "out of memory");
-        return NULL;
-    }
-    ws->b = kern_stream_backend(s);
-    ws->x = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
-    ws->ctx = kern_tensor_alloc(ws->b, c->dtype, c->ndim, c->shape);
-    ws->y = kern_tensor_alloc(ws->b, a->dtype, a->ndim, a->shape);
-    if (!ws->x.data || !ws->ctx.data || !ws->y.data) goto err;
-    return ws;
-err:
-    step_ws_free(user, ws);
-    return NULL;
+    return 0;
 }
 
-static size_t step_ws_bytes(void *user, const void *ws_) {
-    (void)user;
-    const step_ws_t *ws = ws_;
-    return kern_tensor_bytes(&ws->x) + kern_tensor_bytes(&ws->ctx) + kern_tensor_bytes(&ws->y);
+static void hook_ws_size(synth_user_t *su) { query_cache(step_user(su)); }
+
+static int hook_weights(synth_user_t *su) {
+    step_user_t *u = step_user(su);
+    query_cache(u);
+    if (u->weights_fail) return reel_fail(REEL_E_INVALID, "synthetic step: weights() failed");
+    return 0;
 }
 
-static kern_tensor_t *step_input(void *user, void *ws_, int i) {
-    (void)user;
-    step_ws_t *ws = ws_;
-    return i == 0 ? &ws->x : &ws->ctx;
-}
-
-static kern_tensor_t *step_output(void *user, void *ws_, int i) {
-    (void)user;
-    (void)i;
-    return &((step_ws_t *)ws_)->y;
-}
-
-/* Reads only the workspace slots (and the weights); the constant is baked. */
-static int step_launch(void *user, void *ws_, const cap_const_t *consts, int n_consts, kern_stream_t *s) {
-    if (g_launch_hook) g_launch_hook(s);
-    step_user_t *u = user;
-    step_ws_t *ws = ws_;
-    int64_t D = ws->x.shape[ws->x.ndim - 1];
-    kern_tensor_t gate = kern_tensor_make(u->w.data, KERN_F32, u->w.device, 1, &D);
-    if (kern_stream_is_capturing(s) && u->capture_fails_left > 0) {
+static int hook_before_add(synth_user_t *su, const synth_launch_t *l) {
+    if (g_launch_hook) g_launch_hook(l->s);
+    step_user_t *u = step_user(su);
+    if (kern_stream_is_capturing(l->s) && u->capture_fails_left > 0) {
         /* What an invalidated CUDA capture looks like to the cache. */
         u->capture_fails_left--;
         return reel_fail(REEL_E_INVALID, "simulated: the capture was invalidated");
     }
     if (u->kind == STEP_WRITES_CTX) {
-        scale_args_t a = { kern_tensor_ptr(&ws->ctx), kern_tensor_numel(&ws->ctx) };
-        if (kern_stream_launch(s, ctx_write_kernel, &a, sizeof a) != 0) return -1;
+        scale_args_t a = { kern_tensor_ptr(&l->ws->ctx), kern_tensor_numel(&l->ws->ctx) };
+        return kern_stream_launch(l->s, ctx_write_kernel, &a, sizeof a);
     }
-    if (kern_add(s, &ws->x, &ws->ctx, &ws->y) != 0) return -1;
+    return 0;
+}
+
+static int hook_after_add(synth_user_t *su, const synth_launch_t *l) {
+    step_user_t *u = step_user(su);
     if (u->kind == STEP_REENTER && u->reenter_left > 0) {
         /* Halfway through this step's use of its workspace: an inner call
          * bound to the same workspace would overwrite x and y under us. */
         u->reenter_left--;
         if (u->meet) pthread_barrier_wait(u->meet);
-        u->inner_rc = req_try(u->cache, u->inner_stream ? u->inner_stream : s, u->inner, &u->inner_res);
+        u->inner_rc = req_try(u->cache, u->inner_stream ? u->inner_stream : l->s, u->inner, &u->inner_res);
         if (u->inner_rc != 0) snprintf(u->inner_err, sizeof u->inner_err, "%s", reel_err_text());
         if (u->meet) pthread_barrier_wait(u->meet);
     }
     if (u->kind == STEP_YIELD) {
         int unused = 0;
-        if (kern_stream_launch(s, yield_kernel, &unused, sizeof unused) != 0) return -1;
-    }
-    if (kern_gated_residual(s, &ws->y, &ws->x, &gate) != 0) return -1;
-    if (u->kind == STEP_NONDET) {
-        tick_args_t a = { kern_tensor_ptr(&ws->y) };
-        return kern_stream_launch(s, tick_kernel, &a, sizeof a);
-    }
-    if (u->kind == STEP_CONST && n_consts > 0) {
-        float v = consts[0].type == CAP_CONST_F64 ? (float)consts[0].v.f : (float)consts[0].v.i;
-        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y), v };
-        return kern_stream_launch(s, bias_kernel, &a, sizeof a);
-    }
-    if (u->kind == STEP_HIDDEN) {
-        bias_args_t a = { kern_tensor_ptr(&ws->y), kern_tensor_numel(&ws->y), g_hidden };
-        return kern_stream_launch(s, bias_kernel, &a, sizeof a);
+        return kern_stream_launch(l->s, yield_kernel, &unused, sizeof unused);
     }
     return 0;
 }
 
-/* The one weight buffer the step reads, as the user points at it now. */
-static int step_weights(void *user, cap_weight_t *out, int max) {
-    step_user_t *u = user;
-    query_cache(u);
-    if (u->weights_fail) return reel_fail(REEL_E_INVALID, "synthetic step: weights() failed");
-    if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 0 };
-    return 1;
+/* The constant is baked; g_hidden is read now (so a capture bakes it too). */
+static int hook_after_residual(synth_user_t *su, const synth_launch_t *l) {
+    switch (step_user(su)->kind) {
+    case STEP_NONDET: {
+        tick_args_t a = { kern_tensor_ptr(&l->ws->y) };
+        return kern_stream_launch(l->s, tick_kernel, &a, sizeof a);
+    }
+    case STEP_CONST: return synth_add_const(l);
+    case STEP_HIDDEN: return synth_add_scalar(l, g_hidden);
+    default: return 0;
+    }
 }
 
-/* Bytes step_ws_new allocates for key: the cache admits before allocating. */
-static size_t step_ws_size(void *user, const cap_key_t *key) {
-    query_cache(user);
-    int64_t a = 1, c = 1;
-    for (int d = 0; d < key->inputs[0].ndim; d++) a *= key->inputs[0].shape[d];
-    for (int d = 0; d < key->inputs[1].ndim; d++) c *= key->inputs[1].shape[d];
-    return (size_t)(2 * a + c) * kern_dtype_size(key->inputs[0].dtype);
-}
+static const synth_hooks_t STEP_HOOKS = {
+    .ws_new = hook_ws_new,                 /* sync_to */
+    .ws_size = hook_ws_size,               /* query_cache */
+    .weights = hook_weights,               /* query_cache, weights_fail */
+    .before_add = hook_before_add,         /* g_launch_hook, capture_fails_left, STEP_WRITES_CTX */
+    .after_add = hook_after_add,           /* STEP_REENTER, STEP_YIELD */
+    .after_residual = hook_after_residual, /* STEP_NONDET, STEP_CONST, STEP_HIDDEN */
+};
+
+/* The step reading weights w (SYNTH_W floats, backend memory), with this
+ * suite's variants: a step_user_t's .step. */
+static synth_user_t step_on(float *w) { return (synth_user_t){ .w = w, .hooks = &STEP_HOOKS }; }
 
 static const cap_program_t PROG_A = {
     .name = "syn_a", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
+    .ws_new = synth_ws_new, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
     .n_components = 1, .components = { "wA" },
 };
 
 static const cap_program_t PROG_B = {
     .name = "syn_b", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
+    .ws_new = synth_ws_new, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
     .n_components = 1, .components = { "wB" },
 };
 
 /* PROG_A that also lists its weight buffer (checked before every replay). */
 static const cap_program_t PROG_W = {
     .name = "syn_w", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
-    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+    .ws_new = synth_ws_new, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
 };
 
 /* PROG_A that states its workspace size before allocating it. */
 static const cap_program_t PROG_SIZED = {
     .name = "syn_sized", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
+    .ws_new = synth_ws_new, .ws_size = synth_ws_size, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
     .n_components = 1, .components = { "wA" },
 };
 
@@ -383,20 +326,8 @@ static const rec_event_t *find_event(cap_event_kind_t kind, int reason, int idx)
     return NULL;
 }
 
-/* splitmix64: fixed seed, no libc state, so failures reproduce. */
-static uint64_t next_u64(uint64_t *st) {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void fill_st(uint64_t *st, float *p, size_t n, float lo, float hi) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = lo + (hi - lo) * (float)((double)(next_u64(st) >> 40) / (double)(1ull << 24));
-}
-
-static void fill(float *p, size_t n, float lo, float hi) { fill_st(&rng, p, n, lo, hi); }
+/* Draws from the suite's fixed seed (splitmix64), so failures reproduce. */
+static void fill(float *p, size_t n, float lo, float hi) { synth_fill(&rng, p, n, lo, hi); }
 
 static void *host_alloc(size_t bytes) {
     ck_assert_int_lt(n_host_owned, MAX_OWNED);
@@ -425,11 +356,6 @@ static kern_stream_t *extra_stream(void) {
     return NULL;
 }
 
-static kern_tensor_t weight_tensor(float *w) {
-    int64_t n = WMAX;
-    return kern_tensor_make(w, KERN_F32, kern_backend_device(B), 1, &n);
-}
-
 static void setup(void) {
     B = kern_backend_cpu_new();
     ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
@@ -443,12 +369,12 @@ static void setup(void) {
     g_tick = 0;
     g_hidden = 0.f;
     reset_records();
-    WA = dev_floats(WMAX);
-    WB = dev_floats(WMAX);
-    fill(WA, WMAX, -0.5f, 0.5f);
-    fill(WB, WMAX, -0.5f, 0.5f);
-    uA = (step_user_t){ .w = weight_tensor(WA), .kind = STEP_PLAIN };
-    uB = (step_user_t){ .w = weight_tensor(WB), .kind = STEP_PLAIN };
+    WA = dev_floats(SYNTH_W);
+    WB = dev_floats(SYNTH_W);
+    fill(WA, SYNTH_W, -0.5f, 0.5f);
+    fill(WB, SYNTH_W, -0.5f, 0.5f);
+    uA = (step_user_t){ .step = step_on(WA), .kind = STEP_PLAIN };
+    uB = (step_user_t){ .step = step_on(WB), .kind = STEP_PLAIN };
 }
 
 static void teardown(void) {
@@ -475,8 +401,8 @@ static cap_options_t test_options(void) {
 static cap_cache_t *new_cache(const cap_options_t *o) {
     cap_cache_t *c = cap_cache_new(B, o);
     ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
-    TS_OK(cap_component_register(c, "wA", WA, WMAX * sizeof(float), 1));
-    TS_OK(cap_component_register(c, "wB", WB, WMAX * sizeof(float), 1));
+    TS_OK(cap_component_register(c, "wA", WA, SYNTH_W * sizeof(float), 1));
+    TS_OK(cap_component_register(c, "wB", WB, SYNTH_W * sizeof(float), 1));
     return c;
 }
 
@@ -498,27 +424,9 @@ static void expect_step_histograms_match_counters(const cap_cache_t *c) {
 
 /* ---- keys and requests ---------------------------------------------------- */
 
+/* The step's key on B (synth_key): comp at version ver, NULL: no component. */
 static cap_key_t make_key(const char *model, int64_t rows, int64_t cols, const char *comp, uint64_t ver) {
-    cap_key_t k;
-    memset(&k, 0, sizeof k);
-    snprintf(k.device, sizeof k.device, "%s", kern_backend_device_name(B));
-    snprintf(k.arch, sizeof k.arch, "%s", kern_backend_arch(B));
-    snprintf(k.model, sizeof k.model, "%s", model);
-    snprintf(k.loop, sizeof k.loop, "euler");
-    int64_t shape[2] = { rows, cols };
-    TS_OK(cap_key_add_input(&k, "latent", KERN_F32, 2, shape));
-    TS_OK(cap_key_add_input(&k, "context", KERN_F32, 2, shape));
-    if (comp) ck_assert_msg(cap_key_add_component(&k, comp, ver) == 0, "%s", reel_err_text());
-    k.graph.dtype = KERN_F32;
-    snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond");
-    snprintf(k.graph.expert, sizeof k.graph.expert, "-");
-    snprintf(k.graph.sched, sizeof k.graph.sched, "f32");
-    return k;
-}
-
-static kern_tensor_t host_tensor(float *p, int64_t rows, int64_t cols) {
-    int64_t shape[2] = { rows, cols };
-    return kern_tensor_make(p, KERN_F32, KERN_DEVICE_HOST, 2, shape);
+    return synth_key(B, model, rows, cols, comp, ver);
 }
 
 /* One caller of the step: its key, its host buffers and call flags. */
@@ -548,9 +456,9 @@ static void req_init(req_t *r, const cap_program_t *p, step_user_t *u, const cha
     r->out = host_alloc((size_t)r->n * sizeof(float));
     fill(r->x, (size_t)r->n, -1.f, 1.f);
     fill(r->ctx, (size_t)r->n, -1.f, 1.f);
-    r->in[0] = host_tensor(r->x, rows, cols);
-    r->in[1] = host_tensor(r->ctx, rows, cols);
-    r->out_t = host_tensor(r->out, rows, cols);
+    r->in[0] = synth_host_tensor(r->x, rows, cols);
+    r->in[1] = synth_host_tensor(r->ctx, rows, cols);
+    r->out_t = synth_host_tensor(r->out, rows, cols);
 }
 
 /* Dispatches r once; no assertion (safe off the main thread). */
@@ -588,48 +496,27 @@ static void expect_eager(cap_result_t res, cap_reason_t reason, const char *what
                   cap_reason_name(reason));
 }
 
-/* Host F32 tensor with any strides -> contiguous copy. */
-static void gather(const kern_tensor_t *t, float *dst) {
-    int64_t n = kern_tensor_numel(t), idx[KERN_MAX_DIMS] = { 0 };
-    const float *base = kern_tensor_ptr(t);
-    for (int64_t j = 0; j < n; j++) {
-        int64_t off = 0;
-        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
-        dst[j] = base[off];
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < t->shape[d]) break;
-            idx[d] = 0;
-        }
-    }
-}
-
 /* The pure eager result: the step run once on a fresh workspace on S, with
  * no cache involved. */
 static void eager_ref(step_user_t *u, const cap_key_t *key, const float *x, const float *ctx,
                       const cap_const_t *consts, int n_consts, float *out) {
-    step_ws_t *ws = step_ws_new(u, key, S);
-    ck_assert_msg(ws != NULL, "reference workspace: %s", reel_err_text());
-    memcpy(kern_tensor_ptr(&ws->x), x, kern_tensor_bytes(&ws->x));
-    memcpy(kern_tensor_ptr(&ws->ctx), ctx, kern_tensor_bytes(&ws->ctx));
-    ck_assert_msg(step_launch(u, ws, consts, n_consts, S) == 0, "reference launch: %s", reel_err_text());
-    ck_assert_int_eq(kern_stream_sync(S), 0);
-    memcpy(out, kern_tensor_ptr(&ws->y), kern_tensor_bytes(&ws->y));
-    step_ws_free(u, ws);
+    ck_assert_msg(synth_eager(&u->step, S, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
+                  reel_err_text());
 }
 
 static void expect_bits(const float *got, const float *want, int64_t n, const char *what, int i) {
-    for (int64_t j = 0; j < n; j++)
-        if (memcmp(&got[j], &want[j], sizeof(float)) != 0)
-            ck_abort_msg("%s %d: element %lld is %.9g, pure eager gives %.9g (bitwise compare)", what, i,
+    int64_t j = synth_first_diff(got, want, n);
+    if (j >= 0)
+        ck_abort_msg("%s %d: element %lld is %.9g, pure eager gives %.9g (bitwise compare)", what, i,
                          (long long)j, (double)got[j], (double)want[j]);
 }
 
 /* Asserts r's output equals the pure eager run on r's current inputs. */
 static void req_expect_eager_bits(req_t *r, const char *what, int i) {
-    float x[WMAX * WMAX], ctx[WMAX * WMAX], want[WMAX * WMAX];
-    ck_assert_int_le(r->n, WMAX * WMAX);
-    gather(&r->in[0], x);
-    gather(&r->in[1], ctx);
+    float x[SYNTH_W * SYNTH_W], ctx[SYNTH_W * SYNTH_W], want[SYNTH_W * SYNTH_W];
+    ck_assert_int_le(r->n, SYNTH_W * SYNTH_W);
+    synth_gather(&r->in[0], x);
+    synth_gather(&r->in[1], ctx);
     eager_ref(r->user, &r->key, x, ctx, r->consts, r->n_consts, want);
     expect_bits(r->out, want, r->n, what, i);
 }
@@ -847,11 +734,11 @@ START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_an
     uint64_t h1 = cap_key_hash(&a1.key), h2 = cap_key_hash(&a2.key);
 
     /* The trainer's new wA lands in a new residence. */
-    float *wa2 = dev_floats(WMAX);
-    fill(wa2, WMAX, -0.5f, 0.5f);
+    float *wa2 = dev_floats(SYNTH_W);
+    fill(wa2, SYNTH_W, -0.5f, 0.5f);
     size_t in_use = kern_bytes_in_use(B);
     reset_records();
-    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), 2);
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, SYNTH_W * sizeof(float), 2), 2);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 2);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC), 2);
     for (int i = 0; i < 2; i++) {
@@ -872,8 +759,8 @@ START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_an
     ck_assert_int_eq(cap_component_version(C, "wB"), 1);
     ck_assert_int_eq(cap_component_version(C, "nope"), -1);
     /* Not newer, or unknown: refused. */
-    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), -1);
-    ck_assert_int_eq(cap_component_update(C, "nope", wa2, WMAX * sizeof(float), 3), -1);
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, SYNTH_W * sizeof(float), 2), -1);
+    ck_assert_int_eq(cap_component_update(C, "nope", wa2, SYNTH_W * sizeof(float), 3), -1);
 
     /* wB's graph is untouched. */
     fill(b.x, N, -1.f, 1.f);
@@ -884,9 +771,9 @@ START_TEST(test_weight_version_bump_evicts_only_graphs_reading_that_component_an
      * old buffer is scribbled so a graph reading it would show. */
     float old_ref[N];
     eager_ref(&uA, &a1.key, a1.x, a1.ctx, NULL, 0, old_ref);
-    uA.w = weight_tensor(wa2);
+    uA.step = step_on(wa2);
     ck_assert_int_eq(cap_key_set_version(&a1.key, "wA", 2), 0);
-    for (int i = 0; i < WMAX; i++) WA[i] = 1e6f;
+    for (int i = 0; i < SYNTH_W; i++) WA[i] = 1e6f;
     for (int i = 0; i < 4; i++) {
         if (i > 0) fill(a1.x, N, -1.f, 1.f);
         cap_result_t res = req_call(C, S, &a1);
@@ -909,7 +796,7 @@ START_TEST(test_inplace_sync_whose_key_text_would_not_fit_evicts_rather_than_cut
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
     C = new_cache(&o);
-    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 9), 0);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, SYNTH_W * sizeof(float), 9), 0);
     req_t a;
     req_init(&a, &PROG_A, &uA, "syn:long", ROWS, COLS, "wA", 9);
     /* inputs the program does not read (0 elements: any dims), then their
@@ -947,7 +834,7 @@ START_TEST(test_inplace_sync_whose_key_text_would_not_fit_evicts_rather_than_cut
     ck_assert_uint_eq(st.graphs, 1);
 
     reset_records();
-    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 10), 1);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, SYNTH_W * sizeof(float), 10), 1);
     ck_assert_int_eq(count_events(CAP_EV_REKEY, -1), 0);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, CAP_EVICT_WEIGHT_SYNC), 1);
     st = stats(C);
@@ -974,9 +861,9 @@ START_TEST(test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_syn
     eager_ref(&uA, &a.key, a.x, a.ctx, NULL, 0, old_ref);
 
     /* New weights copied into the resident buffer, then the sync. */
-    fill(WA, WMAX, -0.5f, 0.5f);
+    fill(WA, SYNTH_W, -0.5f, 0.5f);
     reset_records();
-    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 2), 1);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, SYNTH_W * sizeof(float), 2), 1);
     ck_assert_int_eq(count_events(CAP_EV_EVICT, -1), 0);
     /* one REKEY event: the kept graph's new key (what the catalog learns
      * its text from: no capture follows), the sync's versions, its bytes */
@@ -1018,8 +905,8 @@ START_TEST(test_inplace_policy_keeps_graph_and_reverifies_first_replay_after_syn
     ck_assert_int_eq(count_events(CAP_EV_DECLINE, -1), 0);
 
     /* In place means in place: another residence is refused. */
-    float *elsewhere = dev_floats(WMAX);
-    ck_assert_int_eq(cap_component_update(C, "wA", elsewhere, WMAX * sizeof(float), 3), -1);
+    float *elsewhere = dev_floats(SYNTH_W);
+    ck_assert_int_eq(cap_component_update(C, "wA", elsewhere, SYNTH_W * sizeof(float), 3), -1);
     ck_assert_int_eq(cap_component_version(C, "wA"), 2);
 }
 END_TEST
@@ -1032,11 +919,11 @@ START_TEST(test_weights_moved_under_a_key_that_omits_the_component_declines_and_
     req_t a;
     req_init(&a, &PROG_A, &uA, "syn:nocomp", ROWS, COLS, NULL, 0);
     req_warm_capture_replay(C, S, &a, 2);
-    float *wa2 = dev_floats(WMAX);
-    fill(wa2, WMAX, -0.5f, 0.5f);
-    ck_assert_int_eq(cap_component_update(C, "wA", wa2, WMAX * sizeof(float), 2), 0);
-    uA.w = weight_tensor(wa2);
-    for (int i = 0; i < WMAX; i++) WA[i] = 1e6f; /* a graph reading the old residence would show */
+    float *wa2 = dev_floats(SYNTH_W);
+    fill(wa2, SYNTH_W, -0.5f, 0.5f);
+    ck_assert_int_eq(cap_component_update(C, "wA", wa2, SYNTH_W * sizeof(float), 2), 0);
+    uA.step = step_on(wa2);
+    for (int i = 0; i < SYNTH_W; i++) WA[i] = 1e6f; /* a graph reading the old residence would show */
     fill(a.x, N, -1.f, 1.f);
     expect_eager(req_call(C, S, &a), CAP_DECLINE_WEIGHTS_MOVED, "call after the move", 0);
     req_expect_eager_bits(&a, "call after the move", 0);
@@ -1062,7 +949,7 @@ START_TEST(test_bind_with_wrong_shape_or_dtype_fails_clearly) {
     uint16_t *half = host_alloc(N * sizeof(uint16_t));
     int64_t shape2[2] = { ROWS, COLS }, flat = N;
     kern_tensor_t good_x = a.in[0], good_ctx = a.in[1];
-    kern_tensor_t tall = host_tensor(big, ROWS + 1, COLS);
+    kern_tensor_t tall = synth_host_tensor(big, ROWS + 1, COLS);
     kern_tensor_t bf16 = kern_tensor_make(half, KERN_BF16, KERN_DEVICE_HOST, 2, shape2);
     kern_tensor_t flat_x = kern_tensor_make(a.x, KERN_F32, KERN_DEVICE_HOST, 1, &flat);
     cap_result_t res;
@@ -1130,7 +1017,7 @@ START_TEST(test_pinned_input_that_moves_declines_instead_of_reading_stale_memory
     eager_ref(&uA, &a.key, a.x, a.ctx, NULL, 0, at_old);
     eager_ref(&uA, &a.key, a.x, moved, NULL, 0, at_new);
     ck_assert_msg(memcmp(at_old, at_new, sizeof at_old) != 0, "old and new contents must give different results");
-    a.in[1] = host_tensor(moved, ROWS, COLS);
+    a.in[1] = synth_host_tensor(moved, ROWS, COLS);
     expect_eager(req_call(C, S, &a), CAP_DECLINE_PINNED_INPUT_MOVED, "moved context", 0);
     expect_bits(a.out, at_new, N, "moved context (eager with the new tensor)", 0);
     cap_stats_t st = stats(C);
@@ -1145,7 +1032,7 @@ START_TEST(test_pinned_input_that_moves_declines_instead_of_reading_stale_memory
     req_expect_eager_bits(&a, "call after the move", 0);
     uint64_t pinned = stats(C).bind_bytes_pinned;
     for (int i = 0; i < 4; i++) {
-        a.in[1] = i % 2 ? home : host_tensor(moved, ROWS, COLS);
+        a.in[1] = i % 2 ? home : synth_host_tensor(moved, ROWS, COLS);
         fill(i % 2 ? a.ctx : moved, N, -1.f, 1.f); /* new contents, read at the current call */
         fill(a.x, N, -1.f, 1.f);
         expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "replay with context copied", i);
@@ -1193,7 +1080,7 @@ START_TEST(test_restrided_input_at_same_address_is_rejected) {
     /* Context lives in a buffer with room for an offset view. */
     float *buf = host_alloc((N + COLS) * sizeof(float));
     fill(buf, N + COLS, -1.f, 1.f);
-    kern_tensor_t home = host_tensor(buf, ROWS, COLS);
+    kern_tensor_t home = synth_host_tensor(buf, ROWS, COLS);
 
     /* Same address, same shape, transposed strides: other elements. */
     req_t t;
@@ -1202,7 +1089,7 @@ START_TEST(test_restrided_input_at_same_address_is_rejected) {
     tr.stride[0] = 1;
     tr.stride[1] = ROWS;
     float g[N];
-    gather(&tr, g);
+    synth_gather(&tr, g);
     check_view_declines(&t, home, tr, buf, g, "transposed context");
 
     /* Same address, same strides, another offset. */
@@ -1221,7 +1108,7 @@ END_TEST
 START_TEST(test_changed_constant_declines) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uc = { .w = weight_tensor(WA), .kind = STEP_CONST };
+    step_user_t uc = { .step = step_on(WA), .kind = STEP_CONST };
     req_t a;
     req_init(&a, &PROG_A, &uc, "syn:const", ROWS, COLS, "wA", 1);
     a.n_consts = 1;
@@ -1264,7 +1151,7 @@ END_TEST
 START_TEST(test_nondeterministic_kernel_makes_verify_refuse_capture_and_release_memory) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t un = { .w = weight_tensor(WA), .kind = STEP_NONDET };
+    step_user_t un = { .step = step_on(WA), .kind = STEP_NONDET };
     req_t a;
     req_init(&a, &PROG_A, &un, "syn:nondet", ROWS, COLS, "wA", 1);
     size_t pre = kern_bytes_in_use(B);
@@ -1620,7 +1507,7 @@ START_TEST(test_decline_and_eviction_events_carry_the_right_reason) {
     req_call(C, S, &a);
     a.override = false;
     float *moved = host_alloc(N * sizeof(float));
-    a.in[1] = host_tensor(moved, ROWS, COLS);
+    a.in[1] = synth_host_tensor(moved, ROWS, COLS);
     req_call(C, S, &a);
 
     /* In order: warming_up x2, capture, not_capturable x2, override, then
@@ -1658,7 +1545,7 @@ START_TEST(test_decline_and_eviction_events_carry_the_right_reason) {
     ck_assert(warned_about("pinned_input_moved"));
 
     /* Explicit eviction drops the key on every stream, one event each. */
-    a.in[1] = host_tensor(a.ctx, ROWS, COLS);
+    a.in[1] = synth_host_tensor(a.ctx, ROWS, COLS);
     kern_stream_t *s2 = extra_stream();
     req_call(C, s2, &a);
     cap_stats_t st = stats(C);
@@ -1691,7 +1578,7 @@ START_TEST(test_destroy_emits_shutdown_evictions) {
     req_warm_capture_replay(C, S, &b, 2);
     kern_stream_t *s2 = extra_stream();
     req_call(C, s2, &a); /* a third entry, still warming up */
-    size_t weights = 2 * WMAX * sizeof(float);
+    size_t weights = 2 * SYNTH_W * sizeof(float);
     ck_assert_uint_gt(kern_bytes_in_use(B), weights);
     reset_records();
     cap_cache_destroy(&C);
@@ -1895,7 +1782,7 @@ START_TEST(test_two_threads_sharing_one_stream_never_get_each_others_results) {
     /* Same key, same model object, one stream: one entry, two callers with
      * their own latents and contexts. The step yields mid-launch, so the
      * other thread gets to run while a call is using the workspace. */
-    step_user_t uy = { .w = weight_tensor(WA), .kind = STEP_YIELD };
+    step_user_t uy = { .step = step_on(WA), .kind = STEP_YIELD };
     for (int t = 0; t < 2; t++) {
         req_init(&reqs[t], &PROG_A, &uy, "syn:one-stream", ROWS, COLS, "wA", 1);
         for (int k = 0; k < SCALLS; k++) {
@@ -1931,7 +1818,7 @@ END_TEST
 START_TEST(test_reentrant_dispatch_on_an_entry_in_use_declines_entry_busy_and_runs_eagerly_in_a_transient_workspace) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER };
+    step_user_t ur = { .step = step_on(WA), .kind = STEP_REENTER };
     req_t outer, inner;
     req_init(&outer, &PROG_A, &ur, "syn:reenter", ROWS, COLS, "wA", 1);
     req_init(&inner, &PROG_A, &ur, "syn:reenter", ROWS, COLS, "wA", 1); /* same key, same user */
@@ -1982,10 +1869,10 @@ END_TEST
 START_TEST(test_same_key_from_another_model_object_never_replays_the_first_ones_graph) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    float *w2 = dev_floats(WMAX);
-    fill(w2, WMAX, 0.5f, 1.5f); /* other weights than WA's */
-    step_user_t u1 = { .w = weight_tensor(WA), .kind = STEP_PLAIN };
-    step_user_t u2 = { .w = weight_tensor(w2), .kind = STEP_PLAIN };
+    float *w2 = dev_floats(SYNTH_W);
+    fill(w2, SYNTH_W, 0.5f, 1.5f); /* other weights than WA's */
+    step_user_t u1 = { .step = step_on(WA), .kind = STEP_PLAIN };
+    step_user_t u2 = { .step = step_on(w2), .kind = STEP_PLAIN };
     req_t r1, r2;
     req_init(&r1, &PROG_A, &u1, "syn:twin", ROWS, COLS, "wA", 1);
     req_init(&r2, &PROG_A, &u2, "syn:twin", ROWS, COLS, "wA", 1);
@@ -2020,7 +1907,7 @@ START_TEST(test_step_that_writes_a_pinnable_input_is_refused_mutable_input_and_t
     cap_options_t o = test_options();
     ck_assert(o.pin_inputs);
     C = new_cache(&o);
-    step_user_t uw = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX };
+    step_user_t uw = { .step = step_on(WA), .kind = STEP_WRITES_CTX };
     req_t a;
     req_init(&a, &PROG_A, &uw, "syn:writes-ctx", ROWS, COLS, "wA", 1);
     float before[N];
@@ -2057,10 +1944,10 @@ END_TEST
 START_TEST(test_weights_freed_and_reallocated_without_a_sync_decline_weights_moved_and_never_read_freed_memory) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    float *w1 = kern_alloc(B, WMAX * sizeof(float)); /* freed by this test, not by teardown */
+    float *w1 = kern_alloc(B, SYNTH_W * sizeof(float)); /* freed by this test, not by teardown */
     ck_assert_msg(w1 != NULL, "kern_alloc: %s", reel_err_text());
-    fill(w1, WMAX, -0.5f, 0.5f);
-    step_user_t uw = { .w = weight_tensor(w1), .kind = STEP_PLAIN };
+    fill(w1, SYNTH_W, -0.5f, 0.5f);
+    step_user_t uw = { .step = step_on(w1), .kind = STEP_PLAIN };
     req_t a;
     req_init(&a, &PROG_W, &uw, "syn:wfree", ROWS, COLS, "wA", 1);
     req_warm_capture_replay(C, S, &a, 2);
@@ -2068,12 +1955,12 @@ START_TEST(test_weights_freed_and_reallocated_without_a_sync_decline_weights_mov
     /* The model reloads its weights elsewhere and frees the old buffer; no
      * cap_component_update. The new buffer exists before the old one is
      * freed, so its address differs. */
-    float *w2 = dev_floats(WMAX);
-    fill(w2, WMAX, 0.5f, 1.5f);
+    float *w2 = dev_floats(SYNTH_W);
+    fill(w2, SYNTH_W, 0.5f, 1.5f);
     fill(a.x, N, -1.f, 1.f);
     float old_ref[N];
     eager_ref(&uw, &a.key, a.x, a.ctx, NULL, 0, old_ref);
-    uw.w = weight_tensor(w2);
+    uw.step = step_on(w2);
     kern_free(B, w1);
     cap_stats_t before = stats(C);
     expect_eager(req_call(C, S, &a), CAP_DECLINE_WEIGHTS_MOVED, "call after the reload", 0);
@@ -2106,7 +1993,7 @@ START_TEST(test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and
     cap_options_t o = test_options();
     o.audit_every = 3;
     C = new_cache(&o);
-    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    step_user_t uh = { .step = step_on(WA), .kind = STEP_HIDDEN };
     req_t a;
     req_init(&a, &PROG_A, &uh, "syn:hidden", ROWS, COLS, "wA", 1);
     size_t pre = kern_bytes_in_use(B);
@@ -2241,7 +2128,7 @@ START_TEST(test_new_entry_that_cannot_fit_the_budget_runs_eagerly_in_a_transient
     for (int p = 0; p < 2; p++) {
         req_t a;
         req_init(&a, progs[p], &uA, "syn:no-room", ROWS, COLS, "wA", 1);
-        if (p == 1) ck_assert_uint_eq(step_ws_size(&uA, &a.key) + 2 * ROUND256(N * sizeof(float)), ws);
+        if (p == 1) ck_assert_uint_eq(synth_ws_size(&uA, &a.key) + 2 * ROUND256(N * sizeof(float)), ws);
         for (int i = 0; i < 5; i++) {
             fill(a.x, N, -1.f, 1.f);
             expect_eager(req_call(C, S, &a), CAP_DECLINE_BUDGET_EXCEEDED, progs[p]->name, i);
@@ -2279,7 +2166,8 @@ typedef struct {
 
 START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invariant) {
     /* The last shape never fits the budget: its calls run in transient workspaces. */
-    static const int64_t shapes[RSHAPES][2] = { { 8, 8 }, { 4, 16 }, { 2, 32 }, { 16, 16 }, { 1, 64 }, { WMAX, WMAX } };
+    static const int64_t shapes[RSHAPES][2] = { { 8, 8 },   { 4, 16 }, { 2, 32 },
+                                                { 16, 16 }, { 1, 64 }, { SYNTH_W, SYNTH_W } };
     size_t ws8, g;
     probe_entry(&ws8, &g);
     cap_options_t o = test_options();
@@ -2291,7 +2179,7 @@ START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invar
     ck_assert(cap_cache_invariants(C));
     kern_stream_t *streams[RSTREAMS] = { S, extra_stream(), extra_stream() };
     /* Second residences, so a sync can move a component. */
-    float *home[2] = { WA, WB }, *away[2] = { dev_floats(WMAX), dev_floats(WMAX) };
+    float *home[2] = { WA, WB }, *away[2] = { dev_floats(SYNTH_W), dev_floats(SYNTH_W) };
     step_user_t *users[2] = { &uA, &uB };
     const char *names[2] = { "wA", "wB" };
     uint64_t ver[2] = { 1, 1 };
@@ -2322,24 +2210,24 @@ START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invar
     uint64_t st_rng = 0x0ddba11cafef00dull;
     uint64_t ran[3] = { 0 };
     for (int op = 0; op < ROPS; op++) {
-        unsigned pick = (unsigned)(next_u64(&st_rng) % 100);
+        unsigned pick = (unsigned)(ts_splitmix64(&st_rng) % 100);
         if (pick < 94) {
-            bool is_hot = next_u64(&st_rng) % 4 != 0;
-            rreq_t *q = is_hot ? &rq[hot[next_u64(&st_rng) % 3]] : &rq[next_u64(&st_rng) % (uint64_t)nr];
+            bool is_hot = ts_splitmix64(&st_rng) % 4 != 0;
+            rreq_t *q = is_hot ? &rq[hot[ts_splitmix64(&st_rng) % 3]] : &rq[ts_splitmix64(&st_rng) % (uint64_t)nr];
             req_t *r = &q->r;
-            kern_stream_t *s = streams[next_u64(&st_rng) % (is_hot ? 2 : RSTREAMS)];
-            unsigned flags = (unsigned)(next_u64(&st_rng) % 100);
+            kern_stream_t *s = streams[ts_splitmix64(&st_rng) % (is_hot ? 2 : RSTREAMS)];
+            unsigned flags = (unsigned)(ts_splitmix64(&st_rng) % 100);
             if (flags < 3) { /* the context moves to the other buffer (same values) */
                 float *to = r->ctx == q->ctx_home ? q->ctx_alt : q->ctx_home;
                 memcpy(to, r->ctx, (size_t)r->n * sizeof(float));
                 r->ctx = to;
-                r->in[1] = host_tensor(to, r->rows, r->cols);
+                r->in[1] = synth_host_tensor(to, r->rows, r->cols);
             } else if (flags < 10) {
-                fill_st(&st_rng, r->ctx, (size_t)r->n, -1.f, 1.f); /* new values, same address */
+                synth_fill(&st_rng, r->ctx, (size_t)r->n, -1.f, 1.f); /* new values, same address */
             }
             r->not_capturable = flags >= 10 && flags < 12;
             r->override = flags >= 12 && flags < 14;
-            fill_st(&st_rng, r->x, (size_t)r->n, -1.f, 1.f);
+            synth_fill(&st_rng, r->x, (size_t)r->n, -1.f, 1.f);
             cap_result_t res;
             int rc = req_try(C, s, r, &res);
             ck_assert_msg(rc == 0, "op %d: cap_dispatch failed: %s", op, reel_err_text());
@@ -2349,22 +2237,22 @@ START_TEST(test_many_keys_and_streams_under_a_budget_with_syncs_keep_every_invar
         } else if (pick < 96) {
             /* A weight sync (evict policy): new values, half the time in a
              * new residence (the old one is scribbled). */
-            int k = (int)(next_u64(&st_rng) % 2);
-            bool move = next_u64(&st_rng) % 2;
-            float *now = kern_tensor_ptr(&users[k]->w);
+            int k = (int)(ts_splitmix64(&st_rng) % 2);
+            bool move = ts_splitmix64(&st_rng) % 2;
+            float *now = users[k]->step.w;
             float *dst = move ? (now == home[k] ? away[k] : home[k]) : now;
-            fill_st(&st_rng, dst, WMAX, -0.5f, 0.5f);
+            synth_fill(&st_rng, dst, SYNTH_W, -0.5f, 0.5f);
             if (move) {
-                users[k]->w = weight_tensor(dst);
-                for (int i = 0; i < WMAX; i++) now[i] = 1e6f;
+                users[k]->step.w = dst;
+                for (int i = 0; i < SYNTH_W; i++) now[i] = 1e6f;
             }
-            int n = cap_component_update(C, names[k], dst, WMAX * sizeof(float), ++ver[k]);
+            int n = cap_component_update(C, names[k], dst, SYNTH_W * sizeof(float), ++ver[k]);
             ck_assert_msg(n >= 0, "op %d: sync: %s", op, reel_err_text());
             for (int i = 0; i < nr; i++)
                 if (rq[i].comp == names[k]) ck_assert_int_eq(cap_key_set_version(&rq[i].r.key, names[k], ver[k]), 0);
         } else if (pick < 98) {
-            rreq_t *q = &rq[next_u64(&st_rng) % (uint64_t)nr];
-            cap_evict_reason_t why = next_u64(&st_rng) % 2 ? CAP_EVICT_EXPLICIT : CAP_EVICT_SHAPE_CHANGE;
+            rreq_t *q = &rq[ts_splitmix64(&st_rng) % (uint64_t)nr];
+            cap_evict_reason_t why = ts_splitmix64(&st_rng) % 2 ? CAP_EVICT_EXPLICIT : CAP_EVICT_SHAPE_CHANGE;
             int n = cap_evict_key(C, &q->r.key, why);
             ck_assert_msg(n >= 0 && n <= RSTREAMS, "op %d: evicted %d entries of one key", op, n);
         } else {
@@ -2434,7 +2322,7 @@ END_TEST
 START_TEST(test_a_failed_capture_is_retried_on_the_next_call_and_then_replays) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1 };
+    step_user_t uf = { .step = step_on(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1 };
     req_t a;
     req_init(&a, &PROG_A, &uf, "syn:capfail", ROWS, COLS, "wA", 1);
     const cap_ran_t want[] = { CAP_RAN_EAGER, CAP_RAN_EAGER, CAP_RAN_EAGER, CAP_RAN_CAPTURED, CAP_RAN_REPLAYED,
@@ -2459,7 +2347,7 @@ END_TEST
 START_TEST(test_a_capture_that_keeps_failing_disables_the_entry_after_the_bounded_tries) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1000 };
+    step_user_t uf = { .step = step_on(WA), .kind = STEP_CAPTURE_FAILS, .capture_fails_left = 1000 };
     req_t a;
     req_init(&a, &PROG_A, &uf, "syn:capfail", ROWS, COLS, "wA", 1);
     for (int i = 0; i < 2 + CAP_CAPTURE_TRIES + 4; i++) {
@@ -2488,7 +2376,7 @@ START_TEST(test_a_dispatch_inside_a_capture_on_another_stream_never_evicts_or_de
     req_t idle, outer, inner;
     req_init(&idle, &PROG_A, &uA, "syn:idle", ROWS, COLS, "wA", 1);
     req_warm_capture_replay(C, s2, &idle, 2); /* an idle entry holding a graph */
-    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
+    step_user_t ur = { .step = step_on(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
     req_init(&outer, &PROG_A, &ur, "syn:outer", ROWS, COLS, "wA", 1);
     req_init(&inner, &PROG_A, &uA, "syn:inner", ROWS, COLS, "wA", 1);
     ur.inner = &inner;
@@ -2526,7 +2414,7 @@ START_TEST(test_a_dispatch_inside_a_capture_is_refused_and_its_own_entry_still_c
     cap_options_t o = test_options();
     C = new_cache(&o);
     kern_stream_t *s2 = extra_stream();
-    step_user_t ur = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
+    step_user_t ur = { .step = step_on(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2 };
     req_t outer, inner;
     req_init(&outer, &PROG_A, &ur, "syn:outer", ROWS, COLS, "wA", 1);
     req_init(&inner, &PROG_A, &uA, "syn:inner", ROWS, COLS, "wA", 1);
@@ -2581,7 +2469,7 @@ START_TEST(test_reentrant_dispatches_across_two_busy_streams_decline_entry_busy_
     pthread_barrier_init(&meet, NULL, 2);
     /* Each launch dispatches on the other thread's stream while both
      * streams are held: waiting for the other lock would deadlock. */
-    step_user_t u1 = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2,
+    step_user_t u1 = { .step = step_on(WA), .kind = STEP_REENTER, .cache = C, .inner_stream = s2,
                        .meet = &meet, .reenter_left = 1, .inner_rc = -2 };
     step_user_t u2 = u1;
     u2.inner_stream = s1;
@@ -2642,7 +2530,7 @@ static void check_failed_capture_keeps_context(step_user_t *u, const cap_program
 START_TEST(test_eager_run_after_a_failed_capture_never_writes_the_callers_pinned_input) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX, .capture_fails_left = 1 };
+    step_user_t uf = { .step = step_on(WA), .kind = STEP_WRITES_CTX, .capture_fails_left = 1 };
     check_failed_capture_keeps_context(&uf, &PROG_A);
     ck_assert_int_eq(uf.capture_fails_left, 0);
 }
@@ -2651,7 +2539,7 @@ END_TEST
 START_TEST(test_eager_run_after_weights_listing_fails_never_writes_the_callers_pinned_input) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uf = { .w = weight_tensor(WA), .kind = STEP_WRITES_CTX, .weights_fail = true };
+    step_user_t uf = { .step = step_on(WA), .kind = STEP_WRITES_CTX, .weights_fail = true };
     check_failed_capture_keeps_context(&uf, &PROG_W);
 }
 END_TEST
@@ -2680,23 +2568,23 @@ END_TEST
 
 static void step_ws_free_query(void *user, void *ws) {
     query_cache(user);
-    step_ws_free(user, ws);
+    synth_ws_free(user, ws);
 }
 
 /* A program whose weights(), ws_size() and ws_free() run under the cache
  * lock and ask the cache for a version. */
 static const cap_program_t PROG_SIZED_W = {
     .name = "syn_sized_w", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = step_ws_new, .ws_size = step_ws_size, .ws_free = step_ws_free_query, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
-    .n_components = 1, .components = { "wA" }, .weights = step_weights,
+    .ws_new = synth_ws_new, .ws_size = synth_ws_size, .ws_free = step_ws_free_query, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
 };
 
 START_TEST(test_program_callbacks_may_query_the_component_version_without_deadlocking) {
     cap_options_t o = test_options();
     o.budget_bytes = 1 << 20;
     C = new_cache(&o);
-    step_user_t uq = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .query_cache = true, .queried = -2 };
+    step_user_t uq = { .step = step_on(WA), .kind = STEP_PLAIN, .cache = C, .query_cache = true, .queried = -2 };
     req_t a;
     req_init(&a, &PROG_SIZED_W, &uq, "syn:query", ROWS, COLS, "wA", 1);
     req_warm_capture_replay(C, S, &a, 2); /* ws_size on admission, weights() before the replay */
@@ -2713,7 +2601,7 @@ END_TEST
 START_TEST(test_a_call_with_constants_outside_zero_to_cap_max_consts_or_an_unterminated_name_is_refused) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t uc = { .w = weight_tensor(WA), .kind = STEP_CONST };
+    step_user_t uc = { .step = step_on(WA), .kind = STEP_CONST };
     req_t a;
     req_init(&a, &PROG_A, &uc, "syn:consts", ROWS, COLS, "wA", 1);
     cap_const_t k[CAP_MAX_CONSTS + 1];
@@ -2807,7 +2695,7 @@ START_TEST(test_component_register_refuses_names_a_key_cannot_carry) {
     C = new_cache(&o);
     const char *bad[] = { "", "w A", "wA,wB", "w@2", "w=1", "w\n" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(cap_component_register(C, bad[i], WA, WMAX * sizeof(float), 1), -1);
+        ck_assert_int_eq(cap_component_register(C, bad[i], WA, SYNTH_W * sizeof(float), 1), -1);
         ck_assert_int_eq(cap_component_version(C, bad[i]), -1);
     }
     char longest[CAP_NAME_MAX], too_long[CAP_NAME_MAX + 1];
@@ -2815,10 +2703,10 @@ START_TEST(test_component_register_refuses_names_a_key_cannot_carry) {
     longest[sizeof longest - 1] = 0;
     memset(too_long, 'w', sizeof too_long - 1);
     too_long[sizeof too_long - 1] = 0;
-    ck_assert_int_eq(cap_component_register(C, too_long, WA, WMAX * sizeof(float), 1), -1);
-    ck_assert_int_eq(cap_component_register(C, longest, WA, WMAX * sizeof(float), 3), 0);
+    ck_assert_int_eq(cap_component_register(C, too_long, WA, SYNTH_W * sizeof(float), 1), -1);
+    ck_assert_int_eq(cap_component_register(C, longest, WA, SYNTH_W * sizeof(float), 3), 0);
     ck_assert_int_eq(cap_component_version(C, longest), 3);
-    ck_assert_int_eq(cap_component_register(C, "w_c.1:x+y-z", WA, WMAX * sizeof(float), 1), 0);
+    ck_assert_int_eq(cap_component_register(C, "w_c.1:x+y-z", WA, SYNTH_W * sizeof(float), 1), 0);
 }
 END_TEST
 
@@ -2845,7 +2733,7 @@ START_TEST(test_a_key_naming_another_version_than_the_registered_one_runs_transi
 
     /* The sync re-keys the one entry to version 2: no duplicate appears,
      * and the key now current re-verifies and replays. */
-    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 2), 1);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, SYNTH_W * sizeof(float), 2), 1);
     ck_assert(cap_cache_invariants(C));
     for (int i = 0; i < 2; i++) {
         fill(ahead.x, N, -1.f, 1.f);
@@ -2868,7 +2756,7 @@ START_TEST(test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_o
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
     C = new_cache(&o);
-    step_user_t us = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
+    step_user_t us = { .step = step_on(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
     req_t v1, v2;
     req_init(&v1, &PROG_A, &us, "syn:race", ROWS, COLS, "wA", 1);
     req_init(&v2, &PROG_A, &us, "syn:race", ROWS, COLS, "wA", 2);
@@ -2879,7 +2767,7 @@ START_TEST(test_a_sync_landing_while_a_workspace_is_made_keeps_the_stale_entry_o
     ck_assert_int_eq(cap_component_version(C, "wA"), 2);
     ck_assert_uint_eq(stats(C).entries, 0);
     req_warm_capture_replay(C, S, &v2, 2);
-    ck_assert_int_eq(cap_component_update(C, "wA", WA, WMAX * sizeof(float), 3), 1);
+    ck_assert_int_eq(cap_component_update(C, "wA", WA, SYNTH_W * sizeof(float), 3), 1);
     ck_assert(cap_cache_invariants(C));
     ck_assert_uint_eq(stats(C).entries, 1);
 }
@@ -2926,7 +2814,7 @@ START_TEST(test_a_prewarm_call_captures_a_fresh_key_at_once_and_ordinary_calls_t
     for (int i = 1; i <= 4; i++) {
         float *ctx = host_alloc(N * sizeof(float));
         fill(ctx, N, -1.f, 1.f);
-        r.in[1] = host_tensor(ctx, ROWS, COLS);
+        r.in[1] = synth_host_tensor(ctx, ROWS, COLS);
         fill(r.x, N, -1.f, 1.f);
         expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "call after the prewarm", i);
         req_expect_eager_bits(&r, "call after the prewarm", i);
@@ -3077,8 +2965,8 @@ START_TEST(test_public_functions_refuse_null_arguments_with_a_message_and_the_ca
     REFUSED(cap_dispatch(C, S, &PROG_A, &uA, &noout, &res));
     REFUSED(cap_component_register(NULL, "wC", WA, 4, 1));
     REFUSED(cap_component_register(C, NULL, WA, 4, 1));
-    REFUSED(cap_component_update(NULL, "wA", WA, WMAX * sizeof(float), 2));
-    REFUSED(cap_component_update(C, NULL, WA, WMAX * sizeof(float), 2));
+    REFUSED(cap_component_update(NULL, "wA", WA, SYNTH_W * sizeof(float), 2));
+    REFUSED(cap_component_update(C, NULL, WA, SYNTH_W * sizeof(float), 2));
     REFUSED(cap_evict_key(NULL, &r.key, CAP_EVICT_EXPLICIT));
     REFUSED(cap_evict_key(C, NULL, CAP_EVICT_EXPLICIT));
     cap_policy_t pol = CAP_POLICY_EVICT;
@@ -3191,7 +3079,8 @@ START_TEST(test_a_sync_under_an_unknown_policy_is_refused_and_changes_nothing) {
     const int bad[] = { 7, -1, 2 };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         reel_err_clear();
-        ck_assert_int_eq(cap_component_update_policy(C, "wA", WA, WMAX * sizeof(float), 5, (cap_policy_t)bad[i]), -1);
+        ck_assert_int_eq(
+            cap_component_update_policy(C, "wA", WA, SYNTH_W * sizeof(float), 5, (cap_policy_t)bad[i]), -1);
         ck_assert_ptr_nonnull(strstr(reel_err_text(), "policy"));
         ck_assert_int_eq(cap_component_version(C, "wA"), 1);
     }
@@ -3225,9 +3114,9 @@ START_TEST(test_warmup_zero_captures_at_the_first_call) {
     /* The weights move without a sync (same values, another buffer): the
      * call that sees it declines weights_moved, and the entry, learning
      * again, captures at its next call. */
-    float *moved = dev_floats(WMAX);
-    memcpy(moved, WA, WMAX * sizeof(float));
-    uA.w = weight_tensor(moved);
+    float *moved = dev_floats(SYNTH_W);
+    memcpy(moved, WA, SYNTH_W * sizeof(float));
+    uA.step = step_on(moved);
     fill(r.x, N, -1.f, 1.f);
     expect_eager(req_call(C, S, &r), CAP_DECLINE_WEIGHTS_MOVED, "warmup 0, weights moved", 0);
     req_expect_eager_bits(&r, "warmup 0, weights moved", 0);
@@ -3276,8 +3165,8 @@ START_TEST(test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused) {
 END_TEST
 
 static int weights_bad_component(void *user, cap_weight_t *out, int max) {
-    step_user_t *u = user;
-    if (max >= 1) out[0] = (cap_weight_t){ kern_tensor_ptr(&u->w), WMAX * sizeof(float), KERN_F32, 5 };
+    synth_user_t *u = user;
+    if (max >= 1) out[0] = (cap_weight_t){ u->w, SYNTH_W * sizeof(float), KERN_F32, 5 };
     return 1;
 }
 
@@ -3352,7 +3241,7 @@ START_TEST(test_audit_mismatch_eviction_event_reports_the_graph_bytes_it_frees) 
     cap_options_t o = test_options();
     o.audit_every = 1;
     C = new_cache(&o);
-    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    step_user_t uh = { .step = step_on(WA), .kind = STEP_HIDDEN };
     req_t a;
     req_init(&a, &PROG_A, &uh, "syn:adv-audit", ROWS, COLS, "wA", 1);
     g_hidden = 0.25f;
@@ -3378,7 +3267,7 @@ START_TEST(test_entry_doomed_during_a_mismatching_audit_is_evicted_once) {
     cap_options_t o = test_options();
     o.audit_every = 1;
     C = new_cache(&o);
-    step_user_t uh = { .w = weight_tensor(WA), .kind = STEP_HIDDEN };
+    step_user_t uh = { .step = step_on(WA), .kind = STEP_HIDDEN };
     req_t a;
     req_init(&a, &PROG_A, &uh, "syn:adv-doom-audit", ROWS, COLS, "wA", 1);
     g_hidden = 0.25f;
@@ -3462,7 +3351,7 @@ START_TEST(test_ws_size_admission_never_evicts_for_an_entry_that_cannot_fit) {
     req_t x, k;
     req_init(&x, &PROG_SIZED, &uA, "syn:adv-small", 1, COLS, "wA", 1);
     req_init(&k, &PROG_SIZED, &uA, "syn:adv-big", ROWS, COLS, "wA", 1);
-    size_t ws_size_k = step_ws_size(&uA, &k.key);                  /* 768 */
+    size_t ws_size_k = synth_ws_size(&uA, &k.key);                  /* 768 */
     size_t real_k = ENTRY_BYTES(N);                                 /* 768 + 512 */
     size_t x_bytes = ENTRY_BYTES(COLS);                             /* 96 + 512 */
     cap_cache_destroy(&C);
@@ -3491,10 +3380,10 @@ START_TEST(test_inplace_sync_during_an_outer_warmup_call_leaves_no_pending_rever
     cap_options_t o = test_options();
     o.policy = CAP_POLICY_INPLACE;
     C = new_cache(&o);
-    step_user_t ui = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
+    step_user_t ui = { .step = step_on(WA), .kind = STEP_PLAIN, .cache = C, .sync_to = 2 };
     req_t inner;
     req_init(&inner, &PROG_A, &ui, "syn:adv-inner", ROWS, COLS, "wA", 1);
-    step_user_t uo = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner = &inner, .reenter_left = 1 };
+    step_user_t uo = { .step = step_on(WA), .kind = STEP_REENTER, .cache = C, .inner = &inner, .reenter_left = 1 };
     req_t outer;
     req_init(&outer, &PROG_A, &uo, "syn:adv-outer", ROWS, COLS, "wA", 1);
     cap_result_t res;
@@ -3549,7 +3438,7 @@ END_TEST
 START_TEST(test_capture_failures_separated_by_a_success_do_not_add_up_to_a_permanent_disable) {
     cap_options_t o = test_options();
     C = new_cache(&o);
-    step_user_t u = { .w = weight_tensor(WA), .kind = STEP_PLAIN, .capture_fails_left = 2 };
+    step_user_t u = { .step = step_on(WA), .kind = STEP_PLAIN, .capture_fails_left = 2 };
     req_t a;
     req_init(&a, &PROG_A, &u, "syn:adv-fails", ROWS, COLS, "wA", 1);
     for (int i = 0; i < 2; i++) req_call(C, S, &a);                       /* warmup */
@@ -3559,7 +3448,7 @@ START_TEST(test_capture_failures_separated_by_a_success_do_not_add_up_to_a_perma
     /* The pinned context moves: the graph is dropped and the key captures again. */
     float *ctx2 = host_alloc(N * sizeof(float));
     memcpy(ctx2, a.ctx, N * sizeof(float));
-    a.in[1] = host_tensor(ctx2, ROWS, COLS);
+    a.in[1] = synth_host_tensor(ctx2, ROWS, COLS);
     cap_result_t r = req_call(C, S, &a);
     ck_assert_int_eq(r.ran, CAP_RAN_EAGER);
     u.capture_fails_left = 1;                                             /* one transient failure */
@@ -3585,7 +3474,7 @@ START_TEST(test_budget_blocked_entry_captures_once_idle_entries_could_make_room)
     req_t e;
     req_init(&e, &PROG_A, &uA, "syn:adv2-e", ROWS, COLS, "wA", 1);
     for (int i = 0; i < 2; i++) expect_eager(req_call(C, S, &e), CAP_DECLINE_WARMING_UP, "e warmup", i);
-    step_user_t ux = { .w = weight_tensor(WA), .kind = STEP_REENTER, .cache = C, .inner = &e, .reenter_left = 1 };
+    step_user_t ux = { .step = step_on(WA), .kind = STEP_REENTER, .cache = C, .inner = &e, .reenter_left = 1 };
     req_t x;
     req_init(&x, &PROG_A, &ux, "syn:adv2-x", ROWS, COLS, "wA", 1);
     expect_eager(req_call(C, S, &x), CAP_DECLINE_WARMING_UP, "x (outer)", 0);
@@ -3611,12 +3500,12 @@ static void *limit_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
         reel_fail(REEL_E_LIMIT, "synthetic step: more than 4 rows");
         return NULL;
     }
-    return step_ws_new(user, key, s);
+    return synth_ws_new(user, key, s);
 }
 static const cap_program_t PROG_LIMIT = {
     .name = "syn_limit", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
-    .ws_new = limit_ws_new, .ws_free = step_ws_free, .ws_bytes = step_ws_bytes,
-    .input = step_input, .output = step_output, .launch = step_launch,
+    .ws_new = limit_ws_new, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
     .n_components = 1, .components = { "wA" },
 };
 
