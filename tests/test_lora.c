@@ -542,6 +542,28 @@ START_TEST(test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_firs
 }
 END_TEST
 
+/* What a test of a loaded model stands on: the tiny config's weights (from
+ * seed) written to dir/name and opened, and a CPU backend to load them on.
+ * Fails the test when either cannot be had; rig_close releases both. */
+typedef struct {
+    st_file_t *f;
+    kern_backend_t *b;
+} rig_t;
+
+static rig_t rig_open(const char *name, uint64_t seed) {
+    rig_t r;
+    const char *path = ts_join(dir, name);
+    ts_tiny_weights(seed, path);
+    TS_NEW(r.f = st_open(path));
+    TS_NEW(r.b = kern_backend_cpu_new());
+    return r;
+}
+
+static void rig_close(rig_t *r) {
+    kern_backend_destroy(&r->b);
+    st_close(&r->f);
+}
+
 /* The model's weights, copied to the host. */
 static float *snapshot(const tdit_model_t *m, size_t *n) {
     size_t bytes = tdit_model_bytes(m);
@@ -552,13 +574,9 @@ static float *snapshot(const tdit_model_t *m, size_t *n) {
 }
 
 START_TEST(test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_returns_the_base) {
-    char wpath[128];
-    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
-    ts_tiny_weights(3, wpath);
-    st_file_t *f;
-    TS_NEW(f = st_open(wpath));
-    kern_backend_t *b;
-    TS_NEW(b = kern_backend_cpu_new());
+    rig_t rig = rig_open("w.safetensors", 3);
+    st_file_t *f = rig.f;
+    kern_backend_t *b = rig.b;
     lora_t *x, *y;
     TS_NEW(x = lora_open(make_adapter("x", CFG(4, 8, ""), "base_model.model.", every, 10, 4, 11, KERN_F32)));
     TS_NEW(y = lora_open(make_adapter("y", CFG(2, 4, ", \"use_rslora\": true"), "transformer.", every_diffusers, 10,
@@ -593,8 +611,7 @@ START_TEST(test_a_thousand_alternating_merges_leave_no_drift_and_no_adapter_retu
     tdit_model_destroy(&m);
     lora_close(&x);
     lora_close(&y);
-    kern_backend_destroy(&b);
-    st_close(&f);
+    rig_close(&rig);
 }
 END_TEST
 
@@ -931,6 +948,19 @@ static double dora_matches(const lora_t *l, const char *weight, double s, float 
     return err;
 }
 
+/* A DoRA adapter as PEFT saves it (base_model.model. names, magnitudes
+ * under .lora_magnitude_vector) in dir/name: config cfg, rank r, mods in
+ * every layer, values from seed; opened and checked against the tiny
+ * config (the test fails otherwise). */
+static lora_t *open_peft_dora(const char *name, const char *cfg, const char *const *mods, int nmods, int64_t r,
+                              uint64_t seed) {
+    lora_t *l;
+    TS_NEW(l = lora_open(make_dora(name, cfg, "base_model.model.", mods, nmods, r, seed, ".lora_magnitude_vector", 0,
+                                   NULL)));
+    TS_OK(lora_check(l, &tiny));
+    return l;
+}
+
 /* PEFT's DoRA merge (tuners/lora/layer.py Linear.merge with use_dora):
  * W' = (m / ||W + s·B·A||_row) ⊙ (W + s·B·A), s as for LoRA (alpha / r,
  * alpha / sqrt(r) with use_rslora, per module with the patterns); the
@@ -1012,18 +1042,11 @@ END_TEST
  * worker's "--lora none") is the base bitwise; a first load with it equals
  * a reload with it; lora_check_merge passes on the base. */
 START_TEST(test_dora_reloads_and_the_base_again_is_the_base_bitwise) {
-    char wpath[128];
-    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
-    ts_tiny_weights(3, wpath);
-    st_file_t *f;
-    TS_NEW(f = st_open(wpath));
-    kern_backend_t *b;
-    TS_NEW(b = kern_backend_cpu_new());
-    lora_t *x, *y;
-    TS_NEW(x = lora_open(make_dora("dx", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", every, 10, 4, 500,
-                                   ".lora_magnitude_vector", 0, NULL)));
+    rig_t rig = rig_open("w.safetensors", 3);
+    st_file_t *f = rig.f;
+    kern_backend_t *b = rig.b;
+    lora_t *x = open_peft_dora("dx", CFG(4, 8, ", \"use_dora\": true"), every, 10, 4, 500), *y;
     TS_NEW(y = lora_open(make_adapter("py", CFG(2, 4, ""), "base_model.model.", attn, 4, 2, 12, KERN_F32)));
-    TS_OK(lora_check(x, &tiny));
     TS_OK(lora_check_merge(x, f));
     TS_OK(lora_check_merge(y, f)); /* plain: nothing to judge */
     tdit_model_t *m;
@@ -1053,8 +1076,7 @@ START_TEST(test_dora_reloads_and_the_base_again_is_the_base_bitwise) {
     tdit_model_destroy(&m);
     lora_close(&x);
     lora_close(&y);
-    kern_backend_destroy(&b);
-    st_close(&f);
+    rig_close(&rig);
 }
 END_TEST
 
@@ -1078,20 +1100,11 @@ static int sync_adjust(void *user, const char *name, float *w, int64_t numel) {
 START_TEST(test_dora_after_dora_merges_from_the_base) {
     static const char *const two[] = { "self_attn.q", "self_attn.k" };
     static const char *const three[] = { "self_attn.k", "cross_attn.o", "ffn.0" };
-    char wpath[128];
-    snprintf(wpath, sizeof wpath, "%s/wdd.safetensors", dir);
-    ts_tiny_weights(4, wpath);
-    st_file_t *f;
-    TS_NEW(f = st_open(wpath));
-    kern_backend_t *b;
-    TS_NEW(b = kern_backend_cpu_new());
-    lora_t *x, *z;
-    TS_NEW(x = lora_open(make_dora("ddx", CFG(4, 8, ", \"use_dora\": true"), "base_model.model.", two, 2, 4, 700,
-                                   ".lora_magnitude_vector", 0, NULL)));
-    TS_NEW(z = lora_open(make_dora("ddz", CFG(2, 4, ", \"use_dora\": true"), "base_model.model.", three, 3, 2, 800,
-                                   ".lora_magnitude_vector", 0, NULL)));
-    TS_OK(lora_check(x, &tiny));
-    TS_OK(lora_check(z, &tiny));
+    rig_t rig = rig_open("wdd.safetensors", 4);
+    st_file_t *f = rig.f;
+    kern_backend_t *b = rig.b;
+    lora_t *x = open_peft_dora("ddx", CFG(4, 8, ", \"use_dora\": true"), two, 2, 4, 700);
+    lora_t *z = open_peft_dora("ddz", CFG(2, 4, ", \"use_dora\": true"), three, 3, 2, 800);
     tdit_weight_edit_t all_z = lora_edit(z, false), all_x = lora_edit(x, false);
     tdit_model_t *ref_z, *ref_x, *m;
     TS_NEW(ref_z = tdit_model_load_edit(b, f, KERN_F32, &all_z));
@@ -1113,8 +1126,7 @@ START_TEST(test_dora_after_dora_merges_from_the_base) {
     tdit_model_destroy(&ref_z);
     lora_close(&x);
     lora_close(&z);
-    kern_backend_destroy(&b);
-    st_close(&f);
+    rig_close(&rig);
 }
 END_TEST
 
