@@ -367,15 +367,46 @@ static void expect_eager_bits_of(req_t *r, const float *xs, const float *cs, con
 }
 static void expect_eager_bits(req_t *r, const char *what, int i) { expect_eager_bits_of(r, NULL, NULL, what, i); }
 
+/* How call i of a new key runs under the default warmup (2 eager calls):
+ * eager, eager, captured, then replayed. */
+static cap_ran_t ran_at(int i) { return i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED; }
+
 /* Warmup (2 calls), capture, one replay; new latent values each call. */
 static void warm_capture_replay(req_t *r) {
     for (int i = 0; i < 4; i++) {
         fill(r->x, (size_t)r->n);
         cap_result_t res = call(r);
         if (i < 2) EXPECT_EAGER(res, CAP_DECLINE_WARMING_UP, "warmup");
-        else EXPECT_RAN(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "warm_capture_replay");
+        else EXPECT_RAN(res, ran_at(i), "warm_capture_replay");
         expect_eager_bits(r, "warm_capture_replay", i);
     }
+}
+
+/* n calls of r, each with new latent values, each bitwise the pure eager
+ * run (however the cache served it). */
+static void calls_give_eager_bits(req_t *r, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        fill(r->x, (size_t)r->n);
+        call(r);
+        expect_eager_bits(r, what, i);
+    }
+}
+
+/* n calls of r, each with new latent values, each a replay of r's graph
+ * and bitwise the pure eager run. */
+static void replays_give_eager_bits(req_t *r, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        fill(r->x, (size_t)r->n);
+        EXPECT_RAN(call(r), CAP_RAN_REPLAYED, what);
+        expect_eager_bits(r, what, i);
+    }
+}
+
+/* r's calls carry one constant, name, of type (its value: r->consts[0].v). */
+static void req_one_const(req_t *r, const char *name, cap_const_type_t type) {
+    r->n_consts = 1;
+    snprintf(r->consts[0].name, sizeof r->consts[0].name, "%s", name);
+    r->consts[0].type = type;
 }
 
 /* One entry's bytes and one graph's, measured on a scratch cache. */
@@ -434,11 +465,7 @@ START_TEST(test_input_whose_dtype_shape_or_rank_changed_under_its_key_is_refused
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_uint_eq(st.captures, 1);
     /* The graph is intact for the calls its key declares. */
-    for (int i = 0; i < 3; i++) {
-        fill(r.x, (size_t)r.n);
-        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "after the refusals");
-        expect_eager_bits(&r, "after the refusals", i);
-    }
+    replays_give_eager_bits(&r, 3, "after the refusals");
     expect_graph_accounting("shape refusals");
 }
 END_TEST
@@ -529,17 +556,15 @@ START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
     cap_options_t o = opts();
     C = new_cache(&o);
     static req_t r;
-    static float x[MAXN], c[MAXN], want[MAXN];
+    static float x[MAXN], c[MAXN];
     /* (a) out == latent: x_{t+1} = step(x_t) */
     req_init(&r, &U, "adv:alias-x", 8, 8);
     r.out_t = synth_host_tensor(r.x, 8, 8);
     for (int i = 0; i < 8; i++) {
         memcpy(x, r.x, sizeof x);
         memcpy(c, r.ctx, sizeof c);
-        cap_result_t res = call(&r);
-        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
-        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(r.x, want, r.n), "in-place latent step %d differs from eager", i);
+        EXPECT_RAN(call(&r), ran_at(i), "in-place latent step");
+        expect_eager_bits_of(&r, x, c, "in-place latent step", i);
         for (int j = 0; j < r.n; j++) r.x[j] *= 0.5f; /* keep it bounded */
     }
     /* (b) out == the pinned context: from the first such call on, the
@@ -552,8 +577,7 @@ START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
         memcpy(c, r.ctx, sizeof c);
         cap_result_t res = call(&r);
         if (i == 0) EXPECT_EAGER(res, CAP_DECLINE_MUTABLE_OUTPUT, "output over the pinned context");
-        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(r.ctx, want, r.n), "output-over-context step %d differs from eager", i);
+        expect_eager_bits_of(&r, x, c, "output-over-context step", i);
         for (int j = 0; j < r.n; j++) r.ctx[j] *= 0.5f;
     }
     /* (c) the output overlaps the context's second half and the latent's first */
@@ -567,8 +591,7 @@ START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
         memcpy(x, shared + 32, 32 * sizeof(float));
         memcpy(c, shared, 32 * sizeof(float));
         call(&r);
-        eager_ref_on(S, U.step.w, &r.key, x, c, NULL, 0, want);
-        ck_assert_msg(same_bits(shared + 16, want, 32), "partially aliased step %d differs from eager", i);
+        expect_eager_bits_of(&r, x, c, "partially aliased step", i); /* the output: shared + 16, r.n = 32 */
         for (int j = 0; j < 96; j++) shared[j] *= 0.5f;
     }
     ck_assert(cap_cache_invariants(C));
@@ -616,9 +639,7 @@ START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
     static req_t r;
     req_init(&r, &U, "adv:nan", 8, 8);
     U.add_const = true;
-    r.n_consts = 1;
-    snprintf(r.consts[0].name, sizeof r.consts[0].name, "shift");
-    r.consts[0].type = CAP_CONST_F64;
+    req_one_const(&r, "shift", CAP_CONST_F64);
     r.consts[0].v.f = 0.0;
     const uint32_t specials[] = { 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fc12345u, 0x7f800000u, 0xff800000u,
                                   0x80000000u, 0x00000001u, 0x807fffffu, 0x3f800000u };
@@ -626,8 +647,7 @@ START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
         fill(r.x, (size_t)r.n);
         for (int j = 0; j < r.n; j += 3) memcpy(&r.x[j], &specials[(j / 3 + i) % 10], 4);
         for (int j = 1; j < r.n; j += 5) memcpy(&r.ctx[j], &specials[(j + i) % 10], 4);
-        cap_result_t res = call(&r);
-        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
+        EXPECT_RAN(call(&r), ran_at(i), "special values");
         expect_eager_bits(&r, "special values", i);
     }
     /* -0.0 is not +0.0 to a constant check */
@@ -637,14 +657,11 @@ START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
     /* a NaN constant: captured by a new key (the graph bakes constants per key) */
     static req_t q;
     req_init(&q, &U, "adv:nan-const", 8, 8);
-    q.n_consts = 1;
-    snprintf(q.consts[0].name, sizeof q.consts[0].name, "shift");
-    q.consts[0].type = CAP_CONST_F64;
+    req_one_const(&q, "shift", CAP_CONST_F64);
     uint64_t nan1 = 0x7ff8000000000001ull, nan2 = 0x7ff8000000000002ull;
     memcpy(&q.consts[0].v.f, &nan1, 8);
     for (int i = 0; i < 5; i++) {
-        cap_result_t res = call(&q);
-        ck_assert_int_eq(res.ran, i < 2 ? CAP_RAN_EAGER : i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED);
+        EXPECT_RAN(call(&q), ran_at(i), "nan const");
         expect_eager_bits(&q, "nan const", i);
     }
     memcpy(&q.consts[0].v.f, &nan2, 8);
@@ -920,11 +937,7 @@ START_TEST(test_eviction_during_verify_is_not_counted_as_the_eviction_of_a_graph
                   "the entry evicted mid-verify held no published graph, but the eviction was counted as a graph's");
     expect_graph_accounting("eviction during verify");
     /* and the key starts over cleanly */
-    for (int i = 0; i < 4; i++) {
-        fill(r.x, (size_t)r.n);
-        call(&r);
-        expect_eager_bits(&r, "after", i);
-    }
+    calls_give_eager_bits(&r, 4, "after");
     expect_graph_accounting("after the eviction during verify");
 }
 END_TEST
@@ -1107,11 +1120,7 @@ START_TEST(test_failures_midway_leave_nothing_half_made) {
     atomic_store(&U.replay_fail, 1);
     cap_result_t res;
     ck_assert_int_ne(req_try_on(C, S, &r, &res), 0);
-    for (int i = 0; i < 2; i++) {
-        fill(r.x, (size_t)r.n);
-        EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "after a replay fault");
-        expect_eager_bits(&r, "after a replay fault", i);
-    }
+    replays_give_eager_bits(&r, 2, "after a replay fault");
     /* a kernel fault in the eager warmup of a new key */
     static req_t w;
     req_init(&w, &U, "adv:fail-warm", 8, 8);
@@ -1129,11 +1138,7 @@ START_TEST(test_failures_midway_leave_nothing_half_made) {
         atomic_store(&U.replay_fail, 0);
         ck_assert(rc != 0 || res.ran == CAP_RAN_EAGER);
         ck_assert(cap_cache_invariants(C));
-        for (int i = 0; i < 3; i++) {
-            fill(v.x, (size_t)v.n);
-            call(&v);
-            expect_eager_bits(&v, "after a verify fault", i);
-        }
+        calls_give_eager_bits(&v, 3, "after a verify fault");
     }
     /* a workspace refused for a reason memory would not change: no idle entry evicted */
     static req_t n;
@@ -1182,11 +1187,7 @@ START_TEST(test_an_event_callback_may_evict_and_dispatch) {
     g_cb_req = &other;
     g_cb_calls = 0;
     g_event_hook = cb_reenter;
-    for (int i = 0; i < 3; i++) {
-        fill(r.x, (size_t)r.n);
-        call(&r);
-        expect_eager_bits(&r, "callback", i);
-    }
+    calls_give_eager_bits(&r, 3, "callback");
     g_event_hook = NULL;
     ck_assert_int_eq(g_cb_calls, 1);
     ck_assert_int_eq(g_cb_rc, 1);
@@ -1223,9 +1224,8 @@ START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounti
         snprintf(m, sizeof m, "adv:rand-%d", i);
         req_init(&r[i], &U, m, i < 3 ? 8 : 4, 8);
         U.add_const = true;
-        r[i].n_consts = i % 2;
-        snprintf(r[i].consts[0].name, sizeof r[i].consts[0].name, "k");
-        r[i].consts[0].type = CAP_CONST_I64;
+        req_one_const(&r[i], "k", CAP_CONST_I64);
+        r[i].n_consts = i % 2; /* every other key has the constant */
     }
     uint64_t st_rng = 0xfeedbeef5eedull;
     static float xs[MAXN], cs[MAXN];
