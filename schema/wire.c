@@ -201,6 +201,12 @@ static int parse_envelope(wire_msg_t *m, uint32_t *tensors, wire_err_t *err) {
         size_t len = 0;
         const char *p = proto && v[proto].kind == WV_STR ? wire_tok_str(tk, h, proto, &len) : NULL;
         const char *why = proto ? "is not a string" : "missing";
+        /* Quoted up to a NUL, "reel/1\0x" would read as the very proto
+         * wanted: say what is wrong instead. */
+        if (p && memchr(p, '\0', len)) {
+            p = NULL;
+            why = "holds a NUL byte";
+        }
         wire_set_err(err, WIRE_E_PROTO, "proto %s%.*s%s, want \"" WIRE_PROTO "\"", p ? "\"" : "",
                      p ? (int)(len < 64 ? len : 64) : (int)strlen(why), p ? p : why, p ? "\"" : "");
         return 1;

@@ -1549,6 +1549,31 @@ START_TEST(test_a_type_with_a_nul_byte_is_malformed)
 }
 END_TEST
 
+/* A proto quoted up to its NUL would read as the one wanted ("proto
+ * "reel/1", want "reel/1""): the message says a NUL is there instead. */
+START_TEST(test_a_proto_with_a_nul_byte_is_named_for_its_nul_not_quoted_as_reel_1)
+{
+    raw_t r;
+    raw_init(&r);
+    msgpack_pack_map(&r.pk, 2);
+    raw_str(&r, "proto");
+    msgpack_pack_str(&r.pk, 8);
+    msgpack_pack_str_body(&r.pk, "reel/1\0x", 8);
+    raw_kv_str(&r, "type", "STATUS");
+    part_t p = {r.sb.data, r.sb.size};
+    assert_rejected(&p, 1, WIRE_E_PROTO);
+    send_raw(pair_a, &p, 1);
+    wire_msg_t m;
+    wire_err_t err = {{0}, {0}};
+    ck_assert_int_eq(wire_recv(pair_b, false, 0, &m, &err), 1);
+    ck_assert_str_eq(err.code, WIRE_E_PROTO);
+    ck_assert_msg(strstr(err.message, "NUL") != NULL, "message: %s", err.message);
+    ck_assert_msg(strstr(err.message, "proto \"reel/1\"") == NULL, "message: %s", err.message);
+    wire_msg_close(&m);
+    msgpack_sbuffer_destroy(&r.sb);
+}
+END_TEST
+
 START_TEST(test_missing_or_wrong_proto_is_proto_mismatch)
 {
     raw_t r;
@@ -2047,6 +2072,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_bad_tensor_names_and_descriptors_are_malformed);
     tcase_add_test(lim, test_rejected_message_keeps_its_id_and_identity_so_the_error_can_answer_it);
     tcase_add_test(lim, test_missing_or_wrong_proto_is_proto_mismatch);
+    tcase_add_test(lim, test_a_proto_with_a_nul_byte_is_named_for_its_nul_not_quoted_as_reel_1);
     tcase_add_test(lim, test_a_type_with_a_nul_byte_is_malformed);
     tcase_add_test(lim, test_missing_or_non_string_type_and_non_uint_id_are_malformed);
     tcase_add_test(lim, test_non_map_or_empty_header_is_malformed);
