@@ -489,9 +489,12 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
     }
     if (!prompt && tl > 0) {
         if (ctx[0] > tl || (g->uncond && g->uncond->shape[0] > tl)) {
+            /* named as a field error is (docs/PROTOCOL.md): the client
+             * must tell a long negative context from a long context */
+            const wire_tensor_t *over = ctx[0] > tl ? g->context : g->uncond;
             brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                         "GEN: a context of %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
-                         " and takes at most that many", ctx[0] > tl ? ctx[0] : g->uncond->shape[0], g->model, tl);
+                         "GEN: tensor '%s' has %" PRId64 " rows: model %s pads contexts to text_len %" PRId64
+                         " and takes at most that many", over->name, over->shape[0], g->model, tl);
             return;
         }
         ctx[0] = tl;

@@ -149,8 +149,12 @@ gen t5 tinywan "$D/ctx12.safetensors" "$D/unc3.safetensors" --solver dpm++ &&
 gen t3 tinywan "$D/ctx.safetensors" "$D/unc.safetensors" --solver unipc && ! same t1 t3 &&
     ok "text_len: another negative prompt, another result" || { bad "negative prompt ignored"; show "$D/t3.err"; }
 gen t4 tinywan "$D/ctx13.safetensors" "$D/unc.safetensors"
-[ $? != 0 ] && grep -q "bad_request.*GEN: .*text_len 12" "$D/t4.err" && ok "text_len: a context of 13 rows is refused, the message naming its GEN ($(grep -o 'bad_request.*' "$D/t4.err" | head -c 90))" ||
+[ $? != 0 ] && grep -q "bad_request.*GEN: tensor 'context' .*text_len 12" "$D/t4.err" && ok "text_len: a context of 13 rows is refused, the message naming its GEN and the tensor ($(grep -o 'bad_request.*' "$D/t4.err" | head -c 90))" ||
     { bad "context longer than text_len"; show "$D/t4.err"; }
+gen t6 tinywan "$D/ctx.safetensors" "$D/ctx13.safetensors"
+[ $? != 0 ] && grep -q "bad_request.*GEN: tensor 'uncond' has 13 rows.*text_len 12" "$D/t6.err" &&
+    ok "text_len: a negative prompt of 13 rows is refused naming 'uncond', not the context" ||
+    { bad "uncond longer than text_len"; show "$D/t6.err"; }
 run x "$D/tw.safetensors" "$D/ctx13.safetensors" "$D/unc.safetensors"
 [ $? = 2 ] && grep -q "text_len 12" "$D/x.err" && ok "text_len: reelctl run refuses 13 rows too" || { bad "run over text_len"; show "$D/x.err"; }
 gen x tiny "$D/ctx.safetensors" "$D/unc3.safetensors"
