@@ -410,36 +410,43 @@ static bool same_tensor(const wire_tensor_t *a, const wire_tensor_t *b) {
 
 static bool same_str(const char *a, const char *b) { return !strcmp(a ? a : "", b ? b : ""); }
 
-/* True when g asks for what o asked: every field that shapes the result
- * (the inputs' bytes too). A resend may change only its deadline and
- * whether it wants PROGRESS. */
 /* Sample i's seed as the worker takes it: seeds[i], else seed + i. */
 static uint64_t sample_seed(const msg_gen_t *g, uint64_t i) { return g->n_seeds ? g->seeds[i] : g->seed + i; }
 
 /* Whether g asks for what o asks, field by field as the worker reads them:
  * a default spelled out is the default (solver "euler", output "latent",
  * with n = 1 seeds [seed]), and what a request ignores is not compared
- * (eta without sde, cfg without uncond or prompt: docs/PROTOCOL.md GEN). */
-static bool same_request(const msg_gen_t *o, const msg_gen_t *g) {
+ * (eta without sde, cfg without uncond or prompt: docs/PROTOCOL.md GEN).
+ * A resend may change only its deadline and whether it wants PROGRESS.
+ * Returns NULL when it asks the same, else the first field that differs,
+ * named as on the wire, so the refused sender learns what it changed. */
+static const char *differing_field(const msg_gen_t *o, const msg_gen_t *g) {
     const uint64_t n = msg_gen_n(o);
-    if (strcmp(o->model, g->model) || o->version != g->version || o->steps != g->steps || o->sde != g->sde ||
-        n != msg_gen_n(g) || memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape))
-        return false;
+    if (strcmp(o->model, g->model)) return "model";
+    if (o->version != g->version) return "version";
+    if (o->steps != g->steps) return "steps";
+    if (o->sde != g->sde) return "sde";
+    if (n != msg_gen_n(g)) return "n";
+    if (memcmp(o->latent_shape, g->latent_shape, sizeof o->latent_shape)) return "latent_shape";
     for (uint64_t i = 0; i < n; i++)
-        if (sample_seed(o, i) != sample_seed(g, i)) return false;
+        if (sample_seed(o, i) != sample_seed(g, i)) return g->n_seeds ? "seeds" : "seed";
     /* doubles compared by bits: a NaN never passed the checks, and -0 is not 0 to a client that sent it */
     const bool guided = o->uncond || (o->prompt && o->prompt[0]);
-    if (memcmp(&o->shift, &g->shift, sizeof o->shift) || (guided && memcmp(&o->cfg, &g->cfg, sizeof o->cfg)) ||
-        (o->sde && memcmp(&o->eta, &g->eta, sizeof o->eta)))
-        return false;
-    if (strcmp(msg_gen_solver(o), msg_gen_solver(g)) || strcmp(msg_gen_output(o), msg_gen_output(g)) ||
-        !same_str(o->prompt, g->prompt) || !same_str(o->negative_prompt, g->negative_prompt))
-        return false;
-    if (o->return_trajectory != g->return_trajectory || o->return_log_probs != g->return_log_probs ||
-        o->return_means != g->return_means || o->return_timesteps != g->return_timesteps)
-        return false;
-    return same_tensor(o->context, g->context) && same_tensor(o->uncond, g->uncond) &&
-           same_tensor(o->latent, g->latent);
+    if (memcmp(&o->shift, &g->shift, sizeof o->shift)) return "shift";
+    if (guided && memcmp(&o->cfg, &g->cfg, sizeof o->cfg)) return "cfg";
+    if (o->sde && memcmp(&o->eta, &g->eta, sizeof o->eta)) return "eta";
+    if (strcmp(msg_gen_solver(o), msg_gen_solver(g))) return "solver";
+    if (strcmp(msg_gen_output(o), msg_gen_output(g))) return "output";
+    if (!same_str(o->prompt, g->prompt)) return "prompt";
+    if (!same_str(o->negative_prompt, g->negative_prompt)) return "negative_prompt";
+    if (o->return_trajectory != g->return_trajectory) return "return_trajectory";
+    if (o->return_log_probs != g->return_log_probs) return "return_log_probs";
+    if (o->return_means != g->return_means) return "return_means";
+    if (o->return_timesteps != g->return_timesteps) return "return_timesteps";
+    if (!same_tensor(o->context, g->context)) return "context";
+    if (!same_tensor(o->uncond, g->uncond)) return "uncond";
+    if (!same_tensor(o->latent, g->latent)) return "latent";
+    return NULL;
 }
 
 /* A GEN resent (same client token and id) while its request is live: the
@@ -457,10 +464,11 @@ static bool resent(brk_t *b, const wire_msg_t *m, const msg_gen_t *g) {
         client_unlink(b, r);
         return false;
     }
-    if (!same_request(&r->gen, g)) {
+    const char *differs = differing_field(&r->gen, g);
+    if (differs) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_BAD_REQUEST,
-                     "GEN: id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one", m->id,
-                     g->client);
+                     "GEN: id %" PRIu64 " of client %016" PRIx64 " names a live request that is not this one "
+                     "(its '%s' differs; only deadline_ms and progress may)", m->id, g->client, differs);
         return true;
     }
     zmq_msg_t to;

@@ -2231,6 +2231,20 @@ START_TEST(test_a_prompt_for_a_model_announced_without_a_config_is_bad_request_n
 }
 END_TEST
 
+/* The next message on s is ERROR bad_request to GEN id, naming `field` as
+ * the one its resend changed. */
+static void expect_differs(void *s, uint64_t id, const char *field) {
+    wire_msg_t *d = take(s, false);
+    ck_assert_str_eq(d->type, "ERROR");
+    ck_assert_uint_eq(d->id, id);
+    ck_assert_str_eq(wv_get_str(d->hdr, "code"), "bad_request");
+    char want[64];
+    snprintf(want, sizeof want, "(its '%s' differs", field);
+    ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), want), "'%s' does not name %s", wv_get_str(d->hdr, "message"),
+                  field);
+    drop_msg(&d);
+}
+
 /* A GEN under a live request's client token and id whose fields differ
  * (here its seed) is not that request: bad_request to its sender, and the
  * live request goes on, answered to its own sender -- whether it runs or
@@ -2251,20 +2265,20 @@ START_TEST(test_a_resend_that_differs_from_its_live_request_is_bad_request_and_t
     ck_assert_str_eq(d->type, "ERROR");
     ck_assert_uint_eq(d->id, 5);
     ck_assert_str_eq(wv_get_str(d->hdr, "code"), "bad_request");
-    ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), "names a live request that is not this one"), "'%s'",
-                  wv_get_str(d->hdr, "message"));
+    ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), "names a live request that is not this one (its 'seed' differs"),
+                  "'%s'", wv_get_str(d->hdr, "message"));
     drop_msg(&d);
     gen_from(&x, c2, 5 + BRK_ID_BUCKETS, TOKEN_A, 1, false); /* nor the waiting one */
-    expect_on(c2, "ERROR", 5 + BRK_ID_BUCKETS, "bad_request");
+    expect_differs(c2, 5 + BRK_ID_BUCKETS, "seed");
     /* the same seed and shape, but another shift, or one context value
      * changed: another request too (its sender would get a result it did
-     * not ask for) */
+     * not ask for), and the answer names the field that differs */
     gen_from_with(&x, c2, 5, TOKEN_A, 7, false, 3.0, 0);
-    expect_on(c2, "ERROR", 5, "bad_request");
+    expect_differs(c2, 5, "shift");
     gen_from_with(&x, c2, 5, TOKEN_A, 7, false, 0, 1.0f);
-    expect_on(c2, "ERROR", 5, "bad_request");
+    expect_differs(c2, 5, "context");
     gen_from_with(&x, c2, 5 + BRK_ID_BUCKETS, TOKEN_A, 7, false, 0, -0.0f); /* -0 is not 0 to the bytes */
-    expect_on(c2, "ERROR", 5 + BRK_ID_BUCKETS, "bad_request");
+    expect_differs(c2, 5 + BRK_ID_BUCKETS, "context");
     ck_assert_uint_eq(x.b.resends, 0);
     ck_assert_int_eq(live_requests(&x), 2);
     ck_assert_uint_eq(brk_queue_len(&x.b.queue), 1);
@@ -2324,7 +2338,7 @@ START_TEST(test_a_resend_that_spells_out_defaults_is_the_same_live_request) {
                       (unsigned long long)x.b.resends);
     }
     gen_spelled(&x, c2, 5, TOKEN_A, 7, 5);
-    expect_on(c2, "ERROR", 5, "bad_request");
+    expect_differs(c2, 5, "seeds");
     ck_assert_uint_eq(x.b.resends, 5);
     ck_assert_int_eq(live_requests(&x), 1);
     serve(&x, r5);
