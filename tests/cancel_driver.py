@@ -166,6 +166,12 @@ def main():
     finals = [h for h in before if h.get("id") == 5 and h.get("type") != "PROGRESS"]
     check(r is not None and not finals,
           "another connection's CANCEL (no token, or a wrong one) leaves the GEN running", finals)
+    # a token names only a request of that token, on its own connection too
+    cancel(x, 5, client="00000000deadbeef")
+    r, before = status(x, 2002)
+    finals = [h for h in before if h.get("id") == 5 and h.get("type") != "PROGRESS"]
+    check(r is not None and not finals,
+          "its own connection's CANCEL with a token the GEN did not have leaves it running", finals)
     cancel(x, 5)
     check(cancelled(until(x, is_final(5), 30000), "cancelled by its client"),
           "its own connection's CANCEL (no token) ends it")
