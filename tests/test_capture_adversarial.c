@@ -11,8 +11,9 @@
  * count launches, inject faults and run a per-user hook at the top of every
  * launch (eager or captured; never during a replay, which runs the recorded
  * kernels only), so a test can land an eviction or a failure at a chosen
- * point of a call. Every output is compared bitwise with the step run once
- * on a fresh workspace outside any cache. Teardown checks that no backend
+ * point of a call. Every output is compared bitwise with the plain step run
+ * once on a fresh workspace outside any cache, the call's constant (where
+ * the step adds one) added on the host. Teardown checks that no backend
  * memory is left allocated. */
 #include <check.h>
 #include <math.h>
@@ -46,10 +47,9 @@ struct user {
     int capture_fail_after;     /* > 0: a capture fails after recording that many kernels */
     atomic_int replay_fail;     /* n > 0: the n-th next execution of fail_kernel fails (eager or
                                  * replayed; a capture only records it) */
-    bool add_const;             /* y += the call's constant 0 */
+    bool add_const;             /* y += the call's constant 0 (the references add it themselves) */
     int ws_fail_code;           /* != 0: ws_new fails with this code (once) */
     atomic_int launches, capturing_launches;
-    void *aux;                  /* a test's own */
 };
 _Static_assert(offsetof(user_t, step) == 0, "the step reads its synth_user_t at the user's address");
 
@@ -338,15 +338,29 @@ static void expect_eager_(cap_result_t res, cap_reason_t why, const char *what) 
 #define EXPECT_RAN(res, want, what) expect_ran_((res), (want), (what))
 #define EXPECT_EAGER(res, why, what) expect_eager_((res), (why), (what))
 
+/* What the step's constant adds: the call's constant 0 as a float, as
+ * synth_add_const takes it. */
+static float const_as_float(const cap_const_t *c) {
+    return c->type == CAP_CONST_F64 ? (float)c->v.f : (float)c->v.i;
+}
+
 /* The pure eager result of the step on (x, ctx) with weights w, run on a
- * fresh workspace on stream s, outside any cache. */
+ * fresh workspace on stream s, outside any cache; with consts (n_consts > 0),
+ * then y += consts[0], added here on the host from the caller's value.
+ * The reference runs none of this suite's hooks: were it to add the
+ * constant through adv_after_residual as the cached step does, a step that
+ * dropped the constant, or a replay that kept the one its graph baked,
+ * would agree with it. The host add is the bias kernel's one float add, so
+ * the bits match. */
 static void eager_ref_on(kern_stream_t *s, const float *w, const cap_key_t *key, const float *x, const float *ctx,
                          const cap_const_t *consts, int n_consts, float *out) {
-    user_t ru;
-    user_init(&ru, (float *)w);
-    ru.add_const = n_consts > 0;
-    ck_assert_msg(synth_eager(&ru.step, s, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
-                  reel_err_text());
+    synth_user_t plain = { .w = (float *)w, .hooks = NULL };
+    ck_assert_msg(synth_eager(&plain, s, key, x, ctx, NULL, 0, out) == 0, "reference: %s", reel_err_text());
+    if (n_consts < 1) return;
+    const float v = const_as_float(&consts[0]);
+    int64_t n = 1;
+    for (int d = 0; d < key->inputs[0].ndim; d++) n *= key->inputs[0].shape[d];
+    for (int64_t j = 0; j < n; j++) out[j] += v;
 }
 
 /* a and b (n floats each) are bitwise equal. */
@@ -359,7 +373,7 @@ static void expect_eager_bits_of(req_t *r, const float *xs, const float *cs, con
     static float x[MAXN], c[MAXN], want[MAXN];
     if (!xs) { synth_gather(&r->in[0], x); xs = x; }
     if (!cs) { synth_gather(&r->in[1], c); cs = c; }
-    eager_ref_on(S, r->u->step.w, &r->key, xs, cs, r->consts, r->n_consts, want);
+    eager_ref_on(S, r->u->step.w, &r->key, xs, cs, r->consts, r->u->add_const ? r->n_consts : 0, want);
     const float *got = kern_tensor_ptr(&r->out_t);
     int64_t j = synth_first_diff(got, want, r->n);
     ck_assert_msg(j < 0, "%s %d: element %lld is %.9g, pure eager gives %.9g", what, i,
@@ -627,7 +641,7 @@ START_TEST(test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_
 }
 END_TEST
 
-/* ==== 5. special values =========================================================== */
+/* ==== 5. special values and constants ============================================= */
 
 /* NaN (several payloads, both signs), ±Inf, -0 and subnormals in the
  * inputs, at warmup, at capture (verify compares bits: NaN must not make it
@@ -667,6 +681,72 @@ START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
     memcpy(&q.consts[0].v.f, &nan2, 8);
     EXPECT_EAGER(call(&q), CAP_DECLINE_CONSTANT_CHANGED, "another NaN payload");
     ck_assert_uint_eq(stats().declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
+}
+END_TEST
+
+/* r's constant shows in every element of the step's result on its current
+ * inputs: the reference with it and the reference without it differ
+ * bitwise everywhere (so a result that dropped it, or carries another
+ * value, cannot pass for it). */
+static void expect_constant_changes_every_element(req_t *r, const char *what) {
+    static float with[MAXN], without[MAXN];
+    eager_ref_on(S, r->u->step.w, &r->key, r->x, r->ctx, r->consts, r->n_consts, with);
+    eager_ref_on(S, r->u->step.w, &r->key, r->x, r->ctx, NULL, 0, without);
+    for (int64_t j = 0; j < r->n; j++)
+        ck_assert_msg(memcmp(&with[j], &without[j], sizeof(float)) != 0,
+                      "%s: element %lld is %.9g with the constant and without it", what, (long long)j,
+                      (double)with[j]);
+}
+
+/* Doc ("a call whose constants differ from the ones its entry's graph
+ * baked declines constant_changed and runs eager; the graph stays for
+ * calls with the baked values"), with constants that change every value,
+ * against a reference that adds the call's own constant on the host: key a
+ * bakes 1.5 and its captured and replayed calls give +1.5; a with 2.5
+ * gives +2.5 (eager, twice: no capture for the new value), then 1.5
+ * replays again; key b bakes 2.5 and replays +2.5 beside a's graph. Each
+ * call's bits are checked before its path, so a cache that let a changed
+ * constant through to the old graph fails on the values it returns. */
+START_TEST(test_a_changed_constant_gives_its_own_value_never_the_one_a_graph_baked) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t a, b;
+    req_init(&a, &U, "adv:const-a", 8, 8);
+    req_init(&b, &U, "adv:const-b", 8, 8);
+    U.add_const = true;
+    req_one_const(&a, "shift", CAP_CONST_F64);
+    req_one_const(&b, "shift", CAP_CONST_F64);
+    a.consts[0].v.f = 1.5;
+    b.consts[0].v.f = 2.5;
+    expect_constant_changes_every_element(&a, "1.5");
+    expect_constant_changes_every_element(&b, "2.5");
+    for (int i = 0; i < 4; i++) {
+        fill(a.x, (size_t)a.n);
+        cap_result_t res = call(&a);
+        expect_eager_bits(&a, "a, 1.5", i);
+        EXPECT_RAN(res, ran_at(i), "a, 1.5");
+    }
+    a.consts[0].v.f = 2.5;
+    for (int i = 0; i < 2; i++) {
+        fill(a.x, (size_t)a.n);
+        cap_result_t res = call(&a);
+        expect_eager_bits(&a, "a, 2.5 (its graph baked 1.5)", i);
+        EXPECT_EAGER(res, CAP_DECLINE_CONSTANT_CHANGED, "a, 2.5 (its graph baked 1.5)");
+    }
+    a.consts[0].v.f = 1.5;
+    replays_give_eager_bits(&a, 1, "a, 1.5 again");
+    for (int i = 0; i < 4; i++) {
+        fill(b.x, (size_t)b.n);
+        cap_result_t res = call(&b);
+        expect_eager_bits(&b, "b, 2.5", i);
+        EXPECT_RAN(res, ran_at(i), "b, 2.5");
+    }
+    replays_give_eager_bits(&a, 2, "a, 1.5 beside b");
+    replays_give_eager_bits(&b, 2, "b, 2.5 beside a");
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.captures, 2);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_CONSTANT_CHANGED], 2);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
 }
 END_TEST
 
@@ -1294,6 +1374,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_outputs_aliasing_inputs_equal_an_eager_loop);
     tcase_add_test(tc, test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_and_audits_pass);
     tcase_add_test(tc, test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise);
+    tcase_add_test(tc, test_a_changed_constant_gives_its_own_value_never_the_one_a_graph_baked);
     tcase_add_test(tc, test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong_key_is_refused);
     tcase_add_test(tc, test_budget_zero_is_unlimited);
     tcase_add_test(tc, test_budget_of_exactly_one_graph_alternating_keys_stay_correct);
