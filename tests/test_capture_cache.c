@@ -59,6 +59,12 @@ typedef enum {
 
 struct req;
 
+/* The program callbacks that may ask the cache for a version while its
+ * mutex is held (cache.h, "Program callbacks"), each counted apart so a
+ * test can tell which of them asked. */
+typedef enum { Q_WS_SIZE, Q_WEIGHTS, Q_WS_FREE, Q_SITES } query_site_t;
+static const char *const QUERY_SITE[Q_SITES] = { "ws_size", "weights", "ws_free" };
+
 typedef struct {
     synth_user_t step;   /* first: the weights the step reads, [SYNTH_W], and STEP_HOOKS (step_on) */
     step_kind_t kind;
@@ -76,8 +82,8 @@ typedef struct {
     bool weights_fail;       /* weights() fails */
     bool query_cache;        /* weights(), ws_size() (and PROG_SIZED_W's ws_free()) ask `cache`
                               * for wA's version */
-    int64_t queried;         /* what the last such query returned */
-    int queries;
+    int64_t queried[Q_SITES]; /* what each callback's last such query returned */
+    int queries[Q_SITES];     /* such queries made from each callback */
     uint64_t sync_to;        /* set: ws_new first syncs wA in place to this version (once) */
 } step_user_t;
 _Static_assert(offsetof(step_user_t, step) == 0, "the step reads its synth_user_t at the user's address");
@@ -125,10 +131,10 @@ static int yield_kernel(void *ctx, const void *args) {
 static int req_try(cap_cache_t *c, kern_stream_t *s, struct req *r, cap_result_t *res);
 
 /* What a program callback may ask the cache from inside (cache.h). */
-static void query_cache(step_user_t *u) {
+static void query_cache(step_user_t *u, query_site_t from) {
     if (!u || !u->query_cache) return;
-    u->queried = cap_component_version(u->cache, "wA");
-    u->queries++;
+    u->queried[from] = cap_component_version(u->cache, "wA");
+    u->queries[from]++;
 }
 
 static int hook_ws_new(synth_user_t *su) {
@@ -140,11 +146,11 @@ static int hook_ws_new(synth_user_t *su) {
     return 0;
 }
 
-static void hook_ws_size(synth_user_t *su) { query_cache(step_user(su)); }
+static void hook_ws_size(synth_user_t *su) { query_cache(step_user(su), Q_WS_SIZE); }
 
 static int hook_weights(synth_user_t *su) {
     step_user_t *u = step_user(su);
-    query_cache(u);
+    query_cache(u, Q_WEIGHTS);
     if (u->weights_fail) return reel_fail(REEL_E_INVALID, "synthetic step: weights() failed");
     return 0;
 }
@@ -2567,7 +2573,7 @@ START_TEST(test_evict_key_refuses_a_reason_other_than_explicit_or_shape_change) 
 END_TEST
 
 static void step_ws_free_query(void *user, void *ws) {
-    query_cache(user);
+    query_cache(user, Q_WS_FREE);
     synth_ws_free(user, ws);
 }
 
@@ -2580,20 +2586,37 @@ static const cap_program_t PROG_SIZED_W = {
     .n_components = 1, .components = { "wA" }, .weights = synth_weights,
 };
 
+/* Each callback's own query was made and answered (wA is at version 1):
+ * one that never asked would leave its count at 0 and the test would prove
+ * nothing about it. */
+static void expect_queried(const step_user_t *u, query_site_t from, const char *when) {
+    ck_assert_msg(u->queries[from] > 0 && u->queried[from] == 1,
+                  "%s: %s() asked the cache %d times, last answer %lld (wA is at version 1)", when,
+                  QUERY_SITE[from], u->queries[from], (long long)u->queried[from]);
+}
+
+/* cache.h, "Program callbacks": weights(), ws_size() and ws_free() may run
+ * with the cache's mutex held and may call cap_component_version (which
+ * takes a lock of its own). ws_size() runs at the admission of the key's
+ * entry (acquire: sized before the allocation, for the budget) and
+ * weights() at the capture and before every replay, both with the mutex
+ * held; ws_free() as the entry is evicted. Each is checked to have asked
+ * by itself: the others' queries cannot stand in for it. */
 START_TEST(test_program_callbacks_may_query_the_component_version_without_deadlocking) {
     cap_options_t o = test_options();
     o.budget_bytes = 1 << 20;
     C = new_cache(&o);
-    step_user_t uq = { .step = step_on(WA), .kind = STEP_PLAIN, .cache = C, .query_cache = true, .queried = -2 };
+    step_user_t uq = { .step = step_on(WA), .kind = STEP_PLAIN, .cache = C, .query_cache = true,
+                       .queried = { -2, -2, -2 } };
     req_t a;
     req_init(&a, &PROG_SIZED_W, &uq, "syn:query", ROWS, COLS, "wA", 1);
     req_warm_capture_replay(C, S, &a, 2); /* ws_size on admission, weights() before the replay */
-    int before = uq.queries;
-    ck_assert_int_gt(before, 0);
-    ck_assert_int_eq(uq.queried, 1);
+    expect_queried(&uq, Q_WS_SIZE, "after warmup, capture and replay");
+    expect_queried(&uq, Q_WEIGHTS, "after warmup, capture and replay");
+    int freed_before = uq.queries[Q_WS_FREE];
     ck_assert_int_eq(cap_evict_key(C, &a.key, CAP_EVICT_EXPLICIT), 1); /* ws_free */
-    ck_assert_int_gt(uq.queries, before);
-    ck_assert_int_eq(uq.queried, 1);
+    ck_assert_msg(uq.queries[Q_WS_FREE] > freed_before, "evicting the entry: ws_free() did not ask the cache");
+    expect_queried(&uq, Q_WS_FREE, "after the eviction");
     cap_cache_destroy(&C); /* uq lives on this stack */
 }
 END_TEST
