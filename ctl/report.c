@@ -399,6 +399,8 @@ int ctl_report_requests(cat_t *c, bool json, FILE *out) {
     static const ctl_col_t cols[] = {
         { "t", "time", CTL_F_TIME, 0 },
         { "id", "id", CTL_F_NUM, 0 },
+        /* the broker's id: what a worker's log names (why takes either) */
+        { "broker_id", "broker_id", CTL_F_NUM, 0 },
         { "worker", "worker", CTL_F_TEXT, 32 },
         { "version", "version", CTL_F_NUM, 0 },
         { "steps", "steps", CTL_F_NUM, 0 },

@@ -145,6 +145,14 @@ assert d["by_broker_id"] is True and d["matches"] == 1, d
 assert d["request"]["broker_id"] == int(sys.argv[2]) and d["request"]["id"] == int(sys.argv[3]), d["request"]
 ' "$D/latej.out" "${bid:-0}" "${cid:-0}" && ok "--json: by_broker_id, and the row's broker_id" ||
     { bad "--json by the broker's id (exit $rc)"; show "$D/latej.out" "$D/latej.err"; }
+# reelctl requests shows both ids: the one an operator reads in a worker's
+# log (the broker's) finds its row in the table, beside the client's
+"$R" requests --catalog "$DB" >"$D/req.out" 2>"$D/req.err"; rc=$?
+[ "$rc" = 0 ] && head -1 "$D/req.out" | grep -Eq "^ *time +id +broker_id +worker " &&
+    [ -n "${bid:-}" ] && grep -Eq "^20[0-9-]+T[0-9:]+Z +$cid +$bid +w0 .* timeout( |$)" "$D/req.out" &&
+    [ "$(grep -c " $bid " "$D/req.out")" = 1 ] &&
+    ok "reelctl requests: a broker_id column beside id; the timed-out row holds w0's $bid" ||
+    { bad "requests' broker_id column (exit $rc, broker id '${bid:-}', client id '$cid')"; show "$D/req.out" "$D/req.err"; }
 why latew "${bid:-0}" --worker w9; rc=$?
 [ "$rc" = 2 ] && ok "the broker's id on another worker: not found (exit 2)" || { bad "--worker w9 by broker id (exit $rc)"; show "$D/latew.err"; }
 
