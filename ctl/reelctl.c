@@ -110,7 +110,7 @@ static const char usage[] =
     "  (each takes --key NAME.key --broker-key broker.pub, else $REEL_KEY and\n"
     "   $REEL_BROKER_KEY: CURVE, for a broker started with --keys)\n"
     "\n"
-    "  keys new --role client|trainer|worker|broker [--name N] --out DIR\n"
+    "  keys new --role client|trainer|worker|broker [--name N] [--force] --out DIR\n"
     "                              a CURVE key pair: DIR/N.key (secret) and DIR/N.pub, 0600;\n"
     "                              the broker admits the peers whose N.pub is in its --keys DIR\n"
     "\n"

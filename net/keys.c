@@ -128,10 +128,11 @@ int reel_key_read(const char *path, bool secret, reel_key_t *out) {
     return 0;
 }
 
-/* Writes text to dir/name exclusively, 0600, synced. -1 with a message
- * (nothing left behind). */
+/* Writes text to path exclusively, 0600, synced. -1 with a message
+ * (nothing left behind): REEL_E_STATE when path exists. */
 static int write_new(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 && errno == EEXIST) return reel_fail(REEL_E_STATE, "%s exists", path);
     if (fd < 0) return reel_fail(REEL_E_IO, "%s: %s", path, strerror(errno));
     size_t len = strlen(text);
     bool ok = fchmod(fd, 0600) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
@@ -147,7 +148,10 @@ static int write_new(const char *path, const char *text) {
     return 0;
 }
 
-int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t *out) {
+/* The pair's two files: written exclusively (replace false), or, with
+ * replace, to temporary files beside them renamed over them, the .pub
+ * first: a failure between the two renames leaves the old secret key. */
+static int key_pair_write(const char *dir, reel_role_t role, const char *name, bool replace, reel_key_t *out) {
     memset(out, 0, sizeof *out);
     if (role <= REEL_ROLE_NONE || role > REEL_ROLE_BROKER) return reel_fail(REEL_E_INVALID, "no such role");
     if (!reel_name_valid(name, REEL_KEY_NAME_MAX))
@@ -167,16 +171,50 @@ int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t
              "# Keep it private; give the broker %s.pub.\n"
              "role = %s\nname = %s\npublic-key = %s\nsecret-key = %s\n",
              reel_role_name(role), name, name, reel_role_name(role), name, out->public_key, out->secret_key);
-    if (write_new(key_path, text) != 0) return -1;
-    snprintf(text, sizeof text,
+    char pub_text[512];
+    snprintf(pub_text, sizeof pub_text,
              "# Reel CURVE public key (reelctl keys new) of %s %s.\n"
              "role = %s\nname = %s\npublic-key = %s\n",
              reel_role_name(role), name, reel_role_name(role), name, out->public_key);
-    if (write_new(pub_path, text) != 0) {
-        unlink(key_path);
-        return -1;
+    int rc = -1;
+    if (!replace) {
+        if (write_new(key_path, text) == 0 && (rc = write_new(pub_path, pub_text)) != 0) unlink(key_path);
+        explicit_bzero(text, sizeof text);
+        return rc;
     }
-    return 0;
+    char key_tmp[4200], pub_tmp[4200];
+    snprintf(key_tmp, sizeof key_tmp, "%s.new", key_path);
+    snprintf(pub_tmp, sizeof pub_tmp, "%s.new", pub_path);
+    /* a .new left by a run that died is ours to replace too */
+    unlink(key_tmp);
+    unlink(pub_tmp);
+    if (write_new(key_tmp, text) != 0) goto out;
+    if (write_new(pub_tmp, pub_text) != 0) goto out;
+    if (rename(pub_tmp, pub_path) != 0) {
+        reel_fail(REEL_E_IO, "%s: %s (the old pair is kept)", pub_path, strerror(errno));
+        goto out;
+    }
+    if (rename(key_tmp, key_path) != 0) {
+        reel_fail(REEL_E_IO, "%s: %s (%s is already the new one's: replace the pair again)", key_path,
+                  strerror(errno), pub_path);
+        goto out;
+    }
+    rc = 0;
+out:
+    explicit_bzero(text, sizeof text);
+    if (rc != 0) {
+        unlink(key_tmp);
+        unlink(pub_tmp);
+    }
+    return rc;
+}
+
+int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t *out) {
+    return key_pair_write(dir, role, name, false, out);
+}
+
+int reel_key_replace(const char *dir, reel_role_t role, const char *name, reel_key_t *out) {
+    return key_pair_write(dir, role, name, true, out);
 }
 
 /* ---- the allowlist --------------------------------------------------------- */

@@ -65,8 +65,17 @@ int reel_key_read(const char *path, bool secret, reel_key_t *out);
 /* Makes a new pair for (role, name) with zmq_curve_keypair and writes
  * DIR/NAME.key and DIR/NAME.pub, 0600, created exclusively (DIR is made
  * 0700 when missing). *out receives the pair. 0, or -1 with a message
- * (an existing file is an error; nothing is left half written). */
+ * (an existing file is REEL_E_STATE, "PATH exists", and both stay as they
+ * were; nothing is left half written). */
 int reel_key_new(const char *dir, reel_role_t role, const char *name, reel_key_t *out);
+/* The same, but an existing DIR/NAME.key and DIR/NAME.pub (either or
+ * both) are replaced: the new pair is written to NAME.key.new and
+ * NAME.pub.new beside them (0600, synced) and renamed over them, the .pub
+ * first, so a failure leaves the old secret key (a failure between the
+ * two renames, with a message saying so, leaves the new .pub and the old
+ * .key: replace again). Peers holding the old key are refused from then
+ * on. 0, or -1 with a message; no .new file is left. */
+int reel_key_replace(const char *dir, reel_role_t role, const char *name, reel_key_t *out);
 
 /* ---- the broker's allowlist -------------------------------------------- */
 

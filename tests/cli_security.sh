@@ -184,7 +184,7 @@ fi
 stop_proc "$p" || bad "the 100 ms broker stops on SIGTERM"
 rm -f "$D/big.safetensors"
 
-echo "== reelctl keys new: a pair, 0600, never over an existing one"
+echo "== reelctl keys new: a pair, 0600, never over an existing one unless --force"
 "$R" keys new --role broker --out "$K" >/dev/null 2>&1 &&
     "$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>&1 &&
     "$R" keys new --role client --name bob --out "$K" >/dev/null 2>&1 &&
@@ -196,9 +196,27 @@ cp "$D/other/stranger.key" "$D/later/carol.key" "$K/" # secrets the peers hold; 
 modes=$(stat -c %a "$K/alice.key" "$K/alice.pub" | sort -u | tr '\n' ' ')
 [ "$modes" = "600 " ] && grep -q "^role = trainer" "$K/alice.pub" && ! grep -q secret "$K/alice.pub" &&
     ok "alice.key and alice.pub are 0600; the .pub holds no secret" || { bad "key files ($modes)"; show "$K/alice.pub"; }
-before=$(sha256sum "$K/alice.key")
+before=$(sha256sum "$K/alice.key" "$K/alice.pub")
 "$R" keys new --role trainer --name alice --out "$K" >/dev/null 2>"$D/again.err"
-[ $? = 1 ] && [ "$(sha256sum "$K/alice.key")" = "$before" ] && ok "a second alice is refused; the first is untouched" || { bad "no overwrite"; show "$D/again.err"; }
+[ $? = 2 ] && [ "$(sha256sum "$K/alice.key" "$K/alice.pub")" = "$before" ] &&
+    grep -q "^reelctl: keys new: $K/alice.key exists: a key pair is not replaced (peers may hold it); --force replaces" "$D/again.err" &&
+    ok "a second alice is refused (exit 2, naming --force); the first pair is untouched" || { bad "no overwrite"; show "$D/again.err"; }
+# --force: a new pair over the old one (elsewhere: alice's is the broker's below)
+"$R" keys new --role client --name dave --out "$D/forced" >/dev/null 2>&1
+old=$(sha256sum "$D/forced/dave.key" "$D/forced/dave.pub")
+"$R" keys new --role client --name dave --force --out "$D/forced" >"$D/forced.out" 2>"$D/forced.err"
+rc=$?
+[ $rc = 0 ] && [ "$(sha256sum "$D/forced/dave.key" "$D/forced/dave.pub")" != "$old" ] &&
+    [ "$(stat -c %a "$D/forced/dave.key" "$D/forced/dave.pub" | sort -u)" = 600 ] &&
+    [ "$(ls "$D/forced")" = "$(printf 'dave.key\ndave.pub')" ] &&
+    pk=$(sed -n 's/^public-key = //p' "$D/forced/dave.key") && grep -qxF "public-key = $pk" "$D/forced/dave.pub" &&
+    grep -qF "public key $pk" "$D/forced.err" &&
+    ok "keys new --force replaces both files with a new pair (0600, the .pub the .key's, no temporary left)" ||
+    { bad "keys new --force (exit $rc)"; show "$D/forced.err"; ls -la "$D/forced"; }
+touch "$D/afile"
+"$R" keys new --role client --out "$D/afile" >/dev/null 2>"$D/afile.err"
+[ $? = 2 ] && grep -q "^reelctl: keys new: --out $D/afile is not a folder" "$D/afile.err" &&
+    ok "keys new --out FILE: exit 2, not a folder" || { bad "keys new --out FILE"; show "$D/afile.err"; }
 "$R" keys new --role client --name 'bad name' --out "$D/badname" >/dev/null 2>"$D/badname.err"
 [ $? = 2 ] && grep -q "key name 'bad name'" "$D/badname.err" && [ ! -e "$D/badname/bad name.key" ] &&
     ok "a bad key name: exit 2 (the caller's input), no file" || { bad "a bad key name"; show "$D/badname.err"; }

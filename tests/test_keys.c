@@ -73,12 +73,44 @@ START_TEST(test_keys_new_writes_a_pair_0600_that_reads_back_and_never_overwrites
     /* A second pair under the name fails and leaves the first intact. */
     reel_key_t again;
     ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_TRAINER, "alice", &again), -1);
-    ck_assert_ptr_nonnull(strstr(reel_err_text(), "alice.key"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "alice.key exists"));
+    ck_assert_int_eq(reel_err_code(), REEL_E_STATE); /* reelctl: exit 2, naming --force */
     ck_assert_int_eq(reel_key_read(path_of("alice.key"), true, &sec), 0);
     ck_assert_str_eq(sec.secret_key, k.secret_key);
     /* Bad names never make a file. */
     ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_CLIENT, "../evil", &again), -1);
     ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_CLIENT, "", &again), -1);
+}
+END_TEST
+
+/* `reelctl keys new --force`: both files replaced by a pair that reads
+ * back, 0600, no temporary left; the old .pub alone (its .key lost) is
+ * replaced too, and without it refused as existing. */
+START_TEST(test_key_replace_writes_a_new_pair_over_the_old_one_and_leaves_no_temporary) {
+    reel_key_t old, k, sec, pub;
+    ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_WORKER, "w1", &old), 0);
+    ck_assert_int_eq(reel_key_replace(dir, REEL_ROLE_WORKER, "w1", &k), 0);
+    ck_assert_str_ne(k.secret_key, old.secret_key);
+    ck_assert_int_eq(reel_key_read(path_of("w1.key"), true, &sec), 0);
+    ck_assert_int_eq(reel_key_read(path_of("w1.pub"), false, &pub), 0);
+    ck_assert_str_eq(sec.secret_key, k.secret_key);
+    ck_assert_str_eq(pub.public_key, k.public_key);
+    ck_assert_int_eq(mode_of("w1.key"), 0600);
+    ck_assert_int_eq(mode_of("w1.pub"), 0600);
+    ck_assert_int_eq(access(path_of("w1.key.new"), F_OK), -1);
+    ck_assert_int_eq(access(path_of("w1.pub.new"), F_OK), -1);
+    /* a .pub whose .key is gone: new refuses it, replace writes both */
+    ck_assert_int_eq(unlink(path_of("w1.key")), 0);
+    ck_assert_int_eq(reel_key_new(dir, REEL_ROLE_WORKER, "w1", &old), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_STATE);
+    ck_assert_int_eq(access(path_of("w1.key"), F_OK), -1); /* nothing half written */
+    ck_assert_int_eq(reel_key_replace(dir, REEL_ROLE_WORKER, "w1", &k), 0);
+    ck_assert_int_eq(reel_key_read(path_of("w1.key"), true, &sec), 0);
+    ck_assert_int_eq(reel_key_read(path_of("w1.pub"), false, &pub), 0);
+    ck_assert_str_eq(pub.public_key, sec.public_key);
+    /* a bad name is refused before anything is touched */
+    ck_assert_int_eq(reel_key_replace(dir, REEL_ROLE_WORKER, "../w1", &k), -1);
+    ck_assert_int_eq(reel_err_code(), REEL_E_INVALID);
 }
 END_TEST
 
@@ -266,6 +298,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, dir_up, dir_down);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_keys_new_writes_a_pair_0600_that_reads_back_and_never_overwrites);
+    tcase_add_test(tc, test_key_replace_writes_a_new_pair_over_the_old_one_and_leaves_no_temporary);
     tcase_add_test(tc, test_key_files_that_leak_or_lie_are_refused_with_the_reason);
     tcase_add_test(tc, test_a_fifo_or_a_device_named_as_a_key_file_is_refused_without_blocking);
     tcase_add_test(tc, test_the_allowlist_reads_every_pub_skips_the_brokers_and_fails_whole);
