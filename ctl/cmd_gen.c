@@ -212,9 +212,6 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     if (o->g.negative_prompt && o->g.cfg == 1.0)
         return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: --cfg 1 turns it off (Wan's "
                          "default is 5)");
-    if (o->g.prompt && !*o->g.prompt)
-        return reel_fail(REEL_E_INVALID, "--prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); "
-                                         "give text, or a --context");
     if (ctl_prompts_check(o->g.prompt, o->g.negative_prompt)) return -1;
     if (!o->g.prompt && !!o->unc_path != o->have_cfg) return reel_fail(REEL_E_INVALID, "--uncond and --cfg go together");
     /* --out X.mp4: the video itself (the latent beside it, X.mp4.safetensors) */

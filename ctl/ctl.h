@@ -88,9 +88,17 @@ int ctl_size_parse_any(const char *s, const char *what, int64_t latent[3], int64
  * without a pixel size is refused. 0, or -1 with a REEL_E_INVALID error. */
 int ctl_size_finish(int64_t latent[3], const int64_t pixels[2], int frame_num);
 /* --prompt and --negative-prompt (either may be NULL) by a GEN's text rule
- * (msg_text_ok), so a prompt `run` takes `gen` takes. 0, or -1 with a
- * REEL_E_INVALID error naming the option. */
+ * (msg_text_ok), so a prompt `run` takes `gen` takes; an empty --prompt is
+ * refused by both (CTL_EMPTY_PROMPT; an empty --negative-prompt is Wan's
+ * default). 0, or -1 with a REEL_E_INVALID error naming the option. */
 int ctl_prompts_check(const char *prompt, const char *negative);
+/* Why an empty --prompt is refused, and how to get what it would mean in
+ * Wan2.1 (the end-of-sequence token alone): the Python client's message
+ * says the same (clients/python/reel/client.py). */
+#define CTL_EMPTY_PROMPT                                                                                          \
+    "--prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md), so run and gen refuse it alike; " \
+    "for Wan2.1's empty-prompt context (the end-of-sequence token alone) write it with reelctl encode --t5 T5 "   \
+    "--tokenizer PATH --prompt '' -o C.safetensors and give --context C.safetensors"
 /* What `run --prompt` and `gen --prompt` take for a sampling flag not
  * given: Wan2.1's generate.py text-to-video defaults (--sample_solver
  * unipc, sample_steps 50, sample_shift 5.0, sample_guide_scale 5.0), so

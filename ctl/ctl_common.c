@@ -58,6 +58,10 @@ double ctl_now(void) {
 }
 
 int ctl_prompts_check(const char *prompt, const char *negative) {
+    /* one rule for run, gen and the Python client: a GEN can not carry ""
+     * (it reads it as no prompt), so no path takes it, and each says how
+     * to ask for Wan's empty-prompt context instead */
+    if (prompt && !*prompt) return reel_fail(REEL_E_INVALID, "%s", CTL_EMPTY_PROMPT);
     /* the wire's longest string: reelctl run refuses what a GEN could not carry, as gen does, here */
     const char *texts[2] = { prompt, negative }, *names[2] = { "prompt", "negative-prompt" };
     for (int i = 0; i < 2; i++)

@@ -434,9 +434,28 @@ $GEN --prompt "$P" --negative-prompt "" --output latent --out "$D/gneg0.safetens
     --timeout-ms 60000 --quiet --out "$D/gx.safetensors" 2>"$D/gnegnocfg.err"
 [ $? = 2 ] && grep -q "used only with guidance" "$D/gnegnocfg.err" && [ ! -e "$D/gx.safetensors" ] &&
     ok "gen --negative-prompt with --cfg 1 (no guidance) is refused (exit 2), nothing sent" || { bad "gen neg without cfg"; show "$D/gnegnocfg.err"; }
+# An empty prompt: a GEN reads "" as none, so run and gen (and the Python
+# client, test_client.py) refuse it alike, where run once encoded Wan's
+# "" (the eos alone); the message's recipe for that context runs, and gen
+# of it is bitwise run of it.
+$RUN --weights "$REL" --prompt "" -o "$D/empty_run.mp4" 2>"$D/empty_run.err"
+rr=$?
 $GEN --prompt "" --out "$D/empty.mp4" 2>"$D/empty.err"
-[ $? = 2 ] && grep -q -- "--prompt is empty" "$D/empty.err" &&
-    ok "gen --prompt '' says an empty prompt is sent as none (exit 2)" || { bad "gen empty prompt"; show "$D/empty.err"; }
+rg=$?
+[ "$rr" = 2 ] && [ "$rg" = 2 ] && [ ! -e "$D/empty_run.mp4" ] && [ ! -e "$D/empty.mp4" ] &&
+    grep -q -- "--prompt is empty: a GEN reads an empty prompt as none .* reelctl encode --t5 T5 --tokenizer PATH --prompt '' -o C.safetensors and give --context C.safetensors$" "$D/empty_run.err" &&
+    [ "$(tail -1 "$D/empty_run.err")" = "$(tail -1 "$D/empty.err")" ] &&
+    ok "run and gen both refuse --prompt '' (exit 2, nothing written), one message naming encode --prompt ''" ||
+    { bad "an empty prompt: run exit $rr, gen exit $rg"; show "$D/empty_run.err" "$D/empty.err"; }
+"$R" encode --t5 "$D/t5.safetensors" --tokenizer "$D/spiece.model" --prompt "" -o "$D/ectx.safetensors" 2>"$D/ectx.err" &&
+    "$R" tensor info "$D/ectx.safetensors" 2>&1 | grep -q "^context  *F32\[1,32\] " &&
+    "$R" run --weights "$REL" --context "$D/ectx.safetensors" --size 2x8x8 --steps 4 --shift 3 --seed 1 \
+        -o "$D/erun.safetensors" 2>"$D/erun.err" &&
+    "$R" gen --broker "$CE" --model tiny --channels 4 --size 2x8x8 --steps 4 --shift 3 --seed 1 --timeout-ms 60000 \
+        --quiet --context "$D/ectx.safetensors" --out "$D/egen.safetensors" 2>"$D/egen.err" &&
+    "$R" tensor diff "$D/erun.safetensors" "$D/egen.safetensors" >/dev/null 2>&1 &&
+    ok "the message's recipe: encode --prompt '' is the eos alone ([1, 32]); run and gen on it, bitwise equal" ||
+    { bad "the empty prompt's context"; show "$D/ectx.err" "$D/erun.err" "$D/egen.err"; }
 allwt=yes
 for i in 1 2 3 4 5 6; do
     $GEN --prompt "prompt number $i" --output frames --out "$D/f$i.safetensors" 2>"$D/f$i.err" || allwt=no

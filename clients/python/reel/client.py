@@ -339,6 +339,14 @@ def _text(name, v):
 _MAX_TEXT = 4096
 
 
+# An empty prompt, refused as reelctl run and gen refuse it (ctl/ctl.h
+# CTL_EMPTY_PROMPT), saying how to get Wan2.1's empty-prompt context.
+_EMPTY_PROMPT = ("prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md), so reelctl run, reelctl "
+                 "gen and this client refuse it alike; for Wan2.1's empty-prompt context (the end-of-sequence token "
+                 "alone) write it with reelctl encode --t5 T5 --tokenizer PATH --prompt '' -o C.safetensors and pass "
+                 "its tensor 'context' as context=")
+
+
 def _prompt_text(name, v):
     """v, a prompt the broker takes: text (_text) of at most 4096 bytes as
     UTF-8, without control characters but tab, newline and CR (C0, DEL and
@@ -1228,9 +1236,8 @@ class Client:
         _text("model", model)
         if prompt is not None:
             _prompt_text("prompt", prompt)
-            if not prompt:  # reelctl gen's exit 2; the broker would answer "missing tensor 'context'"
-                raise ValueError("prompt is empty: a GEN reads an empty prompt as none (docs/PROTOCOL.md); give "
-                                 "text, or a context")
+            if not prompt:  # reelctl run's and gen's exit 2; the broker would answer "missing tensor 'context'"
+                raise ValueError(_EMPTY_PROMPT)
         if negative_prompt is not None:
             _prompt_text("negative_prompt", negative_prompt)
         if (prompt is None) == (context is None):

@@ -2081,10 +2081,15 @@ class PromptTests(unittest.TestCase):
                 self.c.gen("tinyt", prompt="x", negative_prompt="blurry", cfg=cfg, steps=2, latent_shape=(4, 2, 8, 8))
             self.assertIn("used only with guidance", str(e.exception))
         # an empty prompt: a GEN reads it as none, so the broker would answer
-        # "missing tensor 'context'" (reelctl gen refuses it too, exit 2)
-        with self.assertRaises(ValueError) as e:
-            self.c.gen("tinyt", prompt="", steps=2, latent_shape=(4, 2, 8, 8))
-        self.assertIn("prompt is empty", str(e.exception))
+        # "missing tensor 'context'" (reelctl run and gen refuse it too, exit
+        # 2): the message says how to send Wan's empty-prompt context
+        for call in (lambda: self.c.gen("tinyt", prompt="", steps=2, latent_shape=(4, 2, 8, 8)),
+                     lambda: self.c.gen_group("tinyt", prompt="", n=2, steps=2, latent_shape=(4, 2, 8, 8))):
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertIn("prompt is empty: a GEN reads an empty prompt as none", str(e.exception))
+            self.assertIn("reelctl encode --t5 T5 --tokenizer PATH --prompt '' -o C.safetensors and pass its "
+                          "tensor 'context' as context=", str(e.exception))
         # a video is one sample's MP4: a batched group asks for frames (the
         # broker's bad_request, said before sending); n separate GENs may
         with self.assertRaises(ValueError) as e:
