@@ -127,8 +127,13 @@ int reel_opts_parse(const reel_opt_t *t, size_t n, void *dst, int argc, char **a
         if (c >= 256 && c < 256 + (int)n) r = &t[c - 256];
         for (size_t i = 0; !r && c > 0 && c < 256 && i < n; i++)
             if (t[i].short_name == c) r = &t[i];
-        if (c == ':') return reel_fail(REEL_E_INVALID, "option '%s' needs a value", argv[optind - 1]);
-        if (!r) return reel_fail(REEL_E_INVALID, "unknown or incomplete option '%s'", argv[optind - 1]);
+        /* the command line's shape, not a value: *rest 0 says so (the
+         * caller may show its usage) */
+        if (c == ':' || !r) {
+            if (rest) *rest = 0;
+            return c == ':' ? reel_fail(REEL_E_INVALID, "option '%s' needs a value", argv[optind - 1])
+                            : reel_fail(REEL_E_INVALID, "unknown or incomplete option '%s'", argv[optind - 1]);
+        }
         if (r->kind == REEL_OPT_HELP) return 1;
         if (store(r, dst, optarg) != 0) return -1;
     }

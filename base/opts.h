@@ -57,9 +57,11 @@ typedef struct {
  * message is one line naming the option and, for a bad value, the value:
  * "unknown or incomplete option '--x'", "option '--x' needs a value",
  * "--x: 'v' is a bad value: expected ..." (or a setter's own error, see
- * set). A table of more than 64 rows fails REEL_E_INTERNAL. Options read
- * before a failure stay stored in dst. Resets getopt's state (optind)
- * first. Keeps pointers into argv. */
+ * set); for the first two, the command line's shape rather than a value,
+ * *rest is set to 0 (a caller may show its usage then; after a bad value
+ * it is left as it was). A table of more than 64 rows fails
+ * REEL_E_INTERNAL. Options read before a failure stay stored in dst.
+ * Resets getopt's state (optind) first. Keeps pointers into argv. */
 int reel_opts_parse(const reel_opt_t *t, size_t n, void *dst, int argc, char **argv, int *rest);
 
 /* Appends the usage lines of the rows that have help to buf (NUL-ended,

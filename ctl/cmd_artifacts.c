@@ -75,8 +75,11 @@ static int parse(int argc, char **argv, art_opts_t *o) {
                 return reel_fail(REEL_E_INVALID, "--graphs: on or off, not '%s'", optarg);
             o->graphs = !strcmp(optarg, "on");
             break;
-        default:
-            return reel_fail(REEL_E_INVALID, "artifacts: unknown option '%s'", argv[optind - 1]);
+        default: {
+            char key[32]; /* argv[1]: list, verify or report (cmd_artifacts checked) */
+            snprintf(key, sizeof key, "artifacts %s", argv[1]);
+            return ctl_fail_usage(key, "%s: unknown or incomplete option '%s'", key, argv[optind - 1]);
+        }
         }
     }
     if (o->catalog && optind == argc) return 0; /* report --catalog: no directory */
@@ -242,10 +245,10 @@ out:
 }
 
 int cmd_artifacts(int argc, char **argv) {
-    if (argc < 2) return reel_fail(REEL_E_INVALID, "artifacts: list, verify or report");
+    if (argc < 2) return ctl_fail_usage("artifacts", "artifacts: which one? (list, verify or report)");
     const char *sub = argv[1];
     if (strcmp(sub, "list") && strcmp(sub, "verify") && strcmp(sub, "report"))
-        return reel_fail(REEL_E_INVALID, "artifacts: unknown subcommand '%s' (list, verify, report)", sub);
+        return ctl_fail_usage("artifacts", "artifacts: unknown subcommand '%s' (list, verify, report)", sub);
     art_opts_t o;
     if (parse(argc, argv, &o) != 0) return -1;
     if (o.catalog && (strcmp(sub, "report") || o.dir))

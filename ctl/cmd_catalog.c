@@ -57,7 +57,7 @@ int cmd_catalog(int argc, char **argv) {
 
     static const struct option opts[] = {
         { "catalog", required_argument, 0, 'c' }, { "json", no_argument, 0, 'j' },
-        { "help", no_argument, 0, 'h' },          { "broker", required_argument, 0, 'b' },
+        { "broker", required_argument, 0, 'b' },
         { "all", no_argument, 0, 'a' },
         { 0, 0, 0, 0 },
     };
@@ -86,8 +86,7 @@ int cmd_catalog(int argc, char **argv) {
             if (fn != versions) return reel_fail(REEL_E_INVALID, "%s: --all is for versions", argv[0]);
             versions_all = true;
             break;
-        case 'h': printf("%s\n", USAGE); return 0;
-        default: return reel_fail(REEL_E_INVALID, "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
+        default: return ctl_fail_usage(argv[0], "%s: unknown or incomplete option '%s'", argv[0], argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "%s: unexpected argument '%s'", argv[0], argv[optind]);

@@ -55,7 +55,7 @@ int cmd_decode(int argc, char **argv) {
     decode_opts_t o = { .backend = "cpu" };
     int rest = argc;
     if (reel_opts_parse(decode_rows, sizeof decode_rows / sizeof decode_rows[0], &o, argc, argv, &rest))
-        return reel_fail_prefix("decode: ");
+        return rest ? reel_fail_prefix("decode: ") : ctl_fail_usage("decode", "decode: %s", reel_err()->msg);
     if (rest != argc - 1 || !o.vae || !o.out)
         return reel_fail(REEL_E_INVALID, "usage: reelctl decode --vae VAE LATENT.safetensors -o OUT.safetensors|OUT.mp4");
     const char *lpath = argv[rest];
@@ -147,7 +147,8 @@ int cmd_weights_init_vae(int argc, char **argv) {
     init_vae_opts_t o = { 0 };
     int rest = argc;
     if (reel_opts_parse(init_rows, sizeof init_rows / sizeof init_rows[0], &o, argc, argv, &rest))
-        return reel_fail_prefix("weights init-vae: ");
+        return rest ? reel_fail_prefix("weights init-vae: ")
+                    : ctl_fail_usage("weights init-vae", "weights init-vae: %s", reel_err()->msg);
     if (rest < argc) return reel_fail(REEL_E_INVALID, "weights init-vae: unexpected argument '%s'", argv[rest]);
     if (!o.config || !o.out) return reel_fail(REEL_E_INVALID, "weights init-vae needs --config and --out");
     vae_config_t c;

@@ -171,7 +171,7 @@ int cmd_encode(int argc, char **argv) {
             else if (!strcmp(optarg, "bf16")) o.dtype = KERN_BF16;
             else return reel_fail(REEL_E_INVALID, "--dtype: '%s' is not f32 or bf16", optarg);
             break;
-        default: return reel_fail(REEL_E_INVALID, "encode: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("encode", "encode: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "encode: unexpected argument '%s'", argv[optind]);

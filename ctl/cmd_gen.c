@@ -181,7 +181,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     while ((opt = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
         if (opt == 'o') opt = O_OUT; /* -o X: --out X */
         if (opt < O_BROKER || opt > O_LAST)
-            return reel_fail(REEL_E_INVALID, "gen: unknown or incomplete option '%s'", argv[optind - 1]);
+            return ctl_fail_usage("gen", "gen: unknown or incomplete option '%s'", argv[optind - 1]);
         if (gen_option(o, opt, optarg) != 0) return -1;
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "gen: unexpected argument '%s'", argv[optind]);
@@ -606,7 +606,7 @@ int cmd_sync(int argc, char **argv) {
         case 'd':
             if (reel_parse_u64(optarg, 0, UINT64_MAX, "--deadline-ms", &deadline)) return -1;
             break;
-        default: return reel_fail(REEL_E_INVALID, "sync: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("sync", "sync: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "sync: unexpected argument '%s'", argv[optind]);
@@ -810,7 +810,7 @@ int cmd_status(int argc, char **argv) {
         else if (!strcmp(argv[i], "--broker") && i + 1 < argc) broker = argv[++i];
         else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
         else if (!strcmp(argv[i], "--broker-key") && i + 1 < argc) broker_key = argv[++i];
-        else return reel_fail(REEL_E_INVALID, "status: unknown option '%s'", argv[i]);
+        else return ctl_fail_usage("status", "status: unknown option '%s'", argv[i]);
     }
     reel_client_t *c = reel_client_new_keys(broker, key, broker_key);
     if (!c) return -1;

@@ -7,7 +7,7 @@
 
 int cmd_kernels(int argc, char **argv) {
     bool json = argc > 1 && !strcmp(argv[1], "--json");
-    if (argc > 1 && !json) return reel_fail(REEL_E_INVALID, "kernels: unknown option '%s'", argv[1]);
+    if (argc > 1 && !json) return ctl_fail_usage("kernels", "kernels: unknown option '%s'", argv[1]);
     const kern_impl_t *list[256];
     size_t n = kern_registry_list(list, 256);
     if (n > 256) n = 256;

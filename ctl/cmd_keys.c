@@ -31,7 +31,7 @@ int cmd_keys(int argc, char **argv) {
         case 'n': name = optarg; break;
         case 'o': out = optarg; break;
         case 'f': force = true; break;
-        default: return reel_fail(REEL_E_INVALID, "keys new: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("keys new", "keys new: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "keys new: unexpected argument '%s'", argv[optind]);

@@ -106,7 +106,7 @@ int cmd_plan(int argc, char **argv) {
         case 'g': cfg = true; break;
         case 'G': gpu = optarg; break;
         case 'a': attn = optarg; break;
-        default: return reel_fail(REEL_E_INVALID, "plan: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("plan", "plan: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "plan: unexpected argument '%s'", argv[optind]);

@@ -161,7 +161,7 @@ static int parse(int argc, char **argv, run_opts_t *r) {
     r->warmup = 2;
     int rest = argc;
     if (reel_opts_parse(run_rows, sizeof run_rows / sizeof run_rows[0], r, argc, argv, &rest))
-        return reel_fail_prefix("run: ");
+        return rest ? reel_fail_prefix("run: ") : ctl_fail_usage("run", "run: %s", reel_err()->msg);
     if (rest < argc) return reel_fail(REEL_E_INVALID, "run: unexpected argument '%s'", argv[rest]);
     if (!r->weights || !(r->context || r->prompt) || !r->out)
         return reel_fail(REEL_E_INVALID, "run needs --weights, --context (or --prompt) and --out");

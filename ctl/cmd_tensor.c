@@ -48,7 +48,8 @@ static int tensor_rand(int argc, char **argv) {
         case 's':
             if (reel_parse_u64(optarg, 0, UINT64_MAX, "--seed", &seed)) return -1;
             break;
-        default: return reel_fail(REEL_E_INVALID, "tensor rand: unknown or incomplete option '%s'", argv[optind - 1]);
+        default:
+            return ctl_fail_usage("tensor rand", "tensor rand: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (!name || !out || !shape_s) return reel_fail(REEL_E_INVALID, "tensor rand needs --name, --shape A,B,.. and --out");
@@ -72,6 +73,9 @@ static int tensor_rand(int argc, char **argv) {
 }
 
 static int tensor_info(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (argv[i][0] == '-' && argv[i][1])
+            return ctl_fail_usage("tensor info", "tensor info: unknown option '%s'", argv[i]);
     if (argc != 2) return reel_fail(REEL_E_INVALID, "usage: reelctl tensor info FILE.safetensors");
     st_file_t *f = st_open(argv[1]);
     if (!f) return ctl_fail_as(REEL_E_INVALID, NULL);
@@ -108,6 +112,9 @@ static int tensor_info(int argc, char **argv) {
  * cannot be compared. */
 static int tensor_diff(int argc, char **argv) {
     const char *name = "latent";
+    for (int i = 1; i < argc; i++)
+        if (argv[i][0] == '-' && argv[i][1] && !(i == 3 && !strcmp(argv[i], "--name")))
+            return ctl_fail_usage("tensor diff", "tensor diff: unknown option '%s'", argv[i]);
     if (argc == 5 && !strcmp(argv[3], "--name")) name = argv[4];
     else if (argc != 3) return reel_fail(REEL_E_INVALID, "usage: reelctl tensor diff A.safetensors B.safetensors [--name N]");
     st_file_t *a = st_open(argv[1]), *b = a ? st_open(argv[2]) : NULL;
@@ -151,5 +158,6 @@ int cmd_tensor(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "diff")) return tensor_diff(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "rand")) return tensor_rand(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "info")) return tensor_info(argc - 1, argv + 1);
-    return reel_fail(REEL_E_INVALID, "usage: reelctl tensor rand|info|diff ...");
+    if (argc < 2) return ctl_fail_usage("tensor", "tensor: which one? (rand, info or diff)");
+    return ctl_fail_usage("tensor", "tensor: unknown subcommand '%s' (rand, info or diff)", argv[1]);
 }

@@ -45,7 +45,7 @@ int cmd_tokenize(int argc, char **argv) {
         case 'm':
             if (reel_parse_int(optarg, 1, TOKENIZE_MAX_LEN, "--max-len", &max_len)) return -1;
             break;
-        default: return reel_fail(REEL_E_INVALID, "tokenize: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("tokenize", "tokenize: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "tokenize: unexpected argument '%s'", argv[optind]);
@@ -87,7 +87,8 @@ int cmd_video(int argc, char **argv) {
     bool json = false;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
-        else if (argv[i][0] == '-' && argv[i][1]) return reel_fail(REEL_E_INVALID, "video probe: unknown option '%s'", argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1])
+            return ctl_fail_usage("video probe", "video probe: unknown option '%s'", argv[i]);
         else if (file) return reel_fail(REEL_E_INVALID, "video probe: one FILE, got '%s' too", argv[i]);
         else file = argv[i];
     }

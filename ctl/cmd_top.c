@@ -122,7 +122,7 @@ int cmd_top(int argc, char **argv) {
         case 'n':
             if (reel_parse_int(optarg, 0, INT_MAX, "--count", &count)) return -1;
             break;
-        default: return reel_fail(REEL_E_INVALID, "top: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("top", "top: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "top: unexpected argument '%s'", argv[optind]);

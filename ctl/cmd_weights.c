@@ -42,7 +42,8 @@ static int weights_init(int argc, char **argv) {
         case 's':
             if (reel_parse_u64(optarg, 0, UINT64_MAX, "--seed", &seed)) return -1;
             break;
-        default: return reel_fail(REEL_E_INVALID, "weights init: unknown or incomplete option '%s'", argv[optind - 1]);
+        default:
+            return ctl_fail_usage("weights init", "weights init: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "weights init: unexpected argument '%s'", argv[optind]);
@@ -142,7 +143,8 @@ static int weights_inspect(int argc, char **argv, const char *cmd) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
-        else if (argv[i][0] == '-' && argv[i][1]) return reel_fail(REEL_E_INVALID, "weights %s: unknown option '%s'", cmd, argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1])
+            return ctl_fail_usage("weights inspect", "weights %s: unknown option '%s'", cmd, argv[i]);
         else if (path) return reel_fail(REEL_E_INVALID, "weights %s: unexpected argument '%s'", cmd, argv[i]);
         else path = argv[i];
     }
@@ -244,7 +246,8 @@ static int weights_export(int argc, char **argv) {
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o == 'o') out = optarg;
         else if (o == 'd') dts = optarg;
-        else return reel_fail(REEL_E_INVALID, "weights export: unknown or incomplete option '%s'", argv[optind - 1]);
+        else
+            return ctl_fail_usage("weights export", "weights export: unknown or incomplete option '%s'", argv[optind - 1]);
     }
     if (optind != argc - 1 || !out)
         return reel_fail(REEL_E_INVALID, "usage: reelctl weights export PATH --out DIR [--dtype f32|bf16|f16]");
@@ -353,7 +356,8 @@ static int weights_init_t5(int argc, char **argv) {
     init_t5_opts_t o = { 0 };
     int rest = argc;
     if (reel_opts_parse(init_t5_rows, sizeof init_t5_rows / sizeof init_t5_rows[0], &o, argc, argv, &rest))
-        return reel_fail_prefix("weights init-t5: ");
+        return rest ? reel_fail_prefix("weights init-t5: ")
+                    : ctl_fail_usage("weights init-t5", "weights init-t5: %s", reel_err()->msg);
     if (rest < argc) return reel_fail(REEL_E_INVALID, "weights init-t5: unexpected argument '%s'", argv[rest]);
     if (!o.config || !o.out) return reel_fail(REEL_E_INVALID, "weights init-t5 needs --config and --out");
     kern_dtype_t dt = o.bf16 ? KERN_BF16 : KERN_F32;
@@ -372,5 +376,7 @@ int cmd_weights(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "init-vae")) return cmd_weights_init_vae(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "inspect")) return weights_inspect(argc - 1, argv + 1, "inspect");
     if (argc >= 2 && !strcmp(argv[1], "info")) return weights_inspect(argc - 1, argv + 1, "info");
-    return reel_fail(REEL_E_INVALID, "usage: reelctl weights init|init-t5|init-vae|inspect|info|export ...");
+    if (argc < 2) return ctl_fail_usage("weights", "weights: which one? (init, init-t5, init-vae, inspect, export)");
+    return ctl_fail_usage("weights", "weights: unknown subcommand '%s' (init, init-t5, init-vae, inspect, export)",
+                          argv[1]);
 }

@@ -23,7 +23,7 @@
 int cmd_why(int argc, char **argv) {
     static const struct option opts[] = {
         { "catalog", required_argument, 0, 'c' }, { "worker", required_argument, 0, 'w' },
-        { "json", no_argument, 0, 'j' },          { "help", no_argument, 0, 'h' },
+        { "json", no_argument, 0, 'j' },
         { 0, 0, 0, 0 },
     };
     const char *env = getenv("REEL_CATALOG");
@@ -52,8 +52,7 @@ int cmd_why(int argc, char **argv) {
             worker = optarg;
             break;
         case 'j': json = true; break;
-        case 'h': printf("%s\n", WHY_USAGE); return 0;
-        default: return reel_fail(REEL_E_INVALID, "why: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("why", "why: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (!id_text) return reel_fail(REEL_E_INVALID, "why: which request? " WHY_USAGE);

@@ -52,6 +52,27 @@ int cmd_encode(int argc, char **argv);     /* encode: ids through the umT5 encod
 int cmd_decode(int argc, char **argv);     /* decode (cmd_decode.c) */
 int cmd_weights_init_vae(int argc, char **argv); /* weights init-vae (cmd_decode.c) */
 
+/* ---- the usage text (usage.c) ---- */
+
+/* `reelctl --help`: every command's entry, in sections, on out. Can't fail. */
+void ctl_usage_all(FILE *out);
+/* The usage of one command on out: key names it as the overview does
+ * ("gen", "weights init-t5", "keys new", "requests"; "weights inspect" and
+ * "weights info" the same), or a group ("weights", "tensor"): a synopsis
+ * line, its entries of the overview, then its options with their
+ * defaults; a group's subcommands' entries. false, nothing printed, for a
+ * key the usage does not know. */
+bool ctl_usage_print(const char *key, FILE *out);
+/* `reelctl CMD [SUB] ... --help`: ctl_usage_print of "CMD SUB" where that
+ * is a subcommand, else of CMD. false as ctl_usage_print. */
+bool ctl_usage_help(int argc, char **argv, FILE *out);
+/* A command line cmd cannot read (an unknown option, one without its
+ * value): a REEL_E_INVALID error of fmt's text (exit 2), and main prints
+ * cmd's usage (ctl_usage_print; cmd is copied) on stderr before it. -1. */
+int ctl_fail_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The cmd of the last ctl_fail_usage; NULL when none. */
+const char *ctl_usage_wanted(void);
+
 /* ---- the helpers every subcommand uses (ctl_common.c) ---- */
 
 /* This thread's failure, reported as reelctl has always reported it: the

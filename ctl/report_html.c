@@ -335,7 +335,7 @@ int cmd_report(int argc, char **argv) {
             since = optarg[0] == '-' ? (double)time(NULL) + v : v; /* -0 too: now */
             break;
         }
-        default: return reel_fail(REEL_E_INVALID, "report: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ctl_fail_usage("report", "report: unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return reel_fail(REEL_E_INVALID, "report: unexpected argument '%s'", argv[optind]);

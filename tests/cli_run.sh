@@ -102,17 +102,63 @@ printf '{"name":"bad","dim":30,"heads":4,"layers":1,"ffn_dim":64,"in_channels":4
 expect 2 "not divisible by heads" -- $R weights init --config "$D/bad.json" --out "$D/x.safetensors"
 
 # --help / -h anywhere after the command: its usage on stdout, exit 0 (an
-# unknown command stays a usage error)
-# (every command of the usage, the catalog's "stats | keys | ... [--all] |
-# workers | requests" line's too)
-for c in "weights init" "weights init-t5" "weights init-vae" "weights inspect" "weights export" run encode decode tokenize "video probe" plan gen sync status top "keys new" keys stats evictions versions workers requests report metrics why tensor kernels artifacts; do
+# unknown command stays a usage error). Every command the overview lists
+# (its entry lines, the catalog's "stats | keys | ..." line word by word,
+# "artifacts list|verify|report" each) answers with its own usage: a
+# synopsis naming it, its lines of the overview, its options; a flag it
+# does not know prints that usage on stderr before the error, exit 2.
+$R --help >"$D/all.out" 2>"$D/all.err" && [ ! -s "$D/all.err" ] && grep -q "^exit codes: " "$D/all.out" &&
+    { pass=$((pass + 1)); echo "PASS reelctl --help: the overview on stdout, exit 0"; } ||
+    { fail=$((fail + 1)); echo "FAIL reelctl --help"; }
+/usr/bin/python3 - "$D/all.out" >"$D/cmds" <<'PYEOF'
+import re, sys
+seen = set()
+for n, line in enumerate(open(sys.argv[1]).read().split("\n"), 1):
+    if line.startswith("  stats | "):  # one line, six reports
+        cmds = [w.split()[0] for w in line.split("|")]
+    else:  # "  CMD [SUB|SUB] " then an option, an argument or the end
+        m = re.match(r"^  ([a-z][a-z0-9-]*)( [a-z][a-z0-9|-]*)?( +[-\[A-Z(]|$)", line)
+        if not m:
+            continue
+        cmds = [m.group(1) + " " + s for s in m.group(2).split()[0].split("|")] if m.group(2) else [m.group(1)]
+    for c in cmds:
+        if c not in seen:
+            seen.add(c)
+            print(f"{n} {c}")
+PYEOF
+[ "$(wc -l <"$D/cmds")" -ge 30 ] && { pass=$((pass + 1)); echo "PASS the overview lists $(wc -l <"$D/cmds") commands"; } ||
+    { fail=$((fail + 1)); echo "FAIL the commands of the overview: $(tr '\n' ';' <"$D/cmds")"; }
+while read -r n c; do
+    line=$(sed -n "${n}p" "$D/all.out")
     set -- $c
-    if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && grep -qE "^  ([a-z]+ (\[[^]]*\] )?\| )*$1( |\$)" "$D/h.out" && grep -q "^usage: reelctl" "$D/h.out"; then
-        pass=$((pass + 1)); echo "PASS reelctl $c --help: its usage on stdout, exit 0"
+    # its overview line, or for a catalog report its own synopsis
+    case "$line" in "  stats | "*) named="^  $c \\[" ;; *) named="" ;; esac
+    if $R "$@" --help >"$D/h.out" 2>"$D/h.err" && [ ! -s "$D/h.err" ] && head -1 "$D/h.out" | grep -q "^usage: reelctl $c " &&
+        if [ -n "$named" ]; then grep -q "$named" "$D/h.out"; else grep -qxF -- "$line" "$D/h.out"; fi &&
+        grep -q "^options:$" "$D/h.out"; then
+        pass=$((pass + 1)); echo "PASS reelctl $c --help: its usage and options on stdout, exit 0"
     else
         fail=$((fail + 1)); echo "FAIL reelctl $c --help"; sed 's/^/  | /' "$D/h.out" "$D/h.err" | head -5
     fi
-done
+    $R "$@" --no-such-flag >"$D/u.out" 2>"$D/u.err"; rc=$?
+    if [ "$rc" = 2 ] && [ ! -s "$D/u.out" ] && head -1 "$D/u.err" | grep -q "^usage: reelctl $c " &&
+        grep -q "^options:$" "$D/u.err" && tail -1 "$D/u.err" | grep -q "^reelctl: .*'--no-such-flag'$"; then
+        pass=$((pass + 1)); echo "PASS reelctl $c --no-such-flag: its usage on stderr, then the error, exit 2"
+    else
+        fail=$((fail + 1)); echo "FAIL reelctl $c --no-such-flag (exit $rc)"; sed 's/^/  | /' "$D/u.err" | tail -5
+    fi
+done <"$D/cmds"
+# a subcommand's usage is its own, not its group's
+$R weights init-t5 --help >"$D/h.out" 2>&1 && grep -q "^  --dtype f32|bf16 .*(default f32)$" "$D/h.out" &&
+    ! grep -q "^  weights init --config\|^  weights export\|^  weights inspect" "$D/h.out" &&
+    $R keys new --help >"$D/k.out" 2>&1 && grep -q "^  --force " "$D/k.out" && ! grep -q "^  stats | \|^  keys \[" "$D/k.out" &&
+    { pass=$((pass + 1)); echo "PASS weights init-t5 and keys new --help: their own options only, with defaults"; } ||
+    { fail=$((fail + 1)); echo "FAIL weights init-t5 / keys new --help"; sed 's/^/  | /' "$D/h.out" "$D/k.out" | head -20; }
+# a group answers with its subcommands
+$R weights --help >"$D/h.out" 2>&1 && grep -q "^usage: reelctl weights SUBCOMMAND " "$D/h.out" &&
+    grep -q "^  weights init-t5 " "$D/h.out" && grep -q "^  weights export " "$D/h.out" &&
+    { pass=$((pass + 1)); echo "PASS reelctl weights --help: every weights subcommand"; } ||
+    { fail=$((fail + 1)); echo "FAIL weights --help"; sed 's/^/  | /' "$D/h.out" | head -8; }
 $R run --weights x -h >"$D/h.out" 2>&1 && grep -q "^  run --weights" "$D/h.out" && ! grep -q "^  gen " "$D/h.out" &&
     { pass=$((pass + 1)); echo "PASS reelctl run ... -h: run's usage only"; } || { fail=$((fail + 1)); echo "FAIL run -h"; }
 expect 2 "unknown command 'bogus'" -- $R bogus --help

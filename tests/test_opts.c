@@ -182,6 +182,24 @@ START_TEST(test_an_unknown_option_and_a_missing_value_are_refused_by_name) {
 }
 END_TEST
 
+/* A caller shows its usage for the command line's shape, not for a value
+ * (whose message says what was expected): *rest tells the two apart. */
+START_TEST(test_rest_is_0_after_an_unknown_option_or_a_missing_value_and_kept_after_a_bad_value) {
+    o_t o;
+    rest = 99;
+    ck_assert_int_eq(PARSE(&o, "--n", "3", "--frobnicate"), -1);
+    ck_assert_int_eq(rest, 0);
+    rest = 99;
+    ck_assert_int_eq(PARSE(&o, "-f", "--n"), -1);
+    ck_assert_int_eq(rest, 0);
+    rest = 99;
+    ck_assert_int_eq(PARSE(&o, "--n", "11"), -1);
+    ck_assert_int_eq(rest, 99);
+    ck_assert_int_eq(PARSE(&o, "--says", "hi"), -1); /* a setter's refusal is a value's too */
+    ck_assert_int_eq(rest, 99);
+}
+END_TEST
+
 START_TEST(test_help_stops_parsing_and_returns_1) {
     o_t o;
     ck_assert_int_eq(PARSE(&o, "--n", "2", "-h", "--bogus"), 1);
@@ -213,6 +231,7 @@ int main(void) {
     tcase_add_test(tc, test_values_out_of_range_or_of_the_wrong_form_name_the_option_and_the_value);
     tcase_add_test(tc, test_numbers_are_read_whole_by_the_one_number_parser_and_refused_as_invalid);
     tcase_add_test(tc, test_an_unknown_option_and_a_missing_value_are_refused_by_name);
+    tcase_add_test(tc, test_rest_is_0_after_an_unknown_option_or_a_missing_value_and_kept_after_a_bad_value);
     tcase_add_test(tc, test_help_stops_parsing_and_returns_1);
     tcase_add_test(tc, test_usage_lines_up_help_at_its_column_and_leaves_out_rows_without_help);
     suite_add_tcase(s, tc);
