@@ -17,7 +17,7 @@
  * cast back to the suite's own struct.
  *
  * Helpers that can fail fail the running test (ck_assert), except
- * synth_eager, which returns -1 and is safe off the test's thread. */
+ * synth_reference, which returns -1 and is safe off the test's thread. */
 #ifndef REEL_TESTS_SYNTH_STEP_H
 #define REEL_TESTS_SYNTH_STEP_H
 
@@ -111,11 +111,17 @@ cap_key_t synth_key(kern_backend_t *b, const char *model, int64_t rows, int64_t 
 kern_tensor_t synth_host_tensor(float *p, int64_t rows, int64_t cols);
 /* Host F32 tensor with any strides -> its elements in order, contiguous. */
 void synth_gather(const kern_tensor_t *t, float *dst);
-/* The pure eager result of the step for (x, ctx): run once by u (its
- * weights and hooks) on a fresh workspace on s, outside any cache, synced;
- * out gets y. 0, or -1 with the error set; asserts nothing. */
-int synth_eager(synth_user_t *u, kern_stream_t *s, const cap_key_t *key, const float *x, const float *ctx,
-                const cap_const_t *consts, int n_consts, float *out);
+/* The reference the suites compare every output with, computed apart
+ * from every hook: the plain step (no hooks) reading weights w, run once on
+ * a fresh workspace on s, outside any cache, synced; out gets y. With
+ * n_consts > 0, then y += consts[0] as a float, added here on the host from
+ * the caller's value (the bias kernel's one float add, so the bits match),
+ * never by synth_add_const. A reference made through a suite's hooks would
+ * agree with a step whose hook dropped its effect, or with a replay that
+ * kept the value its graph baked. 0, or -1 with the error set; asserts
+ * nothing (safe off the test's thread). */
+int synth_reference(const float *w, kern_stream_t *s, const cap_key_t *key, const float *x, const float *ctx,
+                    const cap_const_t *consts, int n_consts, float *out);
 /* The first j with a[j] and b[j] not bitwise equal (NaN payloads and the
  * sign of zero count), or -1 when all n are. */
 int64_t synth_first_diff(const float *a, const float *b, int64_t n);

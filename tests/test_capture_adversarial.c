@@ -338,29 +338,13 @@ static void expect_eager_(cap_result_t res, cap_reason_t why, const char *what) 
 #define EXPECT_RAN(res, want, what) expect_ran_((res), (want), (what))
 #define EXPECT_EAGER(res, why, what) expect_eager_((res), (why), (what))
 
-/* What the step's constant adds: the call's constant 0 as a float, as
- * synth_add_const takes it. */
-static float const_as_float(const cap_const_t *c) {
-    return c->type == CAP_CONST_F64 ? (float)c->v.f : (float)c->v.i;
-}
-
-/* The pure eager result of the step on (x, ctx) with weights w, run on a
- * fresh workspace on stream s, outside any cache; with consts (n_consts > 0),
- * then y += consts[0], added here on the host from the caller's value.
- * The reference runs none of this suite's hooks: were it to add the
- * constant through adv_after_residual as the cached step does, a step that
- * dropped the constant, or a replay that kept the one its graph baked,
- * would agree with it. The host add is the bias kernel's one float add, so
- * the bits match. */
+/* The pure eager result of the step on (x, ctx) with weights w, run on
+ * stream s: synth_reference (the plain step outside any cache, none of this
+ * suite's hooks; consts[0], when n_consts > 0, added on the host). */
 static void eager_ref_on(kern_stream_t *s, const float *w, const cap_key_t *key, const float *x, const float *ctx,
                          const cap_const_t *consts, int n_consts, float *out) {
-    synth_user_t plain = { .w = (float *)w, .hooks = NULL };
-    ck_assert_msg(synth_eager(&plain, s, key, x, ctx, NULL, 0, out) == 0, "reference: %s", reel_err_text());
-    if (n_consts < 1) return;
-    const float v = const_as_float(&consts[0]);
-    int64_t n = 1;
-    for (int d = 0; d < key->inputs[0].ndim; d++) n *= key->inputs[0].shape[d];
-    for (int64_t j = 0; j < n; j++) out[j] += v;
+    ck_assert_msg(synth_reference(w, s, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
+                  reel_err_text());
 }
 
 /* a and b (n floats each) are bitwise equal. */
@@ -1048,9 +1032,7 @@ static void *replayer_main(void *arg) {
         }
         if (res.ran == CAP_RAN_REPLAYED) t->replays++;
         /* the reference on this thread's own stream */
-        user_t ru;
-        user_init(&ru, t->u.step.w);
-        if (synth_eager(&ru.step, t->s, &t->r.key, t->r.x, t->r.ctx, NULL, 0, want) != 0) {
+        if (synth_reference(t->u.step.w, t->s, &t->r.key, t->r.x, t->r.ctx, NULL, 0, want) != 0) {
             t->failed++;
             continue;
         }

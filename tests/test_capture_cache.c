@@ -11,8 +11,11 @@
  * write their own context slot, add a hidden value read at launch,
  * dispatch again from inside their launch, or yield the CPU mid-step (see
  * step_kind_t). Each output is compared bitwise with a pure eager run of the
- * same step outside any cache, so "replay is safe" means "replay gives the
- * bits eager gives". Teardown destroys everything and checks that no
+ * step outside any cache, so "replay is safe" means "replay gives the bits
+ * eager gives"; that run is the plain step, none of the hooks, with what a
+ * variant changes (its constant, hidden value, context write) done on the
+ * host (eager_ref), so a hook or a graph that lost it cannot agree with its
+ * reference. Teardown destroys everything and checks that no
  * backend memory is left allocated. */
 #include <check.h>
 #include <pthread.h>
@@ -502,19 +505,52 @@ static void expect_eager(cap_result_t res, cap_reason_t reason, const char *what
                   cap_reason_name(reason));
 }
 
-/* The pure eager result: the step run once on a fresh workspace on S, with
- * no cache involved. */
-static void eager_ref(step_user_t *u, const cap_key_t *key, const float *x, const float *ctx,
-                      const cap_const_t *consts, int n_consts, float *out) {
-    ck_assert_msg(synth_eager(&u->step, S, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
+/* The pure eager result of u's step on (x, ctx): the plain step outside
+ * any cache, none of this suite's hooks run (synth_reference), with what
+ * u's kind changes done here on the host from the values the test set, so
+ * a hook that dropped its effect, or a graph that kept a value it baked,
+ * cannot agree with it:
+ * - STEP_WRITES_CTX: the step reads 2 ctx + 1 (exact: 2 ctx is; as
+ *   ctx_write_kernel computes it);
+ * - STEP_CONST: + the call's constant 0 (synth_reference adds it);
+ * - STEP_HIDDEN: + hidden (one float add, as the bias kernel makes).
+ * STEP_NONDET's y[0] (its counter) is no reference's: the plain step's is
+ * given. The other kinds change nothing the step computes; their side
+ * effects (a sync, a re-entrant call, g_launch_hook) are not a reference's. */
+static void ref_with(const step_user_t *u, float hidden, const cap_key_t *key, const float *x, const float *ctx,
+                     const cap_const_t *consts, int n_consts, float *out) {
+    float ctx2[SYNTH_W * SYNTH_W];
+    int64_t n = 1, nc = 1;
+    for (int d = 0; d < key->inputs[0].ndim; d++) n *= key->inputs[0].shape[d];
+    for (int d = 0; d < key->inputs[1].ndim; d++) nc *= key->inputs[1].shape[d];
+    ck_assert_int_le(nc, SYNTH_W * SYNTH_W);
+    if (u->kind == STEP_WRITES_CTX) {
+        for (int64_t j = 0; j < nc; j++) ctx2[j] = 2.f * ctx[j] + 1.f;
+        ctx = ctx2;
+    }
+    if (u->kind != STEP_CONST) n_consts = 0;
+    ck_assert_msg(synth_reference(u->step.w, S, key, x, ctx, consts, n_consts, out) == 0, "reference: %s",
                   reel_err_text());
+    if (u->kind == STEP_HIDDEN)
+        for (int64_t j = 0; j < n; j++) out[j] += hidden;
 }
 
-static void expect_bits(const float *got, const float *want, int64_t n, const char *what, int i) {
+/* ref_with the hidden value the step reads now. */
+static void eager_ref(const step_user_t *u, const cap_key_t *key, const float *x, const float *ctx,
+                      const cap_const_t *consts, int n_consts, float *out) {
+    ref_with(u, g_hidden, key, x, ctx, consts, n_consts, out);
+}
+
+/* got equals want bitwise; `ref` names what gave want ("pure eager"). */
+static void expect_bits_of(const float *got, const float *want, const char *ref, int64_t n, const char *what,
+                           int i) {
     int64_t j = synth_first_diff(got, want, n);
     if (j >= 0)
-        ck_abort_msg("%s %d: element %lld is %.9g, pure eager gives %.9g (bitwise compare)", what, i,
-                         (long long)j, (double)got[j], (double)want[j]);
+        ck_abort_msg("%s %d: element %lld is %.9g, %s gives %.9g (bitwise compare)", what, i, (long long)j,
+                     (double)got[j], ref, (double)want[j]);
+}
+static void expect_bits(const float *got, const float *want, int64_t n, const char *what, int i) {
+    expect_bits_of(got, want, "pure eager", n, what, i);
 }
 
 /* Asserts r's output equals the pure eager run on r's current inputs. */
@@ -613,8 +649,8 @@ START_TEST(test_replay_outputs_bitwise_equal_to_pure_eager_over_many_calls) {
         cap_result_t b = req_call(C2, s2, &re);
         if (i >= 3) expect_ran(a, CAP_RAN_REPLAYED, "graph cache call", i);
         expect_eager(b, CAP_DECLINE_OVERRIDE, "graphs=false call", i);
-        expect_bits(rg.out, re.out, N, "replay vs pure eager, call", i);
-        if (i % 10 == 9) req_expect_eager_bits(&rg, "call", i);
+        req_expect_eager_bits(&rg, "graph cache call", i);
+        expect_bits_of(re.out, rg.out, "the graph cache", N, "graphs=false call", i);
         /* The next step's latent is this step's output (a denoising loop). */
         memcpy(rg.x, rg.out, N * sizeof(float));
         memcpy(re.x, re.out, N * sizeof(float));
@@ -1111,6 +1147,13 @@ START_TEST(test_restrided_input_at_same_address_is_rejected) {
 }
 END_TEST
 
+/* docs/CAPTURE.md: a call whose constants differ from the ones its entry's
+ * graph baked, in value, type, name or count, declines constant_changed and
+ * runs eager; the baked constants replay again. Each call's bits are checked
+ * before its path, against a reference that adds the call's own constant on
+ * the host; the changes that alter the result (0.75, I64 1, no constant,
+ * against the baked 0.25) are first shown to alter every element, so a
+ * cache that let one of them reach the graph fails on the values it gave. */
 START_TEST(test_changed_constant_declines) {
     cap_options_t o = test_options();
     C = new_cache(&o);
@@ -1122,12 +1165,12 @@ START_TEST(test_changed_constant_declines) {
     req_warm_capture_replay(C, S, &a, 2);
 
     const cap_const_t base = a.consts[0];
-    struct { const char *what; cap_const_t c; int n; } changes[] = {
-        { "value", { .name = "shift", .type = CAP_CONST_F64, .v.f = 0.75 }, 1 },
-        { "type", { .name = "shift", .type = CAP_CONST_I64, .v.i = 1 }, 1 },
-        { "name", { .name = "scale", .type = CAP_CONST_F64, .v.f = 0.25 }, 1 },
-        { "count (none)", base, 0 },
-        { "count (two)", base, 2 },
+    struct { const char *what; cap_const_t c; int n; bool alters; } changes[] = {
+        { "value", { .name = "shift", .type = CAP_CONST_F64, .v.f = 0.75 }, 1, true },
+        { "type", { .name = "shift", .type = CAP_CONST_I64, .v.i = 1 }, 1, true },
+        { "name", { .name = "scale", .type = CAP_CONST_F64, .v.f = 0.25 }, 1, false },
+        { "count (none)", base, 0, true },
+        { "count (two)", base, 2, false },
     };
     int n = (int)(sizeof changes / sizeof changes[0]);
     for (int i = 0; i < n; i++) {
@@ -1135,18 +1178,28 @@ START_TEST(test_changed_constant_declines) {
         a.consts[1] = (cap_const_t){ .name = "extra", .type = CAP_CONST_I64, .v.i = 7 };
         a.n_consts = changes[i].n;
         fill(a.x, N, -1.f, 1.f);
+        if (changes[i].alters) {
+            float now[N], baked[N];
+            eager_ref(&uc, &a.key, a.x, a.ctx, a.consts, a.n_consts, now);
+            eager_ref(&uc, &a.key, a.x, a.ctx, &base, 1, baked);
+            for (int j = 0; j < N; j++)
+                ck_assert_msg(memcmp(&now[j], &baked[j], sizeof(float)) != 0,
+                              "constant %s changed: element %d is %.9g with it and with the baked one",
+                              changes[i].what, j, (double)now[j]);
+        }
         cap_result_t res = req_call(C, S, &a);
+        req_expect_eager_bits(&a, changes[i].what, i);
         ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == CAP_DECLINE_CONSTANT_CHANGED,
                       "constant %s changed: ran %s (%s), expected eager (constant_changed)", changes[i].what,
                       ran_name(res.ran), cap_reason_name(res.reason));
-        req_expect_eager_bits(&a, changes[i].what, i);
     }
     /* The value the graph baked in: replay again. */
     a.consts[0] = base;
     a.n_consts = 1;
     fill(a.x, N, -1.f, 1.f);
-    expect_ran(req_call(C, S, &a), CAP_RAN_REPLAYED, "constant as captured", 0);
+    cap_result_t res = req_call(C, S, &a);
     req_expect_eager_bits(&a, "constant as captured", 0);
+    expect_ran(res, CAP_RAN_REPLAYED, "constant as captured", 0);
     cap_stats_t st = stats(C);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_CONSTANT_CHANGED], (uint64_t)n);
     ck_assert_uint_eq(st.captures, 1);
@@ -1397,8 +1450,8 @@ START_TEST(test_two_same_key_requests_interleaved_on_one_stream_equal_each_alone
         const char *what[2] = { "request 1 interleaved, step", "request 2 interleaved, step" };
         for (int k = 0; k < 2; k++) {
             req_call(C, S, rs[k]);
-            expect_bits(rs[k]->out, alone[k][t], N, what[k], t);
-            if (t == STEPS - 1) req_expect_eager_bits(rs[k], "last interleaved step of request", k);
+            req_expect_eager_bits(rs[k], what[k], t);
+            expect_bits_of(rs[k]->out, alone[k][t], "the request alone", N, what[k], t);
             memcpy(rs[k]->x, rs[k]->out, N * sizeof(float));
         }
     }
@@ -2020,9 +2073,7 @@ START_TEST(test_runtime_audit_catches_a_baked_value_no_check_declared_evicts_and
         float now_ref[N], baked_ref[N];
         eager_ref(&uh, &a.key, a.x, a.ctx, NULL, 0, now_ref);
         ck_assert_msg(memcmp(a.out, now_ref, sizeof now_ref) != 0, "replay %d is not stale: nothing is baked", i);
-        g_hidden = 0.25f;
-        eager_ref(&uh, &a.key, a.x, a.ctx, NULL, 0, baked_ref);
-        g_hidden = 4.0f;
+        ref_with(&uh, 0.25f, &a.key, a.x, a.ctx, NULL, 0, baked_ref);
         expect_bits(a.out, baked_ref, N, "replay before the audit (the baked value)", i);
     }
     cap_stats_t st = stats(C);
