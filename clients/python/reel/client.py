@@ -1,7 +1,8 @@
 """A client of the Reel broker, written from docs/PROTOCOL.md.
 
 One Client is one ZeroMQ DEALER socket on the broker's client endpoint (of
-a standby pair: on one of the two brokers' at a time). Its calls run one
+a standby pair: on one of the two brokers' at a time), opened at its first
+call on the process's shared zmq.Context.instance(). Its calls run one
 at a time: a call from another thread waits for the running one (use one
 Client per thread for calls side by side). Every call has a client-side
 deadline, so nothing hangs when the broker is gone or refuses the
@@ -13,6 +14,7 @@ naming it.
 """
 
 import copy
+import errno
 import functools
 import hashlib
 import itertools
@@ -31,6 +33,10 @@ import tempfile
 import time
 import weakref
 
+try:
+    import resource  # (Unix: the open-file limit an error names)
+except ImportError:
+    resource = None
 import msgpack
 import numpy as np
 import zmq
@@ -562,11 +568,148 @@ def _call(fn):
                 raise RuntimeError(f"a Client call ({fn.__name__}) from inside its own progress callback: the "
                                    "call it reports on is still running on this socket; use another Client, "
                                    "or call after it returns")
-            if self._sock is None:
+            if self._closed:
                 raise ReelError("closed", "this Client is closed")
-            self._read_handshakes()
-            return fn(self, *args, **kw)
+            if self._depth:  # a call inside a call (sync's sync_lora): the outer one holds the socket and watch
+                return fn(self, *args, **kw)
+            self._ready()
+            self._depth = 1
+            try:
+                return fn(self, *args, **kw)
+            finally:
+                self._depth = 0
+                self._rest()
     return run
+
+
+def _unwatch(sock, mon=None):
+    """Stops sock's handshake monitor, then closes its reader mon (when
+    given): in that order. libzmq's IO thread sends each event with a
+    blocking send, and a reader closed while the socket still reports
+    leaves that send, and every socket of the context, waiting for ever."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    if mon is not None:
+        mon.close(0)
+
+
+# The sockets Reel clients of this process hold (their DEALERs; a watch
+# adds two more each): what an error at the context's socket limit or the
+# process's open-file limit counts.
+_open_lock = threading.Lock()
+_open_count = 0
+_clients = weakref.WeakSet()  # every Client of the process: a forked child resets each (_after_fork)
+
+
+def _opened(n):
+    global _open_count
+    with _open_lock:
+        _open_count += n
+
+
+def _after_fork():
+    """In a forked child (multiprocessing's fork, a DataLoader's workers):
+    the parent's sockets are not this process's to use or count, and each
+    Client opens its own at its next call, with a token and ids of its own
+    (Client._forked)."""
+    global _open_lock, _open_count
+    _open_lock, _open_count = threading.Lock(), 0
+    for c in list(_clients):
+        c._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Sockets:
+    """A Client's DEALER and, while a call waits for the broker's first
+    answer on it, the reader of its handshake monitor (libzmq's PAIR
+    behind it makes a third socket), in the process that made them. The
+    Client's finalizer holds this, so a client dropped without close()
+    closes whatever it holds then, in the safe order (close)."""
+
+    __slots__ = ("sock", "mon", "ctx", "pid", "linger")
+
+    def __init__(self, sock, ctx):
+        self.sock, self.mon, self.ctx, self.pid, self.linger = sock, None, ctx, os.getpid(), 0
+        _opened(1)
+
+    def unwatch(self):
+        """Ends the watch, if one runs: the monitor stopped, its reader
+        closed (pending events are dropped with it), and only then let go
+        of (an interrupt before leaves it to close() in order). Nothing in
+        another process (below)."""
+        if self.mon is not None and self.pid == os.getpid():
+            _unwatch(self.sock, self.mon)
+        self.mon = None
+
+    def close(self):
+        """Closes the socket (lingering self.linger ms), its monitor
+        stopped first; does nothing the second time, nor in a process
+        forked after they were made: they are the parent's (pyzmq leaves
+        them alone there too), and stopping a monitor would signal the
+        parent's ZeroMQ threads through the descriptors the two processes
+        share. Cannot fail."""
+        if self.sock is None or self.pid != os.getpid():
+            return
+        self.unwatch()
+        sock, self.sock = self.sock, None
+        sock.close(self.linger)
+        _opened(-1)
+
+
+def _new_socket(ctx, kind):
+    """ctx.socket(kind); at the context's socket limit or the process's
+    open-file limit (libzmq's EMFILE), an OSError EMFILE that says which,
+    and what to do, instead of zmq's bare 'Too many open files'."""
+    try:
+        return ctx.socket(kind)
+    except zmq.ZMQError as e:
+        if e.errno != errno.EMFILE:
+            raise
+    raise _out_of_sockets(ctx) from None
+
+
+def _fd_use():
+    """(in use, limit) of this process's file descriptors, in use None
+    when not known; and whether they are all in use (a descriptor made now
+    would fail with EMFILE)."""
+    if resource is None:
+        return None, None, False
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:  # (listing them takes one: when even that fails, the process is out of them)
+        used = len(os.listdir("/proc/self/fd")) - 1
+    except OSError as e:  # (no /proc: not known)
+        return None, soft, e.errno == errno.EMFILE
+    return used, soft, soft != resource.RLIM_INFINITY and used + 1 >= soft
+
+
+def _out_of_fds_text(used, soft):
+    return f"this process has {'all ' if used is None else f'{used} of '}its {soft} open files (ulimit -n) in use"
+
+
+def _out_of_sockets(ctx):
+    """The OSError EMFILE _new_socket raises: which limit, and the way out."""
+    used, soft, out = _fd_use()
+    held = (f"{_open_count} Reel Client{'s' if _open_count != 1 else ''} of this process hold"
+            f"{'s' if _open_count == 1 else ''} a socket")
+    if out:
+        why = (f"{_out_of_fds_text(used, soft)} ({held}): a Client holds one descriptor for its socket and one for "
+               "its connection (two more while a call waits for the broker's first answer); close() the clients no "
+               "longer used, or raise the limit (ulimit -n, resource.setrlimit)")
+    else:
+        try:
+            most = ctx.get(zmq.MAX_SOCKETS)
+        except zmq.ZMQError:
+            most = "?"
+        why = (f"the ZeroMQ context has all its {most} sockets in use ({held}; a socket closed frees its place a "
+               "moment later): a Client holds one socket once called (three while a call waits for the broker's "
+               "first answer); close() the clients no longer used, or give Client(context=) a zmq.Context whose "
+               "zmq.MAX_SOCKETS is larger (set before its first socket)")
+    return OSError(errno.EMFILE, f"cannot open a socket for a Reel Client: {why}")
 
 
 class Client:
@@ -603,7 +746,27 @@ class Client:
     unanswered again (the same id; a GEN with the same token). After a
     round of standby answers it pauses 200 ms. .endpoint is the endpoint it
     talks to now, .switches counts its moves. With one endpoint, ERROR
-    standby is raised as any ReelError (code "standby")."""
+    standby is raised as any ReelError (code "standby").
+
+    context: the zmq.Context its sockets are made on (None, the default:
+    the process's zmq.Context.instance(), shared by every Client). What a
+    Client holds: nothing until its first call; from then on one socket
+    and, while connected, its connection: two file descriptors. While a
+    call waits for the broker's first answer on that socket, a watch of its
+    handshakes (for the hints of a ReelTimeout) adds two sockets and two
+    descriptors; the watch ends with the call. close() (or the end of a
+    with block) closes the socket at once (libzmq frees its descriptors a
+    moment later); a Client dropped without close() closes at its garbage
+    collection. A context holds at most
+    zmq.MAX_SOCKETS (1023) sockets, a process ulimit -n descriptors: a call
+    that cannot make its socket raises OSError EMFILE saying which limit.
+
+    Forks: in a process forked after it was made (multiprocessing's fork,
+    a DataLoader's workers) a Client opens its own socket at its first call
+    there, on that process's zmq.Context.instance(), with a token and
+    request ids of its own; the parent's socket is left to the parent. A
+    Client cannot be pickled (spawn, forkserver): make one in each
+    process."""
 
     def __init__(self, broker="tcp://127.0.0.1:5555", timeout=120.0, context=None, key=None, broker_key=None,
                  liveness=None):
@@ -636,20 +799,57 @@ class Client:
                 raise ValueError(f"{broker_key}: a {server['role']} key, not the broker's (role broker)")
             # kept for the sockets of a move to another broker of the list
             self._curve = (server["public-key"].encode(), mine["public-key"].encode(), mine["secret-key"].encode())
-        self._ctx = context or zmq.Context.instance()
-        self._sock = self._mon = self._fin = None
-        self._open()
-        self._ids = itertools.count(random.randrange(1, 1 << 30))
-        self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
+        self._ctx = context  # None: the process's zmq.Context.instance(), looked up at each socket made
+        # The socket is opened at the first call (_ready): a Client never
+        # called holds none, and costs the process no descriptor.
+        self._held = self._fin = None
+        self._answered = False  # the broker answered on this socket: its handshake succeeded, no watch
+        self._hs = None  # what the watch saw last: why the broker never answers (_handshake_hint)
+        self._hs_events = 0  # handshake events read, over this client's life (they are not kept)
+        self._closed = False
+        self._depth = 0  # public calls running (a sync's sync_lora runs inside its sync)
+        self._fresh_identity()
         self.liveness = liveness
         self.resends = 0
-        self._boot = None  # the broker's boot id last seen
         self.timeout = timeout
         self._base = None  # the last full version this client published
         self.broker = broker
         self._busy = threading.RLock()  # one call at a time (_call): another thread's waits its turn
         self._in_progress = False  # a progress callback runs (_call refuses a call from it)
         self._cancelled = False  # a CANCEL went: close() lingers a moment so it leaves
+        _clients.add(self)
+
+    def _fresh_identity(self):
+        """New request ids and client token, no broker known: at the start,
+        and in a process forked from this client's (where the parent's ids
+        and token would name the parent's requests at the broker)."""
+        self._ids = itertools.count(random.randrange(1, 1 << 30))
+        self._token = int.from_bytes(os.urandom(8), "little") or 1  # GEN "client": this client's requests
+        self._boot = None  # the broker's boot id last seen
+
+    def _forked(self):
+        """In a child process (os.register_at_fork): the parent's socket is
+        left to it (never used or closed here; its finalizer does nothing
+        here either) and the next call opens this process's own, on this
+        process's zmq.Context.instance() (a context given is the parent's:
+        libzmq contexts do not survive a fork). A lock another thread of the
+        parent held stays held in the child: a new one."""
+        if self._fin is not None:
+            self._fin.detach()
+        self._held = self._fin = None
+        self._ctx = None
+        self._answered = False
+        self._hs = None
+        self._busy = threading.RLock()
+        self._in_progress = False
+        self._depth = 0
+        self._cancelled = False
+        self._fresh_identity()
+
+    def __reduce__(self):
+        raise TypeError("a reel.Client cannot be pickled (multiprocessing's spawn or forkserver, a DataLoader "
+                        "worker that is not forked): make one in each process, e.g. in a DataLoader's "
+                        "worker_init_fn; a process forked from this one may use it (it opens its own socket there)")
 
     @property
     def endpoint(self):
@@ -661,117 +861,112 @@ class Client:
         """The endpoint list it was given: one broker, or a standby pair."""
         return tuple(self._eps)
 
+    @property
+    def _sock(self):
+        return self._held.sock if self._held is not None else None
+
+    @property
+    def _mon(self):
+        return self._held.mon if self._held is not None else None
+
     def _open(self):
-        """A DEALER connected to the current endpoint, as self._sock."""
-        sock = self._ctx.socket(zmq.DEALER)
-        mon = None
+        """A DEALER connected to the current endpoint, watched (_watch), as
+        self._held; self._held and self._fin are replaced only once it is
+        made (a failure, an interrupt included, closes what was made and
+        raises, leaving them as they were). Raises OSError EMFILE naming the
+        limit when the process has no socket left (_new_socket)."""
+        ctx = self._ctx if self._ctx is not None else zmq.Context.instance()
+        held = _Sockets(_new_socket(ctx, zmq.DEALER), ctx)
         try:
+            sock = held.sock
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
             if self._eps[self._at].startswith("tcp://["):  # an IPv6 address: ZeroMQ connects to none without
                 sock.setsockopt(zmq.IPV6, 1)
             if self._curve:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
-            mon = self._watch(sock)
+            self._watch(held)
             sock.connect(self._eps[self._at])
         except BaseException:
-            self._close_socket(sock, mon)
+            held.close()
             raise
         # A client dropped without close() (or in a reference cycle) closes
-        # them in that order too: the finalizer holds both until it runs,
+        # them in that order too: the finalizer holds them until it runs,
         # where the garbage collector would close them in any order.
-        self._fin = weakref.finalize(self, Client._close_socket, sock, mon, pid=os.getpid())
-        self._fin.atexit = False  # at exit the sockets stay as they are (a daemon thread may still use them)
-        self._sock, self._mon, self._hs = sock, mon, None
+        fin = weakref.finalize(self, held.close)
+        fin.atexit = False  # at exit the sockets stay as they are (a daemon thread may still use them)
+        self._held, self._fin, self._hs, self._answered = held, fin, None, False
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                   zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH |
                   zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
     _monitors = itertools.count(1)
 
-    def _watch(self, sock):
-        """A PAIR reading sock's handshake events (None when libzmq cannot
-        give one): a broker that refuses this client's key, or speaks no
-        CURVE, or cannot read its HELLO, never answers, and a timeout is
-        all the caller would see otherwise."""
+    def _watch(self, held):
+        """Starts held's watch: a PAIR reading its socket's handshake
+        events (none when libzmq cannot give one, at the socket limit say:
+        the calls then go without the hints). A broker that refuses this
+        client's key, or speaks no CURVE, or cannot read its HELLO, never
+        answers, and a timeout is all the caller would see otherwise.
+
+        A watch runs only while a call runs, until the broker's first
+        answer on the socket: the events are read as they come (_wait), and
+        at the call's end the watch stops (_rest). An idle client whose
+        connection keeps failing (a broker down, one that hangs up every
+        handshake: 7 to 20 events a second) piles nothing up, and holds one
+        socket, not three."""
         addr = "inproc://reel-client-handshakes-%d-%d" % (id(self), next(self._monitors))
         mon = None
         try:
-            sock.monitor(addr, self._HS_EVENTS)
-            mon = self._ctx.socket(zmq.PAIR)
+            held.sock.monitor(addr, self._HS_EVENTS)
+            mon = held.ctx.socket(zmq.PAIR)
             mon.setsockopt(zmq.LINGER, 0)
             # no high-water mark: libzmq's IO thread would block on a full
-            # pipe (the events wait for the next call, or a timeout)
+            # pipe; what bounds the pipe is reading it as events come, and
+            # the watch's end with the call
             mon.setsockopt(zmq.RCVHWM, 0)
             mon.connect(addr)
-            return mon
         except BaseException as e:
-            self._unwatch(sock, mon)
+            _unwatch(held.sock, mon)
             if not isinstance(e, zmq.ZMQError):
                 raise
-            return None
-
-    @staticmethod
-    def _close_socket(sock, mon, linger=0, pid=None):
-        """Closes sock and its monitor's reader, the monitor stopped first:
-        libzmq's IO thread sends each event with a blocking send, and a
-        reader closed while the socket still reports leaves that send, and
-        every socket of the context, waiting for ever. Nothing in a process
-        forked after they were made (pid: the maker's): they are the
-        parent's (pyzmq leaves them alone there too), and stopping a monitor
-        would signal the parent's ZeroMQ threads through the descriptors the
-        two processes share."""
-        if pid is not None and os.getpid() != pid:
             return
-        if sock is not None:
-            if mon is not None:
-                Client._unwatch(sock, mon)
-            sock.close(linger)
+        held.mon = mon
 
-    @staticmethod
-    def _unwatch(sock, mon=None):
-        """Stops sock's monitor, then closes its reader mon (when given)."""
-        try:
-            sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        if mon is not None:
-            mon.close(0)
+    def _ready(self):
+        """Before a call: the socket, opened at the first (or here again in
+        a forked process); its watch started again when the broker has not
+        answered on it yet."""
+        if self._held is None:
+            self._open()
+        elif self._held.mon is None and not self._answered:
+            self._watch(self._held)
 
-    @staticmethod
-    def _release(fin, linger=0):
-        """Closes the socket and monitor fin (their finalizer) holds, now,
-        once (a finalizer that already ran does nothing)."""
-        held = fin.peek() if fin is not None else None
-        if held is None:
-            return
-        _, close, (sock, mon), kw = held
-        if mon is not None and kw.get("pid") == os.getpid():
-            # the monitor stopped before the finalizer lets go of the two:
-            # an interrupt after it leaves nothing to close in order
-            Client._unwatch(sock)
-        if fin.detach() is not None:
-            close(sock, mon, linger=linger, **kw)
+    def _rest(self):
+        """After a call: its watch ends (what it saw so far is read into
+        self._hs first)."""
+        if self._held is not None and self._held.mon is not None:
+            self._read_handshakes()
+            if self._held is not None:
+                self._held.unwatch()
 
     def _read_handshakes(self):
-        """Reads the socket's handshake events so far into self._hs (each
-        call starts here too: a client that lives long and reconnects often
-        keeps none)."""
-        while self._mon is not None:
+        """Reads the socket's handshake events so far into self._hs, the
+        one verdict the hint needs (the events themselves are not kept):
+        each is read as it comes while a call waits (_wait), the rest when
+        the call ends (_rest)."""
+        held = self._held
+        while held is not None and held.mon is not None:
             try:
-                frames = self._mon.recv_multipart(zmq.NOBLOCK)
+                frames = held.mon.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
                 break
+            self._hs_events += 1
             if len(frames[0]) < 6:
                 continue
             event, value = struct.unpack("<HI", bytes(frames[0][:6]))
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                # the watch ends at the first handshake that succeeds: a
-                # client then holds one socket, not three (a context has
-                # 1023), and no monitor a later close could trip on
-                self._hs = None
-                mon, self._mon = self._mon, None
-                self._unwatch(self._sock, mon)
+                self._heard()
                 break
             elif event == zmq.EVENT_CONNECT_RETRIED:
                 # every connection attempt failed so far (nothing listening);
@@ -788,9 +983,20 @@ class Client:
             else:
                 self._hs = ("closed", value)
 
+    def _heard(self):
+        """The broker answered on this socket (or its handshake succeeded):
+        no hint to give, and the watch ends for the socket's life (it then
+        holds one socket, not three: a context has 1023)."""
+        self._answered = True
+        self._hs = None
+        if self._held is not None:
+            self._held.unwatch()
+
     def _handshake_hint(self):
         """What a timeout adds: why the broker never let this client in
-        ("" when the socket saw no handshake fail)."""
+        ("" when the socket saw no handshake fail). The verdict is the last
+        the socket's watch saw, in this call or an earlier one (a socket
+        whose key the broker refused never tries again: nothing new comes)."""
         self._read_handshakes()
         kind = self._hs[0] if self._hs else None
         if kind == "auth":
@@ -803,6 +1009,13 @@ class Client:
         if kind == "closed" and self._curve:
             return ("; the broker closed every CURVE handshake: the broker key given (broker_key, REEL_BROKER_KEY) "
                     "is probably not its public key")
+        if kind in ("refused", None):
+            # libzmq retries a connection whose descriptor it could not
+            # make, as one refused, and says nothing else
+            used, soft, out = _fd_use()
+            if out:
+                return (f"; {_out_of_fds_text(used, soft)}: a connection needs one more (close() the clients no "
+                        "longer used, or raise the limit: ulimit -n, resource.setrlimit)")
         if kind == "refused":
             return (f"; nothing accepted a connection at {self._eps[self._at]} (is a broker running there? the "
                     "Client's endpoint names it)")
@@ -811,20 +1024,32 @@ class Client:
                     "(key=, broker_key=, or REEL_KEY and REEL_BROKER_KEY: docs/SECURITY.md)")
         return ""
 
+    def _drop(self, linger=0):
+        """Closes this client's socket (and its watch) now, once; none
+        after. Cannot fail (but for an interrupt)."""
+        held, fin = self._held, self._fin
+        self._held = self._fin = None
+        if fin is not None:
+            # the watch stopped while the finalizer still holds the sockets:
+            # an interrupt after leaves nothing to close in order
+            held.unwatch()
+            held.linger = linger
+            fin()  # held.close(), once: a finalizer that ran already does nothing
+
     def _forget_unsent(self):
         """A fresh socket to the same broker, nothing of the old one kept:
         after a SYNC (or an upload) that timed out, what the socket still
         held unsent would otherwise go to a broker that comes back later,
         and a sync the caller was told failed (ReelTimeout) would apply
         after all."""
-        old, old_mon, old_fin = self._sock, self._mon, self._fin
-        self._sock = self._mon = self._fin = None
+        old, old_fin = self._held, self._fin
         try:
             self._open()
-        except BaseException:  # (a second interrupt, a terminated context) the old one stays, queue and all
-            self._sock, self._mon, self._fin = old, old_mon, old_fin
+        except BaseException:  # (a second interrupt, a terminated context, no socket left) the old one stays
             return
-        self._release(old_fin)
+        if old_fin is not None:
+            old.unwatch()
+            old_fin()
         self._boot = None
 
     def _switch(self):
@@ -833,18 +1058,22 @@ class Client:
         answers of the old broker are gone with it), no boot id known."""
         if len(self._eps) < 2:
             return
-        self._release(self._fin)
-        self._sock = self._mon = self._fin = None
+        self._drop()
         self._at = (self._at + 1) % len(self._eps)
         self._boot = None
         self.switches += 1
         self._open()
 
     def close(self):
+        """Closes the socket now (libzmq's reaper thread gives its
+        descriptors back a moment later); a call after raises ReelError
+        "closed". Waits for a call running in another thread. Closing twice
+        does nothing; a client dropped without close() closes at its
+        garbage collection."""
         with self._busy:
+            self._closed = True
             # a CANCEL still queued goes out, within 500 ms
-            self._release(self._fin, 500 if self._cancelled else 0)
-            self._sock = self._mon = self._fin = None
+            self._drop(500 if self._cancelled else 0)
 
     def __enter__(self):
         return self
@@ -854,18 +1083,41 @@ class Client:
 
     # ---- framing -------------------------------------------------------
 
+    def _wait(self, flags, by):
+        """Waits until the socket is ready for flags (zmq.POLLIN or
+        zmq.POLLOUT), or the monotonic deadline by: True when it is. While a
+        watch runs, its events are read as they come (a call that waits
+        long keeps no backlog of them either)."""
+        while True:
+            left = by - time.monotonic()
+            ms = min(int(left * 1000) + 1, _MAX_MS) if left > 0 else 0
+            held = self._held
+            if held.mon is None:
+                return bool(held.sock.poll(ms, flags))
+            poller = zmq.Poller()
+            poller.register(held.sock, flags)
+            poller.register(held.mon, zmq.POLLIN)
+            ready = dict(poller.poll(ms))
+            if held.sock in ready:
+                return True
+            if held.mon not in ready:
+                return False
+            self._read_handshakes()
+
     def _put(self, frames, by, rid):
         """Sends frames as one message, by the monotonic deadline by; raises
         ReelTimeout when it cannot go by then. A DEALER with no connection
         (a broker with --keys refused this client's handshake, or nothing
         listens) holds no pipe and a blocking send would wait forever."""
-        left = by - time.monotonic()
-        self._sock.setsockopt(zmq.SNDTIMEO, min(max(0, int(left * 1000)), _MAX_MS))
-        try:
-            self._sock.send_multipart(frames, copy=False)
-        except zmq.Again:
-            raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
-                              "refuses a client without its key)" + self._handshake_hint(), rid) from None
+        while True:
+            try:
+                self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                pass
+            if not self._wait(zmq.POLLOUT, by) and time.monotonic() >= by:
+                raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
+                                  "refuses a client without its key)" + self._handshake_hint(), rid) from None
 
     def _send(self, mtype, rid, fields, tensors=(), *, by):
         """Sends a message by the monotonic deadline by (ReelTimeout else)."""
@@ -1022,7 +1274,7 @@ class Client:
         rid = min(rids) if rids else 0
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(min(int(left * 1000) + 1, _MAX_MS)):
+            if left <= 0 or not self._wait(zmq.POLLIN, deadline):
                 if time.monotonic() >= deadline:
                     raise ReelTimeout(f"no reply from {self.endpoint} in time" + self._handshake_hint(), rid)
                 continue
@@ -1032,8 +1284,8 @@ class Client:
             while self._sock.getsockopt(zmq.RCVMORE):
                 self._sock.recv()
             frames = self._sock.recv_multipart()
-            if self._mon is not None:  # the broker answered: its handshake succeeded, the watch can end
-                self._read_handshakes()
+            if not self._answered:  # the broker answered: its handshake succeeded, the watch can end
+                self._heard()
             try:
                 hdr = msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
             except ValueError:

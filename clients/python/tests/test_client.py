@@ -7,9 +7,12 @@ Prints one line per test and ends with "python: N passed, N failed".
 """
 
 import argparse
+import errno
 import glob
 import json
+import multiprocessing
 import os
+import pickle
 import shutil
 import re
 import signal
@@ -111,6 +114,11 @@ class Cluster:
         self.wlog.close()
 
 
+def fd_count():
+    """This process's open file descriptors."""
+    return len(os.listdir("/proc/self/fd")) - 1
+
+
 def rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
@@ -179,8 +187,9 @@ class ClientTests(unittest.TestCase):
 
     def test_answered_clients_hold_one_socket_each(self):
         # each socket's handshake monitor (two more sockets: libzmq's and
-        # its reader) ends once the broker answered: 400 live clients fit
-        # a context's 1023 sockets (with the monitors kept, the 342nd failed)
+        # its reader) ends once the broker answered, and with each call:
+        # 400 live clients fit a context's 1023 sockets (with the monitors
+        # kept, the 342nd failed)
         ctx = zmq.Context()
         cs = []
         try:
@@ -242,6 +251,123 @@ class ClientTests(unittest.TestCase):
             b.terminate()
             b.wait(30)
             ctx.term()
+
+    def test_2000_clients_in_one_process_hold_nothing_until_called_and_each_answers_then_closes(self):
+        # A trainer-pattern probe: each Client opened its socket and a handshake
+        # monitor when made (three sockets, three descriptors), so the
+        # 342nd never-called one failed ('Too many open files': the shared
+        # context's 1023 sockets, or ulimit -n 1024). Now none is opened
+        # before the first call, and close() gives the descriptors back.
+        before, held = fd_count(), reel.client._open_count
+        cs = [reel.Client(self.cluster.ce, timeout=10) for _ in range(2000)]
+        self.assertLessEqual(fd_count(), before, "clients never called hold descriptors")
+        self.assertEqual(reel.client._open_count, held)
+        answered, most, most_held = 0, 0, 0
+        for c in cs:  # the others still alive
+            answered += "workers" in c.status()
+            most_held = max(most_held, reel.client._open_count - held)
+            c.close()
+            most = max(most, fd_count())
+        self.assertEqual(answered, 2000)
+        self.assertEqual((most_held, reel.client._open_count), (1, held), "a socket outlived its close()")
+        # a closed socket's descriptors go a moment later (libzmq's reaper
+        # thread: up to a hundred behind on a busy machine), never two a
+        # client kept (4000)
+        self.assertLess(most - before, 1000, f"{most - before} descriptors more at the most")
+        with self.assertRaises(reel.ReelError) as e:
+            cs[0].status()
+        self.assertEqual(e.exception.code, "closed")
+
+    def test_out_of_sockets_or_descriptors_a_call_raises_oserror_naming_the_limit(self):
+        # Clients called and kept open until the process has no socket
+        # left: an OSError EMFILE that says which limit and what to do, not
+        # zmq's bare 'Too many open files'. First a context of 16 sockets.
+        ctx = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, 16)
+        cs = []
+        try:
+            with self.assertRaises(OSError) as e:
+                for _ in range(40):
+                    cs.append(reel.Client(self.cluster.ce, timeout=10, context=ctx))
+                    cs[-1].status()
+            self.assertEqual(e.exception.errno, errno.EMFILE)
+            self.assertIn("the ZeroMQ context has all its 16 sockets in use", str(e.exception))
+            self.assertIn("zmq.MAX_SOCKETS", str(e.exception))
+        finally:
+            for c in cs:
+                c.close()
+            ctx.term()
+        # Then the process's open files (in a child: the limit is the
+        # process's): the socket that cannot be made is the OSError; a
+        # connection libzmq cannot make is retried silently, and the
+        # timeout says why.
+        script = f"""
+import json, os, resource, sys
+sys.path.insert(0, {os.path.dirname(HERE)!r})
+import reel
+with reel.Client({self.cluster.ce!r}, timeout=10) as c:
+    c.status()  # the context's own descriptors made
+used = len(os.listdir("/proc/self/fd")) - 1
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+cs, out = [], None
+for _ in range(40):
+    cs.append(reel.Client({self.cluster.ce!r}, timeout=2))
+    try:
+        cs[-1].status()
+    except OSError as e:
+        out = ["OSError", e.errno, str(e)]
+        break
+    except reel.ReelTimeout as e:
+        out = ["ReelTimeout", 0, str(e)]
+        break
+print(json.dumps([len(cs), out]))
+"""
+        p = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout.decode()[-2000:])
+        made, out = json.loads(p.stdout.decode().strip().splitlines()[-1])
+        self.assertIsNotNone(out, f"{made} clients called and none ran out of descriptors")
+        self.assertIn("open files (ulimit -n) in use", out[2], out)
+        if out[0] == "OSError":
+            self.assertEqual(out[1], errno.EMFILE)
+
+    def test_a_client_made_before_a_fork_answers_in_the_child_on_a_socket_and_token_of_its_own(self):
+        # A trainer's DataLoader workers (multiprocessing's fork): the
+        # client made in the parent was used in the child on the parent's
+        # socket (whose context has no IO thread there: the child's call
+        # hung past its timeout), with the parent's token and next ids (the
+        # broker would take the child's GEN for the parent's, resent).
+        with reel.Client(self.cluster.ce, timeout=60) as c:
+            kw = dict(latent=self.lat, steps=2, shift=3.0)
+            want = c.gen("tiny", self.ctx, **kw)
+            mp = multiprocessing.get_context("fork")
+            q = mp.Queue()
+
+            def child():
+                try:
+                    r = c.gen("tiny", self.ctx, **kw)
+                    q.put(["ok", r.latent.tobytes() == want.latent.tobytes(), c._token])
+                except BaseException as e:
+                    q.put(["error", repr(e), 0])
+
+            kids = [mp.Process(target=child) for _ in range(2)]
+            for k in kids:
+                k.start()
+            try:
+                got = [q.get(timeout=60) for _ in kids]
+            finally:
+                for k in kids:
+                    k.join(30)
+                    if k.is_alive():
+                        k.kill()
+            for how, same, _ in got:
+                self.assertEqual((how, same), ("ok", True), got)
+            tokens = {c._token} | {t for _, _, t in got}
+            self.assertEqual(len(tokens), 3, "a child kept the parent's token (or another child's)")
+            self.assertTrue(np.array_equal(c.gen("tiny", self.ctx, **kw).latent, want.latent))
+            with self.assertRaises(TypeError) as e:  # spawn's way: said plainly
+                pickle.dumps(c)
+            self.assertIn("make one in each process", str(e.exception))
 
     # -- generations -------------------------------------------------------
 
@@ -1017,6 +1143,120 @@ class NoBrokerTests(unittest.TestCase):
                               str(cm.exception))
         finally:
             shutil.rmtree(d, ignore_errors=True)
+
+
+class HangUp:
+    """A TCP port that accepts every connection and closes it at once: a
+    broker that fails every handshake of a client that has not its keys
+    (libzmq's connection error: the client tries again). .accepts counts
+    them; wait_for(n) waits for n more (event-driven, bounded)."""
+
+    def __init__(self):
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(512)
+        self.ep = f"tcp://127.0.0.1:{self.srv.getsockname()[1]}"
+        self.accepts = 0
+        self.cv = threading.Condition()
+        self.t = threading.Thread(target=self._serve, daemon=True)
+        self.t.start()
+
+    def _serve(self):
+        while True:
+            try:
+                s, _ = self.srv.accept()
+            except OSError:
+                return
+            s.close()
+            with self.cv:
+                self.accepts += 1
+                self.cv.notify_all()
+
+    def wait_for(self, n, secs=60):
+        with self.cv:
+            at = self.accepts
+            return self.cv.wait_for(lambda: self.accepts >= at + n, timeout=secs)
+
+    def close(self):
+        self.srv.shutdown(socket.SHUT_RDWR)
+        self.srv.close()
+        self.t.join(10)
+
+
+def fast_reconnects():
+    """Client sockets that try again 1 ms after a failure (libzmq's
+    default, 100 ms or more, would take minutes for thousands)."""
+    real = zmq.Socket.connect
+
+    def connect(sock, addr):
+        sock.setsockopt(zmq.RECONNECT_IVL, 1)
+        return real(sock, addr)
+    return mock.patch.object(zmq.Socket, "connect", connect)
+
+
+def pending_events(c):
+    """Handshake events waiting in c's monitor pipe (none without a watch)."""
+    n = 0
+    while c._mon is not None:
+        try:
+            c._mon.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        n += 1
+    return n
+
+
+class IdleClientTests(unittest.TestCase):
+    """A client whose connection keeps failing, between calls and in one:
+    the handshake events it watches for its hints stay bounded."""
+
+    def setUp(self):
+        self.hang = HangUp()
+
+    def tearDown(self):
+        self.hang.close()
+
+    def test_an_idle_client_whose_handshakes_fail_piles_up_no_events_and_its_next_call_still_says_why(self):
+        # A trainer-pattern probe: the monitor stayed on between calls with an
+        # unbounded pipe (3 events a failed handshake, ~20 a second at
+        # libzmq's pace: 60,420 events and +7.5 MB after 20,140 failures);
+        # now the watch runs only while a call runs.
+        said = "the broker closed every handshake"
+        with fast_reconnects(), reel.Client(self.hang.ep, timeout=0.5) as c:
+            with self.assertRaises(reel.ReelTimeout) as e:
+                c.status()
+            self.assertIn(said, str(e.exception))
+            seen = c._hs_events
+            self.assertTrue(self.hang.wait_for(3000), "the client stopped trying to connect")
+            self.assertEqual(pending_events(c), 0, "events piled up while no call ran")
+            self.assertIsNone(c._mon)  # one socket held between calls, not three
+            self.assertEqual(c._hs_events, seen, "events read while no call ran")
+            with self.assertRaises(reel.ReelTimeout) as e:
+                c.status()
+            self.assertIn(said, str(e.exception))
+            self.assertGreater(c._hs_events, seen)
+
+    def test_a_call_reads_the_handshake_events_as_they_come(self):
+        # a call that waits long (a GEN's 65 s) read them only at its end
+        reads, stop = [], []
+        real = reel.Client._read_handshakes
+
+        class Enough(Exception):
+            pass
+
+        def read(c):
+            before = c._hs_events
+            real(c)
+            reads.append(c._hs_events - before)
+            if sum(reads) >= 3000 and not stop:
+                stop.append(1)
+                raise Enough  # (the call's end then stops its watch: that read is not stopped)
+        with fast_reconnects(), mock.patch.object(reel.Client, "_read_handshakes", read), \
+                reel.Client(self.hang.ep, timeout=60) as c:
+            with self.assertRaises(Enough):
+                c.status()
+            self.assertIsNone(c._mon, "the watch outlived its call")
+        self.assertLessEqual(max(reads), 64, f"a backlog of {max(reads)} events at one read")
 
 
 class GenResultTests(unittest.TestCase):
@@ -2489,6 +2729,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(CancelTests))
     suite.addTests(loader.loadTestsFromTestCase(GenResultTests))
     suite.addTests(loader.loadTestsFromTestCase(NoBrokerTests))
+    suite.addTests(loader.loadTestsFromTestCase(IdleClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
