@@ -1468,6 +1468,155 @@ class Client:
             raise
         return results
 
+    @_call
+    def gen_many(self, requests, *, window=16, timeout=None, progress=None, return_exceptions=False):
+        """Many single GENs on this one connection, each with arguments of
+        its own (a trainer's round: other prompts or contexts, seeds,
+        guidance scales, step counts): requests is a sequence of dicts of
+        gen()'s keyword arguments, `model` required, `progress` and
+        `timeout` not (they are this call's). Returns their GenResults in
+        the order given, each bitwise what gen() with the same arguments
+        returns. Every request is checked before any is sent (a bad one
+        raises TypeError or ValueError naming its index).
+
+        window: at most that many are in flight at once (sent, not yet
+        answered; 1..1024); the next goes as one is answered, so a round of
+        any size neither fills the broker's queue nor waits in it. The
+        broker sends requests of one key to the worker that holds its
+        graphs, where a worker with --max-batch > 1 runs those it holds
+        together as batched steps (docs/CAPTURE.md).
+
+        A request answered BUSY (the broker's queue or held bytes full,
+        nothing started) goes again, as a new GEN, once another of this
+        call's is answered; with none of them left in flight it is raised
+        as BusyError (with return_exceptions, a BusyError takes its place
+        and the place of each request not sent yet). timeout: the seconds each request may wait for its
+        answer after it was sent (default: as gen()'s). progress(done,
+        total): the steps done of all the requests' steps.
+
+        A request's ERROR (or its timeout) raises that ReelError, with
+        .index the request's place in the list, and cancels the requests
+        still in flight (none of the rest is sent); with
+        return_exceptions=True it takes the request's place in the list
+        instead and the others go on."""
+        if isinstance(requests, (dict, str, bytes)) or not hasattr(requests, "__len__"):
+            raise TypeError(f"requests must be a sequence of dicts of gen()'s arguments, got "
+                            f"{type(requests).__name__}")
+        window = _uint("window", window, 1, 1024)
+        return_exceptions = _flag("return_exceptions", return_exceptions)
+        msgs = []  # per request: (fields, tensors, torch_out, wait)
+        for i, req in enumerate(requests):
+            if not isinstance(req, dict):
+                raise TypeError(f"requests[{i}] must be a dict of gen()'s arguments, got {type(req).__name__}")
+            kw = dict(req)
+            for name in ("progress", "timeout"):
+                if name in kw:
+                    raise TypeError(f"requests[{i}]: {name} is gen_many()'s own argument, not a request's")
+            if "model" not in kw:
+                raise TypeError(f"requests[{i}] has no model")
+            model, context = kw.pop("model"), kw.pop("context", None)
+            try:
+                fields, tensors, torch_out = self._gen_message(model, context, progress=progress is not None,
+                                                               **kw)
+            except TypeError as e:
+                raise TypeError(f"requests[{i}]: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"requests[{i}]: {e}") from None
+            wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
+            msgs.append((fields, tensors, torch_out, wait))
+        results = [None] * len(msgs)
+        total = sum(m[0]["steps"] for m in msgs)
+        done = [0] * len(msgs)  # steps done, per request
+        index, sent, due, t0 = {}, {}, {}, {}  # rid -> request index, message, deadline, send time
+        todo, held = list(range(len(msgs))), []  # not sent yet; answered BUSY, to go after another answer
+        st = None
+
+        def each(rid, step, steps):
+            if rid in index:
+                done[index[rid]] = max(done[index[rid]], step)
+                progress(sum(done), total)
+
+        def send_more():
+            nonlocal st
+            todo[:0], held[:] = held, []  # the BUSY ones go again first
+            batch = {}
+            while todo and len(sent) + len(batch) < window:
+                i = todo.pop(0)
+                rid = next(self._ids)
+                index[rid] = i
+                batch[rid] = msgs[i][:2]
+                t0[rid] = time.monotonic()
+                due[rid] = t0[rid] + msgs[i][3]
+            if not batch:
+                return
+            by = min(due[r] for r in batch)
+            sent.update(batch)
+            if st is None:
+                st = self._sending(batch, by)
+                return
+            for rid, (fields, tensors) in batch.items():
+                st["send"](rid, fields, tensors, by)
+
+        def settle(rid, value):
+            i = index.pop(rid)
+            del sent[rid], due[rid]
+            results[i] = value
+            return i
+
+        try:
+            send_more()
+            while sent:
+                try:
+                    rid, hdr, out = self._recv_live(set(sent), min(due.values()), sent, st,
+                                                    each if progress else None)
+                except BusyError as e:
+                    if e.request_id not in sent:
+                        raise
+                    i = settle(e.request_id, None)
+                    held.append(i)
+                    if sent:
+                        continue  # it goes again once another of this call's is answered
+                    # none of this call's in flight: the queue is full of others'
+                    e.index = i
+                    if not return_exceptions:
+                        raise
+                    for j in held + todo:
+                        one = BusyError(e.message, e.request_id)
+                        one.index = j
+                        results[j] = one
+                    held.clear()
+                    todo.clear()
+                    continue
+                except ReelTimeout as e:
+                    now = time.monotonic()
+                    late = [r for r in sent if due[r] <= now]
+                    e.index = index[late[0]] if late else None
+                    if not return_exceptions or not late:
+                        raise
+                    self._cancel(late)
+                    for r in late:
+                        one = ReelTimeout(f"no answer to requests[{index[r]}] in {msgs[index[r]][3]:g} s "
+                                          f"from {self.endpoint}", r)
+                        one.index = index[r]
+                        settle(r, one)
+                except ReelError as e:
+                    if e.request_id not in sent:
+                        raise
+                    e.index = settle(e.request_id, e)
+                    if not return_exceptions:
+                        raise
+                else:
+                    i = index[rid]
+                    settle(rid, self._gen_result(rid, hdr, out, msgs[i][0]["steps"], msgs[i][2], t0[rid]))
+                    done[i] = msgs[i][0]["steps"]
+                    if progress:
+                        progress(sum(done), total)
+                send_more()
+        except BaseException as e:
+            self._cancel_after(e, list(sent))
+            raise
+        return results
+
     def _gen_result(self, rid, hdr, out, steps, torch_out, t0, sample=None):
         if hdr.get("type") != "RESULT" or "latent" not in out:
             raise ReelError("malformed", f"expected RESULT with a latent, got {hdr.get('type')}", rid)

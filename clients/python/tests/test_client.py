@@ -492,6 +492,77 @@ print(json.dumps([len(cs), out]))
                 self.assertTrue(np.array_equal(r.latent, alone[s].latent), f"{kind}{i} seed {s}: latent")
                 self.assertTrue(np.array_equal(r.log_probs, alone[s].log_probs), f"{kind}{i} seed {s}: log-probs")
 
+    def test_gen_many_returns_each_request_in_order_bitwise_as_gen_with_at_most_window_in_flight(self):
+        reqs = []
+        for k in range(7):  # other contexts, seeds, step counts, shifts, guidance and SDE rollouts
+            kw = dict(model="tiny", context=rand((5, 32), 40 + k), latent_shape=(4, 1, 4, 4), steps=2 + k % 3,
+                      seed=70 + k, shift=1.0 + k % 2)
+            if k % 3 == 1:
+                kw.update(uncond=self.unc, cfg=3.0 + k)
+            if k % 3 == 2:
+                kw.update(sde=True, eta=0.5, return_log_probs=True)
+            reqs.append(kw)
+        with reel.Client(self.cluster.ce, timeout=60) as c:
+            flying, most, seen = set(), [0], []
+            real_send, real_recv = c._send_gen, c._recv_live
+
+            def send(rid, *a):
+                flying.add(rid)
+                most[0] = max(most[0], len(flying))
+                real_send(rid, *a)
+
+            def recv(*a, **k):
+                got = real_recv(*a, **k)
+                flying.discard(got[0])
+                return got
+
+            c._send_gen, c._recv_live = send, recv
+            out = c.gen_many(reqs, window=3, progress=lambda done, total: seen.append((done, total)))
+        self.assertEqual(most[0], 3, "at most window=3 in flight, and the window filled")
+        total = sum(r["steps"] for r in reqs)
+        self.assertEqual(seen[-1], (total, total))
+        self.assertEqual([d for d, _ in seen], sorted(d for d, _ in seen), "progress never goes back")
+        self.assertEqual(len(out), len(reqs))
+        for k, (kw, r) in enumerate(zip(reqs, out)):
+            kw = dict(kw)
+            one = self.c.gen(kw.pop("model"), **kw)
+            self.assertTrue(np.array_equal(r.latent, one.latent), f"request {k}: latent")
+            if kw.get("sde"):
+                self.assertTrue(np.array_equal(r.log_probs, one.log_probs), f"request {k}: log-probs")
+        self.assertEqual(self.c.gen_many([]), [])
+
+    def test_gen_many_checks_every_request_first_and_a_requests_error_names_its_index(self):
+        good = dict(model="tiny", context=self.ctx, latent_shape=(4, 1, 4, 4), steps=1, seed=3)
+        with self.assertRaisesRegex(ValueError, r"requests\[1\]"):
+            self.c.gen_many([good, dict(good, steps=0)])
+        with self.assertRaisesRegex(TypeError, r"requests\[0\] has no model"):
+            self.c.gen_many([dict(context=self.ctx, steps=1, latent_shape=(4, 1, 4, 4))])
+        with self.assertRaisesRegex(TypeError, "gen_many"):
+            self.c.gen_many([dict(good, timeout=5)])
+        for bad in (good, "tiny", 3):
+            with self.assertRaises(TypeError):
+                self.c.gen_many(bad)
+        with self.assertRaises(ValueError):
+            self.c.gen_many([good], window=0)
+        bad = dict(good, context=rand((5, 7), 1))  # a context of the wrong width: the broker's bad_request
+        with self.assertRaises(reel.ReelError) as e:
+            self.c.gen_many([good, bad, good])
+        self.assertEqual((e.exception.code, e.exception.index), ("bad_request", 1))
+        out = self.c.gen_many([good, bad, dict(good, seed=4)], return_exceptions=True)
+        self.assertIsInstance(out[1], reel.ReelError)
+        self.assertEqual((out[1].code, out[1].index), ("bad_request", 1))
+        self.assertTrue(np.array_equal(out[0].latent, self.c.gen(**dict(good)).latent))
+        self.assertFalse(np.array_equal(out[0].latent, out[2].latent))
+        # a request past its timeout: its ReelTimeout in its place (and cancelled), the others answered
+        long = dict(good, latent_shape=(4, 4, 16, 16), uncond=self.unc, cfg=2.0, steps=10000)
+        out = self.c.gen_many([long, good], timeout=3, return_exceptions=True)
+        self.assertIsInstance(out[0], reel.ReelTimeout)
+        self.assertEqual(out[0].index, 0)
+        self.assertTrue(np.array_equal(out[1].latent, self.c.gen(**dict(good)).latent))
+        with self.assertRaises(reel.ReelTimeout) as e:
+            self.c.gen_many([good, long], timeout=3)
+        self.assertEqual(e.exception.index, 1)
+
     def test_gen_group_raises_the_error_of_a_bad_sample(self):
         for batched in (True, False):
             with self.assertRaises(reel.ReelError) as e:
@@ -1329,6 +1400,79 @@ class BusyTests(unittest.TestCase):
                 for t in ts:
                     t.join(120)
                 self.assertEqual(sorted(outcomes), ["busy", "busy", "busy", "ok", "ok"], outcomes)
+            finally:
+                cl.stop()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class GenManyBusyTests(unittest.TestCase):
+    """gen_many against a broker with one slot and one place in its queue:
+    what is answered BUSY goes again after another answer; with nothing
+    of the call in flight, BUSY is raised (or put in each place)."""
+
+    def test_busy_requests_go_again_and_busy_with_nothing_in_flight_is_raised(self):
+        d = tempfile.mkdtemp(prefix="reel-py-many-")
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "1", "--out", w)
+            cl = Cluster(d, w, broker_flags=("--queue-max", "1"), worker_flags=("--max-inflight", "1"))
+            try:
+                reqs = [dict(model="tiny", context=rand((5, 32), 60 + k), latent_shape=(4, 1, 4, 4), steps=30,
+                             seed=k) for k in range(5)]
+                with reel.Client(cl.ce, timeout=120) as c:
+                    busy, real = [], c._recv_live
+
+                    def recv(*a, **k):
+                        try:
+                            return real(*a, **k)
+                        except reel.BusyError as e:
+                            busy.append(e.request_id)
+                            raise
+
+                    c._recv_live = recv
+                    out = c.gen_many(reqs, window=5)  # one runs, one waits: at least three answered BUSY at first
+                    self.assertGreaterEqual(len(busy), 3, busy)
+                    for k, r in enumerate(out):
+                        kw = dict(reqs[k])
+                        self.assertTrue(np.array_equal(r.latent, c.gen(kw.pop("model"), **kw).latent), k)
+
+                    # Another client's long GENs hold the slot and the place in the queue:
+                    # nothing of gen_many's can be in flight, so BUSY is its answer.
+                    stop, ended = threading.Event(), []
+
+                    def hold():
+                        def check(step, steps):
+                            if stop.is_set():
+                                raise RuntimeError("stop")
+                        with reel.Client(cl.ce, timeout=120) as h:
+                            try:
+                                h.gen("tiny", rand((5, 32), 1), latent_shape=(4, 1, 4, 4), steps=10000,
+                                      deadline_ms=120000, progress=check)
+                            except RuntimeError:
+                                ended.append(1)
+
+                    ts = [threading.Thread(target=hold) for _ in range(2)]
+                    for t in ts:
+                        t.start()
+                    try:
+                        end = time.monotonic() + 60
+                        while time.monotonic() < end:
+                            st = c.status()
+                            if st.get("queue") == 1 and sum(x.get("inflight", 0) for x in st["workers"]) == 1:
+                                break
+                            time.sleep(0.02)
+                        with self.assertRaises(reel.BusyError) as e:
+                            c.gen_many(reqs[:3])
+                        self.assertIn(e.exception.index, (0, 1, 2))  # the last of them answered
+                        out = c.gen_many(reqs[:3], return_exceptions=True)
+                        self.assertTrue(all(isinstance(x, reel.BusyError) for x in out), out)
+                        self.assertEqual([x.index for x in out], [0, 1, 2])
+                    finally:
+                        stop.set()
+                        for t in ts:
+                            t.join(120)
+                    self.assertEqual(len(ended), 2)
             finally:
                 cl.stop()
         finally:
@@ -2731,6 +2875,7 @@ def main():
     suite.addTests(loader.loadTestsFromTestCase(NoBrokerTests))
     suite.addTests(loader.loadTestsFromTestCase(IdleClientTests))
     suite.addTests(loader.loadTestsFromTestCase(BusyTests))
+    suite.addTests(loader.loadTestsFromTestCase(GenManyBusyTests))
     suite.addTests(loader.loadTestsFromTestCase(BatchingTests))
     suite.addTests(loader.loadTestsFromTestCase(PrewarmTests))
     suite.addTests(loader.loadTestsFromTestCase(BrokerRestartTests))
