@@ -1492,7 +1492,9 @@ class Client:
         as BusyError (with return_exceptions, a BusyError takes its place
         and the place of each request not sent yet). timeout: the seconds each request may wait for its
         answer after it was sent (default: as gen()'s). progress(done,
-        total): the steps done of all the requests' steps.
+        total): the steps done of all the requests' steps; called in this
+        thread, inside the call (a call of this Client from it raises
+        RuntimeError).
 
         A request's ERROR (or its timeout) raises that ReelError, with
         .index the request's place in the list, and cancels the requests
@@ -1610,7 +1612,14 @@ class Client:
                     settle(rid, self._gen_result(rid, hdr, out, msgs[i][0]["steps"], msgs[i][2], t0[rid]))
                     done[i] = msgs[i][0]["steps"]
                     if progress:
-                        progress(sum(done), total)
+                        # as from inside the receive loop: a call of this Client
+                        # from it raises RuntimeError (_call), for this call's
+                        # replies still come on this socket
+                        self._in_progress = True
+                        try:
+                            progress(sum(done), total)
+                        finally:
+                            self._in_progress = False
                 send_more()
         except BaseException as e:
             self._cancel_after(e, list(sent))

@@ -688,6 +688,31 @@ print(json.dumps([len(cs), out]))
         self.assertTrue(np.array_equal(r.latent, self.reference(self.w1, 3)))
         self.assertIn("workers", self.c.status())  # after the call, calls run again
 
+    def test_gen_many_refuses_a_call_from_its_progress_callback_after_a_result_too_and_still_returns_every_result(
+            self):
+        """gen_many reports progress both from its receive loop (PROGRESS)
+        and after each RESULT; a call of the same Client from either is
+        refused: run there it read, and dropped, the round's later replies
+        (the round then ended in ReelTimeout)."""
+        reqs = [dict(model="tiny", context=rand((5, 32), 90 + k), latent_shape=(4, 1, 4, 4), steps=2, seed=k)
+                for k in range(3)]
+        ran, refused = [], []
+
+        def progress(done, total):
+            try:
+                self.c.status(timeout=5)
+                ran.append(done)
+            except RuntimeError as e:
+                refused.append(str(e))
+
+        out = self.c.gen_many(reqs, window=3, progress=progress, timeout=20)
+        self.assertEqual(ran, [], "a call from the progress callback ran on the round's socket")
+        self.assertGreaterEqual(len(refused), 3, "at least one progress call per RESULT")  # (and per PROGRESS)
+        self.assertIn("from inside its own progress callback", refused[-1])
+        for k, r in enumerate(out):
+            kw = dict(reqs[k])
+            self.assertTrue(np.array_equal(r.latent, self.c.gen(kw.pop("model"), **kw).latent), k)
+
     def test_unknown_model_raises_no_worker_or_timeout_at_the_deadline(self):
         with self.assertRaises(reel.ReelError) as e:
             self.c.gen("nosuchmodel", self.ctx, latent=self.lat, steps=2, deadline_ms=300)
