@@ -1492,9 +1492,10 @@ class Client:
         as BusyError (with return_exceptions, a BusyError takes its place
         and the place of each request not sent yet). timeout: the seconds each request may wait for its
         answer after it was sent (default: as gen()'s). progress(done,
-        total): the steps done of all the requests' steps; called in this
-        thread, inside the call (a call of this Client from it raises
-        RuntimeError).
+        total): what is done of all the requests, counted as gen()'s
+        progress counts each (its steps, then a decoded output's latent
+        frames); called in this thread, inside the call (a call of this
+        Client from it raises RuntimeError).
 
         A request's ERROR (or its timeout) raises that ReelError, with
         .index the request's place in the list, and cancels the requests
@@ -1527,15 +1528,20 @@ class Client:
             wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
             msgs.append((fields, tensors, torch_out, wait))
         results = [None] * len(msgs)
-        total = sum(m[0]["steps"] for m in msgs)
-        done = [0] * len(msgs)  # steps done, per request
+        # Each request's count as its PROGRESS reports it (gen()'s): its
+        # steps, then for a decoded output its latent frames (the VAE's).
+        of = [m[0]["steps"] + (m[0]["latent_shape"][1] if m[0].get("output", "latent") != "latent" else 0)
+              for m in msgs]
+        total = sum(of)
+        done = [0] * len(msgs)  # counted so far, per request (never past its own: the sum never passes total)
         index, sent, due, t0 = {}, {}, {}, {}  # rid -> request index, message, deadline, send time
         todo, held = list(range(len(msgs))), []  # not sent yet; answered BUSY, to go after another answer
         st = None
 
         def each(rid, step, steps):
             if rid in index:
-                done[index[rid]] = max(done[index[rid]], step)
+                i = index[rid]
+                done[i] = max(done[i], min(step, of[i]))
                 progress(sum(done), total)
 
         def send_more():
@@ -1610,7 +1616,7 @@ class Client:
                 else:
                     i = index[rid]
                     settle(rid, self._gen_result(rid, hdr, out, msgs[i][0]["steps"], msgs[i][2], t0[rid]))
-                    done[i] = msgs[i][0]["steps"]
+                    done[i] = of[i]
                     if progress:
                         # as from inside the receive loop: a call of this Client
                         # from it raises RuntimeError (_call), for this call's

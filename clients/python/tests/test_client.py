@@ -2446,6 +2446,21 @@ class PromptTests(unittest.TestCase):
                    progress=lambda step, steps: seen.append((step, steps)))
         self.assertEqual(seen[-1], (3, 3), "a latent output reports the steps only")
 
+    def test_gen_many_progress_counts_each_decodes_latent_frames_and_never_passes_or_goes_back_from_its_total(self):
+        """gen_many's total counts a decoded output's latent frames as
+        gen()'s progress does (the decode's PROGRESS counts past the
+        steps): before, the total was the steps alone, the count passed it
+        during a decode and went back at the RESULT."""
+        reqs = [dict(model="tinyt", prompt="a red car at night", steps=3, seed=2, latent_shape=(4, 3, 8, 8),
+                     output="frames"),
+                dict(model="tinyt", prompt="a red car at night", steps=2, seed=3, latent_shape=(4, 3, 8, 8))]
+        seen = []
+        out = self.c.gen_many(reqs, window=1, progress=lambda done, total: seen.append((done, total)))
+        self.assertEqual({t for _, t in seen}, {3 + 3 + 2}, f"one total, the decode's frames in it: {seen}")
+        self.assertEqual([d for d, _ in seen], sorted(d for d, _ in seen), f"progress went back: {seen}")
+        self.assertEqual(seen[-1], (8, 8))
+        self.assertEqual(out[0].frames.shape, (9, 64, 64, 3))
+
     def test_a_group_of_one_prompt_returns_each_samples_frames(self):
         rs = self.c.gen_group("tinyt", prompt="a cat on a skateboard", n=2, seeds=[5, 6], steps=3,
                               latent_shape=(4, 2, 8, 8), output="frames")
