@@ -155,9 +155,43 @@ static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync
     return 0;
 }
 
+/* The full SYNC adapter SYNC a is on, as the broker holds it now (the
+ * component's current version, or the base its current adapter keeps),
+ * with its broker id in *id; NULL when a is no adapter or the broker
+ * holds no SYNC of its base. */
+static const msg_sync_t *held_base(const brk_t *b, const msg_sync_t *a, uint64_t *id) {
+    const brk_current_t *c = a->base_version ? find_current(b, a->component) : NULL;
+    if (!c) return NULL;
+    if (c->sync && !c->sync->base_version && c->version == a->base_version) {
+        *id = c->sync_id;
+        return c->sync;
+    }
+    if (c->base && c->base->version == a->base_version) {
+        *id = c->base_id;
+        return c->base;
+    }
+    return NULL;
+}
+
+/* sync_send of s, an adapter's base first when w neither runs it nor was
+ * sent it on this session: the worker applies SYNCs in order, and
+ * refuses an adapter on a base it does not run. -1 (s not sent) when the
+ * base's send failed. */
+static int sync_send_on_base(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
+    const brk_wsync_t *ws = wsync_of(w, s->component);
+    uint64_t base_id = 0;
+    const msg_sync_t *base = brk_peer_version(&w->route, s->component) < s->base_version &&
+                                     !(ws && ws->sent >= s->base_version)
+                                 ? held_base(b, s, &base_id)
+                                 : NULL;
+    if (base && sync_send(b, w, base_id, base) != 0) return -1;
+    return sync_send(b, w, sync_id, s);
+}
+
 /* Only what w was never sent: a version it failed is sent again when it
  * reconnects (READY: a new registration) or when the trainer resends it,
- * not each time it speaks, which would retry a broken file in a loop. */
+ * not each time it speaks, which would retry a broken file in a loop. An
+ * adapter on a base w does not run goes after its base (sync_send_on_base). */
 void brk_catch_up(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < b->n_cur && w->route.routable; i++) {
         const brk_current_t *c = &b->cur[i];
@@ -165,12 +199,7 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
         const brk_wsync_t *ws = wsync_of(w, c->component);
         uint64_t at = brk_peer_version(&w->route, c->component);
         if (c->version <= at || (ws && c->version <= ws->sent)) continue;
-        /* An adapter on a base this worker does not run: the base first
-         * (the worker applies SYNCs in order), or it refuses the adapter. */
-        if (c->sync->base_version && at < c->sync->base_version && c->base &&
-            !(ws && ws->sent >= c->base->version) && sync_send(b, w, c->base_id, c->base) != 0)
-            continue;
-        sync_send(b, w, c->sync_id, c->sync);
+        sync_send_on_base(b, w, c->sync_id, c->sync);
     }
 }
 
@@ -272,7 +301,8 @@ static void resend_waiting(brk_t *b, brk_worker_t *w, bool all) {
             mb->undelivered = true; /* until the catch-up's newer SYNC goes (deliveries_noted) */
         } else if (ws_covers(w, s)) {
             mb->undelivered = false; /* a newer SYNC sent just before covers it: its ok acks this one */
-        } else if (sync_send(b, w, s->sync_id, sync) != 0) {
+        } else if (sync_send_on_base(b, w, s->sync_id, sync) != 0) {
+            /* (an adapter's base first: it may have missed the base's catch-up while away) */
             undelivered(s, mb, all ? "after it registered again" : "after it spoke again");
         } else {
             mb->undelivered = false;

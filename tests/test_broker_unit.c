@@ -1403,6 +1403,65 @@ START_TEST(test_a_worker_joining_below_the_current_adapters_base_is_sent_the_bas
 }
 END_TEST
 
+/* A worker unreachable while a full version became current and while an
+ * adapter on it was synced (both barriers wait for it, undelivered) comes
+ * back, by speaking or by registering again at its startup v1: it is
+ * sent the base's full SYNC first, then the adapter, and applies both in
+ * order; both syncs complete. Sent the adapter alone (first), it refused
+ * it (its base is v1), and the base was never sent after (the adapter's
+ * version counted as sent): the base's barrier ran to its deadline. */
+START_TEST(test_a_worker_back_after_missing_a_base_and_its_adapter_is_sent_the_base_first) {
+    for (int by_ready = 0; by_ready < 2; by_ready++) {
+        box_t x;
+        box_open(&x);
+        ready(&x, 0, 1);
+        ready(&x, 1, 1);
+        brk_worker_unreachable(brk_worker_named(&x.b, "w1"), "HEARTBEAT");
+        trainer_sync(&x, 1, 2, SHA_A); /* v2 full */
+        expect_sync(&x, 0, 2);
+        ack(&x, 0, 2, NULL);
+        trainer_sync_adapter(&x, 2, 3, 2, SHA_B); /* v3: an adapter on v2 */
+        expect_sync(&x, 0, 3);
+        ack(&x, 0, 3, NULL);
+        ck_assert_uint_eq(brk_current_version(&x.b, "transformer"), 3);
+        ck_assert(!has_msg(x.trainer, "SYNC_DONE")); /* both wait for w1 */
+        TS_OK(brk_check(&x.b));
+        if (by_ready) ready(&x, 1, 1);
+        else from_worker(&x, 1, wire_hdr("HEARTBEAT", 0)); /* reachable again */
+        wire_msg_t *m = take(x.w[1], false);
+        uint64_t v = 0, base = 0;
+        ck_assert_str_eq(m->type, "SYNC");
+        ck_assert(wv_get_u64(m->hdr, "version", &v));
+        ck_assert_msg(v == 2, "by_ready %d: the first SYNC to w1 is v%llu, not its base v2", by_ready,
+                      (unsigned long long)v);
+        ck_assert(!wv_get_u64(m->hdr, "base_version", &base) || base == 0);
+        drop_msg(&m);
+        m = take(x.w[1], false);
+        ck_assert(wv_get_u64(m->hdr, "version", &v) && wv_get_u64(m->hdr, "base_version", &base));
+        ck_assert_uint_eq(v, 3);
+        ck_assert_uint_eq(base, 2);
+        drop_msg(&m);
+        ck_assert(!has_msg(x.w[1], "SYNC"));
+        TS_OK(brk_check(&x.b));
+        ack(&x, 1, 2, NULL);
+        ack(&x, 1, 3, NULL);
+        bool answered[3] = { false };
+        for (int k = 0; k < 2; k++) {
+            wire_msg_t *d = answer(&x);
+            ck_assert_msg(done_complete(d), "by_ready %d: sync id %llu not complete", by_ready,
+                          (unsigned long long)d->id);
+            ck_assert_uint_le(d->id, 2);
+            answered[d->id] = true;
+            drop_msg(&d);
+        }
+        ck_assert(answered[1] && answered[2]);
+        ck_assert_ptr_null(x.b.barriers);
+        TS_OK(brk_check(&x.b));
+        box_close(&x);
+    }
+}
+END_TEST
+
 /* A sync that ran out of time with no worker done (a drain longer than
  * its deadline) fails, but its workers still hold the SYNC: the late ok of
  * one makes it current then (as a restart's interrupted sync), and a
@@ -4822,6 +4881,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again);
     tcase_add_test(sy, test_a_sync_a_worker_could_not_be_sent_waits_for_it_to_come_back_and_fails_only_at_its_loss_or_deadline);
     tcase_add_test(sy, test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first);
+    tcase_add_test(sy, test_a_worker_back_after_missing_a_base_and_its_adapter_is_sent_the_base_first);
     tcase_add_test(sy, test_a_late_ok_after_a_failed_deadline_makes_the_version_current);
     tcase_add_test(sy, test_a_sync_not_newer_for_another_component_inline_or_without_a_path_is_refused_with_its_code);
     suite_add_tcase(s, sy);
