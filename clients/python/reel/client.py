@@ -1253,11 +1253,16 @@ class Client:
     def _cancel(self, rids):
         """A CANCEL for each GEN of rids (docs/PROTOCOL.md "Cancelling"),
         never waiting: no reply of its own; the GEN's ERROR cancelled that
-        follows is a late reply to an earlier call, which later calls drop."""
+        follows is a late reply to an earlier call, which later calls drop.
+        Nothing without a socket (a move to another broker that could not
+        make one: its OSError is what the call raises)."""
+        sock = self._sock
+        if sock is None:
+            return
         for rid in rids:
             hdr = {"proto": PROTO, "type": "CANCEL", "id": rid, "client": format(self._token, "016x")}
             try:
-                self._sock.send(msgpack.packb(hdr, use_bin_type=True), zmq.NOBLOCK)
+                sock.send(msgpack.packb(hdr, use_bin_type=True), zmq.NOBLOCK)
                 self._cancelled = True
             except zmq.ZMQError:
                 pass  # no connection: the broker's deadline ends it

@@ -1240,6 +1240,36 @@ class NoBrokerTests(unittest.TestCase):
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
+    def test_a_move_to_the_other_broker_that_cannot_make_its_socket_raises_the_oserror_emfile(self):
+        """A standby pair's client that goes silent moves to the other
+        broker on a new socket; when the process has no socket left for
+        it, the call raises the OSError EMFILE naming the limit (the error
+        the client promises), not the AttributeError its cancelling of the
+        GEN on the socket it no longer had raised over it; the next call
+        opens a socket again."""
+        d = tempfile.mkdtemp(prefix="reel-py-nomove-")
+        try:
+            eps = f"ipc://{d}/a,ipc://{d}/b"
+            real = reel.client._new_socket
+            made = []
+
+            def first_only(ctx, kind):  # the first socket, then none: EMFILE as _new_socket raises it
+                if made:
+                    raise OSError(errno.EMFILE, "no socket left (test)")
+                made.append(kind)
+                return real(ctx, kind)
+
+            with reel.Client(eps, timeout=5, liveness=0.1) as c:
+                with mock.patch.object(reel.client, "_new_socket", side_effect=first_only):
+                    with self.assertRaises(OSError) as e:
+                        c.gen("tiny", rand((5, 32), 1), latent_shape=(4, 1, 4, 4), steps=1)
+                self.assertEqual(e.exception.errno, errno.EMFILE, repr(e.exception))
+                self.assertEqual(c.switches, 1)
+                with self.assertRaises(reel.ReelTimeout):  # a socket again, nothing listening
+                    c.status(timeout=0.5)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
 
 class HangUp:
     """A TCP port that accepts every connection and closes it at once: a
