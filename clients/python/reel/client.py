@@ -1493,7 +1493,10 @@ class Client:
 
         A request answered BUSY (the broker's queue or held bytes full,
         nothing started) goes again, as a new GEN, once another of this
-        call's is answered; with none of them left in flight it is raised
+        call's is answered; after a BUSY, no more are in flight than the
+        broker then held, and one more with each answer, up to window (a
+        full queue is not asked again and again). With none of this call's
+        left in flight it is raised
         as BusyError (with return_exceptions, a BusyError takes its place
         and the place of each request not sent yet). timeout: the seconds each request may wait for its
         answer after it was sent (default: as gen()'s). progress(done,
@@ -1541,6 +1544,10 @@ class Client:
         done = [0] * len(msgs)  # counted so far, per request (never past its own: the sum never passes total)
         index, sent, due, t0 = {}, {}, {}, {}  # rid -> request index, message, deadline, send time
         todo, held = list(range(len(msgs))), []  # not sent yet; answered BUSY, to go after another answer
+        # In flight at most: window, down to what was in flight when a BUSY
+        # came (the broker holds no more of this call now), one more with
+        # each answer after it: a full queue is not asked again and again.
+        limit = window
         st = None
 
         def each(rid, step, steps):
@@ -1553,7 +1560,7 @@ class Client:
             nonlocal st
             todo[:0], held[:] = held, []  # the BUSY ones go again first
             batch = {}
-            while todo and len(sent) + len(batch) < window:
+            while todo and len(sent) + len(batch) < limit:
                 i = todo.pop(0)
                 rid = next(self._ids)
                 index[rid] = i
@@ -1568,7 +1575,11 @@ class Client:
                 st = self._sending(batch, by)
                 return
             for rid, (fields, tensors) in batch.items():
-                st["send"](rid, fields, tensors, by)
+                try:
+                    st["send"](rid, fields, tensors, by)
+                except ReelError as e:  # it could not go by its timeout
+                    e.index = index[rid]
+                    raise
 
         def settle(rid, value):
             i = index.pop(rid)
@@ -1587,6 +1598,7 @@ class Client:
                         raise
                     i = settle(e.request_id, None)
                     held.append(i)
+                    limit = max(1, len(sent))
                     if sent:
                         continue  # it goes again once another of this call's is answered
                     # none of this call's in flight: the queue is full of others'
@@ -1604,6 +1616,8 @@ class Client:
                     now = time.monotonic()
                     late = [r for r in sent if due[r] <= now]
                     e.index = index[late[0]] if late else None
+                    if late:  # (its id was the lowest waited for, or a liveness STATUS's)
+                        e.request_id = late[0]
                     if not return_exceptions or not late:
                         raise
                     self._cancel(late)
@@ -1622,6 +1636,7 @@ class Client:
                     i = index[rid]
                     settle(rid, self._gen_result(rid, hdr, out, msgs[i][0]["steps"], msgs[i][2], t0[rid]))
                     done[i] = of[i]
+                    limit = min(window, limit + 1)
                     if progress:
                         # as from inside the receive loop: a call of this Client
                         # from it raises RuntimeError (_call), for this call's
