@@ -555,6 +555,29 @@ def _one_progress(progress):
     return None if progress is None else (lambda rid, step, steps: progress(step, steps))
 
 
+def _group_seeds(n, seeds, seed, latents, kw):
+    """A group's n and its samples' seeds (seeds, else seed + i modulo
+    2^64, as the protocol says), latents checked for one per sample."""
+    n = _uint("n", n, 1, 64)
+    if "latent" in kw:
+        raise TypeError("a group takes latents= (one starting latent per sample, or an [n, C, F, H, W] "
+                        "array), not latent=")
+    if seeds is not None:
+        if isinstance(seeds, (set, frozenset, dict, str, bytes)) or not hasattr(seeds, "__len__"):
+            raise TypeError(f"seeds must be a sequence of n integers (a list, tuple or array), got "
+                            f"{type(seeds).__name__}")
+        if len(seeds) != n:
+            raise ValueError(f"seeds must give one seed per sample: {len(seeds)} for n={n}")
+        seeds = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
+    else:
+        base = _uint("seed", seed)
+        seeds = [(base + i) % (1 << 64) for i in range(n)]
+    if latents is not None and (isinstance(latents, (str, bytes)) or not hasattr(latents, "__len__")
+                                or len(latents) != n):
+        raise ValueError("latents must give one latent per sample")
+    return n, seeds
+
+
 def _call(fn):
     """A public call: one at a time per Client (a call from another thread
     waits for the running one; the client is not for concurrent use), and
@@ -1393,23 +1416,7 @@ class Client:
         workers' streams run them side by side); it raises the first
         sample's ReelError (or BusyError) that comes back, and cancels the
         samples still running (as gen cancels on its timeout)."""
-        n = _uint("n", n, 1, 64)
-        if "latent" in kw:
-            raise TypeError("gen_group takes latents= (one starting latent per sample, or an [n, C, F, H, W] "
-                            "array), not latent=")
-        if seeds is not None:
-            if isinstance(seeds, (set, frozenset, dict, str, bytes)) or not hasattr(seeds, "__len__"):
-                raise TypeError(f"seeds must be a sequence of n integers (a list, tuple or array), got "
-                                f"{type(seeds).__name__}")
-            if len(seeds) != n:
-                raise ValueError(f"seeds must give one seed per sample: {len(seeds)} for n={n}")
-            seeds = [_uint("seeds[%d]" % i, x) for i, x in enumerate(seeds)]
-        else:
-            base = _uint("seed", seed)
-            seeds = [(base + i) % (1 << 64) for i in range(n)]  # seed + i modulo 2^64, as the protocol says
-        if latents is not None and (isinstance(latents, (str, bytes)) or not hasattr(latents, "__len__")
-                                    or len(latents) != n):
-            raise ValueError("latents must give one latent per sample")
+        n, seeds = _group_seeds(n, seeds, seed, latents, kw)
         if steps is not _DEFAULT:  # not given: gen()'s rule (a prompt's default 50; required with a context)
             steps = _uint("steps", steps)
         batched = _flag("batched", batched)
@@ -1420,28 +1427,14 @@ class Client:
         torch_latents = latents is not None and (_is_torch(latents) or any(_is_torch(x) for x in latents))
         t0 = time.monotonic()
         if batched:
-            lat = None
-            if latents is not None:
-                rows = [_f32("latents[%d]" % i, x, 4) for i, x in enumerate(latents)]
-                if any(r.shape != rows[0].shape for r in rows):
-                    raise ValueError("latents must share one shape, got " + ", ".join(str(r.shape) for r in rows))
-                lat = np.stack(rows) if n > 1 else rows[0]
-            fields, tensors, torch_out = self._gen_message(
-                model, context, steps=steps, latent_shape=latent_shape, latent=lat, seed=seeds[0],
-                deadline_ms=deadline_ms, progress=progress is not None, n=n, seeds=seeds, **kw)
-            steps = fields["steps"]  # a prompt's default, when not given
-            torch_out = torch_out or torch_latents
+            fields, tensors, torch_out = self._group_message(
+                model, context, n, seeds, latents, steps=steps, latent_shape=latent_shape, deadline_ms=deadline_ms,
+                progress=progress is not None, **kw)
             rid = next(self._ids)
             sent = {rid: (fields, tensors)}
             st = self._sending(sent, t0 + wait)
             _, hdr, out = self._recv_gens({rid}, t0 + wait, sent, st, _one_progress(progress))
-            if n == 1:  # a plain GEN: a plain RESULT
-                one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
-                one.seed = seeds[0]
-                return [one]
-            if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
-                raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
-            return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
+            return self._group_results(rid, hdr, out, fields, seeds, torch_out, t0)
         order, torch_out, sent = {}, torch_latents, {}
         for i in range(n):
             fields, tensors, torch_one = self._gen_message(
@@ -1475,14 +1468,18 @@ class Client:
 
     @_call
     def gen_many(self, requests, *, window=16, timeout=None, progress=None, return_exceptions=False):
-        """Many single GENs on this one connection, each with arguments of
-        its own (a trainer's round: other prompts or contexts, seeds,
-        guidance scales, step counts): requests is a sequence of dicts of
-        gen()'s keyword arguments, `model` required, `progress` and
-        `timeout` not (they are this call's). Returns their GenResults in
-        the order given, each bitwise what gen() with the same arguments
-        returns. Every request is checked before any is sent (a bad one
-        raises TypeError or ValueError naming its index).
+        """Many GENs on this one connection, each with arguments of its
+        own (a trainer's round: other prompts or contexts, seeds, guidance
+        scales, step counts): requests is a sequence of dicts of gen()'s
+        keyword arguments, `model` required, `progress` and `timeout` not
+        (they are this call's). Returns their GenResults in the order
+        given, each bitwise what gen() with the same arguments returns. A
+        dict with `n` is a group, as gen_group(batched=True) takes it (n,
+        seeds or seed, latents: one GEN, its samples run as batched steps):
+        its place holds the list of its n GenResults, each with .seed (a
+        Flow-GRPO round of B prompts x G samples is B such dicts). Every
+        request is checked before any is sent (a bad one raises TypeError
+        or ValueError naming its index).
 
         window: at most that many are in flight at once (sent, not yet
         answered; 1..1024); the next goes as one is answered, so a round of
@@ -1515,7 +1512,7 @@ class Client:
                             f"{type(requests).__name__}")
         window = _uint("window", window, 1, 1024)
         return_exceptions = _flag("return_exceptions", return_exceptions)
-        msgs = []  # per request: (fields, tensors, torch_out, wait)
+        msgs = []  # per request: (fields, tensors, torch_out, wait, a group's seeds or None)
         for i, req in enumerate(requests):
             if not isinstance(req, dict):
                 raise TypeError(f"requests[{i}] must be a dict of gen()'s arguments, got {type(req).__name__}")
@@ -1525,16 +1522,26 @@ class Client:
                     raise TypeError(f"requests[{i}]: {name} is gen_many()'s own argument, not a request's")
             if "model" not in kw:
                 raise TypeError(f"requests[{i}] has no model")
+            if "batched" in kw:
+                raise TypeError(f"requests[{i}]: batched is gen_group()'s; here a group (n) is one batched GEN, "
+                                "and separate GENs are separate requests")
             model, context = kw.pop("model"), kw.pop("context", None)
+            seeds = None
             try:
-                fields, tensors, torch_out = self._gen_message(model, context, progress=progress is not None,
-                                                               **kw)
+                if "n" in kw:
+                    n, seeds = _group_seeds(kw.pop("n"), kw.pop("seeds", None), kw.pop("seed", 0),
+                                            kw.get("latents"), kw)
+                    fields, tensors, torch_out = self._group_message(model, context, n, seeds, kw.pop("latents", None),
+                                                                     progress=progress is not None, **kw)
+                else:
+                    fields, tensors, torch_out = self._gen_message(model, context, progress=progress is not None,
+                                                                   **kw)
             except TypeError as e:
                 raise TypeError(f"requests[{i}]: {e}") from None
             except ValueError as e:
                 raise ValueError(f"requests[{i}]: {e}") from None
             wait = _wait("timeout", timeout, max(self.timeout, (fields.get("deadline_ms") or 60000) / 1000 + 5))
-            msgs.append((fields, tensors, torch_out, wait))
+            msgs.append((fields, tensors, torch_out, wait, seeds))
         results = [None] * len(msgs)
         # Each request's count as its PROGRESS reports it (gen()'s): its
         # steps, then for a decoded output its latent frames (the VAE's).
@@ -1634,7 +1641,9 @@ class Client:
                         raise
                 else:
                     i = index[rid]
-                    settle(rid, self._gen_result(rid, hdr, out, msgs[i][0]["steps"], msgs[i][2], t0[rid]))
+                    fields, _, torch_out, _, seeds = msgs[i]
+                    settle(rid, self._gen_result(rid, hdr, out, fields["steps"], torch_out, t0[rid]) if seeds is None
+                           else self._group_results(rid, hdr, out, fields, seeds, torch_out, t0[rid]))
                     done[i] = of[i]
                     limit = min(window, limit + 1)
                     if progress:
@@ -1651,6 +1660,31 @@ class Client:
             self._cancel_after(e, list(sent))
             raise
         return results
+
+    def _group_message(self, model, context, n, seeds, latents, **kw):
+        """The one GEN of a group (n, seeds as _group_seeds gives them):
+        its fields, tensors and whether the caller uses torch."""
+        lat = None
+        if latents is not None:
+            rows = [_f32("latents[%d]" % i, x, 4) for i, x in enumerate(latents)]
+            if any(r.shape != rows[0].shape for r in rows):
+                raise ValueError("latents must share one shape, got " + ", ".join(str(r.shape) for r in rows))
+            lat = np.stack(rows) if n > 1 else rows[0]
+        fields, tensors, torch_out = self._gen_message(model, context, latent=lat, seed=seeds[0], n=n, seeds=seeds,
+                                                       **kw)
+        torch_latents = latents is not None and (_is_torch(latents) or any(_is_torch(x) for x in latents))
+        return fields, tensors, torch_out or torch_latents
+
+    def _group_results(self, rid, hdr, out, fields, seeds, torch_out, t0):
+        """A group GEN's answer as one GenResult per sample, each with its .seed."""
+        n, steps = len(seeds), fields["steps"]
+        if n == 1:  # a plain GEN: a plain RESULT
+            one = self._gen_result(rid, hdr, out, steps, torch_out, t0)
+            one.seed = seeds[0]
+            return [one]
+        if hdr.get("type") != "RESULT" or "latent" not in out or tuple(out["latent"].shape[:1]) != (n,):
+            raise ReelError("malformed", f"expected a RESULT with {n} latents", rid)
+        return [self._gen_result(rid, hdr, out, steps, torch_out, t0, sample=i) for i in range(n)]
 
     def _gen_result(self, rid, hdr, out, steps, torch_out, t0, sample=None):
         if hdr.get("type") != "RESULT" or "latent" not in out:

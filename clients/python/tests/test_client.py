@@ -531,6 +531,37 @@ print(json.dumps([len(cs), out]))
                 self.assertTrue(np.array_equal(r.log_probs, one.log_probs), f"request {k}: log-probs")
         self.assertEqual(self.c.gen_many([]), [])
 
+    def test_gen_many_takes_groups_each_sample_bitwise_gen_group_beside_single_requests(self):
+        kw = dict(latent_shape=(4, 1, 4, 4), steps=3, shift=3.0, sde=True, eta=0.7, return_log_probs=True)
+        ctxs = [rand((5, 32), 90 + b) for b in range(3)]
+        reqs = [dict(model="tiny", context=ctxs[b], n=3, seed=10 * b, **kw) for b in range(3)]
+        reqs.append(dict(model="tiny", context=self.ctx, seed=5, **kw))  # a single request beside them
+        out = self.c.gen_many(reqs, window=2)
+        self.assertEqual(len(out), 4)
+        for b in range(3):
+            g = self.c.gen_group("tiny", ctxs[b], n=3, seed=10 * b, **kw)
+            self.assertEqual([r.seed for r in out[b]], [10 * b, 10 * b + 1, 10 * b + 2])
+            for k, (a, x) in enumerate(zip(out[b], g)):
+                self.assertTrue(np.array_equal(a.latent, x.latent), f"group {b} sample {k}: latent")
+                self.assertTrue(np.array_equal(a.log_probs, x.log_probs), f"group {b} sample {k}: log-probs")
+        self.assertTrue(np.array_equal(out[3].latent, self.c.gen("tiny", self.ctx, seed=5, **kw).latent))
+        # seeds and latents given; a group of one is a list of one
+        lats = [rand((4, 1, 4, 4), 300 + i) for i in range(2)]
+        out = self.c.gen_many([dict(model="tiny", context=self.ctx, n=2, seeds=[7, 7], latents=lats, steps=2),
+                               dict(model="tiny", context=self.ctx, n=1, seed=4, latent_shape=(4, 1, 4, 4),
+                                    steps=2)])
+        g = self.c.gen_group("tiny", self.ctx, n=2, seeds=[7, 7], latents=lats, steps=2)
+        for a, x in zip(out[0], g):
+            self.assertTrue(np.array_equal(a.latent, x.latent))
+        self.assertEqual((len(out[1]), out[1][0].seed), (1, 4))
+        base = dict(model="tiny", context=self.ctx, steps=1, latent_shape=(4, 1, 4, 4))
+        with self.assertRaisesRegex(TypeError, "batched"):
+            self.c.gen_many([dict(base, n=2, batched=False)])
+        with self.assertRaisesRegex(ValueError, r"requests\[1\]: seeds must give one seed per sample"):
+            self.c.gen_many([base, dict(base, n=2, seeds=[1])])
+        with self.assertRaisesRegex(TypeError, r"requests\[0\]: a group takes latents="):
+            self.c.gen_many([dict(base, n=2, latent=lats[0])])
+
     def test_gen_many_checks_every_request_first_and_a_requests_error_names_its_index(self):
         good = dict(model="tiny", context=self.ctx, latent_shape=(4, 1, 4, 4), steps=1, seed=3)
         with self.assertRaisesRegex(ValueError, r"requests\[1\]"):
