@@ -1,10 +1,11 @@
 """A toy Flow-GRPO loop against a Reel cluster.
 
-Each iteration: a group of G SDE rollouts of one prompt (different seeds)
+Each iteration: a round of groups, G SDE rollouts (different seeds) of
+each of --prompts prompts (or of each --prompt), sent in one gen_many call,
 with their per-step log-probabilities; a reward from each rollout: with
 --prompt, on its decoded frames (the workers encode the text and decode the
 latent with their VAE: output="frames"; the toy reward is how red the video
-is), else on its final latent (closeness to a fixed target); group-normalised advantages; a toy policy
+is), else on its final latent (closeness to a fixed target); advantages normalised within each group; a toy policy
 update (a small perturbation, signed by the advantage-weighted
 log-probability: a stand-in for a real gradient step, which needs autograd)
 of a LoRA adapter on the attention projections (rank --rank, alpha twice
@@ -18,7 +19,7 @@ whether the current version is an adapter, as it is after a LoRA run, so
 rollouts, which must report the new weight version on every step.
 
     python3 grpo_loop.py --broker tcp://127.0.0.1:5555 --weights W.safetensors \\
-        --model small --iters 3 --group 4 [--full]
+        --model small --iters 3 --group 4 [--prompts 2] [--full]
 
 Exit status 0 when every rollout of every iteration ran on the version the
 loop had just published.
@@ -38,14 +39,17 @@ import reel  # noqa: E402
 from reel import safetensors  # noqa: E402
 
 
-def rollout(c, a, context, seed, latent_shape):
-    """A group of SDE rollouts with log-probs: of --prompt with decoded
-    frames, else of a fixed context."""
-    kw = dict(n=a.group, seed=seed, latent_shape=latent_shape, steps=a.steps, shift=3.0, sde=True, eta=0.7,
+def rollout(c, a, contexts, seed, latent_shape):
+    """A round: a group of SDE rollouts with log-probs of each --prompt
+    (with decoded frames), else of each fixed context, all in one gen_many
+    call (group i's seeds from seed + 100 i); a list of groups."""
+    kw = dict(model=a.model, n=a.group, latent_shape=latent_shape, steps=a.steps, shift=3.0, sde=True, eta=0.7,
               return_log_probs=True, deadline_ms=590000)
     if a.prompt:
-        return c.gen_group(a.model, prompt=a.prompt, output="frames", **kw)
-    return c.gen_group(a.model, context, **kw)
+        reqs = [dict(kw, prompt=p, output="frames", seed=seed + 100 * i) for i, p in enumerate(a.prompt)]
+    else:
+        reqs = [dict(kw, context=ctx, seed=seed + 100 * i) for i, ctx in enumerate(contexts)]
+    return c.gen_many(reqs)
 
 
 def reward(r, target):
@@ -75,8 +79,10 @@ def main():
     ap.add_argument("--base", type=int, default=None,
                     help="the full version the workers hold as their base, built from --weights (default: "
                          "publish --weights whole first, as the base)")
-    ap.add_argument("--prompt", default=None,
-                    help="a text prompt (workers with a text encoder and a VAE): the reward is computed on frames")
+    ap.add_argument("--prompts", type=int, default=1, help="groups a round (random contexts)")
+    ap.add_argument("--prompt", action="append", default=None,
+                    help="a text prompt, a group each, may be repeated (workers with a text encoder and a VAE): "
+                         "the reward is computed on frames")
     a = ap.parse_args()
 
     sd, meta = safetensors.load(a.weights)
@@ -85,6 +91,8 @@ def main():
     F, H, W = (int(x) for x in a.latent.split("x"))
     rng = np.random.default_rng(0)
     prompt = rng.standard_normal((8, T)).astype(np.float32)
+    more = np.random.default_rng(1)  # the other groups' contexts (rng's draws stay as they were)
+    contexts = [prompt] + [more.standard_normal((8, T)).astype(np.float32) for _ in range(max(0, a.prompts - 1))]
     target = rng.standard_normal((C, F, H, W)).astype(np.float32)
     wdir = a.weights_dir or tempfile.mkdtemp(prefix="reel-grpo-")
     config = meta.get("config") or {k: meta[k] for k in ("dim", "heads", "layers", "ffn_dim", "in_channels",
@@ -120,23 +128,27 @@ def main():
         if not a.full:
             print(f"grpo: LoRA rank {a.rank} on {len(layers) * len(modules)} Linears, {lora_bytes} bytes a sync "
                   f"({100.0 * lora_bytes / full_bytes:.1f}% of the {full_bytes} of the whole model), on base v{base}")
-        print(f"grpo: model {a.model}, group {a.group}, {a.steps} SDE steps, latent {C}x{a.latent}, "
-              f"publishing from v{version}" + (f", prompt {a.prompt!r}, reward on decoded frames" if a.prompt else ""))
+        groups = len(a.prompt) if a.prompt else len(contexts)
+        print(f"grpo: model {a.model}, {groups} group(s) of {a.group} a round, {a.steps} SDE steps, latent "
+              f"{C}x{a.latent}, publishing from v{version}"
+              + (f", prompts {a.prompt!r}, reward on decoded frames" if a.prompt else ""))
         print(f"{'iter':>4} {'version':>7} {'reward mean':>11} {'reward std':>10} {'log p mean':>10} "
               f"{'replayed':>8} {'seconds':>7}")  # replayed: the group's batched steps served from its graphs
         for it in range(a.iters):
             t0 = time.monotonic()
-            rollouts = rollout(c, a, prompt, 1000 * it, (C, F, H, W))
-            rewards = np.array([reward(r, target) for r in rollouts])
-            adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+            round_ = rollout(c, a, contexts, 1000 * it, (C, F, H, W))
+            per_group = [np.array([reward(r, target) for r in g]) for g in round_]
+            adv = np.concatenate([(g - g.mean()) / (g.std() + 1e-6) for g in per_group])  # GRPO: within each group
+            rewards = np.concatenate(per_group)
+            rollouts = [r for g in round_ for r in g]
             logp = np.array([float(r.log_probs.sum()) for r in rollouts])
             want = version - 1 if it else None
             for r in rollouts:
                 if want is not None and set(r.versions) != {want}:
                     print(f"grpo: a rollout ran on versions {sorted(set(r.versions))}, expected v{want}")
                     ok = False
-            # a group's samples each hold the group's stats (its batched steps): count them once
-            replayed = rollouts[0].replayed
+            # a group's samples each hold the group's stats (its batched steps): count them once a group
+            replayed = sum(g[0].replayed for g in round_)
             print(f"{it:>4} {rollouts[0].version:>7} {rewards.mean():>11.4f} {rewards.std():>10.4f} "
                   f"{logp.mean() / a.steps:>10.4f} {replayed:>8} {time.monotonic() - t0:>7.2f}")
             # The toy update: nudge every weight along a fixed random direction,
@@ -157,8 +169,8 @@ def main():
                   f"{'' if res.complete else '; lagging: ' + str(res.failed)}")
             version += 1
         # One more group: every step must run on the last published version.
-        last = rollout(c, a, prompt, 99, (C, F, H, W))
-        seen = sorted({v for r in last for v in r.versions})
+        last = rollout(c, a, contexts, 99, (C, F, H, W))
+        seen = sorted({v for g in last for r in g for v in r.versions})
         print(f"grpo: the next rollouts ran on {', '.join(f'v{v}' for v in seen)}"
               f" (published last: v{version - 1})")
         ok = ok and seen == [version - 1]

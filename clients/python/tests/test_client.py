@@ -833,8 +833,8 @@ print(json.dumps([len(cs), out]))
     def test_z4_the_grpo_example_publishes_versions_and_its_rollouts_follow_them(self):
         ex = os.path.join(os.path.dirname(HERE), "examples", "grpo_loop.py")
         p = subprocess.run([sys.executable, ex, "--broker", self.cluster.ce, "--weights", self.w2, "--model", "tiny",
-                            "--iters", "2", "--group", "3", "--latent", "1x4x4", "--weights-dir", self.dir,
-                            "--start-version", "10", "--full"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            "--iters", "2", "--group", "3", "--prompts", "2", "--latent", "1x4x4", "--weights-dir",
+                            self.dir, "--start-version", "10", "--full"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            timeout=300)
         out = p.stdout.decode()
         self.assertEqual(p.returncode, 0, out)
