@@ -404,12 +404,27 @@ grep -q "no_worker" "$D/g3.err" && grep -q "peer: .* (0 REQUEST)" "$D/fw.out" &&
 
 echo "== SIGHUP reloads the allowlist: new keys admitted, removed ones no longer heard"
 peer carol "$CE" 1 "$status" >"$D/carol0.out"
+# A long-lived C client with carol's key before it is allowed: reelctl top
+# (one client, a STATUS a call, 5 s each). libzmq never retries a
+# handshake the ZAP handler refused, and the socket keeps no pipe: its
+# second call blocked in a send for ever, and a key added later was never
+# tried again. Now each call says why, and a call on such a socket opens a
+# fresh one: the call after the reload is answered.
+REEL_KEY="$K/carol.key" REEL_BROKER_KEY="$K/broker.pub" timeout -k 5 120 "$R" top --broker "$CE" --interval-ms 100 \
+    >"$D/top.out" 2>&1 &
+top=$!; PIDS="$PIDS $top"
+wait_count "$D/top.out" "timeout: .*the broker refused this client's key at the handshake \(ZAP status 400" 2 60 "$top"
+refused=$?
 cp "$D/later/carol.pub" "$K/"
 kill -HUP "$BROKER"
 wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 60 || bad "reload"
 ask carol "$CE" "$status" >"$D/carol1.out"
 grep -q "peer: 0 messages" "$D/carol0.out" && grep -q "^STATUS_REPLY" "$D/carol1.out" &&
     ok "carol is heard only after her key was added and the broker reloaded" || { bad "carol admitted on reload"; show "$D/carol0.out" "$D/carol1.out"; }
+[ "$refused" = 0 ] && wait_for "$D/top.out" "^queue [0-9]+/[0-9]+" 60 "$top" &&
+    ok "reelctl top with carol's key: each call refused (none blocks), then, once her key is reloaded, answered on a fresh socket" ||
+    { bad "one C client refused, then admitted after the reload"; show "$D/top.out"; }
+stop_proc "$top"
 # carol keeps one connection; each HEARTBEAT on the client socket is
 # answered (unknown_type) while her key is allowed. The key is removed once
 # she has been heard (not after a moment: a busy machine may not have

@@ -11,6 +11,12 @@
  * send again); reel_client_resends and the on_resend hook (silent_ms > 0
  * for silence, 0 for a new boot); a GEN given up on (its timeout) is
  * followed by a CANCEL of its id and token, an answered one by none.
+ * And its sockets ("sockets"): the handshake watch runs only while a call
+ * runs and reads its events as they come (an idle client whose
+ * connection keeps failing, against a TCP port that hangs up every
+ * connection, holds one socket and piles nothing up); a socket whose key
+ * a ZAP handler refused is replaced at the next call, which the handler
+ * then admits.
  *
  * Assertions are on the messages the fake broker receives, never on time.
  * One thing time can do: on a loaded machine a reply of the fake broker
@@ -20,12 +26,19 @@
  * test runs again (at most TRIES times); a resend the rules do not allow
  * (silent_ms 0 where no new boot answered) fails at once. */
 #include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "clients/c/client.h"
+#include "net/keys.h"
 #include "schema/msg.h"
 #include "tests/support.h"
 
@@ -584,6 +597,280 @@ START_TEST(test_liveness_0_sends_no_status_and_never_resends) {
 }
 END_TEST
 
+/* ---- the handshake watch, and sockets dead for good ---------------------------------- */
+
+/* A TCP port that accepts every connection and closes it at once: a
+ * broker that hangs up every handshake (one with keys, to a client
+ * without). Counts them; waits for them (hangup_wait), never sleeps. */
+typedef struct {
+    int fd;
+    char ep[64];
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long accepts;
+} hangup_t;
+
+static void *hangup_main(void *p) {
+    hangup_t *h = p;
+    for (;;) {
+        int s = accept(h->fd, NULL, NULL);
+        if (s < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            return NULL; /* hangup_close shut it */
+        }
+        close(s);
+        pthread_mutex_lock(&h->mu);
+        h->accepts++;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+static void hangup_open(hangup_t *h) {
+    memset(h, 0, sizeof *h);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t n = sizeof a;
+    ck_assert_int_ge(h->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), 0);
+    ck_assert_int_eq(bind(h->fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(h->fd, 512), 0);
+    ck_assert_int_eq(getsockname(h->fd, (struct sockaddr *)&a, &n), 0);
+    snprintf(h->ep, sizeof h->ep, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    ck_assert_int_eq(pthread_create(&h->th, NULL, hangup_main, h), 0);
+}
+
+/* Until n more connections were hung up; false after 60 s without them. */
+static bool hangup_wait(hangup_t *h, long n) {
+    struct timespec by;
+    clock_gettime(CLOCK_REALTIME, &by);
+    by.tv_sec += 60;
+    pthread_mutex_lock(&h->mu);
+    long want = h->accepts + n;
+    while (h->accepts < want && pthread_cond_timedwait(&h->cv, &h->mu, &by) != ETIMEDOUT) {}
+    bool got = h->accepts >= want;
+    pthread_mutex_unlock(&h->mu);
+    return got;
+}
+
+static void hangup_close(hangup_t *h) {
+    shutdown(h->fd, SHUT_RDWR); /* accept() returns: the thread ends */
+    pthread_join(h->th, NULL);
+    close(h->fd);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+}
+
+/* A reel_status run on a thread of its own. */
+typedef struct {
+    reel_client_t *c;
+    int timeout_ms, rc;
+    wire_err_t err;
+    pthread_t th;
+} bg_status_t;
+
+static void *status_main(void *p) {
+    bg_status_t *b = p;
+    reel_status_t *s = NULL;
+    b->rc = reel_status(b->c, &s, b->timeout_ms, &b->err);
+    reel_status_free(&s);
+    return NULL;
+}
+
+/* The client watched its socket's handshakes (libzmq's monitor, for the
+ * hints of a timeout) from its creation until a handshake succeeded, its
+ * event pipe unbounded: idle with a connection that kept failing (3
+ * events a failed handshake; ~20 a second at libzmq's pace), it piled
+ * them up (20,000 failed handshakes: 60,000 events, +7.5 MB). Now the
+ * watch runs only while a call runs: nothing is read or held between
+ * calls, and the next call still says why. */
+START_TEST(test_an_idle_client_whose_handshakes_fail_holds_one_socket_piles_up_nothing_and_its_next_call_says_why) {
+    const char *said = "the broker closed every handshake";
+    hangup_t h;
+    hangup_open(&h);
+    reel_client_t *c;
+    TS_NEW(c = reel_client_new(h.ep));
+    reel_client_sockets_t k;
+    reel_client_sockets(c, &k);
+    ck_assert_int_eq(k.sockets, 0); /* nothing before the first call */
+    reel_status_t *s = NULL;
+    wire_err_t err;
+    ck_assert_int_eq(reel_status(c, &s, 1000, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_TIMEOUT);
+    ck_assert_msg(strstr(err.message, said), "the first call: %s", err.message);
+    reel_client_sockets(c, &k);
+    ck_assert_int_eq(k.sockets, 1); /* the watch ended with the call */
+    const uint64_t seen = k.hs_events;
+    ck_assert_uint_gt(seen, 0);
+    ck_assert_msg(hangup_wait(&h, 30), "the client stopped trying to connect");
+    reel_client_sockets(c, &k);
+    ck_assert_msg(k.sockets == 1, "%d sockets held while idle: a watch whose events pile up", k.sockets);
+    ck_assert_uint_eq(k.hs_events, seen);
+    ck_assert_int_eq(reel_status(c, &s, 1000, &err), -1);
+    ck_assert_str_eq(err.code, WIRE_E_TIMEOUT);
+    ck_assert_msg(strstr(err.message, said), "the next call: %s", err.message);
+    reel_client_sockets(c, &k);
+    ck_assert_uint_gt(k.hs_events, seen); /* read by that call's own watch */
+    ck_assert_int_eq(k.sockets, 1);
+    ck_assert_uint_eq(k.fresh, 0); /* libzmq retries a hang-up itself: the socket is not dead */
+    reel_client_destroy(&c);
+    hangup_close(&h);
+}
+END_TEST
+
+/* A call that waits long (a GEN's minute) read the events only at its
+ * start and at its timeout: its watch's pipe grew meanwhile. Now they
+ * are read as they come: a few at a time, however many come. */
+START_TEST(test_a_call_reads_the_handshake_events_as_they_come) {
+    hangup_t h;
+    hangup_open(&h);
+    bg_status_t b = { .timeout_ms = 60000 };
+    TS_NEW(b.c = reel_client_new(h.ep));
+    ck_assert_int_eq(pthread_create(&b.th, NULL, status_main, &b), 0);
+    ck_assert_msg(hangup_wait(&h, 40), "the client stopped trying to connect");
+    reel_client_interrupt(b.c);
+    pthread_join(b.th, NULL);
+    ck_assert_int_eq(b.rc, -1);
+    ck_assert_str_eq(b.err.code, REEL_CLIENT_E_INTERRUPTED);
+    reel_client_sockets_t k;
+    reel_client_sockets(b.c, &k);
+    ck_assert_int_eq(k.sockets, 1); /* the watch ended with the call */
+    ck_assert_uint_ge(k.hs_events, 40); /* one a failed handshake at least (three, as libzmq goes) */
+    ck_assert_msg(k.hs_read_most <= 32, "a backlog of %d events at one read", k.hs_read_most);
+    reel_client_destroy(&b.c);
+    hangup_close(&h);
+}
+END_TEST
+
+/* A ZAP handler (RFC 27) on ctx: refuses every key (400) until `admit`,
+ * then admits it (200). Counts the handshakes it was asked about. */
+typedef struct {
+    void *ctx;
+    atomic_bool admit, stop;
+    atomic_int asked;
+    pthread_t th;
+    bool bound;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} zap_t;
+
+static void *zap_main(void *p) {
+    zap_t *z = p;
+    void *rep = zmq_socket(z->ctx, ZMQ_REP);
+    int tmo = 50;
+    zmq_setsockopt(rep, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    int rc = zmq_bind(rep, "inproc://zeromq.zap.01");
+    pthread_mutex_lock(&z->mu);
+    z->bound = rc == 0;
+    pthread_cond_broadcast(&z->cv);
+    pthread_mutex_unlock(&z->mu);
+    while (rc == 0 && !atomic_load(&z->stop)) {
+        zmq_msg_t f[16];
+        int n = 0, more = 1;
+        while (more && n < 16) {
+            zmq_msg_init(&f[n]);
+            if (zmq_msg_recv(&f[n], rep, 0) < 0) {
+                zmq_msg_close(&f[n]);
+                break;
+            }
+            more = zmq_msg_more(&f[n++]);
+        }
+        if (n >= 2 && !more) { /* version, request id, domain, address, identity, mechanism, key */
+            atomic_fetch_add(&z->asked, 1);
+            const char *code = atomic_load(&z->admit) ? "200" : "400";
+            zmq_send(rep, "1.0", 3, ZMQ_SNDMORE);
+            zmq_send(rep, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+            zmq_send(rep, code, 3, ZMQ_SNDMORE);
+            zmq_send(rep, "", 0, ZMQ_SNDMORE);
+            zmq_send(rep, "", 0, ZMQ_SNDMORE);
+            zmq_send(rep, "", 0, 0);
+        }
+        for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+    }
+    zmq_close(rep);
+    return NULL;
+}
+
+/* The ZAP handler refuses a key for good: libzmq never tries that
+ * connection again, and the socket keeps no pipe (its next call's send
+ * blocked for ever), so a key added later (to the broker's allowlist, a
+ * SIGHUP: docs/SECURITY.md) was never tried. A call on such a socket
+ * opens a fresh one (same endpoint, same keys): refused again, it says
+ * so within its timeout; admitted, it is answered. (cli_security.sh does
+ * the same with reel-broker and reelctl top.) */
+START_TEST(test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_key_is) {
+    char dir[64], ep[128];
+    ts_mkdtemp(dir, sizeof dir, "test-client-zap");
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    reel_key_t bk, ck;
+    TS_OK(reel_key_new(dir, REEL_ROLE_BROKER, "broker", &bk));
+    TS_OK(reel_key_new(dir, REEL_ROLE_CLIENT, "dave", &ck));
+    zap_t *z = calloc(1, sizeof *z);
+    ck_assert_ptr_nonnull(z);
+    pthread_mutex_init(&z->mu, NULL);
+    pthread_cond_init(&z->cv, NULL);
+    ck_assert_ptr_nonnull(z->ctx = zmq_ctx_new());
+    ck_assert_int_eq(pthread_create(&z->th, NULL, zap_main, z), 0);
+    pthread_mutex_lock(&z->mu);
+    while (!z->bound) pthread_cond_wait(&z->cv, &z->mu); /* (a failed bind fails below: no ZAP, no refusal) */
+    pthread_mutex_unlock(&z->mu);
+    void *router = zmq_socket(z->ctx, ZMQ_ROUTER);
+    int one = 1, tmo = 5000;
+    ck_assert_int_eq(wire_socket_limits(router), 0);
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_setsockopt(router, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
+    ck_assert_int_eq(zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, bk.secret_key, 40), 0);
+    ck_assert_int_eq(zmq_bind(router, ep), 0);
+
+    bg_status_t b = { .timeout_ms = 1000 };
+    TS_NEW(b.c = reel_client_new_keys(ep, ts_join(dir, "dave.key"), ts_join(dir, "broker.pub")));
+    const char *said = "the broker refused this client's key at the handshake (ZAP status 400";
+    reel_client_sockets_t k;
+    for (int call = 0; call < 2; call++) { /* the second: on a fresh socket, refused again */
+        int asked = atomic_load(&z->asked);
+        status_main(&b);
+        ck_assert_int_eq(b.rc, -1);
+        ck_assert_str_eq(b.err.code, WIRE_E_TIMEOUT);
+        ck_assert_msg(strstr(b.err.message, said), "call %d: %s", call + 1, b.err.message);
+        reel_client_sockets(b.c, &k);
+        ck_assert_uint_eq(k.fresh, (uint64_t)call);
+        /* one handshake a socket: libzmq never retried the refused one (the
+         * first call's may share its count with the socket that checked the
+         * endpoint at creation, connected and closed at once) */
+        if (call) ck_assert_int_eq(atomic_load(&z->asked), asked + 1);
+        else ck_assert_int_ge(atomic_load(&z->asked), 1);
+    }
+    atomic_store(&z->admit, true); /* the key added and reloaded */
+    b.timeout_ms = 30000;
+    ck_assert_int_eq(pthread_create(&b.th, NULL, status_main, &b), 0);
+    wire_msg_t m;
+    wire_err_t e;
+    ck_assert_msg(msg_recv(router, true, 0, &m, &e) == 0, "the client's third call never reached the broker");
+    ck_assert_int_eq(msg_type(&m), MSG_STATUS);
+    msg_status_reply_t r;
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(msg_send(router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+    wire_msg_close(&m);
+    pthread_join(b.th, NULL);
+    ck_assert_msg(b.rc == 0, "the call after the key was admitted: %s: %s", b.err.code, b.err.message);
+    reel_client_sockets(b.c, &k);
+    ck_assert_uint_eq(k.fresh, 2);
+    ck_assert_int_eq(k.sockets, 1); /* answered: no watch */
+    reel_client_destroy(&b.c);
+    zmq_close(router);
+    atomic_store(&z->stop, true);
+    pthread_join(z->th, NULL);
+    zmq_ctx_term(z->ctx);
+    pthread_cond_destroy(&z->cv);
+    pthread_mutex_destroy(&z->mu);
+    free(z);
+    explicit_bzero(&bk, sizeof bk);
+    explicit_bzero(&ck, sizeof ck);
+    ts_rmtree(dir);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("client");
     TCase *tc = tcase_create("delivery");
@@ -597,6 +884,12 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);
     tcase_add_test(tc, test_a_result_names_the_boot_the_next_call_starts_from);
     tcase_add_test(tc, test_liveness_0_sends_no_status_and_never_resends);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sockets");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_an_idle_client_whose_handshakes_fail_holds_one_socket_piles_up_nothing_and_its_next_call_says_why);
+    tcase_add_test(tc, test_a_call_reads_the_handshake_events_as_they_come);
+    tcase_add_test(tc, test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_key_is);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -17,11 +17,19 @@
 
 struct reel_client {
     void *ctx;
-    void *sock;
-    void *mon;                  /* sock's handshake events (libzmq's monitor), NULL when none */
+    void *sock;                 /* the DEALER: NULL until the first call (call_begin opens it) */
+    void *mon;                  /* the reader of sock's handshake watch (libzmq's monitor): only while a call
+                                 * runs, until the broker answered on sock; NULL otherwise */
     uint64_t mon_seq;
-    int hs_kind;                /* the last handshake failure seen on sock (HS_*), 0 after a success */
+    bool in_call;               /* a call runs: a socket opened now is watched from before its connect */
+    bool answered;              /* the broker answered on sock (or its handshake succeeded): no watch again */
+    bool unsendable;            /* a send on sock waited out its deadline (no pipe: see call_begin) */
+    int hs_kind;                /* the verdict: the last handshake failure seen (HS_*), HS_NONE after a success */
     uint32_t hs_value;          /* its event value (a ZAP status code, a protocol error) */
+    bool hs_inherited;          /* the verdict is an earlier socket's (same endpoint): sock's first word replaces it */
+    uint64_t hs_events;         /* handshake events read, over the client's life (none is kept) */
+    int hs_most;                /* ... the most at one read */
+    uint64_t reopens;           /* fresh sockets call_begin opened for a dead one */
     char hint[320];             /* what a timeout adds: why the broker never let this client in */
     char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
     int n_eps, at;              /* ... and the one sock is connected to */
@@ -58,6 +66,13 @@ reel_client_t *reel_client_new(const char *endpoint) { return reel_client_new_ke
  * with nothing bound) */
 enum { HS_NONE, HS_AUTH, HS_MECHANISM, HS_CLOSED, HS_REFUSED };
 
+/* A verdict after which libzmq never connects that socket again: a key
+ * the broker's ZAP handler refused, a mechanism mismatch (protocol errors:
+ * libzmq ends the connection's session instead of reconnecting). The
+ * socket then has no pipe: nothing it sends leaves, nothing is answered,
+ * even once the broker would admit it (a key added and reloaded). */
+static bool hs_final(int kind) { return kind == HS_AUTH || kind == HS_MECHANISM; }
+
 /* Stops sock's monitor, then closes its reader mon: in that order.
  * libzmq's IO thread sends each event to the monitor's PAIR with a
  * blocking send: a reader closed while the socket still reports would
@@ -75,35 +90,53 @@ static void close_pair(void *sock, void *mon) {
     if (sock) zmq_close(sock);
 }
 
-/* Watches sock's handshakes (best effort: diagnostics only): a broker
+/* A watch of sock's handshakes: the PAIR reading its monitor's events, or
+ * NULL when libzmq gives none (best effort: diagnostics only). A broker
  * that refuses this client's key, or speaks no CURVE, or cannot read its
- * HELLO, never answers, and a timeout is all the caller would see. */
-static void watch_handshakes(reel_client_t *c) {
+ * HELLO, never answers, and a timeout is all the caller would see.
+ *
+ * A watch runs only while a call runs (call_begin, call_end), until the
+ * broker's first answer on sock; its events are read as they come (the
+ * waits poll it) into one verdict (hs_kind) and not kept. An idle client
+ * whose connection keeps failing (nothing listening: ~7 events a second;
+ * a broker that hangs up every handshake: ~20) thus piles nothing up and
+ * holds one socket, not three. */
+static void *watch(reel_client_t *c, void *sock) {
     char ep[80];
     snprintf(ep, sizeof ep, "inproc://reel-client-handshakes-%p-%llu", (void *)c, (unsigned long long)++c->mon_seq);
-    c->mon = NULL;
-    c->hs_kind = HS_NONE;
-    if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED) != 0)
-        return;
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                         ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED) != 0)
+        return NULL;
     int zero = 0;
     void *m = zmq_socket(c->ctx, ZMQ_PAIR);
     /* no high-water mark on the events: the IO thread would block on a
-     * full pipe (they wait for the next wait, or a timeout; a handshake
-     * refused every 100 ms is a few kB a minute) */
+     * full pipe; what bounds the pipe is reading it as events come, and
+     * the watch's end with the call */
     if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(m, ZMQ_RCVHWM, &zero, sizeof zero) != 0 || zmq_connect(m, ep) != 0) {
-        unwatch(c->sock, m);
-        return;
+        unwatch(sock, m);
+        return NULL;
     }
-    c->mon = m;
+    return m;
 }
 
-/* Reads the handshake events so far into c->hs_kind (each wait starts
- * here too: a client that lives long and reconnects often keeps none). */
+/* The broker answered on c->sock (or its handshake succeeded): no hint to
+ * give, and the watch ends for the socket's life (one socket, not three:
+ * a context holds 1023). */
+static void heard(reel_client_t *c) {
+    c->answered = true;
+    c->hs_kind = HS_NONE;
+    c->hs_inherited = false;
+    unwatch(c->sock, c->mon);
+    c->mon = NULL;
+}
+
+/* Reads the watch's events so far into the verdict c->hs_kind (each is
+ * read as it comes while a call waits, the rest when it ends). */
 static void read_handshakes(reel_client_t *c) {
-    for (int i = 0; c->mon && i < 1024; i++) {
+    int n = 0;
+    for (; c->mon && n < 1024; n++) {
         zmq_msg_t ev;
         zmq_msg_init(&ev);
         if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
@@ -124,24 +157,24 @@ static void read_handshakes(reel_client_t *c) {
             (void)zmq_msg_recv(&a, c->mon, 0);
             zmq_msg_close(&a);
         }
+        c->hs_events++;
         if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-            /* the watch ends at the first handshake that succeeds: one
-             * socket, not three (a context holds 1023), and no monitor
-             * for a later close to trip on */
-            c->hs_kind = HS_NONE;
-            unwatch(c->sock, c->mon);
-            c->mon = NULL;
+            heard(c);
+            n++;
             break;
         } else if (id == ZMQ_EVENT_CONNECT_RETRIED) {
-            if (c->hs_kind == HS_NONE) c->hs_kind = HS_REFUSED; /* a handshake's failure says more */
+            /* a handshake's failure says more, but not an earlier socket's */
+            if (c->hs_kind == HS_NONE || c->hs_inherited) c->hs_kind = HS_REFUSED, c->hs_inherited = false;
         } else if (id == ZMQ_EVENT_CONNECTED) {
-            if (c->hs_kind == HS_REFUSED) c->hs_kind = HS_NONE;
-        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c->hs_kind = HS_AUTH, c->hs_value = v;
+            if (c->hs_kind == HS_REFUSED) c->hs_kind = HS_NONE, c->hs_inherited = false;
+        } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            c->hs_kind = HS_AUTH, c->hs_value = v, c->hs_inherited = false;
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-            c->hs_kind = HS_MECHANISM;
+            c->hs_kind = HS_MECHANISM, c->hs_inherited = false;
         else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || id == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-            c->hs_kind = HS_CLOSED, c->hs_value = v;
+            c->hs_kind = HS_CLOSED, c->hs_value = v, c->hs_inherited = false;
     }
+    if (n > c->hs_most) c->hs_most = n;
 }
 
 /* The hint a timeout adds ("" when none). */
@@ -169,46 +202,50 @@ static const char *handshake_hint(reel_client_t *c) {
     return c->hint;
 }
 
-/* A DEALER connected to c->eps[c->at], into c->sock (and its monitor,
- * c->mon). -1 with the error value. */
-static int open_socket(reel_client_t *c) {
-    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
-    c->mon = NULL;
-    if (!c->sock) return reel_fail(REEL_E_IO, "cannot make a socket: %s", zmq_strerror(zmq_errno()));
-    if (reel_curve_apply(c->sock, &c->curve) != 0) {
-        zmq_close(c->sock);
-        c->sock = NULL;
+/* Replaces c->sock with a new DEALER connected to c->eps[at], watched
+ * from before its connect while a call runs, and closes the old one (its
+ * watch stopped first; what it held unsent is dropped: linger 0). A
+ * socket to the same endpoint inherits the verdict (its own first event
+ * replaces it: a socket replaced outside a watch keeps why the last one
+ * failed); one to another endpoint starts with none. Sends on it never
+ * block (SNDTIMEO 0: send_msg waits, by a deadline). -1 with the error
+ * value, the old socket kept as it was. */
+static int replace_socket(reel_client_t *c, int at) {
+    void *s = zmq_socket(c->ctx, ZMQ_DEALER), *m = NULL;
+    if (!s) return reel_fail(REEL_E_IO, "cannot make a socket: %s", zmq_strerror(zmq_errno()));
+    if (reel_curve_apply(s, &c->curve) != 0) {
+        zmq_close(s);
         return -1;
     }
-    watch_handshakes(c);
     char ep[1024];
-    if (wire_socket_limits(c->sock) != 0 || wire_socket_endpoint(c->sock, c->eps[c->at], ep, sizeof ep) != 0 ||
-        zmq_connect(c->sock, ep) != 0) {
-        const int e = zmq_errno(); /* a malformed or unknown endpoint is the caller's input */
-        reel_fail(e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO || e == ENAMETOOLONG ? REEL_E_INVALID
-                                                                                                 : REEL_E_IO,
-                  "cannot connect to broker '%s': %s", c->eps[c->at], zmq_strerror(e));
-        close_pair(c->sock, c->mon);
-        c->sock = c->mon = NULL;
-        return -1;
-    }
+    int zero = 0;
+    if (wire_socket_limits(s) != 0 || zmq_setsockopt(s, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0 ||
+        wire_socket_endpoint(s, c->eps[at], ep, sizeof ep) != 0)
+        goto err;
+    if (c->in_call) m = watch(c, s); /* before the connect: no event of it is missed */
+    if (zmq_connect(s, ep) != 0) goto err;
+    close_pair(c->sock, c->mon);
+    if (at != c->at) c->hs_kind = HS_NONE;
+    c->hs_inherited = c->hs_kind != HS_NONE;
+    c->sock = s;
+    c->mon = m;
+    c->at = at;
+    c->answered = c->unsendable = false;
     return 0;
+err:;
+    const int e = zmq_errno(); /* a malformed or unknown endpoint is the caller's input */
+    reel_fail(e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO || e == ENAMETOOLONG ? REEL_E_INVALID
+                                                                                             : REEL_E_IO,
+              "cannot connect to broker '%s': %s", c->eps[at], zmq_strerror(e));
+    close_pair(s, m);
+    return -1;
 }
 
 /* Moves to the next endpoint of the list (a standby pair's other broker):
  * a new socket, nothing of the old one's queue kept, no boot id known. */
 static int switch_broker(reel_client_t *c) {
     if (c->n_eps < 2) return 0;
-    void *old = c->sock, *old_mon = c->mon;
-    int at = c->at;
-    c->at = (c->at + 1) % c->n_eps;
-    if (open_socket(c) != 0) { /* (checked at creation: unlikely) the old one stays */
-        c->sock = old;
-        c->mon = old_mon;
-        c->at = at;
-        return -1;
-    }
-    close_pair(old, old_mon);
+    if (replace_socket(c, (c->at + 1) % c->n_eps) != 0) return -1; /* (checked at creation: unlikely) the old stays */
     c->boot = 0;
     c->switches++;
     return 0;
@@ -220,14 +257,7 @@ static int switch_broker(reel_client_t *c) {
  * comes back later, applying a sync the caller was told failed. The old
  * socket stays if no new one can be made. */
 static void forget_unsent(reel_client_t *c) {
-    void *old = c->sock, *old_mon = c->mon;
-    if (open_socket(c) != 0) {
-        c->sock = old;
-        c->mon = old_mon;
-        return;
-    }
-    close_pair(old, old_mon);
-    c->boot = 0;
+    if (replace_socket(c, c->at) == 0) c->boot = 0;
 }
 
 /* After a sync's or an upload's call: one that ended without the
@@ -238,8 +268,56 @@ static int sync_ended(reel_client_t *c, int rc) {
     return rc;
 }
 
+/* Before each call (reel_gen, reel_status, ...): c's socket, opened at the
+ * first call; and a fresh one (same endpoint, same keys) in place of one
+ * that is dead for good: its handshake refused in a way libzmq never
+ * retries (hs_final: a key the broker did not admit then may be admitted
+ * since, by a reload), or a send on it that waited out its deadline (no
+ * pipe: its connection ended so, whatever the watch saw or missed; or a
+ * queue full of what no broker took, dropped with it). Then the socket's
+ * watch, while the broker has not answered on it. 0; -1 with err
+ * ("internal") when no socket can be made at the first call (a dead one
+ * that cannot be replaced stays: the call then times out, saying why). */
+static int call_begin(reel_client_t *c, wire_err_t *err) {
+    c->in_call = true;
+    if (!c->sock || c->unsendable || hs_final(c->hs_kind)) {
+        bool again = c->sock != NULL;
+        if (replace_socket(c, c->at) != 0) {
+            if (!c->sock) {
+                snprintf(err->code, sizeof err->code, "%s", WIRE_E_INTERNAL);
+                snprintf(err->message, sizeof err->message, "%s", reel_err_text());
+                c->in_call = false;
+                return -1;
+            }
+        } else if (again) {
+            c->reopens++;
+            c->boot = 0;
+        }
+    }
+    if (!c->mon && !c->answered) c->mon = watch(c, c->sock);
+    return 0;
+}
+
+/* After each call: its watch ends, what it saw read into the verdict
+ * first (kept for the next call's hint and call_begin). */
+static void call_end(reel_client_t *c) {
+    read_handshakes(c);
+    unwatch(c->sock, c->mon);
+    c->mon = NULL;
+    c->in_call = false;
+}
+
 uint64_t reel_client_switches(const reel_client_t *c) { return c->switches; }
+
 const char *reel_client_endpoint(const reel_client_t *c) { return c->eps[c->at]; }
+
+void reel_client_sockets(const reel_client_t *c, reel_client_sockets_t *out) {
+    memset(out, 0, sizeof *out);
+    out->sockets = (c->sock ? 1 : 0) + (c->mon ? 2 : 0); /* a watch: libzmq's PAIR and its reader */
+    out->hs_events = c->hs_events;
+    out->hs_read_most = c->hs_most;
+    out->fresh = c->reopens;
+}
 
 reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key) {
     reel_curve_t curve;
@@ -268,18 +346,16 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
         reel_client_destroy(&c);
         return NULL;
     }
-    /* every endpoint of the list is checked now, not at the first move */
-    for (c->at = c->n_eps - 1; c->at > 0; c->at--) {
-        if (open_socket(c) != 0) {
+    /* every endpoint of the list is checked now (a socket connected and
+     * closed: no watch outside a call), not at the first call or move;
+     * the socket the calls use is opened at the first (call_begin) */
+    for (int at = c->n_eps - 1; at >= 0; at--) {
+        if (replace_socket(c, at) != 0) {
             reel_client_destroy(&c);
             return NULL;
         }
-        close_pair(c->sock, c->mon);
-        c->sock = c->mon = NULL;
-    }
-    if (open_socket(c) != 0) {
-        reel_client_destroy(&c);
-        return NULL;
+        close_pair(c->sock, NULL);
+        c->sock = NULL;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -325,6 +401,45 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Sends a message on c->sock (share: as msg_send's) by the deadline,
+ * reading the watch's events while it waits for room: the socket never
+ * blocks (SNDTIMEO 0), since a DEALER whose connection libzmq ended for
+ * good (its handshake refused) has no pipe, and a blocking send waited
+ * for ever there, past every timeout and interrupt. A deadline already
+ * past: one try. 0; -1 with err: "timeout" (the socket is then replaced
+ * at the next call: call_begin), "interrupted", or "internal". */
+static int send_msg(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, const wire_msg_t *share,
+                    int64_t deadline, wire_err_t *err) {
+    for (;;) {
+        if (msg_send(c->sock, NULL, type, id, body, share) == 0) return 0;
+        if (errno != EAGAIN && errno != EINTR) {
+            set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+            return -1;
+        }
+        for (;;) { /* room in the socket's pipe; encoded again only then */
+            if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
+                set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the message could be sent");
+                return -1;
+            }
+            int64_t left = deadline - now_ms();
+            if (left <= 0) {
+                c->unsendable = true;
+                set_err(err, WIRE_E_TIMEOUT, "could not send to %s in time: no connection to it%s", c->eps[c->at],
+                        handshake_hint(c));
+                return -1;
+            }
+            zmq_pollitem_t it[2] = { { c->sock, 0, ZMQ_POLLOUT, 0 }, { c->mon, 0, ZMQ_POLLIN, 0 } };
+            int rc = zmq_poll(it, c->mon ? 2 : 1, left < 100 ? (long)left : 100); /* an interrupt: within 100 ms */
+            if (rc < 0 && errno != EINTR) {
+                set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
+                return -1;
+            }
+            if (rc > 0 && c->mon && (it[1].revents & ZMQ_POLLIN)) read_handshakes(c);
+            if (rc > 0 && (it[0].revents & ZMQ_POLLOUT)) break;
+        }
+    }
+}
+
 /* Waits for the message answering `id` (skipping stale ones); PROGRESS is
  * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
 static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
@@ -341,19 +456,22 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
             return -1;
         }
         /* a signal between the check above and the poll is seen within
-         * 100 ms: the wait is cut into such slices */
-        zmq_pollitem_t it = { c->sock, 0, ZMQ_POLLIN, 0 };
-        int rc = zmq_poll(&it, 1, left < 100 ? (long)left : 100);
+         * 100 ms: the wait is cut into such slices; the watch's events
+         * are read as they come */
+        zmq_pollitem_t it[2] = { { c->sock, 0, ZMQ_POLLIN, 0 }, { c->mon, 0, ZMQ_POLLIN, 0 } };
+        int rc = zmq_poll(it, c->mon ? 2 : 1, left < 100 ? (long)left : 100);
         if (rc < 0) {
             if (errno == EINTR) continue;
             set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
             return -1;
         }
         if (rc == 0) continue;
+        if (c->mon && (it[1].revents & ZMQ_POLLIN)) read_handshakes(c);
+        if (!(it[0].revents & ZMQ_POLLIN)) continue;
         wire_err_t e;
         rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
-        if (c->mon) read_handshakes(c); /* the broker answered: its handshake succeeded, the watch can end */
+        if (!c->answered) heard(c); /* the broker answered: its handshake succeeded, the watch ends */
         if (rc == 1 || (m->id != id && (!id2 || m->id != id2) && (!id3 || m->id != id3))) { /* malformed: not ours to trust; or stale */
             wire_msg_close(m);
             continue;
@@ -409,11 +527,9 @@ static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
  * -1 on transport failure or timeout (err set). */
 static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, int timeout_ms,
                 reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
-    if (msg_send(c->sock, NULL, type, id, body, NULL) != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+    int64_t deadline = now_ms() + timeout_ms;
+    if (send_msg(c, type, id, body, NULL, deadline, err) != 0 || await(c, id, deadline, m, fn, user, err) != 0)
         return -1;
-    }
-    if (await(c, id, now_ms() + timeout_ms, m, fn, user, err) != 0) return -1;
     if (answer_is_error(m, err)) {
         wire_msg_close(m);
         return 1;
@@ -487,11 +603,9 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
      * STATUS just before the GEN (the first call only). Known, a restart
      * before the GEN got there only costs a resend the new broker attaches. */
     uint64_t ping = c->boot ? 0 : ++c->next_id, boot = c->boot;
-    if ((ping && msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) ||
-        msg_send(c->sock, NULL, type, id, g, NULL) != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+    if ((ping && send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) ||
+        send_msg(c, type, id, g, NULL, deadline, err) != 0)
         return -1;
-    }
     bool asked = ping != 0; /* a STATUS (ping) is out */
     bool first = ping != 0; /* ... the one sent just before the GEN */
     int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
@@ -540,10 +654,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
             if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= deadline) return -1;
             if (!asked) { /* silent for liveness_ms: is it there? */
                 ping = ++c->next_id;
-                if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
-                    set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-                    return -1;
-                }
+                if (send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) return -1;
                 asked = true;
                 first = false;
                 resent_since_ping = false;
@@ -565,10 +676,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
                 return -1;
             }
             ping = ++c->next_id;
-            if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
-                set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-                return -1;
-            }
+            if (send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) return -1;
             asked = first = true;
             boot = 0;
             resent_since_ping = false;
@@ -576,10 +684,7 @@ static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void 
         c->resends++;
         resent_since_ping = true;
         if (c->on_resend) c->on_resend(c->resend_user, id, silent);
-        if (msg_send(c->sock, NULL, type, id, g, NULL) != 0) {
-            set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
-            return -1;
-        }
+        if (send_msg(c, type, id, g, NULL, deadline, err) != 0) return -1;
     }
     if (answer_is_error(m, err)) {
         wire_msg_close(m);
@@ -766,17 +871,17 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     }
     m.client = c->token;
     wire_msg_t a;
+    if (call_begin(c, err) != 0) return -1;
     int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
     if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED))) {
         /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
          * rather than run it to its deadline for nobody. Best effort: its
-         * answer, if any, is read by no one (a later call skips it). */
+         * answer, if any, is read by no one (a later call skips it). The
+         * socket never blocks: a broker that is gone takes nothing. */
         msg_cancel_t cancel = { .client = c->token };
-        int now = 0, wait = -1; /* never waits: a broker that is gone takes nothing */
-        (void)zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &now, sizeof now);
         if (msg_send(c->sock, NULL, MSG_CANCEL, id, &cancel, NULL) == 0) c->cancelled = true;
-        (void)zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &wait, sizeof wait);
     }
+    call_end(c);
     if (rc != 0) return rc;
     rc = -1;
     msg_result_t r;
@@ -821,10 +926,10 @@ static void chunk_sent(void *data, void *hint) {
 }
 
 /* Sends the chunk of fd at offset (at most MSG_CHUNK_MAX bytes) from buf as
- * UPLOAD `id`; *sent its bytes. 0, or -1 with err. u->chunk points at
+ * UPLOAD `id`, by the deadline; *sent its bytes. 0, or -1 with err. u->chunk points at
  * this call's frame only while it runs: it is cleared before returning. */
 static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, chunk_buf_t *buf, uint64_t offset,
-                      uint64_t *sent, wire_err_t *err) {
+                      uint64_t *sent, int64_t deadline, wire_err_t *err) {
     uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
     ssize_t got = pread(fd, buf->p, n, (off_t)offset);
     if (got != (ssize_t)n) {
@@ -848,15 +953,11 @@ static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, ch
     u->offset = offset;
     u->client = c->token; /* a standby pair's standby knows this trainer when it comes back */
     u->chunk = &sh->t[0];
-    int rc = msg_send(c->sock, NULL, MSG_UPLOAD, id, u, sh);
-    int e = errno;
+    int rc = send_msg(c, MSG_UPLOAD, id, u, sh, deadline, err);
     u->chunk = NULL;
     zmq_msg_close(&sh->frame[0]); /* ours; zmq holds its own while it sends (chunk_sent when done) */
     free(sh);
-    if (rc != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(e));
-        return -1;
-    }
+    if (rc != 0) return -1;
     *sent = n;
     return 0;
 }
@@ -935,7 +1036,7 @@ static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t
     while (!p->complete && p->next < p->u.size && p->n_ends + p->ignore < REEL_UPLOAD_WINDOW) {
         uint64_t sent = 0;
         chunk_buf_t *b = free_buf(p, timeout_ms, err);
-        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, err) != 0) return -1;
+        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, now_ms() + timeout_ms, err) != 0) return -1;
         p->next += sent;
         p->ends[p->n_ends++] = p->next;
     }
@@ -987,6 +1088,10 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
                 reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     upload_t p;
     if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) return -1;
+    if (call_begin(c, err) != 0) {
+        upload_close(&p);
+        return -1;
+    }
     int rc = 0;
     while (rc == 0 && !p.complete) {
         wire_msg_t a;
@@ -994,7 +1099,9 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
         else rc = upload_answer(&p, &a, err);
     }
     upload_close(&p);
-    return sync_ended(c, rc);
+    rc = sync_ended(c, rc);
+    call_end(c);
+    return rc;
 }
 
 static msg_sync_t *sync_message(uint64_t client, const char *component, uint64_t version, const char *sha256, const char *path,
@@ -1105,12 +1212,11 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     /* the broker this attempt talks to: its boot id, asked first when unknown */
     uint64_t ping = c->liveness_ms && !c->boot ? ++c->next_id : 0;
     bool first = ping != 0;
-    if (ping && msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
-        set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+    int64_t answer_by = now_ms() + timeout_ms, ping_by = 0;
+    if (ping && send_msg(c, MSG_STATUS, ping, NULL, NULL, answer_by, err) != 0) {
         upload_close(&p);
         return -1;
     }
-    int64_t answer_by = now_ms() + timeout_ms, ping_by = 0;
     int rc = 0;
     for (;;) {
         if (upload_fill(c, &p, timeout_ms, err) != 0) {
@@ -1121,8 +1227,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
          * its workers fetch what came and wait for the rest. */
         if (!sid && !*synced && (p.received > 0 || p.complete)) {
             sid = st->sent_id = ++c->next_id;
-            if (msg_send(c->sock, NULL, MSG_SYNC, sid, s, NULL) != 0) {
-                set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+            if (send_msg(c, MSG_SYNC, sid, s, NULL, answer_by, err) != 0) {
                 rc = -1;
                 break;
             }
@@ -1149,8 +1254,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
             if (!ping) { /* silent for liveness_ms: is it there? */
                 ping = ++c->next_id;
                 ping_by = now_ms() + c->liveness_ms;
-                if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) {
-                    set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+                if (send_msg(c, MSG_STATUS, ping, NULL, NULL, answer_by, err) != 0) {
                     rc = -1;
                     break;
                 }
@@ -1218,6 +1322,10 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
                    reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
     publish_state_t st = { .heard = now_ms() };
     int rc;
+    if (call_begin(c, err) != 0) {
+        free(s);
+        return -1;
+    }
     for (;;) {
         rc = publish_attempt(c, s, path, progress, user, res, timeout_ms, &st, err);
         if (!st.lost) break;
@@ -1240,9 +1348,10 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
             uint64_t ping = ++c->next_id;
             wire_msg_t a;
             wire_err_t e;
-            if (msg_send(c->sock, NULL, MSG_STATUS, ping, NULL, NULL) != 0) break;
             int wait_ms = c->liveness_ms ? c->liveness_ms : (timeout_ms < 3000 ? timeout_ms : 3000);
-            if (await(c, ping, now_ms() + wait_ms, &a, NULL, NULL, &e) == 0) {
+            int64_t by = now_ms() + wait_ms;
+            if (send_msg(c, MSG_STATUS, ping, NULL, NULL, by, &e) != 0) break;
+            if (await(c, ping, by, &a, NULL, NULL, &e) == 0) {
                 uint64_t boot = boot_of(&a);
                 wire_msg_close(&a);
                 if (boot) c->boot = boot;
@@ -1256,7 +1365,9 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
     }
     if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms%s", timeout_ms, handshake_hint(c));
     free(s);
-    return sync_ended(c, rc);
+    rc = sync_ended(c, rc);
+    call_end(c);
+    return rc;
 }
 
 int reel_sync(reel_client_t *c, const char *component, uint64_t version, const char *sha256,
@@ -1266,7 +1377,12 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     msg_sync_t *s = sync_message(c->token, component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
+    if (call_begin(c, err) != 0) {
+        free(s);
+        return -1;
+    }
     int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
+    call_end(c);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1280,7 +1396,12 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;
+    if (call_begin(c, err) != 0) {
+        free(s);
+        return -1;
+    }
     int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
+    call_end(c);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1318,7 +1439,7 @@ static int status_once(reel_client_t *c, reel_status_t **out, int timeout_ms, wi
 /* With a standby pair: the active broker's STATUS, else the first that
  * answers (a standby's says so in ha_state); each tried for its share of
  * timeout_ms. */
-int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+static int status_call(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
     if (c->n_eps < 2) return status_once(c, out, timeout_ms, err);
     reel_status_t *best = NULL;
     int best_at = 0, rc = -1;
@@ -1346,6 +1467,14 @@ int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_
     while (c->at != best_at && switch_broker(c) == 0) {} /* stay with the one that answered */
     *out = best;
     return 0;
+}
+
+int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
+    *out = NULL;
+    if (call_begin(c, err) != 0) return -1;
+    int rc = status_call(c, out, timeout_ms, err);
+    call_end(c);
+    return rc;
 }
 
 const msg_status_reply_t *reel_status_reply(const reel_status_t *s) { return &s->r; }

@@ -1,8 +1,9 @@
 /* client.h -- a small client of the Reel broker (docs/PROTOCOL.md), used by
  * reelctl and linkable by trainers and services: generate, sync weights,
- * ask for status. One client = one DEALER socket; not thread-safe (one
- * thread per client). Every call has a client-side deadline, so nothing
- * hangs when the broker is gone (or never admits this client's key). */
+ * ask for status. One client = one DEALER socket, opened at its first
+ * call; not thread-safe (one thread per client). Every call has a
+ * client-side deadline, sends included, so nothing hangs when the broker
+ * is gone (or never admits this client's key). */
 #ifndef REEL_CLIENTS_C_CLIENT_H
 #define REEL_CLIENTS_C_CLIENT_H
 
@@ -16,13 +17,30 @@ extern "C" {
 
 typedef struct reel_client reel_client_t;
 
-/* Connects to the broker's client endpoint, with CURVE when keys are
+/* A client of the broker's client endpoint, with CURVE when keys are
  * given: key_file (this client's NAME.key, a client or trainer key) and
  * broker_key (the broker's broker.pub), each NULL to take $REEL_KEY /
  * $REEL_BROKER_KEY; neither anywhere: a plain connection (a broker with
  * keys never answers it, and calls time out). NULL with a message in
- * an error (base/error.h) on a bad endpoint or unusable keys (one without the other,
- * an unreadable file, a worker's key). */
+ * an error (base/error.h) on a bad endpoint (each of a list is tried
+ * here: a socket connected and closed) or unusable keys (one without the
+ * other, an unreadable file, a worker's key).
+ *
+ * The socket is opened at the first call (a call that cannot make it
+ * fails with err code "internal"). Until the broker first answers on it,
+ * each call watches its handshakes (libzmq's socket monitor: two more
+ * sockets, for the call only), so that a timeout says why the broker
+ * never answered: a key it refused (ZAP), CURVE on one side only, a
+ * broker key that is not its own, nothing listening at the endpoint. The
+ * events are read as they come and only that verdict is kept: a client
+ * idle between calls holds one socket and piles nothing up, however often
+ * its connection fails meanwhile. A socket that is dead for good is
+ * replaced at the next call by a fresh one (same endpoint, same keys):
+ * one whose handshake the broker refused in a way libzmq never retries
+ * (a key not in its allowlist, a mechanism mismatch), so a key added
+ * later (and the broker reloaded, docs/SECURITY.md) is admitted at the
+ * client's next call; and one on which a message could not be sent
+ * before its call's deadline (no connection will take it). */
 reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key);
 /* reel_client_new_keys(endpoint, NULL, NULL): keys from the environment. */
 reel_client_t *reel_client_new(const char *endpoint);
@@ -59,6 +77,15 @@ void reel_client_interrupt(reel_client_t *c);
  * talks to now: */
 uint64_t reel_client_switches(const reel_client_t *c);
 const char *reel_client_endpoint(const reel_client_t *c);
+/* What c holds, for tests and a long-lived program's checks: */
+typedef struct {
+    int sockets;                /* ZeroMQ sockets now: 0 before the first call, 1 between calls, 3 while a call
+                                 * watches the handshakes of a socket the broker has not answered on yet */
+    uint64_t hs_events;         /* handshake events read, over c's lifetime (each folded into the verdict) */
+    int hs_read_most;           /* the most of them read at once: they are read as they come, not piled up */
+    uint64_t fresh;             /* sockets opened in place of a dead one (above), over c's lifetime */
+} reel_client_sockets_t;
+void reel_client_sockets(const reel_client_t *c, reel_client_sockets_t *out);
 /* GENs this client sent again (above), over its lifetime. */
 uint64_t reel_client_resends(const reel_client_t *c);
 /* fn(user, id, silent_ms) as a GEN is sent again (NULL: none): silent_ms

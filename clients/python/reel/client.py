@@ -745,7 +745,12 @@ class Client:
     (a client key, or a trainer key to sync) and the broker's broker.pub,
     for a broker started with --keys (CURVE); when not given, $REEL_KEY and
     $REEL_BROKER_KEY; neither: a plain connection, which a broker with keys
-    never answers (calls raise ReelTimeout).
+    never answers (calls raise ReelTimeout). A socket whose handshake the
+    broker refused so that libzmq never retries it (a key not in its
+    allowlist, CURVE on one side only), or on which a send waited out its
+    call's timeout, is replaced at the next call by a fresh one (the same
+    endpoint and keys): a key the broker admits later (its allowlist
+    reloaded) is admitted at this client's next call.
 
     liveness: seconds of silence while a GEN waits before the client asks
     the broker for STATUS; when that goes unanswered as long, the broker is
@@ -828,7 +833,10 @@ class Client:
         self._held = self._fin = None
         self._answered = False  # the broker answered on this socket: its handshake succeeded, no watch
         self._hs = None  # what the watch saw last: why the broker never answers (_handshake_hint)
+        self._hs_inherited = False  # self._hs is the socket's it replaced: its own first event replaces it
         self._hs_events = 0  # handshake events read, over this client's life (they are not kept)
+        self._unsendable = False  # a send on this socket waited out its deadline (no pipe: _ready)
+        self._fresh = 0  # sockets _ready opened in place of a dead one, over this client's life
         self._closed = False
         self._depth = 0  # public calls running (a sync's sync_lora runs inside its sync)
         self._fresh_identity()
@@ -861,7 +869,7 @@ class Client:
             self._fin.detach()
         self._held = self._fin = None
         self._ctx = None
-        self._answered = False
+        self._answered = self._unsendable = self._hs_inherited = False
         self._hs = None
         self._busy = threading.RLock()
         self._in_progress = False
@@ -892,12 +900,15 @@ class Client:
     def _mon(self):
         return self._held.mon if self._held is not None else None
 
-    def _open(self):
+    def _open(self, inherit=False):
         """A DEALER connected to the current endpoint, watched (_watch), as
         self._held; self._held and self._fin are replaced only once it is
         made (a failure, an interrupt included, closes what was made and
         raises, leaving them as they were). Raises OSError EMFILE naming the
-        limit when the process has no socket left (_new_socket)."""
+        limit when the process has no socket left (_new_socket). inherit:
+        the verdict of the socket it replaces (the same endpoint) stays
+        until the new one's first event replaces it; else it starts with
+        none."""
         ctx = self._ctx if self._ctx is not None else zmq.Context.instance()
         held = _Sockets(_new_socket(ctx, zmq.DEALER), ctx)
         try:
@@ -918,7 +929,10 @@ class Client:
         # where the garbage collector would close them in any order.
         fin = weakref.finalize(self, held.close)
         fin.atexit = False  # at exit the sockets stay as they are (a daemon thread may still use them)
-        self._held, self._fin, self._hs, self._answered = held, fin, None, False
+        self._held, self._fin, self._answered, self._unsendable = held, fin, False, False
+        if not inherit:
+            self._hs = None
+        self._hs_inherited = self._hs is not None
 
     _HS_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                   zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH |
@@ -956,12 +970,26 @@ class Client:
             return
         held.mon = mon
 
+    # Verdicts after which libzmq never connects that socket again: a key
+    # the broker's ZAP handler refused, a mechanism mismatch (protocol
+    # errors: libzmq ends the connection's session instead of retrying).
+    _DEAD = ("auth", "mechanism")
+
     def _ready(self):
         """Before a call: the socket, opened at the first (or here again in
         a forked process); its watch started again when the broker has not
-        answered on it yet."""
+        answered on it yet. A socket dead for good is replaced by a fresh
+        one (same endpoint, same keys): one whose handshake the broker
+        refused so that libzmq never tries again (_DEAD: a key it did not
+        admit then may be admitted since, by a reload), or one on which a
+        send waited out its deadline (no pipe: its connection ended so,
+        whatever the watch saw or missed; or a queue of what no broker
+        took, dropped with it)."""
         if self._held is None:
             self._open()
+        elif self._unsendable or (self._hs is not None and self._hs[0] in self._DEAD):
+            self._replace()
+            self._fresh += 1
         elif self._held.mon is None and not self._answered:
             self._watch(self._held)
 
@@ -993,33 +1021,34 @@ class Client:
                 break
             elif event == zmq.EVENT_CONNECT_RETRIED:
                 # every connection attempt failed so far (nothing listening);
-                # a handshake's failure says more
-                if self._hs is None:
-                    self._hs = ("refused", value)
+                # a handshake's failure says more, but not the last socket's
+                if self._hs is None or self._hs_inherited:
+                    self._hs, self._hs_inherited = ("refused", value), False
             elif event == zmq.EVENT_CONNECTED:
                 if self._hs is not None and self._hs[0] == "refused":
-                    self._hs = None
+                    self._hs, self._hs_inherited = None, False
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._hs = ("auth", value)
+                self._hs, self._hs_inherited = ("auth", value), False
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == 0x11000002:  # mechanism mismatch
-                self._hs = ("mechanism", value)
+                self._hs, self._hs_inherited = ("mechanism", value), False
             else:
-                self._hs = ("closed", value)
+                self._hs, self._hs_inherited = ("closed", value), False
 
     def _heard(self):
         """The broker answered on this socket (or its handshake succeeded):
         no hint to give, and the watch ends for the socket's life (it then
         holds one socket, not three: a context has 1023)."""
         self._answered = True
-        self._hs = None
+        self._hs, self._hs_inherited = None, False
         if self._held is not None:
             self._held.unwatch()
 
     def _handshake_hint(self):
         """What a timeout adds: why the broker never let this client in
         ("" when the socket saw no handshake fail). The verdict is the last
-        the socket's watch saw, in this call or an earlier one (a socket
-        whose key the broker refused never tries again: nothing new comes)."""
+        the socket's watch saw, in this call or an earlier one, or the one
+        its socket replaced saw (_replace) until it sees an event of its
+        own: a socket refused for good gets nothing new."""
         self._read_handshakes()
         kind = self._hs[0] if self._hs else None
         if kind == "auth":
@@ -1059,21 +1088,27 @@ class Client:
             held.linger = linger
             fin()  # held.close(), once: a finalizer that ran already does nothing
 
+    def _replace(self):
+        """A fresh socket to the same endpoint in place of the current one,
+        closed with what it held unsent; the verdict carries over (_open's
+        inherit), no boot id known. Raises as _open, the old socket kept."""
+        old, old_fin = self._held, self._fin
+        self._open(inherit=True)
+        if old_fin is not None:
+            old.unwatch()
+            old_fin()
+        self._boot = None
+
     def _forget_unsent(self):
         """A fresh socket to the same broker, nothing of the old one kept:
         after a SYNC (or an upload) that timed out, what the socket still
         held unsent would otherwise go to a broker that comes back later,
         and a sync the caller was told failed (ReelTimeout) would apply
         after all."""
-        old, old_fin = self._held, self._fin
         try:
-            self._open()
+            self._replace()
         except BaseException:  # (a second interrupt, a terminated context, no socket left) the old one stays
             return
-        if old_fin is not None:
-            old.unwatch()
-            old_fin()
-        self._boot = None
 
     def _switch(self):
         """Moves to the next endpoint of the list (a standby pair's other
@@ -1139,6 +1174,7 @@ class Client:
             except zmq.Again:
                 pass
             if not self._wait(zmq.POLLOUT, by) and time.monotonic() >= by:
+                self._unsendable = True  # the next call opens a fresh socket (_ready)
                 raise ReelTimeout(f"could not send to {self.endpoint} in time: no connection (a broker with --keys "
                                   "refuses a client without its key)" + self._handshake_hint(), rid) from None
 

@@ -2335,6 +2335,31 @@ class CurveTests(unittest.TestCase):
         with self.cluster.client("client", timeout=30) as c:  # the right keys: no hint, an answer
             self.assertIn("py0", [w.get("name") for w in c.status().get("workers", [])])
 
+    def test_a_key_refused_then_added_and_reloaded_is_admitted_at_the_same_clients_next_call(self):
+        # libzmq never retries a handshake the broker's ZAP handler refused:
+        # the socket stayed dead, and every later call of the client timed
+        # out, even once its key was added and the broker reloaded (SIGHUP).
+        # A call on such a socket now opens a fresh one (same keys).
+        later = os.path.join(self.dir, "later")
+        run(f"{BUILD}/reelctl", "keys", "new", "--role", "client", "--name", "late", "--out", later)
+        said = "the broker refused this client's key at the handshake (ZAP status 400"
+        blog = os.path.join(self.dir, "broker.log")
+        with reel.Client(self.cluster.ce, timeout=2, key=os.path.join(later, "late.key"),
+                         broker_key=os.path.join(self.keys, "broker.pub")) as c:
+            for fresh in (0, 1):  # the second call on a fresh socket, refused again
+                with self.assertRaises(reel.ReelTimeout) as e:
+                    c.status()
+                self.assertIn(said, str(e.exception))
+                self.assertEqual(c._fresh, fresh)
+            with open(blog, errors="replace") as f:
+                reloads = sum(1 for ln in f if "SIGHUP: keys reloaded" in ln)
+            shutil.copy(os.path.join(later, "late.pub"), self.keys)
+            self.cluster.broker.send_signal(signal.SIGHUP)
+            self.assertTrue(wait_log(blog, r"SIGHUP: keys reloaded from .*: 4 keys", 60, self.cluster.broker,
+                                     count=reloads + 1), "the broker did not reload its keys")
+            self.assertIn("py0", [w.get("name") for w in c.status(timeout=30).get("workers", [])])
+            self.assertEqual(c._fresh, 2)
+
     def test_without_a_key_each_call_after_the_first_times_out_too_instead_of_blocking_in_a_send(self):
         # After the broker refuses the handshake the DEALER has no pipe: a
         # blocking send would wait forever. The calls run in a child process
