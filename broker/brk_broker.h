@@ -193,7 +193,8 @@ typedef struct {
                                 * connection was gone, or its queue full): sent again when the worker
                                 * registers again or speaks again; it fails only when the worker is
                                 * dropped or the deadline passes ("SYNC not delivered: ..."). Only
-                                * ever set while waiting */
+                                * ever set while waiting; a send that fails but for its transport
+                                * fails the member at once instead ("SYNC could not be sent: ...") */
     char reason[MSG_REASON_MAX]; /* a refusal's why, whole (an adapter's key names are long) */
 } brk_member_t;
 

@@ -40,7 +40,10 @@
  * speak again, when it is sent again, and fails the member only when the
  * worker is dropped (liveness) or the deadline passes ("SYNC not
  * delivered: ..."). A worker between sessions is not a worker that
- * refused, and its trainer must not be told so.
+ * refused, and its trainer must not be told so. A send that fails for
+ * another reason (the codec refused the message, out of memory) leaves
+ * the worker routable and nothing to send it again: its member fails at
+ * once, "SYNC could not be sent: <error>".
  *
  * Only a trainer may SYNC (brk_zap.c refuses the others before they get
  * here); every SYNC that gets here is audited with its key's name and
@@ -141,8 +144,10 @@ static int interrupted_at(const brk_t *b, const char *component, uint64_t versio
 }
 
 /* Forwards SYNC s (broker id sync_id) to w and notes it sent and awaiting
- * its ack. 0, or -1 with the failure logged (w is marked unreachable when
- * its pipe is gone or full). */
+ * its ack. 0, or -1 with the failure logged: w was unreachable already,
+ * or is marked so now when its pipe is gone or full (a transport
+ * failure); any other failure (the codec refused it, out of memory)
+ * leaves w routable, with errno saying why (not_sent tells them apart). */
 static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
     if (!w->route.routable || brk_worker_send(b, w, MSG_SYNC, sync_id, s, NULL) != 0) return -1;
     brk_wsync_t *ws = worker_sync(w, s->component, true);
@@ -175,8 +180,8 @@ static const msg_sync_t *held_base(const brk_t *b, const msg_sync_t *a, uint64_t
 
 /* sync_send of s, an adapter's base first when w neither runs it nor was
  * sent it on this session: the worker applies SYNCs in order, and
- * refuses an adapter on a base it does not run. -1 (s not sent) when the
- * base's send failed. */
+ * refuses an adapter on a base it does not run. -1 (s not sent) as
+ * sync_send's, when the base's send failed too. */
 static int sync_send_on_base(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
     const brk_wsync_t *ws = wsync_of(w, s->component);
     uint64_t base_id = 0;
@@ -188,10 +193,14 @@ static int sync_send_on_base(brk_t *b, brk_worker_t *w, uint64_t sync_id, const 
     return sync_send(b, w, sync_id, s);
 }
 
+static void catch_up_not_sent(brk_t *b, const brk_worker_t *w, const char *component, uint64_t version, int e);
+
 /* Only what w was never sent: a version it failed is sent again when it
  * reconnects (READY: a new registration) or when the trainer resends it,
  * not each time it speaks, which would retry a broken file in a loop. An
- * adapter on a base w does not run goes after its base (sync_send_on_base). */
+ * adapter on a base w does not run goes after its base (sync_send_on_base).
+ * A send that fails but for its transport fails the barrier members of w
+ * that waited for this SYNC to reach it (catch_up_not_sent). */
 void brk_catch_up(brk_t *b, brk_worker_t *w) {
     for (int i = 0; i < b->n_cur && w->route.routable; i++) {
         const brk_current_t *c = &b->cur[i];
@@ -199,7 +208,8 @@ void brk_catch_up(brk_t *b, brk_worker_t *w) {
         const brk_wsync_t *ws = wsync_of(w, c->component);
         uint64_t at = brk_peer_version(&w->route, c->component);
         if (c->version <= at || (ws && c->version <= ws->sent)) continue;
-        sync_send_on_base(b, w, c->sync_id, c->sync);
+        if (sync_send_on_base(b, w, c->sync_id, c->sync) != 0 && w->route.routable)
+            catch_up_not_sent(b, w, c->component, c->version, errno);
     }
 }
 
@@ -210,6 +220,7 @@ static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const ch
 static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worker_t *w);
 static void settle_barriers(brk_t *b);
 static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *when);
+static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const brk_worker_t *w, int e, const char *when);
 
 /* A LoRA adapter's base in the catalog, and the config of one sent by
  * upload (its SYNC is made again from them after a restart). */
@@ -286,7 +297,8 @@ static bool ws_covers(const brk_worker_t *w, const brk_barrier_t *s) {
  * at once. A barrier of a version no longer current (a newer one is) has
  * no SYNC of its own to send: the newer one the catch-up sends covers it
  * (its ok acks every older barrier), and deliveries_noted says whether it
- * went. A send that fails again leaves the member waiting, undelivered. */
+ * went. A send that fails again leaves the member waiting, undelivered,
+ * when w is unreachable (transport); any other failure fails it (not_sent). */
 static void resend_waiting(brk_t *b, brk_worker_t *w, bool all) {
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {
         brk_member_t *mb = member(s, w->route.name);
@@ -303,7 +315,7 @@ static void resend_waiting(brk_t *b, brk_worker_t *w, bool all) {
             mb->undelivered = false; /* a newer SYNC sent just before covers it: its ok acks this one */
         } else if (sync_send_on_base(b, w, s->sync_id, sync) != 0) {
             /* (an adapter's base first: it may have missed the base's catch-up while away) */
-            undelivered(s, mb, all ? "after it registered again" : "after it spoke again");
+            not_sent(b, s, mb, w, errno, all ? "after it registered again" : "after it spoke again");
         } else {
             mb->undelivered = false;
             brk_log("sync %s v%llu sent again to %s: it %s before answering", s->component,
@@ -335,6 +347,7 @@ void brk_sync_joined(brk_t *b, brk_worker_t *w) {
     rejoin_interrupted(b, w);
     brk_catch_up(b, w);
     deliveries_noted(b, w);
+    settle_barriers(b); /* (the catch-up may have failed a member) */
 }
 
 void brk_sync_reachable(brk_t *b, brk_worker_t *w) {
@@ -591,8 +604,9 @@ static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worke
 
 /* Adds w to s: applied when it runs the version already, else waiting for
  * the ack of a SYNC sent now (msg), or of one already on its way (a retry
- * does not make it load the file twice); waiting undelivered when it
- * cannot be sent (sent again when w registers or speaks again).
+ * does not make it load the file twice); waiting undelivered when w is
+ * unreachable (sent again when w registers or speaks again); failed when
+ * the send fails otherwise (not_sent).
  * A worker at the very version the broker cannot vouch for is sent the
  * SYNC: READY carries no sha256, and only the worker can tell whether it
  * runs these weights (ok, at once, nothing read) or other weights under
@@ -610,7 +624,7 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
         mb->state = M_WAITING;
     } else {
         mb->state = M_WAITING;
-        undelivered(s, mb, "when the sync began");
+        not_sent(b, s, mb, w, errno, "when the sync began");
     }
 }
 
@@ -622,6 +636,49 @@ static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *wh
     mb->undelivered = true;
     brk_log("sync %s v%llu: SYNC not delivered to %s %s (unreachable): waiting for it to register or speak "
             "again, until the deadline", s->component, (unsigned long long)s->version, mb->worker, when);
+}
+
+/* Writes the reason of a member whose SYNC could not be sent for errno e. */
+static void not_sent_reason(char *buf, size_t len, int e) {
+    snprintf(buf, len, "SYNC could not be sent: %s", zmq_strerror(e));
+}
+
+/* Waiting member mb of w could not be sent s's SYNC `when` (errno e): a
+ * transport failure (w unreachable: its connection gone or its queue
+ * full, brk_worker_send) waits undelivered; any other (the codec refused
+ * the message, out of memory) fails mb now with e's reason. w stays
+ * routable then, so nothing would send it again, and failing it only at
+ * the deadline, "not delivered: the worker did not register again",
+ * would name the wrong cause. The caller settles the barrier. */
+static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const brk_worker_t *w, int e, const char *when) {
+    if (!w->route.routable) {
+        undelivered(s, mb, when);
+        return;
+    }
+    char why[MSG_REASON_MAX];
+    not_sent_reason(why, sizeof why, e);
+    brk_log("sync %s v%llu: SYNC could not be sent to %s %s (%s): failed, not waited for", s->component,
+            (unsigned long long)s->version, mb->worker, when, zmq_strerror(e));
+    member_failed(b, s, mb, why);
+}
+
+/* brk_catch_up could not send w component's `version` (or its base) for
+ * errno e, w still routable: the members of w waiting undelivered on a
+ * barrier of that version or an older one (whose own SYNC is gone: the
+ * catch-up's was to cover them, deliveries_noted) fail as not_sent's.
+ * The caller settles the barriers. */
+static void catch_up_not_sent(brk_t *b, const brk_worker_t *w, const char *component, uint64_t version, int e) {
+    char why[MSG_REASON_MAX];
+    not_sent_reason(why, sizeof why, e);
+    for (brk_barrier_t *s = b->barriers; s; s = s->next) {
+        if (s->version > version || strcmp(s->component, component)) continue;
+        brk_member_t *mb = member(s, w->route.name);
+        if (!mb || mb->state != M_WAITING || !mb->undelivered) continue;
+        brk_log("sync %s v%llu: the catch-up's SYNC (v%llu) could not be sent to %s (%s): failed, not waited for",
+                s->component, (unsigned long long)s->version, (unsigned long long)version, mb->worker,
+                zmq_strerror(e));
+        member_failed(b, s, mb, why);
+    }
 }
 
 /* Where workers may not have registered (again) yet: the resend

@@ -27,9 +27,14 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
 void brk_sync_joined(brk_t *b, brk_worker_t *w);
 /* w spoke again after a send to it failed (brk_workers_heard): the SYNCs
  * barriers could not deliver to it are sent now, and it is caught up. A
- * send that fails again leaves it waiting for the next time. */
+ * send that fails again on its transport leaves it waiting for the next
+ * time; one that fails otherwise fails its member ("SYNC could not be
+ * sent: <error>"). */
 void brk_sync_reachable(brk_t *b, brk_worker_t *w);
-/* Sends w every current SYNC newer than what it has and was sent. */
+/* Sends w every current SYNC newer than what it has and was sent. One
+ * that cannot be sent but for its transport (w stays routable) fails the
+ * barrier members of w it was to reach ("SYNC could not be sent: <error>");
+ * the caller settles the barriers. */
 void brk_catch_up(brk_t *b, brk_worker_t *w);
 /* Worker w is being dropped: its pending barrier entries fail "worker
  * lost" ("SYNC not delivered: the worker was lost (why) before it

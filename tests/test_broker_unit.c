@@ -10,6 +10,7 @@
  * what the malformed counter counts). The process-level behaviour is tested against a
  * running reel-broker elsewhere (tests/cli_sync.sh). */
 #include <check.h>
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <unistd.h>
@@ -925,8 +926,8 @@ static void box_close(box_t *x) {
     zmq_ctx_term(x->b.ctx);
 }
 
-/* The trainer's SYNC, handled by the broker. */
-static void trainer_sync(box_t *x, uint64_t id, uint64_t version, const char *sha) {
+/* The trainer sends its SYNC (not handled yet). */
+static void trainer_sends_sync(box_t *x, uint64_t id, uint64_t version, const char *sha) {
     wire_val_t *h = wire_hdr("SYNC", id);
     wv_set(h, "component", wv_str("transformer"));
     wv_set(h, "version", wv_u64(version));
@@ -934,6 +935,11 @@ static void trainer_sync(box_t *x, uint64_t id, uint64_t version, const char *sh
     wv_set(h, "path", wv_str("/w/x.safetensors"));
     ck_assert_int_eq(wire_send(x->trainer, NULL, h, NULL, 0), 0);
     wv_free(&h);
+}
+
+/* The trainer's SYNC, handled by the broker. */
+static void trainer_sync(box_t *x, uint64_t id, uint64_t version, const char *sha) {
+    trainer_sends_sync(x, id, version, sha);
     deliver(x, false);
 }
 
@@ -1326,6 +1332,110 @@ START_TEST(test_a_sync_a_worker_could_not_be_sent_waits_for_it_to_come_back_and_
         ck_assert_ptr_null(x.b.barriers);
         TS_OK(brk_check(&x.b));
         box_close(&x);
+    }
+}
+END_TEST
+
+static cat_t *temp_catalog(char *dir, char *path, size_t len);
+static long long wait_sql_at_least(const char *path, const char *sql, long long want, int polls);
+static void remove_dir(const char *dir);
+
+/* The broker handles the next message on its worker (worker_side) or
+ * client socket with its worker socket swapped for a PULL socket, on which
+ * every send fails ENOTSUP: a send failure that is no transport's (as the
+ * codec refusing a message, or ENOMEM), so brk_worker_send leaves the
+ * worker routable. */
+static void deliver_refusing(box_t *x, bool worker_side) {
+    void *real = x->b.workers, *pull = sock(x->b.ctx, ZMQ_PULL);
+    ck_assert_int_eq(zmq_send(pull, "x", 1, ZMQ_DONTWAIT), -1);
+    ck_assert_int_eq(zmq_errno(), ENOTSUP);
+    wire_msg_t *m = calloc(1, sizeof *m);
+    wire_err_t err;
+    ck_assert_ptr_nonnull(m);
+    int rc = msg_recv(worker_side ? real : x->b.clients, true, 0, m, &err);
+    ck_assert_int_ge(rc, 0);
+    x->b.workers = pull;
+    brk_handle(&x->b, worker_side, &m, rc, &err);
+    x->b.workers = real;
+    drop_msg(&m);
+    zmq_close(pull);
+}
+
+/* Sync `version` (trainer id `id`) applied by w0 alone: current, its
+ * barrier still waiting for w1. */
+static void synced_w0_only(box_t *x, uint64_t id, uint64_t version, const char *sha) {
+    trainer_sync(x, id, version, sha);
+    expect_sync(x, 0, version);
+    ack(x, 0, version, NULL);
+    ck_assert_uint_eq(brk_current_version(&x->b, "transformer"), version);
+}
+
+/* A SYNC whose send fails for another reason than its transport (the
+ * worker stays routable: nothing would ever send it again) fails its
+ * member at once, "SYNC could not be sent: <error>", recorded in the
+ * catalog as any failure; it is not left waiting undelivered until the
+ * deadline to fail "did not register again". The send fails so when the
+ * sync begins (while another worker, unreachable: a transport failure,
+ * still waits undelivered in the same barrier and completes its part once
+ * it speaks again), when the SYNC is sent again to a worker that speaks
+ * again, and when a worker's catch-up SYNC (v3), which was to cover its
+ * wait on an older barrier (v2), cannot be sent. */
+START_TEST(test_a_sync_send_that_fails_but_for_its_transport_fails_the_member_at_once_naming_the_error) {
+    enum { AT_START, AT_SPEAKING, AT_CATCH_UP, N_WAYS };
+    char want[MSG_REASON_MAX], sql[MSG_REASON_MAX + 256];
+    snprintf(want, sizeof want, "SYNC could not be sent: %s", zmq_strerror(ENOTSUP));
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM worker_versions WHERE worker = 'w1' AND component = 'transformer' AND version = 2 "
+             "AND ok = 0 AND error = '%s'", want);
+    for (int way = 0; way < N_WAYS; way++) {
+        char dir[] = "/tmp/reel-syncsend.XXXXXX", path[64];
+        cat_t *c = temp_catalog(dir, path, sizeof path);
+        box_t x;
+        box_open(&x);
+        ck_assert_ptr_nonnull(x.b.cat = brk_catq_new(&c, BRK_CATQ_MAX));
+        ready(&x, 0, 1);
+        ready(&x, 1, 1);
+        brk_worker_t *w0 = brk_worker_named(&x.b, "w0"), *w1 = brk_worker_named(&x.b, "w1");
+        if (way == AT_START) {
+            brk_worker_unreachable(w0, "HEARTBEAT"); /* a transport failure: w0 waits */
+            trainer_sends_sync(&x, 1, 2, SHA_A);
+            deliver_refusing(&x, false);
+            ck_assert_ptr_nonnull(x.b.barriers);
+            const brk_member_t *m0 = &x.b.barriers->m[0], *m1 = &x.b.barriers->m[1];
+            ck_assert_str_eq(m1->worker, "w1");
+            ck_assert_int_eq(m1->state, BRK_MEMBER_FAILED);
+            ck_assert(!m1->undelivered);
+            ck_assert_str_eq(m1->reason, want);
+            ck_assert(w1->route.routable);
+            ck_assert(m0->state == BRK_MEMBER_WAITING && m0->undelivered); /* the transport failure waits */
+            ck_assert(!has_msg(x.w[1], "SYNC"));
+            ck_assert(!has_msg(x.trainer, "SYNC_DONE"));
+            TS_OK(brk_check(&x.b));
+            from_worker(&x, 0, wire_hdr("HEARTBEAT", 0)); /* w0 reachable again: sent it, and applies it */
+            expect_sync(&x, 0, 2);
+            ack(&x, 0, 2, NULL);
+            expect_w1_failed(&x, want);
+        } else {
+            brk_worker_unreachable(w1, "HEARTBEAT"); /* w1 waits undelivered, as a transport failure does */
+            synced_w0_only(&x, 1, 2, SHA_A);
+            if (way == AT_CATCH_UP) synced_w0_only(&x, 2, 3, SHA_B); /* v2's wait on w1 is covered by v3's SYNC */
+            ck_assert(!has_msg(x.trainer, "SYNC_DONE"));
+            TS_OK(brk_check(&x.b));
+            wire_val_t *hb = wire_hdr("HEARTBEAT", 0);
+            ck_assert_int_eq(wire_send(x.w[1], NULL, hb, NULL, 0), 0);
+            wv_free(&hb);
+            deliver_refusing(&x, true); /* w1 speaks again: its SYNC (v3 by the catch-up) cannot be sent */
+            ck_assert(w1->route.routable);
+            ck_assert(!has_msg(x.w[1], "SYNC"));
+            expect_w1_failed(&x, want);
+            if (way == AT_CATCH_UP) expect_w1_failed(&x, want); /* both barriers: v3's, then v2's */
+        }
+        ck_assert_ptr_null(x.b.barriers);
+        TS_OK(brk_check(&x.b));
+        ck_assert_int_eq(wait_sql_at_least(path, sql, 1, 500), 1);
+        brk_catq_destroy(&x.b.cat);
+        box_close(&x);
+        remove_dir(dir);
     }
 }
 END_TEST
@@ -4880,6 +4990,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale);
     tcase_add_test(sy, test_a_worker_that_registers_again_mid_sync_is_sent_the_sync_again);
     tcase_add_test(sy, test_a_sync_a_worker_could_not_be_sent_waits_for_it_to_come_back_and_fails_only_at_its_loss_or_deadline);
+    tcase_add_test(sy, test_a_sync_send_that_fails_but_for_its_transport_fails_the_member_at_once_naming_the_error);
     tcase_add_test(sy, test_a_worker_joining_below_the_current_adapters_base_is_sent_the_base_first);
     tcase_add_test(sy, test_a_worker_back_after_missing_a_base_and_its_adapter_is_sent_the_base_first);
     tcase_add_test(sy, test_a_late_ok_after_a_failed_deadline_makes_the_version_current);
