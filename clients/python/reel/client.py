@@ -1586,7 +1586,7 @@ class Client:
         total = sum(of)
         done = [0] * len(msgs)  # counted so far, per request (never past its own: the sum never passes total)
         index, sent, due, t0 = {}, {}, {}, {}  # rid -> request index, message, deadline, send time
-        todo, held = list(range(len(msgs))), []  # not sent yet; answered BUSY, to go after another answer
+        unsent, held = list(range(len(msgs))), []  # not sent yet; answered BUSY, to go after another answer
         # In flight at most: window, down to what was in flight when a BUSY
         # came (the broker holds no more of this call now), one more with
         # each answer after it: a full queue is not asked again and again.
@@ -1601,10 +1601,10 @@ class Client:
 
         def send_more():
             nonlocal st
-            todo[:0], held[:] = held, []  # the BUSY ones go again first
+            unsent[:0], held[:] = held, []  # the BUSY ones go again first
             batch = {}
-            while todo and len(sent) + len(batch) < limit:
-                i = todo.pop(0)
+            while unsent and len(sent) + len(batch) < limit:
+                i = unsent.pop(0)
                 rid = next(self._ids)
                 index[rid] = i
                 batch[rid] = msgs[i][:2]
@@ -1648,12 +1648,12 @@ class Client:
                     e.index = i
                     if not return_exceptions:
                         raise
-                    for j in held + todo:
+                    for j in held + unsent:
                         one = BusyError(e.message, e.request_id)
                         one.index = j
                         results[j] = one
                     held.clear()
-                    todo.clear()
+                    unsent.clear()
                     continue
                 except ReelTimeout as e:
                     now = time.monotonic()
