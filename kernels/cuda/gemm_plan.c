@@ -132,6 +132,42 @@ err:
     return -1;
 }
 
+static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, kern_lt_plan_t *p);
+
+/* For a grouped key k: the algorithm and epilogue of the same GEMM with
+ * one group (the plan a lone request's call gets, the heuristic being
+ * deterministic), set in p when cuBLASLt accepts that algorithm for p's
+ * batched layout within the workspace; *found says whether it did. p's
+ * descriptors are built. Fails only on a cuBLASLt error. */
+static int pinned_algo(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, kern_lt_plan_t *p, bool *found) {
+    lt_key_t one = *k;
+    kern_lt_plan_t lone;
+    cublasLtMatmulHeuristicResult_t res;
+    *found = false;
+    one.groups = 1;
+    if (plan_build(c, &one, bias, &lone) != 0) {
+        /* no algorithm for the lone shape: the heuristic of the batched
+         * one decides, as before; a cuBLASLt error is reported */
+        reel_err_clear();
+        return 0;
+    }
+    p->post_gelu = lone.post_gelu;
+    if (set_epilogue(p, k->bias, k->gelu && !lone.post_gelu) != 0) goto err;
+    memset(&res, 0, sizeof res);
+    cublasStatus_t st = cublasLtMatmulAlgoCheck(c->lt, p->op, p->a, p->b, p->c, p->c, &lone.algo, &res);
+    if (st == CUBLAS_STATUS_SUCCESS && res.state == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= c->blas_ws_bytes) {
+        p->algo = lone.algo;
+        *found = true;
+    } else {
+        p->post_gelu = false; /* the heuristic path sets its own */
+    }
+    plan_free(&lone);
+    return 0;
+err:
+    plan_free(&lone);
+    return -1;
+}
+
 /* Builds the plan of key k; `bias` is the bias pointer of the call (the
  * heuristic reads its alignment from it). A GELU that no algorithm takes as
  * an epilogue falls back to the bias-only epilogue plus the GELU kernel.
@@ -168,7 +204,18 @@ static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, k
         if (k->bias)
             LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &sb, sizeof sb));
     }
-    if (set_epilogue(p, k->bias, k->gelu) != 0 || heuristic(c, k, p, &found) != 0) goto err;
+    if (k->groups > 1) {
+        /* A grouped GEMM first tries the very algorithm a lone group's
+         * GEMM gets, with its epilogue: one kernel configuration for both
+         * makes each group's bits those of the lone call wherever the
+         * kernel computes its batch entries alike, where the heuristic,
+         * asked about the batched shape, may pick another kernel (it picks
+         * by the whole problem). The merge probe (model/gemm_merge.c)
+         * still decides whether the two agree. */
+        if (pinned_algo(c, k, bias, p, &found) != 0) goto err;
+    }
+    if (!found && set_epilogue(p, k->bias, k->gelu) != 0) goto err;
+    if (!found && heuristic(c, k, p, &found) != 0) goto err;
     if (!found && k->gelu) {
         p->post_gelu = true;
         if (set_epilogue(p, k->bias, false) != 0 || heuristic(c, k, p, &found) != 0) goto err;

@@ -101,6 +101,11 @@ LAZY(1, cublasLtMatmulAlgoGetHeuristic,
       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int want,
       cublasLtMatmulHeuristicResult_t results[], int *got),
      (h, op, a, b, c, d, pref, want, results, got))
+LAZY(1, cublasLtMatmulAlgoCheck,
+     (cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+      cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, const cublasLtMatmulAlgo_t *algo,
+      cublasLtMatmulHeuristicResult_t *result),
+     (h, op, a, b, c, d, algo, result))
 LAZY(1, cublasLtMatmul,
      (cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A, cublasLtMatrixLayout_t ad,
       const void *B, cublasLtMatrixLayout_t bd, const void *beta, const void *C, cublasLtMatrixLayout_t cd, void *D,
@@ -142,7 +147,8 @@ int reel_cublas_lazy_check(const char **reason) {
         { 1, "cublasLtMatrixLayoutSetAttribute" },
         { 1, "cublasLtMatmulPreferenceCreate" }, { 1, "cublasLtMatmulPreferenceDestroy" },
         { 1, "cublasLtMatmulPreferenceSetAttribute" }, { 1, "cublasLtMatmulAlgoGetHeuristic" },
-        { 1, "cublasLtMatmul" }, { 0, "cublasCreate_v2" }, { 0, "cublasDestroy_v2" },
+        { 1, "cublasLtMatmulAlgoCheck" }, { 1, "cublasLtMatmul" },
+        { 0, "cublasCreate_v2" }, { 0, "cublasDestroy_v2" },
         { 0, "cublasSetWorkspace_v2" }, { 0, "cublasSetStream_v2" }, { 0, "cublasSetMathMode" },
         { 0, "cublasGemmStridedBatchedEx" }, { 0, "cublasGetStatusString" },
     };
