@@ -70,6 +70,9 @@ kern_backend_t *kern_backend_cpu_new_impl(void); /* backend_cpu.c */
 
 /* Threads capturing right now: the device lock is held shared. */
 static __thread int tl_capturing;
+static __thread int tl_replaying; /* kern_graph_replay's loop runs on this thread */
+
+bool kern_thread_replaying(void) { return tl_replaying > 0; }
 static void capture_release(kern_backend_t *b);
 
 /* Sets up what every backend shares; destroys b and returns NULL on failure. */
@@ -442,8 +445,10 @@ int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
     if (g->native) {
         rc = g->backend->iface->graph_launch(g->native, s->impl);
     } else {
+        tl_replaying++;
         for (size_t i = 0; i < g->nodes && rc == 0; i++)
             rc = g->node[i].fn(NULL, g->args + g->node[i].args_off);
+        tl_replaying--;
     }
     if (rc == 0) g->replays++;
     return rc;

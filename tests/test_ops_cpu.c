@@ -24,6 +24,7 @@
 #include "kernels/registry.h"
 #include "tests/support.h"
 #include "kernels/cpu/cpu_attn.h"
+#include "kernels/cpu/cpu_pool.h"
 
 /* --- fixture: one CPU backend and stream per test; everything allocated
  * through the helpers below is released (and accounted) in teardown. ---- */
@@ -1735,17 +1736,18 @@ START_TEST(test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh) {
 END_TEST
 
 /* The pool (kernels/cpu/cpu_pool.h) may cut a GEMM into column slices and
- * run attention's heads side by side, differently for each pool size; the
- * bits must not move. Each op at the model's shapes (tiny, small, the
- * wan2.1-1.3b widths) on pools of 1, 2, 3 and 5 threads, against the same
- * op on one thread. */
+ * run attention's heads side by side, differently for each pool size, and
+ * a pool with more threads than a GEMM has tiles cuts its tiles where
+ * OpenBLAS computes the parts alike; the bits must not move. Each op at
+ * the model's shapes (tiny, small, the wan2.1-1.3b widths) on pools of 1,
+ * 2, 3, 5 and 16 threads, against the same op on one thread. */
 static void each_pool_size(void (*run)(float *out, void *ctx), void *ctx, int64_t n, const char *what) {
     float *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
     ck_assert(ref && got);
     kern_cpu_threads_set(1);
     ck_assert_int_eq(kern_cpu_threads(), 1);
     run(ref, ctx);
-    static const int sizes[] = { 2, 3, 5 };
+    static const int sizes[] = { 2, 3, 5, 16 };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         kern_cpu_threads_set(sizes[i]);
         ck_assert_int_eq(kern_cpu_threads(), sizes[i]);
@@ -1789,6 +1791,103 @@ START_TEST(test_gemm_bits_do_not_depend_on_the_pool_size) {
             each_pool_size(run_gemm, &c, M * Nn, what);
         }
     }
+}
+END_TEST
+
+/* A 256-token model's GEMMs on a pool of 16: 6 and 16 tiles, fewer than
+ * the threads, so each tile is cut where OpenBLAS computes its parts
+ * bitwise as the whole (ops_gemm.c): the results are the pool of one's,
+ * bit for bit, whatever OpenBLAS answered, and a yes was acted on. */
+START_TEST(test_gemm_tiles_cut_for_idle_threads_keep_the_bits) {
+    const int64_t cases[][3] = { { 256, 384, 384 }, { 256, 1024, 384 }, { 256, 384, 1024 }, { 512, 384, 384 } };
+    uint64_t runs0, runs1;
+    int yes0, no0, yes1, no1;
+    kern_cpu_gemm_split_forget(); /* asked afresh here, whatever ran before in this process */
+    kern_cpu_gemm_split_stats(&runs0, &yes0, &no0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t M = cases[i][0], Nn = cases[i][1], K = cases[i][2];
+        gemm_case_t c = { .x = T2(M, K), .w = T2(Nn, K), .b = T1(Nn), .y = T2(M, Nn), .bias = true };
+        fill(&c.x, -2, 2);
+        fill(&c.w, -0.3f, 0.3f);
+        fill(&c.b, -1, 1);
+        float *ref = malloc((size_t)(M * Nn) * 4), *got = malloc((size_t)(M * Nn) * 4);
+        ck_assert(ref && got);
+        for (int v = 0; v < 3; v++) {
+            c.gelu = v == 2;
+            c.bias = v != 0;
+            kern_cpu_threads_set(1);
+            run_gemm(ref, &c);
+            kern_cpu_threads_set(16);
+            uint64_t before, after;
+            int y, n;
+            kern_cpu_gemm_split_stats(&before, &y, &n);
+            memset(got, 0xff, (size_t)(M * Nn) * 4);
+            run_gemm(got, &c);
+            kern_cpu_gemm_split_stats(&after, &y, &n);
+            char what[128];
+            snprintf(what, sizeof what, "%s M=%lld N=%lld K=%lld%s on 16 threads (%s) against 1",
+                     c.gelu ? "gemm_gelu" : "gemm", (long long)M, (long long)Nn, (long long)K,
+                     c.bias ? " +bias" : "", after > before ? "tiles cut" : "tiles whole");
+            if (memcmp(got, ref, (size_t)(M * Nn) * 4) != 0) expect_same_bits(what, got, ref, M * Nn);
+        }
+        kern_cpu_threads_set(0);
+        free(ref);
+        free(got);
+    }
+    kern_cpu_gemm_split_stats(&runs1, &yes1, &no1);
+    /* every (tile, split) shape above was asked about, once */
+    ck_assert_int_ge(yes1 + no1 - yes0 - no0, 1);
+    if (yes1 > yes0) ck_assert_msg(runs1 > runs0, "OpenBLAS said yes to %d splits, and no GEMM was cut", yes1 - yes0);
+    else ck_assert_msg(runs1 == runs0, "OpenBLAS said no to every split, and %llu GEMMs were cut anyway",
+                       (unsigned long long)(runs1 - runs0));
+    printf("test_ops_cpu: OpenBLAS (%s) computes a cut tile bitwise the whole for %d of %d (tile, split) shapes\n",
+           openblas_get_corename(), yes1 - yes0, yes1 + no1 - yes0 - no0);
+}
+END_TEST
+
+/* A replay asks OpenBLAS nothing (a captured step allocates nothing): a
+ * GEMM captured before any answer was kept replays its tiles whole on 16
+ * threads, the same bits, and asks nothing; once an eager run has asked,
+ * the replay acts on the answer. */
+START_TEST(test_gemm_replay_asks_nothing_of_openblas) {
+    const int64_t M = 256, Nn = 384, K = 384;
+    kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn);
+    fill(&x, -2, 2);
+    fill(&w, -0.3f, 0.3f);
+    fill(&b, -1, 1);
+    float *ref = malloc((size_t)(M * Nn) * 4);
+    ck_assert(ref);
+    kern_cpu_threads_set(1);
+    ck_assert_int_eq(kern_gemm(S, &x, &w, &b, &y), 0);
+    memcpy(ref, F(&y), (size_t)(M * Nn) * 4);
+    kern_cpu_threads_set(16);
+    kern_cpu_gemm_split_forget();
+    ck_assert_int_eq(kern_capture_begin(S), 0);
+    ck_assert_int_eq(kern_gemm(S, &x, &w, &b, &y), 0);
+    kern_graph_t *g = NULL;
+    ck_assert_int_eq(kern_capture_end(S, &g), 0);
+    uint64_t runs0, runs1, runs2;
+    int yes, no;
+    kern_cpu_gemm_split_stats(&runs0, &yes, &no);
+    memset(F(&y), 0xff, (size_t)(M * Nn) * 4);
+    ck_assert_int_eq(kern_graph_replay(g, S), 0);
+    kern_cpu_gemm_split_stats(&runs1, &yes, &no);
+    ck_assert_msg(yes == 0 && no == 0, "a replay asked OpenBLAS about %d splits", yes + no);
+    ck_assert_msg(runs1 == runs0, "a replay cut tiles without an answer");
+    if (memcmp(F(&y), ref, (size_t)(M * Nn) * 4) != 0) expect_same_bits("replay, tiles whole", F(&y), ref, M * Nn);
+    ck_assert_int_eq(kern_gemm(S, &x, &w, &b, &y), 0); /* eager: asks */
+    kern_cpu_gemm_split_stats(&runs1, &yes, &no);
+    ck_assert_int_eq(yes + no, 1);
+    memset(F(&y), 0xff, (size_t)(M * Nn) * 4);
+    ck_assert_int_eq(kern_graph_replay(g, S), 0);
+    kern_cpu_gemm_split_stats(&runs2, &yes, &no);
+    ck_assert_int_eq(yes + no, 1);
+    ck_assert_msg((runs2 > runs1) == (yes == 1), "the replay %s though OpenBLAS said %s",
+                  runs2 > runs1 ? "cut its tiles" : "kept its tiles whole", yes ? "yes" : "no");
+    if (memcmp(F(&y), ref, (size_t)(M * Nn) * 4) != 0) expect_same_bits("replay after an answer", F(&y), ref, M * Nn);
+    kern_graph_destroy(&g);
+    kern_cpu_threads_set(0);
+    free(ref);
 }
 END_TEST
 
@@ -2248,6 +2347,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_sdpa_by_name_or_in_a_capture_does_not_fall_back);
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
     tcase_add_test(tc, test_gemm_bits_do_not_depend_on_the_pool_size);
+    tcase_add_test(tc, test_gemm_tiles_cut_for_idle_threads_keep_the_bits);
+    tcase_add_test(tc, test_gemm_replay_asks_nothing_of_openblas);
     tcase_add_test(tc, test_attention_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_row_wise_ops_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);

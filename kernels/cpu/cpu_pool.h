@@ -43,6 +43,14 @@ void cpu_par_rows(int64_t rows, int64_t width, cpu_rows_fn fn, void *ctx);
  * starts, and when a CPU backend is made. Cannot fail. */
 void kern_cpu_blas_single(void);
 
+/* The GEMMs run with their tiles cut for idle threads (ops_gemm.c) since
+ * the process started, and the (tile, split) shapes OpenBLAS said yes and
+ * no to. For tests and benchmarks; cannot fail. */
+void kern_cpu_gemm_split_stats(uint64_t *runs, int *yes, int *no);
+/* Forgets OpenBLAS's answers, so the next GEMMs ask again. For tests;
+ * cannot fail. */
+void kern_cpu_gemm_split_forget(void);
+
 /* How long (microseconds, at most 10 s) an idle pool thread watches for
  * work before it sleeps; 0 never watches; negative: back to
  * REEL_POOL_SPIN_US, else 50. always: watch whatever the machine's load

@@ -9,7 +9,18 @@
  * sgemm accumulates onto it (beta = 1). The tiles depend on the GEMM's
  * shape alone and never on the pool's size: the bits are the same on any
  * number of threads (tests/test_ops_cpu.c), and eager and replayed results
- * are bitwise equal. y must not alias x or w. */
+ * are bitwise equal. y must not alias x or w.
+ *
+ * A pool with more threads than a GEMM has tiles (a 256-token model's
+ * 256 x 384 output is 6 tiles: 6 of 64 cores) cuts each tile into 2 to 8
+ * sub-tiles, one sgemm each, where OpenBLAS computes a sub-tile the very
+ * bits it computes for it inside the whole tile: asked once per (tile,
+ * split) shape of the process, on random operands, three times (as the
+ * merged GEMMs ask, model/gemm_merge.c), never while a graph replays.
+ * OpenBLAS's AVX-512 kernels (SkylakeX, Cooperlake) say yes for sub-tiles
+ * of 64 rows and 32 columns upwards; its Haswell and Zen kernels sum an
+ * output differently in a call of any other shape and say no, so there
+ * the tiles stay whole. Either way the bits are the tiles' own. */
 #include "../ops_args.h"
 #include "base/error.h"
 #include "cpu_gemm_tiles.h"
@@ -18,13 +29,24 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include "../backend.h"
 
 typedef struct {
     const kern_gemm_args_t *a;
     cpu_gemm_tiles_t t;
     bool gelu;
+    int fr, fc; /* a whole tile's sub-tiles: fr down its rows, fc across its columns (1, 1: none) */
 } gemm_job_t;
+
+static void gelu_rows(const kern_gemm_args_t *a, int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+    for (int64_t r = r0; r < r0 + rows; r++) {
+        float *y = (float *)a->y + r * a->N + c0;
+        cpu_vec_gelu_tanh(y, y, cols);
+    }
+}
 
 /* Tile i of y (cpu_gemm_tiles.h), then its GELU while in cache. */
 static void gemm_tile(void *ctx, int64_t i) {
@@ -32,11 +54,178 @@ static void gemm_tile(void *ctx, int64_t i) {
     const kern_gemm_args_t *a = j->a;
     int64_t r0, c0, rows, cols;
     cpu_gemm_tile(a->x, a->w, a->bias, a->y, a->M, a->N, a->K, &j->t, i, &r0, &c0, &rows, &cols);
-    if (j->gelu)
-        for (int64_t r = r0; r < r0 + rows; r++) {
-            float *y = (float *)a->y + r * a->N + c0;
-            cpu_vec_gelu_tanh(y, y, cols);
-        }
+    if (j->gelu) gelu_rows(a, r0, c0, rows, cols);
+}
+
+/* rows x cols of y at (r0, c0) as cpu_gemm_tile computes a tile: the bias
+ * written first, one sgemm onto it (K >= 1 here). */
+static void gemm_block(const float *x, const float *w, const float *bias, float *y, int64_t N, int64_t K,
+                       int64_t r0, int64_t c0, int64_t rows, int64_t cols) {
+    float *yt = y + r0 * N + c0;
+    float beta = 0.0f;
+    if (bias) {
+        for (int64_t r = 0; r < rows; r++) memcpy(yt + r * N, bias + c0, (size_t)cols * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)rows, (blasint)cols, (blasint)K, 1.0f,
+                x + r0 * K, (blasint)K, w + c0 * K, (blasint)K, beta, yt, (blasint)N);
+}
+
+/* Item it of a split job: sub-tile it % (fr·fc) of tile it / (fr·fc). A
+ * tile at the edge (shorter than tm or tn) is not split: its first item
+ * runs it whole, the others nothing. */
+static void gemm_subtile(void *ctx, int64_t it) {
+    const gemm_job_t *j = ctx;
+    const kern_gemm_args_t *a = j->a;
+    const cpu_gemm_tiles_t *t = &j->t;
+    const int64_t f = (int64_t)j->fr * j->fc, i = it / f, s = it % f;
+    const int64_t per = t->mtiles * t->ntiles, g = i / per, ii = i % per;
+    const int64_t m0 = (ii % t->mtiles) * t->tm, n0 = (ii / t->mtiles) * t->tn;
+    const int64_t mb = t->group - m0 < t->tm ? t->group - m0 : t->tm, nb = a->N - n0 < t->tn ? a->N - n0 : t->tn;
+    if (mb != t->tm || nb != t->tn) {
+        if (s == 0) gemm_tile(ctx, i);
+        return;
+    }
+    const int64_t sm = t->tm / j->fr, sn = t->tn / j->fc;
+    const int64_t r0 = g * t->group + m0 + (s / j->fc) * sm, c0 = n0 + (s % j->fc) * sn;
+    gemm_block(a->x, a->w, a->bias, (float *)a->y, a->N, a->K, r0, c0, sm, sn);
+    if (j->gelu) gelu_rows(a, r0, c0, sm, sn);
+}
+
+/* What OpenBLAS said of a split: a tile of tm x tn over K (y's rows N
+ * apart, with or without the bias written first) cut fr x fc. */
+typedef struct {
+    int64_t tm, tn, K, N;
+    int fr, fc;
+    bool bias, ok;
+} split_verdict_t;
+
+#define SPLIT_VERDICTS 256
+static pthread_mutex_t split_mu = PTHREAD_MUTEX_INITIALIZER;
+static split_verdict_t split_verdicts[SPLIT_VERDICTS];
+static int split_nverdicts;
+static uint64_t split_runs; /* GEMMs run split (kern_cpu_gemm_split_stats) */
+
+static const split_verdict_t *split_find(const split_verdict_t *k) {
+    for (int i = 0; i < split_nverdicts; i++) {
+        const split_verdict_t *v = &split_verdicts[i];
+        if (v->tm == k->tm && v->tn == k->tn && v->K == k->K && v->N == k->N && v->fr == k->fr && v->fc == k->fc &&
+            v->bias == k->bias)
+            return v;
+    }
+    return NULL;
+}
+
+static uint64_t split_rand(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* 1: every sub-tile of k's split is bitwise its part of the whole tile,
+ * on three sets of random operands; 0: not; -1: no memory to ask. */
+static int split_probe(const split_verdict_t *k) {
+    const int64_t tm = k->tm, tn = k->tn, K = k->K, N = k->N, sm = tm / k->fr, sn = tn / k->fc;
+    const size_t nx = (size_t)(tm * K), nw = (size_t)(tn * K), ny = (size_t)(tm * N);
+    float *x = malloc(nx * sizeof *x), *w = malloc(nw * sizeof *w), *b = malloc((size_t)tn * sizeof *b);
+    float *y1 = calloc(ny, sizeof *y1), *y2 = calloc(ny, sizeof *y2);
+    int rc = -1;
+    if (!x || !w || !b || !y1 || !y2) goto out;
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)(tm * 131 + tn * 31 + K);
+    rc = 1;
+    for (int round = 0; round < 3 && rc == 1; round++) {
+        float *all[3] = { x, w, b };
+        const size_t n[3] = { nx, nw, (size_t)tn };
+        for (int p = 0; p < 3; p++)
+            for (size_t e = 0; e < n[p]; e++)
+                all[p][e] = (float)((double)(split_rand(&seed) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+        const float *bias = k->bias ? b : NULL;
+        gemm_block(x, w, bias, y1, N, K, 0, 0, tm, tn);
+        for (int r = 0; r < k->fr; r++)
+            for (int c = 0; c < k->fc; c++) gemm_block(x, w, bias, y2, N, K, r * sm, c * sn, sm, sn);
+        for (int64_t r = 0; r < tm && rc == 1; r++)
+            if (memcmp(y1 + r * N, y2 + r * N, (size_t)tn * sizeof(float)) != 0) rc = 0;
+    }
+out:
+    free(x);
+    free(w);
+    free(b);
+    free(y1);
+    free(y2);
+    return rc;
+}
+
+/* Whether k's split is bitwise the whole tile: the kept answer, else (not
+ * while a graph replays) OpenBLAS asked now. Unknown counts as no. */
+static bool split_ok(split_verdict_t k) {
+    pthread_mutex_lock(&split_mu);
+    const split_verdict_t *v = split_find(&k);
+    if (v) {
+        bool ok = v->ok;
+        pthread_mutex_unlock(&split_mu);
+        return ok;
+    }
+    pthread_mutex_unlock(&split_mu);
+    if (kern_thread_replaying()) return false;
+    int r = split_probe(&k); /* outside the lock: two threads may ask the same, and get the same answer */
+    if (r < 0) return false;
+    k.ok = r == 1;
+    pthread_mutex_lock(&split_mu);
+    if ((v = split_find(&k))) k.ok = v->ok;
+    else if (split_nverdicts < SPLIT_VERDICTS) split_verdicts[split_nverdicts++] = k;
+    else k.ok = false; /* a full table answers no: never split on a guess */
+    pthread_mutex_unlock(&split_mu);
+    return k.ok;
+}
+
+/* Tile-times a job of `tiles` tiles cut f ways takes on T threads, with
+ * each halving of a tile costing it a tenth more (each sub-tile packs its
+ * operands again: measured 0-10% per halving at small's shapes). */
+static double split_cost(int64_t tiles, int f, int T) {
+    int halvings = f >= 8 ? 3 : f >= 4 ? 2 : f >= 2 ? 1 : 0;
+    return (double)((tiles * f + T - 1) / T) / f * (1.0 + 0.1 * halvings);
+}
+
+/* Picks j->fr, j->fc for a pool of T threads: the cheapest split by
+ * split_cost that OpenBLAS computes bitwise, sub-tiles at least 64 rows and
+ * 32 columns, each a multiple of 16; 1, 1 when none beats the whole tiles. */
+static void split_choose(gemm_job_t *j, int64_t tiles, int T) {
+    static const int cand[][2] = { { 2, 1 }, { 1, 2 }, { 4, 1 }, { 2, 2 }, { 4, 2 }, { 2, 4 } };
+    j->fr = j->fc = 1;
+    if (T < 2 || tiles >= 4 * (int64_t)T || j->a->K < 1) return;
+    int pick = -1;
+    double pick_cost = split_cost(tiles, 1, T);
+    for (size_t c = 0; c < sizeof cand / sizeof cand[0]; c++) {
+        const int fr = cand[c][0], fc = cand[c][1];
+        const int64_t sm = j->t.tm / fr, sn = j->t.tn / fc;
+        if (j->t.tm % fr || j->t.tn % fc || sm < 64 || sn < 32 || sm % 16 || sn % 16) continue;
+        double cost = split_cost(tiles, fr * fc, T);
+        if (cost < pick_cost * 0.95) pick = (int)c, pick_cost = cost;
+    }
+    if (pick < 0) return;
+    /* One question, the best split's: OpenBLAS's answer is about its
+     * kernels (they sum a call of another shape alike, or not), so where
+     * it says no the tiles stay whole. */
+    split_verdict_t k = { j->t.tm, j->t.tn, j->a->K, j->a->N, cand[pick][0], cand[pick][1], j->a->bias != NULL, false };
+    if (split_ok(k)) {
+        j->fr = cand[pick][0];
+        j->fc = cand[pick][1];
+    }
+}
+
+void kern_cpu_gemm_split_forget(void) {
+    pthread_mutex_lock(&split_mu);
+    split_nverdicts = 0;
+    pthread_mutex_unlock(&split_mu);
+}
+
+void kern_cpu_gemm_split_stats(uint64_t *runs, int *yes, int *no) {
+    pthread_mutex_lock(&split_mu);
+    *runs = split_runs;
+    *yes = *no = 0;
+    for (int i = 0; i < split_nverdicts; i++) (split_verdicts[i].ok ? yes : no)[0]++;
+    pthread_mutex_unlock(&split_mu);
 }
 
 /* Fails (nothing written) when a size does not fit OpenBLAS's 32-bit ints.
@@ -54,10 +243,17 @@ static int gemm_run(const kern_gemm_args_t *a, bool gelu) {
      * tiny samples): its tiles stay on the caller, where waking a thread
      * costs more than a tile (bench_mix_step: 2 tiny samples at 2 threads
      * took 1.7x their time at 1). Same tiles either way: same bits. */
-    if (2.0 * (double)M * (double)N * (double)K < (double)CPU_GEMM_TILE_FLOPS)
+    if (2.0 * (double)M * (double)N * (double)K < (double)CPU_GEMM_TILE_FLOPS) {
         for (int64_t i = 0; i < tiles; i++) gemm_tile(&j, i);
-    else
+        return 0;
+    }
+    split_choose(&j, tiles, cpu_pool_threads());
+    if (j.fr * j.fc > 1) {
+        __atomic_fetch_add(&split_runs, 1, __ATOMIC_RELAXED);
+        cpu_par_for(tiles * j.fr * j.fc, gemm_subtile, &j);
+    } else {
         cpu_par_for(tiles, gemm_tile, &j);
+    }
     return 0;
 }
 
