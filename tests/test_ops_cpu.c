@@ -1846,10 +1846,10 @@ START_TEST(test_gemm_tiles_cut_for_idle_threads_keep_the_bits) {
 END_TEST
 
 /* A replay asks OpenBLAS nothing (a captured step allocates nothing): a
- * GEMM captured before any answer was kept replays its tiles whole on 16
- * threads, the same bits, and asks nothing; once an eager run has asked,
- * the replay acts on the answer. */
-START_TEST(test_gemm_replay_asks_nothing_of_openblas) {
+ * GEMM, and an attention call, captured before any answer was kept replay
+ * their tiles and blocks whole on 16 threads, the same bits, and ask
+ * nothing; once an eager run has asked, the replay acts on the answer. */
+START_TEST(test_replay_asks_nothing_of_openblas) {
     const int64_t M = 256, Nn = 384, K = 384;
     kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn);
     fill(&x, -2, 2);
@@ -1886,8 +1886,47 @@ START_TEST(test_gemm_replay_asks_nothing_of_openblas) {
                   runs2 > runs1 ? "cut its tiles" : "kept its tiles whole", yes ? "yes" : "no");
     if (memcmp(F(&y), ref, (size_t)(M * Nn) * 4) != 0) expect_same_bits("replay after an answer", F(&y), ref, M * Nn);
     kern_graph_destroy(&g);
-    kern_cpu_threads_set(0);
     free(ref);
+    /* the same for attention's whole-row blocks */
+    const int64_t nq = 256, H = 6, d = 64;
+    kern_tensor_t q = T2(nq, H * d), k = T2(nq, H * d), v = T2(nq, H * d), o = T2(nq, H * d);
+    fill(&q, -1, 1);
+    fill(&k, -1, 1);
+    fill(&v, -1, 1);
+    kern_attn_opts_t opts = { KERN_ATTN_FUSED, 0, false };
+    kern_attn_plan_t p = plan_of(nq, nq, H, d, &opts);
+    ck_assert_int_eq(kern_stream_reserve(S, p.scratch_bytes), 0);
+    float *aref = malloc((size_t)(nq * H * d) * 4);
+    ck_assert(aref);
+    kern_cpu_threads_set(1);
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), 0);
+    memcpy(aref, F(&o), (size_t)(nq * H * d) * 4);
+    kern_cpu_threads_set(16);
+    kern_cpu_attention_cut_forget();
+    ck_assert_int_eq(kern_capture_begin(S), 0);
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), 0);
+    ck_assert_int_eq(kern_capture_end(S, &g), 0);
+    kern_cpu_attention_cut_stats(&runs0, &yes, &no);
+    memset(F(&o), 0xff, (size_t)(nq * H * d) * 4);
+    ck_assert_int_eq(kern_graph_replay(g, S), 0);
+    kern_cpu_attention_cut_stats(&runs1, &yes, &no);
+    ck_assert_msg(yes == 0 && no == 0, "a replay asked OpenBLAS about %d attention cuts", yes + no);
+    ck_assert_msg(runs1 == runs0, "a replay cut attention blocks without an answer");
+    if (memcmp(F(&o), aref, (size_t)(nq * H * d) * 4) != 0)
+        expect_same_bits("attention replay, blocks whole", F(&o), aref, nq * H * d);
+    ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), 0); /* eager: asks */
+    kern_cpu_attention_cut_stats(&runs1, &yes, &no);
+    ck_assert_int_eq(yes + no, 1);
+    memset(F(&o), 0xff, (size_t)(nq * H * d) * 4);
+    ck_assert_int_eq(kern_graph_replay(g, S), 0);
+    kern_cpu_attention_cut_stats(&runs2, &yes, &no);
+    ck_assert_msg((runs2 > runs1) == (yes == 1), "the attention replay %s though OpenBLAS said %s",
+                  runs2 > runs1 ? "cut its blocks" : "kept its blocks whole", yes ? "yes" : "no");
+    if (memcmp(F(&o), aref, (size_t)(nq * H * d) * 4) != 0)
+        expect_same_bits("attention replay after an answer", F(&o), aref, nq * H * d);
+    kern_graph_destroy(&g);
+    kern_cpu_threads_set(0);
+    free(aref);
 }
 END_TEST
 
@@ -1900,6 +1939,53 @@ static void run_attention(float *out, void *ctx) {
                   reel_err_text());
     memcpy(out, F(&c->o), kern_tensor_bytes(&c->o));
 }
+
+/* A 256-token model's self-attention on 16 threads: one whole-row block
+ * a head, 6 items, so each block is cut where OpenBLAS computes a smaller
+ * block's outputs bitwise as the whole's (ops_attention.c): the results
+ * are the pool of one's, bit for bit, and a yes was acted on. */
+START_TEST(test_attention_blocks_cut_for_idle_threads_keep_the_bits) {
+    const int64_t cases[][4] = { { 256, 256, 6, 64 }, { 512, 512, 2, 64 }, { 256, 300, 3, 128 } };
+    kern_cpu_attention_cut_forget();
+    uint64_t runs0, runs1;
+    int yes, no;
+    kern_cpu_attention_cut_stats(&runs0, &yes, &no);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int64_t nq = cases[i][0], nk = cases[i][1], H = cases[i][2], d = cases[i][3];
+        attn_case_t c = { .q = T2(nq, H * d), .k = T2(nk, H * d), .v = T2(nk, H * d), .o = T2(nq, H * d), .H = H };
+        fill(&c.q, -1, 1);
+        fill(&c.k, -1, 1);
+        fill(&c.v, -1, 1);
+        kern_attn_opts_t opts = { KERN_ATTN_FUSED, 0, false };
+        kern_attn_plan_t p = plan_of(nq, nk, H, d, &opts);
+        ck_assert_int_eq(kern_stream_reserve(S, p.scratch_bytes), 0);
+        float *ref = malloc((size_t)(nq * H * d) * 4), *got = malloc((size_t)(nq * H * d) * 4);
+        ck_assert(ref && got);
+        kern_cpu_threads_set(1);
+        run_attention(ref, &c);
+        kern_cpu_threads_set(16);
+        uint64_t before, after;
+        kern_cpu_attention_cut_stats(&before, &yes, &no);
+        memset(got, 0xff, (size_t)(nq * H * d) * 4);
+        run_attention(got, &c);
+        kern_cpu_attention_cut_stats(&after, &yes, &no);
+        char what[128];
+        snprintf(what, sizeof what, "attention nq=%lld nk=%lld heads=%lld d=%lld on 16 threads (%s) against 1",
+                 (long long)nq, (long long)nk, (long long)H, (long long)d, after > before ? "blocks cut" : "whole");
+        if (memcmp(got, ref, (size_t)(nq * H * d) * 4) != 0) expect_same_bits(what, got, ref, nq * H * d);
+        kern_cpu_threads_set(0);
+        free(ref);
+        free(got);
+    }
+    kern_cpu_attention_cut_stats(&runs1, &yes, &no);
+    ck_assert_int_ge(yes + no, 1);
+    if (yes > 0) ck_assert_msg(runs1 > runs0, "OpenBLAS said yes to %d cuts, and no attention was cut", yes);
+    else ck_assert_msg(runs1 == runs0, "OpenBLAS said no to every cut, and %llu attention calls were cut anyway",
+                       (unsigned long long)(runs1 - runs0));
+    printf("test_ops_cpu: OpenBLAS (%s) computes a cut attention block bitwise the whole for %d of %d shapes\n",
+           openblas_get_corename(), yes, yes + no);
+}
+END_TEST
 
 /* Heads and query blocks side by side: the fused kernel's lanes (one block
  * per head at small sizes, two blocks a head at 1000 x 1048 queries x keys,
@@ -2348,8 +2434,9 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_gemm_gelu_is_bitwise_gemm_then_gelu_tanh);
     tcase_add_test(tc, test_gemm_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_gemm_tiles_cut_for_idle_threads_keep_the_bits);
-    tcase_add_test(tc, test_gemm_replay_asks_nothing_of_openblas);
+    tcase_add_test(tc, test_replay_asks_nothing_of_openblas);
     tcase_add_test(tc, test_attention_bits_do_not_depend_on_the_pool_size);
+    tcase_add_test(tc, test_attention_blocks_cut_for_idle_threads_keep_the_bits);
     tcase_add_test(tc, test_row_wise_ops_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);

@@ -50,6 +50,10 @@ void kern_cpu_gemm_split_stats(uint64_t *runs, int *yes, int *no);
 /* Forgets OpenBLAS's answers, so the next GEMMs ask again. For tests;
  * cannot fail. */
 void kern_cpu_gemm_split_forget(void);
+/* The same for attention's whole-row blocks cut for idle threads
+ * (ops_attention.c). */
+void kern_cpu_attention_cut_stats(uint64_t *runs, int *yes, int *no);
+void kern_cpu_attention_cut_forget(void);
 
 /* How long (microseconds, at most 10 s) an idle pool thread watches for
  * work before it sleeps; 0 never watches; negative: back to

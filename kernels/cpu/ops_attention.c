@@ -11,7 +11,8 @@
  * of one row, for rows longer than that), 64 lanes of 130 KiB for flash,
  * none direct. Blocks and lanes depend only on (nq, nk, heads, head_dim),
  * so a replay repeats the eager computation exactly, on any number of
- * threads. */
+ * threads; a pool with threads to spare may cut whole-row blocks smaller
+ * where OpenBLAS computes them to the same bits (below). */
 #include "../ops_args.h"
 #include "base/error.h"
 #include <limits.h>
@@ -19,6 +20,11 @@
 #include "ops_attention.h"
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
+#include "cpu_verdict.h"
+#include "../backend.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 static size_t attention_workspace(const void *args) {
     const kern_attention_args_t *a = args;
@@ -52,8 +58,19 @@ static inline attn_item_t attn_item(const attn_job_t *j, int64_t it) {
     return x;
 }
 
-/* Whole rows, lane t: items t, t + lanes, ... of (head, query block), one
- * sgemm for the scores, the row softmax, one sgemm into o's head slice. A
+/* m query rows of one head, whole rows: one sgemm for the scores into s
+ * [m, nk], the row softmax (not for the products alone), one sgemm into
+ * o's head slice. q, k, v, o at the head's first column, rows ld apart. */
+static void rows_block(const float *q, const float *k, const float *v, float *o, float *s, int64_t m, int64_t nk,
+                       int64_t d, int64_t ld, float scale, bool products) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk, (blasint)d, scale, q, (blasint)ld,
+                k, (blasint)ld, 0.0f, s, (blasint)nk);
+    if (!products) cpu_vec_softmax_rows(s, nk, s, nk, m, nk, 1.0f);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d, (blasint)nk, 1.0f, s, (blasint)nk,
+                v, (blasint)ld, 0.0f, o, (blasint)ld);
+}
+
+/* Whole rows, lane t: items t, t + lanes, ... of (head, query block). A
  * block's results do not depend on the lane or thread that computes it. */
 static void attention_lane(void *ctx, int64_t t) {
     const attn_job_t *j = ctx;
@@ -62,19 +79,95 @@ static void attention_lane(void *ctx, int64_t t) {
     float *s = (float *)a->hdr.scratch + t * j->rows * nk;
     for (int64_t it = t; it < j->items; it += j->lanes) {
         const attn_item_t x = attn_item(j, it);
-        const float *q = x.q, *k = x.k, *v = x.v;
-        float *o = x.o;
         const int64_t h = x.h, i0 = x.i0;
         const int64_t m = nq - i0 < j->rows ? nq - i0 : j->rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)nk,
-                    (blasint)d, a->scale, q + i0 * ld + h * d, (blasint)ld,
-                    k + h * d, (blasint)ld, 0.0f, s, (blasint)nk);
-        if (!j->products) cpu_vec_softmax_rows(s, nk, s, nk, m, nk, 1.0f);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)d,
-                    (blasint)nk, 1.0f, s, (blasint)nk, v + h * d, (blasint)ld, 0.0f,
-                    o + i0 * ld + h * d, (blasint)ld);
+        rows_block(x.q + i0 * ld + h * d, x.k + h * d, x.v + h * d, x.o + i0 * ld + h * d, s, m, nk, d, ld, a->scale,
+                   j->products);
     }
 }
+
+/* Cutting whole-row blocks for idle threads. A pool with more threads
+ * than a call has (head, query block) items (a 256-token model's
+ * self-attention: one block a head, 6 items) cuts each block into 2 to 8
+ * blocks of at least 64 rows where OpenBLAS computes a smaller block's
+ * outputs the very bits of the whole block's, as the GEMM cuts its tiles
+ * (ops_gemm.c): asked once per (block, cut) shape of the process on random
+ * operands, never while a graph replays. The scratch is the same: cut f
+ * ways, up to f times the lanes each take 1/f of a lane's scores. */
+static cpu_verdicts_t cut_verdicts = CPU_VERDICTS_INIT;
+static uint64_t cut_runs;
+
+/* 1: rows query rows cut into f blocks give the whole block's outputs bit
+ * for bit, three times on random operands; 0: not; -1: no memory. */
+static int cut_probe(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f) {
+    const size_t nq_ = (size_t)(rows * ld), nkv = (size_t)(nk * ld);
+    float *q = malloc(nq_ * sizeof *q), *k = malloc(nkv * sizeof *k), *v = malloc(nkv * sizeof *v);
+    float *o1 = calloc(nq_, sizeof *o1), *o2 = calloc(nq_, sizeof *o2), *s = malloc((size_t)(rows * nk) * sizeof *s);
+    int rc = -1;
+    if (!q || !k || !v || !o1 || !o2 || !s) goto out;
+    uint64_t seed = 0x2545f4914f6cdd1dull ^ (uint64_t)(rows * 977 + nk * 131 + d * 7 + f);
+    const int64_t sub = rows / f;
+    const float scale = 1.0f / sqrtf((float)d);
+    rc = 1;
+    for (int round = 0; round < 3 && rc == 1; round++) {
+        cpu_fill_random(q, nq_, &seed);
+        cpu_fill_random(k, nkv, &seed);
+        cpu_fill_random(v, nkv, &seed);
+        rows_block(q, k, v, o1, s, rows, nk, d, ld, scale, false);
+        for (int64_t b = 0; b < f; b++)
+            rows_block(q + b * sub * ld, k, v, o2 + b * sub * ld, s, sub, nk, d, ld, scale, false);
+        for (int64_t r = 0; r < rows && rc == 1; r++)
+            if (memcmp(o1 + r * ld, o2 + r * ld, (size_t)d * sizeof(float)) != 0) rc = 0;
+    }
+out:
+    free(q);
+    free(k);
+    free(v);
+    free(o1);
+    free(o2);
+    free(s);
+    return rc;
+}
+
+static bool cut_ok(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f) {
+    const int64_t key[CPU_VERDICT_KEY] = { rows, nk, d, ld, f, 0, 0, 0 };
+    int known = cpu_verdict_find(&cut_verdicts, key);
+    if (known >= 0) return known == 1;
+    if (kern_thread_replaying()) return false;
+    int r = cut_probe(rows, nk, d, ld, f);
+    if (r < 0) return false;
+    return cpu_verdict_keep(&cut_verdicts, key, r == 1);
+}
+
+/* Tile-times of `items` items cut f ways on T threads, each halving of a
+ * block counted a tenth dearer (as the GEMM's tiles). */
+static double cut_cost(int64_t items, int64_t f, int T) {
+    int halvings = f >= 8 ? 3 : f >= 4 ? 2 : f >= 2 ? 1 : 0;
+    return (double)((items * f + T - 1) / T) / (double)f * (1.0 + 0.1 * halvings);
+}
+
+/* The cut (1, 2, 4 or 8) of j's whole-row blocks for a pool of T threads:
+ * blocks of at least 64 rows, multiples of 16, every block full (nq a
+ * multiple of the block), where OpenBLAS says the cut keeps the bits. */
+static int64_t cut_choose(const attn_job_t *j, int64_t nq, int64_t nk, int64_t d, int64_t ld, int T) {
+    if (T < 2 || j->items >= 4 * (int64_t)T || nq % j->rows) return 1;
+    int64_t pick = 1;
+    double pick_cost = cut_cost(j->items, 1, T);
+    for (int64_t f = 2; f <= 8; f *= 2) {
+        const int64_t sub = j->rows / f;
+        if (j->rows % f || sub < 64 || sub % 16) continue;
+        double c = cut_cost(j->items, f, T);
+        if (c < pick_cost * 0.95) pick = f, pick_cost = c;
+    }
+    return pick > 1 && cut_ok(j->rows, nk, d, ld, pick) ? pick : 1;
+}
+
+void kern_cpu_attention_cut_stats(uint64_t *runs, int *yes, int *no) {
+    *runs = __atomic_load_n(&cut_runs, __ATOMIC_RELAXED);
+    cpu_verdict_count(&cut_verdicts, yes, no);
+}
+
+void kern_cpu_attention_cut_forget(void) { cpu_verdict_forget(&cut_verdicts); }
 
 /* cpu_attn_flash_item's two sgemm calls a key block, and nothing else. */
 static void flash_products(const float *q, const float *k, const float *v, float *o, int64_t mq, int64_t nk,
@@ -152,6 +245,16 @@ static int attention_run(const kern_attention_args_t *a, bool products) {
         return 0;
     }
     j.lanes = one ? 1 : cpu_attn_lanes(nq, nk, H, d);
+    if (!one && way == CPU_ATTN_ROWS) {
+        const int64_t f = cut_choose(&j, nq, nk, d, ld, cpu_pool_threads());
+        if (f > 1) {
+            __atomic_fetch_add(&cut_runs, 1, __ATOMIC_RELAXED);
+            j.rows /= f;
+            j.blocks *= f;
+            j.items *= f;
+            j.lanes = j.items < j.lanes * f ? j.items : j.lanes * f; /* within the same scratch */
+        }
+    }
     cpu_par_for(j.lanes, way == CPU_ATTN_FLASH ? attention_flash_lane : attention_lane, &j);
     return 0;
 }

@@ -25,11 +25,11 @@
 #include "base/error.h"
 #include "cpu_gemm_tiles.h"
 #include "cpu_pool.h"
+#include "cpu_verdict.h"
 #include "cpu_vmath.h"
 #include <cblas.h>
 #include <dlfcn.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../backend.h"
@@ -92,40 +92,25 @@ static void gemm_subtile(void *ctx, int64_t it) {
     if (j->gelu) gelu_rows(a, r0, c0, sm, sn);
 }
 
-/* What OpenBLAS said of a split: a tile of tm x tn over K (y's rows N
- * apart, with or without the bias written first) cut fr x fc. */
+/* OpenBLAS's answers about cut tiles: the key is a tile of tm x tn over K
+ * (y's rows N apart, the bias written first or not) cut fr x fc. */
+static cpu_verdicts_t split_verdicts = CPU_VERDICTS_INIT;
+static uint64_t split_runs; /* GEMMs run cut (kern_cpu_gemm_split_stats) */
+
 typedef struct {
     int64_t tm, tn, K, N;
     int fr, fc;
-    bool bias, ok;
-} split_verdict_t;
+    bool bias;
+} split_key_t;
 
-#define SPLIT_VERDICTS 256
-static pthread_mutex_t split_mu = PTHREAD_MUTEX_INITIALIZER;
-static split_verdict_t split_verdicts[SPLIT_VERDICTS];
-static int split_nverdicts;
-static uint64_t split_runs; /* GEMMs run split (kern_cpu_gemm_split_stats) */
-
-static const split_verdict_t *split_find(const split_verdict_t *k) {
-    for (int i = 0; i < split_nverdicts; i++) {
-        const split_verdict_t *v = &split_verdicts[i];
-        if (v->tm == k->tm && v->tn == k->tn && v->K == k->K && v->N == k->N && v->fr == k->fr && v->fc == k->fc &&
-            v->bias == k->bias)
-            return v;
-    }
-    return NULL;
+static void split_key(const split_key_t *k, int64_t out[CPU_VERDICT_KEY]) {
+    const int64_t key[CPU_VERDICT_KEY] = { k->tm, k->tn, k->K, k->N, k->fr, k->fc, k->bias, 0 };
+    memcpy(out, key, sizeof key);
 }
 
-static uint64_t split_rand(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-/* 1: every sub-tile of k's split is bitwise its part of the whole tile,
- * on three sets of random operands; 0: not; -1: no memory to ask. */
-static int split_probe(const split_verdict_t *k) {
+/* 1: every sub-tile of k's cut is bitwise its part of the whole tile, on
+ * three sets of random operands; 0: not; -1: no memory to ask. */
+static int split_probe(const split_key_t *k) {
     const int64_t tm = k->tm, tn = k->tn, K = k->K, N = k->N, sm = tm / k->fr, sn = tn / k->fc;
     const size_t nx = (size_t)(tm * K), nw = (size_t)(tn * K), ny = (size_t)(tm * N);
     float *x = malloc(nx * sizeof *x), *w = malloc(nw * sizeof *w), *b = malloc((size_t)tn * sizeof *b);
@@ -135,11 +120,9 @@ static int split_probe(const split_verdict_t *k) {
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)(tm * 131 + tn * 31 + K);
     rc = 1;
     for (int round = 0; round < 3 && rc == 1; round++) {
-        float *all[3] = { x, w, b };
-        const size_t n[3] = { nx, nw, (size_t)tn };
-        for (int p = 0; p < 3; p++)
-            for (size_t e = 0; e < n[p]; e++)
-                all[p][e] = (float)((double)(split_rand(&seed) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+        cpu_fill_random(x, nx, &seed);
+        cpu_fill_random(w, nw, &seed);
+        cpu_fill_random(b, (size_t)tn, &seed);
         const float *bias = k->bias ? b : NULL;
         gemm_block(x, w, bias, y1, N, K, 0, 0, tm, tn);
         for (int r = 0; r < k->fr; r++)
@@ -156,27 +139,17 @@ out:
     return rc;
 }
 
-/* Whether k's split is bitwise the whole tile: the kept answer, else (not
+/* Whether k's cut is bitwise the whole tile: the kept answer, else (not
  * while a graph replays) OpenBLAS asked now. Unknown counts as no. */
-static bool split_ok(split_verdict_t k) {
-    pthread_mutex_lock(&split_mu);
-    const split_verdict_t *v = split_find(&k);
-    if (v) {
-        bool ok = v->ok;
-        pthread_mutex_unlock(&split_mu);
-        return ok;
-    }
-    pthread_mutex_unlock(&split_mu);
+static bool split_ok(const split_key_t *k) {
+    int64_t key[CPU_VERDICT_KEY];
+    split_key(k, key);
+    int known = cpu_verdict_find(&split_verdicts, key);
+    if (known >= 0) return known == 1;
     if (kern_thread_replaying()) return false;
-    int r = split_probe(&k); /* outside the lock: two threads may ask the same, and get the same answer */
+    int r = split_probe(k); /* outside the lock: two threads may ask the same, and get the same answer */
     if (r < 0) return false;
-    k.ok = r == 1;
-    pthread_mutex_lock(&split_mu);
-    if ((v = split_find(&k))) k.ok = v->ok;
-    else if (split_nverdicts < SPLIT_VERDICTS) split_verdicts[split_nverdicts++] = k;
-    else k.ok = false; /* a full table answers no: never split on a guess */
-    pthread_mutex_unlock(&split_mu);
-    return k.ok;
+    return cpu_verdict_keep(&split_verdicts, key, r == 1);
 }
 
 /* Tile-times a job of `tiles` tiles cut f ways takes on T threads, with
@@ -207,25 +180,18 @@ static void split_choose(gemm_job_t *j, int64_t tiles, int T) {
     /* One question, the best split's: OpenBLAS's answer is about its
      * kernels (they sum a call of another shape alike, or not), so where
      * it says no the tiles stay whole. */
-    split_verdict_t k = { j->t.tm, j->t.tn, j->a->K, j->a->N, cand[pick][0], cand[pick][1], j->a->bias != NULL, false };
-    if (split_ok(k)) {
+    const split_key_t k = { j->t.tm, j->t.tn, j->a->K, j->a->N, cand[pick][0], cand[pick][1], j->a->bias != NULL };
+    if (split_ok(&k)) {
         j->fr = cand[pick][0];
         j->fc = cand[pick][1];
     }
 }
 
-void kern_cpu_gemm_split_forget(void) {
-    pthread_mutex_lock(&split_mu);
-    split_nverdicts = 0;
-    pthread_mutex_unlock(&split_mu);
-}
+void kern_cpu_gemm_split_forget(void) { cpu_verdict_forget(&split_verdicts); }
 
 void kern_cpu_gemm_split_stats(uint64_t *runs, int *yes, int *no) {
-    pthread_mutex_lock(&split_mu);
-    *runs = split_runs;
-    *yes = *no = 0;
-    for (int i = 0; i < split_nverdicts; i++) (split_verdicts[i].ok ? yes : no)[0]++;
-    pthread_mutex_unlock(&split_mu);
+    *runs = __atomic_load_n(&split_runs, __ATOMIC_RELAXED);
+    cpu_verdict_count(&split_verdicts, yes, no);
 }
 
 /* Fails (nothing written) when a size does not fit OpenBLAS's 32-bit ints.

@@ -1,0 +1,46 @@
+/* cpu_verdict.c -- see cpu_verdict.h. */
+#include "cpu_verdict.h"
+#include <string.h>
+
+/* The caller holds t->mu. */
+static const cpu_verdict_t *find(const cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY]) {
+    for (int i = 0; i < t->n; i++)
+        if (!memcmp(t->v[i].key, key, sizeof t->v[i].key)) return &t->v[i];
+    return NULL;
+}
+
+int cpu_verdict_find(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY]) {
+    pthread_mutex_lock(&t->mu);
+    const cpu_verdict_t *v = find(t, key);
+    int r = v ? v->ok : -1;
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
+bool cpu_verdict_keep(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY], bool ok) {
+    pthread_mutex_lock(&t->mu);
+    const cpu_verdict_t *v = find(t, key);
+    if (v) {
+        ok = v->ok;
+    } else if (t->n < CPU_VERDICTS) {
+        memcpy(t->v[t->n].key, key, sizeof t->v[t->n].key);
+        t->v[t->n++].ok = ok;
+    } else {
+        ok = false;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return ok;
+}
+
+void cpu_verdict_count(cpu_verdicts_t *t, int *yes, int *no) {
+    pthread_mutex_lock(&t->mu);
+    *yes = *no = 0;
+    for (int i = 0; i < t->n; i++) ++*(t->v[i].ok ? yes : no);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void cpu_verdict_forget(cpu_verdicts_t *t) {
+    pthread_mutex_lock(&t->mu);
+    t->n = 0;
+    pthread_mutex_unlock(&t->mu);
+}

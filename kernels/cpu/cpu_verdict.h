@@ -1,0 +1,60 @@
+/* cpu_verdict.h -- answers OpenBLAS gave about its own bits, kept for the
+ * process: whether a cut of some work (a GEMM tile into sub-tiles,
+ * attention's query block into smaller ones) computes the very bits of
+ * the whole (ops_gemm.c, ops_attention.c). Such an answer is a property
+ * of OpenBLAS's kernels on this CPU, so it is asked once per shape, on
+ * random operands, outside graph replays, and kept here. A table holds
+ * up to 256 answers; a full one keeps no more (the caller then answers
+ * no: never cut on a guess). Thread-safe. */
+#ifndef REEL_KERNELS_CPU_VERDICT_H
+#define REEL_KERNELS_CPU_VERDICT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CPU_VERDICT_KEY 8
+#define CPU_VERDICTS 256
+
+typedef struct {
+    int64_t key[CPU_VERDICT_KEY];
+    bool ok;
+} cpu_verdict_t;
+
+typedef struct {
+    pthread_mutex_t mu;
+    int n;
+    cpu_verdict_t v[CPU_VERDICTS];
+} cpu_verdicts_t;
+
+#define CPU_VERDICTS_INIT { PTHREAD_MUTEX_INITIALIZER, 0, { { { 0 }, false } } }
+
+/* The answer kept for key: 1 yes, 0 no, -1 none yet. */
+int cpu_verdict_find(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY]);
+
+/* Keeps ok for key unless an answer is kept already (two threads may ask
+ * at once: the first answer stays); returns the answer kept, false when
+ * the table is full. */
+bool cpu_verdict_keep(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY], bool ok);
+
+/* Answers kept, yes and no. */
+void cpu_verdict_count(cpu_verdicts_t *t, int *yes, int *no);
+
+/* Forgets every answer (tests). */
+void cpu_verdict_forget(cpu_verdicts_t *t);
+
+/* n floats uniform in [-1, 1) from *seed (xorshift64, advanced): the
+ * probes' operands. */
+static inline void cpu_fill_random(float *p, size_t n, uint64_t *seed) {
+    uint64_t s = *seed;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p[i] = (float)((double)(s >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+    }
+    *seed = s;
+}
+
+#endif
