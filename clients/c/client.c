@@ -1,5 +1,6 @@
 /* client.c -- the broker client (see client.h). */
 #include "client.h"
+#include "client_int.h"
 #include "base/error.h"
 #include "net/keys.h"
 #include <errno.h>
@@ -17,19 +18,19 @@
 
 struct reel_client {
     void *ctx;
-    void *sock;                 /* the DEALER: NULL until the first call (call_begin opens it) */
+    void *sock;                 /* the DEALER: NULL until the first call (cli_call_begin opens it) */
     void *mon;                  /* the reader of sock's handshake watch (libzmq's monitor): only while a call
                                  * runs, until the broker answered on sock; NULL otherwise */
     uint64_t mon_seq;
     bool in_call;               /* a call runs: a socket opened now is watched from before its connect */
     bool answered;              /* the broker answered on sock (or its handshake succeeded): no watch again */
-    bool unsendable;            /* a send on sock waited out its deadline (no pipe: see call_begin) */
+    bool unsendable;            /* a send on sock waited out its deadline (no pipe: see cli_call_begin) */
     int hs_kind;                /* the verdict: the last handshake failure seen (HS_*), HS_NONE after a success */
     uint32_t hs_value;          /* its event value (a ZAP status code, a protocol error) */
     bool hs_inherited;          /* the verdict is an earlier socket's (same endpoint): sock's first word replaces it */
     uint64_t hs_events;         /* handshake events read, over the client's life (none is kept) */
     int hs_most;                /* ... the most at one read */
-    uint64_t reopens;           /* fresh sockets call_begin opened for a dead one */
+    uint64_t reopens;           /* fresh sockets cli_call_begin opened for a dead one */
     char hint[320];             /* what a timeout adds: why the broker never let this client in */
     char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
     int n_eps, at;              /* ... and the one sock is connected to */
@@ -95,7 +96,7 @@ static void close_pair(void *sock, void *mon) {
  * that refuses this client's key, or speaks no CURVE, or cannot read its
  * HELLO, never answers, and a timeout is all the caller would see.
  *
- * A watch runs only while a call runs (call_begin, call_end), until the
+ * A watch runs only while a call runs (cli_call_begin, cli_call_end), until the
  * broker's first answer on sock; its events are read as they come (the
  * waits poll it) into one verdict (hs_kind) and not kept. An idle client
  * whose connection keeps failing (nothing listening: ~7 events a second;
@@ -178,7 +179,7 @@ static void read_handshakes(reel_client_t *c) {
 }
 
 /* The hint a timeout adds ("" when none). */
-static const char *handshake_hint(reel_client_t *c) {
+const char *cli_handshake_hint(reel_client_t *c) {
     read_handshakes(c);
     c->hint[0] = '\0';
     if (c->hs_kind == HS_AUTH)
@@ -278,7 +279,7 @@ static int sync_ended(reel_client_t *c, int rc) {
  * watch, while the broker has not answered on it. 0; -1 with err
  * ("internal") when no socket can be made at the first call (a dead one
  * that cannot be replaced stays: the call then times out, saying why). */
-static int call_begin(reel_client_t *c, wire_err_t *err) {
+int cli_call_begin(reel_client_t *c, wire_err_t *err) {
     c->in_call = true;
     if (!c->sock || c->unsendable || hs_final(c->hs_kind)) {
         bool again = c->sock != NULL;
@@ -299,8 +300,8 @@ static int call_begin(reel_client_t *c, wire_err_t *err) {
 }
 
 /* After each call: its watch ends, what it saw read into the verdict
- * first (kept for the next call's hint and call_begin). */
-static void call_end(reel_client_t *c) {
+ * first (kept for the next call's hint and cli_call_begin). */
+void cli_call_end(reel_client_t *c) {
     read_handshakes(c);
     unwatch(c->sock, c->mon);
     c->mon = NULL;
@@ -348,7 +349,7 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
     }
     /* every endpoint of the list is checked now (a socket connected and
      * closed: no watch outside a call), not at the first call or move;
-     * the socket the calls use is opened at the first (call_begin) */
+     * the socket the calls use is opened at the first (cli_call_begin) */
     for (int at = c->n_eps - 1; at >= 0; at--) {
         if (replace_socket(c, at) != 0) {
             reel_client_destroy(&c);
@@ -385,15 +386,13 @@ void reel_client_destroy(reel_client_t **cp) {
     *cp = NULL;
 }
 
-static int64_t now_ms(void) {
+int64_t cli_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void set_err(wire_err_t *err, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
+void cli_set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
     snprintf(err->code, sizeof err->code, "%s", code);
     va_list ap;
     va_start(ap, fmt);
@@ -407,31 +406,31 @@ static void set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
  * good (its handshake refused) has no pipe, and a blocking send waited
  * for ever there, past every timeout and interrupt. A deadline already
  * past: one try. 0; -1 with err: "timeout" (the socket is then replaced
- * at the next call: call_begin), "interrupted", or "internal". */
+ * at the next call: cli_call_begin), "interrupted", or "internal". */
 static int send_msg(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, const wire_msg_t *share,
                     int64_t deadline, wire_err_t *err) {
     for (;;) {
         if (msg_send(c->sock, NULL, type, id, body, share) == 0) return 0;
         if (errno != EAGAIN && errno != EINTR) {
-            set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
+            cli_set_err(err, WIRE_E_INTERNAL, "send: %s", zmq_strerror(errno));
             return -1;
         }
         for (;;) { /* room in the socket's pipe; encoded again only then */
             if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
-                set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the message could be sent");
+                cli_set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the message could be sent");
                 return -1;
             }
-            int64_t left = deadline - now_ms();
+            int64_t left = deadline - cli_now_ms();
             if (left <= 0) {
                 c->unsendable = true;
-                set_err(err, WIRE_E_TIMEOUT, "could not send to %s in time: no connection to it%s", c->eps[c->at],
-                        handshake_hint(c));
+                cli_set_err(err, WIRE_E_TIMEOUT, "could not send to %s in time: no connection to it%s", c->eps[c->at],
+                        cli_handshake_hint(c));
                 return -1;
             }
             zmq_pollitem_t it[2] = { { c->sock, 0, ZMQ_POLLOUT, 0 }, { c->mon, 0, ZMQ_POLLIN, 0 } };
             int rc = zmq_poll(it, c->mon ? 2 : 1, left < 100 ? (long)left : 100); /* an interrupt: within 100 ms */
             if (rc < 0 && errno != EINTR) {
-                set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
+                cli_set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
                 return -1;
             }
             if (rc > 0 && c->mon && (it[1].revents & ZMQ_POLLIN)) read_handshakes(c);
@@ -440,19 +439,39 @@ static int send_msg(reel_client_t *c, msg_type_t type, uint64_t id, const void *
     }
 }
 
-/* Waits for the message answering `id` (skipping stale ones); PROGRESS is
- * passed to fn. 0 with *m filled, -1 on timeout/transport failure. */
-static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
-                  reel_progress_fn fn, void *user, wire_err_t *err) {
+/* The ids a wait takes answers for: up to three of its own (0: none), and
+ * those of msgs[0..n_msgs) (a live wait's messages). */
+typedef struct {
+    uint64_t ids[3];
+    const cli_live_msg_t *msgs;
+    int n_msgs;
+} want_t;
+
+static bool wanted(const want_t *w, uint64_t id) {
+    if (!id) return false;
+    for (int i = 0; i < 3; i++)
+        if (w->ids[i] == id) return true;
+    for (int i = 0; i < w->n_msgs; i++)
+        if (w->msgs[i].id == id) return true;
+    return false;
+}
+
+/* Waits for the next message answering an id of w, skipping the others
+ * (late answers to earlier calls) and malformed ones; each PROGRESS of
+ * those ids goes to fn (NULL: dropped). 0 with *m filled (m->id says
+ * which), -1 with err: "timeout" at the deadline, "interrupted",
+ * "internal". */
+static int await_want(reel_client_t *c, const want_t *w, int64_t deadline, wire_msg_t *m, cli_progress_fn fn,
+                      void *user, wire_err_t *err) {
     read_handshakes(c);
     for (;;) {
         if (atomic_load_explicit(&c->interrupted, memory_order_relaxed)) {
-            set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the broker answered");
+            cli_set_err(err, REEL_CLIENT_E_INTERRUPTED, "interrupted before the broker answered");
             return -1;
         }
-        int64_t left = deadline - now_ms();
+        int64_t left = deadline - cli_now_ms();
         if (left <= 0) {
-            set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time%s", handshake_hint(c));
+            cli_set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time%s", cli_handshake_hint(c));
             return -1;
         }
         /* a signal between the check above and the poll is seen within
@@ -462,7 +481,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
         int rc = zmq_poll(it, c->mon ? 2 : 1, left < 100 ? (long)left : 100);
         if (rc < 0) {
             if (errno == EINTR) continue;
-            set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
+            cli_set_err(err, WIRE_E_INTERNAL, "poll: %s", zmq_strerror(errno));
             return -1;
         }
         if (rc == 0) continue;
@@ -472,7 +491,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
         rc = msg_recv(c->sock, false, ZMQ_DONTWAIT, m, &e);
         if (rc < 0) continue;
         if (!c->answered) heard(c); /* the broker answered: its handshake succeeded, the watch ends */
-        if (rc == 1 || (m->id != id && (!id2 || m->id != id2) && (!id3 || m->id != id3))) { /* malformed: not ours to trust; or stale */
+        if (rc == 1 || !wanted(w, m->id)) { /* malformed: not ours to trust; or stale */
             wire_msg_close(m);
             continue;
         }
@@ -480,7 +499,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
             msg_progress_t p;
             /* the decode's frames continue the steps: one bar over both */
             if (fn && msg_progress_decode(m, &p, &e) == 0)
-                fn(user, (int)(p.step + p.decoded), (int)(p.steps + p.decode_frames));
+                fn(user, m->id, (int)(p.step + p.decoded), (int)(p.steps + p.decode_frames));
             wire_msg_close(m);
             continue;
         }
@@ -488,20 +507,35 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
     }
 }
 
-/* await3 for two ids (id2 0: none; m->id says which). */
-static int await2(reel_client_t *c, uint64_t id, uint64_t id2, int64_t deadline, wire_msg_t *m,
-                  reel_progress_fn fn, void *user, wire_err_t *err) {
-    return await3(c, id, id2, 0, deadline, m, fn, user, err);
+/* A single call's progress function, as await_want passes it on. */
+typedef struct {
+    reel_progress_fn fn;
+    void *user;
+} one_progress_t;
+
+static void one_progress(void *user, uint64_t id, int done, int total) {
+    const one_progress_t *p = user;
+    (void)id;
+    p->fn(p->user, done, total);
 }
 
-/* The answer to id (await2: to id or to id2, 0 = none; m->id says which). */
+/* Waits for the message answering `id` (or id2, id3: 0 = none; m->id
+ * says which), as await_want; PROGRESS is passed to fn. */
+static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
+                  reel_progress_fn fn, void *user, wire_err_t *err) {
+    const want_t w = { { id, id2, id3 }, NULL, 0 };
+    one_progress_t p = { fn, user };
+    return await_want(c, &w, deadline, m, fn ? one_progress : NULL, &p, err);
+}
+
+/* The answer to id, as await3. */
 static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m, reel_progress_fn fn, void *user,
                  wire_err_t *err) {
-    return await2(c, id, 0, deadline, m, fn, user, err);
+    return await3(c, id, 0, 0, deadline, m, fn, user, err);
 }
 
 /* ERROR/BUSY -> 1 with err set; else 0. */
-static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
+int cli_answer_is_error(wire_msg_t *m, wire_err_t *err) {
     msg_type_t t = msg_type(m);
     if (t != MSG_BUSY && t != MSG_ERROR) return 0;
     union {
@@ -510,13 +544,13 @@ static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
     } *a = malloc(sizeof *a);
     wire_err_t why;
     if (!a) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        cli_set_err(err, WIRE_E_INTERNAL, "out of memory");
     } else if (t == MSG_BUSY ? msg_busy_decode(m, &a->busy, &why) : msg_error_decode(m, &a->error, &why)) {
-        set_err(err, WIRE_E_MALFORMED, "unreadable %s: %s", m->type, why.message);
+        cli_set_err(err, WIRE_E_MALFORMED, "unreadable %s: %s", m->type, why.message);
     } else if (t == MSG_BUSY) {
-        set_err(err, WIRE_E_BUSY, "%s", a->busy.message[0] ? a->busy.message : "broker busy");
+        cli_set_err(err, WIRE_E_BUSY, "%s", a->busy.message[0] ? a->busy.message : "broker busy");
     } else {
-        set_err(err, a->error.code, "%s", a->error.message);
+        cli_set_err(err, a->error.code, "%s", a->error.message);
     }
     free(a);
     return 1;
@@ -527,10 +561,10 @@ static int answer_is_error(wire_msg_t *m, wire_err_t *err) {
  * -1 on transport failure or timeout (err set). */
 static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, int timeout_ms,
                 reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = cli_now_ms() + timeout_ms;
     if (send_msg(c, type, id, body, NULL, deadline, err) != 0 || await(c, id, deadline, m, fn, user, err) != 0)
         return -1;
-    if (answer_is_error(m, err)) {
+    if (cli_answer_is_error(m, err)) {
         wire_msg_close(m);
         return 1;
     }
@@ -540,7 +574,7 @@ static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body
 /* After a round of standby answers (a pair still choosing): 200 ms, or
  * what is left before end. */
 static void standby_pause(int64_t end) {
-    int64_t pause = end - now_ms() < 200 ? end - now_ms() : 200;
+    int64_t pause = end - cli_now_ms() < 200 ? end - cli_now_ms() : 200;
     if (pause > 0) nanosleep(&(struct timespec){ 0, (long)pause * 1000000L }, NULL);
 }
 
@@ -571,122 +605,150 @@ static uint64_t boot_of(wire_msg_t *m) {
     return boot;
 }
 
-/* call() for a GEN or a SYNC, sent so that a lost broker does not lose
- * it: a STATUS goes just before it (the broker that answers it is the one
- * the message reached: its boot id); after every liveness_ms of silence a
- * STATUS again. The message is sent again (same id; a GEN with the same
- * token, which a broker that holds it only attaches; a SYNC, which is
+int cli_live_begin(reel_client_t *c, cli_live_t *st, int64_t deadline, wire_err_t *err) {
+    memset(st, 0, sizeof *st);
+    st->boot = c->boot;
+    /* The broker's boot id, known from an earlier call or learnt now: a
+     * STATUS just before the first message (the first call only). Known,
+     * a restart before the messages got there only costs a resend the new
+     * broker attaches. */
+    if (!c->liveness_ms || c->boot) return 0;
+    st->ping = ++c->next_id;
+    st->asked = st->first = true;
+    return send_msg(c, MSG_STATUS, st->ping, NULL, NULL, deadline, err);
+}
+
+int cli_live_send(reel_client_t *c, const cli_live_msg_t *m, int64_t deadline, wire_err_t *err) {
+    return send_msg(c, m->type, m->id, m->body, NULL, deadline, err);
+}
+
+/* Every message of msgs again (the same requests), each told to the
+ * on_resend hook with silent_ms first. 0, or -1 with err as send_msg. */
+static int resend_all(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int silent_ms,
+                      int64_t deadline, wire_err_t *err) {
+    st->resent = true;
+    for (int i = 0; i < n; i++) {
+        c->resends++;
+        if (c->on_resend) c->on_resend(c->resend_user, msgs[i].id, silent_ms);
+        if (send_msg(c, msgs[i].type, msgs[i].id, msgs[i].body, NULL, deadline, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The messages are sent so that a lost broker does not lose them: a
+ * STATUS went just before them (cli_live_begin: the broker that answers it
+ * is the one they reached, its boot id); after every liveness_ms of
+ * silence a STATUS again. They are sent again (same ids; a GEN with the
+ * same token, which a broker that holds it only attaches; a SYNC, which is
  * idempotent: docs/PROTOCOL.md "Weight syncs") when that STATUS is not
  * answered within liveness_ms (the broker is gone or stuck), or is
- * answered by another broker (a new boot id: a restart lost it), or when
- * no boot id was learnt. */
-static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void *g, int timeout_ms,
-                     reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+ * answered by another broker (a new boot id: a restart lost them), or
+ * when no boot id was learnt. */
+int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int64_t deadline,
+                  wire_msg_t *m, cli_progress_fn fn, void *user, wire_err_t *err) {
     if (!c->liveness_ms) {
         /* no resends on silence; a standby's answer still moves a pair's client on */
-        int64_t end = now_ms() + timeout_ms;
-        for (int standbys = 1;; standbys++) {
-            int64_t left = end - now_ms();
-            int rc = call(c, type, id, g, left > 0 ? (int)left : 1, fn, user, m, err);
-            if (rc != 1 || c->n_eps < 2 || strcmp(err->code, WIRE_E_STANDBY) || now_ms() >= end) return rc;
-            if (standbys % c->n_eps == 0) standby_pause(end);
+        const want_t w = { { 0 }, msgs, n };
+        for (;;) {
+            if (await_want(c, &w, deadline, m, fn, user, err) != 0) return -1;
+            if (c->n_eps < 2 || cli_now_ms() >= deadline || !is_standby(m)) return 0;
+            wire_msg_close(m);
+            if (++st->standbys % c->n_eps == 0) standby_pause(deadline);
             if (switch_broker(c) != 0) {
-                set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+                cli_set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
                 return -1;
             }
-            c->resends++;
-            if (c->on_resend) c->on_resend(c->resend_user, id, -1);
+            if (resend_all(c, st, msgs, n, -1, deadline, err) != 0) return -1;
         }
     }
-    int64_t deadline = now_ms() + timeout_ms;
-    /* The broker's boot id, known from an earlier call or learnt now: a
-     * STATUS just before the GEN (the first call only). Known, a restart
-     * before the GEN got there only costs a resend the new broker attaches. */
-    uint64_t ping = c->boot ? 0 : ++c->next_id, boot = c->boot;
-    if ((ping && send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) ||
-        send_msg(c, type, id, g, NULL, deadline, err) != 0)
-        return -1;
-    bool asked = ping != 0; /* a STATUS (ping) is out */
-    bool first = ping != 0; /* ... the one sent just before the GEN */
-    int silent = 0;    /* why it is sent again: ms without an answer, or 0: another broker answered */
-    bool resent_since_ping = false; /* the GEN went again after the STATUS now out was sent */
-    int standbys = 0;  /* ERROR standby answers in a row (both brokers of a pair starting) */
     for (;;) {
-        int64_t until = now_ms() + c->liveness_ms;
-        if (await2(c, id, ping, until < deadline ? until : deadline, m, fn, user, err) == 0) {
-            if (m->id == id && c->n_eps > 1 && is_standby(m)) {
+        int silent = 0; /* why they are sent again: ms without an answer, 0: another broker answered, -1: a standby */
+        int64_t until = cli_now_ms() + c->liveness_ms;
+        const want_t w = { { st->ping }, msgs, n };
+        if (await_want(c, &w, until < deadline ? until : deadline, m, fn, user, err) == 0) {
+            if (m->id != st->ping && c->n_eps > 1 && is_standby(m)) {
                 /* The standby of a pair: the other broker serves. After
                  * a round of standbys (a pair still choosing), a pause. */
                 wire_msg_close(m);
-                if (++standbys % c->n_eps == 0) standby_pause(deadline);
-                if (now_ms() >= deadline) {
-                    set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time: every broker is the standby");
+                if (++st->standbys % c->n_eps == 0) standby_pause(deadline);
+                if (cli_now_ms() >= deadline) {
+                    cli_set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time: every broker is the standby");
                     return -1;
                 }
-                silent = -1; /* (on_resend: a standby answered) */
+                silent = -1;
                 goto again;
             }
-            if (m->id == id) { /* the answer; a RESULT names the broker's boot id for the next call (a
-                                * restart between calls is then no cause to send a GEN again) */
+            if (m->id != st->ping) { /* an answer; a RESULT names the broker's boot id for the next call (a
+                                      * restart between calls is then no cause to send a GEN again) */
                 uint64_t b = boot_of(m);
                 if (b) c->boot = b;
-                break;
+                return 0;
             }
             uint64_t now_boot = boot_of(m);
             wire_msg_close(m);
-            asked = false;
-            bool was_first = first;
-            first = false;
+            st->asked = false;
+            bool was_first = st->first;
+            st->first = false;
             if (was_first && now_boot) {
-                boot = c->boot = now_boot; /* the broker that holds the GEN */
+                st->boot = c->boot = now_boot; /* the broker that holds the messages */
                 continue;
             }
             /* the same broker: it still runs (a broker that names no boot
              * is older than resends: it is never sent one on its word) */
-            if (!now_boot || (!was_first && now_boot == boot)) continue;
-            if (!boot && resent_since_ping) { /* a late answer: the resend went after it, to this broker */
-                boot = c->boot = now_boot;
+            if (!now_boot || (!was_first && now_boot == st->boot)) continue;
+            if (!st->boot && st->resent) { /* a late answer: the resend went after it, to this broker */
+                st->boot = c->boot = now_boot;
                 continue;
             }
-            boot = c->boot = now_boot; /* another broker (a restart lost it), or none known: send again */
-            silent = 0;
+            st->boot = c->boot = now_boot; /* another broker (a restart lost them), or none known: send again */
         } else {
-            if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= deadline) return -1;
-            if (!asked) { /* silent for liveness_ms: is it there? */
-                ping = ++c->next_id;
-                if (send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) return -1;
-                asked = true;
-                first = false;
-                resent_since_ping = false;
+            if (strcmp(err->code, WIRE_E_TIMEOUT) || cli_now_ms() >= deadline) return -1;
+            if (!st->asked) { /* silent for liveness_ms: is it there? */
+                st->ping = ++c->next_id;
+                if (send_msg(c, MSG_STATUS, st->ping, NULL, NULL, deadline, err) != 0) return -1;
+                st->asked = true;
+                st->first = false;
+                st->resent = false;
                 continue;
             }
             /* that STATUS went unanswered for liveness_ms too (the one sent
-             * with the GEN: for liveness_ms): gone or stuck */
-            silent = first ? c->liveness_ms : 2 * c->liveness_ms;
-            asked = false;
-            first = false;
+             * with the messages: for liveness_ms): gone or stuck */
+            silent = st->first ? c->liveness_ms : 2 * c->liveness_ms;
+            st->asked = false;
+            st->first = false;
             if (c->n_eps > 1) goto again; /* a standby pair: the other broker */
         }
-        /* the message again, as the same request (the socket reconnects by itself) */
+        /* the messages again, as the same requests (the socket reconnects by itself) */
         if (0) {
         again:
             /* to the next broker of the list, a STATUS first (its boot id) */
             if (switch_broker(c) != 0) {
-                set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+                cli_set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
                 return -1;
             }
-            ping = ++c->next_id;
-            if (send_msg(c, MSG_STATUS, ping, NULL, NULL, deadline, err) != 0) return -1;
-            asked = first = true;
-            boot = 0;
-            resent_since_ping = false;
+            st->ping = ++c->next_id;
+            if (send_msg(c, MSG_STATUS, st->ping, NULL, NULL, deadline, err) != 0) return -1;
+            st->asked = st->first = true;
+            st->boot = 0;
+            st->resent = false;
         }
-        c->resends++;
-        resent_since_ping = true;
-        if (c->on_resend) c->on_resend(c->resend_user, id, silent);
-        if (send_msg(c, type, id, g, NULL, deadline, err) != 0) return -1;
+        if (resend_all(c, st, msgs, n, silent, deadline, err) != 0) return -1;
     }
-    if (answer_is_error(m, err)) {
+}
+
+/* call() for a GEN or a SYNC, sent so that a lost broker does not lose
+ * it (cli_live_next). 0 with *m the answer, 1 on ERROR or BUSY, -1 as
+ * cli_live_next (err set). */
+static int call_live(reel_client_t *c, msg_type_t type, uint64_t id, const void *g, int timeout_ms,
+                     reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
+    int64_t deadline = cli_now_ms() + timeout_ms;
+    const cli_live_msg_t one = { type, id, g };
+    cli_live_t st;
+    one_progress_t p = { fn, user };
+    if (cli_live_begin(c, &st, deadline, err) != 0 || cli_live_send(c, &one, deadline, err) != 0 ||
+        cli_live_next(c, &st, &one, 1, deadline, m, fn ? one_progress : NULL, &p, err) != 0)
+        return -1;
+    if (cli_answer_is_error(m, err)) {
         wire_msg_close(m);
         return 1;
     }
@@ -753,7 +815,7 @@ static int take_rollout(const msg_result_t *r, int n, reel_rollout_t *ro, wire_e
         take_f32(r->timesteps, 1, &ro->timesteps, n3) ||
         take_f32(r->means, 5 + g, &ro->means, ro->means_shape)) {
         reel_rollout_free(ro);
-        set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");
+        cli_set_err(err, WIRE_E_MALFORMED, "RESULT rollout tensors of the wrong kind, or out of memory");
         return -1;
     }
     ro->n = n;
@@ -786,7 +848,7 @@ static int take_decoded(const msg_result_t *r, reel_decoded_t *d, wire_err_t *er
         if (!src[i]) continue;
         if (src[i]->dtype != WIRE_U8 || !(*dst[i] = malloc(src[i]->bytes ? src[i]->bytes : 1))) {
             reel_decoded_free(d);
-            set_err(err, src[i]->dtype != WIRE_U8 ? WIRE_E_MALFORMED : WIRE_E_INTERNAL, "RESULT %s %s", src[i]->name,
+            cli_set_err(err, src[i]->dtype != WIRE_U8 ? WIRE_E_MALFORMED : WIRE_E_INTERNAL, "RESULT %s %s", src[i]->name,
                     src[i]->dtype != WIRE_U8 ? "is not U8" : "does not fit in memory");
             return -1;
         }
@@ -800,53 +862,52 @@ static int take_decoded(const msg_result_t *r, reel_decoded_t *d, wire_err_t *er
     return 0;
 }
 
-int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
-             reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
-    uint64_t id = ++c->next_id;
-    msg_gen_t m;
-    memset(&m, 0, sizeof m);
-    snprintf(m.model, sizeof m.model, "%s", g->model);
-    m.version = g->version;
-    m.steps = (uint64_t)g->steps;
-    m.shift = g->shift;
-    m.cfg = g->cfg;
-    m.sde = g->sde;
-    if (g->solver && strcmp(g->solver, "euler")) snprintf(m.solver, sizeof m.solver, "%s", g->solver);
-    m.eta = g->eta;
-    m.seed = g->seed;
+uint64_t cli_new_id(reel_client_t *c) { return ++c->next_id; }
+
+int cli_gen_message(reel_client_t *c, const reel_gen_t *g, msg_gen_t *m, wire_tensor_t t[3], size_t *nl,
+                    wire_err_t *err) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->model, sizeof m->model, "%s", g->model);
+    m->version = g->version;
+    m->steps = (uint64_t)g->steps;
+    m->shift = g->shift;
+    m->cfg = g->cfg;
+    m->sde = g->sde;
+    if (g->solver && strcmp(g->solver, "euler")) snprintf(m->solver, sizeof m->solver, "%s", g->solver);
+    m->eta = g->eta;
+    m->seed = g->seed;
     int n = g->n > 1 ? g->n : 1;
-    m.n = (uint64_t)n;
+    m->n = (uint64_t)n;
     if (g->seeds) {
         if (n > MSG_MAX_GROUP) {
-            set_err(err, WIRE_E_BAD_REQUEST, "a group has at most %d samples (n = %d)", MSG_MAX_GROUP, n);
+            cli_set_err(err, WIRE_E_BAD_REQUEST, "a group has at most %d samples (n = %d)", MSG_MAX_GROUP, n);
             return -1;
         }
-        memcpy(m.seeds, g->seeds, (size_t)n * sizeof *m.seeds);
-        m.n_seeds = n;
+        memcpy(m->seeds, g->seeds, (size_t)n * sizeof *m->seeds);
+        m->n_seeds = n;
     }
-    m.progress = g->progress;
-    m.deadline_ms = g->deadline_ms;
+    m->progress = g->progress;
+    m->deadline_ms = g->deadline_ms;
     if (g->rollout) {
-        m.return_trajectory = g->rollout->want_trajectory;
-        m.return_log_probs = g->rollout->want_log_probs;
-        m.return_means = g->rollout->want_means;
-        m.return_timesteps = g->rollout->want_timesteps;
+        m->return_trajectory = g->rollout->want_trajectory;
+        m->return_log_probs = g->rollout->want_log_probs;
+        m->return_means = g->rollout->want_means;
+        m->return_timesteps = g->rollout->want_timesteps;
     }
-    memcpy(m.latent_shape, g->latent_shape, sizeof m.latent_shape);
-    m.prompt = g->prompt;
-    m.negative_prompt = g->negative_prompt;
-    if (g->output && strcmp(g->output, "latent")) snprintf(m.output, sizeof m.output, "%s", g->output);
-    if (msg_gen_decodes(&m) && !g->decoded) {
-        set_err(err, WIRE_E_BAD_REQUEST, "output %s needs a reel_decoded_t to return it in", g->output);
+    memcpy(m->latent_shape, g->latent_shape, sizeof m->latent_shape);
+    m->prompt = g->prompt;
+    m->negative_prompt = g->negative_prompt;
+    if (g->output && strcmp(g->output, "latent")) snprintf(m->output, sizeof m->output, "%s", g->output);
+    if (msg_gen_decodes(m) && !g->decoded) {
+        cli_set_err(err, WIRE_E_BAD_REQUEST, "output %s needs a reel_decoded_t to return it in", g->output);
         return -1;
     }
-    wire_tensor_t t[3];
-    memset(t, 0, sizeof t);
-    size_t nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)n;
+    memset(t, 0, 3 * sizeof *t);
+    *nl = (size_t)(g->latent_shape[0] * g->latent_shape[1] * g->latent_shape[2] * g->latent_shape[3]) * (size_t)n;
     size_t nc = (size_t)(g->ctx_shape[0] * g->ctx_shape[1]);
     const float *src[3] = { g->context, g->uncond, g->latent };
     const char *names[3] = { "context", "uncond", "latent" };
-    const wire_tensor_t **slot[3] = { &m.context, &m.uncond, &m.latent };
+    const wire_tensor_t **slot[3] = { &m->context, &m->uncond, &m->latent };
     for (int i = 0; i < 3; i++) {
         if (!src[i]) continue;
         wire_tensor_t *x = &t[i];
@@ -860,7 +921,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
             x->ndim = i == 2 ? 4 : 2;
             memcpy(x->shape, i == 2 ? g->latent_shape : g->ctx_shape, (size_t)x->ndim * sizeof(int64_t));
         }
-        size_t ne = i == 2 ? nl : nc;
+        size_t ne = i == 2 ? *nl : nc;
         if (i == 1 && g->unc_rows > 0) { /* a negative prompt of its own length (models with text_len) */
             x->shape[0] = g->unc_rows;
             ne = (size_t)(g->unc_rows * g->ctx_shape[1]);
@@ -869,38 +930,55 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
         x->bytes = ne * sizeof(float);
         *slot[i] = x;
     }
-    m.client = c->token;
-    wire_msg_t a;
-    if (call_begin(c, err) != 0) return -1;
-    int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
-    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED))) {
-        /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
-         * rather than run it to its deadline for nobody. Best effort: its
-         * answer, if any, is read by no one (a later call skips it). The
-         * socket never blocks: a broker that is gone takes nothing. */
-        msg_cancel_t cancel = { .client = c->token };
-        if (msg_send(c->sock, NULL, MSG_CANCEL, id, &cancel, NULL) == 0) c->cancelled = true;
-    }
-    call_end(c);
-    if (rc != 0) return rc;
-    rc = -1;
+    m->client = c->token;
+    return 0;
+}
+
+void cli_cancel_gen(reel_client_t *c, uint64_t id) {
+    /* The socket never blocks: a broker that is gone takes nothing. */
+    msg_cancel_t cancel = { .client = c->token };
+    if (msg_send(c->sock, NULL, MSG_CANCEL, id, &cancel, NULL) == 0) c->cancelled = true;
+}
+
+int cli_gen_take(const reel_gen_t *g, size_t nl, wire_msg_t *a, float *out, reel_gen_result_t *res,
+                 const float **latent, wire_err_t *err) {
     msg_result_t r;
     wire_err_t why;
-    if (msg_type(&a) != MSG_RESULT || msg_result_decode(&a, &r, &why) != 0) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s%s%s", a.type,
-                msg_type(&a) == MSG_RESULT ? ": " : "", msg_type(&a) == MSG_RESULT ? why.message : "");
-        goto done;
+    if (msg_type(a) != MSG_RESULT || msg_result_decode(a, &r, &why) != 0) {
+        cli_set_err(err, WIRE_E_MALFORMED, "unexpected answer %s%s%s", a->type,
+                    msg_type(a) == MSG_RESULT ? ": " : "", msg_type(a) == MSG_RESULT ? why.message : "");
+        return -1;
     }
     if (!r.latent || r.latent->dtype != KERN_F32 || r.latent->bytes != nl * sizeof(float)) {
-        set_err(err, WIRE_E_MALFORMED, "RESULT latent %s", r.latent ? "of the wrong size" : "missing");
-        goto done;
+        cli_set_err(err, WIRE_E_MALFORMED, "RESULT latent %s", r.latent ? "of the wrong size" : "missing");
+        return -1;
     }
-    memcpy(out, r.latent->data, r.latent->bytes);
+    if (out) memcpy(out, r.latent->data, r.latent->bytes);
+    if (latent) *latent = r.latent->data;
     if (res) result_summary(&r, res);
-    if (g->rollout && take_rollout(&r, n, g->rollout, err) != 0) goto done;
-    if (g->decoded && take_decoded(&r, g->decoded, err) != 0) goto done;
-    rc = 0;
-done:
+    int n = g->n > 1 ? g->n : 1;
+    if (g->rollout && take_rollout(&r, n, g->rollout, err) != 0) return -1;
+    if (g->decoded && take_decoded(&r, g->decoded, err) != 0) return -1;
+    return 0;
+}
+
+int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
+             reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
+    uint64_t id = cli_new_id(c);
+    msg_gen_t m;
+    wire_tensor_t t[3];
+    size_t nl;
+    if (cli_gen_message(c, g, &m, t, &nl, err) != 0) return -1;
+    wire_msg_t a;
+    if (cli_call_begin(c, err) != 0) return -1;
+    int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
+    /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
+     * rather than run it to its deadline for nobody. */
+    if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)))
+        cli_cancel_gen(c, id);
+    cli_call_end(c);
+    if (rc != 0) return rc;
+    rc = cli_gen_take(g, nl, &a, out, res, NULL, err);
     wire_msg_close(&a);
     return rc;
 }
@@ -933,19 +1011,19 @@ static int send_chunk(reel_client_t *c, uint64_t id, msg_upload_t *u, int fd, ch
     uint64_t n = u->size - offset < MSG_CHUNK_MAX ? u->size - offset : MSG_CHUNK_MAX;
     ssize_t got = pread(fd, buf->p, n, (off_t)offset);
     if (got != (ssize_t)n) {
-        set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
+        cli_set_err(err, WIRE_E_INTERNAL, "reading the weights: %s", got < 0 ? strerror(errno) : "the file shrank");
         return -1;
     }
     wire_msg_t *sh = calloc(1, sizeof *sh);
     if (!sh) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        cli_set_err(err, WIRE_E_INTERNAL, "out of memory");
         return -1;
     }
     atomic_store(&buf->state, BUF_IN_ZMQ);
     if (zmq_msg_init_data(&sh->frame[0], buf->p, n, chunk_sent, buf) != 0) {
         atomic_store(&buf->state, BUF_FREE);
         free(sh);
-        set_err(err, WIRE_E_INTERNAL, "zmq_msg_init_data: %s", zmq_strerror(errno));
+        cli_set_err(err, WIRE_E_INTERNAL, "zmq_msg_init_data: %s", zmq_strerror(errno));
         return -1;
     }
     sh->n_tensors = 1;
@@ -984,13 +1062,13 @@ static int upload_open(reel_client_t *c, upload_t *p, const char *component, uin
     struct stat st;
     p->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (p->fd < 0 || fstat(p->fd, &st) != 0 || st.st_size <= 0) {
-        set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, p->fd < 0 ? strerror(errno) : "empty or unreadable");
+        cli_set_err(err, WIRE_E_BAD_REQUEST, "%s: %s", path, p->fd < 0 ? strerror(errno) : "empty or unreadable");
         if (p->fd >= 0) close(p->fd);
         return -1;
     }
     for (int i = 0; i < UPLOAD_BUFS; i++) {
         if (!(p->buf[i] = malloc(sizeof *p->buf[i] + MSG_CHUNK_MAX))) {
-            set_err(err, WIRE_E_INTERNAL, "out of memory");
+            cli_set_err(err, WIRE_E_INTERNAL, "out of memory");
             while (i--) free(p->buf[i]);
             close(p->fd);
             return -1;
@@ -1018,12 +1096,12 @@ static void upload_close(upload_t *p) {
 /* A buffer zmq gave back; NULL (err) when none came back within timeout_ms:
  * every chunk acked was sent, so one is normally free at once. */
 static chunk_buf_t *free_buf(upload_t *p, int timeout_ms, wire_err_t *err) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = cli_now_ms() + timeout_ms;
     for (;;) {
         for (int i = 0; i < UPLOAD_BUFS; i++)
             if (atomic_load(&p->buf[i]->state) == BUF_FREE) return p->buf[i];
-        if (now_ms() > deadline) {
-            set_err(err, WIRE_E_TIMEOUT, "the chunks sent are not leaving the socket");
+        if (cli_now_ms() > deadline) {
+            cli_set_err(err, WIRE_E_TIMEOUT, "the chunks sent are not leaving the socket");
             return NULL;
         }
         struct timespec ts = { 0, 200000 };
@@ -1036,7 +1114,7 @@ static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t
     while (!p->complete && p->next < p->u.size && p->n_ends + p->ignore < REEL_UPLOAD_WINDOW) {
         uint64_t sent = 0;
         chunk_buf_t *b = free_buf(p, timeout_ms, err);
-        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, now_ms() + timeout_ms, err) != 0) return -1;
+        if (!b || send_chunk(c, p->id, &p->u, p->fd, b, p->next, &sent, cli_now_ms() + timeout_ms, err) != 0) return -1;
         p->next += sent;
         p->ends[p->n_ends++] = p->next;
     }
@@ -1046,7 +1124,7 @@ static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t
 /* The broker's answer a to p->id (closed here): 0 going on (p->complete
  * once the broker holds it all), 1 on ERROR or BUSY, -1 malformed (err). */
 static int upload_answer(upload_t *p, wire_msg_t *a, wire_err_t *err) {
-    if (answer_is_error(a, err)) {
+    if (cli_answer_is_error(a, err)) {
         wire_msg_close(a);
         return 1;
     }
@@ -1055,7 +1133,7 @@ static int upload_answer(upload_t *p, wire_msg_t *a, wire_err_t *err) {
     int bad = msg_type(a) != MSG_UPLOAD_ACK || msg_upload_ack_decode(a, &k, &why) != 0;
     wire_msg_close(a);
     if (bad || k.received > p->u.size) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
+        cli_set_err(err, WIRE_E_MALFORMED, "unexpected answer to UPLOAD");
         return -1;
     }
     if (k.complete) {
@@ -1088,19 +1166,19 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
                 reel_bytes_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     upload_t p;
     if (upload_open(c, &p, component, version, sha256, path, progress, user, err) != 0) return -1;
-    if (call_begin(c, err) != 0) {
+    if (cli_call_begin(c, err) != 0) {
         upload_close(&p);
         return -1;
     }
     int rc = 0;
     while (rc == 0 && !p.complete) {
         wire_msg_t a;
-        if (upload_fill(c, &p, timeout_ms, err) != 0 || await(c, p.id, now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) rc = -1;
+        if (upload_fill(c, &p, timeout_ms, err) != 0 || await(c, p.id, cli_now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) rc = -1;
         else rc = upload_answer(&p, &a, err);
     }
     upload_close(&p);
     rc = sync_ended(c, rc);
-    call_end(c);
+    cli_call_end(c);
     return rc;
 }
 
@@ -1108,7 +1186,7 @@ static msg_sync_t *sync_message(uint64_t client, const char *component, uint64_t
                                 uint64_t deadline_ms, wire_err_t *err) {
     msg_sync_t *s = calloc(1, sizeof *s);
     if (!s) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        cli_set_err(err, WIRE_E_INTERNAL, "out of memory");
         return NULL;
     }
     snprintf(s->component, sizeof s->component, "%s", component);
@@ -1126,7 +1204,7 @@ static int sync_done(wire_msg_t *a, reel_sync_result_t *res, wire_err_t *err) {
     msg_sync_done_t d;
     wire_err_t why;
     if (msg_type(a) != MSG_SYNC_DONE || msg_sync_done_decode(a, &d, &why) != 0) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a->type);
+        cli_set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", a->type);
         wire_msg_close(a);
         return -1;
     }
@@ -1172,7 +1250,7 @@ int reel_publish_adapter(reel_client_t *c, const char *component, uint64_t versi
                          const char *sha256, const char *path, const char *config, uint64_t deadline_ms,
                          reel_bytes_fn progress, void *user, reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
     if (strlen(config) >= MSG_LORA_CONFIG_MAX) {
-        set_err(err, WIRE_E_BAD_REQUEST, "the adapter's config is %zu bytes, more than %d", strlen(config),
+        cli_set_err(err, WIRE_E_BAD_REQUEST, "the adapter's config is %zu bytes, more than %d", strlen(config),
                 MSG_LORA_CONFIG_MAX - 1);
         return -1;
     }
@@ -1206,13 +1284,13 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     upload_t p;
     bool *synced = &st->synced;
     st->lost = false;
-    st->began = now_ms();
+    st->began = cli_now_ms();
     if (upload_open(c, &p, s->component, s->version, s->sha256, path, progress, user, err) != 0) return -1;
     uint64_t sid = 0;
     /* the broker this attempt talks to: its boot id, asked first when unknown */
     uint64_t ping = c->liveness_ms && !c->boot ? ++c->next_id : 0;
     bool first = ping != 0;
-    int64_t answer_by = now_ms() + timeout_ms, ping_by = 0;
+    int64_t answer_by = cli_now_ms() + timeout_ms, ping_by = 0;
     if (ping && send_msg(c, MSG_STATUS, ping, NULL, NULL, answer_by, err) != 0) {
         upload_close(&p);
         return -1;
@@ -1237,11 +1315,11 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
         /* the first STATUS waits for the answer's timeout; with a pair, a
          * liveness (the other broker may be the one that answers) */
         int64_t first_by = c->n_eps > 1 && c->liveness_ms ? st->began + c->liveness_ms : answer_by;
-        int64_t until = ping ? (first ? first_by : ping_by) : c->liveness_ms ? now_ms() + c->liveness_ms : answer_by;
+        int64_t until = ping ? (first ? first_by : ping_by) : c->liveness_ms ? cli_now_ms() + c->liveness_ms : answer_by;
         if (until > answer_by) until = answer_by;
         if (await3(c, p.complete ? sid : p.id, p.complete || *synced ? 0 : sid, ping, until, &a, NULL, NULL,
                    err) != 0) {
-            if (strcmp(err->code, WIRE_E_TIMEOUT) || now_ms() >= answer_by) {
+            if (strcmp(err->code, WIRE_E_TIMEOUT) || cli_now_ms() >= answer_by) {
                 rc = -1;
                 break;
             }
@@ -1253,7 +1331,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
             }
             if (!ping) { /* silent for liveness_ms: is it there? */
                 ping = ++c->next_id;
-                ping_by = now_ms() + c->liveness_ms;
+                ping_by = cli_now_ms() + c->liveness_ms;
                 if (send_msg(c, MSG_STATUS, ping, NULL, NULL, answer_by, err) != 0) {
                     rc = -1;
                     break;
@@ -1265,7 +1343,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
             rc = -1;
             break;
         }
-        st->heard = now_ms();
+        st->heard = cli_now_ms();
         if (ping && a.id == ping) {
             uint64_t boot = boot_of(&a);
             wire_msg_close(&a);
@@ -1284,9 +1362,9 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
             }
             continue;
         }
-        answer_by = now_ms() + timeout_ms; /* timeout_ms per answer awaited */
+        answer_by = cli_now_ms() + timeout_ms; /* timeout_ms per answer awaited */
         if (sid && a.id == sid) {
-            if (answer_is_error(&a, err)) { /* refused: the upload stops here (resumable) */
+            if (cli_answer_is_error(&a, err)) { /* refused: the upload stops here (resumable) */
                 wire_msg_close(&a);
                 rc = 1;
                 break;
@@ -1305,7 +1383,7 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
     if (rc == 1 && c->n_eps > 1 && !strcmp(err->code, WIRE_E_STANDBY)) {
         st->lost = true; /* the standby of a pair: the upload goes to the other broker */
         st->silent_ms = -1;
-        if (!st->refused) st->refused = now_ms();
+        if (!st->refused) st->refused = cli_now_ms();
         rc = -1;
     } else if (rc == 0 || rc == 1) {
         st->refused = 0;
@@ -1320,9 +1398,9 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
  * not passed without an answer. */
 static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes_fn progress, void *user,
                    reel_sync_result_t *res, int timeout_ms, wire_err_t *err) {
-    publish_state_t st = { .heard = now_ms() };
+    publish_state_t st = { .heard = cli_now_ms() };
     int rc;
-    if (call_begin(c, err) != 0) {
+    if (cli_call_begin(c, err) != 0) {
         free(s);
         return -1;
     }
@@ -1330,32 +1408,32 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
         rc = publish_attempt(c, s, path, progress, user, res, timeout_ms, &st, err);
         if (!st.lost) break;
         if (st.refused) { /* every broker a standby: bounded, with a pause a round */
-            if (now_ms() - st.refused >= timeout_ms) {
+            if (cli_now_ms() - st.refused >= timeout_ms) {
                 st.lost = false;
-                set_err(err, WIRE_E_STANDBY, "every broker of the pair answered standby for %d ms", timeout_ms);
+                cli_set_err(err, WIRE_E_STANDBY, "every broker of the pair answered standby for %d ms", timeout_ms);
                 rc = 1;
                 break;
             }
-            if (++st.rounds % c->n_eps == 0) standby_pause(now_ms() + 200);
+            if (++st.rounds % c->n_eps == 0) standby_pause(cli_now_ms() + 200);
         }
         /* No chunk goes again before a broker answers a STATUS: chunks sent
          * to nobody would only queue in the socket (megabytes an attempt).
          * A broker gone for good, silent for timeout_ms, ends it. */
         bool back = false;
-        while (!back && now_ms() - st.heard < timeout_ms) {
+        while (!back && cli_now_ms() - st.heard < timeout_ms) {
             /* a standby pair: the other broker, then each in turn */
             if (c->n_eps > 1 && switch_broker(c) != 0) break;
             uint64_t ping = ++c->next_id;
             wire_msg_t a;
             wire_err_t e;
             int wait_ms = c->liveness_ms ? c->liveness_ms : (timeout_ms < 3000 ? timeout_ms : 3000);
-            int64_t by = now_ms() + wait_ms;
+            int64_t by = cli_now_ms() + wait_ms;
             if (send_msg(c, MSG_STATUS, ping, NULL, NULL, by, &e) != 0) break;
             if (await(c, ping, by, &a, NULL, NULL, &e) == 0) {
                 uint64_t boot = boot_of(&a);
                 wire_msg_close(&a);
                 if (boot) c->boot = boot;
-                st.heard = now_ms();
+                st.heard = cli_now_ms();
                 back = true;
             }
         }
@@ -1363,10 +1441,10 @@ static int publish(reel_client_t *c, msg_sync_t *s, const char *path, reel_bytes
         c->resends++;
         if (c->on_resend) c->on_resend(c->resend_user, st.sent_id, st.silent_ms);
     }
-    if (st.lost) set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms%s", timeout_ms, handshake_hint(c));
+    if (st.lost) cli_set_err(err, WIRE_E_TIMEOUT, "no answer from the broker within %d ms%s", timeout_ms, cli_handshake_hint(c));
     free(s);
     rc = sync_ended(c, rc);
-    call_end(c);
+    cli_call_end(c);
     return rc;
 }
 
@@ -1377,12 +1455,12 @@ int reel_sync(reel_client_t *c, const char *component, uint64_t version, const c
     msg_sync_t *s = sync_message(c->token, component, version, sha256, path, deadline_ms, err);
     if (!s) return -1;
     wire_msg_t a;
-    if (call_begin(c, err) != 0) {
+    if (cli_call_begin(c, err) != 0) {
         free(s);
         return -1;
     }
     int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
-    call_end(c);
+    cli_call_end(c);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1396,12 +1474,12 @@ int reel_sync_adapter(reel_client_t *c, const char *component, uint64_t version,
     if (!s) return -1;
     s->base_version = base_version;
     wire_msg_t a;
-    if (call_begin(c, err) != 0) {
+    if (cli_call_begin(c, err) != 0) {
         free(s);
         return -1;
     }
     int rc = sync_ended(c, call_live(c, MSG_SYNC, id, s, timeout_ms, NULL, NULL, &a, err));
-    call_end(c);
+    cli_call_end(c);
     free(s);
     if (rc != 0) return rc;
     return sync_done(&a, res, err);
@@ -1418,7 +1496,7 @@ static int status_once(reel_client_t *c, reel_status_t **out, int timeout_ms, wi
     *out = NULL;
     reel_status_t *s = calloc(1, sizeof *s);
     if (!s) {
-        set_err(err, WIRE_E_INTERNAL, "out of memory");
+        cli_set_err(err, WIRE_E_INTERNAL, "out of memory");
         return -1;
     }
     int rc = call(c, MSG_STATUS, id, NULL, timeout_ms, NULL, NULL, &s->m, err);
@@ -1428,7 +1506,7 @@ static int status_once(reel_client_t *c, reel_status_t **out, int timeout_ms, wi
     }
     wire_err_t why;
     if (msg_type(&s->m) != MSG_STATUS_REPLY || msg_status_reply_decode(&s->m, &s->r, &why) != 0) {
-        set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", s->m.type);
+        cli_set_err(err, WIRE_E_MALFORMED, "unexpected answer %s", s->m.type);
         reel_status_free(&s);
         return -1;
     }
@@ -1446,7 +1524,7 @@ static int status_call(reel_client_t *c, reel_status_t **out, int timeout_ms, wi
     int share = timeout_ms / c->n_eps > 0 ? timeout_ms / c->n_eps : 1;
     for (int k = 0; k < c->n_eps; k++) {
         if (k > 0 && switch_broker(c) != 0) {
-            set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
+            cli_set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
             break;
         }
         reel_status_t *s;
@@ -1471,9 +1549,9 @@ static int status_call(reel_client_t *c, reel_status_t **out, int timeout_ms, wi
 
 int reel_status(reel_client_t *c, reel_status_t **out, int timeout_ms, wire_err_t *err) {
     *out = NULL;
-    if (call_begin(c, err) != 0) return -1;
+    if (cli_call_begin(c, err) != 0) return -1;
     int rc = status_call(c, out, timeout_ms, err);
-    call_end(c);
+    cli_call_end(c);
     return rc;
 }
 
