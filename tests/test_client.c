@@ -184,13 +184,16 @@ static msg_type_t next(fake_t *f, uint64_t *id) {
     return t;
 }
 
-/* STATUS_REPLY to STATUS `id`, naming boot `boot` (0: an older broker's, without one). */
-static void reply_status(fake_t *f, uint64_t id, uint64_t boot) {
+/* STATUS_REPLY to STATUS `id` of peer who on router, naming boot `boot`
+ * (0: an older broker's, without one). */
+static void reply_status_to(void *router, zmq_msg_t *who, uint64_t id, uint64_t boot) {
     msg_status_reply_t s;
     memset(&s, 0, sizeof s);
     s.boot = boot;
-    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_STATUS_REPLY, id, &s, NULL), 0);
+    ck_assert_int_eq(msg_send(router, who, MSG_STATUS_REPLY, id, &s, NULL), 0);
 }
+
+static void reply_status(fake_t *f, uint64_t id, uint64_t boot) { reply_status_to(f->router, &f->who, id, boot); }
 
 /* The GEN's RESULT (latent g_lat), then reel_gen's return. */
 static void finish(fake_t *f) {
@@ -871,6 +874,509 @@ START_TEST(test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_ke
 }
 END_TEST
 
+/* ---- a round of many GENs (reel_gen_many) against the fake broker --------------------- */
+
+#define ROUND_MAX 8
+#define LAT_N (4 * 2 * 8 * 8)
+
+/* A fake broker and a client whose reel_gen_many runs on a thread of its
+ * own, over ROUND_MAX requests at most: request i has seed 100 + i, and
+ * the fake answers each with the latent g_lat + seed (lat_of). */
+typedef struct {
+    char dir[64], ep[128];
+    void *ctx, *router;
+    reel_client_t *c;
+    zmq_msg_t who;
+    bool have_who;
+    pthread_t th;
+    bool running;
+    reel_gen_item_t items[ROUND_MAX];
+    float outs[ROUND_MAX][LAT_N];
+    size_t n, failed;
+    reel_gen_many_t o;
+    int rc;
+    wire_err_t err;
+    /* what progress and done were told, on the client's thread (read after the join) */
+    int progress_calls, progress_last, progress_total, progress_backwards;
+    int done_calls;
+    size_t done_order[2 * ROUND_MAX];
+    bool done_latent_ok[ROUND_MAX];
+} round_fake_t;
+
+static void lat_of(uint64_t seed, float *out) {
+    for (int j = 0; j < LAT_N; j++) out[j] = g_lat[j] + (float)seed;
+}
+
+static void round_progress(void *user, int done, int total) {
+    round_fake_t *f = user;
+    if (done < f->progress_last) f->progress_backwards++;
+    f->progress_calls++;
+    f->progress_last = done;
+    f->progress_total = total;
+}
+
+static void round_done(void *user, size_t i, reel_gen_item_t *it, const float *latent) {
+    round_fake_t *f = user;
+    if (f->done_calls < 2 * ROUND_MAX) f->done_order[f->done_calls] = i;
+    f->done_calls++;
+    if (latent && it->rc == 0) {
+        float want[LAT_N];
+        lat_of(it->g.seed, want);
+        f->done_latent_ok[i] = !memcmp(latent, want, sizeof want);
+    }
+}
+
+static void *round_main(void *p) {
+    round_fake_t *f = p;
+    f->rc = reel_gen_many(f->c, f->items, f->n, &f->o, &f->failed, &f->err);
+    return NULL;
+}
+
+/* n requests, window, timeout_ms, keep_going; the client's liveness
+ * (0: no STATUS, only the GENs); the round started. */
+static round_fake_t *round_open(size_t n, int window, int timeout_ms, bool keep_going, int liveness_ms) {
+    round_fake_t *f = calloc(1, sizeof *f);
+    ck_assert_ptr_nonnull(f);
+    ts_mkdtemp(f->dir, sizeof f->dir, "test-client-round");
+    snprintf(f->ep, sizeof f->ep, "ipc://%s/b", f->dir);
+    ck_assert_ptr_nonnull(f->ctx = zmq_ctx_new());
+    ck_assert_ptr_nonnull(f->router = zmq_socket(f->ctx, ZMQ_ROUTER));
+    ck_assert_int_eq(wire_socket_limits(f->router), 0);
+    int tmo = 10000;
+    zmq_setsockopt(f->router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(f->router, f->ep), 0);
+    TS_NEW(f->c = reel_client_new(f->ep));
+    reel_client_set_liveness(f->c, liveness_ms);
+    f->n = n;
+    for (size_t i = 0; i < n; i++) {
+        tiny_gen(&f->items[i].g);
+        f->items[i].g.seed = 100 + i;
+        f->items[i].out = f->outs[i];
+    }
+    f->o = (reel_gen_many_t){ .window = window, .timeout_ms = timeout_ms, .keep_going = keep_going,
+                              .progress = round_progress, .done = round_done, .user = f };
+    ck_assert_int_eq(pthread_create(&f->th, NULL, round_main, f), 0);
+    f->running = true;
+    return f;
+}
+
+/* The next message the client sent (within 10 s): its type, id, and for a
+ * GEN its seed (each GEN carries the client's token and progress asked). */
+static msg_type_t round_next(round_fake_t *f, uint64_t *id, uint64_t *seed) {
+    wire_msg_t m;
+    wire_err_t err;
+    ck_assert_msg(msg_recv(f->router, true, 0, &m, &err) == 0, "nothing (readable) from the client within 10 s");
+    if (!f->have_who) {
+        zmq_msg_init(&f->who);
+        ck_assert_int_eq(zmq_msg_copy(&f->who, &m.identity), 0);
+        f->have_who = true;
+    }
+    msg_type_t t = msg_type(&m);
+    *id = m.id;
+    if (t == MSG_GEN) {
+        msg_gen_t *g = malloc(sizeof *g);
+        ck_assert_ptr_nonnull(g);
+        ck_assert_msg(msg_gen_decode(&m, g, &err) == 0, "%s", err.message);
+        ck_assert_uint_ne(g->client, 0);
+        ck_assert_msg(g->progress, "a round with a progress function asks for PROGRESS");
+        if (seed) *seed = g->seed;
+        free(g);
+    }
+    wire_msg_close(&m);
+    return t;
+}
+
+/* The next message, which must be a GEN: its id; *seed its seed. */
+static uint64_t round_gen(round_fake_t *f, uint64_t *seed) {
+    uint64_t id;
+    msg_type_t t = round_next(f, &id, seed);
+    ck_assert_msg(t == MSG_GEN, "the client sent %s, not a GEN", msg_type_name(t));
+    return id;
+}
+
+/* Nothing comes from the client within ms (a silent broker's wait: what
+ * must not be sent is not). */
+static void round_quiet(round_fake_t *f, int ms, const char *why) {
+    zmq_pollitem_t it = { f->router, 0, ZMQ_POLLIN, 0 };
+    ck_assert_msg(zmq_poll(&it, 1, ms) == 0, "the client sent more %s", why);
+}
+
+static void round_result(round_fake_t *f, uint64_t id, uint64_t seed) {
+    float lat[LAT_N];
+    lat_of(seed, lat);
+    msg_result_t r;
+    memset(&r, 0, sizeof r);
+    r.version = 1;
+    const int64_t ls[4] = { 4, 2, 8, 8 };
+    wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat);
+    r.latent = &t;
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_RESULT, id, &r, NULL), 0);
+}
+
+static void round_progress_of(round_fake_t *f, uint64_t id, int step, int steps) {
+    msg_progress_t p = { .step = (uint64_t)step, .steps = (uint64_t)steps };
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_PROGRESS, id, &p, NULL), 0);
+}
+
+static void round_error(round_fake_t *f, uint64_t id, const char *code, const char *text) {
+    msg_error_t e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.code, sizeof e.code, "%s", code);
+    snprintf(e.message, sizeof e.message, "%s", text);
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_ERROR, id, &e, NULL), 0);
+}
+
+static void round_busy(round_fake_t *f, uint64_t id) {
+    msg_busy_t b;
+    memset(&b, 0, sizeof b);
+    snprintf(b.message, sizeof b.message, "queue full (1 requests waiting)");
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_BUSY, id, &b, NULL), 0);
+}
+
+/* The next message must be a CANCEL of GEN id with the client's token. */
+static void round_cancel(round_fake_t *f, uint64_t id) {
+    uint64_t got;
+    msg_type_t t = round_next(f, &got, NULL);
+    ck_assert_msg(t == MSG_CANCEL, "the client sent %s, not a CANCEL", msg_type_name(t));
+    ck_assert_uint_eq(got, id);
+}
+
+static void round_join(round_fake_t *f) {
+    if (f->running) pthread_join(f->th, NULL);
+    f->running = false;
+}
+
+/* Item i got its RESULT, bitwise the latent the fake sent for its seed. */
+static void round_item_ok(round_fake_t *f, size_t i) {
+    float want[LAT_N];
+    ck_assert_msg(f->items[i].rc == 0, "requests[%zu]: rc %d %s: %s", i, f->items[i].rc, f->items[i].err.code,
+                  f->items[i].err.message);
+    lat_of(100 + i, want);
+    ck_assert_mem_eq(f->outs[i], want, sizeof want);
+    ck_assert_msg(f->done_latent_ok[i], "done was not given requests[%zu]'s latent", i);
+}
+
+static void round_close(round_fake_t *f) {
+    round_join(f);
+    reel_client_destroy(&f->c);
+    if (f->have_who) zmq_msg_close(&f->who);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+    if (ts_rmtree(f->dir)) fprintf(stderr, "could not remove %s\n", f->dir);
+    free(f);
+}
+
+/* Window 3 of 7 requests: 3 GENs go, then nothing until one is answered,
+ * then exactly one more per answer, in the order given; each GEN its own
+ * id; the results land in their items, whatever order they come in;
+ * progress counts every request's steps (2 each: 14 in all) and never
+ * goes back. */
+START_TEST(test_a_round_keeps_at_most_its_window_in_flight_and_sends_one_more_per_answer) {
+    round_fake_t *f = round_open(7, 3, 20000, false, 0);
+    uint64_t id[7], seed;
+    for (int i = 0; i < 3; i++) {
+        id[i] = round_gen(f, &seed);
+        ck_assert_uint_eq(seed, 100 + (uint64_t)i); /* in the order given */
+        for (int j = 0; j < i; j++) ck_assert_uint_ne(id[i], id[j]);
+    }
+    round_quiet(f, 200, "than its window of 3 before an answer");
+    round_progress_of(f, id[1], 1, 2);
+    round_result(f, id[1], 101); /* answered out of order */
+    for (int i = 3; i < 7; i++) {
+        id[i] = round_gen(f, &seed);
+        ck_assert_uint_eq(seed, 100 + (uint64_t)i);
+        round_quiet(f, 100, "than one GEN for one answer");
+        int answer = i == 3 ? 0 : i == 4 ? 2 : i - 2; /* a request in flight */
+        round_result(f, id[answer], 100 + (uint64_t)answer);
+    }
+    round_result(f, id[5], 105);
+    round_result(f, id[6], 106);
+    round_join(f);
+    ck_assert_msg(f->rc == 0, "reel_gen_many: %d %s: %s", f->rc, f->err.code, f->err.message);
+    ck_assert_uint_eq(f->failed, REEL_GEN_NO_INDEX);
+    for (size_t i = 0; i < 7; i++) round_item_ok(f, i);
+    ck_assert_int_eq(f->done_calls, 7);
+    ck_assert_uint_eq(f->done_order[0], 1);
+    ck_assert_int_eq(f->progress_total, 14);
+    ck_assert_int_eq(f->progress_last, 14);
+    ck_assert_int_eq(f->progress_backwards, 0);
+    ck_assert_int_ge(f->progress_calls, 8); /* the PROGRESS, then one per RESULT */
+    round_close(f);
+}
+END_TEST
+
+/* Window 4 of 6: two answered BUSY. They are not sent again at once (the
+ * broker's queue is full: nothing goes until another is answered); the
+ * window is then what the broker held of the round (2), one more with
+ * each answer: the first answer sends the two BUSY ones again, first
+ * BUSY first, as new GENs (new ids), before the rest. */
+START_TEST(test_a_round_sends_a_busy_request_again_after_another_answer_with_the_window_shrunk) {
+    round_fake_t *f = round_open(6, 4, 20000, false, 0);
+    uint64_t id[4], seed, again[2];
+    for (int i = 0; i < 4; i++) id[i] = round_gen(f, &seed);
+    round_busy(f, id[3]);
+    round_busy(f, id[2]);
+    round_quiet(f, 200, "after a BUSY, before another answer");
+    round_result(f, id[0], 100); /* window 2 + 1 = 3, 1 in flight: two go */
+    again[0] = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 103); /* the first BUSY first */
+    again[1] = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 102);
+    round_quiet(f, 200, "than the window that shrank to 2 and grew by 1");
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++) ck_assert_uint_ne(again[k], id[j]); /* a new GEN */
+    round_result(f, again[0], 103); /* window 4 (capped), 2 in flight: 4 and 5 go */
+    uint64_t id4 = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 104);
+    uint64_t id5 = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 105);
+    round_result(f, id[1], 101);
+    round_result(f, again[1], 102);
+    round_result(f, id4, 104);
+    round_result(f, id5, 105);
+    round_join(f);
+    ck_assert_msg(f->rc == 0, "reel_gen_many: %d %s: %s", f->rc, f->err.code, f->err.message);
+    for (size_t i = 0; i < 6; i++) round_item_ok(f, i);
+    ck_assert_int_eq(f->items[2].busy, 1);
+    ck_assert_int_eq(f->items[3].busy, 1);
+    ck_assert_int_eq(f->items[0].busy + f->items[1].busy + f->items[4].busy + f->items[5].busy, 0);
+    round_close(f);
+}
+END_TEST
+
+/* A BUSY with nothing else of the round in flight (the queue is full of
+ * others' requests): that request fails "busy" with its index; the rest
+ * is never sent, or with keep_going fails "busy" too, each told to done. */
+START_TEST(test_a_busy_with_none_of_the_round_in_flight_fails_with_its_index) {
+    for (int keep = 0; keep < 2; keep++) {
+        round_fake_t *f = round_open(3, 1, 20000, keep, 0);
+        uint64_t seed, id = round_gen(f, &seed);
+        round_result(f, id, 100);
+        id = round_gen(f, &seed);
+        ck_assert_uint_eq(seed, 101);
+        round_busy(f, id);
+        round_join(f);
+        ck_assert_int_eq(f->rc, 1);
+        ck_assert_uint_eq(f->failed, 1);
+        ck_assert_str_eq(f->err.code, WIRE_E_BUSY);
+        round_item_ok(f, 0);
+        ck_assert_int_eq(f->items[1].rc, 1);
+        ck_assert_str_eq(f->items[1].err.code, WIRE_E_BUSY);
+        ck_assert_int_eq(f->items[1].busy, 1);
+        if (keep) {
+            ck_assert_int_eq(f->items[2].rc, 1);
+            ck_assert_str_eq(f->items[2].err.code, WIRE_E_BUSY);
+            ck_assert_msg(strstr(f->items[2].err.message, "not sent"), "%s", f->items[2].err.message);
+            ck_assert_int_eq(f->done_calls, 3);
+        } else {
+            ck_assert_int_eq(f->items[2].rc, -1);
+            ck_assert_str_eq(f->items[2].err.code, REEL_CLIENT_E_NOT_SENT);
+            ck_assert_int_eq(f->done_calls, 2);
+        }
+        round_quiet(f, 100, "after the round ended");
+        round_close(f);
+    }
+}
+END_TEST
+
+/* An ERROR in the middle: the round fails with that request's index and
+ * error; the one still in flight is cancelled (a CANCEL of its id), the
+ * rest never sent. With keep_going the others all get their RESULTs, and
+ * the call still says which one failed. */
+START_TEST(test_an_error_in_the_middle_of_a_round_carries_its_index_and_cancels_the_rest_unless_keep_going) {
+    round_fake_t *f = round_open(5, 2, 20000, false, 0);
+    uint64_t seed, id0 = round_gen(f, &seed), id1 = round_gen(f, &seed);
+    round_result(f, id0, 100);
+    uint64_t id2 = round_gen(f, &seed);
+    round_error(f, id1, WIRE_E_NO_WORKER, "no live worker serves model tiny");
+    round_cancel(f, id2);
+    round_join(f);
+    ck_assert_int_eq(f->rc, 1);
+    ck_assert_uint_eq(f->failed, 1);
+    ck_assert_str_eq(f->err.code, WIRE_E_NO_WORKER);
+    ck_assert_str_eq(f->err.message, "no live worker serves model tiny");
+    round_item_ok(f, 0);
+    ck_assert_int_eq(f->items[1].rc, 1);
+    ck_assert_str_eq(f->items[1].err.code, WIRE_E_NO_WORKER);
+    ck_assert_int_eq(f->items[2].rc, -1);
+    ck_assert_str_eq(f->items[2].err.code, WIRE_E_CANCELLED);
+    ck_assert_msg(strstr(f->items[2].err.message, "requests[1] failed"), "%s", f->items[2].err.message);
+    for (size_t i = 3; i < 5; i++) ck_assert_str_eq(f->items[i].err.code, REEL_CLIENT_E_NOT_SENT);
+    round_quiet(f, 100, "after the round ended");
+    round_close(f);
+
+    f = round_open(5, 2, 20000, true, 0);
+    uint64_t ids[5];
+    ids[0] = round_gen(f, &seed);
+    ids[1] = round_gen(f, &seed);
+    round_error(f, ids[1], WIRE_E_BAD_REQUEST, "GEN: bad");
+    ids[2] = round_gen(f, &seed); /* the ERROR made room: the round goes on */
+    ck_assert_uint_eq(seed, 102);
+    round_result(f, ids[0], 100);
+    ids[3] = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 103);
+    round_result(f, ids[2], 102);
+    ids[4] = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 104);
+    round_result(f, ids[3], 103);
+    round_result(f, ids[4], 104);
+    round_join(f);
+    ck_assert_int_eq(f->rc, 1);
+    ck_assert_uint_eq(f->failed, 1);
+    ck_assert_str_eq(f->err.code, WIRE_E_BAD_REQUEST);
+    for (size_t i = 0; i < 5; i++)
+        if (i != 1) round_item_ok(f, i);
+    ck_assert_int_eq(f->done_calls, 5);
+    round_close(f);
+}
+END_TEST
+
+/* A request whose answer does not come within its timeout fails alone
+ * ("timeout", its index in the message) and is cancelled; with
+ * keep_going the others go on and get their RESULTs. */
+START_TEST(test_a_request_past_its_timeout_fails_with_its_index_and_is_cancelled_while_the_others_go_on) {
+    round_fake_t *f = round_open(3, 2, 1500, true, 0);
+    uint64_t seed, id0 = round_gen(f, &seed), id1 = round_gen(f, &seed);
+    round_result(f, id0, 100);
+    uint64_t id2 = round_gen(f, &seed);
+    round_result(f, id2, 102);
+    round_cancel(f, id1); /* 1.5 s after its send */
+    round_join(f);
+    ck_assert_int_eq(f->rc, -1);
+    ck_assert_uint_eq(f->failed, 1);
+    ck_assert_str_eq(f->err.code, WIRE_E_TIMEOUT);
+    ck_assert_msg(strstr(f->err.message, "requests[1]") && strstr(f->err.message, "1500 ms"), "%s", f->err.message);
+    round_item_ok(f, 0);
+    round_item_ok(f, 2);
+    ck_assert_int_eq(f->items[1].rc, -1);
+    ck_assert_int_eq(f->done_calls, 3);
+    round_close(f);
+}
+END_TEST
+
+/* Each request's timeout counts from its own send, not from the round's
+ * start: window 1, timeout 3 s, the fake slow to answer each (2 s: a
+ * request sent 2 s into the round still has its 3 s; counted from the
+ * start it would be cancelled 1 s after its send, within the fake's
+ * silence). The fake's silences are the scenario, a slow broker, and
+ * each is a check that nothing comes meanwhile. */
+START_TEST(test_each_request_s_timeout_counts_from_its_own_send) {
+    round_fake_t *f = round_open(2, 1, 3000, false, 0);
+    uint64_t seed, id0 = round_gen(f, &seed);
+    round_quiet(f, 2000, "while the broker was slow to answer (a CANCEL too early?)");
+    round_result(f, id0, 100);
+    uint64_t id1 = round_gen(f, &seed);
+    round_quiet(f, 2000, "while the broker was slow to answer the second (its timeout counted from the round's start?)");
+    round_result(f, id1, 101);
+    round_join(f);
+    ck_assert_msg(f->rc == 0, "reel_gen_many: %d %s: %s", f->rc, f->err.code, f->err.message);
+    round_item_ok(f, 0);
+    round_item_ok(f, 1);
+    round_close(f);
+}
+END_TEST
+
+/* reel_client_interrupt ends a round: -1 "interrupted", no request's
+ * index; every request in flight cancelled (a CANCEL of each), the rest
+ * never sent. */
+START_TEST(test_an_interrupted_round_cancels_every_request_in_flight) {
+    round_fake_t *f = round_open(4, 2, 600000, true, 0);
+    uint64_t seed, id0 = round_gen(f, &seed), id1 = round_gen(f, &seed);
+    reel_client_interrupt(f->c);
+    round_join(f);
+    ck_assert_int_eq(f->rc, -1);
+    ck_assert_str_eq(f->err.code, REEL_CLIENT_E_INTERRUPTED);
+    ck_assert_uint_eq(f->failed, REEL_GEN_NO_INDEX);
+    uint64_t a, b;
+    ck_assert_int_eq(round_next(f, &a, NULL), MSG_CANCEL);
+    ck_assert_int_eq(round_next(f, &b, NULL), MSG_CANCEL);
+    ck_assert_msg((a == id0 && b == id1) || (a == id1 && b == id0), "CANCELs of %llu and %llu", (unsigned long long)a,
+                  (unsigned long long)b);
+    for (int i = 0; i < 2; i++) ck_assert_str_eq(f->items[i].err.code, REEL_CLIENT_E_INTERRUPTED);
+    for (int i = 2; i < 4; i++) ck_assert_str_eq(f->items[i].err.code, REEL_CLIENT_E_NOT_SENT);
+    ck_assert_int_eq(f->done_calls, 0);
+    round_close(f);
+}
+END_TEST
+
+/* A round's requests are checked before any is sent: one that cannot be
+ * built fails the call with its index, and nothing reaches the broker. */
+START_TEST(test_a_round_with_a_request_that_cannot_be_built_sends_nothing) {
+    char dir[64], ep[128];
+    ts_mkdtemp(dir, sizeof dir, "test-client-round-bad");
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(router, ep), 0);
+    reel_client_t *c;
+    TS_NEW(c = reel_client_new(ep));
+    reel_gen_item_t items[3];
+    memset(items, 0, sizeof items);
+    float out[LAT_N];
+    for (int i = 0; i < 3; i++) {
+        tiny_gen(&items[i].g);
+        items[i].out = out;
+    }
+    items[2].g.output = "video"; /* and no reel_decoded_t to return it in */
+    size_t failed;
+    wire_err_t err;
+    ck_assert_int_eq(reel_gen_many(c, items, 3, NULL, &failed, &err), -1);
+    ck_assert_uint_eq(failed, 2);
+    ck_assert_str_eq(err.code, WIRE_E_BAD_REQUEST);
+    ck_assert_msg(strstr(err.message, "requests[2]: "), "%s", err.message);
+    reel_gen_many_t o = { .window = 1025 };
+    ck_assert_int_eq(reel_gen_many(c, items, 2, &o, &failed, &err), -1);
+    ck_assert_uint_eq(failed, REEL_GEN_NO_INDEX);
+    ck_assert_str_eq(err.code, WIRE_E_BAD_REQUEST);
+    reel_client_sockets_t k;
+    reel_client_sockets(c, &k);
+    ck_assert_int_eq(k.sockets, 0); /* no call began: no socket, nothing sent */
+    zmq_pollitem_t it = { router, 0, ZMQ_POLLIN, 0 };
+    ck_assert_int_eq(zmq_poll(&it, 1, 100), 0);
+    reel_client_destroy(&c);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    ts_rmtree(dir);
+}
+END_TEST
+
+/* A restarted broker (another boot answers the liveness STATUS) lost
+ * every request in flight: each is sent again, with its id, as reel_gen's
+ * one is; the round then completes. Resends for silence may come first
+ * on a loaded machine (the fake's answers late): they send the same
+ * GENs, so only the ids are checked. */
+START_TEST(test_a_round_sends_every_request_in_flight_again_when_another_boot_answers) {
+    round_fake_t *f = round_open(2, 2, 20000, false, LIVENESS_MS);
+    uint64_t id, ping = 0, gens[2] = { 0 }, seed;
+    int n_gens = 0;
+    while (n_gens < 2 || !ping) { /* a STATUS first, then the two GENs */
+        msg_type_t t = round_next(f, &id, &seed);
+        if (t == MSG_STATUS) ping = ping ? ping : id;
+        else if (n_gens < 2 && id != gens[0]) gens[n_gens++] = id;
+    }
+    reply_status_to(f->router, &f->who, ping, BOOT_A);
+    bool again[2] = { false, false }, restarted = false;
+    while (!again[0] || !again[1]) {
+        msg_type_t t = round_next(f, &id, &seed);
+        if (t == MSG_STATUS) {
+            reply_status_to(f->router, &f->who, id, BOOT_B); /* a restarted broker answers */
+            restarted = true;
+        } else if (restarted) {
+            ck_assert_int_eq(t, MSG_GEN);
+            ck_assert_msg(id == gens[0] || id == gens[1], "a GEN sent again under a new id");
+            again[id == gens[1]] = true;
+        }
+    }
+    round_result(f, gens[0], 100);
+    round_result(f, gens[1], 101);
+    round_join(f);
+    ck_assert_msg(f->rc == 0, "reel_gen_many: %d %s: %s", f->rc, f->err.code, f->err.message);
+    round_item_ok(f, 0);
+    round_item_ok(f, 1);
+    ck_assert_uint_ge(reel_client_resends(f->c), 2);
+    round_close(f);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("client");
     TCase *tc = tcase_create("delivery");
@@ -890,6 +1396,18 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_an_idle_client_whose_handshakes_fail_holds_one_socket_piles_up_nothing_and_its_next_call_says_why);
     tcase_add_test(tc, test_a_call_reads_the_handshake_events_as_they_come);
     tcase_add_test(tc, test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_key_is);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("round");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_a_round_keeps_at_most_its_window_in_flight_and_sends_one_more_per_answer);
+    tcase_add_test(tc, test_a_round_sends_a_busy_request_again_after_another_answer_with_the_window_shrunk);
+    tcase_add_test(tc, test_a_busy_with_none_of_the_round_in_flight_fails_with_its_index);
+    tcase_add_test(tc, test_an_error_in_the_middle_of_a_round_carries_its_index_and_cancels_the_rest_unless_keep_going);
+    tcase_add_test(tc, test_a_request_past_its_timeout_fails_with_its_index_and_is_cancelled_while_the_others_go_on);
+    tcase_add_test(tc, test_each_request_s_timeout_counts_from_its_own_send);
+    tcase_add_test(tc, test_an_interrupted_round_cancels_every_request_in_flight);
+    tcase_add_test(tc, test_a_round_with_a_request_that_cannot_be_built_sends_nothing);
+    tcase_add_test(tc, test_a_round_sends_every_request_in_flight_again_when_another_boot_answers);
     suite_add_tcase(s, tc);
     return s;
 }

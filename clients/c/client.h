@@ -185,6 +185,84 @@ typedef void (*reel_progress_fn)(void *user, int step, int steps);
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err);
 
+/* ---- a round of many GENs (reel_gen_many) ---- */
+
+/* One request of a round, and what became of it. */
+typedef struct {
+    reel_gen_t g;               /* the request, as reel_gen takes it (g.progress is the round's: see below) */
+    float *out;                 /* NULL, or where its latent goes: n·C·F·H·W floats, as reel_gen's out */
+    /* set by reel_gen_many: */
+    int rc;                     /* 0: its RESULT came; 1: ERROR or BUSY; -1: timeout, transport, not sent */
+    wire_err_t err;             /* rc != 0: why (codes below) */
+    reel_gen_result_t res;      /* rc == 0: as reel_gen's */
+    int busy;                   /* BUSY answers it got (each sent again later, as a new GEN) */
+} reel_gen_item_t;
+
+#define REEL_CLIENT_E_NOT_SENT "not_sent" /* err code of a request the round never sent (it ended first) */
+#define REEL_GEN_NO_INDEX ((size_t)-1)    /* *failed of a failure that is no request's (an interrupt) */
+
+/* fn(user, index, item, latent) as request `index` ends with its own
+ * outcome: its RESULT (item->rc 0; latent: its n·C·F·H·W floats, valid
+ * during the call only, whether or not item->out is set), or its ERROR,
+ * its timeout or a BUSY it is not sent again after (latent NULL; with
+ * keep_going that is also every request still to send then, failed
+ * "busy"). Not for a request the round's end cancelled or never sent. */
+typedef void (*reel_gen_done_fn)(void *user, size_t index, reel_gen_item_t *item, const float *latent);
+
+/* How reel_gen_many runs its round. */
+typedef struct {
+    int window;                 /* at most this many in flight (sent, not answered), 1..1024; 0: 16 */
+    int timeout_ms;             /* each request's wait for its answer, from its own send; 0: 120000 */
+    bool keep_going;            /* a request's failure is its item's alone and the others go on (Python's
+                                 * return_exceptions); false: the first failure ends the round */
+    reel_progress_fn progress;  /* NULL, or (user, done, total) over all the requests (below) */
+    reel_gen_done_fn done;      /* NULL, or as each request ends (above) */
+    void *user;                 /* progress's and done's */
+} reel_gen_many_t;
+
+/* Runs n requests on c's one connection (clients/python's Client.gen_many:
+ * a trainer's round, or a list of prompts), each as reel_gen runs it
+ * alone (its RESULT bitwise reel_gen's for the same request; a group, g.n
+ * > 1, is one GEN). Every request is built before any is sent: one that
+ * cannot be (reel_gen's bad_request) fails the call, nothing sent.
+ *
+ * At most o->window are in flight at once; the next goes as one is
+ * answered, so a round of any size neither fills the broker's queue nor
+ * waits in it. A request answered BUSY (the broker's queue or its held
+ * bytes full, nothing started) goes again, as a new GEN, once another of
+ * the round is answered, before those not sent yet; after a BUSY no more
+ * are in flight than the broker then held of the round (at least 1), and
+ * one more with each answer after it, up to the window. With none of the
+ * round left in flight a BUSY is that request's failure (with keep_going,
+ * also that of every request still to send, "not sent" in its message).
+ * Each request waits at most o->timeout_ms for its answer, from its own
+ * send; one that waits longer fails with "timeout" and is cancelled
+ * (docs/PROTOCOL.md "Cancelling"). A lost or restarted broker, or a
+ * standby pair's move, sends every request in flight again, as reel_gen's
+ * (reel_client_set_liveness, on_resend: once per request sent again).
+ *
+ * A request's failure (ERROR, a BUSY as above, its timeout, a RESULT that
+ * cannot be read) without keep_going ends the round: the requests in
+ * flight are cancelled (their err code "cancelled"), the rest never sent
+ * ("not_sent"). reel_client_interrupt ends it the same way ("interrupted"
+ * for those in flight). progress (when set) gets done and total over all
+ * the requests, each counted as reel_gen's progress counts it (its steps,
+ * then a decoded output's latent frames), its GENs asking for PROGRESS
+ * whatever g.progress says; none of them when it is NULL. progress and
+ * done run inside the call, on its thread: they must not call c.
+ *
+ * Returns 0 when every request got its RESULT. Otherwise the rc of the
+ * failure that ended the round (without keep_going), or of the first
+ * failed request in the list (with it): 1 for an ERROR or BUSY, -1 for a
+ * timeout, an interrupt or a transport failure; err is that failure's
+ * (the request's own err) and *failed (when not NULL) its index, or
+ * REEL_GEN_NO_INDEX for one that is no request's (an interrupt, a lost
+ * connection). A bad o (window past 1024, a negative timeout): -1,
+ * "bad_request", nothing sent. Every item's rc, err and res say what
+ * became of it. */
+int reel_gen_many(reel_client_t *c, reel_gen_item_t *items, size_t n, const reel_gen_many_t *o, size_t *failed,
+                  wire_err_t *err);
+
 typedef struct {
     bool complete;
     char applied[4096];         /* "w1,w2" */
