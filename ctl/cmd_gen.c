@@ -61,12 +61,15 @@ typedef struct {
     int frame_num;              /* --frame_num N with a pixel --size */
     uint64_t seeds[MSG_MAX_GROUP]; /* --seeds */
     int n_seeds;
+    const char *prompts;        /* --prompts FILE: one request per line (gen_prompts) */
+    const char *out_dir;        /* --out-dir DIR: where their outputs go */
+    int window;                 /* --window W: requests in flight at once (0: the client's 16) */
 } gen_opts_t;
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
        O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT, O_FRAME_NUM, O_BASE_SEED, O_CKPT_DIR, O_SAVE_FILE, O_TASK,
-       O_LAST = O_TASK };
+       O_PROMPTS, O_OUT_DIR, O_WINDOW, O_LAST = O_WINDOW };
 
 /* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
@@ -128,6 +131,9 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_CKPT_DIR: return ctl_wan_flag_refused("ckpt_dir", "--model NAME (the workers load the folder: reel-worker --weights DIR)");
     case O_SAVE_FILE: return ctl_wan_flag_refused("save_file", "--out OUT.mp4");
     case O_TASK: return ctl_wan_flag_refused("task", "--model NAME (text-to-video only)");
+    case O_PROMPTS: o->prompts = arg; return 0;
+    case O_OUT_DIR: o->out_dir = arg; return 0;
+    case O_WINDOW: return reel_parse_int(arg, 1, 1024, "--window", &o->window);
     case O_TIMEOUT: return reel_parse_int(arg, 1, INT_MAX, "--timeout-ms", &o->timeout_ms);
     case O_DEADLINE: return reel_parse_u64(arg, 0, UINT64_MAX, "--deadline-ms", &g->deadline_ms);
     case O_CHANNELS: return reel_parse_int(arg, 1, INT_MAX, "--channels", &o->channels);
@@ -138,6 +144,29 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
                    : 0;
     }
     return reel_fail(REEL_E_INTERNAL, "gen: option %d has no handler", opt);
+}
+
+/* gen_parse's end for --prompts: what the lines share, checked as one
+ * --prompt's are (their outputs are checked with the file, gen_round). 0,
+ * or -1 with an invalid error. */
+static int gen_parse_round(gen_opts_t *o, const char *took) {
+    if (!o->g.model) return reel_fail(REEL_E_INVALID, "gen --prompts needs --model");
+    if (o->g.negative_prompt && o->g.cfg == 1.0)
+        return reel_fail(REEL_E_INVALID, "--negative-prompt is used only with guidance: --cfg 1 turns it off (Wan's "
+                         "default is 5)");
+    if (ctl_prompts_check(NULL, o->g.negative_prompt)) return -1;
+    if (ctl_size_finish(o->size, o->pixels, o->frame_num) != 0) return -1;
+    if (!o->size[0]) return reel_fail(REEL_E_INVALID, "gen --prompts needs --size FxHxW or W*H (each line's latent "
+                                      "drawn from its seed)");
+    if ((o->rollout.want_log_probs || o->rollout.want_means) && !o->g.sde)
+        return reel_fail(REEL_E_INVALID, "--log-probs and --means are for SDE rollouts (--sde)");
+    o->g.n = 1;
+    struct stat st;
+    if (stat(o->out_dir, &st) == 0 ? !S_ISDIR(st.st_mode) : ctl_out_folder(o->out_dir) != 0)
+        return reel_fail(REEL_E_INVALID, "--out-dir %s: %s", o->out_dir,
+                         stat(o->out_dir, &st) == 0 ? "exists and is not a folder" : "its parent is not a folder");
+    if (!o->quiet) ctl_wan_defaults_note("gen", took, NULL, NULL);
+    return 0;
 }
 
 /* The command line into o, and what must go together. 0, or -1 with an
@@ -166,6 +195,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "base_seed", required_argument, 0, O_BASE_SEED }, { "negative_prompt", required_argument, 0, O_NEG },
         { "ckpt_dir", required_argument, 0, O_CKPT_DIR }, { "save_file", required_argument, 0, O_SAVE_FILE },
         { "task", required_argument, 0, O_TASK },
+        { "prompts", required_argument, 0, O_PROMPTS }, { "out-dir", required_argument, 0, O_OUT_DIR },
+        { "window", required_argument, 0, O_WINDOW },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
@@ -189,12 +220,25 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
     uint64_t dl = o->g.deadline_ms;
     if (dl && dl + 2000 > (uint64_t)o->timeout_ms) o->timeout_ms = dl + 2000 > INT32_MAX ? INT32_MAX : (int)(dl + 2000);
     char took[128] = "";
-    if (o->g.prompt) { /* a prompt alone samples as Wan2.1's generate.py does */
+    if (o->prompts) { /* a round: one request per line, its outputs in --out-dir */
+        if (o->g.prompt || o->ctx_path || o->unc_path || o->lat_path)
+            return reel_fail(REEL_E_INVALID, "--prompts gives each request its prompt, one a line: it replaces "
+                             "--prompt, --context, --uncond and --latent");
+        if (o->out) return reel_fail(REEL_E_INVALID, "--prompts writes one output a line into --out-dir DIR, not --out");
+        if (!o->out_dir) return reel_fail(REEL_E_INVALID, "--prompts needs --out-dir DIR (one output a line there)");
+        if (o->g.n || o->n_seeds)
+            return reel_fail(REEL_E_INVALID, "--prompts runs one sample a line: --n and --seeds are for one --prompt "
+                             "(each line's seed: --seed K + its line number - 1, or its JSON \"seed\")");
+    } else if (o->out_dir || o->window) {
+        return reel_fail(REEL_E_INVALID, "%s goes with --prompts FILE", o->out_dir ? "--out-dir" : "--window");
+    }
+    if (o->g.prompt || o->prompts) { /* a prompt alone samples as Wan2.1's generate.py does */
         const char *solver = ctl_wan_t2v_fill(o->g.solver != NULL, o->g.sde, &o->g.steps, &o->g.shift, &o->have_cfg,
                                               &o->g.cfg, took, sizeof took);
         if (solver) o->g.solver = solver;
     }
     if (isnan(o->g.shift)) o->g.shift = 1.0;
+    if (o->prompts) return gen_parse_round(o, took);
     if (!o->g.model || !(o->ctx_path || o->g.prompt) || !o->out || o->g.steps < 0)
         return reel_fail(REEL_E_INVALID, "gen needs --model, --context (or --prompt), --steps and --out");
     if (ctl_out_folder(o->out)) return -1; /* before the cluster runs the request for it */
@@ -404,9 +448,187 @@ static void on_interrupt(int sig) {
     reel_client_interrupt(g_gen_client);
 }
 
+/* ---- gen --prompts FILE: a round of one request a line ---------------------------------- */
+
+/* What the round's hooks need. */
+typedef struct {
+    const gen_opts_t *o;
+    const ctl_prompt_line_t *lines;
+    char (*paths)[PATH_MAX];    /* each line's output, as one gen's --out */
+    bool *told;                 /* each line's end said (done ran for it) */
+    size_t written, failed;
+    bool bar;                   /* a progress bar is drawn: a message starts a new line */
+} round_run_t;
+
+static void round_bar(void *user, int done, int total) {
+    round_run_t *r = user;
+    ctl_progress(r->o->g.output && strcmp(r->o->g.output, "latent") ? "(steps, then the decodes' frames, of all)"
+                                                                    : "(steps of all)", done, total);
+}
+
+/* As each line's request ends: its output written (as one gen writes its
+ * --out), or its failure said with its line; what it held freed at once. */
+static void round_done(void *user, size_t i, reel_gen_item_t *it, const float *latent) {
+    round_run_t *r = user;
+    r->told[i] = true;
+    if (r->bar) fputc('\n', stderr);
+    if (it->rc == 0) {
+        gen_opts_t one = *r->o;
+        one.g = it->g;
+        one.out = r->paths[i];
+        one.video_out = it->g.output && !strcmp(it->g.output, "video") ? r->paths[i] : NULL;
+        if (it->g.decoded) one.decoded = *it->g.decoded;
+        if (it->g.rollout) one.rollout = *it->g.rollout;
+        if (gen_save(&one, &it->res, latent) == 0) {
+            r->written++;
+        } else {
+            it->rc = -1;
+            snprintf(it->err.code, sizeof it->err.code, "io");
+            snprintf(it->err.message, sizeof it->err.message, "%s", reel_err_text());
+            fprintf(stderr, "reelctl: gen: line %d: %s\n", r->lines[i].line, reel_err_text());
+            r->failed++;
+        }
+    } else {
+        fprintf(stderr, "reelctl: gen: line %d: %s: %s\n", r->lines[i].line, it->err.code, it->err.message);
+        r->failed++;
+    }
+    fflush(stderr);
+    reel_decoded_free(it->g.decoded);
+    reel_rollout_free(it->g.rollout);
+}
+
+/* "7, 19, 33" into buf: the lines of the requests with rc != 0 (want_told:
+ * those done told of, else the others). */
+static void round_lines(const reel_gen_item_t *items, const ctl_prompt_line_t *lines, const bool *told, size_t n,
+                        bool want_told, char *buf, size_t len) {
+    size_t at = 0, listed = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && at < len; i++) {
+        if (items[i].rc == 0 || told[i] != want_told) continue;
+        if (listed++ == 20) {
+            snprintf(buf + at, len - at, ", ...");
+            return;
+        }
+        at += (size_t)snprintf(buf + at, len - at, "%s%d", at ? ", " : "", lines[i].line);
+    }
+}
+
+/* The outputs of line `line` (width digits): DIR/NNNN.safetensors, or
+ * .mp4 for a video (its latent beside it, NNNN.mp4.safetensors, as gen
+ * --out X.mp4 writes it); each absent or a regular file. 0 or -1. */
+static int round_path(const gen_opts_t *o, int line, int width, char *path) {
+    bool video = o->g.output && !strcmp(o->g.output, "video"), frames = o->g.output && !strcmp(o->g.output, "frames");
+    if (snprintf(path, PATH_MAX, "%s/%0*d.%s", o->out_dir, width, line, video ? "mp4" : "safetensors") >= PATH_MAX)
+        return reel_fail(REEL_E_INVALID, "--out-dir %s: path too long", o->out_dir);
+    char beside[PATH_MAX + 16];
+    snprintf(beside, sizeof beside, "%s%s", path, video ? ".safetensors" : ".frames.npy");
+    if (ctl_out_file(path) != 0 || ((video || frames) && ctl_out_file(beside) != 0)) return -1;
+    return ctl_out_spares(path, "--prompts", o->prompts, (const char *)NULL);
+}
+
+/* `gen --prompts FILE --out-dir DIR`: every line judged before anything is
+ * sent (exit 2 for a bad one), then one round of GENs on one connection
+ * (reel_gen_many, --window of them in flight), each output written as it
+ * comes; a line that fails is said with its line number and the others go
+ * on. 0 when every line's output was written; CTL_NO (said) when some
+ * failed; 130 when interrupted; -1 with the error value otherwise. */
+static int gen_round(gen_opts_t *o) {
+    ctl_prompt_line_t *lines = NULL;
+    size_t n = 0;
+    if (ctl_prompt_lines(o->prompts, &lines, &n) != 0) return -1;
+    reel_gen_item_t *items = calloc(n, sizeof *items);
+    reel_decoded_t *dec = calloc(n, sizeof *dec);
+    reel_rollout_t *ros = calloc(n, sizeof *ros);
+    char (*paths)[PATH_MAX] = calloc(n, sizeof *paths);
+    bool *told = calloc(n, sizeof *told);
+    reel_client_t *c = NULL;
+    int code = -1;
+    if (!items || !dec || !ros || !paths || !told) {
+        reel_fail(REEL_E_NOMEM, "out of memory for %zu requests", n);
+        goto done;
+    }
+    int width = 4;
+    for (int last = lines[n - 1].line; last >= 10000; last /= 10) width++; /* names sort as the lines do */
+    for (size_t i = 0; i < n; i++) {
+        if (lines[i].negative && o->g.cfg == 1.0) {
+            reel_fail(REEL_E_INVALID, "%s line %d: negative_prompt is used only with guidance: --cfg 1 turns it off",
+                      o->prompts, lines[i].line);
+            goto done;
+        }
+        if (round_path(o, lines[i].line, width, paths[i]) != 0) goto done;
+    }
+    if (mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
+        reel_fail_errno(REEL_E_IO, errno, "--out-dir %s", o->out_dir);
+        goto done;
+    }
+    if (gen_inputs(o) != 0) goto done; /* the latent's shape (nothing to read with --prompts) */
+    bool rollout = o->rollout.want_trajectory || o->rollout.want_log_probs || o->rollout.want_means;
+    for (size_t i = 0; i < n; i++) {
+        reel_gen_t *g = &items[i].g;
+        *g = o->g;
+        g->prompt = lines[i].prompt;
+        if (lines[i].negative) g->negative_prompt = lines[i].negative;
+        /* line N's seed: --seed K + N - 1 (the first line's is K, as one gen --seed K) */
+        g->seed = lines[i].has_seed ? lines[i].seed : o->g.seed + (uint64_t)(lines[i].line - 1);
+        g->decoded = o->g.output && strcmp(o->g.output, "latent") ? &dec[i] : NULL;
+        if (rollout) {
+            ros[i] = o->rollout;
+            g->rollout = &ros[i];
+        }
+    }
+    if (!(c = reel_client_new_keys(o->broker, o->key, o->broker_key))) goto done;
+    reel_client_on_resend(c, resent, "GEN");
+    round_run_t run = { .o = o, .lines = lines, .paths = paths, .told = told, .bar = !o->quiet && ctl_tty() };
+    reel_gen_many_t many = { .window = o->window, .timeout_ms = o->timeout_ms, .keep_going = true,
+                             .progress = run.bar ? round_bar : NULL, .done = round_done, .user = &run };
+    struct sigaction sa = { .sa_handler = on_interrupt }, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    g_gen_client = c;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    size_t failed;
+    wire_err_t err;
+    int got = reel_gen_many(c, items, n, &many, &failed, &err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    g_gen_client = NULL;
+    char bad[256], unrun[256];
+    round_lines(items, lines, told, n, true, bad, sizeof bad);
+    round_lines(items, lines, told, n, false, unrun, sizeof unrun);
+    if (run.bar) fputc('\n', stderr);
+    fprintf(stderr, "reelctl: gen --prompts %s: %zu requests: %zu written to %s", o->prompts, n, run.written,
+            o->out_dir);
+    if (run.failed) fprintf(stderr, ", %zu failed (line%s %s)", run.failed, run.failed > 1 ? "s" : "", bad);
+    if (unrun[0]) fprintf(stderr, ", %zu not run (cancelled or never sent: line%s %s)", n - run.written - run.failed,
+                          n - run.written - run.failed > 1 ? "s" : "", unrun);
+    fputc('\n', stderr);
+    if (got != 0 && !strcmp(err.code, REEL_CLIENT_E_INTERRUPTED)) {
+        fprintf(stderr, "reelctl: gen: interrupted; the GENs in flight were cancelled (the cluster stops them)\n");
+        code = 130;
+    } else if (got != 0 && failed == REEL_GEN_NO_INDEX) {
+        ctl_fail_wire(&err, "gen --prompts: the round ended");
+    } else {
+        code = run.written == n ? 0 : CTL_NO;
+    }
+done:
+    reel_client_destroy(&c);
+    for (size_t i = 0; dec && ros && i < n; i++) { /* what a request the round never ended holds */
+        reel_decoded_free(&dec[i]);
+        reel_rollout_free(&ros[i]);
+    }
+    free(items);
+    free(dec);
+    free(ros);
+    free(paths);
+    free(told);
+    ctl_prompt_lines_free(lines, n);
+    return code;
+}
+
 int cmd_gen(int argc, char **argv) {
     gen_opts_t o;
     if (gen_parse(argc, argv, &o) != 0) return -1;
+    if (o.prompts) return gen_round(&o);
     float *res_lat = NULL;
     reel_client_t *c = NULL;
     int code = -1;

@@ -113,6 +113,31 @@ int ctl_size_finish(int64_t latent[3], const int64_t pixels[2], int frame_num);
  * refused by both (CTL_EMPTY_PROMPT; an empty --negative-prompt is Wan's
  * default). 0, or -1 with a REEL_E_INVALID error naming the option. */
 int ctl_prompts_check(const char *prompt, const char *negative);
+/* One request of a `gen --prompts FILE` file (gen_prompts.c). */
+typedef struct {
+    int line;                   /* its line in the file, from 1 */
+    char *prompt;               /* its prompt (never empty) */
+    char *negative;             /* a JSON line's negative_prompt; NULL: none given */
+    bool has_seed;              /* a JSON line gave its seed ... */
+    uint64_t seed;              /* ... this one */
+} ctl_prompt_line_t;
+#define CTL_PROMPTS_MAX 100000             /* requests a --prompts file may hold */
+#define CTL_PROMPTS_MAX_BYTES (64 << 20)   /* and its size */
+/* Reads the --prompts file at path: one request per line (a CRLF file
+ * too); a blank line (spaces and tabs only) is none; a line whose first
+ * non-blank byte is '{' is a JSON object {"prompt": TEXT, "seed": N,
+ * "negative_prompt": TEXT} (prompt required; no other key); any other line
+ * is the prompt as it stands. Each text by a GEN's rule, as --prompt's
+ * (ctl_prompts_check): not empty, at most MSG_MAX_PROMPT_BYTES, UTF-8
+ * without control characters but tab, no NUL byte; no CR inside a line
+ * (a file of CR line ends would be one request). 0 with *lines (n of
+ * them, at least 1; free with ctl_prompt_lines_free), or -1 with the
+ * error value naming the file and the line: not_found (no file), limit
+ * (more than CTL_PROMPTS_MAX requests or CTL_PROMPTS_MAX_BYTES), invalid
+ * (a bad line, no request at all), io, nomem. */
+int ctl_prompt_lines(const char *path, ctl_prompt_line_t **lines, size_t *n);
+/* Frees what ctl_prompt_lines returned; NULL-safe. */
+void ctl_prompt_lines_free(ctl_prompt_line_t *lines, size_t n);
 /* Why an empty --prompt is refused, and how to get what it would mean in
  * Wan2.1 (the end-of-sequence token alone): the Python client's message
  * says the same (clients/python/reel/client.py). */
