@@ -224,7 +224,8 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         if (o->g.prompt || o->ctx_path || o->unc_path || o->lat_path)
             return reel_fail(REEL_E_INVALID, "--prompts gives each request its prompt, one a line: it replaces "
                              "--prompt, --context, --uncond and --latent");
-        if (o->out) return reel_fail(REEL_E_INVALID, "--prompts writes one output a line into --out-dir DIR, not --out");
+        if (o->out)
+            return reel_fail(REEL_E_INVALID, "--prompts writes one output a line into --out-dir DIR, not --out");
         if (!o->out_dir) return reel_fail(REEL_E_INVALID, "--prompts needs --out-dir DIR (one output a line there)");
         if (o->g.n || o->n_seeds)
             return reel_fail(REEL_E_INVALID, "--prompts runs one sample a line: --n and --seeds are for one --prompt "

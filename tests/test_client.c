@@ -1070,7 +1070,7 @@ static void round_close(round_fake_t *f) {
  * then exactly one more per answer, in the order given; each GEN its own
  * id; the results land in their items, whatever order they come in;
  * progress counts every request's steps (2 each: 14 in all) and never
- * goes back. */
+ * goes back; the client holds one socket after it, as after any call. */
 START_TEST(test_a_round_keeps_at_most_its_window_in_flight_and_sends_one_more_per_answer) {
     round_fake_t *f = round_open(7, 3, 20000, false, 0);
     uint64_t id[7], seed;
@@ -1101,6 +1101,9 @@ START_TEST(test_a_round_keeps_at_most_its_window_in_flight_and_sends_one_more_pe
     ck_assert_int_eq(f->progress_last, 14);
     ck_assert_int_eq(f->progress_backwards, 0);
     ck_assert_int_ge(f->progress_calls, 8); /* the PROGRESS, then one per RESULT */
+    reel_client_sockets_t k;
+    reel_client_sockets(f->c, &k);
+    ck_assert_int_eq(k.sockets, 1); /* a round is a call: its handshake watch ended with it */
     round_close(f);
 }
 END_TEST
