@@ -1675,6 +1675,7 @@ class Client:
                     e.index = settle(e.request_id, e)
                     if not return_exceptions:
                         raise
+                    limit = min(window, limit + 1)  # an ERROR is an answer too, as in C's reel_gen_many
                 else:
                     i = index[rid]
                     fields, _, torch_out, _, seeds = msgs[i]

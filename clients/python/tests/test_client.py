@@ -1504,7 +1504,9 @@ class GenManyBusyTests(unittest.TestCase):
             run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "1", "--out", w)
             cl = Cluster(d, w, broker_flags=("--queue-max", "1"), worker_flags=("--max-inflight", "1"))
             try:
-                reqs = [dict(model="tiny", context=rand((5, 32), 60 + k), latent_shape=(4, 1, 4, 4), steps=30,
+                # 300 steps (tens of ms): the five are sent long before the first ends,
+                # on a busy machine too (at 30 steps the first could end first)
+                reqs = [dict(model="tiny", context=rand((5, 32), 60 + k), latent_shape=(4, 1, 4, 4), steps=300,
                              seed=k) for k in range(5)]
                 with reel.Client(cl.ce, timeout=120) as c:
                     busy, real = [], c._recv_live
