@@ -17,6 +17,7 @@
  * for is deferred until its capture ends. */
 #include "backend_impl.h"
 #include "base/error.h"
+#include "cpu/cpu_verdict.h"
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,9 +71,7 @@ kern_backend_t *kern_backend_cpu_new_impl(void); /* backend_cpu.c */
 
 /* Threads capturing right now: the device lock is held shared. */
 static __thread int tl_capturing;
-static __thread int tl_replaying; /* kern_graph_replay's loop runs on this thread */
 
-bool kern_thread_replaying(void) { return tl_replaying > 0; }
 static void capture_release(kern_backend_t *b);
 
 /* Sets up what every backend shares; destroys b and returns NULL on failure. */
@@ -445,10 +444,10 @@ int kern_graph_replay(kern_graph_t *g, kern_stream_t *s) {
     if (g->native) {
         rc = g->backend->iface->graph_launch(g->native, s->impl);
     } else {
-        tl_replaying++;
+        cpu_replay_mark(1); /* the CPU's kernels ask OpenBLAS nothing new in a replay */
         for (size_t i = 0; i < g->nodes && rc == 0; i++)
             rc = g->node[i].fn(NULL, g->args + g->node[i].args_off);
-        tl_replaying--;
+        cpu_replay_mark(-1);
     }
     if (rc == 0) g->replays++;
     return rc;

@@ -132,10 +132,6 @@ bool kern_stream_is_capturing(const kern_stream_t *s);
  * bakes its stream's scratch and cuBLAS workspace): -1 with a message
  * otherwise. */
 int kern_graph_replay(kern_graph_t *g, kern_stream_t *s);
-/* True while this thread replays a graph (kern_graph_replay): a kernel
- * then runs as recorded and allocates nothing of its own (the CPU GEMM
- * asks no new question of OpenBLAS then, ops_gemm.c). */
-bool kern_thread_replaying(void);
 /* The stream g was captured on. */
 kern_stream_t *kern_graph_stream(const kern_graph_t *g);
 void kern_graph_destroy(kern_graph_t **g);

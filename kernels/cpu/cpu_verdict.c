@@ -2,6 +2,11 @@
 #include "cpu_verdict.h"
 #include <string.h>
 
+static __thread int tl_replaying;
+
+void cpu_replay_mark(int delta) { tl_replaying += delta; }
+bool cpu_replaying(void) { return tl_replaying > 0; }
+
 /* The caller holds t->mu. */
 static const cpu_verdict_t *find(const cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY]) {
     for (int i = 0; i < t->n; i++)

@@ -44,6 +44,12 @@ void cpu_verdict_count(cpu_verdicts_t *t, int *yes, int *no);
 /* Forgets every answer (tests). */
 void cpu_verdict_forget(cpu_verdicts_t *t);
 
+/* kern_graph_replay marks its thread (+1 as it starts, -1 as it ends):
+ * while it replays, the kernels it runs ask OpenBLAS nothing new (a
+ * captured step allocates nothing), and cpu_replaying says so. */
+void cpu_replay_mark(int delta);
+bool cpu_replaying(void);
+
 /* n floats uniform in [-1, 1) from *seed (xorshift64, advanced): the
  * probes' operands. */
 static inline void cpu_fill_random(float *p, size_t n, uint64_t *seed) {

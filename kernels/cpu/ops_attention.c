@@ -21,7 +21,6 @@
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
 #include "cpu_verdict.h"
-#include "../backend.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,7 +132,7 @@ static bool cut_ok(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f) {
     const int64_t key[CPU_VERDICT_KEY] = { rows, nk, d, ld, f, 0, 0, 0 };
     int known = cpu_verdict_find(&cut_verdicts, key);
     if (known >= 0) return known == 1;
-    if (kern_thread_replaying()) return false;
+    if (cpu_replaying()) return false;
     int r = cut_probe(rows, nk, d, ld, f);
     if (r < 0) return false;
     return cpu_verdict_keep(&cut_verdicts, key, r == 1);

@@ -32,7 +32,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../backend.h"
 
 typedef struct {
     const kern_gemm_args_t *a;
@@ -146,7 +145,7 @@ static bool split_ok(const split_key_t *k) {
     split_key(k, key);
     int known = cpu_verdict_find(&split_verdicts, key);
     if (known >= 0) return known == 1;
-    if (kern_thread_replaying()) return false;
+    if (cpu_replaying()) return false;
     int r = split_probe(k); /* outside the lock: two threads may ask the same, and get the same answer */
     if (r < 0) return false;
     return cpu_verdict_keep(&split_verdicts, key, r == 1);
