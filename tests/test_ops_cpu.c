@@ -1987,6 +1987,105 @@ START_TEST(test_attention_blocks_cut_for_idle_threads_keep_the_bits) {
 }
 END_TEST
 
+/* A grouped GEMM (a batch's samples stacked, kern_gemm_grouped) on 16
+ * threads: its tiles, fewer than 4 x 16, are cut within each group (rows
+ * g·group on), the groups' edge tiles (300 = 256 + 44 rows, 200 = 3 x 64 +
+ * 8 columns) whole; every group is the GEMM of its rows alone on one
+ * thread, bit for bit, GELU or not. No other test cuts a grouped GEMM: a
+ * sub-tile placed in the wrong group passed them all. */
+START_TEST(test_grouped_gemm_tiles_cut_for_idle_threads_keep_each_group_its_own_bits) {
+    static const int64_t shapes[][4] = { /* group rows, groups, K, N */
+        { 256, 2, 384, 384 }, { 192, 3, 384, 384 }, { 300, 2, 384, 384 }, { 256, 2, 384, 200 } };
+    uint64_t runs0, runs1;
+    int yes, no;
+    kern_cpu_gemm_split_forget();
+    kern_cpu_gemm_split_stats(&runs0, &yes, &no);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t n = shapes[i][0], G = shapes[i][1], K = shapes[i][2], Nn = shapes[i][3], M = n * G;
+        kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn);
+        fill(&x, -2, 2);
+        fill(&w, -0.3f, 0.3f);
+        fill(&b, -1, 1);
+        float *ref = malloc((size_t)(M * Nn) * 4);
+        ck_assert(ref);
+        for (int v = 0; v < 3; v++) {
+            const bool gelu = v == 2;
+            const kern_tensor_t *bias = v ? &b : NULL;
+            kern_cpu_threads_set(1);
+            for (int64_t g = 0; g < G; g++) {
+                kern_tensor_t xg = kern_tensor_make(x.data, KERN_F32, x.device, 2, (const int64_t[]){ n, K });
+                kern_tensor_t yg = kern_tensor_make(y.data, KERN_F32, y.device, 2, (const int64_t[]){ n, Nn });
+                xg.offset = x.offset + (size_t)(g * n * K) * 4;
+                yg.offset = y.offset + (size_t)(g * n * Nn) * 4;
+                ck_assert_int_eq(gelu ? kern_gemm_gelu(S, &xg, &w, bias, &yg) : kern_gemm(S, &xg, &w, bias, &yg), 0);
+            }
+            memcpy(ref, F(&y), (size_t)(M * Nn) * 4);
+            kern_cpu_threads_set(16);
+            memset(F(&y), 0xff, (size_t)(M * Nn) * 4);
+            ck_assert_int_eq(kern_gemm_grouped(S, &x, &w, bias, &y, n, gelu), 0);
+            char what[128];
+            snprintf(what, sizeof what, "grouped %s %lld x %lld rows N=%lld K=%lld%s on 16 threads against each group "
+                     "alone on 1", gelu ? "gemm_gelu" : "gemm", (long long)G, (long long)n, (long long)Nn,
+                     (long long)K, bias ? " +bias" : "");
+            if (memcmp(F(&y), ref, (size_t)(M * Nn) * 4) != 0) expect_same_bits(what, F(&y), ref, M * Nn);
+        }
+        free(ref);
+    }
+    kern_cpu_threads_set(0);
+    kern_cpu_gemm_split_stats(&runs1, &yes, &no);
+    ck_assert_int_ge(yes + no, 1);
+    if (yes > 0) ck_assert_msg(runs1 > runs0, "OpenBLAS said yes to %d splits, and no grouped GEMM was cut", yes);
+}
+END_TEST
+
+/* A pool of 2 or 3 threads never cuts (ops_gemm.c, ops_attention.c:
+ * CPU_CUT_MIN_THREADS), nor asks OpenBLAS whether it could, whatever the
+ * tiles or items: the GEMMs of 1 to 7 tiles (small's output projection,
+ * 256 x 64, is 1) and attention of 1 to 3 items, on which the cost model
+ * alone would cut 1, 3 or 5 tiles on 2 threads and 1, 2, 4 or 7 on 3. */
+START_TEST(test_pools_of_2_and_3_threads_never_cut) {
+    static const int pools[] = { 2, 3 };
+    kern_cpu_gemm_split_forget();
+    kern_cpu_attention_cut_forget();
+    uint64_t g0, g1, a0, a1;
+    int gy, gn, ay, an;
+    kern_cpu_gemm_split_stats(&g0, &gy, &gn);
+    kern_cpu_attention_cut_stats(&a0, &ay, &an);
+    for (int64_t tiles = 1; tiles <= 7; tiles++) {
+        const int64_t M = 256, K = 384, Nn = 64 * tiles;
+        kern_tensor_t x = T2(M, K), w = T2(Nn, K), b = T1(Nn), y = T2(M, Nn);
+        fill(&x, -2, 2);
+        fill(&w, -0.3f, 0.3f);
+        fill(&b, -1, 1);
+        for (size_t p = 0; p < sizeof pools / sizeof pools[0]; p++) {
+            kern_cpu_threads_set(pools[p]);
+            ck_assert_int_eq(kern_gemm(S, &x, &w, &b, &y), 0);
+            kern_cpu_gemm_split_stats(&g1, &gy, &gn);
+            ck_assert_msg(g1 == g0 && gy + gn == 0, "%d threads: a GEMM of %lld tiles was cut (%llu) or asked (%d)",
+                          pools[p], (long long)tiles, (unsigned long long)(g1 - g0), gy + gn);
+        }
+    }
+    for (int64_t H = 1; H <= 3; H++) {
+        const int64_t nq = 256, d = 128;
+        kern_tensor_t q = T2(nq, H * d), k = T2(nq, H * d), v = T2(nq, H * d), o = T2(nq, H * d);
+        fill(&q, -1, 1);
+        fill(&k, -1, 1);
+        fill(&v, -1, 1);
+        kern_attn_opts_t opts = { KERN_ATTN_FUSED, 0, false };
+        kern_attn_plan_t pl = plan_of(nq, nq, H, d, &opts);
+        ck_assert_int_eq(kern_stream_reserve(S, pl.scratch_bytes), 0);
+        for (size_t p = 0; p < sizeof pools / sizeof pools[0]; p++) {
+            kern_cpu_threads_set(pools[p]);
+            ck_assert_int_eq(kern_attention_ex(S, &q, &k, &v, H, &o, &opts), 0);
+            kern_cpu_attention_cut_stats(&a1, &ay, &an);
+            ck_assert_msg(a1 == a0 && ay + an == 0, "%d threads: attention of %lld items was cut (%llu) or asked (%d)",
+                          pools[p], (long long)H, (unsigned long long)(a1 - a0), ay + an);
+        }
+    }
+    kern_cpu_threads_set(0);
+}
+END_TEST
+
 /* Heads and query blocks side by side: the fused kernel's lanes (one block
  * per head at small sizes, two blocks a head at 1000 x 1048 queries x keys,
  * flash items at 1100 x 1000). */
@@ -2437,6 +2536,8 @@ static Suite *ops_cpu_suite(void) {
     tcase_add_test(tc, test_replay_asks_nothing_of_openblas);
     tcase_add_test(tc, test_attention_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_attention_blocks_cut_for_idle_threads_keep_the_bits);
+    tcase_add_test(tc, test_grouped_gemm_tiles_cut_for_idle_threads_keep_each_group_its_own_bits);
+    tcase_add_test(tc, test_pools_of_2_and_3_threads_never_cut);
     tcase_add_test(tc, test_row_wise_ops_bits_do_not_depend_on_the_pool_size);
     tcase_add_test(tc, test_layernorm_modulate_is_bitwise_layernorm_then_modulate_in_and_out_of_place);
     tcase_add_test(tc, test_rmsnorm_rope3d_is_bitwise_rmsnorm_then_rope3d_for_every_split);

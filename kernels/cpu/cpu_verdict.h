@@ -16,6 +16,11 @@
 
 #define CPU_VERDICT_KEY 8
 #define CPU_VERDICTS 256
+/* Pools of fewer threads never cut a GEMM's tiles or attention's blocks
+ * (ops_gemm.c, ops_attention.c): their tiles keep them busy, and the cost
+ * model alone would cut a job of 1, 3 or 5 tiles on 2 threads (small's
+ * 256 x 64 output projection) and of 1, 2, 4 or 7 on 3. */
+#define CPU_CUT_MIN_THREADS 4
 
 typedef struct {
     int64_t key[CPU_VERDICT_KEY];

@@ -97,8 +97,9 @@ static cpu_verdicts_t cut_verdicts = CPU_VERDICTS_INIT;
 static uint64_t cut_runs;
 
 /* 1: rows query rows cut into f blocks give the whole block's outputs bit
- * for bit, three times on random operands; 0: not; -1: no memory. */
-static int cut_probe(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f) {
+ * for bit, three times on random operands, the scores scaled by the call's
+ * scale (the first sgemm's alpha); 0: not; -1: no memory. */
+static int cut_probe(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f, float scale) {
     const size_t nq_ = (size_t)(rows * ld), nkv = (size_t)(nk * ld);
     float *q = malloc(nq_ * sizeof *q), *k = malloc(nkv * sizeof *k), *v = malloc(nkv * sizeof *v);
     float *o1 = calloc(nq_, sizeof *o1), *o2 = calloc(nq_, sizeof *o2), *s = malloc((size_t)(rows * nk) * sizeof *s);
@@ -106,7 +107,6 @@ static int cut_probe(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f)
     if (!q || !k || !v || !o1 || !o2 || !s) goto out;
     uint64_t seed = 0x2545f4914f6cdd1dull ^ (uint64_t)(rows * 977 + nk * 131 + d * 7 + f);
     const int64_t sub = rows / f;
-    const float scale = 1.0f / sqrtf((float)d);
     rc = 1;
     for (int round = 0; round < 3 && rc == 1; round++) {
         cpu_fill_random(q, nq_, &seed);
@@ -128,12 +128,14 @@ out:
     return rc;
 }
 
-static bool cut_ok(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f) {
-    const int64_t key[CPU_VERDICT_KEY] = { rows, nk, d, ld, f, 0, 0, 0 };
+static bool cut_ok(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f, float scale) {
+    uint32_t sbits;
+    memcpy(&sbits, &scale, sizeof sbits);
+    const int64_t key[CPU_VERDICT_KEY] = { rows, nk, d, ld, f, (int64_t)sbits, 0, 0 };
     int known = cpu_verdict_find(&cut_verdicts, key);
     if (known >= 0) return known == 1;
     if (cpu_replaying()) return false;
-    int r = cut_probe(rows, nk, d, ld, f);
+    int r = cut_probe(rows, nk, d, ld, f, scale);
     if (r < 0) return false;
     return cpu_verdict_keep(&cut_verdicts, key, r == 1);
 }
@@ -147,9 +149,10 @@ static double cut_cost(int64_t items, int64_t f, int T) {
 
 /* The cut (1, 2, 4 or 8) of j's whole-row blocks for a pool of T threads:
  * blocks of at least 64 rows, multiples of 16, every block full (nq a
- * multiple of the block), where OpenBLAS says the cut keeps the bits. */
+ * multiple of the block), where OpenBLAS says the cut keeps the bits; 1 on
+ * a pool of 2 or 3 (CPU_CUT_MIN_THREADS). */
 static int64_t cut_choose(const attn_job_t *j, int64_t nq, int64_t nk, int64_t d, int64_t ld, int T) {
-    if (T < 2 || j->items >= 4 * (int64_t)T || nq % j->rows) return 1;
+    if (T < CPU_CUT_MIN_THREADS || j->items >= 4 * (int64_t)T || nq % j->rows) return 1;
     int64_t pick = 1;
     double pick_cost = cut_cost(j->items, 1, T);
     for (int64_t f = 2; f <= 8; f *= 2) {
@@ -158,7 +161,7 @@ static int64_t cut_choose(const attn_job_t *j, int64_t nq, int64_t nk, int64_t d
         double c = cut_cost(j->items, f, T);
         if (c < pick_cost * 0.95) pick = f, pick_cost = c;
     }
-    return pick > 1 && cut_ok(j->rows, nk, d, ld, pick) ? pick : 1;
+    return pick > 1 && cut_ok(j->rows, nk, d, ld, pick, j->a->scale) ? pick : 1;
 }
 
 void kern_cpu_attention_cut_stats(uint64_t *runs, int *yes, int *no) {

@@ -161,11 +161,12 @@ static double split_cost(int64_t tiles, int f, int T) {
 
 /* Picks j->fr, j->fc for a pool of T threads: the cheapest split by
  * split_cost that OpenBLAS computes bitwise, sub-tiles at least 64 rows and
- * 32 columns, each a multiple of 16; 1, 1 when none beats the whole tiles. */
+ * 32 columns, each a multiple of 16; 1, 1 when none beats the whole tiles,
+ * and always on a pool of 2 or 3 (CPU_CUT_MIN_THREADS). */
 static void split_choose(gemm_job_t *j, int64_t tiles, int T) {
     static const int cand[][2] = { { 2, 1 }, { 1, 2 }, { 4, 1 }, { 2, 2 }, { 4, 2 }, { 2, 4 } };
     j->fr = j->fc = 1;
-    if (T < 2 || tiles >= 4 * (int64_t)T || j->a->K < 1) return;
+    if (T < CPU_CUT_MIN_THREADS || tiles >= 4 * (int64_t)T || j->a->K < 1) return;
     int pick = -1;
     double pick_cost = split_cost(tiles, 1, T);
     for (size_t c = 0; c < sizeof cand / sizeof cand[0]; c++) {
