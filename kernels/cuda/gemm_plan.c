@@ -64,13 +64,15 @@ void kern_cuda_lt_plans_destroy(kern_lt_plans_t **pp) {
     *pp = NULL;
 }
 
-/* The largest power of two dividing p, at most 256; 0 for NULL. */
-static uint32_t align_of(const void *p) {
-    uintptr_t v = (uintptr_t)p;
-    if (!v) return 0;
+/* The largest power of two dividing v, at most 256 (256 for 0). */
+static uint32_t align_bytes(uint64_t v) {
+    if (!v) return 256;
     v &= ~v + 1;
     return v > 256 ? 256 : (uint32_t)v;
 }
+
+/* The largest power of two dividing p, at most 256; 0 for NULL. */
+static uint32_t align_of(const void *p) { return p ? align_bytes((uintptr_t)p) : 0; }
 
 static bool key_eq(const lt_key_t *a, const lt_key_t *b) {
     return a->dt == b->dt && a->bias == b->bias && a->gelu == b->gelu && a->M == b->M &&
@@ -134,20 +136,37 @@ err:
 
 static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, kern_lt_plan_t *p);
 
+/* Whether every group's x and y keep the alignments the key (its first
+ * group's) gives the heuristic: groups M·K and M·N elements apart. */
+static bool groups_keep_alignment(const lt_key_t *k) {
+    const uint64_t esz = k->dt == KERN_BF16 ? 2 : 4;
+    return align_bytes((uint64_t)(k->M * k->K) * esz) >= k->al_x &&
+           align_bytes((uint64_t)(k->M * k->N) * esz) >= k->al_y;
+}
+
 /* For a grouped key k: the algorithm and epilogue of the same GEMM with
  * one group (the plan a lone request's call gets, the heuristic being
  * deterministic), set in p when cuBLASLt accepts that algorithm for p's
  * batched layout within the workspace; *found says whether it did. p's
- * descriptors are built. Fails only on a cuBLASLt error. */
+ * descriptors are built. Fails only on a cuBLASLt error.
+ *
+ * cublasLtMatmulAlgoCheck sees no pointers ("SUCCESS doesn't fully
+ * guarantee algo will run (will fail if e.g. buffers are not correctly
+ * aligned)", cublasLt.h): the lone algorithm was picked for the first
+ * group's alignments, so it is not tried where a later group's x or y
+ * would be less aligned than that. */
 static int pinned_algo(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, kern_lt_plan_t *p, bool *found) {
     lt_key_t one = *k;
     kern_lt_plan_t lone;
     cublasLtMatmulHeuristicResult_t res;
     *found = false;
+    if (!groups_keep_alignment(k)) return 0;
     one.groups = 1;
-    if (plan_build(c, &one, bias, &lone) != 0) {
+    const int built = plan_build(c, &one, bias, &lone);
+    if (built < 0) return -1; /* a cuBLASLt error: reported */
+    if (built > 0) {
         /* no algorithm for the lone shape: the heuristic of the batched
-         * one decides, as before; a cuBLASLt error is reported */
+         * one decides, as before */
         reel_err_clear();
         return 0;
     }
@@ -171,7 +190,8 @@ err:
 /* Builds the plan of key k; `bias` is the bias pointer of the call (the
  * heuristic reads its alignment from it). A GELU that no algorithm takes as
  * an epilogue falls back to the bias-only epilogue plus the GELU kernel.
- * On failure p is left empty. */
+ * 1 (with a message) when cuBLASLt has no algorithm for k, -1 on a
+ * cuBLASLt error; either way p is left empty. */
 static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, kern_lt_plan_t *p) {
     const cudaDataType_t t = k->dt == KERN_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -226,7 +246,8 @@ static int plan_build(kern_cuda_ctx_t *c, const lt_key_t *k, const void *bias, k
                   kern_dtype_name(k->dt), (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->groups,
                   k->bias ? " +bias" : "", k->gelu ? " +gelu" : "", k->al_x, k->al_w, k->al_y,
                   k->al_b, c->blas_ws_bytes);
-        goto err;
+        plan_free(p);
+        return 1;
     }
     return 0;
 err:
