@@ -21,7 +21,6 @@
 #include "cpu_pool.h"
 #include "cpu_vmath.h"
 #include "cpu_verdict.h"
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
