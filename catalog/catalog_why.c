@@ -44,10 +44,18 @@
  * (hist_params): ?1 worker, ?2 capture key, ?3 its end (t), ?4 when its
  * work began (t - seconds - encode - decode), ?5 how far its own capture
  * is looked for (its end, or WHY_EVENT_LAG later when it captured), ?6
- * its id, ?7 its t as stored (to leave it out of its peers). */
-#define LINEAGE(a)                                                                                 \
-    a ".worker = ?1 AND (" a ".key_hash = ?2 OR " CAT_KEY_BASE(a ".key_text") " = (SELECT " CAT_KEY_BASE("key_text") \
-    " FROM key_texts WHERE key_hash = ?2))"
+ * its id, ?7 its t as stored (to leave it out of its peers).
+ *
+ * LINEAGE: row a of `table` is the worker's row of the capture key or of its
+ * lineage: two seeks, by (worker, key_hash) and by (worker, the key text
+ * without its weights) -- schema 18's indexes; the lineage's expression
+ * is the one they index. Written as one OR, SQLite read every row the
+ * worker ever had, whatever the index (docs/BENCH.md, "Catalog after a
+ * busy day"). */
+#define LINEAGE(a, table)                                                                          \
+    a ".rowid IN (SELECT rowid FROM " table " WHERE worker = ?1 AND key_hash = ?2"                  \
+    " UNION ALL SELECT rowid FROM " table " WHERE worker = ?1 AND " CAT_KEY_BASE("key_text")       \
+    " = (SELECT " CAT_KEY_BASE("key_text") " FROM key_texts WHERE key_hash = ?2))"
 
 static const char find_sql[] =
     "SELECT t, id, worker, status, version, steps, captured, replayed, eager, eager_reasons, seconds,"
@@ -77,14 +85,14 @@ static const char count_sql[] =
 static const char key_sql[] =
     "SELECT key_text, " WEIGHTS("key_text") " AS weights FROM key_texts WHERE key_hash = ?2";
 #define CAPTURES_WHERE                                                                             \
-    " FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c")                                    \
+    " FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c", "captures")                                    \
     " AND (c.t <= ?3 OR (c.key_hash = ?2 AND c.t >= ?4 AND c.t <= ?5))"
 static const char captures_sql[] =
     "SELECT c.t AS t, c.key_hash AS key_hash, " WEIGHTS("c.key_text") " AS weights,"
     " c.key_hash = ?2 AS this_key, c.stream AS stream, c.origin AS origin,"
     " c.capture_seconds AS capture_seconds, c.replay_count AS replays, c.last_replay AS last_replay,"
     " c.t > ?3 AS after_end" CAPTURES_WHERE " ORDER BY c.t DESC, c.id DESC LIMIT " WHY_STR(WHY_HISTORY_MAX);
-#define EVICTIONS_WHERE " FROM evictions e WHERE " LINEAGE("e") " AND e.t <= ?3"
+#define EVICTIONS_WHERE " FROM evictions e WHERE " LINEAGE("e", "evictions") " AND e.t <= ?3"
 static const char evictions_sql[] =
     "SELECT e.t AS t, e.key_hash AS key_hash, " WEIGHTS("e.key_text") " AS weights,"
     " e.key_hash = ?2 AS this_key, e.stream AS stream, e.reason AS reason, nullif(e.component, '') AS component,"
@@ -105,7 +113,7 @@ static const char evictions_sql[] =
 #define CAPTURING_REQUESTS                                                                         \
     " FROM requests q WHERE q.worker = ?1 AND q.capture_key = ?2 AND q.captured > 0 AND q.t < ?4"  \
     " AND NOT (q.id = ?6 AND q.t IS ?7)"
-#define LINEAGE_CAPTURES " FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c")
+#define LINEAGE_CAPTURES " FROM captures c WHERE c.placeholder = 0 AND " LINEAGE("c", "captures")
 static const char totals_sql[] =
     "SELECT (SELECT count(*)" CAPTURES_WHERE ") AS captures, (SELECT count(*)" EVICTIONS_WHERE ") AS evictions,"
     " (SELECT min(coalesce(a, b), coalesce(b, a)) FROM (SELECT (SELECT min(c.t)" LINEAGE_CAPTURES " AND c.t <= ?5)"

@@ -1,10 +1,10 @@
--- catalog.sql -- the Reel catalog schema (PRAGMA user_version 17): the sum
+-- catalog.sql -- the Reel catalog schema (PRAGMA user_version 18): the sum
 -- of the migrations catalog/catalog.c runs (1: these tables; 2: the state
 -- and reason of weight versions; 3: the audit trail of SYNCs; 4: kernel
 -- artifacts seen and their kernel keys; 5: requests without indexes:
 -- rows go in in time order, so the newest are the highest rowids; 6: an
 -- artifact key's --artifact-timing sync columns, after t as ALTER TABLE
--- puts them; 7: the summaries reports read; 8 to 16 at the end of this file).
+-- puts them; 7: the summaries reports read; 8 to 18 at the end of this file).
 -- tests/test_catalog.c fails if a catalog
 -- built from this file and one built by the migrations differ. Times are
 -- UNIX seconds (REAL). Counters and versions are uint64 stored as SQLite
@@ -364,3 +364,25 @@ ALTER TABLE workers ADD COLUMN boot TEXT;
 -- before it.
 ALTER TABLE requests ADD COLUMN broker_id INTEGER;
 ALTER TABLE slow_requests ADD COLUMN broker_id INTEGER;
+
+-- Migration 18: the indexes `reelctl why` seeks by, so that it costs the
+-- same after a busy day as after a quiet hour: a request by the client's
+-- id or the broker's (in requests and among the slowest requests kept),
+-- the requests of its capture key on its worker, and its graph's history
+-- on its worker: the captures and evictions of its capture key and of its
+-- lineage (the key text without its weights= part; the expression is the
+-- one catalog/catalog_impl.h's CAT_KEY_BASE writes). `reelctl keys`
+-- counts prewarm captures from a partial index of them alone.
+CREATE INDEX IF NOT EXISTS requests_by_id ON requests (id);
+CREATE INDEX IF NOT EXISTS requests_by_broker_id ON requests (broker_id);
+CREATE INDEX IF NOT EXISTS requests_by_capture_key ON requests (capture_key, worker, t);
+CREATE INDEX IF NOT EXISTS slow_requests_by_id ON slow_requests (id);
+CREATE INDEX IF NOT EXISTS slow_requests_by_broker_id ON slow_requests (broker_id);
+CREATE INDEX IF NOT EXISTS captures_by_lineage ON captures (worker, (CASE WHEN instr(key_text, ' weights=') > 0
+    AND instr(key_text, ' graph=') > instr(key_text, ' weights=') THEN substr(key_text, 1, instr(key_text, ' weights=') - 1)
+    || substr(key_text, instr(key_text, ' graph=')) END));
+CREATE INDEX IF NOT EXISTS evictions_by_worker_key ON evictions (worker, key_hash);
+CREATE INDEX IF NOT EXISTS evictions_by_lineage ON evictions (worker, (CASE WHEN instr(key_text, ' weights=') > 0
+    AND instr(key_text, ' graph=') > instr(key_text, ' weights=') THEN substr(key_text, 1, instr(key_text, ' weights=') - 1)
+    || substr(key_text, instr(key_text, ' graph=')) END));
+CREATE INDEX IF NOT EXISTS captures_prewarms ON captures (key_hash) WHERE origin = 'prewarm' AND placeholder = 0;

@@ -441,10 +441,40 @@ const char cat_schema_v16_sql[] = "ALTER TABLE requests ADD COLUMN started REAL;
 const char cat_schema_v17_sql[] = "ALTER TABLE requests ADD COLUMN broker_id INTEGER;\n"
                                   "ALTER TABLE slow_requests ADD COLUMN broker_id INTEGER;\n";
 
+/* Migration 18: the indexes `reelctl why` seeks by, so that it costs the
+ * same after a busy day as after a quiet hour (docs/BENCH.md, "Catalog
+ * after a busy day"; schema 5 had left requests without any). It finds a
+ * request by the client's id or the broker's, in requests and in the
+ * slowest requests retention keeps; the requests of its capture key on
+ * its worker (those that captured before it, its peers' median); and its
+ * graph's history on its worker: the captures and evictions of its
+ * capture key and of the key's lineage, the key text without its
+ * weights= part (the expression must stay the one catalog_impl.h's
+ * CAT_KEY_BASE writes, or the query no longer matches the index and
+ * scans the worker's rows: tests/test_catalog.c checks every operator
+ * query's plan). `reelctl keys` counts each key's prewarm captures from
+ * the prewarm rows alone (a partial index: demand captures, nearly all of
+ * them, are not in it). */
+#define M18_KEY_BASE                                                                                          \
+    "(CASE WHEN instr(key_text, ' weights=') > 0 AND instr(key_text, ' graph=') > instr(key_text, ' weights=')" \
+    " THEN substr(key_text, 1, instr(key_text, ' weights=') - 1) || substr(key_text, instr(key_text, ' graph='))" \
+    " END)"
+const char cat_schema_v18_sql[] =
+    "CREATE INDEX IF NOT EXISTS requests_by_id ON requests (id);\n"
+    "CREATE INDEX IF NOT EXISTS requests_by_broker_id ON requests (broker_id);\n"
+    "CREATE INDEX IF NOT EXISTS requests_by_capture_key ON requests (capture_key, worker, t);\n"
+    "CREATE INDEX IF NOT EXISTS slow_requests_by_id ON slow_requests (id);\n"
+    "CREATE INDEX IF NOT EXISTS slow_requests_by_broker_id ON slow_requests (broker_id);\n"
+    "CREATE INDEX IF NOT EXISTS captures_by_lineage ON captures (worker, " M18_KEY_BASE ");\n"
+    "CREATE INDEX IF NOT EXISTS evictions_by_worker_key ON evictions (worker, key_hash);\n"
+    "CREATE INDEX IF NOT EXISTS evictions_by_lineage ON evictions (worker, " M18_KEY_BASE ");\n"
+    "CREATE INDEX IF NOT EXISTS captures_prewarms ON captures (key_hash) WHERE origin = 'prewarm' AND placeholder = 0;\n";
+#undef M18_KEY_BASE
+
 const char *const cat_migrations[] = { cat_schema_v1_sql, cat_schema_v2_sql, cat_schema_v3_sql,
                                        cat_schema_v4_sql, cat_schema_v5_sql, cat_schema_v6_sql,
                                        cat_schema_v7_sql, cat_schema_v8_sql, cat_schema_v9_sql,
                                        cat_schema_v10_sql, cat_schema_v11_sql, cat_schema_v12_sql,
                                        cat_schema_v13_sql, cat_schema_v14_sql, cat_schema_v15_sql,
-                                       cat_schema_v16_sql, cat_schema_v17_sql };
+                                       cat_schema_v16_sql, cat_schema_v17_sql, cat_schema_v18_sql };
 const int cat_n_migrations = (int)(sizeof cat_migrations / sizeof cat_migrations[0]);
