@@ -21,19 +21,10 @@ CE="ipc://$D/c"
 WE="ipc://$D/w"
 DB="$D/reel.db"
 
-# The parts: a DiT with text_len, umT5 (t5-tiny), its tokenizer, a VAE.
-{
-    echo "a cat on a skateboard in the park"; echo "a red car driving at night in the rain"
-    for i in $(seq 1 40); do echo "line $i with ocean mountain river sky cloud sun moon star tree flower bird"; done
-} >"$D/corpus.txt"
-spm_train --input="$D/corpus.txt" --model_prefix="$D/spiece" --vocab_size=300 --model_type=unigram --pad_id=0 \
-    --eos_id=1 --unk_id=2 --bos_id=-1 --byte_fallback=true --character_coverage=1.0 --hard_vocab_limit=false \
-    >"$D/spm.log" 2>&1 || { bad "spm_train trains a tokenizer"; show "$D/spm.log"; finish; }
-echo '{"name":"tinyt","dim":64,"heads":4,"layers":2,"ffn_dim":128,"in_channels":4,"text_dim":32,"freq_dim":256,"text_len":16}' >"$D/tinyt.json"
-"$R" weights init --config "$D/tinyt.json" --seed 7 --out "$D/dit.safetensors" 2>/dev/null &&
-    "$R" weights init-t5 --config t5-tiny --seed 3 --dtype bf16 --out "$D/t5.safetensors" 2>/dev/null &&
-    "$R" weights init-vae --config vae-tiny --seed 5 --out "$D/vae.safetensors" 2>/dev/null &&
-    "$R" weights init --config tiny --seed 7 --out "$D/plain.safetensors" 2>/dev/null || { bad "weights"; finish; }
+# The parts: a DiT with text_len, umT5 (t5-tiny), its tokenizer, a VAE
+# (lib_cli.sh), and a plain tiny DiT.
+t2v_parts "$D" || finish
+"$R" weights init --config tiny --seed 7 --out "$D/plain.safetensors" 2>/dev/null || { bad "weights"; finish; }
 
 echo "== a release folder: its parts found by their release names, .pth files read without unpickling"
 REL="$D/Wan2.1-T2V-tiny"

@@ -200,3 +200,23 @@ long_running() {
     echo "  (fewer than ${2:-2} requests running at $1 after ${3:-60} s)"
     return 1
 }
+
+# The text-to-video parts the prompt suites run on, in folder $1 with
+# reelctl $R: a tokenizer trained on a short corpus (spiece.model), a DiT
+# with text_len 16 (tinyt.json, dit.safetensors), umT5 t5-tiny in BF16
+# (t5.safetensors) and a tiny VAE (vae.safetensors). Fails (a FAIL said)
+# when a part cannot be made.
+t2v_parts() {
+    {
+        echo "a cat on a skateboard in the park"; echo "a red car driving at night in the rain"
+        for i in $(seq 1 40); do echo "line $i with ocean mountain river sky cloud sun moon star tree flower bird"; done
+    } >"$1/corpus.txt"
+    spm_train --input="$1/corpus.txt" --model_prefix="$1/spiece" --vocab_size=300 --model_type=unigram --pad_id=0 \
+        --eos_id=1 --unk_id=2 --bos_id=-1 --byte_fallback=true --character_coverage=1.0 --hard_vocab_limit=false \
+        >"$1/spm.log" 2>&1 || { bad "spm_train trains a tokenizer"; show "$1/spm.log"; return 1; }
+    echo '{"name":"tinyt","dim":64,"heads":4,"layers":2,"ffn_dim":128,"in_channels":4,"text_dim":32,"freq_dim":256,"text_len":16}' >"$1/tinyt.json"
+    "$R" weights init --config "$1/tinyt.json" --seed 7 --out "$1/dit.safetensors" 2>/dev/null &&
+        "$R" weights init-t5 --config t5-tiny --seed 3 --dtype bf16 --out "$1/t5.safetensors" 2>/dev/null &&
+        "$R" weights init-vae --config vae-tiny --seed 5 --out "$1/vae.safetensors" 2>/dev/null ||
+        { bad "the text-to-video parts' weights"; return 1; }
+}
