@@ -23,6 +23,8 @@
 #define BAD_TOK UINT32_MAX
 #define PAIRWISE_KEYS 16 /* maps up to this size check keys pairwise */
 #define STACK_KEYS 64    /* larger maps sort their keys in a stack buffer up to this size */
+/* The one byte MessagePack never uses, wherever it stands. */
+#define NOT_MSGPACK "header is not MessagePack: byte 0xc1 (never used by MessagePack) at offset %zu"
 
 typedef struct {
     const char *s;
@@ -293,8 +295,11 @@ static uint32_t tk_val(tk_t *d, int depth) {
     case 0xc4: case 0xc5: case 0xc6:
         wire_set_err(d->err, WIRE_E_MALFORMED, "bin values are not allowed in a header");
         return BAD_TOK;
-    default: /* 0xc1, ext 0xc7-0xc9 and fixext 0xd4-0xd8 */
-        wire_set_err(d->err, WIRE_E_MALFORMED, "unsupported msgpack type 0x%02x", b);
+    case 0xc1:
+        wire_set_err(d->err, WIRE_E_MALFORMED, NOT_MSGPACK, (size_t)(d->p - 1 - d->base));
+        return BAD_TOK;
+    default: /* ext 0xc7-0xc9 and fixext 0xd4-0xd8 */
+        wire_set_err(d->err, WIRE_E_MALFORMED, "ext values (type 0x%02x) are not allowed in a header", b);
         return BAD_TOK;
     }
 }
@@ -308,6 +313,10 @@ int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, wir
     const unsigned char *p = buf;
     if (!len || !p) {
         wire_set_err(err, WIRE_E_MALFORMED, "empty header");
+        return -1;
+    }
+    if (p[0] == 0xc1) { /* no MessagePack value starts so: not "a value other than a map" */
+        wire_set_err(err, WIRE_E_MALFORMED, NOT_MSGPACK, (size_t)0);
         return -1;
     }
     if (!((p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf)) {

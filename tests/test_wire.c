@@ -1641,6 +1641,33 @@ START_TEST(test_non_map_or_empty_header_is_malformed)
 }
 END_TEST
 
+/* 0xc1 is the one byte MessagePack never uses: a header that starts with
+ * it is not MessagePack at all, not a value other than a map (a reader
+ * looking for the fault would look at the wrong thing); inside a header
+ * it is named the same way, with where it stands. A root of another type
+ * is still "not a map". */
+START_TEST(test_a_header_of_byte_0xc1_is_not_messagepack_rather_than_not_a_map)
+{
+    const unsigned char *cases[] = { (const unsigned char *)"\xc1", (const unsigned char *)"\xc1\x80" };
+    const size_t lens[] = { 1, 2 };
+    for (int i = 0; i < 2; i++) {
+        wire_err_t err = {{0}, {0}};
+        ck_assert_ptr_null(wire_decode_header(cases[i], lens[i], &err));
+        ck_assert_str_eq(err.code, WIRE_E_MALFORMED);
+        ck_assert_msg(strstr(err.message, "not MessagePack") && strstr(err.message, "offset 0") &&
+                      !strstr(err.message, "not a map"), "case %d: %s", i, err.message);
+    }
+    const unsigned char inner[] = {0x81, 0xa1, 'x', 0xc1};
+    wire_err_t err = {{0}, {0}};
+    ck_assert_ptr_null(wire_decode_header(inner, sizeof inner, &err));
+    ck_assert_str_eq(err.code, WIRE_E_MALFORMED);
+    ck_assert_msg(strstr(err.message, "not MessagePack") && strstr(err.message, "offset 3"), "%s", err.message);
+    const unsigned char arr[] = {0x91, 0xc0};
+    ck_assert_ptr_null(wire_decode_header(arr, sizeof arr, &err));
+    ck_assert_msg(strstr(err.message, "not a map"), "%s", err.message);
+}
+END_TEST
+
 /* A rich valid header (with tensor descriptors) as bytes. */
 static unsigned char *rich_header(size_t *len) {
     wire_val_t *h = hdr("STATUS_REPLY", 99);
@@ -2076,6 +2103,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_a_type_with_a_nul_byte_is_malformed);
     tcase_add_test(lim, test_missing_or_non_string_type_and_non_uint_id_are_malformed);
     tcase_add_test(lim, test_non_map_or_empty_header_is_malformed);
+    tcase_add_test(lim, test_a_header_of_byte_0xc1_is_not_messagepack_rather_than_not_a_map);
     tcase_add_test(lim, test_every_prefix_of_a_valid_header_fails_cleanly);
     tcase_add_test(lim, test_trailing_bytes_after_the_header_are_malformed);
     tcase_add_test(lim, test_duplicate_keys_are_malformed_at_any_level);
