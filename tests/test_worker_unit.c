@@ -749,24 +749,49 @@ END_TEST
 /* A request the protocol allows but whose sample has more tokens than
  * --max-tokens (F x H/2 x W/2) is too_large (handle_request asks this
  * before it makes a job): a
- * step cannot be stopped half-way (4 x 64 x 512 x 512 is 4 Mi tokens, a
- * worker held for hours); at the limit it is taken; 0 lifts the limit. */
+ * step cannot be stopped half-way (4 x 32 x 512 x 512 is 2 Mi tokens, a
+ * worker held for hours); at the limit it is taken; 0 lifts the limit.
+ * (No latent tensor: the worker draws it from the seed.) */
 START_TEST(test_a_sample_of_more_tokens_than_max_tokens_is_too_large) {
     msg_gen_t g;
     good_request(&g);
+    g.latent = NULL;
     wire_err_t err;
-    set_latent_shape(&g, 4, 64, 512, 512);
+    set_latent_shape(&g, 4, 32, 512, 512);
     ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
     ck_assert_str_eq(err.code, "too_large");
-    ck_assert_msg(strstr(err.message, "4194304 tokens") && strstr(err.message, "--max-tokens 65536"), "%s",
+    ck_assert_msg(strstr(err.message, "2097152 tokens") && strstr(err.message, "--max-tokens 65536"), "%s",
                   err.message);
     ck_assert_int_eq(wrk_request_fits(&g, &tiny, 0, &err), 0);
     set_latent_shape(&g, 4, 16, 128, 128); /* 16 x 64 x 64 = 65536: at the limit */
     ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), 0);
     set_latent_shape(&g, 4, 17, 128, 128);
     ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
-    set_latent_shape(&g, 4, INT64_MAX, INT64_MAX, 8); /* not a shape: left to the validation, no overflow */
-    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), 0);
+    ck_assert_str_eq(err.code, "too_large");
+    set_latent_shape(&g, 4, INT64_MAX, INT64_MAX, 8); /* not a shape: the validation says so, no overflow */
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+}
+END_TEST
+
+/* A request that breaks the model's rules and --max-tokens both is
+ * answered for the model's (docs/PROTOCOL.md: the fields come before the
+ * worker's own bounds): a latent of 16 channels for the 4-channel tiny
+ * model is wrong on every worker, its token count only on this one. It
+ * was blamed on its tokens. */
+START_TEST(test_a_latent_of_the_wrong_channels_and_too_many_tokens_is_refused_for_its_channels) {
+    msg_gen_t g;
+    good_request(&g);
+    g.latent = NULL;
+    wire_err_t err;
+    set_latent_shape(&g, 16, 16, 256, 256); /* 16 x 128 x 128 = 262144 tokens, a 64 MiB latent */
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_msg(strstr(err.message, "16 channels") && !strstr(err.message, "tokens"), "%s", err.message);
+    set_latent_shape(&g, 16, 2, 8, 8); /* within --max-tokens: the same answer */
+    ck_assert_int_eq(wrk_request_fits(&g, &tiny, 65536, &err), -1);
+    ck_assert_str_eq(err.code, "bad_request");
+    ck_assert_msg(strstr(err.message, "16 channels"), "%s", err.message);
 }
 END_TEST
 
@@ -1703,6 +1728,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_another_model_a_newer_version_or_a_bad_loop_is_refused);
     tcase_add_test(t, test_a_request_for_an_older_version_runs_on_a_newer_worker);
     tcase_add_test(t, test_a_sample_of_more_tokens_than_max_tokens_is_too_large);
+    tcase_add_test(t, test_a_latent_of_the_wrong_channels_and_too_many_tokens_is_refused_for_its_channels);
     tcase_add_test(t, test_a_nan_or_infinite_input_is_refused_by_name);
     tcase_add_test(t, test_a_prewarm_key_becomes_the_shape_and_loop_its_requests_run);
     tcase_add_test(t, test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason);

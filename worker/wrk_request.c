@@ -87,10 +87,12 @@ int64_t wrk_mono_ms(void) {
 int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err) {
     msg_model_t model;
     wrk_model_info(cfg, &model);
+    /* The protocol's and the model's rules answer first: a latent of the
+     * wrong channels is wrong on every worker, while --max-tokens is this
+     * one's bound (and validated, the shape is in range: no overflow). */
+    if (msg_gen_validate(r, &model, err) != 0) return -1;
     int64_t p = model.patch ? (int64_t)model.patch : 1;
     const int64_t *ls = r->latent_shape;
-    for (int d = 1; d < 4; d++)
-        if (ls[d] < 0 || ls[d] > MSG_MAX_DIM) return 0; /* not a shape: msg_gen_validate says why */
     int64_t tokens = ls[1] * (ls[2] / p) * (ls[3] / p); /* at most 2^48 */
     if (max_tokens > 0 && tokens > max_tokens)
         return bad(err, WIRE_E_TOO_LARGE, "a sample of %" PRId64 " tokens (F x H/%" PRId64 " x W/%" PRId64

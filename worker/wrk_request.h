@@ -80,10 +80,12 @@ void wrk_model_info(const tdit_config_t *cfg, msg_model_t *out);
 /* Milliseconds of CLOCK_MONOTONIC: the worker's clock (deadlines, heartbeats). */
 int64_t wrk_mono_ms(void);
 
-/* The worker's own bound on a request's work (--max-tokens: a sample's
+/* Whether request r may run here, before its tensors are copied: first
+ * the protocol's and the model's rules (msg_gen_validate against cfg: its
+ * bad_request or too_large answers, a latent of other channels say), then
+ * the worker's own bound on a request's work (--max-tokens: a sample's
  * F x H/p x W/p tokens; 0 = none; a group's n samples and its steps are
- * not bounded by it): 0, or -1 with err too_large. A shape out of the
- * protocol's range passes here (wrk_job_from_request refuses it). */
+ * not bounded by it). 0, or -1 with err set. */
 int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err);
 /* Checks REQUEST r (id: the broker's request id) against the served config
  * and the applied version and copies its tensors out of the frames.
