@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <ctype.h>
+#include <sys/un.h>
 
 /* ---- the arena of a received message ------------------------------------------ */
 
@@ -434,6 +436,89 @@ int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n) {
                                                                * ("tcp://lo:0;[::1]:P") */
         int one = 1;
         if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one) < 0) return -1;
+    }
+    return 0;
+}
+
+/* A host of a tcp:// endpoint, from h to end: a name or IPv4 address
+ * (letters, digits, '.', '-', '_', starting with a letter or a digit), or
+ * a bracketed IPv6 address with an optional %zone. */
+static bool tcp_host_ok(const char *h, const char *end) {
+    if (h >= end) return false;
+    if (*h == '[') {
+        const char *p = h + 1;
+        while (p < end && (isxdigit((unsigned char)*p) || *p == ':' || *p == '.')) p++;
+        if (p == h + 1) return false;
+        if (p < end && *p == '%') {
+            const char *z = ++p;
+            while (p < end && (isalnum((unsigned char)*p) || *p == '.' || *p == '-' || *p == '_')) p++;
+            if (p == z) return false;
+        }
+        return p + 1 == end && *p == ']';
+    }
+    if (!isalnum((unsigned char)*h)) return false;
+    for (const char *p = h; p < end; p++)
+        if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-' && *p != '_') return false;
+    return true;
+}
+
+/* A source address before ';' (ZeroMQ's "tcp://SRC;HOST:PORT"): an
+ * interface or address, with an optional port, in ZeroMQ's characters. */
+static bool tcp_source_ok(const char *s, const char *end) {
+    if (s >= end) return false;
+    for (const char *p = s; p < end; p++)
+        if (!isalnum((unsigned char)*p) && !strchr(".-_:%[]*", *p)) return false;
+    return true;
+}
+
+int wire_endpoint_check(const char *ep, char *why, size_t n) {
+    static const char expected[] = "expected tcp://HOST:PORT (HOST a name, an address or [IPv6]), ipc://PATH or "
+                                   "inproc://NAME";
+    if (!strncmp(ep, "inproc://", 9)) {
+        if (ep[9]) return 0;
+        snprintf(why, n, "an inproc:// endpoint without a name");
+        return -1;
+    }
+    if (!strncmp(ep, "ipc://", 6)) {
+        const char *path = ep + 6;
+        size_t len = strlen(path), most = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+        if (!len || !strcmp(path, "@")) {
+            snprintf(why, n, "an ipc:// endpoint without a path");
+            return -1;
+        }
+        if (len > most) {
+            snprintf(why, n, "an ipc path of %zu bytes, more than a socket path holds (%zu)", len, most);
+            return -1;
+        }
+        return 0;
+    }
+    if (strncmp(ep, "tcp://", 6)) {
+        snprintf(why, n, "%s", expected);
+        return -1;
+    }
+    const char *host = ep + 6, *semi = strchr(host, ';');
+    if (semi) {
+        if (!tcp_source_ok(host, semi)) {
+            snprintf(why, n, "%s (a source address before ';': an interface or address, and a port)", expected);
+            return -1;
+        }
+        host = semi + 1;
+    }
+    const char *colon = strrchr(host, ':'), *end = host + strlen(host);
+    if (!colon || !tcp_host_ok(host, colon)) {
+        snprintf(why, n, "%s", expected);
+        return -1;
+    }
+    const char *port = colon + 1;
+    size_t digits = strspn(port, "0123456789");
+    if (!digits || port + digits != end) {
+        snprintf(why, n, "%s: the port must be a number", expected);
+        return -1;
+    }
+    long v = digits > 5 ? 65536 : strtol(port, NULL, 10);
+    if (v < 1 || v > 65535) {
+        snprintf(why, n, "port %.*s is not in 1..65535", (int)(digits < 12 ? digits : 12), port);
+        return -1;
     }
     return 0;
 }

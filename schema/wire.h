@@ -196,6 +196,16 @@ int wire_socket_limits(void *sock);
  * (errno) when out is too short or the option cannot be set. */
 int wire_socket_endpoint(void *sock, const char *ep, char *out, size_t n);
 
+/* Checks, without a socket, that ep is an endpoint a connect takes:
+ * tcp://HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6
+ * one, [::1] or [fe80::1%eth0]; PORT 1..65535; a source address may come
+ * first, tcp://SRC;HOST:PORT), ipc://PATH (a path a Unix socket can hold:
+ * at most 107 bytes) or inproc://NAME. A connect would make a connection
+ * (and, with keys, a handshake) at once: a check that is not meant to
+ * reach the peer must not connect. 0, or -1 with why (n bytes, without
+ * the endpoint) set; can't fail otherwise. */
+int wire_endpoint_check(const char *ep, char *why, size_t n);
+
 /* For a daemon's main(), before its threads start: keeps the memory of
  * large frames (tensors, 4 MiB weight chunks) that ZeroMQ mallocs on its
  * I/O thread and another thread frees from being handed back to the

@@ -405,6 +405,55 @@ static int gen_tensors(owned_tensor_t *ot) {
     return 3;
 }
 
+/* wire_endpoint_check takes, without a socket, the endpoints a connect
+ * takes (each good one is given to zmq_connect too: the check is no
+ * stricter than ZeroMQ), and refuses, saying why, what none could reach:
+ * some ZeroMQ refuses as well, some it would take and retry for ever (a
+ * port out of 1..65535, a port that is not a number after its digits). */
+START_TEST(test_endpoints_are_checked_without_a_socket) {
+    static const char *good[] = {
+        "tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://broker-1.example_net.com:65535", "tcp://[::1]:5555",
+        "tcp://[fe80::1%lo]:5555", "tcp://lo:0;[::1]:5555", "tcp://127.0.0.1:0;127.0.0.1:5555", "ipc:///tmp/x.sock",
+        "ipc://@reel-abstract", "inproc://reel-x",
+    };
+    char why[200];
+    void *ctx = zmq_ctx_new();
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        ck_assert_msg(wire_endpoint_check(good[i], why, sizeof why) == 0, "%s: %s", good[i], why);
+        void *d = zmq_socket(ctx, ZMQ_DEALER);
+        char ep[256];
+        ck_assert_int_eq(wire_socket_limits(d), 0);
+        ck_assert_int_eq(wire_socket_endpoint(d, good[i], ep, sizeof ep), 0);
+        ck_assert_msg(zmq_connect(d, ep) == 0, "ZeroMQ refuses %s: %s", good[i], zmq_strerror(zmq_errno()));
+        zmq_close(d);
+    }
+    zmq_ctx_term(ctx);
+    char long_ipc[160] = "ipc:///tmp/";
+    memset(long_ipc + strlen(long_ipc), 'x', 108 - 5); /* a path of 108 bytes: one more than sun_path holds */
+    const struct {
+        const char *ep, *says;
+    } bad[] = {
+        { "", "expected tcp://HOST:PORT" },           { "tcp://", "expected tcp://HOST:PORT" },
+        { "tcp://:5555", "expected" },                { "tcp://host:", "the port must be a number" },
+        { "tcp://host:0", "port 0 is not in 1..65535" }, { "tcp://host:65536", "port 65536 is not in" },
+        { "tcp://host:99999999999999", "port 999999999999 is not in" },
+        { "tcp://host:5555x", "the port must be a number" }, { "tcp://host:*", "the port must be a number" },
+        { "tcp://[::1:5555", "expected" },            { "tcp://[zz]:1", "expected" },
+        { "tcp://[]:1", "expected" },                 { "tcp://ho st:1", "expected" },
+        { "tcp://-host:1", "expected" },              { "tcp://;host:1", "a source address" },
+        { "ws://host:1", "expected" },                { "TCP://host:1", "expected" },
+        { "ipc://", "without a path" },               { "ipc://@", "without a path" },
+        { long_ipc, "an ipc path of 108 bytes, more than a socket path holds (107)" },
+        { "inproc://", "without a name" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why[0] = '\0';
+        ck_assert_msg(wire_endpoint_check(bad[i].ep, why, sizeof why) == -1, "'%s' was taken", bad[i].ep);
+        ck_assert_msg(strstr(why, bad[i].says), "'%s': %s", bad[i].ep, why);
+    }
+}
+END_TEST
+
 /* wire_socket_endpoint: tcp://localhost binds (ZeroMQ alone takes it for
  * an interface name and fails), a bracketed IPv6 host gets ZMQ_IPV6, and
  * anything else passes as it is; a short buffer is an error, not a cut
@@ -2113,6 +2162,7 @@ static Suite *suite(void) {
     tcase_add_test(lim, test_library_errors_become_protocol_errors_in_one_place);
     tcase_add_test(lim, test_random_bytes_and_mutated_headers_never_crash_the_decoder);
     tcase_add_test(lim, test_socket_endpoints_by_name_bind_and_connect);
+    tcase_add_test(lim, test_endpoints_are_checked_without_a_socket);
     suite_add_tcase(s, lim);
     return s;
 }

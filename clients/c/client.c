@@ -337,7 +337,18 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
             return NULL;
         }
         memcpy(c->eps[c->n_eps], p, n);
-        c->eps[c->n_eps++][n] = '\0';
+        c->eps[c->n_eps][n] = '\0';
+        /* every endpoint of the list is checked now, not at the first call
+         * or move, and without a socket: a connect would reach the broker
+         * (a handshake it counts, with keys) for a client that may never
+         * call; the socket the calls use is opened at the first (call_begin) */
+        char why[200];
+        if (wire_endpoint_check(c->eps[c->n_eps], why, sizeof why) != 0) {
+            reel_fail(REEL_E_INVALID, "broker endpoint '%s': %s", c->eps[c->n_eps], why);
+            reel_client_destroy(&c);
+            return NULL;
+        }
+        c->n_eps++;
         if (!p[n]) break;
         p += n + 1;
     }
@@ -346,17 +357,6 @@ reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, 
         reel_fail(REEL_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
         reel_client_destroy(&c);
         return NULL;
-    }
-    /* every endpoint of the list is checked now (a socket connected and
-     * closed: no watch outside a call), not at the first call or move;
-     * the socket the calls use is opened at the first (cli_call_begin) */
-    for (int at = c->n_eps - 1; at >= 0; at--) {
-        if (replace_socket(c, at) != 0) {
-            reel_client_destroy(&c);
-            return NULL;
-        }
-        close_pair(c->sock, NULL);
-        c->sock = NULL;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

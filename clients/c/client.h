@@ -22,9 +22,10 @@ typedef struct reel_client reel_client_t;
  * broker_key (the broker's broker.pub), each NULL to take $REEL_KEY /
  * $REEL_BROKER_KEY; neither anywhere: a plain connection (a broker with
  * keys never answers it, and calls time out). NULL with a message in
- * an error (base/error.h) on a bad endpoint (each of a list is tried
- * here: a socket connected and closed) or unusable keys (one without the
- * other, an unreadable file, a worker's key).
+ * an error (base/error.h) on a bad endpoint (each of a list is checked
+ * here, without a socket: wire_endpoint_check; nothing reaches a broker
+ * before the first call) or unusable keys (one without the other, an
+ * unreadable file, a worker's key).
  *
  * The socket is opened at the first call (a call that cannot make it
  * fails with err code "internal"). Until the broker first answers on it,
