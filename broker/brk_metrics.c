@@ -160,6 +160,9 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_auth_refusals_total", "counter",
                      "CURVE handshakes refused, and messages dropped because their key left the allowlist.");
     reel_prom_sample(t, "reel_broker_auth_refusals_total", "", (double)brk_zap_refused(b->zap));
+    reel_prom_family(t, "reel_broker_auth_refused_peers_total", "counter",
+                     "Peers (a key from an address on one socket) whose CURVE handshakes were refused.");
+    reel_prom_sample(t, "reel_broker_auth_refused_peers_total", "", (double)brk_zap_refused_peers(b->zap));
     reel_prom_family(t, "reel_broker_fetch_bytes_total", "counter",
                      "Uploaded weights sent to workers (FETCH_DATA): from the UPLOAD chunk as it came, "
                      "or read back from --weights-dir.");

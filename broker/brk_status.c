@@ -11,6 +11,7 @@
 
 #include "broker/brk_log.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_refused.h"
 #include "broker/brk_zap.h"
 #include "broker/brk_sync.h"
 
@@ -79,7 +80,8 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     msg_status_reply_t *r = calloc(1, sizeof *r);
     msg_worker_status_t *ws = calloc((size_t)b->n_w + 1, sizeof *ws);
     msg_model_t *models = calloc(cap_models, sizeof *models);
-    if (!r || !ws || !models) {
+    msg_refused_peer_t *refused = calloc(BRK_REFUSED_PEERS, sizeof *refused);
+    if (!r || !ws || !models || !refused) {
         brk_error_to(b, false, to, id, WIRE_E_INTERNAL, "broker out of memory");
         goto out;
     }
@@ -102,6 +104,9 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->undelivered = b->undelivered;
     r->replies_suppressed = b->replies_suppressed;
     r->auth_refused = brk_zap_refused(b->zap);
+    r->auth_refused_peers = brk_zap_refused_peers(b->zap);
+    r->n_auth_refused_recent = brk_zap_refused_recent(b->zap, refused, BRK_REFUSED_PEERS);
+    r->auth_refused_recent = refused;
     for (int i = 0; i < b->metrics.n_outcomes; i++) {
         if (!strcmp(b->metrics.outcome[i], "ok")) r->requests_ok += b->metrics.requests[i];
         else r->requests_failed += b->metrics.requests[i];
@@ -116,4 +121,5 @@ out:
     free(r);
     free(ws);
     free(models);
+    free(refused);
 }

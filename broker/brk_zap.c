@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_refused.h"
 #include "base/error.h"
 
 #define ZAP_POLL_MS 100        /* how soon the handler notices a stop */
@@ -43,18 +45,26 @@ struct brk_zap {
     reel_keyring_t *ring;
 
     _Atomic uint64_t refused;      /* handshakes refused (handler thread, and the loop's monitor) */
-    uint64_t zap_refusals;         /* of those, the handler's, for the log's rate (handler thread) */
+    brk_refused_t peers;           /* ... the peers they came from (both threads: its own mutex) */
+    bool peers_init;
     uint64_t dropped;              /* messages of keys no longer allowed (loop thread) */
     void *mon[2];                  /* the client and worker sockets' handshake failures (loop thread) */
-    uint64_t failed_handshakes;    /* of those, for the log's rate (loop thread) */
     binding_t *bind;               /* loop thread only */
     int n_bind, cap_bind;
     brk_who_t cur;                 /* the sender of the message being handled (loop thread) */
 };
 
 /* The first ten, then one in a thousand: a peer knocking with a wrong key
- * in a loop must not flood the log. */
+ * in a loop must not flood the log. (A refused handshake is logged by its
+ * peer's count instead: brk_refused_note.) */
 static bool worth_logging(uint64_t n) { return n <= 10 || n % 1000 == 0; }
+
+/* CLOCK_MONOTONIC in ms: the refused peers' last-seen times. */
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 /* ---- the allowlist, as both threads see it --------------------------------- */
 
@@ -97,6 +107,10 @@ size_t brk_zap_keys(brk_zap_t *z) {
 }
 
 uint64_t brk_zap_refused(brk_zap_t *z) { return z ? atomic_load(&z->refused) : 0; }
+uint64_t brk_zap_refused_peers(brk_zap_t *z) { return z ? brk_refused_peers(&z->peers) : 0; }
+size_t brk_zap_refused_recent(brk_zap_t *z, msg_refused_peer_t *out, size_t max) {
+    return z ? brk_refused_recent(&z->peers, out, max, mono_ms()) : 0;
+}
 uint64_t brk_zap_dropped(brk_zap_t *z) { return z ? z->dropped : 0; }
 
 /* ---- the handler thread ---------------------------------------------------------- */
@@ -130,7 +144,7 @@ static int decide(brk_zap_t *z, zmq_msg_t *f, int n, char *user) {
     if (n >= 3) frame_text(&f[2], domain, sizeof domain);
     bool workers = n >= 3 && frame_is(&f[2], BRK_ZAP_WORKERS);
     reel_key_t k;
-    char z85[REEL_KEY_Z85] = "";
+    char z85[REEL_KEY_Z85] = "", name[REEL_KEY_NAME_MAX] = "";
     if (n < 6 || !frame_is(&f[0], "1.0")) {
         reel_fail(REEL_E_INVALID, "not a ZAP 1.0 request");
     } else if (!workers && !frame_is(&f[2], BRK_ZAP_CLIENTS)) {
@@ -140,16 +154,21 @@ static int decide(brk_zap_t *z, zmq_msg_t *f, int n, char *user) {
     } else if (!zmq_z85_encode(z85, zmq_msg_data(&f[6]), 32) || !lookup(z, z85, &k)) {
         reel_fail(REEL_E_NOT_FOUND, "key %.12s... is not in the allowlist", z85);
     } else if (!role_fits(k.role, workers)) {
+        snprintf(name, sizeof name, "%s", k.name);
         reel_fail(REEL_E_UNSUPPORTED, "key %s is a %s key", k.name, reel_role_name(k.role));
     } else {
         snprintf(user, REEL_KEY_Z85, "%s", z85);
         return 0;
     }
-    uint64_t r = atomic_fetch_add(&z->refused, 1) + 1;
-    if (worth_logging(++z->zap_refusals)) /* its own allowance: the monitor's refusals do not use it up */
-        brk_log("refused a peer on the %s socket from %s: %s (%llu refused so far)",
-                workers ? "worker" : !strcmp(domain, BRK_ZAP_CLIENTS) ? "client" : domain, addr, reel_err()->msg,
-                (unsigned long long)r);
+    uint64_t r = atomic_fetch_add(&z->refused, 1) + 1, mine;
+    /* Logged by peer: each one's first refusal (while the peers are few),
+     * then each 1000th of it; one peer that retries does not use up the
+     * log for the others. */
+    if (brk_refused_note(&z->peers, workers, z85, name, addr, reel_err()->msg, mono_ms(), &mine))
+        brk_log("refused a peer on the %s socket from %s: %s (%llu of its handshakes, %llu refused so far from %llu "
+                "peers)", workers ? "worker" : !strcmp(domain, BRK_ZAP_CLIENTS) ? "client" : domain, addr,
+                reel_err()->msg, (unsigned long long)mine, (unsigned long long)r,
+                (unsigned long long)brk_refused_peers(&z->peers));
     return -1;
 }
 
@@ -234,6 +253,8 @@ brk_zap_t *brk_zap_new(void *ctx, const char *keys_dir, const char *key_file, bo
         reel_fail(REEL_E_IO, "cannot create a mutex");
         goto err;
     }
+    if (brk_refused_init(&z->peers) != 0) goto err;
+    z->peers_init = true;
     if (!zmq_has("curve")) {
         reel_fail(REEL_E_UNSUPPORTED, "this libzmq has no CURVE (built without libsodium)");
         goto err;
@@ -296,6 +317,7 @@ void brk_zap_destroy(brk_zap_t **zp) {
     if (z->sigfd >= 0) close(z->sigfd);
     reel_keyring_destroy(&z->ring);
     pthread_mutex_destroy(&z->mu);
+    if (z->peers_init) brk_refused_fini(&z->peers);
     explicit_bzero(&z->self, sizeof z->self);
     free(z->bind);
     free(z->keys_dir);
@@ -373,10 +395,14 @@ void brk_zap_monitor_read(brk_zap_t *z, bool worker_side) {
         }
         zmq_msg_close(&ev);
         if (id != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) continue;
-        uint64_t r = atomic_fetch_add(&z->refused, 1) + 1;
-        if (worth_logging(++z->failed_handshakes)) /* its own allowance: a keyless peer retries every 100 ms */
-            brk_log("refused a peer on the %s socket (%s): %s (%llu refused so far)", worker_side ? "worker" : "client",
-                    where, handshake_why(value), (unsigned long long)r);
+        uint64_t r = atomic_fetch_add(&z->refused, 1) + 1, mine;
+        /* no key read, and the event names the broker's endpoint, not the
+         * peer's: one peer per socket and reason (a keyless peer retries
+         * every 100 ms: logged at its first and each 1000th) */
+        if (brk_refused_note(&z->peers, worker_side, "", "", "", handshake_why(value), mono_ms(), &mine))
+            brk_log("refused a peer on the %s socket (%s): %s (%llu such handshakes, %llu refused so far from %llu "
+                    "peers)", worker_side ? "worker" : "client", where, handshake_why(value), (unsigned long long)mine,
+                    (unsigned long long)r, (unsigned long long)brk_refused_peers(&z->peers));
     }
 }
 

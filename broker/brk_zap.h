@@ -81,6 +81,12 @@ size_t brk_zap_keys(brk_zap_t *z);
  * allowlist, since the start. */
 uint64_t brk_zap_refused(brk_zap_t *z);
 uint64_t brk_zap_dropped(brk_zap_t *z);
+/* The peers those handshakes came from (broker/brk_refused.h: a key from
+ * an address on one socket), since the start; and the ones refused most
+ * recently, the latest first, at most max (BRK_REFUSED_PEERS kept) into
+ * out: how many. z NULL: 0. */
+uint64_t brk_zap_refused_peers(brk_zap_t *z);
+size_t brk_zap_refused_recent(brk_zap_t *z, msg_refused_peer_t *out, size_t max);
 
 /* Who sent the message whose header frame is `frame` (not the identity
  * frame: after a zmq_poll, libzmq 4.3 leaves it without properties),

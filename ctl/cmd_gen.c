@@ -906,7 +906,13 @@ static json_t *worker_json(const msg_worker_status_t *w) {
 
 /* STATUS_REPLY as one line of JSON, its fields in wire order. */
 static void status_json(const msg_status_reply_t *r, FILE *f) {
-    json_t *ws = json_array(), *models = json_array();
+    json_t *ws = json_array(), *models = json_array(), *refused = json_array();
+    for (size_t i = 0; refused && i < r->n_auth_refused_recent; i++) {
+        const msg_refused_peer_t *p = &r->auth_refused_recent[i];
+        json_array_append_new(refused, json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I}", "socket", p->socket, "key",
+                                                 p->key, "name", p->name, "address", p->address, "why", p->why,
+                                                 "count", (json_int_t)p->count, "ago_ms", (json_int_t)p->ago_ms));
+    }
     for (size_t i = 0; ws && i < r->n_workers; i++) json_array_append_new(ws, worker_json(&r->workers[i]));
     for (size_t i = 0; models && i < r->n_models; i++) {
         const msg_model_t *m = &r->models[i];
@@ -914,7 +920,8 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                                                 (json_int_t)m->in_channels, "text_dim", (json_int_t)m->text_dim,
                                                 "patch", (json_int_t)m->patch, "layers", (json_int_t)m->layers));
     }
-    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o}",
+    json_t *o = json_pack("{s:o, s:I, s:I, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I, "
+                          "s:o}",
                           "workers", ws,
                           "queue", (json_int_t)r->queue, "queue_max", (json_int_t)r->queue_max, "versions",
                           versions_json(&r->versions), "pending", versions_json(&r->pending), "malformed",
@@ -923,6 +930,7 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                           (json_int_t)r->catalog_pending,
                           "undelivered", (json_int_t)r->undelivered, "replies_suppressed",
                           (json_int_t)r->replies_suppressed, "auth_refused", (json_int_t)r->auth_refused,
+                          "auth_refused_peers", (json_int_t)r->auth_refused_peers, "auth_refused_recent", refused,
                           "requests_ok", (json_int_t)r->requests_ok, "requests_failed", (json_int_t)r->requests_failed,
                           "steps_replayed", (json_int_t)r->steps_replayed, "steps_eager", (json_int_t)r->steps_eager,
                           "steps_captured", (json_int_t)r->steps_captured, "models", models);
@@ -964,6 +972,17 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
     if (r->malformed || r->undelivered || r->replies_suppressed || r->auth_refused)
         printf("peers: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " answers suppressed, %" PRIu64
                " handshakes refused\n", r->malformed, r->undelivered, r->replies_suppressed, r->auth_refused);
+    if (r->auth_refused_peers) { /* from how many peers, and the latest few (--json: all the broker keeps) */
+        printf("handshakes refused: %" PRIu64 " from %" PRIu64 " peer%s; most recently:\n", r->auth_refused,
+               r->auth_refused_peers, r->auth_refused_peers == 1 ? "" : "s");
+        for (size_t i = 0; i < r->n_auth_refused_recent && i < 5; i++) {
+            const msg_refused_peer_t *p = &r->auth_refused_recent[i];
+            printf("  %s socket, key %s%s%s%s from %s: %s; %" PRIu64 " time%s, the last %.1f s ago\n", p->socket,
+                   p->key[0] ? p->key : "(none read)", p->name[0] ? " (" : "", p->name, p->name[0] ? ")" : "",
+                   p->address[0] ? p->address : "?", p->why, p->count, p->count == 1 ? "" : "s",
+                   (double)p->ago_ms / 1000.0);
+        }
+    }
     if (r->catalog_dropped || r->catalog_failures || r->catalog_pending > 1000)
         printf("catalog: %" PRIu64 " events shed, %" PRIu64 " failed writes (retried), %" PRIu64 " records waiting\n",
                r->catalog_dropped, r->catalog_failures, r->catalog_pending);
@@ -1016,6 +1035,8 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
          "Answers to bad messages not sent (over the peer's budget, or not a registered worker).",
          r->replies_suppressed);
     prom(out, "reel_broker_auth_refusals_total", "counter", "CURVE handshakes refused.", r->auth_refused);
+    prom(out, "reel_broker_auth_refused_peers_total", "counter",
+         "Peers (a key from an address on one socket) whose CURVE handshakes were refused.", r->auth_refused_peers);
     prom(out, "reel_catalog_events_shed_total", "counter",
          "Worker events not written: their worker had too many waiting.", r->catalog_dropped);
     prom(out, "reel_catalog_write_failures_total", "counter",

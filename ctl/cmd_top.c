@@ -80,9 +80,9 @@ static void view(FILE *o, const char *broker, const msg_status_reply_t *r, sampl
                 cur.failed, rate(cur.replayed, cur.all, hr2, sizeof hr2));
     }
     if (r->malformed || r->undelivered || r->auth_refused || r->catalog_dropped || r->catalog_failures)
-        fprintf(o, "dropped: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " refused handshakes, %" PRIu64
-                " catalog events shed, %" PRIu64 " catalog writes failed\n", r->malformed, r->undelivered,
-                r->auth_refused, r->catalog_dropped, r->catalog_failures);
+        fprintf(o, "dropped: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " refused handshakes (%" PRIu64
+                " peers), %" PRIu64 " catalog events shed, %" PRIu64 " catalog writes failed\n", r->malformed,
+                r->undelivered, r->auth_refused, r->auth_refused_peers, r->catalog_dropped, r->catalog_failures);
     fprintf(o, "%-16s %-8s %-9s %-8s %-7s %s\n", "WORKER", "DEVICE", "INFLIGHT", "VERSION", "KEYS", "STATE");
     for (size_t i = 0; i < r->n_workers; i++) {
         const msg_worker_status_t *w = &r->workers[i];

@@ -475,6 +475,22 @@ typedef struct {
     uint64_t alive_ms;
 } msg_worker_status_t;
 
+/* One peer whose handshake the broker refused (STATUS_REPLY
+ * auth_refused_recent). */
+#define MSG_REFUSED_KEY_MAX 41   /* a z85 public key and its NUL */
+#define MSG_REFUSED_ADDR_MAX 48  /* an IPv6 address, or localhost:UID:GID:PID, and its NUL */
+#define MSG_REFUSED_WHY_MAX 128
+typedef struct {
+    char socket[8];                    /* "client" or "worker" */
+    char key[MSG_REFUSED_KEY_MAX];     /* its public key (z85); "" when refused before the key was read */
+    char name[MSG_NAME_MAX];           /* the key's name when the allowlist has it (another role's); "" */
+    char address[MSG_REFUSED_ADDR_MAX];/* its address as ZAP gives it (tcp: an IP address; ipc:
+                                        * localhost:UID:GID:PID, its process); "" when not known */
+    char why[MSG_REFUSED_WHY_MAX];     /* the reason of its last refusal */
+    uint64_t count;                    /* its handshakes refused */
+    uint64_t ago_ms;                   /* since the last of them */
+} msg_refused_peer_t;
+
 /* STATUS_REPLY */
 typedef struct {
     const msg_worker_status_t *workers;
@@ -488,6 +504,9 @@ typedef struct {
     uint64_t undelivered;        /* messages a peer could not take (queue full or gone): dropped */
     uint64_t replies_suppressed; /* answers to bad messages not sent (over the peer's budget) */
     uint64_t auth_refused;       /* CURVE handshakes the broker's key check refused */
+    uint64_t auth_refused_peers; /* ... the peers they came from (optional: 0 from an older broker) */
+    const msg_refused_peer_t *auth_refused_recent; /* the peers refused most recently, the latest first */
+    size_t n_auth_refused_recent;
     /* since the broker started (optional: 0 from an older broker): requests
      * answered RESULT and ERROR, and the steps of the RESULTs by how they ran */
     uint64_t requests_ok, requests_failed;

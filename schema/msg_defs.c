@@ -371,6 +371,17 @@ static const msg_field_t worker_rows[] = {
 };
 TABLE(worker_tab, worker_rows, msg_worker_status_t);
 
+static const msg_field_t refused_peer_rows[] = {
+    R_TEXT(msg_refused_peer_t, socket, "socket", 0, ""),
+    R_TEXT(msg_refused_peer_t, key, "key", 0, ""),
+    R_TEXT(msg_refused_peer_t, name, "name", F_OMIT, ""),
+    R_TEXT(msg_refused_peer_t, address, "address", 0, ""),
+    R_TEXT(msg_refused_peer_t, why, "why", 0, ""),
+    R_U64(msg_refused_peer_t, count, "count", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_refused_peer_t, ago_ms, "ago_ms", 0, 0, UINT64_MAX, 0),
+};
+TABLE(refused_peer_tab, refused_peer_rows, msg_refused_peer_t);
+
 static const msg_field_t status_reply_rows[] = {
     R_STRUCTS(msg_status_reply_t, workers, n_workers, msg_worker_status_t, "workers", 0, worker_tab),
     R_U64(msg_status_reply_t, queue, "queue", 0, 0, UINT64_MAX, 0),
@@ -384,6 +395,9 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, auth_refused_peers, "auth_refused_peers", F_OMIT, 0, UINT64_MAX, 0),
+    R_STRUCTS(msg_status_reply_t, auth_refused_recent, n_auth_refused_recent, msg_refused_peer_t,
+              "auth_refused_recent", F_OMIT, refused_peer_tab),
     R_U64(msg_status_reply_t, requests_ok, "requests_ok", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, requests_failed, "requests_failed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, steps_replayed, "steps_replayed", 0, 0, UINT64_MAX, 0),

@@ -257,6 +257,33 @@ grep -q "peer: 0 messages" "$D/stranger.out" && wait_for "$D/broker.log" "refuse
 peer w2 "$CE" 1 "$status" >"$D/wrongsock.out"
 grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refused a peer on the client socket .*key w2 is a worker key" 60 &&
     ok "a worker key on the client socket is refused" || { bad "worker key on the client socket"; show "$D/wrongsock.out"; }
+# auth_refused counts handshakes; auth_refused_peers the peers (a key from
+# an address on one socket) they came from, and auth_refused_recent names
+# them: the stranger's key came from two processes (reelctl, the raw
+# peer), two peers (over ipc, ZAP's address names the process:
+# localhost:UID:GID:PID); w2's key is named; the keyless handshakes of the
+# many tries above are one peer per reason.
+spub=$(sed -n 's/^public-key = //p' "$D/other/stranger.pub")
+with bob "$R" status --broker "$CE" --json >"$D/refused.json" 2>&1
+with bob "$R" status --broker "$CE" >"$D/refused.txt" 2>&1
+if /usr/bin/python3 - "$D/refused.json" "$spub" <<'PY'
+import json, sys
+st = json.load(open(sys.argv[1]))
+recent = st["auth_refused_recent"]
+mine = [p for p in recent if p["key"] == sys.argv[2]]
+w2 = [p for p in recent if p["name"] == "w2"]
+assert len(mine) == 2 and all("not in the allowlist" in p["why"] and p["socket"] == "client" for p in mine), recent
+assert all(p["address"].startswith("localhost:") for p in mine) and mine[0]["address"] != mine[1]["address"], mine
+assert len(w2) == 1 and w2[0]["why"] == "key w2 is a worker key", recent
+keyless = [p for p in recent if not p["key"]]
+assert len(keyless) == len({p["why"] for p in keyless}) and sum(p["count"] for p in keyless) > len(keyless), keyless
+assert st["auth_refused"] > st["auth_refused_peers"] >= len(recent) >= 4, st
+PY
+then grep -qE "^handshakes refused: [0-9]+ from [0-9]+ peers; most recently:" "$D/refused.txt" &&
+    grep -qF "client socket, key $spub from localhost:" "$D/refused.txt" &&
+    ok "STATUS counts the refused peers apart from their handshakes, and names the latest (reelctl status lists them)" ||
+    { bad "refused peers in reelctl status"; show "$D/refused.txt"; }
+else bad "refused peers in STATUS"; show "$D/refused.json"; fi
 peer bob "$WE" 1 '{"type":"READY","name":"bob","models":["tiny"]}' >"$D/wrongsock2.out"
 grep -q "peer: 0 messages" "$D/wrongsock2.out" && wait_for "$D/broker.log" "refused a peer on the worker socket .*key bob is a client key" 60 &&
     ok "a client key on the worker socket is refused" || { bad "client key on the worker socket"; show "$D/wrongsock2.out"; }

@@ -28,6 +28,7 @@
 #include "broker/brk_hot.h"
 #include "broker/brk_loop.h"
 #include "broker/brk_msg.h"
+#include "broker/brk_refused.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_route.h"
 #include "broker/brk_sync.h"
@@ -4953,6 +4954,108 @@ START_TEST(test_without_keys_the_gate_admits_everyone_and_the_sender_is_none) {
 }
 END_TEST
 
+/* ---- refused peers (brk_refused.h) ----------------------------------------------- */
+
+/* A key, 40 characters as z85 gives them, numbered. */
+static const char *refused_key(int i, char *buf) {
+    snprintf(buf, MSG_REFUSED_KEY_MAX, "K%039d", i);
+    return buf;
+}
+
+/* One client refused 2,500 times (a Reel client retrying while its calls
+ * wait) is one peer: counted once, with its 2,500 handshakes, and logged
+ * at its first refusal and at each 1000th, not 2,500 times (nor just ten,
+ * which left the next peer's refusal unlogged). */
+START_TEST(test_a_peer_refused_again_and_again_is_one_peer_logged_at_its_first_and_each_1000th) {
+    brk_refused_t t;
+    TS_OK(brk_refused_init(&t));
+    char k[MSG_REFUSED_KEY_MAX];
+    int logged = 0;
+    uint64_t mine = 0;
+    for (int i = 0; i < 2500; i++)
+        logged += brk_refused_note(&t, false, refused_key(1, k), "", "10.0.0.7", "not in the allowlist", 1000 + i,
+                                   &mine);
+    ck_assert_int_eq(logged, 3); /* its 1st, 1000th and 2000th */
+    ck_assert_uint_eq(mine, 2500);
+    ck_assert_uint_eq(brk_refused_peers(&t), 1);
+    /* another peer's first refusal is logged after all that */
+    ck_assert(brk_refused_note(&t, true, refused_key(2, k), "w2", "10.0.0.8", "key w2 is a client key", 4000, NULL));
+    msg_refused_peer_t out[BRK_REFUSED_PEERS];
+    ck_assert_uint_eq(brk_refused_recent(&t, out, BRK_REFUSED_PEERS, 4500), 2);
+    ck_assert_str_eq(out[0].socket, "worker"); /* the latest first */
+    ck_assert_str_eq(out[0].name, "w2");
+    ck_assert_uint_eq(out[0].count, 1);
+    ck_assert_uint_eq(out[0].ago_ms, 500);
+    ck_assert_str_eq(out[1].socket, "client");
+    ck_assert_str_eq(out[1].key, refused_key(1, k));
+    ck_assert_str_eq(out[1].address, "10.0.0.7");
+    ck_assert_str_eq(out[1].why, "not in the allowlist");
+    ck_assert_uint_eq(out[1].count, 2500);
+    ck_assert_uint_eq(out[1].ago_ms, 4500 - 3499);
+    brk_refused_fini(&t);
+}
+END_TEST
+
+/* What one peer is: a key from an address on one socket. The same key
+ * from another address, or on the other socket, is another; a handshake
+ * refused before its key was read (no CURVE, a HELLO that does not
+ * decrypt) has neither, and counts once per socket and reason. */
+START_TEST(test_a_refused_peer_is_a_key_from_an_address_on_one_socket) {
+    brk_refused_t t;
+    TS_OK(brk_refused_init(&t));
+    char k[MSG_REFUSED_KEY_MAX];
+    brk_refused_note(&t, false, refused_key(1, k), "", "10.0.0.7", "not in the allowlist", 1, NULL);
+    brk_refused_note(&t, false, refused_key(1, k), "", "10.0.0.7", "not in the allowlist", 2, NULL);
+    ck_assert_uint_eq(brk_refused_peers(&t), 1);
+    brk_refused_note(&t, false, refused_key(1, k), "", "10.0.0.9", "not in the allowlist", 3, NULL);
+    brk_refused_note(&t, true, refused_key(1, k), "", "10.0.0.7", "not in the allowlist", 4, NULL);
+    ck_assert_uint_eq(brk_refused_peers(&t), 3);
+    for (int i = 0; i < 3; i++) brk_refused_note(&t, false, "", "", "", "not CURVE", 5 + i, NULL);
+    brk_refused_note(&t, false, NULL, NULL, NULL, "does not decrypt", 9, NULL);
+    brk_refused_note(&t, true, "", "", "", "not CURVE", 10, NULL);
+    ck_assert_uint_eq(brk_refused_peers(&t), 6);
+    msg_refused_peer_t out[BRK_REFUSED_PEERS];
+    ck_assert_uint_eq(brk_refused_recent(&t, out, 2, 10), 2); /* at most max */
+    ck_assert_str_eq(out[0].key, "");
+    ck_assert_str_eq(out[0].why, "not CURVE");
+    ck_assert_str_eq(out[0].socket, "worker");
+    ck_assert_str_eq(out[1].why, "does not decrypt");
+    ck_assert_uint_eq(brk_refused_recent(&t, out, BRK_REFUSED_PEERS, 10), 6);
+    ck_assert_uint_eq(out[2].count, 3); /* the keyless client peer, not CURVE */
+    brk_refused_fini(&t);
+}
+END_TEST
+
+/* A peer that cycles keys (5,000 of them) costs the broker the table's 32
+ * entries: the latest stay, the one seen least recently made room each
+ * time, the peers counted are 5,000, and the log got the first ten and
+ * each 1000th new peer: 15 lines. A peer refused before the flood fell
+ * out; refused again, it is taken in again (and counted again). */
+START_TEST(test_a_peer_cycling_keys_keeps_the_refused_table_bounded) {
+    brk_refused_t t;
+    TS_OK(brk_refused_init(&t));
+    char k[MSG_REFUSED_KEY_MAX];
+    brk_refused_note(&t, false, refused_key(999999, k), "", "10.0.0.1", "not in the allowlist", 0, NULL);
+    int logged = 0;
+    for (int i = 0; i < 5000; i++)
+        logged += brk_refused_note(&t, false, refused_key(i, k), "", "10.6.6.6", "not in the allowlist", 1 + i, NULL);
+    ck_assert_uint_eq(brk_refused_peers(&t), 5001);
+    ck_assert_int_eq(logged, 9 + 5); /* the 2nd..10th new peers (the first came before), 1000th..5000th */
+    msg_refused_peer_t out[BRK_REFUSED_PEERS + 1];
+    ck_assert_uint_eq(brk_refused_recent(&t, out, BRK_REFUSED_PEERS + 1, 5000), BRK_REFUSED_PEERS);
+    for (int i = 0; i < BRK_REFUSED_PEERS; i++) {
+        ck_assert_str_eq(out[i].key, refused_key(4999 - i, k));
+        ck_assert_uint_eq(out[i].count, 1);
+    }
+    brk_refused_note(&t, false, refused_key(999999, k), "", "10.0.0.1", "not in the allowlist", 6000, NULL);
+    ck_assert_uint_eq(brk_refused_peers(&t), 5002);
+    ck_assert_uint_eq(brk_refused_recent(&t, out, 1, 6000), 1);
+    ck_assert_str_eq(out[0].key, refused_key(999999, k));
+    ck_assert_uint_eq(out[0].count, 1); /* taken in afresh */
+    brk_refused_fini(&t);
+}
+END_TEST
+
 static Suite *broker_unit_suite(void) {
     Suite *s = suite_create("broker_unit");
     TCase *tc = tcase_create("routing");
@@ -5043,6 +5146,9 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_status_lists_each_model_with_the_config_its_worker_announced);
     suite_add_tcase(s, an);
     TCase *se = tcase_create("security");
+    tcase_add_test(se, test_a_peer_refused_again_and_again_is_one_peer_logged_at_its_first_and_each_1000th);
+    tcase_add_test(se, test_a_refused_peer_is_a_key_from_an_address_on_one_socket);
+    tcase_add_test(se, test_a_peer_cycling_keys_keeps_the_refused_table_bounded);
     tcase_add_test(se, test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored);
     tcase_add_test(se, test_an_ack_answering_an_earlier_sync_of_the_version_is_ignored);
     tcase_add_test(se, test_a_sync_deadline_of_2_63_is_clamped_not_overflowed);

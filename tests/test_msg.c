@@ -412,6 +412,12 @@ START_TEST(test_status_reply_round_trips_with_workers_lagging_keys_and_models) {
     s.malformed = 3;
     s.models = &cfg;
     s.n_models = 1;
+    msg_refused_peer_t refused = { "client", "rTZ6iQ{wu%}D{M2Hk0Y3jY5owHIM^hnF<a)^$}4e", "", "localhost:0:0:22825",
+                                   "key rTZ6iQ{wu%}D... is not in the allowlist", 7, 1045 };
+    s.auth_refused = 9;
+    s.auth_refused_peers = 2;
+    s.auth_refused_recent = &refused;
+    s.n_auth_refused_recent = 1;
     wire_msg_t m;
     wire_err_t err;
     round_trip(&m, MSG_STATUS_REPLY, 77, &s, NULL, 0);
@@ -423,6 +429,15 @@ START_TEST(test_status_reply_round_trips_with_workers_lagging_keys_and_models) {
     ck_assert_uint_eq(sb.workers[0].keys[1], UINT64_MAX);
     ck_assert_int_eq(sb.pending.n, 0);
     ck_assert_uint_eq(sb.malformed, 3);
+    ck_assert_uint_eq(sb.auth_refused, 9);
+    ck_assert_uint_eq(sb.auth_refused_peers, 2);
+    ck_assert_uint_eq(sb.n_auth_refused_recent, 1);
+    ck_assert_str_eq(sb.auth_refused_recent[0].key, refused.key);
+    ck_assert_str_eq(sb.auth_refused_recent[0].name, "");
+    ck_assert_str_eq(sb.auth_refused_recent[0].address, "localhost:0:0:22825");
+    ck_assert_str_eq(sb.auth_refused_recent[0].why, refused.why);
+    ck_assert_uint_eq(sb.auth_refused_recent[0].count, 7);
+    ck_assert_uint_eq(sb.auth_refused_recent[0].ago_ms, 1045);
     ck_assert_uint_eq(sb.models[0].in_channels, 4);
     ck_assert_uint_eq(sb.models[0].patch, 2);
     wire_msg_close(&m);
